@@ -1,0 +1,5 @@
+import sys
+
+from scaletrain.cli import main
+
+sys.exit(main())

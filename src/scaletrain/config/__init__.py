@@ -1,0 +1,42 @@
+"""Typed configuration of a training plan: model, layout, precision, memory, batch, hardware.
+
+Pure Python (no torch): the planner and the trainer share these types and legality rules.
+"""
+
+from ._errors import ConfigError
+from .hardware import GB, HARDWARE_PRESETS, TFLOPS, GiB, HardwareSpec, hardware_preset
+from .job import (
+    AC_MODES,
+    OFFLOAD_MODES,
+    PRECISIONS,
+    BatchConfig,
+    CheckpointConfig,
+    DataConfig,
+    HardwareConfig,
+    JobConfig,
+    MemoryConfig,
+    OptimConfig,
+    ParallelConfig,
+    PrecisionConfig,
+    TrainConfig,
+    load_config,
+    parse_overrides,
+)
+from .layout import PP_SCHEDULES, Layout, check_layout, grad_accum_steps, layout_problems
+from .model import (
+    MODEL_PRESETS,
+    ModelConfig,
+    ParamCounts,
+    model_from_hf_config,
+    model_preset,
+    resolve_model,
+)
+
+__all__ = [
+    "ConfigError", "GB", "GiB", "TFLOPS", "HARDWARE_PRESETS", "HardwareSpec", "hardware_preset",
+    "AC_MODES", "OFFLOAD_MODES", "PRECISIONS", "BatchConfig", "CheckpointConfig", "DataConfig",
+    "HardwareConfig", "JobConfig", "MemoryConfig", "OptimConfig", "ParallelConfig",
+    "PrecisionConfig", "TrainConfig", "load_config", "parse_overrides", "PP_SCHEDULES", "Layout",
+    "check_layout", "grad_accum_steps", "layout_problems", "MODEL_PRESETS", "ModelConfig",
+    "ParamCounts", "model_from_hf_config", "model_preset", "resolve_model",
+]

@@ -1,0 +1,126 @@
+"""Accelerator presets: peak dense FLOP/s per dtype, memory, bandwidths, power, price.
+
+Every figure is the vendor's datasheet number for dense math (no 2:4 sparsity), cited per preset.
+Link bandwidths are *per GPU, per direction* (what one rank can push while all ranks push, the
+number a ring collective sees). Latencies are the alpha of the alpha-beta cost model. Prices are
+rough on-demand cloud rates (USD per GPU-hour, late 2025) meant to be overridden.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ._errors import ConfigError
+
+__all__ = ["HardwareSpec", "HARDWARE_PRESETS", "hardware_preset", "GiB", "GB", "TFLOPS"]
+
+GiB = 1024**3
+GB = 1e9
+TFLOPS = 1e12
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    name: str
+    peak_flops: dict[str, float]
+    """Peak dense FLOP/s by compute dtype: 'fp32' (non-tensor-core), 'tf32', 'bf16', 'fp16', 'fp8'.
+    A missing key means the dtype has no fast path (e.g. bf16 on V100)."""
+    memory_bytes: float
+    """Device memory capacity in bytes as the vendor states it (decimal GB)."""
+    memory_bw: float
+    """Device memory bandwidth, bytes/s."""
+    intra_node_bw: float
+    """Per-GPU, per-direction bandwidth to peers inside a node (NVLink/xGMI/PCIe), bytes/s."""
+    inter_node_bw: float
+    """Per-GPU, per-direction bandwidth across nodes (one NIC per GPU), bytes/s."""
+    power_w: float
+    """Board power (TDP) in watts."""
+    gpus_per_node: int = 8
+    intra_node_latency_s: float = 5e-6
+    inter_node_latency_s: float = 10e-6
+    usd_per_hour: float = 2.0
+    host_to_device_bw: float = 25 * GB
+    """PCIe host link per direction (CPU offload traffic)."""
+    notes: str = field(default="", compare=False)
+
+    def flops(self, dtype: str) -> float:
+        """Peak dense FLOP/s for matmuls in `dtype`, falling back to the nearest slower path."""
+        for key in {"fp8": ("fp8", "bf16", "fp16", "tf32", "fp32"),
+                    "bf16": ("bf16", "fp16", "tf32", "fp32"),
+                    "fp16": ("fp16", "bf16", "tf32", "fp32"),
+                    "fp32": ("tf32", "fp32")}.get(dtype, (dtype,)):
+            if key in self.peak_flops:
+                return self.peak_flops[key]
+        raise KeyError(dtype)
+
+
+def _tf(**kw: float) -> dict[str, float]:
+    return {k: v * TFLOPS for k, v in kw.items()}
+
+
+HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
+    # NVIDIA V100 SXM2 32GB datasheet: 15.7 TF fp32, 125 TF fp16 tensor, 900 GB/s HBM2,
+    # NVLink2 300 GB/s total (150 GB/s per direction), 300 W. No bf16 tensor cores.
+    "v100-32gb": lambda: HardwareSpec(
+        "v100-32gb", _tf(fp32=15.7, fp16=125), 32 * GB, 900 * GB, 150 * GB, 12.5 * GB, 300,
+        usd_per_hour=1.0, host_to_device_bw=16 * GB),
+    # NVIDIA A100 SXM4 datasheet: 19.5 TF fp32, 156 TF tf32, 312 TF bf16/fp16 dense,
+    # 40GB HBM2 1555 GB/s | 80GB HBM2e 2039 GB/s, NVLink3 600 GB/s total, 400 W.
+    # Inter-node: HDR InfiniBand 200 Gb/s per GPU = 25 GB/s.
+    "a100-40gb": lambda: HardwareSpec(
+        "a100-40gb", _tf(fp32=19.5, tf32=156, bf16=312, fp16=312), 40 * GB, 1555 * GB,
+        300 * GB, 25 * GB, 400, usd_per_hour=1.5),
+    "a100-80gb": lambda: HardwareSpec(
+        "a100-80gb", _tf(fp32=19.5, tf32=156, bf16=312, fp16=312), 80 * GB, 2039 * GB,
+        300 * GB, 25 * GB, 400, usd_per_hour=1.8),
+    # NVIDIA H100 SXM5 datasheet: 67 TF fp32, 494.7 tf32, 989.4 bf16/fp16, 1978.9 fp8 (dense),
+    # 80GB HBM3 3.35 TB/s, NVLink4 900 GB/s total (450 per direction), 700 W.
+    # Inter-node: NDR InfiniBand 400 Gb/s per GPU = 50 GB/s.
+    "h100-sxm": lambda: HardwareSpec(
+        "h100-sxm", _tf(fp32=67, tf32=494.7, bf16=989.4, fp16=989.4, fp8=1978.9), 80 * GB,
+        3350 * GB, 450 * GB, 50 * GB, 700, usd_per_hour=2.5, host_to_device_bw=64 * GB),
+    # NVIDIA H100 PCIe datasheet: 51 TF fp32, 378 tf32, 756 bf16, 1513 fp8; 80GB HBM2e 2 TB/s,
+    # 350 W; peers over PCIe Gen5 x16 (64 GB/s per direction).
+    "h100-pcie": lambda: HardwareSpec(
+        "h100-pcie", _tf(fp32=51, tf32=378, bf16=756, fp16=756, fp8=1513), 80 * GB, 2000 * GB,
+        64 * GB, 50 * GB, 350, usd_per_hour=2.0, host_to_device_bw=64 * GB),
+    # NVIDIA H200 SXM datasheet: H100 compute; 141GB HBM3e at 4.8 TB/s, NVLink 900 GB/s, 700 W.
+    "h200": lambda: HardwareSpec(
+        "h200", _tf(fp32=67, tf32=494.7, bf16=989.4, fp16=989.4, fp8=1978.9), 141 * GB,
+        4800 * GB, 450 * GB, 50 * GB, 700, usd_per_hour=3.5, host_to_device_bw=64 * GB),
+    # NVIDIA HGX B200 datasheet (per GPU, dense): 2.25 PF bf16/fp16, 4.5 PF fp8, 1.1 PF tf32,
+    # 75 TF fp32; 180GB HBM3e 7.7 TB/s; NVLink5 1.8 TB/s total (900 per direction); 1000 W.
+    "b200": lambda: HardwareSpec(
+        "b200", _tf(fp32=75, tf32=1100, bf16=2250, fp16=2250, fp8=4500), 180 * GB, 7700 * GB,
+        900 * GB, 50 * GB, 1000, usd_per_hour=6.0, host_to_device_bw=64 * GB),
+    # GeForce RTX 3090 (Ampere GA102 whitepaper): 35.6 TF fp32, 71 TF fp16/bf16 tensor with fp32
+    # accumulate; 24GB GDDR6X 936 GB/s; PCIe Gen4 x16 (32 GB/s per direction); 350 W.
+    "rtx3090": lambda: HardwareSpec(
+        "rtx3090", _tf(fp32=35.6, bf16=71, fp16=71), 24 * GB, 936 * GB, 32 * GB, 3.125 * GB,
+        350, gpus_per_node=4, usd_per_hour=0.3, host_to_device_bw=32 * GB),
+    # GeForce RTX 4090 (Ada whitepaper): 82.6 TF fp32, 165.2 TF fp16/bf16 and 330.3 TF fp8 tensor
+    # with fp32 accumulate; 24GB GDDR6X 1008 GB/s; PCIe Gen4 x16; 450 W.
+    "rtx4090": lambda: HardwareSpec(
+        "rtx4090", _tf(fp32=82.6, bf16=165.2, fp16=165.2, fp8=330.3), 24 * GB, 1008 * GB,
+        32 * GB, 3.125 * GB, 450, gpus_per_node=4, usd_per_hour=0.5, host_to_device_bw=32 * GB),
+    # AMD Instinct MI300X datasheet: 163.4 TF fp32 matrix, 1307.4 TF bf16/fp16 dense, 2614.9 fp8;
+    # 192GB HBM3 5.3 TB/s; 7 Infinity Fabric links x 64 GB/s per direction = 448 GB/s; 750 W.
+    "mi300x": lambda: HardwareSpec(
+        "mi300x", _tf(fp32=163.4, bf16=1307.4, fp16=1307.4, fp8=2614.9), 192 * GB, 5300 * GB,
+        448 * GB, 50 * GB, 750, usd_per_hour=2.5, host_to_device_bw=64 * GB),
+    # A generic 2-core AVX2 host (this project's CI machine): 2 cores x ~2.5 GHz x 32 fp32
+    # FLOP/cycle (two 8-wide FMA units) ~ 160 GFLOP/s peak; ~20 GB/s DRAM; gloo over shared
+    # memory/loopback ~ 5 GB/s. Order-of-magnitude figures: calibrate with benchmarks.
+    "cpu": lambda: HardwareSpec(
+        "cpu", {"fp32": 160e9}, 24 * GiB, 20 * GB, 5 * GB, 1.25 * GB, 65,
+        gpus_per_node=2, intra_node_latency_s=20e-6, inter_node_latency_s=50e-6,
+        usd_per_hour=0.05, host_to_device_bw=20 * GB),
+}
+
+
+def hardware_preset(name: str) -> HardwareSpec:
+    """A hardware preset by name; unknown names list the valid ones."""
+    if name not in HARDWARE_PRESETS:
+        raise ConfigError("hardware.gpu", name, f"use one of {', '.join(HARDWARE_PRESETS)}")
+    return HARDWARE_PRESETS[name]()

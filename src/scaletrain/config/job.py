@@ -1,0 +1,394 @@
+"""The whole training plan as typed sections, loaded from TOML with `--section.key=value` overrides.
+
+Every section validates itself on construction; cross-section rules (batch arithmetic, layout
+legality) are checked by `JobConfig.__post_init__`. Errors are `ConfigError`s naming the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ._errors import ConfigError, choice, require
+from .hardware import HARDWARE_PRESETS, HardwareSpec, hardware_preset
+from .layout import PP_SCHEDULES, Layout, check_layout
+from .model import MODEL_FIELDS, ModelConfig, resolve_model
+
+__all__ = [
+    "ParallelConfig", "PrecisionConfig", "MemoryConfig", "BatchConfig", "OptimConfig",
+    "DataConfig", "TrainConfig", "CheckpointConfig", "HardwareConfig", "JobConfig",
+    "load_config", "parse_overrides", "PRECISIONS", "AC_MODES", "OFFLOAD_MODES",
+]
+
+PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
+AC_MODES = ("none", "selective", "full")
+OFFLOAD_MODES = ("none", "optimizer", "params")
+
+
+@dataclass
+class ParallelConfig:
+    """Parallel degrees. dp = -1 fills the world size left after tp*pp*cp."""
+
+    dp: int = -1
+    zero: int = 0
+    dp_replicate: int = 1
+    tp: int = 1
+    sp: bool = False
+    pp: int = 1
+    pp_schedule: str = "1f1b"
+    pp_virtual: int = 1
+    cp: int = 1
+    ep: int = 1
+    layout: str = "manual"
+    """'manual' uses the degrees above; 'auto' asks the planner for the fastest layout."""
+
+    def __post_init__(self) -> None:
+        require(self.dp == -1 or self.dp >= 1, "parallel.dp", self.dp, "use -1 (auto) or >= 1")
+        choice("parallel.zero", self.zero, (0, 1, 2, 3))
+        choice("parallel.pp_schedule", self.pp_schedule, PP_SCHEDULES)
+        choice("parallel.layout", self.layout, ("manual", "auto"))
+        for f in ("dp_replicate", "tp", "pp", "pp_virtual", "cp", "ep"):
+            v = getattr(self, f)
+            require(isinstance(v, int) and v >= 1, f"parallel.{f}", v, "use a positive integer")
+
+    def resolve(self, world_size: int) -> Layout:
+        """The concrete Layout for `world_size` ranks (dp filled in when -1)."""
+        rest = self.tp * self.pp * self.cp
+        dp = self.dp
+        if dp == -1:
+            require(world_size % rest == 0, "parallel", f"tp*pp*cp={rest}",
+                    f"must divide the world size {world_size}")
+            dp = world_size // rest
+        return Layout(dp=dp, zero=self.zero, dp_replicate=self.dp_replicate, tp=self.tp,
+                      sp=self.sp, pp=self.pp, pp_schedule=self.pp_schedule,
+                      pp_virtual=self.pp_virtual, cp=self.cp, ep=self.ep)
+
+
+@dataclass
+class PrecisionConfig:
+    dtype: str = "fp32"
+    """Compute precision: 'fp32', 'bf16' (autocast/FSDP mp, fp32 master), 'fp16' (+ dynamic
+    loss scaling), 'fp8' (float8 linears, bf16 elsewhere)."""
+    reduce_dtype: str = "fp32"
+    """Gradient communication dtype: 'fp32' or 'bf16'."""
+    loss_scale_init: float = 2.0**16
+    loss_scale_growth_interval: int = 2000
+    fp8_scaling: str = "tensorwise"
+    """fp8 scaling granularity: 'tensorwise' or 'tilewise' (1x128 activations, 128x128 weights)."""
+
+    def __post_init__(self) -> None:
+        choice("precision.dtype", self.dtype, PRECISIONS)
+        choice("precision.reduce_dtype", self.reduce_dtype, ("fp32", "bf16"))
+        choice("precision.fp8_scaling", self.fp8_scaling, ("tensorwise", "tilewise"))
+        require(self.loss_scale_init > 0, "precision.loss_scale_init", self.loss_scale_init,
+                "use a positive float such as 65536.0")
+        require(self.loss_scale_growth_interval >= 1, "precision.loss_scale_growth_interval",
+                self.loss_scale_growth_interval, "use a positive integer")
+
+
+@dataclass
+class MemoryConfig:
+    ac: str = "none"
+    """Activation checkpointing: 'none', 'selective' (recompute attention core), 'full'."""
+    offload: str = "none"
+    """CPU offload: 'none', 'optimizer' (optimizer states) or 'params' (FSDP2 offload policy)."""
+
+    def __post_init__(self) -> None:
+        choice("memory.ac", self.ac, AC_MODES)
+        choice("memory.offload", self.offload, OFFLOAD_MODES)
+
+
+@dataclass
+class BatchConfig:
+    global_batch: int = 16
+    """Sequences per optimizer step, over all data-parallel ranks."""
+    micro_batch: int = 16
+    """Sequences per forward/backward on one rank; the rest is gradient accumulation."""
+    seq_len: int = 128
+    """Tokens per sequence."""
+
+    def __post_init__(self) -> None:
+        for f in ("global_batch", "micro_batch", "seq_len"):
+            v = getattr(self, f)
+            require(isinstance(v, int) and v >= 1, f"batch.{f}", v, "use a positive integer")
+        require(self.global_batch % self.micro_batch == 0, "batch.global_batch",
+                self.global_batch, f"must be a multiple of batch.micro_batch={self.micro_batch}")
+
+
+@dataclass
+class OptimConfig:
+    name: str = "adamw"
+    """'adamw' or 'sgd' (with momentum)."""
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    """Final lr of the cosine decay as a fraction of `lr`."""
+    warmup_steps: int = 50
+    schedule: str = "cosine"
+    """'cosine' (linear warmup then cosine decay), 'linear' or 'constant' (after warmup)."""
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    momentum: float = 0.9
+    grad_clip: float = 1.0
+    """Global-norm clip threshold; 0 disables clipping."""
+
+    def __post_init__(self) -> None:
+        choice("optim.name", self.name, ("adamw", "sgd"))
+        choice("optim.schedule", self.schedule, ("cosine", "linear", "constant"))
+        require(self.lr > 0, "optim.lr", self.lr, "use a positive learning rate such as 3e-4")
+        require(0 <= self.min_lr_ratio <= 1, "optim.min_lr_ratio", self.min_lr_ratio, "use 0..1")
+        require(self.warmup_steps >= 0, "optim.warmup_steps", self.warmup_steps, "use >= 0")
+        require(0 <= self.beta1 < 1, "optim.beta1", self.beta1, "use 0 <= beta1 < 1")
+        require(0 <= self.beta2 < 1, "optim.beta2", self.beta2, "use 0 <= beta2 < 1")
+        require(self.eps > 0, "optim.eps", self.eps, "use a small positive float")
+        require(self.weight_decay >= 0, "optim.weight_decay", self.weight_decay, "use >= 0")
+        require(self.grad_clip >= 0, "optim.grad_clip", self.grad_clip, "use >= 0 (0 = off)")
+
+
+@dataclass
+class DataConfig:
+    source: str = "grammar"
+    """'grammar' (the embedded generated corpus) or a path to a text file or folder."""
+    tokenizer: str = "byte"
+    """'byte' (256 ids), 'char' (characters seen in the corpus) or 'bpe' (trained locally)."""
+    bpe_vocab_size: int = 1024
+    num_tokens: int = 2_000_000
+    """Size of the generated grammar corpus, in bytes/tokens."""
+    val_fraction: float = 0.05
+    seed: int = 1234
+    cache_dir: str = ".cache/scaletrain"
+    """Where token shards (numpy memmaps) are written."""
+    prefetch: int = 2
+    """Batches prepared ahead by the background loader thread (0 = synchronous)."""
+    delay_s: float = 0.0
+    """Artificial delay per batch (for profiling tests of data-bound runs)."""
+
+    def __post_init__(self) -> None:
+        choice("data.tokenizer", self.tokenizer, ("byte", "char", "bpe"))
+        require(self.bpe_vocab_size >= 260, "data.bpe_vocab_size", self.bpe_vocab_size,
+                "use at least 260 (256 bytes + specials)")
+        require(self.num_tokens >= 10_000, "data.num_tokens", self.num_tokens, "use >= 10000")
+        require(0 < self.val_fraction < 0.5, "data.val_fraction", self.val_fraction,
+                "use a fraction in (0, 0.5)")
+        require(self.prefetch >= 0, "data.prefetch", self.prefetch, "use >= 0")
+        require(self.delay_s >= 0, "data.delay_s", self.delay_s, "use >= 0")
+        if self.source != "grammar":
+            require(Path(self.source).exists(), "data.source", self.source,
+                    "give 'grammar' or an existing text file or folder")
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 400
+    log_every: int = 10
+    eval_every: int = 100
+    eval_batches: int = 8
+    seed: int = 0
+    device: str = "auto"
+    """'auto' (cuda if available), 'cpu' or 'cuda'."""
+    compile: bool = False
+    run_dir: str = "runs/default"
+    sample_tokens: int = 200
+    """Length of the text sample generated at the end (0 = none)."""
+    progress: bool = True
+    """Live progress bar (rich) on rank 0."""
+    tensorboard: bool = True
+    force: bool = False
+    """Train even when the planner predicts the layout will not fit."""
+
+    def __post_init__(self) -> None:
+        require(self.steps >= 1, "train.steps", self.steps, "use a positive integer")
+        for f in ("log_every", "eval_every", "eval_batches"):
+            v = getattr(self, f)
+            require(v >= 1, f"train.{f}", v, "use a positive integer")
+        require(self.sample_tokens >= 0, "train.sample_tokens", self.sample_tokens, "use >= 0")
+        choice("train.device", self.device, ("auto", "cpu", "cuda"))
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 0
+    """Save every N steps (0 = only at the end)."""
+    keep_last_n: int = 2
+    resume: str = "auto"
+    """'auto' (latest good checkpoint in run_dir, if any), 'never', or a checkpoint path."""
+    async_save: bool = False
+    export_hf: bool = False
+    """Also export safetensors + config.json with Hugging Face names at the end."""
+
+    def __post_init__(self) -> None:
+        require(self.every >= 0, "checkpoint.every", self.every, "use >= 0 (0 = end only)")
+        require(self.keep_last_n >= 1, "checkpoint.keep_last_n", self.keep_last_n, "use >= 1")
+
+
+@dataclass
+class HardwareConfig:
+    gpu: str = "cpu"
+    """Accelerator preset (see scaletrain.config.HARDWARE_PRESETS)."""
+    gpus: int = 0
+    """Number of accelerators; 0 = the world size of the run."""
+    gpus_per_node: int = 0
+    """0 = the preset's value."""
+    usd_per_gpu_hour: float = 0.0
+    """0 = the preset's rough cloud price."""
+    efficiency: float = 0.0
+    """Achievable fraction of peak matmul FLOP/s; 0 = the planner's default."""
+    grid_kg_co2_per_kwh: float = 0.4
+    pue: float = 1.2
+    """Data-centre power usage effectiveness (energy multiplier)."""
+
+    def __post_init__(self) -> None:
+        require(self.gpu in HARDWARE_PRESETS, "hardware.gpu", self.gpu,
+                f"use one of {', '.join(HARDWARE_PRESETS)}")
+        require(self.gpus >= 0, "hardware.gpus", self.gpus, "use >= 0 (0 = world size)")
+        require(self.gpus_per_node >= 0, "hardware.gpus_per_node", self.gpus_per_node, "use >= 0")
+        require(0 <= self.efficiency <= 1, "hardware.efficiency", self.efficiency, "use 0..1")
+        require(self.pue >= 1, "hardware.pue", self.pue, "use >= 1.0")
+
+    def spec(self) -> HardwareSpec:
+        spec = hardware_preset(self.gpu)
+        changes: dict[str, Any] = {}
+        if self.gpus_per_node:
+            changes["gpus_per_node"] = self.gpus_per_node
+        if self.usd_per_gpu_hour:
+            changes["usd_per_hour"] = self.usd_per_gpu_hour
+        return dataclasses.replace(spec, **changes) if changes else spec
+
+
+SECTIONS = {
+    "parallel": ParallelConfig, "precision": PrecisionConfig, "memory": MemoryConfig,
+    "batch": BatchConfig, "optim": OptimConfig, "data": DataConfig, "train": TrainConfig,
+    "checkpoint": CheckpointConfig, "hardware": HardwareConfig,
+}
+
+
+@dataclass
+class JobConfig:
+    model: ModelConfig = field(default_factory=lambda: resolve_model("gpt-mini"))
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    batch: BatchConfig = field(default_factory=BatchConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+
+    def __post_init__(self) -> None:
+        if self.model.position == "learned":
+            require(self.batch.seq_len <= self.model.max_seq_len, "batch.seq_len",
+                    self.batch.seq_len,
+                    f"learned positions stop at model.max_seq_len={self.model.max_seq_len}")
+
+    def layout(self, world_size: int) -> Layout:
+        """The concrete, checked layout for `world_size` ranks."""
+        layout = self.parallel.resolve(world_size)
+        check_layout(layout, self.model, world_size=world_size,
+                     global_batch=self.batch.global_batch, micro_batch=self.batch.micro_batch,
+                     seq_len=self.batch.seq_len)
+        return layout
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# ---- loading -----------------------------------------------------------------------------
+
+def _coerce(section: str, key: str, value: Any, typ: Any) -> Any:
+    """Convert a TOML or command-line value to the field's declared type."""
+    name = f"{section}.{key}"
+    if isinstance(typ, str):
+        typ = eval(typ, {**vars(typing), "float": float, "int": int, "str": str, "bool": bool})
+    if isinstance(typ, types.UnionType):
+        typ = next(t for t in typ.__args__ if t is not type(None))
+    try:
+        if typ is bool:
+            if isinstance(value, str):
+                low = value.lower()
+                if low not in ("true", "false", "1", "0", "yes", "no"):
+                    raise ValueError(value)
+                return low in ("true", "1", "yes")
+            return bool(value)
+        if typ is int:
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError(value)
+            return int(float(value)) if isinstance(value, str) and "e" in value else int(value)
+        if typ is float:
+            return float(value)
+        if typ is str:
+            return str(value)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(name, value, f"expected a {typ.__name__}") from e
+    return value
+
+
+def _build(cls: type, section: str, values: dict[str, Any]) -> Any:
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    for k in values:
+        if k not in known:
+            raise ConfigError(f"{section}.{k}", values[k],
+                              f"unknown field; valid fields are {', '.join(known)}")
+    kwargs = {k: _coerce(section, k, v, known[k].type) for k, v in values.items()}
+    return cls(**kwargs)
+
+
+def parse_overrides(args: list[str]) -> dict[str, dict[str, str]]:
+    """['--train.steps=10', '--model.name', 'tiny'] -> {'train': {'steps': '10'}, ...}."""
+    out: dict[str, dict[str, str]] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--") or "." not in arg.split("=")[0]:
+            raise ConfigError("override", arg, "write overrides as --section.key=value")
+        if "=" in arg:
+            key, value = arg[2:].split("=", 1)
+        else:
+            if i + 1 >= len(args):
+                raise ConfigError("override", arg, "give a value: --section.key=value")
+            key, value = arg[2:], args[i + 1]
+            i += 1
+        section, name = key.split(".", 1)
+        out.setdefault(section, {})[name] = value
+        i += 1
+    return out
+
+
+def load_config(path: str | Path | None = None,
+                overrides: dict[str, dict[str, Any]] | list[str] | None = None) -> JobConfig:
+    """Build a validated JobConfig from an optional TOML file plus overrides (later wins)."""
+    raw: dict[str, dict[str, Any]] = {}
+    if path is not None:
+        p = Path(path)
+        require(p.is_file(), "config", str(p), "give the path of an existing .toml file")
+        try:
+            raw = tomllib.loads(p.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError("config", str(p), f"fix the TOML syntax: {e}") from e
+    if isinstance(overrides, list):
+        overrides = parse_overrides(overrides)
+    for section, values in (overrides or {}).items():
+        raw.setdefault(section, {}).update(values)
+    for section, values in raw.items():
+        if section not in (*SECTIONS, "model"):
+            raise ConfigError(section, "...", f"unknown section; valid sections are model, "
+                              f"{', '.join(SECTIONS)}")
+        if not isinstance(values, dict):
+            raise ConfigError(section, values, "a section must be a TOML table [section]")
+    model_raw = dict(raw.get("model", {}))
+    name = str(model_raw.pop("name", "gpt-mini"))
+    for k in model_raw:
+        if k not in MODEL_FIELDS:
+            raise ConfigError(f"model.{k}", model_raw[k],
+                              f"unknown field; valid fields are {', '.join(MODEL_FIELDS)}")
+    mfields = {f.name: f for f in dataclasses.fields(ModelConfig)}
+    model_kw = {k: _coerce("model", k, v, mfields[k].type) for k, v in model_raw.items()}
+    model = resolve_model(name, **model_kw)
+    sections = {s: _build(cls, s, raw.get(s, {})) for s, cls in SECTIONS.items()}
+    return JobConfig(model=model, **sections)

@@ -1,0 +1,148 @@
+"""Parallel layout and its legality rules, shared by the planner (torch-free) and the trainer.
+
+World size = dp * tp * pp * cp. Expert parallelism borrows ranks from the data-parallel and
+context-parallel ranks (ep divides dp*cp), as in torchtitan and DeepSpeed-MoE, so it does not
+multiply the world size. HSDP splits dp into dp_replicate x dp_shard.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ._errors import ConfigError
+from .model import ModelConfig
+
+__all__ = ["Layout", "PP_SCHEDULES", "layout_problems", "check_layout", "grad_accum_steps"]
+
+PP_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero-bubble")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Parallel degrees of one training job (degree 1 of any axis means 'not used')."""
+
+    dp: int = 1
+    """Data-parallel degree (replicas x shards): the batch is split dp ways."""
+    zero: int = 0
+    """ZeRO stage over the dp ranks: 0 = DDP, 1 = optimizer states, 2 = + gradients,
+    3 = + parameters (FSDP2 fully_shard)."""
+    dp_replicate: int = 1
+    """HSDP: number of replica groups; parameters are sharded over dp // dp_replicate ranks."""
+    tp: int = 1
+    """Tensor-parallel degree (heads, MLP width and vocabulary split tp ways)."""
+    sp: bool = False
+    """Sequence parallel: norms/dropout/residual activations split over the tp ranks."""
+    pp: int = 1
+    """Pipeline-parallel degree (layers split into pp stages)."""
+    pp_schedule: str = "1f1b"
+    """'gpipe', '1f1b', 'interleaved' or 'zero-bubble'."""
+    pp_virtual: int = 1
+    """Model chunks (virtual stages) per pipeline rank; > 1 for 'interleaved'."""
+    cp: int = 1
+    """Context-parallel degree (the sequence split cp ways, ring attention)."""
+    ep: int = 1
+    """Expert-parallel degree (MoE experts split ep ways over dp*cp ranks)."""
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def dp_shard(self) -> int:
+        return self.dp // self.dp_replicate if self.dp_replicate else self.dp
+
+    @property
+    def zero_shards(self) -> int:
+        """Ranks over which ZeRO shards model states: the shard group, and cp ranks too (the
+        trainer folds cp into the FSDP mesh, as torchtitan does)."""
+        return self.dp_shard * self.cp if self.zero else 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def grad_accum_steps(global_batch: int, micro_batch: int, dp: int) -> int:
+    """Micro-batches per optimizer step per dp rank (= pipeline micro-batches m)."""
+    return global_batch // (micro_batch * dp)
+
+
+def layout_problems(layout: Layout, model: ModelConfig, *, world_size: int | None = None,
+                    global_batch: int | None = None, micro_batch: int | None = None,
+                    seq_len: int | None = None) -> list[ConfigError]:
+    """Every rule this layout breaks, as ConfigErrors naming the field and the fix (empty: legal)."""
+    out: list[ConfigError] = []
+
+    def need(ok: bool, field: str, value: Any, fix: str) -> None:
+        if not ok:
+            out.append(ConfigError(field, value, fix))
+
+    L = layout
+    for f in ("dp", "dp_replicate", "tp", "pp", "pp_virtual", "cp", "ep"):
+        v = getattr(L, f)
+        need(isinstance(v, int) and v >= 1, f"parallel.{f}", v, "use a positive integer")
+    if out:
+        return out
+    need(L.zero in (0, 1, 2, 3), "parallel.zero", L.zero, "choose 0, 1, 2 or 3")
+    need(L.pp_schedule in PP_SCHEDULES, "parallel.pp_schedule", L.pp_schedule,
+         f"choose one of {', '.join(PP_SCHEDULES)}")
+    if world_size is not None:
+        need(L.world_size == world_size, "parallel", f"dp*tp*pp*cp={L.world_size}",
+             f"the degrees must multiply to the world size {world_size}")
+    need(L.dp % L.dp_replicate == 0, "parallel.dp_replicate", L.dp_replicate,
+         f"must divide dp={L.dp}")
+    need(L.dp_replicate == 1 or L.zero >= 1, "parallel.dp_replicate", L.dp_replicate,
+         "HSDP shards within each replica group: set parallel.zero to 1, 2 or 3")
+    # Tensor parallel splits whole heads (query and key/value) and the MLP width.
+    need(model.num_heads % L.tp == 0, "parallel.tp", L.tp,
+         f"tp must divide num_heads={model.num_heads}")
+    need(model.num_kv_heads % L.tp == 0, "parallel.tp", L.tp,
+         f"tp must divide num_kv_heads={model.num_kv_heads}")
+    need(model.ffn_dim % L.tp == 0, "parallel.tp", L.tp, f"tp must divide ffn_dim={model.ffn_dim}")
+    # Pipeline: every (virtual) stage needs at least one layer.
+    need(L.pp * L.pp_virtual <= model.num_layers, "parallel.pp", L.pp,
+         f"pp*pp_virtual must not exceed num_layers={model.num_layers}")
+    if L.pp_schedule == "interleaved" and L.pp > 1:
+        need(L.pp_virtual >= 2, "parallel.pp_virtual", L.pp_virtual,
+             "the interleaved schedule needs pp_virtual >= 2 (or use '1f1b')")
+    if L.pp_schedule in ("gpipe", "1f1b"):
+        need(L.pp_virtual == 1, "parallel.pp_virtual", L.pp_virtual,
+             f"{L.pp_schedule} runs one stage per rank: set pp_virtual=1 or use 'interleaved'")
+    # Context parallel: load-balanced causal sharding cuts the sequence into 2*cp chunks.
+    if seq_len is not None and L.cp > 1:
+        need(seq_len % (2 * L.cp) == 0, "parallel.cp", L.cp,
+             f"seq_len={seq_len} must be divisible by 2*cp={2 * L.cp}")
+    # Expert parallel: whole experts per rank, ranks taken from the dp*cp group.
+    if L.ep > 1:
+        need(model.is_moe, "parallel.ep", L.ep, "ep > 1 needs an MoE model (model.num_experts > 0)")
+        need(model.num_experts % L.ep == 0, "parallel.ep", L.ep,
+             f"ep must divide num_experts={model.num_experts}")
+        need((L.dp * L.cp) % L.ep == 0, "parallel.ep", L.ep,
+             f"ep must divide dp*cp={L.dp * L.cp} (experts are spread over data-parallel ranks)")
+    if seq_len is not None and model.position == "learned":
+        need(seq_len <= model.max_seq_len, "batch.seq_len", seq_len,
+             f"learned positions stop at model.max_seq_len={model.max_seq_len}")
+    if global_batch is not None and micro_batch is not None:
+        need(global_batch % (micro_batch * L.dp) == 0, "batch.global_batch", global_batch,
+             f"must be a multiple of micro_batch*dp = {micro_batch}*{L.dp} = {micro_batch * L.dp}")
+        m = max(1, grad_accum_steps(global_batch, micro_batch, L.dp))
+        if L.pp > 1 and L.pp_schedule != "gpipe":
+            need(m >= L.pp, "batch.global_batch", global_batch,
+                 f"{L.pp_schedule} needs at least pp={L.pp} micro-batches per step, got {m}: "
+                 "raise global_batch or lower micro_batch")
+        if L.pp > 1 and L.pp_schedule == "interleaved":
+            need(m % L.pp == 0, "batch.global_batch", global_batch,
+                 f"interleaved needs micro-batches ({m}) divisible by pp={L.pp}")
+    return out
+
+
+def check_layout(layout: Layout, model: ModelConfig, **kw: Any) -> None:
+    """Raise the first problem (its message names the field and the fix); list the others too."""
+    problems = layout_problems(layout, model, **kw)
+    if problems:
+        first = problems[0]
+        if len(problems) > 1:
+            rest = "; ".join(str(p) for p in problems[1:])
+            raise ConfigError(first.field, first.value, f"{first.fix} (also: {rest})")
+        raise first
+

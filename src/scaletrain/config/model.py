@@ -1,0 +1,308 @@
+"""Model architecture config, its exact analytic parameter count, presets and HF loading.
+
+One decoder config covers the GPT-2 family (LayerNorm, learned positions, GELU, biases, tied
+embeddings), the Llama family (RMSNorm, RoPE, SwiGLU, grouped-query attention, untied head) and
+Mixtral-style MoE (`num_experts > 0`). Pure Python: the planner imports this without torch.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from ._errors import ConfigError, choice, require
+
+__all__ = [
+    "ModelConfig",
+    "ParamCounts",
+    "MODEL_PRESETS",
+    "model_preset",
+    "model_from_hf_config",
+    "resolve_model",
+]
+
+NORMS = ("layernorm", "rmsnorm")
+ACTIVATIONS = ("gelu", "swiglu")
+POSITIONS = ("learned", "rope")
+ATTENTIONS = ("sdpa", "naive")
+
+
+@dataclass
+class ModelConfig:
+    """Architecture of a decoder-only transformer."""
+
+    name: str = "custom"
+    """Display name (a preset name, a config.json path, or 'custom')."""
+    vocab_size: int = 256
+    """Number of token ids the embedding and head cover."""
+    dim: int = 128
+    """Hidden size h (residual stream width)."""
+    num_layers: int = 4
+    """Number of transformer blocks L."""
+    num_heads: int = 4
+    """Query heads a."""
+    num_kv_heads: int = 0
+    """Key/value heads g for grouped-query attention; 0 means equal to num_heads (plain MHA)."""
+    ffn_dim: int = 0
+    """MLP inner size f; 0 means 4*dim for GELU, Llama's rounded 8/3*dim for SwiGLU."""
+    max_seq_len: int = 256
+    """Longest sequence; sizes the learned position table (RoPE has no table)."""
+    norm: str = "layernorm"
+    """'layernorm' (GPT-2, weight + bias when `bias`) or 'rmsnorm' (Llama, weight only)."""
+    activation: str = "gelu"
+    """'gelu' (two matrices) or 'swiglu' (three matrices: gate, up, down)."""
+    position: str = "learned"
+    """'learned' absolute position embeddings (GPT-2) or 'rope' rotary embeddings (Llama)."""
+    rope_theta: float = 10000.0
+    """RoPE base frequency (Llama 2: 1e4, Llama 3: 5e5, Mixtral: 1e6)."""
+    tie_embeddings: bool = True
+    """Share the token embedding with the output head (GPT-2) or not (Llama)."""
+    bias: bool = True
+    """Biases in the attention/MLP linears (and LayerNorm); False for Llama."""
+    norm_eps: float = 1e-5
+    """Epsilon of the normalization layers."""
+    num_experts: int = 0
+    """Experts per MoE layer; 0 makes every MLP dense."""
+    experts_per_token: int = 2
+    """Top-k experts each token is routed to (MoE only)."""
+    moe_aux_loss_coef: float = 0.01
+    """Weight of the Switch/Mixtral load-balancing loss (MoE only)."""
+    attention: str = "sdpa"
+    """Attention backend: 'sdpa' (flash / memory-efficient kernels) or 'naive' (S x S scores)."""
+    init_std: float = 0.02
+    """Standard deviation of the normal init of linear and embedding weights."""
+
+    def __post_init__(self) -> None:
+        if self.num_kv_heads == 0:
+            self.num_kv_heads = self.num_heads
+        if self.ffn_dim == 0:
+            self.ffn_dim = 4 * self.dim if self.activation == "gelu" else _llama_ffn(self.dim)
+        self.validate()
+
+    def validate(self) -> None:
+        p = "model."
+        for f in ("vocab_size", "dim", "num_layers", "num_heads", "num_kv_heads", "ffn_dim",
+                  "max_seq_len"):
+            v = getattr(self, f)
+            require(isinstance(v, int) and v >= 1, p + f, v, "use a positive integer")
+        choice(p + "norm", self.norm, NORMS)
+        choice(p + "activation", self.activation, ACTIVATIONS)
+        choice(p + "position", self.position, POSITIONS)
+        choice(p + "attention", self.attention, ATTENTIONS)
+        require(self.dim % self.num_heads == 0, p + "num_heads", self.num_heads,
+                f"num_heads must divide dim={self.dim}")
+        require(self.num_heads % self.num_kv_heads == 0, p + "num_kv_heads", self.num_kv_heads,
+                f"num_kv_heads must divide num_heads={self.num_heads}")
+        if self.position == "rope":
+            require(self.head_dim % 2 == 0, p + "num_heads", self.num_heads,
+                    f"RoPE needs an even head dim; dim/num_heads = {self.head_dim}")
+        require(self.num_experts >= 0, p + "num_experts", self.num_experts, "use 0 (dense) or more")
+        if self.num_experts:
+            require(1 <= self.experts_per_token <= self.num_experts, p + "experts_per_token",
+                    self.experts_per_token, f"use 1..num_experts={self.num_experts}")
+        require(self.norm_eps > 0, p + "norm_eps", self.norm_eps, "use a small positive float")
+        require(self.init_std > 0, p + "init_std", self.init_std, "use a positive float")
+
+    # ---- derived sizes -------------------------------------------------------------------
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.num_heads
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of K (and of V): g * d_head; equals dim without GQA."""
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def family(self) -> str:
+        """'llama' when the block is RMSNorm+SwiGLU+RoPE style, else 'gpt2' (HF export names)."""
+        return "llama" if self.norm == "rmsnorm" else "gpt2"
+
+    def param_counts(self) -> ParamCounts:
+        return ParamCounts.of(self)
+
+    def num_params(self) -> int:
+        return self.param_counts().total
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _llama_ffn(dim: int, multiple_of: int = 256) -> int:
+    # Llama's SwiGLU width: 2/3 of 4*dim (same FLOPs as a 4*dim GELU MLP), rounded up to 256.
+    hidden = int(2 * 4 * dim / 3)
+    return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    """Exact parameter counts per component (what the nn.Module allocates, element for element).
+
+    Counts: token embedding V*h; learned positions S*h; per layer attention q (h*a*d), k and v
+    (h*g*d each), o (a*d*h) plus their biases; MLP 2*h*f (GELU) or 3*h*f (SwiGLU) plus biases,
+    times the number of experts for MoE, plus the router h*E; two norms per layer (2h with bias
+    for LayerNorm, h for RMSNorm); a final norm; the head V*h unless tied. Ignores: nothing
+    (buffers such as RoPE tables are not parameters).
+    """
+
+    embedding: int
+    position: int
+    attention: int  # per layer
+    mlp: int  # per layer, all experts together for MoE
+    mlp_per_expert: int  # one expert's MLP (== mlp for dense models)
+    router: int  # per layer (0 for dense)
+    norms: int  # per layer (the two pre-norms)
+    final_norm: int
+    head: int  # 0 when tied to the embedding
+    num_layers: int
+
+    @classmethod
+    def of(cls, m: ModelConfig) -> ParamCounts:
+        h, d, a, g, f = m.dim, m.head_dim, m.num_heads, m.num_kv_heads, m.ffn_dim
+        attn = h * a * d + 2 * h * g * d + a * d * h
+        if m.bias:
+            attn += a * d + 2 * g * d + h
+        n_mat = 3 if m.activation == "swiglu" else 2
+        expert = n_mat * h * f + ((n_mat - 1) * f + h if m.bias else 0)
+        norm = 2 * h if (m.norm == "layernorm" and m.bias) else h
+        return cls(
+            embedding=m.vocab_size * h,
+            position=m.max_seq_len * h if m.position == "learned" else 0,
+            attention=attn,
+            mlp=expert * max(1, m.num_experts),
+            mlp_per_expert=expert,
+            router=h * m.num_experts,
+            norms=2 * norm,
+            final_norm=norm,
+            head=0 if m.tie_embeddings else m.vocab_size * h,
+            num_layers=m.num_layers,
+        )
+
+    @property
+    def per_layer(self) -> int:
+        return self.attention + self.mlp + self.router + self.norms
+
+    @property
+    def total(self) -> int:
+        return (self.embedding + self.position + self.num_layers * self.per_layer
+                + self.final_norm + self.head)
+
+    def active_per_layer(self, experts_per_token: int) -> int:
+        """Parameters one token touches in a layer (MoE: only its top-k experts)."""
+        if self.router == 0:
+            return self.per_layer
+        return self.attention + self.norms + self.router + experts_per_token * self.mlp_per_expert
+
+
+# ---- presets -----------------------------------------------------------------------------
+# Architectures from the publishers' configs (GPT-2: OpenAI's released checkpoints as in HF
+# `gpt2*` config.json; Llama 2: Touvron et al. 2023 + HF config; Llama 3/3.1: Meta model cards
+# + HF config; GPT-3: Brown et al. 2020 Table 2.1; Mixtral: Jiang et al. 2024 + HF config).
+# Stated parameter counts checked in tests/unit/test_config.py.
+
+def _gpt2(name: str, dim: int, layers: int, heads: int, ctx: int = 1024,
+          vocab: int = 50257) -> ModelConfig:
+    return ModelConfig(name=name, vocab_size=vocab, dim=dim, num_layers=layers, num_heads=heads,
+                       max_seq_len=ctx, norm="layernorm", activation="gelu", position="learned",
+                       tie_embeddings=True, bias=True)
+
+
+def _llama(name: str, dim: int, layers: int, heads: int, kv_heads: int, ffn: int, vocab: int,
+           ctx: int, theta: float, eps: float = 1e-5, **moe: Any) -> ModelConfig:
+    return ModelConfig(name=name, vocab_size=vocab, dim=dim, num_layers=layers, num_heads=heads,
+                       num_kv_heads=kv_heads, ffn_dim=ffn, max_seq_len=ctx, norm="rmsnorm",
+                       activation="swiglu", position="rope", rope_theta=theta,
+                       tie_embeddings=False, bias=False, norm_eps=eps, **moe)
+
+
+MODEL_PRESETS: dict[str, Callable[[], ModelConfig]] = {
+    # tiny models for tests and the embedded default run (byte vocabulary)
+    "tiny": lambda: ModelConfig(name="tiny", vocab_size=256, dim=64, num_layers=2, num_heads=4,
+                                max_seq_len=128),
+    "tiny-llama": lambda: _llama("tiny-llama", 64, 2, 4, 2, 176, 256, 128, 10000.0),
+    "tiny-moe": lambda: _llama("tiny-moe", 64, 2, 4, 2, 128, 256, 128, 10000.0,
+                               num_experts=4, experts_per_token=2),
+    "gpt-mini": lambda: ModelConfig(name="gpt-mini", vocab_size=256, dim=128, num_layers=4,
+                                    num_heads=4, max_seq_len=128),
+    # GPT-2 (124,439,808 / 354,823,168 / 774,030,080 / 1,557,611,200 parameters, tied head)
+    "gpt2-124m": lambda: _gpt2("gpt2-124m", 768, 12, 12),
+    "gpt2-350m": lambda: _gpt2("gpt2-350m", 1024, 24, 16),
+    "gpt2-774m": lambda: _gpt2("gpt2-774m", 1280, 36, 20),
+    "gpt2-1.5b": lambda: _gpt2("gpt2-1.5b", 1600, 48, 25),
+    # GPT-3 175B: 96 layers, d=12288, 96 heads, context 2048, GPT-2 tokenizer
+    "gpt3-175b": lambda: _gpt2("gpt3-175b", 12288, 96, 96, ctx=2048),
+    # Llama 2 (6,738,415,616 / 13,015,864,320 / 68,976,648,192)
+    "llama2-7b": lambda: _llama("llama2-7b", 4096, 32, 32, 32, 11008, 32000, 4096, 1e4),
+    "llama2-13b": lambda: _llama("llama2-13b", 5120, 40, 40, 40, 13824, 32000, 4096, 1e4),
+    "llama2-70b": lambda: _llama("llama2-70b", 8192, 80, 64, 8, 28672, 32000, 4096, 1e4),
+    # Llama 3 / 3.1 (8,030,261,248 / 70,553,706,496 / 405,853,388,800)
+    "llama3-8b": lambda: _llama("llama3-8b", 4096, 32, 32, 8, 14336, 128256, 8192, 5e5),
+    "llama3-70b": lambda: _llama("llama3-70b", 8192, 80, 64, 8, 28672, 128256, 8192, 5e5),
+    "llama3-405b": lambda: _llama("llama3-405b", 16384, 126, 128, 8, 53248, 128256, 8192, 5e5),
+    # Mixtral 8x7B (46,702,792,704): 8 SwiGLU experts, top-2, GQA 8 KV heads
+    "mixtral-8x7b": lambda: _llama("mixtral-8x7b", 4096, 32, 32, 8, 14336, 32000, 32768, 1e6,
+                                   num_experts=8, experts_per_token=2),
+}
+
+
+def model_preset(name: str, **overrides: Any) -> ModelConfig:
+    """A preset by name (overrides replace fields); unknown names list the valid ones."""
+    if name not in MODEL_PRESETS:
+        raise ConfigError("model.name", name,
+                          f"use a preset ({', '.join(MODEL_PRESETS)}) or a config.json path")
+    cfg = MODEL_PRESETS[name]()
+    return replace(cfg, **overrides) if overrides else cfg
+
+
+def model_from_hf_config(path: str | Path) -> ModelConfig:
+    """Load a Hugging Face `config.json` (GPT-2, Llama or Mixtral style) into a ModelConfig."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    try:
+        hf = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError("model.name", str(path), f"give a readable config.json ({e})") from e
+    mtype = hf.get("model_type", "")
+    if mtype == "gpt2":
+        return ModelConfig(
+            name=str(path), vocab_size=hf["vocab_size"], dim=hf["n_embd"],
+            num_layers=hf["n_layer"], num_heads=hf["n_head"], ffn_dim=hf.get("n_inner") or 0,
+            max_seq_len=hf["n_positions"], norm="layernorm", activation="gelu",
+            position="learned", tie_embeddings=hf.get("tie_word_embeddings", True), bias=True,
+            norm_eps=hf.get("layer_norm_epsilon", 1e-5))
+    if mtype in ("llama", "mistral", "mixtral"):
+        return ModelConfig(
+            name=str(path), vocab_size=hf["vocab_size"], dim=hf["hidden_size"],
+            num_layers=hf["num_hidden_layers"], num_heads=hf["num_attention_heads"],
+            num_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
+            ffn_dim=hf["intermediate_size"], max_seq_len=hf.get("max_position_embeddings", 4096),
+            norm="rmsnorm", activation="swiglu", position="rope",
+            rope_theta=float(hf.get("rope_theta", 10000.0)),
+            tie_embeddings=hf.get("tie_word_embeddings", False),
+            bias=bool(hf.get("attention_bias", False)), norm_eps=hf.get("rms_norm_eps", 1e-5),
+            num_experts=hf.get("num_local_experts", 0) if mtype == "mixtral" else 0,
+            experts_per_token=hf.get("num_experts_per_tok", 2))
+    raise ConfigError("model.name", str(path),
+                      f"model_type {mtype!r} is not supported; use a gpt2, llama, mistral or "
+                      "mixtral config.json")
+
+
+def resolve_model(name_or_path: str, **overrides: Any) -> ModelConfig:
+    """A preset name or a path to a Hugging Face config.json, with field overrides."""
+    if name_or_path in MODEL_PRESETS:
+        return model_preset(name_or_path, **overrides)
+    if name_or_path.endswith(".json") or Path(name_or_path).is_dir():
+        cfg = model_from_hf_config(name_or_path)
+        return replace(cfg, **overrides) if overrides else cfg
+    return model_preset(name_or_path)  # raises with the list of presets
+
+
+MODEL_FIELDS = tuple(f.name for f in fields(ModelConfig))
