@@ -1,0 +1,1 @@
+"""Torch-free analytic planner (see DESIGN.md §5)."""

@@ -1,0 +1,116 @@
+"""The planner's input and output types; `Estimate.to_json()` is the DESIGN.md §4 schema.
+
+`Measurement` objects (dry-run, real runs) reuse `MemoryBreakdown` so every predicted number can be
+held against a measured one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from scaletrain.config import HardwareSpec, Layout, ModelConfig
+
+__all__ = ["PlanInput", "MemoryBreakdown", "TimeBreakdown", "Estimate"]
+
+
+@dataclass(frozen=True)
+class PlanInput:
+    """Everything one layout evaluation needs."""
+
+    model: ModelConfig
+    hardware: HardwareSpec
+    num_gpus: int
+    layout: Layout
+    seq_len: int
+    global_batch: int
+    """Sequences per optimizer step (all dp ranks)."""
+    micro_batch: int
+    """Sequences per micro-batch per dp rank."""
+    precision: str = "bf16"
+    ac: str = "none"
+    offload: str = "none"
+    optimizer: str = "adamw"
+    """'adamw', 'sgd' (momentum) or 'adamw8bit'."""
+    compile: bool = False
+    efficiency: float = 0.0
+    """Achievable fraction of peak matmul FLOP/s; 0 = the planner's documented default."""
+
+    @property
+    def grad_accum(self) -> int:
+        return self.global_batch // (self.micro_batch * self.layout.dp)
+
+
+@dataclass
+class MemoryBreakdown:
+    """Bytes per GPU for one rank (the worst one in an Estimate)."""
+
+    params: float = 0.0
+    grads: float = 0.0
+    optimizer: float = 0.0
+    activations: float = 0.0
+    buffers: float = 0.0
+    """Sum of the named `buffer_terms`."""
+    total: float = 0.0
+    """Allocated peak."""
+    reserved: float = 0.0
+    """Allocator's reservation (what OOMs and nvidia-smi see)."""
+    capacity: float = 0.0
+    fits: bool = True
+    rank: int = 0
+    buffer_terms: dict[str, float] = field(default_factory=dict)
+    """Named buffer terms (communication staging, allocator reserve, runtime context, ...)."""
+    detail: dict[str, float] = field(default_factory=dict)
+    """Optional finer terms (e.g. 'activations.logits', 'params.unsharded_in_flight')."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"params": int(self.params), "grads": int(self.grads),
+                "optimizer": int(self.optimizer), "activations": int(self.activations),
+                "buffers": int(self.buffers), "total": int(self.total),
+                "reserved": int(self.reserved), "capacity": int(self.capacity),
+                "fits": bool(self.fits), "rank": int(self.rank)}
+
+
+@dataclass
+class TimeBreakdown:
+    step_s: float = 0.0
+    compute_s: float = 0.0
+    comm_exposed_s: float = 0.0
+    bubble_s: float = 0.0
+    optimizer_s: float = 0.0
+    comm_total_s: float = 0.0
+    """All communication time, overlapped or not."""
+    comm_terms: dict[str, float] = field(default_factory=dict)
+    """Seconds per collective family per step (e.g. 'dp_allreduce', 'tp_allgather')."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step_s": self.step_s, "compute_s": self.compute_s,
+                "comm_exposed_s": self.comm_exposed_s, "bubble_s": self.bubble_s}
+
+
+@dataclass
+class Estimate:
+    plan: PlanInput
+    memory: MemoryBreakdown
+    time: TimeBreakdown
+    flops_per_token: float
+    tokens_per_s: float
+    mfu: float
+    notes: list[str] = field(default_factory=list)
+    """Conventions used (causal halving, optimizer bytes convention, ...)."""
+
+    def to_json(self) -> dict[str, Any]:
+        p, L = self.plan, self.plan.layout
+        return {
+            "plan": {"model": p.model.name, "params": p.model.num_params(), "gpus": p.num_gpus,
+                     "dp": L.dp, "zero": L.zero, "tp": L.tp, "sp": L.sp, "pp": L.pp,
+                     "pp_schedule": L.pp_schedule, "pp_virtual": L.pp_virtual, "cp": L.cp,
+                     "ep": L.ep, "micro_batch": p.micro_batch, "grad_accum": p.grad_accum,
+                     "seq_len": p.seq_len, "precision": p.precision, "ac": p.ac,
+                     "offload": p.offload},
+            "memory": self.memory.to_json(),
+            "time": self.time.to_json(),
+            "flops_per_token": int(self.flops_per_token),
+            "tokens_per_s": self.tokens_per_s,
+            "mfu": self.mfu,
+        }
