@@ -1,0 +1,15 @@
+import torch
+import torch.distributed as dist
+
+
+def allreduce_rank():
+    t = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    return t.item()
+
+
+def fail_on_rank1():
+    if dist.get_rank() == 1:
+        raise ValueError("boom on rank 1")
+    dist.barrier()
+    return 0
