@@ -70,7 +70,7 @@ def grad_accum_steps(global_batch: int, micro_batch: int, dp: int) -> int:
 def layout_problems(layout: Layout, model: ModelConfig, *, world_size: int | None = None,
                     global_batch: int | None = None, micro_batch: int | None = None,
                     seq_len: int | None = None) -> list[ConfigError]:
-    """Every rule this layout breaks, as ConfigErrors naming the field and the fix (empty: legal)."""
+    """Every rule this layout breaks, as ConfigErrors naming field and fix (empty: legal)."""
     out: list[ConfigError] = []
 
     def need(ok: bool, field: str, value: Any, fix: str) -> None:

@@ -1,0 +1,13 @@
+"""Checkpoints: atomic, verified DCP save/resume; Hugging Face safetensors export (hf.py)."""
+
+from .dcp import (
+    CheckpointError,
+    latest_good,
+    list_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+    verify_checkpoint,
+)
+
+__all__ = ["CheckpointError", "latest_good", "list_checkpoints", "load_checkpoint",
+           "save_checkpoint", "verify_checkpoint"]

@@ -1,0 +1,1 @@
+"""Measurements of real and fake (dry-run) steps, in the planner's memory schema."""

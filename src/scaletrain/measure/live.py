@@ -1,0 +1,75 @@
+"""Live measurements of a real run: exact state bytes, saved activations, peak memory.
+
+On CPU there is no allocator to ask, so the categories are measured exactly from the tensors
+themselves: parameters, gradients and optimizer states by their local storage (shards count what
+this rank holds), activations by the bytes autograd saves for backward in one micro-batch
+(`saved_tensors_hooks`, storages de-duplicated). On CUDA the allocator's peaks are added.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import resource
+from collections.abc import Iterator
+
+import torch
+
+__all__ = ["tensor_bytes", "state_bytes", "SavedActivations", "peak_process_memory"]
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def tensor_bytes(t: torch.Tensor) -> int:
+    t = _local(t)
+    return t.numel() * t.element_size()
+
+
+def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, int]:
+    """Bytes this rank holds for parameters, gradients and optimizer states."""
+    params = sum(tensor_bytes(p) for p in model.parameters())
+    grads = sum(tensor_bytes(p.grad) for p in model.parameters() if p.grad is not None)
+    optim = 0
+    if optimizer is not None:
+        for state in optimizer.state.values():
+            optim += sum(tensor_bytes(v) for v in state.values()
+                         if isinstance(v, torch.Tensor) and v.numel() > 1)
+    return {"params": params, "grads": grads, "optimizer": optim}
+
+
+class SavedActivations:
+    """Context manager summing the bytes autograd saves for backward (unique storages)."""
+
+    def __init__(self, model: torch.nn.Module | None = None) -> None:
+        self.bytes = 0
+        # parameters saved for backward are not activations: pre-mark their storages as seen
+        self._seen: set[int] = set()
+        for p in model.parameters() if model is not None else ():
+            with contextlib.suppress(RuntimeError, NotImplementedError):
+                self._seen.add(_local(p).untyped_storage().data_ptr())
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        local = _local(t)
+        try:
+            key = local.untyped_storage().data_ptr()
+            size = local.untyped_storage().nbytes()
+        except (RuntimeError, NotImplementedError):
+            key, size = id(local), local.numel() * local.element_size()
+        if key not in self._seen:
+            self._seen.add(key)
+            self.bytes += size
+        return t
+
+    @contextlib.contextmanager
+    def track(self) -> Iterator[SavedActivations]:
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
+            yield self
+
+
+def peak_process_memory(device: torch.device) -> dict[str, int]:
+    """Peak memory so far: CUDA allocator peaks on GPU, the process's max RSS on CPU."""
+    if device.type == "cuda":
+        return {"allocated": torch.cuda.max_memory_allocated(device),
+                "reserved": torch.cuda.max_memory_reserved(device)}
+    return {"rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}

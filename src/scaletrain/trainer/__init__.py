@@ -1,0 +1,5 @@
+"""The trainer: build_* functions and one readable loop (see loop.py)."""
+
+from .loop import RunResult, train
+
+__all__ = ["train", "RunResult"]

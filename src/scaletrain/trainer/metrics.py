@@ -1,0 +1,72 @@
+"""Per-step metrics to metrics.jsonl and TensorBoard, plus a live progress bar on rank 0."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["MetricsLogger"]
+
+
+class MetricsLogger:
+    """Writes one JSON object per logged step; mirrors scalars to TensorBoard; drives rich."""
+
+    def __init__(self, run_dir: Path, *, total_steps: int, enabled: bool, tensorboard: bool,
+                 progress: bool, start_step: int = 0):
+        self.enabled = enabled
+        self._tb = None
+        self._progress = None
+        self._task = None
+        if not enabled:
+            return
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self._file = open(run_dir / "metrics.jsonl", "a", buffering=1)  # noqa: SIM115
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tb = SummaryWriter(str(run_dir / "tb"))
+            except ImportError:  # tensorboard is a dependency, but keep training without it
+                self._tb = None
+        if progress and sys.stdout.isatty():
+            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._progress = Progress(
+                TextColumn("[bold]step {task.completed}/{task.total}"), BarColumn(),
+                TextColumn("{task.fields[status]}"), TimeRemainingColumn(), transient=False)
+            self._progress.start()
+            self._task = self._progress.add_task("train", total=total_steps,
+                                                 completed=start_step, status="")
+
+    def log(self, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        self._file.write(json.dumps(record) + "\n")
+        if self._tb is not None:
+            step = record["step"]
+            for k, v in record.items():
+                if k != "step" and isinstance(v, int | float):
+                    self._tb.add_scalar(k, v, step)
+
+    def advance(self, step: int, status: str) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, completed=step, status=status)
+
+    def print(self, text: str) -> None:
+        if not self.enabled:
+            return
+        if self._progress is not None:
+            self._progress.console.print(text, markup=False, highlight=False)
+        else:
+            print(text, flush=True)
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        if self._progress is not None:
+            self._progress.stop()
+        if self._tb is not None:
+            self._tb.close()
+        self._file.close()

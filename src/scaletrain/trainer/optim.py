@@ -1,0 +1,50 @@
+"""Optimizer and learning-rate schedule."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+
+from scaletrain.config import OptimConfig
+
+__all__ = ["build_optimizer", "lr_at", "set_lr"]
+
+
+def build_optimizer(params: Iterable[torch.nn.Parameter], *, optim: OptimConfig,
+                    device_type: str) -> torch.optim.Optimizer:
+    """AdamW (fused on CUDA, foreach on CPU) or SGD with momentum.
+
+    Weight decay applies to matrices only (embeddings and linears), not to norms or biases, the
+    GPT-2/Llama convention.
+    """
+    params = [p for p in params if p.requires_grad]
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": optim.weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    if optim.name == "sgd":
+        return torch.optim.SGD(groups, lr=optim.lr, momentum=optim.momentum)
+    fused = device_type == "cuda"
+    return torch.optim.AdamW(groups, lr=optim.lr, betas=(optim.beta1, optim.beta2),
+                             eps=optim.eps, fused=fused or None, foreach=None if fused else True)
+
+
+def lr_at(step: int, *, optim: OptimConfig, total_steps: int) -> float:
+    """Learning rate for optimizer step `step` (0-based): linear warmup, then the decay."""
+    peak, floor = optim.lr, optim.lr * optim.min_lr_ratio
+    if optim.warmup_steps and step < optim.warmup_steps:
+        return peak * (step + 1) / optim.warmup_steps
+    if optim.schedule == "constant":
+        return peak
+    span = max(1, total_steps - optim.warmup_steps)
+    progress = min(1.0, (step - optim.warmup_steps) / span)
+    if optim.schedule == "linear":
+        return peak + (floor - peak) * progress
+    return floor + 0.5 * (peak - floor) * (1.0 + math.cos(math.pi * progress))
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr

@@ -1,0 +1,184 @@
+"""scaletrain.config: presets, loading, overrides and every error path naming its field."""
+
+import json
+
+import pytest
+
+from scaletrain.config import (
+    HARDWARE_PRESETS,
+    MODEL_PRESETS,
+    ConfigError,
+    Layout,
+    hardware_preset,
+    layout_problems,
+    load_config,
+    model_from_hf_config,
+    model_preset,
+)
+
+# Parameter counts as their publishers state them (HF model cards / papers).
+PUBLISHED = {
+    "gpt2-124m": 124_439_808,
+    "gpt2-350m": 354_823_168,
+    "gpt2-774m": 774_030_080,
+    "gpt2-1.5b": 1_557_611_200,
+    "llama2-7b": 6_738_415_616,
+    "llama2-13b": 13_015_864_320,
+    "llama2-70b": 68_976_648_192,
+    "llama3-8b": 8_030_261_248,
+    "llama3-70b": 70_553_706_496,
+    "llama3-405b": 405_853_388_800,
+    "mixtral-8x7b": 46_702_792_704,
+}
+
+
+@pytest.mark.parametrize("name,count", sorted(PUBLISHED.items()))
+def test_preset_parameter_counts_match_publishers(name, count):
+    assert model_preset(name).num_params() == count
+
+
+def test_gpt3_is_175b_class_and_moe_active_params():
+    assert 174e9 < model_preset("gpt3-175b").num_params() < 176e9
+    mix = model_preset("mixtral-8x7b")
+    pc = mix.param_counts()
+    active = (pc.embedding + pc.head + pc.final_norm
+              + mix.num_layers * pc.active_per_layer(mix.experts_per_token))
+    assert 12.8e9 < active < 13.0e9  # Mixtral paper: ~12.9B active parameters per token
+
+
+def test_all_presets_validate_and_unknown_lists_valid_names():
+    for name in MODEL_PRESETS:
+        assert model_preset(name).num_params() > 0
+    with pytest.raises(ConfigError, match="model.name") as e:
+        model_preset("llama9-1t")
+    assert "llama3-8b" in str(e.value)
+    with pytest.raises(ConfigError, match="hardware.gpu"):
+        hardware_preset("tpu-v9")
+
+
+def test_hardware_presets_have_all_figures():
+    for name in HARDWARE_PRESETS:
+        hw = hardware_preset(name)
+        assert hw.memory_bytes > 0 and hw.memory_bw > 0 and hw.power_w > 0
+        assert hw.intra_node_bw >= hw.inter_node_bw > 0
+        assert hw.flops("bf16") >= hw.flops("fp32") > 0
+    h100 = hardware_preset("h100-sxm")
+    assert h100.flops("fp8") == pytest.approx(2 * h100.flops("bf16"), rel=1e-3)
+    assert hardware_preset("v100-32gb").flops("bf16") == 125e12  # falls back to fp16 tensor
+
+
+def test_toml_and_overrides(tmp_path):
+    cfg = tmp_path / "run.toml"
+    cfg.write_text('[model]\nname = "tiny-llama"\nnum_layers = 4\n[train]\nsteps = 7\n'
+                   '[batch]\nglobal_batch = 8\nmicro_batch = 2\nseq_len = 64\n')
+    job = load_config(cfg, ["--train.steps=11", "--optim.lr", "3e-4", "--train.compile=true"])
+    assert job.model.name == "tiny-llama" and job.model.num_layers == 4
+    assert job.train.steps == 11 and job.optim.lr == 3e-4 and job.train.compile is True
+    assert job.batch.global_batch == 8
+    layout = job.layout(2)
+    assert layout.dp == 2 and layout.world_size == 2
+
+
+def test_hf_config_json_loads_llama_gpt2_mixtral(tmp_path):
+    llama = {"model_type": "llama", "vocab_size": 32000, "hidden_size": 4096,
+             "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
+             "intermediate_size": 11008, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
+             "tie_word_embeddings": False}
+    gpt2 = {"model_type": "gpt2", "vocab_size": 50257, "n_embd": 768, "n_layer": 12,
+            "n_head": 12, "n_positions": 1024}
+    mixtral = {"model_type": "mixtral", "vocab_size": 32000, "hidden_size": 4096,
+               "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+               "intermediate_size": 14336, "num_local_experts": 8, "num_experts_per_tok": 2,
+               "rope_theta": 1e6}
+    counts = {}
+    for name, hf in {"llama": llama, "gpt2": gpt2, "mixtral": mixtral}.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(hf))
+        counts[name] = model_from_hf_config(tmp_path / f"{name}.json").num_params()
+    assert counts == {"llama": PUBLISHED["llama2-7b"], "gpt2": PUBLISHED["gpt2-124m"],
+                      "mixtral": PUBLISHED["mixtral-8x7b"]}
+    job = load_config(None, ["--model.name", str(tmp_path / "gpt2.json"),
+                             "--batch.seq_len=64"])
+    assert job.model.num_params() == PUBLISHED["gpt2-124m"]
+    (tmp_path / "bert.json").write_text(json.dumps({"model_type": "bert"}))
+    with pytest.raises(ConfigError, match="model.name"):
+        model_from_hf_config(tmp_path / "bert.json")
+
+
+# every user error names its field
+ERRORS = [
+    (["--train.steps=0"], "train.steps"),
+    (["--train.stepz=3"], "train.stepz"),
+    (["--optim.lr=-1"], "optim.lr"),
+    (["--optim.name=lion"], "optim.name"),
+    (["--optim.beta2=1.5"], "optim.beta2"),
+    (["--precision.dtype=fp4"], "precision.dtype"),
+    (["--memory.ac=some"], "memory.ac"),
+    (["--memory.offload=disk"], "memory.offload"),
+    (["--batch.global_batch=10", "--batch.micro_batch=4"], "batch.global_batch"),
+    (["--batch.seq_len=0"], "batch.seq_len"),
+    (["--batch.seq_len=4096"], "batch.seq_len"),  # beyond gpt-mini's learned positions
+    (["--parallel.zero=4"], "parallel.zero"),
+    (["--parallel.pp_schedule=dualpipe"], "parallel.pp_schedule"),
+    (["--parallel.tp=0"], "parallel.tp"),
+    (["--data.tokenizer=sentencepiece"], "data.tokenizer"),
+    (["--data.source=/does/not/exist.txt"], "data.source"),
+    (["--hardware.gpu=tpu"], "hardware.gpu"),
+    (["--model.num_heads=3"], "model.num_heads"),
+    (["--model.name=nope"], "model.name"),
+    (["--model.flavour=x"], "model.flavour"),
+    (["--train.steps=abc"], "train.steps"),
+    (["--train.compile=maybe"], "train.compile"),
+    (["--wrong.key=1"], "wrong"),
+    (["train.steps=3"], "override"),
+    (["--checkpoint.keep_last_n=0"], "checkpoint.keep_last_n"),
+]
+
+
+@pytest.mark.parametrize("overrides,field", ERRORS)
+def test_config_errors_name_the_field(overrides, field):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, overrides)
+    assert e.value.field == field
+    assert field in str(e.value)
+
+
+def test_bad_toml_file(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[train\nsteps=")
+    with pytest.raises(ConfigError, match="config"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="config"):
+        load_config(tmp_path / "missing.toml")
+
+
+LAYOUT_ERRORS = [
+    (dict(tp=3), {}, "parallel.tp"),  # does not divide 32 heads
+    (dict(tp=16), {}, "parallel.tp"),  # does not divide 8 KV heads
+    (dict(pp=64), {}, "parallel.pp"),  # more stages than layers
+    (dict(pp=2, pp_schedule="interleaved", pp_virtual=1), {}, "parallel.pp_virtual"),
+    (dict(cp=3), dict(seq_len=8192), "parallel.cp"),
+    (dict(ep=2), {}, "parallel.ep"),  # dense model
+    (dict(dp=4, dp_replicate=3, zero=3), {}, "parallel.dp_replicate"),
+    (dict(dp=2, dp_replicate=2), {}, "parallel.dp_replicate"),  # HSDP needs zero >= 1
+    (dict(dp=2, pp=4), dict(global_batch=4, micro_batch=1), "batch.global_batch"),  # m=2 < pp
+    (dict(dp=4), dict(global_batch=6, micro_batch=1), "batch.global_batch"),
+]
+
+
+@pytest.mark.parametrize("layout,kw,field", LAYOUT_ERRORS)
+def test_layout_rules_name_the_field(layout, kw, field):
+    problems = layout_problems(Layout(**layout), model_preset("llama3-8b"), **kw)
+    assert field in [p.field for p in problems]
+
+
+def test_legal_layouts_have_no_problems():
+    m = model_preset("llama3-8b")
+    for layout in (Layout(dp=8, zero=3),
+                   Layout(dp=2, tp=8, sp=True, pp=4, pp_schedule="interleaved", pp_virtual=2, cp=2),
+                   Layout(dp=4, dp_replicate=2, zero=3)):
+        assert layout_problems(layout, m, world_size=layout.world_size, global_batch=64,
+                               micro_batch=1, seq_len=8192) == []
+    moe = model_preset("mixtral-8x7b")
+    assert layout_problems(Layout(dp=8, ep=8, zero=3), moe) == []
+    assert layout_problems(Layout(dp=2, ep=4, cp=2, zero=3), moe) == []
+    assert [p.field for p in layout_problems(Layout(dp=2, ep=4, zero=3), moe)] == ["parallel.ep"]
