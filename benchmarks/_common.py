@@ -1,0 +1,58 @@
+"""Shared helpers for benchmark scripts: results files stamped with revision and machine."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def git_revision() -> str:
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, cwd=Path(__file__).parent, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, cwd=Path(__file__).parent,
+                               check=True).stdout.strip()
+        return rev + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def machine() -> dict[str, Any]:
+    info: dict[str, Any] = {"platform": platform.platform(), "python": platform.python_version(),
+                            "cpus": os.cpu_count(), "processor": platform.processor()}
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        info["torch_threads"] = torch.get_num_threads()
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
+    except ImportError:
+        pass
+    return info
+
+
+def stamp() -> dict[str, Any]:
+    return {"git_revision": git_revision(), "machine": machine(),
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+
+
+def write_results(name: str, data: dict[str, Any], markdown: str) -> tuple[Path, Path]:
+    """Write results/NAME.json (data + stamp) and results/NAME.md (table + stamp line)."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    s = stamp()
+    jpath, mpath = RESULTS / f"{name}.json", RESULTS / f"{name}.md"
+    jpath.write_text(json.dumps({**data, **s}, indent=1, default=str) + "\n")
+    m = s["machine"]
+    foot = (f"\n\n_git {s['git_revision']} · {s['date']} · {m.get('gpu') or m['processor'] or 'cpu'}"
+            f" · {m['cpus']} CPUs · torch {m.get('torch', '?')}_\n")
+    mpath.write_text(markdown.rstrip() + foot)
+    return jpath, mpath
