@@ -46,6 +46,8 @@ class RunResult:
     sample: str = ""
     losses: list[float] = field(default_factory=list)
     measured: dict[str, Any] = field(default_factory=dict)
+    model: Any = field(default=None, repr=False)
+    """The trained module (for tests, export and evaluation by the caller)."""
 
 
 def _all_mean(x: torch.Tensor) -> float:
@@ -202,7 +204,8 @@ def train(job: JobConfig, *, max_steps: int | None = None) -> RunResult:
             skip = " | SKIPPED (non-finite)" if not finite else ""
             logger.print(f"step {step:5d} | loss {loss_value:.4f}{val} | lr {lr:.2e} | "
                          f"grad {grad_norm:.3f} | {tok_s:,.0f} tok/s | mfu {mfu:.2%}{skip}")
-        if (job.checkpoint.every and step % job.checkpoint.every == 0) or step == job.train.steps:
+        stopping = step == end_step  # the planned end, or an early stop (max_steps)
+        if (job.checkpoint.every and step % job.checkpoint.every == 0) or stopping:
             _save(ckpt_dir, step, model, optimizer, job=job, scaler=scaler, data=data, dims=dims,
                   mesh=mesh, wall_s=wall_offset + time.perf_counter() - t_start)
 
@@ -217,7 +220,7 @@ def train(job: JobConfig, *, max_steps: int | None = None) -> RunResult:
     result = RunResult(run_dir=run_dir, steps=step, final_loss=loss_value, val_loss=val_loss,
                        best_loss=data.best_loss_nats, tokens_per_s=tok_s,
                        mfu=tok_s * fpt / peak_flops, skipped_steps=scaler.skipped_steps,
-                       sample=sample, losses=losses, measured=measured)
+                       sample=sample, losses=losses, measured=measured, model=model)
     if env.is_main:
         _summary(logger, result, job=job)
     logger.close()

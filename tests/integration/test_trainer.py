@@ -1,0 +1,96 @@
+"""The single-process trainer end to end: accumulation, resume, precisions, overflow skip, CLI."""
+
+import json
+
+import pytest
+import torch
+
+from scaletrain.cli import main
+from scaletrain.config import load_config
+from scaletrain.trainer import train
+
+pytestmark = pytest.mark.slow
+
+
+def _job(tmp_path, name, *extra):
+    return load_config(None, [
+        "--model.name=tiny", "--batch.seq_len=32", "--batch.global_batch=8",
+        "--batch.micro_batch=8", "--train.steps=4", "--train.eval_every=1000",
+        "--train.sample_tokens=0", "--train.progress=false", "--train.tensorboard=false",
+        "--data.num_tokens=60000", f"--data.cache_dir={tmp_path / 'cache'}",
+        f"--train.run_dir={tmp_path / name}", "--optim.warmup_steps=0", *extra])
+
+
+def test_gradient_accumulation_matches_one_big_batch(tmp_path):
+    """4 micro-batches of 2 == one batch of 8 after one optimizer step (fp32, <= 1e-6)."""
+    big = train(_job(tmp_path, "big", "--train.steps=1"))
+    acc = train(_job(tmp_path, "acc", "--train.steps=1", "--batch.micro_batch=2"))
+    assert big.losses[0] == pytest.approx(acc.losses[0], abs=1e-6)
+    diff = max((a - b).abs().max().item() for a, b in
+               zip(big.model.parameters(), acc.model.parameters(), strict=True))
+    assert diff <= 1e-6
+
+
+def test_resume_is_bitwise_identical(tmp_path):
+    """2N steps straight == N steps, stop, resume, N steps (fp32 CPU, identical losses)."""
+    straight = train(_job(tmp_path, "straight", "--train.steps=6", "--data.prefetch=2"))
+    first = train(_job(tmp_path, "split", "--train.steps=6", "--data.prefetch=2"), max_steps=3)
+    assert first.steps == 3
+    second = train(_job(tmp_path, "split", "--train.steps=6", "--data.prefetch=2"))
+    assert second.steps == 6
+    assert first.losses + second.losses == straight.losses  # exact equality, not approx
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_low_precision_trains(tmp_path, dtype):
+    r = train(_job(tmp_path, dtype, f"--precision.dtype={dtype}", "--train.steps=30",
+                   "--optim.lr=3e-3"))
+    assert r.skipped_steps == 0 or dtype == "fp16"
+    assert sum(r.losses[-5:]) / 5 < sum(r.losses[:5]) / 5 - 0.3
+
+
+def test_fp16_skips_a_step_with_injected_overflow(tmp_path, monkeypatch):
+    import scaletrain.trainer.loop as loop
+
+    real = loop.materialize
+    calls = {"n": 0}
+
+    def poison(model, **kw):
+        real(model, **kw)
+        p = next(model.parameters())
+
+        def hook(grad):
+            calls["n"] += 1
+            return grad * float("inf") if calls["n"] == 2 else grad
+
+        p.register_hook(hook)
+
+    monkeypatch.setattr(loop, "materialize", poison)
+    r = train(_job(tmp_path, "fp16", "--precision.dtype=fp16", "--train.steps=4"))
+    assert r.skipped_steps == 1
+    rows = [json.loads(line) for line in (tmp_path / "fp16" / "metrics.jsonl").open()]
+    assert [row["skipped"] for row in rows] == [False, True, False, False]
+    assert rows[1]["loss_scale"] == rows[0]["loss_scale"] / 2
+    assert all(torch.isfinite(p).all() for p in r.model.parameters())
+
+
+def test_cli_main_job_runs_and_reports(tmp_path, capsys):
+    rc = main(["train", "--model.name=tiny", "--batch.seq_len=32", "--batch.global_batch=4",
+               "--batch.micro_batch=4", "--train.steps=3", "--train.sample_tokens=20",
+               "--train.progress=false", "--data.num_tokens=60000",
+               f"--data.cache_dir={tmp_path / 'cache'}", f"--train.run_dir={tmp_path / 'run'}"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "sample:" in out and "run directory:" in out and "tokens/s" in out
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    assert len(rows) == 3
+    assert {"loss", "lr", "grad_norm", "tokens_per_s", "mfu"} <= set(rows[0])
+    assert 0 < rows[-1]["mfu"] < 1
+    assert (tmp_path / "run" / "checkpoints" / "step_00000003" / "manifest.json").is_file()
+
+
+def test_cli_bad_override_fails_before_work(tmp_path, capsys):
+    rc = main(["train", "--optim.lr=-3", f"--train.run_dir={tmp_path / 'never'}"])
+    assert rc == 2
+    assert "optim.lr" in capsys.readouterr().err
+    assert not (tmp_path / "never").exists()
