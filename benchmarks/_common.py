@@ -52,7 +52,8 @@ def write_results(name: str, data: dict[str, Any], markdown: str) -> tuple[Path,
     jpath, mpath = RESULTS / f"{name}.json", RESULTS / f"{name}.md"
     jpath.write_text(json.dumps({**data, **s}, indent=1, default=str) + "\n")
     m = s["machine"]
-    foot = (f"\n\n_git {s['git_revision']} · {s['date']} · {m.get('gpu') or m['processor'] or 'cpu'}"
+    where = m.get("gpu") or m["processor"] or "cpu"
+    foot = (f"\n\n_git {s['git_revision']} · {s['date']} · {where}"
             f" · {m['cpus']} CPUs · torch {m.get('torch', '?')}_\n")
     mpath.write_text(markdown.rstrip() + foot)
     return jpath, mpath

@@ -16,7 +16,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import write_results  # noqa: E402
-
 from scaletrain.config import load_config  # noqa: E402
 from scaletrain.trainer import train  # noqa: E402
 
@@ -48,7 +47,8 @@ def main() -> None:
             "wall_s": wall, "tokens_per_s": r.tokens_per_s,
             "reference": "nanoGPT README reports val loss ~1.88 for this recipe on CPU",
             "sample": r.sample}
-    md = ("| recipe | steps | val loss | train loss | wall time | tokens/s |\n|---|---|---|---|---|---|\n"
+    md = ("| recipe | steps | val loss | train loss | wall time | tokens/s |\n"
+          "|---|---|---|---|---|---|\n"
           f"| nanoGPT CPU (4L/4H/128, ctx 64, batch 12, char) | {r.steps} | {r.val_loss:.4f} | "
           f"{r.final_loss:.4f} | {wall:.0f} s | {r.tokens_per_s:,.0f} |\n\n"
           "nanoGPT's README reports ~1.88 validation loss for the same recipe.\n\n"

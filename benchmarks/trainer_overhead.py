@@ -20,7 +20,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import write_results  # noqa: E402
-
 from scaletrain.config import load_config  # noqa: E402
 from scaletrain.models import build_model, causal_lm_loss, materialize  # noqa: E402
 from scaletrain.trainer import train  # noqa: E402
