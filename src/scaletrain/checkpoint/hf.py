@@ -1,0 +1,254 @@
+"""Hugging Face export/import: `model.safetensors` + `config.json`, safetensors only.
+
+Families (by `ModelConfig.family`):
+- Llama (`LlamaForCausalLM`): names map one to one; our RoPE uses HF's `rotate_half` layout,
+  so q/k weights need no permutation.
+- GPT-2 (`GPT2LMHeadModel`): HF's `Conv1D` stores weights as (in, out), the transpose of
+  nn.Linear's (out, in); q, k, v are one fused `c_attn` (columns ordered q | k | v).
+- Mixtral (`MixtralForCausalLM`, Llama family with `num_experts > 0`): written in the layout of
+  the published Mixtral checkpoints, `block_sparse_moe.gate` + `block_sparse_moe.experts.{e}.
+  w1/w2/w3` (transformers 4.x reads it as is, 5.x converts it on load); read back from that
+  layout or from transformers 5's fused `mlp.experts.gate_up_proj` / `down_proj`.
+
+Sharded models (FSDP2 / TP DTensors) are gathered with `full_tensor()`; call on every rank and
+write from one (the gather is a collective).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from scaletrain.config import ModelConfig
+
+__all__ = ["export_hf", "load_hf_state_dict", "to_hf_state_dict", "from_hf_state_dict",
+           "hf_config"]
+
+
+def _check_exportable(cfg: ModelConfig) -> None:
+    if cfg.is_moe and (cfg.family != "llama" or cfg.bias):
+        raise ValueError("HF export: MoE models export as Mixtral only (rmsnorm, swiglu, rope, "
+                         "bias=False)")
+    if cfg.family == "llama":
+        if cfg.activation != "swiglu" or cfg.position != "rope":
+            raise ValueError("HF export: the Llama family needs activation='swiglu' and "
+                             "position='rope'")
+    elif (cfg.norm != "layernorm" or cfg.activation != "gelu" or cfg.position != "learned"
+          or not cfg.bias or cfg.num_kv_heads != cfg.num_heads):
+        raise ValueError("HF export: the GPT-2 family needs layernorm, gelu, learned positions, "
+                         "bias=True and num_kv_heads == num_heads")
+
+
+def hf_config(cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> dict:
+    """The `config.json` content for `cfg` (dropout off: these are pretraining weights)."""
+    _check_exportable(cfg)
+    dtype_name = str(dtype).removeprefix("torch.")
+    if cfg.is_moe:
+        return {
+            "architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+            "vocab_size": cfg.vocab_size, "hidden_size": cfg.dim,
+            "intermediate_size": cfg.ffn_dim, "num_hidden_layers": cfg.num_layers,
+            "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
+            "head_dim": cfg.head_dim, "max_position_embeddings": cfg.max_seq_len,
+            "rms_norm_eps": cfg.norm_eps, "rope_theta": cfg.rope_theta, "hidden_act": "silu",
+            "tie_word_embeddings": cfg.tie_embeddings, "num_local_experts": cfg.num_experts,
+            "num_experts_per_tok": cfg.experts_per_token,
+            "router_aux_loss_coef": cfg.moe_aux_loss_coef, "router_jitter_noise": 0.0,
+            "sliding_window": None, "attention_dropout": 0.0,
+            "initializer_range": cfg.init_std, "torch_dtype": dtype_name,
+        }
+    if cfg.family == "llama":
+        return {
+            "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+            "vocab_size": cfg.vocab_size, "hidden_size": cfg.dim,
+            "intermediate_size": cfg.ffn_dim, "num_hidden_layers": cfg.num_layers,
+            "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
+            "head_dim": cfg.head_dim, "max_position_embeddings": cfg.max_seq_len,
+            "rms_norm_eps": cfg.norm_eps, "rope_theta": cfg.rope_theta, "hidden_act": "silu",
+            "tie_word_embeddings": cfg.tie_embeddings, "attention_bias": cfg.bias,
+            "mlp_bias": cfg.bias, "attention_dropout": 0.0,
+            "initializer_range": cfg.init_std, "torch_dtype": dtype_name,
+        }
+    return {
+        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+        "vocab_size": cfg.vocab_size, "n_positions": cfg.max_seq_len, "n_embd": cfg.dim,
+        "n_layer": cfg.num_layers, "n_head": cfg.num_heads, "n_inner": cfg.ffn_dim,
+        "activation_function": "gelu_new", "layer_norm_epsilon": cfg.norm_eps,
+        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
+        "tie_word_embeddings": cfg.tie_embeddings, "initializer_range": cfg.init_std,
+        # GPT-2's end-of-text id, clipped into small vocabularies so HF's validation passes.
+        "bos_token_id": min(50256, cfg.vocab_size - 1),
+        "eos_token_id": min(50256, cfg.vocab_size - 1), "torch_dtype": dtype_name,
+    }
+
+
+def _full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    out = {}
+    for k, v in model.state_dict().items():
+        if hasattr(v, "full_tensor"):  # DTensor: gather the shards
+            v = v.full_tensor()
+        out[k.replace("_orig_mod.", "")] = v.detach()
+    return out
+
+
+def _layer_map(cfg: ModelConfig) -> list[tuple[str, str]]:
+    """(our name, HF name) pairs inside block i, for the Llama family (one-to-one)."""
+    pairs = [("attention_norm.weight", "input_layernorm.weight"),
+             ("ffn_norm.weight", "post_attention_layernorm.weight")]
+    for ours, hf in (("wq", "q_proj"), ("wk", "k_proj"), ("wv", "v_proj"), ("wo", "o_proj")):
+        pairs.append((f"attention.{ours}.weight", f"self_attn.{hf}.weight"))
+        if cfg.bias:
+            pairs.append((f"attention.{ours}.bias", f"self_attn.{hf}.bias"))
+    if cfg.is_moe:
+        return pairs + [("moe.router.weight", "block_sparse_moe.gate.weight")]
+    for ours, hf in (("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")):
+        pairs.append((f"feed_forward.{ours}.weight", f"mlp.{hf}.weight"))
+        if cfg.bias:
+            pairs.append((f"feed_forward.{ours}.bias", f"mlp.{hf}.bias"))
+    return pairs
+
+
+def to_hf_state_dict(sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Our (full, clean) state dict -> HF parameter names and layouts."""
+    _check_exportable(cfg)
+    out: dict[str, torch.Tensor] = {}
+    if cfg.family == "llama":
+        out["model.embed_tokens.weight"] = sd["tok_embeddings.weight"]
+        out["model.norm.weight"] = sd["norm.weight"]
+        if not cfg.tie_embeddings:
+            out["lm_head.weight"] = sd["output.weight"]
+        for i in range(cfg.num_layers):
+            for ours, hf in _layer_map(cfg):
+                out[f"model.layers.{i}.{hf}"] = sd[f"layers.{i}.{ours}"]
+            for e in range(cfg.num_experts):  # stacked (E, ., .) -> one Linear per expert
+                for w in ("w1", "w2", "w3"):
+                    out[f"model.layers.{i}.block_sparse_moe.experts.{e}.{w}.weight"] = sd[
+                        f"layers.{i}.moe.experts.{w}"][e]
+        return out
+    t = "transformer."
+    out[t + "wte.weight"] = sd["tok_embeddings.weight"]
+    out[t + "wpe.weight"] = sd["pos_embeddings.weight"]
+    out[t + "ln_f.weight"], out[t + "ln_f.bias"] = sd["norm.weight"], sd["norm.bias"]
+    if not cfg.tie_embeddings:
+        out["lm_head.weight"] = sd["output.weight"]
+    for i in range(cfg.num_layers):
+        p, h = f"layers.{i}.", f"{t}h.{i}."
+        for ours, hf in (("attention_norm", "ln_1"), ("ffn_norm", "ln_2")):
+            out[h + hf + ".weight"], out[h + hf + ".bias"] = sd[p + ours + ".weight"], sd[
+                p + ours + ".bias"]
+        qkv_w = torch.cat([sd[p + f"attention.{n}.weight"] for n in ("wq", "wk", "wv")])
+        out[h + "attn.c_attn.weight"] = qkv_w.t()  # Conv1D: (h, 3h)
+        out[h + "attn.c_attn.bias"] = torch.cat([sd[p + f"attention.{n}.bias"]
+                                                 for n in ("wq", "wk", "wv")])
+        for ours, hf in (("attention.wo", "attn.c_proj"), ("feed_forward.w1", "mlp.c_fc"),
+                         ("feed_forward.w2", "mlp.c_proj")):
+            out[h + hf + ".weight"] = sd[p + ours + ".weight"].t()
+            out[h + hf + ".bias"] = sd[p + ours + ".bias"]
+    return out
+
+
+def from_hf_state_dict(hf: dict[str, torch.Tensor], cfg: ModelConfig
+                       ) -> dict[str, torch.Tensor]:
+    """HF names and layouts -> ours. Accepts GPT-2 files saved with or without `transformer.`."""
+    _check_exportable(cfg)
+    sd: dict[str, torch.Tensor] = {}
+    if cfg.family == "llama":
+        sd["tok_embeddings.weight"] = hf["model.embed_tokens.weight"]
+        sd["norm.weight"] = hf["model.norm.weight"]
+        if not cfg.tie_embeddings:
+            sd["output.weight"] = hf.get("lm_head.weight", hf["model.embed_tokens.weight"])
+        for i in range(cfg.num_layers):
+            for ours, name in _layer_map(cfg):
+                if cfg.is_moe and name.startswith("block_sparse_moe.gate"):
+                    name = name if f"model.layers.{i}.{name}" in hf else "mlp.gate.weight"
+                sd[f"layers.{i}.{ours}"] = hf[f"model.layers.{i}.{name}"]
+            if cfg.is_moe:
+                sd.update(_experts_from_hf(hf, cfg, i))
+        return sd
+    hf = {k.removeprefix("transformer."): v for k, v in hf.items()}
+    sd["tok_embeddings.weight"] = hf["wte.weight"]
+    sd["pos_embeddings.weight"] = hf["wpe.weight"]
+    sd["norm.weight"], sd["norm.bias"] = hf["ln_f.weight"], hf["ln_f.bias"]
+    if not cfg.tie_embeddings:
+        sd["output.weight"] = hf.get("lm_head.weight", hf["wte.weight"])
+    dim = cfg.dim
+    for i in range(cfg.num_layers):
+        p, h = f"layers.{i}.", f"h.{i}."
+        for ours, name in (("attention_norm", "ln_1"), ("ffn_norm", "ln_2")):
+            sd[p + ours + ".weight"], sd[p + ours + ".bias"] = hf[h + name + ".weight"], hf[
+                h + name + ".bias"]
+        qkv_w = hf[h + "attn.c_attn.weight"].t()  # (3h, h)
+        qkv_b = hf[h + "attn.c_attn.bias"]
+        for j, n in enumerate(("wq", "wk", "wv")):
+            sd[p + f"attention.{n}.weight"] = qkv_w[j * dim:(j + 1) * dim]
+            sd[p + f"attention.{n}.bias"] = qkv_b[j * dim:(j + 1) * dim]
+        for ours, name in (("attention.wo", "attn.c_proj"), ("feed_forward.w1", "mlp.c_fc"),
+                           ("feed_forward.w2", "mlp.c_proj")):
+            sd[p + ours + ".weight"] = hf[h + name + ".weight"].t()
+            sd[p + ours + ".bias"] = hf[h + name + ".bias"]
+    return sd
+
+
+def _experts_from_hf(hf: dict[str, torch.Tensor], cfg: ModelConfig, i: int
+                     ) -> dict[str, torch.Tensor]:
+    pre, ours = f"model.layers.{i}.", f"layers.{i}.moe.experts."
+    fused = hf.get(pre + "mlp.experts.gate_up_proj")
+    if fused is not None:  # transformers 5: (E, 2f, h) = gate rows then up rows; (E, h, f)
+        f = cfg.ffn_dim
+        return {ours + "w1": fused[:, :f], ours + "w3": fused[:, f:],
+                ours + "w2": hf[pre + "mlp.experts.down_proj"]}
+    return {ours + w: torch.stack([hf[f"{pre}block_sparse_moe.experts.{e}.{w}.weight"]
+                                   for e in range(cfg.num_experts)])
+            for w in ("w1", "w2", "w3")}
+
+
+def export_hf(model: nn.Module, cfg: ModelConfig, out_dir: str | Path, *,
+              dtype: torch.dtype | None = None) -> Path:
+    """Write `model.safetensors` (HF names) and `config.json` to out_dir; returns out_dir.
+
+    dtype: cast the weights (default: keep the model's dtype).
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = to_hf_state_dict(_full_state_dict(model), cfg)
+    # safetensors wants contiguous, unshared CPU tensors (views of c_attn slices, .t()).
+    tensors = {k: (v.to(dtype) if dtype else v).cpu().contiguous().clone()
+               for k, v in tensors.items()}
+    used = next(iter(tensors.values())).dtype
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(hf_config(cfg, used), indent=2) + "\n")
+    return out
+
+
+def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    if path.is_file():
+        return load_file(str(path))
+    index = path / "model.safetensors.index.json"
+    if index.exists():  # sharded HF checkpoint: weight_map name -> shard file
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        tensors: dict[str, torch.Tensor] = {}
+        for f in files:
+            tensors.update(load_file(str(path / f)))
+        return tensors
+    single = path / "model.safetensors"
+    if not single.exists():
+        raise FileNotFoundError(f"{path}: no model.safetensors or model.safetensors.index.json "
+                                "(only safetensors are read, never pickle)")
+    return load_file(str(single))
+
+
+@torch.no_grad()
+def load_hf_state_dict(model: nn.Module, cfg: ModelConfig, path: str | Path) -> None:
+    """Load HF safetensors weights (a file, or a directory, sharded or not) into `model`.
+
+    The model must be materialized and unsharded (load before parallelizing, or load into a
+    single-device copy); every parameter must be present (strict).
+    """
+    sd = from_hf_state_dict(_read_safetensors(Path(path)), cfg)
+    own = model.state_dict()
+    sd = {k: v.to(dtype=own[k].dtype) for k, v in sd.items() if k in own}
+    model.load_state_dict(sd, strict=True)

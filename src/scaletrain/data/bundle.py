@@ -1,0 +1,129 @@
+"""`build_data`: config in, a `DataBundle` out (tokenizer, train/val batches, resume state)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from scaletrain.config import DataConfig
+
+from .loader import BatchIterator, WindowSampler
+from .shards import Shards, load_or_build_shards
+from .tokenizer import Tokenizer
+
+__all__ = ["DataBundle", "build_data"]
+
+_STATE_VERSION = 1
+
+
+class DataBundle:
+    """Everything the trainer needs from the data side, for one dp rank."""
+
+    def __init__(self, cfg: DataConfig, shards: Shards, sampler: WindowSampler):
+        self.cfg, self._shards, self._sampler = cfg, shards, sampler
+        self._position = 0  # next micro-step (t * grad_accum + k) when no iterator is live
+        self._iterator: BatchIterator | None = None
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self._shards.tokenizer
+
+    @property
+    def best_loss_nats(self) -> float | None:
+        """Entropy rate per token of the generated corpus; None for arbitrary text."""
+        return self._shards.meta["best_loss_nats"]
+
+    @property
+    def num_train_tokens(self) -> int:
+        return len(self._shards.train)
+
+    @property
+    def num_val_tokens(self) -> int:
+        return len(self._shards.val)
+
+    @property
+    def shard_dir(self) -> Path:
+        return self._shards.directory
+
+    def train_batches(self) -> BatchIterator:
+        """Infinite (inputs, targets) micro-batches, (micro_batch, seq_len) int64 each, from the
+        current position; a new call replaces (and closes) the previous iterator."""
+        if self._iterator is not None:
+            self._position = self._iterator.position
+            self._iterator.close()
+        self._iterator = BatchIterator(self._sampler, self._position,
+                                       prefetch=self.cfg.prefetch, delay_s=self.cfg.delay_s)
+        return self._iterator
+
+    def val_batches(self, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The first `n` validation micro-batches of this rank: identical on every call."""
+        return [self._sampler.val_batch(i) for i in range(n)]
+
+    def state_dict(self) -> dict:
+        """Position in the stream (micro-batches consumed) plus what must match on resume."""
+        s = self._sampler
+        position = self._iterator.position if self._iterator is not None else self._position
+        step, micro_step = divmod(position, s.grad_accum)
+        return {"version": _STATE_VERSION, "step": step, "micro_step": micro_step,
+                "seed": s.seed, "seq_len": s.seq_len, "global_batch": s.global_batch,
+                "shard": self._shards.directory.name}
+
+    def load_state_dict(self, sd: dict) -> None:
+        """Resume exactly where `sd` was taken. The dp degree may differ if the global batch is
+        the same; a different seed, seq_len or global batch would silently change the stream,
+        so those raise."""
+        s = self._sampler
+        for key, mine in (("seed", s.seed), ("seq_len", s.seq_len),
+                          ("global_batch", s.global_batch)):
+            if sd.get(key) != mine:
+                raise ValueError(f"data state has {key}={sd.get(key)!r} but this run uses "
+                                 f"{mine!r}: resume with the same data settings")
+        if sd.get("shard") != self._shards.directory.name:
+            raise ValueError(f"data state was taken on shard {sd.get('shard')!r}, this run reads "
+                             f"{self._shards.directory.name!r}: the corpus or tokenizer changed")
+        self._position = int(sd["step"]) * s.grad_accum + int(sd["micro_step"])
+        if self._iterator is not None:
+            self._iterator.seek(self._position)
+
+    def describe(self) -> str:
+        cfg, best = self.cfg, self.best_loss_nats
+        source = (f"grammar ({cfg.num_tokens:,} bytes, seed {cfg.seed})"
+                  if cfg.source == "grammar" else cfg.source)
+        best_s = f"{best:.3f} nats/token" if best is not None else "unknown (arbitrary text)"
+        return (f"data: {source} | tokenizer {self.tokenizer.name} "
+                f"(vocab {self.tokenizer.vocab_size}) | tokens train {self.num_train_tokens:,} "
+                f"/ val {self.num_val_tokens:,} | best loss {best_s}")
+
+    def close(self) -> None:
+        if self._iterator is not None:
+            self._position = self._iterator.position
+            self._iterator.close()
+            self._iterator = None
+
+    def __enter__(self) -> DataBundle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def build_data(cfg: DataConfig, *, seq_len: int, micro_batch: int, grad_accum: int = 1,
+               dp_rank: int = 0, dp_size: int = 1, seed: int | None = None) -> DataBundle:
+    """Tokenize (or reuse the cached shards of) `cfg.source` and set up this rank's sampler.
+
+    `seed` picks the sampling order (defaults to `cfg.seed`, which also seeds the grammar).
+    Raises `ConfigError` naming `data.source` (or `data.num_tokens`) when the corpus cannot fill
+    one batch, before tokenizing anything.
+    """
+    if min(seq_len, micro_batch, grad_accum, dp_size) < 1 or not 0 <= dp_rank < dp_size:
+        raise ValueError(f"need seq_len, micro_batch, grad_accum, dp_size >= 1 and 0 <= dp_rank "
+                         f"< dp_size; got {seq_len}, {micro_batch}, {grad_accum}, {dp_size}, "
+                         f"{dp_rank}")
+    window = seq_len + 1
+    shards = load_or_build_shards(cfg, train_need=window * micro_batch * dp_size * grad_accum,
+                                  val_need=window * micro_batch * dp_size)
+    sampler = WindowSampler(shards.train, shards.val, seq_len=seq_len, micro_batch=micro_batch,
+                            grad_accum=grad_accum, dp_rank=dp_rank, dp_size=dp_size,
+                            seed=cfg.seed if seed is None else seed)
+    return DataBundle(cfg, shards, sampler)

@@ -1,0 +1,183 @@
+"""Token shards: the corpus tokenized once into numpy memmaps, cached under a content key.
+
+A shard directory `<cache_dir>/<key>/` holds `train.bin`, `val.bin` (raw uint16/uint32 ids),
+`meta.json` and the tokenizer's files. The key hashes the source identity (the grammar's
+parameters, or each file's path, size and mtime), the tokenizer and the split, so any change
+rebuilds and an unchanged source is reused. Directories are written under a temporary name and
+renamed into place, so a reader never sees a half-written shard and concurrent ranks that build
+the same shard do not corrupt each other (the first rename wins).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from scaletrain.config import ConfigError, DataConfig
+
+from .grammar import default_grammar, generate_text
+from .tokenizer import BPETokenizer, ByteTokenizer, CharTokenizer, Tokenizer, load_tokenizer
+
+__all__ = ["Shards", "source_files", "load_or_build_shards", "check_size"]
+
+_FORMAT = 1  # bump when the shard layout or the grammar changes, so old caches are not reused
+_CHUNK_CHARS = 1 << 16
+
+
+@dataclass
+class Shards:
+    directory: Path
+    tokenizer: Tokenizer
+    train: np.ndarray
+    val: np.ndarray
+    meta: dict
+
+
+def source_files(source: str) -> list[Path]:
+    """The text files a non-grammar source names: the file itself, or all *.txt in a folder."""
+    path = Path(source)
+    if path.is_dir():
+        return sorted(p for p in path.rglob("*.txt") if p.is_file())
+    return [path]
+
+
+def _identity(cfg: DataConfig) -> dict:
+    if cfg.source == "grammar":
+        src: dict = {"kind": "grammar", "num_bytes": cfg.num_tokens, "seed": cfg.seed}
+    else:
+        root = Path(cfg.source).resolve()
+        files = [[str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns]
+                 for p in source_files(cfg.source)]
+        src = {"kind": "files", "root": str(root), "files": files}
+    tok: dict = {"name": cfg.tokenizer}
+    if cfg.tokenizer == "bpe":
+        tok["vocab_size"] = cfg.bpe_vocab_size
+    return {"format": _FORMAT, "source": src, "tokenizer": tok, "val_fraction": cfg.val_fraction}
+
+
+def _source_bytes(cfg: DataConfig) -> int:
+    if cfg.source == "grammar":
+        return cfg.num_tokens
+    files = source_files(cfg.source)
+    return sum(p.stat().st_size for p in files) + max(0, len(files) - 1)
+
+
+def check_size(cfg: DataConfig, num_tokens: int, *, train_need: int, val_need: int,
+               exact: bool) -> None:
+    """Raise `ConfigError` when the train or val split cannot fill one batch.
+
+    Before tokenizing, `num_tokens` is the byte count, an upper bound on the token count for all
+    three tokenizers (each token covers at least one byte); after, it is exact.
+    """
+    num_val = int(num_tokens * cfg.val_fraction)
+    num_train = num_tokens - num_val
+    if num_train >= train_need and num_val >= val_need:
+        return
+    what = "tokens" if exact else "bytes (an upper bound on tokens)"
+    fix = (f"the corpus has {num_tokens:,} {what}: {num_train:,} train / {num_val:,} val, but one "
+           f"batch needs {train_need:,} train and {val_need:,} val tokens "
+           "((seq_len+1) x micro_batch x dp [x grad_accum]); ")
+    if cfg.source == "grammar":
+        raise ConfigError("data.num_tokens", cfg.num_tokens, fix + "raise data.num_tokens")
+    if num_tokens == 0:
+        fix = "no text found: give a non-empty text file or a folder holding *.txt files"
+    else:
+        fix += "give more text, or lower seq_len / micro_batch, or raise data.val_fraction"
+    raise ConfigError("data.source", cfg.source, fix)
+
+
+def _read_text(cfg: DataConfig) -> str:
+    if cfg.source == "grammar":
+        return generate_text(cfg.num_tokens, cfg.seed)
+    return "\n".join(p.read_text(encoding="utf-8", errors="replace")
+                     for p in source_files(cfg.source))
+
+
+def _chunks(text: str) -> list[str]:
+    """Cut text at line ends into ~64K-character pieces (BPE trains and encodes in batches)."""
+    out, start = [], 0
+    while start < len(text):
+        end = text.find("\n", start + _CHUNK_CHARS)
+        end = len(text) if end < 0 else end + 1
+        out.append(text[start:end])
+        start = end
+    return out
+
+
+def _tokenize(cfg: DataConfig, text: str) -> tuple[Tokenizer, np.ndarray]:
+    if cfg.tokenizer == "byte":
+        return ByteTokenizer(), np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+    if cfg.tokenizer == "char":
+        codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+        uniq = np.unique(codes)
+        tok = CharTokenizer(chr(c) for c in uniq.tolist())
+        return tok, np.searchsorted(uniq, codes)  # sorted code points = the tokenizer's order
+    chunks = _chunks(text)
+    tok = BPETokenizer.train(iter(chunks), cfg.bpe_vocab_size)
+    ids = [np.asarray(x, dtype=np.int64) for x in tok.encode_batch(chunks)]
+    return tok, np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
+
+
+def _write(directory: Path, name: str, ids: np.ndarray, dtype: np.dtype) -> None:
+    np.ascontiguousarray(ids, dtype=dtype).tofile(directory / name)
+
+
+def _build(cfg: DataConfig, final: Path, identity: dict, *, train_need: int,
+           val_need: int) -> None:
+    text = _read_text(cfg)
+    tok, ids = _tokenize(cfg, text)
+    check_size(cfg, len(ids), train_need=train_need, val_need=val_need, exact=True)
+    num_val = int(len(ids) * cfg.val_fraction)
+    num_train = len(ids) - num_val
+    dtype = np.dtype(np.uint16 if tok.vocab_size < 65536 else np.uint32)
+    best = None
+    if cfg.source == "grammar":
+        # Lossless tokenization keeps the information; it is spread over fewer (or as many)
+        # tokens: per-token rate = per-byte rate x bytes per token of this corpus.
+        bytes_per_token = len(text.encode("utf-8")) / len(ids)
+        best = default_grammar().entropy_per_byte() * bytes_per_token
+    meta = {"identity": identity, "tokenizer": tok.name, "vocab_size": tok.vocab_size,
+            "dtype": dtype.name, "num_train": num_train, "num_val": num_val,
+            "num_bytes": len(text.encode("utf-8")), "best_loss_nats": best}
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        _write(tmp, "train.bin", ids[:num_train], dtype)
+        _write(tmp, "val.bin", ids[num_train:], dtype)
+        tok.save(tmp)
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not (final / "meta.json").exists():
+                raise  # not a lost race with another rank: a real error
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_or_build_shards(cfg: DataConfig, *, train_need: int, val_need: int) -> Shards:
+    """Open the cached shards for `cfg`, building them first when absent."""
+    check_size(cfg, _source_bytes(cfg), train_need=train_need, val_need=val_need, exact=False)
+    identity = _identity(cfg)
+    key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+    final = Path(cfg.cache_dir) / f"{cfg.source if cfg.source == 'grammar' else 'text'}-{key}"
+    if not (final / "meta.json").exists():
+        _build(cfg, final, identity, train_need=train_need, val_need=val_need)
+    meta = json.loads((final / "meta.json").read_text())
+    check_size(cfg, meta["num_train"] + meta["num_val"], train_need=train_need,
+               val_need=val_need, exact=True)
+    tok = load_tokenizer(meta["tokenizer"], final)
+
+    def open_(name: str, count: int) -> np.ndarray:
+        return np.memmap(final / name, dtype=meta["dtype"], mode="r", shape=(count,))
+
+    return Shards(final, tok, open_("train.bin", meta["num_train"]),
+                  open_("val.bin", meta["num_val"]), meta)

@@ -1,0 +1,145 @@
+"""Causal self-attention: projections, rotary embeddings and two interchangeable cores.
+
+The attention *core* (softmax(QK^T/sqrt(d)) V, causal) is its own submodule, `Attention.core`,
+so that context parallelism can swap it for ring attention and selective activation
+checkpointing can wrap exactly it. Both cores take K/V with the (possibly fewer) KV heads of
+grouped-query attention and expand them themselves.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["Attention", "NaiveAttentionCore", "SDPAAttentionCore", "RotaryEmbedding",
+           "apply_rotary", "make_attention_core"]
+
+
+def _repeat_kv(x: torch.Tensor, num_rep: int) -> torch.Tensor:
+    # (B, g, T, hd) -> (B, g*num_rep, T, hd); query head i reads KV head i // num_rep, the
+    # grouping of Ainslie et al. 2023 (GQA) and of Hugging Face's `repeat_kv`.
+    return x if num_rep == 1 else x.repeat_interleave(num_rep, dim=1)
+
+
+class NaiveAttentionCore(nn.Module):
+    """Textbook causal attention: materializes the (T, T) scores, softmax in fp32.
+
+    Memory is quadratic in T; kept as the readable reference the fused kernel is tested against
+    and as the backend whose activations match the Korthikanti et al. 2022 accounting.
+    """
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        # q: (B, nh, T, hd); k, v: (B, nkv, S, hd) with nh a multiple of nkv; causal with the
+        # last query aligned to the last key (S == T here).
+        num_rep = q.shape[1] // k.shape[1]
+        k, v = _repeat_kv(k, num_rep), _repeat_kv(v, num_rep)
+        t, s = q.shape[-2], k.shape[-2]
+        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))  # (B, nh, T, S)
+        mask = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(diagonal=s - t)
+        scores = scores.float().masked_fill(~mask, float("-inf"))
+        probs = torch.softmax(scores, dim=-1).to(q.dtype)
+        return probs @ v  # (B, nh, T, hd)
+
+
+class SDPAAttentionCore(nn.Module):
+    """`F.scaled_dot_product_attention(is_causal=True)`: flash / memory-efficient kernels."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        num_rep = q.shape[1] // k.shape[1]
+        # Expanding K/V explicitly instead of `enable_gqa=True`: not every fused kernel accepts
+        # enable_gqa (the flash kernel on some builds falls back to math), while the expanded
+        # tensors are accepted everywhere; the cost is g -> a KV heads of transient memory.
+        k, v = _repeat_kv(k, num_rep), _repeat_kv(v, num_rep)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hd)
+
+
+def make_attention_core(backend: str) -> nn.Module:
+    if backend == "naive":
+        return NaiveAttentionCore()
+    if backend == "sdpa":
+        return SDPAAttentionCore()
+    raise ValueError(f"attention backend {backend!r}: use 'sdpa' or 'naive'")
+
+
+class RotaryEmbedding(nn.Module):
+    """cos/sin tables of rotary position embeddings (Su et al. 2021), Hugging Face layout.
+
+    Layout: the frequencies are duplicated, `cat(freqs, freqs)`, and pairs are (i, i + hd/2)
+    (`rotate_half`), as in HF `LlamaRotaryEmbedding` — so Llama checkpoints from HF copy over
+    without permuting wq/wk. Tables are non-persistent buffers (not in the state dict);
+    `reset_tables()` recomputes them after meta-device materialization.
+    """
+
+    def __init__(self, head_dim: int, max_seq_len: int, theta: float) -> None:
+        super().__init__()
+        self.head_dim, self.max_seq_len, self.theta = head_dim, max_seq_len, theta
+        self.register_buffer("cos", torch.empty(max_seq_len, head_dim), persistent=False)
+        self.register_buffer("sin", torch.empty(max_seq_len, head_dim), persistent=False)
+        if self.cos.device.type != "meta":
+            self.reset_tables()
+
+    @torch.no_grad()
+    def reset_tables(self) -> None:
+        device = self.cos.device
+        # inv_freq_j = theta^(-2j/hd), j < hd/2; computed in fp32 like HF so logits match.
+        inv_freq = 1.0 / (self.theta ** (
+            torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=device).float()
+            / self.head_dim))
+        pos = torch.arange(self.max_seq_len, device=device).float()
+        freqs = torch.outer(pos, inv_freq)  # (S, hd/2)
+        emb = torch.cat((freqs, freqs), dim=-1)  # (S, hd)
+        self.cos.copy_(emb.cos())
+        self.sin.copy_(emb.sin())
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # positions: (T,) or (B, T) integer ids -> cos, sin of shape (T, hd) or (B, T, hd)
+        return self.cos[positions], self.sin[positions]
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x: (B, nh, T, hd) by cos/sin: (T, hd) or (B, T, hd); math in fp32."""
+    if cos.dim() == 3:
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (B, 1, T, hd)
+    xf = x.float()
+    return (xf * cos + _rotate_half(xf) * sin).to(x.dtype)
+
+
+class Attention(nn.Module):
+    """Multi-head / grouped-query causal self-attention.
+
+    `n_heads` and `n_kv_heads` are the *local* head counts: tensor parallelism shards wq/wk/wv
+    column-wise and wo row-wise, then divides these attributes; forward reads them, never the
+    config.
+    """
+
+    def __init__(self, dim: int, n_heads: int, n_kv_heads: int, *, bias: bool,
+                 backend: str) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
+        self.head_dim = dim // n_heads
+        self.wq = nn.Linear(dim, n_heads * self.head_dim, bias=bias)
+        self.wk = nn.Linear(dim, n_kv_heads * self.head_dim, bias=bias)
+        self.wv = nn.Linear(dim, n_kv_heads * self.head_dim, bias=bias)
+        self.wo = nn.Linear(n_heads * self.head_dim, dim, bias=bias)
+        self.core = make_attention_core(backend)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor | None = None,
+                sin: torch.Tensor | None = None) -> torch.Tensor:
+        b, t, _ = x.shape
+        hd = self.head_dim
+        q = self.wq(x).view(b, t, self.n_heads, hd).transpose(1, 2)  # (B, nh, T, hd)
+        k = self.wk(x).view(b, t, self.n_kv_heads, hd).transpose(1, 2)  # (B, nkv, T, hd)
+        v = self.wv(x).view(b, t, self.n_kv_heads, hd).transpose(1, 2)  # (B, nkv, T, hd)
+        if cos is not None and sin is not None:
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        out = self.core(q, k, v)  # (B, nh, T, hd)
+        out = out.transpose(1, 2).reshape(b, t, self.n_heads * hd)  # (B, T, nh*hd)
+        return self.wo(out)

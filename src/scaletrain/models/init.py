@@ -1,0 +1,102 @@
+"""Meta-device materialization with a rank-independent, device-independent initialization.
+
+Every parameter is drawn on the CPU from its own generator, seeded by (seed, parameter name).
+The name is the fully qualified name with wrapper prefixes removed, so a pipeline stage that
+holds layers "4".."7", a tensor- or FSDP-sharded copy, and the single-device model all get
+exactly the same values for the same parameter. Sharded (DTensor) parameters draw the full
+tensor and keep their local shard: O(full size) work per rank, the price of bit-identical
+weights whatever the world size.
+
+Init (GPT-2, Radford et al. 2019, sec. 2.3; as in nanoGPT): normal(0, init_std) for linear,
+embedding, router and expert weights; residual output projections (attention `wo`, MLP `w2`,
+expert `w2`) get std / sqrt(2 L) so the residual stream's variance does not grow with depth;
+biases zero; norm weights one.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import torch
+from torch import nn
+
+from .attention import RotaryEmbedding
+from .moe import MoE
+
+__all__ = ["materialize", "init_weights", "clean_fqn"]
+
+# Prefixes that wrappers insert into parameter names: activation checkpointing
+# (checkpoint_wrapper), torch.compile, FSDP1. Stripped so names match the bare model's.
+_WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
+_RESIDUAL_OUTPUTS = ("attention.wo.weight", "feed_forward.w2.weight", "moe.experts.w2")
+
+
+def clean_fqn(name: str) -> str:
+    for prefix in _WRAPPER_PREFIXES:
+        name = name.replace(prefix, "")
+    return name
+
+
+def _find_config(model: nn.Module):
+    for m in model.modules():
+        cfg = getattr(m, "config", None)
+        if cfg is not None and hasattr(cfg, "init_std"):
+            return cfg
+    raise ValueError("materialize: no module with a ModelConfig `config` attribute found")
+
+
+def _full_value(fqn: str, module: nn.Module, shape: torch.Size, *, std: float,
+                num_layers: int, seed: int) -> torch.Tensor:
+    """The full (unsharded) fp32 initial value of one parameter, drawn on the CPU."""
+    leaf = fqn.rsplit(".", 1)[-1]
+    if isinstance(module, (nn.LayerNorm, nn.RMSNorm)) or type(module).__name__ == "RMSNorm":
+        return torch.ones(shape) if leaf == "weight" else torch.zeros(shape)
+    if leaf == "bias" or leaf in ("b1", "b2", "b3"):
+        return torch.zeros(shape)
+    if fqn.endswith(_RESIDUAL_OUTPUTS):
+        std = std / math.sqrt(2 * num_layers)
+    gen = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(fqn.encode())) % 2**62)
+    return torch.empty(shape).normal_(0.0, std, generator=gen)
+
+
+@torch.no_grad()
+def init_weights(model: nn.Module, *, seed: int = 0) -> None:
+    """Initialize every parameter in place (see module docstring); buffers are not touched."""
+    cfg = _find_config(model)
+    for mod_name, module in model.named_modules():
+        for p_name, param in module.named_parameters(recurse=False):
+            fqn = clean_fqn(f"{mod_name}.{p_name}" if mod_name else p_name)
+            full = _full_value(fqn, module, param.shape, std=cfg.init_std,
+                               num_layers=cfg.num_layers, seed=seed)
+            _copy_into(param, full)
+
+
+def _copy_into(param: torch.Tensor, full: torch.Tensor) -> None:
+    if hasattr(param, "placements") and hasattr(param, "device_mesh"):
+        # A DTensor (FSDP2 / tensor parallel): keep this rank's shard of the full value. The
+        # import is local on purpose: the model package stays free of torch.distributed, and
+        # this branch only runs when a caller already sharded the model.
+        from torch.distributed.tensor import distribute_tensor
+
+        local = param.to_local()
+        shard = distribute_tensor(full.to(device=local.device, dtype=local.dtype),
+                                  param.device_mesh, param.placements, src_data_rank=None)
+        local.copy_(shard.to_local())
+    else:
+        param.copy_(full.to(device=param.device, dtype=param.dtype))
+
+
+def materialize(model: nn.Module, *, device: str | torch.device = "cpu", seed: int = 0) -> None:
+    """Allocate a meta-built (possibly parallelized) model on `device` and initialize it.
+
+    `to_empty` + `init_weights(seed)` + recomputation of the non-persistent buffers (RoPE
+    tables), in place. Same weights for the same seed whatever the device or world size.
+    """
+    model.to_empty(device=device)
+    init_weights(model, seed=seed)
+    for m in model.modules():
+        if isinstance(m, RotaryEmbedding):
+            m.reset_tables()
+        if isinstance(m, MoE):
+            m.aux_loss = None

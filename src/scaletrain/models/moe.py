@@ -1,0 +1,124 @@
+"""Mixture-of-experts feed-forward (Mixtral style): top-k router + stacked expert weights.
+
+The layer is split so that expert parallelism can replace only the dispatch: `MoE.forward`
+routes tokens, sorts them by expert and calls `GroupedExperts.forward(x_sorted,
+num_tokens_per_expert)`; an all_to_all around that call moves the sorted tokens to the ranks
+that own the experts without touching the routing or the expert math.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["GroupedExperts", "MoE", "moe_aux_loss"]
+
+
+class GroupedExperts(nn.Module):
+    """E expert MLPs as stacked parameters.
+
+    SwiGLU: `w1` gate (E, f, h), `w3` up (E, f, h), `w2` down (E, h, f).
+    GELU:   `w1` up (E, f, h), `w2` down (E, h, f).
+    Weights use nn.Linear's (out, in) orientation per expert, so expert e's `w1[e]` is the
+    weight of a dense FeedForward's `w1` (and of Mixtral's `experts.e.w1`). Optional biases
+    `b1`, `b3` (E, f) and `b2` (E, h) exist only with `bias=True` (the Llama/Mixtral presets
+    have none).
+    """
+
+    def __init__(self, dim: int, hidden_dim: int, num_experts: int, *, activation: str,
+                 bias: bool) -> None:
+        super().__init__()
+        self.num_experts, self.activation = num_experts, activation
+        self.w1 = nn.Parameter(torch.empty(num_experts, hidden_dim, dim))
+        self.w2 = nn.Parameter(torch.empty(num_experts, dim, hidden_dim))
+        self.w3 = (nn.Parameter(torch.empty(num_experts, hidden_dim, dim))
+                   if activation == "swiglu" else None)
+        self.b1 = nn.Parameter(torch.empty(num_experts, hidden_dim)) if bias else None
+        self.b2 = nn.Parameter(torch.empty(num_experts, dim)) if bias else None
+        self.b3 = (nn.Parameter(torch.empty(num_experts, hidden_dim))
+                   if bias and activation == "swiglu" else None)
+
+    def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        # x: (n_e, h) tokens of local expert e -> (n_e, h)
+        up = F.linear(x, self.w1[e], None if self.b1 is None else self.b1[e])  # (n_e, f)
+        if self.w3 is not None:
+            gate = F.silu(up)
+            up = gate * F.linear(x, self.w3[e], None if self.b3 is None else self.b3[e])
+        else:
+            up = F.gelu(up, approximate="tanh")
+        return F.linear(up, self.w2[e], None if self.b2 is None else self.b2[e])
+
+    def forward(self, x_sorted: torch.Tensor,
+                num_tokens_per_expert: torch.Tensor | list[int]) -> torch.Tensor:
+        """x_sorted: (N, h) tokens grouped by local expert; counts: (E_local,) -> (N, h)."""
+        counts = (num_tokens_per_expert.tolist() if torch.is_tensor(num_tokens_per_expert)
+                  else list(num_tokens_per_expert))
+        # A loop over local experts: simple and exact. Data-dependent split sizes, so this
+        # cannot run under FakeTensorMode without a grouped-GEMM kernel (torch._grouped_mm).
+        outs = [self._expert(e, chunk) for e, chunk in enumerate(torch.split(x_sorted, counts))]
+        return torch.cat(outs, dim=0) if outs else x_sorted.new_zeros(0, x_sorted.shape[-1])
+
+
+class MoE(nn.Module):
+    """Top-k routed mixture of experts (Shazeer et al. 2017; Mixtral, Jiang et al. 2024).
+
+    Routing: `router` logits (N, E); each token goes to its k largest logits, weighted by a
+    softmax over those k logits (equal to Mixtral's softmax-then-renormalize over the top k).
+    After every forward `self.aux_loss` holds the unscaled load-balancing loss of the Switch
+    Transformer (Fedus et al. 2022, eq. 4): `E * sum_i f_i * P_i`, with f_i the fraction of the
+    N*k token-to-expert assignments that went to expert i and P_i the mean over tokens of the
+    full softmax router probability of expert i. Normalizing f over N*k (not N) makes perfectly
+    uniform routing give exactly 1 for any k; HF's `load_balancing_loss_func` normalizes f over
+    N and so reports k times this value. `moe_aux_loss` multiplies by `aux_loss_coef`.
+    """
+
+    def __init__(self, dim: int, hidden_dim: int, num_experts: int, top_k: int, *,
+                 activation: str, bias: bool, aux_loss_coef: float) -> None:
+        super().__init__()
+        self.num_experts, self.top_k, self.aux_loss_coef = num_experts, top_k, aux_loss_coef
+        self.router = nn.Linear(dim, num_experts, bias=False)
+        self.experts = GroupedExperts(dim, hidden_dim, num_experts, activation=activation,
+                                      bias=bias)
+        self.aux_loss: torch.Tensor | None = None
+        self.last_tokens_per_expert: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, h = x.shape
+        flat = x.reshape(b * t, h)  # (N, h)
+        logits = self.router(flat).float()  # (N, E), routing math in fp32
+        top_logits, top_idx = torch.topk(logits, self.top_k, dim=-1)  # (N, k)
+        weights = torch.softmax(top_logits, dim=-1)  # (N, k)
+
+        # Load balancing (Switch eq. 4, f over the N*k assignments; see class docstring).
+        counts = torch.bincount(top_idx.reshape(-1), minlength=self.num_experts)  # (E,)
+        frac = counts.float() / top_idx.numel()
+        probs_mean = torch.softmax(logits, dim=-1).mean(dim=0)  # (E,)
+        self.aux_loss = self.num_experts * (frac * probs_mean).sum()
+        self.last_tokens_per_expert = counts.detach()
+
+        # Sort the N*k (token, expert) pairs by expert so each expert sees a contiguous block.
+        flat_expert = top_idx.reshape(-1)  # (N*k,)
+        order = torch.argsort(flat_expert, stable=True)  # (N*k,)
+        token_of = order // self.top_k  # (N*k,) source token of each sorted slot
+        out_sorted = self.experts(flat[token_of], counts)  # (N*k, h)
+        out_sorted = out_sorted * weights.reshape(-1)[order].unsqueeze(-1).to(out_sorted.dtype)
+        out = torch.zeros_like(flat).index_add_(0, token_of, out_sorted)  # (N, h)
+        return out.view(b, t, h)
+
+
+def moe_aux_loss(model: nn.Module) -> torch.Tensor:
+    """Sum over MoE layers of `aux_loss_coef * aux_loss` from the last forward (0-dim).
+
+    Zero for dense models, for layers that have not run, and on pipeline stages without MoE
+    layers.
+    """
+    total: torch.Tensor | None = None
+    for m in model.modules():
+        if isinstance(m, MoE) and m.aux_loss is not None:
+            term = m.aux_loss_coef * m.aux_loss
+            total = term if total is None else total + term
+    if total is None:
+        p = next(model.parameters(), None)
+        return torch.zeros((), device=p.device if p is not None else "cpu")
+    return total

@@ -1,0 +1,170 @@
+"""Decoder-only transformer covering the GPT-2 and Llama families and Mixtral-style MoE.
+
+Plain single-device modules: parallelism is applied from outside (scaletrain.parallel), so the
+module tree below is an interface:
+
+    Transformer
+      tok_embeddings  nn.Embedding | None        (None on non-first pipeline stages)
+      pos_embeddings  nn.Embedding | None        (learned positions only)
+      rope            RotaryEmbedding | None     (RoPE only; non-persistent cos/sin tables)
+      layers          nn.ModuleDict "0".."L-1"   (keys survive pipeline splitting)
+        TransformerBlock: attention_norm, attention (Attention), ffn_norm,
+                          feed_forward (FeedForward) | moe (MoE)
+      norm            LayerNorm | RMSNorm | None
+      output          nn.Linear | None
+
+Tied embeddings (GPT-2): `output` is None and `tie_embeddings` is True; the head is
+`F.linear(h, tok_embeddings.weight)`, applied when the module holds both the embedding and the
+final norm (a whole model, or a single pipeline stage). A pipeline split of a tied model must
+give its last stage its own `output` Linear holding a copy of the embedding and keep the two
+gradients in sync — the model cannot do that without a process group.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from scaletrain.config import ModelConfig
+
+from .attention import Attention, RotaryEmbedding
+from .moe import MoE
+
+__all__ = ["Transformer", "TransformerBlock", "FeedForward", "RMSNorm", "build_model",
+           "causal_lm_loss"]
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm (Zhang & Sennrich 2019), normalized in fp32 like HF Llama."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+def _norm(cfg: ModelConfig) -> nn.Module:
+    if cfg.norm == "rmsnorm":
+        return RMSNorm(cfg.dim, cfg.norm_eps)
+    return nn.LayerNorm(cfg.dim, eps=cfg.norm_eps, bias=cfg.bias)
+
+
+class FeedForward(nn.Module):
+    """Dense MLP. GELU: `w1` up, `w2` down. SwiGLU (Shazeer 2020): `w1` gate, `w3` up, `w2` down.
+
+    GELU is the tanh approximation, GPT-2's `gelu_new`, so HF GPT-2 logits match.
+    """
+
+    def __init__(self, dim: int, hidden_dim: int, *, activation: str, bias: bool) -> None:
+        super().__init__()
+        self.activation = activation
+        self.w1 = nn.Linear(dim, hidden_dim, bias=bias)
+        self.w2 = nn.Linear(hidden_dim, dim, bias=bias)
+        self.w3 = nn.Linear(dim, hidden_dim, bias=bias) if activation == "swiglu" else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.w3 is not None:
+            return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return self.w2(F.gelu(self.w1(x), approximate="tanh"))
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm block: x + attn(norm(x)), then + mlp(norm(x)) (GPT-2 / Llama order)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.attention_norm = _norm(cfg)
+        self.attention = Attention(cfg.dim, cfg.num_heads, cfg.num_kv_heads, bias=cfg.bias,
+                                   backend=cfg.attention)
+        self.ffn_norm = _norm(cfg)
+        if cfg.is_moe:
+            self.moe = MoE(cfg.dim, cfg.ffn_dim, cfg.num_experts, cfg.experts_per_token,
+                           activation=cfg.activation, bias=cfg.bias,
+                           aux_loss_coef=cfg.moe_aux_loss_coef)
+        else:
+            self.feed_forward = FeedForward(cfg.dim, cfg.ffn_dim, activation=cfg.activation,
+                                            bias=cfg.bias)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor | None = None,
+                sin: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin)
+        mlp = self.moe if hasattr(self, "moe") else self.feed_forward
+        return x + mlp(self.ffn_norm(x))
+
+
+class Transformer(nn.Module):
+    """The whole decoder (or a pipeline stage of it; see the module docstring)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.tie_embeddings = cfg.tie_embeddings
+        self.tok_embeddings: nn.Embedding | None = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.pos_embeddings: nn.Embedding | None = (
+            nn.Embedding(cfg.max_seq_len, cfg.dim) if cfg.position == "learned" else None)
+        self.rope: RotaryEmbedding | None = (
+            RotaryEmbedding(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
+            if cfg.position == "rope" else None)
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(cfg) for i in range(cfg.num_layers)})
+        self.norm: nn.Module | None = _norm(cfg)
+        self.output: nn.Linear | None = (
+            None if cfg.tie_embeddings else nn.Linear(cfg.dim, cfg.vocab_size, bias=False))
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        """tokens: (B, T) ids, or (B, T, h) hidden states when `tok_embeddings` is None.
+
+        positions: optional (T,) or (B, T) position ids (default 0..T-1); context parallelism
+        passes the non-contiguous positions of its load-balanced shard. Returns (B, T, V)
+        logits, or (B, T, h) hidden states on a stage without norm and head.
+        """
+        t = tokens.shape[1]
+        if positions is None:
+            positions = torch.arange(t, device=tokens.device)
+        if self.tok_embeddings is not None:
+            h = self.tok_embeddings(tokens)  # (B, T, h)
+            if self.pos_embeddings is not None:
+                h = h + self.pos_embeddings(positions)
+        else:
+            h = tokens
+        cos, sin = self.rope(positions) if self.rope is not None else (None, None)
+        for layer in self.layers.values():
+            h = layer(h, cos, sin)
+        if self.norm is not None:
+            h = self.norm(h)
+        if self.output is not None:
+            return self.output(h)  # (B, T, V)
+        if self.tie_embeddings and self.tok_embeddings is not None and self.norm is not None:
+            return F.linear(h, self.tok_embeddings.weight)  # (B, T, V)
+        return h
+
+
+def build_model(cfg: ModelConfig, *, device: str | torch.device = "meta",
+                seed: int = 0) -> Transformer:
+    """Build on `device`; "meta" (default) allocates nothing (parallelize, then `materialize`).
+
+    On a real device the model is built on meta and materialized with `seed`, so its weights
+    are the same as those of any parallelized copy materialized with the same seed.
+    """
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    if torch.device(device).type != "meta":
+        from .init import materialize
+
+        materialize(model, device=device, seed=seed)
+    return model
+
+
+def causal_lm_loss(logits: torch.Tensor, targets: torch.Tensor,
+                   ignore_index: int = -100) -> torch.Tensor:
+    """Mean next-token cross-entropy over targets != ignore_index, computed in fp32.
+
+    logits: (B, T, V); targets: (B, T), already shifted (targets[:, i] follows tokens[:, i]).
+    """
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                           ignore_index=ignore_index)
