@@ -21,7 +21,14 @@ from scaletrain.config import ConfigError, JobConfig
 from scaletrain.data import build_data
 from scaletrain.measure.live import SavedActivations, peak_process_memory, state_bytes
 from scaletrain.models import build_model, causal_lm_loss, materialize, moe_aux_loss
-from scaletrain.parallel import ParallelDims, clip_grad_norm_, maybe_no_sync, parallelize
+from scaletrain.parallel import (
+    ParallelDims,
+    clip_grad_norm_,
+    loss_context,
+    maybe_no_sync,
+    parallelize,
+)
+from scaletrain.parallel.context_parallel import cp_positions, cp_shard
 from scaletrain.planner.flops import flops_per_token
 
 from .build import DistEnv, detect_hardware, init_distributed
@@ -72,14 +79,32 @@ def _set_rng_state(state: dict[str, torch.Tensor]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
+def _local_batch(inputs: torch.Tensor, targets: torch.Tensor, dims: ParallelDims,
+                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Move a micro-batch to the device; with cp > 1 keep this rank's load-balanced chunks."""
+    inputs, targets = inputs.to(device), targets.to(device)
+    if dims.cp == 1:
+        return inputs, targets, None
+    rank, size = dims.cp_rank, dims.cp
+    positions = cp_positions(inputs.shape[1], rank, size).to(device)
+    return cp_shard(inputs, rank, size), cp_shard(targets, rank, size), positions
+
+
+def _tp_mesh(dims: ParallelDims):
+    return dims.submesh("tp") if dims.mesh is not None and dims.tp > 1 else None
+
+
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, batches: list, *, job: JobConfig, env: DistEnv) -> float:
+def evaluate(model: torch.nn.Module, batches: list, *, job: JobConfig, env: DistEnv,
+             dims: ParallelDims) -> float:
     model.eval()
     total = torch.zeros((), device=env.device)
     for inputs, targets in batches:
+        inputs, targets, positions = _local_batch(inputs, targets, dims, env.device)
         with autocast(job.precision, env.device.type):
-            logits = model(inputs.to(env.device))
-        total += causal_lm_loss(logits, targets.to(env.device)).detach().float()
+            logits = model(inputs, positions=positions)
+        with loss_context(_tp_mesh(dims)):
+            total += causal_lm_loss(logits, targets).detach().float()
     model.train()
     return _all_mean(total / max(1, len(batches)))
 
@@ -88,14 +113,15 @@ def train(job: JobConfig, *, max_steps: int | None = None) -> RunResult:
     """Train `job` to `job.train.steps` (or stop after `max_steps` more steps, for tests)."""
     env = init_distributed(device_pref=job.train.device)
     layout = job.layout(env.world_size)
-    dims = ParallelDims(layout, env.world_size)
-    mesh = dims.build_mesh(env.device.type)
+    dims = ParallelDims.from_layout(layout, env.world_size)
+    if env.world_size > 1:  # a 1-rank job needs no process group: every axis is a no-op
+        dims.build_mesh(env.device.type)
     grad_accum = job.batch.global_batch // (job.batch.micro_batch * layout.dp)
     run_dir = Path(job.train.run_dir)
     torch.manual_seed(job.train.seed)
 
     data = build_data(job.data, seq_len=job.batch.seq_len, micro_batch=job.batch.micro_batch,
-                      grad_accum=grad_accum, dp_rank=dims.dp_rank(mesh), dp_size=layout.dp,
+                      grad_accum=grad_accum, dp_rank=dims.dp_rank, dp_size=layout.dp,
                       seed=job.data.seed)
     if data.tokenizer.vocab_size > job.model.vocab_size:
         raise ConfigError("model.vocab_size", job.model.vocab_size,
@@ -103,11 +129,11 @@ def train(job: JobConfig, *, max_steps: int | None = None) -> RunResult:
                           "ids: raise model.vocab_size or choose a smaller tokenizer")
 
     model = build_model(job.model, device="meta")
-    model = parallelize(model, dims, mesh=mesh, precision=job.precision, memory=job.memory,
+    model = parallelize(model, dims, precision=job.precision, memory=job.memory,
                         compile=job.train.compile)
     materialize(model, device=env.device, seed=job.train.seed)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = build_optimizer(params, optim=job.optim, device_type=env.device.type)
+    optimizer = build_optimizer(params, optim=job.optim, device_type=env.device.type, dims=dims)
     scaler = LossScaler(job.precision)
 
     step, wall_offset = 0, 0.0
@@ -125,7 +151,7 @@ def train(job: JobConfig, *, max_steps: int | None = None) -> RunResult:
                               "--checkpoint.resume=never or a matching run_dir")
         step, wall_offset = state["step"], state.get("wall_s", 0.0)
         scaler.load_state_dict(state["scaler"])
-        data.load_state_dict(state["data"][str(dims.dp_rank(mesh))])
+        data.load_state_dict(state["data"][str(dims.dp_rank)])
         _set_rng_state(extra["rng"])
 
     hw = detect_hardware(job, env.device)
@@ -158,13 +184,12 @@ def train(job: JobConfig, *, max_steps: int | None = None) -> RunResult:
         set_lr(optimizer, lr)
         loss_sum = torch.zeros((), device=env.device)
         for micro in range(grad_accum):
-            inputs, targets = next(batches)
-            inputs, targets = inputs.to(env.device), targets.to(env.device)
+            inputs, targets, positions = _local_batch(*next(batches), dims, env.device)
             probe = SavedActivations(model) if (step == 0 and micro == 0) else None
-            with maybe_no_sync(model, micro == grad_accum - 1):
+            with maybe_no_sync(model, micro == grad_accum - 1), loss_context(_tp_mesh(dims)):
                 with autocast(job.precision, env.device.type), \
                         (probe.track() if probe else _null()):
-                    logits = model(inputs)
+                    logits = model(inputs, positions=positions)
                     loss = causal_lm_loss(logits, targets)
                     total = loss + moe_aux_loss(model)
                 scaler.scale_loss(total / grad_accum).backward()
@@ -172,7 +197,7 @@ def train(job: JobConfig, *, max_steps: int | None = None) -> RunResult:
                 measured["activations"] = probe.bytes
             loss_sum += loss.detach().float()
         finite = scaler.unscale_and_check(params)
-        grad_norm = clip_grad_norm_(params, job.optim.grad_clip or float("inf"))
+        grad_norm = float(clip_grad_norm_(params, job.optim.grad_clip or float("inf")))
         finite = finite and math.isfinite(grad_norm)
         if finite:
             optimizer.step()
@@ -194,7 +219,7 @@ def train(job: JobConfig, *, max_steps: int | None = None) -> RunResult:
                   "tokens_per_s": tok_s, "mfu": mfu, "step_s": dt,
                   "loss_scale": scaler.scale, "skipped": not finite}
         if step % job.train.eval_every == 0 or step == job.train.steps:
-            val_loss = evaluate(model, val_batches, job=job, env=env)
+            val_loss = evaluate(model, val_batches, job=job, env=env, dims=dims)
             record["val_loss"] = val_loss
         record.update({f"mem_{k}": v for k, v in peak_process_memory(env.device).items()})
         logger.log(record)
@@ -207,12 +232,12 @@ def train(job: JobConfig, *, max_steps: int | None = None) -> RunResult:
         stopping = step == end_step  # the planned end, or an early stop (max_steps)
         if (job.checkpoint.every and step % job.checkpoint.every == 0) or stopping:
             _save(ckpt_dir, step, model, optimizer, job=job, scaler=scaler, data=data, dims=dims,
-                  mesh=mesh, wall_s=wall_offset + time.perf_counter() - t_start)
+                  wall_s=wall_offset + time.perf_counter() - t_start)
 
     data.close()
     tok_s = tokens_seen / timed_s if timed_s else (tokens_per_step / max(dt, 1e-9))
     sample = ""
-    if step >= job.train.steps and job.train.sample_tokens and layout.pp == 1:
+    if step >= job.train.steps and job.train.sample_tokens and layout.pp == layout.cp == 1:
         ids = generate(model, data.tokenizer.encode("The "), num_tokens=job.train.sample_tokens,
                        context=job.batch.seq_len, seed=job.train.seed, device=env.device)
         sample = data.tokenizer.decode(ids)
@@ -234,9 +259,9 @@ def _null():
 
 
 def _save(ckpt_dir: Path, step: int, model, optimizer, *, job: JobConfig, scaler: LossScaler,
-          data, dims: ParallelDims, mesh, wall_s: float) -> None:
+          data, dims: ParallelDims, wall_s: float) -> None:
     # every dp rank's data position, gathered so rank 0 can write one JSON state
-    mine = {str(dims.dp_rank(mesh)): data.state_dict()}
+    mine = {str(dims.dp_rank): data.state_dict()}
     if dist.is_initialized():
         everyone: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, mine)

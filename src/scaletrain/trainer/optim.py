@@ -8,13 +8,14 @@ from collections.abc import Iterable
 import torch
 
 from scaletrain.config import OptimConfig
+from scaletrain.parallel import ParallelDims, wrap_optimizer
 
 __all__ = ["build_optimizer", "lr_at", "set_lr"]
 
 
 def build_optimizer(params: Iterable[torch.nn.Parameter], *, optim: OptimConfig,
-                    device_type: str) -> torch.optim.Optimizer:
-    """AdamW (fused on CUDA, foreach on CPU) or SGD with momentum.
+                    device_type: str, dims: ParallelDims | None = None) -> torch.optim.Optimizer:
+    """AdamW (fused on CUDA, foreach on CPU) or SGD with momentum; ZeRO-1 shards its states.
 
     Weight decay applies to matrices only (embeddings and linears), not to norms or biases, the
     GPT-2/Llama convention.
@@ -25,10 +26,15 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], *, optim: OptimConfig,
     groups = [{"params": decay, "weight_decay": optim.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
     if optim.name == "sgd":
-        return torch.optim.SGD(groups, lr=optim.lr, momentum=optim.momentum)
-    fused = device_type == "cuda"
-    return torch.optim.AdamW(groups, lr=optim.lr, betas=(optim.beta1, optim.beta2),
-                             eps=optim.eps, fused=fused or None, foreach=None if fused else True)
+        cls, kw = torch.optim.SGD, {"lr": optim.lr, "momentum": optim.momentum}
+    else:
+        fused = device_type == "cuda"
+        cls, kw = torch.optim.AdamW, {"lr": optim.lr, "betas": (optim.beta1, optim.beta2),
+                                      "eps": optim.eps, "fused": fused or None,
+                                      "foreach": None if fused else True}
+    if dims is None:
+        return cls(groups, **kw)
+    return wrap_optimizer(cls, groups, dims, **kw)
 
 
 def lr_at(step: int, *, optim: OptimConfig, total_steps: int) -> float:
