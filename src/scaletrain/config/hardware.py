@@ -109,11 +109,11 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
     "mi300x": lambda: HardwareSpec(
         "mi300x", _tf(fp32=163.4, bf16=1307.4, fp16=1307.4, fp8=2614.9), 192 * GB, 5300 * GB,
         448 * GB, 50 * GB, 750, usd_per_hour=2.5, host_to_device_bw=64 * GB),
-    # A generic 2-core AVX2 host (this project's CI machine): 2 cores x ~2.5 GHz x 32 fp32
-    # FLOP/cycle (two 8-wide FMA units) ~ 160 GFLOP/s peak; ~20 GB/s DRAM; gloo over shared
-    # memory/loopback ~ 5 GB/s. Order-of-magnitude figures: calibrate with benchmarks.
+    # This project's 2-core AVX-512 host (AMD EPYC, 2.6 GHz): 2 cores x 2.6 GHz x 2 FMA pipes x
+    # 16 fp32 lanes x 2 FLOP = 333 GFLOP/s nominal peak (a 2048^3 sgemm measures ~190 GFLOP/s,
+    # 57%); ~20 GB/s DRAM; gloo over loopback ~5 GB/s. Calibrate with benchmarks on other hosts.
     "cpu": lambda: HardwareSpec(
-        "cpu", {"fp32": 160e9}, 24 * GiB, 20 * GB, 5 * GB, 1.25 * GB, 65,
+        "cpu", {"fp32": 333e9}, 24 * GiB, 20 * GB, 5 * GB, 1.25 * GB, 65,
         gpus_per_node=2, intra_node_latency_s=20e-6, inter_node_latency_s=50e-6,
         usd_per_hour=0.05, host_to_device_bw=20 * GB),
 }
