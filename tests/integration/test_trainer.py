@@ -58,7 +58,7 @@ def test_low_precision_trains(tmp_path, dtype):
 
 
 def test_fp16_skips_a_step_with_injected_overflow(tmp_path, monkeypatch):
-    import scaletrain.trainer.loop as loop
+    import scaletrain.trainer.build as loop
 
     real = loop.materialize
     calls = {"n": 0}

@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -120,8 +121,10 @@ def save_checkpoint(ckpt_dir: str | Path, step: int, model: torch.nn.Module,
         tmp.mkdir()
     _barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp),
-             no_dist=not dist.is_initialized())
+    with warnings.catch_warnings():  # single-process saves are intended, not a mistake
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp),
+                 no_dist=not dist.is_initialized())
     torch.save(extra, tmp / f"extra_rank{rank}.pt")
     if rank == 0:
         (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=1))
@@ -154,7 +157,9 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module,
         raise CheckpointError(f"checkpoint {path} is unusable: {reason}")
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())
     set_state_dict(model, optimizer, model_state_dict=state["model"],
                    optim_state_dict=state["optim"], options=StateDictOptions(strict=True))
     trainer_state = json.loads((path / "trainer_state.json").read_text())

@@ -12,6 +12,7 @@ from .job import (
     BatchConfig,
     CheckpointConfig,
     DataConfig,
+    GuardConfig,
     HardwareConfig,
     JobConfig,
     MemoryConfig,
@@ -35,6 +36,7 @@ from .model import (
 __all__ = [
     "ConfigError", "GB", "GiB", "TFLOPS", "HARDWARE_PRESETS", "HardwareSpec", "hardware_preset",
     "AC_MODES", "OFFLOAD_MODES", "PRECISIONS", "BatchConfig", "CheckpointConfig", "DataConfig",
+    "GuardConfig",
     "HardwareConfig", "JobConfig", "MemoryConfig", "OptimConfig", "ParallelConfig",
     "PrecisionConfig", "TrainConfig", "load_config", "parse_overrides", "PP_SCHEDULES", "Layout",
     "check_layout", "grad_accum_steps", "layout_problems", "MODEL_PRESETS", "ModelConfig",

@@ -21,7 +21,7 @@ from .model import MODEL_FIELDS, ModelConfig, resolve_model
 
 __all__ = [
     "ParallelConfig", "PrecisionConfig", "MemoryConfig", "BatchConfig", "OptimConfig",
-    "DataConfig", "TrainConfig", "CheckpointConfig", "HardwareConfig", "JobConfig",
+    "DataConfig", "TrainConfig", "CheckpointConfig", "GuardConfig", "HardwareConfig", "JobConfig",
     "load_config", "parse_overrides", "PRECISIONS", "AC_MODES", "OFFLOAD_MODES",
 ]
 
@@ -212,6 +212,34 @@ class TrainConfig:
 
 
 @dataclass
+class GuardConfig:
+    """Loss-spike guard (PaLM recipe): roll back to the last good checkpoint, skip the data."""
+
+    enabled: bool = True
+    window: int = 50
+    """Recent applied steps whose median/MAD define 'normal'."""
+    min_history: int = 20
+    """Steps of history before spikes are judged (non-finite values are judged always)."""
+    threshold: float = 6.0
+    """Robust z-score above which a loss is a spike."""
+    min_increase: float = 0.2
+    """...and it must also exceed the median by this fraction."""
+    skip_steps: int = 200
+    """Optimizer steps of data skipped past the spike after a rollback (PaLM: 200-500 batches)."""
+    max_rollbacks: int = 3
+
+    def __post_init__(self) -> None:
+        for f in ("window", "min_history", "max_rollbacks"):
+            v = getattr(self, f)
+            require(v >= 1, f"guard.{f}", v, "use a positive integer")
+        require(self.min_history <= self.window, "guard.min_history", self.min_history,
+                f"must not exceed guard.window={self.window}")
+        require(self.threshold > 0, "guard.threshold", self.threshold, "use a positive float")
+        require(self.min_increase >= 0, "guard.min_increase", self.min_increase, "use >= 0")
+        require(self.skip_steps >= 0, "guard.skip_steps", self.skip_steps, "use >= 0")
+
+
+@dataclass
 class CheckpointConfig:
     every: int = 0
     """Save every N steps (0 = only at the end)."""
@@ -264,7 +292,7 @@ class HardwareConfig:
 SECTIONS = {
     "parallel": ParallelConfig, "precision": PrecisionConfig, "memory": MemoryConfig,
     "batch": BatchConfig, "optim": OptimConfig, "data": DataConfig, "train": TrainConfig,
-    "checkpoint": CheckpointConfig, "hardware": HardwareConfig,
+    "checkpoint": CheckpointConfig, "guard": GuardConfig, "hardware": HardwareConfig,
 }
 
 
@@ -279,6 +307,7 @@ class JobConfig:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    guard: GuardConfig = field(default_factory=GuardConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
 
     def __post_init__(self) -> None:

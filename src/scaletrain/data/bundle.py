@@ -86,6 +86,14 @@ class DataBundle:
         if self._iterator is not None:
             self._iterator.seek(self._position)
 
+    def skip_steps(self, num_steps: int) -> None:
+        """Jump `num_steps` optimizer steps ahead in the stream (the loss-spike guard skips the
+        data window around a spike this way)."""
+        position = self._iterator.position if self._iterator is not None else self._position
+        self._position = position + num_steps * self._sampler.grad_accum
+        if self._iterator is not None:
+            self._iterator.seek(self._position)
+
     def describe(self) -> str:
         cfg, best = self.cfg, self.best_loss_nats
         source = (f"grammar ({cfg.num_tokens:,} bytes, seed {cfg.seed})"

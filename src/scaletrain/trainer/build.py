@@ -5,13 +5,23 @@ from __future__ import annotations
 import datetime
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from scaletrain.config import ConfigError, HardwareSpec, JobConfig, hardware_preset
+from scaletrain.data import DataBundle, build_data
+from scaletrain.models import build_model, causal_lm_loss, materialize
+from scaletrain.parallel import ParallelDims, parallelize
+from scaletrain.parallel.pipeline import PipelineRuntime
+from scaletrain.planner.flops import flops_per_token
 
-__all__ = ["DistEnv", "init_distributed", "detect_hardware", "resolve_device"]
+from .optim import build_optimizer
+from .precision import LossScaler
+
+__all__ = ["DistEnv", "Run", "build_run", "init_distributed", "detect_hardware",
+           "resolve_device", "tp_mesh"]
 
 
 @dataclass(frozen=True)
@@ -69,3 +79,121 @@ def detect_hardware(job: JobConfig, device: torch.device) -> HardwareSpec:
         if key in name:
             return hardware_preset(preset)
     return job.hardware.spec()
+
+
+def tp_mesh(dims: ParallelDims):
+    """The tensor-parallel submesh when tp > 1 (the loss runs under loss_parallel), else None."""
+    return dims.submesh("tp") if dims.mesh is not None and dims.tp > 1 else None
+
+
+@dataclass
+class Run:
+    """Everything built from the plan for one rank."""
+
+    job: JobConfig
+    env: DistEnv
+    dims: ParallelDims
+    grad_accum: int
+    data: DataBundle
+    model: torch.nn.Module
+    """The module the optimizer and checkpoints see (pipeline: this rank's stages)."""
+    params: list[torch.nn.Parameter]
+    optimizer: torch.optim.Optimizer
+    scaler: LossScaler
+    hardware: HardwareSpec
+    pipeline: PipelineRuntime | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return self.env.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.env.is_main
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.job.train.run_dir)
+
+    @property
+    def ckpt_dir(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.job.batch.global_batch * self.job.batch.seq_len
+
+    def mfu(self, tokens_per_s: float) -> float:
+        """Model FLOPs utilisation with the planner's FLOPs-per-token formula (one convention
+        for predicted and measured MFU: model FLOPs, causal attention halved)."""
+        peak = self.hardware.flops(self.job.precision.dtype) * self.env.world_size
+        return tokens_per_s * flops_per_token(self.job.model, self.job.batch.seq_len) / peak
+
+    def describe(self) -> str:
+        m = self.job.model
+        return (f"scaletrain: {m.name} ({m.num_params():,} params) | {self.dims.layout} | "
+                f"world {self.env.world_size} on {self.device.type} | grad accum "
+                f"{self.grad_accum} | {self.data.describe()}")
+
+
+def _check_vocab(job: JobConfig, data: DataBundle) -> None:
+    if data.tokenizer.vocab_size > job.model.vocab_size:
+        raise ConfigError("model.vocab_size", job.model.vocab_size,
+                          f"the {data.tokenizer.name} tokenizer has {data.tokenizer.vocab_size} "
+                          "ids: raise model.vocab_size or choose a smaller tokenizer")
+
+
+def _build_pipeline(job: JobConfig, dims: ParallelDims, model: torch.nn.Module,
+                    scaler: LossScaler, device: torch.device, grad_accum: int
+                    ) -> tuple[torch.nn.Module, PipelineRuntime]:
+    from scaletrain.parallel.pipeline import build_pipeline
+
+    if job.model.tie_embeddings:
+        raise ConfigError("model.tie_embeddings", True,
+                          "pipeline stages cannot share the embedding with the head yet: set "
+                          "--model.tie_embeddings=false or parallel.pp=1")
+
+    def parallelize_stage(stage: torch.nn.Module) -> torch.nn.Module:
+        stage = parallelize(stage, dims, precision=job.precision, memory=job.memory,
+                            compile=job.train.compile, loss_parallel=False)
+        materialize(stage, device=device, seed=job.train.seed)
+        return stage
+
+    runtime = build_pipeline(
+        model, pp_group=dims.submesh("pp"), pp_rank=dims.pp_rank, pp_size=dims.pp,
+        schedule=dims.layout.pp_schedule, virtual=dims.layout.pp_virtual,
+        n_microbatches=grad_accum, device=device, parallelize_stage=parallelize_stage,
+        loss_fn=lambda logits, targets: scaler.scale_loss(causal_lm_loss(logits, targets)))
+    stages = torch.nn.ModuleDict({f"stage{sid}": mod
+                                  for sid, mod in zip(runtime.stage_ids, runtime.stages,
+                                                      strict=True)})
+    return stages, runtime
+
+
+def build_run(job: JobConfig) -> Run:
+    """Process group, mesh, data, model (built on meta, parallelized, materialized), optimizer."""
+    env = init_distributed(device_pref=job.train.device)
+    layout = job.layout(env.world_size)
+    dims = ParallelDims.from_layout(layout, env.world_size)
+    if env.world_size > 1:  # a 1-rank job needs no process group: every axis is a no-op
+        dims.build_mesh(env.device.type)
+    grad_accum = job.batch.global_batch // (job.batch.micro_batch * layout.dp)
+    torch.manual_seed(job.train.seed)
+    data = build_data(job.data, seq_len=job.batch.seq_len, micro_batch=job.batch.micro_batch,
+                      grad_accum=grad_accum, dp_rank=dims.dp_rank, dp_size=layout.dp,
+                      seed=job.data.seed)
+    _check_vocab(job, data)
+    scaler = LossScaler(job.precision)
+    model = build_model(job.model, device="meta")
+    pipeline = None
+    if layout.pp > 1:
+        model, pipeline = _build_pipeline(job, dims, model, scaler, env.device, grad_accum)
+    else:
+        model = parallelize(model, dims, precision=job.precision, memory=job.memory,
+                            compile=job.train.compile)
+        materialize(model, device=env.device, seed=job.train.seed)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = build_optimizer(params, optim=job.optim, device_type=env.device.type, dims=dims)
+    return Run(job=job, env=env, dims=dims, grad_accum=grad_accum, data=data, model=model,
+               params=params, optimizer=optimizer, scaler=scaler,
+               hardware=detect_hardware(job, env.device), pipeline=pipeline)
