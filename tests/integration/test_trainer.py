@@ -102,3 +102,15 @@ def test_cli_bad_override_fails_before_work(tmp_path, capsys):
     assert rc == 2
     assert "optim.lr" in capsys.readouterr().err
     assert not (tmp_path / "never").exists()
+
+
+def test_export_hf_at_end_loads_in_transformers(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    r = train(_job(tmp_path, "hf", "--model.name=tiny-llama", "--train.steps=2",
+                   "--checkpoint.export_hf=true"))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf" / "hf")
+    x = torch.randint(0, 256, (2, 16))
+    with torch.no_grad():
+        ours = r.model(x)
+        theirs = hf(x).logits
+    assert (ours - theirs).abs().max().item() <= 1e-4

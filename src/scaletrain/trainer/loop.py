@@ -277,6 +277,12 @@ def train(job: JobConfig, *, max_steps: int | None = None) -> RunResult:
                        num_tokens=job.train.sample_tokens, context=job.batch.seq_len,
                        seed=job.train.seed, device=run.device)
         sample = run.data.tokenizer.decode(ids)
+    if job.checkpoint.export_hf and run.pipeline is None and step >= job.train.steps:
+        from scaletrain.checkpoint.hf import export_hf
+
+        export_hf(run.model, job.model, run.run_dir / "hf")  # collective: gathers shards
+        if run.is_main:
+            logger.print(f"exported Hugging Face safetensors to {run.run_dir / 'hf'}")
     measured.update({f"peak_{k}": v for k, v in peak_process_memory(run.device).items()})
     result = RunResult(run_dir=run.run_dir, steps=step, final_loss=loss_value, val_loss=val_loss,
                        best_loss=run.data.best_loss_nats, tokens_per_s=tok_s, mfu=run.mfu(tok_s),
