@@ -59,3 +59,30 @@ def test_too_many_rollbacks_stop_with_a_clear_message(tmp_path, monkeypatch):
     _inject(monkeypatch, set(range(3, 100)), float("inf"))
     with pytest.raises(TooManyRollbacks, match="guard.max_rollbacks"):
         train(_job(tmp_path, "--guard.max_rollbacks=2"))
+
+
+def test_out_of_memory_writes_a_report_and_keeps_the_checkpoint(tmp_path, monkeypatch, capsys):
+    from scaletrain.cli import main
+
+    args = ["train", "--model.name=tiny", "--batch.seq_len=32", "--batch.global_batch=4",
+            "--batch.micro_batch=4", "--train.steps=6", "--train.progress=false",
+            "--train.sample_tokens=0", "--data.num_tokens=60000",
+            f"--data.cache_dir={tmp_path / 'cache'}", f"--train.run_dir={tmp_path / 'run'}",
+            "--checkpoint.every=2"]
+    real = loop.causal_lm_loss
+    calls = {"n": 0}
+
+    def hungry(logits, targets):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise MemoryError("simulated host OOM")
+        return real(logits, targets)
+
+    monkeypatch.setattr(loop, "causal_lm_loss", hungry)
+    assert main(args) == 3
+    err = capsys.readouterr().err
+    assert "out of memory at step 4" in err and "checkpoint is untouched" in err
+    report = json.loads((tmp_path / "run" / "oom_report_rank0.json").read_text())
+    assert report["step"] == 4 and report["measured"]["params"] > 0 and report["advice"]
+    ckpts = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
+    assert ckpts == ["step_00000002"]  # the last good checkpoint, untouched

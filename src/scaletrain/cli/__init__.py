@@ -50,3 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"scaletrain {chosen}: error: {e}", file=sys.stderr)
         return 2
+    except RuntimeError as e:  # run-time failures with a prepared message (OOM, rollbacks)
+        if type(e).__name__ not in ("OutOfMemory", "TooManyRollbacks", "CheckpointError"):
+            raise
+        print(f"scaletrain {chosen}: {e}", file=sys.stderr)
+        return 3

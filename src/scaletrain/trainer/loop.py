@@ -29,7 +29,7 @@ from .guard import SpikeGuard, SpikeVerdict
 from .metrics import MetricsLogger
 from .optim import lr_at, set_lr
 from .precision import autocast
-from .report import memory_ledger, summary
+from .report import memory_ledger, out_of_memory, summary
 from .sample import generate
 
 __all__ = ["train", "RunResult", "evaluate"]
@@ -231,7 +231,12 @@ def train(job: JobConfig, *, max_steps: int | None = None) -> RunResult:
         lr = lr_at(step, optim=job.optim, total_steps=job.train.steps)
         set_lr(run.optimizer, lr)
         probe = SavedActivations(run.model) if not measured and run.pipeline is None else None
-        out = train_step(run, batches, probe=probe)
+        try:
+            out = train_step(run, batches, probe=probe)
+        except (torch.OutOfMemoryError, MemoryError) as e:
+            run.data.close()
+            logger.close()
+            raise out_of_memory(run, step=step + 1, error=e) from e
         verdict = guard.check(out.loss, out.grad_norm)
         if verdict.spike:
             step = _rollback(run, guard, step, verdict, logger)

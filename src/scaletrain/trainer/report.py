@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .build import Run
     from .loop import RunResult
 
-__all__ = ["memory_ledger", "summary", "plan_input"]
+__all__ = ["memory_ledger", "summary", "plan_input", "OutOfMemory", "out_of_memory"]
 
 MiB = 1024**2
 _CATEGORIES = ("params", "grads", "optimizer", "activations")
@@ -67,3 +68,70 @@ def summary(r: RunResult) -> str:
         lines.append("sample:\n" + r.sample)
     lines.append(f"run directory: {r.run_dir.resolve()}")
     return "\n".join(lines)
+
+
+class OutOfMemory(RuntimeError):
+    """A training step ran out of device or host memory; the report says what and what next."""
+
+
+def out_of_memory(run: Run, *, step: int, error: BaseException) -> OutOfMemory:
+    """Write oom_report.json (+ a CUDA memory snapshot) and build the exception to raise.
+
+    Nothing is saved: the last good checkpoint stays as it was.
+    """
+    import torch
+
+    from scaletrain.measure.live import state_bytes
+
+    measured = state_bytes(run.model, run.optimizer)
+    report: dict[str, Any] = {"step": step, "rank": run.env.rank, "error": str(error)[:2000],
+                              "device": run.device.type, "measured": measured}
+    if run.device.type == "cuda":
+        report["cuda"] = {"allocated": torch.cuda.memory_allocated(run.device),
+                          "reserved": torch.cuda.memory_reserved(run.device),
+                          "max_allocated": torch.cuda.max_memory_allocated(run.device)}
+        try:
+            snapshot = run.run_dir / f"oom_snapshot_rank{run.env.rank}.pickle"
+            torch.cuda.memory._dump_snapshot(str(snapshot))
+            report["snapshot"] = str(snapshot)
+        except Exception:  # recording may be off; the breakdown above still helps
+            pass
+    advice = "lower batch.micro_batch, set memory.ac=full, or raise parallel.zero / tp / pp"
+    try:
+        from scaletrain.planner import estimate
+
+        planned = estimate(plan_input(run)).memory
+        report["planned"] = planned.to_json()
+        # which planned category the state overflowed first, compared with what was measured
+        over = {k: measured[k] - getattr(planned, k) for k in ("params", "grads", "optimizer")}
+        worst = max(over, key=lambda k: over[k])
+        if over[worst] > 0:
+            report["overflowed_category"] = worst
+        advice = _next_layout_advice(run) or advice
+    except Exception as e:  # the report must be written whatever the planner says
+        report["planner_error"] = f"{type(e).__name__}: {e}"
+    report["advice"] = advice
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    path = run.run_dir / f"oom_report_rank{run.env.rank}.json"
+    path.write_text(json.dumps(report, indent=1, default=str))
+    return OutOfMemory(f"out of memory at step {step} on rank {run.env.rank} "
+                       f"({type(error).__name__}); breakdown written to {path}; the last good "
+                       f"checkpoint is untouched. Next: {advice}")
+
+
+def _next_layout_advice(run: Run) -> str | None:
+    """The planner's best layout that fits this world size, as a command-line hint."""
+    try:
+        from scaletrain.planner.search import search
+    except ImportError:
+        return None
+    job = run.job
+    result = search(job.model, run.hardware, run.env.world_size, seq_len=job.batch.seq_len,
+                    global_batch=job.batch.global_batch, precision=job.precision.dtype, top_k=1)
+    best = result.top[0] if getattr(result, "top", None) else None
+    if best is None:
+        return None
+    p, L = best.plan, best.plan.layout
+    return (f"the planner's best fitting layout: --parallel.dp={L.dp} --parallel.zero={L.zero} "
+            f"--parallel.tp={L.tp} --parallel.pp={L.pp} --parallel.cp={L.cp} "
+            f"--batch.micro_batch={p.micro_batch} --memory.ac={p.ac}")
