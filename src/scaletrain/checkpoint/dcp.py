@@ -33,9 +33,12 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
+    get_model_state_dict,
     get_state_dict,
+    set_model_state_dict,
     set_state_dict,
 )
+from torch.distributed.optim import ZeroRedundancyOptimizer
 
 __all__ = ["save_checkpoint", "load_checkpoint", "latest_good", "list_checkpoints",
            "verify_checkpoint", "CheckpointError"]
@@ -120,11 +123,14 @@ def save_checkpoint(ckpt_dir: str | Path, step: int, model: torch.nn.Module,
             shutil.rmtree(tmp)
         tmp.mkdir()
     _barrier()
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = _state_dicts(model, optimizer)
+    if isinstance(optimizer, ZeroRedundancyOptimizer):
+        # ZeRO-1 keeps plain local state partitions that DCP cannot address: each rank writes
+        # its own partition (the partitioning is a pure function of the world size)
+        extra = {**extra, "optim_local": optimizer.optim.state_dict()}
     with warnings.catch_warnings():  # single-process saves are intended, not a mistake
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp),
-                 no_dist=not dist.is_initialized())
+        dcp.save(state, checkpoint_id=str(tmp), no_dist=not dist.is_initialized())
     torch.save(extra, tmp / f"extra_rank{rank}.pt")
     if rank == 0:
         (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=1))
@@ -155,20 +161,30 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module,
     reason = verify_checkpoint(path)
     if reason is not None:
         raise CheckpointError(f"checkpoint {path} is unusable: {reason}")
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    state = {"model": model_sd, "optim": optim_sd}
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())
-    set_state_dict(model, optimizer, model_state_dict=state["model"],
-                   optim_state_dict=state["optim"], options=StateDictOptions(strict=True))
-    trainer_state = json.loads((path / "trainer_state.json").read_text())
     extra_path = path / f"extra_rank{_rank()}.pt"
     if not extra_path.is_file():
         raise CheckpointError(f"{path} has no {extra_path.name}: it was written with a different "
                               "world size; per-rank state (RNG, data position) cannot be restored")
     extra = torch.load(extra_path, weights_only=True)
+    state = _state_dicts(model, optimizer)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())
+    if isinstance(optimizer, ZeroRedundancyOptimizer):
+        set_model_state_dict(model, state["model"], options=StateDictOptions(strict=True))
+        optimizer.optim.load_state_dict(extra.pop("optim_local"))
+    else:
+        set_state_dict(model, optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"], options=StateDictOptions(strict=True))
+    trainer_state = json.loads((path / "trainer_state.json").read_text())
     return trainer_state, extra
+
+
+def _state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    if isinstance(optimizer, ZeroRedundancyOptimizer):
+        return {"model": get_model_state_dict(model)}
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    return {"model": model_sd, "optim": optim_sd}
 
 
 def _fsync_dir(path: Path) -> None:

@@ -62,6 +62,11 @@ class StepOut:
     """Every gradient finite on every rank (fp16 overflow check)."""
 
 
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    """A replicated DTensor (the loss under loss_parallel) as a plain tensor."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
 def _all_mean(x: torch.Tensor) -> float:
     if dist.is_initialized():
         x = x.clone()
@@ -95,7 +100,7 @@ def evaluate(run: Run, batches: list) -> float | None:
         with autocast(run.job.precision, run.device.type):
             logits = run.model(inputs, positions=positions)
         with loss_context(tp_mesh(run.dims)):
-            total += causal_lm_loss(logits, targets).detach().float()
+            total += _plain(causal_lm_loss(logits, targets)).detach().float()
     run.model.train()
     return _all_mean(total / max(1, len(batches)))
 
@@ -120,7 +125,7 @@ def _forward_backward(run: Run, batches, probe: SavedActivations | None) -> torc
                 total = loss + moe_aux_loss(run.model)
             # mean-reduced accumulation: k micro-batches == one batch k times larger
             run.scaler.scale_loss(total / accum).backward()
-        loss_sum += loss.detach().float()
+        loss_sum += _plain(loss).detach().float()
     return loss_sum / accum
 
 

@@ -20,11 +20,14 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], *, optim: OptimConfig,
     Weight decay applies to matrices only (embeddings and linears), not to norms or biases, the
     GPT-2/Llama convention.
     """
-    params = [p for p in params if p.requires_grad]
-    decay = [p for p in params if p.ndim >= 2]
-    no_decay = [p for p in params if p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": optim.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
+    # groups by (decay?, DTensor?): foreach/fused kernels cannot mix DTensors (TP shards) with
+    # plain tensors (parameters TP leaves replicated) in one group
+    groups: dict[tuple[bool, bool], list[torch.nn.Parameter]] = {}
+    for p in params:
+        if p.requires_grad:
+            groups.setdefault((p.ndim >= 2, hasattr(p, "device_mesh")), []).append(p)
+    groups = [{"params": ps, "weight_decay": optim.weight_decay if decay else 0.0}
+              for (decay, _), ps in sorted(groups.items(), key=lambda kv: kv[0], reverse=True)]
     if optim.name == "sgd":
         cls, kw = torch.optim.SGD, {"lr": optim.lr, "momentum": optim.momentum}
     else:

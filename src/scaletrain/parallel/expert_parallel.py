@@ -1,0 +1,171 @@
+"""Expert parallelism: experts split over the ep group, tokens moved with all_to_all.
+
+`MoE.forward` routes and sorts the (token, expert) pairs by expert and calls
+`experts(x_sorted, num_tokens_per_expert)`; `apply_ep` replaces only that call's module, so
+routing, the combine weights and the load-balancing loss are untouched. Inside:
+
+1. exchange the per-expert counts (all_to_all of E integers), giving every rank the number of
+   tokens each source rank sends to each of its local experts;
+2. dispatch the tokens with `all_to_all_single` and uneven splits (rank d receives the
+   contiguous block of pairs routed to experts d·E/ep … (d+1)·E/ep − 1);
+3. regroup the received rows from source-major to local-expert-major, run the local experts,
+   undo the regrouping;
+4. combine: the reverse all_to_all returns every row to the rank (and slot) it came from.
+
+The all_to_all is an autograd Function whose backward is the reverse all_to_all. Expert
+weights become DTensors sharded on the expert dim (Shard(0)) over the ep mesh, so
+`materialize` draws the same values as the single-device model and checkpoints / norms see
+the global tensor. The ep ranks are data-parallel ranks (config/layout.py: ep divides dp·cp):
+each rank's loss is a mean over its own tokens, and the global loss is the mean over ranks, so
+an expert shard, which receives gradient from all ep ranks' losses, scales its weight
+gradient by 1/ep; averaging over the remaining dp·cp/ep replicas is FSDP/DDP's job as for
+any parameter.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Shard
+
+from scaletrain.models.moe import GroupedExperts, MoE
+
+__all__ = ["ExpertParallelExperts", "all_to_all", "apply_ep"]
+
+_WEIGHTS = ("w1", "w2", "w3", "b1", "b2", "b3")
+
+
+def _as_mesh(group_or_mesh) -> DeviceMesh | None:
+    if group_or_mesh is None or isinstance(group_or_mesh, DeviceMesh):
+        return group_or_mesh
+    device = "cuda" if dist.get_backend(group_or_mesh) == "nccl" else "cpu"
+    return DeviceMesh.from_group(group_or_mesh, device)
+
+
+class _AllToAll(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, out_splits, in_splits, group):
+        ctx.splits, ctx.group = (out_splits, in_splits), group
+        out = x.new_empty((sum(out_splits), *x.shape[1:]))
+        dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        out_splits, in_splits = ctx.splits
+        grad_in = grad.new_empty((sum(in_splits), *grad.shape[1:]))
+        dist.all_to_all_single(grad_in, grad.contiguous(), in_splits, out_splits,
+                               group=ctx.group)
+        return grad_in, None, None, None
+
+
+def all_to_all(x: torch.Tensor, out_splits: list[int], in_splits: list[int],
+               group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Differentiable `all_to_all_single` along dim 0 with uneven splits (rows per rank)."""
+    return _AllToAll.apply(x, out_splits, in_splits, group)
+
+
+class _ScaleGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, scale):
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.scale, None
+
+
+def _expert_mlp(x, activation, w1, w2, w3, b1, b2, b3):
+    # x: (n_e, h) -> (n_e, h); the math of GroupedExperts._expert on explicit weights
+    up = F.linear(x, w1, b1)  # (n_e, f)
+    if w3 is not None:
+        up = F.silu(up) * F.linear(x, w3, b3)
+    else:
+        up = F.gelu(up, approximate="tanh")
+    return F.linear(up, w2, b2)
+
+
+class ExpertParallelExperts(GroupedExperts):
+    """`GroupedExperts` holding experts [ep_rank·E/ep, (ep_rank+1)·E/ep) as Shard(0) DTensors.
+
+    Same parameter names and global shapes as the module it replaces; `forward` takes the
+    *global* sorted tokens and counts of this rank, like `GroupedExperts.forward`.
+    """
+
+    def __init__(self, experts: GroupedExperts, mesh: DeviceMesh) -> None:
+        nn.Module.__init__(self)
+        self.mesh, self.group = mesh, mesh.get_group()
+        self.ep_size, self.ep_rank = mesh.size(), mesh.get_local_rank()
+        self.num_global_experts = experts.num_experts
+        self.num_experts = experts.num_experts // self.ep_size
+        self.activation = experts.activation
+        lo = self.ep_rank * self.num_experts
+        for name in _WEIGHTS:
+            p = getattr(experts, name)
+            if p is None:
+                setattr(self, name, None)
+                continue
+            local = p.detach()[lo:lo + self.num_experts].clone()
+            dt = DTensor.from_local(local, mesh, [Shard(0)], run_check=False,
+                                    shape=p.shape, stride=p.stride())
+            setattr(self, name, nn.Parameter(dt, requires_grad=p.requires_grad))
+
+    def _local_weights(self) -> list[torch.Tensor | None]:
+        out = []
+        for name in _WEIGHTS:
+            p = getattr(self, name)
+            out.append(None if p is None else _ScaleGrad.apply(p.to_local(), 1.0 / self.ep_size))
+        return out
+
+    def forward(self, x_sorted: torch.Tensor,
+                num_tokens_per_expert: torch.Tensor | list[int]) -> torch.Tensor:
+        ep, el = self.ep_size, self.num_experts
+        counts = torch.as_tensor(num_tokens_per_expert, dtype=torch.int64).cpu()  # (E,)
+        recv_counts = torch.empty_like(counts)
+        dist.all_to_all_single(recv_counts, counts, group=self.group)  # (ep*El,) by source
+        send = counts.view(ep, el).sum(1).tolist()
+        recv_se = recv_counts.view(ep, el)  # [source rank, local expert]
+        recv = recv_se.sum(1).tolist()
+        x_recv = all_to_all(x_sorted, recv, send, self.group)  # (sum recv, h), source-major
+
+        # source-major -> local-expert-major row order
+        starts = (torch.cumsum(recv_counts, 0) - recv_counts).view(ep, el).tolist()
+        sizes = recv_se.tolist()
+        order = [torch.arange(starts[s][e], starts[s][e] + sizes[s][e])
+                 for e in range(el) for s in range(ep)]
+        perm = torch.cat(order).to(x_sorted.device)  # (sum recv,)
+        x_local = x_recv[perm]
+
+        w1, w2, w3, b1, b2, b3 = self._local_weights()
+        outs = []
+        for e, chunk in enumerate(torch.split(x_local, recv_se.sum(0).tolist())):
+            outs.append(_expert_mlp(chunk, self.activation, w1[e], w2[e],
+                                    None if w3 is None else w3[e],
+                                    None if b1 is None else b1[e],
+                                    None if b2 is None else b2[e],
+                                    None if b3 is None else b3[e]))
+        y_local = torch.cat(outs, 0)
+        y_local = torch.empty_like(y_local).index_copy(0, perm, y_local)  # source-major again
+        return all_to_all(y_local, send, recv, self.group)  # (N*k, h), back in sorted order
+
+
+def apply_ep(model: nn.Module, ep_mesh_or_group) -> nn.Module:
+    """Shard every MoE layer's experts over the ep mesh/group (in place); degree 1: no-op.
+
+    Works on a meta model (then `materialize` fills each rank's shard with its slice of the
+    single-device init) or on a materialized one (each rank keeps its slice).
+    """
+    mesh = _as_mesh(ep_mesh_or_group)
+    if mesh is None or mesh.size() == 1:
+        return model
+    for m in model.modules():
+        if isinstance(m, MoE) and not isinstance(m.experts, ExpertParallelExperts):
+            if m.num_experts % mesh.size():
+                raise ValueError(f"parallel.ep={mesh.size()} must divide "
+                                 f"model.num_experts={m.num_experts}")
+            m.experts = ExpertParallelExperts(m.experts, mesh)
+    return model

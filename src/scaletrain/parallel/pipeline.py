@@ -1,0 +1,173 @@
+"""Pipeline parallelism: stage modules cut from the model, torch.distributed.pipelining schedules.
+
+Splitting (STYLE 3): each stage is a deep copy of the (meta or materialized) model with the
+layers it does not own deleted from `layers` (a ModuleDict, so names like "layers.5.attention"
+survive and `materialize` draws the single-device values), the embeddings kept only on the
+first stage and `norm` + `output` only on the last. Every stage is then parallelized like a
+whole model.
+
+Balancing rule (`split_layers`): the embedding and the norm+head each weigh one transformer
+layer (torchtitan's default too). The L + 2 units are spread as evenly as possible over the
+S = pp·v stages; the units left over by the even division go to the middle stages first (the
+end stages already carry the embedding / head), then to the ends. A stage's layer count is its
+units minus the embedding / head it holds (it can be 0: a stage that is only the embedding).
+This ignores the head's vocabulary-dependent cost; it is the rule the planner must use too.
+
+Virtual stages: with v > 1 rank r holds stages r, r + pp, …, r + (v−1)·pp (interleaved).
+
+Schedules: "gpipe" → ScheduleGPipe, "1f1b" → Schedule1F1B (v = 1); "interleaved" →
+ScheduleInterleaved1F1B, "zero-bubble" → ScheduleInterleavedZeroBubble (v ≥ 1, any v; it runs
+on gloo in 2.13, recipes/gloo_strategies.py). Gradients are the mean over micro-batches
+(`scale_grads=True`), i.e. the gradient of the full-batch mean loss for equal micro-batches.
+
+Tied embeddings (GPT-2) are rejected at pp > 1: the head would live on the last stage and the
+embedding on the first, and keeping two copies in sync needs an extra all-reduce that is not
+implemented. MoE auxiliary losses are not added to the pipelined loss (not implemented).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleInterleavedZeroBubble,
+)
+
+from scaletrain.config import ConfigError
+
+__all__ = ["PipelineRuntime", "build_pipeline", "split_layers", "stage_ids", "split_stage"]
+
+_SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B,
+              "interleaved": ScheduleInterleaved1F1B, "zero-bubble": ScheduleInterleavedZeroBubble}
+_SINGLE_STAGE = ("gpipe", "1f1b")
+
+
+def split_layers(num_layers: int, num_stages: int) -> list[range]:
+    """Layer indices of each of `num_stages` stages (see the module docstring for the rule).
+
+    >>> split_layers(32, 4)  # units 8, 9, 9, 8 -> layers 7, 9, 9, 7
+    [range(0, 7), range(7, 16), range(16, 25), range(25, 32)]
+    """
+    if num_stages < 1 or num_layers + 2 < num_stages:
+        raise ValueError(f"cannot split {num_layers} layers (+ embedding + head) into "
+                         f"{num_stages} stages: lower parallel.pp or parallel.pp_virtual")
+    if num_stages == 1:
+        return [range(num_layers)]
+    units = [(num_layers + 2) // num_stages] * num_stages
+    extra = (num_layers + 2) % num_stages
+    for s in [*range(1, num_stages - 1), 0, num_stages - 1][:extra]:
+        units[s] += 1
+    units[0] -= 1  # the embedding
+    units[-1] -= 1  # norm + head
+    out, start = [], 0
+    for n in units:
+        out.append(range(start, start + n))
+        start += n
+    return out
+
+
+def stage_ids(pp_rank: int, pp_size: int, virtual: int) -> list[int]:
+    """Global stage indices held by `pp_rank` (interleaved assignment)."""
+    return [pp_rank + k * pp_size for k in range(virtual)]
+
+
+def split_stage(model: nn.Module, stage: int, num_stages: int) -> nn.Module:
+    """A deep copy of `model` keeping only what stage `stage` of `num_stages` runs."""
+    if num_stages > 1 and getattr(model, "tie_embeddings", False):
+        raise ConfigError("model.tie_embeddings", True,
+                          "pipeline parallelism needs an untied head: set "
+                          "model.tie_embeddings=false or parallel.pp=1")
+    keep = {str(i) for i in split_layers(len(model.layers), num_stages)[stage]}
+    mod = copy.deepcopy(model)
+    for name in list(mod.layers.keys()):
+        if name not in keep:
+            del mod.layers[name]
+    if stage > 0:
+        mod.tok_embeddings = None
+        if getattr(mod, "pos_embeddings", None) is not None:
+            mod.pos_embeddings = None
+    if stage < num_stages - 1:
+        mod.norm = None
+        mod.output = None
+    return mod
+
+
+@dataclass
+class PipelineRuntime:
+    """This rank's stages and schedule; `step` runs one pipelined forward+backward."""
+
+    stages: list[nn.Module]
+    """Stage modules held by this rank (parallelize / optimize these)."""
+    stage_ids: list[int]
+    schedule: object
+    group: dist.ProcessGroup
+    num_stages: int
+    _pipeline_stages: list[PipelineStage] = field(default_factory=list)
+
+    @property
+    def is_first(self) -> bool:
+        return 0 in self.stage_ids
+
+    @property
+    def is_last(self) -> bool:
+        return self.num_stages - 1 in self.stage_ids
+
+    def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Forward+backward of the batch (split into micro-batches along dim 0).
+
+        Returns the mean micro-batch loss on every pp rank (computed on the last stage and
+        broadcast, for logging); gradients accumulate in the stage modules.
+        """
+        args = (inputs,) if self.is_first else ()
+        losses: list[torch.Tensor] = []
+        self.schedule.step(*args, target=targets if self.is_last else None,
+                           losses=losses if self.is_last else None)
+        if self.is_last:
+            loss = torch.stack([x.detach().float() for x in losses]).mean()
+        else:
+            loss = torch.zeros((), dtype=torch.float32, device=inputs.device)
+        # the last stage lives on pp rank pp-1 with the interleaved assignment
+        src = dist.get_global_rank(self.group, dist.get_world_size(self.group) - 1)
+        dist.broadcast(loss, src=src, group=self.group)
+        return loss
+
+
+def build_pipeline(model: nn.Module, *, pp_group, pp_rank: int, pp_size: int, schedule: str,
+                   virtual: int, n_microbatches: int, loss_fn, device: torch.device | str,
+                   parallelize_stage=None) -> PipelineRuntime:
+    """Split `model` into this rank's stages and build the named schedule.
+
+    pp_group: ProcessGroup or 1-D DeviceMesh of the pipeline axis. `parallelize_stage`, if
+    given, is applied to each stage module (e.g. TP/FSDP + materialize) before the
+    PipelineStage wraps it.
+    """
+    if schedule not in _SCHEDULES:
+        raise ConfigError("parallel.pp_schedule", schedule, f"use one of {sorted(_SCHEDULES)}")
+    if schedule in _SINGLE_STAGE and virtual != 1:
+        raise ConfigError("parallel.pp_virtual", virtual,
+                          f"{schedule} runs one stage per rank: use pp_virtual=1 or the "
+                          "'interleaved' / 'zero-bubble' schedules")
+    group = pp_group if isinstance(pp_group, dist.ProcessGroup) else pp_group.get_group()
+    num_stages = pp_size * virtual
+    ids = stage_ids(pp_rank, pp_size, virtual)
+    device = torch.device(device)
+    mods, pstages = [], []
+    for sid in ids:
+        mod = split_stage(model, sid, num_stages)
+        if parallelize_stage is not None:
+            mod = parallelize_stage(mod) or mod
+        mods.append(mod)
+        pstages.append(PipelineStage(mod, sid, num_stages, device, group=group))
+    cls = _SCHEDULES[schedule]
+    sched = cls(pstages[0] if schedule in _SINGLE_STAGE else pstages, n_microbatches,
+                loss_fn=loss_fn, scale_grads=True)
+    return PipelineRuntime(stages=mods, stage_ids=ids, schedule=sched, group=group,
+                           num_stages=num_stages, _pipeline_stages=pstages)

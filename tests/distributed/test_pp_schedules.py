@@ -1,0 +1,64 @@
+import pytest
+import torch
+
+from scaletrain.config import ConfigError, resolve_model
+from scaletrain.models import build_model
+from scaletrain.parallel.launch import spawn
+from scaletrain.parallel.pipeline import split_layers, split_stage, stage_ids
+
+from ._pp_fns import pp_dp_train, pp_train, reference
+
+CASES = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zero-bubble", 2)]
+
+
+def test_split_layers_rule():
+    assert split_layers(2, 2) == [range(0, 1), range(1, 2)]
+    assert [len(r) for r in split_layers(32, 4)] == [7, 9, 9, 7]
+    assert [len(r) for r in split_layers(4, 4)] == [0, 2, 2, 0]
+    assert [len(r) for r in split_layers(5, 1)] == [5]
+    for num_layers, num_stages in [(7, 3), (12, 8), (80, 16)]:
+        parts = split_layers(num_layers, num_stages)
+        assert [i for r in parts for i in r] == list(range(num_layers))
+    with pytest.raises(ValueError, match="parallel.pp"):
+        split_layers(2, 5)
+    assert stage_ids(1, 4, 2) == [1, 5]
+
+
+def test_split_stage_keeps_names_and_rejects_tied_embeddings():
+    model = build_model(resolve_model("tiny-llama"), device="meta")
+    first, last = split_stage(model, 0, 2), split_stage(model, 1, 2)
+    assert list(first.layers) == ["0"] and list(last.layers) == ["1"]
+    assert first.output is None and first.norm is None and last.tok_embeddings is None
+    names = {n for m in (first, last) for n, _ in m.named_parameters()}
+    assert names == {n for n, _ in model.named_parameters()}
+    with pytest.raises(ConfigError, match="tie_embeddings"):
+        split_stage(build_model(resolve_model("tiny"), device="meta"), 0, 2)
+
+
+def _check(got, ref):
+    assert got["losses"] == pytest.approx(ref["losses"], abs=1e-5)
+    for n, p in got["final"].items():
+        torch.testing.assert_close(p, ref["final"][n], atol=1e-5, rtol=1e-5, msg=n)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_pp2_every_schedule_matches_single_process():
+    ref = reference()
+    per_rank = spawn(pp_train, 2, CASES)
+    for i, (schedule, virtual) in enumerate(CASES):
+        seen = set()
+        for rank in range(2):
+            got = per_rank[rank][i]
+            assert got["stage_ids"] == [rank + 2 * k for k in range(virtual)], schedule
+            _check(got, ref)
+            seen |= set(got["final"])
+        assert seen == set(ref["final"]), schedule
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_pp2_dp2_matches_single_process():
+    ref = reference()
+    for got in spawn(pp_dp_train, 4, "1f1b", 1):
+        _check(got, ref)
