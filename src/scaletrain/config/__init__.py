@@ -23,7 +23,15 @@ from .job import (
     load_config,
     parse_overrides,
 )
-from .layout import PP_SCHEDULES, Layout, check_layout, grad_accum_steps, layout_problems
+from .layout import (
+    PP_SCHEDULES,
+    Layout,
+    check_layout,
+    grad_accum_steps,
+    layout_problems,
+    stage_ids,
+    stage_layer_ranges,
+)
 from .model import (
     MODEL_PRESETS,
     ModelConfig,
@@ -39,6 +47,7 @@ __all__ = [
     "GuardConfig",
     "HardwareConfig", "JobConfig", "MemoryConfig", "OptimConfig", "ParallelConfig",
     "PrecisionConfig", "TrainConfig", "load_config", "parse_overrides", "PP_SCHEDULES", "Layout",
-    "check_layout", "grad_accum_steps", "layout_problems", "MODEL_PRESETS", "ModelConfig",
+    "check_layout", "grad_accum_steps", "layout_problems", "stage_ids", "stage_layer_ranges",
+    "MODEL_PRESETS", "ModelConfig",
     "ParamCounts", "model_from_hf_config", "model_preset", "resolve_model",
 ]

@@ -13,7 +13,8 @@ from typing import Any
 from ._errors import ConfigError
 from .model import ModelConfig
 
-__all__ = ["Layout", "PP_SCHEDULES", "layout_problems", "check_layout", "grad_accum_steps"]
+__all__ = ["Layout", "PP_SCHEDULES", "layout_problems", "check_layout", "grad_accum_steps",
+           "stage_layer_ranges", "stage_ids"]
 
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero-bubble")
 
@@ -146,3 +147,35 @@ def check_layout(layout: Layout, model: ModelConfig, **kw: Any) -> None:
             raise ConfigError(first.field, first.value, f"{first.fix} (also: {rest})")
         raise first
 
+
+
+def stage_layer_ranges(num_layers: int, num_stages: int) -> list[range]:
+    """Transformer-layer indices of each pipeline stage; the one balancing rule of scaletrain.
+
+    The embedding and the final norm + head each count as one unit of work beside the L layers;
+    the L + 2 units are spread evenly over the stages, leftovers to the middle stages first, then
+    to the ends; the first stage's embedding and the last stage's head take one unit each. So 32
+    layers over 4 stages hold 7, 9, 9, 7 layers. Ignores that a 128k-vocabulary head costs more
+    than one layer (Narayanan et al. 2021 balance by layers only; this is a step closer).
+    """
+    if num_stages < 1 or num_layers + 2 < num_stages:
+        raise ValueError(f"cannot split {num_layers} layers (+ embedding + head) into "
+                         f"{num_stages} stages: lower parallel.pp or parallel.pp_virtual")
+    if num_stages == 1:
+        return [range(num_layers)]
+    units = [(num_layers + 2) // num_stages] * num_stages
+    extra = (num_layers + 2) % num_stages
+    for s in [*range(1, num_stages - 1), 0, num_stages - 1][:extra]:
+        units[s] += 1
+    units[0] -= 1  # the embedding
+    units[-1] -= 1  # the final norm + head
+    out, start = [], 0
+    for n in units:
+        out.append(range(start, start + n))
+        start += n
+    return out
+
+
+def stage_ids(pp_rank: int, pp_size: int, virtual: int) -> list[int]:
+    """Global stage indices held by `pp_rank`: rank r holds r, r + pp, ... (interleaved)."""
+    return [pp_rank + k * pp_size for k in range(virtual)]

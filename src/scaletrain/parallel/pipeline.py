@@ -41,7 +41,7 @@ from torch.distributed.pipelining import (
     ScheduleInterleavedZeroBubble,
 )
 
-from scaletrain.config import ConfigError
+from scaletrain.config import ConfigError, stage_ids, stage_layer_ranges
 
 __all__ = ["PipelineRuntime", "build_pipeline", "split_layers", "stage_ids", "split_stage"]
 
@@ -51,32 +51,13 @@ _SINGLE_STAGE = ("gpipe", "1f1b")
 
 
 def split_layers(num_layers: int, num_stages: int) -> list[range]:
-    """Layer indices of each of `num_stages` stages (see the module docstring for the rule).
+    """Layer indices of each stage: `scaletrain.config.stage_layer_ranges`, the rule the planner
+    uses too.
 
     >>> split_layers(32, 4)  # units 8, 9, 9, 8 -> layers 7, 9, 9, 7
     [range(0, 7), range(7, 16), range(16, 25), range(25, 32)]
     """
-    if num_stages < 1 or num_layers + 2 < num_stages:
-        raise ValueError(f"cannot split {num_layers} layers (+ embedding + head) into "
-                         f"{num_stages} stages: lower parallel.pp or parallel.pp_virtual")
-    if num_stages == 1:
-        return [range(num_layers)]
-    units = [(num_layers + 2) // num_stages] * num_stages
-    extra = (num_layers + 2) % num_stages
-    for s in [*range(1, num_stages - 1), 0, num_stages - 1][:extra]:
-        units[s] += 1
-    units[0] -= 1  # the embedding
-    units[-1] -= 1  # norm + head
-    out, start = [], 0
-    for n in units:
-        out.append(range(start, start + n))
-        start += n
-    return out
-
-
-def stage_ids(pp_rank: int, pp_size: int, virtual: int) -> list[int]:
-    """Global stage indices held by `pp_rank` (interleaved assignment)."""
-    return [pp_rank + k * pp_size for k in range(virtual)]
+    return stage_layer_ranges(num_layers, num_stages)
 
 
 def split_stage(model: nn.Module, stage: int, num_stages: int) -> nn.Module:
