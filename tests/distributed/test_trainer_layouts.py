@@ -44,6 +44,9 @@ LAYOUTS = {
     "cp": ("tiny-llama", ["--parallel.cp=2"]),
     "pp_1f1b": ("tiny-llama", ["--parallel.pp=2", "--parallel.pp_schedule=1f1b"]),
     "ep": ("tiny-moe", ["--parallel.dp=2", "--parallel.ep=2"]),
+    "fsdp_tp_w4": ("tiny-llama", ["--parallel.dp=2", "--parallel.zero=3", "--parallel.tp=2"]),
+    "hsdp_w4": ("tiny-llama", ["--parallel.dp=4", "--parallel.zero=3",
+                               "--parallel.dp_replicate=2"]),
 }
 
 
@@ -52,6 +55,6 @@ def test_layout_matches_single_process(tmp_path, reference, name):
     model, extra = LAYOUTS[name]
     tmp, ref = reference[model]
     args = _args(tmp, name, model, *extra)
-    losses = spawn(train_losses, 2, args)
+    losses = spawn(train_losses, 4 if name.endswith("_w4") else 2, args)
     for rank_losses in losses:  # every rank logs the same all-reduced loss
         assert rank_losses == pytest.approx(ref, abs=2e-5, rel=0)

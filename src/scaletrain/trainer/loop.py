@@ -22,7 +22,7 @@ from scaletrain.checkpoint.dcp import latest_good, load_checkpoint, save_checkpo
 from scaletrain.config import ConfigError, JobConfig
 from scaletrain.measure.live import SavedActivations, peak_process_memory, state_bytes
 from scaletrain.models import causal_lm_loss, moe_aux_loss
-from scaletrain.parallel import clip_grad_norm_, loss_context, maybe_no_sync
+from scaletrain.parallel import clip_grad_norm_, loss_context, maybe_no_sync, sync_gradients
 
 from .build import Run, build_run, tp_mesh
 from .guard import SpikeGuard, SpikeVerdict
@@ -132,6 +132,7 @@ def _forward_backward(run: Run, batches, probe: SavedActivations | None) -> torc
 def train_step(run: Run, batches, *, probe: SavedActivations | None = None) -> StepOut:
     """Forward, backward, unscale and clip; the caller decides whether to apply the update."""
     loss = _forward_backward(run, batches, probe)
+    sync_gradients(run.model)  # EP's data parallelism (DDP/FSDP reduce inside backward)
     finite = run.scaler.unscale_and_check(run.params)
     extra = run.pipeline.group if run.pipeline is not None else None
     clip = run.job.optim.grad_clip or float("inf")
