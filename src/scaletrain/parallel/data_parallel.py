@@ -1,0 +1,91 @@
+"""DDP (ZeRO-0) and the gradient-accumulation switch shared by every data-parallel mode.
+
+DDP is torch's composable `replicate` (the DistributedDataParallel reducer: gradients grouped
+into ~25 MiB buckets, each bucket all-reduced as soon as its last gradient is ready, so
+communication overlaps the rest of backward). It is applied to a *meta* model: `replicate`
+builds its reducer lazily at the first forward, after the trainer has materialized the weights
+(rank-independent init, so the reducer's initial broadcast changes nothing).
+
+DDP over tensor-parallel (DTensor) parameters is not supported here (torch's DDP+TP path turns
+DTensors back into plain tensors); use ZeRO-2/3 with tp > 1 (`parallelize` raises otherwise).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed._composable.replicate import replicate
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+
+__all__ = ["apply_ddp", "apply_manual_grad_sync", "sync_gradients", "maybe_no_sync"]
+
+
+def apply_ddp(model: nn.Module, mesh: DeviceMesh, *, bucket_cap_mb: float = 25.0) -> nn.Module:
+    """All-reduce (average) gradients over `mesh` (1-D: the dp x cp ranks); in place."""
+    replicate(model, device_mesh=mesh, bucket_cap_mb=bucket_cap_mb)
+    return model
+
+
+_SYNC_ATTR = "_scaletrain_grad_sync_mesh"
+
+
+def apply_manual_grad_sync(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
+    """Data parallelism for models holding expert-parallel DTensor experts (ep == dp*cp).
+
+    `replicate` would turn the experts' DTensors into plain tensors and hide them from the
+    optimizer's state dict, so instead `sync_gradients` all-reduces (averages) the plain,
+    replicated gradients once per step, after accumulation. The experts' gradients are distinct
+    on every rank and already scaled to the data-parallel mean by the EP layer. Not overlapped
+    with backward: the price of correctness here (DDP buckets would overlap it).
+    """
+    setattr(model, _SYNC_ATTR, mesh)
+    return model
+
+
+def sync_gradients(model: nn.Module) -> None:
+    """Average replicated gradients over the mesh set by `apply_manual_grad_sync` (else no-op)."""
+    mesh = getattr(model, _SYNC_ATTR, None)
+    if mesh is None:
+        return
+    grads = [p.grad for p in model.parameters()
+             if p.grad is not None and not isinstance(p.grad, DTensor)]
+    if not grads:
+        return
+    flat = torch._utils._flatten_dense_tensors(grads)  # one collective for all of them
+    dist.all_reduce(flat, group=mesh.get_group())
+    flat /= mesh.size()
+    for g, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads), strict=True):
+        g.copy_(synced)
+
+
+@contextmanager
+def maybe_no_sync(model: nn.Module, is_last_microbatch: bool) -> Iterator[None]:
+    """Wrap one micro-batch's forward *and* backward.
+
+    DDP / ZeRO-1: skip the gradient all-reduce on every micro-batch but the last (gradients
+    accumulate locally, one all-reduce per optimizer step; DDP reads the flag at forward time,
+    so the forward must be inside the block).
+
+    ZeRO-2/3 (FSDP2): gradients are reduce-scattered on *every* micro-batch on purpose:
+    skipping it (`set_requires_gradient_sync(False)`) would keep unsharded fp32 gradients of the
+    whole model alive between micro-batches, i.e. give up the memory the stage promises.
+    The price is one reduce-scatter per micro-batch instead of per step.
+
+    No data parallelism (degree 1): a no-op.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    is_ddp = hasattr(model, "set_requires_gradient_sync") and not isinstance(model, FSDPModule)
+    if is_ddp and not is_last_microbatch:
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+    else:
+        yield

@@ -1,0 +1,89 @@
+"""ZeRO-2/3 and HSDP with FSDP2 (`fully_shard`): one parameter group per transformer block.
+
+What each mode holds per rank, with N = the shard degree (dp_shard x cp), Psi parameters,
+fp32 Adam (Rajbhandari et al. 2020, "ZeRO", sec. 5; FSDP2 is per-parameter dim-0 sharding):
+
+- ZeRO-3 (`reshard_after_forward=True`): parameters, gradients and optimizer states all
+  4*Psi/N, 4*Psi/N, 8*Psi/N bytes at rest; during forward/backward one block (plus the next,
+  prefetched) is unsharded at a time. Per step: all-gather in forward, again in backward,
+  reduce-scatter of gradients.
+- ZeRO-2 (`reshard_after_forward=False`): a block's unsharded parameters stay alive from its
+  forward to its backward, so the peak holds full parameters (4*Psi) like ZeRO-2; gradients
+  are reduce-scattered (4*Psi/N) and optimizer states sharded (8*Psi/N). After backward the
+  parameters are resharded (FSDP2 frees them), so *between* steps they are sharded too; the
+  next forward all-gathers them once, which is the all-gather ZeRO-2 does after its
+  optimizer step: same traffic, lower memory at rest than textbook ZeRO-2.
+- HSDP: a 2-D mesh (dp_replicate, dp_shard x cp): sharded as above inside each replica group,
+  gradients all-reduced across the groups.
+
+The root module (embeddings, final norm, head) is its own group; its parameters stay unsharded
+from forward to backward (FSDP2 never reshards the root after forward).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
+
+from scaletrain.config import ConfigError
+
+__all__ = ["apply_fsdp", "mp_policy"]
+
+_DTYPES = {"fp32": None, "bf16": "bfloat16", "fp16": "float16", "fp8": "bfloat16"}
+
+
+def mp_policy(dtype: str, reduce_dtype: str) -> MixedPrecisionPolicy:
+    """FSDP2 mixed precision from `precision.dtype` / `precision.reduce_dtype`.
+
+    Parameters are all-gathered and computed in `dtype` (fp8 runs its non-float8 ops in bf16)
+    while the sharded master copy stays fp32; gradients are reduced in `reduce_dtype`.
+    fp32 compute means no casting at all.
+    """
+    if dtype not in _DTYPES:
+        raise ConfigError("precision.dtype", dtype, f"choose one of {', '.join(_DTYPES)}")
+    param = _DTYPES[dtype]
+    if param is None:
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=getattr(torch, param),
+                                reduce_dtype={"fp32": torch.float32,
+                                              "bf16": torch.bfloat16}[reduce_dtype])
+
+
+def apply_fsdp(model: nn.Module, mesh: DeviceMesh, *, reshard_after_forward: bool,
+               mp: MixedPrecisionPolicy | None = None, offload_params: bool = False,
+               prefetch: bool = True, ignored_params: set[nn.Parameter] | None = None
+               ) -> nn.Module:
+    """Shard `model` in place: each block of `model.layers`, then the root.
+
+    mesh: 1-D (dp_shard x cp) for ZeRO-2/3, 2-D (dp_replicate, dp_shard x cp) for HSDP.
+    offload_params: keep sharded parameters, gradients and optimizer states in CPU memory
+    (`CPUOffloadPolicy`); the optimizer step then runs on the CPU.
+    prefetch: while block i computes, all-gather block i+1 in forward and block i-1 in
+    backward (explicit prefetch; FSDP2's implicit one only overlaps with the current block).
+    ignored_params: left alone (expert-parallel experts, already split over the dp ranks).
+    """
+    # Pinned host memory speeds up host<->device copies but needs an accelerator to exist.
+    offload = (CPUOffloadPolicy(pin_memory=torch.accelerator.is_available())
+               if offload_params else OffloadPolicy())
+    kw: dict = {"mesh": mesh, "mp_policy": mp or MixedPrecisionPolicy(),
+                "offload_policy": offload, "ignored_params": ignored_params or None}
+    blocks = list(model.layers.values())  # type: ignore[union-attr]
+    for block in blocks:
+        fully_shard(block, reshard_after_forward=reshard_after_forward, **kw)
+    fully_shard(model, reshard_after_forward=reshard_after_forward, **kw)
+    if prefetch and len(blocks) > 1:
+        fsdp_blocks: list[FSDPModule] = blocks  # type: ignore[assignment]
+        for i, block in enumerate(fsdp_blocks):
+            if i + 1 < len(fsdp_blocks):
+                block.set_modules_to_forward_prefetch([fsdp_blocks[i + 1]])
+            if i > 0:
+                block.set_modules_to_backward_prefetch([fsdp_blocks[i - 1]])
+    return model

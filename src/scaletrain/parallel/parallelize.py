@@ -1,0 +1,89 @@
+"""`parallelize()`: every strategy applied to a meta-device model, in one fixed order.
+
+TP/SP -> CP -> EP -> AC -> compile -> FSDP/ZeRO-2/3 -> DDP/ZeRO-1 (STYLE.md #2; torchtitan's
+order: sharding styles that change module structure first, wrappers that own communication of
+whole parameters last). Each step is a no-op at degree 1. The trainer then calls
+`scaletrain.models.materialize(model)` and builds its optimizer with `wrap_optimizer`.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from scaletrain.config import ConfigError, MemoryConfig, PrecisionConfig
+
+from .data_parallel import apply_ddp, apply_manual_grad_sync
+from .dims import ParallelDims
+from .fsdp import apply_fsdp, mp_policy
+from .tensor_parallel import apply_tp
+
+__all__ = ["parallelize"]
+
+
+def _check(dims: ParallelDims, memory: MemoryConfig) -> None:
+    dp_cp = dims.dp_size * dims.cp
+    if dims.ep > 1 and dims.zero == 1 and dp_cp > 1:
+        raise ConfigError("parallel.zero", dims.zero, "ZeRO-1's sharded optimizer broadcasts "
+                          "whole parameters and cannot hold expert shards: use zero 0, 2 or 3 "
+                          "with ep > 1")
+    if dims.ep > 1 and dims.ep != dp_cp:
+        raise ConfigError("parallel.ep", dims.ep, f"set ep = dp*cp = {dp_cp}: experts "
+                          "replicated over part of the data-parallel ranks are not averaged "
+                          "yet")
+    if dims.tp > 1 and dims.ddp_enabled:
+        raise ConfigError("parallel.zero", dims.zero, "DDP / ZeRO-1 over tensor-parallel "
+                          "parameters is not supported: use parallel.zero=2 or 3 with tp > 1")
+    if memory.offload == "params" and dims.zero < 2:
+        raise ConfigError("memory.offload", memory.offload,
+                          "parameter offload needs FSDP: set parallel.zero=2 or 3")
+    if memory.offload == "params" and dims.mesh is None:
+        raise ConfigError("memory.offload", memory.offload, "parameter offload uses FSDP2, "
+                          "which needs a process group and mesh: launch with torchrun/--nproc")
+
+
+def parallelize(model: nn.Module, dims: ParallelDims, *, precision: PrecisionConfig,
+                memory: MemoryConfig, compile: bool = False, loss_parallel: bool = True
+                ) -> nn.Module:
+    """Apply TP/SP, CP, EP, AC, compile, then FSDP (ZeRO-2/3, HSDP) or DDP (ZeRO-0/1).
+
+    `dims.build_mesh()` must have been called. With tp > 1 and `loss_parallel`, the model
+    returns vocabulary-sharded DTensor logits: compute the loss and its backward inside
+    `tensor_parallel.loss_context(dims.submesh("tp"))`.
+    """
+    _check(dims, memory)
+    if dims.tp > 1:
+        apply_tp(model, dims.submesh("tp"), sp=dims.sp, loss_parallel=loss_parallel)
+    if dims.cp > 1:
+        from .context_parallel import apply_cp
+
+        apply_cp(model, dims.submesh("cp"))
+    if dims.ep > 1:
+        from .expert_parallel import apply_ep
+
+        apply_ep(model, dims.submesh("ep"))
+    if memory.ac != "none":
+        from .ac import apply_ac
+
+        apply_ac(model, memory.ac)
+    if compile:
+        # In place (`Module.compile`): no `_orig_mod.` wrapper, so names and the FSDP/AC
+        # structure stay those of the plain model. Per block: every block has the same code,
+        # so one compiled graph is reused L times.
+        for block in model.layers.values():  # type: ignore[union-attr]
+            block.compile()
+    offload = memory.offload == "params"
+    # Parameter offload is an FSDP2 policy, so it applies FSDP even over a 1-rank mesh.
+    needs_fsdp = dims.zero >= 2 and (dims.fsdp_enabled or offload)
+    if needs_fsdp:
+        # Expert-parallel experts (ep = dp*cp) are already split over the data-parallel ranks
+        # and their gradients already scaled to the mean by EP: FSDP leaves them alone.
+        experts = {p for p in model.parameters() if dims.ep > 1 and isinstance(p, DTensor)}
+        apply_fsdp(model, dims.fsdp_mesh(), reshard_after_forward=dims.zero == 3,
+                   mp=mp_policy(precision.dtype, precision.reduce_dtype),
+                   offload_params=offload, ignored_params=experts)
+    elif dims.ddp_enabled and dims.ep > 1:
+        apply_manual_grad_sync(model, dims.submesh("dp_cp"))
+    elif dims.ddp_enabled:
+        apply_ddp(model, dims.submesh("dp_cp"))
+    return model

@@ -1,0 +1,137 @@
+"""Tensor and sequence parallelism (Megatron-LM, Shoeybi et al. 2019; Korthikanti et al. 2022)
+with DTensor `parallelize_module` plans.
+
+Per block: wq/wk/wv column-wise (whole query and key/value heads per rank, so GQA needs tp to
+divide num_kv_heads), wo row-wise; MLP w1/w3 column-wise, w2 row-wise. One all-reduce (or, with
+sp, one all-gather + one reduce-scatter) per sub-layer in forward, as many in backward.
+
+Sequence parallel (sp): the residual stream between sub-layers is sharded on the sequence dim
+(Shard(1)): norms run on T/tp tokens (`SequenceParallel`), `PrepareModuleInput` all-gathers
+the norm output to Replicate before attention / MLP, and the row-wise wo/w2 reduce-scatter
+back to Shard(1).
+
+Embeddings: vocabulary-sharded (row-wise), output Replicate, or Shard(1) with sp. Learned
+position embeddings are sharded the same way; their output (T, h) is sharded on dim 0 so it adds
+to the local (B, T/tp, h) token embeddings — positions must then be the default 1-D ids.
+
+Head: column-wise (vocabulary-sharded logits). With `loss_parallel=True` the model returns a
+DTensor of logits sharded on the vocabulary dim and the loss must be computed and
+back-propagated inside `loss_context(...)` (torch's `loss_parallel`: cross-entropy without
+gathering the (B, T, V) logits). With `loss_parallel=False` logits are all-gathered to a plain
+(B, T, V) tensor. Tied embeddings (GPT-2): the head is `F.linear(h, tok_embeddings.weight)` in
+the model; the final norm's output is made a Replicate DTensor so that product is a vocabulary-
+sharded DTensor, the same layout as the untied head.
+
+MoE layers are not tensor-parallel here: `apply_tp` raises a ConfigError pointing at
+parallel.ep (experts split whole over ranks) instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    PrepareModuleOutput,
+    RowwiseParallel,
+    SequenceParallel,
+    loss_parallel,
+    parallelize_module,
+)
+
+from scaletrain.config import ConfigError
+
+__all__ = ["apply_tp", "loss_context"]
+
+
+def _check(model: nn.Module, tp: int) -> None:
+    for name, block in model.layers.items():  # type: ignore[union-attr]
+        if hasattr(block, "moe"):
+            raise ConfigError("parallel.tp", tp, "MoE layers are not tensor-parallel in "
+                              "scaletrain: use parallel.ep to split the experts, and tp=1")
+        attn = block.attention
+        for attr in ("n_heads", "n_kv_heads"):
+            if getattr(attn, attr) % tp:
+                raise ConfigError("parallel.tp", tp, f"tp must divide layer {name} "
+                                  f"{attr}={getattr(attn, attr)}")
+
+
+def _root_plan(model: nn.Module, sp: bool, loss_parallel_: bool) -> dict:
+    seq = Shard(1) if sp else Replicate()
+    plan: dict = {}
+    if getattr(model, "tok_embeddings", None) is not None:
+        plan["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=seq)
+    if getattr(model, "pos_embeddings", None) is not None:
+        # positions (T,) -> (T, h): the sequence is dim 0 of this output.
+        plan["pos_embeddings"] = RowwiseParallel(input_layouts=Replicate(),
+                                                 output_layouts=Shard(0) if sp else Replicate())
+    if getattr(model, "norm", None) is not None and sp:
+        plan["norm"] = SequenceParallel()
+    if getattr(model, "output", None) is not None:
+        plan["output"] = ColwiseParallel(
+            input_layouts=seq, output_layouts=Shard(-1) if loss_parallel_ else Replicate(),
+            use_local_output=not loss_parallel_)
+    return plan
+
+
+def _block_plan(sp: bool) -> dict:
+    seq = Shard(1) if sp else Replicate()
+    plan: dict = {
+        "attention": PrepareModuleInput(input_layouts=(seq, None, None),
+                                        desired_input_layouts=(Replicate(), None, None),
+                                        use_local_output=True),
+        "attention.wq": ColwiseParallel(),
+        "attention.wk": ColwiseParallel(),
+        "attention.wv": ColwiseParallel(),
+        "attention.wo": RowwiseParallel(output_layouts=seq),
+        "feed_forward": PrepareModuleInput(input_layouts=(seq,),
+                                           desired_input_layouts=(Replicate(),),
+                                           use_local_output=True),
+        "feed_forward.w1": ColwiseParallel(),
+        "feed_forward.w2": RowwiseParallel(output_layouts=seq),
+    }
+    if sp:
+        plan["attention_norm"] = SequenceParallel()
+        plan["ffn_norm"] = SequenceParallel()
+    return plan
+
+
+def apply_tp(model: nn.Module, mesh: DeviceMesh, *, sp: bool, loss_parallel: bool = True
+             ) -> nn.Module:
+    """Shard `model` over the 1-D tp `mesh` in place (degree 1: no-op); see module docstring."""
+    tp = mesh.size()
+    if tp == 1:
+        return model
+    _check(model, tp)
+    parallelize_module(model, mesh, _root_plan(model, sp, loss_parallel))
+    tied = getattr(model, "output", None) is None and getattr(model, "tie_embeddings", False)
+    if tied and getattr(model, "norm", None) is not None:
+        # Make the head's input a Replicate DTensor: F.linear(h, vocab-sharded weight) then
+        # yields vocabulary-sharded logits; the backward reduces h's partial gradient.
+        parallelize_module(model.norm, mesh, PrepareModuleOutput(
+            output_layouts=Shard(1) if sp else Replicate(), desired_output_layouts=Replicate(),
+            use_local_output=False))
+        if not loss_parallel:
+            parallelize_module(model, mesh, PrepareModuleOutput(
+                output_layouts=Shard(-1), desired_output_layouts=Replicate(),
+                use_local_output=True))
+    for block in model.layers.values():  # type: ignore[union-attr]
+        plan = _block_plan(sp)
+        if getattr(block.feed_forward, "w3", None) is not None:
+            plan["feed_forward.w3"] = ColwiseParallel()
+        parallelize_module(block, mesh, plan)
+        block.attention.n_heads //= tp
+        block.attention.n_kv_heads //= tp
+    return model
+
+
+def loss_context(mesh: DeviceMesh | None, *, enabled: bool = True):
+    """The context the loss *and its backward* must run in: `loss_parallel()` when the logits
+    are vocabulary-sharded (tp > 1 with loss_parallel), else a no-op."""
+    if enabled and mesh is not None and mesh.size() > 1:
+        return loss_parallel()
+    return contextlib.nullcontext()

@@ -1,0 +1,105 @@
+"""Optimizer-side pieces of ZeRO: the sharded optimizer for stage 1, clipping, memory counting.
+
+Stage 1 is torch's `ZeroRedundancyOptimizer` over DDP: each rank owns the Adam states of a
+subset of whole parameters (greedy partition by size), steps only those, then broadcasts the
+updated parameters. Why not FSDP2 for stage 1: FSDP2 always reduce-scatters gradients, so it
+cannot keep full gradients while sharding only the optimizer; ZeRO-1 over DDP keeps DDP's
+bucketed all-reduce and shards exactly the optimizer states (8*Psi/N bytes per rank for fp32
+Adam, up to the imbalance of whole-parameter partitioning).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.distributed.tensor import DTensor
+
+from .dims import ParallelDims
+
+__all__ = ["wrap_optimizer", "clip_grad_norm_", "local_state_bytes"]
+
+
+def wrap_optimizer(optimizer_class: type[torch.optim.Optimizer], params: Iterable[nn.Parameter],
+                   dims: ParallelDims, **defaults: Any) -> torch.optim.Optimizer:
+    """The optimizer for `dims`: ZeRO-1 shards its states over dp_shard x cp, else plain.
+
+    For ZeRO-2/3 the parameters are already FSDP shards, so a plain optimizer holds sharded
+    states. Call after `materialize`.
+    """
+    params = list(params)
+    if dims.zero == 1 and dims.ddp_enabled:
+        group = dims.submesh("dp_shard_cp").get_group()
+        return ZeroRedundancyOptimizer(params, optimizer_class=optimizer_class,
+                                       process_group=group, **defaults)
+    return optimizer_class(params, **defaults)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+@torch.no_grad()
+def clip_grad_norm_(params: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0,
+                    *, extra_group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Clip gradients to `max_norm` in total `norm_type`-norm; return the total norm (pre-clip).
+
+    The norm equals the single-process one whatever the sharding: gradients are grouped by
+    device mesh (FSDP+TP mixes 1-D and 2-D meshes, which torch's clip cannot stack), each
+    group's norm is reduced over its mesh by DTensor, and the groups combine as a p-norm.
+    `extra_group` sums the result over ranks holding *different* parameters that no mesh
+    covers (pipeline stages). Plain tensors (DDP, ZeRO-1: full gradients) need no reduction.
+    """
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.tensor(0.0)
+    groups: dict[Any, list[torch.Tensor]] = {}
+    for g in grads:
+        key = (g.device_mesh, tuple(g.placements)) if isinstance(g, DTensor) else None
+        groups.setdefault(key, []).append(g)
+    norms = []
+    for grp in groups.values():
+        n = torch.nn.utils.get_total_norm(grp, norm_type)
+        norms.append((n.full_tensor() if isinstance(n, DTensor) else n).float())
+    stacked = torch.stack(norms)
+    if math.isinf(norm_type):
+        total = stacked.max()
+        if extra_group is not None:
+            dist.all_reduce(total, op=dist.ReduceOp.MAX, group=extra_group)
+    else:
+        total_p = (stacked ** norm_type).sum()
+        if extra_group is not None:
+            dist.all_reduce(total_p, group=extra_group)
+        total = total_p ** (1.0 / norm_type)
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for g in grads:
+        # Scaling is linear, so scaling each local shard (Shard, Replicate or Partial) is exact.
+        _local(g).mul_(coef.to(_local(g).device, _local(g).dtype))
+    return total
+
+
+def local_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None = None
+                      ) -> dict[str, int]:
+    """Bytes this rank stores for parameters, gradients and optimizer states right now.
+
+    Counts the local storage of each tensor (a DTensor's local shard), so on CPU it is exact
+    for the training state; buffers, activations and communication buffers are not counted.
+    """
+    def nbytes(t: torch.Tensor) -> int:
+        t = _local(t)
+        return t.numel() * t.element_size()
+
+    params = list(model.parameters())
+    out = {"params": sum(nbytes(p) for p in params),
+           "grads": sum(nbytes(p.grad) for p in params if p.grad is not None), "optimizer": 0}
+    if optimizer is not None:
+        inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer's local part
+        for state in inner.state.values():
+            out["optimizer"] += sum(nbytes(v) for v in state.values()
+                                    if isinstance(v, torch.Tensor) and v.dim() > 0)
+    return out

@@ -1,0 +1,74 @@
+"""FSDP2 options and TP variants, against the same single-process reference as the parity tests.
+
+One world-2 spawn: parameter CPU offload (ZeRO-3), full and selective activation checkpointing
+composed with ZeRO-3 / TP+SP, tensor parallelism with gathered (non loss-parallel) logits, bf16
+mixed precision (loose tolerance: bf16 compute, fp32 master weights), ZeRO-3 with expert
+parallelism, and the MoE x TP refusal.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from scaletrain.parallel.launch import spawn
+
+from ._dp_fns import options_suite, reference
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+RUNS = [
+    ("offload", "tiny-llama", dict(dp=2, zero=3), 1, {"offload": "params"}),
+    ("ac_full_zero3", "tiny", dict(dp=2, zero=3), 1, {"ac": "full"}),
+    ("ac_selective_tp_sp", "tiny-llama", dict(tp=2, sp=True), 1, {"ac": "selective"}),
+    ("tp_gathered_logits", "tiny", dict(tp=2, sp=True), 1, {"loss_parallel": False}),
+    ("tp_gathered_logits_llama", "tiny-llama", dict(tp=2), 1, {"loss_parallel": False}),
+    ("bf16", "tiny-llama", dict(dp=2, zero=3), 1, {"dtype": "bf16"}),
+    # ZeRO-3 around expert-parallel experts (ep = dp): FSDP must leave the experts alone.
+    ("zero3_ep", "tiny-moe", dict(dp=2, zero=3, ep=2), 1, {}),
+]
+EXACT = [r[0] for r in RUNS if r[0] != "bf16"]
+PRESET = {r[0]: r[1] for r in RUNS}
+
+
+@pytest.fixture(scope="module")
+def results() -> list[dict]:
+    return spawn(options_suite, 2, RUNS)
+
+
+@pytest.fixture(scope="module")
+def references() -> dict:
+    return {p: reference(p) for p in ("tiny", "tiny-llama", "tiny-moe")}
+
+
+@pytest.mark.parametrize("name", EXACT)
+def test_option_keeps_fp32_parity(results, references, name):
+    ref = references[PRESET[name]]
+    for rank in results:
+        r = rank[name]
+        torch.testing.assert_close(torch.tensor(r["losses"]), torch.tensor(ref["losses"]),
+                                   rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(torch.tensor(r["norms"]), torch.tensor(ref["norms"]),
+                                   rtol=1e-5, atol=1e-5)
+        for k, v in ref["params"].items():
+            torch.testing.assert_close(r["params"][k], v, rtol=1e-5, atol=1e-5)
+
+
+def test_gathered_logits_are_plain_tensors(results):
+    assert results[0]["tp_gathered_logits"]["logits_type"] == "Tensor"
+    assert results[0]["ac_selective_tp_sp"]["logits_type"] == "DTensor"  # loss parallel
+
+
+def test_bf16_mixed_precision_tracks_fp32_and_keeps_fp32_master(results, references):
+    ref = references["tiny-llama"]
+    r = results[0]["bf16"]
+    # bf16 has 8 mantissa bits: losses agree to ~1e-2 relative, not to fp32 precision.
+    torch.testing.assert_close(torch.tensor(r["losses"]), torch.tensor(ref["losses"]),
+                               rtol=2e-2, atol=2e-2)
+    assert r["losses"] != ref["losses"]  # bf16 compute really happened
+    assert r["param_dtypes"] == ["torch.float32"]  # sharded master weights stay fp32
+
+
+def test_moe_under_tp_is_refused_with_a_fix(results):
+    msg = results[0]["moe_tp_error"]
+    assert "parallel.tp" in msg and "parallel.ep" in msg
