@@ -301,9 +301,36 @@ def train(job: JobConfig, *, max_steps: int | None = None) -> RunResult:
                        sample=sample, losses=losses, measured=measured, model=run.model)
     result.ledger = memory_ledger(run, measured)
     if run.is_main:
+        _write_run_files(run, result)
         logger.print(summary(result))
     logger.close()
     return result
+
+
+def _write_run_files(run: Run, r: RunResult) -> None:
+    """run_info.json (headline numbers), sample.txt, and measurement.json (this rank's measured
+    memory in the planner's schema: exact state bytes, saved activations, process peak)."""
+    d = run.run_dir
+    info = {"steps": r.steps, "final_loss": r.final_loss, "val_loss": r.val_loss,
+            "best_loss": r.best_loss, "tokens_per_s": r.tokens_per_s, "mfu": r.mfu,
+            "skipped_steps": r.skipped_steps, "rollbacks": r.rollbacks,
+            "world_size": run.env.world_size, "device": run.device.type,
+            "hardware": run.hardware.name, "params": run.job.model.num_params()}
+    (d / "run_info.json").write_text(json.dumps(info, indent=1))
+    if r.sample:
+        (d / "sample.txt").write_text(r.sample)
+    m = r.measured
+    memory = {k: int(m.get(k, 0)) for k in ("params", "grads", "optimizer", "activations")}
+    memory["buffers"] = 0
+    memory["total"] = sum(memory.values())
+    if "peak_allocated" in m:  # CUDA: the allocator's own peaks
+        memory["total"], memory["reserved"] = int(m["peak_allocated"]), int(m["peak_reserved"])
+    measurement = {"source": run.device.type, "rank": run.env.rank,
+                   "world_size": run.env.world_size, "memory": memory,
+                   "process_peak": {k: v for k, v in m.items() if k.startswith("peak_")},
+                   "method": "state bytes by tensor storage; activations = bytes autograd "
+                             "saved for backward in the first micro-batch"}
+    (d / "measurement.json").write_text(json.dumps(measurement, indent=1))
 
 
 def _line(r: dict[str, Any]) -> str:
