@@ -286,7 +286,7 @@ def train(job: JobConfig, *, max_steps: int | None = None) -> RunResult:
             and run.dims.cp == 1:
         ids = generate(run.model, run.data.tokenizer.encode("The "),
                        num_tokens=job.train.sample_tokens, context=job.batch.seq_len,
-                       seed=job.train.seed, device=run.device)
+                       seed=job.train.seed, device=run.device, pad_multiple=run.dims.tp)
         sample = run.data.tokenizer.decode(ids)
     if job.checkpoint.export_hf and run.pipeline is None and step >= job.train.steps:
         from scaletrain.checkpoint.hf import export_hf

@@ -10,7 +10,7 @@ __all__ = ["generate"]
 @torch.no_grad()
 def generate(model: torch.nn.Module, prompt: list[int], *, num_tokens: int, context: int,
              temperature: float = 0.8, top_k: int = 40, seed: int = 0,
-             device: torch.device | str = "cpu") -> list[int]:
+             device: torch.device | str = "cpu", pad_multiple: int = 1) -> list[int]:
     """Autoregressively extend `prompt` by `num_tokens` ids (top-k, temperature sampling).
 
     Every rank must call this together when the model is sharded (FSDP/TP collectives run in
@@ -21,10 +21,13 @@ def generate(model: torch.nn.Module, prompt: list[int], *, num_tokens: int, cont
     was_training = model.training
     model.eval()
     for _ in range(num_tokens):
-        x = torch.tensor([ids[-context:]], dtype=torch.long, device=device)
+        window = ids[-context:]
+        last = len(window) - 1
+        window = window + [0] * (-len(window) % pad_multiple)
+        x = torch.tensor([window], dtype=torch.long, device=device)
         logits = model(x)
         logits = logits.full_tensor() if hasattr(logits, "full_tensor") else logits
-        logits = logits[0, -1].float().cpu() / max(temperature, 1e-5)
+        logits = logits[0, last].float().cpu() / max(temperature, 1e-5)
         if top_k:
             kth = torch.topk(logits, min(top_k, logits.numel())).values[-1]
             logits = logits.masked_fill(logits < kth, float("-inf"))
