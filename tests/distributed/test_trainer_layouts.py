@@ -44,6 +44,7 @@ LAYOUTS = {
     "cp": ("tiny-llama", ["--parallel.cp=2"]),
     "pp_1f1b": ("tiny-llama", ["--parallel.pp=2", "--parallel.pp_schedule=1f1b"]),
     "ep": ("tiny-moe", ["--parallel.dp=2", "--parallel.ep=2"]),
+    "auto": ("tiny-llama", []),  # no degrees named: the planner picks the layout
     "fsdp_tp_w4": ("tiny-llama", ["--parallel.dp=2", "--parallel.zero=3", "--parallel.tp=2"]),
     "hsdp_w4": ("tiny-llama", ["--parallel.dp=4", "--parallel.zero=3",
                                "--parallel.dp_replicate=2"]),

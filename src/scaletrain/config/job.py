@@ -44,8 +44,9 @@ class ParallelConfig:
     pp_virtual: int = 1
     cp: int = 1
     ep: int = 1
-    layout: str = "manual"
-    """'manual' uses the degrees above; 'auto' asks the planner for the fastest layout."""
+    layout: str = "auto"
+    """'auto': when the run names no degrees (all defaults) and has more than one rank, the
+    planner picks the fastest layout that fits; 'manual' always uses the degrees above."""
 
     def __post_init__(self) -> None:
         require(self.dp == -1 or self.dp >= 1, "parallel.dp", self.dp, "use -1 (auto) or >= 1")
@@ -55,6 +56,12 @@ class ParallelConfig:
         for f in ("dp_replicate", "tp", "pp", "pp_virtual", "cp", "ep"):
             v = getattr(self, f)
             require(isinstance(v, int) and v >= 1, f"parallel.{f}", v, "use a positive integer")
+
+    @property
+    def names_degrees(self) -> bool:
+        """True when any degree differs from its default (the user chose a layout)."""
+        return (self.dp, self.zero, self.dp_replicate, self.tp, self.sp, self.pp, self.cp,
+                self.ep) != (-1, 0, 1, 1, False, 1, 1, 1)
 
     def resolve(self, world_size: int) -> Layout:
         """The concrete Layout for `world_size` ranks (dp filled in when -1)."""

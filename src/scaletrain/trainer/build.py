@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 from dataclasses import dataclass
@@ -170,9 +171,43 @@ def _build_pipeline(job: JobConfig, dims: ParallelDims, model: torch.nn.Module,
     return stages, runtime
 
 
+def auto_layout(job: JobConfig, world_size: int, hardware: HardwareSpec) -> JobConfig:
+    """The job with the planner's fastest fitting layout for `world_size` ranks.
+
+    Only degrees (dp, ZeRO stage, tp, sp, pp + schedule, cp, ep) are chosen: the micro-batch
+    and activation-checkpointing policy stay as configured, so the data stream is the one asked
+    for. Prints the choice and why the runner-up families lost.
+    """
+    from scaletrain.planner.search import layout_of, search
+
+    result = search(job.model, hardware, world_size, seq_len=job.batch.seq_len,
+                    global_batch=job.batch.global_batch, precision=job.precision.dtype,
+                    optimizer=job.optim.name, top_k=1, micro_batch=job.batch.micro_batch,
+                    ac=job.memory.ac, offload=job.memory.offload)
+    best = result.best
+    if best is None:
+        raise ConfigError("parallel.layout", "auto",
+                          f"no layout of {world_size} ranks fits {hardware.name} memory for this "
+                          "model and batch: lower batch.micro_batch, set memory.ac=full, or add "
+                          "ranks")
+    L = best.plan.layout
+    chosen = dataclasses.replace(job.parallel, dp=L.dp, zero=L.zero, dp_replicate=L.dp_replicate,
+                                 tp=L.tp, sp=L.sp, pp=L.pp, pp_schedule=L.pp_schedule,
+                                 pp_virtual=L.pp_virtual, cp=L.cp, ep=L.ep, layout="manual")
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"layout auto: planner chose {layout_of(best)} "
+              f"(predicted {best.time.step_s * 1e3:.1f} ms/step, "
+              f"{best.memory.total / 2**30:.2f} GiB/rank)")
+        for family, why in list(result.why_others_lost().items())[:4]:
+            print(f"  {family}: {why}")
+    return dataclasses.replace(job, parallel=chosen)
+
+
 def build_run(job: JobConfig) -> Run:
     """Process group, mesh, data, model (built on meta, parallelized, materialized), optimizer."""
     env = init_distributed(device_pref=job.train.device)
+    if job.parallel.layout == "auto" and not job.parallel.names_degrees and env.world_size > 1:
+        job = auto_layout(job, env.world_size, detect_hardware(job, env.device))
     layout = job.layout(env.world_size)
     dims = ParallelDims.from_layout(layout, env.world_size)
     if env.world_size > 1:  # a 1-rank job needs no process group: every axis is a no-op

@@ -211,6 +211,7 @@ def _rollback(run: Run, guard: SpikeGuard, step: int, verdict: SpikeVerdict,
 def train(job: JobConfig, *, max_steps: int | None = None) -> RunResult:
     """Train `job` to `job.train.steps` (or stop after `max_steps` more steps, for tests)."""
     run = build_run(job)
+    job = run.job  # with the layout the planner chose, when parallel.layout is auto
     step, wall_offset = 0, 0.0
     if (path := _initial_checkpoint(run)) is not None:
         step, wall_offset = restore(run, path)
