@@ -1,0 +1,152 @@
+"""Communication volumes and alpha-beta times per training step (torch-free).
+
+Cost model (Thakur et al. 2005; Chan et al. 2007; NCCL's ring algorithms): a ring all-reduce of
+M bytes over n ranks moves 2(n-1)/n * M per rank in 2(n-1) steps; all-gather, reduce-scatter and
+all-to-all move (n-1)/n * M in (n-1) steps (M = the full, unsharded size); a point-to-point send
+moves M in one step. time = steps * alpha + bytes / beta, beta = the per-GPU per-direction link
+bandwidth of the tier the axis spans. Ignores: tree/NVLS algorithms (lower latency at small n),
+congestion between axes sharing a NIC, SHARP in-network reduction, protocol efficiency (~80-90%
+of link bandwidth in practice: folded into the hardware preset's bandwidth if calibrated).
+
+Rank placement (Megatron-LM and torchtitan order): tp innermost, then cp, then dp (ep borrows
+dp*cp ranks with stride tp), pp outermost. An axis whose ranks lie in one node (stride x degree
+<= gpus_per_node) uses NVLink-class `intra_node_bw`, otherwise `inter_node_bw`.
+"""
+
+from __future__ import annotations
+
+from scaletrain.config import HardwareSpec, Layout
+
+__all__ = ["axis_link", "allreduce_time", "gather_time", "p2p_time", "comm_volumes", "comm_time",
+           "comm_terms"]
+
+
+def axis_link(layout: Layout, hardware: HardwareSpec, axis: str,
+              gpus_per_node: int | None = None) -> tuple[float, float, bool]:
+    """(bandwidth B/s, latency s, crosses_nodes) for a parallel axis under the placement above."""
+    gpn = gpus_per_node or hardware.gpus_per_node
+    L = layout
+    stride, degree = {"tp": (1, L.tp), "cp": (L.tp, L.cp), "ep": (L.tp, L.ep),
+                      "dp": (L.tp * L.cp, L.dp), "pp": (L.tp * L.cp * L.dp, L.pp)}[axis]
+    if axis == "dp" and L.zero:
+        # ZeRO shards over dp_shard x cp (the FSDP mesh folds cp in): stride tp.
+        stride, degree = L.tp, L.dp * L.cp
+    inter = degree > 1 and stride * degree > gpn
+    if inter:
+        return hardware.inter_node_bw, hardware.inter_node_latency_s, True
+    return hardware.intra_node_bw, hardware.intra_node_latency_s, False
+
+
+def allreduce_time(nbytes: float, n: int, bw: float, lat: float) -> float:
+    """Ring all-reduce: 2(n-1)/n * M / bw + 2(n-1) * alpha."""
+    if n <= 1:
+        return 0.0
+    return 2 * (n - 1) / n * nbytes / bw + 2 * (n - 1) * lat
+
+
+def gather_time(nbytes: float, n: int, bw: float, lat: float) -> float:
+    """Ring all-gather / reduce-scatter / all-to-all of M (full) bytes: (n-1)/n * M / bw +
+    (n-1) * alpha."""
+    if n <= 1:
+        return 0.0
+    return (n - 1) / n * nbytes / bw + (n - 1) * lat
+
+
+def p2p_time(nbytes: float, bw: float, lat: float) -> float:
+    """One point-to-point send: M / bw + alpha."""
+    return nbytes / bw + lat
+
+
+def comm_terms(*, layout: Layout, hardware: HardwareSpec, stage_params: float, layers: int,
+               moe_layers: int, tokens: float, hidden: int, kv_dim: int, experts_per_token: int,
+               micro_batches: int, precision: str = "bf16", ac: str = "none",
+               reduce_bytes: int = 4, param_comm_bytes: int = 0,
+               gpus_per_node: int | None = None) -> dict[str, tuple[float, float]]:
+    """Per step, per rank: {family: (bytes moved by this rank, seconds)}.
+
+    stage_params: parameters this rank holds (after TP/PP/EP division, before ZeRO); layers /
+    moe_layers: blocks on this rank; tokens: s_l*b of one micro-batch; micro_batches: m.
+    Families:
+      dp_allreduce   zero 0: one all-reduce of the grads (reduce_bytes/param) per step (no_sync
+                     during accumulation);
+      zero_reduce_scatter + zero_all_gather  zero 1: one of each per step; zero 2: the
+                     reduce-scatter per micro-batch (grads are not kept whole);
+      fsdp_all_gather zero 3: 2 per micro-batch (forward and backward re-gather,
+                     reshard_after_forward=True) of compute-dtype params; fsdp_reduce_scatter one
+                     per micro-batch; hsdp_allreduce across replicas once per step;
+      tp             Megatron TP: 2 all-reduces forward + 2 backward per block and micro-batch
+                     of e*s*b*h (+2 under full recompute); with SP the same bytes as
+                     all-gather + reduce-scatter pairs (Korthikanti et al. 2022);
+      pp_p2p         one activation send forward and one gradient send backward per micro-batch
+                     and chunk (x v interleaved);
+      cp_ring        ring attention: forward (cp-1) K/V block sends, backward K/V + dK/dV (2x),
+                     per block and micro-batch (+1 forward under full recompute);
+      ep_all_to_all  dispatch + combine, forward and backward, per MoE block and micro-batch
+                     (+2 under full recompute) of e*k*s*b*h.
+    """
+    L, hw, m = layout, hardware, micro_batches
+    e = 4 if precision == "fp32" else 2
+    pc = param_comm_bytes or e
+    out: dict[str, tuple[float, float]] = {}
+    recompute = ac == "full"
+    if L.dp > 1 or (L.zero and L.cp > 1):
+        bw, lat, _ = axis_link(L, hw, "dp", gpus_per_node)
+        n = L.dp * L.cp if L.zero else L.dp
+        if L.zero:
+            n = max(1, n // max(1, L.dp_replicate))
+        grads = stage_params * reduce_bytes
+        if L.zero == 0:
+            out["dp_allreduce"] = (2 * (n - 1) / n * grads, allreduce_time(grads, n, bw, lat))
+        elif L.zero in (1, 2):
+            k = 1 if L.zero == 1 else m
+            out["zero_reduce_scatter"] = (k * (n - 1) / n * grads,
+                                          k * gather_time(grads, n, bw, lat))
+            params = stage_params * 4  # fp32 params re-gathered after the sharded update
+            out["zero_all_gather"] = ((n - 1) / n * params, gather_time(params, n, bw, lat))
+        else:
+            params = stage_params * pc
+            out["fsdp_all_gather"] = (2 * m * (n - 1) / n * params,
+                                      2 * m * gather_time(params, n, bw, lat))
+            out["fsdp_reduce_scatter"] = (m * (n - 1) / n * grads,
+                                          m * gather_time(grads, n, bw, lat))
+        if L.zero and L.dp_replicate > 1:
+            # replica groups are the outer part of dp: inter-node once dp*cp*tp > a node.
+            inter = L.tp * L.cp * L.dp > (gpus_per_node or hw.gpus_per_node)
+            bw2 = hw.inter_node_bw if inter else hw.intra_node_bw
+            lat2 = hw.inter_node_latency_s if inter else hw.intra_node_latency_s
+            shard = grads / n
+            r = L.dp_replicate
+            out["hsdp_allreduce"] = (2 * (r - 1) / r * shard, allreduce_time(shard, r, bw2, lat2))
+    act = e * tokens * hidden
+    if L.tp > 1:
+        bw, lat, _ = axis_link(L, hw, "tp", gpus_per_node)
+        k = (4 + (2 if recompute else 0)) * layers * m
+        out["tp"] = (k * 2 * (L.tp - 1) / L.tp * act, k * allreduce_time(act, L.tp, bw, lat))
+    if L.pp > 1:
+        bw, lat, _ = axis_link(L, hw, "pp", gpus_per_node)
+        msg = act / (L.tp if L.sp else 1)
+        k = 2 * m * L.pp_virtual
+        out["pp_p2p"] = (k * msg, k * p2p_time(msg, bw, lat))
+    if L.cp > 1:
+        bw, lat, _ = axis_link(L, hw, "cp", gpus_per_node)
+        kv = 2 * e * tokens * kv_dim / L.tp
+        k = (3 + (1 if recompute else 0)) * (L.cp - 1) * layers * m
+        out["cp_ring"] = (k * kv, k * p2p_time(kv, bw, lat))
+    if L.ep > 1 and moe_layers:
+        bw, lat, _ = axis_link(L, hw, "ep", gpus_per_node)
+        routed = e * experts_per_token * tokens * hidden
+        k = (4 + (2 if recompute else 0)) * moe_layers * m
+        out["ep_all_to_all"] = (k * (L.ep - 1) / L.ep * routed,
+                                k * gather_time(routed, L.ep, bw, lat))
+    return out
+
+
+def comm_volumes(**kw: object) -> dict[str, float]:
+    """Bytes moved per step per rank by collective family (arguments as comm_terms)."""
+    return {k: v[0] for k, v in comm_terms(**kw).items()}  # type: ignore[arg-type]
+
+
+def comm_time(**kw: object) -> dict[str, float]:
+    """Seconds per step per rank by collective family, all of it (overlap is decided by the
+    caller: see estimate.py)."""
+    return {k: v[1] for k, v in comm_terms(**kw).items()}  # type: ignore[arg-type]

@@ -1,0 +1,84 @@
+"""FLOPs per token of a decoder-only transformer (torch-free).
+
+Convention (stated because it moves MFU by ~12% at 8k context): one multiply-add = 2 FLOPs; only
+matrix multiplications are counted (norms, activations, softmax, RoPE, residual adds, the
+embedding lookup and the optimizer are ignored: together < 1% for h >= 768); causal attention is
+*halved* by default (a flash kernel skips the masked half; Megatron-LM and PaLM-style counts
+differ here: pass `causal=False` for the un-halved count of Narayanan et al. 2021, eq. 3).
+
+Backward = 2 x forward (gradient w.r.t. inputs and w.r.t. weights, Kaplan et al. 2020 "6N").
+Recompute adds forward work that is *hardware* FLOPs, not model FLOPs: MFU (PaLM, Chowdhery et
+al. 2022, App. B) uses `recompute="none"`.
+"""
+
+from __future__ import annotations
+
+from scaletrain.config import ModelConfig
+
+__all__ = ["flops_per_token", "forward_flops_per_token", "attention_core_flops_per_token",
+           "matmul_params", "layer_forward_flops_per_token", "head_forward_flops_per_token"]
+
+
+def matmul_params(model: ModelConfig) -> tuple[int, int]:
+    """(per-layer, head) weights that one token multiplies through in the forward pass.
+
+    Per layer: q, k, v, o projections (h*a*d + 2*h*g*d + a*d*h), the MLP matrices of the top-k
+    experts a token is routed to (2 or 3 x h*f each), the router h*E. Head: V*h (also when tied:
+    the tied matrix is still multiplied). Ignores biases and norm weights (elementwise work).
+    """
+    h, d, a, g, f = model.dim, model.head_dim, model.num_heads, model.num_kv_heads, model.ffn_dim
+    n_mat = 3 if model.activation == "swiglu" else 2
+    experts = model.experts_per_token if model.is_moe else 1
+    per_layer = 2 * h * a * d + 2 * h * g * d + experts * n_mat * h * f + h * model.num_experts
+    return per_layer, model.vocab_size * h
+
+
+def attention_core_flops_per_token(model: ModelConfig, seq_len: int, *,
+                                   causal: bool = True) -> float:
+    """Forward FLOPs per token of one layer's attention core: QK^T (2*s*a*d) + AV (2*s*a*d).
+
+    = 4*s*h per token (Narayanan et al. 2021); halved for causal masks when `causal`. Independent
+    of GQA (every query head still attends over s keys).
+    """
+    core = 4.0 * seq_len * model.num_heads * model.head_dim
+    return core / 2 if causal else core
+
+
+def layer_forward_flops_per_token(model: ModelConfig, seq_len: int, *,
+                                  causal: bool = True) -> float:
+    """Forward FLOPs per token of one transformer block: 2 x matmul weights + attention core."""
+    per_layer, _ = matmul_params(model)
+    return 2.0 * per_layer + attention_core_flops_per_token(model, seq_len, causal=causal)
+
+
+def head_forward_flops_per_token(model: ModelConfig) -> float:
+    """Forward FLOPs per token of the output head (logits): 2*V*h."""
+    return 2.0 * model.vocab_size * model.dim
+
+
+def forward_flops_per_token(model: ModelConfig, seq_len: int, *, causal: bool = True) -> float:
+    """Forward FLOPs per token of the whole model: L x block + head."""
+    return (model.num_layers * layer_forward_flops_per_token(model, seq_len, causal=causal)
+            + head_forward_flops_per_token(model))
+
+
+def flops_per_token(model: ModelConfig, seq_len: int, *, causal: bool = True,
+                    recompute: str = "none") -> float:
+    """Training FLOPs per token: forward + backward (2 x forward) + recomputation.
+
+    recompute: 'none' -> 3F (model FLOPs, what MFU uses); 'full' -> + one extra forward of every
+    block (3F + F_blocks: the "96 instead of 72" of Narayanan et al. 2021; the head is not
+    checkpointed); 'selective' -> + the attention core forward of every block (Korthikanti et al.
+    2022 recompute only softmax/attention-over-values). For a dense GPT (f=4h, MHA, no bias) with
+    `causal=False` this is exactly 72*s*L*h^2*(1 + s/(6h) + V/(12*L*h)) per sequence.
+    """
+    fwd = forward_flops_per_token(model, seq_len, causal=causal)
+    if recompute == "none":
+        extra = 0.0
+    elif recompute == "full":
+        extra = model.num_layers * layer_forward_flops_per_token(model, seq_len, causal=causal)
+    elif recompute == "selective":
+        extra = model.num_layers * attention_core_flops_per_token(model, seq_len, causal=causal)
+    else:
+        raise ValueError(f"recompute={recompute!r}: use 'none', 'selective' or 'full'")
+    return 3.0 * fwd + extra

@@ -1,0 +1,298 @@
+"""Memory arithmetic per GPU: model states, activations, buffers (torch-free).
+
+Units: bytes; `GB` in docstrings means 1e9 bytes. Every function answers for ONE rank.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from scaletrain.config import ModelConfig, stage_layer_ranges
+
+__all__ = ["OPTIMIZER_BYTES", "CONVENTIONS", "state_bytes_per_param", "model_state_bytes",
+           "stage_layer_counts", "korthikanti_layer_bytes", "layer_activation_bytes",
+           "activation_bytes", "head_activation_bytes", "microbatches_in_flight",
+           "buffer_terms", "RUNTIME_CONTEXT_BYTES", "FRAGMENTATION"]
+
+OPTIMIZER_BYTES = {"adamw": 8.0, "sgd": 4.0, "adamw8bit": 2.0}
+"""Optimizer state bytes per parameter: AdamW m+v fp32 (Kingma & Ba 2015), SGD momentum fp32,
+8-bit Adam m+v int8 (Dettmers et al. 2022; its per-block scales are < 1% and ignored)."""
+
+CONVENTIONS = ("scaletrain", "moments_only", "master_and_moments", "megatron", "full_copies")
+"""How model-state bytes are counted (the seeds disagree, DESIGN.md §5):
+- 'scaletrain' (default): what scaletrain's trainer allocates. States stay fp32 (param 4 + grad 4
+  + optimizer); mixed precision adds 16-bit working copies: FSDP2 (ZeRO-3) all-gathers bf16
+  copies of the units in flight (current + prefetched block) and holds the unit's unsharded bf16
+  grads before the fp32 reduce-scatter; DDP/ZeRO-1/2 + autocast keeps bf16 casts of every matmul
+  weight alive from its forward to its backward (autograd saves them). fp8 adds a 1-byte weight
+  cast per unit/matmul weight. fp16's loss scaler is one scalar (ignored).
+- 'moments_only': 16-bit params + 16-bit grads + optimizer moments (2+2+8 = 12 B/param for
+  AdamW; fp8: 1+1+8 = 10). Seeds 000 (20B: 240 GB) and 004 (7B: 84 GB).
+- 'master_and_moments': 16-bit params + grads + (fp32 master + moments) counted as optimizer
+  (2+2+12 = 16; ZeRO paper k=12). Seed 003 (7B on 8 GPUs table), seed 002's ZeRO table.
+- 'megatron': bf16 params + fp32 grads + fp32 master + moments (2+4+4+8 = 18; Megatron-LM and
+  Nanotron's default with fp32 gradient accumulation).
+- 'full_copies': seed 002's 20 B/param (bf16 params 2 + bf16 grads 2 + fp32 master 4 + fp32
+  grads 4 + moments 8); master counted as optimizer, fp32 grads as grads.
+In fp32 there is no master copy: every convention is 4 + 4 + optimizer.
+"""
+
+ELEM_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+
+RUNTIME_CONTEXT_BYTES = 0.75e9
+"""CUDA context + cuBLAS workspaces + NCCL communicator buffers, outside the caching allocator
+(measured 0.5-1 GB on A100/H100 with torch 2.x; 0 on 'cpu'). Counted in `total` so `fits` is
+honest; subtract `buffer_terms['runtime_context']` to compare with max_memory_allocated()."""
+
+FRAGMENTATION = 0.05
+"""Caching-allocator reserve: reserved = allocated x (1 + FRAGMENTATION) (+ runtime context).
+5% is the typical reserved/allocated excess of expandable-segment-free runs; tune with measure."""
+
+
+def state_bytes_per_param(precision: str, optimizer: str = "adamw",
+                          convention: str = "scaletrain") -> tuple[float, float, float]:
+    """(param, grad, optimizer) bytes per parameter before any sharding (see CONVENTIONS)."""
+    opt = OPTIMIZER_BYTES[optimizer]
+    if precision == "fp32" or convention == "scaletrain":
+        return 4.0, 4.0, opt
+    w = float(ELEM_BYTES[precision])
+    if convention == "moments_only":
+        return w, w, opt
+    if convention == "master_and_moments":
+        return w, w, opt + 4
+    if convention == "megatron":
+        return w, 4.0, opt + 4
+    if convention == "full_copies":
+        return w, w + 4, opt + 4
+    raise ValueError(f"convention={convention!r}: use one of {', '.join(CONVENTIONS)}")
+
+
+def model_state_bytes(num_params: float, *, precision: str = "bf16", optimizer: str = "adamw",
+                      zero: int = 0, zero_shards: int = 1, offload: str = "none",
+                      convention: str = "scaletrain", expert_params: float = 0.0,
+                      expert_shards: int = 1, unit_params: float = 0.0,
+                      units_in_flight: int = 2) -> dict[str, float]:
+    """Bytes of params/grads/optimizer states on one GPU, plus what offload moved to the host.
+
+    num_params: dense parameters this rank holds after TP/PP division; expert_params: its expert
+    parameters after EP division, ZeRO-sharded over `expert_shards` (= zero_shards / ep) ranks.
+    ZeRO (Rajbhandari et al. 2020): stage >= 1 divides optimizer states, >= 2 gradients, 3
+    parameters by the shard count. unit_params: the largest FSDP unit (a block, or the
+    embedding/head) whose 16-bit copies are in flight under 'scaletrain'. offload='optimizer'
+    moves optimizer states (incl. any master copy counted there) to the CPU (ZeRO-Offload);
+    'params' (FSDP2 CPUOffloadPolicy, needs ZeRO-3) moves sharded params, grads and optimizer
+    states; the GPU keeps the units in flight. Ignores: the int8 scales of 8-bit Adam, the fp16
+    loss scaler, DDP bucket copies (gradient_as_bucket_view=True assumed; see buffer_terms).
+    """
+    pb, gb, ob = state_bytes_per_param(precision, optimizer, convention)
+    d_dense, d_exp = max(1, zero_shards), max(1, expert_shards)
+
+    def shard(nbytes_per: float, stage: int) -> float:
+        if zero >= stage:
+            return nbytes_per * (num_params / d_dense + expert_params / d_exp)
+        return nbytes_per * (num_params + expert_params)
+
+    params, grads, optim = shard(pb, 3), shard(gb, 2), shard(ob, 1)
+    in_params = in_grads = 0.0
+    if convention == "scaletrain":
+        w = ELEM_BYTES[precision]
+        cast = 1.0 if precision == "fp8" else 0.0  # fp8 weight cast saved for backward
+        if zero >= 3:
+            # FSDP2 all-gathers compute-dtype copies of the current and prefetched unit and
+            # holds one unit's unsharded grads before the reduce-scatter.
+            wc = min(w, 2) if precision != "fp32" else 4
+            in_params = (wc + cast) * unit_params * units_in_flight
+            in_grads = wc * unit_params
+        elif precision != "fp32":
+            # autocast keeps a 16-bit cast of every matmul weight from forward to backward.
+            in_params = (2 + cast) * (num_params + expert_params)
+    offloaded = 0.0
+    if offload == "optimizer":
+        offloaded, optim = optim, 0.0
+    elif offload == "params" and zero >= 3:
+        offloaded, params, grads, optim = params + grads + optim, 0.0, 0.0, 0.0
+    elif offload == "params":  # without sharding the replicated params must stay on the GPU
+        offloaded, optim = optim, 0.0
+    return {"params": params + in_params, "grads": grads + in_grads, "optimizer": optim,
+            "params.in_flight": in_params, "grads.in_flight": in_grads, "offloaded": offloaded}
+
+
+@functools.lru_cache(maxsize=4096)
+def stage_layer_counts(num_layers: int, pp: int, virtual: int = 1) -> tuple[int, ...]:
+    """Layers held by each pipeline rank, by the trainer's own rule.
+
+    `scaletrain.config.stage_layer_ranges` (the one balancing rule, shared with
+    `parallel/pipeline.py`) splits the L layers over pp*v stages counting the embedding and the
+    head as one unit each; rank r holds stages r, r+pp, ... (the interleaved assignment of
+    Narayanan et al. 2021). The embedding lives on rank 0, the final norm and head on rank pp-1.
+    """
+    counts = [0] * pp
+    for stage, layers in enumerate(stage_layer_ranges(num_layers, pp * virtual)):
+        counts[stage % pp] += len(layers)
+    return tuple(counts)
+
+
+def korthikanti_layer_bytes(s: int, b: int, h: int, a: int, *, t: int = 1, sp: bool = False,
+                            ac: str = "none") -> float:
+    """Activation bytes per layer, Korthikanti et al. 2022 Table 2 (16-bit, GELU f=4h, MHA, with
+    dropout; per tensor-parallel rank).
+
+    no parallelism: s*b*h*(34 + 5*a*s/h); TP: s*b*h*(10 + 24/t + 5*a*s/(h*t)); TP+SP:
+    s*b*h*(34 + 5*a*s/h)/t; selective recompute drops the 5*a*s/h term; full recompute keeps
+    2*s*b*h (the block input; /t with SP). The 34 = attention 11 (QKV input 2, Q and K 4, V 2,
+    out-proj input 2, dropout mask 1) + MLP 19 (fc1 input 2, GELU input 8, GELU output 8,
+    dropout mask 1) + 2 LayerNorm inputs 4; 5as/h = softmax output 2 + its dropout mask 1 +
+    dropout output 2 (a*s*s*b elements each).
+    """
+    sbh = float(s) * b * h
+    scores = 0.0 if ac == "selective" else 5.0 * a * s / h
+    if ac == "full":
+        return 2 * sbh / (t if sp else 1)
+    if sp:
+        return sbh * (34 + scores) / t
+    return sbh * (10 + 24 / t + scores / t)
+
+
+def layer_activation_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int, tp: int = 1,
+                           sp: bool = False, cp: int = 1, ac: str = "none",
+                           precision: str = "bf16", modern: bool = True, compile: bool = False,
+                           residual_fp32: bool = False) -> float:
+    """Bytes one block keeps for backward, per micro-batch, on one rank.
+
+    modern=False: Korthikanti's closed form (korthikanti_layer_bytes; fp32 doubles it).
+    modern=True (scaletrain's models, SDPA, no dropout), derived per saved tensor, e = element
+    bytes of activations (4 for fp32, else 2: fp8 linears still save bf16 here, a conservative
+    choice), r = residual-stream bytes (4 under autocast with fp32 params, else e), s_l = s/cp:
+      norm inputs 2 x r*s_l*b*h (+ fp32 mean/rstd) — /t with SP;
+      QKV and MLP inputs 2 x e*s_l*b*h — NOT /t: DTensor SP all-gathers the normed input and the
+        column-parallel linear saves the gathered copy (Korthikanti re-gather it instead);
+      q, k, v saved by SDPA e*s_l*b*(h + 2*g*d_head)/t (GQA shrinks K and V);
+      SDPA output (= out-proj input) e*s_l*b*h/t; flash/efficient log-sum-exp 4*a*s_l*b/t;
+      'naive' attention instead keeps softmax probabilities e*a*s_l*s*b/t (quadratic);
+      GELU MLP: fc1 output and GELU output 2 x e*s_l*b*f/t; SwiGLU: gate, silu(gate), up and
+        their product 4 x e*s_l*b*f/t (3 with torch.compile, which fuses silu*up);
+      MoE: router logits and probabilities fp32 2 x 4*s_l*b*E, dispatched inputs and expert
+        outputs 2 x e*k*s_l*b*h, expert intermediates as the MLP for k*s_l*b tokens.
+    selective drops the attention-core terms (lse or scores); full keeps the block input.
+    Ignores: RoPE (cos/sin are buffers), residual adds (save nothing), < 1% small tensors.
+    """
+    e = 4 if precision == "fp32" else 2
+    if not modern:
+        return korthikanti_layer_bytes(seq_len, micro_batch, model.dim, model.num_heads, t=tp,
+                                       sp=sp, ac=ac) * e / 2
+    r = 4 if residual_fp32 else e
+    h, a, f = model.dim, model.num_heads, model.ffn_dim
+    tok = float(seq_len) / cp * micro_batch  # tokens this rank holds: s_l * b
+    tsp = tp if sp else 1
+    if ac == "full":
+        return r * tok * h / tsp
+    stats = 8.0 if model.norm == "layernorm" else 4.0
+    norms = 2 * (r * h + stats) * tok / tsp
+    inputs = 2 * e * tok * h
+    attn = e * tok * (2 * h + 2 * model.kv_dim) / tp
+    if ac != "selective":
+        if model.attention == "naive":
+            attn += e * a * tok * seq_len / tp
+        else:
+            attn += 4.0 * a * tok / tp
+    n_f = 2 if model.activation == "gelu" else (3 if compile else 4)
+    if model.is_moe:
+        k, E = model.experts_per_token, model.num_experts
+        mlp = 8.0 * tok * E + 2 * e * k * tok * h + n_f * e * k * tok * f / tp
+    else:
+        mlp = n_f * e * tok * f / tp
+    return norms + inputs + attn + mlp
+
+
+def head_activation_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int, tp: int = 1,
+                          sp: bool = False, cp: int = 1, precision: str = "bf16",
+                          residual_fp32: bool = False) -> float:
+    """Last stage's extra activations per micro-batch: final-norm input r*s_l*b*h (/t with SP),
+    head input e*s_l*b*h, and the logits path s_l*b*V/t*(2 + 4 + 4) in 16-bit (bf16 logits, fp32
+    upcast, fp32 log-softmax output; DESIGN.md §5) or (4 + 4) in fp32. Ignores fused-CE kernels.
+    """
+    e = 4 if precision == "fp32" else 2
+    r = 4 if residual_fp32 else e
+    tok = float(seq_len) / cp * micro_batch
+    logits = (8.0 if e == 4 else 10.0) * tok * model.vocab_size / tp
+    return r * tok * model.dim / (tp if sp else 1) + e * tok * model.dim + logits
+
+
+def activation_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int,
+                     num_layers: int | None = None, in_flight: float = 1.0,
+                     **kw: object) -> float:
+    """Stored activations of `num_layers` blocks (default all) for `in_flight` micro-batches,
+    plus, under full recompute, one block's full set while it is recomputed in backward
+    (Korthikanti et al. 2022 §4.2). Keyword args as in layer_activation_bytes. Excludes the head
+    (see head_activation_bytes)."""
+    L = model.num_layers if num_layers is None else num_layers
+    per_layer = layer_activation_bytes(model, seq_len=seq_len, micro_batch=micro_batch, **kw)  # type: ignore[arg-type]
+    total = in_flight * L * per_layer
+    if kw.get("ac") == "full" and L:
+        kw2 = dict(kw, ac="none")
+        total += layer_activation_bytes(model, seq_len=seq_len, micro_batch=micro_batch, **kw2)  # type: ignore[arg-type]
+    return total
+
+
+def microbatches_in_flight(schedule: str, pp: int, m: int, virtual: int = 1,
+                           stage: int = 0) -> float:
+    """Micro-batches whose activations rank `stage` holds at its peak, in units of its whole
+    stage's activations.
+
+    pp=1: 1 (gradient accumulation runs micro-batches one after another). GPipe/AFAB: m (all
+    forwards before any backward; Huang et al. 2019). 1F1B: min(m, pp - stage) (Narayanan et al.
+    2021), worst on stage 0. Interleaved: 1F1B's count x (1 + (pp-1)/(pp*v)) (Narayanan et al.
+    2021 §2.2.2; exact for stage 0, applied to every stage as an approximation). Zero-bubble
+    (ZB-H1, Qi et al. 2023): 1F1B's count plus the deferred weight-gradient inputs of up to
+    min(m, pp-1-stage) micro-batches, charged at half a micro-batch each (matmul inputs are about
+    half of a block's saved bytes) — our approximation, not the paper's bound.
+    """
+    if pp <= 1:
+        return 1.0
+    if schedule == "gpipe":
+        return float(m)
+    base = float(min(m, pp - stage))
+    if schedule == "interleaved":
+        return base * (1 + (pp - 1) / (pp * virtual))
+    if schedule == "zero-bubble":
+        return base + 0.5 * min(m, pp - 1 - stage)
+    return base
+
+
+def buffer_terms(*, hidden: int, tokens: float, precision: str, zero: int, dp: int, tp: int,
+                 sp: bool, pp: int, cp: int, ep: int, kv_dim: int, experts_per_token: int,
+                 unit_params: float, zero_shards: int, device: str = "gpu",
+                 reduce_bytes: int = 4) -> dict[str, float]:
+    """Named transient buffers on one rank (bytes). tokens = s_l * b of one micro-batch.
+
+    ddp_buckets: DDP (zero 0) gradient buckets in flight, 2 x 25 MB (PyTorch's bucket_cap_mb;
+      gradient_as_bucket_view=True so grads are not duplicated). zero 1/2: the same staging for
+      the bucketed reduce-scatter / all-gather.
+    fsdp_reduce_scatter: ZeRO-3 fp32 copy of one unit's grads fed to the reduce-scatter
+      (reduce_bytes x unit) plus its output shard; fsdp_all_gather: the all-gather input shard.
+      (the all-gathered output is the in-flight param copy counted under params).
+    tp_all_gather: SP's gathered (s x b x h) activation; tp all-reduce is in place (0).
+    pp_p2p: send + receive activation buffers (2 x e*s*b*h, /t with SP).
+    cp_ring: K/V blocks in flight in the ring (2 blocks x K and V).
+    ep_all_to_all: dispatch send + receive of k routed copies per token (2 x e*k*s*b*h).
+    runtime_context: RUNTIME_CONTEXT_BYTES on a GPU, 0 on 'cpu'.
+    Ignores: NCCL's internal channel buffers beyond the context term, cuDNN workspaces.
+    """
+    e = 4 if precision == "fp32" else 2
+    out: dict[str, float] = {}
+    if dp > 1 or zero_shards > 1:
+        if zero >= 3:
+            out["fsdp_reduce_scatter"] = reduce_bytes * unit_params * (1 + 1 / max(1, zero_shards))
+            out["fsdp_all_gather"] = e * unit_params / max(1, zero_shards)
+        else:
+            out["ddp_buckets"] = 2 * 25 * 2**20
+    if tp > 1 and sp:
+        out["tp_all_gather"] = e * tokens * hidden
+    if pp > 1:
+        out["pp_p2p"] = 2 * e * tokens * hidden / (tp if sp else 1)
+    if cp > 1:
+        out["cp_ring"] = 2 * 2 * e * tokens * kv_dim / tp
+    if ep > 1:
+        out["ep_all_to_all"] = 2 * e * experts_per_token * tokens * hidden
+    out["runtime_context"] = 0.0 if device == "cpu" else RUNTIME_CONTEXT_BYTES
+    return out

@@ -1,0 +1,149 @@
+"""estimate(): FLOPs conventions, bubble ratios, every preset runs, throughput sanity, cost
+napkin math (seed 004's 7B carbon example), JSON schema, and the no-torch import rule.
+
+Not used as test vectors (DESIGN.md §5): seed 004's GPT-2 throughput/cost examples that exceed
+the hardware's peak FLOP/s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+
+from scaletrain.config import MODEL_PRESETS, Layout, ModelConfig, hardware_preset, resolve_model
+from scaletrain.planner import (
+    PlanInput,
+    bubble_fraction,
+    comm_volumes,
+    estimate,
+    flops_per_token,
+    napkin_cost,
+    training_cost,
+)
+
+H100 = hardware_preset("h100-sxm")
+
+
+@pytest.mark.parametrize("h,L,V,s", [(768, 12, 50257, 1024), (4096, 32, 32000, 4096),
+                                     (12288, 96, 50257, 2048)])
+def test_flops_match_narayanan(h, L, V, s):
+    m = ModelConfig(vocab_size=V, dim=h, num_layers=L, num_heads=h // 64, max_seq_len=s,
+                    bias=False)
+    per_seq = 72 * s * L * h**2 * (1 + s / (6 * h) + V / (12 * L * h))
+    assert flops_per_token(m, s, causal=False) * s == pytest.approx(per_seq)
+    # full recompute: hardware FLOPs 96 instead of 72 for the blocks (the head is not redone)
+    full = flops_per_token(m, s, causal=False, recompute="full")
+    assert full * s == pytest.approx(per_seq + 24 * s * L * h**2 * (1 + s / (6 * h)))
+    assert flops_per_token(m, s) < flops_per_token(m, s, causal=False)
+    assert flops_per_token(m, s, recompute="selective") > flops_per_token(m, s)
+
+
+def test_flops_6n_rule():
+    m = resolve_model("llama2-7b")
+    fpt = flops_per_token(m, 4096)
+    assert fpt / (6 * m.num_params()) == pytest.approx(1.0, abs=0.1)
+
+
+@pytest.mark.parametrize("schedule,p,m,v,expected", [
+    ("gpipe", 4, 8, 1, 3 / 8), ("1f1b", 4, 8, 1, 3 / 8), ("interleaved", 4, 8, 2, 3 / 16),
+    ("zero-bubble", 4, 8, 1, 0.0), ("1f1b", 1, 8, 1, 0.0)])
+def test_bubble_fraction(schedule, p, m, v, expected):
+    assert bubble_fraction(schedule, p, m, v) == pytest.approx(expected)
+
+
+def _plan(model, gpus, layout, *, seq=2048, mb=1, gb=None, hw=H100, **kw):
+    gb = gb or layout.dp * mb * max(1, layout.pp) * 2
+    return PlanInput(model=model, hardware=hw, num_gpus=gpus, layout=layout, seq_len=seq,
+                     global_batch=gb, micro_batch=mb, **kw)
+
+
+LAYOUTS = [Layout(), Layout(dp=8, zero=3), Layout(dp=2, zero=1, tp=2, sp=True, pp=2),
+           Layout(dp=2, tp=2, pp=2, pp_schedule="interleaved", pp_virtual=2, zero=2),
+           Layout(dp=4, cp=2, zero=3), Layout(dp=2, pp=4, pp_schedule="zero-bubble")]
+
+
+@pytest.mark.parametrize("name", sorted(MODEL_PRESETS))
+def test_every_preset_runs(name):
+    model = resolve_model(name)
+    seq = min(model.max_seq_len, 2048)
+    for layout in LAYOUTS:
+        if layout.pp * layout.pp_virtual > model.num_layers:
+            continue
+        for ac in ("none", "full"):
+            est = estimate(_plan(model, layout.world_size, layout, seq=seq, ac=ac))
+            assert 0 < est.mfu <= 1 and est.tokens_per_s > 0
+            assert est.memory.total > 0 and est.time.step_s >= est.time.compute_s
+    moe = resolve_model("mixtral-8x7b")
+    est = estimate(_plan(moe, 8, Layout(dp=8, zero=3, ep=8), seq=4096))
+    assert "ep_all_to_all" in est.time.comm_terms and est.mfu <= 1
+
+
+def test_mfu_bounded_and_dp_scaling():
+    model = resolve_model("llama2-7b")
+    # cheap communication: a network as fast as NVLink everywhere
+    fast = dataclasses.replace(H100, inter_node_bw=H100.intra_node_bw)
+    one = estimate(_plan(model, 8, Layout(dp=8, zero=3), mb=2, seq=4096, gb=128, hw=fast))
+    four = estimate(_plan(model, 32, Layout(dp=32, zero=3), mb=2, seq=4096, gb=512, hw=fast))
+    assert 0 < one.mfu <= 1 and 0 < four.mfu <= 1
+    assert four.tokens_per_s / one.tokens_per_s == pytest.approx(4, rel=0.1)
+    # the same job on the real (slower) inter-node network cannot be faster
+    slow = estimate(_plan(model, 32, Layout(dp=32, zero=3), mb=2, seq=4096, gb=512))
+    assert slow.tokens_per_s <= four.tokens_per_s
+
+
+def test_comm_families_and_tiers():
+    model = resolve_model("llama2-7b")
+    kw = dict(hardware=H100, stage_params=1e9, layers=20, moe_layers=0, tokens=4096.0,
+              hidden=5120, kv_dim=5120, experts_per_token=2, micro_batches=4)
+    ddp = comm_volumes(layout=Layout(dp=8), **kw)
+    assert ddp["dp_allreduce"] == pytest.approx(2 * 7 / 8 * 4e9)
+    z3 = comm_volumes(layout=Layout(dp=8, zero=3), **kw)
+    assert z3["fsdp_all_gather"] == pytest.approx(2 * 4 * 7 / 8 * 2e9)
+    assert set(comm_volumes(layout=Layout(tp=2, sp=True, pp=2, cp=2), **kw)) == {
+        "tp", "pp_p2p", "cp_ring"}
+    # tp across nodes (tp=16 > 8 GPUs per node) is slower than inside one
+    intra = estimate(_plan(model, 8, Layout(tp=8, sp=True)))
+    two_nodes = estimate(_plan(model, 16, Layout(tp=16, sp=False),
+                               hw=dataclasses.replace(H100, gpus_per_node=8)))
+    # tp=16 spans two nodes: each all-reduce runs at the inter-node bandwidth
+    assert two_nodes.time.comm_terms["tp"] > intra.time.comm_terms["tp"]
+
+
+def test_training_cost_seed004_carbon():
+    # 7B x 1T tokens ~ 4.2e22 FLOPs at 156 TFLOP/s sustained on 1024 A100s (400 W) plus 128
+    # hosts x 200 W: ~73 h, 31,784.2 kWh, 0.43 kg/kWh.
+    c = napkin_cost(4.2e22, 1024, 156e12, power_w=400, host_power_w=200, num_hosts=128)
+    assert c.seconds / 86400 == pytest.approx(3.04, abs=0.005)
+    assert c.kwh == pytest.approx(31784.2, abs=0.5)
+    assert c.kg_co2 / 1000 == pytest.approx(13.67, abs=0.01)
+    est = estimate(_plan(resolve_model("gpt2-124m"), 8, Layout(dp=8), seq=1024, mb=8))
+    tc = training_cost(est, 1e9)
+    assert tc.seconds == pytest.approx(1e9 / est.tokens_per_s)
+    assert tc.gpu_hours == pytest.approx(8 * tc.seconds / 3600)
+    assert tc.kwh == pytest.approx(8 * 700 * tc.seconds / 3600 * 1.2 / 1000)
+
+
+def test_json_schema():
+    est = estimate(_plan(resolve_model("gpt2-124m"), 2, Layout(dp=2), seq=1024))
+    j = est.to_json()
+    assert set(j) == {"plan", "memory", "time", "flops_per_token", "tokens_per_s", "mfu"}
+    assert set(j["memory"]) == {"params", "grads", "optimizer", "activations", "buffers",
+                                "total", "reserved", "capacity", "fits", "rank"}
+    assert set(j["time"]) == {"step_s", "compute_s", "comm_exposed_s", "bubble_s"}
+    assert any("convention" in n for n in est.notes)
+
+
+def test_cpu_has_no_runtime_context():
+    est = estimate(_plan(resolve_model("tiny"), 1, Layout(), seq=128, mb=4,
+                         hw=hardware_preset("cpu"), precision="fp32"))
+    assert est.memory.buffer_terms["runtime_context"] == 0 and est.memory.fits
+
+
+def test_planner_import_does_not_import_torch():
+    code = ("import sys, scaletrain.planner as p; "
+            "assert 'torch' not in sys.modules, 'planner imported torch'; print(p.estimate)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
