@@ -1,0 +1,63 @@
+"""Planner search speed: layouts evaluated per second and full-search wall time.
+
+Cases: llama3-70b on 64 H100 (seq 8192, global batch 512: the CLI acceptance case) and
+llama3-405b on 16,384 H100 (seq 8192, global batch 2048). "Evaluated" counts every call of the
+core `estimate` (memory probes included); pruned candidates are not counted. Also times the CLI
+end to end (Python start-up included). Targets: >= 20,000 layouts/s, 405b search < 2 s.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from _common import write_results
+from scaletrain.config import hardware_preset, resolve_model
+from scaletrain.planner.report import layout_label
+from scaletrain.planner.search import search
+
+CASES = [("llama3-70b", 64, 8192, 512), ("llama3-405b", 16384, 8192, 2048)]
+CLI = ["plan", "--model", "llama3-70b", "--gpus", "64", "--gpu", "h100-sxm", "--seq-len", "8192",
+       "--global-batch", "512"]
+
+
+def main() -> None:
+    hw = hardware_preset("h100-sxm")
+    rows = []
+    for name, gpus, seq, gb in CASES:
+        best_t = float("inf")
+        for _ in range(3):  # best of 3: the machine is shared
+            t0 = time.perf_counter()
+            res = search(resolve_model(name), hw, gpus, seq_len=seq, global_batch=gb)
+            best_t = min(best_t, time.perf_counter() - t0)
+        rows.append({"model": name, "gpus": gpus, "seq_len": seq, "global_batch": gb,
+                     "seconds": best_t, "evaluated": res.evaluated, "legal": res.legal,
+                     "fitting": res.fitting, "layouts_per_s": res.evaluated / best_t,
+                     "best": layout_label(res.top[0]) if res.top else None,
+                     "best_step_s": res.top[0].time.step_s if res.top else None,
+                     "best_mfu": res.top[0].mfu if res.top else None})
+        print(rows[-1])
+    cli = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "scaletrain", *CLI], check=True,
+                       capture_output=True)
+        cli = min(cli, time.perf_counter() - t0)
+    print(f"CLI acceptance command: {cli:.2f} s")
+    md = ["# Planner search speed", "",
+          "| model | GPUs | seq | global batch | search s | evaluated | legal | fit | "
+          "layouts/s | best layout | step s | MFU |", "|" + "---|" * 12]
+    for r in rows:
+        md.append(f"| {r['model']} | {r['gpus']} | {r['seq_len']} | {r['global_batch']} | "
+                  f"{r['seconds']:.2f} | {r['evaluated']:,} | {r['legal']:,} | "
+                  f"{r['fitting']:,} | {r['layouts_per_s']:,.0f} | {r['best']} | "
+                  f"{r['best_step_s']:.3f} | {100 * r['best_mfu']:.1f}% |")
+    md += ["", f"CLI `scaletrain {' '.join(CLI)}` end to end (best of 3, Python start-up "
+           f"included): {cli:.2f} s", "",
+           "Targets: >= 20,000 layouts/s; 405b/16,384 search < 2 s; CLI < 2 s."]
+    write_results("planner_search", {"cases": rows, "cli_seconds": cli}, "\n".join(md))
+
+
+if __name__ == "__main__":
+    main()

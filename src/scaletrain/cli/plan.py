@@ -1,0 +1,199 @@
+"""`scaletrain plan` / `scaletrain explain`: evaluate one layout, or search the best (no torch)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from typing import Any
+
+from scaletrain.config import (
+    AC_MODES,
+    OFFLOAD_MODES,
+    PP_SCHEDULES,
+    PRECISIONS,
+    ConfigError,
+    Layout,
+    check_layout,
+    hardware_preset,
+    load_config,
+    resolve_model,
+)
+
+__all__ = ["add_arguments", "run", "DEGREE_FLAGS"]
+
+DEGREE_FLAGS = ("dp", "zero", "tp", "sp", "pp", "pp_schedule", "pp_virtual", "cp", "ep")
+"""Flags that pin the layout: any of them given -> evaluate exactly that layout."""
+
+
+def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
+    a = parser.add_argument
+    a("--config", metavar="F.toml", help="job TOML (flags override its values)")
+    a("--model", metavar="NAME|config.json", help="model preset or Hugging Face config.json")
+    a("--gpus", type=int, metavar="N", help="number of GPUs (default: the config's, else 8)")
+    a("--gpu", metavar="TYPE", help="hardware preset (default h100-sxm)")
+    a("--gpus-per-node", type=int, metavar="N", help="override the preset's GPUs per node")
+    a("--seq-len", type=int, metavar="N")
+    a("--global-batch", type=int, metavar="N", help="sequences per optimizer step")
+    a("--micro-batch", type=int, metavar="N", help="sequences per micro-batch per dp rank")
+    a("--dp", type=int, metavar="N")
+    a("--zero", type=int, choices=(0, 1, 2, 3))
+    a("--tp", type=int, metavar="N")
+    a("--sp", action="store_true", default=None, help="sequence parallel (with --tp)")
+    a("--pp", type=int, metavar="N")
+    a("--pp-schedule", choices=PP_SCHEDULES)
+    a("--pp-virtual", type=int, metavar="V", help="model chunks per rank (interleaved)")
+    a("--cp", type=int, metavar="N")
+    a("--ep", type=int, metavar="N")
+    a("--ac", choices=AC_MODES)
+    a("--precision", choices=PRECISIONS)
+    a("--compile", action="store_true", default=None)
+    a("--offload", choices=OFFLOAD_MODES)
+    a("--json", action="store_true", help="print the DESIGN.md §4 JSON (a list for searches)")
+    a("--top", type=int, default=5, metavar="K", help="layouts shown by a search")
+    a("--plot", metavar="FILE.png", help="write the memory breakdown (and pipeline) plot")
+    a("--tokens", type=float, metavar="N", help="training tokens for the time/cost line")
+
+
+def _positive(args: argparse.Namespace, flag: str) -> None:
+    v = getattr(args, flag.replace("-", "_"))
+    if v is not None and v < 1:
+        raise ConfigError(f"--{flag}", v, "use a positive integer")
+
+
+def _inputs(args: argparse.Namespace) -> dict[str, Any]:
+    """Merge --config (if any) with the flags; flags win."""
+    for f in ("gpus", "gpus-per-node", "seq-len", "global-batch", "micro-batch", "dp", "tp",
+              "pp", "pp-virtual", "cp", "ep", "top"):
+        _positive(args, f)
+    if args.tokens is not None and args.tokens <= 0:
+        raise ConfigError("--tokens", args.tokens, "give a positive token count such as 1e12")
+    job = load_config(args.config) if args.config else None
+    model = resolve_model(args.model) if args.model else (job.model if job else
+                                                          resolve_model("llama3-8b"))
+    gpu = args.gpu or (job.hardware.gpu if job else "h100-sxm")
+    try:
+        hw = hardware_preset(gpu)
+    except ConfigError as e:
+        raise ConfigError("--gpu", gpu, e.fix) from None
+    gpn = args.gpus_per_node or (job.hardware.gpus_per_node if job else 0)
+    if gpn:
+        hw = dataclasses.replace(hw, gpus_per_node=gpn)
+    gpus = args.gpus or (job.hardware.gpus if job and job.hardware.gpus else 8)
+    seq = args.seq_len or (job.batch.seq_len if job else min(4096, model.max_seq_len))
+    gb = args.global_batch or (job.batch.global_batch if job else max(gpus, 64))
+    pinned = {f: getattr(args, f) for f in DEGREE_FLAGS if getattr(args, f) is not None}
+    exact = bool(pinned)
+    if job and not any(getattr(args, f) is not None for f in ("dp", "tp", "pp", "cp", "ep")):
+        p = job.parallel
+        if p.layout == "manual":  # the TOML's degrees are the layout to evaluate
+            exact = True
+            pinned = {"dp": None if p.dp == -1 else p.dp, "zero": p.zero, "tp": p.tp,
+                      "sp": p.sp, "pp": p.pp, "pp_schedule": p.pp_schedule,
+                      "pp_virtual": p.pp_virtual, "cp": p.cp, "ep": p.ep, **pinned}
+        else:  # layout = 'auto': search, keeping the degrees the TOML sets away from defaults
+            defaults = {"dp": -1, "zero": 0, "tp": 1, "pp": 1, "cp": 1, "ep": 1}
+            pinned = {**{k: getattr(p, k) for k, d in defaults.items() if getattr(p, k) != d},
+                      **pinned}
+    return {"model": model, "hw": hw, "gpus": gpus, "seq": seq, "gb": gb, "pinned": pinned,
+            "exact": exact,
+            "micro_batch": args.micro_batch or (job.batch.micro_batch if job else None),
+            "precision": args.precision or (job.precision.dtype if job else "bf16"),
+            "ac": args.ac or (job.memory.ac if job else None),
+            "offload": args.offload or (job.memory.offload if job else None),
+            "compile": bool(args.compile if args.compile is not None else
+                            (job.train.compile if job else False))}
+
+
+def _exact_layout(inp: dict[str, Any]) -> Layout:
+    p, n = inp["pinned"], inp["gpus"]
+    tp, pp, cp = p.get("tp") or 1, p.get("pp") or 1, p.get("cp") or 1
+    for flag, d in (("--tp", tp), ("--pp", pp), ("--cp", cp)):
+        if n % d:
+            raise ConfigError(flag, d, f"must divide --gpus={n}")
+    dp = p.get("dp")
+    if dp is None:
+        if n % (tp * pp * cp):
+            raise ConfigError("--gpus", n, f"must be a multiple of tp*pp*cp = {tp * pp * cp}")
+        dp = n // (tp * pp * cp)
+    sched = p.get("pp_schedule") or "1f1b"
+    virtual = p.get("pp_virtual") or (2 if sched == "interleaved" and pp > 1 else 1)
+    return Layout(dp=dp, zero=p.get("zero") or 0, tp=tp, sp=bool(p.get("sp")), pp=pp,
+                  pp_schedule=sched, pp_virtual=virtual, cp=cp, ep=p.get("ep") or 1)
+
+
+def _flag(field: str) -> str:
+    key = field.split(".")[-1]
+    return {"parallel": "--dp/--tp/--pp/--cp", "global_batch": "--global-batch",
+            "seq_len": "--seq-len", "pp_schedule": "--pp-schedule",
+            "pp_virtual": "--pp-virtual", "micro_batch": "--micro-batch"}.get(key, f"--{key}")
+
+
+def _evaluate(inp: dict[str, Any]) -> Any:
+    from scaletrain.planner.estimate import estimate
+    from scaletrain.planner.types import PlanInput
+
+    layout = _exact_layout(inp)
+    mb = inp["micro_batch"] or 1
+    try:
+        check_layout(layout, inp["model"], world_size=inp["gpus"], global_batch=inp["gb"],
+                     micro_batch=mb, seq_len=inp["seq"])
+    except ConfigError as e:
+        raise ConfigError(_flag(e.field), e.value, e.fix) from None
+    plan = PlanInput(inp["model"], inp["hw"], inp["gpus"], layout, inp["seq"], inp["gb"], mb,
+                     inp["precision"], inp["ac"] or "none", inp["offload"] or "none",
+                     compile=inp["compile"])
+    return estimate(plan)
+
+
+def run(args: argparse.Namespace, extra: list[str]) -> int:
+    if extra:
+        raise ConfigError("argument", " ".join(extra), "remove it (see --help for the flags)")
+    inp = _inputs(args)
+    explain_mode = args.command == "explain" if hasattr(args, "command") else False
+    lines: list[str] = []
+    if inp["exact"] or explain_mode:
+        est = _evaluate(inp)
+        estimates = [est]
+        if args.json:
+            print(json.dumps(est.to_json(), indent=2))
+        elif explain_mode:
+            from scaletrain.planner.explain import explain
+            lines.append(explain(est, tokens=args.tokens))
+        else:
+            from scaletrain.planner.report import render_estimates
+            lines.append(render_estimates(estimates))
+    else:
+        from scaletrain.planner.search import search
+
+        pins = {k: inp[k] for k in ("micro_batch", "ac", "offload") if inp[k] is not None}
+        pins.update(inp["pinned"])
+        res = search(inp["model"], inp["hw"], inp["gpus"], seq_len=inp["seq"],
+                     global_batch=inp["gb"], precision=inp["precision"], top_k=args.top,
+                     compile=inp["compile"], **pins)
+        estimates = res.top
+        if not res.top and not res.legal:
+            raise ConfigError("--gpus", inp["gpus"], "no legal layout: change --gpus, "
+                              "--global-batch or --seq-len so the degrees can divide them")
+        if args.json:
+            from scaletrain.planner.report import to_json
+            print(json.dumps(to_json(res.top), indent=2))
+        else:
+            from scaletrain.planner.report import render_search
+            lines.append(render_search(res))
+    if args.tokens and estimates and not args.json and not explain_mode:
+        lines.append(_cost_line(estimates[0], args.tokens))
+    if lines:
+        print("\n".join(lines))
+    if args.plot and estimates:
+        from scaletrain.planner.plot import plot_memory
+        plot_memory(estimates, args.plot)
+    return 0
+
+
+def _cost_line(est: Any, tokens: float) -> str:
+    from scaletrain.planner.estimate import training_cost
+
+    c = training_cost(est, tokens)
+    return (f"{tokens:.3g} tokens: {c.seconds / 86400:.1f} days, {c.gpu_hours:,.0f} GPU-hours, "
+            f"${c.usd:,.0f}, {c.kwh:,.0f} kWh, {c.kg_co2 / 1000:,.1f} t CO2")

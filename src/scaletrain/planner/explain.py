@@ -1,0 +1,109 @@
+"""`explain(estimate)`: the arithmetic of one layout, formula by formula, numbers filled in.
+
+Every displayed intermediate comes from the planner core's public functions or the Estimate, so
+the walk-through cannot drift from what `plan` predicts.
+"""
+
+from __future__ import annotations
+
+from scaletrain.config import GB
+
+from .flops import (
+    forward_flops_per_token,
+    head_forward_flops_per_token,
+    layer_forward_flops_per_token,
+)
+from .memory import stage_layer_counts, state_bytes_per_param
+from .pipeline import bubble_fraction, inflight_microbatches
+from .types import Estimate
+
+__all__ = ["explain"]
+
+
+def _gb(x: float) -> str:
+    return f"{x / GB:.2f} GB"
+
+
+def explain(est: Estimate, *, tokens: float | None = None) -> str:
+    """A learner-readable derivation of `est` (one line per formula)."""
+    p, L, m_, hw = est.plan, est.plan.layout, est.plan.model, est.plan.hardware
+    pc = m_.param_counts()
+    mem, t = est.memory, est.time
+    m = max(1, p.grad_accum)
+    out: list[str] = []
+    add = out.append
+    add(f"== {m_.name} on {p.num_gpus} x {hw.name}: dp={L.dp} zero={L.zero} tp={L.tp} "
+        f"sp={L.sp} pp={L.pp} ({L.pp_schedule}, v={L.pp_virtual}) cp={L.cp} ep={L.ep}")
+    add(f"   world size = dp*tp*pp*cp = {L.dp}*{L.tp}*{L.pp}*{L.cp} = {L.world_size}")
+    add(f"   batch: global {p.global_batch} seq = micro_batch {p.micro_batch} x grad_accum {m}"
+        f" x dp {L.dp}; seq_len {p.seq_len} -> {p.global_batch * p.seq_len:,} tokens/step")
+    add("-- 1. parameters (exact count per component)")
+    add(f"   embedding V*h = {m_.vocab_size}*{m_.dim} = {pc.embedding:,}")
+    add(f"   per layer: attention {pc.attention:,} + mlp {pc.mlp:,} + router {pc.router:,} + "
+        f"norms {pc.norms:,} = {pc.per_layer:,}")
+    add(f"   x {pc.num_layers} layers = {pc.num_layers * pc.per_layer:,}; head {pc.head:,}; "
+        f"final norm {pc.final_norm:,}; total {pc.total:,}")
+    counts = stage_layer_counts(m_.num_layers, L.pp, L.pp_virtual)
+    held = mem.detail.get("params.count", 0.0)
+    add(f"   pipeline split (layers per rank) = {counts}; worst rank {mem.rank} holds "
+        f"{held:,.0f} params after /tp={L.tp} (and /ep={L.ep} for experts)")
+    add("-- 2. model states")
+    pb, gbp, ob = state_bytes_per_param(p.precision, p.optimizer)
+    add(f"   bytes/param ({p.precision}, {p.optimizer}, scaletrain convention: fp32 master "
+        f"params {pb:g} + fp32 grads {gbp:g} + optimizer {ob:g} (Adam m and v fp32))")
+    zs = L.zero_shards
+    add(f"   ZeRO-{L.zero}: shards over dp_shard*cp = {zs} ranks "
+        f"(stage>=1 optimizer, >=2 grads, 3 params)")
+    add(f"   params {_gb(mem.params)} (in-flight 16-bit copies "
+        f"{_gb(mem.detail.get('params.in_flight', 0.0))}), grads {_gb(mem.grads)}, "
+        f"optimizer {_gb(mem.optimizer)}; offloaded to CPU "
+        f"{_gb(mem.detail.get('offloaded.cpu', 0.0))}")
+    add("-- 3. activations")
+    per_layer = mem.detail.get("activations.per_layer", 0.0)
+    add(f"   per layer per micro-batch (modern SDPA model, ac={p.ac}, tp={L.tp}, sp={L.sp}, "
+        f"cp={L.cp}) = {_gb(per_layer)}")
+    inflight = inflight_microbatches(L.pp_schedule, L.pp, m, 0, L.pp_virtual) if L.pp > 1 \
+        else 1.0
+    add(f"   micro-batches in flight ({L.pp_schedule}, stage 0) = {inflight:g} "
+        f"(core uses {mem.detail.get('activations.in_flight', 1.0):g} on rank {mem.rank})")
+    add(f"   activations = in_flight x layers x per_layer (+ head/logits on the last rank) = "
+        f"{_gb(mem.activations)}")
+    add("-- 4. buffers")
+    for k, v in mem.buffer_terms.items():
+        add(f"   {k:<22} {_gb(v)}")
+    add(f"   total allocated peak {_gb(mem.total)}; reserved (+fragmentation) "
+        f"{_gb(mem.reserved)} vs capacity {_gb(mem.capacity)} -> "
+        f"{'fits' if mem.fits else 'DOES NOT FIT'}")
+    add("-- 5. compute")
+    lf = layer_forward_flops_per_token(m_, p.seq_len)
+    hf = head_forward_flops_per_token(m_)
+    fwd = forward_flops_per_token(m_, p.seq_len)
+    add(f"   forward FLOPs/token = L*{lf:,.0f} (block) + {hf:,.0f} (head) = {fwd:,.0f}")
+    add(f"   training FLOPs/token = 3 x forward = {est.flops_per_token:,.0f} "
+        f"(matmuls only, causal attention halved; recompute excluded from MFU)")
+    add(f"   compute time/step = {t.compute_s:.3f} s")
+    add("-- 6. communication (per step per rank: all time; exposed after overlap)")
+    for k, v in t.comm_terms.items():
+        add(f"   {k:<22} {v:.4f} s")
+    add(f"   exposed communication = {t.comm_exposed_s:.4f} s")
+    add("-- 7. pipeline bubble")
+    if L.pp > 1:
+        bf = bubble_fraction(L.pp_schedule, L.pp, m, L.pp_virtual)
+        add(f"   bubble fraction ({L.pp_schedule}) = {bf:.4f} of compute -> {t.bubble_s:.3f} s")
+    else:
+        add("   pp = 1: no bubble")
+    add("-- 8. step")
+    add(f"   step = compute {t.compute_s:.3f} + bubble {t.bubble_s:.3f} + exposed comm "
+        f"{t.comm_exposed_s:.3f} + optimizer {t.optimizer_s:.3f} = {t.step_s:.3f} s")
+    add(f"   tokens/s (whole job) = {est.tokens_per_s:,.0f}; MFU = FLOPs/token x tokens/s / "
+        f"(gpus x peak) = {100 * est.mfu:.1f}%")
+    if tokens:
+        from .estimate import training_cost
+
+        c = training_cost(est, tokens)
+        add(f"   {tokens:.3g} tokens -> {c.seconds / 86400:.1f} days, {c.gpu_hours:,.0f} "
+            f"GPU-hours, ${c.usd:,.0f}, {c.kwh:,.0f} kWh")
+    add("-- notes")
+    for n in est.notes:
+        add(f"   * {n}")
+    return "\n".join(out)

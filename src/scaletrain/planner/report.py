@@ -1,0 +1,98 @@
+"""Readable output of estimates and searches: a rich table, the losers' reasons, JSON lists."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scaletrain.config import GB
+
+from .search import SearchResult
+from .types import Estimate
+
+__all__ = ["layout_label", "estimate_rows", "render_estimates", "render_search", "to_json"]
+
+
+def layout_label(e: Estimate) -> str:
+    """Compact layout name, e.g. 'dp2 z3 tp2+sp pp8(1f1b) cp4 mb1 ac=none'."""
+    p, L = e.plan, e.plan.layout
+    parts = [f"dp{L.dp}", f"z{L.zero}"]
+    if L.tp > 1:
+        parts.append(f"tp{L.tp}" + ("+sp" if L.sp else ""))
+    if L.pp > 1:
+        v = f"x{L.pp_virtual}" if L.pp_virtual > 1 else ""
+        parts.append(f"pp{L.pp}({L.pp_schedule}{v})")
+    if L.cp > 1:
+        parts.append(f"cp{L.cp}")
+    if L.ep > 1:
+        parts.append(f"ep{L.ep}")
+    parts.append(f"mb{p.micro_batch}x{p.grad_accum}")
+    if p.ac != "none":
+        parts.append(f"ac={p.ac}")
+    if p.offload != "none":
+        parts.append(f"offload={p.offload}")
+    return " ".join(parts)
+
+
+def estimate_rows(estimates: list[Estimate]) -> list[list[str]]:
+    """One row per estimate: layout, memory per category (GB), step time, tokens/s, MFU, fits."""
+    rows = []
+    for e in estimates:
+        m = e.memory
+        rows.append([layout_label(e), *(f"{x / GB:.1f}" for x in (
+            m.params, m.grads, m.optimizer, m.activations, m.buffers, m.total, m.reserved)),
+            f"{e.time.step_s:.3f}", f"{e.tokens_per_s:,.0f}", f"{100 * e.mfu:.1f}%",
+            "yes" if m.fits else f"NO (rank {m.rank})"])
+    return rows
+
+
+HEADERS = ["layout", "params", "grads", "optim", "acts", "buffers", "total", "reserved",
+           "step s", "tokens/s", "MFU", "fits"]
+
+
+def _table(title: str, estimates: list[Estimate]) -> Any:
+    from rich.table import Table  # lazy: keeps `import scaletrain.planner` light
+
+    cap = estimates[0].memory.capacity / GB if estimates else 0.0
+    t = Table(title=f"{title} (memory in GB per GPU, capacity {cap:.0f} GB)")
+    for i, h in enumerate(HEADERS):
+        t.add_column(h, justify="left" if i == 0 else "right")
+    for row in estimate_rows(estimates):
+        t.add_row(*row)
+    return t
+
+
+def render_estimates(estimates: list[Estimate], title: str = "plan") -> str:
+    """The table as text (rich, no colour)."""
+    from rich.console import Console
+
+    console = Console(width=160, record=True, color_system=None, file=_Null())
+    console.print(_table(title, estimates))
+    return console.export_text()
+
+
+def render_search(result: SearchResult) -> str:
+    """Top-K table, then one line per losing family with its reason."""
+    out = [render_estimates(result.top, title=f"top {len(result.top)} layouts")]
+    if not result.top:
+        out.append("No layout fits. Closest miss per family:")
+    else:
+        out.append(f"best: {layout_label(result.top[0])}")
+        out.append("why the other strategy families lost:")
+    for fam, why in result.why_others_lost().items():
+        out.append(f"  {fam:<12} {why}")
+    out.append(f"({result.evaluated} layouts evaluated, {result.legal} legal candidates, "
+               f"{result.fitting} fit, {result.elapsed_s:.2f} s)")
+    return "\n".join(out)
+
+
+def to_json(estimates: list[Estimate]) -> list[dict[str, Any]]:
+    """DESIGN.md §4 objects, best first."""
+    return [e.to_json() for e in estimates]
+
+
+class _Null:
+    def write(self, s: str) -> int:
+        return len(s)
+
+    def flush(self) -> None:
+        pass

@@ -1,0 +1,118 @@
+"""`scaletrain plan` / `explain`: JSON schema, error path, flag snapshot, torch-free import."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+
+import pytest
+
+from scaletrain.cli import main
+from scaletrain.cli import plan as plan_cli
+
+pytest.importorskip("scaletrain.planner.estimate")
+
+FLAGS = ['--ac', '--compile', '--config', '--cp', '--dp', '--ep', '--global-batch', '--gpu',
+         '--gpus', '--gpus-per-node', '--json', '--micro-batch', '--model', '--offload', '--plot',
+         '--pp', '--pp-schedule', '--pp-virtual', '--precision', '--seq-len', '--sp', '--tokens',
+         '--top', '--tp', '--zero']
+
+SCHEMA = {
+    "plan": {"model", "params", "gpus", "dp", "zero", "tp", "sp", "pp", "pp_schedule",
+             "pp_virtual", "cp", "ep", "micro_batch", "grad_accum", "seq_len", "precision", "ac",
+             "offload"},
+    "memory": {"params", "grads", "optimizer", "activations", "buffers", "total", "reserved",
+               "capacity", "fits", "rank"},
+    "time": {"step_s", "compute_s", "comm_exposed_s", "bubble_s"},
+}
+TOP = {"plan", "memory", "time", "flops_per_token", "tokens_per_s", "mfu"}
+
+
+@pytest.mark.parametrize("name", ["plan", "explain"])
+def test_flag_set_snapshot(name: str) -> None:
+    parser = argparse.ArgumentParser()
+    plan_cli.add_arguments(parser, name)
+    flags = sorted(o for a in parser._actions for o in a.option_strings
+                   if o not in ("-h", "--help"))
+    assert flags == FLAGS  # grow this list only on purpose (STYLE.md #10)
+
+
+def _check_schema(obj: dict) -> None:
+    assert set(obj) == TOP
+    for section, keys in SCHEMA.items():
+        assert set(obj[section]) == keys
+
+
+def test_search_json_is_a_list_best_first(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["plan", "--model", "gpt-mini", "--gpus", "4", "--gpu", "cpu", "--seq-len", "128",
+               "--global-batch", "16", "--json", "--top", "3"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert isinstance(out, list) and 1 <= len(out) <= 3
+    for obj in out:
+        _check_schema(obj)
+        assert obj["memory"]["fits"] is True and obj["plan"]["gpus"] == 4
+    steps = [o["time"]["step_s"] for o in out]
+    assert steps == sorted(steps)
+
+
+def test_exact_layout_json(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["plan", "--model", "llama3-8b", "--gpus", "16", "--tp", "2", "--pp", "2",
+               "--pp-schedule", "interleaved", "--zero", "1", "--sp", "--seq-len", "4096",
+               "--global-batch", "64", "--micro-batch", "1", "--json"])
+    assert rc == 0
+    obj = json.loads(capsys.readouterr().out)
+    _check_schema(obj)
+    p = obj["plan"]
+    assert (p["dp"], p["tp"], p["pp"], p["zero"], p["sp"], p["pp_schedule"], p["pp_virtual"]) \
+        == (4, 2, 2, 1, True, "interleaved", 2)
+    assert p["grad_accum"] == 16
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (["--tp", "3"], "--tp"),
+    (["--gpus", "0"], "--gpus"),
+    (["--gpu", "tpu-v9"], "--gpu"),
+    (["--pp", "2", "--global-batch", "2", "--micro-batch", "2"], "--global-batch"),
+    (["--cp", "3"], "--cp"),
+])
+def test_errors_name_the_flag(argv: list[str], flag: str,
+                              capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["plan", "--model", "llama3-8b", "--gpus", "8", *argv])
+    assert rc == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and flag in err
+
+
+def test_acceptance_search_prints_best_and_losers(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["plan", "--model", "llama3-70b", "--gpus", "64", "--gpu", "h100-sxm",
+               "--seq-len", "8192", "--global-batch", "512", "--tokens", "1e12"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "best:" in out and "why the other strategy families lost" in out
+    assert "pure DP" in out and "never fits" in out
+    for col in ("params", "grads", "optim", "acts", "buffers", "reserved", "MFU"):
+        assert col in out
+    assert "GPU-hours" in out
+
+
+def test_explain_and_plot(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    png = tmp_path / "mem.png"
+    rc = main(["explain", "--model", "llama3-8b", "--gpus", "8", "--tp", "2", "--zero", "3",
+               "--seq-len", "4096", "--global-batch", "64", "--plot", str(png)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "8,030,261,248" in out  # exact parameter count
+    assert "world size = dp*tp*pp*cp = 4*2*1*1 = 8" in out
+    assert "step =" in out and "MFU" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_planner_and_cli_do_not_import_torch() -> None:
+    code = ("import sys, scaletrain.cli.plan, scaletrain.planner.search, "
+            "scaletrain.planner.report, scaletrain.planner.explain, scaletrain.planner.plot, "
+            "scaletrain.planner.pipeline; "
+            "assert 'torch' not in sys.modules and 'matplotlib' not in sys.modules, 'heavy import'")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,81 @@
+"""Layout search: legality through layout_problems, fits, pins, family reasons."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from scaletrain.config import hardware_preset, layout_problems, resolve_model
+from scaletrain.planner.search import FAMILIES, family_of, search
+
+pytest.importorskip("scaletrain.planner.estimate")
+
+SMALL = ("tiny", "tiny-llama", "tiny-moe", "gpt-mini")
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(model=st.sampled_from(SMALL), gpus=st.sampled_from([1, 2, 4, 6, 8]),
+       gb_mult=st.sampled_from([1, 2, 4]), seq=st.sampled_from([32, 64, 128]),
+       gpu=st.sampled_from(["cpu", "rtx3090"]))
+def test_every_result_is_legal_and_fits(model: str, gpus: int, gb_mult: int, seq: int,
+                                        gpu: str) -> None:
+    cfg = resolve_model(model)
+    gb = 8 * gb_mult
+    res = search(cfg, hardware_preset(gpu), gpus, seq_len=seq, global_batch=gb, top_k=50)
+    assert res.evaluated >= len(res.top)
+    steps = [e.time.step_s for e in res.top]
+    assert steps == sorted(steps)
+    for e in res.top:
+        p = e.plan
+        assert layout_problems(p.layout, cfg, world_size=gpus, global_batch=gb,
+                               micro_batch=p.micro_batch, seq_len=seq) == []
+        assert e.memory.fits and e.memory.reserved <= e.memory.capacity
+        assert p.layout.world_size == gpus
+
+
+def test_pins_are_honoured() -> None:
+    cfg = resolve_model("gpt-mini")
+    res = search(cfg, hardware_preset("cpu"), 8, seq_len=128, global_batch=32, top_k=100,
+                 tp=2, zero=3, ac="selective")
+    assert res.top
+    for e in res.top:
+        L = e.plan.layout
+        assert (L.tp, L.zero, e.plan.ac) == (2, 3, "selective")
+        assert L.dp * L.pp * L.cp == 4
+    res = search(cfg, hardware_preset("cpu"), 8, seq_len=128, global_batch=32, top_k=100,
+                 pp=2, pp_schedule="interleaved", micro_batch=2)
+    assert res.top
+    for e in res.top:
+        L = e.plan.layout
+        assert (L.pp, L.pp_schedule, e.plan.micro_batch) == (2, "interleaved", 2)
+        assert L.pp_virtual >= 2
+
+
+def test_families_and_reasons() -> None:
+    # llama3-8b on 8 x 24 GB: pure DP cannot fit 8B params x 16 B/param; something else does.
+    res = search(resolve_model("llama3-8b"), hardware_preset("rtx3090"), 8, seq_len=2048,
+                 global_batch=32, top_k=3)
+    assert res.best is not None
+    why = res.why_others_lost()
+    assert why["pure DP"].startswith("never fits: best needs")
+    assert "GB > 24.0 GB" in why["pure DP"]
+    assert family_of(res.best.plan) not in why or why[family_of(res.best.plan)] != "winner"
+    for fam, reason in why.items():
+        assert fam in FAMILIES and reason
+    assert "EP" not in res.families  # dense model
+
+
+def test_nothing_fits_keeps_the_closest_miss() -> None:
+    res = search(resolve_model("llama3-70b"), hardware_preset("rtx3090"), 2, seq_len=2048,
+                 global_batch=8, offload="none")
+    assert res.top == [] and res.best is None
+    assert all(r.startswith(("never fits", "no legal")) for r in res.why_others_lost().values())
+
+
+def test_unknown_pin_is_a_config_error() -> None:
+    from scaletrain.config import ConfigError
+
+    with pytest.raises(ConfigError, match="search.foo"):
+        search(resolve_model("tiny"), hardware_preset("cpu"), 1, seq_len=32, global_batch=4,
+               foo=1)
