@@ -21,6 +21,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "dryrun": ("scaletrain.cli.dryrun", "run the real step under fake tensors at any world size"),
     "verify": ("scaletrain.cli.verify", "predicted vs measured for a run directory"),
     "bench": ("scaletrain.cli.bench", "run a benchmark from benchmarks/"),
+    "profile": ("scaletrain.cli.profile", "profile a few steps: breakdown, roofline, bottleneck"),
+    "report": ("scaletrain.cli.report", "write a self-contained HTML report of a run directory"),
 }
 
 

@@ -197,7 +197,7 @@ def auto_layout(job: JobConfig, world_size: int, hardware: HardwareSpec) -> JobC
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"layout auto: planner chose {layout_of(best)} "
               f"(predicted {best.time.step_s * 1e3:.1f} ms/step, "
-              f"{best.memory.total / 2**30:.2f} GiB/rank)")
+              f"{best.memory.total / 2**20:,.1f} MiB/rank)")
         for family, why in list(result.why_others_lost().items())[:4]:
             print(f"  {family}: {why}")
     return dataclasses.replace(job, parallel=chosen)
