@@ -1,0 +1,169 @@
+"""Predicted vs measured: the planner's estimate for a plan held against a `Measurement`.
+
+Used by `scaletrain verify RUN_DIR` (a real run's `config.json` + `measurement.json`) and by
+`scaletrain dryrun` (a fresh fake-tensor measurement). Relative error = (predicted - measured) /
+measured, per memory category; a category measured as 0 gets no relative error.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scaletrain.config import ConfigError, JobConfig, Layout, load_config
+from scaletrain.planner.types import MemoryBreakdown
+
+from .schema import Measurement
+
+__all__ = ["CATEGORIES", "Comparison", "predict", "compare", "verify_run", "job_from_dict",
+           "format_table", "metrics_throughput"]
+
+CATEGORIES = ("params", "grads", "optimizer", "activations", "buffers", "total", "reserved")
+
+
+@dataclass
+class Comparison:
+    """Per-category predicted and measured bytes with relative errors, plus throughput."""
+
+    measured: dict[str, float]
+    predicted: dict[str, float] | None
+    rel_error: dict[str, float | None] = field(default_factory=dict)
+    time: dict[str, float] = field(default_factory=dict)
+    """'measured_tokens_per_s', 'predicted_tokens_per_s', ... when known."""
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"measured": self.measured, "predicted": self.predicted,
+                "rel_error": self.rel_error, "time": self.time, "notes": self.notes}
+
+
+def _estimate_fn() -> Any:
+    """`scaletrain.planner.estimate` if the planner exposes it (None otherwise)."""
+    try:
+        from scaletrain.planner import estimate
+    except ImportError:
+        return None
+    return estimate if callable(estimate) else None
+
+
+def predict(job: JobConfig, layout: Layout) -> Any:
+    """The planner's `Estimate` for `job` run with `layout`, or None without a planner."""
+    fn = _estimate_fn()
+    if fn is None:
+        return None
+    from scaletrain.planner.types import PlanInput
+
+    plan = PlanInput(model=job.model, hardware=job.hardware.spec(), num_gpus=layout.world_size,
+                     layout=layout, seq_len=job.batch.seq_len,
+                     global_batch=job.batch.global_batch, micro_batch=job.batch.micro_batch,
+                     precision=job.precision.dtype, ac=job.memory.ac,
+                     offload=job.memory.offload, optimizer=job.optim.name,
+                     compile=job.train.compile, efficiency=job.hardware.efficiency)
+    return fn(plan)
+
+
+def _categories(mem: MemoryBreakdown) -> dict[str, float]:
+    return {c: float(getattr(mem, c)) for c in CATEGORIES}
+
+
+def compare(measurement: Measurement, estimate: Any) -> Comparison:
+    """Relative errors of `estimate` (an `Estimate` or None) against `measurement`."""
+    measured = _categories(measurement.memory)
+    out = Comparison(measured=measured, predicted=None)
+    if estimate is None:
+        out.notes.append("no planner estimate available (scaletrain.planner.estimate missing)")
+        return out
+    predicted = _categories(estimate.memory)
+    if measurement.source != "cuda":
+        # the planner's total carries CUDA-only terms (runtime context); a dry-run or CPU run
+        # measures allocations only, so compare against the total without them
+        ctx = float(estimate.memory.buffer_terms.get("runtime_context", 0.0))
+        if ctx:
+            predicted["total"] -= ctx
+            predicted["buffers"] -= ctx
+            out.notes.append("predicted total and buffers exclude the CUDA runtime context "
+                             f"({ctx / 1e9:.2f} GB): not measurable off-GPU")
+    out.predicted = predicted
+    for c in CATEGORIES:
+        m = measured[c]
+        out.rel_error[c] = (predicted[c] - m) / m if m > 0 else None
+    out.time["predicted_tokens_per_s"] = float(estimate.tokens_per_s)
+    out.time["predicted_step_s"] = float(estimate.time.step_s)
+    return out
+
+
+def metrics_throughput(path: Path) -> dict[str, float]:
+    """Mean tokens/s and step time of a run's metrics.jsonl, first logged step excluded
+    (it carries start-up and compilation)."""
+    if not path.is_file():
+        return {}
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and "tokens_per_s" in row:
+            rows.append(row)
+    rows = rows[1:]
+    if not rows:
+        return {}
+    out = {"measured_tokens_per_s": statistics.fmean(float(r["tokens_per_s"]) for r in rows)}
+    steps = [float(r["step_s"]) for r in rows if "step_s" in r]
+    if steps:
+        out["measured_step_s"] = statistics.fmean(steps)
+    return out
+
+
+def job_from_dict(d: dict[str, Any]) -> JobConfig:
+    """Rebuild a JobConfig from `JobConfig.to_dict()` (a run's config.json)."""
+    raw = {k: dict(v) for k, v in d.items() if isinstance(v, dict)}
+    model = raw.get("model", {})
+    # ModelConfig fields that are derived or unknown to load_config are dropped
+    from scaletrain.config.model import MODEL_FIELDS
+
+    raw["model"] = {"name": model.get("name", "gpt-mini"),
+                    **{k: v for k, v in model.items() if k in MODEL_FIELDS and v is not None}}
+    return load_config(None, raw)
+
+
+def verify_run(run_dir: str | Path) -> tuple[Measurement, Comparison, JobConfig]:
+    """Read RUN_DIR/config.json and RUN_DIR/measurement.json; compare with the planner."""
+    run = Path(run_dir)
+    for name in ("config.json", "measurement.json"):
+        if not (run / name).is_file():
+            raise ConfigError("run_dir", str(run), f"{name} is missing: give the directory of "
+                              "a finished `scaletrain train` run (its train.run_dir)")
+    job = job_from_dict(json.loads((run / "config.json").read_text()))
+    measurement = Measurement.read(run / "measurement.json")
+    layout = job.layout(measurement.world_size)
+    comparison = compare(measurement, predict(job, layout))
+    comparison.time.update(metrics_throughput(run / "metrics.jsonl"))
+    if measurement.tokens_per_s and "measured_tokens_per_s" not in comparison.time:
+        comparison.time["measured_tokens_per_s"] = measurement.tokens_per_s
+    return measurement, comparison, job
+
+
+def format_table(comparison: Comparison, *, title: str = "") -> str:
+    """Per-category GB, predicted next to measured, with relative errors."""
+    gb = 1e9
+    lines = [title] if title else []
+    lines.append(f"{'category':<12} {'measured GB':>12} {'predicted GB':>13} {'rel err':>8}")
+    for c in CATEGORIES:
+        m = comparison.measured[c]
+        p = comparison.predicted[c] if comparison.predicted else None
+        err = comparison.rel_error.get(c)
+        lines.append(f"{c:<12} {m / gb:>12.3f} "
+                     f"{(f'{p / gb:.3f}' if p is not None else '-'):>13} "
+                     f"{(f'{err:+.1%}' if err is not None else '-'):>8}")
+    t = comparison.time
+    if "measured_tokens_per_s" in t or "predicted_tokens_per_s" in t:
+        meas = t.get("measured_tokens_per_s")
+        pred = t.get("predicted_tokens_per_s")
+        lines.append(f"{'tokens/s':<12} {(f'{meas:.1f}' if meas else '-'):>12} "
+                     f"{(f'{pred:.1f}' if pred else '-'):>13}")
+    lines += [f"note: {n}" for n in comparison.notes]
+    return "\n".join(lines)

@@ -1,0 +1,199 @@
+"""Read a run directory into one `RunData`, and hold what it measured against the planner.
+
+Everything except `config.json` or `metrics.jsonl` is optional: a run that died of OOM has no
+metrics worth plotting but an `oom_report_rank*.json`; a run from before `measurement.json`
+existed still has its curves. Lines that do not parse (a run killed mid-write) are skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scaletrain.config import ConfigError, JobConfig
+
+__all__ = ["RunData", "Prediction", "load_run", "predict_run", "plan_input", "MEMORY_CATEGORIES"]
+
+MEMORY_CATEGORIES = ("params", "grads", "optimizer", "activations", "buffers")
+
+
+@dataclass
+class RunData:
+    run_dir: Path
+    config: dict[str, Any]
+    """config.json as written (`JobConfig.to_dict()`); {} when missing."""
+    job: JobConfig | None
+    """The config rebuilt; None when config.json is missing or no longer loads."""
+    job_error: str = ""
+    info: dict[str, Any] = field(default_factory=dict)
+    """run_info.json: the trainer's headline numbers (steps, tokens_per_s, best_loss, ...)."""
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    """metrics.jsonl in file order (a rollback re-logs the steps it redoes)."""
+    guard: list[dict[str, Any]] = field(default_factory=list)
+    measurement: dict[str, Any] | None = None
+    oom: list[dict[str, Any]] = field(default_factory=list)
+    sample: str | None = None
+    checkpoints: list[Path] = field(default_factory=list)
+
+    @property
+    def world_size(self) -> int:
+        for src in (self.info, self.measurement or {}):
+            if src.get("world_size"):
+                return int(src["world_size"])
+        hw = self.config.get("hardware", {})
+        return int(hw.get("gpus") or 1)
+
+    @property
+    def best_loss(self) -> float | None:
+        v = self.info.get("best_loss")
+        return float(v) if v is not None else None
+
+
+@dataclass
+class Prediction:
+    """The planner's numbers for the run's plan, next to what the run measured."""
+
+    estimate: Any | None
+    """`scaletrain.planner.Estimate`, or None when the planner cannot evaluate this plan."""
+    error: str = ""
+    memory_predicted: dict[str, float] | None = None
+    memory_measured: dict[str, float] | None = None
+    memory_rel_error: dict[str, float | None] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    tokens_per_s: tuple[float | None, float | None] = (None, None)
+    """(predicted, measured) whole-job tokens per second."""
+    mfu: tuple[float | None, float | None] = (None, None)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def load_run(run_dir: str | Path) -> RunData:
+    """Everything the report shows, read from RUN_DIR; ConfigError if it is not a run."""
+    d = Path(run_dir)
+    fix = ("give the train.run_dir of a `scaletrain train` run (it holds config.json and "
+           "metrics.jsonl)")
+    if not d.is_dir():
+        raise ConfigError("run_dir", str(d), f"no such directory: {fix}")
+    if not (d / "config.json").is_file() and not (d / "metrics.jsonl").is_file():
+        raise ConfigError("run_dir", str(d), f"neither config.json nor metrics.jsonl is there: "
+                                             f"{fix}")
+    config = _read_json(d / "config.json") or {}
+    job, job_error = None, ""
+    if config:
+        from scaletrain.measure.verify import job_from_dict
+
+        try:
+            job = job_from_dict(config)
+        except (ConfigError, TypeError, ValueError) as e:  # a config from an older version
+            job_error = f"{type(e).__name__}: {e}"
+    sample = None
+    if (d / "sample.txt").is_file():
+        sample = (d / "sample.txt").read_text(errors="replace")
+    ckpt_root = d / "checkpoints"
+    checkpoints = sorted(p for p in ckpt_root.glob("step_*") if p.is_dir()) \
+        if ckpt_root.is_dir() else []
+    oom = [r for p in sorted(d.glob("oom_report_rank*.json")) if (r := _read_json(p))]
+    return RunData(run_dir=d, config=config, job=job, job_error=job_error,
+                   info=_read_json(d / "run_info.json") or {},
+                   metrics=_read_jsonl(d / "metrics.jsonl"), guard=_read_jsonl(d / "guard.jsonl"),
+                   measurement=_read_json(d / "measurement.json"), oom=oom, sample=sample,
+                   checkpoints=checkpoints)
+
+
+def _hardware(run: RunData):
+    """The hardware the run computed its MFU against (run_info names it), else the config's."""
+    from scaletrain.config import HARDWARE_PRESETS, hardware_preset
+
+    name = run.info.get("hardware")
+    if name in HARDWARE_PRESETS and run.job is not None and name != run.job.hardware.gpu:
+        return hardware_preset(name)
+    return run.job.hardware.spec() if run.job is not None else None
+
+
+def plan_input(job: JobConfig, world_size: int, hardware=None):
+    """The planner's view of `job` on `world_size` ranks (same model, layout, batch, precision).
+
+    The same fields as `scaletrain.trainer.report.plan_input`, built from the config alone so a
+    finished run can be re-planned without building it.
+    """
+    from scaletrain.planner import PlanInput
+
+    return PlanInput(model=job.model, hardware=hardware or job.hardware.spec(),
+                     num_gpus=world_size, layout=job.layout(world_size),
+                     seq_len=job.batch.seq_len, global_batch=job.batch.global_batch,
+                     micro_batch=job.batch.micro_batch, precision=job.precision.dtype,
+                     ac=job.memory.ac, offload=job.memory.offload, optimizer=job.optim.name,
+                     compile=job.train.compile, efficiency=job.hardware.efficiency)
+
+
+def _measured_throughput(run: RunData) -> tuple[float | None, float | None]:
+    """(tokens/s, MFU) of the run: run_info's whole-run figures (first step excluded, as the
+    trainer times them), else the mean of metrics.jsonl without its first row."""
+    if run.info.get("tokens_per_s"):
+        return float(run.info["tokens_per_s"]), run.info.get("mfu")
+    rows = [r for r in run.metrics[1:] if "tokens_per_s" in r]
+    if not rows:
+        return None, None
+    tok = statistics.fmean(float(r["tokens_per_s"]) for r in rows)
+    mfus = [float(r["mfu"]) for r in rows if "mfu" in r]
+    return tok, (statistics.fmean(mfus) if mfus else None)
+
+
+def predict_run(run: RunData) -> Prediction:
+    """The planner's estimate for the run's plan and the relative errors of every category.
+
+    Relative error = (predicted - measured) / measured, as `scaletrain verify` computes it
+    (`scaletrain.measure.verify.compare`, which also drops CUDA-only terms off-GPU).
+    """
+    tok_meas, mfu_meas = _measured_throughput(run)
+    out = Prediction(estimate=None)
+    if run.job is None:
+        out.error = run.job_error or "config.json is missing"
+    else:
+        try:
+            from scaletrain.planner import estimate
+
+            out.estimate = estimate(plan_input(run.job, run.world_size, _hardware(run)))
+        except Exception as e:  # the report must render whatever the planner thinks
+            out.error = f"{type(e).__name__}: {e}"
+    est = out.estimate
+    out.tokens_per_s = (float(est.tokens_per_s) if est is not None else None, tok_meas)
+    out.mfu = (float(est.mfu) if est is not None else None,
+               float(mfu_meas) if mfu_meas is not None else None)
+    if run.measurement is not None:
+        from scaletrain.measure.schema import Measurement
+        from scaletrain.measure.verify import compare
+
+        try:
+            cmp = compare(Measurement.from_json(run.measurement), est)
+        except (TypeError, ValueError) as e:
+            out.notes.append(f"measurement.json unreadable: {e}")
+        else:
+            out.memory_measured, out.memory_predicted = cmp.measured, cmp.predicted
+            out.memory_rel_error, out.notes = dict(cmp.rel_error), [*out.notes, *cmp.notes]
+    elif est is not None:
+        out.memory_predicted = {c: float(getattr(est.memory, c))
+                                for c in (*MEMORY_CATEGORIES, "total", "reserved")}
+    return out

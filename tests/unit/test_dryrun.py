@@ -1,0 +1,137 @@
+"""Dry-run (fake tensors + fake process group): exact state sizes, FLOPs, CLI JSON."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch.distributed as dist
+
+from scaletrain.config import ConfigError, load_config
+from scaletrain.measure.dryrun import dryrun
+from scaletrain.models import build_model
+from scaletrain.planner.flops import attention_core_flops_per_token, flops_per_token
+
+SEQ = 128
+
+
+def _job(**parallel):
+    world = parallel.pop("world")
+    dp = world // (parallel.get("tp", 1) * parallel.get("cp", 1))
+    return load_config(None, {"model": {"name": "gpt-mini"},
+                              "batch": {"seq_len": SEQ, "micro_batch": 1, "global_batch": dp},
+                              "parallel": parallel}), world
+
+
+@pytest.fixture(scope="module")
+def zero3_w8():
+    job, world = _job(world=8, zero=3)
+    return job, dryrun(job, world_size=world)
+
+
+def _padded_shard_bytes(job, shards: int) -> int:
+    """FSDP2 shards dim 0 of every parameter, padded to a multiple of the shard count."""
+    model = build_model(job.model, device="meta")
+    total = 0
+    for p in model.parameters():
+        rest = p.numel() // p.shape[0]
+        total += math.ceil(p.shape[0] / shards) * rest * p.element_size()
+    return total
+
+
+@pytest.mark.slow
+def test_zero3_states_are_exactly_sharded(zero3_w8):
+    job, m = zero3_w8
+    full = job.model.num_params() * 4
+    params = m.memory.detail["state.params"]
+    assert params == _padded_shard_bytes(job, 8)
+    assert abs(params - full / 8) / (full / 8) < 0.01
+    assert m.memory.detail["state.grads"] == params
+    assert m.memory.detail["state.optimizer"] == 2 * params  # AdamW m and v, fp32
+    assert m.memory.optimizer >= m.memory.detail["state.optimizer"]
+
+
+@pytest.mark.slow
+def test_peak_breakdown_adds_up_and_timeline_follows_blocks(zero3_w8):
+    _, m = zero3_w8
+    mem = m.memory
+    parts = mem.params + mem.grads + mem.optimizer + mem.activations + mem.buffers
+    assert parts == pytest.approx(mem.total)
+    assert mem.activations > 0
+    assert max(b for _, b in m.timeline) <= mem.total
+    events = [e for e, _ in m.timeline]
+    assert "fw_pre:layers.0" in events and "bw_pre:layers.0" in events
+    assert events.index("fw_pre:layers.0") < events.index("bw_pre:layers.0")
+    assert not dist.is_initialized()  # the fake process group was torn down
+
+
+@pytest.mark.slow
+def test_flops_match_the_planner_formula(zero3_w8):
+    """FlopCounterMode counts matmuls only, attention over the full T x T matrix, and torch's
+    flash-attention backward formula recomputes QK^T (5 bmm against the planner's 4): so
+    measured = planner(causal=False) + L x (attention core forward / 2) per token."""
+    job, m = zero3_w8
+    cfg, tokens = job.model, SEQ  # one micro-batch of one sequence on this rank
+    expected = tokens * (flops_per_token(cfg, SEQ, causal=False)
+                         + cfg.num_layers * attention_core_flops_per_token(cfg, SEQ,
+                                                                            causal=False) / 2)
+    assert m.flops == pytest.approx(expected, rel=1e-3)
+
+
+@pytest.mark.slow
+def test_tp2_quarters_states_at_world_4():
+    job, world = _job(world=4, zero=3, tp=2)
+    m = dryrun(job, world_size=world)
+    full = job.model.num_params() * 4
+    # tp 2 splits the matrices, FSDP over dp 2 splits everything: 1/4 of the model, up to the
+    # norm weights and row-parallel biases tp keeps replicated (< 1% of gpt-mini)
+    assert abs(m.memory.detail["state.params"] - full / 4) / (full / 4) < 0.01
+    assert m.memory.detail["state.optimizer"] == 2 * m.memory.detail["state.params"]
+
+
+@pytest.mark.slow
+def test_ddp_is_measured_with_its_buckets():
+    job, world = _job(world=4, zero=0)
+    m = dryrun(job, world_size=world)
+    full = job.model.num_params() * 4
+    assert m.memory.detail["state.params"] == full
+    assert m.memory.buffer_terms["ddp_buckets"] == full
+    assert m.memory.detail["state.optimizer"] == 2 * full
+
+
+def test_pipeline_is_reported_unsupported():
+    job = load_config(None, {"model": {"name": "gpt-mini", "tie_embeddings": False},
+                             "batch": {"seq_len": SEQ, "micro_batch": 1, "global_batch": 4},
+                             "parallel": {"pp": 2}})
+    with pytest.raises(ConfigError, match="parallel.pp"):
+        dryrun(job, world_size=2)
+    assert not dist.is_initialized()
+
+
+@pytest.mark.slow
+def test_cli_json_keys(capsys):
+    from scaletrain.cli import main
+
+    rc = main(["dryrun", "--model", "gpt-mini", "--gpus", "2", "--zero", "3",
+               "--seq-len", "64", "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {"plan", "memory", "flops_per_step", "predicted"} <= set(out)
+    assert {"params", "grads", "optimizer", "activations", "buffers", "total", "reserved",
+            "capacity", "fits", "rank"} <= set(out["memory"])
+    assert out["plan"]["dp"] == 2 and out["plan"]["zero"] == 3 and out["plan"]["seq_len"] == 64
+
+
+@pytest.mark.slow
+def test_zero1_with_accumulation_shards_only_the_optimizer():
+    job = load_config(None, {"model": {"name": "gpt-mini"},
+                             "batch": {"seq_len": SEQ, "micro_batch": 1, "global_batch": 8},
+                             "parallel": {"zero": 1}})
+    m = dryrun(job, world_size=4)
+    full = job.model.num_params() * 4
+    assert m.plan["grad_accum"] == 2 and "2 of 2" in m.notes[0]
+    assert m.memory.detail["state.params"] == full
+    assert m.memory.detail["state.grads"] == full
+    # ZeroRedundancyOptimizer partitions whole parameters: rank 0's share is ~1/4, not exact
+    assert 0.5 * full / 4 < m.memory.detail["state.optimizer"] < 2 * 2 * full / 4
