@@ -20,7 +20,9 @@ import torch.distributed as dist
 
 from scaletrain.checkpoint.dcp import latest_good, load_checkpoint, save_checkpoint
 from scaletrain.config import ConfigError, JobConfig
+from scaletrain.measure.dryrun import plan_dict
 from scaletrain.measure.live import SavedActivations, peak_process_memory, state_bytes
+from scaletrain.measure.schema import Measurement
 from scaletrain.models import causal_lm_loss, moe_aux_loss
 from scaletrain.parallel import clip_grad_norm_, loss_context, maybe_no_sync, sync_gradients
 
@@ -310,7 +312,8 @@ def train(job: JobConfig, *, max_steps: int | None = None) -> RunResult:
 
 def _write_run_files(run: Run, r: RunResult) -> None:
     """run_info.json (headline numbers), sample.txt, and measurement.json (this rank's measured
-    memory in the planner's schema: exact state bytes, saved activations, process peak)."""
+    memory in the planner's schema: exact state bytes, saved activations, process peak; see
+    `Measurement.from_live`)."""
     d = run.run_dir
     info = {"steps": r.steps, "final_loss": r.final_loss, "val_loss": r.val_loss,
             "best_loss": r.best_loss, "tokens_per_s": r.tokens_per_s, "mfu": r.mfu,
@@ -320,18 +323,10 @@ def _write_run_files(run: Run, r: RunResult) -> None:
     (d / "run_info.json").write_text(json.dumps(info, indent=1))
     if r.sample:
         (d / "sample.txt").write_text(r.sample)
-    m = r.measured
-    memory = {k: int(m.get(k, 0)) for k in ("params", "grads", "optimizer", "activations")}
-    memory["buffers"] = 0
-    memory["total"] = sum(memory.values())
-    if "peak_allocated" in m:  # CUDA: the allocator's own peaks
-        memory["total"], memory["reserved"] = int(m["peak_allocated"]), int(m["peak_reserved"])
-    measurement = {"source": run.device.type, "rank": run.env.rank,
-                   "world_size": run.env.world_size, "memory": memory,
-                   "process_peak": {k: v for k, v in m.items() if k.startswith("peak_")},
-                   "method": "state bytes by tensor storage; activations = bytes autograd "
-                             "saved for backward in the first micro-batch"}
-    (d / "measurement.json").write_text(json.dumps(measurement, indent=1))
+    Measurement.from_live(r.measured, device_type=run.device.type, rank=run.env.rank,
+                          world_size=run.env.world_size,
+                          plan=plan_dict(run.job, run.dims.layout),
+                          tokens_per_s=r.tokens_per_s).write(d)
 
 
 def _line(r: dict[str, Any]) -> str:
