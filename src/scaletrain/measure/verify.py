@@ -54,15 +54,9 @@ def predict(job: JobConfig, layout: Layout) -> Any:
     fn = _estimate_fn()
     if fn is None:
         return None
-    from scaletrain.planner.types import PlanInput
+    from scaletrain.planner.types import plan_input_from_job
 
-    plan = PlanInput(model=job.model, hardware=job.hardware.spec(), num_gpus=layout.world_size,
-                     layout=layout, seq_len=job.batch.seq_len,
-                     global_batch=job.batch.global_batch, micro_batch=job.batch.micro_batch,
-                     precision=job.precision.dtype, ac=job.memory.ac,
-                     offload=job.memory.offload, optimizer=job.optim.name,
-                     compile=job.train.compile, efficiency=job.hardware.efficiency)
-    return fn(plan)
+    return fn(plan_input_from_job(job, layout))
 
 
 def _categories(mem: MemoryBreakdown) -> dict[str, float]:

@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from scaletrain.config import HardwareSpec, Layout, ModelConfig
+from scaletrain.config import HardwareSpec, JobConfig, Layout, ModelConfig
 
-__all__ = ["PlanInput", "MemoryBreakdown", "TimeBreakdown", "Estimate"]
+__all__ = ["PlanInput", "MemoryBreakdown", "TimeBreakdown", "Estimate", "plan_input_from_job"]
 
 
 @dataclass(frozen=True)
@@ -114,3 +114,15 @@ class Estimate:
             "tokens_per_s": self.tokens_per_s,
             "mfu": self.mfu,
         }
+
+
+def plan_input_from_job(job: JobConfig, layout: Layout, *,
+                        hardware: HardwareSpec | None = None) -> PlanInput:
+    """The planner's view of a training job run with `layout`: the one place that maps a
+    JobConfig onto a PlanInput (trainer ledger, verify, dry-run, report all use it)."""
+    return PlanInput(model=job.model, hardware=hardware or job.hardware.spec(),
+                     num_gpus=layout.world_size, layout=layout, seq_len=job.batch.seq_len,
+                     global_batch=job.batch.global_batch, micro_batch=job.batch.micro_batch,
+                     precision=job.precision.dtype, ac=job.memory.ac, offload=job.memory.offload,
+                     optimizer=job.optim.name, compile=job.train.compile,
+                     efficiency=job.hardware.efficiency)

@@ -133,19 +133,11 @@ def _hardware(run: RunData):
 
 
 def plan_input(job: JobConfig, world_size: int, hardware=None):
-    """The planner's view of `job` on `world_size` ranks (same model, layout, batch, precision).
+    """The planner's view of `job` on `world_size` ranks, built from the config alone so a
+    finished run can be re-planned without building it."""
+    from scaletrain.planner.types import plan_input_from_job
 
-    The same fields as `scaletrain.trainer.report.plan_input`, built from the config alone so a
-    finished run can be re-planned without building it.
-    """
-    from scaletrain.planner import PlanInput
-
-    return PlanInput(model=job.model, hardware=hardware or job.hardware.spec(),
-                     num_gpus=world_size, layout=job.layout(world_size),
-                     seq_len=job.batch.seq_len, global_batch=job.batch.global_batch,
-                     micro_batch=job.batch.micro_batch, precision=job.precision.dtype,
-                     ac=job.memory.ac, offload=job.memory.offload, optimizer=job.optim.name,
-                     compile=job.train.compile, efficiency=job.hardware.efficiency)
+    return plan_input_from_job(job, job.layout(world_size), hardware=hardware)
 
 
 def _measured_throughput(run: RunData) -> tuple[float | None, float | None]:

@@ -17,14 +17,9 @@ _CATEGORIES = ("params", "grads", "optimizer", "activations")
 
 def plan_input(run: Run):
     """The planner's view of this run (same model, layout, batch, precision, hardware)."""
-    from scaletrain.planner.types import PlanInput
+    from scaletrain.planner.types import plan_input_from_job
 
-    job = run.job
-    return PlanInput(model=job.model, hardware=run.hardware, num_gpus=run.env.world_size,
-                     layout=run.dims.layout, seq_len=job.batch.seq_len,
-                     global_batch=job.batch.global_batch, micro_batch=job.batch.micro_batch,
-                     precision=job.precision.dtype, ac=job.memory.ac, offload=job.memory.offload,
-                     optimizer=job.optim.name, compile=job.train.compile)
+    return plan_input_from_job(run.job, run.dims.layout, hardware=run.hardware)
 
 
 def memory_ledger(run: Run, measured: dict[str, Any]) -> str:
