@@ -27,15 +27,11 @@ def tensor_bytes(t: torch.Tensor) -> int:
 
 
 def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, int]:
-    """Bytes this rank holds for parameters, gradients and optimizer states."""
-    params = sum(tensor_bytes(p) for p in model.parameters())
-    grads = sum(tensor_bytes(p.grad) for p in model.parameters() if p.grad is not None)
-    optim = 0
-    if optimizer is not None:
-        for state in optimizer.state.values():
-            optim += sum(tensor_bytes(v) for v in state.values()
-                         if isinstance(v, torch.Tensor) and v.numel() > 1)
-    return {"params": params, "grads": grads, "optimizer": optim}
+    """Bytes this rank holds for parameters, gradients and optimizer states (local shards;
+    ZeRO-1's local partition): `scaletrain.parallel.local_state_bytes`."""
+    from scaletrain.parallel.zero import local_state_bytes
+
+    return local_state_bytes(model, optimizer)
 
 
 class SavedActivations:
