@@ -116,3 +116,17 @@ def test_planner_and_cli_do_not_import_torch() -> None:
             "scaletrain.planner.pipeline; "
             "assert 'torch' not in sys.modules and 'matplotlib' not in sys.modules, 'heavy import'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_plot_draws_the_pipeline_when_the_best_layout_pipelines(tmp_path) -> None:
+    png = tmp_path / "plan.png"
+    rc = main(["plan", "--model", "llama3-8b", "--gpus", "8", "--tp", "2", "--pp", "4",
+               "--pp-schedule", "zero-bubble", "--seq-len", "4096", "--global-batch", "16",
+               "--plot", str(png)])
+    assert rc == 0
+    gantt = tmp_path / "plan_pipeline.png"
+    assert png.read_bytes()[:8] == gantt.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    flat = tmp_path / "flat.png"
+    assert main(["plan", "--model", "llama3-8b", "--gpus", "8", "--tp", "8", "--seq-len", "4096",
+                 "--global-batch", "16", "--plot", str(flat)]) == 0
+    assert flat.exists() and not (tmp_path / "flat_pipeline.png").exists()

@@ -49,9 +49,20 @@ def test_flops_6n_rule():
 
 @pytest.mark.parametrize("schedule,p,m,v,expected", [
     ("gpipe", 4, 8, 1, 3 / 8), ("1f1b", 4, 8, 1, 3 / 8), ("interleaved", 4, 8, 2, 3 / 16),
-    ("zero-bubble", 4, 8, 1, 0.0), ("1f1b", 1, 8, 1, 0.0)])
+    ("zero-bubble", 4, 8, 1, 3 / 24), ("1f1b", 1, 8, 1, 0.0)])
 def test_bubble_fraction(schedule, p, m, v, expected):
+    # the package's one bubble formula (pipeline.py); zero-bubble = ZB-H1, torch's order
     assert bubble_fraction(schedule, p, m, v) == pytest.approx(expected)
+
+
+def test_estimate_charges_the_zero_bubble_the_trainer_runs():
+    model = resolve_model("llama2-7b")
+    layout = Layout(dp=2, pp=4, pp_schedule="zero-bubble")
+    plan = _plan(model, 8, layout, gb=2 * 8)  # m = 8 micro-batches
+    est = estimate(plan)
+    assert est.time.bubble_s == pytest.approx(3 / 24 * est.time.compute_s)
+    ideal = estimate(plan, zero_bubble="h2")  # the idealised ZB-H2, an option only
+    assert ideal.time.bubble_s == 0 and ideal.time.step_s < est.time.step_s
 
 
 def _plan(model, gpus, layout, *, seq=2048, mb=1, gb=None, hw=H100, **kw):

@@ -26,7 +26,6 @@ from scaletrain.planner import (
     estimate,
     korthikanti_layer_bytes,
     layer_activation_bytes,
-    microbatches_in_flight,
     model_state_bytes,
     stage_layer_counts,
     state_bytes_per_param,
@@ -120,18 +119,14 @@ def test_modern_corrections():
     assert layer_activation_bytes(naive, **kw) > base + 2 * 32 * 8192**2 * 0.99
 
 
-def test_pipeline_split_and_in_flight():
+def test_pipeline_split():
+    # in-flight micro-batches: pipeline.inflight_microbatches, tested against the simulator in
+    # test_pipeline.py and through estimate() in test_consistency.py
     # the trainer's rule (config.stage_layer_ranges): embedding and head count as one layer each
     assert stage_layer_counts(32, 4) == (7, 9, 9, 7)
     assert stage_layer_counts(30, 4) == (7, 8, 8, 7)
     assert stage_layer_counts(32, 4, 2) == (7, 9, 9, 7)
     assert sum(stage_layer_counts(126, 16, 2)) == 126
-    assert microbatches_in_flight("gpipe", 4, 16) == 16
-    assert microbatches_in_flight("1f1b", 4, 16, stage=0) == 4
-    assert microbatches_in_flight("1f1b", 4, 16, stage=3) == 1
-    assert microbatches_in_flight("1f1b", 4, 2, stage=0) == 2
-    assert microbatches_in_flight("interleaved", 4, 16, 2) == pytest.approx(4 * (1 + 3 / 8))
-    assert microbatches_in_flight("zero-bubble", 4, 16) > microbatches_in_flight("1f1b", 4, 16)
 
 
 H100 = hardware_preset("h100-sxm")

@@ -23,7 +23,8 @@ def test_every_result_is_legal_and_fits(model: str, gpus: int, gb_mult: int, seq
     cfg = resolve_model(model)
     gb = 8 * gb_mult
     res = search(cfg, hardware_preset(gpu), gpus, seq_len=seq, global_batch=gb, top_k=50)
-    assert res.evaluated >= len(res.top)
+    # every legal candidate's memory is evaluated (plus one probe per layout); counts are honest
+    assert res.evaluated >= res.legal >= res.fitting >= len(res.top)
     steps = [e.time.step_s for e in res.top]
     assert steps == sorted(steps)
     for e in res.top:
@@ -71,6 +72,20 @@ def test_nothing_fits_keeps_the_closest_miss() -> None:
                  global_batch=8, offload="none")
     assert res.top == [] and res.best is None
     assert all(r.startswith(("never fits", "no legal")) for r in res.why_others_lost().values())
+
+
+def test_kept_layouts_are_full_estimates_of_their_plans() -> None:
+    # the search ranks on the fast path and builds Estimates only for what it keeps: they must
+    # be exactly what estimate() says for the same plan, and each family's best is one of them
+    from scaletrain.planner import estimate
+
+    res = search(resolve_model("llama3-8b"), hardware_preset("h100-sxm"), 16, seq_len=4096,
+                 global_batch=64, top_k=10)
+    assert len(res.top) == 10
+    for e in res.top:
+        assert e.time.step_s == estimate(e.plan).time.step_s
+    fam = res.families[family_of(res.best.plan)]
+    assert fam.best is res.best
 
 
 def test_unknown_pin_is_a_config_error() -> None:

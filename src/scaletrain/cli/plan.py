@@ -186,9 +186,39 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     if lines:
         print("\n".join(lines))
     if args.plot and estimates:
-        from scaletrain.planner.plot import plot_memory
-        plot_memory(estimates, args.plot)
+        _plots(estimates, args.plot)
     return 0
+
+
+def _plots(estimates: list[Any], path: str) -> list[str]:
+    """The memory bars at `path`; when the best layout pipelines (pp > 1), also its simulated
+    schedule as a Gantt chart at FILE_pipeline.png beside it."""
+    from pathlib import Path
+
+    from scaletrain.planner.plot import plot_memory, plot_pipeline
+
+    out = [str(plot_memory(estimates, path))]
+    best = estimates[0]
+    L = best.plan.layout
+    if L.pp > 1:
+        from scaletrain.planner.pipeline import simulate
+
+        t = best.time
+        # one micro-batch's forward/backward on the slowest rank, from the estimate's compute
+        m = max(1, best.plan.grad_accum)
+        per_mb = t.compute_s / m
+        # a readable chart (and a quick simulation): at most 4 rounds of pp micro-batches; a
+        # multiple of pp keeps every schedule's order legal
+        shown = m if m <= 4 * L.pp else 4 * L.pp
+        timeline = simulate(L.pp_schedule, L.pp, shown, L.pp_virtual, per_mb / 3,
+                            2 * per_mb / 3)
+        p = Path(path)
+        out.append(str(plot_pipeline(timeline, p.with_name(f"{p.stem}_pipeline{p.suffix}"))))
+        note = "" if shown == m else f" (first {shown} of {m} micro-batches)"
+        print(f"wrote {out[0]} and {out[1]}{note}")
+    else:
+        print(f"wrote {out[0]}")
+    return out
 
 
 def _cost_line(est: Any, tokens: float) -> str:

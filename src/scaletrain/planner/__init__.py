@@ -1,14 +1,8 @@
 """Torch-free analytic planner (see DESIGN.md §5): memory, FLOPs, communication, time, cost."""
 
 from .comm import comm_terms, comm_time, comm_volumes
-from .estimate import (
-                       TrainingCost,
-                       bubble_fraction,
-                       default_efficiency,
-                       estimate,
-                       napkin_cost,
-                       training_cost,
-)
+from .cost import TrainingCost, napkin_cost, training_cost
+from .estimate import default_efficiency, estimate, estimate_memory
 from .flops import flops_per_token, forward_flops_per_token
 from .memory import (
                        CONVENTIONS,
@@ -18,17 +12,18 @@ from .memory import (
                        head_activation_bytes,
                        korthikanti_layer_bytes,
                        layer_activation_bytes,
-                       microbatches_in_flight,
                        model_state_bytes,
                        stage_layer_counts,
                        state_bytes_per_param,
 )
+from .pipeline import bubble_fraction, inflight_microbatches
 from .types import Estimate, MemoryBreakdown, PlanInput, TimeBreakdown
 
-__all__ = ["estimate", "PlanInput", "Estimate", "MemoryBreakdown", "TimeBreakdown",
+__all__ = ["estimate", "estimate_memory", "inflight_microbatches", "PlanInput", "Estimate",
+           "MemoryBreakdown", "TimeBreakdown",
            "flops_per_token", "forward_flops_per_token", "model_state_bytes",
            "state_bytes_per_param", "activation_bytes", "layer_activation_bytes",
-           "head_activation_bytes", "korthikanti_layer_bytes", "microbatches_in_flight",
+           "head_activation_bytes", "korthikanti_layer_bytes",
            "stage_layer_counts", "buffer_terms", "comm_terms", "comm_volumes", "comm_time",
            "bubble_fraction", "default_efficiency", "training_cost", "napkin_cost",
            "TrainingCost", "CONVENTIONS", "OPTIMIZER_BYTES"]

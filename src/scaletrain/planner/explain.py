@@ -9,6 +9,7 @@ from __future__ import annotations
 from scaletrain.config import GB
 
 from .flops import (
+    attention_core_flops_per_token,
     forward_flops_per_token,
     head_forward_flops_per_token,
     layer_forward_flops_per_token,
@@ -24,14 +25,14 @@ def _gb(x: float) -> str:
     return f"{x / GB:.2f} GB"
 
 
-def explain(est: Estimate, *, tokens: float | None = None) -> str:
-    """A learner-readable derivation of `est` (one line per formula)."""
+def _parameters(est: Estimate) -> list[str]:
+    """Header and section 1: the exact parameter count and the pipeline split."""
     p, L, m_, hw = est.plan, est.plan.layout, est.plan.model, est.plan.hardware
-    pc = m_.param_counts()
-    mem, t = est.memory, est.time
+    mem = est.memory
     m = max(1, p.grad_accum)
     out: list[str] = []
     add = out.append
+    pc = m_.param_counts()
     add(f"== {m_.name} on {p.num_gpus} x {hw.name}: dp={L.dp} zero={L.zero} tp={L.tp} "
         f"sp={L.sp} pp={L.pp} ({L.pp_schedule}, v={L.pp_virtual}) cp={L.cp} ep={L.ep}")
     add(f"   world size = dp*tp*pp*cp = {L.dp}*{L.tp}*{L.pp}*{L.cp} = {L.world_size}")
@@ -45,8 +46,17 @@ def explain(est: Estimate, *, tokens: float | None = None) -> str:
         f"final norm {pc.final_norm:,}; total {pc.total:,}")
     counts = stage_layer_counts(m_.num_layers, L.pp, L.pp_virtual)
     held = mem.detail.get("params.count", 0.0)
-    add(f"   pipeline split (layers per rank) = {counts}; worst rank {mem.rank} holds "
+    add(f"   pipeline split (layers per rank) = {counts}; worst-memory rank {mem.rank} holds "
         f"{held:,.0f} params after /tp={L.tp} (and /ep={L.ep} for experts)")
+    return out
+
+
+def _states_and_activations(est: Estimate) -> list[str]:
+    """Sections 2-4: model states, activations, buffers."""
+    p, L, mem = est.plan, est.plan.layout, est.memory
+    m = max(1, p.grad_accum)
+    out: list[str] = []
+    add = out.append
     add("-- 2. model states")
     pb, gbp, ob = state_bytes_per_param(p.precision, p.optimizer)
     add(f"   bytes/param ({p.precision}, {p.optimizer}, scaletrain convention: fp32 master "
@@ -62,10 +72,11 @@ def explain(est: Estimate, *, tokens: float | None = None) -> str:
     per_layer = mem.detail.get("activations.per_layer", 0.0)
     add(f"   per layer per micro-batch (modern SDPA model, ac={p.ac}, tp={L.tp}, sp={L.sp}, "
         f"cp={L.cp}) = {_gb(per_layer)}")
-    inflight = inflight_microbatches(L.pp_schedule, L.pp, m, 0, L.pp_virtual) if L.pp > 1 \
-        else 1.0
-    add(f"   micro-batches in flight ({L.pp_schedule}, stage 0) = {inflight:g} "
-        f"(core uses {mem.detail.get('activations.in_flight', 1.0):g} on rank {mem.rank})")
+    stage = int(mem.detail.get("pipeline_rank", 0))
+    inflight = inflight_microbatches(L.pp_schedule, L.pp, m, stage, L.pp_virtual) \
+        if L.pp > 1 else 1.0
+    add(f"   micro-batches in flight ({L.pp_schedule}, pipeline rank {stage}, the worst) = "
+        f"{inflight:g} (exact for torch's order; pipeline.inflight_microbatches)")
     add(f"   activations = in_flight x layers x per_layer (+ head/logits on the last rank) = "
         f"{_gb(mem.activations)}")
     add("-- 4. buffers")
@@ -74,6 +85,16 @@ def explain(est: Estimate, *, tokens: float | None = None) -> str:
     add(f"   total allocated peak {_gb(mem.total)}; reserved (+fragmentation) "
         f"{_gb(mem.reserved)} vs capacity {_gb(mem.capacity)} -> "
         f"{'fits' if mem.fits else 'DOES NOT FIT'}")
+    return out
+
+
+def _time_lines(est: Estimate, tokens: float | None) -> list[str]:
+    """Sections 5-8 and the notes: compute, communication, bubble, step."""
+    p, L, m_, t = est.plan, est.plan.layout, est.plan.model, est.time
+    m = max(1, p.grad_accum)
+    out: list[str] = []
+    add = out.append
+    counts = stage_layer_counts(m_.num_layers, L.pp, L.pp_virtual)
     add("-- 5. compute")
     lf = layer_forward_flops_per_token(m_, p.seq_len)
     hf = head_forward_flops_per_token(m_)
@@ -81,7 +102,14 @@ def explain(est: Estimate, *, tokens: float | None = None) -> str:
     add(f"   forward FLOPs/token = L*{lf:,.0f} (block) + {hf:,.0f} (head) = {fwd:,.0f}")
     add(f"   training FLOPs/token = 3 x forward = {est.flops_per_token:,.0f} "
         f"(matmuls only, causal attention halved; recompute excluded from MFU)")
-    add(f"   compute time/step = {t.compute_s:.3f} s")
+    # hardware FLOPs per token of each rank: its blocks (with recompute), the head on the last
+    extra = {"full": lf, "selective": attention_core_flops_per_token(m_, p.seq_len)}
+    block = 3 * lf + extra.get(p.ac, 0.0)
+    per_rank = [c * block for c in counts[:-1]] + [counts[-1] * block + 3 * hf]
+    slow = max(range(len(counts)), key=per_rank.__getitem__)
+    add(f"   compute time/step = m x tokens/micro-batch x FLOPs of the slowest pipeline rank "
+        f"(rank {slow}: {counts[slow]} blocks{' + head' if slow == len(counts) - 1 else ''}) "
+        f"/ (tp*cp) / (peak x efficiency) = {t.compute_s:.3f} s")
     add("-- 6. communication (per step per rank: all time; exposed after overlap)")
     for k, v in t.comm_terms.items():
         add(f"   {k:<22} {v:.4f} s")
@@ -89,7 +117,10 @@ def explain(est: Estimate, *, tokens: float | None = None) -> str:
     add("-- 7. pipeline bubble")
     if L.pp > 1:
         bf = bubble_fraction(L.pp_schedule, L.pp, m, L.pp_virtual)
-        add(f"   bubble fraction ({L.pp_schedule}) = {bf:.4f} of compute -> {t.bubble_s:.3f} s")
+        form = {"gpipe": "(p-1)/m", "1f1b": "(p-1)/m", "interleaved": "(p-1)/(v*m)",
+                "zero-bubble": "(p-1)/(3*v*m) (ZB-H1: torch's zero-bubble order)"}
+        add(f"   bubble fraction ({L.pp_schedule}) = {form.get(L.pp_schedule, '')} = {bf:.4f} "
+            f"of compute -> {t.bubble_s:.3f} s")
     else:
         add("   pp = 1: no bubble")
     add("-- 8. step")
@@ -106,4 +137,10 @@ def explain(est: Estimate, *, tokens: float | None = None) -> str:
     add("-- notes")
     for n in est.notes:
         add(f"   * {n}")
-    return "\n".join(out)
+    return out
+
+
+def explain(est: Estimate, *, tokens: float | None = None) -> str:
+    """A learner-readable derivation of `est` (one line per formula)."""
+    return "\n".join([*_parameters(est), *_states_and_activations(est),
+                      *_time_lines(est, tokens)])

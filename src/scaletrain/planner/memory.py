@@ -11,8 +11,8 @@ from scaletrain.config import ModelConfig, stage_layer_ranges
 
 __all__ = ["OPTIMIZER_BYTES", "CONVENTIONS", "state_bytes_per_param", "model_state_bytes",
            "stage_layer_counts", "korthikanti_layer_bytes", "layer_activation_bytes",
-           "activation_bytes", "head_activation_bytes", "microbatches_in_flight",
-           "buffer_terms", "RUNTIME_CONTEXT_BYTES", "FRAGMENTATION"]
+           "activation_bytes", "head_activation_bytes", "buffer_terms",
+           "RUNTIME_CONTEXT_BYTES", "FRAGMENTATION"]
 
 OPTIMIZER_BYTES = {"adamw": 8.0, "sgd": 4.0, "adamw8bit": 2.0}
 """Optimizer state bytes per parameter: AdamW m+v fp32 (Kingma & Ba 2015), SGD momentum fp32,
@@ -232,31 +232,6 @@ def activation_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int,
         kw2 = dict(kw, ac="none")
         total += layer_activation_bytes(model, seq_len=seq_len, micro_batch=micro_batch, **kw2)  # type: ignore[arg-type]
     return total
-
-
-def microbatches_in_flight(schedule: str, pp: int, m: int, virtual: int = 1,
-                           stage: int = 0) -> float:
-    """Micro-batches whose activations rank `stage` holds at its peak, in units of its whole
-    stage's activations.
-
-    pp=1: 1 (gradient accumulation runs micro-batches one after another). GPipe/AFAB: m (all
-    forwards before any backward; Huang et al. 2019). 1F1B: min(m, pp - stage) (Narayanan et al.
-    2021), worst on stage 0. Interleaved: 1F1B's count x (1 + (pp-1)/(pp*v)) (Narayanan et al.
-    2021 §2.2.2; exact for stage 0, applied to every stage as an approximation). Zero-bubble
-    (ZB-H1, Qi et al. 2023): 1F1B's count plus the deferred weight-gradient inputs of up to
-    min(m, pp-1-stage) micro-batches, charged at half a micro-batch each (matmul inputs are about
-    half of a block's saved bytes) — our approximation, not the paper's bound.
-    """
-    if pp <= 1:
-        return 1.0
-    if schedule == "gpipe":
-        return float(m)
-    base = float(min(m, pp - stage))
-    if schedule == "interleaved":
-        return base * (1 + (pp - 1) / (pp * virtual))
-    if schedule == "zero-bubble":
-        return base + 0.5 * min(m, pp - 1 - stage)
-    return base
 
 
 def buffer_terms(*, hidden: int, tokens: float, precision: str, zero: int, dp: int, tp: int,

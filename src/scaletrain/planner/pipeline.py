@@ -21,13 +21,15 @@ quote ((p-1)/m for 1F1B), not idle / makespan.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from scaletrain.config import PP_SCHEDULES
 
-__all__ = ["bubble_fraction", "inflight_microbatches", "Action", "pipeline_order", "Event",
+__all__ = ["bubble_fraction", "inflight_microbatches", "inflight_per_rank", "Action",
+           "pipeline_order", "Event",
            "PipelineTimeline", "simulate", "microbatches_per_round"]
 
 FORWARD, BACKWARD, WEIGHT = "F", "B", "W"
@@ -45,18 +47,19 @@ def _check(schedule: str, p: int, m: int, v: int) -> None:
 
 
 def bubble_fraction(schedule: str, p: int, m: int, v: int = 1, *,
-                    zero_bubble: str = "h2") -> float:
+                    zero_bubble: str = "h1") -> float:
     """Idle time / ideal compute time of one step (uniform stages, free communication).
 
     gpipe, 1f1b: (p-1)/m — each rank idles p-1 forward+backward slots while the pipeline fills
       and drains (Huang et al. 2019; Narayanan et al. 2021 §2.2.1). Exact in `simulate`.
     interleaved: (p-1)/(v*m) — fill and drain slots are chunk-sized, 1/v of a stage
       (Narayanan et al. 2021 §2.2.2). Assumes m is a multiple of p.
-    zero-bubble: zero_bubble='h2' (default) -> 0: the idealised ZB-H2 of Qi et al. 2023, which
-      fills the warm-up and cool-down with deferred W passes when t_F = t_B = t_W and memory
-      allows ~2p in-flight micro-batches. zero_bubble='h1' -> (p-1)/(3m): ZB-H1, 1F1B's memory,
-      bubble (p-1)(t_F + t_B - t_W) with equal thirds — close to what torch's
-      ScheduleInterleavedZeroBubble (ZB1P) order measures in `simulate`.
+    zero-bubble: zero_bubble='h1' (default) -> (p-1)/(3vm): ZB-H1 of Qi et al. 2023, 1F1B's
+      memory, bubble (p-1)(t_F + t_B - t_W) with equal thirds — what torch's
+      ScheduleInterleavedZeroBubble (ZB1P) order, the one scaletrain's trainer runs, measures in
+      `simulate`. zero_bubble='h2' -> 0: the idealised ZB-H2, which fills the warm-up and
+      cool-down with deferred W passes when t_F = t_B = t_W and memory allows ~2p in-flight
+      micro-batches; torch 2.13 has no such order, so it is an option for what-if studies only.
     Ignores: p2p latency, unequal stages (the head makes the last stage slower), optimizer step.
     """
     _check(schedule, p, m, v)
@@ -117,6 +120,12 @@ def inflight_microbatches(schedule: str, p: int, m: int, stage: int, v: int = 1)
     if v == 1:
         return float(min(m, p))
     return simulate("zero-bubble", p, m, v, 1.0, 2.0).peak_inflight[stage]
+
+
+@functools.lru_cache(maxsize=4096)
+def inflight_per_rank(schedule: str, p: int, m: int, v: int = 1) -> tuple[float, ...]:
+    """`inflight_microbatches` of every rank 0..p-1 (cached: the planner asks per layout)."""
+    return tuple(inflight_microbatches(schedule, p, m, r, v) for r in range(p))
 
 
 # ---- action orders ----------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
 from scaletrain.config import GB
@@ -65,7 +66,7 @@ def render_estimates(estimates: list[Estimate], title: str = "plan") -> str:
     """The table as text (rich, no colour)."""
     from rich.console import Console
 
-    console = Console(width=160, record=True, color_system=None, file=_Null())
+    console = Console(width=160, record=True, color_system=None, file=io.StringIO())
     console.print(_table(title, estimates))
     return console.export_text()
 
@@ -88,11 +89,3 @@ def render_search(result: SearchResult) -> str:
 def to_json(estimates: list[Estimate]) -> list[dict[str, Any]]:
     """DESIGN.md §4 objects, best first."""
     return [e.to_json() for e in estimates]
-
-
-class _Null:
-    def write(self, s: str) -> int:
-        return len(s)
-
-    def flush(self) -> None:
-        pass

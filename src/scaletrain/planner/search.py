@@ -3,28 +3,28 @@ rest by step time, and say why each strategy family lost.
 
 Legality is `scaletrain.config.layout_problems` (the one set of rules): the enumerator only
 proposes degrees that divide the GPU count, and every candidate is checked by `layout_problems`
-before it is evaluated. Pruning (memory first): for a fixed layout, precision, AC and offload,
-activation memory grows with the micro-batch, so once a micro-batch size does not fit the larger
-ones are skipped (not counted as evaluated); offload is only tried where the same layout without
-it does not fit (offload adds host traffic and saves nothing else).
+before it is evaluated. Memory first: each candidate's worst-rank memory is computed on the
+fast path (`estimate.reserved_and_step`, no dataclasses), its step time only if it fits, and
+full `Estimate` objects only for the layouts reported. Pruning: for a fixed layout, precision,
+AC and offload, activation memory grows with the micro-batch, so once a micro-batch size does
+not fit the larger ones are skipped (not counted as evaluated); offload is only tried where the
+same layout without it does not fit (offload adds host traffic and saves nothing else).
 """
 
 from __future__ import annotations
 
-import dataclasses
+import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from scaletrain.config import GB, ConfigError, HardwareSpec, Layout, ModelConfig, layout_problems
 
+from .estimate import reserved_and_step
 from .types import Estimate, PlanInput
 
-__all__ = ["search", "SearchResult", "FamilyOutcome", "family_of", "FAMILIES",
-           "default_estimate"]
-
-EstimateFn = Callable[[PlanInput], Estimate]
+__all__ = ["search", "SearchResult", "FamilyOutcome", "family_of", "FAMILIES"]
 
 FAMILIES = ("pure DP", "ZeRO-1/2", "ZeRO-3/FSDP", "TP", "PP", "CP", "EP", "3D", "offload")
 PIN_KEYS = ("dp", "tp", "pp", "cp", "ep", "zero", "sp", "pp_schedule", "pp_virtual",
@@ -34,23 +34,9 @@ VIRTUAL_CHOICES = (2, 4)
 chunks add p2p traffic and in-flight memory). Pin --pp-virtual to explore another value."""
 
 
-def default_estimate() -> EstimateFn:
-    """The planner core's `estimate` (imported lazily: the core may land after this module)."""
-    from .estimate import estimate  # type: ignore[import-not-found,unused-ignore]
-    return estimate  # type: ignore[no-any-return]
-
-
 def family_of(plan: PlanInput) -> str:
     """The strategy family a layout belongs to (the 'why the others lost' grouping)."""
-    L = plan.layout
-    if plan.offload != "none":
-        return "offload"
-    axes = [n for n, d in (("TP", L.tp), ("PP", L.pp), ("CP", L.cp), ("EP", L.ep)) if d > 1]
-    if len(axes) >= 2:
-        return "3D"
-    if axes:
-        return axes[0]
-    return {0: "pure DP", 1: "ZeRO-1/2", 2: "ZeRO-1/2", 3: "ZeRO-3/FSDP"}[L.zero]
+    return _family(plan.layout, plan.offload)
 
 
 def layout_of(e: Estimate) -> str:
@@ -90,7 +76,8 @@ class SearchResult:
     """Fitting layouts, fastest first (at most top_k)."""
     families: dict[str, FamilyOutcome]
     evaluated: int
-    """Layouts whose estimate was computed (pruned ones not counted)."""
+    """Legal layouts whose memory was computed (memory probes included; those that did not fit
+    were not timed). Candidates skipped by pruning are not counted."""
     legal: int
     """Candidates that passed layout_problems."""
     fitting: int
@@ -153,109 +140,202 @@ def _schedules(pp: int, num_layers: int, pins: dict[str, Any]) -> list[tuple[str
     return out
 
 
-def _plain(plan: PlanInput) -> PlanInput:
-    # A probe's miss belongs to the family of its layout, not to "offload".
-    return dataclasses.replace(plan, offload="none")
+@dataclass(frozen=True)
+class _Job:
+    """What every candidate of one search shares (the PlanInput fields other than the layout,
+    micro-batch, AC and offload)."""
+
+    model: ModelConfig
+    hardware: HardwareSpec
+    num_gpus: int
+    seq_len: int
+    global_batch: int
+    precision: str
+    optimizer: str
+    compile: bool
+    efficiency: float
+    pins: dict[str, Any]
+
+    def plan(self, layout: Layout, mb: int, ac: str, offload: str) -> PlanInput:
+        return PlanInput(self.model, self.hardware, self.num_gpus, layout, self.seq_len,
+                         self.global_batch, mb, self.precision, ac, offload, self.optimizer,
+                         self.compile, self.efficiency)
 
 
-def _miss(fam: FamilyOutcome, e: Estimate) -> None:
-    miss = fam.closest_miss
-    over = e.memory.reserved - e.memory.capacity
-    if miss is None or over < miss.memory.reserved - miss.memory.capacity:
-        fam.closest_miss = e
+@dataclass
+class _Tally:
+    """Running results as plain numbers; Estimates are built at the end for the kept plans."""
+
+    fits: list[tuple[float, int, PlanInput]] = field(default_factory=list)
+    best: dict[str, tuple[float, PlanInput]] = field(default_factory=dict)
+    miss: dict[str, tuple[float, PlanInput]] = field(default_factory=dict)
+    candidates: dict[str, int] = field(default_factory=dict)
+    evaluated: int = 0
+    legal: int = 0
+
+    def record(self, plan: PlanInput, fam: str, candidate: bool) -> bool:
+        """Evaluate `plan` (memory first; time only if it fits and is a candidate, not a
+        probe); True if it fits."""
+        reserved, step = reserved_and_step(plan, memory_only=not candidate)
+        self.evaluated += 1
+        if candidate:
+            self.candidates[fam] = self.candidates.get(fam, 0) + 1
+        if step == math.inf:
+            over = reserved - plan.hardware.memory_bytes
+            if fam not in self.miss or over < self.miss[fam][0]:
+                self.miss[fam] = (over, plan)
+            return False
+        if candidate:
+            self.fits.append((step, len(self.fits), plan))
+            if fam not in self.best or step < self.best[fam][0]:
+                self.best[fam] = (step, plan)
+        return True
 
 
-def search(model: ModelConfig, hardware: HardwareSpec, num_gpus: int, *, seq_len: int,
-           global_batch: int, precision: str = "bf16", top_k: int = 5,
-           optimizer: str = "adamw", compile: bool = False, efficiency: float = 0.0,
-           estimate_fn: EstimateFn | None = None, **pins: Any) -> SearchResult:
-    """Every legal layout of `num_gpus` GPUs, ranked by step time (fitting ones only).
+def _family(layout: Layout, offload: str) -> str:
+    """family_of without building a PlanInput."""
+    if offload != "none":
+        return "offload"
+    axes = [n for n, d in (("TP", layout.tp), ("PP", layout.pp), ("CP", layout.cp),
+                           ("EP", layout.ep)) if d > 1]
+    if len(axes) >= 2:
+        return "3D"
+    if axes:
+        return axes[0]
+    return {0: "pure DP", 1: "ZeRO-1/2", 2: "ZeRO-1/2", 3: "ZeRO-3/FSDP"}[layout.zero]
 
-    pins: any subset of dp, tp, pp, cp, ep, zero, sp, pp_schedule, pp_virtual, micro_batch, ac,
-    offload fixes that option (None = search it).
-    """
-    for k in pins:
-        if k not in PIN_KEYS:
-            raise ConfigError(f"search.{k}", pins[k], f"pin one of {', '.join(PIN_KEYS)}")
-    est = estimate_fn or default_estimate()
-    t0 = time.perf_counter()
-    families = {f: FamilyOutcome(f) for f in FAMILIES}
-    fits: list[Estimate] = []
-    evaluated = legal = 0
-    acs = _pinned(pins, "ac", ["none", "selective", "full"])
+
+def _layouts(job: _Job) -> Iterator[tuple[Layout, list[int], list[str]]]:
+    """(layout, candidate micro-batches, offload options) of every proposed layout."""
+    model, pins, gb = job.model, job.pins, job.global_batch
     zeros = _pinned(pins, "zero", [0, 1, 2, 3])
-    for tp, pp, cp, dp in _degrees(model, num_gpus, seq_len, pins):
-        if global_batch % dp:
+    for tp, pp, cp, dp in _degrees(model, job.num_gpus, job.seq_len, pins):
+        if gb % dp:
             continue
-        mbs = _pinned(pins, "micro_batch", _divisors(global_batch // dp))
+        mbs = _pinned(pins, "micro_batch", _divisors(gb // dp))
         eps = [1]
         if model.is_moe:
             eps = [e for e in _divisors(model.num_experts) if (dp * cp) % e == 0]
         for ep in _pinned(pins, "ep", eps):
             for sp in _pinned(pins, "sp", [False, True] if tp > 1 else [False]):
                 for sched, v in _schedules(pp, model.num_layers, pins):
+                    lmbs = mbs
+                    if sched == "gpipe" and pins.get("pp_schedule") != "gpipe":
+                        # GPipe has 1F1B's bubble and more activations in flight: it is only
+                        # a candidate where 1F1B is illegal (fewer micro-batches than stages).
+                        lmbs = [b for b in mbs if gb // (b * dp) < pp]
                     for zero in zeros:
-                        layout = Layout(dp=dp, zero=zero, tp=tp, sp=sp, pp=pp,
-                                        pp_schedule=sched, pp_virtual=v, cp=cp, ep=ep)
                         offloads = ["none", "optimizer"] + (["params"] if zero == 3 else [])
                         offloads = _pinned(pins, "offload", offloads)
-                        lmbs = mbs
-                        if sched == "gpipe" and pins.get("pp_schedule") != "gpipe":
-                            # GPipe has 1F1B's bubble and more activations in flight: it is
-                            # only a candidate where 1F1B is illegal (fewer micro-batches
-                            # than stages).
-                            lmbs = [b for b in mbs if global_batch // (b * dp) < pp]
-                        if not lmbs or not offloads or not acs:
-                            continue
-                        # Memory probe: the most frugal variant (smallest micro-batch, the
-                        # heaviest AC, the most offload). If even it does not fit, no variant
-                        # of this layout does: record the miss, skip the rest.
-                        probe = PlanInput(model, hardware, num_gpus, layout, seq_len,
-                                          global_batch, lmbs[0], precision, acs[-1], offloads[-1],
-                                          optimizer, compile, efficiency)
-                        if not layout_problems(layout, model, world_size=num_gpus,
-                                               global_batch=global_batch, micro_batch=lmbs[0],
-                                               seq_len=seq_len):
-                            e = est(probe)
-                            evaluated += 1
-                            if not e.memory.fits:
-                                _miss(families[family_of(_plain(probe))], e)
-                                continue
-                        # At equal micro-batch more recompute is only slower: a heavier AC
-                        # level starts at the first size the lighter level could not fit.
-                        start = 0
-                        for ac in acs:
-                            first_miss = len(lmbs)
-                            for i in range(start, len(lmbs)):
-                                mb = lmbs[i]
-                                if layout_problems(layout, model, world_size=num_gpus,
-                                                   global_batch=global_batch, micro_batch=mb,
-                                                   seq_len=seq_len):
-                                    continue
-                                legal += 1
-                                any_fit = False
-                                for off in offloads:
-                                    plan = PlanInput(model, hardware, num_gpus, layout, seq_len,
-                                                     global_batch, mb, precision, ac, off,
-                                                     optimizer, compile, efficiency)
-                                    e = est(plan)
-                                    evaluated += 1
-                                    fam = families[family_of(plan)]
-                                    fam.candidates += 1
-                                    if e.memory.fits:
-                                        fits.append(e)
-                                        if fam.best is None or e.time.step_s < fam.best.time.step_s:
-                                            fam.best = e
-                                        any_fit = True
-                                        break  # offload only where the plainer option fails
-                                    _miss(fam, e)
-                                if not any_fit:
-                                    first_miss = i
-                                    break  # larger micro-batches need more memory still
-                            if pins.get("ac") is None:
-                                start = first_miss
+                        if lmbs and offloads:
+                            yield (Layout(dp=dp, zero=zero, tp=tp, sp=sp, pp=pp,
+                                          pp_schedule=sched, pp_virtual=v, cp=cp, ep=ep),
+                                   lmbs, offloads)
+
+
+class _Legal:
+    """`layout_problems` for one layout, asked lazily and once per micro-batch size (pruned
+    sizes are never checked)."""
+
+    def __init__(self, job: _Job, layout: Layout) -> None:
+        self.job, self.layout = job, layout
+        self.seen: dict[int, bool] = {}
+
+    def __call__(self, mb: int) -> bool:
+        ok = self.seen.get(mb)
+        if ok is None:
+            job = self.job
+            ok = self.seen[mb] = not layout_problems(
+                self.layout, job.model, world_size=job.num_gpus, global_batch=job.global_batch,
+                micro_batch=mb, seq_len=job.seq_len)
+        return ok
+
+
+def _scan(job: _Job, tally: _Tally, layout: Layout, mbs: list[int], legal: _Legal, ac: str,
+          offloads: list[str], start: int) -> int:
+    """Evaluate the legal micro-batches of mbs[start:] at one AC level; returns the index of
+    the first size that fits with no offload option (len(mbs) if all fit): larger ones need
+    more memory still."""
+    for i in range(start, len(mbs)):
+        if not legal(mbs[i]):
+            continue
+        tally.legal += 1
+        fitted = False
+        for off in offloads:
+            if tally.record(job.plan(layout, mbs[i], ac, off), _family(layout, off), True):
+                fitted = True
+                break  # offload only where the plainer option fails
+        if not fitted:
+            return i
+    return len(mbs)
+
+
+def _search_layout(job: _Job, tally: _Tally, layout: Layout, mbs: list[int],
+                   offloads: list[str], acs: list[str]) -> None:
+    """Every (micro-batch, AC, offload) of one layout, memory-pruned."""
+    legal = _Legal(job, layout)
+    first = next((i for i, mb in enumerate(mbs) if legal(mb)), None)
+    if first is None:
+        return
+    # Memory probe: the most frugal variant (smallest micro-batch, the heaviest AC, the most
+    # offload). If even it does not fit, no variant of this layout does: record the miss under
+    # the layout's own family (not "offload") and skip the rest.
+    probe = job.plan(layout, mbs[first], acs[-1], offloads[-1])
+    if not tally.record(probe, _family(layout, "none"), False):
+        return
+    # At equal micro-batch more recompute is only slower: a heavier AC level starts at the
+    # first size the lighter level could not fit.
+    start = first
+    for ac in acs:
+        first_miss = _scan(job, tally, layout, mbs, legal, ac, offloads, start)
+        if job.pins.get("ac") is None:
+            start = first_miss
+
+
+def _result(tally: _Tally, model: ModelConfig, top_k: int, t0: float) -> SearchResult:
+    """Build Estimates for the kept plans only: the top k, each family's best and closest miss."""
+    from .estimate import estimate
+
+    built: dict[int, Estimate] = {}
+
+    def est(plan: PlanInput) -> Estimate:
+        if id(plan) not in built:
+            built[id(plan)] = estimate(plan)
+        return built[id(plan)]
+
+    tally.fits.sort(key=lambda t: (t[0], t[1]))
+    top = [est(plan) for _, _, plan in tally.fits[:top_k]]
+    families = {f: FamilyOutcome(f, candidates=tally.candidates.get(f, 0)) for f in FAMILIES}
+    for f, (_, plan) in tally.best.items():
+        families[f].best = est(plan)
+    for f, (_, plan) in tally.miss.items():
+        families[f].closest_miss = est(plan)
     if not model.is_moe:
         del families["EP"]
-    fits.sort(key=lambda e: e.time.step_s)
-    return SearchResult(fits[:top_k], families, evaluated, legal, len(fits),
+    return SearchResult(top, families, tally.evaluated, tally.legal, len(tally.fits),
                         time.perf_counter() - t0)
+
+
+def search(model: ModelConfig, hardware: HardwareSpec, num_gpus: int, *, seq_len: int,
+           global_batch: int, precision: str = "bf16", top_k: int = 5,
+           optimizer: str = "adamw", compile: bool = False, efficiency: float = 0.0,
+           **pins: Any) -> SearchResult:
+    """Every legal layout of `num_gpus` GPUs, ranked by step time (fitting ones only).
+
+    pins: any subset of dp, tp, pp, cp, ep, zero, sp, pp_schedule, pp_virtual, micro_batch, ac,
+    offload fixes that option (None = search it). Each candidate's memory is computed first
+    (`estimate.reserved_and_step`); its time only if it fits; full Estimates only for the
+    layouts returned.
+    """
+    for k in pins:
+        if k not in PIN_KEYS:
+            raise ConfigError(f"search.{k}", pins[k], f"pin one of {', '.join(PIN_KEYS)}")
+    t0 = time.perf_counter()
+    job = _Job(model, hardware, num_gpus, seq_len, global_batch, precision, optimizer, compile,
+               efficiency, pins)
+    tally = _Tally()
+    acs = _pinned(pins, "ac", ["none", "selective", "full"])
+    if acs:
+        for layout, mbs, offloads in _layouts(job):
+            _search_layout(job, tally, layout, mbs, offloads, acs)
+    return _result(tally, model, top_k, t0)
