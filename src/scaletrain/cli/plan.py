@@ -53,6 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     a("--top", type=int, default=5, metavar="K", help="layouts shown by a search")
     a("--plot", metavar="FILE.png", help="write the memory breakdown (and pipeline) plot")
     a("--tokens", type=float, metavar="N", help="training tokens for the time/cost line")
+    a("--preflight", "--verify", dest="preflight", action="store_true",
+      help="dry-run the best layout under fake tensors (its worst rank) and compare")
 
 
 def _positive(args: argparse.Namespace, flag: str) -> None:
@@ -187,7 +189,47 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         print("\n".join(lines))
     if args.plot and estimates:
         _plots(estimates, args.plot)
+    if getattr(args, "preflight", False) and estimates:
+        print(_preflight(estimates[0]))
     return 0
+
+
+def _job_for(est: Any) -> Any:
+    """The training job that runs exactly the layout of `est` (for the dry-run)."""
+    from scaletrain.config import (
+        BatchConfig,
+        HardwareConfig,
+        JobConfig,
+        MemoryConfig,
+        ParallelConfig,
+        PrecisionConfig,
+    )
+
+    p, L = est.plan, est.plan.layout
+    return JobConfig(
+        model=p.model,
+        parallel=ParallelConfig(dp=L.dp, zero=L.zero, dp_replicate=L.dp_replicate, tp=L.tp,
+                                sp=L.sp, pp=L.pp, pp_schedule=L.pp_schedule,
+                                pp_virtual=L.pp_virtual, cp=L.cp, ep=L.ep, layout="manual"),
+        precision=PrecisionConfig(dtype=p.precision),
+        memory=MemoryConfig(ac=p.ac, offload=p.offload),
+        batch=BatchConfig(global_batch=p.global_batch, micro_batch=p.micro_batch,
+                          seq_len=p.seq_len),
+        hardware=HardwareConfig(gpu=p.hardware.name, gpus=p.num_gpus))
+
+
+def _preflight(est: Any) -> str:
+    """Dry-run `est`'s layout as its worst rank and put the measurement beside the prediction."""
+    from scaletrain.measure.dryrun import dryrun
+    from scaletrain.measure.verify import compare, format_table
+
+    try:
+        measured = dryrun(_job_for(est), world_size=est.plan.num_gpus, rank=est.memory.rank)
+    except ConfigError as e:  # a layout the dry-run cannot drive yet (PP, EP, offload)
+        return f"preflight: not run ({e})"
+    verdict = "fits" if measured.memory.total <= est.plan.hardware.memory_bytes else "DOES NOT FIT"
+    return (f"preflight dry-run of the best layout (rank {est.memory.rank}): {verdict}\n"
+            + format_table(compare(measured, est)))
 
 
 def _plots(estimates: list[Any], path: str) -> list[str]:
