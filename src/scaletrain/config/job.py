@@ -131,10 +131,12 @@ class BatchConfig:
 class OptimConfig:
     name: str = "adamw"
     """'adamw' or 'sgd' (with momentum)."""
-    lr: float = 1e-3
+    lr: float = 2e-3
+    """Peak learning rate (the default suits the embedded small-GPT run; large models want
+    ~3e-4 or lower)."""
     min_lr_ratio: float = 0.1
     """Final lr of the cosine decay as a fraction of `lr`."""
-    warmup_steps: int = 50
+    warmup_steps: int = 80
     schedule: str = "cosine"
     """'cosine' (linear warmup then cosine decay), 'linear' or 'constant' (after warmup)."""
     beta1: float = 0.9
@@ -192,7 +194,7 @@ class DataConfig:
 
 @dataclass
 class TrainConfig:
-    steps: int = 400
+    steps: int = 800
     log_every: int = 10
     eval_every: int = 100
     eval_batches: int = 8
