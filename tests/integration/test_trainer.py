@@ -114,3 +114,13 @@ def test_export_hf_at_end_loads_in_transformers(tmp_path):
         ours = r.model(x)
         theirs = hf(x).logits
     assert (ours - theirs).abs().max().item() <= 1e-4
+
+
+def test_fp8_run_trains_with_fp32_master_weights(tmp_path):
+    from scaletrain.precision import Float8Linear
+
+    r = train(_job(tmp_path, "fp8", "--model.name=tiny-llama", "--precision.dtype=fp8",
+                   "--train.steps=25", "--optim.lr=3e-3"))
+    assert any(isinstance(m, Float8Linear) for m in r.model.modules())
+    assert all(p.dtype == torch.float32 for p in r.model.parameters())
+    assert sum(r.losses[-5:]) / 5 < sum(r.losses[:5]) / 5 - 0.3

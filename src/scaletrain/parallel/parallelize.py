@@ -12,6 +12,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from scaletrain.config import ConfigError, MemoryConfig, PrecisionConfig
+from scaletrain.precision import maybe_apply_fp8
 
 from .data_parallel import apply_ddp, apply_manual_grad_sync
 from .dims import ParallelDims
@@ -45,13 +46,15 @@ def _check(dims: ParallelDims, memory: MemoryConfig) -> None:
 def parallelize(model: nn.Module, dims: ParallelDims, *, precision: PrecisionConfig,
                 memory: MemoryConfig, compile: bool = False, loss_parallel: bool = True
                 ) -> nn.Module:
-    """Apply TP/SP, CP, EP, AC, compile, then FSDP (ZeRO-2/3, HSDP) or DDP (ZeRO-0/1).
+    """Apply fp8 linears, TP/SP, CP, EP, AC, compile, then FSDP (ZeRO-2/3, HSDP) or DDP (ZeRO-0/1).
 
     `dims.build_mesh()` must have been called. With tp > 1 and `loss_parallel`, the model
     returns vocabulary-sharded DTensor logits: compute the loss and its backward inside
     `tensor_parallel.loss_context(dims.submesh("tp"))`.
     """
     _check(dims, memory)
+    # fp8 linears first: Float8Linear is an nn.Linear, so the TP plans and FSDP apply unchanged
+    maybe_apply_fp8(model, precision)
     if dims.tp > 1:
         apply_tp(model, dims.submesh("tp"), sp=dims.sp, loss_parallel=loss_parallel)
     if dims.cp > 1:

@@ -1,0 +1,7 @@
+"""Reduced-precision training beyond autocast: float8 linear layers (see `fp8.py`)."""
+
+from .fp8 import AMAXES, SCALINGS, Float8Linear, apply_fp8, fp8_eligible, maybe_apply_fp8
+from .scaling import E4M3, E5M2, AmaxHistory, dequantize, quantize
+
+__all__ = ["Float8Linear", "apply_fp8", "maybe_apply_fp8", "fp8_eligible", "SCALINGS", "AMAXES",
+           "E4M3", "E5M2", "AmaxHistory", "quantize", "dequantize"]

@@ -1,0 +1,281 @@
+"""fp8 training of linear layers: `Float8Linear` and `apply_fp8`.
+
+What is float8 and what is not (the recipe of Micikevicius et al. 2022 and DeepSeek-V3 §3.3):
+- the three GEMMs of every converted Linear run in float8 through `torch._scaled_mm`:
+  forward `y = x W^T` (x, W in E4M3), dgrad `dx = dy W` and wgrad `dW = dy^T x` (dy in E5M2,
+  the saved x and W in E4M3); products accumulate in fp32 inside the kernel, outputs are the
+  compute dtype (y, dx) and the weight's dtype (dW); scales are fp32;
+- the weight stays an ordinary fp32 (or FSDP-cast bf16) `nn.Parameter`, quantized inside every
+  forward: FSDP2 shards and all-gathers the master as usual, optimizer states never see fp8;
+- everything else — embeddings, norms, attention softmax, the router, the output head, the loss,
+  MoE experts (stacked parameters, not Linears) — stays in the compute dtype (bf16 with autocast).
+
+Scaling: `tensorwise` with `current` amax (this tensor now) or `delayed` amax (max over the last
+`history_len` steps, Transformer Engine style); `tilewise` (1x128 activation/gradient tiles,
+128x128 weight blocks) always uses the current amax, as in DeepSeek-V3. See `scaling.py` for how
+tile-wise GEMMs run on `_scaled_mm`.
+
+Memory of one converted Linear, weight (N, K), input (M, K) (what the planner must model):
+- persistent: the Parameter as it was (fp32 master: 4 B/param), its grad in the weight's dtype,
+  the optimizer's states. No fp8 weight cache, no stored transpose.
+- saved forward -> backward: the fp8 input (M·K B) and the fp8 weight (N·K B, taken from the
+  weight as seen in forward — under FSDP2 the *unsharded* one, which FSDP cannot free) plus
+  fp32 scales (tensorwise: 4 B each; tilewise: 4 B per 128 input elements and per 128x128 weight
+  block, dims zero-padded up to multiples of 128). Nothing else: not x, not W, not y. An input
+  shared by several Linears (the norm output feeding wq/wk/wv) is saved once per Linear.
+- transient: fp32 temporaries of x and W while quantizing, and in backward the fp8 dy, the
+  column-major copies `_scaled_mm` needs (W_q for dgrad, x_q and dy_q^T for wgrad) and, for
+  tilewise, the fp32 dequantized x and its 128x1 re-tiled fp8 copy.
+
+On CUDA with `torchao` importable, tensorwise/current conversion is delegated to
+`torchao.float8.convert_to_float8_training` (fused casts, `torch.compile`-friendly); everything
+else uses `Float8Linear`, the same code on CPU and CUDA.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from .scaling import E4M3, E5M2, TILE, AmaxHistory, dequantize, quantize, scaled_mm, tiled_scaled_mm
+
+__all__ = ["Float8Linear", "apply_fp8", "maybe_apply_fp8", "fp8_eligible", "SCALINGS", "AMAXES"]
+
+SCALINGS = ("tensorwise", "tilewise")
+AMAXES = ("current", "delayed")
+_DIM_MULTIPLE = 16  # cuBLASLt fp8 GEMMs need the inner dims to be multiples of 16
+
+
+class _Fp8State:
+    """Recipe and delayed-scaling histories of one Float8Linear (input, weight, grad_output)."""
+
+    def __init__(self, scaling: str, amax: str, history_len: int) -> None:
+        self.scaling, self.amax = scaling, amax
+        delayed = amax == "delayed"
+        self.x = AmaxHistory(history_len) if delayed else None
+        self.w = AmaxHistory(history_len) if delayed else None
+        self.dy = AmaxHistory(history_len) if delayed else None
+
+
+def _quant_tensorwise(t: torch.Tensor, dtype: torch.dtype, hist: AmaxHistory | None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    if hist is None:
+        return quantize(t, dtype)
+    amax = hist.amax_for(t)
+    if _is_dtensor(t) and not _is_dtensor(amax):  # history is a plain replicated tensor
+        from torch.distributed.tensor import DTensor, Replicate
+
+        mesh = t.device_mesh
+        amax = DTensor.from_local(amax, mesh, [Replicate()] * mesh.ndim, run_check=False)
+    data, scale = quantize(t, dtype, amax=amax)
+    hist.record(t)
+    return data, scale
+
+
+def _pad_rows(t: torch.Tensor, multiple: int) -> torch.Tensor:
+    """Zero rows up to a multiple (fp8 tensors padded through their uint8 bits: 0x00 is +0)."""
+    pad = -t.shape[0] % multiple
+    if not pad:
+        return t
+    bits = t.view(torch.uint8)
+    return torch.cat([bits, bits.new_zeros(pad, t.shape[1])]).view(t.dtype)
+
+
+class _Fp8Matmul(torch.autograd.Function):
+    """y = x @ W^T with float8 GEMMs in forward and backward. x: (M, K), W: (N, K)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, state: _Fp8State,
+                out_dtype: torch.dtype) -> torch.Tensor:
+        ctx.state, ctx.x_dtype, ctx.w_dtype = state, x.dtype, weight.dtype
+        ctx.shape = (x.shape[0], weight.shape[0], x.shape[1])  # (M, N, K)
+        with torch.autocast(x.device.type, enabled=False):
+            if state.scaling == "tensorwise":
+                xq, sx = _quant_tensorwise(x, E4M3, state.x)
+                wq, sw = _quant_tensorwise(weight, E4M3, state.w)
+                y = scaled_mm(xq, sx, wq.t(), sw, out_dtype)
+            else:
+                xq, sx = quantize(x, E4M3, (1, TILE))  # (M, Kp), (M, Kp/128)
+                wq, sw = quantize(weight, E4M3, (TILE, TILE))  # (Np, Kp), (Np/128, Kp/128)
+                b_scale = sw.t().repeat_interleave(TILE, dim=1)  # (Kp/128, Np)
+                y = tiled_scaled_mm(xq, sx, wq.t(), b_scale)[:, :weight.shape[0]].to(out_dtype)
+        # Saved for backward: the fp8 copies (1 byte/element) and their scales, not x or W.
+        ctx.save_for_backward(xq, sx, wq, sw)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None, None]:
+        xq, sx, wq, sw = ctx.saved_tensors
+        state: _Fp8State = ctx.state
+        m, n, k = ctx.shape
+        if state.scaling == "tensorwise":
+            dyq, sdy = _quant_tensorwise(dy, E5M2, state.dy)
+            dx = scaled_mm(dyq, sdy, wq, sw, ctx.x_dtype)  # (M, K) = dy W
+            # wgrad contracts over M (tokens); cuBLASLt wants it a multiple of 16: zero rows.
+            dyq_p, xq_p = _pad_rows(dyq, _DIM_MULTIPLE), _pad_rows(xq, _DIM_MULTIPLE)
+            dw = scaled_mm(dyq_p.t(), sdy, xq_p, sx, torch.float32)  # (N, K) = dy^T x
+        else:
+            dyq, sdy = quantize(dy, E5M2, (1, TILE))  # (M, Np), (M, Np/128)
+            dx = tiled_scaled_mm(dyq, sdy, wq, sw.repeat_interleave(TILE, dim=1))[:, :k]
+            # wgrad contracts over tokens, so both operands need tiles along M (128x1, as in
+            # DeepSeek-V3): re-tile the saved 1x128 x (a second rounding) and dy.
+            x_deq = dequantize(xq, sx, (1, TILE))  # (M, Kp) fp32
+            xq2, sx2 = quantize(x_deq, E4M3, (TILE, 1))  # (Mp, Kp), (Mp/128, Kp)
+            dyq2, sdy2 = quantize(dy, E5M2, (TILE, 1))  # (Mp, Np), (Mp/128, Np)
+            dw = tiled_scaled_mm(dyq2.t(), sdy2.t(), xq2, sx2)[:n, :k]
+        return dx.to(ctx.x_dtype), dw.to(ctx.w_dtype), None, None
+
+
+class Float8Linear(nn.Linear):
+    """nn.Linear whose matmuls run in float8; weight and bias are the original Parameters.
+
+    Being an `nn.Linear` (same `weight`/`bias`, same state-dict keys) it checkpoints, shards
+    (FSDP2) and is matched by Linear-based plans exactly like the module it replaced.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
+                 scaling: str = "tensorwise", amax: str = "current", history_len: int = 16,
+                 device: Any = None, dtype: torch.dtype | None = None) -> None:
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self._set_recipe(scaling, amax, history_len)
+
+    def _set_recipe(self, scaling: str, amax: str, history_len: int) -> None:
+        if scaling not in SCALINGS:
+            raise ValueError(f"fp8 scaling {scaling!r}: use one of {SCALINGS}")
+        if amax not in AMAXES:
+            raise ValueError(f"fp8 amax {amax!r}: use one of {AMAXES}")
+        if scaling == "tilewise" and amax == "delayed":
+            raise ValueError("fp8 amax 'delayed' is per-tensor only: use amax='current' with "
+                             "scaling='tilewise' (tiles are scaled from their own amax)")
+        if history_len < 1:
+            raise ValueError(f"fp8 history_len {history_len}: use a positive integer")
+        self.fp8_state = _Fp8State(scaling, amax, history_len)
+
+    @classmethod
+    def from_linear(cls, mod: nn.Linear, *, scaling: str = "tensorwise", amax: str = "current",
+                    history_len: int = 16) -> Float8Linear:
+        """Wrap `mod`'s own Parameters (no copy, works on meta): optimizers keep their refs."""
+        new = cls.__new__(cls)
+        nn.Module.__init__(new)
+        new.in_features, new.out_features = mod.in_features, mod.out_features
+        new.weight = mod.weight
+        new.bias = mod.bias
+        new._set_recipe(scaling, amax, history_len)
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dev = x.device.type
+        out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+        if self.fp8_state.scaling == "tilewise" and _is_dtensor(self.weight):
+            y = _tilewise_tp(x, self.weight, self.fp8_state, out_dtype)
+        else:
+            # Plain tensors, or tensorwise DTensors: DTensor's own rules run the quantization
+            # (a global amax: the same scale on every rank) and its `_scaled_mm` strategy.
+            x2 = x.reshape(-1, x.shape[-1])  # (M, K), M = all leading dims
+            y = _Fp8Matmul.apply(x2, self.weight, self.fp8_state, out_dtype)  # (M, N)
+            y = y.view(*x.shape[:-1], y.shape[-1])
+        return y if self.bias is None else y + self.bias.to(y.dtype)
+
+    def extra_repr(self) -> str:
+        s = self.fp8_state
+        return f"{super().extra_repr()}, fp8={s.scaling}/{s.amax}"
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    return type(t).__name__ == "DTensor"  # no torch.distributed import on the plain path
+
+
+def _tilewise_tp(x: torch.Tensor, weight: torch.Tensor, state: _Fp8State,
+                 out_dtype: torch.dtype) -> torch.Tensor:
+    """Tile-wise fp8 on a tensor-parallel weight: the GEMMs run on the local shards.
+
+    Colwise (weight Shard(0)): replicated x, output Shard(-1). Rowwise (Shard(1)): x Shard(-1),
+    output Partial (summed by the TP output hook). With local dims multiples of 128 no tile
+    straddles a shard, so the tiles and scales are exactly the single-process ones.
+    """
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+    mesh, placements = weight.device_mesh, weight.placements
+    if len(placements) != 1:
+        raise ValueError("tilewise fp8 supports a 1-D tensor-parallel mesh")
+    p = placements[0]
+    # (placement x must have, placement of dx's local shard, placement of y)
+    if isinstance(p, Shard) and p.dim == 0:  # each rank's dx sums over its own N columns only
+        want_x, grad_x, out_p = Replicate(), Partial(), Shard(x.dim() - 1)
+    elif isinstance(p, Shard) and p.dim == 1:
+        want_x, grad_x, out_p = Shard(x.dim() - 1), Shard(x.dim() - 1), Partial()
+    else:
+        want_x, grad_x, out_p = Replicate(), Replicate(), Replicate()
+    if isinstance(x, DTensor):
+        x = x.redistribute(mesh, [want_x]).to_local(grad_placements=[grad_x])
+    w = weight.to_local()
+    y = _Fp8Matmul.apply(x.reshape(-1, x.shape[-1]), w, state, out_dtype)  # (M, N_local)
+    y = y.view(*x.shape[:-1], w.shape[0])
+    return DTensor.from_local(y, mesh, [out_p], run_check=False)
+
+
+def fp8_eligible(mod: nn.Module) -> bool:
+    """A plain nn.Linear whose in and out dims are multiples of 16 (the fp8 GEMM constraint)."""
+    return (type(mod) is nn.Linear and mod.in_features % _DIM_MULTIPLE == 0
+            and mod.out_features % _DIM_MULTIPLE == 0)
+
+
+def _skipped(fqn: str, skip: Sequence[str]) -> bool:
+    # "output" skips the head, "router" every MoE router, "layers.0.attention.wq" one layer.
+    parts = fqn.split(".")
+    return any(s in parts or fqn == s or fqn.endswith("." + s) for s in skip)
+
+
+def _use_torchao(model: nn.Module, backend: str, scaling: str, amax: str) -> bool:
+    if backend == "scaletrain":
+        return False
+    available = importlib.util.find_spec("torchao") is not None
+    p = next(model.parameters(), None)
+    on_cuda = p is not None and (p.device.type == "cuda"
+                                 or (p.device.type == "meta" and torch.cuda.is_available()))
+    fits = scaling == "tensorwise" and amax == "current"  # torchao has no tile/delayed recipe
+    if backend == "torchao" and not (available and on_cuda and fits):
+        raise ValueError("fp8 backend 'torchao' needs torchao installed, a CUDA model and "
+                         "scaling='tensorwise', amax='current'; use backend='auto'")
+    return available and on_cuda and fits
+
+
+def apply_fp8(model: nn.Module, *, scaling: str = "tensorwise", amax: str = "current",
+              skip: Sequence[str] = ("output", "router"), history_len: int = 16,
+              backend: str = "auto") -> list[str]:
+    """Convert eligible Linears of `model` in place; returns the converted module names.
+
+    Apply before tensor parallelism and FSDP (like torchtitan's float8 converter). `backend`:
+    'auto' (torchao on CUDA when importable and the recipe is tensorwise/current, else ours),
+    'scaletrain' or 'torchao'.
+    """
+    if backend not in ("auto", "scaletrain", "torchao"):
+        raise ValueError(f"fp8 backend {backend!r}: use 'auto', 'scaletrain' or 'torchao'")
+    targets = [(fqn, mod) for fqn, mod in model.named_modules()
+               if fqn and fp8_eligible(mod) and not _skipped(fqn, skip)]
+    if _use_torchao(model, backend, scaling, amax):
+        from torchao.float8 import convert_to_float8_training
+
+        names = {fqn for fqn, _ in targets}
+        convert_to_float8_training(model, module_filter_fn=lambda _m, fqn: fqn in names)
+        return sorted(names)
+    for fqn, mod in targets:
+        parent_name, _, leaf = fqn.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, leaf, Float8Linear.from_linear(mod, scaling=scaling, amax=amax,
+                                                       history_len=history_len))
+    return [fqn for fqn, _ in targets]
+
+
+def maybe_apply_fp8(model: nn.Module, precision: Any, **kwargs: Any) -> list[str]:
+    """`apply_fp8` with `precision.fp8_scaling` when `precision.dtype == 'fp8'`; else a no-op.
+
+    `precision` is a `scaletrain.config.PrecisionConfig` (only `dtype`, `fp8_scaling` read).
+    """
+    if precision.dtype != "fp8":
+        return []
+    return apply_fp8(model, scaling=precision.fp8_scaling, **kwargs)

@@ -1,0 +1,154 @@
+"""Float8 quantization: per-tensor and tile-wise scales, amax history, and scaled matmuls.
+
+Conventions. A quantized tensor is `(data, scale)` with `data` float8 and `scale` fp32 the
+*dequantization* factor: `t ≈ data.float() * scale`, `scale = amax / fp8_max` (the largest
+|value| maps to the format's largest finite value, no margin). This is the factor
+`torch._scaled_mm` multiplies by (`(a * scale_a) @ (b * scale_b)`), so scales pass straight
+through. E4M3 (max 448, 3 mantissa bits) holds weights and activations, E5M2 (max 57344, 2
+mantissa bits, wider range) holds gradients: the split of Micikevicius et al. 2022, "FP8 Formats
+for Deep Learning", used by Transformer Engine's HYBRID recipe.
+
+Granularity, as a tile shape `(rows, cols)` over a 2-D tensor:
+- per tensor: one tile covering the whole tensor, a 0-dim scale;
+- tile-wise (DeepSeek-V3 technical report, 2024, section 3.3.2): 1x128 tiles along the
+  contraction dim for activations and output gradients, 128x128 blocks for weights. Tiles are
+  zero-padded to full size: a zero never raises a tile's amax and contributes nothing to a
+  product, so a partial last tile behaves exactly like a narrower tile.
+
+`torch._scaled_mm` (torch 2.13) accepts a 0-dim scale per operand ("tensorwise") or an (M, 1)
+scale for `a` and a (1, N) scale for `b` ("rowwise"), on CPU and CUDA; it has no block-scale
+mode on CPU. `tiled_scaled_mm` therefore runs one rowwise `_scaled_mm` per 128-wide slice of the
+contraction dim — within a slice the 1x128 and 128x128 scales are exactly a row scale of `a` and
+a column scale of `b` — and sums the slices in fp32. That is DeepSeek-V3's own arithmetic: fp8
+products, partial sums promoted to fp32 every 128 elements of K (their N_C = 128), each partial
+scaled by its tiles' scales. The only rounding besides the fp8 inputs is each partial's bf16
+output (relative 2^-9), bf16 being the dtype rowwise `_scaled_mm` emits on CUDA.
+
+CUDA layout rules kept everywhere (CPU is lenient): `a` row-major, `b` column-major, both inner
+dims multiples of 16, e5m2 never multiplied by e5m2.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["E4M3", "E5M2", "TILE", "quantize", "dequantize", "AmaxHistory", "scaled_mm",
+           "tiled_scaled_mm", "pad_to"]
+
+E4M3 = torch.float8_e4m3fn
+E5M2 = torch.float8_e5m2
+TILE = 128
+_EPS = 1e-12  # amax floor: an all-zero tensor gets a finite scale and quantizes to zeros
+
+
+def fp8_max(dtype: torch.dtype) -> float:
+    return float(torch.finfo(dtype).max)
+
+
+def pad_to(t: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """Zero-pad a 2-D tensor up to multiples of (rows, cols)."""
+    pr, pc = -t.shape[0] % rows, -t.shape[1] % cols
+    return F.pad(t, (0, pc, 0, pr)) if pr or pc else t
+
+
+def quantize(t: torch.Tensor, dtype: torch.dtype, tile: tuple[int, int] | None = None,
+             amax: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize a 2-D tensor; returns (fp8 data, fp32 dequantization scale).
+
+    tile=None: per tensor, 0-dim scale; `amax` overrides the measured one (delayed scaling:
+    values beyond it saturate at the format's max, as in Transformer Engine). tile=(r, c): the
+    tensor is zero-padded to multiples of (r, c) (data comes back padded) and the scale has
+    shape (rows/r, cols/c).
+    """
+    fmax = fp8_max(dtype)
+    tf = t.float()
+    if tile is None:
+        a = tf.abs().amax() if amax is None else amax.float()
+        scale = a.clamp(min=_EPS) / fmax  # ()
+        data = (tf / scale).clamp(-fmax, fmax).to(dtype)
+        return data, scale
+    r, c = tile
+    tp = pad_to(tf, r, c)
+    rows, cols = tp.shape
+    blocks = tp.view(rows // r, r, cols // c, c)  # (R/r, r, C/c, c)
+    scale = blocks.abs().amax(dim=(1, 3)).clamp(min=_EPS) / fmax  # (R/r, C/c)
+    data = (blocks / scale[:, None, :, None]).clamp(-fmax, fmax).to(dtype)
+    return data.view(rows, cols), scale
+
+
+def dequantize(data: torch.Tensor, scale: torch.Tensor,
+               tile: tuple[int, int] | None = None) -> torch.Tensor:
+    """Inverse of `quantize` (fp32, still padded for tiles)."""
+    if tile is None:
+        return data.float() * scale
+    r, c = tile
+    full = scale.repeat_interleave(r, dim=0).repeat_interleave(c, dim=1)  # (R, C)
+    return data.float() * full
+
+
+class AmaxHistory:
+    """Delayed scaling state for one tensor role (Transformer Engine's `amax_history_len`).
+
+    The scale used at step n comes from the max over the amaxes recorded at the previous
+    `length` steps (TE's default `amax_compute_algo="max"`); the current amax is recorded after
+    use. Before anything is recorded the current amax is used, so step 0 does not saturate.
+    A plain tensor attribute, not a buffer: it is run state (like an optimizer's), created
+    lazily on the input's device, so meta-device build, materialization and FSDP leave it alone.
+    """
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+        self.history: torch.Tensor | None = None  # (length,) fp32, newest first
+        self.num_recorded = 0
+
+    def amax_for(self, t: torch.Tensor) -> torch.Tensor:
+        if self.history is None or self.num_recorded == 0:
+            return t.detach().abs().amax().float()  # a DTensor for a DTensor `t`
+        return self.history.amax()
+
+    @torch.no_grad()
+    def record(self, t: torch.Tensor) -> None:
+        cur = t.detach().abs().amax().float()
+        if hasattr(cur, "full_tensor"):  # a DTensor's amax (tensor parallel): the global one
+            cur = cur.full_tensor()
+        if self.history is None:
+            self.history = torch.zeros(self.length, dtype=torch.float32, device=t.device)
+        self.history = torch.roll(self.history, 1)
+        self.history[0] = cur
+        self.num_recorded += 1
+
+
+def scaled_mm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
+              out_dtype: torch.dtype) -> torch.Tensor:
+    """(a*sa) @ (b*sb) for fp8 a: (M, K) and b: (K, N) with per-tensor (0-dim) scales.
+
+    `b` is made column-major (a free view when it is the transpose of a row-major tensor).
+    """
+    if b.stride(0) != 1:
+        b = b.t().contiguous().t()
+    return torch._scaled_mm(a.contiguous(), b, scale_a=a_scale, scale_b=b_scale,
+                            out_dtype=out_dtype)
+
+
+def tiled_scaled_mm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor,
+                    b_scale: torch.Tensor) -> torch.Tensor:
+    """fp32 (a @ b) with a: (M, K) in 1x128 K-tiles, a_scale (M, K/128), and b: (K, N) with
+    one scale per (128-slice of K, column), b_scale (K/128, N). K must be a multiple of 128.
+
+    One rowwise `_scaled_mm` per K-slice, partial sums accumulated in fp32 (module docstring).
+    """
+    k = a.shape[1]
+    assert k % TILE == 0 and b.shape[0] == k, (a.shape, b.shape)
+    if b.stride(0) != 1:
+        b = b.t().contiguous().t()  # column-major, so each K-slice stays column-major
+    out = torch.zeros(a.shape[0], b.shape[1], dtype=torch.float32, device=a.device)
+    for i in range(k // TILE):
+        sl = slice(i * TILE, (i + 1) * TILE)
+        part = torch._scaled_mm(a[:, sl].contiguous(), b[sl, :],
+                                # contiguous before unsqueeze: _scaled_mm checks the strides
+                                scale_a=a_scale[:, i].contiguous().unsqueeze(1),  # (M, 1)
+                                scale_b=b_scale[i, :].contiguous().unsqueeze(0),  # (1, N)
+                                out_dtype=torch.bfloat16)  # (M, N) partial over 128 of K
+        out += part.float()
+    return out
