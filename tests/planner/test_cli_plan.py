@@ -12,12 +12,11 @@ import pytest
 from scaletrain.cli import main
 from scaletrain.cli import plan as plan_cli
 
-pytest.importorskip("scaletrain.planner.estimate")
 
 FLAGS = ['--ac', '--compile', '--config', '--cp', '--dp', '--ep', '--global-batch', '--gpu',
          '--gpus', '--gpus-per-node', '--json', '--micro-batch', '--model', '--offload', '--plot',
-         '--pp', '--pp-schedule', '--pp-virtual', '--precision', '--seq-len', '--sp', '--tokens',
-         '--top', '--tp', '--zero']
+         '--pp', '--pp-schedule', '--pp-virtual', '--precision', '--preflight', '--seq-len', '--sp',
+         '--tokens', '--top', '--tp', '--verify', '--zero']
 
 SCHEMA = {
     "plan": {"model", "params", "gpus", "dp", "zero", "tp", "sp", "pp", "pp_schedule",
@@ -130,3 +129,17 @@ def test_plot_draws_the_pipeline_when_the_best_layout_pipelines(tmp_path) -> Non
     assert main(["plan", "--model", "llama3-8b", "--gpus", "8", "--tp", "8", "--seq-len", "4096",
                  "--global-batch", "16", "--plot", str(flat)]) == 0
     assert flat.exists() and not (tmp_path / "flat_pipeline.png").exists()
+
+
+def test_preflight_dry_runs_the_best_layout(capsys) -> None:
+    """--preflight runs the real step under fake tensors for the chosen layout and compares."""
+    from scaletrain.cli import main
+
+    rc = main(["plan", "--model", "tiny-llama", "--gpus", "4", "--gpu", "h100-sxm",
+               "--seq-len", "64", "--global-batch", "8", "--dp", "4", "--zero", "3",
+               "--preflight"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "preflight dry-run of the best layout" in out
+    for category in ("params", "optimizer", "activations", "total"):
+        assert category in out.split("preflight")[1]
