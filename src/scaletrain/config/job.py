@@ -342,8 +342,6 @@ class JobConfig:
 def _coerce(section: str, key: str, value: Any, typ: Any) -> Any:
     """Convert a TOML or command-line value to the field's declared type."""
     name = f"{section}.{key}"
-    if isinstance(typ, str):
-        typ = eval(typ, {**vars(typing), "float": float, "int": int, "str": str, "bool": bool})
     if isinstance(typ, types.UnionType):
         typ = next(t for t in typ.__args__ if t is not type(None))
     try:
@@ -369,11 +367,12 @@ def _coerce(section: str, key: str, value: Any, typ: Any) -> Any:
 
 def _build(cls: type, section: str, values: dict[str, Any]) -> Any:
     known = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)  # resolves the postponed annotations, no eval of input
     for k in values:
         if k not in known:
             raise ConfigError(f"{section}.{k}", values[k],
                               f"unknown field; valid fields are {', '.join(known)}")
-    kwargs = {k: _coerce(section, k, v, known[k].type) for k, v in values.items()}
+    kwargs = {k: _coerce(section, k, v, hints[k]) for k, v in values.items()}
     return cls(**kwargs)
 
 
@@ -425,8 +424,8 @@ def load_config(path: str | Path | None = None,
         if k not in MODEL_FIELDS:
             raise ConfigError(f"model.{k}", model_raw[k],
                               f"unknown field; valid fields are {', '.join(MODEL_FIELDS)}")
-    mfields = {f.name: f for f in dataclasses.fields(ModelConfig)}
-    model_kw = {k: _coerce("model", k, v, mfields[k].type) for k, v in model_raw.items()}
+    mhints = typing.get_type_hints(ModelConfig)
+    model_kw = {k: _coerce("model", k, v, mhints[k]) for k, v in model_raw.items()}
     model = resolve_model(name, **model_kw)
     sections = {s: _build(cls, s, raw.get(s, {})) for s, cls in SECTIONS.items()}
     return JobConfig(model=model, **sections)
