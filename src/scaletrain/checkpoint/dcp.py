@@ -163,21 +163,36 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module,
         raise CheckpointError(f"checkpoint {path} is unusable: {reason}")
     extra_path = path / f"extra_rank{_rank()}.pt"
     if not extra_path.is_file():
-        raise CheckpointError(f"{path} has no {extra_path.name}: it was written with a different "
-                              "world size; per-rank state (RNG, data position) cannot be restored")
+        # written with fewer ranks (a resharded resume): model and optimizer reshard through
+        # DCP; per-rank extras (RNG) come from rank 0, fine for dropout-free models
+        extra_path = path / "extra_rank0.pt"
     extra = torch.load(extra_path, weights_only=True)
+    if isinstance(optimizer, ZeroRedundancyOptimizer) and "optim_local" not in extra:
+        raise CheckpointError(f"{path} holds no ZeRO-1 partition for this rank: ZeRO-1 "
+                              "optimizer partitions cannot be resharded; resume with the world "
+                              "size it was written with, or with parallel.zero=2/3")
     state = _state_dicts(model, optimizer)
+    if "optim" in state and "optim" not in _saved_keys(path):
+        raise CheckpointError(f"{path} was written by ZeRO-1 (per-rank optimizer partitions): "
+                              "resume it with parallel.zero=1 and the same world size")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.load(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())
     if isinstance(optimizer, ZeroRedundancyOptimizer):
         set_model_state_dict(model, state["model"], options=StateDictOptions(strict=True))
         optimizer.optim.load_state_dict(extra.pop("optim_local"))
+
     else:
         set_state_dict(model, optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optim"], options=StateDictOptions(strict=True))
     trainer_state = json.loads((path / "trainer_state.json").read_text())
     return trainer_state, extra
+
+
+def _saved_keys(path: Path) -> set[str]:
+    """Top-level keys ('model', 'optim') stored in a DCP checkpoint."""
+    meta = dcp.FileSystemReader(str(path)).read_metadata()
+    return {k.split(".", 1)[0] for k in meta.state_dict_metadata}
 
 
 def _state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:

@@ -168,7 +168,9 @@ def restore(run: Run, path: Path) -> tuple[int, float]:
                           "this checkpoint was written for a different model: use "
                           "--checkpoint.resume=never or another train.run_dir")
     run.scaler.load_state_dict(state["scaler"])
-    run.data.load_state_dict(state["data"][str(run.dims.dp_rank)])
+    # the data position is global (step, micro-step); any dp rank's record resumes any layout
+    positions = state["data"]
+    run.data.load_state_dict(positions.get(str(run.dims.dp_rank), positions["0"]))
     _set_rng_state(extra["rng"])
     return int(state["step"]), float(state.get("wall_s", 0.0))
 
