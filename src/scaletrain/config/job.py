@@ -87,11 +87,22 @@ class PrecisionConfig:
     loss_scale_growth_interval: int = 2000
     fp8_scaling: str = "tensorwise"
     """fp8 scaling granularity: 'tensorwise' or 'tilewise' (1x128 activations, 128x128 weights)."""
+    grad_compression: str = "none"
+    """DDP gradient all-reduce compression: 'none' or 'powersgd' (low-rank, error feedback)."""
+    powersgd_rank: int = 2
+    """PowerSGD matrix approximation rank."""
+    powersgd_start_step: int = 10
+    """Optimizer steps of plain all-reduce before PowerSGD starts (its warm-up)."""
 
     def __post_init__(self) -> None:
         choice("precision.dtype", self.dtype, PRECISIONS)
         choice("precision.reduce_dtype", self.reduce_dtype, ("fp32", "bf16"))
         choice("precision.fp8_scaling", self.fp8_scaling, ("tensorwise", "tilewise"))
+        choice("precision.grad_compression", self.grad_compression, ("none", "powersgd"))
+        require(self.powersgd_rank >= 1, "precision.powersgd_rank", self.powersgd_rank,
+                "use a positive integer such as 2")
+        require(self.powersgd_start_step >= 2, "precision.powersgd_start_step",
+                self.powersgd_start_step, "use >= 2 (torch's PowerSGD needs a warm-up)")
         require(self.loss_scale_init > 0, "precision.loss_scale_init", self.loss_scale_init,
                 "use a positive float such as 65536.0")
         require(self.loss_scale_growth_interval >= 1, "precision.loss_scale_growth_interval",

@@ -88,5 +88,7 @@ def parallelize(model: nn.Module, dims: ParallelDims, *, precision: PrecisionCon
     elif dims.ddp_enabled and dims.ep > 1:
         apply_manual_grad_sync(model, dims.submesh("dp_cp"))
     elif dims.ddp_enabled:
-        apply_ddp(model, dims.submesh("dp_cp"))
+        apply_ddp(model, dims.submesh("dp_cp"), compression=precision.grad_compression,
+                  powersgd_rank=precision.powersgd_rank,
+                  powersgd_start_step=precision.powersgd_start_step)
     return model
