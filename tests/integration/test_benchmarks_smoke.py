@@ -1,0 +1,117 @@
+"""Smoke tests of the benchmark scripts: each imports, its smallest configuration runs, its
+analysis is right on inputs with a known answer, and committed result files keep their schema.
+
+No timing is asserted (speed lives in benchmarks/results/); the whole file runs in seconds.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+SCRIPTS = ("attention", "pipeline", "scaling", "strategies", "gpu")
+
+
+def _load(name: str):
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_script_imports_and_has_main(name):
+    assert callable(_load(name).main)
+
+
+def test_attention_smallest_config_memory_ordering():
+    att = _load("attention")
+    import torch
+
+    rows = [att.measure(b, s, repeats=1, device=torch.device("cpu"), dtype=torch.float32)
+            for b in ("naive", "sdpa") for s in (128, 256)]
+    by = {(r["backend"], r["seq"]): r for r in rows}
+    # naive saves the (T, T) probabilities: 4x when T doubles; SDPA saves O(T): 2x
+    assert by[("naive", 256)]["saved_bytes"] > 3.5 * by[("naive", 128)]["saved_bytes"]
+    assert by[("sdpa", 256)]["saved_bytes"] == pytest.approx(
+        2 * by[("sdpa", 128)]["saved_bytes"], rel=0.05)
+    assert by[("naive", 256)]["peak_bytes"] > by[("sdpa", 256)]["peak_bytes"]
+    summ = att.summarize(rows)
+    assert summ["slopes"]["naive"]["saved_bytes"] > 1.8
+    assert summ["slopes"]["sdpa"]["saved_bytes"] < 1.2
+
+
+def test_loglog_slope_exact():
+    att = _load("attention")
+    xs = [512, 1024, 2048]
+    assert att.loglog_slope(xs, [3 * x * x for x in xs]) == pytest.approx(2.0)
+    assert att.loglog_slope(xs, [5 * x for x in xs]) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("schedule,m,p", [("gpipe", 4, 4), ("1f1b", 8, 4), ("1f1b", 4, 2)])
+def test_pipeline_analysis_recovers_the_formula_on_a_simulated_run(schedule, m, p):
+    """Feed `analyse` an ideal timeline (the planner's simulation, t_B = 2 t_F): the measured
+    bubble must be the closed form (p-1)/m."""
+    pipe = _load("pipeline")
+    from scaletrain.planner.pipeline import simulate
+
+    sim = simulate(schedule, p, m, 1, 0.01, 0.02)
+    rank_results = [{"schedule": schedule, "m": m, "v": 1, "rank": r,
+                     "steps": [[(100 + e.start, 100 + e.end, e.kind, e.microbatch, 0,
+                                 e.end - e.start) for e in evs]]}
+                    for r, evs in enumerate(sim.ranks)]
+    res = pipe.analyse(rank_results)
+    assert res["p"] == p
+    assert res["bubble_measured"] == pytest.approx((p - 1) / m, rel=1e-6)
+    assert res["bubble_simulated"] == pytest.approx(res["bubble_measured"], rel=1e-6)
+    assert res["relative_error_vs_formula"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_strategies_planner_only(capsys):
+    strat = _load("strategies")
+    assert strat.main(["--no-dryrun", "--no-write", "--gpus", "8",
+                       "--strategies", "DDP,ZeRO-3"]) == 0
+    out = capsys.readouterr().out
+    assert "ZeRO-3" in out and "DDP" in out
+
+
+def test_scaling_host_share_halves_the_prediction():
+    sc = _load("scaling")
+    over = sc.job_overrides({"dp": 1}, steps=2, run_dir="unused", extra={})
+    whole, half = sc.planner(over, 1, 1), sc.planner(over, 1, 2)
+    assert half["tokens_per_s"] < whole["tokens_per_s"]
+    assert whole["tokens_per_s"] > 0
+
+
+def test_gpu_without_cuda_says_not_measured(capsys):
+    gpu = _load("gpu")
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present: the guarded path is not taken")
+    assert gpu.main(["--no-write"]) == 0
+    assert gpu.NOT_MEASURED in capsys.readouterr().out
+
+
+REQUIRED = {"attention": ("rows", "slopes"), "pipeline": ("results", "meta"),
+            "scaling": ("rows", "meta"), "strategies": ("rows", "meta"), "gpu": ("status",)}
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_committed_results_schema(name):
+    jpath, mpath = BENCH / "results" / f"{name}.json", BENCH / "results" / f"{name}.md"
+    if not jpath.exists():
+        pytest.skip(f"{jpath.name} not generated yet")
+    data = json.loads(jpath.read_text())
+    for key in ("git_revision", "machine", "date", *REQUIRED[name]):
+        assert key in data, f"{jpath.name} lacks {key!r}"
+    assert mpath.exists() and mpath.read_text().startswith("# ")
+    if name == "gpu" and data["status"] != "measured":
+        assert "not measured" in data["status"]
