@@ -12,7 +12,6 @@ import pytest
 from scaletrain.cli import main
 from scaletrain.cli import plan as plan_cli
 
-
 FLAGS = ['--ac', '--compile', '--config', '--cp', '--dp', '--ep', '--global-batch', '--gpu',
          '--gpus', '--gpus-per-node', '--json', '--micro-batch', '--model', '--offload', '--plot',
          '--pp', '--pp-schedule', '--pp-virtual', '--precision', '--preflight', '--seq-len', '--sp',

@@ -11,7 +11,7 @@ from scaletrain.config import ModelConfig, stage_layer_ranges
 
 __all__ = ["OPTIMIZER_BYTES", "CONVENTIONS", "state_bytes_per_param", "model_state_bytes",
            "stage_layer_counts", "korthikanti_layer_bytes", "layer_activation_bytes",
-           "activation_bytes", "head_activation_bytes", "buffer_terms",
+           "activation_bytes", "head_activation_bytes", "loss_backward_bytes", "buffer_terms",
            "RUNTIME_CONTEXT_BYTES", "FRAGMENTATION"]
 
 OPTIMIZER_BYTES = {"adamw": 8.0, "sgd": 4.0, "adamw8bit": 2.0}
@@ -71,7 +71,7 @@ def model_state_bytes(num_params: float, *, precision: str = "bf16", optimizer: 
                       zero: int = 0, zero_shards: int = 1, offload: str = "none",
                       convention: str = "scaletrain", expert_params: float = 0.0,
                       expert_shards: int = 1, unit_params: float = 0.0,
-                      units_in_flight: int = 2) -> dict[str, float]:
+                      units_in_flight: int = 2, largest_param: float = 0.0) -> dict[str, float]:
     """Bytes of params/grads/optimizer states on one GPU, plus what offload moved to the host.
 
     num_params: dense parameters this rank holds after TP/PP division; expert_params: its expert
@@ -82,7 +82,13 @@ def model_state_bytes(num_params: float, *, precision: str = "bf16", optimizer: 
     moves optimizer states (incl. any master copy counted there) to the CPU (ZeRO-Offload);
     'params' (FSDP2 CPUOffloadPolicy, needs ZeRO-3) moves sharded params, grads and optimizer
     states; the GPU keeps the units in flight. Ignores: the int8 scales of 8-bit Adam, the fp16
-    loss scaler, DDP bucket copies (gradient_as_bucket_view=True assumed; see buffer_terms).
+    loss scaler, DDP bucket copies (see buffer_terms).
+    Under 'scaletrain' ZeRO-2 is FSDP2 with reshard_after_forward=False (parallel/fsdp.py): the
+    parameters are sharded at rest like ZeRO-3, and every unit's compute-dtype copy stays
+    unsharded from its forward to its backward (params.in_flight = all of them). ZeRO-1 is
+    torch's ZeroRedundancyOptimizer, which gives whole parameters to ranks: the busiest rank
+    holds at least the states of the largest parameter (`largest_param`, the embedding).
+    Source of both: the dry-run (benchmarks/results/planner_accuracy.md).
     """
     pb, gb, ob = state_bytes_per_param(precision, optimizer, convention)
     d_dense, d_exp = max(1, zero_shards), max(1, expert_shards)
@@ -92,12 +98,21 @@ def model_state_bytes(num_params: float, *, precision: str = "bf16", optimizer: 
             return nbytes_per * (num_params / d_dense + expert_params / d_exp)
         return nbytes_per * (num_params + expert_params)
 
-    params, grads, optim = shard(pb, 3), shard(gb, 2), shard(ob, 1)
+    params, grads, optim = shard(pb, 2 if convention == "scaletrain" else 3), shard(gb, 2), \
+        shard(ob, 1)
+    if zero == 1 and largest_param:
+        # ZeroRedundancyOptimizer partitions whole parameters greedily by size
+        optim = max(optim, ob * largest_param)
     in_params = in_grads = 0.0
     if convention == "scaletrain":
         w = ELEM_BYTES[precision]
         cast = 1.0 if precision == "fp8" else 0.0  # fp8 weight cast saved for backward
-        if zero >= 3:
+        if zero == 2:
+            # FSDP2 without reshard after forward: every unit stays all-gathered (compute
+            # dtype) from its forward to its backward
+            wc = min(w, 2) if precision != "fp32" else 4
+            in_params = (wc + cast) * (num_params + expert_params)
+        elif zero >= 3:
             # FSDP2 all-gathers compute-dtype copies of the current and prefetched unit and
             # holds one unit's unsharded grads before the reduce-scatter.
             wc = min(w, 2) if precision != "fp32" else 4
@@ -163,7 +178,8 @@ def layer_activation_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int
     modern=True (scaletrain's models, SDPA, no dropout), derived per saved tensor, e = element
     bytes of activations (4 for fp32, else 2: fp8 linears still save bf16 here, a conservative
     choice), r = residual-stream bytes (4 under autocast with fp32 params, else e), s_l = s/cp:
-      norm inputs 2 x r*s_l*b*h (+ fp32 mean/rstd) — /t with SP;
+      norm inputs 2 x r*s_l*b*h (+ fp32 mean/rstd) — /t with SP; RMSNorm 2 x (4 + r)*s_l*b*h
+        (its fp32 upcast input and the cast-back output are both saved);
       QKV and MLP inputs 2 x e*s_l*b*h — NOT /t: DTensor SP all-gathers the normed input and the
         column-parallel linear saves the gathered copy (Korthikanti re-gather it instead);
       q, k, v saved by SDPA e*s_l*b*(h + 2*g*d_head)/t (GQA shrinks K and V);
@@ -187,7 +203,11 @@ def layer_activation_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int
     if ac == "full":
         return r * tok * h / tsp
     stats = 8.0 if model.norm == "layernorm" else 4.0
-    norms = 2 * (r * h + stats) * tok / tsp
+    # scaletrain's RMSNorm runs rms_norm on x.float() (saves the fp32 input) and multiplies the
+    # weight by the result cast back (saves it, e or r bytes): 4 + r per element, not r
+    # (dry-run: llama-style layouts were 5-7% under before this term)
+    nb = 4 + r if model.norm == "rmsnorm" else r
+    norms = 2 * (nb * h + stats) * tok / tsp
     inputs = 2 * e * tok * h
     attn = e * tok * (2 * h + 2 * model.kv_dim) / tp
     if ac != "selective":
@@ -208,14 +228,30 @@ def head_activation_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int,
                           sp: bool = False, cp: int = 1, precision: str = "bf16",
                           residual_fp32: bool = False) -> float:
     """Last stage's extra activations per micro-batch: final-norm input r*s_l*b*h (/t with SP),
-    head input e*s_l*b*h, and the logits path s_l*b*V/t*(2 + 4 + 4) in 16-bit (bf16 logits, fp32
-    upcast, fp32 log-softmax output; DESIGN.md §5) or (4 + 4) in fp32. Ignores fused-CE kernels.
+    head input e*s_l*b*h, and the logits path s_l*b*V/t*(2 + 4) in 16-bit (bf16 logits and the
+    fp32 log-softmax output; the fp32 upcast is consumed by log-softmax and freed: the dry-run
+    measures 6 B, not the 10 B of DESIGN.md §5) or (4 + 4) in fp32. The loss backward's own
+    temporaries are `loss_backward_bytes`. Ignores fused-CE kernels.
     """
     e = 4 if precision == "fp32" else 2
     r = 4 if residual_fp32 else e
     tok = float(seq_len) / cp * micro_batch
-    logits = (8.0 if e == 4 else 10.0) * tok * model.vocab_size / tp
+    logits = (8.0 if e == 4 else 6.0) * tok * model.vocab_size / tp
     return r * tok * model.dim / (tp if sp else 1) + e * tok * model.dim + logits
+
+
+def loss_backward_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int, tp: int = 1,
+                        cp: int = 1) -> float:
+    """Temporaries of the cross-entropy backward on the last stage: the fp32 gradient of the
+    log-softmax output and of the logits, 2 x 4*s_l*b*V, alive together at the moment the
+    loss backward starts while every activation is still stored (the peak of most steps).
+    Source: the dry-run's 'temp' at its peak is exactly 8*s_l*b*V bytes in bf16 and fp32
+    (benchmarks/results/planner_accuracy.md), and it is NOT divided by tp: with tp > 1 and the
+    trainer's loss_parallel head the dry-run still measures the full-vocabulary 8*s_l*b*V (the
+    stored logits are vocabulary-sharded, the backward's temporaries are not). `tp` is kept
+    for the day that changes."""
+    del tp
+    return 8.0 * float(seq_len) / cp * micro_batch * model.vocab_size
 
 
 def activation_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int,
@@ -237,12 +273,14 @@ def activation_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int,
 def buffer_terms(*, hidden: int, tokens: float, precision: str, zero: int, dp: int, tp: int,
                  sp: bool, pp: int, cp: int, ep: int, kv_dim: int, experts_per_token: int,
                  unit_params: float, zero_shards: int, device: str = "gpu",
-                 reduce_bytes: int = 4) -> dict[str, float]:
+                 reduce_bytes: int = 4, bucket_params: float = 0.0) -> dict[str, float]:
     """Named transient buffers on one rank (bytes). tokens = s_l * b of one micro-batch.
 
-    ddp_buckets: DDP (zero 0) gradient buckets in flight, 2 x 25 MB (PyTorch's bucket_cap_mb;
-      gradient_as_bucket_view=True so grads are not duplicated). zero 1/2: the same staging for
-      the bucketed reduce-scatter / all-gather.
+    ddp_buckets: DDP (zero 0, and zero 1 which runs over DDP): the reducer's flat bucket copy of
+      every gradient, reduce_bytes x bucket_params (the rank's replicated parameters), kept for
+      the run: the trainer's `replicate` keeps torch's default gradient_as_bucket_view=False
+      (the dry-run adds the same term). Without bucket_params: 2 x 25 MB in flight (bucket_cap_mb).
+      zero 2 is FSDP2 (no DDP buckets; its collectives are as zero 3's).
     fsdp_reduce_scatter: ZeRO-3 fp32 copy of one unit's grads fed to the reduce-scatter
       (reduce_bytes x unit) plus its output shard; fsdp_all_gather: the all-gather input shard.
       (the all-gathered output is the in-flight param copy counted under params).
@@ -256,11 +294,11 @@ def buffer_terms(*, hidden: int, tokens: float, precision: str, zero: int, dp: i
     e = 4 if precision == "fp32" else 2
     out: dict[str, float] = {}
     if dp > 1 or zero_shards > 1:
-        if zero >= 3:
+        if zero >= 2:
             out["fsdp_reduce_scatter"] = reduce_bytes * unit_params * (1 + 1 / max(1, zero_shards))
             out["fsdp_all_gather"] = e * unit_params / max(1, zero_shards)
         else:
-            out["ddp_buckets"] = 2 * 25 * 2**20
+            out["ddp_buckets"] = reduce_bytes * bucket_params if bucket_params else 2 * 25 * 2**20
     if tp > 1 and sp:
         out["tp_all_gather"] = e * tokens * hidden
     if pp > 1:

@@ -19,6 +19,7 @@ from .memory import (
     buffer_terms,
     head_activation_bytes,
     layer_activation_bytes,
+    loss_backward_bytes,
     model_state_bytes,
     stage_layer_counts,
 )
@@ -71,17 +72,23 @@ def _rank_states(plan: PlanInput, zs: int, first: bool, last: bool, layers: int,
     dense = layers * block
     expert = layers * pc.mlp / (tp * ep) if model.is_moe else 0.0
     unit = block + (pc.mlp / (tp * ep) if model.is_moe else 0.0)
+    # FSDP2's root unit (parallel/fsdp.py: fully_shard(model) after the blocks) holds all that
+    # is not a block on this stage: embedding + positions and/or final norm + head, gathered as
+    # ONE unit (the dry-run's unsharded root of llama2-7b is embedding + head).
+    root = 0.0
     if first:
         dense += pc.embedding / tp + pc.position
-        unit = max(unit, pc.embedding / tp)
+        root += pc.embedding / tp + pc.position
     if last:
         head = pc.head or (pc.embedding if L.pp > 1 else 0)  # tied head: a copy on the last stage
         dense += pc.final_norm + head / tp
-        unit = max(unit, head / tp)
+        root += pc.final_norm + head / tp
+    unit = max(unit, root)
     st = model_state_bytes(dense, precision=plan.precision, optimizer=plan.optimizer,
                            zero=L.zero, zero_shards=zs, offload=plan.offload,
                            convention=convention, expert_params=expert,
-                           expert_shards=max(1, zs // ep), unit_params=unit)
+                           expert_shards=max(1, zs // ep), unit_params=unit,
+                           largest_param=(pc.embedding / tp) if (first or last) else block)
     sharded = (dense / zs + expert / max(1, zs // ep)) if L.zero else dense + expert
     fixed = st["params"] + st["optimizer"]
     out = (st, dense + expert, unit, sharded, fixed)
@@ -122,24 +129,35 @@ def _activation_terms(plan: PlanInput, modern: bool) -> tuple[float, float, floa
 _BUFS: dict[tuple, tuple] = {}
 
 
-def _buffers(plan: PlanInput, zs: int, unit: float, device: str) -> tuple:
-    """(named buffer terms, their sum, runtime context), cached."""
+def _buffers(plan: PlanInput, zs: int, unit: float, device: str, count: float = 0.0) -> tuple:
+    """(named buffer terms, their sum, runtime context), cached. count: the rank's parameters
+    (DDP's bucket copy)."""
     L, model = plan.layout, plan.model
     tokens = plan.seq_len / L.cp * plan.micro_batch
     key = (id(model), tokens, plan.precision, L.zero, L.dp, L.tp, L.sp, L.pp, L.cp, L.ep, unit,
-           zs, device)
+           zs, device, count)
     hit = _BUFS.get(key)
     if hit is not None and hit[0] is model:
         return hit[1]
     bufs = buffer_terms(hidden=model.dim, tokens=tokens, precision=plan.precision, zero=L.zero,
                         dp=L.dp, tp=L.tp, sp=L.sp, pp=L.pp, cp=L.cp, ep=L.ep,
                         kv_dim=model.kv_dim, experts_per_token=model.experts_per_token,
-                        unit_params=unit, zero_shards=zs, device=device)
+                        unit_params=unit, zero_shards=zs, device=device,
+                        bucket_params=count)
     out = (bufs, sum(bufs.values()), bufs["runtime_context"])
     if len(_BUFS) > 16384:
         _BUFS.clear()
     _BUFS[key] = (model, out)
     return out
+
+
+def _block_params(plan: PlanInput) -> float:
+    """Parameters of one block on this rank (the FSDP unit of a block)."""
+    model, L = plan.model, plan.layout
+    pc = model.param_counts()
+    if model.is_moe:
+        return pc.attention / L.tp + pc.norms + pc.router + pc.mlp / (L.tp * L.ep)
+    return (pc.attention + pc.mlp) / L.tp + pc.norms
 
 
 def _rank_numbers(plan: PlanInput, acts_terms: tuple[float, float, float], zs: int, rank: int,
@@ -159,18 +177,64 @@ def _rank_numbers(plan: PlanInput, acts_terms: tuple[float, float, float], zs: i
         acts += one_layer
     if last:
         acts += head_acts * (m if L.pp_schedule == "gpipe" and pp > 1 else 1)
-    bufs, buffers, ctx = _buffers(plan, zs, unit, device)
+    bufs, buffers, ctx = _buffers(plan, zs, unit, device, count)
     grads = st["grads"]
     if m > 1 or pp > 1:
         fwdbwd = acts + grads
     else:  # one micro-batch, no pipeline: the backward trades activations for grads
         fwdbwd = max(acts + st["grads.in_flight"], grads + one_layer)
-    # torch's foreach AdamW/SGD allocate an fp32 intermediate per parameter during step().
-    step_tmp = 0.0 if plan.offload != "none" else 4.0 * sharded
-    total = fixed + buffers + max(fwdbwd, grads + step_tmp)
+    # torch's foreach AdamW/SGD allocate an fp32 intermediate per parameter during step(); on a
+    # GPU the trainer runs fused AdamW, which allocates none (the dry-run measures none).
+    step_tmp = 0.0 if plan.offload != "none" or device != "cpu" else 4.0 * sharded
+    # Three moments, the peak is the largest (calibrated against the dry-run, see
+    # benchmarks/results/planner_accuracy.md):
+    # - backward: states with the FSDP units in flight, every buffer, activations/grads;
+    # - optimizer step: states, grads and the step's temporaries;
+    # - loss backward (last stage): every activation still stored plus the cross-entropy
+    #   backward temporaries (loss_backward_bytes). FSDP2 has resharded every unit (ZeRO-3) and
+    #   no collective is in flight, so in-flight ZeRO-3 copies and FSDP buffers are left out;
+    #   accumulated grads (m > 1) are held.
+    fsdp = sum(v for k, v in bufs.items() if k.startswith("fsdp_"))
+    # optimizer step: after backward the 16-bit weight casts (autocast) / unsharded FSDP units
+    # are freed and no FSDP collective is in flight; DDP buckets persist.
+    step_peak = fixed - st["params.in_flight"] + buffers - fsdp + grads - st["grads.in_flight"] \
+        + step_tmp
+    peak = max(fixed + buffers + fwdbwd, step_peak)
+    if L.zero >= 3 and layers and unit > 0:
+        # ZeRO-3: the in-flight copies and FSDP buffers scale with the unit. While activations
+        # are stored only block units are in flight; the root unit (embedding, head: the
+        # largest) is reduce-scattered at the very end of backward, when every activation is
+        # freed (FSDP2 runs the root's post-backward last). So: a block-unit backward moment
+        # and an end-of-backward moment with one root unit and no activations.
+        blk = _block_params(plan)
+        f = min(1.0, blk / unit)
+        inflight = st["params.in_flight"] + fsdp
+        rest = fixed - st["params.in_flight"]
+        grads_rest = grads - st["grads.in_flight"]
+        if m > 1 or pp > 1:
+            bwd = acts + grads_rest + f * st["grads.in_flight"]
+        else:
+            bwd = max(acts + f * st["grads.in_flight"], grads_rest + one_layer)
+        bwd_peak = rest + buffers - fsdp + f * inflight + bwd
+        # end of backward: one root unit gathered, its fp32 reduce-scatter input and output
+        # shard; its 16-bit unsharded grads are already cast into that input (the dry-run of
+        # llama2-7b widths sees no bf16 root grads at this peak).
+        end_peak = rest + buffers - fsdp + inflight - st["params.in_flight"] / 2 + grads_rest
+        peak = max(bwd_peak, end_peak, step_peak)
+    loss_tmp = 0.0
+    if last:
+        loss_tmp = loss_backward_bytes(plan.model, seq_len=plan.seq_len,
+                                       micro_batch=plan.micro_batch, tp=L.tp, cp=L.cp)
+        bufs = dict(bufs, loss_backward_temp=loss_tmp)
+        resting = fixed - (st["params.in_flight"] if L.zero >= 3 else 0.0)
+        coll = sum(v for k, v in bufs.items() if k.startswith("fsdp_"))
+        held = grads - st["grads.in_flight"] if (m > 1 or pp > 1) else 0.0
+        loss_peak = resting + buffers - coll + acts + held + loss_tmp
+        peak = max(peak, loss_peak)
+    total = peak
     reserved = total + FRAGMENTATION * (total - ctx)
-    return (reserved, total, st, bufs, buffers, acts, per_layer, step_tmp, count, rank,
-            in_flight)
+    return (reserved, total, st, bufs, buffers + loss_tmp, acts, per_layer, step_tmp, count,
+            rank, in_flight)
 
 
 def worst_rank(plan: PlanInput, *, convention: str = "scaletrain",
