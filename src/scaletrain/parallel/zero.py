@@ -77,9 +77,14 @@ def clip_grad_norm_(params: Iterable[torch.Tensor], max_norm: float, norm_type: 
             dist.all_reduce(total_p, group=extra_group)
         total = total_p ** (1.0 / norm_type)
     coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    # Scaling is linear, so scaling each local shard (Shard, Replicate or Partial) is exact;
+    # one foreach kernel per (device, dtype) instead of a multiply per gradient.
+    by_kind: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
     for g in grads:
-        # Scaling is linear, so scaling each local shard (Shard, Replicate or Partial) is exact.
-        _local(g).mul_(coef.to(_local(g).device, _local(g).dtype))
+        local = _local(g)
+        by_kind.setdefault((local.device, local.dtype), []).append(local)
+    for (device, dtype), locals_ in by_kind.items():
+        torch._foreach_mul_(locals_, coef.to(device, dtype))
     return total
 
 
