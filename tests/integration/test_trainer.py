@@ -124,3 +124,11 @@ def test_fp8_run_trains_with_fp32_master_weights(tmp_path):
     assert any(isinstance(m, Float8Linear) for m in r.model.modules())
     assert all(p.dtype == torch.float32 for p in r.model.parameters())
     assert sum(r.losses[-5:]) / 5 < sum(r.losses[:5]) / 5 - 0.3
+
+
+def test_running_a_finished_run_again_trains_in_a_sibling_directory(tmp_path, capsys):
+    first = train(_job(tmp_path, "again", "--train.steps=2"))
+    second = train(_job(tmp_path, "again", "--train.steps=2"))
+    assert first.steps == second.steps == 2 and len(second.losses) == 2
+    assert second.run_dir == tmp_path / "again-2"
+    assert "holds a finished run" in capsys.readouterr().out

@@ -8,6 +8,7 @@ changes what one step is (a schedule drives the micro-batches), so it has its ow
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import time
@@ -212,8 +213,26 @@ def _rollback(run: Run, guard: SpikeGuard, step: int, verdict: SpikeVerdict,
     return restored
 
 
+def _fresh_run_dir(job: JobConfig) -> JobConfig:
+    """With resume=auto, a run directory whose run already finished gets a sibling instead
+    (runs/default -> runs/default-2, ...): running the same command twice trains twice rather
+    than resuming a finished run and doing nothing."""
+    run_dir = Path(job.train.run_dir)
+    done = latest_good(run_dir / "checkpoints", log=lambda _: None)
+    if job.checkpoint.resume != "auto" or done is None \
+            or int(done.name.split("_")[-1]) < job.train.steps:
+        return job
+    n = 2
+    while Path(f"{run_dir}-{n}").exists():
+        n += 1
+    print(f"{run_dir} holds a finished run ({done.name}); training again in {run_dir}-{n}")
+    return dataclasses.replace(job, train=dataclasses.replace(job.train,
+                                                              run_dir=f"{run_dir}-{n}"))
+
+
 def train(job: JobConfig, *, max_steps: int | None = None) -> RunResult:
     """Train `job` to `job.train.steps` (or stop after `max_steps` more steps, for tests)."""
+    job = _fresh_run_dir(job)
     run = build_run(job)
     job = run.job  # with the layout the planner chose, when parallel.layout is auto
     step, wall_offset = 0, 0.0
