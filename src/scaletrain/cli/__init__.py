@@ -27,7 +27,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 
 
 def _parser(argv: list[str]) -> tuple[argparse.ArgumentParser, str | None]:
-    parser = argparse.ArgumentParser(prog="scaletrain", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="scaletrain",
+        description="Plan, dry-run, train and verify parallel transformer training: will it "
+                    "fit, how fast will it run, which strategy should I use.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     chosen = argv[0] if argv and argv[0] in SUBCOMMANDS else None
     for name, (module, help_) in SUBCOMMANDS.items():
