@@ -208,9 +208,7 @@ def _job_for(est: Any) -> Any:
     p, L = est.plan, est.plan.layout
     return JobConfig(
         model=p.model,
-        parallel=ParallelConfig(dp=L.dp, zero=L.zero, dp_replicate=L.dp_replicate, tp=L.tp,
-                                sp=L.sp, pp=L.pp, pp_schedule=L.pp_schedule,
-                                pp_virtual=L.pp_virtual, cp=L.cp, ep=L.ep, layout="manual"),
+        parallel=ParallelConfig.from_layout(L),
         precision=PrecisionConfig(dtype=p.precision),
         memory=MemoryConfig(ac=p.ac, offload=p.offload),
         batch=BatchConfig(global_batch=p.global_batch, micro_batch=p.micro_batch,

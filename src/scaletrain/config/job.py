@@ -63,6 +63,13 @@ class ParallelConfig:
         return (self.dp, self.zero, self.dp_replicate, self.tp, self.sp, self.pp, self.cp,
                 self.ep) != (-1, 0, 1, 1, False, 1, 1, 1)
 
+    @classmethod
+    def from_layout(cls, layout: Layout) -> ParallelConfig:
+        """The config that runs exactly `layout` (layout='manual')."""
+        return cls(dp=layout.dp, zero=layout.zero, dp_replicate=layout.dp_replicate,
+                   tp=layout.tp, sp=layout.sp, pp=layout.pp, pp_schedule=layout.pp_schedule,
+                   pp_virtual=layout.pp_virtual, cp=layout.cp, ep=layout.ep, layout="manual")
+
     def resolve(self, world_size: int) -> Layout:
         """The concrete Layout for `world_size` ranks (dp filled in when -1)."""
         rest = self.tp * self.pp * self.cp

@@ -11,7 +11,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from scaletrain.config import ConfigError, HardwareSpec, JobConfig, hardware_preset
+from scaletrain.config import (
+    ConfigError,
+    HardwareSpec,
+    JobConfig,
+    ParallelConfig,
+    hardware_preset,
+)
 from scaletrain.data import DataBundle, build_data
 from scaletrain.models import build_model, causal_lm_loss, materialize
 from scaletrain.parallel import ParallelDims, parallelize
@@ -191,9 +197,7 @@ def auto_layout(job: JobConfig, world_size: int, hardware: HardwareSpec) -> JobC
                           "model and batch: lower batch.micro_batch, set memory.ac=full, or add "
                           "ranks")
     L = best.plan.layout
-    chosen = dataclasses.replace(job.parallel, dp=L.dp, zero=L.zero, dp_replicate=L.dp_replicate,
-                                 tp=L.tp, sp=L.sp, pp=L.pp, pp_schedule=L.pp_schedule,
-                                 pp_virtual=L.pp_virtual, cp=L.cp, ep=L.ep, layout="manual")
+    chosen = ParallelConfig.from_layout(L)
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"layout auto: planner chose {layout_of(best)} "
               f"(predicted {best.time.step_s * 1e3:.1f} ms/step, "
