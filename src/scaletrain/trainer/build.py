@@ -7,6 +7,7 @@ import datetime
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -197,14 +198,63 @@ def auto_layout(job: JobConfig, world_size: int, hardware: HardwareSpec) -> JobC
                           "model and batch: lower batch.micro_batch, set memory.ac=full, or add "
                           "ranks")
     L = best.plan.layout
-    chosen = ParallelConfig.from_layout(L)
-    if int(os.environ.get("RANK", "0")) == 0:
+    chosen = dataclasses.replace(job, parallel=ParallelConfig.from_layout(L))
+    rank = int(os.environ.get("RANK", "0"))
+    if rank == 0:
         print(f"layout auto: planner chose {layout_of(best)} "
               f"(predicted {best.time.step_s * 1e3:.1f} ms/step, "
               f"{best.memory.total / 2**20:,.1f} MiB/rank)")
         for family, why in list(result.why_others_lost().items())[:4]:
             print(f"  {family}: {why}")
-    return dataclasses.replace(job, parallel=chosen)
+    verdict = [preflight(chosen, world_size, best) if rank == 0 else None]
+    if dist.is_initialized():  # every rank learns the verdict before any of them goes on
+        dist.broadcast_object_list(verdict, src=0)
+    measured, text = verdict[0]
+    if rank == 0:
+        print(text)
+    if measured is not None and measured > hardware.memory_bytes:
+        raise ConfigError("parallel.layout", "auto",
+                          f"the preflight dry-run of {layout_of(best)} measured "
+                          f"{measured / 2**30:.2f} GiB per rank, more than the "
+                          f"{hardware.memory_bytes / 2**30:.2f} GiB of {hardware.name}: name the "
+                          "degrees yourself (see `scaletrain plan`), lower batch.micro_batch or "
+                          "set memory.ac=full")
+    return chosen
+
+
+def _preflight_child(job: JobConfig, world_size: int, rank: int, out: Any) -> None:
+    from scaletrain.measure.dryrun import dryrun
+
+    try:
+        m = dryrun(job, world_size=world_size, rank=rank, count_flops=False)
+        out.put(("ok", m.memory.total, None))
+    except ConfigError as e:  # a layout the dry-run cannot drive
+        out.put(("skip", None, str(e)))
+    except Exception as e:  # noqa: BLE001 - reported, never fatal: the plan stands on its own
+        out.put(("error", None, f"{type(e).__name__}: {e}"))
+
+
+def preflight(job: JobConfig, world_size: int, estimate: Any) -> tuple[float | None, str]:
+    """Dry-run `job` as the planner's worst rank, in a fresh process (a fake process group
+    cannot live beside this process's real one). Returns (measured peak bytes or None, a line).
+    """
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    rank = estimate.memory.rank
+    proc = ctx.Process(target=_preflight_child, args=(job, world_size, rank, q), daemon=True)
+    proc.start()
+    try:
+        status, measured, why = q.get(timeout=600)
+    except Exception:  # noqa: BLE001 - the child died or hung: say so, train on the plan
+        status, measured, why = "error", None, f"the dry-run process exited ({proc.exitcode})"
+    proc.join(timeout=10)
+    if status != "ok":
+        return None, f"preflight: not run ({why})"
+    err = (estimate.memory.total - measured) / measured
+    return measured, (f"preflight dry-run (rank {rank} of {world_size}): "
+                      f"{measured / 2**20:,.1f} MiB measured, planner {err:+.1%}")
 
 
 def build_run(job: JobConfig) -> Run:
