@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
-SCRIPTS = ("attention", "pipeline", "scaling", "strategies", "gpu")
+SCRIPTS = ("attention", "pipeline", "scaling", "strategies", "gpu", "comm_volume")
 
 
 def _load(name: str):
@@ -63,12 +63,12 @@ def test_pipeline_analysis_recovers_the_formula_on_a_simulated_run(schedule, m, 
     from scaletrain.planner.pipeline import simulate
 
     sim = simulate(schedule, p, m, 1, 0.01, 0.02)
-    rank_results = [{"schedule": schedule, "m": m, "v": 1, "rank": r,
+    rank_results = [{"schedule": schedule, "m": m, "v": 1, "rank": r, "device": "emulated",
                      "steps": [[(100 + e.start, 100 + e.end, e.kind, e.microbatch, 0,
                                  e.end - e.start) for e in evs]]}
                     for r, evs in enumerate(sim.ranks)]
     res = pipe.analyse(rank_results)
-    assert res["p"] == p
+    assert res["p"] == p and res["device"] == "emulated"
     assert res["bubble_measured"] == pytest.approx((p - 1) / m, rel=1e-6)
     assert res["bubble_simulated"] == pytest.approx(res["bubble_measured"], rel=1e-6)
     assert res["relative_error_vs_formula"] == pytest.approx(0.0, abs=1e-6)
@@ -100,8 +100,35 @@ def test_gpu_without_cuda_says_not_measured(capsys):
     assert gpu.NOT_MEASURED in capsys.readouterr().out
 
 
+def test_comm_volume_planner_side_and_classification(tmp_path):
+    """DDP's predicted volume is one ring all-reduce of the fp32 gradients (n = 2: 1x the
+    bytes); calls land in the planner family of their phase, mesh axis and op."""
+    cv = _load("comm_volume")
+    from scaletrain.config import MODEL_PRESETS
+
+    world, model, extra = cv.STRATEGIES["ddp"]
+    pred = cv.predicted(cv.job_args(str(tmp_path), model, extra), world)
+    assert pred == {"dp_allreduce": 4 * MODEL_PRESETS[model]().num_params()}
+
+    def ev(kind, phase="forward_backward", payload=4096):
+        return {"kind": kind, "phase": phase, "payload": payload}
+
+    assert cv.family(ev("all_reduce"), ["dp", "dp_cp"], 0) == "dp_allreduce"
+    assert cv.family(ev("broadcast", "optimizer"), ["dp_shard_cp"], 1) == "zero_all_gather"
+    assert cv.family(ev("all_gather"), ["dp_shard_cp"], 3) == "fsdp_all_gather"
+    assert cv.family(ev("reduce_scatter"), ["dp_shard_cp"], 2) == "zero_reduce_scatter"
+    assert cv.family(ev("all_reduce"), ["dp_replicate"], 3) == "hsdp_allreduce"
+    assert cv.family(ev("all_gather"), ["tp"], 2) == "tp"
+    assert cv.family(ev("send"), ["pp"], 0) == "pp_p2p"
+    assert cv.family(ev("send"), ["cp"], 0) == "cp_ring"
+    assert cv.family(ev("all_to_all"), ["ep", "dp"], 0) == "ep_all_to_all"
+    assert cv.family(ev("all_reduce", "scalars"), ["dp"], 0).startswith(cv.NOT_MODELLED)
+    assert cv.family(ev("all_to_all", payload=32), ["ep"], 0).startswith(cv.NOT_MODELLED)
+
+
 REQUIRED = {"attention": ("rows", "slopes"), "pipeline": ("results", "meta"),
-            "scaling": ("rows", "meta"), "strategies": ("rows", "meta"), "gpu": ("status",)}
+            "scaling": ("rows", "meta"), "strategies": ("rows", "meta"), "gpu": ("status",),
+            "comm_volume": ("results", "notes")}
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
