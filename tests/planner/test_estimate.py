@@ -113,8 +113,30 @@ def test_comm_families_and_tiers():
     assert ddp["dp_allreduce"] == pytest.approx(2 * 7 / 8 * 4e9)
     z3 = comm_volumes(layout=Layout(dp=8, zero=3), **kw)
     assert z3["fsdp_all_gather"] == pytest.approx(2 * 4 * 7 / 8 * 2e9)
-    assert set(comm_volumes(layout=Layout(tp=2, sp=True, pp=2, cp=2), **kw)) == {
-        "tp", "pp_p2p", "cp_ring"}
+    # cp ranks replicate the parameters: their gradients are all-reduced even at dp = 1
+    three_d = comm_volumes(layout=Layout(tp=2, sp=True, pp=2, cp=2), **kw)
+    assert set(three_d) == {"tp", "pp_p2p", "cp_ring", "dp_allreduce"}
+    act = 2 * 4096.0 * 5120  # bf16 activations of one micro-batch (tokens already per cp rank)
+    # pp = 2: the first stage sends only activations, the last only gradients: m messages each
+    assert three_d["pp_p2p"] == pytest.approx(4 * act / 2)  # SP: the message is 1/tp of it
+    # ring attention: cp-1 K/V sends forward, cp-1 backward, the dK/dV accumulators a full turn
+    kv = 2 * 2 * 4096.0 * 5120 / 2
+    assert three_d["cp_ring"] == pytest.approx((3 * 2 - 2) * 20 * 4 * kv)
+    # tp: 4 all-reduces per block plus the vocab-parallel embedding and the head, per micro-batch
+    assert three_d["tp"] == pytest.approx((4 * 20 + 2) * 4 * 2 * (1 / 2) * act)
+    # ZeRO-1 as the trainer runs it: DDP's all-reduce, then the fp32 partitions broadcast
+    z1 = comm_volumes(layout=Layout(dp=8, zero=1), **kw)
+    assert z1 == pytest.approx({"dp_allreduce": 2 * 7 / 8 * 4e9, "zero_all_gather": 7 / 8 * 4e9})
+    # ZeRO-2 (FSDP2 without resharding after forward): one gather and one reduce-scatter per
+    # micro-batch; HSDP reduces the shard across replicas after every micro-batch
+    z2 = comm_volumes(layout=Layout(dp=8, zero=2), **kw)
+    assert z2["zero_all_gather"] == pytest.approx(4 * 7 / 8 * 2e9)
+    hsdp = comm_volumes(layout=Layout(dp=8, dp_replicate=2, zero=3), **kw)
+    assert hsdp["hsdp_allreduce"] == pytest.approx(4 * 2 * (1 / 2) * 4e9 / 4)
+    # EP = dp: every rank owns distinct experts, their gradients are never all-reduced
+    ep = comm_volumes(layout=Layout(dp=8, ep=8), **{**kw, "moe_layers": 20},
+                      expert_params=6e8)
+    assert ep["dp_allreduce"] == pytest.approx(2 * 7 / 8 * 4 * (1e9 - 6e8))
     # tp across nodes (tp=16 > 8 GPUs per node) is slower than inside one
     intra = estimate(_plan(model, 8, Layout(tp=8, sp=True)))
     two_nodes = estimate(_plan(model, 16, Layout(tp=16, sp=False),

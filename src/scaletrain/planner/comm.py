@@ -60,27 +60,40 @@ def p2p_time(nbytes: float, bw: float, lat: float) -> float:
 def comm_terms(*, layout: Layout, hardware: HardwareSpec, stage_params: float, layers: int,
                moe_layers: int, tokens: float, hidden: int, kv_dim: int, experts_per_token: int,
                micro_batches: int, precision: str = "bf16", ac: str = "none",
-               reduce_bytes: int = 4, param_comm_bytes: int = 0,
+               reduce_bytes: int = 4, param_comm_bytes: int = 0, expert_params: float = 0.0,
                gpus_per_node: int | None = None) -> dict[str, tuple[float, float]]:
     """Per step, per rank: {family: (bytes moved by this rank, seconds)}.
 
     stage_params: parameters this rank holds (after TP/PP/EP division, before ZeRO); layers /
     moe_layers: blocks on this rank; tokens: s_l*b of one micro-batch; micro_batches: m.
-    Families:
-      dp_allreduce   zero 0: one all-reduce of the grads (reduce_bytes/param) per step (no_sync
-                     during accumulation);
-      zero_reduce_scatter + zero_all_gather  zero 1: one of each per step; zero 2: the
-                     reduce-scatter per micro-batch (grads are not kept whole);
+    expert_params: the MoE expert parameters among stage_params (local after EP): their
+    gradients are reduced over the (dp*cp)/ep ranks that replicate them, not over dp*cp.
+    Families (what scaletrain's trainer runs; checked per family against the bytes counted at
+    the collectives by benchmarks/comm_volume.py, tiny models on gloo):
+      dp_allreduce   zero 0 and 1: one all-reduce of the grads (reduce_bytes/param) per step
+                     over the dp*cp ranks that replicate them (no_sync during accumulation; CP
+                     ranks hold the same parameters, so cp joins the reduction);
+      zero_all_gather zero 1: ZeroRedundancyOptimizer broadcasts each updated fp32 partition
+                     once per step ((n-1)/n of the fp32 params per rank); zero 2 (FSDP2,
+                     reshard_after_forward=False): the compute-dtype params are gathered once
+                     per micro-batch (resharded after each backward);
+      zero_reduce_scatter zero 2: one reduce-scatter of the grads per micro-batch;
       fsdp_all_gather zero 3: 2 per micro-batch (forward and backward re-gather,
                      reshard_after_forward=True) of compute-dtype params; fsdp_reduce_scatter one
-                     per micro-batch; hsdp_allreduce across replicas once per step;
+                     per micro-batch; hsdp_allreduce of the shard across replicas after every
+                     micro-batch (FSDP2 reduces each backward);
       tp             Megatron TP: 2 all-reduces forward + 2 backward per block and micro-batch
-                     of e*s*b*h (+2 under full recompute); with SP the same bytes as
-                     all-gather + reduce-scatter pairs (Korthikanti et al. 2022);
+                     of e*s*b*h (+2 under full recompute), plus the vocab-parallel embedding's
+                     forward all-reduce and the head input's backward all-reduce (2 per
+                     micro-batch); with SP the same bytes as all-gather + reduce-scatter pairs
+                     (Korthikanti et al. 2022);
       pp_p2p         one activation send forward and one gradient send backward per micro-batch
-                     and chunk (x v interleaved);
-      cp_ring        ring attention: forward (cp-1) K/V block sends, backward K/V + dK/dV (2x),
-                     per block and micro-batch (+1 forward under full recompute);
+                     and chunk (x v interleaved), on the worst rank: the first stage sends no
+                     gradient and the last no activation, so at pp = 2 every rank sends
+                     m*(2v-1) messages (a middle stage exists from pp = 3: 2mv);
+      cp_ring        ring attention, per block and micro-batch: forward cp-1 K/V block sends;
+                     backward cp-1 K/V sends plus the dK/dV accumulators travelling a full turn
+                     (cp sends) home: 3cp-2 in all (+cp-1 forward sends under full recompute);
       ep_all_to_all  dispatch + combine, forward and backward, per MoE block and micro-batch
                      (+2 under full recompute) of e*k*s*b*h.
     """
@@ -89,20 +102,30 @@ def comm_terms(*, layout: Layout, hardware: HardwareSpec, stage_params: float, l
     pc = param_comm_bytes or e
     out: dict[str, tuple[float, float]] = {}
     recompute = ac == "full"
-    if L.dp > 1 or (L.zero and L.cp > 1):
+    if L.dp * L.cp > 1:
         bw, lat, _ = axis_link(L, hw, "dp", gpus_per_node)
-        n = L.dp * L.cp if L.zero else L.dp
+        n = L.dp * L.cp
         if L.zero:
             n = max(1, n // max(1, L.dp_replicate))
         grads = stage_params * reduce_bytes
-        if L.zero == 0:
-            out["dp_allreduce"] = (2 * (n - 1) / n * grads, allreduce_time(grads, n, bw, lat))
-        elif L.zero in (1, 2):
-            k = 1 if L.zero == 1 else m
-            out["zero_reduce_scatter"] = (k * (n - 1) / n * grads,
-                                          k * gather_time(grads, n, bw, lat))
-            params = stage_params * 4  # fp32 params re-gathered after the sharded update
-            out["zero_all_gather"] = ((n - 1) / n * params, gather_time(params, n, bw, lat))
+        if L.zero <= 1:
+            # expert gradients are reduced over the (dp*cp)/ep replicas of each expert only
+            dense = (stage_params - expert_params) * reduce_bytes
+            n_exp = max(1, n // L.ep) if L.ep > 1 else n
+            moved = 2 * (n - 1) / n * dense + 2 * (n_exp - 1) / n_exp * expert_params * reduce_bytes
+            secs = (allreduce_time(dense, n, bw, lat)
+                    + allreduce_time(expert_params * reduce_bytes, n_exp, bw, lat))
+            if moved:
+                out["dp_allreduce"] = (moved, secs)
+            if L.zero == 1:
+                params = stage_params * 4  # fp32 partitions broadcast after the sharded update
+                out["zero_all_gather"] = ((n - 1) / n * params, gather_time(params, n, bw, lat))
+        elif L.zero == 2:
+            out["zero_reduce_scatter"] = (m * (n - 1) / n * grads,
+                                          m * gather_time(grads, n, bw, lat))
+            params = stage_params * pc
+            out["zero_all_gather"] = (m * (n - 1) / n * params,
+                                      m * gather_time(params, n, bw, lat))
         else:
             params = stage_params * pc
             out["fsdp_all_gather"] = (2 * m * (n - 1) / n * params,
@@ -116,21 +139,22 @@ def comm_terms(*, layout: Layout, hardware: HardwareSpec, stage_params: float, l
             lat2 = hw.inter_node_latency_s if inter else hw.intra_node_latency_s
             shard = grads / n
             r = L.dp_replicate
-            out["hsdp_allreduce"] = (2 * (r - 1) / r * shard, allreduce_time(shard, r, bw2, lat2))
+            out["hsdp_allreduce"] = (m * 2 * (r - 1) / r * shard,
+                                     m * allreduce_time(shard, r, bw2, lat2))
     act = e * tokens * hidden
     if L.tp > 1:
         bw, lat, _ = axis_link(L, hw, "tp", gpus_per_node)
-        k = (4 + (2 if recompute else 0)) * layers * m
+        k = ((4 + (2 if recompute else 0)) * layers + 2) * m
         out["tp"] = (k * 2 * (L.tp - 1) / L.tp * act, k * allreduce_time(act, L.tp, bw, lat))
     if L.pp > 1:
         bw, lat, _ = axis_link(L, hw, "pp", gpus_per_node)
         msg = act / (L.tp if L.sp else 1)
-        k = 2 * m * L.pp_virtual
+        k = m * (2 * L.pp_virtual - (1 if L.pp == 2 else 0))
         out["pp_p2p"] = (k * msg, k * p2p_time(msg, bw, lat))
     if L.cp > 1:
         bw, lat, _ = axis_link(L, hw, "cp", gpus_per_node)
         kv = 2 * e * tokens * kv_dim / L.tp
-        k = (3 + (1 if recompute else 0)) * (L.cp - 1) * layers * m
+        k = (3 * L.cp - 2 + (L.cp - 1 if recompute else 0)) * layers * m
         out["cp_ring"] = (k * kv, k * p2p_time(kv, bw, lat))
     if L.ep > 1 and moe_layers:
         bw, lat, _ = axis_link(L, hw, "ep", gpus_per_node)

@@ -132,7 +132,11 @@ def _time(plan: PlanInput, max_params: float, causal: bool, gpus_per_node: int |
                        moe_layers=layers if model.is_moe else 0, tokens=tok_mb / L.cp,
                        hidden=model.dim, kv_dim=model.kv_dim,
                        experts_per_token=model.experts_per_token, micro_batches=m,
-                       precision=plan.precision, ac=plan.ac, gpus_per_node=gpus_per_node)
+                       precision=plan.precision, ac=plan.ac, gpus_per_node=gpus_per_node,
+                       # this rank's expert weights (EP-local, TP-sharded like max_params)
+                       expert_params=(layers * model.param_counts().mlp_per_expert
+                                      * model.num_experts / (L.ep * L.tp) if model.is_moe
+                                      else 0.0))
     t_fwd = t_mb * lf / layer_hw  # forward share of the hardware FLOPs
     t_core = tok_mb * layers * 3 * core / split / rate * m
     exposed = _exposed(terms, L, hw, max_params, m, t_fwd, t_mb - t_fwd, t_core, layers,
