@@ -1,11 +1,14 @@
-"""Atomic DCP checkpoints: round trip, torn/corrupted detection with fallback, retention."""
+"""Atomic DCP checkpoints: round trip, torn/corrupted detection with fallback, retention, async."""
 
 import json
+from concurrent.futures import Future
 
 import pytest
 import torch
 
+import scaletrain.checkpoint.dcp as dcp_module
 from scaletrain.checkpoint import (
+    AsyncCheckpointer,
     CheckpointError,
     latest_good,
     list_checkpoints,
@@ -76,6 +79,8 @@ def test_in_progress_write_is_never_listed_and_retention_keeps_last_n(tmp_path):
     assert latest_good(tmp_path).name == "step_00000004"
     manifest = json.loads((tmp_path / "step_00000004" / "manifest.json").read_text())
     assert "trainer_state.json" in manifest["files"] and "extra_rank0.pt" in manifest["files"]
+    _save(tmp_path, 6, model, opt, keep=2)  # the next save clears any crashed writer's leftovers
+    assert not list(tmp_path.glob(".tmp-*"))
 
 
 def test_extra_state_is_loaded_without_unpickling_objects(tmp_path):
@@ -93,3 +98,53 @@ def test_extra_state_is_loaded_without_unpickling_objects(tmp_path):
     (path / "manifest.json").write_text(json.dumps({"step": 1, "files": files}))
     with pytest.raises(Exception, match="(?i)weights only|unpickl|not an allowed"):
         load_checkpoint(path, *_model_and_opt(2))
+
+
+def _async_save(saver, step, model, opt):
+    saver.save(step, model, opt, trainer_state={"step": step},
+               extra={"rng": {"cpu": torch.get_rng_state()}, "pos": step})
+
+
+def test_async_save_writes_the_state_at_the_call_not_later_updates(tmp_path):
+    model, opt = _model_and_opt(0)
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+    saver = AsyncCheckpointer(tmp_path, keep_last_n=2)
+    _async_save(saver, 1, model, opt)
+    with torch.no_grad():  # training continues while the thread writes
+        for p in model.parameters():
+            p.add_(1.0)
+    assert saver.close() == tmp_path / "step_00000001"
+    assert verify_checkpoint(tmp_path / "step_00000001") is None
+    fresh, fresh_opt = _model_and_opt(1)
+    state, extra = load_checkpoint(tmp_path / "step_00000001", fresh, fresh_opt)
+    assert state == {"step": 1} and extra["pos"] == 1
+    for name, value in fresh.state_dict().items():
+        assert torch.equal(value, expected[name])
+
+
+def test_async_saves_one_in_flight_published_in_order_with_retention(tmp_path):
+    model, opt = _model_and_opt(0)
+    saver = AsyncCheckpointer(tmp_path, keep_last_n=2)
+    for step in (1, 2, 3):
+        _async_save(saver, step, model, opt)
+        if step > 1:  # starting a save waited for the previous one: it is published by now
+            assert f"step_{step - 1:08d}" in [p.name for p in list_checkpoints(tmp_path)]
+    assert saver.close().name == "step_00000003"
+    assert not saver.in_flight
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000002", "step_00000003"]
+    assert not list(tmp_path.glob(".tmp-*"))
+
+
+def test_failed_async_write_is_never_published_and_previous_stays_latest(tmp_path, monkeypatch):
+    model, opt = _model_and_opt(0)
+    good = _save(tmp_path, 1, model, opt)
+    failed: Future = Future()
+    failed.set_exception(OSError("disk full"))
+    monkeypatch.setattr(dcp_module.dcp, "async_save", lambda *a, **k: failed)
+    saver = AsyncCheckpointer(tmp_path, keep_last_n=2)
+    _async_save(saver, 2, model, opt)
+    with pytest.raises(OSError, match="disk full"):
+        saver.close()
+    # the half-written directory stays a .tmp-* one, which nothing loads
+    assert (tmp_path / ".tmp-step_00000002").is_dir()
+    assert latest_good(tmp_path) == good

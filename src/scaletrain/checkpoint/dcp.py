@@ -11,7 +11,8 @@ Layout of a run's checkpoints:
 A crash at any point leaves either the old set of published checkpoints or the old set plus a
 new complete one: the directory is renamed into place only after every rank has written and the
 manifest is complete. `latest_good()` verifies sizes and checksums and falls back to the previous
-checkpoint when the newest is torn or corrupted.
+checkpoint when the newest is torn or corrupted. `AsyncCheckpointer` writes the same layout from
+a background thread (`dcp.async_save`) and publishes it the same way once the write completed.
 
 Loading never unpickles arbitrary objects: `extra_rank*.pt` is read with `weights_only=True`
 (tensors, dicts, lists, numbers, strings only); JSON files are JSON. DCP's own `.metadata` index
@@ -25,6 +26,7 @@ import json
 import os
 import shutil
 import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +42,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-__all__ = ["save_checkpoint", "load_checkpoint", "latest_good", "list_checkpoints",
-           "verify_checkpoint", "CheckpointError"]
+__all__ = ["AsyncCheckpointer", "save_checkpoint", "load_checkpoint", "latest_good",
+           "list_checkpoints", "verify_checkpoint", "CheckpointError"]
 
 _PREFIX = "step_"
 
@@ -114,41 +116,133 @@ def save_checkpoint(ckpt_dir: str | Path, step: int, model: torch.nn.Module,
     `extra` is per-rank (RNG states, data position) and may hold tensors.
     """
     ckpt_dir = Path(ckpt_dir)
+    tmp, final = _begin(ckpt_dir, step)
+    state, extra = _payload(model, optimizer, extra)
+    with warnings.catch_warnings():  # single-process saves are intended, not a mistake
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.save(state, checkpoint_id=str(tmp), no_dist=not dist.is_initialized())
+    _write_local(tmp, extra, trainer_state)
+    _barrier()
+    if _rank() == 0:
+        _publish(tmp, final, step=step, keep_last_n=keep_last_n)
+    _barrier()
+    return final
+
+
+class AsyncCheckpointer:
+    """Checkpoints written by a background thread (`dcp.async_save`) while training continues.
+
+    `save()` copies the state to host memory (DCP's default stager deep-copies every tensor, so
+    later optimizer steps cannot leak into the files), writes the small per-rank files, and
+    returns; a thread writes the DCP shards. Only after that write completed does rank 0 add
+    the manifest and rename the directory into place — the same publication as the synchronous
+    path — so a crash mid-write leaves the previous checkpoint as the newest good one. At most
+    one save is in flight: `save()` first waits for the previous one. Call `wait()` before
+    anything reads the checkpoint directory (resume, rollback) and before the process exits.
+
+    Constructing it is collective when torch.distributed is initialized: the background writes
+    get their own gloo group, because collectives issued from two threads on one group could
+    interleave with the training step's and mismatch across ranks.
+    """
+
+    def __init__(self, ckpt_dir: str | Path, *, keep_last_n: int = 2):
+        self.ckpt_dir, self.keep_last_n = Path(ckpt_dir), keep_last_n
+        self._group = dist.new_group(backend="gloo") if dist.is_initialized() else None
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-publish")
+        self._pending: Future[Path] | None = None
+
+    def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
+             trainer_state: dict[str, Any], extra: dict[str, Any]) -> None:
+        """Start saving `step` (collective); returns once the state is staged in host memory."""
+        self.wait()
+        tmp, final = _begin(self.ckpt_dir, step)
+        state, extra = _payload(model, optimizer, extra)
+        # written before the DCP write starts on this rank: DCP's collectives then order every
+        # rank's small files before rank 0's manifest, which hashes them
+        _write_local(tmp, extra, trainer_state)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            written = dcp.async_save(state, checkpoint_id=str(tmp), process_group=self._group,
+                                     no_dist=not dist.is_initialized())
+        self._pending = self._pool.submit(self._finish, written, tmp, final, step)
+
+    def _finish(self, written: Future, tmp: Path, final: Path, step: int) -> Path:
+        written.result()  # re-raises the write's error; nothing is published then
+        # DCP's last step is an all-reduce after every rank wrote its shards, so when rank 0's
+        # future completes the whole checkpoint is on disk
+        if _rank() == 0:
+            _publish(tmp, final, step=step, keep_last_n=self.keep_last_n)
+        return final
+
+    @property
+    def in_flight(self) -> bool:
+        return self._pending is not None and not self._pending.done()
+
+    def wait(self) -> Path | None:
+        """Block until the save in flight (if any) is written and published; its path."""
+        pending, self._pending = self._pending, None
+        return pending.result() if pending is not None else None
+
+    def close(self) -> Path | None:
+        """Wait for the last save, then stop the background thread (and free its group)."""
+        try:
+            return self.wait()
+        finally:
+            self._pool.shutdown(wait=True)
+            if self._group is not None:
+                dist.destroy_process_group(self._group)
+                self._group = None
+
+
+def _begin(ckpt_dir: Path, step: int) -> tuple[Path, Path]:
+    """Create the temporary directory of `step` (collective); (tmp, final) paths."""
     final = ckpt_dir / f"{_PREFIX}{step:08d}"
     tmp = ckpt_dir / f".tmp-{final.name}"
-    rank = _rank()
-    if rank == 0:
+    if _rank() == 0:
         ckpt_dir.mkdir(parents=True, exist_ok=True)
-        if tmp.exists():
-            shutil.rmtree(tmp)
+        # leftovers of writers that died (any step): no save is in flight when a new one starts
+        for stale in ckpt_dir.glob(".tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
         tmp.mkdir()
     _barrier()
+    return tmp, final
+
+
+def _payload(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+             extra: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     state = _state_dicts(model, optimizer)
     if isinstance(optimizer, ZeroRedundancyOptimizer):
         # ZeRO-1 keeps plain local state partitions that DCP cannot address: each rank writes
         # its own partition (the partitioning is a pure function of the world size)
         extra = {**extra, "optim_local": optimizer.optim.state_dict()}
-    with warnings.catch_warnings():  # single-process saves are intended, not a mistake
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.save(state, checkpoint_id=str(tmp), no_dist=not dist.is_initialized())
-    torch.save(extra, tmp / f"extra_rank{rank}.pt")
-    if rank == 0:
+    return state, extra
+
+
+def _write_local(tmp: Path, extra: dict[str, Any], trainer_state: dict[str, Any]) -> None:
+    torch.save(extra, tmp / f"extra_rank{_rank()}.pt")
+    if _rank() == 0:
         (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=1))
-    _barrier()
-    if rank == 0:
-        files = {p.name: {"size": p.stat().st_size, "sha256": _sha256(p)}
-                 for p in sorted(tmp.iterdir()) if p.is_file()}
-        manifest = tmp / "manifest.json"
-        manifest.write_text(json.dumps({"step": step, "files": files}, indent=1))
-        _fsync_dir(tmp)
-        if final.exists():  # re-saving the same step (e.g. after a rollback): replace it
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        _fsync_dir(ckpt_dir)
-        for old in list_checkpoints(ckpt_dir)[:-keep_last_n]:
-            shutil.rmtree(old, ignore_errors=True)
-    _barrier()
-    return final
+
+
+def _publish(tmp: Path, final: Path, *, step: int, keep_last_n: int) -> None:
+    """Rank 0, after every rank wrote: manifest last, then one atomic rename, then retention."""
+    files = {p.name: {"size": p.stat().st_size, "sha256": _sha256(p)}
+             for p in sorted(tmp.iterdir()) if p.is_file()}
+    manifest = tmp / "manifest.json"
+    manifest.write_text(json.dumps({"step": step, "files": files}, indent=1))
+    # a killed process loses nothing the kernel already holds, but a lost node loses unflushed
+    # pages: every file is on disk before the rename makes the checkpoint visible (DCP's
+    # shards are fsynced by its writer already; this covers ours, and costs little for them)
+    for f in sorted(tmp.iterdir()):
+        if f.is_file():
+            _fsync_path(f)
+    _fsync_dir(tmp)
+    if final.exists():  # re-saving the same step (e.g. after a rollback): replace it
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync_dir(final.parent)
+    for old in list_checkpoints(final.parent)[:-keep_last_n]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def load_checkpoint(path: str | Path, model: torch.nn.Module,
@@ -200,6 +294,14 @@ def _state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> di
         return {"model": get_model_state_dict(model)}
     model_sd, optim_sd = get_state_dict(model, optimizer)
     return {"model": model_sd, "optim": optim_sd}
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)  # fsync flushes the file's dirty pages whatever the mode
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _fsync_dir(path: Path) -> None:

@@ -274,12 +274,17 @@ class CheckpointConfig:
     resume: str = "auto"
     """'auto' (latest good checkpoint in run_dir, if any), 'never', or a checkpoint path."""
     async_save: bool = False
+    """Write checkpoints from a background thread (torch.distributed.checkpoint.async_save)
+    while training continues; each is published (manifest + rename) only once fully written,
+    at most one is in flight, and the run waits for the last before it ends."""
     export_hf: bool = False
     """Also export safetensors + config.json with Hugging Face names at the end."""
 
     def __post_init__(self) -> None:
         require(self.every >= 0, "checkpoint.every", self.every, "use >= 0 (0 = end only)")
         require(self.keep_last_n >= 1, "checkpoint.keep_last_n", self.keep_last_n, "use >= 1")
+        require(isinstance(self.async_save, bool), "checkpoint.async_save", self.async_save,
+                "use true or false")
 
 
 @dataclass

@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +20,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from scaletrain.checkpoint.dcp import latest_good, load_checkpoint, save_checkpoint
+from scaletrain.checkpoint.dcp import (
+    AsyncCheckpointer,
+    latest_good,
+    load_checkpoint,
+    save_checkpoint,
+)
 from scaletrain.config import ConfigError, JobConfig
 from scaletrain.measure.dryrun import plan_dict
 from scaletrain.measure.live import SavedActivations, peak_process_memory, state_bytes
@@ -155,10 +161,22 @@ def _checkpoint_state(run: Run, step: int, wall_s: float) -> dict[str, Any]:
             "data": mine, "wall_s": wall_s}
 
 
+def _payload(run: Run, step: int, wall_s: float) -> dict[str, Any]:
+    return {"trainer_state": _checkpoint_state(run, step, wall_s), "extra": {"rng": _rng_state()}}
+
+
 def save(run: Run, step: int, wall_s: float) -> Path:
+    """Synchronous save: returns once the checkpoint is published."""
     return save_checkpoint(run.ckpt_dir, step, run.model, run.optimizer,
-                           trainer_state=_checkpoint_state(run, step, wall_s),
-                           extra={"rng": _rng_state()}, keep_last_n=run.job.checkpoint.keep_last_n)
+                           keep_last_n=run.job.checkpoint.keep_last_n,
+                           **_payload(run, step, wall_s))
+
+
+def _save(run: Run, step: int, wall_s: float, saver: AsyncCheckpointer | None) -> None:
+    if saver is None:
+        save(run, step, wall_s)
+    else:  # returns once the state is copied; published when the background write completes
+        saver.save(step, run.model, run.optimizer, **_payload(run, step, wall_s))
 
 
 def restore(run: Run, path: Path) -> tuple[int, float]:
@@ -199,8 +217,10 @@ def _initial_checkpoint(run: Run) -> Path | None:
 
 
 def _rollback(run: Run, guard: SpikeGuard, step: int, verdict: SpikeVerdict,
-              logger: MetricsLogger) -> int:
+              logger: MetricsLogger, saver: AsyncCheckpointer | None) -> int:
     """Restore the last good checkpoint and skip the data window of the spike; the new step."""
+    if saver is not None:  # a save in flight holds accepted steps only: publish it first
+        saver.wait()
     path = latest_good(run.ckpt_dir, log=logger.print)
     restored = restore(run, path)[0] if path is not None else step
     skip_to = step + 1 + run.job.guard.skip_steps  # data steps [restored, skip_to) are skipped
@@ -216,10 +236,13 @@ def _rollback(run: Run, guard: SpikeGuard, step: int, verdict: SpikeVerdict,
 def _fresh_run_dir(job: JobConfig) -> JobConfig:
     """With resume=auto, a run directory whose run already finished gets a sibling instead
     (runs/default -> runs/default-2, ...): running the same command twice trains twice rather
-    than resuming a finished run and doing nothing."""
+    than resuming a finished run and doing nothing. A worker torchrun restarted (a rank died
+    after the final checkpoint was published) is not a new command: it resumes its own run,
+    which is already done, instead of training again elsewhere."""
     run_dir = Path(job.train.run_dir)
     done = latest_good(run_dir / "checkpoints", log=lambda _: None)
-    if job.checkpoint.resume != "auto" or done is None \
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0  # set by torchrun
+    if job.checkpoint.resume != "auto" or done is None or restarted \
             or int(done.name.split("_")[-1]) < job.train.steps:
         return job
     n = 2
@@ -245,6 +268,9 @@ def train(job: JobConfig, *, max_steps: int | None = None) -> RunResult:
         run.run_dir.mkdir(parents=True, exist_ok=True)
         (run.run_dir / "config.json").write_text(json.dumps(job.to_dict(), indent=1))
         logger.print(run.describe())
+    # collective when distributed (its own gloo group for the background writes)
+    saver = AsyncCheckpointer(run.ckpt_dir, keep_last_n=job.checkpoint.keep_last_n) \
+        if job.checkpoint.async_save else None
     guard = SpikeGuard(job.guard, fp16=job.precision.dtype == "fp16",
                        log_path=run.run_dir / "guard.jsonl")
     val_batches = run.data.val_batches(job.train.eval_batches)
@@ -264,12 +290,14 @@ def train(job: JobConfig, *, max_steps: int | None = None) -> RunResult:
         try:
             out = train_step(run, batches, probe=probe)
         except (torch.OutOfMemoryError, MemoryError) as e:
+            if saver is not None:  # let the save in flight (of accepted steps) finish
+                saver.close()
             run.data.close()
             logger.close()
             raise out_of_memory(run, step=step + 1, error=e) from e
         verdict = guard.check(out.loss, out.grad_norm)
         if verdict.spike:
-            step = _rollback(run, guard, step, verdict, logger)
+            step = _rollback(run, guard, step, verdict, logger, saver)
             batches = run.data.train_batches()
             continue
         if out.finite:
@@ -301,8 +329,12 @@ def train(job: JobConfig, *, max_steps: int | None = None) -> RunResult:
         if step % job.train.log_every == 0 or step == 1 or "val_loss" in record:
             logger.print(_line(record))
         if (job.checkpoint.every and step % job.checkpoint.every == 0) or step == end_step:
-            save(run, step, wall_offset + time.perf_counter() - t_start)
+            _save(run, step, wall_offset + time.perf_counter() - t_start, saver)
 
+    if saver is not None:  # the last checkpoint is published before the run reports done
+        saver.close()
+        if dist.is_initialized():
+            dist.barrier()
     run.data.close()
     tok_s = tokens_seen / timed_s if timed_s else run.tokens_per_step / max(dt, 1e-9)
     sample = ""
@@ -325,7 +357,8 @@ def train(job: JobConfig, *, max_steps: int | None = None) -> RunResult:
                        sample=sample, losses=losses, measured=measured, model=run.model)
     result.ledger = memory_ledger(run, measured)
     if run.is_main:
-        _write_run_files(run, result)
+        if losses:  # a restarted run that was already done keeps the files of its last steps
+            _write_run_files(run, result)
         logger.print(summary(result))
     logger.close()
     return result
