@@ -161,7 +161,7 @@ def _plan_terms(args: list[str], world: int) -> tuple[dict[str, float], dict[str
     from scaletrain.config import hardware_preset, load_config
     from scaletrain.planner import PlanInput
     from scaletrain.planner.comm import comm_volumes
-    from scaletrain.planner.memory import stage_layer_counts
+    from scaletrain.planner.estimate import comm_arguments
     from scaletrain.planner.rank_memory import worst_rank
 
     job = load_config(None, args)
@@ -170,64 +170,13 @@ def _plan_terms(args: list[str], world: int) -> tuple[dict[str, float], dict[str
                      seq_len=job.batch.seq_len, global_batch=job.batch.global_batch,
                      micro_batch=job.batch.micro_batch, precision=job.precision.dtype,
                      ac=job.memory.ac, offload=job.memory.offload, optimizer=job.optim.name)
-    layers = max(stage_layer_counts(model.num_layers, L.pp, L.pp_virtual))
-    kw: dict[str, Any] = dict(
-        layout=L, hardware=plan.hardware, stage_params=worst_rank(plan)[1], layers=layers,
-        moe_layers=layers if model.is_moe else 0,
-        tokens=float(plan.seq_len) * plan.micro_batch / L.cp, hidden=model.dim,
-        kv_dim=model.kv_dim, experts_per_token=model.experts_per_token,
-        micro_batches=max(1, plan.grad_accum), precision=plan.precision, ac=plan.ac)
+    kw = comm_arguments(plan, worst_rank(plan)[1])
     return comm_volumes(**kw), {**kw, "model": model}
 
 
 def predicted(args: list[str], world: int) -> dict[str, float]:
     """Planner bytes per rank per step, by family."""
     return _plan_terms(args, world)[0]
-
-
-def with_proposed_fixes(args: list[str], world: int) -> dict[str, float]:
-    """The planner's families with the formula fixes this benchmark proposes (NOTES), modelling
-    the trainer as it runs today. Not the planner: a check that the explanations are complete.
-
-    Conventions as `comm_terms`: P = stage_params, e = bytes per element (4 in fp32), grads
-    = P·4, m micro-batches, n = dp·cp (ZeRO: / dp_replicate), act = e·tokens·hidden.
-    """
-    out, kw = _plan_terms(args, world)
-    out = dict(out)
-    L, model, m, P = kw["layout"], kw["model"], kw["micro_batches"], kw["stage_params"]
-    e = 4 if kw["precision"] == "fp32" else 2
-    recompute = kw["ac"] == "full"
-    n = L.dp * L.cp // (L.dp_replicate if L.zero else 1)
-    ring = (n - 1) / n if n > 1 else 0.0
-    counts = model.param_counts()
-    local_experts = (counts.mlp_per_expert * model.num_experts * kw["moe_layers"] / L.ep
-                     if L.ep > 1 else 0.0)
-    grads = (P - local_experts) * 4  # experts: one owner each when ep = dp·cp (no replica)
-    if L.zero == 0 and n > 1:
-        out["dp_allreduce"] = 2 * ring * grads  # also when dp = 1 < dp·cp
-    if L.zero == 1:
-        out.pop("zero_reduce_scatter", None)
-        out["dp_allreduce"] = 2 * ring * grads  # DDP all-reduce, then ZeRO-1's broadcast
-    if L.zero == 2:
-        out["zero_all_gather"] = m * ring * P * e  # re-gathered at every forward
-    if "hsdp_allreduce" in out:
-        out["hsdp_allreduce"] *= m  # reduced across replicas after every micro-batch
-    if L.tp > 1:
-        act = e * kw["tokens"] * kw["hidden"]
-        # in all-reduce equivalents (an all-gather or reduce-scatter is half of one): forward
-        # 2 per layer; backward one all-reduce per column-wise linear (wq wk wv, w1 (w3)) and,
-        # with SP, the row-wise outputs' 2 all-gathers; the embedding and head add 1 each
-        colwise = 3 + (2 if model.activation == "swiglu" else 1)
-        per_layer = 2 + colwise + (1 if L.sp else 0) + (2 if recompute else 0)
-        calls = per_layer * kw["layers"] + 2
-        out["tp"] = m * calls * 2 * (L.tp - 1) / L.tp * act
-    if L.pp > 1:
-        out["pp_p2p"] *= (2 * L.pp_virtual - (1 if L.pp == 2 else 0)) / (2 * L.pp_virtual)
-    if L.cp > 1:
-        kv = 2 * e * kw["tokens"] * kw["kv_dim"] / L.tp
-        hops = 3 * L.cp - 2 + (L.cp - 1 if recompute else 0)
-        out["cp_ring"] = hops * kw["layers"] * m * kv
-    return out
 
 
 def measure(name: str, tmp: str) -> dict[str, Any]:
@@ -241,22 +190,18 @@ def measure(name: str, tmp: str) -> dict[str, Any]:
     ranks = spawn(fn, world, args)
     per_rank = [classify(r, zero) for r in ranks]
     pred = predicted(args, world)
-    fixed = with_proposed_fixes(args, world)
-    fams = sorted({f for r in per_rank for f in r} | set(pred) | set(fixed))
+    fams = sorted({f for r in per_rank for f in r} | set(pred))
     rows = []
     for f in fams:
         vals = [r.get(f, 0.0) for r in per_rank]
-        p, q = pred.get(f), fixed.get(f)
+        p = pred.get(f)
         rows.append({"family": f, "measured_per_rank": vals, "measured_max": max(vals),
                      "measured_mean": sum(vals) / len(vals), "predicted": p,
-                     "ratio": max(vals) / p if p else None, "predicted_fixed": q,
-                     "ratio_fixed": max(vals) / q if q else None})
+                     "ratio": max(vals) / p if p else None})
     modelled = [r for r in rows if not r["family"].startswith(NOT_MODELLED)]
     tot_meas = max(sum(r.get(f["family"], 0.0) for f in modelled) for r in per_rank)
-    tot_pred, tot_fixed = sum(pred.values()), sum(fixed.values())
-    return {"total_predicted_fixed": tot_fixed,
-            "ratio_fixed": tot_meas / tot_fixed if tot_fixed else None,
-            "strategy": name, "world": world, "model": model, "overrides": extra,
+    tot_pred = sum(pred.values())
+    return {"strategy": name, "world": world, "model": model, "overrides": extra,
             "grad_accum": ranks[0]["grad_accum"], "families": rows,
             "total_measured": tot_meas, "total_predicted": tot_pred,
             "ratio": tot_meas / tot_pred if tot_pred else None,
@@ -277,12 +222,9 @@ def markdown(results: list[dict[str, Any]], notes: dict[str, str]) -> str:
              "(n-1)/n·S, send S) — the planner's convention. Model tiny-llama (tiny-moe for "
              "EP), fp32, seq 32, global batch 8, micro-batch 2. Measured = the rank sending "
              "the most (all ranks in the JSON). KiB.", "",
-             "The last two columns apply the formula fixes proposed below (benchmark-side "
-             "`with_proposed_fixes`, modelling the trainer as it runs today; the planner "
-             "itself is unchanged).", "",
              "| strategy | ranks | micro-batches/rank | family | measured KiB | planner KiB | "
-             "measured / planner | planner + fixes KiB | measured / (planner + fixes) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "measured / planner |",
+             "|---|---|---|---|---|---|---|"]
 
     def ratio(x: float | None, bold: bool = False) -> str:
         if x is None:
@@ -293,14 +235,15 @@ def markdown(results: list[dict[str, Any]], notes: dict[str, str]) -> str:
         for r in res["families"]:
             lines.append(f"| {res['strategy']} | {res['world']} | {res['grad_accum']} | "
                          f"{r['family']} | {_kb(r['measured_max'])} | {_kb(r['predicted'])} | "
-                         f"{ratio(r['ratio'])} | {_kb(r['predicted_fixed'])} | "
-                         f"{ratio(r['ratio_fixed'])} |")
+                         f"{ratio(r['ratio'])} |")
         lines.append(f"| **{res['strategy']}** | | | **total (modelled families)** | "
                      f"**{_kb(res['total_measured'])}** | **{_kb(res['total_predicted'])}** | "
-                     f"{ratio(res['ratio'], True)} | **{_kb(res['total_predicted_fixed'])}** | "
-                     f"{ratio(res['ratio_fixed'], True)} |")
+                     f"{ratio(res['ratio'], True)} |")
     if notes:
-        lines += ["", "## Why the ratio is not 1", ""]
+        lines += ["", "## What this benchmark found (all fixed since, in the planner or trainer)",
+                  "", "The first run (git 7ab9e71) measured / planner: ddp 1.00, zero3 1.00, "
+                  "zero1 1.50, zero2 1.33, hsdp 1.14, tp 2.01, tp+sp 2.26, pp 0.50, cp 3.88, "
+                  "ep 0.55. The causes:", ""]
         lines += [f"- **{k}**: {v}" for k, v in notes.items()]
     return "\n".join(lines)
 
@@ -310,12 +253,11 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
 
     names = [r["strategy"] for r in results]
     fig, ax = plt.subplots(figsize=(10, 4))
-    w = 0.27
+    w = 0.4
     series = (("total_measured", "measured (at the collectives)"),
-              ("total_predicted", "planner (comm_terms)"),
-              ("total_predicted_fixed", "planner + proposed fixes"))
+              ("total_predicted", "planner (comm_terms)"))
     for k, (key, label) in enumerate(series):
-        ax.bar([i + (k - 1) * w for i in range(len(names))],
+        ax.bar([i + (k - 0.5) * w for i in range(len(names))],
                [r[key] / 1024 for r in results], w, label=label)
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels(names, rotation=30)
@@ -399,10 +341,10 @@ def main(argv: list[str] | None = None) -> int:
             results.append(res)
             print(f"{name:10s} measured {_kb(res['total_measured']):>10s} KiB  planner "
                   f"{_kb(res['total_predicted']):>10s} KiB  ratio {res['ratio']:.3f}  "
-                  f"(with fixes {res['ratio_fixed']:.3f})  {res['wall_s']:.0f} s", flush=True)
+                  f"{res['wall_s']:.0f} s", flush=True)
             for r in res["families"]:
                 print(f"    {r['family']:32s} {[round(v) for v in r['measured_per_rank']]} "
-                      f"planner {r['predicted']} fixed {r['predicted_fixed']}", flush=True)
+                      f"planner {r['predicted']}", flush=True)
     if args.no_write:
         return 0
     from _common import RESULTS

@@ -1,14 +1,11 @@
+"""Stage splitting rules. The schedules' training parity (every schedule, and pp x FSDP) is in
+test_parity_matrix.py."""
+
 import pytest
-import torch
 
 from scaletrain.config import ConfigError, resolve_model
 from scaletrain.models import build_model
-from scaletrain.parallel.launch import spawn
 from scaletrain.parallel.pipeline import split_layers, split_stage, stage_ids
-
-from ._pp_fns import pp_dp_train, pp_train, reference
-
-CASES = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zero-bubble", 2)]
 
 
 def test_split_layers_rule():
@@ -33,32 +30,3 @@ def test_split_stage_keeps_names_and_rejects_tied_embeddings():
     assert names == {n for n, _ in model.named_parameters()}
     with pytest.raises(ConfigError, match="tie_embeddings"):
         split_stage(build_model(resolve_model("tiny"), device="meta"), 0, 2)
-
-
-def _check(got, ref):
-    assert got["losses"] == pytest.approx(ref["losses"], abs=1e-5)
-    for n, p in got["final"].items():
-        torch.testing.assert_close(p, ref["final"][n], atol=1e-5, rtol=1e-5, msg=n)
-
-
-@pytest.mark.distributed
-@pytest.mark.slow
-def test_pp2_every_schedule_matches_single_process():
-    ref = reference()
-    per_rank = spawn(pp_train, 2, CASES)
-    for i, (schedule, virtual) in enumerate(CASES):
-        seen = set()
-        for rank in range(2):
-            got = per_rank[rank][i]
-            assert got["stage_ids"] == [rank + 2 * k for k in range(virtual)], schedule
-            _check(got, ref)
-            seen |= set(got["final"])
-        assert seen == set(ref["final"]), schedule
-
-
-@pytest.mark.distributed
-@pytest.mark.slow
-def test_pp2_dp2_matches_single_process():
-    ref = reference()
-    for got in spawn(pp_dp_train, 4, "1f1b", 1):
-        _check(got, ref)

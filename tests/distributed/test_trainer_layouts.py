@@ -2,7 +2,7 @@
 
 The trainer-level parity test: the same job (model, data, global batch, seed) trained for a few
 steps under each layout gives the same per-step losses as one process (fp32; 2e-5 tolerance for
-the different reduction orders of sharded math).
+the different reduction orders of sharded math). The layouts of one world size share one spawn.
 """
 
 import pytest
@@ -11,7 +11,7 @@ from scaletrain.config import load_config
 from scaletrain.parallel.launch import spawn
 from scaletrain.trainer import train
 
-from ._trainer_fns import train_losses
+from ._trainer_fns import train_many
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -48,26 +48,46 @@ LAYOUTS = {
     "fsdp_tp_w4": ("tiny-llama", ["--parallel.dp=2", "--parallel.zero=3", "--parallel.tp=2"]),
     "hsdp_w4": ("tiny-llama", ["--parallel.dp=4", "--parallel.zero=3",
                                "--parallel.dp_replicate=2"]),
+    "pp_fsdp_w4": ("tiny-llama", ["--parallel.pp=2", "--parallel.dp=2", "--parallel.zero=3"]),
+    "cp_tp_w4": ("tiny-llama", ["--parallel.cp=2", "--parallel.tp=2", "--parallel.sp=true",
+                                "--parallel.zero=3"]),
 }
 
 
+POWERSGD = ["--parallel.dp=2", "--precision.grad_compression=powersgd",
+            "--precision.powersgd_rank=1", "--precision.powersgd_start_step=2"]
+
+
+def _world(name: str) -> int:
+    return 4 if name.endswith("_w4") else 2
+
+
+@pytest.fixture(scope="module")
+def runs(reference) -> dict:
+    """Every layout's per-rank losses: one spawn per world size runs all its jobs in turn."""
+    jobs: dict[int, dict] = {2: {}, 4: {}}
+    for name, (model, extra) in LAYOUTS.items():
+        jobs[_world(name)][name] = _args(reference[model][0], name, model, *extra)
+    jobs[2]["powersgd"] = _args(reference["tiny-llama"][0], "powersgd", "tiny-llama",
+                                *POWERSGD)
+    out: dict[str, list] = {}
+    for world, named in jobs.items():
+        per_rank = spawn(train_many, world, named)
+        out.update({name: [r[name] for r in per_rank] for name in named})
+    return out
+
+
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
-def test_layout_matches_single_process(tmp_path, reference, name):
-    model, extra = LAYOUTS[name]
-    tmp, ref = reference[model]
-    args = _args(tmp, name, model, *extra)
-    losses = spawn(train_losses, 4 if name.endswith("_w4") else 2, args)
-    for rank_losses in losses:  # every rank logs the same all-reduced loss
+def test_layout_matches_single_process(runs, reference, name):
+    _, ref = reference[LAYOUTS[name][0]]
+    for rank_losses in runs[name]:  # every rank logs the same all-reduced loss
         assert rank_losses == pytest.approx(ref, abs=2e-5, rel=0)
 
 
-def test_powersgd_compressed_ddp_trains_close_to_exact(tmp_path, reference):
+def test_powersgd_compressed_ddp_trains_close_to_exact(runs, reference):
     """PowerSGD is lossy by design: identical during its warm-up, then close (error feedback)."""
-    tmp, ref = reference["tiny-llama"]
-    args = _args(tmp, "powersgd", "tiny-llama", "--parallel.dp=2",
-                 "--precision.grad_compression=powersgd", "--precision.powersgd_rank=1",
-                 "--precision.powersgd_start_step=2")
-    losses = spawn(train_losses, 2, args)[0]
+    _, ref = reference["tiny-llama"]
+    losses = runs["powersgd"][0]
     assert losses[0] == pytest.approx(ref[0], abs=2e-5)  # plain all-reduce before the start
     assert losses == pytest.approx(ref, rel=0.02)  # compressed steps stay within 2%
     assert losses[-1] < losses[0]

@@ -81,16 +81,20 @@ def _root_plan(model: nn.Module, sp: bool, loss_parallel_: bool) -> dict:
 def _block_plan(sp: bool) -> dict:
     seq = Shard(1) if sp else Replicate()
     plan: dict = {
+        # The block input stays a Replicate DTensor (use_local_output=False) so that wq, wk, wv
+        # (and w1, w3) share it: their partial input gradients are summed locally and reduced
+        # once at this boundary. A local tensor here would give each column-wise linear its own
+        # backward all-reduce (5 per layer instead of 2; counted by benchmarks/comm_volume.py).
         "attention": PrepareModuleInput(input_layouts=(seq, None, None),
                                         desired_input_layouts=(Replicate(), None, None),
-                                        use_local_output=True),
+                                        use_local_output=False),
         "attention.wq": ColwiseParallel(),
         "attention.wk": ColwiseParallel(),
         "attention.wv": ColwiseParallel(),
         "attention.wo": RowwiseParallel(output_layouts=seq),
         "feed_forward": PrepareModuleInput(input_layouts=(seq,),
                                            desired_input_layouts=(Replicate(),),
-                                           use_local_output=True),
+                                           use_local_output=False),
         "feed_forward.w1": ColwiseParallel(),
         "feed_forward.w2": RowwiseParallel(output_layouts=seq),
     }

@@ -5,6 +5,8 @@ Pure arithmetic (no torch): the search calls it tens of thousands of times per s
 
 from __future__ import annotations
 
+from typing import Any
+
 from scaletrain.config import HardwareSpec, ModelConfig
 
 from .comm import allreduce_time, axis_link, comm_terms
@@ -103,6 +105,23 @@ def _efficiency(plan: PlanInput) -> float:
 _EFF: dict[tuple, float] = {}  # default_efficiency reads only these three fields
 
 
+def comm_arguments(plan: PlanInput, max_params: float, gpus_per_node: int | None = None
+                   ) -> dict[str, Any]:
+    """The `comm_terms` arguments for `plan` whose busiest rank holds `max_params` parameters
+    (after TP/PP/EP division): blocks of the fullest stage, tokens of one micro-batch per cp
+    rank, this rank's expert weights (EP-local, TP-sharded like max_params)."""
+    L, model = plan.layout, plan.model
+    layers = max(stage_layer_counts(model.num_layers, L.pp, L.pp_virtual))
+    experts = (layers * model.param_counts().mlp_per_expert * model.num_experts / (L.ep * L.tp)
+               if model.is_moe else 0.0)
+    return dict(layout=L, hardware=plan.hardware, stage_params=max_params, layers=layers,
+                moe_layers=layers if model.is_moe else 0,
+                tokens=float(plan.seq_len) * plan.micro_batch / L.cp, hidden=model.dim,
+                kv_dim=model.kv_dim, experts_per_token=model.experts_per_token,
+                micro_batches=max(1, plan.grad_accum), precision=plan.precision, ac=plan.ac,
+                expert_params=experts, gpus_per_node=gpus_per_node)
+
+
 def _time(plan: PlanInput, max_params: float, causal: bool, gpus_per_node: int | None,
           zero_bubble: str) -> tuple:
     """(step, compute, bubble, exposed comm, optimizer seconds, comm seconds per family,
@@ -128,15 +147,7 @@ def _time(plan: PlanInput, max_params: float, causal: bool, gpus_per_node: int |
         bubble_s = bubble_fraction(L.pp_schedule, L.pp, m, L.pp_virtual,
                                    zero_bubble=zero_bubble) * compute_s
     layers = max(counts)
-    terms = comm_terms(layout=L, hardware=hw, stage_params=max_params, layers=layers,
-                       moe_layers=layers if model.is_moe else 0, tokens=tok_mb / L.cp,
-                       hidden=model.dim, kv_dim=model.kv_dim,
-                       experts_per_token=model.experts_per_token, micro_batches=m,
-                       precision=plan.precision, ac=plan.ac, gpus_per_node=gpus_per_node,
-                       # this rank's expert weights (EP-local, TP-sharded like max_params)
-                       expert_params=(layers * model.param_counts().mlp_per_expert
-                                      * model.num_experts / (L.ep * L.tp) if model.is_moe
-                                      else 0.0))
+    terms = comm_terms(**comm_arguments(plan, max_params, gpus_per_node))
     t_fwd = t_mb * lf / layer_hw  # forward share of the hardware FLOPs
     t_core = tok_mb * layers * 3 * core / split / rate * m
     exposed = _exposed(terms, L, hw, max_params, m, t_fwd, t_mb - t_fwd, t_core, layers,

@@ -1,0 +1,215 @@
+"""Rank functions of the parity matrix (module-level: `spawn` pickles them).
+
+Every mode trains one preset for `STEPS` AdamW steps (gradient clipping on) on its share of the
+same fixed global batches and returns, per step, the global mean loss and the pre-clip gradient
+norm, plus the final full values of the parameters this rank holds. `reference` is the same
+training on one process: the numbers every mode must reproduce.
+
+A mode is (preset, layout, micro-batches): the micro-batches are gradient accumulation, or the
+pipeline's micro-batches when pp > 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from scaletrain.config import MODEL_PRESETS, Layout, MemoryConfig, PrecisionConfig
+from scaletrain.models import build_model, causal_lm_loss, clean_fqn, materialize, moe_aux_loss
+from scaletrain.parallel import (
+    ParallelDims,
+    clip_grad_norm_,
+    local_state_bytes,
+    loss_context,
+    maybe_no_sync,
+    parallelize,
+    sync_gradients,
+    wrap_optimizer,
+)
+from scaletrain.parallel.context_parallel import cp_positions, cp_shard
+from scaletrain.parallel.pipeline import build_pipeline
+
+STEPS, LR, MAX_NORM = 5, 1e-3, 0.5
+GLOBAL_BATCH, SEQ_LEN = 4, 16
+# The presets, plus tiny-llama with 4 layers: 2 pipeline ranks x 2 virtual stages need >= 4.
+CONFIGS = {**{p: MODEL_PRESETS[p]() for p in ("tiny", "tiny-llama", "tiny-moe")},
+          "tiny-llama-4l": dataclasses.replace(MODEL_PRESETS["tiny-llama"](), num_layers=4)}
+
+
+def batch(preset: str, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global batch of `step`: tokens and shifted targets, (GLOBAL_BATCH, SEQ_LEN) each."""
+    vocab = CONFIGS[preset].vocab_size
+    g = torch.Generator().manual_seed(1000 + step)
+    seq = torch.randint(0, vocab, (GLOBAL_BATCH, SEQ_LEN + 1), generator=g)
+    return seq[:, :-1], seq[:, 1:]
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def reference(preset: str, shards: int = 1) -> dict:
+    """One process, the whole global batch per step, plain AdamW.
+
+    shards: the batch is cut into this many equal parts whose losses are averaged. The MoE
+    load-balancing loss is a function of the tokens one forward sees, so an MoE reference must
+    see the data-parallel ranks' shards separately; for dense models the mean of equal shards'
+    mean losses is the full-batch mean loss (1 shard).
+
+    Runs on one thread, like every spawned rank: the reference's rounding then does not depend
+    on the host's core count.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _reference(preset, shards)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _reference(preset: str, shards: int) -> dict:
+    model = build_model(CONFIGS[preset], device="cpu", seed=0)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    losses, norms = [], []
+    for step in range(STEPS):
+        x, y = batch(preset, step)
+        total = 0.0
+        for xs, ys in zip(x.chunk(shards), y.chunk(shards), strict=True):
+            loss = causal_lm_loss(model(xs), ys)
+            ((loss + moe_aux_loss(model)) / shards).backward()
+            total += float(loss.detach()) / shards
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)))
+        opt.step()
+        opt.zero_grad()
+        losses.append(total)
+    params = {clean_fqn(n): p.detach().clone() for n, p in model.named_parameters()}
+    return {"losses": losses, "norms": norms, "params": params}
+
+
+def _block_param_bytes(model) -> int:
+    return sum(_local_numel(p) * 4 for p in model.layers.parameters())
+
+
+def _local_numel(p: torch.Tensor) -> int:
+    return p.to_local().numel() if isinstance(p, DTensor) else p.numel()
+
+
+def _dense_step(model, dims: ParallelDims, x, y, accum: int, mem: dict, loss_parallel: bool
+                ) -> torch.Tensor:
+    """Forward + backward of this rank's batch in `accum` micro-batches; its mean loss."""
+    positions = None
+    if dims.cp > 1:  # this rank's load-balanced sequence chunks and their global positions
+        x, y = cp_shard(x, dims.cp_rank, dims.cp), cp_shard(y, dims.cp_rank, dims.cp)
+        positions = cp_positions(SEQ_LEN, dims.cp_rank, dims.cp)
+    total = torch.zeros(())
+    for i, (xm, ym) in enumerate(zip(x.chunk(accum), y.chunk(accum), strict=True)):
+        with maybe_no_sync(model, i == accum - 1):
+            logits = model(xm, positions)
+            mem["block_params_after_forward"] = _block_param_bytes(model)
+            mem["logits_type"] = type(logits).__name__
+            with loss_context(dims.submesh("tp"), enabled=loss_parallel):
+                loss = causal_lm_loss(logits, ym)
+                ((loss + moe_aux_loss(model)) / accum).backward()
+        total += _full(loss).detach() / accum
+    sync_gradients(model)  # expert-parallel models' data parallelism (else a no-op)
+    return total
+
+
+def _build(preset: str, dims: ParallelDims, micro: int, opts: dict):
+    """(modules holding this rank's parameters, pipeline runtime or None)."""
+    kw = dict(precision=PrecisionConfig(dtype=opts.get("dtype", "fp32")),
+              memory=MemoryConfig(ac=opts.get("ac", "none"),
+                                  offload=opts.get("offload", "none")))
+    model = build_model(CONFIGS[preset])  # meta
+    if dims.pp == 1:
+        parallelize(model, dims, loss_parallel=opts.get("loss_parallel", True), **kw)
+        materialize(model, device="cpu", seed=0)
+        return [model], None
+
+    def stage(mod):  # every stage is parallelized like a whole model, then materialized
+        parallelize(mod, dims, loss_parallel=False, **kw)
+        materialize(mod, device="cpu", seed=0)
+        return mod
+
+    runtime = build_pipeline(model, pp_group=dims.submesh("pp"), pp_rank=dims.pp_rank,
+                             pp_size=dims.pp, schedule=dims.layout.pp_schedule,
+                             virtual=dims.layout.pp_virtual, n_microbatches=micro,
+                             loss_fn=causal_lm_loss, device="cpu", parallelize_stage=stage)
+    return runtime.stages, runtime
+
+
+def _train(preset: str, layout: dict, micro: int, opts: dict | None = None) -> dict:
+    """opts: precision `dtype`, memory `ac` / `offload`, `loss_parallel` (default on)."""
+    opts = opts or {}
+    dims = ParallelDims.from_layout(Layout(**layout), dist.get_world_size(),
+                                    CONFIGS[preset], seq_len=SEQ_LEN)
+    dims.build_mesh("cpu")
+    modules, pipeline = _build(preset, dims, micro, opts)
+    params = [p for m in modules for p in m.parameters()]
+    opt = wrap_optimizer(torch.optim.AdamW, params, dims, lr=LR)
+    dp_cp = dims.submesh("dp_cp")
+    losses, norms, mem = [], [], {}
+    for step in range(STEPS):
+        x, y = batch(preset, step)
+        x, y = x.chunk(dims.dp_size)[dims.dp_rank], y.chunk(dims.dp_size)[dims.dp_rank]
+        if pipeline is not None:  # mean over micro-batches, on every pp rank
+            loss = pipeline.step(x, y)
+        else:
+            loss = _dense_step(modules[0], dims, x, y, micro, mem,
+                               loss_parallel=opts.get("loss_parallel", True))
+        # every dp x cp rank saw an equal share of the tokens: the global mean is their mean
+        dist.all_reduce(loss, group=dp_cp.get_group())
+        losses.append(float(loss) / dp_cp.size())
+        mem["grads"] = sum(local_state_bytes(m)["grads"] for m in modules)
+        extra = pipeline.group if pipeline is not None else None
+        norms.append(float(clip_grad_norm_(params, MAX_NORM, extra_group=extra)))
+        opt.step()
+        opt.zero_grad()
+    mem["params_at_rest"] = sum(local_state_bytes(m)["params"] for m in modules)
+    mem["optimizer"] = local_state_bytes(modules[0], opt)["optimizer"]
+    held = {clean_fqn(n): _full(p).detach().clone() for m in modules
+            for n, p in m.named_parameters()}
+    meshes = {n: (dims.submesh(n).size(), dims.submesh(n).get_local_rank())
+              for n in ("pp", "dp", "dp_shard_cp", "dp_cp", "cp", "tp", "ep")}
+    dtypes = sorted({str(p.dtype) for p in held.values()})
+    return {"losses": losses, "norms": norms, "params": held, "mem": mem, "meshes": meshes,
+            "param_dtypes": dtypes, "logits_type": mem.pop("logits_type", None)}
+
+
+def train_modes(modes: dict[str, tuple]) -> dict:
+    """Run each mode name -> (preset, layout, micro-batches[, opts]) in turn; results keyed by
+    name."""
+    return {name: _train(*spec) for name, spec in modes.items()}
+
+
+def world4_suite(modes: dict[str, tuple]) -> dict:
+    """`train_modes(modes)` plus the ranks of this rank's expert-parallel group for dp 4, ep 2."""
+    out = train_modes(modes)
+    dims = ParallelDims.from_layout(Layout(dp=4, zero=3, ep=2), dist.get_world_size())
+    dims.build_mesh("cpu")
+    out["ep_group"] = dist.get_process_group_ranks(dims.submesh("ep").get_group())
+    return out
+
+
+def moe_under_tp_error() -> str:
+    """The ConfigError raised when tensor parallelism meets an MoE model."""
+    from scaletrain.config import ConfigError
+
+    dims = ParallelDims.from_layout(Layout(tp=2), dist.get_world_size())
+    dims.build_mesh("cpu")
+    try:
+        parallelize(build_model(CONFIGS["tiny-moe"]), dims, precision=PrecisionConfig(),
+                    memory=MemoryConfig())
+    except ConfigError as e:
+        return str(e)
+    return "no error"
+
+
+def options_suite(modes: dict[str, tuple]) -> dict:
+    """`train_modes(modes)` plus the MoE x TP refusal message, in one spawn."""
+    out = train_modes(modes)
+    out["moe_tp_error"] = moe_under_tp_error()
+    return out
