@@ -165,7 +165,9 @@ def _train(preset: str, layout: dict, micro: int, opts: dict | None = None) -> d
         losses.append(float(loss) / dp_cp.size())
         mem["grads"] = sum(local_state_bytes(m)["grads"] for m in modules)
         extra = pipeline.group if pipeline is not None else None
-        norms.append(float(clip_grad_norm_(params, MAX_NORM, extra_group=extra)))
+        exclude = pipeline.norm_exclude if pipeline is not None else ()
+        norms.append(float(clip_grad_norm_(params, MAX_NORM, extra_group=extra,
+                                           norm_exclude=exclude)))
         opt.step()
         opt.zero_grad()
     mem["params_at_rest"] = sum(local_state_bytes(m)["params"] for m in modules)

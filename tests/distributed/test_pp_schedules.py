@@ -3,7 +3,7 @@ test_parity_matrix.py."""
 
 import pytest
 
-from scaletrain.config import ConfigError, resolve_model
+from scaletrain.config import resolve_model
 from scaletrain.models import build_model
 from scaletrain.parallel.pipeline import split_layers, split_stage, stage_ids
 
@@ -21,12 +21,16 @@ def test_split_layers_rule():
     assert stage_ids(1, 4, 2) == [1, 5]
 
 
-def test_split_stage_keeps_names_and_rejects_tied_embeddings():
+def test_split_stage_keeps_names_and_copies_tied_embeddings():
     model = build_model(resolve_model("tiny-llama"), device="meta")
     first, last = split_stage(model, 0, 2), split_stage(model, 1, 2)
     assert list(first.layers) == ["0"] and list(last.layers) == ["1"]
     assert first.output is None and first.norm is None and last.tok_embeddings is None
     names = {n for m in (first, last) for n, _ in m.named_parameters()}
     assert names == {n for n, _ in model.named_parameters()}
-    with pytest.raises(ConfigError, match="tie_embeddings"):
-        split_stage(build_model(resolve_model("tiny"), device="meta"), 0, 2)
+    # tied embeddings: the last stage gets its own head, the first keeps the embedding
+    tied = build_model(resolve_model("tiny"), device="meta")
+    first, last = split_stage(tied, 0, 2), split_stage(tied, 1, 2)
+    assert first.output is None and first.tok_embeddings is not None
+    assert last.output is not None and last.tok_embeddings is None
+    assert last.output.weight.shape == tied.tok_embeddings.weight.shape

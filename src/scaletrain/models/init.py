@@ -67,6 +67,8 @@ def init_weights(model: nn.Module, *, seed: int = 0) -> None:
     for mod_name, module in model.named_modules():
         for p_name, param in module.named_parameters(recurse=False):
             fqn = clean_fqn(f"{mod_name}.{p_name}" if mod_name else p_name)
+            if fqn == "output.weight" and cfg.tie_embeddings:
+                fqn = "tok_embeddings.weight"  # a pipeline's head copy of the tied embedding
             full = _full_value(fqn, module, param.shape, std=cfg.init_std,
                                num_layers=cfg.num_layers, seed=seed)
             _copy_into(param, full)

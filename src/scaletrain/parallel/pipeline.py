@@ -20,9 +20,15 @@ ScheduleInterleaved1F1B, "zero-bubble" → ScheduleInterleavedZeroBubble (v ≥ 
 on gloo in 2.13, recipes/gloo_strategies.py). Gradients are the mean over micro-batches
 (`scale_grads=True`), i.e. the gradient of the full-batch mean loss for equal micro-batches.
 
-Tied embeddings (GPT-2) are rejected at pp > 1: the head would live on the last stage and the
-embedding on the first, and keeping two copies in sync needs an extra all-reduce that is not
-implemented. MoE auxiliary losses are not added to the pipelined loss (not implemented).
+Tied embeddings (GPT-2) at pp > 1 (Megatron-LM's recipe, Narayanan et al. 2021): the first
+stage keeps the embedding, the last stage gets its own `output` head initialized to the same
+values (`init_weights` draws "output.weight" of a tied model as "tok_embeddings.weight"), and
+after every backward the two gradients are summed over a 2-rank group (first-stage rank,
+last-stage rank of each pipeline), so both copies see the tied gradient and stay bit-identical
+under the same optimizer. The gradient-norm counts the tied weight once (`norm_exclude`). The
+copy costs the last stage V x h parameters plus their gradients and optimizer states (the
+planner's `rank_memory` counts it). MoE auxiliary losses are not added to the pipelined loss
+(not implemented).
 """
 
 from __future__ import annotations
@@ -61,11 +67,8 @@ def split_layers(num_layers: int, num_stages: int) -> list[range]:
 
 
 def split_stage(model: nn.Module, stage: int, num_stages: int) -> nn.Module:
-    """A deep copy of `model` keeping only what stage `stage` of `num_stages` runs."""
-    if num_stages > 1 and getattr(model, "tie_embeddings", False):
-        raise ConfigError("model.tie_embeddings", True,
-                          "pipeline parallelism needs an untied head: set "
-                          "model.tie_embeddings=false or parallel.pp=1")
+    """A deep copy of `model` keeping only what stage `stage` of `num_stages` runs (a tied
+    model's last stage gets a head copy, see the module docstring)."""
     keep = {str(i) for i in split_layers(len(model.layers), num_stages)[stage]}
     mod = copy.deepcopy(model)
     for name in list(mod.layers.keys()):
@@ -78,7 +81,30 @@ def split_stage(model: nn.Module, stage: int, num_stages: int) -> nn.Module:
     if stage < num_stages - 1:
         mod.norm = None
         mod.output = None
+    elif num_stages > 1 and _tied(model):
+        w = model.tok_embeddings.weight
+        mod.output = nn.Linear(w.shape[1], w.shape[0], bias=False, device=w.device,
+                               dtype=w.dtype)
     return mod
+
+
+def _tied(model: nn.Module) -> bool:
+    return bool(getattr(model, "tie_embeddings", False)) and getattr(model, "output", 1) is None
+
+
+def _tied_pair_group(group: dist.ProcessGroup) -> dist.ProcessGroup:
+    """The 2-rank group (first stage's rank, last stage's rank) of this rank's pipeline. Every
+    rank must create every pair group in the same order: the pairs are exchanged first."""
+    ranks = dist.get_process_group_ranks(group)
+    pairs: list[tuple[int, int] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(pairs, (ranks[0], ranks[-1]))
+    mine = None
+    for pair in sorted(set(pairs)):  # type: ignore[type-var]
+        g = dist.new_group(list(pair))
+        if pair == (ranks[0], ranks[-1]):
+            mine = g
+    assert mine is not None
+    return mine
 
 
 @dataclass
@@ -92,6 +118,38 @@ class PipelineRuntime:
     group: dist.ProcessGroup
     num_stages: int
     _pipeline_stages: list[PipelineStage] = field(default_factory=list)
+    tied_group: dist.ProcessGroup | None = None
+    """Tied embeddings at pp > 1: the (first, last) stage pair whose head/embedding gradients
+    are summed after every backward."""
+
+    def _tied_weights(self) -> list[torch.Tensor]:
+        """This rank's copies of the tied weight: the embedding (first stage) and/or the head
+        copy (last stage). Read at call time: parallelize/materialize may replace them."""
+        out = []
+        for sid, mod in zip(self.stage_ids, self.stages, strict=True):
+            if sid == 0:
+                out.append(mod.tok_embeddings.weight)
+            if sid == self.num_stages - 1:
+                out.append(mod.output.weight)
+        return out
+
+    @property
+    def norm_exclude(self) -> list[torch.Tensor]:
+        """Parameters the gradient norm must not count (the tied head copy: counted once, on
+        the first stage)."""
+        if self.tied_group is None or not self.is_last:
+            return []
+        return [self.stages[self.stage_ids.index(self.num_stages - 1)].output.weight]
+
+    def sync_tied_gradients(self) -> None:
+        """Sum the embedding's and the head copy's gradients over the tied pair."""
+        if self.tied_group is None:
+            return
+        for w in self._tied_weights():
+            if w.grad is not None:
+                g = w.grad
+                dist.all_reduce(g.to_local() if hasattr(g, "to_local") else g,
+                                group=self.tied_group)
 
     @property
     def is_first(self) -> bool:
@@ -111,6 +169,7 @@ class PipelineRuntime:
         losses: list[torch.Tensor] = []
         self.schedule.step(*args, target=targets if self.is_last else None,
                            losses=losses if self.is_last else None)
+        self.sync_tied_gradients()
         if self.is_last:
             loss = torch.stack([x.detach().float() for x in losses]).mean()
         else:
@@ -150,5 +209,6 @@ def build_pipeline(model: nn.Module, *, pp_group, pp_rank: int, pp_size: int, sc
     cls = _SCHEDULES[schedule]
     sched = cls(pstages[0] if schedule in _SINGLE_STAGE else pstages, n_microbatches,
                 loss_fn=loss_fn, scale_grads=True)
+    tied = _tied_pair_group(group) if num_stages > 1 and _tied(model) else None
     return PipelineRuntime(stages=mods, stage_ids=ids, schedule=sched, group=group,
-                           num_stages=num_stages, _pipeline_stages=pstages)
+                           num_stages=num_stages, _pipeline_stages=pstages, tied_group=tied)

@@ -46,7 +46,8 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def clip_grad_norm_(params: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0,
-                    *, extra_group: dist.ProcessGroup | None = None) -> torch.Tensor:
+                    *, extra_group: dist.ProcessGroup | None = None,
+                    norm_exclude: Iterable[torch.Tensor] = ()) -> torch.Tensor:
     """Clip gradients to `max_norm` in total `norm_type`-norm; return the total norm (pre-clip).
 
     The norm equals the single-process one whatever the sharding: gradients are grouped by
@@ -54,19 +55,22 @@ def clip_grad_norm_(params: Iterable[torch.Tensor], max_norm: float, norm_type: 
     group's norm is reduced over its mesh by DTensor, and the groups combine as a p-norm.
     `extra_group` sums the result over ranks holding *different* parameters that no mesh
     covers (pipeline stages). Plain tensors (DDP, ZeRO-1: full gradients) need no reduction.
+    `norm_exclude`: parameters scaled but not counted (a second copy of a tied weight).
     """
+    params = list(params)
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return torch.tensor(0.0)
+    skip = {id(p) for p in norm_exclude}
     groups: dict[Any, list[torch.Tensor]] = {}
-    for g in grads:
+    for g in (p.grad for p in params if p.grad is not None and id(p) not in skip):
         key = (g.device_mesh, tuple(g.placements)) if isinstance(g, DTensor) else None
         groups.setdefault(key, []).append(g)
     norms = []
     for grp in groups.values():
         n = torch.nn.utils.get_total_norm(grp, norm_type)
         norms.append((n.full_tensor() if isinstance(n, DTensor) else n).float())
-    stacked = torch.stack(norms)
+    stacked = torch.stack(norms) if norms else torch.zeros(1)
     if math.isinf(norm_type):
         total = stacked.max()
         if extra_group is not None:
