@@ -1,16 +1,16 @@
-"""Planner vs dry-run accuracy: the analytic memory estimate held against a fake-tensor dry-run.
+"""Planner vs dry-run accuracy: the analytic memory and FLOPs held against a fake-tensor dry-run.
 
 For every layout in CASES, `scaletrain.planner.estimate` (analytic, torch-free) predicts one
 rank's memory and `scaletrain.measure.dryrun.dryrun` measures it by running the trainer's real
-build and two optimizer steps under FakeTensorMode on a fake process group. Compared:
-- total (the peak; the planner's CUDA runtime-context term is subtracted: a dry-run cannot see
-  it), and the per-category numbers (the tracker's attribution AT the peak);
-- the at-rest model states (`detail['state.params'|'state.grads'|'state.optimizer']`) against
-  the planner's states without their in-flight copies.
-Relative error = (predicted - measured) / measured. Models keep their real widths but few
+build and two optimizer steps under FakeTensorMode on a fake process group. Compared (see
+`compare`): the total peak (the planner's CUDA runtime-context term subtracted: a dry-run cannot
+see it), the model states at rest, the transient part of the peak (peak minus params and
+optimizer states at rest, on both sides), and the FLOPs of one step of the rank
+(`FlopCounterMode` vs `planner.flops.counted_flops_per_token`). Relative error =
+(predicted - measured) / measured; targets in TOLERANCE. Models keep their real widths but few
 layers so that each dry-run takes seconds on a CPU (the dry-run's cost grows with op count).
 
-Run: python benchmarks/planner_accuracy.py [--quick] [--limit N]
+Run: python benchmarks/planner_accuracy.py [--quick] [--limit N] [--baseline OLD.json]
 Writes results/planner_accuracy.{json,md}.
 """
 
@@ -116,10 +116,54 @@ CASES: list[Case] = [
     ("llama2-7b-L1", 8, 4, 3, 1, 2, True, 1, "selective", "bf16", 1, 2048, 1),
 ]
 
-QUICK = [c for c in CASES if c[0] == "gpt2-124m-L2" and c[12] == 1 and c[11] <= 1024
-         and c[7] == 1 and (c[9], c[3]) != ("fp32", 0)] + [CASES[0], CASES[5]]
-"""The fast subset (tests/planner/test_accuracy.py): real gpt2-124m widths with 2 blocks across
-DDP, ZeRO-1/2/3, HSDP, TP(+SP), fp32/bf16, plus two tiny-model layouts; each dry-run ~1 s."""
+QUICK = [CASES[i] for i in (0, 1, 2, 3, 4, 5, 6, 7, 8, 12, 18)]
+"""The fast subset (tests/planner/test_accuracy.py): every tiny-model layout (DDP, ZeRO-1/2/3,
+HSDP, TP, TP+SP, CP, full and selective AC, fp32 and bf16, tied and untied, GQA) plus three at
+gpt2-124m widths whose peaks are the named terms' moments (tied-embedding backward under DDP
+fp32, ZeRO-3 loss backward, ZeRO-2 with TP+SP)."""
+
+
+# (model, world, dp, zero, pp, schedule, virtual, ep, dtype, micro_batch, seq, grad_accum)
+Extra = tuple[str, int, int, int, int, str, int, int, str, int, int, int]
+
+EXTRA_CASES: list[Extra] = [
+    ("llama-1024-L4", 2, 1, 0, 2, "1f1b", 1, 1, "bf16", 2, 256, 4),
+    ("llama-1024-L4", 2, 1, 0, 2, "gpipe", 1, 1, "bf16", 2, 256, 4),
+    ("llama-1024-L4", 2, 1, 0, 2, "interleaved", 2, 1, "bf16", 2, 256, 4),
+    ("llama-1024-L4", 2, 1, 0, 2, "zero-bubble", 1, 1, "bf16", 2, 256, 4),
+    ("llama-1024-L4", 4, 2, 3, 2, "1f1b", 1, 1, "bf16", 2, 256, 4),
+    ("tiny-moe", 2, 2, 3, 1, "1f1b", 1, 2, "bf16", 2, 128, 1),
+    ("tiny-moe", 4, 4, 2, 1, "1f1b", 1, 4, "bf16", 2, 128, 2),
+]
+"""Pipeline-parallel and MoE layouts: the dry-run drives them since the PP/MoE support in
+measure/dryrun.py (new); the planner is not calibrated against them yet, so they are reported
+apart from the calibrated matrix (and measured on the planner's worst rank)."""
+
+
+def _model_for(name: str) -> ModelConfig:
+    return _models().get(name) or resolve_model(name)
+
+
+def job_for_extra(case: Extra) -> tuple[JobConfig, int]:
+    name, world, dp, zero, pp, sched, virtual, ep, dtype, mb, seq, accum = case
+    m = _model_for(name)
+    job = JobConfig(model=m, parallel=ParallelConfig(dp=dp, zero=zero, pp=pp, pp_schedule=sched,
+                                                     pp_virtual=virtual, ep=ep, layout="manual"),
+                    precision=PrecisionConfig(dtype=dtype),
+                    batch=BatchConfig(global_batch=mb * dp * accum, micro_batch=mb,
+                                      seq_len=seq),
+                    hardware=HardwareConfig(gpu="h100-sxm", gpus=world))
+    return job, world
+
+
+def label_extra(case: Extra) -> str:
+    name, world, dp, zero, pp, sched, virtual, ep, dtype, mb, seq, accum = case
+    par = f"dp{dp} z{zero}"
+    if pp > 1:
+        par += f" pp{pp} {sched}" + (f"(v{virtual})" if virtual > 1 else "")
+    if ep > 1:
+        par += f" ep{ep}"
+    return f"{name} w{world} {par} {dtype} b{mb}x{accum} s{seq}"
 
 
 def job_for(case: Case) -> tuple[JobConfig, int]:
@@ -150,8 +194,59 @@ def _rel(pred: float, meas: float) -> float | None:
     return None if meas == 0 else (pred - meas) / meas
 
 
-def measure_case(case: Case) -> dict[str, Any]:
-    """Dry-run `case` and compare with the planner; relative errors by category and state."""
+CATEGORIES = ("params", "grads", "optimizer", "transient")
+"""The per-category comparison (see `compare`): model states at rest, and what the peak holds
+on top of the persistent states."""
+
+TOLERANCE = {"total": 0.03, "category": 0.10, "flops": 0.02}
+"""Issue #5's acceptance: |total| <= 3%, every category <= 10%, FLOPs <= 2%."""
+
+
+def compare(pred: dict[str, float], meas: dict[str, float]) -> dict[str, float | None]:
+    """Relative errors per category, defined so both sides count the same tensors.
+
+    The tracker's attribution at the peak cannot be compared with the planner's fields: its
+    unsharded FSDP copies land in activations/temp, and the planner's fields are each term's
+    own peak, not a snapshot. Compared instead:
+    - params, grads, optimizer: the model states at rest (local bytes, shards as held; dry-run:
+      `detail['state.*']`; planner: its states without the in-flight copies);
+    - transient: the peak minus the states present at every moment of the step (params and
+      optimizer states at rest): everything the peak adds - gradients, unsharded copies,
+      activations, logits, loss and embedding temporaries, communication buffers.
+    """
+    out: dict[str, float | None] = {"total": _rel(pred["total"], meas["total"])}
+    for k in ("params", "grads", "optimizer"):
+        out[k] = _rel(pred[f"state.{k}"], meas[f"state.{k}"])
+    out["transient"] = _rel(pred["total"] - pred["state.params"] - pred["state.optimizer"],
+                            meas["total"] - meas["state.params"] - meas["state.optimizer"])
+    out["flops"] = _rel(pred["flops"], meas["flops"]) if meas.get("flops") else None
+    return out
+
+
+def predicted_flops(job: JobConfig, world: int) -> float:
+    """The planner's FLOPs of one step of this rank as FlopCounterMode counts them: tokens of
+    the rank (grad_accum x micro_batch x seq/cp) x `counted_flops_per_token` (under tp > 1 its
+    matmuls are the tensor-parallel group's: DTensor counts global shapes)."""
+    from scaletrain.planner.flops import counted_flops_per_token
+
+    layout = job.layout(world)
+    b = job.batch
+    accum = b.global_batch // (b.micro_batch * layout.dp)
+    tokens = accum * b.micro_batch * b.seq_len / layout.cp
+    return tokens * counted_flops_per_token(job.model, b.seq_len, recompute=job.memory.ac,
+                                            tp=layout.tp, cp=layout.cp)
+
+
+def measure_case(case: Case, *, flops: bool = True) -> dict[str, Any]:
+    """Dry-run `case` and compare with the planner (see `compare`).
+
+    Two dry-runs: the first counts FLOPs (FlopCounterMode holds on to what checkpointed
+    recomputation would free, so its memory is not the step's) and warms the process; the
+    second measures memory. Warm matters: the first dry-run of a shape set in a process can
+    peak inside clip_grad_norm_ on FSDP's DTensor gradients with a full unsharded copy of
+    them (seen on llama2-7b-L1 dp8 z3: 2.82 GB cold, 2.74 GB warm), a fake-mode artifact
+    that a GPU's fused norm does not have.
+    """
     from scaletrain.measure.dryrun import dryrun
     from scaletrain.planner import estimate
     from scaletrain.planner.types import plan_input_from_job
@@ -159,26 +254,77 @@ def measure_case(case: Case) -> dict[str, Any]:
     job, world = job_for(case)
     layout = job.layout(world)
     t0 = time.perf_counter()
+    counted = dryrun(job, world_size=world, count_flops=True).flops if flops else 0.0
     meas = dryrun(job, world_size=world, count_flops=False).memory
     wall = time.perf_counter() - t0
     est = estimate(plan_input_from_job(job, layout)).memory
     ctx = float(est.buffer_terms.get("runtime_context", 0.0))
-    pred = {"params": est.params, "grads": est.grads, "optimizer": est.optimizer,
-            "activations": est.activations, "buffers": est.buffers - ctx,
-            "total": est.total - ctx,
+    pred = {"total": est.total - ctx, "flops": predicted_flops(job, world),
             "state.params": est.params - est.detail.get("params.in_flight", 0.0),
             "state.grads": est.grads - est.detail.get("grads.in_flight", 0.0),
             "state.optimizer": est.optimizer}
-    got = {"params": meas.params, "grads": meas.grads, "optimizer": meas.optimizer,
-           "activations": meas.activations, "buffers": meas.buffers, "total": meas.total,
+    got = {"total": meas.total, "flops": counted,
            **{k: meas.detail.get(k, 0.0) for k in ("state.params", "state.grads",
                                                     "state.optimizer")}}
+    tracker = {"params": meas.params, "grads": meas.grads, "optimizer": meas.optimizer,
+               "activations": meas.activations, "buffers": meas.buffers}
     return {"case": label(case), "layout": list(case), "wall_s": round(wall, 2),
-            "predicted": pred, "measured": got,
-            "rel_error": {k: _rel(pred[k], got[k]) for k in pred},
+            "predicted": pred, "measured": got, "rel_error": compare(pred, got),
+            "tracker_at_peak": tracker,
             "measured_buffer_terms": dict(meas.buffer_terms),
             "predicted_buffer_terms": dict(est.buffer_terms),
             "predicted_detail": dict(est.detail)}
+
+
+def measure_extra(case: Extra) -> dict[str, Any]:
+    """`measure_case` for a pipeline / MoE layout, on the rank the planner calls the worst."""
+    from scaletrain.measure.dryrun import dryrun
+    from scaletrain.planner import estimate
+    from scaletrain.planner.flops import counted_flops_per_token, matmul_params
+    from scaletrain.planner.memory import stage_layer_counts
+    from scaletrain.planner.types import plan_input_from_job
+
+    job, world = job_for_extra(case)
+    layout = job.layout(world)
+    est = estimate(plan_input_from_job(job, layout)).memory
+    rank = int(est.rank)
+    t0 = time.perf_counter()
+    counted = dryrun(job, world_size=world, rank=rank, count_flops=True).flops
+    meas = dryrun(job, world_size=world, rank=rank, count_flops=False).memory
+    wall = time.perf_counter() - t0
+    ctx = float(est.buffer_terms.get("runtime_context", 0.0))
+    # the stage's FLOPs: its blocks, and the head on the last pipeline rank
+    b, m = job.batch, job.model
+    prank = int(est.detail.get("pipeline_rank", 0))
+    layers = stage_layer_counts(m.num_layers, layout.pp, layout.pp_virtual)[prank]
+    stage = dataclasses.replace(m, num_layers=layers)
+    per_token = counted_flops_per_token(stage, b.seq_len, recompute=job.memory.ac,
+                                        tp=layout.tp, cp=layout.cp)
+    if prank != layout.pp - 1:
+        per_token -= 3 * 2.0 * matmul_params(m)[1]
+    accum = b.global_batch // (b.micro_batch * layout.dp)
+    pred = {"total": est.total - ctx,
+            "flops": per_token * accum * b.micro_batch * b.seq_len / layout.cp,
+            "state.params": est.params - est.detail.get("params.in_flight", 0.0),
+            "state.grads": est.grads - est.detail.get("grads.in_flight", 0.0),
+            "state.optimizer": est.optimizer}
+    got = {"total": meas.total, "flops": counted,
+           **{k: meas.detail.get(k, 0.0) for k in ("state.params", "state.grads",
+                                                    "state.optimizer")}}
+    return {"case": label_extra(case) + f" rank{rank}", "layout": list(case),
+            "wall_s": round(wall, 2), "predicted": pred, "measured": got,
+            "rel_error": compare(pred, got),
+            "measured_buffer_terms": dict(meas.buffer_terms),
+            "predicted_buffer_terms": dict(est.buffer_terms),
+            "predicted_detail": dict(est.detail)}
+
+
+def within(r: dict[str, Any]) -> bool:
+    """Whether one case meets every tolerance of TOLERANCE."""
+    e = r["rel_error"]
+    ok = abs(e["total"]) <= TOLERANCE["total"]
+    ok &= all(e[k] is None or abs(e[k]) <= TOLERANCE["category"] for k in CATEGORIES)
+    return ok and (e["flops"] is None or abs(e["flops"]) <= TOLERANCE["flops"])
 
 
 def _pct(x: float | None) -> str:
@@ -186,16 +332,15 @@ def _pct(x: float | None) -> str:
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    keys = ("total", "state.params", "state.grads", "state.optimizer", "params", "grads",
-            "optimizer", "activations", "buffers")
     out: dict[str, Any] = {}
-    for k in keys:
+    for k in ("total", *CATEGORIES, "flops"):
         errs = [abs(r["rel_error"][k]) for r in rows if r["rel_error"][k] is not None]
         if errs:
             errs.sort()
             out[k] = {"max_abs": errs[-1], "median_abs": errs[len(errs) // 2], "n": len(errs)}
     out["total_within_3pct"] = sum(1 for r in rows if abs(r["rel_error"]["total"]) <= 0.03)
     out["total_within_10pct"] = sum(1 for r in rows if abs(r["rel_error"]["total"]) <= 0.10)
+    out["all_within_tolerance"] = sum(1 for r in rows if within(r))
     out["cases"] = len(rows)
     return out
 
@@ -210,14 +355,40 @@ def load_baseline(path: str) -> dict[str, Any]:
             "total": {r["case"]: r["rel_error"]["total"] for r in d.get("cases", [])}}
 
 
+def _row(r: dict[str, Any], before: dict[str, float]) -> str:
+    e = r["rel_error"]
+    return (f"| {r['case']} | {r['measured']['total'] / 1e9:.3f} | {_pct(e['total'])} "
+            f"| {_pct(before.get(r['case']))} | {_pct(e['params'])} "
+            f"| {_pct(e['grads'])} | {_pct(e['optimizer'])} | {_pct(e['transient'])} "
+            f"| {_pct(e['flops'])} | {r['wall_s']:.1f} |")
+
+
 def markdown(rows: list[dict[str, Any]], summary: dict[str, Any],
-             baseline: dict[str, Any] | None = None) -> str:
-    lines = ["# Planner vs dry-run memory accuracy", "",
-             "Relative error (predicted - measured) / measured, one rank, worst total first. "
-             "Totals exclude the planner's CUDA runtime-context term; `peak:` columns are the "
-             "tracker's attribution at the peak, `rest:` the at-rest model states.", "",
+             baseline: dict[str, Any] | None = None,
+             extra: list[dict[str, Any]] | None = None) -> str:
+    lines = ["# Planner vs dry-run accuracy (memory and FLOPs)", "",
+             "Relative error (predicted - measured) / measured for one rank, worst |total| "
+             "first. Targets (issue #5): |total| <= 3%, every category <= 10%, FLOPs <= 2%.", "",
+             "- **total**: the allocated peak of the dry-run's second step (warm process, "
+             "see `measure_case`) vs the planner's total without its CUDA runtime-context term "
+             "(a dry-run cannot see it).",
+             "- **params / grads / optim**: model states at rest, local bytes with shards "
+             "as held (dry-run: `memory.detail['state.*']`; planner: its states without the "
+             "in-flight 16-bit / unsharded copies).",
+             "- **transient**: peak minus the params and optimizer states at rest, on both "
+             "sides: all that the peak adds on top of the persistent states (gradients, "
+             "unsharded FSDP copies, autocast weight casts, activations, held logits, "
+             "loss and embedding-gradient temporaries, communication buffers). The tracker's "
+             "own attribution at the peak is not compared: it files unsharded FSDP copies "
+             "under activations/temp and optimizer.step() allocations as optimizer state "
+             "(measure/dryrun.py docstring); it is kept in the JSON as `tracker_at_peak`.",
+             "- **flops**: `FlopCounterMode` over one step of this rank (matmuls and SDPA, "
+             "attention over the full T x T, flash backward with its Q K^T recomputation; "
+             "under tp > 1 DTensor counts global shapes, i.e. the TP group's) vs "
+             "`planner.flops.counted_flops_per_token` x the rank's tokens per step.", "",
              f"Cases: {summary['cases']}; |total| <= 3%: {summary['total_within_3pct']}; "
-             f"<= 10%: {summary['total_within_10pct']}.", "",
+             f"<= 10%: {summary['total_within_10pct']}; every target met: "
+             f"{summary['all_within_tolerance']}.", "",
              "| metric | max abs | median abs |", "|---|---|---|"]
     for k, v in summary.items():
         if isinstance(v, dict):
@@ -225,20 +396,33 @@ def markdown(rows: list[dict[str, Any]], summary: dict[str, Any],
     before = (baseline or {}).get("total", {})
     if baseline:
         b = baseline["summary"]
-        lines += ["", f"Before calibration (git {baseline['git_revision']}): cases "
+        lines += ["", f"Before this calibration (git {baseline['git_revision']}): cases "
                   f"{b['cases']}; |total| <= 3%: {b['total_within_3pct']}; <= 10%: "
                   f"{b['total_within_10pct']}; median |total| "
                   f"{100 * b['total']['median_abs']:.1f}%, max {100 * b['total']['max_abs']:.1f}%."]
-    lines += ["", "| case | meas GB | total | before | rest:params | rest:grads | rest:optim | "
-              "peak:acts | peak:buffers | dry-run s |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += ["", "| case | meas GB | total | before | params | grads | optim | transient "
+              "| flops | dry-run s |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: -abs(r["rel_error"]["total"])):
-        e = r["rel_error"]
-        lines.append(f"| {r['case']} | {r['measured']['total'] / 1e9:.3f} | {_pct(e['total'])} "
-                     f"| {_pct(before.get(r['case']))} "
-                     f"| {_pct(e['state.params'])} | {_pct(e['state.grads'])} "
-                     f"| {_pct(e['state.optimizer'])} | {_pct(e['activations'])} "
-                     f"| {_pct(e['buffers'])} | {r['wall_s']:.1f} |")
+        lines.append(_row(r, before))
+    if extra:
+        n_ok = sum(1 for r in extra if within(r))
+        lines += ["", "## Pipeline and MoE layouts (not calibrated yet)", "",
+                  "The dry-run drives pipeline schedules and MoE layers since its new PP/MoE "
+                  "support; the planner has not been calibrated against them, so they are "
+                  "kept out of the summary above. Measured on the rank the planner reports as "
+                  f"the worst. Every target met: {n_ok} of {len(extra)}.", "",
+                  "Known gaps: on the last stage the dry-run also holds the logits of every "
+                  "earlier micro-batch (parallel/pipeline.py calls `schedule.step` with "
+                  "torch's default return_outputs=True, so each micro-batch's output is kept "
+                  "until the step ends: 33 MB per micro-batch here, most of the 1f1b, "
+                  "interleaved and ZeRO-3 + pp gaps); the planner leaves them out, as they "
+                  "grow with the micro-batch count and the trainer never reads them (the fix "
+                  "is return_outputs=False). Zero-bubble's deferred weight gradients, GPipe's "
+                  "first-backward moment and the MoE dispatch tensors (int64 routing indices, "
+                  "a third (N*k, h) copy, EP all-to-all buffers) are not modelled yet.", "",
+                  lines[-len(rows) - 2], lines[-len(rows) - 1]]
+        for r in sorted(extra, key=lambda r: -abs(r["rel_error"]["total"])):
+            lines.append(_row(r, {}))
     return "\n".join(lines)
 
 
@@ -248,6 +432,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=int, default=0, help="run only the first N cases")
     ap.add_argument("--name", default="planner_accuracy", help="results file stem")
     ap.add_argument("--baseline", help="a previous results JSON to show as 'before'")
+    ap.add_argument("--no-extra", action="store_true", help="skip the PP/MoE layouts")
     args = ap.parse_args(argv)
     cases = QUICK if args.quick else CASES
     if args.limit:
@@ -260,12 +445,25 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{label(c)}: FAILED {type(e).__name__}: {e}", flush=True)
             continue
         rows.append(r)
-        print(f"{r['case']:<60} total {_pct(r['rel_error']['total']):>8}  "
-              f"({r['wall_s']:.1f}s)", flush=True)
+        e = r["rel_error"]
+        print(f"{r['case']:<60} total {_pct(e['total']):>7} transient {_pct(e['transient']):>7}"
+              f" flops {_pct(e['flops']):>7} ({r['wall_s']:.1f}s)", flush=True)
+    extra = []
+    for c in ([] if args.quick or args.limit or args.no_extra else EXTRA_CASES):
+        try:
+            r = measure_extra(c)
+        except Exception as e:  # noqa: BLE001 - record and go on
+            print(f"{label_extra(c)}: FAILED {type(e).__name__}: {e}", flush=True)
+            continue
+        extra.append(r)
+        e = r["rel_error"]
+        print(f"{r['case']:<60} total {_pct(e['total']):>7} transient {_pct(e['transient']):>7}"
+              f" flops {_pct(e['flops']):>7} ({r['wall_s']:.1f}s)", flush=True)
     summary = summarize(rows)
     baseline = load_baseline(args.baseline) if args.baseline else None
-    md = markdown(rows, summary, baseline)
-    write_results(args.name, {"cases": rows, "summary": summary, "baseline": baseline}, md)
+    md = markdown(rows, summary, baseline, extra)
+    write_results(args.name, {"cases": rows, "summary": summary, "baseline": baseline,
+                              "extra_cases": extra}, md)
     print(md.split("\n\n| case")[0])
     return 0
 

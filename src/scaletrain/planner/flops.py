@@ -16,7 +16,13 @@ from __future__ import annotations
 from scaletrain.config import ModelConfig
 
 __all__ = ["flops_per_token", "forward_flops_per_token", "attention_core_flops_per_token",
-           "matmul_params", "layer_forward_flops_per_token", "head_forward_flops_per_token"]
+           "matmul_params", "layer_forward_flops_per_token", "head_forward_flops_per_token",
+           "FLASH_BACKWARD_FACTOR", "counted_flops_per_token"]
+
+FLASH_BACKWARD_FACTOR = 2.5
+"""Attention-core backward / forward FLOPs of a flash-style kernel: the backward does dV = P^T dO,
+dP = dO V^T, dQ = dS K, dK = dS^T Q and recomputes S = Q K^T (5 matmuls against the forward's 2;
+Dao 2022 §3.1 and torch.utils.flop_counter.sdpa_backward_flop_count)."""
 
 
 def matmul_params(model: ModelConfig) -> tuple[int, int]:
@@ -82,3 +88,38 @@ def flops_per_token(model: ModelConfig, seq_len: int, *, causal: bool = True,
     else:
         raise ValueError(f"recompute={recompute!r}: use 'none', 'selective' or 'full'")
     return 3.0 * fwd + extra
+
+
+def counted_flops_per_token(model: ModelConfig, seq_len: int, *, recompute: str = "none",
+                            tp: int = 1, cp: int = 1) -> float:
+    """Training FLOPs per token of one rank as torch's `FlopCounterMode` counts them (the
+    dry-run's figure, scaletrain's own kernels and parallel layouts).
+
+    Weights: as `flops_per_token` (forward 2 x, backward 4 x the multiply-adds; head
+    included), NOT divided by tp: DTensor's matmuls are counted at their global shapes, so
+    they are the tensor-parallel group's. Attention core: as the SDPA kernels' formulas count
+    it, over the full s x s score matrix (the counter does not see the causal mask), a
+    backward of FLASH_BACKWARD_FACTOR x the forward, on this rank's local heads (/ tp: the
+    attention runs on plain local tensors) and, under cp, on the key blocks ring attention
+    does not skip: with the zigzag layout each rank computes (cp + 1) / (2 cp) of its queries'
+    full s x s work (own block whole, half of every other: parallel/context_parallel.py).
+    Recompute repeats forward work: 'selective' the attention core; 'full' the attention core
+    and every block matmul but the last (the MLP's down projection: torch's non-reentrant
+    checkpoint stops recomputing once every saved tensor is back, and that output is saved by
+    nothing). Ignores, like the counter: elementwise ops, norms, the embedding, the
+    optimizer. Source: measured with the dry-run's FlopCounterMode, 43 layouts
+    (benchmarks/results/planner_accuracy.md, `flops` column).
+    """
+    per_layer, head = matmul_params(model)
+    core = attention_core_flops_per_token(model, seq_len, causal=False)
+    attn = model.num_layers * core / tp * (cp + 1) / (2 * cp)
+    total = 3.0 * 2.0 * (model.num_layers * per_layer + head) \
+        + (1.0 + FLASH_BACKWARD_FACTOR) * attn
+    if recompute == "full":
+        down = model.dim * model.ffn_dim * (model.experts_per_token if model.is_moe else 1)
+        total += 2.0 * model.num_layers * (per_layer - down) + attn
+    elif recompute == "selective":
+        total += attn
+    elif recompute != "none":
+        raise ValueError(f"recompute={recompute!r}: use 'none', 'selective' or 'full'")
+    return total

@@ -11,7 +11,8 @@ from scaletrain.config import ModelConfig, stage_layer_ranges
 
 __all__ = ["OPTIMIZER_BYTES", "CONVENTIONS", "state_bytes_per_param", "model_state_bytes",
            "stage_layer_counts", "korthikanti_layer_bytes", "layer_activation_bytes",
-           "activation_bytes", "head_activation_bytes", "loss_backward_bytes", "buffer_terms",
+           "activation_bytes", "head_activation_bytes", "loss_backward_bytes",
+           "embedding_backward_bytes", "held_logits_bytes", "rope_table_bytes", "buffer_terms",
            "RUNTIME_CONTEXT_BYTES", "FRAGMENTATION"]
 
 OPTIMIZER_BYTES = {"adamw": 8.0, "sgd": 4.0, "adamw8bit": 2.0}
@@ -182,7 +183,10 @@ def layer_activation_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int
         (its fp32 upcast input and the cast-back output are both saved);
       QKV and MLP inputs 2 x e*s_l*b*h — NOT /t: DTensor SP all-gathers the normed input and the
         column-parallel linear saves the gathered copy (Korthikanti re-gather it instead);
-      q, k, v saved by SDPA e*s_l*b*(h + 2*g*d_head)/t (GQA shrinks K and V);
+      q, k, v saved by SDPA e*s_l*b*3h/t: K and V after the GQA expansion to the query heads
+        (models/attention.py expands them before the kernel, so GQA saves no activation);
+      under autocast (fp32 parameters, r = 4) each linear saves its own 16-bit cast of its
+        input: + 2*e*s_l*b*h for q/k/v, + e*s_l*b*h for SwiGLU's gate/up;
       SDPA output (= out-proj input) e*s_l*b*h/t; flash/efficient log-sum-exp 4*a*s_l*b/t;
       'naive' attention instead keeps softmax probabilities e*a*s_l*s*b/t (quadratic);
       GELU MLP: fc1 output and GELU output 2 x e*s_l*b*f/t; SwiGLU: gate, silu(gate), up and
@@ -209,7 +213,14 @@ def layer_activation_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int
     nb = 4 + r if model.norm == "rmsnorm" else r
     norms = 2 * (nb * h + stats) * tok / tsp
     inputs = 2 * e * tok * h
-    attn = e * tok * (2 * h + 2 * model.kv_dim) / tp
+    if residual_fp32:
+        # autocast casts the fp32 normed input once per linear, and each linear saves its
+        # own copy: q, k, v read three copies (2 extra), SwiGLU's gate and up two (1 extra)
+        # (dry-run, llama-style z0/z1 layouts; autocast caches casts of leaf weights only)
+        inputs += e * tok * h * (2 + (1 if model.activation == "swiglu" else 0))
+    # SDPA saves K and V after `_repeat_kv` (models/attention.py expands the g KV heads to a
+    # query heads before the kernel): 2*e*s_l*b*h, not 2*e*s_l*b*kv_dim (GQA saves nothing)
+    attn = e * tok * (2 * h + 2 * h) / tp
     if ac != "selective":
         if model.attention == "naive":
             attn += e * a * tok * seq_len / tp
@@ -252,6 +263,49 @@ def loss_backward_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int, t
     for the day that changes."""
     del tp
     return 8.0 * float(seq_len) / cp * micro_batch * model.vocab_size
+
+
+def embedding_backward_bytes(model: ModelConfig, *, tp: int = 1, grad_bytes: int = 4,
+                             tied: bool | None = None) -> float:
+    """Temporaries of the token embedding's gradient at the very end of backward (first stage).
+
+    Counts: the embedding backward's output, the full V x h gradient in `grad_bytes` (the
+    dtype the weight is used in: fp32 without FSDP mixed precision, also under autocast, which
+    does not cast embeddings; the compute dtype of FSDP2's unsharded weight otherwise). Under
+    tp > 1 it is still the FULL vocabulary: DTensor's embedding backward runs replicated on the
+    vocabulary-parallel table and only then keeps this rank's V/tp rows (a second, V/tp x h
+    copy). Tied embeddings (GPT-2) add the head's contribution, held by autograd until the
+    embedding's arrives (V/tp x h; fp32 after autocast's cast backward), and their sum
+    (V/tp x h): all alive at once, after every other gradient is complete.
+    Source: measured with the dry-run, gpt2-124m-L2 dp2 z0 fp32 (temp at the peak = 3 x V x h
+    x 4 B exactly) and gpt2-350m-L2 dp4 z3 tp4 fp32 (V x h x 4 + 3 x V/4 x h x 4).
+    Ignores: the position embedding's gradient (already accumulated by then).
+    """
+    tied = model.tie_embeddings if tied is None else tied
+    table = float(model.vocab_size) * model.dim * grad_bytes
+    shards = (1 if tp > 1 else 0) + (2 if tied else 0)
+    return table + shards * table / tp
+
+
+def held_logits_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int, tp: int = 1,
+                      cp: int = 1, precision: str = "bf16") -> float:
+    """The logits (B, T/cp, V/tp) the training loop still references after the loss backward
+    (`logits = model(...)` stays bound until the step ends, trainer/loop.py and the dry-run's
+    step alike): e*s_l*b*V/tp, e = 4 in fp32 else 2 (the model's output dtype; the loss's fp32
+    upcast is freed with the loss graph). Source: measured with the dry-run, gpt2-124m-L2 dp2 z0
+    fp32: 'activations' at the end-of-backward peak are exactly 4*s*b*V."""
+    e = 4 if precision == "fp32" else 2
+    return e * float(seq_len) / cp * micro_batch * model.vocab_size / tp
+
+
+def rope_table_bytes(model: ModelConfig) -> float:
+    """RoPE's cos and sin tables, one pair per model (models/attention.py: two fp32
+    (max_seq_len, head_dim) non-persistent buffers), 8*max_seq_len*head_dim bytes; 0 for
+    learned positions (their table is a parameter). Source: the dry-run's 'module_buffers'
+    (llama2-7b widths: 4.19 MB)."""
+    if model.position != "rope":
+        return 0.0
+    return 8.0 * model.max_seq_len * model.head_dim
 
 
 def activation_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int,

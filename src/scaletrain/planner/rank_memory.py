@@ -14,13 +14,18 @@ from __future__ import annotations
 
 import functools
 
+from scaletrain.config import ModelConfig, ParamCounts
+
 from .memory import (
     FRAGMENTATION,
     buffer_terms,
+    embedding_backward_bytes,
     head_activation_bytes,
+    held_logits_bytes,
     layer_activation_bytes,
     loss_backward_bytes,
     model_state_bytes,
+    rope_table_bytes,
     stage_layer_counts,
 )
 from .pipeline import inflight_per_rank
@@ -53,19 +58,37 @@ def rank_candidates(num_layers: int, pp: int, virtual: int, schedule: str,
     return ((0, counts[0], inflight[0]), *middle, (pp - 1, counts[-1], inflight[-1]))
 
 
+_PC: dict[int, tuple] = {}
+
+
+def _param_counts(model: ModelConfig) -> ParamCounts:
+    """`model.param_counts()`, cached by identity (the search's hot path asks per rank)."""
+    hit = _PC.get(id(model))
+    if hit is not None and hit[0] is model:  # the stored reference keeps id(model) unique
+        return hit[1]
+    if len(_PC) > 1024:
+        _PC.clear()
+    pc = model.param_counts()
+    _PC[id(model)] = (model, pc)
+    return pc
+
+
 _STATES: dict[tuple, tuple] = {}
 
 
 def _rank_states(plan: PlanInput, zs: int, first: bool, last: bool, layers: int,
                  convention: str) -> tuple:
-    """(model-state dict, parameter count, largest FSDP unit, ZeRO-sharded count), cached."""
+    """(model-state dict, parameter count, largest FSDP unit, ZeRO-sharded count, params +
+    optimizer bytes, backward terms), cached; backward terms = (root unit's unsharded bytes,
+    head gradient held, one block's parameters, embedding-backward temporaries) for the
+    ZeRO-2/3 and embedding moments of `_rank_numbers`."""
     L, model = plan.layout, plan.model
     key = (id(model), L.tp, L.ep, L.zero, zs, L.pp > 1, first, last, layers, plan.precision,
            plan.optimizer, plan.offload, convention)
     hit = _STATES.get(key)
     if hit is not None and hit[0] is model:  # the stored reference keeps id(model) unique
         return hit[1]
-    pc = model.param_counts()
+    pc = _param_counts(model)
     tp, ep = L.tp, L.ep
     dense_mlp = 0 if model.is_moe else pc.mlp
     block = (pc.attention + dense_mlp) / tp + pc.norms + pc.router
@@ -91,7 +114,16 @@ def _rank_states(plan: PlanInput, zs: int, first: bool, last: bool, layers: int,
                            largest_param=(pc.embedding / tp) if (first or last) else block)
     sharded = (dense / zs + expert / max(1, zs // ep)) if L.zero else dense + expert
     fixed = st["params"] + st["optimizer"]
-    out = (st, dense + expert, unit, sharded, fixed)
+    wc = 4 if plan.precision == "fp32" else 2
+    root_live, head_held = _root_in_backward(plan, first, last, wc)
+    emb_tmp = 0.0
+    if first:
+        # the weight's dtype as used: FSDP2's 16-bit unit, or fp32 (also under autocast)
+        grad_bytes = 2 if (L.zero >= 2 and plan.precision != "fp32") else 4
+        emb_tmp = embedding_backward_bytes(model, tp=tp, grad_bytes=grad_bytes,
+                                           tied=model.tie_embeddings and L.pp == 1)
+    bwd_terms = (root_live, head_held, _block_params(plan), emb_tmp)
+    out = (st, dense + expert, unit, sharded, fixed, bwd_terms)
     if len(_STATES) > 16384:
         _STATES.clear()
     _STATES[key] = (model, out)
@@ -101,10 +133,12 @@ def _rank_states(plan: PlanInput, zs: int, first: bool, last: bool, layers: int,
 _ACTS: dict[tuple, tuple] = {}
 
 
-def _activation_terms(plan: PlanInput, modern: bool) -> tuple[float, float, float]:
-    """(stored bytes per block, a block's full no-AC set, head bytes) per micro-batch, cached."""
+def _activation_terms(plan: PlanInput, modern: bool) -> tuple[float, float, float, float]:
+    """(stored bytes per block, a block's full no-AC set, head bytes, logits the loop holds)
+    per micro-batch, cached."""
     L, model = plan.layout, plan.model
-    residual_fp32 = plan.precision != "fp32" and L.zero < 3  # autocast on fp32 params
+    # autocast on fp32 params: DDP and ZeRO-1; ZeRO-2/3 are FSDP2 with 16-bit parameters
+    residual_fp32 = plan.precision != "fp32" and L.zero < 2
     key = (id(model), plan.seq_len, plan.micro_batch, L.tp, L.sp, L.cp, plan.ac, plan.precision,
            plan.compile, modern, residual_fp32)
     hit = _ACTS.get(key)
@@ -119,7 +153,8 @@ def _activation_terms(plan: PlanInput, modern: bool) -> tuple[float, float, floa
                                   residual_fp32=residual_fp32)
     head = head_activation_bytes(model, seq_len=s, micro_batch=b, tp=L.tp, sp=L.sp, cp=L.cp,
                                  precision=p, residual_fp32=residual_fp32)
-    terms = (per_layer, full, head)
+    held = held_logits_bytes(model, seq_len=s, micro_batch=b, tp=L.tp, cp=L.cp, precision=p)
+    terms = (per_layer, full, head, held)
     if len(_ACTS) > 16384:
         _ACTS.clear()
     _ACTS[key] = (model, terms)
@@ -144,6 +179,8 @@ def _buffers(plan: PlanInput, zs: int, unit: float, device: str, count: float = 
                         kv_dim=model.kv_dim, experts_per_token=model.experts_per_token,
                         unit_params=unit, zero_shards=zs, device=device,
                         bucket_params=count)
+    if model.position == "rope":
+        bufs["rope_tables"] = rope_table_bytes(model)
     out = (bufs, sum(bufs.values()), bufs["runtime_context"])
     if len(_BUFS) > 16384:
         _BUFS.clear()
@@ -154,22 +191,75 @@ def _buffers(plan: PlanInput, zs: int, unit: float, device: str, count: float = 
 def _block_params(plan: PlanInput) -> float:
     """Parameters of one block on this rank (the FSDP unit of a block)."""
     model, L = plan.model, plan.layout
-    pc = model.param_counts()
+    pc = _param_counts(model)
     if model.is_moe:
         return pc.attention / L.tp + pc.norms + pc.router + pc.mlp / (L.tp * L.ep)
     return (pc.attention + pc.mlp) / L.tp + pc.norms
 
 
-def _rank_numbers(plan: PlanInput, acts_terms: tuple[float, float, float], zs: int, rank: int,
-                  layers: int, in_flight: float, m: int, convention: str,
+def _root_in_backward(plan: PlanInput, first: bool, last: bool, wc: int
+                      ) -> tuple[float, float]:
+    """(root unit's unsharded parameters, head gradient held) through a ZeRO-3 backward.
+
+    The root unit holds what is not a block on this stage (embedding + positions on the
+    first, final norm + head on the last); FSDP2 gathers it again for the head's backward and
+    reshards it only after its post-backward, the last of the step. Until then the head's
+    gradient waits unsharded (untied head: a root parameter's grad) or, tied, as the head's
+    contribution autograd holds until the embedding's arrives. Both in the compute dtype."""
+    L, pc = plan.layout, _param_counts(plan.model)
+    root = 0.0
+    if first:
+        root += pc.embedding / L.tp + pc.position
+    if last:
+        root += pc.final_norm + (pc.head or (pc.embedding if L.pp > 1 else 0)) / L.tp
+    head = 0.0
+    if last:
+        head = (pc.head or pc.embedding) / L.tp
+    return wc * root, wc * head
+
+
+def _embedding_moment(plan: PlanInput, st: dict, bufs: dict, count: float, last: bool,
+                      fixed: float, bwd_terms: tuple, held_logits: float) -> float:
+    """Memory of the first stage when the token embedding's gradient is computed.
+
+    It is the last gradient backward computes: every other gradient is complete, every
+    activation is freed except the logits the loop still holds (last stage), and
+    `memory.embedding_backward_bytes` is alive. ZeRO-2/3: only the root unit (embedding, and
+    with pp = 1 the final norm and head) is still unsharded, with the untied head's unsharded
+    gradient, and the last block's fp32 reduce-scatter input is still held (FSDP2 frees it when
+    the next unit's reduce-scatter is issued); DDP's buckets persist. Source: measured with the
+    dry-run, gpt2-124m-L2 dp2 z0 fp32 (-10.8% before this moment was modelled), gpt2-350m-L2
+    dp4 z3 tp4 fp32 (-32%) and llama2-7b-L1 dp4 z3 tp2+sp (+12% with the old ZeRO-3 moment).
+    """
+    L, model = plan.layout, plan.model
+    root_live, head_held, blk, tmp = bwd_terms
+    grads_rest = st["grads"] - st["grads.in_flight"]
+    states = fixed - st["params.in_flight"]
+    if L.zero >= 2:
+        # the root unit's gradients are reduce-scattered after this moment: none of the
+        # root's sharded grads exist yet
+        wc = 4 if plan.precision == "fp32" else 2
+        other = 1.0 - root_live / wc / count if count else 0.0
+        if model.tie_embeddings and L.pp == 1:
+            head_held = 0.0  # the head's contribution is in `tmp`
+        states += root_live + head_held + 4.0 * blk
+    else:
+        other = 1.0 - _param_counts(model).embedding / L.tp / count if count else 0.0
+        states += bufs.get("ddp_buckets", 0.0)
+    states += bufs.get("rope_tables", 0.0)
+    return states + grads_rest * max(0.0, other) + (held_logits if last else 0.0) + tmp
+
+
+def _rank_numbers(plan: PlanInput, acts_terms: tuple[float, float, float, float], zs: int,
+                  rank: int, layers: int, in_flight: float, m: int, convention: str,
                   device: str) -> RankNumbers:
     """Memory of pipeline rank `rank` holding `layers` blocks with `in_flight` micro-batches."""
     L = plan.layout
     pp = L.pp
     last = rank == pp - 1
-    st, count, unit, sharded, fixed = _rank_states(plan, zs, rank == 0, last, layers,
-                                                   convention)
-    per_layer, full_layer, head_acts = acts_terms
+    st, count, unit, sharded, fixed, bwd_terms = _rank_states(plan, zs, rank == 0, last,
+                                                              layers, convention)
+    per_layer, full_layer, head_acts, held_logits = acts_terms
     acts = in_flight * layers * per_layer
     one_layer = per_layer
     if plan.ac == "full" and layers:
@@ -200,26 +290,58 @@ def _rank_numbers(plan: PlanInput, acts_terms: tuple[float, float, float], zs: i
     step_peak = fixed - st["params.in_flight"] + buffers - fsdp + grads - st["grads.in_flight"] \
         + step_tmp
     peak = max(fixed + buffers + fwdbwd, step_peak)
-    if L.zero >= 3 and layers and unit > 0:
-        # ZeRO-3: the in-flight copies and FSDP buffers scale with the unit. While activations
-        # are stored only block units are in flight; the root unit (embedding, head: the
-        # largest) is reduce-scattered at the very end of backward, when every activation is
-        # freed (FSDP2 runs the root's post-backward last). So: a block-unit backward moment
-        # and an end-of-backward moment with one root unit and no activations.
-        blk = _block_params(plan)
-        f = min(1.0, blk / unit)
-        inflight = st["params.in_flight"] + fsdp
-        rest = fixed - st["params.in_flight"]
+    if L.zero >= 2 and layers and unit > 0:
+        # ZeRO-2/3, named moments (FSDP2 as parallel/fsdp.py builds it; measured with the
+        # dry-run, llama2-7b-L1 dp8 z3: +12% and llama-1024-L4 dp4 z2 fp32: +6% before the
+        # block moment below was modelled):
+        # - a block's backward: ZeRO-3 gathers the root unit (embedding and/or final norm +
+        #   head) again for the head's backward and keeps it unsharded until its
+        #   post-backward at the very end (ZeRO-2 keeps every unit gathered anyway), with the
+        #   head's unsharded 16-bit gradient (untied) or the head's gradient contribution
+        #   autograd holds for the tied embedding; ZeRO-3 gathers the block's unit (and
+        #   prefetches the next one); its unsharded grads fill, then its fp32 reduce-scatter
+        #   input is allocated after the unit's parameters are freed (the previous block's
+        #   input is still held while the next block computes). The head's activations are
+        #   freed by then, except the logits the loop holds.
+        # - the end of backward: the root unit's own reduce-scatter (end_peak) and the
+        #   embedding's gradient (_embedding_moment).
+        root_live, head_held, blk, _ = bwd_terms
+        wc = 4 if plan.precision == "fp32" else 2
+        rest = fixed - (st["params.in_flight"] if L.zero >= 3 else 0.0)
         grads_rest = grads - st["grads.in_flight"]
-        if m > 1 or pp > 1:
-            bwd = acts + grads_rest + f * st["grads.in_flight"]
+        more = 1.0 if layers > 1 else 0.0  # a next block to prefetch / a previous RS input
+        if L.zero >= 3:
+            compute = wc * blk * (1 + more) + wc * blk + 4.0 * blk * more
+            reduce = wc * blk * more + wc * blk + 4.0 * blk
         else:
-            bwd = max(acts + f * st["grads.in_flight"], grads_rest + one_layer)
-        bwd_peak = rest + buffers - fsdp + f * inflight + bwd
-        # end of backward: one root unit gathered, its fp32 reduce-scatter input and output
-        # shard; its 16-bit unsharded grads are already cast into that input (the dry-run of
-        # llama2-7b widths sees no bf16 root grads at this peak).
-        end_peak = rest + buffers - fsdp + inflight - st["params.in_flight"] / 2 + grads_rest
+            root_live = 0.0  # counted in `fixed` with every other gathered unit
+            compute, reduce = wc * blk + 4.0 * blk * more, wc * blk + 4.0 * blk
+        held = held_logits if last else 0.0
+        block_acts = in_flight * layers * per_layer
+        if m > 1 or pp > 1:
+            bwd = block_acts + grads_rest
+        else:  # the last block to finish has every other block's grads and no activations
+            bwd = max(block_acts - per_layer, grads_rest * (layers - 1) / layers)
+        if plan.ac == "full":
+            bwd += full_layer  # the block being recomputed
+        bwd_peak = rest + buffers - fsdp + root_live + head_held + max(compute, reduce) \
+            + bwd + held
+        if pp > 1:
+            # torch's pipeline stage turns FSDP2's gradient sync and reshard-after-backward
+            # off until the step's last backward: every unit of the stage stays gathered and
+            # its gradients accumulate unsharded, both in the compute dtype, next to the
+            # micro-batches' activations. Source: measured with the dry-run,
+            # llama-1024-L4 dp2 z3 pp2 1f1b (-12% without this).
+            stage = wc * count
+            bwd_peak = max(bwd_peak, fixed - st["params.in_flight"] + buffers - fsdp
+                           + 2 * stage + block_acts + held)
+        # end of backward: one root unit gathered (ZeRO-3; ZeRO-2: all are), its fp32
+        # reduce-scatter input and output shard; its 16-bit unsharded grads are already cast
+        # into that input (the dry-run of llama2-7b widths sees no bf16 root grads there).
+        rs_unit = bufs.get("fsdp_reduce_scatter", 0.0)
+        gathered = st["params.in_flight"] / 2 + bufs.get("fsdp_all_gather", 0.0) \
+            if L.zero >= 3 else 0.0
+        end_peak = rest + buffers - fsdp + gathered + rs_unit + grads_rest
         peak = max(bwd_peak, end_peak, step_peak)
     loss_tmp = 0.0
     if last:
@@ -229,12 +351,32 @@ def _rank_numbers(plan: PlanInput, acts_terms: tuple[float, float, float], zs: i
         resting = fixed - (st["params.in_flight"] if L.zero >= 3 else 0.0)
         coll = sum(v for k, v in bufs.items() if k.startswith("fsdp_"))
         held = grads - st["grads.in_flight"] if (m > 1 or pp > 1) else 0.0
-        loss_peak = resting + buffers - coll + acts + held + loss_tmp
+        if pp > 1 and L.zero >= 2:
+            # the stage's units gathered and grads unsharded (see the ZeRO-2/3 block above)
+            wc = 4 if plan.precision == "fp32" else 2
+            resting = fixed - st["params.in_flight"] + wc * count
+            held = wc * count
+        stored = acts - (one_layer if plan.ac == "full" and layers else 0.0)  # no recompute
+        # Not counted: the logits of every earlier micro-batch, which torch's pipeline
+        # schedules keep on the last stage until the step ends because
+        # parallel/pipeline.py calls `schedule.step` with return_outputs=True (the default);
+        # the dry-run measures them (llama-1024-L4 pp2 1f1b: 33 MB per micro-batch, -7.5%),
+        # but they grow with the micro-batch count (llama3-70b pp32 m512: ~0.5 TB) and the
+        # trainer does not use them: the fix is return_outputs=False, not a planner term.
+        loss_peak = resting + buffers - coll + stored + held + loss_tmp
         peak = max(peak, loss_peak)
+    emb_tmp = 0.0
+    if rank == 0 and layers and plan.offload == "none":
+        emb_tmp = bwd_terms[3]
+        # + ctx: the runtime context is outside every moment's tensors
+        emb_peak = _embedding_moment(plan, st, bufs, count, last, fixed, bwd_terms,
+                                     held_logits) + ctx
+        bufs = dict(bufs, embedding_backward_temp=emb_tmp)
+        peak = max(peak, emb_peak)
     total = peak
     reserved = total + FRAGMENTATION * (total - ctx)
-    return (reserved, total, st, bufs, buffers + loss_tmp, acts, per_layer, step_tmp, count,
-            rank, in_flight)
+    return (reserved, total, st, bufs, buffers + loss_tmp + emb_tmp, acts, per_layer, step_tmp,
+            count, rank, in_flight)
 
 
 def worst_rank(plan: PlanInput, *, convention: str = "scaletrain",

@@ -1,0 +1,114 @@
+"""The named terms calibrated against the dry-run (issue #5), checked by hand arithmetic.
+
+Each expected value below is written out from the term's docstring (what tensor it counts), so a
+change to a formula is a deliberate change to what it claims to count. The dry-run agreement
+itself is tests/planner/test_accuracy.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from scaletrain.config import Layout, hardware_preset, resolve_model
+from scaletrain.planner import PlanInput, estimate
+from scaletrain.planner.flops import (
+    FLASH_BACKWARD_FACTOR,
+    counted_flops_per_token,
+    flops_per_token,
+    matmul_params,
+)
+from scaletrain.planner.memory import (
+    embedding_backward_bytes,
+    held_logits_bytes,
+    layer_activation_bytes,
+    rope_table_bytes,
+)
+
+GPT2 = resolve_model("gpt2-124m")
+LLAMA = resolve_model("llama2-7b")
+
+
+def test_embedding_backward_temporaries():
+    V, h = GPT2.vocab_size, GPT2.dim
+    # tied, no TP: embedding grad + head contribution + their sum, fp32
+    assert embedding_backward_bytes(GPT2, grad_bytes=4) == 3 * V * h * 4
+    # tied, tp 4: the full-vocabulary grad, this rank's copy of it, head part, sum
+    assert embedding_backward_bytes(GPT2, tp=4, grad_bytes=4) == pytest.approx(
+        V * h * 4 + 3 * V * h * 4 / 4)
+    # untied llama, bf16 FSDP units: the grad alone; under tp 2 plus the kept shard
+    V, h = LLAMA.vocab_size, LLAMA.dim
+    assert embedding_backward_bytes(LLAMA, grad_bytes=2) == V * h * 2
+    assert embedding_backward_bytes(LLAMA, tp=2, grad_bytes=2) == V * h * 2 + V * h * 2 / 2
+
+
+def test_held_logits_and_rope_tables():
+    assert held_logits_bytes(GPT2, seq_len=256, micro_batch=2, precision="fp32") == \
+        4 * 256 * 2 * GPT2.vocab_size
+    assert held_logits_bytes(LLAMA, seq_len=2048, micro_batch=1, tp=2, precision="bf16") == \
+        2 * 2048 * LLAMA.vocab_size / 2
+    assert rope_table_bytes(GPT2) == 0.0
+    assert rope_table_bytes(LLAMA) == 2 * 4 * LLAMA.max_seq_len * LLAMA.head_dim
+
+
+def test_gqa_saves_expanded_kv_and_autocast_saves_casts():
+    """K and V are saved after the expansion to the query heads: a GQA model saves as much
+    attention state as the same model with MHA; autocast adds 3 e*s*b*h for SwiGLU."""
+    gqa = resolve_model("llama3-8b")
+    mha = dataclasses.replace(gqa, num_kv_heads=gqa.num_heads)
+    kw = dict(seq_len=1024, micro_batch=1, precision="bf16")
+    assert layer_activation_bytes(gqa, **kw) == layer_activation_bytes(mha, **kw)
+    plain = layer_activation_bytes(gqa, **kw, residual_fp32=False)
+    cast = layer_activation_bytes(gqa, **kw, residual_fp32=True)
+    # a fp32 residual adds 2 bytes per element to each RMSNorm's saved cast-back output
+    norms = 2 * 2 * 1024 * gqa.dim
+    assert cast - plain == pytest.approx(norms + 3 * 2 * 1024 * gqa.dim)
+
+
+def test_counted_flops_match_flop_counter_semantics():
+    s = 1024
+    per_layer, head = matmul_params(GPT2)
+    lin = 2.0 * (GPT2.num_layers * per_layer + head)
+    core = GPT2.num_layers * 4.0 * s * GPT2.dim  # QK^T + AV, full s x s
+    assert counted_flops_per_token(GPT2, s) == pytest.approx(
+        3 * lin + (1 + FLASH_BACKWARD_FACTOR) * core)
+    # the un-halved model FLOPs differ only in the attention backward factor (2 vs 2.5)
+    assert counted_flops_per_token(GPT2, s) - flops_per_token(GPT2, s, causal=False) == \
+        pytest.approx(0.5 * core)
+    # tp: linears are the group's (global shapes), attention is the rank's heads
+    assert counted_flops_per_token(GPT2, s, tp=4) == pytest.approx(
+        3 * lin + (1 + FLASH_BACKWARD_FACTOR) * core / 4)
+    # cp 2 zigzag ring: 3/4 of the full s x s work per rank
+    assert counted_flops_per_token(GPT2, s, cp=2) == pytest.approx(
+        3 * lin + (1 + FLASH_BACKWARD_FACTOR) * core * 0.75)
+    # full recompute: every block matmul but the down projection, plus the attention core
+    down = GPT2.dim * GPT2.ffn_dim
+    assert counted_flops_per_token(GPT2, s, recompute="full") - counted_flops_per_token(
+        GPT2, s) == pytest.approx(2 * GPT2.num_layers * (per_layer - down) + core)
+    assert counted_flops_per_token(GPT2, s, recompute="selective") - counted_flops_per_token(
+        GPT2, s) == pytest.approx(core)
+    with pytest.raises(ValueError):
+        counted_flops_per_token(GPT2, s, recompute="some")
+
+
+def _plan(model, layout, **kw):
+    base = dict(model=model, hardware=hardware_preset("h100-sxm"), num_gpus=layout.world_size,
+                layout=layout, seq_len=256, global_batch=2 * layout.dp, micro_batch=2,
+                precision="fp32")
+    return PlanInput(**{**base, **kw})
+
+
+def test_embedding_moment_names_its_temporaries():
+    """A tied model's first stage reports the embedding-backward temporaries as a buffer term;
+    under DDP fp32 at gpt2 widths that moment is the peak (dry-run: gpt2-124m-L2 dp2 z0)."""
+    m = dataclasses.replace(GPT2, num_layers=2)
+    est = estimate(_plan(m, Layout(dp=2, zero=0))).memory
+    emb = est.buffer_terms["embedding_backward_temp"]
+    assert emb == embedding_backward_bytes(m, grad_bytes=4)
+    ctx = est.buffer_terms["runtime_context"]
+    n = m.num_params()
+    states = 4 * n * 2 + 8 * n  # params, DDP bucket copy, AdamW moments
+    other_grads = 4 * (n - m.param_counts().embedding)
+    logits = held_logits_bytes(m, seq_len=256, micro_batch=2, precision="fp32")
+    assert est.total - ctx == pytest.approx(states + other_grads + logits + emb)
