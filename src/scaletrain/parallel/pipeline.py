@@ -167,8 +167,10 @@ class PipelineRuntime:
         """
         args = (inputs,) if self.is_first else ()
         losses: list[torch.Tensor] = []
+        # return_outputs=False: the last stage would otherwise keep every micro-batch's
+        # logits until the step ends (m x s x b x V values; the trainer only needs the losses)
         self.schedule.step(*args, target=targets if self.is_last else None,
-                           losses=losses if self.is_last else None)
+                           losses=losses if self.is_last else None, return_outputs=False)
         self.sync_tied_gradients()
         if self.is_last:
             loss = torch.stack([x.detach().float() for x in losses]).mean()
