@@ -100,12 +100,12 @@ def test_ddp_is_measured_with_its_buckets():
     assert m.memory.detail["state.optimizer"] == 2 * full
 
 
-def test_pipeline_is_reported_unsupported():
+def test_pipeline_with_context_parallelism_is_reported_unsupported():
     job = load_config(None, {"model": {"name": "gpt-mini", "tie_embeddings": False},
                              "batch": {"seq_len": SEQ, "micro_batch": 1, "global_batch": 4},
-                             "parallel": {"pp": 2}})
-    with pytest.raises(ConfigError, match="parallel.pp"):
-        dryrun(job, world_size=2)
+                             "parallel": {"pp": 2, "cp": 2}})
+    with pytest.raises(ConfigError, match="parallel.cp"):
+        dryrun(job, world_size=4)
     assert not dist.is_initialized()
 
 
@@ -135,3 +135,108 @@ def test_zero1_with_accumulation_shards_only_the_optimizer():
     assert m.memory.detail["state.grads"] == full
     # ZeroRedundancyOptimizer partitions whole parameters: rank 0's share is ~1/4, not exact
     assert 0.5 * full / 4 < m.memory.detail["state.optimizer"] < 2 * 2 * full / 4
+
+
+# ---- pipeline parallelism ---------------------------------------------------------------------
+
+def _pp_job(schedule: str, pp: int, virtual: int = 1, accum: int = 4, dp: int = 1, **parallel):
+    return load_config(None, {"model": {"name": "gpt-mini", "tie_embeddings": False},
+                              "batch": {"seq_len": SEQ, "micro_batch": 1,
+                                        "global_batch": accum * dp},
+                              "parallel": {"pp": pp, "pp_schedule": schedule,
+                                           "pp_virtual": virtual, **parallel}})
+
+
+def _stage_param_bytes(job, stage_ids: list[int], num_stages: int) -> int:
+    """fp32 bytes of the parameters of the given stages, from the trainer's own split."""
+    from scaletrain.parallel.pipeline import split_stage
+
+    model = build_model(job.model, device="meta")
+    return sum(p.numel() * 4 for sid in stage_ids
+               for p in split_stage(model, sid, num_stages).parameters())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("schedule", "pp", "virtual", "rank"), [
+    ("gpipe", 2, 1, 1), ("gpipe", 4, 1, 3), ("1f1b", 4, 1, 2), ("zero-bubble", 2, 1, 0),
+    ("interleaved", 2, 2, 0), ("zero-bubble", 2, 2, 1),
+])
+def test_pipeline_stage_holds_only_its_layers(schedule, pp, virtual, rank):
+    from scaletrain.config import stage_ids
+
+    job = _pp_job(schedule, pp, virtual)
+    m = dryrun(job, world_size=pp, rank=rank, count_flops=False)
+    ids = stage_ids(rank, pp, virtual)
+    expected = _stage_param_bytes(job, ids, pp * virtual)
+    assert m.memory.detail["state.params"] == expected
+    assert m.memory.detail["state.grads"] == expected
+    assert m.memory.detail["state.optimizer"] == 2 * expected
+    assert expected < job.model.num_params() * 4  # a strict part of the model
+    assert any(e.startswith("backward_done:") for e, _ in m.timeline)
+    assert f"stages {ids}" in m.notes[-1]
+    assert not dist.is_initialized()
+
+
+@pytest.mark.slow
+def test_1f1b_holds_fewer_activations_than_gpipe():
+    """m = 8 micro-batches over p = 2 stages: GPipe keeps all 8 forwards' activations before
+    the first backward, 1F1B at most p - rank = 2 on rank 0."""
+    peaks = {}
+    for schedule in ("gpipe", "1f1b"):
+        m = dryrun(_pp_job(schedule, 2, accum=8), world_size=2, rank=0, count_flops=False)
+        peaks[schedule] = m.memory
+    assert peaks["1f1b"].activations < 0.5 * peaks["gpipe"].activations
+    assert peaks["1f1b"].total < peaks["gpipe"].total
+    # the states at rest are the same for both schedules
+    assert peaks["1f1b"].detail["state.params"] == peaks["gpipe"].detail["state.params"]
+
+
+@pytest.mark.slow
+def test_pipeline_with_fsdp_and_tp_on_the_stage():
+    job = _pp_job("1f1b", 2, accum=2, dp=2, tp=2, zero=3)
+    m = dryrun(job, world_size=8, rank=7)  # pp rank 1 (the last stage), dp 2, tp 2
+    stage = _stage_param_bytes(job, [1], 2)
+    # FSDP over dp 2 and tp 2 quarter the stage (up to replicated norms and biases)
+    assert abs(m.memory.detail["state.params"] - stage / 4) / (stage / 4) < 0.02
+    assert m.flops > 0
+
+
+# ---- mixture of experts -----------------------------------------------------------------------
+
+def _moe_job(**parallel):
+    world = parallel.pop("world")
+    return load_config(None, {"model": {"name": "tiny-moe"},
+                              "batch": {"seq_len": 64, "micro_batch": 2, "global_batch": 2 * world},
+                              "parallel": parallel}), world
+
+
+def _expert_bytes(job) -> int:
+    model = build_model(job.model, device="meta")
+    return sum(p.numel() * 4 for n, p in model.named_parameters() if ".experts." in n)
+
+
+@pytest.mark.slow
+def test_moe_runs_under_fake_tensors_with_balanced_dispatch():
+    job, world = _moe_job(world=1, zero=0)
+    m = dryrun(job, world_size=world)
+    full = job.model.num_params() * 4
+    assert m.memory.detail["state.params"] == full
+    assert m.memory.activations > 0
+    # every token goes through k experts whatever the (balanced) split, so the counted FLOPs
+    # are the planner's (same convention as test_flops_match_the_planner_formula)
+    cfg, t = job.model, 64
+    expected = 2 * t * (flops_per_token(cfg, t, causal=False)
+                        + cfg.num_layers * attention_core_flops_per_token(cfg, t, causal=False) / 2)
+    assert m.flops == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.slow
+def test_expert_parallel_splits_the_experts():
+    job, world = _moe_job(world=2, ep=2, zero=0)
+    m = dryrun(job, world_size=world, rank=1)
+    full = job.model.num_params() * 4
+    experts = _expert_bytes(job)
+    assert m.memory.detail["state.params"] == full - experts // 2
+    dense, _ = _moe_job(world=1, zero=0)
+    # the same tokens per rank, so the same FLOPs as one rank holding every expert
+    assert m.flops == pytest.approx(dryrun(dense, world_size=1).flops, rel=1e-6)

@@ -93,3 +93,37 @@ def test_router_gets_gradient_from_aux_loss_alone():
     moe(torch.randn(2, 6, 16))
     moe.aux_loss.backward()
     assert moe.router.weight.grad.abs().sum() > 0
+
+
+def test_balanced_counts_cover_every_assignment():
+    from scaletrain.models.moe import balanced_counts
+
+    assert balanced_counts(10, 4) == [3, 3, 2, 2]
+    assert balanced_counts(8, 4) == [2, 2, 2, 2]
+    assert sum(balanced_counts(37, 8)) == 37
+
+
+def test_fake_tensors_take_the_balanced_dispatch_real_ones_the_exact_one(monkeypatch):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from scaletrain.models import moe as moe_mod
+
+    moe = _moe()
+    seen = []
+    orig = moe.experts.forward
+
+    def spy(x_sorted, counts):
+        seen.append(counts)
+        return orig(x_sorted, counts)
+
+    monkeypatch.setattr(moe.experts, "forward", spy)
+    x = torch.randn(2, 5, 16)
+    real = moe(x)
+    assert torch.is_tensor(seen[-1])  # real path: the router's own counts
+    assert int(seen[-1].sum()) == 2 * 5 * moe.top_k
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake_x = mode.from_tensor(x)
+        fake = moe(fake_x)
+    assert seen[-1] == moe_mod.balanced_counts(2 * 5 * moe.top_k, moe.num_experts)
+    assert fake.shape == real.shape and fake.dtype == real.dtype
+    assert moe.last_tokens_per_expert.shape == (moe.num_experts,)

@@ -76,6 +76,17 @@ def job_from_args(args: argparse.Namespace) -> tuple[JobConfig, int]:
     return job, world
 
 
+def _pp_ep(plan: dict[str, Any]) -> str:
+    """' pp 4 (1f1b)' / ' ep 8' for the title, when those axes are used."""
+    out = ""
+    if plan.get("pp", 1) > 1:
+        virtual = f" x{plan['pp_virtual']}" if plan.get("pp_virtual", 1) > 1 else ""
+        out += f" pp {plan['pp']} ({plan['pp_schedule']}{virtual})"
+    if plan.get("ep", 1) > 1:
+        out += f" ep {plan['ep']}"
+    return out
+
+
 def run(args: argparse.Namespace, extra: list[str] | None = None) -> int:
     from scaletrain.measure.dryrun import dryrun
     from scaletrain.measure.verify import compare, format_table, predict
@@ -96,7 +107,8 @@ def run(args: argparse.Namespace, extra: list[str] | None = None) -> int:
         return 0
     plan = measurement.plan
     title = (f"dry-run {plan['model']} rank {measurement.rank}/{world}: dp {plan['dp']} zero "
-             f"{plan['zero']} tp {plan['tp']} cp {plan['cp']} | seq {plan['seq_len']} micro "
+             f"{plan['zero']} tp {plan['tp']} cp {plan['cp']}{_pp_ep(plan)} | seq "
+             f"{plan['seq_len']} micro "
              f"{plan['micro_batch']} x {plan['grad_accum']} | {plan['precision']} ac "
              f"{plan['ac']}  ({measurement.wall_s:.1f} s)")
     print(format_table(comparison, title=title))

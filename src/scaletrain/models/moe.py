@@ -4,6 +4,14 @@ The layer is split so that expert parallelism can replace only the dispatch: `Mo
 routes tokens, sorts them by expert and calls `GroupedExperts.forward(x_sorted,
 num_tokens_per_expert)`; an all_to_all around that call moves the sorted tokens to the ranks
 that own the experts without touching the routing or the expert math.
+
+Under fake tensors (the dry-run) the token counts per expert have no values, and the dispatch
+needs them as Python ints (split sizes). There the layer assumes a perfectly balanced router:
+each of the E experts receives N·k/E of the N·k (token, expert) assignments (the remainder
+spread one each over the first experts), on every rank alike (`balanced_counts`). Memory of a
+real step then matches when the router is balanced (what the load-balancing loss drives it
+to); a skewed router makes the busiest expert's activations larger than measured. Real
+tensors always take the exact data-dependent path.
 """
 
 from __future__ import annotations
@@ -12,7 +20,24 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["GroupedExperts", "MoE", "moe_aux_loss"]
+__all__ = ["GroupedExperts", "MoE", "balanced_counts", "is_fake", "moe_aux_loss"]
+
+
+def is_fake(t: torch.Tensor) -> bool:
+    """True for a `FakeTensor` (shapes only, no values): the dry-run's tensors."""
+    from torch._subclasses.fake_tensor import is_fake as _is_fake
+
+    return bool(_is_fake(t))
+
+
+def balanced_counts(assignments: int, num_experts: int) -> list[int]:
+    """Tokens per expert under a perfectly balanced router (fake-tensor dispatch only).
+
+    >>> balanced_counts(10, 4)  # 10 assignments over 4 experts
+    [3, 3, 2, 2]
+    """
+    base, rest = divmod(assignments, num_experts)
+    return [base + (1 if e < rest else 0) for e in range(num_experts)]
 
 
 class GroupedExperts(nn.Module):
@@ -91,7 +116,18 @@ class MoE(nn.Module):
         weights = torch.softmax(top_logits, dim=-1)  # (N, k)
 
         # Load balancing (Switch eq. 4, f over the N*k assignments; see class docstring).
-        counts = torch.bincount(top_idx.reshape(-1), minlength=self.num_experts)  # (E,)
+        dispatch: torch.Tensor | list[int]
+        if is_fake(flat):
+            # bincount's output size depends on the data, which fake tensors lack: count with
+            # a fixed-size scatter_add (the same counts), dispatch as if the router were
+            # balanced (module docstring)
+            idx = top_idx.reshape(-1)
+            counts = torch.zeros(self.num_experts, dtype=torch.int64, device=idx.device)
+            counts = counts.scatter_add_(0, idx, torch.ones_like(idx))  # (E,)
+            dispatch = balanced_counts(top_idx.numel(), self.num_experts)
+        else:
+            counts = torch.bincount(top_idx.reshape(-1), minlength=self.num_experts)  # (E,)
+            dispatch = counts
         frac = counts.float() / top_idx.numel()
         probs_mean = torch.softmax(logits, dim=-1).mean(dim=0)  # (E,)
         self.aux_loss = self.num_experts * (frac * probs_mean).sum()
@@ -101,7 +137,7 @@ class MoE(nn.Module):
         flat_expert = top_idx.reshape(-1)  # (N*k,)
         order = torch.argsort(flat_expert, stable=True)  # (N*k,)
         token_of = order // self.top_k  # (N*k,) source token of each sorted slot
-        out_sorted = self.experts(flat[token_of], counts)  # (N*k, h)
+        out_sorted = self.experts(flat[token_of], dispatch)  # (N*k, h)
         out_sorted = out_sorted * weights.reshape(-1)[order].unsqueeze(-1).to(out_sorted.dtype)
         out = torch.zeros_like(flat).index_add_(0, token_of, out_sorted)  # (N, h)
         return out.view(b, t, h)

@@ -20,6 +20,10 @@ each rank's loss is a mean over its own tokens, and the global loss is the mean 
 an expert shard, which receives gradient from all ep ranks' losses, scales its weight
 gradient by 1/ep; averaging over the remaining dp·cp/ep replicas is FSDP/DDP's job as for
 any parameter.
+
+Under fake tensors (the dry-run) step 1 has no values to exchange: the splits are computed
+locally from the balanced-router assumption of `scaletrain.models.moe` (every rank sends
+N·k/E rows per expert), and the token all_to_alls run as usual on the fake process group.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
-from scaletrain.models.moe import GroupedExperts, MoE
+from scaletrain.models.moe import GroupedExperts, MoE, is_fake
 
 __all__ = ["ExpertParallelExperts", "all_to_all", "apply_ep"]
 
@@ -121,20 +125,41 @@ class ExpertParallelExperts(GroupedExperts):
             out.append(None if p is None else _ScaleGrad.apply(p.to_local(), 1.0 / self.ep_size))
         return out
 
+    def _balanced_splits(self, counts: torch.Tensor | list[int]) -> tuple[
+            list[int], list[int], list[list[int]], list[list[int]], list[int]]:
+        """The count exchange answered locally for fake tensors (no values to exchange).
+
+        `counts` are this rank's balanced per-expert counts (`models.moe.balanced_counts`);
+        every rank routes the same number of tokens, so under that assumption every source
+        sends this rank what this rank sends itself. Returns send / receive rows per rank,
+        block starts and sizes [source][local expert], and rows per local expert.
+        """
+        ep, el = self.ep_size, self.num_experts
+        counts = list(counts)
+        send = [sum(counts[d * el:(d + 1) * el]) for d in range(ep)]
+        mine = counts[self.ep_rank * el:(self.ep_rank + 1) * el]
+        sizes = [list(mine) for _ in range(ep)]
+        recv = [sum(mine)] * ep
+        return send, recv, _cumulative_starts(sizes), sizes, [n * ep for n in mine]
+
     def forward(self, x_sorted: torch.Tensor,
                 num_tokens_per_expert: torch.Tensor | list[int]) -> torch.Tensor:
         ep, el = self.ep_size, self.num_experts
-        counts = torch.as_tensor(num_tokens_per_expert, dtype=torch.int64).cpu()  # (E,)
-        recv_counts = torch.empty_like(counts)
-        dist.all_to_all_single(recv_counts, counts, group=self.group)  # (ep*El,) by source
-        send = counts.view(ep, el).sum(1).tolist()
-        recv_se = recv_counts.view(ep, el)  # [source rank, local expert]
-        recv = recv_se.sum(1).tolist()
+        if is_fake(x_sorted):
+            send, recv, starts, sizes, per_expert = self._balanced_splits(num_tokens_per_expert)
+        else:
+            counts = torch.as_tensor(num_tokens_per_expert, dtype=torch.int64).cpu()  # (E,)
+            recv_counts = torch.empty_like(counts)
+            dist.all_to_all_single(recv_counts, counts, group=self.group)  # (ep*El,) by source
+            send = counts.view(ep, el).sum(1).tolist()
+            recv_se = recv_counts.view(ep, el)  # [source rank, local expert]
+            recv = recv_se.sum(1).tolist()
+            starts = (torch.cumsum(recv_counts, 0) - recv_counts).view(ep, el).tolist()
+            sizes = recv_se.tolist()
+            per_expert = recv_se.sum(0).tolist()
         x_recv = all_to_all(x_sorted, recv, send, self.group)  # (sum recv, h), source-major
 
         # source-major -> local-expert-major row order
-        starts = (torch.cumsum(recv_counts, 0) - recv_counts).view(ep, el).tolist()
-        sizes = recv_se.tolist()
         order = [torch.arange(starts[s][e], starts[s][e] + sizes[s][e])
                  for e in range(el) for s in range(ep)]
         perm = torch.cat(order).to(x_sorted.device)  # (sum recv,)
@@ -142,7 +167,7 @@ class ExpertParallelExperts(GroupedExperts):
 
         w1, w2, w3, b1, b2, b3 = self._local_weights()
         outs = []
-        for e, chunk in enumerate(torch.split(x_local, recv_se.sum(0).tolist())):
+        for e, chunk in enumerate(torch.split(x_local, per_expert)):
             outs.append(_expert_mlp(chunk, self.activation, w1[e], w2[e],
                                     None if w3 is None else w3[e],
                                     None if b1 is None else b1[e],
@@ -151,6 +176,17 @@ class ExpertParallelExperts(GroupedExperts):
         y_local = torch.cat(outs, 0)
         y_local = torch.empty_like(y_local).index_copy(0, perm, y_local)  # source-major again
         return all_to_all(y_local, send, recv, self.group)  # (N*k, h), back in sorted order
+
+
+def _cumulative_starts(sizes: list[list[int]]) -> list[list[int]]:
+    """Row offset of each [source][local expert] block in the source-major receive buffer."""
+    out, pos = [], 0
+    for row in sizes:
+        out.append([])
+        for n in row:
+            out[-1].append(pos)
+            pos += n
+    return out
 
 
 def apply_ep(model: nn.Module, ep_mesh_or_group) -> nn.Module:
