@@ -411,13 +411,7 @@ def markdown(rows: list[dict[str, Any]], summary: dict[str, Any],
                   "support; the planner has not been calibrated against them, so they are "
                   "kept out of the summary above. Measured on the rank the planner reports as "
                   f"the worst. Every target met: {n_ok} of {len(extra)}.", "",
-                  "Known gaps: on the last stage the dry-run also holds the logits of every "
-                  "earlier micro-batch (parallel/pipeline.py calls `schedule.step` with "
-                  "torch's default return_outputs=True, so each micro-batch's output is kept "
-                  "until the step ends: 33 MB per micro-batch here, most of the 1f1b, "
-                  "interleaved and ZeRO-3 + pp gaps); the planner leaves them out, as they "
-                  "grow with the micro-batch count and the trainer never reads them (the fix "
-                  "is return_outputs=False). Zero-bubble's deferred weight gradients, GPipe's "
+                  "Known gaps: zero-bubble's deferred weight gradients, GPipe's "
                   "first-backward moment and the MoE dispatch tensors (int64 routing indices, "
                   "a third (N*k, h) copy, EP all-to-all buffers) are not modelled yet.", "",
                   lines[-len(rows) - 2], lines[-len(rows) - 1]]

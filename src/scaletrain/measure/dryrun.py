@@ -27,9 +27,9 @@ rank, lowered with torch's own passes (FSDP UNSHARD/RESHARD for multi-stage sche
 REDUCE_GRAD after a stage's last backward). Every micro-batch of the step runs, so the
 activations in flight at the peak are the schedule's (GPipe: all m; 1F1B: p - rank), and the
 memory the schedule keeps is allocated as torch does: per-micro-batch receive buffers for
-activations and gradients, and the last stage's logits of every micro-batch (the schedule's
-`return_outputs=True` default keeps them until the next step). The loss is computed on the
-last stage only. Not supported: pp with cp (the trainer's pipeline does not shard the
+activations and gradients (the trainer calls the schedule with `return_outputs=False`, so the
+last stage keeps no logits beyond each micro-batch's own backward). The loss is computed on
+the last stage only. Not supported: pp with cp (the trainer's pipeline does not shard the
 sequence).
 
 MoE / expert parallelism: the expert dispatch needs token counts as Python ints, which fake
@@ -112,12 +112,6 @@ def plan_dict(job: JobConfig, layout: Layout) -> dict[str, Any]:
 
 
 def _unsupported(job: JobConfig, layout: Layout) -> None:
-    if layout.pp > 1 and layout.sp and layout.tp > 1 and job.model.position == "rope":
-        # Transformer.forward on a later stage takes the RoPE positions from its input's
-        # length, which sequence parallelism has cut to T/tp (the trainer fails the same way)
-        raise ConfigError("parallel.sp", True, "pipeline stages after the first compute RoPE "
-                          "positions from their sequence-sharded input: use sp=false with "
-                          "pp > 1 for RoPE models")
     if layout.pp > 1 and layout.cp > 1:
         raise ConfigError("parallel.cp", layout.cp, "the trainer's pipeline does not shard "
                           "the sequence for context parallelism: use cp=1 with pp > 1")
@@ -345,8 +339,8 @@ class _Pipeline:
       activation *is* that buffer;
     - gradient receive buffers: one per micro-batch on every non-last stage, allocated at the
       first backward and kept (`_setup_backward_recv_info`);
-    - the last stage keeps every micro-batch's logits (`output_chunks`, the schedule's
-      `return_outputs=True` default the trainer uses) until the next step starts.
+    - no kept outputs: the trainer runs the schedule with `return_outputs=False`, so a
+      micro-batch's logits live only until its backward (`output_chunks` stays empty).
     Sends hold nothing extra (the tensor sent is one the stage already keeps). The loss
     (`causal_lm_loss`) is computed on the last stage only, right after its forward.
     """
@@ -371,13 +365,11 @@ class _Pipeline:
         self.io_dtype = _pp_io_dtype(job, dims)
         self.recv: dict[int, list[torch.Tensor]] = {}
         self.grad_recv: dict[int, list[torch.Tensor]] = {}
-        self.outputs: list[torch.Tensor] = []
 
     def release_buffers(self) -> None:
-        """Drop the receive buffers and kept outputs (the next step allocates them again)."""
+        """Drop the receive buffers (the next step allocates them again)."""
         self.recv.clear()
         self.grad_recv.clear()
-        self.outputs.clear()
 
     def _forward_buffers(self) -> None:
         for sid in self.stages:
@@ -392,7 +384,6 @@ class _Pipeline:
         from scaletrain.models import causal_lm_loss
         from scaletrain.trainer.precision import autocast
 
-        self.outputs.clear()  # torch's clear_runtime_states at the start of a step
         self._forward_buffers()
         last = self.num_stages - 1
         cache: dict[tuple[int, int], tuple[Any, list[torch.Tensor], Any]] = {}
@@ -417,7 +408,6 @@ class _Pipeline:
                     logits = None
                     if sid == last:
                         logits = out
-                        self.outputs.append(logits)
                         out = causal_lm_loss(logits, targets)
                         timeline.mark(f"loss:{mb}")
                     cache[(sid, mb)] = (out, [x], logits)

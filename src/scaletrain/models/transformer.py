@@ -114,6 +114,9 @@ class Transformer(nn.Module):
         self.norm: nn.Module | None = _norm(cfg)
         self.output: nn.Linear | None = (
             None if cfg.tie_embeddings else nn.Linear(cfg.dim, cfg.vocab_size, bias=False))
+        self.input_seq_shards = 1
+        """Sequence parallelism sets this to tp: a pipeline stage's hidden-state input is then
+        this rank's T/tp slice of the sequence, and positions must still cover all T."""
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None
                 ) -> torch.Tensor:
@@ -123,7 +126,7 @@ class Transformer(nn.Module):
         passes the non-contiguous positions of its load-balanced shard. Returns (B, T, V)
         logits, or (B, T, h) hidden states on a stage without norm and head.
         """
-        t = tokens.shape[1]
+        t = tokens.shape[1] * (self.input_seq_shards if self.tok_embeddings is None else 1)
         if positions is None:
             positions = torch.arange(t, device=tokens.device)
         if self.tok_embeddings is not None:

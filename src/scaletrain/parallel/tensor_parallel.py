@@ -111,6 +111,8 @@ def apply_tp(model: nn.Module, mesh: DeviceMesh, *, sp: bool, loss_parallel: boo
     if tp == 1:
         return model
     _check(model, tp)
+    if sp and hasattr(model, "input_seq_shards"):
+        model.input_seq_shards = tp  # a later pipeline stage receives T/tp of the sequence
     parallelize_module(model, mesh, _root_plan(model, sp, loss_parallel))
     tied = getattr(model, "output", None) is None and getattr(model, "tie_embeddings", False)
     if tied and getattr(model, "norm", None) is not None:

@@ -357,12 +357,9 @@ def _rank_numbers(plan: PlanInput, acts_terms: tuple[float, float, float, float]
             resting = fixed - st["params.in_flight"] + wc * count
             held = wc * count
         stored = acts - (one_layer if plan.ac == "full" and layers else 0.0)  # no recompute
-        # Not counted: the logits of every earlier micro-batch, which torch's pipeline
-        # schedules keep on the last stage until the step ends because
-        # parallel/pipeline.py calls `schedule.step` with return_outputs=True (the default);
-        # the dry-run measures them (llama-1024-L4 pp2 1f1b: 33 MB per micro-batch, -7.5%),
-        # but they grow with the micro-batch count (llama3-70b pp32 m512: ~0.5 TB) and the
-        # trainer does not use them: the fix is return_outputs=False, not a planner term.
+        # Not counted, because not held: the logits of earlier micro-batches (the trainer runs
+        # the schedule with return_outputs=False; torch's default would keep all m of them on
+        # the last stage until the step ends, measured 33 MB per micro-batch on llama-1024-L4).
         loss_peak = resting + buffers - coll + stored + held + loss_tmp
         peak = max(peak, loss_peak)
     emb_tmp = 0.0
