@@ -17,13 +17,16 @@ tile-wise GEMMs run on `_scaled_mm`.
 
 Memory of one converted Linear, weight (N, K), input (M, K) (what the planner must model):
 - persistent: the Parameter as it was (fp32 master: 4 B/param), its grad in the weight's dtype,
-  the optimizer's states. No fp8 weight cache, no stored transpose.
-- saved forward -> backward: the fp8 input (M·K B) and the fp8 weight (N·K B, taken from the
-  weight as seen in forward — under FSDP2 the *unsharded* one, which FSDP cannot free) plus
-  fp32 scales (tensorwise: 4 B each; tilewise: 4 B per 128 input elements and per 128x128 weight
-  block, dims zero-padded up to multiples of 128). Nothing else: not x, not W, not y. An input
-  shared by several Linears (the norm output feeding wq/wk/wv) is saved once per Linear.
-- transient: fp32 temporaries of x and W while quantizing, and in backward the fp8 dy, the
+  the optimizer's states. No fp8 weight cache, no stored transpose. Delayed scaling adds three
+  fp32 amax histories of `history_len` values per Linear (checkpointed, see `Float8Linear`).
+- saved forward -> backward: the fp8 input (M·K B) and its fp32 scales (tensorwise: 4 B;
+  tilewise: 4 B per 1x128 tile, K zero-padded up to a multiple of 128, data padded too), plus
+  a reference to the weight and its 0-dim scale. No fp8 weight copy survives the forward:
+  W is re-quantized in backward (under FSDP2 from the re-gathered unsharded weight, exactly as
+  a plain Linear saves and re-gathers it). An input shared by several Linears (the norm output
+  feeding wq/wk/wv) is saved once per Linear — as autocast's per-Linear bf16 casts are.
+- transient: fp32 temporaries of x and W while quantizing; the fp8 W (N·K B, padded to 128x128
+  blocks for tilewise) in forward and again in backward; in backward the fp8 dy, the
   column-major copies `_scaled_mm` needs (W_q for dgrad, x_q and dy_q^T for wgrad) and, for
   tilewise, the fp32 dequantized x and its 128x1 re-tiled fp8 copy.
 
@@ -41,13 +44,24 @@ from typing import Any
 import torch
 from torch import nn
 
-from .scaling import E4M3, E5M2, TILE, AmaxHistory, dequantize, quantize, scaled_mm, tiled_scaled_mm
+from .scaling import (
+    E4M3,
+    E5M2,
+    TILE,
+    AmaxHistory,
+    dequantize,
+    fp8_max,
+    quantize,
+    scaled_mm,
+    tiled_scaled_mm,
+)
 
 __all__ = ["Float8Linear", "apply_fp8", "maybe_apply_fp8", "fp8_eligible", "SCALINGS", "AMAXES"]
 
 SCALINGS = ("tensorwise", "tilewise")
 AMAXES = ("current", "delayed")
 _DIM_MULTIPLE = 16  # cuBLASLt fp8 GEMMs need the inner dims to be multiples of 16
+_EXTRA_STATE = "_extra_state"  # nn.Module's key suffix for non-parameter state
 
 
 class _Fp8State:
@@ -59,6 +73,9 @@ class _Fp8State:
         self.x = AmaxHistory(history_len) if delayed else None
         self.w = AmaxHistory(history_len) if delayed else None
         self.dy = AmaxHistory(history_len) if delayed else None
+
+    def histories(self) -> tuple[AmaxHistory, ...]:
+        return tuple(h for h in (self.x, self.w, self.dy) if h is not None)
 
 
 def _quant_tensorwise(t: torch.Tensor, dtype: torch.dtype, hist: AmaxHistory | None
@@ -74,6 +91,12 @@ def _quant_tensorwise(t: torch.Tensor, dtype: torch.dtype, hist: AmaxHistory | N
     data, scale = quantize(t, dtype, amax=amax)
     hist.record(t)
     return data, scale
+
+
+def _cast(t: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`quantize`'s per-tensor cast with a given dequantization scale (same expression)."""
+    fmax = fp8_max(dtype)
+    return (t.float() / scale).clamp_(-fmax, fmax).to(dtype)
 
 
 def _pad_rows(t: torch.Tensor, multiple: int) -> torch.Tensor:
@@ -103,22 +126,30 @@ class _Fp8Matmul(torch.autograd.Function):
                 wq, sw = quantize(weight, E4M3, (TILE, TILE))  # (Np, Kp), (Np/128, Kp/128)
                 b_scale = sw.t().repeat_interleave(TILE, dim=1)  # (Kp/128, Np)
                 y = tiled_scaled_mm(xq, sx, wq.t(), b_scale)[:, :weight.shape[0]].to(out_dtype)
-        # Saved for backward: the fp8 copies (1 byte/element) and their scales, not x or W.
-        ctx.save_for_backward(xq, sx, wq, sw)
+        # Saved for backward: the fp8 input (1 byte/element) and its scale, and the weight
+        # itself, re-quantized in backward. A saved fp8 copy of W would stay alive from every
+        # layer's forward to its backward — under FSDP2 a full unsharded copy per layer, 1 B/param
+        # of the whole model — whereas the Parameter costs nothing extra: FSDP2 frees and
+        # re-gathers it for backward as for any Linear. The re-cast is bit-identical: the
+        # tensorwise scale is saved (delayed scaling's history has moved on since), tile scales
+        # are a max over the same values.
+        ctx.save_for_backward(xq, sx, weight, sw)
         return y
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None, None]:
-        xq, sx, wq, sw = ctx.saved_tensors
+        xq, sx, weight, sw = ctx.saved_tensors
         state: _Fp8State = ctx.state
         m, n, k = ctx.shape
         if state.scaling == "tensorwise":
+            wq = _cast(weight, sw, E4M3)  # the forward's wq, bit for bit
             dyq, sdy = _quant_tensorwise(dy, E5M2, state.dy)
             dx = scaled_mm(dyq, sdy, wq, sw, ctx.x_dtype)  # (M, K) = dy W
             # wgrad contracts over M (tokens); cuBLASLt wants it a multiple of 16: zero rows.
             dyq_p, xq_p = _pad_rows(dyq, _DIM_MULTIPLE), _pad_rows(xq, _DIM_MULTIPLE)
             dw = scaled_mm(dyq_p.t(), sdy, xq_p, sx, torch.float32)  # (N, K) = dy^T x
         else:
+            wq, sw = quantize(weight, E4M3, (TILE, TILE))  # the forward's (wq, sw)
             dyq, sdy = quantize(dy, E5M2, (1, TILE))  # (M, Np), (M, Np/128)
             dx = tiled_scaled_mm(dyq, sdy, wq, sw.repeat_interleave(TILE, dim=1))[:, :k]
             # wgrad contracts over tokens, so both operands need tiles along M (128x1, as in
@@ -134,7 +165,9 @@ class Float8Linear(nn.Linear):
     """nn.Linear whose matmuls run in float8; weight and bias are the original Parameters.
 
     Being an `nn.Linear` (same `weight`/`bias`, same state-dict keys) it checkpoints, shards
-    (FSDP2) and is matched by Linear-based plans exactly like the module it replaced.
+    (FSDP2) and is matched by Linear-based plans exactly like the module it replaced. With
+    amax='delayed' its state dict also holds the amax histories (`<prefix>_extra_state`), so a
+    resumed run uses the scales the uninterrupted one would have.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
@@ -166,6 +199,47 @@ class Float8Linear(nn.Linear):
         new.bias = mod.bias
         new._set_recipe(scaling, amax, history_len)
         return new
+
+    # Delayed scaling is run state that decides the next step's scales, so it is checkpointed:
+    # one (3, 1 + history_len) float64 tensor under the key `<prefix>_extra_state` (the name
+    # nn.Module and torch.distributed.checkpoint reserve for non-parameter state; DCP saves a
+    # plain tensor once, from rank 0 — the histories are identical on every rank). Done here
+    # rather than with get/set_extra_state, which would add the key to every Float8Linear:
+    # current scaling has no state, and its state dict stays exactly nn.Linear's.
+
+    def _save_to_state_dict(self, destination: dict[str, Any], prefix: str,
+                            keep_vars: bool) -> None:
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        hists = self.fp8_state.histories()
+        if hists:
+            destination[prefix + _EXTRA_STATE] = torch.stack([h.state() for h in hists])
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str,
+                              local_metadata: dict[str, Any], strict: bool,
+                              missing_keys: list[str], unexpected_keys: list[str],
+                              error_msgs: list[str]) -> None:
+        # `state_dict` is the per-module copy nn.Module.load_state_dict hands over: popping
+        # the key keeps nn.Linear's loader from calling it unexpected. A history saved by a
+        # delayed-scaling run is dropped by a current-scaling model (it has no use for it).
+        saved = state_dict.pop(prefix + _EXTRA_STATE, None)
+        hists = self.fp8_state.histories()
+        if hists and saved is None:
+            missing_keys.append(prefix + _EXTRA_STATE)
+        elif hists:
+            device = self.weight.device if self.weight.device.type != "meta" else None
+            if hasattr(saved, "full_tensor"):
+                saved = saved.full_tensor()
+            if saved.shape[0] != len(hists):
+                error_msgs.append(f"{prefix}{_EXTRA_STATE}: {saved.shape[0]} amax histories "
+                                  f"saved, {len(hists)} expected")
+            else:
+                try:
+                    for h, row in zip(hists, saved.unbind(0)):
+                        h.load_state(row, device)
+                except ValueError as e:
+                    error_msgs.append(f"{prefix}{_EXTRA_STATE}: {e}")
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict,
+                                      missing_keys, unexpected_keys, error_msgs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dev = x.device.type

@@ -66,14 +66,15 @@ def quantize(t: torch.Tensor, dtype: torch.dtype, tile: tuple[int, int] | None =
     if tile is None:
         a = tf.abs().amax() if amax is None else amax.float()
         scale = a.clamp(min=_EPS) / fmax  # ()
-        data = (tf / scale).clamp(-fmax, fmax).to(dtype)
+        # clamp_ in place on the quotient (a fresh tensor): one fp32 temporary, not two
+        data = (tf / scale).clamp_(-fmax, fmax).to(dtype)
         return data, scale
     r, c = tile
     tp = pad_to(tf, r, c)
     rows, cols = tp.shape
     blocks = tp.view(rows // r, r, cols // c, c)  # (R/r, r, C/c, c)
     scale = blocks.abs().amax(dim=(1, 3)).clamp(min=_EPS) / fmax  # (R/r, C/c)
-    data = (blocks / scale[:, None, :, None]).clamp(-fmax, fmax).to(dtype)
+    data = (blocks / scale[:, None, :, None]).clamp_(-fmax, fmax).to(dtype)
     return data.view(rows, cols), scale
 
 
@@ -93,8 +94,10 @@ class AmaxHistory:
     The scale used at step n comes from the max over the amaxes recorded at the previous
     `length` steps (TE's default `amax_compute_algo="max"`); the current amax is recorded after
     use. Before anything is recorded the current amax is used, so step 0 does not saturate.
-    A plain tensor attribute, not a buffer: it is run state (like an optimizer's), created
-    lazily on the input's device, so meta-device build, materialization and FSDP leave it alone.
+    A plain tensor attribute, not a buffer: created lazily on the input's device, so meta-device
+    build, `to_empty` materialization and FSDP leave it alone. It still belongs in checkpoints
+    (the scales of step n+1 depend on it): `state()`/`load_state()` pack it into one tensor,
+    which `Float8Linear` puts in its state dict.
     """
 
     def __init__(self, length: int) -> None:
@@ -105,7 +108,32 @@ class AmaxHistory:
     def amax_for(self, t: torch.Tensor) -> torch.Tensor:
         if self.history is None or self.num_recorded == 0:
             return t.detach().abs().amax().float()  # a DTensor for a DTensor `t`
-        return self.history.amax()
+        return self._history_on(t.device).amax()
+
+    def _history_on(self, device: torch.device) -> torch.Tensor:
+        # a history restored from a checkpoint lands on the CPU (or wherever it was loaded)
+        assert self.history is not None
+        if self.history.device != device:
+            self.history = self.history.to(device)
+        return self.history
+
+    def state(self) -> torch.Tensor:
+        """(1 + length,) float64: [num_recorded, history...] — float64 holds the fp32 amaxes
+        and any step count below 2^53 exactly, so one tensor round-trips bit for bit."""
+        out = torch.zeros(1 + self.length, dtype=torch.float64)
+        out[0] = self.num_recorded
+        if self.history is not None:
+            out[1:] = self.history.detach().to("cpu", torch.float64)
+        return out
+
+    def load_state(self, state: torch.Tensor, device: torch.device | None = None) -> None:
+        """Inverse of `state()`; the history is kept on `device` (default: the CPU)."""
+        if state.shape != (1 + self.length,):
+            raise ValueError(f"fp8 amax history of shape {tuple(state.shape)} does not match "
+                             f"history_len={self.length}: convert the model with the "
+                             "history_len the checkpoint was saved with")
+        self.num_recorded = int(state[0].item())
+        self.history = state[1:].to(device=device or "cpu", dtype=torch.float32).clone()
 
     @torch.no_grad()
     def record(self, t: torch.Tensor) -> None:
@@ -114,7 +142,7 @@ class AmaxHistory:
             cur = cur.full_tensor()
         if self.history is None:
             self.history = torch.zeros(self.length, dtype=torch.float32, device=t.device)
-        self.history = torch.roll(self.history, 1)
+        self.history = torch.roll(self._history_on(t.device), 1)
         self.history[0] = cur
         self.num_recorded += 1
 
