@@ -32,7 +32,7 @@ import contextlib
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -104,6 +104,24 @@ def _block_plan(sp: bool) -> dict:
     return plan
 
 
+def _slice_embedding_grad(module: nn.Module, args: object) -> None:
+    """Forward pre-hook of the vocab-parallel embedding: make its weight's gradient arrive in
+    the weight's own placement.
+
+    DTensor's embedding backward, with replicated token ids and output gradient, computes the
+    full-vocabulary gradient on every rank and returns it Replicate; kept as is, the sharded
+    weight would hold a V x h gradient at rest (tp times its shard; seen as 256 x 64 for a
+    128 x 64 shard at tp 2). The hook slices it before it accumulates (local, no
+    communication). It is attached to the parameter at its first forward, because
+    `materialize` (to_empty) replaces DTensor parameter objects after parallelization.
+    """
+    w = module.weight
+    if isinstance(w, DTensor) and not getattr(w, "_grad_sliced", False):
+        w.register_hook(lambda g: g.redistribute(w.device_mesh, w.placements)
+                        if isinstance(g, DTensor) and g.placements != w.placements else g)
+        w._grad_sliced = True  # type: ignore[attr-defined]
+
+
 def apply_tp(model: nn.Module, mesh: DeviceMesh, *, sp: bool, loss_parallel: bool = True
              ) -> nn.Module:
     """Shard `model` over the 1-D tp `mesh` in place (degree 1: no-op); see module docstring."""
@@ -132,6 +150,9 @@ def apply_tp(model: nn.Module, mesh: DeviceMesh, *, sp: bool, loss_parallel: boo
         parallelize_module(block, mesh, plan)
         block.attention.n_heads //= tp
         block.attention.n_kv_heads //= tp
+    emb = getattr(model, "tok_embeddings", None)
+    if emb is not None:
+        emb.register_forward_pre_hook(_slice_embedding_grad)
     return model
 
 
