@@ -25,8 +25,10 @@ CONVENTIONS = ("scaletrain", "moments_only", "master_and_moments", "megatron", "
   + optimizer); mixed precision adds 16-bit working copies: FSDP2 (ZeRO-3) all-gathers bf16
   copies of the units in flight (current + prefetched block) and holds the unit's unsharded bf16
   grads before the fp32 reduce-scatter; DDP/ZeRO-1/2 + autocast keeps bf16 casts of every matmul
-  weight alive from its forward to its backward (autograd saves them). fp8 adds a 1-byte weight
-  cast per unit/matmul weight. fp16's loss scaler is one scalar (ignored).
+  weight alive from its forward to its backward (autograd saves them). fp8 (precision/fp8.py)
+  keeps no weight copy between forward and backward (the weight is re-quantized in backward),
+  so its converted linears hold no 16-bit cast either; FSDP2 still gathers bf16 units. fp16's
+  loss scaler is one scalar (ignored).
 - 'moments_only': 16-bit params + 16-bit grads + optimizer moments (2+2+8 = 12 B/param for
   AdamW; fp8: 1+1+8 = 10). Seeds 000 (20B: 240 GB) and 004 (7B: 84 GB).
 - 'master_and_moments': 16-bit params + grads + (fp32 master + moments) counted as optimizer
@@ -72,7 +74,8 @@ def model_state_bytes(num_params: float, *, precision: str = "bf16", optimizer: 
                       zero: int = 0, zero_shards: int = 1, offload: str = "none",
                       convention: str = "scaletrain", expert_params: float = 0.0,
                       expert_shards: int = 1, unit_params: float = 0.0,
-                      units_in_flight: int = 2, largest_param: float = 0.0) -> dict[str, float]:
+                      units_in_flight: int = 2, largest_param: float = 0.0,
+                      fp8_params: float = 0.0) -> dict[str, float]:
     """Bytes of params/grads/optimizer states on one GPU, plus what offload moved to the host.
 
     num_params: dense parameters this rank holds after TP/PP division; expert_params: its expert
@@ -83,7 +86,10 @@ def model_state_bytes(num_params: float, *, precision: str = "bf16", optimizer: 
     moves optimizer states (incl. any master copy counted there) to the CPU (ZeRO-Offload);
     'params' (FSDP2 CPUOffloadPolicy, needs ZeRO-3) moves sharded params, grads and optimizer
     states; the GPU keeps the units in flight. Ignores: the int8 scales of 8-bit Adam, the fp16
-    loss scaler, DDP bucket copies (see buffer_terms).
+    loss scaler, DDP bucket copies (see buffer_terms). fp8_params: this rank's weights in
+    float8-converted linears (attention q/k/v/o and dense MLP; not the head, router, experts or
+    embeddings), which under precision='fp8' keep no 16-bit cast (measured with MemTracker on a
+    dim-256 llama: only the head's bf16 copy remains).
     Under 'scaletrain' ZeRO-2 is FSDP2 with reshard_after_forward=False (parallel/fsdp.py): the
     parameters are sharded at rest like ZeRO-3, and every unit's compute-dtype copy stays
     unsharded from its forward to its backward (params.in_flight = all of them). ZeRO-1 is
@@ -106,22 +112,23 @@ def model_state_bytes(num_params: float, *, precision: str = "bf16", optimizer: 
         optim = max(optim, ob * largest_param)
     in_params = in_grads = 0.0
     if convention == "scaletrain":
-        w = ELEM_BYTES[precision]
-        cast = 1.0 if precision == "fp8" else 0.0  # fp8 weight cast saved for backward
+        # FSDP2 gathers and reduces units in the 16-bit compute dtype (bf16 under fp8 too:
+        # parallel/fsdp.py's policy); fp32 runs gather fp32
+        wc = 4 if precision == "fp32" else 2
         if zero == 2:
             # FSDP2 without reshard after forward: every unit stays all-gathered (compute
             # dtype) from its forward to its backward
-            wc = min(w, 2) if precision != "fp32" else 4
-            in_params = (wc + cast) * (num_params + expert_params)
+            in_params = wc * (num_params + expert_params)
         elif zero >= 3:
             # FSDP2 all-gathers compute-dtype copies of the current and prefetched unit and
             # holds one unit's unsharded grads before the reduce-scatter.
-            wc = min(w, 2) if precision != "fp32" else 4
-            in_params = (wc + cast) * unit_params * units_in_flight
+            in_params = wc * unit_params * units_in_flight
             in_grads = wc * unit_params
         elif precision != "fp32":
-            # autocast keeps a 16-bit cast of every matmul weight from forward to backward.
-            in_params = (2 + cast) * (num_params + expert_params)
+            # autocast keeps a 16-bit cast of every matmul weight from forward to backward;
+            # fp8-converted linears keep none (their weight is re-quantized in backward)
+            converted = fp8_params if precision == "fp8" else 0.0
+            in_params = 2 * (num_params + expert_params - converted)
     offloaded = 0.0
     if offload == "optimizer":
         offloaded, optim = optim, 0.0
@@ -177,8 +184,8 @@ def layer_activation_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int
 
     modern=False: Korthikanti's closed form (korthikanti_layer_bytes; fp32 doubles it).
     modern=True (scaletrain's models, SDPA, no dropout), derived per saved tensor, e = element
-    bytes of activations (4 for fp32, else 2: fp8 linears still save bf16 here, a conservative
-    choice), r = residual-stream bytes (4 under autocast with fp32 params, else e), s_l = s/cp:
+    bytes of activations (4 for fp32, else 2), r = residual-stream bytes (4 under autocast with
+    fp32 params, else e), s_l = s/cp:
       norm inputs 2 x r*s_l*b*h (+ fp32 mean/rstd) — /t with SP; RMSNorm 2 x (4 + r)*s_l*b*h
         (its fp32 upcast input and the cast-back output are both saved);
       QKV and MLP inputs 2 x e*s_l*b*h — NOT /t: DTensor SP all-gathers the normed input and the
@@ -193,6 +200,13 @@ def layer_activation_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int
         their product 4 x e*s_l*b*f/t (3 with torch.compile, which fuses silu*up);
       MoE: router logits and probabilities fp32 2 x 4*s_l*b*E, dispatched inputs and expert
         outputs 2 x e*k*s_l*b*h, expert intermediates as the MLP for k*s_l*b tokens.
+    fp8 (precision/fp8.py, per-tensor scaling; tile-wise adds 4/128 for its fp32 scales): each
+      converted linear saves its own 1-byte input instead of the shared 16-bit one: q/k/v and
+      the n_in MLP input linears (2 SwiGLU, 1 GELU) (3 + n_in)*s_l*b*h (not /t); the output
+      projection's fp8 input + s_l*b*h/t beside SDPA's 16-bit output; the MLP's last
+      intermediate (w2's input) 1 byte instead of e (MemTracker + saved-tensor hooks on a
+      dim-256 llama: bf16 -> fp8 -4864 KiB, matching these terms to the byte; MoE experts and
+      the router are not converted).
     selective drops the attention-core terms (lse or scores); full keeps the block input.
     Ignores: RoPE (cos/sin are buffers), residual adds (save nothing), < 1% small tensors.
     """
@@ -212,15 +226,17 @@ def layer_activation_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int
     # (dry-run: llama-style layouts were 5-7% under before this term)
     nb = 4 + r if model.norm == "rmsnorm" else r
     norms = 2 * (nb * h + stats) * tok / tsp
-    inputs = 2 * e * tok * h
-    if residual_fp32:
+    fp8 = precision == "fp8"
+    n_in = 2 if model.activation == "swiglu" else 1
+    inputs = (3 + n_in) * tok * h if fp8 else 2 * e * tok * h
+    if residual_fp32 and not fp8:
         # autocast casts the fp32 normed input once per linear, and each linear saves its
         # own copy: q, k, v read three copies (2 extra), SwiGLU's gate and up two (1 extra)
         # (dry-run, llama-style z0/z1 layouts; autocast caches casts of leaf weights only)
         inputs += e * tok * h * (2 + (1 if model.activation == "swiglu" else 0))
     # SDPA saves K and V after `_repeat_kv` (models/attention.py expands the g KV heads to a
     # query heads before the kernel): 2*e*s_l*b*h, not 2*e*s_l*b*kv_dim (GQA saves nothing)
-    attn = e * tok * (2 * h + 2 * h) / tp
+    attn = e * tok * (2 * h + 2 * h) / tp + (tok * h / tp if fp8 else 0.0)
     if ac != "selective":
         if model.attention == "naive":
             attn += e * a * tok * seq_len / tp
@@ -230,6 +246,8 @@ def layer_activation_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int
     if model.is_moe:
         k, E = model.experts_per_token, model.num_experts
         mlp = 8.0 * tok * E + 2 * e * k * tok * h + n_f * e * k * tok * f / tp
+    elif fp8:
+        mlp = (n_f - 1) * e * tok * f / tp + tok * f / tp  # w2's input saved as fp8
     else:
         mlp = n_f * e * tok * f / tp
     return norms + inputs + attn + mlp
@@ -327,7 +345,8 @@ def activation_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int,
 def buffer_terms(*, hidden: int, tokens: float, precision: str, zero: int, dp: int, tp: int,
                  sp: bool, pp: int, cp: int, ep: int, kv_dim: int, experts_per_token: int,
                  unit_params: float, zero_shards: int, device: str = "gpu",
-                 reduce_bytes: int = 4, bucket_params: float = 0.0) -> dict[str, float]:
+                 reduce_bytes: int = 4, bucket_params: float = 0.0,
+                 ffn_dim: int = 0) -> dict[str, float]:
     """Named transient buffers on one rank (bytes). tokens = s_l * b of one micro-batch.
 
     ddp_buckets: DDP (zero 0, and zero 1 which runs over DDP): the reducer's flat bucket copy of
@@ -342,6 +361,9 @@ def buffer_terms(*, hidden: int, tokens: float, precision: str, zero: int, dp: i
     pp_p2p: send + receive activation buffers (2 x e*s*b*h, /t with SP).
     cp_ring: K/V blocks in flight in the ring (2 blocks x K and V).
     ep_all_to_all: dispatch send + receive of k routed copies per token (2 x e*k*s*b*h).
+    fp8_quantize: fp8's quantization temporary at the peak, the fp32 scaled copy of the
+      largest operand quantized, 4 x s*b*max(h, f)/t (dry-run, gpt-mini dp2 fp8 z0 / z3: the
+      planner's total is 3% / 8% under without it; tiny-llama z3 3% under).
     runtime_context: RUNTIME_CONTEXT_BYTES on a GPU, 0 on 'cpu'.
     Ignores: NCCL's internal channel buffers beyond the context term, cuDNN workspaces.
     """
@@ -361,5 +383,7 @@ def buffer_terms(*, hidden: int, tokens: float, precision: str, zero: int, dp: i
         out["cp_ring"] = 2 * 2 * e * tokens * kv_dim / tp
     if ep > 1:
         out["ep_all_to_all"] = 2 * e * experts_per_token * tokens * hidden
+    if precision == "fp8":
+        out["fp8_quantize"] = 4.0 * tokens * max(hidden, ffn_dim) / tp
     out["runtime_context"] = 0.0 if device == "cpu" else RUNTIME_CONTEXT_BYTES
     return out

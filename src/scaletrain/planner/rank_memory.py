@@ -111,7 +111,10 @@ def _rank_states(plan: PlanInput, zs: int, first: bool, last: bool, layers: int,
                            zero=L.zero, zero_shards=zs, offload=plan.offload,
                            convention=convention, expert_params=expert,
                            expert_shards=max(1, zs // ep), unit_params=unit,
-                           largest_param=(pc.embedding / tp) if (first or last) else block)
+                           largest_param=(pc.embedding / tp) if (first or last) else block,
+                           # q/k/v/o and the dense MLP of this stage's blocks, TP-sharded
+                           fp8_params=layers * (pc.attention + (0 if model.is_moe else pc.mlp))
+                           / tp)
     sharded = (dense / zs + expert / max(1, zs // ep)) if L.zero else dense + expert
     fixed = st["params"] + st["optimizer"]
     wc = 4 if plan.precision == "fp32" else 2
@@ -178,7 +181,7 @@ def _buffers(plan: PlanInput, zs: int, unit: float, device: str, count: float = 
                         dp=L.dp, tp=L.tp, sp=L.sp, pp=L.pp, cp=L.cp, ep=L.ep,
                         kv_dim=model.kv_dim, experts_per_token=model.experts_per_token,
                         unit_params=unit, zero_shards=zs, device=device,
-                        bucket_params=count)
+                        bucket_params=count, ffn_dim=model.ffn_dim)
     if model.position == "rope":
         bufs["rope_tables"] = rope_table_bytes(model)
     out = (bufs, sum(bufs.values()), bufs["runtime_context"])
