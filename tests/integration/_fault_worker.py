@@ -7,6 +7,7 @@ continues from the last good checkpoint.
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import scaletrain.trainer.loop as loop
@@ -26,6 +27,11 @@ def save_then_die(run, step, wall_s):
 
 
 loop.save = save_then_die
+if int(os.environ["TORCHELASTIC_RESTART_COUNT"]) > 0 and int(os.environ["RANK"]) == 1:
+    # the restarted rank 1 joins late: its peer meets the killed attempt's store keys first (the
+    # interleaving that made restarts fail before each attempt got its own key namespace)
+    time.sleep(2)
 result = train(load_config(None, sys.argv[2:]))
 if result.run_dir and int(os.environ["RANK"]) == 0:
     (result.run_dir / "losses.txt").write_text("\n".join(map(repr, result.losses)))
+    (result.run_dir / "attempt.txt").write_text(os.environ["TORCHELASTIC_RESTART_COUNT"])

@@ -6,9 +6,11 @@ as torchrun (env:// rendezvous on loopback), without a separate launcher process
 
 from __future__ import annotations
 
+import datetime
 import os
 import socket
 import tempfile
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-__all__ = ["free_port", "spawn"]
+__all__ = ["attempt_store", "elastic_store", "free_port", "spawn"]
 
 
 def free_port() -> int:
@@ -33,6 +35,9 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str, fn: Callable[..
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world_size))
+    # this group hosts its own store on rank 0; a flag inherited from an enclosing torchrun
+    # would make every rank a client of a store that nobody serves (a silent hang)
+    os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
     torch.set_num_threads(threads)
     out = Path(out_dir) / f"rank{rank}.pt"
     try:
@@ -73,3 +78,75 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, threads: int = 1)
             rec = torch.load(Path(tmp) / f"rank{r}.pt", weights_only=False)
             results.append(rec["result"])
         return results
+
+
+# ---------------------------------------------------------------------------------------------
+# torchrun restarts: one key namespace per attempt in the agent's long-lived store
+# ---------------------------------------------------------------------------------------------
+#
+# Under torchrun's c10d rendezvous the agent hosts a TCPStore that it shares with its workers
+# (TORCHELASTIC_USE_AGENT_STORE=True, MASTER_PORT points at it). In torch 2.13 that server is
+# created once and reused by every restart, and init_process_group adds no per-attempt prefix,
+# so a restarted worker finds the previous attempt's keys: gloo's connectFullMesh reads a dead
+# peer's address and fails with "connection refused" (or, when the port has been reused, waits
+# for a handshake that never comes). TORCHELASTIC_RESTART_COUNT is no fix: it is per agent, and
+# an agent restarted for a peer's membership change keeps its count (pytorch issue #135712).
+# So the ranks agree on a fresh attempt number through the store itself.
+
+_ATTEMPT = "scaletrain/attempt"
+
+
+def attempt_store(store: dist.Store, rank: int, world_size: int,
+                  timeout: datetime.timedelta, poll_s: float = 0.02) -> dist.PrefixStore:
+    """`store` seen through a key prefix that every rank of this launch agrees on and that no
+    earlier launch against the same store used.
+
+    Rank 0 opens attempt n+1 (an atomic counter) and waits until every other rank has joined
+    it. Another rank joins the newest attempt it can see, but only if it has never joined that
+    attempt before (a per-rank claim counter): an attempt left over from a finished launch was
+    joined by every rank (so the claim fails), one left from a crashed launch never gets its
+    "go" (its rank 0 is dead), and in both cases the rank waits for rank 0 to open a newer
+    one. Every previous worker is dead when torchrun starts the next attempt, so the old keys
+    no longer change. Raises `TimeoutError` after `timeout`.
+    """
+    deadline = time.monotonic() + timeout.total_seconds()
+
+    def prefix(n: int) -> str:
+        return f"{_ATTEMPT}/{n}"
+
+    if rank == 0:
+        n = store.add(_ATTEMPT, 1)
+        joined = [f"{prefix(n)}/joined/{r}" for r in range(1, world_size)]
+        while not store.check(joined):
+            _wait_or_raise(deadline, poll_s, "waiting for every rank to join attempt", n)
+        store.set(f"{prefix(n)}/go", "1")
+        return dist.PrefixStore(prefix(n), store)
+    while True:
+        n = store.add(_ATTEMPT, 0)
+        if n > 0 and store.add(f"{prefix(n)}/claim/{rank}", 1) == 1:
+            store.set(f"{prefix(n)}/joined/{rank}", "1")
+            while not store.check([f"{prefix(n)}/go"]) and store.add(_ATTEMPT, 0) == n:
+                _wait_or_raise(deadline, poll_s, "waiting for rank 0 to start attempt", n)
+            if store.check([f"{prefix(n)}/go"]):
+                return dist.PrefixStore(prefix(n), store)
+        while store.add(_ATTEMPT, 0) == n:  # stale (or superseded): wait for a newer one
+            _wait_or_raise(deadline, poll_s, "waiting for rank 0 to open an attempt after", n)
+
+
+def _wait_or_raise(deadline: float, poll_s: float, what: str, n: int) -> None:
+    if time.monotonic() > deadline:
+        raise TimeoutError(f"process-group bootstrap timed out {what} {n} (is every rank of "
+                           "this launch running?)")
+    time.sleep(poll_s)
+
+
+def elastic_store(rank: int, world_size: int, timeout: datetime.timedelta
+                  ) -> dist.Store | None:
+    """The store to build the default process group on when torchrun shares its agent store
+    with the workers (a fresh namespace per restart, see `attempt_store`); None otherwise, and
+    then init_process_group's own env:// rendezvous is right."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True):
+        return None
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                          is_master=False, timeout=timeout)
+    return attempt_store(store, rank, world_size, timeout)

@@ -22,6 +22,7 @@ from scaletrain.config import (
 from scaletrain.data import DataBundle, build_data
 from scaletrain.models import build_model, causal_lm_loss, materialize
 from scaletrain.parallel import ParallelDims, parallelize
+from scaletrain.parallel.launch import elastic_store
 from scaletrain.parallel.pipeline import PipelineRuntime
 from scaletrain.planner.flops import flops_per_token
 
@@ -66,7 +67,15 @@ def init_distributed(*, device_pref: str) -> DistEnv:
         torch.cuda.set_device(device)
     if world_size > 1 and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, timeout=datetime.timedelta(minutes=10))
+        timeout = datetime.timedelta(minutes=10)
+        # under torchrun: a key namespace of this attempt's own in the agent's store, which
+        # outlives restarts (stale keys of a killed attempt break the restarted group)
+        store = elastic_store(rank, world_size, timeout)
+        if store is None:
+            dist.init_process_group(backend, timeout=timeout)
+        else:
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                                    timeout=timeout)
     if dist.is_initialized():
         rank, world_size = dist.get_rank(), dist.get_world_size()
     return DistEnv(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
@@ -155,11 +164,6 @@ def _build_pipeline(job: JobConfig, dims: ParallelDims, model: torch.nn.Module,
                     scaler: LossScaler, device: torch.device, grad_accum: int
                     ) -> tuple[torch.nn.Module, PipelineRuntime]:
     from scaletrain.parallel.pipeline import build_pipeline
-
-    if job.model.tie_embeddings:
-        raise ConfigError("model.tie_embeddings", True,
-                          "pipeline stages cannot share the embedding with the head yet: set "
-                          "--model.tie_embeddings=false or parallel.pp=1")
 
     def parallelize_stage(stage: torch.nn.Module) -> torch.nn.Module:
         stage = parallelize(stage, dims, precision=job.precision, memory=job.memory,

@@ -61,6 +61,8 @@ class RunResult:
     ledger: str = ""
     model: Any = field(default=None, repr=False)
     """The trained module (for tests, export and evaluation by the caller)."""
+    memory_snapshot: Path | None = None
+    """This rank's CUDA allocator snapshot of the measured step (None on CPU)."""
 
 
 @dataclass
@@ -144,10 +146,42 @@ def train_step(run: Run, batches, *, probe: SavedActivations | None = None) -> S
     sync_gradients(run.model)  # EP's data parallelism (DDP/FSDP reduce inside backward)
     finite = run.scaler.unscale_and_check(run.params)
     extra = run.pipeline.group if run.pipeline is not None else None
+    exclude = run.pipeline.norm_exclude if run.pipeline is not None else ()
     clip = run.job.optim.grad_clip or float("inf")
-    grad_norm = float(clip_grad_norm_(run.params, clip, extra_group=extra))
+    grad_norm = float(clip_grad_norm_(run.params, clip, extra_group=extra,
+                                      norm_exclude=exclude))
     return StepOut(loss=_all_mean(loss), grad_norm=grad_norm,
                    finite=finite and math.isfinite(grad_norm))
+
+
+_SNAPSHOT_ENTRIES = 50_000
+"""Allocator events kept while recording (a ring buffer; a few KB each with stacks): ample for
+one step's allocations, which are per-layer, per-micro-batch, not per-element."""
+
+
+@contextlib.contextmanager
+def _memory_snapshot(run: Run, enabled: bool):
+    """Around the measured step on CUDA: record the caching allocator's history and dump it to
+    run_dir/memory_snapshot_rank{r}.pickle (open it at pytorch.org/memory_viz) beside
+    measurement.json, so a planner-vs-measured gap can be traced to the allocations that made
+    it. Yields the path, or None: CPU runs (and later steps) record nothing and write nothing.
+
+    Untested here (no GPU on CI); the CPU no-op is tested. Private torch API
+    (torch.cuda.memory._record_memory_history / _dump_snapshot), stable since torch 2.1.
+    """
+    if not enabled or run.device.type != "cuda":
+        yield None
+        return
+    path = run.run_dir / f"memory_snapshot_rank{run.env.rank}.pickle"
+    torch.cuda.memory._record_memory_history(max_entries=_SNAPSHOT_ENTRIES, device=run.device)
+    try:
+        yield path
+    finally:  # also on OOM, when the snapshot is most wanted
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            torch.cuda.memory._dump_snapshot(str(path))
+        finally:
+            torch.cuda.memory._record_memory_history(enabled=None, device=run.device)
 
 
 def _checkpoint_state(run: Run, step: int, wall_s: float) -> dict[str, Any]:
@@ -254,7 +288,23 @@ def _fresh_run_dir(job: JobConfig) -> JobConfig:
 
 
 def train(job: JobConfig, *, max_steps: int | None = None) -> RunResult:
-    """Train `job` to `job.train.steps` (or stop after `max_steps` more steps, for tests)."""
+    """Train `job` to `job.train.steps` (or stop after `max_steps` more steps, for tests).
+
+    A process group this call creates (torchrun's environment) is destroyed when it returns;
+    one that already existed (`parallel.launch.spawn`, tests) is left to its owner.
+    """
+    created = not dist.is_initialized()
+    result = _train(job, max_steps=max_steps)
+    if created and dist.is_initialized():
+        # a process that exits with its gloo group alive can abort in interpreter teardown
+        # (the group's worker threads outlive it: "terminate called without an active
+        # exception", seen on a restarted torchrun worker); error paths keep the old exit
+        dist.barrier()  # no rank tears its connections down while a peer still uses them
+        dist.destroy_process_group()
+    return result
+
+
+def _train(job: JobConfig, *, max_steps: int | None) -> RunResult:
     job = _fresh_run_dir(job)
     run = build_run(job)
     job = run.job  # with the layout the planner chose, when parallel.layout is auto
@@ -281,6 +331,7 @@ def train(job: JobConfig, *, max_steps: int | None = None) -> RunResult:
     val_loss: float | None = None
     t_start, tokens_seen, timed_s, dt = time.perf_counter(), 0, 0.0, float("nan")
     loss_value = float("nan")
+    snapshot_path: Path | None = None
 
     while step < end_step:
         t0 = time.perf_counter()
@@ -288,7 +339,9 @@ def train(job: JobConfig, *, max_steps: int | None = None) -> RunResult:
         set_lr(run.optimizer, lr)
         probe = SavedActivations(run.model) if not measured and run.pipeline is None else None
         try:
-            out = train_step(run, batches, probe=probe)
+            with _memory_snapshot(run, enabled=not measured) as snap:
+                out = train_step(run, batches, probe=probe)
+            snapshot_path = snapshot_path or snap
         except (torch.OutOfMemoryError, MemoryError) as e:
             if saver is not None:  # let the save in flight (of accepted steps) finish
                 saver.close()
@@ -354,7 +407,8 @@ def train(job: JobConfig, *, max_steps: int | None = None) -> RunResult:
     result = RunResult(run_dir=run.run_dir, steps=step, final_loss=loss_value, val_loss=val_loss,
                        best_loss=run.data.best_loss_nats, tokens_per_s=tok_s, mfu=run.mfu(tok_s),
                        skipped_steps=run.scaler.skipped_steps, rollbacks=guard.rollbacks,
-                       sample=sample, losses=losses, measured=measured, model=run.model)
+                       sample=sample, losses=losses, measured=measured, model=run.model,
+                       memory_snapshot=snapshot_path)
     result.ledger = memory_ledger(run, measured)
     if run.is_main:
         if losses:  # a restarted run that was already done keeps the files of its last steps
@@ -374,13 +428,19 @@ def _write_run_files(run: Run, r: RunResult) -> None:
             "skipped_steps": r.skipped_steps, "rollbacks": r.rollbacks,
             "world_size": run.env.world_size, "device": run.device.type,
             "hardware": run.hardware.name, "params": run.job.model.num_params()}
+    if r.memory_snapshot is not None:  # CUDA: every rank wrote its own, rank 0's is noted
+        info["memory_snapshot"] = str(r.memory_snapshot)
     (d / "run_info.json").write_text(json.dumps(info, indent=1))
     if r.sample:
         (d / "sample.txt").write_text(r.sample)
-    Measurement.from_live(r.measured, device_type=run.device.type, rank=run.env.rank,
-                          world_size=run.env.world_size,
-                          plan=plan_dict(run.job, run.dims.layout),
-                          tokens_per_s=r.tokens_per_s).write(d)
+    m = Measurement.from_live(r.measured, device_type=run.device.type, rank=run.env.rank,
+                              world_size=run.env.world_size,
+                              plan=plan_dict(run.job, run.dims.layout),
+                              tokens_per_s=r.tokens_per_s)
+    if r.memory_snapshot is not None:  # the schema's only free-text field
+        m.notes.append(f"memory_snapshot: {r.memory_snapshot.name} (per rank: "
+                       "memory_snapshot_rank{r}.pickle; view at pytorch.org/memory_viz)")
+    m.write(d)
 
 
 def _line(r: dict[str, Any]) -> str:
