@@ -6,24 +6,12 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from scaletrain.cli import main
 from scaletrain.config import load_config
 from scaletrain.profile import classify, profile_job, render
 
-pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    # one intra-op thread: on a busy 2-core CI box, two threads meeting at a barrier make
-    # microsecond elementwise ops look 10-100x slower than they are, which would blur the
-    # memory-vs-compute split these tests assert on
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 
 @pytest.fixture(scope="module")

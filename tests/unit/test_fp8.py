@@ -30,15 +30,7 @@ from scaletrain.precision import (
     quantize,
 )
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Tiny matmuls: intra-op threads only add OpenMP spin-waits, which explode (100x measured)
-    # when the CI's other processes share the 2 cores.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 RECIPES = [("tensorwise", "current"), ("tensorwise", "delayed"), ("tilewise", "current")]

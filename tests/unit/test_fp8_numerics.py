@@ -14,13 +14,7 @@ from scaletrain.config import resolve_model
 from scaletrain.models import build_model, causal_lm_loss
 from scaletrain.precision import Float8Linear, apply_fp8
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _step(scaling: str | None) -> tuple[dict[str, torch.dtype], dict[str, torch.Tensor]]:

@@ -17,13 +17,7 @@ from scaletrain.precision import Float8Linear, apply_fp8
 
 HISTORY = 4
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _batch(step: int) -> torch.Tensor:
