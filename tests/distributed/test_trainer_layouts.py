@@ -37,6 +37,9 @@ def reference(tmp_path_factory):
 LAYOUTS = {
     "ddp": ("tiny-llama", ["--parallel.dp=2"]),
     "zero1": ("tiny-llama", ["--parallel.dp=2", "--parallel.zero=1"]),
+    # ZeRO-Offload's split: ZeRO-1 partitions, their AdamW states and update on the host
+    "zero1_offload": ("tiny-llama", ["--parallel.dp=2", "--parallel.zero=1",
+                                     "--memory.offload=optimizer"]),
     "zero2": ("tiny", ["--parallel.dp=2", "--parallel.zero=2"]),
     "zero3": ("tiny-llama", ["--parallel.dp=2", "--parallel.zero=3"]),
     "tp_sp": ("tiny-llama", ["--parallel.tp=2", "--parallel.sp=true"]),

@@ -132,3 +132,13 @@ def test_running_a_finished_run_again_trains_in_a_sibling_directory(tmp_path, ca
     assert first.steps == second.steps == 2 and len(second.losses) == 2
     assert second.run_dir == tmp_path / "again-2"
     assert "holds a finished run" in capsys.readouterr().out
+
+
+def test_optimizer_offload_trains_and_resumes_like_adamw(tmp_path):
+    """memory.offload=optimizer (CPUOffloadAdamW): the same losses as AdamW, and an exact resume
+    from its checkpoint (the host-held moments are saved and restored)."""
+    ref = train(_job(tmp_path, "ref", "--train.steps=6"))
+    first = train(_job(tmp_path, "off", "--train.steps=6", "--memory.offload=optimizer"),
+                  max_steps=3)
+    rest = train(_job(tmp_path, "off", "--train.steps=6", "--memory.offload=optimizer"))
+    assert first.losses + rest.losses == ref.losses

@@ -35,11 +35,12 @@ def _check(dims: ParallelDims, memory: MemoryConfig) -> None:
     if dims.tp > 1 and dims.ddp_enabled:
         raise ConfigError("parallel.zero", dims.zero, "DDP / ZeRO-1 over tensor-parallel "
                           "parameters is not supported: use parallel.zero=2 or 3 with tp > 1")
-    if memory.offload == "optimizer":
+    if memory.offload == "optimizer" and (dims.zero >= 2 or dims.tp > 1 or dims.ep > 1):
         raise ConfigError("memory.offload", memory.offload,
-                          "optimizer-only offload is modelled by the planner but not run by the "
-                          "trainer yet: use memory.offload=params with parallel.zero=2 or 3 "
-                          "(FSDP2 keeps parameters, gradients and optimizer states on the host)")
+                          "optimizer-only offload runs with DDP / ZeRO-1 (plain parameters): "
+                          "with FSDP, TP or EP use memory.offload=params with parallel.zero=2 "
+                          "or 3 (FSDP2 keeps parameters, gradients and optimizer states on the "
+                          "host)")
     if memory.offload == "params" and dims.zero < 2:
         raise ConfigError("memory.offload", memory.offload,
                           "parameter offload needs FSDP: set parallel.zero=2 or 3")

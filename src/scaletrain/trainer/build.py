@@ -286,7 +286,8 @@ def build_run(job: JobConfig) -> Run:
                             compile=job.train.compile)
         materialize(model, device=env.device, seed=job.train.seed)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = build_optimizer(params, optim=job.optim, device_type=env.device.type, dims=dims)
+    optimizer = build_optimizer(params, optim=job.optim, device_type=env.device.type, dims=dims,
+                                offload=job.memory.offload)
     return Run(job=job, env=env, dims=dims, grad_accum=grad_accum, data=data, model=model,
                params=params, optimizer=optimizer, scaler=scaler,
                hardware=detect_hardware(job, env.device), pipeline=pipeline)

@@ -1,4 +1,4 @@
-"""Optimizer and learning-rate schedule."""
+"""Optimizer (optionally with its states offloaded to host memory) and learning-rate schedule."""
 
 from __future__ import annotations
 
@@ -6,16 +6,82 @@ import math
 from collections.abc import Iterable
 
 import torch
+from torch.optim.adamw import adamw
 
-from scaletrain.config import OptimConfig
+from scaletrain.config import ConfigError, OptimConfig
 from scaletrain.parallel import ParallelDims, wrap_optimizer
 
-__all__ = ["build_optimizer", "lr_at", "set_lr"]
+__all__ = ["build_optimizer", "lr_at", "set_lr", "CPUOffloadAdamW"]
+
+
+class CPUOffloadAdamW(torch.optim.Optimizer):
+    """AdamW whose moments live in host memory and whose update runs on the CPU.
+
+    ZeRO-Offload's split (Ren et al. 2021): the accelerator keeps parameters and gradients, the
+    host keeps the optimizer states and runs the step. Per step and parameter the gradient and
+    the fp32 parameter go to the host (8 B), the updated parameter comes back (4 B); the
+    moments (8 B/param) never touch device memory. scaletrain's parameters are fp32, so there is
+    no separate master copy. The update is torch's own foreach AdamW kernel on the host copies,
+    so results equal `torch.optim.AdamW(foreach=True)` on the same values (tested bitwise on
+    CPU, where the host copies are the parameters themselves). Plain tensors only: FSDP/TP
+    (DTensor) parameters use `memory.offload=params` instead.
+    """
+
+    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 1e-2) -> None:
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps,
+                                  "weight_decay": weight_decay})
+        self._pin = torch.cuda.is_available()  # pinned host buffers: async copies
+
+    def _host_zeros(self, p: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(p.shape, dtype=torch.float32, device="cpu", pin_memory=self._pin)
+
+    @torch.no_grad()
+    def step(self, closure=None):  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            live = [p for p in group["params"] if p.grad is not None]
+            if not live:
+                continue
+            host, grads, exp_avgs, exp_avg_sqs, steps = [], [], [], [], []
+            for p in live:
+                st = self.state[p]
+                if not st:
+                    st["step"] = torch.zeros((), dtype=torch.float32)
+                    st["exp_avg"], st["exp_avg_sq"] = self._host_zeros(p), self._host_zeros(p)
+                host.append(p.detach().to("cpu", torch.float32, non_blocking=True))
+                grads.append(p.grad.detach().to("cpu", torch.float32, non_blocking=True))
+                exp_avgs.append(st["exp_avg"])
+                exp_avg_sqs.append(st["exp_avg_sq"])
+                steps.append(st["step"])
+            if any(p.device.type == "cuda" for p in live):
+                torch.cuda.synchronize()  # the host copies have landed
+            beta1, beta2 = group["betas"]
+            adamw(host, grads, exp_avgs, exp_avg_sqs, [], steps, foreach=True, amsgrad=False,
+                  beta1=beta1, beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"],
+                  eps=group["eps"], maximize=False)
+            for p, h in zip(live, host, strict=True):
+                if h is not p:  # on a CPU run the host copy *is* the parameter
+                    p.copy_(h, non_blocking=True)
+        return loss
+
+    def load_state_dict(self, state_dict) -> None:  # type: ignore[override]
+        super().load_state_dict(state_dict)
+        # torch moves loaded states to each parameter's device: bring them back to the host
+        for st in self.state.values():
+            for k, v in st.items():
+                if torch.is_tensor(v) and v.device.type != "cpu":
+                    st[k] = v.to("cpu")
 
 
 def build_optimizer(params: Iterable[torch.nn.Parameter], *, optim: OptimConfig,
-                    device_type: str, dims: ParallelDims | None = None) -> torch.optim.Optimizer:
-    """AdamW (fused on CUDA, foreach on CPU) or SGD with momentum; ZeRO-1 shards its states.
+                    device_type: str, dims: ParallelDims | None = None,
+                    offload: str = "none") -> torch.optim.Optimizer:
+    """AdamW (fused on CUDA, foreach on CPU) or SGD with momentum; ZeRO-1 shards its states;
+    offload='optimizer' keeps AdamW's states on the host (`CPUOffloadAdamW`).
 
     Weight decay applies to matrices only (embeddings and linears), not to norms or biases, the
     GPT-2/Llama convention.
@@ -28,7 +94,13 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], *, optim: OptimConfig,
             groups.setdefault((p.ndim >= 2, hasattr(p, "device_mesh")), []).append(p)
     groups = [{"params": ps, "weight_decay": optim.weight_decay if decay else 0.0}
               for (decay, _), ps in sorted(groups.items(), key=lambda kv: kv[0], reverse=True)]
-    if optim.name == "sgd":
+    if offload == "optimizer" and optim.name != "adamw":
+        raise ConfigError("memory.offload", offload, "optimizer offload runs AdamW on the host: "
+                          "set optim.name=adamw or memory.offload=none")
+    if offload == "optimizer":
+        cls, kw = CPUOffloadAdamW, {"lr": optim.lr, "betas": (optim.beta1, optim.beta2),
+                                    "eps": optim.eps}
+    elif optim.name == "sgd":
         cls, kw = torch.optim.SGD, {"lr": optim.lr, "momentum": optim.momentum}
     else:
         fused = device_type == "cuda"
