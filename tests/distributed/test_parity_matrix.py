@@ -61,6 +61,9 @@ MATRIX: dict[str, tuple[int, dict, int, tuple[str, ...]]] = {
                         ("llama4",)),
     "cp2": (2, dict(cp=2), 1, DENSE),
     "ep2": (2, dict(dp=2, ep=2), 1, ("moe",)),
+    # MoE under pipelining: each stage attaches its load-balancing loss to its backward; 2
+    # micro-batches = the moe reference's 2 shards
+    "pp2-moe": (2, _1F1B, 2, ("moe",)),
     "fsdp2xtp2": (4, dict(dp=2, zero=3, tp=2, sp=True), 2, DENSE),
     "pp2xfsdp2": (4, dict(dp=2, zero=3, **_1F1B), 2, ("llama4", "gpt2")),
     # later stages receive T/tp of the sequence under SP: RoPE positions must still span T

@@ -16,6 +16,8 @@ tensors always take the exact data-dependent path.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -96,6 +98,11 @@ class MoE(nn.Module):
     full softmax router probability of expert i. Normalizing f over N*k (not N) makes perfectly
     uniform routing give exactly 1 for any k; HF's `load_balancing_loss_func` normalizes f over
     N and so reports k times this value. `moe_aux_loss` multiplies by `aux_loss_coef`.
+
+    Pipeline stages cannot add the auxiliary loss to a loss they do not compute (only the last
+    stage sees one): with `aux_grad_scale` set (a callable giving the factor the loss is scaled
+    by, e.g. fp16's loss scale), the layer attaches `aux_loss_coef * aux_loss` to its output's
+    backward (`_AuxLossGrad`), which is the gradient of adding it to the loss.
     """
 
     def __init__(self, dim: int, hidden_dim: int, num_experts: int, top_k: int, *,
@@ -107,6 +114,7 @@ class MoE(nn.Module):
                                       bias=bias)
         self.aux_loss: torch.Tensor | None = None
         self.last_tokens_per_expert: torch.Tensor | None = None
+        self.aux_grad_scale: Callable[[], float] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, h = x.shape
@@ -140,7 +148,28 @@ class MoE(nn.Module):
         out_sorted = self.experts(flat[token_of], dispatch)  # (N*k, h)
         out_sorted = out_sorted * weights.reshape(-1)[order].unsqueeze(-1).to(out_sorted.dtype)
         out = torch.zeros_like(flat).index_add_(0, token_of, out_sorted)  # (N, h)
-        return out.view(b, t, h)
+        out = out.view(b, t, h)
+        if self.aux_grad_scale is not None and torch.is_grad_enabled():
+            out = _AuxLossGrad.apply(out, self.aux_loss,
+                                     self.aux_loss_coef * self.aux_grad_scale())
+        return out
+
+
+class _AuxLossGrad(torch.autograd.Function):
+    """Identity on `x` whose backward also gives `aux` the gradient `scale`: the same gradient
+    as adding `scale * aux` to the loss, for code that never sees the loss (pipeline stages;
+    Megatron-LM attaches its MoE auxiliary loss the same way)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, aux: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.scale = scale
+        ctx.aux_meta = (aux.shape, aux.dtype, aux.device)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        shape, dtype, device = ctx.aux_meta
+        return grad, torch.full(shape, ctx.scale, dtype=dtype, device=device), None
 
 
 def moe_aux_loss(model: nn.Module) -> torch.Tensor:

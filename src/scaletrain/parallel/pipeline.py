@@ -27,8 +27,10 @@ after every backward the two gradients are summed over a 2-rank group (first-sta
 last-stage rank of each pipeline), so both copies see the tied gradient and stay bit-identical
 under the same optimizer. The gradient-norm counts the tied weight once (`norm_exclude`). The
 copy costs the last stage V x h parameters plus their gradients and optimizer states (the
-planner's `rank_memory` counts it). MoE auxiliary losses are not added to the pipelined loss
-(not implemented).
+planner's `rank_memory` counts it). MoE auxiliary losses: only the last stage computes a loss,
+so every MoE layer of a stage attaches its load-balancing loss to its output's backward
+(`models.moe.MoE.aux_grad_scale`, scaled like the loss: `loss_scale`); with scale_grads the
+result is the mean over micro-batches of (loss + aux), as without pipelining.
 """
 
 from __future__ import annotations
@@ -184,12 +186,13 @@ class PipelineRuntime:
 
 def build_pipeline(model: nn.Module, *, pp_group, pp_rank: int, pp_size: int, schedule: str,
                    virtual: int, n_microbatches: int, loss_fn, device: torch.device | str,
-                   parallelize_stage=None) -> PipelineRuntime:
+                   parallelize_stage=None, loss_scale=lambda: 1.0) -> PipelineRuntime:
     """Split `model` into this rank's stages and build the named schedule.
 
     pp_group: ProcessGroup or 1-D DeviceMesh of the pipeline axis. `parallelize_stage`, if
     given, is applied to each stage module (e.g. TP/FSDP + materialize) before the
-    PipelineStage wraps it.
+    PipelineStage wraps it. `loss_scale()`: the factor `loss_fn` scales the loss by (fp16 loss
+    scaling), applied to the MoE auxiliary losses the stages attach.
     """
     if schedule not in _SCHEDULES:
         raise ConfigError("parallel.pp_schedule", schedule, f"use one of {sorted(_SCHEDULES)}")
@@ -204,6 +207,9 @@ def build_pipeline(model: nn.Module, *, pp_group, pp_rank: int, pp_size: int, sc
     mods, pstages = [], []
     for sid in ids:
         mod = split_stage(model, sid, num_stages)
+        for sub in mod.modules():
+            if hasattr(sub, "aux_grad_scale"):  # MoE layers (see the module docstring)
+                sub.aux_grad_scale = loss_scale
         if parallelize_stage is not None:
             mod = parallelize_stage(mod) or mod
         mods.append(mod)
