@@ -5,7 +5,10 @@ steps under each layout gives the same per-step losses as one process (fp32; 2e-
 the different reduction orders of sharded math). The layouts of one world size share one spawn.
 """
 
+import dataclasses
+
 import pytest
+import torch
 
 from scaletrain.config import load_config
 from scaletrain.parallel.launch import spawn
@@ -73,6 +76,9 @@ def runs(reference) -> dict:
         jobs[_world(name)][name] = _args(reference[model][0], name, model, *extra)
     jobs[2]["powersgd"] = _args(reference["tiny-llama"][0], "powersgd", "tiny-llama",
                                 *POWERSGD)
+    jobs[2]["pp_tied_export"] = _args(reference["tiny"][0], "pp_tied_export", "tiny",
+                                      "--model.tie_embeddings=true", "--parallel.pp=2",
+                                      "--checkpoint.export_hf=true")
     out: dict[str, list] = {}
     for world, named in jobs.items():
         per_rank = spawn(train_many, world, named)
@@ -94,3 +100,19 @@ def test_powersgd_compressed_ddp_trains_close_to_exact(runs, reference):
     assert losses[0] == pytest.approx(ref[0], abs=2e-5)  # plain all-reduce before the start
     assert losses == pytest.approx(ref, rel=0.02)  # compressed steps stay within 2%
     assert losses[-1] < losses[0]
+
+
+def test_pipeline_run_exports_one_complete_hf_checkpoint(runs, reference):
+    """A pipelined, tied-embedding run exports the whole model once (stages gathered, the last
+    stage's head copy dropped): the file loads strictly into a single-process model."""
+    from scaletrain.checkpoint.hf import load_hf_state_dict
+    from scaletrain.config import resolve_model
+    from scaletrain.models import build_model
+
+    assert all(len(r) == STEPS for r in runs["pp_tied_export"])
+    out = reference["tiny"][0] / "pp_tied_export" / "hf"
+    cfg = dataclasses.replace(resolve_model("tiny"), tie_embeddings=True)
+    model = build_model(cfg, device="cpu", seed=123)
+    before = model.tok_embeddings.weight.clone()
+    load_hf_state_dict(model, cfg, out)  # strict: every parameter present
+    assert not torch.equal(before, model.tok_embeddings.weight)

@@ -17,9 +17,11 @@ write from one (the gather is a collective).
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -207,14 +209,29 @@ def _experts_from_hf(hf: dict[str, torch.Tensor], cfg: ModelConfig, i: int
 
 
 def export_hf(model: nn.Module, cfg: ModelConfig, out_dir: str | Path, *,
-              dtype: torch.dtype | None = None) -> Path:
+              dtype: torch.dtype | None = None, pp_group: dist.ProcessGroup | None = None
+              ) -> Path:
     """Write `model.safetensors` (HF names) and `config.json` to out_dir; returns out_dir.
 
+    Collective when distributed: every rank gathers its DTensor shards; with `pp_group` (a
+    pipeline run, `model` = this rank's stages in a ModuleDict "stage<i>") the stages' weights
+    are exchanged over the pipeline group, and a tied model's head copy on the last stage is
+    dropped (it equals the embedding). Only global rank 0 writes.
     dtype: cast the weights (default: keep the model's dtype).
     """
     out = Path(out_dir)
+    state = _full_state_dict(model)
+    if pp_group is not None:
+        state = {re.sub(r"^stage\d+\.", "", k): v.cpu() for k, v in state.items()}
+        parts: list[dict[str, torch.Tensor] | None] = [None] * dist.get_world_size(pp_group)
+        dist.all_gather_object(parts, state, group=pp_group)
+        state = {k: v for part in parts for k, v in (part or {}).items()}
+        if cfg.tie_embeddings:
+            state.pop("output.weight", None)
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return out
     out.mkdir(parents=True, exist_ok=True)
-    tensors = to_hf_state_dict(_full_state_dict(model), cfg)
+    tensors = to_hf_state_dict(state, cfg)
     # safetensors wants contiguous, unshared CPU tensors (views of c_attn slices, .t()).
     tensors = {k: (v.to(dtype) if dtype else v).cpu().contiguous().clone()
                for k, v in tensors.items()}

@@ -397,10 +397,12 @@ def _train(job: JobConfig, *, max_steps: int | None) -> RunResult:
                        num_tokens=job.train.sample_tokens, context=job.batch.seq_len,
                        seed=job.train.seed, device=run.device, pad_multiple=run.dims.tp)
         sample = run.data.tokenizer.decode(ids)
-    if job.checkpoint.export_hf and run.pipeline is None and step >= job.train.steps:
+    if job.checkpoint.export_hf and step >= job.train.steps:
         from scaletrain.checkpoint.hf import export_hf
 
-        export_hf(run.model, job.model, run.run_dir / "hf")  # collective: gathers shards
+        # collective: gathers shards (and pipeline stages); rank 0 writes
+        export_hf(run.model, job.model, run.run_dir / "hf",
+                  pp_group=run.pipeline.group if run.pipeline is not None else None)
         if run.is_main:
             logger.print(f"exported Hugging Face safetensors to {run.run_dir / 'hf'}")
     measured.update({f"peak_{k}": v for k, v in peak_process_memory(run.device).items()})
