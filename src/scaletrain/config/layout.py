@@ -109,6 +109,11 @@ def layout_problems(layout: Layout, model: ModelConfig, *, world_size: int | Non
     if L.pp_schedule in ("gpipe", "1f1b"):
         need(L.pp_virtual == 1, "parallel.pp_virtual", L.pp_virtual,
              f"{L.pp_schedule} runs one stage per rank: set pp_virtual=1 or use 'interleaved'")
+    # Pipeline x context parallel: the trainer's pipeline feeds each stage whole sequences
+    # (no load-balanced shard, no shard positions through the stages), so it cannot run cp.
+    if L.pp > 1:
+        need(L.cp == 1, "parallel.cp", L.cp, "context parallelism does not compose with "
+             "pipeline parallelism in scaletrain yet: use cp=1 with pp > 1, or pp=1")
     # Context parallel: load-balanced causal sharding cuts the sequence into 2*cp chunks.
     if seq_len is not None and L.cp > 1:
         need(seq_len % (2 * L.cp) == 0, "parallel.cp", L.cp,
