@@ -58,14 +58,14 @@ def test_search_json_is_a_list_best_first(capsys: pytest.CaptureFixture[str]) ->
 
 def test_exact_layout_json(capsys: pytest.CaptureFixture[str]) -> None:
     rc = main(["plan", "--model", "llama3-8b", "--gpus", "16", "--tp", "2", "--pp", "2",
-               "--pp-schedule", "interleaved", "--zero", "1", "--sp", "--seq-len", "4096",
+               "--pp-schedule", "interleaved", "--zero", "3", "--sp", "--seq-len", "4096",
                "--global-batch", "64", "--micro-batch", "1", "--json"])
     assert rc == 0
     obj = json.loads(capsys.readouterr().out)
     _check_schema(obj)
     p = obj["plan"]
     assert (p["dp"], p["tp"], p["pp"], p["zero"], p["sp"], p["pp_schedule"], p["pp_virtual"]) \
-        == (4, 2, 2, 1, True, "interleaved", 2)
+        == (4, 2, 2, 3, True, "interleaved", 2)
     assert p["grad_accum"] == 16
 
 

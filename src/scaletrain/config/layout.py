@@ -123,8 +123,20 @@ def layout_problems(layout: Layout, model: ModelConfig, *, world_size: int | Non
         need(model.is_moe, "parallel.ep", L.ep, "ep > 1 needs an MoE model (model.num_experts > 0)")
         need(model.num_experts % L.ep == 0, "parallel.ep", L.ep,
              f"ep must divide num_experts={model.num_experts}")
-        need((L.dp * L.cp) % L.ep == 0, "parallel.ep", L.ep,
-             f"ep must divide dp*cp={L.dp * L.cp} (experts are spread over data-parallel ranks)")
+        if (L.dp * L.cp) % L.ep:
+            need(False, "parallel.ep", L.ep, f"ep must divide dp*cp={L.dp * L.cp} (experts are "
+                 "spread over data-parallel ranks)")
+        else:  # the trainer averages expert gradients only when every rank owns its experts
+            need(L.ep == L.dp * L.cp, "parallel.ep", L.ep,
+                 f"set ep = dp*cp = {L.dp * L.cp}: experts replicated over part of the "
+                 "data-parallel ranks are not averaged by the trainer yet")
+        need(L.zero != 1 or L.dp * L.cp == 1, "parallel.zero", L.zero,
+             "ZeRO-1's sharded optimizer broadcasts whole parameters and cannot hold expert "
+             "shards: use zero 0, 2 or 3 with ep > 1")
+    # DDP / ZeRO-1 replicate plain parameters; tensor-parallel ones are DTensors (FSDP needed)
+    if L.tp > 1 and L.dp * L.cp > 1:
+        need(L.zero >= 2, "parallel.zero", L.zero, "DDP / ZeRO-1 over tensor-parallel "
+             "parameters is not supported: use parallel.zero=2 or 3 with tp > 1")
     if seq_len is not None and model.position == "learned":
         need(seq_len <= model.max_seq_len, "batch.seq_len", seq_len,
              f"learned positions stop at model.max_seq_len={model.max_seq_len}")
@@ -136,9 +148,10 @@ def layout_problems(layout: Layout, model: ModelConfig, *, world_size: int | Non
             need(m >= L.pp, "batch.global_batch", global_batch,
                  f"{L.pp_schedule} needs at least pp={L.pp} micro-batches per step, got {m}: "
                  "raise global_batch or lower micro_batch")
-        if L.pp > 1 and L.pp_schedule == "interleaved":
+        if L.pp > 1 and L.pp_schedule in ("interleaved", "zero-bubble"):
+            # torch's looped schedules run m / pp rounds of pp micro-batches
             need(m % L.pp == 0, "batch.global_batch", global_batch,
-                 f"interleaved needs micro-batches ({m}) divisible by pp={L.pp}")
+                 f"{L.pp_schedule} needs micro-batches ({m}) divisible by pp={L.pp}")
     return out
 
 

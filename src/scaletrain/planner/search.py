@@ -225,7 +225,11 @@ def _layouts(job: _Job) -> Iterator[tuple[Layout, list[int], list[str]]]:
                         # a candidate where 1F1B is illegal (fewer micro-batches than stages).
                         lmbs = [b for b in mbs if gb // (b * dp) < pp]
                     for zero in zeros:
-                        offloads = ["none", "optimizer"] + (["params"] if zero == 3 else [])
+                        # what the trainer runs: optimizer offload with DDP / ZeRO-1 on plain
+                        # parameters, parameter offload through FSDP2
+                        plain = zero <= 1 and tp == 1 and ep == 1
+                        offloads = (["none"] + (["optimizer"] if plain else [])
+                                    + (["params"] if zero == 3 else []))
                         offloads = _pinned(pins, "offload", offloads)
                         if lmbs and offloads:
                             yield (Layout(dp=dp, zero=zero, tp=tp, sp=sp, pp=pp,
