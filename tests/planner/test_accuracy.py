@@ -38,6 +38,19 @@ def test_memory_and_flops_within_tolerance(case):
     assert planner_accuracy.within(r)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("case", planner_accuracy.QUICK_EXTRA, ids=planner_accuracy.label_extra)
+def test_pipeline_and_moe_within_tolerance(case):
+    """GPipe, interleaved 1F1B and ep4 x ZeRO-2, on the rank the planner calls the worst."""
+    r = planner_accuracy.measure_extra(case)
+    e = r["rel_error"]
+    assert abs(e["total"]) <= TOL["total"], (r["case"], e, r["predicted"], r["measured"])
+    for k in planner_accuracy.CATEGORIES:
+        assert e[k] is not None and abs(e[k]) <= TOL["category"], (r["case"], k, e)
+    assert r["measured"]["flops"] > 0 and abs(e["flops"]) <= TOL["flops"], (r["case"], e)
+    assert planner_accuracy.within(r)
+
+
 def test_quick_subset_is_broad():
     """The subset spans DDP, ZeRO-1/2/3, HSDP, TP, TP+SP, CP, AC, fp32/bf16 (>= 8 layouts),
     tied and untied embeddings, and real gpt2-124m widths."""

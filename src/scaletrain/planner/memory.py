@@ -13,6 +13,7 @@ __all__ = ["OPTIMIZER_BYTES", "CONVENTIONS", "state_bytes_per_param", "model_sta
            "stage_layer_counts", "korthikanti_layer_bytes", "layer_activation_bytes",
            "activation_bytes", "head_activation_bytes", "loss_backward_bytes",
            "embedding_backward_bytes", "held_logits_bytes", "rope_table_bytes", "buffer_terms",
+           "pp_recv_buffer_bytes",
            "RUNTIME_CONTEXT_BYTES", "FRAGMENTATION"]
 
 OPTIMIZER_BYTES = {"adamw": 8.0, "sgd": 4.0, "adamw8bit": 2.0}
@@ -75,7 +76,8 @@ def model_state_bytes(num_params: float, *, precision: str = "bf16", optimizer: 
                       convention: str = "scaletrain", expert_params: float = 0.0,
                       expert_shards: int = 1, unit_params: float = 0.0,
                       units_in_flight: int = 2, largest_param: float = 0.0,
-                      fp8_params: float = 0.0) -> dict[str, float]:
+                      fp8_params: float = 0.0, experts_in_fsdp: bool = True
+                      ) -> dict[str, float]:
     """Bytes of params/grads/optimizer states on one GPU, plus what offload moved to the host.
 
     num_params: dense parameters this rank holds after TP/PP division; expert_params: its expert
@@ -96,6 +98,9 @@ def model_state_bytes(num_params: float, *, precision: str = "bf16", optimizer: 
     torch's ZeroRedundancyOptimizer, which gives whole parameters to ranks: the busiest rank
     holds at least the states of the largest parameter (`largest_param`, the embedding).
     Source of both: the dry-run (benchmarks/results/planner_accuracy.md).
+    experts_in_fsdp=False: FSDP2 leaves the expert-parallel experts alone (ignored_params,
+    parallel/parallelize.py), so ZeRO-2 keeps no gathered 16-bit copy of them (dry-run,
+    tiny-moe dp4 z2 ep4) and `unit_params` should exclude them.
     """
     pb, gb, ob = state_bytes_per_param(precision, optimizer, convention)
     d_dense, d_exp = max(1, zero_shards), max(1, expert_shards)
@@ -118,7 +123,7 @@ def model_state_bytes(num_params: float, *, precision: str = "bf16", optimizer: 
         if zero == 2:
             # FSDP2 without reshard after forward: every unit stays all-gathered (compute
             # dtype) from its forward to its backward
-            in_params = wc * (num_params + expert_params)
+            in_params = wc * (num_params + (expert_params if experts_in_fsdp else 0.0))
         elif zero >= 3:
             # FSDP2 all-gathers compute-dtype copies of the current and prefetched unit and
             # holds one unit's unsharded grads before the reduce-scatter.
@@ -179,7 +184,7 @@ def korthikanti_layer_bytes(s: int, b: int, h: int, a: int, *, t: int = 1, sp: b
 def layer_activation_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int, tp: int = 1,
                            sp: bool = False, cp: int = 1, ac: str = "none",
                            precision: str = "bf16", modern: bool = True, compile: bool = False,
-                           residual_fp32: bool = False) -> float:
+                           residual_fp32: bool = False, ep: int = 1) -> float:
     """Bytes one block keeps for backward, per micro-batch, on one rank.
 
     modern=False: Korthikanti's closed form (korthikanti_layer_bytes; fp32 doubles it).
@@ -198,8 +203,14 @@ def layer_activation_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int
       'naive' attention instead keeps softmax probabilities e*a*s_l*s*b/t (quadratic);
       GELU MLP: fc1 output and GELU output 2 x e*s_l*b*f/t; SwiGLU: gate, silu(gate), up and
         their product 4 x e*s_l*b*f/t (3 with torch.compile, which fuses silu*up);
-      MoE: router logits and probabilities fp32 2 x 4*s_l*b*E, dispatched inputs and expert
-        outputs 2 x e*k*s_l*b*h, expert intermediates as the MLP for k*s_l*b tokens.
+      MoE (models/moe.py; per saved tensor, measured with saved-tensor hooks on tiny-moe):
+        the router's fp32 softmax over all E (the load-balancing loss) and over the top k,
+        4*s_l*b*(E + k); int64 routing indices, 3 x 8*k*s_l*b (top-k indices, the sort
+        order, each slot's source token); the dispatched inputs (expert linears), the expert
+        outputs after the combine and two more copies the combine saves (mul, index_add),
+        3 x e*k*s_l*b*h; expert intermediates as the MLP for k*s_l*b tokens. ep > 1
+        (parallel/expert_parallel.py) adds the int64 regrouping permutation 8*k*s_l*b and
+        the regrouped expert output index_copy saves, e*k*s_l*b*h.
     fp8 (precision/fp8.py, per-tensor scaling; tile-wise adds 4/128 for its fp32 scales): each
       converted linear saves its own 1-byte input instead of the shared 16-bit one: q/k/v and
       the n_in MLP input linears (2 SwiGLU, 1 GELU) (3 + n_in)*s_l*b*h (not /t); the output
@@ -245,7 +256,9 @@ def layer_activation_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int
     n_f = 2 if model.activation == "gelu" else (3 if compile else 4)
     if model.is_moe:
         k, E = model.experts_per_token, model.num_experts
-        mlp = 8.0 * tok * E + 2 * e * k * tok * h + n_f * e * k * tok * f / tp
+        copies = 3 + (1 if ep > 1 else 0)  # (N*k, h) copies; as many int64 (N*k,) indices
+        mlp = 4.0 * tok * (E + k) + copies * (8.0 * k * tok + e * k * tok * h) \
+            + n_f * e * k * tok * f / tp
     elif fp8:
         mlp = (n_f - 1) * e * tok * f / tp + tok * f / tp  # w2's input saved as fp8
     else:
@@ -358,7 +371,8 @@ def buffer_terms(*, hidden: int, tokens: float, precision: str, zero: int, dp: i
       (reduce_bytes x unit) plus its output shard; fsdp_all_gather: the all-gather input shard.
       (the all-gathered output is the in-flight param copy counted under params).
     tp_all_gather: SP's gathered (s x b x h) activation; tp all-reduce is in place (0).
-    pp_p2p: send + receive activation buffers (2 x e*s*b*h, /t with SP).
+    pp_p2p: send + receive activation buffers (2 x e*s*b*h, /t with SP); the per-rank planner
+      replaces it with `pp_recv_buffer_bytes` (torch keeps one receive buffer per micro-batch).
     cp_ring: K/V blocks in flight in the ring (2 blocks x K and V).
     ep_all_to_all: dispatch send + receive of k routed copies per token (2 x e*k*s*b*h).
     fp8_quantize: fp8's quantization temporary at the peak, the fp32 scaled copy of the
@@ -387,3 +401,26 @@ def buffer_terms(*, hidden: int, tokens: float, precision: str, zero: int, dp: i
         out["fp8_quantize"] = 4.0 * tokens * max(hidden, ffn_dim) / tp
     out["runtime_context"] = 0.0 if device == "cpu" else RUNTIME_CONTEXT_BYTES
     return out
+
+
+def pp_recv_buffer_bytes(*, hidden: int, tokens: float, precision: str, zero: int, tp: int,
+                         sp: bool, pp: int, virtual: int, rank: int, microbatches: int) -> float:
+    """Pipeline receive buffers of pipeline rank `rank` (bytes), kept for the whole step.
+
+    torch.distributed.pipelining allocates, per stage and per micro-batch, one forward receive
+    buffer on every stage but the first (`_setup_forward_recv_info`) and one gradient receive
+    buffer on every stage but the last (`_setup_backward_recv_info`), each a (b, s_l, h)
+    residual-stream tensor (/t with SP). Their dtype is the stream's: the FSDP2 policy's
+    compute dtype under ZeRO-2/3 with 16-bit precision, else fp32 (the fp32 embedding output
+    keeps the residual sum in fp32 under autocast). Rank r holds stages r, r + pp, ... (v of
+    them). Source: measured with the dry-run (which allocates them as torch does),
+    llama-1024-L4 pp2 1f1b z0 rank 1: 4 x 2.1 MB; interleaved(v2) rank 1: 3 x 4 x 2.1 MB.
+    Ignores: the send side (a tensor the stage already holds), NCCL's own buffers.
+    """
+    if pp <= 1:
+        return 0.0
+    io = 2 if (zero >= 2 and precision != "fp32") else 4
+    n_stages = pp * virtual
+    stages = [rank + k * pp for k in range(virtual)]
+    n_buf = sum(1 for s in stages if s > 0) + sum(1 for s in stages if s < n_stages - 1)
+    return n_buf * microbatches * io * tokens * hidden / (tp if sp else 1)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 
-from scaletrain.config import ModelConfig, ParamCounts
+from scaletrain.config import ModelConfig, ParamCounts, stage_layer_ranges
 
 from .memory import (
     FRAGMENTATION,
@@ -25,13 +25,15 @@ from .memory import (
     layer_activation_bytes,
     loss_backward_bytes,
     model_state_bytes,
+    pp_recv_buffer_bytes,
     rope_table_bytes,
     stage_layer_counts,
 )
-from .pipeline import inflight_per_rank
+from .pipeline import inflight_per_rank, pipeline_order
 from .types import MemoryBreakdown, PlanInput
 
-__all__ = ["estimate_memory", "worst_rank", "rank_candidates", "RankNumbers"]
+__all__ = ["estimate_memory", "worst_rank", "rank_candidates", "schedule_moments",
+           "RankNumbers"]
 
 RankNumbers = tuple
 """(reserved, total, states dict, buffers dict, buffers sum, activations, per-layer
@@ -56,6 +58,59 @@ def rank_candidates(num_layers: int, pp: int, virtual: int, schedule: str,
     middle = [(r, c, f) for c, (r, f) in sorted(best.items())
               if not any(c2 >= c and f2 >= f and c2 != c for c2, (_, f2) in best.items())]
     return ((0, counts[0], inflight[0]), *middle, (pp - 1, counts[-1], inflight[-1]))
+
+
+@functools.lru_cache(maxsize=8192)
+def schedule_moments(schedule: str, p: int, m: int, v: int, rank: int, num_layers: int
+                     ) -> tuple[tuple[int, int, bool, bool], ...]:
+    """The backward moments of pipeline rank `rank`, walking its action order
+    (`pipeline.pipeline_order`, torch's order): (layers x micro-batches whose activations are
+    stored, micro-batches of the last stage stored (head and loss graph), whether the step's
+    gradients exist yet, whether the moment is the last stage's loss backward).
+
+    A micro-batch's activations of a stage are stored from its forward until its backward
+    frees them; under zero-bubble until its weight pass (W): torch's input-gradient pass keeps
+    the graph for W (measured with the dry-run, llama-1024-L4 pp2 zero-bubble rank 1: a
+    micro-batch holds as much after B as before). Gradients are allocated by the rank's first
+    backward (W under zero-bubble). Per backward two moments: as it starts (its own
+    activations still stored) and after it (freed, gradients allocated). Interleaved chunks
+    are weighted by their own layer counts (`stage_layer_ranges`), not the average: with
+    pp2 v2 on 4 layers rank 1 holds a 2-layer chunk and a head-only one. GPipe: every forward
+    precedes the first backward, whose moment has all m stored and no gradients; the second
+    has m - 1 stored next to the gradients (the dry-run's peak, llama-1024-L4 pp2 gpipe).
+    Dominated moments (same flags, no more layers and heads) are dropped."""
+    n = p * v
+    layers = [len(r) for r in stage_layer_ranges(num_layers, n)]
+    zb = schedule == "zero-bubble"
+    live: dict[tuple[int, int], tuple[int, int]] = {}
+    grads = False
+    out: set[tuple[int, int, bool, bool]] = set()
+
+    def now(is_loss: bool) -> tuple[int, int, bool, bool]:
+        return (sum(x[0] for x in live.values()), sum(x[1] for x in live.values()), grads,
+                is_loss)
+
+    for a in pipeline_order(schedule, p, m, v)[rank]:
+        key = (a.stage, a.microbatch)
+        if a.kind == "F":
+            live[key] = (layers[a.stage], 1 if a.stage == n - 1 else 0)
+        elif a.kind == "B":
+            out.add(now(a.stage == n - 1))
+            if not zb:
+                live.pop(key, None)
+                grads = True
+                out.add(now(False))
+        else:  # W: the deferred weight gradients, then the micro-batch's graph is freed
+            live.pop(key, None)
+            grads = True
+            out.add(now(False))
+    kept = []
+    best: dict[tuple[bool, bool], int] = {}  # per flags, the most heads of a larger moment
+    for x in sorted(out, key=lambda x: (-x[0], -x[1])):
+        if x[1] > best.get(x[2:], -1):
+            kept.append(x)
+            best[x[2:]] = x[1]
+    return tuple(sorted(kept))
 
 
 _PC: dict[int, tuple] = {}
@@ -94,7 +149,9 @@ def _rank_states(plan: PlanInput, zs: int, first: bool, last: bool, layers: int,
     block = (pc.attention + dense_mlp) / tp + pc.norms + pc.router
     dense = layers * block
     expert = layers * pc.mlp / (tp * ep) if model.is_moe else 0.0
-    unit = block + (pc.mlp / (tp * ep) if model.is_moe else 0.0)
+    # FSDP2 ignores expert-parallel experts (parallel/parallelize.py): not in any unit
+    experts_in_fsdp = not (model.is_moe and ep > 1 and L.zero >= 2)
+    unit = block + (pc.mlp / (tp * ep) if model.is_moe and experts_in_fsdp else 0.0)
     # FSDP2's root unit (parallel/fsdp.py: fully_shard(model) after the blocks) holds all that
     # is not a block on this stage: embedding + positions and/or final norm + head, gathered as
     # ONE unit (the dry-run's unsharded root of llama2-7b is embedding + head).
@@ -114,7 +171,7 @@ def _rank_states(plan: PlanInput, zs: int, first: bool, last: bool, layers: int,
                            largest_param=(pc.embedding / tp) if (first or last) else block,
                            # q/k/v/o and the dense MLP of this stage's blocks, TP-sharded
                            fp8_params=layers * (pc.attention + (0 if model.is_moe else pc.mlp))
-                           / tp)
+                           / tp, experts_in_fsdp=experts_in_fsdp)
     sharded = (dense / zs + expert / max(1, zs // ep)) if L.zero else dense + expert
     fixed = st["params"] + st["optimizer"]
     wc = 4 if plan.precision == "fp32" else 2
@@ -142,21 +199,32 @@ def _activation_terms(plan: PlanInput, modern: bool) -> tuple[float, float, floa
     L, model = plan.layout, plan.model
     # autocast on fp32 params: DDP and ZeRO-1; ZeRO-2/3 are FSDP2 with 16-bit parameters
     residual_fp32 = plan.precision != "fp32" and L.zero < 2
-    key = (id(model), plan.seq_len, plan.micro_batch, L.tp, L.sp, L.cp, plan.ac, plan.precision,
-           plan.compile, modern, residual_fp32)
+    key = (id(model), plan.seq_len, plan.micro_batch, L.tp, L.sp, L.cp, L.ep, plan.ac,
+           plan.precision, plan.compile, modern, residual_fp32)
     hit = _ACTS.get(key)
     if hit is not None and hit[0] is model:
         return hit[1]
     s, b, p = plan.seq_len, plan.micro_batch, plan.precision
     per_layer = layer_activation_bytes(model, seq_len=s, micro_batch=b, tp=L.tp, sp=L.sp,
                                        cp=L.cp, ac=plan.ac, precision=p, modern=modern,
-                                       compile=plan.compile, residual_fp32=residual_fp32)
+                                       compile=plan.compile, residual_fp32=residual_fp32,
+                                       ep=L.ep)
     full = layer_activation_bytes(model, seq_len=s, micro_batch=b, tp=L.tp, sp=L.sp, cp=L.cp,
                                   ac="none", precision=p, modern=modern, compile=plan.compile,
-                                  residual_fp32=residual_fp32)
+                                  residual_fp32=residual_fp32, ep=L.ep)
     head = head_activation_bytes(model, seq_len=s, micro_batch=b, tp=L.tp, sp=L.sp, cp=L.cp,
                                  precision=p, residual_fp32=residual_fp32)
     held = held_logits_bytes(model, seq_len=s, micro_batch=b, tp=L.tp, cp=L.cp, precision=p)
+    if model.is_moe and L.ep > 1 and L.zero >= 2 and p != "fp32":
+        # FSDP2 ignores the expert-parallel experts (parallel/parallelize.py): they stay fp32
+        # and autocast casts each expert's weights to the compute dtype in every forward
+        # (views, not leaves: no autocast cache); the linears save those casts for backward,
+        # 2 bytes x the block's local expert parameters per micro-batch (dry-run, tiny-moe
+        # dp2 z3 ep2: -3.0% total without this term).
+        casts = 2.0 * _param_counts(model).mlp / (L.tp * L.ep)
+        if plan.ac != "full":  # under full recompute only the block being recomputed has them
+            per_layer += casts
+        full += casts
     terms = (per_layer, full, head, held)
     if len(_ACTS) > 16384:
         _ACTS.clear()
@@ -196,7 +264,9 @@ def _block_params(plan: PlanInput) -> float:
     model, L = plan.model, plan.layout
     pc = _param_counts(model)
     if model.is_moe:
-        return pc.attention / L.tp + pc.norms + pc.router + pc.mlp / (L.tp * L.ep)
+        # expert-parallel experts are not in the block's FSDP unit (FSDP2 ignores them)
+        experts = 0.0 if (L.ep > 1 and L.zero >= 2) else pc.mlp / (L.tp * L.ep)
+        return pc.attention / L.tp + pc.norms + pc.router + experts
     return (pc.attention + pc.mlp) / L.tp + pc.norms
 
 
@@ -263,18 +333,40 @@ def _rank_numbers(plan: PlanInput, acts_terms: tuple[float, float, float, float]
     st, count, unit, sharded, fixed, bwd_terms = _rank_states(plan, zs, rank == 0, last,
                                                               layers, convention)
     per_layer, full_layer, head_acts, held_logits = acts_terms
-    acts = in_flight * layers * per_layer
     one_layer = per_layer
+    extra = 0.0
     if plan.ac == "full" and layers:
         one_layer = full_layer  # one block's full set while it is recomputed in backward
-        acts += one_layer
-    if last:
-        acts += head_acts * (m if L.pp_schedule == "gpipe" and pp > 1 else 1)
+        extra = one_layer
     bufs, buffers, ctx = _buffers(plan, zs, unit, device, count)
     grads = st["grads"]
-    if m > 1 or pp > 1:
+    moments: tuple = ()
+    if pp > 1:
+        # the schedule's own moments (schedule_moments): stored activations per chunk and
+        # whether the gradients exist yet; the receive buffers torch keeps per micro-batch
+        moments = schedule_moments(L.pp_schedule, pp, m, L.pp_virtual, rank,
+                                   plan.model.num_layers)
+        recv = pp_recv_buffer_bytes(hidden=plan.model.dim, tokens=plan.seq_len / L.cp
+                                    * plan.micro_batch, precision=plan.precision,
+                                    zero=L.zero, tp=L.tp, sp=L.sp, pp=pp,
+                                    virtual=L.pp_virtual, rank=rank, microbatches=m)
+        buffers += recv - bufs.get("pp_p2p", 0.0)
+        bufs = dict(bufs, pp_p2p=recv)
+        if "rope_tables" in bufs and L.pp_virtual > 1:
+            # each chunk's stage module keeps its own cos/sin buffers (dry-run, interleaved
+            # v2: 2 x 2.1 MB of module buffers on rank 1)
+            buffers += (L.pp_virtual - 1) * bufs["rope_tables"]
+            bufs["rope_tables"] *= L.pp_virtual
+        acts = max(lay * per_layer + hd * head_acts for lay, hd, _, _ in moments) + extra
+        block_stored = max(lay for lay, _, _, _ in moments) * per_layer
+        fwdbwd = max(lay * per_layer + hd * head_acts + (grads if g else 0.0)
+                     for lay, hd, g, _ in moments) + extra
+    else:
+        acts = in_flight * layers * per_layer + extra + (head_acts if last else 0.0)
+        block_stored = in_flight * layers * per_layer
+    if pp == 1 and m > 1:
         fwdbwd = acts + grads
-    else:  # one micro-batch, no pipeline: the backward trades activations for grads
+    elif pp == 1:  # one micro-batch, no pipeline: the backward trades activations for grads
         fwdbwd = max(acts + st["grads.in_flight"], grads + one_layer)
     # torch's foreach AdamW/SGD allocate an fp32 intermediate per parameter during step(); on a
     # GPU the trainer runs fused AdamW, which allocates none (the dry-run measures none).
@@ -320,7 +412,7 @@ def _rank_numbers(plan: PlanInput, acts_terms: tuple[float, float, float, float]
             root_live = 0.0  # counted in `fixed` with every other gathered unit
             compute, reduce = wc * blk + 4.0 * blk * more, wc * blk + 4.0 * blk
         held = held_logits if last else 0.0
-        block_acts = in_flight * layers * per_layer
+        block_acts = block_stored
         if m > 1 or pp > 1:
             bwd = block_acts + grads_rest
         else:  # the last block to finish has every other block's grads and no activations
@@ -359,11 +451,16 @@ def _rank_numbers(plan: PlanInput, acts_terms: tuple[float, float, float, float]
             wc = 4 if plan.precision == "fp32" else 2
             resting = fixed - st["params.in_flight"] + wc * count
             held = wc * count
-        stored = acts - (one_layer if plan.ac == "full" and layers else 0.0)  # no recompute
+        stored = acts - extra  # no recompute during the loss backward
         # Not counted, because not held: the logits of earlier micro-batches (the trainer runs
         # the schedule with return_outputs=False; torch's default would keep all m of them on
         # the last stage until the step ends, measured 33 MB per micro-batch on llama-1024-L4).
         loss_peak = resting + buffers - coll + stored + held + loss_tmp
+        if pp > 1:
+            # each loss backward of the schedule: what is stored then, gradients if they exist
+            loss_peak = max(resting + buffers - coll + lay * per_layer + hd * head_acts
+                            + (held if g else 0.0) + loss_tmp
+                            for lay, hd, g, is_loss in moments if is_loss)
         peak = max(peak, loss_peak)
     emb_tmp = 0.0
     if rank == 0 and layers and plan.offload == "none":

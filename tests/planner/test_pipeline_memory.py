@@ -1,0 +1,88 @@
+"""Pipeline and MoE memory terms of the per-rank planner (torch-free): the schedule's backward
+moments, torch's per-micro-batch receive buffers and the MoE dispatch tensors. The agreement
+with the dry-run itself is tests/planner/test_accuracy.py (QUICK_EXTRA)."""
+
+from __future__ import annotations
+
+import pytest
+
+from scaletrain.config import resolve_model
+from scaletrain.planner.memory import layer_activation_bytes, pp_recv_buffer_bytes
+from scaletrain.planner.rank_memory import schedule_moments
+
+
+def test_gpipe_first_backward_has_every_microbatch_and_no_grads():
+    # 4 layers over 2 stages (+ embedding and head): 2 layers per rank; last rank = rank 1
+    moments = schedule_moments("gpipe", 2, 4, 1, 1, 4)
+    # the first loss backward: all 4 micro-batches (2 layers each, and their head) stored,
+    # no gradient allocated yet
+    assert (8, 4, False, True) in moments
+    # the second: 3 stored next to the gradients
+    assert (6, 3, True, True) in moments
+    assert max(lay for lay, _, g, _ in moments if g) == 6
+
+
+def test_one_f_one_b_last_rank_holds_one_microbatch():
+    moments = schedule_moments("1f1b", 2, 4, 1, 1, 4)
+    assert max(lay for lay, *_ in moments) == 2
+    assert max(hd for _, hd, _, _ in moments) == 1
+    # rank 0 holds p - rank = 2 micro-batches at its backward
+    assert max(lay for lay, *_ in schedule_moments("1f1b", 2, 4, 1, 0, 4)) == 4
+
+
+def test_zero_bubble_keeps_the_graph_until_w():
+    """Last rank: F0 B0 F1 B1 W0 ...: at B1 micro-batch 0 waits for its W, so two are stored;
+    gradients exist only after the first W."""
+    moments = schedule_moments("zero-bubble", 2, 4, 1, 1, 4)
+    assert (4, 2, False, True) in moments
+    assert max(lay for lay, _, _, is_loss in moments if is_loss) == 4
+    one_f_one_b = schedule_moments("1f1b", 2, 4, 1, 1, 4)
+    assert max(lay for lay, *_ in moments) > max(lay for lay, *_ in one_f_one_b)
+
+
+def test_interleaved_weights_chunks_by_their_own_layers():
+    """pp2 v2 over 4 layers: stages hold 1, 2, 1, 0 layers (embedding and head count as a unit
+    each); rank 1 holds stages 1 (2 layers) and 3 (the head only)."""
+    moments = schedule_moments("interleaved", 2, 4, 2, 1, 4)
+    # at the third loss backward: stage 1 holds micro-batches 2 and 3 (2 x 2 layers)
+    assert (4, 1, True, True) in moments
+    for lay, _, _, _ in moments:
+        assert lay % 2 == 0  # only the 2-layer chunk stores block activations
+
+
+def test_recv_buffers_one_per_microbatch_and_stage():
+    kw = dict(hidden=1024, tokens=512, precision="bf16", tp=1, sp=False, microbatches=4)
+    one = 4 * 512 * 1024  # an fp32 (b, s, h) stream under autocast (ZeRO 0/1)
+    # pp2, last rank: forward receive buffers only
+    assert pp_recv_buffer_bytes(zero=0, pp=2, virtual=1, rank=1, **kw) == 4 * one
+    # first rank: gradient receive buffers only
+    assert pp_recv_buffer_bytes(zero=0, pp=2, virtual=1, rank=0, **kw) == 4 * one
+    # interleaved v2, rank 1: stages 1 and 3 receive activations, stage 1 gradients
+    assert pp_recv_buffer_bytes(zero=0, pp=2, virtual=2, rank=1, **kw) == 3 * 4 * one
+    # FSDP2 (ZeRO-2/3) streams in the 16-bit compute dtype
+    assert pp_recv_buffer_bytes(zero=3, pp=2, virtual=1, rank=1, **kw) == 2 * one
+    assert pp_recv_buffer_bytes(zero=3, pp=1, virtual=1, rank=0, **kw) == 0.0
+
+
+def test_moe_dispatch_terms():
+    """The MoE block's dispatch tensors: three (N*k, h) copies and as many int64 (N*k,)
+    indices, one more of each under expert parallelism."""
+    m = resolve_model("tiny-moe")
+    kw = dict(seq_len=128, micro_batch=2, precision="bf16")
+    tok, k, h = 256, m.experts_per_token, m.dim
+    one_copy = 8.0 * k * tok + 2 * k * tok * h
+    assert layer_activation_bytes(m, ep=2, **kw) - layer_activation_bytes(m, **kw) \
+        == pytest.approx(one_copy)
+    assert layer_activation_bytes(m, ep=4, **kw) == layer_activation_bytes(m, ep=2, **kw)
+
+
+def test_expert_parallel_experts_are_not_fsdp_units():
+    """FSDP2 ignores expert-parallel experts: ZeRO-2 keeps no gathered 16-bit copy of them."""
+    from scaletrain.planner.memory import model_state_bytes
+
+    kw = dict(precision="bf16", zero=2, zero_shards=4, expert_params=1000.0, expert_shards=1)
+    with_experts = model_state_bytes(5000.0, **kw)
+    without = model_state_bytes(5000.0, experts_in_fsdp=False, **kw)
+    assert with_experts["params.in_flight"] - without["params.in_flight"] == 2 * 1000.0
+    # the states at rest do not change
+    assert with_experts["optimizer"] == without["optimizer"]
