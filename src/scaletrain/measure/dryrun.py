@@ -69,6 +69,7 @@ import contextlib
 import time
 from collections.abc import Iterator
 from typing import Any
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -167,12 +168,8 @@ def _no_weight_init() -> Iterator[None]:
     """
     from scaletrain.models import init as init_mod
 
-    orig = init_mod.init_weights
-    init_mod.init_weights = lambda model, **kw: None  # type: ignore[assignment]
-    try:
+    with mock.patch.object(init_mod, "init_weights", lambda model, **kw: None):
         yield
-    finally:
-        init_mod.init_weights = orig
 
 
 @contextlib.contextmanager
@@ -185,12 +182,8 @@ def _deferred_materialize() -> Iterator[None]:
     """
     from scaletrain.trainer import build as build_mod
 
-    orig = build_mod.materialize
-    build_mod.materialize = lambda model, **kw: None  # type: ignore[assignment]
-    try:
+    with mock.patch.object(build_mod, "materialize", lambda model, **kw: None):
         yield
-    finally:
-        build_mod.materialize = orig
 
 
 @contextlib.contextmanager
