@@ -53,6 +53,7 @@ def _known_collectives() -> dict:
     out = ddp(torch.ones(3, 10)).sum()
     with count_collectives() as backward:
         out.backward()
+    del ddp, out  # the reducer holds the process group: free it before the group goes
     return {"ops": {k: (v.calls, v.bytes_sent, v.received) for k, v in c.by_op.items()},
             "total": c.total_bytes, "groups": {g for (_, g, _) in c.by_group},
             "world": dist.group.WORLD.group_name,

@@ -7,6 +7,7 @@ as torchrun (env:// rendezvous on loopback), without a separate launcher process
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 import socket
 import tempfile
@@ -49,6 +50,10 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str, fn: Callable[..
         raise
     finally:
         if dist.is_initialized():
+            # objects that still hold the group (a DDP reducer in a reference cycle, DTensor
+            # meshes) must die before it does: a reducer destroyed after its group aborts the
+            # process (SIGABRT at exit, seen once in CI)
+            gc.collect()
             dist.destroy_process_group()
 
 
