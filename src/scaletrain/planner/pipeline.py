@@ -210,12 +210,19 @@ def _looped(rank: int, p: int, m: int, v: int, zero_bubble: bool) -> list[Action
 
 def pipeline_order(schedule: str, p: int, m: int, v: int = 1) -> dict[int, list[Action]]:
     """Per rank, the ordered actions of one step (torch.distributed.pipelining's order)."""
+    return {r: list(rank_order(schedule, p, m, v, r)) for r in range(p)}
+
+
+@functools.lru_cache(maxsize=4096)
+def rank_order(schedule: str, p: int, m: int, v: int, rank: int) -> tuple[Action, ...]:
+    """The ordered actions of pipeline rank `rank` alone (cached: the planner's memory model
+    walks one rank's order per candidate layout, and search revisits the same ones)."""
     _check(schedule, p, m, v)
     if schedule == "gpipe":
-        return {r: _gpipe(r, m) for r in range(p)}
+        return tuple(_gpipe(rank, m))
     if schedule == "1f1b":
-        return {r: _one_f_one_b(r, p, m) for r in range(p)}
-    return {r: _looped(r, p, m, v, schedule == "zero-bubble") for r in range(p)}
+        return tuple(_one_f_one_b(rank, p, m))
+    return tuple(_looped(rank, p, m, v, schedule == "zero-bubble"))
 
 
 # ---- discrete-event simulator -----------------------------------------------------------------

@@ -29,7 +29,7 @@ from .memory import (
     rope_table_bytes,
     stage_layer_counts,
 )
-from .pipeline import inflight_per_rank, pipeline_order
+from .pipeline import inflight_per_rank, rank_order
 from .types import MemoryBreakdown, PlanInput
 
 __all__ = ["estimate_memory", "worst_rank", "rank_candidates", "schedule_moments",
@@ -90,7 +90,7 @@ def schedule_moments(schedule: str, p: int, m: int, v: int, rank: int, num_layer
         return (sum(x[0] for x in live.values()), sum(x[1] for x in live.values()), grads,
                 is_loss)
 
-    for a in pipeline_order(schedule, p, m, v)[rank]:
+    for a in rank_order(schedule, p, m, v, rank):
         key = (a.stage, a.microbatch)
         if a.kind == "F":
             live[key] = (layers[a.stage], 1 if a.stage == n - 1 else 0)
