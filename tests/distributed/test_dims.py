@@ -32,10 +32,13 @@ def test_legality_rules_come_from_config():
         ParallelDims.from_layout(Layout(dp=2, tp=2), 8)
     with pytest.raises(ConfigError, match="parallel.tp"):  # tp must divide num_kv_heads=2
         ParallelDims.from_layout(Layout(tp=4), 4, MODEL_PRESETS["tiny-llama"]())
+    # the model-free composition rules hold without a model too (DDP over TP parameters)
+    with pytest.raises(ConfigError, match="parallel.zero"):
+        ParallelDims.from_layout(Layout(dp=2, zero=1, tp=2), 4)
 
 
 @pytest.mark.parametrize(("layout", "memory", "field"), [
-    (Layout(dp=2, zero=1, tp=2), MemoryConfig(), "parallel.zero"),
+    (Layout(dp=2, zero=3), MemoryConfig(offload="optimizer"), "memory.offload"),
     (Layout(dp=2, zero=1), MemoryConfig(offload="params"), "memory.offload"),
 ])
 def test_parallelize_refuses_unsupported_combinations_before_touching_the_model(

@@ -13,8 +13,8 @@ from typing import Any
 from ._errors import ConfigError
 from .model import ModelConfig
 
-__all__ = ["Layout", "PP_SCHEDULES", "layout_problems", "check_layout", "grad_accum_steps",
-           "stage_layer_ranges", "stage_ids"]
+__all__ = ["Layout", "PP_SCHEDULES", "composition_problems", "layout_problems", "check_layout",
+           "grad_accum_steps", "stage_layer_ranges", "stage_ids"]
 
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero-bubble")
 
@@ -68,6 +68,34 @@ def grad_accum_steps(global_batch: int, micro_batch: int, dp: int) -> int:
     return global_batch // (micro_batch * dp)
 
 
+def composition_problems(layout: Layout) -> list[ConfigError]:
+    """The rules on how the trainer composes strategies, which need no model (also checked by
+    `ParallelDims.from_layout` when it is given none)."""
+    L, out = layout, []
+    # Pipeline x context parallel: the trainer's pipeline feeds each stage whole sequences
+    # (no load-balanced shard, no shard positions through the stages), so it cannot run cp.
+    if L.pp > 1 and L.cp > 1:
+        out.append(ConfigError("parallel.cp", L.cp, "context parallelism does not compose with "
+                               "pipeline parallelism in scaletrain yet: use cp=1 with pp > 1, "
+                               "or pp=1"))
+    dp_cp = L.dp * L.cp
+    if L.ep > 1 and dp_cp % L.ep == 0 and L.ep != dp_cp:
+        # the trainer averages expert gradients only when every rank owns its experts
+        out.append(ConfigError("parallel.ep", L.ep, f"set ep = dp*cp = {dp_cp}: experts "
+                               "replicated over part of the data-parallel ranks are not "
+                               "averaged by the trainer yet"))
+    if L.ep > 1 and L.zero == 1 and dp_cp > 1:
+        out.append(ConfigError("parallel.zero", L.zero, "ZeRO-1's sharded optimizer broadcasts "
+                               "whole parameters and cannot hold expert shards: use zero 0, 2 "
+                               "or 3 with ep > 1"))
+    # DDP / ZeRO-1 replicate plain parameters; tensor-parallel ones are DTensors (FSDP needed)
+    if L.tp > 1 and dp_cp > 1 and L.zero < 2:
+        out.append(ConfigError("parallel.zero", L.zero, "DDP / ZeRO-1 over tensor-parallel "
+                               "parameters is not supported: use parallel.zero=2 or 3 with "
+                               "tp > 1"))
+    return out
+
+
 def layout_problems(layout: Layout, model: ModelConfig, *, world_size: int | None = None,
                     global_batch: int | None = None, micro_batch: int | None = None,
                     seq_len: int | None = None) -> list[ConfigError]:
@@ -109,11 +137,6 @@ def layout_problems(layout: Layout, model: ModelConfig, *, world_size: int | Non
     if L.pp_schedule in ("gpipe", "1f1b"):
         need(L.pp_virtual == 1, "parallel.pp_virtual", L.pp_virtual,
              f"{L.pp_schedule} runs one stage per rank: set pp_virtual=1 or use 'interleaved'")
-    # Pipeline x context parallel: the trainer's pipeline feeds each stage whole sequences
-    # (no load-balanced shard, no shard positions through the stages), so it cannot run cp.
-    if L.pp > 1:
-        need(L.cp == 1, "parallel.cp", L.cp, "context parallelism does not compose with "
-             "pipeline parallelism in scaletrain yet: use cp=1 with pp > 1, or pp=1")
     # Context parallel: load-balanced causal sharding cuts the sequence into 2*cp chunks.
     if seq_len is not None and L.cp > 1:
         need(seq_len % (2 * L.cp) == 0, "parallel.cp", L.cp,
@@ -123,20 +146,9 @@ def layout_problems(layout: Layout, model: ModelConfig, *, world_size: int | Non
         need(model.is_moe, "parallel.ep", L.ep, "ep > 1 needs an MoE model (model.num_experts > 0)")
         need(model.num_experts % L.ep == 0, "parallel.ep", L.ep,
              f"ep must divide num_experts={model.num_experts}")
-        if (L.dp * L.cp) % L.ep:
-            need(False, "parallel.ep", L.ep, f"ep must divide dp*cp={L.dp * L.cp} (experts are "
-                 "spread over data-parallel ranks)")
-        else:  # the trainer averages expert gradients only when every rank owns its experts
-            need(L.ep == L.dp * L.cp, "parallel.ep", L.ep,
-                 f"set ep = dp*cp = {L.dp * L.cp}: experts replicated over part of the "
-                 "data-parallel ranks are not averaged by the trainer yet")
-        need(L.zero != 1 or L.dp * L.cp == 1, "parallel.zero", L.zero,
-             "ZeRO-1's sharded optimizer broadcasts whole parameters and cannot hold expert "
-             "shards: use zero 0, 2 or 3 with ep > 1")
-    # DDP / ZeRO-1 replicate plain parameters; tensor-parallel ones are DTensors (FSDP needed)
-    if L.tp > 1 and L.dp * L.cp > 1:
-        need(L.zero >= 2, "parallel.zero", L.zero, "DDP / ZeRO-1 over tensor-parallel "
-             "parameters is not supported: use parallel.zero=2 or 3 with tp > 1")
+        need((L.dp * L.cp) % L.ep == 0, "parallel.ep", L.ep,
+             f"ep must divide dp*cp={L.dp * L.cp} (experts are spread over data-parallel ranks)")
+    out += composition_problems(L)
     if seq_len is not None and model.position == "learned":
         need(seq_len <= model.max_seq_len, "batch.seq_len", seq_len,
              f"learned positions stop at model.max_seq_len={model.max_seq_len}")

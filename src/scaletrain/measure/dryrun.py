@@ -113,9 +113,6 @@ def plan_dict(job: JobConfig, layout: Layout) -> dict[str, Any]:
 
 
 def _unsupported(job: JobConfig, layout: Layout) -> None:
-    if layout.pp > 1 and layout.cp > 1:
-        raise ConfigError("parallel.cp", layout.cp, "the trainer's pipeline does not shard "
-                          "the sequence for context parallelism: use cp=1 with pp > 1")
     if job.memory.offload != "none":
         raise ConfigError("memory.offload", job.memory.offload,
                           "the dry-run measures device memory without offload: use 'none'")

@@ -48,15 +48,19 @@ class ParallelDims:
         """Validate `layout` against the world size (and the model when given).
 
         `check_kw` (seq_len, global_batch, micro_batch) are forwarded to `check_layout`. Without
-        a model only the world-size product is checked here.
+        a model the world-size product and the model-free composition rules are checked here.
         """
         if model is not None:
             check_layout(layout, model, world_size=world_size, **check_kw)
-        elif layout.world_size != world_size:
-            from scaletrain.config import ConfigError
+            return cls(layout=layout, world_size=world_size)
+        from scaletrain.config import ConfigError, composition_problems
 
+        if layout.world_size != world_size:
             raise ConfigError("parallel", f"dp*tp*pp*cp={layout.world_size}",
                               f"the degrees must multiply to the world size {world_size}")
+        problems = composition_problems(layout)
+        if problems:
+            raise problems[0]
         return cls(layout=layout, world_size=world_size)
 
     # --- degrees -------------------------------------------------------------------------

@@ -23,18 +23,8 @@ __all__ = ["parallelize"]
 
 
 def _check(dims: ParallelDims, memory: MemoryConfig) -> None:
-    dp_cp = dims.dp_size * dims.cp
-    if dims.ep > 1 and dims.zero == 1 and dp_cp > 1:
-        raise ConfigError("parallel.zero", dims.zero, "ZeRO-1's sharded optimizer broadcasts "
-                          "whole parameters and cannot hold expert shards: use zero 0, 2 or 3 "
-                          "with ep > 1")
-    if dims.ep > 1 and dims.ep != dp_cp:
-        raise ConfigError("parallel.ep", dims.ep, f"set ep = dp*cp = {dp_cp}: experts "
-                          "replicated over part of the data-parallel ranks are not averaged "
-                          "yet")
-    if dims.tp > 1 and dims.ddp_enabled:
-        raise ConfigError("parallel.zero", dims.zero, "DDP / ZeRO-1 over tensor-parallel "
-                          "parameters is not supported: use parallel.zero=2 or 3 with tp > 1")
+    # the layout rules (tp over DDP, ep vs dp*cp, ...) were checked when `dims` was built
+    # (`ParallelDims.from_layout`, `config.composition_problems`); these involve memory options
     if memory.offload == "optimizer" and (dims.zero >= 2 or dims.tp > 1 or dims.ep > 1):
         raise ConfigError("memory.offload", memory.offload,
                           "optimizer-only offload runs with DDP / ZeRO-1 (plain parameters): "
