@@ -433,6 +433,23 @@ def markdown(rows: list[dict[str, Any]], summary: dict[str, Any],
     return "\n".join(lines)
 
 
+def _measure_all(cases, measure, name) -> list[dict[str, Any]]:
+    """Measure each case, printing one line each; a case that fails is reported and skipped
+    (one layout must not stop all)."""
+    rows = []
+    for c in cases:
+        try:
+            r = measure(c)
+        except Exception as e:  # noqa: BLE001 - record and go on
+            print(f"{name(c)}: FAILED {type(e).__name__}: {e}", flush=True)
+            continue
+        rows.append(r)
+        e = r["rel_error"]
+        print(f"{r['case']:<60} total {_pct(e['total']):>7} transient {_pct(e['transient']):>7}"
+              f" flops {_pct(e['flops']):>7} ({r['wall_s']:.1f}s)", flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="only the tiny-model subset")
@@ -444,28 +461,9 @@ def main(argv: list[str] | None = None) -> int:
     cases = QUICK if args.quick else CASES
     if args.limit:
         cases = cases[:args.limit]
-    rows = []
-    for c in cases:
-        try:
-            r = measure_case(c)
-        except Exception as e:  # noqa: BLE001 - record and go on: one layout must not stop all
-            print(f"{label(c)}: FAILED {type(e).__name__}: {e}", flush=True)
-            continue
-        rows.append(r)
-        e = r["rel_error"]
-        print(f"{r['case']:<60} total {_pct(e['total']):>7} transient {_pct(e['transient']):>7}"
-              f" flops {_pct(e['flops']):>7} ({r['wall_s']:.1f}s)", flush=True)
-    extra = []
-    for c in ([] if args.quick or args.limit or args.no_extra else EXTRA_CASES):
-        try:
-            r = measure_extra(c)
-        except Exception as e:  # noqa: BLE001 - record and go on
-            print(f"{label_extra(c)}: FAILED {type(e).__name__}: {e}", flush=True)
-            continue
-        extra.append(r)
-        e = r["rel_error"]
-        print(f"{r['case']:<60} total {_pct(e['total']):>7} transient {_pct(e['transient']):>7}"
-              f" flops {_pct(e['flops']):>7} ({r['wall_s']:.1f}s)", flush=True)
+    rows = _measure_all(cases, measure_case, label)
+    extra = _measure_all([] if args.quick or args.limit or args.no_extra else EXTRA_CASES,
+                         measure_extra, label_extra)
     summary = summarize(rows + extra)
     baseline = load_baseline(args.baseline) if args.baseline else None
     md = markdown(rows, summary, baseline, extra)
