@@ -190,7 +190,9 @@ def train_modes(modes: dict[str, tuple]) -> dict:
 def world4_suite(modes: dict[str, tuple]) -> dict:
     """`train_modes(modes)` plus the ranks of this rank's expert-parallel group for dp 4, ep 2."""
     out = train_modes(modes)
-    dims = ParallelDims.from_layout(Layout(dp=4, zero=3, ep=2), dist.get_world_size())
+    # the mesh supports ep < dp*cp; the trainer does not train it yet (composition_problems
+    # refuses it in from_layout), so the mesh is built from an unvalidated ParallelDims
+    dims = ParallelDims(layout=Layout(dp=4, zero=3, ep=2), world_size=dist.get_world_size())
     dims.build_mesh("cpu")
     out["ep_group"] = dist.get_process_group_ranks(dims.submesh("ep").get_group())
     return out
