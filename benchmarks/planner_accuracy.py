@@ -134,16 +134,22 @@ EXTRA_CASES: list[Extra] = [
     ("llama-1024-L4", 4, 2, 3, 2, "1f1b", 1, 1, "bf16", 2, 256, 4),
     ("tiny-moe", 2, 2, 3, 1, "1f1b", 1, 2, "bf16", 2, 128, 1),
     ("tiny-moe", 4, 4, 2, 1, "1f1b", 1, 4, "bf16", 2, 128, 2),
+    # fp8 (precision/fp8.py): float8 linears, and float8 experts with and without ep
+    ("llama-1024-L4", 2, 2, 3, 1, "1f1b", 1, 1, "fp8", 2, 256, 1),
+    ("tiny-moe", 2, 2, 3, 1, "1f1b", 1, 2, "fp8", 2, 128, 1),
+    ("tiny-moe", 2, 2, 0, 1, "1f1b", 1, 1, "fp8", 4, 256, 1),
 ]
 """Pipeline-parallel (each schedule) and MoE / expert-parallel layouts, measured on the rank the
 planner reports as the worst (`measure_extra`). Calibrated (schedule_moments, pipeline receive
 buffers, MoE dispatch tensors) and counted in the summary with the main matrix."""
 
-QUICK_EXTRA = [EXTRA_CASES[i] for i in (1, 2, 6)]
+QUICK_EXTRA = [EXTRA_CASES[i] for i in (1, 2, 3, 6, 7, 8)]
 """The PP/MoE part of the fast subset (tests/planner/test_accuracy.py): GPipe (all m
 micro-batches stored at the first backward, m - 1 next to the gradients), interleaved v2
-(chunks weighted by their own layers, per-micro-batch receive buffers) and ZeRO-2 with ep4
-(the MoE dispatch tensors)."""
+(chunks weighted by their own layers, per-micro-batch receive buffers), zero-bubble (graphs
+kept until W; the dry-run's tracker must not hold gradients across I and W), ZeRO-2 with ep4
+(the MoE dispatch tensors), ZeRO-3 at dp2 (the root unit's post-backward) in fp8, and float8
+experts under ep2."""
 
 
 def _model_for(name: str) -> ModelConfig:
@@ -424,9 +430,10 @@ def markdown(rows: list[dict[str, Any]], summary: dict[str, Any],
                   "per-chunk RoPE tables, the MoE dispatch tensors (int64 routing indices, "
                   "three (N*k, h) copies, four under ep > 1) and, under ZeRO-2/3 with ep > 1, "
                   "the fp32 experts FSDP2 ignores (no gathered copy; autocast casts of their "
-                  "weights saved per micro-batch). Known gap: zero-bubble leaves "
-                  "about 47 MB per micro-batch alive after its W pass until the step ends "
-                  "on llama-1024-L4 (not identified yet, so not modelled).", "",
+                  "weights saved per micro-batch), float8 experts (1-byte saved inputs, no "
+                  "weight casts). Zero-bubble was 5% under until the dry-run's module "
+                  "tracker stopped buffering gradients across its split I/W backward "
+                  "(`measure.dryrun._gradless_module_hooks`).", "",
                   lines[-len(rows) - 2], lines[-len(rows) - 1]]
         for r in sorted(extra, key=lambda r: -abs(r["rel_error"]["total"])):
             lines.append(_row(r, {}))

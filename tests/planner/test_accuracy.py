@@ -41,7 +41,8 @@ def test_memory_and_flops_within_tolerance(case):
 @pytest.mark.slow
 @pytest.mark.parametrize("case", planner_accuracy.QUICK_EXTRA, ids=planner_accuracy.label_extra)
 def test_pipeline_and_moe_within_tolerance(case):
-    """GPipe, interleaved 1F1B and ep4 x ZeRO-2, on the rank the planner calls the worst."""
+    """GPipe, interleaved, zero-bubble, ep4 x ZeRO-2 and fp8 layouts, on the rank the planner
+    calls the worst."""
     r = planner_accuracy.measure_extra(case)
     e = r["rel_error"]
     assert abs(e["total"]) <= TOL["total"], (r["case"], e, r["predicted"], r["measured"])

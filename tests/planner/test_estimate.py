@@ -180,3 +180,27 @@ def test_planner_import_does_not_import_torch():
             "assert 'torch' not in sys.modules, 'planner imported torch'; print(p.estimate)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+def test_fp8_runs_only_the_converted_matmuls_at_the_fp8_rate():
+    """precision/fp8.py converts the block linears and experts; SDPA and the head stay bf16.
+    So fp8 beats bf16 by less than the hardware's fp8/bf16 ratio (H100: 2x, scaled by the
+    efficiencies), and by less the larger the attention core's share (longer sequences)."""
+    model = resolve_model("llama3-8b")
+
+    def compute(precision, seq):
+        plan = PlanInput(model=model, hardware=H100, num_gpus=8, layout=Layout(dp=8, zero=3),
+                         seq_len=seq, global_batch=64, micro_batch=1, precision=precision)
+        e = estimate(plan)
+        return e.time.compute_s, e.notes
+
+    ratios = []
+    for seq in (1024, 16384):
+        bf16, fp8 = compute("bf16", seq)[0], compute("fp8", seq)[0]
+        all_fp8 = bf16 * (H100.flops("bf16") / H100.flops("fp8"))  # every matmul in fp8 ...
+        eff = [float(n.split("efficiency=")[1].split()[0]) for p in ("bf16", "fp8")
+               for n in compute(p, seq)[1] if "efficiency=" in n]
+        all_fp8 *= eff[0] / eff[1]  # ... at fp8's efficiency
+        assert all_fp8 < fp8 < bf16, (seq, all_fp8, fp8, bf16)
+        ratios.append(bf16 / fp8)
+    assert ratios[0] > ratios[1] > 1.0

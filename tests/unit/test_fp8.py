@@ -21,8 +21,10 @@ from torch import nn
 
 from scaletrain.config import PrecisionConfig, resolve_model
 from scaletrain.models import build_model, causal_lm_loss
+from scaletrain.models.moe import GroupedExperts
 from scaletrain.precision import (
     E4M3,
+    Float8ExpertLinear,
     Float8Linear,
     apply_fp8,
     dequantize,
@@ -196,3 +198,47 @@ def test_tiny_model_trains_in_fp8(scaling: str) -> None:
     assert losses[-1] < 0.6 * losses[0]
     assert all(p.dtype == torch.float32 for p in model.parameters())
     assert all(s["exp_avg"].dtype == torch.float32 for s in opt.state.values())
+
+
+@pytest.mark.parametrize("scaling", ["tensorwise", "tilewise"])
+def test_float8_experts_match_fp32_and_skip_empty_experts(scaling: str) -> None:
+    """MoE experts in float8 (Float8ExpertLinear as `GroupedExperts.linear`): the output and
+    the stacked weights' gradients within fp8's tolerance of F.linear's (the same bounds as a
+    Float8Linear's three GEMMs above), an expert with no tokens contributing nothing."""
+    torch.manual_seed(0)
+    experts = GroupedExperts(64, 128, 4, activation="swiglu", bias=False)
+    for p in experts.parameters():
+        nn.init.normal_(p, std=0.05)
+    counts = [37, 0, 19, 72]  # uneven, one expert idle
+    x = torch.randn(sum(counts), 64)
+    dy = torch.randn(sum(counts), 64)
+
+    def run(linear):
+        experts.linear = linear
+        xi = x.clone().requires_grad_()
+        y = experts(xi, counts)
+        y.backward(dy)
+        grads = {n: p.grad.clone() for n, p in experts.named_parameters()}
+        experts.zero_grad(set_to_none=True)
+        return y.detach(), xi.grad, grads
+
+    y_ref, dx_ref, g_ref = run(F.linear)
+    y, dx, g = run(Float8ExpertLinear(scaling))
+    assert 0 < _rel(y, y_ref) < 0.08 and _rel(dx, dx_ref) < 0.12
+    for name in ("w1", "w2", "w3"):
+        assert 0 < _rel(g[name], g_ref[name]) < 0.12, (name, _rel(g[name], g_ref[name]))
+        assert g[name][1].abs().max() == 0  # the idle expert's slice gets no gradient
+
+
+def test_apply_fp8_converts_experts_unless_skipped() -> None:
+    moe = build_model(resolve_model("tiny-moe"))
+    names = apply_fp8(moe, scaling="tilewise", backend="scaletrain")
+    experts = {n: m for n, m in moe.named_modules() if isinstance(m, GroupedExperts)}
+    assert experts and set(experts) <= set(names)
+    assert all(isinstance(m.linear, Float8ExpertLinear)
+               and m.linear.fp8_state.scaling == "tilewise" for m in experts.values())
+    assert apply_fp8(moe, backend="scaletrain") == []  # idempotent
+    kept = build_model(resolve_model("tiny-moe"))
+    names = apply_fp8(kept, skip=("output", "router", "experts"), backend="scaletrain")
+    assert names and not any(n.endswith("experts") for n in names)
+    assert all(m.linear is F.linear for m in kept.modules() if isinstance(m, GroupedExperts))

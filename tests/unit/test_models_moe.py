@@ -127,3 +127,20 @@ def test_fake_tensors_take_the_balanced_dispatch_real_ones_the_exact_one(monkeyp
     assert seen[-1] == moe_mod.balanced_counts(2 * 5 * moe.top_k, moe.num_experts)
     assert fake.shape == real.shape and fake.dtype == real.dtype
     assert moe.last_tokens_per_expert.shape == (moe.num_experts,)
+
+
+def test_moe_under_autocast_on_fp32_params_returns_the_compute_dtype():
+    """DDP / single-process bf16: fp32 parameters under autocast. The experts emit bf16 while
+    the norm output is fp32; the combine must accumulate in the experts' dtype (it raised a
+    dtype mismatch in index_add_ before)."""
+    torch.manual_seed(0)
+    model = build_model(model_preset("tiny-moe"), device="cpu", seed=0)
+    tokens = torch.randint(0, model_preset("tiny-moe").vocab_size, (2, 16))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(tokens)
+        moe = model.layers["0"].moe
+        out = moe(torch.randn(2, 16, moe.experts.w1.shape[-1]))
+    assert out.dtype == torch.bfloat16
+    loss = causal_lm_loss(logits.float(), tokens) + moe_aux_loss(model)
+    loss.backward()
+    assert torch.isfinite(loss) and moe.experts.w1.grad.abs().sum() > 0

@@ -87,7 +87,7 @@ class ParallelConfig:
 class PrecisionConfig:
     dtype: str = "fp32"
     """Compute precision: 'fp32', 'bf16' (autocast/FSDP mp, fp32 master), 'fp16' (+ dynamic
-    loss scaling), 'fp8' (float8 linears, bf16 elsewhere)."""
+    loss scaling), 'fp8' (float8 linears and MoE experts, bf16 elsewhere)."""
     reduce_dtype: str = "fp32"
     """Gradient communication dtype: 'fp32' or 'bf16'."""
     loss_scale_init: float = 2.0**16

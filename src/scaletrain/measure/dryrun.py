@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import weakref
 from collections.abc import Iterator
 from typing import Any
 from unittest import mock
@@ -207,6 +208,47 @@ def _ddp_as_buffer_term() -> Iterator[list[bool]]:
         yield wrapped
     finally:
         module.apply_ddp = orig
+
+
+@contextlib.contextmanager
+def _gradless_module_hooks() -> Iterator[None]:
+    """Module trackers whose post-backward hooks keep no gradients.
+
+    `ModTracker` (under MemTracker and FSDPMemTracker) registers an "all"-mode
+    `register_multi_grad_hook` on each module's inputs, and torch's implementation buffers the
+    gradients it sees per autograd graph task until every input has had one. Zero-bubble's
+    split backward runs a micro-batch as two graph tasks (`autograd.grad` to the stage input,
+    then to the weights), so the input pass's buffers never complete and kept ~47 MB per
+    micro-batch of gradients alive until the step ended on llama-1024-L4: memory the trainer,
+    which registers no such hook, never holds. This hook counts the same calls per graph task
+    and hands `fn` Nones (the trackers ignore the gradients).
+    """
+    from torch.autograd.graph import _get_grad_fn_or_grad_acc, _MultiHandle
+    from torch.distributed._tools import mod_tracker
+
+    original = mod_tracker.register_multi_grad_hook
+
+    def register(tensors, fn, *, mode: str = "all"):  # noqa: ANN001, ANN202
+        if mode != "all":
+            return original(tensors, fn, mode=mode)
+        refs = [weakref.ref(t) for t in tensors]
+        pending: dict[int, int] = {}
+
+        def hook(_grad: torch.Tensor) -> None:
+            task = torch._C._current_graph_task_id()
+            if task not in pending:
+                alive = [t for t in (r() for r in refs) if t is not None]
+                pending[task] = sum(torch._C._will_engine_execute_node(
+                    _get_grad_fn_or_grad_acc(t)) for t in alive)
+            pending[task] -= 1
+            if pending[task] <= 0:
+                del pending[task]
+                fn([None] * len(refs))
+
+        return _MultiHandle(tuple(t.register_hook(hook) for t in tensors))
+
+    with mock.patch.object(mod_tracker, "register_multi_grad_hook", register):
+        yield
 
 
 def _add_ddp_buckets(memory: MemoryBreakdown, model: torch.nn.Module, notes: list[str]) -> None:
@@ -666,7 +708,7 @@ def dryrun(job: JobConfig, *, world_size: int, rank: int = 0, count_flops: bool 
                 extra = [inner] if isinstance(inner, torch.optim.Optimizer) else []
                 tracker.track_external(model, optimizer, *extra)
             timeline = _Timeline(tracker, roots)
-            with tracker:
+            with _gradless_module_hooks(), tracker:
                 timeline.recording = True
                 timeline.mark("step_start")
                 _step(model, optimizer, _batches(job, dims, n_micro), job=job, dims=dims,

@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["GroupedExperts", "MoE", "balanced_counts", "is_fake", "moe_aux_loss"]
+__all__ = ["GroupedExperts", "MoE", "balanced_counts", "expert_mlp", "is_fake",
+           "moe_aux_loss"]
 
 
 def is_fake(t: torch.Tensor) -> bool:
@@ -40,6 +41,22 @@ def balanced_counts(assignments: int, num_experts: int) -> list[int]:
     """
     base, rest = divmod(assignments, num_experts)
     return [base + (1 if e < rest else 0) for e in range(num_experts)]
+
+
+def expert_mlp(x: torch.Tensor, activation: str, w1: torch.Tensor, w2: torch.Tensor,
+               w3: torch.Tensor | None = None, b1: torch.Tensor | None = None,
+               b2: torch.Tensor | None = None, b3: torch.Tensor | None = None, *,
+               linear: Callable[..., torch.Tensor] = F.linear) -> torch.Tensor:
+    """One expert's MLP on its tokens, x: (n_e, h) -> (n_e, h); weights (out, in) as nn.Linear.
+
+    SwiGLU with `w3`: w2(silu(w1 x) * w3 x); GELU without: w2(gelu_tanh(w1 x)).
+    """
+    up = linear(x, w1, b1)  # (n_e, f)
+    if w3 is not None:
+        up = F.silu(up) * linear(x, w3, b3)
+    else:
+        up = F.gelu(up, approximate="tanh")
+    return linear(up, w2, b2)
 
 
 class GroupedExperts(nn.Module):
@@ -65,16 +82,18 @@ class GroupedExperts(nn.Module):
         self.b2 = nn.Parameter(torch.empty(num_experts, dim)) if bias else None
         self.b3 = (nn.Parameter(torch.empty(num_experts, hidden_dim))
                    if bias and activation == "swiglu" else None)
+        # The matmul of every expert projection, `linear(x, weight, bias)`: F.linear, or a
+        # float8 one set by `scaletrain.precision.apply_fp8` (kept by expert parallelism).
+        self.linear: Callable[..., torch.Tensor] = F.linear
 
     def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
         # x: (n_e, h) tokens of local expert e -> (n_e, h)
-        up = F.linear(x, self.w1[e], None if self.b1 is None else self.b1[e])  # (n_e, f)
-        if self.w3 is not None:
-            gate = F.silu(up)
-            up = gate * F.linear(x, self.w3[e], None if self.b3 is None else self.b3[e])
-        else:
-            up = F.gelu(up, approximate="tanh")
-        return F.linear(up, self.w2[e], None if self.b2 is None else self.b2[e])
+        return expert_mlp(x, self.activation, *(None if w is None else w[e]
+                                                 for w in self.weights()), linear=self.linear)
+
+    def weights(self) -> tuple[torch.Tensor | None, ...]:
+        """(w1, w2, w3, b1, b2, b3), None where absent."""
+        return self.w1, self.w2, self.w3, self.b1, self.b2, self.b3
 
     def forward(self, x_sorted: torch.Tensor,
                 num_tokens_per_expert: torch.Tensor | list[int]) -> torch.Tensor:
@@ -147,7 +166,10 @@ class MoE(nn.Module):
         token_of = order // self.top_k  # (N*k,) source token of each sorted slot
         out_sorted = self.experts(flat[token_of], dispatch)  # (N*k, h)
         out_sorted = out_sorted * weights.reshape(-1)[order].unsqueeze(-1).to(out_sorted.dtype)
-        out = torch.zeros_like(flat).index_add_(0, token_of, out_sorted)  # (N, h)
+        # in the experts' output dtype (bf16 under autocast, like a dense FeedForward's;
+        # `flat` is the fp32 norm output there)
+        out = flat.new_zeros(flat.shape, dtype=out_sorted.dtype).index_add_(
+            0, token_of, out_sorted)  # (N, h)
         out = out.view(b, t, h)
         if self.aux_grad_scale is not None and torch.is_grad_enabled():
             out = _AuxLossGrad.apply(out, self.aux_loss,

@@ -30,12 +30,11 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
-from scaletrain.models.moe import GroupedExperts, MoE, is_fake
+from scaletrain.models.moe import GroupedExperts, MoE, expert_mlp, is_fake
 
 __all__ = ["ExpertParallelExperts", "all_to_all", "apply_ep"]
 
@@ -83,16 +82,6 @@ class _ScaleGrad(torch.autograd.Function):
         return grad * ctx.scale, None
 
 
-def _expert_mlp(x, activation, w1, w2, w3, b1, b2, b3):
-    # x: (n_e, h) -> (n_e, h); the math of GroupedExperts._expert on explicit weights
-    up = F.linear(x, w1, b1)  # (n_e, f)
-    if w3 is not None:
-        up = F.silu(up) * F.linear(x, w3, b3)
-    else:
-        up = F.gelu(up, approximate="tanh")
-    return F.linear(up, w2, b2)
-
-
 class ExpertParallelExperts(GroupedExperts):
     """`GroupedExperts` holding experts [ep_rank·E/ep, (ep_rank+1)·E/ep) as Shard(0) DTensors.
 
@@ -107,6 +96,7 @@ class ExpertParallelExperts(GroupedExperts):
         self.num_global_experts = experts.num_experts
         self.num_experts = experts.num_experts // self.ep_size
         self.activation = experts.activation
+        self.linear = experts.linear  # F.linear, or the fp8 matmul apply_fp8 set
         lo = self.ep_rank * self.num_experts
         for name in _WEIGHTS:
             p = getattr(experts, name)
@@ -165,14 +155,10 @@ class ExpertParallelExperts(GroupedExperts):
         perm = torch.cat(order).to(x_sorted.device)  # (sum recv,)
         x_local = x_recv[perm]
 
-        w1, w2, w3, b1, b2, b3 = self._local_weights()
-        outs = []
-        for e, chunk in enumerate(torch.split(x_local, per_expert)):
-            outs.append(_expert_mlp(chunk, self.activation, w1[e], w2[e],
-                                    None if w3 is None else w3[e],
-                                    None if b1 is None else b1[e],
-                                    None if b2 is None else b2[e],
-                                    None if b3 is None else b3[e]))
+        local = self._local_weights()
+        outs = [expert_mlp(chunk, self.activation, *(None if w is None else w[e] for w in local),
+                           linear=self.linear)
+                for e, chunk in enumerate(torch.split(x_local, per_expert))]
         y_local = torch.cat(outs, 0)
         y_local = torch.empty_like(y_local).index_copy(0, perm, y_local)  # source-major again
         return all_to_all(y_local, send, recv, self.group)  # (N*k, h), back in sorted order

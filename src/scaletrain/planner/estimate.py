@@ -137,10 +137,16 @@ def _time(plan: PlanInput, max_params: float, causal: bool, gpus_per_node: int |
     counts = stage_layer_counts(model.num_layers, L.pp, L.pp_virtual)
     eff = _efficiency(plan)
     rate = hw.flops(plan.precision) * eff
+    # fp8 (precision/fp8.py) runs float8 GEMMs in the converted linears and MoE experts only:
+    # the attention core (SDPA) and the 16-bit head run at the bf16 rate. Every other
+    # precision runs all of its matmuls at one rate.
+    slow = hw.flops("bf16") * eff if plan.precision == "fp8" else rate
+    core_hw = core * (4 if plan.ac != "none" else 3)  # selective / full recompute it once
+    layer_s = (layer_hw - core_hw) / rate + core_hw / slow  # seconds per token per block
     tok_mb = float(plan.seq_len) * plan.micro_batch  # tokens of one micro-batch (one replica)
     split = L.tp * L.cp
-    middle = max(counts[:-1], default=0) * layer_hw
-    t_mb = max(middle, counts[-1] * layer_hw + 3 * hf) * tok_mb / split / rate
+    middle = max(counts[:-1], default=0) * layer_s
+    t_mb = max(middle, counts[-1] * layer_s + 3 * hf / slow) * tok_mb / split
     compute_s = m * t_mb
     bubble_s = 0.0
     if L.pp > 1:
@@ -149,7 +155,7 @@ def _time(plan: PlanInput, max_params: float, causal: bool, gpus_per_node: int |
     layers = max(counts)
     terms = comm_terms(**comm_arguments(plan, max_params, gpus_per_node))
     t_fwd = t_mb * lf / layer_hw  # forward share of the hardware FLOPs
-    t_core = tok_mb * layers * 3 * core / split / rate * m
+    t_core = tok_mb * layers * 3 * core / split / slow * m
     exposed = _exposed(terms, L, hw, max_params, m, t_fwd, t_mb - t_fwd, t_core, layers,
                        gpus_per_node)
     optimizer_s = _optimizer_time(plan, max_params)

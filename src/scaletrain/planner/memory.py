@@ -89,9 +89,9 @@ def model_state_bytes(num_params: float, *, precision: str = "bf16", optimizer: 
     'params' (FSDP2 CPUOffloadPolicy, needs ZeRO-3) moves sharded params, grads and optimizer
     states; the GPU keeps the units in flight. Ignores: the int8 scales of 8-bit Adam, the fp16
     loss scaler, DDP bucket copies (see buffer_terms). fp8_params: this rank's weights in
-    float8-converted linears (attention q/k/v/o and dense MLP; not the head, router, experts or
-    embeddings), which under precision='fp8' keep no 16-bit cast (measured with MemTracker on a
-    dim-256 llama: only the head's bf16 copy remains).
+    float8-converted linears (attention q/k/v/o, dense MLP and MoE experts; not the head,
+    router or embeddings), which under precision='fp8' keep no 16-bit cast (measured with
+    MemTracker on a dim-256 llama: only the head's bf16 copy remains).
     Under 'scaletrain' ZeRO-2 is FSDP2 with reshard_after_forward=False (parallel/fsdp.py): the
     parameters are sharded at rest like ZeRO-3, and every unit's compute-dtype copy stays
     unsharded from its forward to its backward (params.in_flight = all of them). ZeRO-1 is
@@ -216,8 +216,9 @@ def layer_activation_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int
       the n_in MLP input linears (2 SwiGLU, 1 GELU) (3 + n_in)*s_l*b*h (not /t); the output
       projection's fp8 input + s_l*b*h/t beside SDPA's 16-bit output; the MLP's last
       intermediate (w2's input) 1 byte instead of e (MemTracker + saved-tensor hooks on a
-      dim-256 llama: bf16 -> fp8 -4864 KiB, matching these terms to the byte; MoE experts and
-      the router are not converted).
+      dim-256 llama: bf16 -> fp8 -4864 KiB, matching these terms to the byte). MoE experts
+      likewise: n_in 1-byte copies of the dispatched (N*k, h) input replace its e-byte one,
+      and w2's input is 1 byte (the router stays 16-bit).
     selective drops the attention-core terms (lse or scores); full keeps the block input.
     Ignores: RoPE (cos/sin are buffers), residual adds (save nothing), < 1% small tensors.
     """
@@ -257,8 +258,14 @@ def layer_activation_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int
     if model.is_moe:
         k, E = model.experts_per_token, model.num_experts
         copies = 3 + (1 if ep > 1 else 0)  # (N*k, h) copies; as many int64 (N*k,) indices
-        mlp = 4.0 * tok * (E + k) + copies * (8.0 * k * tok + e * k * tok * h) \
-            + n_f * e * k * tok * f / tp
+        mlp = 4.0 * tok * (E + k) + copies * (8.0 * k * tok + e * k * tok * h)
+        if fp8:
+            # float8 experts (precision/fp8.py Float8ExpertLinear): the dispatched input is
+            # saved as n_in 1-byte copies (one per input linear) instead of one e-byte copy,
+            # w2's input as 1 byte (as the dense MLP above)
+            mlp += (n_in - e) * k * tok * h + ((n_f - 1) * e + 1) * k * tok * f / tp
+        else:
+            mlp += n_f * e * k * tok * f / tp
     elif fp8:
         mlp = (n_f - 1) * e * tok * f / tp + tok * f / tp  # w2's input saved as fp8
     else:

@@ -169,9 +169,10 @@ def _rank_states(plan: PlanInput, zs: int, first: bool, last: bool, layers: int,
                            convention=convention, expert_params=expert,
                            expert_shards=max(1, zs // ep), unit_params=unit,
                            largest_param=(pc.embedding / tp) if (first or last) else block,
-                           # q/k/v/o and the dense MLP of this stage's blocks, TP-sharded
-                           fp8_params=layers * (pc.attention + (0 if model.is_moe else pc.mlp))
-                           / tp, experts_in_fsdp=experts_in_fsdp)
+                           # q/k/v/o, the dense MLP or local experts of this stage's blocks
+                           fp8_params=layers * pc.attention / tp + (expert if model.is_moe
+                                                                     else layers * pc.mlp / tp),
+                           experts_in_fsdp=experts_in_fsdp)
     sharded = (dense / zs + expert / max(1, zs // ep)) if L.zero else dense + expert
     fixed = st["params"] + st["optimizer"]
     wc = 4 if plan.precision == "fp32" else 2
@@ -215,12 +216,13 @@ def _activation_terms(plan: PlanInput, modern: bool) -> tuple[float, float, floa
     head = head_activation_bytes(model, seq_len=s, micro_batch=b, tp=L.tp, sp=L.sp, cp=L.cp,
                                  precision=p, residual_fp32=residual_fp32)
     held = held_logits_bytes(model, seq_len=s, micro_batch=b, tp=L.tp, cp=L.cp, precision=p)
-    if model.is_moe and L.ep > 1 and L.zero >= 2 and p != "fp32":
+    if model.is_moe and L.ep > 1 and L.zero >= 2 and p not in ("fp32", "fp8"):
         # FSDP2 ignores the expert-parallel experts (parallel/parallelize.py): they stay fp32
         # and autocast casts each expert's weights to the compute dtype in every forward
         # (views, not leaves: no autocast cache); the linears save those casts for backward,
         # 2 bytes x the block's local expert parameters per micro-batch (dry-run, tiny-moe
-        # dp2 z3 ep2: -3.0% total without this term).
+        # dp2 z3 ep2: -3.0% total without this term). fp8 experts save no cast: they
+        # re-quantize the fp32 weight in backward (precision/fp8.py).
         casts = 2.0 * _param_counts(model).mlp / (L.tp * L.ep)
         if plan.ac != "full":  # under full recompute only the block being recomputed has them
             per_layer += casts
@@ -380,10 +382,13 @@ def _rank_numbers(plan: PlanInput, acts_terms: tuple[float, float, float, float]
     #   no collective is in flight, so in-flight ZeRO-3 copies and FSDP buffers are left out;
     #   accumulated grads (m > 1) are held.
     fsdp = sum(v for k, v in bufs.items() if k.startswith("fsdp_"))
+    # fp8's quantization temporary exists only inside a converted linear's forward/backward:
+    # not during the optimizer step, nor the (16-bit) head's loss backward
+    quant = bufs.get("fp8_quantize", 0.0)
     # optimizer step: after backward the 16-bit weight casts (autocast) / unsharded FSDP units
     # are freed and no FSDP collective is in flight; DDP buckets persist.
-    step_peak = fixed - st["params.in_flight"] + buffers - fsdp + grads - st["grads.in_flight"] \
-        + step_tmp
+    step_peak = fixed - st["params.in_flight"] + buffers - fsdp - quant + grads \
+        - st["grads.in_flight"] + step_tmp
     peak = max(fixed + buffers + fwdbwd, step_peak)
     if L.zero >= 2 and layers and unit > 0:
         # ZeRO-2/3, named moments (FSDP2 as parallel/fsdp.py builds it; measured with the
@@ -430,13 +435,21 @@ def _rank_numbers(plan: PlanInput, acts_terms: tuple[float, float, float, float]
             stage = wc * count
             bwd_peak = max(bwd_peak, fixed - st["params.in_flight"] + buffers - fsdp
                            + 2 * stage + block_acts + held)
-        # end of backward: one root unit gathered (ZeRO-3; ZeRO-2: all are), its fp32
-        # reduce-scatter input and output shard; its 16-bit unsharded grads are already cast
-        # into that input (the dry-run of llama2-7b widths sees no bf16 root grads there).
+        # end of backward, the root unit's post-backward: its fp32 reduce-scatter input and
+        # output shard (which become its sharded grads: not counted twice), with one of its
+        # 16-bit unsharded grads (embedding or head) not yet freed and the logits the loop
+        # holds; ZeRO-3 has resharded the root's parameters by then (ZeRO-2 keeps every unit
+        # gathered: counted in `rest`). Source: the dry-run's peak of llama-1024-L4 dp2 z3
+        # (sharded grads of the blocks only, one bf16 root grad, no unsharded params:
+        # +18% with the root gathered and its shard counted twice).
         rs_unit = bufs.get("fsdp_reduce_scatter", 0.0)
-        gathered = st["params.in_flight"] / 2 + bufs.get("fsdp_all_gather", 0.0) \
-            if L.zero >= 3 else 0.0
-        end_peak = rest + buffers - fsdp + gathered + rs_unit + grads_rest
+        end_peak = rest + buffers - fsdp + rs_unit + grads_rest
+        if L.zero >= 3 and root_live:
+            pc = _param_counts(plan.model)
+            root_grads = grads_rest * (root_live / wc) / count if count else 0.0
+            largest = max(pc.embedding / L.tp if rank == 0 else 0.0,
+                          (pc.head or pc.embedding) / L.tp if last else 0.0)
+            end_peak += wc * largest + held - root_grads
         peak = max(bwd_peak, end_peak, step_peak)
     loss_tmp = 0.0
     if last:
@@ -455,10 +468,10 @@ def _rank_numbers(plan: PlanInput, acts_terms: tuple[float, float, float, float]
         # Not counted, because not held: the logits of earlier micro-batches (the trainer runs
         # the schedule with return_outputs=False; torch's default would keep all m of them on
         # the last stage until the step ends, measured 33 MB per micro-batch on llama-1024-L4).
-        loss_peak = resting + buffers - coll + stored + held + loss_tmp
+        loss_peak = resting + buffers - coll - quant + stored + held + loss_tmp
         if pp > 1:
             # each loss backward of the schedule: what is stored then, gradients if they exist
-            loss_peak = max(resting + buffers - coll + lay * per_layer + hd * head_acts
+            loss_peak = max(resting + buffers - coll - quant + lay * per_layer + hd * head_acts
                             + (held if g else 0.0) + loss_tmp
                             for lay, hd, g, is_loss in moments if is_loss)
         peak = max(peak, loss_peak)

@@ -1,7 +1,15 @@
-"""Reduced-precision training beyond autocast: float8 linear layers (see `fp8.py`)."""
+"""Reduced-precision training beyond autocast: float8 linear layers and MoE experts (`fp8.py`)."""
 
-from .fp8 import AMAXES, SCALINGS, Float8Linear, apply_fp8, fp8_eligible, maybe_apply_fp8
+from .fp8 import (
+    AMAXES,
+    SCALINGS,
+    Float8ExpertLinear,
+    Float8Linear,
+    apply_fp8,
+    fp8_eligible,
+    maybe_apply_fp8,
+)
 from .scaling import E4M3, E5M2, AmaxHistory, dequantize, quantize
 
-__all__ = ["Float8Linear", "apply_fp8", "maybe_apply_fp8", "fp8_eligible", "SCALINGS", "AMAXES",
-           "E4M3", "E5M2", "AmaxHistory", "quantize", "dequantize"]
+__all__ = ["Float8Linear", "Float8ExpertLinear", "apply_fp8", "maybe_apply_fp8", "fp8_eligible",
+           "SCALINGS", "AMAXES", "E4M3", "E5M2", "AmaxHistory", "quantize", "dequantize"]

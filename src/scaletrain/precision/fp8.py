@@ -7,8 +7,13 @@ What is float8 and what is not (the recipe of Micikevicius et al. 2022 and DeepS
   compute dtype (y, dx) and the weight's dtype (dW); scales are fp32;
 - the weight stays an ordinary fp32 (or FSDP-cast bf16) `nn.Parameter`, quantized inside every
   forward: FSDP2 shards and all-gathers the master as usual, optimizer states never see fp8;
-- everything else — embeddings, norms, attention softmax, the router, the output head, the loss,
-  MoE experts (stacked parameters, not Linears) — stays in the compute dtype (bf16 with autocast).
+- MoE experts (stacked (E, out, in) parameters, not Linears) run the same three float8 GEMMs per
+  expert and projection (`Float8ExpertLinear`, set as `GroupedExperts.linear`), scaled from
+  each expert's own weight and token group; always with the current amax (a delayed history
+  per expert would follow how many tokens the router sent it, DeepSeek-V3 scales experts
+  this way too);
+- everything else — embeddings, norms, attention softmax, the router, the output head, the loss —
+  stays in the compute dtype (bf16 with autocast).
 
 Scaling: `tensorwise` with `current` amax (this tensor now) or `delayed` amax (max over the last
 `history_len` steps, Transformer Engine style); `tilewise` (1x128 activation/gradient tiles,
@@ -42,6 +47,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .scaling import (
@@ -56,7 +62,8 @@ from .scaling import (
     tiled_scaled_mm,
 )
 
-__all__ = ["Float8Linear", "apply_fp8", "maybe_apply_fp8", "fp8_eligible", "SCALINGS", "AMAXES"]
+__all__ = ["Float8Linear", "Float8ExpertLinear", "apply_fp8", "maybe_apply_fp8", "fp8_eligible",
+           "SCALINGS", "AMAXES"]
 
 SCALINGS = ("tensorwise", "tilewise")
 AMAXES = ("current", "delayed")
@@ -242,8 +249,7 @@ class Float8Linear(nn.Linear):
                                       missing_keys, unexpected_keys, error_msgs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dev = x.device.type
-        out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+        out_dtype = _out_dtype(x)
         if self.fp8_state.scaling == "tilewise" and _is_dtensor(self.weight):
             y = _tilewise_tp(x, self.weight, self.fp8_state, out_dtype)
         else:
@@ -257,6 +263,38 @@ class Float8Linear(nn.Linear):
     def extra_repr(self) -> str:
         s = self.fp8_state
         return f"{super().extra_repr()}, fp8={s.scaling}/{s.amax}"
+
+
+class Float8ExpertLinear:
+    """`linear(x, weight, bias)` in float8 for MoE experts (`GroupedExperts.linear`).
+
+    x: (n_e, K) one expert's tokens, weight: (N, K) that expert's slice of the stacked
+    parameter (its gradient flows back into the stack). The same `_Fp8Matmul` as Float8Linear,
+    with the current amax: one scale per expert weight and token group (tensorwise) or per
+    tile. An expert that received no tokens, or dims not multiples of 16, run F.linear.
+    """
+
+    def __init__(self, scaling: str = "tensorwise") -> None:
+        if scaling not in SCALINGS:
+            raise ValueError(f"fp8 scaling {scaling!r}: use one of {SCALINGS}")
+        self.fp8_state = _Fp8State(scaling, "current", 1)
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor,
+                 bias: torch.Tensor | None = None) -> torch.Tensor:
+        n, k = weight.shape
+        if x.shape[0] == 0 or n % _DIM_MULTIPLE or k % _DIM_MULTIPLE:
+            return F.linear(x, weight, bias)
+        y = _Fp8Matmul.apply(x, weight, self.fp8_state, _out_dtype(x))
+        return y if bias is None else y + bias.to(y.dtype)
+
+    def __repr__(self) -> str:
+        return f"Float8ExpertLinear(fp8={self.fp8_state.scaling}/current)"
+
+
+def _out_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype a Linear under the current autocast would return (x's without autocast)."""
+    dev = x.device.type
+    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
 
 
 def _is_dtensor(t: torch.Tensor) -> bool:
@@ -321,28 +359,45 @@ def _use_torchao(model: nn.Module, backend: str, scaling: str, amax: str) -> boo
 def apply_fp8(model: nn.Module, *, scaling: str = "tensorwise", amax: str = "current",
               skip: Sequence[str] = ("output", "router"), history_len: int = 16,
               backend: str = "auto") -> list[str]:
-    """Convert eligible Linears of `model` in place; returns the converted module names.
+    """Convert eligible Linears and MoE experts of `model` in place; returns the converted
+    module names.
 
-    Apply before tensor parallelism and FSDP (like torchtitan's float8 converter). `backend`:
-    'auto' (torchao on CUDA when importable and the recipe is tensorwise/current, else ours),
-    'scaletrain' or 'torchao'.
+    Apply before tensor, expert parallelism and FSDP (like torchtitan's float8 converter).
+    `backend`: 'auto' (torchao on CUDA when importable and the recipe is tensorwise/current,
+    else ours), 'scaletrain' or 'torchao' — for the Linears; experts always run
+    `Float8ExpertLinear` (current amax whatever `amax` says, see the module docstring). Skip the
+    experts with `skip=(..., "experts")`.
     """
     if backend not in ("auto", "scaletrain", "torchao"):
         raise ValueError(f"fp8 backend {backend!r}: use 'auto', 'scaletrain' or 'torchao'")
     targets = [(fqn, mod) for fqn, mod in model.named_modules()
                if fqn and fp8_eligible(mod) and not _skipped(fqn, skip)]
+    experts = _convert_experts(model, scaling, skip)
     if _use_torchao(model, backend, scaling, amax):
         from torchao.float8 import convert_to_float8_training
 
         names = {fqn for fqn, _ in targets}
         convert_to_float8_training(model, module_filter_fn=lambda _m, fqn: fqn in names)
-        return sorted(names)
+        return sorted(names | set(experts))
     for fqn, mod in targets:
         parent_name, _, leaf = fqn.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, leaf, Float8Linear.from_linear(mod, scaling=scaling, amax=amax,
                                                        history_len=history_len))
-    return [fqn for fqn, _ in targets]
+    return [fqn for fqn, _ in targets] + experts
+
+
+def _convert_experts(model: nn.Module, scaling: str, skip: Sequence[str]) -> list[str]:
+    """Give every unconverted `GroupedExperts` a `Float8ExpertLinear`; returns their names."""
+    from scaletrain.models.moe import GroupedExperts
+
+    names = []
+    for fqn, mod in model.named_modules():
+        if (isinstance(mod, GroupedExperts) and not _skipped(fqn, skip)
+                and not isinstance(mod.linear, Float8ExpertLinear)):
+            mod.linear = Float8ExpertLinear(scaling)
+            names.append(fqn)
+    return names
 
 
 def maybe_apply_fp8(model: nn.Module, precision: Any, **kwargs: Any) -> list[str]:

@@ -60,7 +60,7 @@ def summary(r: RunResult) -> str:
         lines.append("peak process memory: " + ", ".join(f"{k[5:]} {v / MiB:,.0f} MiB"
                                                          for k, v in peak.items()))
     if r.sample:
-        lines.append("sample:\n" + r.sample)
+        lines.append("sample:\n" + printable(r.sample))
     lines.append(f"run directory: {r.run_dir.resolve()}")
     return "\n".join(lines)
 
@@ -130,3 +130,10 @@ def _next_layout_advice(run: Run) -> str | None:
     return (f"the planner's best fitting layout: --parallel.dp={L.dp} --parallel.zero={L.zero} "
             f"--parallel.tp={L.tp} --parallel.pp={L.pp} --parallel.cp={L.cp} "
             f"--batch.micro_batch={p.micro_batch} --memory.ac={p.ac}")
+
+
+def printable(text: str) -> str:
+    """`text` with control and undecodable characters escaped (keeps newlines and tabs): an
+    untrained byte-level model samples arbitrary bytes, which must not reach the terminal raw."""
+    return "".join(c if c.isprintable() or c in "\n\t" else
+                   (f"\\x{ord(c):02x}" if ord(c) < 256 else "?") for c in text)
