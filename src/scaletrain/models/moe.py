@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["GroupedExperts", "MoE", "balanced_counts", "expert_mlp", "is_fake",
-           "moe_aux_loss"]
+__all__ = ["EXPERT_WEIGHTS", "GroupedExperts", "MoE", "balanced_counts", "expert_mlp",
+           "is_fake", "moe_aux_loss"]
 
 
 def is_fake(t: torch.Tensor) -> bool:
@@ -59,6 +59,10 @@ def expert_mlp(x: torch.Tensor, activation: str, w1: torch.Tensor, w2: torch.Ten
     return linear(up, w2, b2)
 
 
+EXPERT_WEIGHTS = ("w1", "w2", "w3", "b1", "b2", "b3")
+"""`GroupedExperts`' stacked parameters, in `expert_mlp`'s argument order."""
+
+
 class GroupedExperts(nn.Module):
     """E expert MLPs as stacked parameters.
 
@@ -92,8 +96,8 @@ class GroupedExperts(nn.Module):
                                                  for w in self.weights()), linear=self.linear)
 
     def weights(self) -> tuple[torch.Tensor | None, ...]:
-        """(w1, w2, w3, b1, b2, b3), None where absent."""
-        return self.w1, self.w2, self.w3, self.b1, self.b2, self.b3
+        """The `EXPERT_WEIGHTS` in order, None where absent."""
+        return tuple(getattr(self, name) for name in EXPERT_WEIGHTS)
 
     def forward(self, x_sorted: torch.Tensor,
                 num_tokens_per_expert: torch.Tensor | list[int]) -> torch.Tensor:

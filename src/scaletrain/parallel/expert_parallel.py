@@ -34,11 +34,10 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
-from scaletrain.models.moe import GroupedExperts, MoE, expert_mlp, is_fake
+from scaletrain.models.moe import EXPERT_WEIGHTS, GroupedExperts, MoE, expert_mlp, is_fake
 
 __all__ = ["ExpertParallelExperts", "all_to_all", "apply_ep"]
 
-_WEIGHTS = ("w1", "w2", "w3", "b1", "b2", "b3")
 
 
 def _as_mesh(group_or_mesh) -> DeviceMesh | None:
@@ -98,7 +97,7 @@ class ExpertParallelExperts(GroupedExperts):
         self.activation = experts.activation
         self.linear = experts.linear  # F.linear, or the fp8 matmul apply_fp8 set
         lo = self.ep_rank * self.num_experts
-        for name in _WEIGHTS:
+        for name in EXPERT_WEIGHTS:
             p = getattr(experts, name)
             if p is None:
                 setattr(self, name, None)
@@ -110,7 +109,7 @@ class ExpertParallelExperts(GroupedExperts):
 
     def _local_weights(self) -> list[torch.Tensor | None]:
         out = []
-        for name in _WEIGHTS:
+        for name in EXPERT_WEIGHTS:
             p = getattr(self, name)
             out.append(None if p is None else _ScaleGrad.apply(p.to_local(), 1.0 / self.ep_size))
         return out

@@ -445,11 +445,9 @@ def _rank_numbers(plan: PlanInput, acts_terms: tuple[float, float, float, float]
         rs_unit = bufs.get("fsdp_reduce_scatter", 0.0)
         end_peak = rest + buffers - fsdp + rs_unit + grads_rest
         if L.zero >= 3 and root_live:
-            pc = _param_counts(plan.model)
             root_grads = grads_rest * (root_live / wc) / count if count else 0.0
-            largest = max(pc.embedding / L.tp if rank == 0 else 0.0,
-                          (pc.head or pc.embedding) / L.tp if last else 0.0)
-            end_peak += wc * largest + held - root_grads
+            embedding = wc * _param_counts(plan.model).embedding / L.tp if rank == 0 else 0.0
+            end_peak += max(embedding, head_held) + held - root_grads
         peak = max(bwd_peak, end_peak, step_peak)
     loss_tmp = 0.0
     if last:
