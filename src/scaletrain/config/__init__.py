@@ -26,6 +26,7 @@ from .job import (
 from .layout import (
     PP_SCHEDULES,
     Layout,
+    batch_problems,
     check_layout,
     composition_problems,
     grad_accum_steps,
@@ -48,8 +49,8 @@ __all__ = [
     "GuardConfig",
     "HardwareConfig", "JobConfig", "MemoryConfig", "OptimConfig", "ParallelConfig",
     "PrecisionConfig", "TrainConfig", "load_config", "parse_overrides", "PP_SCHEDULES", "Layout",
-    "check_layout", "composition_problems", "grad_accum_steps", "layout_problems", "stage_ids",
-    "stage_layer_ranges",
+    "batch_problems", "check_layout", "composition_problems", "grad_accum_steps",
+    "layout_problems", "stage_ids", "stage_layer_ranges",
     "MODEL_PRESETS", "ModelConfig",
     "ParamCounts", "model_from_hf_config", "model_preset", "resolve_model",
 ]

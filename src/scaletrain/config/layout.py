@@ -13,8 +13,8 @@ from typing import Any
 from ._errors import ConfigError
 from .model import ModelConfig
 
-__all__ = ["Layout", "PP_SCHEDULES", "composition_problems", "layout_problems", "check_layout",
-           "grad_accum_steps", "stage_layer_ranges", "stage_ids"]
+__all__ = ["Layout", "PP_SCHEDULES", "batch_problems", "composition_problems",
+           "layout_problems", "check_layout", "grad_accum_steps", "stage_layer_ranges", "stage_ids"]
 
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero-bubble")
 
@@ -96,6 +96,27 @@ def composition_problems(layout: Layout) -> list[ConfigError]:
     return out
 
 
+def batch_problems(layout: Layout, global_batch: int, micro_batch: int) -> list[ConfigError]:
+    """The rules tying the batch to the layout (part of `layout_problems`; the planner's search
+    checks the layout once and these per micro-batch size)."""
+    L, out = layout, []
+    if global_batch % (micro_batch * L.dp):
+        out.append(ConfigError("batch.global_batch", global_batch,
+                               f"must be a multiple of micro_batch*dp = {micro_batch}*{L.dp} = "
+                               f"{micro_batch * L.dp}"))
+    m = max(1, grad_accum_steps(global_batch, micro_batch, L.dp))
+    if L.pp > 1 and L.pp_schedule != "gpipe" and m < L.pp:
+        out.append(ConfigError("batch.global_batch", global_batch,
+                               f"{L.pp_schedule} needs at least pp={L.pp} micro-batches per "
+                               f"step, got {m}: raise global_batch or lower micro_batch"))
+    if L.pp > 1 and L.pp_schedule in ("interleaved", "zero-bubble") and m % L.pp:
+        # torch's looped schedules run m / pp rounds of pp micro-batches
+        out.append(ConfigError("batch.global_batch", global_batch,
+                               f"{L.pp_schedule} needs micro-batches ({m}) divisible by "
+                               f"pp={L.pp}"))
+    return out
+
+
 def layout_problems(layout: Layout, model: ModelConfig, *, world_size: int | None = None,
                     global_batch: int | None = None, micro_batch: int | None = None,
                     seq_len: int | None = None) -> list[ConfigError]:
@@ -153,17 +174,7 @@ def layout_problems(layout: Layout, model: ModelConfig, *, world_size: int | Non
         need(seq_len <= model.max_seq_len, "batch.seq_len", seq_len,
              f"learned positions stop at model.max_seq_len={model.max_seq_len}")
     if global_batch is not None and micro_batch is not None:
-        need(global_batch % (micro_batch * L.dp) == 0, "batch.global_batch", global_batch,
-             f"must be a multiple of micro_batch*dp = {micro_batch}*{L.dp} = {micro_batch * L.dp}")
-        m = max(1, grad_accum_steps(global_batch, micro_batch, L.dp))
-        if L.pp > 1 and L.pp_schedule != "gpipe":
-            need(m >= L.pp, "batch.global_batch", global_batch,
-                 f"{L.pp_schedule} needs at least pp={L.pp} micro-batches per step, got {m}: "
-                 "raise global_batch or lower micro_batch")
-        if L.pp > 1 and L.pp_schedule in ("interleaved", "zero-bubble"):
-            # torch's looped schedules run m / pp rounds of pp micro-batches
-            need(m % L.pp == 0, "batch.global_batch", global_batch,
-                 f"{L.pp_schedule} needs micro-batches ({m}) divisible by pp={L.pp}")
+        out += batch_problems(L, global_batch, micro_batch)
     return out
 
 

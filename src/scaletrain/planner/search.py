@@ -19,7 +19,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from scaletrain.config import GB, ConfigError, HardwareSpec, Layout, ModelConfig, layout_problems
+from scaletrain.config import (
+    GB,
+    ConfigError,
+    HardwareSpec,
+    Layout,
+    ModelConfig,
+    batch_problems,
+    layout_problems,
+)
 
 from .estimate import reserved_and_step
 from .types import Estimate, PlanInput
@@ -238,20 +246,23 @@ def _layouts(job: _Job) -> Iterator[tuple[Layout, list[int], list[str]]]:
 
 
 class _Legal:
-    """`layout_problems` for one layout, asked lazily and once per micro-batch size (pruned
-    sizes are never checked)."""
+    """`layout_problems` for one layout: the rules without the batch once, then the batch
+    rules once per micro-batch size asked (pruned sizes are never checked)."""
 
     def __init__(self, job: _Job, layout: Layout) -> None:
         self.job, self.layout = job, layout
         self.seen: dict[int, bool] = {}
+        self.base: bool | None = None
 
     def __call__(self, mb: int) -> bool:
         ok = self.seen.get(mb)
         if ok is None:
             job = self.job
-            ok = self.seen[mb] = not layout_problems(
-                self.layout, job.model, world_size=job.num_gpus, global_batch=job.global_batch,
-                micro_batch=mb, seq_len=job.seq_len)
+            if self.base is None:
+                self.base = not layout_problems(self.layout, job.model, world_size=job.num_gpus,
+                                                seq_len=job.seq_len)
+            ok = self.seen[mb] = self.base and not batch_problems(self.layout, job.global_batch,
+                                                                  mb)
         return ok
 
 

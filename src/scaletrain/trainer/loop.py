@@ -393,9 +393,12 @@ def _train(job: JobConfig, *, max_steps: int | None) -> RunResult:
     sample = ""
     if step >= job.train.steps and job.train.sample_tokens and run.pipeline is None \
             and run.dims.cp == 1:
-        ids = generate(run.model, run.data.tokenizer.encode("The "),
-                       num_tokens=job.train.sample_tokens, context=job.batch.seq_len,
-                       seed=job.train.seed, device=run.device, pad_multiple=run.dims.tp)
+        # the training step's autocast: FSDP mixed precision casts only the parameters it
+        # manages (expert-parallel experts stay fp32), and autocast aligns the rest
+        with autocast(job.precision, run.device.type):
+            ids = generate(run.model, run.data.tokenizer.encode("The "),
+                           num_tokens=job.train.sample_tokens, context=job.batch.seq_len,
+                           seed=job.train.seed, device=run.device, pad_multiple=run.dims.tp)
         sample = run.data.tokenizer.decode(ids)
     if job.checkpoint.export_hf and step >= job.train.steps:
         from scaletrain.checkpoint.hf import export_hf
