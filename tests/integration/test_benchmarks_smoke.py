@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
-SCRIPTS = ("attention", "pipeline", "scaling", "strategies", "gpu", "comm_volume")
+SCRIPTS = ("attention", "pipeline", "scaling", "strategies", "gpu", "comm_volume", "precision")
 
 
 def _load(name: str):
@@ -128,7 +128,8 @@ def test_comm_volume_planner_side_and_classification(tmp_path):
 
 REQUIRED = {"attention": ("rows", "slopes"), "pipeline": ("results", "meta"),
             "scaling": ("rows", "meta"), "strategies": ("rows", "meta"), "gpu": ("status",),
-            "comm_volume": ("results", "notes")}
+            "comm_volume": ("results", "notes"),
+            "precision": ("meta", "summary", "step0_grad_error", "memory", "runs")}
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
@@ -142,3 +143,22 @@ def test_committed_results_schema(name):
     assert mpath.exists() and mpath.read_text().startswith("# ")
     if name == "gpu" and data["status"] != "measured":
         assert "not measured" in data["status"]
+
+
+def test_precision_memory_planned_matches_measured():
+    """The precision study's memory table: for every precision with a planner recipe, the
+    planned training state equals the measured one exactly and the planned saved bytes are
+    within 5% of what autograd saves (micro-batch 2 x 64 tokens, seconds)."""
+    import torch
+
+    prec = _load("precision")
+    x = torch.randint(0, 256, (2, 64))
+    rows = prec.memory_rows((x, torch.roll(x, -1, 1)), seq_len=64)
+    assert set(rows) == set(prec.RUNS)
+    for name in prec.PLANNED:
+        r = rows[name]
+        assert r["planned_state"] == r["measured_state"], name
+        assert abs(r["planned_saved"] / r["measured_saved"] - 1) < 0.05, (name, r)
+    # the memory ordering the recipes promise: fp32 > bf16 > fp8 saved bytes
+    saved = {n: rows[n]["measured_saved"] for n in ("fp32", "bf16", "fp8 tensorwise")}
+    assert saved["fp32"] > saved["bf16"] > saved["fp8 tensorwise"]
