@@ -101,3 +101,24 @@ def test_from_live_cuda_and_cpu():
     cpu = Measurement.from_live({"params": 10, "peak_rss": 999}, device_type="cpu", rank=0,
                                 world_size=1, plan={}, tokens_per_s=3.0)
     assert (cpu.source, cpu.memory.total, cpu.memory.detail["rss"]) == ("cpu", 10, 999)
+
+
+def test_live_runs_compare_resident_state_and_one_micro_batch():
+    """A live run measures resident state and one micro-batch's saved bytes; the planner's
+    peak-moment categories carry in-flight copies and (pipelining) several micro-batches: the
+    comparison takes those out for live runs, and leaves a dry-run's peak comparison alone."""
+    predicted = MemoryBreakdown(params=130.0, grads=110.0, optimizer=200.0, activations=100.0,
+                                buffers=60.0, total=600.0,
+                                detail={"params.in_flight": 30.0, "grads.in_flight": 10.0,
+                                        "activations.in_flight": 2.0})
+    estimate = SimpleNamespace(memory=predicted, tokens_per_s=1.0,
+                               time=SimpleNamespace(step_s=1.0))
+    live = compare(_measurement(), estimate)
+    assert live.predicted["params"] == 100.0 and live.rel_error["params"] == 0.0
+    assert live.predicted["grads"] == 100.0 and live.predicted["activations"] == 50.0
+    assert live.predicted["total"] == 450.0  # CPU: the sum of the four, as measured
+    assert any("live run" in n for n in live.notes)
+    dry = _measurement()
+    dry.source = "dryrun"
+    peak = compare(dry, estimate)
+    assert peak.predicted["params"] == 130.0 and peak.predicted["total"] == 600.0

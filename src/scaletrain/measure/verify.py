@@ -63,6 +63,19 @@ def _categories(mem: MemoryBreakdown) -> dict[str, float]:
     return {c: float(getattr(mem, c)) for c in CATEGORIES}
 
 
+def live_terms(mem: MemoryBreakdown) -> dict[str, float]:
+    """The planner's per-category bytes in the terms a live run measures them (`measure.live`):
+    the resident state, and activations for one micro-batch. The planner's categories are those
+    of the peak moment: params and grads include the 16-bit copies in flight there (FSDP units
+    gathered or reduced, autocast's weight casts: `params.in_flight` / `grads.in_flight`), and
+    under pipelining the activations of every micro-batch in flight on the rank."""
+    d = mem.detail
+    return {"params": mem.params - d.get("params.in_flight", 0.0),
+            "grads": mem.grads - d.get("grads.in_flight", 0.0),
+            "optimizer": mem.optimizer,
+            "activations": mem.activations / max(1.0, d.get("activations.in_flight", 1.0))}
+
+
 def compare(measurement: Measurement, estimate: Any) -> Comparison:
     """Relative errors of `estimate` (an `Estimate` or None) against `measurement`."""
     measured = _categories(measurement.memory)
@@ -80,6 +93,14 @@ def compare(measurement: Measurement, estimate: Any) -> Comparison:
             predicted["buffers"] -= ctx
             out.notes.append("predicted total and buffers exclude the CUDA runtime context "
                              f"({ctx / 1e9:.2f} GB): not measurable off-GPU")
+    if measurement.source in ("cpu", "cuda"):  # a live run (a dry-run measures the peak)
+        predicted.update(live_terms(estimate.memory))
+        out.notes.append("live run: params, grads and optimizer compared as resident state, "
+                         "activations as one micro-batch (the planner's in-flight copies and "
+                         "micro-batches excluded)")
+        if measurement.source == "cpu":  # no allocator peak: the total is the categories' sum
+            predicted["total"] = sum(predicted[c] for c in ("params", "grads", "optimizer",
+                                                            "activations"))
     out.predicted = predicted
     for c in CATEGORIES:
         m = measured[c]

@@ -123,7 +123,9 @@ def _forward_backward(run: Run, batches, probe: SavedActivations | None) -> torc
         micro = [next(batches) for _ in range(accum)]
         inputs = torch.cat([x for x, _ in micro]).to(run.device)
         targets = torch.cat([y for _, y in micro]).to(run.device)
-        with autocast(job.precision, run.device.type):
+        # the probe sees every micro-batch of this rank's stages: the caller divides by accum
+        track = probe.track() if probe is not None else contextlib.nullcontext()
+        with autocast(job.precision, run.device.type), track:
             return run.pipeline.step(inputs, targets) / run.scaler.scale
     loss_sum = torch.zeros((), device=run.device)
     for k in range(accum):
@@ -337,7 +339,7 @@ def _train(job: JobConfig, *, max_steps: int | None) -> RunResult:
         t0 = time.perf_counter()
         lr = lr_at(step, optim=job.optim, total_steps=job.train.steps)
         set_lr(run.optimizer, lr)
-        probe = SavedActivations(run.model) if not measured and run.pipeline is None else None
+        probe = SavedActivations(run.model) if not measured else None
         try:
             with _memory_snapshot(run, enabled=not measured) as snap:
                 out = train_step(run, batches, probe=probe)
@@ -359,7 +361,9 @@ def _train(job: JobConfig, *, max_steps: int | None) -> RunResult:
         run.scaler.update(out.finite)
         if not measured:
             measured.update(state_bytes(run.model, run.optimizer))
-            measured["activations"] = probe.bytes if probe is not None else 0
+            # bytes saved for one micro-batch (a pipeline step tracks all of its micro-batches)
+            per = run.grad_accum if run.pipeline is not None else 1
+            measured["activations"] = probe.bytes // per if probe is not None else 0
         run.optimizer.zero_grad(set_to_none=True)
         loss_value = out.loss
         losses.append(loss_value)

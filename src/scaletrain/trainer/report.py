@@ -26,10 +26,8 @@ def memory_ledger(run: Run, measured: dict[str, Any]) -> str:
     """A table of planned vs measured bytes for this rank's training state and activations.
 
     Measured on CPU: parameters, gradients and optimizer states by their storage (exact), and
-    activations as the bytes autograd saved for backward in one micro-batch. The planned side
-    is put in the same terms: the planner's peak-moment categories hold FSDP units gathered or
-    reduced in flight (transient, listed on their own line) and, under pipelining, every
-    micro-batch in flight — the ledger compares the resident state and one micro-batch.
+    activations as the bytes autograd saved for backward in one micro-batch; the planned side
+    in the same terms (`measure.verify.live_terms`), its in-flight copies on their own line.
     """
     try:
         from scaletrain.planner import estimate
@@ -42,13 +40,10 @@ def memory_ledger(run: Run, measured: dict[str, Any]) -> str:
 
 def ledger_table(planned: Any, measured: dict[str, Any]) -> str:
     """`memory_ledger`'s table from a planner MemoryBreakdown and the measured categories."""
+    from scaletrain.measure.verify import live_terms
+
     d = planned.detail
-    resident = {
-        "params": planned.params - d.get("params.in_flight", 0.0),
-        "grads": planned.grads - d.get("grads.in_flight", 0.0),
-        "optimizer": planned.optimizer,
-        "activations": planned.activations / max(1.0, d.get("activations.in_flight", 1.0)),
-    }
+    resident = live_terms(planned)
     rows = ["memory ledger (this rank, MiB)   planned   measured   error"]
     for cat in _CATEGORIES:
         p, m = resident[cat], measured.get(cat)
@@ -59,7 +54,7 @@ def ledger_table(planned: Any, measured: dict[str, Any]) -> str:
         rows.append(f"  {label:<29} {p / MiB:9.1f} {m / MiB:10.1f} {err:>7}")
     flight = d.get("params.in_flight", 0.0) + d.get("grads.in_flight", 0.0)
     if flight:
-        rows.append(f"  {'FSDP units in flight (planned)':<29} {flight / MiB:9.1f}")
+        rows.append(f"  {'16-bit params/grads in flight':<29} {flight / MiB:9.1f}")
     if d.get("offloaded.cpu"):
         rows.append(f"  {'offloaded to host (planned)':<29} {d['offloaded.cpu'] / MiB:9.1f}")
     rows.append(f"  {'buffers (planned terms)':<29} {planned.buffers / MiB:9.1f}")
