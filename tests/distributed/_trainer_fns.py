@@ -14,5 +14,10 @@ def train_losses_partial(overrides, steps):
 
 def train_many(jobs):
     """Train each name -> overrides job in turn on the same process group (one spawn for
-    many layouts: start-up dominates these tiny runs); per-step losses keyed by name."""
-    return {name: train(load_config(None, args)).losses for name, args in jobs.items()}
+    many layouts: start-up dominates these tiny runs); per name, (per-step losses, final
+    validation loss)."""
+    out = {}
+    for name, args in jobs.items():
+        r = train(load_config(None, args))
+        out[name] = (r.losses, r.val_loss)
+    return out

@@ -33,8 +33,11 @@ def _args(tmp_path, name, model="tiny-llama", *extra):
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ref")
-    return {m: (tmp, train(load_config(None, _args(tmp, "ref_" + m, m))).losses)
-            for m in ("tiny-llama", "tiny", "tiny-moe")}
+    out = {}
+    for m in ("tiny-llama", "tiny", "tiny-moe"):
+        r = train(load_config(None, _args(tmp, "ref_" + m, m)))
+        out[m] = (tmp, r.losses, r.val_loss)
+    return out
 
 
 LAYOUTS = {
@@ -91,17 +94,35 @@ def runs(reference) -> dict:
     return out
 
 
+def _losses(runs, name):
+    return [losses for losses, _ in runs[name]]
+
+
+# layouts without data parallelism see the single process's validation batches (dp ranks
+# each evaluate their own shard): their validation loss must equal it (pipeline: forward-only
+# schedule runs over the step's micro-batches)
+VAL_PARITY = ("tp_sp", "cp", "pp_1f1b")
+
+
+@pytest.mark.parametrize("name", VAL_PARITY)
+def test_validation_loss_matches_single_process(runs, reference, name):
+    _, _, ref_val = reference[LAYOUTS[name][0]]
+    assert ref_val is not None
+    for _, val in runs[name]:
+        assert val == pytest.approx(ref_val, abs=2e-5, rel=0)
+
+
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
 def test_layout_matches_single_process(runs, reference, name):
-    _, ref = reference[LAYOUTS[name][0]]
-    for rank_losses in runs[name]:  # every rank logs the same all-reduced loss
+    _, ref, _ = reference[LAYOUTS[name][0]]
+    for rank_losses in _losses(runs, name):  # every rank logs the same all-reduced loss
         assert rank_losses == pytest.approx(ref, abs=2e-5, rel=0)
 
 
 def test_powersgd_compressed_ddp_trains_close_to_exact(runs, reference):
     """PowerSGD is lossy by design: identical during its warm-up, then close (error feedback)."""
-    _, ref = reference["tiny-llama"]
-    losses = runs["powersgd"][0]
+    _, ref, _ = reference["tiny-llama"]
+    losses = _losses(runs, "powersgd")[0]
     assert losses[0] == pytest.approx(ref[0], abs=2e-5)  # plain all-reduce before the start
     assert losses == pytest.approx(ref, rel=0.02)  # compressed steps stay within 2%
     assert losses[-1] < losses[0]
@@ -114,7 +135,7 @@ def test_pipeline_run_exports_one_complete_hf_checkpoint(runs, reference):
     from scaletrain.config import resolve_model
     from scaletrain.models import build_model
 
-    assert all(len(r) == STEPS for r in runs["pp_tied_export"])
+    assert all(len(r) == STEPS for r in _losses(runs, "pp_tied_export"))
     out = reference["tiny"][0] / "pp_tied_export" / "hf"
     cfg = dataclasses.replace(resolve_model("tiny"), tie_embeddings=True)
     model = build_model(cfg, device="cpu", seed=123)
@@ -125,6 +146,6 @@ def test_pipeline_run_exports_one_complete_hf_checkpoint(runs, reference):
 
 def test_bf16_fsdp_expert_parallel_trains_and_samples(runs, reference):
     """bf16 rounding only: within 1% of the fp32 single-process losses, every step."""
-    _, ref = reference["tiny-moe"]
-    for rank_losses in runs["ep_zero3_bf16"]:
+    _, ref, _ = reference["tiny-moe"]
+    for rank_losses in _losses(runs, "ep_zero3_bf16"):
         assert rank_losses == pytest.approx(ref, rel=1e-2)

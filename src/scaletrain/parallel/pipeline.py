@@ -174,10 +174,24 @@ class PipelineRuntime:
         self.schedule.step(*args, target=targets if self.is_last else None,
                            losses=losses if self.is_last else None, return_outputs=False)
         self.sync_tied_gradients()
+        return self._mean_loss(losses, inputs.device)
+
+    @torch.no_grad()
+    def eval_loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Forward only (the schedule's `eval`: no backward actions, no gradients) of a batch
+        split into the step's micro-batches; the mean micro-batch loss on every pp rank."""
+        args = (inputs,) if self.is_first else ()
+        losses: list[torch.Tensor] = []
+        self.schedule.eval(*args, target=targets if self.is_last else None,
+                           losses=losses if self.is_last else None, return_outputs=False)
+        return self._mean_loss(losses, inputs.device)
+
+    def _mean_loss(self, losses: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+        """The last stage's mean micro-batch loss, broadcast to every pp rank."""
         if self.is_last:
             loss = torch.stack([x.detach().float() for x in losses]).mean()
         else:
-            loss = torch.zeros((), dtype=torch.float32, device=inputs.device)
+            loss = torch.zeros((), dtype=torch.float32, device=device)
         # the last stage lives on pp rank pp-1 with the interleaved assignment
         src = dist.get_global_rank(self.group, dist.get_world_size(self.group) - 1)
         dist.broadcast(loss, src=src, group=self.group)

@@ -99,12 +99,29 @@ def _local_batch(run: Run, inputs: torch.Tensor, targets: torch.Tensor
     return cp_shard(inputs, rank, size), cp_shard(targets, rank, size), positions
 
 
+def val_batch_count(run: Run) -> int:
+    """`train.eval_batches`, rounded up to whole pipeline steps under pipelining."""
+    n = run.job.train.eval_batches
+    k = run.grad_accum if run.pipeline is not None else 1
+    return -(-n // k) * k
+
+
 @torch.no_grad()
 def evaluate(run: Run, batches: list) -> float | None:
-    """Mean validation loss over `batches` (all ranks); None under pipeline parallelism."""
-    if run.pipeline is not None:
-        return None
+    """Mean validation loss over `batches` (all ranks). Pipelined: forward-only schedule runs
+    over groups of `grad_accum` batches (the step's micro-batch count; `val_batch_count`
+    rounds the count up to whole groups), the same mean over the same batches."""
     run.model.eval()
+    if run.pipeline is not None:
+        k = run.grad_accum
+        losses = []
+        for i in range(0, len(batches) - k + 1, k):
+            inputs = torch.cat([x for x, _ in batches[i:i + k]]).to(run.device)
+            targets = torch.cat([y for _, y in batches[i:i + k]]).to(run.device)
+            with autocast(run.job.precision, run.device.type):
+                losses.append(run.pipeline.eval_loss(inputs, targets) / run.scaler.scale)
+        run.model.train()
+        return _all_mean(torch.stack(losses).mean()) if losses else None
     total = torch.zeros((), device=run.device)
     for inputs, targets in batches:
         inputs, targets, positions = _local_batch(run, inputs, targets)
@@ -325,7 +342,7 @@ def _train(job: JobConfig, *, max_steps: int | None) -> RunResult:
         if job.checkpoint.async_save else None
     guard = SpikeGuard(job.guard, fp16=job.precision.dtype == "fp16",
                        log_path=run.run_dir / "guard.jsonl")
-    val_batches = run.data.val_batches(job.train.eval_batches)
+    val_batches = run.data.val_batches(val_batch_count(run))
     batches = run.data.train_batches()
     end_step = job.train.steps if max_steps is None else min(job.train.steps, step + max_steps)
     losses: list[float] = []
