@@ -131,6 +131,10 @@ ERRORS = [
     (["--wrong.key=1"], "wrong"),
     (["train.steps=3"], "override"),
     (["--checkpoint.keep_last_n=0"], "checkpoint.keep_last_n"),
+    (["--precision.fp8_amax=history"], "precision.fp8_amax"),
+    (["--precision.fp8_amax=delayed", "--precision.fp8_scaling=tilewise"],
+     "precision.fp8_amax"),
+    (["--precision.fp8_history_len=0"], "precision.fp8_history_len"),
 ]
 
 

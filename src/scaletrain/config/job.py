@@ -94,6 +94,11 @@ class PrecisionConfig:
     loss_scale_growth_interval: int = 2000
     fp8_scaling: str = "tensorwise"
     """fp8 scaling granularity: 'tensorwise' or 'tilewise' (1x128 activations, 128x128 weights)."""
+    fp8_amax: str = "current"
+    """fp8 per-tensor amax: 'current' (this tensor's) or 'delayed' (the max over the last
+    `fp8_history_len` micro-batches, Transformer Engine style; tensorwise only)."""
+    fp8_history_len: int = 16
+    """Delayed scaling's amax history length."""
     grad_compression: str = "none"
     """DDP gradient all-reduce compression: 'none' or 'powersgd' (low-rank, error feedback)."""
     powersgd_rank: int = 2
@@ -105,6 +110,13 @@ class PrecisionConfig:
         choice("precision.dtype", self.dtype, PRECISIONS)
         choice("precision.reduce_dtype", self.reduce_dtype, ("fp32", "bf16"))
         choice("precision.fp8_scaling", self.fp8_scaling, ("tensorwise", "tilewise"))
+        choice("precision.fp8_amax", self.fp8_amax, ("current", "delayed"))
+        require(not (self.fp8_amax == "delayed" and self.fp8_scaling == "tilewise"),
+                "precision.fp8_amax", self.fp8_amax, "delayed amax is per-tensor only: set "
+                "precision.fp8_scaling='tensorwise', or fp8_amax='current' (tiles are scaled "
+                "from their own amax)")
+        require(self.fp8_history_len >= 1, "precision.fp8_history_len", self.fp8_history_len,
+                "use a positive integer such as 16")
         choice("precision.grad_compression", self.grad_compression, ("none", "powersgd"))
         require(self.powersgd_rank >= 1, "precision.powersgd_rank", self.powersgd_rank,
                 "use a positive integer such as 2")

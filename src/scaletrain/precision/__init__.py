@@ -5,11 +5,14 @@ from .fp8 import (
     SCALINGS,
     Float8ExpertLinear,
     Float8Linear,
+    amax_histories,
     apply_fp8,
     fp8_eligible,
     maybe_apply_fp8,
+    sync_amax_histories,
 )
 from .scaling import E4M3, E5M2, AmaxHistory, dequantize, quantize
 
 __all__ = ["Float8Linear", "Float8ExpertLinear", "apply_fp8", "maybe_apply_fp8", "fp8_eligible",
+           "amax_histories", "sync_amax_histories",
            "SCALINGS", "AMAXES", "E4M3", "E5M2", "AmaxHistory", "quantize", "dequantize"]

@@ -47,6 +47,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -403,8 +404,38 @@ def _convert_experts(model: nn.Module, scaling: str, skip: Sequence[str]) -> lis
 def maybe_apply_fp8(model: nn.Module, precision: Any, **kwargs: Any) -> list[str]:
     """`apply_fp8` with `precision.fp8_scaling` when `precision.dtype == 'fp8'`; else a no-op.
 
-    `precision` is a `scaletrain.config.PrecisionConfig` (only `dtype`, `fp8_scaling` read).
+    `precision` is a `scaletrain.config.PrecisionConfig` (`dtype` and the `fp8_*` fields).
     """
     if precision.dtype != "fp8":
         return []
-    return apply_fp8(model, scaling=precision.fp8_scaling, **kwargs)
+    return apply_fp8(model, scaling=precision.fp8_scaling, amax=precision.fp8_amax,
+                     history_len=precision.fp8_history_len, **kwargs)
+
+
+def amax_histories(model: nn.Module) -> list[AmaxHistory]:
+    """Every delayed-scaling history of `model`'s Float8Linears, in module order."""
+    return [h for m in model.modules() if isinstance(m, Float8Linear)
+            for h in m.fp8_state.histories()]
+
+
+@torch.no_grad()
+def sync_amax_histories(model: nn.Module, group: Any = None) -> int:
+    """Make every rank's delayed-scaling histories the elementwise max over `group`.
+
+    Data-parallel (and context-parallel) ranks quantize different tokens, so the activation and
+    gradient amaxes they record differ; after this they hold the amax of the whole batch, as
+    one process would (the max over the shards is the max over the batch), every rank scales
+    the next micro-batches alike, and the checkpoint — which saves the histories once, from
+    rank 0 — resumes every rank exactly. Transformer Engine reduces amaxes over the
+    data-parallel group the same way. One all-reduce (MAX) per call over all histories; call it
+    once per step, after backward. Every rank must hold the same histories (the same model and
+    micro-batch count do). Returns the number of values reduced.
+    """
+    hists = [h for h in amax_histories(model) if h.history is not None]
+    if not hists:
+        return 0
+    flat = torch.cat([h.history for h in hists])
+    dist.all_reduce(flat, op=dist.ReduceOp.MAX, group=group)
+    for h, part in zip(hists, flat.split([h.length for h in hists]), strict=True):
+        h.history = part.clone()
+    return flat.numel()

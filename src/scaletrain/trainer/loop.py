@@ -159,10 +159,22 @@ def _forward_backward(run: Run, batches, probe: SavedActivations | None) -> torc
     return loss_sum / accum
 
 
+def _sync_fp8_amax(run: Run) -> None:
+    """fp8 delayed scaling over data/context-parallel ranks: share the recorded amaxes
+    (`precision.sync_amax_histories`), so every rank scales like one process would and a
+    checkpoint (histories saved once) resumes every rank exactly."""
+    p, dims = run.job.precision, run.dims
+    if p.dtype == "fp8" and p.fp8_amax == "delayed" and dims.layout.dp * dims.cp > 1:
+        from scaletrain.precision import sync_amax_histories
+
+        sync_amax_histories(run.model, dims.submesh("dp_cp").get_group())
+
+
 def train_step(run: Run, batches, *, probe: SavedActivations | None = None) -> StepOut:
     """Forward, backward, unscale and clip; the caller decides whether to apply the update."""
     loss = _forward_backward(run, batches, probe)
     sync_gradients(run.model)  # EP's data parallelism (DDP/FSDP reduce inside backward)
+    _sync_fp8_amax(run)
     finite = run.scaler.unscale_and_check(run.params)
     extra = run.pipeline.group if run.pipeline is not None else None
     exclude = run.pipeline.norm_exclude if run.pipeline is not None else ()
