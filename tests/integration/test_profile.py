@@ -24,11 +24,18 @@ def _args(tmp_path, cache, *extra: str) -> list[str]:
             f"--train.run_dir={tmp_path / 'run'}", "--train.progress=false", *extra]
 
 
+def _tiling_slack(step_s: float) -> float:
+    """How far the phases may miss the step: 5%, and never less than 2 ms — on a loaded 2-core
+    host the two clocks' edges of a ~20 ms step drift ~1 ms apart (a lost phase, e.g. the
+    optimizer step, is far larger)."""
+    return max(0.05 * step_s, 2e-3)
+
+
 def _assert_parts_add_up(r) -> None:
     # the phase ranges in the trace (one clock) tile the step timed by perf_counter around it
     # (another): nothing of the step is lost or counted twice
     assert r.step_s > 0
-    assert abs(r.parts_s - r.step_s) <= 0.05 * r.step_s, (r.parts_s, r.step_s, r.phase_s)
+    assert abs(r.parts_s - r.step_s) <= _tiling_slack(r.step_s), (r.parts_s, r.step_s, r.phase_s)
     for phase, secs in r.phase_s.items():  # the hooks' own clock agrees with the trace
         # (to 3% of the step: a preempted thread between a timestamp and a range edge on a
         # busy CI box moves milliseconds from one phase to the next)
@@ -80,7 +87,7 @@ def test_default_small_run_is_compute_bound_via_cli(tmp_path, cache, capsys):
     data = json.loads((out / "profile.json").read_text())
     assert data["model"] == "gpt-mini" and data["verdict"]["kind"] == "compute-bound"
     parts = sum(data["phases_s"].values())
-    assert abs(parts - data["step_s"]) <= 0.05 * data["step_s"]
+    assert abs(parts - data["step_s"]) <= _tiling_slack(data["step_s"])
     # measured and predicted MFU side by side, same (model-FLOPs) convention
     assert 0 < data["mfu"] < 1 and 0 < data["predicted"]["mfu"] < 1
     assert data["unprofiled_step_s"] > 0
@@ -112,5 +119,5 @@ def test_gloo_run_reports_collective_time(tmp_path, cache):
         # thread (exposed), never more than all of it
         assert res["comm_class"] > 0 and res["comm_total"] > 0
         assert 0 < res["comm_exposed"] <= res["comm_total"] + 1e-9
-        assert abs(res["parts"] - res["step"]) <= 0.05 * res["step"]
+        assert abs(res["parts"] - res["step"]) <= _tiling_slack(res["step"])
         assert res["trace"].endswith(f"rank{rank}.pt.trace.json")
