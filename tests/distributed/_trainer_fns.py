@@ -15,9 +15,9 @@ def train_losses_partial(overrides, steps):
 def train_many(jobs):
     """Train each name -> overrides job in turn on the same process group (one spawn for
     many layouts: start-up dominates these tiny runs); per name, (per-step losses, final
-    validation loss)."""
+    validation loss, end-of-run sample)."""
     out = {}
     for name, args in jobs.items():
         r = train(load_config(None, args))
-        out[name] = (r.losses, r.val_loss)
+        out[name] = (r.losses, r.val_loss, r.sample)
     return out

@@ -24,7 +24,7 @@ STEPS = 3
 def _args(tmp_path, name, model="tiny-llama", *extra):
     return [f"--model.name={model}", "--batch.seq_len=32", "--batch.global_batch=8",
             "--batch.micro_batch=2", f"--train.steps={STEPS}", "--train.eval_every=1000",
-            "--train.sample_tokens=0", "--train.progress=false", "--train.tensorboard=false",
+            "--train.sample_tokens=8", "--train.progress=false", "--train.tensorboard=false",
             "--data.num_tokens=60000", f"--data.cache_dir={tmp_path / 'cache'}",
             f"--train.run_dir={tmp_path / name}", "--optim.warmup_steps=0",
             "--model.tie_embeddings=false", "--guard.enabled=false", *extra]
@@ -36,7 +36,7 @@ def reference(tmp_path_factory):
     out = {}
     for m in ("tiny-llama", "tiny", "tiny-moe"):
         r = train(load_config(None, _args(tmp, "ref_" + m, m)))
-        out[m] = (tmp, r.losses, r.val_loss)
+        out[m] = (tmp, r.losses, r.val_loss, r.sample)
     return out
 
 
@@ -95,7 +95,7 @@ def runs(reference) -> dict:
 
 
 def _losses(runs, name):
-    return [losses for losses, _ in runs[name]]
+    return [losses for losses, *_ in runs[name]]
 
 
 # layouts without data parallelism see the single process's validation batches (dp ranks
@@ -106,22 +106,32 @@ VAL_PARITY = ("tp_sp", "cp", "pp_1f1b")
 
 @pytest.mark.parametrize("name", VAL_PARITY)
 def test_validation_loss_matches_single_process(runs, reference, name):
-    _, _, ref_val = reference[LAYOUTS[name][0]]
+    _, _, ref_val, _ = reference[LAYOUTS[name][0]]
     assert ref_val is not None
-    for _, val in runs[name]:
+    for _, val, _ in runs[name]:
         assert val == pytest.approx(ref_val, abs=2e-5, rel=0)
+
+
+@pytest.mark.parametrize("name", (*VAL_PARITY, "zero3", "fsdp_tp_w4"))
+def test_end_of_run_sample_matches_single_process(runs, reference, name):
+    """The same weights sample the same text on every rank (seeded; pipeline: forward-only
+    schedule runs, context parallel: gathered chunk logits, tensor parallel: full logits)."""
+    _, _, _, ref_sample = reference[LAYOUTS[name][0]]
+    assert len(ref_sample) > 0
+    for *_, sample in runs[name]:
+        assert sample == ref_sample
 
 
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
 def test_layout_matches_single_process(runs, reference, name):
-    _, ref, _ = reference[LAYOUTS[name][0]]
+    _, ref, *_ = reference[LAYOUTS[name][0]]
     for rank_losses in _losses(runs, name):  # every rank logs the same all-reduced loss
         assert rank_losses == pytest.approx(ref, abs=2e-5, rel=0)
 
 
 def test_powersgd_compressed_ddp_trains_close_to_exact(runs, reference):
     """PowerSGD is lossy by design: identical during its warm-up, then close (error feedback)."""
-    _, ref, _ = reference["tiny-llama"]
+    _, ref, *_ = reference["tiny-llama"]
     losses = _losses(runs, "powersgd")[0]
     assert losses[0] == pytest.approx(ref[0], abs=2e-5)  # plain all-reduce before the start
     assert losses == pytest.approx(ref, rel=0.02)  # compressed steps stay within 2%
@@ -146,6 +156,6 @@ def test_pipeline_run_exports_one_complete_hf_checkpoint(runs, reference):
 
 def test_bf16_fsdp_expert_parallel_trains_and_samples(runs, reference):
     """bf16 rounding only: within 1% of the fp32 single-process losses, every step."""
-    _, ref, _ = reference["tiny-moe"]
+    _, ref, *_ = reference["tiny-moe"]
     for rank_losses in _losses(runs, "ep_zero3_bf16"):
         assert rank_losses == pytest.approx(ref, rel=1e-2)

@@ -86,3 +86,23 @@ def test_expert_parallel_experts_are_not_fsdp_units():
     assert with_experts["params.in_flight"] - without["params.in_flight"] == 2 * 1000.0
     # the states at rest do not change
     assert with_experts["optimizer"] == without["optimizer"]
+
+
+@pytest.mark.parametrize("schedule,virtual", [("1f1b", 1), ("gpipe", 1), ("interleaved", 2),
+                                              ("zero-bubble", 1)])
+def test_each_pipeline_rank_has_its_memory_and_the_worst_is_one_of_them(schedule, virtual):
+    """`pipeline_rank_memory` answers for one named rank (what a live rank compares itself
+    with); the search's worst rank is the largest of them."""
+    from scaletrain.config import Layout, hardware_preset
+    from scaletrain.planner import estimate_memory, pipeline_rank_memory
+    from scaletrain.planner.types import PlanInput
+
+    plan = PlanInput(model=resolve_model("llama2-7b"), hardware=hardware_preset("h100-sxm"),
+                     num_gpus=4, layout=Layout(pp=4, pp_schedule=schedule, pp_virtual=virtual),
+                     seq_len=4096, global_batch=8, micro_batch=1, precision="bf16")
+    ranks = [pipeline_rank_memory(plan, r) for r in range(4)]
+    assert [m.detail["pipeline_rank"] for m in ranks] == [0, 1, 2, 3]
+    assert max(m.reserved for m in ranks) == pytest.approx(estimate_memory(plan).reserved)
+    assert ranks[0].params != ranks[3].params  # embedding on the first, head on the last
+    with pytest.raises(ValueError, match="pp_rank"):
+        pipeline_rank_memory(plan, 4)

@@ -47,6 +47,8 @@ class SavedActivations:
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         local = _local(t)
+        if local.device.type == "meta":  # shape inference (pipeline stages' first step)
+            return t
         try:
             key = local.untyped_storage().data_ptr()
             size = local.untyped_storage().nbytes()
@@ -61,6 +63,35 @@ class SavedActivations:
     def track(self) -> Iterator[SavedActivations]:
         with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
             yield self
+
+    @contextlib.contextmanager
+    def track_first_forward(self, modules: list[torch.nn.Module]) -> Iterator[SavedActivations]:
+        """Count what each module's first forward saves: one micro-batch of each pipeline
+        stage, where a schedule runs every micro-batch inside one call (and later ones may
+        reuse the storages backward freed, which `track` would not count again)."""
+        done: set[int] = set()
+        active: list[contextlib.AbstractContextManager] = []
+
+        def pre(mod: torch.nn.Module, _args: object) -> None:
+            if id(mod) not in done:
+                ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+                ctx.__enter__()
+                active.append(ctx)
+
+        def post(mod: torch.nn.Module, _args: object, _out: object) -> None:
+            if id(mod) not in done:
+                done.add(id(mod))
+                active.pop().__exit__(None, None, None)
+
+        handles = [h for m in modules for h in (m.register_forward_pre_hook(pre),
+                                               m.register_forward_hook(post))]
+        try:
+            yield self
+        finally:
+            for h in handles:
+                h.remove()
+            while active:  # a forward that raised
+                active.pop().__exit__(None, None, None)
 
 
 def peak_process_memory(device: torch.device) -> dict[str, int]:

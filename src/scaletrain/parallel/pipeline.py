@@ -186,6 +186,28 @@ class PipelineRuntime:
                            losses=losses if self.is_last else None, return_outputs=False)
         return self._mean_loss(losses, inputs.device)
 
+    @torch.no_grad()
+    def eval_logits(self, inputs: torch.Tensor) -> torch.Tensor:
+        """Forward only of a batch split into the step's micro-batches; the last stage's
+        logits (batch, T, V), broadcast to every pp rank (the loss the schedule computes on
+        dummy targets is discarded)."""
+        args = (inputs,) if self.is_first else ()
+        dummy = torch.zeros(inputs.shape, dtype=torch.long, device=inputs.device)
+        out = self.schedule.eval(*args, target=dummy if self.is_last else None,
+                                 return_outputs=True)
+        if self.is_last:
+            logits = out.full_tensor() if hasattr(out, "full_tensor") else out
+            shape = torch.tensor(logits.shape, device=inputs.device)
+        else:
+            shape = torch.zeros(3, dtype=torch.long, device=inputs.device)
+        src = dist.get_global_rank(self.group, dist.get_world_size(self.group) - 1)
+        dist.broadcast(shape, src=src, group=self.group)
+        if not self.is_last:
+            logits = torch.empty(*shape.tolist(), device=inputs.device)
+        logits = logits.float().contiguous()
+        dist.broadcast(logits, src=src, group=self.group)
+        return logits
+
     def _mean_loss(self, losses: list[torch.Tensor], device: torch.device) -> torch.Tensor:
         """The last stage's mean micro-batch loss, broadcast to every pp rank."""
         if self.is_last:

@@ -17,10 +17,11 @@ from .memory import (
                        state_bytes_per_param,
 )
 from .pipeline import bubble_fraction, inflight_microbatches
+from .rank_memory import pipeline_rank_memory
 from .types import Estimate, MemoryBreakdown, PlanInput, TimeBreakdown
 
-__all__ = ["estimate", "estimate_memory", "inflight_microbatches", "PlanInput", "Estimate",
-           "MemoryBreakdown", "TimeBreakdown",
+__all__ = ["estimate", "estimate_memory", "pipeline_rank_memory", "inflight_microbatches",
+           "PlanInput", "Estimate", "MemoryBreakdown", "TimeBreakdown",
            "flops_per_token", "forward_flops_per_token", "model_state_bytes",
            "state_bytes_per_param", "activation_bytes", "layer_activation_bytes",
            "head_activation_bytes", "korthikanti_layer_bytes",

@@ -32,8 +32,8 @@ from .memory import (
 from .pipeline import inflight_per_rank, rank_order
 from .types import MemoryBreakdown, PlanInput
 
-__all__ = ["estimate_memory", "worst_rank", "rank_candidates", "schedule_moments",
-           "RankNumbers"]
+__all__ = ["estimate_memory", "pipeline_rank_memory", "worst_rank", "rank_candidates",
+           "schedule_moments", "RankNumbers"]
 
 RankNumbers = tuple
 """(reserved, total, states dict, buffers dict, buffers sum, activations, per-layer
@@ -524,6 +524,23 @@ def breakdown(plan: PlanInput, nums: RankNumbers) -> MemoryBreakdown:
                 "activations.per_layer": per_layer, "activations.in_flight": inflight,
                 "optimizer_step.temp": step_tmp, "allocator_reserve": reserved - total,
                 "params.count": count, "pipeline_rank": rank})
+
+
+def pipeline_rank_memory(plan: PlanInput, pp_rank: int, *, convention: str = "scaletrain",
+                         modern: bool = True) -> MemoryBreakdown:
+    """Memory of pipeline rank `pp_rank` (not necessarily the worst): what a real rank of the
+    run should compare itself with (the trainer's ledger, `verify` of a live run)."""
+    L = plan.layout
+    if not 0 <= pp_rank < L.pp:
+        raise ValueError(f"pp_rank={pp_rank}: the layout has pp={L.pp} pipeline ranks")
+    m = max(1, plan.grad_accum)
+    layers = stage_layer_counts(plan.model.num_layers, L.pp, L.pp_virtual)[pp_rank]
+    in_flight = (1.0 if L.pp == 1 else
+                 inflight_per_rank(L.pp_schedule, L.pp, m, L.pp_virtual)[pp_rank])
+    device = "cpu" if plan.hardware.name == "cpu" else "gpu"
+    nums = _rank_numbers(plan, _activation_terms(plan, modern), L.zero_shards, pp_rank, layers,
+                         in_flight, m, convention, device)
+    return breakdown(plan, nums)
 
 
 def estimate_memory(plan: PlanInput, *, convention: str = "scaletrain",

@@ -39,7 +39,7 @@ from .metrics import MetricsLogger
 from .optim import lr_at, set_lr
 from .precision import autocast
 from .report import memory_ledger, out_of_memory, summary
-from .sample import generate
+from .sample import generate, layout_logits_fn
 
 __all__ = ["train", "RunResult", "evaluate"]
 
@@ -140,8 +140,9 @@ def _forward_backward(run: Run, batches, probe: SavedActivations | None) -> torc
         micro = [next(batches) for _ in range(accum)]
         inputs = torch.cat([x for x, _ in micro]).to(run.device)
         targets = torch.cat([y for _, y in micro]).to(run.device)
-        # the probe sees every micro-batch of this rank's stages: the caller divides by accum
-        track = probe.track() if probe is not None else contextlib.nullcontext()
+        # one micro-batch of each of this rank's stages (the schedule runs them all)
+        track = (probe.track_first_forward(run.pipeline.stages) if probe is not None
+                 else contextlib.nullcontext())
         with autocast(job.precision, run.device.type), track:
             return run.pipeline.step(inputs, targets) / run.scaler.scale
     loss_sum = torch.zeros((), device=run.device)
@@ -390,9 +391,7 @@ def _train(job: JobConfig, *, max_steps: int | None) -> RunResult:
         run.scaler.update(out.finite)
         if not measured:
             measured.update(state_bytes(run.model, run.optimizer))
-            # bytes saved for one micro-batch (a pipeline step tracks all of its micro-batches)
-            per = run.grad_accum if run.pipeline is not None else 1
-            measured["activations"] = probe.bytes // per if probe is not None else 0
+            measured["activations"] = probe.bytes if probe is not None else 0  # 1 micro-batch
         run.optimizer.zero_grad(set_to_none=True)
         loss_value = out.loss
         losses.append(loss_value)
@@ -424,14 +423,14 @@ def _train(job: JobConfig, *, max_steps: int | None) -> RunResult:
     run.data.close()
     tok_s = tokens_seen / timed_s if timed_s else run.tokens_per_step / max(dt, 1e-9)
     sample = ""
-    if step >= job.train.steps and job.train.sample_tokens and run.pipeline is None \
-            and run.dims.cp == 1:
+    if step >= job.train.steps and job.train.sample_tokens:
         # the training step's autocast: FSDP mixed precision casts only the parameters it
         # manages (expert-parallel experts stay fp32), and autocast aligns the rest
         with autocast(job.precision, run.device.type):
             ids = generate(run.model, run.data.tokenizer.encode("The "),
                            num_tokens=job.train.sample_tokens, context=job.batch.seq_len,
-                           seed=job.train.seed, device=run.device, pad_multiple=run.dims.tp)
+                           seed=job.train.seed, device=run.device, pad_multiple=run.dims.tp,
+                           logits_fn=layout_logits_fn(run))
         sample = run.data.tokenizer.decode(ids)
     if job.checkpoint.export_hf and step >= job.train.steps:
         from scaletrain.checkpoint.hf import export_hf

@@ -30,9 +30,9 @@ def memory_ledger(run: Run, measured: dict[str, Any]) -> str:
     in the same terms (`measure.verify.live_terms`), its in-flight copies on their own line.
     """
     try:
-        from scaletrain.planner import estimate
+        from scaletrain.planner import pipeline_rank_memory
 
-        planned = estimate(plan_input(run)).memory
+        planned = pipeline_rank_memory(plan_input(run), run.dims.pp_rank)  # this rank's stage
     except Exception as e:  # the ledger must never take a finished run down with it
         return f"memory ledger: planner unavailable for this layout ({type(e).__name__}: {e})"
     return ledger_table(planned, measured)

@@ -2,32 +2,54 @@
 
 from __future__ import annotations
 
-import torch
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-__all__ = ["generate"]
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from .build import Run
+
+__all__ = ["generate", "layout_logits_fn"]
+
+
+LogitsFn = Callable[[torch.Tensor], torch.Tensor]
+"""(1, T) token ids -> (1, T, V) logits of every position (full, not sharded)."""
+
+
+def _plain_logits(model: torch.nn.Module, pad_multiple: int) -> LogitsFn:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        t = x.shape[1]
+        x = F.pad(x, (0, -t % pad_multiple))  # TP/SP splits the sequence: a whole multiple
+        logits = model(x)
+        logits = logits.full_tensor() if hasattr(logits, "full_tensor") else logits
+        return logits[:, :t]
+    return fn
 
 
 @torch.no_grad()
 def generate(model: torch.nn.Module, prompt: list[int], *, num_tokens: int, context: int,
              temperature: float = 0.8, top_k: int = 40, seed: int = 0,
-             device: torch.device | str = "cpu", pad_multiple: int = 1) -> list[int]:
+             device: torch.device | str = "cpu", pad_multiple: int = 1,
+             logits_fn: LogitsFn | None = None) -> list[int]:
     """Autoregressively extend `prompt` by `num_tokens` ids (top-k, temperature sampling).
 
     Every rank must call this together when the model is sharded (FSDP/TP collectives run in
-    forward); the seeded generator keeps the ranks' choices identical.
+    forward); the seeded generator keeps the ranks' choices identical. `logits_fn` replaces
+    the plain forward where the layout needs another (`layout_logits_fn`: context or pipeline
+    parallelism).
     """
+    fn = logits_fn or _plain_logits(model, pad_multiple)
     gen = torch.Generator(device="cpu").manual_seed(seed)
     ids = list(prompt) or [0]
     was_training = model.training
     model.eval()
     for _ in range(num_tokens):
         window = ids[-context:]
-        last = len(window) - 1
-        window = window + [0] * (-len(window) % pad_multiple)
         x = torch.tensor([window], dtype=torch.long, device=device)
-        logits = model(x)
-        logits = logits.full_tensor() if hasattr(logits, "full_tensor") else logits
-        logits = logits[0, last].float().cpu() / max(temperature, 1e-5)
+        logits = fn(x)[0, len(window) - 1].float().cpu() / max(temperature, 1e-5)
         if top_k:
             kth = torch.topk(logits, min(top_k, logits.numel())).values[-1]
             logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -35,3 +57,41 @@ def generate(model: torch.nn.Module, prompt: list[int], *, num_tokens: int, cont
         ids.append(int(torch.multinomial(probs, 1, generator=gen).item()))
     model.train(was_training)
     return ids[len(prompt):] if prompt else ids[1:]
+
+
+def layout_logits_fn(run: Run) -> LogitsFn | None:
+    """The sampling forward of a context- or pipeline-parallel run (None: the plain one).
+
+    Both run the training shapes: the window is right-padded to `batch.seq_len` (a causal
+    model's logits at a position do not see the padding after it). Context parallel: each rank
+    forwards its load-balanced chunks at their global positions and the logits are gathered
+    over the cp group (`cp_unshard`). Pipeline: the window fills every micro-batch of one
+    forward-only schedule run (the stages' buffers are sized for them) and the last stage's
+    logits of one copy are broadcast to the pipeline ranks.
+    """
+    seq_len = run.job.batch.seq_len
+    if run.pipeline is not None:
+        pipe, batch = run.pipeline, run.job.batch.micro_batch * run.grad_accum
+
+        def pp_fn(x: torch.Tensor) -> torch.Tensor:
+            t = x.shape[1]
+            full = F.pad(x, (0, seq_len - t)).expand(batch, seq_len).contiguous()
+            return pipe.eval_logits(full)[:1, :t]
+        return pp_fn
+    if run.dims.cp > 1:
+        from scaletrain.parallel.context_parallel import cp_positions, cp_shard, cp_unshard
+
+        rank, size = run.dims.cp_rank, run.dims.cp
+        group = run.dims.submesh("cp").get_group()
+
+        def cp_fn(x: torch.Tensor) -> torch.Tensor:
+            t = x.shape[1]
+            full = F.pad(x, (0, seq_len - t))
+            pos = cp_positions(seq_len, rank, size, device=x.device)
+            logits = run.model(cp_shard(full, rank, size), positions=pos)
+            logits = logits.full_tensor() if hasattr(logits, "full_tensor") else logits
+            shards = [torch.empty_like(logits) for _ in range(size)]
+            dist.all_gather(shards, logits.contiguous(), group=group)
+            return cp_unshard(shards)[:, :t]
+        return cp_fn
+    return None
