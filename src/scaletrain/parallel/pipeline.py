@@ -189,24 +189,28 @@ class PipelineRuntime:
     @torch.no_grad()
     def eval_logits(self, inputs: torch.Tensor) -> torch.Tensor:
         """Forward only of a batch split into the step's micro-batches; the last stage's
-        logits (batch, T, V), broadcast to every pp rank (the loss the schedule computes on
-        dummy targets is discarded)."""
+        logits of the FIRST sequence (1, T, V), broadcast to every pp rank (the loss the
+        schedule computes on dummy targets is discarded)."""
         args = (inputs,) if self.is_first else ()
         dummy = torch.zeros(inputs.shape, dtype=torch.long, device=inputs.device)
         out = self.schedule.eval(*args, target=dummy if self.is_last else None,
                                  return_outputs=True)
         if self.is_last:
-            logits = out.full_tensor() if hasattr(out, "full_tensor") else out
-            shape = torch.tensor(logits.shape, device=inputs.device)
+            out = out.full_tensor() if hasattr(out, "full_tensor") else out
+            logits = out[:1].float().contiguous()
+            vocab = torch.tensor(logits.shape[-1], device=inputs.device)
         else:
-            shape = torch.zeros(3, dtype=torch.long, device=inputs.device)
-        src = dist.get_global_rank(self.group, dist.get_world_size(self.group) - 1)
-        dist.broadcast(shape, src=src, group=self.group)
+            vocab = torch.zeros((), dtype=torch.long, device=inputs.device)
+        dist.broadcast(vocab, src=self._last_stage_rank, group=self.group)
         if not self.is_last:
-            logits = torch.empty(*shape.tolist(), device=inputs.device)
-        logits = logits.float().contiguous()
-        dist.broadcast(logits, src=src, group=self.group)
+            logits = torch.empty(1, inputs.shape[1], int(vocab), device=inputs.device)
+        dist.broadcast(logits, src=self._last_stage_rank, group=self.group)
         return logits
+
+    @property
+    def _last_stage_rank(self) -> int:
+        """Global rank of the pp rank holding the last stage (pp-1, also when interleaved)."""
+        return dist.get_global_rank(self.group, dist.get_world_size(self.group) - 1)
 
     def _mean_loss(self, losses: list[torch.Tensor], device: torch.device) -> torch.Tensor:
         """The last stage's mean micro-batch loss, broadcast to every pp rank."""
@@ -214,9 +218,7 @@ class PipelineRuntime:
             loss = torch.stack([x.detach().float() for x in losses]).mean()
         else:
             loss = torch.zeros((), dtype=torch.float32, device=device)
-        # the last stage lives on pp rank pp-1 with the interleaved assignment
-        src = dist.get_global_rank(self.group, dist.get_world_size(self.group) - 1)
-        dist.broadcast(loss, src=src, group=self.group)
+        dist.broadcast(loss, src=self._last_stage_rank, group=self.group)
         return loss
 
 

@@ -76,7 +76,7 @@ def layout_logits_fn(run: Run) -> LogitsFn | None:
         def pp_fn(x: torch.Tensor) -> torch.Tensor:
             t = x.shape[1]
             full = F.pad(x, (0, seq_len - t)).expand(batch, seq_len).contiguous()
-            return pipe.eval_logits(full)[:1, :t]
+            return pipe.eval_logits(full)[:, :t]
         return pp_fn
     if run.dims.cp > 1:
         from scaletrain.parallel.context_parallel import cp_positions, cp_shard, cp_unshard
