@@ -99,6 +99,9 @@ class PrecisionConfig:
     `fp8_history_len` micro-batches, Transformer Engine style; tensorwise only)."""
     fp8_history_len: int = 16
     """Delayed scaling's amax history length."""
+    fp8_all_gather: bool = False
+    """ZeRO-2/3 (FSDP2): all-gather the fp8 Linears' weights in E4M3 (1 byte/param instead of
+    bf16's 2; tensorwise scaling, no tensor parallelism): `precision/fp8_fsdp.py`."""
     grad_compression: str = "none"
     """DDP gradient all-reduce compression: 'none' or 'powersgd' (low-rank, error feedback)."""
     powersgd_rank: int = 2
@@ -115,6 +118,10 @@ class PrecisionConfig:
                 "precision.fp8_amax", self.fp8_amax, "delayed amax is per-tensor only: set "
                 "precision.fp8_scaling='tensorwise', or fp8_amax='current' (tiles are scaled "
                 "from their own amax)")
+        require(not (self.fp8_all_gather and self.fp8_scaling == "tilewise"),
+                "precision.fp8_all_gather", self.fp8_all_gather, "the float8 all-gather "
+                "sends one per-tensor scale per weight: set precision.fp8_scaling='tensorwise' "
+                "or fp8_all_gather=false")
         require(self.fp8_history_len >= 1, "precision.fp8_history_len", self.fp8_history_len,
                 "use a positive integer such as 16")
         choice("precision.grad_compression", self.grad_compression, ("none", "powersgd"))

@@ -74,6 +74,15 @@ def parallelize(model: nn.Module, dims: ParallelDims, *, precision: PrecisionCon
     offload = memory.offload == "params"
     # Parameter offload is an FSDP2 policy, so it applies FSDP even over a 1-rank mesh.
     needs_fsdp = dims.zero >= 2 and (dims.fsdp_enabled or offload)
+    if precision.dtype == "fp8" and precision.fp8_all_gather:
+        if dims.tp > 1:
+            raise ConfigError("precision.fp8_all_gather", True, "the float8 all-gather wraps "
+                              "plain weight shards, not tensor-parallel DTensors: set "
+                              "fp8_all_gather=false with parallel.tp > 1")
+        if needs_fsdp:
+            from scaletrain.precision.fp8_fsdp import enable_fp8_all_gather
+
+            enable_fp8_all_gather(model)
     if needs_fsdp:
         # Expert-parallel experts (ep = dp*cp) are already split over the data-parallel ranks
         # and their gradients already scaled to the mean by EP: FSDP leaves them alone.

@@ -61,6 +61,7 @@ def comm_terms(*, layout: Layout, hardware: HardwareSpec, stage_params: float, l
                moe_layers: int, tokens: float, hidden: int, kv_dim: int, experts_per_token: int,
                micro_batches: int, precision: str = "bf16", ac: str = "none",
                reduce_bytes: int = 4, param_comm_bytes: int = 0, expert_params: float = 0.0,
+               fp8_gather_params: float = 0.0,
                gpus_per_node: int | None = None) -> dict[str, tuple[float, float]]:
     """Per step, per rank: {family: (bytes moved by this rank, seconds)}.
 
@@ -68,6 +69,9 @@ def comm_terms(*, layout: Layout, hardware: HardwareSpec, stage_params: float, l
     moe_layers: blocks on this rank; tokens: s_l*b of one micro-batch; micro_batches: m.
     expert_params: the MoE expert parameters among stage_params (local after EP): their
     gradients are reduced over the (dp*cp)/ep ranks that replicate them, not over dp*cp.
+    fp8_gather_params: parameters among stage_params that ZeRO-2/3 all-gathers as 1-byte E4M3
+    (`precision.fp8_all_gather`; measured: exactly half the bf16 bytes, its scale is one
+    all-reduced scalar per weight, ignored) instead of the compute dtype.
     Families (what scaletrain's trainer runs; checked per family against the bytes counted at
     the collectives by benchmarks/comm_volume.py, tiny models on gloo):
       dp_allreduce   zero 0 and 1: one all-reduce of the grads (reduce_bytes/param) per step
@@ -123,11 +127,11 @@ def comm_terms(*, layout: Layout, hardware: HardwareSpec, stage_params: float, l
         elif L.zero == 2:
             out["zero_reduce_scatter"] = (m * (n - 1) / n * grads,
                                           m * gather_time(grads, n, bw, lat))
-            params = stage_params * pc
+            params = (stage_params - fp8_gather_params) * pc + fp8_gather_params
             out["zero_all_gather"] = (m * (n - 1) / n * params,
                                       m * gather_time(params, n, bw, lat))
         else:
-            params = stage_params * pc
+            params = (stage_params - fp8_gather_params) * pc + fp8_gather_params
             out["fsdp_all_gather"] = (2 * m * (n - 1) / n * params,
                                       2 * m * gather_time(params, n, bw, lat))
             out["fsdp_reduce_scatter"] = (m * (n - 1) / n * grads,

@@ -112,14 +112,20 @@ def comm_arguments(plan: PlanInput, max_params: float, gpus_per_node: int | None
     rank, this rank's expert weights (EP-local, TP-sharded like max_params)."""
     L, model = plan.layout, plan.model
     layers = max(stage_layer_counts(model.num_layers, L.pp, L.pp_virtual))
-    experts = (layers * model.param_counts().mlp_per_expert * model.num_experts / (L.ep * L.tp)
+    pc = model.param_counts()
+    experts = (layers * pc.mlp_per_expert * model.num_experts / (L.ep * L.tp)
                if model.is_moe else 0.0)
+    # fp8 all-gather (precision/fp8_fsdp.py): the Float8Linears' weights (q/k/v/o and a dense
+    # MLP; not the experts, the head or the embedding) travel as 1-byte E4M3
+    fp8_gather = (layers * (pc.attention + (0 if model.is_moe else pc.mlp)) / L.tp
+                  if plan.fp8_all_gather and plan.precision == "fp8" else 0.0)
     return dict(layout=L, hardware=plan.hardware, stage_params=max_params, layers=layers,
                 moe_layers=layers if model.is_moe else 0,
                 tokens=float(plan.seq_len) * plan.micro_batch / L.cp, hidden=model.dim,
                 kv_dim=model.kv_dim, experts_per_token=model.experts_per_token,
                 micro_batches=max(1, plan.grad_accum), precision=plan.precision, ac=plan.ac,
-                expert_params=experts, gpus_per_node=gpus_per_node)
+                expert_params=experts, fp8_gather_params=fp8_gather,
+                gpus_per_node=gpus_per_node)
 
 
 def _time(plan: PlanInput, max_params: float, causal: bool, gpus_per_node: int | None,

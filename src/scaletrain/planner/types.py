@@ -35,6 +35,8 @@ class PlanInput:
     compile: bool = False
     efficiency: float = 0.0
     """Achievable fraction of peak matmul FLOP/s; 0 = the planner's documented default."""
+    fp8_all_gather: bool = False
+    """precision 'fp8' under ZeRO-2/3: the fp8 Linears' weights are all-gathered in E4M3."""
 
     @property
     def grad_accum(self) -> int:
@@ -125,4 +127,6 @@ def plan_input_from_job(job: JobConfig, layout: Layout, *,
                      global_batch=job.batch.global_batch, micro_batch=job.batch.micro_batch,
                      precision=job.precision.dtype, ac=job.memory.ac, offload=job.memory.offload,
                      optimizer=job.optim.name, compile=job.train.compile,
-                     efficiency=job.hardware.efficiency)
+                     efficiency=job.hardware.efficiency,
+                     fp8_all_gather=(job.precision.dtype == "fp8"
+                                     and job.precision.fp8_all_gather))
