@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.distributed.fsdp._fully_shard._fsdp_collectives as fsdp_collectives
 from torch import nn
 
@@ -14,7 +13,7 @@ from scaletrain.parallel.launch import spawn
 from scaletrain.precision import apply_fp8
 from scaletrain.precision.fp8_fsdp import Fp8GatherWeight, enable_fp8_all_gather
 
-from ._trainer_fns import train_losses, train_losses_partial
+from ._trainer_fns import straight_and_resumed
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -95,25 +94,11 @@ def test_fp8_all_gather_halves_the_bytes_and_tracks_the_single_process_run():
         assert ((fp8_out[0] - ref[0]).norm() / ref[0].norm()).item() < 5e-3
 
 
-def _args(tmp_path, run):
-    return ["--model.name=tiny-llama", "--batch.seq_len=32", "--batch.global_batch=8",
-            "--batch.micro_batch=2", "--train.steps=4", "--train.eval_every=1000",
-            "--train.sample_tokens=0", "--train.progress=false", "--train.tensorboard=false",
-            "--data.num_tokens=60000", f"--data.cache_dir={tmp_path / 'cache'}",
-            f"--train.run_dir={tmp_path / run}", "--optim.warmup_steps=0",
-            "--guard.enabled=false", "--parallel.dp=2", "--parallel.zero=3",
-            "--precision.dtype=fp8", "--precision.fp8_all_gather=true"]
-
-
-def _straight_and_resumed(tmp_path):
-    straight = train_losses(_args(tmp_path, "straight"))
-    first = train_losses_partial(_args(tmp_path, "resumed"), 2)
-    dist.barrier()
-    second = train_losses(_args(tmp_path, "resumed"))
-    return straight, first + second
+EXTRA = ("--parallel.dp=2", "--parallel.zero=3", "--precision.dtype=fp8",
+         "--precision.fp8_all_gather=true")
 
 
 def test_trainer_fp8_all_gather_trains_and_resumes_exactly(tmp_path):
-    for straight, resumed in spawn(_straight_and_resumed, 2, tmp_path):
+    for straight, resumed in spawn(straight_and_resumed, 2, tmp_path, EXTRA, 2):
         assert len(straight) == 4 and straight[-1] < straight[0]
         assert resumed == straight  # the checkpoint holds the fp32 shards behind the wrapper

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from scaletrain.parallel.launch import spawn
 from scaletrain.precision import Float8Linear, amax_histories, sync_amax_histories
 
-from ._trainer_fns import train_losses, train_losses_partial
+from ._trainer_fns import straight_and_resumed
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -47,26 +47,11 @@ def test_sync_makes_every_rank_hold_the_max_history():
         assert int(r["reduced"]) == 3 * 4  # x, w, dy histories of 4 values
 
 
-def _args(tmp_path, run):
-    return ["--model.name=tiny-llama", "--batch.seq_len=32", "--batch.global_batch=8",
-            "--batch.micro_batch=2", "--train.steps=4", "--train.eval_every=1000",
-            "--train.sample_tokens=0", "--train.progress=false", "--train.tensorboard=false",
-            "--data.num_tokens=60000", f"--data.cache_dir={tmp_path / 'cache'}",
-            f"--train.run_dir={tmp_path / run}", "--optim.warmup_steps=0",
-            "--guard.enabled=false", "--parallel.dp=2", "--parallel.zero=3",
-            "--precision.dtype=fp8", "--precision.fp8_amax=delayed",
-            "--precision.fp8_history_len=4"]
-
-
-def _straight_and_resumed(tmp_path):
-    straight = train_losses(_args(tmp_path, "straight"))
-    first = train_losses_partial(_args(tmp_path, "resumed"), 2)
-    dist.barrier()
-    second = train_losses(_args(tmp_path, "resumed"))
-    return straight, first + second
+EXTRA = ("--parallel.dp=2", "--parallel.zero=3", "--precision.dtype=fp8",
+         "--precision.fp8_amax=delayed", "--precision.fp8_history_len=4")
 
 
 def test_delayed_fp8_run_resumes_every_rank_exactly(tmp_path):
-    for straight, resumed in spawn(_straight_and_resumed, 2, tmp_path):
+    for straight, resumed in spawn(straight_and_resumed, 2, tmp_path, EXTRA, 2):
         assert len(straight) == 4
         assert resumed == straight  # bit for bit: same scales on every rank after the resume
