@@ -102,3 +102,51 @@ def test_trainer_fp8_all_gather_trains_and_resumes_exactly(tmp_path):
     for straight, resumed in spawn(straight_and_resumed, 2, tmp_path, EXTRA, 2):
         assert len(straight) == 4 and straight[-1] < straight[0]
         assert resumed == straight  # the checkpoint holds the fp32 shards behind the wrapper
+
+
+def _all_reduces_per_step(_: int) -> list[int]:
+    """all_reduce calls during forward+backward: without precomputed scales, after
+    `precompute_fp8_scales`, and after an optimizer step that moved the weights."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from scaletrain.precision.fp8_fsdp import precompute_fp8_scales
+
+    model = _mlp()
+    enable_fp8_all_gather(model)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for m in model:
+        fully_shard(m, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    calls = [0]
+    orig = torch.distributed.all_reduce
+
+    def counting(*a, **k):
+        calls[0] += 1
+        return orig(*a, **k)
+
+    def step() -> int:
+        calls[0] = 0
+        torch.distributed.all_reduce = counting
+        try:
+            model(_x()).float().square().sum().backward()
+        finally:
+            torch.distributed.all_reduce = orig
+        return calls[0]
+
+    out = [step()]
+    opt.zero_grad()
+    assert precompute_fp8_scales(model) == 2
+    out.append(step())
+    opt.step()  # the weights move: the precomputed scales are stale
+    opt.zero_grad()
+    out.append(step())
+    return out
+
+
+def test_precomputed_scales_replace_the_per_gather_all_reduces():
+    for counts in spawn(_all_reduces_per_step, 2, 0):
+        plain, precomputed, stale = counts
+        assert plain == 4  # 2 weights x (forward gather + backward re-gather)
+        assert precomputed == 0
+        assert stale == plain  # after the optimizer step each gather computes its own again

@@ -37,7 +37,7 @@ from torch import nn
 
 from .scaling import _EPS, E4M3, fp8_max
 
-__all__ = ["Fp8GatherWeight", "enable_fp8_all_gather"]
+__all__ = ["Fp8GatherWeight", "enable_fp8_all_gather", "precompute_fp8_scales"]
 
 _aten = torch.ops.aten
 # ops whose result is (a view or copy of) the same weight: the result keeps the wrapper, so the
@@ -64,6 +64,11 @@ class Fp8GatherWeight(torch.Tensor):
 
     def __init__(self, data: torch.Tensor) -> None:
         self._data = data
+        # bumped by every mutating op through the wrapper (the optimizer step, a checkpoint
+        # load): the inner tensor's own version counter does not see ops below autograd
+        self._generation = 0
+        # (whole-weight amax, the generation it was computed at): `precompute_fp8_scales`
+        self._amax: tuple[torch.Tensor, int] | None = None
 
     def __repr__(self) -> str:
         return f"Fp8GatherWeight({self._data!r})"
@@ -74,6 +79,10 @@ class Fp8GatherWeight(torch.Tensor):
         unwrap = (lambda t: t._data)
         out = func(*pytree.tree_map_only(cls, unwrap, args),
                    **pytree.tree_map_only(cls, unwrap, kwargs or {}))
+        if func._schema.is_mutable:  # conservatively: any wrapper an in-place op touched
+            for t in pytree.tree_leaves((args, kwargs or {})):
+                if isinstance(t, cls):
+                    t._generation += 1
         if func not in _KEEP:
             return out
         return pytree.tree_map_only(torch.Tensor, cls, out)
@@ -92,10 +101,12 @@ class Fp8GatherWeight(torch.Tensor):
                             module: Any = None, mp_policy: Any = None
                             ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
         shard = self._data
-        amax = (shard.abs().amax().float() if shard.numel()
-                else torch.zeros((), dtype=torch.float32, device=shard.device))
-        # the whole weight's amax: the scale the Linear's own tensorwise quantization uses
-        dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=mesh.get_group())
+        if self._amax is not None and self._amax[1] == self._generation:
+            amax = self._amax[0]  # precomputed for this step, and the weight has not moved
+        else:
+            # the whole weight's amax: the scale the Linear's own tensorwise quantization uses
+            amax = _local_amax(shard)
+            dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=mesh.get_group())
         fmax = fp8_max(E4M3)
         scale = amax.clamp(min=_EPS) / fmax
         data = (shard.float() / scale).clamp_(-fmax, fmax).to(E4M3)
@@ -139,6 +150,35 @@ def enable_fp8_all_gather(model: nn.Module) -> list[str]:
         mod.register_state_dict_post_hook(_plain_weight_in_state_dict)
         names.append(fqn)
     return names
+
+
+def _local_amax(shard: torch.Tensor) -> torch.Tensor:
+    return (shard.detach().abs().amax().float() if shard.numel()
+            else torch.zeros((), dtype=torch.float32, device=shard.device))
+
+
+@torch.no_grad()
+def precompute_fp8_scales(model: nn.Module) -> int:
+    """Every wrapped weight's whole-weight amax in ONE all-reduce (MAX) over the shard group,
+    instead of one per weight and all-gather (2 per unit and micro-batch under ZeRO-3). Call
+    it once per step, before forward: the weights move only at the optimizer step, and a
+    weight changed since (its `_generation` moved) falls back to its own all-reduce.
+    Returns the number of weights."""
+    from torch.distributed.tensor import DTensor
+
+    weights = [p for p in model.parameters()
+               if isinstance(p, DTensor) and isinstance(p._local_tensor, Fp8GatherWeight)]
+    if not weights:
+        return 0
+    # the shard dimension of the FSDP mesh (HSDP replicas hold the same shards)
+    mesh, placements = weights[0].device_mesh, weights[0].placements
+    dim = max(i for i, pl in enumerate(placements) if pl.is_shard())
+    locals_ = [w._local_tensor for w in weights]
+    amax = torch.stack([_local_amax(t._data) for t in locals_])
+    dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=mesh.get_group(dim))
+    for t, a in zip(locals_, amax, strict=True):
+        t._amax = (a, t._generation)
+    return len(weights)
 
 
 def _plain(t: Any) -> Any:

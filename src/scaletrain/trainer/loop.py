@@ -173,6 +173,11 @@ def _sync_fp8_amax(run: Run) -> None:
 
 def train_step(run: Run, batches, *, probe: SavedActivations | None = None) -> StepOut:
     """Forward, backward, unscale and clip; the caller decides whether to apply the update."""
+    p = run.job.precision
+    if p.dtype == "fp8" and p.fp8_all_gather:  # this step's weight scales in one all-reduce
+        from scaletrain.precision.fp8_fsdp import precompute_fp8_scales
+
+        precompute_fp8_scales(run.model)
     loss = _forward_backward(run, batches, probe)
     sync_gradients(run.model)  # EP's data parallelism (DDP/FSDP reduce inside backward)
     _sync_fp8_amax(run)
