@@ -45,6 +45,12 @@ STRATEGIES: dict[str, tuple[int, str, list[str]]] = {
     "zero1": (2, "tiny-llama", ["--parallel.dp=2", "--parallel.zero=1"]),
     "zero2": (2, "tiny-llama", ["--parallel.dp=2", "--parallel.zero=2"]),
     "zero3": (2, "tiny-llama", ["--parallel.dp=2", "--parallel.zero=3"]),
+    # fp8 linears: FSDP gathers bf16 weights; with precision.fp8_all_gather, E4M3 bytes
+    "zero3 fp8": (2, "tiny-llama", ["--parallel.dp=2", "--parallel.zero=3",
+                                    "--precision.dtype=fp8"]),
+    "zero3 fp8 all-gather": (2, "tiny-llama", ["--parallel.dp=2", "--parallel.zero=3",
+                                               "--precision.dtype=fp8",
+                                               "--precision.fp8_all_gather=true"]),
     # global batch 16 so that each of the 4 ranks still runs 2 micro-batches per step
     "hsdp": (4, "tiny-llama", ["--parallel.dp=4", "--parallel.zero=3",
                                "--parallel.dp_replicate=2", "--batch.global_batch=16"]),
@@ -59,7 +65,8 @@ AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp", "dp", "dp_shard_cp", "dp_c
 
 def job_args(run_dir: str, model: str, extra: list[str]) -> list[str]:
     """Global batch 8 x 32 tokens in micro-batches of 2 (dp 2: 2 micro-batches per rank per
-    step; tp/pp/cp: 4), fp32, the default clipping (its grad-norm scalars are counted apart)."""
+    step; tp/pp/cp: 4), fp32 (fp8 where the strategy says), the default clipping (its
+    grad-norm scalars are counted apart)."""
     return [f"--model.name={model}", "--batch.seq_len=32", "--batch.global_batch=8",
             "--batch.micro_batch=2", "--train.steps=2", "--train.eval_every=1000",
             "--train.sample_tokens=0", "--train.progress=false", "--train.tensorboard=false",
@@ -159,17 +166,14 @@ def _plan_terms(args: list[str], world: int) -> tuple[dict[str, float], dict[str
     """Planner bytes per rank per step by family (the arguments `estimate` passes to
     `comm_terms`), and those arguments."""
     from scaletrain.config import hardware_preset, load_config
-    from scaletrain.planner import PlanInput
     from scaletrain.planner.comm import comm_volumes
     from scaletrain.planner.estimate import comm_arguments
     from scaletrain.planner.rank_memory import worst_rank
+    from scaletrain.planner.types import plan_input_from_job
 
     job = load_config(None, args)
     L, model = job.layout(world), job.model
-    plan = PlanInput(model=model, hardware=hardware_preset("cpu"), num_gpus=world, layout=L,
-                     seq_len=job.batch.seq_len, global_batch=job.batch.global_batch,
-                     micro_batch=job.batch.micro_batch, precision=job.precision.dtype,
-                     ac=job.memory.ac, offload=job.memory.offload, optimizer=job.optim.name)
+    plan = plan_input_from_job(job, L, hardware=hardware_preset("cpu"))
     kw = comm_arguments(plan, worst_rank(plan)[1])
     return comm_volumes(**kw), {**kw, "model": model}
 
@@ -220,7 +224,8 @@ def markdown(results: list[dict[str, Any]], notes: dict[str, str]) -> str:
              "ring convention (all-reduce 2(n-1)/n·S, all-gather / reduce-scatter (n-1)/n·S "
              "of the full tensor, all-to-all (n-1)/n of the local buffer, broadcast "
              "(n-1)/n·S, send S) — the planner's convention. Model tiny-llama (tiny-moe for "
-             "EP), fp32, seq 32, global batch 8, micro-batch 2. Measured = the rank sending "
+             "EP), fp32 (the two fp8 strategies: bf16 + float8 linears), seq 32, global "
+             "batch 8, micro-batch 2. Measured = the rank sending "
              "the most (all ranks in the JSON). KiB.", "",
              "| strategy | ranks | micro-batches/rank | family | measured KiB | planner KiB | "
              "measured / planner |",
@@ -263,7 +268,8 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     ax.set_xticklabels(names, rotation=30)
     ax.set_ylabel("KiB sent per rank per step")
     ax.set_yscale("log")
-    ax.set_title("Communication volume per rank per step (tiny models, fp32, gloo)", fontsize=9)
+    ax.set_title("Communication volume per rank per step (tiny models, fp32; fp8 where named; "
+                 "gloo)", fontsize=9)
     ax.legend(fontsize=8)
     save(fig, path)
 
