@@ -15,11 +15,11 @@ def train_losses_partial(overrides, steps):
 def train_many(jobs):
     """Train each name -> overrides job in turn on the same process group (one spawn for
     many layouts: start-up dominates these tiny runs); per name, (per-step losses, final
-    validation loss, end-of-run sample)."""
+    validation loss, end-of-run sample, saved-activation bytes measured for one micro-batch)."""
     out = {}
     for name, args in jobs.items():
         r = train(load_config(None, args))
-        out[name] = (r.losses, r.val_loss, r.sample)
+        out[name] = (r.losses, r.val_loss, r.sample, r.measured.get("activations"))
     return out
 
 

@@ -108,7 +108,7 @@ VAL_PARITY = ("tp_sp", "cp", "pp_1f1b")
 def test_validation_loss_matches_single_process(runs, reference, name):
     _, _, ref_val, _ = reference[LAYOUTS[name][0]]
     assert ref_val is not None
-    for _, val, _ in runs[name]:
+    for _, val, *_ in runs[name]:
         assert val == pytest.approx(ref_val, abs=2e-5, rel=0)
 
 
@@ -118,7 +118,7 @@ def test_end_of_run_sample_matches_single_process(runs, reference, name):
     schedule runs, context parallel: gathered chunk logits, tensor parallel: full logits)."""
     _, _, _, ref_sample = reference[LAYOUTS[name][0]]
     assert len(ref_sample) > 0
-    for *_, sample in runs[name]:
+    for _, _, sample, _ in runs[name]:
         assert sample == ref_sample
 
 
@@ -159,3 +159,19 @@ def test_bf16_fsdp_expert_parallel_trains_and_samples(runs, reference):
     _, ref, *_ = reference["tiny-moe"]
     for rank_losses in _losses(runs, "ep_zero3_bf16"):
         assert rank_losses == pytest.approx(ref, rel=1e-2)
+
+
+def test_pipeline_ranks_measure_their_own_stage_activations(runs, reference):
+    """Each pipeline rank measures one micro-batch of its own stage (the schedule runs them
+    all in one call); the ledger and `verify` compare it with that rank's planned stage."""
+    from scaletrain.config import Layout
+    from scaletrain.measure.verify import live_terms
+    from scaletrain.planner import pipeline_rank_memory
+    from scaletrain.planner.types import plan_input_from_job
+
+    model, extra = LAYOUTS["pp_1f1b"]
+    job = load_config(None, _args(reference[model][0], "plan", model, *extra))
+    plan = plan_input_from_job(job, Layout(pp=2, pp_schedule="1f1b"))
+    for pp_rank, (*_, measured) in enumerate(runs["pp_1f1b"]):
+        planned = live_terms(pipeline_rank_memory(plan, pp_rank))["activations"]
+        assert measured == pytest.approx(planned, rel=0.10), pp_rank

@@ -59,6 +59,11 @@ class Layout:
         trainer folds cp into the FSDP mesh, as torchtitan does)."""
         return self.dp_shard * self.cp if self.zero else 1
 
+    def pp_rank_of(self, rank: int) -> int:
+        """Pipeline rank of global `rank`: the mesh is (pp, dp_replicate, dp_shard, cp, tp),
+        pp outermost, so each pipeline rank holds world / pp consecutive global ranks."""
+        return rank // (self.world_size // self.pp)
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -47,8 +47,6 @@ class SavedActivations:
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         local = _local(t)
-        if local.device.type == "meta":  # shape inference (pipeline stages' first step)
-            return t
         try:
             key = local.untyped_storage().data_ptr()
             size = local.untyped_storage().nbytes()

@@ -158,15 +158,13 @@ def verify_run(run_dir: str | Path) -> tuple[Measurement, Comparison, JobConfig]
     est = predict(job, layout)
     if est is not None and layout.pp > 1 and measurement.source in ("cpu", "cuda"):
         # a live run measured one rank: compare with that rank's stage, not the worst one
-        # (mesh order pp, dp, cp, tp: pipeline rank = rank // (world / pp))
         import dataclasses
 
         from scaletrain.planner import pipeline_rank_memory
         from scaletrain.planner.types import plan_input_from_job
 
-        pp_rank = measurement.rank // (measurement.world_size // layout.pp)
         est = dataclasses.replace(est, memory=pipeline_rank_memory(
-            plan_input_from_job(job, layout), pp_rank))
+            plan_input_from_job(job, layout), layout.pp_rank_of(measurement.rank)))
     comparison = compare(measurement, est)
     comparison.time.update(metrics_throughput(run / "metrics.jsonl"))
     if measurement.tokens_per_s and "measured_tokens_per_s" not in comparison.time:

@@ -35,6 +35,7 @@ result is the mean over micro-batches of (loss + aux), as without pipelining.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from dataclasses import dataclass, field
 
@@ -121,6 +122,10 @@ class PipelineRuntime:
     num_stages: int
     _pipeline_stages: list[PipelineStage] = field(default_factory=list)
     tied_group: dist.ProcessGroup | None = None
+    loss_contexts: list[contextlib.AbstractContextManager] = field(default_factory=list)
+    """One-shot contexts the schedule's next loss computation runs inside (the last stage; the
+    trainer's activation probe, so the loss's saved tensors count as they do unpipelined).
+    The caller clears what a rank without the last stage never used."""
     """Tied embeddings at pp > 1: the (first, last) stage pair whose head/embedding gradients
     are summed after every backward."""
 
@@ -253,8 +258,15 @@ def build_pipeline(model: nn.Module, *, pp_group, pp_rank: int, pp_size: int, sc
         mods.append(mod)
         pstages.append(PipelineStage(mod, sid, num_stages, device, group=group))
     cls = _SCHEDULES[schedule]
+    loss_contexts: list[contextlib.AbstractContextManager] = []
+
+    def staged_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        with loss_contexts.pop() if loss_contexts else contextlib.nullcontext():
+            return loss_fn(output, target)
+
     sched = cls(pstages[0] if schedule in _SINGLE_STAGE else pstages, n_microbatches,
-                loss_fn=loss_fn, scale_grads=True)
+                loss_fn=staged_loss, scale_grads=True)
     tied = _tied_pair_group(group) if num_stages > 1 and _tied(model) else None
-    return PipelineRuntime(stages=mods, stage_ids=ids, schedule=sched, group=group,
+    return PipelineRuntime(loss_contexts=loss_contexts, stages=mods, stage_ids=ids,
+                           schedule=sched, group=group,
                            num_stages=num_stages, _pipeline_stages=pstages, tied_group=tied)

@@ -17,7 +17,7 @@ from .flops import (
     head_forward_flops_per_token,
     layer_forward_flops_per_token,
 )
-from .memory import stage_layer_counts
+from .memory import fp8_linear_params, stage_layer_counts
 from .pipeline import bubble_fraction
 from .rank_memory import breakdown, estimate_memory, worst_rank
 from .types import Estimate, PlanInput, TimeBreakdown
@@ -112,12 +112,10 @@ def comm_arguments(plan: PlanInput, max_params: float, gpus_per_node: int | None
     rank, this rank's expert weights (EP-local, TP-sharded like max_params)."""
     L, model = plan.layout, plan.model
     layers = max(stage_layer_counts(model.num_layers, L.pp, L.pp_virtual))
-    pc = model.param_counts()
-    experts = (layers * pc.mlp_per_expert * model.num_experts / (L.ep * L.tp)
+    experts = (layers * model.param_counts().mlp_per_expert * model.num_experts / (L.ep * L.tp)
                if model.is_moe else 0.0)
-    # fp8 all-gather (precision/fp8_fsdp.py): the Float8Linears' weights (q/k/v/o and a dense
-    # MLP; not the experts, the head or the embedding) travel as 1-byte E4M3
-    fp8_gather = (layers * (pc.attention + (0 if model.is_moe else pc.mlp)) / L.tp
+    # fp8 all-gather (precision/fp8_fsdp.py): the Float8Linears' weights travel as 1-byte E4M3
+    fp8_gather = (fp8_linear_params(model, layers, L.tp)
                   if plan.fp8_all_gather and plan.precision == "fp8" else 0.0)
     return dict(layout=L, hardware=plan.hardware, stage_params=max_params, layers=layers,
                 moe_layers=layers if model.is_moe else 0,

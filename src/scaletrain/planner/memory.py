@@ -11,7 +11,7 @@ from scaletrain.config import ModelConfig, stage_layer_ranges
 
 __all__ = ["OPTIMIZER_BYTES", "CONVENTIONS", "state_bytes_per_param", "model_state_bytes",
            "stage_layer_counts", "korthikanti_layer_bytes", "layer_activation_bytes",
-           "activation_bytes", "head_activation_bytes", "loss_backward_bytes",
+           "activation_bytes", "head_activation_bytes", "fp8_linear_params", "loss_backward_bytes",
            "embedding_backward_bytes", "held_logits_bytes", "rope_table_bytes", "buffer_terms",
            "pp_recv_buffer_bytes",
            "RUNTIME_CONTEXT_BYTES", "FRAGMENTATION"]
@@ -143,6 +143,14 @@ def model_state_bytes(num_params: float, *, precision: str = "bf16", optimizer: 
         offloaded, optim = optim, 0.0
     return {"params": params + in_params, "grads": grads + in_grads, "optimizer": optim,
             "params.in_flight": in_params, "grads.in_flight": in_grads, "offloaded": offloaded}
+
+
+def fp8_linear_params(model: ModelConfig, layers: int, tp: int = 1) -> float:
+    """Parameters in the Float8Linears of `layers` blocks, per tp rank: q/k/v/o and a dense
+    MLP (precision/fp8.py `apply_fp8` skips the head and the router; MoE experts become
+    Float8ExpertLinear, counted apart by the callers that need them)."""
+    pc = model.param_counts()
+    return layers * (pc.attention + (0 if model.is_moe else pc.mlp)) / tp
 
 
 @functools.lru_cache(maxsize=4096)

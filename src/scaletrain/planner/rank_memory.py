@@ -20,6 +20,7 @@ from .memory import (
     FRAGMENTATION,
     buffer_terms,
     embedding_backward_bytes,
+    fp8_linear_params,
     head_activation_bytes,
     held_logits_bytes,
     layer_activation_bytes,
@@ -170,8 +171,7 @@ def _rank_states(plan: PlanInput, zs: int, first: bool, last: bool, layers: int,
                            expert_shards=max(1, zs // ep), unit_params=unit,
                            largest_param=(pc.embedding / tp) if (first or last) else block,
                            # q/k/v/o, the dense MLP or local experts of this stage's blocks
-                           fp8_params=layers * pc.attention / tp + (expert if model.is_moe
-                                                                     else layers * pc.mlp / tp),
+                           fp8_params=fp8_linear_params(model, layers, tp) + expert,
                            experts_in_fsdp=experts_in_fsdp)
     sharded = (dense / zs + expert / max(1, zs // ep)) if L.zero else dense + expert
     fixed = st["params"] + st["optimizer"]

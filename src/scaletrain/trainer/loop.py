@@ -140,11 +140,17 @@ def _forward_backward(run: Run, batches, probe: SavedActivations | None) -> torc
         micro = [next(batches) for _ in range(accum)]
         inputs = torch.cat([x for x, _ in micro]).to(run.device)
         targets = torch.cat([y for _, y in micro]).to(run.device)
-        # one micro-batch of each of this rank's stages (the schedule runs them all)
-        track = (probe.track_first_forward(run.pipeline.stages) if probe is not None
-                 else contextlib.nullcontext())
-        with autocast(job.precision, run.device.type), track:
-            return run.pipeline.step(inputs, targets) / run.scaler.scale
+        # one micro-batch of each of this rank's stages (the schedule runs them all), and the
+        # first loss on the last stage, as the unpipelined path tracks forward + loss
+        track = contextlib.nullcontext()
+        if probe is not None:
+            track = probe.track_first_forward(run.pipeline.stages)
+            run.pipeline.loss_contexts.append(probe.track())
+        try:
+            with autocast(job.precision, run.device.type), track:
+                return run.pipeline.step(inputs, targets) / run.scaler.scale
+        finally:
+            run.pipeline.loss_contexts.clear()
     loss_sum = torch.zeros((), device=run.device)
     for k in range(accum):
         inputs, targets, positions = _local_batch(run, *next(batches))
@@ -160,6 +166,16 @@ def _forward_backward(run: Run, batches, probe: SavedActivations | None) -> torc
     return loss_sum / accum
 
 
+def _precompute_fp8_scales(run: Run) -> None:
+    """fp8 all-gather: this step's weight scales in one all-reduce before forward
+    (`precision.fp8_fsdp.precompute_fp8_scales`), not one per weight and gather."""
+    p = run.job.precision
+    if p.dtype == "fp8" and p.fp8_all_gather:
+        from scaletrain.precision.fp8_fsdp import precompute_fp8_scales
+
+        precompute_fp8_scales(run.model)
+
+
 def _sync_fp8_amax(run: Run) -> None:
     """fp8 delayed scaling over data/context-parallel ranks: share the recorded amaxes
     (`precision.sync_amax_histories`), so every rank scales like one process would and a
@@ -173,11 +189,7 @@ def _sync_fp8_amax(run: Run) -> None:
 
 def train_step(run: Run, batches, *, probe: SavedActivations | None = None) -> StepOut:
     """Forward, backward, unscale and clip; the caller decides whether to apply the update."""
-    p = run.job.precision
-    if p.dtype == "fp8" and p.fp8_all_gather:  # this step's weight scales in one all-reduce
-        from scaletrain.precision.fp8_fsdp import precompute_fp8_scales
-
-        precompute_fp8_scales(run.model)
+    _precompute_fp8_scales(run)
     loss = _forward_backward(run, batches, probe)
     sync_gradients(run.model)  # EP's data parallelism (DDP/FSDP reduce inside backward)
     _sync_fp8_amax(run)
