@@ -199,14 +199,12 @@ def world4_suite(modes: dict[str, tuple]) -> dict:
 
 
 def moe_under_tp_error() -> str:
-    """The ConfigError raised when tensor parallelism meets an MoE model."""
+    """The ConfigError raised when tensor parallelism meets an MoE model (the layout rules,
+    `config.layout_problems`, which the trainer's dims check before anything is built)."""
     from scaletrain.config import ConfigError
 
-    dims = ParallelDims.from_layout(Layout(tp=2), dist.get_world_size())
-    dims.build_mesh("cpu")
     try:
-        parallelize(build_model(CONFIGS["tiny-moe"]), dims, precision=PrecisionConfig(),
-                    memory=MemoryConfig())
+        ParallelDims.from_layout(Layout(tp=2), dist.get_world_size(), CONFIGS["tiny-moe"])
     except ConfigError as e:
         return str(e)
     return "no error"
