@@ -157,6 +157,8 @@ def _train(preset: str, layout: dict, micro: int, opts: dict | None = None) -> d
         x, y = x.chunk(dims.dp_size)[dims.dp_rank], y.chunk(dims.dp_size)[dims.dp_rank]
         if pipeline is not None:  # mean over micro-batches, on every pp rank
             loss = pipeline.step(x, y)
+            for m in modules:  # data parallelism over DTensor parameters (else a no-op)
+                sync_gradients(m)
         else:
             loss = _dense_step(modules[0], dims, x, y, micro, mem,
                                loss_parallel=opts.get("loss_parallel", True))

@@ -93,11 +93,9 @@ def composition_problems(layout: Layout) -> list[ConfigError]:
         out.append(ConfigError("parallel.zero", L.zero, "ZeRO-1's sharded optimizer broadcasts "
                                "whole parameters and cannot hold expert shards: use zero 0, 2 "
                                "or 3 with ep > 1"))
-    # DDP / ZeRO-1 replicate plain parameters; tensor-parallel ones are DTensors (FSDP needed)
-    if L.tp > 1 and dp_cp > 1 and L.zero < 2:
-        out.append(ConfigError("parallel.zero", L.zero, "DDP / ZeRO-1 over tensor-parallel "
-                               "parameters is not supported: use parallel.zero=2 or 3 with "
-                               "tp > 1"))
+    # tp > 1 with DDP / ZeRO-1 runs: gradients' local shards all-reduced over dp x cp
+    # (parallel.data_parallel.apply_manual_grad_sync), ZeRO-1 broadcasting local shards
+    # (parallel.zero._LocalShardZero); parity: tests/distributed/test_tp_ddp.py
     return out
 
 

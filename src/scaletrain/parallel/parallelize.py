@@ -22,7 +22,7 @@ from .tensor_parallel import apply_tp
 __all__ = ["parallelize"]
 
 
-def _check(dims: ParallelDims, memory: MemoryConfig) -> None:
+def _check(dims: ParallelDims, memory: MemoryConfig, precision: PrecisionConfig) -> None:
     # the layout rules (tp over DDP, ep vs dp*cp, ...) were checked when `dims` was built
     # (`ParallelDims.from_layout`, `config.composition_problems`); these involve memory options
     if memory.offload == "optimizer" and (dims.zero >= 2 or dims.tp > 1 or dims.ep > 1):
@@ -31,6 +31,12 @@ def _check(dims: ParallelDims, memory: MemoryConfig) -> None:
                           "with FSDP, TP or EP use memory.offload=params with parallel.zero=2 "
                           "or 3 (FSDP2 keeps parameters, gradients and optimizer states on the "
                           "host)")
+    if (precision.grad_compression != "none" and dims.zero < 2
+            and (dims.tp > 1 or dims.ep > 1)):
+        raise ConfigError("precision.grad_compression", precision.grad_compression,
+                          "PowerSGD compresses DDP's buckets, and DDP / ZeRO-1 over tensor- "
+                          "or expert-parallel parameters syncs them without DDP: set "
+                          "grad_compression=none")
     if memory.offload == "params" and dims.zero < 2:
         raise ConfigError("memory.offload", memory.offload,
                           "parameter offload needs FSDP: set parallel.zero=2 or 3")
@@ -48,7 +54,7 @@ def parallelize(model: nn.Module, dims: ParallelDims, *, precision: PrecisionCon
     returns vocabulary-sharded DTensor logits: compute the loss and its backward inside
     `tensor_parallel.loss_context(dims.submesh("tp"))`.
     """
-    _check(dims, memory)
+    _check(dims, memory, precision)
     # fp8 linears first: Float8Linear is an nn.Linear, so the TP plans and FSDP apply unchanged
     maybe_apply_fp8(model, precision)
     if dims.tp > 1:
@@ -90,7 +96,7 @@ def parallelize(model: nn.Module, dims: ParallelDims, *, precision: PrecisionCon
         apply_fsdp(model, dims.fsdp_mesh(), reshard_after_forward=dims.zero == 3,
                    mp=mp_policy(precision.dtype, precision.reduce_dtype),
                    offload_params=offload, ignored_params=experts)
-    elif dims.ddp_enabled and dims.ep > 1:
+    elif dims.ddp_enabled and (dims.ep > 1 or dims.tp > 1):  # DTensor parameters
         apply_manual_grad_sync(model, dims.submesh("dp_cp"))
     elif dims.ddp_enabled:
         apply_ddp(model, dims.submesh("dp_cp"), compression=precision.grad_compression,

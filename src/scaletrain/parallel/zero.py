@@ -6,6 +6,13 @@ updated parameters. Why not FSDP2 for stage 1: FSDP2 always reduce-scatters grad
 cannot keep full gradients while sharding only the optimizer; ZeRO-1 over DDP keeps DDP's
 bucketed all-reduce and shards exactly the optimizer states (8*Psi/N bytes per rank for fp32
 Adam, up to the imbalance of whole-parameter partitioning).
+
+With tensor parallelism the parameters are DTensors, which `ZeroRedundancyOptimizer`'s
+broadcast cannot send: `_LocalShardZero` broadcasts their local shards instead. Every dp x cp
+rank of one tp rank holds the same shards, and all of them partition the same parameter list
+(by global size) alike, so each rank owns the Adam states of whole tp shards and the owner's
+updated shard overwrites the others': Megatron's distributed optimizer over TP, except that
+ownership is per parameter rather than per flat buffer slice.
 """
 
 from __future__ import annotations
@@ -25,6 +32,17 @@ from .dims import ParallelDims
 __all__ = ["wrap_optimizer", "clip_grad_norm_", "local_state_bytes"]
 
 
+class _LocalShardZero(ZeroRedundancyOptimizer):
+    """torch's ZeRO-1 whose post-step broadcast also sends DTensor parameters (their local
+    shards, in place); plain parameters go exactly as in the base class."""
+
+    def _broadcast_params_from_rank(self, rank: int) -> list:
+        src = dist.distributed_c10d.get_global_rank(self.process_group, rank)
+        return [dist.broadcast(_local(p.data), src=src, group=self.process_group,
+                               async_op=True)
+                for group in self._partition_parameters()[rank] for p in group["params"]]
+
+
 def wrap_optimizer(optimizer_class: type[torch.optim.Optimizer], params: Iterable[nn.Parameter],
                    dims: ParallelDims, **defaults: Any) -> torch.optim.Optimizer:
     """The optimizer for `dims`: ZeRO-1 shards its states over dp_shard x cp, else plain.
@@ -35,8 +53,8 @@ def wrap_optimizer(optimizer_class: type[torch.optim.Optimizer], params: Iterabl
     params = list(params)
     if dims.zero == 1 and dims.ddp_enabled:
         group = dims.submesh("dp_shard_cp").get_group()
-        return ZeroRedundancyOptimizer(params, optimizer_class=optimizer_class,
-                                       process_group=group, **defaults)
+        return _LocalShardZero(params, optimizer_class=optimizer_class, process_group=group,
+                               **defaults)
     return optimizer_class(params, **defaults)
 
 
