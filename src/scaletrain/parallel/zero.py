@@ -29,7 +29,8 @@ from torch.distributed.tensor import DTensor
 
 from .dims import ParallelDims
 
-__all__ = ["wrap_optimizer", "clip_grad_norm_", "local_state_bytes"]
+__all__ = ["wrap_optimizer", "clip_grad_norm_", "local_state_bytes", "zero1_local_state",
+           "load_zero1_local_state"]
 
 
 class _LocalShardZero(ZeroRedundancyOptimizer):
@@ -41,6 +42,29 @@ class _LocalShardZero(ZeroRedundancyOptimizer):
         return [dist.broadcast(_local(p.data), src=src, group=self.process_group,
                                async_op=True)
                 for group in self._partition_parameters()[rank] for p in group["params"]]
+
+
+def zero1_local_state(optimizer: ZeroRedundancyOptimizer) -> dict[str, Any]:
+    """This rank's ZeRO-1 partition as plain tensors (tensor-parallel states as their local
+    shards), so that checkpoints load it with `torch.load(weights_only=True)`."""
+    sd = optimizer.optim.state_dict()
+    sd["state"] = {i: {k: _local(v) if isinstance(v, torch.Tensor) else v
+                       for k, v in st.items()} for i, st in sd["state"].items()}
+    return sd
+
+
+def load_zero1_local_state(optimizer: ZeroRedundancyOptimizer, sd: dict[str, Any]) -> None:
+    """Inverse of `zero1_local_state`: local shards wrapped back as DTensors like their
+    parameters (AdamW's foreach kernels need states and parameters of one kind)."""
+    params = [p for g in optimizer.optim.param_groups for p in g["params"]]
+    for i, st in sd["state"].items():
+        p = params[i]
+        if not isinstance(p, DTensor):
+            continue
+        for k, v in st.items():
+            if isinstance(v, torch.Tensor) and v.shape == p.to_local().shape and v.dim():
+                st[k] = DTensor.from_local(v, p.device_mesh, p.placements, run_check=False)
+    optimizer.optim.load_state_dict(sd)
 
 
 def wrap_optimizer(optimizer_class: type[torch.optim.Optimizer], params: Iterable[nn.Parameter],
