@@ -137,7 +137,8 @@ def _build(preset: str, dims: ParallelDims, micro: int, opts: dict):
     runtime = build_pipeline(model, pp_group=dims.submesh("pp"), pp_rank=dims.pp_rank,
                              pp_size=dims.pp, schedule=dims.layout.pp_schedule,
                              virtual=dims.layout.pp_virtual, n_microbatches=micro,
-                             loss_fn=causal_lm_loss, device="cpu", parallelize_stage=stage)
+                             loss_fn=causal_lm_loss, device="cpu", parallelize_stage=stage,
+                             cp_group=dims.submesh("cp"))
     return runtime.stages, runtime
 
 

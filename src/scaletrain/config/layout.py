@@ -77,12 +77,8 @@ def composition_problems(layout: Layout) -> list[ConfigError]:
     """The rules on how the trainer composes strategies, which need no model (also checked by
     `ParallelDims.from_layout` when it is given none)."""
     L, out = layout, []
-    # Pipeline x context parallel: the trainer's pipeline feeds each stage whole sequences
-    # (no load-balanced shard, no shard positions through the stages), so it cannot run cp.
-    if L.pp > 1 and L.cp > 1:
-        out.append(ConfigError("parallel.cp", L.cp, "context parallelism does not compose with "
-                               "pipeline parallelism in scaletrain yet: use cp=1 with pp > 1, "
-                               "or pp=1"))
+    # pp x cp runs: the pipeline carries each cp rank's load-balanced shard through its stages
+    # (parallel.pipeline, parity: tests/distributed/test_pp_cp.py)
     dp_cp = L.dp * L.cp
     if L.ep > 1 and dp_cp % L.ep == 0 and L.ep != dp_cp:
         # the trainer averages expert gradients only when every rank owns its experts
