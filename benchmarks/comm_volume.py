@@ -59,6 +59,14 @@ STRATEGIES: dict[str, tuple[int, str, list[str]]] = {
     "pp (1f1b)": (2, "tiny-llama", ["--parallel.pp=2", "--parallel.pp_schedule=1f1b"]),
     "cp": (2, "tiny-llama", ["--parallel.cp=2"]),
     "ep (MoE)": (2, "tiny-moe", ["--parallel.dp=2", "--parallel.ep=2"]),
+    # tp over data parallelism (4 ranks, tp inner): local shards all-reduced over dp; ZeRO-1
+    # broadcasts the owners' updated shards
+    "tp x ddp": (4, "tiny-llama", ["--parallel.tp=2", "--parallel.dp=2",
+                                   "--batch.global_batch=16"]),
+    "tp x zero1": (4, "tiny-llama", ["--parallel.tp=2", "--parallel.dp=2", "--parallel.zero=1",
+                                     "--batch.global_batch=16"]),
+    # pp x cp: stages pass each cp rank's shard; DDP over the cp ranks syncs once per step
+    "pp x cp": (4, "tiny-llama", ["--parallel.pp=2", "--parallel.cp=2"]),
     # pp x ZeRO: torch's stages skip gradient sync and resharding between micro-batches;
     # global batch 16: 4 micro-batches per pipeline step on each dp rank
     "pp x zero2": (4, "tiny-llama", ["--parallel.pp=2", "--parallel.dp=2", "--parallel.zero=2",
