@@ -59,6 +59,20 @@ STRATEGIES: dict[str, tuple[int, str, list[str]]] = {
     "pp (1f1b)": (2, "tiny-llama", ["--parallel.pp=2", "--parallel.pp_schedule=1f1b"]),
     "cp": (2, "tiny-llama", ["--parallel.cp=2"]),
     "ep (MoE)": (2, "tiny-moe", ["--parallel.dp=2", "--parallel.ep=2"]),
+    # tp over data parallelism (4 ranks, tp inner): local shards all-reduced over dp; ZeRO-1
+    # broadcasts the owners' updated shards
+    "tp x ddp": (4, "tiny-llama", ["--parallel.tp=2", "--parallel.dp=2",
+                                   "--batch.global_batch=16"]),
+    "tp x zero1": (4, "tiny-llama", ["--parallel.tp=2", "--parallel.dp=2", "--parallel.zero=1",
+                                     "--batch.global_batch=16"]),
+    # pp x cp: stages pass each cp rank's shard; DDP over the cp ranks syncs once per step
+    "pp x cp": (4, "tiny-llama", ["--parallel.pp=2", "--parallel.cp=2"]),
+    # pp x ZeRO: torch's stages skip gradient sync and resharding between micro-batches;
+    # global batch 16: 4 micro-batches per pipeline step on each dp rank
+    "pp x zero2": (4, "tiny-llama", ["--parallel.pp=2", "--parallel.dp=2", "--parallel.zero=2",
+                                     "--batch.global_batch=16"]),
+    "pp x zero3": (4, "tiny-llama", ["--parallel.pp=2", "--parallel.dp=2", "--parallel.zero=3",
+                                     "--batch.global_batch=16"]),
 }
 AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp", "dp", "dp_shard_cp", "dp_cp", "ep")
 
@@ -328,6 +342,18 @@ NOTES: dict[str, str] = {
                 "distinct experts and only the non-expert parameters are all-reduced: 0.37 "
                 "on that family. Planner fix: reduce (stage_params - local expert params) "
                 "over dp·cp; expert parameters over the dp·cp/ep replicas of each expert.",
+    "pp x zero2": "(first measured at git 17e8cf1: 0.25 on both families, 4 micro-batches.) "
+                  "torch's pipeline stages run each backward with gradient sync and "
+                  "resharding after backward off (`backward_maybe_with_nosync`) and reduce "
+                  "once per step (`perform_reduce_grad`); the planner charged ZeRO-2's "
+                  "all-gather and reduce-scatter per micro-batch. Planner fix: once per step "
+                  "under pp > 1 (hsdp_allreduce too).",
+    "pp x zero3": "(first measured at git 17e8cf1: 0.62 on the all-gather, 0.25 on the "
+                  "reduce-scatter.) Each forward still reshards (reshard_after_forward), so "
+                  "the action after every forward (the next forward, or the first backward) "
+                  "re-gathers, while backwards keep the parameters: m + 1 all-gathers per "
+                  "step and chunk whatever the schedule's order, not 2m. Planner fix: "
+                  "fsdp_all_gather = (m+1)(n-1)/n·params, one reduce-scatter per step.",
 }
 """Why a ratio is far from 1, from the per-call counts (see the module docstring)."""
 

@@ -137,7 +137,8 @@ def _build(preset: str, dims: ParallelDims, micro: int, opts: dict):
     runtime = build_pipeline(model, pp_group=dims.submesh("pp"), pp_rank=dims.pp_rank,
                              pp_size=dims.pp, schedule=dims.layout.pp_schedule,
                              virtual=dims.layout.pp_virtual, n_microbatches=micro,
-                             loss_fn=causal_lm_loss, device="cpu", parallelize_stage=stage)
+                             loss_fn=causal_lm_loss, device="cpu", parallelize_stage=stage,
+                             cp_group=dims.submesh("cp"))
     return runtime.stages, runtime
 
 
@@ -157,6 +158,8 @@ def _train(preset: str, layout: dict, micro: int, opts: dict | None = None) -> d
         x, y = x.chunk(dims.dp_size)[dims.dp_rank], y.chunk(dims.dp_size)[dims.dp_rank]
         if pipeline is not None:  # mean over micro-batches, on every pp rank
             loss = pipeline.step(x, y)
+            for m in modules:  # data parallelism over DTensor parameters (else a no-op)
+                sync_gradients(m)
         else:
             loss = _dense_step(modules[0], dims, x, y, micro, mem,
                                loss_parallel=opts.get("loss_parallel", True))

@@ -133,6 +133,15 @@ def test_comm_families_and_tiers():
     assert z2["zero_all_gather"] == pytest.approx(4 * 7 / 8 * 2e9)
     hsdp = comm_volumes(layout=Layout(dp=8, dp_replicate=2, zero=3), **kw)
     assert hsdp["hsdp_allreduce"] == pytest.approx(4 * 2 * (1 / 2) * 4e9 / 4)
+    # inside a pipeline, torch's stages reduce (and ZeRO-2 gathers) once per step; ZeRO-3
+    # re-gathers after every forward: m + 1 gathers (counted: benchmarks/comm_volume.py)
+    pz2 = comm_volumes(layout=Layout(dp=8, pp=2, zero=2), **kw)
+    assert pz2["zero_all_gather"] == pytest.approx(7 / 8 * 2e9)
+    assert pz2["zero_reduce_scatter"] == pytest.approx(7 / 8 * 4e9)
+    pz3 = comm_volumes(layout=Layout(dp=8, dp_replicate=2, pp=2, zero=3), **kw)
+    assert pz3["fsdp_all_gather"] == pytest.approx((4 + 1) * 3 / 4 * 2e9)
+    assert pz3["fsdp_reduce_scatter"] == pytest.approx(3 / 4 * 4e9)
+    assert pz3["hsdp_allreduce"] == pytest.approx(2 * (1 / 2) * 4e9 / 4)
     # EP = dp: every rank owns distinct experts, their gradients are never all-reduced
     ep = comm_volumes(layout=Layout(dp=8, ep=8), **{**kw, "moe_layers": 20},
                       expert_params=6e8)

@@ -25,8 +25,9 @@ def test_every_result_is_legal_and_fits(model: str, gpus: int, gb_mult: int, seq
     res = search(cfg, hardware_preset(gpu), gpus, seq_len=seq, global_batch=gb, top_k=50)
     # every legal candidate's memory is evaluated (plus one probe per layout); counts are honest
     assert res.evaluated >= res.legal >= res.fitting >= len(res.top)
-    steps = [e.time.step_s for e in res.top]
-    assert steps == sorted(steps)
+    # fastest first; equal step times (to 9 digits) in order of reserved memory
+    keys = [(float(f"{e.time.step_s:.9g}"), e.memory.reserved) for e in res.top]
+    assert keys == sorted(keys)
     for e in res.top:
         p = e.plan
         assert layout_problems(p.layout, cfg, world_size=gpus, global_batch=gb,
@@ -94,3 +95,23 @@ def test_unknown_pin_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="search.foo"):
         search(resolve_model("tiny"), hardware_preset("cpu"), 1, seq_len=32, global_batch=4,
                foo=1)
+
+
+def test_equal_step_times_go_to_the_layout_with_less_memory(monkeypatch) -> None:
+    """Same step time: the layout reserving less memory ranks first (and is its family's best);
+    a faster layout still beats a leaner one."""
+    from types import SimpleNamespace
+
+    from scaletrain.planner import search as search_mod
+
+    costs = {"lean": (40e9, 10.0), "fat": (70e9, 10.0), "fast": (75e9, 9.0)}
+    monkeypatch.setattr(search_mod, "reserved_and_step",
+                        lambda plan, memory_only=False: costs[plan.name])
+    tally = search_mod._Tally()
+    plans = {n: SimpleNamespace(name=n) for n in ("fat", "lean", "fast")}
+    for name in ("fat", "lean"):  # recorded first: the order alone would keep "fat" ahead
+        assert tally.record(plans[name], "TP", True)
+    assert tally.best["TP"][1] is plans["lean"]
+    tally.record(plans["fast"], "PP", True)
+    tally.fits.sort(key=lambda t: t[:3])
+    assert [t[-1].name for t in tally.fits] == ["fast", "lean", "fat"]

@@ -163,8 +163,6 @@ LAYOUT_ERRORS = [
     (dict(pp=64), {}, "parallel.pp"),  # more stages than layers
     (dict(pp=2, pp_schedule="interleaved", pp_virtual=1), {}, "parallel.pp_virtual"),
     (dict(cp=3), dict(seq_len=8192), "parallel.cp"),
-    (dict(pp=2, cp=2), {}, "parallel.cp"),  # the trainer's pipeline does not shard sequences
-    (dict(dp=2, tp=2), {}, "parallel.zero"),  # DDP over tensor-parallel parameters
     (dict(ep=2), {}, "parallel.ep"),  # dense model
     (dict(dp=4, dp_replicate=3, zero=3), {}, "parallel.dp_replicate"),
     (dict(dp=2, dp_replicate=2), {}, "parallel.dp_replicate"),  # HSDP needs zero >= 1
@@ -185,7 +183,10 @@ def test_legal_layouts_have_no_problems():
                    Layout(dp=4, zero=3, tp=8, sp=True, pp=4, pp_schedule="interleaved",
                           pp_virtual=2),
                    Layout(dp=4, zero=3, tp=8, sp=True, cp=4),
-                   Layout(dp=4, dp_replicate=2, zero=3)):
+                   Layout(dp=4, dp_replicate=2, zero=3),
+                   # Megatron's layout: tp x pp x dp with DDP or a distributed optimizer
+                   Layout(dp=2, tp=8, pp=4, zero=1), Layout(dp=2, tp=8, sp=True, zero=0),
+                   Layout(dp=2, tp=8, sp=True, pp=2, cp=2, zero=1)):  # long context, pp x cp
         assert layout_problems(layout, m, world_size=layout.world_size, global_batch=64,
                                micro_batch=1, seq_len=8192) == []
     moe = model_preset("mixtral-8x7b")

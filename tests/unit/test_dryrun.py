@@ -100,13 +100,18 @@ def test_ddp_is_measured_with_its_buckets():
     assert m.memory.detail["state.optimizer"] == 2 * full
 
 
-def test_pipeline_with_context_parallelism_is_reported_unsupported():
-    job = load_config(None, {"model": {"name": "gpt-mini", "tie_embeddings": False},
-                             "batch": {"seq_len": SEQ, "micro_batch": 1, "global_batch": 4},
-                             "parallel": {"pp": 2, "cp": 2}})
-    with pytest.raises(ConfigError, match="parallel.cp"):
-        dryrun(job, world_size=4)
+def test_pipeline_with_context_parallelism_holds_half_the_sequence():
+    """pp2 x cp2: each stage runs its cp rank's half of the sequence, so the last pipeline
+    rank's saved activations are about half of pp2 alone (same micro-batches)."""
+    def job(**parallel):
+        return load_config(None, {"model": {"name": "gpt-mini", "tie_embeddings": False},
+                                  "batch": {"seq_len": SEQ, "micro_batch": 1,
+                                            "global_batch": 4}, "parallel": parallel})
+    pp_cp = dryrun(job(pp=2, cp=2), world_size=4, rank=2, count_flops=False)
+    pp = dryrun(job(pp=2), world_size=2, rank=1, count_flops=False)
     assert not dist.is_initialized()
+    ratio = pp_cp.memory.activations / pp.memory.activations
+    assert 0.4 < ratio < 0.6, ratio
 
 
 @pytest.mark.slow

@@ -42,6 +42,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
+from scaletrain.parallel.zero import load_zero1_local_state, zero1_local_state
+
 __all__ = ["AsyncCheckpointer", "save_checkpoint", "load_checkpoint", "latest_good",
            "list_checkpoints", "verify_checkpoint", "CheckpointError"]
 
@@ -214,7 +216,7 @@ def _payload(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     if isinstance(optimizer, ZeroRedundancyOptimizer):
         # ZeRO-1 keeps plain local state partitions that DCP cannot address: each rank writes
         # its own partition (the partitioning is a pure function of the world size)
-        extra = {**extra, "optim_local": optimizer.optim.state_dict()}
+        extra = {**extra, "optim_local": zero1_local_state(optimizer)}
     return state, extra
 
 
@@ -274,7 +276,7 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module,
         dcp.load(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())
     if isinstance(optimizer, ZeroRedundancyOptimizer):
         set_model_state_dict(model, state["model"], options=StateDictOptions(strict=True))
-        optimizer.optim.load_state_dict(extra.pop("optim_local"))
+        load_zero1_local_state(optimizer, extra.pop("optim_local"))
 
     else:
         set_state_dict(model, optimizer, model_state_dict=state["model"],

@@ -375,7 +375,8 @@ class JobConfig:
                      seq_len=self.batch.seq_len)
         problems = option_problems(layout, offload=self.memory.offload,
                                    fp8_all_gather=self.precision.fp8_all_gather,
-                                   precision=self.precision.dtype)
+                                   precision=self.precision.dtype,
+                                   grad_compression=self.precision.grad_compression)
         if problems:
             raise problems[0]
         return layout

@@ -89,12 +89,8 @@ def composition_problems(layout: Layout) -> list[ConfigError]:
     """The rules on how the trainer composes strategies, which need no model (also checked by
     `ParallelDims.from_layout` when it is given none)."""
     L, out = layout, []
-    # Pipeline x context parallel: the trainer's pipeline feeds each stage whole sequences
-    # (no load-balanced shard, no shard positions through the stages), so it cannot run cp.
-    if L.pp > 1 and L.cp > 1:
-        out.append(ConfigError("parallel.cp", L.cp, "context parallelism does not compose with "
-                               "pipeline parallelism in scaletrain yet: use cp=1 with pp > 1, "
-                               "or pp=1"))
+    # pp x cp runs: the pipeline carries each cp rank's load-balanced shard through its stages
+    # (parallel.pipeline, parity: tests/distributed/test_pp_cp.py)
     dp_cp = L.dp * L.cp
     if L.ep > 1 and dp_cp % L.ep == 0 and L.ep != dp_cp:
         # the trainer averages expert gradients only when every rank owns its experts
@@ -105,11 +101,9 @@ def composition_problems(layout: Layout) -> list[ConfigError]:
         out.append(ConfigError("parallel.zero", L.zero, "ZeRO-1's sharded optimizer broadcasts "
                                "whole parameters and cannot hold expert shards: use zero 0, 2 "
                                "or 3 with ep > 1"))
-    # DDP / ZeRO-1 replicate plain parameters; tensor-parallel ones are DTensors (FSDP needed)
-    if L.tp > 1 and dp_cp > 1 and L.zero < 2:
-        out.append(ConfigError("parallel.zero", L.zero, "DDP / ZeRO-1 over tensor-parallel "
-                               "parameters is not supported: use parallel.zero=2 or 3 with "
-                               "tp > 1"))
+    # tp > 1 with DDP / ZeRO-1 runs: gradients' local shards all-reduced over dp x cp
+    # (parallel.data_parallel.apply_manual_grad_sync), ZeRO-1 broadcasting local shards
+    # (parallel.zero._LocalShardZero); parity: tests/distributed/test_tp_ddp.py
     return out
 
 
@@ -200,7 +194,8 @@ def layout_problems(layout: Layout, model: ModelConfig, *, world_size: int | Non
 
 
 def option_problems(layout: Layout, *, offload: str, fp8_all_gather: bool = False,
-                    precision: str = "fp32") -> list[ConfigError]:
+                    precision: str = "fp32", grad_compression: str = "none"
+                    ) -> list[ConfigError]:
     """The rules tying memory and precision options to the layout (what the trainer's
     `parallelize` can build); `world_size` is the layout's."""
     L, out = layout, []
@@ -215,6 +210,11 @@ def option_problems(layout: Layout, *, offload: str, fp8_all_gather: bool = Fals
     elif offload == "params" and L.world_size == 1:
         out.append(ConfigError("memory.offload", offload, "parameter offload uses FSDP2, which "
                                "needs a process group and mesh: launch with torchrun/--nproc"))
+    if grad_compression != "none" and L.zero < 2 and (L.tp > 1 or L.ep > 1 or L.pp > 1):
+        out.append(ConfigError("precision.grad_compression", grad_compression,
+                               "PowerSGD compresses DDP's buckets, and DDP / ZeRO-1 over "
+                               "tensor- or expert-parallel parameters or pipeline stages syncs "
+                               "them without DDP: set grad_compression=none"))
     if precision == "fp8" and fp8_all_gather and L.tp > 1:
         out.append(ConfigError("precision.fp8_all_gather", True, "the float8 all-gather wraps "
                                "plain weight shards, not tensor-parallel DTensors: set "

@@ -210,10 +210,11 @@ def _schedule_cls(job: JobConfig, layout: Layout, rank: int, world_size: int,
 
     dims = ParallelDims.from_layout(layout, world_size)
     grad_accum = job.batch.global_batch // (job.batch.micro_batch * layout.dp)
-    t = job.batch.seq_len
-    # the residual stream is sequence-sharded under sp (the block plans' Shard(1) local
-    # tensors), whole otherwise
-    t_local = t // layout.tp if (layout.sp and layout.tp > 1) else t
+    # this cp rank's load-balanced share of the sequence, further sharded under sp (the block
+    # plans' Shard(1) local tensors)
+    t_local = job.batch.seq_len // layout.cp
+    if layout.sp and layout.tp > 1:
+        t_local //= layout.tp
     return functools.partial(
         ActionSchedule, hooks=hooks, split_backward=layout.pp_schedule == "zero-bubble",
         actions=pp_actions(layout.pp_schedule, layout.pp, grad_accum, layout.pp_virtual,

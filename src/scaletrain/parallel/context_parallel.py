@@ -32,8 +32,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["RingAttentionCore", "apply_cp", "cp_shard", "cp_unshard", "cp_positions",
-           "ring_attention"]
+__all__ = ["RingAttentionCore", "apply_cp", "attach_cp_positions", "cp_shard", "cp_unshard",
+           "cp_positions", "ring_attention"]
 
 
 def _as_group(group_or_mesh) -> dist.ProcessGroup | None:
@@ -82,6 +82,30 @@ def cp_positions(seq_len: int, rank: int, size: int,
                  device: torch.device | str = "cpu") -> torch.Tensor:
     """Global position ids (T/cp,) of rank `rank`'s shard, for `model(tokens, positions)`."""
     return cp_shard(torch.arange(seq_len, device=device), rank, size, dim=0)
+
+
+def attach_cp_positions(stage: nn.Module, rank: int, size: int) -> nn.Module:
+    """Pipeline stages under cp: forwards called without positions (the schedule passes only
+    the tensors it sends between stages) get those of this rank's load-balanced shard.
+
+    Every stage of one cp rank holds the same chunks (r and 2cp-1-r) of every micro-batch, so
+    the positions follow from (rank, size) and the global length: the input's length times cp
+    (times tp when SP hands a later stage T/(cp*tp) rows: `input_seq_shards`). Sending them
+    between stages would carry the same tensor every time. Size 1: a no-op.
+    """
+    if size == 1:
+        return stage
+
+    def fill_positions(mod: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        if len(args) != 1 or kwargs.get("positions") is not None:
+            return None
+        x = args[0]
+        hidden = getattr(mod, "tok_embeddings", None) is None
+        t = x.shape[1] * (getattr(mod, "input_seq_shards", 1) if hidden else 1) * size
+        return args, {**kwargs, "positions": cp_positions(t, rank, size, device=x.device)}
+
+    stage.register_forward_pre_hook(fill_positions, with_kwargs=True)
+    return stage
 
 
 # ---------------------------------------------------------------------------------------------

@@ -28,7 +28,8 @@ def _check(dims: ParallelDims, memory: MemoryConfig, precision: PrecisionConfig)
     # (`ParallelDims.from_layout`, `config.composition_problems`); these involve the options
     problems = option_problems(dims.layout, offload=memory.offload,
                                fp8_all_gather=precision.fp8_all_gather,
-                               precision=precision.dtype)
+                               precision=precision.dtype,
+                               grad_compression=precision.grad_compression)
     if problems:
         raise problems[0]
 
@@ -40,9 +41,13 @@ def uses_fsdp(dims: ParallelDims, memory: MemoryConfig) -> bool:
 
 
 def uses_ddp(dims: ParallelDims, memory: MemoryConfig) -> bool:
-    """Whether `parallelize` wraps the model in torch's DDP (ZeRO-0/1 data parallelism without
-    expert parallelism, which syncs its dense gradients by hand)."""
-    return not uses_fsdp(dims, memory) and dims.ddp_enabled and dims.ep == 1
+    """Whether `parallelize` wraps the model in torch's DDP: ZeRO-0/1 data parallelism over
+    plain parameters of an unpipelined model. Tensor- and expert-parallel parameters are
+    DTensors, and torch's pipeline schedules interleave micro-batches' forwards and backwards,
+    which DDP's reducer (one backward per forward) miscounts (pp2 x dp2 gradient norm 2.25 vs
+    2.04): those sync their gradients once after backward (`apply_manual_grad_sync`)."""
+    return (not uses_fsdp(dims, memory) and dims.ddp_enabled
+            and dims.ep == 1 and dims.tp == 1 and dims.pp == 1)
 
 
 def parallelize(model: nn.Module, dims: ParallelDims, *, precision: PrecisionConfig,
@@ -92,10 +97,11 @@ def parallelize(model: nn.Module, dims: ParallelDims, *, precision: PrecisionCon
         apply_fsdp(model, dims.fsdp_mesh(), reshard_after_forward=dims.zero == 3,
                    mp=mp_policy(precision.dtype, precision.reduce_dtype),
                    offload_params=offload, ignored_params=experts)
-    elif dims.ddp_enabled and dims.ep > 1:
+    elif uses_ddp(dims, memory):
+        if ddp:
+            apply_ddp(model, dims.submesh("dp_cp"), compression=precision.grad_compression,
+                      powersgd_rank=precision.powersgd_rank,
+                      powersgd_start_step=precision.powersgd_start_step)
+    elif dims.ddp_enabled:  # DTensor parameters or pipeline stages (see `uses_ddp`)
         apply_manual_grad_sync(model, dims.submesh("dp_cp"))
-    elif dims.ddp_enabled and ddp:
-        apply_ddp(model, dims.submesh("dp_cp"), compression=precision.grad_compression,
-                  powersgd_rank=precision.powersgd_rank,
-                  powersgd_start_step=precision.powersgd_start_step)
     return model

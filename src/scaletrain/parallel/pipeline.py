@@ -31,6 +31,13 @@ planner's `rank_memory` counts it). MoE auxiliary losses: only the last stage co
 so every MoE layer of a stage attaches its load-balancing loss to its output's backward
 (`models.moe.MoE.aux_grad_scale`, scaled like the loss: `loss_scale`); with scale_grads the
 result is the mean over micro-batches of (loss + aux), as without pipelining.
+
+Context parallelism (`cp_group`): `step` and `eval_*` cut each sequence to this cp rank's
+load-balanced shard (`cp_shard`) before the schedule splits micro-batches, so stages pass the
+shard's hidden states (T/cp rows) between them and ring attention runs inside every stage over
+the cp group of its pipeline rank; every stage fills in the shard's global positions itself
+(`attach_cp_positions`). The last stage's loss is the shard's mean: equal shards, so the mean
+over the cp ranks (taken with the data-parallel mean) is the sequence's.
 """
 
 from __future__ import annotations
@@ -123,6 +130,8 @@ class PipelineRuntime:
     num_stages: int
     _pipeline_stages: list[PipelineStage] = field(default_factory=list)
     tied_group: dist.ProcessGroup | None = None
+    cp_group: dist.ProcessGroup | None = None
+    """Context parallelism: the cp ranks of this pipeline rank (None: cp = 1)."""
     """Tied embeddings at pp > 1: the (first, last) stage pair whose head/embedding gradients
     are summed after every backward."""
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
@@ -172,6 +181,14 @@ class PipelineRuntime:
                 dist.all_reduce(g.to_local() if hasattr(g, "to_local") else g,
                                 group=self.tied_group)
 
+    def _cp_shard(self, x: torch.Tensor) -> torch.Tensor:
+        """This cp rank's load-balanced shard of (B, T) ids or targets (cp = 1: x)."""
+        if self.cp_group is None:
+            return x
+        from .context_parallel import cp_shard
+
+        return cp_shard(x, dist.get_rank(self.cp_group), dist.get_world_size(self.cp_group))
+
     @property
     def is_first(self) -> bool:
         return 0 in self.stage_ids
@@ -188,6 +205,8 @@ class PipelineRuntime:
         broadcast, for logging); gradients accumulate in the stage modules. `hooks`
         (`trainer.step.StepHooks`) see each micro-batch's loss on the last stage.
         """
+        device = inputs.device
+        inputs, targets = self._cp_shard(inputs), self._cp_shard(targets)
         args = (inputs,) if self.is_first else ()
         losses: list[torch.Tensor] = []
         self._hooks, self._losses_seen = hooks, 0
@@ -199,12 +218,13 @@ class PipelineRuntime:
         finally:
             self._hooks = None
         self.sync_tied_gradients()
-        return self._mean_loss(losses, inputs.device)
+        return self._mean_loss(losses, device)
 
     @torch.no_grad()
     def eval_loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Forward only (the schedule's `eval`: no backward actions, no gradients) of a batch
         split into the step's micro-batches; the mean micro-batch loss on every pp rank."""
+        inputs, targets = self._cp_shard(inputs), self._cp_shard(targets)
         args = (inputs,) if self.is_first else ()
         losses: list[torch.Tensor] = []
         self.schedule.eval(*args, target=targets if self.is_last else None,
@@ -216,21 +236,33 @@ class PipelineRuntime:
         """Forward only of a batch split into the step's micro-batches; the last stage's
         logits of the FIRST sequence (1, T, V), broadcast to every pp rank (the loss the
         schedule computes on dummy targets is discarded)."""
+        seq_len = inputs.shape[1]
+        inputs = self._cp_shard(inputs)
         args = (inputs,) if self.is_first else ()
         dummy = torch.zeros(inputs.shape, dtype=torch.long, device=inputs.device)
         out = self.schedule.eval(*args, target=dummy if self.is_last else None,
                                  return_outputs=True)
         if self.is_last:
             out = out.full_tensor() if hasattr(out, "full_tensor") else out
-            logits = out[:1].float().contiguous()
+            logits = self._cp_gather(out[:1].float().contiguous())
             vocab = torch.tensor(logits.shape[-1], device=inputs.device)
         else:
             vocab = torch.zeros((), dtype=torch.long, device=inputs.device)
         dist.broadcast(vocab, src=self._last_stage_rank, group=self.group)
         if not self.is_last:
-            logits = torch.empty(1, inputs.shape[1], int(vocab), device=inputs.device)
+            logits = torch.empty(1, seq_len, int(vocab), device=inputs.device)
         dist.broadcast(logits, src=self._last_stage_rank, group=self.group)
         return logits
+
+    def _cp_gather(self, logits: torch.Tensor) -> torch.Tensor:
+        """The whole sequence's logits from every cp rank's shard (cp = 1: logits)."""
+        if self.cp_group is None:
+            return logits
+        from .context_parallel import cp_unshard
+
+        shards = [torch.empty_like(logits) for _ in range(dist.get_world_size(self.cp_group))]
+        dist.all_gather(shards, logits, group=self.cp_group)
+        return cp_unshard(shards)
 
     @property
     def _last_stage_rank(self) -> int:
@@ -250,7 +282,7 @@ class PipelineRuntime:
 def build_pipeline(model: nn.Module, *, pp_group, pp_rank: int, pp_size: int, schedule: str,
                    virtual: int, n_microbatches: int, loss_fn, device: torch.device | str,
                    parallelize_stage=None, loss_scale=lambda: 1.0,
-                   schedule_cls: Any = None) -> PipelineRuntime:
+                   schedule_cls: Any = None, cp_group=None) -> PipelineRuntime:
     """Split `model` into this rank's stages and build the named schedule.
 
     pp_group: ProcessGroup or 1-D DeviceMesh of the pipeline axis. `parallelize_stage`, if
@@ -258,8 +290,14 @@ def build_pipeline(model: nn.Module, *, pp_group, pp_rank: int, pp_size: int, sc
     PipelineStage wraps it. `loss_scale()`: the factor `loss_fn` scales the loss by (fp16 loss
     scaling), applied to the MoE auxiliary losses the stages attach. `schedule_cls` replaces
     torch's schedule class for `schedule` (same constructor and `step` signature; the dry-run
-    passes `dryrun.actions.ActionSchedule`, which runs under fake tensors).
+    passes `dryrun.torch_compat.ActionSchedule`, which runs under fake tensors). `cp_group`:
+    ProcessGroup or 1-D DeviceMesh of this rank's cp axis (None or size 1: no cp).
     """
+    from .context_parallel import attach_cp_positions
+
+    cp = cp_group.get_group() if hasattr(cp_group, "get_group") else cp_group
+    if cp is not None and dist.get_world_size(cp) == 1:
+        cp = None
     if schedule not in _SCHEDULES:
         raise ConfigError("parallel.pp_schedule", schedule, f"use one of {sorted(_SCHEDULES)}")
     if schedule in _SINGLE_STAGE and virtual != 1:
@@ -278,12 +316,14 @@ def build_pipeline(model: nn.Module, *, pp_group, pp_rank: int, pp_size: int, sc
                 sub.aux_grad_scale = loss_scale
         if parallelize_stage is not None:
             mod = parallelize_stage(mod) or mod
+        if cp is not None:
+            attach_cp_positions(mod, dist.get_rank(cp), dist.get_world_size(cp))
         mods.append(mod)
         pstages.append(PipelineStage(mod, sid, num_stages, device, group=group))
     tied = _tied_pair_group(group) if num_stages > 1 and _tied(model) else None
     runtime = PipelineRuntime(stages=mods, stage_ids=ids, schedule=None, group=group,
                               num_stages=num_stages, _pipeline_stages=pstages, tied_group=tied,
-                              loss_fn=loss_fn)
+                              loss_fn=loss_fn, cp_group=cp)
     cls = schedule_cls or _SCHEDULES[schedule]
     runtime.schedule = cls(pstages[0] if schedule in _SINGLE_STAGE else pstages,
                            n_microbatches, loss_fn=runtime.staged_loss, scale_grads=True)

@@ -6,6 +6,13 @@ updated parameters. Why not FSDP2 for stage 1: FSDP2 always reduce-scatters grad
 cannot keep full gradients while sharding only the optimizer; ZeRO-1 over DDP keeps DDP's
 bucketed all-reduce and shards exactly the optimizer states (8*Psi/N bytes per rank for fp32
 Adam, up to the imbalance of whole-parameter partitioning).
+
+With tensor parallelism the parameters are DTensors, which `ZeroRedundancyOptimizer`'s
+broadcast cannot send: `_LocalShardZero` broadcasts their local shards instead. Every dp x cp
+rank of one tp rank holds the same shards, and all of them partition the same parameter list
+(by global size) alike, so each rank owns the Adam states of whole tp shards and the owner's
+updated shard overwrites the others': Megatron's distributed optimizer over TP, except that
+ownership is per parameter rather than per flat buffer slice.
 """
 
 from __future__ import annotations
@@ -22,7 +29,42 @@ from torch.distributed.tensor import DTensor
 
 from .dims import ParallelDims
 
-__all__ = ["wrap_optimizer", "clip_grad_norm_", "local_state_bytes"]
+__all__ = ["wrap_optimizer", "clip_grad_norm_", "local_state_bytes", "zero1_local_state",
+           "load_zero1_local_state"]
+
+
+class _LocalShardZero(ZeroRedundancyOptimizer):
+    """torch's ZeRO-1 whose post-step broadcast also sends DTensor parameters (their local
+    shards, in place); plain parameters go exactly as in the base class."""
+
+    def _broadcast_params_from_rank(self, rank: int) -> list:
+        src = dist.distributed_c10d.get_global_rank(self.process_group, rank)
+        return [dist.broadcast(_local(p.data), src=src, group=self.process_group,
+                               async_op=True)
+                for group in self._partition_parameters()[rank] for p in group["params"]]
+
+
+def zero1_local_state(optimizer: ZeroRedundancyOptimizer) -> dict[str, Any]:
+    """This rank's ZeRO-1 partition as plain tensors (tensor-parallel states as their local
+    shards), so that checkpoints load it with `torch.load(weights_only=True)`."""
+    sd = optimizer.optim.state_dict()
+    sd["state"] = {i: {k: _local(v) if isinstance(v, torch.Tensor) else v
+                       for k, v in st.items()} for i, st in sd["state"].items()}
+    return sd
+
+
+def load_zero1_local_state(optimizer: ZeroRedundancyOptimizer, sd: dict[str, Any]) -> None:
+    """Inverse of `zero1_local_state`: local shards wrapped back as DTensors like their
+    parameters (AdamW's foreach kernels need states and parameters of one kind)."""
+    params = [p for g in optimizer.optim.param_groups for p in g["params"]]
+    for i, st in sd["state"].items():
+        p = params[i]
+        if not isinstance(p, DTensor):
+            continue
+        for k, v in st.items():
+            if isinstance(v, torch.Tensor) and v.shape == p.to_local().shape and v.dim():
+                st[k] = DTensor.from_local(v, p.device_mesh, p.placements, run_check=False)
+    optimizer.optim.load_state_dict(sd)
 
 
 def wrap_optimizer(optimizer_class: type[torch.optim.Optimizer], params: Iterable[nn.Parameter],
@@ -35,8 +77,8 @@ def wrap_optimizer(optimizer_class: type[torch.optim.Optimizer], params: Iterabl
     params = list(params)
     if dims.zero == 1 and dims.ddp_enabled:
         group = dims.submesh("dp_shard_cp").get_group()
-        return ZeroRedundancyOptimizer(params, optimizer_class=optimizer_class,
-                                       process_group=group, **defaults)
+        return _LocalShardZero(params, optimizer_class=optimizer_class, process_group=group,
+                               **defaults)
     return optimizer_class(params, **defaults)
 
 

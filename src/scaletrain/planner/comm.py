@@ -86,6 +86,12 @@ def comm_terms(*, layout: Layout, hardware: HardwareSpec, stage_params: float, l
                      reshard_after_forward=True) of compute-dtype params; fsdp_reduce_scatter one
                      per micro-batch; hsdp_allreduce of the shard across replicas after every
                      micro-batch (FSDP2 reduces each backward);
+      under pp > 1   torch's pipeline stages run every backward with gradient sync and
+                     resharding after backward off (`backward_maybe_with_nosync`) and reduce once
+                     in `perform_reduce_grad`: zero 2 gathers once per step and reduce-scatters
+                     once (hsdp_allreduce once); zero 3 still reshards after each forward, so
+                     every forward's successor (the next forward or the first backward after
+                     it) re-gathers: m + 1 all-gathers per step per chunk, whatever the order;
       tp             Megatron TP: 2 all-reduces forward + 2 backward per block and micro-batch
                      of e*s*b*h (+2 under full recompute), plus the vocab-parallel embedding's
                      forward all-reduce and the head input's backward all-reduce (2 per
@@ -112,6 +118,8 @@ def comm_terms(*, layout: Layout, hardware: HardwareSpec, stage_params: float, l
         if L.zero:
             n = max(1, n // max(1, L.dp_replicate))
         grads = stage_params * reduce_bytes
+        # reductions (and zero 2's gathers) per step: m, or 1 inside a pipeline (see above)
+        k_red = 1 if L.pp > 1 else m
         if L.zero <= 1:
             # expert gradients are reduced over the (dp*cp)/ep replicas of each expert only
             dense = (stage_params - expert_params) * reduce_bytes
@@ -125,17 +133,18 @@ def comm_terms(*, layout: Layout, hardware: HardwareSpec, stage_params: float, l
                 params = stage_params * 4  # fp32 partitions broadcast after the sharded update
                 out["zero_all_gather"] = ((n - 1) / n * params, gather_time(params, n, bw, lat))
         elif L.zero == 2:
-            out["zero_reduce_scatter"] = (m * (n - 1) / n * grads,
-                                          m * gather_time(grads, n, bw, lat))
+            out["zero_reduce_scatter"] = (k_red * (n - 1) / n * grads,
+                                          k_red * gather_time(grads, n, bw, lat))
             params = (stage_params - fp8_gather_params) * pc + fp8_gather_params
-            out["zero_all_gather"] = (m * (n - 1) / n * params,
-                                      m * gather_time(params, n, bw, lat))
+            out["zero_all_gather"] = (k_red * (n - 1) / n * params,
+                                      k_red * gather_time(params, n, bw, lat))
         else:
             params = (stage_params - fp8_gather_params) * pc + fp8_gather_params
-            out["fsdp_all_gather"] = (2 * m * (n - 1) / n * params,
-                                      2 * m * gather_time(params, n, bw, lat))
-            out["fsdp_reduce_scatter"] = (m * (n - 1) / n * grads,
-                                          m * gather_time(grads, n, bw, lat))
+            k_ag = m + 1 if L.pp > 1 else 2 * m
+            out["fsdp_all_gather"] = (k_ag * (n - 1) / n * params,
+                                      k_ag * gather_time(params, n, bw, lat))
+            out["fsdp_reduce_scatter"] = (k_red * (n - 1) / n * grads,
+                                          k_red * gather_time(grads, n, bw, lat))
         if L.zero and L.dp_replicate > 1:
             # replica groups are the outer part of dp: inter-node once dp*cp*tp > a node.
             inter = L.tp * L.cp * L.dp > (gpus_per_node or hw.gpus_per_node)
@@ -143,8 +152,8 @@ def comm_terms(*, layout: Layout, hardware: HardwareSpec, stage_params: float, l
             lat2 = hw.inter_node_latency_s if inter else hw.intra_node_latency_s
             shard = grads / n
             r = L.dp_replicate
-            out["hsdp_allreduce"] = (m * 2 * (r - 1) / r * shard,
-                                     m * allreduce_time(shard, r, bw2, lat2))
+            out["hsdp_allreduce"] = (k_red * 2 * (r - 1) / r * shard,
+                                     k_red * allreduce_time(shard, r, bw2, lat2))
     act = e * tokens * hidden
     if L.tp > 1:
         bw, lat, _ = axis_link(L, hw, "tp", gpus_per_node)

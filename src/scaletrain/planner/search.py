@@ -170,8 +170,10 @@ class _Job:
 class _Tally:
     """Running results as plain numbers; Estimates are built at the end for the kept plans."""
 
-    fits: list[tuple[float, int, PlanInput]] = field(default_factory=list)
-    best: dict[str, tuple[float, PlanInput]] = field(default_factory=dict)
+    fits: list[tuple[float, float, int, PlanInput]] = field(default_factory=list)
+    """(step s to 9 significant digits, reserved bytes, order, plan): sorted, equal step times
+    go to the layout that reserves less memory (more headroom, same speed)."""
+    best: dict[str, tuple[tuple[float, float], PlanInput]] = field(default_factory=dict)
     miss: dict[str, tuple[float, PlanInput]] = field(default_factory=dict)
     candidates: dict[str, int] = field(default_factory=dict)
     evaluated: int = 0
@@ -190,9 +192,10 @@ class _Tally:
                 self.miss[fam] = (over, plan)
             return False
         if candidate:
-            self.fits.append((step, len(self.fits), plan))
-            if fam not in self.best or step < self.best[fam][0]:
-                self.best[fam] = (step, plan)
+            key = (float(f"{step:.9g}"), reserved)
+            self.fits.append((*key, len(self.fits), plan))
+            if fam not in self.best or key < self.best[fam][0]:
+                self.best[fam] = (key, plan)
         return True
 
 
@@ -314,8 +317,8 @@ def _result(tally: _Tally, model: ModelConfig, top_k: int, t0: float) -> SearchR
             built[id(plan)] = estimate(plan)
         return built[id(plan)]
 
-    tally.fits.sort(key=lambda t: (t[0], t[1]))
-    top = [est(plan) for _, _, plan in tally.fits[:top_k]]
+    tally.fits.sort(key=lambda t: t[:3])
+    top = [est(plan) for *_, plan in tally.fits[:top_k]]
     families = {f: FamilyOutcome(f, candidates=tally.candidates.get(f, 0)) for f in FAMILIES}
     for f, (_, plan) in tally.best.items():
         families[f].best = est(plan)

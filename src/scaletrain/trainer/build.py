@@ -170,7 +170,8 @@ def _build_pipeline(job: JobConfig, dims: ParallelDims, model: torch.nn.Module,
         schedule=dims.layout.pp_schedule, virtual=dims.layout.pp_virtual,
         n_microbatches=grad_accum, device=device, parallelize_stage=parallelize_stage,
         loss_fn=lambda logits, targets: scaler.scale_loss(causal_lm_loss(logits, targets)),
-        loss_scale=lambda: scaler.scale, schedule_cls=schedule_cls)
+        loss_scale=lambda: scaler.scale, schedule_cls=schedule_cls,
+        cp_group=dims.submesh("cp"))
     stages = torch.nn.ModuleDict({f"stage{sid}": mod
                                   for sid, mod in zip(runtime.stage_ids, runtime.stages,
                                                       strict=True)})

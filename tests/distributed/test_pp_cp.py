@@ -1,0 +1,58 @@
+"""Pipeline x context parallelism (4 gloo ranks, pp 2 x cp 2) == one process; and pipeline x
+DDP / ZeRO-1 (pp 2 x dp 2), which this fixed (DDP's reducer under torch's schedules).
+
+The pipeline cuts each sequence to this cp rank's load-balanced shard, its stages pass the
+shard's hidden states and run ring attention over their cp group, and each stage supplies the
+shard's global positions (RoPE for llama, learned positions on gpt2's first stage). The rows
+train as the parity matrix does (5 AdamW steps, clipping, fp32) with its tolerances and their
+reasons (tests/distributed/test_parity_matrix.py): losses and gradient norms 1e-5 relative,
+parameters rtol = atol = 1e-5; pipeline ranks together cover every parameter.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from scaletrain.parallel.launch import spawn
+
+from ._parity_fns import reference, train_modes
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+_PP = dict(pp=2, pp_schedule="1f1b", cp=2)
+# mode -> (preset, layout, pipeline micro-batches per step)
+MODES = {
+    "pp2xcp2/llama4": ("tiny-llama-4l", _PP, 4),  # DDP over the cp ranks
+    "pp2xcp2-zero3/gpt2": ("tiny", dict(_PP, zero=3), 2),  # FSDP over them; tied head copy
+    # data parallelism without FSDP under pipelining (one gradient sync after the schedule)
+    "pp2xdp2/llama4": ("tiny-llama-4l", dict(pp=2, dp=2, pp_schedule="1f1b"), 2),
+    "pp2xdp2-zero1/llama4": ("tiny-llama-4l", dict(pp=2, dp=2, zero=1, pp_schedule="1f1b"), 2),
+}
+
+
+@pytest.fixture(scope="module")
+def world4() -> list[dict]:
+    return spawn(train_modes, 4, MODES)
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_pp_cp_matches_one_process(world4, mode):
+    ref = reference(MODES[mode][0])
+    covered: set[str] = set()
+    for rank, results in enumerate(world4):
+        got, where = results[mode], f"{mode} rank {rank}"
+        torch.testing.assert_close(torch.tensor(got["losses"]), torch.tensor(ref["losses"]),
+                                   rtol=1e-5, atol=0, msg=lambda m, w=where: f"{w} loss: {m}")
+        torch.testing.assert_close(torch.tensor(got["norms"]), torch.tensor(ref["norms"]),
+                                   rtol=1e-5, atol=0, msg=lambda m, w=where: f"{w} norm: {m}")
+        for name, value in got["params"].items():
+            # gpt2's last stage holds a copy of the tied embedding as its head
+            ref_name = ("tok_embeddings.weight" if name == "output.weight"
+                        and name not in ref["params"] else name)
+            torch.testing.assert_close(value, ref["params"][ref_name], rtol=1e-5, atol=1e-5,
+                                       msg=lambda m, w=f"{where} {name}": f"{w}: {m}")
+            covered.add(ref_name)
+        axis = "cp" if "cp2" in mode else "dp"
+        assert got["meshes"][axis] == (2, rank % 2) and got["meshes"]["pp"] == (2, rank // 2)
+    assert covered == ref["params"].keys()
