@@ -10,7 +10,10 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).resolve().parent / "results"
+OUT_ENV = "SCALETRAIN_BENCH_OUT"
+"""Set by `scaletrain bench --out DIR` (a separate process): write there, not into the committed
+results/. `python benchmarks/NAME.py` refreshes the committed files on purpose."""
+RESULTS = Path(os.environ.get(OUT_ENV) or Path(__file__).resolve().parent / "results")
 
 
 def git_revision() -> str:

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch.distributed as dist
 
-from scaletrain.config import ConfigError, load_config
+from scaletrain.config import load_config
 from scaletrain.dryrun import dryrun
 from scaletrain.models import build_model
 from scaletrain.planner.flops import attention_core_flops_per_token, flops_per_token

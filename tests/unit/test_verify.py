@@ -51,7 +51,8 @@ def test_metrics_throughput_skips_the_first_step(tmp_path):
             {"step": 3, "tokens_per_s": 300.0, "step_s": 3.0}]
     path = tmp_path / "metrics.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\nnot json\n")
-    assert metrics_throughput(path) == {"measured_tokens_per_s": 200.0, "measured_step_s": 2.0}
+    # tokens / seconds of the timed steps (100*1 + 300*3) / 4, not the mean of the rates (200)
+    assert metrics_throughput(path) == {"measured_tokens_per_s": 250.0, "measured_step_s": 2.0}
     assert metrics_throughput(tmp_path / "missing.jsonl") == {}
 
 
@@ -66,7 +67,8 @@ def _run_dir(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(job.to_dict()))
     _measurement().write(tmp_path)
     (tmp_path / "metrics.jsonl").write_text(
-        "\n".join(json.dumps({"step": s, "tokens_per_s": t}) for s, t in ((1, 5.0), (2, 40.0))))
+        "\n".join(json.dumps({"step": s, "tokens_per_s": t, "step_s": 1.0})
+                  for s, t in ((1, 5.0), (2, 40.0))))
     return tmp_path
 
 

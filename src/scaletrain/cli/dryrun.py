@@ -11,69 +11,22 @@ import argparse
 import json
 from typing import Any
 
-from scaletrain.config import ConfigError, JobConfig, load_config
+from scaletrain.cli._job import add_job_flags, flag_overrides, resolve_job
+from scaletrain.cli._verdict import verdict_line
+from scaletrain.config import ConfigError, JobConfig
 
 __all__ = ["add_arguments", "run", "job_from_args"]
 
-# flag -> (section, key) of the job config
-_FLAGS: dict[str, tuple[str, str]] = {
-    "model": ("model", "name"), "gpu": ("hardware", "gpu"), "gpus": ("hardware", "gpus"),
-    "gpus_per_node": ("hardware", "gpus_per_node"), "seq_len": ("batch", "seq_len"),
-    "global_batch": ("batch", "global_batch"), "micro_batch": ("batch", "micro_batch"),
-    "dp": ("parallel", "dp"), "zero": ("parallel", "zero"), "tp": ("parallel", "tp"),
-    "sp": ("parallel", "sp"), "pp": ("parallel", "pp"),
-    "pp_schedule": ("parallel", "pp_schedule"), "pp_virtual": ("parallel", "pp_virtual"),
-    "cp": ("parallel", "cp"), "ep": ("parallel", "ep"), "ac": ("memory", "ac"),
-    "precision": ("precision", "dtype"), "offload": ("memory", "offload"),
-    "compile": ("train", "compile"),
-}
-
-
 def add_arguments(parser: argparse.ArgumentParser, name: str = "dryrun") -> None:
-    parser.add_argument("--config", help="a job TOML file (flags below override it)")
-    parser.add_argument("--model", help="preset name or a Hugging Face config.json")
-    parser.add_argument("--gpus", type=int, help="world size to simulate")
-    parser.add_argument("--gpu", help="GPU type for the capacity check (e.g. h100-sxm)")
-    parser.add_argument("--gpus-per-node", type=int)
-    parser.add_argument("--seq-len", type=int)
-    parser.add_argument("--global-batch", type=int,
-                        help="sequences per step (default: micro-batch x dp, no accumulation)")
-    parser.add_argument("--micro-batch", type=int)
-    parser.add_argument("--dp", type=int)
-    parser.add_argument("--zero", type=int, choices=(0, 1, 2, 3))
-    parser.add_argument("--tp", type=int)
-    parser.add_argument("--sp", action="store_const", const=True)
-    parser.add_argument("--pp", type=int)
-    parser.add_argument("--pp-schedule", choices=("gpipe", "1f1b", "interleaved", "zero-bubble"))
-    parser.add_argument("--pp-virtual", type=int)
-    parser.add_argument("--cp", type=int)
-    parser.add_argument("--ep", type=int)
-    parser.add_argument("--ac", choices=("none", "selective", "full"))
-    parser.add_argument("--precision", choices=("fp32", "fp16", "bf16", "fp8"))
-    parser.add_argument("--compile", action="store_const", const=True,
-                        help="accepted for flag parity with plan; the dry-run runs eagerly")
-    parser.add_argument("--offload", choices=("none", "optimizer", "params"))
+    add_job_flags(parser)  # the same flags and defaults as `scaletrain plan`
     parser.add_argument("--rank", type=int, default=0, help="which rank to simulate")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
 def job_from_args(args: argparse.Namespace) -> tuple[JobConfig, int]:
     """The job and world size the flags describe (flags override --config)."""
-    overrides: dict[str, dict[str, Any]] = {}
-    for flag, (section, key) in _FLAGS.items():
-        value = getattr(args, flag, None)
-        if value is not None:
-            overrides.setdefault(section, {})[key] = value
-    job = load_config(getattr(args, "config", None), overrides)
-    world = job.hardware.gpus
-    if world <= 0:
-        raise ConfigError("--gpus", world, "give the world size to simulate, e.g. --gpus 8")
-    if args.global_batch is None and args.config is None:
-        # no batch given: one micro-batch per data-parallel rank (no accumulation)
-        dp = job.parallel.resolve(world).dp
-        overrides.setdefault("batch", {})["global_batch"] = job.batch.micro_batch * dp
-        job = load_config(None, overrides)
-    return job, world
+    res = resolve_job(getattr(args, "config", None), flag_overrides(args))
+    return res.job, res.world_size
 
 
 def _pp_ep(plan: dict[str, Any]) -> str:
@@ -93,9 +46,8 @@ def run(args: argparse.Namespace, extra: list[str] | None = None) -> int:
 
     if extra:
         raise ConfigError("dryrun", " ".join(extra), "unknown arguments: see --help")
-    if args.model is None and args.config is None:
-        args.model = "gpt2-124m"
-    job, world = job_from_args(args)
+    res = resolve_job(args.config, flag_overrides(args))
+    job, world = res.job, res.world_size
     measurement = dryrun(job, world_size=world, rank=args.rank)
     estimate = predict(job, job.layout(world))
     comparison = compare(measurement, estimate)
@@ -103,6 +55,7 @@ def run(args: argparse.Namespace, extra: list[str] | None = None) -> int:
         out = measurement.to_json()
         out["predicted"] = estimate.to_json() if estimate is not None else None
         out["comparison"] = comparison.to_json()
+        out["derived"] = res.notes()
         print(json.dumps(out, indent=1))
         return 0
     plan = measurement.plan
@@ -118,6 +71,8 @@ def run(args: argparse.Namespace, extra: list[str] | None = None) -> int:
     for k, v in sorted(measurement.memory.detail.items()):
         print(f"  {k:<30} {v / 1e9:8.3f} GB")
     print(f"FLOPs this rank per step: {measurement.flops:.4g}")
-    for note in measurement.notes:
+    for note in [*measurement.notes, *res.notes()]:
         print(f"note: {note}")
+    print(verdict_line(measurement.memory.total, job.hardware.spec(),
+                       what=f"rank {measurement.rank} measured peak allocated"))
     return 0

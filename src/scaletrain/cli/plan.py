@@ -3,22 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 from typing import Any
 
-from scaletrain.config import (
-    AC_MODES,
-    OFFLOAD_MODES,
-    PP_SCHEDULES,
-    PRECISIONS,
-    ConfigError,
-    Layout,
-    check_layout,
-    hardware_preset,
-    load_config,
-    resolve_model,
-)
+from scaletrain.cli._job import ResolvedJob, add_job_flags, flag_overrides, resolve_job
+from scaletrain.cli._verdict import verdict_line
+from scaletrain.config import ConfigError, Layout, check_layout
 
 __all__ = ["add_arguments", "run", "DEGREE_FLAGS"]
 
@@ -27,28 +17,8 @@ DEGREE_FLAGS = ("dp", "zero", "tp", "sp", "pp", "pp_schedule", "pp_virtual", "cp
 
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
+    add_job_flags(parser)  # the same flags and defaults as `scaletrain dryrun`
     a = parser.add_argument
-    a("--config", metavar="F.toml", help="job TOML (flags override its values)")
-    a("--model", metavar="NAME|config.json", help="model preset or Hugging Face config.json")
-    a("--gpus", type=int, metavar="N", help="number of GPUs (default: the config's, else 8)")
-    a("--gpu", metavar="TYPE", help="hardware preset (default h100-sxm)")
-    a("--gpus-per-node", type=int, metavar="N", help="override the preset's GPUs per node")
-    a("--seq-len", type=int, metavar="N")
-    a("--global-batch", type=int, metavar="N", help="sequences per optimizer step")
-    a("--micro-batch", type=int, metavar="N", help="sequences per micro-batch per dp rank")
-    a("--dp", type=int, metavar="N")
-    a("--zero", type=int, choices=(0, 1, 2, 3))
-    a("--tp", type=int, metavar="N")
-    a("--sp", action="store_true", default=None, help="sequence parallel (with --tp)")
-    a("--pp", type=int, metavar="N")
-    a("--pp-schedule", choices=PP_SCHEDULES)
-    a("--pp-virtual", type=int, metavar="V", help="model chunks per rank (interleaved)")
-    a("--cp", type=int, metavar="N")
-    a("--ep", type=int, metavar="N")
-    a("--ac", choices=AC_MODES)
-    a("--precision", choices=PRECISIONS)
-    a("--compile", action="store_true", default=None)
-    a("--offload", choices=OFFLOAD_MODES)
     a("--json", action="store_true", help="print the DESIGN.md §4 JSON (a list for searches)")
     a("--top", type=int, default=5, metavar="K", help="layouts shown by a search")
     a("--plot", metavar="FILE.png", help="write the memory breakdown (and pipeline) plot")
@@ -63,48 +33,49 @@ def _positive(args: argparse.Namespace, flag: str) -> None:
         raise ConfigError(f"--{flag}", v, "use a positive integer")
 
 
+def _resolve(args: argparse.Namespace, *, search: bool) -> ResolvedJob:
+    """The job the flags describe; an error in a value given as a flag names the flag."""
+    given = flag_overrides(args)
+    try:
+        return resolve_job(args.config, given, search=search)
+    except ConfigError as e:
+        section, _, key = e.field.partition(".")
+        if key in given.get(section, {}):
+            raise ConfigError(_flag(e.field), e.value, e.fix) from None
+        raise
+
+
 def _inputs(args: argparse.Namespace) -> dict[str, Any]:
-    """Merge --config (if any) with the flags; flags win."""
+    """Merge --config (if any) with the flags (flags win); unset values as `scaletrain train`
+    would take or derive them (cli/_job.py)."""
     for f in ("gpus", "gpus-per-node", "seq-len", "global-batch", "micro-batch", "dp", "tp",
               "pp", "pp-virtual", "cp", "ep", "top"):
         _positive(args, f)
     if args.tokens is not None and args.tokens <= 0:
         raise ConfigError("--tokens", args.tokens, "give a positive token count such as 1e12")
-    job = load_config(args.config) if args.config else None
-    model = resolve_model(args.model) if args.model else (job.model if job else
-                                                          resolve_model("llama3-8b"))
-    gpu = args.gpu or (job.hardware.gpu if job else "h100-sxm")
-    try:
-        hw = hardware_preset(gpu)
-    except ConfigError as e:
-        raise ConfigError("--gpu", gpu, e.fix) from None
-    gpn = args.gpus_per_node or (job.hardware.gpus_per_node if job else 0)
-    if gpn:
-        hw = dataclasses.replace(hw, gpus_per_node=gpn)
-    gpus = args.gpus or (job.hardware.gpus if job and job.hardware.gpus else 8)
-    seq = args.seq_len or (job.batch.seq_len if job else min(4096, model.max_seq_len))
-    gb = args.global_batch or (job.batch.global_batch if job else max(gpus, 64))
     pinned = {f: getattr(args, f) for f in DEGREE_FLAGS if getattr(args, f) is not None}
-    exact = bool(pinned)
-    if job and not any(getattr(args, f) is not None for f in ("dp", "tp", "pp", "cp", "ep")):
-        p = job.parallel
-        if p.layout == "manual":  # the TOML's degrees are the layout to evaluate
-            exact = True
-            pinned = {"dp": None if p.dp == -1 else p.dp, "zero": p.zero, "tp": p.tp,
-                      "sp": p.sp, "pp": p.pp, "pp_schedule": p.pp_schedule,
-                      "pp_virtual": p.pp_virtual, "cp": p.cp, "ep": p.ep, **pinned}
-        else:  # layout = 'auto': search, keeping the degrees the TOML sets away from defaults
-            defaults = {"dp": -1, "zero": 0, "tp": 1, "pp": 1, "cp": 1, "ep": 1}
-            pinned = {**{k: getattr(p, k) for k, d in defaults.items() if getattr(p, k) != d},
-                      **pinned}
-    return {"model": model, "hw": hw, "gpus": gpus, "seq": seq, "gb": gb, "pinned": pinned,
-            "exact": exact,
-            "micro_batch": args.micro_batch or (job.batch.micro_batch if job else None),
-            "precision": args.precision or (job.precision.dtype if job else "bf16"),
-            "ac": args.ac or (job.memory.ac if job else None),
-            "offload": args.offload or (job.memory.offload if job else None),
-            "compile": bool(args.compile if args.compile is not None else
-                            (job.train.compile if job else False))}
+    res = _resolve(args, search=True)
+    p = res.job.parallel
+    # a config that names degrees runs exactly them (ParallelConfig.layout), so plan them
+    from_config = args.config is not None and (p.layout == "manual" or p.names_degrees)
+    exact = bool(pinned) or from_config or args.command == "explain"
+    if exact:
+        res = _resolve(args, search=False)
+    job = res.job
+    if from_config:
+        pinned = {"dp": None if p.dp == -1 else p.dp, "zero": p.zero, "tp": p.tp, "sp": p.sp,
+                  "pp": p.pp, "pp_schedule": p.pp_schedule, "pp_virtual": p.pp_virtual,
+                  "cp": p.cp, "ep": p.ep, **pinned}
+    def chosen(section: str, key: str, value: Any) -> Any:
+        """A search chooses what the user left unset; an exact layout takes the job's."""
+        return value if exact or res.is_given(section, key) else None
+
+    return {"model": job.model, "hw": job.hardware.spec(), "gpus": res.world_size,
+            "seq": job.batch.seq_len, "gb": job.batch.global_batch, "pinned": pinned,
+            "exact": exact, "micro_batch": chosen("batch", "micro_batch", job.batch.micro_batch),
+            "precision": job.precision.dtype, "ac": chosen("memory", "ac", job.memory.ac),
+            "offload": chosen("memory", "offload", job.memory.offload),
+            "compile": job.train.compile, "derived": res.notes()}
 
 
 def _exact_layout(inp: dict[str, Any]) -> Layout:
@@ -152,8 +123,8 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     if extra:
         raise ConfigError("argument", " ".join(extra), "remove it (see --help for the flags)")
     inp = _inputs(args)
-    explain_mode = args.command == "explain" if hasattr(args, "command") else False
-    lines: list[str] = []
+    explain_mode = args.command == "explain"
+    lines: list[str] = [] if args.json else [f"note: {n}" for n in inp["derived"]]
     if inp["exact"] or explain_mode:
         est = _evaluate(inp)
         estimates = [est]
@@ -162,6 +133,8 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         elif explain_mode:
             from scaletrain.planner.explain import explain
             lines.append(explain(est, tokens=args.tokens))
+            lines.append(verdict_line(est.memory.reserved, inp["hw"],
+                                      what=f"planned reserved (rank {est.memory.rank})"))
         else:
             from scaletrain.planner.report import render_estimates
             lines.append(render_estimates(estimates))

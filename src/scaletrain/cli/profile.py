@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     parser.add_argument("--nproc", type=int, default=1,
                         help="spawn N local gloo processes (each rank writes its own trace)")
     parser.epilog = ("Any field can be overridden: --section.key=value, e.g. "
-                     "--model.attention=naive --batch.seq_len=512 --data.prefetch=0")
+                     "--model.attention=naive --model.max_seq_len=512 --batch.seq_len=512")
 
 
 def _profile_main(config_path: str | None, overrides: list[str], steps: int, warmup: int,

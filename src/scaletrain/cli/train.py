@@ -6,7 +6,8 @@ import argparse
 import os
 import sys
 
-from scaletrain.config import load_config
+from scaletrain.cli._job import resolve_job
+from scaletrain.config import JobConfig
 
 __all__ = ["add_arguments", "run"]
 
@@ -15,18 +16,33 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     parser.add_argument("config", nargs="?", help="TOML plan file (default: the embedded run)")
     parser.add_argument("--nproc", type=int, default=1,
                         help="spawn N local gloo processes (a laptop stand-in for torchrun)")
-    parser.epilog = ("Any field can be overridden: --section.key=value, e.g. --train.steps=100 "
-                     "--model.name=gpt2-124m --parallel.tp=2 --precision.dtype=bf16")
+    from scaletrain.cli._fields_help import fields_help
+
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = ("Any field can be overridden: --section.key=value, e.g. --train.steps=100\n"
+                     "--model.name=gpt2-124m --parallel.tp=2 --precision.dtype=bf16\n\n"
+                     + fields_help())
+
+
+def _job(config_path: str | None, overrides: list[str], world_size: int) -> JobConfig:
+    """The job with what the user left unset derived as plan/dryrun derive it (cli/_job.py)."""
+    return resolve_job(config_path, overrides, world_size=world_size).job
 
 
 def _train_main(config_path: str | None, overrides: list[str]) -> None:
     from scaletrain.orchestrate import train_job
 
-    train_job(load_config(config_path, overrides))
+    train_job(_job(config_path, overrides, int(os.environ.get("WORLD_SIZE", "1"))))
 
 
 def run(args: argparse.Namespace, extra: list[str]) -> int:
-    job = load_config(args.config, extra)  # validate everything before any work starts
+    world = int(os.environ.get("WORLD_SIZE", args.nproc))
+    # validate everything before any work starts
+    res = resolve_job(args.config, extra, world_size=max(world, 1))
+    job = res.job
+    if int(os.environ.get("RANK", "0")) == 0:
+        for note in res.notes():
+            print(f"note: {note}")
     if args.nproc < 1:
         print("scaletrain train: error: --nproc must be >= 1", file=sys.stderr)
         return 2

@@ -8,7 +8,6 @@ measured, per memory category; a category measured as 0 gets no relative error.
 from __future__ import annotations
 
 import json
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -107,30 +106,50 @@ def compare(measurement: Measurement, estimate: Any) -> Comparison:
         out.rel_error[c] = (predicted[c] - m) / m if m > 0 else None
     out.time["predicted_tokens_per_s"] = float(estimate.tokens_per_s)
     out.time["predicted_step_s"] = float(estimate.time.step_s)
+    out.notes += _attribution_notes(out)
+    hardware = getattr(getattr(estimate, "plan", None), "hardware", None)  # tests pass stubs
+    if hardware is not None and hardware.name == "cpu":
+        out.notes.append("predicted tokens/s: the planner's time model is for GPUs; on 'cpu' it "
+                         "uses a nominal 333 GFLOP/s peak, not calibrated to this host (expect "
+                         "it off by an order of magnitude or more)")
     return out
 
 
+def _attribution_notes(c: Comparison) -> list[str]:
+    """When the total agrees but params/grads/buffers do not, say so and compare their sum:
+    the dry-run's tracker files gathered (unsharded) copies and communication buffers under
+    the tensor's role at allocation, the planner under its own terms, so the split differs
+    while the bytes agree."""
+    trio = ("params", "grads", "buffers")
+    assert c.predicted is not None
+    total = c.rel_error.get("total")
+    big = [k for k in trio if (e := c.rel_error.get(k)) is not None and abs(e) > 0.25]
+    if total is None or abs(total) > 0.05 or not big:
+        return []
+    m = sum(c.measured[k] for k in trio)
+    p = sum(c.predicted[k] for k in trio)
+    return [f"params+grads+buffers {m / 1e9:.3f} GB measured vs {p / 1e9:.3f} GB predicted "
+            f"({(p - m) / m:+.1%}): the tracker and the planner file gathered copies and "
+            f"comm buffers under different categories ({', '.join(big)} differ alone), so "
+            "compare these three as one"]
+
+
 def metrics_throughput(path: Path) -> dict[str, float]:
-    """Mean tokens/s and step time of a run's metrics.jsonl, first logged step excluded
-    (it carries start-up and compilation)."""
+    """Measured tokens/s and mean step time of a run's metrics.jsonl, as measure/throughput.py
+    defines them (the same figures `scaletrain report` shows)."""
+    from scaletrain.measure.throughput import step_throughput
+
     if not path.is_file():
         return {}
     rows = []
     for line in path.read_text().splitlines():
         try:
-            row = json.loads(line)
+            rows.append(json.loads(line))
         except json.JSONDecodeError:
             continue
-        if isinstance(row, dict) and "tokens_per_s" in row:
-            rows.append(row)
-    rows = rows[1:]
-    if not rows:
-        return {}
-    out = {"measured_tokens_per_s": statistics.fmean(float(r["tokens_per_s"]) for r in rows)}
-    steps = [float(r["step_s"]) for r in rows if "step_s" in r]
-    if steps:
-        out["measured_step_s"] = statistics.fmean(steps)
-    return out
+    t = step_throughput(rows)
+    return {} if t is None else {"measured_tokens_per_s": t.tokens_per_s,
+                                 "measured_step_s": t.step_s}
 
 
 def job_from_dict(d: dict[str, Any]) -> JobConfig:

@@ -8,7 +8,6 @@ existed still has its curves. Lines that do not parse (a run killed mid-write) a
 from __future__ import annotations
 
 import json
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -141,16 +140,16 @@ def plan_input(job: JobConfig, world_size: int, hardware=None):
 
 
 def _measured_throughput(run: RunData) -> tuple[float | None, float | None]:
-    """(tokens/s, MFU) of the run: run_info's whole-run figures (first step excluded, as the
-    trainer times them), else the mean of metrics.jsonl without its first row."""
+    """(tokens/s, MFU) of the run as measure/throughput.py defines them (the figures `scaletrain
+    verify` shows), else run_info's (the trainer's same ratio, when metrics.jsonl is missing)."""
+    from scaletrain.measure.throughput import step_throughput
+
+    t = step_throughput(run.metrics)
+    if t is not None:
+        return t.tokens_per_s, t.mfu
     if run.info.get("tokens_per_s"):
         return float(run.info["tokens_per_s"]), run.info.get("mfu")
-    rows = [r for r in run.metrics[1:] if "tokens_per_s" in r]
-    if not rows:
-        return None, None
-    tok = statistics.fmean(float(r["tokens_per_s"]) for r in rows)
-    mfus = [float(r["mfu"]) for r in rows if "mfu" in r]
-    return tok, (statistics.fmean(mfus) if mfus else None)
+    return None, None
 
 
 def predict_run(run: RunData) -> Prediction:

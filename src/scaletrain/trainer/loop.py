@@ -31,6 +31,7 @@ from scaletrain.measure.schema import Measurement, plan_dict
 from scaletrain.models import causal_lm_loss
 from scaletrain.parallel import loss_context
 
+from ._start import start_line
 from .build import Run, build_run, tp_mesh
 from .guard import SpikeGuard, SpikeVerdict
 from .metrics import MetricsLogger
@@ -286,6 +287,8 @@ def _train(job: JobConfig, *, max_steps: int | None) -> RunResult:
         run.run_dir.mkdir(parents=True, exist_ok=True)
         (run.run_dir / "config.json").write_text(json.dumps(job.to_dict(), indent=1))
         logger.print(run.describe())
+        logger.print(start_line(path, step, resume=job.checkpoint.resume, ckpt_dir=run.ckpt_dir,
+                                total_steps=job.train.steps))
     # collective when distributed (its own gloo group for the background writes)
     saver = AsyncCheckpointer(run.ckpt_dir, keep_last_n=job.checkpoint.keep_last_n) \
         if job.checkpoint.async_save else None

@@ -1,0 +1,41 @@
+"""The one definition of a run's measured tokens/s, shared by `scaletrain verify` and `report`.
+
+tokens/s = tokens of the timed optimizer steps / their summed step time, the first logged step
+excluded (it pays allocation and lazy initialisation). This is a ratio of sums, as the trainer's
+run_info figure: the mean of per-step rates would overweight fast steps (on a shared host one
+slow step in ten moves it by 2-3x). Evaluation, sampling and checkpoint time are outside
+`step_s`, so they are not counted. MFU scales with tokens/s, so it follows the same ratio.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Throughput", "step_throughput"]
+
+
+@dataclass(frozen=True)
+class Throughput:
+    tokens_per_s: float
+    step_s: float
+    """Mean step time of the timed steps."""
+    mfu: float | None
+    steps: int
+
+
+def step_throughput(rows: Iterable[dict[str, Any]]) -> Throughput | None:
+    """The throughput of metrics.jsonl rows (None: fewer than two timed steps logged)."""
+    timed = [r for r in rows if isinstance(r, dict) and r.get("tokens_per_s")
+             and r.get("step_s")][1:]
+    if not timed:
+        return None
+    seconds = sum(float(r["step_s"]) for r in timed)
+    tokens = sum(float(r["tokens_per_s"]) * float(r["step_s"]) for r in timed)
+    tok_s = tokens / seconds
+    mfu = None
+    if all("mfu" in r for r in timed):
+        mfu = tok_s * float(timed[0]["mfu"]) / float(timed[0]["tokens_per_s"])
+    return Throughput(tokens_per_s=tok_s, step_s=seconds / len(timed), mfu=mfu,
+                      steps=len(timed))
