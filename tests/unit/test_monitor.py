@@ -53,3 +53,37 @@ def test_find_stragglers_step_time_data_wait_and_noise():
 def test_monitor_config_rejects_bad_values_naming_the_field(override):
     with pytest.raises(ConfigError, match=override.split("=")[0][2:]):
         load_config(None, [override])
+
+
+def test_watchdog_stands_down_when_its_loop_raised(tmp_path):
+    import sys
+
+    from scaletrain.trainer.watchdog import Watchdog
+
+    wd = Watchdog(tmp_path, rank=0, world_size=1, timeout_s=2.0, factor=1.0, poll_s=0.02)
+
+    def loop():
+        wd.begin(1, loop_frame=sys._getframe())
+        raise RuntimeError("step failed")
+
+    with pytest.raises(RuntimeError):
+        loop()
+    wd._thread.join(timeout=1.0)  # well before the 2 s limit would end this process
+    alive = wd._thread.is_alive()
+    wd.close()
+    assert not alive and not (tmp_path / "watchdog").exists()
+
+
+def test_heartbeat_rate_limits_running_beats_only(tmp_path):
+    import json
+
+    from scaletrain.trainer.watchdog import Heartbeat
+
+    hb = Heartbeat(tmp_path, rank=3, enabled=True)
+    hb.beat(step=0, state="started")
+    hb.beat(step=1, state="running")
+    hb.beat(step=2, state="running")  # within MIN_INTERVAL_S of the last: not written
+    assert json.loads(hb.path.read_text())["step"] == 1
+    hb.beat(step=2, state="exited")
+    got = json.loads(hb.path.read_text())
+    assert (got["rank"], got["step"], got["state"]) == (3, 2, "exited")

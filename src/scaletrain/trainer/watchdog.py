@@ -47,14 +47,24 @@ def _write_json(path: Path, obj: dict[str, Any]) -> None:
 class Heartbeat:
     """run_dir/heartbeat/rank{r}.json: this rank's last finished step and when."""
 
+    MIN_INTERVAL_S = 5.0
+
     def __init__(self, run_dir: Path, *, rank: int, enabled: bool):
         self.path = run_dir / "heartbeat" / f"rank{rank}.json"
         self.rank, self.enabled = rank, enabled
         self._base = {"rank": rank, "pid": os.getpid(), "host": socket.gethostname()}
+        self._state, self._last = "", 0.0
 
-    def beat(self, *, step: int, **extra: Any) -> None:
-        if self.enabled:
-            _write_json(self.path, {**self._base, "step": step, "time": time.time(), **extra})
+    def beat(self, *, step: int, state: str, **extra: Any) -> None:
+        """Rewrite the file; while running, at most every `MIN_INTERVAL_S` (thousands of
+        ranks rewriting a file every fast step would load a shared filesystem for nothing)."""
+        now = time.time()
+        if not self.enabled or (state == self._state == "running"
+                                and now - self._last < self.MIN_INTERVAL_S):
+            return
+        self._state, self._last = state, now
+        _write_json(self.path, {**self._base, "step": step, "time": now, "state": state,
+                                **extra})
 
 
 def step_limit(*, timeout_s: float, factor: float, step_times: list[float]) -> float:
@@ -169,11 +179,11 @@ class Watchdog:
 
     def _watch(self) -> None:
         while not self._stop.wait(self.poll_s):
+            if not self._loop_alive():
+                return
             t0 = self._t0
             limit = step_limit(timeout_s=self.timeout_s, factor=self.factor,
                                step_times=list(self.step_times))
-            if t0 is not None and not self._loop_alive():
-                return
             if t0 is not None and time.monotonic() - t0 > limit:
                 self._fire(time.monotonic() - t0, limit)
                 return
