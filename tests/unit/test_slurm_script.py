@@ -16,6 +16,7 @@ import pytest
 
 from scaletrain.cli import train as cli_train
 from scaletrain.config import parse_overrides
+from scaletrain.parallel.launch import free_port
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "slurm" / "train.sbatch"
 
@@ -44,8 +45,8 @@ def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env.update(PATH=f"{stubs}:{env['PATH']}", STUB_LOG=str(tmp_path),
                SLURM_JOB_NODELIST="gpu-a[17-18]", SLURM_JOB_NUM_NODES="2",
-               SLURM_JOB_ID="4242", SLURM_GPUS_ON_NODE="8", RUN_DIR=str(tmp_path / "run"),
-               **extra)
+               SLURM_JOB_ID="4242", SLURM_GPUS_ON_NODE="8", RUN_DIR=str(tmp_path / "run"))
+    env.update(extra)
     return env
 
 
@@ -109,3 +110,44 @@ def test_time_limit_signal_requeues_and_stops_the_step(tmp_path):
     assert "requeue 4242" in (tmp_path / "scontrol.log").read_text()
     assert (tmp_path / "srun.term").read_text().strip() == "terminated"
     assert proc.returncode == 143 and "requeueing job 4242" in out
+
+
+EXEC_SRUN = """#!/bin/bash
+# a one-node srun: drop srun's own options, run the task here
+while [[ "$1" == --* ]]; do shift; done
+exec "$@"
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_the_launch_line_trains_on_one_fake_node(tmp_path):
+    """The script's real torchrun line, run on this host as a 1-node allocation with 2 CPU
+    workers (gloo, dp 2): the job trains and `scaletrain status` reads it as finished."""
+    import json
+    import sys
+
+    env = _env(tmp_path, SLURM_JOB_NUM_NODES="1", SLURM_JOB_NODELIST="localhost",
+               GPUS_PER_NODE="2", RDZV_PORT=str(free_port()))
+    (tmp_path / "bin" / "srun").write_text(EXEC_SRUN)
+    (tmp_path / "bin" / "scontrol").write_text("#!/bin/bash\necho 127.0.0.1\n")
+    if shutil.which("torchrun") is None:  # the module form, where only python is on PATH
+        (tmp_path / "bin" / "torchrun").write_text(
+            f'#!/bin/bash\nexec {sys.executable} -m torch.distributed.run "$@"\n')
+        (tmp_path / "bin" / "torchrun").chmod(0o755)
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
+    args = ["--model.name=tiny", "--batch.seq_len=32", "--batch.global_batch=4",
+            "--batch.micro_batch=2", "--train.steps=2", "--train.sample_tokens=0",
+            "--train.tensorboard=false", "--data.num_tokens=20000",
+            f"--data.cache_dir={tmp_path / 'cache'}", "--parallel.dp=2", "--train.device=cpu"]
+    done = subprocess.run(["bash", str(SCRIPT), *args], env=env, timeout=300,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    info = json.loads((tmp_path / "run" / "run_info.json").read_text())
+    assert (info["steps"], info["world_size"]) == (2, 2)
+    assert sorted(p.name for p in (tmp_path / "run" / "heartbeat").iterdir()) == \
+        ["rank0.json", "rank1.json"]
+    from scaletrain.report.status import run_status
+
+    assert run_status(tmp_path / "run").state == "finished"
