@@ -96,7 +96,7 @@ class Monitor:
             self.watchdog.close()
         self.heartbeat.beat(step=self.step, state="exited")  # cleanly; done or not
         if self.tracker is not None:
-            from scaletrain.measure.dryrun import plan_dict
+            from scaletrain.measure.schema import plan_dict
 
             self.tracker.finish(plan=plan_dict(self.run.job, self.run.dims.layout),
                                 ledger=ledger)
