@@ -23,6 +23,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("scaletrain.cli.bench", "run a benchmark from benchmarks/"),
     "profile": ("scaletrain.cli.profile", "profile a few steps: breakdown, roofline, bottleneck"),
     "report": ("scaletrain.cli.report", "write a self-contained HTML report of a run directory"),
+    "status": ("scaletrain.cli.status", "where a (possibly running) run is: step, ETA, health"),
 }
 
 

@@ -18,6 +18,7 @@ from ._errors import ConfigError, choice, require
 from .hardware import HARDWARE_PRESETS, HardwareSpec, hardware_preset
 from .layout import PP_SCHEDULES, Layout, check_layout, option_problems
 from .model import MODEL_FIELDS, ModelConfig, resolve_model
+from .monitor import MonitorConfig
 from .precision import PRECISIONS, REDUCE_DTYPES
 
 __all__ = [
@@ -344,6 +345,7 @@ SECTIONS = {
     "parallel": ParallelConfig, "precision": PrecisionConfig, "memory": MemoryConfig,
     "batch": BatchConfig, "optim": OptimConfig, "data": DataConfig, "train": TrainConfig,
     "checkpoint": CheckpointConfig, "guard": GuardConfig, "hardware": HardwareConfig,
+    "monitor": MonitorConfig,
 }
 
 
@@ -360,6 +362,7 @@ class JobConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     guard: GuardConfig = field(default_factory=GuardConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
 
     def __post_init__(self) -> None:
         if self.model.position == "learned":

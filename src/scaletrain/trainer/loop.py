@@ -35,6 +35,7 @@ from ._start import start_line
 from .build import Run, build_run, tp_mesh
 from .guard import SpikeGuard, SpikeVerdict
 from .metrics import MetricsLogger
+from .monitor import Monitor
 from .optim import lr_at, set_lr
 from .precision import autocast
 from .report import memory_ledger, out_of_memory, summary
@@ -294,8 +295,9 @@ def _train(job: JobConfig, *, max_steps: int | None) -> RunResult:
         if job.checkpoint.async_save else None
     guard = SpikeGuard(job.guard, fp16=job.precision.dtype == "fp16",
                        log_path=run.run_dir / "guard.jsonl")
+    monitor = Monitor(run, logger, start_step=step)  # heartbeat, watchdog, stragglers, W&B
     val_batches = run.data.val_batches(val_batch_count(run))
-    batches = run.data.train_batches()
+    batches = monitor.timed(run.data.train_batches())
     end_step = job.train.steps if max_steps is None else min(job.train.steps, step + max_steps)
     losses: list[float] = []
     measured: dict[str, Any] = {}
@@ -306,6 +308,7 @@ def _train(job: JobConfig, *, max_steps: int | None) -> RunResult:
 
     while step < end_step:
         t0 = time.perf_counter()
+        monitor.begin(step)
         lr = lr_at(step, optim=job.optim, total_steps=job.train.steps)
         set_lr(run.optimizer, lr)
         probe = _ProbeHooks(run, measured) if not measured else NO_PROBE
@@ -322,7 +325,7 @@ def _train(job: JobConfig, *, max_steps: int | None) -> RunResult:
         verdict = guard.check(out.loss, out.grad_norm)
         if verdict.spike:
             step = _rollback(run, guard, step, verdict, logger, saver)
-            batches = run.data.train_batches()
+            batches = monitor.timed(run.data.train_batches())
             continue
         apply_update(run, out, probe)
         if out.finite:
@@ -343,6 +346,7 @@ def _train(job: JobConfig, *, max_steps: int | None) -> RunResult:
             val_loss = evaluate(run, val_batches)
             record["val_loss"] = val_loss
         record.update({f"mem_{k}": v for k, v in peak_process_memory(run.device).items()})
+        monitor.end(record)
         logger.log(record)
         logger.advance(step, f"loss {loss_value:.3f} | {tok_s:,.0f} tok/s")
         if step % job.train.log_every == 0 or step == 1 or "val_loss" in record:
@@ -381,6 +385,7 @@ def _train(job: JobConfig, *, max_steps: int | None) -> RunResult:
                        sample=sample, losses=losses, measured=measured, model=run.model,
                        memory_snapshot=snapshot_path)
     result.ledger = memory_ledger(run, measured)
+    monitor.close(ledger=result.ledger)
     if run.is_main:
         if losses:  # a restarted run that was already done keeps the files of its last steps
             _write_run_files(run, result)

@@ -1,0 +1,166 @@
+"""Where a run is, read from its directory alone (it may be running on other hosts): step, loss,
+speed, ETA, last checkpoint, health and state. Reads files the loop writes; imports no torch.
+
+State, first that applies:
+- hung: the watchdog wrote a report after the last heartbeat;
+- finished: run_info.json is written and the last step is train.steps;
+- stopped: every rank exited cleanly before train.steps (rerun the command to resume);
+- running: the newest heartbeat is younger than `stall_after_s`;
+- crashed: no recent heartbeat, and no recorded process of this host is alive;
+- stalled: no recent heartbeat, and a process is alive (or on another host, unknowable here).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scaletrain.config import ConfigError
+
+__all__ = ["RunStatus", "format_status", "run_status"]
+
+MIN_STALL_S = 300.0
+"""A heartbeat younger than this is alive, however fast the steps were (evals and checkpoint
+saves fall between heartbeats)."""
+
+
+@dataclass
+class RunStatus:
+    run_dir: Path
+    state: str
+    detail: str
+    step: int
+    total_steps: int
+    loss: float | None = None
+    val_loss: float | None = None
+    tokens_per_s: float | None = None
+    step_s: float | None = None
+    eta_s: float | None = None
+    checkpoint: str | None = None
+    health: dict[str, Any] = field(default_factory=dict)
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:  # a line being written right now
+            continue
+    return out
+
+
+def _json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+def _checkpoint(run_dir: Path) -> str | None:
+    """The newest published checkpoint (a manifest means the write finished)."""
+    ckpts = sorted(p for p in (run_dir / "checkpoints").glob("step_*")
+                   if (p / "manifest.json").is_file())
+    return ckpts[-1].name if ckpts else None
+
+
+def _health(run_dir: Path, records: list[dict[str, Any]]) -> dict[str, Any]:
+    stragglers = _jsonl(run_dir / "stragglers.jsonl")
+    rollbacks = [g for g in _jsonl(run_dir / "guard.jsonl") if g.get("event") == "rollback"]
+    return {"stragglers": {int(r): s["step"] for s in stragglers for r in s["stragglers"]},
+            "rollbacks": len(rollbacks),
+            "skipped_steps": sum(1 for r in records if r.get("skipped")),
+            "watchdog": (_json(run_dir / "watchdog" / "report.json") or {}).get("line")}
+
+
+def _state(run_dir: Path, *, step: int, total: int, stall_after_s: float, now: float
+           ) -> tuple[str, str]:
+    beats = [b for p in sorted((run_dir / "heartbeat").glob("rank*.json"))
+             if (b := _json(p)) is not None]
+    newest = max((b["time"] for b in beats), default=None)
+    hang = _json(run_dir / "watchdog" / "report.json")
+    if hang is not None and (newest is None or hang["time"] >= newest):
+        return "hung", hang["line"]
+    if (run_dir / "run_info.json").is_file() and step >= total:
+        return "finished", f"{step} of {total} steps"
+    if beats and all(b.get("state") == "exited" for b in beats):
+        return "stopped", f"exited cleanly at step {step} of {total}: rerun to resume"
+    if newest is None:
+        return "not started", "no heartbeat yet (or monitor.heartbeat=false)"
+    age = now - newest
+    if age <= stall_after_s:
+        return "running", f"last heartbeat {age:.0f} s ago, {len(beats)} rank(s)"
+    here = socket.gethostname()
+    local = [b for b in beats if b.get("host") == here]
+    if len(local) == len(beats) and not any(_alive(int(b["pid"])) for b in local):
+        return "crashed", f"no heartbeat for {age:.0f} s and no process of the run is alive"
+    return "stalled", (f"no heartbeat for {age:.0f} s (stall limit {stall_after_s:.0f} s); "
+                       "processes are alive or on other hosts")
+
+
+def run_status(run_dir: str | Path, *, now: float | None = None) -> RunStatus:
+    d = Path(run_dir)
+    config = _json(d / "config.json")
+    if config is None:
+        raise ConfigError("run_dir", str(d), "give a run directory that holds config.json "
+                          "(written when training starts)")
+    total = int(config["train"]["steps"])
+    records = _jsonl(d / "metrics.jsonl")
+    last = records[-1] if records else {}
+    step = int(last.get("step", 0))
+    recent = [float(r["step_s"]) for r in records[-50:] if "step_s" in r]
+    step_s = statistics.median(recent) if recent else None
+    watchdog = float(config.get("monitor", {}).get("watchdog_timeout_s", 0.0))
+    stall_after = max(MIN_STALL_S, watchdog, 10 * (step_s or 0.0))
+    state, detail = _state(d, step=step, total=total, stall_after_s=stall_after,
+                           now=time.time() if now is None else now)
+    vals = [r["val_loss"] for r in records if r.get("val_loss") is not None]
+    tok = [float(r["tokens_per_s"]) for r in records[-50:] if "tokens_per_s" in r]
+    eta = (total - step) * step_s if step_s is not None and state == "running" else None
+    return RunStatus(run_dir=d, state=state, detail=detail, step=step, total_steps=total,
+                     loss=last.get("loss"), val_loss=vals[-1] if vals else None,
+                     tokens_per_s=statistics.median(tok) if tok else None, step_s=step_s,
+                     eta_s=eta, checkpoint=_checkpoint(d), health=_health(d, records))
+
+
+def _duration(s: float) -> str:
+    h, rest = divmod(int(s), 3600)
+    return f"{h} h {rest // 60:02d} min" if h else f"{rest // 60} min {rest % 60:02d} s"
+
+
+def format_status(s: RunStatus) -> str:
+    h = s.health
+    pct = f" ({s.step / s.total_steps:.0%})" if s.total_steps else ""
+    loss = "-" if s.loss is None else f"{s.loss:.4f}"
+    if s.val_loss is not None:
+        loss += f" (last val {s.val_loss:.4f})"
+    speed = "-" if s.tokens_per_s is None else f"{s.tokens_per_s:,.0f} tok/s"
+    if s.step_s is not None:
+        speed += f", {s.step_s:.3f} s/step (median of the last 50)"
+    stragglers = ", ".join(f"rank {r} (last at step {t})" for r, t in h["stragglers"].items())
+    rows = [("run", str(s.run_dir)), ("state", f"{s.state}: {s.detail}"),
+            ("step", f"{s.step} / {s.total_steps}{pct}"), ("loss", loss), ("speed", speed),
+            ("ETA", "-" if s.eta_s is None else _duration(s.eta_s)),
+            ("checkpoint", s.checkpoint or "none yet"),
+            ("stragglers", stragglers or "none"), ("rollbacks", str(h["rollbacks"])),
+            ("skipped", f"{h['skipped_steps']} step(s) (non-finite gradients)"),
+            ("watchdog", h["watchdog"] or "no hang reported")]
+    return "\n".join(f"{k:<11} {v}" for k, v in rows)
