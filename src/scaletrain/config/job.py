@@ -298,12 +298,19 @@ class CheckpointConfig:
     at most one is in flight, and the run waits for the last before it ends."""
     export_hf: bool = False
     """Also export safetensors + config.json with Hugging Face names at the end."""
+    init_from: str = ""
+    """A Hugging Face model directory (config.json + *.safetensors, sharded or not) whose
+    weights initialize the model; its config.json is the model config unless model.name is
+    given. A resume from this run's own checkpoint wins over it."""
 
     def __post_init__(self) -> None:
         require(self.every >= 0, "checkpoint.every", self.every, "use >= 0 (0 = end only)")
         require(self.keep_last_n >= 1, "checkpoint.keep_last_n", self.keep_last_n, "use >= 1")
         require(isinstance(self.async_save, bool), "checkpoint.async_save", self.async_save,
                 "use true or false")
+        if self.init_from:
+            require((Path(self.init_from) / "config.json").is_file(), "checkpoint.init_from",
+                    self.init_from, "give a Hugging Face model directory holding config.json")
 
 
 @dataclass
@@ -461,13 +468,15 @@ def load_config(path: str | Path | None = None,
         if not isinstance(values, dict):
             raise ConfigError(section, values, "a section must be a TOML table [section]")
     model_raw = dict(raw.get("model", {}))
-    name = str(model_raw.pop("name", "gpt-mini"))
+    # a Hugging Face init directory brings its own architecture (config.json)
+    init_from = str(raw.get("checkpoint", {}).get("init_from", "") or "")
+    name = str(model_raw.pop("name", init_from or "gpt-mini"))
     for k in model_raw:
         if k not in MODEL_FIELDS:
             raise ConfigError(f"model.{k}", model_raw[k],
                               f"unknown field; valid fields are {', '.join(MODEL_FIELDS)}")
     mhints = typing.get_type_hints(ModelConfig)
     model_kw = {k: _coerce("model", k, v, mhints[k]) for k, v in model_raw.items()}
-    model = resolve_model(name, **model_kw)
     sections = {s: _build(cls, s, raw.get(s, {})) for s, cls in SECTIONS.items()}
+    model = resolve_model(name, **model_kw)
     return JobConfig(model=model, **sections)

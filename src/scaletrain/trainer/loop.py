@@ -26,6 +26,7 @@ from scaletrain.checkpoint.dcp import (
     load_checkpoint,
     save_checkpoint,
 )
+from scaletrain.checkpoint.hf_load import load_initial_weights
 from scaletrain.config import ConfigError, JobConfig
 from scaletrain.measure.dryrun import plan_dict
 from scaletrain.measure.live import SavedActivations, peak_process_memory, state_bytes
@@ -356,6 +357,7 @@ def train(job: JobConfig, *, max_steps: int | None = None) -> RunResult:
 def _train(job: JobConfig, *, max_steps: int | None) -> RunResult:
     job = _fresh_run_dir(job)
     run = build_run(job)
+    load_initial_weights(run)  # checkpoint.init_from; a resume below wins over it
     job = run.job  # with the layout the planner chose, when parallel.layout is auto
     step, wall_offset = 0, 0.0
     if (path := _initial_checkpoint(run)) is not None:
