@@ -79,3 +79,26 @@ def first_step_batches(job) -> list[tuple[torch.Tensor, torch.Tensor]]:
                     grad_accum=accum, seed=job.data.seed) as data:
         it = data.train_batches()
         return [next(it) for _ in range(accum)]
+
+
+def make_tokenizer_dir(out_dir: Path, texts: list[str], *, vocab_size: int = 200,
+                       eos: str = "<|endoftext|>", add_bos: bool = False) -> Path:
+    """A byte-level BPE `tokenizer.json` trained by `tokenizers` on `texts`, with a
+    transformers-style `tokenizer_config.json` naming its specials (eos as an object, the
+    spelling transformers also writes)."""
+    import json
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<s>", eos],
+                                  show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(texts, trainer=trainer)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out_dir / "tokenizer.json"))
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<s>", "eos_token": {"content": eos}, "add_bos_token": add_bos}))
+    return out_dir

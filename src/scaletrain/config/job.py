@@ -18,6 +18,7 @@ from ._errors import ConfigError, choice, require
 from .hardware import HARDWARE_PRESETS, HardwareSpec, hardware_preset
 from .layout import PP_SCHEDULES, Layout, check_layout
 from .model import MODEL_FIELDS, ModelConfig, resolve_model
+from .sources import parse_sources, pretrained_vocab_size
 
 __all__ = [
     "ParallelConfig", "PrecisionConfig", "MemoryConfig", "BatchConfig", "OptimConfig",
@@ -200,9 +201,16 @@ class OptimConfig:
 @dataclass
 class DataConfig:
     source: str = "grammar"
-    """'grammar' (the embedded generated corpus) or a path to a text file or folder."""
+    """'grammar' (the embedded generated corpus), or files, folders, globs of .txt, .jsonl
+    (.gz), .parquet and pre-tokenized .bin, as a weighted mixture 'a.jsonl@0.7, b/@0.3'
+    (see scaletrain.config.sources)."""
     tokenizer: str = "byte"
-    """'byte' (256 ids), 'char' (characters seen in the corpus) or 'bpe' (trained locally)."""
+    """'byte' (256 ids), 'char' (characters seen in the corpus), 'bpe' (trained locally), or
+    a pretrained tokenizer.json path (or its directory; BOS/EOS from tokenizer_config.json)."""
+    text_field: str = "text"
+    """The JSONL key / parquet column holding a document's text."""
+    token_dtype: str = "uint16"
+    """Element type of pre-tokenized .bin sources: 'uint16' (nanoGPT) or 'uint32'."""
     bpe_vocab_size: int = 1024
     num_tokens: int = 2_000_000
     """Size of the generated grammar corpus, in bytes/tokens."""
@@ -216,7 +224,9 @@ class DataConfig:
     """Artificial delay per batch (for profiling tests of data-bound runs)."""
 
     def __post_init__(self) -> None:
-        choice("data.tokenizer", self.tokenizer, ("byte", "char", "bpe"))
+        if self.tokenizer not in ("byte", "char", "bpe"):
+            require(Path(self.tokenizer).exists(), "data.tokenizer", self.tokenizer,
+                    "use byte, char, bpe, or the path of a tokenizer.json (or its directory)")
         require(self.bpe_vocab_size >= 260, "data.bpe_vocab_size", self.bpe_vocab_size,
                 "use at least 260 (256 bytes + specials)")
         require(self.num_tokens >= 10_000, "data.num_tokens", self.num_tokens, "use >= 10000")
@@ -225,8 +235,8 @@ class DataConfig:
         require(self.prefetch >= 0, "data.prefetch", self.prefetch, "use >= 0")
         require(self.delay_s >= 0, "data.delay_s", self.delay_s, "use >= 0")
         if self.source != "grammar":
-            require(Path(self.source).exists(), "data.source", self.source,
-                    "give 'grammar' or an existing text file or folder")
+            parse_sources(self.source)  # every entry names existing, supported files
+        choice("data.token_dtype", self.token_dtype, ("uint16", "uint32"))
 
 
 @dataclass
@@ -369,6 +379,11 @@ class JobConfig:
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
 
     def __post_init__(self) -> None:
+        if self.data.tokenizer not in ("byte", "char", "bpe"):  # before any tokenizing
+            n = pretrained_vocab_size(self.data.tokenizer)
+            require(n <= self.model.vocab_size, "data.tokenizer", self.data.tokenizer,
+                    f"its {n} ids exceed model.vocab_size={self.model.vocab_size}: use the "
+                    "model's own tokenizer (or raise model.vocab_size)")
         if self.model.position == "learned":
             require(self.batch.seq_len <= self.model.max_seq_len, "batch.seq_len",
                     self.batch.seq_len,
