@@ -99,3 +99,24 @@ def test_bad_directories_fail_in_one_line(hf_dirs, tmp_path):
     model_cfg = load_config(None, [f"--checkpoint.init_from={bad}"]).model
     with pytest.raises(ConfigError, match="no \\*.safetensors"):
         load_hf_weights(build_model(model_cfg, device="cpu"), model_cfg, bad)
+
+
+def test_jsonl_corpus_with_pretrained_tokenizer_through_the_cli(hf_dirs, tmp_path):
+    """The issue's path end to end: `scaletrain train --checkpoint.init_from=DIR` with the
+    model's tokenizer.json and a JSONL corpus; the first loss is transformers' loss."""
+    from scaletrain.cli import main
+    from tests._hf_models import make_tokenizer_dir
+
+    rng = torch.Generator().manual_seed(0)
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]
+    docs = [" ".join(words[int(i)] for i in torch.randint(0, 8, (int(n),), generator=rng))
+            for n in torch.randint(3, 30, (400,), generator=rng)]
+    make_tokenizer_dir(hf_dirs["llama"], docs, vocab_size=120)  # the model dir holds it too
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    args = hf_args(tmp_path, hf_dirs["llama"], "cli", f"--data.source={corpus}",
+                   f"--data.tokenizer={hf_dirs['llama']}")
+    reference = hf_loss(hf_dirs["llama"], first_step_batches(load_config(None, args)))
+    assert main(["train", *args]) in (0, None)
+    first = json.loads((tmp_path / "cli" / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["loss"] == pytest.approx(reference, rel=RTOL)
