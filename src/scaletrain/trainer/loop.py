@@ -35,6 +35,7 @@ from scaletrain.models import causal_lm_loss, moe_aux_loss
 from scaletrain.parallel import clip_grad_norm_, loss_context, maybe_no_sync, sync_gradients
 
 from .build import Run, build_run, tp_mesh
+from .documents import enable_document_masking
 from .guard import SpikeGuard, SpikeVerdict
 from .metrics import MetricsLogger
 from .optim import lr_at, set_lr
@@ -358,6 +359,7 @@ def _train(job: JobConfig, *, max_steps: int | None) -> RunResult:
     job = _fresh_run_dir(job)
     run = build_run(job)
     load_initial_weights(run)  # checkpoint.init_from; a resume below wins over it
+    enable_document_masking(run)  # data.document_masking
     job = run.job  # with the layout the planner chose, when parallel.layout is auto
     step, wall_offset = 0, 0.0
     if (path := _initial_checkpoint(run)) is not None:
