@@ -211,6 +211,9 @@ class DataConfig:
     """The JSONL key / parquet column holding a document's text."""
     token_dtype: str = "uint16"
     """Element type of pre-tokenized .bin sources: 'uint16' (nanoGPT) or 'uint32'."""
+    format: str = "text"
+    """'text' (documents, every token trained) or 'sft' (chat/instruction JSONL: `messages` or
+    prompt/response records; loss only on the responses; see scaletrain.data.sft)."""
     document_masking: bool = False
     """Attention stays inside each packed document (block-causal mask, positions restart
     after every end-of-document id); needs a tokenizer with one (bpe or pretrained)."""
@@ -240,6 +243,7 @@ class DataConfig:
         if self.source != "grammar":
             parse_sources(self.source)  # every entry names existing, supported files
         choice("data.token_dtype", self.token_dtype, ("uint16", "uint32"))
+        choice("data.format", self.format, ("text", "sft"))
         require(not self.document_masking or self.tokenizer not in ("byte", "char"),
                 "data.document_masking", self.document_masking,
                 f"the {self.tokenizer} tokenizer has no end-of-document token: use bpe or a "

@@ -24,7 +24,7 @@ import numpy as np
 from scaletrain.config import ConfigError, DataConfig
 from scaletrain.config.sources import parse_sources, resolve_tokenizer_file
 
-from . import corpus
+from . import corpus, sft
 from .grammar import default_grammar, generate_text
 from .tokenizer import BPETokenizer, ByteTokenizer, CharTokenizer, Tokenizer, load_tokenizer
 
@@ -42,6 +42,9 @@ class Shards:
     train: np.ndarray
     val: np.ndarray
     meta: dict
+    train_mask: np.ndarray | None = None
+    """SFT: 1 where the token is a training target (see `sft.py`); None for plain text."""
+    val_mask: np.ndarray | None = None
 
 
 def source_files(source: str) -> list[Path]:
@@ -54,7 +57,7 @@ def streamed(cfg: DataConfig) -> bool:
     tokenizers) rather than as one text (plain .txt files with byte/char/BPE)."""
     if cfg.source == "grammar":
         return False
-    if cfg.tokenizer not in ("byte", "char", "bpe"):
+    if cfg.tokenizer not in ("byte", "char", "bpe") or cfg.format == "sft":
         return True
     entries = parse_sources(cfg.source)
     return (len(entries) > 1 or entries[0].weight != 1.0 or any(c in cfg.source for c in "*?[")
@@ -83,7 +86,8 @@ def _identity(cfg: DataConfig) -> dict:
             file = resolve_tokenizer_file(cfg.tokenizer)
             tok["sha"] = [_file_digest(file), _file_digest(file.parent / "tokenizer_config.json")]
         identity["streamed"] = {"format": corpus.FORMAT, "spec": cfg.source,
-                                "text_field": cfg.text_field, "token_dtype": cfg.token_dtype}
+                                "text_field": cfg.text_field, "token_dtype": cfg.token_dtype,
+                                "data_format": cfg.format}
     return identity
 
 
@@ -174,7 +178,8 @@ def _build_streamed(cfg: DataConfig, final: Path, identity: dict, *, train_need:
                     val_need: int) -> None:
     def fill(tmp: Path) -> None:
         tok = corpus.make_tokenizer(cfg)
-        meta = corpus.build_streamed(cfg, tmp, tok)
+        meta = (sft.build_sft(cfg, tmp, tok) if cfg.format == "sft"
+                else corpus.build_streamed(cfg, tmp, tok))
         check_size(cfg, meta["num_train"] + meta["num_val"], train_need=train_need,
                    val_need=val_need, exact=True)
         tok.save(tmp)
@@ -237,5 +242,10 @@ def load_or_build_shards(cfg: DataConfig, *, train_need: int, val_need: int) -> 
     def open_(name: str, count: int) -> np.ndarray:
         return np.memmap(final / name, dtype=meta["dtype"], mode="r", shape=(count,))
 
+    masks: dict[str, np.ndarray | None] = {"train": None, "val": None}
+    if meta.get("masks"):
+        for split in masks:
+            masks[split] = np.memmap(final / f"{split}.mask", dtype=np.uint8, mode="r",
+                                     shape=(meta[f"num_{split}"],))
     return Shards(final, tok, open_("train.bin", meta["num_train"]),
-                  open_("val.bin", meta["num_val"]), meta)
+                  open_("val.bin", meta["num_val"]), meta, masks["train"], masks["val"])

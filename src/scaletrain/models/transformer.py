@@ -180,5 +180,10 @@ def causal_lm_loss(logits: torch.Tensor, targets: torch.Tensor,
 
     logits: (B, T, V); targets: (B, T), already shifted (targets[:, i] follows tokens[:, i]).
     """
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
+    loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
                            ignore_index=ignore_index)
+    if hasattr(loss, "placements"):  # loss_parallel (a DTensor): left as computed
+        return loss
+    # SFT windows can hold prompt tokens only: no target, loss 0 and zero gradient instead of
+    # the mean over nothing (NaN); `where` keeps it free of a host sync
+    return torch.where((targets != ignore_index).any(), loss, torch.zeros_like(loss))
