@@ -20,6 +20,10 @@ def enable_document_masking(run: Any) -> None:
     if layout.pp > 1 or layout.cp > 1:
         raise ConfigError("data.document_masking", True, "not available with pipeline or "
                           "context parallelism (parallel.pp / parallel.cp > 1): turn one off")
+    if layout.tp > 1 and run.job.model.position == "learned":
+        # per-row positions (B, T) do not fit the sequence-sharded position-table plan
+        raise ConfigError("data.document_masking", True, "not available with tensor "
+                          "parallelism and learned positions (GPT-2): use parallel.tp=1")
     sep = getattr(run.data.tokenizer, "eos_id", None)
     if sep is None:
         raise ConfigError("data.document_masking", True,
