@@ -131,7 +131,7 @@ def predictions(over: dict[str, dict[str, Any]], gpu: str, *, dryrun: bool) -> d
         out["planner"] = {"allocated": est.memory.total, "reserved": est.memory.reserved,
                           "tokens_per_s": est.tokens_per_s, "mfu": est.mfu}
     if dryrun:
-        from scaletrain.measure.dryrun import dryrun as run_dryrun
+        from scaletrain.dryrun import dryrun as run_dryrun
 
         try:
             out["dryrun_allocated"] = run_dryrun(job, world_size=1, count_flops=False).memory.total

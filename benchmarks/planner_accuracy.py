@@ -1,7 +1,7 @@
 """Planner vs dry-run accuracy: the analytic memory and FLOPs held against a fake-tensor dry-run.
 
 For every layout in CASES, `scaletrain.planner.estimate` (analytic, torch-free) predicts one
-rank's memory and `scaletrain.measure.dryrun.dryrun` measures it by running the trainer's real
+rank's memory and `scaletrain.dryrun.dryrun` measures it by running the trainer's real
 build and two optimizer steps under FakeTensorMode on a fake process group. Compared (see
 `compare`): the total peak (the planner's CUDA runtime-context term subtracted: a dry-run cannot
 see it), the model states at rest, the transient part of the peak (peak minus params and
@@ -259,7 +259,7 @@ def measure_case(case: Case, *, flops: bool = True) -> dict[str, Any]:
     them (seen on llama2-7b-L1 dp8 z3: 2.82 GB cold, 2.74 GB warm), a fake-mode artifact
     that a GPU's fused norm does not have.
     """
-    from scaletrain.measure.dryrun import dryrun
+    from scaletrain.dryrun import dryrun
     from scaletrain.planner import estimate
     from scaletrain.planner.types import plan_input_from_job
 
@@ -290,7 +290,7 @@ def measure_case(case: Case, *, flops: bool = True) -> dict[str, Any]:
 
 def measure_extra(case: Extra) -> dict[str, Any]:
     """`measure_case` for a pipeline / MoE layout, on the rank the planner calls the worst."""
-    from scaletrain.measure.dryrun import dryrun
+    from scaletrain.dryrun import dryrun
     from scaletrain.planner import estimate
     from scaletrain.planner.flops import counted_flops_per_token, matmul_params
     from scaletrain.planner.memory import stage_layer_counts
@@ -393,7 +393,7 @@ def markdown(rows: list[dict[str, Any]], summary: dict[str, Any],
              "loss and embedding-gradient temporaries, communication buffers). The tracker's "
              "own attribution at the peak is not compared: it files unsharded FSDP copies "
              "under activations/temp and optimizer.step() allocations as optimizer state "
-             "(measure/dryrun.py docstring); it is kept in the JSON as `tracker_at_peak`.",
+             "(dryrun/run.py docstring); it is kept in the JSON as `tracker_at_peak`.",
              "- **flops**: `FlopCounterMode` over one step of this rank (matmuls and SDPA, "
              "attention over the full T x T, flash backward with its Q K^T recomputation; "
              "under tp > 1 DTensor counts global shapes, i.e. the TP group's) vs "
@@ -433,7 +433,7 @@ def markdown(rows: list[dict[str, Any]], summary: dict[str, Any],
                   "weights saved per micro-batch), float8 experts (1-byte saved inputs, no "
                   "weight casts). Zero-bubble was 5% under until the dry-run's module "
                   "tracker stopped buffering gradients across its split I/W backward "
-                  "(`measure.dryrun._gradless_module_hooks`).", "",
+                  "(`dryrun.torch_compat.gradless_module_hooks`).", "",
                   lines[-len(rows) - 2], lines[-len(rows) - 1]]
         for r in sorted(extra, key=lambda r: -abs(r["rel_error"]["total"])):
             lines.append(_row(r, {}))

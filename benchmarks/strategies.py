@@ -3,7 +3,7 @@
 For every strategy (DDP, ZeRO-1, ZeRO-2, ZeRO-3, TP, TP+SP, PP, 3D) at 8 and 64 GPUs
 (h100-sxm preset): the planner's worst-rank memory breakdown and predicted step time
 (`scaletrain.planner.estimate`), and the dry-run's measured rank-0 memory
-(`scaletrain.measure.dryrun.dryrun`: the trainer's own step under fake tensors and a fake
+(`scaletrain.dryrun.dryrun`: the trainer's own step under fake tensors and a fake
 process group). This is seed 003's "7B model, 8 GPUs" ZeRO table, measured instead of argued.
 
 Batch: sequence 4096, micro-batch 1, global batch 256 sequences (1M tokens), bf16 mixed
@@ -83,7 +83,7 @@ def measure_one(parallel: dict[str, Any], gpus: int, seq_len: int, global_batch:
     """Dry-run rank 0 (in a worker process); returns the memory breakdown in bytes."""
     import torch
 
-    from scaletrain.measure.dryrun import dryrun
+    from scaletrain.dryrun import dryrun
 
     torch.set_num_threads(1)
     job = job_for(parallel, seq_len=seq_len, global_batch=global_batch)

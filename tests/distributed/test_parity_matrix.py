@@ -35,7 +35,8 @@ import torch
 
 from scaletrain.parallel.launch import spawn
 
-from ._parity_fns import reference, train_modes, world4_suite
+from ..adam_tolerance import assert_adam_close as _assert_adam_close
+from ._parity_fns import LR, STEPS, reference, train_modes, world4_suite
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -112,10 +113,26 @@ def test_parity(request, references, mode, model):
             # a tied model's last pipeline stage holds a copy of the embedding as its head
             ref_name = ("tok_embeddings.weight" if name == "output.weight"
                         and name not in ref["params"] else name)
-            torch.testing.assert_close(value, ref["params"][ref_name], rtol=1e-5, atol=1e-5,
-                                       msg=lambda m, w=f"{where} {name}": f"{w}: {m}")
+            _assert_params_close(value, ref["params"][ref_name], f"{where} {name}")
             covered.add(ref_name)
     assert covered == ref["params"].keys()
+
+
+def _assert_params_close(got: torch.Tensor, ref: torch.Tensor, where: str) -> None:
+    """Parameters after STEPS AdamW steps: norm-wise close, element-wise within Adam's bound.
+
+    Another layout sums the same terms in another order, so each gradient element differs by
+    fp32 rounding. Norm-wise that is tiny: 1e-5 relative is ~100 roundings (u = 6e-8) deep.
+    Element-wise it is not bounded that way: where an element's gradient is a cancellation
+    (terms of 1e-3 summing to ~1e-9), its rounding error is a large part of it, and Adam's
+    normalized step m / sqrt(v) passes that on whole (seen: 1.6e-5 on one of 16,384 elements
+    at lr 1e-3). What bounds every element is AdamW itself: bias-corrected |m| / sqrt(v) <= 1
+    (beta1^2 <= beta2), so two runs move an element apart by at most 2 lr per step. Norm-wise
+    the scale is the tensor's norm plus how far AdamW can move it (lr x steps x sqrt(n)): a
+    tensor whose true gradient is exactly zero (a key bias: softmax ignores it) is moved by
+    rounding noise alone, and only that second term is its scale.
+    """
+    _assert_adam_close(got, ref, lr=LR, steps=STEPS, where=where)
 
 
 def test_matrix_covers_the_acceptance_list():

@@ -3,7 +3,7 @@
 The live side runs the trainer's real build (`build_model`, `ParallelDims`, `parallelize`,
 `materialize`, `build_optimizer`) on real CPU tensors and the same training step the dry-run
 measures, two optimizer steps, under torch's `FSDPMemTracker` (MemTracker for FSDP2); its peak
-of the second step is held against `scaletrain.measure.dryrun.dryrun` of the same job as rank 0
+of the second step is held against `scaletrain.dryrun.dryrun` of the same job as rank 0
 of 2 (fake tensors, fake process group). Target: within 5%.
 
 Model: gpt2-124m with 2 of its 12 blocks (real widths and vocabulary). The code path is the
@@ -100,7 +100,7 @@ def live_peak() -> dict[str, float]:
 
 
 def test_dryrun_peak_matches_a_live_gloo_run():
-    from scaletrain.measure.dryrun import dryrun
+    from scaletrain.dryrun import dryrun
     from scaletrain.parallel.launch import spawn
 
     live = spawn(live_peak, 2)

@@ -51,7 +51,7 @@ def run_dir(tmp_path_factory) -> Path:
     run = tmp / "run"
     # measurement.json gets a per-step memory timeline once measure/ records one for live runs;
     # until then borrow the dry-run's timeline of the same job (the same schema: event, bytes)
-    from scaletrain.measure.dryrun import dryrun
+    from scaletrain.dryrun import dryrun
 
     measurement = json.loads((run / "measurement.json").read_text())
     measurement["timeline"] = [[e, b] for e, b in dryrun(job, world_size=1,

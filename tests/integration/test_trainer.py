@@ -9,6 +9,8 @@ from scaletrain.cli import main
 from scaletrain.config import load_config
 from scaletrain.trainer import train
 
+from ..adam_tolerance import assert_adam_close
+
 pytestmark = pytest.mark.slow
 
 
@@ -21,22 +23,27 @@ def _job(tmp_path, name, *extra):
         f"--train.run_dir={tmp_path / name}", "--optim.warmup_steps=0", *extra])
 
 
-@pytest.mark.parametrize("optim,tol", [("sgd", 1e-6), ("adamw", 5e-6)])
-def test_gradient_accumulation_matches_one_big_batch(tmp_path, optim, tol):
+@pytest.mark.parametrize("optim", ["sgd", "adamw"])
+def test_gradient_accumulation_matches_one_big_batch(tmp_path, optim):
     """4 micro-batches of 2 == one batch of 8 after one optimizer step (fp32).
 
-    With SGD the update is linear in the gradient and the parameters agree to ~2e-9 (bound
-    1e-6, the acceptance figure). AdamW's first step is lr*g/(|g|+eps): for gradients near eps it
-    turns fp32 summation-order noise (1e-7 relative) into up to ~1e-6 absolute, so its bound is
-    looser; the gradients themselves agree as tightly as with SGD.
+    With SGD the update is linear in the gradient and every parameter agrees to ~2e-9 (bound
+    1e-6, the acceptance figure). AdamW's first step is lr*g/(|g|+eps): where a gradient element
+    is a cancellation, its fp32 summation-order noise is a large part of it and the normalized
+    step passes it on whole, so element-wise only AdamW's own bound holds (`assert_adam_close`).
     """
     big = train(_job(tmp_path, "big", "--train.steps=1", f"--optim.name={optim}"))
     acc = train(_job(tmp_path, "acc", "--train.steps=1", "--batch.micro_batch=2",
                      f"--optim.name={optim}"))
     assert big.losses[0] == pytest.approx(acc.losses[0], abs=1e-6)
-    diff = max((a - b).abs().max().item() for a, b in
-               zip(big.model.parameters(), acc.model.parameters(), strict=True))
-    assert diff <= tol
+    pairs = list(zip(big.model.parameters(), acc.model.parameters(), strict=True))
+    worst = max((a - b).abs().max().item() for a, b in pairs)
+    if optim == "sgd":
+        assert worst <= 1e-6
+        return
+    lr = _job(tmp_path, "lr").optim.lr
+    for a, b in pairs:  # (a key bias's true gradient is 0: rounding noise alone moves it)
+        assert_adam_close(a, b, lr=lr, steps=1)
 
 
 def test_resume_is_bitwise_identical(tmp_path):

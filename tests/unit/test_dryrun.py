@@ -9,7 +9,7 @@ import pytest
 import torch.distributed as dist
 
 from scaletrain.config import ConfigError, load_config
-from scaletrain.measure.dryrun import dryrun
+from scaletrain.dryrun import dryrun
 from scaletrain.models import build_model
 from scaletrain.planner.flops import attention_core_flops_per_token, flops_per_token
 

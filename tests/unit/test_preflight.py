@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from scaletrain.config import ConfigError, hardware_preset, load_config
-from scaletrain.trainer.build import auto_layout, preflight
+from scaletrain.orchestrate import auto_layout, preflight
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +33,7 @@ def test_preflight_measures_the_chosen_layout_in_a_child_process():
 
 
 def test_auto_layout_refuses_a_layout_the_dry_run_says_does_not_fit(monkeypatch, capsys):
-    import scaletrain.trainer.build as build
+    import scaletrain.orchestrate as build
 
     hw = hardware_preset("cpu")
     monkeypatch.setattr(build, "preflight",
@@ -45,7 +45,7 @@ def test_auto_layout_refuses_a_layout_the_dry_run_says_does_not_fit(monkeypatch,
 
 
 def test_auto_layout_trains_on_the_plan_when_the_dry_run_cannot_run(monkeypatch, capsys):
-    import scaletrain.trainer.build as build
+    import scaletrain.orchestrate as build
 
     monkeypatch.setattr(build, "preflight", lambda job, world, est: (None, "preflight: not run"))
     chosen = auto_layout(_job(), 2, hardware_preset("cpu"))

@@ -88,7 +88,7 @@ def _pp_ep(plan: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace, extra: list[str] | None = None) -> int:
-    from scaletrain.measure.dryrun import dryrun
+    from scaletrain.dryrun import dryrun
     from scaletrain.measure.verify import compare, format_table, predict
 
     if extra:

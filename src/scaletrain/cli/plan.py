@@ -218,7 +218,7 @@ def _job_for(est: Any) -> Any:
 
 def _preflight(est: Any) -> str:
     """Dry-run `est`'s layout as its worst rank and put the measurement beside the prediction."""
-    from scaletrain.measure.dryrun import dryrun
+    from scaletrain.dryrun import dryrun
     from scaletrain.measure.verify import compare, format_table
 
     try:

@@ -20,9 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
 
 
 def _train_main(config_path: str | None, overrides: list[str]) -> None:
-    from scaletrain.trainer import train
+    from scaletrain.orchestrate import train_job
 
-    train(load_config(config_path, overrides))
+    train_job(load_config(config_path, overrides))
 
 
 def run(args: argparse.Namespace, extra: list[str]) -> int:
@@ -36,7 +36,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
 
         spawn(_train_main, args.nproc, args.config, extra, threads=1)
         return 0
-    from scaletrain.trainer import train
+    from scaletrain.orchestrate import train_job
 
-    train(job)
+    train_job(job)
     return 0

@@ -31,6 +31,7 @@ from .layout import (
     composition_problems,
     grad_accum_steps,
     layout_problems,
+    option_problems,
     stage_ids,
     stage_layer_ranges,
 )
@@ -42,14 +43,17 @@ from .model import (
     model_preset,
     resolve_model,
 )
+from .precision import PRECISION_TABLE, PrecisionSpec, precision_spec
 
 __all__ = [
     "ConfigError", "GB", "GiB", "TFLOPS", "HARDWARE_PRESETS", "HardwareSpec", "hardware_preset",
-    "AC_MODES", "OFFLOAD_MODES", "PRECISIONS", "BatchConfig", "CheckpointConfig", "DataConfig",
+    "AC_MODES", "OFFLOAD_MODES", "PRECISIONS", "PRECISION_TABLE", "PrecisionSpec",
+    "precision_spec", "BatchConfig", "CheckpointConfig", "DataConfig",
     "GuardConfig",
     "HardwareConfig", "JobConfig", "MemoryConfig", "OptimConfig", "ParallelConfig",
     "PrecisionConfig", "TrainConfig", "load_config", "parse_overrides", "PP_SCHEDULES", "Layout",
     "batch_problems", "check_layout", "composition_problems", "grad_accum_steps",
+    "option_problems",
     "layout_problems", "stage_ids", "stage_layer_ranges",
     "MODEL_PRESETS", "ModelConfig",
     "ParamCounts", "model_from_hf_config", "model_preset", "resolve_model",

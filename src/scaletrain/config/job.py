@@ -16,8 +16,9 @@ from typing import Any
 
 from ._errors import ConfigError, choice, require
 from .hardware import HARDWARE_PRESETS, HardwareSpec, hardware_preset
-from .layout import PP_SCHEDULES, Layout, check_layout
+from .layout import PP_SCHEDULES, Layout, check_layout, option_problems
 from .model import MODEL_FIELDS, ModelConfig, resolve_model
+from .precision import PRECISIONS, REDUCE_DTYPES
 from .sources import parse_sources, pretrained_vocab_size
 
 __all__ = [
@@ -26,7 +27,6 @@ __all__ = [
     "load_config", "parse_overrides", "PRECISIONS", "AC_MODES", "OFFLOAD_MODES",
 ]
 
-PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
 AC_MODES = ("none", "selective", "full")
 OFFLOAD_MODES = ("none", "optimizer", "params")
 
@@ -112,7 +112,7 @@ class PrecisionConfig:
 
     def __post_init__(self) -> None:
         choice("precision.dtype", self.dtype, PRECISIONS)
-        choice("precision.reduce_dtype", self.reduce_dtype, ("fp32", "bf16"))
+        choice("precision.reduce_dtype", self.reduce_dtype, tuple(REDUCE_DTYPES))
         choice("precision.fp8_scaling", self.fp8_scaling, ("tensorwise", "tilewise"))
         choice("precision.fp8_amax", self.fp8_amax, ("current", "delayed"))
         require(not (self.fp8_amax == "delayed" and self.fp8_scaling == "tilewise"),
@@ -406,6 +406,11 @@ class JobConfig:
         check_layout(layout, self.model, world_size=world_size,
                      global_batch=self.batch.global_batch, micro_batch=self.batch.micro_batch,
                      seq_len=self.batch.seq_len)
+        problems = option_problems(layout, offload=self.memory.offload,
+                                   fp8_all_gather=self.precision.fp8_all_gather,
+                                   precision=self.precision.dtype)
+        if problems:
+            raise problems[0]
         return layout
 
     def to_dict(self) -> dict[str, Any]:

@@ -64,6 +64,18 @@ class Layout:
         pp outermost, so each pipeline rank holds world / pp consecutive global ranks."""
         return rank // (self.world_size // self.pp)
 
+    def label(self) -> str:
+        """The layout's one name everywhere, e.g. 'dp2 z3 tp2+sp pp8(1f1b) cp4 ep2'."""
+        parts = [f"dp{self.dp}", f"z{self.zero}"]
+        if self.tp > 1:
+            parts.append(f"tp{self.tp}" + ("+sp" if self.sp else ""))
+        if self.pp > 1:
+            v = f"x{self.pp_virtual}" if self.pp_virtual > 1 else ""
+            parts.append(f"pp{self.pp}({self.pp_schedule}{v})")
+        parts += [f"{axis}{getattr(self, axis)}" for axis in ("cp", "ep")
+                  if getattr(self, axis) > 1]
+        return " ".join(parts)
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -154,6 +166,10 @@ def layout_problems(layout: Layout, model: ModelConfig, *, world_size: int | Non
     need(model.num_kv_heads % L.tp == 0, "parallel.tp", L.tp,
          f"tp must divide num_kv_heads={model.num_kv_heads}")
     need(model.ffn_dim % L.tp == 0, "parallel.tp", L.tp, f"tp must divide ffn_dim={model.ffn_dim}")
+    # The trainer's TP plans shard attention and dense MLPs; expert layers are split by ep.
+    need(not (model.is_moe and L.tp > 1), "parallel.tp", L.tp,
+         "MoE layers are not tensor-parallel in scaletrain: use parallel.ep to split the "
+         "experts, and tp=1")
     # Pipeline: every (virtual) stage needs at least one layer.
     need(L.pp * L.pp_virtual <= model.num_layers, "parallel.pp", L.pp,
          f"pp*pp_virtual must not exceed num_layers={model.num_layers}")
@@ -180,6 +196,29 @@ def layout_problems(layout: Layout, model: ModelConfig, *, world_size: int | Non
              f"learned positions stop at model.max_seq_len={model.max_seq_len}")
     if global_batch is not None and micro_batch is not None:
         out += batch_problems(L, global_batch, micro_batch)
+    return out
+
+
+def option_problems(layout: Layout, *, offload: str, fp8_all_gather: bool = False,
+                    precision: str = "fp32") -> list[ConfigError]:
+    """The rules tying memory and precision options to the layout (what the trainer's
+    `parallelize` can build); `world_size` is the layout's."""
+    L, out = layout, []
+    if offload == "optimizer" and (L.zero >= 2 or L.tp > 1 or L.ep > 1):
+        out.append(ConfigError("memory.offload", offload, "optimizer-only offload runs with "
+                               "DDP / ZeRO-1 (plain parameters): with FSDP, TP or EP use "
+                               "memory.offload=params with parallel.zero=2 or 3 (FSDP2 keeps "
+                               "parameters, gradients and optimizer states on the host)"))
+    if offload == "params" and L.zero < 2:
+        out.append(ConfigError("memory.offload", offload,
+                               "parameter offload needs FSDP: set parallel.zero=2 or 3"))
+    elif offload == "params" and L.world_size == 1:
+        out.append(ConfigError("memory.offload", offload, "parameter offload uses FSDP2, which "
+                               "needs a process group and mesh: launch with torchrun/--nproc"))
+    if precision == "fp8" and fp8_all_gather and L.tp > 1:
+        out.append(ConfigError("precision.fp8_all_gather", True, "the float8 all-gather wraps "
+                               "plain weight shards, not tensor-parallel DTensors: set "
+                               "fp8_all_gather=false with parallel.tp > 1"))
     return out
 
 

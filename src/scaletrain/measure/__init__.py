@@ -1,7 +1,7 @@
-"""Measurements of real and fake (dry-run) steps, in the planner's memory schema."""
+"""Measurements of real steps and their schema, shared with the planner and the dry-run
+(`scaletrain.dryrun`, which drives the trainer and so sits above it)."""
 
-from .dryrun import dryrun, plan_dict
-from .schema import Measurement
+from .schema import Measurement, plan_dict
 from .verify import compare, predict, verify_run
 
-__all__ = ["Measurement", "dryrun", "plan_dict", "compare", "predict", "verify_run"]
+__all__ = ["Measurement", "plan_dict", "compare", "predict", "verify_run"]

@@ -24,13 +24,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scaletrain.config import JobConfig, Layout
 from scaletrain.planner.types import MemoryBreakdown
 
-__all__ = ["Measurement", "SOURCES", "memory_from_json"]
+__all__ = ["Measurement", "SOURCES", "memory_from_json", "plan_dict"]
 
 SOURCES = ("dryrun", "cpu", "cuda")
 _MEMORY_FLOATS = ("params", "grads", "optimizer", "activations", "buffers", "total", "reserved",
                   "capacity")
+
+
+def plan_dict(job: JobConfig, layout: Layout) -> dict[str, Any]:
+    """The `plan` object of DESIGN.md §4 for `job` run with `layout`."""
+    b = job.batch
+    return {"model": job.model.name, "params": job.model.num_params(),
+            "gpus": layout.world_size, "dp": layout.dp, "zero": layout.zero, "tp": layout.tp,
+            "sp": layout.sp, "pp": layout.pp, "pp_schedule": layout.pp_schedule,
+            "pp_virtual": layout.pp_virtual, "cp": layout.cp, "ep": layout.ep,
+            "micro_batch": b.micro_batch,
+            "grad_accum": b.global_batch // (b.micro_batch * layout.dp),
+            "seq_len": b.seq_len, "precision": job.precision.dtype, "ac": job.memory.ac,
+            "offload": job.memory.offload}
 
 
 def memory_from_json(d: dict[str, Any]) -> MemoryBreakdown:

@@ -89,14 +89,18 @@ def _copy_into(param: torch.Tensor, full: torch.Tensor) -> None:
         param.copy_(full.to(device=param.device, dtype=param.dtype))
 
 
-def materialize(model: nn.Module, *, device: str | torch.device = "cpu", seed: int = 0) -> None:
+def materialize(model: nn.Module, *, device: str | torch.device = "cpu", seed: int = 0,
+                init: bool = True) -> None:
     """Allocate a meta-built (possibly parallelized) model on `device` and initialize it.
 
     `to_empty` + `init_weights(seed)` + recomputation of the non-persistent buffers (RoPE
     tables), in place. Same weights for the same seed whatever the device or world size.
+    `init=False` leaves the weights undrawn (the dry-run: fake tensors hold no values, and
+    drawing them was most of a large model's build time there); memory is the same.
     """
     model.to_empty(device=device)
-    init_weights(model, seed=seed)
+    if init:
+        init_weights(model, seed=seed)
     for m in model.modules():
         if isinstance(m, RotaryEmbedding):
             m.reset_tables()

@@ -41,6 +41,7 @@ class ParallelDims:
     world_size: int
     mesh: DeviceMesh | None = field(default=None, repr=False)
     _flat: dict[str, DeviceMesh] = field(default_factory=dict, repr=False)
+    _fsdp_2d: DeviceMesh | None = field(default=None, repr=False)
 
     @classmethod
     def from_layout(cls, layout: Layout, world_size: int,
@@ -118,6 +119,12 @@ class ParallelDims:
         dp_cp = self.layout.dp * self.cp
         self._flat["ep"] = self._flat["dp_cp"]._unflatten(
             0, (dp_cp // self.ep, self.ep), ("ep_replicate", "ep"))["ep"]
+        # every named axis sliced now, once: a mesh sliced later inside fake mode (the
+        # dry-run's step) would get a fake rank tensor and could not say which ranks it holds
+        for axis in MESH_AXES:
+            self._flat.setdefault(axis, mesh[axis])
+        if self.dp_replicate > 1:
+            self._fsdp_2d = mesh["dp_replicate", "dp_shard_cp"]
         self.mesh = mesh
         return mesh
 
@@ -134,10 +141,11 @@ class ParallelDims:
     def fsdp_mesh(self) -> DeviceMesh:
         """What FSDP shards over: 1-D (dp_shard x cp), or 2-D (dp_replicate, dp_shard x cp)
         for HSDP (sharded inside each replica group, all-reduced across groups)."""
-        mesh = self._require_mesh()
+        self._require_mesh()
         if self.dp_replicate == 1:
             return self._flat["dp_shard_cp"]
-        return mesh["dp_replicate", "dp_shard_cp"]
+        assert self._fsdp_2d is not None
+        return self._fsdp_2d
 
     @property
     def dp_rank(self) -> int:

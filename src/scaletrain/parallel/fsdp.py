@@ -33,11 +33,11 @@ from torch.distributed.fsdp import (
     fully_shard,
 )
 
-from scaletrain.config import ConfigError
+from scaletrain.config import PRECISION_TABLE, ConfigError
+from scaletrain.config.precision import REDUCE_DTYPES
 
 __all__ = ["apply_fsdp", "mp_policy"]
 
-_DTYPES = {"fp32": None, "bf16": "bfloat16", "fp16": "float16", "fp8": "bfloat16"}
 
 
 def mp_policy(dtype: str, reduce_dtype: str) -> MixedPrecisionPolicy:
@@ -47,14 +47,14 @@ def mp_policy(dtype: str, reduce_dtype: str) -> MixedPrecisionPolicy:
     while the sharded master copy stays fp32; gradients are reduced in `reduce_dtype`.
     fp32 compute means no casting at all.
     """
-    if dtype not in _DTYPES:
-        raise ConfigError("precision.dtype", dtype, f"choose one of {', '.join(_DTYPES)}")
-    param = _DTYPES[dtype]
-    if param is None:
+    if dtype not in PRECISION_TABLE:
+        raise ConfigError("precision.dtype", dtype,
+                          f"choose one of {', '.join(PRECISION_TABLE)}")
+    spec = PRECISION_TABLE[dtype]
+    if not spec.mixed:
         return MixedPrecisionPolicy()
-    return MixedPrecisionPolicy(param_dtype=getattr(torch, param),
-                                reduce_dtype={"fp32": torch.float32,
-                                              "bf16": torch.bfloat16}[reduce_dtype])
+    return MixedPrecisionPolicy(param_dtype=getattr(torch, spec.compute),
+                                reduce_dtype=getattr(torch, REDUCE_DTYPES[reduce_dtype]))
 
 
 def apply_fsdp(model: nn.Module, mesh: DeviceMesh, *, reshard_after_forward: bool,

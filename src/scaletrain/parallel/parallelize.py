@@ -11,7 +11,8 @@ from __future__ import annotations
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from scaletrain.config import ConfigError, MemoryConfig, PrecisionConfig
+from scaletrain.config import MemoryConfig, PrecisionConfig
+from scaletrain.config.layout import option_problems
 from scaletrain.precision import maybe_apply_fp8
 
 from .data_parallel import apply_ddp, apply_manual_grad_sync
@@ -19,36 +20,43 @@ from .dims import ParallelDims
 from .fsdp import apply_fsdp, mp_policy
 from .tensor_parallel import apply_tp
 
-__all__ = ["parallelize"]
+__all__ = ["parallelize", "uses_ddp", "uses_fsdp"]
 
 
-def _check(dims: ParallelDims, memory: MemoryConfig) -> None:
+def _check(dims: ParallelDims, memory: MemoryConfig, precision: PrecisionConfig) -> None:
     # the layout rules (tp over DDP, ep vs dp*cp, ...) were checked when `dims` was built
-    # (`ParallelDims.from_layout`, `config.composition_problems`); these involve memory options
-    if memory.offload == "optimizer" and (dims.zero >= 2 or dims.tp > 1 or dims.ep > 1):
-        raise ConfigError("memory.offload", memory.offload,
-                          "optimizer-only offload runs with DDP / ZeRO-1 (plain parameters): "
-                          "with FSDP, TP or EP use memory.offload=params with parallel.zero=2 "
-                          "or 3 (FSDP2 keeps parameters, gradients and optimizer states on the "
-                          "host)")
-    if memory.offload == "params" and dims.zero < 2:
-        raise ConfigError("memory.offload", memory.offload,
-                          "parameter offload needs FSDP: set parallel.zero=2 or 3")
-    if memory.offload == "params" and dims.mesh is None:
-        raise ConfigError("memory.offload", memory.offload, "parameter offload uses FSDP2, "
-                          "which needs a process group and mesh: launch with torchrun/--nproc")
+    # (`ParallelDims.from_layout`, `config.composition_problems`); these involve the options
+    problems = option_problems(dims.layout, offload=memory.offload,
+                               fp8_all_gather=precision.fp8_all_gather,
+                               precision=precision.dtype)
+    if problems:
+        raise problems[0]
+
+
+def uses_fsdp(dims: ParallelDims, memory: MemoryConfig) -> bool:
+    """Whether `parallelize` wraps the model in FSDP2: ZeRO-2/3 over a sharded axis, or
+    parameter offload (an FSDP2 policy, applied even over a 1-rank mesh)."""
+    return dims.zero >= 2 and (dims.fsdp_enabled or memory.offload == "params")
+
+
+def uses_ddp(dims: ParallelDims, memory: MemoryConfig) -> bool:
+    """Whether `parallelize` wraps the model in torch's DDP (ZeRO-0/1 data parallelism without
+    expert parallelism, which syncs its dense gradients by hand)."""
+    return not uses_fsdp(dims, memory) and dims.ddp_enabled and dims.ep == 1
 
 
 def parallelize(model: nn.Module, dims: ParallelDims, *, precision: PrecisionConfig,
-                memory: MemoryConfig, compile: bool = False, loss_parallel: bool = True
-                ) -> nn.Module:
+                memory: MemoryConfig, compile: bool = False, loss_parallel: bool = True,
+                ddp: bool = True) -> nn.Module:
     """Apply fp8 linears, TP/SP, CP, EP, AC, compile, then FSDP (ZeRO-2/3, HSDP) or DDP (ZeRO-0/1).
 
     `dims.build_mesh()` must have been called. With tp > 1 and `loss_parallel`, the model
     returns vocabulary-sharded DTensor logits: compute the loss and its backward inside
-    `tensor_parallel.loss_context(dims.submesh("tp"))`.
+    `tensor_parallel.loss_context(dims.submesh("tp"))`. `ddp=False` leaves out the DDP wrapper
+    where `uses_ddp` (the dry-run: DDP's reducer reads parameter storage to verify shapes across
+    ranks, which fake tensors do not have; the local computation is the same).
     """
-    _check(dims, memory)
+    _check(dims, memory, precision)
     # fp8 linears first: Float8Linear is an nn.Linear, so the TP plans and FSDP apply unchanged
     maybe_apply_fp8(model, precision)
     if dims.tp > 1:
@@ -72,17 +80,11 @@ def parallelize(model: nn.Module, dims: ParallelDims, *, precision: PrecisionCon
         for block in model.layers.values():  # type: ignore[union-attr]
             block.compile()
     offload = memory.offload == "params"
-    # Parameter offload is an FSDP2 policy, so it applies FSDP even over a 1-rank mesh.
-    needs_fsdp = dims.zero >= 2 and (dims.fsdp_enabled or offload)
-    if precision.dtype == "fp8" and precision.fp8_all_gather:
-        if dims.tp > 1:
-            raise ConfigError("precision.fp8_all_gather", True, "the float8 all-gather wraps "
-                              "plain weight shards, not tensor-parallel DTensors: set "
-                              "fp8_all_gather=false with parallel.tp > 1")
-        if needs_fsdp:
-            from scaletrain.precision.fp8_fsdp import enable_fp8_all_gather
+    needs_fsdp = uses_fsdp(dims, memory)
+    if precision.dtype == "fp8" and precision.fp8_all_gather and needs_fsdp:
+        from scaletrain.precision.fp8_fsdp import enable_fp8_all_gather
 
-            enable_fp8_all_gather(model)
+        enable_fp8_all_gather(model)
     if needs_fsdp:
         # Expert-parallel experts (ep = dp*cp) are already split over the data-parallel ranks
         # and their gradients already scaled to the mean by EP: FSDP leaves them alone.
@@ -92,7 +94,7 @@ def parallelize(model: nn.Module, dims: ParallelDims, *, precision: PrecisionCon
                    offload_params=offload, ignored_params=experts)
     elif dims.ddp_enabled and dims.ep > 1:
         apply_manual_grad_sync(model, dims.submesh("dp_cp"))
-    elif dims.ddp_enabled:
+    elif dims.ddp_enabled and ddp:
         apply_ddp(model, dims.submesh("dp_cp"), compression=precision.grad_compression,
                   powersgd_rank=precision.powersgd_rank,
                   powersgd_start_step=precision.powersgd_start_step)

@@ -35,9 +35,10 @@ result is the mean over micro-batches of (loss + aux), as without pipelining.
 
 from __future__ import annotations
 
-import contextlib
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -117,17 +118,30 @@ class PipelineRuntime:
     stages: list[nn.Module]
     """Stage modules held by this rank (parallelize / optimize these)."""
     stage_ids: list[int]
-    schedule: object
+    schedule: Any
     group: dist.ProcessGroup
     num_stages: int
     _pipeline_stages: list[PipelineStage] = field(default_factory=list)
     tied_group: dist.ProcessGroup | None = None
-    loss_contexts: list[contextlib.AbstractContextManager] = field(default_factory=list)
-    """One-shot contexts the schedule's next loss computation runs inside (the last stage; the
-    trainer's activation probe, so the loss's saved tensors count as they do unpipelined).
-    The caller clears what a rank without the last stage never used."""
     """Tied embeddings at pp > 1: the (first, last) stage pair whose head/embedding gradients
     are summed after every backward."""
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    """The last stage's loss of one micro-batch (the schedule calls `staged_loss`)."""
+    _hooks: Any = None
+    _losses_seen: int = 0
+
+    def staged_loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The loss the schedule computes for each micro-batch on the last stage, inside the
+        step's hooks (`trainer.step.StepHooks`: `microbatch(k)`, then the `loss:k` event)."""
+        assert self.loss_fn is not None
+        k, hooks = self._losses_seen, self._hooks
+        self._losses_seen += 1
+        if hooks is None:
+            return self.loss_fn(output, target)
+        with hooks.microbatch(k):
+            loss = self.loss_fn(output, target)
+        hooks.event(f"loss:{k}")
+        return loss
 
     def _tied_weights(self) -> list[torch.Tensor]:
         """This rank's copies of the tied weight: the embedding (first stage) and/or the head
@@ -166,18 +180,24 @@ class PipelineRuntime:
     def is_last(self) -> bool:
         return self.num_stages - 1 in self.stage_ids
 
-    def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def step(self, inputs: torch.Tensor, targets: torch.Tensor, *, hooks: Any = None
+             ) -> torch.Tensor:
         """Forward+backward of the batch (split into micro-batches along dim 0).
 
         Returns the mean micro-batch loss on every pp rank (computed on the last stage and
-        broadcast, for logging); gradients accumulate in the stage modules.
+        broadcast, for logging); gradients accumulate in the stage modules. `hooks`
+        (`trainer.step.StepHooks`) see each micro-batch's loss on the last stage.
         """
         args = (inputs,) if self.is_first else ()
         losses: list[torch.Tensor] = []
-        # return_outputs=False: the last stage would otherwise keep every micro-batch's
-        # logits until the step ends (m x s x b x V values; the trainer only needs the losses)
-        self.schedule.step(*args, target=targets if self.is_last else None,
-                           losses=losses if self.is_last else None, return_outputs=False)
+        self._hooks, self._losses_seen = hooks, 0
+        try:
+            # return_outputs=False: the last stage would otherwise keep every micro-batch's
+            # logits until the step ends (m x s x b x V values; the trainer needs the losses)
+            self.schedule.step(*args, target=targets if self.is_last else None,
+                               losses=losses if self.is_last else None, return_outputs=False)
+        finally:
+            self._hooks = None
         self.sync_tied_gradients()
         return self._mean_loss(losses, inputs.device)
 
@@ -229,13 +249,16 @@ class PipelineRuntime:
 
 def build_pipeline(model: nn.Module, *, pp_group, pp_rank: int, pp_size: int, schedule: str,
                    virtual: int, n_microbatches: int, loss_fn, device: torch.device | str,
-                   parallelize_stage=None, loss_scale=lambda: 1.0) -> PipelineRuntime:
+                   parallelize_stage=None, loss_scale=lambda: 1.0,
+                   schedule_cls: Any = None) -> PipelineRuntime:
     """Split `model` into this rank's stages and build the named schedule.
 
     pp_group: ProcessGroup or 1-D DeviceMesh of the pipeline axis. `parallelize_stage`, if
     given, is applied to each stage module (e.g. TP/FSDP + materialize) before the
     PipelineStage wraps it. `loss_scale()`: the factor `loss_fn` scales the loss by (fp16 loss
-    scaling), applied to the MoE auxiliary losses the stages attach.
+    scaling), applied to the MoE auxiliary losses the stages attach. `schedule_cls` replaces
+    torch's schedule class for `schedule` (same constructor and `step` signature; the dry-run
+    passes `dryrun.actions.ActionSchedule`, which runs under fake tensors).
     """
     if schedule not in _SCHEDULES:
         raise ConfigError("parallel.pp_schedule", schedule, f"use one of {sorted(_SCHEDULES)}")
@@ -257,16 +280,11 @@ def build_pipeline(model: nn.Module, *, pp_group, pp_rank: int, pp_size: int, sc
             mod = parallelize_stage(mod) or mod
         mods.append(mod)
         pstages.append(PipelineStage(mod, sid, num_stages, device, group=group))
-    cls = _SCHEDULES[schedule]
-    loss_contexts: list[contextlib.AbstractContextManager] = []
-
-    def staged_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        with loss_contexts.pop() if loss_contexts else contextlib.nullcontext():
-            return loss_fn(output, target)
-
-    sched = cls(pstages[0] if schedule in _SINGLE_STAGE else pstages, n_microbatches,
-                loss_fn=staged_loss, scale_grads=True)
     tied = _tied_pair_group(group) if num_stages > 1 and _tied(model) else None
-    return PipelineRuntime(loss_contexts=loss_contexts, stages=mods, stage_ids=ids,
-                           schedule=sched, group=group,
-                           num_stages=num_stages, _pipeline_stages=pstages, tied_group=tied)
+    runtime = PipelineRuntime(stages=mods, stage_ids=ids, schedule=None, group=group,
+                              num_stages=num_stages, _pipeline_stages=pstages, tied_group=tied,
+                              loss_fn=loss_fn)
+    cls = schedule_cls or _SCHEDULES[schedule]
+    runtime.schedule = cls(pstages[0] if schedule in _SINGLE_STAGE else pstages,
+                           n_microbatches, loss_fn=runtime.staged_loss, scale_grads=True)
+    return runtime

@@ -22,8 +22,8 @@ gathering the (B, T, V) logits). With `loss_parallel=False` logits are all-gathe
 the model; the final norm's output is made a Replicate DTensor so that product is a vocabulary-
 sharded DTensor, the same layout as the untied head.
 
-MoE layers are not tensor-parallel here: `apply_tp` raises a ConfigError pointing at
-parallel.ep (experts split whole over ranks) instead.
+MoE layers are not tensor-parallel here: `config.layout_problems` refuses tp > 1 for MoE models
+(use parallel.ep: experts split whole over ranks); the head-count rules live there too.
 """
 
 from __future__ import annotations
@@ -43,21 +43,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from scaletrain.config import ConfigError
-
 __all__ = ["apply_tp", "loss_context"]
-
-
-def _check(model: nn.Module, tp: int) -> None:
-    for name, block in model.layers.items():  # type: ignore[union-attr]
-        if hasattr(block, "moe"):
-            raise ConfigError("parallel.tp", tp, "MoE layers are not tensor-parallel in "
-                              "scaletrain: use parallel.ep to split the experts, and tp=1")
-        attn = block.attention
-        for attr in ("n_heads", "n_kv_heads"):
-            if getattr(attn, attr) % tp:
-                raise ConfigError("parallel.tp", tp, f"tp must divide layer {name} "
-                                  f"{attr}={getattr(attn, attr)}")
 
 
 def _root_plan(model: nn.Module, sp: bool, loss_parallel_: bool) -> dict:
@@ -128,7 +114,6 @@ def apply_tp(model: nn.Module, mesh: DeviceMesh, *, sp: bool, loss_parallel: boo
     tp = mesh.size()
     if tp == 1:
         return model
-    _check(model, tp)
     if sp and hasattr(model, "input_seq_shards"):
         model.input_seq_shards = tp  # a later pipeline stage receives T/tp of the sequence
     parallelize_module(model, mesh, _root_plan(model, sp, loss_parallel))

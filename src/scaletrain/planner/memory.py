@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 
-from scaletrain.config import ModelConfig, stage_layer_ranges
+from scaletrain.config import PRECISION_TABLE, ModelConfig, stage_layer_ranges
 
 __all__ = ["OPTIMIZER_BYTES", "CONVENTIONS", "state_bytes_per_param", "model_state_bytes",
            "stage_layer_counts", "korthikanti_layer_bytes", "layer_activation_bytes",
@@ -41,7 +41,7 @@ CONVENTIONS = ("scaletrain", "moments_only", "master_and_moments", "megatron", "
 In fp32 there is no master copy: every convention is 4 + 4 + optimizer.
 """
 
-ELEM_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+ELEM_BYTES = {name: spec.bytes for name, spec in PRECISION_TABLE.items()}
 
 RUNTIME_CONTEXT_BYTES = 0.75e9
 """CUDA context + cuBLAS workspaces + NCCL communicator buffers, outside the caching allocator

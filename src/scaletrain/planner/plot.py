@@ -29,7 +29,7 @@ def _plt():  # type: ignore[no-untyped-def]
 
 def plot_memory(estimates: Sequence[Estimate], path: str | Path) -> Path:
     """Stacked bars (GB per GPU, worst rank) per layout with the capacity as a line."""
-    from .report import layout_label
+    from .types import layout_label
 
     plt = _plt()
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(estimates) + 3), 5))

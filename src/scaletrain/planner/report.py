@@ -8,30 +8,9 @@ from typing import Any
 from scaletrain.config import GB
 
 from .search import SearchResult
-from .types import Estimate
+from .types import Estimate, layout_label
 
 __all__ = ["layout_label", "estimate_rows", "render_estimates", "render_search", "to_json"]
-
-
-def layout_label(e: Estimate) -> str:
-    """Compact layout name, e.g. 'dp2 z3 tp2+sp pp8(1f1b) cp4 mb1 ac=none'."""
-    p, L = e.plan, e.plan.layout
-    parts = [f"dp{L.dp}", f"z{L.zero}"]
-    if L.tp > 1:
-        parts.append(f"tp{L.tp}" + ("+sp" if L.sp else ""))
-    if L.pp > 1:
-        v = f"x{L.pp_virtual}" if L.pp_virtual > 1 else ""
-        parts.append(f"pp{L.pp}({L.pp_schedule}{v})")
-    if L.cp > 1:
-        parts.append(f"cp{L.cp}")
-    if L.ep > 1:
-        parts.append(f"ep{L.ep}")
-    parts.append(f"mb{p.micro_batch}x{p.grad_accum}")
-    if p.ac != "none":
-        parts.append(f"ac={p.ac}")
-    if p.offload != "none":
-        parts.append(f"offload={p.offload}")
-    return " ".join(parts)
 
 
 def estimate_rows(estimates: list[Estimate]) -> list[list[str]]:

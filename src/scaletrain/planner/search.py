@@ -27,10 +27,11 @@ from scaletrain.config import (
     ModelConfig,
     batch_problems,
     layout_problems,
+    option_problems,
 )
 
 from .estimate import reserved_and_step
-from .types import Estimate, PlanInput
+from .types import Estimate, PlanInput, layout_label
 
 __all__ = ["search", "SearchResult", "FamilyOutcome", "family_of", "FAMILIES"]
 
@@ -45,12 +46,6 @@ chunks add p2p traffic and in-flight memory). Pin --pp-virtual to explore anothe
 def family_of(plan: PlanInput) -> str:
     """The strategy family a layout belongs to (the 'why the others lost' grouping)."""
     return _family(plan.layout, plan.offload)
-
-
-def layout_of(e: Estimate) -> str:
-    from .report import layout_label
-
-    return layout_label(e)
 
 
 @dataclass
@@ -72,7 +67,8 @@ class FamilyOutcome:
         if self.closest_miss is not None:
             mem = self.closest_miss.memory
             return (f"never fits: best needs {mem.reserved / GB:.1f} GB > "
-                    f"{mem.capacity / GB:.1f} GB (rank {mem.rank}, {layout_of(self.closest_miss)})")
+                    f"{mem.capacity / GB:.1f} GB (rank {mem.rank}, "
+                    f"{layout_label(self.closest_miss)})")
         if self.family == "offload" and winner is not None:
             return "not needed: layouts fit without offload (it only adds host traffic)"
         return "no legal layout of this family for this GPU count"
@@ -233,16 +229,16 @@ def _layouts(job: _Job) -> Iterator[tuple[Layout, list[int], list[str]]]:
                         # a candidate where 1F1B is illegal (fewer micro-batches than stages).
                         lmbs = [b for b in mbs if gb // (b * dp) < pp]
                     for zero in zeros:
-                        # what the trainer runs: optimizer offload with DDP / ZeRO-1 on plain
-                        # parameters, parameter offload through FSDP2
-                        plain = zero <= 1 and tp == 1 and ep == 1
-                        offloads = (["none"] + (["optimizer"] if plain else [])
-                                    + (["params"] if zero == 3 else []))
+                        layout = Layout(dp=dp, zero=zero, tp=tp, sp=sp, pp=pp,
+                                        pp_schedule=sched, pp_virtual=v, cp=cp, ep=ep)
+                        # what the trainer runs (`option_problems`); parameter offload is
+                        # only tried with ZeRO-3 (ZeRO-2 keeps gathered weights on the GPU)
+                        offloads = [o for o in ("none", "optimizer", "params")
+                                    if (o != "params" or zero == 3)
+                                    and not option_problems(layout, offload=o)]
                         offloads = _pinned(pins, "offload", offloads)
                         if lmbs and offloads:
-                            yield (Layout(dp=dp, zero=zero, tp=tp, sp=sp, pp=pp,
-                                          pp_schedule=sched, pp_virtual=v, cp=cp, ep=ep),
-                                   lmbs, offloads)
+                            yield layout, lmbs, offloads
 
 
 class _Legal:

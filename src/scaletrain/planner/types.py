@@ -11,7 +11,8 @@ from typing import Any
 
 from scaletrain.config import HardwareSpec, JobConfig, Layout, ModelConfig
 
-__all__ = ["PlanInput", "MemoryBreakdown", "TimeBreakdown", "Estimate", "plan_input_from_job"]
+__all__ = ["PlanInput", "MemoryBreakdown", "TimeBreakdown", "Estimate", "plan_input_from_job",
+           "layout_label"]
 
 
 @dataclass(frozen=True)
@@ -130,3 +131,15 @@ def plan_input_from_job(job: JobConfig, layout: Layout, *,
                      efficiency=job.hardware.efficiency,
                      fp8_all_gather=(job.precision.dtype == "fp8"
                                      and job.precision.fp8_all_gather))
+
+
+def layout_label(e: Estimate) -> str:
+    """Compact plan name, e.g. 'dp2 z3 tp2+sp pp8(1f1b) cp4 mb1x8 ac=selective': the layout's
+    own label (`Layout.label`) plus micro-batching, checkpointing and offload."""
+    p = e.plan
+    parts = [p.layout.label(), f"mb{p.micro_batch}x{p.grad_accum}"]
+    if p.ac != "none":
+        parts.append(f"ac={p.ac}")
+    if p.offload != "none":
+        parts.append(f"offload={p.offload}")
+    return " ".join(parts)

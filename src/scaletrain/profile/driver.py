@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from scaletrain.config import JobConfig
+from scaletrain.config import JobConfig, precision_spec
 from scaletrain.planner.flops import flops_per_token
 from scaletrain.trainer.build import Run, build_run
 from scaletrain.trainer.loop import train_step
@@ -26,7 +26,6 @@ from .phases import PhaseClock, TimedBatches, install_hooks
 
 __all__ = ["ProfileResult", "profile_run", "profile_job"]
 
-_DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 
 
 @dataclass
@@ -95,10 +94,8 @@ def _step(run: Run, batches: TimedBatches, clock: PhaseClock, step: int) -> floa
 
 def _label(run: Run) -> str:
     """Compact plan name, e.g. 'dp2 z3 tp2 | mb4x2 seq128 fp32 attn=sdpa ac=none'."""
-    L, job = run.dims.layout, run.job
-    parts = [f"dp{L.dp}", f"z{L.zero}"] + [f"{k}{getattr(L, k)}" for k in ("tp", "pp", "cp", "ep")
-                                           if getattr(L, k) > 1]
-    return (" ".join(parts) + f" | mb{job.batch.micro_batch}x{run.grad_accum} "
+    job = run.job
+    return (f"{run.dims.layout.label()} | mb{job.batch.micro_batch}x{run.grad_accum} "
             f"seq{job.batch.seq_len} {job.precision.dtype} attn={job.model.attention} "
             f"ac={job.memory.ac}")
 
@@ -163,7 +160,7 @@ def profile_run(run: Run, *, steps: int = 3, warmup: int = 2,
     out.mkdir(parents=True, exist_ok=True)
     trace = out / f"rank{run.env.rank}.pt.trace.json"
     prof.export_chrome_trace(str(trace))
-    dtype_bytes = _DTYPE_BYTES.get(run.job.precision.dtype, 4)
+    dtype_bytes = precision_spec(run.job.precision.dtype).bytes
     analysis = _per_step(analyse_events(prof.events(), device=run.device.type,
                                         default_bytes=dtype_bytes), steps)
     step_s = sum(walls) / len(walls)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import datetime
 import os
 from dataclasses import dataclass
@@ -12,13 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from scaletrain.config import (
-    ConfigError,
-    HardwareSpec,
-    JobConfig,
-    ParallelConfig,
-    hardware_preset,
-)
+from scaletrain.config import ConfigError, HardwareSpec, JobConfig, hardware_preset
 from scaletrain.data import DataBundle, build_data
 from scaletrain.models import build_model, causal_lm_loss, materialize
 from scaletrain.parallel import ParallelDims, parallelize
@@ -111,7 +105,8 @@ class Run:
     env: DistEnv
     dims: ParallelDims
     grad_accum: int
-    data: DataBundle
+    data: DataBundle | None
+    """None when built without data (`build_run(data=False)`: the dry-run feeds batches)."""
     model: torch.nn.Module
     """The module the optimizer and checkpoints see (pipeline: this rank's stages)."""
     params: list[torch.nn.Parameter]
@@ -150,7 +145,7 @@ class Run:
         m = self.job.model
         return (f"scaletrain: {m.name} ({m.num_params():,} params) | {self.dims.layout} | "
                 f"world {self.env.world_size} on {self.device.type} | grad accum "
-                f"{self.grad_accum} | {self.data.describe()}")
+                f"{self.grad_accum} | {self.data.describe() if self.data else 'no data'}")
 
 
 def _check_vocab(job: JobConfig, data: DataBundle) -> None:
@@ -161,134 +156,79 @@ def _check_vocab(job: JobConfig, data: DataBundle) -> None:
 
 
 def _build_pipeline(job: JobConfig, dims: ParallelDims, model: torch.nn.Module,
-                    scaler: LossScaler, device: torch.device, grad_accum: int
-                    ) -> tuple[torch.nn.Module, PipelineRuntime]:
+                    scaler: LossScaler, device: torch.device, grad_accum: int, *, ddp: bool,
+                    schedule_cls: Any) -> tuple[torch.nn.Module, PipelineRuntime]:
+    """This rank's pipeline stages (parallelized on meta, not yet materialized) and runtime."""
     from scaletrain.parallel.pipeline import build_pipeline
 
     def parallelize_stage(stage: torch.nn.Module) -> torch.nn.Module:
-        stage = parallelize(stage, dims, precision=job.precision, memory=job.memory,
-                            compile=job.train.compile, loss_parallel=False)
-        materialize(stage, device=device, seed=job.train.seed)
-        return stage
+        return parallelize(stage, dims, precision=job.precision, memory=job.memory,
+                           compile=job.train.compile, loss_parallel=False, ddp=ddp)
 
     runtime = build_pipeline(
         model, pp_group=dims.submesh("pp"), pp_rank=dims.pp_rank, pp_size=dims.pp,
         schedule=dims.layout.pp_schedule, virtual=dims.layout.pp_virtual,
         n_microbatches=grad_accum, device=device, parallelize_stage=parallelize_stage,
         loss_fn=lambda logits, targets: scaler.scale_loss(causal_lm_loss(logits, targets)),
-        loss_scale=lambda: scaler.scale)
+        loss_scale=lambda: scaler.scale, schedule_cls=schedule_cls)
     stages = torch.nn.ModuleDict({f"stage{sid}": mod
                                   for sid, mod in zip(runtime.stage_ids, runtime.stages,
                                                       strict=True)})
     return stages, runtime
 
 
-def auto_layout(job: JobConfig, world_size: int, hardware: HardwareSpec) -> JobConfig:
-    """The job with the planner's fastest fitting layout for `world_size` ranks.
+def build_run(job: JobConfig, *, env: DistEnv | None = None, data: bool = True,
+              init_weights: bool = True,
+              materialize_in: contextlib.AbstractContextManager | None = None,
+              ddp: bool = True, optimizer_device: str | None = None,
+              schedule_cls: Any = None) -> Run:
+    """Process group, mesh, data, model (built on meta, parallelized, materialized), optimizer.
 
-    Only degrees (dp, ZeRO stage, tp, sp, pp + schedule, cp, ep) are chosen: the micro-batch
-    and activation-checkpointing policy stay as configured, so the data stream is the one asked
-    for. Prints the choice and why the runner-up families lost.
+    The defaults build what `scaletrain train` runs. The options are the seams the dry-run
+    needs to build the same run under fake tensors, each explicit:
+    - `env`: this rank's world (the dry-run's fake process group) instead of joining the one
+      the environment describes;
+    - `data=False`: no corpus or loader (`Run.data` is None; the caller feeds batches);
+    - `init_weights=False`: allocate without drawing initial values (`materialize(init=...)`);
+    - `materialize_in`: a context the allocation and the optimizer are built in (the dry-run's
+      `FakeTensorMode`); the model is built and parallelized on meta outside it;
+    - `ddp=False`: no DDP wrapper (`parallelize(ddp=...)`);
+    - `optimizer_device`: the device type the optimizer is chosen for (fused AdamW on GPUs);
+    - `schedule_cls`: the pipeline schedule class (`parallel.pipeline.build_pipeline`).
+    `parallel.layout = "auto"` is resolved above the trainer (`scaletrain.orchestrate`).
     """
-    from scaletrain.planner.search import layout_of, search
-
-    result = search(job.model, hardware, world_size, seq_len=job.batch.seq_len,
-                    global_batch=job.batch.global_batch, precision=job.precision.dtype,
-                    optimizer=job.optim.name, top_k=1, micro_batch=job.batch.micro_batch,
-                    ac=job.memory.ac, offload=job.memory.offload)
-    best = result.best
-    if best is None:
-        raise ConfigError("parallel.layout", "auto",
-                          f"no layout of {world_size} ranks fits {hardware.name} memory for this "
-                          "model and batch: lower batch.micro_batch, set memory.ac=full, or add "
-                          "ranks")
-    L = best.plan.layout
-    chosen = dataclasses.replace(job, parallel=ParallelConfig.from_layout(L))
-    rank = int(os.environ.get("RANK", "0"))
-    if rank == 0:
-        print(f"layout auto: planner chose {layout_of(best)} "
-              f"(predicted {best.time.step_s * 1e3:.1f} ms/step, "
-              f"{best.memory.total / 2**20:,.1f} MiB/rank)")
-        for family, why in list(result.why_others_lost().items())[:4]:
-            print(f"  {family}: {why}")
-    verdict = [preflight(chosen, world_size, best) if rank == 0 else None]
-    if dist.is_initialized():  # every rank learns the verdict before any of them goes on
-        dist.broadcast_object_list(verdict, src=0)
-    measured, text = verdict[0]
-    if rank == 0:
-        print(text)
-    if measured is not None and measured > hardware.memory_bytes:
-        raise ConfigError("parallel.layout", "auto",
-                          f"the preflight dry-run of {layout_of(best)} measured "
-                          f"{measured / 2**30:.2f} GiB per rank, more than the "
-                          f"{hardware.memory_bytes / 2**30:.2f} GiB of {hardware.name}: name the "
-                          "degrees yourself (see `scaletrain plan`), lower batch.micro_batch or "
-                          "set memory.ac=full")
-    return chosen
-
-
-def _preflight_child(job: JobConfig, world_size: int, rank: int, out: Any) -> None:
-    from scaletrain.measure.dryrun import dryrun
-
-    try:
-        m = dryrun(job, world_size=world_size, rank=rank, count_flops=False)
-        out.put(("ok", m.memory.total, None))
-    except ConfigError as e:  # a layout the dry-run cannot drive
-        out.put(("skip", None, str(e)))
-    except Exception as e:  # noqa: BLE001 - reported, never fatal: the plan stands on its own
-        out.put(("error", None, f"{type(e).__name__}: {e}"))
-
-
-def preflight(job: JobConfig, world_size: int, estimate: Any) -> tuple[float | None, str]:
-    """Dry-run `job` as the planner's worst rank, in a fresh process (a fake process group
-    cannot live beside this process's real one). Returns (measured peak bytes or None, a line).
-    """
-    import multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    rank = estimate.memory.rank
-    proc = ctx.Process(target=_preflight_child, args=(job, world_size, rank, q), daemon=True)
-    proc.start()
-    try:
-        status, measured, why = q.get(timeout=600)
-    except Exception:  # noqa: BLE001 - the child died or hung: say so, train on the plan
-        status, measured, why = "error", None, f"the dry-run process exited ({proc.exitcode})"
-    proc.join(timeout=10)
-    if status != "ok":
-        return None, f"preflight: not run ({why})"
-    err = (estimate.memory.total - measured) / measured
-    return measured, (f"preflight dry-run (rank {rank} of {world_size}): "
-                      f"{measured / 2**20:,.1f} MiB measured, planner {err:+.1%}")
-
-
-def build_run(job: JobConfig) -> Run:
-    """Process group, mesh, data, model (built on meta, parallelized, materialized), optimizer."""
-    env = init_distributed(device_pref=job.train.device)
-    if job.parallel.layout == "auto" and not job.parallel.names_degrees and env.world_size > 1:
-        job = auto_layout(job, env.world_size, detect_hardware(job, env.device))
+    if env is None:
+        env = init_distributed(device_pref=job.train.device)
     layout = job.layout(env.world_size)
     dims = ParallelDims.from_layout(layout, env.world_size)
     if env.world_size > 1:  # a 1-rank job needs no process group: every axis is a no-op
         dims.build_mesh(env.device.type)
     grad_accum = job.batch.global_batch // (job.batch.micro_batch * layout.dp)
     torch.manual_seed(job.train.seed)
-    data = build_data(job.data, seq_len=job.batch.seq_len, micro_batch=job.batch.micro_batch,
-                      grad_accum=grad_accum, dp_rank=dims.dp_rank, dp_size=layout.dp,
-                      seed=job.data.seed)
-    _check_vocab(job, data)
+    bundle = None
+    if data:
+        bundle = build_data(job.data, seq_len=job.batch.seq_len,
+                            micro_batch=job.batch.micro_batch, grad_accum=grad_accum,
+                            dp_rank=dims.dp_rank, dp_size=layout.dp, seed=job.data.seed)
+        _check_vocab(job, bundle)
     scaler = LossScaler(job.precision)
     model = build_model(job.model, device="meta")
     pipeline = None
     if layout.pp > 1:
-        model, pipeline = _build_pipeline(job, dims, model, scaler, env.device, grad_accum)
+        model, pipeline = _build_pipeline(job, dims, model, scaler, env.device, grad_accum,
+                                          ddp=ddp, schedule_cls=schedule_cls)
     else:
         model = parallelize(model, dims, precision=job.precision, memory=job.memory,
-                            compile=job.train.compile)
-        materialize(model, device=env.device, seed=job.train.seed)
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = build_optimizer(params, optim=job.optim, device_type=env.device.type, dims=dims,
-                                offload=job.memory.offload)
-    return Run(job=job, env=env, dims=dims, grad_accum=grad_accum, data=data, model=model,
+                            compile=job.train.compile, ddp=ddp)
+    with materialize_in or contextlib.nullcontext():
+        # each pipeline stage on its own, as a whole model otherwise (same seed: the weights
+        # do not depend on the layout)
+        for root in (pipeline.stages if pipeline is not None else [model]):
+            materialize(root, device=env.device, seed=job.train.seed, init=init_weights)
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = build_optimizer(params, optim=job.optim,
+                                    device_type=optimizer_device or env.device.type,
+                                    dims=dims, offload=job.memory.offload)
+    return Run(job=job, env=env, dims=dims, grad_accum=grad_accum, data=bundle, model=model,
                params=params, optimizer=optimizer, scaler=scaler,
                hardware=detect_hardware(job, env.device), pipeline=pipeline)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -28,11 +27,10 @@ from scaletrain.checkpoint.dcp import (
 )
 from scaletrain.checkpoint.hf_load import load_initial_weights
 from scaletrain.config import ConfigError, JobConfig
-from scaletrain.measure.dryrun import plan_dict
 from scaletrain.measure.live import SavedActivations, peak_process_memory, state_bytes
-from scaletrain.measure.schema import Measurement
-from scaletrain.models import causal_lm_loss, moe_aux_loss
-from scaletrain.parallel import clip_grad_norm_, loss_context, maybe_no_sync, sync_gradients
+from scaletrain.measure.schema import Measurement, plan_dict
+from scaletrain.models import causal_lm_loss
+from scaletrain.parallel import loss_context
 
 from .build import Run, build_run, tp_mesh
 from .documents import enable_document_masking
@@ -42,8 +40,9 @@ from .optim import lr_at, set_lr
 from .precision import autocast
 from .report import memory_ledger, out_of_memory, summary
 from .sample import generate, layout_logits_fn
+from .step import StepHooks, all_mean, apply_update, local_batch, plain, train_step
 
-__all__ = ["train", "RunResult", "evaluate"]
+__all__ = ["train", "RunResult", "evaluate", "train_step"]
 
 
 @dataclass
@@ -67,38 +66,28 @@ class RunResult:
     """This rank's CUDA allocator snapshot of the measured step (None on CPU)."""
 
 
-@dataclass
-class StepOut:
-    loss: float
-    grad_norm: float
-    finite: bool
-    """Every gradient finite on every rank (fp16 overflow check)."""
+class _ProbeHooks(StepHooks):
+    """The first step's memory probe: the bytes autograd saves for one micro-batch (the first;
+    pipelined: each stage's first forward and the first loss), and the exact state bytes right
+    after the optimizer step, written into `measured`."""
+
+    def __init__(self, run: Run, measured: dict[str, Any]) -> None:
+        self.run, self.measured = run, measured
+        self.probe = SavedActivations(run.model)
+
+    def microbatch(self, k: int) -> contextlib.AbstractContextManager:
+        return self.probe.track() if k == 0 else contextlib.nullcontext()
+
+    def pipeline_step(self, stages: list[torch.nn.Module]) -> contextlib.AbstractContextManager:
+        return self.probe.track_first_forward(stages)
+
+    def event(self, name: str) -> None:
+        if name == "optimizer_step":
+            self.measured.update(state_bytes(self.run.model, self.run.optimizer))
+            self.measured["activations"] = self.probe.bytes  # one micro-batch
 
 
-def _plain(t: torch.Tensor) -> torch.Tensor:
-    """A replicated DTensor (the loss under loss_parallel) as a plain tensor."""
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
-
-
-def _all_mean(x: torch.Tensor) -> float:
-    if dist.is_initialized():
-        x = x.clone()
-        dist.all_reduce(x)
-        x /= dist.get_world_size()
-    return float(x.item())
-
-
-def _local_batch(run: Run, inputs: torch.Tensor, targets: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Move a micro-batch to the device; with cp > 1 keep this rank's load-balanced chunks."""
-    from scaletrain.parallel.context_parallel import cp_positions, cp_shard
-
-    inputs, targets = inputs.to(run.device), targets.to(run.device)
-    if run.dims.cp == 1:
-        return inputs, targets, None
-    rank, size = run.dims.cp_rank, run.dims.cp
-    positions = cp_positions(inputs.shape[1], rank, size).to(run.device)
-    return cp_shard(inputs, rank, size), cp_shard(targets, rank, size), positions
+NO_PROBE = StepHooks()
 
 
 def val_batch_count(run: Run) -> int:
@@ -123,86 +112,16 @@ def evaluate(run: Run, batches: list) -> float | None:
             with autocast(run.job.precision, run.device.type):
                 losses.append(run.pipeline.eval_loss(inputs, targets) / run.scaler.scale)
         run.model.train()
-        return _all_mean(torch.stack(losses).mean()) if losses else None
+        return all_mean(torch.stack(losses).mean()) if losses else None
     total = torch.zeros((), device=run.device)
     for inputs, targets in batches:
-        inputs, targets, positions = _local_batch(run, inputs, targets)
+        inputs, targets, positions = local_batch(run, inputs, targets)
         with autocast(run.job.precision, run.device.type):
             logits = run.model(inputs, positions=positions)
         with loss_context(tp_mesh(run.dims)):
-            total += _plain(causal_lm_loss(logits, targets)).detach().float()
+            total += plain(causal_lm_loss(logits, targets)).detach().float()
     run.model.train()
-    return _all_mean(total / max(1, len(batches)))
-
-
-def _forward_backward(run: Run, batches, probe: SavedActivations | None) -> torch.Tensor:
-    """All micro-batches of one step through forward and backward; returns the mean loss."""
-    job, accum = run.job, run.grad_accum
-    if run.pipeline is not None:
-        micro = [next(batches) for _ in range(accum)]
-        inputs = torch.cat([x for x, _ in micro]).to(run.device)
-        targets = torch.cat([y for _, y in micro]).to(run.device)
-        # one micro-batch of each of this rank's stages (the schedule runs them all), and the
-        # first loss on the last stage, as the unpipelined path tracks forward + loss
-        track = contextlib.nullcontext()
-        if probe is not None:
-            track = probe.track_first_forward(run.pipeline.stages)
-            run.pipeline.loss_contexts.append(probe.track())
-        try:
-            with autocast(job.precision, run.device.type), track:
-                return run.pipeline.step(inputs, targets) / run.scaler.scale
-        finally:
-            run.pipeline.loss_contexts.clear()
-    loss_sum = torch.zeros((), device=run.device)
-    for k in range(accum):
-        inputs, targets, positions = _local_batch(run, *next(batches))
-        track = probe.track() if (probe is not None and k == 0) else contextlib.nullcontext()
-        with maybe_no_sync(run.model, k == accum - 1), loss_context(tp_mesh(run.dims)):
-            with autocast(job.precision, run.device.type), track:
-                logits = run.model(inputs, positions=positions)
-                loss = causal_lm_loss(logits, targets)
-                total = loss + moe_aux_loss(run.model)
-            # mean-reduced accumulation: k micro-batches == one batch k times larger
-            run.scaler.scale_loss(total / accum).backward()
-        loss_sum += _plain(loss).detach().float()
-    return loss_sum / accum
-
-
-def _precompute_fp8_scales(run: Run) -> None:
-    """fp8 all-gather: this step's weight scales in one all-reduce before forward
-    (`precision.fp8_fsdp.precompute_fp8_scales`), not one per weight and gather."""
-    p = run.job.precision
-    if p.dtype == "fp8" and p.fp8_all_gather:
-        from scaletrain.precision.fp8_fsdp import precompute_fp8_scales
-
-        precompute_fp8_scales(run.model)
-
-
-def _sync_fp8_amax(run: Run) -> None:
-    """fp8 delayed scaling over data/context-parallel ranks: share the recorded amaxes
-    (`precision.sync_amax_histories`), so every rank scales like one process would and a
-    checkpoint (histories saved once) resumes every rank exactly."""
-    p, dims = run.job.precision, run.dims
-    if p.dtype == "fp8" and p.fp8_amax == "delayed" and dims.layout.dp * dims.cp > 1:
-        from scaletrain.precision import sync_amax_histories
-
-        sync_amax_histories(run.model, dims.submesh("dp_cp").get_group())
-
-
-def train_step(run: Run, batches, *, probe: SavedActivations | None = None) -> StepOut:
-    """Forward, backward, unscale and clip; the caller decides whether to apply the update."""
-    _precompute_fp8_scales(run)
-    loss = _forward_backward(run, batches, probe)
-    sync_gradients(run.model)  # EP's data parallelism (DDP/FSDP reduce inside backward)
-    _sync_fp8_amax(run)
-    finite = run.scaler.unscale_and_check(run.params)
-    extra = run.pipeline.group if run.pipeline is not None else None
-    exclude = run.pipeline.norm_exclude if run.pipeline is not None else ()
-    clip = run.job.optim.grad_clip or float("inf")
-    grad_norm = float(clip_grad_norm_(run.params, clip, extra_group=extra,
-                                      norm_exclude=exclude))
-    return StepOut(loss=_all_mean(loss), grad_norm=grad_norm,
-                   finite=finite and math.isfinite(grad_norm))
+    return all_mean(total / max(1, len(batches)))
 
 
 _SNAPSHOT_ENTRIES = 50_000
@@ -390,10 +309,10 @@ def _train(job: JobConfig, *, max_steps: int | None) -> RunResult:
         t0 = time.perf_counter()
         lr = lr_at(step, optim=job.optim, total_steps=job.train.steps)
         set_lr(run.optimizer, lr)
-        probe = SavedActivations(run.model) if not measured else None
+        probe = _ProbeHooks(run, measured) if not measured else NO_PROBE
         try:
             with _memory_snapshot(run, enabled=not measured) as snap:
-                out = train_step(run, batches, probe=probe)
+                out = train_step(run, batches, probe)
             snapshot_path = snapshot_path or snap
         except (torch.OutOfMemoryError, MemoryError) as e:
             if saver is not None:  # let the save in flight (of accepted steps) finish
@@ -406,14 +325,9 @@ def _train(job: JobConfig, *, max_steps: int | None) -> RunResult:
             step = _rollback(run, guard, step, verdict, logger, saver)
             batches = run.data.train_batches()
             continue
+        apply_update(run, out, probe)
         if out.finite:
-            run.optimizer.step()
             guard.accept(out.loss)
-        run.scaler.update(out.finite)
-        if not measured:
-            measured.update(state_bytes(run.model, run.optimizer))
-            measured["activations"] = probe.bytes if probe is not None else 0  # 1 micro-batch
-        run.optimizer.zero_grad(set_to_none=True)
         loss_value = out.loss
         losses.append(loss_value)
         step += 1

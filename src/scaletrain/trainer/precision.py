@@ -16,17 +16,17 @@ from collections.abc import Iterable
 import torch
 import torch.distributed as dist
 
-from scaletrain.config import PrecisionConfig
+from scaletrain.config import PrecisionConfig, precision_spec
+
+from .host import host_float
 
 __all__ = ["compute_dtype", "autocast", "LossScaler"]
 
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
-           "fp8": torch.bfloat16}
 
 
 def compute_dtype(precision: PrecisionConfig) -> torch.dtype:
     """Dtype of matmul inputs (fp8 linears run their own float8 kernels; the rest is bf16)."""
-    return _DTYPES[precision.dtype]
+    return getattr(torch, precision_spec(precision.dtype).compute)
 
 
 def autocast(precision: PrecisionConfig, device_type: str) -> contextlib.AbstractContextManager:
@@ -74,7 +74,7 @@ class LossScaler:
             torch._amp_foreach_non_finite_check_and_unscale_(group, found_inf, inv_scale)
         if dist.is_initialized():
             dist.all_reduce(found_inf, op=dist.ReduceOp.MAX)
-        return bool(found_inf.item() == 0)
+        return host_float(found_inf, unknown=0.0) == 0
 
     def update(self, finite: bool) -> None:
         if not finite:

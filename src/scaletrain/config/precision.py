@@ -1,0 +1,40 @@
+"""The precision table: one home for what each `precision.dtype` means (torch-free).
+
+Read by the planner (bytes), the trainer's autocast and FSDP policy (dtype names, looked up on
+`torch` by the torch side) and the profiler. fp8 runs its converted Linears' GEMMs in float8
+(`precision/fp8.py`) and everything else in bf16, so its compute dtype is bf16 and its
+16-bit-class tensors (gathered weights, activations) are 2 bytes; `bytes` is what the planner
+charges per element of a weight in that precision (1 for fp8: the float8 GEMM inputs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["PrecisionSpec", "PRECISION_TABLE", "PRECISIONS", "REDUCE_DTYPES", "precision_spec"]
+
+
+@dataclass(frozen=True)
+class PrecisionSpec:
+    name: str
+    bytes: int
+    """Bytes per element of a tensor stored in this precision (fp8: 1)."""
+    compute: str
+    """The torch dtype (attribute of `torch`) autocast and FSDP's param_dtype use."""
+    mixed: bool
+    """Whether parameters are kept in fp32 and cast for compute (every precision but fp32)."""
+
+
+PRECISION_TABLE: dict[str, PrecisionSpec] = {
+    "fp32": PrecisionSpec("fp32", 4, "float32", mixed=False),
+    "bf16": PrecisionSpec("bf16", 2, "bfloat16", mixed=True),
+    "fp16": PrecisionSpec("fp16", 2, "float16", mixed=True),
+    "fp8": PrecisionSpec("fp8", 1, "bfloat16", mixed=True),
+}
+PRECISIONS = tuple(PRECISION_TABLE)
+REDUCE_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+"""`precision.reduce_dtype` -> the torch dtype gradients are reduced in."""
+
+
+def precision_spec(name: str) -> PrecisionSpec:
+    return PRECISION_TABLE[name]

@@ -1,0 +1,126 @@
+"""Orchestration above the trainer and the dry-run: what `scaletrain train` does before and
+around `trainer.train`.
+
+`parallel.layout = "auto"` is resolved here: the planner's search picks the fastest fitting
+layout for the world size, and a preflight dry-run (the trainer's own step under fake tensors,
+in a fresh process) checks the chosen layout's memory before any rank allocates. This module
+sits above both `trainer/` and `dryrun/`, so neither imports the other's caller.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import torch.distributed as dist
+
+from scaletrain.config import ConfigError, HardwareSpec, JobConfig, ParallelConfig
+
+__all__ = ["auto_layout", "preflight", "resolve_layout", "train_job"]
+
+
+def resolve_layout(job: JobConfig) -> JobConfig:
+    """`job` with its layout resolved: unchanged unless `parallel.layout = "auto"` names no
+    degree and the run has more than one rank (the process group is joined here)."""
+    from scaletrain.trainer.build import detect_hardware, init_distributed
+
+    if job.parallel.layout != "auto" or job.parallel.names_degrees:
+        return job
+    env = init_distributed(device_pref=job.train.device)
+    if env.world_size == 1:
+        return job
+    return auto_layout(job, env.world_size, detect_hardware(job, env.device))
+
+
+def train_job(job: JobConfig) -> Any:
+    """`scaletrain train`: resolve the layout, train, and leave no process group behind that
+    this call created (torchrun's environment)."""
+    from scaletrain.trainer import train
+
+    created = not dist.is_initialized()
+    result = train(resolve_layout(job))
+    if created and dist.is_initialized():  # `train` leaves a group it did not create
+        dist.barrier()
+        dist.destroy_process_group()
+    return result
+
+
+def auto_layout(job: JobConfig, world_size: int, hardware: HardwareSpec) -> JobConfig:
+    """The job with the planner's fastest fitting layout for `world_size` ranks.
+
+    Only degrees (dp, ZeRO stage, tp, sp, pp + schedule, cp, ep) are chosen: the micro-batch
+    and activation-checkpointing policy stay as configured, so the data stream is the one asked
+    for. Prints the choice and why the runner-up families lost.
+    """
+    from scaletrain.planner.search import search
+    from scaletrain.planner.types import layout_label
+
+    result = search(job.model, hardware, world_size, seq_len=job.batch.seq_len,
+                    global_batch=job.batch.global_batch, precision=job.precision.dtype,
+                    optimizer=job.optim.name, top_k=1, micro_batch=job.batch.micro_batch,
+                    ac=job.memory.ac, offload=job.memory.offload)
+    best = result.best
+    if best is None:
+        raise ConfigError("parallel.layout", "auto",
+                          f"no layout of {world_size} ranks fits {hardware.name} memory for this "
+                          "model and batch: lower batch.micro_batch, set memory.ac=full, or add "
+                          "ranks")
+    L = best.plan.layout
+    chosen = dataclasses.replace(job, parallel=ParallelConfig.from_layout(L))
+    rank = int(os.environ.get("RANK", "0"))
+    if rank == 0:
+        print(f"layout auto: planner chose {layout_label(best)} "
+              f"(predicted {best.time.step_s * 1e3:.1f} ms/step, "
+              f"{best.memory.total / 2**20:,.1f} MiB/rank)")
+        for family, why in list(result.why_others_lost().items())[:4]:
+            print(f"  {family}: {why}")
+    verdict = [preflight(chosen, world_size, best) if rank == 0 else None]
+    if dist.is_initialized():  # every rank learns the verdict before any of them goes on
+        dist.broadcast_object_list(verdict, src=0)
+    measured, text = verdict[0]
+    if rank == 0:
+        print(text)
+    if measured is not None and measured > hardware.memory_bytes:
+        raise ConfigError("parallel.layout", "auto",
+                          f"the preflight dry-run of {layout_label(best)} measured "
+                          f"{measured / 2**30:.2f} GiB per rank, more than the "
+                          f"{hardware.memory_bytes / 2**30:.2f} GiB of {hardware.name}: name the "
+                          "degrees yourself (see `scaletrain plan`), lower batch.micro_batch or "
+                          "set memory.ac=full")
+    return chosen
+
+
+def _preflight_child(job: JobConfig, world_size: int, rank: int, out: Any) -> None:
+    from scaletrain.dryrun import dryrun
+
+    try:
+        m = dryrun(job, world_size=world_size, rank=rank, count_flops=False)
+        out.put(("ok", m.memory.total, None))
+    except ConfigError as e:  # a layout the dry-run cannot drive
+        out.put(("skip", None, str(e)))
+    except Exception as e:  # noqa: BLE001 - reported, never fatal: the plan stands on its own
+        out.put(("error", None, f"{type(e).__name__}: {e}"))
+
+
+def preflight(job: JobConfig, world_size: int, estimate: Any) -> tuple[float | None, str]:
+    """Dry-run `job` as the planner's worst rank, in a fresh process (a fake process group
+    cannot live beside this process's real one). Returns (measured peak bytes or None, a line).
+    """
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    rank = estimate.memory.rank
+    proc = ctx.Process(target=_preflight_child, args=(job, world_size, rank, q), daemon=True)
+    proc.start()
+    try:
+        status, measured, why = q.get(timeout=600)
+    except Exception:  # noqa: BLE001 - the child died or hung: say so, train on the plan
+        status, measured, why = "error", None, f"the dry-run process exited ({proc.exitcode})"
+    proc.join(timeout=10)
+    if status != "ok":
+        return None, f"preflight: not run ({why})"
+    err = (estimate.memory.total - measured) / measured
+    return measured, (f"preflight dry-run (rank {rank} of {world_size}): "
+                      f"{measured / 2**20:,.1f} MiB measured, planner {err:+.1%}")

@@ -1,0 +1,182 @@
+"""One training step: the code the loop, the dry-run, the profiler and the parity tests all run.
+
+`train_step` is forward + backward of every micro-batch, the gradient syncs the wrappers do not
+do themselves, the fp16 unscale/overflow check and clipping; `apply_update` is what follows an
+accepted step (optimizer, loss-scale update, zero_grad). Nobody copies these: whoever needs to
+watch a step (the dry-run's memory tracker and timeline, the loop's activation probe, the
+profiler's phase clock) passes `StepHooks`, and the step is the same code with or without them.
+
+Under fake tensors (the dry-run) values do not exist: the host-side reads of the loss, the
+gradient norm and the fp16 overflow flag go through `host_float`, which answers for a fake
+tensor with the value a healthy step would have.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+
+from scaletrain.models import causal_lm_loss, moe_aux_loss
+from scaletrain.parallel import clip_grad_norm_, loss_context, maybe_no_sync, sync_gradients
+
+from .build import tp_mesh
+from .host import host_float
+from .precision import autocast
+
+if TYPE_CHECKING:
+    from .build import Run
+
+__all__ = ["StepHooks", "StepOut", "train_step", "apply_update", "forward_backward",
+           "local_batch", "all_mean"]
+
+
+class StepHooks:
+    """Observers of one step; the default observes nothing.
+
+    - `microbatch(k)`: a context around micro-batch k's forward and loss (pipelined: around
+      the loss the last stage computes for micro-batch k, inside the schedule);
+    - `pipeline_step(stages)`: a context around a pipelined step's schedule (this rank's
+      stage modules);
+    - `stage_forward(stage)`: called before a pipeline stage's forward (the dry-run's action
+      driver; torch's schedules do not call it);
+    - `event(name)`: 'loss:k', 'backward_done:k', 'grads_ready' (after the last backward and
+      the syncs, before unscale/clip), 'optimizer_step', 'zero_grad'.
+    """
+
+    def microbatch(self, k: int) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def pipeline_step(self, stages: list[torch.nn.Module]) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def stage_forward(self, stage: torch.nn.Module) -> None:
+        return None
+
+    def event(self, name: str) -> None:
+        return None
+
+
+NO_HOOKS = StepHooks()
+
+
+@dataclass
+class StepOut:
+    loss: float
+    grad_norm: float
+    finite: bool
+    """Every gradient finite on every rank (fp16 overflow check)."""
+
+
+def plain(t: torch.Tensor) -> torch.Tensor:
+    """A replicated DTensor (the loss under loss_parallel) as a plain tensor."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def all_mean(x: torch.Tensor) -> float:
+    """The mean of a scalar over every rank, on the host."""
+    if dist.is_initialized():
+        x = x.clone()
+        dist.all_reduce(x)
+        x /= dist.get_world_size()
+    return host_float(x, unknown=0.0)
+
+
+def local_batch(run: Run, inputs: torch.Tensor, targets: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Move a micro-batch to the device; with cp > 1 keep this rank's load-balanced chunks."""
+    from scaletrain.parallel.context_parallel import cp_positions, cp_shard
+
+    inputs, targets = inputs.to(run.device), targets.to(run.device)
+    if run.dims.cp == 1:
+        return inputs, targets, None
+    rank, size = run.dims.cp_rank, run.dims.cp
+    positions = cp_positions(inputs.shape[1], rank, size).to(run.device)
+    return cp_shard(inputs, rank, size), cp_shard(targets, rank, size), positions
+
+
+def forward_backward(run: Run, batches: Iterator, hooks: StepHooks = NO_HOOKS,
+                     num_microbatches: int | None = None) -> torch.Tensor:
+    """All micro-batches of one step through forward and backward; returns the mean loss.
+
+    `num_microbatches` (unpipelined only; default: the step's `grad_accum`) runs fewer: the
+    dry-run runs two, since later ones reach no memory state the second has not.
+    """
+    job = run.job
+    if run.pipeline is not None:
+        micro = [next(batches) for _ in range(run.grad_accum)]
+        inputs = torch.cat([x for x, _ in micro]).to(run.device)
+        targets = torch.cat([y for _, y in micro]).to(run.device)
+        with autocast(job.precision, run.device.type), hooks.pipeline_step(run.pipeline.stages):
+            return run.pipeline.step(inputs, targets, hooks=hooks) / run.scaler.scale
+    accum = num_microbatches or run.grad_accum
+    loss_sum = torch.zeros((), device=run.device)
+    for k in range(accum):
+        inputs, targets, positions = local_batch(run, *next(batches))
+        with maybe_no_sync(run.model, k == accum - 1), loss_context(tp_mesh(run.dims)):
+            with autocast(job.precision, run.device.type), hooks.microbatch(k):
+                logits = run.model(inputs, positions=positions)
+                loss = causal_lm_loss(logits, targets)
+                total = loss + moe_aux_loss(run.model)
+            hooks.event(f"loss:{k}")
+            # mean-reduced accumulation: k micro-batches == one batch k times larger
+            run.scaler.scale_loss(total / accum).backward()
+        hooks.event(f"backward_done:{k}")
+        loss_sum += plain(loss).detach().float()
+    return loss_sum / accum
+
+
+def _precompute_fp8_scales(run: Run) -> None:
+    """fp8 all-gather: this step's weight scales in one all-reduce before forward
+    (`precision.fp8_fsdp.precompute_fp8_scales`), not one per weight and gather."""
+    p = run.job.precision
+    if p.dtype == "fp8" and p.fp8_all_gather:
+        from scaletrain.precision.fp8_fsdp import precompute_fp8_scales
+
+        precompute_fp8_scales(run.model)
+
+
+def _sync_fp8_amax(run: Run) -> None:
+    """fp8 delayed scaling over data/context-parallel ranks: share the recorded amaxes
+    (`precision.sync_amax_histories`), so every rank scales like one process would and a
+    checkpoint (histories saved once) resumes every rank exactly."""
+    p, dims = run.job.precision, run.dims
+    if p.dtype == "fp8" and p.fp8_amax == "delayed" and dims.layout.dp * dims.cp > 1:
+        from scaletrain.precision import sync_amax_histories
+
+        sync_amax_histories(run.model, dims.submesh("dp_cp").get_group())
+
+
+def train_step(run: Run, batches: Iterator, hooks: StepHooks = NO_HOOKS, *,
+               num_microbatches: int | None = None) -> StepOut:
+    """Forward, backward, unscale and clip; the caller decides whether to apply the update
+    (`apply_update`), e.g. after the spike guard has seen the loss."""
+    _precompute_fp8_scales(run)
+    loss = forward_backward(run, batches, hooks, num_microbatches)
+    sync_gradients(run.model)  # EP's data parallelism (DDP/FSDP reduce inside backward)
+    _sync_fp8_amax(run)
+    hooks.event("grads_ready")
+    finite = run.scaler.unscale_and_check(run.params)
+    extra = run.pipeline.group if run.pipeline is not None else None
+    exclude = run.pipeline.norm_exclude if run.pipeline is not None else ()
+    clip = run.job.optim.grad_clip or float("inf")
+    norm = clip_grad_norm_(run.params, clip, extra_group=extra, norm_exclude=exclude)
+    grad_norm = host_float(norm, unknown=0.0)
+    return StepOut(loss=all_mean(loss), grad_norm=grad_norm,
+                   finite=finite and math.isfinite(grad_norm))
+
+
+def apply_update(run: Run, out: StepOut, hooks: StepHooks = NO_HOOKS) -> None:
+    """After an accepted step: the optimizer step (skipped on non-finite gradients), the loss
+    scale's update and zero_grad."""
+    if out.finite:
+        run.optimizer.step()
+    hooks.event("optimizer_step")
+    run.scaler.update(out.finite)
+    run.optimizer.zero_grad(set_to_none=True)
+    hooks.event("zero_grad")
