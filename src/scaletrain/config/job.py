@@ -20,6 +20,7 @@ from .layout import PP_SCHEDULES, Layout, check_layout, option_problems
 from .model import MODEL_FIELDS, ModelConfig, resolve_model
 from .monitor import MonitorConfig
 from .precision import PRECISIONS, REDUCE_DTYPES
+from .sources import parse_sources, pretrained_vocab_size
 
 __all__ = [
     "ParallelConfig", "PrecisionConfig", "MemoryConfig", "BatchConfig", "OptimConfig",
@@ -201,9 +202,22 @@ class OptimConfig:
 @dataclass
 class DataConfig:
     source: str = "grammar"
-    """'grammar' (the embedded generated corpus) or a path to a text file or folder."""
+    """'grammar' (the embedded generated corpus), or files, folders, globs of .txt, .jsonl
+    (.gz), .parquet and pre-tokenized .bin, as a weighted mixture 'a.jsonl@0.7, b/@0.3'
+    (see scaletrain.config.sources)."""
     tokenizer: str = "byte"
-    """'byte' (256 ids), 'char' (characters seen in the corpus) or 'bpe' (trained locally)."""
+    """'byte' (256 ids), 'char' (characters seen in the corpus), 'bpe' (trained locally), or
+    a pretrained tokenizer.json path (or its directory; BOS/EOS from tokenizer_config.json)."""
+    text_field: str = "text"
+    """The JSONL key / parquet column holding a document's text."""
+    token_dtype: str = "uint16"
+    """Element type of pre-tokenized .bin sources: 'uint16' (nanoGPT) or 'uint32'."""
+    format: str = "text"
+    """'text' (documents, every token trained) or 'sft' (chat/instruction JSONL: `messages` or
+    prompt/response records; loss only on the responses; see scaletrain.data.sft)."""
+    document_masking: bool = False
+    """Attention stays inside each packed document (block-causal mask, positions restart
+    after every end-of-document id); needs a tokenizer with one (bpe or pretrained)."""
     bpe_vocab_size: int = 1024
     num_tokens: int = 2_000_000
     """Size of the generated grammar corpus, in bytes/tokens."""
@@ -217,7 +231,9 @@ class DataConfig:
     """Artificial delay per batch (for profiling tests of data-bound runs)."""
 
     def __post_init__(self) -> None:
-        choice("data.tokenizer", self.tokenizer, ("byte", "char", "bpe"))
+        if self.tokenizer not in ("byte", "char", "bpe"):
+            require(Path(self.tokenizer).exists(), "data.tokenizer", self.tokenizer,
+                    "use byte, char, bpe, or the path of a tokenizer.json (or its directory)")
         require(self.bpe_vocab_size >= 260, "data.bpe_vocab_size", self.bpe_vocab_size,
                 "use at least 260 (256 bytes + specials)")
         require(self.num_tokens >= 10_000, "data.num_tokens", self.num_tokens, "use >= 10000")
@@ -226,8 +242,13 @@ class DataConfig:
         require(self.prefetch >= 0, "data.prefetch", self.prefetch, "use >= 0")
         require(self.delay_s >= 0, "data.delay_s", self.delay_s, "use >= 0")
         if self.source != "grammar":
-            require(Path(self.source).exists(), "data.source", self.source,
-                    "give 'grammar' or an existing text file or folder")
+            parse_sources(self.source)  # every entry names existing, supported files
+        choice("data.token_dtype", self.token_dtype, ("uint16", "uint32"))
+        choice("data.format", self.format, ("text", "sft"))
+        require(not self.document_masking or self.tokenizer not in ("byte", "char"),
+                "data.document_masking", self.document_masking,
+                f"the {self.tokenizer} tokenizer has no end-of-document token: use bpe or a "
+                "pretrained tokenizer.json")
 
 
 @dataclass
@@ -299,12 +320,19 @@ class CheckpointConfig:
     at most one is in flight, and the run waits for the last before it ends."""
     export_hf: bool = False
     """Also export safetensors + config.json with Hugging Face names at the end."""
+    init_from: str = ""
+    """A Hugging Face model directory (config.json + *.safetensors, sharded or not) whose
+    weights initialize the model; its config.json is the model config unless model.name is
+    given. A resume from this run's own checkpoint wins over it."""
 
     def __post_init__(self) -> None:
         require(self.every >= 0, "checkpoint.every", self.every, "use >= 0 (0 = end only)")
         require(self.keep_last_n >= 1, "checkpoint.keep_last_n", self.keep_last_n, "use >= 1")
         require(isinstance(self.async_save, bool), "checkpoint.async_save", self.async_save,
                 "use true or false")
+        if self.init_from:
+            require((Path(self.init_from) / "config.json").is_file(), "checkpoint.init_from",
+                    self.init_from, "give a Hugging Face model directory holding config.json")
 
 
 @dataclass
@@ -365,6 +393,11 @@ class JobConfig:
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
 
     def __post_init__(self) -> None:
+        if self.data.tokenizer not in ("byte", "char", "bpe"):  # before any tokenizing
+            n = pretrained_vocab_size(self.data.tokenizer)
+            require(n <= self.model.vocab_size, "data.tokenizer", self.data.tokenizer,
+                    f"its {n} ids exceed model.vocab_size={self.model.vocab_size}: use the "
+                    "model's own tokenizer (or raise model.vocab_size)")
         if self.model.position == "learned":
             require(self.batch.seq_len <= self.model.max_seq_len, "batch.seq_len",
                     self.batch.seq_len,
@@ -470,13 +503,15 @@ def load_config(path: str | Path | None = None,
         if not isinstance(values, dict):
             raise ConfigError(section, values, "a section must be a TOML table [section]")
     model_raw = dict(raw.get("model", {}))
-    name = str(model_raw.pop("name", "gpt-mini"))
+    # a Hugging Face init directory brings its own architecture (config.json)
+    init_from = str(raw.get("checkpoint", {}).get("init_from", "") or "")
+    name = str(model_raw.pop("name", init_from or "gpt-mini"))
     for k in model_raw:
         if k not in MODEL_FIELDS:
             raise ConfigError(f"model.{k}", model_raw[k],
                               f"unknown field; valid fields are {', '.join(MODEL_FIELDS)}")
     mhints = typing.get_type_hints(ModelConfig)
     model_kw = {k: _coerce("model", k, v, mhints[k]) for k, v in model_raw.items()}
-    model = resolve_model(name, **model_kw)
     sections = {s: _build(cls, s, raw.get(s, {})) for s, cls in SECTIONS.items()}
+    model = resolve_model(name, **model_kw)
     return JobConfig(model=model, **sections)

@@ -271,6 +271,7 @@ def model_from_hf_config(path: str | Path) -> ModelConfig:
     except (OSError, json.JSONDecodeError) as e:
         raise ConfigError("model.name", str(path), f"give a readable config.json ({e})") from e
     mtype = hf.get("model_type", "")
+    _check_hf_supported(hf, path)
     if mtype == "gpt2":
         return ModelConfig(
             name=str(path), vocab_size=hf["vocab_size"], dim=hf["n_embd"],
@@ -285,14 +286,41 @@ def model_from_hf_config(path: str | Path) -> ModelConfig:
             num_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
             ffn_dim=hf["intermediate_size"], max_seq_len=hf.get("max_position_embeddings", 4096),
             norm="rmsnorm", activation="swiglu", position="rope",
-            rope_theta=float(hf.get("rope_theta", 10000.0)),
+            rope_theta=float(_rope(hf).get("rope_theta", 10000.0)),
             tie_embeddings=hf.get("tie_word_embeddings", False),
             bias=bool(hf.get("attention_bias", False)), norm_eps=hf.get("rms_norm_eps", 1e-5),
             num_experts=hf.get("num_local_experts", 0) if mtype == "mixtral" else 0,
-            experts_per_token=hf.get("num_experts_per_tok", 2))
+            experts_per_token=hf.get("num_experts_per_tok", 2),
+            moe_aux_loss_coef=float(hf.get("router_aux_loss_coef", 0.01)))
     raise ConfigError("model.name", str(path),
                       f"model_type {mtype!r} is not supported; use a gpt2, llama, mistral or "
                       "mixtral config.json")
+
+
+def _rope(hf: dict[str, Any]) -> dict[str, Any]:
+    """RoPE settings: transformers 5 nests them in `rope_parameters`, 4.x kept `rope_theta`
+    (and `rope_scaling`) at the top level."""
+    return {**hf, **(hf.get("rope_parameters") or {})}
+
+
+def _check_hf_supported(hf: dict[str, Any], path: Path) -> None:
+    """Refuse config.json features this model code does not implement (one line each)."""
+    def refuse(what: str) -> None:
+        raise ConfigError("model.name", str(path), f"{what} is not supported; use a plain "
+                          "GPT-2, Llama, Mistral or Mixtral config.json")
+
+    if hf.get("rope_scaling") or _rope(hf).get("rope_type", "default") != "default":
+        refuse(f"rope scaling {hf.get('rope_scaling') or _rope(hf)!r}")
+    heads = hf.get("num_attention_heads") or hf.get("n_head") or 1
+    width = hf.get("hidden_size") or hf.get("n_embd") or 0
+    if hf.get("head_dim") not in (None, width // heads):
+        refuse(f"head_dim {hf['head_dim']} != hidden_size / num_attention_heads")
+    if hf.get("model_type") == "gpt2" and hf.get("activation_function", "gelu_new") not in (
+            "gelu_new", "gelu_pytorch_tanh"):
+        refuse(f"activation_function {hf['activation_function']!r}")
+    if hf.get("model_type") in ("llama", "mistral", "mixtral") and hf.get(
+            "hidden_act", "silu") != "silu":
+        refuse(f"hidden_act {hf['hidden_act']!r}")
 
 
 def resolve_model(name_or_path: str, **overrides: Any) -> ModelConfig:

@@ -133,5 +133,6 @@ def build_data(cfg: DataConfig, *, seq_len: int, micro_batch: int, grad_accum: i
                                   val_need=window * micro_batch * dp_size)
     sampler = WindowSampler(shards.train, shards.val, seq_len=seq_len, micro_batch=micro_batch,
                             grad_accum=grad_accum, dp_rank=dp_rank, dp_size=dp_size,
-                            seed=cfg.seed if seed is None else seed)
+                            seed=cfg.seed if seed is None else seed,
+                            train_mask=shards.train_mask, val_mask=shards.val_mask)
     return DataBundle(cfg, shards, sampler)

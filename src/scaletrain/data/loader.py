@@ -38,9 +38,13 @@ class WindowSampler:
     """Maps (micro-step index, rank) to token windows; pure and stateless apart from caches."""
 
     def __init__(self, train: np.ndarray, val: np.ndarray, *, seq_len: int, micro_batch: int,
-                 grad_accum: int, dp_rank: int, dp_size: int, seed: int):
+                 grad_accum: int, dp_rank: int, dp_size: int, seed: int,
+                 train_mask: np.ndarray | None = None, val_mask: np.ndarray | None = None):
         assert 0 <= dp_rank < dp_size
         self.train, self.val = train, val
+        # SFT: 1 where a token is a training target (responses), 0 where not (prompts); a
+        # masked target becomes -100, which the loss ignores
+        self.train_mask, self.val_mask = train_mask, val_mask
         self.seq_len, self.micro_batch, self.grad_accum = seq_len, micro_batch, grad_accum
         self.dp_rank, self.dp_size, self.seed = dp_rank, dp_size, seed
         # Windows that fit after any shift < seq_len: shift + W*seq_len + 1 <= len(train).
@@ -69,18 +73,23 @@ class WindowSampler:
             out[i] = shift + int(perm[n % self.num_windows]) * self.seq_len
         return out
 
-    def _gather(self, tokens: np.ndarray, offsets: np.ndarray) -> Batch:
+    def _gather(self, tokens: np.ndarray, offsets: np.ndarray,
+                mask: np.ndarray | None = None) -> Batch:
         rows = np.stack([tokens[o:o + self.seq_len + 1] for o in offsets]).astype(np.int64)
         x = torch.from_numpy(rows)  # (micro_batch, seq_len + 1)
-        return x[:, :-1].contiguous(), x[:, 1:].contiguous()
+        targets = x[:, 1:].contiguous()
+        if mask is not None:
+            keep = np.stack([mask[o + 1:o + self.seq_len + 1] for o in offsets]) != 0
+            targets[~torch.from_numpy(keep)] = -100  # (micro_batch, seq_len)
+        return x[:, :-1].contiguous(), targets
 
     def train_batch(self, micro_index: int) -> Batch:
-        return self._gather(self.train, self.train_offsets(micro_index))
+        return self._gather(self.train, self.train_offsets(micro_index), self.train_mask)
 
     def val_batch(self, index: int) -> Batch:
         first = index * self.micro_batch * self.dp_size + self.dp_rank * self.micro_batch
         windows = np.arange(first, first + self.micro_batch) % self.num_val_windows
-        return self._gather(self.val, windows * self.seq_len)
+        return self._gather(self.val, windows * self.seq_len, self.val_mask)
 
 
 def _produce(make: Callable[[int], Batch], start: int, delay_s: float, out: queue.Queue,

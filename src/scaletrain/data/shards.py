@@ -15,13 +15,16 @@ import json
 import os
 import shutil
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from scaletrain.config import ConfigError, DataConfig
+from scaletrain.config.sources import parse_sources, resolve_tokenizer_file
 
+from . import corpus, sft
 from .grammar import default_grammar, generate_text
 from .tokenizer import BPETokenizer, ByteTokenizer, CharTokenizer, Tokenizer, load_tokenizer
 
@@ -29,6 +32,7 @@ __all__ = ["Shards", "source_files", "load_or_build_shards", "check_size"]
 
 _FORMAT = 1  # bump when the shard layout or the grammar changes, so old caches are not reused
 _CHUNK_CHARS = 1 << 16
+_DOC_SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet", ".bin")
 
 
 @dataclass
@@ -38,14 +42,30 @@ class Shards:
     train: np.ndarray
     val: np.ndarray
     meta: dict
+    train_mask: np.ndarray | None = None
+    """SFT: 1 where the token is a training target (see `sft.py`); None for plain text."""
+    val_mask: np.ndarray | None = None
 
 
 def source_files(source: str) -> list[Path]:
-    """The text files a non-grammar source names: the file itself, or all *.txt in a folder."""
-    path = Path(source)
-    if path.is_dir():
-        return sorted(p for p in path.rglob("*.txt") if p.is_file())
-    return [path]
+    """The files a non-grammar source names (see `scaletrain.config.sources`)."""
+    return [f for e in parse_sources(source) for f in e.files]
+
+
+def streamed(cfg: DataConfig) -> bool:
+    """Whether `cfg` is ingested by `corpus.build_streamed` (documents, mixtures, pretrained
+    tokenizers) rather than as one text (plain .txt files with byte/char/BPE)."""
+    if cfg.source == "grammar":
+        return False
+    if cfg.tokenizer not in ("byte", "char", "bpe") or cfg.format == "sft":
+        return True
+    entries = parse_sources(cfg.source)
+    return (len(entries) > 1 or entries[0].weight != 1.0 or any(c in cfg.source for c in "*?[")
+            or any(f.name.endswith(_DOC_SUFFIXES) for f in entries[0].files))
+
+
+def _file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() else ""
 
 
 def _identity(cfg: DataConfig) -> dict:
@@ -59,7 +79,16 @@ def _identity(cfg: DataConfig) -> dict:
     tok: dict = {"name": cfg.tokenizer}
     if cfg.tokenizer == "bpe":
         tok["vocab_size"] = cfg.bpe_vocab_size
-    return {"format": _FORMAT, "source": src, "tokenizer": tok, "val_fraction": cfg.val_fraction}
+    identity = {"format": _FORMAT, "source": src, "tokenizer": tok,
+                "val_fraction": cfg.val_fraction}
+    if streamed(cfg):
+        if cfg.tokenizer not in ("byte", "char", "bpe"):
+            file = resolve_tokenizer_file(cfg.tokenizer)
+            tok["sha"] = [_file_digest(file), _file_digest(file.parent / "tokenizer_config.json")]
+        identity["streamed"] = {"format": corpus.FORMAT, "spec": cfg.source,
+                                "text_field": cfg.text_field, "token_dtype": cfg.token_dtype,
+                                "data_format": cfg.format}
+    return identity
 
 
 def _source_bytes(cfg: DataConfig) -> int:
@@ -129,8 +158,43 @@ def _write(directory: Path, name: str, ids: np.ndarray, dtype: np.dtype) -> None
     np.ascontiguousarray(ids, dtype=dtype).tofile(directory / name)
 
 
+def _publish(final: Path, fill: Callable[[Path], None]) -> None:
+    """Write a shard directory under a temporary name with `fill`, then rename it into place."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        fill(tmp)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not (final / "meta.json").exists():
+                raise  # not a lost race with another rank: a real error
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _build_streamed(cfg: DataConfig, final: Path, identity: dict, *, train_need: int,
+                    val_need: int) -> None:
+    def fill(tmp: Path) -> None:
+        tok = corpus.make_tokenizer(cfg)
+        meta = (sft.build_sft(cfg, tmp, tok) if cfg.format == "sft"
+                else corpus.build_streamed(cfg, tmp, tok))
+        check_size(cfg, meta["num_train"] + meta["num_val"], train_need=train_need,
+                   val_need=val_need, exact=True)
+        tok.save(tmp)
+        meta.update(identity=identity, tokenizer=tok.name, vocab_size=tok.vocab_size,
+                    best_loss_nats=None)
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+
+    _publish(final, fill)
+
+
 def _build(cfg: DataConfig, final: Path, identity: dict, *, train_need: int,
            val_need: int) -> None:
+    if streamed(cfg):
+        _build_streamed(cfg, final, identity, train_need=train_need, val_need=val_need)
+        return
     text = _read_text(cfg)
     tok, ids = _tokenize(cfg, text)
     check_size(cfg, len(ids), train_need=train_need, val_need=val_need, exact=True)
@@ -146,21 +210,14 @@ def _build(cfg: DataConfig, final: Path, identity: dict, *, train_need: int,
     meta = {"identity": identity, "tokenizer": tok.name, "vocab_size": tok.vocab_size,
             "dtype": dtype.name, "num_train": num_train, "num_val": num_val,
             "num_bytes": len(text.encode("utf-8")), "best_loss_nats": best}
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
+
+    def fill(tmp: Path) -> None:
         _write(tmp, "train.bin", ids[:num_train], dtype)
         _write(tmp, "val.bin", ids[num_train:], dtype)
         tok.save(tmp)
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not (final / "meta.json").exists():
-                raise  # not a lost race with another rank: a real error
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    _publish(final, fill)
 
 
 def load_or_build_shards(cfg: DataConfig, *, train_need: int, val_need: int) -> Shards:
@@ -175,9 +232,20 @@ def load_or_build_shards(cfg: DataConfig, *, train_need: int, val_need: int) -> 
     check_size(cfg, meta["num_train"] + meta["num_val"], train_need=train_need,
                val_need=val_need, exact=True)
     tok = load_tokenizer(meta["tokenizer"], final)
+    for name, want in (meta.get("sha256") or {}).items():  # streamed shards carry checksums
+        count = meta["num_train" if name == "train.bin" else "num_val"]
+        if corpus.sha256_of(final / name, meta["dtype"], count) != want:
+            raise ConfigError("data.cache_dir", str(final / name),
+                              "the token shard fails its checksum (corrupt or changed): delete "
+                              "this directory to rebuild it")
 
     def open_(name: str, count: int) -> np.ndarray:
         return np.memmap(final / name, dtype=meta["dtype"], mode="r", shape=(count,))
 
+    masks: dict[str, np.ndarray | None] = {"train": None, "val": None}
+    if meta.get("masks"):
+        for split in masks:
+            masks[split] = np.memmap(final / f"{split}.mask", dtype=np.uint8, mode="r",
+                                     shape=(meta[f"num_{split}"],))
     return Shards(final, tok, open_("train.bin", meta["num_train"]),
-                  open_("val.bin", meta["num_val"]), meta)
+                  open_("val.bin", meta["num_val"]), meta, masks["train"], masks["val"])

@@ -93,6 +93,7 @@ class BPETokenizer:
     def __init__(self, hf_tokenizer):
         self._tok = hf_tokenizer
         self.vocab_size = hf_tokenizer.get_vocab_size()
+        self.eos_id = hf_tokenizer.token_to_id(self.SPECIAL)
 
     @classmethod
     def train(cls, pieces: Iterator[str], vocab_size: int) -> BPETokenizer:
@@ -135,4 +136,8 @@ def load_tokenizer(name: str, directory: Path) -> Tokenizer:
         return CharTokenizer.load(directory)
     if name == "bpe":
         return BPETokenizer.load(directory)
+    if name == "pretrained":
+        from .pretrained import PretrainedTokenizer
+
+        return PretrainedTokenizer.load(directory)
     raise ValueError(f"unknown tokenizer {name!r}: expected 'byte', 'char' or 'bpe'")

@@ -31,14 +31,17 @@ class NaiveAttentionCore(nn.Module):
     and as the backend whose activations match the Korthikanti et al. 2022 accounting.
     """
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
         # q: (B, nh, T, hd); k, v: (B, nkv, S, hd) with nh a multiple of nkv; causal with the
-        # last query aligned to the last key (S == T here).
+        # last query aligned to the last key (S == T here). `mask`: (B, 1, T, S) bool, True =
+        # attend; replaces the causal mask (document masking passes a block-causal one).
         num_rep = q.shape[1] // k.shape[1]
         k, v = _repeat_kv(k, num_rep), _repeat_kv(v, num_rep)
         t, s = q.shape[-2], k.shape[-2]
         scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))  # (B, nh, T, S)
-        mask = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(diagonal=s - t)
+        if mask is None:
+            mask = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(diagonal=s - t)
         scores = scores.float().masked_fill(~mask, float("-inf"))
         probs = torch.softmax(scores, dim=-1).to(q.dtype)
         return probs @ v  # (B, nh, T, hd)
@@ -47,12 +50,15 @@ class NaiveAttentionCore(nn.Module):
 class SDPAAttentionCore(nn.Module):
     """`F.scaled_dot_product_attention(is_causal=True)`: flash / memory-efficient kernels."""
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
         num_rep = q.shape[1] // k.shape[1]
         # Expanding K/V explicitly instead of `enable_gqa=True`: not every fused kernel accepts
         # enable_gqa (the flash kernel on some builds falls back to math), while the expanded
         # tensors are accepted everywhere; the cost is g -> a KV heads of transient memory.
         k, v = _repeat_kv(k, num_rep), _repeat_kv(v, num_rep)
+        if mask is not None:  # block-causal (document masking): no flash kernel takes it
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, nh, T, hd)
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hd)
 
 
@@ -132,7 +138,8 @@ class Attention(nn.Module):
         self.core = make_attention_core(backend)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor | None = None,
-                sin: torch.Tensor | None = None) -> torch.Tensor:
+                sin: torch.Tensor | None = None, *,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
         b, t, _ = x.shape
         hd = self.head_dim
         q = self.wq(x).view(b, t, self.n_heads, hd).transpose(1, 2)  # (B, nh, T, hd)
@@ -140,6 +147,7 @@ class Attention(nn.Module):
         v = self.wv(x).view(b, t, self.n_kv_heads, hd).transpose(1, 2)  # (B, nkv, T, hd)
         if cos is not None and sin is not None:
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        out = self.core(q, k, v)  # (B, nh, T, hd)
+        # the mask goes by keyword only when set: other cores (ring attention) take none
+        out = self.core(q, k, v) if mask is None else self.core(q, k, v, mask=mask)
         out = out.transpose(1, 2).reshape(b, t, self.n_heads * hd)  # (B, T, nh*hd)
         return self.wo(out)

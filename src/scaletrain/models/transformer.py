@@ -29,6 +29,7 @@ from torch import nn
 from scaletrain.config import ModelConfig
 
 from .attention import Attention, RotaryEmbedding
+from .documents import document_layout
 from .moe import MoE
 
 __all__ = ["Transformer", "TransformerBlock", "FeedForward", "RMSNorm", "build_model",
@@ -91,8 +92,10 @@ class TransformerBlock(nn.Module):
                                             bias=cfg.bias)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor | None = None,
-                sin: torch.Tensor | None = None) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x), cos, sin)
+                sin: torch.Tensor | None = None, *,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        attn_kw = {} if mask is None else {"mask": mask}  # keyword: TP input plans see 3 args
+        x = x + self.attention(self.attention_norm(x), cos, sin, **attn_kw)
         mlp = self.moe if hasattr(self, "moe") else self.feed_forward
         return x + mlp(self.ffn_norm(x))
 
@@ -115,6 +118,10 @@ class Transformer(nn.Module):
         self.output: nn.Linear | None = (
             None if cfg.tie_embeddings else nn.Linear(cfg.dim, cfg.vocab_size, bias=False))
         self.input_seq_shards = 1
+        self.document_sep_id: int | None = None
+        """Set (by the trainer, `data.document_masking`) to the end-of-document id: attention
+        then stays inside each packed document and positions restart at each (see
+        `documents.py`)."""
         """Sequence parallelism sets this to tp: a pipeline stage's hidden-state input is then
         this rank's T/tp slice of the sequence, and positions must still cover all T."""
 
@@ -127,6 +134,10 @@ class Transformer(nn.Module):
         logits, or (B, T, h) hidden states on a stage without norm and head.
         """
         t = tokens.shape[1] * (self.input_seq_shards if self.tok_embeddings is None else 1)
+        layer_kw = {}
+        if self.document_sep_id is not None and self.tok_embeddings is not None:
+            docs = document_layout(tokens, self.document_sep_id)
+            positions, layer_kw = docs.positions, {"mask": docs.mask}
         if positions is None:
             positions = torch.arange(t, device=tokens.device)
         if self.tok_embeddings is not None:
@@ -137,7 +148,7 @@ class Transformer(nn.Module):
             h = tokens
         cos, sin = self.rope(positions) if self.rope is not None else (None, None)
         for layer in self.layers.values():
-            h = layer(h, cos, sin)
+            h = layer(h, cos, sin, **layer_kw)
         if self.norm is not None:
             h = self.norm(h)
         if self.output is not None:
@@ -169,5 +180,10 @@ def causal_lm_loss(logits: torch.Tensor, targets: torch.Tensor,
 
     logits: (B, T, V); targets: (B, T), already shifted (targets[:, i] follows tokens[:, i]).
     """
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
+    loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
                            ignore_index=ignore_index)
+    if hasattr(loss, "placements"):  # loss_parallel (a DTensor): left as computed
+        return loss
+    # SFT windows can hold prompt tokens only: no target, loss 0 and zero gradient instead of
+    # the mean over nothing (NaN); `where` keeps it free of a host sync
+    return torch.where((targets != ignore_index).any(), loss, torch.zeros_like(loss))

@@ -25,6 +25,7 @@ from scaletrain.checkpoint.dcp import (
     load_checkpoint,
     save_checkpoint,
 )
+from scaletrain.checkpoint.hf_load import load_initial_weights
 from scaletrain.config import ConfigError, JobConfig
 from scaletrain.measure.live import SavedActivations, peak_process_memory, state_bytes
 from scaletrain.measure.schema import Measurement, plan_dict
@@ -33,6 +34,7 @@ from scaletrain.parallel import loss_context
 
 from ._start import start_line
 from .build import Run, build_run, tp_mesh
+from .documents import enable_document_masking
 from .guard import SpikeGuard, SpikeVerdict
 from .metrics import MetricsLogger
 from .monitor import Monitor
@@ -277,6 +279,8 @@ def train(job: JobConfig, *, max_steps: int | None = None) -> RunResult:
 def _train(job: JobConfig, *, max_steps: int | None) -> RunResult:
     job = _fresh_run_dir(job)
     run = build_run(job)
+    load_initial_weights(run)  # checkpoint.init_from; a resume below wins over it
+    enable_document_masking(run)  # data.document_masking
     job = run.job  # with the layout the planner chose, when parallel.layout is auto
     step, wall_offset = 0, 0.0
     if (path := _initial_checkpoint(run)) is not None:

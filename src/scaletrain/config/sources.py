@@ -1,0 +1,107 @@
+"""`data.source` syntax: files, directories, globs and weighted mixtures (pure Python).
+
+    data.source = "corpus.jsonl"                         # one file
+    data.source = "books/"                               # every supported file below a folder
+    data.source = "web/*.jsonl.gz"                       # a glob (`**` recurses)
+    data.source = "web/*.jsonl.gz@0.7, books/@0.3"       # a mixture: weight after `@`
+
+Supported files: `.txt` (one document per file), `.jsonl` / `.jsonl.gz` (one document per line,
+the text in `data.text_field`), `.parquet` (the `data.text_field` column; needs pyarrow) and
+`.bin` (pre-tokenized flat ids as nanoGPT writes them, `data.token_dtype`, used as they are).
+A file named directly with another suffix is read as plain text.
+A mixture's weights are the shares of training tokens each entry contributes (see
+`scaletrain.data.corpus`).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ._errors import ConfigError
+
+__all__ = ["SourceEntry", "parse_sources", "SUFFIXES", "resolve_tokenizer_file",
+           "pretrained_vocab_size"]
+
+SUFFIXES = (".txt", ".jsonl", ".jsonl.gz", ".parquet", ".bin")
+_FIELD = "data.source"
+
+
+@dataclass(frozen=True)
+class SourceEntry:
+    """One entry of `data.source`: its text, weight and the files it names (sorted)."""
+
+    pattern: str
+    weight: float
+    files: tuple[Path, ...]
+
+
+def _supported(path: Path) -> bool:
+    return path.name.endswith(SUFFIXES)
+
+
+def _expand(pattern: str) -> tuple[Path, ...]:
+    if any(c in pattern for c in "*?["):
+        found = [Path(p) for p in sorted(glob.glob(pattern, recursive=True))]
+        files = [p for p in found if p.is_file() and _supported(p)]
+        if not files:
+            raise ConfigError(_FIELD, pattern, f"the glob matches no {'/'.join(SUFFIXES)} file")
+        return tuple(files)
+    path = Path(pattern)
+    if path.is_dir():
+        # an empty folder is reported by the size check ("no text found"), with the numbers
+        return tuple(sorted(p for p in path.rglob("*") if p.is_file() and _supported(p)))
+    if not path.is_file():
+        raise ConfigError(_FIELD, pattern, "no such file or folder: give 'grammar', a file, a "
+                          "folder, a glob, or a mixture 'a.jsonl@0.7, b/@0.3'")
+    return (path,)  # a named file of another suffix is read as plain text
+
+
+def parse_sources(spec: str) -> list[SourceEntry]:
+    """The entries of a non-grammar `data.source` (weights default to 1; all checked > 0)."""
+    entries = []
+    for part in (p.strip() for p in spec.split(",")):
+        if not part:
+            continue
+        pattern, weight = part, 1.0
+        head, sep, tail = part.rpartition("@")
+        if sep:
+            try:
+                pattern, weight = head.strip(), float(tail)
+            except ValueError:
+                pattern = part  # an '@' inside a path, not a weight
+        if not weight > 0:
+            raise ConfigError(_FIELD, part, "a mixture weight must be a positive number")
+        entries.append(SourceEntry(pattern, weight, _expand(pattern)))
+    if not entries:
+        raise ConfigError(_FIELD, spec, "give 'grammar', a file, a folder or a glob")
+    return entries
+
+
+def resolve_tokenizer_file(spec: str) -> Path:
+    """The tokenizer.json a `data.tokenizer` path names (the file, or one in the directory)."""
+    path = Path(spec)
+    if path.is_dir():
+        path = path / "tokenizer.json"
+    if not path.is_file():
+        raise ConfigError("data.tokenizer", spec, "give byte, char, bpe, a tokenizer.json "
+                          "file or a directory holding one")
+    return path
+
+
+def pretrained_vocab_size(spec: str) -> int:
+    """Ids the tokenizer can emit (base vocabulary plus added tokens), read from the JSON alone
+    so configuration checks need no tokenizer library."""
+    path = resolve_tokenizer_file(spec)
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        ids = list(raw["model"]["vocab"].values()) if isinstance(raw["model"].get("vocab"),
+                                                                  dict) else []
+        if isinstance(raw["model"].get("vocab"), list):  # Unigram: [[piece, score], ...]
+            ids = [len(raw["model"]["vocab"]) - 1]
+        ids += [t["id"] for t in raw.get("added_tokens") or []]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError("data.tokenizer", str(path), f"give a valid tokenizer.json ({e})") from e
+    return max(ids) + 1 if ids else 0

@@ -1,0 +1,231 @@
+"""Streamed corpus ingestion: documents -> token ids -> checksummed memmap shards.
+
+Used for every source the whole-text path in `shards.py` does not cover: JSONL (+ gzip),
+parquet, pre-tokenized `.bin`, globs, weighted mixtures, and any source with a pretrained
+tokenizer. Memory stays bounded whatever the corpus size: documents are read one at a time
+(`.txt` files in ~1 MiB pieces), encoded in batches of `_BATCH_DOCS` (the `tokenizers` library
+encodes a batch on all cores) and appended to per-source part files; parts are copied into the
+final `train.bin` / `val.bin` in chunks of `_COPY_TOKENS`.
+
+Layout of the shards (what the loader reads): each document's ids, then the tokenizer's
+end-of-document id (a newline for tokenizers without one: byte-level), then the next document;
+a tokenizer whose config sets `add_bos_token` also gets BOS before each document. `.bin` files
+are copied verbatim (nanoGPT's files already hold their separators).
+
+Train/val split: the last `val_fraction` of each source's tokens is its validation part, so
+every source is represented in validation. Mixture: source i contributes `w_i / sum(w)` of the
+training tokens; the total stays the corpus' own size, so a source is truncated (down-weighted)
+or repeated whole and then truncated (up-weighted) to reach its share.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from scaletrain.config import ConfigError, DataConfig
+from scaletrain.config.sources import parse_sources
+
+from .tokenizer import BPETokenizer, ByteTokenizer, Tokenizer
+
+__all__ = ["iter_documents", "build_streamed", "make_tokenizer", "sha256_of"]
+
+FORMAT = 1  # bump when the streamed layout changes, so old caches are not reused
+_BATCH_DOCS = 256
+_TXT_PIECE = 1 << 20
+_COPY_TOKENS = 1 << 20
+
+
+def _iter_txt(path: Path) -> Iterator[tuple[str, bool]]:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        while piece := f.read(_TXT_PIECE):
+            yield piece, False
+    yield "", True
+
+
+def _iter_jsonl(path: Path, field: str) -> Iterator[tuple[str, bool]]:
+    opener: Any = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ConfigError("data.source", f"{path}:{lineno}",
+                                  f"malformed JSON line ({e.msg}): fix or remove it") from None
+            text = record.get(field) if isinstance(record, dict) else None
+            if not isinstance(text, str):
+                raise ConfigError("data.text_field", f"{path}:{lineno}",
+                                  f"the line has no string field {field!r}: set "
+                                  "data.text_field to the key holding the text")
+            yield text, True
+
+
+def _iter_parquet(path: Path, field: str) -> Iterator[tuple[str, bool]]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ConfigError("data.source", str(path), "reading .parquet needs pyarrow: pip "
+                          "install 'scaletrain[parquet]'") from None
+    pf = pq.ParquetFile(path)
+    if field not in pf.schema_arrow.names:
+        raise ConfigError("data.text_field", f"{path}", f"the parquet file has no column "
+                          f"{field!r} (columns: {', '.join(pf.schema_arrow.names)})")
+    for batch in pf.iter_batches(columns=[field], batch_size=1024):
+        for text in batch.column(0).to_pylist():
+            if text is not None:
+                yield str(text), True
+
+
+def iter_documents(path: Path, *, text_field: str) -> Iterator[tuple[str, bool]]:
+    """(text, ends_document) pieces of one file: JSONL/parquet one document per row, any other
+    text file one document (in pieces)."""
+    name = path.name
+    if name.endswith((".jsonl", ".jsonl.gz")):
+        return _iter_jsonl(path, text_field)
+    if name.endswith(".parquet"):
+        return _iter_parquet(path, text_field)
+    return _iter_txt(path)
+
+
+def _text_files(cfg: DataConfig) -> list[Path]:
+    return [f for e in parse_sources(cfg.source) for f in e.files
+            if not f.name.endswith(".bin")]
+
+
+def make_tokenizer(cfg: DataConfig) -> Tokenizer:
+    """The tokenizer for a streamed build (BPE is trained on the streamed documents)."""
+    if cfg.tokenizer == "byte":
+        return ByteTokenizer()
+    if cfg.tokenizer == "char":
+        raise ConfigError("data.tokenizer", "char", "char-level needs the whole text in memory: "
+                          "use byte, bpe or a pretrained tokenizer.json for this source")
+    if cfg.tokenizer == "bpe":
+        docs = (t for f in _text_files(cfg) for t, _ in iter_documents(
+            f, text_field=cfg.text_field))
+        return BPETokenizer.train(docs, cfg.bpe_vocab_size)
+    from .pretrained import PretrainedTokenizer, resolve_tokenizer_file
+
+    return PretrainedTokenizer(resolve_tokenizer_file(cfg.tokenizer))
+
+
+class _Appender:
+    """Appends id arrays to a raw file of one dtype, counting them."""
+
+    def __init__(self, path: Path, dtype: np.dtype):
+        self.path, self.dtype, self.count = path, dtype, 0
+        self._f = open(path, "wb")  # noqa: SIM115 - closed by close()
+
+    def add(self, ids: np.ndarray) -> None:
+        np.ascontiguousarray(ids, dtype=self.dtype).tofile(self._f)
+        self.count += len(ids)
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def _encode_file(path: Path, tok: Tokenizer, out: _Appender, cfg: DataConfig) -> None:
+    if path.name.endswith(".bin"):
+        src = np.memmap(path, dtype=cfg.token_dtype, mode="r")
+        for i in range(0, len(src), _COPY_TOKENS):
+            chunk = np.asarray(src[i:i + _COPY_TOKENS])
+            if len(chunk) and int(chunk.max()) >= tok.vocab_size:
+                raise ConfigError("data.source", str(path),
+                                  f"holds id {int(chunk.max())} but the tokenizer has "
+                                  f"{tok.vocab_size} ids: check data.token_dtype and "
+                                  "data.tokenizer")
+            out.add(chunk)
+        return
+    eos = getattr(tok, "eos_id", None)
+    sep = [eos] if eos is not None else tok.encode("\n")
+    bos = [tok.bos_id] if getattr(tok, "add_bos", False) else []  # type: ignore[attr-defined]
+    batch: list[tuple[str, bool, bool]] = []  # (text, starts a document, ends one)
+
+    def flush() -> None:
+        texts = [t for t, _, _ in batch]
+        encoded = (tok.encode_batch(texts) if hasattr(tok, "encode_batch")  # type: ignore
+                   else [tok.encode(t) for t in texts])
+        for (_, starts, ends), ids in zip(batch, encoded, strict=True):
+            out.add(np.asarray((bos if starts else []) + ids + (sep if ends else []),
+                               dtype=np.int64))
+        batch.clear()
+
+    starts = True
+    for text, ends in iter_documents(path, text_field=cfg.text_field):
+        batch.append((text, starts, ends))
+        starts = ends
+        if len(batch) >= _BATCH_DOCS:
+            flush()
+    flush()
+
+
+@dataclass
+class _Part:
+    path: Path
+    count: int
+    weight: float
+
+
+def _copy(src: np.ndarray, start: int, n: int, out: _Appender, digest: Any) -> None:
+    """Copy n tokens of src beginning at `start`, cycling when n exceeds what is left."""
+    pos, left = start, n
+    while left > 0:
+        take = min(left, _COPY_TOKENS, len(src) - pos)
+        chunk = np.ascontiguousarray(src[pos:pos + take], dtype=out.dtype)
+        digest.update(chunk.tobytes())
+        out.add(chunk)
+        left -= take
+        pos = pos + take if pos + take < len(src) else 0
+
+
+def sha256_of(path: Path, dtype: str, count: int) -> str:
+    digest = hashlib.sha256()
+    arr = np.memmap(path, dtype=dtype, mode="r", shape=(count,)) if count else np.zeros(0)
+    for i in range(0, count, _COPY_TOKENS):
+        digest.update(np.ascontiguousarray(arr[i:i + _COPY_TOKENS]).tobytes())
+    return digest.hexdigest()
+
+
+def build_streamed(cfg: DataConfig, tmp: Path, tok: Tokenizer) -> dict:
+    """Write `train.bin` and `val.bin` for `cfg.source` into `tmp`; returns the meta fields
+    (dtype, counts, checksums)."""
+    dtype = np.dtype(np.uint16 if tok.vocab_size < 65536 else np.uint32)
+    parts = []
+    for i, entry in enumerate(parse_sources(cfg.source)):
+        out = _Appender(tmp / f"part{i}.tmp", dtype)
+        try:
+            for f in entry.files:
+                _encode_file(f, tok, out, cfg)
+        finally:
+            out.close()
+        parts.append(_Part(out.path, out.count, entry.weight))
+    total_w = sum(p.weight for p in parts)
+    train, val = _Appender(tmp / "train.bin", dtype), _Appender(tmp / "val.bin", dtype)
+    train_sha, val_sha = hashlib.sha256(), hashlib.sha256()
+    natural_train = [p.count - int(p.count * cfg.val_fraction) for p in parts]
+    total_train = sum(natural_train)
+    try:
+        for p, n_train in zip(parts, natural_train, strict=True):
+            if p.count == 0:
+                continue
+            src = np.memmap(p.path, dtype=dtype, mode="r", shape=(p.count,))
+            share = n_train if len(parts) == 1 else round(total_train * p.weight / total_w)
+            if n_train > 0:
+                _copy(src[:n_train], 0, share, train, train_sha)
+            _copy(src, n_train, p.count - n_train, val, val_sha)
+            del src
+            p.path.unlink()
+    finally:
+        train.close()
+        val.close()
+    return {"dtype": dtype.name, "num_train": train.count, "num_val": val.count,
+            "sha256": {"train.bin": train_sha.hexdigest(), "val.bin": val_sha.hexdigest()},
+            "eos_id": getattr(tok, "eos_id", None)}

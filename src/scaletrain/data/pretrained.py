@@ -1,0 +1,85 @@
+"""A pretrained tokenizer: a Hugging Face `tokenizer.json` (the `tokenizers` library).
+
+`data.tokenizer` names the file itself or a directory holding it. Beside it, an optional
+`tokenizer_config.json` gives the special tokens: `bos_token`, `eos_token` (a string or an
+`{"content": ...}` object, transformers' two spellings) and `add_bos_token`. Without one, the
+end-of-document token is the first of the usual spellings the vocabulary contains.
+Nothing here runs code from disk: both files are JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from scaletrain.config import ConfigError
+from scaletrain.config.sources import pretrained_vocab_size, resolve_tokenizer_file
+
+__all__ = ["PretrainedTokenizer", "resolve_tokenizer_file"]
+
+_FIELD = "data.tokenizer"
+_EOS_GUESSES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|im_end|>")
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+class PretrainedTokenizer:
+    """`tokenizers.Tokenizer.from_file` with BOS/EOS ids; saved beside the shards it made."""
+
+    name = "pretrained"
+    _FILE = "tokenizer.json"
+    _CONFIG = "tokenizer_config.json"
+
+    def __init__(self, tokenizer_file: Path):
+        from tokenizers import Tokenizer as HFTokenizer
+
+        try:
+            self._tok = HFTokenizer.from_file(str(tokenizer_file))
+        except Exception as e:  # noqa: BLE001 - the library raises a bare Exception
+            raise ConfigError(_FIELD, str(tokenizer_file),
+                              f"give a valid tokenizer.json ({e})") from e
+        self._file = tokenizer_file
+        self.vocab_size = max(pretrained_vocab_size(str(tokenizer_file)),
+                              self._tok.get_vocab_size(with_added_tokens=True))
+        conf_path = tokenizer_file.parent / self._CONFIG
+        conf: dict[str, Any] = {}
+        if conf_path.is_file():
+            try:
+                conf = json.loads(conf_path.read_text(encoding="utf-8"))
+            except ValueError as e:
+                raise ConfigError(_FIELD, str(conf_path), f"fix its JSON ({e})") from e
+        self._conf_path = conf_path if conf_path.is_file() else None
+        self.eos_id = self._id_of(_token_text(conf.get("eos_token")), guesses=_EOS_GUESSES)
+        self.bos_id = self._id_of(_token_text(conf.get("bos_token")), guesses=())
+        self.add_bos = bool(conf.get("add_bos_token", False)) and self.bos_id is not None
+
+    def _id_of(self, token: str | None, *, guesses: tuple[str, ...]) -> int | None:
+        for t in ((token,) if token else guesses):
+            tid = self._tok.token_to_id(t)
+            if tid is not None:
+                return int(tid)
+        return None
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=False)
+
+    def save(self, directory: Path) -> None:
+        shutil.copyfile(self._file, directory / self._FILE)
+        if self._conf_path is not None:
+            shutil.copyfile(self._conf_path, directory / self._CONFIG)
+
+    @classmethod
+    def load(cls, directory: Path) -> PretrainedTokenizer:
+        return cls(directory / cls._FILE)

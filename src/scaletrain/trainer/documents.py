@@ -1,0 +1,34 @@
+"""`data.document_masking`: tell the built model which id ends a document."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scaletrain.config import ConfigError
+from scaletrain.models import Transformer
+
+__all__ = ["enable_document_masking"]
+
+
+def enable_document_masking(run: Any) -> None:
+    """Set every Transformer module's `document_sep_id` to the tokenizer's end-of-document id
+    (a no-op unless `data.document_masking`). Pipeline stages after the first see hidden
+    states, not ids, and ring attention takes no mask: those layouts are refused."""
+    if not run.job.data.document_masking:
+        return
+    layout = run.dims.layout
+    if layout.pp > 1 or layout.cp > 1:
+        raise ConfigError("data.document_masking", True, "not available with pipeline or "
+                          "context parallelism (parallel.pp / parallel.cp > 1): turn one off")
+    if layout.tp > 1 and run.job.model.position == "learned":
+        # per-row positions (B, T) do not fit the sequence-sharded position-table plan
+        raise ConfigError("data.document_masking", True, "not available with tensor "
+                          "parallelism and learned positions (GPT-2): use parallel.tp=1")
+    sep = getattr(run.data.tokenizer, "eos_id", None)
+    if sep is None:
+        raise ConfigError("data.document_masking", True,
+                          f"the {run.data.tokenizer.name} tokenizer has no end-of-document "
+                          "token: use bpe or a pretrained tokenizer.json")
+    for m in run.model.modules():
+        if isinstance(m, Transformer):
+            m.document_sep_id = int(sep)

@@ -1,0 +1,104 @@
+"""Tiny Hugging Face models for tests: built with `transformers`, trained a few steps so their
+weights are not the initial ones, saved with `save_pretrained` (safetensors, optionally
+sharded). No hub, no network."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+VOCAB = 260  # >= the byte tokenizer's 256 ids
+
+
+def _config(kind: str):
+    import transformers as tf
+
+    common = {"vocab_size": VOCAB}
+    if kind == "gpt2":
+        return tf.GPT2Config(n_positions=64, n_embd=32, n_layer=2, n_head=4,
+                             activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0,
+                             attn_pdrop=0.0, tie_word_embeddings=True, bos_token_id=0,
+                             eos_token_id=0, **common)
+    llama = {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,
+             "rope_theta": 500.0, "tie_word_embeddings": False, **common}
+    if kind == "llama":
+        return tf.LlamaConfig(**llama)
+    if kind == "mixtral":
+        return tf.MixtralConfig(num_local_experts=4, num_experts_per_tok=2,
+                                router_jitter_noise=0.0, **{**llama, "intermediate_size": 40})
+    raise ValueError(kind)
+
+
+def make_hf_model(kind: str, out_dir: Path, *, max_shard_size: str | None = None,
+                  train_steps: int = 3) -> Path:
+    """Build, train `train_steps` AdamW steps on random tokens, save to out_dir."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    model = tf.AutoModelForCausalLM.from_config(_config(kind), dtype=torch.float32,
+                                                attn_implementation="eager")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(train_steps):
+        tokens = torch.randint(0, VOCAB, (4, 24), generator=gen)
+        model(tokens, labels=tokens).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    kw = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    model.save_pretrained(out_dir, safe_serialization=True, **kw)
+    return out_dir
+
+
+def hf_loss(model_dir: Path, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
+    """transformers' mean next-token cross-entropy over equal-size (inputs, targets) batches,
+    in float64 (the reference the fp32 run is held to)."""
+    import transformers as tf
+
+    # eager experts: the grouped-mm kernel has no float64
+    model = tf.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64,
+                                                    attn_implementation="eager",
+                                                    experts_implementation="eager").eval()
+    losses = []
+    with torch.no_grad():
+        for inputs, targets in batches:
+            logits = model(inputs).logits
+            losses.append(torch.nn.functional.cross_entropy(
+                logits.flatten(0, 1), targets.flatten()).item())
+    return sum(losses) / len(losses)
+
+
+def first_step_batches(job) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The micro-batches the first optimizer step of `job` reads (whole global batch: the
+    stream is the same whatever the layout)."""
+    from scaletrain.data import build_data
+
+    accum = job.batch.global_batch // job.batch.micro_batch
+    with build_data(job.data, seq_len=job.batch.seq_len, micro_batch=job.batch.micro_batch,
+                    grad_accum=accum, seed=job.data.seed) as data:
+        it = data.train_batches()
+        return [next(it) for _ in range(accum)]
+
+
+def make_tokenizer_dir(out_dir: Path, texts: list[str], *, vocab_size: int = 200,
+                       eos: str = "<|endoftext|>", add_bos: bool = False) -> Path:
+    """A byte-level BPE `tokenizer.json` trained by `tokenizers` on `texts`, with a
+    transformers-style `tokenizer_config.json` naming its specials (eos as an object, the
+    spelling transformers also writes)."""
+    import json
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<s>", eos],
+                                  show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(texts, trainer=trainer)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out_dir / "tokenizer.json"))
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<s>", "eos_token": {"content": eos}, "add_bos_token": add_bos}))
+    return out_dir
