@@ -122,7 +122,9 @@ def markdown(r: dict[str, Any]) -> str:
                   "on this machine (2 shared CPU cores). Memory (GB): " + ", ".join(
                       f"{k} {v / GB:.1f}" for k, v in mem.items()
                       if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 1e6)
-                  + f"; planner for the same rank: reserved {s['reserved_gb']:.1f}."]
+                  + " (allocated; not the planner's rank: its "
+                  f"{s['reserved_gb']:.1f} GB reserved is the worst rank's, a later "
+                  "pipeline stage, and the plan's batch is 96 micro-batches)."]
     return "\n".join(lines)
 
 
