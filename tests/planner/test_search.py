@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scaletrain.config import hardware_preset, layout_problems, resolve_model
-from scaletrain.planner.search import FAMILIES, family_of, search
+from scaletrain.planner.search import FAMILIES, family_of, layout_of, search
 
 pytest.importorskip("scaletrain.planner.estimate")
 
@@ -65,6 +65,9 @@ def test_families_and_reasons() -> None:
     assert family_of(res.best.plan) not in why or why[family_of(res.best.plan)] != "winner"
     for fam, reason in why.items():
         assert fam in FAMILIES and reason
+        best = res.families[fam].best
+        if best is not None:  # the family's best layout is named, with why it lost
+            assert reason.startswith(f"best member {layout_of(best)}: ")
     assert "EP" not in res.families  # dense model
 
 

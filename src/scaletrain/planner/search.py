@@ -62,8 +62,13 @@ class FamilyOutcome:
             if self.best is winner:
                 return "winner"
             slow = self.best.time.step_s / winner.time.step_s
-            return (f"best member {self.best.time.step_s:.3f} s/step vs "
-                    f"{winner.time.step_s:.3f} s ({slow:.2f}x slower)")
+            if self.best.time.step_s == winner.time.step_s:  # a tie lost on memory
+                return (f"best member {layout_of(self.best)}: as fast, but reserves "
+                        f"{self.best.memory.reserved / GB:.1f} GB vs "
+                        f"{winner.memory.reserved / GB:.1f} GB")
+            return (f"best member {layout_of(self.best)}: {self.best.time.step_s:.3f} s/step "
+                    f"vs {winner.time.step_s:.3f} s ({slow:.2f}x slower, MFU "
+                    f"{self.best.mfu:.1%} vs {winner.mfu:.1%})")
         if self.closest_miss is not None:
             mem = self.closest_miss.memory
             return (f"never fits: best needs {mem.reserved / GB:.1f} GB > "
