@@ -28,8 +28,9 @@ CASES = [  # (model, GPUs, GPU, seq_len, global batch)
 
 
 def _small(layout: Layout) -> Layout:
-    """The same composition with the fewest data-parallel ranks it needs."""
-    dp = layout.ep if layout.ep > 1 else min(layout.dp, 2)
+    """The same composition with the fewest data-parallel ranks it needs (expert parallelism
+    takes its ranks from dp x cp: keep dp x cp = ep)."""
+    dp = layout.ep // layout.cp if layout.ep > 1 else min(layout.dp, 2)
     rep = min(layout.dp_replicate, 2) if dp % 2 == 0 else 1
     return dataclasses.replace(layout, dp=dp, dp_replicate=rep)
 
