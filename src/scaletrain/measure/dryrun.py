@@ -561,7 +561,7 @@ def _step(model, optimizer, batches, *, job: JobConfig, dims, timeline: _Timelin
     parameters, gradients (after the last backward) and optimizer states (after the update):
     the sizes at rest, whereas the tracker's peak breakdown is read at one moment.
     """
-    from scaletrain.models import causal_lm_loss, moe_aux_loss
+    from scaletrain.models import moe_aux_loss
     from scaletrain.parallel import (
         clip_grad_norm_,
         local_state_bytes,
@@ -587,8 +587,7 @@ def _step(model, optimizer, batches, *, job: JobConfig, dims, timeline: _Timelin
         last = k == len(batches) - 1
         with maybe_no_sync(model, last), loss_context(tp_mesh(dims)):
             with autocast(job.precision, "cpu"):
-                logits = model(inputs, positions=positions)
-                loss = causal_lm_loss(logits, targets) + moe_aux_loss(model)
+                loss = model(inputs, positions=positions, targets=targets) + moe_aux_loss(model)
             timeline.mark(f"loss:{k}")
             (loss / len(batches)).backward()
         timeline.mark(f"backward_done:{k}")

@@ -30,7 +30,7 @@ from scaletrain.config import ConfigError, JobConfig
 from scaletrain.measure.dryrun import plan_dict
 from scaletrain.measure.live import SavedActivations, peak_process_memory, state_bytes
 from scaletrain.measure.schema import Measurement
-from scaletrain.models import causal_lm_loss, moe_aux_loss
+from scaletrain.models import moe_aux_loss
 from scaletrain.parallel import clip_grad_norm_, loss_context, maybe_no_sync, sync_gradients
 
 from .build import Run, build_run, tp_mesh
@@ -126,9 +126,8 @@ def evaluate(run: Run, batches: list) -> float | None:
     for inputs, targets in batches:
         inputs, targets, positions = _local_batch(run, inputs, targets)
         with autocast(run.job.precision, run.device.type):
-            logits = run.model(inputs, positions=positions)
-        with loss_context(tp_mesh(run.dims)):
-            total += _plain(causal_lm_loss(logits, targets)).detach().float()
+            loss = run.model(inputs, positions=positions, targets=targets)  # fused head+loss
+        total += _plain(loss).detach().float()
     run.model.train()
     return _all_mean(total / max(1, len(batches)))
 
@@ -157,8 +156,7 @@ def _forward_backward(run: Run, batches, probe: SavedActivations | None) -> torc
         track = probe.track() if (probe is not None and k == 0) else contextlib.nullcontext()
         with maybe_no_sync(run.model, k == accum - 1), loss_context(tp_mesh(run.dims)):
             with autocast(job.precision, run.device.type), track:
-                logits = run.model(inputs, positions=positions)
-                loss = causal_lm_loss(logits, targets)
+                loss = run.model(inputs, positions=positions, targets=targets)  # fused head+loss
                 total = loss + moe_aux_loss(run.model)
             # mean-reduced accumulation: k micro-batches == one batch k times larger
             run.scaler.scale_loss(total / accum).backward()
