@@ -4,7 +4,8 @@ gloo ranks == one process's logits path (`causal_lm_loss(model(x), y)`).
 Each tp rank keeps V/2 head rows; the row max, the sum of exponentials and the target logit are
 all-reduced, nothing is gathered; the hidden-state gradient is reduced by the DTensor
 redistribution. Cases: untied head (tiny-llama) and tied embeddings (tiny, GPT-2), with and
-without sequence parallelism, chunk sizes 5 (does not divide the 64 tokens) and auto.
+without sequence parallelism, chunk sizes 5 (does not divide the 64 tokens) and auto, and
+selective activation checkpointing on the tp-sharded blocks.
 
 Tolerance: both sides are fp32 with different summation orders (sharded vocabulary sums,
 chunked weight-gradient accumulation, the sharded matmuls of the blocks under TP);
@@ -25,8 +26,10 @@ from ._parity_fns import CONFIGS, batch
 
 pytestmark = [pytest.mark.distributed]
 
-CASES = [("tiny-llama", False, 5), ("tiny-llama", True, 0), ("tiny", False, 0),
-         ("tiny", True, 5)]
+CASES = [("tiny-llama", False, 5, "none"), ("tiny-llama", True, 0, "none"),
+         ("tiny", False, 0, "none"), ("tiny", True, 5, "none"),
+         # selective AC's per-op policy on DTensor blocks (saved matmuls and reduce-scatters)
+         ("tiny-llama", True, 0, "selective"), ("tiny", False, 5, "selective")]
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +50,7 @@ def _reference(preset: str) -> tuple[float, dict[str, torch.Tensor]]:
         torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-sp{int(c[1])}-chunk{c[2]}")
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-sp{int(c[1])}-chunk{c[2]}-{c[3]}")
 def test_tp2_equals_one_process(tp2, case):
     ref_loss, ref_grads = _reference(case[0])
     for rank in tp2:
