@@ -84,14 +84,13 @@ class _LinearCrossEntropy(torch.autograd.Function):
             logits = _chunk_logits(hidden[i:i + chunk], w)  # (c, V_local)
             local, rows = _local_targets(targets[i:i + chunk], start, w.shape[0])
             picked = logits.gather(1, rows[:, None]).squeeze(1) * local
-            if vocab is None:
-                lse[i:i + chunk] = torch.logsumexp(logits, dim=1)
-                tgt_logit[i:i + chunk] = picked
-                continue
             row_max = logits.max(dim=1).values  # (c,)
-            vocab.all_reduce_max(row_max)
-            sums = torch.stack([(logits - row_max[:, None]).exp_().sum(dim=1), picked])
-            vocab.all_reduce_sum(sums)  # (2, c): sum of exp and the target logit
+            if vocab is not None:
+                vocab.all_reduce_max(row_max)
+            # in place: no second (c, V_local) buffer (torch.logsumexp would allocate one)
+            sums = torch.stack([logits.sub_(row_max[:, None]).exp_().sum(dim=1), picked])
+            if vocab is not None:
+                vocab.all_reduce_sum(sums)  # (2, c): sum of exp and the target logit
             lse[i:i + chunk] = row_max + sums[0].log()
             tgt_logit[i:i + chunk] = sums[1]
         count = valid.sum()
@@ -120,7 +119,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 torch.mm(g, w, out=grad_h[i:i + chunk])  # (c, h)
             if grad_w is not None:
                 if grad_w.dtype == g.dtype:
-                    grad_w.addmm_(g.t(), h)
+                    # the out= form, not addmm_: torch's FlopCounterMode counts it
+                    torch.addmm(grad_w, g.t(), h, out=grad_w)
                 else:  # accumulate in the weight's dtype (fp32 master), not in bf16
                     grad_w.add_(g.t() @ h)
         return grad_h, grad_w, None, None, None, None
