@@ -93,6 +93,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 vocab.all_reduce_sum(sums)  # (2, c): sum of exp and the target logit
             lse[i:i + chunk] = row_max + sums[0].log()
             tgt_logit[i:i + chunk] = sums[1]
+            del logits  # free this chunk before the next one's matmul allocates
         count = valid.sum()
         loss = ((lse - tgt_logit) * valid).sum() / count.clamp(min=1)
         ctx.save_for_backward(hidden, weight, targets, lse, count)
@@ -123,6 +124,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                     torch.addmm(grad_w, g.t(), h, out=grad_w)
                 else:  # accumulate in the weight's dtype (fp32 master), not in bf16
                     grad_w.add_(g.t() @ h)
+            del g  # free this chunk before the next one's logits are recomputed
         return grad_h, grad_w, None, None, None, None
 
 
