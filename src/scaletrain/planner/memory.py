@@ -362,7 +362,8 @@ def loss_backward_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int, t
     hidden-state gradient e*s_l*b*h; the head gradient accumulator V_l*h in the weight's dtype
     (`weight_bytes`: 4 for fp32 parameters, 2 for FSDP2's 16-bit unsharded weight); when the
     weight is fp32 and the compute dtype is 16-bit, its cast e*V_l*h; the chunk's recomputed
-    logits, fp32 c*V_l*4 beside their 16-bit matmul output or gradient cast c*V_l*e (the
+    logits, fp32 c*V_l*4 beside their 16-bit matmul output or gradient cast c*V_l*e (none in
+    fp32; the
     fp32 chunk is freed before one chunk's weight-gradient product, e*V_l*h, exists, so that
     product is not on top). Everything is /t: nothing of the full vocabulary exists on a tp
     rank. Measured with MemTracker under fake tensors (1024 tokens, GPT-2's vocabulary):
@@ -379,7 +380,8 @@ def loss_backward_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int, t
     v_local = -(-model.vocab_size // tp)
     c = min(fused_loss_chunk(model, tp=tp, chunk_tokens=chunk_tokens), tok)
     table = float(v_local) * model.dim
-    out = e * tok * model.dim + weight_bytes * table + c * v_local * (4 + e)
+    # fp32 compute: the matmul output is the fp32 chunk itself (no 16-bit companion)
+    out = e * tok * model.dim + weight_bytes * table + c * v_local * (4 + (e if e < 4 else 0))
     if weight_bytes != e:
         out += e * table  # the weight's 16-bit cast
     return out
