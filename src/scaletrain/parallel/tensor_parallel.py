@@ -14,6 +14,11 @@ Embeddings: vocabulary-sharded (row-wise), output Replicate, or Shard(1) with sp
 position embeddings are sharded the same way; their output (T, h) is sharded on dim 0 so it adds
 to the local (B, T/tp, h) token embeddings — positions must then be the default 1-D ids.
 
+Training loss: `model(x, targets=y)` never forms the logits; `vocab_parallel_head_loss` runs
+the fused chunked cross-entropy (models/loss.py) on this rank's V/tp head rows with the row max,
+sum of exponentials and target logit all-reduced over tp. The plans below still serve the
+logits path (generation, evaluation tools, a pipeline's last stage).
+
 Head: column-wise (vocabulary-sharded logits). With `loss_parallel=True` the model returns a
 DTensor of logits sharded on the vocabulary dim and the loss must be computed and
 back-propagated inside `loss_context(...)` (torch's `loss_parallel`: cross-entropy without
