@@ -246,7 +246,8 @@ def predicted_flops(job: JobConfig, world: int) -> float:
     accum = b.global_batch // (b.micro_batch * layout.dp)
     tokens = accum * b.micro_batch * b.seq_len / layout.cp
     return tokens * counted_flops_per_token(job.model, b.seq_len, recompute=job.memory.ac,
-                                            tp=layout.tp, cp=layout.cp)
+                                            tp=layout.tp, cp=layout.cp,
+                                            fused_head=layout.pp == 1)
 
 
 def measure_case(case: Case, *, flops: bool = True) -> dict[str, Any]:
@@ -311,7 +312,7 @@ def measure_extra(case: Extra) -> dict[str, Any]:
     layers = stage_layer_counts(m.num_layers, layout.pp, layout.pp_virtual)[prank]
     stage = dataclasses.replace(m, num_layers=layers)
     per_token = counted_flops_per_token(stage, b.seq_len, recompute=job.memory.ac,
-                                        tp=layout.tp, cp=layout.cp)
+                                        tp=layout.tp, cp=layout.cp, fused_head=layout.pp == 1)
     if prank != layout.pp - 1:
         per_token -= 3 * 2.0 * matmul_params(m)[1]
     accum = b.global_batch // (b.micro_batch * layout.dp)

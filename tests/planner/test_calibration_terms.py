@@ -44,21 +44,24 @@ def test_embedding_backward_temporaries():
 
 
 def test_held_logits_and_rope_tables():
-    assert held_logits_bytes(GPT2, seq_len=256, micro_batch=2, precision="fp32") == \
-        4 * 256 * 2 * GPT2.vocab_size
-    assert held_logits_bytes(LLAMA, seq_len=2048, micro_batch=1, tp=2, precision="bf16") == \
-        2 * 2048 * LLAMA.vocab_size / 2
+    # the pipeline's last stage (logits path) holds its logits; the fused loss holds none
+    assert held_logits_bytes(GPT2, seq_len=256, micro_batch=2, precision="fp32",
+                             fused=False) == 4 * 256 * 2 * GPT2.vocab_size
+    assert held_logits_bytes(LLAMA, seq_len=2048, micro_batch=1, tp=2, precision="bf16",
+                             fused=False) == 2 * 2048 * LLAMA.vocab_size / 2
+    assert held_logits_bytes(LLAMA, seq_len=2048, micro_batch=1, tp=2) == 0.0
     assert rope_table_bytes(GPT2) == 0.0
     assert rope_table_bytes(LLAMA) == 2 * 4 * LLAMA.max_seq_len * LLAMA.head_dim
 
 
-def test_gqa_saves_expanded_kv_and_autocast_saves_casts():
-    """K and V are saved after the expansion to the query heads: a GQA model saves as much
-    attention state as the same model with MHA; autocast adds 3 e*s*b*h for SwiGLU."""
+def test_gqa_saves_kv_heads_and_autocast_saves_casts():
+    """K and V are saved at the g KV heads (SDPA enable_gqa): a GQA model saves 2 e*s*b*(h -
+    kv) less than the same model with MHA; autocast adds 3 e*s*b*h for SwiGLU."""
     gqa = resolve_model("llama3-8b")
     mha = dataclasses.replace(gqa, num_kv_heads=gqa.num_heads)
     kw = dict(seq_len=1024, micro_batch=1, precision="bf16")
-    assert layer_activation_bytes(gqa, **kw) == layer_activation_bytes(mha, **kw)
+    assert layer_activation_bytes(mha, **kw) - layer_activation_bytes(gqa, **kw) == \
+        pytest.approx(2 * 2 * 1024 * (gqa.dim - gqa.kv_dim))
     plain = layer_activation_bytes(gqa, **kw, residual_fp32=False)
     cast = layer_activation_bytes(gqa, **kw, residual_fp32=True)
     # a fp32 residual adds 2 bytes per element to each RMSNorm's saved cast-back output
@@ -69,25 +72,36 @@ def test_gqa_saves_expanded_kv_and_autocast_saves_casts():
 def test_counted_flops_match_flop_counter_semantics():
     s = 1024
     per_layer, head = matmul_params(GPT2)
-    lin = 2.0 * (GPT2.num_layers * per_layer + head)
+    blocks = 2.0 * GPT2.num_layers * per_layer
+    lin = blocks + 2.0 * head
     core = GPT2.num_layers * 4.0 * s * GPT2.dim  # QK^T + AV, full s x s
-    assert counted_flops_per_token(GPT2, s) == pytest.approx(
+    plain = dict(fused_head=False)  # the head as an nn.Linear (a pipeline's last stage)
+    assert counted_flops_per_token(GPT2, s, **plain) == pytest.approx(
         3 * lin + (1 + FLASH_BACKWARD_FACTOR) * core)
     # the un-halved model FLOPs differ only in the attention backward factor (2 vs 2.5)
-    assert counted_flops_per_token(GPT2, s) - flops_per_token(GPT2, s, causal=False) == \
-        pytest.approx(0.5 * core)
-    # tp: linears are the group's (global shapes), attention is the rank's heads
+    assert counted_flops_per_token(GPT2, s, **plain) - flops_per_token(GPT2, s, causal=False) \
+        == pytest.approx(0.5 * core)
+    # the fused head + loss recomputes the logits in backward: 4 head matmuls, not 3
+    assert counted_flops_per_token(GPT2, s) - counted_flops_per_token(GPT2, s, **plain) == \
+        pytest.approx(2.0 * head)
+    # tp: block linears are the group's (global shapes), attention is the rank's heads, the
+    # fused head runs on this rank's V/tp rows
     assert counted_flops_per_token(GPT2, s, tp=4) == pytest.approx(
-        3 * lin + (1 + FLASH_BACKWARD_FACTOR) * core / 4)
+        3 * blocks + 4 * 2.0 * head / 4 + (1 + FLASH_BACKWARD_FACTOR) * core / 4)
     # cp 2 zigzag ring: 3/4 of the full s x s work per rank
-    assert counted_flops_per_token(GPT2, s, cp=2) == pytest.approx(
+    assert counted_flops_per_token(GPT2, s, cp=2, **plain) == pytest.approx(
         3 * lin + (1 + FLASH_BACKWARD_FACTOR) * core * 0.75)
     # full recompute: every block matmul but the down projection, plus the attention core
     down = GPT2.dim * GPT2.ffn_dim
     assert counted_flops_per_token(GPT2, s, recompute="full") - counted_flops_per_token(
         GPT2, s) == pytest.approx(2 * GPT2.num_layers * (per_layer - down) + core)
-    assert counted_flops_per_token(GPT2, s, recompute="selective") - counted_flops_per_token(
-        GPT2, s) == pytest.approx(core)
+    # selective keeps every matmul and SDPA output: nothing counted is recomputed, except the
+    # naive core's S x S matmuls
+    assert counted_flops_per_token(GPT2, s, recompute="selective") == pytest.approx(
+        counted_flops_per_token(GPT2, s))
+    naive = dataclasses.replace(GPT2, attention="naive")
+    assert counted_flops_per_token(naive, s, recompute="selective") - counted_flops_per_token(
+        naive, s) == pytest.approx(core)
     with pytest.raises(ValueError):
         counted_flops_per_token(GPT2, s, recompute="some")
 

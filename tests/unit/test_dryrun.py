@@ -70,12 +70,14 @@ def test_peak_breakdown_adds_up_and_timeline_follows_blocks(zero3_w8):
 def test_flops_match_the_planner_formula(zero3_w8):
     """FlopCounterMode counts matmuls only, attention over the full T x T matrix, and torch's
     flash-attention backward formula recomputes QK^T (5 bmm against the planner's 4): so
-    measured = planner(causal=False) + L x (attention core forward / 2) per token."""
+    measured = planner(causal=False) + L x (attention core forward / 2) per token, plus the
+    fused head + loss's recomputed logits in backward (one more 2*V*h per token)."""
     job, m = zero3_w8
     cfg, tokens = job.model, SEQ  # one micro-batch of one sequence on this rank
     expected = tokens * (flops_per_token(cfg, SEQ, causal=False)
                          + cfg.num_layers * attention_core_flops_per_token(cfg, SEQ,
-                                                                            causal=False) / 2)
+                                                                            causal=False) / 2
+                         + 2.0 * cfg.vocab_size * cfg.dim)
     assert m.flops == pytest.approx(expected, rel=1e-3)
 
 
@@ -231,8 +233,10 @@ def test_moe_runs_under_fake_tensors_with_balanced_dispatch():
     # every token goes through k experts whatever the (balanced) split, so the counted FLOPs
     # are the planner's (same convention as test_flops_match_the_planner_formula)
     cfg, t = job.model, 64
+    # (+ the fused loss's recomputed logits, 2*V*h per token)
     expected = 2 * t * (flops_per_token(cfg, t, causal=False)
-                        + cfg.num_layers * attention_core_flops_per_token(cfg, t, causal=False) / 2)
+                        + cfg.num_layers * attention_core_flops_per_token(cfg, t, causal=False) / 2
+                        + 2.0 * cfg.vocab_size * cfg.dim)
     assert m.flops == pytest.approx(expected, rel=1e-6)
 
 

@@ -143,10 +143,18 @@ class MemoryConfig:
     """Activation checkpointing: 'none', 'selective' (recompute attention core), 'full'."""
     offload: str = "none"
     """CPU offload: 'none', 'optimizer' (optimizer states) or 'params' (FSDP2 offload policy)."""
+    loss_chunk_tokens: int = 0
+    """Tokens per chunk of the fused head + cross-entropy (`models.loss`): the (tokens x
+    vocab) logits exist one chunk at a time, forward and backward. 0 (default) = auto: one
+    chunk's fp32 logits stay under 256 MiB (523 tokens at a 128,256 vocabulary per tp rank,
+    1,335 at GPT-2's 50,257); smaller saves memory, larger means fewer head matmuls."""
 
     def __post_init__(self) -> None:
         choice("memory.ac", self.ac, AC_MODES)
         choice("memory.offload", self.offload, OFFLOAD_MODES)
+        require(isinstance(self.loss_chunk_tokens, int) and self.loss_chunk_tokens >= 0,
+                "memory.loss_chunk_tokens", self.loss_chunk_tokens,
+                "use 0 (auto) or a positive number of tokens per chunk")
 
 
 @dataclass

@@ -3,7 +3,8 @@
 The attention *core* (softmax(QK^T/sqrt(d)) V, causal) is its own submodule, `Attention.core`,
 so that context parallelism can swap it for ring attention and selective activation
 checkpointing can wrap exactly it. Both cores take K/V with the (possibly fewer) KV heads of
-grouped-query attention and expand them themselves.
+grouped-query attention and never store expanded copies for backward: SDPA reads the g KV
+heads itself (`enable_gqa=True`), the naive core broadcasts them (an expand view, not a copy).
 """
 
 from __future__ import annotations
@@ -18,10 +19,13 @@ __all__ = ["Attention", "NaiveAttentionCore", "SDPAAttentionCore", "RotaryEmbedd
            "apply_rotary", "make_attention_core"]
 
 
-def _repeat_kv(x: torch.Tensor, num_rep: int) -> torch.Tensor:
-    # (B, g, T, hd) -> (B, g*num_rep, T, hd); query head i reads KV head i // num_rep, the
-    # grouping of Ainslie et al. 2023 (GQA) and of Hugging Face's `repeat_kv`.
-    return x if num_rep == 1 else x.repeat_interleave(num_rep, dim=1)
+def _group_queries(q: torch.Tensor, num_kv: int) -> torch.Tensor:
+    # (B, nh, T, hd) -> (B, g, nh/g * T, hd): query head i reads KV head i // (nh/g), the
+    # grouping of Ainslie et al. 2023 (GQA) and of Hugging Face's `repeat_kv`. A group's
+    # query heads are stacked along the rows, so plain batched matmuls against the g KV
+    # heads need no broadcasting (a broadcast matmul would save expanded K/V copies).
+    b, nh, t, hd = q.shape
+    return q.reshape(b, num_kv, nh // num_kv * t, hd)
 
 
 class NaiveAttentionCore(nn.Module):
@@ -34,17 +38,20 @@ class NaiveAttentionCore(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 mask: torch.Tensor | None = None) -> torch.Tensor:
         # q: (B, nh, T, hd); k, v: (B, nkv, S, hd) with nh a multiple of nkv; causal with the
-        # last query aligned to the last key (S == T here). `mask`: (B, 1, T, S) bool, True =
-        # attend; replaces the causal mask (document masking passes a block-causal one).
-        num_rep = q.shape[1] // k.shape[1]
-        k, v = _repeat_kv(k, num_rep), _repeat_kv(v, num_rep)
-        t, s = q.shape[-2], k.shape[-2]
-        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))  # (B, nh, T, S)
+        # last query aligned to the last key (S == T here). `mask`: (B, 1, T, S) or (T, S) bool,
+        # True = attend; replaces the causal mask (document masking passes a block-causal one).
+        # Grouped, so autograd saves the g KV heads, not nh expanded copies.
+        b, nh, t, hd = q.shape
+        g, s = k.shape[1], k.shape[-2]
+        qg = _group_queries(q, g)  # (B, g, nh/g*T, hd)
+        scores = (qg @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))  # (B, g, nh/g*T, S)
         if mask is None:
             mask = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(diagonal=s - t)
+        # (..., nh/g*T, S): row j is query position j % T
+        mask = mask.repeat(*([1] * (mask.dim() - 2)), nh // g, 1)
         scores = scores.float().masked_fill(~mask, float("-inf"))
         probs = torch.softmax(scores, dim=-1).to(q.dtype)
-        return probs @ v  # (B, nh, T, hd)
+        return (probs @ v).view(b, nh, t, hd)  # (B, nh, T, hd)
 
 
 class SDPAAttentionCore(nn.Module):
@@ -52,14 +59,15 @@ class SDPAAttentionCore(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 mask: torch.Tensor | None = None) -> torch.Tensor:
-        num_rep = q.shape[1] // k.shape[1]
-        # Expanding K/V explicitly instead of `enable_gqa=True`: not every fused kernel accepts
-        # enable_gqa (the flash kernel on some builds falls back to math), while the expanded
-        # tensors are accepted everywhere; the cost is g -> a KV heads of transient memory.
-        k, v = _repeat_kv(k, num_rep), _repeat_kv(v, num_rep)
+        # enable_gqa: the kernel reads the g KV heads itself, so backward keeps K and V at
+        # (B, g, T, hd) instead of expanded (B, nh, T, hd) copies (CPU flash and CUDA flash
+        # kernels; a kernel without GQA support falls back to math, which expands inside).
+        gqa = q.shape[1] != k.shape[1]
         if mask is not None:  # block-causal (document masking): no flash kernel takes it
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, nh, T, hd)
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hd)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                                  enable_gqa=gqa)  # (B, nh, T, hd)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                              enable_gqa=gqa)  # (B, nh, T, hd)
 
 
 def make_attention_core(backend: str) -> nn.Module:

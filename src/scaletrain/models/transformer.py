@@ -22,6 +22,8 @@ gradients in sync — the model cannot do that without a process group.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -30,6 +32,7 @@ from scaletrain.config import ModelConfig
 
 from .attention import Attention, RotaryEmbedding
 from .documents import document_layout
+from .loss import linear_cross_entropy
 from .moe import MoE
 
 __all__ = ["Transformer", "TransformerBlock", "FeedForward", "RMSNorm", "build_model",
@@ -124,14 +127,31 @@ class Transformer(nn.Module):
         `documents.py`)."""
         """Sequence parallelism sets this to tp: a pipeline stage's hidden-state input is then
         this rank's T/tp slice of the sequence, and positions must still cover all T."""
+        self.loss_chunk_tokens = 0
+        """Tokens per chunk of the fused head + loss (`models.loss`); 0 = auto. The trainer
+        sets it from `memory.loss_chunk_tokens`."""
+        self.head_loss: Callable[..., torch.Tensor] = linear_cross_entropy
+        """(hidden, head weight, targets, *, chunk_tokens) -> loss. Tensor parallelism
+        replaces it with the vocabulary-parallel version (DTensor in, no logits gathered)."""
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None
-                ) -> torch.Tensor:
+    def head_weight(self) -> torch.Tensor | None:
+        """The (V, h) head weight applied by this module (tied: the embedding), else None."""
+        if self.output is not None:
+            return self.output.weight
+        if self.tie_embeddings and self.tok_embeddings is not None and self.norm is not None:
+            return self.tok_embeddings.weight
+        return None
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None, *,
+                targets: torch.Tensor | None = None) -> torch.Tensor:
         """tokens: (B, T) ids, or (B, T, h) hidden states when `tok_embeddings` is None.
 
         positions: optional (T,) or (B, T) position ids (default 0..T-1); context parallelism
         passes the non-contiguous positions of its load-balanced shard. Returns (B, T, V)
-        logits, or (B, T, h) hidden states on a stage without norm and head.
+        logits, or (B, T, h) hidden states on a stage without norm and head. With `targets`
+        (B, T) on a module holding the head: the mean next-token cross-entropy instead,
+        computed by `head_loss` without materializing the logits (the training path; the
+        logits path stays for generation and evaluation tools).
         """
         t = tokens.shape[1] * (self.input_seq_shards if self.tok_embeddings is None else 1)
         layer_kw = {}
@@ -151,6 +171,9 @@ class Transformer(nn.Module):
             h = layer(h, cos, sin, **layer_kw)
         if self.norm is not None:
             h = self.norm(h)
+        weight = self.head_weight()
+        if targets is not None and weight is not None:
+            return self.head_loss(h, weight, targets, chunk_tokens=self.loss_chunk_tokens)
         if self.output is not None:
             return self.output(h)  # (B, T, V)
         if self.tie_embeddings and self.tok_embeddings is not None and self.norm is not None:

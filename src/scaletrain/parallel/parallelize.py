@@ -62,6 +62,8 @@ def parallelize(model: nn.Module, dims: ParallelDims, *, precision: PrecisionCon
     ranks, which fake tensors do not have; the local computation is the same).
     """
     _check(dims, memory, precision)
+    if hasattr(model, "loss_chunk_tokens"):  # the fused head + loss (models.loss)
+        model.loss_chunk_tokens = memory.loss_chunk_tokens
     # fp8 linears first: Float8Linear is an nn.Linear, so the TP plans and FSDP apply unchanged
     maybe_apply_fp8(model, precision)
     if dims.tp > 1:

@@ -14,6 +14,11 @@ Embeddings: vocabulary-sharded (row-wise), output Replicate, or Shard(1) with sp
 position embeddings are sharded the same way; their output (T, h) is sharded on dim 0 so it adds
 to the local (B, T/tp, h) token embeddings — positions must then be the default 1-D ids.
 
+Training loss: `model(x, targets=y)` never forms the logits; `vocab_parallel_head_loss` runs
+the fused chunked cross-entropy (models/loss.py) on this rank's V/tp head rows with the row max,
+sum of exponentials and target logit all-reduced over tp. The plans below still serve the
+logits path (generation, evaluation tools, a pipeline's last stage).
+
 Head: column-wise (vocabulary-sharded logits). With `loss_parallel=True` the model returns a
 DTensor of logits sharded on the vocabulary dim and the loss must be computed and
 back-propagated inside `loss_context(...)` (torch's `loss_parallel`: cross-entropy without
@@ -30,9 +35,11 @@ from __future__ import annotations
 
 import contextlib
 
+import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -43,7 +50,9 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-__all__ = ["apply_tp", "loss_context"]
+from scaletrain.models.loss import VocabShard, linear_cross_entropy
+
+__all__ = ["apply_tp", "loss_context", "vocab_parallel_head_loss"]
 
 
 def _root_plan(model: nn.Module, sp: bool, loss_parallel_: bool) -> dict:
@@ -138,7 +147,39 @@ def apply_tp(model: nn.Module, mesh: DeviceMesh, *, sp: bool, loss_parallel: boo
     emb = getattr(model, "tok_embeddings", None)
     if emb is not None:
         emb.register_forward_pre_hook(_slice_embedding_grad)
+    if hasattr(model, "head_loss"):
+        model.head_loss = vocab_parallel_head_loss
     return model
+
+
+def vocab_parallel_head_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                             *, chunk_tokens: int = 0) -> torch.Tensor:
+    """The model's training loss under TP: `models.loss.linear_cross_entropy` on this rank's
+    V/tp head rows, max / sum-exp / target logit all-reduced over tp, nothing gathered.
+
+    weight: the head (or tied embedding) DTensor sharded on the vocabulary (Shard(0)).
+    hidden: the final norm's output: a plain replicated tensor (tp without sp), or a DTensor
+    (Replicate, or Shard(1) with sp: all-gathered here, as the column-wise head would). Its
+    local gradient is a partial sum over the vocabulary shards, so it is handed back as
+    Partial: the redistribution's backward all-reduces it (or reduce-scatters it under sp).
+    Returns the plain fp32 loss, equal on every tp rank.
+    """
+    if not isinstance(weight, DTensor) or weight.placements != (Shard(0),):
+        return linear_cross_entropy(hidden, weight, targets, chunk_tokens=chunk_tokens)
+    mesh = weight.device_mesh
+    if not isinstance(hidden, DTensor):
+        hidden = DTensor.from_local(hidden, mesh, [Replicate()], run_check=False)
+    h = hidden.redistribute(mesh, [Replicate()]).to_local(grad_placements=[Partial()])
+    w = weight.to_local()  # (V/tp, h); its gradient is this shard's, Shard(0) as the weight
+    group = mesh.get_group()
+    rows = -(-weight.shape[0] // mesh.size())  # torch.chunk sizes, as Shard(0) splits
+    vocab = VocabShard(
+        start=min(mesh.get_local_rank() * rows, weight.shape[0]),
+        all_reduce_max=lambda t: dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group),
+        all_reduce_sum=lambda t: dist.all_reduce(t, group=group))
+    if isinstance(targets, DTensor):
+        targets = targets.full_tensor()
+    return linear_cross_entropy(h, w, targets, chunk_tokens=chunk_tokens, vocab=vocab)
 
 
 def loss_context(mesh: DeviceMesh | None, *, enabled: bool = True):

@@ -91,7 +91,7 @@ def flops_per_token(model: ModelConfig, seq_len: int, *, causal: bool = True,
 
 
 def counted_flops_per_token(model: ModelConfig, seq_len: int, *, recompute: str = "none",
-                            tp: int = 1, cp: int = 1) -> float:
+                            tp: int = 1, cp: int = 1, fused_head: bool = True) -> float:
     """Training FLOPs per token of one rank as torch's `FlopCounterMode` counts them (the
     dry-run's figure, scaletrain's own kernels and parallel layouts).
 
@@ -103,7 +103,12 @@ def counted_flops_per_token(model: ModelConfig, seq_len: int, *, recompute: str 
     attention runs on plain local tensors) and, under cp, on the key blocks ring attention
     does not skip: with the zigzag layout each rank computes (cp + 1) / (2 cp) of its queries'
     full s x s work (own block whole, half of every other: parallel/context_parallel.py).
-    Recompute repeats forward work: 'selective' the attention core; 'full' the attention core
+    fused_head (the trainer's fused head + loss, models/loss.py; a pipeline's last stage uses
+    the plain head instead): the head runs on plain local tensors, V/tp rows, and its backward
+    recomputes the logits: 4 x 2*V*h/tp per token (forward, recompute, the two gradients).
+    Recompute repeats forward work: 'selective' (parallel/ac.py's per-op policy keeps every
+    matmul and fused-attention output) only the naive core's S x S matmuls; 'full' the
+    attention core
     and every block matmul but the last (the MLP's down projection: torch's non-reentrant
     checkpoint stops recomputing once every saved tensor is back, and that output is saved by
     nothing). Ignores, like the counter: elementwise ops, norms, the embedding, the
@@ -113,13 +118,14 @@ def counted_flops_per_token(model: ModelConfig, seq_len: int, *, recompute: str 
     per_layer, head = matmul_params(model)
     core = attention_core_flops_per_token(model, seq_len, causal=False)
     attn = model.num_layers * core / tp * (cp + 1) / (2 * cp)
-    total = 3.0 * 2.0 * (model.num_layers * per_layer + head) \
+    head_flops = 4.0 * 2.0 * head / tp if fused_head else 3.0 * 2.0 * head
+    total = 3.0 * 2.0 * model.num_layers * per_layer + head_flops \
         + (1.0 + FLASH_BACKWARD_FACTOR) * attn
     if recompute == "full":
         down = model.dim * model.ffn_dim * (model.experts_per_token if model.is_moe else 1)
         total += 2.0 * model.num_layers * (per_layer - down) + attn
     elif recompute == "selective":
-        total += attn
+        total += attn if model.attention == "naive" else 0.0
     elif recompute != "none":
         raise ValueError(f"recompute={recompute!r}: use 'none', 'selective' or 'full'")
     return total

@@ -12,6 +12,7 @@ from scaletrain.config import PRECISION_TABLE, ModelConfig, stage_layer_ranges
 __all__ = ["OPTIMIZER_BYTES", "CONVENTIONS", "state_bytes_per_param", "model_state_bytes",
            "stage_layer_counts", "korthikanti_layer_bytes", "layer_activation_bytes",
            "activation_bytes", "head_activation_bytes", "fp8_linear_params", "loss_backward_bytes",
+           "selective_layer_bytes", "fused_loss_chunk",
            "embedding_backward_bytes", "held_logits_bytes", "rope_table_bytes", "buffer_terms",
            "pp_recv_buffer_bytes",
            "RUNTIME_CONTEXT_BYTES", "FRAGMENTATION"]
@@ -203,8 +204,8 @@ def layer_activation_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int
         (its fp32 upcast input and the cast-back output are both saved);
       QKV and MLP inputs 2 x e*s_l*b*h — NOT /t: DTensor SP all-gathers the normed input and the
         column-parallel linear saves the gathered copy (Korthikanti re-gather it instead);
-      q, k, v saved by SDPA e*s_l*b*3h/t: K and V after the GQA expansion to the query heads
-        (models/attention.py expands them before the kernel, so GQA saves no activation);
+      q, k, v saved by SDPA e*s_l*b*(h + 2kv)/t: K and V at the g KV heads (SDPA's
+        enable_gqa; the naive core groups queries instead of expanding K/V);
       under autocast (fp32 parameters, r = 4) each linear saves its own 16-bit cast of its
         input: + 2*e*s_l*b*h for q/k/v, + e*s_l*b*h for SwiGLU's gate/up;
       SDPA output (= out-proj input) e*s_l*b*h/t; flash/efficient log-sum-exp 4*a*s_l*b/t;
@@ -227,7 +228,8 @@ def layer_activation_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int
       dim-256 llama: bf16 -> fp8 -4864 KiB, matching these terms to the byte). MoE experts
       likewise: n_in 1-byte copies of the dispatched (N*k, h) input replace its e-byte one,
       and w2's input is 1 byte (the router stays 16-bit).
-    selective drops the attention-core terms (lse or scores); full keeps the block input.
+    selective: `selective_layer_bytes` (the per-op policy of parallel/ac.py); full keeps the
+    block input.
     Ignores: RoPE (cos/sin are buffers), residual adds (save nothing), < 1% small tensors.
     """
     e = 4 if precision == "fp32" else 2
@@ -240,6 +242,8 @@ def layer_activation_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int
     tsp = tp if sp else 1
     if ac == "full":
         return r * tok * h / tsp
+    if ac == "selective":
+        return selective_layer_bytes(model, tokens=tok, tp=tp, sp=sp, e=e, r=r, ep=ep)
     stats = 8.0 if model.norm == "layernorm" else 4.0
     # scaletrain's RMSNorm runs rms_norm on x.float() (saves the fp32 input) and multiplies the
     # weight by the result cast back (saves it, e or r bytes): 4 + r per element, not r
@@ -254,14 +258,12 @@ def layer_activation_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int
         # own copy: q, k, v read three copies (2 extra), SwiGLU's gate and up two (1 extra)
         # (dry-run, llama-style z0/z1 layouts; autocast caches casts of leaf weights only)
         inputs += e * tok * h * (2 + (1 if model.activation == "swiglu" else 0))
-    # SDPA saves K and V after `_repeat_kv` (models/attention.py expands the g KV heads to a
-    # query heads before the kernel): 2*e*s_l*b*h, not 2*e*s_l*b*kv_dim (GQA saves nothing)
-    attn = e * tok * (2 * h + 2 * h) / tp + (tok * h / tp if fp8 else 0.0)
-    if ac != "selective":
-        if model.attention == "naive":
-            attn += e * a * tok * seq_len / tp
-        else:
-            attn += 4.0 * a * tok / tp
+    # q and the core's output at the query heads, K and V at the g KV heads (enable_gqa)
+    attn = e * tok * (2 * h + 2 * model.kv_dim) / tp + (tok * h / tp if fp8 else 0.0)
+    if model.attention == "naive":
+        attn += e * a * tok * seq_len / tp
+    else:
+        attn += 4.0 * a * tok / tp
     n_f = 2 if model.activation == "gelu" else (3 if compile else 4)
     if model.is_moe:
         k, E = model.experts_per_token, model.num_experts
@@ -281,34 +283,110 @@ def layer_activation_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int
     return norms + inputs + attn + mlp
 
 
+def selective_layer_bytes(model: ModelConfig, *, tokens: float, tp: int, sp: bool, e: int,
+                          r: int, ep: int = 1) -> float:
+    """Bytes one block keeps under `memory.ac="selective"` (parallel/ac.py's per-op policy:
+    the whole block is checkpointed, the outputs of matmuls, fused attention kernels and TP
+    reductions are saved, everything else is recomputed in backward). tokens = s_l*b.
+
+    Counts: the block input r*s_l*b*h (/t with SP; the checkpoint's input); the q, k, v
+    projections e*s_l*b*(h + 2kv)/t; SDPA's output e*s_l*b*h/t and fp32 log-sum-exp
+    4*a*s_l*b/t (the naive core's S x S matmuls are recomputed: no attention term); the
+    output projections wo and w2, e*s_l*b*h each and NOT /t (a row-parallel matmul's output is
+    this rank's partial sum over the full hidden width); with tp > 1 the reduction of each of
+    those, saved too: reduce-scatter e*s_l*b*h/t (SP) or all-reduce e*s_l*b*h; the MLP's
+    input matmuls, n_in x e*s_l*b*f/t (n_in = 2 for SwiGLU's gate and up, 1 for GELU). MoE:
+    the router's matmul e*s_l*b*E and the experts' matmuls for k*s_l*b routed tokens (n_in x
+    e*k*s_l*b*f/(t*ep) + e*k*s_l*b*h); the dense MLP terms are replaced.
+    Ignores: RoPE tables (shared buffers), the fp8 scales (a few floats per tensor).
+    Source: torch.utils.checkpoint's selective policy keeps exactly the outputs of the ops
+    `ac.SELECTIVE_SAVED_OPS` names; checked against the dry-run (planner_accuracy.md).
+    """
+    h, a, f, kv = model.dim, model.num_heads, model.ffn_dim, model.kv_dim
+    tsp = tp if sp else 1
+    n_in = 2 if model.activation == "swiglu" else 1
+    out = r * tokens * h / tsp
+    out += e * tokens * (h + 2 * kv) / tp
+    if model.attention != "naive":
+        out += e * tokens * h / tp + 4.0 * a * tokens / tp
+    reduced = 0.0 if tp == 1 else (e * tokens * h / tp if sp else e * tokens * h)
+    out += 2 * (e * tokens * h + reduced)  # wo and w2 outputs, and their TP reductions
+    if model.is_moe:
+        k = model.experts_per_token
+        out += e * tokens * model.num_experts
+        out += n_in * e * k * tokens * f / (tp * ep) + e * (k - 1) * tokens * h
+    else:
+        out += n_in * e * tokens * f / tp
+    return out
+
+
 def head_activation_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int, tp: int = 1,
                           sp: bool = False, cp: int = 1, precision: str = "bf16",
-                          residual_fp32: bool = False) -> float:
-    """Last stage's extra activations per micro-batch: final-norm input r*s_l*b*h (/t with SP),
-    head input e*s_l*b*h, and the logits path s_l*b*V/t*(2 + 4) in 16-bit (bf16 logits and the
-    fp32 log-softmax output; the fp32 upcast is consumed by log-softmax and freed: the dry-run
-    measures 6 B, not the 10 B of DESIGN.md §5) or (4 + 4) in fp32. The loss backward's own
-    temporaries are `loss_backward_bytes`. Ignores fused-CE kernels.
+                          residual_fp32: bool = False, fused: bool = True) -> float:
+    """Last stage's extra activations per micro-batch: final-norm input r*s_l*b*h (/t with SP)
+    and the head input e*s_l*b*h (the 16-bit cast the head reads; full tokens under SP, whose
+    norm output is all-gathered for the vocabulary-parallel head), plus:
+    - fused (the trainer's `model(x, targets=y)`, models/loss.py): the per-token fp32
+      log-sum-exp 4*s_l*b; no logits are kept.
+    - not fused (the pipeline's last stage, which returns logits to the schedule's loss):
+      the logits path s_l*b*V/t*(2 + 4) in 16-bit (bf16 logits and the fp32 log-softmax
+      output; the fp32 upcast is consumed by log-softmax and freed: the dry-run measures 6 B,
+      not the 10 B of DESIGN.md §5) or (4 + 4) in fp32.
+    The loss backward's own temporaries are `loss_backward_bytes`.
     """
     e = 4 if precision == "fp32" else 2
     r = 4 if residual_fp32 else e
     tok = float(seq_len) / cp * micro_batch
-    logits = (8.0 if e == 4 else 6.0) * tok * model.vocab_size / tp
-    return r * tok * model.dim / (tp if sp else 1) + e * tok * model.dim + logits
+    if fused:
+        tail = 4.0 * tok
+    else:
+        tail = (8.0 if e == 4 else 6.0) * tok * model.vocab_size / tp
+    return r * tok * model.dim / (tp if sp else 1) + e * tok * model.dim + tail
+
+
+def fused_loss_chunk(model: ModelConfig, *, tp: int = 1, chunk_tokens: int = 0) -> int:
+    """Tokens per chunk of the fused loss: `chunk_tokens`, or for 0 the auto rule of
+    models/loss.py (`auto_chunk_tokens`: one chunk's fp32 logits <= 256 MiB of V/tp rows)."""
+    if chunk_tokens > 0:
+        return chunk_tokens
+    return max(1, 256 * 2**20 // (4 * max(1, -(-model.vocab_size // tp))))
 
 
 def loss_backward_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int, tp: int = 1,
-                        cp: int = 1) -> float:
-    """Temporaries of the cross-entropy backward on the last stage: the fp32 gradient of the
-    log-softmax output and of the logits, 2 x 4*s_l*b*V, alive together at the moment the
-    loss backward starts while every activation is still stored (the peak of most steps).
-    Source: the dry-run's 'temp' at its peak is exactly 8*s_l*b*V bytes in bf16 and fp32
-    (benchmarks/results/planner_accuracy.md), and it is NOT divided by tp: with tp > 1 and the
-    trainer's loss_parallel head the dry-run still measures the full-vocabulary 8*s_l*b*V (the
-    stored logits are vocabulary-sharded, the backward's temporaries are not). `tp` is kept
-    for the day that changes."""
-    del tp
-    return 8.0 * float(seq_len) / cp * micro_batch * model.vocab_size
+                        cp: int = 1, fused: bool = True, precision: str = "bf16",
+                        weight_bytes: int = 4, chunk_tokens: int = 0) -> float:
+    """Temporaries of the loss backward on the last stage, alive while every activation is
+    still stored (the peak of most steps).
+
+    fused (models/loss.py's backward, per chunk of c tokens and V_l = V/t head rows): the
+    hidden-state gradient e*s_l*b*h; the head gradient accumulator V_l*h in the weight's dtype
+    (`weight_bytes`: 4 for fp32 parameters, 2 for FSDP2's 16-bit unsharded weight); the
+    chunk's recomputed logits, fp32 c*V_l*4 beside their 16-bit matmul output or gradient
+    cast c*V_l*e (none in fp32; the fp32 chunk is freed before one chunk's weight-gradient
+    product, e*V_l*h, exists, so that product is not on top). Everything is /t: nothing of
+    the full vocabulary exists on a tp rank. Measured with MemTracker under fake tensors
+    (1024 tokens, GPT-2's vocabulary): bf16 weight 387.6 MB (these terms to 0.1 MB); fp32
+    weight under autocast 541.9 MB, these terms plus the weight's own 16-bit cast (see below).
+    not fused (the pipeline's logits path): the fp32 gradient of the log-softmax output and
+    of the logits, 2 x 4*s_l*b*V, NOT divided by tp (the dry-run measures the full vocabulary
+    under loss_parallel: the stored logits are sharded, the backward's temporaries are not).
+    Source: the dry-run's 'temp' at the loss-backward moment (planner_accuracy.md).
+    """
+    tok = float(seq_len) / cp * micro_batch
+    if not fused:
+        return 8.0 * tok * model.vocab_size
+    e = 4 if precision == "fp32" else 2
+    v_local = -(-model.vocab_size // tp)
+    c = min(fused_loss_chunk(model, tp=tp, chunk_tokens=chunk_tokens), tok)
+    table = float(v_local) * model.dim
+    # fp32 compute: the matmul output is the fp32 chunk itself (no 16-bit companion)
+    out = e * tok * model.dim + weight_bytes * table + c * v_local * (4 + (e if e < 4 else 0))
+    # Not added: the weight's 16-bit cast e*V_l*h when the weight is fp32 under autocast. The
+    # rank's states already count a 16-bit copy of every weight in flight (autocast's cached
+    # casts); the fused loss makes its own cast instead of autocast's, so counting both
+    # over-predicted by about that table (dry-run: gpt2-124m-L2 dp2 z0 bf16 +5.3%,
+    # llama-1024-L4 dp2 z0 bf16 +5.1% with it).
+    return out
 
 
 def embedding_backward_bytes(model: ModelConfig, *, tp: int = 1, grad_bytes: int = 4,
@@ -334,12 +412,14 @@ def embedding_backward_bytes(model: ModelConfig, *, tp: int = 1, grad_bytes: int
 
 
 def held_logits_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int, tp: int = 1,
-                      cp: int = 1, precision: str = "bf16") -> float:
-    """The logits (B, T/cp, V/tp) the training loop still references after the loss backward
-    (`logits = model(...)` stays bound until the step ends, trainer/loop.py and the dry-run's
-    step alike): e*s_l*b*V/tp, e = 4 in fp32 else 2 (the model's output dtype; the loss's fp32
-    upcast is freed with the loss graph). Source: measured with the dry-run, gpt2-124m-L2 dp2 z0
-    fp32: 'activations' at the end-of-backward peak are exactly 4*s*b*V."""
+                      cp: int = 1, precision: str = "bf16", fused: bool = True) -> float:
+    """Logits still referenced after the loss backward. fused (the trainer's fused loss): none,
+    0. Not fused (the pipeline's last stage): the logits (B, T/cp, V/tp) of the stage output,
+    e*s_l*b*V/tp, e = 4 in fp32 else 2 (the model's output dtype; the loss's fp32 upcast is
+    freed with the loss graph). Source: measured with the dry-run, gpt2-124m-L2 dp2 z0 fp32:
+    'activations' at the end-of-backward peak were exactly 4*s*b*V before the fused loss."""
+    if fused:
+        return 0.0
     e = 4 if precision == "fp32" else 2
     return e * float(seq_len) / cp * micro_batch * model.vocab_size / tp
 

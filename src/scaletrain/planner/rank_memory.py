@@ -213,9 +213,13 @@ def _activation_terms(plan: PlanInput, modern: bool) -> tuple[float, float, floa
     full = layer_activation_bytes(model, seq_len=s, micro_batch=b, tp=L.tp, sp=L.sp, cp=L.cp,
                                   ac="none", precision=p, modern=modern, compile=plan.compile,
                                   residual_fp32=residual_fp32, ep=L.ep)
+    # the fused head + loss (models/loss.py) runs unpipelined; a pipeline's last stage
+    # returns logits to the schedule's loss function
+    fused = L.pp == 1
     head = head_activation_bytes(model, seq_len=s, micro_batch=b, tp=L.tp, sp=L.sp, cp=L.cp,
-                                 precision=p, residual_fp32=residual_fp32)
-    held = held_logits_bytes(model, seq_len=s, micro_batch=b, tp=L.tp, cp=L.cp, precision=p)
+                                 precision=p, residual_fp32=residual_fp32, fused=fused)
+    held = held_logits_bytes(model, seq_len=s, micro_batch=b, tp=L.tp, cp=L.cp, precision=p,
+                             fused=fused)
     if model.is_moe and L.ep > 1 and L.zero >= 2 and p not in ("fp32", "fp8"):
         # FSDP2 ignores the expert-parallel experts (parallel/parallelize.py): they stay fp32
         # and autocast casts each expert's weights to the compute dtype in every forward
@@ -451,8 +455,13 @@ def _rank_numbers(plan: PlanInput, acts_terms: tuple[float, float, float, float]
         peak = max(bwd_peak, end_peak, step_peak)
     loss_tmp = 0.0
     if last:
+        # the head weight the fused loss reads: FSDP2's 16-bit unsharded copy under ZeRO-2/3
+        # with 16-bit compute, else the fp32 parameter
+        weight_bytes = 2 if (L.zero >= 2 and plan.precision != "fp32") else 4
         loss_tmp = loss_backward_bytes(plan.model, seq_len=plan.seq_len,
-                                       micro_batch=plan.micro_batch, tp=L.tp, cp=L.cp)
+                                       micro_batch=plan.micro_batch, tp=L.tp, cp=L.cp,
+                                       fused=pp == 1, precision=plan.precision,
+                                       weight_bytes=weight_bytes)
         bufs = dict(bufs, loss_backward_temp=loss_tmp)
         resting = fixed - (st["params.in_flight"] if L.zero >= 3 else 0.0)
         coll = sum(v for k, v in bufs.items() if k.startswith("fsdp_"))
@@ -463,6 +472,11 @@ def _rank_numbers(plan: PlanInput, acts_terms: tuple[float, float, float, float]
             resting = fixed - st["params.in_flight"] + wc * count
             held = wc * count
         stored = acts - extra  # no recompute during the loss backward
+        if L.zero >= 3 and pp == 1:
+            # the fused loss reads the head inside the root unit's forward: FSDP2 does not
+            # reshard the root after forward, so its unsharded copy is alive (dry-run,
+            # gpt2-124m-L2 dp8 z3: -15% without it)
+            resting += bwd_terms[0]
         # Not counted, because not held: the logits of earlier micro-batches (the trainer runs
         # the schedule with return_outputs=False; torch's default would keep all m of them on
         # the last stage until the step ends, measured 33 MB per micro-batch on llama-1024-L4).

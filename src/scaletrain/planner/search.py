@@ -63,10 +63,10 @@ class FamilyOutcome:
                 return "winner"
             slow = self.best.time.step_s / winner.time.step_s
             if self.best.time.step_s == winner.time.step_s:  # a tie lost on memory
-                return (f"best member {layout_of(self.best)}: as fast, but reserves "
+                return (f"best member {layout_label(self.best)}: as fast, but reserves "
                         f"{self.best.memory.reserved / GB:.1f} GB vs "
                         f"{winner.memory.reserved / GB:.1f} GB")
-            return (f"best member {layout_of(self.best)}: {self.best.time.step_s:.3f} s/step "
+            return (f"best member {layout_label(self.best)}: {self.best.time.step_s:.3f} s/step "
                     f"vs {winner.time.step_s:.3f} s ({slow:.2f}x slower, MFU "
                     f"{self.best.mfu:.1%} vs {winner.mfu:.1%})")
         if self.closest_miss is not None:

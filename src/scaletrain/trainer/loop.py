@@ -29,11 +29,9 @@ from scaletrain.checkpoint.hf_load import load_initial_weights
 from scaletrain.config import ConfigError, JobConfig
 from scaletrain.measure.live import SavedActivations, peak_process_memory, state_bytes
 from scaletrain.measure.schema import Measurement, plan_dict
-from scaletrain.models import causal_lm_loss
-from scaletrain.parallel import loss_context
 
 from ._start import start_line
-from .build import Run, build_run, tp_mesh
+from .build import Run, build_run
 from .documents import enable_document_masking
 from .guard import SpikeGuard, SpikeVerdict
 from .metrics import MetricsLogger
@@ -119,9 +117,8 @@ def evaluate(run: Run, batches: list) -> float | None:
     for inputs, targets in batches:
         inputs, targets, positions = local_batch(run, inputs, targets)
         with autocast(run.job.precision, run.device.type):
-            logits = run.model(inputs, positions=positions)
-        with loss_context(tp_mesh(run.dims)):
-            total += plain(causal_lm_loss(logits, targets)).detach().float()
+            loss = run.model(inputs, positions=positions, targets=targets)  # fused head+loss
+        total += plain(loss).detach().float()
     run.model.train()
     return all_mean(total / max(1, len(batches)))
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from scaletrain.models import causal_lm_loss, moe_aux_loss
+from scaletrain.models import moe_aux_loss
 from scaletrain.parallel import clip_grad_norm_, loss_context, maybe_no_sync, sync_gradients
 
 from .build import tp_mesh
@@ -120,8 +120,7 @@ def forward_backward(run: Run, batches: Iterator, hooks: StepHooks = NO_HOOKS,
         inputs, targets, positions = local_batch(run, *next(batches))
         with maybe_no_sync(run.model, k == accum - 1), loss_context(tp_mesh(run.dims)):
             with autocast(job.precision, run.device.type), hooks.microbatch(k):
-                logits = run.model(inputs, positions=positions)
-                loss = causal_lm_loss(logits, targets)
+                loss = run.model(inputs, positions=positions, targets=targets)  # fused head+loss
                 total = loss + moe_aux_loss(run.model)
             hooks.event(f"loss:{k}")
             # mean-reduced accumulation: k micro-batches == one batch k times larger

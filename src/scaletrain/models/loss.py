@@ -1,0 +1,147 @@
+"""Fused head + cross-entropy that never holds the (tokens x vocab) logits of a whole batch.
+
+`linear_cross_entropy(hidden, weight, targets)` equals
+`F.cross_entropy((hidden @ weight.T).float(), targets, ignore_index=...)` (mean over the valid
+targets) but runs over the tokens in chunks of `chunk_tokens`:
+
+- forward, per chunk: logits (c, V) in the compute dtype, upcast to fp32, reduced to the
+  per-token log-sum-exp and target logit, then freed. Kept for backward: the hidden states
+  (N, h) (the plain head's backward keeps them too), the per-token lse (N,) in fp32 and the
+  targets. Nothing of size N x V.
+- backward, per chunk: the logits are recomputed (one more head matmul), turned in place into
+  softmax - onehot, scaled, cast to the compute dtype, and multiplied into the hidden-state
+  gradient (c, h) and the weight gradient (V, h), the latter accumulated in the weight's
+  dtype. Peak temporaries: about c x V x (4 + 2) bytes, plus one V x h product per chunk
+  when the compute dtype is not the weight's.
+
+Vocabulary parallelism: `vocab` (a `VocabShard`) says this rank holds rows
+[start, start + V_local) of the head and how to all-reduce across the vocabulary group; the
+row max, the sum of exponentials and the target logit are reduced there, nothing is gathered.
+The hidden-state gradient it returns is then this rank's partial sum (the caller reduces it:
+`scaletrain.parallel.tensor_parallel.vocab_parallel_head_loss`). The collectives are passed in
+as callables, so this module imports nothing from torch.distributed (models know nothing of
+distribution).
+
+The same algorithm is what fused linear-cross-entropy kernels do (e.g. Wijmans et al. 2024,
+"Cut Your Losses in Large-Vocabulary Language Models"); here it is plain PyTorch ops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["VocabShard", "auto_chunk_tokens", "linear_cross_entropy"]
+
+LOSS_CHUNK_BYTES = 256 * 2**20
+"""Auto chunking (`chunk_tokens=0`): tokens per chunk so that one chunk's fp32 logits take at
+most this many bytes (e.g. 523 tokens for a 128,256 vocabulary, 1,335 for GPT-2's 50,257)."""
+
+
+@dataclass(frozen=True)
+class VocabShard:
+    """This rank's slice of a vocabulary-parallel head and its group's in-place all-reduces."""
+
+    start: int
+    """First vocabulary row held by this rank."""
+    all_reduce_max: Callable[[torch.Tensor], None]
+    all_reduce_sum: Callable[[torch.Tensor], None]
+
+
+def auto_chunk_tokens(vocab_local: int) -> int:
+    """Tokens per chunk for `chunk_tokens=0`: fp32 logits of one chunk <= LOSS_CHUNK_BYTES."""
+    return max(1, LOSS_CHUNK_BYTES // (4 * max(1, vocab_local)))
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.promote_types(dtype, torch.float32)  # fp32, or float64 for float64 inputs
+
+
+def _chunk_logits(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return (h @ w.t()).to(_acc_dtype(h.dtype))  # (c, V_local), fp32 at least
+
+
+def _local_targets(targets: torch.Tensor, start: int, size: int
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mask of targets in this rank's rows, their local row ids; 0 where not local)."""
+    local = (targets >= start) & (targets < start + size)
+    return local, torch.where(local, targets - start, torch.zeros_like(targets))
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                chunk: int, ignore_index: int, vocab: VocabShard | None) -> torch.Tensor:
+        # hidden: (N, h) in the compute dtype; weight: (V_local, h) in any float dtype.
+        w = weight.to(hidden.dtype)
+        start = vocab.start if vocab is not None else 0
+        valid = targets != ignore_index
+        lse = torch.empty(hidden.shape[0], dtype=_acc_dtype(hidden.dtype), device=hidden.device)
+        tgt_logit = torch.zeros_like(lse)
+        for i in range(0, hidden.shape[0], chunk):
+            logits = _chunk_logits(hidden[i:i + chunk], w)  # (c, V_local)
+            local, rows = _local_targets(targets[i:i + chunk], start, w.shape[0])
+            picked = logits.gather(1, rows[:, None]).squeeze(1) * local
+            row_max = logits.max(dim=1).values  # (c,)
+            if vocab is not None:
+                vocab.all_reduce_max(row_max)
+            # in place: no second (c, V_local) buffer (torch.logsumexp would allocate one)
+            sums = torch.stack([logits.sub_(row_max[:, None]).exp_().sum(dim=1), picked])
+            if vocab is not None:
+                vocab.all_reduce_sum(sums)  # (2, c): sum of exp and the target logit
+            lse[i:i + chunk] = row_max + sums[0].log()
+            tgt_logit[i:i + chunk] = sums[1]
+            del logits  # free this chunk before the next one's matmul allocates
+        count = valid.sum()
+        loss = ((lse - tgt_logit) * valid).sum() / count.clamp(min=1)
+        ctx.save_for_backward(hidden, weight, targets, lse, count)
+        ctx.chunk, ctx.ignore_index, ctx.start = chunk, ignore_index, start
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss: torch.Tensor):  # type: ignore[override]
+        hidden, weight, targets, lse, count = ctx.saved_tensors
+        w = weight.to(hidden.dtype)
+        chunk = ctx.chunk
+        grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_w = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
+        # d loss / d logit = (softmax - onehot) * g / count, for valid targets only
+        acc = lse.dtype
+        scale = (targets != ctx.ignore_index).to(acc) * (grad_loss.to(acc) / count.clamp(min=1))
+        for i in range(0, hidden.shape[0], chunk):
+            h = hidden[i:i + chunk]
+            g = _chunk_logits(h, w).sub_(lse[i:i + chunk, None]).exp_()  # softmax (c, V_local)
+            local, rows = _local_targets(targets[i:i + chunk], ctx.start, w.shape[0])
+            g.scatter_add_(1, rows[:, None], -local.to(acc)[:, None])
+            g = g.mul_(scale[i:i + chunk, None]).to(hidden.dtype)
+            if grad_h is not None:
+                torch.mm(g, w, out=grad_h[i:i + chunk])  # (c, h)
+            if grad_w is not None:
+                if grad_w.dtype == g.dtype:
+                    # the out= form, not addmm_: torch's FlopCounterMode counts it
+                    torch.addmm(grad_w, g.t(), h, out=grad_w)
+                else:  # accumulate in the weight's dtype (fp32 master), not in bf16
+                    grad_w.add_(g.t() @ h)
+            del g  # free this chunk before the next one's logits are recomputed
+        return grad_h, grad_w, None, None, None, None
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
+                         chunk_tokens: int = 0, ignore_index: int = -100,
+                         vocab: VocabShard | None = None) -> torch.Tensor:
+    """Mean cross-entropy of the logits `hidden @ weight.T` over targets != ignore_index.
+
+    hidden: (..., h) (cast to the autocast dtype when autocast is on, as the head Linear
+    would); weight: (V_local, h); targets: (...) with hidden's leading shape. chunk_tokens:
+    tokens per chunk, 0 = `auto_chunk_tokens`. Returns an fp32 scalar.
+    """
+    device_type = hidden.device.type
+    if torch.is_autocast_enabled(device_type):
+        hidden = hidden.to(torch.get_autocast_dtype(device_type))
+    hidden = hidden.reshape(-1, hidden.shape[-1])  # (N, h)
+    chunk = chunk_tokens if chunk_tokens > 0 else auto_chunk_tokens(weight.shape[0])
+    with torch.autocast(device_type, enabled=False):
+        return _LinearCrossEntropy.apply(hidden, weight, targets.reshape(-1), chunk,
+                                         ignore_index, vocab)
