@@ -73,9 +73,8 @@ def planned() -> dict[str, Any]:
 
 
 def dry_run() -> dict[str, Any]:
-    from scaletrain.measure.dryrun import dryrun
-
     from scaletrain.config import load_config
+    from scaletrain.dryrun import dryrun
 
     args = ["--model.name=gpt3-175b", "--hardware.gpu=a100-80gb", "--batch.seq_len=2048",
             "--batch.global_batch=128", "--batch.micro_batch=1", "--parallel.dp=16",
