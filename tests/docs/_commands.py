@@ -26,14 +26,22 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from scaletrain.cli import SUBCOMMANDS
 from scaletrain.cli._job import FLAGS
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ("README.md", "benchmarks/README.md")
 _FENCE = re.compile(r"^```(\w*)\s*$")
-_INLINE = re.compile(r"`((?:scaletrain|torchrun) [^`]+|python benchmarks/[^`]+)`")
-_PLACEHOLDERS = {"NAME": "planner_search"}
-_SKIP_WORDS = ("pip", "ruff", "mypy", "cd", "export")
+_INLINE = re.compile(r"`((?:scaletrain (?:" + "|".join(SUBCOMMANDS)
+                     + r")\b|torchrun )[^`]*|python benchmarks/[^`]+)`")
+"""Inline spans that are commands: `scaletrain <subcommand> ...` (not output quoted in prose,
+such as a `scaletrain watchdog: ...` message), `torchrun ...`, `python benchmarks/...`."""
+_PLACEHOLDERS = {"NAME": "planner_search", "RUN_DIR": "runs/default",
+                 "$RUN_DIR": "runs/default"}
+_SKIP_WORDS = ("pip", "ruff", "mypy", "cd", "export", "sbatch", "docker")
+"""sbatch and docker need a Slurm cluster and a Docker daemon: tests/unit/test_slurm_script.py
+renders and runs the sbatch script's torchrun line, tests/unit/test_dockerfiles.py lints the
+images."""
 _BENCH_FULL = ("planner_search", "gpu")
 """Benchmarks cheap enough to run whole in the docs test (gpu: without CUDA it only says so)."""
 
@@ -51,9 +59,11 @@ class DocCommand:
 @dataclass(frozen=True)
 class Runnable:
     argv: list[str]
-    """Arguments after `python -m scaletrain`."""
+    """Arguments after `python -m scaletrain` (or after the script, with `script`)."""
     must_fit: bool = False
     """The command's plan JSON (--json) must say the layout fits."""
+    script: str | None = None
+    """A repository script (`python scripts/X.py ...`) run with this Python instead."""
 
 
 def _split(line: str) -> list[str]:
@@ -157,6 +167,8 @@ def runnable(cmd: DocCommand, out_dir: Path) -> Runnable | None:
         return None
     if words[0] == "torchrun":
         return _torchrun(words)
+    if words[0] == "python" and len(words) > 1 and words[1].startswith("scripts/"):
+        return Runnable(words[2:], script=words[1])
     if words[0] == "python" and len(words) > 1 and words[1].startswith("benchmarks/"):
         stem = Path(words[1]).stem
         words = ["scaletrain", "bench", _PLACEHOLDERS.get(stem, stem), *words[2:]]
