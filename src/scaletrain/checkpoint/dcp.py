@@ -16,7 +16,9 @@ a background thread (`dcp.async_save`) and publishes it the same way once the wr
 
 Loading never unpickles arbitrary objects: `extra_rank*.pt` is read with `weights_only=True`
 (tensors, dicts, lists, numbers, strings only); JSON files are JSON. DCP's own `.metadata` index
-is read by DCP itself; we only load it after its checksum matched the manifest we wrote.
+is a pickle: every load reads it through `safe_meta.SafeFileSystemReader`, whose unpickler
+accepts only DCP's metadata classes (a checksum proves nothing here: whoever writes the index
+also writes the manifest), so a planted index is refused in one line and runs nothing.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 from torch.distributed.optim import ZeroRedundancyOptimizer
+
+from .safe_meta import SafeFileSystemReader, UnsafeMetadataError
 
 __all__ = ["AsyncCheckpointer", "save_checkpoint", "load_checkpoint", "latest_good",
            "list_checkpoints", "verify_checkpoint", "CheckpointError"]
@@ -266,12 +270,14 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module,
                               "optimizer partitions cannot be resharded; resume with the world "
                               "size it was written with, or with parallel.zero=2/3")
     state = _state_dicts(model, optimizer)
-    if "optim" in state and "optim" not in _saved_keys(path):
+    saved = _saved_keys(path)  # reads (safely) the index before anything is loaded
+    if "optim" in state and "optim" not in saved:
         raise CheckpointError(f"{path} was written by ZeRO-1 (per-rank optimizer partitions): "
                               "resume it with parallel.zero=1 and the same world size")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())
+        dcp.load(state, checkpoint_id=str(path), storage_reader=SafeFileSystemReader(str(path)),
+                 no_dist=not dist.is_initialized())
     if isinstance(optimizer, ZeroRedundancyOptimizer):
         set_model_state_dict(model, state["model"], options=StateDictOptions(strict=True))
         optimizer.optim.load_state_dict(extra.pop("optim_local"))
@@ -284,8 +290,11 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module,
 
 
 def _saved_keys(path: Path) -> set[str]:
-    """Top-level keys ('model', 'optim') stored in a DCP checkpoint."""
-    meta = dcp.FileSystemReader(str(path)).read_metadata()
+    """Top-level keys ('model', 'optim') stored in a DCP checkpoint (index read safely)."""
+    try:
+        meta = SafeFileSystemReader(str(path)).read_metadata()
+    except UnsafeMetadataError as e:
+        raise CheckpointError(str(e)) from None
     return {k.split(".", 1)[0] for k in meta.state_dict_metadata}
 
 
