@@ -245,8 +245,24 @@ def _publish(tmp: Path, final: Path, *, step: int, keep_last_n: int) -> None:
         shutil.rmtree(final)
     os.replace(tmp, final)
     _fsync_dir(final.parent)
-    for old in list_checkpoints(final.parent)[:-keep_last_n]:
-        shutil.rmtree(old, ignore_errors=True)
+    _retain(final.parent, keep_last_n=keep_last_n)
+
+
+def _retain(ckpt_dir: Path, *, keep_last_n: int) -> None:
+    """Keep the newest `keep_last_n` checkpoints that verify; delete what is older than them.
+
+    Counting directories by name would let torn or corrupted higher-numbered ones push every
+    good checkpoint out (each new good one deleted right after publishing); so only verified
+    ones count, the newest good one is never deleted, and unusable newer ones are left for
+    `latest_good` to skip (and for a person to inspect). Costs one checksum pass over the
+    kept checkpoints per save.
+    """
+    good = 0
+    for path in reversed(list_checkpoints(ckpt_dir)):
+        if good >= keep_last_n:
+            shutil.rmtree(path, ignore_errors=True)
+        elif verify_checkpoint(path) is None:
+            good += 1
 
 
 def load_checkpoint(path: str | Path, model: torch.nn.Module,
