@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +18,7 @@ from .hardware import HARDWARE_PRESETS, HardwareSpec, hardware_preset
 from .layout import PP_SCHEDULES, Layout, check_layout, option_problems
 from .model import MODEL_FIELDS, ModelConfig, resolve_model
 from .precision import PRECISIONS, REDUCE_DTYPES
+from .strict import coerce, did_you_mean
 
 __all__ = [
     "ParallelConfig", "PrecisionConfig", "MemoryConfig", "BatchConfig", "OptimConfig",
@@ -255,6 +255,8 @@ class TrainConfig:
             require(v >= 1, f"train.{f}", v, "use a positive integer")
         require(self.sample_tokens >= 0, "train.sample_tokens", self.sample_tokens, "use >= 0")
         choice("train.device", self.device, ("auto", "cpu", "cuda"))
+        require(bool(self.run_dir.strip()), "train.run_dir", self.run_dir,
+                "give a directory such as runs/default (empty would write into the current one)")
 
 
 @dataclass
@@ -324,7 +326,8 @@ class HardwareConfig:
 
     def __post_init__(self) -> None:
         require(self.gpu in HARDWARE_PRESETS, "hardware.gpu", self.gpu,
-                f"use one of {', '.join(HARDWARE_PRESETS)}")
+                f"use one of {', '.join(HARDWARE_PRESETS)}"
+                f"{did_you_mean(self.gpu, HARDWARE_PRESETS)}")
         require(self.gpus >= 0, "hardware.gpus", self.gpus, "use >= 0 (0 = world size)")
         require(self.gpus_per_node >= 0, "hardware.gpus_per_node", self.gpus_per_node, "use >= 0")
         require(0 <= self.efficiency <= 1, "hardware.efficiency", self.efficiency, "use 0..1")
@@ -362,10 +365,11 @@ class JobConfig:
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
 
     def __post_init__(self) -> None:
-        if self.model.position == "learned":
-            require(self.batch.seq_len <= self.model.max_seq_len, "batch.seq_len",
-                    self.batch.seq_len,
-                    f"learned positions stop at model.max_seq_len={self.model.max_seq_len}")
+        # learned positions have a table of max_seq_len rows; RoPE's cos/sin cache is sized
+        # by it too, so both refuse longer sequences here rather than at step 1
+        require(self.batch.seq_len <= self.model.max_seq_len, "batch.seq_len",
+                self.batch.seq_len, f"exceeds model.max_seq_len={self.model.max_seq_len}: "
+                "lower batch.seq_len or raise model.max_seq_len")
 
     def layout(self, world_size: int) -> Layout:
         """The concrete, checked layout for `world_size` ranks."""
@@ -387,29 +391,8 @@ class JobConfig:
 # ---- loading -----------------------------------------------------------------------------
 
 def _coerce(section: str, key: str, value: Any, typ: Any) -> Any:
-    """Convert a TOML or command-line value to the field's declared type."""
-    name = f"{section}.{key}"
-    if isinstance(typ, types.UnionType):
-        typ = next(t for t in typ.__args__ if t is not type(None))
-    try:
-        if typ is bool:
-            if isinstance(value, str):
-                low = value.lower()
-                if low not in ("true", "false", "1", "0", "yes", "no"):
-                    raise ValueError(value)
-                return low in ("true", "1", "yes")
-            return bool(value)
-        if typ is int:
-            if isinstance(value, float) and not value.is_integer():
-                raise ValueError(value)
-            return int(float(value)) if isinstance(value, str) and "e" in value else int(value)
-        if typ is float:
-            return float(value)
-        if typ is str:
-            return str(value)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(name, value, f"expected a {typ.__name__}") from e
-    return value
+    """Convert a TOML or command-line value to the field's declared type (strictly)."""
+    return coerce(f"{section}.{key}", value, typ)
 
 
 def _build(cls: type, section: str, values: dict[str, Any]) -> Any:
@@ -418,7 +401,8 @@ def _build(cls: type, section: str, values: dict[str, Any]) -> Any:
     for k in values:
         if k not in known:
             raise ConfigError(f"{section}.{k}", values[k],
-                              f"unknown field; valid fields are {', '.join(known)}")
+                              f"unknown field{did_you_mean(k, known)}; valid fields are "
+                              f"{', '.join(known)}")
     kwargs = {k: _coerce(section, k, v, hints[k]) for k, v in values.items()}
     return cls(**kwargs)
 
@@ -461,16 +445,18 @@ def load_config(path: str | Path | None = None,
         raw.setdefault(section, {}).update(values)
     for section, values in raw.items():
         if section not in (*SECTIONS, "model"):
-            raise ConfigError(section, "...", f"unknown section; valid sections are model, "
-                              f"{', '.join(SECTIONS)}")
+            raise ConfigError(section, "...", f"unknown section"
+                              f"{did_you_mean(section, ('model', *SECTIONS))}; valid sections "
+                              f"are model, {', '.join(SECTIONS)}")
         if not isinstance(values, dict):
             raise ConfigError(section, values, "a section must be a TOML table [section]")
     model_raw = dict(raw.get("model", {}))
-    name = str(model_raw.pop("name", "gpt-mini"))
+    name = coerce("model.name", model_raw.pop("name", "gpt-mini"), str)
     for k in model_raw:
         if k not in MODEL_FIELDS:
             raise ConfigError(f"model.{k}", model_raw[k],
-                              f"unknown field; valid fields are {', '.join(MODEL_FIELDS)}")
+                              f"unknown field{did_you_mean(k, MODEL_FIELDS)}; valid fields are "
+                              f"{', '.join(MODEL_FIELDS)}")
     mhints = typing.get_type_hints(ModelConfig)
     model_kw = {k: _coerce("model", k, v, mhints[k]) for k, v in model_raw.items()}
     model = resolve_model(name, **model_kw)
