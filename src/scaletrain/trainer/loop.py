@@ -31,6 +31,7 @@ from scaletrain.measure.schema import Measurement, plan_dict
 from scaletrain.models import causal_lm_loss
 from scaletrain.parallel import loss_context
 
+from . import runlock
 from .build import Run, build_run, tp_mesh
 from .guard import SpikeGuard, SpikeVerdict
 from .metrics import MetricsLogger
@@ -262,7 +263,10 @@ def train(job: JobConfig, *, max_steps: int | None = None) -> RunResult:
     one that already existed (`parallel.launch.spawn`, tests) is left to its owner.
     """
     created = not dist.is_initialized()
-    result = _train(job, max_steps=max_steps)
+    try:
+        result = _train(job, max_steps=max_steps)
+    finally:
+        runlock.release_held()
     if created and dist.is_initialized():
         # a process that exits with its gloo group alive can abort in interpreter teardown
         # (the group's worker threads outlive it: "terminate called without an active
@@ -275,6 +279,7 @@ def train(job: JobConfig, *, max_steps: int | None = None) -> RunResult:
 def _train(job: JobConfig, *, max_steps: int | None) -> RunResult:
     job = _fresh_run_dir(job)
     run = build_run(job)
+    runlock.acquire(run.run_dir, enabled=run.is_main)  # one training per run directory
     job = run.job  # with the layout the planner chose, when parallel.layout is auto
     step, wall_offset = 0, 0.0
     if (path := _initial_checkpoint(run)) is not None:
