@@ -31,7 +31,7 @@ from scaletrain.measure.schema import Measurement, plan_dict
 from scaletrain.models import causal_lm_loss
 from scaletrain.parallel import loss_context
 
-from . import runlock
+from . import runlock, signals
 from .build import Run, build_run, tp_mesh
 from .guard import SpikeGuard, SpikeVerdict
 from .metrics import MetricsLogger
@@ -267,6 +267,7 @@ def train(job: JobConfig, *, max_steps: int | None = None) -> RunResult:
         result = _train(job, max_steps=max_steps)
     finally:
         runlock.release_held()
+        signals.uninstall()
     if created and dist.is_initialized():
         # a process that exits with its gloo group alive can abort in interpreter teardown
         # (the group's worker threads outlive it: "terminate called without an active
@@ -305,6 +306,7 @@ def _train(job: JobConfig, *, max_steps: int | None) -> RunResult:
     t_start, tokens_seen, timed_s, dt = time.perf_counter(), 0, 0.0, float("nan")
     loss_value = float("nan")
     snapshot_path: Path | None = None
+    signals.install()  # SIGINT/SIGTERM: finish the step, save, exit (checked after each step)
 
     while step < end_step:
         t0 = time.perf_counter()
@@ -349,8 +351,14 @@ def _train(job: JobConfig, *, max_steps: int | None) -> RunResult:
         logger.advance(step, f"loss {loss_value:.3f} | {tok_s:,.0f} tok/s")
         if step % job.train.log_every == 0 or step == 1 or "val_loss" in record:
             logger.print(_line(record))
-        if (job.checkpoint.every and step % job.checkpoint.every == 0) or step == end_step:
+        stop = signals.stop_requested()
+        if (job.checkpoint.every and step % job.checkpoint.every == 0) or step == end_step \
+                or stop:
             _save(run, step, wall_offset + time.perf_counter() - t_start, saver)
+        if stop:
+            if saver is not None:
+                saver.close()
+            signals.exit_after_save(stop, step=step, log=logger.print)
 
     if saver is not None:  # the last checkpoint is published before the run reports done
         saver.close()
