@@ -38,6 +38,7 @@ from .metrics import MetricsLogger
 from .optim import lr_at, set_lr
 from .precision import autocast
 from .report import memory_ledger, out_of_memory, summary
+from .resume_check import check_resume
 from .sample import generate, layout_logits_fn
 from .step import StepHooks, all_mean, apply_update, local_batch, plain, train_step
 
@@ -184,6 +185,7 @@ def _save(run: Run, step: int, wall_s: float, saver: AsyncCheckpointer | None) -
 
 def restore(run: Run, path: Path) -> tuple[int, float]:
     """Load a checkpoint into the run; returns (step, wall seconds already spent)."""
+    check_resume(path, run.job)  # JSON only, before any tensor is read
     state, extra = load_checkpoint(path, run.model, run.optimizer)
     if state["model"] != run.job.model.to_dict():
         raise ConfigError("checkpoint.resume", str(path),
