@@ -35,6 +35,7 @@ from . import runlock, signals
 from .build import Run, build_run, tp_mesh
 from .guard import SpikeGuard, SpikeVerdict
 from .metrics import MetricsLogger
+from .oom import is_allocation_failure
 from .optim import lr_at, set_lr
 from .precision import autocast
 from .report import memory_ledger, out_of_memory, summary
@@ -319,7 +320,9 @@ def _train(job: JobConfig, *, max_steps: int | None) -> RunResult:
             with _memory_snapshot(run, enabled=not measured) as snap:
                 out = train_step(run, batches, probe)
             snapshot_path = snapshot_path or snap
-        except (torch.OutOfMemoryError, MemoryError) as e:
+        except (torch.OutOfMemoryError, MemoryError, RuntimeError) as e:
+            if not is_allocation_failure(e):  # the CPU allocator raises RuntimeError
+                raise
             if saver is not None:  # let the save in flight (of accepted steps) finish
                 saver.close()
             run.data.close()
