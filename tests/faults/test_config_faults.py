@@ -40,6 +40,7 @@ CLI_BAD = [
     ("train.steps", "1.5"), ("train.steps", "true"), ("train.steps", "1e999"),
     ("train.run_dir", ""), ("train.compile", "2"), ("model.init_std", "inf"),
     ("batch.seq_len", "1e999"), ("optim.weight_decay", "inf"), ("hardware.efficiency", "nan"),
+    ("train.eval_batches", "1e6"), ("data.num_tokens", "1e10"), ("data.num_tokens", "1e999"),
 ]
 
 

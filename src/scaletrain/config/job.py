@@ -219,7 +219,10 @@ class DataConfig:
         choice("data.tokenizer", self.tokenizer, ("byte", "char", "bpe"))
         require(self.bpe_vocab_size >= 260, "data.bpe_vocab_size", self.bpe_vocab_size,
                 "use at least 260 (256 bytes + specials)")
-        require(self.num_tokens >= 10_000, "data.num_tokens", self.num_tokens, "use >= 10000")
+        # the embedded corpus is generated in Python at start-up: 1e10 was reported as a hang
+        # (the bound is a round number, not measured); real corpora come through data.source
+        require(10_000 <= self.num_tokens <= 500_000_000, "data.num_tokens", self.num_tokens,
+                "use 10000..500000000 (for more text, point data.source at a file or folder)")
         require(0 < self.val_fraction < 0.5, "data.val_fraction", self.val_fraction,
                 "use a fraction in (0, 0.5)")
         require(self.prefetch >= 0, "data.prefetch", self.prefetch, "use >= 0")
@@ -253,6 +256,8 @@ class TrainConfig:
         for f in ("log_every", "eval_every", "eval_batches"):
             v = getattr(self, f)
             require(v >= 1, f"train.{f}", v, "use a positive integer")
+        require(self.eval_batches <= 10_000, "train.eval_batches", self.eval_batches,
+                "use at most 10000 (validation batches are held in memory for the whole run)")
         require(self.sample_tokens >= 0, "train.sample_tokens", self.sample_tokens, "use >= 0")
         choice("train.device", self.device, ("auto", "cpu", "cuda"))
         require(bool(self.run_dir.strip()), "train.run_dir", self.run_dir,
