@@ -16,7 +16,9 @@ a background thread (`dcp.async_save`) and publishes it the same way once the wr
 
 Loading never unpickles arbitrary objects: `extra_rank*.pt` is read with `weights_only=True`
 (tensors, dicts, lists, numbers, strings only); JSON files are JSON. DCP's own `.metadata` index
-is read by DCP itself; we only load it after its checksum matched the manifest we wrote.
+is a pickle: every load reads it through `safe_meta.SafeFileSystemReader`, whose unpickler
+accepts only DCP's metadata classes (a checksum proves nothing here: whoever writes the index
+also writes the manifest), so a planted index is refused in one line and runs nothing.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from scaletrain.parallel.zero import load_zero1_local_state, zero1_local_state
+
+from .safe_meta import SafeFileSystemReader, UnsafeMetadataError
 
 __all__ = ["AsyncCheckpointer", "save_checkpoint", "load_checkpoint", "latest_good",
            "list_checkpoints", "verify_checkpoint", "CheckpointError"]
@@ -243,8 +247,24 @@ def _publish(tmp: Path, final: Path, *, step: int, keep_last_n: int) -> None:
         shutil.rmtree(final)
     os.replace(tmp, final)
     _fsync_dir(final.parent)
-    for old in list_checkpoints(final.parent)[:-keep_last_n]:
-        shutil.rmtree(old, ignore_errors=True)
+    _retain(final.parent, keep_last_n=keep_last_n)
+
+
+def _retain(ckpt_dir: Path, *, keep_last_n: int) -> None:
+    """Keep the newest `keep_last_n` checkpoints that verify; delete what is older than them.
+
+    Counting directories by name would let torn or corrupted higher-numbered ones push every
+    good checkpoint out (each new good one deleted right after publishing); so only verified
+    ones count, the newest good one is never deleted, and unusable newer ones are left for
+    `latest_good` to skip (and for a person to inspect). Costs one checksum pass over the
+    kept checkpoints per save.
+    """
+    good = 0
+    for path in reversed(list_checkpoints(ckpt_dir)):
+        if good >= keep_last_n:
+            shutil.rmtree(path, ignore_errors=True)
+        elif verify_checkpoint(path) is None:
+            good += 1
 
 
 def load_checkpoint(path: str | Path, model: torch.nn.Module,
@@ -268,12 +288,14 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module,
                               "optimizer partitions cannot be resharded; resume with the world "
                               "size it was written with, or with parallel.zero=2/3")
     state = _state_dicts(model, optimizer)
-    if "optim" in state and "optim" not in _saved_keys(path):
+    saved = _saved_keys(path)  # reads (safely) the index before anything is loaded
+    if "optim" in state and "optim" not in saved:
         raise CheckpointError(f"{path} was written by ZeRO-1 (per-rank optimizer partitions): "
                               "resume it with parallel.zero=1 and the same world size")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())
+        dcp.load(state, checkpoint_id=str(path), storage_reader=SafeFileSystemReader(str(path)),
+                 no_dist=not dist.is_initialized())
     if isinstance(optimizer, ZeroRedundancyOptimizer):
         set_model_state_dict(model, state["model"], options=StateDictOptions(strict=True))
         load_zero1_local_state(optimizer, extra.pop("optim_local"))
@@ -286,8 +308,11 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module,
 
 
 def _saved_keys(path: Path) -> set[str]:
-    """Top-level keys ('model', 'optim') stored in a DCP checkpoint."""
-    meta = dcp.FileSystemReader(str(path)).read_metadata()
+    """Top-level keys ('model', 'optim') stored in a DCP checkpoint (index read safely)."""
+    try:
+        meta = SafeFileSystemReader(str(path)).read_metadata()
+    except UnsafeMetadataError as e:
+        raise CheckpointError(str(e)) from None
     return {k.split(".", 1)[0] for k in meta.state_dict_metadata}
 
 

@@ -23,4 +23,9 @@ def require(ok: bool, field: str, value: Any, fix: str) -> None:
 
 def choice(field: str, value: Any, options: tuple[Any, ...]) -> None:
     """Raise unless `value` is one of `options`; the message lists them."""
-    require(value in options, field, value, f"choose one of {', '.join(map(repr, options))}")
+    if value in options:
+        return
+    from .strict import did_you_mean  # (strict imports this module)
+
+    raise ConfigError(field, value, f"choose one of {', '.join(map(repr, options))}"
+                      f"{did_you_mean(value, options)}")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +20,7 @@ from .model import MODEL_FIELDS, ModelConfig, resolve_model
 from .monitor import MonitorConfig
 from .precision import PRECISIONS, REDUCE_DTYPES
 from .sources import parse_sources, pretrained_vocab_size
+from .strict import coerce, did_you_mean
 
 __all__ = [
     "ParallelConfig", "PrecisionConfig", "MemoryConfig", "BatchConfig", "OptimConfig",
@@ -244,7 +244,10 @@ class DataConfig:
                     "use byte, char, bpe, or the path of a tokenizer.json (or its directory)")
         require(self.bpe_vocab_size >= 260, "data.bpe_vocab_size", self.bpe_vocab_size,
                 "use at least 260 (256 bytes + specials)")
-        require(self.num_tokens >= 10_000, "data.num_tokens", self.num_tokens, "use >= 10000")
+        # the embedded corpus is generated in Python at start-up: 1e10 was reported as a hang
+        # (the bound is a round number, not measured); real corpora come through data.source
+        require(10_000 <= self.num_tokens <= 500_000_000, "data.num_tokens", self.num_tokens,
+                "use 10000..500000000 (for more text, point data.source at a file or folder)")
         require(0 < self.val_fraction < 0.5, "data.val_fraction", self.val_fraction,
                 "use a fraction in (0, 0.5)")
         require(self.prefetch >= 0, "data.prefetch", self.prefetch, "use >= 0")
@@ -283,8 +286,12 @@ class TrainConfig:
         for f in ("log_every", "eval_every", "eval_batches"):
             v = getattr(self, f)
             require(v >= 1, f"train.{f}", v, "use a positive integer")
+        require(self.eval_batches <= 10_000, "train.eval_batches", self.eval_batches,
+                "use at most 10000 (validation batches are held in memory for the whole run)")
         require(self.sample_tokens >= 0, "train.sample_tokens", self.sample_tokens, "use >= 0")
         choice("train.device", self.device, ("auto", "cpu", "cuda"))
+        require(bool(self.run_dir.strip()), "train.run_dir", self.run_dir,
+                "give a directory such as runs/default (empty would write into the current one)")
 
 
 @dataclass
@@ -361,7 +368,8 @@ class HardwareConfig:
 
     def __post_init__(self) -> None:
         require(self.gpu in HARDWARE_PRESETS, "hardware.gpu", self.gpu,
-                f"use one of {', '.join(HARDWARE_PRESETS)}")
+                f"use one of {', '.join(HARDWARE_PRESETS)}"
+                f"{did_you_mean(self.gpu, HARDWARE_PRESETS)}")
         require(self.gpus >= 0, "hardware.gpus", self.gpus, "use >= 0 (0 = world size)")
         require(self.gpus_per_node >= 0, "hardware.gpus_per_node", self.gpus_per_node, "use >= 0")
         require(0 <= self.efficiency <= 1, "hardware.efficiency", self.efficiency, "use 0..1")
@@ -406,10 +414,11 @@ class JobConfig:
             require(n <= self.model.vocab_size, "data.tokenizer", self.data.tokenizer,
                     f"its {n} ids exceed model.vocab_size={self.model.vocab_size}: use the "
                     "model's own tokenizer (or raise model.vocab_size)")
-        if self.model.position == "learned":
-            require(self.batch.seq_len <= self.model.max_seq_len, "batch.seq_len",
-                    self.batch.seq_len,
-                    f"learned positions stop at model.max_seq_len={self.model.max_seq_len}")
+        # learned positions have a table of max_seq_len rows; RoPE's cos/sin cache is sized
+        # by it too, so both refuse longer sequences here rather than at step 1
+        require(self.batch.seq_len <= self.model.max_seq_len, "batch.seq_len",
+                self.batch.seq_len, f"exceeds model.max_seq_len={self.model.max_seq_len}: "
+                "lower batch.seq_len or raise model.max_seq_len")
 
     def layout(self, world_size: int) -> Layout:
         """The concrete, checked layout for `world_size` ranks."""
@@ -432,29 +441,8 @@ class JobConfig:
 # ---- loading -----------------------------------------------------------------------------
 
 def _coerce(section: str, key: str, value: Any, typ: Any) -> Any:
-    """Convert a TOML or command-line value to the field's declared type."""
-    name = f"{section}.{key}"
-    if isinstance(typ, types.UnionType):
-        typ = next(t for t in typ.__args__ if t is not type(None))
-    try:
-        if typ is bool:
-            if isinstance(value, str):
-                low = value.lower()
-                if low not in ("true", "false", "1", "0", "yes", "no"):
-                    raise ValueError(value)
-                return low in ("true", "1", "yes")
-            return bool(value)
-        if typ is int:
-            if isinstance(value, float) and not value.is_integer():
-                raise ValueError(value)
-            return int(float(value)) if isinstance(value, str) and "e" in value else int(value)
-        if typ is float:
-            return float(value)
-        if typ is str:
-            return str(value)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(name, value, f"expected a {typ.__name__}") from e
-    return value
+    """Convert a TOML or command-line value to the field's declared type (strictly)."""
+    return coerce(f"{section}.{key}", value, typ)
 
 
 def _build(cls: type, section: str, values: dict[str, Any]) -> Any:
@@ -463,7 +451,8 @@ def _build(cls: type, section: str, values: dict[str, Any]) -> Any:
     for k in values:
         if k not in known:
             raise ConfigError(f"{section}.{k}", values[k],
-                              f"unknown field; valid fields are {', '.join(known)}")
+                              f"unknown field{did_you_mean(k, known)}; valid fields are "
+                              f"{', '.join(known)}")
     kwargs = {k: _coerce(section, k, v, hints[k]) for k, v in values.items()}
     return cls(**kwargs)
 
@@ -506,18 +495,20 @@ def load_config(path: str | Path | None = None,
         raw.setdefault(section, {}).update(values)
     for section, values in raw.items():
         if section not in (*SECTIONS, "model"):
-            raise ConfigError(section, "...", f"unknown section; valid sections are model, "
-                              f"{', '.join(SECTIONS)}")
+            raise ConfigError(section, "...", f"unknown section"
+                              f"{did_you_mean(section, ('model', *SECTIONS))}; valid sections "
+                              f"are model, {', '.join(SECTIONS)}")
         if not isinstance(values, dict):
             raise ConfigError(section, values, "a section must be a TOML table [section]")
     model_raw = dict(raw.get("model", {}))
     # a Hugging Face init directory brings its own architecture (config.json)
     init_from = str(raw.get("checkpoint", {}).get("init_from", "") or "")
-    name = str(model_raw.pop("name", init_from or "gpt-mini"))
+    name = coerce("model.name", model_raw.pop("name", init_from or "gpt-mini"), str)
     for k in model_raw:
         if k not in MODEL_FIELDS:
             raise ConfigError(f"model.{k}", model_raw[k],
-                              f"unknown field; valid fields are {', '.join(MODEL_FIELDS)}")
+                              f"unknown field{did_you_mean(k, MODEL_FIELDS)}; valid fields are "
+                              f"{', '.join(MODEL_FIELDS)}")
     mhints = typing.get_type_hints(ModelConfig)
     model_kw = {k: _coerce("model", k, v, mhints[k]) for k, v in model_raw.items()}
     sections = {s: _build(cls, s, raw.get(s, {})) for s, cls in SECTIONS.items()}

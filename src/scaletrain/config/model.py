@@ -8,6 +8,7 @@ Mixtral-style MoE (`num_experts > 0`). Pure Python: the planner imports this wit
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -104,7 +105,10 @@ class ModelConfig:
             require(1 <= self.experts_per_token <= self.num_experts, p + "experts_per_token",
                     self.experts_per_token, f"use 1..num_experts={self.num_experts}")
         require(self.norm_eps > 0, p + "norm_eps", self.norm_eps, "use a small positive float")
-        require(self.init_std > 0, p + "init_std", self.init_std, "use a positive float")
+        require(math.isfinite(self.init_std) and self.init_std > 0, p + "init_std",
+                self.init_std, "use a finite positive float such as 0.02")
+        require(math.isfinite(self.rope_theta) and self.rope_theta > 0, p + "rope_theta",
+                self.rope_theta, "use a finite positive float such as 10000.0")
 
     # ---- derived sizes -------------------------------------------------------------------
     @property
@@ -255,8 +259,10 @@ MODEL_PRESETS: dict[str, Callable[[], ModelConfig]] = {
 def model_preset(name: str, **overrides: Any) -> ModelConfig:
     """A preset by name (overrides replace fields); unknown names list the valid ones."""
     if name not in MODEL_PRESETS:
-        raise ConfigError("model.name", name,
-                          f"use a preset ({', '.join(MODEL_PRESETS)}) or a config.json path")
+        from .strict import did_you_mean
+
+        raise ConfigError("model.name", name, f"use a preset{did_you_mean(name, MODEL_PRESETS)}"
+                          f" ({', '.join(MODEL_PRESETS)}) or a config.json path")
     cfg = MODEL_PRESETS[name]()
     return replace(cfg, **overrides) if overrides else cfg
 

@@ -30,15 +30,18 @@ from scaletrain.config import ConfigError, JobConfig
 from scaletrain.measure.live import SavedActivations, peak_process_memory, state_bytes
 from scaletrain.measure.schema import Measurement, plan_dict
 
+from . import runlock, signals
 from ._start import start_line
 from .build import Run, build_run
 from .documents import enable_document_masking
 from .guard import SpikeGuard, SpikeVerdict
 from .metrics import MetricsLogger
 from .monitor import Monitor
+from .oom import is_allocation_failure
 from .optim import lr_at, set_lr
 from .precision import autocast
 from .report import memory_ledger, out_of_memory, summary
+from .resume_check import check_resume
 from .sample import generate, layout_logits_fn
 from .step import StepHooks, all_mean, apply_update, local_batch, plain, train_step
 
@@ -184,6 +187,7 @@ def _save(run: Run, step: int, wall_s: float, saver: AsyncCheckpointer | None) -
 
 def restore(run: Run, path: Path) -> tuple[int, float]:
     """Load a checkpoint into the run; returns (step, wall seconds already spent)."""
+    check_resume(path, run.job)  # JSON only, before any tensor is read
     state, extra = load_checkpoint(path, run.model, run.optimizer)
     if state["model"] != run.job.model.to_dict():
         raise ConfigError("checkpoint.resume", str(path),
@@ -263,7 +267,11 @@ def train(job: JobConfig, *, max_steps: int | None = None) -> RunResult:
     one that already existed (`parallel.launch.spawn`, tests) is left to its owner.
     """
     created = not dist.is_initialized()
-    result = _train(job, max_steps=max_steps)
+    try:
+        result = _train(job, max_steps=max_steps)
+    finally:
+        runlock.release_held()
+        signals.uninstall()
     if created and dist.is_initialized():
         # a process that exits with its gloo group alive can abort in interpreter teardown
         # (the group's worker threads outlive it: "terminate called without an active
@@ -278,6 +286,7 @@ def _train(job: JobConfig, *, max_steps: int | None) -> RunResult:
     run = build_run(job)
     load_initial_weights(run)  # checkpoint.init_from; a resume below wins over it
     enable_document_masking(run)  # data.document_masking
+    runlock.acquire(run.run_dir, enabled=run.is_main)  # one training per run directory
     job = run.job  # with the layout the planner chose, when parallel.layout is auto
     step, wall_offset = 0, 0.0
     if (path := _initial_checkpoint(run)) is not None:
@@ -306,6 +315,7 @@ def _train(job: JobConfig, *, max_steps: int | None) -> RunResult:
     t_start, tokens_seen, timed_s, dt = time.perf_counter(), 0, 0.0, float("nan")
     loss_value = float("nan")
     snapshot_path: Path | None = None
+    signals.install()  # SIGINT/SIGTERM: finish the step, save, exit (checked after each step)
 
     while step < end_step:
         t0 = time.perf_counter()
@@ -317,7 +327,9 @@ def _train(job: JobConfig, *, max_steps: int | None) -> RunResult:
             with _memory_snapshot(run, enabled=not measured) as snap:
                 out = train_step(run, batches, probe)
             snapshot_path = snapshot_path or snap
-        except (torch.OutOfMemoryError, MemoryError) as e:
+        except (torch.OutOfMemoryError, MemoryError, RuntimeError) as e:
+            if not is_allocation_failure(e):  # the CPU allocator raises RuntimeError
+                raise
             if saver is not None:  # let the save in flight (of accepted steps) finish
                 saver.close()
             run.data.close()
@@ -352,8 +364,14 @@ def _train(job: JobConfig, *, max_steps: int | None) -> RunResult:
         logger.advance(step, f"loss {loss_value:.3f} | {tok_s:,.0f} tok/s")
         if step % job.train.log_every == 0 or step == 1 or "val_loss" in record:
             logger.print(_line(record))
-        if (job.checkpoint.every and step % job.checkpoint.every == 0) or step == end_step:
+        stop = signals.stop_requested()
+        if (job.checkpoint.every and step % job.checkpoint.every == 0) or step == end_step \
+                or stop:
             _save(run, step, wall_offset + time.perf_counter() - t_start, saver)
+        if stop:
+            if saver is not None:
+                saver.close()
+            signals.exit_after_save(stop, step=step, log=logger.print)
 
     if saver is not None:  # the last checkpoint is published before the run reports done
         saver.close()

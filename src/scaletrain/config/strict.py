@@ -1,0 +1,83 @@
+"""Strict parsing of one config value, and did-you-mean suggestions for unknown names.
+
+TOML and the command line both reach a field through `coerce`: a value of the wrong kind is a
+`ConfigError` naming the field, never a silent conversion (TOML's `steps = true` once trained
+one step and `run_dir = [1, 2]` created a directory named "[1, 2]"). Every float must be
+finite: `inf`, `nan` and `1e999` (which Python reads as inf) are refused at parse time instead
+of ending a run late or silently.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import types
+from typing import Any
+
+from ._errors import ConfigError
+
+__all__ = ["coerce", "did_you_mean"]
+
+_TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
+
+
+def did_you_mean(name: str, options: Any) -> str:
+    """' (did you mean X?)' for the closest of `options`, or '' when none is close."""
+    close = difflib.get_close_matches(str(name), [str(o) for o in options], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _int(value: Any) -> int:
+    if isinstance(value, bool):
+        raise ValueError("a boolean is not an integer")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            value = float(value)  # '1e3' is an integer written as a float
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    raise ValueError(value)
+
+
+def _float(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError(value)
+    out = float(value)
+    if not math.isfinite(out):
+        raise ValueError(value)
+    return out
+
+
+def _bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in (*_TRUE, *_FALSE):
+        return value.lower() in _TRUE
+    raise ValueError(value)
+
+
+def _str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(value)
+    return value
+
+
+_PARSERS = {int: (_int, "an integer (not a boolean or a fraction)"),
+            float: (_float, "a finite number (not inf, nan or beyond 1.8e308)"),
+            bool: (_bool, "true or false"), str: (_str, "a string")}
+
+
+def coerce(name: str, value: Any, typ: Any) -> Any:
+    """`value` (from TOML or the command line) as the field's declared type, or ConfigError."""
+    if isinstance(typ, types.UnionType):
+        typ = next(t for t in typ.__args__ if t is not type(None))
+    if typ not in _PARSERS:
+        return value
+    parse, expected = _PARSERS[typ]
+    try:
+        return parse(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ConfigError(name, value, f"expected {expected}") from None

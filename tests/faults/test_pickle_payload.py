@@ -1,0 +1,93 @@
+"""A planted DCP `.metadata` never runs: auto-resume, explicit resume, and the loader itself."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+
+from scaletrain.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from scaletrain.checkpoint.safe_meta import UnsafeMetadataError, safe_load_metadata
+
+from ._cli import no_traceback, scaletrain, tiny_job
+
+
+class _Payload:
+    """Unpickling this calls os.system, which creates the marker file."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _plant(ckpt: Path, marker: Path) -> None:
+    """Replace the index with the payload and rewrite the manifest to match (as an attacker
+    who can write the checkpoint can)."""
+    (ckpt / ".metadata").write_bytes(pickle.dumps(_Payload(marker)))
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    data = (ckpt / ".metadata").read_bytes()
+    manifest["files"][".metadata"] = {"size": len(data),
+                                      "sha256": hashlib.sha256(data).hexdigest()}
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_payload_is_a_real_payload(tmp_path):
+    # control: plain pickle does run it, so the tests below would see the marker if we did
+    marker = tmp_path / "ran"
+    pickle.loads(pickle.dumps(_Payload(marker)))
+    assert marker.exists()
+
+
+def _saved(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.AdamW(model.parameters())
+    path = save_checkpoint(tmp_path / "ck", 1, model, opt, trainer_state={"step": 1},
+                           extra={}, keep_last_n=2)
+    return path, model, opt
+
+
+def test_real_index_loads_and_payload_is_refused(tmp_path):
+    path, model, opt = _saved(tmp_path)
+    assert safe_load_metadata(path / ".metadata").state_dict_metadata  # DCP's own index loads
+    load_checkpoint(path, model, opt)
+    marker = tmp_path / "ran"
+    _plant(path, marker)
+    with pytest.raises(CheckpointError, match=r"\.metadata was not loaded: it names posix"):
+        load_checkpoint(path, model, opt)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("payload", [b"", b"garbage", pickle.dumps([1, 2]),
+                                     pickle.dumps({"a": 1})])
+def test_non_index_pickles_are_refused_in_one_line(tmp_path, payload):
+    f = tmp_path / ".metadata"
+    f.write_bytes(payload)
+    with pytest.raises(UnsafeMetadataError) as e:
+        safe_load_metadata(f)
+    assert str(f) in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["auto", "explicit"])
+def test_planted_metadata_never_executes_from_the_cli(tmp_path, how):
+    first = scaletrain("train", *tiny_job(tmp_path, "run"))
+    assert first.returncode == 0, first.stderr
+    ckpt = tmp_path / "run" / "checkpoints" / "step_00000002"
+    marker = tmp_path / "ran"
+    _plant(ckpt, marker)
+    extra = ["--train.steps=4"]
+    if how == "explicit":
+        extra.append(f"--checkpoint.resume={ckpt}")
+    p = scaletrain("train", *tiny_job(tmp_path, "run", *extra))
+    assert not marker.exists()
+    assert p.returncode != 0 and no_traceback(p), p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(ckpt / ".metadata") in lines[0], p.stderr

@@ -1,0 +1,55 @@
+"""A resume compares the saved config with the new one before loading any tensor."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from scaletrain.config import ConfigError, load_config
+from scaletrain.trainer.resume_check import check_resume
+
+from ._cli import no_traceback, scaletrain, tiny_job
+
+BASE = ["--model.name=tiny-llama", "--batch.seq_len=16", "--batch.global_batch=4",
+        "--batch.micro_batch=2"]
+
+
+def _fake_ckpt(tmp_path, args):
+    job = load_config(None, args)
+    ckpt = tmp_path / "run" / "checkpoints" / "step_00000002"
+    ckpt.mkdir(parents=True)
+    (tmp_path / "run" / "config.json").write_text(json.dumps(job.to_dict()))
+    (ckpt / "trainer_state.json").write_text(json.dumps({"model": job.model.to_dict()}))
+    return ckpt
+
+
+@pytest.mark.parametrize(("change", "named"), [
+    (["--batch.seq_len=8"], "batch.seq_len: 16 -> 8"),
+    (["--optim.name=sgd"], "optim.name: 'adamw' -> 'sgd'"),
+    (["--model.num_layers=1"], "model.num_layers"),
+    (["--model.dim=32", "--model.num_heads=2", "--model.num_kv_heads=2"], "model.dim"),
+    (["--model.name=gpt-mini"], "model.position"),
+    (["--model.rope_theta=500.0"], "model.rope_theta"),
+])
+def test_refused_changes_are_named(tmp_path, change, named):
+    ckpt = _fake_ckpt(tmp_path, BASE)
+    with pytest.raises(ConfigError, match=named.replace("(", r"\(")) as e:
+        check_resume(ckpt, load_config(None, [*BASE, *change]))
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("change", [[], ["--parallel.tp=2"], ["--parallel.dp=2"],
+                                    ["--batch.global_batch=8"], ["--optim.lr=1e-4"],
+                                    ["--train.steps=50"], ["--train.seed=3"]])
+def test_allowed_changes_pass(tmp_path, change):
+    ckpt = _fake_ckpt(tmp_path, BASE)
+    check_resume(ckpt, load_config(None, [*BASE, *change]))
+
+
+@pytest.mark.slow
+def test_cli_resume_with_another_seq_len_is_one_line(tmp_path):
+    assert scaletrain("train", *tiny_job(tmp_path, "run")).returncode == 0
+    p = scaletrain("train", *tiny_job(tmp_path, "run", "--train.steps=4", "--batch.seq_len=8"))
+    assert p.returncode == 2 and no_traceback(p), p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and "batch.seq_len: 16 -> 8" in p.stderr
