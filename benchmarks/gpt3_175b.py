@@ -47,9 +47,9 @@ def megatron_mfu() -> float:
 
 
 def _row(e: Any) -> dict[str, Any]:
-    from scaletrain.planner.search import layout_of
+    from scaletrain.planner.types import layout_label
 
-    return {"layout": layout_of(e), "plan": e.plan.layout.to_dict(), "ac": e.plan.ac,
+    return {"layout": layout_label(e), "plan": e.plan.layout.to_dict(), "ac": e.plan.ac,
             "micro_batch": e.plan.micro_batch, "mfu": e.mfu, "step_s": e.time.step_s,
             "reserved_gb": e.memory.reserved / GB, "fits": e.memory.fits}
 

@@ -7,7 +7,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scaletrain.config import hardware_preset, layout_problems, resolve_model
-from scaletrain.planner.search import FAMILIES, family_of, layout_of, search
+from scaletrain.planner.search import FAMILIES, family_of, search
+from scaletrain.planner.types import layout_label
 
 pytest.importorskip("scaletrain.planner.estimate")
 
@@ -67,7 +68,7 @@ def test_families_and_reasons() -> None:
         assert fam in FAMILIES and reason
         best = res.families[fam].best
         if best is not None:  # the family's best layout is named, with why it lost
-            assert reason.startswith(f"best member {layout_of(best)}: ")
+            assert reason.startswith(f"best member {layout_label(best)}: ")
     assert "EP" not in res.families  # dense model
 
 
