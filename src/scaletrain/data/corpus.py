@@ -50,23 +50,29 @@ def _iter_txt(path: Path) -> Iterator[tuple[str, bool]]:
     yield "", True
 
 
-def _iter_jsonl(path: Path, field: str) -> Iterator[tuple[str, bool]]:
+def jsonl_records(path: Path) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed record) of every non-blank line of a `.jsonl` / `.jsonl.gz` file;
+    a malformed line is one error naming `file:line`."""
     opener: Any = gzip.open if path.name.endswith(".gz") else open
     with opener(path, "rt", encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
+                yield lineno, json.loads(line)
             except json.JSONDecodeError as e:
                 raise ConfigError("data.source", f"{path}:{lineno}",
                                   f"malformed JSON line ({e.msg}): fix or remove it") from None
-            text = record.get(field) if isinstance(record, dict) else None
-            if not isinstance(text, str):
-                raise ConfigError("data.text_field", f"{path}:{lineno}",
-                                  f"the line has no string field {field!r}: set "
-                                  "data.text_field to the key holding the text")
-            yield text, True
+
+
+def _iter_jsonl(path: Path, field: str) -> Iterator[tuple[str, bool]]:
+    for lineno, record in jsonl_records(path):
+        text = record.get(field) if isinstance(record, dict) else None
+        if not isinstance(text, str):
+            raise ConfigError("data.text_field", f"{path}:{lineno}",
+                              f"the line has no string field {field!r}: set "
+                              "data.text_field to the key holding the text")
+        yield text, True
 
 
 def _iter_parquet(path: Path, field: str) -> Iterator[tuple[str, bool]]:

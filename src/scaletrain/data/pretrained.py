@@ -17,6 +17,8 @@ from typing import Any
 from scaletrain.config import ConfigError
 from scaletrain.config.sources import pretrained_vocab_size, resolve_tokenizer_file
 
+from .tokenizer import TokenizersBacked
+
 __all__ = ["PretrainedTokenizer", "resolve_tokenizer_file"]
 
 _FIELD = "data.tokenizer"
@@ -29,7 +31,7 @@ def _token_text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-class PretrainedTokenizer:
+class PretrainedTokenizer(TokenizersBacked):
     """`tokenizers.Tokenizer.from_file` with BOS/EOS ids; saved beside the shards it made."""
 
     name = "pretrained"
@@ -65,15 +67,6 @@ class PretrainedTokenizer:
             if tid is not None:
                 return int(tid)
         return None
-
-    def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=False).ids
-
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
-
-    def decode(self, ids: list[int]) -> str:
-        return self._tok.decode(list(ids), skip_special_tokens=False)
 
     def save(self, directory: Path) -> None:
         shutil.copyfile(self._file, directory / self._FILE)

@@ -20,7 +20,6 @@ another like documents (combine with `data.document_masking` to keep attention i
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -28,30 +27,12 @@ import numpy as np
 from scaletrain.config import ConfigError, DataConfig
 from scaletrain.config.sources import parse_sources
 
-from .corpus import _Appender, _copy
+from .corpus import _Appender, _copy, jsonl_records
 from .tokenizer import Tokenizer
 
 __all__ = ["build_sft", "render_example", "ROLE_NAMES"]
 
 ROLE_NAMES = {"system": "System", "user": "User", "assistant": "Assistant"}
-
-
-def _records(path: Path) -> Iterator[tuple[int, dict]]:
-    import gzip
-    import json
-    from typing import Any
-
-    opener: Any = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ConfigError("data.source", f"{path}:{lineno}",
-                                  f"malformed JSON line ({e.msg}): fix or remove it") from None
-            yield lineno, rec
 
 
 def _messages(rec: object, where: str) -> list[tuple[str, str]]:
@@ -109,7 +90,7 @@ def build_sft(cfg: DataConfig, tmp: Path, tok: Tokenizer) -> dict:
                 if not path.name.endswith((".jsonl", ".jsonl.gz")):
                     raise ConfigError("data.source", str(path), "data.format=sft reads .jsonl "
                                       "(or .jsonl.gz) files only")
-                for lineno, rec in _records(path):
+                for lineno, rec in jsonl_records(path):
                     ids, mask = render_example(_messages(rec, f"{path}:{lineno}"), tok)
                     ids_out.add(np.asarray(ids, dtype=np.int64))
                     mask_out.add(np.asarray(mask, dtype=np.uint8))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 __all__ = ["Tokenizer", "ByteTokenizer", "CharTokenizer", "BPETokenizer", "load_tokenizer"]
 
@@ -79,7 +79,23 @@ class CharTokenizer:
         return cls(json.loads((directory / cls._FILE).read_text()))
 
 
-class BPETokenizer:
+class TokenizersBacked:
+    """Encode/decode through a `tokenizers.Tokenizer` held as `self._tok` (no special tokens
+    added or skipped: the data pipeline places BOS/EOS itself)."""
+
+    _tok: Any
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=False)
+
+
+class BPETokenizer(TokenizersBacked):
     """Byte-level BPE from Hugging Face `tokenizers`, trained on the corpus (saved as bpe.json).
 
     Byte-level pre-tokenization maps every byte to a symbol first, so any string round-trips;
@@ -108,15 +124,6 @@ class BPETokenizer:
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
         tok.train_from_iterator(pieces, trainer=trainer)
         return cls(tok)
-
-    def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=False).ids
-
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
-
-    def decode(self, ids: list[int]) -> str:
-        return self._tok.decode(list(ids), skip_special_tokens=False)
 
     def save(self, directory: Path) -> None:
         self._tok.save(str(directory / self._FILE))
