@@ -93,40 +93,45 @@ def job_args(run_dir: str, model: str, extra: list[str]) -> list[str]:
 def measure_worker(args: list[str]) -> dict[str, Any]:
     """One rank (spawned): build the run, warm up one step, count the collectives of the next.
 
-    The counted step is `trainer.loop.train_step` + the optimizer step, split into phases so
-    each call can be attributed: forward+backward of all micro-batches (DDP / FSDP / TP / PP /
-    CP / EP traffic), gradient sync after accumulation (EP's data-parallel all-reduce), the
-    scalars (fp16 overflow check, grad-norm, logged loss) and the optimizer step (ZeRO-1's
-    parameter broadcast)."""
+    The counted step is the trainer's own `train_step` + `apply_update`, split into phases by
+    the step's hook events so each call can be attributed: forward+backward of all
+    micro-batches (DDP / FSDP / TP / PP / CP / EP traffic), gradient sync after accumulation
+    (EP's data-parallel all-reduce), the scalars (fp16 overflow check, grad-norm, logged loss)
+    and the optimizer step (ZeRO-1's parameter broadcast)."""
     from scaletrain.config import load_config
     from scaletrain.measure.comm import count_collectives
-    from scaletrain.parallel import clip_grad_norm_, sync_gradients
     from scaletrain.trainer.build import build_run
-    from scaletrain.trainer.loop import _all_mean, _forward_backward, train_step
+    from scaletrain.trainer.step import StepHooks, apply_update, train_step
 
     run = build_run(load_config(None, args))
     batches = run.data.train_batches()
-    train_step(run, batches)  # warm-up: lazy initialisation and one-time exchanges
-    run.optimizer.step()
-    run.optimizer.zero_grad(set_to_none=True)
+    apply_update(run, train_step(run, batches))  # warm-up: lazy init, one-time exchanges
+
+    class Phases(StepHooks):
+        """Marks where each phase's collectives end in the counter's event list."""
+
+        def __init__(self, counts: Any) -> None:
+            self.counts, self.ends = counts, {}
+
+        def event(self, name: str) -> None:
+            boundary = {"forward_backward_done": "forward_backward",
+                        "grads_ready": "grad_sync"}.get(name)
+            if boundary is not None:
+                self.ends[boundary] = len(self.counts.events)
+
+    with count_collectives() as counts:
+        hooks = Phases(counts)
+        out = train_step(run, batches, hooks)
+        hooks.ends["scalars"] = len(counts.events)
+        apply_update(run, out, hooks)
+    bounds = [("forward_backward", hooks.ends["forward_backward"]),
+              ("grad_sync", hooks.ends["grad_sync"]), ("scalars", hooks.ends["scalars"]),
+              ("optimizer", len(counts.events))]
     events: list[dict[str, Any]] = []
-
-    def phase(name: str, fn: Any) -> Any:
-        with count_collectives() as counts:
-            out = fn()
-        events.extend({**vars(e), "phase": name} for e in counts.events)
-        return out
-
-    # the body of train_step, phase by phase (same calls, same order)
-    loss = phase("forward_backward", lambda: _forward_backward(run, batches, None))
-    phase("grad_sync", lambda: sync_gradients(run.model))
-    extra = run.pipeline.group if run.pipeline is not None else None
-    clip = run.job.optim.grad_clip or float("inf")
-    phase("scalars", lambda: (run.scaler.unscale_and_check(run.params),
-                              clip_grad_norm_(run.params, clip, extra_group=extra),
-                              _all_mean(loss)))
-    phase("optimizer", run.optimizer.step)
-    run.optimizer.zero_grad(set_to_none=True)
+    start = 0
+    for name, end in bounds:
+        events.extend({**vars(e), "phase": name} for e in counts.events[start:end])
+        start = end
     run.data.close()
     groups: dict[str, list[str]] = {}
     for axis in AXES:

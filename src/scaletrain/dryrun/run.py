@@ -186,7 +186,7 @@ class _DryrunHooks(StepHooks):
             del self.tracker.memory_tracking[stage]
 
     def event(self, name: str) -> None:
-        if self.timeline is not None and name != "grads_ready":
+        if self.timeline is not None and name not in ("grads_ready", "forward_backward_done"):
             self.timeline.mark(name)
         if self.tracker is not None and self.run is not None and name in (
                 "grads_ready", "optimizer_step"):

@@ -45,8 +45,9 @@ class StepHooks:
       stage modules);
     - `stage_forward(stage)`: called before a pipeline stage's forward (the dry-run's action
       driver; torch's schedules do not call it);
-    - `event(name)`: 'loss:k', 'backward_done:k', 'grads_ready' (after the last backward and
-      the syncs, before unscale/clip), 'optimizer_step', 'zero_grad'.
+    - `event(name)`: 'loss:k', 'backward_done:k', 'forward_backward_done' (every micro-batch
+      through), 'grads_ready' (after the gradient syncs, before unscale/clip),
+      'optimizer_step', 'zero_grad'.
     """
 
     def microbatch(self, k: int) -> contextlib.AbstractContextManager:
@@ -157,6 +158,7 @@ def train_step(run: Run, batches: Iterator, hooks: StepHooks = NO_HOOKS, *,
     (`apply_update`), e.g. after the spike guard has seen the loss."""
     _precompute_fp8_scales(run)
     loss = forward_backward(run, batches, hooks, num_microbatches)
+    hooks.event("forward_backward_done")
     sync_gradients(run.model)  # EP's data parallelism (DDP/FSDP reduce inside backward)
     _sync_fp8_amax(run)
     hooks.event("grads_ready")
