@@ -243,10 +243,9 @@ def memory_rows(batch, seq_len: int) -> dict[str, dict[str, float]]:
         probe = SavedActivations(model)
         amp = (torch.autocast("cpu", dtype=spec["autocast"]) if spec["autocast"] is not None
                else contextlib.nullcontext())
-        with probe.track():  # forward and loss, as the trainer's ledger tracks them
-            with amp:
-                logits = model(x)
-            loss = causal_lm_loss(logits, y)
+        # forward and loss, as the trainer's ledger tracks them: the fused head + loss
+        with probe.track(), amp:
+            loss = model(x, targets=y)
         (loss / GRAD_ACCUM).backward()
         opt.step()
         row: dict[str, float] = {"measured_state": float(sum(state_bytes(model, opt).values())),

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import scaletrain.trainer.loop as loop
+import scaletrain.models.transformer as transformer
 from scaletrain.checkpoint import list_checkpoints
 from scaletrain.config import load_config
 from scaletrain.parallel.launch import spawn
@@ -50,14 +50,15 @@ def test_async_save_resumes_to_the_synchronous_losses_and_weights(tmp_path):
 def test_spike_right_after_an_async_save_rolls_back_to_it(tmp_path, monkeypatch):
     """The step after the step-8 save spikes while that save may still be in flight: the
     rollback waits for it, restores step 8, and the run matches the synchronous one exactly."""
-    real, calls = loop.causal_lm_loss, {"n": 0}
+    real, calls = transformer.linear_cross_entropy, {"n": 0}
 
-    def spike_at_step_9(logits, targets):
+    def spike_at_step_9(hidden, weight, targets, **kw):
         calls["n"] += 1
-        loss = real(logits, targets)
+        loss = real(hidden, weight, targets, **kw)
         return loss * 10.0 if calls["n"] == 9 else loss
 
-    monkeypatch.setattr(loop, "causal_lm_loss", spike_at_step_9)
+    # the model's fused head + loss (`Transformer.head_loss`, bound when the model is built)
+    monkeypatch.setattr(transformer, "linear_cross_entropy", spike_at_step_9)
     guard = ["--train.steps=10", "--checkpoint.every=4", "--guard.window=6",
              "--guard.min_history=4", "--guard.skip_steps=2"]
     sync = train(_job(tmp_path, "sync", *guard))

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-import scaletrain.trainer.loop as loop
+import scaletrain.models.transformer as transformer
 from scaletrain.config import load_config
 from scaletrain.trainer import train
 from scaletrain.trainer.guard import TooManyRollbacks
@@ -24,15 +24,15 @@ def _job(tmp_path, *extra):
 
 def _inject(monkeypatch, bad_calls, factor):
     """Multiply the loss of the given forward calls (1-based) by `factor`."""
-    real = loop.causal_lm_loss
+    real = transformer.linear_cross_entropy  # the model's fused head + loss (`head_loss`)
     calls = {"n": 0}
 
-    def spiky(logits, targets):
+    def spiky(hidden, weight, targets, **kw):
         calls["n"] += 1
-        loss = real(logits, targets)
+        loss = real(hidden, weight, targets, **kw)
         return loss * factor if calls["n"] in bad_calls else loss
 
-    monkeypatch.setattr(loop, "causal_lm_loss", spiky)
+    monkeypatch.setattr(transformer, "linear_cross_entropy", spiky)
 
 
 def test_spike_rolls_back_and_skips_data(tmp_path, monkeypatch):
@@ -69,16 +69,16 @@ def test_out_of_memory_writes_a_report_and_keeps_the_checkpoint(tmp_path, monkey
             "--train.sample_tokens=0", "--data.num_tokens=60000",
             f"--data.cache_dir={tmp_path / 'cache'}", f"--train.run_dir={tmp_path / 'run'}",
             "--checkpoint.every=2"]
-    real = loop.causal_lm_loss
+    real = transformer.linear_cross_entropy
     calls = {"n": 0}
 
-    def hungry(logits, targets):
+    def hungry(hidden, weight, targets, **kw):
         calls["n"] += 1
         if calls["n"] == 4:
             raise MemoryError("simulated host OOM")
-        return real(logits, targets)
+        return real(hidden, weight, targets, **kw)
 
-    monkeypatch.setattr(loop, "causal_lm_loss", hungry)
+    monkeypatch.setattr(transformer, "linear_cross_entropy", hungry)
     assert main(args) == 3
     err = capsys.readouterr().err
     assert "out of memory at step 4" in err and "checkpoint is untouched" in err

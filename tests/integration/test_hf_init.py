@@ -80,7 +80,7 @@ def test_resume_wins_over_init_from(hf_dirs, tmp_path):
 
 def test_shape_mismatch_names_the_tensor(hf_dirs, tmp_path):
     cfg = load_config(None, [f"--checkpoint.init_from={hf_dirs['llama']}",
-                             "--model.ffn_dim=64"]).model
+                             "--model.ffn_dim=64", "--batch.seq_len=32"]).model
     model = build_model(cfg, device="cpu")
     with pytest.raises(ConfigError, match=r"model\.safetensors:model\.layers\.0\.mlp\."):
         load_hf_weights(model, cfg, hf_dirs["llama"])
@@ -88,15 +88,17 @@ def test_shape_mismatch_names_the_tensor(hf_dirs, tmp_path):
 
 def test_bad_directories_fail_in_one_line(hf_dirs, tmp_path):
     with pytest.raises(ConfigError, match="checkpoint.init_from"):
-        load_config(None, [f"--checkpoint.init_from={tmp_path / 'nowhere'}"])
+        load_config(None, [f"--checkpoint.init_from={tmp_path / 'nowhere'}",
+                           "--batch.seq_len=32"])
     bad = tmp_path / "qwen"
     bad.mkdir()
     cfg = json.loads((hf_dirs["llama"] / "config.json").read_text())
     (bad / "config.json").write_text(json.dumps({**cfg, "model_type": "qwen2"}))
     with pytest.raises(ConfigError, match="qwen2"):
-        load_config(None, [f"--checkpoint.init_from={bad}"])
+        load_config(None, [f"--checkpoint.init_from={bad}", "--batch.seq_len=32"])
     (bad / "config.json").write_text(json.dumps(cfg))
-    model_cfg = load_config(None, [f"--checkpoint.init_from={bad}"]).model
+    # (the tiny models hold 64 positions: RoPE tables stop at model.max_seq_len)
+    model_cfg = load_config(None, [f"--checkpoint.init_from={bad}", "--batch.seq_len=32"]).model
     with pytest.raises(ConfigError, match="no \\*.safetensors"):
         load_hf_weights(build_model(model_cfg, device="cpu"), model_cfg, bad)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import scaletrain.cli.report as report_cli
-import scaletrain.trainer.loop as loop
+import scaletrain.models.transformer as transformer
 from scaletrain.cli import main
 from scaletrain.config import ConfigError, load_config
 from scaletrain.report import load_run, predict_run, write_report
@@ -35,17 +35,17 @@ def run_dir(tmp_path_factory) -> Path:
         "--data.num_tokens=60000", f"--data.cache_dir={tmp / 'cache'}",
         f"--train.run_dir={tmp / 'run'}", "--checkpoint.every=5", "--guard.window=10",
         "--guard.min_history=4", "--guard.skip_steps=2"])
-    real, calls = loop.causal_lm_loss, {"n": 0}
+    real, calls = transformer.linear_cross_entropy, {"n": 0}
 
-    def spiky(logits, targets):
-        loss = real(logits, targets)
-        if not logits.requires_grad:  # evaluation (no_grad) is not a training step
+    def spiky(hidden, weight, targets, **kw):
+        loss = real(hidden, weight, targets, **kw)
+        if not hidden.requires_grad:  # evaluation (no_grad) is not a training step
             return loss
         calls["n"] += 1
         return loss * 10.0 if calls["n"] == SPIKE_STEP else loss
 
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(loop, "causal_lm_loss", spiky)
+    with pytest.MonkeyPatch.context() as mp:  # the model's fused head + loss (`head_loss`)
+        mp.setattr(transformer, "linear_cross_entropy", spiky)
         result = train(job)
     assert result.rollbacks == 1 and result.steps == 12
     run = tmp / "run"
