@@ -75,7 +75,7 @@ def auto_layout(job: JobConfig, world_size: int, hardware: HardwareSpec) -> JobC
               f"{best.memory.total / 2**20:,.1f} MiB/rank)")
         for family, why in list(result.why_others_lost().items())[:4]:
             print(f"  {family}: {why}")
-    verdict = [preflight(chosen, world_size, best) if rank == 0 else None]
+    verdict: list[Any] = [preflight(chosen, world_size, best) if rank == 0 else None]
     if dist.is_initialized():  # every rank learns the verdict before any of them goes on
         dist.broadcast_object_list(verdict, src=0)
     measured, text = verdict[0]

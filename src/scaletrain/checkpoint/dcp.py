@@ -170,6 +170,8 @@ class AsyncCheckpointer:
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             written = dcp.async_save(state, checkpoint_id=str(tmp), process_group=self._group,
                                      no_dist=not dist.is_initialized())
+        if not isinstance(written, Future):  # a stager that stages in the background
+            written = written.upload_completion
         self._pending = self._pool.submit(self._finish, written, tmp, final, step)
 
     def _finish(self, written: Future, tmp: Path, final: Path, step: int) -> Path:

@@ -211,11 +211,11 @@ def _gpt2_source(fqn: str, shape: tuple[int, ...], cfg: ModelConfig,
 
 def _local_box(param: torch.Tensor) -> _Box | None:
     """This rank's box of `param`'s full value, or None when it is not one box."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
     shape = tuple(param.shape)
-    if not hasattr(param, "placements"):
+    if not isinstance(param, DTensor):
         return _Box((0,) * len(shape), shape)
-    # local imports: only a distributed run holds DTensors
-    from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     if any(type(p) not in (Shard, Replicate) for p in param.placements):
@@ -242,12 +242,13 @@ def _fill(param: torch.Tensor, src: _Source, files: SafetensorsDir) -> None:
     box = _local_box(param)
     full_box = _Box((0,) * param.dim(), tuple(param.shape))
     value = src.read(files, box if box is not None else full_box)
-    if not hasattr(param, "placements"):
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if not isinstance(param, DTensor):
         param.copy_(value.to(device=param.device, dtype=param.dtype))
         return
     local = param.to_local()
     if box is None:  # read the whole tensor and keep this rank's shard
-        from torch.distributed.tensor import distribute_tensor
 
         value = distribute_tensor(value.to(device=local.device, dtype=local.dtype),
                                   param.device_mesh, param.placements,

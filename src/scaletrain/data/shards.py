@@ -149,9 +149,9 @@ def _tokenize(cfg: DataConfig, text: str) -> tuple[Tokenizer, np.ndarray]:
         tok = CharTokenizer(chr(c) for c in uniq.tolist())
         return tok, np.searchsorted(uniq, codes)  # sorted code points = the tokenizer's order
     chunks = _chunks(text)
-    tok = BPETokenizer.train(iter(chunks), cfg.bpe_vocab_size)
-    ids = [np.asarray(x, dtype=np.int64) for x in tok.encode_batch(chunks)]
-    return tok, np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
+    bpe = BPETokenizer.train(iter(chunks), cfg.bpe_vocab_size)
+    ids = [np.asarray(x, dtype=np.int64) for x in bpe.encode_batch(chunks)]
+    return bpe, np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
 
 
 def _write(directory: Path, name: str, ids: np.ndarray, dtype: np.dtype) -> None:

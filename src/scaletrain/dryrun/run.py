@@ -231,9 +231,9 @@ def _tracker(run: Run) -> Any:
         # FSDPMemTracker takes one FSDP root; with several stages its walk over `modules()`
         # is pointed at all of them (the only use it makes of the root)
         roots = run.pipeline.stages if run.pipeline is not None else [run.model]
-        tracker = FSDPMemTracker(roots[0], run.optimizer)
-        tracker._root_mod = run.model
-        return tracker
+        fsdp_tracker = FSDPMemTracker(roots[0], run.optimizer)
+        fsdp_tracker._root_mod = run.model  # type: ignore[assignment]  # any module tree walks
+        return fsdp_tracker
     tracker = MemTracker()
     # ZeroRedundancyOptimizer keeps its states in the local optimizer `.optim`
     inner = getattr(run.optimizer, "optim", None)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import weakref
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 from unittest import mock
 
 import torch
@@ -48,10 +48,10 @@ def pp_actions(schedule: str, p: int, m: int, v: int, pp_rank: int) -> list[Any]
     zb = schedule == "zero-bubble"
     kind = {"F": _ComputationType.FORWARD, "W": _ComputationType.BACKWARD_WEIGHT,
             "B": _ComputationType.BACKWARD_INPUT if zb else _ComputationType.FULL_BACKWARD}
-    actions = [_Action(a.stage, kind[a.kind], a.microbatch)
-               for a in pipeline_order(schedule, p, m, v)[pp_rank]]
+    actions: list[_Action | None] = [_Action(a.stage, kind[a.kind], a.microbatch)
+                                     for a in pipeline_order(schedule, p, m, v)[pp_rank]]
     if schedule not in ("gpipe", "1f1b"):
-        actions = _add_unshard_reshard(actions)
+        actions = [*_add_unshard_reshard(actions)]
     return _add_reduce_grad(actions, m)
 
 
@@ -214,7 +214,7 @@ def gradless_module_hooks() -> Iterator[None]:
 
     original = mod_tracker.register_multi_grad_hook
 
-    def register(tensors, fn, *, mode: str = "all"):  # noqa: ANN001, ANN202
+    def register(tensors, fn, *, mode: Literal["all", "any"] = "all"):  # noqa: ANN001, ANN202
         if mode != "all":
             return original(tensors, fn, mode=mode)
         refs = [weakref.ref(t) for t in tensors]

@@ -137,7 +137,7 @@ def _pg(group: Any) -> tuple[str, int, int]:
     if isinstance(group, str):
         from torch.distributed.distributed_c10d import _resolve_process_group
 
-        group = _resolve_process_group(group)
+        group = _resolve_process_group(group)  # type: ignore[arg-type]  # GroupName is a str NewType
     elif isinstance(group, torch.ScriptObject):  # how a dispatcher op hands over its group
         group = torch.distributed.ProcessGroup.unbox(group)
     return group.group_name, group.size(), group.rank()

@@ -49,7 +49,8 @@ def plan_dict(job: JobConfig, layout: Layout) -> dict[str, Any]:
 
 def memory_from_json(d: dict[str, Any]) -> MemoryBreakdown:
     """Inverse of `MemoryBreakdown.to_json()` (plus the optional named terms)."""
-    mem = MemoryBreakdown(**{k: float(d.get(k, 0.0)) for k in _MEMORY_FLOATS})
+    floats: dict[str, Any] = {k: float(d.get(k, 0.0)) for k in _MEMORY_FLOATS}
+    mem = MemoryBreakdown(**floats)
     mem.fits = bool(d.get("fits", True))
     mem.rank = int(d.get("rank", 0))
     mem.buffer_terms = {k: float(v) for k, v in d.get("buffer_terms", {}).items()}
