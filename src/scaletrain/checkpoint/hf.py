@@ -26,6 +26,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from scaletrain.config import ModelConfig
+from scaletrain.dtensor import to_full
 
 __all__ = ["export_hf", "load_hf_state_dict", "to_hf_state_dict", "from_hf_state_dict",
            "hf_config"]
@@ -91,8 +92,7 @@ def hf_config(cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> dict:
 def _full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     out = {}
     for k, v in model.state_dict().items():
-        if hasattr(v, "full_tensor"):  # DTensor: gather the shards
-            v = v.full_tensor()
+        v = to_full(v)  # a DTensor's shards gathered
         out[k.replace("_orig_mod.", "")] = v.detach()
     return out
 

@@ -69,6 +69,7 @@ import torch.distributed as dist
 
 from scaletrain.config import ConfigError, JobConfig, Layout
 from scaletrain.measure.schema import Measurement, plan_dict
+from scaletrain.parallel import local_state_bytes
 from scaletrain.planner.types import MemoryBreakdown
 from scaletrain.trainer.build import DistEnv, Run, build_run
 from scaletrain.trainer.step import StepHooks, apply_update, train_step
@@ -129,18 +130,6 @@ def _add_ddp_buckets(memory: MemoryBreakdown, model: torch.nn.Module, notes: lis
                  "gradient buckets added as buffer_terms['ddp_buckets']")
 
 
-def _optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
-    """Local bytes of every optimizer state tensor (ZeRO-1: this rank's partition only)."""
-    inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer's local part
-    total = 0
-    for state in inner.state.values():
-        for v in state.values():
-            if isinstance(v, torch.Tensor):
-                v = v.to_local() if hasattr(v, "to_local") else v
-                total += v.numel() * v.element_size()
-    return total
-
-
 def _breakdown(peak: dict[Any, dict[str, int]], rank: int, capacity: float) -> MemoryBreakdown:
     mem = MemoryBreakdown(rank=rank, capacity=capacity)
     for dev_snap in peak.values():
@@ -190,8 +179,6 @@ class _DryrunHooks(StepHooks):
             self.timeline.mark(name)
         if self.tracker is not None and self.run is not None and name in (
                 "grads_ready", "optimizer_step"):
-            from scaletrain.parallel import local_state_bytes
-
             for k, v in local_state_bytes(self.run.model, self.run.optimizer).items():
                 self.state[f"state.{k}"] = max(self.state.get(f"state.{k}", 0.0), float(v))
 
@@ -305,7 +292,7 @@ def dryrun(job: JobConfig, *, world_size: int, rank: int = 0, count_flops: bool 
     # The trackers label every allocation inside optimizer.step() as optimizer state, so a
     # peak inside the step counts foreach temporaries (e.g. AdamW's denominators) there. Keep
     # `optimizer` = the states themselves, and name the rest.
-    states = _optimizer_state_bytes(run.optimizer)
+    states = local_state_bytes(run.model, run.optimizer)["optimizer"]
     if memory.optimizer > states:
         memory.buffer_terms["optimizer_step_temp"] = memory.optimizer - states
         memory.buffers += memory.optimizer - states

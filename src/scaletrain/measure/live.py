@@ -14,15 +14,13 @@ from collections.abc import Iterator
 
 import torch
 
+from scaletrain.dtensor import to_local
+
 __all__ = ["tensor_bytes", "state_bytes", "SavedActivations", "peak_process_memory"]
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
 def tensor_bytes(t: torch.Tensor) -> int:
-    t = _local(t)
+    t = to_local(t)
     return t.numel() * t.element_size()
 
 
@@ -43,10 +41,10 @@ class SavedActivations:
         self._seen: set[int] = set()
         for p in model.parameters() if model is not None else ():
             with contextlib.suppress(RuntimeError, NotImplementedError):
-                self._seen.add(_local(p).untyped_storage().data_ptr())
+                self._seen.add(to_local(p).untyped_storage().data_ptr())
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
-        local = _local(t)
+        local = to_local(t)
         try:
             key = local.untyped_storage().data_ptr()
             size = local.untyped_storage().nbytes()

@@ -59,6 +59,7 @@ from torch.distributed.pipelining import (
 )
 
 from scaletrain.config import ConfigError, stage_ids, stage_layer_ranges
+from scaletrain.dtensor import to_full, to_local
 
 __all__ = ["PipelineRuntime", "build_pipeline", "split_layers", "stage_ids", "split_stage"]
 
@@ -178,8 +179,7 @@ class PipelineRuntime:
         for w in self._tied_weights():
             if w.grad is not None:
                 g = w.grad
-                dist.all_reduce(g.to_local() if hasattr(g, "to_local") else g,
-                                group=self.tied_group)
+                dist.all_reduce(to_local(g), group=self.tied_group)
 
     def _cp_shard(self, x: torch.Tensor) -> torch.Tensor:
         """This cp rank's load-balanced shard of (B, T) ids or targets (cp = 1: x)."""
@@ -243,7 +243,7 @@ class PipelineRuntime:
         out = self.schedule.eval(*args, target=dummy if self.is_last else None,
                                  return_outputs=True)
         if self.is_last:
-            out = out.full_tensor() if hasattr(out, "full_tensor") else out
+            out = to_full(out)
             logits = self._cp_gather(out[:1].float().contiguous())
             vocab = torch.tensor(logits.shape[-1], device=inputs.device)
         else:

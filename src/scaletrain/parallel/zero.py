@@ -27,6 +27,8 @@ from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
 
+from scaletrain.dtensor import to_full, to_local
+
 from .dims import ParallelDims
 
 __all__ = ["wrap_optimizer", "clip_grad_norm_", "local_state_bytes", "zero1_local_state",
@@ -39,7 +41,7 @@ class _LocalShardZero(ZeroRedundancyOptimizer):
 
     def _broadcast_params_from_rank(self, rank: int) -> list:
         src = dist.distributed_c10d.get_global_rank(self.process_group, rank)
-        return [dist.broadcast(_local(p.data), src=src, group=self.process_group,
+        return [dist.broadcast(to_local(p.data), src=src, group=self.process_group,
                                async_op=True)
                 for group in self._partition_parameters()[rank] for p in group["params"]]
 
@@ -48,7 +50,7 @@ def zero1_local_state(optimizer: ZeroRedundancyOptimizer) -> dict[str, Any]:
     """This rank's ZeRO-1 partition as plain tensors (tensor-parallel states as their local
     shards), so that checkpoints load it with `torch.load(weights_only=True)`."""
     sd = optimizer.optim.state_dict()
-    sd["state"] = {i: {k: _local(v) if isinstance(v, torch.Tensor) else v
+    sd["state"] = {i: {k: to_local(v) if isinstance(v, torch.Tensor) else v
                        for k, v in st.items()} for i, st in sd["state"].items()}
     return sd
 
@@ -82,10 +84,6 @@ def wrap_optimizer(optimizer_class: type[torch.optim.Optimizer], params: Iterabl
     return optimizer_class(params, **defaults)
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t
-
-
 @torch.no_grad()
 def clip_grad_norm_(params: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0,
                     *, extra_group: dist.ProcessGroup | None = None,
@@ -111,7 +109,7 @@ def clip_grad_norm_(params: Iterable[torch.Tensor], max_norm: float, norm_type: 
     norms = []
     for grp in groups.values():
         n = torch.nn.utils.get_total_norm(grp, norm_type)
-        norms.append((n.full_tensor() if isinstance(n, DTensor) else n).float())
+        norms.append(to_full(n).float())
     stacked = torch.stack(norms) if norms else torch.zeros(1)
     if math.isinf(norm_type):
         total = stacked.max()
@@ -127,7 +125,7 @@ def clip_grad_norm_(params: Iterable[torch.Tensor], max_norm: float, norm_type: 
     # one foreach kernel per (device, dtype) instead of a multiply per gradient.
     by_kind: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
     for g in grads:
-        local = _local(g)
+        local = to_local(g)
         by_kind.setdefault((local.device, local.dtype), []).append(local)
     for (device, dtype), locals_ in by_kind.items():
         torch._foreach_mul_(locals_, coef.to(device, dtype))
@@ -142,7 +140,7 @@ def local_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None 
     for the training state; buffers, activations and communication buffers are not counted.
     """
     def nbytes(t: torch.Tensor) -> int:
-        t = _local(t)
+        t = to_local(t)
         return t.numel() * t.element_size()
 
     params = list(model.parameters())

@@ -51,6 +51,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from scaletrain.dtensor import to_full
+
 from .scaling import (
     E4M3,
     E5M2,
@@ -235,8 +237,7 @@ class Float8Linear(nn.Linear):
             missing_keys.append(prefix + _EXTRA_STATE)
         elif hists:
             device = self.weight.device if self.weight.device.type != "meta" else None
-            if hasattr(saved, "full_tensor"):
-                saved = saved.full_tensor()
+            saved = to_full(saved)
             if saved.shape[0] != len(hists):
                 error_msgs.append(f"{prefix}{_EXTRA_STATE}: {saved.shape[0]} amax histories "
                                   f"saved, {len(hists)} expected")

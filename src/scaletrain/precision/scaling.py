@@ -33,6 +33,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from scaletrain.dtensor import to_full
+
 __all__ = ["E4M3", "E5M2", "TILE", "quantize", "dequantize", "AmaxHistory", "scaled_mm",
            "tiled_scaled_mm", "pad_to"]
 
@@ -138,8 +140,7 @@ class AmaxHistory:
     @torch.no_grad()
     def record(self, t: torch.Tensor) -> None:
         cur = t.detach().abs().amax().float()
-        if hasattr(cur, "full_tensor"):  # a DTensor's amax (tensor parallel): the global one
-            cur = cur.full_tensor()
+        cur = to_full(cur)  # a DTensor's amax (tensor parallel): the global one
         if self.history is None:
             self.history = torch.zeros(self.length, dtype=torch.float32, device=t.device)
         self.history = torch.roll(self._history_on(t.device), 1)

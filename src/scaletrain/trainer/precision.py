@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from scaletrain.config import PrecisionConfig, precision_spec
+from scaletrain.dtensor import to_local
 
 from .host import host_float
 
@@ -34,10 +35,6 @@ def autocast(precision: PrecisionConfig, device_type: str) -> contextlib.Abstrac
     if dtype == torch.float32:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device_type, dtype=dtype)
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
 
 
 class LossScaler:
@@ -63,7 +60,7 @@ class LossScaler:
         """
         if not self.enabled:
             return True
-        grads = [_local(p.grad) for p in params if p.grad is not None]
+        grads = [to_local(p.grad) for p in params if p.grad is not None]
         device = grads[0].device if grads else torch.device("cpu")
         found_inf = torch.zeros(1, dtype=torch.float32, device=device)
         inv_scale = torch.full((1,), 1.0 / self.scale, dtype=torch.float32, device=device)

@@ -9,6 +9,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from scaletrain.dtensor import to_full
+
 if TYPE_CHECKING:
     from .build import Run
 
@@ -24,7 +26,7 @@ def _plain_logits(model: torch.nn.Module, pad_multiple: int) -> LogitsFn:
         t = x.shape[1]
         x = F.pad(x, (0, -t % pad_multiple))  # TP/SP splits the sequence: a whole multiple
         logits = model(x)
-        logits = logits.full_tensor() if hasattr(logits, "full_tensor") else logits
+        logits = to_full(logits)
         return logits[:, :t]
     return fn
 
@@ -89,7 +91,7 @@ def layout_logits_fn(run: Run) -> LogitsFn | None:
             full = F.pad(x, (0, seq_len - t))
             pos = cp_positions(seq_len, rank, size, device=x.device)
             logits = run.model(cp_shard(full, rank, size), positions=pos)
-            logits = logits.full_tensor() if hasattr(logits, "full_tensor") else logits
+            logits = to_full(logits)
             shards = [torch.empty_like(logits) for _ in range(size)]
             dist.all_gather(shards, logits.contiguous(), group=group)
             return cp_unshard(shards)[:, :t]

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from scaletrain.dtensor import to_full
 from scaletrain.models import moe_aux_loss
 from scaletrain.parallel import clip_grad_norm_, loss_context, maybe_no_sync, sync_gradients
 
@@ -76,7 +77,7 @@ class StepOut:
 
 def plain(t: torch.Tensor) -> torch.Tensor:
     """A replicated DTensor (the loss under loss_parallel) as a plain tensor."""
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
+    return to_full(t)
 
 
 def all_mean(x: torch.Tensor) -> float:
