@@ -87,6 +87,9 @@ class RotaryEmbedding(nn.Module):
     `reset_tables()` recomputes them after meta-device materialization.
     """
 
+    cos: torch.Tensor
+    sin: torch.Tensor
+
     def __init__(self, head_dim: int, max_seq_len: int, theta: float) -> None:
         super().__init__()
         self.head_dim, self.max_seq_len, self.theta = head_dim, max_seq_len, theta

@@ -21,6 +21,8 @@ import zlib
 import torch
 from torch import nn
 
+from scaletrain.dtensor import is_dtensor
+
 from .attention import RotaryEmbedding
 from .moe import MoE
 
@@ -75,7 +77,7 @@ def init_weights(model: nn.Module, *, seed: int = 0) -> None:
 
 
 def _copy_into(param: torch.Tensor, full: torch.Tensor) -> None:
-    if hasattr(param, "placements") and hasattr(param, "device_mesh"):
+    if is_dtensor(param):
         # A DTensor (FSDP2 / tensor parallel): keep this rank's shard of the full value. The
         # import is local on purpose: the model package stays free of torch.distributed, and
         # this branch only runs when a caller already sharded the model.

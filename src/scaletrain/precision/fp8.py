@@ -44,14 +44,14 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from scaletrain.dtensor import to_full
+from scaletrain.dtensor import is_dtensor, to_full
 
 from .scaling import (
     E4M3,
@@ -64,6 +64,9 @@ from .scaling import (
     scaled_mm,
     tiled_scaled_mm,
 )
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
 __all__ = ["Float8Linear", "Float8ExpertLinear", "apply_fp8", "maybe_apply_fp8", "fp8_eligible",
            "SCALINGS", "AMAXES"]
@@ -93,7 +96,7 @@ def _quant_tensorwise(t: torch.Tensor, dtype: torch.dtype, hist: AmaxHistory | N
     if hist is None:
         return quantize(t, dtype)
     amax = hist.amax_for(t)
-    if _is_dtensor(t) and not _is_dtensor(amax):  # history is a plain replicated tensor
+    if is_dtensor(t) and not is_dtensor(amax):  # history is a plain replicated tensor
         from torch.distributed.tensor import DTensor, Replicate
 
         mesh = t.device_mesh
@@ -252,7 +255,7 @@ class Float8Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out_dtype = _out_dtype(x)
-        if self.fp8_state.scaling == "tilewise" and _is_dtensor(self.weight):
+        if self.fp8_state.scaling == "tilewise" and is_dtensor(self.weight):
             y = _tilewise_tp(x, self.weight, self.fp8_state, out_dtype)
         else:
             # Plain tensors, or tensorwise DTensors: DTensor's own rules run the quantization
@@ -299,11 +302,7 @@ def _out_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
 
 
-def _is_dtensor(t: torch.Tensor) -> bool:
-    return type(t).__name__ == "DTensor"  # no torch.distributed import on the plain path
-
-
-def _tilewise_tp(x: torch.Tensor, weight: torch.Tensor, state: _Fp8State,
+def _tilewise_tp(x: torch.Tensor, weight: DTensor, state: _Fp8State,
                  out_dtype: torch.dtype) -> torch.Tensor:
     """Tile-wise fp8 on a tensor-parallel weight: the GEMMs run on the local shards.
 
@@ -311,13 +310,16 @@ def _tilewise_tp(x: torch.Tensor, weight: torch.Tensor, state: _Fp8State,
     output Partial (summed by the TP output hook). With local dims multiples of 128 no tile
     straddles a shard, so the tiles and scales are exactly the single-process ones.
     """
-    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+    from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
 
     mesh, placements = weight.device_mesh, weight.placements
     if len(placements) != 1:
         raise ValueError("tilewise fp8 supports a 1-D tensor-parallel mesh")
     p = placements[0]
     # (placement x must have, placement of dx's local shard, placement of y)
+    want_x: Placement
+    grad_x: Placement
+    out_p: Placement
     if isinstance(p, Shard) and p.dim == 0:  # each rank's dx sums over its own N columns only
         want_x, grad_x, out_p = Replicate(), Partial(), Shard(x.dim() - 1)
     elif isinstance(p, Shard) and p.dim == 1:
@@ -435,7 +437,7 @@ def sync_amax_histories(model: nn.Module, group: Any = None) -> int:
     hists = [h for h in amax_histories(model) if h.history is not None]
     if not hists:
         return 0
-    flat = torch.cat([h.history for h in hists])
+    flat = torch.cat([h.history for h in hists if h.history is not None])
     dist.all_reduce(flat, op=dist.ReduceOp.MAX, group=group)
     for h, part in zip(hists, flat.split([h.length for h in hists]), strict=True):
         h.history = part.clone()

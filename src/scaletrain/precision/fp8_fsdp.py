@@ -28,7 +28,7 @@ Float8Linear.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -70,12 +70,12 @@ class Fp8GatherWeight(torch.Tensor):
         # (whole-weight amax, the generation it was computed at): `precompute_fp8_scales`
         self._amax: tuple[torch.Tensor, int] | None = None
 
-    def __repr__(self) -> str:
+    def __repr__(self) -> str:  # type: ignore[override]  # no tensor_contents: the wrapped one's
         return f"Fp8GatherWeight({self._data!r})"
 
     @classmethod
-    def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (),
-                           kwargs: dict | None = None) -> Any:
+    def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (),  # type: ignore[override]
+                           kwargs: dict | None = None) -> Any:  # torch types it as a plain function
         unwrap = (lambda t: t._data)
         out = func(*pytree.tree_map_only(cls, unwrap, args),
                    **pytree.tree_map_only(cls, unwrap, kwargs or {}))
@@ -173,7 +173,7 @@ def precompute_fp8_scales(model: nn.Module) -> int:
     # the shard dimension of the FSDP mesh (HSDP replicas hold the same shards)
     mesh, placements = weights[0].device_mesh, weights[0].placements
     dim = max(i for i, pl in enumerate(placements) if pl.is_shard())
-    locals_ = [w._local_tensor for w in weights]
+    locals_ = [cast(Fp8GatherWeight, w._local_tensor) for w in weights]  # filtered above
     amax = torch.stack([_local_amax(t._data) for t in locals_])
     dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=mesh.get_group(dim))
     for t, a in zip(locals_, amax, strict=True):

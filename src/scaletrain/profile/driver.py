@@ -141,7 +141,10 @@ def profile_run(run: Run, *, steps: int = 3, warmup: int = 2,
     tops = [run.model] if run.pipeline is None else list(run.pipeline.stages)
     handles = install_hooks(tops, clock, pipelined=run.pipeline is not None,
                             submodules=not run.job.train.compile)
-    batches = TimedBatches(run.data.train_batches(), clock)
+    if run.data is None:
+        raise ValueError("profile needs a run built with data (build_run(..., data=True))")
+    data = run.data
+    batches = TimedBatches(data.train_batches(), clock)
     activities = [ProfilerActivity.CPU]
     if run.device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
@@ -154,7 +157,7 @@ def profile_run(run: Run, *, steps: int = 3, warmup: int = 2,
     finally:
         for h in handles:
             h.remove()
-        run.data.close()
+        data.close()
     # one Chrome trace per rank; the `.pt.trace.json` suffix is what TensorBoard's PyTorch
     # profiler plugin looks for (`tensorboard --logdir RUN/profile`); Perfetto opens any name
     out.mkdir(parents=True, exist_ok=True)

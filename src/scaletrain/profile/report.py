@@ -73,10 +73,11 @@ def render(r: ProfileResult, v: Verdict, *, top: int = 12) -> str:
                   f"{r.memory_bw / 1e9:.0f} GB/s -> ridge {ridge:.1f} FLOP/B; "
                   f"{memory_bound_share(r):.0%} of compute op time under it",
               f"  {'op':<40}{'calls':>6}{'ms/step':>10}{'FLOP/B':>9}{'GFLOP/s':>10}  bound"]
-    for o in a.ops[:top]:
-        bound = "memory" if o.intensity < ridge else "compute"
-        lines.append(f"  {o.name[:40]:<40}{o.count:6d}{o.time_s * 1e3:10.2f}"
-                     f"{o.intensity:9.2f}{o.achieved_flops / 1e9:10.2f}  {bound} ({o.op_class})")
+    for op in a.ops[:top]:
+        bound = "memory" if op.intensity < ridge else "compute"
+        lines.append(f"  {op.name[:40]:<40}{op.count:6d}{op.time_s * 1e3:10.2f}"
+                     f"{op.intensity:9.2f}{op.achieved_flops / 1e9:10.2f}  {bound} "
+                     f"({op.op_class})")
     o, peak = r.model_flops_per_step, r.peak_flops * r.world_size
     t = r.unprofiled_step_s or r.step_s
     lines += ["", f"iron law T = O / (R_peak * eta): O = {o / 1e9:,.2f} GFLOP per step (model "
