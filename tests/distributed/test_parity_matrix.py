@@ -3,8 +3,9 @@
 Each row trains one model for 5 AdamW steps (lr 1e-3, gradient clipping at 0.5, fp32) on its
 ranks' shares of the same global batches (4 sequences x 16 tokens, same order) and must
 reproduce the single-process run: the loss of every step within 1e-5 relative, the pre-clip
-gradient norm of every step within 1e-5 relative, and every final parameter within 1e-5
-(rtol = atol = 1e-5). Pipeline ranks each return the parameters of their stages; together they
+gradient norm of every step within 1e-5 relative, and every final parameter within AdamW's
+bounds (tests/adam_tolerance.py: the measured differences below are why).
+Pipeline ranks each return the parameters of their stages; together they
 must cover the whole model.
 
 Models: `llama` = tiny-llama (RoPE, GQA 4q/2kv heads, RMSNorm, SwiGLU, untied head); `gpt2` =
@@ -31,12 +32,10 @@ feed the per-rank memory test of the ZeRO stages and the mesh-layout test.
 from __future__ import annotations
 
 import pytest
-import torch
 
 from scaletrain.parallel.launch import spawn
 
-from ..adam_tolerance import assert_adam_close
-from ._parity_fns import LR, STEPS, reference, train_modes, world4_suite
+from ._parity_fns import assert_matches_reference, reference, train_modes, world4_suite
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -103,21 +102,8 @@ def test_parity(request, references, mode, model):
     ref = references[model]
     covered: set[str] = set()
     for rank, results in enumerate(per_rank):
-        got = results[f"{mode}/{model}"]
-        where = f"{mode}/{model} rank {rank}"
-        torch.testing.assert_close(torch.tensor(got["losses"]), torch.tensor(ref["losses"]),
-                                   rtol=1e-5, atol=0, msg=lambda m, w=where: f"{w} loss: {m}")
-        torch.testing.assert_close(torch.tensor(got["norms"]), torch.tensor(ref["norms"]),
-                                   rtol=1e-5, atol=0, msg=lambda m, w=where: f"{w} norm: {m}")
-        for name, value in got["params"].items():
-            # a tied model's last pipeline stage holds a copy of the embedding as its head
-            ref_name = ("tok_embeddings.weight" if name == "output.weight"
-                        and name not in ref["params"] else name)
-            # summation order changes rounding; AdamW's normalized step passes a cancelled
-            # gradient's rounding on whole, so the bounds are Adam's (tests/adam_tolerance.py)
-            assert_adam_close(value, ref["params"][ref_name], lr=LR, steps=STEPS,
-                              where=f"{where} {name}")
-            covered.add(ref_name)
+        covered |= assert_matches_reference(results[f"{mode}/{model}"], ref,
+                                            f"{mode}/{model} rank {rank}")
     assert covered == ref["params"].keys()
 
 

@@ -6,17 +6,17 @@ shard's hidden states and run ring attention over their cp group, and each stage
 shard's global positions (RoPE for llama, learned positions on gpt2's first stage). The rows
 train as the parity matrix does (5 AdamW steps, clipping, fp32) with its tolerances and their
 reasons (tests/distributed/test_parity_matrix.py): losses and gradient norms 1e-5 relative,
-parameters rtol = atol = 1e-5; pipeline ranks together cover every parameter.
+parameters within AdamW's bounds (`_parity_fns.assert_matches_reference`); pipeline ranks
+together cover every parameter.
 """
 
 from __future__ import annotations
 
 import pytest
-import torch
 
 from scaletrain.parallel.launch import spawn
 
-from ._parity_fns import reference, train_modes
+from ._parity_fns import assert_matches_reference, reference, train_modes
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -41,18 +41,8 @@ def test_pp_cp_matches_one_process(world4, mode):
     ref = reference(MODES[mode][0])
     covered: set[str] = set()
     for rank, results in enumerate(world4):
-        got, where = results[mode], f"{mode} rank {rank}"
-        torch.testing.assert_close(torch.tensor(got["losses"]), torch.tensor(ref["losses"]),
-                                   rtol=1e-5, atol=0, msg=lambda m, w=where: f"{w} loss: {m}")
-        torch.testing.assert_close(torch.tensor(got["norms"]), torch.tensor(ref["norms"]),
-                                   rtol=1e-5, atol=0, msg=lambda m, w=where: f"{w} norm: {m}")
-        for name, value in got["params"].items():
-            # gpt2's last stage holds a copy of the tied embedding as its head
-            ref_name = ("tok_embeddings.weight" if name == "output.weight"
-                        and name not in ref["params"] else name)
-            torch.testing.assert_close(value, ref["params"][ref_name], rtol=1e-5, atol=1e-5,
-                                       msg=lambda m, w=f"{where} {name}": f"{w}: {m}")
-            covered.add(ref_name)
+        got = results[mode]
+        covered |= assert_matches_reference(got, ref, f"{mode} rank {rank}")
         axis = "cp" if "cp2" in mode else "dp"
         assert got["meshes"][axis] == (2, rank % 2) and got["meshes"]["pp"] == (2, rank // 2)
     assert covered == ref["params"].keys()
