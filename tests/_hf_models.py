@@ -102,3 +102,13 @@ def make_tokenizer_dir(out_dir: Path, texts: list[str], *, vocab_size: int = 200
     (out_dir / "tokenizer_config.json").write_text(json.dumps(
         {"bos_token": "<s>", "eos_token": {"content": eos}, "add_bos_token": add_bos}))
     return out_dir
+
+
+def hf_args(tmp_path, model_dir, run, *extra, steps: int = 3) -> list[str]:
+    """`scaletrain train` overrides for a short fp32 run initialized from `model_dir`."""
+    return [f"--checkpoint.init_from={model_dir}", "--batch.seq_len=32",
+            "--batch.global_batch=4", "--batch.micro_batch=2", f"--train.steps={steps}",
+            "--train.eval_every=1000", "--train.sample_tokens=0", "--train.progress=false",
+            "--train.tensorboard=false", "--data.num_tokens=60000",
+            f"--data.cache_dir={tmp_path / 'cache'}", f"--train.run_dir={tmp_path / run}",
+            "--optim.warmup_steps=0", "--guard.enabled=false", *extra]

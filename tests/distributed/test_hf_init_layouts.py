@@ -7,7 +7,7 @@ import pytest
 
 from scaletrain.config import load_config
 from scaletrain.parallel.launch import spawn
-from tests._hf_models import first_step_batches, hf_loss, make_hf_model
+from tests._hf_models import first_step_batches, hf_args, hf_loss, make_hf_model
 
 from ._trainer_fns import train_many
 
@@ -29,12 +29,7 @@ LAYOUTS = {
 
 
 def _args(tmp_path, model_dir, run, *extra):
-    return [f"--checkpoint.init_from={model_dir}", "--batch.seq_len=32",
-            "--batch.global_batch=4", "--batch.micro_batch=2", "--train.steps=2",
-            "--train.eval_every=1000", "--train.sample_tokens=0", "--train.progress=false",
-            "--train.tensorboard=false", "--data.num_tokens=60000",
-            f"--data.cache_dir={tmp_path / 'cache'}", f"--train.run_dir={tmp_path / run}",
-            "--optim.warmup_steps=0", "--guard.enabled=false", *extra]
+    return hf_args(tmp_path, model_dir, run, *extra, steps=2)
 
 
 def test_first_step_loss_equals_transformers_in_every_layout(tmp_path):

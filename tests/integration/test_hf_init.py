@@ -16,22 +16,13 @@ from scaletrain.checkpoint.hf_load import load_hf_weights
 from scaletrain.config import ConfigError, load_config
 from scaletrain.models import build_model
 from scaletrain.trainer import train
-from tests._hf_models import first_step_batches, hf_loss, make_hf_model
+from tests._hf_models import first_step_batches, hf_args, hf_loss, make_hf_model
 
 transformers = pytest.importorskip("transformers")
 
 # fp32 trainer vs a float64 reference: the sums are a few hundred terms of O(1) values, so the
 # fp32 rounding is ~1e-6 relative; 1e-4 is the bound.
 RTOL = 1e-4
-
-
-def hf_args(tmp_path, model_dir, run, *extra):
-    return [f"--checkpoint.init_from={model_dir}", "--batch.seq_len=32",
-            "--batch.global_batch=4", "--batch.micro_batch=2", "--train.steps=3",
-            "--train.eval_every=1000", "--train.sample_tokens=0", "--train.progress=false",
-            "--train.tensorboard=false", "--data.num_tokens=60000",
-            f"--data.cache_dir={tmp_path / 'cache'}", f"--train.run_dir={tmp_path / run}",
-            "--optim.warmup_steps=0", "--guard.enabled=false", *extra]
 
 
 @pytest.fixture(scope="module")
