@@ -14,7 +14,8 @@ from scaletrain.cli import plan as plan_cli
 
 FLAGS = ['--ac', '--compile', '--config', '--cp', '--dp', '--ep', '--global-batch', '--gpu',
          '--gpus', '--gpus-per-node', '--json', '--micro-batch', '--model', '--offload', '--plot',
-         '--pp', '--pp-schedule', '--pp-virtual', '--precision', '--preflight', '--seq-len', '--sp',
+         '--pp', '--pp-schedule', '--pp-virtual', '--precision', '--preflight', '--recipe',
+         '--seq-len', '--sp',
          '--tokens', '--top', '--tp', '--verify', '--zero']
 
 SCHEMA = {

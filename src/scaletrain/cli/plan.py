@@ -23,6 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     a("--top", type=int, default=5, metavar="K", help="layouts shown by a search")
     a("--plot", metavar="FILE.png", help="write the memory breakdown (and pipeline) plot")
     a("--tokens", type=float, metavar="N", help="training tokens for the time/cost line")
+    a("--recipe", default="scaletrain", metavar="NAME",
+      help="plan what this framework allocates: scaletrain (default), megatron, deepspeed, "
+           "torchtitan, nanotron")
     a("--preflight", "--verify", dest="preflight", action="store_true",
       help="dry-run the best layout under fake tensors (its worst rank) and compare")
 
@@ -53,6 +56,9 @@ def _inputs(args: argparse.Namespace) -> dict[str, Any]:
         _positive(args, f)
     if args.tokens is not None and args.tokens <= 0:
         raise ConfigError("--tokens", args.tokens, "give a positive token count such as 1e12")
+    from scaletrain.planner.recipes import recipe_named
+
+    recipe_named(args.recipe)  # an unknown recipe: one line with did-you-mean, before any work
     pinned = {f: getattr(args, f) for f in DEGREE_FLAGS if getattr(args, f) is not None}
     res = _resolve(args, search=True)
     p = res.job.parallel
@@ -75,7 +81,7 @@ def _inputs(args: argparse.Namespace) -> dict[str, Any]:
             "exact": exact, "micro_batch": chosen("batch", "micro_batch", job.batch.micro_batch),
             "precision": job.precision.dtype, "ac": chosen("memory", "ac", job.memory.ac),
             "offload": chosen("memory", "offload", job.memory.offload),
-            "compile": job.train.compile, "derived": res.notes()}
+            "compile": job.train.compile, "derived": res.notes(), "recipe": args.recipe}
 
 
 def _exact_layout(inp: dict[str, Any]) -> Layout:
@@ -113,9 +119,16 @@ def _evaluate(inp: dict[str, Any]) -> Any:
                      micro_batch=mb, seq_len=inp["seq"])
     except ConfigError as e:
         raise ConfigError(_flag(e.field), e.value, e.fix) from None
+    from scaletrain.planner.recipe_memory import recipe_problems
+
+    ac, offload = inp["ac"] or "none", inp["offload"] or "none"
+    problems = recipe_problems(inp["recipe"], layout, ac=ac, offload=offload)
+    if problems:
+        first = problems[0]
+        raise ConfigError(_flag(first.field), first.value, first.fix)
     plan = PlanInput(inp["model"], inp["hw"], inp["gpus"], layout, inp["seq"], inp["gb"], mb,
-                     inp["precision"], inp["ac"] or "none", inp["offload"] or "none",
-                     compile=inp["compile"])
+                     inp["precision"], ac, offload, compile=inp["compile"],
+                     recipe=inp["recipe"])
     return estimate(plan)
 
 
@@ -145,7 +158,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         pins.update(inp["pinned"])
         res = search(inp["model"], inp["hw"], inp["gpus"], seq_len=inp["seq"],
                      global_batch=inp["gb"], precision=inp["precision"], top_k=args.top,
-                     compile=inp["compile"], **pins)
+                     compile=inp["compile"], recipe=inp["recipe"], **pins)
         estimates = res.top
         if not res.top and not res.legal:
             raise ConfigError("--gpus", inp["gpus"], "no legal layout: change --gpus, "

@@ -5,12 +5,14 @@ Pure arithmetic (no torch): the search calls it tens of thousands of times per s
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from scaletrain.config import HardwareSpec, ModelConfig
 
-from .comm import allreduce_time, axis_link, comm_terms
+from .comm import allreduce_time, axis_link, comm_terms, gather_time
 from .cost import TrainingCost, napkin_cost, training_cost
+from .efficiency import allreduce_latency, matmul_efficiency
 from .flops import (
     attention_core_flops_per_token,
     flops_per_token,
@@ -20,7 +22,9 @@ from .flops import (
 from .memory import fp8_linear_params, stage_layer_counts
 from .pipeline import bubble_fraction
 from .rank_memory import breakdown, estimate_memory, worst_rank
-from .types import Estimate, PlanInput, TimeBreakdown
+from .recipe_memory import recipe_stage_layers, recipe_worst_rank
+from .recipes import DEFAULT_RECIPE, Recipe, recipe_named
+from .types import Estimate, MemoryBreakdown, PlanInput, TimeBreakdown
 
 __all__ = ["estimate", "estimate_memory", "reserved_and_step", "default_efficiency",
            "TrainingCost", "training_cost", "napkin_cost", "OPTIMIZER_TRAFFIC",
@@ -127,7 +131,7 @@ def comm_arguments(plan: PlanInput, max_params: float, gpus_per_node: int | None
 
 
 def _time(plan: PlanInput, max_params: float, causal: bool, gpus_per_node: int | None,
-          zero_bubble: str) -> tuple:
+          zero_bubble: str, recipe: Recipe | None = None) -> tuple:
     """(step, compute, bubble, exposed comm, optimizer seconds, comm seconds per family,
     efficiency) of one step.
 
@@ -140,11 +144,19 @@ def _time(plan: PlanInput, max_params: float, causal: bool, gpus_per_node: int |
     _, lf, hf, core, layer_hw, _ = _model_consts(model, plan.seq_len, causal, plan.ac)
     counts = stage_layer_counts(model.num_layers, L.pp, L.pp_virtual)
     eff = _efficiency(plan)
+    eff16 = eff
+    foreign = recipe is not None and recipe.time_model == "generation"
+    if foreign and plan.efficiency <= 0 and hw.name != "cpu":
+        # efficiency.py: generation x GEMM-shape roofline x fp8 factor
+        eff, eff16 = matmul_efficiency(model, hw, plan.precision,
+                                       float(plan.seq_len) * plan.micro_batch / L.cp, L.tp)
+    if recipe is not None:
+        counts = recipe_stage_layers(plan, recipe)
     rate = hw.flops(plan.precision) * eff
     # fp8 (precision/fp8.py) runs float8 GEMMs in the converted linears and MoE experts only:
     # the attention core (SDPA) and the 16-bit head run at the bf16 rate. Every other
     # precision runs all of its matmuls at one rate.
-    slow = hw.flops("bf16") * eff if plan.precision == "fp8" else rate
+    slow = hw.flops("bf16") * eff16 if plan.precision == "fp8" else rate
     core_hw = core * (4 if plan.ac != "none" else 3)  # selective / full recompute it once
     layer_s = (layer_hw - core_hw) / rate + core_hw / slow  # seconds per token per block
     tok_mb = float(plan.seq_len) * plan.micro_batch  # tokens of one micro-batch (one replica)
@@ -158,10 +170,14 @@ def _time(plan: PlanInput, max_params: float, causal: bool, gpus_per_node: int |
                                    zero_bubble=zero_bubble) * compute_s
     layers = max(counts)
     terms = comm_terms(**comm_arguments(plan, max_params, gpus_per_node))
+    bucket = 25.0 * 2**20
+    if foreign and recipe is not None:
+        terms = _recipe_comm(terms, plan, recipe, max_params, gpus_per_node)
+        bucket = recipe.bucket_bytes(L.dp)
     t_fwd = t_mb * lf / layer_hw  # forward share of the hardware FLOPs
     t_core = tok_mb * layers * 3 * core / split / slow * m
     exposed = _exposed(terms, L, hw, max_params, m, t_fwd, t_mb - t_fwd, t_core, layers,
-                       gpus_per_node)
+                       gpus_per_node, bucket_bytes=bucket, tree=foreign)
     optimizer_s = _optimizer_time(plan, max_params)
     step_s = compute_s + bubble_s + exposed + optimizer_s
     return step_s, compute_s, bubble_s, exposed, optimizer_s, terms, eff
@@ -174,6 +190,14 @@ def reserved_and_step(plan: PlanInput, *, convention: str = "scaletrain", modern
     """The search's hot path: (worst-rank reserved bytes, step seconds); the step is inf when
     the plan does not fit (its time model is skipped) and 0 with memory_only. Same arithmetic
     as `estimate`, without building dataclasses."""
+    if plan.recipe != DEFAULT_RECIPE:
+        mem, max_params = recipe_worst_rank(plan)
+        if mem.reserved > plan.hardware.memory_bytes:
+            return mem.reserved, float("inf")
+        if memory_only:
+            return mem.reserved, 0.0
+        return mem.reserved, _time(plan, max_params, causal, gpus_per_node, zero_bubble,
+                                   recipe_named(plan.recipe))[0]
     nums, max_params = worst_rank(plan, convention=convention, modern=modern)
     if nums[0] > plan.hardware.memory_bytes:
         return nums[0], float("inf")
@@ -193,10 +217,16 @@ def estimate(plan: PlanInput, *, convention: str = "scaletrain", modern: bool = 
     'h2' = the ideal zero bubble (what-if only; see pipeline.bubble_fraction).
     """
     L, model, hw = plan.layout, plan.model, plan.hardware
-    nums, max_params = worst_rank(plan, convention=convention, modern=modern)
-    mem = breakdown(plan, nums)
+    recipe: Recipe | None = None
+    mem: MemoryBreakdown
+    if plan.recipe != DEFAULT_RECIPE:
+        recipe = recipe_named(plan.recipe)
+        mem, max_params = recipe_worst_rank(plan)
+    else:
+        nums, max_params = worst_rank(plan, convention=convention, modern=modern)
+        mem = breakdown(plan, nums)
     step_s, compute_s, bubble_s, exposed, optimizer_s, terms, eff = _time(
-        plan, max_params, causal, gpus_per_node, zero_bubble)
+        plan, max_params, causal, gpus_per_node, zero_bubble, recipe)
     model_fpt = _model_consts(model, plan.seq_len, causal, plan.ac)[5]
     comm_s = {k: v[1] for k, v in terms.items()}
     m = max(1, plan.grad_accum)
@@ -208,6 +238,10 @@ def estimate(plan: PlanInput, *, convention: str = "scaletrain", modern: bool = 
                          bubble_s=bubble_s, optimizer_s=optimizer_s,
                          comm_total_s=sum(comm_s.values()), comm_terms=comm_s)
     notes = _notes(convention, eff, plan.precision, peak)
+    if recipe is not None:
+        notes[0] = (f"recipe={recipe.name!r} ({recipe.framework}): model states, activations, "
+                    "loss, buffers and allocator terms from planner/recipes.py "
+                    "(recipe_memory.py); time model efficiency.py")
     return Estimate(plan=plan, memory=mem, time=time, flops_per_token=model_fpt,
                     tokens_per_s=tokens_per_s, mfu=mfu, notes=notes)
 
@@ -229,14 +263,22 @@ def _notes(convention: str, eff: float, precision: str, peak: float) -> list[str
 
 def _exposed(terms: dict[str, tuple[float, float]], L, hw: HardwareSpec, stage_params: float,
              m: int, t_fwd: float, t_bwd: float, t_core: float, layers: int,
-             gpus_per_node: int | None) -> float:
-    """Communication seconds left on the critical path after overlap (rules in _NOTES)."""
+             gpus_per_node: int | None, *, bucket_bytes: float = 25 * 2**20,
+             tree: bool = False) -> float:
+    """Communication seconds left on the critical path after overlap (rules in _NOTES).
+    bucket_bytes: the last gradient bucket, reduced after the backward ends (exposed);
+    tree: its latency term is NCCL's tree at scale (efficiency.allreduce_latency)."""
     out = 0.0
     bucket = 0.0
     if "dp_allreduce" in terms or "zero_reduce_scatter" in terms or "hsdp_allreduce" in terms:
         bw, lat, _ = axis_link(L, hw, "dp", gpus_per_node)
         n = L.dp * L.cp if L.zero else L.dp
-        bucket = allreduce_time(min(25 * 2**20, stage_params * 4), max(n, 2), bw, lat)
+        size = min(bucket_bytes, stage_params * 4)
+        if tree:
+            nn = max(n, 2)
+            bucket = 2 * (nn - 1) / nn * size / bw + allreduce_latency(nn, lat)
+        else:
+            bucket = allreduce_time(size, max(n, 2), bw, lat)
     for name, (_, t) in terms.items():
         if name in ("dp_allreduce", "hsdp_allreduce"):
             out += max(t - t_bwd, min(t, bucket))
@@ -254,6 +296,40 @@ def _exposed(terms: dict[str, tuple[float, float]], L, hw: HardwareSpec, stage_p
             out += max(0.0, t - t_core)
         else:  # zero_all_gather, tp, pp_p2p, ep_all_to_all: on the critical path
             out += t
+    return out
+
+
+def _recipe_comm(terms: dict[str, tuple[float, float]], plan: PlanInput, recipe: Recipe,
+                 stage_params: float, gpus_per_node: int | None
+                 ) -> dict[str, tuple[float, float]]:
+    """The data-parallel families as `recipe`'s framework runs them (the others are
+    comm_terms' own). DDP / ZeRO-0: all-reduce of the gradient in its reduction dtype
+    (bucket_elem_bytes), one latency term per bucket, NCCL's tree latency at scale
+    (efficiency.allreduce_latency). ZeRO-1 with a sharded master (Megatron's distributed
+    optimizer, DeepSpeed stage 1, Nanotron ZeroDistributedOptimizer): reduce-scatter of the
+    gradients, then all-gather of the updated 16-bit weights (weight_bytes per parameter)
+    instead of scaletrain's all-reduce + fp32 broadcast. Ignores: overlap of the param
+    all-gather with the next forward (Megatron --overlap-param-gather): counted exposed."""
+    L, hw = plan.layout, plan.hardware
+    if "dp_allreduce" not in terms:
+        return terms
+    out = dict(terms)
+    bw, lat, _ = axis_link(L, hw, "dp", gpus_per_node)
+    n = L.dp * L.cp
+    if L.zero:
+        n = max(1, n // max(1, L.dp_replicate))
+    rb = 4.0 if plan.precision == "fp32" else recipe.bucket_elem_bytes
+    grads = stage_params * rb
+    buckets = max(1, math.ceil(grads / max(1.0, recipe.bucket_bytes(L.dp))))
+    if L.zero == 1 and recipe.shards_master and n > 1:
+        wb = 4.0 if plan.precision == "fp32" else recipe.weight_bytes
+        rs = (n - 1) / n * grads / bw + buckets * (n - 1) * lat
+        out["dp_allreduce"] = ((n - 1) / n * grads, rs)
+        params = stage_params * wb
+        out["zero_all_gather"] = ((n - 1) / n * params, gather_time(params, n, bw, lat))
+    elif n > 1:
+        secs = 2 * (n - 1) / n * grads / bw + buckets * allreduce_latency(n, lat)
+        out["dp_allreduce"] = (2 * (n - 1) / n * grads, secs)
     return out
 
 

@@ -16,6 +16,7 @@ from .flops import (
 )
 from .memory import stage_layer_counts, state_bytes_per_param
 from .pipeline import bubble_fraction, inflight_microbatches
+from .recipes import DEFAULT_RECIPE, recipe_named
 from .types import Estimate
 
 __all__ = ["explain"]
@@ -58,9 +59,12 @@ def _states_and_activations(est: Estimate) -> list[str]:
     out: list[str] = []
     add = out.append
     add("-- 2. model states")
-    pb, gbp, ob = state_bytes_per_param(p.precision, p.optimizer)
-    add(f"   bytes/param ({p.precision}, {p.optimizer}, scaletrain convention: fp32 master "
-        f"params {pb:g} + fp32 grads {gbp:g} + optimizer {ob:g} (Adam m and v fp32))")
+    if p.recipe != DEFAULT_RECIPE:
+        out += _recipe_states(est)
+    else:
+        pb, gbp, ob = state_bytes_per_param(p.precision, p.optimizer)
+        add(f"   bytes/param ({p.precision}, {p.optimizer}, scaletrain convention: fp32 master "
+            f"params {pb:g} + fp32 grads {gbp:g} + optimizer {ob:g} (Adam m and v fp32))")
     zs = L.zero_shards
     add(f"   ZeRO-{L.zero}: shards over dp_shard*cp = {zs} ranks "
         f"(stage>=1 optimizer, >=2 grads, 3 params)")
@@ -85,6 +89,32 @@ def _states_and_activations(est: Estimate) -> list[str]:
     add(f"   total allocated peak {_gb(mem.total)}; reserved (+fragmentation) "
         f"{_gb(mem.reserved)} vs capacity {_gb(mem.capacity)} -> "
         f"{'fits' if mem.fits else 'DOES NOT FIT'}")
+    return out
+
+
+def _recipe_states(est: Estimate) -> list[str]:
+    """Section 2 under a foreign recipe: each term with the recipe and the source it comes
+    from (recipes.Recipe.sources)."""
+    p = est.plan
+    r = recipe_named(p.recipe)
+    src = r.sources
+    fp32 = p.precision == "fp32"
+    wb, mb, gb = (4.0, 0.0, 4.0) if fp32 else (r.weight_bytes, r.master_bytes, r.grad_bytes)
+    out = [f"   recipe {r.name!r} ({r.framework}); every term below is this recipe's:"]
+    rows = (("weights", f"{wb:g} B/param", "weight_bytes"),
+            ("fp32 master", f"{mb:g} B/param (sharded by ZeRO-1: {r.shards_master})",
+             "master_bytes"),
+            ("gradients", f"{gb:g} B/param (full buffer under ZeRO-1: "
+             f"{r.grad_buffer_full_under_zero1})", "grad_bytes"),
+            ("optimizer", f"{p.optimizer} moments", "shards_master"),
+            ("activations", f"{r.activations}, selective={r.selective}", "activations"),
+            ("loss/logits", r.loss, "loss"),
+            ("grad buckets", f"{r.ddp_bucket}, {r.bucket_bytes(p.layout.dp) / 1e6:.0f} MB",
+             "ddp_bucket"),
+            ("allocator", f"fragmentation {r.fragmentation:g}, context "
+             f"{r.cuda_context_bytes / 1e9:.2f} GB", "fragmentation"))
+    for name, value, key in rows:
+        out.append(f"   [{r.name}] {name:<13} {value} -- {src.get(key, 'see recipes.py')}")
     return out
 
 

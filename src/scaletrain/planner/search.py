@@ -31,6 +31,8 @@ from scaletrain.config import (
 )
 
 from .estimate import reserved_and_step
+from .recipe_memory import recipe_problems
+from .recipes import recipe_named
 from .types import Estimate, PlanInput, layout_label
 
 __all__ = ["search", "SearchResult", "FamilyOutcome", "family_of", "FAMILIES"]
@@ -164,11 +166,12 @@ class _Job:
     compile: bool
     efficiency: float
     pins: dict[str, Any]
+    recipe: str = "scaletrain"
 
     def plan(self, layout: Layout, mb: int, ac: str, offload: str) -> PlanInput:
         return PlanInput(self.model, self.hardware, self.num_gpus, layout, self.seq_len,
                          self.global_batch, mb, self.precision, ac, offload, self.optimizer,
-                         self.compile, self.efficiency)
+                         self.compile, self.efficiency, recipe=self.recipe)
 
 
 @dataclass
@@ -264,7 +267,8 @@ class _Legal:
             job = self.job
             if self.base is None:
                 self.base = not layout_problems(self.layout, job.model, world_size=job.num_gpus,
-                                                seq_len=job.seq_len)
+                                                seq_len=job.seq_len) \
+                    and not recipe_problems(job.recipe, self.layout)
             ok = self.seen[mb] = self.base and not batch_problems(self.layout, job.global_batch,
                                                                   mb)
         return ok
@@ -338,22 +342,24 @@ def _result(tally: _Tally, model: ModelConfig, top_k: int, t0: float) -> SearchR
 def search(model: ModelConfig, hardware: HardwareSpec, num_gpus: int, *, seq_len: int,
            global_batch: int, precision: str = "bf16", top_k: int = 5,
            optimizer: str = "adamw", compile: bool = False, efficiency: float = 0.0,
-           **pins: Any) -> SearchResult:
+           recipe: str = "scaletrain", **pins: Any) -> SearchResult:
     """Every legal layout of `num_gpus` GPUs, ranked by step time (fitting ones only).
 
     pins: any subset of dp, tp, pp, cp, ep, zero, sp, pp_schedule, pp_virtual, micro_batch, ac,
     offload fixes that option (None = search it). Each candidate's memory is computed first
     (`estimate.reserved_and_step`); its time only if it fits; full Estimates only for the
-    layouts returned.
+    layouts returned. recipe: whose allocations to plan (planner/recipes.py); a foreign recipe
+    also drops the layouts and AC modes its framework cannot run (`recipe_problems`).
     """
+    rec = recipe_named(recipe)
     for k in pins:
         if k not in PIN_KEYS:
             raise ConfigError(f"search.{k}", pins[k], f"pin one of {', '.join(PIN_KEYS)}")
     t0 = time.perf_counter()
     job = _Job(model, hardware, num_gpus, seq_len, global_batch, precision, optimizer, compile,
-               efficiency, pins)
+               efficiency, pins, recipe)
     tally = _Tally()
-    acs = _pinned(pins, "ac", ["none", "selective", "full"])
+    acs = [a for a in _pinned(pins, "ac", ["none", "selective", "full"]) if a in rec.ac_modes]
     if acs:
         for layout, mbs, offloads in _layouts(job):
             _search_layout(job, tally, layout, mbs, offloads, acs)

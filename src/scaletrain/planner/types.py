@@ -38,6 +38,8 @@ class PlanInput:
     """Achievable fraction of peak matmul FLOP/s; 0 = the planner's documented default."""
     fp8_all_gather: bool = False
     """precision 'fp8' under ZeRO-2/3: the fp8 Linears' weights are all-gathered in E4M3."""
+    recipe: str = "scaletrain"
+    """Framework recipe (planner/recipes.py): whose allocations and time model to plan."""
 
     @property
     def grad_accum(self) -> int:
@@ -110,7 +112,8 @@ class Estimate:
                      "pp_schedule": L.pp_schedule, "pp_virtual": L.pp_virtual, "cp": L.cp,
                      "ep": L.ep, "micro_batch": p.micro_batch, "grad_accum": p.grad_accum,
                      "seq_len": p.seq_len, "precision": p.precision, "ac": p.ac,
-                     "offload": p.offload},
+                     "offload": p.offload,
+                     **({"recipe": p.recipe} if p.recipe != "scaletrain" else {})},
             "memory": self.memory.to_json(),
             "time": self.time.to_json(),
             "flops_per_token": int(self.flops_per_token),

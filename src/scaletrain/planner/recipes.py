@@ -1,0 +1,338 @@
+"""Framework recipes: what a training framework allocates and does, as the planner needs it.
+
+A `Recipe` names, per framework, the bytes of every model state, what each activation
+checkpointing mode keeps, how the loss treats the logits, the communication buffers, the
+allocator's overhead and the layouts it can run. `scaletrain` is the default and is exactly what
+scaletrain's trainer allocates (its memory terms stay in `memory.py` / `rank_memory.py`, kept
+exact against the dry-run); the other recipes are read off each framework's source or
+documentation, cited field by field in `Recipe.sources` (file and function in the framework's
+repository, or a documentation page). `recipe_memory.py` turns a recipe into memory terms;
+`efficiency.py` is the time model the foreign recipes use.
+
+Torch-free. Sources were read at these public repositories: NVIDIA/Megatron-LM (megatron/core,
+megatron/training), microsoft/DeepSpeed (deepspeed/runtime), pytorch/torchtitan (torchtitan/,
+docs/), huggingface/nanotron (src/nanotron).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from scaletrain.config import ConfigError
+from scaletrain.config.strict import did_you_mean
+
+from .memory import FRAGMENTATION, RUNTIME_CONTEXT_BYTES
+
+__all__ = ["Recipe", "RECIPES", "recipe_named", "DEFAULT_RECIPE"]
+
+DEFAULT_RECIPE = "scaletrain"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What one framework allocates and does (bytes per parameter before any sharding)."""
+
+    name: str
+    framework: str
+    weight_bytes: float
+    """Bytes/param of the weights kept for the run (16-bit model weights, or fp32 parameters
+    cast for compute)."""
+    master_bytes: float
+    """Bytes/param of an fp32 master copy beside 16-bit weights (0: the weights are fp32)."""
+    grad_bytes: float
+    """Bytes/param of the gradient the backward accumulates into (fp32 main_grad buffer: 4)."""
+    grad_buffer_full_under_zero1: bool
+    """ZeRO-1 / distributed optimizer keeps the whole gradient buffer (reduce-scatters in
+    place) instead of sharding it."""
+    shards_master: bool
+    """ZeRO-1 (distributed optimizer) shards the master copy with the optimizer states."""
+    step_grad_fp32_copy: bool
+    """The optimizer step makes an fp32 copy of this rank's gradient partition (4 B per
+    sharded param, alive only during the step)."""
+    autocast_weight_copy: bool
+    """Unsharded fp32 parameters under autocast: every matmul weight's 16-bit cast is saved
+    from forward to backward (2 B/param)."""
+    zero_stages: tuple[int, ...]
+    """ZeRO stages the framework runs (0 = plain DDP)."""
+    ddp_bucket: str
+    """'view': gradients live in the buckets (no copy); 'copy': the reducer keeps a flat copy
+    of every gradient; 'ipg': a fixed-size reduction buffer (DeepSpeed)."""
+    bucket_elements: float
+    """Elements per gradient bucket (the last bucket is the reduction left exposed after
+    backward); for 'megatron' the rule max(4e7, 1e6 x dp) replaces it."""
+    bucket_elem_bytes: float
+    """Bytes per element of the reduction buffer (fp32 reduction: 4)."""
+    bucket_count: int
+    """Reduction buffers alive at once (DeepSpeed overlap_comm: 2)."""
+    fsdp_prefetch_units: int
+    """FSDP/ZeRO-3 units gathered beside the one computing (prefetch)."""
+    fsdp_prefetch_params: float
+    """ZeRO-3 prefetch bucket in parameters (DeepSpeed stage3_prefetch_bucket_size); 0: whole
+    units (FSDP2)."""
+    loss: str
+    """'fused' (chunked, scaletrain), 'vocab_parallel_fp32' (Megatron-style: fp32 softmax
+    saved in place, V/tp) or 'materialized_fp32' (16-bit logits, fp32 upcast, log-softmax
+    saved: F.cross_entropy(logits.float()))."""
+    activations: str
+    """Per-layer activation model: 'scaletrain' (memory.layer_activation_bytes, our modules),
+    'korthikanti' (Megatron's fused TE/flash transformer layer, Korthikanti et al. 2022
+    Table 2 generalised to GQA/SwiGLU) or 'sdpa_bf16' (an SDPA Llama whose residual stream is
+    16-bit: memory.layer_activation_bytes with residual_fp32=False)."""
+    selective: str
+    """What ac='selective' keeps: 'scaletrain' (parallel/ac.py), 'core_attention'
+    (Megatron: the attention core is recomputed, its s^2 terms dropped) or 'torchtitan_op'
+    (op-level SAC: outputs of every other matmul and of SDPA)."""
+    ac_modes: tuple[str, ...]
+    """Activation checkpointing modes the framework offers."""
+    full_ac_saves: str
+    """What ac='full' keeps per layer: 'layer_input' for every recipe (the checkpointed block's
+    input, /tp with SP)."""
+    sp_with_tp: bool
+    """Tensor parallelism always runs with sequence parallelism (torchtitan's TP plan)."""
+    dropout_masks: bool
+    """1-byte dropout masks are kept for GPT-2-family models (Megatron's default
+    hidden/attention dropout 0.1); Llama-family recipes run without dropout."""
+    even_pp_split: bool
+    """Pipeline stages hold L/pp layers each (embedding and head on top of the end stages)
+    instead of scaletrain's balance that counts them as a layer each."""
+    pp_schedules: tuple[str, ...]
+    cp: bool
+    """Context parallelism available."""
+    ddp_with_model_parallel: bool
+    """Plain DDP (zero 0) composes with tp/pp/cp."""
+    pp_with_zero: tuple[int, ...]
+    """ZeRO stages allowed together with pp > 1."""
+    fragmentation: float
+    """reserved = allocated x (1 + fragmentation) (+ context)."""
+    cuda_context_bytes: float
+    time_model: str
+    """'scaletrain' (estimate.default_efficiency) or 'generation' (efficiency.py)."""
+    sources: dict[str, str] = field(default_factory=dict, compare=False)
+    """Field -> where the value comes from."""
+
+    def bucket_bytes(self, dp: int) -> float:
+        """Bytes of one gradient reduction bucket."""
+        elems = max(4e7, 1e6 * dp) if self.name == "megatron" else self.bucket_elements
+        return elems * self.bucket_elem_bytes
+
+
+_PT_ALLOC = ("PyTorch's caching allocator (c10/cuda/CUDACachingAllocator.cpp) is the same "
+             "under every framework; 5% is scaletrain's measured reserved/allocated excess "
+             "(memory.FRAGMENTATION)")
+_CTX = ("CUDA context + cuBLAS workspace + NCCL communicators outside the allocator, 0.75 GB "
+        "measured with torch 2.x (memory.RUNTIME_CONTEXT_BYTES); the same runtime under every "
+        "framework")
+
+RECIPES: dict[str, Recipe] = {
+    "scaletrain": Recipe(
+        name="scaletrain", framework="scaletrain", weight_bytes=4, master_bytes=0,
+        grad_bytes=4, grad_buffer_full_under_zero1=True, shards_master=False,
+        step_grad_fp32_copy=False, autocast_weight_copy=True, zero_stages=(0, 1, 2, 3),
+        ddp_bucket="copy", bucket_elements=25 * 2**20 / 4, bucket_elem_bytes=4,
+        bucket_count=1, fsdp_prefetch_units=1, fsdp_prefetch_params=0,
+        loss="fused", activations="scaletrain", selective="scaletrain",
+        ac_modes=("none", "selective", "full"), full_ac_saves="layer_input",
+        sp_with_tp=False, dropout_masks=False,
+        even_pp_split=False, pp_schedules=("gpipe", "1f1b", "interleaved", "zero-bubble"),
+        cp=True, ddp_with_model_parallel=True, pp_with_zero=(0, 1, 2, 3),
+        fragmentation=FRAGMENTATION, cuda_context_bytes=RUNTIME_CONTEXT_BYTES,
+        time_model="scaletrain",
+        sources={
+            "*": "scaletrain's own trainer: planner/memory.py + rank_memory.py, kept exact "
+                 "against the fake-tensor dry-run (benchmarks/results/planner_accuracy.md)",
+            "weight_bytes": "fp32 parameters, 16-bit casts under autocast / FSDP2 "
+                            "MixedPrecisionPolicy (memory.CONVENTIONS 'scaletrain')",
+            "ddp_bucket": "parallel/data_parallel.py: torch DDP with "
+                          "gradient_as_bucket_view=False (memory.buffer_terms ddp_buckets)",
+            "loss": "models/loss.py fused chunked linear + cross-entropy",
+        }),
+    "megatron": Recipe(
+        name="megatron", framework="Megatron-LM (megatron-core)", weight_bytes=2,
+        master_bytes=4, grad_bytes=4, grad_buffer_full_under_zero1=True, shards_master=True,
+        step_grad_fp32_copy=False, autocast_weight_copy=False, zero_stages=(0, 1, 3),
+        ddp_bucket="view", bucket_elements=4e7, bucket_elem_bytes=4, bucket_count=1,
+        fsdp_prefetch_units=1, fsdp_prefetch_params=0,
+        loss="vocab_parallel_fp32", activations="korthikanti", selective="core_attention",
+        ac_modes=("none", "selective", "full"), full_ac_saves="layer_input",
+        sp_with_tp=False, dropout_masks=True,
+        even_pp_split=True, pp_schedules=("1f1b", "interleaved"), cp=True,
+        ddp_with_model_parallel=True, pp_with_zero=(0, 1),
+        fragmentation=FRAGMENTATION, cuda_context_bytes=RUNTIME_CONTEXT_BYTES,
+        time_model="generation",
+        sources={
+            "weight_bytes": "megatron/core/transformer/module.py Float16Module: the model's "
+                            "weights are bf16/fp16",
+            "master_bytes": "megatron/core/optimizer/optimizer.py "
+                            "Float16OptimizerWithFloat16Params / distrib_optimizer.py "
+                            "DistributedOptimizer: fp32 main params",
+            "grad_bytes": "megatron/core/distributed/param_and_grad_buffer.py "
+                          "_ParamAndGradBuffer: contiguous main_grad buffer in fp32 "
+                          "(DistributedDataParallelConfig.grad_reduce_in_fp32; "
+                          "megatron/training/arguments.py turns "
+                          "accumulate_allreduce_grads_in_fp32 on for bf16)",
+            "grad_buffer_full_under_zero1": "distrib_optimizer.py: grads are reduce-scattered "
+                                            "inside the full grad buffer, which stays "
+                                            "allocated; 6 + 12/d bytes/param "
+                                            "(megatron/training/theoretical_memory_usage.py "
+                                            "compute_weight_and_optimizer_memory; "
+                                            "docs distrib_optimizer.md table)",
+            "shards_master": "distrib_optimizer.py DistributedOptimizer: fp32 main params and "
+                             "Adam states of this rank's shard only",
+            "zero_stages": "0 = DDP, 1 = --use-distributed-optimizer, 3 = Megatron-FSDP / "
+                           "--use-torch-fsdp2 (megatron/core/distributed/); no separate "
+                           "ZeRO-2 mode",
+            "ddp_bucket": "param_and_grad_buffer.py: buckets are views into the grad buffer "
+                          "(no copy); bucket_size = max(40000000, 1000000 x dp) elements "
+                          "(distributed_data_parallel.py DistributedDataParallel.__init__)",
+            "loss": "megatron/core/tensor_parallel/cross_entropy.py "
+                    "VocabParallelCrossEntropy.calculate_logits_max: logits.float(); "
+                    "_VocabParallelCrossEntropy saves exp_logits (computed in place) for "
+                    "backward, V/tp per rank; theoretical_memory_usage.py counts "
+                    "4 x s x b x h x (1 + V/h) for the output layer and loss",
+            "activations": "Korthikanti et al. 2022 (arXiv 2205.05198) Table 2: "
+                           "sbh(34 + 5as/h) per layer (/t with SP; 10 + 24/t without SP); "
+                           "megatron/training/theoretical_memory_usage.py "
+                           "compute_activation_memory uses sbh(18 + 4 f/h)",
+            "selective": "megatron/core/transformer/transformer_block.py "
+                         "(recompute_granularity='selective' recomputes core_attn): drops "
+                         "the 5as^2b/t term; with flash/TE attention that term is absent "
+                         "already",
+            "full_ac_saves": "transformer_block.py _checkpointed_forward "
+                             "(recompute_method uniform, 1 layer): the layer input",
+            "dropout_masks": "megatron/training/arguments.py: --hidden-dropout and "
+                             "--attention-dropout default 0.1 (GPT recipes keep them; "
+                             "Llama recipes set 0)",
+            "even_pp_split": "megatron/core/transformer/transformer_block.py "
+                             "get_num_layers_to_build: num_layers / pp per stage",
+            "pp_schedules": "megatron/core/pipeline_parallel/schedules.py "
+                            "get_forward_backward_func: no pipelining, 1F1B "
+                            "(forward_backward_pipelining_without_interleaving), "
+                            "interleaved (..._with_interleaving); no GPipe or zero-bubble "
+                            "order",
+            "pp_with_zero": "Megatron-FSDP does not compose with pipeline parallelism "
+                            "(megatron/training/arguments.py validation)",
+            "fragmentation": _PT_ALLOC, "cuda_context_bytes": _CTX,
+        }),
+    "deepspeed": Recipe(
+        name="deepspeed", framework="DeepSpeed (ZeRO)", weight_bytes=2, master_bytes=4,
+        grad_bytes=2, grad_buffer_full_under_zero1=True, shards_master=True,
+        step_grad_fp32_copy=True, autocast_weight_copy=False, zero_stages=(0, 1, 2, 3),
+        ddp_bucket="ipg", bucket_elements=5e8, bucket_elem_bytes=2, bucket_count=1,
+        fsdp_prefetch_units=0, fsdp_prefetch_params=5e7,
+        loss="vocab_parallel_fp32", activations="korthikanti", selective="core_attention",
+        ac_modes=("none", "selective", "full"), full_ac_saves="layer_input",
+        sp_with_tp=False, dropout_masks=True,
+        even_pp_split=True, pp_schedules=("1f1b",), cp=True,
+        ddp_with_model_parallel=True, pp_with_zero=(0, 1),
+        fragmentation=FRAGMENTATION, cuda_context_bytes=RUNTIME_CONTEXT_BYTES,
+        time_model="generation",
+        sources={
+            "weight_bytes": "deepspeed/runtime/zero/stage_1_and_2.py "
+                            "DeepSpeedZeroOptimizer: bit16_groups (the model's 16-bit "
+                            "params); stage3.py DeepSpeedZeroOptimizer_Stage3: 16-bit "
+                            "partitions",
+            "master_bytes": "stage_1_and_2.py single_partition_of_fp32_groups (fp32 master "
+                            "partition per rank); stage3.py fp32_partitioned_groups_flat",
+            "grad_bytes": "stage_1_and_2.py averaged_gradients in the param dtype "
+                          "(partitioned from stage 2); estimate_zero2_model_states_mem_needs:"
+                          " 4 x P + 16 x P / N on the GPU; stage3.py "
+                          "estimate_zero3_model_states_mem_needs: largest layer x 4 + "
+                          "18 x P / N",
+            "step_grad_fp32_copy": "stage_1_and_2.py step(): single_grad_partition is the "
+                                   "rank's gradient converted to the fp32 master dtype",
+            "ddp_bucket": "deepspeed/runtime/zero/config.py DeepSpeedZeroConfig: "
+                          "reduce_bucket_size default 5e8 elements, allgather_bucket_size "
+                          "5e8; stage_1_and_2.py ipg_buffer in the param dtype (contiguous"
+                          "_gradients)",
+            "fsdp_prefetch_params": "zero/config.py stage3_prefetch_bucket_size default 5e7",
+            "loss": "Megatron-DeepSpeed runs Megatron's vocab-parallel cross-entropy "
+                    "(megatron/core/tensor_parallel/cross_entropy.py)",
+            "activations": "Megatron-DeepSpeed's GPT model: Korthikanti et al. 2022 Table 2",
+            "pp_schedules": "deepspeed/runtime/pipe/schedule.py TrainSchedule (1F1B only)",
+            "pp_with_zero": "deepspeed/runtime/pipe/engine.py PipelineEngine.__init__: "
+                            "'ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism'",
+            "cp": "DeepSpeed-Ulysses sequence parallelism (deepspeed/sequence/layer.py "
+                  "DistributedAttention)",
+            "fragmentation": _PT_ALLOC, "cuda_context_bytes": _CTX,
+        }),
+    "torchtitan": Recipe(
+        name="torchtitan", framework="torchtitan (FSDP2)", weight_bytes=4, master_bytes=0,
+        grad_bytes=4, grad_buffer_full_under_zero1=False, shards_master=False,
+        step_grad_fp32_copy=False, autocast_weight_copy=True, zero_stages=(0, 2, 3),
+        ddp_bucket="copy", bucket_elements=25 * 2**20 / 4, bucket_elem_bytes=4,
+        bucket_count=1, fsdp_prefetch_units=1, fsdp_prefetch_params=0,
+        loss="materialized_fp32", activations="sdpa_bf16", selective="torchtitan_op",
+        ac_modes=("none", "selective", "full"), full_ac_saves="layer_input",
+        sp_with_tp=True, dropout_masks=False,
+        even_pp_split=False, pp_schedules=("gpipe", "1f1b", "interleaved", "zero-bubble"),
+        cp=True, ddp_with_model_parallel=False, pp_with_zero=(0, 2, 3),
+        fragmentation=FRAGMENTATION, cuda_context_bytes=RUNTIME_CONTEXT_BYTES,
+        time_model="generation",
+        sources={
+            "weight_bytes": "torchtitan/models/llama3/infra/parallelize.py apply_fsdp: "
+                            "fp32 sharded parameters, MixedPrecisionPolicy(param_dtype="
+                            "bf16, reduce_dtype=fp32) (docs/fsdp.md)",
+            "grad_bytes": "FSDP2 sharded fp32 gradients (reduce_dtype fp32)",
+            "zero_stages": "apply_fsdp reshard_after_forward (True: ZeRO-3, False: ZeRO-2); "
+                           "apply_ddp for pure data parallel; no ZeRO-1",
+            "fsdp_prefetch_units": "FSDP2 implicit prefetch of the next unit; the last "
+                                   "block and the root are not resharded after forward "
+                                   "(apply_fsdp)",
+            "loss": "torchtitan/components/loss.py cross_entropy_loss: "
+                    "F.cross_entropy(pred.flatten(0, 1).float(), labels); train.py deletes "
+                    "pred before backward",
+            "activations": "torchtitan/models/llama3/model.py: SDPA attention, RMSNorm on "
+                           "x.float(), SwiGLU; bf16 stream under FSDP2 mixed precision",
+            "selective": "parallelize.py _apply_ac_to_transformer_block (op SAC): saves "
+                         "aten.mm outputs except every second mm, SDPA outputs, "
+                         "reduce_scatter and max",
+            "sp_with_tp": "parallelize.py apply_tp: SequenceParallel norms, loss_parallel",
+            "ddp_with_model_parallel": "parallelize.py: 'DDP has not supported > 1D "
+                                       "parallelism'",
+            "pp_schedules": "torchtitan/distributed/pipeline_parallel.py: GPipe, 1F1B, "
+                            "Interleaved1F1B, InterleavedZeroBubble, ZBVZeroBubble",
+            "fragmentation": _PT_ALLOC, "cuda_context_bytes": _CTX,
+        }),
+    "nanotron": Recipe(
+        name="nanotron", framework="Nanotron", weight_bytes=2, master_bytes=4, grad_bytes=4,
+        grad_buffer_full_under_zero1=True, shards_master=True, step_grad_fp32_copy=False,
+        autocast_weight_copy=False, zero_stages=(0, 1), ddp_bucket="view",
+        bucket_elements=25 * 2**20 / 4, bucket_elem_bytes=4, bucket_count=1,
+        fsdp_prefetch_units=0, fsdp_prefetch_params=0,
+        loss="vocab_parallel_fp32", activations="sdpa_bf16", selective="core_attention",
+        ac_modes=("none", "full"), full_ac_saves="layer_input",
+        sp_with_tp=False, dropout_masks=False,
+        even_pp_split=True, pp_schedules=("gpipe", "1f1b"), cp=False,
+        ddp_with_model_parallel=True, pp_with_zero=(0, 1),
+        fragmentation=FRAGMENTATION, cuda_context_bytes=RUNTIME_CONTEXT_BYTES,
+        time_model="generation",
+        sources={
+            "weight_bytes": "src/nanotron/models/llama.py built in config.model.dtype "
+                            "(bfloat16)",
+            "master_bytes": "src/nanotron/optim/gradient_accumulator.py "
+                            "FP32GradientAccumulator: fp32 copies of the params this rank "
+                            "updates (accumulate_grad_in_fp32)",
+            "grad_bytes": "FP32GradientAccumulator: fp32 grad buffers for all parameters "
+                          "even under ZeRO-1 ('we need to accumulate gradients for all "
+                          "parameters')",
+            "shards_master": "src/nanotron/optim/zero.py ZeroDistributedOptimizer (ZeRO-1)",
+            "zero_stages": "config OptimizerArgs.zero_stage: 0 or 1",
+            "loss": "src/nanotron/parallel/tensor_parallel/functional.py "
+                    "sharded_cross_entropy: fp32 logits, V/tp",
+            "pp_schedules": "config ParallelismArgs.pp_engine: '1f1b' or 'afab' "
+                            "(all-forward-all-backward = GPipe)",
+            "cp": "ParallelismArgs has dp, pp, tp, expert_parallel_size: no context "
+                  "parallelism",
+            "full_ac_saves": "ParallelismArgs.recompute_layer: each decoder layer "
+                             "recomputed",
+            "fragmentation": _PT_ALLOC, "cuda_context_bytes": _CTX,
+        }),
+}
+
+
+def recipe_named(name: str, field_name: str = "--recipe") -> Recipe:
+    """The recipe called `name`; an unknown name is one ConfigError line with did-you-mean."""
+    if name not in RECIPES:
+        raise ConfigError(field_name, name,
+                          f"use one of {', '.join(RECIPES)}{did_you_mean(name, RECIPES)}")
+    return RECIPES[name]
