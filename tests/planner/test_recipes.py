@@ -186,6 +186,20 @@ def test_recipe_legality() -> None:
     assert not recipe_problems("scaletrain", Layout(dp=2, zero=1))
 
 
+CITED = ("weight_bytes", "master_bytes", "grad_bytes", "optimizer", "zero_stages", "ddp_bucket",
+         "loss", "activations", "selective", "full_ac_saves", "pp_schedules", "cp",
+         "fragmentation", "cuda_context_bytes")
+
+
+@pytest.mark.parametrize("name", [n for n in RECIPES if n != "scaletrain"])
+def test_every_foreign_term_is_cited(name: str) -> None:
+    """Each term a foreign recipe sets names where it comes from (a file of the framework's
+    repository, or a documentation page / paper)."""
+    sources = RECIPES[name].sources
+    missing = [k for k in CITED if not sources.get(k)]
+    assert not missing, missing
+
+
 def test_default_recipe_unchanged() -> None:
     """The default recipe is the planner's own model: no 'recipe' key in the JSON, and the
     same numbers as naming it."""

@@ -106,7 +106,7 @@ def _recipe_states(est: Estimate) -> list[str]:
              "master_bytes"),
             ("gradients", f"{gb:g} B/param (full buffer under ZeRO-1: "
              f"{r.grad_buffer_full_under_zero1})", "grad_bytes"),
-            ("optimizer", f"{p.optimizer} moments", "shards_master"),
+            ("optimizer", f"{p.optimizer} moments", "optimizer"),
             ("activations", f"{r.activations}, selective={r.selective}", "activations"),
             ("loss/logits", r.loss, "loss"),
             ("grad buckets", f"{r.ddp_bucket}, {r.bucket_bytes(p.layout.dp) / 1e6:.0f} MB",

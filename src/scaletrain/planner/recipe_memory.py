@@ -44,33 +44,35 @@ def recipe_problems(recipe: Recipe | str, layout: Layout, *, ac: str = "none",
         return []  # scaletrain's own rules are config.layout_problems / option_problems
     L, out = layout, []
     fw = r.framework
+
+    def why(key: str) -> str:
+        src = r.sources.get(key, "")
+        return f" ({src})" if src else ""
+
+    def refuse(field: str, value: object, fix: str) -> None:
+        out.append(ConfigError(field, value, fix))
+
     if L.zero not in r.zero_stages:
-        out.append(ConfigError("parallel.zero", L.zero, f"{fw} runs ZeRO stages "
-                               f"{', '.join(map(str, r.zero_stages))} "
-                               f"({r.sources.get('zero_stages', '')})".rstrip(" ()")))
+        refuse("parallel.zero", L.zero, f"{fw} runs ZeRO stages "
+               f"{', '.join(map(str, r.zero_stages))}{why('zero_stages')}")
     if L.pp > 1 and L.pp_schedule not in r.pp_schedules:
-        out.append(ConfigError("parallel.pp_schedule", L.pp_schedule,
-                               f"{fw} has the schedules {', '.join(r.pp_schedules)} "
-                               f"({r.sources.get('pp_schedules', '')})"))
+        refuse("parallel.pp_schedule", L.pp_schedule,
+               f"{fw} has the schedules {', '.join(r.pp_schedules)}{why('pp_schedules')}")
     if L.pp > 1 and L.zero not in r.pp_with_zero:
-        out.append(ConfigError("parallel.zero", L.zero,
-                               f"{fw} runs pipeline parallelism with ZeRO stages "
-                               f"{', '.join(map(str, r.pp_with_zero))} only "
-                               f"({r.sources.get('pp_with_zero', '')})"))
+        refuse("parallel.zero", L.zero, f"{fw} runs pipeline parallelism with ZeRO stages "
+               f"{', '.join(map(str, r.pp_with_zero))} only{why('pp_with_zero')}")
     if L.cp > 1 and not r.cp:
-        out.append(ConfigError("parallel.cp", L.cp, f"{fw} has no context parallelism "
-                               f"({r.sources.get('cp', '')}): set cp=1"))
+        refuse("parallel.cp", L.cp, f"{fw} has no context parallelism{why('cp')}: set cp=1")
     if (L.zero == 0 and L.dp > 1 and not r.ddp_with_model_parallel
             and (L.tp > 1 or L.pp > 1 or L.cp > 1)):
-        out.append(ConfigError("parallel.zero", 0, f"{fw}'s DDP runs only as 1-D data "
-                               f"parallelism ({r.sources.get('ddp_with_model_parallel', '')}):"
-                               " use zero 2 or 3 (FSDP) with tp/pp/cp"))
+        refuse("parallel.zero", 0, f"{fw}'s DDP runs only as 1-D data parallelism"
+               f"{why('ddp_with_model_parallel')}: use zero 2 or 3 (FSDP) with tp/pp/cp")
     if ac not in r.ac_modes:
-        out.append(ConfigError("memory.ac", ac, f"{fw} offers ac modes "
-                               f"{', '.join(r.ac_modes)} ({r.sources.get('full_ac_saves', '')})"))
+        refuse("memory.ac", ac, f"{fw} offers ac modes {', '.join(r.ac_modes)}"
+               f"{why('selective')}")
     if offload == "params" and L.zero < 3:
-        out.append(ConfigError("memory.offload", offload, "parameter offload shards "
-                               "parameters: set parallel.zero=3"))
+        refuse("memory.offload", offload, "parameter offload shards parameters: set "
+               "parallel.zero=3")
     return out
 
 

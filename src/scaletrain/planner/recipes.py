@@ -156,7 +156,7 @@ RECIPES: dict[str, Recipe] = {
         ac_modes=("none", "selective", "full"), full_ac_saves="layer_input",
         sp_with_tp=False, dropout_masks=True,
         even_pp_split=True, pp_schedules=("1f1b", "interleaved"), cp=True,
-        ddp_with_model_parallel=True, pp_with_zero=(0, 1),
+        ddp_with_model_parallel=True, pp_with_zero=(0, 1, 3),
         fragmentation=FRAGMENTATION, cuda_context_bytes=RUNTIME_CONTEXT_BYTES,
         time_model="generation",
         sources={
@@ -209,8 +209,10 @@ RECIPES: dict[str, Recipe] = {
                             "(forward_backward_pipelining_without_interleaving), "
                             "interleaved (..._with_interleaving); no GPipe or zero-bubble "
                             "order",
-            "pp_with_zero": "Megatron-FSDP does not compose with pipeline parallelism "
-                            "(megatron/training/arguments.py validation)",
+            "optimizer": "megatron/core/optimizer/__init__.py get_megatron_optimizer: "
+                         "Adam (TE FusedAdam / apex) with fp32 exp_avg and exp_avg_sq",
+            "cp": "megatron/core/parallel_state.py context_parallel_size (ring attention in "
+                  "Transformer Engine); composes with pp",
             "fragmentation": _PT_ALLOC, "cuda_context_bytes": _CTX,
         }),
     "deepspeed": Recipe(
@@ -253,6 +255,14 @@ RECIPES: dict[str, Recipe] = {
                             "'ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism'",
             "cp": "DeepSpeed-Ulysses sequence parallelism (deepspeed/sequence/layer.py "
                   "DistributedAttention)",
+            "optimizer": "deepspeed/ops/adam FusedAdam / DeepSpeedCPUAdam on the fp32 "
+                         "partition: fp32 exp_avg and exp_avg_sq",
+            "zero_stages": "deepspeed/runtime/zero/config.py DeepSpeedZeroConfig.stage 0-3",
+            "selective": "Megatron-DeepSpeed --recompute-granularity selective (Megatron's "
+                         "core-attention recompute)",
+            "full_ac_saves": "deepspeed/runtime/activation_checkpointing/checkpointing.py "
+                             "checkpoint(): the layer input (partition_activations splits "
+                             "it over tp)",
             "fragmentation": _PT_ALLOC, "cuda_context_bytes": _CTX,
         }),
     "torchtitan": Recipe(
@@ -291,6 +301,16 @@ RECIPES: dict[str, Recipe] = {
                                        "parallelism'",
             "pp_schedules": "torchtitan/distributed/pipeline_parallel.py: GPipe, 1F1B, "
                             "Interleaved1F1B, InterleavedZeroBubble, ZBVZeroBubble",
+            "master_bytes": "no separate master copy: the sharded parameters are fp32 and "
+                            "FSDP2 casts them to bf16 at all-gather",
+            "optimizer": "torchtitan/components/optimizer.py build_optimizers: torch.optim."
+                         "AdamW on the fp32 DTensor shards (exp_avg, exp_avg_sq fp32)",
+            "ddp_bucket": "parallelize.py apply_ddp: torch's replicate/DDP, default "
+                          "bucket_cap_mb=25 copy buckets (torch/nn/parallel/distributed.py)",
+            "full_ac_saves": "parallelize.py _apply_ac_to_transformer_block mode 'full': "
+                             "ptd_checkpoint_wrapper around each block (its input kept)",
+            "cp": "torchtitan/distributed/utils.py create_context_parallel_ctx (ring "
+                  "attention over SDPA); FSDP mesh includes cp",
             "fragmentation": _PT_ALLOC, "cuda_context_bytes": _CTX,
         }),
     "nanotron": Recipe(
@@ -325,6 +345,14 @@ RECIPES: dict[str, Recipe] = {
                   "parallelism",
             "full_ac_saves": "ParallelismArgs.recompute_layer: each decoder layer "
                              "recomputed",
+            "optimizer": "src/nanotron/helpers.py init_optimizer_and_grad_accumulator: "
+                         "torch.optim.AdamW on the fp32 copies",
+            "ddp_bucket": "FP32GradientAccumulator's fp32 buffers are reduced in place "
+                          "(sync_gradients_across_dp; reduce-scatter under ZeRO-1): no copy",
+            "activations": "src/nanotron/models/llama.py: flash attention, fused RMSNorm, "
+                           "merged gate_up projection and GLU activation, bf16 stream",
+            "selective": "no selective mode: ParallelismArgs.recompute_layer recomputes whole "
+                         "layers",
             "fragmentation": _PT_ALLOC, "cuda_context_bytes": _CTX,
         }),
 }
