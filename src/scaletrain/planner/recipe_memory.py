@@ -202,6 +202,15 @@ def _rank_params(plan: PlanInput, first: bool, last: bool, layers: int) -> tuple
     return params, block, root, head
 
 
+def _largest_module(plan: PlanInput) -> float:
+    """Parameters of the largest single module per tp rank: the fused QKV projection
+    h x (h + 2kv), the MLP input projection h x f (2f for a fused SwiGLU gate/up), or the
+    embedding V x h (Megatron-style fused linears)."""
+    m, t = plan.model, plan.layout.tp
+    f_in = 2 * m.ffn_dim if m.activation == "swiglu" else m.ffn_dim
+    return max(m.dim * (m.dim + 2 * m.kv_dim), m.dim * f_in, m.vocab_size * m.dim) / t
+
+
 def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBreakdown:
     """Memory of pipeline rank `rank` under `recipe` (see the module docstring)."""
     L = plan.layout
@@ -233,10 +242,13 @@ def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBrea
     bufs: dict[str, float] = {}
     if z >= 3 and N > 1:
         if recipe.fsdp_prefetch_params:
-            # DeepSpeed ZeRO-3: the layer computing and the prefetch bucket gathered, the
-            # layer's 16-bit gradient before its reduce-scatter
-            in_params = wc * (unit + recipe.fsdp_prefetch_params)
-            in_grads = wc * unit
+            # DeepSpeed ZeRO-3 gathers per module (each Linear / the embedding, stage3.py
+            # fetch_sub_module): the module computing and the prefetch bucket gathered, that
+            # module's 16-bit gradient before its reduce-scatter (the 'largest layer' of
+            # estimate_zero3_model_states_mem_needs: 4 B x its params)
+            big = _largest_module(plan)
+            in_params = wc * (big + recipe.fsdp_prefetch_params)
+            in_grads = wc * big
         else:
             # FSDP2: current + prefetched unit; the root (embedding, final norm, head) is not
             # resharded after forward and its unsharded 16-bit head gradient waits for the
