@@ -72,6 +72,34 @@ def test_deepspeed_states_by_hand() -> None:
     assert mem.detail["optimizer_step.temp"] == 4 * P / 4
 
 
+def test_deepspeed_zero3_gathers_per_module() -> None:
+    """DeepSpeed ZeRO-3 over 4 ranks: 16-bit weights, 16-bit grads, fp32 master + Adam all
+    sharded, (2 + 2 + 12) P / 4; in flight the largest module (here fc1, h x f = 16384
+    parameters, above the fused QKV 3h^2 = 12288 and the embedding V x h = 8192) and the
+    5e7-parameter prefetch bucket in bf16, and that module's bf16 gradient."""
+    P = _params(SMALL)
+    h, f, V = SMALL.dim, SMALL.ffn_dim, SMALL.vocab_size
+    big = max(h * 3 * h, h * f, V * h)
+    assert big == h * f
+    mem = recipe_rank_memory(_plan("deepspeed", Layout(dp=4, zero=3)), RECIPES["deepspeed"], 0)
+    assert mem.params == pytest.approx(2 * P / 4 + 2 * (big + 5e7), rel=1e-12)
+    assert mem.grads == pytest.approx(2 * P / 4 + 2 * big, rel=1e-12)
+    assert mem.optimizer == pytest.approx(12 * P / 4, rel=1e-12)
+
+
+def test_search_under_a_recipe_keeps_only_what_it_runs() -> None:
+    """A search under nanotron proposes no ZeRO-2/3, no CP and no selective AC."""
+    from scaletrain.planner.search import search
+
+    res = search(model_preset("llama2-7b"), hardware_preset("h100-sxm"), 16, seq_len=4096,
+                 global_batch=64, top_k=50, recipe="nanotron")
+    assert res.top
+    for e in res.top:
+        L = e.plan.layout
+        assert e.plan.recipe == "nanotron" and L.zero <= 1 and L.cp == 1
+        assert e.plan.ac in ("none", "full")
+
+
 def test_torchtitan_states_by_hand() -> None:
     """torchtitan FSDP2 (ZeRO-3) over 4 ranks: fp32 params, grads and Adam all sharded,
     16 P / 4; in flight the bf16 current + next block and the root unit (embedding +

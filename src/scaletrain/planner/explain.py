@@ -74,7 +74,11 @@ def _states_and_activations(est: Estimate) -> list[str]:
         f"{_gb(mem.detail.get('offloaded.cpu', 0.0))}")
     add("-- 3. activations")
     per_layer = mem.detail.get("activations.per_layer", 0.0)
-    add(f"   per layer per micro-batch (modern SDPA model, ac={p.ac}, tp={L.tp}, sp={L.sp}, "
+    what = "modern SDPA model"
+    if p.recipe != DEFAULT_RECIPE:
+        r = recipe_named(p.recipe)
+        what = f"[{r.name}] {r.activations}, selective={r.selective}"
+    add(f"   per layer per micro-batch ({what}, ac={p.ac}, tp={L.tp}, sp={L.sp}, "
         f"cp={L.cp}) = {_gb(per_layer)}")
     stage = int(mem.detail.get("pipeline_rank", 0))
     inflight = inflight_microbatches(L.pp_schedule, L.pp, m, stage, L.pp_virtual) \
