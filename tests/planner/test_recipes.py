@@ -288,3 +288,25 @@ def test_tree_latency_at_scale() -> None:
     """Ring all-reduce latency 2(n-1)a below 16 ranks; NCCL's tree 2 ceil(log2 n) a above."""
     assert allreduce_latency(8, 1.0) == 14.0
     assert allreduce_latency(1024, 1.0) == 20.0
+
+
+def test_time_model_follows_the_recipe() -> None:
+    """A foreign recipe's matmul efficiency is efficiency.py's (A100: 0.52, Narayanan et al.
+    2021; GPT-3's GEMMs are compute bound, shape factor 1); the default recipe keeps
+    estimate.default_efficiency."""
+    from scaletrain.planner.efficiency import GENERATION_EFFICIENCY, matmul_efficiency
+    from scaletrain.planner.estimate import default_efficiency
+
+    m, hw = model_preset("gpt3-175b"), hardware_preset("a100-80gb")
+    L = Layout(dp=16, zero=1, tp=8, sp=True, pp=8)
+    plan = PlanInput(m, hw, 1024, L, 2048, 1536, 1, "bf16", "full", recipe="megatron")
+    eff, eff16 = matmul_efficiency(m, hw, "bf16", 2048.0, 8)
+    assert eff == eff16 == GENERATION_EFFICIENCY["a100"] == 0.52
+    assert "efficiency=0.520" in estimate(plan).notes[1]
+    base = dataclasses.replace(plan, recipe="scaletrain")
+    want = default_efficiency("bf16", m.dim, hw)
+    assert f"efficiency={want:.3f}" in estimate(base).notes[1]
+    # fp8 keeps 0.64 of the bf16 fraction against the fp8 peak (torchtitan Table 1)
+    h100 = hardware_preset("h100-sxm")
+    e8, e16 = matmul_efficiency(model_preset("llama3-70b"), h100, "fp8", 8192.0, 1)
+    assert e16 == GENERATION_EFFICIENCY["h100"] and e8 == pytest.approx(0.64 * e16)
