@@ -310,3 +310,21 @@ def test_time_model_follows_the_recipe() -> None:
     h100 = hardware_preset("h100-sxm")
     e8, e16 = matmul_efficiency(model_preset("llama3-70b"), h100, "fp8", 8192.0, 1)
     assert e16 == GENERATION_EFFICIENCY["h100"] and e8 == pytest.approx(0.64 * e16)
+
+
+@pytest.mark.parametrize("argv", [
+    # MoE x TP with experts over part of the data-parallel ranks and the distributed optimizer
+    ["--model", "tiny-moe", "--gpus", "8", "--dp", "4", "--tp", "2", "--ep", "2", "--zero", "1",
+     "--global-batch", "8"],
+    # 1F1B with fewer micro-batches (4) than stages (8)
+    ["--model", "llama3-8b", "--gpus", "16", "--pp", "8", "--dp", "2", "--global-batch", "8",
+     "--micro-batch", "1"],
+])
+def test_scaletrain_limits_do_not_bind_megatron(argv: list[str],
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """scaletrain's own composition limits (config.layout trainer rules) refuse these layouts
+    for scaletrain's trainer; Megatron-LM runs them, so its recipe plans them."""
+    assert main(["plan", *argv]) == 2
+    assert "invalid" in capsys.readouterr().err
+    assert main(["plan", "--recipe", "megatron", *argv, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["plan"]["recipe"] == "megatron"

@@ -116,7 +116,8 @@ def _evaluate(inp: dict[str, Any]) -> Any:
     mb = inp["micro_batch"] or 1
     try:
         check_layout(layout, inp["model"], world_size=inp["gpus"], global_batch=inp["gb"],
-                     micro_batch=mb, seq_len=inp["seq"])
+                     micro_batch=mb, seq_len=inp["seq"],
+                     trainer_rules=inp["recipe"] == "scaletrain")
     except ConfigError as e:
         raise ConfigError(_flag(e.field), e.value, e.fix) from None
     from scaletrain.planner.recipe_memory import recipe_problems

@@ -107,16 +107,19 @@ def composition_problems(layout: Layout) -> list[ConfigError]:
     return out
 
 
-def batch_problems(layout: Layout, global_batch: int, micro_batch: int) -> list[ConfigError]:
+def batch_problems(layout: Layout, global_batch: int, micro_batch: int, *,
+                   trainer_rules: bool = True) -> list[ConfigError]:
     """The rules tying the batch to the layout (part of `layout_problems`; the planner's search
-    checks the layout once and these per micro-batch size)."""
+    checks the layout once and these per micro-batch size). trainer_rules=False drops the one
+    that is torch.distributed.pipelining's own (1F1B-family orders need m >= pp; Megatron-LM,
+    DeepSpeed and Nanotron run 1F1B with fewer micro-batches)."""
     L, out = layout, []
     if global_batch % (micro_batch * L.dp):
         out.append(ConfigError("batch.global_batch", global_batch,
                                f"must be a multiple of micro_batch*dp = {micro_batch}*{L.dp} = "
                                f"{micro_batch * L.dp}"))
     m = max(1, grad_accum_steps(global_batch, micro_batch, L.dp))
-    if L.pp > 1 and L.pp_schedule != "gpipe" and m < L.pp:
+    if trainer_rules and L.pp > 1 and L.pp_schedule != "gpipe" and m < L.pp:
         out.append(ConfigError("batch.global_batch", global_batch,
                                f"{L.pp_schedule} needs at least pp={L.pp} micro-batches per "
                                f"step, got {m}: raise global_batch or lower micro_batch"))
@@ -130,8 +133,14 @@ def batch_problems(layout: Layout, global_batch: int, micro_batch: int) -> list[
 
 def layout_problems(layout: Layout, model: ModelConfig, *, world_size: int | None = None,
                     global_batch: int | None = None, micro_batch: int | None = None,
-                    seq_len: int | None = None) -> list[ConfigError]:
-    """Every rule this layout breaks, as ConfigErrors naming field and fix (empty: legal)."""
+                    seq_len: int | None = None, trainer_rules: bool = True
+                    ) -> list[ConfigError]:
+    """Every rule this layout breaks, as ConfigErrors naming field and fix (empty: legal).
+
+    trainer_rules=False keeps only the rules of the model, the batch and the schedules (what
+    any framework needs) and drops scaletrain's own composition limits (MoE x TP, the ep and
+    ZeRO-1 expert rules, torch's m >= pp): the planner uses it under a foreign framework
+    recipe, whose own limits are `planner.recipe_memory.recipe_problems`."""
     out: list[ConfigError] = []
 
     def need(ok: bool, field: str, value: Any, fix: str) -> None:
@@ -161,7 +170,7 @@ def layout_problems(layout: Layout, model: ModelConfig, *, world_size: int | Non
          f"tp must divide num_kv_heads={model.num_kv_heads}")
     need(model.ffn_dim % L.tp == 0, "parallel.tp", L.tp, f"tp must divide ffn_dim={model.ffn_dim}")
     # The trainer's TP plans shard attention and dense MLPs; expert layers are split by ep.
-    need(not (model.is_moe and L.tp > 1), "parallel.tp", L.tp,
+    need(not (trainer_rules and model.is_moe and L.tp > 1), "parallel.tp", L.tp,
          "MoE layers are not tensor-parallel in scaletrain: use parallel.ep to split the "
          "experts, and tp=1")
     # Pipeline: every (virtual) stage needs at least one layer.
@@ -184,12 +193,13 @@ def layout_problems(layout: Layout, model: ModelConfig, *, world_size: int | Non
              f"ep must divide num_experts={model.num_experts}")
         need((L.dp * L.cp) % L.ep == 0, "parallel.ep", L.ep,
              f"ep must divide dp*cp={L.dp * L.cp} (experts are spread over data-parallel ranks)")
-    out += composition_problems(L)
+    if trainer_rules:
+        out += composition_problems(L)
     if seq_len is not None and model.position == "learned":
         need(seq_len <= model.max_seq_len, "batch.seq_len", seq_len,
              f"learned positions stop at model.max_seq_len={model.max_seq_len}")
     if global_batch is not None and micro_batch is not None:
-        out += batch_problems(L, global_batch, micro_batch)
+        out += batch_problems(L, global_batch, micro_batch, trainer_rules=trainer_rules)
     return out
 
 

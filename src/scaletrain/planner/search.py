@@ -266,11 +266,12 @@ class _Legal:
         if ok is None:
             job = self.job
             if self.base is None:
+                own = job.recipe == "scaletrain"
                 self.base = not layout_problems(self.layout, job.model, world_size=job.num_gpus,
-                                                seq_len=job.seq_len) \
+                                                seq_len=job.seq_len, trainer_rules=own) \
                     and not recipe_problems(job.recipe, self.layout)
-            ok = self.seen[mb] = self.base and not batch_problems(self.layout, job.global_batch,
-                                                                  mb)
+            ok = self.seen[mb] = self.base and not batch_problems(
+                self.layout, job.global_batch, mb, trainer_rules=job.recipe == "scaletrain")
         return ok
 
 
