@@ -261,7 +261,8 @@ def test_explain_names_the_recipe_of_each_term(capsys: pytest.CaptureFixture[str
                "--tp", "8", "--zero", "1", "--global-batch", "8"])
     assert rc == 0
     out = capsys.readouterr().out
-    for term in ("weights", "fp32 master", "gradients", "loss/logits", "activations"):
+    for term in ("weights", "fp32 master", "gradients", "loss/logits", "activations",
+                 "efficiency", "last gradient bucket"):
         assert any(line.strip().startswith(f"[megatron] {term}") for line in out.splitlines())
     assert "param_and_grad_buffer.py" in out
 

@@ -122,6 +122,26 @@ def _recipe_states(est: Estimate) -> list[str]:
     return out
 
 
+def _recipe_time(est: Estimate) -> list[str]:
+    """The foreign recipe's time-model terms and where their constants come from."""
+    from .efficiency import GENERATION_EFFICIENCY, gemm_shape_factor, generation_of
+
+    p, L, hw = est.plan, est.plan.layout, est.plan.hardware
+    r = recipe_named(p.recipe)
+    if r.time_model != "generation" or p.efficiency > 0 or hw.name == "cpu":
+        return [f"   [{r.name}] time model: estimate.default_efficiency"]
+    gen = generation_of(hw)
+    tokens = float(p.seq_len) * p.micro_batch / L.cp
+    shape = gemm_shape_factor(p.model, tokens, L.tp, p.precision, hw)
+    fp8 = " x fp8 0.64 (torchtitan docs/performance.md Table 1)" if p.precision == "fp8" else ""
+    return [f"   [{r.name}] efficiency = {gen} {GENERATION_EFFICIENCY[gen]:.2f} (published large-"
+            f"run fraction of peak, efficiency.GENERATION_EFFICIENCY) x GEMM roofline "
+            f"{shape:.3f} ({tokens:,.0f} rows per rank){fp8}",
+            f"   [{r.name}] last gradient bucket exposed: {r.bucket_bytes(L.dp) / 1e6:.0f} MB "
+            f"({r.sources.get('ddp_bucket', '')}); all-reduce latency: NCCL tree from 16 ranks "
+            f"(efficiency.allreduce_latency)"]
+
+
 def _time_lines(est: Estimate, tokens: float | None) -> list[str]:
     """Sections 5-8 and the notes: compute, communication, bubble, step."""
     p, L, m_, t = est.plan, est.plan.layout, est.plan.model, est.time
@@ -130,6 +150,8 @@ def _time_lines(est: Estimate, tokens: float | None) -> list[str]:
     add = out.append
     counts = stage_layer_counts(m_.num_layers, L.pp, L.pp_virtual)
     add("-- 5. compute")
+    if p.recipe != DEFAULT_RECIPE:
+        out += _recipe_time(est)
     lf = layer_forward_flops_per_token(m_, p.seq_len)
     hf = head_forward_flops_per_token(m_)
     fwd = forward_flops_per_token(m_, p.seq_len)
