@@ -258,7 +258,7 @@ def test_foreign_refusal_names_the_reason(capsys: pytest.CaptureFixture[str]) ->
 
 def test_explain_names_the_recipe_of_each_term(capsys: pytest.CaptureFixture[str]) -> None:
     rc = main(["explain", "--recipe", "megatron", "--model", "llama3-8b", "--gpus", "8",
-               "--tp", "8", "--zero", "1", "--global-batch", "8"])
+               "--gpu", "h100-sxm", "--tp", "8", "--zero", "1", "--global-batch", "8"])
     assert rc == 0
     out = capsys.readouterr().out
     for term in ("weights", "fp32 master", "gradients", "loss/logits", "activations",
