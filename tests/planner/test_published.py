@@ -173,6 +173,13 @@ def test_benchmark_summary_is_consistent_on_a_slice(runs) -> None:
     assert sum(s[k]["step"]["n"] for k in fw) == s["all"]["step"]["n"]
     table = bench.summary_table(bench.summarize(rows))
     assert table.count("\n") == 2 + len(fw) and "**overall**" in table
+    md = bench.markdown(rows, bench.summarize(rows))
+    assert all(f"| {name} |" in md for name in pick)
+    assert "ds-a100-bloom176b-gbs16 (batch.global_batch" in md  # the refusal and its reason
+    # every listed miss names a cause
+    for key in ("err_memory", "err_step"):
+        for r in bench.worst(rows, key):
+            assert bench.cause(r, key) and bench.cause(r, key) in md
 
 
 def test_llm_analysis_peer_on_a_row(runs) -> None:
