@@ -250,9 +250,11 @@ def _tool_summary(rows: list[dict[str, Any]], tool: str) -> dict[str, Any]:
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """{tool: {'all' | framework: counts, memory/step error stats, fit accuracy}}."""
+    """{tool: {'all' | 'common' | framework: counts, memory/step error stats, fit accuracy}};
+    'common' = the rows both tools predict (neither refused nor n/a)."""
     frameworks = sorted({r["framework"] for r in rows})
-    return {tool: {"all": _tool_summary(rows, tool),
+    common = [r for r in rows if all("err_memory" in r[t] for t in TOOLS)]
+    return {tool: {"all": _tool_summary(rows, tool), "common": _tool_summary(common, tool),
                    **{f: _tool_summary([r for r in rows if r["framework"] == f], tool)
                       for f in frameworks}}
             for tool in TOOLS}
@@ -276,14 +278,16 @@ def _fit(s: dict[str, Any]) -> str:
 
 def summary_table(summary: dict[str, Any]) -> str:
     """Markdown table: per framework and overall, both tools side by side."""
-    keys = ["all", *sorted(k for k in summary["scaletrain"] if k != "all")]
+    keys = ["all", "common",
+            *sorted(k for k in summary["scaletrain"] if k not in ("all", "common"))]
     head = ("| framework | runs | memory err median / max: scaletrain | llm-analysis "
             "| step err median / max: scaletrain | llm-analysis | fit/OOM right: scaletrain "
             "| llm-analysis | refused / n/a |\n|" + "---|" * 9)
     lines = [head]
     for k in keys:
         s, p = summary["scaletrain"][k], summary["llm-analysis"][k]
-        lines.append(f"| {'**overall**' if k == 'all' else k} | {s['rows']} "
+        label = {"all": "**overall**", "common": "*rows both predict*"}.get(k, k)
+        lines.append(f"| {label} | {s['rows']} "
                      f"| {_medmax(s['memory'])} | {_medmax(p['memory'])} "
                      f"| {_medmax(s['step'])} | {_medmax(p['step'])} "
                      f"| {_fit(s)} | {_fit(p)} | {s['refused']} / {p['na']} |")

@@ -166,13 +166,14 @@ def test_benchmark_summary_is_consistent_on_a_slice(runs) -> None:
     assert s["all"]["fit"]["n"] == len(fit) and s["all"]["fit"]["correct"] == sum(fit)
     assert s["all"]["fit"]["oom_rows"] == 1
     # per-framework counts add up to the overall ones
-    fw = [k for k in s if k != "all"]
+    fw = [k for k in s if k not in ("all", "common")]
     assert sorted(fw) == ["deepspeed", "llm-foundry", "nemo", "torchtitan"]
     for key in ("rows", "predicted", "refused"):
         assert sum(s[k][key] for k in fw) == s["all"][key]
     assert sum(s[k]["step"]["n"] for k in fw) == s["all"]["step"]["n"]
     table = bench.summary_table(bench.summarize(rows))
-    assert table.count("\n") == 2 + len(fw) and "**overall**" in table
+    assert table.count("\n") == 3 + len(fw) and "**overall**" in table
+    assert s["common"]["rows"] == 0  # --no-peer: llm-analysis predicts no row
     md = bench.markdown(rows, bench.summarize(rows))
     assert all(f"| {name} |" in md for name in pick)
     assert "ds-a100-bloom176b-gbs16 (batch.global_batch" in md  # the refusal and its reason
