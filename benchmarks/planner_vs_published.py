@@ -5,9 +5,9 @@ llm-foundry, NeMo, DeepSpeed, GPT-NeoX and Megatron-LM users measured on V100 to
 predicts the peak memory of one GPU, the step time and whether the run fits. Compared:
 
 - memory: against the published peak, the planner's `reserved` for rows that publish the
-  allocator's reservation (torchtitan's max_reserved) and `total` (allocated) for rows that
-  publish an allocated peak; llm-analysis has one number (weights + gradients + optimizer +
-  activations per GPU);
+  allocator's reservation (torchtitan's max_reserved) or do not say what they read (BigScience's
+  GB per GPU), and `total` (allocated) for rows that publish an allocated peak; llm-analysis
+  has one number (weights + gradients + optimizer + activations per GPU);
 - step time: seconds per optimizer step, the row's own or global tokens / (tokens/s/GPU x GPUs);
 - fit / OOM: predicted fits vs the row's `oom` (a run that published a throughput ran).
 
@@ -151,10 +151,10 @@ def _breakdown(run: PublishedRun) -> dict[str, float]:
     p = plan_input(run)
     e = estimate(p)
     mb, t, L = e.memory, e.time, p.layout
-    kw = dict(seq_len=p.seq_len, micro_batch=p.micro_batch, tp=L.tp, sp=L.sp, cp=L.cp,
-              precision=p.precision)
-    logits = (head_activation_bytes(p.model, fused=False, **kw)  # type: ignore[arg-type]
-              - head_activation_bytes(p.model, fused=True, **kw))  # type: ignore[arg-type]
+    logits = sum(sign * head_activation_bytes(p.model, seq_len=p.seq_len,
+                                              micro_batch=p.micro_batch, tp=L.tp, sp=L.sp,
+                                              cp=L.cp, precision=p.precision, fused=fused)
+                 for sign, fused in ((1.0, False), (-1.0, True)))
     meas = run.measured_step_s()
     tokens = float(p.global_batch) * p.seq_len
     peak = p.hardware.flops(p.precision) * p.num_gpus
@@ -201,7 +201,9 @@ def cause(r: dict[str, Any], key: str) -> str:
 
 def evaluate(runs: Iterable[PublishedRun], *, peer: bool = True,
              scaletrain: Callable[[PublishedRun], Prediction] = predict) -> list[dict[str, Any]]:
-    """One result row per run: the measurement, each tool's prediction and its errors."""
+    """One result row per run: the measurement, each tool's prediction and its errors. The
+    errors come from `scaletrain` (default `predict`); the `terms` shown beside the misses are
+    the default planner's breakdown (`_breakdown`)."""
     rows = []
     for run in runs:
         m = run.measured
@@ -334,7 +336,8 @@ def markdown(rows: list[dict[str, Any]], summary: dict[str, Any]) -> str:
     out = ["# Planner vs published runs", "",
            "Relative error = (predicted - measured) / measured; median and max of its absolute "
            "value. Memory: the planner's reserved bytes against a published reservation "
-           "(torchtitan), its allocated peak against an allocated one; step time: seconds per "
+           "(torchtitan) or a peak of unstated kind (BigScience), its allocated peak against an "
+           "allocated one; step time: seconds per "
            "optimizer step. Fit/OOM: the row ran (it published a throughput) or stated an OOM. "
            "Refused: layouts the planner rejects; n/a: layouts llm-analysis cannot express.",
            "", summary_table(summary), ""]

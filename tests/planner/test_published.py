@@ -193,3 +193,25 @@ def test_llm_analysis_peer_on_a_row(runs) -> None:
     assert 0 < mem < 1000 and 0 < step < 100 and isinstance(fits, bool)
     cp = next(r for r in runs if r.name == "tt-h100-l31-8b-fsdp4-cp2-64k")
     assert bench.predict_llm_analysis(cp) == (None, "no context parallelism")
+
+
+def test_cause_names_the_term_from_the_row_numbers() -> None:
+    bench = pytest.importorskip("planner_vs_published")
+    terms = {"logits": 20.0, "buffer_terms": {"pp_p2p": 16.0, "ddp_buckets": 1.0},
+             "activations": 3.0, "comm_exposed_s": 0.0, "bubble_s": 0.0, "step_s": 10.0,
+             "compute_s": 10.0, "mfu": 0.5, "mfu_measured": 0.25}
+
+    def row(mem_pred: float, mem_meas: float) -> dict[str, Any]:
+        return {"measured": {"memory_gib": mem_meas},
+                "scaletrain": {"memory_gib": mem_pred, "terms": terms,
+                               "err_memory": (mem_pred - mem_meas) / mem_meas, "err_step": -0.5}}
+
+    # 50 GiB short, 20 GiB of it an unfused loss's logits: 40% of the gap
+    assert bench.cause(row(30.0, 80.0), "err_memory").startswith("loss: an unfused loss keeps "
+                                                                  "20.0 GiB")
+    assert "40% of the 50.0 GiB gap" in bench.cause(row(30.0, 80.0), "err_memory")
+    # 20 GiB over, 16 of them one buffer term
+    assert bench.cause(row(30.0, 10.0), "err_memory") == ("buffer term pp_p2p (16.0 GiB) "
+                                                         "over-predicted")
+    # half the measured MFU: the efficiency constant
+    assert bench.cause(row(30.0, 10.0), "err_step").startswith("efficiency: measured MFU 25%")
