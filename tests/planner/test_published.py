@@ -112,6 +112,7 @@ def _bad(raw: dict[str, Any], edit) -> str:
     (lambda r: r["measured"].pop("memory_kind"), "measured.memory_kind"),
     (lambda r: r.__setitem__("measured", {}), "measured"),
     (lambda r: r["model"].__setitem__("layer", 3), "model.layer"),
+    (lambda r: r["model"].__setitem__("tie", "yes"), "model.tie"),
     (lambda r: r.__setitem__("model", {"preset": "llama9-1t"}), "model.preset"),
     (lambda r: r.__setitem__("model", {"layers": 2, "hidden": 100, "heads": 3, "vocab": 10}),
      "model.num_heads"),
