@@ -172,8 +172,8 @@ def _unknown(where: str, raw: dict[str, Any], known: set[str] | tuple[str, ...])
 def _model(where: str, raw: dict[str, Any], seq_len: int, name: str) -> ModelConfig:
     w = where + ".model"
     _unknown(w, raw, {"preset", *_MODEL_KEYS})
-    over = {_MODEL_KEYS[k]: _bool(w, k, v) if k in ("tie", "bias") else v
-            for k, v in raw.items() if k != "preset"}
+    over: dict[str, Any] = {_MODEL_KEYS[k]: _bool(w, k, v) if k in ("tie", "bias") else v
+                            for k, v in raw.items() if k != "preset"}
     try:
         if "preset" in raw:
             try:
