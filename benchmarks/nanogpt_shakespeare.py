@@ -22,6 +22,21 @@ from scaletrain.trainer import train  # noqa: E402
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
 
 
+def recipe_args(data: str, steps: int, run_dir: str) -> list[str]:
+    """The nanoGPT CPU recipe as scaletrain overrides (also run by vs_nanogpt.py)."""
+    return [
+        "--model.name=gpt-mini", "--model.vocab_size=128", "--model.max_seq_len=64",
+        "--model.num_layers=4", "--model.num_heads=4", "--model.dim=128", "--model.ffn_dim=512",
+        "--model.bias=false",
+        f"--data.source={data}", "--data.tokenizer=char", "--data.val_fraction=0.1",
+        "--batch.seq_len=64", "--batch.global_batch=12", "--batch.micro_batch=12",
+        f"--train.steps={steps}", "--train.eval_every=250", "--train.eval_batches=20",
+        "--train.log_every=100", "--train.progress=false", f"--train.run_dir={run_dir}",
+        "--checkpoint.resume=never", "--optim.lr=1e-3", "--optim.min_lr_ratio=0.1",
+        "--optim.warmup_steps=100", "--optim.beta2=0.99", "--optim.weight_decay=0.1",
+        "--train.sample_tokens=300"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=2000)
@@ -30,16 +45,7 @@ def main() -> None:
     args = ap.parse_args()
     if not Path(args.data).is_file():
         sys.exit(f"tinyshakespeare not found at {args.data}: pass --data PATH")
-    job = load_config(None, [
-        "--model.name=gpt-mini", "--model.vocab_size=128", "--model.max_seq_len=64",
-        "--model.num_layers=4", "--model.num_heads=4", "--model.dim=128", "--model.ffn_dim=512",
-        f"--data.source={args.data}", "--data.tokenizer=char", "--data.val_fraction=0.1",
-        "--batch.seq_len=64", "--batch.global_batch=12", "--batch.micro_batch=12",
-        f"--train.steps={args.steps}", "--train.eval_every=250", "--train.eval_batches=20",
-        "--train.log_every=100", "--train.progress=false", f"--train.run_dir={args.run_dir}",
-        "--checkpoint.resume=never", "--optim.lr=1e-3", "--optim.min_lr_ratio=0.1",
-        "--optim.warmup_steps=100", "--optim.beta2=0.99", "--optim.weight_decay=0.1",
-        "--train.sample_tokens=300"])
+    job = load_config(None, recipe_args(args.data, args.steps, args.run_dir))
     t0 = time.perf_counter()
     r = train(job)
     wall = time.perf_counter() - t0

@@ -121,6 +121,11 @@ def test_export_hf_at_end_loads_in_transformers(tmp_path):
         ours = r.model(x)
         theirs = hf(x).logits
     assert (ours - theirs).abs().max().item() <= 1e-4
+    # the export and the run directory carry the tokenizer the model was trained with
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf" / "hf")
+    assert tok.encode("héllo\n", add_special_tokens=False) == list("héllo\n".encode())
+    assert (tmp_path / "hf" / "tokenizer" / "tokenizer.json").is_file()
+    assert (tmp_path / "hf" / "tokenizer" / "name").read_text().strip() == "byte"
 
 
 def test_fp8_run_trains_with_fp32_master_weights(tmp_path):

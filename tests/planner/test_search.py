@@ -119,3 +119,24 @@ def test_equal_step_times_go_to_the_layout_with_less_memory(monkeypatch) -> None
     tally.record(plans["fast"], "PP", True)
     tally.fits.sort(key=lambda t: t[:3])
     assert [t[-1].name for t in tally.fits] == ["fast", "lean", "fat"]
+
+
+def test_a_family_with_no_legal_layout_names_the_rule(monkeypatch) -> None:
+    """A family every proposed layout of which is illegal says which rule of config/layout.py
+    refused it (on which layout), not only that nothing was legal."""
+    from scaletrain.config import ConfigError
+    from scaletrain.planner import search as search_mod
+
+    def no_tp(layout, model, **kw):
+        problems = layout_problems(layout, model, **kw)
+        if layout.tp > 1:
+            problems.append(ConfigError("parallel.tp", layout.tp, "a rule under test"))
+        return problems
+
+    monkeypatch.setattr(search_mod, "layout_problems", no_tp)
+    res = search(resolve_model("llama3-8b"), hardware_preset("h100-sxm"), 8, seq_len=2048,
+                 global_batch=32, top_k=3)
+    why = res.why_others_lost()["TP"]
+    assert why.startswith("no legal layout: dp") and "tp" in why
+    assert why.endswith(" tp2: parallel.tp = 2: a rule under test")
+    assert res.best is not None and res.best.plan.layout.tp == 1

@@ -65,3 +65,40 @@ def test_shards_decode_to_the_corpus_and_scale_best_loss(tmp_path, name):
         assert bundle.num_val_tokens == int(0.05 * (bundle.num_train_tokens
                                                      + bundle.num_val_tokens))
         assert "best loss" in bundle.describe() and name in bundle.describe()
+
+
+@pytest.mark.parametrize("kind", ["byte", "char", "bpe"])
+def test_hf_tokenizer_files_give_our_ids_in_transformers(tmp_path, kind):
+    """The run directory's and the HF export's tokenizer.json: transformers' AutoTokenizer
+    encodes and decodes exactly as the tokenizer the model was trained with."""
+    from scaletrain.data import save_hf_tokenizer
+
+    transformers = pytest.importorskip("transformers")
+    tok = {"byte": ByteTokenizer, "char": lambda: CharTokenizer.train([UNICODE]),
+           "bpe": lambda: BPETokenizer.train(iter([UNICODE * 20]), vocab_size=300)}[kind]()
+    save_hf_tokenizer(tok, tmp_path)
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    ids = theirs.encode(UNICODE, add_special_tokens=False)
+    assert ids == tok.encode(UNICODE)
+    assert theirs.decode(ids) == UNICODE
+    if kind == "bpe":
+        assert theirs.eos_token == BPETokenizer.SPECIAL
+
+
+def test_pretrained_tokenizer_files_are_copied_as_the_user_wrote_them(tmp_path):
+    """A pretrained tokenizer goes into the export as its own tokenizer.json and
+    tokenizer_config.json (special tokens, chat template untouched)."""
+    import json
+
+    from scaletrain.data import save_hf_tokenizer
+    from scaletrain.data.pretrained import PretrainedTokenizer
+
+    src, out = tmp_path / "src", tmp_path / "out"
+    src.mkdir(), out.mkdir()
+    BPETokenizer.train(iter([UNICODE * 20]), vocab_size=300).hf_tokenizer().save(
+        str(src / "tokenizer.json"))
+    conf = {"eos_token": "<|endoftext|>", "chat_template": "{{ messages }}"}
+    (src / "tokenizer_config.json").write_text(json.dumps(conf))
+    save_hf_tokenizer(PretrainedTokenizer(src / "tokenizer.json"), out)
+    assert json.loads((out / "tokenizer_config.json").read_text()) == conf
+    assert (out / "tokenizer.json").read_bytes() == (src / "tokenizer.json").read_bytes()

@@ -107,3 +107,104 @@ def test_window_of_prompt_only_has_zero_loss_and_gradient():
     loss = causal_lm_loss(logits, torch.full((2, 5), -100))
     loss.backward()
     assert loss.item() == 0.0 and (logits.grad == 0).all()
+
+
+CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + "
+          "'<|im_end|>' + '\\n' }}{% endfor %}"
+          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+def _chatml_dir(tmp_path, tok_dir, template=CHATML):
+    """The test tokenizer with ChatML's specials added and a chat template in its config."""
+    from tokenizers import Tokenizer
+
+    out = tmp_path / "chatml"
+    out.mkdir()
+    hf = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+    hf.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+    hf.save(str(out / "tokenizer.json"))
+    conf = json.loads((tok_dir / "tokenizer_config.json").read_text())
+    (out / "tokenizer_config.json").write_text(json.dumps({**conf, "chat_template": template}))
+    return out
+
+
+def test_tokenizer_chat_template_trains_the_replies_and_matches_transformers(tmp_path, tok_dir):
+    """The tokenizer's own template renders the text transformers' apply_chat_template renders;
+    the trained tokens are each reply and the template's end-of-turn text, nothing else."""
+    transformers = pytest.importorskip("transformers")
+    from scaletrain.data.sft import chat_template_for
+
+    d = _chatml_dir(tmp_path, tok_dir)
+    tok = PretrainedTokenizer.load(d)
+    cfg = DataConfig(tokenizer=str(d), format="sft")
+    template = chat_template_for(cfg, tok)
+    assert template is not None
+    conv = [("system", "be brief"), ("user", "how are you"), ("assistant", "fine thanks"),
+            ("user", "two plus two"), ("assistant", "four")]
+    ids, mask = render_example(conv, tok, template)
+    theirs = transformers.PreTrainedTokenizerFast(tokenizer_file=str(d / "tokenizer.json"))
+    theirs.chat_template = CHATML
+    text = theirs.apply_chat_template([{"role": r, "content": c} for r, c in conv],
+                                      tokenize=False)
+    assert tok.decode(ids) == text
+    spans, cur = [], []
+    for i, m in zip([*ids, -1], [*mask, 0], strict=True):
+        if m:
+            cur.append(i)
+        elif cur:
+            spans.append(tok.decode(cur))
+            cur = []
+    assert spans == ["fine thanks<|im_end|>\n", "four<|im_end|>\n"]
+    # 'builtin' ignores the tokenizer's template
+    builtin = DataConfig(tokenizer=str(d), format="sft", chat_template="builtin")
+    assert chat_template_for(builtin, tok) is None
+
+
+@pytest.mark.parametrize("template, why", [
+    ("{{ ''.__class__.__mro__[1].__subclasses__() }}", "failed to render"),
+    ("{{ cycler.__init__.__globals__.os.system('touch PWNED') }}", "failed to render"),
+    ("{% for m in messages %}{{ raise_exception('no system role') }}{% endfor %}",
+     "the template refused: no system role"),
+    ("{% for m in messages %}", "fix the Jinja2 template"),
+    ("{{ messages | length }}{% for m in messages %}{{ m['content'] }}{% endfor %}",
+     "prefix differently"),
+])
+def test_hostile_or_broken_templates_are_one_line_errors(tmp_path, tok_dir, monkeypatch,
+                                                         template, why):
+    """A template from disk runs in Jinja2's sandbox: reaching for Python internals is refused
+    (no file is created); broken or prefix-unstable templates name the file and the fix."""
+    from scaletrain.data.sft import chat_template_for
+
+    monkeypatch.chdir(tmp_path)
+    d = _chatml_dir(tmp_path, tok_dir, template)
+    tok = PretrainedTokenizer.load(d)
+    with pytest.raises(ConfigError, match="data.chat_template") as e:
+        render_example([("user", "hi"), ("assistant", "yo")], tok,
+                       chat_template_for(DataConfig(tokenizer=str(d), format="sft"), tok))
+    assert why in str(e.value) and "\n" not in str(e.value)
+    assert not (tmp_path / "PWNED").exists()
+
+
+def test_tokenizer_template_required_but_missing(tok_dir):
+    from scaletrain.data.sft import chat_template_for
+
+    cfg = DataConfig(tokenizer=str(tok_dir), format="sft", chat_template="tokenizer")
+    with pytest.raises(ConfigError, match="has no chat template"):
+        chat_template_for(cfg, PretrainedTokenizer.load(tok_dir))
+
+
+def test_sft_shards_use_the_tokenizer_template(tmp_path, tok_dir):
+    """build_data with a templated tokenizer: the trained targets are exactly the replies'
+    tokens and ChatML's end-of-turn; the built-in's 'Assistant: ' never appears."""
+    d = _chatml_dir(tmp_path, tok_dir)
+    tok = PretrainedTokenizer.load(d)
+    src = _write(tmp_path / "chat.jsonl", 60)
+    cfg = DataConfig(source=str(src), tokenizer=str(d), format="sft",
+                     cache_dir=str(tmp_path / "cache"), val_fraction=0.1)
+    with build_data(cfg, seq_len=64, micro_batch=4) as data:
+        _, targets = next(data.train_batches())
+    trained = targets[targets != -100].tolist()
+    end = tok.encode("<|im_end|>")
+    assert len(end) == 1 and end[0] in trained
+    assert tok.encode("<|im_start|>")[0] not in trained
+    assert "Assistant:" not in tok.decode(targets.clamp(min=0).flatten().tolist())

@@ -36,6 +36,9 @@ def _check_exportable(cfg: ModelConfig) -> None:
     if cfg.is_moe and (cfg.family != "llama" or cfg.bias):
         raise ValueError("HF export: MoE models export as Mixtral only (rmsnorm, swiglu, rope, "
                          "bias=False)")
+    if cfg.sliding_window and (cfg.family != "llama" or (cfg.bias and not cfg.is_moe)):
+        raise ValueError("HF export: a sliding window exports as Mistral or Mixtral only "
+                         "(rmsnorm, swiglu, rope, bias=False)")
     if cfg.family == "llama":
         if cfg.activation != "swiglu" or cfg.position != "rope":
             raise ValueError("HF export: the Llama family needs activation='swiglu' and "
@@ -50,32 +53,28 @@ def hf_config(cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> dict:
     """The `config.json` content for `cfg` (dropout off: these are pretraining weights)."""
     _check_exportable(cfg)
     dtype_name = str(dtype).removeprefix("torch.")
-    if cfg.is_moe:
-        return {
-            "architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
-            "vocab_size": cfg.vocab_size, "hidden_size": cfg.dim,
-            "intermediate_size": cfg.ffn_dim, "num_hidden_layers": cfg.num_layers,
-            "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
-            "head_dim": cfg.head_dim, "max_position_embeddings": cfg.max_seq_len,
-            "rms_norm_eps": cfg.norm_eps, "rope_theta": cfg.rope_theta, "hidden_act": "silu",
-            "tie_word_embeddings": cfg.tie_embeddings, "num_local_experts": cfg.num_experts,
-            "num_experts_per_tok": cfg.experts_per_token,
-            "router_aux_loss_coef": cfg.moe_aux_loss_coef, "router_jitter_noise": 0.0,
-            "sliding_window": None, "attention_dropout": 0.0,
-            "initializer_range": cfg.init_std, "torch_dtype": dtype_name,
-        }
     if cfg.family == "llama":
-        return {
-            "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        # the keys Llama, Mistral and Mixtral share; each adds its own below
+        out = {
             "vocab_size": cfg.vocab_size, "hidden_size": cfg.dim,
             "intermediate_size": cfg.ffn_dim, "num_hidden_layers": cfg.num_layers,
             "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
             "head_dim": cfg.head_dim, "max_position_embeddings": cfg.max_seq_len,
             "rms_norm_eps": cfg.norm_eps, "rope_theta": cfg.rope_theta, "hidden_act": "silu",
-            "tie_word_embeddings": cfg.tie_embeddings, "attention_bias": cfg.bias,
-            "mlp_bias": cfg.bias, "attention_dropout": 0.0,
+            "tie_word_embeddings": cfg.tie_embeddings, "attention_dropout": 0.0,
             "initializer_range": cfg.init_std, "torch_dtype": dtype_name,
         }
+        if cfg.is_moe:
+            return {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", **out,
+                    "num_local_experts": cfg.num_experts,
+                    "num_experts_per_tok": cfg.experts_per_token,
+                    "router_aux_loss_coef": cfg.moe_aux_loss_coef, "router_jitter_noise": 0.0,
+                    "sliding_window": cfg.sliding_window or None}
+        if cfg.sliding_window:
+            return {"architectures": ["MistralForCausalLM"], "model_type": "mistral", **out,
+                    "sliding_window": cfg.sliding_window}
+        return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **out,
+                "attention_bias": cfg.bias, "mlp_bias": cfg.bias}
     return {
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
         "vocab_size": cfg.vocab_size, "n_positions": cfg.max_seq_len, "n_embd": cfg.dim,

@@ -173,7 +173,8 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     if args.tokens and estimates and not args.json and not explain_mode:
         lines.append(_cost_line(estimates[0], args.tokens))
     if lines:
-        print("\n".join(lines))
+        from scaletrain.planner.report import fit_width
+        print(fit_width("\n".join(lines)))
     if args.plot and estimates:
         _plots(estimates, args.plot)
     if getattr(args, "preflight", False) and estimates:

@@ -223,6 +223,10 @@ class DataConfig:
     format: str = "text"
     """'text' (documents, every token trained) or 'sft' (chat/instruction JSONL: `messages` or
     prompt/response records; loss only on the responses; see scaletrain.data.sft)."""
+    chat_template: str = "auto"
+    """data.format=sft: 'auto' (the tokenizer's own chat template when its
+    tokenizer_config.json or a chat_template.jinja has one, else the built-in), 'tokenizer'
+    (require it) or 'builtin' ('System: / User: / Assistant:' lines, see scaletrain.data.sft)."""
     document_masking: bool = False
     """Attention stays inside each packed document (block-causal mask, positions restart
     after every end-of-document id); needs a tokenizer with one (bpe or pretrained)."""
@@ -256,6 +260,7 @@ class DataConfig:
             parse_sources(self.source)  # every entry names existing, supported files
         choice("data.token_dtype", self.token_dtype, ("uint16", "uint32"))
         choice("data.format", self.format, ("text", "sft"))
+        choice("data.chat_template", self.chat_template, ("auto", "tokenizer", "builtin"))
         require(not self.document_masking or self.tokenizer not in ("byte", "char"),
                 "data.document_masking", self.document_masking,
                 f"the {self.tokenizer} tokenizer has no end-of-document token: use bpe or a "

@@ -186,6 +186,10 @@ def layout_problems(layout: Layout, model: ModelConfig, *, world_size: int | Non
     if seq_len is not None and L.cp > 1:
         need(seq_len % (2 * L.cp) == 0, "parallel.cp", L.cp,
              f"seq_len={seq_len} must be divisible by 2*cp={2 * L.cp}")
+        # ring attention's blocks take no mask: a window shorter than the sequence needs one
+        need(not 0 < model.sliding_window < seq_len, "parallel.cp", L.cp,
+             f"ring attention has no sliding window (model.sliding_window="
+             f"{model.sliding_window} < seq_len={seq_len}): use cp=1 or seq_len <= the window")
     # Expert parallel: whole experts per rank, ranks taken from the dp*cp group.
     if L.ep > 1:
         need(model.is_moe, "parallel.ep", L.ep, "ep > 1 needs an MoE model (model.num_experts > 0)")

@@ -75,6 +75,9 @@ class ModelConfig:
     """Attention backend: 'sdpa' (flash / memory-efficient kernels) or 'naive' (S x S scores)."""
     init_std: float = 0.02
     """Standard deviation of the normal init of linear and embedding weights."""
+    sliding_window: int = 0
+    """0: full causal attention. W > 0 (Mistral's `sliding_window`): each query attends to
+    the W most recent positions, itself included; a no-op while seq_len <= W."""
 
     def __post_init__(self) -> None:
         if self.num_kv_heads == 0:
@@ -107,6 +110,8 @@ class ModelConfig:
         require(self.norm_eps > 0, p + "norm_eps", self.norm_eps, "use a small positive float")
         require(math.isfinite(self.init_std) and self.init_std > 0, p + "init_std",
                 self.init_std, "use a finite positive float such as 0.02")
+        require(isinstance(self.sliding_window, int) and self.sliding_window >= 0,
+                p + "sliding_window", self.sliding_window, "use 0 (off) or a window W >= 1")
         require(math.isfinite(self.rope_theta) and self.rope_theta > 0, p + "rope_theta",
                 self.rope_theta, "use a finite positive float such as 10000.0")
 
@@ -297,10 +302,24 @@ def model_from_hf_config(path: str | Path) -> ModelConfig:
             bias=bool(hf.get("attention_bias", False)), norm_eps=hf.get("rms_norm_eps", 1e-5),
             num_experts=hf.get("num_local_experts", 0) if mtype == "mixtral" else 0,
             experts_per_token=hf.get("num_experts_per_tok", 2),
-            moe_aux_loss_coef=float(hf.get("router_aux_loss_coef", 0.01)))
+            moe_aux_loss_coef=float(hf.get("router_aux_loss_coef", 0.01)),
+            sliding_window=_sliding_window(hf, path) if mtype != "llama" else 0)
     raise ConfigError("model.name", str(path),
                       f"model_type {mtype!r} is not supported; use a gpt2, llama, mistral or "
                       "mixtral config.json")
+
+
+def _sliding_window(hf: dict[str, Any], path: Path) -> int:
+    """Mistral/Mixtral `sliding_window` (null or absent: full attention)."""
+    w = hf.get("sliding_window")
+    if w is None:
+        return 0
+    if not isinstance(w, int) or isinstance(w, bool) or w < 1:
+        raise ConfigError("model.name", str(path), f"sliding_window {w!r} must be null or a "
+                          "positive integer")
+    if hf.get("use_sliding_window") is False:  # Qwen-style switch, honoured if present
+        return 0
+    return w
 
 
 def _rope(hf: dict[str, Any]) -> dict[str, Any]:

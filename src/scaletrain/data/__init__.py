@@ -3,9 +3,16 @@ resumable, rank-aware loader (see `loader.py` for the sampling rule)."""
 
 from .bundle import DataBundle, build_data
 from .grammar import Grammar, default_grammar, generate_text
-from .tokenizer import BPETokenizer, ByteTokenizer, CharTokenizer, Tokenizer, load_tokenizer
+from .tokenizer import (
+    BPETokenizer,
+    ByteTokenizer,
+    CharTokenizer,
+    Tokenizer,
+    load_tokenizer,
+    save_hf_tokenizer,
+)
 
 __all__ = [
     "DataBundle", "build_data", "Tokenizer", "ByteTokenizer", "CharTokenizer", "BPETokenizer",
-    "load_tokenizer", "Grammar", "default_grammar", "generate_text",
+    "load_tokenizer", "save_hf_tokenizer", "Grammar", "default_grammar", "generate_text",
 ]

@@ -60,6 +60,25 @@ class PretrainedTokenizer(TokenizersBacked):
         self.eos_id = self._id_of(_token_text(conf.get("eos_token")), guesses=_EOS_GUESSES)
         self.bos_id = self._id_of(_token_text(conf.get("bos_token")), guesses=())
         self.add_bos = bool(conf.get("add_bos_token", False)) and self.bos_id is not None
+        self.chat_template = self._chat_template(conf, tokenizer_file.parent)
+
+    def _chat_template(self, conf: dict[str, Any], directory: Path) -> tuple[str, str] | None:
+        """(template source, where it came from): chat_template.jinja beside the tokenizer
+        (transformers' newer layout) first, else tokenizer_config.json's `chat_template` (a
+        string, or a list of named templates of which 'default' is used)."""
+        jinja = directory / "chat_template.jinja"
+        if jinja.is_file():
+            return jinja.read_text(encoding="utf-8"), str(jinja)
+        value = conf.get("chat_template")
+        if isinstance(value, list):
+            value = next((t.get("template") for t in value
+                          if isinstance(t, dict) and t.get("name") == "default"), None)
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            raise ConfigError(_FIELD, str(self._conf_path),
+                              "chat_template must be a string (or named templates)")
+        return value, f"{self._conf_path}:chat_template"
 
     def _id_of(self, token: str | None, *, guesses: tuple[str, ...]) -> int | None:
         for t in ((token,) if token else guesses):
@@ -72,6 +91,9 @@ class PretrainedTokenizer(TokenizersBacked):
         shutil.copyfile(self._file, directory / self._FILE)
         if self._conf_path is not None:
             shutil.copyfile(self._conf_path, directory / self._CONFIG)
+        jinja = self._file.parent / "chat_template.jinja"
+        if jinja.is_file():
+            shutil.copyfile(jinja, directory / jinja.name)
 
     @classmethod
     def load(cls, directory: Path) -> PretrainedTokenizer:

@@ -84,10 +84,14 @@ def _identity(cfg: DataConfig) -> dict:
     if streamed(cfg):
         if cfg.tokenizer not in ("byte", "char", "bpe"):
             file = resolve_tokenizer_file(cfg.tokenizer)
-            tok["sha"] = [_file_digest(file), _file_digest(file.parent / "tokenizer_config.json")]
-        identity["streamed"] = {"format": corpus.FORMAT, "spec": cfg.source,
-                                "text_field": cfg.text_field, "token_dtype": cfg.token_dtype,
-                                "data_format": cfg.format}
+            tok["sha"] = [_file_digest(file), _file_digest(file.parent / "tokenizer_config.json"),
+                          _file_digest(file.parent / "chat_template.jinja")]
+        streamed_id = {"format": corpus.FORMAT, "spec": cfg.source,
+                       "text_field": cfg.text_field, "token_dtype": cfg.token_dtype,
+                       "data_format": cfg.format}
+        if cfg.format == "sft":
+            streamed_id["chat_template"] = cfg.chat_template
+        identity["streamed"] = streamed_id
     return identity
 
 

@@ -11,7 +11,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["Tokenizer", "ByteTokenizer", "CharTokenizer", "BPETokenizer", "load_tokenizer"]
+__all__ = ["Tokenizer", "ByteTokenizer", "CharTokenizer", "BPETokenizer", "load_tokenizer",
+           "save_hf_tokenizer"]
 
 
 @runtime_checkable
@@ -24,6 +25,11 @@ class Tokenizer(Protocol):
     def decode(self, ids: list[int]) -> str: ...
 
     def save(self, directory: Path) -> None: ...
+
+    def hf_tokenizer(self) -> Any:
+        """The same mapping as a `tokenizers.Tokenizer` (ids identical on every string the
+        tokenizer accepts), for the run directory and the Hugging Face export."""
+        ...
 
 
 class ByteTokenizer:
@@ -41,6 +47,26 @@ class ByteTokenizer:
 
     def save(self, directory: Path) -> None:
         pass
+
+    def hf_tokenizer(self) -> Any:
+        # byte-level BPE with no merges: GPT-2's byte->symbol map, each symbol's id its byte
+        from tokenizers import Tokenizer as HFTokenizer
+        from tokenizers import decoders, models, pre_tokenizers
+
+        tok = HFTokenizer(models.BPE(vocab={s: b for b, s in _byte_symbols().items()},
+                                     merges=[]))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        tok.decoder = decoders.ByteLevel()
+        return tok
+
+
+def _byte_symbols() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable-symbol map (the one `tokenizers`' ByteLevel
+    pre-tokenizer applies): printable Latin-1 bytes stand for themselves, the other 68 bytes
+    map to U+0100 onwards in byte order."""
+    keep = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    rest = [b for b in range(256) if b not in keep]
+    return {**{b: chr(b) for b in keep}, **{b: chr(0x100 + i) for i, b in enumerate(rest)}}
 
 
 class CharTokenizer:
@@ -74,6 +100,16 @@ class CharTokenizer:
     def save(self, directory: Path) -> None:
         (directory / self._FILE).write_text(json.dumps(self.chars, ensure_ascii=False))
 
+    def hf_tokenizer(self) -> Any:
+        # one word per character (the split isolates every character, newlines included)
+        from tokenizers import Regex, decoders, models, pre_tokenizers
+        from tokenizers import Tokenizer as HFTokenizer
+
+        tok = HFTokenizer(models.WordLevel(vocab=dict(self._index), unk_token=self.chars[0]))
+        tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+        tok.decoder = decoders.Fuse()
+        return tok
+
     @classmethod
     def load(cls, directory: Path) -> CharTokenizer:
         return cls(json.loads((directory / cls._FILE).read_text()))
@@ -93,6 +129,9 @@ class TokenizersBacked:
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=False)
+
+    def hf_tokenizer(self) -> Any:
+        return self._tok
 
 
 class BPETokenizer(TokenizersBacked):
@@ -148,3 +187,23 @@ def load_tokenizer(name: str, directory: Path) -> Tokenizer:
 
         return PretrainedTokenizer.load(directory)
     raise ValueError(f"unknown tokenizer {name!r}: expected 'byte', 'char' or 'bpe'")
+
+
+def save_hf_tokenizer(tok: Tokenizer, directory: Path) -> None:
+    """`tokenizer.json` and `tokenizer_config.json` in `directory`, loadable by transformers'
+    `AutoTokenizer.from_pretrained(directory)` with the ids this tokenizer gives. The end-of-text
+    token (BPE, pretrained) is named as `eos_token`; the data pipeline adds BOS/EOS itself, so
+    the tokenizer adds no special tokens."""
+    if tok.name == "pretrained":
+        tok.save(directory)  # the user's own files: special tokens, chat template as written
+        if (directory / "tokenizer_config.json").is_file():
+            return
+    hf = tok.hf_tokenizer()
+    hf.save(str(directory / "tokenizer.json"))
+    conf: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast",
+                            "model_max_length": 1 << 30, "clean_up_tokenization_spaces": False}
+    for key in ("eos", "bos"):
+        tid = getattr(tok, f"{key}_id", None)
+        if tid is not None:
+            conf[f"{key}_token"] = hf.id_to_token(tid)
+    (directory / "tokenizer_config.json").write_text(json.dumps(conf, indent=2) + "\n")

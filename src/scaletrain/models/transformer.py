@@ -36,7 +36,7 @@ from .loss import linear_cross_entropy
 from .moe import MoE
 
 __all__ = ["Transformer", "TransformerBlock", "FeedForward", "RMSNorm", "build_model",
-           "causal_lm_loss"]
+           "causal_lm_loss", "sliding_window_mask"]
 
 
 class RMSNorm(nn.Module):
@@ -158,6 +158,10 @@ class Transformer(nn.Module):
         if self.document_sep_id is not None and self.tok_embeddings is not None:
             docs = document_layout(tokens, self.document_sep_id)
             positions, layer_kw = docs.positions, {"mask": docs.mask}
+        window = self.config.sliding_window
+        if window and t > window:
+            band = sliding_window_mask(t, window, tokens.device)  # (T, T)
+            layer_kw = {"mask": band if not layer_kw else layer_kw["mask"] & band}
         if positions is None:
             positions = torch.arange(t, device=tokens.device)
         if self.tok_embeddings is not None:
@@ -179,6 +183,14 @@ class Transformer(nn.Module):
         if self.tie_embeddings and self.tok_embeddings is not None and self.norm is not None:
             return F.linear(h, self.tok_embeddings.weight)  # (B, T, V)
         return h
+
+
+def sliding_window_mask(t: int, window: int, device: torch.device) -> torch.Tensor:
+    """(T, T) bool, True = attend: key j is visible to query i when i - window < j <= i
+    (the window holds the query itself and window - 1 earlier positions, as Mistral)."""
+    i = torch.arange(t, device=device)
+    d = i[:, None] - i[None, :]
+    return (d >= 0) & (d < window)
 
 
 def build_model(cfg: ModelConfig, *, device: str | torch.device = "meta",

@@ -5,6 +5,9 @@ matrix multiplications are counted (norms, activations, softmax, RoPE, residual 
 embedding lookup and the optimizer are ignored: together < 1% for h >= 768); causal attention is
 *halved* by default (a flash kernel skips the masked half; Megatron-LM and PaLM-style counts
 differ here: pass `causal=False` for the un-halved count of Narayanan et al. 2021, eq. 3).
+A sliding window (`model.sliding_window` < seq_len, Mistral) is counted as full causal
+attention: an over-count of the attention core, which with a mask argument runs a kernel that
+computes the whole (T, T) block anyway.
 
 Backward = 2 x forward (gradient w.r.t. inputs and w.r.t. weights, Kaplan et al. 2020 "6N").
 Recompute adds forward work that is *hardware* FLOPs, not model FLOPs: MFU (PaLM, Chowdhery et

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import textwrap
 from typing import Any
 
 from scaletrain.config import GB
@@ -10,7 +11,8 @@ from scaletrain.config import GB
 from .search import SearchResult
 from .types import Estimate, layout_label
 
-__all__ = ["layout_label", "estimate_rows", "render_estimates", "render_search", "to_json"]
+__all__ = ["layout_label", "estimate_rows", "render_estimates", "render_search", "to_json",
+           "fit_width", "terminal_width"]
 
 
 def estimate_rows(estimates: list[Estimate]) -> list[list[str]]:
@@ -27,27 +29,69 @@ def estimate_rows(estimates: list[Estimate]) -> list[list[str]]:
 
 HEADERS = ["layout", "params", "grads", "optim", "acts", "buffers", "total", "reserved",
            "step s", "tokens/s", "MFU", "fits"]
+# the columns kept when the full table is wider than the terminal (an 80-column one): the
+# per-category split is in `scaletrain explain` and in the JSON
+NARROW = ("layout", "total", "reserved", "step s", "tokens/s", "MFU", "fits")
 
 
-def _table(title: str, estimates: list[Estimate]) -> Any:
+def _table(title: str, estimates: list[Estimate], width: int) -> Any:
+    from rich import box
     from rich.table import Table  # lazy: keeps `import scaletrain.planner` light
 
+    rows = estimate_rows(estimates)
+    keep = list(range(len(HEADERS)))
+    natural = max((sum(map(len, r)) + len(r) - 1 for r in [HEADERS, *rows]), default=0)
+    if natural > width:
+        keep = [HEADERS.index(h) for h in NARROW]
     cap = estimates[0].memory.capacity / GB if estimates else 0.0
-    t = Table(title=f"{title} (memory in GB per GPU, capacity {cap:.0f} GB)")
-    for i, h in enumerate(HEADERS):
-        t.add_column(h, justify="left" if i == 0 else "right")
-    for row in estimate_rows(estimates):
-        t.add_row(*row)
+    # no vertical rules and one space between columns; the layout column wraps at its spaces
+    # when even the narrow table is wider than the terminal
+    t = Table(title=f"{title} (memory in GB per GPU, capacity {cap:.0f} GB)",
+              box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False)
+    for i in keep:
+        t.add_column(HEADERS[i], justify="left" if i == 0 else "right", no_wrap=i > 0)
+    for row in rows:
+        t.add_row(*(row[i] for i in keep))
     return t
 
 
-def render_estimates(estimates: list[Estimate], title: str = "plan") -> str:
-    """The table as text (rich, no colour)."""
+def terminal_width() -> int:
+    """The terminal's columns (the COLUMNS variable first); 160 when output is a file or a
+    pipe, so that saved output keeps every column."""
+    import os
+    import shutil
+    import sys
+
+    if not sys.stdout.isatty() and "COLUMNS" not in os.environ:
+        return 160
+    return shutil.get_terminal_size((160, 24)).columns
+
+
+def fit_width(text: str, width: int | None = None) -> str:
+    """Wrap each line longer than the terminal at word boundaries, continuation lines indented
+    two past the line's own indentation (tables are sized by `render_estimates` already)."""
+    width = width or terminal_width()
+    out = []
+    for line in text.splitlines():
+        if len(line) <= width:
+            out.append(line)
+            continue
+        lead = " " * (len(line) - len(line.lstrip()))
+        out.append(textwrap.fill(line.strip(), width, initial_indent=lead,
+                                 subsequent_indent=lead + "  ", break_on_hyphens=False,
+                                 break_long_words=False))
+    return "\n".join(out)
+
+
+def render_estimates(estimates: list[Estimate], title: str = "plan", *,
+                     width: int | None = None) -> str:
+    """The table as text (rich, no colour), as wide as the terminal (`width` overrides)."""
     from rich.console import Console
 
-    console = Console(width=160, record=True, color_system=None, file=io.StringIO())
-    console.print(_table(title, estimates))
-    return console.export_text()
+    width = width or terminal_width()
+    console = Console(width=width, record=True, color_system=None, file=io.StringIO())
+    console.print(_table(title, estimates, width))
+    return "\n".join(line.rstrip() for line in console.export_text().splitlines())
 
 
 def render_search(result: SearchResult) -> str:
@@ -58,8 +102,10 @@ def render_search(result: SearchResult) -> str:
     else:
         out.append(f"best: {layout_label(result.top[0])}")
         out.append("why the other strategy families lost:")
+    width = terminal_width()
     for fam, why in result.why_others_lost().items():
-        out.append(f"  {fam:<12} {why}")
+        out.append(textwrap.fill(f"{fam:<12} {why}", width, initial_indent="  ",
+                                 subsequent_indent=" " * 15, break_on_hyphens=False))
     out.append(f"({result.evaluated} layouts evaluated, {result.legal} legal candidates, "
                f"{result.fitting} fit, {result.elapsed_s:.2f} s)")
     return "\n".join(out)

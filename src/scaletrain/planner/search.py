@@ -58,6 +58,9 @@ class FamilyOutcome:
     closest_miss: Estimate | None = None
     """The family's layout that missed the memory budget by the least."""
     candidates: int = 0
+    refusal: str | None = None
+    """Why the family's first proposed layout was illegal (config/layout.py's rule), when no
+    layout of the family was legal."""
 
     def reason(self, winner: Estimate | None) -> str:
         if self.best is not None and winner is not None:
@@ -78,6 +81,8 @@ class FamilyOutcome:
                     f"{layout_label(self.closest_miss)})")
         if self.family == "offload" and winner is not None:
             return "not needed: layouts fit without offload (it only adds host traffic)"
+        if self.refusal is not None:
+            return f"no legal layout: {self.refusal}"
         return "no legal layout of this family for this GPU count"
 
 
@@ -186,6 +191,8 @@ class _Tally:
     candidates: dict[str, int] = field(default_factory=dict)
     evaluated: int = 0
     legal: int = 0
+    refused: dict[str, str] = field(default_factory=dict)
+    """family -> the first illegal layout of it and the rule that refused it"""
 
     def record(self, plan: PlanInput, fam: str, candidate: bool) -> bool:
         """Evaluate `plan` (memory first; time only if it fits and is a candidate, not a
@@ -256,8 +263,8 @@ class _Legal:
     """`layout_problems` for one layout: the rules without the batch once, then the batch
     rules once per micro-batch size asked (pruned sizes are never checked)."""
 
-    def __init__(self, job: _Job, layout: Layout) -> None:
-        self.job, self.layout = job, layout
+    def __init__(self, job: _Job, layout: Layout, tally: _Tally) -> None:
+        self.job, self.layout, self.tally = job, layout, tally
         self.seen: dict[int, bool] = {}
         self.base: bool | None = None
 
@@ -267,9 +274,15 @@ class _Legal:
             job = self.job
             if self.base is None:
                 own = job.recipe == "scaletrain"
-                self.base = not layout_problems(self.layout, job.model, world_size=job.num_gpus,
-                                                seq_len=job.seq_len, trainer_rules=own) \
-                    and not recipe_problems(job.recipe, self.layout)
+                problems = layout_problems(self.layout, job.model, world_size=job.num_gpus,
+                                           seq_len=job.seq_len, trainer_rules=own)
+                problems += recipe_problems(job.recipe, self.layout)
+                self.base = not problems
+                if problems:
+                    p = problems[0]
+                    self.tally.refused.setdefault(
+                        _family(self.layout, "none"),
+                        f"{self.layout.label()}: {p.field} = {p.value}: {p.fix}")
             ok = self.seen[mb] = self.base and not batch_problems(
                 self.layout, job.global_batch, mb, trainer_rules=job.recipe == "scaletrain")
         return ok
@@ -297,7 +310,7 @@ def _scan(job: _Job, tally: _Tally, layout: Layout, mbs: list[int], legal: _Lega
 def _search_layout(job: _Job, tally: _Tally, layout: Layout, mbs: list[int],
                    offloads: list[str], acs: list[str]) -> None:
     """Every (micro-batch, AC, offload) of one layout, memory-pruned."""
-    legal = _Legal(job, layout)
+    legal = _Legal(job, layout, tally)
     first = next((i for i, mb in enumerate(mbs) if legal(mb)), None)
     if first is None:
         return
@@ -334,6 +347,8 @@ def _result(tally: _Tally, model: ModelConfig, top_k: int, t0: float) -> SearchR
         families[f].best = est(plan)
     for f, (_, plan) in tally.miss.items():
         families[f].closest_miss = est(plan)
+    for f, why in tally.refused.items():
+        families[f].refusal = why
     if not model.is_moe:
         del families["EP"]
     return SearchResult(top, families, tally.evaluated, tally.legal, len(tally.fits),

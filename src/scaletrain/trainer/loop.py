@@ -27,6 +27,7 @@ from scaletrain.checkpoint.dcp import (
 )
 from scaletrain.checkpoint.hf_load import load_initial_weights
 from scaletrain.config import ConfigError, JobConfig
+from scaletrain.data.tokenizer import Tokenizer, save_hf_tokenizer
 from scaletrain.measure.live import SavedActivations, peak_process_memory, state_bytes
 from scaletrain.measure.schema import Measurement, plan_dict
 
@@ -240,6 +241,15 @@ def _rollback(run: Run, guard: SpikeGuard, step: int, verdict: SpikeVerdict,
     return restored
 
 
+def _save_tokenizer(tok: Tokenizer, directory: Path) -> None:
+    """The run directory is self-contained: the tokenizer in its own format (what
+    `data.tokenizer.load_tokenizer` reads) and as a transformers-loadable tokenizer.json."""
+    directory.mkdir(exist_ok=True)
+    tok.save(directory)
+    save_hf_tokenizer(tok, directory)
+    (directory / "name").write_text(tok.name + "\n")
+
+
 def _fresh_run_dir(job: JobConfig) -> JobConfig:
     """With resume=auto, a run directory whose run already finished gets a sibling instead
     (runs/default -> runs/default-2, ...): running the same command twice trains twice rather
@@ -297,6 +307,7 @@ def _train(job: JobConfig, *, max_steps: int | None) -> RunResult:
     if run.is_main:
         run.run_dir.mkdir(parents=True, exist_ok=True)
         (run.run_dir / "config.json").write_text(json.dumps(job.to_dict(), indent=1))
+        _save_tokenizer(run.data.tokenizer, run.run_dir / "tokenizer")
         logger.print(run.describe())
         logger.print(start_line(path, step, resume=job.checkpoint.resume, ckpt_dir=run.ckpt_dir,
                                 total_steps=job.train.steps))
@@ -396,7 +407,9 @@ def _train(job: JobConfig, *, max_steps: int | None) -> RunResult:
         export_hf(run.model, job.model, run.run_dir / "hf",
                   pp_group=run.pipeline.group if run.pipeline is not None else None)
         if run.is_main:
-            logger.print(f"exported Hugging Face safetensors to {run.run_dir / 'hf'}")
+            save_hf_tokenizer(run.data.tokenizer, run.run_dir / "hf")
+            logger.print(f"exported Hugging Face safetensors and tokenizer to "
+                         f"{run.run_dir / 'hf'}")
     measured.update({f"peak_{k}": v for k, v in peak_process_memory(run.device).items()})
     result = RunResult(run_dir=run.run_dir, steps=step, final_loss=loss_value, val_loss=val_loss,
                        best_loss=run.data.best_loss_nats, tokens_per_s=tok_s, mfu=run.mfu(tok_s),

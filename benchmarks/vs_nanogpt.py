@@ -1,0 +1,148 @@
+"""scaletrain against nanoGPT on nanoGPT's own CPU recipe, side by side on one host.
+
+nanoGPT's `train.py` runs from ../shared/peers/nanoGPT/ (never copied into the project) in a
+scratch directory that holds its data: `data/shakespeare_char/prepare.py` (linked there, so it
+writes beside the link) turns ../shared/data/tinyshakespeare.txt into train.bin/val.bin/meta.pkl.
+scaletrain runs `python -m scaletrain train` with `nanogpt_shakespeare.recipe_args`. Both are
+whole processes (start-up, data preparation, evaluation and checkpoints included), run
+alternately A B A B ... so that load on the host hits both alike; the wall-time ratio is taken
+per pair and the median reported.
+
+The recipe (nanoGPT README, "I only have a macbook"): 4 layers, 4 heads, 128 wide, context 64,
+batch 12, 2000 iterations, lr 1e-3 cosine to 1e-4, 100 warm-up, beta2 0.99, no dropout,
+characters. nanoGPT evaluates 20 batches of each split every 250 iterations; scaletrain
+evaluates 40 validation batches (the same forward work). nanoGPT runs fp32 (`--dtype=float32`:
+its default would ask for fp16 on a host without CUDA); scaletrain's default on CPU is fp32.
+
+    python benchmarks/vs_nanogpt.py [--pairs 3] [--steps 2000] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import write_results  # noqa: E402
+from nanogpt_shakespeare import DATA, recipe_args  # noqa: E402
+
+PEER = Path(__file__).resolve().parents[2] / "shared" / "peers" / "nanoGPT"
+VAL_LINE = re.compile(r"step (\d+): train loss ([\d.]+), val loss ([\d.]+)")
+
+
+def nanogpt_args(steps: int) -> list[str]:
+    return [str(PEER / "config" / "train_shakespeare_char.py"), "--device=cpu",
+            "--compile=False", "--eval_iters=20", "--log_interval=1", "--block_size=64",
+            "--batch_size=12", "--n_layer=4", "--n_head=4", "--n_embd=128",
+            f"--max_iters={steps}", f"--lr_decay_iters={steps}", "--dropout=0.0",
+            "--dtype=float32"]
+
+
+def prepare_nanogpt(scratch: Path, text: Path) -> None:
+    """nanoGPT reads data/shakespeare_char/ and exec()s configurator.py from its working
+    directory: link both into `scratch` and run its own prepare.py there."""
+    data = scratch / "data" / "shakespeare_char"
+    data.mkdir(parents=True)
+    (data / "input.txt").symlink_to(text)
+    (data / "prepare.py").symlink_to(PEER / "data" / "shakespeare_char" / "prepare.py")
+    (scratch / "configurator.py").symlink_to(PEER / "configurator.py")
+    subprocess.run([sys.executable, "prepare.py"], cwd=data, check=True, capture_output=True)
+
+
+def _env(threads: int | None) -> dict[str, str]:
+    env = dict(os.environ)
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
+def run_nanogpt(scratch: Path, steps: int, threads: int | None) -> dict[str, float]:
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, str(PEER / "train.py"), *nanogpt_args(steps)],
+                         cwd=scratch, env=_env(threads), capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if out.returncode:
+        raise RuntimeError(f"nanoGPT failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+    last = VAL_LINE.findall(out.stdout)[-1]
+    return {"wall_s": wall, "val_loss": float(last[2]), "train_loss": float(last[1])}
+
+
+def run_scaletrain(scratch: Path, text: Path, steps: int, threads: int | None
+                   ) -> dict[str, float]:
+    run_dir = scratch / "scaletrain-run"
+    args = recipe_args(str(text), steps, str(run_dir))
+    args = [a for a in args if not a.startswith(("--train.sample_tokens",
+                                                 "--train.eval_batches"))]
+    args += ["--train.sample_tokens=0", "--train.eval_batches=40",
+             f"--data.cache_dir={scratch / 'cache'}"]
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "scaletrain", "train", *args], cwd=scratch,
+                         env=_env(threads), capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if out.returncode:
+        raise RuntimeError(f"scaletrain failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    val = [r for r in records if "val_loss" in r][-1]
+    return {"wall_s": wall, "val_loss": float(val["val_loss"]),
+            "train_loss": float(records[-1]["loss"])}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--threads", type=int, default=None,
+                    help="OMP_NUM_THREADS for both (default: inherit)")
+    ap.add_argument("--data", default=str(DATA))
+    args = ap.parse_args()
+    text = Path(args.data).resolve()
+    if not text.is_file():
+        sys.exit(f"tinyshakespeare not found at {text}: pass --data PATH")
+    if not (PEER / "train.py").is_file():
+        sys.exit(f"nanoGPT not found at {PEER}: the peers live in ../shared/peers/")
+    pairs = []
+    with tempfile.TemporaryDirectory(prefix="vs_nanogpt-") as tmp:
+        scratch = Path(tmp)
+        prepare_nanogpt(scratch, text)
+        for i in range(args.pairs):
+            # alternate which goes first, so a drift in host load does not favour one side
+            order = ("nanogpt", "scaletrain") if i % 2 == 0 else ("scaletrain", "nanogpt")
+            pair: dict[str, dict[str, float]] = {}
+            for who in order:
+                pair[who] = (run_nanogpt(scratch, args.steps, args.threads) if who == "nanogpt"
+                             else run_scaletrain(scratch, text, args.steps, args.threads))
+                print(f"pair {i + 1} {who}: {pair[who]}", flush=True)
+            pair["ratio"] = {"wall": pair["scaletrain"]["wall_s"] / pair["nanogpt"]["wall_s"]}
+            pairs.append(pair)
+    ratios = [p["ratio"]["wall"] for p in pairs]
+    med = statistics.median(ratios)
+    data = {"steps": args.steps, "threads": args.threads, "pairs": pairs,
+            "median_wall_ratio": med,
+            "nanogpt_val_loss_median": statistics.median(p["nanogpt"]["val_loss"] for p in pairs),
+            "scaletrain_val_loss_median": statistics.median(p["scaletrain"]["val_loss"]
+                                                            for p in pairs)}
+    rows = "\n".join(
+        f"| {i + 1} | {p['nanogpt']['wall_s']:.1f} s | {p['scaletrain']['wall_s']:.1f} s | "
+        f"{p['ratio']['wall']:.3f}x | {p['nanogpt']['val_loss']:.4f} | "
+        f"{p['scaletrain']['val_loss']:.4f} |" for i, p in enumerate(pairs))
+    md = (f"nanoGPT's CPU recipe, {args.steps} iterations, run alternately on one host "
+          f"(OMP_NUM_THREADS={args.threads or 'inherited'}).\n\n"
+          "| pair | nanoGPT wall | scaletrain wall | ratio | nanoGPT val | scaletrain val |\n"
+          "|---|---|---|---|---|---|\n" + rows +
+          f"\n\n**Median wall-time ratio scaletrain / nanoGPT: {med:.3f}x** "
+          f"(val loss {data['scaletrain_val_loss_median']:.4f} vs "
+          f"{data['nanogpt_val_loss_median']:.4f}).")
+    write_results("vs_nanogpt", data, md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

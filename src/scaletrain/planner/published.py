@@ -1,0 +1,326 @@
+"""Published training runs (`data/published_runs.toml`): typed rows, checked on load, and the
+planner's view of each one.
+
+The corpus holds what other frameworks' users measured on real clusters (torchtitan, llm-foundry,
+NeMo, DeepSpeed, GPT-NeoX, Megatron-LM; V100 to H200), one row per run with its citation. A
+row that breaks the schema stops the load with one line naming the row and the field
+(`ConfigError`), before anything is predicted. `plan_input` maps a row onto `PlanInput`;
+`refusals` lists the layout rules (config.layout) the planner holds against it, empty when the
+planner accepts the row. Torch-free, like the rest of the planner.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from scaletrain.config import (
+    AC_MODES,
+    GB,
+    HARDWARE_PRESETS,
+    PP_SCHEDULES,
+    PRECISIONS,
+    ConfigError,
+    HardwareSpec,
+    Layout,
+    ModelConfig,
+    hardware_preset,
+    layout_problems,
+    model_preset,
+    option_problems,
+)
+
+from .types import PlanInput
+
+__all__ = ["PublishedRun", "RunLayout", "Measured", "MEMORY_KINDS", "CORPUS", "load_runs",
+           "parse_runs", "plan_input", "refusals"]
+
+CORPUS = "data/published_runs.toml"
+"""The corpus, package data of scaletrain.planner."""
+
+MEMORY_KINDS = ("allocated", "reserved", "unknown")
+"""What a published peak counts: torch's allocated peak, the caching allocator's reservation
+(what nvidia-smi and OOMs see), or not stated."""
+
+_MODEL_KEYS = {"layers": "num_layers", "hidden": "dim", "heads": "num_heads",
+               "kv_heads": "num_kv_heads", "ffn": "ffn_dim", "vocab": "vocab_size",
+               "norm": "norm", "activation": "activation", "position": "position",
+               "tie": "tie_embeddings", "bias": "bias"}
+_EXPLICIT_NEEDS = ("layers", "hidden", "heads", "vocab")
+_RUN_KEYS = {"name", "framework", "source", "gpu", "gpu_memory_gb", "num_gpus", "seq_len",
+             "model", "layout", "measured", "assumed"}
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """The parallel layout and batch of one run, as the source states it."""
+
+    dp: int = 1
+    zero: int = 0
+    """0 = DDP, 1 = sharded optimizer (Megatron's distributed optimizer, DeepSpeed ZeRO-1),
+    2, 3 = FSDP / ZeRO-3 (FULL_SHARD)."""
+    tp: int = 1
+    sp: bool = False
+    pp: int = 1
+    pp_schedule: str = "1f1b"
+    pp_virtual: int = 1
+    cp: int = 1
+    micro_batch: int = 1
+    global_batch: int = 1
+    ac: str = "none"
+    precision: str = "bf16"
+    compile: bool = False
+
+    def to_layout(self) -> Layout:
+        return Layout(dp=self.dp, zero=self.zero, tp=self.tp, sp=self.sp, pp=self.pp,
+                      pp_schedule=self.pp_schedule, pp_virtual=self.pp_virtual, cp=self.cp)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What the source measured; None = not stated."""
+
+    memory_gib: float | None = None
+    memory_kind: str = "unknown"
+    tokens_per_s_per_gpu: float | None = None
+    step_s: float | None = None
+    mfu: float | None = None
+    """Model FLOPs utilization as the source computes it (its own FLOP count)."""
+    oom: bool | None = None
+
+
+@dataclass(frozen=True)
+class PublishedRun:
+    name: str
+    framework: str
+    source: str
+    """URL plus table / section the numbers come from."""
+    gpu: str
+    """A scaletrain hardware preset (config.hardware)."""
+    num_gpus: int
+    seq_len: int
+    model: ModelConfig
+    layout: RunLayout
+    measured: Measured
+    gpu_memory_gb: float | None = None
+    """Card capacity (decimal GB) when it differs from the preset's."""
+    assumed: str = ""
+    """Fields the source does not state, and where their values come from."""
+
+    def hardware(self) -> HardwareSpec:
+        hw = hardware_preset(self.gpu)
+        if self.gpu_memory_gb is not None:
+            hw = dataclasses.replace(hw, memory_bytes=self.gpu_memory_gb * GB)
+        return hw
+
+    def measured_step_s(self) -> float | None:
+        """Seconds per optimizer step: stated, or global tokens / (tokens/s/GPU x GPUs)."""
+        m = self.measured
+        if m.step_s is not None:
+            return m.step_s
+        if m.tokens_per_s_per_gpu:
+            tokens = float(self.layout.global_batch) * self.seq_len
+            return tokens / (m.tokens_per_s_per_gpu * self.num_gpus)
+        return None
+
+
+def _fail(where: str, field: str, value: Any, fix: str) -> ConfigError:
+    return ConfigError(f"{where}.{field}", value, fix)
+
+
+def _table(where: str, raw: dict[str, Any], key: str) -> dict[str, Any]:
+    v = raw.get(key, {})
+    if not isinstance(v, dict):
+        raise _fail(where, key, v, "write an inline table, e.g. { dp = 8 }")
+    return v
+
+
+def _int(where: str, field: str, v: Any, lo: int = 1) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise _fail(where, field, v, f"use an integer >= {lo}")
+    return v
+
+
+def _num(where: str, field: str, v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0:
+        raise _fail(where, field, v, "use a positive number")
+    return float(v)
+
+
+def _choice(where: str, field: str, v: Any, options: tuple[str, ...]) -> str:
+    if v not in options:
+        raise _fail(where, field, v, f"choose one of {', '.join(options)}")
+    return str(v)
+
+
+def _bool(where: str, field: str, v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise _fail(where, field, v, "use true or false")
+    return v
+
+
+def _unknown(where: str, raw: dict[str, Any], known: set[str] | tuple[str, ...]) -> None:
+    for k in raw:
+        if k not in known:
+            raise _fail(where, k, raw[k], f"unknown key: use one of {', '.join(sorted(known))}")
+
+
+def _model(where: str, raw: dict[str, Any], seq_len: int, name: str) -> ModelConfig:
+    w = where + ".model"
+    _unknown(w, raw, {"preset", *_MODEL_KEYS})
+    over: dict[str, Any] = {_MODEL_KEYS[k]: _bool(w, k, v) if k in ("tie", "bias") else v
+                            for k, v in raw.items() if k != "preset"}
+    try:
+        if "preset" in raw:
+            try:
+                base = model_preset(str(raw["preset"]))
+            except ConfigError as e:
+                raise _fail(w, "preset", e.value, e.fix) from None
+            over["max_seq_len"] = max(base.max_seq_len, seq_len)
+            return dataclasses.replace(base, **over)
+        for k in _EXPLICIT_NEEDS:
+            if k not in raw:
+                raise _fail(w, k, None, f"give a preset or all of {', '.join(_EXPLICIT_NEEDS)}")
+        return ModelConfig(name=name, max_seq_len=seq_len, **over)
+    except ConfigError as e:
+        if e.field.startswith(where):
+            raise
+        raise _fail(w, e.field.removeprefix("model."), e.value, e.fix) from None
+
+
+def _layout(where: str, raw: dict[str, Any]) -> RunLayout:
+    w = where + ".layout"
+    fields = {f.name: f for f in dataclasses.fields(RunLayout)}
+    _unknown(w, raw, tuple(fields))
+    kw: dict[str, Any] = {}
+    for k, v in raw.items():
+        if k in ("sp", "compile"):
+            kw[k] = _bool(w, k, v)
+        elif k == "zero":
+            kw[k] = _int(w, k, v, lo=0)
+            if kw[k] > 3:
+                raise _fail(w, k, v, "choose 0, 1, 2 or 3")
+        elif k == "pp_schedule":
+            kw[k] = _choice(w, k, v, PP_SCHEDULES)
+        elif k == "ac":
+            kw[k] = _choice(w, k, v, AC_MODES)
+        elif k == "precision":
+            kw[k] = _choice(w, k, v, PRECISIONS)
+        else:
+            kw[k] = _int(w, k, v)
+    for k in ("micro_batch", "global_batch"):
+        if k not in raw:
+            raise _fail(w, k, None, "state the batch (sequences per micro-batch / per step)")
+    return RunLayout(**kw)
+
+
+def _measured(where: str, raw: dict[str, Any]) -> Measured:
+    w = where + ".measured"
+    _unknown(w, raw, tuple(f.name for f in dataclasses.fields(Measured)))
+    kw: dict[str, Any] = {}
+    for k, v in raw.items():
+        if k == "memory_kind":
+            kw[k] = _choice(w, k, v, MEMORY_KINDS)
+        elif k == "oom":
+            kw[k] = _bool(w, k, v)
+        elif k == "mfu":
+            kw[k] = _num(w, k, v)
+            if kw[k] > 1:
+                raise _fail(w, k, v, "write MFU as a fraction (0.42, not 42)")
+        else:
+            kw[k] = _num(w, k, v)
+    if not any(k in kw for k in ("memory_gib", "tokens_per_s_per_gpu", "step_s", "mfu", "oom")):
+        raise ConfigError(w, raw, "state at least one of memory_gib, tokens_per_s_per_gpu, "
+                          "step_s, mfu, oom")
+    if "memory_gib" in kw and "memory_kind" not in kw:
+        raise _fail(w, "memory_kind", None, f"say what the peak counts: {', '.join(MEMORY_KINDS)}")
+    return Measured(**kw)
+
+
+def _run(i: int, raw: Any, origin: str, seen: set[str]) -> PublishedRun:
+    name = raw.get("name") if isinstance(raw, dict) else None
+    where = f"{origin} runs[{i}]" + (f" ({name})" if isinstance(name, str) else "")
+    if not isinstance(raw, dict):
+        raise ConfigError(where, raw, "each run is a [[runs]] table")
+    _unknown(where, raw, _RUN_KEYS)
+    for k in ("name", "framework", "source", "gpu", "num_gpus", "seq_len", "model", "layout",
+              "measured"):
+        if k not in raw:
+            raise _fail(where, k, None, "required: see the field list at the top of the corpus")
+    for k in ("name", "framework", "source", "gpu"):
+        if not isinstance(raw[k], str) or not raw[k].strip():
+            raise _fail(where, k, raw[k], "use a non-empty string")
+    if raw["name"] in seen:
+        raise _fail(where, "name", raw["name"], "names must be unique")
+    seen.add(raw["name"])
+    if not raw["source"].startswith("https://"):
+        raise _fail(where, "source", raw["source"], "cite a URL (https://...) and the table "
+                    "or section the numbers come from")
+    _choice(where, "gpu", raw["gpu"], tuple(HARDWARE_PRESETS))
+    num_gpus = _int(where, "num_gpus", raw["num_gpus"])
+    seq_len = _int(where, "seq_len", raw["seq_len"])
+    gpu_mem = raw.get("gpu_memory_gb")
+    if gpu_mem is not None:
+        gpu_mem = _num(where, "gpu_memory_gb", gpu_mem)
+    model = _model(where, _table(where, raw, "model"), seq_len, raw["name"])
+    layout = _layout(where, _table(where, raw, "layout"))
+    world = layout.dp * layout.tp * layout.pp * layout.cp
+    if world != num_gpus:
+        raise _fail(where, "layout", f"dp*tp*pp*cp={world}",
+                    f"the degrees must multiply to num_gpus={num_gpus}")
+    measured = _measured(where, _table(where, raw, "measured"))
+    assumed = raw.get("assumed", "")
+    if not isinstance(assumed, str):
+        raise _fail(where, "assumed", assumed, "use a string")
+    return PublishedRun(name=raw["name"], framework=raw["framework"], source=raw["source"],
+                        gpu=raw["gpu"], num_gpus=num_gpus, seq_len=seq_len, model=model,
+                        layout=layout, measured=measured, gpu_memory_gb=gpu_mem,
+                        assumed=assumed)
+
+
+def parse_runs(data: dict[str, Any], origin: str = CORPUS) -> list[PublishedRun]:
+    """Rows of a parsed corpus; the first bad one raises ConfigError naming row and field."""
+    _unknown(origin, data, ("runs",))
+    runs = data.get("runs")
+    if not isinstance(runs, list) or not runs:
+        raise ConfigError(f"{origin}.runs", runs, "add at least one [[runs]] table")
+    seen: set[str] = set()
+    return [_run(i, r, origin, seen) for i, r in enumerate(runs)]
+
+
+def load_runs(path: str | Path | None = None) -> list[PublishedRun]:
+    """The corpus at `path` (default: the packaged `data/published_runs.toml`)."""
+    if path is None:
+        text = resources.files("scaletrain.planner").joinpath(CORPUS).read_text()
+        origin = CORPUS
+    else:
+        text, origin = Path(path).read_text(), str(path)
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(origin, "TOML", f"fix the syntax: {e}") from None
+    return parse_runs(data, origin)
+
+
+def plan_input(run: PublishedRun) -> PlanInput:
+    """The planner's input for `run`: its model, card, layout, batch, AC and precision (AdamW,
+    no offload, the planner's default efficiency)."""
+    L = run.layout
+    return PlanInput(model=run.model, hardware=run.hardware(), num_gpus=run.num_gpus,
+                     layout=L.to_layout(), seq_len=run.seq_len, global_batch=L.global_batch,
+                     micro_batch=L.micro_batch, precision=L.precision, ac=L.ac,
+                     compile=L.compile)
+
+
+def refusals(run: PublishedRun) -> list[str]:
+    """Why the planner refuses `run` (config.layout's rules, one line each); [] = accepted."""
+    L = run.layout
+    problems = layout_problems(L.to_layout(), run.model, world_size=run.num_gpus,
+                               global_batch=L.global_batch, micro_batch=L.micro_batch,
+                               seq_len=run.seq_len)
+    problems += option_problems(L.to_layout(), offload="none", precision=L.precision)
+    return [str(p) for p in problems]

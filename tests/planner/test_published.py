@@ -1,0 +1,218 @@
+"""The published-runs corpus (planner/data/published_runs.toml), its loader, and the summary of
+benchmarks/planner_vs_published.py on a slice of it."""
+
+from __future__ import annotations
+
+import copy
+import math
+import statistics
+import sys
+import tomllib
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scaletrain.config import ConfigError
+from scaletrain.planner import estimate
+from scaletrain.planner.published import CORPUS, load_runs, parse_runs, plan_input, refusals
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+GENERATION = {"v100-32gb": "Volta", "a100-40gb": "Ampere", "a100-80gb": "Ampere",
+              "h100-sxm": "Hopper", "h100-pcie": "Hopper", "h200": "Hopper (H200)"}
+"""GPU generations; H200 counted apart from H100 only for its memory (same Hopper SMs)."""
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return load_runs()
+
+
+@pytest.fixture(scope="module")
+def raw() -> dict[str, Any]:
+    return tomllib.loads(resources.files("scaletrain.planner").joinpath(CORPUS).read_text())
+
+
+def test_corpus_size_frameworks_and_generations(runs) -> None:
+    assert len(runs) >= 45
+    assert len({r.framework for r in runs}) >= 5
+    arch = {GENERATION[r.gpu].split()[0] for r in runs}
+    assert {"Volta", "Ampere", "Hopper"} <= arch
+    assert len({r.name for r in runs}) == len(runs)
+
+
+def test_every_row_cites_a_source_and_measures_something(runs) -> None:
+    for r in runs:
+        assert r.source.startswith("https://") and len(r.source.split()) >= 2, r.name
+        m = r.measured
+        assert any(v is not None for v in (m.memory_gib, m.tokens_per_s_per_gpu, m.step_s,
+                                           m.mfu, m.oom)), r.name
+        if m.memory_gib is not None:
+            assert m.memory_kind in ("allocated", "reserved", "unknown"), r.name
+    # published memory, throughput and OOM all present somewhere in the corpus
+    assert sum(r.measured.memory_gib is not None for r in runs) >= 15
+    assert sum(r.measured_step_s() is not None for r in runs) >= 40
+    assert any(r.measured.oom for r in runs)
+
+
+def test_measured_step_from_tokens_per_second(runs) -> None:
+    r = next(r for r in runs if r.name == "tt-h100-l31-8b-fsdp8")
+    # 16 sequences x 8192 tokens / (5762 tokens/s/GPU x 8 GPUs)
+    assert r.measured_step_s() == pytest.approx(16 * 8192 / (5762 * 8), rel=1e-12)
+    b = next(r for r in runs if r.name == "ds-a100-bloom176b-gbs2048")
+    assert b.measured_step_s() == 104.70
+
+
+def test_every_row_is_accepted_or_refused_with_a_reason(runs) -> None:
+    accepted = 0
+    for r in runs:
+        why = refusals(r)
+        if why:
+            assert all("=" in w and "invalid" in w and "\n" not in w for w in why), why
+            continue
+        e = estimate(plan_input(r))
+        assert e.memory.reserved > 0 and math.isfinite(e.memory.reserved), r.name
+        assert 0 < e.time.step_s < math.inf and 0 < e.mfu < 1, r.name
+        accepted += 1
+    assert accepted >= 45
+
+
+def test_plan_input_carries_the_row(runs) -> None:
+    r = next(r for r in runs if r.name == "tt-h100-l31-405b-3d-interleaved")
+    p = plan_input(r)
+    assert (p.layout.dp, p.layout.tp, p.layout.pp, p.layout.pp_virtual) == (8, 8, 8, 2)
+    assert (p.num_gpus, p.seq_len, p.global_batch, p.micro_batch) == (512, 8192, 256, 4)
+    assert p.grad_accum == 8 and p.precision == "fp8" and p.ac == "full"
+    assert p.hardware.memory_bytes == 96e9  # the Grand Teton card, not the 80 GB preset
+    mpt = next(r for r in runs if r.name == "foundry-a100-80g-mpt7b-8g-noac")
+    # learned positions sized to the run's sequence; no biases, tied head
+    assert mpt.model.max_seq_len == 2048 and not mpt.model.bias and mpt.model.tie_embeddings
+
+
+def _bad(raw: dict[str, Any], edit) -> str:
+    data = copy.deepcopy(raw)
+    edit(data["runs"][3])
+    with pytest.raises(ConfigError) as ei:
+        parse_runs(data, "corpus.toml")
+    return str(ei.value)
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda r: r.pop("source"), "source"),
+    (lambda r: r.__setitem__("source", "arXiv 2104.04473 Table 1"), "source"),
+    (lambda r: r.__setitem__("gpu", "h100"), "gpu"),
+    (lambda r: r.__setitem__("colour", "red"), "colour"),
+    (lambda r: r["layout"].__setitem__("dp", 3), "layout"),
+    (lambda r: r["layout"].__setitem__("ac", "some"), "layout.ac"),
+    (lambda r: r["layout"].__setitem__("zero", 4), "layout.zero"),
+    (lambda r: r["layout"].pop("global_batch"), "layout.global_batch"),
+    (lambda r: r["measured"].__setitem__("mfu", 42.0), "measured.mfu"),
+    (lambda r: r["measured"].pop("memory_kind"), "measured.memory_kind"),
+    (lambda r: r.__setitem__("measured", {}), "measured"),
+    (lambda r: r["model"].__setitem__("layer", 3), "model.layer"),
+    (lambda r: r["model"].__setitem__("tie", "yes"), "model.tie"),
+    (lambda r: r.__setitem__("model", {"preset": "llama9-1t"}), "model.preset"),
+    (lambda r: r.__setitem__("model", {"layers": 2, "hidden": 100, "heads": 3, "vocab": 10}),
+     "model.num_heads"),
+])
+def test_bad_rows_give_one_line_naming_row_and_field(raw, edit, field) -> None:
+    msg = _bad(raw, edit)
+    name = raw["runs"][3]["name"]
+    assert "\n" not in msg
+    assert msg.startswith(f"corpus.toml runs[3] ({name}).{field}"), msg
+    assert "invalid" in msg
+
+
+def test_duplicate_names_and_bad_toml(raw, tmp_path) -> None:
+    data = copy.deepcopy(raw)
+    data["runs"][5]["name"] = data["runs"][4]["name"]
+    with pytest.raises(ConfigError, match=r"runs\[5\].*\.name = .*unique"):
+        parse_runs(data, "corpus.toml")
+    p = tmp_path / "bad.toml"
+    p.write_text("[[runs]]\nname = \n")
+    with pytest.raises(ConfigError) as ei:
+        load_runs(p)
+    assert str(ei.value).startswith(str(p)) and "\n" not in str(ei.value)
+
+
+def test_benchmark_summary_is_consistent_on_a_slice(runs) -> None:
+    bench = pytest.importorskip("planner_vs_published")
+    pick = ["tt-h100-l31-8b-fsdp8", "tt-h100-l31-8b-fsdp128", "tt-a100-l2-70b-sel-op-b2-oom",
+            "foundry-h100-mpt7b-8g-noac", "ds-a100-bloom176b-gbs16", "nemo-h100-llama2-7b-8g"]
+    sl = [r for r in runs if r.name in pick]
+    rows = bench.evaluate(sl, peer=False)
+    s = bench.summarize(rows)["scaletrain"]
+    # recompute every statistic from the rows and from predict() directly
+    mem, step, fit = [], [], []
+    for r, run in zip(rows, sl):
+        if refusals(run):
+            assert "refused" in r["scaletrain"]
+            continue
+        m, t, fits = bench.predict(run)
+        if run.measured.memory_gib is not None:
+            mem.append((m - run.measured.memory_gib) / run.measured.memory_gib)
+        if run.measured_step_s() is not None:
+            step.append((t - run.measured_step_s()) / run.measured_step_s())
+        if run.measured.oom is not None:
+            fit.append(fits == (not run.measured.oom))
+    assert s["all"]["refused"] == 1 and s["all"]["predicted"] == 5
+    assert s["all"]["memory"]["n"] == len(mem) == 2
+    assert s["all"]["memory"]["median"] == pytest.approx(statistics.median(map(abs, mem)))
+    assert s["all"]["memory"]["max"] == pytest.approx(max(map(abs, mem)))
+    assert s["all"]["step"]["n"] == len(step) == 4
+    assert s["all"]["step"]["median"] == pytest.approx(statistics.median(map(abs, step)))
+    assert s["all"]["step"]["over"] + s["all"]["step"]["under"] == len(step)
+    assert s["all"]["fit"]["n"] == len(fit) and s["all"]["fit"]["correct"] == sum(fit)
+    assert s["all"]["fit"]["oom_rows"] == 1
+    # per-framework counts add up to the overall ones
+    fw = [k for k in s if k not in ("all", "common")]
+    assert sorted(fw) == ["deepspeed", "llm-foundry", "nemo", "torchtitan"]
+    for key in ("rows", "predicted", "refused"):
+        assert sum(s[k][key] for k in fw) == s["all"][key]
+    assert sum(s[k]["step"]["n"] for k in fw) == s["all"]["step"]["n"]
+    table = bench.summary_table(bench.summarize(rows))
+    assert table.count("\n") == 3 + len(fw) and "**overall**" in table
+    assert s["common"]["rows"] == 0  # --no-peer: llm-analysis predicts no row
+    md = bench.markdown(rows, bench.summarize(rows))
+    assert all(f"| {name} |" in md for name in pick)
+    assert "ds-a100-bloom176b-gbs16 (batch.global_batch" in md  # the refusal and its reason
+    # every listed miss names a cause
+    for key in ("err_memory", "err_step"):
+        for r in bench.worst(rows, key):
+            assert bench.cause(r, key) and bench.cause(r, key) in md
+
+
+def test_llm_analysis_peer_on_a_row(runs) -> None:
+    pytest.importorskip("llm_analysis")
+    bench = pytest.importorskip("planner_vs_published")
+    r = next(r for r in runs if r.name == "foundry-h100-mpt7b-8g-noac")
+    pred, why = bench.predict_llm_analysis(r)
+    assert why == "" and pred is not None
+    mem, step, fits = pred
+    assert 0 < mem < 1000 and 0 < step < 100 and isinstance(fits, bool)
+    cp = next(r for r in runs if r.name == "tt-h100-l31-8b-fsdp4-cp2-64k")
+    assert bench.predict_llm_analysis(cp) == (None, "no context parallelism")
+
+
+def test_cause_names_the_term_from_the_row_numbers() -> None:
+    bench = pytest.importorskip("planner_vs_published")
+    terms = {"logits": 20.0, "buffer_terms": {"pp_p2p": 16.0, "ddp_buckets": 1.0},
+             "activations": 3.0, "comm_exposed_s": 0.0, "bubble_s": 0.0, "step_s": 10.0,
+             "compute_s": 10.0, "mfu": 0.5, "mfu_measured": 0.25}
+
+    def row(mem_pred: float, mem_meas: float) -> dict[str, Any]:
+        return {"measured": {"memory_gib": mem_meas},
+                "scaletrain": {"memory_gib": mem_pred, "terms": terms,
+                               "err_memory": (mem_pred - mem_meas) / mem_meas, "err_step": -0.5}}
+
+    # 50 GiB short, 20 GiB of it an unfused loss's logits: 40% of the gap
+    assert bench.cause(row(30.0, 80.0), "err_memory").startswith("loss: an unfused loss keeps "
+                                                                  "20.0 GiB")
+    assert "40% of the 50.0 GiB gap" in bench.cause(row(30.0, 80.0), "err_memory")
+    # 20 GiB over, 16 of them one buffer term
+    assert bench.cause(row(30.0, 10.0), "err_memory") == ("buffer term pp_p2p (16.0 GiB) "
+                                                         "over-predicted")
+    # half the measured MFU: the efficiency constant
+    assert bench.cause(row(30.0, 10.0), "err_step").startswith("efficiency: measured MFU 25%")
