@@ -22,6 +22,12 @@ shows its reason. Published figures (every one re-read this session):
   with DeepSpeed's ZeRO-1-equivalent BF16 optimizer; BigScience's model page: "one copy of the
   model takes 48 GPUs (using 60 GB of memory on each GPU)", "about 150 TFLOPs").
 
+A second table plans every row of the published-runs corpus (planner/data/published_runs.toml,
+read through planner.published) twice: with the default recipe, and with its framework's
+recipe (torchtitan -> torchtitan; DeepSpeed and GPT-NeoX -> deepspeed; Megatron-LM and NeMo ->
+megatron; llm-foundry keeps the default), and gives median / max |error| of memory (reserved,
+or allocated for rows that publish an allocated peak) and step time, and fit/OOM, side by side.
+
     python benchmarks/recipe_layouts.py
 """
 
@@ -35,8 +41,15 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import write_results  # noqa: E402
-from scaletrain.config import Layout, ModelConfig, hardware_preset, model_preset  # noqa: E402
+from scaletrain.config import (  # noqa: E402
+    Layout,
+    ModelConfig,
+    hardware_preset,
+    layout_problems,  # noqa: E402
+    model_preset,
+)
 from scaletrain.planner.estimate import estimate  # noqa: E402
+from scaletrain.planner.published import PublishedRun, load_runs, plan_input  # noqa: E402
 from scaletrain.planner.recipe_memory import recipe_problems  # noqa: E402
 from scaletrain.planner.recipes import RECIPES  # noqa: E402
 from scaletrain.planner.types import PlanInput  # noqa: E402
@@ -127,6 +140,71 @@ def _row(a: dict[str, Any], recipe: str) -> dict[str, Any]:
             "step_s": e.time.step_s, "mfu": e.mfu}
 
 
+FRAMEWORK_RECIPE = {"torchtitan": "torchtitan", "deepspeed": "deepspeed",
+                    "gpt-neox": "deepspeed", "megatron-lm": "megatron", "nemo": "megatron"}
+"""Corpus framework -> recipe (NeMo and GPT-NeoX run Megatron-core and DeepSpeed)."""
+
+
+def _corpus_row(run: PublishedRun, recipe: str) -> dict[str, Any] | None:
+    """(memory error, step error, fit right) of `run` planned under `recipe`; None when the
+    recipe (or, for the default, scaletrain's trainer rules) refuses the layout."""
+    p = dataclasses.replace(plan_input(run), recipe=recipe)
+    own = recipe == "scaletrain"
+    problems = layout_problems(p.layout, p.model, world_size=p.num_gpus,
+                               global_batch=p.global_batch, micro_batch=p.micro_batch,
+                               seq_len=p.seq_len, trainer_rules=own)
+    problems += recipe_problems(recipe, p.layout, ac=p.ac)
+    if problems:
+        return None
+    e = estimate(p)
+    m = run.measured
+    mem = e.memory.total if m.memory_kind == "allocated" else e.memory.reserved
+    step = run.measured_step_s()
+    return {"err_mem": mem / GiB / m.memory_gib - 1 if m.memory_gib else None,
+            "err_step": e.time.step_s / step - 1 if step else None,
+            "fit_right": None if m.oom is None else e.memory.fits == (not m.oom),
+            "oom_caught": None if not m.oom else not e.memory.fits}
+
+
+def _stat(xs: list[float]) -> str:
+    if not xs:
+        return "n/a"
+    a = sorted(abs(x) for x in xs)
+    mid = len(a) // 2
+    med = a[mid] if len(a) % 2 else (a[mid - 1] + a[mid]) / 2
+    return f"{100 * med:.0f}% / {100 * a[-1]:.0f}% (n={len(a)})"
+
+
+def corpus_table() -> tuple[list[str], dict[str, Any]]:
+    runs = load_runs()
+    groups: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for run in runs:
+        rec = FRAMEWORK_RECIPE.get(run.framework, "scaletrain")
+        for mode, r in (("default", "scaletrain"), ("framework recipe", rec)):
+            row = _corpus_row(run, r)
+            for g in ("overall", run.framework):
+                groups.setdefault(g, {}).setdefault(mode, [])
+                if row is not None:
+                    groups[g][mode].append(row)
+    lines = ["## The published-runs corpus under each framework's recipe", "",
+             f"{len(runs)} rows of planner/data/published_runs.toml; median / max |error|.", "",
+             "| framework | mode | memory | step time | fit/OOM right | OOM caught |",
+             "|---|---|---|---|---|---|"]
+    data: dict[str, Any] = {}
+    for g, modes in groups.items():
+        for mode, rows in modes.items():
+            fit = [r["fit_right"] for r in rows if r["fit_right"] is not None]
+            oom = [r["oom_caught"] for r in rows if r["oom_caught"] is not None]
+            mem = _stat([r["err_mem"] for r in rows if r["err_mem"] is not None])
+            step = _stat([r["err_step"] for r in rows if r["err_step"] is not None])
+            fits = f"{sum(fit)}/{len(fit)}" if fit else "n/a"
+            caught = f"{sum(oom)}/{len(oom)}" if oom else "n/a"
+            data.setdefault(g, {})[mode] = {"memory": mem, "step": step, "fit": fits,
+                                            "oom_caught": caught}
+            lines.append(f"| {g} | {mode} | {mem} | {step} | {fits} | {caught} |")
+    return lines, data
+
+
 def main() -> None:
     rows: list[dict[str, Any]] = []
     lines = ["# Anchor layouts under each framework recipe", "",
@@ -181,7 +259,9 @@ def main() -> None:
         s = sorted(steps)
         lines.append(f"Anchor recipes, |step-time error|: median {100 * s[len(s) // 2]:.1f}%, "
                      f"max {100 * max(s):.1f}% over {len(s)} anchors.")
-    write_results("recipe_layouts", {"anchors": rows}, "\n".join(lines))
+    corpus_lines, corpus = corpus_table()
+    lines += ["", *corpus_lines]
+    write_results("recipe_layouts", {"anchors": rows, "corpus": corpus}, "\n".join(lines))
     print("\n".join(lines))
 
 
