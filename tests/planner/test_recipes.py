@@ -215,6 +215,7 @@ def test_recipe_legality() -> None:
 
 
 CITED = ("weight_bytes", "master_bytes", "grad_bytes", "optimizer", "zero_stages", "ddp_bucket",
+         "attention",
          "loss", "activations", "selective", "full_ac_saves", "pp_schedules", "cp",
          "fragmentation", "cuda_context_bytes")
 
@@ -329,3 +330,15 @@ def test_scaletrain_limits_do_not_bind_megatron(argv: list[str],
     assert "invalid" in capsys.readouterr().err
     assert main(["plan", "--recipe", "megatron", *argv, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["plan"]["recipe"] == "megatron"
+
+
+def test_deepspeed_keeps_the_scores_of_megatron_deepspeed_attention() -> None:
+    """Megatron-DeepSpeed runs without --use-flash-attn by default: its fused softmax keeps the
+    s x s scores, so the deepspeed recipe counts Korthikanti's 5as/h term even for a model
+    configured with SDPA; Megatron-core's TE attention (megatron recipe) does not."""
+    sdpa = dataclasses.replace(SMALL, attention="sdpa")
+    s, h, a = 32, sdpa.dim, sdpa.num_heads
+    ds = recipe_layer_bytes(_plan("deepspeed", Layout(dp=1), model=sdpa), RECIPES["deepspeed"])
+    assert ds == pytest.approx(s * h * (34 + 5 * a * s / h), rel=1e-12)
+    meg = recipe_layer_bytes(_plan("megatron", Layout(dp=1), model=sdpa), RECIPES["megatron"])
+    assert meg == pytest.approx(s * h * 34 + 4 * a * s, rel=1e-12)

@@ -112,6 +112,8 @@ def _recipe_states(est: Estimate) -> list[str]:
              f"{r.grad_buffer_full_under_zero1})", "grad_bytes"),
             ("optimizer", f"{p.optimizer} moments", "optimizer"),
             ("activations", f"{r.activations}, selective={r.selective}", "activations"),
+            ("attention", f"{r.attention} (s x s scores kept: {r.attention == 'naive'})",
+             "attention"),
             ("loss/logits", r.loss, "loss"),
             ("grad buckets", f"{r.ddp_bucket}, {r.bucket_bytes(p.layout.dp) / 1e6:.0f} MB",
              "ddp_bucket"),

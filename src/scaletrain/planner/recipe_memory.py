@@ -23,6 +23,8 @@ buffers beyond the context term, per-op temporaries inside a layer (< 1 layer's 
 
 from __future__ import annotations
 
+import dataclasses
+
 from scaletrain.config import ConfigError, Layout
 
 from .memory import OPTIMIZER_BYTES, layer_activation_bytes, stage_layer_counts
@@ -116,7 +118,7 @@ def _korthikanti(plan: PlanInput, recipe: Recipe, ac: str) -> float:
     rep = 2 * e * h + e * h + e * h + 2 * masks * h
     mlp = (3 if m.activation == "swiglu" else 2) * e * f
     split = float(e * (h + 2 * kv) + e * h + mlp)
-    if m.attention == "naive" and ac != "selective":
+    if (m.attention == "naive" or recipe.attention == "naive") and ac != "selective":
         split += (2 * e + masks) * a * plan.seq_len
     else:
         split += 4.0 * a
@@ -149,7 +151,10 @@ def recipe_layer_bytes(plan: PlanInput, recipe: Recipe, ac: str | None = None) -
         return _torchtitan_op_sac(plan)
     # SDPA Llama with a 16-bit residual stream (memory.layer_activation_bytes' modern model;
     # MoE models under every foreign recipe too)
-    return layer_activation_bytes(plan.model, seq_len=plan.seq_len,
+    model = plan.model
+    if recipe.attention == "naive" and model.attention != "naive":
+        model = dataclasses.replace(model, attention="naive")
+    return layer_activation_bytes(model, seq_len=plan.seq_len,
                                   micro_batch=plan.micro_batch, tp=L.tp,
                                   sp=L.sp or recipe.sp_with_tp, cp=L.cp, ac=ac,
                                   precision=plan.precision, modern=True,

@@ -89,6 +89,10 @@ class Recipe:
     input, /tp with SP)."""
     sp_with_tp: bool
     """Tensor parallelism always runs with sequence parallelism (torchtitan's TP plan)."""
+    attention: str
+    """'model': attention as the model config says (flash/SDPA keeps no s x s scores);
+    'naive': the framework's default attention keeps softmax(QK^T) (the s x s scores) for
+    backward whatever the model config says."""
     dropout_masks: bool
     """1-byte dropout masks are kept for GPT-2-family models (Megatron's default
     hidden/attention dropout 0.1); Llama-family recipes run without dropout."""
@@ -132,7 +136,7 @@ RECIPES: dict[str, Recipe] = {
         bucket_count=1, fsdp_prefetch_units=1, fsdp_prefetch_params=0,
         loss="fused", activations="scaletrain", selective="scaletrain",
         ac_modes=("none", "selective", "full"), full_ac_saves="layer_input",
-        sp_with_tp=False, dropout_masks=False,
+        sp_with_tp=False, attention="model", dropout_masks=False,
         even_pp_split=False, pp_schedules=("gpipe", "1f1b", "interleaved", "zero-bubble"),
         cp=True, ddp_with_model_parallel=True, pp_with_zero=(0, 1, 2, 3),
         fragmentation=FRAGMENTATION, cuda_context_bytes=RUNTIME_CONTEXT_BYTES,
@@ -154,7 +158,7 @@ RECIPES: dict[str, Recipe] = {
         fsdp_prefetch_units=1, fsdp_prefetch_params=0,
         loss="vocab_parallel_fp32", activations="korthikanti", selective="core_attention",
         ac_modes=("none", "selective", "full"), full_ac_saves="layer_input",
-        sp_with_tp=False, dropout_masks=True,
+        sp_with_tp=False, attention="model", dropout_masks=True,
         even_pp_split=True, pp_schedules=("1f1b", "interleaved"), cp=True,
         ddp_with_model_parallel=True, pp_with_zero=(0, 1, 3),
         fragmentation=FRAGMENTATION, cuda_context_bytes=RUNTIME_CONTEXT_BYTES,
@@ -213,6 +217,9 @@ RECIPES: dict[str, Recipe] = {
                          "Adam (TE FusedAdam / apex) with fp32 exp_avg and exp_avg_sq",
             "cp": "megatron/core/parallel_state.py context_parallel_size (ring attention in "
                   "Transformer Engine); composes with pp",
+            "attention": "megatron/core/transformer: TEDotProductAttention (flash / fused "
+                         "attention by --attention-backend auto): no s x s scores kept unless "
+                         "the model asks for the unfused core",
             "fragmentation": _PT_ALLOC, "cuda_context_bytes": _CTX,
         }),
     "deepspeed": Recipe(
@@ -223,7 +230,7 @@ RECIPES: dict[str, Recipe] = {
         fsdp_prefetch_units=0, fsdp_prefetch_params=5e7,
         loss="vocab_parallel_fp32", activations="korthikanti", selective="core_attention",
         ac_modes=("none", "selective", "full"), full_ac_saves="layer_input",
-        sp_with_tp=False, dropout_masks=True,
+        sp_with_tp=False, attention="naive", dropout_masks=True,
         even_pp_split=True, pp_schedules=("1f1b",), cp=True,
         ddp_with_model_parallel=True, pp_with_zero=(0, 1),
         fragmentation=FRAGMENTATION, cuda_context_bytes=RUNTIME_CONTEXT_BYTES,
@@ -263,6 +270,9 @@ RECIPES: dict[str, Recipe] = {
             "full_ac_saves": "deepspeed/runtime/activation_checkpointing/checkpointing.py "
                              "checkpoint(): the layer input (partition_activations splits "
                              "it over tp)",
+            "attention": "Megatron-DeepSpeed megatron/arguments.py: --use-flash-attn is "
+                         "store_true (off by default); the fused scale-mask-softmax "
+                         "(megatron/model/fused_softmax.py) keeps the s x s probabilities",
             "fragmentation": _PT_ALLOC, "cuda_context_bytes": _CTX,
         }),
     "torchtitan": Recipe(
@@ -273,7 +283,7 @@ RECIPES: dict[str, Recipe] = {
         bucket_count=1, fsdp_prefetch_units=1, fsdp_prefetch_params=0,
         loss="materialized_fp32", activations="sdpa_bf16", selective="torchtitan_op",
         ac_modes=("none", "selective", "full"), full_ac_saves="layer_input",
-        sp_with_tp=True, dropout_masks=False,
+        sp_with_tp=True, attention="model", dropout_masks=False,
         even_pp_split=False, pp_schedules=("gpipe", "1f1b", "interleaved", "zero-bubble"),
         cp=True, ddp_with_model_parallel=False, pp_with_zero=(0, 2, 3),
         fragmentation=FRAGMENTATION, cuda_context_bytes=RUNTIME_CONTEXT_BYTES,
@@ -311,6 +321,8 @@ RECIPES: dict[str, Recipe] = {
                              "ptd_checkpoint_wrapper around each block (its input kept)",
             "cp": "torchtitan/distributed/utils.py create_context_parallel_ctx (ring "
                   "attention over SDPA); FSDP mesh includes cp",
+            "attention": "torchtitan/models/llama3/model.py Attention: "
+                         "F.scaled_dot_product_attention (flash / memory-efficient kernels)",
             "fragmentation": _PT_ALLOC, "cuda_context_bytes": _CTX,
         }),
     "nanotron": Recipe(
@@ -321,7 +333,7 @@ RECIPES: dict[str, Recipe] = {
         fsdp_prefetch_units=0, fsdp_prefetch_params=0,
         loss="vocab_parallel_fp32", activations="sdpa_bf16", selective="core_attention",
         ac_modes=("none", "full"), full_ac_saves="layer_input",
-        sp_with_tp=False, dropout_masks=False,
+        sp_with_tp=False, attention="model", dropout_masks=False,
         even_pp_split=True, pp_schedules=("gpipe", "1f1b"), cp=False,
         ddp_with_model_parallel=True, pp_with_zero=(0, 1),
         fragmentation=FRAGMENTATION, cuda_context_bytes=RUNTIME_CONTEXT_BYTES,
@@ -353,6 +365,8 @@ RECIPES: dict[str, Recipe] = {
                            "merged gate_up projection and GLU activation, bf16 stream",
             "selective": "no selective mode: ParallelismArgs.recompute_layer recomputes whole "
                          "layers",
+            "attention": "src/nanotron/models/llama.py CoreAttention: flash_attn_varlen_func "
+                         "(flash-attn)",
             "fragmentation": _PT_ALLOC, "cuda_context_bytes": _CTX,
         }),
 }
