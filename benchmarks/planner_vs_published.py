@@ -21,8 +21,11 @@ mode: fp8 rows run its 16-bit dtype at the fp8 rate); layouts it cannot express 
 parallelism, interleaved pipelines, tensor parallelism beyond one node) are n/a. It is optional
 (see pyproject's `bench` extra): without it the peer columns are n/a.
 
-Every prediction goes through `predict(run)` (scaletrain) so that a framework recipe can be
-passed there later.
+Every scaletrain prediction goes through `predict(run, recipe)`: once with the default recipe
+(what scaletrain's own trainer allocates) and once with the row's framework recipe
+(`planner.published.FRAMEWORK_RECIPE`: torchtitan, deepspeed for DeepSpeed and GPT-NeoX,
+megatron for Megatron-LM and NeMo; llm-foundry keeps the default), the column a user planning
+that framework's run gets with `plan --recipe`.
 
 Run: python benchmarks/planner_vs_published.py [--no-peer] [--framework NAME] [--corpus PATH]
 Writes results/planner_vs_published.{json,md}.
@@ -46,21 +49,23 @@ from scaletrain.planner.published import (  # noqa: E402
     PublishedRun,
     load_runs,
     plan_input,
+    recipe_of,
     refusals,
 )
 
 Prediction = tuple[float, float, bool]
 """(peak memory GiB, step seconds, fits)."""
 
-TOOLS = ("scaletrain", "llm-analysis")
+TOOLS = ("scaletrain", "recipe", "llm-analysis")
+"""scaletrain's default recipe, scaletrain with the row's framework recipe, the peer."""
 WORST = 6
 """Rows listed per metric under 'biggest misses'."""
 
 
-def predict(run: PublishedRun) -> Prediction:
-    """scaletrain's planner on `run`: (memory GiB of the kind the row publishes, step s, fits).
-    Call only for rows `refusals(run)` accepts."""
-    e = estimate(plan_input(run))
+def predict(run: PublishedRun, recipe: str = "scaletrain") -> Prediction:
+    """scaletrain's planner on `run` under `recipe`: (memory GiB of the kind the row publishes,
+    step s, fits). Call only for rows `refusals(run, recipe)` accepts."""
+    e = estimate(plan_input(run, recipe))
     mem = e.memory.total if run.measured.memory_kind == "allocated" else e.memory.reserved
     return mem / GiB, e.time.step_s, e.memory.fits
 
@@ -219,6 +224,10 @@ def evaluate(runs: Iterable[PublishedRun], *, peer: bool = True,
         else:
             row["scaletrain"] = _errors(scaletrain(run), run)
             row["scaletrain"]["terms"] = _breakdown(run)
+        rec = recipe_of(run)
+        why = refusals(run, rec)
+        row["recipe"] = {"refused": why} if why else _errors(predict(run, rec), run)
+        row["recipe"]["name"] = rec
         if peer:
             p, reason = predict_llm_analysis(run)
             row["llm-analysis"] = _errors(p, run) if p is not None else {"na": reason}
@@ -279,20 +288,23 @@ def _fit(s: dict[str, Any]) -> str:
 
 
 def summary_table(summary: dict[str, Any]) -> str:
-    """Markdown table: per framework and overall, both tools side by side."""
+    """Markdown table: per framework and overall, the three predictors side by side
+    (scaletrain's default recipe / the row's framework recipe / llm-analysis)."""
     keys = ["all", "common",
             *sorted(k for k in summary["scaletrain"] if k not in ("all", "common"))]
-    head = ("| framework | runs | memory err median / max: scaletrain | llm-analysis "
-            "| step err median / max: scaletrain | llm-analysis | fit/OOM right: scaletrain "
-            "| llm-analysis | refused / n/a |\n|" + "---|" * 9)
+    head = ("| framework | runs | memory err median / max: default / framework recipe / "
+            "llm-analysis | step err median / max: default / recipe / llm-analysis "
+            "| fit/OOM right: default / recipe / llm-analysis | refused (default / recipe) "
+            "/ n/a |\n|" + "---|" * 6)
     lines = [head]
     for k in keys:
-        s, p = summary["scaletrain"][k], summary["llm-analysis"][k]
-        label = {"all": "**overall**", "common": "*rows both predict*"}.get(k, k)
+        s, r, p = (summary[t][k] for t in TOOLS)
+        label = {"all": "**overall**", "common": "*rows all predict*"}.get(k, k)
         lines.append(f"| {label} | {s['rows']} "
-                     f"| {_medmax(s['memory'])} | {_medmax(p['memory'])} "
-                     f"| {_medmax(s['step'])} | {_medmax(p['step'])} "
-                     f"| {_fit(s)} | {_fit(p)} | {s['refused']} / {p['na']} |")
+                     f"| {' / '.join(_medmax(x['memory']) for x in (s, r, p))} "
+                     f"| {' / '.join(_medmax(x['step']) for x in (s, r, p))} "
+                     f"| {' / '.join(_fit(x) for x in (s, r, p))} "
+                     f"| {s['refused']} / {r['refused']} / {p['na']} |")
     return "\n".join(lines)
 
 

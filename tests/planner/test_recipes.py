@@ -292,12 +292,17 @@ def test_tree_latency_at_scale() -> None:
     assert allreduce_latency(1024, 1.0) == 20.0
 
 
-def test_time_model_follows_the_recipe() -> None:
-    """A foreign recipe's matmul efficiency is efficiency.py's (A100: 0.52, Narayanan et al.
-    2021; GPT-3's GEMMs are compute bound, shape factor 1); the default recipe keeps
-    estimate.default_efficiency."""
+def test_time_model_follows_the_recipe(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A recipe with the 'generation' time model uses efficiency.py's matmul efficiency (A100:
+    0.52, Narayanan et al. 2021; GPT-3's GEMMs are compute bound, shape factor 1); the shipped
+    recipes keep estimate.default_efficiency (recipes._TIME_MODEL says why)."""
+    from scaletrain.planner import recipes
     from scaletrain.planner.efficiency import GENERATION_EFFICIENCY, matmul_efficiency
     from scaletrain.planner.estimate import default_efficiency
+
+    assert all(r.time_model == "scaletrain" for r in recipes.RECIPES.values())
+    monkeypatch.setitem(recipes.RECIPES, "megatron", dataclasses.replace(
+        recipes.RECIPES["megatron"], time_model="generation"))
 
     m, hw = model_preset("gpt3-175b"), hardware_preset("a100-80gb")
     L = Layout(dp=16, zero=1, tp=8, sp=True, pp=8)

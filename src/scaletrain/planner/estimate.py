@@ -145,8 +145,9 @@ def _time(plan: PlanInput, max_params: float, causal: bool, gpus_per_node: int |
     counts = stage_layer_counts(model.num_layers, L.pp, L.pp_virtual)
     eff = _efficiency(plan)
     eff16 = eff
-    foreign = recipe is not None and recipe.time_model == "generation"
-    if foreign and plan.efficiency <= 0 and hw.name != "cpu":
+    foreign = recipe is not None and recipe.name != "scaletrain"
+    generation = recipe is not None and recipe.time_model == "generation"
+    if generation and plan.efficiency <= 0 and hw.name != "cpu":
         # efficiency.py: generation x GEMM-shape roofline x fp8 factor
         eff, eff16 = matmul_efficiency(model, hw, plan.precision,
                                        float(plan.seq_len) * plan.micro_batch / L.cp, L.tp)

@@ -130,18 +130,19 @@ def _recipe_time(est: Estimate) -> list[str]:
 
     p, L, hw = est.plan, est.plan.layout, est.plan.hardware
     r = recipe_named(p.recipe)
+    bucket = (f"   [{r.name}] last gradient bucket exposed: {r.bucket_bytes(L.dp) / 1e6:.0f} "
+              f"MB ({r.sources.get('ddp_bucket', '')}); all-reduce latency: NCCL tree from 16 "
+              f"ranks (efficiency.allreduce_latency)")
     if r.time_model != "generation" or p.efficiency > 0 or hw.name == "cpu":
-        return [f"   [{r.name}] time model: estimate.default_efficiency"]
+        return [f"   [{r.name}] efficiency: estimate.default_efficiency (recipes._TIME_MODEL)",
+                bucket]
     gen = generation_of(hw)
     tokens = float(p.seq_len) * p.micro_batch / L.cp
     shape = gemm_shape_factor(p.model, tokens, L.tp, p.precision, hw)
     fp8 = " x fp8 0.64 (torchtitan docs/performance.md Table 1)" if p.precision == "fp8" else ""
     return [f"   [{r.name}] efficiency = {gen} {GENERATION_EFFICIENCY[gen]:.2f} (published large-"
             f"run fraction of peak, efficiency.GENERATION_EFFICIENCY) x GEMM roofline "
-            f"{shape:.3f} ({tokens:,.0f} rows per rank){fp8}",
-            f"   [{r.name}] last gradient bucket exposed: {r.bucket_bytes(L.dp) / 1e6:.0f} MB "
-            f"({r.sources.get('ddp_bucket', '')}); all-reduce latency: NCCL tree from 16 ranks "
-            f"(efficiency.allreduce_latency)"]
+            f"{shape:.3f} ({tokens:,.0f} rows per rank){fp8}", bucket]
 
 
 def _time_lines(est: Estimate, tokens: float | None) -> list[str]:

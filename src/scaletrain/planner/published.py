@@ -37,7 +37,7 @@ from scaletrain.config import (
 from .types import PlanInput
 
 __all__ = ["PublishedRun", "RunLayout", "Measured", "MEMORY_KINDS", "CORPUS", "load_runs",
-           "parse_runs", "plan_input", "refusals"]
+           "parse_runs", "plan_input", "refusals", "FRAMEWORK_RECIPE", "recipe_of"]
 
 CORPUS = "data/published_runs.toml"
 """The corpus, package data of scaletrain.planner."""
@@ -306,21 +306,39 @@ def load_runs(path: str | Path | None = None) -> list[PublishedRun]:
     return parse_runs(data, origin)
 
 
-def plan_input(run: PublishedRun) -> PlanInput:
-    """The planner's input for `run`: its model, card, layout, batch, AC and precision (AdamW,
-    no offload, the planner's default efficiency)."""
+FRAMEWORK_RECIPE = {"torchtitan": "torchtitan", "deepspeed": "deepspeed",
+                    "gpt-neox": "deepspeed", "megatron-lm": "megatron", "nemo": "megatron",
+                    "nanotron": "nanotron"}
+"""The planner recipe (planner/recipes.py) of the framework a row ran: GPT-NeoX runs on
+DeepSpeed, NeMo on Megatron-Core; llm-foundry (Composer + FSDP) has no recipe of its own and
+keeps the default."""
+
+
+def recipe_of(run: PublishedRun) -> str:
+    return FRAMEWORK_RECIPE.get(run.framework, "scaletrain")
+
+
+def plan_input(run: PublishedRun, recipe: str = "scaletrain") -> PlanInput:
+    """The planner's input for `run` under `recipe`: its model, card, layout, batch, AC and
+    precision (AdamW, no offload, the planner's default efficiency)."""
     L = run.layout
     return PlanInput(model=run.model, hardware=run.hardware(), num_gpus=run.num_gpus,
                      layout=L.to_layout(), seq_len=run.seq_len, global_batch=L.global_batch,
                      micro_batch=L.micro_batch, precision=L.precision, ac=L.ac,
-                     compile=L.compile)
+                     compile=L.compile, recipe=recipe)
 
 
-def refusals(run: PublishedRun) -> list[str]:
-    """Why the planner refuses `run` (config.layout's rules, one line each); [] = accepted."""
+def refusals(run: PublishedRun, recipe: str = "scaletrain") -> list[str]:
+    """Why the planner refuses `run` under `recipe` (config.layout's rules, scaletrain's
+    trainer limits only for its own recipe, then the recipe's); [] = accepted."""
+    from .recipe_memory import recipe_problems
+
     L = run.layout
+    own = recipe == "scaletrain"
     problems = layout_problems(L.to_layout(), run.model, world_size=run.num_gpus,
                                global_batch=L.global_batch, micro_batch=L.micro_batch,
-                               seq_len=run.seq_len)
-    problems += option_problems(L.to_layout(), offload="none", precision=L.precision)
+                               seq_len=run.seq_len, trainer_rules=own)
+    if own:
+        problems += option_problems(L.to_layout(), offload="none", precision=L.precision)
+    problems += recipe_problems(recipe, L.to_layout(), ac=L.ac)
     return [str(p) for p in problems]
