@@ -45,11 +45,16 @@ from scaletrain.config import (  # noqa: E402
     Layout,
     ModelConfig,
     hardware_preset,
-    layout_problems,  # noqa: E402
     model_preset,
 )
 from scaletrain.planner.estimate import estimate  # noqa: E402
-from scaletrain.planner.published import PublishedRun, load_runs, plan_input  # noqa: E402
+from scaletrain.planner.published import (  # noqa: E402
+    PublishedRun,
+    load_runs,
+    plan_input,
+    recipe_of,
+    refusals,
+)
 from scaletrain.planner.recipe_memory import recipe_problems  # noqa: E402
 from scaletrain.planner.recipes import RECIPES  # noqa: E402
 from scaletrain.planner.types import PlanInput  # noqa: E402
@@ -140,22 +145,12 @@ def _row(a: dict[str, Any], recipe: str) -> dict[str, Any]:
             "step_s": e.time.step_s, "mfu": e.mfu}
 
 
-FRAMEWORK_RECIPE = {"torchtitan": "torchtitan", "deepspeed": "deepspeed",
-                    "gpt-neox": "deepspeed", "megatron-lm": "megatron", "nemo": "megatron"}
-"""Corpus framework -> recipe (NeMo and GPT-NeoX run Megatron-core and DeepSpeed)."""
-
-
 def _corpus_row(run: PublishedRun, recipe: str) -> dict[str, Any] | None:
     """(memory error, step error, fit right) of `run` planned under `recipe`; None when the
     recipe (or, for the default, scaletrain's trainer rules) refuses the layout."""
-    p = dataclasses.replace(plan_input(run), recipe=recipe)
-    own = recipe == "scaletrain"
-    problems = layout_problems(p.layout, p.model, world_size=p.num_gpus,
-                               global_batch=p.global_batch, micro_batch=p.micro_batch,
-                               seq_len=p.seq_len, trainer_rules=own)
-    problems += recipe_problems(recipe, p.layout, ac=p.ac)
-    if problems:
+    if refusals(run, recipe):
         return None
+    p = plan_input(run, recipe)
     e = estimate(p)
     m = run.measured
     mem = e.memory.total if m.memory_kind == "allocated" else e.memory.reserved
@@ -179,7 +174,7 @@ def corpus_table() -> tuple[list[str], dict[str, Any]]:
     runs = load_runs()
     groups: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for run in runs:
-        rec = FRAMEWORK_RECIPE.get(run.framework, "scaletrain")
+        rec = recipe_of(run)
         for mode, r in (("default", "scaletrain"), ("framework recipe", rec)):
             row = _corpus_row(run, r)
             for g in ("overall", run.framework):
