@@ -13,7 +13,7 @@ from typing import Any
 from ._errors import ConfigError
 from .model import ModelConfig
 
-__all__ = ["Layout", "PP_SCHEDULES", "batch_problems", "composition_problems",
+__all__ = ["Layout", "PP_SCHEDULES", "batch_problems", "composition_problems", "expert_split",
            "layout_problems", "check_layout", "grad_accum_steps", "stage_layer_ranges", "stage_ids"]
 
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero-bubble")
@@ -43,7 +43,8 @@ class Layout:
     cp: int = 1
     """Context-parallel degree (the sequence split cp ways, ring attention)."""
     ep: int = 1
-    """Expert-parallel degree (MoE experts split ep ways over dp*cp ranks)."""
+    """Expert-parallel degree (MoE experts split ep ways over dp*cp ranks; ep divides dp*cp,
+    each expert shard replicated over the other dp*cp/ep ranks)."""
 
     @property
     def world_size(self) -> int:
@@ -80,6 +81,13 @@ class Layout:
         return asdict(self)
 
 
+def expert_split(layout: Layout) -> int:
+    """Ranks each MoE expert parameter is split over: tp (each expert's f dim) when ep = 1,
+    else ep (whole experts; kept whole on every tp rank). The one rule trainer and planner
+    share (parallel.parallelize passes `shard_experts = ep == 1` to `apply_tp`)."""
+    return layout.tp if layout.ep == 1 else layout.ep
+
+
 def grad_accum_steps(global_batch: int, micro_batch: int, dp: int) -> int:
     """Micro-batches per optimizer step per dp rank (= pipeline micro-batches m)."""
     return global_batch // (micro_batch * dp)
@@ -91,16 +99,15 @@ def composition_problems(layout: Layout) -> list[ConfigError]:
     L, out = layout, []
     # pp x cp runs: the pipeline carries each cp rank's load-balanced shard through its stages
     # (parallel.pipeline, parity: tests/distributed/test_pp_cp.py)
-    dp_cp = L.dp * L.cp
-    if L.ep > 1 and dp_cp % L.ep == 0 and L.ep != dp_cp:
-        # the trainer averages expert gradients only when every rank owns its experts
-        out.append(ConfigError("parallel.ep", L.ep, f"set ep = dp*cp = {dp_cp}: experts "
-                               "replicated over part of the data-parallel ranks are not "
-                               "averaged by the trainer yet"))
-    if L.ep > 1 and L.zero == 1 and dp_cp > 1:
-        out.append(ConfigError("parallel.zero", L.zero, "ZeRO-1's sharded optimizer broadcasts "
-                               "whole parameters and cannot hold expert shards: use zero 0, 2 "
-                               "or 3 with ep > 1"))
+    # ep dividing dp*cp runs: each expert shard is held by the dp*cp/ep ranks of its
+    # "ep_replicate" group, which average its gradient (parallel.data_parallel.sync_gradients);
+    # ZeRO-1 partitions the experts' states over that group (parallel.zero._LocalShardZero);
+    # parity: tests/distributed/test_moe_tp_ep.py
+    if L.ep > 1 and L.zero == 1 and L.dp_replicate > 1:
+        out.append(ConfigError("parallel.dp_replicate", L.dp_replicate, "ZeRO-1 partitions "
+                               "expert states over the ranks holding the same experts across "
+                               "all of dp*cp, not inside HSDP replica groups: set "
+                               "dp_replicate=1 with ep > 1 and zero 1"))
     # tp > 1 with DDP / ZeRO-1 runs: gradients' local shards all-reduced over dp x cp
     # (parallel.data_parallel.apply_manual_grad_sync), ZeRO-1 broadcasting local shards
     # (parallel.zero._LocalShardZero); parity: tests/distributed/test_tp_ddp.py
@@ -160,10 +167,10 @@ def layout_problems(layout: Layout, model: ModelConfig, *, world_size: int | Non
     need(model.num_kv_heads % L.tp == 0, "parallel.tp", L.tp,
          f"tp must divide num_kv_heads={model.num_kv_heads}")
     need(model.ffn_dim % L.tp == 0, "parallel.tp", L.tp, f"tp must divide ffn_dim={model.ffn_dim}")
-    # The trainer's TP plans shard attention and dense MLPs; expert layers are split by ep.
-    need(not (model.is_moe and L.tp > 1), "parallel.tp", L.tp,
-         "MoE layers are not tensor-parallel in scaletrain: use parallel.ep to split the "
-         "experts, and tp=1")
+    # MoE x TP runs (parallel.tensor_parallel: attention split, router replicated): with
+    # ep = 1 every expert's f dim is split over tp (Megatron's expert TP; ffn_dim % tp above),
+    # with ep > 1 experts are split whole by ep and each tp rank holds its ep rank's experts
+    # whole (planner: expert parameters / tp if ep == 1 else / ep, `expert_split`).
     # Pipeline: every (virtual) stage needs at least one layer.
     need(L.pp * L.pp_virtual <= model.num_layers, "parallel.pp", L.pp,
          f"pp*pp_virtual must not exceed num_layers={model.num_layers}")
