@@ -13,7 +13,9 @@ from typing import Any
 from ._errors import ConfigError
 from .model import ModelConfig
 
-__all__ = ["Layout", "PP_SCHEDULES", "batch_problems", "composition_problems", "expert_split",
+__all__ = ["Layout", "PP_SCHEDULES", "batch_problems", "composition_problems", "ddp_reducer",
+           "expert_split",
+           "expert_tp", "expert_zero_shards",
            "layout_problems", "check_layout", "grad_accum_steps", "stage_layer_ranges", "stage_ids"]
 
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero-bubble")
@@ -81,11 +83,37 @@ class Layout:
         return asdict(self)
 
 
+def ddp_reducer(layout: Layout) -> bool:
+    """Whether ZeRO-0/1 data parallelism runs torch's DDP reducer (bucketed all-reduce inside
+    backward): only over plain parameters of an unpipelined model. Tensor- and expert-parallel
+    parameters are DTensors, and pipeline stages interleave micro-batches, so with tp, ep or
+    pp > 1 gradients are averaged once after backward instead
+    (`parallel.data_parallel.apply_manual_grad_sync`). Trainer (`parallel.uses_ddp`) and
+    planner (DDP's bucket copy, `planner.memory.buffer_terms`) share this rule."""
+    return (layout.zero <= 1 and layout.dp * layout.cp > 1
+            and layout.tp == 1 and layout.ep == 1 and layout.pp == 1)
+
+
+def expert_tp(tp: int, ep: int) -> int:
+    """Ways each expert's f dim is split over tp: tp when ep = 1 (Megatron's expert TP), else 1
+    (experts split whole by ep and kept whole on every tp rank). The one rule trainer and
+    planner share (parallel.parallelize passes `shard_experts = ep == 1` to `apply_tp`)."""
+    return tp if ep == 1 else 1
+
+
 def expert_split(layout: Layout) -> int:
-    """Ranks each MoE expert parameter is split over: tp (each expert's f dim) when ep = 1,
-    else ep (whole experts; kept whole on every tp rank). The one rule trainer and planner
-    share (parallel.parallelize passes `shard_experts = ep == 1` to `apply_tp`)."""
-    return layout.tp if layout.ep == 1 else layout.ep
+    """Ranks each MoE expert parameter is split over: ep x `expert_tp` (tp or ep)."""
+    return layout.ep * expert_tp(layout.tp, layout.ep)
+
+
+def expert_zero_shards(layout: Layout) -> int:
+    """Ranks ZeRO shards each expert's states over: the dp*cp/ep ranks holding the same
+    experts (ZeRO-1 partitions them there, `parallel.zero._LocalShardZero`; with ep = 1 that is
+    every ZeRO rank); 1 under ZeRO-2/3 with ep > 1, whose FSDP2 leaves the experts alone
+    (`parallel.parallelize`: only their gradients are averaged over the replicas)."""
+    if layout.ep > 1 and layout.zero >= 2:
+        return 1
+    return max(1, layout.zero_shards // layout.ep)
 
 
 def grad_accum_steps(global_batch: int, micro_batch: int, dp: int) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from torch import nn
 
 from scaletrain.config import MemoryConfig, PrecisionConfig
-from scaletrain.config.layout import option_problems
+from scaletrain.config.layout import ddp_reducer, option_problems
 from scaletrain.precision import maybe_apply_fp8
 
 from .data_parallel import apply_ddp, apply_manual_grad_sync, is_expert
@@ -45,8 +45,7 @@ def uses_ddp(dims: ParallelDims, memory: MemoryConfig) -> bool:
     DTensors, and torch's pipeline schedules interleave micro-batches' forwards and backwards,
     which DDP's reducer (one backward per forward) miscounts (pp2 x dp2 gradient norm 2.25 vs
     2.04): those sync their gradients once after backward (`apply_manual_grad_sync`)."""
-    return (not uses_fsdp(dims, memory) and dims.ddp_enabled
-            and dims.ep == 1 and dims.tp == 1 and dims.pp == 1)
+    return not uses_fsdp(dims, memory) and ddp_reducer(dims.layout)
 
 
 def parallelize(model: nn.Module, dims: ParallelDims, *, precision: PrecisionConfig,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from scaletrain.config import HardwareSpec, ModelConfig
+from scaletrain.config import HardwareSpec, ModelConfig, expert_split
 
 from .comm import allreduce_time, axis_link, comm_terms
 from .cost import TrainingCost, napkin_cost, training_cost
@@ -112,8 +112,8 @@ def comm_arguments(plan: PlanInput, max_params: float, gpus_per_node: int | None
     rank, this rank's expert weights (EP-local, TP-sharded like max_params)."""
     L, model = plan.layout, plan.model
     layers = max(stage_layer_counts(model.num_layers, L.pp, L.pp_virtual))
-    experts = (layers * model.param_counts().mlp_per_expert * model.num_experts / (L.ep * L.tp)
-               if model.is_moe else 0.0)
+    experts = (layers * model.param_counts().mlp_per_expert * model.num_experts
+               / expert_split(L) if model.is_moe else 0.0)
     # fp8 all-gather (precision/fp8_fsdp.py): the Float8Linears' weights travel as 1-byte E4M3
     fp8_gather = (fp8_linear_params(model, layers, L.tp)
                   if plan.fp8_all_gather and plan.precision == "fp8" else 0.0)
