@@ -205,3 +205,14 @@ def test_zero1_with_experts_refuses_hsdp_replicas():
     problems = layout_problems(Layout(dp=4, dp_replicate=2, ep=2, zero=1), moe)
     assert [p.field for p in problems] == ["parallel.dp_replicate"]
     assert "dp_replicate=1" in str(problems[0])
+
+
+def test_float8_experts_are_not_split_over_tp():
+    from scaletrain.config import option_problems
+
+    split = option_problems(Layout(dp=2, tp=2), offload="none", precision="fp8", moe=True)
+    assert [p.field for p in split] == ["precision.dtype"] and "parallel.ep" in str(split[0])
+    # experts whole per tp rank under ep, or a dense model: no rule
+    assert option_problems(Layout(dp=2, tp=2, ep=2), offload="none", precision="fp8",
+                           moe=True) == []
+    assert option_problems(Layout(dp=2, tp=2), offload="none", precision="fp8") == []

@@ -229,11 +229,17 @@ def layout_problems(layout: Layout, model: ModelConfig, *, world_size: int | Non
 
 
 def option_problems(layout: Layout, *, offload: str, fp8_all_gather: bool = False,
-                    precision: str = "fp32", grad_compression: str = "none"
-                    ) -> list[ConfigError]:
+                    precision: str = "fp32", grad_compression: str = "none",
+                    moe: bool = False) -> list[ConfigError]:
     """The rules tying memory and precision options to the layout (what the trainer's
-    `parallelize` can build); `world_size` is the layout's."""
+    `parallelize` can build); `world_size` is the layout's; `moe`: the model has MoE layers."""
     L, out = layout, []
+    if precision == "fp8" and moe and expert_tp(L.tp, L.ep) > 1:
+        # Float8ExpertLinear takes each weight's amax where it multiplies: on a tp shard it
+        # would scale by the shard's, not the expert's (no parity with one process, untested)
+        out.append(ConfigError("precision.dtype", precision, "float8 experts are not split "
+                               "over tensor-parallel ranks: with an MoE model and tp > 1 set "
+                               "parallel.ep > 1 (experts whole per tp rank) or use bf16"))
     if offload == "optimizer" and (L.zero >= 2 or L.tp > 1 or L.ep > 1):
         out.append(ConfigError("memory.offload", offload, "optimizer-only offload runs with "
                                "DDP / ZeRO-1 (plain parameters): with FSDP, TP or EP use "

@@ -12,6 +12,7 @@ from torch import nn
 
 from scaletrain.config import MemoryConfig, PrecisionConfig
 from scaletrain.config.layout import ddp_reducer, option_problems
+from scaletrain.models.moe import MoE
 from scaletrain.precision import maybe_apply_fp8
 
 from .data_parallel import apply_ddp, apply_manual_grad_sync, is_expert
@@ -22,13 +23,14 @@ from .tensor_parallel import apply_tp
 __all__ = ["parallelize", "uses_ddp", "uses_fsdp"]
 
 
-def _check(dims: ParallelDims, memory: MemoryConfig, precision: PrecisionConfig) -> None:
+def _check(dims: ParallelDims, memory: MemoryConfig, precision: PrecisionConfig,
+           moe: bool) -> None:
     # the layout rules (tp over DDP, ep vs dp*cp, ...) were checked when `dims` was built
     # (`ParallelDims.from_layout`, `config.composition_problems`); these involve the options
     problems = option_problems(dims.layout, offload=memory.offload,
                                fp8_all_gather=precision.fp8_all_gather,
                                precision=precision.dtype,
-                               grad_compression=precision.grad_compression)
+                               grad_compression=precision.grad_compression, moe=moe)
     if problems:
         raise problems[0]
 
@@ -59,7 +61,7 @@ def parallelize(model: nn.Module, dims: ParallelDims, *, precision: PrecisionCon
     where `uses_ddp` (the dry-run: DDP's reducer reads parameter storage to verify shapes across
     ranks, which fake tensors do not have; the local computation is the same).
     """
-    _check(dims, memory, precision)
+    _check(dims, memory, precision, moe=any(isinstance(m, MoE) for m in model.modules()))
     if hasattr(model, "loss_chunk_tokens"):  # the fused head + loss (models.loss)
         model.loss_chunk_tokens = memory.loss_chunk_tokens
     # fp8 linears first: Float8Linear is an nn.Linear, so the TP plans and FSDP apply unchanged
