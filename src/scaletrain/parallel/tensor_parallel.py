@@ -27,8 +27,8 @@ gathering the (B, T, V) logits). With `loss_parallel=False` logits are all-gathe
 the model; the final norm's output is made a Replicate DTensor so that product is a vocabulary-
 sharded DTensor, the same layout as the untied head.
 
-MoE blocks (Megatron-LM's expert tensor parallelism, Shoeybi et al. 2019 applied per expert
-as in Megatron-Core's MoE layer): attention is split as above; the MoE layer's input is
+MoE blocks (expert tensor parallelism: Shoeybi et al. 2019's MLP split applied per expert, as
+Megatron-Core's MoE layer does): attention is split as above; the MoE layer's input is
 gathered to the whole (replicated) sequence, the router stays replicated (every tp rank routes
 the same tokens the same way, so the load-balancing loss is the single-device one), and the
 experts are either
@@ -36,7 +36,10 @@ experts are either
 - split over tp (`shard_experts=True`, the layout rule for ep = 1): w1/w3 (E, f, h) column-wise
   on f, w2 (E, h, f) row-wise on f, as a dense MLP's; `TensorParallelExperts` all-reduces
   their partial (N*k, h) output over tp before the combine, and all-reduces the gradient of
-  their input in backward (Megatron's reduce at the experts' output, before un-permutation); or
+  their input in backward. Megatron-Core's token dispatchers reduce at the same place (a
+  reduce-scatter of the experts' output before un-permutation,
+  megatron/core/transformer/moe/token_dispatcher.py); here every tp rank combines all rows,
+  hence an all-reduce; or
 - kept whole on every tp rank (`shard_experts=False`, the rule for ep > 1: expert parallelism
   then splits them over its sub-axis of dp x cp, `expert_parallel.apply_ep`): each tp rank
   runs the same experts on the same tokens, so their gradients are already equal over tp.
@@ -197,7 +200,7 @@ class _CopyToTP(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        grad = grad.contiguous()
+        grad = grad.clone(memory_format=torch.contiguous_format)  # never reduce autograd's own
         dist.all_reduce(grad, group=ctx.group)
         return grad, None
 
