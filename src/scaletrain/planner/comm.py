@@ -72,7 +72,9 @@ def comm_terms(*, layout: Layout, hardware: HardwareSpec, stage_params: float, l
     the (dp*cp)/ep ranks that replicate them (`ep_replicate`), not over dp*cp, once per step
     (`sync_gradients`, all ZeRO stages: FSDP2 leaves expert-parallel experts alone, so ZeRO-2/3
     gather and reduce-scatter only the other parameters), and ZeRO-1 broadcasts their updated
-    fp32 partitions over those replicas only (`parallel.zero._LocalShardZero`).
+    fp32 partitions over those replicas only (`parallel.zero._LocalShardZero`); both priced on
+    the dp axis's link (replicas sit ep x tp ranks apart, so they span nodes no sooner than
+    the dp group does).
     fp8_gather_params: parameters among stage_params that ZeRO-2/3 all-gathers as 1-byte E4M3
     (`precision.fp8_all_gather`; measured: exactly half the bf16 bytes, its scale is one
     all-reduced scalar per weight, ignored) instead of the compute dtype.
