@@ -73,8 +73,23 @@ STRATEGIES: dict[str, tuple[int, str, list[str]]] = {
                                      "--batch.global_batch=16"]),
     "pp x zero3": (4, "tiny-llama", ["--parallel.pp=2", "--parallel.dp=2", "--parallel.zero=3",
                                      "--batch.global_batch=16"]),
+    # MoE x TP: experts split over tp (ep = 1) all-reduce their output and input gradient
+    "moe x tp": (2, "tiny-moe", ["--parallel.tp=2"]),
+    "moe x tp+sp": (2, "tiny-moe", ["--parallel.tp=2", "--parallel.sp=true"]),
+    # tp x ep: experts whole per tp rank, split by ep over the dp ranks
+    "moe tp x ep": (4, "tiny-moe", ["--parallel.tp=2", "--parallel.dp=2", "--parallel.ep=2",
+                                    "--batch.global_batch=16"]),
+    # ep < dp: each expert shard on 2 of the 4 ranks, its gradient averaged over those 2
+    "ep2 of dp4": (4, "tiny-moe", ["--parallel.dp=4", "--parallel.ep=2",
+                                   "--batch.global_batch=16"]),
+    "ep2 of dp4 x zero1": (4, "tiny-moe", ["--parallel.dp=4", "--parallel.ep=2",
+                                           "--parallel.zero=1", "--batch.global_batch=16"]),
+    # FSDP2 leaves the experts alone: it gathers / reduce-scatters only the other parameters
+    "ep2 of dp4 x zero3": (4, "tiny-moe", ["--parallel.dp=4", "--parallel.ep=2",
+                                           "--parallel.zero=3", "--batch.global_batch=16"]),
 }
-AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp", "dp", "dp_shard_cp", "dp_cp", "ep")
+AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp", "dp", "dp_shard_cp", "dp_cp", "ep",
+        "ep_replicate")
 
 
 def job_args(run_dir: str, model: str, extra: list[str]) -> list[str]:
@@ -243,7 +258,7 @@ def markdown(results: list[dict[str, Any]], notes: dict[str, str]) -> str:
              "ring convention (all-reduce 2(n-1)/n·S, all-gather / reduce-scatter (n-1)/n·S "
              "of the full tensor, all-to-all (n-1)/n of the local buffer, broadcast "
              "(n-1)/n·S, send S) — the planner's convention. Model tiny-llama (tiny-moe for "
-             "EP), fp32 (the two fp8 strategies: bf16 + float8 linears), seq 32, global "
+             "EP and MoE), fp32 (the two fp8 strategies: bf16 + float8 linears), seq 32, global "
              "batch 8, micro-batch 2. Measured = the rank sending "
              "the most (all ranks in the JSON). KiB.", "",
              "| strategy | ranks | micro-batches/rank | family | measured KiB | planner KiB | "
@@ -255,6 +270,11 @@ def markdown(results: list[dict[str, Any]], notes: dict[str, str]) -> str:
             return "—"
         return f"**{x:.2f}**" if bold else f"{x:.2f}"
 
+    revs = sorted({res.get("measured_at", "?") for res in results})
+    if len(revs) > 1:
+        lines[2:2] = ["Rows measured at git " + "; ".join(
+            f"{rev}: {', '.join(r['strategy'] for r in results if r.get('measured_at') == rev)}"
+            for rev in revs) + ".", ""]
     for res in results:
         for r in res["families"]:
             lines.append(f"| {res['strategy']} | {res['world']} | {res['grad_accum']} | "
@@ -363,6 +383,21 @@ NOTES: dict[str, str] = {
 """Why a ratio is far from 1, from the per-call counts (see the module docstring)."""
 
 
+def _merged(new: list[dict[str, Any]], path: Path) -> list[dict[str, Any]]:
+    """`new` plus the strategies a subset run did not measure, kept from the last results file
+    (each row keeps the git revision it was measured at, `measured_at`), in STRATEGIES order."""
+    import json
+
+    old: dict[str, dict[str, Any]] = {}
+    if path.exists():
+        data = json.loads(path.read_text())
+        for res in data.get("results", []):
+            res.setdefault("measured_at", data.get("git_revision", "?"))
+            old[res["strategy"]] = res
+    old.update({r["strategy"]: r for r in new})
+    return [old[name] for name in STRATEGIES if name in old]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--strategies", default=",".join(STRATEGIES),
@@ -384,8 +419,11 @@ def main(argv: list[str] | None = None) -> int:
                       f"planner {r['predicted']}", flush=True)
     if args.no_write:
         return 0
-    from _common import RESULTS
+    from _common import RESULTS, git_revision
 
+    for res in results:
+        res["measured_at"] = git_revision()
+    results = _merged(results, RESULTS / "comm_volume.json")
     write_results("comm_volume", {"results": results, "notes": NOTES,
                                   "scalar_bytes": SCALAR_BYTES}, markdown(results, NOTES))
     plot(results, RESULTS / "comm_volume.png")

@@ -180,7 +180,7 @@ def label_extra(case: Extra) -> str:
 
 def job_for(case: Case) -> tuple[JobConfig, int]:
     name, world, dp, zero, rep, tp, sp, cp, ac, dtype, mb, seq, accum = case
-    m = _models()[name]
+    m = _model_for(name)
     if seq > m.max_seq_len:
         m = dataclasses.replace(m, max_seq_len=seq)
     job = JobConfig(model=m, parallel=ParallelConfig(dp=dp, zero=zero, dp_replicate=rep, tp=tp,

@@ -197,6 +197,12 @@ def _train(preset: str, layout: dict, micro: int, opts: dict | None = None) -> d
         opt.zero_grad()
     mem["params_at_rest"] = sum(local_state_bytes(m)["params"] for m in modules)
     mem["optimizer"] = local_state_bytes(modules[0], opt)["optimizer"]
+    experts = [p for m in modules for n, p in m.named_parameters() if ".moe.experts." in n]
+    mem["expert_params"] = sum(_local_numel(p) * 4 for p in experts)
+    local_opt = getattr(opt, "optim", opt)  # ZeRO-1's own partition
+    mem["expert_optimizer"] = sum(_local_numel(v) * 4 for p in experts
+                                  for v in local_opt.state.get(p, {}).values()
+                                  if torch.is_tensor(v) and v.dim() > 0)
     held = {clean_fqn(n): _full(p).detach().clone() for m in modules
             for n, p in m.named_parameters()}
     meshes = {n: (dims.submesh(n).size(), dims.submesh(n).get_local_rank())
@@ -215,28 +221,10 @@ def train_modes(modes: dict[str, tuple]) -> dict:
 def world4_suite(modes: dict[str, tuple]) -> dict:
     """`train_modes(modes)` plus the ranks of this rank's expert-parallel group for dp 4, ep 2."""
     out = train_modes(modes)
-    # the mesh supports ep < dp*cp; the trainer does not train it yet (composition_problems
-    # refuses it in from_layout), so the mesh is built from an unvalidated ParallelDims
-    dims = ParallelDims(layout=Layout(dp=4, zero=3, ep=2), world_size=dist.get_world_size())
+    dims = ParallelDims.from_layout(Layout(dp=4, zero=3, ep=2), dist.get_world_size(),
+                                    CONFIGS["tiny-moe"])
     dims.build_mesh("cpu")
     out["ep_group"] = dist.get_process_group_ranks(dims.submesh("ep").get_group())
-    return out
-
-
-def moe_under_tp_error() -> str:
-    """The ConfigError raised when tensor parallelism meets an MoE model (the layout rules,
-    `config.layout_problems`, which the trainer's dims check before anything is built)."""
-    from scaletrain.config import ConfigError
-
-    try:
-        ParallelDims.from_layout(Layout(tp=2), dist.get_world_size(), CONFIGS["tiny-moe"])
-    except ConfigError as e:
-        return str(e)
-    return "no error"
-
-
-def options_suite(modes: dict[str, tuple]) -> dict:
-    """`train_modes(modes)` plus the MoE x TP refusal message, in one spawn."""
-    out = train_modes(modes)
-    out["moe_tp_error"] = moe_under_tp_error()
+    out["ep_replicate_group"] = dist.get_process_group_ranks(
+        dims.submesh("ep_replicate").get_group())
     return out

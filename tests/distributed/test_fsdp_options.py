@@ -2,8 +2,8 @@
 
 One world-2 spawn: parameter CPU offload (ZeRO-3), full and selective activation checkpointing
 composed with ZeRO-3 / TP+SP, tensor parallelism with gathered (non loss-parallel) logits, bf16
-mixed precision (loose tolerance: bf16 compute, fp32 master weights), ZeRO-3 with expert
-parallelism, and the MoE x TP refusal.
+mixed precision (loose tolerance: bf16 compute, fp32 master weights) and ZeRO-3 with expert
+parallelism (MoE x TP has its own parity rows: test_moe_tp_ep.py).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 
 from scaletrain.parallel.launch import spawn
 
-from ._parity_fns import options_suite, reference
+from ._parity_fns import reference, train_modes
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -33,7 +33,7 @@ EXACT = [name for name in RUNS if name != "bf16"]
 
 @pytest.fixture(scope="module")
 def results() -> list[dict]:
-    return spawn(options_suite, 2, RUNS)
+    return spawn(train_modes, 2, RUNS)
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +71,3 @@ def test_bf16_mixed_precision_tracks_fp32_and_keeps_fp32_master(results, referen
     assert r["losses"] != ref["losses"]  # bf16 compute really happened
     assert r["param_dtypes"] == ["torch.float32"]  # sharded master weights stay fp32
 
-
-def test_moe_under_tp_is_refused_with_a_fix(results):
-    msg = results[0]["moe_tp_error"]
-    assert "parallel.tp" in msg and "parallel.ep" in msg

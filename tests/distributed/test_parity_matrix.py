@@ -170,3 +170,5 @@ def test_world4_mesh_axes_and_ranks(world4):
         assert cp_tp["dp"] == (1, 0)  # cp ranks read the same sequences
         # Expert parallel (ep=2 of dp=4): groups of adjacent data-parallel ranks.
         assert res["ep_group"] == ([0, 1] if rank < 2 else [2, 3])
+        # ...and the ranks holding the same experts, whose gradients are averaged together
+        assert res["ep_replicate_group"] == ([0, 2] if rank % 2 == 0 else [1, 3])

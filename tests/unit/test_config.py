@@ -193,3 +193,26 @@ def test_legal_layouts_have_no_problems():
     assert layout_problems(Layout(dp=8, ep=8, zero=3), moe) == []
     assert layout_problems(Layout(dp=2, ep=4, cp=2, zero=3), moe) == []
     assert [p.field for p in layout_problems(Layout(dp=2, ep=4, zero=3), moe)] == ["parallel.ep"]
+    # MoE x TP (experts split over tp, or whole per tp rank under ep), ep dividing dp*cp,
+    # ZeRO-1 with ep (tests/distributed/test_moe_tp_ep.py runs each)
+    for layout in (Layout(dp=2, tp=8, zero=1), Layout(dp=4, tp=2, sp=True, ep=2, zero=1),
+                   Layout(dp=8, ep=2, zero=0), Layout(dp=4, cp=2, ep=4, zero=3)):
+        assert layout_problems(layout, moe) == [], layout.label()
+
+
+def test_zero1_with_experts_refuses_hsdp_replicas():
+    moe = model_preset("mixtral-8x7b")
+    problems = layout_problems(Layout(dp=4, dp_replicate=2, ep=2, zero=1), moe)
+    assert [p.field for p in problems] == ["parallel.dp_replicate"]
+    assert "dp_replicate=1" in str(problems[0])
+
+
+def test_float8_experts_are_not_split_over_tp():
+    from scaletrain.config import option_problems
+
+    split = option_problems(Layout(dp=2, tp=2), offload="none", precision="fp8", moe=True)
+    assert [p.field for p in split] == ["precision.dtype"] and "parallel.ep" in str(split[0])
+    # experts whole per tp rank under ep, or a dense model: no rule
+    assert option_problems(Layout(dp=2, tp=2, ep=2), offload="none", precision="fp8",
+                           moe=True) == []
+    assert option_problems(Layout(dp=2, tp=2), offload="none", precision="fp8") == []

@@ -250,3 +250,47 @@ def test_expert_parallel_splits_the_experts():
     dense, _ = _moe_job(world=1, zero=0)
     # the same tokens per rank, so the same FLOPs as one rank holding every expert
     assert m.flops == pytest.approx(dryrun(dense, world_size=1).flops, rel=1e-6)
+
+
+@pytest.mark.slow
+def test_expert_parallel_over_part_of_the_data_parallel_ranks():
+    """ep2 of dp4 with ZeRO-1: each rank holds half the experts (replicated on 2 ranks), their
+    Adam states split again over those 2 replicas."""
+    job, world = _moe_job(world=4, ep=2, zero=1)
+    full, experts = job.model.num_params() * 4, _expert_bytes(job)
+    ms = [dryrun(job, world_size=world, rank=r) for r in range(world)]
+    for m in ms:
+        assert m.memory.detail["state.params"] == full - experts // 2
+    states = [m.memory.detail["state.optimizer"] for m in ms]
+    # AdamW's m and v (fp32, 2 x the parameters): dense states partitioned over the 4 ranks,
+    # each expert shard's over its 2 replicas (ranks e and e + 2): all 4 together hold exactly
+    # one copy of everything, and no rank all of its own
+    assert sum(states) == 2 * full
+    assert max(states) < 2 * (full - experts // 2)
+
+
+@pytest.mark.slow
+def test_moe_under_tensor_parallelism_splits_the_experts(capsys):
+    """MoE x TP at a fake world size, through the CLI: experts split over tp (ep = 1) or whole
+    per tp rank under ep2; either way this rank holds half of them."""
+    from scaletrain.cli import main
+
+    held = {}
+    for name, flags in (("tp2", ["--gpus", "2", "--tp", "2"]),
+                        ("tp2+sp x dp4 ep2 zero1", ["--gpus", "8", "--tp", "2", "--sp",
+                                                    "--dp", "4", "--ep", "2", "--zero", "1"])):
+        rc = main(["dryrun", "--model", "tiny-moe", "--seq-len", "64", "--micro-batch", "2",
+                   "--rank", "1", "--json", *flags])
+        assert rc == 0, name
+        out = json.loads(capsys.readouterr().out)
+        assert out["plan"]["tp"] == 2 and out["flops_per_step"] > 0
+        held[name] = out["memory"]["detail"]["state.params"]
+        assert out["predicted"]["memory"]["params"] > 0  # the planner priced the layout
+    job, _ = _moe_job(world=1, zero=0)
+    full, experts = job.model.num_params() * 4, _expert_bytes(job)
+    model = build_model(job.model, device="meta")
+    # tp splits attention, embedding and head too; norms and the router stay whole
+    whole = sum(p.numel() * 4 for n, p in model.named_parameters()
+                if "norm" in n or "router" in n)
+    expected = whole + (full - whole) // 2
+    assert held == {"tp2": expected, "tp2+sp x dp4 ep2 zero1": expected}, (held, experts)

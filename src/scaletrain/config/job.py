@@ -434,7 +434,8 @@ class JobConfig:
         problems = option_problems(layout, offload=self.memory.offload,
                                    fp8_all_gather=self.precision.fp8_all_gather,
                                    precision=self.precision.dtype,
-                                   grad_compression=self.precision.grad_compression)
+                                   grad_compression=self.precision.grad_compression,
+                                   moe=self.model.is_moe)
         if problems:
             raise problems[0]
         return layout

@@ -13,8 +13,9 @@ from typing import Any
 from ._errors import ConfigError
 from .model import ModelConfig
 
-__all__ = ["Layout", "PP_SCHEDULES", "batch_problems", "composition_problems",
-           "layout_problems", "check_layout", "grad_accum_steps", "stage_layer_ranges", "stage_ids"]
+__all__ = ["Layout", "PP_SCHEDULES", "batch_problems", "composition_problems", "ddp_reducer",
+           "expert_split", "expert_tp", "expert_zero_shards", "layout_problems", "check_layout",
+           "grad_accum_steps", "stage_layer_ranges", "stage_ids"]
 
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero-bubble")
 
@@ -43,7 +44,8 @@ class Layout:
     cp: int = 1
     """Context-parallel degree (the sequence split cp ways, ring attention)."""
     ep: int = 1
-    """Expert-parallel degree (MoE experts split ep ways over dp*cp ranks)."""
+    """Expert-parallel degree (MoE experts split ep ways over dp*cp ranks; ep divides dp*cp,
+    each expert shard replicated over the other dp*cp/ep ranks)."""
 
     @property
     def world_size(self) -> int:
@@ -80,6 +82,39 @@ class Layout:
         return asdict(self)
 
 
+def ddp_reducer(layout: Layout) -> bool:
+    """Whether ZeRO-0/1 data parallelism runs torch's DDP reducer (bucketed all-reduce inside
+    backward): only over plain parameters of an unpipelined model. Tensor- and expert-parallel
+    parameters are DTensors, and pipeline stages interleave micro-batches, so with tp, ep or
+    pp > 1 gradients are averaged once after backward instead
+    (`parallel.data_parallel.apply_manual_grad_sync`). Trainer (`parallel.uses_ddp`) and
+    planner (DDP's bucket copy, `planner.memory.buffer_terms`) share this rule."""
+    return (layout.zero <= 1 and layout.dp * layout.cp > 1
+            and layout.tp == 1 and layout.ep == 1 and layout.pp == 1)
+
+
+def expert_tp(tp: int, ep: int) -> int:
+    """Ways each expert's f dim is split over tp: tp when ep = 1 (Megatron's expert TP), else 1
+    (experts split whole by ep and kept whole on every tp rank). The one rule trainer and
+    planner share (parallel.parallelize passes `shard_experts = ep == 1` to `apply_tp`)."""
+    return tp if ep == 1 else 1
+
+
+def expert_split(layout: Layout) -> int:
+    """Ranks each MoE expert parameter is split over: ep x `expert_tp` (tp or ep)."""
+    return layout.ep * expert_tp(layout.tp, layout.ep)
+
+
+def expert_zero_shards(layout: Layout) -> int:
+    """Ranks ZeRO shards each expert's states over: the dp*cp/ep ranks holding the same
+    experts (ZeRO-1 partitions them there, `parallel.zero._LocalShardZero`; with ep = 1 that is
+    every ZeRO rank); 1 under ZeRO-2/3 with ep > 1, whose FSDP2 leaves the experts alone
+    (`parallel.parallelize`: only their gradients are averaged over the replicas)."""
+    if layout.ep > 1 and layout.zero >= 2:
+        return 1
+    return max(1, layout.zero_shards // layout.ep)
+
+
 def grad_accum_steps(global_batch: int, micro_batch: int, dp: int) -> int:
     """Micro-batches per optimizer step per dp rank (= pipeline micro-batches m)."""
     return global_batch // (micro_batch * dp)
@@ -91,16 +126,15 @@ def composition_problems(layout: Layout) -> list[ConfigError]:
     L, out = layout, []
     # pp x cp runs: the pipeline carries each cp rank's load-balanced shard through its stages
     # (parallel.pipeline, parity: tests/distributed/test_pp_cp.py)
-    dp_cp = L.dp * L.cp
-    if L.ep > 1 and dp_cp % L.ep == 0 and L.ep != dp_cp:
-        # the trainer averages expert gradients only when every rank owns its experts
-        out.append(ConfigError("parallel.ep", L.ep, f"set ep = dp*cp = {dp_cp}: experts "
-                               "replicated over part of the data-parallel ranks are not "
-                               "averaged by the trainer yet"))
-    if L.ep > 1 and L.zero == 1 and dp_cp > 1:
-        out.append(ConfigError("parallel.zero", L.zero, "ZeRO-1's sharded optimizer broadcasts "
-                               "whole parameters and cannot hold expert shards: use zero 0, 2 "
-                               "or 3 with ep > 1"))
+    # ep dividing dp*cp runs: each expert shard is held by the dp*cp/ep ranks of its
+    # "ep_replicate" group, which average its gradient (parallel.data_parallel.sync_gradients);
+    # ZeRO-1 partitions the experts' states over that group (parallel.zero._LocalShardZero);
+    # parity: tests/distributed/test_moe_tp_ep.py
+    if L.ep > 1 and L.zero == 1 and L.dp_replicate > 1:
+        out.append(ConfigError("parallel.dp_replicate", L.dp_replicate, "ZeRO-1 partitions "
+                               "expert states over the ranks holding the same experts across "
+                               "all of dp*cp, not inside HSDP replica groups: set "
+                               "dp_replicate=1 with ep > 1 and zero 1"))
     # tp > 1 with DDP / ZeRO-1 runs: gradients' local shards all-reduced over dp x cp
     # (parallel.data_parallel.apply_manual_grad_sync), ZeRO-1 broadcasting local shards
     # (parallel.zero._LocalShardZero); parity: tests/distributed/test_tp_ddp.py
@@ -169,10 +203,10 @@ def layout_problems(layout: Layout, model: ModelConfig, *, world_size: int | Non
     need(model.num_kv_heads % L.tp == 0, "parallel.tp", L.tp,
          f"tp must divide num_kv_heads={model.num_kv_heads}")
     need(model.ffn_dim % L.tp == 0, "parallel.tp", L.tp, f"tp must divide ffn_dim={model.ffn_dim}")
-    # The trainer's TP plans shard attention and dense MLPs; expert layers are split by ep.
-    need(not (trainer_rules and model.is_moe and L.tp > 1), "parallel.tp", L.tp,
-         "MoE layers are not tensor-parallel in scaletrain: use parallel.ep to split the "
-         "experts, and tp=1")
+    # MoE x TP runs (parallel.tensor_parallel: attention split, router replicated): with
+    # ep = 1 every expert's f dim is split over tp (Megatron's expert TP; ffn_dim % tp above),
+    # with ep > 1 experts are split whole by ep and each tp rank holds its ep rank's experts
+    # whole (planner: expert parameters / tp if ep == 1 else / ep, `expert_split`).
     # Pipeline: every (virtual) stage needs at least one layer.
     need(L.pp * L.pp_virtual <= model.num_layers, "parallel.pp", L.pp,
          f"pp*pp_virtual must not exceed num_layers={model.num_layers}")
@@ -208,11 +242,17 @@ def layout_problems(layout: Layout, model: ModelConfig, *, world_size: int | Non
 
 
 def option_problems(layout: Layout, *, offload: str, fp8_all_gather: bool = False,
-                    precision: str = "fp32", grad_compression: str = "none"
-                    ) -> list[ConfigError]:
+                    precision: str = "fp32", grad_compression: str = "none",
+                    moe: bool = False) -> list[ConfigError]:
     """The rules tying memory and precision options to the layout (what the trainer's
-    `parallelize` can build); `world_size` is the layout's."""
+    `parallelize` can build); `world_size` is the layout's; `moe`: the model has MoE layers."""
     L, out = layout, []
+    if precision == "fp8" and moe and expert_tp(L.tp, L.ep) > 1:
+        # Float8ExpertLinear takes each weight's amax where it multiplies: on a tp shard it
+        # would scale by the shard's, not the expert's (no parity with one process, untested)
+        out.append(ConfigError("precision.dtype", precision, "float8 experts are not split "
+                               "over tensor-parallel ranks: with an MoE model and tp > 1 set "
+                               "parallel.ep > 1 (experts whole per tp rank) or use bf16"))
     if offload == "optimizer" and (L.zero >= 2 or L.tp > 1 or L.ep > 1):
         out.append(ConfigError("memory.offload", offload, "optimizer-only offload runs with "
                                "DDP / ZeRO-1 (plain parameters): with FSDP, TP or EP use "

@@ -24,7 +24,7 @@ from torch.distributed._composable.replicate import replicate
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
-__all__ = ["apply_ddp", "apply_manual_grad_sync", "sync_gradients", "maybe_no_sync"]
+__all__ = ["apply_ddp", "apply_manual_grad_sync", "is_expert", "sync_gradients", "maybe_no_sync"]
 
 
 def apply_ddp(model: nn.Module, mesh: DeviceMesh, *, bucket_cap_mb: float = 25.0,
@@ -50,10 +50,16 @@ def apply_ddp(model: nn.Module, mesh: DeviceMesh, *, bucket_cap_mb: float = 25.0
     return model
 
 
-_SYNC_ATTR = "_scaletrain_grad_sync_mesh"
+_SYNC_ATTR = "_scaletrain_grad_sync_meshes"
 
 
-def apply_manual_grad_sync(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
+def is_expert(t: torch.Tensor) -> bool:
+    """An expert-parallel parameter or gradient: a DTensor on the "ep" mesh."""
+    return isinstance(t, DTensor) and "ep" in (t.device_mesh.mesh_dim_names or ())
+
+
+def apply_manual_grad_sync(model: nn.Module, mesh: DeviceMesh, *, experts: bool = False
+                           ) -> nn.Module:
     """Data parallelism for models holding DTensor parameters: tensor-parallel shards (tp > 1)
     and / or expert-parallel experts (ep > 1).
 
@@ -64,23 +70,26 @@ def apply_manual_grad_sync(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
     the same placement (Shard, Replicate, or Partial under SP), and averaging is linear, so
     averaging local shards is averaging the DTensors. Expert gradients (DTensors on the "ep"
     mesh) are distinct on every rank and already scaled to the data-parallel mean by the EP
-    layer: left alone. Not overlapped with backward: the price of correctness here (DDP's
-    buckets would overlap it).
+    layer: left alone by this mesh. With `experts=True` the call sets the other half instead:
+    the expert gradients alone are averaged over `mesh`, the ep_replicate ranks holding the same
+    experts (ep < dp x cp; FSDP, which ignores the experts, sets only this half). Not
+    overlapped with backward: the price of correctness here (DDP's buckets would overlap it).
     """
-    setattr(model, _SYNC_ATTR, mesh)
+    meshes = dict(getattr(model, _SYNC_ATTR, {}))
+    meshes[experts] = mesh
+    setattr(model, _SYNC_ATTR, meshes)
     return model
 
 
-def _synced_grads(module: nn.Module) -> list[torch.Tensor]:
-    """The gradients (local shards) `sync_gradients` averages for `module`."""
+def _synced_grads(module: nn.Module, experts: bool) -> list[torch.Tensor]:
+    """The gradients (local shards) `sync_gradients` averages for `module`: the expert-parallel
+    ones (`experts`), or all the others."""
     out = []
     for p in module.parameters():
         g = p.grad
-        if g is None:
+        if g is None or is_expert(g) != experts:
             continue
         if isinstance(g, DTensor):
-            if "ep" in (g.device_mesh.mesh_dim_names or ()):
-                continue  # an expert: this rank's own, never replicated here
             g = g._local_tensor  # the storage itself (to_local() may be a view)
         out.append(g)
     return out
@@ -90,16 +99,20 @@ def sync_gradients(model: nn.Module) -> None:
     """Average gradients over the mesh set by `apply_manual_grad_sync` on `model` or any of
     its submodules (pipeline stages); a no-op where none was set."""
     for module in model.modules():
-        mesh = getattr(module, _SYNC_ATTR, None)
-        if mesh is None:
-            continue
-        for grads in _buckets(_synced_grads(module)):
-            flat = torch._utils._flatten_dense_tensors(grads)  # one collective per bucket
-            dist.all_reduce(flat, group=mesh.get_group())
-            flat /= mesh.size()
-            for g, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads),
-                                 strict=True):
-                g.copy_(synced)
+        for experts, mesh in getattr(module, _SYNC_ATTR, {}).items():
+            _average(_synced_grads(module, experts), mesh)
+
+
+def _average(grads: list[torch.Tensor], mesh: DeviceMesh) -> None:
+    if mesh.size() == 1:
+        return
+    for bucket in _buckets(grads):
+        flat = torch._utils._flatten_dense_tensors(bucket)  # one collective per bucket
+        dist.all_reduce(flat, group=mesh.get_group())
+        flat /= mesh.size()
+        for g, synced in zip(bucket, torch._utils._unflatten_dense_tensors(flat, bucket),
+                             strict=True):
+            g.copy_(synced)
 
 
 BUCKET_BYTES = 25 * 2**20

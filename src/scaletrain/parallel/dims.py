@@ -18,6 +18,8 @@ Flattened submeshes (built by `build_mesh`):
                     (DDP's all-reduce group).
 - ``ep``          = groups of `ep` adjacent ranks of dp_cp (expert parallelism; ep must divide
                     dp x cp, a rule of `layout_problems`).
+- ``ep_replicate``= the dp x cp / ep ranks of dp_cp, `ep` apart, that hold the same experts
+                    (their gradients are averaged over it; ZeRO-1 shards their states over it).
 """
 
 from __future__ import annotations
@@ -117,8 +119,9 @@ class ParallelDims:
                       "dp_cp": mesh["dp_replicate", "dp_shard", "cp"]._flatten("dp_cp")}
         # Expert parallel takes its ranks from dp x cp: groups of `ep` adjacent dp_cp ranks.
         dp_cp = self.layout.dp * self.cp
-        self._flat["ep"] = self._flat["dp_cp"]._unflatten(
-            0, (dp_cp // self.ep, self.ep), ("ep_replicate", "ep"))["ep"]
+        ep_2d = self._flat["dp_cp"]._unflatten(0, (dp_cp // self.ep, self.ep),
+                                               ("ep_replicate", "ep"))
+        self._flat["ep"], self._flat["ep_replicate"] = ep_2d["ep"], ep_2d["ep_replicate"]
         # every named axis sliced now, once: a mesh sliced later inside fake mode (the
         # dry-run's step) would get a fake rank tensor and could not say which ranks it holds
         for axis in MESH_AXES:
@@ -134,7 +137,8 @@ class ParallelDims:
         return self.mesh
 
     def submesh(self, name: str) -> DeviceMesh:
-        """A named axis ("tp", "pp", ...) or a derived one ("dp", "dp_shard_cp", "dp_cp", "ep")."""
+        """A named axis ("tp", "pp", ...) or a derived one ("dp", "dp_shard_cp", "dp_cp", "ep",
+        "ep_replicate")."""
         mesh = self._require_mesh()
         return self._flat[name] if name in self._flat else mesh[name]
 

@@ -18,8 +18,9 @@ weights become DTensors sharded on the expert dim (Shard(0)) over the ep mesh, s
 the global tensor. The ep ranks are data-parallel ranks (config/layout.py: ep divides dp·cp):
 each rank's loss is a mean over its own tokens, and the global loss is the mean over ranks, so
 an expert shard, which receives gradient from all ep ranks' losses, scales its weight
-gradient by 1/ep; averaging over the remaining dp·cp/ep replicas is FSDP/DDP's job as for
-any parameter.
+gradient by 1/ep; with ep < dp·cp the dp·cp/ep ranks holding the same shard (the
+"ep_replicate" mesh) average it (`data_parallel.sync_gradients`, set up by `parallelize`),
+which completes the mean over all dp·cp ranks.
 
 Under fake tensors (the dry-run) step 1 has no values to exchange: the splits are computed
 locally from the balanced-router assumption of `scaletrain.models.moe` (every rank sends

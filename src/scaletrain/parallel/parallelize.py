@@ -9,13 +9,13 @@ whole parameters last). Each step is a no-op at degree 1. The trainer then calls
 from __future__ import annotations
 
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from scaletrain.config import MemoryConfig, PrecisionConfig
-from scaletrain.config.layout import option_problems
+from scaletrain.config.layout import ddp_reducer, option_problems
+from scaletrain.models.moe import MoE
 from scaletrain.precision import maybe_apply_fp8
 
-from .data_parallel import apply_ddp, apply_manual_grad_sync
+from .data_parallel import apply_ddp, apply_manual_grad_sync, is_expert
 from .dims import ParallelDims
 from .fsdp import apply_fsdp, mp_policy
 from .tensor_parallel import apply_tp
@@ -23,13 +23,14 @@ from .tensor_parallel import apply_tp
 __all__ = ["parallelize", "uses_ddp", "uses_fsdp"]
 
 
-def _check(dims: ParallelDims, memory: MemoryConfig, precision: PrecisionConfig) -> None:
+def _check(dims: ParallelDims, memory: MemoryConfig, precision: PrecisionConfig,
+           moe: bool) -> None:
     # the layout rules (tp over DDP, ep vs dp*cp, ...) were checked when `dims` was built
     # (`ParallelDims.from_layout`, `config.composition_problems`); these involve the options
     problems = option_problems(dims.layout, offload=memory.offload,
                                fp8_all_gather=precision.fp8_all_gather,
                                precision=precision.dtype,
-                               grad_compression=precision.grad_compression)
+                               grad_compression=precision.grad_compression, moe=moe)
     if problems:
         raise problems[0]
 
@@ -46,8 +47,7 @@ def uses_ddp(dims: ParallelDims, memory: MemoryConfig) -> bool:
     DTensors, and torch's pipeline schedules interleave micro-batches' forwards and backwards,
     which DDP's reducer (one backward per forward) miscounts (pp2 x dp2 gradient norm 2.25 vs
     2.04): those sync their gradients once after backward (`apply_manual_grad_sync`)."""
-    return (not uses_fsdp(dims, memory) and dims.ddp_enabled
-            and dims.ep == 1 and dims.tp == 1 and dims.pp == 1)
+    return not uses_fsdp(dims, memory) and ddp_reducer(dims.layout)
 
 
 def parallelize(model: nn.Module, dims: ParallelDims, *, precision: PrecisionConfig,
@@ -61,13 +61,16 @@ def parallelize(model: nn.Module, dims: ParallelDims, *, precision: PrecisionCon
     where `uses_ddp` (the dry-run: DDP's reducer reads parameter storage to verify shapes across
     ranks, which fake tensors do not have; the local computation is the same).
     """
-    _check(dims, memory, precision)
+    _check(dims, memory, precision, moe=any(isinstance(m, MoE) for m in model.modules()))
     if hasattr(model, "loss_chunk_tokens"):  # the fused head + loss (models.loss)
         model.loss_chunk_tokens = memory.loss_chunk_tokens
     # fp8 linears first: Float8Linear is an nn.Linear, so the TP plans and FSDP apply unchanged
     maybe_apply_fp8(model, precision)
     if dims.tp > 1:
-        apply_tp(model, dims.submesh("tp"), sp=dims.sp, loss_parallel=loss_parallel)
+        # MoE experts: split over tp without expert parallelism, else whole per tp rank for EP
+        # to split (the rule lives in config.layout_problems)
+        apply_tp(model, dims.submesh("tp"), sp=dims.sp, loss_parallel=loss_parallel,
+                 shard_experts=dims.ep == 1)
     if dims.cp > 1:
         from .context_parallel import apply_cp
 
@@ -93,9 +96,10 @@ def parallelize(model: nn.Module, dims: ParallelDims, *, precision: PrecisionCon
 
         enable_fp8_all_gather(model)
     if needs_fsdp:
-        # Expert-parallel experts (ep = dp*cp) are already split over the data-parallel ranks
-        # and their gradients already scaled to the mean by EP: FSDP leaves them alone.
-        experts = {p for p in model.parameters() if dims.ep > 1 and isinstance(p, DTensor)}
+        # Expert-parallel experts are already split over an ep sub-axis of the data-parallel
+        # ranks and their gradients scaled to the ep group's mean by EP: FSDP leaves them
+        # alone; their replicas (ep < dp*cp) are averaged below.
+        experts = {p for p in model.parameters() if is_expert(p)}
         apply_fsdp(model, dims.fsdp_mesh(), reshard_after_forward=dims.zero == 3,
                    mp=mp_policy(precision.dtype, precision.reduce_dtype),
                    offload_params=offload, ignored_params=experts)
@@ -106,4 +110,7 @@ def parallelize(model: nn.Module, dims: ParallelDims, *, precision: PrecisionCon
                       powersgd_start_step=precision.powersgd_start_step)
     elif dims.ddp_enabled:  # DTensor parameters or pipeline stages (see `uses_ddp`)
         apply_manual_grad_sync(model, dims.submesh("dp_cp"))
+    if dims.ep > 1 and dims.submesh("ep_replicate").size() > 1:
+        # experts held by dp*cp/ep ranks each: their gradients averaged over those replicas
+        apply_manual_grad_sync(model, dims.submesh("ep_replicate"), experts=True)
     return model

@@ -27,8 +27,25 @@ gathering the (B, T, V) logits). With `loss_parallel=False` logits are all-gathe
 the model; the final norm's output is made a Replicate DTensor so that product is a vocabulary-
 sharded DTensor, the same layout as the untied head.
 
-MoE layers are not tensor-parallel here: `config.layout_problems` refuses tp > 1 for MoE models
-(use parallel.ep: experts split whole over ranks); the head-count rules live there too.
+MoE blocks (expert tensor parallelism: Shoeybi et al. 2019's MLP split applied per expert, as
+Megatron-Core's MoE layer does): attention is split as above; the MoE layer's input is
+gathered to the whole (replicated) sequence, the router stays replicated (every tp rank routes
+the same tokens the same way, so the load-balancing loss is the single-device one), and the
+experts are either
+
+- split over tp (`shard_experts=True`, the layout rule for ep = 1): w1/w3 (E, f, h) column-wise
+  on f, w2 (E, h, f) row-wise on f, as a dense MLP's; `TensorParallelExperts` all-reduces
+  their partial (N*k, h) output over tp before the combine, and all-reduces the gradient of
+  their input in backward. Megatron-Core's token dispatchers reduce at the same place (a
+  reduce-scatter of the experts' output before un-permutation,
+  megatron/core/transformer/moe/token_dispatcher.py); here every tp rank combines all rows,
+  hence an all-reduce; or
+- kept whole on every tp rank (`shard_experts=False`, the rule for ep > 1: expert parallelism
+  then splits them over its sub-axis of dp x cp, `expert_parallel.apply_ep`): each tp rank
+  runs the same experts on the same tokens, so their gradients are already equal over tp.
+
+Either way the MoE output is the same on every tp rank; with sp each keeps its T/tp slice.
+The legality rules (head counts, which expert split runs) live in `config.layout_problems`.
 """
 
 from __future__ import annotations
@@ -43,6 +60,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
+    PrepareModuleInputOutput,
     PrepareModuleOutput,
     RowwiseParallel,
     SequenceParallel,
@@ -50,9 +68,11 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from scaletrain.dtensor import to_local
 from scaletrain.models.loss import VocabShard, linear_cross_entropy
+from scaletrain.models.moe import EXPERT_WEIGHTS, GroupedExperts, expert_mlp
 
-__all__ = ["apply_tp", "loss_context", "vocab_parallel_head_loss"]
+__all__ = ["TensorParallelExperts", "apply_tp", "loss_context", "vocab_parallel_head_loss"]
 
 
 def _root_plan(model: nn.Module, sp: bool, loss_parallel_: bool) -> dict:
@@ -73,8 +93,23 @@ def _root_plan(model: nn.Module, sp: bool, loss_parallel_: bool) -> dict:
     return plan
 
 
-def _block_plan(sp: bool) -> dict:
+def _block_plan(sp: bool, moe: bool = False) -> dict:
     seq = Shard(1) if sp else Replicate()
+    mlp: dict = {
+        "feed_forward": PrepareModuleInput(input_layouts=(seq,),
+                                           desired_input_layouts=(Replicate(),),
+                                           use_local_output=False),
+        "feed_forward.w1": ColwiseParallel(),
+        "feed_forward.w2": RowwiseParallel(output_layouts=seq),
+    }
+    if moe:
+        # the whole sequence in (plain: MoE routes local tensors), the same output on every
+        # tp rank out (sp: this rank's slice). The input's gradient is equal over tp (router
+        # replicated; split experts all-reduce theirs), hence Replicate.
+        mlp = {"moe": PrepareModuleInputOutput(
+            input_layouts=(seq,), desired_input_layouts=(Replicate(),),
+            use_local_input=True, output_layouts=(Replicate(),),
+            desired_output_layouts=(seq,), use_local_output=True)}
     plan: dict = {
         # The block input stays a Replicate DTensor (use_local_output=False) so that wq, wk, wv
         # (and w1, w3) share it: their partial input gradients are summed locally and reduced
@@ -87,11 +122,7 @@ def _block_plan(sp: bool) -> dict:
         "attention.wk": ColwiseParallel(),
         "attention.wv": ColwiseParallel(),
         "attention.wo": RowwiseParallel(output_layouts=seq),
-        "feed_forward": PrepareModuleInput(input_layouts=(seq,),
-                                           desired_input_layouts=(Replicate(),),
-                                           use_local_output=False),
-        "feed_forward.w1": ColwiseParallel(),
-        "feed_forward.w2": RowwiseParallel(output_layouts=seq),
+        **mlp,
     }
     if sp:
         plan["attention_norm"] = SequenceParallel()
@@ -117,9 +148,12 @@ def _slice_embedding_grad(module: nn.Module, args: object) -> None:
         w._grad_sliced = True  # type: ignore[attr-defined]
 
 
-def apply_tp(model: nn.Module, mesh: DeviceMesh, *, sp: bool, loss_parallel: bool = True
-             ) -> nn.Module:
-    """Shard `model` over the 1-D tp `mesh` in place (degree 1: no-op); see module docstring."""
+def apply_tp(model: nn.Module, mesh: DeviceMesh, *, sp: bool, loss_parallel: bool = True,
+             shard_experts: bool = True) -> nn.Module:
+    """Shard `model` over the 1-D tp `mesh` in place (degree 1: no-op); see module docstring.
+
+    shard_experts: MoE experts split over tp (else kept whole per tp rank, for expert
+    parallelism to split)."""
     tp = mesh.size()
     if tp == 1:
         return model
@@ -138,10 +172,13 @@ def apply_tp(model: nn.Module, mesh: DeviceMesh, *, sp: bool, loss_parallel: boo
                 output_layouts=Shard(-1), desired_output_layouts=Replicate(),
                 use_local_output=True))
     for block in model.layers.values():  # type: ignore[union-attr]
-        plan = _block_plan(sp)
-        if getattr(block.feed_forward, "w3", None) is not None:
+        moe = getattr(block, "moe", None)
+        plan = _block_plan(sp, moe=moe is not None)
+        if moe is None and getattr(block.feed_forward, "w3", None) is not None:
             plan["feed_forward.w3"] = ColwiseParallel()
         parallelize_module(block, mesh, plan)
+        if moe is not None and shard_experts:
+            moe.experts = TensorParallelExperts(moe.experts, mesh)
         block.attention.n_heads //= tp
         block.attention.n_kv_heads //= tp
     emb = getattr(model, "tok_embeddings", None)
@@ -150,6 +187,90 @@ def apply_tp(model: nn.Module, mesh: DeviceMesh, *, sp: bool, loss_parallel: boo
     if hasattr(model, "head_loss"):
         model.head_loss = vocab_parallel_head_loss
     return model
+
+
+class _CopyToTP(torch.autograd.Function):
+    """Identity forward; backward all-reduces the gradient over tp (the split experts'
+    partial input gradients; Megatron's `copy_to_tensor_model_parallel_region`)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone(memory_format=torch.contiguous_format)  # never reduce autograd's own
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class _ReduceFromTP(torch.autograd.Function):
+    """All-reduce forward (sum of the tp ranks' partial outputs); identity backward
+    (Megatron's `reduce_from_tensor_model_parallel_region`)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        x = x.contiguous().clone()
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+# Shard dim of each expert weight over tp: f is dim 1 of w1/w3 (E, f, h) and b1/b3 (E, f),
+# dim 2 of w2 (E, h, f); b2 (E, h) is whole on every rank, added once after the reduction.
+_EXPERT_TP_DIM = {"w1": 1, "w3": 1, "b1": 1, "b3": 1, "w2": 2}
+
+
+class TensorParallelExperts(GroupedExperts):
+    """`GroupedExperts` with every expert's f dimension split over the tp `mesh`.
+
+    Same parameter names and global shapes (DTensors: `materialize` draws the single-device
+    values and keeps this rank's slice). `forward` takes the same replicated sorted tokens and
+    counts on every tp rank and returns the same (N*k, h) rows on every tp rank: the partial
+    products of the f slices are summed by one all-reduce of the output, and the input's
+    partial gradients by one all-reduce in backward.
+    """
+
+    def __init__(self, experts: GroupedExperts, mesh: DeviceMesh) -> None:
+        nn.Module.__init__(self)
+        self.mesh, self.group = mesh, mesh.get_group()
+        self.num_experts, self.activation = experts.num_experts, experts.activation
+        self.linear = experts.linear  # F.linear, or the fp8 matmul apply_fp8 set
+        for name in EXPERT_WEIGHTS:
+            p = getattr(experts, name)
+            if p is None:
+                setattr(self, name, None)
+                continue
+            dim = _EXPERT_TP_DIM.get(name)
+            # Shard(dim)'s own split (torch.chunk), taken locally: no communication, and it
+            # works on a meta model too
+            local = (p.detach().chunk(mesh.size(), dim)[mesh.get_local_rank()].clone()
+                     if dim is not None else p.detach().clone())
+            dt = DTensor.from_local(local, mesh, [Shard(dim) if dim is not None else Replicate()],
+                                    run_check=False, shape=p.shape, stride=p.stride())
+            setattr(self, name, nn.Parameter(dt, requires_grad=p.requires_grad))
+
+    def forward(self, x_sorted: torch.Tensor,
+                num_tokens_per_expert: torch.Tensor | list[int]) -> torch.Tensor:
+        counts = (num_tokens_per_expert.tolist() if torch.is_tensor(num_tokens_per_expert)
+                  else list(num_tokens_per_expert))
+        x = _CopyToTP.apply(x_sorted, self.group)
+        w1, w2, w3, b1, b2, b3 = (None if w is None else to_local(w) for w in self.weights())
+        assert w1 is not None and w2 is not None
+        outs = [expert_mlp(chunk, self.activation, w1[e], w2[e],
+                           None if w3 is None else w3[e], None if b1 is None else b1[e],
+                           None, None if b3 is None else b3[e], linear=self.linear)
+                for e, chunk in enumerate(torch.split(x, counts))]
+        y = torch.cat(outs, dim=0) if outs else x.new_zeros(0, x.shape[-1])
+        y = _ReduceFromTP.apply(y, self.group)
+        if b2 is not None:  # once, after the reduction
+            rows = torch.as_tensor(counts, device=y.device)
+            y = y + torch.repeat_interleave(b2, rows, dim=0, output_size=y.shape[0])
+        return y
 
 
 def vocab_parallel_head_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,

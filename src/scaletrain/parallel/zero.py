@@ -13,6 +13,14 @@ rank of one tp rank holds the same shards, and all of them partition the same pa
 (by global size) alike, so each rank owns the Adam states of whole tp shards and the owner's
 updated shard overwrites the others': Megatron's distributed optimizer over TP, except that
 ownership is per parameter rather than per flat buffer slice.
+
+With expert parallelism the experts' shards differ between the ep ranks of a ZeRO group, so an
+owner's broadcast over the whole group would overwrite other ranks' experts. `_LocalShardZero`
+therefore partitions the experts over the ep_replicate index only: the ZeRO group's rank
+i = j*ep + e (j: replica index, e: ep rank; `ParallelDims`' ep mesh) holds expert shard e, an
+expert parameter assigned to replica j is owned by every rank (j, *) (each steps its own
+shard), and the owner (j, e) broadcasts it over the ep_replicate group of the ranks (*, e) that
+hold the same shard. Experts' Adam states are thus split dp*cp/ep ways, dense ones dp*cp ways.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from torch.distributed.tensor import DTensor
 
 from scaletrain.dtensor import to_full, to_local
 
+from .data_parallel import is_expert
 from .dims import ParallelDims
 
 __all__ = ["wrap_optimizer", "clip_grad_norm_", "local_state_bytes", "zero1_local_state",
@@ -37,13 +46,60 @@ __all__ = ["wrap_optimizer", "clip_grad_norm_", "local_state_bytes", "zero1_loca
 
 class _LocalShardZero(ZeroRedundancyOptimizer):
     """torch's ZeRO-1 whose post-step broadcast also sends DTensor parameters (their local
-    shards, in place); plain parameters go exactly as in the base class."""
+    shards, in place); plain parameters go exactly as in the base class. Expert-parallel
+    parameters are partitioned and broadcast over their replicas (module docstring):
+    `ep` is the expert-parallel degree, `expert_group` the ep_replicate group."""
+
+    def __init__(self, params: Any, *, ep: int = 1,
+                 expert_group: dist.ProcessGroup | None = None, **kw: Any) -> None:
+        # set before the base class partitions the parameters (in its __init__)
+        self._ep, self._expert_group = ep, expert_group
+        super().__init__(params, **kw)
+
+    def _partition_parameters(self, params_per_rank: list[list[torch.Tensor]] | None = None
+                              ) -> list[list[dict]]:
+        # torch's stub (zero_redundancy_optimizer.pyi) leaves out the private partition helpers
+        zero: Any = self
+        base: Any = super()
+        has_experts = any(is_expert(p) for g in self.param_groups for p in g["params"])
+        if params_per_rank is not None or not has_experts or zero._partition_parameters_cache:
+            return base._partition_parameters(params_per_rank)
+        ep, n = self._ep, self.world_size
+        if n % ep:
+            raise ValueError(f"ZeRO-1 group of {n} ranks is not a multiple of ep={ep}")
+        zero._partition_parameters_cache = [[] for _ in range(n)]
+        sizes = [0] * n
+        for group in self.param_groups:
+            per_rank: list[list[torch.Tensor]] = [[] for _ in range(n)]
+            # the base class's greedy rule (largest first, to the least-loaded owner), with an
+            # expert going to the replica index j whose ranks (j, *) hold least
+            for p in sorted(group["params"], key=lambda t: t.numel(), reverse=True):
+                if is_expert(p):
+                    j = min(range(n // ep), key=lambda j: sum(sizes[j * ep:(j + 1) * ep]))
+                    owners = range(j * ep, (j + 1) * ep)
+                else:
+                    least = zero._get_min_index(sizes)
+                    owners = range(least, least + 1)
+                for r in owners:
+                    per_rank[r].append(p)
+                    sizes[r] += p.numel()
+            zero._partition_param_group(group, per_rank)
+        return zero._partition_parameters_cache
 
     def _broadcast_params_from_rank(self, rank: int) -> list:
         src = dist.distributed_c10d.get_global_rank(self.process_group, rank)
-        return [dist.broadcast(to_local(p.data), src=src, group=self.process_group,
-                               async_op=True)
-                for group in self._partition_parameters()[rank] for p in group["params"]]
+        handles = []
+        for group in self._partition_parameters()[rank]:
+            for p in group["params"]:
+                if not is_expert(p):
+                    handles.append(dist.broadcast(to_local(p.data), src=src,
+                                                  group=self.process_group, async_op=True))
+                elif (rank % self._ep == self.rank % self._ep and self._expert_group is not None
+                      and dist.get_world_size(self._expert_group) > 1):
+                    # the ranks holding this rank's expert shards receive the owner's update
+                    handles.append(dist.broadcast(to_local(p.data), src=src,
+                                                  group=self._expert_group, async_op=True))
+        return handles
 
 
 def zero1_local_state(optimizer: ZeroRedundancyOptimizer) -> dict[str, Any]:
@@ -79,8 +135,9 @@ def wrap_optimizer(optimizer_class: type[torch.optim.Optimizer], params: Iterabl
     params = list(params)
     if dims.zero == 1 and dims.ddp_enabled:
         group = dims.submesh("dp_shard_cp").get_group()
+        experts = dims.submesh("ep_replicate").get_group() if dims.ep > 1 else None
         return _LocalShardZero(params, optimizer_class=optimizer_class, process_group=group,
-                               **defaults)
+                               ep=dims.ep, expert_group=experts, **defaults)
     return optimizer_class(params, **defaults)
 
 

@@ -67,8 +67,14 @@ def comm_terms(*, layout: Layout, hardware: HardwareSpec, stage_params: float, l
 
     stage_params: parameters this rank holds (after TP/PP/EP division, before ZeRO); layers /
     moe_layers: blocks on this rank; tokens: s_l*b of one micro-batch; micro_batches: m.
-    expert_params: the MoE expert parameters among stage_params (local after EP): their
-    gradients are reduced over the (dp*cp)/ep ranks that replicate them, not over dp*cp.
+    expert_params: the MoE expert parameters among stage_params (local after EP, or after TP
+    with ep = 1: `config.layout.expert_split`). With ep > 1 their gradients are averaged over
+    the (dp*cp)/ep ranks that replicate them (`ep_replicate`), not over dp*cp, once per step
+    (`sync_gradients`, all ZeRO stages: FSDP2 leaves expert-parallel experts alone, so ZeRO-2/3
+    gather and reduce-scatter only the other parameters), and ZeRO-1 broadcasts their updated
+    fp32 partitions over those replicas only (`parallel.zero._LocalShardZero`); both priced on
+    the dp axis's link (replicas sit ep x tp ranks apart, so they span nodes no sooner than
+    the dp group does).
     fp8_gather_params: parameters among stage_params that ZeRO-2/3 all-gathers as 1-byte E4M3
     (`precision.fp8_all_gather`; measured: exactly half the bf16 bytes, its scale is one
     all-reduced scalar per weight, ignored) instead of the compute dtype.
@@ -96,7 +102,13 @@ def comm_terms(*, layout: Layout, hardware: HardwareSpec, stage_params: float, l
                      of e*s*b*h (+2 under full recompute), plus the vocab-parallel embedding's
                      forward all-reduce and the head input's backward all-reduce (2 per
                      micro-batch); with SP the same bytes as all-gather + reduce-scatter pairs
-                     (Korthikanti et al. 2022);
+                     (Korthikanti et al. 2022). An MoE block (parallel/tensor_parallel.py)
+                     keeps the attention's 2 (+1) and replaces the MLP's: experts split over tp
+                     (ep = 1) all-reduce their (N*k, h) output forward and their input's
+                     gradient backward, 2 (+1) all-reduces of k*e*s*b*h (Megatron-Core's
+                     expert TP reduces there too); with SP the MoE input is all-gathered
+                     forward (+1 under recompute) and the output's gradient all-gathered
+                     backward (e*s*b*h each), whether or not the experts are split;
       pp_p2p         one activation send forward and one gradient send backward per micro-batch
                      and chunk (x v interleaved), on the worst rank: the first stage sends no
                      gradient and the last no activation, so at pp = 2 every rank sends
@@ -117,29 +129,39 @@ def comm_terms(*, layout: Layout, hardware: HardwareSpec, stage_params: float, l
         n = L.dp * L.cp
         if L.zero:
             n = max(1, n // max(1, L.dp_replicate))
-        grads = stage_params * reduce_bytes
         # reductions (and zero 2's gathers) per step: m, or 1 inside a pipeline (see above)
         k_red = 1 if L.pp > 1 else m
+        # expert-parallel experts: averaged over their (dp*cp)/ep replicas only, once per step
+        # at every ZeRO stage (FSDP2 leaves them alone); ep = 1 experts are plain parameters
+        ep_experts = expert_params if L.ep > 1 else 0.0
+        n_exp = max(1, L.dp * L.cp // L.ep)
+        exp_grads = ep_experts * reduce_bytes
         if L.zero <= 1:
-            # expert gradients are reduced over the (dp*cp)/ep replicas of each expert only
-            dense = (stage_params - expert_params) * reduce_bytes
-            n_exp = max(1, n // L.ep) if L.ep > 1 else n
-            moved = 2 * (n - 1) / n * dense + 2 * (n_exp - 1) / n_exp * expert_params * reduce_bytes
+            dense = (stage_params - ep_experts) * reduce_bytes
+            moved = 2 * (n - 1) / n * dense + 2 * (n_exp - 1) / n_exp * exp_grads
             secs = (allreduce_time(dense, n, bw, lat)
-                    + allreduce_time(expert_params * reduce_bytes, n_exp, bw, lat))
+                    + allreduce_time(exp_grads, n_exp, bw, lat))
             if moved:
                 out["dp_allreduce"] = (moved, secs)
             if L.zero == 1:
-                params = stage_params * 4  # fp32 partitions broadcast after the sharded update
-                out["zero_all_gather"] = ((n - 1) / n * params, gather_time(params, n, bw, lat))
-        elif L.zero == 2:
+                # fp32 partitions broadcast after the sharded update; experts over their replicas
+                dense_p, exp_p = (stage_params - ep_experts) * 4, ep_experts * 4
+                out["zero_all_gather"] = (
+                    (n - 1) / n * dense_p + (n_exp - 1) / n_exp * exp_p,
+                    gather_time(dense_p, n, bw, lat) + gather_time(exp_p, n_exp, bw, lat))
+        elif exp_grads and n_exp > 1:
+            out["dp_allreduce"] = (2 * (n_exp - 1) / n_exp * exp_grads,
+                                   allreduce_time(exp_grads, n_exp, bw, lat))
+        fsdp_params = stage_params - ep_experts  # what FSDP2 gathers and reduces
+        grads = fsdp_params * reduce_bytes
+        if L.zero == 2:
             out["zero_reduce_scatter"] = (k_red * (n - 1) / n * grads,
                                           k_red * gather_time(grads, n, bw, lat))
-            params = (stage_params - fp8_gather_params) * pc + fp8_gather_params
+            params = (fsdp_params - fp8_gather_params) * pc + fp8_gather_params
             out["zero_all_gather"] = (k_red * (n - 1) / n * params,
                                       k_red * gather_time(params, n, bw, lat))
-        else:
-            params = (stage_params - fp8_gather_params) * pc + fp8_gather_params
+        elif L.zero >= 3:
+            params = (fsdp_params - fp8_gather_params) * pc + fp8_gather_params
             k_ag = m + 1 if L.pp > 1 else 2 * m
             out["fsdp_all_gather"] = (k_ag * (n - 1) / n * params,
                                       k_ag * gather_time(params, n, bw, lat))
@@ -157,8 +179,20 @@ def comm_terms(*, layout: Layout, hardware: HardwareSpec, stage_params: float, l
     act = e * tokens * hidden
     if L.tp > 1:
         bw, lat, _ = axis_link(L, hw, "tp", gpus_per_node)
-        k = ((4 + (2 if recompute else 0)) * layers + 2) * m
-        out["tp"] = (k * 2 * (L.tp - 1) / L.tp * act, k * allreduce_time(act, L.tp, bw, lat))
+        rc = 1 if recompute else 0
+        # all-reduces of act: dense blocks 4 (+2), MoE blocks' attention 2 (+1), embedding/head 2
+        k = ((4 + 2 * rc) * (layers - moe_layers) + (2 + rc) * moe_layers + 2) * m
+        moved, secs = k * 2 * (L.tp - 1) / L.tp * act, k * allreduce_time(act, L.tp, bw, lat)
+        if moe_layers and L.ep == 1:  # experts split over tp: their output and input gradient
+            routed = experts_per_token * act
+            k_e = (2 + rc) * moe_layers * m
+            moved += k_e * 2 * (L.tp - 1) / L.tp * routed
+            secs += k_e * allreduce_time(routed, L.tp, bw, lat)
+        if moe_layers and L.sp:  # the MoE input gathered forward, its output's grad backward
+            k_g = (2 + rc) * moe_layers * m
+            moved += k_g * (L.tp - 1) / L.tp * act
+            secs += k_g * gather_time(act, L.tp, bw, lat)
+        out["tp"] = (moved, secs)
     if L.pp > 1:
         bw, lat, _ = axis_link(L, hw, "pp", gpus_per_node)
         msg = act / (L.tp if L.sp else 1)

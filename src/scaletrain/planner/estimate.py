@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from scaletrain.config import HardwareSpec, ModelConfig
+from scaletrain.config import HardwareSpec, ModelConfig, expert_split, expert_tp
 
 from .comm import allreduce_time, axis_link, comm_terms, gather_time
 from .cost import TrainingCost, napkin_cost, training_cost
@@ -116,8 +116,8 @@ def comm_arguments(plan: PlanInput, max_params: float, gpus_per_node: int | None
     rank, this rank's expert weights (EP-local, TP-sharded like max_params)."""
     L, model = plan.layout, plan.model
     layers = max(stage_layer_counts(model.num_layers, L.pp, L.pp_virtual))
-    experts = (layers * model.param_counts().mlp_per_expert * model.num_experts / (L.ep * L.tp)
-               if model.is_moe else 0.0)
+    experts = (layers * model.param_counts().mlp_per_expert * model.num_experts
+               / expert_split(L) if model.is_moe else 0.0)
     # fp8 all-gather (precision/fp8_fsdp.py): the Float8Linears' weights travel as 1-byte E4M3
     fp8_gather = (fp8_linear_params(model, layers, L.tp)
                   if plan.fp8_all_gather and plan.precision == "fp8" else 0.0)
@@ -138,7 +138,10 @@ def _time(plan: PlanInput, max_params: float, causal: bool, gpus_per_node: int |
     Compute: the slowest pipeline rank paces every micro-batch. Rank r does
     counts[r] x block hardware FLOPs per token, the last rank also the head (3 x forward); the
     embedding lookup does no matmul. Summed over ranks this is the model's hardware FLOPs, so
-    compute x gpus x rate >= model FLOPs per step and MFU <= efficiency (tested)."""
+    compute x gpus x rate >= model FLOPs per step and MFU <= efficiency (tested). Blocks split
+    over tp x cp, except MoE experts kept whole per tp rank (ep > 1,
+    `config.layout.expert_tp`): every tp rank runs them on the same (gathered) tokens, so their
+    FLOPs split over cp only."""
     L, model, hw = plan.layout, plan.model, plan.hardware
     m = max(1, plan.grad_accum)
     _, lf, hf, core, layer_hw, _ = _model_consts(model, plan.seq_len, causal, plan.ac)
@@ -162,6 +165,14 @@ def _time(plan: PlanInput, max_params: float, causal: bool, gpus_per_node: int |
     layer_s = (layer_hw - core_hw) / rate + core_hw / slow  # seconds per token per block
     tok_mb = float(plan.seq_len) * plan.micro_batch  # tokens of one micro-batch (one replica)
     split = L.tp * L.cp
+    te = expert_tp(L.tp, L.ep)
+    if model.is_moe and te < L.tp:
+        # the experts' matmuls (k routed copies of each token, n_mat x h x f each; forward,
+        # backward 2x, + a forward under full recompute), charged tp / te times over
+        n_mat = 3 if model.activation == "swiglu" else 2
+        expert_f = 2.0 * model.experts_per_token * n_mat * model.dim * model.ffn_dim
+        expert_s = expert_f * (4 if plan.ac == "full" else 3) / rate
+        layer_s += expert_s * (L.tp / te - 1)
     middle = max(counts[:-1], default=0) * layer_s
     t_mb = max(middle, counts[-1] * layer_s + 3 * hf / slow) * tok_mb / split
     compute_s = m * t_mb

@@ -6,7 +6,7 @@ the walk-through cannot drift from what `plan` predicts.
 
 from __future__ import annotations
 
-from scaletrain.config import GB
+from scaletrain.config import GB, expert_split
 
 from .flops import (
     attention_core_flops_per_token,
@@ -48,7 +48,8 @@ def _parameters(est: Estimate) -> list[str]:
     counts = stage_layer_counts(m_.num_layers, L.pp, L.pp_virtual)
     held = mem.detail.get("params.count", 0.0)
     add(f"   pipeline split (layers per rank) = {counts}; worst-memory rank {mem.rank} holds "
-        f"{held:,.0f} params after /tp={L.tp} (and /ep={L.ep} for experts)")
+        f"{held:,.0f} params after /tp={L.tp} (experts /{expert_split(L)}: "
+        f"{'tp' if L.ep == 1 else 'ep'})")
     return out
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 
-from scaletrain.config import PRECISION_TABLE, ModelConfig, stage_layer_ranges
+from scaletrain.config import PRECISION_TABLE, ModelConfig, expert_tp, stage_layer_ranges
 
 __all__ = ["OPTIMIZER_BYTES", "CONVENTIONS", "state_bytes_per_param", "model_state_bytes",
            "stage_layer_counts", "korthikanti_layer_bytes", "layer_activation_bytes",
@@ -217,7 +217,10 @@ def layer_activation_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int
         4*s_l*b*(E + k); int64 routing indices, 3 x 8*k*s_l*b (top-k indices, the sort
         order, each slot's source token); the dispatched inputs (expert linears), the expert
         outputs after the combine and two more copies the combine saves (mul, index_add),
-        3 x e*k*s_l*b*h; expert intermediates as the MLP for k*s_l*b tokens. ep > 1
+        3 x e*k*s_l*b*h; expert intermediates as the MLP for k*s_l*b tokens, f split over
+        t only when the experts are (ep = 1, `config.layout.expert_tp`; with ep > 1 each tp
+        rank runs whole experts); s_l, not s_l/t, under SP too (tensor_parallel.py gathers
+        the MoE input: every tp rank routes the whole sequence). ep > 1
         (parallel/expert_parallel.py) adds the int64 regrouping permutation 8*k*s_l*b and
         the regrouped expert output index_copy saves, e*k*s_l*b*h.
     fp8 (precision/fp8.py, per-tensor scaling; tile-wise adds 4/128 for its fp32 scales): each
@@ -267,15 +270,16 @@ def layer_activation_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int
     n_f = 2 if model.activation == "gelu" else (3 if compile else 4)
     if model.is_moe:
         k, E = model.experts_per_token, model.num_experts
+        te = expert_tp(tp, ep)  # f split over tp only with ep = 1
         copies = 3 + (1 if ep > 1 else 0)  # (N*k, h) copies; as many int64 (N*k,) indices
         mlp = 4.0 * tok * (E + k) + copies * (8.0 * k * tok + e * k * tok * h)
         if fp8:
             # float8 experts (precision/fp8.py Float8ExpertLinear): the dispatched input is
             # saved as n_in 1-byte copies (one per input linear) instead of one e-byte copy,
             # w2's input as 1 byte (as the dense MLP above)
-            mlp += (n_in - e) * k * tok * h + ((n_f - 1) * e + 1) * k * tok * f / tp
+            mlp += (n_in - e) * k * tok * h + ((n_f - 1) * e + 1) * k * tok * f / te
         else:
-            mlp += n_f * e * k * tok * f / tp
+            mlp += n_f * e * k * tok * f / te
     elif fp8:
         mlp = (n_f - 1) * e * tok * f / tp + tok * f / tp  # w2's input saved as fp8
     else:
@@ -297,7 +301,8 @@ def selective_layer_bytes(model: ModelConfig, *, tokens: float, tp: int, sp: boo
     those, saved too: reduce-scatter e*s_l*b*h/t (SP) or all-reduce e*s_l*b*h; the MLP's
     input matmuls, n_in x e*s_l*b*f/t (n_in = 2 for SwiGLU's gate and up, 1 for GELU). MoE:
     the router's matmul e*s_l*b*E and the experts' matmuls for k*s_l*b routed tokens (n_in x
-    e*k*s_l*b*f/(t*ep) + e*k*s_l*b*h); the dense MLP terms are replaced.
+    e*k*s_l*b*f/(t_e*ep) + e*k*s_l*b*h, t_e = `config.layout.expert_tp`); the dense MLP terms
+    are replaced.
     Ignores: RoPE tables (shared buffers), the fp8 scales (a few floats per tensor).
     Source: torch.utils.checkpoint's selective policy keeps exactly the outputs of the ops
     `ac.SELECTIVE_SAVED_OPS` names; checked against the dry-run (planner_accuracy.md).
@@ -314,7 +319,8 @@ def selective_layer_bytes(model: ModelConfig, *, tokens: float, tp: int, sp: boo
     if model.is_moe:
         k = model.experts_per_token
         out += e * tokens * model.num_experts
-        out += n_in * e * k * tokens * f / (tp * ep) + e * (k - 1) * tokens * h
+        out += (n_in * e * k * tokens * f / (expert_tp(tp, ep) * ep)
+                + e * (k - 1) * tokens * h)
     else:
         out += n_in * e * tokens * f / tp
     return out
@@ -454,14 +460,19 @@ def buffer_terms(*, hidden: int, tokens: float, precision: str, zero: int, dp: i
                  sp: bool, pp: int, cp: int, ep: int, kv_dim: int, experts_per_token: int,
                  unit_params: float, zero_shards: int, device: str = "gpu",
                  reduce_bytes: int = 4, bucket_params: float = 0.0,
-                 ffn_dim: int = 0) -> dict[str, float]:
+                 ffn_dim: int = 0, ddp: bool = True) -> dict[str, float]:
     """Named transient buffers on one rank (bytes). tokens = s_l * b of one micro-batch.
 
     ddp_buckets: DDP (zero 0, and zero 1 which runs over DDP): the reducer's flat bucket copy of
       every gradient, reduce_bytes x bucket_params (the rank's replicated parameters), kept for
       the run: the trainer's `replicate` keeps torch's default gradient_as_bucket_view=False
       (the dry-run adds the same term). Without bucket_params: 2 x 25 MB in flight (bucket_cap_mb).
-      zero 2 is FSDP2 (no DDP buckets; its collectives are as zero 3's).
+      zero 2 is FSDP2 (no DDP buckets; its collectives are as zero 3's). ddp=False
+      (`config.layout.ddp_reducer`: tp, ep or pp > 1): no reducer, the gradients are averaged
+      after backward through flat buckets of <= 25 MiB each
+      (parallel/data_parallel.py BUCKET_BYTES), freed one by one when the activations are
+      already gone: not counted (dry-run, tiny-moe dp4 ep2 z0: the bucket term was +17% of
+      the transient peak).
     fsdp_reduce_scatter: ZeRO-3 fp32 copy of one unit's grads fed to the reduce-scatter
       (reduce_bytes x unit) plus its output shard; fsdp_all_gather: the all-gather input shard.
       (the all-gathered output is the in-flight param copy counted under params).
@@ -482,7 +493,7 @@ def buffer_terms(*, hidden: int, tokens: float, precision: str, zero: int, dp: i
         if zero >= 2:
             out["fsdp_reduce_scatter"] = reduce_bytes * unit_params * (1 + 1 / max(1, zero_shards))
             out["fsdp_all_gather"] = e * unit_params / max(1, zero_shards)
-        else:
+        elif ddp:
             out["ddp_buckets"] = reduce_bytes * bucket_params if bucket_params else 2 * 25 * 2**20
     if tp > 1 and sp:
         out["tp_all_gather"] = e * tokens * hidden

@@ -14,7 +14,14 @@ from __future__ import annotations
 
 import functools
 
-from scaletrain.config import ModelConfig, ParamCounts, stage_layer_ranges
+from scaletrain.config import (
+    ModelConfig,
+    ParamCounts,
+    ddp_reducer,
+    expert_split,
+    expert_zero_shards,
+    stage_layer_ranges,
+)
 
 from .memory import (
     FRAGMENTATION,
@@ -149,10 +156,11 @@ def _rank_states(plan: PlanInput, zs: int, first: bool, last: bool, layers: int,
     dense_mlp = 0 if model.is_moe else pc.mlp
     block = (pc.attention + dense_mlp) / tp + pc.norms + pc.router
     dense = layers * block
-    expert = layers * pc.mlp / (tp * ep) if model.is_moe else 0.0
+    # experts split tp ways (ep = 1) or ep ways (config.layout.expert_split)
+    expert = layers * pc.mlp / expert_split(L) if model.is_moe else 0.0
     # FSDP2 ignores expert-parallel experts (parallel/parallelize.py): not in any unit
     experts_in_fsdp = not (model.is_moe and ep > 1 and L.zero >= 2)
-    unit = block + (pc.mlp / (tp * ep) if model.is_moe and experts_in_fsdp else 0.0)
+    unit = block + (pc.mlp / expert_split(L) if model.is_moe and experts_in_fsdp else 0.0)
     # FSDP2's root unit (parallel/fsdp.py: fully_shard(model) after the blocks) holds all that
     # is not a block on this stage: embedding + positions and/or final norm + head, gathered as
     # ONE unit (the dry-run's unsharded root of llama2-7b is embedding + head).
@@ -168,12 +176,12 @@ def _rank_states(plan: PlanInput, zs: int, first: bool, last: bool, layers: int,
     st = model_state_bytes(dense, precision=plan.precision, optimizer=plan.optimizer,
                            zero=L.zero, zero_shards=zs, offload=plan.offload,
                            convention=convention, expert_params=expert,
-                           expert_shards=max(1, zs // ep), unit_params=unit,
+                           expert_shards=expert_zero_shards(L), unit_params=unit,
                            largest_param=(pc.embedding / tp) if (first or last) else block,
                            # q/k/v/o, the dense MLP or local experts of this stage's blocks
                            fp8_params=fp8_linear_params(model, layers, tp) + expert,
                            experts_in_fsdp=experts_in_fsdp)
-    sharded = (dense / zs + expert / max(1, zs // ep)) if L.zero else dense + expert
+    sharded = (dense / zs + expert / expert_zero_shards(L)) if L.zero else dense + expert
     fixed = st["params"] + st["optimizer"]
     wc = 4 if plan.precision == "fp32" else 2
     root_live, head_held = _root_in_backward(plan, first, last, wc)
@@ -227,7 +235,7 @@ def _activation_terms(plan: PlanInput, modern: bool) -> tuple[float, float, floa
         # 2 bytes x the block's local expert parameters per micro-batch (dry-run, tiny-moe
         # dp2 z3 ep2: -3.0% total without this term). fp8 experts save no cast: they
         # re-quantize the fp32 weight in backward (precision/fp8.py).
-        casts = 2.0 * _param_counts(model).mlp / (L.tp * L.ep)
+        casts = 2.0 * _param_counts(model).mlp / expert_split(L)
         if plan.ac != "full":  # under full recompute only the block being recomputed has them
             per_layer += casts
         full += casts
@@ -255,7 +263,7 @@ def _buffers(plan: PlanInput, zs: int, unit: float, device: str, count: float = 
                         dp=L.dp, tp=L.tp, sp=L.sp, pp=L.pp, cp=L.cp, ep=L.ep,
                         kv_dim=model.kv_dim, experts_per_token=model.experts_per_token,
                         unit_params=unit, zero_shards=zs, device=device,
-                        bucket_params=count, ffn_dim=model.ffn_dim)
+                        bucket_params=count, ffn_dim=model.ffn_dim, ddp=ddp_reducer(L))
     if model.position == "rope":
         bufs["rope_tables"] = rope_table_bytes(model)
     out = (bufs, sum(bufs.values()), bufs["runtime_context"])
@@ -271,7 +279,7 @@ def _block_params(plan: PlanInput) -> float:
     pc = _param_counts(model)
     if model.is_moe:
         # expert-parallel experts are not in the block's FSDP unit (FSDP2 ignores them)
-        experts = 0.0 if (L.ep > 1 and L.zero >= 2) else pc.mlp / (L.tp * L.ep)
+        experts = 0.0 if (L.ep > 1 and L.zero >= 2) else pc.mlp / expert_split(L)
         return pc.attention / L.tp + pc.norms + pc.router + experts
     return (pc.attention + pc.mlp) / L.tp + pc.norms
 
