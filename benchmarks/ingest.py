@@ -5,12 +5,14 @@ the text is realistic-ish English and any size can be made without a download), 
 byte-level BPE `tokenizer.json` (vocab 8192) on a 2 MB sample, then runs the streamed build
 (`scaletrain.data.build_data` with that tokenizer, `data.source = corpus.jsonl`) in a fresh
 process per corpus size and reports tokens/s of ingestion and that process's peak RSS
-(`ru_maxrss`). Two sizes (a quarter and all of `--mb`) show whether memory grows with the
-corpus: the streamed path holds one batch of 256 documents and 1 Mi-token copy chunks, so it
-should not. Tokenizer threads: the `tokenizers` library encodes a batch on every core it sees
-(2 here), the only parallelism used.
+(`ru_maxrss`). Two sizes (`--small-mb` and `--mb`, 4 and 100 MB by default) show whether
+memory grows with the corpus: the streamed path holds one batch of 256 documents and 1
+Mi-token copy chunks, so it should not. Tokenizer threads: the `tokenizers` library encodes
+a batch on every core it sees (2 here), the only parallelism used.
 
-    python benchmarks/ingest.py [--mb 100]
+    OMP_NUM_THREADS=1 python benchmarks/ingest.py [--mb 100] [--small-mb 4]
+
+The ingesting process prints the progress line (`scaletrain.data.progress`) on stderr.
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ def _ingest(corpus: str, tokenizer: str, cache: str, q) -> None:
 
     t0 = time.perf_counter()
     cfg = DataConfig(source=corpus, tokenizer=tokenizer, cache_dir=cache)
-    with build_data(cfg, seq_len=1024, micro_batch=1) as data:
+    with build_data(cfg, seq_len=1024, micro_batch=1, progress=True) as data:
         tokens = data.num_train_tokens + data.num_val_tokens
     wall = time.perf_counter() - t0
     use = resource.getrusage(resource.RUSAGE_SELF)
@@ -96,13 +98,14 @@ def ingest(corpus: Path, tokenizer: Path, cache: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mb", type=float, default=100.0)
+    ap.add_argument("--small-mb", type=float, default=4.0)
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        for frac in (0.25, 1.0):
-            corpus = root / f"corpus-{frac}.jsonl"
-            docs = make_corpus(corpus, int(args.mb * frac * 2**20))
+        for mb in (args.small_mb, args.mb):
+            corpus = root / f"corpus-{mb}.jsonl"
+            docs = make_corpus(corpus, int(mb * 2**20))
             tok = make_tokenizer(root / "tok", corpus) if not rows else root / "tok"
             r = ingest(corpus, tok, root / "cache")
             r.update(mb=round(corpus.stat().st_size / 2**20, 1), docs=docs,
@@ -123,7 +126,8 @@ def main() -> None:
     md += ["", "Peak RSS of the ingesting process (includes the Python + torch + numpy "
            "runtime); the two sizes show whether it grows with the corpus. Wall-clock rates "
            "depend on what else the machine runs; tokens per CPU-second do not."]
-    write_results("ingest", {"rows": rows, "meta": {"mb": args.mb, "vocab": 8192}},
+    write_results("ingest", {"rows": rows, "meta": {"mb": [args.small_mb, args.mb],
+                                                    "vocab": 8192}},
                   "\n".join(md))
 
 

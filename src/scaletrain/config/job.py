@@ -281,7 +281,8 @@ class TrainConfig:
     sample_tokens: int = 200
     """Length of the text sample generated at the end (0 = none)."""
     progress: bool = True
-    """Live progress bar (rich) on rank 0."""
+    """Live progress bar (rich) on rank 0, and (stderr, every 5 s) the ingestion progress
+    line while a large corpus is tokenized."""
     tensorboard: bool = True
     force: bool = False
     """Train even when the planner predicts the layout will not fit."""

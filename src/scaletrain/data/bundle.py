@@ -117,12 +117,14 @@ class DataBundle:
 
 
 def build_data(cfg: DataConfig, *, seq_len: int, micro_batch: int, grad_accum: int = 1,
-               dp_rank: int = 0, dp_size: int = 1, seed: int | None = None) -> DataBundle:
+               dp_rank: int = 0, dp_size: int = 1, seed: int | None = None,
+               progress: bool = False) -> DataBundle:
     """Tokenize (or reuse the cached shards of) `cfg.source` and set up this rank's sampler.
 
     `seed` picks the sampling order (defaults to `cfg.seed`, which also seeds the grammar).
     Raises `ConfigError` naming `data.source` (or `data.num_tokens`) when the corpus cannot fill
-    one batch, before tokenizing anything.
+    one batch, before tokenizing anything. `progress`: print the ingestion progress line
+    (every few seconds, on stderr) while a streamed corpus is tokenized.
     """
     if min(seq_len, micro_batch, grad_accum, dp_size) < 1 or not 0 <= dp_rank < dp_size:
         raise ValueError(f"need seq_len, micro_batch, grad_accum, dp_size >= 1 and 0 <= dp_rank "
@@ -130,7 +132,7 @@ def build_data(cfg: DataConfig, *, seq_len: int, micro_batch: int, grad_accum: i
                          f"{dp_rank}")
     window = seq_len + 1
     shards = load_or_build_shards(cfg, train_need=window * micro_batch * dp_size * grad_accum,
-                                  val_need=window * micro_batch * dp_size)
+                                  val_need=window * micro_batch * dp_size, progress=progress)
     sampler = WindowSampler(shards.train, shards.val, seq_len=seq_len, micro_batch=micro_batch,
                             grad_accum=grad_accum, dp_rank=dp_rank, dp_size=dp_size,
                             seed=cfg.seed if seed is None else seed,
