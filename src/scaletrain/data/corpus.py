@@ -38,7 +38,7 @@ from .progress import Cursor, Progress
 from .tokenizer import BPETokenizer, ByteTokenizer, Tokenizer
 
 __all__ = ["iter_documents", "build_streamed", "make_tokenizer", "sha256_of", "encode_file",
-           "token_dtype_for"]
+           "token_dtype_for", "TokenFile"]
 
 FORMAT = 1  # bump when the streamed layout changes, so old caches are not reused
 _BATCH_DOCS = 256
@@ -169,9 +169,9 @@ def encode_file(path: Path, tok: Tokenizer, out: _Appender, *, text_field: str,
     end-of-document separator (and preceded by BOS when the tokenizer adds one), or a `.bin`
     file's ids as they are. `field` names the setting in errors."""
     if path.name.endswith(".bin"):
-        src = np.memmap(path, dtype=token_dtype, mode="r")
+        src = TokenFile(path, token_dtype)
         for i in range(0, len(src), _COPY_TOKENS):
-            chunk = np.asarray(src[i:i + _COPY_TOKENS])
+            chunk = src[i:i + _COPY_TOKENS]
             if len(chunk) and int(chunk.max()) >= tok.vocab_size:
                 raise ConfigError(field, str(path),
                                   f"holds id {int(chunk.max())} but the tokenizer has "
@@ -179,7 +179,7 @@ def encode_file(path: Path, tok: Tokenizer, out: _Appender, *, text_field: str,
                                   "data.tokenizer")
             out.add(chunk)
             progress.tokens += len(chunk)
-            progress.cursor.pos = (i + len(chunk)) * src.itemsize
+            progress.cursor.pos = (i + len(chunk)) * src.dtype.itemsize
             progress.tick()
         progress.file_done(path.stat().st_size)
         return
@@ -221,7 +221,36 @@ class _Part:
     weight: float
 
 
-def _copy(src: np.ndarray, start: int, n: int, out: _Appender, digest: Any) -> None:
+class TokenFile:
+    """Ids of a raw token file (or of a range of it), read in explicit chunks.
+
+    Ingestion reads its part files and shards through this rather than `np.memmap`: every page
+    a memmap touches stays mapped into the process and counts toward its resident memory (2
+    bytes per uint16 token: the whole corpus, by the end of a copy or a checksum), while a
+    read copies one chunk into a buffer that is freed, so resident memory stays bounded."""
+
+    def __init__(self, path: Path, dtype: str | np.dtype, count: int | None = None,
+                 start: int = 0):
+        self.path, self.dtype, self.start = path, np.dtype(dtype), start
+        self.count = (path.stat().st_size // self.dtype.itemsize - start if count is None
+                      else count)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def part(self, lo: int, hi: int) -> TokenFile:
+        """Tokens [lo, hi) of this range, unread."""
+        return TokenFile(self.path, self.dtype, hi - lo, self.start + lo)
+
+    def __getitem__(self, sl: slice) -> np.ndarray:
+        lo, hi, _ = sl.indices(self.count)
+        if hi <= lo:
+            return np.zeros(0, self.dtype)
+        return np.fromfile(self.path, dtype=self.dtype, count=hi - lo,
+                           offset=(self.start + lo) * self.dtype.itemsize)
+
+
+def _copy(src: TokenFile, start: int, n: int, out: _Appender, digest: Any) -> None:
     """Copy n tokens of src beginning at `start`, cycling when n exceeds what is left."""
     pos, left = start, n
     while left > 0:
@@ -235,9 +264,9 @@ def _copy(src: np.ndarray, start: int, n: int, out: _Appender, digest: Any) -> N
 
 def sha256_of(path: Path, dtype: str, count: int) -> str:
     digest = hashlib.sha256()
-    arr = np.memmap(path, dtype=dtype, mode="r", shape=(count,)) if count else np.zeros(0)
+    arr = TokenFile(path, dtype, count)
     for i in range(0, count, _COPY_TOKENS):
-        digest.update(np.ascontiguousarray(arr[i:i + _COPY_TOKENS]).tobytes())
+        digest.update(arr[i:i + _COPY_TOKENS].tobytes())
     return digest.hexdigest()
 
 
@@ -273,10 +302,10 @@ def build_streamed(cfg: DataConfig, tmp: Path, tok: Tokenizer, *,
         for p, n_train in zip(parts, natural_train, strict=True):
             if p.count == 0:
                 continue
-            src = np.memmap(p.path, dtype=dtype, mode="r", shape=(p.count,))
+            src = TokenFile(p.path, dtype, p.count)
             share = n_train if len(parts) == 1 else round(total_train * p.weight / total_w)
             if n_train > 0:
-                _copy(src[:n_train], 0, share, train, train_sha)
+                _copy(src.part(0, n_train), 0, share, train, train_sha)
             _copy(src, n_train, p.count - n_train, val, val_sha)
             del src
             p.path.unlink()
