@@ -150,8 +150,9 @@ def build_data(cfg: DataConfig, *, seq_len: int, micro_batch: int, grad_accum: i
     window = seq_len + 1
     shards = load_or_build_shards(cfg, train_need=window * micro_batch * dp_size * grad_accum,
                                   val_need=window * micro_batch * dp_size, progress=progress)
-    kw: dict[str, Any] = {"seq_len": seq_len, "micro_batch": micro_batch, "grad_accum": grad_accum,
-          "dp_rank": dp_rank, "dp_size": dp_size, "seed": cfg.seed if seed is None else seed}
+    kw: dict[str, Any] = {"seq_len": seq_len, "micro_batch": micro_batch,
+                          "grad_accum": grad_accum, "dp_rank": dp_rank, "dp_size": dp_size,
+                          "seed": cfg.seed if seed is None else seed}
     sampler = WindowSampler(shards.train, shards.val, train_mask=shards.train_mask,
                             val_mask=shards.val_mask, **kw)
     eval_sets = load_or_build_eval_sets(cfg, shards.tokenizer, train_shard=shards.directory,
