@@ -67,14 +67,18 @@ class _Recording(Progress):
         self.seen = [*getattr(self, "seen", []), self.bytes]
 
 
-@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz"])
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz", ".parquet"])
 def test_counts_match_the_shard_and_bytes_reach_the_file_size(tmp_path, suffix):
     rng = np.random.default_rng(0)
     letters = np.array(list("abcdefghijklmnopqrstuvwxyz "))
     docs = ["".join(rng.choice(letters, size=int(rng.integers(1, 600)))) for _ in range(3000)]
     body = "".join(json.dumps({"text": d}) + "\n" for d in docs).encode()
     path = tmp_path / f"c{suffix}"
-    path.write_bytes(gzip.compress(body) if suffix.endswith(".gz") else body)
+    if suffix == ".parquet":
+        pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+        pq.write_table(pa.table({"text": docs}), path, row_group_size=500)
+    else:
+        path.write_bytes(gzip.compress(body) if suffix.endswith(".gz") else body)
     p = _Recording(path.stat().st_size, enabled=True)
     app = _Appender(tmp_path / "ids.bin", np.dtype(np.uint16))
     encode_file(path, ByteTokenizer(), app, text_field="text", token_dtype="uint16",
