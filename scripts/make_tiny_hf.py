@@ -7,6 +7,7 @@ Writes, with no network and no hub:
                              tokenizer.json + tokenizer_config.json (a byte-level BPE trained by
                              `tokenizers` on the corpus below, `<|endoftext|>` as EOS)
   runs/tiny-hf/corpus.jsonl  {"text": ...} documents of scaletrain's generated grammar
+  runs/tiny-hf/heldout.jsonl more documents of it, from another seed (a held-out eval set)
   runs/tiny-hf/chat.jsonl    {"prompt": ..., "response": ...} pairs (continue the story)
 
 The model is randomly initialized: it stands in for a downloaded checkpoint in the README's
@@ -76,6 +77,8 @@ def main() -> None:
     vocab = _tokenizer(out / "model", docs, args.vocab_size)
     _model(args.arch, vocab).save_pretrained(out / "model", safe_serialization=True)
     (out / "corpus.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    held = _documents(20_000, seed=8)
+    (out / "heldout.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in held))
     pairs = []
     for d in docs[:3000]:
         sentences = [s.strip() + "." for s in d.split(".") if s.strip()]
@@ -83,7 +86,8 @@ def main() -> None:
             pairs.append({"prompt": sentences[0], "response": " ".join(sentences[1:])})
     (out / "chat.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs))
     print(f"wrote {out / 'model'} ({args.arch}, vocab {vocab}), {out / 'corpus.jsonl'} "
-          f"({len(docs)} documents), {out / 'chat.jsonl'} ({len(pairs)} pairs)")
+          f"({len(docs)} documents), {out / 'heldout.jsonl'} ({len(held)} documents), "
+          f"{out / 'chat.jsonl'} ({len(pairs)} pairs)")
 
 
 if __name__ == "__main__":

@@ -43,3 +43,13 @@ def straight_and_resumed(tmp_path, extra, stop):
     first = train_losses_partial(small_job(tmp_path, "resumed", *extra), stop)
     dist.barrier()
     return straight, first + train_losses(small_job(tmp_path, "resumed", *extra))
+
+
+def train_evals(jobs):
+    """Train each name -> overrides job in turn on the same process group; per name, (final
+    validation loss, final loss per data.eval_sources set)."""
+    out = {}
+    for name, args in jobs.items():
+        r = train(load_config(None, args))
+        out[name] = (r.val_loss, r.eval_losses)
+    return out

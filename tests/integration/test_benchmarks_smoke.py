@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
-SCRIPTS = ("attention", "pipeline", "scaling", "strategies", "gpu", "comm_volume", "precision")
+SCRIPTS = ("attention", "pipeline", "scaling", "strategies", "gpu", "comm_volume", "precision",
+           "ingest")
 
 
 def _load(name: str):
@@ -129,7 +132,8 @@ def test_comm_volume_planner_side_and_classification(tmp_path):
 REQUIRED = {"attention": ("rows", "slopes"), "pipeline": ("results", "meta"),
             "scaling": ("rows", "meta"), "strategies": ("rows", "meta"), "gpu": ("status",),
             "comm_volume": ("results", "notes"),
-            "precision": ("meta", "summary", "step0_grad_error", "memory", "runs")}
+            "precision": ("meta", "summary", "step0_grad_error", "memory", "runs"),
+            "ingest": ("rows", "meta", "rss_growth_mib")}
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
@@ -162,3 +166,16 @@ def test_precision_memory_planned_matches_measured():
     # the memory ordering the recipes promise: fp32 > bf16 > fp8 saved bytes
     saved = {n: rows[n]["measured_saved"] for n in ("fp32", "bf16", "fp8 tensorwise")}
     assert saved["fp32"] > saved["bf16"] > saved["fp8 tensorwise"]
+
+
+def test_ingest_smallest_corpora(tmp_path):
+    """The whole benchmark on 0.1 and 0.3 MB corpora (its own process, results in tmp_path):
+    every document becomes tokens (BPE: fewer tokens than bytes) and peak memory is reported."""
+    env = {**os.environ, "SCALETRAIN_BENCH_OUT": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, str(BENCH / "ingest.py"), "--mb", "0.3", "--small-mb",
+                    "0.1"], env=env, check=True, capture_output=True, timeout=300)
+    data = json.loads((tmp_path / "ingest.json").read_text())
+    for r, mb in zip(data["rows"], (0.1, 0.3), strict=True):
+        assert r["mb"] == mb and 0 < r["docs"] < r["tokens"] < mb * 2**20
+        assert r["peak_rss_mib"] > 50 and r["tokens_per_s"] > 0
+    assert (tmp_path / "ingest.md").read_text().startswith("# Ingestion")

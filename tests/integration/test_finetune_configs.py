@@ -35,4 +35,8 @@ def test_example_configs_train_from_the_tiny_hf_model(config, workdir, monkeypat
     assert job.model.vocab_size == 512 and job.checkpoint.init_from == "runs/tiny-hf/model"
     r = train(job)
     assert all(torch.isfinite(torch.tensor(r.losses)))
+    if config == "continue-pretraining":  # its held-out set, scored at the last step
+        # the same grammar as the corpus (another seed): it scores like the validation split
+        assert set(r.eval_losses) == {"heldout"}
+        assert r.eval_losses["heldout"] == pytest.approx(r.val_loss, abs=0.1)
     assert (tmp_path / job.train.run_dir / "hf" / "model.safetensors").is_file()

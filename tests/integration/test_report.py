@@ -27,7 +27,9 @@ def run_dir(tmp_path_factory) -> Path:
     """12 steps of the tiny model; the 9th training forward's loss is multiplied by 10 so the guard
     rolls back to the step-5 checkpoint (a guard event on the loss curve)."""
     tmp = tmp_path_factory.mktemp("report")
+    (tmp / "held.txt").write_text("a held-out text, scored on its own. " * 20)
     job = load_config(None, [
+        f"--data.eval_sources=held={tmp / 'held.txt'}",
         "--model.name=tiny", "--batch.seq_len=32", "--batch.global_batch=4",
         "--batch.micro_batch=4", "--train.steps=12", "--train.eval_every=4",
         "--train.eval_batches=2", "--train.sample_tokens=24", "--train.progress=false",
@@ -90,6 +92,8 @@ def test_report_is_self_contained_and_renders_every_figure(run_dir, tmp_path, ca
     assert re.search(rf"<td>{SPIKE_STEP}</td><td>5</td><td>5..10</td>", guard)
     assert "memory: params" in text and "tokens/s (whole job)" in text and "MFU" in text
     assert "best achievable" in text and "<h2>Sample</h2>" in text
+    held = json.loads((run_dir / "run_info.json").read_text())["eval"]["held"]
+    assert f"held loss (ppl)<b>{held['val_loss']:.4f} ({held['ppl']:.2f})</b>" in text
     assert 'href="checkpoints/step_00000010/"' in text and 'href="metrics.jsonl"' in text
 
     # rendered: a probe script (added to a copy, the report itself has none) writes each image's

@@ -12,7 +12,7 @@ import pytest
 
 from scaletrain.cli import main
 from scaletrain.config import load_config
-from scaletrain.report.status import run_status
+from scaletrain.report.status import format_status, run_status
 from scaletrain.trainer import train
 
 from ..distributed._trainer_fns import small_job
@@ -49,8 +49,10 @@ def _fake_run(d, *, steps_done, total, pid, beat_age_s, state="running", host=No
                                                "monitor": {"watchdog_timeout_s": 0}}))
     with open(d / "metrics.jsonl", "w") as f:
         for s in range(1, steps_done + 1):
+            evals = {"val_loss": 4.0 + s / 10, "val_loss/wiki": 6.0 + s / 10,
+                     "ppl/wiki": 400.0} if s % 5 == 0 else {}
             f.write(json.dumps({"step": s, "loss": 5.0 - s / 100, "step_s": 1.0,
-                                "tokens_per_s": 1000.0, "skipped": s == 3}) + "\n")
+                                "tokens_per_s": 1000.0, "skipped": s == 3, **evals}) + "\n")
     (d / "guard.jsonl").write_text(json.dumps({"event": "rollback", "spike_step": 7}) + "\n")
     (d / "stragglers.jsonl").write_text(json.dumps({"step": 8, "stragglers": [3]}) + "\n")
     (d / "heartbeat").mkdir()
@@ -75,6 +77,8 @@ def test_status_of_a_running_run(tmp_path):
     assert s.health == {"stragglers": {3: 8}, "rollbacks": 1, "skipped_steps": 1,
                         "watchdog": None}
     assert s.checkpoint is None
+    assert s.val_loss == pytest.approx(5.0) and s.eval_losses == {"wiki": pytest.approx(7.0)}
+    assert "(last val 5.0000; wiki 7.0000)" in format_status(s)
 
 
 def test_status_of_a_crashed_run_and_a_stalled_one(tmp_path, capsys):

@@ -19,7 +19,7 @@ from .layout import PP_SCHEDULES, Layout, check_layout, option_problems
 from .model import MODEL_FIELDS, ModelConfig, resolve_model
 from .monitor import MonitorConfig
 from .precision import PRECISIONS, REDUCE_DTYPES
-from .sources import parse_sources, pretrained_vocab_size
+from .sources import parse_eval_sources, parse_sources, pretrained_vocab_size
 from .strict import coerce, did_you_mean
 
 __all__ = [
@@ -216,6 +216,10 @@ class DataConfig:
     tokenizer: str = "byte"
     """'byte' (256 ids), 'char' (characters seen in the corpus), 'bpe' (trained locally), or
     a pretrained tokenizer.json path (or its directory; BOS/EOS from tokenizer_config.json)."""
+    eval_sources: str = ""
+    """Held-out sets evaluated every `train.eval_every` steps, each on its own: 'name=path,
+    name2=path2' (files, folders or globs of the data.source formats, tokenized with the
+    training tokenizer); logged as val_loss/<name> and ppl/<name>. '' = none."""
     text_field: str = "text"
     """The JSONL key / parquet column holding a document's text."""
     token_dtype: str = "uint16"
@@ -258,9 +262,14 @@ class DataConfig:
         require(self.delay_s >= 0, "data.delay_s", self.delay_s, "use >= 0")
         if self.source != "grammar":
             parse_sources(self.source)  # every entry names existing, supported files
+        parse_eval_sources(self.eval_sources)  # names unique, files existing and non-empty
         choice("data.token_dtype", self.token_dtype, ("uint16", "uint32"))
         choice("data.format", self.format, ("text", "sft"))
         choice("data.chat_template", self.chat_template, ("auto", "tokenizer", "builtin"))
+        require(not (self.eval_sources and self.format == "sft"), "data.eval_sources",
+                self.eval_sources, "held-out sets are plain text (every token scored): with "
+                "data.format=sft the validation split is the masked held-out set; set "
+                "data.eval_sources=''")
         require(not self.document_masking or self.tokenizer not in ("byte", "char"),
                 "data.document_masking", self.document_masking,
                 f"the {self.tokenizer} tokenizer has no end-of-document token: use bpe or a "
@@ -281,7 +290,8 @@ class TrainConfig:
     sample_tokens: int = 200
     """Length of the text sample generated at the end (0 = none)."""
     progress: bool = True
-    """Live progress bar (rich) on rank 0."""
+    """Live progress bar (rich) on rank 0, and (stderr, every 5 s) the ingestion progress
+    line while a large corpus is tokenized."""
     tensorboard: bool = True
     force: bool = False
     """Train even when the planner predicts the layout will not fit."""

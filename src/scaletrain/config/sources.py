@@ -11,19 +11,24 @@ the text in `data.text_field`), `.parquet` (the `data.text_field` column; needs 
 A file named directly with another suffix is read as plain text.
 A mixture's weights are the shares of training tokens each entry contributes (see
 `scaletrain.data.corpus`).
+
+`data.eval_sources` names held-out sets, each evaluated on its own (loss and perplexity):
+
+    data.eval_sources = "wiki=eval/wiki.jsonl, code=eval/code/"   # name=file|folder|glob
 """
 
 from __future__ import annotations
 
 import glob
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from ._errors import ConfigError
 
 __all__ = ["SourceEntry", "parse_sources", "SUFFIXES", "resolve_tokenizer_file",
-           "pretrained_vocab_size"]
+           "pretrained_vocab_size", "EvalSource", "parse_eval_sources"]
 
 SUFFIXES = (".txt", ".jsonl", ".jsonl.gz", ".parquet", ".bin")
 _FIELD = "data.source"
@@ -42,20 +47,21 @@ def _supported(path: Path) -> bool:
     return path.name.endswith(SUFFIXES)
 
 
-def _expand(pattern: str) -> tuple[Path, ...]:
+def _expand(pattern: str, field: str = _FIELD) -> tuple[Path, ...]:
     if any(c in pattern for c in "*?["):
         found = [Path(p) for p in sorted(glob.glob(pattern, recursive=True))]
         files = [p for p in found if p.is_file() and _supported(p)]
         if not files:
-            raise ConfigError(_FIELD, pattern, f"the glob matches no {'/'.join(SUFFIXES)} file")
+            raise ConfigError(field, pattern, f"the glob matches no {'/'.join(SUFFIXES)} file")
         return tuple(files)
     path = Path(pattern)
     if path.is_dir():
         # an empty folder is reported by the size check ("no text found"), with the numbers
         return tuple(sorted(p for p in path.rglob("*") if p.is_file() and _supported(p)))
     if not path.is_file():
-        raise ConfigError(_FIELD, pattern, "no such file or folder: give 'grammar', a file, a "
-                          "folder, a glob, or a mixture 'a.jsonl@0.7, b/@0.3'")
+        fix = ("give 'grammar', a file, a folder, a glob, or a mixture 'a.jsonl@0.7, b/@0.3'"
+               if field == _FIELD else "give name=file, name=folder or name=glob entries")
+        raise ConfigError(field, pattern, f"no such file or folder: {fix}")
     return (path,)  # a named file of another suffix is read as plain text
 
 
@@ -78,6 +84,50 @@ def parse_sources(spec: str) -> list[SourceEntry]:
     if not entries:
         raise ConfigError(_FIELD, spec, "give 'grammar', a file, a folder or a glob")
     return entries
+
+
+_EVAL_FIELD = "data.eval_sources"
+_EVAL_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+@dataclass(frozen=True)
+class EvalSource:
+    """One held-out set of `data.eval_sources`: its name (in metric names: `val_loss/<name>`,
+    `ppl/<name>`), its text and the files it names (sorted)."""
+
+    name: str
+    pattern: str
+    files: tuple[Path, ...]
+
+
+def parse_eval_sources(spec: str) -> list[EvalSource]:
+    """The entries of `data.eval_sources` ('' = none): names unique and metric-safe, every
+    entry naming at least one existing, non-empty file."""
+    out: list[EvalSource] = []
+    for part in (p.strip() for p in spec.split(",")):
+        if not part:
+            continue
+        name, sep, pattern = (x.strip() for x in part.partition("="))
+        if not sep or not pattern:
+            raise ConfigError(_EVAL_FIELD, part, "write each entry as name=path (a file, folder "
+                              "or glob), e.g. 'wiki=eval/wiki.jsonl, code=eval/code/'")
+        if not _EVAL_NAME.fullmatch(name):
+            raise ConfigError(_EVAL_FIELD, part, f"the name {name!r} must be letters, digits, "
+                              "'_', '-' or '.' (it becomes the metric val_loss/<name>)")
+        if any(e.name == name for e in out):
+            raise ConfigError(_EVAL_FIELD, part, f"the name {name!r} is used twice: give each "
+                              "eval source its own name")
+        files = _expand(pattern, _EVAL_FIELD)
+        if not files:
+            raise ConfigError(_EVAL_FIELD, part, f"the folder holds no {'/'.join(SUFFIXES)} "
+                              "file: give held-out text to evaluate on")
+        if sum(f.stat().st_size for f in files) == 0:
+            raise ConfigError(_EVAL_FIELD, part, "empty (0 bytes): give held-out text to "
+                              "evaluate on")
+        out.append(EvalSource(name, pattern, files))
+    if spec.strip() and not out:
+        raise ConfigError(_EVAL_FIELD, spec, "give name=path entries, or '' for none")
+    return out
 
 
 def resolve_tokenizer_file(spec: str) -> Path:

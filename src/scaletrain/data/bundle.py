@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from scaletrain.config import DataConfig
 
+from .eval_sets import load_or_build_eval_sets
 from .loader import BatchIterator, WindowSampler
 from .shards import Shards, load_or_build_shards
 from .tokenizer import Tokenizer
@@ -20,8 +22,10 @@ _STATE_VERSION = 1
 class DataBundle:
     """Everything the trainer needs from the data side, for one dp rank."""
 
-    def __init__(self, cfg: DataConfig, shards: Shards, sampler: WindowSampler):
+    def __init__(self, cfg: DataConfig, shards: Shards, sampler: WindowSampler,
+                 eval_samplers: dict[str, WindowSampler] | None = None):
         self.cfg, self._shards, self._sampler = cfg, shards, sampler
+        self._eval_samplers = eval_samplers or {}
         self._position = 0  # next micro-step (t * grad_accum + k) when no iterator is live
         self._iterator: BatchIterator | None = None
 
@@ -59,6 +63,17 @@ class DataBundle:
     def val_batches(self, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The first `n` validation micro-batches of this rank: identical on every call."""
         return [self._sampler.val_batch(i) for i in range(n)]
+
+    @property
+    def eval_names(self) -> list[str]:
+        """The `data.eval_sources` names, in the order given."""
+        return list(self._eval_samplers)
+
+    def eval_batches(self, n: int) -> dict[str, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """Per eval source, its first `n` micro-batches of this rank, chosen exactly as
+        `val_batches` chooses them from the validation split."""
+        return {name: [s.val_batch(i) for i in range(n)]
+                for name, s in self._eval_samplers.items()}
 
     def state_dict(self) -> dict:
         """Position in the stream (micro-batches consumed) plus what must match on resume."""
@@ -99,9 +114,11 @@ class DataBundle:
         source = (f"grammar ({cfg.num_tokens:,} bytes, seed {cfg.seed})"
                   if cfg.source == "grammar" else cfg.source)
         best_s = f"{best:.3f} nats/token" if best is not None else "unknown (arbitrary text)"
+        evals = "".join(f" | eval {name} {len(s.val):,} tokens"
+                        for name, s in self._eval_samplers.items())
         return (f"data: {source} | tokenizer {self.tokenizer.name} "
                 f"(vocab {self.tokenizer.vocab_size}) | tokens train {self.num_train_tokens:,} "
-                f"/ val {self.num_val_tokens:,} | best loss {best_s}")
+                f"/ val {self.num_val_tokens:,}{evals} | best loss {best_s}")
 
     def close(self) -> None:
         if self._iterator is not None:
@@ -117,12 +134,14 @@ class DataBundle:
 
 
 def build_data(cfg: DataConfig, *, seq_len: int, micro_batch: int, grad_accum: int = 1,
-               dp_rank: int = 0, dp_size: int = 1, seed: int | None = None) -> DataBundle:
+               dp_rank: int = 0, dp_size: int = 1, seed: int | None = None,
+               progress: bool = False) -> DataBundle:
     """Tokenize (or reuse the cached shards of) `cfg.source` and set up this rank's sampler.
 
     `seed` picks the sampling order (defaults to `cfg.seed`, which also seeds the grammar).
     Raises `ConfigError` naming `data.source` (or `data.num_tokens`) when the corpus cannot fill
-    one batch, before tokenizing anything.
+    one batch, before tokenizing anything. `progress`: print the ingestion progress line
+    (every few seconds, on stderr) while a streamed corpus is tokenized.
     """
     if min(seq_len, micro_batch, grad_accum, dp_size) < 1 or not 0 <= dp_rank < dp_size:
         raise ValueError(f"need seq_len, micro_batch, grad_accum, dp_size >= 1 and 0 <= dp_rank "
@@ -130,9 +149,14 @@ def build_data(cfg: DataConfig, *, seq_len: int, micro_batch: int, grad_accum: i
                          f"{dp_rank}")
     window = seq_len + 1
     shards = load_or_build_shards(cfg, train_need=window * micro_batch * dp_size * grad_accum,
-                                  val_need=window * micro_batch * dp_size)
-    sampler = WindowSampler(shards.train, shards.val, seq_len=seq_len, micro_batch=micro_batch,
-                            grad_accum=grad_accum, dp_rank=dp_rank, dp_size=dp_size,
-                            seed=cfg.seed if seed is None else seed,
-                            train_mask=shards.train_mask, val_mask=shards.val_mask)
-    return DataBundle(cfg, shards, sampler)
+                                  val_need=window * micro_batch * dp_size, progress=progress)
+    kw: dict[str, Any] = {"seq_len": seq_len, "micro_batch": micro_batch,
+                          "grad_accum": grad_accum, "dp_rank": dp_rank, "dp_size": dp_size,
+                          "seed": cfg.seed if seed is None else seed}
+    sampler = WindowSampler(shards.train, shards.val, train_mask=shards.train_mask,
+                            val_mask=shards.val_mask, **kw)
+    eval_sets = load_or_build_eval_sets(cfg, shards.tokenizer, train_shard=shards.directory,
+                                        seq_len=seq_len, progress=progress)
+    # a held-out set is sampled as a validation split (`val_batch`); its train side is unused
+    evals = {e.name: WindowSampler(e.tokens, e.tokens, **kw) for e in eval_sets}
+    return DataBundle(cfg, shards, sampler, evals)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,9 +34,11 @@ import numpy as np
 from scaletrain.config import ConfigError, DataConfig
 from scaletrain.config.sources import parse_sources
 
+from .progress import Cursor, Progress
 from .tokenizer import BPETokenizer, ByteTokenizer, Tokenizer
 
-__all__ = ["iter_documents", "build_streamed", "make_tokenizer", "sha256_of"]
+__all__ = ["iter_documents", "build_streamed", "make_tokenizer", "sha256_of", "encode_file",
+           "token_dtype_for", "TokenFile"]
 
 FORMAT = 1  # bump when the streamed layout changes, so old caches are not reused
 _BATCH_DOCS = 256
@@ -43,30 +46,37 @@ _TXT_PIECE = 1 << 20
 _COPY_TOKENS = 1 << 20
 
 
-def _iter_txt(path: Path) -> Iterator[tuple[str, bool]]:
-    with open(path, encoding="utf-8", errors="replace") as f:
+def _iter_txt(path: Path, cursor: Cursor) -> Iterator[tuple[str, bool]]:
+    with open(path, "rb") as raw, io.TextIOWrapper(raw, encoding="utf-8",
+                                                    errors="replace") as f:
         while piece := f.read(_TXT_PIECE):
+            cursor.pos = raw.tell()
             yield piece, False
     yield "", True
 
 
-def jsonl_records(path: Path) -> Iterator[tuple[int, Any]]:
+def jsonl_records(path: Path, cursor: Cursor | None = None) -> Iterator[tuple[int, Any]]:
     """(line number, parsed record) of every non-blank line of a `.jsonl` / `.jsonl.gz` file;
-    a malformed line is one error naming `file:line`."""
-    opener: Any = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                yield lineno, json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ConfigError("data.source", f"{path}:{lineno}",
-                                  f"malformed JSON line ({e.msg}): fix or remove it") from None
+    a malformed line is one error naming `file:line`. `cursor` follows the on-disk bytes read
+    (for the progress line)."""
+    cursor = cursor or Cursor()
+    with open(path, "rb") as raw:
+        binary: Any = gzip.GzipFile(fileobj=raw) if path.name.endswith(".gz") else raw
+        with io.TextIOWrapper(binary, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                cursor.pos = raw.tell()  # read-ahead included: at most one buffer early
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ConfigError("data.source", f"{path}:{lineno}", f"malformed JSON line "
+                                      f"({e.msg}): fix or remove it") from None
+                yield lineno, record
 
 
-def _iter_jsonl(path: Path, field: str) -> Iterator[tuple[str, bool]]:
-    for lineno, record in jsonl_records(path):
+def _iter_jsonl(path: Path, field: str, cursor: Cursor) -> Iterator[tuple[str, bool]]:
+    for lineno, record in jsonl_records(path, cursor):
         text = record.get(field) if isinstance(record, dict) else None
         if not isinstance(text, str):
             raise ConfigError("data.text_field", f"{path}:{lineno}",
@@ -75,7 +85,7 @@ def _iter_jsonl(path: Path, field: str) -> Iterator[tuple[str, bool]]:
         yield text, True
 
 
-def _iter_parquet(path: Path, field: str) -> Iterator[tuple[str, bool]]:
+def _iter_parquet(path: Path, field: str, cursor: Cursor) -> Iterator[tuple[str, bool]]:
     try:
         import pyarrow.parquet as pq
     except ImportError:
@@ -85,21 +95,25 @@ def _iter_parquet(path: Path, field: str) -> Iterator[tuple[str, bool]]:
     if field not in pf.schema_arrow.names:
         raise ConfigError("data.text_field", f"{path}", f"the parquet file has no column "
                           f"{field!r} (columns: {', '.join(pf.schema_arrow.names)})")
+    size, rows, seen = path.stat().st_size, max(1, pf.metadata.num_rows), 0
     for batch in pf.iter_batches(columns=[field], batch_size=1024):
+        seen += batch.num_rows
+        cursor.pos = size * seen // rows  # bytes pro rata of the rows read
         for text in batch.column(0).to_pylist():
             if text is not None:
                 yield str(text), True
 
 
-def iter_documents(path: Path, *, text_field: str) -> Iterator[tuple[str, bool]]:
+def iter_documents(path: Path, *, text_field: str,
+                   cursor: Cursor | None = None) -> Iterator[tuple[str, bool]]:
     """(text, ends_document) pieces of one file: JSONL/parquet one document per row, any other
-    text file one document (in pieces)."""
-    name = path.name
+    text file one document (in pieces). `cursor` follows the on-disk bytes read."""
+    name, cursor = path.name, cursor or Cursor()
     if name.endswith((".jsonl", ".jsonl.gz")):
-        return _iter_jsonl(path, text_field)
+        return _iter_jsonl(path, text_field, cursor)
     if name.endswith(".parquet"):
-        return _iter_parquet(path, text_field)
-    return _iter_txt(path)
+        return _iter_parquet(path, text_field, cursor)
+    return _iter_txt(path, cursor)
 
 
 def _text_files(cfg: DataConfig) -> list[Path]:
@@ -107,17 +121,28 @@ def _text_files(cfg: DataConfig) -> list[Path]:
             if not f.name.endswith(".bin")]
 
 
-def make_tokenizer(cfg: DataConfig) -> Tokenizer:
-    """The tokenizer for a streamed build (BPE is trained on the streamed documents)."""
+def _training_documents(cfg: DataConfig, progress: Progress) -> Iterator[str]:
+    for f in _text_files(cfg):
+        for text, ends in iter_documents(f, text_field=cfg.text_field, cursor=progress.cursor):
+            progress.docs += int(ends)
+            progress.tick()
+            yield text
+        progress.file_done(f.stat().st_size)
+    progress.finish()
+
+
+def make_tokenizer(cfg: DataConfig, *, progress: bool = False) -> Tokenizer:
+    """The tokenizer for a streamed build (BPE is trained on the streamed documents, with a
+    progress line when `progress`)."""
     if cfg.tokenizer == "byte":
         return ByteTokenizer()
     if cfg.tokenizer == "char":
         raise ConfigError("data.tokenizer", "char", "char-level needs the whole text in memory: "
                           "use byte, bpe or a pretrained tokenizer.json for this source")
     if cfg.tokenizer == "bpe":
-        docs = (t for f in _text_files(cfg) for t, _ in iter_documents(
-            f, text_field=cfg.text_field))
-        return BPETokenizer.train(docs, cfg.bpe_vocab_size)
+        tracker = Progress(sum(f.stat().st_size for f in _text_files(cfg)), enabled=progress,
+                           label="training BPE")
+        return BPETokenizer.train(_training_documents(cfg, tracker), cfg.bpe_vocab_size)
     from .pretrained import PretrainedTokenizer, resolve_tokenizer_file
 
     return PretrainedTokenizer(resolve_tokenizer_file(cfg.tokenizer))
@@ -138,17 +163,25 @@ class _Appender:
         self._f.close()
 
 
-def _encode_file(path: Path, tok: Tokenizer, out: _Appender, cfg: DataConfig) -> None:
+def encode_file(path: Path, tok: Tokenizer, out: _Appender, *, text_field: str,
+                token_dtype: str, progress: Progress, field: str = "data.source") -> None:
+    """Append the ids of one source file to `out`: its documents, each followed by the
+    end-of-document separator (and preceded by BOS when the tokenizer adds one), or a `.bin`
+    file's ids as they are. `field` names the setting in errors."""
     if path.name.endswith(".bin"):
-        src = np.memmap(path, dtype=cfg.token_dtype, mode="r")
+        src = TokenFile(path, token_dtype)
         for i in range(0, len(src), _COPY_TOKENS):
-            chunk = np.asarray(src[i:i + _COPY_TOKENS])
+            chunk = src[i:i + _COPY_TOKENS]
             if len(chunk) and int(chunk.max()) >= tok.vocab_size:
-                raise ConfigError("data.source", str(path),
+                raise ConfigError(field, str(path),
                                   f"holds id {int(chunk.max())} but the tokenizer has "
                                   f"{tok.vocab_size} ids: check data.token_dtype and "
                                   "data.tokenizer")
             out.add(chunk)
+            progress.tokens += len(chunk)
+            progress.cursor.pos = (i + len(chunk)) * src.dtype.itemsize
+            progress.tick()
+        progress.file_done(path.stat().st_size)
         return
     eos = getattr(tok, "eos_id", None)
     sep = [eos] if eos is not None else tok.encode("\n")
@@ -157,20 +190,28 @@ def _encode_file(path: Path, tok: Tokenizer, out: _Appender, cfg: DataConfig) ->
 
     def flush() -> None:
         texts = [t for t, _, _ in batch]
-        encoded = (tok.encode_batch(texts) if hasattr(tok, "encode_batch")  # type: ignore
-                   else [tok.encode(t) for t in texts])
+        try:
+            encoded = (tok.encode_batch(texts) if hasattr(tok, "encode_batch")  # type: ignore
+                       else [tok.encode(t) for t in texts])
+        except ValueError as e:  # char-level: a character the vocabulary lacks
+            raise ConfigError(field, str(path), f"cannot be tokenized: {e}") from None
         for (_, starts, ends), ids in zip(batch, encoded, strict=True):
-            out.add(np.asarray((bos if starts else []) + ids + (sep if ends else []),
-                               dtype=np.int64))
+            row = np.asarray((bos if starts else []) + ids + (sep if ends else []),
+                             dtype=np.int64)
+            out.add(row)
+            progress.tokens += len(row)
+            progress.docs += int(ends)
         batch.clear()
+        progress.tick()
 
     starts = True
-    for text, ends in iter_documents(path, text_field=cfg.text_field):
+    for text, ends in iter_documents(path, text_field=text_field, cursor=progress.cursor):
         batch.append((text, starts, ends))
         starts = ends
         if len(batch) >= _BATCH_DOCS:
             flush()
     flush()
+    progress.file_done(path.stat().st_size)
 
 
 @dataclass
@@ -180,7 +221,36 @@ class _Part:
     weight: float
 
 
-def _copy(src: np.ndarray, start: int, n: int, out: _Appender, digest: Any) -> None:
+class TokenFile:
+    """Ids of a raw token file (or of a range of it), read in explicit chunks.
+
+    Ingestion reads its part files and shards through this rather than `np.memmap`: every page
+    a memmap touches stays mapped into the process and counts toward its resident memory (2
+    bytes per uint16 token: the whole corpus, by the end of a copy or a checksum), while a
+    read copies one chunk into a buffer that is freed, so resident memory stays bounded."""
+
+    def __init__(self, path: Path, dtype: str | np.dtype, count: int | None = None,
+                 start: int = 0):
+        self.path, self.dtype, self.start = path, np.dtype(dtype), start
+        self.count = (path.stat().st_size // self.dtype.itemsize - start if count is None
+                      else count)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def part(self, lo: int, hi: int) -> TokenFile:
+        """Tokens [lo, hi) of this range, unread."""
+        return TokenFile(self.path, self.dtype, hi - lo, self.start + lo)
+
+    def __getitem__(self, sl: slice) -> np.ndarray:
+        lo, hi, _ = sl.indices(self.count)
+        if hi <= lo:
+            return np.zeros(0, self.dtype)
+        return np.fromfile(self.path, dtype=self.dtype, count=hi - lo,
+                           offset=(self.start + lo) * self.dtype.itemsize)
+
+
+def _copy(src: TokenFile, start: int, n: int, out: _Appender, digest: Any) -> None:
     """Copy n tokens of src beginning at `start`, cycling when n exceeds what is left."""
     pos, left = start, n
     while left > 0:
@@ -194,25 +264,35 @@ def _copy(src: np.ndarray, start: int, n: int, out: _Appender, digest: Any) -> N
 
 def sha256_of(path: Path, dtype: str, count: int) -> str:
     digest = hashlib.sha256()
-    arr = np.memmap(path, dtype=dtype, mode="r", shape=(count,)) if count else np.zeros(0)
+    arr = TokenFile(path, dtype, count)
     for i in range(0, count, _COPY_TOKENS):
-        digest.update(np.ascontiguousarray(arr[i:i + _COPY_TOKENS]).tobytes())
+        digest.update(arr[i:i + _COPY_TOKENS].tobytes())
     return digest.hexdigest()
 
 
-def build_streamed(cfg: DataConfig, tmp: Path, tok: Tokenizer) -> dict:
+def token_dtype_for(tok: Tokenizer) -> np.dtype:
+    return np.dtype(np.uint16 if tok.vocab_size < 65536 else np.uint32)
+
+
+def build_streamed(cfg: DataConfig, tmp: Path, tok: Tokenizer, *,
+                   progress: bool = False) -> dict:
     """Write `train.bin` and `val.bin` for `cfg.source` into `tmp`; returns the meta fields
-    (dtype, counts, checksums)."""
-    dtype = np.dtype(np.uint16 if tok.vocab_size < 65536 else np.uint32)
+    (dtype, counts, checksums). `progress`: print the progress line (`progress.py`)."""
+    dtype = token_dtype_for(tok)
+    entries = parse_sources(cfg.source)
+    tracker = Progress(sum(f.stat().st_size for e in entries for f in e.files),
+                       enabled=progress)
     parts = []
-    for i, entry in enumerate(parse_sources(cfg.source)):
+    for i, entry in enumerate(entries):
         out = _Appender(tmp / f"part{i}.tmp", dtype)
         try:
             for f in entry.files:
-                _encode_file(f, tok, out, cfg)
+                encode_file(f, tok, out, text_field=cfg.text_field,
+                            token_dtype=cfg.token_dtype, progress=tracker)
         finally:
             out.close()
         parts.append(_Part(out.path, out.count, entry.weight))
+    tracker.finish()
     total_w = sum(p.weight for p in parts)
     train, val = _Appender(tmp / "train.bin", dtype), _Appender(tmp / "val.bin", dtype)
     train_sha, val_sha = hashlib.sha256(), hashlib.sha256()
@@ -222,10 +302,10 @@ def build_streamed(cfg: DataConfig, tmp: Path, tok: Tokenizer) -> dict:
         for p, n_train in zip(parts, natural_train, strict=True):
             if p.count == 0:
                 continue
-            src = np.memmap(p.path, dtype=dtype, mode="r", shape=(p.count,))
+            src = TokenFile(p.path, dtype, p.count)
             share = n_train if len(parts) == 1 else round(total_train * p.weight / total_w)
             if n_train > 0:
-                _copy(src[:n_train], 0, share, train, train_sha)
+                _copy(src.part(0, n_train), 0, share, train, train_sha)
             _copy(src, n_train, p.count - n_train, val, val_sha)
             del src
             p.path.unlink()

@@ -35,7 +35,7 @@ import numpy as np
 from scaletrain.config import ConfigError, DataConfig
 from scaletrain.config.sources import parse_sources
 
-from .corpus import _Appender, _copy, jsonl_records
+from .corpus import TokenFile, _Appender, _copy, jsonl_records
 from .tokenizer import Tokenizer
 
 __all__ = ["build_sft", "render_example", "ROLE_NAMES", "ChatTemplate", "chat_template_for"]
@@ -202,8 +202,7 @@ def build_sft(cfg: DataConfig, tmp: Path, tok: Tokenizer) -> dict:
                   "sha256": {}, "eos_id": getattr(tok, "eos_id", None)}
     for src_path, out_dtype, suffix in ((ids_out.path, dtype, "bin"),
                                         (mask_out.path, np.dtype(np.uint8), "mask")):
-        src = np.memmap(src_path, dtype=out_dtype, mode="r", shape=(n,)) if n else \
-            np.zeros(0, out_dtype)
+        src = TokenFile(src_path, out_dtype, n)
         for split, start, count in (("train", 0, n - n_val), ("val", n - n_val, n_val)):
             out, digest = _Appender(tmp / f"{split}.{suffix}", out_dtype), hashlib.sha256()
             try:

@@ -179,11 +179,11 @@ def _publish(final: Path, fill: Callable[[Path], None]) -> None:
 
 
 def _build_streamed(cfg: DataConfig, final: Path, identity: dict, *, train_need: int,
-                    val_need: int) -> None:
+                    val_need: int, progress: bool) -> None:
     def fill(tmp: Path) -> None:
-        tok = corpus.make_tokenizer(cfg)
+        tok = corpus.make_tokenizer(cfg, progress=progress)
         meta = (sft.build_sft(cfg, tmp, tok) if cfg.format == "sft"
-                else corpus.build_streamed(cfg, tmp, tok))
+                else corpus.build_streamed(cfg, tmp, tok, progress=progress))
         check_size(cfg, meta["num_train"] + meta["num_val"], train_need=train_need,
                    val_need=val_need, exact=True)
         tok.save(tmp)
@@ -195,9 +195,10 @@ def _build_streamed(cfg: DataConfig, final: Path, identity: dict, *, train_need:
 
 
 def _build(cfg: DataConfig, final: Path, identity: dict, *, train_need: int,
-           val_need: int) -> None:
+           val_need: int, progress: bool) -> None:
     if streamed(cfg):
-        _build_streamed(cfg, final, identity, train_need=train_need, val_need=val_need)
+        _build_streamed(cfg, final, identity, train_need=train_need, val_need=val_need,
+                        progress=progress)
         return
     text = _read_text(cfg)
     tok, ids = _tokenize(cfg, text)
@@ -224,14 +225,17 @@ def _build(cfg: DataConfig, final: Path, identity: dict, *, train_need: int,
     _publish(final, fill)
 
 
-def load_or_build_shards(cfg: DataConfig, *, train_need: int, val_need: int) -> Shards:
-    """Open the cached shards for `cfg`, building them first when absent."""
+def load_or_build_shards(cfg: DataConfig, *, train_need: int, val_need: int,
+                         progress: bool = False) -> Shards:
+    """Open the cached shards for `cfg`, building them first when absent (streamed builds
+    print a progress line every few seconds when `progress`: see `progress.py`)."""
     check_size(cfg, _source_bytes(cfg), train_need=train_need, val_need=val_need, exact=False)
     identity = _identity(cfg)
     key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
     final = Path(cfg.cache_dir) / f"{cfg.source if cfg.source == 'grammar' else 'text'}-{key}"
     if not (final / "meta.json").exists():
-        _build(cfg, final, identity, train_need=train_need, val_need=val_need)
+        _build(cfg, final, identity, train_need=train_need, val_need=val_need,
+               progress=progress)
     meta = json.loads((final / "meta.json").read_text())
     check_size(cfg, meta["num_train"] + meta["num_val"], train_need=train_need,
                val_need=val_need, exact=True)

@@ -98,6 +98,8 @@ def _headline(run: RunData, pred: Prediction) -> str:
     items.append(("final loss", f"{final:.4f}" if isinstance(final, float) else final))
     if info.get("val_loss") is not None:
         items.append(("val loss", f"{info['val_loss']:.4f}"))
+    for name, e in (info.get("eval") or {}).items():  # data.eval_sources
+        items.append((f"{name} loss (ppl)", f"{e['val_loss']:.4f} ({e['ppl']:.2f})"))
     if run.best_loss is not None:
         items.append(("best achievable", f"{run.best_loss:.4f}"))
     tok, mfu = pred.tokens_per_s[1], pred.mfu[1]

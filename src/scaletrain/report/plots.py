@@ -67,6 +67,10 @@ def loss_curve(metrics: Sequence[dict[str, Any]], *, guard_events: Sequence[dict
     vx, vy = _xy(kept, "val_loss")
     if vx:
         ax.plot(vx, vy, "o-", color="#dd8452", ms=5, lw=1.2, label="validation loss")
+    names = dict.fromkeys(k[9:] for r in kept for k in r if k.startswith("val_loss/"))
+    for name in names:  # data.eval_sources, in the order logged
+        ex, ey = _xy(kept, f"val_loss/{name}")
+        ax.plot(ex, ey, "s--", ms=4, lw=1.0, label=f"eval {name}")
     if best_loss is not None:
         ax.axhline(best_loss, color="#2ca02c", ls="--", lw=1.2,
                    label=f"best achievable {best_loss:.3f} (corpus entropy)")

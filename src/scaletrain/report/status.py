@@ -39,6 +39,8 @@ class RunStatus:
     total_steps: int
     loss: float | None = None
     val_loss: float | None = None
+    eval_losses: dict[str, float] = field(default_factory=dict)
+    """Last loss on each `data.eval_sources` set, by name."""
     tokens_per_s: float | None = None
     step_s: float | None = None
     eta_s: float | None = None
@@ -133,10 +135,13 @@ def run_status(run_dir: str | Path, *, now: float | None = None) -> RunStatus:
     state, detail = _state(d, step=step, total=total, stall_after_s=stall_after,
                            now=time.time() if now is None else now)
     vals = [r["val_loss"] for r in records if r.get("val_loss") is not None]
+    evals = {k[9:]: float(v) for r in records for k, v in r.items()
+             if k.startswith("val_loss/") and v is not None}  # later records win
     tok = [float(r["tokens_per_s"]) for r in records[-50:] if "tokens_per_s" in r]
     eta = (total - step) * step_s if step_s is not None and state == "running" else None
     return RunStatus(run_dir=d, state=state, detail=detail, step=step, total_steps=total,
                      loss=last.get("loss"), val_loss=vals[-1] if vals else None,
+                     eval_losses=evals,
                      tokens_per_s=statistics.median(tok) if tok else None, step_s=step_s,
                      eta_s=eta, checkpoint=_checkpoint(d), health=_health(d, records))
 
@@ -151,7 +156,8 @@ def format_status(s: RunStatus) -> str:
     pct = f" ({s.step / s.total_steps:.0%})" if s.total_steps else ""
     loss = "-" if s.loss is None else f"{s.loss:.4f}"
     if s.val_loss is not None:
-        loss += f" (last val {s.val_loss:.4f})"
+        loss += f" (last val {s.val_loss:.4f}" + "".join(
+            f"; {k} {v:.4f}" for k, v in s.eval_losses.items()) + ")"
     speed = "-" if s.tokens_per_s is None else f"{s.tokens_per_s:,.0f} tok/s"
     if s.step_s is not None:
         speed += f", {s.step_s:.3f} s/step (median of the last 50)"

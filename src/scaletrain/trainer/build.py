@@ -210,7 +210,8 @@ def build_run(job: JobConfig, *, env: DistEnv | None = None, data: bool = True,
     if data:
         bundle = build_data(job.data, seq_len=job.batch.seq_len,
                             micro_batch=job.batch.micro_batch, grad_accum=grad_accum,
-                            dp_rank=dims.dp_rank, dp_size=layout.dp, seed=job.data.seed)
+                            dp_rank=dims.dp_rank, dp_size=layout.dp, seed=job.data.seed,
+                            progress=job.train.progress and env.is_main)
         _check_vocab(job, bundle)
     scaler = LossScaler(job.precision)
     model = build_model(job.model, device="meta")

@@ -36,7 +36,7 @@ from ._start import start_line
 from .build import Run, build_run
 from .documents import enable_document_masking
 from .guard import SpikeGuard, SpikeVerdict
-from .metrics import MetricsLogger
+from .metrics import MetricsLogger, perplexity
 from .monitor import Monitor
 from .oom import is_allocation_failure
 from .optim import lr_at, set_lr
@@ -68,6 +68,8 @@ class RunResult:
     """The trained module (for tests, export and evaluation by the caller)."""
     memory_snapshot: Path | None = None
     """This rank's CUDA allocator snapshot of the measured step (None on CPU)."""
+    eval_losses: dict[str, float] = field(default_factory=dict)
+    """Last loss on each `data.eval_sources` set (perplexity = exp of it), by name."""
 
 
 class _ProbeHooks(StepHooks):
@@ -318,6 +320,8 @@ def _train(job: JobConfig, *, max_steps: int | None) -> RunResult:
                        log_path=run.run_dir / "guard.jsonl")
     monitor = Monitor(run, logger, start_step=step)  # heartbeat, watchdog, stragglers, W&B
     val_batches = run.data.val_batches(val_batch_count(run))
+    eval_sets = run.data.eval_batches(val_batch_count(run))  # data.eval_sources, by name
+    eval_losses: dict[str, float] = {}
     batches = monitor.timed(run.data.train_batches())
     end_step = job.train.steps if max_steps is None else min(job.train.steps, step + max_steps)
     losses: list[float] = []
@@ -369,6 +373,7 @@ def _train(job: JobConfig, *, max_steps: int | None) -> RunResult:
         if step % job.train.eval_every == 0 or step == job.train.steps:
             val_loss = evaluate(run, val_batches)
             record["val_loss"] = val_loss
+            record.update(_evaluate_sets(run, eval_sets, eval_losses))
         record.update({f"mem_{k}": v for k, v in peak_process_memory(run.device).items()})
         monitor.end(record)
         logger.log(record)
@@ -415,7 +420,7 @@ def _train(job: JobConfig, *, max_steps: int | None) -> RunResult:
                        best_loss=run.data.best_loss_nats, tokens_per_s=tok_s, mfu=run.mfu(tok_s),
                        skipped_steps=run.scaler.skipped_steps, rollbacks=guard.rollbacks,
                        sample=sample, losses=losses, measured=measured, model=run.model,
-                       memory_snapshot=snapshot_path)
+                       memory_snapshot=snapshot_path, eval_losses=eval_losses)
     result.ledger = memory_ledger(run, measured)
     monitor.close(ledger=result.ledger)
     if run.is_main:
@@ -435,7 +440,8 @@ def _write_run_files(run: Run, r: RunResult) -> None:
             "best_loss": r.best_loss, "tokens_per_s": r.tokens_per_s, "mfu": r.mfu,
             "skipped_steps": r.skipped_steps, "rollbacks": r.rollbacks,
             "world_size": run.env.world_size, "device": run.device.type,
-            "hardware": run.hardware.name, "params": run.job.model.num_params()}
+            "hardware": run.hardware.name, "params": run.job.model.num_params(),
+            "eval": {k: {"val_loss": v, "ppl": perplexity(v)} for k, v in r.eval_losses.items()}}
     if r.memory_snapshot is not None:  # CUDA: every rank wrote its own, rank 0's is noted
         info["memory_snapshot"] = str(r.memory_snapshot)
     (d / "run_info.json").write_text(json.dumps(info, indent=1))
@@ -451,8 +457,24 @@ def _write_run_files(run: Run, r: RunResult) -> None:
     m.write(d)
 
 
+def _evaluate_sets(run: Run, sets: dict[str, list], last: dict[str, float]
+                   ) -> dict[str, float]:
+    """Loss and perplexity of each eval source (all ranks), as metric fields; `last` keeps
+    the latest loss per name (the run's result)."""
+    out = {}
+    for name, batches in sets.items():
+        loss = evaluate(run, batches)
+        if loss is None:
+            continue
+        last[name] = loss
+        out[f"val_loss/{name}"], out[f"ppl/{name}"] = loss, perplexity(loss)
+    return out
+
+
 def _line(r: dict[str, Any]) -> str:
     val = f" | val {r['val_loss']:.4f}" if r.get("val_loss") is not None else ""
+    val += "".join(f" | {k[9:]} {v:.4f} (ppl {r['ppl/' + k[9:]]:.2f})" for k, v in r.items()
+                   if k.startswith("val_loss/"))
     skip = " | SKIPPED (non-finite grads)" if r["skipped"] else ""
     return (f"step {r['step']:5d} | loss {r['loss']:.4f}{val} | lr {r['lr']:.2e} | "
             f"grad {r['grad_norm']:.3f} | {r['tokens_per_s']:,.0f} tok/s | "

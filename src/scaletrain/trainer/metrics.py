@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MetricsLogger"]
+__all__ = ["MetricsLogger", "perplexity"]
+
+
+def perplexity(loss: float) -> float:
+    """exp(mean next-token loss in nats); inf past float range (a diverged run)."""
+    return math.exp(loss) if loss < 700 else float("inf")
 
 
 class MetricsLogger:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from .metrics import perplexity
+
 if TYPE_CHECKING:
     from .build import Run
     from .loop import RunResult
@@ -65,6 +67,8 @@ def summary(r: RunResult) -> str:
     line = f"done: {r.steps} steps | final loss {r.final_loss:.4f}"
     if r.val_loss is not None:
         line += f" | val loss {r.val_loss:.4f}"
+    for name, loss in r.eval_losses.items():
+        line += f" | {name} {loss:.4f} (ppl {perplexity(loss):.2f})"
     if r.best_loss is not None:
         line += f" | best achievable {r.best_loss:.4f} (corpus entropy)"
     lines = [line, f"throughput {r.tokens_per_s:,.0f} tokens/s | MFU {r.mfu:.2%} | "
