@@ -8,9 +8,17 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
-from scaletrain.config import ConfigError
+# Idle OpenMP threads sleep instead of spinning (read by libgomp when torch loads, so it is set
+# before any command imports torch; a value you set wins). With another process on the same
+# cores, spinning threads wait out each other's time slices at every parallel region: the
+# default job fell from ~8,000 to ~700 tokens/s on a 2-core host sharing its cores, and ran
+# at ~7,000 with PASSIVE (benchmarks/threads.py).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from scaletrain.config import ConfigError  # noqa: E402
 
 __all__ = ["main", "SUBCOMMANDS"]
 
