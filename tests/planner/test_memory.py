@@ -187,3 +187,32 @@ def test_fits_and_reserved_consistency():
     assert small.fits and small.reserved >= small.total
     assert "runtime_context" in small.buffer_terms
     assert small.buffers == pytest.approx(sum(small.buffer_terms.values()))
+
+
+def test_loss_chunk_tokens_reach_the_plan() -> None:
+    """memory.loss_chunk_tokens flows from the job into PlanInput and the loss-backward term:
+    a 64-token chunk instead of the auto one (all 1024 tokens of gpt2's vocabulary fit the
+    256 MiB rule here) removes (1024 - 64) x V x (4 + 2) bytes of chunk logits in bf16."""
+    import dataclasses
+
+    from scaletrain.config import load_config
+    from scaletrain.planner.memory import fused_loss_chunk, loss_backward_bytes
+    from scaletrain.planner.types import plan_input_from_job
+
+    job = load_config(None, ["--model.name=gpt2-124m", "--memory.loss_chunk_tokens=64",
+                             "--batch.seq_len=1024", "--batch.micro_batch=1",
+                             "--batch.global_batch=1"])
+    plan = plan_input_from_job(job, job.layout(1))
+    assert plan.loss_chunk_tokens == 64
+    m = job.model
+    assert fused_loss_chunk(m) >= 1024
+    kw = dict(seq_len=1024, micro_batch=1, precision="bf16")
+    drop = loss_backward_bytes(m, **kw) - loss_backward_bytes(m, chunk_tokens=64, **kw)
+    assert drop == (1024 - 64) * m.vocab_size * 6
+    from scaletrain.planner.estimate import estimate
+
+    auto = estimate(dataclasses.replace(plan, loss_chunk_tokens=0, precision="bf16"))
+    small = estimate(dataclasses.replace(plan, precision="bf16"))
+    # the term drops whole; the peak drops less (another moment becomes the peak)
+    assert auto.memory.buffers - small.memory.buffers == pytest.approx(drop, rel=1e-12)
+    assert 0 < auto.memory.total - small.memory.total <= drop

@@ -469,7 +469,8 @@ def _rank_numbers(plan: PlanInput, acts_terms: tuple[float, float, float, float]
         loss_tmp = loss_backward_bytes(plan.model, seq_len=plan.seq_len,
                                        micro_batch=plan.micro_batch, tp=L.tp, cp=L.cp,
                                        fused=pp == 1, precision=plan.precision,
-                                       weight_bytes=weight_bytes)
+                                       weight_bytes=weight_bytes,
+                                       chunk_tokens=plan.loss_chunk_tokens)
         bufs = dict(bufs, loss_backward_temp=loss_tmp)
         resting = fixed - (st["params.in_flight"] if L.zero >= 3 else 0.0)
         coll = sum(v for k, v in bufs.items() if k.startswith("fsdp_"))

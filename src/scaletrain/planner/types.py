@@ -40,6 +40,9 @@ class PlanInput:
     """precision 'fp8' under ZeRO-2/3: the fp8 Linears' weights are all-gathered in E4M3."""
     recipe: str = "scaletrain"
     """Framework recipe (planner/recipes.py): whose allocations and time model to plan."""
+    loss_chunk_tokens: int = 0
+    """Tokens per chunk of the fused head + loss (`memory.loss_chunk_tokens`; 0 = the
+    trainer's auto rule, `memory.fused_loss_chunk`)."""
 
     @property
     def grad_accum(self) -> int:
@@ -133,7 +136,8 @@ def plan_input_from_job(job: JobConfig, layout: Layout, *,
                      optimizer=job.optim.name, compile=job.train.compile,
                      efficiency=job.hardware.efficiency,
                      fp8_all_gather=(job.precision.dtype == "fp8"
-                                     and job.precision.fp8_all_gather))
+                                     and job.precision.fp8_all_gather),
+                     loss_chunk_tokens=job.memory.loss_chunk_tokens)
 
 
 def layout_label(e: Estimate) -> str:
