@@ -27,7 +27,8 @@ def resolve_layout(job: JobConfig) -> JobConfig:
 
     if job.parallel.layout != "auto" or job.parallel.names_degrees:
         return job
-    env = init_distributed(device_pref=job.train.device)
+    env = init_distributed(device_pref=job.train.device,
+                           rendezvous_timeout_s=job.train.rendezvous_timeout_s)
     if env.world_size == 1:
         return job
     return auto_layout(job, env.world_size, detect_hardware(job, env.device))

@@ -280,6 +280,8 @@ class TrainConfig:
     tensorboard: bool = True
     force: bool = False
     """Train even when the planner predicts the layout will not fit."""
+    rendezvous_timeout_s: float = 300.0
+    """Seconds a rank waits for all WORLD_SIZE ranks to arrive before a one-line error."""
 
     def __post_init__(self) -> None:
         require(self.steps >= 1, "train.steps", self.steps, "use a positive integer")
@@ -290,6 +292,8 @@ class TrainConfig:
                 "use at most 10000 (validation batches are held in memory for the whole run)")
         require(self.sample_tokens >= 0, "train.sample_tokens", self.sample_tokens, "use >= 0")
         choice("train.device", self.device, ("auto", "cpu", "cuda"))
+        require(0 < self.rendezvous_timeout_s <= 86_400, "train.rendezvous_timeout_s",
+                self.rendezvous_timeout_s, "use seconds in (0, 86400]")
         require(bool(self.run_dir.strip()), "train.run_dir", self.run_dir,
                 "give a directory such as runs/default (empty would write into the current one)")
 

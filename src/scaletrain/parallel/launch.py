@@ -21,7 +21,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-__all__ = ["attempt_store", "elastic_store", "free_port", "spawn"]
+from scaletrain.config import ConfigError
+from scaletrain.config.launch_env import LAUNCH_FIX, LaunchEnv
+
+__all__ = ["attempt_store", "free_port", "rendezvous_store", "spawn"]
 
 
 def free_port() -> int:
@@ -145,13 +148,68 @@ def _wait_or_raise(deadline: float, poll_s: float, what: str, n: int) -> None:
     time.sleep(poll_s)
 
 
-def elastic_store(rank: int, world_size: int, timeout: datetime.timedelta
-                  ) -> dist.Store | None:
-    """The store to build the default process group on when torchrun shares its agent store
-    with the workers (a fresh namespace per restart, see `attempt_store`); None otherwise, and
-    then init_process_group's own env:// rendezvous is right."""
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True):
-        return None
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                          is_master=False, timeout=timeout)
-    return attempt_store(store, rank, world_size, timeout)
+def rendezvous_store(env: LaunchEnv, timeout: datetime.timedelta) -> dist.Store:
+    """The store every rank of this launch builds its process group on, returned only once all
+    `env.world_size` ranks have reached it; a `ConfigError` naming WORLD_SIZE (or MASTER_ADDR)
+    after `timeout` instead of a wait with no end.
+
+    Under torchrun's agent store: a fresh namespace of it (`attempt_store`). Otherwise rank 0
+    hosts a TCPStore at MASTER_ADDR:MASTER_PORT (what env:// would do) and every rank counts
+    itself in; a missing peer (`WORLD_SIZE=2` with one process started) or an unreachable rank 0
+    is named after `timeout`.
+    """
+    where = f"{env.master_addr}:{env.master_port}"
+    secs = f"{timeout.total_seconds():g} s (train.rendezvous_timeout_s)"
+    if env.agent_store:
+        try:
+            return attempt_store(dist.TCPStore(env.master_addr or "", env.master_port or 0,
+                                               is_master=False, timeout=timeout),
+                                 env.rank, env.world_size, timeout)
+        except (TimeoutError, dist.DistError) as e:
+            raise ConfigError("WORLD_SIZE", str(env.world_size),
+                              f"rank {env.rank} found no complete launch at the torchrun store "
+                              f"{where} within {secs} ({_first_line(e)}); {LAUNCH_FIX}") from None
+    deadline = time.monotonic() + timeout.total_seconds()
+    if env.rank > 0 and not _reachable(env.master_addr or "", env.master_port or 0, deadline):
+        # probed here: torch's client would log a C++ stack trace per retry before giving up
+        raise ConfigError("MASTER_ADDR", env.master_addr,
+                          f"rank {env.rank} reached no rank 0 at {where} within {secs}: start rank "
+                          f"0 there, or fix MASTER_ADDR/MASTER_PORT; {LAUNCH_FIX}")
+    try:
+        store = dist.TCPStore(env.master_addr or "", env.master_port or 0, env.world_size,
+                              is_master=env.rank == 0, timeout=timeout, wait_for_workers=False)
+    except (RuntimeError, dist.DistError) as e:
+        if env.rank == 0:
+            fix = (f"rank 0 could not serve the rendezvous at {where} ({_first_line(e)}): "
+                   "choose a free MASTER_PORT on this host")
+            raise ConfigError("MASTER_PORT", str(env.master_port), fix) from None
+        raise ConfigError("MASTER_ADDR", env.master_addr,
+                          f"rank {env.rank} reached no rank 0 at {where} within {secs}: start rank "
+                          f"0 there, or fix MASTER_ADDR/MASTER_PORT; {LAUNCH_FIX}") from None
+    key = "scaletrain/rendezvous"
+    joined = store.add(key, 1)
+    while joined < env.world_size:
+        if time.monotonic() > deadline:
+            raise ConfigError("WORLD_SIZE", str(env.world_size),
+                              f"only {joined} of {env.world_size} ranks reached the rendezvous at "
+                              f"{where} within {secs}; {LAUNCH_FIX}")
+        time.sleep(0.05)
+        joined = store.add(key, 0)
+    return store
+
+
+def _reachable(addr: str, port: int, deadline: float) -> bool:
+    """Whether a TCP connection to addr:port opens before `deadline` (retried every 0.2 s)."""
+    while True:
+        try:
+            with socket.create_connection((addr, port), timeout=1.0):
+                return True
+        except OSError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.2)
+
+
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else type(e).__name__
