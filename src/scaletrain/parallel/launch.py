@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import datetime
 import gc
+import logging
 import os
+import pickle
 import socket
 import tempfile
 import time
@@ -48,8 +50,9 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str, fn: Callable[..
         dist.init_process_group("gloo", rank=rank, world_size=world_size)
         result = fn(*args)
         torch.save({"ok": True, "result": result}, out)
-    except BaseException:  # report every failure to the parent, then re-raise
-        torch.save({"ok": False, "error": traceback.format_exc()}, out)
+    except BaseException as e:  # report every failure to the parent, then re-raise
+        torch.save({"ok": False, "error": traceback.format_exc(), "exc": _portable(e),
+                    "t": time.time()}, out)
         raise
     finally:
         if dist.is_initialized():
@@ -60,27 +63,70 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str, fn: Callable[..
             dist.destroy_process_group()
 
 
+_GRACE_S = 3.0
+"""After one rank fails, how long its peers get to exit by themselves, then after SIGTERM."""
+
+
+def _portable(e: BaseException) -> bytes | None:
+    """`e` pickled, when it survives the trip to the parent (None otherwise)."""
+    try:
+        data = pickle.dumps(e)
+        pickle.loads(data)
+    except Exception:  # noqa: BLE001 - an exception that cannot travel is reported as text
+        return None
+    return data
+
+
+def _rank_failure(tmp: Path, world_size: int, e: Exception) -> BaseException:
+    """What the parent raises when a rank failed: the exception of the rank that failed first
+    (the others' failures follow from it: a peer gone mid-collective), itself when it is a
+    `ConfigError` or a RuntimeError (a prepared one, e.g. CheckpointError, then reads as the same
+    one line as in a single process), else a RuntimeError with that rank's traceback."""
+    failed = []
+    for r in range(world_size):
+        p = tmp / f"rank{r}.pt"
+        if p.exists():
+            rec = torch.load(p, weights_only=False)
+            if not rec["ok"]:
+                failed.append((rec.get("t", 0.0), r, rec))
+    if not failed:
+        return RuntimeError(f"distributed run failed: {e}")
+    _, r, rec = min(failed, key=lambda f: (f[0], f[1]))
+    remote = RankTraceback(f"rank {r}:\n{rec['error']}")
+    if rec.get("exc") is not None:
+        exc = pickle.loads(rec["exc"])
+        if isinstance(exc, ConfigError | RuntimeError):
+            exc.__cause__ = remote  # shown if the caller lets it through, like futures do
+            return exc
+    return RuntimeError(f"distributed run failed on rank {r}:\n{rec['error']}")
+
+
+class RankTraceback(Exception):
+    """The traceback text of a spawned rank's failure (the cause of what the parent raises)."""
+
+
 def spawn(fn: Callable[..., Any], world_size: int, *args: Any, threads: int = 1) -> list[Any]:
     """Run `fn(*args)` on `world_size` gloo ranks; return the per-rank results (rank order).
 
-    `fn` must be importable (module-level) and its results torch.save-able. A failure on any rank
-    raises RuntimeError carrying that rank's traceback.
+    `fn` must be importable (module-level) and its results torch.save-able. A failure raises the
+    first failing rank's own ConfigError or RuntimeError (so a user error stays one line; its
+    `__cause__` holds the rank's traceback), or a RuntimeError carrying that rank's traceback.
     """
     with tempfile.TemporaryDirectory() as tmp:
         ctx = mp.start_processes(_worker, args=(world_size, free_port(), tmp, fn, args, threads),
                                  nprocs=world_size, join=False, start_method="spawn")
+        # torch logs a warning per peer it stops after the first failure: the failure itself is
+        # what the user needs to read, once
+        spawn_log = logging.getLogger("torch.multiprocessing.spawn")
+        level = spawn_log.level
+        spawn_log.setLevel(logging.ERROR)
         try:
-            while not ctx.join():
+            while not ctx.join(grace_period=_GRACE_S):
                 pass
         except Exception as e:
-            errors = []
-            for r in range(world_size):
-                p = Path(tmp) / f"rank{r}.pt"
-                if p.exists():
-                    rec = torch.load(p, weights_only=False)
-                    if not rec["ok"]:
-                        errors.append(f"rank {r}:\n{rec['error']}")
-            raise RuntimeError("distributed run failed\n" + "\n".join(errors or [str(e)])) from e
+            raise _rank_failure(Path(tmp), world_size, e)  # noqa: B904 - its cause is the rank's
+        finally:
+            spawn_log.setLevel(level)
         results = []
         for r in range(world_size):
             rec = torch.load(Path(tmp) / f"rank{r}.pt", weights_only=False)

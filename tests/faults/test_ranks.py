@@ -1,0 +1,42 @@
+"""An error inside `--nproc N` ranks reads as it does in one process: the first failing rank's
+one line, once; its peers are stopped, not left waiting in a collective."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from scaletrain.config import ConfigError
+from scaletrain.parallel.launch import spawn
+
+from . import _rank_fns
+from ._cli import no_traceback, scaletrain, tiny_job
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_ranks_config_error_reaches_the_parent_as_itself(rank):
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError) as e:
+        spawn(_rank_fns.config_error_on, 2, rank)
+    assert e.value.field == "data.source" and "\n" not in str(e.value)
+    assert f"rank {rank}" in str(e.value.__cause__)  # the rank's traceback, kept as the cause
+    assert time.monotonic() - t0 < 60
+
+
+@pytest.mark.slow
+def test_the_first_failing_rank_is_reported():
+    with pytest.raises(ConfigError, match="rank 0 says no"):
+        spawn(_rank_fns.config_error_everywhere, 2)
+
+
+@pytest.mark.slow
+def test_cli_nproc_error_inside_the_ranks_is_one_line(tmp_path):
+    # the resume target is checked inside the ranks (after the process group is joined)
+    p = scaletrain("train", "--nproc", "2",
+                   *tiny_job(tmp_path, "run", f"--checkpoint.resume={tmp_path / 'nope'}",
+                             "--batch.micro_batch=1"), timeout=180)
+    assert p.returncode != 0 and no_traceback(p), p.stderr
+    err = p.stderr.strip().splitlines()
+    assert len(err) == 1 and str(tmp_path / "nope") in err[0], err
