@@ -279,7 +279,8 @@ class TrainConfig:
     """Live progress bar (rich) on rank 0."""
     tensorboard: bool = True
     force: bool = False
-    """Train even when the planner predicts the layout will not fit."""
+    """Train a single process even when the planner's peak exceeds the free host/GPU memory
+    (`scaletrain train` refuses it before allocating otherwise: orchestrate.fit_check)."""
     rendezvous_timeout_s: float = 300.0
     """Seconds a rank waits for all WORLD_SIZE ranks to arrive before a one-line error."""
 
