@@ -20,9 +20,11 @@ or repeated whole and then truncated (up-weighted) to reach its share.
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import hashlib
 import json
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +37,7 @@ from scaletrain.config.sources import parse_sources
 
 from .tokenizer import BPETokenizer, ByteTokenizer, Tokenizer
 
-__all__ = ["iter_documents", "build_streamed", "make_tokenizer", "sha256_of"]
+__all__ = ["iter_documents", "build_streamed", "decode_utf8", "make_tokenizer", "sha256_of"]
 
 FORMAT = 1  # bump when the streamed layout changes, so old caches are not reused
 _BATCH_DOCS = 256
@@ -43,26 +45,65 @@ _TXT_PIECE = 1 << 20
 _COPY_TOKENS = 1 << 20
 
 
+def not_utf8(path: Path, where: str, err: UnicodeDecodeError, offset: int) -> ConfigError:
+    """The one error for text that is not UTF-8: the file, the byte offset and the fix."""
+    return ConfigError("data.source", f"{path}{where}",
+                       f"byte {offset} is not UTF-8 ({err.reason}): convert the file to UTF-8 "
+                       "(a single .txt source with data.tokenizer=byte keeps raw bytes)")
+
+
+def decode_utf8(path: Path, data: bytes) -> str:
+    """`data` (the whole of `path`) as text; bytes that are not UTF-8 are refused, never
+    replaced by U+FFFD (that silently changed the corpus)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise not_utf8(path, "", e, e.start) from None
+
+
 def _iter_txt(path: Path) -> Iterator[tuple[str, bool]]:
-    with open(path, encoding="utf-8", errors="replace") as f:
-        while piece := f.read(_TXT_PIECE):
-            yield piece, False
+    decoder = codecs.getincrementaldecoder("utf-8")("strict")
+    fed = 0
+    with open(path, "rb") as f:
+        while True:
+            raw = f.read(_TXT_PIECE)
+            pending = decoder.getstate()[0]
+            try:
+                piece = decoder.decode(raw, final=not raw)
+            except UnicodeDecodeError as e:  # e.start counts from the held-back bytes
+                raise not_utf8(path, "", e, fed - len(pending) + e.start) from None
+            fed += len(raw)
+            if piece:
+                yield piece, False
+            if not raw:
+                break
     yield "", True
 
 
 def jsonl_records(path: Path) -> Iterator[tuple[int, Any]]:
     """(line number, parsed record) of every non-blank line of a `.jsonl` / `.jsonl.gz` file;
-    a malformed line is one error naming `file:line`."""
+    a malformed line, a line that is not UTF-8 or a corrupt gzip stream is one error naming
+    `file:line`."""
     opener: Any = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                yield lineno, json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ConfigError("data.source", f"{path}:{lineno}",
-                                  f"malformed JSON line ({e.msg}): fix or remove it") from None
+    lineno = 0
+    try:
+        with opener(path, "rb") as f:
+            for lineno, raw in enumerate(f, 1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise not_utf8(path, f":{lineno}", e, e.start) from None
+                if not line.strip():
+                    continue
+                try:
+                    yield lineno, json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ConfigError("data.source", f"{path}:{lineno}",
+                                      f"malformed JSON line ({e.msg}): fix or remove it") from None
+    except (OSError, EOFError, zlib.error) as e:  # gzip: not gzip, truncated, bad CRC
+        raise ConfigError("data.source", f"{path}:{lineno + 1}",
+                          f"unreadable ({' '.join(str(e).split()) or type(e).__name__}): the "
+                          "file is corrupt or truncated; restore or remove it") from None
 
 
 def _iter_jsonl(path: Path, field: str) -> Iterator[tuple[str, bool]]:
@@ -81,14 +122,29 @@ def _iter_parquet(path: Path, field: str) -> Iterator[tuple[str, bool]]:
     except ImportError:
         raise ConfigError("data.source", str(path), "reading .parquet needs pyarrow: pip "
                           "install 'scaletrain[parquet]'") from None
-    pf = pq.ParquetFile(path)
+    try:
+        pf = pq.ParquetFile(path)
+    except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+        raise ConfigError("data.source", str(path),
+                          f"not a readable parquet file ({' '.join(str(e).split())[:200]}): "
+                          "restore or remove it") from None
     if field not in pf.schema_arrow.names:
+        from scaletrain.config.strict import did_you_mean
+
         raise ConfigError("data.text_field", f"{path}", f"the parquet file has no column "
-                          f"{field!r} (columns: {', '.join(pf.schema_arrow.names)})")
+                          f"{field!r}{did_you_mean(field, pf.schema_arrow.names)} (columns: "
+                          f"{', '.join(pf.schema_arrow.names)})")
+    row = 0
     for batch in pf.iter_batches(columns=[field], batch_size=1024):
         for text in batch.column(0).to_pylist():
-            if text is not None:
-                yield str(text), True
+            row += 1
+            if text is None:
+                continue
+            if not isinstance(text, str):  # never str() a number or a list into the corpus
+                raise ConfigError("data.text_field", f"{path} row {row}",
+                                  f"column {field!r} holds {type(text).__name__}, not text: set "
+                                  "data.text_field to a string column")
+            yield text, True
 
 
 def iter_documents(path: Path, *, text_field: str) -> Iterator[tuple[str, bool]]:
@@ -140,6 +196,11 @@ class _Appender:
 
 def _encode_file(path: Path, tok: Tokenizer, out: _Appender, cfg: DataConfig) -> None:
     if path.name.endswith(".bin"):
+        size, item = path.stat().st_size, np.dtype(cfg.token_dtype).itemsize
+        if size % item:
+            raise ConfigError("data.source", str(path),
+                              f"holds {size} bytes, not a whole number of {cfg.token_dtype} ids "
+                              "(truncated?): check data.token_dtype or restore the file")
         src = np.memmap(path, dtype=cfg.token_dtype, mode="r")
         for i in range(0, len(src), _COPY_TOKENS):
             chunk = np.asarray(src[i:i + _COPY_TOKENS])
