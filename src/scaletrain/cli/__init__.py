@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import NoReturn
 
 from scaletrain.config import ConfigError
 
@@ -27,8 +28,15 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors on one line (no usage block): `prog: error: what (see --help)`."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _parser(argv: list[str]) -> tuple[argparse.ArgumentParser, str | None]:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="scaletrain",
         description="Plan, dry-run, train and verify parallel transformer training: will it "
                     "fit, how fast will it run, which strategy should I use.")

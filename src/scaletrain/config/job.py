@@ -350,6 +350,13 @@ class CheckpointConfig:
         require(self.keep_last_n >= 1, "checkpoint.keep_last_n", self.keep_last_n, "use >= 1")
         require(isinstance(self.async_save, bool), "checkpoint.async_save", self.async_save,
                 "use true or false")
+        if self.resume not in ("auto", "never"):
+            from .strict import did_you_mean
+
+            require(bool(self.resume.strip()) and Path(self.resume).is_dir(),
+                    "checkpoint.resume", self.resume,
+                    "give 'auto', 'never' or an existing checkpoint directory (a step_* "
+                    f"folder){did_you_mean(self.resume, ('auto', 'never'))}")
         if self.init_from:
             require((Path(self.init_from) / "config.json").is_file(), "checkpoint.init_from",
                     self.init_from, "give a Hugging Face model directory holding config.json")
@@ -478,6 +485,8 @@ def parse_overrides(args: list[str]) -> dict[str, dict[str, str]]:
             key, value = arg[2:], args[i + 1]
             i += 1
         section, name = key.split(".", 1)
+        if not section or not name:
+            raise ConfigError("override", arg, "write overrides as --section.key=value")
         out.setdefault(section, {})[name] = value
         i += 1
     return out

@@ -446,6 +446,9 @@ def _check_hf_supported(hf: dict[str, Any], path: Path) -> None:
 
 def resolve_model(name_or_path: str, **overrides: Any) -> ModelConfig:
     """A preset name or a path to a Hugging Face config.json, with field overrides."""
+    if not name_or_path.strip():
+        raise ConfigError("model.name", name_or_path, "give a model preset (e.g. tiny-llama) or "
+                          "the path of a Hugging Face config.json")
     if name_or_path in MODEL_PRESETS:
         return model_preset(name_or_path, **overrides)
     if name_or_path.endswith(".json") or Path(name_or_path).is_dir():
