@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -469,6 +470,26 @@ def _build(cls: type, section: str, values: dict[str, Any]) -> Any:
     return cls(**kwargs)
 
 
+def _no_quoted_scalars(raw: dict[str, Any], path: Path) -> None:
+    """TOML has types: a quoted "8" for a number or "true" for a boolean is a string, refused
+    (command-line overrides are text and parsed instead)."""
+    from .model import ModelConfig
+
+    for section, values in raw.items():
+        cls = ModelConfig if section == "model" else SECTIONS.get(section)
+        if cls is None or not isinstance(values, dict):
+            continue  # named by load_config's own checks
+        hints = typing.get_type_hints(cls)
+        for k, v in values.items():
+            typ = hints.get(k)
+            if isinstance(typ, types.UnionType):
+                typ = next(t for t in typ.__args__ if t is not type(None))
+            if typ in (int, float, bool) and isinstance(v, str):
+                raise ConfigError(f"{section}.{k}", v,
+                                  f"{path.name} gives a string where a {typ.__name__} belongs: "
+                                  f"write it without quotes")
+
+
 def parse_overrides(args: list[str]) -> dict[str, dict[str, str]]:
     """['--train.steps=10', '--model.name', 'tiny'] -> {'train': {'steps': '10'}, ...}."""
     out: dict[str, dict[str, str]] = {}
@@ -500,9 +521,15 @@ def load_config(path: str | Path | None = None,
         p = Path(path)
         require(p.is_file(), "config", str(p), "give the path of an existing .toml file")
         try:
-            raw = tomllib.loads(p.read_text())
+            raw = tomllib.loads(p.read_bytes().decode("utf-8-sig"))  # (a BOM is harmless)
+        except OSError as e:
+            raise ConfigError("config", str(p), f"cannot read it ({e.strerror})") from None
+        except UnicodeDecodeError as e:
+            raise ConfigError("config", str(p), f"byte {e.start} is not UTF-8 ({e.reason}): "
+                              "save the file as UTF-8") from None
         except tomllib.TOMLDecodeError as e:
             raise ConfigError("config", str(p), f"fix the TOML syntax: {e}") from e
+        _no_quoted_scalars(raw, p)
     if isinstance(overrides, list):
         overrides = parse_overrides(overrides)
     for section, values in (overrides or {}).items():

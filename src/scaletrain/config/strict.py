@@ -28,7 +28,17 @@ def did_you_mean(name: str, options: Any) -> str:
     return f" (did you mean {opts[close[0]]!r}?)" if close else ""
 
 
+_INT64 = 2**63
+
+
 def _int(value: Any) -> int:
+    out = _int_any(value)
+    if not -_INT64 <= out < _INT64:  # every count must fit torch's and numpy's int64
+        raise ValueError(value)
+    return out
+
+
+def _int_any(value: Any) -> int:
     if isinstance(value, bool):
         raise ValueError("a boolean is not an integer")
     if isinstance(value, int):
