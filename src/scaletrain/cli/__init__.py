@@ -64,6 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"scaletrain {chosen}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C outside the training loop's handler (or a second one)
+        print(f"scaletrain {chosen}: interrupted (SIGINT); nothing was saved since the last "
+              "checkpoint", file=sys.stderr)
+        return 130
     except RuntimeError as e:  # run-time failures with a prepared message (OOM, rollbacks)
         if type(e).__name__ not in ("OutOfMemory", "TooManyRollbacks", "CheckpointError"):
             raise
