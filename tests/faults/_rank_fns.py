@@ -21,3 +21,26 @@ def config_error_everywhere() -> int:
     """Every rank fails with the same ConfigError (a check every rank makes)."""
     time.sleep(0.05 * dist.get_rank())
     raise ConfigError("model.dim", 7, f"rank {dist.get_rank()} says no")
+
+
+class _Unpicklable(RuntimeError):
+    def __init__(self, msg: str):
+        super().__init__(msg)
+        self.hook = lambda: None  # a lambda cannot be pickled
+
+
+def unpicklable_error_on_rank1() -> int:
+    if dist.get_rank() == 1:
+        raise _Unpicklable("rank 1 broke in an odd way")
+    dist.barrier()
+    return 0
+
+
+def exit_on_rank1() -> int:
+    """Rank 1 dies without a Python exception (as an os._exit or a crash would)."""
+    import os
+
+    if dist.get_rank() == 1:
+        os._exit(3)
+    dist.barrier()
+    return 0

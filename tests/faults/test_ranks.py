@@ -42,3 +42,18 @@ def test_cli_nproc_error_inside_the_ranks_is_one_line(tmp_path):
     assert p.returncode != 0 and no_traceback(p), p.stderr
     err = p.stderr.strip().splitlines()
     assert len(err) == 1 and str(empty) in err[0], err
+
+
+@pytest.mark.slow
+def test_an_error_that_cannot_travel_comes_back_as_its_traceback():
+    with pytest.raises(RuntimeError, match="rank 1 broke in an odd way") as e:
+        spawn(_rank_fns.unpicklable_error_on_rank1, 2)
+    assert "on rank 1" in str(e.value)
+
+
+@pytest.mark.slow
+def test_a_rank_that_dies_silently_ends_the_run_not_hangs():
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="exit code 3"):
+        spawn(_rank_fns.exit_on_rank1, 2)
+    assert time.monotonic() - t0 < 60

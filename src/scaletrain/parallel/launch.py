@@ -89,9 +89,16 @@ def _rank_failure(tmp: Path, world_size: int, e: Exception) -> BaseException:
             rec = torch.load(p, weights_only=False)
             if not rec["ok"]:
                 failed.append((rec.get("t", 0.0), r, rec))
+    first = getattr(e, "error_index", None)  # the rank torch saw exit first
+    if isinstance(e, mp.ProcessExitedException) and not any(r == first for _, r, _ in failed):
+        # it died without a Python error (os._exit, a signal, a crash); the others' errors
+        # (a peer gone mid-collective) follow from it
+        how = (f"signal {e.signal_name}" if e.signal_name else f"exit code {e.exit_code}")
+        return RuntimeError(f"distributed run failed: rank {first} ended with {how} without "
+                            "a Python error (killed, out of memory, or crashed)")
     if not failed:
         return RuntimeError(f"distributed run failed: {e}")
-    _, r, rec = min(failed, key=lambda f: (f[0], f[1]))
+    _, r, rec = min(failed, key=lambda f: (f[1] != first, f[0], f[1]))
     remote = RankTraceback(f"rank {r}:\n{rec['error']}")
     if rec.get("exc") is not None:
         exc = pickle.loads(rec["exc"])
