@@ -7,9 +7,13 @@ modules are imported lazily so `scaletrain plan` never imports torch.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import os
+import signal
 import sys
-from typing import NoReturn
+import threading
+from typing import Any, NoReturn
 
 from scaletrain.config import ConfigError
 
@@ -59,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     module = importlib.import_module(SUBCOMMANDS[chosen][0])
     args, extra = parser.parse_known_args(argv)
+    previous = _exit_on_sigint(chosen)
     try:
         return int(module.run(args, extra) or 0)
     except ConfigError as e:
@@ -73,3 +78,30 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"scaletrain {chosen}: {e}", file=sys.stderr)
         return 3
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _exit_on_sigint(command: str) -> Any:
+    """Ctrl-C outside the training loop (start-up: imports, data, model; the end) exits at once
+    with one line and 130; returns the handler it replaced (None off the main thread).
+
+    A KeyboardInterrupt cannot be caught reliably there: raised inside an import (torch's take
+    seconds) it leaves half-initialised modules behind, and the next import fails with an
+    unrelated traceback (a RecursionError in numpy's lazy loader, seen). Nothing needs saving
+    before the loop; inside it `trainer.signals` takes SIGINT over (finish the step, save) and
+    hands it back after the first signal, so a second Ctrl-C lands here and stops at once.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum: int, frame: Any) -> None:
+        sys.stderr.write(f"scaletrain {command}: interrupted (SIGINT); nothing was saved since "
+                         "the last checkpoint\n")
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(130)
+
+    return signal.signal(signal.SIGINT, handler)
