@@ -77,7 +77,8 @@ def _portable(e: BaseException) -> bytes | None:
     return data
 
 
-def _rank_failure(tmp: Path, world_size: int, e: Exception) -> BaseException:
+def _rank_failure(tmp: Path, world_size: int, e: Exception,
+                  exit_codes: list[int | None] | None = None) -> BaseException:
     """What the parent raises when a rank failed: the exception of the rank that failed first
     (the others' failures follow from it: a peer gone mid-collective), itself when it is a
     `ConfigError` or a RuntimeError (a prepared one, e.g. CheckpointError, then reads as the same
@@ -89,16 +90,28 @@ def _rank_failure(tmp: Path, world_size: int, e: Exception) -> BaseException:
             rec = torch.load(p, weights_only=False)
             if not rec["ok"]:
                 failed.append((rec.get("t", 0.0), r, rec))
+    recorded = {r for _, r, _ in failed}
     first = getattr(e, "error_index", None)  # the rank torch saw exit first
-    if isinstance(e, mp.ProcessExitedException) and not any(r == first for _, r, _ in failed):
-        # it died without a Python error (os._exit, a signal, a crash); the others' errors
-        # (a peer gone mid-collective) follow from it
-        how = (f"signal {e.signal_name}" if e.signal_name else f"exit code {e.exit_code}")
-        return RuntimeError(f"distributed run failed: rank {first} ended with {how} without "
-                            "a Python error (killed, out of memory, or crashed)")
+    silent = None
+    if isinstance(e, mp.ProcessExitedException) and first not in recorded:
+        how = f"signal {e.signal_name}" if e.signal_name else f"exit code {e.exit_code}"
+        silent = (first, how)
+    else:  # a rank that exited with a code of its own and no Python error (torch may have
+        # listed a peer first whose gloo error followed from it)
+        for r, code in enumerate(exit_codes or []):
+            if r not in recorded and code is not None and code > 0:
+                silent = (r, f"exit code {code}")
+                break
+    if silent is not None:
+        # it died without a Python error (os._exit, a crash); the others' errors (a peer
+        # gone mid-collective) follow from it
+        return RuntimeError(f"distributed run failed: rank {silent[0]} ended with {silent[1]} "
+                            "without a Python error (killed, out of memory, or crashed)")
     if not failed:
         return RuntimeError(f"distributed run failed: {e}")
-    _, r, rec = min(failed, key=lambda f: (f[1] != first, f[0], f[1]))
+    # every failed rank left a record: the earliest is the root (torch's order of exited
+    # processes is that of its wait set, not of the failures)
+    _, r, rec = min(failed, key=lambda f: (f[0], f[1]))
     remote = RankTraceback(f"rank {r}:\n{rec['error']}")
     if rec.get("exc") is not None:
         exc = pickle.loads(rec["exc"])
@@ -131,7 +144,8 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, threads: int = 1)
             while not ctx.join(grace_period=_GRACE_S):
                 pass
         except Exception as e:
-            raise _rank_failure(Path(tmp), world_size, e)  # noqa: B904 - its cause is the rank's
+            codes = [proc.exitcode for proc in ctx.processes]
+            raise _rank_failure(Path(tmp), world_size, e, codes)  # noqa: B904 - cause: the rank's
         finally:
             spawn_log.setLevel(level)
         results = []
