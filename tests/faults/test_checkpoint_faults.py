@@ -118,6 +118,7 @@ FORGED = {  # files replaced and the manifest re-signed: verification passes, lo
 }
 
 
+@pytest.mark.filterwarnings("error")  # nothing but the one line reaches the user
 @pytest.mark.parametrize("forged", list(FORGED), ids=list(FORGED))
 def test_forged_files_are_one_line_checkpoint_errors(tmp_path, forged):
     _, b = _two(tmp_path)

@@ -309,7 +309,9 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module,
         # DCP; per-rank extras (RNG) come from rank 0, fine for dropout-free models
         extra_path = path / "extra_rank0.pt"
     try:
-        extra = torch.load(extra_path, weights_only=True)
+        with warnings.catch_warnings():  # a foreign pickle's protocol warning: the error says it
+            warnings.simplefilter("ignore")
+            extra = torch.load(extra_path, weights_only=True)
         trainer_state = json.loads((path / "trainer_state.json").read_text())
     except Exception as e:  # noqa: BLE001 - verified files that still do not parse
         raise CheckpointError(f"checkpoint {path} is unusable: {_first(e)}") from None
