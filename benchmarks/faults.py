@@ -1,10 +1,11 @@
 """The fault suite (tests/faults/) run once, with its outcome counted per category.
 
-Each test file of tests/faults/ is one category (config parsing, checkpoint pickle payloads,
-retention, run lock, signals, resume checks, OOM classification). Every case asserts either a
-one-line error naming the field or file, or the documented recovery; this script counts
-passed / failed / errored cases per category from pytest's JUnit XML and writes
-benchmarks/results/faults.md.
+Each test file of tests/faults/ is one category (command line, TOML, config values, Hugging
+Face config.json, data, checkpoints (damage, pickle payloads, retention, resume checks), run
+lock, launch environment, ranks, signals, fit check, OOM classification). Every case asserts
+either a one-line error naming the field or file, or the documented recovery; this script counts
+passed / failed / errored cases and their seconds per category from pytest's JUnit XML and
+writes benchmarks/results/faults.md.
 
     python benchmarks/faults.py            # all cases (the subprocess ones take ~3 minutes)
     python benchmarks/faults.py --quick    # without the subprocess (slow-marked) cases
@@ -26,7 +27,7 @@ from _common import RESULTS, git_revision, machine
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_suite(quick: bool) -> dict[str, Counter]:
+def run_suite(quick: bool) -> tuple[dict[str, Counter], dict[str, float]]:
     with tempfile.TemporaryDirectory() as tmp:
         xml = Path(tmp) / "faults.xml"
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
@@ -37,34 +38,41 @@ def run_suite(quick: bool) -> dict[str, Counter]:
                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         subprocess.run(cmd, cwd=ROOT, env=env, check=False)
         counts: dict[str, Counter] = {}
+        seconds: dict[str, float] = {}
         for case in ET.parse(xml).getroot().iter("testcase"):
             category = case.get("classname", "?").rsplit(".", 1)[-1].removeprefix("test_")
+            seconds[category] = seconds.get(category, 0.0) + float(case.get("time", 0))
             outcome = "passed"
             for tag in ("failure", "error", "skipped"):
                 if case.find(tag) is not None:
                     outcome = tag
             counts.setdefault(category, Counter())[outcome] += 1
-        return counts
+        return counts, seconds
 
 
-def write(counts: dict[str, Counter], quick: bool) -> Path:
+def write(counts: dict[str, Counter], seconds: dict[str, float], quick: bool) -> Path:
     m = machine()
     lines = ["# Fault suite (tests/faults/)", "",
              f"revision {git_revision()}, {m['platform']}, {m['cpus']} CPUs, "
              f"{'quick (no subprocess cases)' if quick else 'all cases'}", "",
-             "| category | cases | passed | failed | errors | skipped |",
-             "|---|---|---|---|---|---|"]
+             "| category | cases | passed | failed | errors | skipped | seconds |",
+             "|---|---|---|---|---|---|---|"]
     total: Counter = Counter()
     for cat, c in sorted(counts.items()):
         n = sum(c.values())
         total.update(c)
         lines.append(f"| {cat} | {n} | {c['passed']} | {c['failure']} | {c['error']} | "
-                     f"{c['skipped']} |")
+                     f"{c['skipped']} | {seconds.get(cat, 0.0):.1f} |")
     lines.append(f"| **total** | {sum(total.values())} | {total['passed']} | "
-                 f"{total['failure']} | {total['error']} | {total['skipped']} |")
-    lines += ["", "A passed case ended in a one-line error naming the field or file (config, "
-              "resume, lock, pickle payload) or in the documented recovery (signals: saved and "
-              "resumed bitwise; retention: newest good checkpoints kept)."]
+                 f"{total['failure']} | {total['error']} | {total['skipped']} | "
+                 f"{sum(seconds.values()):.1f} |")
+    lines += ["", "A passed case ended in a one-line error naming the field, variable or file "
+              "(cli, toml, config values, hf_config, data, checkpoint damage, resume, lock, "
+              "launch env, ranks, fit check, pickle payload) or in the documented recovery "
+              "(signals: saved and resumed bitwise; retention and damaged checkpoints: the newest "
+              "good checkpoint kept and resumed from; byte-tokenized text kept byte-exact). "
+              "Seconds: the cases' own time as pytest measured it (2 shared cores; the "
+              "subprocess and spawned-rank cases dominate)."]
     out = RESULTS / "faults.md"
     out.write_text("\n".join(lines) + "\n")
     return out
@@ -74,7 +82,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
-    print(write(run_suite(args.quick), args.quick).read_text())
+    print(write(*run_suite(args.quick), args.quick).read_text())
 
 
 if __name__ == "__main__":

@@ -27,7 +27,15 @@ arithmetic, hence the bits, identical between runs. `--async-trials N` adds tria
 `checkpoint.async_save=true`, where the write runs in a background thread while training
 continues.
 
-    python benchmarks/kill_resume.py [--trials 24] [--async-trials 8] [--steps 40] [--every 4]
+`--signal-trials N` adds trials that stop the run with SIGTERM or SIGINT (alternating) instead:
+with `checkpoint.every = 0`, so the only checkpoint before the end is the one the signal
+handler writes. The signal is sent once a drawn number of steps has been logged; the run must
+exit by itself with 128 + signal and one "received" line (no traceback), its newest good
+checkpoint must be the step it stopped after (no step lost), and the relaunch must resume
+from there and finish bitwise equal to the reference.
+
+    python benchmarks/kill_resume.py [--trials 24] [--async-trials 8] [--signal-trials 4]
+                                     [--steps 40] [--every 4]
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ import argparse
 import json
 import os
 import random
+import re
 import signal
 import sys
 import tempfile
@@ -81,6 +90,8 @@ def _child(args: list[str], log: Path, restart: int) -> None:
 
         train(load_config(None, args))
         code = 0
+    except SystemExit as e:  # the signal handler's exit (128 + signal), as the CLI gives it
+        code = e.code if isinstance(e.code, int) else 1
     except BaseException:  # noqa: BLE001 - reported through the log and the exit code
         traceback.print_exc()
     finally:
@@ -242,6 +253,58 @@ def run_trial(index: int, rng: random.Random, root: Path, cache: Path, *, steps:
     return row
 
 
+_STOPPED = re.compile(r"(SIGINT|SIGTERM) received: stopped after step (\d+)")
+
+
+def run_signal_trial(index: int, sig: signal.Signals, rng: random.Random, root: Path,
+                     cache: Path, *, steps: int) -> dict[str, Any]:
+    """One trial: `sig` once a drawn number of steps is logged; the run must save and exit by
+    itself (128 + sig, one line), and the relaunch must resume from that checkpoint."""
+    mode = sig.name.lower()
+    run_dir = root / f"trial{index:02d}-{mode}"
+    log = root / f"trial{index:02d}-{mode}.log"
+    args = job_args(run_dir, cache, steps=steps, every=0, async_save=False)
+    after = rng.randint(1, steps - 2)
+    row: dict[str, Any] = {"trial": index, "mode": mode, "kills": 0, "kills_during_write": 0,
+                           "resumes": 0, "resumed_done": 0, "lost_steps": 0, "attempts": 1,
+                           "kind": [f"{sig.name} after {after} steps"], "finished": False,
+                           "error": "", "stopped_at": None, "resumed_from": None}
+    t0 = time.perf_counter()
+    pid = launch(args, log)
+    code = None
+    while code is None and len(_metrics(run_dir)) < after:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        code = os.waitstatus_to_exitcode(status) if done else None
+        time.sleep(0.002)
+    if code is None:
+        os.kill(pid, sig)
+        code = _wait(pid)
+    text = log.read_text()
+    said = _STOPPED.findall(text)
+    logged = max((r["step"] for r in _metrics(run_dir)), default=0)
+    saved = _resume_step(run_dir)
+    if code != 128 + sig or len(said) != 1 or "Traceback" in text:
+        row["error"] = (f"exit {code} (want {128 + sig}), {len(said)} 'received' lines: "
+                        + text[-1500:])
+    else:
+        row["stopped_at"] = int(said[0][1])
+        row["resumed_from"] = saved
+        row["lost_steps"] = max(0, logged - saved)
+        if saved != row["stopped_at"]:
+            row["error"] = (f"stopped after step {row['stopped_at']} but the newest good "
+                            f"checkpoint is step {saved}")
+    if not row["error"]:
+        row["attempts"] += 1
+        row["resumes"] += 1
+        code = _wait(launch(args, log, restart=1))
+        if code != 0:
+            row["error"] = f"the resume exited with {code}: " + log.read_text()[-2000:]
+        else:
+            row["finished"] = True
+    row["wall_s"] = time.perf_counter() - t0
+    return row
+
+
 def _final_state(run_dir: Path, steps: int, scratch: Path) -> dict[str, Any]:
     """The final checkpoint's model + optimizer tensors (verified first, loaded weights-only)."""
     import torch
@@ -287,7 +350,7 @@ def _step_losses(run_dir: Path) -> dict[int, float]:
 
 
 def run_all(root: Path, *, trials: int, async_trials: int, steps: int, every: int,
-            seed: int, write_jitter_s: float) -> dict[str, Any]:
+            seed: int, write_jitter_s: float, signal_trials: int = 0) -> dict[str, Any]:
     cache = root / "cache"
     ref = run_reference(root, cache, steps=steps, every=every)
     rng = random.Random(seed)
@@ -300,6 +363,14 @@ def run_all(root: Path, *, trials: int, async_trials: int, steps: int, every: in
         print(f"trial {i:2d} {row['mode']:5s}: kills {row['kills']} "
               f"(during write {row['kills_during_write']}), resumes {row['resumes']}, "
               f"lost steps {row['lost_steps']}, {row['wall_s']:.1f} s"
+              + (f"  ERROR {row['error'][:200]}" if row["error"] else ""), flush=True)
+    for j in range(signal_trials):
+        sig = (signal.SIGTERM, signal.SIGINT)[j % 2]
+        row = run_signal_trial(trials + async_trials + j, sig, rng, root, cache, steps=steps)
+        rows.append(row)
+        print(f"trial {row['trial']:2d} {row['mode']:7s}: {row['kind'][0]}, stopped after "
+              f"step {row['stopped_at']}, resumed from {row['resumed_from']}, "
+              f"{row['wall_s']:.1f} s"
               + (f"  ERROR {row['error'][:200]}" if row["error"] else ""), flush=True)
     # all children are done: the launcher may now run torch ops itself
     ref_state = _final_state(ref["run_dir"], steps, root)
@@ -327,7 +398,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "resumes": sum(r["resumes"] for r in rows),
             "resumed_done": sum(r["resumed_done"] for r in rows),
             "lost_steps": sum(r["lost_steps"] for r in rows),
-            "async_trials": sum(r["mode"] == "async" for r in rows)}
+            "async_trials": sum(r["mode"] == "async" for r in rows),
+            "signal_trials": sum(r["mode"] in ("sigterm", "sigint") for r in rows)}
 
 
 def markdown(result: dict[str, Any], meta: dict[str, Any]) -> str:
@@ -339,7 +411,8 @@ def markdown(result: dict[str, Any], meta: dict[str, Any]) -> str:
         f"{meta['every']}, keep_last_n 2, seed {meta['seed']}; reference (uninterrupted) run "
         f"{result['reference_wall_s']:.1f} s; total {meta['wall_s']:.0f} s.",
         "",
-        f"**{s['trials']} trials ({s['async_trials']} with async_save), {s['failures']} "
+        f"**{s['trials']} trials ({s['async_trials']} with async_save, "
+        f"{s.get('signal_trials', 0)} stopped by SIGTERM/SIGINT), {s['failures']} "
         f"failures**; {s['kills']} SIGKILLs, {s['kills_during_write']} of them landed during a "
         f"checkpoint write; {s['resumes']} resumes ({s['resumed_done']} of a run killed after its "
         f"final checkpoint, which resumes to done); {s['lost_steps']} steps recomputed in all.",
@@ -361,7 +434,11 @@ def markdown(result: dict[str, Any], meta: dict[str, Any]) -> str:
               f"{meta['write_jitter_ms']:.0f} ms after a checkpoint's temporary directory "
               "appeared; `random` = uniform time into the attempt. A kill counts as during a "
               "write when it left a `.tmp-step_*` directory behind. Lost steps = steps the "
-              "killed attempt had logged beyond the checkpoint the next attempt resumed from."]
+              "killed attempt had logged beyond the checkpoint the next attempt resumed from.",
+              "", "Signal trials (`sigterm`, `sigint`): `checkpoint.every = 0`, the signal sent "
+              "once the drawn number of steps was logged; passed when the run exited by itself "
+              "with 128 + signal and one 'received' line, its newest good checkpoint was the "
+              "step it stopped after, and the relaunch finished bitwise equal to the reference."]
     return "\n".join(lines)
 
 
@@ -370,6 +447,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trials", type=int, default=24, help="trials with synchronous saves")
     ap.add_argument("--async-trials", type=int, default=8,
                     help="further trials with checkpoint.async_save=true")
+    ap.add_argument("--signal-trials", type=int, default=4,
+                    help="further trials stopped by SIGTERM / SIGINT (alternating)")
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--every", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
@@ -386,7 +465,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="kill_resume-") as tmp:
         result = run_all(Path(tmp), trials=a.trials, async_trials=a.async_trials,
                          steps=a.steps, every=a.every, seed=a.seed,
-                         write_jitter_s=a.write_jitter_ms / 1000)
+                         write_jitter_s=a.write_jitter_ms / 1000,
+                         signal_trials=a.signal_trials)
     meta = {"steps": a.steps, "every": a.every, "seed": a.seed,
             "write_jitter_ms": a.write_jitter_ms, "wall_s": time.perf_counter() - t0,
             "load_average": os.getloadavg()}

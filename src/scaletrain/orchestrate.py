@@ -9,15 +9,19 @@ sits above both `trainer/` and `dryrun/`, so neither imports the other's caller.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
 
 from scaletrain.config import ConfigError, HardwareSpec, JobConfig, ParallelConfig
+from scaletrain.config.launch_env import launch_env
 
-__all__ = ["auto_layout", "preflight", "resolve_layout", "train_job"]
+__all__ = ["auto_layout", "available_memory", "fit_check", "preflight", "resolve_layout",
+           "train_job"]
 
 
 def resolve_layout(job: JobConfig) -> JobConfig:
@@ -27,7 +31,8 @@ def resolve_layout(job: JobConfig) -> JobConfig:
 
     if job.parallel.layout != "auto" or job.parallel.names_degrees:
         return job
-    env = init_distributed(device_pref=job.train.device)
+    env = init_distributed(device_pref=job.train.device,
+                           rendezvous_timeout_s=job.train.rendezvous_timeout_s)
     if env.world_size == 1:
         return job
     return auto_layout(job, env.world_size, detect_hardware(job, env.device))
@@ -39,11 +44,74 @@ def train_job(job: JobConfig) -> Any:
     from scaletrain.trainer import train
 
     created = not dist.is_initialized()
-    result = train(resolve_layout(job))
+    job = resolve_layout(job)
+    if not dist.is_initialized() and launch_env().world_size == 1:
+        print(fit_check(job))  # a single process: will it fit this host / GPU? (before any
+        # tensor is allocated; multi-rank layouts are checked by the planner and preflight)
+    result = train(job)
     if created and dist.is_initialized():  # `train` leaves a group it did not create
         dist.barrier()
         dist.destroy_process_group()
     return result
+
+
+def available_memory(device_pref: str) -> tuple[float, str]:
+    """(bytes a single process may allocate now, where): free memory of GPU 0 (cudaMemGetInfo),
+    or on CPU the host's MemAvailable (/proc/meminfo: free memory plus what the kernel can
+    reclaim without swapping), capped by a cgroup v2 memory.max when one is set."""
+    from scaletrain.trainer.build import resolve_device
+
+    device = resolve_device(device_pref, 0)
+    if device.type == "cuda":
+        import torch
+
+        free, _ = torch.cuda.mem_get_info(device)
+        return float(free), f"GPU {torch.cuda.get_device_name(device)} (free)"
+    avail = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                avail = float(line.split()[1]) * 1024
+    with contextlib.suppress(OSError, ValueError):
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            used = float(Path("/sys/fs/cgroup/memory.current").read_text())
+            avail = min(avail, float(limit) - used)
+    return avail, "host memory (MemAvailable)"
+
+
+def fit_check(job: JobConfig, available: tuple[float, str] | None = None) -> str:
+    """Refuse a single-process run the planner says cannot fit, before anything is allocated.
+
+    Compares the planner's peak for this job at world size 1 (`planner.estimate_memory`: the
+    allocator's reservation on a GPU, the allocated peak on CPU where no caching allocator
+    holds memory back) with `available` (default `available_memory`). Raises a `ConfigError`
+    naming train.force, the estimate and the shortfall; with `train.force = true` it returns a
+    warning line instead. Returns the line to print (estimate and margin).
+    """
+    from scaletrain.planner import estimate_memory
+    from scaletrain.planner.types import plan_input_from_job
+
+    avail, where = available or available_memory(job.train.device)
+    m = estimate_memory(plan_input_from_job(job, job.layout(1)))
+    gpu = "GPU" in where
+    need = m.reserved if gpu else m.total
+    parts = ", ".join(f"{k} {_size(getattr(m, k))}" for k in
+                      ("params", "grads", "optimizer", "activations", "buffers"))
+    said = (f"the planner puts this single-process run at {_size(need)} ({parts}) and the "
+            f"{where} is {_size(avail)}")
+    if need <= avail:
+        return f"fit check: {said}: margin {_size(avail - need)}"
+    if job.train.force:
+        return f"warning: train.force=true: {said}, short by {_size(need - avail)}; training anyway"
+    raise ConfigError("train.force", False,
+                      f"{said}, short by {_size(need - avail)}: use a smaller model or "
+                      "batch.micro_batch, memory.ac=full, more ranks (--nproc or torchrun), or set "
+                      "train.force=true to try anyway")
+
+
+def _size(b: float) -> str:
+    return f"{b / 2**30:.1f} GiB" if b >= 2**30 else f"{b / 2**20:.1f} MiB"
 
 
 def auto_layout(job: JobConfig, world_size: int, hardware: HardwareSpec) -> JobConfig:

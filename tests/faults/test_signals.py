@@ -3,6 +3,7 @@ the same command resumes to bitwise-equal final weights."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -61,3 +62,57 @@ def test_signal_saves_exits_one_line_and_resumes_bitwise(tmp_path, sig):
     for k in a:
         if isinstance(a[k], torch.Tensor):
             assert torch.equal(a[k], b[k]), k
+
+
+def test_handler_sets_the_flag_and_a_second_signal_acts_at_once():
+    from scaletrain.trainer import signals
+
+    before = signal.getsignal(signal.SIGTERM)
+    signals.install()
+    try:
+        assert signal.getsignal(signal.SIGTERM) is not before
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert signals.stop_requested() == signal.SIGTERM
+        assert signal.getsignal(signal.SIGTERM) is before  # the default is back
+    finally:
+        signals.uninstall()
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_exit_after_save_is_one_line_and_the_shell_code(sig):
+    from scaletrain.trainer import signals
+
+    said: list[str] = []
+    with pytest.raises(SystemExit) as e:
+        signals.exit_after_save(sig, step=7, log=said.append)
+    assert e.value.code == 128 + sig
+    assert len(said) == 1 and signal.Signals(sig).name in said[0] and "step 7" in said[0]
+
+
+def test_install_off_the_main_thread_changes_nothing():
+    import threading
+
+    from scaletrain.trainer import signals
+
+    before = signal.getsignal(signal.SIGINT)
+    t = threading.Thread(target=signals.install)
+    t.start()
+    t.join()
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_start_up_is_one_line(tmp_path):
+    import time
+
+    cmd = [sys.executable, "-m", "scaletrain", "train", *tiny_job(tmp_path, "run")]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=env())
+    time.sleep(1.0)  # inside main (torch importing, data building): before the loop's handler
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    assert "Traceback" not in out + err, err
+    # either start-up was interrupted (one line) or the loop's handler saved (one line)
+    assert p.returncode in (130, 0), (p.returncode, err)
+    assert len(err.strip().splitlines()) <= 1, err

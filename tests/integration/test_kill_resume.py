@@ -5,6 +5,7 @@ Runs are forked from this process (see the benchmark's docstring); the kills are
 
 import importlib.util
 import random
+import signal
 import sys
 from pathlib import Path
 
@@ -81,6 +82,21 @@ def test_sigkill_during_writes_and_at_random_resumes_bitwise(tmp_path, monkeypat
     assert rows[0]["lost_steps"] >= 1
     assert broken["finished"] and broken["kills"] == 1
     assert "differs" in kr.compare(ref_state, _final(tmp_path, broken))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
+def test_signal_trial_resumes_from_the_signal_time_checkpoint_bitwise(tmp_path, sig):
+    ref = kr.run_reference(tmp_path, tmp_path / "cache", steps=STEPS, every=EVERY)
+    row = kr.run_signal_trial(0, sig, random.Random(1), tmp_path, tmp_path / "cache",
+                              steps=STEPS)
+    assert row["finished"] and not row["error"], row
+    # every = 0: the checkpoint it resumed from can only be the one the signal wrote
+    assert row["resumed_from"] == row["stopped_at"] and 0 < row["stopped_at"] < STEPS
+    assert row["lost_steps"] == 0
+    assert kr.compare(kr._final_state(ref["run_dir"], STEPS, tmp_path),
+                      _final(tmp_path, row)) == ""
+    assert kr._step_losses(tmp_path / f"trial00-{row['mode']}") == \
+        kr._step_losses(ref["run_dir"])
 
 
 def test_restarted_worker_of_a_finished_run_resumes_to_done(tmp_path):

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -83,16 +84,39 @@ def list_checkpoints(ckpt_dir: str | Path) -> list[Path]:
     return sorted(p for p in d.iterdir() if p.is_dir() and p.name.startswith(_PREFIX))
 
 
+_REQUIRED = (".metadata", "trainer_state.json", "extra_rank0.pt")
+"""Files every published checkpoint holds (DCP's index, rank 0's state and extras)."""
+
+
 def verify_checkpoint(path: Path) -> str | None:
-    """None if the checkpoint is complete and intact, else the reason it is not."""
+    """None if the checkpoint is complete and intact, else the reason it is not (one line).
+
+    The manifest must be a JSON object whose `step` matches the directory's name and whose
+    `files` list every required file by a plain name with its size and sha256; each listed file
+    must exist with that size and checksum."""
     manifest = path / "manifest.json"
     if not manifest.is_file():
         return "no manifest.json (the write did not finish)"
     try:
-        files = json.loads(manifest.read_text())["files"]
-    except (json.JSONDecodeError, KeyError) as e:
-        return f"unreadable manifest ({e})"
+        doc = json.loads(manifest.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        return f"unreadable manifest.json ({type(e).__name__}: {' '.join(str(e).split())})"
+    files = doc.get("files") if isinstance(doc, dict) else None
+    if not isinstance(files, dict):
+        return "manifest.json has no 'files' object"
+    step = doc.get("step")
+    if path.name.startswith(_PREFIX) and path.name[len(_PREFIX):].isdigit() and (
+            isinstance(step, bool) or step != int(path.name[len(_PREFIX):])):
+        return f"manifest.json says step {step!r}, the directory is {path.name}"
+    for name in _REQUIRED:
+        if name not in files:
+            return f"manifest.json does not list {name}"
     for name, rec in files.items():
+        if not isinstance(name, str) or Path(name).name != name or name in (".", ".."):
+            return f"manifest.json lists {name!r}, not a file of this directory"
+        if not (isinstance(rec, dict) and isinstance(rec.get("size"), int)
+                and isinstance(rec.get("sha256"), str)):
+            return f"manifest.json entry for {name} lacks an integer size and a sha256"
         f = path / name
         if not f.is_file():
             return f"missing file {name}"
@@ -284,38 +308,78 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module,
         # written with fewer ranks (a resharded resume): model and optimizer reshard through
         # DCP; per-rank extras (RNG) come from rank 0, fine for dropout-free models
         extra_path = path / "extra_rank0.pt"
-    extra = torch.load(extra_path, weights_only=True)
+    try:
+        with warnings.catch_warnings():  # a foreign pickle's protocol warning: the error says it
+            warnings.simplefilter("ignore")
+            extra = torch.load(extra_path, weights_only=True)
+        trainer_state = json.loads((path / "trainer_state.json").read_text())
+    except Exception as e:  # noqa: BLE001 - verified files that still do not parse
+        raise CheckpointError(f"checkpoint {path} is unusable: {_first(e)}") from None
+    if not isinstance(extra, dict) or not isinstance(trainer_state, dict):
+        raise CheckpointError(f"checkpoint {path} is unusable: extra_rank*.pt and "
+                              "trainer_state.json must each hold a mapping")
     if isinstance(optimizer, ZeroRedundancyOptimizer) and "optim_local" not in extra:
         raise CheckpointError(f"{path} holds no ZeRO-1 partition for this rank: ZeRO-1 "
                               "optimizer partitions cannot be resharded; resume with the world "
                               "size it was written with, or with parallel.zero=2/3")
     state = _state_dicts(model, optimizer)
-    saved = _saved_keys(path)  # reads (safely) the index before anything is loaded
+    fqns = _saved_fqns(path)  # reads (safely) the index before anything is loaded
+    saved = {k.split(".", 1)[0] for k in fqns}
+    ours = {f"model.{k}" for k in state["model"]}
+    # one process holds the whole model (a pipeline rank holds its stages only, and the
+    # saved config is compared with the new one before any rank loads: resume_check)
+    extra_params = [] if dist.is_initialized() else sorted(
+        k for k in fqns if k.startswith("model.") and k not in ours)
+    if extra_params:  # DCP loads what the model asks for: the rest would vanish silently
+        raise CheckpointError(f"checkpoint {path} holds {len(extra_params)} parameter(s) this "
+                              f"model does not have ({', '.join(extra_params[:3])}): resume it "
+                              "with the config it was written with, or start a new run_dir")
     if "optim" in state and "optim" not in saved:
         raise CheckpointError(f"{path} was written by ZeRO-1 (per-rank optimizer partitions): "
                               "resume it with parallel.zero=1 and the same world size")
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, checkpoint_id=str(path), storage_reader=SafeFileSystemReader(str(path)),
-                 no_dist=not dist.is_initialized())
-    if isinstance(optimizer, ZeroRedundancyOptimizer):
-        set_model_state_dict(model, state["model"], options=StateDictOptions(strict=True))
-        load_zero1_local_state(optimizer, extra.pop("optim_local"))
-
-    else:
-        set_state_dict(model, optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optim"], options=StateDictOptions(strict=True))
-    trainer_state = json.loads((path / "trainer_state.json").read_text())
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(state, checkpoint_id=str(path),
+                     storage_reader=SafeFileSystemReader(str(path)),
+                     no_dist=not dist.is_initialized())
+        if isinstance(optimizer, ZeroRedundancyOptimizer):
+            set_model_state_dict(model, state["model"], options=StateDictOptions(strict=True))
+            load_zero1_local_state(optimizer, extra.pop("optim_local"))
+        else:
+            set_state_dict(model, optimizer, model_state_dict=state["model"],
+                           optim_state_dict=state["optim"], options=StateDictOptions(strict=True))
+    except CheckpointError:
+        raise
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - another model or format
+        # (DCP's CheckpointException derives from BaseException)
+        raise CheckpointError(f"checkpoint {path} does not load into this model "
+                              f"({_first(e)}): resume it with the config it was written "
+                              "with, or start a new run_dir") from None
     return trainer_state, extra
 
 
-def _saved_keys(path: Path) -> set[str]:
-    """Top-level keys ('model', 'optim') stored in a DCP checkpoint (index read safely)."""
+def _first(e: BaseException) -> str:
+    """`e` as one short line (DCP's errors carry per-rank tracebacks over many lines)."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    text = lines[0] if lines else ""
+    for ln in lines:  # the innermost cause DCP wraps is the informative one
+        if "Error" in ln or "size mismatch" in ln or "Missing key" in ln or "Unexpected" in ln:
+            text = ln
+    return f"{type(e).__name__}: {text[:300]}"
+
+
+def _saved_fqns(path: Path) -> set[str]:
+    """Every key stored in a DCP checkpoint ('model.w', 'optim.state.w.exp_avg', ...), its
+    index read safely; an index that is not one is a CheckpointError."""
     try:
         meta = SafeFileSystemReader(str(path)).read_metadata()
     except UnsafeMetadataError as e:
         raise CheckpointError(str(e)) from None
-    return {k.split(".", 1)[0] for k in meta.state_dict_metadata}
+    except Exception as e:  # noqa: BLE001 - a truncated or foreign .metadata
+        raise CheckpointError(f"checkpoint {path} is unusable: its .metadata does not read "
+                              f"({_first(e)})") from None
+    return set(meta.state_dict_metadata)
 
 
 def _state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:

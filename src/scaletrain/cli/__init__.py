@@ -7,9 +7,13 @@ modules are imported lazily so `scaletrain plan` never imports torch.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
+import signal
 import sys
+import threading
+from typing import Any, NoReturn
 
 # Idle OpenMP threads sleep instead of spinning (read by libgomp when torch loads, so it is set
 # before any command imports torch; a value you set wins). With another process on the same
@@ -35,8 +39,15 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors on one line (no usage block): `prog: error: what (see --help)`."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _parser(argv: list[str]) -> tuple[argparse.ArgumentParser, str | None]:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="scaletrain",
         description="Plan, dry-run, train and verify parallel transformer training: will it "
                     "fit, how fast will it run, which strategy should I use.")
@@ -59,13 +70,45 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     module = importlib.import_module(SUBCOMMANDS[chosen][0])
     args, extra = parser.parse_known_args(argv)
+    previous = _exit_on_sigint(chosen)
     try:
         return int(module.run(args, extra) or 0)
     except ConfigError as e:
         print(f"scaletrain {chosen}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C outside the training loop's handler (or a second one)
+        print(f"scaletrain {chosen}: interrupted (SIGINT); nothing was saved since the last "
+              "checkpoint", file=sys.stderr)
+        return 130
     except RuntimeError as e:  # run-time failures with a prepared message (OOM, rollbacks)
         if type(e).__name__ not in ("OutOfMemory", "TooManyRollbacks", "CheckpointError"):
             raise
         print(f"scaletrain {chosen}: {e}", file=sys.stderr)
         return 3
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _exit_on_sigint(command: str) -> Any:
+    """Ctrl-C outside the training loop (start-up: imports, data, model; the end) exits at once
+    with one line and 130; returns the handler it replaced (None off the main thread).
+
+    A KeyboardInterrupt cannot be caught reliably there: raised inside an import (torch's take
+    seconds) it leaves half-initialised modules behind, and the next import fails with an
+    unrelated traceback (a RecursionError in numpy's lazy loader, seen). Nothing needs saving
+    before the loop; inside it `trainer.signals` takes SIGINT over (finish the step, save) and
+    hands it back after the first signal, so a second Ctrl-C lands here and stops at once.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum: int, frame: Any) -> None:
+        sys.stderr.write(f"scaletrain {command}: interrupted (SIGINT); nothing was saved since "
+                         "the last checkpoint\n")
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(130)
+
+    return signal.signal(signal.SIGINT, handler)

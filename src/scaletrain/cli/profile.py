@@ -51,7 +51,10 @@ def _profile_main(config_path: str | None, overrides: list[str], steps: int, war
 
 
 def run(args: argparse.Namespace, extra: list[str]) -> int:
-    job = load_config(args.config, extra)  # validate everything before any work starts
+    from scaletrain.config.launch_env import launch_env
+
+    launch_env()  # validate everything before any work starts: the launcher's variables,
+    job = load_config(args.config, extra)  # then the job
     if args.steps < 1 or args.warmup < 0 or args.nproc < 1:
         print("scaletrain profile: error: use --steps >= 1, --warmup >= 0, --nproc >= 1",
               file=sys.stderr)

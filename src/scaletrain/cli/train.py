@@ -8,6 +8,7 @@ import sys
 
 from scaletrain.cli._job import resolve_job
 from scaletrain.config import JobConfig
+from scaletrain.config.launch_env import launch_env
 
 __all__ = ["add_arguments", "run"]
 
@@ -32,15 +33,16 @@ def _job(config_path: str | None, overrides: list[str], world_size: int) -> JobC
 def _train_main(config_path: str | None, overrides: list[str]) -> None:
     from scaletrain.orchestrate import train_job
 
-    train_job(_job(config_path, overrides, int(os.environ.get("WORLD_SIZE", "1"))))
+    train_job(_job(config_path, overrides, launch_env().world_size))
 
 
 def run(args: argparse.Namespace, extra: list[str]) -> int:
-    world = int(os.environ.get("WORLD_SIZE", args.nproc))
-    # validate everything before any work starts
+    # validate everything before any work starts: the launcher's variables, then the job
+    env = launch_env()
+    world = env.world_size if "WORLD_SIZE" in os.environ else args.nproc
     res = resolve_job(args.config, extra, world_size=max(world, 1))
     job = res.job
-    if int(os.environ.get("RANK", "0")) == 0:
+    if env.rank == 0:
         for note in res.notes():
             print(f"note: {note}")
     if args.nproc < 1:

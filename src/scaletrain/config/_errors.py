@@ -14,6 +14,9 @@ class ConfigError(ValueError):
         self.field, self.value, self.fix = field, value, fix
         super().__init__(f"{field} = {value!r} is invalid: {fix}")
 
+    def __reduce__(self) -> tuple[Any, ...]:  # (pickled from a spawned rank to its parent)
+        return (type(self), (self.field, self.value, self.fix))
+
 
 def require(ok: bool, field: str, value: Any, fix: str) -> None:
     """Raise `ConfigError(field, value, fix)` unless `ok`."""

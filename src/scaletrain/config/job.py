@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -294,7 +295,10 @@ class TrainConfig:
     line while a large corpus is tokenized."""
     tensorboard: bool = True
     force: bool = False
-    """Train even when the planner predicts the layout will not fit."""
+    """Train a single process even when the planner's peak exceeds the free host/GPU memory
+    (`scaletrain train` refuses it before allocating otherwise: orchestrate.fit_check)."""
+    rendezvous_timeout_s: float = 300.0
+    """Seconds a rank waits for all WORLD_SIZE ranks to arrive before a one-line error."""
 
     def __post_init__(self) -> None:
         require(self.steps >= 1, "train.steps", self.steps, "use a positive integer")
@@ -305,6 +309,8 @@ class TrainConfig:
                 "use at most 10000 (validation batches are held in memory for the whole run)")
         require(self.sample_tokens >= 0, "train.sample_tokens", self.sample_tokens, "use >= 0")
         choice("train.device", self.device, ("auto", "cpu", "cuda"))
+        require(0 < self.rendezvous_timeout_s <= 86_400, "train.rendezvous_timeout_s",
+                self.rendezvous_timeout_s, "use seconds in (0, 86400]")
         require(bool(self.run_dir.strip()), "train.run_dir", self.run_dir,
                 "give a directory such as runs/default (empty would write into the current one)")
 
@@ -360,6 +366,13 @@ class CheckpointConfig:
         require(self.keep_last_n >= 1, "checkpoint.keep_last_n", self.keep_last_n, "use >= 1")
         require(isinstance(self.async_save, bool), "checkpoint.async_save", self.async_save,
                 "use true or false")
+        if self.resume not in ("auto", "never"):
+            from .strict import did_you_mean
+
+            require(bool(self.resume.strip()) and Path(self.resume).is_dir(),
+                    "checkpoint.resume", self.resume,
+                    "give 'auto', 'never' or an existing checkpoint directory (a step_* "
+                    f"folder){did_you_mean(self.resume, ('auto', 'never'))}")
         if self.init_from:
             require((Path(self.init_from) / "config.json").is_file(), "checkpoint.init_from",
                     self.init_from, "give a Hugging Face model directory holding config.json")
@@ -473,6 +486,26 @@ def _build(cls: type, section: str, values: dict[str, Any]) -> Any:
     return cls(**kwargs)
 
 
+def _no_quoted_scalars(raw: dict[str, Any], path: Path) -> None:
+    """TOML has types: a quoted "8" for a number or "true" for a boolean is a string, refused
+    (command-line overrides are text and parsed instead)."""
+    from .model import ModelConfig
+
+    for section, values in raw.items():
+        cls = ModelConfig if section == "model" else SECTIONS.get(section)
+        if cls is None or not isinstance(values, dict):
+            continue  # named by load_config's own checks
+        hints = typing.get_type_hints(cls)
+        for k, v in values.items():
+            typ = hints.get(k)
+            if isinstance(typ, types.UnionType):
+                typ = next(t for t in typ.__args__ if t is not type(None))
+            if typ in (int, float, bool) and isinstance(v, str):
+                raise ConfigError(f"{section}.{k}", v,
+                                  f"{path.name} gives a string where a {typ.__name__} belongs: "
+                                  f"write it without quotes")
+
+
 def parse_overrides(args: list[str]) -> dict[str, dict[str, str]]:
     """['--train.steps=10', '--model.name', 'tiny'] -> {'train': {'steps': '10'}, ...}."""
     out: dict[str, dict[str, str]] = {}
@@ -489,6 +522,8 @@ def parse_overrides(args: list[str]) -> dict[str, dict[str, str]]:
             key, value = arg[2:], args[i + 1]
             i += 1
         section, name = key.split(".", 1)
+        if not section or not name:
+            raise ConfigError("override", arg, "write overrides as --section.key=value")
         out.setdefault(section, {})[name] = value
         i += 1
     return out
@@ -502,9 +537,15 @@ def load_config(path: str | Path | None = None,
         p = Path(path)
         require(p.is_file(), "config", str(p), "give the path of an existing .toml file")
         try:
-            raw = tomllib.loads(p.read_text())
+            raw = tomllib.loads(p.read_bytes().decode("utf-8-sig"))  # (a BOM is harmless)
+        except OSError as e:
+            raise ConfigError("config", str(p), f"cannot read it ({e.strerror})") from None
+        except UnicodeDecodeError as e:
+            raise ConfigError("config", str(p), f"byte {e.start} is not UTF-8 ({e.reason}): "
+                              "save the file as UTF-8") from None
         except tomllib.TOMLDecodeError as e:
             raise ConfigError("config", str(p), f"fix the TOML syntax: {e}") from e
+        _no_quoted_scalars(raw, p)
     if isinstance(overrides, list):
         overrides = parse_overrides(overrides)
     for section, values in (overrides or {}).items():

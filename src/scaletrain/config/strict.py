@@ -23,16 +23,29 @@ _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
 
 def did_you_mean(name: str, options: Any) -> str:
     """' (did you mean X?)' for the closest of `options`, or '' when none is close."""
-    close = difflib.get_close_matches(str(name), [str(o) for o in options], n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    opts = {str(o).lower(): str(o) for o in options}  # case-insensitive: --TRAIN.steps
+    close = difflib.get_close_matches(str(name).lower(), list(opts), n=1, cutoff=0.6)
+    return f" (did you mean {opts[close[0]]!r}?)" if close else ""
+
+
+_INT64 = 2**63
 
 
 def _int(value: Any) -> int:
+    out = _int_any(value)
+    if not -_INT64 <= out < _INT64:  # every count must fit torch's and numpy's int64
+        raise ValueError(value)
+    return out
+
+
+def _int_any(value: Any) -> int:
     if isinstance(value, bool):
         raise ValueError("a boolean is not an integer")
     if isinstance(value, int):
         return value
     if isinstance(value, str):
+        if not value.isascii():  # Python's int() reads '٣' (Arabic-Indic three) as 3
+            raise ValueError(value)
         try:
             return int(value)
         except ValueError:
@@ -43,7 +56,8 @@ def _int(value: Any) -> int:
 
 
 def _float(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
+    if isinstance(value, bool) or not isinstance(value, int | float | str) or (
+            isinstance(value, str) and not value.isascii()):
         raise ValueError(value)
     out = float(value)
     if not math.isfinite(out):

@@ -20,10 +20,11 @@ or repeated whole and then truncated (up-weighted) to reach its share.
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import hashlib
-import io
 import json
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,8 +38,8 @@ from scaletrain.config.sources import parse_sources
 from .progress import Cursor, Progress
 from .tokenizer import BPETokenizer, ByteTokenizer, Tokenizer
 
-__all__ = ["iter_documents", "build_streamed", "make_tokenizer", "sha256_of", "encode_file",
-           "token_dtype_for", "TokenFile"]
+__all__ = ["iter_documents", "build_streamed", "decode_utf8", "make_tokenizer", "sha256_of",
+           "encode_file", "token_dtype_for", "TokenFile"]
 
 FORMAT = 1  # bump when the streamed layout changes, so old caches are not reused
 _BATCH_DOCS = 256
@@ -46,33 +47,68 @@ _TXT_PIECE = 1 << 20
 _COPY_TOKENS = 1 << 20
 
 
+def not_utf8(path: Path, where: str, err: UnicodeDecodeError, offset: int) -> ConfigError:
+    """The one error for text that is not UTF-8: the file, the byte offset and the fix."""
+    return ConfigError("data.source", f"{path}{where}",
+                       f"byte {offset} is not UTF-8 ({err.reason}): convert the file to UTF-8 "
+                       "(a single .txt source with data.tokenizer=byte keeps raw bytes)")
+
+
+def decode_utf8(path: Path, data: bytes) -> str:
+    """`data` (the whole of `path`) as text; bytes that are not UTF-8 are refused, never
+    replaced by U+FFFD (that silently changed the corpus)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise not_utf8(path, "", e, e.start) from None
+
+
 def _iter_txt(path: Path, cursor: Cursor) -> Iterator[tuple[str, bool]]:
-    with open(path, "rb") as raw, io.TextIOWrapper(raw, encoding="utf-8",
-                                                    errors="replace") as f:
-        while piece := f.read(_TXT_PIECE):
-            cursor.pos = raw.tell()
-            yield piece, False
+    decoder = codecs.getincrementaldecoder("utf-8")("strict")
+    fed = 0
+    with open(path, "rb") as f:
+        while True:
+            raw = f.read(_TXT_PIECE)
+            pending = decoder.getstate()[0]
+            try:
+                piece = decoder.decode(raw, final=not raw)
+            except UnicodeDecodeError as e:  # e.start counts from the held-back bytes
+                raise not_utf8(path, "", e, fed - len(pending) + e.start) from None
+            fed += len(raw)
+            cursor.pos = fed
+            if piece:
+                yield piece, False
+            if not raw:
+                break
     yield "", True
 
 
 def jsonl_records(path: Path, cursor: Cursor | None = None) -> Iterator[tuple[int, Any]]:
     """(line number, parsed record) of every non-blank line of a `.jsonl` / `.jsonl.gz` file;
-    a malformed line is one error naming `file:line`. `cursor` follows the on-disk bytes read
-    (for the progress line)."""
+    a malformed line, a line that is not UTF-8 or a corrupt gzip stream is one error naming
+    `file:line`. `cursor` follows the on-disk bytes read (for the progress line)."""
     cursor = cursor or Cursor()
-    with open(path, "rb") as raw:
-        binary: Any = gzip.GzipFile(fileobj=raw) if path.name.endswith(".gz") else raw
-        with io.TextIOWrapper(binary, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                cursor.pos = raw.tell()  # read-ahead included: at most one buffer early
+    lineno = 0
+    try:
+        with open(path, "rb") as disk:
+            f: Any = gzip.GzipFile(fileobj=disk) if path.name.endswith(".gz") else disk
+            for lineno, raw in enumerate(f, 1):
+                cursor.pos = disk.tell()  # read-ahead included: at most one buffer early
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise not_utf8(path, f":{lineno}", e, e.start) from None
                 if not line.strip():
                     continue
                 try:
-                    record = json.loads(line)
+                    yield lineno, json.loads(line)
                 except json.JSONDecodeError as e:
-                    raise ConfigError("data.source", f"{path}:{lineno}", f"malformed JSON line "
-                                      f"({e.msg}): fix or remove it") from None
-                yield lineno, record
+                    raise ConfigError("data.source", f"{path}:{lineno}",
+                                      f"malformed JSON line ({e.msg}): fix or remove it") from None
+    except (OSError, EOFError, zlib.error) as e:  # gzip: not gzip, truncated, bad CRC
+        raise ConfigError("data.source", f"{path}:{lineno + 1}",
+                          f"unreadable ({' '.join(str(e).split()) or type(e).__name__}): the "
+                          "file is corrupt or truncated; restore or remove it") from None
 
 
 def _iter_jsonl(path: Path, field: str, cursor: Cursor) -> Iterator[tuple[str, bool]]:
@@ -91,17 +127,32 @@ def _iter_parquet(path: Path, field: str, cursor: Cursor) -> Iterator[tuple[str,
     except ImportError:
         raise ConfigError("data.source", str(path), "reading .parquet needs pyarrow: pip "
                           "install 'scaletrain[parquet]'") from None
-    pf = pq.ParquetFile(path)
+    try:
+        pf = pq.ParquetFile(path)
+    except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+        raise ConfigError("data.source", str(path),
+                          f"not a readable parquet file ({' '.join(str(e).split())[:200]}): "
+                          "restore or remove it") from None
     if field not in pf.schema_arrow.names:
+        from scaletrain.config.strict import did_you_mean
+
         raise ConfigError("data.text_field", f"{path}", f"the parquet file has no column "
-                          f"{field!r} (columns: {', '.join(pf.schema_arrow.names)})")
+                          f"{field!r}{did_you_mean(field, pf.schema_arrow.names)} (columns: "
+                          f"{', '.join(pf.schema_arrow.names)})")
     size, rows, seen = path.stat().st_size, max(1, pf.metadata.num_rows), 0
+    row = 0
     for batch in pf.iter_batches(columns=[field], batch_size=1024):
         seen += batch.num_rows
         cursor.pos = size * seen // rows  # bytes pro rata of the rows read
         for text in batch.column(0).to_pylist():
-            if text is not None:
-                yield str(text), True
+            row += 1
+            if text is None:
+                continue
+            if not isinstance(text, str):  # never str() a number or a list into the corpus
+                raise ConfigError("data.text_field", f"{path} row {row}",
+                                  f"column {field!r} holds {type(text).__name__}, not text: set "
+                                  "data.text_field to a string column")
+            yield text, True
 
 
 def iter_documents(path: Path, *, text_field: str,
@@ -169,6 +220,11 @@ def encode_file(path: Path, tok: Tokenizer, out: _Appender, *, text_field: str,
     end-of-document separator (and preceded by BOS when the tokenizer adds one), or a `.bin`
     file's ids as they are. `field` names the setting in errors."""
     if path.name.endswith(".bin"):
+        size, item = path.stat().st_size, np.dtype(token_dtype).itemsize
+        if size % item:
+            raise ConfigError(field, str(path),
+                              f"holds {size} bytes, not a whole number of {token_dtype} ids "
+                              "(truncated?): check data.token_dtype or restore the file")
         src = TokenFile(path, token_dtype)
         for i in range(0, len(src), _COPY_TOKENS):
             chunk = src[i:i + _COPY_TOKENS]

@@ -30,7 +30,8 @@ from .tokenizer import BPETokenizer, ByteTokenizer, CharTokenizer, Tokenizer, lo
 
 __all__ = ["Shards", "source_files", "load_or_build_shards", "check_size"]
 
-_FORMAT = 1  # bump when the shard layout or the grammar changes, so old caches are not reused
+_FORMAT = 2  # bump when the shard layout or the grammar changes, so old caches are not reused
+# (2: whole-text shards carry sha256 checksums; byte-tokenized files are kept byte-exact)
 _CHUNK_CHARS = 1 << 16
 _DOC_SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet", ".bin")
 
@@ -129,8 +130,13 @@ def check_size(cfg: DataConfig, num_tokens: int, *, train_need: int, val_need: i
 def _read_text(cfg: DataConfig) -> str:
     if cfg.source == "grammar":
         return generate_text(cfg.num_tokens, cfg.seed)
-    return "\n".join(p.read_text(encoding="utf-8", errors="replace")
-                     for p in source_files(cfg.source))
+    return "\n".join(corpus.decode_utf8(p, p.read_bytes()) for p in source_files(cfg.source))
+
+
+def _read_bytes(cfg: DataConfig) -> bytes:
+    """The source files' bytes as they are (the byte tokenizer's input: nothing is decoded, so
+    nothing is replaced)."""
+    return b"\n".join(p.read_bytes() for p in source_files(cfg.source))
 
 
 def _chunks(text: str) -> list[str]:
@@ -200,8 +206,15 @@ def _build(cfg: DataConfig, final: Path, identity: dict, *, train_need: int,
         _build_streamed(cfg, final, identity, train_need=train_need, val_need=val_need,
                         progress=progress)
         return
-    text = _read_text(cfg)
-    tok, ids = _tokenize(cfg, text)
+    tok: Tokenizer
+    if cfg.source != "grammar" and cfg.tokenizer == "byte":
+        raw = _read_bytes(cfg)
+        tok, ids = ByteTokenizer(), np.frombuffer(raw, dtype=np.uint8)
+        num_bytes = len(raw)
+    else:
+        text = _read_text(cfg)
+        tok, ids = _tokenize(cfg, text)
+        num_bytes = len(text.encode("utf-8"))
     check_size(cfg, len(ids), train_need=train_need, val_need=val_need, exact=True)
     num_val = int(len(ids) * cfg.val_fraction)
     num_train = len(ids) - num_val
@@ -210,19 +223,96 @@ def _build(cfg: DataConfig, final: Path, identity: dict, *, train_need: int,
     if cfg.source == "grammar":
         # Lossless tokenization keeps the information; it is spread over fewer (or as many)
         # tokens: per-token rate = per-byte rate x bytes per token of this corpus.
-        bytes_per_token = len(text.encode("utf-8")) / len(ids)
+        bytes_per_token = num_bytes / len(ids)
         best = default_grammar().entropy_per_byte() * bytes_per_token
+    splits = {"train.bin": np.ascontiguousarray(ids[:num_train], dtype=dtype),
+              "val.bin": np.ascontiguousarray(ids[num_train:], dtype=dtype)}
     meta = {"identity": identity, "tokenizer": tok.name, "vocab_size": tok.vocab_size,
             "dtype": dtype.name, "num_train": num_train, "num_val": num_val,
-            "num_bytes": len(text.encode("utf-8")), "best_loss_nats": best}
+            "num_bytes": num_bytes, "best_loss_nats": best,
+            "sha256": {k: hashlib.sha256(v.tobytes()).hexdigest() for k, v in splits.items()}}
 
     def fill(tmp: Path) -> None:
-        _write(tmp, "train.bin", ids[:num_train], dtype)
-        _write(tmp, "val.bin", ids[num_train:], dtype)
+        for name, arr in splits.items():
+            _write(tmp, name, arr, dtype)
         tok.save(tmp)
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
 
     _publish(final, fill)
+
+
+_META_KEYS = {"tokenizer": str, "vocab_size": int, "dtype": str, "num_train": int,
+              "num_val": int, "sha256": dict}
+
+
+def _damaged(path: Path, what: str) -> ConfigError:
+    return ConfigError("data.cache_dir", str(path),
+                       f"{what}: the cached shard is damaged; delete {path.parent} to rebuild it")
+
+
+def _checked(final: Path) -> tuple[dict, Tokenizer]:
+    """The cached shard directory's meta and tokenizer, once every file is shown intact: meta
+    readable with its keys, each id file of its recorded size and sha256 (no id beyond the
+    vocabulary), and the saved tokenizer of the vocabulary the shards were built with. Any
+    damage is one `ConfigError` naming the file, never a memmap traceback or garbage trained."""
+    mpath = final / "meta.json"
+    try:
+        meta = json.loads(mpath.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise _damaged(mpath, f"unreadable ({type(e).__name__})") from None
+    if not isinstance(meta, dict) or any(not isinstance(meta.get(k), t)
+                                         for k, t in _META_KEYS.items()):
+        raise _damaged(mpath, f"missing or mistyped keys (needs {', '.join(_META_KEYS)})")
+    try:
+        dtype = np.dtype(meta["dtype"])
+    except TypeError:
+        raise _damaged(mpath, f"unknown id dtype {meta['dtype']!r}") from None
+    try:
+        tok = load_tokenizer(meta["tokenizer"], final)
+    except Exception as e:  # noqa: BLE001 - any failure to reload is damage to name
+        raise _damaged(final / _tokenizer_file(meta["tokenizer"]),
+                       f"the saved tokenizer does not load ({type(e).__name__})") from None
+    if tok.vocab_size != meta["vocab_size"]:
+        raise _damaged(final / _tokenizer_file(meta["tokenizer"]),
+                       f"the saved tokenizer has {tok.vocab_size} ids, the shards were built "
+                       f"with {meta['vocab_size']}")
+    files = {"train.bin": meta["num_train"], "val.bin": meta["num_val"]}
+    if meta.get("masks"):
+        files.update({"train.mask": meta["num_train"], "val.mask": meta["num_val"]})
+    for name, count in files.items():
+        path = final / name
+        item = 1 if name.endswith(".mask") else dtype.itemsize
+        size = path.stat().st_size if path.is_file() else None
+        if size != count * item:
+            raise _damaged(path, "missing" if size is None else
+                           f"{size} bytes where {count * item} were written (truncated or "
+                           "appended to)")
+        want = meta["sha256"].get(name)
+        if want is None:
+            continue
+        digest, top = _digest(path, dtype, count)
+        if digest != want:
+            raise _damaged(path, "fails its sha256 checksum (corrupt or changed)")
+        if top >= meta["vocab_size"]:
+            raise _damaged(path, f"holds id {top}, beyond the tokenizer's {meta['vocab_size']}")
+    return meta, tok
+
+
+def _tokenizer_file(name: str) -> str:
+    """The file a shard directory's tokenizer is saved in (for error messages)."""
+    files = {"char": CharTokenizer._FILE, "bpe": BPETokenizer._FILE}
+    return files.get(name, "tokenizer.json")
+
+
+def _digest(path: Path, dtype: np.dtype, count: int) -> tuple[str, int]:
+    """sha256 of the first `count` ids of `path`, and the largest id (-1 when empty)."""
+    digest, top = hashlib.sha256(), -1
+    arr = corpus.TokenFile(path, dtype, count)  # chunked reads: resident memory stays bounded
+    for i in range(0, count, 1 << 20):
+        chunk = arr[i:i + (1 << 20)]
+        digest.update(chunk.tobytes())
+        top = max(top, int(chunk.max()))
+    return digest.hexdigest(), top
 
 
 def load_or_build_shards(cfg: DataConfig, *, train_need: int, val_need: int,
@@ -236,16 +326,9 @@ def load_or_build_shards(cfg: DataConfig, *, train_need: int, val_need: int,
     if not (final / "meta.json").exists():
         _build(cfg, final, identity, train_need=train_need, val_need=val_need,
                progress=progress)
-    meta = json.loads((final / "meta.json").read_text())
+    meta, tok = _checked(final)
     check_size(cfg, meta["num_train"] + meta["num_val"], train_need=train_need,
                val_need=val_need, exact=True)
-    tok = load_tokenizer(meta["tokenizer"], final)
-    for name, want in (meta.get("sha256") or {}).items():  # streamed shards carry checksums
-        count = meta["num_train" if name == "train.bin" else "num_val"]
-        if corpus.sha256_of(final / name, meta["dtype"], count) != want:
-            raise ConfigError("data.cache_dir", str(final / name),
-                              "the token shard fails its checksum (corrupt or changed): delete "
-                              "this directory to rebuild it")
 
     def open_(name: str, count: int) -> np.ndarray:
         return np.memmap(final / name, dtype=meta["dtype"], mode="r", shape=(count,))

@@ -155,6 +155,8 @@ def metrics_throughput(path: Path) -> dict[str, float]:
 def job_from_dict(d: dict[str, Any]) -> JobConfig:
     """Rebuild a JobConfig from `JobConfig.to_dict()` (a run's config.json)."""
     raw = {k: dict(v) for k, v in d.items() if isinstance(v, dict)}
+    # where the run resumed from may be gone since; it says nothing about the job's plan
+    raw.get("checkpoint", {}).pop("resume", None)
     model = raw.get("model", {})
     # ModelConfig fields that are derived or unknown to load_config are dropped
     from scaletrain.config.model import MODEL_FIELDS

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import datetime
 import gc
+import logging
 import os
+import pickle
 import socket
 import tempfile
 import time
@@ -21,7 +23,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-__all__ = ["attempt_store", "elastic_store", "free_port", "spawn"]
+from scaletrain.config import ConfigError
+from scaletrain.config.launch_env import LAUNCH_FIX, LaunchEnv
+
+__all__ = ["attempt_store", "free_port", "rendezvous_store", "spawn"]
 
 
 def free_port() -> int:
@@ -45,8 +50,9 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str, fn: Callable[..
         dist.init_process_group("gloo", rank=rank, world_size=world_size)
         result = fn(*args)
         torch.save({"ok": True, "result": result}, out)
-    except BaseException:  # report every failure to the parent, then re-raise
-        torch.save({"ok": False, "error": traceback.format_exc()}, out)
+    except BaseException as e:  # report every failure to the parent, then re-raise
+        torch.save({"ok": False, "error": traceback.format_exc(), "exc": _portable(e),
+                    "t": time.time()}, out)
         raise
     finally:
         if dist.is_initialized():
@@ -57,27 +63,91 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str, fn: Callable[..
             dist.destroy_process_group()
 
 
+_GRACE_S = 3.0
+"""After one rank fails, how long its peers get to exit by themselves, then after SIGTERM."""
+
+
+def _portable(e: BaseException) -> bytes | None:
+    """`e` pickled, when it survives the trip to the parent (None otherwise)."""
+    try:
+        data = pickle.dumps(e)
+        pickle.loads(data)
+    except Exception:  # noqa: BLE001 - an exception that cannot travel is reported as text
+        return None
+    return data
+
+
+def _rank_failure(tmp: Path, world_size: int, e: Exception,
+                  exit_codes: list[int | None] | None = None) -> BaseException:
+    """What the parent raises when a rank failed: the exception of the rank that failed first
+    (the others' failures follow from it: a peer gone mid-collective), itself when it is a
+    `ConfigError` or a RuntimeError (a prepared one, e.g. CheckpointError, then reads as the same
+    one line as in a single process), else a RuntimeError with that rank's traceback."""
+    failed = []
+    for r in range(world_size):
+        p = tmp / f"rank{r}.pt"
+        if p.exists():
+            rec = torch.load(p, weights_only=False)
+            if not rec["ok"]:
+                failed.append((rec.get("t", 0.0), r, rec))
+    recorded = {r for _, r, _ in failed}
+    first = getattr(e, "error_index", None)  # the rank torch saw exit first
+    silent = None
+    if isinstance(e, mp.ProcessExitedException) and first not in recorded:
+        how = f"signal {e.signal_name}" if e.signal_name else f"exit code {e.exit_code}"
+        silent = (first, how)
+    else:  # a rank that exited with a code of its own and no Python error (torch may have
+        # listed a peer first whose gloo error followed from it)
+        for r, code in enumerate(exit_codes or []):
+            if r not in recorded and code is not None and code > 0:
+                silent = (r, f"exit code {code}")
+                break
+    if silent is not None:
+        # it died without a Python error (os._exit, a crash); the others' errors (a peer
+        # gone mid-collective) follow from it
+        return RuntimeError(f"distributed run failed: rank {silent[0]} ended with {silent[1]} "
+                            "without a Python error (killed, out of memory, or crashed)")
+    if not failed:
+        return RuntimeError(f"distributed run failed: {e}")
+    # every failed rank left a record: the earliest is the root (torch's order of exited
+    # processes is that of its wait set, not of the failures)
+    _, r, rec = min(failed, key=lambda f: (f[0], f[1]))
+    remote = RankTraceback(f"rank {r}:\n{rec['error']}")
+    if rec.get("exc") is not None:
+        exc = pickle.loads(rec["exc"])
+        if isinstance(exc, ConfigError | RuntimeError):
+            exc.__cause__ = remote  # shown if the caller lets it through, like futures do
+            return exc
+    return RuntimeError(f"distributed run failed on rank {r}:\n{rec['error']}")
+
+
+class RankTraceback(Exception):
+    """The traceback text of a spawned rank's failure (the cause of what the parent raises)."""
+
+
 def spawn(fn: Callable[..., Any], world_size: int, *args: Any, threads: int = 1) -> list[Any]:
     """Run `fn(*args)` on `world_size` gloo ranks; return the per-rank results (rank order).
 
-    `fn` must be importable (module-level) and its results torch.save-able. A failure on any rank
-    raises RuntimeError carrying that rank's traceback.
+    `fn` must be importable (module-level) and its results torch.save-able. A failure raises the
+    first failing rank's own ConfigError or RuntimeError (so a user error stays one line; its
+    `__cause__` holds the rank's traceback), or a RuntimeError carrying that rank's traceback.
     """
     with tempfile.TemporaryDirectory() as tmp:
         ctx = mp.start_processes(_worker, args=(world_size, free_port(), tmp, fn, args, threads),
                                  nprocs=world_size, join=False, start_method="spawn")
+        # torch logs a warning per peer it stops after the first failure: the failure itself is
+        # what the user needs to read, once
+        spawn_log = logging.getLogger("torch.multiprocessing.spawn")
+        level = spawn_log.level
+        spawn_log.setLevel(logging.ERROR)
         try:
-            while not ctx.join():
+            while not ctx.join(grace_period=_GRACE_S):
                 pass
         except Exception as e:
-            errors = []
-            for r in range(world_size):
-                p = Path(tmp) / f"rank{r}.pt"
-                if p.exists():
-                    rec = torch.load(p, weights_only=False)
-                    if not rec["ok"]:
-                        errors.append(f"rank {r}:\n{rec['error']}")
-            raise RuntimeError("distributed run failed\n" + "\n".join(errors or [str(e)])) from e
+            codes = [proc.exitcode for proc in ctx.processes]
+            raise _rank_failure(Path(tmp), world_size, e, codes)  # noqa: B904 - cause: the rank's
+        finally:
+            spawn_log.setLevel(level)
         results = []
         for r in range(world_size):
             rec = torch.load(Path(tmp) / f"rank{r}.pt", weights_only=False)
@@ -145,13 +215,68 @@ def _wait_or_raise(deadline: float, poll_s: float, what: str, n: int) -> None:
     time.sleep(poll_s)
 
 
-def elastic_store(rank: int, world_size: int, timeout: datetime.timedelta
-                  ) -> dist.Store | None:
-    """The store to build the default process group on when torchrun shares its agent store
-    with the workers (a fresh namespace per restart, see `attempt_store`); None otherwise, and
-    then init_process_group's own env:// rendezvous is right."""
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True):
-        return None
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                          is_master=False, timeout=timeout)
-    return attempt_store(store, rank, world_size, timeout)
+def rendezvous_store(env: LaunchEnv, timeout: datetime.timedelta) -> dist.Store:
+    """The store every rank of this launch builds its process group on, returned only once all
+    `env.world_size` ranks have reached it; a `ConfigError` naming WORLD_SIZE (or MASTER_ADDR)
+    after `timeout` instead of a wait with no end.
+
+    Under torchrun's agent store: a fresh namespace of it (`attempt_store`). Otherwise rank 0
+    hosts a TCPStore at MASTER_ADDR:MASTER_PORT (what env:// would do) and every rank counts
+    itself in; a missing peer (`WORLD_SIZE=2` with one process started) or an unreachable rank 0
+    is named after `timeout`.
+    """
+    where = f"{env.master_addr}:{env.master_port}"
+    secs = f"{timeout.total_seconds():g} s (train.rendezvous_timeout_s)"
+    if env.agent_store:
+        try:
+            return attempt_store(dist.TCPStore(env.master_addr or "", env.master_port or 0,
+                                               is_master=False, timeout=timeout),
+                                 env.rank, env.world_size, timeout)
+        except (TimeoutError, dist.DistError) as e:
+            raise ConfigError("WORLD_SIZE", str(env.world_size),
+                              f"rank {env.rank} found no complete launch at the torchrun store "
+                              f"{where} within {secs} ({_first_line(e)}); {LAUNCH_FIX}") from None
+    deadline = time.monotonic() + timeout.total_seconds()
+    if env.rank > 0 and not _reachable(env.master_addr or "", env.master_port or 0, deadline):
+        # probed here: torch's client would log a C++ stack trace per retry before giving up
+        raise ConfigError("MASTER_ADDR", env.master_addr,
+                          f"rank {env.rank} reached no rank 0 at {where} within {secs}: start rank "
+                          f"0 there, or fix MASTER_ADDR/MASTER_PORT; {LAUNCH_FIX}")
+    try:
+        store = dist.TCPStore(env.master_addr or "", env.master_port or 0, env.world_size,
+                              is_master=env.rank == 0, timeout=timeout, wait_for_workers=False)
+    except (RuntimeError, dist.DistError) as e:
+        if env.rank == 0:
+            fix = (f"rank 0 could not serve the rendezvous at {where} ({_first_line(e)}): "
+                   "choose a free MASTER_PORT on this host")
+            raise ConfigError("MASTER_PORT", str(env.master_port), fix) from None
+        raise ConfigError("MASTER_ADDR", env.master_addr,
+                          f"rank {env.rank} reached no rank 0 at {where} within {secs}: start rank "
+                          f"0 there, or fix MASTER_ADDR/MASTER_PORT; {LAUNCH_FIX}") from None
+    key = "scaletrain/rendezvous"
+    joined = store.add(key, 1)
+    while joined < env.world_size:
+        if time.monotonic() > deadline:
+            raise ConfigError("WORLD_SIZE", str(env.world_size),
+                              f"only {joined} of {env.world_size} ranks reached the rendezvous at "
+                              f"{where} within {secs}; {LAUNCH_FIX}")
+        time.sleep(0.05)
+        joined = store.add(key, 0)
+    return store
+
+
+def _reachable(addr: str, port: int, deadline: float) -> bool:
+    """Whether a TCP connection to addr:port opens before `deadline` (retried every 0.2 s)."""
+    while True:
+        try:
+            with socket.create_connection((addr, port), timeout=1.0):
+                return True
+        except OSError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.2)
+
+
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else type(e).__name__

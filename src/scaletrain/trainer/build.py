@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,10 +12,11 @@ import torch
 import torch.distributed as dist
 
 from scaletrain.config import ConfigError, HardwareSpec, JobConfig, hardware_preset
+from scaletrain.config.launch_env import launch_env
 from scaletrain.data import DataBundle, build_data
 from scaletrain.models import build_model, causal_lm_loss, materialize
 from scaletrain.parallel import ParallelDims, parallelize
-from scaletrain.parallel.launch import elastic_store
+from scaletrain.parallel.launch import rendezvous_store
 from scaletrain.parallel.pipeline import PipelineRuntime
 from scaletrain.planner.flops import flops_per_token
 
@@ -47,29 +47,24 @@ def resolve_device(pref: str, local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
-def init_distributed(*, device_pref: str) -> DistEnv:
+def init_distributed(*, device_pref: str, rendezvous_timeout_s: float = 300.0) -> DistEnv:
     """Join the torchrun/spawn process group if one is described by the environment.
 
     gloo on CPU, NCCL on GPU. A plain `python` run is world size 1 with no process group: the
-    parallel code treats every degree-1 axis as a no-op.
+    parallel code treats every degree-1 axis as a no-op. The environment is checked first
+    (`config.launch_env`), and a rank whose peers do not all arrive within
+    `rendezvous_timeout_s` ends in a one-line `ConfigError` (`parallel.launch.rendezvous_store`).
     """
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    le = launch_env()
+    rank, world_size, local_rank = le.rank, le.world_size, le.local_rank
     device = resolve_device(device_pref, local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if world_size > 1 and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
-        timeout = datetime.timedelta(minutes=10)
-        # under torchrun: a key namespace of this attempt's own in the agent's store, which
-        # outlives restarts (stale keys of a killed attempt break the restarted group)
-        store = elastic_store(rank, world_size, timeout)
-        if store is None:
-            dist.init_process_group(backend, timeout=timeout)
-        else:
-            dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                                    timeout=timeout)
+        store = rendezvous_store(le, datetime.timedelta(seconds=rendezvous_timeout_s))
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(minutes=10))
     if dist.is_initialized():
         rank, world_size = dist.get_rank(), dist.get_world_size()
     return DistEnv(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
@@ -199,7 +194,8 @@ def build_run(job: JobConfig, *, env: DistEnv | None = None, data: bool = True,
     `parallel.layout = "auto"` is resolved above the trainer (`scaletrain.orchestrate`).
     """
     if env is None:
-        env = init_distributed(device_pref=job.train.device)
+        env = init_distributed(device_pref=job.train.device,
+                               rendezvous_timeout_s=job.train.rendezvous_timeout_s)
     layout = job.layout(env.world_size)
     dims = ParallelDims.from_layout(layout, env.world_size)
     if env.world_size > 1:  # a 1-rank job needs no process group: every axis is a no-op

@@ -1,0 +1,70 @@
+"""Command-line faults through the real entry point (`scaletrain.cli.main`, in process): each
+ends with exit code 2 and one stderr line naming the argument or field, before any work."""
+
+from __future__ import annotations
+
+import pytest
+
+from scaletrain.cli import main
+
+# (argv, text the one line must contain)
+CASES = [
+    (["train", "--nproc", "0"], "--nproc"), (["train", "--nproc", "x"], "--nproc"),
+    (["train", "--nproc", "-3"], "--nproc"), (["train", "--train.steps"], "--train.steps"),
+    (["train", "train.steps=3"], "train.steps=3"), (["train", "/nonexistent.toml"], "config"),
+    (["train", "--=3"], "--=3"), (["train", "--.steps=3"], "--section.key=value"),
+    (["train", "--train.=3"], "train."), (["train", "--train.steps.x=3"], "train.steps.x"),
+    (["train", "--model.name="], "model.name"), (["train", "--model.name=  "], "model.name"),
+    (["train", "--nproc=2", "--parallel.tp=3"], "parallel"),
+    (["train", "-x"], "-x"), (["train", "--train_steps=3"], "--train_steps=3"),
+    (["train", "--TRAIN.STEPS=3"], "did you mean 'train'"),
+    (["train", "--train.steps=\u0663"], "train.steps"),  # Arabic-Indic digit three
+    (["train", "--optim.lr=\uff11e-3"], "optim.lr"),  # full-width digit one
+    (["train", "--train.steps=0x10"], "train.steps"), (["train", "--optim.lr=1e-3e"], "optim.lr"),
+    (["train", "--data.source="], "data.source"), (["train", "--checkpoint.resume="], "resume"),
+    (["train", "--checkpoint.resume=/nonexistent/step_1"], "checkpoint.resume"),
+    (["train", "--checkpoint.resume=atuo"], "did you mean 'auto'"),
+    (["train", "--checkpoint.init_from=/nonexistent"], "checkpoint.init_from"),
+    (["train", "--train.device=tpu"], "train.device"),
+    (["train", "--train.steps=1", "--optim.lr=x"], "optim.lr"),
+    (["train", "--batch.global_batch=3", "--batch.micro_batch=2"], "batch"),
+    (["train", "--model.name=tiny-llama", "--batch.seq_len=100000"], "batch.seq_len"),
+    (["train", "--train.rendezvous_timeout_s=0"], "train.rendezvous_timeout_s"),
+    (["train", "--train.force=maybe"], "train.force"),
+    (["plan", "--gpus", "0"], "--gpus"), (["plan", "--model", "nope"], "nope"),
+    (["plan", "--gpus", "-1"], "--gpus"), (["plan", "--seq-len", "0"], "--seq-len"),
+    (["plan", "--dp", "3", "--gpus", "4"], "--dp"), (["plan", "--model", "/x.json"], "/x.json"),
+    (["plan", "--zero", "5"], "--zero"), (["plan", "--precision", "fp4"], "--precision"),
+    (["plan", "--gpu", "h10"], "h10"), (["explain", "--tp", "3"], "--tp"),
+    (["dryrun", "--model", "nope"], "model.name"), (["dryrun", "--world-size", "0"], "dryrun"),
+    (["verify", "/nonexistent"], "run_dir"), (["report", "/nonexistent"], "run_dir"),
+    (["status", "/nonexistent"], "run_dir"), (["bogus"], "bogus"), (["bench", "nope"], "nope"),
+    (["profile", "--steps", "0"], "--steps"), (["profile", "--nproc", "0"], "--nproc"),
+]
+
+
+@pytest.mark.parametrize(("argv", "needle"), CASES, ids=[" ".join(c[0]) for c in CASES])
+def test_cli_fault_is_one_line(capsys, argv, needle):
+    try:
+        rc = main(argv)
+    except SystemExit as e:  # argparse's own errors exit (one line too: cli._Parser)
+        rc = e.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2, (rc, err)
+    assert len(err) == 1 and needle in err[0], err
+    assert "Traceback" not in err[0]
+
+
+@pytest.mark.parametrize("env", [
+    {"WORLD_SIZE": "two"}, {"WORLD_SIZE": "2", "RANK": "2"}, {"RANK": "-1"},
+    {"WORLD_SIZE": "2", "RANK": "0"},
+])
+def test_cli_bad_launch_env_is_one_line(capsys, monkeypatch, env):
+    for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert main(["train", "--model.name=tiny-llama"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and ("RANK" in err[0] or "WORLD_SIZE" in err[0]
+                              or "MASTER_ADDR" in err[0]), err
