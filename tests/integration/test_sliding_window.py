@@ -81,5 +81,5 @@ def test_a_bad_window_in_config_json_is_one_line(tmp_path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({
         "model_type": "mistral", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
         "num_hidden_layers": 2, "num_attention_heads": 4, "sliding_window": "big"}))
-    with pytest.raises(ConfigError, match="sliding_window 'big'"):
+    with pytest.raises(ConfigError, match="'sliding_window' = 'big' must be an integer"):
         model_from_hf_config(tmp_path)
