@@ -112,3 +112,176 @@ def test_bad_hardware_flags_are_one_line_errors(capsys: pytest.CaptureFixture[st
                                                 value: str, needle: str) -> None:
     err = _error(capsys, ["explain", *GPT2, flag, value])
     assert needle in err
+
+
+# ---- scaletrain napkin: the seeds' worked examples ---------------------------------------------
+
+def _napkin(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    return _run(capsys, ["napkin", *argv])
+
+
+def test_seed000_20b_twelve_bytes_and_zero3(capsys: pytest.CaptureFixture[str]) -> None:
+    # seed 000: 20B x (2 + 2 + 8) = 40 + 40 + 160 = 240 GB; ZeRO-3 over 8 GPUs: 30 GB
+    out = _napkin(capsys, "memory", "--params", "20e9", "--convention", "12")
+    assert "weights   = P x 2 B = 40.0 GB" in out
+    assert "grads     = P x 2 B = 40.0 GB" in out
+    assert "optimizer = P x 8 B = 160.0 GB" in out
+    assert "states    = 240.0 GB" in out
+    out = _napkin(capsys, "memory", "--params", "20e9", "--convention", "12", "--dp", "8",
+                  "--zero", "3")
+    assert "states    = 30.0 GB" in out
+
+
+@pytest.mark.parametrize("zero,weights,grads,opt", [
+    (0, "14.0", "14.0", "84.0"), (1, "14.0", "14.0", "10.5"), (2, "14.0", "1.75", "10.5"),
+    (3, "1.75", "1.75", "10.5")])
+def test_seed003_zero_table_7b_8_gpus(capsys: pytest.CaptureFixture[str], zero: int,
+                                      weights: str, grads: str, opt: str) -> None:
+    # seed 003 sec. 20.2 "Memory Comparison (7B model, 8 GPUs, fp16)", 16 B/param (7B -> 112 GB)
+    out = _napkin(capsys, "memory", "--params", "7e9", "--convention", "16", "--dp", "8",
+                  "--zero", str(zero))
+    assert re.search(rf"weights   = .* = {re.escape(weights)} GB", out)
+    assert re.search(rf"grads     = .* = {re.escape(grads)} GB", out)
+    assert re.search(rf"optimizer = .* = {re.escape(opt)} GB", out)
+    if zero == 0:
+        assert "states    = 112.0 GB" in out
+
+
+def test_seed004_gpt2_memory_walkthrough(capsys: pytest.CaptureFixture[str]) -> None:
+    gpt2 = ["memory", "--model", "gpt2-1.5b", "--params", "1.5e9", "--seq-len", "1024"]
+    # Napkin Math 1.3: batch 8, FP16, 12 B/param: 3 + 3 + 12 GB, activations 71.7 GB (the
+    # per-layer items 104.9 + 104.9 + 1048.6 MB are Korthikanti's 34sbh + 5as^2b), 89.7 GB
+    out = _napkin(capsys, *gpt2, "--micro-batch", "8", "--convention", "12", "--gpu",
+                  "v100-32gb")
+    assert "x 48 layers = 71.7 GB" in out
+    assert "total = states + activations = 18.0 GB + 71.7 GB = 89.7 GB" in out
+    assert "DOES NOT FIT" in out
+    # Napkin Math 1.6: batch 4. FP32 (16 B = 4 + 4 + 8): 95.7 GB; FP16 + master (2+2+4+8):
+    # 59.9 GB; + checkpointing every 4 layers: activations 35.9 / 4 -> ~33 GB
+    out = _napkin(capsys, *gpt2, "--micro-batch", "4", "--convention", "16", "--precision",
+                  "fp32")
+    assert "= 24.0 GB + 71.7 GB = 95.7 GB" in out
+    out = _napkin(capsys, *gpt2, "--micro-batch", "4", "--convention", "16", "--precision",
+                  "fp16")
+    assert "x 48 layers = 35.9 GB" in out
+    assert "= 24.0 GB + 35.9 GB = 59.9 GB" in out
+    out = _napkin(capsys, *gpt2, "--micro-batch", "4", "--convention", "16", "--precision",
+                  "fp16", "--ckpt-every", "4")
+    assert re.search(r"total = .* = 33\.0 GB", out)
+    # Table 19, batch 32: FP32 baseline 597.8 GB (activations 573.8 GB)
+    out = _napkin(capsys, *gpt2, "--micro-batch", "32", "--convention", "16", "--precision",
+                  "fp32")
+    assert "= 24.0 GB + 573.8 GB = 597.8 GB" in out
+
+
+def test_seed004_7b_on_24gb(capsys: pytest.CaptureFixture[str]) -> None:
+    # Napkin Math 1.4: 14 + 14 + 56 = 84 GB; activations b=1, s=2048, h=4096, 32 layers,
+    # factor 57 x 2 bytes (= Korthikanti's 34 + 5as/h = 114) -> 30.6 GB
+    out = _napkin(capsys, "memory", "--model", "llama2-7b", "--params", "7e9", "--convention",
+                  "12", "--seq-len", "2048", "--micro-batch", "1", "--gpu", "rtx4090")
+    assert "states    = 84.0 GB" in out
+    assert "x 32 layers = 30.6 GB" in out
+    assert "DOES NOT FIT" in out
+
+
+def test_conventions_18_and_20(capsys: pytest.CaptureFixture[str]) -> None:
+    # seed 002: 20 psi = 2 + 2 + 4 + 4 + 8; Megatron's 18 B = bf16 2 + fp32 grads 4 + 12, and
+    # its distributed optimizer (ZeRO-1) keeps 6 + 12/d
+    out = _napkin(capsys, "memory", "--params", "1e9", "--convention", "20")
+    assert "states    = 20.0 GB" in out
+    out = _napkin(capsys, "memory", "--params", "1e9", "--convention", "18", "--dp", "4",
+                  "--zero", "1")
+    assert f"states    = {6 + 12 / 4:.2f} GB" in out
+
+
+def test_seed004_checkpoint_placement(capsys: pytest.CaptureFixture[str]) -> None:
+    # Table 15 text: sqrt(48) ~ 7 checkpoints, 7 + 48/7 ~ 14 A, 71% saved, ~33% compute
+    out = _napkin(capsys, "ckpt", "--model", "gpt2-1.5b", "--k", "4")
+    assert "sqrt(N) ~ 7:" in out
+    assert "7 + 48/7 = 13.9 A (71% saved)" in out
+    assert "41 layer forwards" in out
+    assert "33% of a forward+backward step" in out
+    assert "keep 1 in 4" in out and "(75% saved)" in out
+
+
+@pytest.mark.parametrize("size,units,util", [(32, 1, "100.0"), (33, 2, "51.6"), (64, 2, "100.0"),
+                                             (65, 3, "67.7")])
+def test_seed004_wave_quantization_table(capsys: pytest.CaptureFixture[str], size: int,
+                                         units: int, util: str) -> None:
+    out = _napkin(capsys, "waves", "--size", str(size))
+    assert f"units = ceil({size}/32) = {units}" in out
+    assert f"= {util}%" in out
+
+
+def test_gemm_alignment_and_waves(capsys: pytest.CaptureFixture[str]) -> None:
+    # GPT-2's vocabulary 50257 is not a multiple of 8 (why nanoGPT pads it to 50304)
+    out = _napkin(capsys, "gemm", "--model", "gpt2-1.5b", "--gpu", "h100-sxm", "--seq-len",
+                  "1024", "--micro-batch", "8")
+    assert "vocab 50257: NOT a multiple of 8" in out
+    assert "132 SMs" in out
+    # attn out: ceil(8192/128) x ceil(1600/128) = 64 x 13 = 832 tiles over 132 SMs = 6.30 waves,
+    # 832 / (7 x 132) = 90.0% busy
+    assert "= 832; waves 832/132 = 6.30 -> 90.0%" in out
+
+
+def test_seed004_tokenizer_pipeline(capsys: pytest.CaptureFixture[str]) -> None:
+    # Example 1.1: 32 x 1024 = 32.8K tokens; 500K tokens/s per core: 65.5 ms vs an 84.4 ms step;
+    # 8 workers: 8.2 ms; 262.1 KB int64 batch; 0.017 ms over 15.75 GB/s
+    out = _napkin(capsys, "tokenizer", "--global-batch", "32", "--seq-len", "1024", "--step-s",
+                  "0.0844", "--workers", "8")
+    for needle in ("= 32,768", "= 65.5 ms per batch vs the 84.4 ms step", "= 8.2 ms",
+                   "262.1 KB", "0.017 ms"):
+        assert needle in out
+
+
+def test_seed004_deadline_and_rent_vs_buy(capsys: pytest.CaptureFixture[str]) -> None:
+    # Napkin Math 1.5: 6 x 70e9 x 2e12 = 8.4e23 FLOPs; 989 TF x 0.5 = 494.5 TF; 53.8 years on
+    # one GPU; 1,024 GPUs -> 19.2 days; rent $1.42M at $3/h, buy $30.7M: 21.7 runs
+    flops = ["--params", "70e9", "--tokens", "2e12", "--peak-tflops", "989", "--efficiency",
+             "0.5"]
+    out = _napkin(capsys, "deadline", *flops, "--days", "19.2")
+    for needle in ("= 8.4e+23", "= 494.5 TFLOP/s", "53.8 years", "= 1,024", "19.2 days"):
+        assert needle in out
+    out = _napkin(capsys, "rentbuy", *flops, "--gpus", "1024", "--usd-per-gpu-hour", "3",
+                  "--buy-usd-per-gpu", "30000")
+    for needle in ("19.2 days", "($1.42M)", "($30.7M)", "= 21.7 training runs"):
+        assert needle in out
+
+
+def test_seed004_carbon_footprint(capsys: pytest.CaptureFixture[str]) -> None:
+    # Napkin Math 1.11: 6 x 7e9 x 1e12 = 4.2e22 at 156 TF (A100 312 x 0.5) on 1024 GPUs:
+    # 3.04 days; (1024 x 400 W + 128 hosts x 200 W) x 73 h = 31,784.2 kWh; x 0.43 kg/kWh
+    out = _napkin(capsys, "run", "--params", "7e9", "--tokens", "1e12", "--gpu", "a100-80gb",
+                  "--efficiency", "0.5", "--gpus", "1024", "--host-watts", "200", "--pue", "1",
+                  "--grid-co2", "0.43")
+    for needle in ("156 TFLOP/s", "3.04 days", "128 x 200 W", "31,784.2 kWh", "(13.67 t)"):
+        assert needle in out
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["memory", "--params", "7e9", "--convention", "14"], "--convention"),
+    (["memory", "--params", "-1"], "--params"),
+    (["memory"], "--params"),
+    (["memory", "--params", "7e9", "--convention", "12", "--precision", "fp32"], "--convention"),
+    (["ckpt"], "--layers"),
+    (["waves", "--size", "0"], "--size"),
+    (["gemm", "--model", "gpt2-124m", "--gpu", "cpu"], "--gpu"),
+    (["gemm", "--model", "gpt2-124m", "--tile", "big"], "--tile"),
+    (["deadline", "--days", "10"], "--flops"),
+    (["deadline", "--flops", "1e23", "--days", "10", "--efficiency", "2"], "--efficiency"),
+    (["run", "--flops", "1e23", "--gpus", "8", "--pue", "0.9"], "--pue"),
+    (["rentbuy", "--flops", "1e23", "--gpus", "8", "--buy-usd-per-gpu", "-1"],
+     "--buy-usd-per-gpu"),
+    (["tokenizer", "--global-batch", "8", "--seq-len", "1024", "--step-s", "abc"], "--step-s"),
+    (["memory", "--model", "no-such-model"], "--model"),
+])
+def test_bad_napkin_flags_are_one_line_errors(capsys: pytest.CaptureFixture[str],
+                                              argv: list[str], needle: str) -> None:
+    try:
+        rc = main(["napkin", *argv])
+    except SystemExit as e:  # argparse's type errors (our one-line parser)
+        rc = int(e.code or 0)
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert "\n" not in err, err
+    assert needle in err
