@@ -29,7 +29,9 @@ def test_plan_and_dryrun_share_the_job_flags() -> None:
     plan_only = {"--json", "--top", "--plot", "--tokens", "--preflight", "--verify",
                  "--recipe",  # what a framework allocates: a planning question
                  # price and energy inputs ([hardware]): they change no run
-                 "--usd-per-gpu-hour", "--efficiency", "--pue", "--grid-co2", "--host-watts"}
+                 "--usd-per-gpu-hour", "--efficiency", "--pue", "--grid-co2", "--host-watts",
+                 # the seeds' textbook memory printed beside the plan
+                 "--convention", "--params", "--ckpt-every"}
     job_flags = _flags(plan_cli, "plan") - plan_only
     assert job_flags <= _flags(dryrun_cli, "dryrun")
 

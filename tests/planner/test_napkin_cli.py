@@ -285,3 +285,86 @@ def test_bad_napkin_flags_are_one_line_errors(capsys: pytest.CaptureFixture[str]
     assert rc == 2
     assert "\n" not in err, err
     assert needle in err
+
+
+# ---- plan / explain --convention: the same worked examples beside the planner's model ---------
+
+GPT2_XL_V100 = ["--model", "gpt2-1.5b", "--gpu", "v100-32gb", "--gpus", "1", "--seq-len",
+                "1024", "--params", "1.5e9"]
+
+
+def test_explain_convention_reproduces_seed004_gpt2(capsys: pytest.CaptureFixture[str]) -> None:
+    # Napkin Math 1.3 (batch 8, fp16, 12 B/param): 3 + 3 + 12 GB + 71.7 GB = 89.7 GB
+    out = _run(capsys, ["explain", *GPT2_XL_V100, "--global-batch", "8", "--precision", "fp16",
+                        "--convention", "12"])
+    assert "weights   = P/1 x 2 B = 3.00 GB" in out
+    assert "optimizer = P/1 x 8 B = 12.0 GB" in out
+    assert "textbook total = 18.0 GB + 71.7 GB = 89.7 GB vs 32.0 GB -> DOES NOT FIT" in out
+    # Napkin Math 1.6 (batch 4, 16 B/param with fp32 master): 59.9 GB; checkpointing every 4
+    # layers: ~33 GB; FP32 baseline: 95.7 GB
+    out = _run(capsys, ["explain", *GPT2_XL_V100, "--global-batch", "4", "--precision", "fp16",
+                        "--convention", "16"])
+    assert "textbook total = 24.0 GB + 35.9 GB = 59.9 GB" in out
+    out = _run(capsys, ["explain", *GPT2_XL_V100, "--global-batch", "4", "--precision", "fp16",
+                        "--convention", "16", "--ckpt-every", "4"])
+    assert "textbook total = 24.0 GB + 8.97 GB = 33.0 GB" in out
+    out = _run(capsys, ["explain", *GPT2_XL_V100, "--global-batch", "4", "--precision", "fp32",
+                        "--convention", "16"])
+    assert "textbook total = 24.0 GB + 71.7 GB = 95.7 GB" in out
+
+
+def test_plan_convention_reproduces_seed003_zero3(capsys: pytest.CaptureFixture[str]) -> None:
+    # seed 003: 7B, 8 GPUs, ZeRO-3, 16 B/param: 1.75 + 1.75 + 10.5 GB; seed 004 Napkin Math 1.4's
+    # activations for b=1, s=2048 (Llama-2-7B shape): 30.6 GB
+    out = _run(capsys, ["plan", "--model", "llama2-7b", "--gpu", "a100-80gb", "--gpus", "8",
+                        "--dp", "8", "--zero", "3", "--seq-len", "2048", "--global-batch", "8",
+                        "--convention", "16", "--params", "7e9"])
+    assert "weights   = P/1 x 2 B / 8 = 1.75 GB" in out
+    assert "grads     = P/1 x 2 B / 8 = 1.75 GB" in out
+    assert "optimizer = P/1 x 12 B / 8 = 10.5 GB" in out
+    assert "= 14.0 GB + 30.6 GB = 44.6 GB" in out
+
+
+def test_convention_follows_tp_sp_and_selective(capsys: pytest.CaptureFixture[str]) -> None:
+    def per_layer(*extra: str) -> float:
+        out = _run(capsys, ["explain", "--model", "gpt2-774m", "--gpu", "a100-80gb",
+                            "--seq-len", "1024", "--global-batch", "8", "--convention", "16",
+                            *extra])
+        return _num(out, r"activations per layer \(Korthikanti.* = ([\d.]+) GB")
+
+    full = per_layer("--gpus", "1")
+    # Korthikanti Eq. 1 by hand: s*b*h*(34 + 5*a*s/h), 16-bit
+    s, b, h, a = 1024, 8, 1280, 20
+    assert full == pytest.approx(s * b * h * (34 + 5 * a * s / h) / 1e9, abs=0.005)
+    # tensor parallel with sequence parallel divides every term by t (Table 2)
+    assert per_layer("--gpus", "2", "--tp", "2", "--sp") == pytest.approx(full / 2, abs=0.005)
+    # selective recomputation drops the 5as/h attention-score term
+    assert per_layer("--gpus", "1", "--ac", "selective") == pytest.approx(
+        s * b * h * 34 / 1e9, abs=0.005)
+
+
+def test_default_output_has_no_textbook_section(capsys: pytest.CaptureFixture[str]) -> None:
+    out = _run(capsys, ["explain", *GPT2])
+    assert "textbook" not in out and "-- 9." not in out  # no --convention, no --tokens
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--convention", "14"], "--convention"),
+    (["--params", "7e9"], "--params"),
+    (["--convention", "16", "--params", "0"], "--params"),
+    (["--convention", "16", "--ckpt-every", "0"], "--ckpt-every"),
+    (["--convention", "12", "--precision", "fp32"], "--convention")])
+def test_bad_convention_flags_are_one_line_errors(capsys: pytest.CaptureFixture[str],
+                                                  argv: list[str], needle: str) -> None:
+    assert needle in _error(capsys, ["explain", *GPT2, *argv])
+
+
+def test_napkin_does_not_import_torch() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys; from scaletrain.cli import main; "
+            "main(['napkin', 'memory', '--model', 'gpt2-124m', '--convention', '16']); "
+            "main(['napkin', 'gemm', '--model', 'gpt2-124m']); "
+            "assert 'torch' not in sys.modules, 'napkin imported torch'")
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)

@@ -37,6 +37,14 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     a("--grid-co2", type=float, metavar="KG",
       help="grid intensity, kg CO2 per kWh (default 0.43)")
     a("--host-watts", type=float, metavar="W", help="host power per node (default 0: GPUs only)")
+    # the seeds' textbook memory beside the planner's (planner/napkin.py)
+    a("--convention", type=int, metavar="BYTES",
+      help="also show the seeds' textbook memory: 12, 16, 18 or 20 bytes/param of model + "
+           "optimizer state and Korthikanti's activations")
+    a("--params", type=float, metavar="N",
+      help="nominal parameter count for --convention (the seeds round, e.g. 7e9)")
+    a("--ckpt-every", type=int, metavar="K",
+      help="--convention: keep 1 in K layers' activations (seed 004's GPT-2 walk-through)")
 
 
 def _positive(args: argparse.Namespace, flag: str) -> None:
@@ -65,6 +73,7 @@ def _inputs(args: argparse.Namespace) -> dict[str, Any]:
         _positive(args, f)
     if args.tokens is not None and args.tokens <= 0:
         raise ConfigError("--tokens", args.tokens, "give a positive token count such as 1e12")
+    _textbook_flags(args)
     from scaletrain.planner.recipes import recipe_named
 
     recipe_named(args.recipe)  # an unknown recipe: one line with did-you-mean, before any work
@@ -99,6 +108,30 @@ def _energy(job: Any) -> dict[str, float]:
     h = job.hardware
     return {"pue": h.pue, "kg_co2_per_kwh": h.grid_kg_co2_per_kwh,
             "host_watts_per_node": h.host_watts_per_node}
+
+
+def _textbook_flags(args: argparse.Namespace) -> None:
+    """--convention / --params / --ckpt-every: checked before any work."""
+    from scaletrain.planner.napkin import convention
+
+    if args.convention is None:
+        for flag in ("params", "ckpt_every"):
+            if getattr(args, flag) is not None:
+                raise ConfigError(f"--{flag.replace('_', '-')}", getattr(args, flag),
+                                  "it sizes the textbook memory: add --convention 12|16|18|20")
+        return
+    convention(args.convention, args.precision or "bf16")  # unknown: one line
+    if args.params is not None and args.params <= 0:
+        raise ConfigError("--params", args.params, "give a positive count such as 7e9")
+    if args.ckpt_every is not None and args.ckpt_every < 1:
+        raise ConfigError("--ckpt-every", args.ckpt_every, "use a positive integer")
+
+
+def _textbook(est: Any, args: argparse.Namespace) -> str:
+    from scaletrain.planner.napkin import textbook_lines
+
+    return "\n".join(textbook_lines(est, args.convention, params=args.params,
+                                    ckpt_every=args.ckpt_every or 1))
 
 
 def _exact_layout(inp: dict[str, Any]) -> Layout:
@@ -192,6 +225,8 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
             lines.append(render_search(res))
     if args.tokens and estimates and not args.json and not explain_mode:
         lines.append(_cost_line(estimates[0], args.tokens, inp["energy"]))
+    if args.convention is not None and estimates and not args.json:
+        lines.append(_textbook(estimates[0], args))
     if lines:
         from scaletrain.planner.report import fit_width
         print(fit_width("\n".join(lines)))

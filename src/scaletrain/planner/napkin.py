@@ -16,10 +16,12 @@ from dataclasses import dataclass
 
 from scaletrain.config import ConfigError
 
+from .types import Estimate
+
 __all__ = ["Convention", "CONVENTIONS", "convention", "state_bytes", "korthikanti_layer_bytes",
            "checkpoint_memory", "sqrt_checkpoints", "quantization", "gemm_waves",
            "alignment", "SM_COUNTS", "TrainFlops", "train_flops", "min_gpus", "rent_vs_buy",
-           "RentBuy", "tokenizer_budget", "TokenizerBudget"]
+           "RentBuy", "tokenizer_budget", "TokenizerBudget", "textbook_lines"]
 
 
 @dataclass(frozen=True)
@@ -251,3 +253,71 @@ def tokenizer_budget(global_batch: int, seq_len: int, step_s: float, *,
                            math.ceil(needed / tokens_per_s_per_core - 1e-9),
                            min(1.0, workers * tokens_per_s_per_core / needed), nbytes,
                            nbytes / h2d_bytes_per_s)
+
+
+def textbook_lines(est: Estimate, bytes_per_param: int, *, params: float | None = None,
+                   ckpt_every: int = 1) -> list[str]:
+    """The seeds' textbook memory of `est`'s layout, beside (never instead of) the planner's:
+    model + optimizer state = P x the convention's bytes, sharded by ZeRO over dp (seed 002),
+    divided by tp x pp; activations = Korthikanti et al. 2022 per layer (with the layout's tp,
+    sp and ac) x layers on pipeline rank 0 x micro-batches in flight there
+    (pipeline.inflight_microbatches), 1 in `ckpt_every` kept (seed 004 Example 1.3). `params`:
+    the nominal count the seeds round to (7e9); default the model's exact count. Ignores
+    buffers, the allocator, the CUDA context, logits, the embedding's own activations."""
+    from scaletrain.config import GB
+
+    from .pipeline import inflight_microbatches
+
+    p, L, m_ = est.plan, est.plan.layout, est.plan.model
+    conv = convention(bytes_per_param, p.precision)
+    P = float(m_.num_params()) if params is None else params
+    split = L.tp * L.pp
+    zs = state_bytes(P / split, conv, zero=L.zero, shards=L.zero_shards)
+    states = sum(zs.values())
+    act_bytes = 4.0 if p.precision == "fp32" else 2.0
+    seq = p.seq_len // max(1, L.cp)
+    per_layer = korthikanti_layer_bytes(seq, p.micro_batch, m_.dim, m_.num_heads, tp=L.tp,
+                                        sp=L.sp, ac=p.ac, act_bytes=act_bytes)
+    layers = m_.num_layers / L.pp
+    m = max(1, p.grad_accum)
+    inflight = inflight_microbatches(L.pp_schedule, L.pp, m, 0, L.pp_virtual) \
+        if L.pp > 1 else 1.0
+    acts = per_layer * layers * inflight / max(1, ckpt_every)
+    total = states + acts
+
+    def gb(x: float) -> str:
+        v = x / GB
+        return f"{v:,.1f} GB" if abs(v) >= 10 else f"{v:.2f} GB"
+
+    who = "nominal" if params is not None else f"{m_.name}'s exact count"
+    s, b, h, a = seq, p.micro_batch, m_.dim, m_.num_heads
+    form = {"none": f"s*b*h*(34 + 5*a*s/h) = {s}*{b}*{h}*(34 + 5*{a}*{s}/{h})",
+            "selective": f"34*s*b*h = 34*{s}*{b}*{h}",
+            "full": f"2*s*b*h = 2*{s}*{b}*{h}"}.get(p.ac, p.ac)
+    par = "" if L.tp == 1 else f", tp={L.tp}{' sp' if L.sp else ''} (Eq. 2)"
+    out = [f"-- textbook memory (--convention {bytes_per_param}: the seeds' napkin math, beside "
+           "the planner's model above)",
+           f"   model + optimizer state: {conv.bytes_per_param} B/param = {conv.terms}",
+           f"     source: {conv.source}",
+           f"   P = {P:.4g} ({who}) / (tp*pp = {split}); ZeRO-{L.zero} over {L.zero_shards} "
+           "ranks (seed 002 sec. III.A)"]
+    per = {"weights": (conv.weights, 3), "grads": (conv.grads, 2),
+           "optimizer": (conv.optimizer, 1)}
+    for k, v in zs.items():
+        nbytes, stage = per[k]
+        div = f" / {L.zero_shards}" if L.zero >= stage and L.zero_shards > 1 else ""
+        out.append(f"   {k:<9} = P/{split} x {nbytes:g} B{div} = {gb(v)}")
+    out.append(f"   states    = {gb(states)}")
+    scale = "" if act_bytes == 2 else " x 2 (fp32)"
+    out.append(f"   activations per layer (Korthikanti et al. 2022, ac={p.ac}{par}) = {form}"
+               f"{scale} = {gb(per_layer)}")
+    keep = f" / keep 1 in {ckpt_every}" if ckpt_every > 1 else ""
+    out.append(f"   activations = per layer x {layers:g} layers (rank 0) x {inflight:g} "
+               f"micro-batches in flight{keep} = {gb(acts)}")
+    out.append(f"   textbook total = {gb(states)} + {gb(acts)} = {gb(total)} vs "
+               f"{gb(p.hardware.memory_bytes)} -> "
+               f"{'fits' if total <= p.hardware.memory_bytes else 'DOES NOT FIT'} "
+               f"(planner: {gb(est.memory.total)} allocated)")
+    out.append("   ignores: buffers, allocator, CUDA context, logits and embeddings, GQA/SwiGLU "
+               "shapes, flash attention's missing s x s scores (use --ac selective)")
+    return out
