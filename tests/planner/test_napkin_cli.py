@@ -368,3 +368,30 @@ def test_napkin_does_not_import_torch() -> None:
             "main(['napkin', 'gemm', '--model', 'gpt2-124m']); "
             "assert 'torch' not in sys.modules, 'napkin imported torch'")
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+
+
+def test_tokenizer_takes_the_plans_tokens_per_s(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["tokenizer", "--global-batch", "32", "--seq-len", "1024", "--workers", "2"]
+    by_step = _napkin(capsys, *base, "--step-s", "0.0844")
+    # 32,768 tokens / 0.0844 s = 388,246 tokens/s: the same budget from the rate explain prints
+    by_rate = _napkin(capsys, *base, "--tokens-per-s", str(32768 / 0.0844))
+    assert by_step.splitlines()[2:] == by_rate.splitlines()[2:]
+    assert "= 32.8 ms; cores needed = ceil(388,246 / 500,000) = 1" in by_rate
+
+
+def test_deadline_takes_n_from_a_model_and_memory_divides_by_tp(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from scaletrain.config import resolve_model
+
+    n = resolve_model("llama2-7b").num_params()
+    out = _napkin(capsys, "deadline", "--model", "llama2-7b", "--tokens", "1e12", "--days",
+                  "30", "--gpu", "h100-sxm", "--efficiency", "0.4")
+    flops = 6 * n * 1e12
+    gpus = -(-flops // (989.4e12 * 0.4 * 30 * 86400))
+    assert f"= {6 * n * 1e12:.3g}" in out and f"= {int(gpus):,}\n" in out
+    out = _napkin(capsys, "memory", "--params", "7e9", "--tp", "2")
+    assert "states    = 56.0 GB" in out  # 16 B x 7e9 / 2
+
+
+def test_napkin_without_a_tool_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "name a tool" in _error(capsys, ["napkin"])

@@ -84,8 +84,11 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         if tool == "tokenizer":
             a("--global-batch", type=int, required=True, metavar="B")
             a("--seq-len", type=int, required=True, metavar="S")
-            a("--step-s", type=float, required=True, metavar="SEC",
-              help="accelerator step time (plan/explain print it)")
+            when = p.add_mutually_exclusive_group(required=True)
+            when.add_argument("--step-s", type=float, metavar="SEC",
+                              help="accelerator step time (plan/explain print it)")
+            when.add_argument("--tokens-per-s", type=float, metavar="R",
+                              help="tokens/s the whole job trains (explain's 'tokens/s')")
             a("--tokens-per-s-per-core", type=float, default=5e5, metavar="R",
               help="tokenizer rate of one CPU core (default 5e5, seed 004's BPE figure)")
             a("--workers", type=int, default=1, metavar="W")
@@ -93,7 +96,8 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
               help="host-to-device GB/s (default PCIe Gen3 x16, 15.75)")
         if tool in ("deadline", "rentbuy", "run"):
             a("--flops", type=float, metavar="C", help="training FLOPs (or --params/--tokens)")
-            a("--params", type=float, metavar="N")
+            a("--params", type=float, metavar="N", help="parameters (or --model)")
+            a("--model", metavar="NAME|config.json", help="take N from this model's exact count")
             a("--tokens", type=float, metavar="D")
             a("--gpu", default="h100-sxm", metavar="TYPE")
             a("--precision", default="bf16", choices=("bf16", "fp16", "fp8", "fp32"))
@@ -129,7 +133,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     if args.tool is None:
         raise ConfigError("napkin", "", f"name a tool: {', '.join(TOOLS)}")
     _positive(args, "seq_len", "micro_batch", "tp", "dp", "ckpt_every", "layers", "k",
-              "layer_gb", "size", "quantum", "global_batch", "step_s",
+              "layer_gb", "size", "quantum", "global_batch", "step_s", "tokens_per_s",
               "tokens_per_s_per_core", "workers", "pcie_gbps", "days", "gpus", "peak_tflops",
               "buy_usd_per_gpu")
     for n in ("usd_per_gpu_hour", "usd_per_kwh", "host_watts", "grid_co2"):
@@ -169,7 +173,7 @@ def _memory(args: argparse.Namespace) -> list[str]:
         raise ConfigError("--params", args.params, "use a positive count such as 7e9")
     params = args.params if args.params is not None else float(model.num_params())
     conv = convention(args.convention, args.precision)
-    zs = state_bytes(params, conv, zero=args.zero, shards=args.dp)
+    zs = state_bytes(params / args.tp, conv, zero=args.zero, shards=args.dp)
     n = args.dp
     out = [f"model + optimizer state: {conv.bytes_per_param} B/param = {conv.terms}",
            f"   source: {conv.source}",
@@ -179,7 +183,8 @@ def _memory(args: argparse.Namespace) -> list[str]:
     per = {"weights": conv.weights, "grads": conv.grads, "optimizer": conv.optimizer}
     for k, v in zs.items():
         div = f" / {n} (ZeRO-{args.zero})" if args.zero >= shard[k] and n > 1 else ""
-        out.append(f"   {k:<9} = P x {per[k]:g} B{div} = {_gb(v)}")
+        tp = f"/{args.tp}" if args.tp > 1 else ""
+        out.append(f"   {k:<9} = P{tp} x {per[k]:g} B{div} = {_gb(v)}")
     states = sum(zs.values())
     out.append(f"   states    = {_gb(states)} per GPU (ZeRO-{args.zero} over dp={n}: seed 002 "
                "sec. III.A; ignores buffers, allocator, CUDA context)")
@@ -307,16 +312,17 @@ def _gemm(args: argparse.Namespace) -> list[str]:
 def _tokenizer(args: argparse.Namespace) -> list[str]:
     from scaletrain.planner.napkin import tokenizer_budget
 
-    tb = tokenizer_budget(args.global_batch, args.seq_len, args.step_s,
+    step_s = args.step_s or args.global_batch * args.seq_len / args.tokens_per_s
+    tb = tokenizer_budget(args.global_batch, args.seq_len, step_s,
                           tokens_per_s_per_core=args.tokens_per_s_per_core,
                           workers=args.workers, h2d_bytes_per_s=args.pcie_gbps * GB)
     r = args.tokens_per_s_per_core
     return [f"tokens per step = global batch x seq = {args.global_batch} x {args.seq_len} = "
             f"{tb.tokens_per_step:,}",
-            f"   GPUs consume {tb.tokens_per_step:,} / {args.step_s:g} s = "
+            f"   GPUs consume {tb.tokens_per_step:,} / {step_s:.4g} s step = "
             f"{_n(tb.needed_tokens_per_s)} tokens/s",
             f"   one core at {_n(r)} tokens/s: {tb.tokens_per_step:,} / {_n(r)} = "
-            f"{1000 * tb.one_core_s:.1f} ms per batch vs the {1000 * args.step_s:.1f} ms step",
+            f"{1000 * tb.one_core_s:.1f} ms per batch vs the {1000 * step_s:.1f} ms step",
             f"   {args.workers} workers: {1000 * tb.one_core_s:.1f} / {args.workers} = "
             f"{1000 * tb.workers_s:.1f} ms; cores needed = ceil({_n(tb.needed_tokens_per_s)} / "
             f"{_n(r)}) = {tb.cores_needed}",
@@ -342,7 +348,10 @@ def _sustained(args: argparse.Namespace) -> tuple[float, str]:
 def _flops(args: argparse.Namespace) -> Any:
     from scaletrain.planner.napkin import train_flops
 
-    return train_flops(flops=args.flops, params=args.params, tokens=args.tokens)
+    params = args.params
+    if params is None and args.model is not None:
+        params = float(_model(args.model).num_params())
+    return train_flops(flops=args.flops, params=params, tokens=args.tokens)
 
 
 def _deadline(args: argparse.Namespace) -> list[str]:
