@@ -395,3 +395,25 @@ def test_deadline_takes_n_from_a_model_and_memory_divides_by_tp(
 
 def test_napkin_without_a_tool_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert "name a tool" in _error(capsys, ["napkin"])
+
+
+def test_seed004_gpt2_layer_flops(capsys: pytest.CaptureFixture[str]) -> None:
+    # Napkin Math 1.1: B=32, S=1024, d=1600: QKV ~503 GFLOP, QK^T 107 + AV 107 ~ 215, output
+    # projection ~168, FFN 16BSd^2; 2228.01 GFLOP per layer, 320.8 TFLOP per step (48 layers),
+    # 16041.7 PFLOP over 50,000 steps; 2.6 s per step at a V100's 125 TFLOP/s
+    out = _napkin(capsys, "flops", "--model", "gpt2-1.5b", "--micro-batch", "32", "--seq-len",
+                  "1024", "--steps", "50000", "--gpu", "v100-32gb", "--precision", "fp16")
+    for needle in ("= 503.3 GFLOP", "= 214.7 GFLOP", "= 167.8 GFLOP", "per layer = 2,228.01",
+                   "= 320.8 TFLOP", "= 16,041.7 PFLOP", "= 2.57 s"):
+        assert needle in out
+
+
+def test_seed003_and_004_ring_allreduce(capsys: pytest.CaptureFixture[str]) -> None:
+    # seed 004 Napkin Math 1.10: 7B fp16 grads = 14 GB, 1.75 x 14 = 24.5 GB, 1.96 s at 12.5 GB/s
+    out = _napkin(capsys, "allreduce", "--params", "7e9", "--gpus", "8", "--gbps", "12.5",
+                  "--compute-s", "1")
+    for needle in ("= 14 GB", "1.75 x 14 GB = 24.5 GB", "= 1.96 s", "the network is the wall"):
+        assert needle in out
+    # seed 003 sec. 19.3: 8 GPUs, 1 GB of gradients: each sends 1.75 GB in ~14 hops
+    out = _napkin(capsys, "allreduce", "--bytes", "1e9", "--gpus", "8", "--gbps", "100")
+    assert "= 1.75 GB in 2(N-1) = 14 steps" in out

@@ -4,8 +4,9 @@ Tools: memory (bytes-per-parameter conventions, ZeRO, Korthikanti activations), 
 and every-k checkpoint placement), waves (warp/tile/wave quantization of a size), gemm
 (tensor-core alignment and wave count of a model's GEMMs on a GPU), tokenizer (data-pipeline
 throughput a step needs), deadline (fewest GPUs for a deadline), rentbuy (rent vs buy
-break-even), run (time, cost, energy and CO2 of a FLOP budget). Each prints its formula with the
-numbers filled in, its source and what it ignores (planner/napkin.py).
+break-even), run (time, cost, energy and CO2 of a FLOP budget), allreduce (ring all-reduce vs
+compute), flops (a layer's matmul FLOPs). Each prints its formula with the numbers filled in,
+its source and what it ignores (planner/napkin.py).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ TOOLS = {
     "deadline": "fewest GPUs to train a FLOP budget within a deadline",
     "rentbuy": "rent vs buy: break-even number of training runs",
     "run": "time, GPU-hours, cost, energy and CO2 of a FLOP budget on N GPUs",
+    "allreduce": "ring all-reduce of the gradients: bytes per GPU, steps, time vs compute",
+    "flops": "matmul FLOPs of one layer, one step and a run (2 per multiply-add)",
 }
 
 
@@ -53,11 +56,25 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     for tool, help_ in TOOLS.items():
         p = sub.add_parser(tool, help=help_, description=help_)
         a = p.add_argument
-        if tool in ("memory", "ckpt", "gemm"):
+        if tool in ("memory", "ckpt", "gemm", "flops"):
             a("--model", metavar="NAME|config.json", help="model preset or config.json")
-        if tool in ("memory", "gemm"):
+        if tool in ("memory", "gemm", "flops"):
             a("--seq-len", type=int, default=2048, metavar="S")
             a("--micro-batch", type=int, default=1, metavar="B")
+        if tool == "flops":
+            a("--steps", type=int, metavar="N", help="training steps (total FLOPs)")
+            a("--gpu", metavar="TYPE", help="time one step at this preset's peak")
+            a("--precision", default="bf16", choices=("bf16", "fp16", "fp8", "fp32"))
+        if tool == "allreduce":
+            a("--bytes", type=float, metavar="M", help="gradient bytes (or --params)")
+            a("--params", type=float, metavar="N")
+            a("--grad-bytes", type=float, default=2.0, metavar="B",
+              help="bytes per gradient element (default 2: fp16/bf16)")
+            a("--gpus", type=int, required=True, metavar="N")
+            a("--gbps", type=float, required=True, metavar="GB/s",
+              help="per-GPU link bandwidth, GB/s (100 Gb/s = 12.5)")
+            a("--compute-s", type=float, metavar="SEC", help="forward+backward time to compare")
+        if tool in ("memory", "gemm"):
             a("--tp", type=int, default=1, metavar="T")
         if tool == "memory":
             a("--params", type=float, metavar="N", help="parameter count (default: the "
@@ -135,7 +152,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     _positive(args, "seq_len", "micro_batch", "tp", "dp", "ckpt_every", "layers", "k",
               "layer_gb", "size", "quantum", "global_batch", "step_s", "tokens_per_s",
               "tokens_per_s_per_core", "workers", "pcie_gbps", "days", "gpus", "peak_tflops",
-              "buy_usd_per_gpu")
+              "buy_usd_per_gpu", "steps", "bytes", "grad_bytes", "gbps", "compute_s")
     for n in ("usd_per_gpu_hour", "usd_per_kwh", "host_watts", "grid_co2"):
         v = getattr(args, n, None)
         if v is not None and v < 0:
@@ -147,7 +164,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         raise ConfigError("--efficiency", eff, "use a fraction in (0, 1], e.g. 0.4")
     lines = {"memory": _memory, "ckpt": _ckpt, "waves": _waves, "gemm": _gemm,
              "tokenizer": _tokenizer, "deadline": _deadline, "rentbuy": _rentbuy,
-             "run": _run}[args.tool](args)
+             "run": _run, "allreduce": _allreduce, "flops": _flops_tool}[args.tool](args)
     print("\n".join(lines))
     return 0
 
@@ -427,3 +444,63 @@ def _run(args: argparse.Namespace) -> list[str]:
             f"{c.kg_co2:,.0f} kg ({c.kg_co2 / 1000:.2f} t)",
             "   source: seed 004 Napkin Math 1.11 (energy corollary of the iron law); ignores "
             "idle/restarts, network and storage power, embodied carbon; TDP bounds the draw"]
+
+
+def _allreduce(args: argparse.Namespace) -> list[str]:
+    from scaletrain.planner.napkin import ring_allreduce
+
+    if args.bytes is None and args.params is None:
+        raise ConfigError("--bytes", None, "give the gradient --bytes, or --params")
+    m = args.bytes if args.bytes is not None else args.params * args.grad_bytes
+    what = (f"M = {m / GB:g} GB" if args.bytes is not None else
+            f"M = P x {args.grad_bytes:g} B = {args.params:.3g} x {args.grad_bytes:g} = "
+            f"{m / GB:g} GB")
+    n = args.gpus
+    sent, steps, secs = ring_allreduce(m, n, args.gbps * GB)
+    out = [f"ring all-reduce of the gradients, {what}, over {n} GPUs",
+           f"   each GPU sends 2(N-1)/N x M = {2 * (n - 1) / n:.3g} x {m / GB:g} GB = "
+           f"{sent / GB:.3g} GB in 2(N-1) = {steps} steps",
+           f"   time = {sent / GB:.3g} GB / {args.gbps:g} GB/s = {secs:.3g} s"]
+    if args.compute_s:
+        wall = "the network is the wall" if secs > args.compute_s else "compute dominates"
+        out.append(f"   vs forward+backward {args.compute_s:g} s: {wall} "
+                   f"(T_comm / T_compute = {secs / args.compute_s:.2f})")
+    out.append("   source: seed 003 sec. 19.3, seed 004 Napkin Math 1.10 (Patarasuk and Yuan "
+               "2009); ignores per-step latency, overlap with the backward, NCCL trees")
+    return out
+
+
+def _flops_tool(args: argparse.Namespace) -> list[str]:
+    from scaletrain.planner.napkin import layer_gemm_flops
+
+    model = _model(args.model)
+    if model is None:
+        raise ConfigError("--model", None, "give --model NAME (its hidden, heads, ffn, layers)")
+    b, s = args.micro_batch, args.seq_len
+    gated = model.activation == "swiglu"
+    f = layer_gemm_flops(b, s, model.dim, model.num_heads, model.num_kv_heads, model.ffn_dim,
+                         gated)
+    h, a, g, d = model.dim, model.num_heads, model.num_kv_heads, model.head_dim
+    forms = {"qkv": f"2*B*S*h*(a+2g)*d = 2*{b}*{s}*{h}*({a}+2*{g})*{d}",
+             "attention": f"2 x 2*B*a*S^2*d = 2 x 2*{b}*{a}*{s}^2*{d}",
+             "out proj": f"2*B*S*h^2 = 2*{b}*{s}*{h}^2",
+             "mlp": f"{3 if gated else 2} x 2*B*S*h*f = {3 if gated else 2} x 2*{b}*{s}*{h}*"
+                    f"{model.ffn_dim}"}
+    out = [f"forward matmul FLOPs of one {model.name} layer, B = {b}, S = {s}:"]
+    for k, v in f.items():
+        out.append(f"   {k:<9} {forms[k]} = {v / 1e9:,.1f} GFLOP")
+    layer = sum(f.values())
+    L = model.num_layers
+    step = 3 * layer * L
+    out += [f"   per layer = {layer / 1e9:,.2f} GFLOP; x {L} layers = "
+            f"{layer * L / 1e12:,.1f} TFLOP forward",
+            f"   training step = 3 x forward (backward = 2 x forward) = {step / 1e12:,.1f} TFLOP"]
+    if args.steps:
+        out.append(f"   x {args.steps:,} steps = {step * args.steps / 1e15:,.1f} PFLOP")
+    if args.gpu:
+        peak = hardware_preset(args.gpu).flops(args.precision)
+        out.append(f"   one step at {args.gpu} {args.precision} peak {peak / 1e12:g} TFLOP/s = "
+                   f"{step / peak:.2f} s (100% utilization)")
+    out.append("   source: seed 004 Napkin Math 1.1; ignores the LM head and embedding, norms, "
+               "softmax, causal masking (the full S^2 is counted)")
+    return out

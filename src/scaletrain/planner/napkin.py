@@ -21,7 +21,8 @@ from .types import Estimate
 __all__ = ["Convention", "CONVENTIONS", "convention", "state_bytes", "korthikanti_layer_bytes",
            "checkpoint_memory", "sqrt_checkpoints", "quantization", "gemm_waves",
            "alignment", "SM_COUNTS", "TrainFlops", "train_flops", "min_gpus", "rent_vs_buy",
-           "RentBuy", "tokenizer_budget", "TokenizerBudget", "textbook_lines"]
+           "RentBuy", "tokenizer_budget", "TokenizerBudget", "textbook_lines",
+           "ring_allreduce", "layer_gemm_flops"]
 
 
 @dataclass(frozen=True)
@@ -321,3 +322,26 @@ def textbook_lines(est: Estimate, bytes_per_param: int, *, params: float | None 
     out.append("   ignores: buffers, allocator, CUDA context, logits and embeddings, GQA/SwiGLU "
                "shapes, flash attention's missing s x s scores (use --ac selective)")
     return out
+
+
+def ring_allreduce(nbytes: float, ranks: int, bytes_per_s: float) -> tuple[float, int, float]:
+    """Ring all-reduce (seed 003 sec. 19.3, seed 004 Napkin Math 1.10; Patarasuk and Yuan
+    2009): each rank sends 2 (N-1)/N x M bytes in 2 (N-1) steps; time = that / link bandwidth.
+    Returns (bytes sent per rank, steps, seconds). Ignores per-step latency, overlap with the
+    backward, NCCL's tree algorithm and in-network reduction."""
+    sent = 2 * (ranks - 1) / ranks * nbytes
+    return sent, 2 * (ranks - 1), sent / bytes_per_s
+
+
+def layer_gemm_flops(batch: int, seq: int, hidden: int, heads: int, kv_heads: int,
+                     ffn: int, gated: bool) -> dict[str, float]:
+    """Forward FLOPs of one transformer layer's matmuls, 2 per multiply-add (seed 004 Napkin
+    Math 1.1): QKV 2*B*S*h*(a + 2g)*d, scores QK^T and probabilities x V 2*B*a*S^2*d each
+    (no causal halving: the seed counts the full square), output 2*B*S*h^2, MLP 2*B*S*h*f per
+    matrix (2 matrices, 3 with a gate). Ignores norms, softmax, the embedding and LM head."""
+    d = hidden // heads
+    bs = float(batch) * seq
+    qk = 2 * batch * heads * float(seq) ** 2 * d
+    return {"qkv": 2 * bs * hidden * (heads + 2 * kv_heads) * d, "attention": 2 * qk,
+            "out proj": 2 * bs * hidden * hidden,
+            "mlp": 2 * bs * hidden * ffn * (3 if gated else 2)}
