@@ -18,6 +18,13 @@ GPT2 = ["--model", "gpt2-124m", "--gpu", "h100-sxm", "--gpus", "16", "--dp", "16
         "--seq-len", "1024", "--global-batch", "128"]
 
 
+@pytest.fixture(autouse=True)
+def _wide(monkeypatch: pytest.MonkeyPatch) -> None:
+    """plan/explain wrap lines at the terminal's width (COLUMNS): keep each formula on one
+    line whatever terminal runs the suite."""
+    monkeypatch.setenv("COLUMNS", "1000")
+
+
 def _run(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
     rc = main(argv)
     out = capsys.readouterr()
@@ -353,7 +360,8 @@ def test_default_output_has_no_textbook_section(capsys: pytest.CaptureFixture[st
     (["--params", "7e9"], "--params"),
     (["--convention", "16", "--params", "0"], "--params"),
     (["--convention", "16", "--ckpt-every", "0"], "--ckpt-every"),
-    (["--convention", "12", "--precision", "fp32"], "--convention")])
+    (["--convention", "12", "--precision", "fp32"], "--convention"),
+    (["--convention", "16", "--json"], "--convention")])
 def test_bad_convention_flags_are_one_line_errors(capsys: pytest.CaptureFixture[str],
                                                   argv: list[str], needle: str) -> None:
     assert needle in _error(capsys, ["explain", *GPT2, *argv])

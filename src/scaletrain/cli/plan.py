@@ -121,6 +121,9 @@ def _textbook_flags(args: argparse.Namespace) -> None:
                                   "it sizes the textbook memory: add --convention 12|16|18|20")
         return
     convention(args.convention, args.precision or "bf16")  # unknown: one line
+    if args.json:
+        raise ConfigError("--convention", args.convention,
+                          "the textbook memory is printed as text: drop --json")
     if args.params is not None and args.params <= 0:
         raise ConfigError("--params", args.params, "give a positive count such as 7e9")
     if args.ckpt_every is not None and args.ckpt_every < 1:
