@@ -203,12 +203,21 @@ def test_conventions_18_and_20(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_seed004_checkpoint_placement(capsys: pytest.CaptureFixture[str]) -> None:
     # Table 15 text: sqrt(48) ~ 7 checkpoints, 7 + 48/7 ~ 14 A, 71% saved, ~33% compute
-    out = _napkin(capsys, "ckpt", "--model", "gpt2-1.5b", "--k", "4")
+    out = _napkin(capsys, "ckpt", "--layers", "48", "--k", "4")
     assert "sqrt(N) ~ 7:" in out
     assert "7 + 48/7 = 13.9 A (71% saved)" in out
     assert "41 layer forwards" in out
     assert "33% of a forward+backward step" in out
     assert "keep 1 in 4" in out and "(75% saved)" in out
+    # A from Korthikanti at seed 004's batch 8: 1.49 GB, so 48 A = 71.7 GB (Napkin Math 1.3)
+    out = _napkin(capsys, "ckpt", "--model", "gpt2-1.5b", "--seq-len", "1024",
+                  "--micro-batch", "8")
+    assert "= 1.49 GB (Korthikanti" in out
+    assert "memory N x A = 48 A = 71.7 GB" in out
+    # Napkin Math 1.3: checkpointing cuts the 71.7 GB by 75 percent, to ~17.9 GB
+    out = _napkin(capsys, "ckpt", "--model", "gpt2-1.5b", "--seq-len", "1024",
+                  "--micro-batch", "8", "--k", "4")
+    assert "memory N/k = 12.0 A = 17.9 GB (75% saved)" in out
 
 
 @pytest.mark.parametrize("size,units,util", [(32, 1, "100.0"), (33, 2, "51.6"), (64, 2, "100.0"),

@@ -58,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         a = p.add_argument
         if tool in ("memory", "ckpt", "gemm", "flops"):
             a("--model", metavar="NAME|config.json", help="model preset or config.json")
-        if tool in ("memory", "gemm", "flops"):
+        if tool in ("memory", "gemm", "flops", "ckpt"):
             a("--seq-len", type=int, default=2048, metavar="S")
             a("--micro-batch", type=int, default=1, metavar="B")
         if tool == "flops":
@@ -91,7 +91,8 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         if tool == "ckpt":
             a("--layers", type=int, metavar="N", help="layers (default: the model's)")
             a("--k", type=int, metavar="K", help="also show K checkpoints")
-            a("--layer-gb", type=float, metavar="A", help="activation GB of one layer")
+            a("--layer-gb", type=float, metavar="A", help="activation GB of one layer "
+              "(default with --model: Korthikanti's s*b*h*(34 + 5as/h), 16-bit)")
         if tool == "waves":
             a("--size", type=int, required=True, metavar="N", help="batch, rows or tiles")
             a("--quantum", type=int, default=32, metavar="Q", help="warp 32, tile, SMs")
@@ -244,10 +245,18 @@ def _ckpt(args: argparse.Namespace) -> list[str]:
     layers = args.layers or (model.num_layers if model is not None else None)
     if layers is None:
         raise ConfigError("--layers", None, "give --layers N or --model")
-    unit = f" x {args.layer_gb:g} GB" if args.layer_gb else ""
+    a_gb = args.layer_gb
+    unit = f" = {a_gb:g} GB" if a_gb else ""
+    if a_gb is None and model is not None:
+        from scaletrain.planner.napkin import korthikanti_layer_bytes
+
+        a_gb = korthikanti_layer_bytes(args.seq_len, args.micro_batch, model.dim,
+                                       model.num_heads) / GB
+        unit = (f" = s*b*h*(34 + 5as/h) at s={args.seq_len}, b={args.micro_batch} = "
+                f"{a_gb:.2f} GB (Korthikanti et al. 2022)")
 
     def gb(units: float) -> str:
-        return f" = {units * args.layer_gb:.1f} GB" if args.layer_gb else ""
+        return f" = {units * a_gb:.1f} GB" if a_gb else ""
 
     k0 = sqrt_checkpoints(layers)
     out = [f"checkpoint placement over N = {layers} layers, A = one layer's activations{unit} "
