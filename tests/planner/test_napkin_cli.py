@@ -434,3 +434,14 @@ def test_seed003_and_004_ring_allreduce(capsys: pytest.CaptureFixture[str]) -> N
     # seed 003 sec. 19.3: 8 GPUs, 1 GB of gradients: each sends 1.75 GB in ~14 hops
     out = _napkin(capsys, "allreduce", "--bytes", "1e9", "--gpus", "8", "--gbps", "100")
     assert "= 1.75 GB in 2(N-1) = 14 steps" in out
+
+
+def test_convention_beside_a_framework_recipe(capsys: pytest.CaptureFixture[str]) -> None:
+    # Megatron's distributed optimizer (ZeRO-1) at 18 B/param keeps 6 + 12/d bytes per param:
+    # 7e9 x (6 + 12/8) = 52.5 GB, printed beside the megatron recipe's own plan
+    out = _run(capsys, ["explain", "--recipe", "megatron", "--model", "llama2-7b", "--gpu",
+                        "h100-sxm", "--gpus", "8", "--dp", "8", "--zero", "1", "--seq-len",
+                        "4096", "--global-batch", "8", "--ac", "selective", "--convention",
+                        "18", "--params", "7e9"])
+    assert "[megatron]" in out
+    assert "states    = 52.5 GB" in out
