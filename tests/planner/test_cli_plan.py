@@ -12,11 +12,13 @@ import pytest
 from scaletrain.cli import main
 from scaletrain.cli import plan as plan_cli
 
-FLAGS = ['--ac', '--compile', '--config', '--cp', '--dp', '--ep', '--global-batch', '--gpu',
-         '--gpus', '--gpus-per-node', '--json', '--micro-batch', '--model', '--offload', '--plot',
-         '--pp', '--pp-schedule', '--pp-virtual', '--precision', '--preflight', '--recipe',
-         '--seq-len', '--sp',
-         '--tokens', '--top', '--tp', '--verify', '--zero']
+FLAGS = ['--ac', '--ckpt-every', '--compile', '--config', '--convention', '--cp', '--dp',
+         '--efficiency', '--ep',
+         '--global-batch', '--gpu', '--gpus', '--gpus-per-node', '--grid-co2', '--host-watts',
+         '--json', '--micro-batch', '--model', '--offload', '--params', '--plot',
+         '--pp', '--pp-schedule', '--pp-virtual', '--precision', '--preflight', '--pue',
+         '--recipe', '--seq-len', '--sp',
+         '--tokens', '--top', '--tp', '--usd-per-gpu-hour', '--verify', '--zero']
 
 SCHEMA = {
     "plan": {"model", "params", "gpus", "dp", "zero", "tp", "sp", "pp", "pp_schedule",

@@ -36,6 +36,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "profile": ("scaletrain.cli.profile", "profile a few steps: breakdown, roofline, bottleneck"),
     "report": ("scaletrain.cli.report", "write a self-contained HTML report of a run directory"),
     "status": ("scaletrain.cli.status", "where a (possibly running) run is: step, ETA, health"),
+    "napkin": ("scaletrain.cli.napkin", "the seeds' napkin math: memory conventions, checkpoint "
+               "placement, waves, tokenizer, deadline, rent vs buy, energy"),
 }
 
 

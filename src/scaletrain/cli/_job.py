@@ -40,6 +40,10 @@ FLAGS: dict[str, tuple[str, str]] = {
     "cp": ("parallel", "cp"), "ep": ("parallel", "ep"), "ac": ("memory", "ac"),
     "precision": ("precision", "dtype"), "offload": ("memory", "offload"),
     "compile": ("train", "compile"),
+    "usd_per_gpu_hour": ("hardware", "usd_per_gpu_hour"),
+    "efficiency": ("hardware", "efficiency"), "pue": ("hardware", "pue"),
+    "grid_co2": ("hardware", "grid_kg_co2_per_kwh"),
+    "host_watts": ("hardware", "host_watts_per_node"),
 }
 """flag dest -> (section, key) of the job config it sets."""
 

@@ -28,6 +28,23 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
            "torchtitan, nanotron")
     a("--preflight", "--verify", dest="preflight", action="store_true",
       help="dry-run the best layout under fake tensors (its worst rank) and compare")
+    # [hardware] price, efficiency and energy (TOML hardware.*; a flag wins)
+    a("--usd-per-gpu-hour", type=float, metavar="USD",
+      help="price per GPU-hour (default: the preset's rough cloud rate)")
+    a("--efficiency", type=float, metavar="F",
+      help="achievable fraction of peak matmul FLOP/s (0..1; default: the planner's model)")
+    a("--pue", type=float, metavar="X", help="data-centre PUE, energy multiplier (default 1.2)")
+    a("--grid-co2", type=float, metavar="KG",
+      help="grid intensity, kg CO2 per kWh (default 0.43)")
+    a("--host-watts", type=float, metavar="W", help="host power per node (default 0: GPUs only)")
+    # the seeds' textbook memory beside the planner's (planner/napkin.py)
+    a("--convention", type=int, metavar="BYTES",
+      help="also show the seeds' textbook memory: 12, 16, 18 or 20 bytes/param of model + "
+           "optimizer state and Korthikanti's activations")
+    a("--params", type=float, metavar="N",
+      help="nominal parameter count for --convention (the seeds round, e.g. 7e9)")
+    a("--ckpt-every", type=int, metavar="K",
+      help="--convention: keep 1 in K layers' activations (seed 004's GPT-2 walk-through)")
 
 
 def _positive(args: argparse.Namespace, flag: str) -> None:
@@ -56,6 +73,7 @@ def _inputs(args: argparse.Namespace) -> dict[str, Any]:
         _positive(args, f)
     if args.tokens is not None and args.tokens <= 0:
         raise ConfigError("--tokens", args.tokens, "give a positive token count such as 1e12")
+    _textbook_flags(args)
     from scaletrain.planner.recipes import recipe_named
 
     recipe_named(args.recipe)  # an unknown recipe: one line with did-you-mean, before any work
@@ -81,7 +99,42 @@ def _inputs(args: argparse.Namespace) -> dict[str, Any]:
             "exact": exact, "micro_batch": chosen("batch", "micro_batch", job.batch.micro_batch),
             "precision": job.precision.dtype, "ac": chosen("memory", "ac", job.memory.ac),
             "offload": chosen("memory", "offload", job.memory.offload),
-            "compile": job.train.compile, "derived": res.notes(), "recipe": args.recipe}
+            "compile": job.train.compile, "derived": res.notes(), "recipe": args.recipe,
+            "efficiency": job.hardware.efficiency, "energy": _energy(job)}
+
+
+def _energy(job: Any) -> dict[str, float]:
+    """The [hardware] energy inputs of `training_cost` (PUE, grid intensity, host power)."""
+    h = job.hardware
+    return {"pue": h.pue, "kg_co2_per_kwh": h.grid_kg_co2_per_kwh,
+            "host_watts_per_node": h.host_watts_per_node}
+
+
+def _textbook_flags(args: argparse.Namespace) -> None:
+    """--convention / --params / --ckpt-every: checked before any work."""
+    from scaletrain.planner.napkin import convention
+
+    if args.convention is None:
+        for flag in ("params", "ckpt_every"):
+            if getattr(args, flag) is not None:
+                raise ConfigError(f"--{flag.replace('_', '-')}", getattr(args, flag),
+                                  "it sizes the textbook memory: add --convention 12|16|18|20")
+        return
+    convention(args.convention, args.precision or "bf16")  # unknown: one line
+    if args.json:
+        raise ConfigError("--convention", args.convention,
+                          "the textbook memory is printed as text: drop --json")
+    if args.params is not None and args.params <= 0:
+        raise ConfigError("--params", args.params, "give a positive count such as 7e9")
+    if args.ckpt_every is not None and args.ckpt_every < 1:
+        raise ConfigError("--ckpt-every", args.ckpt_every, "use a positive integer")
+
+
+def _textbook(est: Any, args: argparse.Namespace) -> str:
+    from scaletrain.planner.napkin import textbook_lines
+
+    return "\n".join(textbook_lines(est, args.convention, params=args.params,
+                                    ckpt_every=args.ckpt_every or 1))
 
 
 def _exact_layout(inp: dict[str, Any]) -> Layout:
@@ -105,7 +158,9 @@ def _flag(field: str) -> str:
     key = field.split(".")[-1]
     return {"parallel": "--dp/--tp/--pp/--cp", "global_batch": "--global-batch",
             "seq_len": "--seq-len", "pp_schedule": "--pp-schedule",
-            "pp_virtual": "--pp-virtual", "micro_batch": "--micro-batch"}.get(key, f"--{key}")
+            "pp_virtual": "--pp-virtual", "micro_batch": "--micro-batch",
+            "usd_per_gpu_hour": "--usd-per-gpu-hour", "grid_kg_co2_per_kwh": "--grid-co2",
+            "host_watts_per_node": "--host-watts"}.get(key, f"--{key}")
 
 
 def _evaluate(inp: dict[str, Any]) -> Any:
@@ -129,7 +184,7 @@ def _evaluate(inp: dict[str, Any]) -> Any:
         raise ConfigError(_flag(first.field), first.value, first.fix)
     plan = PlanInput(inp["model"], inp["hw"], inp["gpus"], layout, inp["seq"], inp["gb"], mb,
                      inp["precision"], ac, offload, compile=inp["compile"],
-                     recipe=inp["recipe"])
+                     efficiency=inp["efficiency"], recipe=inp["recipe"])
     return estimate(plan)
 
 
@@ -146,7 +201,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
             print(json.dumps(est.to_json(), indent=2))
         elif explain_mode:
             from scaletrain.planner.explain import explain
-            lines.append(explain(est, tokens=args.tokens))
+            lines.append(explain(est, tokens=args.tokens, **inp["energy"]))
             lines.append(verdict_line(est.memory.reserved, inp["hw"],
                                       what=f"planned reserved (rank {est.memory.rank})"))
         else:
@@ -159,7 +214,8 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         pins.update(inp["pinned"])
         res = search(inp["model"], inp["hw"], inp["gpus"], seq_len=inp["seq"],
                      global_batch=inp["gb"], precision=inp["precision"], top_k=args.top,
-                     compile=inp["compile"], recipe=inp["recipe"], **pins)
+                     compile=inp["compile"], efficiency=inp["efficiency"],
+                     recipe=inp["recipe"], **pins)
         estimates = res.top
         if not res.top and not res.legal:
             raise ConfigError("--gpus", inp["gpus"], "no legal layout: change --gpus, "
@@ -171,7 +227,9 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
             from scaletrain.planner.report import render_search
             lines.append(render_search(res))
     if args.tokens and estimates and not args.json and not explain_mode:
-        lines.append(_cost_line(estimates[0], args.tokens))
+        lines.append(_cost_line(estimates[0], args.tokens, inp["energy"]))
+    if args.convention is not None and estimates and not args.json:
+        lines.append(_textbook(estimates[0], args))
     if lines:
         from scaletrain.planner.report import fit_width
         print(fit_width("\n".join(lines)))
@@ -249,9 +307,14 @@ def _plots(estimates: list[Any], path: str) -> list[str]:
     return out
 
 
-def _cost_line(est: Any, tokens: float) -> str:
+def _cost_line(est: Any, tokens: float, energy: dict[str, float]) -> str:
     from scaletrain.planner.estimate import training_cost
 
-    c = training_cost(est, tokens)
+    c = training_cost(est, tokens, **energy)
     return (f"{tokens:.3g} tokens: {c.seconds / 86400:.1f} days, {c.gpu_hours:,.0f} GPU-hours, "
-            f"${c.usd:,.0f}, {c.kwh:,.0f} kWh, {c.kg_co2 / 1000:,.1f} t CO2")
+            f"${c.usd:,.0f}, {c.kwh:,.0f} kWh, {_tonnes(c.kg_co2)} t CO2")
+
+
+def _tonnes(kg: float) -> str:
+    t = kg / 1000
+    return f"{t:,.1f}" if t >= 10 else f"{t:.3g}"

@@ -390,9 +390,14 @@ class HardwareConfig:
     """0 = the preset's rough cloud price."""
     efficiency: float = 0.0
     """Achievable fraction of peak matmul FLOP/s; 0 = the planner's default."""
-    grid_kg_co2_per_kwh: float = 0.4
+    grid_kg_co2_per_kwh: float = 0.43
+    """Grid carbon intensity, kg CO2 per kWh (0.43: the average grid of seed 004's carbon
+    napkin math)."""
     pue: float = 1.2
     """Data-centre power usage effectiveness (energy multiplier)."""
+    host_watts_per_node: float = 0.0
+    """Host (CPU, NIC, fans) power per node, watts, added to the GPUs' board power in the
+    energy line; 0 = not counted (seed 004's carbon example uses 200 W per 8-GPU host)."""
 
     def __post_init__(self) -> None:
         require(self.gpu in HARDWARE_PRESETS, "hardware.gpu", self.gpu,
@@ -402,6 +407,12 @@ class HardwareConfig:
         require(self.gpus_per_node >= 0, "hardware.gpus_per_node", self.gpus_per_node, "use >= 0")
         require(0 <= self.efficiency <= 1, "hardware.efficiency", self.efficiency, "use 0..1")
         require(self.pue >= 1, "hardware.pue", self.pue, "use >= 1.0")
+        require(self.usd_per_gpu_hour >= 0, "hardware.usd_per_gpu_hour", self.usd_per_gpu_hour,
+                "use a price >= 0 (0 = the preset's)")
+        require(self.grid_kg_co2_per_kwh >= 0, "hardware.grid_kg_co2_per_kwh",
+                self.grid_kg_co2_per_kwh, "use kg CO2 per kWh >= 0, e.g. 0.43")
+        require(self.host_watts_per_node >= 0, "hardware.host_watts_per_node",
+                self.host_watts_per_node, "use watts >= 0")
 
     def spec(self) -> HardwareSpec:
         spec = hardware_preset(self.gpu)

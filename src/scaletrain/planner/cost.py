@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from .types import Estimate
 
-__all__ = ["TrainingCost", "napkin_cost", "training_cost"]
+__all__ = ["TrainingCost", "napkin_cost", "training_cost", "num_nodes"]
 
 
 @dataclass
@@ -41,13 +41,20 @@ def napkin_cost(total_flops: float, num_gpus: int, sustained_flops_per_gpu: floa
 
 def training_cost(est: Estimate, tokens: float, *, usd_per_gpu_hour: float | None = None,
                   pue: float = 1.2, kg_co2_per_kwh: float = 0.43,
-                  host_power_w_per_gpu: float = 0.0) -> TrainingCost:
-    """Time, GPU-hours, USD, energy and CO2 to train on `tokens` at this estimate's throughput
-    (board power x PUE; hosts as a per-GPU surcharge)."""
+                  host_watts_per_node: float = 0.0) -> TrainingCost:
+    """Time, GPU-hours, USD, energy and CO2 to train on `tokens` at this estimate's throughput:
+    energy = (gpus x board power + nodes x host power) x hours x PUE (`napkin_cost`); the price
+    is the hardware spec's (the [hardware] usd_per_gpu_hour override lands there)."""
     p = est.plan
     g = max(1, p.num_gpus)
     sustained = est.flops_per_token * est.tokens_per_s / g  # model FLOP/s per GPU
     price = p.hardware.usd_per_hour if usd_per_gpu_hour is None else usd_per_gpu_hour
     return napkin_cost(est.flops_per_token * tokens, g, sustained, power_w=p.hardware.power_w,
-                       usd_per_gpu_hour=price, pue=pue, host_power_w=host_power_w_per_gpu,
-                       num_hosts=g, kg_co2_per_kwh=kg_co2_per_kwh)
+                       usd_per_gpu_hour=price, pue=pue, host_power_w=host_watts_per_node,
+                       num_hosts=num_nodes(est), kg_co2_per_kwh=kg_co2_per_kwh)
+
+
+def num_nodes(est: Estimate) -> int:
+    """Nodes the job occupies: ceil(gpus / gpus per node)."""
+    per = max(1, est.plan.hardware.gpus_per_node)
+    return -(-max(1, est.plan.num_gpus) // per)

@@ -146,7 +146,45 @@ def _recipe_time(est: Estimate) -> list[str]:
             f"{shape:.3f} ({tokens:,.0f} rows per rank){fp8}", bucket]
 
 
-def _time_lines(est: Estimate, tokens: float | None) -> list[str]:
+def _n(x: float) -> str:
+    """A quantity to about three significant figures, thousands separated."""
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
+def _cost_lines(est: Estimate, tokens: float, energy: dict[str, float]) -> list[str]:
+    """Time, cost, energy and CO2 for `tokens` (cost.training_cost), formula by formula."""
+    from .cost import num_nodes, training_cost
+
+    p, hw = est.plan, est.plan.hardware
+    c = training_cost(est, tokens, **energy)
+    pue = energy.get("pue", 1.2)
+    grid = energy.get("kg_co2_per_kwh", 0.43)
+    host = energy.get("host_watts_per_node", 0.0)
+    hours = c.seconds / 3600
+    nodes = num_nodes(est)
+    g = max(1, p.num_gpus)
+    return [
+        f"   {tokens:.3g} tokens -> {c.seconds / 86400:.1f} days, {c.gpu_hours:,.0f} "
+        f"GPU-hours, ${c.usd:,.0f}, {c.kwh:,.0f} kWh",
+        f"-- 9. time, cost, energy, CO2 for {tokens:.3g} tokens",
+        f"   time = tokens / tokens/s = {tokens:.3g} / {est.tokens_per_s:,.0f} = "
+        f"{_n(c.seconds)} s = {_n(hours)} h = {_n(c.seconds / 86400)} days",
+        f"   cost = gpus x hours x $/GPU-hour = {g} x {_n(hours)} x {hw.usd_per_hour:g} = "
+        f"${c.usd:,.0f}",
+        f"   energy = (gpus x board power + nodes x host power) x hours x PUE = ({g} x "
+        f"{hw.power_w:g} W + {nodes} x {host:g} W) x {_n(hours)} h x {pue:g} = "
+        f"{_n(c.kwh)} kWh",
+        f"     board power {hw.power_w:g} W: the {hw.name} datasheet TDP "
+        f"(config/hardware.py), an upper bound on the average draw",
+        f"   CO2 = energy x grid intensity = {_n(c.kwh)} kWh x {grid:g} kg/kWh = "
+        f"{_n(c.kg_co2)} kg CO2",
+        "   ignores: idle, restarts and evaluation time, network/storage power, cooling "
+        "beyond PUE, embodied carbon (seed 004, Napkin Math 1.11)",
+    ]
+
+
+def _time_lines(est: Estimate, tokens: float | None,
+                energy: dict[str, float] | None = None) -> list[str]:
     """Sections 5-8 and the notes: compute, communication, bubble, step."""
     p, L, m_, t = est.plan, est.plan.layout, est.plan.model, est.time
     m = max(1, p.grad_accum)
@@ -189,18 +227,18 @@ def _time_lines(est: Estimate, tokens: float | None) -> list[str]:
     add(f"   tokens/s (whole job) = {est.tokens_per_s:,.0f}; MFU = FLOPs/token x tokens/s / "
         f"(gpus x peak) = {100 * est.mfu:.1f}%")
     if tokens:
-        from .estimate import training_cost
-
-        c = training_cost(est, tokens)
-        add(f"   {tokens:.3g} tokens -> {c.seconds / 86400:.1f} days, {c.gpu_hours:,.0f} "
-            f"GPU-hours, ${c.usd:,.0f}, {c.kwh:,.0f} kWh")
+        out += _cost_lines(est, tokens, energy or {})
     add("-- notes")
     for n in est.notes:
         add(f"   * {n}")
     return out
 
 
-def explain(est: Estimate, *, tokens: float | None = None) -> str:
-    """A learner-readable derivation of `est` (one line per formula)."""
+def explain(est: Estimate, *, tokens: float | None = None, pue: float = 1.2,
+            kg_co2_per_kwh: float = 0.43, host_watts_per_node: float = 0.0) -> str:
+    """A learner-readable derivation of `est` (one line per formula); with `tokens`, the
+    training run's time, cost, energy and CO2 from the [hardware] energy inputs."""
+    energy = {"pue": pue, "kg_co2_per_kwh": kg_co2_per_kwh,
+              "host_watts_per_node": host_watts_per_node}
     return "\n".join([*_parameters(est), *_states_and_activations(est),
-                      *_time_lines(est, tokens)])
+                      *_time_lines(est, tokens, energy)])
