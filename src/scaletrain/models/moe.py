@@ -217,6 +217,7 @@ class _AuxLossGrad(torch.autograd.Function):
         return x.view_as(x)
 
     @staticmethod
+    # the stubs' backward is (ctx, *grad_outputs: Any): a named one-output signature "overrides" it
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
         shape, dtype, device = ctx.aux_meta
         return grad, torch.full(shape, ctx.scale, dtype=dtype, device=device), None
