@@ -264,9 +264,10 @@ def dryrun(job: JobConfig, *, world_size: int, rank: int = 0, count_flops: bool 
                         ddp=False, optimizer_device=target,
                         schedule_cls=_schedule_cls(job, layout, rank, world_size, hooks)
                         if pp else None)
-        roots = ([(f"stage{sid}", mod) for sid, mod in zip(run.pipeline.stage_ids,
-                                                            run.pipeline.stages, strict=True)]
-                 if run.pipeline is not None else [("model", run.model)])
+        roots: list[tuple[str, torch.nn.Module]] = (
+            [(f"stage{sid}", mod)
+             for sid, mod in zip(run.pipeline.stage_ids, run.pipeline.stages, strict=True)]
+            if run.pipeline is not None else [("model", run.model)])
         with fake:
             # Step 1 (warm-up: optimizer states, lazy FSDP / DTensor state) runs before the
             # tracker exists; FLOPs are counted on it (the same computation as step 2: under

@@ -101,6 +101,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return loss
 
     @staticmethod
+    # the stubs' backward is (ctx, *grad_outputs: Any): a named one-output signature "overrides" it
     def backward(ctx, grad_loss: torch.Tensor):  # type: ignore[override]
         hidden, weight, targets, lse, count = ctx.saved_tensors
         w = weight.to(hidden.dtype)

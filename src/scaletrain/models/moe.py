@@ -17,13 +17,14 @@ tensors always take the exact data-dependent path.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["EXPERT_WEIGHTS", "GroupedExperts", "MoE", "balanced_counts", "expert_mlp",
-           "is_fake", "moe_aux_loss"]
+__all__ = ["EXPERT_WEIGHTS", "ExpertWeights", "GroupedExperts", "MoE", "balanced_counts",
+           "expert_mlp", "is_fake", "moe_aux_loss"]
 
 
 def is_fake(t: torch.Tensor) -> bool:
@@ -59,7 +60,31 @@ def expert_mlp(x: torch.Tensor, activation: str, w1: torch.Tensor, w2: torch.Ten
     return linear(up, w2, b2)
 
 
-EXPERT_WEIGHTS = ("w1", "w2", "w3", "b1", "b2", "b3")
+class ExpertWeights(NamedTuple):
+    """`GroupedExperts`' weights in `expert_mlp`'s argument order: stacked (E, ...) or one
+    expert's; `w1`, `w2` always exist, the others are None where absent."""
+
+    w1: torch.Tensor
+    w2: torch.Tensor
+    w3: torch.Tensor | None
+    b1: torch.Tensor | None
+    b2: torch.Tensor | None
+    b3: torch.Tensor | None
+
+    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> ExpertWeights:
+        """`fn` applied to every present weight (e.g. the local shard of a DTensor)."""
+        def opt(w: torch.Tensor | None) -> torch.Tensor | None:
+            return None if w is None else fn(w)
+
+        return ExpertWeights(fn(self.w1), fn(self.w2), opt(self.w3), opt(self.b1), opt(self.b2),
+                             opt(self.b3))
+
+    def at(self, e: int) -> ExpertWeights:
+        """Expert `e`'s weights, from stacked ones."""
+        return self.map(lambda w: w[e])
+
+
+EXPERT_WEIGHTS = ExpertWeights._fields
 """`GroupedExperts`' stacked parameters, in `expert_mlp`'s argument order."""
 
 
@@ -92,12 +117,11 @@ class GroupedExperts(nn.Module):
 
     def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
         # x: (n_e, h) tokens of local expert e -> (n_e, h)
-        return expert_mlp(x, self.activation, *(None if w is None else w[e]
-                                                 for w in self.weights()), linear=self.linear)
+        return expert_mlp(x, self.activation, *self.weights().at(e), linear=self.linear)
 
-    def weights(self) -> tuple[torch.Tensor | None, ...]:
+    def weights(self) -> ExpertWeights:
         """The `EXPERT_WEIGHTS` in order, None where absent."""
-        return tuple(getattr(self, name) for name in EXPERT_WEIGHTS)
+        return ExpertWeights(*(getattr(self, name) for name in EXPERT_WEIGHTS))
 
     def forward(self, x_sorted: torch.Tensor,
                 num_tokens_per_expert: torch.Tensor | list[int]) -> torch.Tensor:
@@ -193,6 +217,7 @@ class _AuxLossGrad(torch.autograd.Function):
         return x.view_as(x)
 
     @staticmethod
+    # the stubs' backward is (ctx, *grad_outputs: Any): a named one-output signature "overrides" it
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
         shape, dtype, device = ctx.aux_meta
         return grad, torch.full(shape, ctx.scale, dtype=dtype, device=device), None

@@ -121,18 +121,30 @@ class Transformer(nn.Module):
         self.output: nn.Linear | None = (
             None if cfg.tie_embeddings else nn.Linear(cfg.dim, cfg.vocab_size, bias=False))
         self.input_seq_shards = 1
+        """Sequence parallelism sets this to tp: a pipeline stage's hidden-state input is then
+        this rank's T/tp slice of the sequence, and positions must still cover all T."""
         self.document_sep_id: int | None = None
         """Set (by the trainer, `data.document_masking`) to the end-of-document id: attention
         then stays inside each packed document and positions restart at each (see
         `documents.py`)."""
-        """Sequence parallelism sets this to tp: a pipeline stage's hidden-state input is then
-        this rank's T/tp slice of the sequence, and positions must still cover all T."""
         self.loss_chunk_tokens = 0
         """Tokens per chunk of the fused head + loss (`models.loss`); 0 = auto. The trainer
         sets it from `memory.loss_chunk_tokens`."""
         self.head_loss: Callable[..., torch.Tensor] = linear_cross_entropy
         """(hidden, head weight, targets, *, chunk_tokens) -> loss. Tensor parallelism
         replaces it with the vocabulary-parallel version (DTensor in, no logits gathered)."""
+
+    def blocks(self) -> list[TransformerBlock]:
+        """`layers`' blocks in order, for the strategies that edit them (TP, CP) and so must
+        run before activation checkpointing wraps them (`parallelize`'s order)."""
+        out = []
+        for name, block in self.layers.items():
+            if not isinstance(block, TransformerBlock):
+                raise TypeError(f"layers.{name} is a {type(block).__name__}, not a "
+                                "TransformerBlock: apply tensor/context parallelism before "
+                                "activation checkpointing (parallelize's order)")
+            out.append(block)
+        return out
 
     def head_weight(self) -> torch.Tensor | None:
         """The (V, h) head weight applied by this module (tied: the embedding), else None."""

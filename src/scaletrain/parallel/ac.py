@@ -41,6 +41,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from scaletrain.config import AC_MODES
+from scaletrain.models.transformer import Transformer
 
 __all__ = ["apply_ac", "SELECTIVE_SAVED_OPS"]
 
@@ -76,13 +77,13 @@ def _wrap(module: nn.Module, *, selective: bool) -> nn.Module:
                               preserve_rng_state=True, **kw)
 
 
-def apply_ac(model: nn.Module, mode: str) -> None:
+def apply_ac(model: Transformer, mode: str) -> None:
     """Apply activation checkpointing mode none|selective|full to `model.layers` in place."""
     if mode not in AC_MODES:
         raise ValueError(f"activation checkpointing mode {mode!r}: use one of {AC_MODES}")
     if mode == "none":
         return
-    layers: nn.ModuleDict = model.layers  # type: ignore[assignment]
+    layers = model.layers
     wrap = functools.partial(_wrap, selective=mode == "selective")
     for name in list(layers.keys()):
         layers[name] = wrap(layers[name])

@@ -32,6 +32,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from scaletrain.models.transformer import Transformer
+
 __all__ = ["RingAttentionCore", "apply_cp", "attach_cp_positions", "cp_shard", "cp_unshard",
            "cp_positions", "ring_attention"]
 
@@ -70,11 +72,13 @@ def cp_unshard(shards: list[torch.Tensor], dim: int = 1) -> torch.Tensor:
     size = len(shards)
     if size == 1:
         return shards[0]
-    chunks: list[torch.Tensor | None] = [None] * (2 * size)
+    slots: list[torch.Tensor | None] = [None] * (2 * size)
     for r, s in enumerate(shards):
         first, second = s.chunk(2, dim=dim)
         a, b = _chunk_ids(r, size)
-        chunks[a], chunks[b] = first, second
+        slots[a], slots[b] = first, second
+    chunks = [c for c in slots if c is not None]
+    assert len(chunks) == len(slots)  # the ranks' chunk ids cover 0..2cp-1
     return torch.cat(chunks, dim=dim)
 
 
@@ -181,7 +185,12 @@ class _Ring:
     """Send to rank+1 / receive from rank−1 of `group`, asynchronously."""
 
     def __init__(self, group: dist.ProcessGroup | None) -> None:
-        self.group = group if group is not None else dist.group.WORLD
+        if group is None:
+            group = dist.group.WORLD
+            if group is None:
+                raise RuntimeError("ring attention needs a process group: call "
+                                   "torch.distributed.init_process_group first")
+        self.group = group
         self.rank, self.size = dist.get_rank(self.group), dist.get_world_size(self.group)
         # P2POp takes global ranks
         self.next = dist.get_global_rank(self.group, (self.rank + 1) % self.size)
@@ -306,7 +315,7 @@ class RingAttentionCore(nn.Module):
         return ring_attention(q, k, v, self.group)
 
 
-def apply_cp(model: nn.Module, cp_group_or_mesh) -> nn.Module:
+def apply_cp(model: Transformer, cp_group_or_mesh) -> Transformer:
     """Swap every block's `attention.core` for ring attention over the cp group (in place).
 
     Degree 1 (or None) is a no-op. The caller shards tokens, targets and positions with
@@ -316,6 +325,6 @@ def apply_cp(model: nn.Module, cp_group_or_mesh) -> nn.Module:
     group = _as_group(cp_group_or_mesh)
     if group is None or dist.get_world_size(group) == 1:
         return model
-    for block in model.layers.values():
+    for block in model.blocks():
         block.attention.core = RingAttentionCore(group)
     return model

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed._composable.replicate import replicate
+from torch.distributed._composable.replicate import DDP, replicate
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
@@ -39,6 +39,7 @@ def apply_ddp(model: nn.Module, mesh: DeviceMesh, *, bucket_cap_mb: float = 25.0
     plain all-reduce (its warm-up). torch's `powerSGD_hook` does the work.
     """
     replicate(model, device_mesh=mesh, bucket_cap_mb=bucket_cap_mb)
+    assert isinstance(model, DDP)  # replicate swaps the class in place (DDP<cls>)
     if compression == "powersgd":
         from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 
@@ -151,8 +152,8 @@ def maybe_no_sync(model: nn.Module, is_last_microbatch: bool) -> Iterator[None]:
     """
     from torch.distributed.fsdp import FSDPModule
 
-    is_ddp = hasattr(model, "set_requires_gradient_sync") and not isinstance(model, FSDPModule)
-    if is_ddp and not is_last_microbatch:
+    # `replicate` (DDP) and FSDP2 both have `set_requires_gradient_sync`; only DDP's is used
+    if isinstance(model, DDP) and not isinstance(model, FSDPModule) and not is_last_microbatch:
         model.set_requires_gradient_sync(False)
         try:
             yield

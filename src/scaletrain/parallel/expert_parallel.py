@@ -35,7 +35,14 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
-from scaletrain.models.moe import EXPERT_WEIGHTS, GroupedExperts, MoE, expert_mlp, is_fake
+from scaletrain.models.moe import (
+    EXPERT_WEIGHTS,
+    ExpertWeights,
+    GroupedExperts,
+    MoE,
+    expert_mlp,
+    is_fake,
+)
 
 __all__ = ["ExpertParallelExperts", "all_to_all", "apply_ep"]
 
@@ -108,12 +115,12 @@ class ExpertParallelExperts(GroupedExperts):
                                     shape=p.shape, stride=p.stride())
             setattr(self, name, nn.Parameter(dt, requires_grad=p.requires_grad))
 
-    def _local_weights(self) -> list[torch.Tensor | None]:
-        out = []
-        for name in EXPERT_WEIGHTS:
-            p = getattr(self, name)
-            out.append(None if p is None else _ScaleGrad.apply(p.to_local(), 1.0 / self.ep_size))
-        return out
+    def _local_weights(self) -> ExpertWeights:
+        def local(p: torch.Tensor) -> torch.Tensor:
+            assert isinstance(p, DTensor)  # set up so by __init__
+            return _ScaleGrad.apply(p.to_local(), 1.0 / self.ep_size)
+
+        return self.weights().map(local)
 
     def _balanced_splits(self, counts: torch.Tensor | list[int]) -> tuple[
             list[int], list[int], list[list[int]], list[list[int]], list[int]]:
@@ -156,8 +163,7 @@ class ExpertParallelExperts(GroupedExperts):
         x_local = x_recv[perm]
 
         local = self._local_weights()
-        outs = [expert_mlp(chunk, self.activation, *(None if w is None else w[e] for w in local),
-                           linear=self.linear)
+        outs = [expert_mlp(chunk, self.activation, *local.at(e), linear=self.linear)
                 for e, chunk in enumerate(torch.split(x_local, per_expert))]
         y_local = torch.cat(outs, 0)
         y_local = torch.empty_like(y_local).index_copy(0, perm, y_local)  # source-major again
@@ -166,7 +172,8 @@ class ExpertParallelExperts(GroupedExperts):
 
 def _cumulative_starts(sizes: list[list[int]]) -> list[list[int]]:
     """Row offset of each [source][local expert] block in the source-major receive buffer."""
-    out, pos = [], 0
+    out: list[list[int]] = []
+    pos = 0
     for row in sizes:
         out.append([])
         for n in row:

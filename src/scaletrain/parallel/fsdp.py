@@ -27,7 +27,6 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import (
     CPUOffloadPolicy,
-    FSDPModule,
     MixedPrecisionPolicy,
     OffloadPolicy,
     fully_shard,
@@ -35,6 +34,7 @@ from torch.distributed.fsdp import (
 
 from scaletrain.config import PRECISION_TABLE, ConfigError
 from scaletrain.config.precision import REDUCE_DTYPES
+from scaletrain.models.transformer import Transformer
 
 __all__ = ["apply_fsdp", "mp_policy"]
 
@@ -57,10 +57,10 @@ def mp_policy(dtype: str, reduce_dtype: str) -> MixedPrecisionPolicy:
                                 reduce_dtype=getattr(torch, REDUCE_DTYPES[reduce_dtype]))
 
 
-def apply_fsdp(model: nn.Module, mesh: DeviceMesh, *, reshard_after_forward: bool,
+def apply_fsdp(model: Transformer, mesh: DeviceMesh, *, reshard_after_forward: bool,
                mp: MixedPrecisionPolicy | None = None, offload_params: bool = False,
                prefetch: bool = True, ignored_params: set[nn.Parameter] | None = None
-               ) -> nn.Module:
+               ) -> Transformer:
     """Shard `model` in place: each block of `model.layers`, then the root.
 
     mesh: 1-D (dp_shard x cp) for ZeRO-2/3, 2-D (dp_replicate, dp_shard x cp) for HSDP.
@@ -75,12 +75,11 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, *, reshard_after_forward: boo
                if offload_params else OffloadPolicy())
     kw: dict = {"mesh": mesh, "mp_policy": mp or MixedPrecisionPolicy(),
                 "offload_policy": offload, "ignored_params": ignored_params or None}
-    blocks = list(model.layers.values())  # type: ignore[union-attr]
-    for block in blocks:
-        fully_shard(block, reshard_after_forward=reshard_after_forward, **kw)
+    # each block (a TransformerBlock, or its AC wrapper) in place; fully_shard returns it
+    fsdp_blocks = [fully_shard(block, reshard_after_forward=reshard_after_forward, **kw)
+                   for block in model.layers.values()]
     fully_shard(model, reshard_after_forward=reshard_after_forward, **kw)
-    if prefetch and len(blocks) > 1:
-        fsdp_blocks: list[FSDPModule] = blocks  # type: ignore[assignment]
+    if prefetch and len(fsdp_blocks) > 1:
         for i, block in enumerate(fsdp_blocks):
             if i + 1 < len(fsdp_blocks):
                 block.set_modules_to_forward_prefetch([fsdp_blocks[i + 1]])

@@ -8,11 +8,10 @@ whole parameters last). Each step is a no-op at degree 1. The trainer then calls
 
 from __future__ import annotations
 
-from torch import nn
-
 from scaletrain.config import MemoryConfig, PrecisionConfig
 from scaletrain.config.layout import ddp_reducer, option_problems
 from scaletrain.models.moe import MoE
+from scaletrain.models.transformer import Transformer
 from scaletrain.precision import maybe_apply_fp8
 
 from .data_parallel import apply_ddp, apply_manual_grad_sync, is_expert
@@ -50,9 +49,9 @@ def uses_ddp(dims: ParallelDims, memory: MemoryConfig) -> bool:
     return not uses_fsdp(dims, memory) and ddp_reducer(dims.layout)
 
 
-def parallelize(model: nn.Module, dims: ParallelDims, *, precision: PrecisionConfig,
+def parallelize(model: Transformer, dims: ParallelDims, *, precision: PrecisionConfig,
                 memory: MemoryConfig, compile: bool = False, loss_parallel: bool = True,
-                ddp: bool = True) -> nn.Module:
+                ddp: bool = True) -> Transformer:
     """Apply fp8 linears, TP/SP, CP, EP, AC, compile, then FSDP (ZeRO-2/3, HSDP) or DDP (ZeRO-0/1).
 
     `dims.build_mesh()` must have been called. With tp > 1 and `loss_parallel`, the model
@@ -62,8 +61,7 @@ def parallelize(model: nn.Module, dims: ParallelDims, *, precision: PrecisionCon
     ranks, which fake tensors do not have; the local computation is the same).
     """
     _check(dims, memory, precision, moe=any(isinstance(m, MoE) for m in model.modules()))
-    if hasattr(model, "loss_chunk_tokens"):  # the fused head + loss (models.loss)
-        model.loss_chunk_tokens = memory.loss_chunk_tokens
+    model.loss_chunk_tokens = memory.loss_chunk_tokens  # the fused head + loss (models.loss)
     # fp8 linears first: Float8Linear is an nn.Linear, so the TP plans and FSDP apply unchanged
     maybe_apply_fp8(model, precision)
     if dims.tp > 1:
@@ -87,7 +85,7 @@ def parallelize(model: nn.Module, dims: ParallelDims, *, precision: PrecisionCon
         # In place (`Module.compile`): no `_orig_mod.` wrapper, so names and the FSDP/AC
         # structure stay those of the plain model. Per block: every block has the same code,
         # so one compiled graph is reused L times.
-        for block in model.layers.values():  # type: ignore[union-attr]
+        for block in model.layers.values():  # TransformerBlock, or its AC wrapper
             block.compile()
     offload = memory.offload == "params"
     needs_fsdp = uses_fsdp(dims, memory)

@@ -60,6 +60,7 @@ from torch.distributed.pipelining import (
 
 from scaletrain.config import ConfigError, stage_ids, stage_layer_ranges
 from scaletrain.dtensor import to_full, to_local
+from scaletrain.models.transformer import Transformer
 
 __all__ = ["PipelineRuntime", "build_pipeline", "split_layers", "stage_ids", "split_stage"]
 
@@ -78,7 +79,7 @@ def split_layers(num_layers: int, num_stages: int) -> list[range]:
     return stage_layer_ranges(num_layers, num_stages)
 
 
-def split_stage(model: nn.Module, stage: int, num_stages: int) -> nn.Module:
+def split_stage(model: Transformer, stage: int, num_stages: int) -> Transformer:
     """A deep copy of `model` keeping only what stage `stage` of `num_stages` runs (a tied
     model's last stage gets a head copy, see the module docstring)."""
     keep = {str(i) for i in split_layers(len(model.layers), num_stages)[stage]}
@@ -88,30 +89,43 @@ def split_stage(model: nn.Module, stage: int, num_stages: int) -> nn.Module:
             del mod.layers[name]
     if stage > 0:
         mod.tok_embeddings = None
-        if getattr(mod, "pos_embeddings", None) is not None:
+        if mod.pos_embeddings is not None:
             mod.pos_embeddings = None
     if stage < num_stages - 1:
         mod.norm = None
         mod.output = None
     elif num_stages > 1 and _tied(model):
+        if model.tok_embeddings is None:
+            raise ValueError("split_stage: a tied-embedding model must hold its embedding "
+                             "(split the whole model, not a pipeline stage of it)")
         w = model.tok_embeddings.weight
         mod.output = nn.Linear(w.shape[1], w.shape[0], bias=False, device=w.device,
                                dtype=w.dtype)
     return mod
 
 
-def _tied(model: nn.Module) -> bool:
-    return bool(getattr(model, "tie_embeddings", False)) and getattr(model, "output", 1) is None
+def _tied(model: Transformer) -> bool:
+    return model.tie_embeddings and model.output is None
+
+
+def _weight(layer: nn.Module | None, what: str) -> torch.Tensor:
+    """`layer.weight` of a layer the stage must hold (an internal invariant of the split)."""
+    assert layer is not None, f"tied pipeline stage without its {what}"
+    w = layer.weight
+    assert isinstance(w, torch.Tensor)
+    return w
 
 
 def _tied_pair_group(group: dist.ProcessGroup) -> dist.ProcessGroup:
     """The 2-rank group (first stage's rank, last stage's rank) of this rank's pipeline. Every
     rank must create every pair group in the same order: the pairs are exchanged first."""
     ranks = dist.get_process_group_ranks(group)
-    pairs: list[tuple[int, int] | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(pairs, (ranks[0], ranks[-1]))
+    slots: list[tuple[int, int] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(slots, (ranks[0], ranks[-1]))
+    pairs = [p for p in slots if p is not None]
+    assert len(pairs) == len(slots)  # every rank sent its pair
     mine = None
-    for pair in sorted(set(pairs)):  # type: ignore[type-var]
+    for pair in sorted(set(pairs)):
         g = dist.new_group(list(pair))
         if pair == (ranks[0], ranks[-1]):
             mine = g
@@ -123,7 +137,7 @@ def _tied_pair_group(group: dist.ProcessGroup) -> dist.ProcessGroup:
 class PipelineRuntime:
     """This rank's stages and schedule; `step` runs one pipelined forward+backward."""
 
-    stages: list[nn.Module]
+    stages: list[Transformer]
     """Stage modules held by this rank (parallelize / optimize these)."""
     stage_ids: list[int]
     schedule: Any
@@ -159,9 +173,9 @@ class PipelineRuntime:
         out = []
         for sid, mod in zip(self.stage_ids, self.stages, strict=True):
             if sid == 0:
-                out.append(mod.tok_embeddings.weight)
+                out.append(_weight(mod.tok_embeddings, "embedding"))
             if sid == self.num_stages - 1:
-                out.append(mod.output.weight)
+                out.append(_weight(mod.output, "head copy"))
         return out
 
     @property
@@ -170,7 +184,8 @@ class PipelineRuntime:
         the first stage)."""
         if self.tied_group is None or not self.is_last:
             return []
-        return [self.stages[self.stage_ids.index(self.num_stages - 1)].output.weight]
+        return [_weight(self.stages[self.stage_ids.index(self.num_stages - 1)].output,
+                        "head copy")]
 
     def sync_tied_gradients(self) -> None:
         """Sum the embedding's and the head copy's gradients over the tied pair."""
@@ -279,7 +294,7 @@ class PipelineRuntime:
         return loss
 
 
-def build_pipeline(model: nn.Module, *, pp_group, pp_rank: int, pp_size: int, schedule: str,
+def build_pipeline(model: Transformer, *, pp_group, pp_rank: int, pp_size: int, schedule: str,
                    virtual: int, n_microbatches: int, loss_fn, device: torch.device | str,
                    parallelize_stage=None, loss_scale=lambda: 1.0,
                    schedule_cls: Any = None, cp_group=None) -> PipelineRuntime:

@@ -71,22 +71,23 @@ from torch.distributed.tensor.parallel import (
 from scaletrain.dtensor import to_local
 from scaletrain.models.loss import VocabShard, linear_cross_entropy
 from scaletrain.models.moe import EXPERT_WEIGHTS, GroupedExperts, expert_mlp
+from scaletrain.models.transformer import Transformer
 
 __all__ = ["TensorParallelExperts", "apply_tp", "loss_context", "vocab_parallel_head_loss"]
 
 
-def _root_plan(model: nn.Module, sp: bool, loss_parallel_: bool) -> dict:
+def _root_plan(model: Transformer, sp: bool, loss_parallel_: bool) -> dict:
     seq = Shard(1) if sp else Replicate()
     plan: dict = {}
-    if getattr(model, "tok_embeddings", None) is not None:
+    if model.tok_embeddings is not None:
         plan["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=seq)
-    if getattr(model, "pos_embeddings", None) is not None:
+    if model.pos_embeddings is not None:
         # positions (T,) -> (T, h): the sequence is dim 0 of this output.
         plan["pos_embeddings"] = RowwiseParallel(input_layouts=Replicate(),
                                                  output_layouts=Shard(0) if sp else Replicate())
-    if getattr(model, "norm", None) is not None and sp:
+    if model.norm is not None and sp:
         plan["norm"] = SequenceParallel()
-    if getattr(model, "output", None) is not None:
+    if model.output is not None:
         plan["output"] = ColwiseParallel(
             input_layouts=seq, output_layouts=Shard(-1) if loss_parallel_ else Replicate(),
             use_local_output=not loss_parallel_)
@@ -145,11 +146,12 @@ def _slice_embedding_grad(module: nn.Module, args: object) -> None:
     if isinstance(w, DTensor) and not getattr(w, "_grad_sliced", False):
         w.register_hook(lambda g: g.redistribute(w.device_mesh, w.placements)
                         if isinstance(g, DTensor) and g.placements != w.placements else g)
+        # a marker on the parameter object: tensors take attributes, torch's stubs declare none
         w._grad_sliced = True  # type: ignore[attr-defined]
 
 
-def apply_tp(model: nn.Module, mesh: DeviceMesh, *, sp: bool, loss_parallel: bool = True,
-             shard_experts: bool = True) -> nn.Module:
+def apply_tp(model: Transformer, mesh: DeviceMesh, *, sp: bool, loss_parallel: bool = True,
+             shard_experts: bool = True) -> Transformer:
     """Shard `model` over the 1-D tp `mesh` in place (degree 1: no-op); see module docstring.
 
     shard_experts: MoE experts split over tp (else kept whole per tp rank, for expert
@@ -157,11 +159,10 @@ def apply_tp(model: nn.Module, mesh: DeviceMesh, *, sp: bool, loss_parallel: boo
     tp = mesh.size()
     if tp == 1:
         return model
-    if sp and hasattr(model, "input_seq_shards"):
+    if sp:
         model.input_seq_shards = tp  # a later pipeline stage receives T/tp of the sequence
     parallelize_module(model, mesh, _root_plan(model, sp, loss_parallel))
-    tied = getattr(model, "output", None) is None and getattr(model, "tie_embeddings", False)
-    if tied and getattr(model, "norm", None) is not None:
+    if model.output is None and model.tie_embeddings and model.norm is not None:
         # Make the head's input a Replicate DTensor: F.linear(h, vocab-sharded weight) then
         # yields vocabulary-sharded logits; the backward reduces h's partial gradient.
         parallelize_module(model.norm, mesh, PrepareModuleOutput(
@@ -171,7 +172,7 @@ def apply_tp(model: nn.Module, mesh: DeviceMesh, *, sp: bool, loss_parallel: boo
             parallelize_module(model, mesh, PrepareModuleOutput(
                 output_layouts=Shard(-1), desired_output_layouts=Replicate(),
                 use_local_output=True))
-    for block in model.layers.values():  # type: ignore[union-attr]
+    for block in model.blocks():
         moe = getattr(block, "moe", None)
         plan = _block_plan(sp, moe=moe is not None)
         if moe is None and getattr(block.feed_forward, "w3", None) is not None:
@@ -181,11 +182,9 @@ def apply_tp(model: nn.Module, mesh: DeviceMesh, *, sp: bool, loss_parallel: boo
             moe.experts = TensorParallelExperts(moe.experts, mesh)
         block.attention.n_heads //= tp
         block.attention.n_kv_heads //= tp
-    emb = getattr(model, "tok_embeddings", None)
-    if emb is not None:
-        emb.register_forward_pre_hook(_slice_embedding_grad)
-    if hasattr(model, "head_loss"):
-        model.head_loss = vocab_parallel_head_loss
+    if model.tok_embeddings is not None:
+        model.tok_embeddings.register_forward_pre_hook(_slice_embedding_grad)
+    model.head_loss = vocab_parallel_head_loss
     return model
 
 
@@ -259,11 +258,10 @@ class TensorParallelExperts(GroupedExperts):
         counts = (num_tokens_per_expert.tolist() if torch.is_tensor(num_tokens_per_expert)
                   else list(num_tokens_per_expert))
         x = _CopyToTP.apply(x_sorted, self.group)
-        w1, w2, w3, b1, b2, b3 = (None if w is None else to_local(w) for w in self.weights())
-        assert w1 is not None and w2 is not None
-        outs = [expert_mlp(chunk, self.activation, w1[e], w2[e],
-                           None if w3 is None else w3[e], None if b1 is None else b1[e],
-                           None, None if b3 is None else b3[e], linear=self.linear)
+        local = self.weights().map(to_local)
+        b2 = local.b2  # added once, after the reduction (below), not to every partial sum
+        summed = local._replace(b2=None)
+        outs = [expert_mlp(chunk, self.activation, *summed.at(e), linear=self.linear)
                 for e, chunk in enumerate(torch.split(x, counts))]
         y = torch.cat(outs, dim=0) if outs else x.new_zeros(0, x.shape[-1])
         y = _ReduceFromTP.apply(y, self.group)

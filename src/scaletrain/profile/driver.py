@@ -138,7 +138,8 @@ def profile_run(run: Run, *, steps: int = 3, warmup: int = 2,
         raise ValueError(f"steps={steps}, warmup={warmup}: use steps >= 1 and warmup >= 0")
     out = Path(out_dir) if out_dir is not None else run.run_dir / "profile"
     clock = PhaseClock(sync_cuda=run.device.type == "cuda")
-    tops = [run.model] if run.pipeline is None else list(run.pipeline.stages)
+    tops: list[torch.nn.Module] = (
+        [run.model] if run.pipeline is None else list(run.pipeline.stages))
     handles = install_hooks(tops, clock, pipelined=run.pipeline is not None,
                             submodules=not run.job.train.compile)
     if run.data is None:
