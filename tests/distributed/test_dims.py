@@ -32,9 +32,10 @@ def test_legality_rules_come_from_config():
         ParallelDims.from_layout(Layout(dp=2, tp=2), 8)
     with pytest.raises(ConfigError, match="parallel.tp"):  # tp must divide num_kv_heads=2
         ParallelDims.from_layout(Layout(tp=4), 4, MODEL_PRESETS["tiny-llama"]())
-    # the model-free composition rules hold without a model too (ZeRO-1 with expert shards)
-    with pytest.raises(ConfigError, match="parallel.zero"):
-        ParallelDims.from_layout(Layout(dp=2, zero=1, ep=2), 2)
+    # the model-free composition rules hold without a model too (ZeRO-1 partitions expert
+    # states across all of dp*cp, not inside HSDP replica groups)
+    with pytest.raises(ConfigError, match="parallel.dp_replicate"):
+        ParallelDims.from_layout(Layout(dp=4, zero=1, ep=2, dp_replicate=2), 4)
 
 
 @pytest.mark.parametrize(("layout", "memory", "field"), [
