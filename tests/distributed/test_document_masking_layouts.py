@@ -1,4 +1,5 @@
-"""Document masking on gloo ranks: DDP, ZeRO-3 and TP+SP give the single-process losses."""
+"""Document masking on gloo ranks: ZeRO-3, TP+SP and CP (ring attention masked with the whole
+sequence's document ids) give the single-process losses."""
 
 from __future__ import annotations
 
@@ -26,8 +27,9 @@ def _args(tmp_path, run, *extra):
 
 
 @pytest.mark.parametrize("extra", [["--parallel.dp=2", "--parallel.zero=3"],
-                                   ["--parallel.tp=2", "--parallel.sp=true"]],
-                         ids=["zero3", "tp_sp"])
+                                   ["--parallel.tp=2", "--parallel.sp=true"],
+                                   ["--parallel.cp=2"]],
+                         ids=["zero3", "tp_sp", "cp"])
 def test_masked_training_matches_one_process(tmp_path, extra):
     words = ["red", "green", "blue", "cyan", "magenta", "yellow"]
     gen = torch.Generator().manual_seed(0)
