@@ -1,4 +1,5 @@
-"""Document masking on gloo ranks: DDP, ZeRO-3 and TP+SP give the single-process losses."""
+"""Document masking on gloo ranks: ZeRO-3, TP+SP and CP (ring attention masked with the whole
+sequence's document ids) give the single-process losses."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 
 from scaletrain.parallel.launch import spawn
 
-from ._trainer_fns import train_losses
+from ._trainer_fns import train_losses, train_many
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -26,15 +27,31 @@ def _args(tmp_path, run, *extra):
 
 
 @pytest.mark.parametrize("extra", [["--parallel.dp=2", "--parallel.zero=3"],
-                                   ["--parallel.tp=2", "--parallel.sp=true"]],
-                         ids=["zero3", "tp_sp"])
+                                   ["--parallel.tp=2", "--parallel.sp=true"],
+                                   ["--parallel.cp=2"]],
+                         ids=["zero3", "tp_sp", "cp"])
 def test_masked_training_matches_one_process(tmp_path, extra):
+    _corpus(tmp_path)
+    reference = train_losses(_args(tmp_path, "ref"))
+    for losses in spawn(train_losses, 2, _args(tmp_path, "par", *extra)):
+        assert losses == pytest.approx(reference, rel=2e-5)  # sharded-sum reduction order
+
+
+def test_cp_masked_eval_and_sample_match_one_process(tmp_path):
+    """The cp evaluation (`local_batch`) and generation (`sample`) paths mask too."""
+    _corpus(tmp_path)
+    extra = ["--train.eval_every=2", "--train.sample_tokens=6"]
+    _, ref_val, ref_sample, _ = train_many({"ref": _args(tmp_path, "ref", *extra)})["ref"]
+    for got in spawn(train_many, 2, {"cp": _args(tmp_path, "cp", "--parallel.cp=2", *extra)}):
+        _, val, sample, _ = got["cp"]
+        assert val == pytest.approx(ref_val, rel=2e-5)  # as above
+        assert len(ref_sample) > 0 and sample == ref_sample  # seeded, as test_trainer_layouts
+
+
+def _corpus(tmp_path):
     words = ["red", "green", "blue", "cyan", "magenta", "yellow"]
     gen = torch.Generator().manual_seed(0)
     (tmp_path / "c.jsonl").write_text("".join(
         json.dumps({"text": " ".join(words[int(i)] for i in torch.randint(
             0, 6, (int(n),), generator=gen))}) + "\n"
         for n in torch.randint(2, 12, (600,), generator=gen)))
-    reference = train_losses(_args(tmp_path, "ref"))
-    for losses in spawn(train_losses, 2, _args(tmp_path, "par", *extra)):
-        assert losses == pytest.approx(reference, rel=2e-5)  # sharded-sum reduction order

@@ -93,3 +93,24 @@ def test_trainer_enables_masking_with_the_tokenizers_eos(tmp_path):
     shard = next((tmp_path / "cache").glob("text-*"))
     assert r.model.document_sep_id == BPETokenizer.load(shard).eos_id is not None
     assert all(torch.isfinite(torch.tensor(r.losses)))
+
+
+def test_layouts_refused_and_accepted():
+    from types import SimpleNamespace as NS
+
+    from scaletrain.config import resolve_model
+    from scaletrain.models import build_model
+    from scaletrain.trainer.documents import enable_document_masking
+
+    def run(pp=1, cp=1, tp=1):
+        return NS(job=NS(data=NS(document_masking=True), model=NS(position="rope")),
+                  dims=NS(layout=NS(pp=pp, cp=cp, tp=tp)),
+                  data=NS(tokenizer=NS(name="bpe", eos_id=7)),
+                  model=build_model(resolve_model("tiny-llama")))
+    with pytest.raises(ConfigError, match="parallel.pp > 1"):
+        enable_document_masking(run(pp=2))
+    with pytest.raises(ConfigError, match="parallel.cp > 1 and parallel.tp > 1"):
+        enable_document_masking(run(cp=2, tp=2))
+    r = run(cp=2)  # ring attention masks with the whole sequence's document ids
+    enable_document_masking(r)
+    assert r.model.document_sep_id == 7

@@ -150,7 +150,8 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor | None = None,
                 sin: torch.Tensor | None = None, *,
-                mask: torch.Tensor | None = None) -> torch.Tensor:
+                mask: torch.Tensor | None = None,
+                documents: torch.Tensor | None = None) -> torch.Tensor:
         b, t, _ = x.shape
         hd = self.head_dim
         q = self.wq(x).view(b, t, self.n_heads, hd).transpose(1, 2)  # (B, nh, T, hd)
@@ -158,7 +159,9 @@ class Attention(nn.Module):
         v = self.wv(x).view(b, t, self.n_kv_heads, hd).transpose(1, 2)  # (B, nkv, T, hd)
         if cos is not None and sin is not None:
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        # the mask goes by keyword only when set: other cores (ring attention) take none
-        out = self.core(q, k, v) if mask is None else self.core(q, k, v, mask=mask)
+        # mask / documents go by keyword only when set: the ring attention core takes no mask,
+        # and only it takes the whole sequence's document ids (cp + document masking)
+        kw = {k: t for k, t in (("mask", mask), ("documents", documents)) if t is not None}
+        out = self.core(q, k, v, **kw)
         out = out.transpose(1, 2).reshape(b, t, self.n_heads * hd)  # (B, T, nh*hd)
         return self.wo(out)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["DocumentLayout", "document_layout"]
+__all__ = ["DocumentLayout", "document_ids", "document_layout"]
 
 
 @dataclass(frozen=True)
@@ -23,8 +23,10 @@ class DocumentLayout:
     """(B, 1, T, T) bool, True where query t may attend key s (same document, s <= t)."""
 
 
-def document_layout(tokens: torch.Tensor, sep_id: int) -> DocumentLayout:
-    """Documents of (B, T) token ids split after every `sep_id`."""
+def document_ids(tokens: torch.Tensor, sep_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(document index, position in its document), both (B, T), of (B, T) token ids split
+    after every `sep_id`. Context parallelism computes them on the whole sequence before
+    sharding (a shard alone cannot tell where its first document began)."""
     is_sep = (tokens == sep_id).long()
     doc = torch.cumsum(is_sep, dim=1) - is_sep  # (B, T) document index; sep in its own doc
     t = tokens.shape[1]
@@ -32,7 +34,13 @@ def document_layout(tokens: torch.Tensor, sep_id: int) -> DocumentLayout:
     # each token's document start = the largest index <= t that begins a document
     starts = torch.where(torch.cat([torch.ones_like(doc[:, :1], dtype=torch.bool),
                                     doc[:, 1:] != doc[:, :-1]], dim=1), idx, 0)
-    positions = idx - torch.cummax(starts, dim=1).values  # (B, T)
+    return doc, idx - torch.cummax(starts, dim=1).values
+
+
+def document_layout(tokens: torch.Tensor, sep_id: int) -> DocumentLayout:
+    """Documents of (B, T) token ids split after every `sep_id`."""
+    doc, positions = document_ids(tokens, sep_id)
+    t = tokens.shape[1]
     same = doc[:, :, None] == doc[:, None, :]  # (B, T, T)
     causal = torch.ones(t, t, dtype=torch.bool, device=tokens.device).tril()
     return DocumentLayout(positions=positions, mask=(same & causal).unsqueeze(1))

@@ -96,8 +96,10 @@ class TransformerBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor | None = None,
                 sin: torch.Tensor | None = None, *,
-                mask: torch.Tensor | None = None) -> torch.Tensor:
-        attn_kw = {} if mask is None else {"mask": mask}  # keyword: TP input plans see 3 args
+                mask: torch.Tensor | None = None,
+                documents: torch.Tensor | None = None) -> torch.Tensor:
+        # keywords, only when set: TP input plans see 3 args
+        attn_kw = {k: t for k, t in (("mask", mask), ("documents", documents)) if t is not None}
         x = x + self.attention(self.attention_norm(x), cos, sin, **attn_kw)
         mlp = self.moe if hasattr(self, "moe") else self.feed_forward
         return x + mlp(self.ffn_norm(x))
@@ -155,7 +157,8 @@ class Transformer(nn.Module):
         return None
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None, *,
-                targets: torch.Tensor | None = None) -> torch.Tensor:
+                targets: torch.Tensor | None = None,
+                documents: torch.Tensor | None = None) -> torch.Tensor:
         """tokens: (B, T) ids, or (B, T, h) hidden states when `tok_embeddings` is None.
 
         positions: optional (T,) or (B, T) position ids (default 0..T-1); context parallelism
@@ -164,10 +167,16 @@ class Transformer(nn.Module):
         (B, T) on a module holding the head: the mean next-token cross-entropy instead,
         computed by `head_loss` without materializing the logits (the training path; the
         logits path stays for generation and evaluation tools).
+
+        documents: context parallelism with document masking passes the (B, T_full) document
+        index of every token of the *whole* sequence (`documents.document_ids`) with the
+        shard's restarted positions; the ring attention core masks with them.
         """
         t = tokens.shape[1] * (self.input_seq_shards if self.tok_embeddings is None else 1)
         layer_kw = {}
-        if self.document_sep_id is not None and self.tok_embeddings is not None:
+        if documents is not None:
+            layer_kw = {"documents": documents}
+        elif self.document_sep_id is not None and self.tok_embeddings is not None:
             docs = document_layout(tokens, self.document_sep_id)
             positions, layer_kw = docs.positions, {"mask": docs.mask}
         window = self.config.sliding_window

@@ -20,6 +20,13 @@ attention, the same code on CPU and GPU:
   probabilities are kept. dK/dV accumulators ride the ring with their K/V and are delivered
   back to the owning rank after a full turn.
 
+* **Document masking** (`documents`: the (B, T) document index of every token of the whole
+  sequence, identical on every rank, computed before sharding). Each (query shard, K/V shard)
+  pair is masked with "same document and key position <= query position", both shards' global
+  positions following from their ranks (`cp_positions`), so nothing but K/V rides the ring.
+  Such blocks go through the fp32 math kernels with that explicit mask (no flash kernel takes
+  one); a pair with no visible key is skipped. Without `documents` nothing changes.
+
 Block kernels: on CPU `aten._scaled_dot_product_flash_attention_for_cpu` and its backward,
 which take/return the LSE; elsewhere a plain fp32 math block (exact, O(T²) per block).
 """
@@ -123,13 +130,17 @@ def _block_fwd(q, k, v, causal: bool, scale: float):
     return _math_block_fwd(q, k, v, causal, scale)
 
 
-def _math_block_fwd(q, k, v, causal: bool, scale: float):
+def _math_block_fwd(q, k, v, causal: bool, scale: float, mask=None):
+    # mask: optional (B, 1, Tq, Tk) bool, True = attend, replacing `causal`
     s = (q.float() @ k.float().transpose(-2, -1)) * scale  # (B, nh, Tq, Tk)
-    if causal:
+    if causal and mask is None:
         mask = torch.ones(s.shape[-2:], dtype=torch.bool, device=q.device).tril()
+    if mask is not None:
         s = s.masked_fill(~mask, float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)  # (B, nh, Tq)
-    out = torch.exp(s - lse.unsqueeze(-1)) @ v.float()
+    lse = torch.logsumexp(s, dim=-1)  # (B, nh, Tq); -inf on a row that sees no key
+    # such a row contributes nothing: out 0 (exp(-inf) = 0), and its -inf LSE weighs 0 in
+    # `_merge` (every row sees at least its own key in the own block, merged first)
+    out = torch.exp(s - lse.masked_fill(lse == float("-inf"), 0.0).unsqueeze(-1)) @ v.float()
     return out.to(q.dtype), lse
 
 
@@ -143,11 +154,12 @@ def _block_bwd(dout, q, k, v, out, lse, causal: bool, scale: float):
     return _math_block_bwd(dout, q, k, v, out, lse, causal, scale)
 
 
-def _math_block_bwd(dout, q, k, v, out, lse, causal: bool, scale: float):
+def _math_block_bwd(dout, q, k, v, out, lse, causal: bool, scale: float, mask=None):
     qf, kf, vf, dof = q.float(), k.float(), v.float(), dout.float()
     s = (qf @ kf.transpose(-2, -1)) * scale  # (B, nh, Tq, Tk)
-    if causal:
+    if causal and mask is None:
         mask = torch.ones(s.shape[-2:], dtype=torch.bool, device=q.device).tril()
+    if mask is not None:
         s = s.masked_fill(~mask, float("-inf"))
     p = torch.exp(s - lse.unsqueeze(-1))
     dv = p.transpose(-2, -1) @ dof
@@ -155,6 +167,17 @@ def _math_block_bwd(dout, q, k, v, out, lse, causal: bool, scale: float):
     delta = (dof * out.float()).sum(-1, keepdim=True)  # rowsum(dO ∘ O), (B, nh, Tq, 1)
     ds = p * (dp - delta) * scale
     return (ds @ kf).to(q.dtype), (ds.transpose(-2, -1) @ qf).to(k.dtype), dv.to(v.dtype)
+
+
+def _doc_mask(documents: torch.Tensor, rank: int, src: int, size: int) -> torch.Tensor:
+    """(B, 1, Tq, Tk) bool: rank `rank`'s queries may see key shard `src` where the documents
+    match and the key's global position is not after the query's."""
+    t = documents.shape[1]
+    qd, kd = cp_shard(documents, rank, size), cp_shard(documents, src, size)  # (B, T/cp)
+    qp = cp_positions(t, rank, size, device=documents.device)
+    kp = cp_positions(t, src, size, device=documents.device)
+    causal = kp[None, :] <= qp[:, None]  # (Tq, Tk)
+    return ((qd[:, :, None] == kd[:, None, :]) & causal).unsqueeze(1)
 
 
 def _merge(out, lse, blk_out, blk_lse):
@@ -211,7 +234,7 @@ def _wait(works: list) -> None:
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, group):
+    def forward(ctx, q, k, v, group, documents):
         ring = _Ring(group)
         r, n = ring.rank, ring.size
         num_rep = q.shape[1] // k.shape[1]
@@ -227,7 +250,12 @@ class _RingAttention(torch.autograd.Function):
                 nxt, works = ring.shift(kv)
             src = (r - step) % n
             kb, vb = _expand(kv[0], num_rep), _expand(kv[1], num_rep)
-            if src == r:  # own block: local order is increasing in position -> causal
+            if documents is not None:
+                mask = _doc_mask(documents, r, src, n)
+                if mask.any():
+                    o, l = _math_block_fwd(q, kb, vb, False, scale, mask)
+                    out, lse = _merge(out, lse, o, l)
+            elif src == r:  # own block: local order is increasing in position -> causal
                 o, l = _block_fwd(q, kb, vb, True, scale)
                 out, lse = _merge(out, lse, o, l)
             elif src < r:  # queries see the KV block's first chunk only
@@ -243,7 +271,7 @@ class _RingAttention(torch.autograd.Function):
                 kv = nxt
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.group = group
+        ctx.group, ctx.documents = group, documents
         return out
 
     @staticmethod
@@ -264,7 +292,14 @@ class _RingAttention(torch.autograd.Function):
                 nxt_kv, kv_works = ring.shift(kv)
             src = (r - step) % n
             kb, vb = _expand(kv[0], num_rep), _expand(kv[1], num_rep)
-            if src == r:
+            if ctx.documents is not None:
+                mask = _doc_mask(ctx.documents, r, src, n)
+                if mask.any():
+                    gq, gk, gv = _math_block_bwd(dout, q, kb, vb, out, lse, False, scale, mask)
+                    dq += gq
+                    dkv[0] += _reduce_heads(gk, num_rep)
+                    dkv[1] += _reduce_heads(gv, num_rep)
+            elif src == r:
                 gq, gk, gv = _block_bwd(dout, q, kb, vb, out, lse, True, scale)
                 dq += gq
                 dkv[0] += _reduce_heads(gk, num_rep)
@@ -289,19 +324,26 @@ class _RingAttention(torch.autograd.Function):
             dkv = nxt_dkv
             if nxt_kv is not None:
                 kv = nxt_kv
-        return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None
+        return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                   group: dist.ProcessGroup | None = None) -> torch.Tensor:
+                   group: dist.ProcessGroup | None = None,
+                   documents: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention over the whole sequence from each rank's load-balanced shard.
 
     q: (B, nh, T/cp, hd); k, v: (B, nkv, T/cp, hd), nh a multiple of nkv; shards laid out by
-    `cp_shard`. Returns this rank's (B, nh, T/cp, hd) output. Differentiable.
+    `cp_shard`. documents: optional (B, T) document index of every token of the whole
+    sequence (the same on every rank): attention then also stays inside each document.
+    Returns this rank's (B, nh, T/cp, hd) output. Differentiable.
     """
     if q.shape[2] % 2:
         raise ValueError(f"local sequence length {q.shape[2]} must be even (2 chunks per rank)")
-    return _RingAttention.apply(q, k, v, group)
+    if documents is not None and documents.shape != (q.shape[0], q.shape[2] * (
+            dist.get_world_size(group) if dist.is_initialized() else 1)):
+        raise ValueError(f"documents {tuple(documents.shape)}: expected (B, T) of the whole "
+                         f"sequence, B={q.shape[0]}, T = local length {q.shape[2]} * cp")
+    return _RingAttention.apply(q, k, v, group, documents)
 
 
 class RingAttentionCore(nn.Module):
@@ -311,8 +353,9 @@ class RingAttentionCore(nn.Module):
         super().__init__()
         self.group = group
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return ring_attention(q, k, v, self.group)
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                documents: torch.Tensor | None = None) -> torch.Tensor:
+        return ring_attention(q, k, v, self.group, documents)
 
 
 def apply_cp(model: Transformer, cp_group_or_mesh) -> Transformer:

@@ -121,9 +121,9 @@ def evaluate(run: Run, batches: list) -> float | None:
         return all_mean(torch.stack(losses).mean()) if losses else None
     total = torch.zeros((), device=run.device)
     for inputs, targets in batches:
-        inputs, targets, positions = local_batch(run, inputs, targets)
+        inputs, targets, model_kw = local_batch(run, inputs, targets)
         with autocast(run.job.precision, run.device.type):
-            loss = run.model(inputs, positions=positions, targets=targets)  # fused head+loss
+            loss = run.model(inputs, targets=targets, **model_kw)  # fused head+loss
         total += plain(loss).detach().float()
     run.model.train()
     return all_mean(total / max(1, len(batches)))

@@ -81,16 +81,19 @@ def layout_logits_fn(run: Run) -> LogitsFn | None:
             return pipe.eval_logits(full)[:, :t]
         return pp_fn
     if run.dims.cp > 1:
-        from scaletrain.parallel.context_parallel import cp_positions, cp_shard, cp_unshard
+        from scaletrain.parallel.context_parallel import cp_unshard
 
-        rank, size = run.dims.cp_rank, run.dims.cp
+        from .step import cp_model_inputs, document_sep_id
+
+        size = run.dims.cp
         group = run.dims.submesh("cp").get_group()
 
         def cp_fn(x: torch.Tensor) -> torch.Tensor:
             t = x.shape[1]
             full = F.pad(x, (0, seq_len - t))
-            pos = cp_positions(seq_len, rank, size, device=x.device)
-            logits = run.model(cp_shard(full, rank, size), positions=pos)
+            shard, model_kw = cp_model_inputs(full, run.dims.cp_rank, size,
+                                              document_sep_id(run))
+            logits = run.model(shard, **model_kw)
             logits = to_full(logits)
             shards = [torch.empty_like(logits) for _ in range(size)]
             dist.all_gather(shards, logits.contiguous(), group=group)

@@ -90,16 +90,45 @@ def all_mean(x: torch.Tensor) -> float:
 
 
 def local_batch(run: Run, inputs: torch.Tensor, targets: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Move a micro-batch to the device; with cp > 1 keep this rank's load-balanced chunks."""
-    from scaletrain.parallel.context_parallel import cp_positions, cp_shard
+                ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """Move a micro-batch to the device; with cp > 1 keep this rank's load-balanced chunks.
+    Returns (inputs, targets, model keywords): cp's positions, and with document masking the
+    whole sequence's document ids (`cp_model_inputs`)."""
+    from scaletrain.parallel.context_parallel import cp_shard
 
     inputs, targets = inputs.to(run.device), targets.to(run.device)
     if run.dims.cp == 1:
-        return inputs, targets, None
+        return inputs, targets, {}
     rank, size = run.dims.cp_rank, run.dims.cp
-    positions = cp_positions(inputs.shape[1], rank, size).to(run.device)
-    return cp_shard(inputs, rank, size), cp_shard(targets, rank, size), positions
+    shard, kw = cp_model_inputs(inputs, rank, size, document_sep_id(run))
+    return shard, cp_shard(targets, rank, size), kw
+
+
+def document_sep_id(run: Run) -> int | None:
+    """The end-of-document id `enable_document_masking` gave the model, else None."""
+    from scaletrain.models import Transformer
+
+    if not run.job.data.document_masking:
+        return None
+    return next((m.document_sep_id for m in run.model.modules()
+                 if isinstance(m, Transformer)), None)
+
+
+def cp_model_inputs(inputs: torch.Tensor, rank: int, size: int, sep_id: int | None
+                    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """(cp rank `rank`'s shard of (B, T) `inputs`, the model's keywords for it): the shard's
+    global positions, or with document masking (`sep_id` set) its positions restarted per
+    document and the (B, T) document ids of the whole sequence, computed before sharding (a
+    shard cannot tell where its first document began) for ring attention's mask."""
+    from scaletrain.models.documents import document_ids
+    from scaletrain.parallel.context_parallel import cp_positions, cp_shard
+
+    if sep_id is not None:
+        docs, positions = document_ids(inputs, sep_id)
+        return cp_shard(inputs, rank, size), {"positions": cp_shard(positions, rank, size),
+                                              "documents": docs}
+    positions = cp_positions(inputs.shape[1], rank, size, device=inputs.device)
+    return cp_shard(inputs, rank, size), {"positions": positions}
 
 
 def forward_backward(run: Run, batches: Iterator, hooks: StepHooks = NO_HOOKS,
@@ -119,10 +148,10 @@ def forward_backward(run: Run, batches: Iterator, hooks: StepHooks = NO_HOOKS,
     accum = num_microbatches or run.grad_accum
     loss_sum = torch.zeros((), device=run.device)
     for k in range(accum):
-        inputs, targets, positions = local_batch(run, *next(batches))
+        inputs, targets, model_kw = local_batch(run, *next(batches))
         with maybe_no_sync(run.model, k == accum - 1), loss_context(tp_mesh(run.dims)):
             with autocast(job.precision, run.device.type), hooks.microbatch(k):
-                loss = run.model(inputs, positions=positions, targets=targets)  # fused head+loss
+                loss = run.model(inputs, targets=targets, **model_kw)  # fused head+loss
                 total = loss + moe_aux_loss(run.model)
             hooks.event(f"loss:{k}")
             # mean-reduced accumulation: k micro-batches == one batch k times larger
