@@ -2,10 +2,11 @@
 OpenMP threads spinning (libgomp's default) or sleeping (OMP_WAIT_POLICY=PASSIVE, what the
 `scaletrain` command sets unless you set it).
 
-libgomp reads OMP_WAIT_POLICY once, when torch loads it. The 'spin' runs import torch before
-the CLI (which would otherwise set PASSIVE), so they get libgomp's default wait (spin ~300k
-iterations, then sleep); the 'passive' runs set it. 'shared' runs two identical trainings at
-once on the same cores (the situation of a user whose laptop runs another job), 'alone' one.
+libgomp reads OMP_WAIT_POLICY once, when torch loads it. Every run imports torch before the
+CLI, so the policy is the benchmark's (POLICIES): 'spin' is libgomp's default wait (spin ~300k
+iterations, then sleep), 'passive' sleeps at once, 'spin20k' spins 20k iterations first.
+'shared' runs two identical trainings at once on the same cores (the situation of a user
+whose laptop runs another job), 'alone' one.
 Modes alternate so that drift in the host's load hits each alike; the host's 1-minute load
 average before each run is recorded (this host may be shared with other work).
 
@@ -29,10 +30,15 @@ from _common import write_results  # noqa: E402
 _SPIN = "import torch, sys; from scaletrain.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
+POLICIES = {"spin": {}, "passive": {"OMP_WAIT_POLICY": "PASSIVE"},
+            "spin20k": {"GOMP_SPINCOUNT": "20000"}}
+"""libgomp's default (spin 300k iterations, then sleep); sleep at once; spin 20k, then sleep."""
+
+
 def _cmd(policy: str, run_dir: Path, cache: Path, steps: int) -> tuple[list[str], dict]:
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    if policy == "passive":
-        env["OMP_WAIT_POLICY"] = "PASSIVE"
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env.update(POLICIES[policy])
     args = ["train", f"--train.steps={steps}", f"--train.run_dir={run_dir}",
             f"--data.cache_dir={cache}", "--train.progress=false", "--train.sample_tokens=0",
             "--checkpoint.resume=never", "--train.eval_every=100000"]
@@ -65,6 +71,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--policies", default="spin,passive,spin20k")
     args = ap.parse_args()
     results: dict[str, list[float]] = {}
     loads: dict[str, list[float]] = {}
@@ -72,7 +79,8 @@ def main() -> None:
         tmp = Path(t)
         run("passive", 1, tmp, 2, "warm")  # builds the corpus cache once
         for rep in range(args.reps):
-            modes = [("spin", 1), ("passive", 1), ("spin", 2), ("passive", 2)]
+            pols = args.policies.split(",")
+            modes = [(p, 1) for p in pols] + [(p, 2) for p in pols]
             for policy, copies in (modes if rep % 2 == 0 else modes[::-1]):
                 key = f"{policy} {'alone' if copies == 1 else 'shared'}"
                 loads.setdefault(key, []).append(os.getloadavg()[0])
@@ -87,8 +95,9 @@ def main() -> None:
           "'shared' = two trainings at once on the same cores.\n\n"
           "| mode | median tokens/s | runs | host load before (1-min avg) |\n|---|---|---|---|\n"
           + rows + "\n\n"
-          f"PASSIVE / spin: alone {med['passive alone'] / med['spin alone']:.2f}x, shared "
-          f"{med['passive shared'] / med['spin shared']:.2f}x.")
+          + "\n".join(f"{p} / spin: alone {med[p + ' alone'] / med['spin alone']:.2f}x, "
+                      f"shared {med[p + ' shared'] / med['spin shared']:.2f}x."
+                      for p in args.policies.split(",") if p != "spin"))
     write_results("threads", {"steps": args.steps, "tokens_per_s": results, "median": med,
                               "load_before": loads, "cpus": os.cpu_count()}, md)
     print(md)

@@ -180,7 +180,7 @@ class Transformer(nn.Module):
             docs = document_layout(tokens, self.document_sep_id)
             positions, layer_kw = docs.positions, {"mask": docs.mask}
         window = self.config.sliding_window
-        if window and t > window:
+        if window and t > window and documents is None:  # cp x window: config/layout.py
             band = sliding_window_mask(t, window, tokens.device)  # (T, T)
             layer_kw = {"mask": band if not layer_kw else layer_kw["mask"] & band}
         if positions is None:
