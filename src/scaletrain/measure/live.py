@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import resource
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
 
@@ -61,7 +61,8 @@ class SavedActivations:
             yield self
 
     @contextlib.contextmanager
-    def track_first_forward(self, modules: list[torch.nn.Module]) -> Iterator[SavedActivations]:
+    def track_first_forward(self, modules: Sequence[torch.nn.Module]
+                            ) -> Iterator[SavedActivations]:
         """Count what each module's first forward saves: one micro-batch of each pipeline
         stage, where a schedule runs every micro-batch inside one call (and later ones may
         reuse the storages backward freed, which `track` would not count again)."""

@@ -34,6 +34,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
+from torch.optim.optimizer import ParamsT
 
 from scaletrain.dtensor import to_full, to_local
 
@@ -125,14 +126,14 @@ def load_zero1_local_state(optimizer: ZeroRedundancyOptimizer, sd: dict[str, Any
     optimizer.optim.load_state_dict(sd)
 
 
-def wrap_optimizer(optimizer_class: type[torch.optim.Optimizer], params: Iterable[nn.Parameter],
+def wrap_optimizer(optimizer_class: type[torch.optim.Optimizer], params: ParamsT,
                    dims: ParallelDims, **defaults: Any) -> torch.optim.Optimizer:
     """The optimizer for `dims`: ZeRO-1 shards its states over dp_shard x cp, else plain.
 
     For ZeRO-2/3 the parameters are already FSDP shards, so a plain optimizer holds sharded
-    states. Call after `materialize`.
+    states. Call after `materialize`. `params`: parameters or parameter groups, listed by the
+    optimizer's own constructor.
     """
-    params = list(params)
     if dims.zero == 1 and dims.ddp_enabled:
         group = dims.submesh("dp_shard_cp").get_group()
         experts = dims.submesh("ep_replicate").get_group() if dims.ep > 1 else None

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from scaletrain.config import ConfigError, HardwareSpec, JobConfig, hardware_preset
 from scaletrain.config.launch_env import launch_env
 from scaletrain.data import DataBundle, build_data
-from scaletrain.models import build_model, causal_lm_loss, materialize
+from scaletrain.models import Transformer, build_model, causal_lm_loss, materialize
 from scaletrain.parallel import ParallelDims, parallelize
 from scaletrain.parallel.launch import rendezvous_store
 from scaletrain.parallel.pipeline import PipelineRuntime
@@ -110,6 +110,14 @@ class Run:
     hardware: HardwareSpec
     pipeline: PipelineRuntime | None = None
 
+    def require_data(self, use: str) -> DataBundle:
+        """`data` for code that reads the corpus or the tokenizer (`use` says which); a run
+        built with `build_run(data=False)` (the dry-run) has none."""
+        if self.data is None:
+            raise RuntimeError(f"{use} needs the run's data, and this run was built without it "
+                               "(build_run(..., data=False)): build it with data=True")
+        return self.data
+
     @property
     def device(self) -> torch.device:
         return self.env.device
@@ -150,13 +158,13 @@ def _check_vocab(job: JobConfig, data: DataBundle) -> None:
                           "ids: raise model.vocab_size or choose a smaller tokenizer")
 
 
-def _build_pipeline(job: JobConfig, dims: ParallelDims, model: torch.nn.Module,
+def _build_pipeline(job: JobConfig, dims: ParallelDims, model: Transformer,
                     scaler: LossScaler, device: torch.device, grad_accum: int, *, ddp: bool,
                     schedule_cls: Any) -> tuple[torch.nn.Module, PipelineRuntime]:
     """This rank's pipeline stages (parallelized on meta, not yet materialized) and runtime."""
     from scaletrain.parallel.pipeline import build_pipeline
 
-    def parallelize_stage(stage: torch.nn.Module) -> torch.nn.Module:
+    def parallelize_stage(stage: Transformer) -> Transformer:
         return parallelize(stage, dims, precision=job.precision, memory=job.memory,
                            compile=job.train.compile, loss_parallel=False, ddp=ddp)
 
@@ -210,13 +218,14 @@ def build_run(job: JobConfig, *, env: DistEnv | None = None, data: bool = True,
                             progress=job.train.progress and env.is_main)
         _check_vocab(job, bundle)
     scaler = LossScaler(job.precision)
-    model = build_model(job.model, device="meta")
+    full = build_model(job.model, device="meta")
+    model: torch.nn.Module
     pipeline = None
     if layout.pp > 1:
-        model, pipeline = _build_pipeline(job, dims, model, scaler, env.device, grad_accum,
+        model, pipeline = _build_pipeline(job, dims, full, scaler, env.device, grad_accum,
                                           ddp=ddp, schedule_cls=schedule_cls)
     else:
-        model = parallelize(model, dims, precision=job.precision, memory=job.memory,
+        model = parallelize(full, dims, precision=job.precision, memory=job.memory,
                             compile=job.train.compile, ddp=ddp)
     with materialize_in or contextlib.nullcontext():
         # each pipeline stage on its own, as a whole model otherwise (same seed: the weights

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from scaletrain.config import ConfigError
 from scaletrain.models import Transformer
 
+if TYPE_CHECKING:
+    from .build import Run
+
 __all__ = ["enable_document_masking"]
 
 
-def enable_document_masking(run: Any) -> None:
+def enable_document_masking(run: Run) -> None:
     """Set every Transformer module's `document_sep_id` to the tokenizer's end-of-document id
     (a no-op unless `data.document_masking`). Pipeline stages after the first see hidden
     states, not ids: that layout is refused. Under context parallelism the trainer computes
@@ -30,10 +33,11 @@ def enable_document_masking(run: Any) -> None:
         # per-row positions (B, T) do not fit the sequence-sharded position-table plan
         raise ConfigError("data.document_masking", True, "not available with tensor "
                           "parallelism and learned positions (GPT-2): use parallel.tp=1")
-    sep = getattr(run.data.tokenizer, "eos_id", None)
+    tokenizer = run.require_data("data.document_masking").tokenizer
+    sep = getattr(tokenizer, "eos_id", None)
     if sep is None:
         raise ConfigError("data.document_masking", True,
-                          f"the {run.data.tokenizer.name} tokenizer has no end-of-document "
+                          f"the {tokenizer.name} tokenizer has no end-of-document "
                           "token: use bpe or a pretrained tokenizer.json")
     for m in run.model.modules():
         if isinstance(m, Transformer):

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,7 +85,8 @@ class _ProbeHooks(StepHooks):
     def microbatch(self, k: int) -> contextlib.AbstractContextManager:
         return self.probe.track() if k == 0 else contextlib.nullcontext()
 
-    def pipeline_step(self, stages: list[torch.nn.Module]) -> contextlib.AbstractContextManager:
+    def pipeline_step(self, stages: Sequence[torch.nn.Module]
+                      ) -> contextlib.AbstractContextManager:
         return self.probe.track_first_forward(stages)
 
     def event(self, name: str) -> None:
@@ -161,7 +163,7 @@ def _memory_snapshot(run: Run, enabled: bool):
 
 def _checkpoint_state(run: Run, step: int, wall_s: float) -> dict[str, Any]:
     # every dp rank's data position, gathered so rank 0 can write one JSON state
-    mine = {str(run.dims.dp_rank): run.data.state_dict()}
+    mine = {str(run.dims.dp_rank): run.require_data("a checkpoint").state_dict()}
     if dist.is_initialized():
         everyone: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, mine)
@@ -199,7 +201,8 @@ def restore(run: Run, path: Path) -> tuple[int, float]:
     run.scaler.load_state_dict(state["scaler"])
     # the data position is global (step, micro-step); any dp rank's record resumes any layout
     positions = state["data"]
-    run.data.load_state_dict(positions.get(str(run.dims.dp_rank), positions["0"]))
+    run.require_data("resuming from a checkpoint").load_state_dict(
+        positions.get(str(run.dims.dp_rank), positions["0"]))
     _set_rng_state(extra["rng"])
     return int(state["step"]), float(state.get("wall_s", 0.0))
 
@@ -234,7 +237,7 @@ def _rollback(run: Run, guard: SpikeGuard, step: int, verdict: SpikeVerdict,
     path = latest_good(run.ckpt_dir, log=logger.print)
     restored = restore(run, path)[0] if path is not None else step
     skip_to = step + 1 + run.job.guard.skip_steps  # data steps [restored, skip_to) are skipped
-    run.data.skip_steps(skip_to - restored)
+    run.require_data("a spike rollback").skip_steps(skip_to - restored)
     run.optimizer.zero_grad(set_to_none=True)
     logger.print(f"step {step + 1}: SPIKE ({verdict.reason}) -> rolled back to step {restored}, "
                  f"skipping data steps {restored}..{skip_to - 1}")
@@ -296,6 +299,7 @@ def train(job: JobConfig, *, max_steps: int | None = None) -> RunResult:
 def _train(job: JobConfig, *, max_steps: int | None) -> RunResult:
     job = _fresh_run_dir(job)
     run = build_run(job)
+    data = run.require_data("training")
     load_initial_weights(run)  # checkpoint.init_from; a resume below wins over it
     enable_document_masking(run)  # data.document_masking
     runlock.acquire(run.run_dir, enabled=run.is_main)  # one training per run directory
@@ -309,7 +313,7 @@ def _train(job: JobConfig, *, max_steps: int | None) -> RunResult:
     if run.is_main:
         run.run_dir.mkdir(parents=True, exist_ok=True)
         (run.run_dir / "config.json").write_text(json.dumps(job.to_dict(), indent=1))
-        _save_tokenizer(run.data.tokenizer, run.run_dir / "tokenizer")
+        _save_tokenizer(data.tokenizer, run.run_dir / "tokenizer")
         logger.print(run.describe())
         logger.print(start_line(path, step, resume=job.checkpoint.resume, ckpt_dir=run.ckpt_dir,
                                 total_steps=job.train.steps))
@@ -319,10 +323,10 @@ def _train(job: JobConfig, *, max_steps: int | None) -> RunResult:
     guard = SpikeGuard(job.guard, fp16=job.precision.dtype == "fp16",
                        log_path=run.run_dir / "guard.jsonl")
     monitor = Monitor(run, logger, start_step=step)  # heartbeat, watchdog, stragglers, W&B
-    val_batches = run.data.val_batches(val_batch_count(run))
-    eval_sets = run.data.eval_batches(val_batch_count(run))  # data.eval_sources, by name
+    val_batches = data.val_batches(val_batch_count(run))
+    eval_sets = data.eval_batches(val_batch_count(run))  # data.eval_sources, by name
     eval_losses: dict[str, float] = {}
-    batches = monitor.timed(run.data.train_batches())
+    batches = monitor.timed(data.train_batches())
     end_step = job.train.steps if max_steps is None else min(job.train.steps, step + max_steps)
     losses: list[float] = []
     measured: dict[str, Any] = {}
@@ -347,13 +351,13 @@ def _train(job: JobConfig, *, max_steps: int | None) -> RunResult:
                 raise
             if saver is not None:  # let the save in flight (of accepted steps) finish
                 saver.close()
-            run.data.close()
+            data.close()
             logger.close()
             raise out_of_memory(run, step=step + 1, error=e) from e
         verdict = guard.check(out.loss, out.grad_norm)
         if verdict.spike:
             step = _rollback(run, guard, step, verdict, logger, saver)
-            batches = monitor.timed(run.data.train_batches())
+            batches = monitor.timed(data.train_batches())
             continue
         apply_update(run, out, probe)
         if out.finite:
@@ -367,9 +371,10 @@ def _train(job: JobConfig, *, max_steps: int | None) -> RunResult:
             tokens_seen += run.tokens_per_step
             timed_s += dt
         tok_s = run.tokens_per_step / dt
-        record = {"step": step, "loss": loss_value, "lr": lr, "grad_norm": out.grad_norm,
-                  "tokens_per_s": tok_s, "mfu": run.mfu(tok_s), "step_s": dt,
-                  "loss_scale": run.scaler.scale, "skipped": not out.finite}
+        record: dict[str, Any] = {
+            "step": step, "loss": loss_value, "lr": lr, "grad_norm": out.grad_norm,
+            "tokens_per_s": tok_s, "mfu": run.mfu(tok_s), "step_s": dt,
+            "loss_scale": run.scaler.scale, "skipped": not out.finite}
         if step % job.train.eval_every == 0 or step == job.train.steps:
             val_loss = evaluate(run, val_batches)
             record["val_loss"] = val_loss
@@ -393,18 +398,18 @@ def _train(job: JobConfig, *, max_steps: int | None) -> RunResult:
         saver.close()
         if dist.is_initialized():
             dist.barrier()
-    run.data.close()
+    data.close()
     tok_s = tokens_seen / timed_s if timed_s else run.tokens_per_step / max(dt, 1e-9)
     sample = ""
     if step >= job.train.steps and job.train.sample_tokens:
         # the training step's autocast: FSDP mixed precision casts only the parameters it
         # manages (expert-parallel experts stay fp32), and autocast aligns the rest
         with autocast(job.precision, run.device.type):
-            ids = generate(run.model, run.data.tokenizer.encode("The "),
+            ids = generate(run.model, data.tokenizer.encode("The "),
                            num_tokens=job.train.sample_tokens, context=job.batch.seq_len,
                            seed=job.train.seed, device=run.device, pad_multiple=run.dims.tp,
                            logits_fn=layout_logits_fn(run))
-        sample = run.data.tokenizer.decode(ids)
+        sample = data.tokenizer.decode(ids)
     if job.checkpoint.export_hf and step >= job.train.steps:
         from scaletrain.checkpoint.hf import export_hf
 
@@ -412,12 +417,12 @@ def _train(job: JobConfig, *, max_steps: int | None) -> RunResult:
         export_hf(run.model, job.model, run.run_dir / "hf",
                   pp_group=run.pipeline.group if run.pipeline is not None else None)
         if run.is_main:
-            save_hf_tokenizer(run.data.tokenizer, run.run_dir / "hf")
+            save_hf_tokenizer(data.tokenizer, run.run_dir / "hf")
             logger.print(f"exported Hugging Face safetensors and tokenizer to "
                          f"{run.run_dir / 'hf'}")
     measured.update({f"peak_{k}": v for k, v in peak_process_memory(run.device).items()})
     result = RunResult(run_dir=run.run_dir, steps=step, final_loss=loss_value, val_loss=val_loss,
-                       best_loss=run.data.best_loss_nats, tokens_per_s=tok_s, mfu=run.mfu(tok_s),
+                       best_loss=data.best_loss_nats, tokens_per_s=tok_s, mfu=run.mfu(tok_s),
                        skipped_steps=run.scaler.skipped_steps, rollbacks=guard.rollbacks,
                        sample=sample, losses=losses, measured=measured, model=run.model,
                        memory_snapshot=snapshot_path, eval_losses=eval_losses)

@@ -57,7 +57,7 @@ class MetricsLogger:
                     self._tb.add_scalar(k, v, step)
 
     def advance(self, step: int, status: str) -> None:
-        if self._progress is not None:
+        if self._progress is not None and self._task is not None:  # set together
             self._progress.update(self._task, completed=step, status=status)
 
     def print(self, text: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch.optim.adamw import adamw
@@ -88,15 +89,18 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], *, optim: OptimConfig,
     """
     # groups by (decay?, DTensor?): foreach/fused kernels cannot mix DTensors (TP shards) with
     # plain tensors (parameters TP leaves replicated) in one group
-    groups: dict[tuple[bool, bool], list[torch.nn.Parameter]] = {}
+    by_kind: dict[tuple[bool, bool], list[torch.nn.Parameter]] = {}
     for p in params:
         if p.requires_grad:
-            groups.setdefault((p.ndim >= 2, hasattr(p, "device_mesh")), []).append(p)
-    groups = [{"params": ps, "weight_decay": optim.weight_decay if decay else 0.0}
-              for (decay, _), ps in sorted(groups.items(), key=lambda kv: kv[0], reverse=True)]
+            by_kind.setdefault((p.ndim >= 2, hasattr(p, "device_mesh")), []).append(p)
+    groups: list[dict[str, Any]] = [
+        {"params": ps, "weight_decay": optim.weight_decay if decay else 0.0}
+        for (decay, _), ps in sorted(by_kind.items(), key=lambda kv: kv[0], reverse=True)]
     if offload == "optimizer" and optim.name != "adamw":
         raise ConfigError("memory.offload", offload, "optimizer offload runs AdamW on the host: "
                           "set optim.name=adamw or memory.offload=none")
+    cls: type[torch.optim.Optimizer]
+    kw: dict[str, Any]
     if offload == "optimizer":
         cls, kw = CPUOffloadAdamW, {"lr": optim.lr, "betas": (optim.beta1, optim.beta2),
                                     "eps": optim.eps}

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -54,7 +54,8 @@ class StepHooks:
     def microbatch(self, k: int) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
 
-    def pipeline_step(self, stages: list[torch.nn.Module]) -> contextlib.AbstractContextManager:
+    def pipeline_step(self, stages: Sequence[torch.nn.Module]
+                      ) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
 
     def stage_forward(self, stage: torch.nn.Module) -> None:

@@ -120,8 +120,11 @@ def _collectives(backend: str | None) -> tuple[dict[str, Any] | None, str]:
     try:
         import torch._C._distributed_c10d as c10d
 
-        dump = getattr(c10d, "_dump_nccl_trace_json", None) if backend == "nccl" else None
-        data = json.loads((dump or c10d._dump_fr_trace_json)())
+        # private and absent from torch's stubs: looked up by name (the NCCL dump where this
+        # build has it, else the generic flight recorder's; a missing one raises below)
+        nccl = backend == "nccl" and hasattr(c10d, "_dump_nccl_trace_json")
+        dump = getattr(c10d, "_dump_nccl_trace_json" if nccl else "_dump_fr_trace_json")
+        data = json.loads(dump())
     except Exception as e:  # a build without the recorder: the stacks still say a lot
         return None, f"flight recorder unavailable ({type(e).__name__}: {e})"
     if not data.get("entries"):
