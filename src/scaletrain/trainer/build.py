@@ -24,7 +24,7 @@ from .optim import build_optimizer
 from .precision import LossScaler
 
 __all__ = ["DistEnv", "Run", "build_run", "init_distributed", "detect_hardware",
-           "resolve_device", "tp_mesh"]
+           "resolve_device", "tp_mesh", "require_data"]
 
 
 @dataclass(frozen=True)
@@ -110,14 +110,6 @@ class Run:
     hardware: HardwareSpec
     pipeline: PipelineRuntime | None = None
 
-    def require_data(self, use: str) -> DataBundle:
-        """`data` for code that reads the corpus or the tokenizer (`use` says which); a run
-        built with `build_run(data=False)` (the dry-run) has none."""
-        if self.data is None:
-            raise RuntimeError(f"{use} needs the run's data, and this run was built without it "
-                               "(build_run(..., data=False)): build it with data=True")
-        return self.data
-
     @property
     def device(self) -> torch.device:
         return self.env.device
@@ -149,6 +141,15 @@ class Run:
         return (f"scaletrain: {m.name} ({m.num_params():,} params) | {self.dims.layout} | "
                 f"world {self.env.world_size} on {self.device.type} | grad accum "
                 f"{self.grad_accum} | {self.data.describe() if self.data else 'no data'}")
+
+
+def require_data(run: Run, use: str) -> DataBundle:
+    """`run.data` for code that reads the corpus or the tokenizer (`use` says which); a run
+    built with `build_run(data=False)` (the dry-run) has none."""
+    if run.data is None:
+        raise RuntimeError(f"{use} needs the run's data, and this run was built without it "
+                           "(build_run(..., data=False)): build it with data=True")
+    return run.data
 
 
 def _check_vocab(job: JobConfig, data: DataBundle) -> None:

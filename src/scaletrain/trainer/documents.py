@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from scaletrain.config import ConfigError
 from scaletrain.models import Transformer
 
-if TYPE_CHECKING:
-    from .build import Run
+from .build import Run, require_data
 
 __all__ = ["enable_document_masking"]
 
@@ -33,7 +30,7 @@ def enable_document_masking(run: Run) -> None:
         # per-row positions (B, T) do not fit the sequence-sharded position-table plan
         raise ConfigError("data.document_masking", True, "not available with tensor "
                           "parallelism and learned positions (GPT-2): use parallel.tp=1")
-    tokenizer = run.require_data("data.document_masking").tokenizer
+    tokenizer = require_data(run, "data.document_masking").tokenizer
     sep = getattr(tokenizer, "eos_id", None)
     if sep is None:
         raise ConfigError("data.document_masking", True,

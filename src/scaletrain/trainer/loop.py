@@ -34,7 +34,7 @@ from scaletrain.measure.schema import Measurement, plan_dict
 
 from . import runlock, signals
 from ._start import start_line
-from .build import Run, build_run
+from .build import Run, build_run, require_data
 from .documents import enable_document_masking
 from .guard import SpikeGuard, SpikeVerdict
 from .metrics import MetricsLogger, perplexity
@@ -163,7 +163,7 @@ def _memory_snapshot(run: Run, enabled: bool):
 
 def _checkpoint_state(run: Run, step: int, wall_s: float) -> dict[str, Any]:
     # every dp rank's data position, gathered so rank 0 can write one JSON state
-    mine = {str(run.dims.dp_rank): run.require_data("a checkpoint").state_dict()}
+    mine = {str(run.dims.dp_rank): require_data(run, "a checkpoint").state_dict()}
     if dist.is_initialized():
         everyone: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, mine)
@@ -201,7 +201,7 @@ def restore(run: Run, path: Path) -> tuple[int, float]:
     run.scaler.load_state_dict(state["scaler"])
     # the data position is global (step, micro-step); any dp rank's record resumes any layout
     positions = state["data"]
-    run.require_data("resuming from a checkpoint").load_state_dict(
+    require_data(run, "resuming from a checkpoint").load_state_dict(
         positions.get(str(run.dims.dp_rank), positions["0"]))
     _set_rng_state(extra["rng"])
     return int(state["step"]), float(state.get("wall_s", 0.0))
@@ -237,7 +237,7 @@ def _rollback(run: Run, guard: SpikeGuard, step: int, verdict: SpikeVerdict,
     path = latest_good(run.ckpt_dir, log=logger.print)
     restored = restore(run, path)[0] if path is not None else step
     skip_to = step + 1 + run.job.guard.skip_steps  # data steps [restored, skip_to) are skipped
-    run.require_data("a spike rollback").skip_steps(skip_to - restored)
+    require_data(run, "a spike rollback").skip_steps(skip_to - restored)
     run.optimizer.zero_grad(set_to_none=True)
     logger.print(f"step {step + 1}: SPIKE ({verdict.reason}) -> rolled back to step {restored}, "
                  f"skipping data steps {restored}..{skip_to - 1}")
@@ -299,7 +299,7 @@ def train(job: JobConfig, *, max_steps: int | None = None) -> RunResult:
 def _train(job: JobConfig, *, max_steps: int | None) -> RunResult:
     job = _fresh_run_dir(job)
     run = build_run(job)
-    data = run.require_data("training")
+    data = require_data(run, "training")
     load_initial_weights(run)  # checkpoint.init_from; a resume below wins over it
     enable_document_masking(run)  # data.document_masking
     runlock.acquire(run.run_dir, enabled=run.is_main)  # one training per run directory
