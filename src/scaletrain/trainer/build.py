@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
 
 from scaletrain.config import ConfigError, HardwareSpec, JobConfig, hardware_preset
 from scaletrain.config.launch_env import launch_env
@@ -87,7 +88,7 @@ def detect_hardware(job: JobConfig, device: torch.device) -> HardwareSpec:
     return job.hardware.spec()
 
 
-def tp_mesh(dims: ParallelDims):
+def tp_mesh(dims: ParallelDims) -> DeviceMesh | None:
     """The tensor-parallel submesh when tp > 1 (the loss runs under loss_parallel), else None."""
     return dims.submesh("tp") if dims.mesh is not None and dims.tp > 1 else None
 

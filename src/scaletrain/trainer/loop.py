@@ -12,7 +12,7 @@ import dataclasses
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from scaletrain.checkpoint.dcp import (
 )
 from scaletrain.checkpoint.hf_load import load_initial_weights
 from scaletrain.config import ConfigError, JobConfig
+from scaletrain.data.loader import Batch
 from scaletrain.data.tokenizer import Tokenizer, save_hf_tokenizer
 from scaletrain.measure.live import SavedActivations, peak_process_memory, state_bytes
 from scaletrain.measure.schema import Measurement, plan_dict
@@ -106,7 +107,7 @@ def val_batch_count(run: Run) -> int:
 
 
 @torch.no_grad()
-def evaluate(run: Run, batches: list) -> float | None:
+def evaluate(run: Run, batches: list[Batch]) -> float | None:
     """Mean validation loss over `batches` (all ranks). Pipelined: forward-only schedule runs
     over groups of `grad_accum` batches (the step's micro-batch count; `val_batch_count`
     rounds the count up to whole groups), the same mean over the same batches."""
@@ -137,7 +138,7 @@ one step's allocations, which are per-layer, per-micro-batch, not per-element.""
 
 
 @contextlib.contextmanager
-def _memory_snapshot(run: Run, enabled: bool):
+def _memory_snapshot(run: Run, enabled: bool) -> Iterator[Path | None]:
     """Around the measured step on CUDA: record the caching allocator's history and dump it to
     run_dir/memory_snapshot_rank{r}.pickle (open it at pytorch.org/memory_viz) beside
     measurement.json, so a planner-vs-measured gap can be traced to the allocations that made
@@ -462,7 +463,7 @@ def _write_run_files(run: Run, r: RunResult) -> None:
     m.write(d)
 
 
-def _evaluate_sets(run: Run, sets: dict[str, list], last: dict[str, float]
+def _evaluate_sets(run: Run, sets: dict[str, list[Batch]], last: dict[str, float]
                    ) -> dict[str, float]:
     """Loss and perplexity of each eval source (all ranks), as metric fields; `last` keeps
     the latest loss per name (the run's result)."""

@@ -13,6 +13,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from scaletrain.data.loader import Batch
+
 from .build import Run
 from .metrics import MetricsLogger
 from .stragglers import StragglerTracker
@@ -22,13 +24,13 @@ from .watchdog import Heartbeat, Watchdog
 __all__ = ["Monitor"]
 
 
-class _TimedBatches(Iterator):
+class _TimedBatches(Iterator[Batch]):
     """The loop's batch iterator, timing how long this rank waits for each batch."""
 
-    def __init__(self, inner: Iterator, monitor: Monitor):
+    def __init__(self, inner: Iterator[Batch], monitor: Monitor) -> None:
         self.inner, self.monitor = inner, monitor
 
-    def __next__(self):
+    def __next__(self) -> Batch:
         m = self.monitor
         t0 = time.perf_counter()
         if m.watchdog is not None:
@@ -62,7 +64,7 @@ class Monitor:
             self.tracker = WandbTracker(run.run_dir, project=cfg.wandb_project,
                                         config=run.job.to_dict())
 
-    def timed(self, batches: Iterator) -> Iterator:
+    def timed(self, batches: Iterator[Batch]) -> Iterator[Batch]:
         return _TimedBatches(batches, self)
 
     def begin(self, step: int) -> None:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, overload
 
 import torch
 from torch.optim.adamw import adamw
+from torch.optim.optimizer import ParamsT
 
 from scaletrain.config import ConfigError, OptimConfig
 from scaletrain.parallel import ParallelDims, wrap_optimizer
@@ -28,7 +29,7 @@ class CPUOffloadAdamW(torch.optim.Optimizer):
     (DTensor) parameters use `memory.offload=params` instead.
     """
 
-    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+    def __init__(self, params: ParamsT, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2) -> None:
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps,
                                   "weight_decay": weight_decay})
@@ -37,8 +38,15 @@ class CPUOffloadAdamW(torch.optim.Optimizer):
     def _host_zeros(self, p: torch.Tensor) -> torch.Tensor:
         return torch.zeros(p.shape, dtype=torch.float32, device="cpu", pin_memory=self._pin)
 
+    # torch.optim.Optimizer.step's two overloads: the loss comes back only with a closure
+    @overload
+    def step(self, closure: None = None) -> None: ...
+
+    @overload
+    def step(self, closure: Callable[[], float]) -> float: ...
+
     @torch.no_grad()
-    def step(self, closure=None):  # type: ignore[override]
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -69,7 +77,7 @@ class CPUOffloadAdamW(torch.optim.Optimizer):
                     p.copy_(h, non_blocking=True)
         return loss
 
-    def load_state_dict(self, state_dict) -> None:  # type: ignore[override]
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
         # torch moves loaded states to each parameter's device: bring them back to the host
         for st in self.state.values():

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 from .metrics import perplexity
 
 if TYPE_CHECKING:
+    from scaletrain.planner.types import PlanInput
+
     from .build import Run
     from .loop import RunResult
 
@@ -17,7 +19,7 @@ MiB = 1024**2
 _CATEGORIES = ("params", "grads", "optimizer", "activations")
 
 
-def plan_input(run: Run):
+def plan_input(run: Run) -> PlanInput:
     """The planner's view of this run (same model, layout, batch, precision, hardware)."""
     from scaletrain.planner.types import plan_input_from_job
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from scaletrain.data.loader import Batch
 from scaletrain.dtensor import to_full
 from scaletrain.models import moe_aux_loss
 from scaletrain.parallel import clip_grad_norm_, loss_context, maybe_no_sync, sync_gradients
@@ -132,7 +133,7 @@ def cp_model_inputs(inputs: torch.Tensor, rank: int, size: int, sep_id: int | No
     return cp_shard(inputs, rank, size), {"positions": positions}
 
 
-def forward_backward(run: Run, batches: Iterator, hooks: StepHooks = NO_HOOKS,
+def forward_backward(run: Run, batches: Iterator[Batch], hooks: StepHooks = NO_HOOKS,
                      num_microbatches: int | None = None) -> torch.Tensor:
     """All micro-batches of one step through forward and backward; returns the mean loss.
 
@@ -183,7 +184,7 @@ def _sync_fp8_amax(run: Run) -> None:
         sync_amax_histories(run.model, dims.submesh("dp_cp").get_group())
 
 
-def train_step(run: Run, batches: Iterator, hooks: StepHooks = NO_HOOKS, *,
+def train_step(run: Run, batches: Iterator[Batch], hooks: StepHooks = NO_HOOKS, *,
                num_microbatches: int | None = None) -> StepOut:
     """Forward, backward, unscale and clip; the caller decides whether to apply the update
     (`apply_update`), e.g. after the spike guard has seen the loss."""
