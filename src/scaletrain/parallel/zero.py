@@ -51,7 +51,7 @@ class _LocalShardZero(ZeroRedundancyOptimizer):
     parameters are partitioned and broadcast over their replicas (module docstring):
     `ep` is the expert-parallel degree, `expert_group` the ep_replicate group."""
 
-    def __init__(self, params: Any, *, ep: int = 1,
+    def __init__(self, params: ParamsT, *, ep: int = 1,
                  expert_group: dist.ProcessGroup | None = None, **kw: Any) -> None:
         # set before the base class partitions the parameters (in its __init__)
         self._ep, self._expert_group = ep, expert_group

@@ -66,7 +66,7 @@ class RunResult:
     losses: list[float] = field(default_factory=list)
     measured: dict[str, Any] = field(default_factory=dict)
     ledger: str = ""
-    model: Any = field(default=None, repr=False)
+    model: torch.nn.Module | None = field(default=None, repr=False)
     """The trained module (for tests, export and evaluation by the caller)."""
     memory_snapshot: Path | None = None
     """This rank's CUDA allocator snapshot of the measured step (None on CPU)."""
