@@ -26,7 +26,7 @@ from scaletrain.planner import (
 from scaletrain.planner.estimate import reserved_and_step
 from scaletrain.planner.memory import stage_layer_counts
 from scaletrain.planner.pipeline import simulate
-from scaletrain.planner.rank_memory import _activation_terms, _rank_numbers
+from scaletrain.planner.rank_memory import _activation_terms, _rank_memory
 
 H100 = hardware_preset("h100-sxm")
 SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zero-bubble", 1)]
@@ -46,10 +46,10 @@ def _brute_force_worst(plan: PlanInput) -> tuple[float, int, float]:
     sim = simulate(L.pp_schedule, L.pp, m, L.pp_virtual, 1.0, 2.0)
     counts = stage_layer_counts(plan.model.num_layers, L.pp, L.pp_virtual)
     acts = _activation_terms(plan, True)
-    worst = max((_rank_numbers(plan, acts, L.zero_shards, r, counts[r], sim.peak_inflight[r],
-                               m, "scaletrain", "gpu") for r in range(L.pp)),
-                key=lambda nums: nums[0])
-    return worst[0], worst[9], worst[10]
+    worst = max((_rank_memory(plan, acts, L.zero_shards, r, counts[r], sim.peak_inflight[r],
+                              m, "scaletrain", "gpu") for r in range(L.pp)),
+                key=lambda nums: nums.reserved)
+    return worst.reserved, worst.rank, worst.in_flight
 
 
 @pytest.mark.parametrize("schedule,v", SCHEDULES)

@@ -211,11 +211,11 @@ def reserved_and_step(plan: PlanInput, *, convention: str = "scaletrain", modern
         return mem.reserved, _time(plan, max_params, causal, gpus_per_node, zero_bubble,
                                    recipe_named(plan.recipe))[0]
     nums, max_params = worst_rank(plan, convention=convention, modern=modern)
-    if nums[0] > plan.hardware.memory_bytes:
-        return nums[0], float("inf")
+    if nums.reserved > plan.hardware.memory_bytes:
+        return nums.reserved, float("inf")
     if memory_only:
-        return nums[0], 0.0
-    return nums[0], _time(plan, max_params, causal, gpus_per_node, zero_bubble)[0]
+        return nums.reserved, 0.0
+    return nums.reserved, _time(plan, max_params, causal, gpus_per_node, zero_bubble)[0]
 
 
 def estimate(plan: PlanInput, *, convention: str = "scaletrain", modern: bool = True,

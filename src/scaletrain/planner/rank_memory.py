@@ -1,7 +1,10 @@
 """Memory of the worst pipeline rank of a plan: `estimate_memory(plan) -> MemoryBreakdown`.
 
 The search's hot path (`worst_rank`) returns plain numbers; the breakdown dataclass is built
-only for the layouts the planner reports. Both go through `_rank_numbers`, so they agree.
+only for the layouts the planner reports. Both go through `_rank_memory`, so they agree: a
+rank's peak is the largest of its named moments (`ForwardBackward`, `OptimizerStep`, the
+ZeRO-2/3 moments, `LossBackward`, `EmbeddingBackward`), each a frozen dataclass of its byte
+terms, and `RankMemory.moment` names the one that won.
 
 Which ranks are evaluated: rank 0 (embedding), rank pp-1 (head), and the middle ranks no other
 middle rank dominates: middle ranks hold the same per-block states, buffers and per-block
@@ -13,6 +16,8 @@ worst. The set is exact, not sampled.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
+from typing import ClassVar
 
 from scaletrain.config import (
     ModelConfig,
@@ -41,11 +46,9 @@ from .pipeline import inflight_per_rank, rank_order
 from .types import MemoryBreakdown, PlanInput
 
 __all__ = ["estimate_memory", "pipeline_rank_memory", "worst_rank", "rank_candidates",
-           "schedule_moments", "RankNumbers"]
-
-RankNumbers = tuple
-"""(reserved, total, states dict, buffers dict, buffers sum, activations, per-layer
-activations, step temporary, parameter count, pipeline rank, in-flight micro-batches)."""
+           "schedule_moments", "RankMemory", "ForwardBackward", "OptimizerStep",
+           "ZeroBlockBackward", "ZeroStageBackward", "ZeroEndOfBackward", "LossBackward",
+           "EmbeddingBackward"]
 
 
 @functools.lru_cache(maxsize=8192)
@@ -144,7 +147,7 @@ def _rank_states(plan: PlanInput, zs: int, first: bool, last: bool, layers: int,
     """(model-state dict, parameter count, largest FSDP unit, ZeRO-sharded count, params +
     optimizer bytes, backward terms), cached; backward terms = (root unit's unsharded bytes,
     head gradient held, one block's parameters, embedding-backward temporaries) for the
-    ZeRO-2/3 and embedding moments of `_rank_numbers`."""
+    ZeRO-2/3 and embedding moments of `_rank_memory`."""
     L, model = plan.layout, plan.model
     key = (id(model), L.tp, L.ep, L.zero, zs, L.pp > 1, first, last, layers, plan.precision,
            plan.optimizer, plan.offload, convention)
@@ -250,8 +253,8 @@ _BUFS: dict[tuple, tuple] = {}
 
 
 def _buffers(plan: PlanInput, zs: int, unit: float, device: str, count: float = 0.0) -> tuple:
-    """(named buffer terms, their sum, runtime context), cached. count: the rank's parameters
-    (DDP's bucket copy)."""
+    """(named buffer terms, their sum, runtime context, FSDP collectives' sum, fp8 quantization
+    temporary), cached. count: the rank's parameters (DDP's bucket copy)."""
     L, model = plan.layout, plan.model
     tokens = plan.seq_len / L.cp * plan.micro_batch
     key = (id(model), tokens, plan.precision, L.zero, L.dp, L.tp, L.sp, L.pp, L.cp, L.ep, unit,
@@ -266,7 +269,8 @@ def _buffers(plan: PlanInput, zs: int, unit: float, device: str, count: float = 
                         bucket_params=count, ffn_dim=model.ffn_dim, ddp=ddp_reducer(L))
     if model.position == "rope":
         bufs["rope_tables"] = rope_table_bytes(model)
-    out = (bufs, sum(bufs.values()), bufs["runtime_context"])
+    fsdp = sum(v for k, v in bufs.items() if k.startswith("fsdp_"))
+    out = (bufs, sum(bufs.values()), bufs["runtime_context"], fsdp, bufs.get("fp8_quantize", 0.0))
     if len(_BUFS) > 16384:
         _BUFS.clear()
     _BUFS[key] = (model, out)
@@ -306,7 +310,8 @@ def _root_in_backward(plan: PlanInput, first: bool, last: bool, wc: int
 
 
 def _embedding_moment(plan: PlanInput, st: dict, bufs: dict, count: float, last: bool,
-                      fixed: float, bwd_terms: tuple, held_logits: float) -> float:
+                      fixed: float, bwd_terms: tuple, held_logits: float, ctx: float
+                      ) -> EmbeddingBackward:
     """Memory of the first stage when the token embedding's gradient is computed.
 
     It is the last gradient backward computes: every other gradient is complete, every
@@ -334,184 +339,393 @@ def _embedding_moment(plan: PlanInput, st: dict, bufs: dict, count: float, last:
         other = 1.0 - _param_counts(model).embedding / L.tp / count if count else 0.0
         states += bufs.get("ddp_buckets", 0.0)
     states += bufs.get("rope_tables", 0.0)
-    return states + grads_rest * max(0.0, other) + (held_logits if last else 0.0) + tmp
+    # + ctx: the runtime context is outside every moment's tensors
+    return EmbeddingBackward(states, grads_rest * max(0.0, other),
+                             held_logits if last else 0.0, tmp, ctx)
 
 
-def _rank_numbers(plan: PlanInput, acts_terms: tuple[float, float, float, float], zs: int,
-                  rank: int, layers: int, in_flight: float, m: int, convention: str,
-                  device: str) -> RankNumbers:
-    """Memory of pipeline rank `rank` holding `layers` blocks with `in_flight` micro-batches."""
+# The moments are built per rank on the search's hot path, so they are plain slotted dataclasses
+# (never mutated after construction): frozen ones cost 30% of the search's layouts/s (their
+# __init__ sets each field through object.__setattr__; measured on llama3-405b / 16,384 H100).
+
+
+@dataclass(slots=True)
+class ForwardBackward:
+    """Forward/backward with the activations stored (no ZeRO-2/3 units): states, every buffer,
+    the stored activations with the gradients that exist by then."""
+
+    name: ClassVar[str] = "forward/backward peak with activations stored"
+    states: float
+    buffers: float
+    acts_and_grads: float
+
+    @property
+    def total(self) -> float:
+        return self.states + self.buffers + self.acts_and_grads
+
+
+@dataclass(slots=True)
+class OptimizerStep:
+    """The optimizer step: after backward the 16-bit weight casts (autocast) / unsharded FSDP
+    units are freed and no FSDP collective is in flight; DDP buckets persist."""
+
+    name: ClassVar[str] = "optimizer step"
+    states: float
+    params_in_flight: float
+    buffers: float
+    fsdp: float
+    fp8_quantize: float
+    grads: float
+    grads_in_flight: float
+    step_temp: float
+
+    @property
+    def total(self) -> float:
+        return (self.states - self.params_in_flight + self.buffers - self.fsdp
+                - self.fp8_quantize + self.grads - self.grads_in_flight + self.step_temp)
+
+
+@dataclass(slots=True)
+class ZeroBlockBackward:
+    """A block's backward under ZeRO-2/3 (see `_zero_moments`)."""
+
+    name: ClassVar[str] = "block backward under ZeRO-2/3"
+    states: float
+    buffers: float
+    fsdp: float
+    root_unit: float
+    head_grad: float
+    unit_copies: float
+    acts_and_grads: float
+    held_logits: float
+
+    @property
+    def total(self) -> float:
+        return (self.states + self.buffers - self.fsdp + self.root_unit + self.head_grad
+                + self.unit_copies + self.acts_and_grads + self.held_logits)
+
+
+@dataclass(slots=True)
+class ZeroStageBackward:
+    """A pipeline stage's backward under ZeRO-2/3: torch's stage keeps every unit gathered
+    and its gradients unsharded until the step's last backward (see `_zero_moments`)."""
+
+    name: ClassVar[str] = "pipeline stage backward, FSDP units gathered"
+    states: float
+    params_in_flight: float
+    buffers: float
+    fsdp: float
+    stage_unsharded: float
+    block_acts: float
+    held_logits: float
+
+    @property
+    def total(self) -> float:
+        return (self.states - self.params_in_flight + self.buffers - self.fsdp
+                + 2 * self.stage_unsharded + self.block_acts + self.held_logits)
+
+
+@dataclass(slots=True)
+class ZeroEndOfBackward:
+    """The end of backward under ZeRO-2/3: the root unit's post-backward (`_zero_moments`)."""
+
+    name: ClassVar[str] = "end of backward, root unit's reduce-scatter"
+    states: float
+    buffers: float
+    fsdp: float
+    reduce_scatter: float
+    grads: float
+    root_grad: float
+    held_logits: float
+    root_sharded_grads: float
+
+    @property
+    def total(self) -> float:
+        return (self.states + self.buffers - self.fsdp + self.reduce_scatter + self.grads
+                + (self.root_grad + self.held_logits - self.root_sharded_grads))
+
+
+@dataclass(slots=True)
+class LossBackward:
+    """The last stage's loss backward (see `_loss_moment`)."""
+
+    name: ClassVar[str] = "loss backward on the last stage"
+    states: float
+    buffers: float
+    fsdp: float
+    fp8_quantize: float
+    stored_acts: float
+    head_acts: float
+    grads: float
+    loss_temp: float
+
+    @property
+    def total(self) -> float:
+        return (self.states + self.buffers - self.fsdp - self.fp8_quantize + self.stored_acts
+                + self.head_acts + self.grads + self.loss_temp)
+
+
+@dataclass(slots=True)
+class EmbeddingBackward:
+    """The first stage's embedding backward, the last gradient computed (`_embedding_moment`)."""
+
+    name: ClassVar[str] = "embedding backward on the first stage"
+    states: float
+    other_grads: float
+    held_logits: float
+    embedding_temp: float
+    runtime_context: float
+
+    @property
+    def total(self) -> float:
+        return (self.states + self.other_grads + self.held_logits + self.embedding_temp
+                + self.runtime_context)
+
+
+Moment = (ForwardBackward | OptimizerStep | ZeroBlockBackward | ZeroStageBackward
+          | ZeroEndOfBackward | LossBackward | EmbeddingBackward)
+
+
+@dataclass(frozen=True, slots=True)
+class RankMemory:
+    """Memory of one pipeline rank: its peak (the largest of its moments) and the terms the
+    breakdown reports."""
+
+    reserved: float
+    total: float
+    states: dict
+    """`memory.model_state_bytes` of the rank."""
+    buffer_terms: dict
+    buffers: float
+    """Sum of the buffer terms, with the loss and embedding backward temporaries."""
+    activations: float
+    per_layer: float
+    step_temp: float
+    params: float
+    rank: int
+    in_flight: float
+    moment: str
+    """The name of the moment that set the peak."""
+
+
+def _pipeline_buffers(plan: PlanInput, bufs: dict, buffers: float, rank: int, m: int
+                      ) -> tuple[dict, float]:
+    """The buffers of a pipeline rank: the receive buffers torch keeps per micro-batch, and
+    each chunk's own rotary tables."""
     L = plan.layout
-    pp = L.pp
-    last = rank == pp - 1
-    st, count, unit, sharded, fixed, bwd_terms = _rank_states(plan, zs, rank == 0, last,
-                                                              layers, convention)
-    per_layer, full_layer, head_acts, held_logits = acts_terms
+    recv = pp_recv_buffer_bytes(hidden=plan.model.dim, tokens=plan.seq_len / L.cp
+                                * plan.micro_batch, precision=plan.precision,
+                                zero=L.zero, tp=L.tp, sp=L.sp, pp=L.pp,
+                                virtual=L.pp_virtual, rank=rank, microbatches=m)
+    buffers += recv - bufs.get("pp_p2p", 0.0)
+    bufs = dict(bufs, pp_p2p=recv)
+    if "rope_tables" in bufs and L.pp_virtual > 1:
+        # each chunk's stage module keeps its own cos/sin buffers (dry-run, interleaved
+        # v2: 2 x 2.1 MB of module buffers on rank 1)
+        buffers += (L.pp_virtual - 1) * bufs["rope_tables"]
+        bufs["rope_tables"] *= L.pp_virtual
+    return bufs, buffers
+
+
+def _stored_activations(plan: PlanInput, moments: tuple, st: dict, layers: int,
+                        in_flight: float, m: int, last: bool,
+                        acts_terms: tuple[float, float, float, float]
+                        ) -> tuple[float, float, float]:
+    """(largest stored activations, the blocks' part of them, activations + the gradients that
+    exist by then) of a rank; pipelines walk the schedule's own moments (`schedule_moments`:
+    stored activations per chunk, whether the gradients exist yet)."""
+    per_layer, full_layer, head_acts, _ = acts_terms
     one_layer = per_layer
     extra = 0.0
     if plan.ac == "full" and layers:
         one_layer = full_layer  # one block's full set while it is recomputed in backward
         extra = one_layer
-    bufs, buffers, ctx = _buffers(plan, zs, unit, device, count)
     grads = st["grads"]
-    moments: tuple = ()
-    if pp > 1:
-        # the schedule's own moments (schedule_moments): stored activations per chunk and
-        # whether the gradients exist yet; the receive buffers torch keeps per micro-batch
-        moments = schedule_moments(L.pp_schedule, pp, m, L.pp_virtual, rank,
-                                   plan.model.num_layers)
-        recv = pp_recv_buffer_bytes(hidden=plan.model.dim, tokens=plan.seq_len / L.cp
-                                    * plan.micro_batch, precision=plan.precision,
-                                    zero=L.zero, tp=L.tp, sp=L.sp, pp=pp,
-                                    virtual=L.pp_virtual, rank=rank, microbatches=m)
-        buffers += recv - bufs.get("pp_p2p", 0.0)
-        bufs = dict(bufs, pp_p2p=recv)
-        if "rope_tables" in bufs and L.pp_virtual > 1:
-            # each chunk's stage module keeps its own cos/sin buffers (dry-run, interleaved
-            # v2: 2 x 2.1 MB of module buffers on rank 1)
-            buffers += (L.pp_virtual - 1) * bufs["rope_tables"]
-            bufs["rope_tables"] *= L.pp_virtual
-        acts = max(lay * per_layer + hd * head_acts for lay, hd, _, _ in moments) + extra
-        block_stored = max(lay for lay, _, _, _ in moments) * per_layer
-        fwdbwd = max(lay * per_layer + hd * head_acts + (grads if g else 0.0)
-                     for lay, hd, g, _ in moments) + extra
+    if plan.layout.pp > 1:
+        acts = fwdbwd = -1.0
+        most = 0
+        for lay, hd, g, _ in moments:
+            stored = lay * per_layer + hd * head_acts
+            with_grads = stored + (grads if g else 0.0)
+            if stored > acts:
+                acts = stored
+            if with_grads > fwdbwd:
+                fwdbwd = with_grads
+            if lay > most:
+                most = lay
+        return acts + extra, most * per_layer, fwdbwd + extra
+    acts = in_flight * layers * per_layer + extra + (head_acts if last else 0.0)
+    block_stored = in_flight * layers * per_layer
+    if m > 1:
+        return acts, block_stored, acts + grads
+    # one micro-batch, no pipeline: the backward trades activations for grads
+    return acts, block_stored, max(acts + st["grads.in_flight"], grads + one_layer)
+
+
+def _zero_moments(plan: PlanInput, st: dict, fixed: float, buffers: float, bufs: dict,
+                  fsdp: float, count: float, bwd_terms: tuple, layers: int, m: int,
+                  block_stored: float, acts_terms: tuple[float, float, float, float],
+                  rank: int) -> list[Moment]:
+    """ZeRO-2/3's moments (FSDP2 as parallel/fsdp.py builds it; measured with the dry-run,
+    llama2-7b-L1 dp8 z3: +12% and llama-1024-L4 dp4 z2 fp32: +6% before the block moment
+    was modelled):
+
+    - a block's backward: ZeRO-3 gathers the root unit (embedding and/or final norm + head)
+      again for the head's backward and keeps it unsharded until its post-backward at the
+      very end (ZeRO-2 keeps every unit gathered anyway), with the head's unsharded 16-bit
+      gradient (untied) or the head's gradient contribution autograd holds for the tied
+      embedding; ZeRO-3 gathers the block's unit (and prefetches the next one); its unsharded
+      grads fill, then its fp32 reduce-scatter input is allocated after the unit's parameters
+      are freed (the previous block's input is still held while the next block computes).
+      The head's activations are freed by then, except the logits the loop holds.
+    - pipelines: torch's pipeline stage turns FSDP2's gradient sync and reshard-after-backward
+      off until the step's last backward: every unit of the stage stays gathered and its
+      gradients accumulate unsharded, both in the compute dtype, next to the micro-batches'
+      activations. Source: measured with the dry-run, llama-1024-L4 dp2 z3 pp2 1f1b (-12%
+      without this).
+    - the end of backward, the root unit's post-backward: its fp32 reduce-scatter input and
+      output shard (which become its sharded grads: not counted twice), with one of its 16-bit
+      unsharded grads (embedding or head) not yet freed and the logits the loop holds; ZeRO-3
+      has resharded the root's parameters by then (ZeRO-2 keeps every unit gathered: counted
+      in `rest`). Source: the dry-run's peak of llama-1024-L4 dp2 z3 (sharded grads of the
+      blocks only, one bf16 root grad, no unsharded params: +18% with the root gathered and
+      its shard counted twice). The embedding's gradient is `_embedding_moment`.
+    """
+    L = plan.layout
+    per_layer, full_layer, _, held_logits = acts_terms
+    root_live, head_held, blk, _ = bwd_terms
+    wc = 4 if plan.precision == "fp32" else 2
+    rest = fixed - (st["params.in_flight"] if L.zero >= 3 else 0.0)
+    grads_rest = st["grads"] - st["grads.in_flight"]
+    more = 1.0 if layers > 1 else 0.0  # a next block to prefetch / a previous RS input
+    if L.zero >= 3:
+        compute = wc * blk * (1 + more) + wc * blk + 4.0 * blk * more
+        reduce = wc * blk * more + wc * blk + 4.0 * blk
     else:
-        acts = in_flight * layers * per_layer + extra + (head_acts if last else 0.0)
-        block_stored = in_flight * layers * per_layer
-    if pp == 1 and m > 1:
-        fwdbwd = acts + grads
-    elif pp == 1:  # one micro-batch, no pipeline: the backward trades activations for grads
-        fwdbwd = max(acts + st["grads.in_flight"], grads + one_layer)
+        root_live = 0.0  # counted in `fixed` with every other gathered unit
+        compute, reduce = wc * blk + 4.0 * blk * more, wc * blk + 4.0 * blk
+    held = held_logits if rank == L.pp - 1 else 0.0
+    if m > 1 or L.pp > 1:
+        bwd = block_stored + grads_rest
+    else:  # the last block to finish has every other block's grads and no activations
+        bwd = max(block_stored - per_layer, grads_rest * (layers - 1) / layers)
+    if plan.ac == "full":
+        bwd += full_layer  # the block being recomputed
+    out: list[Moment] = [ZeroBlockBackward(rest, buffers, fsdp, root_live, head_held,
+                                           max(compute, reduce), bwd, held)]
+    if L.pp > 1:
+        out.append(ZeroStageBackward(fixed, st["params.in_flight"], buffers, fsdp, wc * count,
+                                     block_stored, held))
+    root_grad = end_held = root_grads = 0.0
+    if L.zero >= 3 and root_live:
+        root_grads = grads_rest * (root_live / wc) / count if count else 0.0
+        embedding = wc * _param_counts(plan.model).embedding / L.tp if rank == 0 else 0.0
+        root_grad, end_held = max(embedding, head_held), held
+    out.append(ZeroEndOfBackward(rest, buffers, fsdp, bufs.get("fsdp_reduce_scatter", 0.0),
+                                 grads_rest, root_grad, end_held, root_grads))
+    return out
+
+
+def _loss_moment(plan: PlanInput, st: dict, fixed: float, buffers: float, fsdp: float,
+                 quant: float, count: float, m: int, stored: float, moments: tuple,
+                 acts_terms: tuple[float, float, float, float], root_live: float
+                 ) -> LossBackward:
+    """The last stage's loss backward: every activation still stored plus the cross-entropy
+    backward temporaries (`loss_backward_bytes`). FSDP2 has resharded every unit (ZeRO-3) and
+    no collective is in flight, so in-flight ZeRO-3 copies and FSDP buffers are left out;
+    accumulated grads (m > 1) are held. Pipelines: each loss backward of the schedule, with
+    what is stored then and the gradients if they exist.
+
+    Not counted, because not held: the logits of earlier micro-batches (the trainer runs the
+    schedule with return_outputs=False; torch's default would keep all m of them on the last
+    stage until the step ends, measured 33 MB per micro-batch on llama-1024-L4)."""
+    L = plan.layout
+    per_layer, _, head_acts, _ = acts_terms
+    # the head weight the fused loss reads: FSDP2's 16-bit unsharded copy under ZeRO-2/3
+    # with 16-bit compute, else the fp32 parameter
+    weight_bytes = 2 if (L.zero >= 2 and plan.precision != "fp32") else 4
+    loss_tmp = loss_backward_bytes(plan.model, seq_len=plan.seq_len,
+                                   micro_batch=plan.micro_batch, tp=L.tp, cp=L.cp,
+                                   fused=L.pp == 1, precision=plan.precision,
+                                   weight_bytes=weight_bytes,
+                                   chunk_tokens=plan.loss_chunk_tokens)
+    resting = fixed - (st["params.in_flight"] if L.zero >= 3 else 0.0)
+    held = st["grads"] - st["grads.in_flight"] if (m > 1 or L.pp > 1) else 0.0
+    if L.pp > 1 and L.zero >= 2:
+        # the stage's units gathered and grads unsharded (see `_zero_moments`)
+        wc = 4 if plan.precision == "fp32" else 2
+        resting = fixed - st["params.in_flight"] + wc * count
+        held = wc * count
+    if L.zero >= 3 and L.pp == 1:
+        # the fused loss reads the head inside the root unit's forward: FSDP2 does not
+        # reshard the root after forward, so its unsharded copy is alive (dry-run,
+        # gpt2-124m-L2 dp8 z3: -15% without it)
+        resting += root_live
+    if L.pp == 1:
+        return LossBackward(resting, buffers, fsdp, quant, stored, 0.0, held, loss_tmp)
+    return max((LossBackward(resting, buffers, fsdp, quant, lay * per_layer, hd * head_acts,
+                             held if g else 0.0, loss_tmp)
+                for lay, hd, g, is_loss in moments if is_loss), key=_total)
+
+
+def _total(moment: Moment) -> float:
+    return moment.total
+
+
+def _rank_memory(plan: PlanInput, acts_terms: tuple[float, float, float, float], zs: int,
+                 rank: int, layers: int, in_flight: float, m: int, convention: str,
+                 device: str) -> RankMemory:
+    """Memory of pipeline rank `rank` holding `layers` blocks with `in_flight` micro-batches:
+    the largest of its moments (calibrated against the dry-run, see
+    benchmarks/results/planner_accuracy.md)."""
+    L = plan.layout
+    last = rank == L.pp - 1
+    st, count, unit, sharded, fixed, bwd_terms = _rank_states(plan, zs, rank == 0, last,
+                                                              layers, convention)
+    # fsdp: the FSDP collectives' buffers; quant: fp8's quantization temporary, which exists
+    # only inside a converted linear's forward/backward: not during the optimizer step, nor
+    # the (16-bit) head's loss backward
+    bufs, buffers, ctx, fsdp, quant = _buffers(plan, zs, unit, device, count)
+    moments: tuple = ()
+    if L.pp > 1:
+        moments = schedule_moments(L.pp_schedule, L.pp, m, L.pp_virtual, rank,
+                                   plan.model.num_layers)
+        bufs, buffers = _pipeline_buffers(plan, bufs, buffers, rank, m)
+    acts, block_stored, fwdbwd = _stored_activations(plan, moments, st, layers, in_flight, m,
+                                                     last, acts_terms)
     # torch's foreach AdamW/SGD allocate an fp32 intermediate per parameter during step(); on a
     # GPU the trainer runs fused AdamW, which allocates none (the dry-run measures none).
     step_tmp = 0.0 if plan.offload != "none" or device != "cpu" else 4.0 * sharded
-    # Three moments, the peak is the largest (calibrated against the dry-run, see
-    # benchmarks/results/planner_accuracy.md):
-    # - backward: states with the FSDP units in flight, every buffer, activations/grads;
-    # - optimizer step: states, grads and the step's temporaries;
-    # - loss backward (last stage): every activation still stored plus the cross-entropy
-    #   backward temporaries (loss_backward_bytes). FSDP2 has resharded every unit (ZeRO-3) and
-    #   no collective is in flight, so in-flight ZeRO-3 copies and FSDP buffers are left out;
-    #   accumulated grads (m > 1) are held.
-    fsdp = sum(v for k, v in bufs.items() if k.startswith("fsdp_"))
-    # fp8's quantization temporary exists only inside a converted linear's forward/backward:
-    # not during the optimizer step, nor the (16-bit) head's loss backward
-    quant = bufs.get("fp8_quantize", 0.0)
-    # optimizer step: after backward the 16-bit weight casts (autocast) / unsharded FSDP units
-    # are freed and no FSDP collective is in flight; DDP buckets persist.
-    step_peak = fixed - st["params.in_flight"] + buffers - fsdp - quant + grads \
-        - st["grads.in_flight"] + step_tmp
-    peak = max(fixed + buffers + fwdbwd, step_peak)
+    step = OptimizerStep(fixed, st["params.in_flight"], buffers, fsdp, quant, st["grads"],
+                         st["grads.in_flight"], step_tmp)
+    cands: list[Moment]
     if L.zero >= 2 and layers and unit > 0:
-        # ZeRO-2/3, named moments (FSDP2 as parallel/fsdp.py builds it; measured with the
-        # dry-run, llama2-7b-L1 dp8 z3: +12% and llama-1024-L4 dp4 z2 fp32: +6% before the
-        # block moment below was modelled):
-        # - a block's backward: ZeRO-3 gathers the root unit (embedding and/or final norm +
-        #   head) again for the head's backward and keeps it unsharded until its
-        #   post-backward at the very end (ZeRO-2 keeps every unit gathered anyway), with the
-        #   head's unsharded 16-bit gradient (untied) or the head's gradient contribution
-        #   autograd holds for the tied embedding; ZeRO-3 gathers the block's unit (and
-        #   prefetches the next one); its unsharded grads fill, then its fp32 reduce-scatter
-        #   input is allocated after the unit's parameters are freed (the previous block's
-        #   input is still held while the next block computes). The head's activations are
-        #   freed by then, except the logits the loop holds.
-        # - the end of backward: the root unit's own reduce-scatter (end_peak) and the
-        #   embedding's gradient (_embedding_moment).
-        root_live, head_held, blk, _ = bwd_terms
-        wc = 4 if plan.precision == "fp32" else 2
-        rest = fixed - (st["params.in_flight"] if L.zero >= 3 else 0.0)
-        grads_rest = grads - st["grads.in_flight"]
-        more = 1.0 if layers > 1 else 0.0  # a next block to prefetch / a previous RS input
-        if L.zero >= 3:
-            compute = wc * blk * (1 + more) + wc * blk + 4.0 * blk * more
-            reduce = wc * blk * more + wc * blk + 4.0 * blk
-        else:
-            root_live = 0.0  # counted in `fixed` with every other gathered unit
-            compute, reduce = wc * blk + 4.0 * blk * more, wc * blk + 4.0 * blk
-        held = held_logits if last else 0.0
-        block_acts = block_stored
-        if m > 1 or pp > 1:
-            bwd = block_acts + grads_rest
-        else:  # the last block to finish has every other block's grads and no activations
-            bwd = max(block_acts - per_layer, grads_rest * (layers - 1) / layers)
-        if plan.ac == "full":
-            bwd += full_layer  # the block being recomputed
-        bwd_peak = rest + buffers - fsdp + root_live + head_held + max(compute, reduce) \
-            + bwd + held
-        if pp > 1:
-            # torch's pipeline stage turns FSDP2's gradient sync and reshard-after-backward
-            # off until the step's last backward: every unit of the stage stays gathered and
-            # its gradients accumulate unsharded, both in the compute dtype, next to the
-            # micro-batches' activations. Source: measured with the dry-run,
-            # llama-1024-L4 dp2 z3 pp2 1f1b (-12% without this).
-            stage = wc * count
-            bwd_peak = max(bwd_peak, fixed - st["params.in_flight"] + buffers - fsdp
-                           + 2 * stage + block_acts + held)
-        # end of backward, the root unit's post-backward: its fp32 reduce-scatter input and
-        # output shard (which become its sharded grads: not counted twice), with one of its
-        # 16-bit unsharded grads (embedding or head) not yet freed and the logits the loop
-        # holds; ZeRO-3 has resharded the root's parameters by then (ZeRO-2 keeps every unit
-        # gathered: counted in `rest`). Source: the dry-run's peak of llama-1024-L4 dp2 z3
-        # (sharded grads of the blocks only, one bf16 root grad, no unsharded params:
-        # +18% with the root gathered and its shard counted twice).
-        rs_unit = bufs.get("fsdp_reduce_scatter", 0.0)
-        end_peak = rest + buffers - fsdp + rs_unit + grads_rest
-        if L.zero >= 3 and root_live:
-            root_grads = grads_rest * (root_live / wc) / count if count else 0.0
-            embedding = wc * _param_counts(plan.model).embedding / L.tp if rank == 0 else 0.0
-            end_peak += max(embedding, head_held) + held - root_grads
-        peak = max(bwd_peak, end_peak, step_peak)
-    loss_tmp = 0.0
+        cands = [*_zero_moments(plan, st, fixed, buffers, bufs, fsdp, count, bwd_terms, layers,
+                                m, block_stored, acts_terms, rank), step]
+    else:  # states with the FSDP units in flight, every buffer, activations/grads
+        cands = [ForwardBackward(fixed, buffers, fwdbwd), step]
+    loss_tmp = emb_tmp = 0.0
     if last:
-        # the head weight the fused loss reads: FSDP2's 16-bit unsharded copy under ZeRO-2/3
-        # with 16-bit compute, else the fp32 parameter
-        weight_bytes = 2 if (L.zero >= 2 and plan.precision != "fp32") else 4
-        loss_tmp = loss_backward_bytes(plan.model, seq_len=plan.seq_len,
-                                       micro_batch=plan.micro_batch, tp=L.tp, cp=L.cp,
-                                       fused=pp == 1, precision=plan.precision,
-                                       weight_bytes=weight_bytes,
-                                       chunk_tokens=plan.loss_chunk_tokens)
+        extra = acts_terms[1] if plan.ac == "full" and layers else 0.0
+        loss = _loss_moment(plan, st, fixed, buffers, fsdp, quant, count, m, acts - extra,
+                            moments, acts_terms, bwd_terms[0])
+        loss_tmp = loss.loss_temp
         bufs = dict(bufs, loss_backward_temp=loss_tmp)
-        resting = fixed - (st["params.in_flight"] if L.zero >= 3 else 0.0)
-        coll = sum(v for k, v in bufs.items() if k.startswith("fsdp_"))
-        held = grads - st["grads.in_flight"] if (m > 1 or pp > 1) else 0.0
-        if pp > 1 and L.zero >= 2:
-            # the stage's units gathered and grads unsharded (see the ZeRO-2/3 block above)
-            wc = 4 if plan.precision == "fp32" else 2
-            resting = fixed - st["params.in_flight"] + wc * count
-            held = wc * count
-        stored = acts - extra  # no recompute during the loss backward
-        if L.zero >= 3 and pp == 1:
-            # the fused loss reads the head inside the root unit's forward: FSDP2 does not
-            # reshard the root after forward, so its unsharded copy is alive (dry-run,
-            # gpt2-124m-L2 dp8 z3: -15% without it)
-            resting += bwd_terms[0]
-        # Not counted, because not held: the logits of earlier micro-batches (the trainer runs
-        # the schedule with return_outputs=False; torch's default would keep all m of them on
-        # the last stage until the step ends, measured 33 MB per micro-batch on llama-1024-L4).
-        loss_peak = resting + buffers - coll - quant + stored + held + loss_tmp
-        if pp > 1:
-            # each loss backward of the schedule: what is stored then, gradients if they exist
-            loss_peak = max(resting + buffers - coll - quant + lay * per_layer + hd * head_acts
-                            + (held if g else 0.0) + loss_tmp
-                            for lay, hd, g, is_loss in moments if is_loss)
-        peak = max(peak, loss_peak)
-    emb_tmp = 0.0
+        cands.append(loss)
     if rank == 0 and layers and plan.offload == "none":
         emb_tmp = bwd_terms[3]
-        # + ctx: the runtime context is outside every moment's tensors
-        emb_peak = _embedding_moment(plan, st, bufs, count, last, fixed, bwd_terms,
-                                     held_logits) + ctx
+        cands.append(_embedding_moment(plan, st, bufs, count, last, fixed, bwd_terms,
+                                       acts_terms[3], ctx))
         bufs = dict(bufs, embedding_backward_temp=emb_tmp)
-        peak = max(peak, emb_peak)
-    total = peak
+    peak = max(cands, key=_total)
+    total = peak.total
     reserved = total + FRAGMENTATION * (total - ctx)
-    return (reserved, total, st, bufs, buffers + loss_tmp + emb_tmp, acts, per_layer, step_tmp,
-            count, rank, in_flight)
+    return RankMemory(reserved, total, st, bufs, buffers + loss_tmp + emb_tmp, acts,
+                      acts_terms[0], step_tmp, count, rank, in_flight, peak.name)
 
 
 def worst_rank(plan: PlanInput, *, convention: str = "scaletrain",
-               modern: bool = True) -> tuple[RankNumbers, float]:
+               modern: bool = True) -> tuple[RankMemory, float]:
     """The worst rank's numbers (by reserved bytes) and the largest parameter count of any
     rank (what paces gradient synchronisation)."""
     L = plan.layout
@@ -523,30 +737,33 @@ def worst_rank(plan: PlanInput, *, convention: str = "scaletrain",
     max_params = 0.0
     for rank, layers, in_flight in rank_candidates(plan.model.num_layers, L.pp, L.pp_virtual,
                                                    L.pp_schedule, m):
-        nums = _rank_numbers(plan, acts_terms, zs, rank, layers, in_flight, m, convention,
-                             device)
-        if worst is None or nums[0] > worst[0]:
+        nums = _rank_memory(plan, acts_terms, zs, rank, layers, in_flight, m, convention,
+                            device)
+        if worst is None or nums.reserved > worst.reserved:
             worst = nums
-        if nums[8] > max_params:
-            max_params = nums[8]
+        if nums.params > max_params:
+            max_params = nums.params
     assert worst is not None
     return worst, max_params
 
 
-def breakdown(plan: PlanInput, nums: RankNumbers) -> MemoryBreakdown:
-    """The public MemoryBreakdown of `_rank_numbers`' tuple."""
-    reserved, total, st, bufs, buffers, acts, per_layer, step_tmp, count, rank, inflight = nums
-    L = plan.layout
+def breakdown(plan: PlanInput, nums: RankMemory) -> MemoryBreakdown:
+    """The public MemoryBreakdown of a `RankMemory`."""
+    L, st = plan.layout, nums.states
     cap = plan.hardware.memory_bytes
     return MemoryBreakdown(
-        params=st["params"], grads=st["grads"], optimizer=st["optimizer"], activations=acts,
-        buffers=buffers, total=total, reserved=reserved, capacity=cap, fits=reserved <= cap,
-        rank=rank * L.tp * L.cp * L.dp, buffer_terms=dict(bufs),
+        params=st["params"], grads=st["grads"], optimizer=st["optimizer"],
+        activations=nums.activations, buffers=nums.buffers, total=nums.total,
+        reserved=nums.reserved, capacity=cap, fits=nums.reserved <= cap,
+        rank=nums.rank * L.tp * L.cp * L.dp, buffer_terms=dict(nums.buffer_terms),
         detail={"params.in_flight": st["params.in_flight"],
                 "grads.in_flight": st["grads.in_flight"], "offloaded.cpu": st["offloaded"],
-                "activations.per_layer": per_layer, "activations.in_flight": inflight,
-                "optimizer_step.temp": step_tmp, "allocator_reserve": reserved - total,
-                "params.count": count, "pipeline_rank": rank})
+                "activations.per_layer": nums.per_layer,
+                "activations.in_flight": nums.in_flight,
+                "optimizer_step.temp": nums.step_temp,
+                "allocator_reserve": nums.reserved - nums.total,
+                "params.count": nums.params, "pipeline_rank": nums.rank},
+        moment=nums.moment)
 
 
 def pipeline_rank_memory(plan: PlanInput, pp_rank: int, *, convention: str = "scaletrain",
@@ -561,8 +778,8 @@ def pipeline_rank_memory(plan: PlanInput, pp_rank: int, *, convention: str = "sc
     in_flight = (1.0 if L.pp == 1 else
                  inflight_per_rank(L.pp_schedule, L.pp, m, L.pp_virtual)[pp_rank])
     device = "cpu" if plan.hardware.name == "cpu" else "gpu"
-    nums = _rank_numbers(plan, _activation_terms(plan, modern), L.zero_shards, pp_rank, layers,
-                         in_flight, m, convention, device)
+    nums = _rank_memory(plan, _activation_terms(plan, modern), L.zero_shards, pp_rank, layers,
+                        in_flight, m, convention, device)
     return breakdown(plan, nums)
 
 
