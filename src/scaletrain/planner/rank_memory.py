@@ -55,7 +55,7 @@ from .pipeline import inflight_per_rank, rank_order
 from .types import MemoryBreakdown, PlanInput
 
 __all__ = ["estimate_memory", "pipeline_rank_memory", "worst_rank", "rank_candidates",
-           "schedule_moments", "RankMemory"]
+           "schedule_moments", "RankMemory", "ModelTerms"]
 
 
 @functools.lru_cache(maxsize=8192)
@@ -131,37 +131,40 @@ def schedule_moments(schedule: str, p: int, m: int, v: int, rank: int, num_layer
     return tuple(sorted(kept))
 
 
-_PC: dict[int, tuple] = {}
+class ModelTerms:
+    """One model's memory terms, reused by every layout of a search: its parameter counts and,
+    keyed by the layout fields each depends on, the rank states (`_rank_states`), activation
+    terms (`_activation_terms`) and buffers (`_buffers`). `search.search` builds one per
+    search; a caller that passes none gets a fresh one per call."""
+
+    __slots__ = ("model", "counts", "states", "acts", "bufs")
+
+    def __init__(self, model: ModelConfig) -> None:
+        self.model = model
+        self.counts: ParamCounts = model.param_counts()
+        self.states: dict[tuple, tuple] = {}
+        self.acts: dict[tuple, tuple[float, float, float, float]] = {}
+        self.bufs: dict[tuple, tuple] = {}
 
 
-def _param_counts(model: ModelConfig) -> ParamCounts:
-    """`model.param_counts()`, cached by identity (the search's hot path asks per rank)."""
-    hit = _PC.get(id(model))
-    if hit is not None and hit[0] is model:  # the stored reference keeps id(model) unique
-        return hit[1]
-    if len(_PC) > 1024:
-        _PC.clear()
-    pc = model.param_counts()
-    _PC[id(model)] = (model, pc)
-    return pc
+def model_terms(plan: PlanInput, terms: ModelTerms | None) -> ModelTerms:
+    """`terms` if it was built for the plan's model, else a fresh one."""
+    return terms if terms is not None and terms.model is plan.model else ModelTerms(plan.model)
 
 
-_STATES: dict[tuple, tuple] = {}
-
-
-def _rank_states(plan: PlanInput, zs: int, first: bool, last: bool, layers: int,
-                 convention: str) -> tuple:
+def _rank_states(plan: PlanInput, terms: ModelTerms, zs: int, first: bool, last: bool,
+                 layers: int, convention: str) -> tuple:
     """(model-state dict, parameter count, largest FSDP unit, ZeRO-sharded count, params +
     optimizer bytes, backward terms), cached; backward terms = (root unit's unsharded bytes,
     head gradient held, one block's parameters, embedding-backward temporaries) for the
     ZeRO-2/3 and embedding moments of `_rank_memory`."""
     L, model = plan.layout, plan.model
-    key = (id(model), L.tp, L.ep, L.zero, zs, L.pp > 1, first, last, layers, plan.precision,
+    key = (L.tp, L.ep, L.zero, zs, L.pp > 1, first, last, layers, plan.precision,
            plan.optimizer, plan.offload, convention)
-    hit = _STATES.get(key)
-    if hit is not None and hit[0] is model:  # the stored reference keeps id(model) unique
-        return hit[1]
-    pc = _param_counts(model)
+    hit = terms.states.get(key)
+    if hit is not None:
+        return hit
+    pc = terms.counts
     tp, ep = L.tp, L.ep
     dense_mlp = 0 if model.is_moe else pc.mlp
     block = (pc.attention + dense_mlp) / tp + pc.norms + pc.router
@@ -194,35 +197,31 @@ def _rank_states(plan: PlanInput, zs: int, first: bool, last: bool, layers: int,
     sharded = (dense / zs + expert / expert_zero_shards(L)) if L.zero else dense + expert
     fixed = st["params"] + st["optimizer"]
     wc = 4 if plan.precision == "fp32" else 2
-    root_live, head_held = _root_in_backward(plan, first, last, wc)
+    root_live, head_held = _root_in_backward(plan, pc, first, last, wc)
     emb_tmp = 0.0
     if first:
         # the weight's dtype as used: FSDP2's 16-bit unit, or fp32 (also under autocast)
         grad_bytes = 2 if (L.zero >= 2 and plan.precision != "fp32") else 4
         emb_tmp = embedding_backward_bytes(model, tp=tp, grad_bytes=grad_bytes,
                                            tied=model.tie_embeddings and L.pp == 1)
-    bwd_terms = (root_live, head_held, _block_params(plan), emb_tmp)
+    bwd_terms = (root_live, head_held, _block_params(plan, pc), emb_tmp)
     out = (st, dense + expert, unit, sharded, fixed, bwd_terms)
-    if len(_STATES) > 16384:
-        _STATES.clear()
-    _STATES[key] = (model, out)
+    terms.states[key] = out
     return out
 
 
-_ACTS: dict[tuple, tuple] = {}
-
-
-def _activation_terms(plan: PlanInput, modern: bool) -> tuple[float, float, float, float]:
+def _activation_terms(plan: PlanInput, terms: ModelTerms, modern: bool
+                      ) -> tuple[float, float, float, float]:
     """(stored bytes per block, a block's full no-AC set, head bytes, logits the loop holds)
     per micro-batch, cached."""
     L, model = plan.layout, plan.model
     # autocast on fp32 params: DDP and ZeRO-1; ZeRO-2/3 are FSDP2 with 16-bit parameters
     residual_fp32 = plan.precision != "fp32" and L.zero < 2
-    key = (id(model), plan.seq_len, plan.micro_batch, L.tp, L.sp, L.cp, L.ep, plan.ac,
-           plan.precision, plan.compile, modern, residual_fp32)
-    hit = _ACTS.get(key)
-    if hit is not None and hit[0] is model:
-        return hit[1]
+    key = (plan.seq_len, plan.micro_batch, L.tp, L.sp, L.cp, L.ep, plan.ac, plan.precision,
+           plan.compile, modern, residual_fp32)
+    hit = terms.acts.get(key)
+    if hit is not None:
+        return hit
     s, b, p = plan.seq_len, plan.micro_batch, plan.precision
     per_layer = layer_activation_bytes(model, seq_len=s, micro_batch=b, tp=L.tp, sp=L.sp,
                                        cp=L.cp, ac=plan.ac, precision=p, modern=modern,
@@ -245,30 +244,26 @@ def _activation_terms(plan: PlanInput, modern: bool) -> tuple[float, float, floa
         # 2 bytes x the block's local expert parameters per micro-batch (dry-run, tiny-moe
         # dp2 z3 ep2: -3.0% total without this term). fp8 experts save no cast: they
         # re-quantize the fp32 weight in backward (precision/fp8.py).
-        casts = 2.0 * _param_counts(model).mlp / expert_split(L)
+        casts = 2.0 * terms.counts.mlp / expert_split(L)
         if plan.ac != "full":  # under full recompute only the block being recomputed has them
             per_layer += casts
         full += casts
-    terms = (per_layer, full, head, held)
-    if len(_ACTS) > 16384:
-        _ACTS.clear()
-    _ACTS[key] = (model, terms)
-    return terms
+    out = (per_layer, full, head, held)
+    terms.acts[key] = out
+    return out
 
 
-_BUFS: dict[tuple, tuple] = {}
-
-
-def _buffers(plan: PlanInput, zs: int, unit: float, device: str, count: float = 0.0) -> tuple:
+def _buffers(plan: PlanInput, terms: ModelTerms, zs: int, unit: float, device: str,
+             count: float = 0.0) -> tuple:
     """(named buffer terms, their sum, runtime context, FSDP collectives' sum, fp8 quantization
     temporary), cached. count: the rank's parameters (DDP's bucket copy)."""
     L, model = plan.layout, plan.model
     tokens = plan.seq_len / L.cp * plan.micro_batch
-    key = (id(model), tokens, plan.precision, L.zero, L.dp, L.tp, L.sp, L.pp, L.cp, L.ep, unit,
-           zs, device, count)
-    hit = _BUFS.get(key)
-    if hit is not None and hit[0] is model:
-        return hit[1]
+    key = (tokens, plan.precision, L.zero, L.dp, L.tp, L.sp, L.pp, L.cp, L.ep, unit, zs, device,
+           count)
+    hit = terms.bufs.get(key)
+    if hit is not None:
+        return hit
     bufs = buffer_terms(hidden=model.dim, tokens=tokens, precision=plan.precision, zero=L.zero,
                         dp=L.dp, tp=L.tp, sp=L.sp, pp=L.pp, cp=L.cp, ep=L.ep,
                         kv_dim=model.kv_dim, experts_per_token=model.experts_per_token,
@@ -278,16 +273,13 @@ def _buffers(plan: PlanInput, zs: int, unit: float, device: str, count: float = 
         bufs["rope_tables"] = rope_table_bytes(model)
     fsdp = sum(v for k, v in bufs.items() if k.startswith("fsdp_"))
     out = (bufs, sum(bufs.values()), bufs["runtime_context"], fsdp, bufs.get("fp8_quantize", 0.0))
-    if len(_BUFS) > 16384:
-        _BUFS.clear()
-    _BUFS[key] = (model, out)
+    terms.bufs[key] = out
     return out
 
 
-def _block_params(plan: PlanInput) -> float:
+def _block_params(plan: PlanInput, pc: ParamCounts) -> float:
     """Parameters of one block on this rank (the FSDP unit of a block)."""
     model, L = plan.model, plan.layout
-    pc = _param_counts(model)
     if model.is_moe:
         # expert-parallel experts are not in the block's FSDP unit (FSDP2 ignores them)
         experts = 0.0 if (L.ep > 1 and L.zero >= 2) else pc.mlp / expert_split(L)
@@ -295,7 +287,7 @@ def _block_params(plan: PlanInput) -> float:
     return (pc.attention + pc.mlp) / L.tp + pc.norms
 
 
-def _root_in_backward(plan: PlanInput, first: bool, last: bool, wc: int
+def _root_in_backward(plan: PlanInput, pc: ParamCounts, first: bool, last: bool, wc: int
                       ) -> tuple[float, float]:
     """(root unit's unsharded parameters, head gradient held) through a ZeRO-3 backward.
 
@@ -304,7 +296,7 @@ def _root_in_backward(plan: PlanInput, first: bool, last: bool, wc: int
     reshards it only after its post-backward, the last of the step. Until then the head's
     gradient waits unsharded (untied head: a root parameter's grad) or, tied, as the head's
     contribution autograd holds until the embedding's arrives. Both in the compute dtype."""
-    L, pc = plan.layout, _param_counts(plan.model)
+    L = plan.layout
     root = 0.0
     if first:
         root += pc.embedding / L.tp + pc.position
@@ -316,7 +308,8 @@ def _root_in_backward(plan: PlanInput, first: bool, last: bool, wc: int
     return wc * root, wc * head
 
 
-def _embedding_moment(plan: PlanInput, st: dict, bufs: dict, count: float, last: bool,
+def _embedding_moment(plan: PlanInput, pc: ParamCounts, st: dict, bufs: dict, count: float,
+                      last: bool,
                       fixed: float, bwd_terms: tuple, held_logits: float, ctx: float
                       ) -> EmbeddingBackward:
     """Memory of the first stage when the token embedding's gradient is computed.
@@ -343,7 +336,7 @@ def _embedding_moment(plan: PlanInput, st: dict, bufs: dict, count: float, last:
             head_held = 0.0  # the head's contribution is in `tmp`
         states += root_live + head_held + 4.0 * blk
     else:
-        other = 1.0 - _param_counts(model).embedding / L.tp / count if count else 0.0
+        other = 1.0 - pc.embedding / L.tp / count if count else 0.0
         states += bufs.get("ddp_buckets", 0.0)
     states += bufs.get("rope_tables", 0.0)
     # + ctx: the runtime context is outside every moment's tensors
@@ -405,7 +398,8 @@ def _stored_activations(plan: PlanInput, moments: tuple, st: dict, layers: int,
     return acts, block_stored, max(acts + st["grads.in_flight"], grads + one_layer)
 
 
-def _zero_moments(plan: PlanInput, st: dict, fixed: float, buffers: float, bufs: dict,
+def _zero_moments(plan: PlanInput, pc: ParamCounts, st: dict, fixed: float, buffers: float,
+                  bufs: dict,
                   fsdp: float, count: float, bwd_terms: tuple, layers: int, m: int,
                   block_stored: float, acts_terms: tuple[float, float, float, float],
                   rank: int) -> list[Moment]:
@@ -462,7 +456,7 @@ def _zero_moments(plan: PlanInput, st: dict, fixed: float, buffers: float, bufs:
     root_grad = end_held = root_grads = 0.0
     if L.zero >= 3 and root_live:
         root_grads = grads_rest * (root_live / wc) / count if count else 0.0
-        embedding = wc * _param_counts(plan.model).embedding / L.tp if rank == 0 else 0.0
+        embedding = wc * pc.embedding / L.tp if rank == 0 else 0.0
         root_grad, end_held = max(embedding, head_held), held
     out.append(ZeroEndOfBackward(rest, buffers, fsdp, bufs.get("fsdp_reduce_scatter", 0.0),
                                  grads_rest, root_grad, end_held, root_grads))
@@ -515,20 +509,20 @@ def _total(moment: Moment) -> float:
     return moment.total
 
 
-def _rank_memory(plan: PlanInput, acts_terms: tuple[float, float, float, float], zs: int,
-                 rank: int, layers: int, in_flight: float, m: int, convention: str,
-                 device: str) -> RankMemory:
+def _rank_memory(plan: PlanInput, terms: ModelTerms,
+                 acts_terms: tuple[float, float, float, float], zs: int, rank: int, layers: int,
+                 in_flight: float, m: int, convention: str, device: str) -> RankMemory:
     """Memory of pipeline rank `rank` holding `layers` blocks with `in_flight` micro-batches:
     the largest of its moments (calibrated against the dry-run, see
     benchmarks/results/planner_accuracy.md)."""
     L = plan.layout
     last = rank == L.pp - 1
-    st, count, unit, sharded, fixed, bwd_terms = _rank_states(plan, zs, rank == 0, last,
-                                                              layers, convention)
+    st, count, unit, sharded, fixed, bwd_terms = _rank_states(plan, terms, zs, rank == 0,
+                                                              last, layers, convention)
     # fsdp: the FSDP collectives' buffers; quant: fp8's quantization temporary, which exists
     # only inside a converted linear's forward/backward: not during the optimizer step, nor
     # the (16-bit) head's loss backward
-    bufs, buffers, ctx, fsdp, quant = _buffers(plan, zs, unit, device, count)
+    bufs, buffers, ctx, fsdp, quant = _buffers(plan, terms, zs, unit, device, count)
     moments: tuple = ()
     if L.pp > 1:
         moments = schedule_moments(L.pp_schedule, L.pp, m, L.pp_virtual, rank,
@@ -543,8 +537,8 @@ def _rank_memory(plan: PlanInput, acts_terms: tuple[float, float, float, float],
                          st["grads.in_flight"], step_tmp)
     cands: list[Moment]
     if L.zero >= 2 and layers and unit > 0:
-        cands = [*_zero_moments(plan, st, fixed, buffers, bufs, fsdp, count, bwd_terms, layers,
-                                m, block_stored, acts_terms, rank), step]
+        cands = [*_zero_moments(plan, terms.counts, st, fixed, buffers, bufs, fsdp, count,
+                                bwd_terms, layers, m, block_stored, acts_terms, rank), step]
     else:  # states with the FSDP units in flight, every buffer, activations/grads
         cands = [ForwardBackward(fixed, buffers, fwdbwd), step]
     loss_tmp = emb_tmp = 0.0
@@ -557,7 +551,7 @@ def _rank_memory(plan: PlanInput, acts_terms: tuple[float, float, float, float],
         cands.append(loss)
     if rank == 0 and layers and plan.offload == "none":
         emb_tmp = bwd_terms[3]
-        cands.append(_embedding_moment(plan, st, bufs, count, last, fixed, bwd_terms,
+        cands.append(_embedding_moment(plan, terms.counts, st, bufs, count, last, fixed, bwd_terms,
                                        acts_terms[3], ctx))
         bufs = dict(bufs, embedding_backward_temp=emb_tmp)
     peak = max(cands, key=_total)
@@ -567,20 +561,21 @@ def _rank_memory(plan: PlanInput, acts_terms: tuple[float, float, float, float],
                       acts_terms[0], step_tmp, count, rank, in_flight, peak.name)
 
 
-def worst_rank(plan: PlanInput, *, convention: str = "scaletrain",
-               modern: bool = True) -> tuple[RankMemory, float]:
+def worst_rank(plan: PlanInput, *, convention: str = "scaletrain", modern: bool = True,
+               terms: ModelTerms | None = None) -> tuple[RankMemory, float]:
     """The worst rank's numbers (by reserved bytes) and the largest parameter count of any
     rank (what paces gradient synchronisation)."""
     L = plan.layout
     m = max(1, plan.grad_accum)
     device = "cpu" if plan.hardware.name == "cpu" else "gpu"
     zs = L.zero_shards
-    acts_terms = _activation_terms(plan, modern)
+    terms = model_terms(plan, terms)
+    acts_terms = _activation_terms(plan, terms, modern)
     worst = None
     max_params = 0.0
     for rank, layers, in_flight in rank_candidates(plan.model.num_layers, L.pp, L.pp_virtual,
                                                    L.pp_schedule, m):
-        nums = _rank_memory(plan, acts_terms, zs, rank, layers, in_flight, m, convention,
+        nums = _rank_memory(plan, terms, acts_terms, zs, rank, layers, in_flight, m, convention,
                             device)
         if worst is None or nums.reserved > worst.reserved:
             worst = nums
@@ -621,12 +616,14 @@ def pipeline_rank_memory(plan: PlanInput, pp_rank: int, *, convention: str = "sc
     in_flight = (1.0 if L.pp == 1 else
                  inflight_per_rank(L.pp_schedule, L.pp, m, L.pp_virtual)[pp_rank])
     device = "cpu" if plan.hardware.name == "cpu" else "gpu"
-    nums = _rank_memory(plan, _activation_terms(plan, modern), L.zero_shards, pp_rank, layers,
-                        in_flight, m, convention, device)
+    terms = ModelTerms(plan.model)
+    nums = _rank_memory(plan, terms, _activation_terms(plan, terms, modern), L.zero_shards,
+                        pp_rank, layers, in_flight, m, convention, device)
     return breakdown(plan, nums)
 
 
-def estimate_memory(plan: PlanInput, *, convention: str = "scaletrain",
-                    modern: bool = True) -> MemoryBreakdown:
+def estimate_memory(plan: PlanInput, *, convention: str = "scaletrain", modern: bool = True,
+                    terms: ModelTerms | None = None) -> MemoryBreakdown:
     """Memory of the plan's worst rank without the time model (the search's first filter)."""
-    return breakdown(plan, worst_rank(plan, convention=convention, modern=modern)[0])
+    return breakdown(plan, worst_rank(plan, convention=convention, modern=modern,
+                                      terms=terms)[0])
