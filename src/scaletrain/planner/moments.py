@@ -112,6 +112,7 @@ class ZeroEndOfBackward:
 
     @property
     def total(self) -> float:
+        # the ZeRO-3 root terms are added as one sum (all 0.0 without a root unit to wait on)
         return (self.states + self.buffers - self.fsdp + self.reduce_scatter + self.grads
                 + (self.root_grad + self.held_logits - self.root_sharded_grads))
 
