@@ -26,7 +26,7 @@ from scaletrain.planner import (
 from scaletrain.planner.estimate import reserved_and_step
 from scaletrain.planner.memory import stage_layer_counts
 from scaletrain.planner.pipeline import simulate
-from scaletrain.planner.rank_memory import _activation_terms, _rank_numbers
+from scaletrain.planner.rank_memory import ModelTerms, _activation_terms, _rank_memory
 
 H100 = hardware_preset("h100-sxm")
 SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zero-bubble", 1)]
@@ -45,11 +45,12 @@ def _brute_force_worst(plan: PlanInput) -> tuple[float, int, float]:
     m = plan.grad_accum
     sim = simulate(L.pp_schedule, L.pp, m, L.pp_virtual, 1.0, 2.0)
     counts = stage_layer_counts(plan.model.num_layers, L.pp, L.pp_virtual)
-    acts = _activation_terms(plan, True)
-    worst = max((_rank_numbers(plan, acts, L.zero_shards, r, counts[r], sim.peak_inflight[r],
-                               m, "scaletrain", "gpu") for r in range(L.pp)),
-                key=lambda nums: nums[0])
-    return worst[0], worst[9], worst[10]
+    terms = ModelTerms(plan.model)
+    acts = _activation_terms(plan, terms, True)
+    worst = max((_rank_memory(plan, terms, acts, L.zero_shards, r, counts[r], sim.peak_inflight[r],
+                              m, "scaletrain", "gpu") for r in range(L.pp)),
+                key=lambda nums: nums.reserved)
+    return worst.reserved, worst.rank, worst.in_flight
 
 
 @pytest.mark.parametrize("schedule,v", SCHEDULES)
@@ -125,3 +126,24 @@ def test_fast_path_equals_estimate(model: str, layout: Layout, ac: str, offload:
         assert step == pytest.approx(est.time.step_s)
     else:
         assert step == float("inf") and est.memory.reserved > plan.hardware.memory_bytes
+
+
+def test_shared_model_terms_give_each_layout_its_own_memory() -> None:
+    """One `ModelTerms` per search: layouts evaluated one after another through the same terms
+    get exactly what a fresh one gives each (no term of one layout leaks into another), and
+    terms built for another model are not used."""
+    model = resolve_model("llama2-7b")
+    layouts = [Layout(dp=8, zero=3), Layout(dp=2, tp=4, sp=True, zero=1),
+               Layout(dp=2, pp=4, zero=2), Layout(dp=1, tp=2, pp=4, pp_schedule="interleaved",
+                                                  pp_virtual=2, zero=1)]
+    shared = ModelTerms(model)
+    for layout in layouts * 2:
+        for ac in ("none", "full"):
+            plan = PlanInput(model, H100, layout.world_size, layout, 4096, 8 * layout.dp, 1,
+                             ac=ac)
+            assert estimate_memory(plan, terms=shared) == estimate_memory(plan)
+    assert shared.states and shared.acts and shared.bufs
+    other = ModelTerms(resolve_model("gpt2-350m"))
+    plan = PlanInput(model, H100, 8, layouts[0], 4096, 64, 1)
+    assert estimate_memory(plan, terms=other) == estimate_memory(plan)
+    assert not other.states

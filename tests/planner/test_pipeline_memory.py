@@ -106,3 +106,57 @@ def test_each_pipeline_rank_has_its_memory_and_the_worst_is_one_of_them(schedule
     assert ranks[0].params != ranks[3].params  # embedding on the first, head on the last
     with pytest.raises(ValueError, match="pp_rank"):
         pipeline_rank_memory(plan, 4)
+
+
+MOMENTS = {"forward/backward peak with activations stored", "optimizer step",
+           "block backward under ZeRO-2/3", "pipeline stage backward, FSDP units gathered",
+           "end of backward, root unit's reduce-scatter", "loss backward on the last stage",
+           "embedding backward on the first stage"}
+
+
+def test_each_rank_names_a_moment_it_has():
+    """Only the last stage has a loss backward and only the first an embedding backward; the
+    ZeRO-2/3 moments replace the plain forward/backward one."""
+    from scaletrain.config import Layout, hardware_preset
+    from scaletrain.planner import pipeline_rank_memory
+    from scaletrain.planner.types import PlanInput
+
+    for zero, plain in ((1, True), (3, False)):
+        plan = PlanInput(model=resolve_model("llama2-7b"), hardware=hardware_preset("h100-sxm"),
+                         num_gpus=8, layout=Layout(dp=2, pp=4, zero=zero), seq_len=4096,
+                         global_batch=16, micro_batch=1, precision="bf16")
+        names = [pipeline_rank_memory(plan, r).moment for r in range(4)]
+        assert set(names) <= MOMENTS, names
+        assert "loss backward on the last stage" not in names[:3]
+        assert "embedding backward on the first stage" not in names[1:]
+        fwdbwd = "forward/backward peak with activations stored"
+        assert plain or fwdbwd not in names, names
+
+
+@pytest.mark.parametrize("model,gpus,layout,seq,batch,offload,hw,moment", [
+    # 7B on 8 GPUs, ZeRO-3, long sequences: a block's backward (gathered units + grads)
+    ("llama2-7b", 8, dict(dp=8, zero=3), 4096, 8, "none", "h100-sxm",
+     "block backward under ZeRO-2/3"),
+    # 70B pp32 zero-bubble ZeRO-3, parameters offloaded: torch's stage keeps every unit
+    # gathered with unsharded grads in backward
+    ("llama3-70b", 64, dict(tp=2, sp=True, pp=32, pp_schedule="zero-bubble", zero=3), 4096, 64,
+     "params", "h100-sxm", "pipeline stage backward, FSDP units gathered"),
+    # a tiny model in fp32 on CPUs, 8 sequences per micro-batch: the 256-token vocabulary's
+    # loss backward outweighs two 64-wide blocks (with 1 sequence: a block's backward)
+    ("tiny", 2, dict(dp=2, zero=3), 128, 16, "none", "cpu", "loss backward on the last stage"),
+    ("tiny", 2, dict(dp=2, zero=3), 128, 2, "none", "cpu", "block backward under ZeRO-2/3"),
+])
+def test_explain_names_the_peak_moment(model, gpus, layout, seq, batch, offload, hw, moment):
+    from scaletrain.config import Layout, hardware_preset
+    from scaletrain.planner import estimate
+    from scaletrain.planner.explain import explain
+    from scaletrain.planner.types import PlanInput
+
+    plan = PlanInput(model=resolve_model(model), hardware=hardware_preset(hw),
+                     num_gpus=gpus, layout=Layout(**layout), seq_len=seq, global_batch=batch,
+                     micro_batch=batch // gpus if hw == "cpu" else 1,
+                     precision="fp32" if hw == "cpu" else "bf16",
+                     offload=offload)
+    est = estimate(plan)
+    assert est.memory.moment == moment
+    assert f"peak moment: {moment}" in explain(est)

@@ -110,7 +110,7 @@ def test_equal_step_times_go_to_the_layout_with_less_memory(monkeypatch) -> None
 
     costs = {"lean": (40e9, 10.0), "fat": (70e9, 10.0), "fast": (75e9, 9.0)}
     monkeypatch.setattr(search_mod, "reserved_and_step",
-                        lambda plan, memory_only=False: costs[plan.name])
+                        lambda plan, memory_only=False, terms=None: costs[plan.name])
     tally = search_mod._Tally()
     plans = {n: SimpleNamespace(name=n) for n in ("fat", "lean", "fast")}
     for name in ("fat", "lean"):  # recorded first: the order alone would keep "fat" ahead

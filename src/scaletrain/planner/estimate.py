@@ -21,7 +21,7 @@ from .flops import (
 )
 from .memory import fp8_linear_params, stage_layer_counts
 from .pipeline import bubble_fraction
-from .rank_memory import breakdown, estimate_memory, worst_rank
+from .rank_memory import ModelTerms, breakdown, estimate_memory, worst_rank
 from .recipe_memory import recipe_stage_layers, recipe_worst_rank
 from .recipes import DEFAULT_RECIPE, Recipe, recipe_named
 from .types import Estimate, MemoryBreakdown, PlanInput, TimeBreakdown
@@ -197,11 +197,12 @@ def _time(plan: PlanInput, max_params: float, causal: bool, gpus_per_node: int |
 
 def reserved_and_step(plan: PlanInput, *, convention: str = "scaletrain", modern: bool = True,
                       causal: bool = True, gpus_per_node: int | None = None,
-                      zero_bubble: str = "h1", memory_only: bool = False
-                      ) -> tuple[float, float]:
+                      zero_bubble: str = "h1", memory_only: bool = False,
+                      terms: ModelTerms | None = None) -> tuple[float, float]:
     """The search's hot path: (worst-rank reserved bytes, step seconds); the step is inf when
     the plan does not fit (its time model is skipped) and 0 with memory_only. Same arithmetic
-    as `estimate`, without building dataclasses."""
+    as `estimate`, without building dataclasses. terms: the search's `ModelTerms` of the
+    plan's model."""
     if plan.recipe != DEFAULT_RECIPE:
         mem, max_params = recipe_worst_rank(plan)
         if mem.reserved > plan.hardware.memory_bytes:
@@ -210,17 +211,17 @@ def reserved_and_step(plan: PlanInput, *, convention: str = "scaletrain", modern
             return mem.reserved, 0.0
         return mem.reserved, _time(plan, max_params, causal, gpus_per_node, zero_bubble,
                                    recipe_named(plan.recipe))[0]
-    nums, max_params = worst_rank(plan, convention=convention, modern=modern)
-    if nums[0] > plan.hardware.memory_bytes:
-        return nums[0], float("inf")
+    nums, max_params = worst_rank(plan, convention=convention, modern=modern, terms=terms)
+    if nums.reserved > plan.hardware.memory_bytes:
+        return nums.reserved, float("inf")
     if memory_only:
-        return nums[0], 0.0
-    return nums[0], _time(plan, max_params, causal, gpus_per_node, zero_bubble)[0]
+        return nums.reserved, 0.0
+    return nums.reserved, _time(plan, max_params, causal, gpus_per_node, zero_bubble)[0]
 
 
 def estimate(plan: PlanInput, *, convention: str = "scaletrain", modern: bool = True,
              causal: bool = True, gpus_per_node: int | None = None,
-             zero_bubble: str = "h1") -> Estimate:
+             zero_bubble: str = "h1", terms: ModelTerms | None = None) -> Estimate:
     """Evaluate one layout: worst-rank memory, step time, tokens/s (whole job), MFU.
 
     convention: model-state byte convention (memory.CONVENTIONS); modern: modern activation
@@ -235,12 +236,12 @@ def estimate(plan: PlanInput, *, convention: str = "scaletrain", modern: bool = 
         recipe = recipe_named(plan.recipe)
         mem, max_params = recipe_worst_rank(plan)
     else:
-        nums, max_params = worst_rank(plan, convention=convention, modern=modern)
+        nums, max_params = worst_rank(plan, convention=convention, modern=modern, terms=terms)
         mem = breakdown(plan, nums)
-    step_s, compute_s, bubble_s, exposed, optimizer_s, terms, eff = _time(
+    step_s, compute_s, bubble_s, exposed, optimizer_s, comm, eff = _time(
         plan, max_params, causal, gpus_per_node, zero_bubble, recipe)
     model_fpt = _model_consts(model, plan.seq_len, causal, plan.ac)[5]
-    comm_s = {k: v[1] for k, v in terms.items()}
+    comm_s = {k: v[1] for k, v in comm.items()}
     m = max(1, plan.grad_accum)
     tokens_step = float(m * plan.micro_batch * L.dp * plan.seq_len)
     tokens_per_s = tokens_step / step_s if step_s > 0 else 0.0

@@ -94,6 +94,8 @@ def _states_and_activations(est: Estimate) -> list[str]:
     add(f"   total allocated peak {_gb(mem.total)}; reserved (+fragmentation) "
         f"{_gb(mem.reserved)} vs capacity {_gb(mem.capacity)} -> "
         f"{'fits' if mem.fits else 'DOES NOT FIT'}")
+    if mem.moment:
+        add(f"   peak moment: {mem.moment}")
     return out
 
 

@@ -1,7 +1,10 @@
 """Memory of the worst pipeline rank of a plan: `estimate_memory(plan) -> MemoryBreakdown`.
 
 The search's hot path (`worst_rank`) returns plain numbers; the breakdown dataclass is built
-only for the layouts the planner reports. Both go through `_rank_numbers`, so they agree.
+only for the layouts the planner reports. Both go through `_rank_memory`, so they agree: a
+rank's peak is the largest of its named moments (`ForwardBackward`, `OptimizerStep`, the
+ZeRO-2/3 moments, `LossBackward`, `EmbeddingBackward`), each a frozen dataclass of its byte
+terms, and `RankMemory.moment` names the one that won.
 
 Which ranks are evaluated: rank 0 (embedding), rank pp-1 (head), and the middle ranks no other
 middle rank dominates: middle ranks hold the same per-block states, buffers and per-block
@@ -37,15 +40,22 @@ from .memory import (
     rope_table_bytes,
     stage_layer_counts,
 )
+from .moments import (
+    EmbeddingBackward,
+    ForwardBackward,
+    LossBackward,
+    Moment,
+    OptimizerStep,
+    RankMemory,
+    ZeroBlockBackward,
+    ZeroEndOfBackward,
+    ZeroStageBackward,
+)
 from .pipeline import inflight_per_rank, rank_order
 from .types import MemoryBreakdown, PlanInput
 
 __all__ = ["estimate_memory", "pipeline_rank_memory", "worst_rank", "rank_candidates",
-           "schedule_moments", "RankNumbers"]
-
-RankNumbers = tuple
-"""(reserved, total, states dict, buffers dict, buffers sum, activations, per-layer
-activations, step temporary, parameter count, pipeline rank, in-flight micro-batches)."""
+           "schedule_moments", "RankMemory", "ModelTerms"]
 
 
 @functools.lru_cache(maxsize=8192)
@@ -121,37 +131,40 @@ def schedule_moments(schedule: str, p: int, m: int, v: int, rank: int, num_layer
     return tuple(sorted(kept))
 
 
-_PC: dict[int, tuple] = {}
+class ModelTerms:
+    """One model's memory terms, reused by every layout of a search: its parameter counts and,
+    keyed by the layout fields each depends on, the rank states (`_rank_states`), activation
+    terms (`_activation_terms`) and buffers (`_buffers`). `search.search` builds one per
+    search; a caller that passes none gets a fresh one per call."""
+
+    __slots__ = ("model", "counts", "states", "acts", "bufs")
+
+    def __init__(self, model: ModelConfig) -> None:
+        self.model = model
+        self.counts: ParamCounts = model.param_counts()
+        self.states: dict[tuple, tuple] = {}
+        self.acts: dict[tuple, tuple[float, float, float, float]] = {}
+        self.bufs: dict[tuple, tuple] = {}
 
 
-def _param_counts(model: ModelConfig) -> ParamCounts:
-    """`model.param_counts()`, cached by identity (the search's hot path asks per rank)."""
-    hit = _PC.get(id(model))
-    if hit is not None and hit[0] is model:  # the stored reference keeps id(model) unique
-        return hit[1]
-    if len(_PC) > 1024:
-        _PC.clear()
-    pc = model.param_counts()
-    _PC[id(model)] = (model, pc)
-    return pc
+def model_terms(plan: PlanInput, terms: ModelTerms | None) -> ModelTerms:
+    """`terms` if it was built for the plan's model, else a fresh one."""
+    return terms if terms is not None and terms.model is plan.model else ModelTerms(plan.model)
 
 
-_STATES: dict[tuple, tuple] = {}
-
-
-def _rank_states(plan: PlanInput, zs: int, first: bool, last: bool, layers: int,
-                 convention: str) -> tuple:
+def _rank_states(plan: PlanInput, terms: ModelTerms, zs: int, first: bool, last: bool,
+                 layers: int, convention: str) -> tuple:
     """(model-state dict, parameter count, largest FSDP unit, ZeRO-sharded count, params +
     optimizer bytes, backward terms), cached; backward terms = (root unit's unsharded bytes,
     head gradient held, one block's parameters, embedding-backward temporaries) for the
-    ZeRO-2/3 and embedding moments of `_rank_numbers`."""
+    ZeRO-2/3 and embedding moments of `_rank_memory`."""
     L, model = plan.layout, plan.model
-    key = (id(model), L.tp, L.ep, L.zero, zs, L.pp > 1, first, last, layers, plan.precision,
+    key = (L.tp, L.ep, L.zero, zs, L.pp > 1, first, last, layers, plan.precision,
            plan.optimizer, plan.offload, convention)
-    hit = _STATES.get(key)
-    if hit is not None and hit[0] is model:  # the stored reference keeps id(model) unique
-        return hit[1]
-    pc = _param_counts(model)
+    hit = terms.states.get(key)
+    if hit is not None:
+        return hit
+    pc = terms.counts
     tp, ep = L.tp, L.ep
     dense_mlp = 0 if model.is_moe else pc.mlp
     block = (pc.attention + dense_mlp) / tp + pc.norms + pc.router
@@ -184,35 +197,31 @@ def _rank_states(plan: PlanInput, zs: int, first: bool, last: bool, layers: int,
     sharded = (dense / zs + expert / expert_zero_shards(L)) if L.zero else dense + expert
     fixed = st["params"] + st["optimizer"]
     wc = 4 if plan.precision == "fp32" else 2
-    root_live, head_held = _root_in_backward(plan, first, last, wc)
+    root_live, head_held = _root_in_backward(plan, pc, first, last, wc)
     emb_tmp = 0.0
     if first:
         # the weight's dtype as used: FSDP2's 16-bit unit, or fp32 (also under autocast)
         grad_bytes = 2 if (L.zero >= 2 and plan.precision != "fp32") else 4
         emb_tmp = embedding_backward_bytes(model, tp=tp, grad_bytes=grad_bytes,
                                            tied=model.tie_embeddings and L.pp == 1)
-    bwd_terms = (root_live, head_held, _block_params(plan), emb_tmp)
+    bwd_terms = (root_live, head_held, _block_params(plan, pc), emb_tmp)
     out = (st, dense + expert, unit, sharded, fixed, bwd_terms)
-    if len(_STATES) > 16384:
-        _STATES.clear()
-    _STATES[key] = (model, out)
+    terms.states[key] = out
     return out
 
 
-_ACTS: dict[tuple, tuple] = {}
-
-
-def _activation_terms(plan: PlanInput, modern: bool) -> tuple[float, float, float, float]:
+def _activation_terms(plan: PlanInput, terms: ModelTerms, modern: bool
+                      ) -> tuple[float, float, float, float]:
     """(stored bytes per block, a block's full no-AC set, head bytes, logits the loop holds)
     per micro-batch, cached."""
     L, model = plan.layout, plan.model
     # autocast on fp32 params: DDP and ZeRO-1; ZeRO-2/3 are FSDP2 with 16-bit parameters
     residual_fp32 = plan.precision != "fp32" and L.zero < 2
-    key = (id(model), plan.seq_len, plan.micro_batch, L.tp, L.sp, L.cp, L.ep, plan.ac,
-           plan.precision, plan.compile, modern, residual_fp32)
-    hit = _ACTS.get(key)
-    if hit is not None and hit[0] is model:
-        return hit[1]
+    key = (plan.seq_len, plan.micro_batch, L.tp, L.sp, L.cp, L.ep, plan.ac, plan.precision,
+           plan.compile, modern, residual_fp32)
+    hit = terms.acts.get(key)
+    if hit is not None:
+        return hit
     s, b, p = plan.seq_len, plan.micro_batch, plan.precision
     per_layer = layer_activation_bytes(model, seq_len=s, micro_batch=b, tp=L.tp, sp=L.sp,
                                        cp=L.cp, ac=plan.ac, precision=p, modern=modern,
@@ -235,30 +244,26 @@ def _activation_terms(plan: PlanInput, modern: bool) -> tuple[float, float, floa
         # 2 bytes x the block's local expert parameters per micro-batch (dry-run, tiny-moe
         # dp2 z3 ep2: -3.0% total without this term). fp8 experts save no cast: they
         # re-quantize the fp32 weight in backward (precision/fp8.py).
-        casts = 2.0 * _param_counts(model).mlp / expert_split(L)
+        casts = 2.0 * terms.counts.mlp / expert_split(L)
         if plan.ac != "full":  # under full recompute only the block being recomputed has them
             per_layer += casts
         full += casts
-    terms = (per_layer, full, head, held)
-    if len(_ACTS) > 16384:
-        _ACTS.clear()
-    _ACTS[key] = (model, terms)
-    return terms
+    out = (per_layer, full, head, held)
+    terms.acts[key] = out
+    return out
 
 
-_BUFS: dict[tuple, tuple] = {}
-
-
-def _buffers(plan: PlanInput, zs: int, unit: float, device: str, count: float = 0.0) -> tuple:
-    """(named buffer terms, their sum, runtime context), cached. count: the rank's parameters
-    (DDP's bucket copy)."""
+def _buffers(plan: PlanInput, terms: ModelTerms, zs: int, unit: float, device: str,
+             count: float = 0.0) -> tuple:
+    """(named buffer terms, their sum, runtime context, FSDP collectives' sum, fp8 quantization
+    temporary), cached. count: the rank's parameters (DDP's bucket copy)."""
     L, model = plan.layout, plan.model
     tokens = plan.seq_len / L.cp * plan.micro_batch
-    key = (id(model), tokens, plan.precision, L.zero, L.dp, L.tp, L.sp, L.pp, L.cp, L.ep, unit,
-           zs, device, count)
-    hit = _BUFS.get(key)
-    if hit is not None and hit[0] is model:
-        return hit[1]
+    key = (tokens, plan.precision, L.zero, L.dp, L.tp, L.sp, L.pp, L.cp, L.ep, unit, zs, device,
+           count)
+    hit = terms.bufs.get(key)
+    if hit is not None:
+        return hit
     bufs = buffer_terms(hidden=model.dim, tokens=tokens, precision=plan.precision, zero=L.zero,
                         dp=L.dp, tp=L.tp, sp=L.sp, pp=L.pp, cp=L.cp, ep=L.ep,
                         kv_dim=model.kv_dim, experts_per_token=model.experts_per_token,
@@ -266,17 +271,15 @@ def _buffers(plan: PlanInput, zs: int, unit: float, device: str, count: float = 
                         bucket_params=count, ffn_dim=model.ffn_dim, ddp=ddp_reducer(L))
     if model.position == "rope":
         bufs["rope_tables"] = rope_table_bytes(model)
-    out = (bufs, sum(bufs.values()), bufs["runtime_context"])
-    if len(_BUFS) > 16384:
-        _BUFS.clear()
-    _BUFS[key] = (model, out)
+    fsdp = sum(v for k, v in bufs.items() if k.startswith("fsdp_"))
+    out = (bufs, sum(bufs.values()), bufs["runtime_context"], fsdp, bufs.get("fp8_quantize", 0.0))
+    terms.bufs[key] = out
     return out
 
 
-def _block_params(plan: PlanInput) -> float:
+def _block_params(plan: PlanInput, pc: ParamCounts) -> float:
     """Parameters of one block on this rank (the FSDP unit of a block)."""
     model, L = plan.model, plan.layout
-    pc = _param_counts(model)
     if model.is_moe:
         # expert-parallel experts are not in the block's FSDP unit (FSDP2 ignores them)
         experts = 0.0 if (L.ep > 1 and L.zero >= 2) else pc.mlp / expert_split(L)
@@ -284,7 +287,7 @@ def _block_params(plan: PlanInput) -> float:
     return (pc.attention + pc.mlp) / L.tp + pc.norms
 
 
-def _root_in_backward(plan: PlanInput, first: bool, last: bool, wc: int
+def _root_in_backward(plan: PlanInput, pc: ParamCounts, first: bool, last: bool, wc: int
                       ) -> tuple[float, float]:
     """(root unit's unsharded parameters, head gradient held) through a ZeRO-3 backward.
 
@@ -293,7 +296,7 @@ def _root_in_backward(plan: PlanInput, first: bool, last: bool, wc: int
     reshards it only after its post-backward, the last of the step. Until then the head's
     gradient waits unsharded (untied head: a root parameter's grad) or, tied, as the head's
     contribution autograd holds until the embedding's arrives. Both in the compute dtype."""
-    L, pc = plan.layout, _param_counts(plan.model)
+    L = plan.layout
     root = 0.0
     if first:
         root += pc.embedding / L.tp + pc.position
@@ -305,8 +308,10 @@ def _root_in_backward(plan: PlanInput, first: bool, last: bool, wc: int
     return wc * root, wc * head
 
 
-def _embedding_moment(plan: PlanInput, st: dict, bufs: dict, count: float, last: bool,
-                      fixed: float, bwd_terms: tuple, held_logits: float) -> float:
+def _embedding_moment(plan: PlanInput, pc: ParamCounts, st: dict, bufs: dict, count: float,
+                      last: bool,
+                      fixed: float, bwd_terms: tuple, held_logits: float, ctx: float
+                      ) -> EmbeddingBackward:
     """Memory of the first stage when the token embedding's gradient is computed.
 
     It is the last gradient backward computes: every other gradient is complete, every
@@ -331,222 +336,272 @@ def _embedding_moment(plan: PlanInput, st: dict, bufs: dict, count: float, last:
             head_held = 0.0  # the head's contribution is in `tmp`
         states += root_live + head_held + 4.0 * blk
     else:
-        other = 1.0 - _param_counts(model).embedding / L.tp / count if count else 0.0
+        other = 1.0 - pc.embedding / L.tp / count if count else 0.0
         states += bufs.get("ddp_buckets", 0.0)
     states += bufs.get("rope_tables", 0.0)
-    return states + grads_rest * max(0.0, other) + (held_logits if last else 0.0) + tmp
+    # + ctx: the runtime context is outside every moment's tensors
+    return EmbeddingBackward(states, grads_rest * max(0.0, other),
+                             held_logits if last else 0.0, tmp, ctx)
 
 
-def _rank_numbers(plan: PlanInput, acts_terms: tuple[float, float, float, float], zs: int,
-                  rank: int, layers: int, in_flight: float, m: int, convention: str,
-                  device: str) -> RankNumbers:
-    """Memory of pipeline rank `rank` holding `layers` blocks with `in_flight` micro-batches."""
+def _pipeline_buffers(plan: PlanInput, bufs: dict, buffers: float, rank: int, m: int
+                      ) -> tuple[dict, float]:
+    """The buffers of a pipeline rank: the receive buffers torch keeps per micro-batch, and
+    each chunk's own rotary tables."""
     L = plan.layout
-    pp = L.pp
-    last = rank == pp - 1
-    st, count, unit, sharded, fixed, bwd_terms = _rank_states(plan, zs, rank == 0, last,
-                                                              layers, convention)
-    per_layer, full_layer, head_acts, held_logits = acts_terms
+    recv = pp_recv_buffer_bytes(hidden=plan.model.dim, tokens=plan.seq_len / L.cp
+                                * plan.micro_batch, precision=plan.precision,
+                                zero=L.zero, tp=L.tp, sp=L.sp, pp=L.pp,
+                                virtual=L.pp_virtual, rank=rank, microbatches=m)
+    buffers += recv - bufs.get("pp_p2p", 0.0)
+    bufs = dict(bufs, pp_p2p=recv)
+    if "rope_tables" in bufs and L.pp_virtual > 1:
+        # each chunk's stage module keeps its own cos/sin buffers (dry-run, interleaved
+        # v2: 2 x 2.1 MB of module buffers on rank 1)
+        buffers += (L.pp_virtual - 1) * bufs["rope_tables"]
+        bufs["rope_tables"] *= L.pp_virtual
+    return bufs, buffers
+
+
+def _stored_activations(plan: PlanInput, moments: tuple, st: dict, layers: int,
+                        in_flight: float, m: int, last: bool,
+                        acts_terms: tuple[float, float, float, float]
+                        ) -> tuple[float, float, float]:
+    """(largest stored activations, the blocks' part of them, activations + the gradients that
+    exist by then) of a rank; pipelines walk the schedule's own moments (`schedule_moments`:
+    stored activations per chunk, whether the gradients exist yet)."""
+    per_layer, full_layer, head_acts, _ = acts_terms
     one_layer = per_layer
     extra = 0.0
     if plan.ac == "full" and layers:
         one_layer = full_layer  # one block's full set while it is recomputed in backward
         extra = one_layer
-    bufs, buffers, ctx = _buffers(plan, zs, unit, device, count)
     grads = st["grads"]
-    moments: tuple = ()
-    if pp > 1:
-        # the schedule's own moments (schedule_moments): stored activations per chunk and
-        # whether the gradients exist yet; the receive buffers torch keeps per micro-batch
-        moments = schedule_moments(L.pp_schedule, pp, m, L.pp_virtual, rank,
-                                   plan.model.num_layers)
-        recv = pp_recv_buffer_bytes(hidden=plan.model.dim, tokens=plan.seq_len / L.cp
-                                    * plan.micro_batch, precision=plan.precision,
-                                    zero=L.zero, tp=L.tp, sp=L.sp, pp=pp,
-                                    virtual=L.pp_virtual, rank=rank, microbatches=m)
-        buffers += recv - bufs.get("pp_p2p", 0.0)
-        bufs = dict(bufs, pp_p2p=recv)
-        if "rope_tables" in bufs and L.pp_virtual > 1:
-            # each chunk's stage module keeps its own cos/sin buffers (dry-run, interleaved
-            # v2: 2 x 2.1 MB of module buffers on rank 1)
-            buffers += (L.pp_virtual - 1) * bufs["rope_tables"]
-            bufs["rope_tables"] *= L.pp_virtual
-        acts = max(lay * per_layer + hd * head_acts for lay, hd, _, _ in moments) + extra
-        block_stored = max(lay for lay, _, _, _ in moments) * per_layer
-        fwdbwd = max(lay * per_layer + hd * head_acts + (grads if g else 0.0)
-                     for lay, hd, g, _ in moments) + extra
+    if plan.layout.pp > 1:
+        acts = fwdbwd = -1.0
+        most = 0
+        for lay, hd, g, _ in moments:
+            stored = lay * per_layer + hd * head_acts
+            with_grads = stored + (grads if g else 0.0)
+            if stored > acts:
+                acts = stored
+            if with_grads > fwdbwd:
+                fwdbwd = with_grads
+            if lay > most:
+                most = lay
+        return acts + extra, most * per_layer, fwdbwd + extra
+    acts = in_flight * layers * per_layer + extra + (head_acts if last else 0.0)
+    block_stored = in_flight * layers * per_layer
+    if m > 1:
+        return acts, block_stored, acts + grads
+    # one micro-batch, no pipeline: the backward trades activations for grads
+    return acts, block_stored, max(acts + st["grads.in_flight"], grads + one_layer)
+
+
+def _zero_moments(plan: PlanInput, pc: ParamCounts, st: dict, fixed: float, buffers: float,
+                  bufs: dict,
+                  fsdp: float, count: float, bwd_terms: tuple, layers: int, m: int,
+                  block_stored: float, acts_terms: tuple[float, float, float, float],
+                  rank: int) -> list[Moment]:
+    """ZeRO-2/3's moments (FSDP2 as parallel/fsdp.py builds it; measured with the dry-run,
+    llama2-7b-L1 dp8 z3: +12% and llama-1024-L4 dp4 z2 fp32: +6% before the block moment
+    was modelled):
+
+    - a block's backward: ZeRO-3 gathers the root unit (embedding and/or final norm + head)
+      again for the head's backward and keeps it unsharded until its post-backward at the
+      very end (ZeRO-2 keeps every unit gathered anyway), with the head's unsharded 16-bit
+      gradient (untied) or the head's gradient contribution autograd holds for the tied
+      embedding; ZeRO-3 gathers the block's unit (and prefetches the next one); its unsharded
+      grads fill, then its fp32 reduce-scatter input is allocated after the unit's parameters
+      are freed (the previous block's input is still held while the next block computes).
+      The head's activations are freed by then, except the logits the loop holds.
+    - pipelines: torch's pipeline stage turns FSDP2's gradient sync and reshard-after-backward
+      off until the step's last backward: every unit of the stage stays gathered and its
+      gradients accumulate unsharded, both in the compute dtype, next to the micro-batches'
+      activations. Source: measured with the dry-run, llama-1024-L4 dp2 z3 pp2 1f1b (-12%
+      without this).
+    - the end of backward, the root unit's post-backward: its fp32 reduce-scatter input and
+      output shard (which become its sharded grads: not counted twice), with one of its 16-bit
+      unsharded grads (embedding or head) not yet freed and the logits the loop holds; ZeRO-3
+      has resharded the root's parameters by then (ZeRO-2 keeps every unit gathered: counted
+      in `rest`). Source: the dry-run's peak of llama-1024-L4 dp2 z3 (sharded grads of the
+      blocks only, one bf16 root grad, no unsharded params: +18% with the root gathered and
+      its shard counted twice). The embedding's gradient is `_embedding_moment`.
+    """
+    L = plan.layout
+    per_layer, full_layer, _, held_logits = acts_terms
+    root_live, head_held, blk, _ = bwd_terms
+    wc = 4 if plan.precision == "fp32" else 2
+    rest = fixed - (st["params.in_flight"] if L.zero >= 3 else 0.0)
+    grads_rest = st["grads"] - st["grads.in_flight"]
+    more = 1.0 if layers > 1 else 0.0  # a next block to prefetch / a previous RS input
+    if L.zero >= 3:
+        compute = wc * blk * (1 + more) + wc * blk + 4.0 * blk * more
+        reduce = wc * blk * more + wc * blk + 4.0 * blk
     else:
-        acts = in_flight * layers * per_layer + extra + (head_acts if last else 0.0)
-        block_stored = in_flight * layers * per_layer
-    if pp == 1 and m > 1:
-        fwdbwd = acts + grads
-    elif pp == 1:  # one micro-batch, no pipeline: the backward trades activations for grads
-        fwdbwd = max(acts + st["grads.in_flight"], grads + one_layer)
+        root_live = 0.0  # counted in `fixed` with every other gathered unit
+        compute, reduce = wc * blk + 4.0 * blk * more, wc * blk + 4.0 * blk
+    held = held_logits if rank == L.pp - 1 else 0.0
+    if m > 1 or L.pp > 1:
+        bwd = block_stored + grads_rest
+    else:  # the last block to finish has every other block's grads and no activations
+        bwd = max(block_stored - per_layer, grads_rest * (layers - 1) / layers)
+    if plan.ac == "full":
+        bwd += full_layer  # the block being recomputed
+    out: list[Moment] = [ZeroBlockBackward(rest, buffers, fsdp, root_live, head_held,
+                                           max(compute, reduce), bwd, held)]
+    if L.pp > 1:
+        out.append(ZeroStageBackward(fixed, st["params.in_flight"], buffers, fsdp, wc * count,
+                                     block_stored, held))
+    root_grad = end_held = root_grads = 0.0
+    if L.zero >= 3 and root_live:
+        root_grads = grads_rest * (root_live / wc) / count if count else 0.0
+        embedding = wc * pc.embedding / L.tp if rank == 0 else 0.0
+        root_grad, end_held = max(embedding, head_held), held
+    out.append(ZeroEndOfBackward(rest, buffers, fsdp, bufs.get("fsdp_reduce_scatter", 0.0),
+                                 grads_rest, root_grad, end_held, root_grads))
+    return out
+
+
+def _loss_moment(plan: PlanInput, st: dict, fixed: float, buffers: float, fsdp: float,
+                 quant: float, count: float, m: int, stored: float, moments: tuple,
+                 acts_terms: tuple[float, float, float, float], root_live: float
+                 ) -> LossBackward:
+    """The last stage's loss backward: every activation still stored plus the cross-entropy
+    backward temporaries (`loss_backward_bytes`). FSDP2 has resharded every unit (ZeRO-3) and
+    no collective is in flight, so in-flight ZeRO-3 copies and FSDP buffers are left out;
+    accumulated grads (m > 1) are held. Pipelines: each loss backward of the schedule, with
+    what is stored then and the gradients if they exist.
+
+    Not counted, because not held: the logits of earlier micro-batches (the trainer runs the
+    schedule with return_outputs=False; torch's default would keep all m of them on the last
+    stage until the step ends, measured 33 MB per micro-batch on llama-1024-L4)."""
+    L = plan.layout
+    per_layer, _, head_acts, _ = acts_terms
+    # the head weight the fused loss reads: FSDP2's 16-bit unsharded copy under ZeRO-2/3
+    # with 16-bit compute, else the fp32 parameter
+    weight_bytes = 2 if (L.zero >= 2 and plan.precision != "fp32") else 4
+    loss_tmp = loss_backward_bytes(plan.model, seq_len=plan.seq_len,
+                                   micro_batch=plan.micro_batch, tp=L.tp, cp=L.cp,
+                                   fused=L.pp == 1, precision=plan.precision,
+                                   weight_bytes=weight_bytes,
+                                   chunk_tokens=plan.loss_chunk_tokens)
+    resting = fixed - (st["params.in_flight"] if L.zero >= 3 else 0.0)
+    held = st["grads"] - st["grads.in_flight"] if (m > 1 or L.pp > 1) else 0.0
+    if L.pp > 1 and L.zero >= 2:
+        # the stage's units gathered and grads unsharded (see `_zero_moments`)
+        wc = 4 if plan.precision == "fp32" else 2
+        resting = fixed - st["params.in_flight"] + wc * count
+        held = wc * count
+    if L.zero >= 3 and L.pp == 1:
+        # the fused loss reads the head inside the root unit's forward: FSDP2 does not
+        # reshard the root after forward, so its unsharded copy is alive (dry-run,
+        # gpt2-124m-L2 dp8 z3: -15% without it)
+        resting += root_live
+    if L.pp == 1:
+        return LossBackward(resting, buffers, fsdp, quant, stored, 0.0, held, loss_tmp)
+    return max((LossBackward(resting, buffers, fsdp, quant, lay * per_layer, hd * head_acts,
+                             held if g else 0.0, loss_tmp)
+                for lay, hd, g, is_loss in moments if is_loss), key=_total)
+
+
+def _total(moment: Moment) -> float:
+    return moment.total
+
+
+def _rank_memory(plan: PlanInput, terms: ModelTerms,
+                 acts_terms: tuple[float, float, float, float], zs: int, rank: int, layers: int,
+                 in_flight: float, m: int, convention: str, device: str) -> RankMemory:
+    """Memory of pipeline rank `rank` holding `layers` blocks with `in_flight` micro-batches:
+    the largest of its moments (calibrated against the dry-run, see
+    benchmarks/results/planner_accuracy.md)."""
+    L = plan.layout
+    last = rank == L.pp - 1
+    st, count, unit, sharded, fixed, bwd_terms = _rank_states(plan, terms, zs, rank == 0,
+                                                              last, layers, convention)
+    # fsdp: the FSDP collectives' buffers; quant: fp8's quantization temporary, which exists
+    # only inside a converted linear's forward/backward: not during the optimizer step, nor
+    # the (16-bit) head's loss backward
+    bufs, buffers, ctx, fsdp, quant = _buffers(plan, terms, zs, unit, device, count)
+    moments: tuple = ()
+    if L.pp > 1:
+        moments = schedule_moments(L.pp_schedule, L.pp, m, L.pp_virtual, rank,
+                                   plan.model.num_layers)
+        bufs, buffers = _pipeline_buffers(plan, bufs, buffers, rank, m)
+    acts, block_stored, fwdbwd = _stored_activations(plan, moments, st, layers, in_flight, m,
+                                                     last, acts_terms)
     # torch's foreach AdamW/SGD allocate an fp32 intermediate per parameter during step(); on a
     # GPU the trainer runs fused AdamW, which allocates none (the dry-run measures none).
     step_tmp = 0.0 if plan.offload != "none" or device != "cpu" else 4.0 * sharded
-    # Three moments, the peak is the largest (calibrated against the dry-run, see
-    # benchmarks/results/planner_accuracy.md):
-    # - backward: states with the FSDP units in flight, every buffer, activations/grads;
-    # - optimizer step: states, grads and the step's temporaries;
-    # - loss backward (last stage): every activation still stored plus the cross-entropy
-    #   backward temporaries (loss_backward_bytes). FSDP2 has resharded every unit (ZeRO-3) and
-    #   no collective is in flight, so in-flight ZeRO-3 copies and FSDP buffers are left out;
-    #   accumulated grads (m > 1) are held.
-    fsdp = sum(v for k, v in bufs.items() if k.startswith("fsdp_"))
-    # fp8's quantization temporary exists only inside a converted linear's forward/backward:
-    # not during the optimizer step, nor the (16-bit) head's loss backward
-    quant = bufs.get("fp8_quantize", 0.0)
-    # optimizer step: after backward the 16-bit weight casts (autocast) / unsharded FSDP units
-    # are freed and no FSDP collective is in flight; DDP buckets persist.
-    step_peak = fixed - st["params.in_flight"] + buffers - fsdp - quant + grads \
-        - st["grads.in_flight"] + step_tmp
-    peak = max(fixed + buffers + fwdbwd, step_peak)
+    step = OptimizerStep(fixed, st["params.in_flight"], buffers, fsdp, quant, st["grads"],
+                         st["grads.in_flight"], step_tmp)
+    cands: list[Moment]
     if L.zero >= 2 and layers and unit > 0:
-        # ZeRO-2/3, named moments (FSDP2 as parallel/fsdp.py builds it; measured with the
-        # dry-run, llama2-7b-L1 dp8 z3: +12% and llama-1024-L4 dp4 z2 fp32: +6% before the
-        # block moment below was modelled):
-        # - a block's backward: ZeRO-3 gathers the root unit (embedding and/or final norm +
-        #   head) again for the head's backward and keeps it unsharded until its
-        #   post-backward at the very end (ZeRO-2 keeps every unit gathered anyway), with the
-        #   head's unsharded 16-bit gradient (untied) or the head's gradient contribution
-        #   autograd holds for the tied embedding; ZeRO-3 gathers the block's unit (and
-        #   prefetches the next one); its unsharded grads fill, then its fp32 reduce-scatter
-        #   input is allocated after the unit's parameters are freed (the previous block's
-        #   input is still held while the next block computes). The head's activations are
-        #   freed by then, except the logits the loop holds.
-        # - the end of backward: the root unit's own reduce-scatter (end_peak) and the
-        #   embedding's gradient (_embedding_moment).
-        root_live, head_held, blk, _ = bwd_terms
-        wc = 4 if plan.precision == "fp32" else 2
-        rest = fixed - (st["params.in_flight"] if L.zero >= 3 else 0.0)
-        grads_rest = grads - st["grads.in_flight"]
-        more = 1.0 if layers > 1 else 0.0  # a next block to prefetch / a previous RS input
-        if L.zero >= 3:
-            compute = wc * blk * (1 + more) + wc * blk + 4.0 * blk * more
-            reduce = wc * blk * more + wc * blk + 4.0 * blk
-        else:
-            root_live = 0.0  # counted in `fixed` with every other gathered unit
-            compute, reduce = wc * blk + 4.0 * blk * more, wc * blk + 4.0 * blk
-        held = held_logits if last else 0.0
-        block_acts = block_stored
-        if m > 1 or pp > 1:
-            bwd = block_acts + grads_rest
-        else:  # the last block to finish has every other block's grads and no activations
-            bwd = max(block_acts - per_layer, grads_rest * (layers - 1) / layers)
-        if plan.ac == "full":
-            bwd += full_layer  # the block being recomputed
-        bwd_peak = rest + buffers - fsdp + root_live + head_held + max(compute, reduce) \
-            + bwd + held
-        if pp > 1:
-            # torch's pipeline stage turns FSDP2's gradient sync and reshard-after-backward
-            # off until the step's last backward: every unit of the stage stays gathered and
-            # its gradients accumulate unsharded, both in the compute dtype, next to the
-            # micro-batches' activations. Source: measured with the dry-run,
-            # llama-1024-L4 dp2 z3 pp2 1f1b (-12% without this).
-            stage = wc * count
-            bwd_peak = max(bwd_peak, fixed - st["params.in_flight"] + buffers - fsdp
-                           + 2 * stage + block_acts + held)
-        # end of backward, the root unit's post-backward: its fp32 reduce-scatter input and
-        # output shard (which become its sharded grads: not counted twice), with one of its
-        # 16-bit unsharded grads (embedding or head) not yet freed and the logits the loop
-        # holds; ZeRO-3 has resharded the root's parameters by then (ZeRO-2 keeps every unit
-        # gathered: counted in `rest`). Source: the dry-run's peak of llama-1024-L4 dp2 z3
-        # (sharded grads of the blocks only, one bf16 root grad, no unsharded params:
-        # +18% with the root gathered and its shard counted twice).
-        rs_unit = bufs.get("fsdp_reduce_scatter", 0.0)
-        end_peak = rest + buffers - fsdp + rs_unit + grads_rest
-        if L.zero >= 3 and root_live:
-            root_grads = grads_rest * (root_live / wc) / count if count else 0.0
-            embedding = wc * _param_counts(plan.model).embedding / L.tp if rank == 0 else 0.0
-            end_peak += max(embedding, head_held) + held - root_grads
-        peak = max(bwd_peak, end_peak, step_peak)
-    loss_tmp = 0.0
+        cands = [*_zero_moments(plan, terms.counts, st, fixed, buffers, bufs, fsdp, count,
+                                bwd_terms, layers, m, block_stored, acts_terms, rank), step]
+    else:  # states with the FSDP units in flight, every buffer, activations/grads
+        cands = [ForwardBackward(fixed, buffers, fwdbwd), step]
+    loss_tmp = emb_tmp = 0.0
     if last:
-        # the head weight the fused loss reads: FSDP2's 16-bit unsharded copy under ZeRO-2/3
-        # with 16-bit compute, else the fp32 parameter
-        weight_bytes = 2 if (L.zero >= 2 and plan.precision != "fp32") else 4
-        loss_tmp = loss_backward_bytes(plan.model, seq_len=plan.seq_len,
-                                       micro_batch=plan.micro_batch, tp=L.tp, cp=L.cp,
-                                       fused=pp == 1, precision=plan.precision,
-                                       weight_bytes=weight_bytes,
-                                       chunk_tokens=plan.loss_chunk_tokens)
+        extra = acts_terms[1] if plan.ac == "full" and layers else 0.0
+        loss = _loss_moment(plan, st, fixed, buffers, fsdp, quant, count, m, acts - extra,
+                            moments, acts_terms, bwd_terms[0])
+        loss_tmp = loss.loss_temp
         bufs = dict(bufs, loss_backward_temp=loss_tmp)
-        resting = fixed - (st["params.in_flight"] if L.zero >= 3 else 0.0)
-        coll = sum(v for k, v in bufs.items() if k.startswith("fsdp_"))
-        held = grads - st["grads.in_flight"] if (m > 1 or pp > 1) else 0.0
-        if pp > 1 and L.zero >= 2:
-            # the stage's units gathered and grads unsharded (see the ZeRO-2/3 block above)
-            wc = 4 if plan.precision == "fp32" else 2
-            resting = fixed - st["params.in_flight"] + wc * count
-            held = wc * count
-        stored = acts - extra  # no recompute during the loss backward
-        if L.zero >= 3 and pp == 1:
-            # the fused loss reads the head inside the root unit's forward: FSDP2 does not
-            # reshard the root after forward, so its unsharded copy is alive (dry-run,
-            # gpt2-124m-L2 dp8 z3: -15% without it)
-            resting += bwd_terms[0]
-        # Not counted, because not held: the logits of earlier micro-batches (the trainer runs
-        # the schedule with return_outputs=False; torch's default would keep all m of them on
-        # the last stage until the step ends, measured 33 MB per micro-batch on llama-1024-L4).
-        loss_peak = resting + buffers - coll - quant + stored + held + loss_tmp
-        if pp > 1:
-            # each loss backward of the schedule: what is stored then, gradients if they exist
-            loss_peak = max(resting + buffers - coll - quant + lay * per_layer + hd * head_acts
-                            + (held if g else 0.0) + loss_tmp
-                            for lay, hd, g, is_loss in moments if is_loss)
-        peak = max(peak, loss_peak)
-    emb_tmp = 0.0
+        cands.append(loss)
     if rank == 0 and layers and plan.offload == "none":
         emb_tmp = bwd_terms[3]
-        # + ctx: the runtime context is outside every moment's tensors
-        emb_peak = _embedding_moment(plan, st, bufs, count, last, fixed, bwd_terms,
-                                     held_logits) + ctx
+        cands.append(_embedding_moment(plan, terms.counts, st, bufs, count, last, fixed, bwd_terms,
+                                       acts_terms[3], ctx))
         bufs = dict(bufs, embedding_backward_temp=emb_tmp)
-        peak = max(peak, emb_peak)
-    total = peak
+    peak = max(cands, key=_total)
+    total = peak.total
     reserved = total + FRAGMENTATION * (total - ctx)
-    return (reserved, total, st, bufs, buffers + loss_tmp + emb_tmp, acts, per_layer, step_tmp,
-            count, rank, in_flight)
+    return RankMemory(reserved, total, st, bufs, buffers + loss_tmp + emb_tmp, acts,
+                      acts_terms[0], step_tmp, count, rank, in_flight, peak.name)
 
 
-def worst_rank(plan: PlanInput, *, convention: str = "scaletrain",
-               modern: bool = True) -> tuple[RankNumbers, float]:
+def worst_rank(plan: PlanInput, *, convention: str = "scaletrain", modern: bool = True,
+               terms: ModelTerms | None = None) -> tuple[RankMemory, float]:
     """The worst rank's numbers (by reserved bytes) and the largest parameter count of any
     rank (what paces gradient synchronisation)."""
     L = plan.layout
     m = max(1, plan.grad_accum)
     device = "cpu" if plan.hardware.name == "cpu" else "gpu"
     zs = L.zero_shards
-    acts_terms = _activation_terms(plan, modern)
+    terms = model_terms(plan, terms)
+    acts_terms = _activation_terms(plan, terms, modern)
     worst = None
     max_params = 0.0
     for rank, layers, in_flight in rank_candidates(plan.model.num_layers, L.pp, L.pp_virtual,
                                                    L.pp_schedule, m):
-        nums = _rank_numbers(plan, acts_terms, zs, rank, layers, in_flight, m, convention,
-                             device)
-        if worst is None or nums[0] > worst[0]:
+        nums = _rank_memory(plan, terms, acts_terms, zs, rank, layers, in_flight, m, convention,
+                            device)
+        if worst is None or nums.reserved > worst.reserved:
             worst = nums
-        if nums[8] > max_params:
-            max_params = nums[8]
+        if nums.params > max_params:
+            max_params = nums.params
     assert worst is not None
     return worst, max_params
 
 
-def breakdown(plan: PlanInput, nums: RankNumbers) -> MemoryBreakdown:
-    """The public MemoryBreakdown of `_rank_numbers`' tuple."""
-    reserved, total, st, bufs, buffers, acts, per_layer, step_tmp, count, rank, inflight = nums
-    L = plan.layout
+def breakdown(plan: PlanInput, nums: RankMemory) -> MemoryBreakdown:
+    """The public MemoryBreakdown of a `RankMemory`."""
+    L, st = plan.layout, nums.states
     cap = plan.hardware.memory_bytes
     return MemoryBreakdown(
-        params=st["params"], grads=st["grads"], optimizer=st["optimizer"], activations=acts,
-        buffers=buffers, total=total, reserved=reserved, capacity=cap, fits=reserved <= cap,
-        rank=rank * L.tp * L.cp * L.dp, buffer_terms=dict(bufs),
+        params=st["params"], grads=st["grads"], optimizer=st["optimizer"],
+        activations=nums.activations, buffers=nums.buffers, total=nums.total,
+        reserved=nums.reserved, capacity=cap, fits=nums.reserved <= cap,
+        rank=nums.rank * L.tp * L.cp * L.dp, buffer_terms=dict(nums.buffer_terms),
         detail={"params.in_flight": st["params.in_flight"],
                 "grads.in_flight": st["grads.in_flight"], "offloaded.cpu": st["offloaded"],
-                "activations.per_layer": per_layer, "activations.in_flight": inflight,
-                "optimizer_step.temp": step_tmp, "allocator_reserve": reserved - total,
-                "params.count": count, "pipeline_rank": rank})
+                "activations.per_layer": nums.per_layer,
+                "activations.in_flight": nums.in_flight,
+                "optimizer_step.temp": nums.step_temp,
+                "allocator_reserve": nums.reserved - nums.total,
+                "params.count": nums.params, "pipeline_rank": nums.rank},
+        moment=nums.moment)
 
 
 def pipeline_rank_memory(plan: PlanInput, pp_rank: int, *, convention: str = "scaletrain",
@@ -561,12 +616,14 @@ def pipeline_rank_memory(plan: PlanInput, pp_rank: int, *, convention: str = "sc
     in_flight = (1.0 if L.pp == 1 else
                  inflight_per_rank(L.pp_schedule, L.pp, m, L.pp_virtual)[pp_rank])
     device = "cpu" if plan.hardware.name == "cpu" else "gpu"
-    nums = _rank_numbers(plan, _activation_terms(plan, modern), L.zero_shards, pp_rank, layers,
-                         in_flight, m, convention, device)
+    terms = ModelTerms(plan.model)
+    nums = _rank_memory(plan, terms, _activation_terms(plan, terms, modern), L.zero_shards,
+                        pp_rank, layers, in_flight, m, convention, device)
     return breakdown(plan, nums)
 
 
-def estimate_memory(plan: PlanInput, *, convention: str = "scaletrain",
-                    modern: bool = True) -> MemoryBreakdown:
+def estimate_memory(plan: PlanInput, *, convention: str = "scaletrain", modern: bool = True,
+                    terms: ModelTerms | None = None) -> MemoryBreakdown:
     """Memory of the plan's worst rank without the time model (the search's first filter)."""
-    return breakdown(plan, worst_rank(plan, convention=convention, modern=modern)[0])
+    return breakdown(plan, worst_rank(plan, convention=convention, modern=modern,
+                                      terms=terms)[0])

@@ -31,6 +31,7 @@ from scaletrain.config import (
 )
 
 from .estimate import reserved_and_step
+from .rank_memory import ModelTerms
 from .recipe_memory import recipe_problems
 from .recipes import recipe_named
 from .types import Estimate, PlanInput, layout_label
@@ -193,11 +194,13 @@ class _Tally:
     legal: int = 0
     refused: dict[str, str] = field(default_factory=dict)
     """family -> the first illegal layout of it and the rule that refused it"""
+    terms: ModelTerms | None = None
+    """The searched model's memory terms, shared by every layout (`rank_memory.ModelTerms`)."""
 
     def record(self, plan: PlanInput, fam: str, candidate: bool) -> bool:
         """Evaluate `plan` (memory first; time only if it fits and is a candidate, not a
         probe); True if it fits."""
-        reserved, step = reserved_and_step(plan, memory_only=not candidate)
+        reserved, step = reserved_and_step(plan, memory_only=not candidate, terms=self.terms)
         self.evaluated += 1
         if candidate:
             self.candidates[fam] = self.candidates.get(fam, 0) + 1
@@ -337,7 +340,7 @@ def _result(tally: _Tally, model: ModelConfig, top_k: int, t0: float) -> SearchR
 
     def est(plan: PlanInput) -> Estimate:
         if id(plan) not in built:
-            built[id(plan)] = estimate(plan)
+            built[id(plan)] = estimate(plan, terms=tally.terms)
         return built[id(plan)]
 
     tally.fits.sort(key=lambda t: t[:3])
@@ -374,7 +377,7 @@ def search(model: ModelConfig, hardware: HardwareSpec, num_gpus: int, *, seq_len
     t0 = time.perf_counter()
     job = _Job(model, hardware, num_gpus, seq_len, global_batch, precision, optimizer, compile,
                efficiency, pins, recipe)
-    tally = _Tally()
+    tally = _Tally(terms=ModelTerms(model))
     acs = [a for a in _pinned(pins, "ac", ["none", "selective", "full"]) if a in rec.ac_modes]
     if acs:
         for layout, mbs, offloads in _layouts(job):

@@ -70,6 +70,9 @@ class MemoryBreakdown:
     """Named buffer terms (communication staging, allocator reserve, runtime context, ...)."""
     detail: dict[str, float] = field(default_factory=dict)
     """Optional finer terms (e.g. 'activations.logits', 'params.unsharded_in_flight')."""
+    moment: str = ""
+    """The moment that set the peak (e.g. 'loss backward on the last stage'); empty when the
+    memory model names none (framework recipes)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"params": int(self.params), "grads": int(self.grads),

@@ -1,0 +1,180 @@
+"""The moments of a rank's step at which its memory can peak, and a rank's result.
+
+Each moment is a dataclass of its named byte terms; its `total` adds them in the order the
+planner always has (outputs stay bit-identical). `rank_memory._rank_memory` builds a rank's
+moments and keeps the largest; `RankMemory.moment` names it and `explain` prints it. What each
+term counts and its source are in `rank_memory` where the moment is built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+__all__ = ["ForwardBackward", "OptimizerStep", "ZeroBlockBackward", "ZeroStageBackward",
+           "ZeroEndOfBackward", "LossBackward", "EmbeddingBackward", "Moment", "RankMemory"]
+
+
+# The moments are built per rank on the search's hot path, so they are plain slotted dataclasses
+# (never mutated after construction): frozen ones cost 30% of the search's layouts/s (their
+# __init__ sets each field through object.__setattr__; measured on llama3-405b / 16,384 H100).
+
+
+@dataclass(slots=True)
+class ForwardBackward:
+    """Forward/backward with the activations stored (no ZeRO-2/3 units): states, every buffer,
+    the stored activations with the gradients that exist by then."""
+
+    name: ClassVar[str] = "forward/backward peak with activations stored"
+    states: float
+    buffers: float
+    acts_and_grads: float
+
+    @property
+    def total(self) -> float:
+        return self.states + self.buffers + self.acts_and_grads
+
+
+@dataclass(slots=True)
+class OptimizerStep:
+    """The optimizer step: after backward the 16-bit weight casts (autocast) / unsharded FSDP
+    units are freed and no FSDP collective is in flight; DDP buckets persist."""
+
+    name: ClassVar[str] = "optimizer step"
+    states: float
+    params_in_flight: float
+    buffers: float
+    fsdp: float
+    fp8_quantize: float
+    grads: float
+    grads_in_flight: float
+    step_temp: float
+
+    @property
+    def total(self) -> float:
+        return (self.states - self.params_in_flight + self.buffers - self.fsdp
+                - self.fp8_quantize + self.grads - self.grads_in_flight + self.step_temp)
+
+
+@dataclass(slots=True)
+class ZeroBlockBackward:
+    """A block's backward under ZeRO-2/3 (see `_zero_moments`)."""
+
+    name: ClassVar[str] = "block backward under ZeRO-2/3"
+    states: float
+    buffers: float
+    fsdp: float
+    root_unit: float
+    head_grad: float
+    unit_copies: float
+    acts_and_grads: float
+    held_logits: float
+
+    @property
+    def total(self) -> float:
+        return (self.states + self.buffers - self.fsdp + self.root_unit + self.head_grad
+                + self.unit_copies + self.acts_and_grads + self.held_logits)
+
+
+@dataclass(slots=True)
+class ZeroStageBackward:
+    """A pipeline stage's backward under ZeRO-2/3: torch's stage keeps every unit gathered
+    and its gradients unsharded until the step's last backward (see `_zero_moments`)."""
+
+    name: ClassVar[str] = "pipeline stage backward, FSDP units gathered"
+    states: float
+    params_in_flight: float
+    buffers: float
+    fsdp: float
+    stage_unsharded: float
+    block_acts: float
+    held_logits: float
+
+    @property
+    def total(self) -> float:
+        return (self.states - self.params_in_flight + self.buffers - self.fsdp
+                + 2 * self.stage_unsharded + self.block_acts + self.held_logits)
+
+
+@dataclass(slots=True)
+class ZeroEndOfBackward:
+    """The end of backward under ZeRO-2/3: the root unit's post-backward (`_zero_moments`)."""
+
+    name: ClassVar[str] = "end of backward, root unit's reduce-scatter"
+    states: float
+    buffers: float
+    fsdp: float
+    reduce_scatter: float
+    grads: float
+    root_grad: float
+    held_logits: float
+    root_sharded_grads: float
+
+    @property
+    def total(self) -> float:
+        # the ZeRO-3 root terms are added as one sum (all 0.0 without a root unit to wait on)
+        return (self.states + self.buffers - self.fsdp + self.reduce_scatter + self.grads
+                + (self.root_grad + self.held_logits - self.root_sharded_grads))
+
+
+@dataclass(slots=True)
+class LossBackward:
+    """The last stage's loss backward (see `_loss_moment`)."""
+
+    name: ClassVar[str] = "loss backward on the last stage"
+    states: float
+    buffers: float
+    fsdp: float
+    fp8_quantize: float
+    stored_acts: float
+    head_acts: float
+    grads: float
+    loss_temp: float
+
+    @property
+    def total(self) -> float:
+        return (self.states + self.buffers - self.fsdp - self.fp8_quantize + self.stored_acts
+                + self.head_acts + self.grads + self.loss_temp)
+
+
+@dataclass(slots=True)
+class EmbeddingBackward:
+    """The first stage's embedding backward, the last gradient computed (`_embedding_moment`)."""
+
+    name: ClassVar[str] = "embedding backward on the first stage"
+    states: float
+    other_grads: float
+    held_logits: float
+    embedding_temp: float
+    runtime_context: float
+
+    @property
+    def total(self) -> float:
+        return (self.states + self.other_grads + self.held_logits + self.embedding_temp
+                + self.runtime_context)
+
+
+Moment = (ForwardBackward | OptimizerStep | ZeroBlockBackward | ZeroStageBackward
+          | ZeroEndOfBackward | LossBackward | EmbeddingBackward)
+
+
+@dataclass(frozen=True, slots=True)
+class RankMemory:
+    """Memory of one pipeline rank: its peak (the largest of its moments) and the terms the
+    breakdown reports."""
+
+    reserved: float
+    total: float
+    states: dict
+    """`memory.model_state_bytes` of the rank."""
+    buffer_terms: dict
+    buffers: float
+    """Sum of the buffer terms, with the loss and embedding backward temporaries."""
+    activations: float
+    per_layer: float
+    step_temp: float
+    params: float
+    rank: int
+    in_flight: float
+    moment: str
+    """The name of the moment that set the peak."""
