@@ -15,12 +15,14 @@ import sys
 import threading
 from typing import Any, NoReturn
 
-# Idle OpenMP threads sleep instead of spinning (read by libgomp when torch loads, so it is set
-# before any command imports torch; a value you set wins). With another process on the same
-# cores, spinning threads wait out each other's time slices at every parallel region: the
-# default job fell from ~8,000 to ~700 tokens/s on a 2-core host sharing its cores, and ran
-# at ~7,000 with PASSIVE (benchmarks/threads.py).
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Idle OpenMP threads spin for 20k iterations, then sleep (libgomp reads GOMP_SPINCOUNT when
+# torch loads it, so it is set before any command imports torch; a wait policy or spin count
+# you set wins). libgomp's default spins ~300k iterations: with another training on the same
+# 2 cores, spinning threads wait out each other's time slices at every parallel region (818
+# tokens/s each, against 3,653 with 20k and 9,572 sleeping at once); alone, sleeping at once
+# cost up to 1.4x on an idle host and 20k was the fastest of the three (benchmarks/threads.py).
+if "OMP_WAIT_POLICY" not in os.environ:
+    os.environ.setdefault("GOMP_SPINCOUNT", "20000")
 
 from scaletrain.config import ConfigError  # noqa: E402
 
