@@ -115,6 +115,41 @@ def test_torchtitan_states_by_hand() -> None:
     assert mem.optimizer == pytest.approx(8 * P / 4, rel=1e-12)
 
 
+def test_torchtitan_pipeline_over_fsdp_keeps_the_stage_unsharded() -> None:
+    """torchtitan with pp=2 over FSDP (ZeRO-3, 2 ranks): no reshard after forward under PP
+    and no gradient sync until the last micro-batch, so every parameter of the stage is held
+    in bf16 (2 B) and its gradient accumulates unsharded in fp32 (4 B), plus the computing
+    unit's bf16 gradient before its upcast; the sharded fp32 states stay 16 P / 2."""
+    lay = Layout(dp=2, zero=3, pp=2, pp_schedule="1f1b")
+    mem = recipe_rank_memory(_plan("torchtitan", lay, gb=8), RECIPES["torchtitan"], 0)
+    P = mem.detail["params.count"]
+    h, f, V, S = SMALL.dim, SMALL.ffn_dim, SMALL.vocab_size, SMALL.max_seq_len
+    block = 4 * (h * h + h) + (h * f + f) + (f * h + h) + 4 * h
+    unit = max(block, V * h + S * h)  # first stage: one block, root = embedding + positions
+    assert mem.detail["params.in_flight"] == 2 * P
+    assert mem.detail["grads.in_flight"] == 4 * P + 2 * unit
+    assert mem.params == pytest.approx(4 * P / 2 + 2 * P, rel=1e-12)
+    assert mem.optimizer == pytest.approx(8 * P / 2, rel=1e-12)
+    # without PP the same FSDP rank gathers one unit at a time
+    flat = recipe_rank_memory(_plan("torchtitan", Layout(dp=2, zero=3)), RECIPES["torchtitan"],
+                              0)
+    assert flat.detail["grads.in_flight"] < 4 * flat.detail["params.count"]
+
+
+def test_torchtitan_compiled_loss_keeps_bf16_logits() -> None:
+    """torchtitan compiles its loss under compile (PlanInput.compile_loss None: the recipe's
+    rule): the saved tensor is the bf16 logits (2 B) plus 8 B of fp32 statistics per token
+    instead of the fp32 log-softmax (4 B), the backward temporary the bf16 gradient (2 B)
+    instead of 8 B; compile_loss=False (torchtitan of Dec 2024) keeps the eager terms."""
+    T, V, h = 32, SMALL.vocab_size, SMALL.dim
+    base = _plan("torchtitan", Layout(dp=1))
+    eager = recipe_head_bytes(base, RECIPES["torchtitan"])
+    comp = recipe_head_bytes(dataclasses.replace(base, compile=True), RECIPES["torchtitan"])
+    assert comp == (2 * T * h + 2 * T * h + 2 * T * V + 8 * T, 2 * T * V)
+    off = dataclasses.replace(base, compile=True, compile_loss=False)
+    assert recipe_head_bytes(off, RECIPES["torchtitan"]) == eager
+
+
 def test_nanotron_states_by_hand() -> None:
     """Nanotron ZeRO-1 over 2 ranks: bf16 weights 2 + fp32 accumulator grads 4 (all params) +
     (fp32 master 4 + Adam 8) / 2."""

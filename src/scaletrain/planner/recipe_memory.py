@@ -172,7 +172,11 @@ def recipe_head_bytes(plan: PlanInput, recipe: Recipe) -> tuple[float, float]:
       'vocab_parallel_fp32': the 16-bit logits gradient 2*T*V_l (the fp32 gradient is computed
         in place in the saved softmax);
       'materialized_fp32': nll_loss's fp32 gradient and log-softmax's fp32 input gradient,
-        8*T*V_l, alive together with the saved output."""
+        8*T*V_l, alive together with the saved output.
+    A compiled 'materialized_fp32' loss (recipe.loss_compiles under compile, or
+    plan.compile_loss) keeps the 16-bit logits 2*T*V_l (and 8 B of per-token fp32 statistics)
+    instead of the fp32 log-softmax, and its backward writes the 16-bit gradient 2*T*V_l from
+    one fused kernel (saved tensors measured with torch 2.13, Recipe.sources['loss_compiles'])."""
     m, L = plan.model, plan.layout
     e = 4 if plan.precision == "fp32" else 2
     tok = float(plan.seq_len) / L.cp * plan.micro_batch
@@ -182,6 +186,11 @@ def recipe_head_bytes(plan: PlanInput, recipe: Recipe) -> tuple[float, float]:
     temp = (2.0 if e == 2 else 0.0) * tok * v_l
     if recipe.loss == "materialized_fp32":
         temp = 8.0 * tok * v_l
+        compiled = (plan.compile and recipe.loss_compiles if plan.compile_loss is None
+                    else plan.compile_loss)
+        if compiled:
+            stored += (e - 4.0) * tok * v_l + 8.0 * tok
+            temp = e * tok * v_l
     return stored, temp
 
 
@@ -245,7 +254,16 @@ def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBrea
     unit = max(block, root)
     in_params = in_grads = 0.0
     bufs: dict[str, float] = {}
-    if z >= 3 and N > 1:
+    if pp > 1 and z >= 2 and N > 1 and recipe.pp_fsdp_unsharded:
+        # pipeline over FSDP: every unit of the stage stays unsharded from its first forward
+        # to the last micro-batch's backward, and the unsharded gradients accumulate in the
+        # fp32 reduce dtype (Recipe.sources['pp_fsdp_unsharded']); the unit computing holds its
+        # 16-bit gradient before the upcast; the last backward reduce-scatters from an fp32
+        # copy-in buffer of one unit
+        in_params = wc * P
+        in_grads = 4.0 * P + wc * unit
+        bufs["fsdp_reduce_scatter"] = 4.0 * block
+    elif z >= 3 and N > 1:
         if recipe.fsdp_prefetch_params:
             # DeepSpeed ZeRO-3 gathers per module (each Linear / the embedding, stage3.py
             # fetch_sub_module): the module computing and the prefetch bucket gathered, that

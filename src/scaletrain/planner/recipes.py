@@ -113,6 +113,14 @@ class Recipe:
     """'scaletrain' (estimate.default_efficiency) or 'generation' (efficiency.py). Every
     recipe uses 'scaletrain' (see _TIME_MODEL); the communication terms are the recipe's own
     either way."""
+    pp_fsdp_unsharded: bool = False
+    """Pipeline parallelism over FSDP keeps every unit of the stage unsharded for the whole
+    forward/backward (no reshard after forward) and accumulates the unsharded gradients in the
+    reduce dtype across micro-batches, reduce-scattering them once after the last one."""
+    loss_compiles: bool = False
+    """With `compile` the framework compiles its loss too: Inductor saves the 16-bit logits
+    and per-token fp32 statistics instead of the fp32 log-softmax and writes the 16-bit
+    gradient from one fused kernel (PlanInput.compile_loss overrides)."""
     sources: dict[str, str] = field(default_factory=dict, compare=False)
     """Field -> where the value comes from."""
 
@@ -297,8 +305,25 @@ RECIPES: dict[str, Recipe] = {
         even_pp_split=False, pp_schedules=("gpipe", "1f1b", "interleaved", "zero-bubble"),
         cp=True, ddp_with_model_parallel=False, pp_with_zero=(0, 2, 3),
         fragmentation=FRAGMENTATION, cuda_context_bytes=RUNTIME_CONTEXT_BYTES,
-        time_model=_TIME_MODEL,
+        time_model=_TIME_MODEL, pp_fsdp_unsharded=True, loss_compiles=True,
         sources={
+            "pp_fsdp_unsharded": "torchtitan parallelize apply_fsdp: 'For PP, do not reshard "
+                                 "after forward to avoid per-microbatch all-gathers' "
+                                 "(reshard_after_forward = not pp_enabled; at 9dec370 "
+                                 "torchtitan/parallelisms/parallelize_llama.py too); torch "
+                                 "torch/distributed/pipelining/stage.py "
+                                 "backward_maybe_with_nosync: set_reshard_after_backward(False)"
+                                 " and set_requires_gradient_sync(False) for every micro-batch"
+                                 " but the last; fsdp/_fully_shard/_fsdp_param.py "
+                                 "to_accumulated_grad_if_needed: the unsharded gradient is "
+                                 "upcast to reduce_dtype (fp32) and accumulated",
+            "loss_compiles": "torchtitan/components/loss.py build_cross_entropy_loss: "
+                             "torch.compile(loss_fn) when training.compile (e7c0cae, June "
+                             "2025; later compile.components 'loss'); train.py at 9dec370 "
+                             "(Dec 2024) left it uncompiled ('compiling loss function causes "
+                             "CUDA errors'). Saved tensors measured with torch 2.13: eager "
+                             "keeps the fp32 log-softmax (4 B/logit), compiled keeps the bf16 "
+                             "input (2 B/logit) and two fp32 values per token",
             "weight_bytes": "torchtitan/models/llama3/infra/parallelize.py apply_fsdp: "
                             "fp32 sharded parameters, MixedPrecisionPolicy(param_dtype="
                             "bf16, reduce_dtype=fp32) (docs/fsdp.md)",

@@ -40,6 +40,10 @@ class PlanInput:
     """precision 'fp8' under ZeRO-2/3: the fp8 Linears' weights are all-gathered in E4M3."""
     recipe: str = "scaletrain"
     """Framework recipe (planner/recipes.py): whose allocations and time model to plan."""
+    compile_loss: bool | None = None
+    """Foreign recipes: whether the framework compiled its loss with the model (None: the
+    recipe's rule, `Recipe.loss_compiles` under `compile`); a run of a framework version
+    that did not (torchtitan before 2025) says False."""
     loss_chunk_tokens: int = 0
     """Tokens per chunk of the fused head + loss (`memory.loss_chunk_tokens`; 0 = the
     trainer's auto rule, `memory.fused_loss_chunk`)."""
