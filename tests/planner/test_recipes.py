@@ -380,3 +380,48 @@ def test_deepspeed_keeps_the_scores_of_megatron_deepspeed_attention() -> None:
     assert ds == pytest.approx(s * h * (34 + 5 * a * s / h), rel=1e-12)
     meg = recipe_layer_bytes(_plan("megatron", Layout(dp=1), model=sdpa), RECIPES["megatron"])
     assert meg == pytest.approx(s * h * 34 + 4 * a * s, rel=1e-12)
+
+
+def test_deepspeed_pipe_engine_holds_two_logits_buffers() -> None:
+    """DeepSpeed's pipeline engine keeps the last stage's forward output (the bf16 logits,
+    V/t per rank) of its 2 buffers through backward: the deepspeed recipe's last stage stores
+    2 x 2 B x T x V/t beyond Megatron's loss terms; Megatron-core's schedules free it."""
+    T, V = 32, SMALL.vocab_size
+    lay = Layout(dp=1, zero=1, pp=2, pp_schedule="1f1b")
+    plan = _plan("deepspeed", lay, gb=4)
+    stored, _ = recipe_head_bytes(plan, RECIPES["deepspeed"])
+    last = recipe_rank_memory(plan, RECIPES["deepspeed"], 1)
+    assert last.detail["activations.head"] == stored + 2 * 2 * T * V
+    meg = recipe_rank_memory(_plan("megatron", lay, gb=4), RECIPES["megatron"], 1)
+    assert meg.detail["activations.head"] == recipe_head_bytes(plan, RECIPES["megatron"])[0]
+
+
+def test_deepspeed_ipg_buffer_at_dp1() -> None:
+    """The ZeRO-1 optimizer reduces through its 5e8-element bf16 ipg buffer at dp = 1 too
+    (stage_1_and_2.py reduce_gradients allocates it under the pipeline engine)."""
+    mem = recipe_rank_memory(_plan("deepspeed", Layout(dp=1, zero=1)), RECIPES["deepspeed"], 0)
+    assert mem.buffer_terms["reduce_bucket"] == 5e8 * 2
+
+
+@pytest.mark.parametrize("ac", ["none", "selective", "full"])
+def test_naive_attention_backward_temporaries(ac: str) -> None:
+    """Megatron-DeepSpeed's unfused core (SMALL: a=4, s=32, b=1, GELU + LayerNorm, dropout
+    masks) adds two bf16 s x s gradients per head, 2 x 2 a s^2, while one layer runs backward
+    (4 + 1 + 4 bytes of scores recomputed first under selective); flash/SDPA cores add
+    nothing. The loss backward (last stage, before any block's) is the other transient: the
+    peak takes the larger of the two."""
+    a, s, b = SMALL.num_heads, 32, 16  # b = 16: the backward, not the step, is the peak
+    mem = recipe_rank_memory(_plan("deepspeed", Layout(dp=1), ac=ac, gb=b, mb=b),
+                             RECIPES["deepspeed"], 0)
+    temp = (2 * 2 * a * s * s + (5 * a * s * s if ac == "selective" else 0)) * b
+    plain = _plan("deepspeed", Layout(dp=1), gb=b, mb=b)
+    full = recipe_layer_bytes(plain, RECIPES["deepspeed"], "none")
+    recompute = (full if ac == "full" else 0) + temp
+    _, loss_tmp = recipe_head_bytes(plain, RECIPES["deepspeed"])
+    expect = (mem.params + mem.grads + mem.optimizer + mem.activations
+              + mem.buffers - loss_tmp + max(recompute, loss_tmp))
+    assert mem.total == pytest.approx(expect, rel=1e-12)
+    sdpa = dataclasses.replace(SMALL, attention="sdpa")
+    flash = recipe_rank_memory(_plan("megatron", Layout(dp=1), ac=ac, model=sdpa, gb=b, mb=b),
+                               RECIPES["megatron"], 0)
+    assert flash.total < mem.total

@@ -194,6 +194,28 @@ def recipe_head_bytes(plan: PlanInput, recipe: Recipe) -> tuple[float, float]:
     return stored, temp
 
 
+def _naive_attention_backward_temp(plan: PlanInput, recipe: Recipe) -> float:
+    """Bytes a Megatron-style unfused attention core adds on top of its stored tensors while
+    one layer runs backward (0 for flash/SDPA cores or other activation models): the bmm with
+    V returns the gradient of the dropped-out probabilities (e*a*s^2*b/t) and dropout's
+    backward writes a new one (e*a*s^2*b/t) while the saved softmax, mask and dropout output
+    are still held; the fused scale-mask-softmax backward then works in place
+    (Megatron-LM megatron/model/transformer.py ParallelAttention.forward, fused_softmax.py
+    ScaledUpperTriangMaskedSoftmax.backward; torch's dropout backward is out of place). Under
+    ac='selective' the core is recomputed first, so its stored 5as^2b/t come back too."""
+    m, L = plan.model, plan.layout
+    naive = m.attention == "naive" or recipe.attention == "naive"
+    if not naive or recipe.activations != "korthikanti" or m.is_moe:
+        return 0.0
+    e = 4 if plan.precision == "fp32" else 2
+    masks = 1.0 if (recipe.dropout_masks and m.norm == "layernorm") else 0.0
+    per_score = float(m.num_heads) * plan.seq_len * (plan.seq_len / L.cp) * plan.micro_batch / L.tp
+    temp = 2 * e * per_score
+    if plan.ac == "selective":
+        temp += (2 * e + masks) * per_score
+    return temp
+
+
 def _rank_params(plan: PlanInput, first: bool, last: bool, layers: int) -> tuple[float, ...]:
     """(parameters on this rank, one block's parameters, root unit: embedding and/or final norm
     + head, the head alone) after TP/EP division."""
@@ -285,11 +307,12 @@ def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBrea
         bufs["fsdp_reduce_scatter"] = 4.0 * block
     elif recipe.autocast_weight_copy and not fp32:
         in_params = 2.0 * P  # autocast's saved 16-bit weight casts (fp32 parameters)
-    if L.dp > 1 or N > 1:
-        if recipe.ddp_bucket == "copy" and z < 2:
-            bufs["ddp_buckets"] = recipe.bucket_elem_bytes * P
-        elif recipe.ddp_bucket == "ipg" and z >= 1:
-            bufs["reduce_bucket"] = recipe.bucket_count * recipe.bucket_bytes(L.dp)
+    if (L.dp > 1 or N > 1) and recipe.ddp_bucket == "copy" and z < 2:
+        bufs["ddp_buckets"] = recipe.bucket_elem_bytes * P
+    elif recipe.ddp_bucket == "ipg" and z >= 1:
+        # the ZeRO optimizer reduces through its ipg buffer at any dp, dp = 1 included
+        # (DeepSpeed stage_1_and_2.py reduce_gradients: 'with PP we must create ipg buffer')
+        bufs["reduce_bucket"] = recipe.bucket_count * recipe.bucket_bytes(L.dp)
     e = 4 if fp32 else 2
     tok = float(plan.seq_len) / L.cp * plan.micro_batch
     sp = L.sp or recipe.sp_with_tp
@@ -306,9 +329,13 @@ def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBrea
                 inflight_microbatches(L.pp_schedule, pp, m, rank, L.pp_virtual))
     acts = inflight * layers * per_layer
     recompute = recipe_layer_bytes(plan, recipe, "none") if plan.ac == "full" and layers else 0.0
+    if layers:
+        recompute += _naive_attention_backward_temp(plan, recipe)
     head_stored = loss_tmp = 0.0
     if last:
         head_stored, loss_tmp = recipe_head_bytes(plan, recipe)
+        # the pipeline engine's output buffers hold the 16-bit logits of its last micro-batches
+        head_stored += recipe.pipe_output_buffers * e * tok * plan.model.vocab_size / L.tp
         acts += head_stored
     states = weights + master + grads + optim
     buffers = sum(bufs.values())

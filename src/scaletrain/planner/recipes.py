@@ -121,6 +121,9 @@ class Recipe:
     """With `compile` the framework compiles its loss too: Inductor saves the 16-bit logits
     and per-token fp32 statistics instead of the fp32 log-softmax and writes the 16-bit
     gradient from one fused kernel (PlanInput.compile_loss overrides)."""
+    pipe_output_buffers: int = 0
+    """The pipeline engine keeps the last stage's forward output (the 16-bit logits) of this
+    many micro-batches in its buffers through backward (DeepSpeed: 2), at any pp."""
     sources: dict[str, str] = field(default_factory=dict, compare=False)
     """Field -> where the value comes from."""
 
@@ -252,8 +255,17 @@ RECIPES: dict[str, Recipe] = {
         even_pp_split=True, pp_schedules=("1f1b",), cp=True,
         ddp_with_model_parallel=True, pp_with_zero=(0, 1),
         fragmentation=FRAGMENTATION, cuda_context_bytes=RUNTIME_CONTEXT_BYTES,
-        time_model=_TIME_MODEL,
+        time_model=_TIME_MODEL, pipe_output_buffers=2,
         sources={
+            "pipe_output_buffers": "deepspeed/runtime/pipe/engine.py _exec_forward_pass: "
+                                   "pipe_buffers['outputs'][buffer_id] = outputs (the last "
+                                   "stage's logits, before the loss); _exec_backward_pass "
+                                   "returns early on the last stage ('just runs backward on "
+                                   "the loss') without clearing that buffer (2021 and today); "
+                                   "pipe/schedule.py TrainSchedule.num_pipe_buffers: max(2, "
+                                   "...) = 2 on the last stage. Megatron-DeepSpeed builds "
+                                   "GPTModelPipe (a PipelineModule, so this engine) at pp = 1 "
+                                   "too unless --no-pipeline-parallel",
             "weight_bytes": "deepspeed/runtime/zero/stage_1_and_2.py "
                             "DeepSpeedZeroOptimizer: bit16_groups (the model's 16-bit "
                             "params); stage3.py DeepSpeedZeroOptimizer_Stage3: 16-bit "
