@@ -425,3 +425,16 @@ def test_naive_attention_backward_temporaries(ac: str) -> None:
     flash = recipe_rank_memory(_plan("megatron", Layout(dp=1), ac=ac, model=sdpa, gb=b, mb=b),
                                RECIPES["megatron"], 0)
     assert flash.total < mem.total
+
+
+def test_torchtitan_loss_parallel_forward_transient() -> None:
+    """With tp = 2 torchtitan runs loss_parallel: DTensor's log-softmax holds its fp32 input,
+    x - max and exp(x - max) beside the bf16 logits, 2 + 4 + 4 B per logit (V/2 per rank)
+    beyond the saved fp32 output, above the backward's 8 B; tp = 1 keeps the backward's."""
+    T, V, h = 32, SMALL.vocab_size, SMALL.dim
+    stored, temp = recipe_head_bytes(_plan("torchtitan", Layout(dp=1, tp=2)),
+                                     RECIPES["torchtitan"])
+    assert stored == 2 * T * h / 2 + 2 * T * h + 4 * T * V / 2  # SP: the norm input is /t
+    assert temp == 10 * T * V / 2
+    assert recipe_head_bytes(_plan("torchtitan", Layout(dp=1)), RECIPES["torchtitan"])[1] \
+        == 8 * T * V

@@ -173,6 +173,9 @@ def recipe_head_bytes(plan: PlanInput, recipe: Recipe) -> tuple[float, float]:
         in place in the saved softmax);
       'materialized_fp32': nll_loss's fp32 gradient and log-softmax's fp32 input gradient,
         8*T*V_l, alive together with the saved output.
+    Under tensor parallelism a 'materialized_fp32' loss with sp_with_tp is torchtitan's
+    loss_parallel: its forward holds (e + 12)*T*V_l at once, (e + 8)*T*V_l beyond the saved
+    output, which replaces the backward's 8*T*V_l as the loss transient when larger.
     A compiled 'materialized_fp32' loss (recipe.loss_compiles under compile, or
     plan.compile_loss) keeps the 16-bit logits 2*T*V_l (and 8 B of per-token fp32 statistics)
     instead of the fp32 log-softmax, and its backward writes the 16-bit gradient 2*T*V_l from
@@ -191,6 +194,13 @@ def recipe_head_bytes(plan: PlanInput, recipe: Recipe) -> tuple[float, float]:
         if compiled:
             stored += (e - 4.0) * tok * v_l + 8.0 * tok
             temp = e * tok * v_l
+        elif L.tp > 1 and recipe.sp_with_tp:
+            # loss_parallel (torchtitan's TP plan): DTensor's vocab-parallel log-softmax
+            # (torch/distributed/tensor/parallel/loss.py _log_softmax) holds its fp32 input,
+            # x - max and exp(x - max) together, beside the 16-bit logits the train step still
+            # references: e + 4 + 4 + 4 B per logit at the loss forward, i.e. 10 B beyond the
+            # saved output when e = 2, more than the backward's 8
+            temp = max(temp, (e + 8.0) * tok * v_l)
     return stored, temp
 
 
