@@ -438,3 +438,21 @@ def test_torchtitan_loss_parallel_forward_transient() -> None:
     assert temp == 10 * T * V / 2
     assert recipe_head_bytes(_plan("torchtitan", Layout(dp=1)), RECIPES["torchtitan"])[1] \
         == 8 * T * V
+
+
+def test_fused_rmsnorm_keeps_no_fp32_copy() -> None:
+    """A run whose RMSNorm is a fused kernel (torchtitan's 'fused_rmsnorm': saves its bf16
+    input and an fp32 rstd) keeps 2 x 4 B x T x h less per block without AC than the fp32
+    upcast of torchtitan's eager RMSNorm; LayerNorm models and checkpointed blocks are
+    unchanged."""
+    m = model_preset("llama2-7b")
+    plan = _plan("torchtitan", Layout(dp=1), model=m, seq=4096, gb=2, mb=2)
+    eager = recipe_layer_bytes(plan, RECIPES["torchtitan"])
+    fused = recipe_layer_bytes(dataclasses.replace(plan, fused_norm=True), RECIPES["torchtitan"])
+    assert eager - fused == 2 * 4 * 4096 * 2 * m.dim
+    full = dataclasses.replace(plan, ac="full")
+    assert recipe_layer_bytes(full, RECIPES["torchtitan"]) == recipe_layer_bytes(
+        dataclasses.replace(full, fused_norm=True), RECIPES["torchtitan"])
+    gpt = _plan("torchtitan", Layout(dp=1))
+    assert recipe_layer_bytes(gpt, RECIPES["torchtitan"]) == recipe_layer_bytes(
+        dataclasses.replace(gpt, fused_norm=True), RECIPES["torchtitan"])

@@ -154,11 +154,17 @@ def recipe_layer_bytes(plan: PlanInput, recipe: Recipe, ac: str | None = None) -
     model = plan.model
     if recipe.attention == "naive" and model.attention != "naive":
         model = dataclasses.replace(model, attention="naive")
-    return layer_activation_bytes(model, seq_len=plan.seq_len,
-                                  micro_batch=plan.micro_batch, tp=L.tp,
-                                  sp=L.sp or recipe.sp_with_tp, cp=L.cp, ac=ac,
-                                  precision=plan.precision, modern=True,
-                                  compile=plan.compile, residual_fp32=False, ep=L.ep)
+    sp = L.sp or recipe.sp_with_tp
+    out = layer_activation_bytes(model, seq_len=plan.seq_len, micro_batch=plan.micro_batch,
+                                 tp=L.tp, sp=sp, cp=L.cp, ac=ac, precision=plan.precision,
+                                 modern=True, compile=plan.compile, residual_fp32=False,
+                                 ep=L.ep)
+    if plan.fused_norm and model.norm == "rmsnorm" and ac == "none":
+        # a fused RMSNorm kernel saves its 16-bit input and rstd, not the fp32 upcast that
+        # layer_activation_bytes counts for each of the block's two norms (torchtitan
+        # models/norms.py TritonFusedRMSNorm.forward: save_for_backward(x, weight, rstd))
+        out -= 2 * 4.0 * plan.seq_len / L.cp * plan.micro_batch * model.dim / (L.tp if sp else 1)
+    return out
 
 
 def recipe_head_bytes(plan: PlanInput, recipe: Recipe) -> tuple[float, float]:
