@@ -40,6 +40,9 @@ class PlanInput:
     """precision 'fp8' under ZeRO-2/3: the fp8 Linears' weights are all-gathered in E4M3."""
     recipe: str = "scaletrain"
     """Framework recipe (planner/recipes.py): whose allocations and time model to plan."""
+    loss_chunk_tokens: int = 0
+    """Tokens per chunk of the fused head + loss (`memory.loss_chunk_tokens`; 0 = the
+    trainer's auto rule, `memory.fused_loss_chunk`)."""
     compile_loss: bool | None = None
     """Foreign recipes: whether the framework compiled its loss with the model (None: the
     recipe's rule, `Recipe.loss_compiles` under `compile`); a run of a framework version
@@ -47,9 +50,6 @@ class PlanInput:
     fused_norm: bool = False
     """Foreign recipes: the run's RMSNorm is a fused kernel that saves its 16-bit input and an
     fp32 rstd per token (torchtitan's 'fused_rmsnorm'), not an fp32 upcast of its input."""
-    loss_chunk_tokens: int = 0
-    """Tokens per chunk of the fused head + loss (`memory.loss_chunk_tokens`; 0 = the
-    trainer's auto rule, `memory.fused_loss_chunk`)."""
 
     @property
     def grad_accum(self) -> int:
