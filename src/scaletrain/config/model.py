@@ -14,7 +14,8 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from ._errors import ConfigError, choice, require
+from ._errors import ConfigError, require
+from .choices import Activation, Attention, Norm, Position, check_choices
 
 __all__ = [
     "ModelConfig",
@@ -24,12 +25,6 @@ __all__ = [
     "model_from_hf_config",
     "resolve_model",
 ]
-
-NORMS = ("layernorm", "rmsnorm")
-ACTIVATIONS = ("gelu", "swiglu")
-POSITIONS = ("learned", "rope")
-ATTENTIONS = ("sdpa", "naive")
-
 
 @dataclass
 class ModelConfig:
@@ -51,11 +46,11 @@ class ModelConfig:
     """MLP inner size f; 0 means 4*dim for GELU, Llama's rounded 8/3*dim for SwiGLU."""
     max_seq_len: int = 256
     """Longest sequence; sizes the learned position table (RoPE has no table)."""
-    norm: str = "layernorm"
+    norm: Norm = "layernorm"
     """'layernorm' (GPT-2, weight + bias when `bias`) or 'rmsnorm' (Llama, weight only)."""
-    activation: str = "gelu"
+    activation: Activation = "gelu"
     """'gelu' (two matrices) or 'swiglu' (three matrices: gate, up, down)."""
-    position: str = "learned"
+    position: Position = "learned"
     """'learned' absolute position embeddings (GPT-2) or 'rope' rotary embeddings (Llama)."""
     rope_theta: float = 10000.0
     """RoPE base frequency (Llama 2: 1e4, Llama 3: 5e5, Mixtral: 1e6)."""
@@ -71,7 +66,7 @@ class ModelConfig:
     """Top-k experts each token is routed to (MoE only)."""
     moe_aux_loss_coef: float = 0.01
     """Weight of the Switch/Mixtral load-balancing loss (MoE only)."""
-    attention: str = "sdpa"
+    attention: Attention = "sdpa"
     """Attention backend: 'sdpa' (flash / memory-efficient kernels) or 'naive' (S x S scores)."""
     init_std: float = 0.02
     """Standard deviation of the normal init of linear and embedding weights."""
@@ -92,10 +87,7 @@ class ModelConfig:
                   "max_seq_len"):
             v = getattr(self, f)
             require(isinstance(v, int) and v >= 1, p + f, v, "use a positive integer")
-        choice(p + "norm", self.norm, NORMS)
-        choice(p + "activation", self.activation, ACTIVATIONS)
-        choice(p + "position", self.position, POSITIONS)
-        choice(p + "attention", self.attention, ATTENTIONS)
+        check_choices(self, "model")  # norm, activation, position, attention
         require(self.dim % self.num_heads == 0, p + "num_heads", self.num_heads,
                 f"num_heads must divide dim={self.dim}")
         require(self.num_heads % self.num_kv_heads == 0, p + "num_kv_heads", self.num_kv_heads,
