@@ -1,4 +1,5 @@
-"""The whole training plan as typed sections, loaded from TOML with `--section.key=value` overrides.
+"""The whole training plan as typed sections (loaded from TOML and `--section.key=value`
+overrides by `config.loading`).
 
 Every section validates itself on construction; cross-section rules (batch arithmetic, layout
 legality) are checked by `JobConfig.__post_init__`. Errors are `ConfigError`s naming the field.
@@ -7,17 +8,13 @@ legality) are checked by `JobConfig.__post_init__`. Errors are `ConfigError`s na
 from __future__ import annotations
 
 import dataclasses
-import tomllib
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from ._errors import ConfigError, require
+from ._errors import require
 from .choices import (
     ACMode,
-    ChatTemplate,
-    DataFormat,
     Device,
     Fp8Amax,
     Fp8Scaling,
@@ -29,23 +26,23 @@ from .choices import (
     PPSchedule,
     Precision,
     ReduceDtype,
-    TokenDtype,
     ZeroStage,
     check_choices,
     names,
 )
+from .data import DataConfig
 from .hardware import HARDWARE_PRESETS, HardwareSpec, hardware_preset
 from .layout import Layout, check_layout, option_problems
-from .model import MODEL_FIELDS, ModelConfig, resolve_model
+from .model import ModelConfig, resolve_model
 from .monitor import MonitorConfig
 from .precision import PRECISIONS
-from .sources import parse_eval_sources, parse_sources, pretrained_vocab_size
-from .strict import coerce, did_you_mean, scalar_type
+from .sources import pretrained_vocab_size
+from .strict import did_you_mean
 
 __all__ = [
     "ParallelConfig", "PrecisionConfig", "MemoryConfig", "BatchConfig", "OptimConfig",
     "DataConfig", "TrainConfig", "CheckpointConfig", "GuardConfig", "HardwareConfig", "JobConfig",
-    "load_config", "parse_overrides", "PRECISIONS", "AC_MODES", "OFFLOAD_MODES",
+    "SECTIONS", "PRECISIONS", "AC_MODES", "OFFLOAD_MODES",
 ]
 
 AC_MODES: tuple[ACMode, ...] = names(ACMode)
@@ -219,73 +216,6 @@ class OptimConfig:
         require(self.eps > 0, "optim.eps", self.eps, "use a small positive float")
         require(self.weight_decay >= 0, "optim.weight_decay", self.weight_decay, "use >= 0")
         require(self.grad_clip >= 0, "optim.grad_clip", self.grad_clip, "use >= 0 (0 = off)")
-
-
-@dataclass
-class DataConfig:
-    source: str = "grammar"
-    """'grammar' (the embedded generated corpus), or files, folders, globs of .txt, .jsonl
-    (.gz), .parquet and pre-tokenized .bin, as a weighted mixture 'a.jsonl@0.7, b/@0.3'
-    (see scaletrain.config.sources)."""
-    tokenizer: str = "byte"
-    """'byte' (256 ids), 'char' (characters seen in the corpus), 'bpe' (trained locally), or
-    a pretrained tokenizer.json path (or its directory; BOS/EOS from tokenizer_config.json)."""
-    eval_sources: str = ""
-    """Held-out sets evaluated every `train.eval_every` steps, each on its own: 'name=path,
-    name2=path2' (files, folders or globs of the data.source formats, tokenized with the
-    training tokenizer); logged as val_loss/<name> and ppl/<name>. '' = none."""
-    text_field: str = "text"
-    """The JSONL key / parquet column holding a document's text."""
-    token_dtype: TokenDtype = "uint16"
-    """Element type of pre-tokenized .bin sources: 'uint16' (nanoGPT) or 'uint32'."""
-    format: DataFormat = "text"
-    """'text' (documents, every token trained) or 'sft' (chat/instruction JSONL: `messages` or
-    prompt/response records; loss only on the responses; see scaletrain.data.sft)."""
-    chat_template: ChatTemplate = "auto"
-    """data.format=sft: 'auto' (the tokenizer's own chat template when its
-    tokenizer_config.json or a chat_template.jinja has one, else the built-in), 'tokenizer'
-    (require it) or 'builtin' ('System: / User: / Assistant:' lines, see scaletrain.data.sft)."""
-    document_masking: bool = False
-    """Attention stays inside each packed document (block-causal mask, positions restart
-    after every end-of-document id); needs a tokenizer with one (bpe or pretrained)."""
-    bpe_vocab_size: int = 1024
-    num_tokens: int = 2_000_000
-    """Size of the generated grammar corpus, in bytes/tokens."""
-    val_fraction: float = 0.05
-    seed: int = 1234
-    cache_dir: str = ".cache/scaletrain"
-    """Where token shards (numpy memmaps) are written."""
-    prefetch: int = 2
-    """Batches prepared ahead by the background loader thread (0 = synchronous)."""
-    delay_s: float = 0.0
-    """Artificial delay per batch (for profiling tests of data-bound runs)."""
-
-    def __post_init__(self) -> None:
-        if self.tokenizer not in ("byte", "char", "bpe"):
-            require(Path(self.tokenizer).exists(), "data.tokenizer", self.tokenizer,
-                    "use byte, char, bpe, or the path of a tokenizer.json (or its directory)")
-        require(self.bpe_vocab_size >= 260, "data.bpe_vocab_size", self.bpe_vocab_size,
-                "use at least 260 (256 bytes + specials)")
-        # the embedded corpus is generated in Python at start-up: 1e10 was reported as a hang
-        # (the bound is a round number, not measured); real corpora come through data.source
-        require(10_000 <= self.num_tokens <= 500_000_000, "data.num_tokens", self.num_tokens,
-                "use 10000..500000000 (for more text, point data.source at a file or folder)")
-        require(0 < self.val_fraction < 0.5, "data.val_fraction", self.val_fraction,
-                "use a fraction in (0, 0.5)")
-        require(self.prefetch >= 0, "data.prefetch", self.prefetch, "use >= 0")
-        require(self.delay_s >= 0, "data.delay_s", self.delay_s, "use >= 0")
-        if self.source != "grammar":
-            parse_sources(self.source)  # every entry names existing, supported files
-        parse_eval_sources(self.eval_sources)  # names unique, files existing and non-empty
-        check_choices(self, "data")  # token_dtype, format, chat_template
-        require(not (self.eval_sources and self.format == "sft"), "data.eval_sources",
-                self.eval_sources, "held-out sets are plain text (every token scored): with "
-                "data.format=sft the validation split is the masked held-out set; set "
-                "data.eval_sources=''")
-        require(not self.document_masking or self.tokenizer not in ("byte", "char"),
-                "data.document_masking", self.document_masking,
-                f"the {self.tokenizer} tokenizer has no end-of-document token: use bpe or a "
-                "pretrained tokenizer.json")
 
 
 @dataclass
@@ -487,107 +417,3 @@ class JobConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-# ---- loading -----------------------------------------------------------------------------
-
-def _coerce(section: str, key: str, value: Any, typ: Any) -> Any:
-    """Convert a TOML or command-line value to the field's declared type (strictly)."""
-    return coerce(f"{section}.{key}", value, typ)
-
-
-def _build(cls: type, section: str, values: dict[str, Any]) -> Any:
-    known = {f.name: f for f in dataclasses.fields(cls)}
-    hints = typing.get_type_hints(cls)  # resolves the postponed annotations, no eval of input
-    for k in values:
-        if k not in known:
-            raise ConfigError(f"{section}.{k}", values[k],
-                              f"unknown field{did_you_mean(k, known)}; valid fields are "
-                              f"{', '.join(known)}")
-    kwargs = {k: _coerce(section, k, v, hints[k]) for k, v in values.items()}
-    return cls(**kwargs)
-
-
-def _no_quoted_scalars(raw: dict[str, Any], path: Path) -> None:
-    """TOML has types: a quoted "8" for a number or "true" for a boolean is a string, refused
-    (command-line overrides are text and parsed instead)."""
-    from .model import ModelConfig
-
-    for section, values in raw.items():
-        cls = ModelConfig if section == "model" else SECTIONS.get(section)
-        if cls is None or not isinstance(values, dict):
-            continue  # named by load_config's own checks
-        hints = typing.get_type_hints(cls)
-        for k, v in values.items():
-            typ = scalar_type(hints.get(k))
-            if typ in (int, float, bool) and isinstance(v, str):
-                raise ConfigError(f"{section}.{k}", v,
-                                  f"{path.name} gives a string where a {typ.__name__} belongs: "
-                                  f"write it without quotes")
-
-
-def parse_overrides(args: list[str]) -> dict[str, dict[str, str]]:
-    """['--train.steps=10', '--model.name', 'tiny'] -> {'train': {'steps': '10'}, ...}."""
-    out: dict[str, dict[str, str]] = {}
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        if not arg.startswith("--") or "." not in arg.split("=")[0]:
-            raise ConfigError("override", arg, "write overrides as --section.key=value")
-        if "=" in arg:
-            key, value = arg[2:].split("=", 1)
-        else:
-            if i + 1 >= len(args):
-                raise ConfigError("override", arg, "give a value: --section.key=value")
-            key, value = arg[2:], args[i + 1]
-            i += 1
-        section, name = key.split(".", 1)
-        if not section or not name:
-            raise ConfigError("override", arg, "write overrides as --section.key=value")
-        out.setdefault(section, {})[name] = value
-        i += 1
-    return out
-
-
-def load_config(path: str | Path | None = None,
-                overrides: dict[str, dict[str, Any]] | list[str] | None = None) -> JobConfig:
-    """Build a validated JobConfig from an optional TOML file plus overrides (later wins)."""
-    raw: dict[str, dict[str, Any]] = {}
-    if path is not None:
-        p = Path(path)
-        require(p.is_file(), "config", str(p), "give the path of an existing .toml file")
-        try:
-            raw = tomllib.loads(p.read_bytes().decode("utf-8-sig"))  # (a BOM is harmless)
-        except OSError as e:
-            raise ConfigError("config", str(p), f"cannot read it ({e.strerror})") from None
-        except UnicodeDecodeError as e:
-            raise ConfigError("config", str(p), f"byte {e.start} is not UTF-8 ({e.reason}): "
-                              "save the file as UTF-8") from None
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError("config", str(p), f"fix the TOML syntax: {e}") from e
-        _no_quoted_scalars(raw, p)
-    if isinstance(overrides, list):
-        overrides = parse_overrides(overrides)
-    for section, values in (overrides or {}).items():
-        raw.setdefault(section, {}).update(values)
-    for section, values in raw.items():
-        if section not in (*SECTIONS, "model"):
-            raise ConfigError(section, "...", f"unknown section"
-                              f"{did_you_mean(section, ('model', *SECTIONS))}; valid sections "
-                              f"are model, {', '.join(SECTIONS)}")
-        if not isinstance(values, dict):
-            raise ConfigError(section, values, "a section must be a TOML table [section]")
-    model_raw = dict(raw.get("model", {}))
-    # a Hugging Face init directory brings its own architecture (config.json)
-    init_from = str(raw.get("checkpoint", {}).get("init_from", "") or "")
-    name = coerce("model.name", model_raw.pop("name", init_from or "gpt-mini"), str)
-    for k in model_raw:
-        if k not in MODEL_FIELDS:
-            raise ConfigError(f"model.{k}", model_raw[k],
-                              f"unknown field{did_you_mean(k, MODEL_FIELDS)}; valid fields are "
-                              f"{', '.join(MODEL_FIELDS)}")
-    mhints = typing.get_type_hints(ModelConfig)
-    model_kw = {k: _coerce("model", k, v, mhints[k]) for k, v in model_raw.items()}
-    sections = {s: _build(cls, s, raw.get(s, {})) for s, cls in SECTIONS.items()}
-    model = resolve_model(name, **model_kw)
-    return JobConfig(model=model, **sections)
