@@ -46,90 +46,103 @@ class _OneLine(argparse.ArgumentParser):
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     sub = parser.add_subparsers(dest="tool", metavar="TOOL", parser_class=_OneLine)
-    hw = HardwareConfig()
     for tool, help_ in TOOLS.items():
         p = sub.add_parser(tool, help=help_, description=help_)
-        a = p.add_argument
-        if tool in ("memory", "ckpt", "gemm", "flops"):
-            a("--model", metavar="NAME|config.json", help="model preset or config.json")
-        if tool in ("memory", "gemm", "flops", "ckpt"):
-            a("--seq-len", type=int, default=2048, metavar="S")
-            a("--micro-batch", type=int, default=1, metavar="B")
-        if tool == "flops":
-            a("--steps", type=int, metavar="N", help="training steps (total FLOPs)")
-            a("--gpu", metavar="TYPE", help="time one step at this preset's peak")
-            a("--precision", default="bf16", choices=("bf16", "fp16", "fp8", "fp32"))
-        if tool == "allreduce":
-            a("--bytes", type=float, metavar="M", help="gradient bytes (or --params)")
-            a("--params", type=float, metavar="N")
-            a("--grad-bytes", type=float, default=2.0, metavar="B",
-              help="bytes per gradient element (default 2: fp16/bf16)")
-            a("--gpus", type=int, required=True, metavar="N")
-            a("--gbps", type=float, required=True, metavar="GB/s",
-              help="per-GPU link bandwidth, GB/s (100 Gb/s = 12.5)")
-            a("--compute-s", type=float, metavar="SEC", help="forward+backward time to compare")
-        if tool in ("memory", "gemm"):
-            a("--tp", type=int, default=1, metavar="T")
-        if tool == "memory":
-            a("--params", type=float, metavar="N", help="parameter count (default: the "
-              "model's exact count; the seeds round it, e.g. 7e9)")
-            a("--convention", type=int, default=16, metavar="BYTES", help="12, 16, 18 or 20")
-            a("--precision", default="bf16", choices=("bf16", "fp16", "fp32"))
-            a("--dp", type=int, default=1, metavar="N", help="ranks ZeRO shards over")
-            a("--zero", type=int, default=0, choices=(0, 1, 2, 3))
-            a("--sp", action="store_true")
-            a("--ac", default="none", choices=AC_MODES)
-            a("--ckpt-every", type=int, default=1, metavar="K",
-              help="keep 1 in K layers' activations (seed 004's GPT-2 walk-through)")
-            a("--gpu", metavar="TYPE", help="compare with this preset's memory")
-        if tool == "ckpt":
-            a("--layers", type=int, metavar="N", help="layers (default: the model's)")
-            a("--k", type=int, metavar="K", help="also show K checkpoints")
-            a("--layer-gb", type=float, metavar="A", help="activation GB of one layer "
-              "(default with --model: Korthikanti's s*b*h*(34 + 5as/h), 16-bit)")
-        if tool == "waves":
-            a("--size", type=int, required=True, metavar="N", help="batch, rows or tiles")
-            a("--quantum", type=int, default=32, metavar="Q", help="warp 32, tile, SMs")
-        if tool == "gemm":
-            a("--gpu", default="h100-sxm", metavar="TYPE")
-            a("--tile", default="128x128", metavar="MxN", help="output tile per SM")
-        if tool == "tokenizer":
-            a("--global-batch", type=int, required=True, metavar="B")
-            a("--seq-len", type=int, required=True, metavar="S")
-            when = p.add_mutually_exclusive_group(required=True)
-            when.add_argument("--step-s", type=float, metavar="SEC",
-                              help="accelerator step time (plan/explain print it)")
-            when.add_argument("--tokens-per-s", type=float, metavar="R",
-                              help="tokens/s the whole job trains (explain's 'tokens/s')")
-            a("--tokens-per-s-per-core", type=float, default=5e5, metavar="R",
-              help="tokenizer rate of one CPU core (default 5e5, seed 004's BPE figure)")
-            a("--workers", type=int, default=1, metavar="W")
-            a("--pcie-gbps", type=float, default=15.75, metavar="GB/s",
-              help="host-to-device GB/s (default PCIe Gen3 x16, 15.75)")
-        if tool in ("deadline", "rentbuy", "run"):
-            a("--flops", type=float, metavar="C", help="training FLOPs (or --params/--tokens)")
-            a("--params", type=float, metavar="N", help="parameters (or --model)")
-            a("--model", metavar="NAME|config.json", help="take N from this model's exact count")
-            a("--tokens", type=float, metavar="D")
-            a("--gpu", default="h100-sxm", metavar="TYPE")
-            a("--precision", default="bf16", choices=("bf16", "fp16", "fp8", "fp32"))
-            a("--efficiency", type=float, default=0.4, metavar="F",
-              help="sustained fraction of peak (default 0.4)")
-            a("--peak-tflops", type=float, metavar="TF", help="override the preset's peak")
-        if tool == "deadline":
-            a("--days", type=float, required=True, metavar="D")
-        if tool in ("rentbuy", "run"):
-            a("--gpus", type=int, required=True, metavar="N")
-            a("--usd-per-gpu-hour", type=float, metavar="USD", help="default: the preset's")
-            a("--pue", type=float, default=hw.pue, help=f"default {hw.pue}")
-        if tool == "rentbuy":
-            a("--buy-usd-per-gpu", type=float, required=True, metavar="USD")
-            a("--usd-per-kwh", type=float, default=0.0, metavar="USD",
-              help="electricity an owner pays (default 0: not counted)")
-        if tool == "run":
-            a("--host-watts", type=float, default=hw.host_watts_per_node, metavar="W",
-              help="host power per node")
-            a("--grid-co2", type=float, default=hw.grid_kg_co2_per_kwh, metavar="KG")
+        _model_tool_flags(p, tool)
+        _budget_tool_flags(p, tool)
+
+
+def _model_tool_flags(p: argparse.ArgumentParser, tool: str) -> None:
+    """Flags of the tools about one model or collective: memory, ckpt, gemm, flops,
+    allreduce, waves."""
+    a = p.add_argument
+    if tool in ("memory", "ckpt", "gemm", "flops"):
+        a("--model", metavar="NAME|config.json", help="model preset or config.json")
+    if tool in ("memory", "gemm", "flops", "ckpt"):
+        a("--seq-len", type=int, default=2048, metavar="S")
+        a("--micro-batch", type=int, default=1, metavar="B")
+    if tool == "flops":
+        a("--steps", type=int, metavar="N", help="training steps (total FLOPs)")
+        a("--gpu", metavar="TYPE", help="time one step at this preset's peak")
+        a("--precision", default="bf16", choices=("bf16", "fp16", "fp8", "fp32"))
+    if tool == "allreduce":
+        a("--bytes", type=float, metavar="M", help="gradient bytes (or --params)")
+        a("--params", type=float, metavar="N")
+        a("--grad-bytes", type=float, default=2.0, metavar="B",
+          help="bytes per gradient element (default 2: fp16/bf16)")
+        a("--gpus", type=int, required=True, metavar="N")
+        a("--gbps", type=float, required=True, metavar="GB/s",
+          help="per-GPU link bandwidth, GB/s (100 Gb/s = 12.5)")
+        a("--compute-s", type=float, metavar="SEC", help="forward+backward time to compare")
+    if tool in ("memory", "gemm"):
+        a("--tp", type=int, default=1, metavar="T")
+    if tool == "memory":
+        a("--params", type=float, metavar="N", help="parameter count (default: the "
+          "model's exact count; the seeds round it, e.g. 7e9)")
+        a("--convention", type=int, default=16, metavar="BYTES", help="12, 16, 18 or 20")
+        a("--precision", default="bf16", choices=("bf16", "fp16", "fp32"))
+        a("--dp", type=int, default=1, metavar="N", help="ranks ZeRO shards over")
+        a("--zero", type=int, default=0, choices=(0, 1, 2, 3))
+        a("--sp", action="store_true")
+        a("--ac", default="none", choices=AC_MODES)
+        a("--ckpt-every", type=int, default=1, metavar="K",
+          help="keep 1 in K layers' activations (seed 004's GPT-2 walk-through)")
+        a("--gpu", metavar="TYPE", help="compare with this preset's memory")
+    if tool == "ckpt":
+        a("--layers", type=int, metavar="N", help="layers (default: the model's)")
+        a("--k", type=int, metavar="K", help="also show K checkpoints")
+        a("--layer-gb", type=float, metavar="A", help="activation GB of one layer "
+          "(default with --model: Korthikanti's s*b*h*(34 + 5as/h), 16-bit)")
+    if tool == "waves":
+        a("--size", type=int, required=True, metavar="N", help="batch, rows or tiles")
+        a("--quantum", type=int, default=32, metavar="Q", help="warp 32, tile, SMs")
+    if tool == "gemm":
+        a("--gpu", default="h100-sxm", metavar="TYPE")
+        a("--tile", default="128x128", metavar="MxN", help="output tile per SM")
+
+
+def _budget_tool_flags(p: argparse.ArgumentParser, tool: str) -> None:
+    """Flags of the tools about throughput, time and money: tokenizer, deadline, rentbuy,
+    run."""
+    a = p.add_argument
+    hw = HardwareConfig()
+    if tool == "tokenizer":
+        a("--global-batch", type=int, required=True, metavar="B")
+        a("--seq-len", type=int, required=True, metavar="S")
+        when = p.add_mutually_exclusive_group(required=True)
+        when.add_argument("--step-s", type=float, metavar="SEC",
+                          help="accelerator step time (plan/explain print it)")
+        when.add_argument("--tokens-per-s", type=float, metavar="R",
+                          help="tokens/s the whole job trains (explain's 'tokens/s')")
+        a("--tokens-per-s-per-core", type=float, default=5e5, metavar="R",
+          help="tokenizer rate of one CPU core (default 5e5, seed 004's BPE figure)")
+        a("--workers", type=int, default=1, metavar="W")
+        a("--pcie-gbps", type=float, default=15.75, metavar="GB/s",
+          help="host-to-device GB/s (default PCIe Gen3 x16, 15.75)")
+    if tool in ("deadline", "rentbuy", "run"):
+        a("--flops", type=float, metavar="C", help="training FLOPs (or --params/--tokens)")
+        a("--params", type=float, metavar="N", help="parameters (or --model)")
+        a("--model", metavar="NAME|config.json", help="take N from this model's exact count")
+        a("--tokens", type=float, metavar="D")
+        a("--gpu", default="h100-sxm", metavar="TYPE")
+        a("--precision", default="bf16", choices=("bf16", "fp16", "fp8", "fp32"))
+        a("--efficiency", type=float, default=0.4, metavar="F",
+          help="sustained fraction of peak (default 0.4)")
+        a("--peak-tflops", type=float, metavar="TF", help="override the preset's peak")
+    if tool == "deadline":
+        a("--days", type=float, required=True, metavar="D")
+    if tool in ("rentbuy", "run"):
+        a("--gpus", type=int, required=True, metavar="N")
+        a("--usd-per-gpu-hour", type=float, metavar="USD", help="default: the preset's")
+        a("--pue", type=float, default=hw.pue, help=f"default {hw.pue}")
+    if tool == "rentbuy":
+        a("--buy-usd-per-gpu", type=float, required=True, metavar="USD")
+        a("--usd-per-kwh", type=float, default=0.0, metavar="USD",
+          help="electricity an owner pays (default 0: not counted)")
+    if tool == "run":
+        a("--host-watts", type=float, default=hw.host_watts_per_node, metavar="W",
+          help="host power per node")
+        a("--grid-co2", type=float, default=hw.grid_kg_co2_per_kwh, metavar="KG")
 
 
 def _positive(args: argparse.Namespace, *names: str) -> None:
