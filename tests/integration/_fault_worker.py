@@ -10,12 +10,12 @@ import sys
 import time
 from pathlib import Path
 
-import scaletrain.trainer.loop as loop
+import scaletrain.trainer.checkpointing as checkpointing
 from scaletrain.config import load_config
 from scaletrain.trainer import train
 
 marker = Path(sys.argv[1])
-real_save = loop.save
+real_save = checkpointing.save
 
 
 def save_then_die(run, step, wall_s):
@@ -26,7 +26,7 @@ def save_then_die(run, step, wall_s):
     return path
 
 
-loop.save = save_then_die
+checkpointing.save = save_then_die
 if int(os.environ["TORCHELASTIC_RESTART_COUNT"]) > 0 and int(os.environ["RANK"]) == 1:
     # the restarted rank 1 joins late: its peer meets the killed attempt's store keys first (the
     # interleaving that made restarts fail before each attempt got its own key namespace)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import scaletrain.trainer.loop as loop
+import scaletrain.trainer.checkpointing as checkpointing
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
@@ -55,14 +55,15 @@ def test_sigkill_during_writes_and_at_random_resumes_bitwise(tmp_path, monkeypat
                ref["wall_s"]),
     ]
     # negative control: a resume that loses its data position must be caught as a difference
-    real_restore = loop.restore
+    real_restore = checkpointing.restore
 
     def restore_one_batch_late(run, path):
         out = real_restore(run, path)
         run.data.skip_steps(1)
         return out
 
-    monkeypatch.setattr(loop, "restore", restore_one_batch_late)  # inherited by forked runs
+    # inherited by forked runs
+    monkeypatch.setattr(checkpointing, "restore", restore_one_batch_late)
     broken = _trial(tmp_path, 3, [{"kind": "write", "pick": 0.5, "jitter_s": 0.0}],
                     ref["wall_s"])
     monkeypatch.undo()

@@ -216,3 +216,81 @@ def test_float8_experts_are_not_split_over_tp():
     assert option_problems(Layout(dp=2, tp=2, ep=2), offload="none", precision="fp8",
                            moe=True) == []
     assert option_problems(Layout(dp=2, tp=2), offload="none", precision="fp8") == []
+
+
+# ---- choice fields: one Literal alias per set of names -------------------------------------
+
+def _literal_fields():
+    """(section, field, names) for every Literal-typed field of every config section."""
+    import dataclasses
+    import typing
+
+    from scaletrain.config.choices import literal_names
+    from scaletrain.config.job import SECTIONS
+    from scaletrain.config.model import ModelConfig
+
+    out = []
+    for section, cls in {**SECTIONS, "model": ModelConfig}.items():
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            options = literal_names(hints[f.name])
+            if options is not None:
+                out.append((section, f.name, options))
+    return out
+
+
+def test_choice_fields_are_literals_with_their_default_among_the_names():
+    import dataclasses
+
+    from scaletrain.config.job import SECTIONS
+    from scaletrain.config.model import ModelConfig
+
+    fields = {(s, f): names for s, f, names in _literal_fields()}
+    # the choice fields this change typed (a field dropped from the list is a regression)
+    for key in [("precision", "dtype"), ("precision", "reduce_dtype"), ("memory", "ac"),
+                ("memory", "offload"), ("parallel", "zero"), ("parallel", "pp_schedule"),
+                ("optim", "name"), ("optim", "schedule"), ("data", "chat_template"),
+                ("data", "format"), ("train", "device"), ("model", "norm")]:
+        assert key in fields, key
+    classes = {**SECTIONS, "model": ModelConfig}
+    for (section, name), names in fields.items():
+        default = {f.name: f.default for f in dataclasses.fields(classes[section])}[name]
+        assert default in names, (section, name)
+
+
+def test_choice_validation_reads_the_alias():
+    from scaletrain.config import PP_SCHEDULES, PRECISION_TABLE, PRECISIONS
+    from scaletrain.config.choices import PPSchedule, Precision, ReduceDtype, names
+    from scaletrain.config.precision import REDUCE_DTYPES
+
+    assert PRECISIONS == names(Precision) == tuple(PRECISION_TABLE)
+    assert tuple(REDUCE_DTYPES) == names(ReduceDtype)
+    assert names(PPSchedule) == PP_SCHEDULES
+    for section, name, options in _literal_fields():
+        for value in options:  # every name the alias lists is accepted from the command line
+            load_config(overrides=[f"--{section}.{name}={value}"])
+        bad = f"{options[0]}x" if isinstance(options[0], str) else 7
+        with pytest.raises(ConfigError) as e:
+            load_config(overrides=[f"--{section}.{name}={bad}"])
+        msg = str(e.value)
+        assert e.value.field == f"{section}.{name}" and "\n" not in msg
+        assert "choose one of " + ", ".join(map(repr, options)) in msg
+        if isinstance(bad, str):
+            assert f"did you mean {options[0]!r}?" in msg
+
+
+def test_choice_fields_checked_when_built_in_code_and_typed_in_toml(tmp_path):
+    from scaletrain.config import MemoryConfig, PrecisionConfig
+
+    with pytest.raises(ConfigError, match=r"precision.dtype = 'bf61'.*did you mean 'bf16'"):
+        PrecisionConfig(dtype="bf61")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="memory.ac"):
+        MemoryConfig(ac="partial")  # type: ignore[arg-type]
+    assert load_config(overrides=["--parallel.zero=2", "--parallel.dp=1"]).parallel.zero == 2
+    toml = tmp_path / "job.toml"
+    toml.write_text('[parallel]\nzero = "2"\n')
+    with pytest.raises(ConfigError, match="parallel.zero.*without quotes"):
+        load_config(toml)
+    toml.write_text('[precision]\ndtype = 16\n')
+    with pytest.raises(ConfigError, match="precision.dtype.*expected a string"):
+        load_config(toml)

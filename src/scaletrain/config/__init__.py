@@ -5,6 +5,7 @@ Pure Python (no torch): the planner and the trainer share these types and legali
 
 from ._errors import ConfigError
 from .hardware import GB, HARDWARE_PRESETS, TFLOPS, GiB, HardwareSpec, hardware_preset
+from .hf_model import model_from_hf_config
 from .job import (
     AC_MODES,
     OFFLOAD_MODES,
@@ -20,8 +21,6 @@ from .job import (
     ParallelConfig,
     PrecisionConfig,
     TrainConfig,
-    load_config,
-    parse_overrides,
 )
 from .layout import (
     PP_SCHEDULES,
@@ -39,11 +38,11 @@ from .layout import (
     stage_ids,
     stage_layer_ranges,
 )
+from .loading import load_config, parse_overrides
 from .model import (
     MODEL_PRESETS,
     ModelConfig,
     ParamCounts,
-    model_from_hf_config,
     model_preset,
     resolve_model,
 )

@@ -1,4 +1,5 @@
-"""The whole training plan as typed sections, loaded from TOML with `--section.key=value` overrides.
+"""The whole training plan as typed sections (loaded from TOML and `--section.key=value`
+overrides by `config.loading`).
 
 Every section validates itself on construction; cross-section rules (batch arithmetic, layout
 legality) are checked by `JobConfig.__post_init__`. Errors are `ConfigError`s naming the field.
@@ -7,30 +8,45 @@ legality) are checked by `JobConfig.__post_init__`. Errors are `ConfigError`s na
 from __future__ import annotations
 
 import dataclasses
-import tomllib
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from ._errors import ConfigError, choice, require
+from ._errors import require
+from .choices import (
+    ACMode,
+    Device,
+    Fp8Amax,
+    Fp8Scaling,
+    GradCompression,
+    LayoutMode,
+    LRSchedule,
+    OffloadMode,
+    OptimizerName,
+    PPSchedule,
+    Precision,
+    ReduceDtype,
+    ZeroStage,
+    check_choices,
+    names,
+)
+from .data import DataConfig
 from .hardware import HARDWARE_PRESETS, HardwareSpec, hardware_preset
-from .layout import PP_SCHEDULES, Layout, check_layout, option_problems
-from .model import MODEL_FIELDS, ModelConfig, resolve_model
+from .layout import Layout, check_layout, option_problems
+from .model import ModelConfig, resolve_model
 from .monitor import MonitorConfig
-from .precision import PRECISIONS, REDUCE_DTYPES
-from .sources import parse_eval_sources, parse_sources, pretrained_vocab_size
-from .strict import coerce, did_you_mean
+from .precision import PRECISIONS
+from .sources import pretrained_vocab_size
+from .strict import did_you_mean
 
 __all__ = [
     "ParallelConfig", "PrecisionConfig", "MemoryConfig", "BatchConfig", "OptimConfig",
     "DataConfig", "TrainConfig", "CheckpointConfig", "GuardConfig", "HardwareConfig", "JobConfig",
-    "load_config", "parse_overrides", "PRECISIONS", "AC_MODES", "OFFLOAD_MODES",
+    "SECTIONS", "PRECISIONS", "AC_MODES", "OFFLOAD_MODES",
 ]
 
-AC_MODES = ("none", "selective", "full")
-OFFLOAD_MODES = ("none", "optimizer", "params")
+AC_MODES: tuple[ACMode, ...] = names(ACMode)
+OFFLOAD_MODES: tuple[OffloadMode, ...] = names(OffloadMode)
 
 
 @dataclass
@@ -38,24 +54,22 @@ class ParallelConfig:
     """Parallel degrees. dp = -1 fills the world size left after tp*pp*cp."""
 
     dp: int = -1
-    zero: int = 0
+    zero: ZeroStage = 0
     dp_replicate: int = 1
     tp: int = 1
     sp: bool = False
     pp: int = 1
-    pp_schedule: str = "1f1b"
+    pp_schedule: PPSchedule = "1f1b"
     pp_virtual: int = 1
     cp: int = 1
     ep: int = 1
-    layout: str = "auto"
+    layout: LayoutMode = "auto"
     """'auto': when the run names no degrees (all defaults) and has more than one rank, the
     planner picks the fastest layout that fits; 'manual' always uses the degrees above."""
 
     def __post_init__(self) -> None:
         require(self.dp == -1 or self.dp >= 1, "parallel.dp", self.dp, "use -1 (auto) or >= 1")
-        choice("parallel.zero", self.zero, (0, 1, 2, 3))
-        choice("parallel.pp_schedule", self.pp_schedule, PP_SCHEDULES)
-        choice("parallel.layout", self.layout, ("manual", "auto"))
+        check_choices(self, "parallel")  # zero, pp_schedule, layout
         for f in ("dp_replicate", "tp", "pp", "pp_virtual", "cp", "ep"):
             v = getattr(self, f)
             require(isinstance(v, int) and v >= 1, f"parallel.{f}", v, "use a positive integer")
@@ -69,8 +83,10 @@ class ParallelConfig:
     @classmethod
     def from_layout(cls, layout: Layout) -> ParallelConfig:
         """The config that runs exactly `layout` (layout='manual')."""
-        return cls(dp=layout.dp, zero=layout.zero, dp_replicate=layout.dp_replicate,
-                   tp=layout.tp, sp=layout.sp, pp=layout.pp, pp_schedule=layout.pp_schedule,
+        # (Layout's fields are plain int/str; __post_init__ checks them against the aliases)
+        return cls(dp=layout.dp, zero=cast(ZeroStage, layout.zero),
+                   dp_replicate=layout.dp_replicate, tp=layout.tp, sp=layout.sp, pp=layout.pp,
+                   pp_schedule=cast(PPSchedule, layout.pp_schedule),
                    pp_virtual=layout.pp_virtual, cp=layout.cp, ep=layout.ep, layout="manual")
 
     def resolve(self, world_size: int) -> Layout:
@@ -88,16 +104,16 @@ class ParallelConfig:
 
 @dataclass
 class PrecisionConfig:
-    dtype: str = "fp32"
+    dtype: Precision = "fp32"
     """Compute precision: 'fp32', 'bf16' (autocast/FSDP mp, fp32 master), 'fp16' (+ dynamic
     loss scaling), 'fp8' (float8 linears and MoE experts, bf16 elsewhere)."""
-    reduce_dtype: str = "fp32"
+    reduce_dtype: ReduceDtype = "fp32"
     """Gradient communication dtype: 'fp32' or 'bf16'."""
     loss_scale_init: float = 2.0**16
     loss_scale_growth_interval: int = 2000
-    fp8_scaling: str = "tensorwise"
+    fp8_scaling: Fp8Scaling = "tensorwise"
     """fp8 scaling granularity: 'tensorwise' or 'tilewise' (1x128 activations, 128x128 weights)."""
-    fp8_amax: str = "current"
+    fp8_amax: Fp8Amax = "current"
     """fp8 per-tensor amax: 'current' (this tensor's) or 'delayed' (the max over the last
     `fp8_history_len` micro-batches, Transformer Engine style; tensorwise only)."""
     fp8_history_len: int = 16
@@ -105,7 +121,7 @@ class PrecisionConfig:
     fp8_all_gather: bool = False
     """ZeRO-2/3 (FSDP2): all-gather the fp8 Linears' weights in E4M3 (1 byte/param instead of
     bf16's 2; tensorwise scaling, no tensor parallelism): `precision/fp8_fsdp.py`."""
-    grad_compression: str = "none"
+    grad_compression: GradCompression = "none"
     """DDP gradient all-reduce compression: 'none' or 'powersgd' (low-rank, error feedback)."""
     powersgd_rank: int = 2
     """PowerSGD matrix approximation rank."""
@@ -113,10 +129,7 @@ class PrecisionConfig:
     """Optimizer steps of plain all-reduce before PowerSGD starts (its warm-up)."""
 
     def __post_init__(self) -> None:
-        choice("precision.dtype", self.dtype, PRECISIONS)
-        choice("precision.reduce_dtype", self.reduce_dtype, tuple(REDUCE_DTYPES))
-        choice("precision.fp8_scaling", self.fp8_scaling, ("tensorwise", "tilewise"))
-        choice("precision.fp8_amax", self.fp8_amax, ("current", "delayed"))
+        check_choices(self, "precision")  # dtype, reduce_dtype, fp8_*, grad_compression
         require(not (self.fp8_amax == "delayed" and self.fp8_scaling == "tilewise"),
                 "precision.fp8_amax", self.fp8_amax, "delayed amax is per-tensor only: set "
                 "precision.fp8_scaling='tensorwise', or fp8_amax='current' (tiles are scaled "
@@ -127,7 +140,6 @@ class PrecisionConfig:
                 "or fp8_all_gather=false")
         require(self.fp8_history_len >= 1, "precision.fp8_history_len", self.fp8_history_len,
                 "use a positive integer such as 16")
-        choice("precision.grad_compression", self.grad_compression, ("none", "powersgd"))
         require(self.powersgd_rank >= 1, "precision.powersgd_rank", self.powersgd_rank,
                 "use a positive integer such as 2")
         require(self.powersgd_start_step >= 2, "precision.powersgd_start_step",
@@ -140,9 +152,9 @@ class PrecisionConfig:
 
 @dataclass
 class MemoryConfig:
-    ac: str = "none"
+    ac: ACMode = "none"
     """Activation checkpointing: 'none', 'selective' (recompute attention core), 'full'."""
-    offload: str = "none"
+    offload: OffloadMode = "none"
     """CPU offload: 'none', 'optimizer' (optimizer states) or 'params' (FSDP2 offload policy)."""
     loss_chunk_tokens: int = 0
     """Tokens per chunk of the fused head + cross-entropy (`models.loss`): the (tokens x
@@ -151,8 +163,7 @@ class MemoryConfig:
     1,335 at GPT-2's 50,257); smaller saves memory, larger means fewer head matmuls."""
 
     def __post_init__(self) -> None:
-        choice("memory.ac", self.ac, AC_MODES)
-        choice("memory.offload", self.offload, OFFLOAD_MODES)
+        check_choices(self, "memory")  # ac, offload
         require(isinstance(self.loss_chunk_tokens, int) and self.loss_chunk_tokens >= 0,
                 "memory.loss_chunk_tokens", self.loss_chunk_tokens,
                 "use 0 (auto) or a positive number of tokens per chunk")
@@ -177,7 +188,7 @@ class BatchConfig:
 
 @dataclass
 class OptimConfig:
-    name: str = "adamw"
+    name: OptimizerName = "adamw"
     """'adamw' or 'sgd' (with momentum)."""
     lr: float = 2e-3
     """Peak learning rate (the default suits the embedded small-GPT run; large models want
@@ -185,7 +196,7 @@ class OptimConfig:
     min_lr_ratio: float = 0.1
     """Final lr of the cosine decay as a fraction of `lr`."""
     warmup_steps: int = 80
-    schedule: str = "cosine"
+    schedule: LRSchedule = "cosine"
     """'cosine' (linear warmup then cosine decay), 'linear' or 'constant' (after warmup)."""
     beta1: float = 0.9
     beta2: float = 0.95
@@ -196,8 +207,7 @@ class OptimConfig:
     """Global-norm clip threshold; 0 disables clipping."""
 
     def __post_init__(self) -> None:
-        choice("optim.name", self.name, ("adamw", "sgd"))
-        choice("optim.schedule", self.schedule, ("cosine", "linear", "constant"))
+        check_choices(self, "optim")  # name, schedule
         require(self.lr > 0, "optim.lr", self.lr, "use a positive learning rate such as 3e-4")
         require(0 <= self.min_lr_ratio <= 1, "optim.min_lr_ratio", self.min_lr_ratio, "use 0..1")
         require(self.warmup_steps >= 0, "optim.warmup_steps", self.warmup_steps, "use >= 0")
@@ -209,82 +219,13 @@ class OptimConfig:
 
 
 @dataclass
-class DataConfig:
-    source: str = "grammar"
-    """'grammar' (the embedded generated corpus), or files, folders, globs of .txt, .jsonl
-    (.gz), .parquet and pre-tokenized .bin, as a weighted mixture 'a.jsonl@0.7, b/@0.3'
-    (see scaletrain.config.sources)."""
-    tokenizer: str = "byte"
-    """'byte' (256 ids), 'char' (characters seen in the corpus), 'bpe' (trained locally), or
-    a pretrained tokenizer.json path (or its directory; BOS/EOS from tokenizer_config.json)."""
-    eval_sources: str = ""
-    """Held-out sets evaluated every `train.eval_every` steps, each on its own: 'name=path,
-    name2=path2' (files, folders or globs of the data.source formats, tokenized with the
-    training tokenizer); logged as val_loss/<name> and ppl/<name>. '' = none."""
-    text_field: str = "text"
-    """The JSONL key / parquet column holding a document's text."""
-    token_dtype: str = "uint16"
-    """Element type of pre-tokenized .bin sources: 'uint16' (nanoGPT) or 'uint32'."""
-    format: str = "text"
-    """'text' (documents, every token trained) or 'sft' (chat/instruction JSONL: `messages` or
-    prompt/response records; loss only on the responses; see scaletrain.data.sft)."""
-    chat_template: str = "auto"
-    """data.format=sft: 'auto' (the tokenizer's own chat template when its
-    tokenizer_config.json or a chat_template.jinja has one, else the built-in), 'tokenizer'
-    (require it) or 'builtin' ('System: / User: / Assistant:' lines, see scaletrain.data.sft)."""
-    document_masking: bool = False
-    """Attention stays inside each packed document (block-causal mask, positions restart
-    after every end-of-document id); needs a tokenizer with one (bpe or pretrained)."""
-    bpe_vocab_size: int = 1024
-    num_tokens: int = 2_000_000
-    """Size of the generated grammar corpus, in bytes/tokens."""
-    val_fraction: float = 0.05
-    seed: int = 1234
-    cache_dir: str = ".cache/scaletrain"
-    """Where token shards (numpy memmaps) are written."""
-    prefetch: int = 2
-    """Batches prepared ahead by the background loader thread (0 = synchronous)."""
-    delay_s: float = 0.0
-    """Artificial delay per batch (for profiling tests of data-bound runs)."""
-
-    def __post_init__(self) -> None:
-        if self.tokenizer not in ("byte", "char", "bpe"):
-            require(Path(self.tokenizer).exists(), "data.tokenizer", self.tokenizer,
-                    "use byte, char, bpe, or the path of a tokenizer.json (or its directory)")
-        require(self.bpe_vocab_size >= 260, "data.bpe_vocab_size", self.bpe_vocab_size,
-                "use at least 260 (256 bytes + specials)")
-        # the embedded corpus is generated in Python at start-up: 1e10 was reported as a hang
-        # (the bound is a round number, not measured); real corpora come through data.source
-        require(10_000 <= self.num_tokens <= 500_000_000, "data.num_tokens", self.num_tokens,
-                "use 10000..500000000 (for more text, point data.source at a file or folder)")
-        require(0 < self.val_fraction < 0.5, "data.val_fraction", self.val_fraction,
-                "use a fraction in (0, 0.5)")
-        require(self.prefetch >= 0, "data.prefetch", self.prefetch, "use >= 0")
-        require(self.delay_s >= 0, "data.delay_s", self.delay_s, "use >= 0")
-        if self.source != "grammar":
-            parse_sources(self.source)  # every entry names existing, supported files
-        parse_eval_sources(self.eval_sources)  # names unique, files existing and non-empty
-        choice("data.token_dtype", self.token_dtype, ("uint16", "uint32"))
-        choice("data.format", self.format, ("text", "sft"))
-        choice("data.chat_template", self.chat_template, ("auto", "tokenizer", "builtin"))
-        require(not (self.eval_sources and self.format == "sft"), "data.eval_sources",
-                self.eval_sources, "held-out sets are plain text (every token scored): with "
-                "data.format=sft the validation split is the masked held-out set; set "
-                "data.eval_sources=''")
-        require(not self.document_masking or self.tokenizer not in ("byte", "char"),
-                "data.document_masking", self.document_masking,
-                f"the {self.tokenizer} tokenizer has no end-of-document token: use bpe or a "
-                "pretrained tokenizer.json")
-
-
-@dataclass
 class TrainConfig:
     steps: int = 800
     log_every: int = 10
     eval_every: int = 100
     eval_batches: int = 8
     seed: int = 0
-    device: str = "auto"
+    device: Device = "auto"
     """'auto' (cuda if available), 'cpu' or 'cuda'."""
     compile: bool = False
     run_dir: str = "runs/default"
@@ -308,7 +249,7 @@ class TrainConfig:
         require(self.eval_batches <= 10_000, "train.eval_batches", self.eval_batches,
                 "use at most 10000 (validation batches are held in memory for the whole run)")
         require(self.sample_tokens >= 0, "train.sample_tokens", self.sample_tokens, "use >= 0")
-        choice("train.device", self.device, ("auto", "cpu", "cuda"))
+        check_choices(self, "train")  # device
         require(0 < self.rendezvous_timeout_s <= 86_400, "train.rendezvous_timeout_s",
                 self.rendezvous_timeout_s, "use seconds in (0, 86400]")
         require(bool(self.run_dir.strip()), "train.run_dir", self.run_dir,
@@ -476,109 +417,3 @@ class JobConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-# ---- loading -----------------------------------------------------------------------------
-
-def _coerce(section: str, key: str, value: Any, typ: Any) -> Any:
-    """Convert a TOML or command-line value to the field's declared type (strictly)."""
-    return coerce(f"{section}.{key}", value, typ)
-
-
-def _build(cls: type, section: str, values: dict[str, Any]) -> Any:
-    known = {f.name: f for f in dataclasses.fields(cls)}
-    hints = typing.get_type_hints(cls)  # resolves the postponed annotations, no eval of input
-    for k in values:
-        if k not in known:
-            raise ConfigError(f"{section}.{k}", values[k],
-                              f"unknown field{did_you_mean(k, known)}; valid fields are "
-                              f"{', '.join(known)}")
-    kwargs = {k: _coerce(section, k, v, hints[k]) for k, v in values.items()}
-    return cls(**kwargs)
-
-
-def _no_quoted_scalars(raw: dict[str, Any], path: Path) -> None:
-    """TOML has types: a quoted "8" for a number or "true" for a boolean is a string, refused
-    (command-line overrides are text and parsed instead)."""
-    from .model import ModelConfig
-
-    for section, values in raw.items():
-        cls = ModelConfig if section == "model" else SECTIONS.get(section)
-        if cls is None or not isinstance(values, dict):
-            continue  # named by load_config's own checks
-        hints = typing.get_type_hints(cls)
-        for k, v in values.items():
-            typ = hints.get(k)
-            if isinstance(typ, types.UnionType):
-                typ = next(t for t in typ.__args__ if t is not type(None))
-            if typ in (int, float, bool) and isinstance(v, str):
-                raise ConfigError(f"{section}.{k}", v,
-                                  f"{path.name} gives a string where a {typ.__name__} belongs: "
-                                  f"write it without quotes")
-
-
-def parse_overrides(args: list[str]) -> dict[str, dict[str, str]]:
-    """['--train.steps=10', '--model.name', 'tiny'] -> {'train': {'steps': '10'}, ...}."""
-    out: dict[str, dict[str, str]] = {}
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        if not arg.startswith("--") or "." not in arg.split("=")[0]:
-            raise ConfigError("override", arg, "write overrides as --section.key=value")
-        if "=" in arg:
-            key, value = arg[2:].split("=", 1)
-        else:
-            if i + 1 >= len(args):
-                raise ConfigError("override", arg, "give a value: --section.key=value")
-            key, value = arg[2:], args[i + 1]
-            i += 1
-        section, name = key.split(".", 1)
-        if not section or not name:
-            raise ConfigError("override", arg, "write overrides as --section.key=value")
-        out.setdefault(section, {})[name] = value
-        i += 1
-    return out
-
-
-def load_config(path: str | Path | None = None,
-                overrides: dict[str, dict[str, Any]] | list[str] | None = None) -> JobConfig:
-    """Build a validated JobConfig from an optional TOML file plus overrides (later wins)."""
-    raw: dict[str, dict[str, Any]] = {}
-    if path is not None:
-        p = Path(path)
-        require(p.is_file(), "config", str(p), "give the path of an existing .toml file")
-        try:
-            raw = tomllib.loads(p.read_bytes().decode("utf-8-sig"))  # (a BOM is harmless)
-        except OSError as e:
-            raise ConfigError("config", str(p), f"cannot read it ({e.strerror})") from None
-        except UnicodeDecodeError as e:
-            raise ConfigError("config", str(p), f"byte {e.start} is not UTF-8 ({e.reason}): "
-                              "save the file as UTF-8") from None
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError("config", str(p), f"fix the TOML syntax: {e}") from e
-        _no_quoted_scalars(raw, p)
-    if isinstance(overrides, list):
-        overrides = parse_overrides(overrides)
-    for section, values in (overrides or {}).items():
-        raw.setdefault(section, {}).update(values)
-    for section, values in raw.items():
-        if section not in (*SECTIONS, "model"):
-            raise ConfigError(section, "...", f"unknown section"
-                              f"{did_you_mean(section, ('model', *SECTIONS))}; valid sections "
-                              f"are model, {', '.join(SECTIONS)}")
-        if not isinstance(values, dict):
-            raise ConfigError(section, values, "a section must be a TOML table [section]")
-    model_raw = dict(raw.get("model", {}))
-    # a Hugging Face init directory brings its own architecture (config.json)
-    init_from = str(raw.get("checkpoint", {}).get("init_from", "") or "")
-    name = coerce("model.name", model_raw.pop("name", init_from or "gpt-mini"), str)
-    for k in model_raw:
-        if k not in MODEL_FIELDS:
-            raise ConfigError(f"model.{k}", model_raw[k],
-                              f"unknown field{did_you_mean(k, MODEL_FIELDS)}; valid fields are "
-                              f"{', '.join(MODEL_FIELDS)}")
-    mhints = typing.get_type_hints(ModelConfig)
-    model_kw = {k: _coerce("model", k, v, mhints[k]) for k, v in model_raw.items()}
-    sections = {s: _build(cls, s, raw.get(s, {})) for s, cls in SECTIONS.items()}
-    model = resolve_model(name, **model_kw)
-    return JobConfig(model=model, **sections)

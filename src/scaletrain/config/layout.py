@@ -11,13 +11,14 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ._errors import ConfigError
+from .choices import PPSchedule, names
 from .model import ModelConfig
 
 __all__ = ["Layout", "PP_SCHEDULES", "batch_problems", "composition_problems", "ddp_reducer",
            "expert_split", "expert_tp", "expert_zero_shards", "layout_problems", "check_layout",
            "grad_accum_steps", "stage_layer_ranges", "stage_ids"]
 
-PP_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero-bubble")
+PP_SCHEDULES: tuple[PPSchedule, ...] = names(PPSchedule)
 
 
 @dataclass(frozen=True)

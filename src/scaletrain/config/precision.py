@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .choices import Precision, names
+
 __all__ = ["PrecisionSpec", "PRECISION_TABLE", "PRECISIONS", "REDUCE_DTYPES", "precision_spec"]
 
 
@@ -25,15 +27,16 @@ class PrecisionSpec:
     """Whether parameters are kept in fp32 and cast for compute (every precision but fp32)."""
 
 
-PRECISION_TABLE: dict[str, PrecisionSpec] = {
+PRECISION_TABLE: dict[str, PrecisionSpec] = {  # keys: names(Precision), in its order
     "fp32": PrecisionSpec("fp32", 4, "float32", mixed=False),
     "bf16": PrecisionSpec("bf16", 2, "bfloat16", mixed=True),
     "fp16": PrecisionSpec("fp16", 2, "float16", mixed=True),
     "fp8": PrecisionSpec("fp8", 1, "bfloat16", mixed=True),
 }
-PRECISIONS = tuple(PRECISION_TABLE)
-REDUCE_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
-"""`precision.reduce_dtype` -> the torch dtype gradients are reduced in."""
+PRECISIONS: tuple[Precision, ...] = names(Precision)
+REDUCE_DTYPES: dict[str, str] = {"fp32": "float32", "bf16": "bfloat16"}
+"""`precision.reduce_dtype` (each of names(ReduceDtype)) -> the torch dtype gradients are
+reduced in."""
 
 
 def precision_spec(name: str) -> PrecisionSpec:

@@ -14,9 +14,10 @@ import math
 import types
 from typing import Any
 
-from ._errors import ConfigError
+from ._errors import ConfigError, choice
+from .choices import literal_names
 
-__all__ = ["coerce", "did_you_mean"]
+__all__ = ["coerce", "did_you_mean", "scalar_type"]
 
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
 
@@ -84,14 +85,32 @@ _PARSERS = {int: (_int, "an integer (not a boolean or a fraction)"),
             bool: (_bool, "true or false"), str: (_str, "a string")}
 
 
-def coerce(name: str, value: Any, typ: Any) -> Any:
-    """`value` (from TOML or the command line) as the field's declared type, or ConfigError."""
+def _not_none(typ: Any) -> Any:
     if isinstance(typ, types.UnionType):
-        typ = next(t for t in typ.__args__ if t is not type(None))
-    if typ not in _PARSERS:
+        return next(t for t in typ.__args__ if t is not type(None))
+    return typ
+
+
+def scalar_type(typ: Any) -> Any:
+    """The type a value of annotation `typ` is parsed as: `X | None` -> X, and a Literal
+    alias (`config.choices`) -> the type of its names (`Literal[0, 1]` -> int)."""
+    typ = _not_none(typ)
+    options = literal_names(typ)
+    return typ if options is None else type(options[0])
+
+
+def coerce(name: str, value: Any, typ: Any) -> Any:
+    """`value` (from TOML or the command line) as the field's declared type, or ConfigError;
+    a Literal-typed field's value must also be one of the alias's names."""
+    base = scalar_type(typ)
+    if base not in _PARSERS:
         return value
-    parse, expected = _PARSERS[typ]
+    parse, expected = _PARSERS[base]
     try:
-        return parse(value)
+        out = parse(value)
     except (TypeError, ValueError, OverflowError):
         raise ConfigError(name, value, f"expected {expected}") from None
+    options = literal_names(_not_none(typ))
+    if options is not None:
+        choice(name, out, options)
+    return out

@@ -68,148 +68,206 @@ def comm_terms(*, layout: Layout, hardware: HardwareSpec, stage_params: float, l
     stage_params: parameters this rank holds (after TP/PP/EP division, before ZeRO); layers /
     moe_layers: blocks on this rank; tokens: s_l*b of one micro-batch; micro_batches: m.
     expert_params: the MoE expert parameters among stage_params (local after EP, or after TP
-    with ep = 1: `config.layout.expert_split`). With ep > 1 their gradients are averaged over
-    the (dp*cp)/ep ranks that replicate them (`ep_replicate`), not over dp*cp, once per step
-    (`sync_gradients`, all ZeRO stages: FSDP2 leaves expert-parallel experts alone, so ZeRO-2/3
-    gather and reduce-scatter only the other parameters), and ZeRO-1 broadcasts their updated
-    fp32 partitions over those replicas only (`parallel.zero._LocalShardZero`); both priced on
-    the dp axis's link (replicas sit ep x tp ranks apart, so they span nodes no sooner than
-    the dp group does).
+    with ep = 1: `config.layout.expert_split`); how their gradients travel: `_dp_terms`.
     fp8_gather_params: parameters among stage_params that ZeRO-2/3 all-gathers as 1-byte E4M3
     (`precision.fp8_all_gather`; measured: exactly half the bf16 bytes, its scale is one
     all-reduced scalar per weight, ignored) instead of the compute dtype.
     Families (what scaletrain's trainer runs; checked per family against the bytes counted at
-    the collectives by benchmarks/comm_volume.py, tiny models on gloo):
-      dp_allreduce   zero 0 and 1: one all-reduce of the grads (reduce_bytes/param) per step
-                     over the dp*cp ranks that replicate them (no_sync during accumulation; CP
-                     ranks hold the same parameters, so cp joins the reduction);
-      zero_all_gather zero 1: ZeroRedundancyOptimizer broadcasts each updated fp32 partition
-                     once per step ((n-1)/n of the fp32 params per rank); zero 2 (FSDP2,
-                     reshard_after_forward=False): the compute-dtype params are gathered once
-                     per micro-batch (resharded after each backward);
-      zero_reduce_scatter zero 2: one reduce-scatter of the grads per micro-batch;
-      fsdp_all_gather zero 3: 2 per micro-batch (forward and backward re-gather,
-                     reshard_after_forward=True) of compute-dtype params; fsdp_reduce_scatter one
-                     per micro-batch; hsdp_allreduce of the shard across replicas after every
-                     micro-batch (FSDP2 reduces each backward);
-      under pp > 1   torch's pipeline stages run every backward with gradient sync and
-                     resharding after backward off (`backward_maybe_with_nosync`) and reduce once
-                     in `perform_reduce_grad`: zero 2 gathers once per step and reduce-scatters
-                     once (hsdp_allreduce once); zero 3 still reshards after each forward, so
-                     every forward's successor (the next forward or the first backward after
-                     it) re-gathers: m + 1 all-gathers per step per chunk, whatever the order;
-      tp             Megatron TP: 2 all-reduces forward + 2 backward per block and micro-batch
-                     of e*s*b*h (+2 under full recompute), plus the vocab-parallel embedding's
-                     forward all-reduce and the head input's backward all-reduce (2 per
-                     micro-batch); with SP the same bytes as all-gather + reduce-scatter pairs
-                     (Korthikanti et al. 2022). An MoE block (parallel/tensor_parallel.py)
-                     keeps the attention's 2 (+1) and replaces the MLP's: experts split over tp
-                     (ep = 1) all-reduce their (N*k, h) output forward and their input's
-                     gradient backward, 2 (+1) all-reduces of k*e*s*b*h (Megatron-Core's
-                     expert TP reduces there too); with SP the MoE input is all-gathered
-                     forward (+1 under recompute) and the output's gradient all-gathered
-                     backward (e*s*b*h each), whether or not the experts are split;
-      pp_p2p         one activation send forward and one gradient send backward per micro-batch
-                     and chunk (x v interleaved), on the worst rank: the first stage sends no
-                     gradient and the last no activation, so at pp = 2 every rank sends
-                     m*(2v-1) messages (a middle stage exists from pp = 3: 2mv);
-      cp_ring        ring attention, per block and micro-batch: forward cp-1 K/V block sends;
-                     backward cp-1 K/V sends plus the dK/dV accumulators travelling a full turn
-                     (cp sends) home: 3cp-2 in all (+cp-1 forward sends under full recompute);
-      ep_all_to_all  dispatch + combine, forward and backward, per MoE block and micro-batch
-                     (+2 under full recompute) of e*k*s*b*h.
+    the collectives by benchmarks/comm_volume.py, tiny models on gloo), each priced by the
+    function that says what it counts: dp_allreduce, zero_all_gather, zero_reduce_scatter,
+    fsdp_all_gather, fsdp_reduce_scatter, hsdp_allreduce (`_dp_terms`, `_zero_terms`,
+    `_fsdp_terms`, `_hsdp_term`), tp (`_tp_term`), pp_p2p (`_pp_term`), cp_ring
+    (`_cp_term`), ep_all_to_all (`_ep_term`).
     """
     L, hw, m = layout, hardware, micro_batches
-    e = 4 if precision == "fp32" else 2
-    pc = param_comm_bytes or e
-    out: dict[str, tuple[float, float]] = {}
+    e = 4 if precision == "fp32" else 2  # bytes of an activation (compute dtype)
     recompute = ac == "full"
+    out: dict[str, tuple[float, float]] = {}
     if L.dp * L.cp > 1:
-        bw, lat, _ = axis_link(L, hw, "dp", gpus_per_node)
-        n = L.dp * L.cp
-        if L.zero:
-            n = max(1, n // max(1, L.dp_replicate))
-        # reductions (and zero 2's gathers) per step: m, or 1 inside a pipeline (see above)
-        k_red = 1 if L.pp > 1 else m
-        # expert-parallel experts: averaged over their (dp*cp)/ep replicas only, once per step
-        # at every ZeRO stage (FSDP2 leaves them alone); ep = 1 experts are plain parameters
-        ep_experts = expert_params if L.ep > 1 else 0.0
-        n_exp = max(1, L.dp * L.cp // L.ep)
-        exp_grads = ep_experts * reduce_bytes
-        if L.zero <= 1:
-            dense = (stage_params - ep_experts) * reduce_bytes
-            moved = 2 * (n - 1) / n * dense + 2 * (n_exp - 1) / n_exp * exp_grads
-            secs = (allreduce_time(dense, n, bw, lat)
-                    + allreduce_time(exp_grads, n_exp, bw, lat))
-            if moved:
-                out["dp_allreduce"] = (moved, secs)
-            if L.zero == 1:
-                # fp32 partitions broadcast after the sharded update; experts over their replicas
-                dense_p, exp_p = (stage_params - ep_experts) * 4, ep_experts * 4
-                out["zero_all_gather"] = (
-                    (n - 1) / n * dense_p + (n_exp - 1) / n_exp * exp_p,
-                    gather_time(dense_p, n, bw, lat) + gather_time(exp_p, n_exp, bw, lat))
-        elif exp_grads and n_exp > 1:
-            out["dp_allreduce"] = (2 * (n_exp - 1) / n_exp * exp_grads,
-                                   allreduce_time(exp_grads, n_exp, bw, lat))
-        fsdp_params = stage_params - ep_experts  # what FSDP2 gathers and reduces
-        grads = fsdp_params * reduce_bytes
-        if L.zero == 2:
-            out["zero_reduce_scatter"] = (k_red * (n - 1) / n * grads,
-                                          k_red * gather_time(grads, n, bw, lat))
-            params = (fsdp_params - fp8_gather_params) * pc + fp8_gather_params
-            out["zero_all_gather"] = (k_red * (n - 1) / n * params,
-                                      k_red * gather_time(params, n, bw, lat))
-        elif L.zero >= 3:
-            params = (fsdp_params - fp8_gather_params) * pc + fp8_gather_params
-            k_ag = m + 1 if L.pp > 1 else 2 * m
-            out["fsdp_all_gather"] = (k_ag * (n - 1) / n * params,
-                                      k_ag * gather_time(params, n, bw, lat))
-            out["fsdp_reduce_scatter"] = (k_red * (n - 1) / n * grads,
-                                          k_red * gather_time(grads, n, bw, lat))
-        if L.zero and L.dp_replicate > 1:
-            # replica groups are the outer part of dp: inter-node once dp*cp*tp > a node.
-            inter = L.tp * L.cp * L.dp > (gpus_per_node or hw.gpus_per_node)
-            bw2 = hw.inter_node_bw if inter else hw.intra_node_bw
-            lat2 = hw.inter_node_latency_s if inter else hw.intra_node_latency_s
-            shard = grads / n
-            r = L.dp_replicate
-            out["hsdp_allreduce"] = (k_red * 2 * (r - 1) / r * shard,
-                                     k_red * allreduce_time(shard, r, bw2, lat2))
+        out.update(_dp_terms(L, hw, gpus_per_node, m=m, stage_params=stage_params,
+                             expert_params=expert_params, reduce_bytes=reduce_bytes,
+                             param_bytes=param_comm_bytes or e,
+                             fp8_gather_params=fp8_gather_params))
     act = e * tokens * hidden
     if L.tp > 1:
-        bw, lat, _ = axis_link(L, hw, "tp", gpus_per_node)
-        rc = 1 if recompute else 0
-        # all-reduces of act: dense blocks 4 (+2), MoE blocks' attention 2 (+1), embedding/head 2
-        k = ((4 + 2 * rc) * (layers - moe_layers) + (2 + rc) * moe_layers + 2) * m
-        moved, secs = k * 2 * (L.tp - 1) / L.tp * act, k * allreduce_time(act, L.tp, bw, lat)
-        if moe_layers and L.ep == 1:  # experts split over tp: their output and input gradient
-            routed = experts_per_token * act
-            k_e = (2 + rc) * moe_layers * m
-            moved += k_e * 2 * (L.tp - 1) / L.tp * routed
-            secs += k_e * allreduce_time(routed, L.tp, bw, lat)
-        if moe_layers and L.sp:  # the MoE input gathered forward, its output's grad backward
-            k_g = (2 + rc) * moe_layers * m
-            moved += k_g * (L.tp - 1) / L.tp * act
-            secs += k_g * gather_time(act, L.tp, bw, lat)
-        out["tp"] = (moved, secs)
+        out["tp"] = _tp_term(L, axis_link(L, hw, "tp", gpus_per_node), act=act, layers=layers,
+                             moe_layers=moe_layers, experts_per_token=experts_per_token, m=m,
+                             recompute=recompute)
     if L.pp > 1:
-        bw, lat, _ = axis_link(L, hw, "pp", gpus_per_node)
-        msg = act / (L.tp if L.sp else 1)
-        k = m * (2 * L.pp_virtual - (1 if L.pp == 2 else 0))
-        out["pp_p2p"] = (k * msg, k * p2p_time(msg, bw, lat))
+        out["pp_p2p"] = _pp_term(L, axis_link(L, hw, "pp", gpus_per_node), act=act, m=m)
     if L.cp > 1:
-        bw, lat, _ = axis_link(L, hw, "cp", gpus_per_node)
         kv = 2 * e * tokens * kv_dim / L.tp
-        k = (3 * L.cp - 2 + (L.cp - 1 if recompute else 0)) * layers * m
-        out["cp_ring"] = (k * kv, k * p2p_time(kv, bw, lat))
+        out["cp_ring"] = _cp_term(L, axis_link(L, hw, "cp", gpus_per_node), kv=kv,
+                                  layers=layers, m=m, recompute=recompute)
     if L.ep > 1 and moe_layers:
-        bw, lat, _ = axis_link(L, hw, "ep", gpus_per_node)
         routed = e * experts_per_token * tokens * hidden
-        k = (4 + (2 if recompute else 0)) * moe_layers * m
-        out["ep_all_to_all"] = (k * (L.ep - 1) / L.ep * routed,
-                                k * gather_time(routed, L.ep, bw, lat))
+        out["ep_all_to_all"] = _ep_term(L, axis_link(L, hw, "ep", gpus_per_node),
+                                        routed=routed, moe_layers=moe_layers, m=m,
+                                        recompute=recompute)
     return out
+
+
+Link = tuple[float, float, bool]
+"""`axis_link`'s (bandwidth B/s, latency s, crosses_nodes)."""
+
+
+def _dp_terms(L: Layout, hw: HardwareSpec, gpus_per_node: int | None, *, m: int,
+              stage_params: float, expert_params: float, reduce_bytes: int, param_bytes: int,
+              fp8_gather_params: float) -> dict[str, tuple[float, float]]:
+    """The data-parallel (and ZeRO) families over the dp*cp ranks (CP ranks hold the same
+    parameters, so cp joins the reduction). Reductions (and zero 2's gathers) run once per
+    micro-batch, or once per step inside a pipeline (`_fsdp_terms`).
+    Expert-parallel experts (ep > 1): their gradients are averaged over the (dp*cp)/ep ranks
+    that replicate them (`ep_replicate`), not over dp*cp, once per step (`sync_gradients`, all
+    ZeRO stages: FSDP2 leaves expert-parallel experts alone, so ZeRO-2/3 gather and
+    reduce-scatter only the other parameters), and ZeRO-1 broadcasts their updated fp32
+    partitions over those replicas only (`parallel.zero._LocalShardZero`); both priced on the
+    dp axis's link (replicas sit ep x tp ranks apart, so they span nodes no sooner than the dp
+    group does). ep = 1 experts are plain parameters."""
+    bw, lat, _ = axis_link(L, hw, "dp", gpus_per_node)
+    n = L.dp * L.cp
+    if L.zero:
+        n = max(1, n // max(1, L.dp_replicate))
+    k_red = 1 if L.pp > 1 else m
+    ep_experts = expert_params if L.ep > 1 else 0.0
+    n_exp = max(1, L.dp * L.cp // L.ep)
+    exp_grads = ep_experts * reduce_bytes
+    out: dict[str, tuple[float, float]] = {}
+    if L.zero <= 1:
+        out.update(_zero_terms(L.zero, (bw, lat), n=n, n_exp=n_exp, dense=stage_params - ep_experts,
+                               ep_experts=ep_experts, reduce_bytes=reduce_bytes))
+    elif exp_grads and n_exp > 1:
+        out["dp_allreduce"] = (2 * (n_exp - 1) / n_exp * exp_grads,
+                               allreduce_time(exp_grads, n_exp, bw, lat))
+    fsdp_params = stage_params - ep_experts  # what FSDP2 gathers and reduces
+    grads = fsdp_params * reduce_bytes
+    if L.zero >= 2:
+        params = (fsdp_params - fp8_gather_params) * param_bytes + fp8_gather_params
+        out.update(_fsdp_terms(L, (bw, lat), n=n, m=m, k_red=k_red, grads=grads, params=params))
+    if L.zero and L.dp_replicate > 1:
+        out["hsdp_allreduce"] = _hsdp_term(L, hw, gpus_per_node, shard=grads / n, k_red=k_red)
+    return out
+
+
+def _zero_terms(zero: int, link: tuple[float, float], *, n: int, n_exp: int, dense: float,
+                ep_experts: float, reduce_bytes: int) -> dict[str, tuple[float, float]]:
+    """dp_allreduce (zero 0 and 1): one all-reduce of the grads (reduce_bytes/param) per step
+    over the dp*cp ranks that replicate them (no_sync during accumulation);
+    zero_all_gather (zero 1): ZeroRedundancyOptimizer broadcasts each updated fp32 partition
+    once per step ((n-1)/n of the fp32 params per rank)."""
+    bw, lat = link
+    out: dict[str, tuple[float, float]] = {}
+    exp_grads = ep_experts * reduce_bytes
+    dense_grads = dense * reduce_bytes
+    moved = 2 * (n - 1) / n * dense_grads + 2 * (n_exp - 1) / n_exp * exp_grads
+    secs = (allreduce_time(dense_grads, n, bw, lat)
+            + allreduce_time(exp_grads, n_exp, bw, lat))
+    if moved:
+        out["dp_allreduce"] = (moved, secs)
+    if zero == 1:
+        # fp32 partitions broadcast after the sharded update; experts over their replicas
+        dense_p, exp_p = dense * 4, ep_experts * 4
+        out["zero_all_gather"] = (
+            (n - 1) / n * dense_p + (n_exp - 1) / n_exp * exp_p,
+            gather_time(dense_p, n, bw, lat) + gather_time(exp_p, n_exp, bw, lat))
+    return out
+
+
+def _fsdp_terms(L: Layout, link: tuple[float, float], *, n: int, m: int, k_red: int,
+                grads: float, params: float) -> dict[str, tuple[float, float]]:
+    """ZeRO-2/3 under FSDP2 (`params`: the gathered bytes, compute dtype or fp8):
+      zero 2 (reshard_after_forward=False): zero_reduce_scatter, one reduce-scatter of the
+        grads per micro-batch; zero_all_gather, the params gathered once per micro-batch
+        (resharded after each backward);
+      zero 3: fsdp_all_gather, 2 per micro-batch (forward and backward re-gather,
+        reshard_after_forward=True); fsdp_reduce_scatter one per micro-batch.
+    Under pp > 1 torch's pipeline stages run every backward with gradient sync and resharding
+    after backward off (`backward_maybe_with_nosync`) and reduce once in `perform_reduce_grad`
+    (k_red = 1): zero 2 gathers once per step and reduce-scatters once; zero 3 still reshards
+    after each forward, so every forward's successor (the next forward or the first backward
+    after it) re-gathers: m + 1 all-gathers per step per chunk, whatever the order."""
+    bw, lat = link
+    if L.zero == 2:
+        return {"zero_reduce_scatter": (k_red * (n - 1) / n * grads,
+                                        k_red * gather_time(grads, n, bw, lat)),
+                "zero_all_gather": (k_red * (n - 1) / n * params,
+                                    k_red * gather_time(params, n, bw, lat))}
+    k_ag = m + 1 if L.pp > 1 else 2 * m
+    return {"fsdp_all_gather": (k_ag * (n - 1) / n * params,
+                                k_ag * gather_time(params, n, bw, lat)),
+            "fsdp_reduce_scatter": (k_red * (n - 1) / n * grads,
+                                    k_red * gather_time(grads, n, bw, lat))}
+
+
+def _hsdp_term(L: Layout, hw: HardwareSpec, gpus_per_node: int | None, *, shard: float,
+               k_red: int) -> tuple[float, float]:
+    """hsdp_allreduce: the gradient shard all-reduced across the dp_replicate replicas after
+    every micro-batch (FSDP2 reduces each backward; once per step under pp > 1)."""
+    # replica groups are the outer part of dp: inter-node once dp*cp*tp > a node.
+    inter = L.tp * L.cp * L.dp > (gpus_per_node or hw.gpus_per_node)
+    bw2 = hw.inter_node_bw if inter else hw.intra_node_bw
+    lat2 = hw.inter_node_latency_s if inter else hw.intra_node_latency_s
+    r = L.dp_replicate
+    return (k_red * 2 * (r - 1) / r * shard, k_red * allreduce_time(shard, r, bw2, lat2))
+
+
+def _tp_term(L: Layout, link: Link, *, act: float, layers: int, moe_layers: int,
+             experts_per_token: int, m: int, recompute: bool) -> tuple[float, float]:
+    """tp: Megatron TP, 2 all-reduces forward + 2 backward per block and micro-batch of e*s*b*h
+    (`act`; +2 under full recompute), plus the vocab-parallel embedding's forward all-reduce
+    and the head input's backward all-reduce (2 per micro-batch); with SP the same bytes as
+    all-gather + reduce-scatter pairs (Korthikanti et al. 2022). An MoE block
+    (parallel/tensor_parallel.py) keeps the attention's 2 (+1) and replaces the MLP's: experts
+    split over tp (ep = 1) all-reduce their (N*k, h) output forward and their input's gradient
+    backward, 2 (+1) all-reduces of k*e*s*b*h (Megatron-Core's expert TP reduces there too);
+    with SP the MoE input is all-gathered forward (+1 under recompute) and the output's
+    gradient all-gathered backward (e*s*b*h each), whether or not the experts are split."""
+    bw, lat, _ = link
+    rc = 1 if recompute else 0
+    # all-reduces of act: dense blocks 4 (+2), MoE blocks' attention 2 (+1), embedding/head 2
+    k = ((4 + 2 * rc) * (layers - moe_layers) + (2 + rc) * moe_layers + 2) * m
+    moved, secs = k * 2 * (L.tp - 1) / L.tp * act, k * allreduce_time(act, L.tp, bw, lat)
+    if moe_layers and L.ep == 1:  # experts split over tp: their output and input gradient
+        routed = experts_per_token * act
+        k_e = (2 + rc) * moe_layers * m
+        moved += k_e * 2 * (L.tp - 1) / L.tp * routed
+        secs += k_e * allreduce_time(routed, L.tp, bw, lat)
+    if moe_layers and L.sp:  # the MoE input gathered forward, its output's grad backward
+        k_g = (2 + rc) * moe_layers * m
+        moved += k_g * (L.tp - 1) / L.tp * act
+        secs += k_g * gather_time(act, L.tp, bw, lat)
+    return moved, secs
+
+
+def _pp_term(L: Layout, link: Link, *, act: float, m: int) -> tuple[float, float]:
+    """pp_p2p: one activation send forward and one gradient send backward per micro-batch and
+    chunk (x v interleaved), on the worst rank: the first stage sends no gradient and the last
+    no activation, so at pp = 2 every rank sends m*(2v-1) messages (a middle stage exists from
+    pp = 3: 2mv). Under SP the message is the tp-sharded activation."""
+    bw, lat, _ = link
+    msg = act / (L.tp if L.sp else 1)
+    k = m * (2 * L.pp_virtual - (1 if L.pp == 2 else 0))
+    return k * msg, k * p2p_time(msg, bw, lat)
+
+
+def _cp_term(L: Layout, link: Link, *, kv: float, layers: int, m: int,
+             recompute: bool) -> tuple[float, float]:
+    """cp_ring: ring attention of `kv` bytes (this tp rank's K and V) per block and
+    micro-batch: forward cp-1 K/V block sends; backward cp-1 K/V sends plus the dK/dV
+    accumulators travelling a full turn (cp sends) home: 3cp-2 in all (+cp-1 forward sends
+    under full recompute)."""
+    bw, lat, _ = link
+    k = (3 * L.cp - 2 + (L.cp - 1 if recompute else 0)) * layers * m
+    return k * kv, k * p2p_time(kv, bw, lat)
+
+
+def _ep_term(L: Layout, link: Link, *, routed: float, moe_layers: int, m: int,
+             recompute: bool) -> tuple[float, float]:
+    """ep_all_to_all: dispatch + combine, forward and backward, per MoE block and micro-batch
+    (+2 under full recompute) of `routed` = e*k*s*b*h bytes."""
+    bw, lat, _ = link
+    k = (4 + (2 if recompute else 0)) * moe_layers * m
+    return k * (L.ep - 1) / L.ep * routed, k * gather_time(routed, L.ep, bw, lat)
 
 
 def comm_volumes(**kw: object) -> dict[str, float]:

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from scaletrain.planner.types import PlanInput
 
     from .build import Run
-    from .loop import RunResult
+    from .result import RunResult
 
 __all__ = ["memory_ledger", "summary", "plan_input", "OutOfMemory", "out_of_memory"]
 

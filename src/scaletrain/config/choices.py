@@ -1,0 +1,77 @@
+"""The fixed sets of names a config field may take: each a `Literal` alias, defined here once.
+
+A dataclass field annotated with one of these aliases is checked against it from the alias
+itself (`typing.get_args`), never from a second list: `strict.coerce` refuses a TOML or
+command-line value outside it (did-you-mean, one line naming the field), and `check_choices`
+does the same for a section built in code. The tuples other modules import (`PRECISIONS`,
+`AC_MODES`, `PP_SCHEDULES`, ...) are `names(alias)`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import Any, Literal
+
+from ._errors import choice
+
+__all__ = [
+    "Precision", "ReduceDtype", "Fp8Scaling", "Fp8Amax", "GradCompression", "ACMode",
+    "OffloadMode", "ZeroStage", "PPSchedule", "LayoutMode", "OptimizerName", "LRSchedule",
+    "TokenDtype", "DataFormat", "ChatTemplate", "Device", "Norm", "Activation", "Position",
+    "Attention", "names", "literal_names", "check_choices",
+]
+
+# precision
+Precision = Literal["fp32", "bf16", "fp16", "fp8"]
+ReduceDtype = Literal["fp32", "bf16"]
+Fp8Scaling = Literal["tensorwise", "tilewise"]
+Fp8Amax = Literal["current", "delayed"]
+GradCompression = Literal["none", "powersgd"]
+# memory and layout
+ACMode = Literal["none", "selective", "full"]
+OffloadMode = Literal["none", "optimizer", "params"]
+ZeroStage = Literal[0, 1, 2, 3]
+PPSchedule = Literal["gpipe", "1f1b", "interleaved", "zero-bubble"]
+LayoutMode = Literal["manual", "auto"]
+# optimizer, data, run
+OptimizerName = Literal["adamw", "sgd"]
+LRSchedule = Literal["cosine", "linear", "constant"]
+TokenDtype = Literal["uint16", "uint32"]
+DataFormat = Literal["text", "sft"]
+ChatTemplate = Literal["auto", "tokenizer", "builtin"]
+Device = Literal["auto", "cpu", "cuda"]
+# model architecture
+Norm = Literal["layernorm", "rmsnorm"]
+Activation = Literal["gelu", "swiglu"]
+Position = Literal["learned", "rope"]
+Attention = Literal["sdpa", "naive"]
+
+
+def names(alias: Any) -> tuple[Any, ...]:
+    """The allowed values of a `Literal` alias, in the order it lists them."""
+    return typing.get_args(alias)
+
+
+def literal_names(typ: Any) -> tuple[Any, ...] | None:
+    """`names(typ)` when `typ` (a resolved annotation) is a Literal, else None."""
+    return typing.get_args(typ) if typing.get_origin(typ) is Literal else None
+
+
+_FIELDS: dict[type, list[tuple[str, tuple[Any, ...]]]] = {}
+"""Per dataclass: its Literal-typed fields and their names (the hints resolved once)."""
+
+
+def _choice_fields(cls: type) -> list[tuple[str, tuple[Any, ...]]]:
+    if cls not in _FIELDS:
+        hints = typing.get_type_hints(cls)  # resolves the postponed annotations
+        _FIELDS[cls] = [(f.name, options) for f in dataclasses.fields(cls)
+                        if (options := literal_names(hints[f.name])) is not None]
+    return _FIELDS[cls]
+
+
+def check_choices(obj: object, section: str) -> None:
+    """Raise `ConfigError` for the first Literal-typed field of dataclass `obj` whose value is
+    not one of its alias's names (the message lists them, with a did-you-mean)."""
+    for name, options in _choice_fields(type(obj)):
+        choice(f"{section}.{name}", getattr(obj, name), options)

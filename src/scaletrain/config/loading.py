@@ -1,0 +1,118 @@
+"""Loading a JobConfig: a TOML file plus `--section.key=value` overrides (later wins), every
+value parsed strictly as its field's declared type (`strict.coerce`) and every unknown
+section or field named with a did-you-mean."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import typing
+from pathlib import Path
+from typing import Any
+
+from ._errors import ConfigError, require
+from .job import SECTIONS, JobConfig
+from .model import MODEL_FIELDS, ModelConfig, resolve_model
+from .strict import coerce, did_you_mean, scalar_type
+
+__all__ = ["load_config", "parse_overrides"]
+
+
+def _coerce(section: str, key: str, value: Any, typ: Any) -> Any:
+    """Convert a TOML or command-line value to the field's declared type (strictly)."""
+    return coerce(f"{section}.{key}", value, typ)
+
+
+def _build(cls: type, section: str, values: dict[str, Any]) -> Any:
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)  # resolves the postponed annotations, no eval of input
+    for k in values:
+        if k not in known:
+            raise ConfigError(f"{section}.{k}", values[k],
+                              f"unknown field{did_you_mean(k, known)}; valid fields are "
+                              f"{', '.join(known)}")
+    kwargs = {k: _coerce(section, k, v, hints[k]) for k, v in values.items()}
+    return cls(**kwargs)
+
+
+def _no_quoted_scalars(raw: dict[str, Any], path: Path) -> None:
+    """TOML has types: a quoted "8" for a number or "true" for a boolean is a string, refused
+    (command-line overrides are text and parsed instead)."""
+    for section, values in raw.items():
+        cls = ModelConfig if section == "model" else SECTIONS.get(section)
+        if cls is None or not isinstance(values, dict):
+            continue  # named by load_config's own checks
+        hints = typing.get_type_hints(cls)
+        for k, v in values.items():
+            typ = scalar_type(hints.get(k))
+            if typ in (int, float, bool) and isinstance(v, str):
+                raise ConfigError(f"{section}.{k}", v,
+                                  f"{path.name} gives a string where a {typ.__name__} belongs: "
+                                  f"write it without quotes")
+
+
+def parse_overrides(args: list[str]) -> dict[str, dict[str, str]]:
+    """['--train.steps=10', '--model.name', 'tiny'] -> {'train': {'steps': '10'}, ...}."""
+    out: dict[str, dict[str, str]] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--") or "." not in arg.split("=")[0]:
+            raise ConfigError("override", arg, "write overrides as --section.key=value")
+        if "=" in arg:
+            key, value = arg[2:].split("=", 1)
+        else:
+            if i + 1 >= len(args):
+                raise ConfigError("override", arg, "give a value: --section.key=value")
+            key, value = arg[2:], args[i + 1]
+            i += 1
+        section, name = key.split(".", 1)
+        if not section or not name:
+            raise ConfigError("override", arg, "write overrides as --section.key=value")
+        out.setdefault(section, {})[name] = value
+        i += 1
+    return out
+
+
+def load_config(path: str | Path | None = None,
+                overrides: dict[str, dict[str, Any]] | list[str] | None = None) -> JobConfig:
+    """Build a validated JobConfig from an optional TOML file plus overrides (later wins)."""
+    raw: dict[str, dict[str, Any]] = {}
+    if path is not None:
+        p = Path(path)
+        require(p.is_file(), "config", str(p), "give the path of an existing .toml file")
+        try:
+            raw = tomllib.loads(p.read_bytes().decode("utf-8-sig"))  # (a BOM is harmless)
+        except OSError as e:
+            raise ConfigError("config", str(p), f"cannot read it ({e.strerror})") from None
+        except UnicodeDecodeError as e:
+            raise ConfigError("config", str(p), f"byte {e.start} is not UTF-8 ({e.reason}): "
+                              "save the file as UTF-8") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError("config", str(p), f"fix the TOML syntax: {e}") from e
+        _no_quoted_scalars(raw, p)
+    if isinstance(overrides, list):
+        overrides = parse_overrides(overrides)
+    for section, values in (overrides or {}).items():
+        raw.setdefault(section, {}).update(values)
+    for section, values in raw.items():
+        if section not in (*SECTIONS, "model"):
+            raise ConfigError(section, "...", f"unknown section"
+                              f"{did_you_mean(section, ('model', *SECTIONS))}; valid sections "
+                              f"are model, {', '.join(SECTIONS)}")
+        if not isinstance(values, dict):
+            raise ConfigError(section, values, "a section must be a TOML table [section]")
+    model_raw = dict(raw.get("model", {}))
+    # a Hugging Face init directory brings its own architecture (config.json)
+    init_from = str(raw.get("checkpoint", {}).get("init_from", "") or "")
+    name = coerce("model.name", model_raw.pop("name", init_from or "gpt-mini"), str)
+    for k in model_raw:
+        if k not in MODEL_FIELDS:
+            raise ConfigError(f"model.{k}", model_raw[k],
+                              f"unknown field{did_you_mean(k, MODEL_FIELDS)}; valid fields are "
+                              f"{', '.join(MODEL_FIELDS)}")
+    mhints = typing.get_type_hints(ModelConfig)
+    model_kw = {k: _coerce("model", k, v, mhints[k]) for k, v in model_raw.items()}
+    sections = {s: _build(cls, s, raw.get(s, {})) for s, cls in SECTIONS.items()}
+    model = resolve_model(name, **model_kw)
+    return JobConfig(model=model, **sections)
