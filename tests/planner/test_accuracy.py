@@ -100,3 +100,29 @@ def test_compare_defines_transient_on_both_sides():
     assert e["transient"] == pytest.approx(10.0 / 70.0)
     assert e["grads"] == pytest.approx(-1.0 / 11.0)
     assert e["params"] == 0.0 and e["flops"] is None
+
+
+@pytest.mark.slow
+def test_pipeline_receive_buffers_grow_with_the_micro_batches_as_in_the_dry_run():
+    """Issue #20 asked whether the default recipe's `pp_p2p` (16 GiB for a 1.3B model at pp8
+    with 512 micro-batches) over-counts scaletrain's own trainer: torch.distributed.pipelining
+    (stage.py `_setup_forward_recv_info`, `_create_grad_recv_info`) allocates one receive
+    buffer per micro-batch for the whole step, and the dry-run of the trainer's real build
+    shows it. Between 4 and 16 micro-batches the planner's peak on the worst rank grows by its
+    `pp_p2p` difference and the dry-run's by the same bytes (allocator rounding: 1%)."""
+    from scaletrain.dryrun import dryrun
+    from scaletrain.planner import estimate
+    from scaletrain.planner.types import plan_input_from_job
+
+    pred, meas = [], []
+    for accum in (4, 16):
+        case = ("llama-1024-L4", 2, 1, 0, 2, "1f1b", 1, 1, "bf16", 1, 64, accum)
+        job, world = planner_accuracy.job_for_extra(case)
+        est = estimate(plan_input_from_job(job, job.layout(world))).memory
+        pred.append((est.total, est.buffer_terms["pp_p2p"]))
+        meas.append(dryrun(job, world_size=world, rank=int(est.rank), count_flops=False)
+                    .memory.total)
+    grown_p2p = pred[1][1] - pred[0][1]
+    assert grown_p2p > 0
+    assert abs((pred[1][0] - pred[0][0]) - grown_p2p) <= 0.01 * grown_p2p
+    assert abs((meas[1] - meas[0]) - grown_p2p) <= 0.01 * grown_p2p, (meas, pred)

@@ -8,6 +8,7 @@ import math
 import statistics
 import sys
 import tomllib
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -211,8 +212,11 @@ def test_cause_names_the_term_from_the_row_numbers() -> None:
     assert bench.cause(row(30.0, 80.0), "err_memory").startswith("loss: an unfused loss keeps "
                                                                   "20.0 GiB")
     assert "40% of the 50.0 GiB gap" in bench.cause(row(30.0, 80.0), "err_memory")
-    # 20 GiB over, 16 of them one buffer term
-    assert bench.cause(row(30.0, 10.0), "err_memory") == ("buffer term pp_p2p (16.0 GiB) "
+    # 20 GiB over, 16 of them one buffer term: pp_p2p is scaletrain's own receive buffers
+    assert bench.cause(row(30.0, 10.0), "err_memory").startswith(
+        "pp_p2p (16.0 GiB): scaletrain's trainer keeps a receive buffer per micro-batch")
+    terms["buffer_terms"] = {"ddp_buckets": 16.0}
+    assert bench.cause(row(30.0, 10.0), "err_memory") == ("buffer term ddp_buckets (16.0 GiB) "
                                                          "over-predicted")
     # half the measured MFU: the efficiency constant
     assert bench.cause(row(30.0, 10.0), "err_step").startswith("efficiency: measured MFU 25%")
@@ -247,3 +251,40 @@ def test_benchmark_lists_recipe_memory_and_wrong_fit_calls(runs) -> None:
     assert listed[0].startswith(f"| {first['name']} |")
     wrong = [r["name"] for r in rows if r["recipe"].get("fit_correct") is False]
     assert sum(ln.startswith("- ") for ln in lines) == max(1, len(wrong))
+
+
+def test_measured_cuda_context_replaces_the_recipe_constant(runs) -> None:
+    """BigScience's rows carry the 1113 MiB context their page measured on V100; it replaces
+    the recipe's constant in runtime_context and moves the reserved peak by exactly the
+    difference (the allocator's overhead is on the bytes above the context)."""
+    from scaletrain.planner.recipe_memory import recipe_rank_memory
+    from scaletrain.planner.recipes import recipe_named
+
+    run = next(r for r in runs if r.name == "ds-v100-32g-1b3-tp1-pp1-dp8-mb1")
+    assert run.cuda_context_mib == 1113
+    p = plan_input(run, "deepspeed")
+    assert p.runtime_context_bytes == 1113 * 2**20
+    r = recipe_named("deepspeed")
+    with_ctx = recipe_rank_memory(p, r, 0)
+    without = recipe_rank_memory(replace(p, runtime_context_bytes=None), r, 0)
+    diff = 1113 * 2**20 - r.cuda_context_bytes
+    assert with_ctx.buffer_terms["runtime_context"] == 1113 * 2**20
+    assert math.isclose(with_ctx.reserved - without.reserved, diff, rel_tol=1e-12)
+
+
+def test_rank_range_for_rows_of_unstated_rank(runs) -> None:
+    """Rows whose source does not say which GPU it read get the recipe's min..max over
+    pipeline ranks (the max is the worst-rank prediction) and an error of 0 inside it, the
+    distance to the nearer end outside; pp = 1 rows and stated kinds get none."""
+    bench = pytest.importorskip("planner_vs_published")
+    pp = next(r for r in runs if r.name == "ds-v100-32g-1b3-tp1-pp4-dp2-mb8")
+    lo, hi = bench.predict_rank_range(pp, "deepspeed")
+    assert lo < hi
+    assert math.isclose(hi, bench.predict(pp, "deepspeed")[0], rel_tol=1e-12)
+    assert bench.predict_rank_range(
+        next(r for r in runs if r.name == "ds-v100-32g-1b3-tp1-pp1-dp8-mb1"), "deepspeed") is None
+    assert bench.predict_rank_range(
+        next(r for r in runs if r.name == "tt-h100-l31-405b-3d-1f1b"), "torchtitan") is None
+    assert bench._range_err((8.0, 12.0), 10.0) == 0.0
+    assert math.isclose(bench._range_err((8.0, 12.0), 16.0), -0.25)
+    assert math.isclose(bench._range_err((8.0, 12.0), 4.0), 1.0)

@@ -51,8 +51,8 @@ _MODEL_KEYS = {"layers": "num_layers", "hidden": "dim", "heads": "num_heads",
                "norm": "norm", "activation": "activation", "position": "position",
                "tie": "tie_embeddings", "bias": "bias"}
 _EXPLICIT_NEEDS = ("layers", "hidden", "heads", "vocab")
-_RUN_KEYS = {"name", "framework", "source", "gpu", "gpu_memory_gb", "num_gpus", "seq_len",
-             "model", "layout", "measured", "assumed"}
+_RUN_KEYS = {"name", "framework", "source", "gpu", "gpu_memory_gb", "cuda_context_mib",
+             "num_gpus", "seq_len", "model", "layout", "measured", "assumed"}
 
 
 @dataclass(frozen=True)
@@ -115,6 +115,9 @@ class PublishedRun:
     """Card capacity (decimal GB) when it differs from the preset's."""
     assumed: str = ""
     """Fields the source does not state, and where their values come from."""
+    cuda_context_mib: float | None = None
+    """The CUDA context (+ kernels) of the run's runtime on its cards, when the source measured
+    it (MiB, as nvidia-smi shows); None: the recipe's constant."""
 
     def hardware(self) -> HardwareSpec:
         hw = hardware_preset(self.gpu)
@@ -271,6 +274,9 @@ def _run(i: int, raw: Any, origin: str, seen: set[str]) -> PublishedRun:
     gpu_mem = raw.get("gpu_memory_gb")
     if gpu_mem is not None:
         gpu_mem = _num(where, "gpu_memory_gb", gpu_mem)
+    ctx_mib = raw.get("cuda_context_mib")
+    if ctx_mib is not None:
+        ctx_mib = _num(where, "cuda_context_mib", ctx_mib)
     model = _model(where, _table(where, raw, "model"), seq_len, raw["name"])
     layout = _layout(where, _table(where, raw, "layout"))
     world = layout.dp * layout.tp * layout.pp * layout.cp
@@ -284,7 +290,7 @@ def _run(i: int, raw: Any, origin: str, seen: set[str]) -> PublishedRun:
     return PublishedRun(name=raw["name"], framework=raw["framework"], source=raw["source"],
                         gpu=raw["gpu"], num_gpus=num_gpus, seq_len=seq_len, model=model,
                         layout=layout, measured=measured, gpu_memory_gb=gpu_mem,
-                        assumed=assumed)
+                        assumed=assumed, cuda_context_mib=ctx_mib)
 
 
 def parse_runs(data: dict[str, Any], origin: str = CORPUS) -> list[PublishedRun]:
@@ -325,13 +331,15 @@ def recipe_of(run: PublishedRun) -> str:
 
 def plan_input(run: PublishedRun, recipe: str = "scaletrain") -> PlanInput:
     """The planner's input for `run` under `recipe`: its model, card, layout, batch, AC and
-    precision (AdamW, no offload, the planner's default efficiency)."""
+    precision (AdamW, no offload, the planner's default efficiency), and the CUDA context the
+    source measured, if it did."""
     L = run.layout
+    ctx = None if run.cuda_context_mib is None else run.cuda_context_mib * 2**20
     return PlanInput(model=run.model, hardware=run.hardware(), num_gpus=run.num_gpus,
                      layout=L.to_layout(), seq_len=run.seq_len, global_batch=L.global_batch,
                      micro_batch=L.micro_batch, precision=L.precision, ac=L.ac,
                      compile=L.compile, compile_loss=L.compile_loss,
-                     fused_norm=L.fused_norm, recipe=recipe)
+                     fused_norm=L.fused_norm, recipe=recipe, runtime_context_bytes=ctx)
 
 
 def refusals(run: PublishedRun, recipe: str = "scaletrain") -> list[str]:

@@ -338,7 +338,8 @@ def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBrea
         bufs["pp_p2p"] = 2 * e * tok * plan.model.dim / (L.tp if sp else 1)
     if L.cp > 1:
         bufs["cp_ring"] = 2 * 2 * e * tok * plan.model.kv_dim / L.tp
-    ctx = 0.0 if plan.hardware.name == "cpu" else recipe.cuda_context_bytes
+    ctx = (0.0 if plan.hardware.name == "cpu" else recipe.cuda_context_bytes
+           if plan.runtime_context_bytes is None else plan.runtime_context_bytes)
     bufs["runtime_context"] = ctx
     per_layer = recipe_layer_bytes(plan, recipe)
     inflight = (1.0 if pp == 1 else

@@ -50,6 +50,9 @@ class PlanInput:
     fused_norm: bool = False
     """Foreign recipes: the run's RMSNorm is a fused kernel that saves its 16-bit input and an
     fp32 rstd per token (torchtitan's 'fused_rmsnorm'), not an fp32 upcast of its input."""
+    runtime_context_bytes: float | None = None
+    """Foreign recipes: the CUDA context (+ kernels) of the run's own runtime as measured on
+    its cards (None: the recipe's `cuda_context_bytes`)."""
 
     @property
     def grad_accum(self) -> int:
