@@ -37,3 +37,70 @@ def test_multi_rail_capped_by_nvlink() -> None:
     # inside one node nothing changes
     assert axis_link(Layout(dp=8), h100, "dp")[:2] == (h100.intra_node_bw,
                                                         h100.intra_node_latency_s)
+
+
+def _attn(kernel: str, hw_name: str, **kw: object) -> float:
+    from scaletrain.planner.efficiency import attention_seconds_per_token
+
+    args: dict = dict(kernel=kernel, recipe="torchtitan", core_flops=1e9, heads=32,
+                      seq_len=8192, recompute=False, dropout=False, bf16_rate=5e14,
+                      hardware=hardware_preset(hw_name))
+    args.update(kw)
+    return attention_seconds_per_token(**args)
+
+
+def test_flash2_runs_at_fa3_papers_35_percent_on_hopper() -> None:
+    """FlashAttention-2 on H100: 35% of the bf16 peak (FlashAttention-3 paper); its backward
+    does 2.5x the forward's matmuls; a recompute adds one forward."""
+    from scaletrain.planner.efficiency import FLASH2_HOPPER_EFFICIENCY
+    from scaletrain.planner.flops import FLASH_BACKWARD_FACTOR
+
+    peak = hardware_preset("h100-sxm").flops("bf16")
+    want = 1e9 * (1 + FLASH_BACKWARD_FACTOR) / (peak * FLASH2_HOPPER_EFFICIENCY)
+    assert _attn("flash2", "h100-sxm") == pytest.approx(want)
+    assert _attn("flash2", "h100-sxm", recompute=True) == pytest.approx(
+        want * (2 + FLASH_BACKWARD_FACTOR) / (1 + FLASH_BACKWARD_FACTOR))
+    # a slower matmul rate is not raised; A100 and Megatron's fused (cuDNN) kernel keep it
+    assert _attn("flash2", "h100-sxm", bf16_rate=1e14) == pytest.approx(3.5e9 / 1e14)
+    assert _attn("flash2", "a100-80gb") == pytest.approx(3.5e9 / 5e14)
+    assert _attn("fused", "h100-sxm") == pytest.approx(3.5e9 / 5e14)
+    # a user-set efficiency is kept for the attention too
+    assert _attn("flash2", "h100-sxm", kernel_efficiency=False) == pytest.approx(3.5e9 / 5e14)
+
+
+def test_naive_attention_full_block_and_score_traffic() -> None:
+    """A materialized core computes the whole s x s block (2x the causal-halved FLOPs, backward
+    2x forward) and moves NAIVE_SCORE_BYTES per score element (a x s per token) through
+    memory: Megatron's fused softmax + dropout 9 B forward, 11 B backward."""
+    v100 = hardware_preset("v100-32gb")
+    a, s = 32, 8192
+    matmul = 2 * 1e9 * 3 / 5e14
+    drop = _attn("naive", "v100-32gb", recipe="deepspeed", dropout=True)
+    assert drop == pytest.approx(matmul + (9 + 11) * a * s / v100.memory_bw)
+    assert _attn("naive", "v100-32gb", recipe="deepspeed") == pytest.approx(
+        matmul + (4 + 6) * a * s / v100.memory_bw)
+    rc = _attn("naive", "v100-32gb", recipe="deepspeed", dropout=True, recompute=True)
+    assert rc == pytest.approx(2 * 1e9 * 4 / 5e14 + (2 * 9 + 11) * a * s / v100.memory_bw)
+    # scaletrain's own naive core: fp32 softmax path, 33 + 37 B per score
+    own = _attn("naive", "v100-32gb", recipe="scaletrain")
+    assert own == pytest.approx(matmul + (33 + 37) * a * s / v100.memory_bw)
+
+
+def test_recipe_kernels_in_the_step() -> None:
+    """The deepspeed recipe (Megatron-DeepSpeed's materialized attention) is slower than the
+    default (SDPA) on the same V100 run; the torchtitan recipe on H100 pays FA2's 35%."""
+    from scaletrain.config import model_preset
+    from scaletrain.planner import PlanInput, estimate
+
+    def plan(hw: str, recipe: str, model: str, seq: int) -> PlanInput:
+        return PlanInput(model=model_preset(model), hardware=hardware_preset(hw), num_gpus=8,
+                         layout=Layout(dp=8, zero=1), seq_len=seq, global_batch=64,
+                         micro_batch=1, precision="fp16" if hw.startswith("v100") else "bf16",
+                         ac="none", recipe=recipe)
+
+    base = estimate(plan("v100-32gb", "scaletrain", "gpt2-1.5b", 1024)).time.compute_s
+    ds = estimate(plan("v100-32gb", "deepspeed", "gpt2-1.5b", 1024)).time.compute_s
+    assert ds > base
+    h_def = estimate(plan("h100-sxm", "scaletrain", "llama3-8b", 8192)).time.compute_s
+    h_meg = estimate(plan("h100-sxm", "megatron", "llama3-8b", 8192)).time.compute_s
+    assert h_def > h_meg  # FA2 at 35% vs the fused kernel at the matmul rate

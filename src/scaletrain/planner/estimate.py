@@ -12,7 +12,12 @@ from scaletrain.config import HardwareSpec, ModelConfig, expert_split, expert_tp
 
 from .comm import allreduce_time, axis_link, comm_terms, gather_time
 from .cost import TrainingCost, napkin_cost, training_cost
-from .efficiency import allreduce_latency, matmul_efficiency
+from .efficiency import (
+    allreduce_latency,
+    attention_kernel,
+    attention_seconds_per_token,
+    matmul_efficiency,
+)
 from .flops import (
     attention_core_flops_per_token,
     flops_per_token,
@@ -162,7 +167,17 @@ def _time(plan: PlanInput, max_params: float, causal: bool, gpus_per_node: int |
     # precision runs all of its matmuls at one rate.
     slow = hw.flops("bf16") * eff16 if plan.precision == "fp8" else rate
     core_hw = core * (4 if plan.ac != "none" else 3)  # selective / full recompute it once
-    layer_s = (layer_hw - core_hw) / rate + core_hw / slow  # seconds per token per block
+    # the attention core as its kernel runs it (efficiency.attention_seconds_per_token)
+    rname = recipe.name if recipe is not None else DEFAULT_RECIPE
+    kernel = attention_kernel(rname, recipe.attention if recipe is not None else "model",
+                              model.attention)
+    dropout = (recipe is not None and recipe.dropout_masks and model.norm == "layernorm")
+    core_s = attention_seconds_per_token(
+        kernel=kernel, recipe=rname, core_flops=core, heads=model.num_heads,
+        seq_len=plan.seq_len, recompute=plan.ac != "none", dropout=dropout, bf16_rate=slow,
+        hardware=hw, kernel_efficiency=plan.efficiency <= 0) if hw.name != "cpu" \
+        else core_hw / slow
+    layer_s = (layer_hw - core_hw) / rate + core_s  # seconds per token per block
     tok_mb = float(plan.seq_len) * plan.micro_batch  # tokens of one micro-batch (one replica)
     split = L.tp * L.cp
     te = expert_tp(L.tp, L.ep)
@@ -187,7 +202,7 @@ def _time(plan: PlanInput, max_params: float, causal: bool, gpus_per_node: int |
         terms = _recipe_comm(terms, plan, recipe, max_params, gpus_per_node)
         bucket = recipe.bucket_bytes(L.dp)
     t_fwd = t_mb * lf / layer_hw  # forward share of the hardware FLOPs
-    t_core = tok_mb * layers * 3 * core / split / slow * m
+    t_core = tok_mb * layers * core_s / split * m
     exposed = _exposed(terms, L, hw, max_params, m, t_fwd, t_mb - t_fwd, t_core, layers,
                        gpus_per_node, bucket_bytes=bucket, tree=foreign)
     optimizer_s = _optimizer_time(plan, max_params)
