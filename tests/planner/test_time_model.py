@@ -104,3 +104,23 @@ def test_recipe_kernels_in_the_step() -> None:
     h_def = estimate(plan("h100-sxm", "scaletrain", "llama3-8b", 8192)).time.compute_s
     h_meg = estimate(plan("h100-sxm", "megatron", "llama3-8b", 8192)).time.compute_s
     assert h_def > h_meg  # FA2 at 35% vs the fused kernel at the matmul rate
+
+
+def test_fsdp_collectives_pay_latency_per_unit() -> None:
+    """ZeRO-3 gathers and reduce-scatters one FSDP unit (block, then the root) at a time: each
+    of the layers + 1 collectives pays the ring's (n-1) latency steps; bytes are unchanged."""
+    from scaletrain.planner.comm import comm_terms, gather_time
+
+    hw = hardware_preset("a100-80gb")
+    layout = Layout(dp=1024, zero=3)
+    kw = dict(layout=layout, hardware=hw, stage_params=1e9, layers=40, moe_layers=0,
+              tokens=4096.0, hidden=4096, kv_dim=4096, experts_per_token=1, micro_batches=2)
+    t = comm_terms(**kw)
+    bw, lat, _ = axis_link(layout, hw, "dp")
+    n = 1024
+    assert t["fsdp_all_gather"][0] == pytest.approx(4 * (n - 1) / n * 2e9)
+    per = (n - 1) / n * 2e9 / bw + 41 * (n - 1) * lat
+    assert t["fsdp_all_gather"][1] == pytest.approx(4 * per)
+    assert t["fsdp_reduce_scatter"][1] == pytest.approx(2 * gather_time(4e9, n, bw, 41 * lat))
+    # at 1,024 ranks the latency is a visible share: 41 x 1023 x 10 us = 0.42 s per gather
+    assert 41 * (n - 1) * lat > 0.4

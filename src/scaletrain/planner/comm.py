@@ -108,7 +108,8 @@ def comm_terms(*, layout: Layout, hardware: HardwareSpec, stage_params: float, l
       fsdp_all_gather zero 3: 2 per micro-batch (forward and backward re-gather,
                      reshard_after_forward=True) of compute-dtype params; fsdp_reduce_scatter one
                      per micro-batch; hsdp_allreduce of the shard across replicas after every
-                     micro-batch (FSDP2 reduces each backward);
+                     micro-batch (FSDP2 reduces each backward); zero 2/3 issue these as one
+                     collective per FSDP unit (blocks + root): layers + 1 latency terms each;
       under pp > 1   torch's pipeline stages run every backward with gradient sync and
                      resharding after backward off (`backward_maybe_with_nosync`) and reduce once
                      in `perform_reduce_grad`: zero 2 gathers once per step and reduce-scatters
@@ -171,19 +172,23 @@ def comm_terms(*, layout: Layout, hardware: HardwareSpec, stage_params: float, l
                                    allreduce_time(exp_grads, n_exp, bw, lat))
         fsdp_params = stage_params - ep_experts  # what FSDP2 gathers and reduces
         grads = fsdp_params * reduce_bytes
+        # FSDP2 groups one unit per block plus the root (parallel/fsdp.py, torchtitan's
+        # apply_fsdp): every gather / reduce-scatter is one collective per unit, each paying
+        # the ring's (n-1) latency steps: units x (n-1) x alpha, seconds at 1,000+ ranks
+        ulat = (layers + 1) * lat
         if L.zero == 2:
             out["zero_reduce_scatter"] = (k_red * (n - 1) / n * grads,
-                                          k_red * gather_time(grads, n, bw, lat))
+                                          k_red * gather_time(grads, n, bw, ulat))
             params = (fsdp_params - fp8_gather_params) * pc + fp8_gather_params
             out["zero_all_gather"] = (k_red * (n - 1) / n * params,
-                                      k_red * gather_time(params, n, bw, lat))
+                                      k_red * gather_time(params, n, bw, ulat))
         elif L.zero >= 3:
             params = (fsdp_params - fp8_gather_params) * pc + fp8_gather_params
             k_ag = m + 1 if L.pp > 1 else 2 * m
             out["fsdp_all_gather"] = (k_ag * (n - 1) / n * params,
-                                      k_ag * gather_time(params, n, bw, lat))
+                                      k_ag * gather_time(params, n, bw, ulat))
             out["fsdp_reduce_scatter"] = (k_red * (n - 1) / n * grads,
-                                          k_red * gather_time(grads, n, bw, lat))
+                                          k_red * gather_time(grads, n, bw, ulat))
         if L.zero and L.dp_replicate > 1:
             # replica groups are the outer part of dp: inter-node once dp*cp*tp > a node.
             inter = L.tp * L.cp * L.dp > (gpus_per_node or hw.gpus_per_node)
