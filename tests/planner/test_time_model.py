@@ -124,3 +124,29 @@ def test_fsdp_collectives_pay_latency_per_unit() -> None:
     assert t["fsdp_reduce_scatter"][1] == pytest.approx(2 * gather_time(4e9, n, bw, 41 * lat))
     # at 1,024 ranks the latency is a visible share: 41 x 1023 x 10 us = 0.42 s per gather
     assert 41 * (n - 1) * lat > 0.4
+
+
+def test_torchtitan_op_sac_recomputes_every_second_matmul() -> None:
+    """torchtitan's per-op SAC recomputes wk, wo and w3 of each Llama block (every second mm in
+    call order) and keeps SDPA's output: the step's block FLOPs grow by exactly that."""
+    from scaletrain.config import model_preset
+    from scaletrain.planner import PlanInput, estimate
+    from scaletrain.planner.flops import op_sac_recompute_flops_per_token
+
+    m = model_preset("llama3-8b")
+    want = 2.0 * (4096 * 1024 + 4096 * 4096 + 14336 * 4096)
+    assert op_sac_recompute_flops_per_token(m) == pytest.approx(want)
+
+    def compute(ac: str) -> float:
+        p = PlanInput(model=m, hardware=A100, num_gpus=8, layout=Layout(dp=8, zero=3),
+                      seq_len=4096, global_batch=16, micro_batch=2, ac=ac,
+                      recipe="torchtitan")
+        return estimate(p).time.compute_s
+
+    none, sel = compute("none"), compute("selective")
+    # the extra matmuls run at the same rate as the block's: the ratio of the matmul FLOPs
+    # (the attention core, unchanged, is a small share at 4k tokens)
+    from scaletrain.planner.flops import matmul_params
+
+    per_layer = matmul_params(m)[0]
+    assert 1.0 < sel / none < 1.0 + want / (3 * 2.0 * per_layer)

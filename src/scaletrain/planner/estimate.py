@@ -23,6 +23,7 @@ from .flops import (
     flops_per_token,
     head_forward_flops_per_token,
     layer_forward_flops_per_token,
+    op_sac_recompute_flops_per_token,
 )
 from .memory import fp8_linear_params, stage_layer_counts
 from .pipeline import bubble_fraction
@@ -167,6 +168,12 @@ def _time(plan: PlanInput, max_params: float, causal: bool, gpus_per_node: int |
     # precision runs all of its matmuls at one rate.
     slow = hw.flops("bf16") * eff16 if plan.precision == "fp8" else rate
     core_hw = core * (4 if plan.ac != "none" else 3)  # selective / full recompute it once
+    core_recompute = plan.ac != "none"
+    if (recipe is not None and recipe.selective == "torchtitan_op" and plan.ac == "selective"
+            and not model.is_moe):
+        # torchtitan's per-op SAC: every second matmul recomputed, SDPA saved (flops.py)
+        layer_hw = 3 * lf + op_sac_recompute_flops_per_token(model)
+        core_hw, core_recompute = 3 * core, False
     # the attention core as its kernel runs it (efficiency.attention_seconds_per_token)
     rname = recipe.name if recipe is not None else DEFAULT_RECIPE
     kernel = attention_kernel(rname, recipe.attention if recipe is not None else "model",
@@ -174,7 +181,7 @@ def _time(plan: PlanInput, max_params: float, causal: bool, gpus_per_node: int |
     dropout = (recipe is not None and recipe.dropout_masks and model.norm == "layernorm")
     core_s = attention_seconds_per_token(
         kernel=kernel, recipe=rname, core_flops=core, heads=model.num_heads,
-        seq_len=plan.seq_len, recompute=plan.ac != "none", dropout=dropout, bf16_rate=slow,
+        seq_len=plan.seq_len, recompute=core_recompute, dropout=dropout, bf16_rate=slow,
         hardware=hw, kernel_efficiency=plan.efficiency <= 0) if hw.name != "cpu" \
         else core_hw / slow
     layer_s = (layer_hw - core_hw) / rate + core_s  # seconds per token per block
