@@ -1,10 +1,19 @@
-"""Time-model constants for the framework recipes: achievable matmul efficiency by GPU
-generation, GEMM shape and precision, and the communication terms that matter at 1,000+ GPUs.
+"""Time-model constants: the attention core by kernel and GPU generation (every recipe), the
+matmul efficiency by GPU generation, GEMM shape and precision (the 'generation' time model),
+and the communication latency terms that matter at 1,000+ GPUs. Torch-free.
 
-Used by the foreign recipes (recipes.Recipe.time_model == 'generation'); the default
-`scaletrain` recipe keeps `estimate.default_efficiency` and its calibration unchanged.
-Torch-free.
+What every recipe uses (estimate._time):
+- matmuls at `estimate.default_efficiency` (the calibrated fraction of peak);
+- the attention core as its kernel runs it (`attention_seconds_per_token`): FlashAttention-2
+  (torch SDPA, flash-attn 2) at FLASH2_HOPPER_EFFICIENCY of peak on Hopper, a materialized
+  core (Megatron-DeepSpeed) at the matmul rate on its full s x s block plus its softmax /
+  dropout score traffic over memory bandwidth (NAIVE_SCORE_BYTES);
+- NCCL's tree latency for data-parallel all-reduces at scale (`allreduce_latency`, the
+  foreign recipes' buckets); comm.py holds the multi-rail ring bandwidth and the per-unit
+  FSDP latency.
 
+The 'generation' time model (recipes.Recipe.time_model, selectable, no recipe uses it: see
+recipes._TIME_MODEL for the measurement) replaces the matmul efficiency with
 efficiency = GENERATION_EFFICIENCY[generation] x gemm_shape_factor x (FP8_EFFICIENCY if fp8)
 
 - GENERATION_EFFICIENCY: the fraction of the dense 16-bit peak that large, GEMM-dominated
