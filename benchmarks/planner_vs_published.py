@@ -344,6 +344,26 @@ def worst(rows: list[dict[str, Any]], key: str, n: int = WORST) -> list[dict[str
     return sorted(have, key=lambda r: -abs(r["scaletrain"][key]))[:n]
 
 
+def _recipe_memory_section(rows: list[dict[str, Any]]) -> list[str]:
+    """Each row's memory error under its framework recipe, largest first, and every fit/OOM
+    call the recipe gets wrong (with its reserved prediction against the card)."""
+    have = sorted((r for r in rows if r["recipe"].get("err_memory") is not None),
+                  key=lambda r: -abs(r["recipe"]["err_memory"]))
+    out = ["", "## Framework recipes: memory per run and wrong fit/OOM calls", "",
+           "| run | recipe | layout | measured GiB (kind) | predicted GiB | error |",
+           "|" + "---|" * 6]
+    for r in have:
+        m, p = r["measured"], r["recipe"]
+        out.append(f"| {r['name']} | {p['name']} | {r['layout']} | {m['memory_gib']:.1f} "
+                   f"({m['memory_kind']}) | {p['memory_gib']:.1f} | {_pct(p['err_memory'])} |")
+    wrong = [r for r in rows if r["recipe"].get("fit_correct") is False]
+    out += ["", f"Fit/OOM called wrong by the framework recipes ({len(wrong)}):", ""]
+    out += [f"- {r['name']} ({r['recipe']['name']}, {r['gpu']}): predicted "
+            f"{r['recipe']['memory_gib']:.1f} GiB, {'fits' if r['recipe']['fits'] else 'OOM'}; "
+            f"published {'OOM' if r['measured']['oom'] else 'ran'}" for r in wrong] or ["- none"]
+    return out
+
+
 def markdown(rows: list[dict[str, Any]], summary: dict[str, Any]) -> str:
     out = ["# Planner vs published runs", "",
            "Relative error = (predicted - measured) / measured; median and max of its absolute "
@@ -371,6 +391,7 @@ def markdown(rows: list[dict[str, Any]], summary: dict[str, Any]) -> str:
     if refused:
         out += ["", "Refused by scaletrain: " + "; ".join(
             f"{r['name']} ({r['scaletrain']['refused'][0]})" for r in refused)]
+    out += _recipe_memory_section(rows)
     out += ["", "## All runs", "",
             "| run | framework | gpu | layout | mem meas | mem sc | mem peer | step meas "
             "| step sc | step peer | oom | fits sc | fits peer |",

@@ -217,3 +217,34 @@ def test_cause_names_the_term_from_the_row_numbers() -> None:
                                                          "over-predicted")
     # half the measured MFU: the efficiency constant
     assert bench.cause(row(30.0, 10.0), "err_step").startswith("efficiency: measured MFU 25%")
+
+
+def test_plan_input_carries_loss_compile_and_fused_norm(runs) -> None:
+    """The Dec-2024 torchtitan rows say their loss was not compiled (train.py at 9dec370), the
+    April-2024 A100 Llama-2 13B rows that their RMSNorm was the fused kernel; rows that say
+    nothing leave the recipe's rule (None) and the eager norm."""
+    dec = plan_input(next(r for r in runs if r.name == "tt-h100-l31-8b-fsdp8-compile"),
+                     "torchtitan")
+    assert dec.compile and dec.compile_loss is False
+    jun = plan_input(next(r for r in runs if r.name == "tt-h200-l31-8b-fsdp32-fp8"),
+                     "torchtitan")
+    assert jun.compile and jun.compile_loss is None and not jun.fused_norm
+    apr = plan_input(next(r for r in runs if r.name == "tt-a100-l2-13b-noac"), "torchtitan")
+    assert apr.fused_norm
+
+
+def test_benchmark_lists_recipe_memory_and_wrong_fit_calls(runs) -> None:
+    """The results file lists every row's framework-recipe memory error (largest first) and
+    each fit/OOM call the recipe gets wrong."""
+    bench = pytest.importorskip("planner_vs_published")
+    pick = ["tt-h100-l31-8b-fsdp8", "ds-v100-32g-1b3-tp1-pp2-dp4-mb1", "nemo-h100-llama2-7b-8g"]
+    rows = bench.evaluate([r for r in runs if r.name in pick], peer=False)
+    lines = bench._recipe_memory_section(rows)
+    listed = [ln for ln in lines if ln.startswith("| tt-") or ln.startswith("| ds-")]
+    errs = [abs(r["recipe"]["err_memory"]) for r in rows
+            if r["recipe"].get("err_memory") is not None]
+    assert len(listed) == len(errs) == 2
+    first = max(rows, key=lambda r: abs(r["recipe"].get("err_memory") or 0.0))
+    assert listed[0].startswith(f"| {first['name']} |")
+    wrong = [r["name"] for r in rows if r["recipe"].get("fit_correct") is False]
+    assert sum(ln.startswith("- ") for ln in lines) == max(1, len(wrong))

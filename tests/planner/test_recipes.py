@@ -115,6 +115,41 @@ def test_torchtitan_states_by_hand() -> None:
     assert mem.optimizer == pytest.approx(8 * P / 4, rel=1e-12)
 
 
+def test_torchtitan_pipeline_over_fsdp_keeps_the_stage_unsharded() -> None:
+    """torchtitan with pp=2 over FSDP (ZeRO-3, 2 ranks): no reshard after forward under PP
+    and no gradient sync until the last micro-batch, so every parameter of the stage is held
+    in bf16 (2 B) and its gradient accumulates unsharded in fp32 (4 B), plus the computing
+    unit's bf16 gradient before its upcast; the sharded fp32 states stay 16 P / 2."""
+    lay = Layout(dp=2, zero=3, pp=2, pp_schedule="1f1b")
+    mem = recipe_rank_memory(_plan("torchtitan", lay, gb=8), RECIPES["torchtitan"], 0)
+    P = mem.detail["params.count"]
+    h, f, V, S = SMALL.dim, SMALL.ffn_dim, SMALL.vocab_size, SMALL.max_seq_len
+    block = 4 * (h * h + h) + (h * f + f) + (f * h + h) + 4 * h
+    unit = max(block, V * h + S * h)  # first stage: one block, root = embedding + positions
+    assert mem.detail["params.in_flight"] == 2 * P
+    assert mem.detail["grads.in_flight"] == 4 * P + 2 * unit
+    assert mem.params == pytest.approx(4 * P / 2 + 2 * P, rel=1e-12)
+    assert mem.optimizer == pytest.approx(8 * P / 2, rel=1e-12)
+    # without PP the same FSDP rank gathers one unit at a time
+    flat = recipe_rank_memory(_plan("torchtitan", Layout(dp=2, zero=3)), RECIPES["torchtitan"],
+                              0)
+    assert flat.detail["grads.in_flight"] < 4 * flat.detail["params.count"]
+
+
+def test_torchtitan_compiled_loss_keeps_bf16_logits() -> None:
+    """torchtitan compiles its loss under compile (PlanInput.compile_loss None: the recipe's
+    rule): the saved tensor is the bf16 logits (2 B) plus 8 B of fp32 statistics per token
+    instead of the fp32 log-softmax (4 B), the backward temporary the bf16 gradient (2 B)
+    instead of 8 B; compile_loss=False (torchtitan of Dec 2024) keeps the eager terms."""
+    T, V, h = 32, SMALL.vocab_size, SMALL.dim
+    base = _plan("torchtitan", Layout(dp=1))
+    eager = recipe_head_bytes(base, RECIPES["torchtitan"])
+    comp = recipe_head_bytes(dataclasses.replace(base, compile=True), RECIPES["torchtitan"])
+    assert comp == (2 * T * h + 2 * T * h + 2 * T * V + 8 * T, 2 * T * V)
+    off = dataclasses.replace(base, compile=True, compile_loss=False)
+    assert recipe_head_bytes(off, RECIPES["torchtitan"]) == eager
+
+
 def test_nanotron_states_by_hand() -> None:
     """Nanotron ZeRO-1 over 2 ranks: bf16 weights 2 + fp32 accumulator grads 4 (all params) +
     (fp32 master 4 + Adam 8) / 2."""
@@ -345,3 +380,79 @@ def test_deepspeed_keeps_the_scores_of_megatron_deepspeed_attention() -> None:
     assert ds == pytest.approx(s * h * (34 + 5 * a * s / h), rel=1e-12)
     meg = recipe_layer_bytes(_plan("megatron", Layout(dp=1), model=sdpa), RECIPES["megatron"])
     assert meg == pytest.approx(s * h * 34 + 4 * a * s, rel=1e-12)
+
+
+def test_deepspeed_pipe_engine_holds_two_logits_buffers() -> None:
+    """DeepSpeed's pipeline engine keeps the last stage's forward output (the bf16 logits,
+    V/t per rank) of its 2 buffers through backward: the deepspeed recipe's last stage stores
+    2 x 2 B x T x V/t beyond Megatron's loss terms; Megatron-core's schedules free it."""
+    T, V = 32, SMALL.vocab_size
+    lay = Layout(dp=1, zero=1, pp=2, pp_schedule="1f1b")
+    plan = _plan("deepspeed", lay, gb=4)
+    stored, _ = recipe_head_bytes(plan, RECIPES["deepspeed"])
+    last = recipe_rank_memory(plan, RECIPES["deepspeed"], 1)
+    assert last.detail["activations.head"] == stored + 2 * 2 * T * V
+    meg = recipe_rank_memory(_plan("megatron", lay, gb=4), RECIPES["megatron"], 1)
+    assert meg.detail["activations.head"] == recipe_head_bytes(plan, RECIPES["megatron"])[0]
+
+
+def test_deepspeed_ipg_buffer_at_dp1() -> None:
+    """The ZeRO-1 optimizer reduces through its 5e8-element bf16 ipg buffer at dp = 1 too
+    (stage_1_and_2.py reduce_gradients allocates it under the pipeline engine)."""
+    mem = recipe_rank_memory(_plan("deepspeed", Layout(dp=1, zero=1)), RECIPES["deepspeed"], 0)
+    assert mem.buffer_terms["reduce_bucket"] == 5e8 * 2
+
+
+@pytest.mark.parametrize("ac", ["none", "selective", "full"])
+def test_naive_attention_backward_temporaries(ac: str) -> None:
+    """Megatron-DeepSpeed's unfused core (SMALL: a=4, s=32, b=1, GELU + LayerNorm, dropout
+    masks) adds two bf16 s x s gradients per head, 2 x 2 a s^2, while one layer runs backward
+    (4 + 1 + 4 bytes of scores recomputed first under selective); flash/SDPA cores add
+    nothing. The loss backward (last stage, before any block's) is the other transient: the
+    peak takes the larger of the two."""
+    a, s, b = SMALL.num_heads, 32, 16  # b = 16: the backward, not the step, is the peak
+    mem = recipe_rank_memory(_plan("deepspeed", Layout(dp=1), ac=ac, gb=b, mb=b),
+                             RECIPES["deepspeed"], 0)
+    temp = (2 * 2 * a * s * s + (5 * a * s * s if ac == "selective" else 0)) * b
+    plain = _plan("deepspeed", Layout(dp=1), gb=b, mb=b)
+    full = recipe_layer_bytes(plain, RECIPES["deepspeed"], "none")
+    recompute = (full if ac == "full" else 0) + temp
+    _, loss_tmp = recipe_head_bytes(plain, RECIPES["deepspeed"])
+    expect = (mem.params + mem.grads + mem.optimizer + mem.activations
+              + mem.buffers - loss_tmp + max(recompute, loss_tmp))
+    assert mem.total == pytest.approx(expect, rel=1e-12)
+    sdpa = dataclasses.replace(SMALL, attention="sdpa")
+    flash = recipe_rank_memory(_plan("megatron", Layout(dp=1), ac=ac, model=sdpa, gb=b, mb=b),
+                               RECIPES["megatron"], 0)
+    assert flash.total < mem.total
+
+
+def test_torchtitan_loss_parallel_forward_transient() -> None:
+    """With tp = 2 torchtitan runs loss_parallel: DTensor's log-softmax holds its fp32 input,
+    x - max and exp(x - max) beside the bf16 logits, 2 + 4 + 4 B per logit (V/2 per rank)
+    beyond the saved fp32 output, above the backward's 8 B; tp = 1 keeps the backward's."""
+    T, V, h = 32, SMALL.vocab_size, SMALL.dim
+    stored, temp = recipe_head_bytes(_plan("torchtitan", Layout(dp=1, tp=2)),
+                                     RECIPES["torchtitan"])
+    assert stored == 2 * T * h / 2 + 2 * T * h + 4 * T * V / 2  # SP: the norm input is /t
+    assert temp == 10 * T * V / 2
+    assert recipe_head_bytes(_plan("torchtitan", Layout(dp=1)), RECIPES["torchtitan"])[1] \
+        == 8 * T * V
+
+
+def test_fused_rmsnorm_keeps_no_fp32_copy() -> None:
+    """A run whose RMSNorm is a fused kernel (torchtitan's 'fused_rmsnorm': saves its bf16
+    input and an fp32 rstd) keeps 2 x 4 B x T x h less per block without AC than the fp32
+    upcast of torchtitan's eager RMSNorm; LayerNorm models and checkpointed blocks are
+    unchanged."""
+    m = model_preset("llama2-7b")
+    plan = _plan("torchtitan", Layout(dp=1), model=m, seq=4096, gb=2, mb=2)
+    eager = recipe_layer_bytes(plan, RECIPES["torchtitan"])
+    fused = recipe_layer_bytes(dataclasses.replace(plan, fused_norm=True), RECIPES["torchtitan"])
+    assert eager - fused == 2 * 4 * 4096 * 2 * m.dim
+    full = dataclasses.replace(plan, ac="full")
+    assert recipe_layer_bytes(full, RECIPES["torchtitan"]) == recipe_layer_bytes(
+        dataclasses.replace(full, fused_norm=True), RECIPES["torchtitan"])
+    gpt = _plan("torchtitan", Layout(dp=1))
+    assert recipe_layer_bytes(gpt, RECIPES["torchtitan"]) == recipe_layer_bytes(
+        dataclasses.replace(gpt, fused_norm=True), RECIPES["torchtitan"])

@@ -74,6 +74,11 @@ class RunLayout:
     ac: str = "none"
     precision: str = "bf16"
     compile: bool = False
+    compile_loss: bool | None = None
+    """The framework compiled its loss with the model (None: the recipe's rule)."""
+    fused_norm: bool = False
+    """The run's RMSNorm was a fused kernel saving its 16-bit input and rstd (torchtitan's
+    norm_type 'fused_rmsnorm')."""
 
     def to_layout(self) -> Layout:
         return Layout(dp=self.dp, zero=self.zero, tp=self.tp, sp=self.sp, pp=self.pp,
@@ -198,7 +203,7 @@ def _layout(where: str, raw: dict[str, Any]) -> RunLayout:
     _unknown(w, raw, tuple(fields))
     kw: dict[str, Any] = {}
     for k, v in raw.items():
-        if k in ("sp", "compile"):
+        if k in ("sp", "compile", "compile_loss", "fused_norm"):
             kw[k] = _bool(w, k, v)
         elif k == "zero":
             kw[k] = _int(w, k, v, lo=0)
@@ -325,7 +330,8 @@ def plan_input(run: PublishedRun, recipe: str = "scaletrain") -> PlanInput:
     return PlanInput(model=run.model, hardware=run.hardware(), num_gpus=run.num_gpus,
                      layout=L.to_layout(), seq_len=run.seq_len, global_batch=L.global_batch,
                      micro_batch=L.micro_batch, precision=L.precision, ac=L.ac,
-                     compile=L.compile, recipe=recipe)
+                     compile=L.compile, compile_loss=L.compile_loss,
+                     fused_norm=L.fused_norm, recipe=recipe)
 
 
 def refusals(run: PublishedRun, recipe: str = "scaletrain") -> list[str]:

@@ -154,11 +154,17 @@ def recipe_layer_bytes(plan: PlanInput, recipe: Recipe, ac: str | None = None) -
     model = plan.model
     if recipe.attention == "naive" and model.attention != "naive":
         model = dataclasses.replace(model, attention="naive")
-    return layer_activation_bytes(model, seq_len=plan.seq_len,
-                                  micro_batch=plan.micro_batch, tp=L.tp,
-                                  sp=L.sp or recipe.sp_with_tp, cp=L.cp, ac=ac,
-                                  precision=plan.precision, modern=True,
-                                  compile=plan.compile, residual_fp32=False, ep=L.ep)
+    sp = L.sp or recipe.sp_with_tp
+    out = layer_activation_bytes(model, seq_len=plan.seq_len, micro_batch=plan.micro_batch,
+                                 tp=L.tp, sp=sp, cp=L.cp, ac=ac, precision=plan.precision,
+                                 modern=True, compile=plan.compile, residual_fp32=False,
+                                 ep=L.ep)
+    if plan.fused_norm and model.norm == "rmsnorm" and ac == "none":
+        # a fused RMSNorm kernel saves its 16-bit input and rstd, not the fp32 upcast that
+        # layer_activation_bytes counts for each of the block's two norms (torchtitan
+        # models/norms.py TritonFusedRMSNorm.forward: save_for_backward(x, weight, rstd))
+        out -= 2 * 4.0 * plan.seq_len / L.cp * plan.micro_batch * model.dim / (L.tp if sp else 1)
+    return out
 
 
 def recipe_head_bytes(plan: PlanInput, recipe: Recipe) -> tuple[float, float]:
@@ -172,7 +178,14 @@ def recipe_head_bytes(plan: PlanInput, recipe: Recipe) -> tuple[float, float]:
       'vocab_parallel_fp32': the 16-bit logits gradient 2*T*V_l (the fp32 gradient is computed
         in place in the saved softmax);
       'materialized_fp32': nll_loss's fp32 gradient and log-softmax's fp32 input gradient,
-        8*T*V_l, alive together with the saved output."""
+        8*T*V_l, alive together with the saved output.
+    Under tensor parallelism a 'materialized_fp32' loss with sp_with_tp is torchtitan's
+    loss_parallel: its forward holds (e + 12)*T*V_l at once, (e + 8)*T*V_l beyond the saved
+    output, which replaces the backward's 8*T*V_l as the loss transient when larger.
+    A compiled 'materialized_fp32' loss (recipe.loss_compiles under compile, or
+    plan.compile_loss) keeps the 16-bit logits 2*T*V_l (and 8 B of per-token fp32 statistics)
+    instead of the fp32 log-softmax, and its backward writes the 16-bit gradient 2*T*V_l from
+    one fused kernel (saved tensors measured with torch 2.13, Recipe.sources['loss_compiles'])."""
     m, L = plan.model, plan.layout
     e = 4 if plan.precision == "fp32" else 2
     tok = float(plan.seq_len) / L.cp * plan.micro_batch
@@ -182,7 +195,41 @@ def recipe_head_bytes(plan: PlanInput, recipe: Recipe) -> tuple[float, float]:
     temp = (2.0 if e == 2 else 0.0) * tok * v_l
     if recipe.loss == "materialized_fp32":
         temp = 8.0 * tok * v_l
+        compiled = (plan.compile and recipe.loss_compiles if plan.compile_loss is None
+                    else plan.compile_loss)
+        if compiled:
+            stored += (e - 4.0) * tok * v_l + 8.0 * tok
+            temp = e * tok * v_l
+        elif L.tp > 1 and recipe.sp_with_tp:
+            # loss_parallel (torchtitan's TP plan): DTensor's vocab-parallel log-softmax
+            # (torch/distributed/tensor/parallel/loss.py _log_softmax) holds its fp32 input,
+            # x - max and exp(x - max) together, beside the 16-bit logits the train step still
+            # references: e + 4 + 4 + 4 B per logit at the loss forward, i.e. 10 B beyond the
+            # saved output when e = 2, more than the backward's 8
+            temp = max(temp, (e + 8.0) * tok * v_l)
     return stored, temp
+
+
+def _naive_attention_backward_temp(plan: PlanInput, recipe: Recipe) -> float:
+    """Bytes a Megatron-style unfused attention core adds on top of its stored tensors while
+    one layer runs backward (0 for flash/SDPA cores or other activation models): the bmm with
+    V returns the gradient of the dropped-out probabilities (e*a*s^2*b/t) and dropout's
+    backward writes a new one (e*a*s^2*b/t) while the saved softmax, mask and dropout output
+    are still held; the fused scale-mask-softmax backward then works in place
+    (Megatron-LM megatron/model/transformer.py ParallelAttention.forward, fused_softmax.py
+    ScaledUpperTriangMaskedSoftmax.backward; torch's dropout backward is out of place). Under
+    ac='selective' the core is recomputed first, so its stored 5as^2b/t come back too."""
+    m, L = plan.model, plan.layout
+    naive = m.attention == "naive" or recipe.attention == "naive"
+    if not naive or recipe.activations != "korthikanti" or m.is_moe:
+        return 0.0
+    e = 4 if plan.precision == "fp32" else 2
+    masks = 1.0 if (recipe.dropout_masks and m.norm == "layernorm") else 0.0
+    per_score = float(m.num_heads) * plan.seq_len * (plan.seq_len / L.cp) * plan.micro_batch / L.tp
+    temp = 2 * e * per_score
+    if plan.ac == "selective":
+        temp += (2 * e + masks) * per_score
+    return temp
 
 
 def _rank_params(plan: PlanInput, first: bool, last: bool, layers: int) -> tuple[float, ...]:
@@ -245,7 +292,16 @@ def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBrea
     unit = max(block, root)
     in_params = in_grads = 0.0
     bufs: dict[str, float] = {}
-    if z >= 3 and N > 1:
+    if pp > 1 and z >= 2 and N > 1 and recipe.pp_fsdp_unsharded:
+        # pipeline over FSDP: every unit of the stage stays unsharded from its first forward
+        # to the last micro-batch's backward, and the unsharded gradients accumulate in the
+        # fp32 reduce dtype (Recipe.sources['pp_fsdp_unsharded']); the unit computing holds its
+        # 16-bit gradient before the upcast; the last backward reduce-scatters from an fp32
+        # copy-in buffer of one unit
+        in_params = wc * P
+        in_grads = 4.0 * P + wc * unit
+        bufs["fsdp_reduce_scatter"] = 4.0 * block
+    elif z >= 3 and N > 1:
         if recipe.fsdp_prefetch_params:
             # DeepSpeed ZeRO-3 gathers per module (each Linear / the embedding, stage3.py
             # fetch_sub_module): the module computing and the prefetch bucket gathered, that
@@ -267,11 +323,12 @@ def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBrea
         bufs["fsdp_reduce_scatter"] = 4.0 * block
     elif recipe.autocast_weight_copy and not fp32:
         in_params = 2.0 * P  # autocast's saved 16-bit weight casts (fp32 parameters)
-    if L.dp > 1 or N > 1:
-        if recipe.ddp_bucket == "copy" and z < 2:
-            bufs["ddp_buckets"] = recipe.bucket_elem_bytes * P
-        elif recipe.ddp_bucket == "ipg" and z >= 1:
-            bufs["reduce_bucket"] = recipe.bucket_count * recipe.bucket_bytes(L.dp)
+    if (L.dp > 1 or N > 1) and recipe.ddp_bucket == "copy" and z < 2:
+        bufs["ddp_buckets"] = recipe.bucket_elem_bytes * P
+    elif recipe.ddp_bucket == "ipg" and z >= 1:
+        # the ZeRO optimizer reduces through its ipg buffer at any dp, dp = 1 included
+        # (DeepSpeed stage_1_and_2.py reduce_gradients: 'with PP we must create ipg buffer')
+        bufs["reduce_bucket"] = recipe.bucket_count * recipe.bucket_bytes(L.dp)
     e = 4 if fp32 else 2
     tok = float(plan.seq_len) / L.cp * plan.micro_batch
     sp = L.sp or recipe.sp_with_tp
@@ -288,9 +345,13 @@ def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBrea
                 inflight_microbatches(L.pp_schedule, pp, m, rank, L.pp_virtual))
     acts = inflight * layers * per_layer
     recompute = recipe_layer_bytes(plan, recipe, "none") if plan.ac == "full" and layers else 0.0
+    if layers:
+        recompute += _naive_attention_backward_temp(plan, recipe)
     head_stored = loss_tmp = 0.0
     if last:
         head_stored, loss_tmp = recipe_head_bytes(plan, recipe)
+        # the pipeline engine's output buffers hold the 16-bit logits of its last micro-batches
+        head_stored += recipe.pipe_output_buffers * e * tok * plan.model.vocab_size / L.tp
         acts += head_stored
     states = weights + master + grads + optim
     buffers = sum(bufs.values())

@@ -113,6 +113,17 @@ class Recipe:
     """'scaletrain' (estimate.default_efficiency) or 'generation' (efficiency.py). Every
     recipe uses 'scaletrain' (see _TIME_MODEL); the communication terms are the recipe's own
     either way."""
+    pp_fsdp_unsharded: bool = False
+    """Pipeline parallelism over FSDP keeps every unit of the stage unsharded for the whole
+    forward/backward (no reshard after forward) and accumulates the unsharded gradients in the
+    reduce dtype across micro-batches, reduce-scattering them once after the last one."""
+    loss_compiles: bool = False
+    """With `compile` the framework compiles its loss too: Inductor saves the 16-bit logits
+    and per-token fp32 statistics instead of the fp32 log-softmax and writes the 16-bit
+    gradient from one fused kernel (PlanInput.compile_loss overrides)."""
+    pipe_output_buffers: int = 0
+    """The pipeline engine keeps the last stage's forward output (the 16-bit logits) of this
+    many micro-batches in its buffers through backward (DeepSpeed: 2), at any pp."""
     sources: dict[str, str] = field(default_factory=dict, compare=False)
     """Field -> where the value comes from."""
 
@@ -248,8 +259,17 @@ RECIPES: dict[str, Recipe] = {
         even_pp_split=True, pp_schedules=("1f1b",), cp=True,
         ddp_with_model_parallel=True, pp_with_zero=(0, 1),
         fragmentation=FRAGMENTATION, cuda_context_bytes=RUNTIME_CONTEXT_BYTES,
-        time_model=_TIME_MODEL,
+        time_model=_TIME_MODEL, pipe_output_buffers=2,
         sources={
+            "pipe_output_buffers": "deepspeed/runtime/pipe/engine.py _exec_forward_pass: "
+                                   "pipe_buffers['outputs'][buffer_id] = outputs (the last "
+                                   "stage's logits, before the loss); _exec_backward_pass "
+                                   "returns early on the last stage ('just runs backward on "
+                                   "the loss') without clearing that buffer (2021 and today); "
+                                   "pipe/schedule.py TrainSchedule.num_pipe_buffers: max(2, "
+                                   "...) = 2 on the last stage. Megatron-DeepSpeed builds "
+                                   "GPTModelPipe (a PipelineModule, so this engine) at pp = 1 "
+                                   "too unless --no-pipeline-parallel",
             "weight_bytes": "deepspeed/runtime/zero/stage_1_and_2.py "
                             "DeepSpeedZeroOptimizer: bit16_groups (the model's 16-bit "
                             "params); stage3.py DeepSpeedZeroOptimizer_Stage3: 16-bit "
@@ -301,8 +321,25 @@ RECIPES: dict[str, Recipe] = {
         even_pp_split=False, pp_schedules=("gpipe", "1f1b", "interleaved", "zero-bubble"),
         cp=True, ddp_with_model_parallel=False, pp_with_zero=(0, 2, 3),
         fragmentation=FRAGMENTATION, cuda_context_bytes=RUNTIME_CONTEXT_BYTES,
-        time_model=_TIME_MODEL,
+        time_model=_TIME_MODEL, pp_fsdp_unsharded=True, loss_compiles=True,
         sources={
+            "pp_fsdp_unsharded": "torchtitan parallelize apply_fsdp: 'For PP, do not reshard "
+                                 "after forward to avoid per-microbatch all-gathers' "
+                                 "(reshard_after_forward = not pp_enabled; at 9dec370 "
+                                 "torchtitan/parallelisms/parallelize_llama.py too); torch "
+                                 "torch/distributed/pipelining/stage.py "
+                                 "backward_maybe_with_nosync: set_reshard_after_backward(False)"
+                                 " and set_requires_gradient_sync(False) for every micro-batch"
+                                 " but the last; fsdp/_fully_shard/_fsdp_param.py "
+                                 "to_accumulated_grad_if_needed: the unsharded gradient is "
+                                 "upcast to reduce_dtype (fp32) and accumulated",
+            "loss_compiles": "torchtitan/components/loss.py build_cross_entropy_loss: "
+                             "torch.compile(loss_fn) when training.compile (e7c0cae, June "
+                             "2025; later compile.components 'loss'); train.py at 9dec370 "
+                             "(Dec 2024) left it uncompiled ('compiling loss function causes "
+                             "CUDA errors'). Saved tensors measured with torch 2.13: eager "
+                             "keeps the fp32 log-softmax (4 B/logit), compiled keeps the bf16 "
+                             "input (2 B/logit) and two fp32 values per token",
             "weight_bytes": "torchtitan/models/llama3/infra/parallelize.py apply_fsdp: "
                             "fp32 sharded parameters, MixedPrecisionPolicy(param_dtype="
                             "bf16, reduce_dtype=fp32) (docs/fsdp.md)",

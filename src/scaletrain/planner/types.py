@@ -43,6 +43,13 @@ class PlanInput:
     loss_chunk_tokens: int = 0
     """Tokens per chunk of the fused head + loss (`memory.loss_chunk_tokens`; 0 = the
     trainer's auto rule, `memory.fused_loss_chunk`)."""
+    compile_loss: bool | None = None
+    """Foreign recipes: whether the framework compiled its loss with the model (None: the
+    recipe's rule, `Recipe.loss_compiles` under `compile`); a run of a framework version
+    that did not (torchtitan before 2025) says False."""
+    fused_norm: bool = False
+    """Foreign recipes: the run's RMSNorm is a fused kernel that saves its 16-bit input and an
+    fp32 rstd per token (torchtitan's 'fused_rmsnorm'), not an fp32 upcast of its input."""
 
     @property
     def grad_accum(self) -> int:
