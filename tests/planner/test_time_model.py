@@ -150,3 +150,30 @@ def test_torchtitan_op_sac_recomputes_every_second_matmul() -> None:
 
     per_layer = matmul_params(m)[0]
     assert 1.0 < sel / none < 1.0 + want / (3 * 2.0 * per_layer)
+
+
+def test_nemo_overlap_hides_tp_p2p_and_param_gather(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A recipe named 'nemo' (efficiency.COMM_OVERLAP: NeMo's performance configs) hides TP,
+    pipeline p2p and the updated weights' all-gather behind compute; the same layout under
+    'megatron' (Megatron-LM's defaults) exposes them."""
+    from scaletrain.config import model_preset
+    from scaletrain.planner import PlanInput, estimate, recipes
+
+    monkeypatch.setitem(recipes.RECIPES, "nemo",
+                        dataclasses.replace(recipes.RECIPES["megatron"], name="nemo"))
+    h100 = hardware_preset("h100-sxm")
+
+    def est(recipe: str):
+        return estimate(PlanInput(
+            model=model_preset("llama2-70b"), hardware=h100, num_gpus=64,
+            layout=Layout(dp=4, zero=1, tp=4, sp=True, pp=4, pp_schedule="interleaved",
+                          pp_virtual=5), seq_len=4096, global_batch=128, micro_batch=1,
+            ac="none", recipe=recipe))
+
+    meg, nemo = est("megatron").time, est("nemo").time
+    assert meg.compute_s == pytest.approx(nemo.compute_s)
+    for fam in ("tp", "pp_p2p", "zero_all_gather"):
+        assert fam in meg.comm_terms and meg.comm_terms[fam] == nemo.comm_terms[fam]
+    hidden = meg.comm_terms["tp"] + meg.comm_terms["pp_p2p"]
+    assert nemo.comm_exposed_s <= meg.comm_exposed_s - hidden + 1e-9
+    assert nemo.comm_exposed_s < meg.comm_exposed_s

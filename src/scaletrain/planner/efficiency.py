@@ -38,7 +38,7 @@ from scaletrain.config import HardwareSpec, ModelConfig
 __all__ = ["GENERATION_EFFICIENCY", "FP8_EFFICIENCY", "generation_of", "gemm_shape_factor",
            "matmul_efficiency", "allreduce_latency", "TREE_ALLREDUCE_MIN_RANKS",
            "FLASH2_HOPPER_EFFICIENCY", "NAIVE_SCORE_BYTES", "attention_kernel",
-           "attention_seconds_per_token"]
+           "attention_seconds_per_token", "COMM_OVERLAP"]
 
 GENERATION_EFFICIENCY: dict[str, float] = {
     # Shoeybi et al. 2019 (Megatron-LM, arXiv 1909.08053): 8.3B GPT-2 on 512 V100s sustains
@@ -163,12 +163,13 @@ memory bandwidth on top of the core's matmuls."""
 def attention_kernel(recipe: str, recipe_attention: str, model_attention: str) -> str:
     """The kernel family that runs the attention core: 'naive' (materialized s x s scores:
     Megatron-DeepSpeed's default core attention, recipe.attention == 'naive', or a model
-    configured naive), 'fused' (Megatron-Core's Transformer Engine DotProductAttention, cuDNN
-    fused attention on Hopper: no published shortfall against the matmul rate, kept at it) or
+    configured naive), 'fused' (Megatron-Core's Transformer Engine DotProductAttention, which
+    NeMo runs too; cuDNN fused attention on Hopper: no published shortfall against the matmul
+    rate, kept at it) or
     'flash2' (torch SDPA's flash backend / flash-attn 2: every other recipe)."""
     if recipe_attention == "naive" or model_attention == "naive":
         return "naive"
-    return "fused" if recipe == "megatron" else "flash2"
+    return "fused" if recipe in ("megatron", "nemo") else "flash2"
 
 
 def attention_seconds_per_token(*, kernel: str, recipe: str, core_flops: float, heads: int,
@@ -206,3 +207,19 @@ def attention_seconds_per_token(*, kernel: str, recipe: str, core_flops: float, 
     score_bytes = (fwd_b * (1.0 + rc) + bwd_b) * heads * seq_len
     matmul = 2.0 * core_flops * (3.0 + rc) / bf16_rate
     return matmul + score_bytes / hardware.memory_bw
+
+
+COMM_OVERLAP: dict[str, tuple[str, ...]] = {
+    # NeMo's performance configurations (NVIDIA/NeMo-Framework-Launcher
+    # launcher_scripts/conf/training/gpt3/175b_fp8_performance.yaml): ub_tp_comm_overlap: True
+    # (Transformer Engine userbuffers split each TP GEMM and pipeline its all-gather /
+    # reduce-scatter), overlap_p2p_comm: True (interleaved pipeline sends beside compute),
+    # optim.overlap_grad_sync / overlap_param_sync: true ("exposes only one DP communication
+    # chunk", NeMo docs features/optimizations/communication_overlap.rst). The gradient
+    # reduce-scatter's overlap is every recipe's default already (estimate._exposed).
+    "nemo": ("tp", "pp_p2p", "dp_param_gather"),
+}
+"""Communication families a recipe's framework overlaps with compute, by recipe name (a recipe
+of that name picks them up; Megatron-LM's own defaults leave --tp-comm-overlap and
+--overlap-param-gather off, so 'megatron' has none). Ignores: the SM share the overlapped
+kernels take from the GEMMs (a few %)."""

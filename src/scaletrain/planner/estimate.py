@@ -13,6 +13,7 @@ from scaletrain.config import HardwareSpec, ModelConfig, expert_split, expert_tp
 from .comm import allreduce_time, axis_link, comm_terms, gather_time
 from .cost import TrainingCost, napkin_cost, training_cost
 from .efficiency import (
+    COMM_OVERLAP,
     allreduce_latency,
     attention_kernel,
     attention_seconds_per_token,
@@ -211,7 +212,8 @@ def _time(plan: PlanInput, max_params: float, causal: bool, gpus_per_node: int |
     t_fwd = t_mb * lf / layer_hw  # forward share of the hardware FLOPs
     t_core = tok_mb * layers * core_s / split * m
     exposed = _exposed(terms, L, hw, max_params, m, t_fwd, t_mb - t_fwd, t_core, layers,
-                       gpus_per_node, bucket_bytes=bucket, tree=foreign)
+                       gpus_per_node, bucket_bytes=bucket, tree=foreign,
+                       overlap=COMM_OVERLAP.get(recipe.name, ()) if recipe is not None else ())
     optimizer_s = _optimizer_time(plan, max_params)
     step_s = compute_s + bubble_s + exposed + optimizer_s
     return step_s, compute_s, bubble_s, exposed, optimizer_s, terms, eff
@@ -299,10 +301,13 @@ def _notes(convention: str, eff: float, precision: str, peak: float) -> list[str
 def _exposed(terms: dict[str, tuple[float, float]], L, hw: HardwareSpec, stage_params: float,
              m: int, t_fwd: float, t_bwd: float, t_core: float, layers: int,
              gpus_per_node: int | None, *, bucket_bytes: float = 25 * 2**20,
-             tree: bool = False) -> float:
+             tree: bool = False, overlap: tuple[str, ...] = ()) -> float:
     """Communication seconds left on the critical path after overlap (rules in _NOTES).
     bucket_bytes: the last gradient bucket, reduced after the backward ends (exposed);
-    tree: its latency term is NCCL's tree at scale (efficiency.allreduce_latency)."""
+    tree: its latency term is NCCL's tree at scale (efficiency.allreduce_latency);
+    overlap: families the recipe's framework overlaps (efficiency.COMM_OVERLAP): 'tp' and
+    'pp_p2p' hide behind the step's compute, 'dp_param_gather' (the updated weights'
+    all-gather) behind the next step's forwards except one chunk, like the gradient reduce."""
     out = 0.0
     bucket = 0.0
     if "dp_allreduce" in terms or "zero_reduce_scatter" in terms or "hsdp_allreduce" in terms:
@@ -329,6 +334,10 @@ def _exposed(terms: dict[str, tuple[float, float]], L, hw: HardwareSpec, stage_p
             continue  # charged with the backward all-gather above
         elif name == "cp_ring":
             out += max(0.0, t - t_core)
+        elif name in ("tp", "pp_p2p") and name in overlap:
+            out += max(0.0, t - m * (t_fwd + t_bwd))
+        elif name == "zero_all_gather" and L.zero == 1 and "dp_param_gather" in overlap:
+            out += max(t - m * t_fwd, min(t, bucket))
         else:  # zero_all_gather, tp, pp_p2p, ep_all_to_all: on the critical path
             out += t
     return out
