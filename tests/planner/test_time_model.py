@@ -177,3 +177,16 @@ def test_nemo_overlap_hides_tp_p2p_and_param_gather(monkeypatch: pytest.MonkeyPa
     hidden = meg.comm_terms["tp"] + meg.comm_terms["pp_p2p"]
     assert nemo.comm_exposed_s <= meg.comm_exposed_s - hidden + 1e-9
     assert nemo.comm_exposed_s < meg.comm_exposed_s
+
+
+@pytest.mark.parametrize("recipe,kernel", [("torchtitan", "flash2"), ("megatron", "fused"),
+                                           ("deepspeed", "naive")])
+def test_explain_names_the_attention_kernel(recipe: str, kernel: str,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    from scaletrain.cli import main
+
+    rc = main(["explain", "--recipe", recipe, "--model", "llama3-8b", "--gpus", "8",
+               "--gpu", "h100-sxm", "--zero", "1", "--global-batch", "8"])
+    assert rc == 0
+    lines = [ln.strip() for ln in capsys.readouterr().out.splitlines()]
+    assert any(ln.startswith(f"[{recipe}] attention core: {kernel} (") for ln in lines)
