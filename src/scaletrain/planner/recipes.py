@@ -139,7 +139,7 @@ constants are published MFUs (Narayanan et al. 2021, the Megatron-LM README, tor
 already contain the pipeline bubble and exposed communication that the planner adds again, in
 each paper's own FLOP convention (V100's 30% is Megatron 2019's): on the 88-run published
 corpus they gave a step-time median |error| of 29% against 16% for the default
-(benchmarks/recipe_layouts.py, 2026-11-25), and 25% against 14% once the attention kernels,
+(benchmarks/recipe_layouts.py, 2026-11-25), and 24% against 14% once the attention kernels,
 multi-rail rings and per-unit FSDP latency were in (the recipe column of
 benchmarks/planner_vs_published.py, same day). They stay selectable as 'generation' until they
 are re-derived as compute-only efficiencies in the planner's FLOP convention. The attention
