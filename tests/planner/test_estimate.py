@@ -150,7 +150,8 @@ def test_comm_families_and_tiers():
     intra = estimate(_plan(model, 8, Layout(tp=8, sp=True)))
     two_nodes = estimate(_plan(model, 16, Layout(tp=16, sp=False),
                                hw=dataclasses.replace(H100, gpus_per_node=8)))
-    # tp=16 spans two nodes: each all-reduce runs at the inter-node bandwidth
+    # tp=16 spans two nodes: each all-reduce's ring leaves a node through its 8 NICs
+    # (comm.py multi-rail rings: 8 x 50 GB/s < NVLink's 450 GB/s)
     assert two_nodes.time.comm_terms["tp"] > intra.time.comm_terms["tp"]
 
 

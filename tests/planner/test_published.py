@@ -22,7 +22,8 @@ from scaletrain.planner.published import CORPUS, load_runs, parse_runs, plan_inp
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 GENERATION = {"v100-32gb": "Volta", "a100-40gb": "Ampere", "a100-80gb": "Ampere",
-              "h100-sxm": "Hopper", "h100-pcie": "Hopper", "h200": "Hopper (H200)"}
+              "h100-sxm": "Hopper", "h100-hbm2e-500w": "Hopper", "h100-pcie": "Hopper",
+              "h200": "Hopper (H200)"}
 """GPU generations; H200 counted apart from H100 only for its memory (same Hopper SMs)."""
 
 

@@ -80,6 +80,17 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
     "h100-sxm": lambda: HardwareSpec(
         "h100-sxm", _tf(fp32=67, tf32=494.7, bf16=989.4, fp16=989.4, fp8=1978.9), 80 * GB,
         3350 * GB, 450 * GB, 50 * GB, 700, usd_per_hour=2.5, host_to_device_bw=64 * GB),
+    # Meta's Grand Teton H100 (torchtitan benchmarks/llama3_h100_202412_torchtitan.md, Hardware):
+    # SXM H100 with 96GB HBM2e at 2.4 TB/s, run at its default 500 W limit, NVLink within the
+    # host, 400 Gb/s RDMA per GPU (50 GB/s). Its peak FLOP/s is "between SXM and NVL, and we
+    # don't know its exact value" (same page, footnote 2): the midpoint of the H100 SXM
+    # datasheet (989.4 TF bf16, 1978.9 fp8, 494.7 tf32, 67 fp32, dense) and the H100 NVL
+    # datasheet (1671 / 3341 / 835 TF with sparsity -> 835.5 bf16, 1670.5 fp8, 417.5 tf32
+    # dense; 60 fp32) is taken: +-8% either way.
+    "h100-hbm2e-500w": lambda: HardwareSpec(
+        "h100-hbm2e-500w", _tf(fp32=63.5, tf32=456.1, bf16=912.45, fp16=912.45, fp8=1824.7),
+        96 * GB, 2400 * GB, 450 * GB, 50 * GB, 500, usd_per_hour=2.5,
+        host_to_device_bw=64 * GB),
     # NVIDIA H100 PCIe datasheet: 51 TF fp32, 378 tf32, 756 bf16, 1513 fp8; 80GB HBM2e 2 TB/s,
     # 350 W; peers over PCIe Gen5 x16 (64 GB/s per direction).
     "h100-pcie": lambda: HardwareSpec(

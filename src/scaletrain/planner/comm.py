@@ -10,7 +10,20 @@ of link bandwidth in practice: folded into the hardware preset's bandwidth if ca
 
 Rank placement (Megatron-LM and torchtitan order): tp innermost, then cp, then dp (ep borrows
 dp*cp ranks with stride tp), pp outermost. An axis whose ranks lie in one node (stride x degree
-<= gpus_per_node) uses NVLink-class `intra_node_bw`, otherwise `inter_node_bw`.
+<= gpus_per_node) uses NVLink-class `intra_node_bw`, otherwise the multi-rail ring bandwidth
+below (`inter_node_bw` when the group has one rank per node).
+
+Multi-rail rings (what NCCL builds across nodes): each ring channel runs through the group's
+ranks of one node over NVLink and leaves the node once, through one NIC; NCCL spreads its
+channels over the node's NICs, one NIC per GPU on the presets (NCCL documentation,
+NCCL_CROSS_NIC: rings and trees use the NIC of the same rail on every node; NVIDIA blog
+"Massively Scale Your Deep Learning Training with NCCL 2.4", 2019, on rings spanning nodes).
+In a ring every link carries the same (n-1)/n * M / channels, so with g of the group's ranks
+in each node, the g NICs of those ranks carry the ring's node-crossing hops side by side and
+the collective runs at min(intra_node_bw, g x inter_node_bw) per rank (bus bandwidth). g = 1
+(a group strided one rank per node, e.g. dp across nodes under tp = 8) gives the plain NIC
+figure. Ignores: NIC sharing between different axes' collectives running at the same time,
+switch oversubscription (a non-blocking fat tree is assumed), SHARP / NVLS reductions.
 """
 
 from __future__ import annotations
@@ -23,7 +36,8 @@ __all__ = ["axis_link", "allreduce_time", "gather_time", "p2p_time", "comm_volum
 
 def axis_link(layout: Layout, hardware: HardwareSpec, axis: str,
               gpus_per_node: int | None = None) -> tuple[float, float, bool]:
-    """(bandwidth B/s, latency s, crosses_nodes) for a parallel axis under the placement above."""
+    """(bandwidth B/s, latency s, crosses_nodes) for a parallel axis under the placement above;
+    across nodes the multi-rail ring bandwidth of the module docstring."""
     gpn = gpus_per_node or hardware.gpus_per_node
     L = layout
     stride, degree = {"tp": (1, L.tp), "cp": (L.tp, L.cp), "ep": (L.tp, L.ep),
@@ -33,7 +47,10 @@ def axis_link(layout: Layout, hardware: HardwareSpec, axis: str,
         stride, degree = L.tp, L.dp * L.cp
     inter = degree > 1 and stride * degree > gpn
     if inter:
-        return hardware.inter_node_bw, hardware.inter_node_latency_s, True
+        # multi-rail ring (module docstring): the group's ranks per node share its NICs' load
+        per_node = max(1, min(degree, gpn // max(1, stride)))
+        bw = min(hardware.intra_node_bw, per_node * hardware.inter_node_bw)
+        return bw, hardware.inter_node_latency_s, True
     return hardware.intra_node_bw, hardware.intra_node_latency_s, False
 
 
@@ -87,7 +104,7 @@ def comm_terms(*, layout: Layout, hardware: HardwareSpec, stage_params: float, l
         out.update(_dp_terms(L, hw, gpus_per_node, m=m, stage_params=stage_params,
                              expert_params=expert_params, reduce_bytes=reduce_bytes,
                              param_bytes=param_comm_bytes or e,
-                             fp8_gather_params=fp8_gather_params))
+                             fp8_gather_params=fp8_gather_params, layers=layers))
     act = e * tokens * hidden
     if L.tp > 1:
         out["tp"] = _tp_term(L, axis_link(L, hw, "tp", gpus_per_node), act=act, layers=layers,
@@ -113,7 +130,7 @@ Link = tuple[float, float, bool]
 
 def _dp_terms(L: Layout, hw: HardwareSpec, gpus_per_node: int | None, *, m: int,
               stage_params: float, expert_params: float, reduce_bytes: int, param_bytes: int,
-              fp8_gather_params: float) -> dict[str, tuple[float, float]]:
+              fp8_gather_params: float, layers: int) -> dict[str, tuple[float, float]]:
     """The data-parallel (and ZeRO) families over the dp*cp ranks (CP ranks hold the same
     parameters, so cp joins the reduction). Reductions (and zero 2's gathers) run once per
     micro-batch, or once per step inside a pipeline (`_fsdp_terms`).
@@ -143,7 +160,11 @@ def _dp_terms(L: Layout, hw: HardwareSpec, gpus_per_node: int | None, *, m: int,
     grads = fsdp_params * reduce_bytes
     if L.zero >= 2:
         params = (fsdp_params - fp8_gather_params) * param_bytes + fp8_gather_params
-        out.update(_fsdp_terms(L, (bw, lat), n=n, m=m, k_red=k_red, grads=grads, params=params))
+        # FSDP2 groups one unit per block plus the root (parallel/fsdp.py, torchtitan's
+        # apply_fsdp): every gather / reduce-scatter is one collective per unit, each paying
+        # the ring's (n-1) latency steps: units x (n-1) x alpha, seconds at 1,000+ ranks
+        out.update(_fsdp_terms(L, (bw, (layers + 1) * lat), n=n, m=m, k_red=k_red, grads=grads,
+                               params=params))
     if L.zero and L.dp_replicate > 1:
         out["hsdp_allreduce"] = _hsdp_term(L, hw, gpus_per_node, shard=grads / n, k_red=k_red)
     return out
@@ -175,7 +196,8 @@ def _zero_terms(zero: int, link: tuple[float, float], *, n: int, n_exp: int, den
 
 def _fsdp_terms(L: Layout, link: tuple[float, float], *, n: int, m: int, k_red: int,
                 grads: float, params: float) -> dict[str, tuple[float, float]]:
-    """ZeRO-2/3 under FSDP2 (`params`: the gathered bytes, compute dtype or fp8):
+    """ZeRO-2/3 under FSDP2 (`params`: the gathered bytes, compute dtype or fp8; `link`'s
+    latency is per unit collective round, (layers + 1) x alpha: one collective per FSDP unit):
       zero 2 (reshard_after_forward=False): zero_reduce_scatter, one reduce-scatter of the
         grads per micro-batch; zero_all_gather, the params gathered once per micro-batch
         (resharded after each backward);

@@ -1,10 +1,19 @@
-"""Time-model constants for the framework recipes: achievable matmul efficiency by GPU
-generation, GEMM shape and precision, and the communication terms that matter at 1,000+ GPUs.
+"""Time-model constants: the attention core by kernel and GPU generation (every recipe), the
+matmul efficiency by GPU generation, GEMM shape and precision (the 'generation' time model),
+and the communication latency terms that matter at 1,000+ GPUs. Torch-free.
 
-Used by the foreign recipes (recipes.Recipe.time_model == 'generation'); the default
-`scaletrain` recipe keeps `estimate.default_efficiency` and its calibration unchanged.
-Torch-free.
+What every recipe uses (estimate._time):
+- matmuls at `estimate.default_efficiency` (the calibrated fraction of peak);
+- the attention core as its kernel runs it (`attention_seconds_per_token`): FlashAttention-2
+  (torch SDPA, flash-attn 2) at FLASH2_HOPPER_EFFICIENCY of peak on Hopper, a materialized
+  core (Megatron-DeepSpeed) at the matmul rate on its full s x s block plus its softmax /
+  dropout score traffic over memory bandwidth (NAIVE_SCORE_BYTES);
+- NCCL's tree latency for data-parallel all-reduces at scale (`allreduce_latency`, the
+  foreign recipes' buckets); comm.py holds the multi-rail ring bandwidth and the per-unit
+  FSDP latency.
 
+The 'generation' time model (recipes.Recipe.time_model, selectable, no recipe uses it: see
+recipes._TIME_MODEL for the measurement) replaces the matmul efficiency with
 efficiency = GENERATION_EFFICIENCY[generation] x gemm_shape_factor x (FP8_EFFICIENCY if fp8)
 
 - GENERATION_EFFICIENCY: the fraction of the dense 16-bit peak that large, GEMM-dominated
@@ -27,7 +36,9 @@ import math
 from scaletrain.config import HardwareSpec, ModelConfig
 
 __all__ = ["GENERATION_EFFICIENCY", "FP8_EFFICIENCY", "generation_of", "gemm_shape_factor",
-           "matmul_efficiency", "allreduce_latency", "TREE_ALLREDUCE_MIN_RANKS"]
+           "matmul_efficiency", "allreduce_latency", "TREE_ALLREDUCE_MIN_RANKS",
+           "FLASH2_HOPPER_EFFICIENCY", "NAIVE_SCORE_BYTES", "attention_kernel",
+           "attention_seconds_per_token", "COMM_OVERLAP"]
 
 GENERATION_EFFICIENCY: dict[str, float] = {
     # Shoeybi et al. 2019 (Megatron-LM, arXiv 1909.08053): 8.3B GPT-2 on 512 V100s sustains
@@ -114,3 +125,101 @@ def allreduce_latency(n: int, alpha: float) -> float:
     if n < TREE_ALLREDUCE_MIN_RANKS:
         return ring
     return min(ring, 2.0 * math.ceil(math.log2(n)) * alpha)
+
+
+# ---- the attention core: which kernel runs it, at what fraction of peak ---------------------
+
+FLASH2_HOPPER_EFFICIENCY = 0.35
+"""Fraction of the bf16 peak FlashAttention-2 reaches on H100/H200: Shah et al. 2024
+(FlashAttention-3, arXiv 2407.08608), abstract: "FlashAttention-2 achieving only 35%
+utilization on H100 GPUs" (FA2 is written for Ampere's mma.sync and uses neither Hopper's
+wgmma nor TMA). torch's SDPA flash backend is FlashAttention-2 (torch docs,
+torch.nn.functional.scaled_dot_product_attention), so torch-native frameworks (scaletrain,
+torchtitan) and flash-attn 2 users (Nanotron, llm-foundry) run it. On A100, FA2 reaches
+50-73% of peak forward and up to 63% backward (Dao 2023, arXiv 2307.08691, abstract and §4.1),
+no lower than the planner's matmul efficiency: there the attention keeps the matmul rate."""
+
+NAIVE_SCORE_BYTES: dict[str, tuple[float, float, float]] = {
+    # Megatron(-DeepSpeed) CoreAttention, 16-bit scores: forward the fused scale + causal mask +
+    # softmax kernel reads the scores and writes the probabilities (2e; megatron/model/
+    # fused_softmax.py ScaledUpperTriangMaskedSoftmax, one kernel each way), the attention
+    # dropout reads them and writes its output and a 1-byte mask (2e + 1); backward dropout
+    # reads the gradient and the mask and writes the gradient (2e + 1), the fused softmax
+    # backward reads the probabilities and the gradient and writes the gradient (3e).
+    # (forward, backward, dropout's share of each)
+    "megatron": (9.0, 11.0, 5.0),
+    # scaletrain's NaiveAttentionCore (models/attention.py), e = 2: forward scale (2e),
+    # .float() (e + 4), masked_fill (4 + 4 + 1-byte mask), softmax (4 + 4), .to(e) (4 + e) =
+    # 33 B; backward the same ops' gradients: to (e + 4), softmax (4 + 4 + 4), masked_fill
+    # (4 + 1 + 4), float (4 + e), scale (2e) = 37 B; no dropout.
+    "scaletrain": (33.0, 37.0, 0.0),
+}
+"""Bytes moved per element of the (b, a, s, s) score tensor by the elementwise kernels of a
+naive (materialized) attention core, forward and backward (16-bit scores). These kernels are
+memory bound (about 1 FLOP per byte, far below every GPU's ridge point), so they cost bytes /
+memory bandwidth on top of the core's matmuls."""
+
+
+def attention_kernel(recipe: str, recipe_attention: str, model_attention: str) -> str:
+    """The kernel family that runs the attention core: 'naive' (materialized s x s scores:
+    Megatron-DeepSpeed's default core attention, recipe.attention == 'naive', or a model
+    configured naive), 'fused' (Megatron-Core's Transformer Engine DotProductAttention, which
+    NeMo runs too; cuDNN fused attention on Hopper: no published shortfall against the matmul
+    rate, kept at it) or
+    'flash2' (torch SDPA's flash backend / flash-attn 2: every other recipe)."""
+    if recipe_attention == "naive" or model_attention == "naive":
+        return "naive"
+    return "fused" if recipe in ("megatron", "nemo") else "flash2"
+
+
+def attention_seconds_per_token(*, kernel: str, recipe: str, core_flops: float, heads: int,
+                                seq_len: int, recompute: bool, dropout: bool,
+                                bf16_rate: float, hardware: HardwareSpec,
+                                kernel_efficiency: bool = True) -> float:
+    """Seconds of one block's attention core per token (all heads; the caller divides by
+    tp x cp), forward + backward + a forward recompute when `recompute`.
+
+    core_flops: the causal-halved forward FLOPs per token (flops.attention_core_flops_per_token);
+    bf16_rate: the 16-bit matmul rate (peak x matmul efficiency) the attention runs at;
+    kernel_efficiency=False (a user-set efficiency) keeps that rate for flash kernels too.
+    - flash kernels skip the masked half; their backward recomputes S = QK^T: 5 matmuls against
+      the forward's 2 (flops.FLASH_BACKWARD_FACTOR = 2.5). On Hopper FlashAttention-2 runs at
+      FLASH2_HOPPER_EFFICIENCY of peak (at most the matmul rate).
+    - naive cores compute the whole s x s block and mask it (2 x the halved count) with a
+      backward of 4 matmuls (2 x forward), at the matmul rate, plus NAIVE_SCORE_BYTES per score
+      element (a x s per token) over the memory bandwidth; dropout's share only when the
+      recipe keeps attention dropout (GPT-2-family models under Megatron's defaults).
+    Ignores: kernel launch gaps, the softmax's exp throughput inside flash kernels, GQA's
+    smaller K/V reads, the document masks' skipped blocks."""
+    from .flops import FLASH_BACKWARD_FACTOR
+
+    rc = 1.0 if recompute else 0.0
+    if kernel != "naive":
+        rate = bf16_rate
+        if (kernel_efficiency and kernel == "flash2"
+                and generation_of(hardware) in ("h100", "h200")):
+            rate = min(rate, hardware.flops("bf16") * FLASH2_HOPPER_EFFICIENCY)
+        return core_flops * (1.0 + FLASH_BACKWARD_FACTOR + rc) / rate
+    fwd_b, bwd_b, drop_b = NAIVE_SCORE_BYTES["scaletrain" if recipe == "scaletrain"
+                                             else "megatron"]
+    if not dropout:
+        fwd_b, bwd_b = fwd_b - drop_b, bwd_b - drop_b
+    score_bytes = (fwd_b * (1.0 + rc) + bwd_b) * heads * seq_len
+    matmul = 2.0 * core_flops * (3.0 + rc) / bf16_rate
+    return matmul + score_bytes / hardware.memory_bw
+
+
+COMM_OVERLAP: dict[str, tuple[str, ...]] = {
+    # NeMo's performance configurations (NVIDIA/NeMo-Framework-Launcher
+    # launcher_scripts/conf/training/gpt3/175b_fp8_performance.yaml): ub_tp_comm_overlap: True
+    # (Transformer Engine userbuffers split each TP GEMM and pipeline its all-gather /
+    # reduce-scatter), overlap_p2p_comm: True (interleaved pipeline sends beside compute),
+    # optim.overlap_grad_sync / overlap_param_sync: true ("exposes only one DP communication
+    # chunk", NeMo docs features/optimizations/communication_overlap.rst). The gradient
+    # reduce-scatter's overlap is every recipe's default already (estimate._exposed).
+    "nemo": ("tp", "pp_p2p", "dp_param_gather"),
+}
+"""Communication families a recipe's framework overlaps with compute, by recipe name (a recipe
+of that name picks them up; Megatron-LM's own defaults leave --tp-comm-overlap and
+--overlap-param-gather off, so 'megatron' has none). Ignores: the SM share the overlapped
+kernels take from the GEMMs (a few %)."""

@@ -12,12 +12,19 @@ from scaletrain.config import HardwareSpec, ModelConfig, expert_split, expert_tp
 
 from .comm import allreduce_time, axis_link, comm_terms, gather_time
 from .cost import TrainingCost, napkin_cost, training_cost
-from .efficiency import allreduce_latency, matmul_efficiency
+from .efficiency import (
+    COMM_OVERLAP,
+    allreduce_latency,
+    attention_kernel,
+    attention_seconds_per_token,
+    matmul_efficiency,
+)
 from .flops import (
     attention_core_flops_per_token,
     flops_per_token,
     head_forward_flops_per_token,
     layer_forward_flops_per_token,
+    op_sac_recompute_flops_per_token,
 )
 from .memory import fp8_linear_params, stage_layer_counts
 from .pipeline import bubble_fraction
@@ -162,7 +169,23 @@ def _time(plan: PlanInput, max_params: float, causal: bool, gpus_per_node: int |
     # precision runs all of its matmuls at one rate.
     slow = hw.flops("bf16") * eff16 if plan.precision == "fp8" else rate
     core_hw = core * (4 if plan.ac != "none" else 3)  # selective / full recompute it once
-    layer_s = (layer_hw - core_hw) / rate + core_hw / slow  # seconds per token per block
+    core_recompute = plan.ac != "none"
+    if (recipe is not None and recipe.selective == "torchtitan_op" and plan.ac == "selective"
+            and not model.is_moe):
+        # torchtitan's per-op SAC: every second matmul recomputed, SDPA saved (flops.py)
+        layer_hw = 3 * lf + op_sac_recompute_flops_per_token(model)
+        core_hw, core_recompute = 3 * core, False
+    # the attention core as its kernel runs it (efficiency.attention_seconds_per_token)
+    rname = recipe.name if recipe is not None else DEFAULT_RECIPE
+    kernel = attention_kernel(rname, recipe.attention if recipe is not None else "model",
+                              model.attention)
+    dropout = (recipe is not None and recipe.dropout_masks and model.norm == "layernorm")
+    core_s = attention_seconds_per_token(
+        kernel=kernel, recipe=rname, core_flops=core, heads=model.num_heads,
+        seq_len=plan.seq_len, recompute=core_recompute, dropout=dropout, bf16_rate=slow,
+        hardware=hw, kernel_efficiency=plan.efficiency <= 0) if hw.name != "cpu" \
+        else core_hw / slow
+    layer_s = (layer_hw - core_hw) / rate + core_s  # seconds per token per block
     tok_mb = float(plan.seq_len) * plan.micro_batch  # tokens of one micro-batch (one replica)
     split = L.tp * L.cp
     te = expert_tp(L.tp, L.ep)
@@ -187,9 +210,10 @@ def _time(plan: PlanInput, max_params: float, causal: bool, gpus_per_node: int |
         terms = _recipe_comm(terms, plan, recipe, max_params, gpus_per_node)
         bucket = recipe.bucket_bytes(L.dp)
     t_fwd = t_mb * lf / layer_hw  # forward share of the hardware FLOPs
-    t_core = tok_mb * layers * 3 * core / split / slow * m
+    t_core = tok_mb * layers * core_s / split * m
     exposed = _exposed(terms, L, hw, max_params, m, t_fwd, t_mb - t_fwd, t_core, layers,
-                       gpus_per_node, bucket_bytes=bucket, tree=foreign)
+                       gpus_per_node, bucket_bytes=bucket, tree=foreign,
+                       overlap=COMM_OVERLAP.get(recipe.name, ()) if recipe is not None else ())
     optimizer_s = _optimizer_time(plan, max_params)
     step_s = compute_s + bubble_s + exposed + optimizer_s
     return step_s, compute_s, bubble_s, exposed, optimizer_s, terms, eff
@@ -277,10 +301,13 @@ def _notes(convention: str, eff: float, precision: str, peak: float) -> list[str
 def _exposed(terms: dict[str, tuple[float, float]], L, hw: HardwareSpec, stage_params: float,
              m: int, t_fwd: float, t_bwd: float, t_core: float, layers: int,
              gpus_per_node: int | None, *, bucket_bytes: float = 25 * 2**20,
-             tree: bool = False) -> float:
+             tree: bool = False, overlap: tuple[str, ...] = ()) -> float:
     """Communication seconds left on the critical path after overlap (rules in _NOTES).
     bucket_bytes: the last gradient bucket, reduced after the backward ends (exposed);
-    tree: its latency term is NCCL's tree at scale (efficiency.allreduce_latency)."""
+    tree: its latency term is NCCL's tree at scale (efficiency.allreduce_latency);
+    overlap: families the recipe's framework overlaps (efficiency.COMM_OVERLAP): 'tp' and
+    'pp_p2p' hide behind the step's compute, 'dp_param_gather' (the updated weights'
+    all-gather) behind the next step's forwards except one chunk, like the gradient reduce."""
     out = 0.0
     bucket = 0.0
     if "dp_allreduce" in terms or "zero_reduce_scatter" in terms or "hsdp_allreduce" in terms:
@@ -307,6 +334,10 @@ def _exposed(terms: dict[str, tuple[float, float]], L, hw: HardwareSpec, stage_p
             continue  # charged with the backward all-gather above
         elif name == "cp_ring":
             out += max(0.0, t - t_core)
+        elif name in ("tp", "pp_p2p") and name in overlap:
+            out += max(0.0, t - m * (t_fwd + t_bwd))
+        elif name == "zero_all_gather" and L.zero == 1 and "dp_param_gather" in overlap:
+            out += max(t - m * t_fwd, min(t, bucket))
         else:  # zero_all_gather, tp, pp_p2p, ep_all_to_all: on the critical path
             out += t
     return out

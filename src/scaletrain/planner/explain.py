@@ -136,6 +136,14 @@ def _recipe_time(est: Estimate) -> list[str]:
     bucket = (f"   [{r.name}] last gradient bucket exposed: {r.bucket_bytes(L.dp) / 1e6:.0f} "
               f"MB ({r.sources.get('ddp_bucket', '')}); all-reduce latency: NCCL tree from 16 "
               f"ranks (efficiency.allreduce_latency)")
+    from .efficiency import COMM_OVERLAP, attention_kernel
+
+    kernel = attention_kernel(r.name, r.attention, p.model.attention)
+    why = {"flash2": "35% of bf16 peak on Hopper: FlashAttention-3 paper",
+           "fused": "Transformer Engine, at the matmul rate",
+           "naive": "full s x s + score traffic: efficiency.NAIVE_SCORE_BYTES"}[kernel]
+    bucket += (f"\n   [{r.name}] attention core: {kernel} ({why}); overlapped: "
+               f"{', '.join(COMM_OVERLAP.get(r.name, ())) or 'gradient reduce only'}")
     if r.time_model != "generation" or p.efficiency > 0 or hw.name == "cpu":
         return [f"   [{r.name}] efficiency: estimate.default_efficiency (recipes._TIME_MODEL)",
                 bucket]

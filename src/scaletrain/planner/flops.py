@@ -20,7 +20,7 @@ from scaletrain.config import ModelConfig
 
 __all__ = ["flops_per_token", "forward_flops_per_token", "attention_core_flops_per_token",
            "matmul_params", "layer_forward_flops_per_token", "head_forward_flops_per_token",
-           "FLASH_BACKWARD_FACTOR", "counted_flops_per_token"]
+           "FLASH_BACKWARD_FACTOR", "counted_flops_per_token", "op_sac_recompute_flops_per_token"]
 
 FLASH_BACKWARD_FACTOR = 2.5
 """Attention-core backward / forward FLOPs of a flash-style kernel: the backward does dV = P^T dO,
@@ -132,3 +132,16 @@ def counted_flops_per_token(model: ModelConfig, seq_len: int, *, recompute: str 
     elif recompute != "none":
         raise ValueError(f"recompute={recompute!r}: use 'none', 'selective' or 'full'")
     return total
+
+
+def op_sac_recompute_flops_per_token(model: ModelConfig) -> float:
+    """Forward FLOPs per token that torchtitan's per-op selective AC recomputes in one dense
+    Llama block: its policy saves every compute op's output (mm, SDPA, reduce-scatter) "except
+    every second mm", counted per block in call order (torchtitan
+    models/llama3/infra/parallelize.py `_apply_ac_to_transformer_block`, `_custom_policy`):
+    wq, wk, wv, wo, then w1, w3, w2 -> wk, wo and w3 are recomputed (2 FLOPs per
+    multiply-add); the attention core is saved. Ignores the recomputed RMSNorms (elementwise).
+    MoE blocks are not modelled (their experts run grouped GEMMs the policy does not count)."""
+    h, d, a, g, f = model.dim, model.head_dim, model.num_heads, model.num_kv_heads, model.ffn_dim
+    second_mlp = f * h  # w3 (SwiGLU) or, for a 2-matrix MLP, the down projection
+    return 2.0 * (h * g * d + a * d * h + second_mlp)

@@ -136,10 +136,14 @@ class Recipe:
 _TIME_MODEL = "scaletrain"
 """The foreign recipes' matmul efficiency: the calibrated default. efficiency.py's generation
 constants are published MFUs (Narayanan et al. 2021, the Megatron-LM README, torchtitan), which
-already contain the pipeline bubble and exposed communication that the planner adds again: on
-the 88-run published corpus they gave a step-time median |error| of 29% against 16% for the
-default (benchmarks/recipe_layouts.py, 2026-11-25). They stay selectable as 'generation' until
-they are re-derived as compute-only efficiencies in the planner's FLOP convention."""
+already contain the pipeline bubble and exposed communication that the planner adds again, in
+each paper's own FLOP convention (V100's 30% is Megatron 2019's): on the 88-run published
+corpus they gave a step-time median |error| of 29% against 16% for the default
+(benchmarks/recipe_layouts.py, 2026-11-25), and 24% against 14% once the attention kernels,
+multi-rail rings and per-unit FSDP latency were in (the recipe column of
+benchmarks/planner_vs_published.py, same day). They stay selectable as 'generation' until they
+are re-derived as compute-only efficiencies in the planner's FLOP convention. The attention
+core's kernel terms (efficiency.attention_seconds_per_token) apply under either."""
 
 _PT_ALLOC = ("PyTorch's caching allocator (c10/cuda/CUDACachingAllocator.cpp) is the same "
              "under every framework; 5% is scaletrain's measured reserved/allocated excess "
