@@ -77,7 +77,7 @@ def predict_rank_range(run: PublishedRun, recipe: str) -> tuple[float, float] | 
     source does not say which GPU it read (memory_kind 'unknown') and whose ranks differ
     (pp > 1); None otherwise. Ranks inside a pipeline stage (dp, tp, cp) hold the same."""
     if (recipe == "scaletrain" or run.measured.memory_kind != "unknown"
-            or run.layout.pp == 1):
+            or run.layout.layout.pp == 1):
         return None
     p = plan_input(run, recipe)
     r = recipe_named(recipe)
@@ -105,7 +105,7 @@ def _peer_terms(run: PublishedRun) -> tuple[dict[str, Any] | None, str]:
         )
     except ImportError:
         return None, "llm-analysis not installed (pip install -e .[bench])"
-    L, m = run.layout, run.model
+    R, L, m = run.layout, run.layout.layout, run.model
     if L.cp > 1:
         return None, "no context parallelism"
     if L.pp_virtual > 1:
@@ -128,17 +128,17 @@ def _peer_terms(run: PublishedRun) -> tuple[dict[str, Any] | None, str]:
                     peak_fp16_TFLOPS=bf16, peak_i8_TFLOPS=2 * bf16, peak_i4_TFLOPS=4 * bf16,
                     inter_node_bandwidth_in_GB_per_sec=hw.inter_node_bw / 1e9)
     # same rate assumption as the planner: its default efficiency of the row's precision peak
-    eff = default_efficiency(L.precision, m.dim, hw)
-    achieved = eff * hw.flops(L.precision) / 1e12
+    eff = default_efficiency(R.precision, m.dim, hw)
+    achieved = eff * hw.flops(R.precision) / 1e12
     par = ParallelismConfig(tp_size=L.tp, pp_size=L.pp, dp_size=L.dp,
                             sp_size=L.tp if L.sp else 1)
-    ac = {"none": 0, "selective": 1, "full": 2}[L.ac]
+    ac = {"none": 0, "selective": 1, "full": 2}[R.ac]
     try:
         a = LLMAnalysis(model, gpu, get_dtype_config_by_name("w16a16e16"), par,
                         achieved_tflops=achieved)
-        out = a.training(batch_size_per_gpu=L.micro_batch,
-                         gradient_accumulation_steps=L.global_batch // (L.micro_batch * L.dp),
-                         global_batch_size=L.global_batch, seq_len=run.seq_len,
+        out = a.training(batch_size_per_gpu=R.micro_batch,
+                         gradient_accumulation_steps=R.global_batch // (R.micro_batch * L.dp),
+                         global_batch_size=R.global_batch, seq_len=run.seq_len,
                          activation_recomputation=ActivationRecomputation(ac),
                          ds_zero=DSZeRO(L.zero),
                          mlp_gated_linear_units=m.activation == "swiglu")
@@ -243,7 +243,7 @@ def evaluate(runs: Iterable[PublishedRun], *, peer: bool = True,
         m = run.measured
         row: dict[str, Any] = {
             "name": run.name, "framework": run.framework, "gpu": run.gpu,
-            "num_gpus": run.num_gpus, "layout": run.layout.to_layout().label(),
+            "num_gpus": run.num_gpus, "layout": run.layout.layout.label(),
             "source": run.source,
             "measured": {"memory_gib": m.memory_gib, "memory_kind": m.memory_kind,
                          "step_s": run.measured_step_s(), "oom": m.oom}}

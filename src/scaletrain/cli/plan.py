@@ -9,6 +9,7 @@ from typing import Any
 from scaletrain.cli._job import ResolvedJob, add_job_flags, flag_overrides, resolve_job
 from scaletrain.cli._verdict import verdict_line
 from scaletrain.config import ConfigError, Layout, check_layout
+from scaletrain.config.choices import PPSchedule
 
 __all__ = ["add_arguments", "run", "DEGREE_FLAGS"]
 
@@ -148,7 +149,7 @@ def _exact_layout(inp: dict[str, Any]) -> Layout:
         if n % (tp * pp * cp):
             raise ConfigError("--gpus", n, f"must be a multiple of tp*pp*cp = {tp * pp * cp}")
         dp = n // (tp * pp * cp)
-    sched = p.get("pp_schedule") or "1f1b"
+    sched: PPSchedule = p.get("pp_schedule") or "1f1b"
     virtual = p.get("pp_virtual") or (2 if sched == "interleaved" and pp > 1 else 1)
     return Layout(dp=dp, zero=p.get("zero") or 0, tp=tp, sp=bool(p.get("sp")), pp=pp,
                   pp_schedule=sched, pp_virtual=virtual, cp=cp, ep=p.get("ep") or 1)

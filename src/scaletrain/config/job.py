@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from ._errors import require
 from .choices import (
@@ -83,10 +83,8 @@ class ParallelConfig:
     @classmethod
     def from_layout(cls, layout: Layout) -> ParallelConfig:
         """The config that runs exactly `layout` (layout='manual')."""
-        # (Layout's fields are plain int/str; __post_init__ checks them against the aliases)
-        return cls(dp=layout.dp, zero=cast(ZeroStage, layout.zero),
-                   dp_replicate=layout.dp_replicate, tp=layout.tp, sp=layout.sp, pp=layout.pp,
-                   pp_schedule=cast(PPSchedule, layout.pp_schedule),
+        return cls(dp=layout.dp, zero=layout.zero, dp_replicate=layout.dp_replicate,
+                   tp=layout.tp, sp=layout.sp, pp=layout.pp, pp_schedule=layout.pp_schedule,
                    pp_virtual=layout.pp_virtual, cp=layout.cp, ep=layout.ep, layout="manual")
 
     def resolve(self, world_size: int) -> Layout:

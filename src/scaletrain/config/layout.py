@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ._errors import ConfigError
-from .choices import PPSchedule, names
+from .choices import PPSchedule, ZeroStage, names
 from .model import ModelConfig
 
 __all__ = ["Layout", "PP_SCHEDULES", "batch_problems", "composition_problems", "ddp_reducer",
@@ -27,7 +27,7 @@ class Layout:
 
     dp: int = 1
     """Data-parallel degree (replicas x shards): the batch is split dp ways."""
-    zero: int = 0
+    zero: ZeroStage = 0
     """ZeRO stage over the dp ranks: 0 = DDP, 1 = optimizer states, 2 = + gradients,
     3 = + parameters (FSDP2 fully_shard)."""
     dp_replicate: int = 1
@@ -38,8 +38,8 @@ class Layout:
     """Sequence parallel: norms/dropout/residual activations split over the tp ranks."""
     pp: int = 1
     """Pipeline-parallel degree (layers split into pp stages)."""
-    pp_schedule: str = "1f1b"
-    """'gpipe', '1f1b', 'interleaved' or 'zero-bubble'."""
+    pp_schedule: PPSchedule = "1f1b"
+    """The pipeline schedule (`config.choices.PPSchedule`)."""
     pp_virtual: int = 1
     """Model chunks (virtual stages) per pipeline rank; > 1 for 'interleaved'."""
     cp: int = 1
@@ -188,7 +188,7 @@ def layout_problems(layout: Layout, model: ModelConfig, *, world_size: int | Non
         need(isinstance(v, int) and v >= 1, f"parallel.{f}", v, "use a positive integer")
     if out:
         return out
-    need(L.zero in (0, 1, 2, 3), "parallel.zero", L.zero, "choose 0, 1, 2 or 3")
+    need(L.zero in names(ZeroStage), "parallel.zero", L.zero, "choose 0, 1, 2 or 3")
     need(L.pp_schedule in PP_SCHEDULES, "parallel.pp_schedule", L.pp_schedule,
          f"choose one of {', '.join(PP_SCHEDULES)}")
     if world_size is not None:

@@ -13,17 +13,15 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
+import typing
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from scaletrain.config import (
-    AC_MODES,
     GB,
     HARDWARE_PRESETS,
-    PP_SCHEDULES,
-    PRECISIONS,
     ConfigError,
     HardwareSpec,
     Layout,
@@ -33,6 +31,8 @@ from scaletrain.config import (
     model_preset,
     option_problems,
 )
+from scaletrain.config.choices import ACMode, Precision, literal_names
+from scaletrain.config.strict import coerce, scalar_type
 
 from .types import PlanInput
 
@@ -57,32 +57,21 @@ _RUN_KEYS = {"name", "framework", "source", "gpu", "gpu_memory_gb", "cuda_contex
 
 @dataclass(frozen=True)
 class RunLayout:
-    """The parallel layout and batch of one run, as the source states it."""
+    """The parallel layout and batch of one run, as the source states it. The row's `layout`
+    table is flat: `Layout`'s fields (zero 1 = Megatron's distributed optimizer or DeepSpeed
+    ZeRO-1, 3 = FSDP FULL_SHARD / ZeRO-3) next to the ones below."""
 
-    dp: int = 1
-    zero: int = 0
-    """0 = DDP, 1 = sharded optimizer (Megatron's distributed optimizer, DeepSpeed ZeRO-1),
-    2, 3 = FSDP / ZeRO-3 (FULL_SHARD)."""
-    tp: int = 1
-    sp: bool = False
-    pp: int = 1
-    pp_schedule: str = "1f1b"
-    pp_virtual: int = 1
-    cp: int = 1
-    micro_batch: int = 1
-    global_batch: int = 1
-    ac: str = "none"
-    precision: str = "bf16"
+    layout: Layout
+    micro_batch: int
+    global_batch: int
+    ac: ACMode = "none"
+    precision: Precision = "bf16"
     compile: bool = False
     compile_loss: bool | None = None
     """The framework compiled its loss with the model (None: the recipe's rule)."""
     fused_norm: bool = False
     """The run's RMSNorm was a fused kernel saving its 16-bit input and rstd (torchtitan's
     norm_type 'fused_rmsnorm')."""
-
-    def to_layout(self) -> Layout:
-        return Layout(dp=self.dp, zero=self.zero, tp=self.tp, sp=self.sp, pp=self.pp,
-                      pp_schedule=self.pp_schedule, pp_virtual=self.pp_virtual, cp=self.cp)
 
 
 @dataclass(frozen=True)
@@ -147,9 +136,9 @@ def _table(where: str, raw: dict[str, Any], key: str) -> dict[str, Any]:
     return v
 
 
-def _int(where: str, field: str, v: Any, lo: int = 1) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-        raise _fail(where, field, v, f"use an integer >= {lo}")
+def _int(where: str, field: str, v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise _fail(where, field, v, "use an integer >= 1")
     return v
 
 
@@ -200,30 +189,28 @@ def _model(where: str, raw: dict[str, Any], seq_len: int, name: str) -> ModelCon
         raise _fail(w, e.field.removeprefix("model."), e.value, e.fix) from None
 
 
+_LAYOUT_FIELDS = tuple(f.name for f in dataclasses.fields(Layout))
+_BATCH_FIELDS = tuple(f.name for f in dataclasses.fields(RunLayout) if f.name != "layout")
+_HINTS = {**typing.get_type_hints(Layout), **typing.get_type_hints(RunLayout)}
+"""The declared type of each key of a row's flat `layout` table."""
+
+
 def _layout(where: str, raw: dict[str, Any]) -> RunLayout:
+    """The flat `layout` table: Layout's fields and RunLayout's others, each value parsed as
+    its declared type (`strict.coerce`: a Literal field only takes its alias's names); every
+    count (degree, batch) is >= 1."""
     w = where + ".layout"
-    fields = {f.name: f for f in dataclasses.fields(RunLayout)}
-    _unknown(w, raw, tuple(fields))
+    _unknown(w, raw, (*_LAYOUT_FIELDS, *_BATCH_FIELDS))
     kw: dict[str, Any] = {}
     for k, v in raw.items():
-        if k in ("sp", "compile", "compile_loss", "fused_norm"):
-            kw[k] = _bool(w, k, v)
-        elif k == "zero":
-            kw[k] = _int(w, k, v, lo=0)
-            if kw[k] > 3:
-                raise _fail(w, k, v, "choose 0, 1, 2 or 3")
-        elif k == "pp_schedule":
-            kw[k] = _choice(w, k, v, PP_SCHEDULES)
-        elif k == "ac":
-            kw[k] = _choice(w, k, v, AC_MODES)
-        elif k == "precision":
-            kw[k] = _choice(w, k, v, PRECISIONS)
-        else:
-            kw[k] = _int(w, k, v)
+        kw[k] = coerce(f"{w}.{k}", v, _HINTS[k])
+        if scalar_type(_HINTS[k]) is int and literal_names(_HINTS[k]) is None and kw[k] < 1:
+            raise _fail(w, k, v, "use an integer >= 1")
     for k in ("micro_batch", "global_batch"):
         if k not in raw:
             raise _fail(w, k, None, "state the batch (sequences per micro-batch / per step)")
-    return RunLayout(**kw)
+    layout = Layout(**{k: kw.pop(k) for k in _LAYOUT_FIELDS if k in kw})
+    return RunLayout(layout=layout, **kw)
 
 
 def _measured(where: str, raw: dict[str, Any]) -> Measured:
@@ -279,7 +266,7 @@ def _run(i: int, raw: Any, origin: str, seen: set[str]) -> PublishedRun:
         ctx_mib = _num(where, "cuda_context_mib", ctx_mib)
     model = _model(where, _table(where, raw, "model"), seq_len, raw["name"])
     layout = _layout(where, _table(where, raw, "layout"))
-    world = layout.dp * layout.tp * layout.pp * layout.cp
+    world = layout.layout.world_size
     if world != num_gpus:
         raise _fail(where, "layout", f"dp*tp*pp*cp={world}",
                     f"the degrees must multiply to num_gpus={num_gpus}")
@@ -336,7 +323,7 @@ def plan_input(run: PublishedRun, recipe: str = "scaletrain") -> PlanInput:
     L = run.layout
     ctx = None if run.cuda_context_mib is None else run.cuda_context_mib * 2**20
     return PlanInput(model=run.model, hardware=run.hardware(), num_gpus=run.num_gpus,
-                     layout=L.to_layout(), seq_len=run.seq_len, global_batch=L.global_batch,
+                     layout=L.layout, seq_len=run.seq_len, global_batch=L.global_batch,
                      micro_batch=L.micro_batch, precision=L.precision, ac=L.ac,
                      compile=L.compile, compile_loss=L.compile_loss,
                      fused_norm=L.fused_norm, recipe=recipe, runtime_context_bytes=ctx)
@@ -349,10 +336,10 @@ def refusals(run: PublishedRun, recipe: str = "scaletrain") -> list[str]:
 
     L = run.layout
     own = recipe == "scaletrain"
-    problems = layout_problems(L.to_layout(), run.model, world_size=run.num_gpus,
+    problems = layout_problems(L.layout, run.model, world_size=run.num_gpus,
                                global_batch=L.global_batch, micro_batch=L.micro_batch,
                                seq_len=run.seq_len, trainer_rules=own)
     if own:
-        problems += option_problems(L.to_layout(), offload="none", precision=L.precision)
-    problems += recipe_problems(recipe, L.to_layout(), ac=L.ac)
+        problems += option_problems(L.layout, offload="none", precision=L.precision)
+    problems += recipe_problems(recipe, L.layout, ac=L.ac)
     return [str(p) for p in problems]

@@ -29,6 +29,7 @@ from scaletrain.config import (
     layout_problems,
     option_problems,
 )
+from scaletrain.config.choices import PPSchedule
 
 from .estimate import reserved_and_step
 from .rank_memory import ModelTerms
@@ -141,7 +142,8 @@ def _degrees(model: ModelConfig, n: int, seq_len: int, pins: dict[str, Any]
                 yield tp, pp, cp, dp
 
 
-def _schedules(pp: int, num_layers: int, pins: dict[str, Any]) -> list[tuple[str, int]]:
+def _schedules(pp: int, num_layers: int, pins: dict[str, Any]) -> list[tuple[PPSchedule, int]]:
+    out: list[tuple[PPSchedule, int]]
     if pp == 1:
         out = [("1f1b", 1)]
     else:
