@@ -24,6 +24,7 @@ from scaletrain.planner.memory import (
     held_logits_bytes,
     layer_activation_bytes,
     rope_table_bytes,
+    selective_recompute_bytes,
 )
 
 GPT2 = resolve_model("gpt2-124m")
@@ -67,6 +68,27 @@ def test_gqa_saves_kv_heads_and_autocast_saves_casts():
     # a fp32 residual adds 2 bytes per element to each RMSNorm's saved cast-back output
     norms = 2 * 2 * 1024 * gqa.dim
     assert cast - plain == pytest.approx(norms + 3 * 2 * 1024 * gqa.dim)
+
+
+def test_selective_recompute_recreates_the_no_ac_set_less_what_was_kept():
+    """Under selective AC a block's backward re-creates its no-AC set except the tensors the
+    policy kept; the kept wo/w2 outputs (and their TP reductions) are not in that set."""
+    m = resolve_model("tiny-llama")
+    tok, h, e = 2 * 128, m.dim, 2
+    kw = dict(seq_len=128, micro_batch=2, precision="bf16")
+    for tp, sp in ((1, False), (2, False), (2, True)):
+        full = layer_activation_bytes(m, **kw, tp=tp, sp=sp, ac="none")
+        kept = layer_activation_bytes(m, **kw, tp=tp, sp=sp, ac="selective")
+        reduced = 0 if tp == 1 else e * tok * h / (tp if sp else 1)
+        got = selective_recompute_bytes(m, full=full, stored=kept, tokens=tok, tp=tp, sp=sp, e=e)
+        assert got == pytest.approx(full - kept + 2 * (e * tok * h + reduced))
+    # tiny-llama, tp 1, by hand: no-AC set 727,040 B, kept 380,928 B, outputs 2 x 32,768 B
+    # (the rise the dry-run measures inside the last block's backward, less ac=none's)
+    full = layer_activation_bytes(m, **kw, ac="none")
+    kept = layer_activation_bytes(m, **kw, ac="selective")
+    assert (full, kept) == (727040, 380928)
+    assert selective_recompute_bytes(m, full=full, stored=kept, tokens=tok, tp=1, sp=False,
+                                     e=e) == 411648
 
 
 def test_counted_flops_match_flop_counter_semantics():

@@ -38,6 +38,7 @@ from .memory import (
     model_state_bytes,
     pp_recv_buffer_bytes,
     rope_table_bytes,
+    selective_recompute_bytes,
     stage_layer_counts,
 )
 from .moments import (
@@ -212,8 +213,9 @@ def _rank_states(plan: PlanInput, terms: ModelTerms, zs: int, first: bool, last:
 
 def _activation_terms(plan: PlanInput, terms: ModelTerms, modern: bool
                       ) -> tuple[float, float, float, float]:
-    """(stored bytes per block, a block's full no-AC set, head bytes, logits the loop holds)
-    per micro-batch, cached."""
+    """(stored bytes per block, what one block re-creates while it is recomputed in backward
+    (full: its whole no-AC set; selective: `memory.selective_recompute_bytes`; none: 0), head
+    bytes, logits the loop holds) per micro-batch, cached."""
     L, model = plan.layout, plan.model
     # autocast on fp32 params: DDP and ZeRO-1; ZeRO-2/3 are FSDP2 with 16-bit parameters
     residual_fp32 = plan.precision != "fp32" and L.zero < 2
@@ -248,7 +250,14 @@ def _activation_terms(plan: PlanInput, terms: ModelTerms, modern: bool
         if plan.ac != "full":  # under full recompute only the block being recomputed has them
             per_layer += casts
         full += casts
-    out = (per_layer, full, head, held)
+    recompute = 0.0
+    if plan.ac == "full":
+        recompute = full
+    elif plan.ac == "selective":
+        recompute = selective_recompute_bytes(
+            model, full=full, stored=per_layer, tokens=s / L.cp * b, tp=L.tp, sp=L.sp,
+            e=4 if p == "fp32" else 2)
+    out = (per_layer, recompute, head, held)
     terms.acts[key] = out
     return out
 
@@ -370,12 +379,14 @@ def _stored_activations(plan: PlanInput, moments: tuple, st: dict, layers: int,
     """(largest stored activations, the blocks' part of them, activations + the gradients that
     exist by then) of a rank; pipelines walk the schedule's own moments (`schedule_moments`:
     stored activations per chunk, whether the gradients exist yet)."""
-    per_layer, full_layer, head_acts, _ = acts_terms
+    per_layer, recompute, head_acts, _ = acts_terms
     one_layer = per_layer
     extra = 0.0
-    if plan.ac == "full" and layers:
-        one_layer = full_layer  # one block's full set while it is recomputed in backward
-        extra = one_layer
+    if recompute and layers:
+        # the block being recomputed in backward: full's block input is part of its set,
+        # selective keeps its stored tensors next to what the recompute re-creates
+        one_layer = recompute if plan.ac == "full" else per_layer + recompute
+        extra = recompute
     grads = st["grads"]
     if plan.layout.pp > 1:
         acts = fwdbwd = -1.0
@@ -429,7 +440,7 @@ def _zero_moments(plan: PlanInput, pc: ParamCounts, st: dict, fixed: float, buff
       its shard counted twice). The embedding's gradient is `_embedding_moment`.
     """
     L = plan.layout
-    per_layer, full_layer, _, held_logits = acts_terms
+    per_layer, recompute, _, held_logits = acts_terms
     root_live, head_held, blk, _ = bwd_terms
     wc = 4 if plan.precision == "fp32" else 2
     rest = fixed - (st["params.in_flight"] if L.zero >= 3 else 0.0)
@@ -446,8 +457,9 @@ def _zero_moments(plan: PlanInput, pc: ParamCounts, st: dict, fixed: float, buff
         bwd = block_stored + grads_rest
     else:  # the last block to finish has every other block's grads and no activations
         bwd = max(block_stored - per_layer, grads_rest * (layers - 1) / layers)
-    if plan.ac == "full":
-        bwd += full_layer  # the block being recomputed
+        if plan.ac == "selective":
+            bwd += per_layer  # the block being recomputed still holds what it kept
+    bwd += recompute  # what the block being recomputed re-creates (full / selective)
     out: list[Moment] = [ZeroBlockBackward(rest, buffers, fsdp, root_live, head_held,
                                            max(compute, reduce), bwd, held)]
     if L.pp > 1:
@@ -465,13 +477,14 @@ def _zero_moments(plan: PlanInput, pc: ParamCounts, st: dict, fixed: float, buff
 
 def _loss_moment(plan: PlanInput, st: dict, fixed: float, buffers: float, fsdp: float,
                  quant: float, count: float, m: int, stored: float, moments: tuple,
-                 acts_terms: tuple[float, float, float, float], root_live: float
-                 ) -> LossBackward:
+                 acts_terms: tuple[float, float, float, float], root_live: float,
+                 layers: int, block: float) -> LossBackward:
     """The last stage's loss backward: every activation still stored plus the cross-entropy
-    backward temporaries (`loss_backward_bytes`). FSDP2 has resharded every unit (ZeRO-3) and
-    no collective is in flight, so in-flight ZeRO-3 copies and FSDP buffers are left out;
-    accumulated grads (m > 1) are held. Pipelines: each loss backward of the schedule, with
-    what is stored then and the gradients if they exist.
+    backward temporaries (`loss_backward_bytes`). FSDP2 has resharded every block (ZeRO-3),
+    so in-flight ZeRO-3 copies and FSDP buffers are left out, except the last block's
+    all-gather that the root's pre-backward prefetches (ZeRO-3, pp = 1; `block` = one
+    block's parameters); accumulated grads (m > 1) are held. Pipelines: each loss backward
+    of the schedule, with what is stored then and the gradients if they exist.
 
     Not counted, because not held: the logits of earlier micro-batches (the trainer runs the
     schedule with return_outputs=False; torch's default would keep all m of them on the last
@@ -488,9 +501,9 @@ def _loss_moment(plan: PlanInput, st: dict, fixed: float, buffers: float, fsdp: 
                                    chunk_tokens=plan.loss_chunk_tokens)
     resting = fixed - (st["params.in_flight"] if L.zero >= 3 else 0.0)
     held = st["grads"] - st["grads.in_flight"] if (m > 1 or L.pp > 1) else 0.0
+    wc = 4 if plan.precision == "fp32" else 2
     if L.pp > 1 and L.zero >= 2:
         # the stage's units gathered and grads unsharded (see `_zero_moments`)
-        wc = 4 if plan.precision == "fp32" else 2
         resting = fixed - st["params.in_flight"] + wc * count
         held = wc * count
     if L.zero >= 3 and L.pp == 1:
@@ -498,6 +511,13 @@ def _loss_moment(plan: PlanInput, st: dict, fixed: float, buffers: float, fsdp: 
         # reshard the root after forward, so its unsharded copy is alive (dry-run,
         # gpt2-124m-L2 dp8 z3: -15% without it)
         resting += root_live
+        if layers:
+            # the root's pre-backward hook (on the loss) prefetches the last block before
+            # the loss backward runs (FSDP2's default backward prefetch, the reverse
+            # post-forward order): its all-gather output, one block in the compute dtype,
+            # is alive until that block's backward copies it out (dry-run, tiny dp2 z3:
+            # 99,968 B = 2 x 49,984 block parameters, -4.2% total without it)
+            resting += wc * block
     if L.pp == 1:
         return LossBackward(resting, buffers, fsdp, quant, stored, 0.0, held, loss_tmp)
     return max((LossBackward(resting, buffers, fsdp, quant, lay * per_layer, hd * head_acts,
@@ -543,9 +563,9 @@ def _rank_memory(plan: PlanInput, terms: ModelTerms,
         cands = [ForwardBackward(fixed, buffers, fwdbwd), step]
     loss_tmp = emb_tmp = 0.0
     if last:
-        extra = acts_terms[1] if plan.ac == "full" and layers else 0.0
+        extra = acts_terms[1] if layers else 0.0
         loss = _loss_moment(plan, st, fixed, buffers, fsdp, quant, count, m, acts - extra,
-                            moments, acts_terms, bwd_terms[0])
+                            moments, acts_terms, bwd_terms[0], layers, bwd_terms[2])
         loss_tmp = loss.loss_temp
         bufs = dict(bufs, loss_backward_temp=loss_tmp)
         cands.append(loss)
