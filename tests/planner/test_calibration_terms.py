@@ -23,6 +23,7 @@ from scaletrain.planner.memory import (
     embedding_backward_bytes,
     held_logits_bytes,
     layer_activation_bytes,
+    mlp_backward_work_bytes,
     rope_table_bytes,
     selective_recompute_bytes,
 )
@@ -89,6 +90,12 @@ def test_selective_recompute_recreates_the_no_ac_set_less_what_was_kept():
     assert (full, kept) == (727040, 380928)
     assert selective_recompute_bytes(m, full=full, stored=kept, tokens=tok, tp=1, sp=False,
                                      e=e) == 411648
+    # what a block's backward holds first: the output's gradient (2 x 256 x 64), the MLP's
+    # two (tokens x f) gradients (2 x 2 x 256 x 176) and w2's unsharded gradient (2 x 64 x 176)
+    assert mlp_backward_work_bytes(m, tokens=tok, tp=1, sp=False, e=e, weight_bytes=2) == \
+        32768 + 180224 + 22528
+    assert mlp_backward_work_bytes(m, tokens=tok, tp=2, sp=True, e=e, weight_bytes=2) == \
+        (32768 + 180224 + 22528) / 2
 
 
 def test_counted_flops_match_flop_counter_semantics():

@@ -12,7 +12,8 @@ from scaletrain.config import PRECISION_TABLE, ModelConfig, expert_tp, stage_lay
 __all__ = ["OPTIMIZER_BYTES", "CONVENTIONS", "state_bytes_per_param", "model_state_bytes",
            "stage_layer_counts", "korthikanti_layer_bytes", "layer_activation_bytes",
            "activation_bytes", "head_activation_bytes", "fp8_linear_params", "loss_backward_bytes",
-           "selective_layer_bytes", "selective_recompute_bytes", "fused_loss_chunk",
+           "selective_layer_bytes", "selective_recompute_bytes", "mlp_backward_work_bytes",
+           "fused_loss_chunk",
            "embedding_backward_bytes", "held_logits_bytes", "rope_table_bytes", "buffer_terms",
            "pp_recv_buffer_bytes",
            "RUNTIME_CONTEXT_BYTES", "FRAGMENTATION"]
@@ -345,6 +346,22 @@ def selective_recompute_bytes(model: ModelConfig, *, full: float, stored: float,
     h = model.dim
     reduced = 0.0 if tp == 1 else (e * tokens * h / tp if sp else e * tokens * h)
     return max(0.0, full - (stored - 2 * (e * tokens * h + reduced)))
+
+
+def mlp_backward_work_bytes(model: ModelConfig, *, tokens: float, tp: int, sp: bool, e: int,
+                            weight_bytes: int) -> float:
+    """What a block's backward holds first, on top of what is stored: the gradient of the
+    block's output, e*s_l*b*h (/t with SP), the MLP's first two (tokens x f) activation
+    gradients, 2 x e*s_l*b*f/t (the gradient of w2's input and of the activation's input),
+    and its first weight gradient, weight_bytes*h*f/t (unsharded).
+    Source: dry-run of tiny-llama dp4 z2 b2 s128, ac=none: the largest rise inside the last
+    block's backward is 202,752 B = 2 x 2 x 256 x 176 + 2 x 64 x 176, over a start that holds
+    the block output's gradient (2 x 256 x 64). Ignores: MoE experts' (N*k, f) gradients (the
+    dense f is used), norms' fp32 gradient temporaries (transient).
+    """
+    f, h = model.ffn_dim, model.dim
+    return (e * tokens * h / (tp if sp else 1) + 2.0 * e * tokens * f / tp
+            + weight_bytes * h * f / tp)
 
 
 def head_activation_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int, tp: int = 1,
