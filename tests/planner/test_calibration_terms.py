@@ -36,13 +36,13 @@ def test_embedding_backward_temporaries():
     V, h = GPT2.vocab_size, GPT2.dim
     # tied, no TP: embedding grad + head contribution + their sum, fp32
     assert embedding_backward_bytes(GPT2, grad_bytes=4) == 3 * V * h * 4
-    # tied, tp 4: the full-vocabulary grad, this rank's copy of it, head part, sum
+    # tied, tp 4 (vocabulary-parallel embedding): this rank's rows of the grad, head part, sum
     assert embedding_backward_bytes(GPT2, tp=4, grad_bytes=4) == pytest.approx(
-        V * h * 4 + 3 * V * h * 4 / 4)
-    # untied llama, bf16 FSDP units: the grad alone; under tp 2 plus the kept shard
+        3 * V * h * 4 / 4)
+    # untied llama, bf16 FSDP units: the grad alone, V/tp rows of it under tp
     V, h = LLAMA.vocab_size, LLAMA.dim
     assert embedding_backward_bytes(LLAMA, grad_bytes=2) == V * h * 2
-    assert embedding_backward_bytes(LLAMA, tp=2, grad_bytes=2) == V * h * 2 + V * h * 2 / 2
+    assert embedding_backward_bytes(LLAMA, tp=2, grad_bytes=2) == V * h * 2 / 2
 
 
 def test_held_logits_and_rope_tables():

@@ -437,22 +437,23 @@ def embedding_backward_bytes(model: ModelConfig, *, tp: int = 1, grad_bytes: int
                              tied: bool | None = None) -> float:
     """Temporaries of the token embedding's gradient at the very end of backward (first stage).
 
-    Counts: the embedding backward's output, the full V x h gradient in `grad_bytes` (the
-    dtype the weight is used in: fp32 without FSDP mixed precision, also under autocast, which
-    does not cast embeddings; the compute dtype of FSDP2's unsharded weight otherwise). Under
-    tp > 1 it is still the FULL vocabulary: DTensor's embedding backward runs replicated on the
-    vocabulary-parallel table and only then keeps this rank's V/tp rows (a second, V/tp x h
-    copy). Tied embeddings (GPT-2) add the head's contribution, held by autograd until the
-    embedding's arrives (V/tp x h; fp32 after autocast's cast backward), and their sum
-    (V/tp x h): all alive at once, after every other gradient is complete.
+    Counts: the embedding backward's output, this rank's V/tp x h rows of the gradient in
+    `grad_bytes` (the dtype the weight is used in: fp32 without FSDP mixed precision, also
+    under autocast, which does not cast embeddings; the compute dtype of FSDP2's unsharded
+    weight otherwise). Under tp > 1 the token embedding is vocabulary-parallel
+    (`parallel.tensor_parallel.VocabParallelEmbedding`): its lookup and backward run on the
+    local rows only, so nothing of size V x h exists on a tp rank. Tied embeddings (GPT-2)
+    add the head's contribution, held by autograd until the embedding's arrives (V/tp x h;
+    fp32 after autocast's cast backward), and their sum (V/tp x h): all alive at once, after
+    every other gradient is complete.
     Source: measured with the dry-run, gpt2-124m-L2 dp2 z0 fp32 (temp at the peak = 3 x V x h
-    x 4 B exactly) and gpt2-350m-L2 dp4 z3 tp4 fp32 (V x h x 4 + 3 x V/4 x h x 4).
+    x 4 B exactly); under tp the embedding backward's output has V/tp rows
+    (tests/distributed/test_vocab_parallel_embedding.py).
     Ignores: the position embedding's gradient (already accumulated by then).
     """
     tied = model.tie_embeddings if tied is None else tied
     table = float(model.vocab_size) * model.dim * grad_bytes
-    shards = (1 if tp > 1 else 0) + (2 if tied else 0)
-    return table + shards * table / tp
+    return (3 if tied else 1) * table / tp
 
 
 def held_logits_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int, tp: int = 1,
