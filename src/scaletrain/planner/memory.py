@@ -370,9 +370,9 @@ def head_activation_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int,
     """Last stage's extra activations per micro-batch: final-norm input r*s_l*b*h (/t with SP)
     and the head input e*s_l*b*h (the 16-bit cast the head reads; full tokens under SP, whose
     norm output is all-gathered for the vocabulary-parallel head), plus:
-    - fused (the trainer's `model(x, targets=y)`, models/loss.py): the per-token fp32
-      log-sum-exp 4*s_l*b; no logits are kept.
-    - not fused (the pipeline's last stage, which returns logits to the schedule's loss):
+    - fused (the trainer's `model(x, targets=y)`, models/loss.py; a pipeline's last stage
+      too): the per-token fp32 log-sum-exp 4*s_l*b; no logits are kept.
+    - not fused (a logits path: `model(x)` then cross-entropy; no training step uses it):
       the logits path s_l*b*V/t*(2 + 4) in 16-bit (bf16 logits and the fp32 log-softmax
       output; the fp32 upcast is consumed by log-softmax and freed: the dry-run measures 6 B,
       not the 10 B of DESIGN.md §5) or (4 + 4) in fp32.
@@ -411,9 +411,10 @@ def loss_backward_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int, t
     the full vocabulary exists on a tp rank. Measured with MemTracker under fake tensors
     (1024 tokens, GPT-2's vocabulary): bf16 weight 387.6 MB (these terms to 0.1 MB); fp32
     weight under autocast 541.9 MB, these terms plus the weight's own 16-bit cast (see below).
-    not fused (the pipeline's logits path): the fp32 gradient of the log-softmax output and
-    of the logits, 2 x 4*s_l*b*V, NOT divided by tp (the dry-run measures the full vocabulary
-    under loss_parallel: the stored logits are sharded, the backward's temporaries are not).
+    not fused (a logits path, as `head_activation_bytes`): the fp32 gradient of the
+    log-softmax output and of the logits, 2 x 4*s_l*b*V, NOT divided by tp (the dry-run
+    measures the full vocabulary under loss_parallel: the stored logits are sharded, the
+    backward's temporaries are not).
     Source: the dry-run's 'temp' at the loss-backward moment (planner_accuracy.md).
     """
     tok = float(seq_len) / cp * micro_batch
@@ -459,10 +460,11 @@ def embedding_backward_bytes(model: ModelConfig, *, tp: int = 1, grad_bytes: int
 def held_logits_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int, tp: int = 1,
                       cp: int = 1, precision: str = "bf16", fused: bool = True) -> float:
     """Logits still referenced after the loss backward. fused (the trainer's fused loss): none,
-    0. Not fused (the pipeline's last stage): the logits (B, T/cp, V/tp) of the stage output,
-    e*s_l*b*V/tp, e = 4 in fp32 else 2 (the model's output dtype; the loss's fp32 upcast is
-    freed with the loss graph). Source: measured with the dry-run, gpt2-124m-L2 dp2 z0 fp32:
-    'activations' at the end-of-backward peak were exactly 4*s*b*V before the fused loss."""
+    0. Not fused (a logits path, as `head_activation_bytes`): the logits (B, T/cp, V/tp) of
+    the output, e*s_l*b*V/tp, e = 4 in fp32 else 2 (the model's output dtype; the loss's fp32
+    upcast is freed with the loss graph). Source: measured with the dry-run, gpt2-124m-L2 dp2
+    z0 fp32: 'activations' at the end-of-backward peak were exactly 4*s*b*V before the fused
+    loss."""
     if fused:
         return 0.0
     e = 4 if precision == "fp32" else 2

@@ -23,6 +23,7 @@ from scaletrain.config import (
     ddp_reducer,
     expert_split,
     expert_zero_shards,
+    fused_head_loss,
     stage_layer_ranges,
 )
 
@@ -233,9 +234,9 @@ def _activation_terms(plan: PlanInput, terms: ModelTerms, modern: bool
     full = layer_activation_bytes(model, seq_len=s, micro_batch=b, tp=L.tp, sp=L.sp, cp=L.cp,
                                   ac="none", precision=p, modern=modern, compile=plan.compile,
                                   residual_fp32=residual_fp32, ep=L.ep)
-    # the fused head + loss (models/loss.py) runs unpipelined; a pipeline's last stage
-    # returns logits to the schedule's loss function
-    fused = L.pp == 1
+    # the fused head + loss (models/loss.py) runs on the last stage, pipelined or not (a
+    # pipeline's last stage is given the targets: parallel/pipeline.py), but zero-bubble
+    fused = fused_head_loss(L)
     head = head_activation_bytes(model, seq_len=s, micro_batch=b, tp=L.tp, sp=L.sp, cp=L.cp,
                                  precision=p, residual_fp32=residual_fp32, fused=fused)
     held = held_logits_bytes(model, seq_len=s, micro_batch=b, tp=L.tp, cp=L.cp, precision=p,
@@ -503,9 +504,9 @@ def _loss_moment(plan: PlanInput, st: dict, fixed: float, buffers: float, fsdp: 
     block's parameters); accumulated grads (m > 1) are held. Pipelines: each loss backward
     of the schedule, with what is stored then and the gradients if they exist.
 
-    Not counted, because not held: the logits of earlier micro-batches (the trainer runs the
-    schedule with return_outputs=False; torch's default would keep all m of them on the last
-    stage until the step ends, measured 33 MB per micro-batch on llama-1024-L4)."""
+    Not counted, because not held: logits (the last stage runs the fused loss, pipelined or
+    not, `config.fused_head_loss`; zero-bubble's logits of earlier micro-batches are not kept
+    either: the trainer runs the schedule with return_outputs=False)."""
     L = plan.layout
     per_layer, _, head_acts, _ = acts_terms
     # the head weight the fused loss reads: FSDP2's 16-bit unsharded copy under ZeRO-2/3
@@ -513,7 +514,7 @@ def _loss_moment(plan: PlanInput, st: dict, fixed: float, buffers: float, fsdp: 
     weight_bytes = 2 if (L.zero >= 2 and plan.precision != "fp32") else 4
     loss_tmp = loss_backward_bytes(plan.model, seq_len=plan.seq_len,
                                    micro_batch=plan.micro_batch, tp=L.tp, cp=L.cp,
-                                   fused=L.pp == 1, precision=plan.precision,
+                                   fused=fused_head_loss(L), precision=plan.precision,
                                    weight_bytes=weight_bytes,
                                    chunk_tokens=plan.loss_chunk_tokens)
     resting = fixed - (st["params.in_flight"] if L.zero >= 3 else 0.0)
@@ -522,7 +523,11 @@ def _loss_moment(plan: PlanInput, st: dict, fixed: float, buffers: float, fsdp: 
     if L.pp > 1 and L.zero >= 2:
         # the stage's units gathered and grads unsharded (see `_zero_moments`)
         resting = fixed - st["params.in_flight"] + wc * count
-        held = wc * count
+        # FSDP2 accumulates the unsharded gradients of the micro-batches in its reduce dtype
+        # (fp32) while gradient sync is off (FSDPParam.to_accumulated_grad_if_needed); the
+        # dry-run's loss backward, llama-1024-L4 dp2 z3 pp2 1f1b rank 2, holds the head's as
+        # a (32000, 1024) fp32 tensor (-10% with the compute dtype)
+        held = 4.0 * count
     if L.zero >= 3 and L.pp == 1:
         # the fused loss reads the head inside the root unit's forward: FSDP2 does not
         # reshard the root after forward, so its unsharded copy is alive (dry-run,
