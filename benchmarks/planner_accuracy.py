@@ -33,6 +33,7 @@ from scaletrain.config import (  # noqa: E402
     ModelConfig,
     ParallelConfig,
     PrecisionConfig,
+    fused_head_loss,
     resolve_model,
 )
 
@@ -247,7 +248,7 @@ def predicted_flops(job: JobConfig, world: int) -> float:
     tokens = accum * b.micro_batch * b.seq_len / layout.cp
     return tokens * counted_flops_per_token(job.model, b.seq_len, recompute=job.memory.ac,
                                             tp=layout.tp, cp=layout.cp,
-                                            fused_head=layout.pp == 1)
+                                            fused_head=fused_head_loss(layout))
 
 
 def measure_case(case: Case, *, flops: bool = True) -> dict[str, Any]:
@@ -311,10 +312,11 @@ def measure_extra(case: Extra) -> dict[str, Any]:
     prank = int(est.detail.get("pipeline_rank", 0))
     layers = stage_layer_counts(m.num_layers, layout.pp, layout.pp_virtual)[prank]
     stage = dataclasses.replace(m, num_layers=layers)
+    fused = fused_head_loss(layout)
     per_token = counted_flops_per_token(stage, b.seq_len, recompute=job.memory.ac,
-                                        tp=layout.tp, cp=layout.cp, fused_head=layout.pp == 1)
-    if prank != layout.pp - 1:
-        per_token -= 3 * 2.0 * matmul_params(m)[1]
+                                        tp=layout.tp, cp=layout.cp, fused_head=fused)
+    if prank != layout.pp - 1:  # no head: the fused 4 x 2*V*h/tp or plain 3 x 2*V*h
+        per_token -= (4 * 2.0 / layout.tp if fused else 3 * 2.0) * matmul_params(m)[1]
     accum = b.global_batch // (b.micro_batch * layout.dp)
     pred = {"total": est.total - ctx,
             "flops": per_token * accum * b.micro_batch * b.seq_len / layout.cp,

@@ -25,25 +25,9 @@ import planner_accuracy  # noqa: E402
 TOL = planner_accuracy.TOLERANCE
 
 
-# Open in #16: after the memory recipe (fused head + loss, GQA without copies, per-op selective
-# AC) the planner under-predicts these tiny-model totals (measured on merge 56e20cf:
-# -4.2%, -8.0%, -4.4%); strict, so the day they agree again the marks must go.
-KNOWN_GAPS = {
-    "tiny w2 dp2 z3 ac=none bf16 b2x1 s128": -0.042,
-    "tiny-llama w4 dp4 z2 ac=selective bf16 b2x2 s128": -0.080,
-    "tiny-llama w4 dp2 z3 tp2+sp ac=none bf16 b2x1 s128": -0.044,
-}
-
-
 def _quick_cases() -> list:
-    out = []
-    for case in planner_accuracy.QUICK:
-        label = planner_accuracy.label(case)
-        marks = ([pytest.mark.xfail(strict=True, reason=f"planner total {KNOWN_GAPS[label]:+.1%} "
-                                    "after the memory recipe (#16)")]
-                 if label in KNOWN_GAPS else [])
-        out.append(pytest.param(case, id=label, marks=marks))
-    return out
+    return [pytest.param(case, id=planner_accuracy.label(case))
+            for case in planner_accuracy.QUICK]
 
 
 @pytest.mark.parametrize("case", _quick_cases())

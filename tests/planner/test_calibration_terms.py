@@ -23,7 +23,9 @@ from scaletrain.planner.memory import (
     embedding_backward_bytes,
     held_logits_bytes,
     layer_activation_bytes,
+    mlp_backward_work_bytes,
     rope_table_bytes,
+    selective_recompute_bytes,
 )
 
 GPT2 = resolve_model("gpt2-124m")
@@ -34,13 +36,13 @@ def test_embedding_backward_temporaries():
     V, h = GPT2.vocab_size, GPT2.dim
     # tied, no TP: embedding grad + head contribution + their sum, fp32
     assert embedding_backward_bytes(GPT2, grad_bytes=4) == 3 * V * h * 4
-    # tied, tp 4: the full-vocabulary grad, this rank's copy of it, head part, sum
+    # tied, tp 4 (vocabulary-parallel embedding): this rank's rows of the grad, head part, sum
     assert embedding_backward_bytes(GPT2, tp=4, grad_bytes=4) == pytest.approx(
-        V * h * 4 + 3 * V * h * 4 / 4)
-    # untied llama, bf16 FSDP units: the grad alone; under tp 2 plus the kept shard
+        3 * V * h * 4 / 4)
+    # untied llama, bf16 FSDP units: the grad alone, V/tp rows of it under tp
     V, h = LLAMA.vocab_size, LLAMA.dim
     assert embedding_backward_bytes(LLAMA, grad_bytes=2) == V * h * 2
-    assert embedding_backward_bytes(LLAMA, tp=2, grad_bytes=2) == V * h * 2 + V * h * 2 / 2
+    assert embedding_backward_bytes(LLAMA, tp=2, grad_bytes=2) == V * h * 2 / 2
 
 
 def test_held_logits_and_rope_tables():
@@ -67,6 +69,33 @@ def test_gqa_saves_kv_heads_and_autocast_saves_casts():
     # a fp32 residual adds 2 bytes per element to each RMSNorm's saved cast-back output
     norms = 2 * 2 * 1024 * gqa.dim
     assert cast - plain == pytest.approx(norms + 3 * 2 * 1024 * gqa.dim)
+
+
+def test_selective_recompute_recreates_the_no_ac_set_less_what_was_kept():
+    """Under selective AC a block's backward re-creates its no-AC set except the tensors the
+    policy kept; the kept wo/w2 outputs (and their TP reductions) are not in that set."""
+    m = resolve_model("tiny-llama")
+    tok, h, e = 2 * 128, m.dim, 2
+    kw = dict(seq_len=128, micro_batch=2, precision="bf16")
+    for tp, sp in ((1, False), (2, False), (2, True)):
+        full = layer_activation_bytes(m, **kw, tp=tp, sp=sp, ac="none")
+        kept = layer_activation_bytes(m, **kw, tp=tp, sp=sp, ac="selective")
+        reduced = 0 if tp == 1 else e * tok * h / (tp if sp else 1)
+        got = selective_recompute_bytes(m, full=full, stored=kept, tokens=tok, tp=tp, sp=sp, e=e)
+        assert got == pytest.approx(full - kept + 2 * (e * tok * h + reduced))
+    # tiny-llama, tp 1, by hand: no-AC set 727,040 B, kept 380,928 B, outputs 2 x 32,768 B
+    # (the rise the dry-run measures inside the last block's backward, less ac=none's)
+    full = layer_activation_bytes(m, **kw, ac="none")
+    kept = layer_activation_bytes(m, **kw, ac="selective")
+    assert (full, kept) == (727040, 380928)
+    assert selective_recompute_bytes(m, full=full, stored=kept, tokens=tok, tp=1, sp=False,
+                                     e=e) == 411648
+    # what a block's backward holds first: the output's gradient (2 x 256 x 64), the MLP's
+    # two (tokens x f) gradients (2 x 2 x 256 x 176) and w2's unsharded gradient (2 x 64 x 176)
+    assert mlp_backward_work_bytes(m, tokens=tok, tp=1, sp=False, e=e, weight_bytes=2) == \
+        32768 + 180224 + 22528
+    assert mlp_backward_work_bytes(m, tokens=tok, tp=2, sp=True, e=e, weight_bytes=2) == \
+        (32768 + 180224 + 22528) / 2
 
 
 def test_counted_flops_match_flop_counter_semantics():

@@ -15,8 +15,9 @@ from .choices import PPSchedule, ZeroStage, names
 from .model import ModelConfig
 
 __all__ = ["Layout", "PP_SCHEDULES", "batch_problems", "composition_problems", "ddp_reducer",
-           "expert_split", "expert_tp", "expert_zero_shards", "layout_problems", "check_layout",
-           "grad_accum_steps", "stage_layer_ranges", "stage_ids"]
+           "fused_head_loss", "expert_split", "expert_tp", "expert_zero_shards",
+           "layout_problems", "check_layout", "grad_accum_steps", "stage_layer_ranges",
+           "stage_ids"]
 
 PP_SCHEDULES: tuple[PPSchedule, ...] = names(PPSchedule)
 
@@ -92,6 +93,16 @@ def ddp_reducer(layout: Layout) -> bool:
     planner (DDP's bucket copy, `planner.memory.buffer_terms`) share this rule."""
     return (layout.zero <= 1 and layout.dp * layout.cp > 1
             and layout.tp == 1 and layout.ep == 1 and layout.pp == 1)
+
+
+def fused_head_loss(layout: Layout) -> bool:
+    """Whether the training step's last stage runs the fused chunked head + cross-entropy
+    (`models.loss`: no (tokens x vocabulary) logits) rather than logits then a loss: always,
+    pipelined too (`parallel.pipeline` hands the last stage the targets), except under the
+    zero-bubble schedule, whose split backward (input gradients, then weight gradients as a
+    second autograd pass) would run the fused loss's single backward twice (the dry-run's
+    FlopCounterMode: +50% on llama-1024-L4 pp2 rank 1). Trainer and planner share this rule."""
+    return not (layout.pp > 1 and layout.pp_schedule == "zero-bubble")
 
 
 def expert_tp(tp: int, ep: int) -> int:

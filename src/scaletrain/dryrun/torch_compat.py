@@ -127,11 +127,16 @@ class ActionSchedule:
                                               requires_grad=True) for _ in range(self.m)]
 
     def step(self, *args: torch.Tensor, target: torch.Tensor | None = None,
-             losses: list[torch.Tensor] | None = None, return_outputs: bool = True) -> None:
-        """One step's forwards and backwards of this rank's stages (no optimizer)."""
+             losses: list[torch.Tensor] | None = None, return_outputs: bool = True,
+             **kwargs: torch.Tensor) -> None:
+        """One step's forwards and backwards of this rank's stages (no optimizer); `kwargs`
+        go to every stage's forward split into micro-batches, as torch's schedules do."""
         from torch.distributed.pipelining.schedules import _ComputationType as C
 
         inputs = list(torch.tensor_split(args[0], self.m)) if args else [None] * self.m
+        kw_mbs = [{k: v[mb] for k, v in
+                   ((k, torch.tensor_split(t, self.m)) for k, t in kwargs.items())}
+                  for mb in range(self.m)]
         targets = list(torch.tensor_split(target, self.m)) if target is not None else None
         self._forward_buffers()
         last = self.num_stages - 1
@@ -147,7 +152,7 @@ class ActionSchedule:
                 # leaf among a module's inputs: feed the stage a view of its receive buffer
                 # (no memory; the gradient still reaches the buffer itself).
                 fx = x.view_as(x) if self.split_backward and sid > 0 else x
-                out = stage.forward_maybe_with_nosync(fx)
+                out = stage.forward_maybe_with_nosync(fx, **kw_mbs[mb])
                 logits = None
                 if sid == last:
                     assert targets is not None

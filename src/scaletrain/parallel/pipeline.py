@@ -32,6 +32,15 @@ so every MoE layer of a stage attaches its load-balancing loss to its output's b
 (`models.moe.MoE.aux_grad_scale`, scaled like the loss: `loss_scale`); with scale_grads the
 result is the mean over micro-batches of (loss + aux), as without pipelining.
 
+Loss on the last stage (`step`, `eval_loss`): the targets go to the last stage's forward as a
+keyword (torch's schedules hand `step`'s keywords to every stage of the rank, split like the
+inputs), so the stage runs the model's fused chunked head + cross-entropy (`models.loss`,
+vocabulary-parallel under TP) and returns the micro-batch's loss, which `staged_loss` only
+scales (`loss_scale`). No (tokens x vocabulary) logits are formed, as without pipelining.
+Stages without the head ignore the keyword. Not under zero-bubble (`config.fused_head_loss`):
+its split backward would run the fused loss's backward twice; its last stage returns logits
+to `loss_fn`, as `eval_logits` (no targets) does.
+
 Context parallelism (`cp_group`): `step` and `eval_*` cut each sequence to this cp rank's
 load-balanced shard (`cp_shard`) before the schedule splits micro-batches, so stages pass the
 shard's hidden states (T/cp rows) between them and ring attention runs inside every stage over
@@ -58,7 +67,7 @@ from torch.distributed.pipelining import (
     ScheduleInterleavedZeroBubble,
 )
 
-from scaletrain.config import ConfigError, stage_ids, stage_layer_ranges
+from scaletrain.config import ConfigError, Layout, fused_head_loss, stage_ids, stage_layer_ranges
 from scaletrain.dtensor import to_full, to_local
 from scaletrain.models.transformer import Transformer
 
@@ -133,6 +142,10 @@ def _tied_pair_group(group: dist.ProcessGroup) -> dist.ProcessGroup:
     return mine
 
 
+def _unit_scale() -> float:
+    return 1.0
+
+
 @dataclass
 class PipelineRuntime:
     """This rank's stages and schedule; `step` runs one pipelined forward+backward."""
@@ -150,7 +163,14 @@ class PipelineRuntime:
     """Tied embeddings at pp > 1: the (first, last) stage pair whose head/embedding gradients
     are summed after every backward."""
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
-    """The last stage's loss of one micro-batch (the schedule calls `staged_loss`)."""
+    """The last stage's loss of one micro-batch from its logits and targets (the schedule
+    calls `staged_loss`); used when the stage returns logits (`eval_logits`)."""
+    loss_scale: Callable[[], float] = _unit_scale
+    """The factor `loss_fn` scales its loss by (fp16 loss scaling), applied to the fused loss
+    the last stage returns when it is given the targets (`step`, `eval_loss`)."""
+    fused_loss: bool = True
+    """Whether `step` / `eval_loss` hand the last stage the targets (`config.fused_head_loss`:
+    not under zero-bubble's split backward)."""
     _hooks: Any = None
     _losses_seen: int = 0
 
@@ -161,11 +181,18 @@ class PipelineRuntime:
         k, hooks = self._losses_seen, self._hooks
         self._losses_seen += 1
         if hooks is None:
-            return self.loss_fn(output, target)
+            return self._loss(output, target)
         with hooks.microbatch(k):
-            loss = self.loss_fn(output, target)
+            loss = self._loss(output, target)
         hooks.event(f"loss:{k}")
         return loss
+
+    def _loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        assert self.loss_fn is not None
+        if output.dim() == 0:  # the stage's fused head + loss (given the targets)
+            scale = self.loss_scale()
+            return output if scale == 1.0 else output * scale
+        return self.loss_fn(output, target)
 
     def _tied_weights(self) -> list[torch.Tensor]:
         """This rank's copies of the tied weight: the embedding (first stage) and/or the head
@@ -229,7 +256,8 @@ class PipelineRuntime:
             # return_outputs=False: the last stage would otherwise keep every micro-batch's
             # logits until the step ends (m x s x b x V values; the trainer needs the losses)
             self.schedule.step(*args, target=targets if self.is_last else None,
-                               losses=losses if self.is_last else None, return_outputs=False)
+                               losses=losses if self.is_last else None, return_outputs=False,
+                               **self._fused_targets(targets))
         finally:
             self._hooks = None
         self.sync_tied_gradients()
@@ -243,8 +271,14 @@ class PipelineRuntime:
         args = (inputs,) if self.is_first else ()
         losses: list[torch.Tensor] = []
         self.schedule.eval(*args, target=targets if self.is_last else None,
-                           losses=losses if self.is_last else None, return_outputs=False)
+                           losses=losses if self.is_last else None, return_outputs=False,
+                           **self._fused_targets(targets))
         return self._mean_loss(losses, inputs.device)
+
+    def _fused_targets(self, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The keyword that makes the last stage compute its fused head + loss (see the module
+        docstring); none on a rank without the last stage."""
+        return {"targets": targets} if self.is_last and self.fused_loss else {}
 
     @torch.no_grad()
     def eval_logits(self, inputs: torch.Tensor) -> torch.Tensor:
@@ -338,7 +372,9 @@ def build_pipeline(model: Transformer, *, pp_group, pp_rank: int, pp_size: int, 
     tied = _tied_pair_group(group) if num_stages > 1 and _tied(model) else None
     runtime = PipelineRuntime(stages=mods, stage_ids=ids, schedule=None, group=group,
                               num_stages=num_stages, _pipeline_stages=pstages, tied_group=tied,
-                              loss_fn=loss_fn, cp_group=cp)
+                              loss_fn=loss_fn, loss_scale=loss_scale, cp_group=cp,
+                              fused_loss=fused_head_loss(Layout(pp=pp_size,
+                                                                pp_schedule=schedule)))
     cls = schedule_cls or _SCHEDULES[schedule]
     runtime.schedule = cls(pstages[0] if schedule in _SINGLE_STAGE else pstages,
                            n_microbatches, loss_fn=runtime.staged_loss, scale_grads=True)

@@ -10,9 +10,13 @@ Sequence parallel (sp): the residual stream between sub-layers is sharded on the
 the norm output to Replicate before attention / MLP, and the row-wise wo/w2 reduce-scatter
 back to Shard(1).
 
-Embeddings: vocabulary-sharded (row-wise), output Replicate, or Shard(1) with sp. Learned
-position embeddings are sharded the same way; their output (T, h) is sharded on dim 0 so it adds
-to the local (B, T/tp, h) token embeddings — positions must then be the default 1-D ids.
+Embeddings: the token embedding is vocabulary-parallel (`VocabParallelEmbedding`, Megatron's
+VocabParallelEmbedding): each rank holds V/tp rows, looks up the ids in its range (the others
+masked to zero), and the partial outputs are all-reduced (Replicate) or reduce-scattered over
+the sequence (Shard(1) with sp); its backward keeps only this rank's V/tp x h gradient rows.
+Learned position embeddings are row-wise sharded with DTensor's plan; their output (T, h) is
+sharded on dim 0 so it adds to the local (B, T/tp, h) token embeddings — positions must then be
+the default 1-D ids.
 
 Training loss: `model(x, targets=y)` never forms the logits; `vocab_parallel_head_loss` runs
 the fused chunked cross-entropy (models/loss.py) on this rank's V/tp head rows with the row max,
@@ -54,9 +58,10 @@ import contextlib
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -73,14 +78,13 @@ from scaletrain.models.loss import VocabShard, linear_cross_entropy
 from scaletrain.models.moe import EXPERT_WEIGHTS, GroupedExperts, expert_mlp
 from scaletrain.models.transformer import Transformer
 
-__all__ = ["TensorParallelExperts", "apply_tp", "loss_context", "vocab_parallel_head_loss"]
+__all__ = ["TensorParallelExperts", "VocabParallelEmbedding", "apply_tp", "loss_context",
+           "vocab_parallel_head_loss"]
 
 
 def _root_plan(model: Transformer, sp: bool, loss_parallel_: bool) -> dict:
     seq = Shard(1) if sp else Replicate()
     plan: dict = {}
-    if model.tok_embeddings is not None:
-        plan["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=seq)
     if model.pos_embeddings is not None:
         # positions (T,) -> (T, h): the sequence is dim 0 of this output.
         plan["pos_embeddings"] = RowwiseParallel(input_layouts=Replicate(),
@@ -131,23 +135,57 @@ def _block_plan(sp: bool, moe: bool = False) -> dict:
     return plan
 
 
-def _slice_embedding_grad(module: nn.Module, args: object) -> None:
-    """Forward pre-hook of the vocab-parallel embedding: make its weight's gradient arrive in
-    the weight's own placement.
+class VocabParallelEmbedding(nn.Embedding):
+    """The token embedding with its (V, h) table split over the tp mesh by rows (Shard(0)).
 
-    DTensor's embedding backward, with replicated token ids and output gradient, computes the
-    full-vocabulary gradient on every rank and returns it Replicate; kept as is, the sharded
-    weight would hold a V x h gradient at rest (tp times its shard; seen as 256 x 64 for a
-    128 x 64 shard at tp 2). The hook slices it before it accumulates (local, no
-    communication). It is attached to the parameter at its first forward, because
-    `materialize` (to_empty) replaces DTensor parameter objects after parallelization.
+    Forward: ids outside this rank's rows [start, start + V_local) are looked up as row 0 and
+    their output zeroed; the partial (B, T, h) outputs are summed over tp by redistributing a
+    Partial DTensor, to Replicate (all-reduce) or, with `sequence_parallel`, to Shard(1)
+    (reduce-scatter: this rank's T/tp slice). Every id is in exactly one rank's rows, so the
+    sum adds zeros to one lookup: exact. Backward: the redistribution's backward brings the
+    output gradient back replicated (all-gather under sp); the local lookup's backward writes
+    only this rank's V_local x h rows, and the weight's gradient arrives as a Shard(0) DTensor
+    like the weight. DTensor's own embedding backward (RowwiseParallel) computes the whole
+    V x h gradient on every rank before slicing it (Megatron's layer, Shoeybi et al. 2019
+    sec. 3, computes only the local rows, as here).
+    A tied head reads the same `weight` (`vocab_parallel_head_loss`): both gradients are
+    V/tp x h.
     """
-    w = module.weight
-    if isinstance(w, DTensor) and not getattr(w, "_grad_sliced", False):
-        w.register_hook(lambda g: g.redistribute(w.device_mesh, w.placements)
-                        if isinstance(g, DTensor) and g.placements != w.placements else g)
-        # a marker on the parameter object: tensors take attributes, torch's stubs declare none
-        w._grad_sliced = True  # type: ignore[attr-defined]
+
+    sequence_parallel: bool
+
+    @classmethod
+    def from_embedding(cls, emb: nn.Embedding, mesh: DeviceMesh, *, sequence_parallel: bool
+                       ) -> VocabParallelEmbedding:
+        """`emb` (on any device, meta included) with its table distributed Shard(0) over the
+        1-D tp `mesh`; the parameter keeps its name (`weight`)."""
+        if emb.padding_idx is not None or emb.max_norm is not None or emb.sparse:
+            raise ValueError("VocabParallelEmbedding: padding_idx, max_norm and sparse "
+                             "gradients are not supported (the model's embedding uses none)")
+        weight = nn.Parameter(distribute_tensor(emb.weight.detach(), mesh, [Shard(0)]),
+                              requires_grad=emb.weight.requires_grad)
+        out = cls(emb.num_embeddings, emb.embedding_dim, _weight=weight,
+                  _freeze=not emb.weight.requires_grad, device="meta")
+        out.weight = weight  # the DTensor parameter itself, not a re-wrapped copy
+        out.sequence_parallel = sequence_parallel
+        return out
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        if not isinstance(w, DTensor) or w.placements != (Shard(0),):
+            return super().forward(ids)
+        mesh = w.device_mesh
+        if isinstance(ids, DTensor):
+            ids = ids.full_tensor()
+        local = w.to_local()  # (V_local, h); its gradient arrives as Shard(0), as the weight
+        rows = -(-w.shape[0] // mesh.size())  # torch.chunk sizes, as Shard(0) splits
+        start = min(mesh.get_local_rank() * rows, w.shape[0])
+        outside = (ids < start) | (ids >= start + local.shape[0])
+        out = F.embedding((ids - start).masked_fill(outside, 0), local)
+        out = out.masked_fill(outside.unsqueeze(-1), 0.0)
+        target = Shard(1) if self.sequence_parallel else Replicate()
+        return (DTensor.from_local(out, mesh, [Partial()], run_check=False)
+                .redistribute(mesh, [target]).to_local())
 
 
 def apply_tp(model: Transformer, mesh: DeviceMesh, *, sp: bool, loss_parallel: bool = True,
@@ -183,7 +221,8 @@ def apply_tp(model: Transformer, mesh: DeviceMesh, *, sp: bool, loss_parallel: b
         block.attention.n_heads //= tp
         block.attention.n_kv_heads //= tp
     if model.tok_embeddings is not None:
-        model.tok_embeddings.register_forward_pre_hook(_slice_embedding_grad)
+        model.tok_embeddings = VocabParallelEmbedding.from_embedding(
+            model.tok_embeddings, mesh, sequence_parallel=sp)
     model.head_loss = vocab_parallel_head_loss
     return model
 

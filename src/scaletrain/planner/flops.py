@@ -106,9 +106,10 @@ def counted_flops_per_token(model: ModelConfig, seq_len: int, *, recompute: str 
     attention runs on plain local tensors) and, under cp, on the key blocks ring attention
     does not skip: with the zigzag layout each rank computes (cp + 1) / (2 cp) of its queries'
     full s x s work (own block whole, half of every other: parallel/context_parallel.py).
-    fused_head (the trainer's fused head + loss, models/loss.py; a pipeline's last stage uses
-    the plain head instead): the head runs on plain local tensors, V/tp rows, and its backward
-    recomputes the logits: 4 x 2*V*h/tp per token (forward, recompute, the two gradients).
+    fused_head (the trainer's fused head + loss, models/loss.py, on the last stage pipelined
+    or not; False: the plain head of the logits path): the head runs on plain local tensors,
+    V/tp rows, and its backward recomputes the logits: 4 x 2*V*h/tp per token (forward,
+    recompute, the two gradients).
     Recompute repeats forward work: 'selective' (parallel/ac.py's per-op policy keeps every
     matmul and fused-attention output) only the naive core's S x S matmuls; 'full' the
     attention core

@@ -12,7 +12,8 @@ from scaletrain.config import PRECISION_TABLE, ModelConfig, expert_tp, stage_lay
 __all__ = ["OPTIMIZER_BYTES", "CONVENTIONS", "state_bytes_per_param", "model_state_bytes",
            "stage_layer_counts", "korthikanti_layer_bytes", "layer_activation_bytes",
            "activation_bytes", "head_activation_bytes", "fp8_linear_params", "loss_backward_bytes",
-           "selective_layer_bytes", "fused_loss_chunk",
+           "selective_layer_bytes", "selective_recompute_bytes", "mlp_backward_work_bytes",
+           "fused_loss_chunk",
            "embedding_backward_bytes", "held_logits_bytes", "rope_table_bytes", "buffer_terms",
            "pp_recv_buffer_bytes",
            "RUNTIME_CONTEXT_BYTES", "FRAGMENTATION"]
@@ -326,15 +327,52 @@ def selective_layer_bytes(model: ModelConfig, *, tokens: float, tp: int, sp: boo
     return out
 
 
+def selective_recompute_bytes(model: ModelConfig, *, full: float, stored: float,
+                               tokens: float, tp: int, sp: bool, e: int) -> float:
+    """Bytes the recomputation re-creates while one block runs its backward under
+    `memory.ac="selective"`, on top of what the block keeps (`selective_layer_bytes`).
+
+    The checkpoint re-runs the block's forward from its saved tensors: every tensor the no-AC
+    set saves (`full`, `layer_activation_bytes(ac="none")`) is alive again, except those the
+    policy kept, which the recompute takes from its cache. The kept set (`stored`) holds two
+    tensors the no-AC set does not: the outputs of the output projections wo and w2 (and, with
+    tp > 1, their saved reductions), e*s_l*b*h + the reduction each, which no backward op
+    reads. So the re-created bytes are full - (stored - those outputs).
+    Ignores: the order in which backward frees them (all are alive when the MLP's backward
+    starts, where the dry-run peaks). Source: dry-run of tiny-llama dp4 z2 b2 s128: the
+    largest rise inside the last block's backward is 202,752 B with ac=none, 929,792 B with
+    full (+ the 727,040 B no-AC set) and 614,400 B with selective (+ 411,648 B = this term).
+    """
+    h = model.dim
+    reduced = 0.0 if tp == 1 else (e * tokens * h / tp if sp else e * tokens * h)
+    return max(0.0, full - (stored - 2 * (e * tokens * h + reduced)))
+
+
+def mlp_backward_work_bytes(model: ModelConfig, *, tokens: float, tp: int, sp: bool, e: int,
+                            weight_bytes: int) -> float:
+    """What a block's backward holds first, on top of what is stored: the gradient of the
+    block's output, e*s_l*b*h (/t with SP), the MLP's first two (tokens x f) activation
+    gradients, 2 x e*s_l*b*f/t (the gradient of w2's input and of the activation's input),
+    and its first weight gradient, weight_bytes*h*f/t (unsharded).
+    Source: dry-run of tiny-llama dp4 z2 b2 s128, ac=none: the largest rise inside the last
+    block's backward is 202,752 B = 2 x 2 x 256 x 176 + 2 x 64 x 176, over a start that holds
+    the block output's gradient (2 x 256 x 64). Ignores: MoE experts' (N*k, f) gradients (the
+    dense f is used), norms' fp32 gradient temporaries (transient).
+    """
+    f, h = model.ffn_dim, model.dim
+    return (e * tokens * h / (tp if sp else 1) + 2.0 * e * tokens * f / tp
+            + weight_bytes * h * f / tp)
+
+
 def head_activation_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int, tp: int = 1,
                           sp: bool = False, cp: int = 1, precision: str = "bf16",
                           residual_fp32: bool = False, fused: bool = True) -> float:
     """Last stage's extra activations per micro-batch: final-norm input r*s_l*b*h (/t with SP)
     and the head input e*s_l*b*h (the 16-bit cast the head reads; full tokens under SP, whose
     norm output is all-gathered for the vocabulary-parallel head), plus:
-    - fused (the trainer's `model(x, targets=y)`, models/loss.py): the per-token fp32
-      log-sum-exp 4*s_l*b; no logits are kept.
-    - not fused (the pipeline's last stage, which returns logits to the schedule's loss):
+    - fused (the trainer's `model(x, targets=y)`, models/loss.py; a pipeline's last stage
+      too): the per-token fp32 log-sum-exp 4*s_l*b; no logits are kept.
+    - not fused (a logits path: `model(x)` then cross-entropy; no training step uses it):
       the logits path s_l*b*V/t*(2 + 4) in 16-bit (bf16 logits and the fp32 log-softmax
       output; the fp32 upcast is consumed by log-softmax and freed: the dry-run measures 6 B,
       not the 10 B of DESIGN.md §5) or (4 + 4) in fp32.
@@ -373,9 +411,10 @@ def loss_backward_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int, t
     the full vocabulary exists on a tp rank. Measured with MemTracker under fake tensors
     (1024 tokens, GPT-2's vocabulary): bf16 weight 387.6 MB (these terms to 0.1 MB); fp32
     weight under autocast 541.9 MB, these terms plus the weight's own 16-bit cast (see below).
-    not fused (the pipeline's logits path): the fp32 gradient of the log-softmax output and
-    of the logits, 2 x 4*s_l*b*V, NOT divided by tp (the dry-run measures the full vocabulary
-    under loss_parallel: the stored logits are sharded, the backward's temporaries are not).
+    not fused (a logits path, as `head_activation_bytes`): the fp32 gradient of the
+    log-softmax output and of the logits, 2 x 4*s_l*b*V, NOT divided by tp (the dry-run
+    measures the full vocabulary under loss_parallel: the stored logits are sharded, the
+    backward's temporaries are not).
     Source: the dry-run's 'temp' at the loss-backward moment (planner_accuracy.md).
     """
     tok = float(seq_len) / cp * micro_batch
@@ -399,31 +438,33 @@ def embedding_backward_bytes(model: ModelConfig, *, tp: int = 1, grad_bytes: int
                              tied: bool | None = None) -> float:
     """Temporaries of the token embedding's gradient at the very end of backward (first stage).
 
-    Counts: the embedding backward's output, the full V x h gradient in `grad_bytes` (the
-    dtype the weight is used in: fp32 without FSDP mixed precision, also under autocast, which
-    does not cast embeddings; the compute dtype of FSDP2's unsharded weight otherwise). Under
-    tp > 1 it is still the FULL vocabulary: DTensor's embedding backward runs replicated on the
-    vocabulary-parallel table and only then keeps this rank's V/tp rows (a second, V/tp x h
-    copy). Tied embeddings (GPT-2) add the head's contribution, held by autograd until the
-    embedding's arrives (V/tp x h; fp32 after autocast's cast backward), and their sum
-    (V/tp x h): all alive at once, after every other gradient is complete.
+    Counts: the embedding backward's output, this rank's V/tp x h rows of the gradient in
+    `grad_bytes` (the dtype the weight is used in: fp32 without FSDP mixed precision, also
+    under autocast, which does not cast embeddings; the compute dtype of FSDP2's unsharded
+    weight otherwise). Under tp > 1 the token embedding is vocabulary-parallel
+    (`parallel.tensor_parallel.VocabParallelEmbedding`): its lookup and backward run on the
+    local rows only, so nothing of size V x h exists on a tp rank. Tied embeddings (GPT-2)
+    add the head's contribution, held by autograd until the embedding's arrives (V/tp x h;
+    fp32 after autocast's cast backward), and their sum (V/tp x h): all alive at once, after
+    every other gradient is complete.
     Source: measured with the dry-run, gpt2-124m-L2 dp2 z0 fp32 (temp at the peak = 3 x V x h
-    x 4 B exactly) and gpt2-350m-L2 dp4 z3 tp4 fp32 (V x h x 4 + 3 x V/4 x h x 4).
+    x 4 B exactly); under tp the embedding backward's output has V/tp rows
+    (tests/distributed/test_vocab_parallel_embedding.py).
     Ignores: the position embedding's gradient (already accumulated by then).
     """
     tied = model.tie_embeddings if tied is None else tied
     table = float(model.vocab_size) * model.dim * grad_bytes
-    shards = (1 if tp > 1 else 0) + (2 if tied else 0)
-    return table + shards * table / tp
+    return (3 if tied else 1) * table / tp
 
 
 def held_logits_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int, tp: int = 1,
                       cp: int = 1, precision: str = "bf16", fused: bool = True) -> float:
     """Logits still referenced after the loss backward. fused (the trainer's fused loss): none,
-    0. Not fused (the pipeline's last stage): the logits (B, T/cp, V/tp) of the stage output,
-    e*s_l*b*V/tp, e = 4 in fp32 else 2 (the model's output dtype; the loss's fp32 upcast is
-    freed with the loss graph). Source: measured with the dry-run, gpt2-124m-L2 dp2 z0 fp32:
-    'activations' at the end-of-backward peak were exactly 4*s*b*V before the fused loss."""
+    0. Not fused (a logits path, as `head_activation_bytes`): the logits (B, T/cp, V/tp) of
+    the output, e*s_l*b*V/tp, e = 4 in fp32 else 2 (the model's output dtype; the loss's fp32
+    upcast is freed with the loss graph). Source: measured with the dry-run, gpt2-124m-L2 dp2
+    z0 fp32: 'activations' at the end-of-backward peak were exactly 4*s*b*V before the fused
+    loss."""
     if fused:
         return 0.0
     e = 4 if precision == "fp32" else 2

@@ -23,6 +23,7 @@ from scaletrain.config import (
     ddp_reducer,
     expert_split,
     expert_zero_shards,
+    fused_head_loss,
     stage_layer_ranges,
 )
 
@@ -35,9 +36,11 @@ from .memory import (
     held_logits_bytes,
     layer_activation_bytes,
     loss_backward_bytes,
+    mlp_backward_work_bytes,
     model_state_bytes,
     pp_recv_buffer_bytes,
     rope_table_bytes,
+    selective_recompute_bytes,
     stage_layer_counts,
 )
 from .moments import (
@@ -212,8 +215,9 @@ def _rank_states(plan: PlanInput, terms: ModelTerms, zs: int, first: bool, last:
 
 def _activation_terms(plan: PlanInput, terms: ModelTerms, modern: bool
                       ) -> tuple[float, float, float, float]:
-    """(stored bytes per block, a block's full no-AC set, head bytes, logits the loop holds)
-    per micro-batch, cached."""
+    """(stored bytes per block, what one block re-creates while it is recomputed in backward
+    (full: its whole no-AC set; selective: `memory.selective_recompute_bytes`; none: 0), head
+    bytes, logits the loop holds) per micro-batch, cached."""
     L, model = plan.layout, plan.model
     # autocast on fp32 params: DDP and ZeRO-1; ZeRO-2/3 are FSDP2 with 16-bit parameters
     residual_fp32 = plan.precision != "fp32" and L.zero < 2
@@ -230,9 +234,9 @@ def _activation_terms(plan: PlanInput, terms: ModelTerms, modern: bool
     full = layer_activation_bytes(model, seq_len=s, micro_batch=b, tp=L.tp, sp=L.sp, cp=L.cp,
                                   ac="none", precision=p, modern=modern, compile=plan.compile,
                                   residual_fp32=residual_fp32, ep=L.ep)
-    # the fused head + loss (models/loss.py) runs unpipelined; a pipeline's last stage
-    # returns logits to the schedule's loss function
-    fused = L.pp == 1
+    # the fused head + loss (models/loss.py) runs on the last stage, pipelined or not (a
+    # pipeline's last stage is given the targets: parallel/pipeline.py), but zero-bubble
+    fused = fused_head_loss(L)
     head = head_activation_bytes(model, seq_len=s, micro_batch=b, tp=L.tp, sp=L.sp, cp=L.cp,
                                  precision=p, residual_fp32=residual_fp32, fused=fused)
     held = held_logits_bytes(model, seq_len=s, micro_batch=b, tp=L.tp, cp=L.cp, precision=p,
@@ -248,7 +252,14 @@ def _activation_terms(plan: PlanInput, terms: ModelTerms, modern: bool
         if plan.ac != "full":  # under full recompute only the block being recomputed has them
             per_layer += casts
         full += casts
-    out = (per_layer, full, head, held)
+    recompute = 0.0
+    if plan.ac == "full":
+        recompute = full
+    elif plan.ac == "selective":
+        recompute = selective_recompute_bytes(
+            model, full=full, stored=per_layer, tokens=s / L.cp * b, tp=L.tp, sp=L.sp,
+            e=4 if p == "fp32" else 2)
+    out = (per_layer, recompute, head, held)
     terms.acts[key] = out
     return out
 
@@ -370,12 +381,14 @@ def _stored_activations(plan: PlanInput, moments: tuple, st: dict, layers: int,
     """(largest stored activations, the blocks' part of them, activations + the gradients that
     exist by then) of a rank; pipelines walk the schedule's own moments (`schedule_moments`:
     stored activations per chunk, whether the gradients exist yet)."""
-    per_layer, full_layer, head_acts, _ = acts_terms
+    per_layer, recompute, head_acts, _ = acts_terms
     one_layer = per_layer
     extra = 0.0
-    if plan.ac == "full" and layers:
-        one_layer = full_layer  # one block's full set while it is recomputed in backward
-        extra = one_layer
+    if recompute and layers:
+        # the block being recomputed in backward: full's block input is part of its set,
+        # selective keeps its stored tensors next to what the recompute re-creates
+        one_layer = recompute if plan.ac == "full" else per_layer + recompute
+        extra = recompute
     grads = st["grads"]
     if plan.layout.pp > 1:
         acts = fwdbwd = -1.0
@@ -429,7 +442,7 @@ def _zero_moments(plan: PlanInput, pc: ParamCounts, st: dict, fixed: float, buff
       its shard counted twice). The embedding's gradient is `_embedding_moment`.
     """
     L = plan.layout
-    per_layer, full_layer, _, held_logits = acts_terms
+    per_layer, recompute, _, held_logits = acts_terms
     root_live, head_held, blk, _ = bwd_terms
     wc = 4 if plan.precision == "fp32" else 2
     rest = fixed - (st["params.in_flight"] if L.zero >= 3 else 0.0)
@@ -442,14 +455,31 @@ def _zero_moments(plan: PlanInput, pc: ParamCounts, st: dict, fixed: float, buff
         root_live = 0.0  # counted in `fixed` with every other gathered unit
         compute, reduce = wc * blk + 4.0 * blk * more, wc * blk + 4.0 * blk
     held = held_logits if rank == L.pp - 1 else 0.0
+    accumulated = grads_rest if (m > 1 or L.pp > 1) else 0.0
     if m > 1 or L.pp > 1:
         bwd = block_stored + grads_rest
     else:  # the last block to finish has every other block's grads and no activations
         bwd = max(block_stored - per_layer, grads_rest * (layers - 1) / layers)
+    copies = max(compute, reduce)
     if plan.ac == "full":
-        bwd += full_layer  # the block being recomputed
+        bwd += recompute  # the block being recomputed (its whole no-AC set)
+    elif plan.ac == "selective" and layers:
+        # The recompute's peak comes earlier than the copies': as the first block's backward
+        # starts, it holds everything kept, what the recompute re-created and the MLP
+        # backward's first gradients, and of the unit copies only the gathered parameters
+        # (ZeRO-3: this block and the prefetched next). Dry-run: tiny-llama dp4 z2 b2x2
+        # (-1.1%) and llama2-7b-L1 dp4 z3 tp2+sp (adding the recompute to the copies' moment
+        # is 13% over: at 7B widths the block's gradient copies are not alive then).
+        e = 4 if plan.precision == "fp32" else 2
+        work = mlp_backward_work_bytes(plan.model, tokens=plan.seq_len / L.cp
+                                       * plan.micro_batch, tp=L.tp, sp=L.sp, e=e,
+                                       weight_bytes=wc)
+        early = block_stored + accumulated + recompute + work
+        early_copies = wc * blk * (1 + more) if L.zero >= 3 else 0.0
+        if early + early_copies > bwd + copies:
+            bwd, copies = early, early_copies
     out: list[Moment] = [ZeroBlockBackward(rest, buffers, fsdp, root_live, head_held,
-                                           max(compute, reduce), bwd, held)]
+                                           copies, bwd, held)]
     if L.pp > 1:
         out.append(ZeroStageBackward(fixed, st["params.in_flight"], buffers, fsdp, wc * count,
                                      block_stored, held))
@@ -465,17 +495,18 @@ def _zero_moments(plan: PlanInput, pc: ParamCounts, st: dict, fixed: float, buff
 
 def _loss_moment(plan: PlanInput, st: dict, fixed: float, buffers: float, fsdp: float,
                  quant: float, count: float, m: int, stored: float, moments: tuple,
-                 acts_terms: tuple[float, float, float, float], root_live: float
-                 ) -> LossBackward:
+                 acts_terms: tuple[float, float, float, float], root_live: float,
+                 layers: int, block: float) -> LossBackward:
     """The last stage's loss backward: every activation still stored plus the cross-entropy
-    backward temporaries (`loss_backward_bytes`). FSDP2 has resharded every unit (ZeRO-3) and
-    no collective is in flight, so in-flight ZeRO-3 copies and FSDP buffers are left out;
-    accumulated grads (m > 1) are held. Pipelines: each loss backward of the schedule, with
-    what is stored then and the gradients if they exist.
+    backward temporaries (`loss_backward_bytes`). FSDP2 has resharded every block (ZeRO-3),
+    so in-flight ZeRO-3 copies and FSDP buffers are left out, except the last block's
+    all-gather that the root's pre-backward prefetches (ZeRO-3, pp = 1; `block` = one
+    block's parameters); accumulated grads (m > 1) are held. Pipelines: each loss backward
+    of the schedule, with what is stored then and the gradients if they exist.
 
-    Not counted, because not held: the logits of earlier micro-batches (the trainer runs the
-    schedule with return_outputs=False; torch's default would keep all m of them on the last
-    stage until the step ends, measured 33 MB per micro-batch on llama-1024-L4)."""
+    Not counted, because not held: logits (the last stage runs the fused loss, pipelined or
+    not, `config.fused_head_loss`; zero-bubble's logits of earlier micro-batches are not kept
+    either: the trainer runs the schedule with return_outputs=False)."""
     L = plan.layout
     per_layer, _, head_acts, _ = acts_terms
     # the head weight the fused loss reads: FSDP2's 16-bit unsharded copy under ZeRO-2/3
@@ -483,21 +514,32 @@ def _loss_moment(plan: PlanInput, st: dict, fixed: float, buffers: float, fsdp: 
     weight_bytes = 2 if (L.zero >= 2 and plan.precision != "fp32") else 4
     loss_tmp = loss_backward_bytes(plan.model, seq_len=plan.seq_len,
                                    micro_batch=plan.micro_batch, tp=L.tp, cp=L.cp,
-                                   fused=L.pp == 1, precision=plan.precision,
+                                   fused=fused_head_loss(L), precision=plan.precision,
                                    weight_bytes=weight_bytes,
                                    chunk_tokens=plan.loss_chunk_tokens)
     resting = fixed - (st["params.in_flight"] if L.zero >= 3 else 0.0)
     held = st["grads"] - st["grads.in_flight"] if (m > 1 or L.pp > 1) else 0.0
+    wc = 4 if plan.precision == "fp32" else 2
     if L.pp > 1 and L.zero >= 2:
         # the stage's units gathered and grads unsharded (see `_zero_moments`)
-        wc = 4 if plan.precision == "fp32" else 2
         resting = fixed - st["params.in_flight"] + wc * count
-        held = wc * count
+        # FSDP2 accumulates the unsharded gradients of the micro-batches in its reduce dtype
+        # (fp32) while gradient sync is off (FSDPParam.to_accumulated_grad_if_needed); the
+        # dry-run's loss backward, llama-1024-L4 dp2 z3 pp2 1f1b rank 2, holds the head's as
+        # a (32000, 1024) fp32 tensor (-10% with the compute dtype)
+        held = 4.0 * count
     if L.zero >= 3 and L.pp == 1:
         # the fused loss reads the head inside the root unit's forward: FSDP2 does not
         # reshard the root after forward, so its unsharded copy is alive (dry-run,
         # gpt2-124m-L2 dp8 z3: -15% without it)
         resting += root_live
+        if layers:
+            # the root's pre-backward hook (on the loss) prefetches the last block before
+            # the loss backward runs (FSDP2's default backward prefetch, the reverse
+            # post-forward order): its all-gather output, one block in the compute dtype,
+            # is alive until that block's backward copies it out (dry-run, tiny dp2 z3:
+            # 99,968 B = 2 x 49,984 block parameters, -4.2% total without it)
+            resting += wc * block
     if L.pp == 1:
         return LossBackward(resting, buffers, fsdp, quant, stored, 0.0, held, loss_tmp)
     return max((LossBackward(resting, buffers, fsdp, quant, lay * per_layer, hd * head_acts,
@@ -543,9 +585,9 @@ def _rank_memory(plan: PlanInput, terms: ModelTerms,
         cands = [ForwardBackward(fixed, buffers, fwdbwd), step]
     loss_tmp = emb_tmp = 0.0
     if last:
-        extra = acts_terms[1] if plan.ac == "full" and layers else 0.0
+        extra = acts_terms[1] if layers else 0.0
         loss = _loss_moment(plan, st, fixed, buffers, fsdp, quant, count, m, acts - extra,
-                            moments, acts_terms, bwd_terms[0])
+                            moments, acts_terms, bwd_terms[0], layers, bwd_terms[2])
         loss_tmp = loss.loss_temp
         bufs = dict(bufs, loss_backward_temp=loss_tmp)
         cands.append(loss)
