@@ -68,6 +68,7 @@ from torch.distributed.pipelining import (
 )
 
 from scaletrain.config import ConfigError, Layout, fused_head_loss, stage_ids, stage_layer_ranges
+from scaletrain.config.choices import PPSchedule
 from scaletrain.dtensor import to_full, to_local
 from scaletrain.models.transformer import Transformer
 
@@ -328,8 +329,9 @@ class PipelineRuntime:
         return loss
 
 
-def build_pipeline(model: Transformer, *, pp_group, pp_rank: int, pp_size: int, schedule: str,
-                   virtual: int, n_microbatches: int, loss_fn, device: torch.device | str,
+def build_pipeline(model: Transformer, *, pp_group, pp_rank: int, pp_size: int,
+                   schedule: PPSchedule, virtual: int, n_microbatches: int, loss_fn,
+                   device: torch.device | str,
                    parallelize_stage=None, loss_scale=lambda: 1.0,
                    schedule_cls: Any = None, cp_group=None) -> PipelineRuntime:
     """Split `model` into this rank's stages and build the named schedule.
