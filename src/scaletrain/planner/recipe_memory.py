@@ -351,7 +351,12 @@ def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBrea
     head_stored = loss_tmp = 0.0
     if last:
         head_stored, loss_tmp = recipe_head_bytes(plan, recipe)
-        # the pipeline engine's output buffers hold the 16-bit logits of its last micro-batches
+        # the pipeline engine's 2 output buffers (Recipe.sources['pipe_output_buffers']): under
+        # Megatron-DeepSpeed's fp16 GPTModelPipe they hold fp32 logits (its last spec is
+        # float16_to_fp32), the current one being the tensor the vocab-parallel loss softmaxes
+        # in place and saves (counted above) and the other the previous micro-batch's, whose
+        # fp32 gradient the loss backward wrote in place: 4 B x T x V_l beyond 'stored', which
+        # is what 2 buffers x e (= 2 B) count
         head_stored += recipe.pipe_output_buffers * e * tok * plan.model.vocab_size / L.tp
         acts += head_stored
     states = weights + master + grads + optim

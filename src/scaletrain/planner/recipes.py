@@ -269,7 +269,17 @@ RECIPES: dict[str, Recipe] = {
                                    "pipe/schedule.py TrainSchedule.num_pipe_buffers: max(2, "
                                    "...) = 2 on the last stage. Megatron-DeepSpeed builds "
                                    "GPTModelPipe (a PipelineModule, so this engine) at pp = 1 "
-                                   "too unless --no-pipeline-parallel",
+                                   "too unless --no-pipeline-parallel. Under fp16 its last "
+                                   "spec is float16_to_fp32 (megatron/model/gpt_model.py), so "
+                                   "the buffers hold fp32 logits; mpu/cross_entropy.py "
+                                   "_VocabParallelCrossEntropy softmaxes the current one in "
+                                   "place and writes its gradient in place: 2 x 2 B counted = "
+                                   "the other buffer's 4 B beyond the loss's saved 4 B (the "
+                                   "clone in vocab_parallel_cross_entropy came with "
+                                   "bigscience Megatron-DeepSpeed PR #155, later than its "
+                                   "PRs #75-76 of 2021-08-26; whether the 1B3 benchmarks ran "
+                                   "it is not stated; with it the saved softmax is a 4 B "
+                                   "copy more)",
             "weight_bytes": "deepspeed/runtime/zero/stage_1_and_2.py "
                             "DeepSpeedZeroOptimizer: bit16_groups (the model's 16-bit "
                             "params); stage3.py DeepSpeedZeroOptimizer_Stage3: 16-bit "
