@@ -16,7 +16,7 @@ docs/), huggingface/nanotron (src/nanotron).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from scaletrain.config import ConfigError
 from scaletrain.config.strict import did_you_mean
@@ -129,7 +129,8 @@ class Recipe:
 
     def bucket_bytes(self, dp: int) -> float:
         """Bytes of one gradient reduction bucket."""
-        elems = max(4e7, 1e6 * dp) if self.name == "megatron" else self.bucket_elements
+        elems = (max(4e7, 1e6 * dp) if self.name in ("megatron", "nemo")
+                 else self.bucket_elements)
         return elems * self.bucket_elem_bytes
 
 
@@ -421,6 +422,25 @@ RECIPES: dict[str, Recipe] = {
             "fragmentation": _PT_ALLOC, "cuda_context_bytes": _CTX,
         }),
 }
+
+
+RECIPES["nemo"] = replace(
+    RECIPES["megatron"], name="nemo", framework="NeMo (Megatron-Core, NeMo's performance configs)",
+    sources={**RECIPES["megatron"].sources,
+             "*": "NeMo trains Megatron-Core's GPTModel with its DistributedDataParallel and "
+                  "distributed optimizer: every memory term is megatron's (a NeMo-specific "
+                  "memory term, e.g. Apex distributed_fused_adam's gradient shard, is not "
+                  "modelled here); what differs is the communication NeMo's performance "
+                  "configurations overlap (efficiency.COMM_OVERLAP['nemo'])",
+             "comm_overlap": "NVIDIA/NeMo-Framework-Launcher launcher_scripts/conf/training/"
+                             "gpt3/175b_fp8_performance.yaml (24.07): ub_tp_comm_overlap, "
+                             "overlap_p2p_comm, optim.overlap_grad_sync / overlap_param_sync; "
+                             "NeMo docs features/optimizations/communication_overlap.rst",
+             "attention": "NeMo's GPT / Llama configs run Transformer Engine "
+                          "DotProductAttention (fused / flash by NVTE_FUSED_ATTN)"})
+"""NeMo: Megatron-Core's model states, activations and buffers (megatron's memory terms,
+unchanged) with the communication overlap of NeMo's performance configurations, which the
+published NeMo runs use (efficiency.COMM_OVERLAP['nemo'])."""
 
 
 def recipe_named(name: str, field_name: str = "--recipe") -> Recipe:
