@@ -10,7 +10,9 @@ What every recipe uses (estimate._time):
   dropout score traffic over memory bandwidth (NAIVE_SCORE_BYTES);
 - NCCL's tree latency for data-parallel all-reduces at scale (`allreduce_latency`, the
   foreign recipes' buckets); comm.py holds the multi-rail ring bandwidth and the per-unit
-  FSDP latency.
+  FSDP latency;
+- a recipe that runs its block's elementwise ops as eager kernels (torchtitan without
+  torch.compile): their bytes over memory bandwidth (`eager_elementwise_bytes`).
 
 The 'generation' time model (recipes.Recipe.time_model, selectable, no recipe uses it: see
 recipes._TIME_MODEL for the measurement) replaces the matmul efficiency with
