@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     a("--tokens", type=float, metavar="N", help="training tokens for the time/cost line")
     a("--recipe", default="scaletrain", metavar="NAME",
       help="plan what this framework allocates: scaletrain (default), megatron, deepspeed, "
-           "torchtitan, nanotron")
+           "torchtitan, nanotron, nemo (megatron's memory, NeMo's overlapped communication)")
     a("--preflight", "--verify", dest="preflight", action="store_true",
       help="dry-run the best layout under fake tensors (its worst rank) and compare")
     # [hardware] price, efficiency and energy (TOML hardware.*; a flag wins)

@@ -10,7 +10,9 @@ What every recipe uses (estimate._time):
   dropout score traffic over memory bandwidth (NAIVE_SCORE_BYTES);
 - NCCL's tree latency for data-parallel all-reduces at scale (`allreduce_latency`, the
   foreign recipes' buckets); comm.py holds the multi-rail ring bandwidth and the per-unit
-  FSDP latency.
+  FSDP latency;
+- a recipe that runs its block's elementwise ops as eager kernels (torchtitan without
+  torch.compile): their bytes over memory bandwidth (`eager_elementwise_bytes`).
 
 The 'generation' time model (recipes.Recipe.time_model, selectable, no recipe uses it: see
 recipes._TIME_MODEL for the measurement) replaces the matmul efficiency with
@@ -38,7 +40,7 @@ from scaletrain.config import HardwareSpec, ModelConfig
 __all__ = ["GENERATION_EFFICIENCY", "FP8_EFFICIENCY", "generation_of", "gemm_shape_factor",
            "matmul_efficiency", "allreduce_latency", "TREE_ALLREDUCE_MIN_RANKS",
            "FLASH2_HOPPER_EFFICIENCY", "NAIVE_SCORE_BYTES", "attention_kernel",
-           "attention_seconds_per_token", "COMM_OVERLAP"]
+           "attention_seconds_per_token", "COMM_OVERLAP", "eager_elementwise_bytes"]
 
 GENERATION_EFFICIENCY: dict[str, float] = {
     # Shoeybi et al. 2019 (Megatron-LM, arXiv 1909.08053): 8.3B GPT-2 on 512 V100s sustains
@@ -223,3 +225,39 @@ COMM_OVERLAP: dict[str, tuple[str, ...]] = {
 of that name picks them up; Megatron-LM's own defaults leave --tp-comm-overlap and
 --overlap-param-gather off, so 'megatron' has none). Ignores: the SM share the overlapped
 kernels take from the GEMMs (a few %)."""
+
+
+# ---- eager elementwise kernels (torchtitan without torch.compile) ---------------------------
+
+EAGER_BYTES_PER_TOKEN: dict[str, tuple[float, float]] = {
+    # bytes per h element: (forward, forward + backward)
+    "norms": (72.0, 264.0),  # two unfused RMSNorms on x.float() (fp32 pow/mean/rsqrt/mul)
+    "fused_norms": (8.0, 20.0),  # two fused RMSNorm kernels: read x, write y; bwd x, dy -> dx
+}
+EAGER_REST_FWD = (40.25, 20.0, 10.0)
+EAGER_REST_TOTAL = (95.5, 44.0, 28.0)
+"""Bytes an eager torchtitan Llama block moves per token in its non-matmul, non-attention aten
+kernels (bf16, under FSDP2 mixed precision): RoPE (view_as_complex on q.float() / k.float(), a
+complex multiply, .type_as), SiLU and the gate product, the residual adds, their backward, plus
+the two RMSNorms (torchtitan/models/llama3/model.py RMSNorm._norm on x.float(); the
+fused_rmsnorm option of the April 2024 configs runs one Triton kernel each way instead).
+Measured, not assumed: every aten op of such a block (written after torchtitan's model.py)
+dispatched under fake tensors, bytes = inputs + outputs of each op that is not a matmul, SDPA
+or a view, at 4 shapes (h 512/1024, kv 128/256, f 1024/2048, 2,048 tokens): the counts are
+linear in h, kv and f with these coefficients (the per-token constants under 0.1%; Llama 3.1
+8B: 1.92 MB per token per block unfused, 0.92 MB with fused norms). Each op is memory bound
+(about 1 FLOP per byte, far below every GPU's ridge), so it costs bytes / memory bandwidth.
+torch.compile (Inductor) fuses these chains: not charged under compile (the fused kernels'
+own traffic, a fraction of this, is ignored)."""
+
+
+def eager_elementwise_bytes(model: ModelConfig, *, fused_norm: bool, recompute: bool) -> float:
+    """Bytes per token per block of the eager elementwise kernels (EAGER_REST_*, norms), forward
+    + backward, plus one more forward when the block's elementwise ops are recomputed (full AC;
+    torchtitan's op-level SAC saves matmul and SDPA outputs only, so it recomputes them too)."""
+    h, kv, f = model.dim, model.kv_dim, model.ffn_dim
+    norm_fwd, norm_tot = EAGER_BYTES_PER_TOKEN["fused_norms" if fused_norm else "norms"]
+    fwd = EAGER_REST_FWD[0] * h + EAGER_REST_FWD[1] * kv + EAGER_REST_FWD[2] * f + norm_fwd * h
+    tot = (EAGER_REST_TOTAL[0] * h + EAGER_REST_TOTAL[1] * kv + EAGER_REST_TOTAL[2] * f
+           + norm_tot * h)
+    return tot + (fwd if recompute else 0.0)

@@ -17,6 +17,7 @@ from .efficiency import (
     allreduce_latency,
     attention_kernel,
     attention_seconds_per_token,
+    eager_elementwise_bytes,
     matmul_efficiency,
 )
 from .flops import (
@@ -186,6 +187,7 @@ def _time(plan: PlanInput, max_params: float, causal: bool, gpus_per_node: int |
         hardware=hw, kernel_efficiency=plan.efficiency <= 0) if hw.name != "cpu" \
         else core_hw / slow
     layer_s = (layer_hw - core_hw) / rate + core_s  # seconds per token per block
+    layer_s += eager_elementwise_s(plan, recipe)
     tok_mb = float(plan.seq_len) * plan.micro_batch  # tokens of one micro-batch (one replica)
     split = L.tp * L.cp
     te = expert_tp(L.tp, L.ep)
@@ -296,6 +298,20 @@ def _notes(convention: str, eff: float, precision: str, peak: float) -> list[str
             _NOTES_CACHE.clear()
         _NOTES_CACHE[key] = hit
     return list(hit)
+
+
+def eager_elementwise_s(plan: PlanInput, recipe: Recipe | None) -> float:
+    """Seconds per token per block of a recipe's eager elementwise kernels (RoPE, SiLU, norms,
+    residual adds: efficiency.eager_elementwise_bytes over the memory bandwidth); 0 for a
+    recipe that fuses them (Recipe.eager_elementwise False), under torch.compile, with a
+    user-set efficiency (which stands for the whole block), on CPU, and for models other than
+    the dense RMSNorm Llama block the bytes were counted on."""
+    model, hw = plan.model, plan.hardware
+    if (recipe is None or not recipe.eager_elementwise or plan.compile or plan.efficiency > 0
+            or hw.name == "cpu" or model.norm != "rmsnorm" or model.is_moe):
+        return 0.0
+    return eager_elementwise_bytes(model, fused_norm=plan.fused_norm,
+                                   recompute=plan.ac != "none") / hw.memory_bw
 
 
 def _exposed(terms: dict[str, tuple[float, float]], L, hw: HardwareSpec, stage_params: float,

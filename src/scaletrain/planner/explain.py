@@ -144,6 +144,13 @@ def _recipe_time(est: Estimate) -> list[str]:
            "naive": "full s x s + score traffic: efficiency.NAIVE_SCORE_BYTES"}[kernel]
     bucket += (f"\n   [{r.name}] attention core: {kernel} ({why}); overlapped: "
                f"{', '.join(COMM_OVERLAP.get(r.name, ())) or 'gradient reduce only'}")
+    from .estimate import eager_elementwise_s
+
+    eager = eager_elementwise_s(p, r)
+    if eager > 0:
+        bucket += (f"\n   [{r.name}] eager elementwise kernels (no compile): "
+                   f"{eager * hw.memory_bw / 1e6:.2f} MB per token per block over memory "
+                   f"bandwidth (efficiency.eager_elementwise_bytes)")
     if r.time_model != "generation" or p.efficiency > 0 or hw.name == "cpu":
         return [f"   [{r.name}] efficiency: estimate.default_efficiency (recipes._TIME_MODEL)",
                 bucket]

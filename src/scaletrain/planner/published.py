@@ -305,10 +305,11 @@ def load_runs(path: str | Path | None = None) -> list[PublishedRun]:
 
 
 FRAMEWORK_RECIPE = {"torchtitan": "torchtitan", "deepspeed": "deepspeed",
-                    "gpt-neox": "deepspeed", "megatron-lm": "megatron", "nemo": "megatron",
+                    "gpt-neox": "deepspeed", "megatron-lm": "megatron", "nemo": "nemo",
                     "nanotron": "nanotron"}
 """The planner recipe (planner/recipes.py) of the framework a row ran: GPT-NeoX runs on
-DeepSpeed, NeMo on Megatron-Core; llm-foundry (Composer + FSDP) has no recipe of its own and
+DeepSpeed, NeMo on Megatron-Core (recipe 'nemo': megatron's memory, NeMo's overlapped
+communication); llm-foundry (Composer + FSDP) has no recipe of its own and
 keeps the default."""
 
 
