@@ -153,13 +153,16 @@ kept until W; the dry-run's tracker must not hold gradients across I and W), ZeR
 experts under ep2."""
 
 
-def _model_for(name: str) -> ModelConfig:
-    return _models().get(name) or resolve_model(name)
+def _model_for(name: str, seq: int) -> ModelConfig:
+    """The named model, its max_seq_len widened to the case's sequence where shorter (a RoPE
+    model refuses seq_len > max_seq_len; the case measures memory, not the trained length)."""
+    m = _models().get(name) or resolve_model(name)
+    return dataclasses.replace(m, max_seq_len=seq) if seq > m.max_seq_len else m
 
 
 def job_for_extra(case: Extra) -> tuple[JobConfig, int]:
     name, world, dp, zero, pp, sched, virtual, ep, dtype, mb, seq, accum = case
-    m = _model_for(name)
+    m = _model_for(name, seq)
     job = JobConfig(model=m, parallel=ParallelConfig(dp=dp, zero=zero, pp=pp, pp_schedule=sched,
                                                      pp_virtual=virtual, ep=ep, layout="manual"),
                     precision=PrecisionConfig(dtype=dtype),
@@ -181,9 +184,7 @@ def label_extra(case: Extra) -> str:
 
 def job_for(case: Case) -> tuple[JobConfig, int]:
     name, world, dp, zero, rep, tp, sp, cp, ac, dtype, mb, seq, accum = case
-    m = _model_for(name)
-    if seq > m.max_seq_len:
-        m = dataclasses.replace(m, max_seq_len=seq)
+    m = _model_for(name, seq)
     job = JobConfig(model=m, parallel=ParallelConfig(dp=dp, zero=zero, dp_replicate=rep, tp=tp,
                                                      sp=sp, cp=cp, layout="manual"),
                     precision=PrecisionConfig(dtype=dtype), memory=MemoryConfig(ac=ac),
