@@ -40,6 +40,34 @@ CASES = [
     (["verify", "/nonexistent"], "run_dir"), (["report", "/nonexistent"], "run_dir"),
     (["status", "/nonexistent"], "run_dir"), (["bogus"], "bogus"), (["bench", "nope"], "nope"),
     (["profile", "--steps", "0"], "--steps"), (["profile", "--nproc", "0"], "--nproc"),
+    # plan/explain: non-finite numbers, --plot targets, recipes their framework cannot run
+    *[([cmd, "--model=tiny-llama", "--gpus=8", f"{flag}={v}"], flag)
+      for cmd in ("plan", "explain")
+      for flag in ("--tokens", "--usd-per-gpu-hour", "--efficiency", "--pue", "--grid-co2",
+                   "--host-watts")
+      for v in ("inf", "nan", "1e999")],
+    (["plan", "--model=tiny-llama", "--convention=16", "--params=inf"], "--params"),
+    (["explain", "--model=tiny-llama", "--convention=16", "--params=nan"], "--params"),
+    (["plan", "--model=tiny-llama", "--convention=16", "--params=1e308"], "--params=1e+308"),
+    (["plan", "--model=tiny-llama", "--tokens=1e12", "--pue=1e308"], "--pue=1e+308"),
+    (["explain", "--model=tiny-llama", "--tokens=1e12", "--usd-per-gpu-hour=1e308"],
+     "--usd-per-gpu-hour=1e+308"),
+    (["plan", "--model=tiny-llama", "--plot=/nonexistent/dir/x.png"], "--plot"),
+    (["plan", "--model=tiny-llama", "--plot=memory.txt"], "--plot"),
+    (["explain", "--model=tiny-llama", "--plot=/"], "--plot"),
+    (["plan", "--model=/nonexistent-dir"], "--model"),
+    (["plan", "--recipe=Megatron"], "did you mean 'megatron'"), (["plan", "--recipe="], "--recipe"),
+    (["explain", "--recipe=nanotron", "--gpus=8", "--cp=2"], "--cp"),
+    (["explain", "--recipe=nanotron", "--gpus=8", "--tp=2", "--zero=3"], "--zero"),
+    (["explain", "--recipe=deepspeed", "--gpus=8", "--pp=2", "--zero=2"], "--zero"),
+    (["explain", "--recipe=megatron", "--gpus=8", "--pp=2", "--pp-schedule=zero-bubble"],
+     "--pp-schedule"),
+    (["explain", "--recipe=torchtitan", "--gpus=8", "--tp=2"], "--zero"),
+    (["explain", "--recipe=deepspeed", "--gpus=8", "--offload=params"], "--offload"),
+    (["plan", "--convention=13"], "--convention"), (["plan", "--convention=16.0"], "--convention"),
+    (["plan", "--convention=16", "--json"], "--convention"),
+    (["plan", "--params=7e9"], "--params"),
+    (["plan", "--convention=16", "--ckpt-every=0"], "--ckpt-every"),
 ]
 
 
