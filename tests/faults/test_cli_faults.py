@@ -96,3 +96,19 @@ def test_cli_bad_launch_env_is_one_line(capsys, monkeypatch, env):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and ("RANK" in err[0] or "WORLD_SIZE" in err[0]
                               or "MASTER_ADDR" in err[0]), err
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["explain", "--gpus=2", "--cp=2", "--seq-len=16"], "--cp"),  # ring attention, window 4
+    (["plan", "--gpus=2", "--cp=2", "--seq-len=16"], "--cp"),
+])
+def test_sliding_window_with_context_parallel_is_one_line(capsys, tmp_path, argv, needle):
+    """model.sliding_window < seq_len cannot run under ring attention: the layout is refused
+    naming --cp and the window (a window >= seq_len is the documented no-op, and plans)."""
+    cfg = tmp_path / "sw.toml"
+    cfg.write_text('[model]\nname = "tiny-llama"\nsliding_window = 4\n')
+    assert main([*argv, f"--config={cfg}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0] and "sliding_window=4" in err[0], err
+    cfg.write_text('[model]\nname = "tiny-llama"\nsliding_window = 16\n')
+    assert main([*argv, f"--config={cfg}"]) == 0
