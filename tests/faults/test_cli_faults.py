@@ -64,6 +64,9 @@ CASES = [
      "--pp-schedule"),
     (["explain", "--recipe=torchtitan", "--gpus=8", "--tp=2"], "--zero"),
     (["explain", "--recipe=deepspeed", "--gpus=8", "--offload=params"], "--offload"),
+    # a search the recipe cannot satisfy names the pinned flag (it named --gpus before)
+    (["plan", "--recipe=nanotron", "--gpus=8", "--ac=selective"], "--ac"),
+    (["plan", "--recipe=nanotron", "--gpus=8", "--offload=params"], "--offload"),
     (["plan", "--convention=13"], "--convention"), (["plan", "--convention=16.0"], "--convention"),
     (["plan", "--convention=16", "--json"], "--convention"),
     (["plan", "--params=7e9"], "--params"),

@@ -245,6 +245,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
                      recipe=inp["recipe"], **pins)
         estimates = res.top
         if not res.top and not res.legal:
+            _why_no_recipe_layout(inp)
             raise ConfigError("--gpus", inp["gpus"], "no legal layout: change --gpus, "
                               "--global-batch or --seq-len so the degrees can divide them")
         if args.json:
@@ -267,6 +268,27 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     if getattr(args, "preflight", False) and estimates:
         print(_preflight(estimates[0]))
     return 0
+
+
+def _why_no_recipe_layout(inp: dict[str, Any]) -> None:
+    """A search with no legal layout because the recipe's framework cannot run the --ac or
+    --offload the user pinned: name that flag (not --gpus, which would send them astray). The
+    rules are recipe_problems' own, probed on plain data parallelism at the most sharded ZeRO
+    stage the framework runs."""
+    from scaletrain.planner.recipe_memory import recipe_problems
+    from scaletrain.planner.recipes import recipe_named
+
+    if inp["recipe"] == "scaletrain":
+        return
+    r = recipe_named(inp["recipe"])
+    probe = Layout(dp=inp["gpus"], zero=max(r.zero_stages))
+    for problem in recipe_problems(r, probe, ac=inp["ac"] or "none",
+                                   offload=inp["offload"] or "none"):
+        if problem.field.startswith("memory."):
+            stages = (f" ({r.framework} runs ZeRO stages "
+                      f"{', '.join(map(str, r.zero_stages))})"
+                      if problem.field == "memory.offload" else "")
+            raise ConfigError(_flag(problem.field), problem.value, problem.fix + stages)
 
 
 def _job_for(est: Any) -> Any:
