@@ -67,10 +67,12 @@ def write(counts: dict[str, Counter], seconds: dict[str, float], quick: bool) ->
                  f"{total['failure']} | {total['error']} | {total['skipped']} | "
                  f"{sum(seconds.values()):.1f} |")
     lines += ["", "A passed case ended in a one-line error naming the field, variable or file "
-              "(cli, toml, config values, hf_config, data, checkpoint damage, resume, lock, "
-              "launch env, ranks, fit check, pickle payload) or in the documented recovery "
-              "(signals: saved and resumed bitwise; retention and damaged checkpoints: the newest "
-              "good checkpoint kept and resumed from; byte-tokenized text kept byte-exact). "
+              "(cli, napkin, toml, config values, hf_config, data, chat templates, checkpoint "
+              "damage, resume, lock, launch env, ranks, fit check, pickle payload, run "
+              "directories) or in the documented recovery (signals: saved and resumed bitwise; "
+              "retention and damaged checkpoints: the newest good checkpoint kept and resumed "
+              "from; byte-tokenized text kept byte-exact; a damaged run-directory file that "
+              "verify/status/report can do without passed over). "
               "Seconds: the cases' own time as pytest measured it (2 shared cores; the "
               "subprocess and spawned-rank cases dominate)."]
     out = RESULTS / "faults.md"

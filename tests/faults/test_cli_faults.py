@@ -40,6 +40,37 @@ CASES = [
     (["verify", "/nonexistent"], "run_dir"), (["report", "/nonexistent"], "run_dir"),
     (["status", "/nonexistent"], "run_dir"), (["bogus"], "bogus"), (["bench", "nope"], "nope"),
     (["profile", "--steps", "0"], "--steps"), (["profile", "--nproc", "0"], "--nproc"),
+    # plan/explain: non-finite numbers, --plot targets, recipes their framework cannot run
+    *[([cmd, "--model=tiny-llama", "--gpus=8", f"{flag}={v}"], flag)
+      for cmd in ("plan", "explain")
+      for flag in ("--tokens", "--usd-per-gpu-hour", "--efficiency", "--pue", "--grid-co2",
+                   "--host-watts")
+      for v in ("inf", "nan", "1e999")],
+    (["plan", "--model=tiny-llama", "--convention=16", "--params=inf"], "--params"),
+    (["explain", "--model=tiny-llama", "--convention=16", "--params=nan"], "--params"),
+    (["plan", "--model=tiny-llama", "--convention=16", "--params=1e308"], "--params=1e+308"),
+    (["plan", "--model=tiny-llama", "--tokens=1e12", "--pue=1e308"], "--pue=1e+308"),
+    (["explain", "--model=tiny-llama", "--tokens=1e12", "--usd-per-gpu-hour=1e308"],
+     "--usd-per-gpu-hour=1e+308"),
+    (["plan", "--model=tiny-llama", "--plot=/nonexistent/dir/x.png"], "--plot"),
+    (["plan", "--model=tiny-llama", "--plot=memory.txt"], "--plot"),
+    (["explain", "--model=tiny-llama", "--plot=/"], "--plot"),
+    (["plan", "--model=/nonexistent-dir"], "--model"),
+    (["plan", "--recipe=Megatron"], "did you mean 'megatron'"), (["plan", "--recipe="], "--recipe"),
+    (["explain", "--recipe=nanotron", "--gpus=8", "--cp=2"], "--cp"),
+    (["explain", "--recipe=nanotron", "--gpus=8", "--tp=2", "--zero=3"], "--zero"),
+    (["explain", "--recipe=deepspeed", "--gpus=8", "--pp=2", "--zero=2"], "--zero"),
+    (["explain", "--recipe=megatron", "--gpus=8", "--pp=2", "--pp-schedule=zero-bubble"],
+     "--pp-schedule"),
+    (["explain", "--recipe=torchtitan", "--gpus=8", "--tp=2"], "--zero"),
+    (["explain", "--recipe=deepspeed", "--gpus=8", "--offload=params"], "--offload"),
+    # a search the recipe cannot satisfy names the pinned flag (it named --gpus before)
+    (["plan", "--recipe=nanotron", "--gpus=8", "--ac=selective"], "--ac"),
+    (["plan", "--recipe=nanotron", "--gpus=8", "--offload=params"], "--offload"),
+    (["plan", "--convention=13"], "--convention"), (["plan", "--convention=16.0"], "--convention"),
+    (["plan", "--convention=16", "--json"], "--convention"),
+    (["plan", "--params=7e9"], "--params"),
+    (["plan", "--convention=16", "--ckpt-every=0"], "--ckpt-every"),
 ]
 
 
@@ -68,3 +99,19 @@ def test_cli_bad_launch_env_is_one_line(capsys, monkeypatch, env):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and ("RANK" in err[0] or "WORLD_SIZE" in err[0]
                               or "MASTER_ADDR" in err[0]), err
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["explain", "--gpus=2", "--cp=2", "--seq-len=16"], "--cp"),  # ring attention, window 4
+    (["plan", "--gpus=2", "--cp=2", "--seq-len=16"], "--cp"),
+])
+def test_sliding_window_with_context_parallel_is_one_line(capsys, tmp_path, argv, needle):
+    """model.sliding_window < seq_len cannot run under ring attention: the layout is refused
+    naming --cp and the window (a window >= seq_len is the documented no-op, and plans)."""
+    cfg = tmp_path / "sw.toml"
+    cfg.write_text('[model]\nname = "tiny-llama"\nsliding_window = 4\n')
+    assert main([*argv, f"--config={cfg}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0] and "sliding_window=4" in err[0], err
+    cfg.write_text('[model]\nname = "tiny-llama"\nsliding_window = 16\n')
+    assert main([*argv, f"--config={cfg}"]) == 0

@@ -32,6 +32,42 @@ TOML_BAD = [
     ("model", "rope_theta", "inf"), ("model", "init_std", "inf"), ("model", "init_std", "0.0"),
     ("model", "init_std", "nan"), ("model", "dim", "64.5"), ("model", "name", "3"),
     ("model", "name", '"tiny-lama"'),
+    # [hardware] prices, energy, efficiency: negative, non-finite, strings, booleans
+    ("hardware", "usd_per_gpu_hour", "-1.0"), ("hardware", "usd_per_gpu_hour", "nan"),
+    ("hardware", "usd_per_gpu_hour", '"2"'), ("hardware", "usd_per_gpu_hour", "true"),
+    ("hardware", "pue", "0.5"), ("hardware", "pue", "-1.0"), ("hardware", "pue", "nan"),
+    ("hardware", "pue", '"1.2"'), ("hardware", "pue", "1e999"),
+    ("hardware", "grid_kg_co2_per_kwh", "-0.1"), ("hardware", "grid_kg_co2_per_kwh", "inf"),
+    ("hardware", "grid_kg_co2_per_kwh", '"x"'), ("hardware", "efficiency", "-0.5"),
+    ("hardware", "efficiency", "1.5"), ("hardware", "efficiency", "inf"),
+    ("hardware", "efficiency", '"0.4"'), ("hardware", "efficiency", "true"),
+    ("hardware", "host_watts_per_node", "-1.0"), ("hardware", "host_watts_per_node", "nan"),
+    ("hardware", "host_watts_per_node", '"500"'), ("hardware", "gpus", "-1"),
+    ("hardware", "gpus", "true"), ("hardware", "gpus", '"8"'), ("hardware", "gpus_per_node", "-1"),
+    ("hardware", "gpus_per_node", "2.5"), ("hardware", "gpu", '"H100-SXM"'),
+    ("hardware", "gpu", "1"), ("hardware", "gpu", '""'),
+    # the Literal-typed fields (config/choices.py): wrong case, quoted numbers, bools, ints
+    ("precision", "dtype", '"BF16"'), ("precision", "dtype", "16"), ("precision", "dtype", "true"),
+    ("precision", "dtype", '" bf16"'), ("precision", "reduce_dtype", '"fp16"'),
+    ("parallel", "zero", '"1"'), ("parallel", "zero", "true"), ("parallel", "zero", "4"),
+    ("parallel", "zero", "-1"), ("parallel", "zero", "false"), ("memory", "ac", '"FULL"'),
+    ("memory", "ac", "true"), ("memory", "ac", '"None"'), ("memory", "offload", '"Params"'),
+    ("memory", "offload", "false"), ("parallel", "pp_schedule", '"1F1B"'),
+    ("parallel", "pp_schedule", '"zero_bubble"'), ("parallel", "layout", '"AUTO"'),
+    ("optim", "name", '"AdamW"'), ("optim", "schedule", '"Cosine"'), ("data", "format", '"SFT"'),
+    ("data", "format", '"jsonl"'), ("data", "chat_template", '"{{ \'\'.__class__ }}"'),
+    ("data", "chat_template", '"Builtin"'), ("data", "chat_template", "1"),
+    ("data", "token_dtype", '"uint8"'), ("train", "device", '"CPU"'),
+    ("train", "device", '"cuda:0"'), ("model", "norm", '"RMSNorm"'),
+    ("model", "activation", '"relu"'), ("model", "position", '"RoPE"'),
+    ("model", "attention", '"flash"'), ("parallel", "tp", '"2"'), ("batch", "seq_len", '"64"'),
+    # sliding_window and eval_sources
+    ("model", "sliding_window", "-1"), ("model", "sliding_window", "true"),
+    ("model", "sliding_window", '"4"'), ("model", "sliding_window", "1.5"),
+    ("model", "sliding_window", "1e999"), ("data", "eval_sources", '"/nonexistent.txt"'),
+    ("data", "eval_sources", "[1]"), ("data", "eval_sources", "true"),
+    ("data", "eval_sources", '"=/x"'), ("data", "eval_sources", '",,,"'),
+    ("data", "eval_sources", '"a=/nonexistent.txt"'),
 ]
 
 CLI_BAD = [
@@ -41,6 +77,15 @@ CLI_BAD = [
     ("train.run_dir", ""), ("train.compile", "2"), ("model.init_std", "inf"),
     ("batch.seq_len", "1e999"), ("optim.weight_decay", "inf"), ("hardware.efficiency", "nan"),
     ("train.eval_batches", "1e6"), ("data.num_tokens", "1e10"), ("data.num_tokens", "1e999"),
+    ("parallel.zero", "true"), ("parallel.zero", "one"), ("parallel.zero", '"1"'),
+    ("precision.dtype", "BF16"), ("memory.ac", "FULL"), ("memory.ac", "true"),
+    ("model.sliding_window", "true"), ("model.sliding_window", "-1"),
+    ("model.sliding_window", "1.5"), ("model.sliding_window", "1e999"), ("hardware.pue", "0.5"),
+    ("hardware.pue", "inf"), ("hardware.usd_per_gpu_hour", "-1"), ("hardware.efficiency", "1.5"),
+    ("hardware.host_watts_per_node", "nan"), ("hardware.grid_kg_co2_per_kwh", "-1"),
+    ("hardware.gpus", "true"), ("data.chat_template", "Builtin"),
+    ("data.chat_template", "{{x}}"), ("train.device", "CPU"), ("data.format", "SFT"),
+    ("parallel.pp_schedule", "1F1B"), ("train.compile", "on"),
 ]
 
 

@@ -51,6 +51,8 @@ GOOD = json.dumps({"text": TEXT})
     ([GOOD, '{"body": "x"}'], "d.jsonl:2"), ([GOOD, '{"text": 5}'], "d.jsonl:2"),
     ([GOOD, '{"text": null}'], "d.jsonl:2"), ([GOOD, '{"text": ["a"]}'], "d.jsonl:2"),
     ([GOOD, "NaN"], "d.jsonl:2"), ([GOOD, "{\"text\": \"a\", }"], "d.jsonl:2"),
+    # a lone UTF-16 surrogate escape parses to a str no tokenizer encodes (was a traceback)
+    ([GOOD, '{"text": "a\\ud800b"}'], "d.jsonl:2"), ([GOOD, '{"text": "\\udfff"}'], "surrogate"),
 ])
 def test_malformed_jsonl_line_names_file_and_line(tmp_path, lines, needle):
     _refused(_cfg(tmp_path, str(_jsonl(tmp_path, lines))), needle)

@@ -80,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"scaletrain {chosen}: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `scaletrain verify RUN | head`: the reader has all it wanted
+        with contextlib.suppress(OSError):  # (and no second error when Python flushes at exit)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:  # Ctrl-C outside the training loop's handler (or a second one)
         print(f"scaletrain {chosen}: interrupted (SIGINT); nothing was saved since the last "
               "checkpoint", file=sys.stderr)

@@ -159,6 +159,8 @@ def _gemm(args: argparse.Namespace) -> list[str]:
         tm, tn = (int(x) for x in args.tile.lower().split("x"))
     except ValueError:
         raise ConfigError("--tile", args.tile, "write it as MxN, e.g. 128x128") from None
+    if tm < 1 or tn < 1:
+        raise ConfigError("--tile", args.tile, "both tile sides must be positive, e.g. 128x128")
     sms = SM_COUNTS[args.gpu]
     t = args.tp
     rows = args.seq_len * args.micro_batch

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from scaletrain.cli._job import ResolvedJob, add_job_flags, flag_overrides, resolve_job
+from scaletrain.cli._types import check_finite_output, finite_float
 from scaletrain.cli._verdict import verdict_line
 from scaletrain.config import ConfigError, Layout, check_layout
 from scaletrain.config.choices import PPSchedule
@@ -23,26 +24,28 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     a("--json", action="store_true", help="print the DESIGN.md §4 JSON (a list for searches)")
     a("--top", type=int, default=5, metavar="K", help="layouts shown by a search")
     a("--plot", metavar="FILE.png", help="write the memory breakdown (and pipeline) plot")
-    a("--tokens", type=float, metavar="N", help="training tokens for the time/cost line")
+    a("--tokens", type=finite_float, metavar="N", help="training tokens for the time/cost line")
     a("--recipe", default="scaletrain", metavar="NAME",
       help="plan what this framework allocates: scaletrain (default), megatron, deepspeed, "
            "torchtitan, nanotron, nemo (megatron's memory, NeMo's overlapped communication)")
     a("--preflight", "--verify", dest="preflight", action="store_true",
       help="dry-run the best layout under fake tensors (its worst rank) and compare")
     # [hardware] price, efficiency and energy (TOML hardware.*; a flag wins)
-    a("--usd-per-gpu-hour", type=float, metavar="USD",
+    a("--usd-per-gpu-hour", type=finite_float, metavar="USD",
       help="price per GPU-hour (default: the preset's rough cloud rate)")
-    a("--efficiency", type=float, metavar="F",
+    a("--efficiency", type=finite_float, metavar="F",
       help="achievable fraction of peak matmul FLOP/s (0..1; default: the planner's model)")
-    a("--pue", type=float, metavar="X", help="data-centre PUE, energy multiplier (default 1.2)")
-    a("--grid-co2", type=float, metavar="KG",
+    a("--pue", type=finite_float, metavar="X",
+      help="data-centre PUE, energy multiplier (default 1.2)")
+    a("--grid-co2", type=finite_float, metavar="KG",
       help="grid intensity, kg CO2 per kWh (default 0.43)")
-    a("--host-watts", type=float, metavar="W", help="host power per node (default 0: GPUs only)")
+    a("--host-watts", type=finite_float, metavar="W",
+      help="host power per node (default 0: GPUs only)")
     # the seeds' textbook memory beside the planner's (planner/napkin.py)
     a("--convention", type=int, metavar="BYTES",
       help="also show the seeds' textbook memory: 12, 16, 18 or 20 bytes/param of model + "
            "optimizer state and Korthikanti's activations")
-    a("--params", type=float, metavar="N",
+    a("--params", type=finite_float, metavar="N",
       help="nominal parameter count for --convention (the seeds round, e.g. 7e9)")
     a("--ckpt-every", type=int, metavar="K",
       help="--convention: keep 1 in K layers' activations (seed 004's GPT-2 walk-through)")
@@ -75,6 +78,7 @@ def _inputs(args: argparse.Namespace) -> dict[str, Any]:
     if args.tokens is not None and args.tokens <= 0:
         raise ConfigError("--tokens", args.tokens, "give a positive token count such as 1e12")
     _textbook_flags(args)
+    _plot_path(args.plot)
     from scaletrain.planner.recipes import recipe_named
 
     recipe_named(args.recipe)  # an unknown recipe: one line with did-you-mean, before any work
@@ -109,6 +113,29 @@ def _energy(job: Any) -> dict[str, float]:
     h = job.hardware
     return {"pue": h.pue, "kg_co2_per_kwh": h.grid_kg_co2_per_kwh,
             "host_watts_per_node": h.host_watts_per_node}
+
+
+_PLOT_FORMATS = (".png", ".pdf", ".svg", ".jpg", ".jpeg")
+
+
+def _plot_path(path: str | None) -> None:
+    """--plot FILE: a file name with an image suffix in an existing directory, checked before
+    any work (matplotlib would otherwise fail after the plan, or add '.png' to a directory's
+    name and write beside it)."""
+    if path is None:
+        return
+    from pathlib import Path
+
+    p = Path(path)
+    if p.suffix.lower() not in _PLOT_FORMATS:
+        raise ConfigError("--plot", path, f"name an image file ending in "
+                          f"{', '.join(_PLOT_FORMATS)}, e.g. memory.png")
+    if p.is_dir():
+        raise ConfigError("--plot", path, "it is a directory: name a file such as "
+                          f"{p / 'memory.png'}")
+    if not p.resolve().parent.is_dir():
+        raise ConfigError("--plot", path, f"its directory {p.parent} does not exist: create "
+                          "it or name a file in an existing one")
 
 
 def _textbook_flags(args: argparse.Namespace) -> None:
@@ -157,7 +184,7 @@ def _exact_layout(inp: dict[str, Any]) -> Layout:
 
 def _flag(field: str) -> str:
     key = field.split(".")[-1]
-    return {"parallel": "--dp/--tp/--pp/--cp", "global_batch": "--global-batch",
+    return {"parallel": "--dp/--tp/--pp/--cp", "name": "--model", "global_batch": "--global-batch",
             "seq_len": "--seq-len", "pp_schedule": "--pp-schedule",
             "pp_virtual": "--pp-virtual", "micro_batch": "--micro-batch",
             "usd_per_gpu_hour": "--usd-per-gpu-hour", "grid_kg_co2_per_kwh": "--grid-co2",
@@ -219,6 +246,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
                      recipe=inp["recipe"], **pins)
         estimates = res.top
         if not res.top and not res.legal:
+            _why_no_recipe_layout(inp)
             raise ConfigError("--gpus", inp["gpus"], "no legal layout: change --gpus, "
                               "--global-batch or --seq-len so the degrees can divide them")
         if args.json:
@@ -233,12 +261,35 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         lines.append(_textbook(estimates[0], args))
     if lines:
         from scaletrain.planner.report import fit_width
-        print(fit_width("\n".join(lines)))
+        text = fit_width("\n".join(lines))
+        check_finite_output(text, args.command, args)
+        print(text)
     if args.plot and estimates:
         _plots(estimates, args.plot)
     if getattr(args, "preflight", False) and estimates:
         print(_preflight(estimates[0]))
     return 0
+
+
+def _why_no_recipe_layout(inp: dict[str, Any]) -> None:
+    """A search with no legal layout because the recipe's framework cannot run the --ac or
+    --offload the user pinned: name that flag (not --gpus, which would send them astray). The
+    rules are recipe_problems' own, probed on plain data parallelism at the most sharded ZeRO
+    stage the framework runs."""
+    from scaletrain.planner.recipe_memory import recipe_problems
+    from scaletrain.planner.recipes import recipe_named
+
+    if inp["recipe"] == "scaletrain":
+        return
+    r = recipe_named(inp["recipe"])
+    probe = Layout(dp=inp["gpus"], zero=max(r.zero_stages))
+    for problem in recipe_problems(r, probe, ac=inp["ac"] or "none",
+                                   offload=inp["offload"] or "none"):
+        if problem.field.startswith("memory."):
+            stages = (f" ({r.framework} runs ZeRO stages "
+                      f"{', '.join(map(str, r.zero_stages))})"
+                      if problem.field == "memory.offload" else "")
+            raise ConfigError(_flag(problem.field), problem.value, problem.fix + stages)
 
 
 def _job_for(est: Any) -> Any:

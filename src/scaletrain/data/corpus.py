@@ -83,6 +83,22 @@ def _iter_txt(path: Path, cursor: Cursor) -> Iterator[tuple[str, bool]]:
     yield "", True
 
 
+def _has_lone_surrogate(obj: Any) -> bool:
+    """True if a string in the parsed JSON `obj` holds an unpaired surrogate (JSON's
+    '\\ud800' escape parses to one; no tokenizer can encode it, UTF-8 has no bytes for it)."""
+    if isinstance(obj, str):
+        try:
+            obj.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    if isinstance(obj, dict):
+        return any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in obj.items())
+    if isinstance(obj, list):
+        return any(_has_lone_surrogate(v) for v in obj)
+    return False
+
+
 def jsonl_records(path: Path, cursor: Cursor | None = None) -> Iterator[tuple[int, Any]]:
     """(line number, parsed record) of every non-blank line of a `.jsonl` / `.jsonl.gz` file;
     a malformed line, a line that is not UTF-8 or a corrupt gzip stream is one error naming
@@ -101,10 +117,15 @@ def jsonl_records(path: Path, cursor: Cursor | None = None) -> Iterator[tuple[in
                 if not line.strip():
                     continue
                 try:
-                    yield lineno, json.loads(line)
+                    record = json.loads(line)
                 except json.JSONDecodeError as e:
                     raise ConfigError("data.source", f"{path}:{lineno}",
                                       f"malformed JSON line ({e.msg}): fix or remove it") from None
+                if "\\u" in line and _has_lone_surrogate(record):
+                    raise ConfigError("data.source", f"{path}:{lineno}", "a string holds a lone "
+                                      "UTF-16 surrogate escape (\\ud800-\\udfff), which is no "
+                                      "text: fix the writer of this file or remove the line")
+                yield lineno, record
     except (OSError, EOFError, zlib.error) as e:  # gzip: not gzip, truncated, bad CRC
         raise ConfigError("data.source", f"{path}:{lineno + 1}",
                           f"unreadable ({' '.join(str(e).split()) or type(e).__name__}): the "

@@ -54,8 +54,11 @@ class PretrainedTokenizer(TokenizersBacked):
         if conf_path.is_file():
             try:
                 conf = json.loads(conf_path.read_text(encoding="utf-8"))
-            except ValueError as e:
+            except ValueError as e:  # (UnicodeDecodeError included)
                 raise ConfigError(_FIELD, str(conf_path), f"fix its JSON ({e})") from e
+            if not isinstance(conf, dict):
+                raise ConfigError(_FIELD, str(conf_path), f"it holds a JSON "
+                                  f"{type(conf).__name__}, not an object: fix or remove it")
         self._conf_path = conf_path if conf_path.is_file() else None
         self.eos_id = self._id_of(_token_text(conf.get("eos_token")), guesses=_EOS_GUESSES)
         self.bos_id = self._id_of(_token_text(conf.get("bos_token")), guesses=())
@@ -68,7 +71,11 @@ class PretrainedTokenizer(TokenizersBacked):
         string, or a list of named templates of which 'default' is used)."""
         jinja = directory / "chat_template.jinja"
         if jinja.is_file():
-            return jinja.read_text(encoding="utf-8"), str(jinja)
+            try:
+                return jinja.read_text(encoding="utf-8"), str(jinja)
+            except UnicodeDecodeError as e:
+                raise ConfigError("data.chat_template", str(jinja), f"not UTF-8 text (byte "
+                                  f"{e.start}): fix or remove it") from None
         value = conf.get("chat_template")
         if isinstance(value, list):
             value = next((t.get("template") for t in value

@@ -96,17 +96,22 @@ class ChatTemplate:
 
     def __init__(self, source: str, where: str, tok: Tokenizer) -> None:
         import jinja2
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        from .jinja_sandbox import bounded_environment
 
         def raise_exception(message: str) -> None:
             raise ConfigError("data.chat_template", where, f"the template refused: {message}")
 
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env = bounded_environment()
         env.globals["raise_exception"] = raise_exception
         try:
             self._template = env.from_string(source)
         except jinja2.TemplateError as e:
             raise ConfigError("data.chat_template", where, f"fix the Jinja2 template ({e})"
+                              ) from e
+        except Exception as e:  # noqa: BLE001 - compile-time folding of the template's own code
+            raise ConfigError("data.chat_template", where, f"fix the Jinja2 template "
+                              f"({type(e).__name__}: {e}) or use data.chat_template=builtin"
                               ) from e
         self.where = where
         hf = tok.hf_tokenizer()
@@ -114,20 +119,32 @@ class ChatTemplate:
                           for k in ("bos", "eos") for i in [getattr(tok, f"{k}_id", None)]}
 
     def render(self, messages: list[tuple[str, str]], *, add_generation_prompt: bool) -> str:
-        import jinja2
+        from .jinja_sandbox import TemplateLimit, render_bounded
 
         try:
-            return self._template.render(
-                messages=[{"role": r, "content": c} for r, c in messages],
-                add_generation_prompt=add_generation_prompt, **self._specials)
+            text = render_bounded(self._template, {
+                "messages": [{"role": r, "content": c} for r, c in messages],
+                "add_generation_prompt": add_generation_prompt, **self._specials})
         except ConfigError:
             raise
-        except (jinja2.TemplateError, TypeError, ValueError, KeyError) as e:
-            # the sandbox's SecurityError is a TemplateError: a template that reaches for
-            # Python internals stops here
+        except TemplateLimit as e:  # bounded size or time (data/jinja_sandbox.py)
             raise ConfigError("data.chat_template", self.where,
-                              f"the template failed to render ({type(e).__name__}: {e}); use "
-                              "data.chat_template=builtin") from e
+                              f"the template went past a limit ({e}); fix it or use "
+                              "data.chat_template=builtin") from None
+        except Exception as e:  # noqa: BLE001 - whatever the template's own code raises
+            # the sandbox's SecurityError is a TemplateError: a template that reaches for
+            # Python internals stops here; so do its ZeroDivisionError, OverflowError,
+            # RecursionError (a macro calling itself), MemoryError
+            raise ConfigError("data.chat_template", self.where,
+                              f"the template failed to render ({type(e).__name__}: "
+                              f"{str(e)[:200]}); use data.chat_template=builtin") from None
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:  # a lone surrogate ('\ud800') no tokenizer encodes
+            raise ConfigError("data.chat_template", self.where, f"the template renders a "
+                              f"character that is not text ({e.reason}): fix it or use "
+                              "data.chat_template=builtin") from None
+        return text
 
 
 def chat_template_for(cfg: DataConfig, tok: Tokenizer) -> ChatTemplate | None:
@@ -167,10 +184,17 @@ def _render_with_template(messages: list[tuple[str, str]], tok: Tokenizer,
         add(text[len(done):], trained)
         done = text
 
-    for i, (role, _) in enumerate(messages):
+    for i, (role, content) in enumerate(messages):
         if role == "assistant":
             extend_to(template.render(messages[:i], add_generation_prompt=True), 0)
+            before = done
             extend_to(template.render(messages[:i + 1], add_generation_prompt=False), 1)
+            if content.strip() and content.strip() not in done[len(before):]:
+                # nothing would be trained on this reply (an empty or reply-dropping template)
+                raise ConfigError("data.chat_template", template.where,
+                                  "the template does not render the assistant's reply, so "
+                                  "nothing of it would be trained: fix it or use "
+                                  "data.chat_template=builtin")
     extend_to(template.render(messages, add_generation_prompt=False), 0)
     return ids, mask
 

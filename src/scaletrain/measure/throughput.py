@@ -27,15 +27,19 @@ class Throughput:
 
 def step_throughput(rows: Iterable[dict[str, Any]]) -> Throughput | None:
     """The throughput of metrics.jsonl rows (None: fewer than two timed steps logged)."""
-    timed = [r for r in rows if isinstance(r, dict) and r.get("tokens_per_s")
-             and r.get("step_s")][1:]
+    from .run_files import finite
+
+    # a row counts when both figures are positive finite numbers (a damaged or hand-edited
+    # metrics.jsonl may hold strings, inf or nan: such rows are skipped)
+    timed = [r for r in rows if isinstance(r, dict) and (finite(r.get("tokens_per_s")) or 0) > 0
+             and (finite(r.get("step_s")) or 0) > 0][1:]
     if not timed:
         return None
     seconds = sum(float(r["step_s"]) for r in timed)
     tokens = sum(float(r["tokens_per_s"]) * float(r["step_s"]) for r in timed)
     tok_s = tokens / seconds
     mfu = None
-    if all("mfu" in r for r in timed):
+    if all(finite(r.get("mfu")) is not None for r in timed):
         mfu = tok_s * float(timed[0]["mfu"]) / float(timed[0]["tokens_per_s"])
     return Throughput(tokens_per_s=tok_s, step_s=seconds / len(timed), mfu=mfu,
                       steps=len(timed))

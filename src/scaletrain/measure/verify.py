@@ -7,7 +7,6 @@ measured, per memory category; a category measured as 0 gets no relative error.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -139,15 +138,9 @@ def metrics_throughput(path: Path) -> dict[str, float]:
     defines them (the same figures `scaletrain report` shows)."""
     from scaletrain.measure.throughput import step_throughput
 
-    if not path.is_file():
-        return {}
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    t = step_throughput(rows)
+    from .run_files import read_records
+
+    t = step_throughput(read_records(path))
     return {} if t is None else {"measured_tokens_per_s": t.tokens_per_s,
                                  "measured_step_s": t.step_s}
 
@@ -168,13 +161,35 @@ def job_from_dict(d: dict[str, Any]) -> JobConfig:
 
 def verify_run(run_dir: str | Path) -> tuple[Measurement, Comparison, JobConfig]:
     """Read RUN_DIR/config.json and RUN_DIR/measurement.json; compare with the planner."""
+    from .run_files import read_object
+
     run = Path(run_dir)
     for name in ("config.json", "measurement.json"):
-        if not (run / name).is_file():
+        if not (run / name).exists():
             raise ConfigError("run_dir", str(run), f"{name} is missing: give the directory of "
                               "a finished `scaletrain train` run (its train.run_dir)")
-    job = job_from_dict(json.loads((run / "config.json").read_text()))
-    measurement = Measurement.read(run / "measurement.json")
+    config = read_object(run / "config.json", required=True)
+    raw_measurement = read_object(run / "measurement.json", required=True)
+    assert config is not None and raw_measurement is not None  # (required: raised otherwise)
+    # a section that is not a table would silently become the defaults (another job's plan)
+    for section in JobConfig().to_dict():
+        if section in config and not isinstance(config[section], dict):
+            raise ConfigError("run_dir", str(run / "config.json"), f"its {section!r} is "
+                              f"{type(config[section]).__name__}, not a table: restore the "
+                              "run's config.json")
+    if not isinstance(raw_measurement.get("memory"), dict):
+        raise ConfigError("run_dir", str(run / "measurement.json"), "it has no 'memory' "
+                          "object (what the run measured): restore the run's measurement.json")
+    try:
+        job = job_from_dict(config)
+    except ConfigError as e:
+        raise ConfigError("run_dir", str(run / "config.json"), f"its {e.field} = {e.value!r} "
+                          f"is invalid ({e.fix}): restore the run's config.json") from None
+    try:
+        measurement = Measurement.from_json(raw_measurement)
+    except (TypeError, ValueError, AttributeError) as e:
+        raise ConfigError("run_dir", str(run / "measurement.json"), f"a field has the wrong "
+                          f"type ({e}): restore the run's measurement.json") from None
     layout = job.layout(measurement.world_size)
     est = predict(job, layout)
     if est is not None and layout.pp > 1 and measurement.source in ("cpu", "cuda"):

@@ -194,6 +194,9 @@ def train_flops(*, flops: float | None = None, params: float | None = None,
     for flag, v in (("--params", params), ("--tokens", tokens)):
         if v <= 0:
             raise ConfigError(flag, v, "give a positive count such as 7e9")
+    if not math.isfinite(6 * params * tokens):
+        raise ConfigError("--tokens", tokens, f"6 x N x D overflows with N = {params:.3g}: "
+                          "give realistic --params and --tokens (or --flops)")
     return TrainFlops(6 * params * tokens,
                       f"6 x N x D = 6 x {params:.3g} x {tokens:.3g} = {6 * params * tokens:.3g}")
 

@@ -7,7 +7,6 @@ existed still has its curves. Lines that do not parse (a run killed mid-write) a
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,16 +38,21 @@ class RunData:
 
     @property
     def world_size(self) -> int:
+        from scaletrain.measure.run_files import whole
+
+        # (a damaged or hand-edited file's non-number is passed over)
         for src in (self.info, self.measurement or {}):
-            if src.get("world_size"):
-                return int(src["world_size"])
-        hw = self.config.get("hardware", {})
-        return int(hw.get("gpus") or 1)
+            if (n := whole(src.get("world_size"))) is not None and n >= 1:
+                return n
+        hw = self.config.get("hardware")
+        n = whole(hw.get("gpus")) if isinstance(hw, dict) else None
+        return n if n is not None and n >= 1 else 1
 
     @property
     def best_loss(self) -> float | None:
-        v = self.info.get("best_loss")
-        return float(v) if v is not None else None
+        from scaletrain.measure.run_files import finite
+
+        return finite(self.info.get("best_loss"))
 
 
 @dataclass
@@ -68,24 +72,16 @@ class Prediction:
 
 
 def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+    """The JSON object in `path`, or None (missing or damaged: the report shows what it has)."""
+    from scaletrain.measure.run_files import read_object
+
+    return read_object(path)
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
+    from scaletrain.measure.run_files import read_records
+
+    return read_records(path)
 
 
 def load_run(run_dir: str | Path) -> RunData:
@@ -147,8 +143,10 @@ def _measured_throughput(run: RunData) -> tuple[float | None, float | None]:
     t = step_throughput(run.metrics)
     if t is not None:
         return t.tokens_per_s, t.mfu
-    if run.info.get("tokens_per_s"):
-        return float(run.info["tokens_per_s"]), run.info.get("mfu")
+    from scaletrain.measure.run_files import finite
+
+    if tok := finite(run.info.get("tokens_per_s")):
+        return tok, finite(run.info.get("mfu"))
     return None, None
 
 
@@ -179,7 +177,7 @@ def predict_run(run: RunData) -> Prediction:
 
         try:
             cmp = compare(Measurement.from_json(run.measurement), est)
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError, AttributeError) as e:
             out.notes.append(f"measurement.json unreadable: {e}")
         else:
             out.memory_measured, out.memory_predicted = cmp.measured, cmp.predicted

@@ -12,7 +12,6 @@ State, first that applies:
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import statistics
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from scaletrain.config import ConfigError
+from scaletrain.measure.run_files import finite, read_object, read_records, whole
 
 __all__ = ["RunStatus", "format_status", "run_status"]
 
@@ -49,22 +49,12 @@ class RunStatus:
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:  # a line being written right now
-            continue
-    return out
+    """The object lines (a line being written right now, or a damaged one, is skipped)."""
+    return read_records(path)
 
 
 def _json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+    return read_object(path)
 
 
 def _alive(pid: int) -> bool:
@@ -87,7 +77,9 @@ def _checkpoint(run_dir: Path) -> str | None:
 def _health(run_dir: Path, records: list[dict[str, Any]]) -> dict[str, Any]:
     stragglers = _jsonl(run_dir / "stragglers.jsonl")
     rollbacks = [g for g in _jsonl(run_dir / "guard.jsonl") if g.get("event") == "rollback"]
-    return {"stragglers": {int(r): s["step"] for s in stragglers for r in s["stragglers"]},
+    return {"stragglers": {r: s["step"] for s in stragglers
+                           if isinstance(s.get("stragglers"), list) and "step" in s
+                           for r in s["stragglers"] if whole(r) is not None},
             "rollbacks": len(rollbacks),
             "skipped_steps": sum(1 for r in records if r.get("skipped")),
             "watchdog": (_json(run_dir / "watchdog" / "report.json") or {}).get("line")}
@@ -95,12 +87,14 @@ def _health(run_dir: Path, records: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _state(run_dir: Path, *, step: int, total: int, stall_after_s: float, now: float
            ) -> tuple[str, str]:
+    # a heartbeat or hang report without a finite time (damaged, hand-edited) is ignored
     beats = [b for p in sorted((run_dir / "heartbeat").glob("rank*.json"))
-             if (b := _json(p)) is not None]
-    newest = max((b["time"] for b in beats), default=None)
+             if (b := _json(p)) is not None and finite(b.get("time")) is not None]
+    newest = max((float(b["time"]) for b in beats), default=None)
     hang = _json(run_dir / "watchdog" / "report.json")
-    if hang is not None and (newest is None or hang["time"] >= newest):
-        return "hung", hang["line"]
+    if hang is not None and finite(hang.get("time")) is not None and (
+            newest is None or hang["time"] >= newest):
+        return "hung", str(hang.get("line", "the watchdog reported a hang"))
     if (run_dir / "run_info.json").is_file() and step >= total:
         return "finished", f"{step} of {total} steps"
     if beats and all(b.get("state") == "exited" for b in beats):
@@ -112,7 +106,8 @@ def _state(run_dir: Path, *, step: int, total: int, stall_after_s: float, now: f
         return "running", f"last heartbeat {age:.0f} s ago, {len(beats)} rank(s)"
     here = socket.gethostname()
     local = [b for b in beats if b.get("host") == here]
-    if len(local) == len(beats) and not any(_alive(int(b["pid"])) for b in local):
+    if len(local) == len(beats) and not any(_alive(pid) for b in local
+                                            if (pid := whole(b.get("pid"))) is not None):
         return "crashed", f"no heartbeat for {age:.0f} s and no process of the run is alive"
     return "stalled", (f"no heartbeat for {age:.0f} s (stall limit {stall_after_s:.0f} s); "
                        "processes are alive or on other hosts")
@@ -120,27 +115,35 @@ def _state(run_dir: Path, *, step: int, total: int, stall_after_s: float, now: f
 
 def run_status(run_dir: str | Path, *, now: float | None = None) -> RunStatus:
     d = Path(run_dir)
-    config = _json(d / "config.json")
-    if config is None:
+    if not (d / "config.json").exists():
         raise ConfigError("run_dir", str(d), "give a run directory that holds config.json "
                           "(written when training starts)")
-    total = int(config["train"]["steps"])
-    records = _jsonl(d / "metrics.jsonl")
+    config = read_object(d / "config.json", required=True)
+    assert config is not None  # (required: raised otherwise)
+    train = config.get("train")
+    total = whole(train.get("steps")) if isinstance(train, dict) else None
+    if total is None or total < 0:
+        raise ConfigError("run_dir", str(d / "config.json"), "it has no whole train.steps: "
+                          "restore the run's config.json")
+    # metrics rows whose step is not a whole number are damaged: skipped
+    records = [r for r in _jsonl(d / "metrics.jsonl") if whole(r.get("step", 0)) is not None]
     last = records[-1] if records else {}
-    step = int(last.get("step", 0))
-    recent = [float(r["step_s"]) for r in records[-50:] if "step_s" in r]
+    step = whole(last.get("step", 0)) or 0
+    recent = [v for r in records[-50:] if (v := finite(r.get("step_s"))) is not None]
     step_s = statistics.median(recent) if recent else None
-    watchdog = float(config.get("monitor", {}).get("watchdog_timeout_s", 0.0))
+    monitor = config.get("monitor")
+    watchdog = (finite(monitor.get("watchdog_timeout_s")) if isinstance(monitor, dict)
+                else None) or 0.0
     stall_after = max(MIN_STALL_S, watchdog, 10 * (step_s or 0.0))
     state, detail = _state(d, step=step, total=total, stall_after_s=stall_after,
                            now=time.time() if now is None else now)
-    vals = [r["val_loss"] for r in records if r.get("val_loss") is not None]
-    evals = {k[9:]: float(v) for r in records for k, v in r.items()
-             if k.startswith("val_loss/") and v is not None}  # later records win
-    tok = [float(r["tokens_per_s"]) for r in records[-50:] if "tokens_per_s" in r]
+    vals = [v for r in records if (v := finite(r.get("val_loss"))) is not None]
+    evals = {k[9:]: v for r in records for k, raw in r.items()
+             if k.startswith("val_loss/") and (v := finite(raw)) is not None}  # later win
+    tok = [v for r in records[-50:] if (v := finite(r.get("tokens_per_s"))) is not None]
     eta = (total - step) * step_s if step_s is not None and state == "running" else None
     return RunStatus(run_dir=d, state=state, detail=detail, step=step, total_steps=total,
-                     loss=last.get("loss"), val_loss=vals[-1] if vals else None,
+                     loss=finite(last.get("loss")), val_loss=vals[-1] if vals else None,
                      eval_losses=evals,
                      tokens_per_s=statistics.median(tok) if tok else None, step_s=step_s,
                      eta_s=eta, checkpoint=_checkpoint(d), health=_health(d, records))
