@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import Any, cast
 
 from scaletrain.cli._job import ResolvedJob, add_job_flags, flag_overrides, resolve_job
 from scaletrain.cli._types import check_finite_output, finite_float
 from scaletrain.cli._verdict import verdict_line
 from scaletrain.config import ConfigError, Layout, check_layout
-from scaletrain.config.choices import PPSchedule
+from scaletrain.config.choices import PPSchedule, ZeroStage
 
 __all__ = ["add_arguments", "run", "DEGREE_FLAGS"]
 
@@ -282,7 +282,7 @@ def _why_no_recipe_layout(inp: dict[str, Any]) -> None:
     if inp["recipe"] == "scaletrain":
         return
     r = recipe_named(inp["recipe"])
-    probe = Layout(dp=inp["gpus"], zero=max(r.zero_stages))
+    probe = Layout(dp=inp["gpus"], zero=cast(ZeroStage, max(r.zero_stages)))
     for problem in recipe_problems(r, probe, ac=inp["ac"] or "none",
                                    offload=inp["offload"] or "none"):
         if problem.field.startswith("memory."):
