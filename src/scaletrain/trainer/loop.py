@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from scaletrain import clock
 from scaletrain.checkpoint.dcp import (
     AsyncCheckpointer,
     latest_good,
@@ -284,7 +285,10 @@ def train(job: JobConfig, *, max_steps: int | None = None) -> RunResult:
     """
     created = not dist.is_initialized()
     try:
-        result = _train(job, max_steps=max_steps)
+        # phases (`scaletrain.clock`): setup (data nested in it), steps, eval, checkpoint,
+        # finish; written to run_info.json
+        with clock.phase("setup"):
+            result = _train(job, max_steps=max_steps)
     finally:
         runlock.release_held()
         signals.uninstall()
@@ -336,6 +340,7 @@ def _train(job: JobConfig, *, max_steps: int | None) -> RunResult:
     loss_value = float("nan")
     snapshot_path: Path | None = None
     signals.install()  # SIGINT/SIGTERM: finish the step, save, exit (checked after each step)
+    clock.switch("steps")  # the loop's own work: steps and their logging
 
     while step < end_step:
         t0 = time.perf_counter()
@@ -377,9 +382,10 @@ def _train(job: JobConfig, *, max_steps: int | None) -> RunResult:
             "tokens_per_s": tok_s, "mfu": run.mfu(tok_s), "step_s": dt,
             "loss_scale": run.scaler.scale, "skipped": not out.finite}
         if step % job.train.eval_every == 0 or step == job.train.steps:
-            val_loss = evaluate(run, val_batches)
-            record["val_loss"] = val_loss
-            record.update(_evaluate_sets(run, eval_sets, eval_losses))
+            with clock.phase("eval"):
+                val_loss = evaluate(run, val_batches)
+                record["val_loss"] = val_loss
+                record.update(_evaluate_sets(run, eval_sets, eval_losses))
         record.update({f"mem_{k}": v for k, v in peak_process_memory(run.device).items()})
         monitor.end(record)
         logger.log(record)
@@ -389,16 +395,19 @@ def _train(job: JobConfig, *, max_steps: int | None) -> RunResult:
         stop = signals.stop_requested()
         if (job.checkpoint.every and step % job.checkpoint.every == 0) or step == end_step \
                 or stop:
-            _save(run, step, wall_offset + time.perf_counter() - t_start, saver)
+            with clock.phase("checkpoint"):
+                _save(run, step, wall_offset + time.perf_counter() - t_start, saver)
         if stop:
             if saver is not None:
                 saver.close()
             signals.exit_after_save(stop, step=step, log=logger.print)
 
+    clock.switch("finish")  # the last background save, sample, export, run files
     if saver is not None:  # the last checkpoint is published before the run reports done
-        saver.close()
-        if dist.is_initialized():
-            dist.barrier()
+        with clock.phase("checkpoint"):
+            saver.close()
+            if dist.is_initialized():
+                dist.barrier()
     data.close()
     tok_s = tokens_seen / timed_s if timed_s else run.tokens_per_step / max(dt, 1e-9)
     sample = ""
@@ -447,7 +456,10 @@ def _write_run_files(run: Run, r: RunResult) -> None:
             "skipped_steps": r.skipped_steps, "rollbacks": r.rollbacks,
             "world_size": run.env.world_size, "device": run.device.type,
             "hardware": run.hardware.name, "params": run.job.model.num_params(),
-            "eval": {k: {"val_loss": v, "ppl": perplexity(v)} for k, v in r.eval_losses.items()}}
+            "eval": {k: {"val_loss": v, "ppl": perplexity(v)} for k, v in r.eval_losses.items()},
+            # this process's wall seconds by phase so far (`scaletrain.clock`) and when they
+            # were taken: a caller that timed the process can name the rest (imports, exit)
+            "phases_s": clock.totals(), "phases_written_unix": time.time()}
     if r.memory_snapshot is not None:  # CUDA: every rank wrote its own, rank 0's is noted
         info["memory_snapshot"] = str(r.memory_snapshot)
     (d / "run_info.json").write_text(json.dumps(info, indent=1))
