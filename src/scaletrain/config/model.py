@@ -26,7 +26,7 @@ __all__ = [
 ]
 
 NORMS = ("layernorm", "rmsnorm")
-ACTIVATIONS = ("gelu", "swiglu")
+ACTIVATIONS = ("gelu", "gelu_exact", "swiglu")
 POSITIONS = ("learned", "rope")
 ATTENTIONS = ("sdpa", "naive")
 
@@ -54,7 +54,9 @@ class ModelConfig:
     norm: str = "layernorm"
     """'layernorm' (GPT-2, weight + bias when `bias`) or 'rmsnorm' (Llama, weight only)."""
     activation: str = "gelu"
-    """'gelu' (two matrices) or 'swiglu' (three matrices: gate, up, down)."""
+    """'gelu' (two matrices; the tanh approximation, GPT-2's and HF's `gelu_new`), 'gelu_exact'
+    (two matrices; the erf form: torch's `nn.GELU()`, nanoGPT's, HF's `gelu`; about half the
+    CPU time of the tanh form) or 'swiglu' (three matrices: gate, up, down)."""
     position: str = "learned"
     """'learned' absolute position embeddings (GPT-2) or 'rope' rotary embeddings (Llama)."""
     rope_theta: float = 10000.0
@@ -83,7 +85,7 @@ class ModelConfig:
         if self.num_kv_heads == 0:
             self.num_kv_heads = self.num_heads
         if self.ffn_dim == 0:
-            self.ffn_dim = 4 * self.dim if self.activation == "gelu" else _llama_ffn(self.dim)
+            self.ffn_dim = 4 * self.dim if self.activation != "swiglu" else _llama_ffn(self.dim)
         self.validate()
 
     def validate(self) -> None:
@@ -332,7 +334,9 @@ def _from_hf(hf: dict[str, Any], r: _HFReader, mtype: str, path: Path) -> ModelC
             name=str(path), vocab_size=r.int("vocab_size"), dim=r.int("n_embd"),
             num_layers=r.int("n_layer"), num_heads=r.int("n_head"),
             ffn_dim=r.int("n_inner", None) or 0, max_seq_len=r.int("n_positions"),
-            norm="layernorm", activation="gelu", position="learned",
+            norm="layernorm", position="learned",
+            # HF's "gelu" is the erf form; "gelu_new" / "gelu_pytorch_tanh" the tanh one
+            activation="gelu_exact" if hf.get("activation_function") == "gelu" else "gelu",
             tie_embeddings=r.bool("tie_word_embeddings", True), bias=True,
             norm_eps=r.float("layer_norm_epsilon", 1e-5))
     heads = r.int("num_attention_heads")
@@ -430,7 +434,7 @@ def _check_hf_supported(hf: dict[str, Any], path: Path) -> None:
     gpt2 = hf["model_type"] == "gpt2"
     if gpt2:
         act = hf.get("activation_function", "gelu_new")
-        if act not in ("gelu_new", "gelu_pytorch_tanh"):
+        if act not in ("gelu_new", "gelu_pytorch_tanh", "gelu"):
             refuse(f"activation_function {act!r}")
         for key, plain in (("scale_attn_by_inverse_layer_idx", False),
                            ("reorder_and_upcast_attn", False), ("scale_attn_weights", True),
