@@ -2,6 +2,9 @@
 
 Recipe (nanoGPT README, "I only have a macbook"): 4 layers, 4 heads, 128 wide, context 64,
 batch 12, 2000 iterations, lr 1e-3 with cosine decay to 1e-4, no dropout, character tokenizer.
+The model is nanoGPT's: no biases, learned positions, tied head, the erf GELU (`nn.GELU()`,
+our `gelu_exact`); the head has 128 rows (65 characters used; with 65 rows the 2000-step val
+loss was 1.8883 against 1.8817, single runs).
 The text is read from ../shared/data/tinyshakespeare.txt (never copied into the project).
 
     python benchmarks/nanogpt_shakespeare.py [--steps 2000]
@@ -27,7 +30,7 @@ def recipe_args(data: str, steps: int, run_dir: str) -> list[str]:
     return [
         "--model.name=gpt-mini", "--model.vocab_size=128", "--model.max_seq_len=64",
         "--model.num_layers=4", "--model.num_heads=4", "--model.dim=128", "--model.ffn_dim=512",
-        "--model.bias=false",
+        "--model.bias=false", "--model.activation=gelu_exact",
         f"--data.source={data}", "--data.tokenizer=char", "--data.val_fraction=0.1",
         "--batch.seq_len=64", "--batch.global_batch=12", "--batch.micro_batch=12",
         f"--train.steps={steps}", "--train.eval_every=250", "--train.eval_batches=20",

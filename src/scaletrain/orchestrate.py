@@ -17,6 +17,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from scaletrain import clock
 from scaletrain.config import ConfigError, HardwareSpec, JobConfig, ParallelConfig
 from scaletrain.config.launch_env import launch_env
 
@@ -44,10 +45,11 @@ def train_job(job: JobConfig) -> Any:
     from scaletrain.trainer import train
 
     created = not dist.is_initialized()
-    job = resolve_layout(job)
-    if not dist.is_initialized() and launch_env().world_size == 1:
-        print(fit_check(job))  # a single process: will it fit this host / GPU? (before any
-        # tensor is allocated; multi-rank layouts are checked by the planner and preflight)
+    with clock.phase("plan"):
+        job = resolve_layout(job)
+        if not dist.is_initialized() and launch_env().world_size == 1:
+            print(fit_check(job))  # a single process: will it fit this host / GPU? (before
+            # any tensor is allocated; multi-rank layouts: the planner and preflight check)
     result = train(job)
     if created and dist.is_initialized():  # `train` leaves a group it did not create
         dist.barrier()

@@ -72,7 +72,6 @@ UNSUPPORTED = [
     ("act-int", LLAMA, "hidden_act", 5),
     ("mixtral-act", MIXTRAL, "hidden_act", "gelu_pytorch_tanh"),
     ("gpt2-relu", GPT2, "activation_function", "relu"),
-    ("gpt2-gelu", GPT2, "activation_function", "gelu"),
     ("gpt2-inverse-layer-scale", GPT2, "scale_attn_by_inverse_layer_idx", True),
     ("gpt2-upcast", GPT2, "reorder_and_upcast_attn", True),
     ("gpt2-unscaled", GPT2, "scale_attn_weights", False),
@@ -153,3 +152,12 @@ def test_good_configs_still_load(tmp_path, base):
     d = _write(tmp_path, base, "architectures", ["X"])
     job = load_config(None, [f"--checkpoint.init_from={d}", "--batch.seq_len=64"])
     assert job.model.dim == 64 and job.model.vocab_size == 256
+
+
+@pytest.mark.parametrize("act,ours", [("gelu_new", "gelu"), ("gelu_pytorch_tanh", "gelu"),
+                                      ("gelu", "gelu_exact")])
+def test_gpt2_gelu_forms_map_to_ours(tmp_path, act, ours):
+    """HF's "gelu" is the erf form (our gelu_exact); its tanh forms are our "gelu"."""
+    d = _write(tmp_path, GPT2, "activation_function", act)
+    job = load_config(None, [f"--checkpoint.init_from={d}", "--batch.seq_len=64"])
+    assert job.model.activation == ours

@@ -37,7 +37,7 @@ def _train(opt_cls, steps=3, **kw):
 
 
 def test_offloaded_adamw_equals_torch_adamw_bitwise():
-    ref, _ = _train(torch.optim.AdamW, foreach=True)
+    ref, _ = _train(torch.optim.AdamW, fused=True)
     got, opt = _train(CPUOffloadAdamW)
     for (name, a), b in zip(ref.named_parameters(), got.parameters(), strict=True):
         assert torch.equal(a, b), name

@@ -43,7 +43,7 @@ def _check_exportable(cfg: ModelConfig) -> None:
         if cfg.activation != "swiglu" or cfg.position != "rope":
             raise ValueError("HF export: the Llama family needs activation='swiglu' and "
                              "position='rope'")
-    elif (cfg.norm != "layernorm" or cfg.activation != "gelu" or cfg.position != "learned"
+    elif (cfg.norm != "layernorm" or cfg.activation == "swiglu" or cfg.position != "learned"
           or not cfg.bias or cfg.num_kv_heads != cfg.num_heads):
         raise ValueError("HF export: the GPT-2 family needs layernorm, gelu, learned positions, "
                          "bias=True and num_kv_heads == num_heads")
@@ -79,7 +79,9 @@ def hf_config(cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> dict:
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
         "vocab_size": cfg.vocab_size, "n_positions": cfg.max_seq_len, "n_embd": cfg.dim,
         "n_layer": cfg.num_layers, "n_head": cfg.num_heads, "n_inner": cfg.ffn_dim,
-        "activation_function": "gelu_new", "layer_norm_epsilon": cfg.norm_eps,
+        # HF's names: "gelu_new" is the tanh approximation (our "gelu"), "gelu" the erf form
+        "activation_function": "gelu" if cfg.activation == "gelu_exact" else "gelu_new",
+        "layer_norm_epsilon": cfg.norm_eps,
         "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
         "tie_word_embeddings": cfg.tie_embeddings, "initializer_range": cfg.init_std,
         # GPT-2's end-of-text id, clipped into small vocabularies so HF's validation passes.

@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 
+from scaletrain import clock
 from scaletrain.cli._job import resolve_job
 from scaletrain.config import JobConfig
 from scaletrain.config.launch_env import launch_env
@@ -40,7 +41,8 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     # validate everything before any work starts: the launcher's variables, then the job
     env = launch_env()
     world = env.world_size if "WORLD_SIZE" in os.environ else args.nproc
-    res = resolve_job(args.config, extra, world_size=max(world, 1))
+    with clock.phase("plan"):
+        res = resolve_job(args.config, extra, world_size=max(world, 1))
     job = res.job
     if env.rank == 0:
         for note in res.notes():

@@ -43,7 +43,7 @@ ChatTemplate = Literal["auto", "tokenizer", "builtin"]
 Device = Literal["auto", "cpu", "cuda"]
 # model architecture
 Norm = Literal["layernorm", "rmsnorm"]
-Activation = Literal["gelu", "swiglu"]
+Activation = Literal["gelu", "gelu_exact", "swiglu"]
 Position = Literal["learned", "rope"]
 Attention = Literal["sdpa", "naive"]
 

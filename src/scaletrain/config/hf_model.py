@@ -74,7 +74,9 @@ def _from_hf(hf: dict[str, Any], r: _HFReader, mtype: str, path: Path) -> ModelC
             name=str(path), vocab_size=r.int("vocab_size"), dim=r.int("n_embd"),
             num_layers=r.int("n_layer"), num_heads=r.int("n_head"),
             ffn_dim=r.int("n_inner", None) or 0, max_seq_len=r.int("n_positions"),
-            norm="layernorm", activation="gelu", position="learned",
+            norm="layernorm", position="learned",
+            # HF's "gelu" is the erf form; "gelu_new" / "gelu_pytorch_tanh" the tanh one
+            activation="gelu_exact" if hf.get("activation_function") == "gelu" else "gelu",
             tie_embeddings=r.bool("tie_word_embeddings", True), bias=True,
             norm_eps=r.float("layer_norm_epsilon", 1e-5))
     heads = r.int("num_attention_heads")
@@ -172,7 +174,7 @@ def _check_hf_supported(hf: dict[str, Any], path: Path) -> None:
     gpt2 = hf["model_type"] == "gpt2"
     if gpt2:
         act = hf.get("activation_function", "gelu_new")
-        if act not in ("gelu_new", "gelu_pytorch_tanh"):
+        if act not in ("gelu_new", "gelu_pytorch_tanh", "gelu"):
             refuse(f"activation_function {act!r}")
         for key, plain in (("scale_attn_by_inverse_layer_idx", False),
                            ("reorder_and_upcast_attn", False), ("scale_attn_weights", True),

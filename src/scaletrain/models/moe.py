@@ -50,13 +50,14 @@ def expert_mlp(x: torch.Tensor, activation: str, w1: torch.Tensor, w2: torch.Ten
                linear: Callable[..., torch.Tensor] = F.linear) -> torch.Tensor:
     """One expert's MLP on its tokens, x: (n_e, h) -> (n_e, h); weights (out, in) as nn.Linear.
 
-    SwiGLU with `w3`: w2(silu(w1 x) * w3 x); GELU without: w2(gelu_tanh(w1 x)).
+    SwiGLU with `w3`: w2(silu(w1 x) * w3 x); GELU without: w2(gelu(w1 x)), the tanh form
+    unless `activation` is 'gelu_exact'.
     """
     up = linear(x, w1, b1)  # (n_e, f)
     if w3 is not None:
         up = F.silu(up) * linear(x, w3, b3)
     else:
-        up = F.gelu(up, approximate="tanh")
+        up = F.gelu(up, approximate="none" if activation == "gelu_exact" else "tanh")
     return linear(up, w2, b2)
 
 

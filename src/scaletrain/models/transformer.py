@@ -61,7 +61,8 @@ def _norm(cfg: ModelConfig) -> nn.Module:
 class FeedForward(nn.Module):
     """Dense MLP. GELU: `w1` up, `w2` down. SwiGLU (Shazeer 2020): `w1` gate, `w3` up, `w2` down.
 
-    GELU is the tanh approximation, GPT-2's `gelu_new`, so HF GPT-2 logits match.
+    'gelu' is the tanh approximation, GPT-2's `gelu_new`, so HF GPT-2 logits match; 'gelu_exact'
+    the erf form (HF's `gelu`, nanoGPT's `nn.GELU()`).
     """
 
     def __init__(self, dim: int, hidden_dim: int, *, activation: str, bias: bool) -> None:
@@ -70,11 +71,12 @@ class FeedForward(nn.Module):
         self.w1 = nn.Linear(dim, hidden_dim, bias=bias)
         self.w2 = nn.Linear(hidden_dim, dim, bias=bias)
         self.w3 = nn.Linear(dim, hidden_dim, bias=bias) if activation == "swiglu" else None
+        self._gelu_approximate = "none" if activation == "gelu_exact" else "tanh"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.w3 is not None:
             return self.w2(F.silu(self.w1(x)) * self.w3(x))
-        return self.w2(F.gelu(self.w1(x), approximate="tanh"))
+        return self.w2(F.gelu(self.w1(x), approximate=self._gelu_approximate))
 
 
 class TransformerBlock(nn.Module):

@@ -268,7 +268,7 @@ def layer_activation_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int
         attn += e * a * tok * seq_len / tp
     else:
         attn += 4.0 * a * tok / tp
-    n_f = 2 if model.activation == "gelu" else (3 if compile else 4)
+    n_f = 2 if model.activation != "swiglu" else (3 if compile else 4)
     if model.is_moe:
         k, E = model.experts_per_token, model.num_experts
         te = expert_tp(tp, ep)  # f split over tp only with ep = 1

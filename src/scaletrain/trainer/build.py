@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from scaletrain import clock
 from scaletrain.config import ConfigError, HardwareSpec, JobConfig, hardware_preset
 from scaletrain.config.launch_env import launch_env
 from scaletrain.data import DataBundle, build_data
@@ -214,10 +215,11 @@ def build_run(job: JobConfig, *, env: DistEnv | None = None, data: bool = True,
     torch.manual_seed(job.train.seed)
     bundle = None
     if data:
-        bundle = build_data(job.data, seq_len=job.batch.seq_len,
-                            micro_batch=job.batch.micro_batch, grad_accum=grad_accum,
-                            dp_rank=dims.dp_rank, dp_size=layout.dp, seed=job.data.seed,
-                            progress=job.train.progress and env.is_main)
+        with clock.phase("data"):  # corpus download/tokenization/shards, or the cached shards
+            bundle = build_data(job.data, seq_len=job.batch.seq_len,
+                                micro_batch=job.batch.micro_batch, grad_accum=grad_accum,
+                                dp_rank=dims.dp_rank, dp_size=layout.dp, seed=job.data.seed,
+                                progress=job.train.progress and env.is_main)
         _check_vocab(job, bundle)
     scaler = LossScaler(job.precision)
     full = build_model(job.model, device="meta")

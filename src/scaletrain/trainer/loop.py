@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from scaletrain import clock
 from scaletrain.checkpoint.dcp import AsyncCheckpointer
 from scaletrain.checkpoint.hf_load import load_initial_weights
 from scaletrain.config import JobConfig
@@ -118,7 +119,10 @@ def train(job: JobConfig, *, max_steps: int | None = None) -> RunResult:
     """
     created = not dist.is_initialized()
     try:
-        result = _train(job, max_steps=max_steps)
+        # phases (`scaletrain.clock`): setup (data nested in it), steps, eval, checkpoint,
+        # finish; written to run_info.json
+        with clock.phase("setup"):
+            result = _train(job, max_steps=max_steps)
     finally:
         runlock.release_held()
         signals.uninstall()
@@ -135,6 +139,7 @@ def _train(job: JobConfig, *, max_steps: int | None) -> RunResult:
     run, resumed_from, step, wall_offset = _start_run(job)
     loop = _open_loop(run, resumed_from, step, wall_offset, max_steps)
     signals.install()  # SIGINT/SIGTERM: finish the step, save, exit (checked after each step)
+    clock.switch("steps")  # the loop's own work: steps and their logging
     while loop.step < loop.end_step:
         _one_step(loop)
     return _finish(loop)
@@ -279,9 +284,10 @@ def _step_record(loop: _Loop, out: StepOut, lr: float, dt: float) -> dict[str, A
         "tokens_per_s": tok_s, "mfu": run.mfu(tok_s), "step_s": dt,
         "loss_scale": run.scaler.scale, "skipped": not out.finite}
     if loop.step % job.train.eval_every == 0 or loop.step == job.train.steps:
-        loop.val_loss = evaluate(run, loop.val_batches)
-        record["val_loss"] = loop.val_loss
-        record.update(evaluate_sets(run, loop.eval_sets, loop.eval_losses))
+        with clock.phase("eval"):
+            loop.val_loss = evaluate(run, loop.val_batches)
+            record["val_loss"] = loop.val_loss
+            record.update(evaluate_sets(run, loop.eval_sets, loop.eval_losses))
     record.update({f"mem_{k}": v for k, v in peak_process_memory(run.device).items()})
     return record
 
@@ -301,7 +307,9 @@ def _save_or_stop(loop: _Loop) -> None:
     every, step = loop.run.job.checkpoint.every, loop.step
     stop = signals.stop_requested()
     if (every and step % every == 0) or step == loop.end_step or stop:
-        save_step(loop.run, step, loop.wall_offset + time.perf_counter() - loop.t_start, loop.saver)
+        with clock.phase("checkpoint"):
+            save_step(loop.run, step, loop.wall_offset + time.perf_counter() - loop.t_start,
+                      loop.saver)
     if stop:
         if loop.saver is not None:
             loop.saver.close()
@@ -311,10 +319,12 @@ def _save_or_stop(loop: _Loop) -> None:
 def _finish(loop: _Loop) -> RunResult:
     """Publish the last checkpoint, sample and export (a finished run), write the result."""
     run, job, data = loop.run, loop.run.job, loop.data
+    clock.switch("finish")  # the last background save, sample, export, run files
     if loop.saver is not None:  # the last checkpoint is published before the run reports done
-        loop.saver.close()
-        if dist.is_initialized():
-            dist.barrier()
+        with clock.phase("checkpoint"):
+            loop.saver.close()
+            if dist.is_initialized():
+                dist.barrier()
     data.close()
     timed = loop.timed_s
     tok_s = loop.tokens_seen / timed if timed else run.tokens_per_step / max(loop.dt, 1e-9)

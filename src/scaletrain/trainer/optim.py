@@ -23,9 +23,10 @@ class CPUOffloadAdamW(torch.optim.Optimizer):
     host keeps the optimizer states and runs the step. Per step and parameter the gradient and
     the fp32 parameter go to the host (8 B), the updated parameter comes back (4 B); the
     moments (8 B/param) never touch device memory. scaletrain's parameters are fp32, so there is
-    no separate master copy. The update is torch's own foreach AdamW kernel on the host copies,
-    so results equal `torch.optim.AdamW(foreach=True)` on the same values (tested bitwise on
-    CPU, where the host copies are the parameters themselves). Plain tensors only: FSDP/TP
+    no separate master copy. The update is torch's own fused AdamW kernel on the host copies
+    (the kernel `build_optimizer` picks for CPU runs), so results equal
+    `torch.optim.AdamW(fused=True)` on the same values (tested bitwise on CPU, where the host
+    copies are the parameters themselves). Plain tensors only: FSDP/TP
     (DTensor) parameters use `memory.offload=params` instead.
     """
 
@@ -69,7 +70,7 @@ class CPUOffloadAdamW(torch.optim.Optimizer):
             if any(p.device.type == "cuda" for p in live):
                 torch.cuda.synchronize()  # the host copies have landed
             beta1, beta2 = group["betas"]
-            adamw(host, grads, exp_avgs, exp_avg_sqs, [], steps, foreach=True, amsgrad=False,
+            adamw(host, grads, exp_avgs, exp_avg_sqs, [], steps, fused=True, amsgrad=False,
                   beta1=beta1, beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"],
                   eps=group["eps"], maximize=False)
             for p, h in zip(live, host, strict=True):
@@ -89,7 +90,7 @@ class CPUOffloadAdamW(torch.optim.Optimizer):
 def build_optimizer(params: Iterable[torch.nn.Parameter], *, optim: OptimConfig,
                     device_type: str, dims: ParallelDims | None = None,
                     offload: str = "none") -> torch.optim.Optimizer:
-    """AdamW (fused on CUDA, foreach on CPU) or SGD with momentum; ZeRO-1 shards its states;
+    """AdamW (torch's fused kernel, on CUDA and CPU) or SGD with momentum; ZeRO-1 shards its states;
     offload='optimizer' keeps AdamW's states on the host (`CPUOffloadAdamW`).
 
     Weight decay applies to matrices only (embeddings and linears), not to norms or biases, the
@@ -115,7 +116,10 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], *, optim: OptimConfig,
     elif optim.name == "sgd":
         cls, kw = torch.optim.SGD, {"lr": optim.lr, "momentum": optim.momentum}
     else:
-        fused = device_type == "cuda"
+        # fused on CPU too (torch >= 2.4): one kernel per group instead of foreach's per-tensor
+        # fallback on CPU; 3.5 -> 0.74 ms per step for the nanoGPT CPU recipe's 35 tensors (one
+        # thread), parameters equal to foreach's within fp32 rounding (2.4e-7 after 50 steps)
+        fused = device_type in ("cuda", "cpu")
         cls, kw = torch.optim.AdamW, {"lr": optim.lr, "betas": (optim.beta1, optim.beta2),
                                       "eps": optim.eps, "fused": fused or None,
                                       "foreach": None if fused else True}

@@ -4,12 +4,14 @@ sample.txt, measurement.json)."""
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from scaletrain import clock
 from scaletrain.measure.schema import Measurement, plan_dict
 
 from .build import Run
@@ -51,7 +53,10 @@ def write_run_files(run: Run, r: RunResult) -> None:
             "skipped_steps": r.skipped_steps, "rollbacks": r.rollbacks,
             "world_size": run.env.world_size, "device": run.device.type,
             "hardware": run.hardware.name, "params": run.job.model.num_params(),
-            "eval": {k: {"val_loss": v, "ppl": perplexity(v)} for k, v in r.eval_losses.items()}}
+            "eval": {k: {"val_loss": v, "ppl": perplexity(v)} for k, v in r.eval_losses.items()},
+            # this process's wall seconds by phase so far (`scaletrain.clock`) and when they
+            # were taken: a caller that timed the process can name the rest (imports, exit)
+            "phases_s": clock.totals(), "phases_written_unix": time.time()}
     if r.memory_snapshot is not None:  # CUDA: every rank wrote its own, rank 0's is noted
         info["memory_snapshot"] = str(r.memory_snapshot)
     (d / "run_info.json").write_text(json.dumps(info, indent=1))
