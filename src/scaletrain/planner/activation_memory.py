@@ -57,25 +57,14 @@ def layer_activation_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int
       'naive' attention instead keeps softmax probabilities e*a*s_l*s*b/t (quadratic);
       GELU MLP: fc1 output and GELU output 2 x e*s_l*b*f/t; SwiGLU: gate, silu(gate), up and
         their product 4 x e*s_l*b*f/t (3 with torch.compile, which fuses silu*up);
-      MoE (models/moe.py; per saved tensor, measured with saved-tensor hooks on tiny-moe):
-        the router's fp32 softmax over all E (the load-balancing loss) and over the top k,
-        4*s_l*b*(E + k); int64 routing indices, 3 x 8*k*s_l*b (top-k indices, the sort
-        order, each slot's source token); the dispatched inputs (expert linears), the expert
-        outputs after the combine and two more copies the combine saves (mul, index_add),
-        3 x e*k*s_l*b*h; expert intermediates as the MLP for k*s_l*b tokens, f split over
-        t only when the experts are (ep = 1, `config.layout.expert_tp`; with ep > 1 each tp
-        rank runs whole experts); s_l, not s_l/t, under SP too (tensor_parallel.py gathers
-        the MoE input: every tp rank routes the whole sequence). ep > 1
-        (parallel/expert_parallel.py) adds the int64 regrouping permutation 8*k*s_l*b and
-        the regrouped expert output index_copy saves, e*k*s_l*b*h.
+      MoE: `_moe_bytes` in place of the MLP.
     fp8 (precision/fp8.py, per-tensor scaling; tile-wise adds 4/128 for its fp32 scales): each
       converted linear saves its own 1-byte input instead of the shared 16-bit one: q/k/v and
       the n_in MLP input linears (2 SwiGLU, 1 GELU) (3 + n_in)*s_l*b*h (not /t); the output
       projection's fp8 input + s_l*b*h/t beside SDPA's 16-bit output; the MLP's last
       intermediate (w2's input) 1 byte instead of e (MemTracker + saved-tensor hooks on a
       dim-256 llama: bf16 -> fp8 -4864 KiB, matching these terms to the byte). MoE experts
-      likewise: n_in 1-byte copies of the dispatched (N*k, h) input replace its e-byte one,
-      and w2's input is 1 byte (the router stays 16-bit).
+      likewise (`_moe_bytes`).
     selective: `selective_layer_bytes` (the per-op policy of parallel/ac.py); full keeps the
     block input.
     Ignores: RoPE (cos/sin are buffers), residual adds (save nothing), < 1% small tensors.
@@ -85,20 +74,35 @@ def layer_activation_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int
         return korthikanti_layer_bytes(seq_len, micro_batch, model.dim, model.num_heads, t=tp,
                                        sp=sp, ac=ac) * e / 2
     r = 4 if residual_fp32 else e
-    h, a, f = model.dim, model.num_heads, model.ffn_dim
+    h = model.dim
     tok = float(seq_len) / cp * micro_batch  # tokens this rank holds: s_l * b
     tsp = tp if sp else 1
     if ac == "full":
         return r * tok * h / tsp
     if ac == "selective":
         return selective_layer_bytes(model, tokens=tok, tp=tp, sp=sp, e=e, r=r, ep=ep)
+    fp8 = precision == "fp8"
+    norms, inputs = _norm_and_input_bytes(model, tok=tok, e=e, r=r, tsp=tsp, fp8=fp8,
+                                          residual_fp32=residual_fp32)
+    attn = _attention_bytes(model, tok=tok, seq_len=seq_len, tp=tp, e=e, fp8=fp8)
+    if model.is_moe:
+        mlp = _moe_bytes(model, tok=tok, tp=tp, ep=ep, e=e, fp8=fp8, compile=compile)
+    else:
+        mlp = _mlp_bytes(model, tok=tok, tp=tp, e=e, fp8=fp8, compile=compile)
+    return norms + inputs + attn + mlp
+
+
+def _norm_and_input_bytes(model: ModelConfig, *, tok: float, e: int, r: int, tsp: int,
+                          fp8: bool, residual_fp32: bool) -> tuple[float, float]:
+    """(norm inputs, the linears' saved inputs) of one block: `layer_activation_bytes`'s terms,
+    tok = s_l*b tokens, tsp = t under SP (else 1)."""
+    h = model.dim
     stats = 8.0 if model.norm == "layernorm" else 4.0
     # scaletrain's RMSNorm runs rms_norm on x.float() (saves the fp32 input) and multiplies the
     # weight by the result cast back (saves it, e or r bytes): 4 + r per element, not r
     # (dry-run: llama-style layouts were 5-7% under before this term)
     nb = 4 + r if model.norm == "rmsnorm" else r
     norms = 2 * (nb * h + stats) * tok / tsp
-    fp8 = precision == "fp8"
     n_in = 2 if model.activation == "swiglu" else 1
     inputs = (3 + n_in) * tok * h if fp8 else 2 * e * tok * h
     if residual_fp32 and not fp8:
@@ -106,30 +110,67 @@ def layer_activation_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int
         # own copy: q, k, v read three copies (2 extra), SwiGLU's gate and up two (1 extra)
         # (dry-run, llama-style z0/z1 layouts; autocast caches casts of leaf weights only)
         inputs += e * tok * h * (2 + (1 if model.activation == "swiglu" else 0))
+    return norms, inputs
+
+
+def _attention_bytes(model: ModelConfig, *, tok: float, seq_len: int, tp: int, e: int,
+                     fp8: bool) -> float:
+    """What one block's attention saves beyond its input (`layer_activation_bytes`'s terms)."""
+    h, a = model.dim, model.num_heads
     # q and the core's output at the query heads, K and V at the g KV heads (enable_gqa)
     attn = e * tok * (2 * h + 2 * model.kv_dim) / tp + (tok * h / tp if fp8 else 0.0)
     if model.attention == "naive":
         attn += e * a * tok * seq_len / tp
     else:
         attn += 4.0 * a * tok / tp
-    n_f = 2 if model.activation == "gelu" else (3 if compile else 4)
-    if model.is_moe:
-        k, E = model.experts_per_token, model.num_experts
-        te = expert_tp(tp, ep)  # f split over tp only with ep = 1
-        copies = 3 + (1 if ep > 1 else 0)  # (N*k, h) copies; as many int64 (N*k,) indices
-        mlp = 4.0 * tok * (E + k) + copies * (8.0 * k * tok + e * k * tok * h)
-        if fp8:
-            # float8 experts (precision/fp8.py Float8ExpertLinear): the dispatched input is
-            # saved as n_in 1-byte copies (one per input linear) instead of one e-byte copy,
-            # w2's input as 1 byte (as the dense MLP above)
-            mlp += (n_in - e) * k * tok * h + ((n_f - 1) * e + 1) * k * tok * f / te
-        else:
-            mlp += n_f * e * k * tok * f / te
-    elif fp8:
-        mlp = (n_f - 1) * e * tok * f / tp + tok * f / tp  # w2's input saved as fp8
+    return attn
+
+
+def _mlp_intermediates(model: ModelConfig, compile: bool) -> int:
+    """(B, T, f) tensors a dense MLP saves: GELU 2; SwiGLU 4, 3 when compiled (silu*up fused)."""
+    return 2 if model.activation == "gelu" else (3 if compile else 4)
+
+
+def _mlp_bytes(model: ModelConfig, *, tok: float, tp: int, e: int, fp8: bool,
+               compile: bool) -> float:
+    """What one block's dense MLP saves beyond its input (`layer_activation_bytes`'s terms)."""
+    f = model.ffn_dim
+    n_f = _mlp_intermediates(model, compile)
+    if fp8:
+        return (n_f - 1) * e * tok * f / tp + tok * f / tp  # w2's input saved as fp8
+    return n_f * e * tok * f / tp
+
+
+def _moe_bytes(model: ModelConfig, *, tok: float, tp: int, ep: int, e: int, fp8: bool,
+               compile: bool) -> float:
+    """What one MoE block's router and experts save (models/moe.py; per saved tensor, measured
+    with saved-tensor hooks on tiny-moe): the router's fp32 softmax over all E (the
+    load-balancing loss) and over the top k, 4*s_l*b*(E + k); int64 routing indices,
+    3 x 8*k*s_l*b (top-k indices, the sort order, each slot's source token); the dispatched
+    inputs (expert linears), the expert outputs after the combine and two more copies the
+    combine saves (mul, index_add), 3 x e*k*s_l*b*h; expert intermediates as the MLP for
+    k*s_l*b tokens, f split over t only when the experts are (ep = 1,
+    `config.layout.expert_tp`; with ep > 1 each tp rank runs whole experts); s_l, not s_l/t,
+    under SP too (tensor_parallel.py gathers the MoE input: every tp rank routes the whole
+    sequence). ep > 1 (parallel/expert_parallel.py) adds the int64 regrouping permutation
+    8*k*s_l*b and the regrouped expert output index_copy saves, e*k*s_l*b*h. fp8 experts: n_in
+    1-byte copies of the dispatched (N*k, h) input replace its e-byte one, and w2's input is 1
+    byte (the router stays 16-bit)."""
+    h, f = model.dim, model.ffn_dim
+    n_f = _mlp_intermediates(model, compile)
+    n_in = 2 if model.activation == "swiglu" else 1
+    k, E = model.experts_per_token, model.num_experts
+    te = expert_tp(tp, ep)  # f split over tp only with ep = 1
+    copies = 3 + (1 if ep > 1 else 0)  # (N*k, h) copies; as many int64 (N*k,) indices
+    mlp = 4.0 * tok * (E + k) + copies * (8.0 * k * tok + e * k * tok * h)
+    if fp8:
+        # float8 experts (precision/fp8.py Float8ExpertLinear): the dispatched input is
+        # saved as n_in 1-byte copies (one per input linear) instead of one e-byte copy,
+        # w2's input as 1 byte (as the dense MLP)
+        mlp += (n_in - e) * k * tok * h + ((n_f - 1) * e + 1) * k * tok * f / te
     else:
-        mlp = n_f * e * tok * f / tp
-    return norms + inputs + attn + mlp
+        mlp += n_f * e * k * tok * f / te
+    return mlp
 
 
 def selective_layer_bytes(model: ModelConfig, *, tokens: float, tp: int, sp: bool, e: int,
