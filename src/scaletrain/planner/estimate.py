@@ -138,6 +138,43 @@ def comm_arguments(plan: PlanInput, max_params: float, gpus_per_node: int | None
                 gpus_per_node=gpus_per_node)
 
 
+def _block_seconds(plan: PlanInput, recipe: Recipe | None, *, rate: float, slow: float,
+                   lf: float, layer_hw: float, core: float) -> tuple[float, float, float]:
+    """(seconds per token of one block, of its attention core, the block's hardware FLOPs per
+    token) for `_time`: the matmuls at `rate` (`slow`: the bf16 rate fp8 runs the core at), the
+    attention core as its kernel runs it, the eager elementwise kernels, and MoE experts kept
+    whole per tp rank charged tp / expert_tp times over."""
+    L, model, hw = plan.layout, plan.model, plan.hardware
+    core_hw = core * (4 if plan.ac != "none" else 3)  # selective / full recompute it once
+    core_recompute = plan.ac != "none"
+    if (recipe is not None and recipe.selective == "torchtitan_op" and plan.ac == "selective"
+            and not model.is_moe):
+        # torchtitan's per-op SAC: every second matmul recomputed, SDPA saved (flops.py)
+        layer_hw = 3 * lf + op_sac_recompute_flops_per_token(model)
+        core_hw, core_recompute = 3 * core, False
+    # the attention core as its kernel runs it (efficiency.attention_seconds_per_token)
+    rname = recipe.name if recipe is not None else DEFAULT_RECIPE
+    kernel = attention_kernel(rname, recipe.attention if recipe is not None else "model",
+                              model.attention)
+    dropout = (recipe is not None and recipe.dropout_masks and model.norm == "layernorm")
+    core_s = attention_seconds_per_token(
+        kernel=kernel, recipe=rname, core_flops=core, heads=model.num_heads,
+        seq_len=plan.seq_len, recompute=core_recompute, dropout=dropout, bf16_rate=slow,
+        hardware=hw, kernel_efficiency=plan.efficiency <= 0) if hw.name != "cpu" \
+        else core_hw / slow
+    layer_s = (layer_hw - core_hw) / rate + core_s  # seconds per token per block
+    layer_s += eager_elementwise_s(plan, recipe)
+    te = expert_tp(L.tp, L.ep)
+    if model.is_moe and te < L.tp:
+        # the experts' matmuls (k routed copies of each token, n_mat x h x f each; forward,
+        # backward 2x, + a forward under full recompute), charged tp / te times over
+        n_mat = 3 if model.activation == "swiglu" else 2
+        expert_f = 2.0 * model.experts_per_token * n_mat * model.dim * model.ffn_dim
+        expert_s = expert_f * (4 if plan.ac == "full" else 3) / rate
+        layer_s += expert_s * (L.tp / te - 1)
+    return layer_s, core_s, layer_hw
+
+
 def _time(plan: PlanInput, max_params: float, causal: bool, gpus_per_node: int | None,
           zero_bubble: str, recipe: Recipe | None = None) -> tuple:
     """(step, compute, bubble, exposed comm, optimizer seconds, comm seconds per family,
@@ -169,35 +206,10 @@ def _time(plan: PlanInput, max_params: float, causal: bool, gpus_per_node: int |
     # the attention core (SDPA) and the 16-bit head run at the bf16 rate. Every other
     # precision runs all of its matmuls at one rate.
     slow = hw.flops("bf16") * eff16 if plan.precision == "fp8" else rate
-    core_hw = core * (4 if plan.ac != "none" else 3)  # selective / full recompute it once
-    core_recompute = plan.ac != "none"
-    if (recipe is not None and recipe.selective == "torchtitan_op" and plan.ac == "selective"
-            and not model.is_moe):
-        # torchtitan's per-op SAC: every second matmul recomputed, SDPA saved (flops.py)
-        layer_hw = 3 * lf + op_sac_recompute_flops_per_token(model)
-        core_hw, core_recompute = 3 * core, False
-    # the attention core as its kernel runs it (efficiency.attention_seconds_per_token)
-    rname = recipe.name if recipe is not None else DEFAULT_RECIPE
-    kernel = attention_kernel(rname, recipe.attention if recipe is not None else "model",
-                              model.attention)
-    dropout = (recipe is not None and recipe.dropout_masks and model.norm == "layernorm")
-    core_s = attention_seconds_per_token(
-        kernel=kernel, recipe=rname, core_flops=core, heads=model.num_heads,
-        seq_len=plan.seq_len, recompute=core_recompute, dropout=dropout, bf16_rate=slow,
-        hardware=hw, kernel_efficiency=plan.efficiency <= 0) if hw.name != "cpu" \
-        else core_hw / slow
-    layer_s = (layer_hw - core_hw) / rate + core_s  # seconds per token per block
-    layer_s += eager_elementwise_s(plan, recipe)
+    layer_s, core_s, layer_hw = _block_seconds(plan, recipe, rate=rate, slow=slow, lf=lf,
+                                               layer_hw=layer_hw, core=core)
     tok_mb = float(plan.seq_len) * plan.micro_batch  # tokens of one micro-batch (one replica)
     split = L.tp * L.cp
-    te = expert_tp(L.tp, L.ep)
-    if model.is_moe and te < L.tp:
-        # the experts' matmuls (k routed copies of each token, n_mat x h x f each; forward,
-        # backward 2x, + a forward under full recompute), charged tp / te times over
-        n_mat = 3 if model.activation == "swiglu" else 2
-        expert_f = 2.0 * model.experts_per_token * n_mat * model.dim * model.ffn_dim
-        expert_s = expert_f * (4 if plan.ac == "full" else 3) / rate
-        layer_s += expert_s * (L.tp / te - 1)
     middle = max(counts[:-1], default=0) * layer_s
     t_mb = max(middle, counts[-1] * layer_s + 3 * hf / slow) * tok_mb / split
     compute_s = m * t_mb

@@ -263,14 +263,11 @@ def _largest_module(plan: PlanInput) -> float:
     return max(m.dim * (m.dim + 2 * m.kv_dim), m.dim * f_in, m.vocab_size * m.dim) / t
 
 
-def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBreakdown:
-    """Memory of pipeline rank `rank` under `recipe` (see the module docstring)."""
+def _recipe_states(plan: PlanInput, recipe: Recipe, P: float
+                   ) -> tuple[float, float, float, float, float]:
+    """(weights, master, grads, optimizer, offloaded to the CPU) of a rank holding `P`
+    parameters under `recipe`, sharded by its ZeRO stage."""
     L = plan.layout
-    m = max(1, plan.grad_accum)
-    pp = L.pp
-    first, last = rank == 0, rank == pp - 1
-    layers = recipe_stage_layers(plan, recipe)[rank]
-    P, block, root, head = _rank_params(plan, first, last, layers)
     N = L.zero_shards
     fp32 = plan.precision == "fp32"
     wb, mb, gb = (4.0, 0.0, 4.0) if fp32 else (recipe.weight_bytes, recipe.master_bytes,
@@ -288,6 +285,15 @@ def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBrea
     elif plan.offload == "params" and z >= 3:
         offloaded = weights + master + grads + optim
         weights = master = grads = optim = 0.0
+    return weights, master, grads, optim, offloaded
+
+
+def _recipe_in_flight(plan: PlanInput, recipe: Recipe, P: float, block: float, root: float,
+                      head: float) -> tuple[float, float, dict[str, float]]:
+    """(gathered parameters, unsharded gradients, the FSDP reduce-scatter buffer) in flight
+    during a rank's backward under `recipe`."""
+    pp, z, N = plan.layout.pp, plan.layout.zero, plan.layout.zero_shards
+    fp32 = plan.precision == "fp32"
     wc = 4 if fp32 else 2
     unit = max(block, root)
     in_params = in_grads = 0.0
@@ -323,24 +329,50 @@ def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBrea
         bufs["fsdp_reduce_scatter"] = 4.0 * block
     elif recipe.autocast_weight_copy and not fp32:
         in_params = 2.0 * P  # autocast's saved 16-bit weight casts (fp32 parameters)
+    return in_params, in_grads, bufs
+
+
+def _recipe_buffers(plan: PlanInput, recipe: Recipe, P: float, bufs: dict[str, float]
+                    ) -> float:
+    """Add the gradient buckets, the TP / PP / CP communication buffers and the runtime
+    context of a rank under `recipe` to `bufs` (in that order); returns the runtime context."""
+    L, z, N = plan.layout, plan.layout.zero, plan.layout.zero_shards
     if (L.dp > 1 or N > 1) and recipe.ddp_bucket == "copy" and z < 2:
         bufs["ddp_buckets"] = recipe.bucket_elem_bytes * P
     elif recipe.ddp_bucket == "ipg" and z >= 1:
         # the ZeRO optimizer reduces through its ipg buffer at any dp, dp = 1 included
         # (DeepSpeed stage_1_and_2.py reduce_gradients: 'with PP we must create ipg buffer')
         bufs["reduce_bucket"] = recipe.bucket_count * recipe.bucket_bytes(L.dp)
-    e = 4 if fp32 else 2
+    e = 4 if plan.precision == "fp32" else 2
     tok = float(plan.seq_len) / L.cp * plan.micro_batch
     sp = L.sp or recipe.sp_with_tp
     if L.tp > 1 and sp:
         bufs["tp_all_gather"] = e * tok * plan.model.dim
-    if pp > 1:
+    if L.pp > 1:
         bufs["pp_p2p"] = 2 * e * tok * plan.model.dim / (L.tp if sp else 1)
     if L.cp > 1:
         bufs["cp_ring"] = 2 * 2 * e * tok * plan.model.kv_dim / L.tp
     ctx = (0.0 if plan.hardware.name == "cpu" else recipe.cuda_context_bytes
            if plan.runtime_context_bytes is None else plan.runtime_context_bytes)
     bufs["runtime_context"] = ctx
+    return ctx
+
+
+def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBreakdown:
+    """Memory of pipeline rank `rank` under `recipe` (see the module docstring)."""
+    L = plan.layout
+    m = max(1, plan.grad_accum)
+    pp = L.pp
+    first, last = rank == 0, rank == pp - 1
+    layers = recipe_stage_layers(plan, recipe)[rank]
+    P, block, root, head = _rank_params(plan, first, last, layers)
+    N, z = L.zero_shards, L.zero
+    fp32 = plan.precision == "fp32"
+    weights, master, grads, optim, offloaded = _recipe_states(plan, recipe, P)
+    in_params, in_grads, bufs = _recipe_in_flight(plan, recipe, P, block, root, head)
+    ctx = _recipe_buffers(plan, recipe, P, bufs)
+    e = 4 if fp32 else 2
+    tok = float(plan.seq_len) / L.cp * plan.micro_batch
     per_layer = recipe_layer_bytes(plan, recipe)
     inflight = (1.0 if pp == 1 else
                 inflight_microbatches(L.pp_schedule, pp, m, rank, L.pp_virtual))

@@ -1,0 +1,89 @@
+"""The pipeline-schedule geometry of the per-rank memory model: which pipeline ranks can be
+the worst (`rank_candidates`) and, walking a rank's action order, the backward moments of a
+pipeline rank (`schedule_moments`). Used by `rank_memory`; kept apart from `pipeline.py`
+(bubble and in-flight counts of the time model), which it reads.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from scaletrain.config import stage_layer_ranges
+
+from .memory import stage_layer_counts
+from .pipeline import inflight_per_rank, rank_order
+
+__all__ = ["rank_candidates", "schedule_moments"]
+
+
+@functools.lru_cache(maxsize=8192)
+def rank_candidates(num_layers: int, pp: int, virtual: int, schedule: str,
+                    m: int) -> tuple[tuple[int, int, float], ...]:
+    """(pipeline rank, layers held, micro-batches in flight) of the ranks that can be the worst
+    (see the module docstring); in-flight counts are `pipeline.inflight_microbatches`."""
+    counts = stage_layer_counts(num_layers, pp, virtual)
+    if pp == 1:
+        return ((0, counts[0], 1.0),)
+    inflight = inflight_per_rank(schedule, pp, m, virtual)
+    best: dict[int, tuple[int, float]] = {}
+    for r in range(1, pp - 1):
+        c, f = counts[r], inflight[r]
+        if c not in best or f > best[c][1]:
+            best[c] = (r, f)
+    # drop a middle rank another one dominates (at least as many layers and in flight)
+    middle = [(r, c, f) for c, (r, f) in sorted(best.items())
+              if not any(c2 >= c and f2 >= f and c2 != c for c2, (_, f2) in best.items())]
+    return ((0, counts[0], inflight[0]), *middle, (pp - 1, counts[-1], inflight[-1]))
+
+
+@functools.lru_cache(maxsize=8192)
+def schedule_moments(schedule: str, p: int, m: int, v: int, rank: int, num_layers: int
+                     ) -> tuple[tuple[int, int, bool, bool], ...]:
+    """The backward moments of pipeline rank `rank`, walking its action order
+    (`pipeline.pipeline_order`, torch's order): (layers x micro-batches whose activations are
+    stored, micro-batches of the last stage stored (head and loss graph), whether the step's
+    gradients exist yet, whether the moment is the last stage's loss backward).
+
+    A micro-batch's activations of a stage are stored from its forward until its backward
+    frees them; under zero-bubble until its weight pass (W): torch's input-gradient pass keeps
+    the graph for W (measured with the dry-run, llama-1024-L4 pp2 zero-bubble rank 1: a
+    micro-batch holds as much after B as before). Gradients are allocated by the rank's first
+    backward (W under zero-bubble). Per backward two moments: as it starts (its own
+    activations still stored) and after it (freed, gradients allocated). Interleaved chunks
+    are weighted by their own layer counts (`stage_layer_ranges`), not the average: with
+    pp2 v2 on 4 layers rank 1 holds a 2-layer chunk and a head-only one. GPipe: every forward
+    precedes the first backward, whose moment has all m stored and no gradients; the second
+    has m - 1 stored next to the gradients (the dry-run's peak, llama-1024-L4 pp2 gpipe).
+    Dominated moments (same flags, no more layers and heads) are dropped."""
+    n = p * v
+    layers = [len(r) for r in stage_layer_ranges(num_layers, n)]
+    zb = schedule == "zero-bubble"
+    live: dict[tuple[int, int], tuple[int, int]] = {}
+    grads = False
+    out: set[tuple[int, int, bool, bool]] = set()
+
+    def now(is_loss: bool) -> tuple[int, int, bool, bool]:
+        return (sum(x[0] for x in live.values()), sum(x[1] for x in live.values()), grads,
+                is_loss)
+
+    for a in rank_order(schedule, p, m, v, rank):
+        key = (a.stage, a.microbatch)
+        if a.kind == "F":
+            live[key] = (layers[a.stage], 1 if a.stage == n - 1 else 0)
+        elif a.kind == "B":
+            out.add(now(a.stage == n - 1))
+            if not zb:
+                live.pop(key, None)
+                grads = True
+                out.add(now(False))
+        else:  # W: the deferred weight gradients, then the micro-batch's graph is freed
+            live.pop(key, None)
+            grads = True
+            out.add(now(False))
+    kept = []
+    best: dict[tuple[bool, bool], int] = {}  # per flags, the most heads of a larger moment
+    for x in sorted(out, key=lambda x: (-x[0], -x[1])):
+        if x[1] > best.get(x[2:], -1):
+            kept.append(x)
+            best[x[2:]] = x[1]
+    return tuple(sorted(kept))

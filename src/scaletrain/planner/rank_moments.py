@@ -1,0 +1,282 @@
+"""The named moments of one pipeline rank's memory (`moments.py`'s dataclasses), built from
+its cached terms: the ZeRO-2/3 backward moments (`zero_moments`), the last stage's loss
+backward (`loss_moment`), the first stage's embedding backward (`embedding_moment`), and the
+pieces they share (stored activations, a pipeline rank's buffers, the root unit through a
+ZeRO-3 backward). `rank_memory._rank_memory` takes the largest.
+"""
+
+from __future__ import annotations
+
+from scaletrain.config import ParamCounts, fused_head_loss
+
+from .memory import (
+    loss_backward_bytes,
+    mlp_backward_work_bytes,
+    pp_recv_buffer_bytes,
+)
+from .moments import (
+    EmbeddingBackward,
+    LossBackward,
+    Moment,
+    ZeroBlockBackward,
+    ZeroEndOfBackward,
+    ZeroStageBackward,
+)
+from .types import PlanInput
+
+__all__ = ["root_in_backward", "embedding_moment", "pipeline_buffers", "stored_activations",
+           "zero_moments", "loss_moment", "moment_total"]
+
+
+def root_in_backward(plan: PlanInput, pc: ParamCounts, first: bool, last: bool, wc: int
+                      ) -> tuple[float, float]:
+    """(root unit's unsharded parameters, head gradient held) through a ZeRO-3 backward.
+
+    The root unit holds what is not a block on this stage (embedding + positions on the
+    first, final norm + head on the last); FSDP2 gathers it again for the head's backward and
+    reshards it only after its post-backward, the last of the step. Until then the head's
+    gradient waits unsharded (untied head: a root parameter's grad) or, tied, as the head's
+    contribution autograd holds until the embedding's arrives. Both in the compute dtype."""
+    L = plan.layout
+    root = 0.0
+    if first:
+        root += pc.embedding / L.tp + pc.position
+    if last:
+        root += pc.final_norm + (pc.head or (pc.embedding if L.pp > 1 else 0)) / L.tp
+    head = 0.0
+    if last:
+        head = (pc.head or pc.embedding) / L.tp
+    return wc * root, wc * head
+
+
+def embedding_moment(plan: PlanInput, pc: ParamCounts, st: dict, bufs: dict, count: float,
+                      last: bool,
+                      fixed: float, bwd_terms: tuple, held_logits: float, ctx: float
+                      ) -> EmbeddingBackward:
+    """Memory of the first stage when the token embedding's gradient is computed.
+
+    It is the last gradient backward computes: every other gradient is complete, every
+    activation is freed except the logits the loop still holds (last stage), and
+    `memory.embedding_backward_bytes` is alive. ZeRO-2/3: only the root unit (embedding, and
+    with pp = 1 the final norm and head) is still unsharded, with the untied head's unsharded
+    gradient, and the last block's fp32 reduce-scatter input is still held (FSDP2 frees it when
+    the next unit's reduce-scatter is issued); DDP's buckets persist. Source: measured with the
+    dry-run, gpt2-124m-L2 dp2 z0 fp32 (-10.8% before this moment was modelled), gpt2-350m-L2
+    dp4 z3 tp4 fp32 (-32%) and llama2-7b-L1 dp4 z3 tp2+sp (+12% with the old ZeRO-3 moment).
+    """
+    L, model = plan.layout, plan.model
+    root_live, head_held, blk, tmp = bwd_terms
+    grads_rest = st["grads"] - st["grads.in_flight"]
+    states = fixed - st["params.in_flight"]
+    if L.zero >= 2:
+        # the root unit's gradients are reduce-scattered after this moment: none of the
+        # root's sharded grads exist yet
+        wc = 4 if plan.precision == "fp32" else 2
+        other = 1.0 - root_live / wc / count if count else 0.0
+        if model.tie_embeddings and L.pp == 1:
+            head_held = 0.0  # the head's contribution is in `tmp`
+        states += root_live + head_held + 4.0 * blk
+    else:
+        other = 1.0 - pc.embedding / L.tp / count if count else 0.0
+        states += bufs.get("ddp_buckets", 0.0)
+    states += bufs.get("rope_tables", 0.0)
+    # + ctx: the runtime context is outside every moment's tensors
+    return EmbeddingBackward(states, grads_rest * max(0.0, other),
+                             held_logits if last else 0.0, tmp, ctx)
+
+
+def pipeline_buffers(plan: PlanInput, bufs: dict, buffers: float, rank: int, m: int
+                      ) -> tuple[dict, float]:
+    """The buffers of a pipeline rank: the receive buffers torch keeps per micro-batch, and
+    each chunk's own rotary tables."""
+    L = plan.layout
+    recv = pp_recv_buffer_bytes(hidden=plan.model.dim, tokens=plan.seq_len / L.cp
+                                * plan.micro_batch, precision=plan.precision,
+                                zero=L.zero, tp=L.tp, sp=L.sp, pp=L.pp,
+                                virtual=L.pp_virtual, rank=rank, microbatches=m)
+    buffers += recv - bufs.get("pp_p2p", 0.0)
+    bufs = dict(bufs, pp_p2p=recv)
+    if "rope_tables" in bufs and L.pp_virtual > 1:
+        # each chunk's stage module keeps its own cos/sin buffers (dry-run, interleaved
+        # v2: 2 x 2.1 MB of module buffers on rank 1)
+        buffers += (L.pp_virtual - 1) * bufs["rope_tables"]
+        bufs["rope_tables"] *= L.pp_virtual
+    return bufs, buffers
+
+
+def stored_activations(plan: PlanInput, moments: tuple, st: dict, layers: int,
+                        in_flight: float, m: int, last: bool,
+                        acts_terms: tuple[float, float, float, float]
+                        ) -> tuple[float, float, float]:
+    """(largest stored activations, the blocks' part of them, activations + the gradients that
+    exist by then) of a rank; pipelines walk the schedule's own moments
+    (`pipeline_ranks.schedule_moments`: stored activations per chunk, whether the gradients
+    exist yet)."""
+    per_layer, recompute, head_acts, _ = acts_terms
+    one_layer = per_layer
+    extra = 0.0
+    if recompute and layers:
+        # the block being recomputed in backward: full's block input is part of its set,
+        # selective keeps its stored tensors next to what the recompute re-creates
+        one_layer = recompute if plan.ac == "full" else per_layer + recompute
+        extra = recompute
+    grads = st["grads"]
+    if plan.layout.pp > 1:
+        acts = fwdbwd = -1.0
+        most = 0
+        for lay, hd, g, _ in moments:
+            stored = lay * per_layer + hd * head_acts
+            with_grads = stored + (grads if g else 0.0)
+            if stored > acts:
+                acts = stored
+            if with_grads > fwdbwd:
+                fwdbwd = with_grads
+            if lay > most:
+                most = lay
+        return acts + extra, most * per_layer, fwdbwd + extra
+    acts = in_flight * layers * per_layer + extra + (head_acts if last else 0.0)
+    block_stored = in_flight * layers * per_layer
+    if m > 1:
+        return acts, block_stored, acts + grads
+    # one micro-batch, no pipeline: the backward trades activations for grads
+    return acts, block_stored, max(acts + st["grads.in_flight"], grads + one_layer)
+
+
+def zero_moments(plan: PlanInput, pc: ParamCounts, st: dict, fixed: float, buffers: float,
+                  bufs: dict,
+                  fsdp: float, count: float, bwd_terms: tuple, layers: int, m: int,
+                  block_stored: float, acts_terms: tuple[float, float, float, float],
+                  rank: int) -> list[Moment]:
+    """ZeRO-2/3's moments (FSDP2 as parallel/fsdp.py builds it; measured with the dry-run,
+    llama2-7b-L1 dp8 z3: +12% and llama-1024-L4 dp4 z2 fp32: +6% before the block moment
+    was modelled):
+
+    - a block's backward: ZeRO-3 gathers the root unit (embedding and/or final norm + head)
+      again for the head's backward and keeps it unsharded until its post-backward at the
+      very end (ZeRO-2 keeps every unit gathered anyway), with the head's unsharded 16-bit
+      gradient (untied) or the head's gradient contribution autograd holds for the tied
+      embedding; ZeRO-3 gathers the block's unit (and prefetches the next one); its unsharded
+      grads fill, then its fp32 reduce-scatter input is allocated after the unit's parameters
+      are freed (the previous block's input is still held while the next block computes).
+      The head's activations are freed by then, except the logits the loop holds.
+    - pipelines: torch's pipeline stage turns FSDP2's gradient sync and reshard-after-backward
+      off until the step's last backward: every unit of the stage stays gathered and its
+      gradients accumulate unsharded, both in the compute dtype, next to the micro-batches'
+      activations. Source: measured with the dry-run, llama-1024-L4 dp2 z3 pp2 1f1b (-12%
+      without this).
+    - the end of backward, the root unit's post-backward: its fp32 reduce-scatter input and
+      output shard (which become its sharded grads: not counted twice), with one of its 16-bit
+      unsharded grads (embedding or head) not yet freed and the logits the loop holds; ZeRO-3
+      has resharded the root's parameters by then (ZeRO-2 keeps every unit gathered: counted
+      in `rest`). Source: the dry-run's peak of llama-1024-L4 dp2 z3 (sharded grads of the
+      blocks only, one bf16 root grad, no unsharded params: +18% with the root gathered and
+      its shard counted twice). The embedding's gradient is `embedding_moment`.
+    """
+    L = plan.layout
+    per_layer, recompute, _, held_logits = acts_terms
+    root_live, head_held, blk, _ = bwd_terms
+    wc = 4 if plan.precision == "fp32" else 2
+    rest = fixed - (st["params.in_flight"] if L.zero >= 3 else 0.0)
+    grads_rest = st["grads"] - st["grads.in_flight"]
+    more = 1.0 if layers > 1 else 0.0  # a next block to prefetch / a previous RS input
+    if L.zero >= 3:
+        compute = wc * blk * (1 + more) + wc * blk + 4.0 * blk * more
+        reduce = wc * blk * more + wc * blk + 4.0 * blk
+    else:
+        root_live = 0.0  # counted in `fixed` with every other gathered unit
+        compute, reduce = wc * blk + 4.0 * blk * more, wc * blk + 4.0 * blk
+    held = held_logits if rank == L.pp - 1 else 0.0
+    accumulated = grads_rest if (m > 1 or L.pp > 1) else 0.0
+    if m > 1 or L.pp > 1:
+        bwd = block_stored + grads_rest
+    else:  # the last block to finish has every other block's grads and no activations
+        bwd = max(block_stored - per_layer, grads_rest * (layers - 1) / layers)
+    copies = max(compute, reduce)
+    if plan.ac == "full":
+        bwd += recompute  # the block being recomputed (its whole no-AC set)
+    elif plan.ac == "selective" and layers:
+        # The recompute's peak comes earlier than the copies': as the first block's backward
+        # starts, it holds everything kept, what the recompute re-created and the MLP
+        # backward's first gradients, and of the unit copies only the gathered parameters
+        # (ZeRO-3: this block and the prefetched next). Dry-run: tiny-llama dp4 z2 b2x2
+        # (-1.1%) and llama2-7b-L1 dp4 z3 tp2+sp (adding the recompute to the copies' moment
+        # is 13% over: at 7B widths the block's gradient copies are not alive then).
+        e = 4 if plan.precision == "fp32" else 2
+        work = mlp_backward_work_bytes(plan.model, tokens=plan.seq_len / L.cp
+                                       * plan.micro_batch, tp=L.tp, sp=L.sp, e=e,
+                                       weight_bytes=wc)
+        early = block_stored + accumulated + recompute + work
+        early_copies = wc * blk * (1 + more) if L.zero >= 3 else 0.0
+        if early + early_copies > bwd + copies:
+            bwd, copies = early, early_copies
+    out: list[Moment] = [ZeroBlockBackward(rest, buffers, fsdp, root_live, head_held,
+                                           copies, bwd, held)]
+    if L.pp > 1:
+        out.append(ZeroStageBackward(fixed, st["params.in_flight"], buffers, fsdp, wc * count,
+                                     block_stored, held))
+    root_grad = end_held = root_grads = 0.0
+    if L.zero >= 3 and root_live:
+        root_grads = grads_rest * (root_live / wc) / count if count else 0.0
+        embedding = wc * pc.embedding / L.tp if rank == 0 else 0.0
+        root_grad, end_held = max(embedding, head_held), held
+    out.append(ZeroEndOfBackward(rest, buffers, fsdp, bufs.get("fsdp_reduce_scatter", 0.0),
+                                 grads_rest, root_grad, end_held, root_grads))
+    return out
+
+
+def loss_moment(plan: PlanInput, st: dict, fixed: float, buffers: float, fsdp: float,
+                 quant: float, count: float, m: int, stored: float, moments: tuple,
+                 acts_terms: tuple[float, float, float, float], root_live: float,
+                 layers: int, block: float) -> LossBackward:
+    """The last stage's loss backward: every activation still stored plus the cross-entropy
+    backward temporaries (`loss_backward_bytes`). FSDP2 has resharded every block (ZeRO-3),
+    so in-flight ZeRO-3 copies and FSDP buffers are left out, except the last block's
+    all-gather that the root's pre-backward prefetches (ZeRO-3, pp = 1; `block` = one
+    block's parameters); accumulated grads (m > 1) are held. Pipelines: each loss backward
+    of the schedule, with what is stored then and the gradients if they exist.
+
+    Not counted, because not held: logits (the last stage runs the fused loss, pipelined or
+    not, `config.fused_head_loss`; zero-bubble's logits of earlier micro-batches are not kept
+    either: the trainer runs the schedule with return_outputs=False)."""
+    L = plan.layout
+    per_layer, _, head_acts, _ = acts_terms
+    # the head weight the fused loss reads: FSDP2's 16-bit unsharded copy under ZeRO-2/3
+    # with 16-bit compute, else the fp32 parameter
+    weight_bytes = 2 if (L.zero >= 2 and plan.precision != "fp32") else 4
+    loss_tmp = loss_backward_bytes(plan.model, seq_len=plan.seq_len,
+                                   micro_batch=plan.micro_batch, tp=L.tp, cp=L.cp,
+                                   fused=fused_head_loss(L), precision=plan.precision,
+                                   weight_bytes=weight_bytes,
+                                   chunk_tokens=plan.loss_chunk_tokens)
+    resting = fixed - (st["params.in_flight"] if L.zero >= 3 else 0.0)
+    held = st["grads"] - st["grads.in_flight"] if (m > 1 or L.pp > 1) else 0.0
+    wc = 4 if plan.precision == "fp32" else 2
+    if L.pp > 1 and L.zero >= 2:
+        # the stage's units gathered and grads unsharded (see `zero_moments`)
+        resting = fixed - st["params.in_flight"] + wc * count
+        # FSDP2 accumulates the unsharded gradients of the micro-batches in its reduce dtype
+        # (fp32) while gradient sync is off (FSDPParam.to_accumulated_grad_if_needed); the
+        # dry-run's loss backward, llama-1024-L4 dp2 z3 pp2 1f1b rank 2, holds the head's as
+        # a (32000, 1024) fp32 tensor (-10% with the compute dtype)
+        held = 4.0 * count
+    if L.zero >= 3 and L.pp == 1:
+        # the fused loss reads the head inside the root unit's forward: FSDP2 does not
+        # reshard the root after forward, so its unsharded copy is alive (dry-run,
+        # gpt2-124m-L2 dp8 z3: -15% without it)
+        resting += root_live
+        if layers:
+            # the root's pre-backward hook (on the loss) prefetches the last block before
+            # the loss backward runs (FSDP2's default backward prefetch, the reverse
+            # post-forward order): its all-gather output, one block in the compute dtype,
+            # is alive until that block's backward copies it out (dry-run, tiny dp2 z3:
+            # 99,968 B = 2 x 49,984 block parameters, -4.2% total without it)
+            resting += wc * block
+    if L.pp == 1:
+        return LossBackward(resting, buffers, fsdp, quant, stored, 0.0, held, loss_tmp)
+    return max((LossBackward(resting, buffers, fsdp, quant, lay * per_layer, hd * head_acts,
+                             held if g else 0.0, loss_tmp)
+                for lay, hd, g, is_loss in moments if is_loss), key=moment_total)
+
+
+def moment_total(moment: Moment) -> float:
+    return moment.total

@@ -1,0 +1,125 @@
+"""The `Recipe` dataclass: the fields a framework recipe states (what the framework allocates
+and does, as the planner needs it), each with what it means. The recipes themselves, each
+field cited to its framework's source, are the registry in `recipes.py`.
+
+Torch-free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["Recipe", "DEFAULT_RECIPE"]
+
+DEFAULT_RECIPE = "scaletrain"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What one framework allocates and does (bytes per parameter before any sharding)."""
+
+    name: str
+    framework: str
+    weight_bytes: float
+    """Bytes/param of the weights kept for the run (16-bit model weights, or fp32 parameters
+    cast for compute)."""
+    master_bytes: float
+    """Bytes/param of an fp32 master copy beside 16-bit weights (0: the weights are fp32)."""
+    grad_bytes: float
+    """Bytes/param of the gradient the backward accumulates into (fp32 main_grad buffer: 4)."""
+    grad_buffer_full_under_zero1: bool
+    """ZeRO-1 / distributed optimizer keeps the whole gradient buffer (reduce-scatters in
+    place) instead of sharding it."""
+    shards_master: bool
+    """ZeRO-1 (distributed optimizer) shards the master copy with the optimizer states."""
+    step_grad_fp32_copy: bool
+    """The optimizer step makes an fp32 copy of this rank's gradient partition (4 B per
+    sharded param, alive only during the step)."""
+    autocast_weight_copy: bool
+    """Unsharded fp32 parameters under autocast: every matmul weight's 16-bit cast is saved
+    from forward to backward (2 B/param)."""
+    zero_stages: tuple[int, ...]
+    """ZeRO stages the framework runs (0 = plain DDP)."""
+    ddp_bucket: str
+    """'view': gradients live in the buckets (no copy); 'copy': the reducer keeps a flat copy
+    of every gradient; 'ipg': a fixed-size reduction buffer (DeepSpeed)."""
+    bucket_elements: float
+    """Elements per gradient bucket (the last bucket is the reduction left exposed after
+    backward); for 'megatron' the rule max(4e7, 1e6 x dp) replaces it."""
+    bucket_elem_bytes: float
+    """Bytes per element of the reduction buffer (fp32 reduction: 4)."""
+    bucket_count: int
+    """Reduction buffers alive at once (DeepSpeed overlap_comm: 2)."""
+    fsdp_prefetch_units: int
+    """FSDP/ZeRO-3 units gathered beside the one computing (prefetch)."""
+    fsdp_prefetch_params: float
+    """ZeRO-3 prefetch bucket in parameters (DeepSpeed stage3_prefetch_bucket_size); 0: whole
+    units (FSDP2)."""
+    loss: str
+    """'fused' (chunked, scaletrain), 'vocab_parallel_fp32' (Megatron-style: fp32 softmax
+    saved in place, V/tp) or 'materialized_fp32' (16-bit logits, fp32 upcast, log-softmax
+    saved: F.cross_entropy(logits.float()))."""
+    activations: str
+    """Per-layer activation model: 'scaletrain' (memory.layer_activation_bytes, our modules),
+    'korthikanti' (Megatron's fused TE/flash transformer layer, Korthikanti et al. 2022
+    Table 2 generalised to GQA/SwiGLU) or 'sdpa_bf16' (an SDPA Llama whose residual stream is
+    16-bit: memory.layer_activation_bytes with residual_fp32=False)."""
+    selective: str
+    """What ac='selective' keeps: 'scaletrain' (parallel/ac.py), 'core_attention'
+    (Megatron: the attention core is recomputed, its s^2 terms dropped) or 'torchtitan_op'
+    (op-level SAC: outputs of every other matmul and of SDPA)."""
+    ac_modes: tuple[str, ...]
+    """Activation checkpointing modes the framework offers."""
+    full_ac_saves: str
+    """What ac='full' keeps per layer: 'layer_input' for every recipe (the checkpointed block's
+    input, /tp with SP)."""
+    sp_with_tp: bool
+    """Tensor parallelism always runs with sequence parallelism (torchtitan's TP plan)."""
+    attention: str
+    """'model': attention as the model config says (flash/SDPA keeps no s x s scores);
+    'naive': the framework's default attention keeps softmax(QK^T) (the s x s scores) for
+    backward whatever the model config says."""
+    dropout_masks: bool
+    """1-byte dropout masks are kept for GPT-2-family models (Megatron's default
+    hidden/attention dropout 0.1); Llama-family recipes run without dropout."""
+    even_pp_split: bool
+    """Pipeline stages hold L/pp layers each (embedding and head on top of the end stages)
+    instead of scaletrain's balance that counts them as a layer each."""
+    pp_schedules: tuple[str, ...]
+    cp: bool
+    """Context parallelism available."""
+    ddp_with_model_parallel: bool
+    """Plain DDP (zero 0) composes with tp/pp/cp."""
+    pp_with_zero: tuple[int, ...]
+    """ZeRO stages allowed together with pp > 1."""
+    fragmentation: float
+    """reserved = allocated x (1 + fragmentation) (+ context)."""
+    cuda_context_bytes: float
+    time_model: str
+    """'scaletrain' (estimate.default_efficiency) or 'generation' (efficiency.py). Every
+    recipe uses 'scaletrain' (see _TIME_MODEL); the communication terms are the recipe's own
+    either way."""
+    pp_fsdp_unsharded: bool = False
+    """Pipeline parallelism over FSDP keeps every unit of the stage unsharded for the whole
+    forward/backward (no reshard after forward) and accumulates the unsharded gradients in the
+    reduce dtype across micro-batches, reduce-scattering them once after the last one."""
+    loss_compiles: bool = False
+    """With `compile` the framework compiles its loss too: Inductor saves the 16-bit logits
+    and per-token fp32 statistics instead of the fp32 log-softmax and writes the 16-bit
+    gradient from one fused kernel (PlanInput.compile_loss overrides)."""
+    pipe_output_buffers: int = 0
+    """The pipeline engine keeps the last stage's forward output (the 16-bit logits) of this
+    many micro-batches in its buffers through backward (DeepSpeed: 2), at any pp."""
+    eager_elementwise: bool = False
+    """Time model: the framework runs its block's elementwise ops (norms, RoPE, SiLU, adds) as
+    separate eager kernels unless compiled, charged over memory bandwidth
+    (efficiency.eager_elementwise_bytes); False where fused kernels run them (Transformer
+    Engine, flash-attn's fused ops) or the planner's calibrated efficiency stands for them."""
+    sources: dict[str, str] = field(default_factory=dict, compare=False)
+    """Field -> where the value comes from."""
+
+    def bucket_bytes(self, dp: int) -> float:
+        """Bytes of one gradient reduction bucket."""
+        elems = (max(4e7, 1e6 * dp) if self.name in ("megatron", "nemo")
+                 else self.bucket_elements)
+        return elems * self.bucket_elem_bytes

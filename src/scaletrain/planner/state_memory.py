@@ -1,0 +1,156 @@
+"""Model-state memory per GPU: parameters, gradients and optimizer states under each byte
+convention, ZeRO sharding and offload, and how a pipeline splits the blocks (torch-free).
+
+Units: bytes; `GB` in docstrings means 1e9 bytes. Every function answers for ONE rank.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from scaletrain.config import PRECISION_TABLE, ModelConfig, stage_layer_ranges
+
+__all__ = ["OPTIMIZER_BYTES", "CONVENTIONS", "state_bytes_per_param", "model_state_bytes",
+           "fp8_linear_params", "stage_layer_counts"]
+
+OPTIMIZER_BYTES = {"adamw": 8.0, "sgd": 4.0, "adamw8bit": 2.0}
+"""Optimizer state bytes per parameter: AdamW m+v fp32 (Kingma & Ba 2015), SGD momentum fp32,
+8-bit Adam m+v int8 (Dettmers et al. 2022; its per-block scales are < 1% and ignored)."""
+
+CONVENTIONS = ("scaletrain", "moments_only", "master_and_moments", "megatron", "full_copies")
+"""How model-state bytes are counted (the seeds disagree, DESIGN.md §5):
+- 'scaletrain' (default): what scaletrain's trainer allocates. States stay fp32 (param 4 + grad 4
+  + optimizer); mixed precision adds 16-bit working copies: FSDP2 (ZeRO-3) all-gathers bf16
+  copies of the units in flight (current + prefetched block) and holds the unit's unsharded bf16
+  grads before the fp32 reduce-scatter; DDP/ZeRO-1/2 + autocast keeps bf16 casts of every matmul
+  weight alive from its forward to its backward (autograd saves them). fp8 (precision/fp8.py)
+  keeps no weight copy between forward and backward (the weight is re-quantized in backward),
+  so its converted linears hold no 16-bit cast either; FSDP2 still gathers bf16 units. fp16's
+  loss scaler is one scalar (ignored).
+- 'moments_only': 16-bit params + 16-bit grads + optimizer moments (2+2+8 = 12 B/param for
+  AdamW; fp8: 1+1+8 = 10). Seeds 000 (20B: 240 GB) and 004 (7B: 84 GB).
+- 'master_and_moments': 16-bit params + grads + (fp32 master + moments) counted as optimizer
+  (2+2+12 = 16; ZeRO paper k=12). Seed 003 (7B on 8 GPUs table), seed 002's ZeRO table.
+- 'megatron': bf16 params + fp32 grads + fp32 master + moments (2+4+4+8 = 18; Megatron-LM and
+  Nanotron's default with fp32 gradient accumulation).
+- 'full_copies': seed 002's 20 B/param (bf16 params 2 + bf16 grads 2 + fp32 master 4 + fp32
+  grads 4 + moments 8); master counted as optimizer, fp32 grads as grads.
+In fp32 there is no master copy: every convention is 4 + 4 + optimizer.
+"""
+
+ELEM_BYTES = {name: spec.bytes for name, spec in PRECISION_TABLE.items()}
+
+
+def state_bytes_per_param(precision: str, optimizer: str = "adamw",
+                          convention: str = "scaletrain") -> tuple[float, float, float]:
+    """(param, grad, optimizer) bytes per parameter before any sharding (see CONVENTIONS)."""
+    opt = OPTIMIZER_BYTES[optimizer]
+    if precision == "fp32" or convention == "scaletrain":
+        return 4.0, 4.0, opt
+    w = float(ELEM_BYTES[precision])
+    if convention == "moments_only":
+        return w, w, opt
+    if convention == "master_and_moments":
+        return w, w, opt + 4
+    if convention == "megatron":
+        return w, 4.0, opt + 4
+    if convention == "full_copies":
+        return w, w + 4, opt + 4
+    raise ValueError(f"convention={convention!r}: use one of {', '.join(CONVENTIONS)}")
+
+
+def model_state_bytes(num_params: float, *, precision: str = "bf16", optimizer: str = "adamw",
+                      zero: int = 0, zero_shards: int = 1, offload: str = "none",
+                      convention: str = "scaletrain", expert_params: float = 0.0,
+                      expert_shards: int = 1, unit_params: float = 0.0,
+                      units_in_flight: int = 2, largest_param: float = 0.0,
+                      fp8_params: float = 0.0, experts_in_fsdp: bool = True
+                      ) -> dict[str, float]:
+    """Bytes of params/grads/optimizer states on one GPU, plus what offload moved to the host.
+
+    num_params: dense parameters this rank holds after TP/PP division; expert_params: its expert
+    parameters after EP division, ZeRO-sharded over `expert_shards` (= zero_shards / ep) ranks.
+    ZeRO (Rajbhandari et al. 2020): stage >= 1 divides optimizer states, >= 2 gradients, 3
+    parameters by the shard count. unit_params: the largest FSDP unit (a block, or the
+    embedding/head) whose 16-bit copies are in flight under 'scaletrain'. offload='optimizer'
+    moves optimizer states (incl. any master copy counted there) to the CPU (ZeRO-Offload);
+    'params' (FSDP2 CPUOffloadPolicy, needs ZeRO-3) moves sharded params, grads and optimizer
+    states; the GPU keeps the units in flight. Ignores: the int8 scales of 8-bit Adam, the fp16
+    loss scaler, DDP bucket copies (see buffer_terms). fp8_params: this rank's weights in
+    float8-converted linears (attention q/k/v/o, dense MLP and MoE experts; not the head,
+    router or embeddings), which under precision='fp8' keep no 16-bit cast (measured with
+    MemTracker on a dim-256 llama: only the head's bf16 copy remains).
+    Under 'scaletrain' ZeRO-2 is FSDP2 with reshard_after_forward=False (parallel/fsdp.py): the
+    parameters are sharded at rest like ZeRO-3, and every unit's compute-dtype copy stays
+    unsharded from its forward to its backward (params.in_flight = all of them). ZeRO-1 is
+    torch's ZeroRedundancyOptimizer, which gives whole parameters to ranks: the busiest rank
+    holds at least the states of the largest parameter (`largest_param`, the embedding).
+    Source of both: the dry-run (benchmarks/results/planner_accuracy.md).
+    experts_in_fsdp=False: FSDP2 leaves the expert-parallel experts alone (ignored_params,
+    parallel/parallelize.py), so ZeRO-2 keeps no gathered 16-bit copy of them (dry-run,
+    tiny-moe dp4 z2 ep4) and `unit_params` should exclude them.
+    """
+    pb, gb, ob = state_bytes_per_param(precision, optimizer, convention)
+    d_dense, d_exp = max(1, zero_shards), max(1, expert_shards)
+
+    def shard(nbytes_per: float, stage: int) -> float:
+        if zero >= stage:
+            return nbytes_per * (num_params / d_dense + expert_params / d_exp)
+        return nbytes_per * (num_params + expert_params)
+
+    params, grads, optim = shard(pb, 2 if convention == "scaletrain" else 3), shard(gb, 2), \
+        shard(ob, 1)
+    if zero == 1 and largest_param:
+        # ZeroRedundancyOptimizer partitions whole parameters greedily by size
+        optim = max(optim, ob * largest_param)
+    in_params = in_grads = 0.0
+    if convention == "scaletrain":
+        # FSDP2 gathers and reduces units in the 16-bit compute dtype (bf16 under fp8 too:
+        # parallel/fsdp.py's policy); fp32 runs gather fp32
+        wc = 4 if precision == "fp32" else 2
+        if zero == 2:
+            # FSDP2 without reshard after forward: every unit stays all-gathered (compute
+            # dtype) from its forward to its backward
+            in_params = wc * (num_params + (expert_params if experts_in_fsdp else 0.0))
+        elif zero >= 3:
+            # FSDP2 all-gathers compute-dtype copies of the current and prefetched unit and
+            # holds one unit's unsharded grads before the reduce-scatter.
+            in_params = wc * unit_params * units_in_flight
+            in_grads = wc * unit_params
+        elif precision != "fp32":
+            # autocast keeps a 16-bit cast of every matmul weight from forward to backward;
+            # fp8-converted linears keep none (their weight is re-quantized in backward)
+            converted = fp8_params if precision == "fp8" else 0.0
+            in_params = 2 * (num_params + expert_params - converted)
+    offloaded = 0.0
+    if offload == "optimizer":
+        offloaded, optim = optim, 0.0
+    elif offload == "params" and zero >= 3:
+        offloaded, params, grads, optim = params + grads + optim, 0.0, 0.0, 0.0
+    elif offload == "params":  # without sharding the replicated params must stay on the GPU
+        offloaded, optim = optim, 0.0
+    return {"params": params + in_params, "grads": grads + in_grads, "optimizer": optim,
+            "params.in_flight": in_params, "grads.in_flight": in_grads, "offloaded": offloaded}
+
+
+def fp8_linear_params(model: ModelConfig, layers: int, tp: int = 1) -> float:
+    """Parameters in the Float8Linears of `layers` blocks, per tp rank: q/k/v/o and a dense
+    MLP (precision/fp8.py `apply_fp8` skips the head and the router; MoE experts become
+    Float8ExpertLinear, counted apart by the callers that need them)."""
+    pc = model.param_counts()
+    return layers * (pc.attention + (0 if model.is_moe else pc.mlp)) / tp
+
+
+@functools.lru_cache(maxsize=4096)
+def stage_layer_counts(num_layers: int, pp: int, virtual: int = 1) -> tuple[int, ...]:
+    """Layers held by each pipeline rank, by the trainer's own rule.
+
+    `scaletrain.config.stage_layer_ranges` (the one balancing rule, shared with
+    `parallel/pipeline.py`) splits the L layers over pp*v stages counting the embedding and the
+    head as one unit each; rank r holds stages r, r+pp, ... (the interleaved assignment of
+    Narayanan et al. 2021). The embedding lives on rank 0, the final norm and head on rank pp-1.
+    """
+    counts = [0] * pp
+    for stage, layers in enumerate(stage_layer_ranges(num_layers, pp * virtual)):
+        counts[stage % pp] += len(layers)
+    return tuple(counts)
