@@ -5,7 +5,9 @@ One block of a Llama-shaped model (RMSNorm, RoPE, GQA, SwiGLU) and one of a GPT-
 widths (h=256, 4 heads, seq 128, batch 2; the op structure of the full-size models), wrapped
 by the trainer's own `scaletrain.parallel.ac.apply_ac` for ac = none / selective / full, and run
 as the trainer runs a bf16 job on CPU: fp32 parameters under `torch.autocast(bfloat16)`
-(`trainer/precision.py`), so the residual stream entering the block is fp32.
+(`trainer/precision.py`), so the residual stream entering the block is fp32; and again with
+bf16 parameters and a bf16 residual stream (FSDP2's MixedPrecisionPolicy path, emulated by
+casting the model; the planner's residual_fp32=False).
 
 What counts as kept (storages de-duplicated: views of one storage count once):
 - every tensor autograd packs at the block's level (`torch.autograd.graph.saved_tensors_hooks`;
@@ -20,7 +22,9 @@ in the activation total — the planner counts weights in model state and ignore
 
 The analytic minimum is the planner's own per-block formula,
 `scaletrain.planner.memory.layer_activation_bytes(..., ac=..., precision="bf16",
-residual_fp32=True)` (selective: its `selective_layer_bytes`), for the same shapes.
+residual_fp32=...)` (selective: its `selective_layer_bytes`), for the same shapes. Every
+fp32 tensor kept is listed with whether backward needs it; the findings are computed from the
+ac=none ledgers.
 
     python benchmarks/activation_ledger.py
 """
@@ -93,14 +97,25 @@ class _Producers(TorchDispatchMode):
         return out
 
 
-def ledger(cfg: ModelConfig, ac: str, *, batch: int, seq: int, seed: int = 0) -> dict[str, Any]:
-    """Rows (producer, module, shape, dtype, bytes, fp32 note) of what the block keeps."""
+PARAMS = ("fp32", "bf16")
+"""fp32: the trainer's path without FSDP (fp32 parameters, autocast casts per op; the residual
+stream is fp32). bf16: FSDP2's MixedPrecisionPolicy path (parameters gathered in bf16, autocast
+then a no-op; the residual stream is bf16), emulated on one process by casting the model."""
+
+
+def ledger(cfg: ModelConfig, ac: str, *, batch: int, seq: int, params_dtype: str = "fp32",
+           seed: int = 0) -> dict[str, Any]:
+    """Rows (producer, module, shape, dtype, bytes) of what the block keeps, and the planner's
+    figure for the same shapes."""
     torch.manual_seed(seed)
     model = build_model(cfg, device="cpu")
+    if params_dtype == "bf16":
+        model.to(torch.bfloat16)
     apply_ac(model, ac)  # the trainer's wrapper, on the whole model as the trainer applies it
     block = model.layers["0"]
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    x = torch.randn(batch, seq, cfg.dim, requires_grad=True)  # fp32 residual stream
+    x = torch.randn(batch, seq, cfg.dim, dtype=next(model.parameters()).dtype,
+                    requires_grad=True)  # the residual stream, in the parameters' dtype
     positions = torch.arange(seq)
     cos, sin = model.rope(positions) if model.rope is not None else (None, None)
     shared = {s.data_ptr() for t in (cos, sin) if t is not None and (s := _storage(t))}
@@ -159,10 +174,10 @@ def ledger(cfg: ModelConfig, ac: str, *, batch: int, seq: int, seed: int = 0) ->
     rows.sort(key=lambda r: (-r["bytes"], r["module"], r["producer"]))
     total = sum(r["bytes"] for r in rows)
     analytic = layer_activation_bytes(cfg, seq_len=seq, micro_batch=batch, ac=ac,
-                                      precision="bf16", residual_fp32=True)
+                                      precision="bf16", residual_fp32=params_dtype == "fp32")
     out.float().sum().backward()  # the graph is whole: backward runs on what was kept
-    return {"block": cfg.name, "ac": ac, "rows": rows, "apart": apart, "total": total,
-            "analytic": analytic, "ratio": total / analytic}
+    return {"block": cfg.name, "ac": ac, "params": params_dtype, "rows": rows, "apart": apart,
+            "total": total, "analytic": analytic, "ratio": total / analytic}
 
 
 FP32_NOTES = {
@@ -174,6 +189,9 @@ FP32_NOTES = {
     "mul": "RMSNorm's fp32 normalized output x * rstd, saved by `weight * normed` for the "
            "weight's gradient: needed by that gradient, but recomputable from x and rstd, "
            "which are saved anyway (finding F1)",
+    "_to_copy": "RMSNorm's fp32 upcast of its bf16 input (`x.float()`), saved by rms_norm for "
+                "its backward: backward needs the values, not the fp32 copy — the bf16 input "
+                "holds them exactly (finding F2)",
     "native_layer_norm": "LayerNorm's fp32 mean or rstd per token: needed by layer_norm's "
                          "backward",
     "_scaled_dot_product_flash_attention_for_cpu": "SDPA's fp32 log-sum-exp: needed (softmax "
@@ -189,6 +207,51 @@ def _fmt_bytes(n: float) -> str:
     return f"{n:,.0f}"
 
 
+def findings(results: list[dict[str, Any]]) -> list[str]:
+    """Findings computed from the ac=none ledgers (bytes per block at these shapes)."""
+    out = []
+    for r in results:
+        if r["ac"] != "none":
+            continue
+        rows, tot = r["rows"], r["total"]
+        tag = f"{r['block']}, {r['params']} params"
+        norm_mul = sum(x["bytes"] for x in rows if x["producer"] == "mul"
+                       and x["module"].endswith("_norm") and x["dtype"] == "float32")
+        if norm_mul:
+            out.append(f"- **F1** ({tag}): RMSNorm's fp32 normalized output, saved by "
+                       f"`weight * normed` for the weight gradient, {norm_mul:,} B "
+                       f"({norm_mul / tot:.1%} of the block). Needed by that gradient as "
+                       "written; it equals x * rstd, both already saved, so a hand-written "
+                       "backward could recompute it. Not changed (a recompute trade, not a "
+                       "redundant copy).")
+        upcast = sum(x["bytes"] for x in rows if x["producer"] == "_to_copy"
+                     and x["module"].endswith("_norm") and x["dtype"] == "float32")
+        if upcast:
+            out.append(f"- **F2** ({tag}): RMSNorm saves the fp32 upcast of its bf16 input "
+                       f"(`F.rms_norm(x.float())`), {upcast:,} B ({upcast / tot:.1%}); the "
+                       "bf16 input is not saved beside it. Backward needs the values only, "
+                       "which the bf16 input holds exactly: saving the bf16 input and "
+                       f"re-upcasting in backward would save {upcast // 2:,} B "
+                       f"({upcast / 2 / tot:.1%}). The planner counts it ((4 + r) per element "
+                       "per norm).")
+        casts = [x for x in rows if x["producer"] == "_to_copy" and x["dtype"] == "bfloat16"
+                 and x["module"].split(".")[-1] in {"wq", "wk", "wv", "w1", "w3"}]
+        if len(casts) > 2:
+            extra = sum(x["bytes"] for x in casts) - 2 * casts[0]["bytes"]
+            out.append(f"- **F3** ({tag}, bf16 not fp32): autocast casts the fp32 normed input "
+                       f"once per linear and each linear saves its own copy: {len(casts)} "
+                       f"copies where one per norm (2) would do, {extra:,} B extra "
+                       f"({extra / tot:.1%}); the planner counts them.")
+        stats = [x for x in rows if x["producer"] == "native_layer_norm"
+                 and x["shape"][-1] == 1 and x["dtype"] != "float32"]
+        if stats:
+            out.append(f"- **F4** ({tag}): on CPU autocast LayerNorm over bf16 parameters runs "
+                       f"in bf16, so its mean/rstd are bf16 ({sum(x['bytes'] for x in stats):,}"
+                       " B); the planner assumes fp32 statistics (CUDA autocast's fp32 "
+                       f"layer_norm): ledger/analytic {r['ratio']:.4f}.")
+    return out
+
+
 def markdown(results: list[dict[str, Any]], batch: int, seq: int) -> str:
     lines = ["# Saved-tensor ledger: one block, per activation-checkpointing mode", "",
              f"batch {batch}, seq {seq}, bf16 autocast over fp32 parameters (the trainer's CPU "
@@ -196,22 +259,23 @@ def markdown(results: list[dict[str, Any]], batch: int, seq: int) -> str:
              "keeps for backward (saved_tensors_hooks + storages created in forward still "
              "alive after it; block output excluded); *analytic*: "
              "`planner.memory.layer_activation_bytes(ac=..., residual_fp32=True)`.", "",
-             "| block | ac | ledger bytes | analytic bytes | ledger / analytic |",
-             "|---|---|---:|---:|---:|"]
+             "| block | params | ac | ledger bytes | analytic bytes | ledger / analytic |",
+             "|---|---|---|---:|---:|---:|"]
     for r in results:
-        lines.append(f"| {r['block']} | {r['ac']} | {_fmt_bytes(r['total'])} | "
-                     f"{_fmt_bytes(r['analytic'])} | {r['ratio']:.3f} |")
-    lines += ["", "## fp32 tensors kept under bf16 autocast", "",
-              "| block | ac | producer | module | shape | bytes | needed by backward? |",
-              "|---|---|---|---|---|---:|---|"]
+        lines.append(f"| {r['block']} | {r['params']} | {r['ac']} | {_fmt_bytes(r['total'])} | "
+                     f"{_fmt_bytes(r['analytic'])} | {r['ratio']:.4f} |")
+    lines += ["", "## fp32 tensors kept (bf16 compute)", "",
+              "| block | params | ac | producer | module | shape | bytes | needed by backward? |",
+              "|---|---|---|---|---|---|---:|---|"]
     for r in results:
         for row in r["rows"]:
             if row["dtype"] == "float32":
-                lines.append(f"| {r['block']} | {r['ac']} | {row['producer']} | "
+                lines.append(f"| {r['block']} | {r['params']} | {r['ac']} | {row['producer']} | "
                              f"{row['module']} | {row['shape']} | {_fmt_bytes(row['bytes'])} | "
                              f"{fp32_note(row)} |")
+    lines += ["", "## Findings", "", *findings(results)]
     for r in results:
-        lines += ["", f"## {r['block']}, ac={r['ac']}", "",
+        lines += ["", f"## {r['block']}, {r['params']} params, ac={r['ac']}", "",
                   "| producer op | module | shape | dtype | bytes |", "|---|---|---|---|---:|"]
         for row in r["rows"]:
             lines.append(f"| {row['producer']} | {row['module']} | {row['shape']} | "
@@ -227,7 +291,8 @@ def markdown(results: list[dict[str, Any]], batch: int, seq: int) -> str:
 
 def run(*, dim: int = 256, heads: int = 4, batch: int = 2, seq: int = 128) -> list[dict[str, Any]]:
     cfgs = block_configs(dim, heads, seq)
-    return [ledger(cfg, ac, batch=batch, seq=seq) for cfg in cfgs.values() for ac in AC_MODES]
+    return [ledger(cfg, ac, batch=batch, seq=seq, params_dtype=pd)
+            for pd in PARAMS for cfg in cfgs.values() for ac in AC_MODES]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -242,8 +307,8 @@ def main(argv: list[str] | None = None) -> None:
     jpath, mpath = write_results("activation_ledger", {"batch": a.batch, "seq": a.seq,
                                                        "dim": a.dim, "results": results}, md)
     for r in results:
-        print(f"{r['block']:>11} ac={r['ac']:<9} ledger {r['total']:>10,} B  analytic "
-              f"{r['analytic']:>12,.0f} B  ratio {r['ratio']:.3f}")
+        print(f"{r['block']:>11} {r['params']} params ac={r['ac']:<9} ledger "
+              f"{r['total']:>10,} B  analytic {r['analytic']:>12,.0f} B  ratio {r['ratio']:.4f}")
     print(f"wrote {jpath} and {mpath}")
 
 
