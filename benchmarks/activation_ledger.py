@@ -157,11 +157,12 @@ def ledger(cfg: ModelConfig, ac: str, *, batch: int, seq: int, params_dtype: str
         kept.setdefault(p, (list(t.shape), t.dtype, t.untyped_storage().nbytes()))
     kept.pop(out_ptr, None)
     weight_shapes = {tuple(p.shape) for p in model.parameters() if p.dim() == 2}
-    rows, apart = [], []
+    rows: list[dict[str, Any]] = []
+    apart: list[dict[str, Any]] = []
     for ptr, (shape, dtype, nbytes) in kept.items():
         op, mod = mode.tags.get(ptr, ("(block input)" if ptr == x_ptr
                                       else "(created outside)", ""))
-        row = {"producer": op, "module": mod, "shape": shape,
+        row: dict[str, Any] = {"producer": op, "module": mod, "shape": shape,
                "dtype": str(dtype).removeprefix("torch."), "bytes": nbytes}
         if ptr in params:
             apart.append({**row, "kind": "parameter"})
