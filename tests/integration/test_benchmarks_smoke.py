@@ -17,7 +17,7 @@ import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 SCRIPTS = ("attention", "pipeline", "scaling", "strategies", "gpu", "comm_volume", "precision",
-           "ingest")
+           "ingest", "activation_ledger")
 
 
 def _load(name: str):
@@ -133,7 +133,8 @@ REQUIRED = {"attention": ("rows", "slopes"), "pipeline": ("results", "meta"),
             "scaling": ("rows", "meta"), "strategies": ("rows", "meta"), "gpu": ("status",),
             "comm_volume": ("results", "notes"),
             "precision": ("meta", "summary", "step0_grad_error", "memory", "runs"),
-            "ingest": ("rows", "meta", "rss_growth_mib")}
+            "ingest": ("rows", "meta", "rss_growth_mib"),
+            "activation_ledger": ("results", "batch", "seq", "dim")}
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
@@ -179,3 +180,24 @@ def test_ingest_smallest_corpora(tmp_path):
         assert r["mb"] == mb and 0 < r["docs"] < r["tokens"] < mb * 2**20
         assert r["peak_rss_mib"] > 50 and r["tokens_per_s"] > 0
     assert (tmp_path / "ingest.md").read_text().startswith("# Ingestion")
+
+
+def test_activation_ledger_smallest_blocks():
+    led = _load("activation_ledger")
+    results = led.run(dim=64, heads=4, batch=1, seq=32)
+    by = {(r["block"], r["params"], r["ac"]): r for r in results}
+    assert len(by) == 2 * len(led.PARAMS) * len(led.AC_MODES)
+    for (block, params, _ac), r in by.items():
+        assert r["total"] == sum(row["bytes"] for row in r["rows"])
+        # the planner's per-block formula counts the same tensors (CPU's bf16 LayerNorm
+        # statistics aside: finding F4, 4 B per token and norm)
+        slack = 2 * 32 * 4 if (block, params) == ("gpt2-block", "bf16") else 0
+        assert r["analytic"] - slack <= r["total"] <= r["analytic"]
+    for block in ("llama-block", "gpt2-block"):
+        for params in led.PARAMS:
+            none, sel, full = (by[(block, params, ac)]["total"] for ac in led.AC_MODES)
+            assert full < sel < none
+            # full keeps only the block input, in the residual stream's dtype
+            assert full == (4 if params == "fp32" else 2) * 32 * 64
+    md = led.markdown(results, 1, 32)
+    assert "not explained" not in md and "**F2**" in md
