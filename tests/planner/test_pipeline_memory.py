@@ -142,9 +142,12 @@ def test_each_rank_names_a_moment_it_has():
     ("llama3-70b", 64, dict(tp=2, sp=True, pp=32, pp_schedule="zero-bubble", zero=3), 4096, 64,
      "params", "h100-sxm", "pipeline stage backward, FSDP units gathered"),
     # a tiny model in fp32 on CPUs, 8 sequences per micro-batch: the 256-token vocabulary's
-    # loss backward outweighs two 64-wide blocks (with 1 sequence: a block's backward)
+    # loss backward outweighs two 64-wide blocks; with 1 sequence too, since FSDP2's root
+    # pre-backward hook prefetches the last block, gathered through the loss backward (the
+    # dry-run of this layout peaks with no gradient allocated yet: between the last block's
+    # forward and its backward)
     ("tiny", 2, dict(dp=2, zero=3), 128, 16, "none", "cpu", "loss backward on the last stage"),
-    ("tiny", 2, dict(dp=2, zero=3), 128, 2, "none", "cpu", "block backward under ZeRO-2/3"),
+    ("tiny", 2, dict(dp=2, zero=3), 128, 2, "none", "cpu", "loss backward on the last stage"),
 ])
 def test_explain_names_the_peak_moment(model, gpus, layout, seq, batch, offload, hw, moment):
     from scaletrain.config import Layout, hardware_preset
