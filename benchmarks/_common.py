@@ -18,19 +18,32 @@ RESULTS = Path(os.environ.get(OUT_ENV) or Path(__file__).resolve().parent / "res
 
 def git_revision() -> str:
     try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, cwd=Path(__file__).parent, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, cwd=Path(__file__).parent,
-                               check=True).stdout.strip()
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent,
+            check=True,
+        ).stdout.strip()
         return rev + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
 
 def machine() -> dict[str, Any]:
-    info: dict[str, Any] = {"platform": platform.platform(), "python": platform.python_version(),
-                            "cpus": os.cpu_count(), "processor": platform.processor()}
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "processor": platform.processor(),
+    }
     try:
         import torch
 
@@ -44,8 +57,11 @@ def machine() -> dict[str, Any]:
 
 
 def stamp() -> dict[str, Any]:
-    return {"git_revision": git_revision(), "machine": machine(),
-            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+    return {
+        "git_revision": git_revision(),
+        "machine": machine(),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
 
 
 def write_results(name: str, data: dict[str, Any], markdown: str) -> tuple[Path, Path]:
@@ -56,7 +72,9 @@ def write_results(name: str, data: dict[str, Any], markdown: str) -> tuple[Path,
     jpath.write_text(json.dumps({**data, **s}, indent=1, default=str) + "\n")
     m = s["machine"]
     where = m.get("gpu") or m["processor"] or "cpu"
-    foot = (f"\n\n_git {s['git_revision']} · {s['date']} · {where}"
-            f" · {m['cpus']} CPUs · torch {m.get('torch', '?')}_\n")
+    foot = (
+        f"\n\n_git {s['git_revision']} · {s['date']} · {where}"
+        f" · {m['cpus']} CPUs · torch {m.get('torch', '?')}_\n"
+    )
     mpath.write_text(markdown.rstrip() + foot)
     return jpath, mpath

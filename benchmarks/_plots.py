@@ -25,25 +25,44 @@ def save(fig: Any, path: Path, *, dpi: int = 110) -> Path:
     return path
 
 
-def gantt(ax: Any, ranks: Sequence[Sequence[tuple[float, float, str, int]]], *, title: str,
-          makespan: float | None = None, unit: str = "ms", scale: float = 1e3) -> None:
+def gantt(
+    ax: Any,
+    ranks: Sequence[Sequence[tuple[float, float, str, int]]],
+    *,
+    title: str,
+    makespan: float | None = None,
+    unit: str = "ms",
+    scale: float = 1e3,
+) -> None:
     """One row per rank; each event (start, end, kind, micro-batch) a labelled bar.
 
     The idle time between 0 and the makespan is shaded grey: that is the bubble.
     """
-    end = makespan if makespan is not None else max(
-        (e[1] for evs in ranks for e in evs), default=0.0)
+    end = (
+        makespan if makespan is not None else max((e[1] for evs in ranks for e in evs), default=0.0)
+    )
     for r, evs in enumerate(ranks):
         y = len(ranks) - 1 - r  # rank 0 on top
         ax.broken_barh([(0, end * scale)], (y - 0.4, 0.8), facecolors=KIND_COLORS["idle"])
         for start, stop, kind, mb in evs:
             w = (stop - start) * scale
-            ax.broken_barh([(start * scale, w)], (y - 0.4, 0.8),
-                           facecolors=KIND_COLORS.get(kind, "#999999"), edgecolor="white",
-                           linewidth=0.5)
+            ax.broken_barh(
+                [(start * scale, w)],
+                (y - 0.4, 0.8),
+                facecolors=KIND_COLORS.get(kind, "#999999"),
+                edgecolor="white",
+                linewidth=0.5,
+            )
             if w > end * scale / 60:  # label only bars wide enough to read
-                ax.text(start * scale + w / 2, y, f"{kind}{mb}", ha="center", va="center",
-                        fontsize=6, color="white")
+                ax.text(
+                    start * scale + w / 2,
+                    y,
+                    f"{kind}{mb}",
+                    ha="center",
+                    va="center",
+                    fontsize=6,
+                    color="white",
+                )
     ax.set_yticks(range(len(ranks)))
     ax.set_yticklabels([f"rank {len(ranks) - 1 - i}" for i in range(len(ranks))])
     ax.set_xlim(0, end * scale * 1.01)
@@ -51,8 +70,14 @@ def gantt(ax: Any, ranks: Sequence[Sequence[tuple[float, float, str, int]]], *, 
     ax.set_title(title, fontsize=9)
 
 
-def stacked_bars(ax: Any, labels: Sequence[str], parts: dict[str, Sequence[float]], *,
-                 ylabel: str, capacity: float | None = None) -> None:
+def stacked_bars(
+    ax: Any,
+    labels: Sequence[str],
+    parts: dict[str, Sequence[float]],
+    *,
+    ylabel: str,
+    capacity: float | None = None,
+) -> None:
     """Stacked bars: one bar per label, one colour per part (same order for every bar)."""
     bottom = [0.0] * len(labels)
     for name, vals in parts.items():

@@ -56,11 +56,27 @@ AC_MODES = ("none", "selective", "full")
 
 def block_configs(dim: int = 256, heads: int = 4, seq: int = 128) -> dict[str, ModelConfig]:
     """One-layer Llama- and GPT-2-shaped configs from the presets, shrunk to CPU widths."""
-    llama = replace(model_preset("llama3-8b"), name="llama-block", dim=dim, num_heads=heads,
-                    num_kv_heads=max(1, heads // 2), ffn_dim=int(dim * 3.5), num_layers=1,
-                    vocab_size=256, max_seq_len=seq)
-    gpt2 = replace(model_preset("gpt2-124m"), name="gpt2-block", dim=dim, num_heads=heads,
-                   num_kv_heads=heads, num_layers=1, vocab_size=256, max_seq_len=seq)
+    llama = replace(
+        model_preset("llama3-8b"),
+        name="llama-block",
+        dim=dim,
+        num_heads=heads,
+        num_kv_heads=max(1, heads // 2),
+        ffn_dim=int(dim * 3.5),
+        num_layers=1,
+        vocab_size=256,
+        max_seq_len=seq,
+    )
+    gpt2 = replace(
+        model_preset("gpt2-124m"),
+        name="gpt2-block",
+        dim=dim,
+        num_heads=heads,
+        num_kv_heads=heads,
+        num_layers=1,
+        vocab_size=256,
+        max_seq_len=seq,
+    )
     return {"llama": llama, "gpt2": gpt2}
 
 
@@ -83,17 +99,22 @@ class _Producers(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        ins = {s.data_ptr() for a in tree_flatten((args, kwargs))[0]
-               if isinstance(a, torch.Tensor) and (s := _storage(a)) is not None}
+        ins = {
+            s.data_ptr()
+            for a in tree_flatten((args, kwargs))[0]
+            if isinstance(a, torch.Tensor) and (s := _storage(a)) is not None
+        }
         for o in tree_flatten(out)[0]:
             # only new storages: not a view or an in-place result of an input
-            if (isinstance(o, torch.Tensor) and (s := _storage(o)) is not None
-                    and s.data_ptr() not in ins):
+            if (
+                isinstance(o, torch.Tensor)
+                and (s := _storage(o)) is not None
+                and s.data_ptr() not in ins
+            ):
                 name = str(func.overloadpacket.__name__)
                 self.tags[s.data_ptr()] = (name, self.path[-1] if self.path else "")
                 # weakly tracked: the ledger must not keep anything alive itself
-                self.refs[s.data_ptr()] = (StorageWeakRef(s), list(o.shape), o.dtype,
-                                           s.nbytes())
+                self.refs[s.data_ptr()] = (StorageWeakRef(s), list(o.shape), o.dtype, s.nbytes())
         return out
 
 
@@ -103,8 +124,9 @@ stream is fp32). bf16: FSDP2's MixedPrecisionPolicy path (parameters gathered in
 then a no-op; the residual stream is bf16), emulated on one process by casting the model."""
 
 
-def ledger(cfg: ModelConfig, ac: str, *, batch: int, seq: int, params_dtype: str = "fp32",
-           seed: int = 0) -> dict[str, Any]:
+def ledger(
+    cfg: ModelConfig, ac: str, *, batch: int, seq: int, params_dtype: str = "fp32", seed: int = 0
+) -> dict[str, Any]:
     """Rows (producer, module, shape, dtype, bytes) of what the block keeps, and the planner's
     figure for the same shapes."""
     torch.manual_seed(seed)
@@ -114,16 +136,19 @@ def ledger(cfg: ModelConfig, ac: str, *, batch: int, seq: int, params_dtype: str
     apply_ac(model, ac)  # the trainer's wrapper, on the whole model as the trainer applies it
     block = model.layers["0"]
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    x = torch.randn(batch, seq, cfg.dim, dtype=next(model.parameters()).dtype,
-                    requires_grad=True)  # the residual stream, in the parameters' dtype
+    x = torch.randn(
+        batch, seq, cfg.dim, dtype=next(model.parameters()).dtype, requires_grad=True
+    )  # the residual stream, in the parameters' dtype
     positions = torch.arange(seq)
     cos, sin = model.rope(positions) if model.rope is not None else (None, None)
     shared = {s.data_ptr() for t in (cos, sin) if t is not None and (s := _storage(t))}
 
     path: list[str] = []
     # module paths inside the block, without the checkpoint wrapper's prefix
-    names = {m: n.replace("_checkpoint_wrapped_module", "").lstrip(".") or "block"
-             for n, m in block.named_modules()}
+    names = {
+        m: n.replace("_checkpoint_wrapped_module", "").lstrip(".") or "block"
+        for n, m in block.named_modules()
+    }
 
     def enter(m: torch.nn.Module, _args: object) -> None:
         path.append(names[m])
@@ -131,8 +156,11 @@ def ledger(cfg: ModelConfig, ac: str, *, batch: int, seq: int, params_dtype: str
     def leave(m: torch.nn.Module, _args: object, _out: object) -> None:
         path.pop()
 
-    hooks = [h for m in names for h in (m.register_forward_pre_hook(enter),
-                                        m.register_forward_hook(leave))]
+    hooks = [
+        h
+        for m in names
+        for h in (m.register_forward_pre_hook(enter), m.register_forward_hook(leave))
+    ]
     packed: dict[int, torch.Tensor] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -142,8 +170,11 @@ def ledger(cfg: ModelConfig, ac: str, *, batch: int, seq: int, params_dtype: str
         return t
 
     mode = _Producers(path)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), mode, \
-            torch.autocast("cpu", dtype=torch.bfloat16):
+    with (
+        torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+        mode,
+        torch.autocast("cpu", dtype=torch.bfloat16),
+    ):
         out = block(x, cos, sin)
     for h in hooks:
         h.remove()
@@ -152,7 +183,8 @@ def ledger(cfg: ModelConfig, ac: str, *, batch: int, seq: int, params_dtype: str
     # (shape, dtype, bytes) per kept storage: packed by autograd at the block's level, or
     # created in the forward and still alive (kept by autograd or a checkpoint's cache)
     kept: dict[int, tuple[list[int], torch.dtype, int]] = {
-        p: (shape, dt, n) for p, (ref, shape, dt, n) in mode.refs.items() if not ref.expired()}
+        p: (shape, dt, n) for p, (ref, shape, dt, n) in mode.refs.items() if not ref.expired()
+    }
     for p, t in packed.items():
         kept.setdefault(p, (list(t.shape), t.dtype, t.untyped_storage().nbytes()))
     kept.pop(out_ptr, None)
@@ -160,10 +192,14 @@ def ledger(cfg: ModelConfig, ac: str, *, batch: int, seq: int, params_dtype: str
     rows: list[dict[str, Any]] = []
     apart: list[dict[str, Any]] = []
     for ptr, (shape, dtype, nbytes) in kept.items():
-        op, mod = mode.tags.get(ptr, ("(block input)" if ptr == x_ptr
-                                      else "(created outside)", ""))
-        row: dict[str, Any] = {"producer": op, "module": mod, "shape": shape,
-               "dtype": str(dtype).removeprefix("torch."), "bytes": nbytes}
+        op, mod = mode.tags.get(ptr, ("(block input)" if ptr == x_ptr else "(created outside)", ""))
+        row: dict[str, Any] = {
+            "producer": op,
+            "module": mod,
+            "shape": shape,
+            "dtype": str(dtype).removeprefix("torch."),
+            "bytes": nbytes,
+        }
         if ptr in params:
             apart.append({**row, "kind": "parameter"})
         elif op == "_to_copy" and tuple(shape) in weight_shapes and dtype == torch.bfloat16:
@@ -174,29 +210,42 @@ def ledger(cfg: ModelConfig, ac: str, *, batch: int, seq: int, params_dtype: str
             rows.append(row)
     rows.sort(key=lambda r: (-r["bytes"], r["module"], r["producer"]))
     total = sum(r["bytes"] for r in rows)
-    analytic = layer_activation_bytes(cfg, seq_len=seq, micro_batch=batch, ac=ac,
-                                      precision="bf16", residual_fp32=params_dtype == "fp32")
+    analytic = layer_activation_bytes(
+        cfg,
+        seq_len=seq,
+        micro_batch=batch,
+        ac=ac,
+        precision="bf16",
+        residual_fp32=params_dtype == "fp32",
+    )
     out.float().sum().backward()  # the graph is whole: backward runs on what was kept
-    return {"block": cfg.name, "ac": ac, "params": params_dtype, "rows": rows, "apart": apart,
-            "total": total, "analytic": analytic, "ratio": total / analytic}
+    return {
+        "block": cfg.name,
+        "ac": ac,
+        "params": params_dtype,
+        "rows": rows,
+        "apart": apart,
+        "total": total,
+        "analytic": analytic,
+        "ratio": total / analytic,
+    }
 
 
 FP32_NOTES = {
     "(block input)": "the fp32 residual stream entering the block: needed (the first norm's "
-                     "backward reads it; under selective/full it is the recompute's input)",
+    "backward reads it; under selective/full it is the recompute's input)",
     "add": "the mid-block residual x + attention(x), fp32: the second norm's input, needed by "
-           "its backward",
+    "its backward",
     "rsqrt": "RMSNorm's fp32 1/rms per token: needed by rms_norm's backward",
     "mul": "RMSNorm's fp32 normalized output x * rstd, saved by `weight * normed` for the "
-           "weight's gradient: needed by that gradient, but recomputable from x and rstd, "
-           "which are saved anyway (finding F1)",
+    "weight's gradient: needed by that gradient, but recomputable from x and rstd, "
+    "which are saved anyway (finding F1)",
     "_to_copy": "RMSNorm's fp32 upcast of its bf16 input (`x.float()`), saved by rms_norm for "
-                "its backward: backward needs the values, not the fp32 copy — the bf16 input "
-                "holds them exactly (finding F2)",
-    "native_layer_norm": "LayerNorm's fp32 mean or rstd per token: needed by layer_norm's "
-                         "backward",
+    "its backward: backward needs the values, not the fp32 copy — the bf16 input "
+    "holds them exactly (finding F2)",
+    "native_layer_norm": "LayerNorm's fp32 mean or rstd per token: needed by layer_norm's backward",
     "_scaled_dot_product_flash_attention_for_cpu": "SDPA's fp32 log-sum-exp: needed (softmax "
-                                                   "statistics)",
+    "statistics)",
 }
 
 
@@ -216,87 +265,142 @@ def findings(results: list[dict[str, Any]]) -> list[str]:
             continue
         rows, tot = r["rows"], r["total"]
         tag = f"{r['block']}, {r['params']} params"
-        norm_mul = sum(x["bytes"] for x in rows if x["producer"] == "mul"
-                       and x["module"].endswith("_norm") and x["dtype"] == "float32")
+        norm_mul = sum(
+            x["bytes"]
+            for x in rows
+            if x["producer"] == "mul" and x["module"].endswith("_norm") and x["dtype"] == "float32"
+        )
         if norm_mul:
-            out.append(f"- **F1** ({tag}): RMSNorm's fp32 normalized output, saved by "
-                       f"`weight * normed` for the weight gradient, {norm_mul:,} B "
-                       f"({norm_mul / tot:.1%} of the block). Needed by that gradient as "
-                       "written; it equals x * rstd, both already saved, so a hand-written "
-                       "backward could recompute it. Not changed (a recompute trade, not a "
-                       "redundant copy).")
-        upcast = sum(x["bytes"] for x in rows if x["producer"] == "_to_copy"
-                     and x["module"].endswith("_norm") and x["dtype"] == "float32")
+            out.append(
+                f"- **F1** ({tag}): RMSNorm's fp32 normalized output, saved by "
+                f"`weight * normed` for the weight gradient, {norm_mul:,} B "
+                f"({norm_mul / tot:.1%} of the block). Needed by that gradient as "
+                "written; it equals x * rstd, both already saved, so a hand-written "
+                "backward could recompute it. Not changed (a recompute trade, not a "
+                "redundant copy)."
+            )
+        upcast = sum(
+            x["bytes"]
+            for x in rows
+            if x["producer"] == "_to_copy"
+            and x["module"].endswith("_norm")
+            and x["dtype"] == "float32"
+        )
         if upcast:
-            out.append(f"- **F2** ({tag}): RMSNorm saves the fp32 upcast of its bf16 input "
-                       f"(`F.rms_norm(x.float())`), {upcast:,} B ({upcast / tot:.1%}); the "
-                       "bf16 input is not saved beside it. Backward needs the values only, "
-                       "which the bf16 input holds exactly: saving the bf16 input and "
-                       f"re-upcasting in backward would save {upcast // 2:,} B "
-                       f"({upcast / 2 / tot:.1%}). Not changed here: it needs a hand-written "
-                       "rms_norm backward (an autograd.Function saving x and rstd), and the "
-                       "planner's (4 + r) bytes per element and norm also stand for "
-                       "torchtitan's eager RMSNorm in the recipe path (recipe_memory.py), so "
-                       "the planner term must split and planner_accuracy be re-run with it.")
-        casts = [x for x in rows if x["producer"] == "_to_copy" and x["dtype"] == "bfloat16"
-                 and x["module"].split(".")[-1] in {"wq", "wk", "wv", "w1", "w3"}]
+            out.append(
+                f"- **F2** ({tag}): RMSNorm saves the fp32 upcast of its bf16 input "
+                f"(`F.rms_norm(x.float())`), {upcast:,} B ({upcast / tot:.1%}); the "
+                "bf16 input is not saved beside it. Backward needs the values only, "
+                "which the bf16 input holds exactly: saving the bf16 input and "
+                f"re-upcasting in backward would save {upcast // 2:,} B "
+                f"({upcast / 2 / tot:.1%}). Not changed here: it needs a hand-written "
+                "rms_norm backward (an autograd.Function saving x and rstd), and the "
+                "planner's (4 + r) bytes per element and norm also stand for "
+                "torchtitan's eager RMSNorm in the recipe path (recipe_memory.py), so "
+                "the planner term must split and planner_accuracy be re-run with it."
+            )
+        casts = [
+            x
+            for x in rows
+            if x["producer"] == "_to_copy"
+            and x["dtype"] == "bfloat16"
+            and x["module"].split(".")[-1] in {"wq", "wk", "wv", "w1", "w3"}
+        ]
         if len(casts) > 2:
             extra = sum(x["bytes"] for x in casts) - 2 * casts[0]["bytes"]
-            out.append(f"- **F3** ({tag}, bf16 not fp32): autocast casts the fp32 normed input "
-                       f"once per linear and each linear saves its own copy: {len(casts)} "
-                       f"copies where one per norm (2) would do, {extra:,} B extra "
-                       f"({extra / tot:.1%}); the planner counts them.")
-        stats = [x for x in rows if x["producer"] == "native_layer_norm"
-                 and x["shape"][-1] == 1 and x["dtype"] != "float32"]
+            out.append(
+                f"- **F3** ({tag}, bf16 not fp32): autocast casts the fp32 normed input "
+                f"once per linear and each linear saves its own copy: {len(casts)} "
+                f"copies where one per norm (2) would do, {extra:,} B extra "
+                f"({extra / tot:.1%}); the planner counts them."
+            )
+        stats = [
+            x
+            for x in rows
+            if x["producer"] == "native_layer_norm"
+            and x["shape"][-1] == 1
+            and x["dtype"] != "float32"
+        ]
         if stats:
-            out.append(f"- **F4** ({tag}): on CPU autocast LayerNorm over bf16 parameters runs "
-                       f"in bf16, so its mean/rstd are bf16 ({sum(x['bytes'] for x in stats):,}"
-                       " B); the planner assumes fp32 statistics (CUDA autocast's fp32 "
-                       f"layer_norm): ledger/analytic {r['ratio']:.4f}.")
+            out.append(
+                f"- **F4** ({tag}): on CPU autocast LayerNorm over bf16 parameters runs "
+                f"in bf16, so its mean/rstd are bf16 ({sum(x['bytes'] for x in stats):,}"
+                " B); the planner assumes fp32 statistics (CUDA autocast's fp32 "
+                f"layer_norm): ledger/analytic {r['ratio']:.4f}."
+            )
     return out
 
 
 def markdown(results: list[dict[str, Any]], batch: int, seq: int) -> str:
-    lines = ["# Saved-tensor ledger: one block, per activation-checkpointing mode", "",
-             f"batch {batch}, seq {seq}, bf16 autocast over fp32 parameters (the trainer's CPU "
-             "bf16 path), the trainer's `apply_ac`. *ledger*: distinct storages the block "
-             "keeps for backward (saved_tensors_hooks + storages created in forward still "
-             "alive after it; block output excluded); *analytic*: "
-             "`planner.memory.layer_activation_bytes(ac=..., residual_fp32=True)`.", "",
-             "| block | params | ac | ledger bytes | analytic bytes | ledger / analytic |",
-             "|---|---|---|---:|---:|---:|"]
+    lines = [
+        "# Saved-tensor ledger: one block, per activation-checkpointing mode",
+        "",
+        f"batch {batch}, seq {seq}, bf16 autocast over fp32 parameters (the trainer's CPU "
+        "bf16 path), the trainer's `apply_ac`. *ledger*: distinct storages the block "
+        "keeps for backward (saved_tensors_hooks + storages created in forward still "
+        "alive after it; block output excluded); *analytic*: "
+        "`planner.memory.layer_activation_bytes(ac=..., residual_fp32=True)`.",
+        "",
+        "| block | params | ac | ledger bytes | analytic bytes | ledger / analytic |",
+        "|---|---|---|---:|---:|---:|",
+    ]
     for r in results:
-        lines.append(f"| {r['block']} | {r['params']} | {r['ac']} | {_fmt_bytes(r['total'])} | "
-                     f"{_fmt_bytes(r['analytic'])} | {r['ratio']:.4f} |")
-    lines += ["", "## fp32 tensors kept (bf16 compute)", "",
-              "| block | params | ac | producer | module | shape | bytes | needed by backward? |",
-              "|---|---|---|---|---|---|---:|---|"]
+        lines.append(
+            f"| {r['block']} | {r['params']} | {r['ac']} | {_fmt_bytes(r['total'])} | "
+            f"{_fmt_bytes(r['analytic'])} | {r['ratio']:.4f} |"
+        )
+    lines += [
+        "",
+        "## fp32 tensors kept (bf16 compute)",
+        "",
+        "| block | params | ac | producer | module | shape | bytes | needed by backward? |",
+        "|---|---|---|---|---|---|---:|---|",
+    ]
     for r in results:
         for row in r["rows"]:
             if row["dtype"] == "float32":
-                lines.append(f"| {r['block']} | {r['params']} | {r['ac']} | {row['producer']} | "
-                             f"{row['module']} | {row['shape']} | {_fmt_bytes(row['bytes'])} | "
-                             f"{fp32_note(row)} |")
+                lines.append(
+                    f"| {r['block']} | {r['params']} | {r['ac']} | {row['producer']} | "
+                    f"{row['module']} | {row['shape']} | {_fmt_bytes(row['bytes'])} | "
+                    f"{fp32_note(row)} |"
+                )
     lines += ["", "## Findings", "", *findings(results)]
     for r in results:
-        lines += ["", f"## {r['block']}, {r['params']} params, ac={r['ac']}", "",
-                  "| producer op | module | shape | dtype | bytes |", "|---|---|---|---|---:|"]
+        lines += [
+            "",
+            f"## {r['block']}, {r['params']} params, ac={r['ac']}",
+            "",
+            "| producer op | module | shape | dtype | bytes |",
+            "|---|---|---|---|---:|",
+        ]
         for row in r["rows"]:
-            lines.append(f"| {row['producer']} | {row['module']} | {row['shape']} | "
-                         f"{row['dtype']} | {_fmt_bytes(row['bytes'])} |")
+            lines.append(
+                f"| {row['producer']} | {row['module']} | {row['shape']} | "
+                f"{row['dtype']} | {_fmt_bytes(row['bytes'])} |"
+            )
         lines.append(f"| **total** | | | | **{_fmt_bytes(r['total'])}** |")
         lines.append(f"| analytic (planner) | | | | {_fmt_bytes(r['analytic'])} |")
         if r["apart"]:
-            lines += ["", "Not counted (not activations): " + "; ".join(
-                f"{a['kind']} {a['module']} {a['shape']} {a['dtype']} {_fmt_bytes(a['bytes'])} B"
-                for a in r["apart"])]
+            lines += [
+                "",
+                "Not counted (not activations): "
+                + "; ".join(
+                    f"{a['kind']} {a['module']} {a['shape']} {a['dtype']} "
+                    f"{_fmt_bytes(a['bytes'])} B"
+                    for a in r["apart"]
+                ),
+            ]
     return "\n".join(lines)
 
 
 def run(*, dim: int = 256, heads: int = 4, batch: int = 2, seq: int = 128) -> list[dict[str, Any]]:
     cfgs = block_configs(dim, heads, seq)
-    return [ledger(cfg, ac, batch=batch, seq=seq, params_dtype=pd)
-            for pd in PARAMS for cfg in cfgs.values() for ac in AC_MODES]
+    return [
+        ledger(cfg, ac, batch=batch, seq=seq, params_dtype=pd)
+        for pd in PARAMS
+        for cfg in cfgs.values()
+        for ac in AC_MODES
+    ]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -308,11 +412,14 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     results = run(dim=a.dim, heads=a.heads, batch=a.batch, seq=a.seq)
     md = markdown(results, a.batch, a.seq)
-    jpath, mpath = write_results("activation_ledger", {"batch": a.batch, "seq": a.seq,
-                                                       "dim": a.dim, "results": results}, md)
+    jpath, mpath = write_results(
+        "activation_ledger", {"batch": a.batch, "seq": a.seq, "dim": a.dim, "results": results}, md
+    )
     for r in results:
-        print(f"{r['block']:>11} {r['params']} params ac={r['ac']:<9} ledger "
-              f"{r['total']:>10,} B  analytic {r['analytic']:>12,.0f} B  ratio {r['ratio']:.4f}")
+        print(
+            f"{r['block']:>11} {r['params']} params ac={r['ac']:<9} ledger "
+            f"{r['total']:>10,} B  analytic {r['analytic']:>12,.0f} B  ratio {r['ratio']:.4f}"
+        )
     print(f"wrote {jpath} and {mpath}")
 
 

@@ -78,8 +78,10 @@ class LiveBytes(TorchDispatchMode):
 
 def _inputs(seq: int, device: torch.device, dtype: torch.dtype) -> list[torch.Tensor]:
     g = torch.Generator(device="cpu").manual_seed(0)
-    return [torch.randn(BATCH, HEADS, seq, HEAD_DIM, generator=g).to(device, dtype)
-            .requires_grad_() for _ in range(3)]  # (B, nh, T, hd)
+    return [
+        torch.randn(BATCH, HEADS, seq, HEAD_DIM, generator=g).to(device, dtype).requires_grad_()
+        for _ in range(3)
+    ]  # (B, nh, T, hd)
 
 
 def _fwd_bwd(core: torch.nn.Module, q, k, v) -> None:
@@ -105,8 +107,9 @@ def saved_bytes(core: torch.nn.Module, q, k, v) -> int:
     return total
 
 
-def measure(backend: str, seq: int, *, repeats: int, device: torch.device,
-            dtype: torch.dtype) -> dict[str, Any]:
+def measure(
+    backend: str, seq: int, *, repeats: int, device: torch.device, dtype: torch.dtype
+) -> dict[str, Any]:
     core = BACKENDS[backend]()
     q, k, v = _inputs(seq, device, dtype)
     saved = saved_bytes(core, q, k, v)
@@ -130,9 +133,14 @@ def measure(backend: str, seq: int, *, repeats: int, device: torch.device,
         times.append(time.perf_counter() - t0)
         for t in (q, k, v):
             t.grad = None
-    row = {"backend": backend, "seq": seq, "fwd_bwd_s": statistics.median(times),
-           "timed_runs": len(times),
-           "saved_bytes": saved, "peak_bytes": live.peak}
+    row = {
+        "backend": backend,
+        "seq": seq,
+        "fwd_bwd_s": statistics.median(times),
+        "timed_runs": len(times),
+        "saved_bytes": saved,
+        "peak_bytes": live.peak,
+    }
     if cuda:
         row["cuda_max_allocated_bytes"] = torch.cuda.max_memory_allocated()
     return row
@@ -142,8 +150,9 @@ def loglog_slope(xs: list[float], ys: list[float]) -> float:
     """Least-squares slope of log(y) against log(x)."""
     lx, ly = [math.log(x) for x in xs], [math.log(y) for y in ys]
     mx, my = statistics.fmean(lx), statistics.fmean(ly)
-    return (sum((a - mx) * (b - my) for a, b in zip(lx, ly, strict=True))
-            / sum((a - mx) ** 2 for a in lx))
+    return sum((a - mx) * (b - my) for a, b in zip(lx, ly, strict=True)) / sum(
+        (a - mx) ** 2 for a in lx
+    )
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -152,16 +161,21 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         rs = [r for r in rows if r["backend"] == b]
         if len(rs) >= 2:
             seqs = [r["seq"] for r in rs]
-            out["slopes"][b] = {key: loglog_slope(seqs, [r[key] for r in rs])
-                                for key in ("saved_bytes", "peak_bytes", "fwd_bwd_s")}
+            out["slopes"][b] = {
+                key: loglog_slope(seqs, [r[key] for r in rs])
+                for key in ("saved_bytes", "peak_bytes", "fwd_bwd_s")
+            }
     seqs = {r["seq"] for r in rows if r["backend"] == "naive"} & {
-        r["seq"] for r in rows if r["backend"] == "sdpa"}
+        r["seq"] for r in rows if r["backend"] == "sdpa"
+    }
     if seqs:
         s = max(seqs)
         n = next(r for r in rows if r["backend"] == "naive" and r["seq"] == s)
         f = next(r for r in rows if r["backend"] == "sdpa" and r["seq"] == s)
-        out["ratio_at_max_seq"] = {"seq": s, **{k: n[k] / f[k] for k in
-                                                ("saved_bytes", "peak_bytes", "fwd_bwd_s")}}
+        out["ratio_at_max_seq"] = {
+            "seq": s,
+            **{k: n[k] / f[k] for k in ("saved_bytes", "peak_bytes", "fwd_bwd_s")},
+        }
     return out
 
 
@@ -173,10 +187,20 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
         rs = [r for r in rows if r["backend"] == b]
         seqs = [r["seq"] for r in rs]
         ax_t.plot(seqs, [1e3 * r["fwd_bwd_s"] for r in rs], "o-", color=color, label=b)
-        ax_m.plot(seqs, [r["peak_bytes"] / 2**20 for r in rs], "o-", color=color,
-                  label=f"{b}: transient peak")
-        ax_m.plot(seqs, [r["saved_bytes"] / 2**20 for r in rs], "s--", color=color,
-                  label=f"{b}: saved for backward")
+        ax_m.plot(
+            seqs,
+            [r["peak_bytes"] / 2**20 for r in rs],
+            "o-",
+            color=color,
+            label=f"{b}: transient peak",
+        )
+        ax_m.plot(
+            seqs,
+            [r["saved_bytes"] / 2**20 for r in rs],
+            "s--",
+            color=color,
+            label=f"{b}: saved for backward",
+        )
     for ax, yl in ((ax_t, "forward+backward ms"), (ax_m, "MiB")):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -191,39 +215,60 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
 
 
 def markdown(rows: list[dict[str, Any]], summ: dict[str, Any], meta: dict[str, Any]) -> str:
-    lines = ["# Attention: naive vs SDPA, forward+backward", "",
-             f"One causal attention core, batch {BATCH}, {HEADS} heads x {HEAD_DIM}, "
-             f"{meta['dtype']} on {meta['device']} ({meta['threads']} threads), median of up to "
-             f"{meta['repeats']} timed runs after one warm-up (fewer once 20 s are spent); "
-             f"host load average at start {meta['loadavg']} (other jobs shared the 2 cores, "
-             "so times are indicative; the memory columns do not depend on load).", "",
-             "| seq | backend | fwd+bwd ms | saved for backward MiB | transient peak MiB |",
-             "|---|---|---|---|---|"]
+    lines = [
+        "# Attention: naive vs SDPA, forward+backward",
+        "",
+        f"One causal attention core, batch {BATCH}, {HEADS} heads x {HEAD_DIM}, "
+        f"{meta['dtype']} on {meta['device']} ({meta['threads']} threads), median of up to "
+        f"{meta['repeats']} timed runs after one warm-up (fewer once 20 s are spent); "
+        f"host load average at start {meta['loadavg']} (other jobs shared the 2 cores, "
+        "so times are indicative; the memory columns do not depend on load).",
+        "",
+        "| seq | backend | fwd+bwd ms | saved for backward MiB | transient peak MiB |",
+        "|---|---|---|---|---|",
+    ]
     for r in sorted(rows, key=lambda r: (r["seq"], r["backend"])):
-        lines.append(f"| {r['seq']} | {r['backend']} | {1e3 * r['fwd_bwd_s']:.1f} | "
-                     f"{r['saved_bytes'] / 2**20:.1f} | {r['peak_bytes'] / 2**20:.1f} |")
-    lines += ["", "Log-log slope of each quantity against sequence length (least squares over "
-              "all points; 1 = linear, 2 = quadratic):", "",
-              "| backend | saved | peak | time |", "|---|---|---|---|"]
+        lines.append(
+            f"| {r['seq']} | {r['backend']} | {1e3 * r['fwd_bwd_s']:.1f} | "
+            f"{r['saved_bytes'] / 2**20:.1f} | {r['peak_bytes'] / 2**20:.1f} |"
+        )
+    lines += [
+        "",
+        "Log-log slope of each quantity against sequence length (least squares over "
+        "all points; 1 = linear, 2 = quadratic):",
+        "",
+        "| backend | saved | peak | time |",
+        "|---|---|---|---|",
+    ]
     for b, s in summ["slopes"].items():
-        lines.append(f"| {b} | {s['saved_bytes']:.2f} | {s['peak_bytes']:.2f} | "
-                     f"{s['fwd_bwd_s']:.2f} |")
+        lines.append(
+            f"| {b} | {s['saved_bytes']:.2f} | {s['peak_bytes']:.2f} | {s['fwd_bwd_s']:.2f} |"
+        )
     rat = summ.get("ratio_at_max_seq")
     if rat:
-        lines += ["", f"At {rat['seq']} tokens naive / SDPA: saved memory "
-                  f"x{rat['saved_bytes']:.0f}, transient peak x{rat['peak_bytes']:.0f}, "
-                  f"time x{rat['fwd_bwd_s']:.2f}."]
-    lines += ["", "**Method.** *saved*: bytes of the distinct storages autograd packs for "
-              "backward (`torch.autograd.graph.saved_tensors_hooks`; q/k/v excluded) — the "
-              "activation memory the layer holds between forward and backward. *transient "
-              "peak*: high-water mark of live bytes of every tensor created during forward + "
-              "backward, tracked by a `TorchDispatchMode` that adds each new output storage and "
-              "subtracts it when a weakref finalizer sees it freed (temporaries and gradients "
-              "included; kernel-internal scratch and allocator rounding are not). CPU has no "
-              "allocator statistics; on CUDA `max_memory_allocated` is in the JSON too.",
-              "", "Naive keeps the (T, T) fp32 probabilities (and a bool mask) for backward, "
-              "so its memory grows as T²; SDPA's CPU flash kernel keeps q, k, v, the output and "
-              "an fp32 log-sum-exp per row, linear in T.", "", "![attention](attention.png)"]
+        lines += [
+            "",
+            f"At {rat['seq']} tokens naive / SDPA: saved memory "
+            f"x{rat['saved_bytes']:.0f}, transient peak x{rat['peak_bytes']:.0f}, "
+            f"time x{rat['fwd_bwd_s']:.2f}.",
+        ]
+    lines += [
+        "",
+        "**Method.** *saved*: bytes of the distinct storages autograd packs for "
+        "backward (`torch.autograd.graph.saved_tensors_hooks`; q/k/v excluded) — the "
+        "activation memory the layer holds between forward and backward. *transient "
+        "peak*: high-water mark of live bytes of every tensor created during forward + "
+        "backward, tracked by a `TorchDispatchMode` that adds each new output storage and "
+        "subtracts it when a weakref finalizer sees it freed (temporaries and gradients "
+        "included; kernel-internal scratch and allocator rounding are not). CPU has no "
+        "allocator statistics; on CUDA `max_memory_allocated` is in the JSON too.",
+        "",
+        "Naive keeps the (T, T) fp32 probabilities (and a bool mask) for backward, "
+        "so its memory grows as T²; SDPA's CPU flash kernel keeps q, k, v, the output and "
+        "an fp32 log-sum-exp per row, linear in T.",
+        "",
+        "![attention](attention.png)",
+    ]
     return "\n".join(lines)
 
 
@@ -233,8 +278,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-seq", type=int, default=max(GPU_SEQS if cuda else CPU_SEQS))
     ap.add_argument("--min-seq", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--naive-max-seq", type=int, default=None,
-                    help="skip naive above this length (its T² memory); default: --max-seq")
+    ap.add_argument(
+        "--naive-max-seq",
+        type=int,
+        default=None,
+        help="skip naive above this length (its T² memory); default: --max-seq",
+    )
     ap.add_argument("--no-write", action="store_true", help="print only (smoke tests)")
     args = ap.parse_args(argv)
     device = torch.device("cuda" if cuda else "cpu")
@@ -251,20 +300,32 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             r = measure(b, seq, repeats=args.repeats, device=device, dtype=dtype)
             rows.append(r)
-            print(f"seq {seq:6d} {b:5s} {1e3 * r['fwd_bwd_s']:9.1f} ms  saved "
-                  f"{r['saved_bytes'] / 2**20:9.1f} MiB  peak {r['peak_bytes'] / 2**20:9.1f} MiB"
-                  f"  ({time.perf_counter() - t0:.0f} s)", flush=True)
+            print(
+                f"seq {seq:6d} {b:5s} {1e3 * r['fwd_bwd_s']:9.1f} ms  saved "
+                f"{r['saved_bytes'] / 2**20:9.1f} MiB  peak {r['peak_bytes'] / 2**20:9.1f} MiB"
+                f"  ({time.perf_counter() - t0:.0f} s)",
+                flush=True,
+            )
     summ = summarize(rows)
     print("slopes:", {b: {k: round(v, 2) for k, v in s.items()} for b, s in summ["slopes"].items()})
     if args.no_write:
         return 0
-    meta = {"device": device.type, "dtype": str(dtype).removeprefix("torch."),
-            "threads": torch.get_num_threads(), "repeats": args.repeats,
-            "loadavg": tuple(round(x, 2) for x in os.getloadavg()), "batch": BATCH,
-            "heads": HEADS, "head_dim": HEAD_DIM}
+    meta = {
+        "device": device.type,
+        "dtype": str(dtype).removeprefix("torch."),
+        "threads": torch.get_num_threads(),
+        "repeats": args.repeats,
+        "loadavg": tuple(round(x, 2) for x in os.getloadavg()),
+        "batch": BATCH,
+        "heads": HEADS,
+        "head_dim": HEAD_DIM,
+    }
     RESULTS.mkdir(parents=True, exist_ok=True)
-    plot(rows, RESULTS / "attention.png",
-         f"causal attention core, B={BATCH}, {HEADS}x{HEAD_DIM}, {meta['dtype']}, {device.type}")
+    plot(
+        rows,
+        RESULTS / "attention.png",
+        f"causal attention core, B={BATCH}, {HEADS}x{HEAD_DIM}, {meta['dtype']}, {device.type}",
+    )
     write_results("attention", {"meta": meta, "rows": rows, **summ}, markdown(rows, summ, meta))
     return 0
 

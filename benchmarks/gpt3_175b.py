@@ -31,9 +31,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import write_results  # noqa: E402
 
 GB = 1e9
-MEGATRON = {"tflops_per_gpu": 140.0, "peak_tflops": 312.0, "hfu_published": 0.45,
-            "layers": 96, "hidden": 12288, "seq_len": 2048, "vocab": 51200,
-            "source": "Narayanan et al. 2021, Megatron-LM, SC'21, Table 1 (175B row)"}
+MEGATRON = {
+    "tflops_per_gpu": 140.0,
+    "peak_tflops": 312.0,
+    "hfu_published": 0.45,
+    "layers": 96,
+    "hidden": 12288,
+    "seq_len": 2048,
+    "vocab": 51200,
+    "source": "Narayanan et al. 2021, Megatron-LM, SC'21, Table 1 (175B row)",
+}
 SEED_003 = dict(dp=16, tp=8, pp=8, zero=1, pp_schedule="1f1b", micro_batch=1, ac="full")
 
 
@@ -49,9 +56,16 @@ def megatron_mfu() -> float:
 def _row(e: Any) -> dict[str, Any]:
     from scaletrain.planner.types import layout_label
 
-    return {"layout": layout_label(e), "plan": e.plan.layout.to_dict(), "ac": e.plan.ac,
-            "micro_batch": e.plan.micro_batch, "mfu": e.mfu, "step_s": e.time.step_s,
-            "reserved_gb": e.memory.reserved / GB, "fits": e.memory.fits}
+    return {
+        "layout": layout_label(e),
+        "plan": e.plan.layout.to_dict(),
+        "ac": e.plan.ac,
+        "micro_batch": e.plan.micro_batch,
+        "mfu": e.mfu,
+        "step_s": e.time.step_s,
+        "reserved_gb": e.memory.reserved / GB,
+        "fits": e.memory.fits,
+    }
 
 
 def planned() -> dict[str, Any]:
@@ -64,27 +78,45 @@ def planned() -> dict[str, Any]:
     res = search(model, hw, 1024, **kw)
     search_s = time.perf_counter() - t0
     assert res.best is not None
-    families = {f: {"why": o.reason(res.best), **({"best": _row(o.best)} if o.best else {})}
-                for f, o in res.families.items()}
+    families = {
+        f: {"why": o.reason(res.best), **({"best": _row(o.best)} if o.best else {})}
+        for f, o in res.families.items()
+    }
     seed = search(model, hw, 1024, **kw, **SEED_003).best
     assert seed is not None, "seed 003's recipe must fit"
-    return {"chosen": _row(res.best), "families": families, "search_s": search_s,
-            "seed_003": _row(seed)}
+    return {
+        "chosen": _row(res.best),
+        "families": families,
+        "search_s": search_s,
+        "seed_003": _row(seed),
+    }
 
 
 def dry_run() -> dict[str, Any]:
     from scaletrain.config import load_config
     from scaletrain.dryrun import dryrun
 
-    args = ["--model.name=gpt3-175b", "--hardware.gpu=a100-80gb", "--batch.seq_len=2048",
-            "--batch.global_batch=128", "--batch.micro_batch=1", "--parallel.dp=16",
-            "--parallel.tp=8", "--parallel.pp=8", "--parallel.zero=1",
-            "--parallel.pp_schedule=1f1b", "--memory.ac=full"]
+    args = [
+        "--model.name=gpt3-175b",
+        "--hardware.gpu=a100-80gb",
+        "--batch.seq_len=2048",
+        "--batch.global_batch=128",
+        "--batch.micro_batch=1",
+        "--parallel.dp=16",
+        "--parallel.tp=8",
+        "--parallel.pp=8",
+        "--parallel.zero=1",
+        "--parallel.pp_schedule=1f1b",
+        "--memory.ac=full",
+    ]
     t0 = time.perf_counter()
     meas = dryrun(load_config(None, args), world_size=1024, rank=0)
     out = meas.to_json()
-    return {"wall_s": time.perf_counter() - t0, "memory": out.get("memory"),
-            "notes": out.get("notes")}
+    return {
+        "wall_s": time.perf_counter() - t0,
+        "memory": out.get("memory"),
+        "notes": out.get("notes"),
+    }
 
 
 def _previous_dryrun() -> dict[str, Any] | None:
@@ -99,54 +131,75 @@ def _previous_dryrun() -> dict[str, Any] | None:
     d = old.get("dryrun")
     if not d:
         return None
-    return {**d, "git_revision": d.get("git_revision", old.get("git_revision")),
-            "date": d.get("date", old.get("date"))}
+    return {
+        **d,
+        "git_revision": d.get("git_revision", old.get("git_revision")),
+        "date": d.get("date", old.get("date")),
+    }
 
 
 def markdown(r: dict[str, Any]) -> str:
     c, s, meg = r["chosen"], r["seed_003"], r["megatron_mfu"]
     lines = [
-        "# GPT-3 175B on 1,024 A100-80GB (seq 2048, global batch 1536)", "",
+        "# GPT-3 175B on 1,024 A100-80GB (seq 2048, global batch 1536)",
+        "",
         f"Megatron-LM published (Narayanan et al. 2021, Table 1): TP 8 x PP 8 x DP 16, full "
         f"recompute, 140 TFLOP/s per GPU = 45% of peak in hardware FLOPs, i.e. **MFU "
-        f"{meg:.1%}** in model FLOPs (no recompute counted; the planner's convention).", "",
-        "| run | layout | AC | MFU | step s | reserved GB/GPU |", "|---|---|---|---|---|---|",
+        f"{meg:.1%}** in model FLOPs (no recompute counted; the planner's convention).",
+        "",
+        "| run | layout | AC | MFU | step s | reserved GB/GPU |",
+        "|---|---|---|---|---|---|",
         f"| planner search (chosen) | {c['layout']} | {c['ac']} | {c['mfu']:.1%} | "
         f"{c['step_s']:.2f} | {c['reserved_gb']:.1f} |",
         f"| planner, seed 003 / Megatron layout | {s['layout']} | {s['ac']} | {s['mfu']:.1%} "
         f"| {s['step_s']:.2f} | {s['reserved_gb']:.1f} |",
-        f"| Megatron-LM measured | tp8 pp8 dp16 | full | {meg:.1%} | — | — |", "",
-        "## Gaps", "",
+        f"| Megatron-LM measured | tp8 pp8 dp16 | full | {meg:.1%} | — | — |",
+        "",
+        "## Gaps",
+        "",
         f"- Same layout, same recompute: planner {s['mfu']:.1%} vs Megatron {meg:.1%} "
         f"({(s['mfu'] - meg) * 100:+.1f} points).",
         f"- The search's choice, {c['mfu']:.1%}, is {(c['mfu'] - meg) * 100:+.1f} points above "
         "Megatron's 2021 run. It is not the same training: it avoids full recompute (one "
         "extra forward, 25% of the hardware FLOPs at 96 vs 72) with sequence parallelism, "
         "pipeline interleaving / context parallelism and a sharded optimizer that lower "
-        "activation and state memory instead. Korthikanti et al. 2022 (\"Reducing Activation "
-        "Recomputation in Large Transformer Models\") report the same direction for 175B on "
+        'activation and state memory instead. Korthikanti et al. 2022 ("Reducing Activation '
+        'Recomputation in Large Transformer Models") report the same direction for 175B on '
         "A100s once SP + selective recompute replace full recompute, and Zhang et al. 2022 "
         "(OPT-175B, arXiv 2205.01068) trained with FSDP + TP 8 on 992 A100s at up to 147 "
         "TFLOP/s per GPU (47% of peak in hardware FLOPs), so a sharded data-parallel layout at "
         "this scale is not an outlier; the planner's figure for it is a prediction, not a "
-        "measurement.", "",
-        "## Why the other families lost", ""]
+        "measurement.",
+        "",
+        "## Why the other families lost",
+        "",
+    ]
     lines += [f"- **{f}**: {v['why']}" for f, v in r["families"].items()]
     d = r.get("dryrun")
     if d:
         mem = d["memory"] or {}
-        lines += ["", "## Seed 003's recipe dry-run at rank 0", "",
-                  f"Fake-tensor step of TP 8 x PP 8 x DP 16, ZeRO-1, full AC, micro-batch 1, "
-                  f"8 micro-batches (see the module docstring): **{d['wall_s']:.0f} s** wall "
-                  "on this machine (2 shared CPU cores). Memory (GB): " + ", ".join(
-                      f"{k} {v / GB:.1f}" for k, v in mem.items()
-                      if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 1e6)
-                  + " (allocated; not the planner's rank: its "
-                  f"{s['reserved_gb']:.1f} GB reserved is the worst rank's, a later "
-                  "pipeline stage, and the plan's batch is 96 micro-batches)."]
+        lines += [
+            "",
+            "## Seed 003's recipe dry-run at rank 0",
+            "",
+            f"Fake-tensor step of TP 8 x PP 8 x DP 16, ZeRO-1, full AC, micro-batch 1, "
+            f"8 micro-batches (see the module docstring): **{d['wall_s']:.0f} s** wall "
+            "on this machine (2 shared CPU cores). Memory (GB): "
+            + ", ".join(
+                f"{k} {v / GB:.1f}"
+                for k, v in mem.items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 1e6
+            )
+            + " (allocated; not the planner's rank: its "
+            f"{s['reserved_gb']:.1f} GB reserved is the worst rank's, a later "
+            "pipeline stage, and the plan's batch is 96 micro-batches).",
+        ]
         if d.get("git_revision"):
-            lines += ["", f"(Dry-run measured at git {d['git_revision']}, {d['date']}; later "
-                      "runs with --no-dryrun keep it: the time model does not change it.)"]
+            lines += [
+                "",
+                f"(Dry-run measured at git {d['git_revision']}, {d['date']}; later "
+                "runs with --no-dryrun keep it: the time model does not change it.)",
+            ]
     return "\n".join(lines)
 
 
@@ -155,8 +208,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-dryrun", action="store_true", help="skip the 175B dry-run")
     args = ap.parse_args(argv)
     res = {**planned(), "megatron": MEGATRON, "megatron_mfu": megatron_mfu()}
-    print(f"chosen {res['chosen']['layout']} MFU {res['chosen']['mfu']:.3f}; seed 003 "
-          f"{res['seed_003']['mfu']:.3f}; Megatron {res['megatron_mfu']:.3f}", flush=True)
+    print(
+        f"chosen {res['chosen']['layout']} MFU {res['chosen']['mfu']:.3f}; seed 003 "
+        f"{res['seed_003']['mfu']:.3f}; Megatron {res['megatron_mfu']:.3f}",
+        flush=True,
+    )
     # written now and again after the dry-run: on a loaded machine the fake 175B step can take
     # many minutes, and the plan is worth keeping on its own
     if args.no_dryrun:

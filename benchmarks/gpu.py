@@ -41,26 +41,43 @@ GB = 1e9
 MODELS: dict[str, dict[str, Any]] = {
     # name -> preset, model overrides, batch (micro-batch sequences, sequence length)
     "gpt2-124m": {"preset": "gpt2-124m", "model": {}, "micro_batch": 16, "seq_len": 1024},
-    "llama-1b": {"preset": "llama2-7b",
-                 "model": {"num_layers": 16, "dim": 2048, "num_heads": 16, "num_kv_heads": 16,
-                           "ffn_dim": 5632},
-                 "micro_batch": 8, "seq_len": 2048},
+    "llama-1b": {
+        "preset": "llama2-7b",
+        "model": {
+            "num_layers": 16,
+            "dim": 2048,
+            "num_heads": 16,
+            "num_kv_heads": 16,
+            "ffn_dim": 5632,
+        },
+        "micro_batch": 8,
+        "seq_len": 2048,
+    },
     # CPU self-test only (--device cpu)
     "tiny-llama": {"preset": "tiny-llama", "model": {}, "micro_batch": 4, "seq_len": 64},
 }
 
 
-def overrides(spec: dict[str, Any], *, steps: int, compile_: bool, run_dir: str,
-              device: str) -> dict[str, dict[str, Any]]:
+def overrides(
+    spec: dict[str, Any], *, steps: int, compile_: bool, run_dir: str, device: str
+) -> dict[str, dict[str, Any]]:
     mb = spec["micro_batch"]
     return {
         "model": {"name": spec["preset"], "attention": "sdpa", **spec["model"]},
         "precision": {"dtype": "bf16"},
         "batch": {"micro_batch": mb, "global_batch": mb, "seq_len": spec["seq_len"]},
         "parallel": {"layout": "manual", "dp": 1},
-        "train": {"steps": steps, "compile": compile_, "device": device, "eval_every": 10 * steps,
-                  "eval_batches": 1, "sample_tokens": 0, "progress": False,
-                  "tensorboard": False, "run_dir": run_dir},
+        "train": {
+            "steps": steps,
+            "compile": compile_,
+            "device": device,
+            "eval_every": 10 * steps,
+            "eval_batches": 1,
+            "sample_tokens": 0,
+            "progress": False,
+            "tensorboard": False,
+            "run_dir": run_dir,
+        },
         "checkpoint": {"every": 0, "resume": "never"},
     }
 
@@ -73,12 +90,18 @@ def scaletrain_run(over: dict[str, dict[str, Any]]) -> dict[str, Any]:
         torch.cuda.reset_peak_memory_stats()
     r = train(load_config(None, over))
     m = r.measured
-    return {"tokens_per_s": r.tokens_per_s, "mfu": r.mfu, "final_loss": r.final_loss,
-            "peak_allocated": m.get("peak_allocated"), "peak_reserved": m.get("peak_reserved")}
+    return {
+        "tokens_per_s": r.tokens_per_s,
+        "mfu": r.mfu,
+        "final_loss": r.final_loss,
+        "peak_allocated": m.get("peak_allocated"),
+        "peak_reserved": m.get("peak_reserved"),
+    }
 
 
-def plain_run(over: dict[str, dict[str, Any]], *, steps: int, device: torch.device,
-              peak_flops: float) -> dict[str, Any]:
+def plain_run(
+    over: dict[str, dict[str, Any]], *, steps: int, device: torch.device, peak_flops: float
+) -> dict[str, Any]:
     """The plain PyTorch loop: eager, bf16 autocast, fused AdamW (CUDA), random tokens."""
     from scaletrain.config import load_config
     from scaletrain.models import build_model, causal_lm_loss, materialize
@@ -109,11 +132,16 @@ def plain_run(over: dict[str, dict[str, Any]], *, steps: int, device: torch.devi
         times.append(time.perf_counter() - t0)
     step_s = statistics.median(times[1:] or times)  # the first step pays one-time costs
     tok_s = b.micro_batch * b.seq_len / step_s
-    out = {"tokens_per_s": tok_s, "mfu": tok_s * flops_per_token(cfg, b.seq_len) / peak_flops,
-           "final_loss": float(loss.detach())}
+    out = {
+        "tokens_per_s": tok_s,
+        "mfu": tok_s * flops_per_token(cfg, b.seq_len) / peak_flops,
+        "final_loss": float(loss.detach()),
+    }
     if device.type == "cuda":
-        out.update(peak_allocated=torch.cuda.max_memory_allocated(),
-                   peak_reserved=torch.cuda.max_memory_reserved())
+        out.update(
+            peak_allocated=torch.cuda.max_memory_allocated(),
+            peak_reserved=torch.cuda.max_memory_reserved(),
+        )
     del model, opt
     return out
 
@@ -128,8 +156,12 @@ def predictions(over: dict[str, dict[str, Any]], gpu: str, *, dryrun: bool) -> d
     est = predict(job, job.layout(1))
     out: dict[str, Any] = {"params": job.model.num_params()}
     if est is not None:
-        out["planner"] = {"allocated": est.memory.total, "reserved": est.memory.reserved,
-                          "tokens_per_s": est.tokens_per_s, "mfu": est.mfu}
+        out["planner"] = {
+            "allocated": est.memory.total,
+            "reserved": est.memory.reserved,
+            "tokens_per_s": est.tokens_per_s,
+            "mfu": est.mfu,
+        }
     if dryrun:
         from scaletrain.dryrun import dryrun as run_dryrun
 
@@ -146,22 +178,33 @@ def _gb(x: Any) -> str:
 
 def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     if not rows:
-        return "\n".join([
-            "# Single-GPU truth: MFU, tokens/s, CUDA peak memory", "",
-            f"**{NOT_MEASURED}.** This result file was written on a machine without CUDA; "
-            "nothing here is a measurement. To measure, run on a CUDA machine:", "",
-            f"    {COMMAND}", "",
-            "It runs GPT-2 124M and a ~1B Llama with scaletrain's trainer (bf16 + SDPA + "
-            "torch.compile) and a plain eager PyTorch loop, and reports tokens/s, MFU, CUDA "
-            "peak allocated / reserved memory beside the planner's prediction and the dry-run."])
-    lines = ["# Single-GPU truth: MFU, tokens/s, CUDA peak memory", "",
-             f"{meta['gpu_name']} (preset `{meta['preset']}`, bf16 dense peak "
-             f"{meta['peak_tflops']:.0f} TFLOP/s), {meta['steps']} steps per run, first step "
-             "excluded. MFU = model FLOPs (planner formula, causal attention halved) x tokens/s"
-             " / peak.", "",
-             "| model | params | batch | run | tokens/s | MFU | peak allocated GB | "
-             "peak reserved GB | planner allocated / reserved GB | planner tokens/s | "
-             "dry-run allocated GB |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        return "\n".join(
+            [
+                "# Single-GPU truth: MFU, tokens/s, CUDA peak memory",
+                "",
+                f"**{NOT_MEASURED}.** This result file was written on a machine without CUDA; "
+                "nothing here is a measurement. To measure, run on a CUDA machine:",
+                "",
+                f"    {COMMAND}",
+                "",
+                "It runs GPT-2 124M and a ~1B Llama with scaletrain's trainer (bf16 + SDPA + "
+                "torch.compile) and a plain eager PyTorch loop, and reports tokens/s, MFU, CUDA "
+                "peak allocated / reserved memory beside the planner's prediction and the dry-run.",
+            ]
+        )
+    lines = [
+        "# Single-GPU truth: MFU, tokens/s, CUDA peak memory",
+        "",
+        f"{meta['gpu_name']} (preset `{meta['preset']}`, bf16 dense peak "
+        f"{meta['peak_tflops']:.0f} TFLOP/s), {meta['steps']} steps per run, first step "
+        "excluded. MFU = model FLOPs (planner formula, causal attention halved) x tokens/s"
+        " / peak.",
+        "",
+        "| model | params | batch | run | tokens/s | MFU | peak allocated GB | "
+        "peak reserved GB | planner allocated / reserved GB | planner tokens/s | "
+        "dry-run allocated GB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         p = r["predicted"].get("planner", {})
         for run in ("scaletrain", "plain"):
@@ -172,10 +215,14 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
                 f"{_gb(m.get('peak_allocated'))} | {_gb(m.get('peak_reserved'))} | "
                 f"{_gb(p.get('allocated'))} / {_gb(p.get('reserved'))} | "
                 f"{p.get('tokens_per_s', 0):,.0f} | "
-                f"{_gb(r['predicted'].get('dryrun_allocated'))} |")
-    lines += ["", "The plain loop uses random tokens and no gradient clipping, loss scaler or "
-              "logging; the scaletrain run is the full trainer step (clipping, metrics, data "
-              "loader). The planner and dry-run predict the scaletrain run."]
+                f"{_gb(r['predicted'].get('dryrun_allocated'))} |"
+            )
+    lines += [
+        "",
+        "The plain loop uses random tokens and no gradient clipping, loss scaler or "
+        "logging; the scaletrain run is the full trainer step (clipping, metrics, data "
+        "loader). The planner and dry-run predict the scaletrain run.",
+    ]
     return "\n".join(lines)
 
 
@@ -183,8 +230,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="gpt2-124m,llama-1b")
     ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
-                    help="'cpu' exercises the script on a tiny model (self-test, no results)")
+    ap.add_argument(
+        "--device",
+        default="cuda",
+        choices=("cuda", "cpu"),
+        help="'cpu' exercises the script on a tiny model (self-test, no results)",
+    )
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--no-dryrun", action="store_true")
     ap.add_argument("--no-write", action="store_true")
@@ -192,8 +243,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print(f"{NOT_MEASURED}. To measure, on a CUDA machine run:\n  {COMMAND}")
         if not args.no_write:
-            write_results("gpu", {"status": NOT_MEASURED, "command": COMMAND, "rows": []},
-                          markdown([], {}))
+            write_results(
+                "gpu", {"status": NOT_MEASURED, "command": COMMAND, "rows": []}, markdown([], {})
+            )
         return 0
     device = torch.device(args.device)
     if device.type == "cuda":
@@ -211,13 +263,24 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name in args.models.split(","):
         spec = MODELS[name]
-        row: dict[str, Any] = {"model": name, "batch": f"{spec['micro_batch']}x{spec['seq_len']}",
-                               "labels": {"scaletrain": "scaletrain (bf16, sdpa, compile)"
-                                          if not args.no_compile else "scaletrain (bf16, sdpa)",
-                                          "plain": "plain PyTorch (bf16 eager)"}}
+        row: dict[str, Any] = {
+            "model": name,
+            "batch": f"{spec['micro_batch']}x{spec['seq_len']}",
+            "labels": {
+                "scaletrain": "scaletrain (bf16, sdpa, compile)"
+                if not args.no_compile
+                else "scaletrain (bf16, sdpa)",
+                "plain": "plain PyTorch (bf16 eager)",
+            },
+        }
         with tempfile.TemporaryDirectory() as tmp:
-            over = overrides(spec, steps=args.steps, compile_=not args.no_compile,
-                             run_dir=f"{tmp}/{name}", device=args.device)
+            over = overrides(
+                spec,
+                steps=args.steps,
+                compile_=not args.no_compile,
+                run_dir=f"{tmp}/{name}",
+                device=args.device,
+            )
             t0 = time.perf_counter()
             row["scaletrain"] = scaletrain_run(over)
             if device.type == "cuda":
@@ -228,15 +291,22 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         for run in ("scaletrain", "plain"):
             m = row[run]
-            print(f"{name:10s} {row['labels'][run]:34s} {m['tokens_per_s']:10,.0f} tok/s  "
-                  f"MFU {100 * m['mfu']:5.1f}%  peak alloc {_gb(m.get('peak_allocated'))} GB",
-                  flush=True)
+            print(
+                f"{name:10s} {row['labels'][run]:34s} {m['tokens_per_s']:10,.0f} tok/s  "
+                f"MFU {100 * m['mfu']:5.1f}%  peak alloc {_gb(m.get('peak_allocated'))} GB",
+                flush=True,
+            )
     if args.no_write or device.type != "cuda":
         return 0
-    meta = {"gpu_name": gpu_name, "preset": hw.name, "peak_tflops": peak / 1e12,
-            "steps": args.steps, "cuda": torch.version.cuda, "pid": os.getpid()}
-    write_results("gpu", {"status": "measured", "meta": meta, "rows": rows},
-                  markdown(rows, meta))
+    meta = {
+        "gpu_name": gpu_name,
+        "preset": hw.name,
+        "peak_tflops": peak / 1e12,
+        "steps": args.steps,
+        "cuda": torch.version.cuda,
+        "pid": os.getpid(),
+    }
+    write_results("gpu", {"status": "measured", "meta": meta, "rows": rows}, markdown(rows, meta))
     return 0
 
 

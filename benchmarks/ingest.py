@@ -60,9 +60,15 @@ def make_tokenizer(out: Path, sample: Path) -> Path:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(texts, trainers.BpeTrainer(
-        vocab_size=8192, special_tokens=["<|endoftext|>"], show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(
+        texts,
+        trainers.BpeTrainer(
+            vocab_size=8192,
+            special_tokens=["<|endoftext|>"],
+            show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
     out.mkdir(parents=True, exist_ok=True)
     tok.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
@@ -81,8 +87,14 @@ def _ingest(corpus: str, tokenizer: str, cache: str, q) -> None:
     use = resource.getrusage(resource.RUSAGE_SELF)
     # CPU seconds (all threads): the figure that machine load from other processes does not
     # inflate, unlike the wall time on a shared 2-core machine
-    q.put({"tokens": tokens, "wall_s": wall, "cpu_s": use.ru_utime + use.ru_stime,
-           "peak_rss_mib": use.ru_maxrss / 1024})
+    q.put(
+        {
+            "tokens": tokens,
+            "wall_s": wall,
+            "cpu_s": use.ru_utime + use.ru_stime,
+            "peak_rss_mib": use.ru_maxrss / 1024,
+        }
+    )
 
 
 def ingest(corpus: Path, tokenizer: Path, cache: Path) -> dict:
@@ -108,38 +120,61 @@ def main() -> None:
             docs = make_corpus(corpus, int(mb * 2**20))
             tok = make_tokenizer(root / "tok", corpus) if not rows else root / "tok"
             r = ingest(corpus, tok, root / "cache")
-            r.update(mb=round(corpus.stat().st_size / 2**20, 1), docs=docs,
-                     tokens_per_s=r["tokens"] / r["wall_s"],
-                     tokens_per_cpu_s=r["tokens"] / r["cpu_s"],
-                     mb_per_s=corpus.stat().st_size / 2**20 / r["wall_s"])
+            r.update(
+                mb=round(corpus.stat().st_size / 2**20, 1),
+                docs=docs,
+                tokens_per_s=r["tokens"] / r["wall_s"],
+                tokens_per_cpu_s=r["tokens"] / r["cpu_s"],
+                mb_per_s=corpus.stat().st_size / 2**20 / r["wall_s"],
+            )
             rows.append(r)
-            print(f"{r['mb']:8.1f} MB {docs:9,d} docs {r['tokens']:12,d} tokens "
-                  f"{r['tokens_per_s']:12,.0f} tok/s {r['tokens_per_cpu_s']:12,.0f} tok/cpu-s "
-                  f"{r['mb_per_s']:6.2f} MB/s "
-                  f"peak RSS {r['peak_rss_mib']:7.1f} MiB")
-    md = ["# Ingestion: JSONL -> checksummed token shards (pretrained BPE, vocab 8192)", "",
-          "| corpus MB | documents | tokens | tokens/s (wall) | tokens per CPU-s | MB/s | "
-          "peak RSS MiB |", "|---:|---:|---:|---:|---:|---:|---:|"]
-    md += [f"| {r['mb']} | {r['docs']:,} | {r['tokens']:,} | {r['tokens_per_s']:,.0f} | "
-           f"{r['tokens_per_cpu_s']:,.0f} | {r['mb_per_s']:.2f} | {r['peak_rss_mib']:.0f} |"
-           for r in rows]
+            print(
+                f"{r['mb']:8.1f} MB {docs:9,d} docs {r['tokens']:12,d} tokens "
+                f"{r['tokens_per_s']:12,.0f} tok/s {r['tokens_per_cpu_s']:12,.0f} tok/cpu-s "
+                f"{r['mb_per_s']:6.2f} MB/s "
+                f"peak RSS {r['peak_rss_mib']:7.1f} MiB"
+            )
+    md = [
+        "# Ingestion: JSONL -> checksummed token shards (pretrained BPE, vocab 8192)",
+        "",
+        "| corpus MB | documents | tokens | tokens/s (wall) | tokens per CPU-s | MB/s | "
+        "peak RSS MiB |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    md += [
+        f"| {r['mb']} | {r['docs']:,} | {r['tokens']:,} | {r['tokens_per_s']:,.0f} | "
+        f"{r['tokens_per_cpu_s']:,.0f} | {r['mb_per_s']:.2f} | {r['peak_rss_mib']:.0f} |"
+        for r in rows
+    ]
     growth = rows[-1]["peak_rss_mib"] - rows[0]["peak_rss_mib"]
     ratio = rows[-1]["mb"] / rows[0]["mb"]
     written = rows[-1]["tokens"] * 2 / 2**20  # uint16 ids of the larger corpus
-    verdict = ("not proportional to the corpus: the tokens are not held in memory"
-               if growth < 0.25 * written else "it GROWS with the corpus")
-    md += ["", f"Peak RSS changes by {growth:+.1f} MiB for a {ratio:.0f}x larger corpus, "
-           f"against {written:.0f} MiB of token ids written: {verdict}. "
-           "Peak RSS is the ingesting process's (Python + "
-           "torch + numpy runtime included). Before shards were copied and checksummed with "
-           "explicit reads instead of memmaps (`corpus.TokenFile`), the same 100 MB run "
-           "peaked at 283 MiB against 239 MiB at 4 MB: a memmap's touched pages count toward "
-           "RSS. Wall-clock rates depend on what else the machine runs (a shared 2-core host); "
-           "tokens per CPU-second do not (CPU time includes the process's start-up, which "
-           "weighs on the small corpus)."]
-    write_results("ingest", {"rows": rows, "rss_growth_mib": growth,
-                             "meta": {"mb": [args.small_mb, args.mb], "vocab": 8192}},
-                  "\n".join(md))
+    verdict = (
+        "not proportional to the corpus: the tokens are not held in memory"
+        if growth < 0.25 * written
+        else "it GROWS with the corpus"
+    )
+    md += [
+        "",
+        f"Peak RSS changes by {growth:+.1f} MiB for a {ratio:.0f}x larger corpus, "
+        f"against {written:.0f} MiB of token ids written: {verdict}. "
+        "Peak RSS is the ingesting process's (Python + "
+        "torch + numpy runtime included). Before shards were copied and checksummed with "
+        "explicit reads instead of memmaps (`corpus.TokenFile`), the same 100 MB run "
+        "peaked at 283 MiB against 239 MiB at 4 MB: a memmap's touched pages count toward "
+        "RSS. Wall-clock rates depend on what else the machine runs (a shared 2-core host); "
+        "tokens per CPU-second do not (CPU time includes the process's start-up, which "
+        "weighs on the small corpus).",
+    ]
+    write_results(
+        "ingest",
+        {
+            "rows": rows,
+            "rss_growth_mib": growth,
+            "meta": {"mb": [args.small_mb, args.mb], "vocab": 8192},
+        },
+        "\n".join(md),
+    )
 
 
 if __name__ == "__main__":

@@ -60,15 +60,28 @@ MAX_ATTEMPTS = 8
 """A trial that needs more launches than this counts as failed (a resume that cannot finish)."""
 
 
-def job_args(run_dir: Path, cache_dir: Path, *, steps: int, every: int,
-             async_save: bool) -> list[str]:
-    return ["--model.name=tiny", "--batch.seq_len=32", "--batch.global_batch=8",
-            "--batch.micro_batch=8", f"--train.steps={steps}", "--train.eval_every=100000",
-            "--train.sample_tokens=0", "--train.progress=false", "--train.tensorboard=false",
-            "--train.device=cpu", "--data.num_tokens=60000", f"--data.cache_dir={cache_dir}",
-            f"--train.run_dir={run_dir}", f"--checkpoint.every={every}",
-            "--checkpoint.keep_last_n=2", f"--checkpoint.async_save={str(async_save).lower()}",
-            "--checkpoint.resume=auto"]
+def job_args(
+    run_dir: Path, cache_dir: Path, *, steps: int, every: int, async_save: bool
+) -> list[str]:
+    return [
+        "--model.name=tiny",
+        "--batch.seq_len=32",
+        "--batch.global_batch=8",
+        "--batch.micro_batch=8",
+        f"--train.steps={steps}",
+        "--train.eval_every=100000",
+        "--train.sample_tokens=0",
+        "--train.progress=false",
+        "--train.tensorboard=false",
+        "--train.device=cpu",
+        "--data.num_tokens=60000",
+        f"--data.cache_dir={cache_dir}",
+        f"--train.run_dir={run_dir}",
+        f"--checkpoint.every={every}",
+        "--checkpoint.keep_last_n=2",
+        f"--checkpoint.async_save={str(async_save).lower()}",
+        "--checkpoint.resume=auto",
+    ]
 
 
 def _child(args: list[str], log: Path, restart: int) -> None:
@@ -153,8 +166,7 @@ def _kill_when(pid: int, run_dir: Path, aim: dict[str, Any]) -> int | None:
     return None
 
 
-def _write_target(pick: float, *, start: int, steps: int, every: int,
-                  stale: dict[str, int]) -> str:
+def _write_target(pick: float, *, start: int, steps: int, every: int, stale: dict[str, int]) -> str:
     """The temporary directory of the save to kill in, drawn (by `pick` in [0, 1)) among the
     saves this attempt will make, except steps whose torn directory is still there (present
     from the start, they would not mark a write)."""
@@ -190,17 +202,32 @@ def run_reference(root: Path, cache: Path, *, steps: int, every: int) -> dict[st
         raise RuntimeError("the warm-up run failed:\n" + (root / "warmup.log").read_text()[-3000:])
     run_dir = root / "reference"
     t0 = time.perf_counter()
-    code = _wait(launch(job_args(run_dir, cache, steps=steps, every=every, async_save=False),
-                        root / "reference.log"))
+    code = _wait(
+        launch(
+            job_args(run_dir, cache, steps=steps, every=every, async_save=False),
+            root / "reference.log",
+        )
+    )
     if code != 0:
-        raise RuntimeError("the reference run failed:\n"
-                           + (root / "reference.log").read_text()[-3000:])
+        raise RuntimeError(
+            "the reference run failed:\n" + (root / "reference.log").read_text()[-3000:]
+        )
     return {"run_dir": run_dir, "wall_s": time.perf_counter() - t0}
 
 
-def run_trial(index: int, rng: random.Random, root: Path, cache: Path, *, steps: int,
-              every: int, async_save: bool, ref_wall_s: float, write_jitter_s: float,
-              aims: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def run_trial(
+    index: int,
+    rng: random.Random,
+    root: Path,
+    cache: Path,
+    *,
+    steps: int,
+    every: int,
+    async_save: bool,
+    ref_wall_s: float,
+    write_jitter_s: float,
+    aims: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """One trial: kills planned by `rng` (or given as `aims`), relaunches until the run exits
     by itself."""
     mode = "async" if async_save else "sync"
@@ -209,14 +236,26 @@ def run_trial(index: int, rng: random.Random, root: Path, cache: Path, *, steps:
     args = job_args(run_dir, cache, steps=steps, every=every, async_save=async_save)
     # one or two kills per trial, two in three aimed at a checkpoint write (which one is drawn
     # when the attempt starts, among the writes it has left)
-    drawn = [{"kind": "write", "pick": rng.random(), "jitter_s": rng.uniform(0, write_jitter_s)}
-             if rng.random() < 2 / 3 else {"kind": "random", "delay_s": rng.uniform(0, ref_wall_s)}
-             for _ in range(rng.choice((1, 2)))]
+    drawn = [
+        {"kind": "write", "pick": rng.random(), "jitter_s": rng.uniform(0, write_jitter_s)}
+        if rng.random() < 2 / 3
+        else {"kind": "random", "delay_s": rng.uniform(0, ref_wall_s)}
+        for _ in range(rng.choice((1, 2)))
+    ]
     plan = [dict(a) for a in aims] if aims is not None else drawn
-    row: dict[str, Any] = {"trial": index, "mode": mode, "kills": 0, "kills_during_write": 0,
-                           "resumes": 0, "resumed_done": 0, "lost_steps": 0, "attempts": 0,
-                           "kind": [],
-                           "finished": False, "error": ""}
+    row: dict[str, Any] = {
+        "trial": index,
+        "mode": mode,
+        "kills": 0,
+        "kills_during_write": 0,
+        "resumes": 0,
+        "resumed_done": 0,
+        "lost_steps": 0,
+        "attempts": 0,
+        "kind": [],
+        "finished": False,
+        "error": "",
+    }
     t0 = time.perf_counter()
     while row["attempts"] < MAX_ATTEMPTS:
         start = _resume_step(run_dir)
@@ -229,8 +268,9 @@ def run_trial(index: int, rng: random.Random, root: Path, cache: Path, *, steps:
         if plan:
             aim = plan.pop(0)
             if aim["kind"] == "write":
-                aim["tmp"] = _write_target(aim["pick"], start=start, steps=steps, every=every,
-                                           stale=stale)
+                aim["tmp"] = _write_target(
+                    aim["pick"], start=start, steps=steps, every=every, stale=stale
+                )
             code = _kill_when(pid, run_dir, aim)
             if code is None:
                 row["kills"] += 1
@@ -242,8 +282,9 @@ def run_trial(index: int, rng: random.Random, root: Path, cache: Path, *, steps:
         else:
             code = _wait(pid)
         if code != 0:
-            row["error"] = f"attempt {row['attempts']} exited with {code}: " \
-                           + log.read_text()[-2000:]
+            row["error"] = (
+                f"attempt {row['attempts']} exited with {code}: " + log.read_text()[-2000:]
+            )
             break
         row["finished"] = True
         break
@@ -256,8 +297,9 @@ def run_trial(index: int, rng: random.Random, root: Path, cache: Path, *, steps:
 _STOPPED = re.compile(r"(SIGINT|SIGTERM) received: stopped after step (\d+)")
 
 
-def run_signal_trial(index: int, sig: signal.Signals, rng: random.Random, root: Path,
-                     cache: Path, *, steps: int) -> dict[str, Any]:
+def run_signal_trial(
+    index: int, sig: signal.Signals, rng: random.Random, root: Path, cache: Path, *, steps: int
+) -> dict[str, Any]:
     """One trial: `sig` once a drawn number of steps is logged; the run must save and exit by
     itself (128 + sig, one line), and the relaunch must resume from that checkpoint."""
     mode = sig.name.lower()
@@ -265,10 +307,21 @@ def run_signal_trial(index: int, sig: signal.Signals, rng: random.Random, root: 
     log = root / f"trial{index:02d}-{mode}.log"
     args = job_args(run_dir, cache, steps=steps, every=0, async_save=False)
     after = rng.randint(1, steps - 2)
-    row: dict[str, Any] = {"trial": index, "mode": mode, "kills": 0, "kills_during_write": 0,
-                           "resumes": 0, "resumed_done": 0, "lost_steps": 0, "attempts": 1,
-                           "kind": [f"{sig.name} after {after} steps"], "finished": False,
-                           "error": "", "stopped_at": None, "resumed_from": None}
+    row: dict[str, Any] = {
+        "trial": index,
+        "mode": mode,
+        "kills": 0,
+        "kills_during_write": 0,
+        "resumes": 0,
+        "resumed_done": 0,
+        "lost_steps": 0,
+        "attempts": 1,
+        "kind": [f"{sig.name} after {after} steps"],
+        "finished": False,
+        "error": "",
+        "stopped_at": None,
+        "resumed_from": None,
+    }
     t0 = time.perf_counter()
     pid = launch(args, log)
     code = None
@@ -284,15 +337,18 @@ def run_signal_trial(index: int, sig: signal.Signals, rng: random.Random, root: 
     logged = max((r["step"] for r in _metrics(run_dir)), default=0)
     saved = _resume_step(run_dir)
     if code != 128 + sig or len(said) != 1 or "Traceback" in text:
-        row["error"] = (f"exit {code} (want {128 + sig}), {len(said)} 'received' lines: "
-                        + text[-1500:])
+        row["error"] = (
+            f"exit {code} (want {128 + sig}), {len(said)} 'received' lines: " + text[-1500:]
+        )
     else:
         row["stopped_at"] = int(said[0][1])
         row["resumed_from"] = saved
         row["lost_steps"] = max(0, logged - saved)
         if saved != row["stopped_at"]:
-            row["error"] = (f"stopped after step {row['stopped_at']} but the newest good "
-                            f"checkpoint is step {saved}")
+            row["error"] = (
+                f"stopped after step {row['stopped_at']} but the newest good "
+                f"checkpoint is step {saved}"
+            )
     if not row["error"]:
         row["attempts"] += 1
         row["resumes"] += 1
@@ -349,29 +405,51 @@ def _step_losses(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in _metrics(run_dir)}
 
 
-def run_all(root: Path, *, trials: int, async_trials: int, steps: int, every: int,
-            seed: int, write_jitter_s: float, signal_trials: int = 0) -> dict[str, Any]:
+def run_all(
+    root: Path,
+    *,
+    trials: int,
+    async_trials: int,
+    steps: int,
+    every: int,
+    seed: int,
+    write_jitter_s: float,
+    signal_trials: int = 0,
+) -> dict[str, Any]:
     cache = root / "cache"
     ref = run_reference(root, cache, steps=steps, every=every)
     rng = random.Random(seed)
     rows = []
     for i in range(trials + async_trials):
-        row = run_trial(i, rng, root, cache, steps=steps, every=every,
-                        async_save=i >= trials, ref_wall_s=ref["wall_s"],
-                        write_jitter_s=write_jitter_s)
+        row = run_trial(
+            i,
+            rng,
+            root,
+            cache,
+            steps=steps,
+            every=every,
+            async_save=i >= trials,
+            ref_wall_s=ref["wall_s"],
+            write_jitter_s=write_jitter_s,
+        )
         rows.append(row)
-        print(f"trial {i:2d} {row['mode']:5s}: kills {row['kills']} "
-              f"(during write {row['kills_during_write']}), resumes {row['resumes']}, "
-              f"lost steps {row['lost_steps']}, {row['wall_s']:.1f} s"
-              + (f"  ERROR {row['error'][:200]}" if row["error"] else ""), flush=True)
+        print(
+            f"trial {i:2d} {row['mode']:5s}: kills {row['kills']} "
+            f"(during write {row['kills_during_write']}), resumes {row['resumes']}, "
+            f"lost steps {row['lost_steps']}, {row['wall_s']:.1f} s"
+            + (f"  ERROR {row['error'][:200]}" if row["error"] else ""),
+            flush=True,
+        )
     for j in range(signal_trials):
         sig = (signal.SIGTERM, signal.SIGINT)[j % 2]
         row = run_signal_trial(trials + async_trials + j, sig, rng, root, cache, steps=steps)
         rows.append(row)
-        print(f"trial {row['trial']:2d} {row['mode']:7s}: {row['kind'][0]}, stopped after "
-              f"step {row['stopped_at']}, resumed from {row['resumed_from']}, "
-              f"{row['wall_s']:.1f} s"
-              + (f"  ERROR {row['error'][:200]}" if row["error"] else ""), flush=True)
+        print(
+            f"trial {row['trial']:2d} {row['mode']:7s}: {row['kind'][0]}, stopped after "
+            f"step {row['stopped_at']}, resumed from {row['resumed_from']}, "
+            f"{row['wall_s']:.1f} s" + (f"  ERROR {row['error'][:200]}" if row["error"] else ""),
+            flush=True,
+        )
     # all children are done: the launcher may now run torch ops itself
     ref_state = _final_state(ref["run_dir"], steps, root)
     ref_losses = _step_losses(ref["run_dir"])
@@ -387,19 +465,21 @@ def run_all(root: Path, *, trials: int, async_trials: int, steps: int, every: in
         row["losses_equal"] = _step_losses(run_dir) == ref_losses
         row["failure"] = diff or ("" if row["losses_equal"] else "per-step losses differ")
         row.pop("error")
-    return {"reference_wall_s": ref["wall_s"], "rows": rows,
-            "summary": summarize(rows)}
+    return {"reference_wall_s": ref["wall_s"], "rows": rows, "summary": summarize(rows)}
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"trials": len(rows), "failures": sum(bool(r["failure"]) for r in rows),
-            "kills": sum(r["kills"] for r in rows),
-            "kills_during_write": sum(r["kills_during_write"] for r in rows),
-            "resumes": sum(r["resumes"] for r in rows),
-            "resumed_done": sum(r["resumed_done"] for r in rows),
-            "lost_steps": sum(r["lost_steps"] for r in rows),
-            "async_trials": sum(r["mode"] == "async" for r in rows),
-            "signal_trials": sum(r["mode"] in ("sigterm", "sigint") for r in rows)}
+    return {
+        "trials": len(rows),
+        "failures": sum(bool(r["failure"]) for r in rows),
+        "kills": sum(r["kills"] for r in rows),
+        "kills_during_write": sum(r["kills_during_write"] for r in rows),
+        "resumes": sum(r["resumes"] for r in rows),
+        "resumed_done": sum(r["resumed_done"] for r in rows),
+        "lost_steps": sum(r["lost_steps"] for r in rows),
+        "async_trials": sum(r["mode"] == "async" for r in rows),
+        "signal_trials": sum(r["mode"] in ("sigterm", "sigint") for r in rows),
+    }
 
 
 def markdown(result: dict[str, Any], meta: dict[str, Any]) -> str:
@@ -422,39 +502,54 @@ def markdown(result: dict[str, Any], meta: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
-        lines.append(f"| {r['trial']} | {r['mode']} | {', '.join(r['kind']) or '-'} | "
-                     f"{r['kills']} | {r['kills_during_write']} | {r['resumes']} | "
-                     f"{r['lost_steps']} | {'yes' if r['weights_bitwise_equal'] else 'NO'} | "
-                     f"{'yes' if r['losses_equal'] else 'NO'} | {r['wall_s']:.1f} |")
+        lines.append(
+            f"| {r['trial']} | {r['mode']} | {', '.join(r['kind']) or '-'} | "
+            f"{r['kills']} | {r['kills_during_write']} | {r['resumes']} | "
+            f"{r['lost_steps']} | {'yes' if r['weights_bitwise_equal'] else 'NO'} | "
+            f"{'yes' if r['losses_equal'] else 'NO'} | {r['wall_s']:.1f} |"
+        )
     failed = [r for r in result["rows"] if r["failure"]]
     if failed:
         lines += ["", "## Failures", ""]
         lines += [f"- trial {r['trial']}: {r['failure'][:300]}" for r in failed]
-    lines += ["", "Kill aims: `write` = killed 0-"
-              f"{meta['write_jitter_ms']:.0f} ms after a checkpoint's temporary directory "
-              "appeared; `random` = uniform time into the attempt. A kill counts as during a "
-              "write when it left a `.tmp-step_*` directory behind. Lost steps = steps the "
-              "killed attempt had logged beyond the checkpoint the next attempt resumed from.",
-              "", "Signal trials (`sigterm`, `sigint`): `checkpoint.every = 0`, the signal sent "
-              "once the drawn number of steps was logged; passed when the run exited by itself "
-              "with 128 + signal and one 'received' line, its newest good checkpoint was the "
-              "step it stopped after, and the relaunch finished bitwise equal to the reference."]
+    lines += [
+        "",
+        "Kill aims: `write` = killed 0-"
+        f"{meta['write_jitter_ms']:.0f} ms after a checkpoint's temporary directory "
+        "appeared; `random` = uniform time into the attempt. A kill counts as during a "
+        "write when it left a `.tmp-step_*` directory behind. Lost steps = steps the "
+        "killed attempt had logged beyond the checkpoint the next attempt resumed from.",
+        "",
+        "Signal trials (`sigterm`, `sigint`): `checkpoint.every = 0`, the signal sent "
+        "once the drawn number of steps was logged; passed when the run exited by itself "
+        "with 128 + signal and one 'received' line, its newest good checkpoint was the "
+        "step it stopped after, and the relaunch finished bitwise equal to the reference.",
+    ]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=24, help="trials with synchronous saves")
-    ap.add_argument("--async-trials", type=int, default=8,
-                    help="further trials with checkpoint.async_save=true")
-    ap.add_argument("--signal-trials", type=int, default=4,
-                    help="further trials stopped by SIGTERM / SIGINT (alternating)")
+    ap.add_argument(
+        "--async-trials", type=int, default=8, help="further trials with checkpoint.async_save=true"
+    )
+    ap.add_argument(
+        "--signal-trials",
+        type=int,
+        default=4,
+        help="further trials stopped by SIGTERM / SIGINT (alternating)",
+    )
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--every", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--write-jitter-ms", type=float, default=150.0,
-                    help="write-aimed kills land 0-this after the write starts (a tiny-model "
-                         "write with its checksums takes ~50-200 ms here)")
+    ap.add_argument(
+        "--write-jitter-ms",
+        type=float,
+        default=150.0,
+        help="write-aimed kills land 0-this after the write starts (a tiny-model "
+        "write with its checksums takes ~50-200 ms here)",
+    )
     ap.add_argument("--no-write", action="store_true", help="print only (smoke tests)")
     a = ap.parse_args(argv)
     import torch  # noqa: F401 - imported once here, shared by every forked run
@@ -463,13 +558,24 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="kill_resume-") as tmp:
-        result = run_all(Path(tmp), trials=a.trials, async_trials=a.async_trials,
-                         steps=a.steps, every=a.every, seed=a.seed,
-                         write_jitter_s=a.write_jitter_ms / 1000,
-                         signal_trials=a.signal_trials)
-    meta = {"steps": a.steps, "every": a.every, "seed": a.seed,
-            "write_jitter_ms": a.write_jitter_ms, "wall_s": time.perf_counter() - t0,
-            "load_average": os.getloadavg()}
+        result = run_all(
+            Path(tmp),
+            trials=a.trials,
+            async_trials=a.async_trials,
+            steps=a.steps,
+            every=a.every,
+            seed=a.seed,
+            write_jitter_s=a.write_jitter_ms / 1000,
+            signal_trials=a.signal_trials,
+        )
+    meta = {
+        "steps": a.steps,
+        "every": a.every,
+        "seed": a.seed,
+        "write_jitter_ms": a.write_jitter_ms,
+        "wall_s": time.perf_counter() - t0,
+        "load_average": os.getloadavg(),
+    }
     md = markdown(result, meta)
     print(md)
     if not a.no_write:

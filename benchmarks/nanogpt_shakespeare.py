@@ -28,16 +28,35 @@ DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespear
 def recipe_args(data: str, steps: int, run_dir: str) -> list[str]:
     """The nanoGPT CPU recipe as scaletrain overrides (also run by vs_nanogpt.py)."""
     return [
-        "--model.name=gpt-mini", "--model.vocab_size=128", "--model.max_seq_len=64",
-        "--model.num_layers=4", "--model.num_heads=4", "--model.dim=128", "--model.ffn_dim=512",
-        "--model.bias=false", "--model.activation=gelu_exact",
-        f"--data.source={data}", "--data.tokenizer=char", "--data.val_fraction=0.1",
-        "--batch.seq_len=64", "--batch.global_batch=12", "--batch.micro_batch=12",
-        f"--train.steps={steps}", "--train.eval_every=250", "--train.eval_batches=20",
-        "--train.log_every=100", "--train.progress=false", f"--train.run_dir={run_dir}",
-        "--checkpoint.resume=never", "--optim.lr=1e-3", "--optim.min_lr_ratio=0.1",
-        "--optim.warmup_steps=100", "--optim.beta2=0.99", "--optim.weight_decay=0.1",
-        "--train.sample_tokens=300"]
+        "--model.name=gpt-mini",
+        "--model.vocab_size=128",
+        "--model.max_seq_len=64",
+        "--model.num_layers=4",
+        "--model.num_heads=4",
+        "--model.dim=128",
+        "--model.ffn_dim=512",
+        "--model.bias=false",
+        "--model.activation=gelu_exact",
+        f"--data.source={data}",
+        "--data.tokenizer=char",
+        "--data.val_fraction=0.1",
+        "--batch.seq_len=64",
+        "--batch.global_batch=12",
+        "--batch.micro_batch=12",
+        f"--train.steps={steps}",
+        "--train.eval_every=250",
+        "--train.eval_batches=20",
+        "--train.log_every=100",
+        "--train.progress=false",
+        f"--train.run_dir={run_dir}",
+        "--checkpoint.resume=never",
+        "--optim.lr=1e-3",
+        "--optim.min_lr_ratio=0.1",
+        "--optim.warmup_steps=100",
+        "--optim.beta2=0.99",
+        "--optim.weight_decay=0.1",
+        "--train.sample_tokens=300",
+    ]
 
 
 def main() -> None:
@@ -52,16 +71,23 @@ def main() -> None:
     t0 = time.perf_counter()
     r = train(job)
     wall = time.perf_counter() - t0
-    data = {"steps": r.steps, "val_loss": r.val_loss, "train_loss": r.final_loss,
-            "wall_s": wall, "tokens_per_s": r.tokens_per_s,
-            "reference": "nanoGPT README reports val loss ~1.88 for this recipe on CPU",
-            "sample": r.sample}
-    md = ("| recipe | steps | val loss | train loss | wall time | tokens/s |\n"
-          "|---|---|---|---|---|---|\n"
-          f"| nanoGPT CPU (4L/4H/128, ctx 64, batch 12, char) | {r.steps} | {r.val_loss:.4f} | "
-          f"{r.final_loss:.4f} | {wall:.0f} s | {r.tokens_per_s:,.0f} |\n\n"
-          "nanoGPT's README reports ~1.88 validation loss for the same recipe.\n\n"
-          f"Sample:\n\n```\n{r.sample}\n```")
+    data = {
+        "steps": r.steps,
+        "val_loss": r.val_loss,
+        "train_loss": r.final_loss,
+        "wall_s": wall,
+        "tokens_per_s": r.tokens_per_s,
+        "reference": "nanoGPT README reports val loss ~1.88 for this recipe on CPU",
+        "sample": r.sample,
+    }
+    md = (
+        "| recipe | steps | val loss | train loss | wall time | tokens/s |\n"
+        "|---|---|---|---|---|---|\n"
+        f"| nanoGPT CPU (4L/4H/128, ctx 64, batch 12, char) | {r.steps} | {r.val_loss:.4f} | "
+        f"{r.final_loss:.4f} | {wall:.0f} s | {r.tokens_per_s:,.0f} |\n\n"
+        "nanoGPT's README reports ~1.88 validation loss for the same recipe.\n\n"
+        f"Sample:\n\n```\n{r.sample}\n```"
+    )
     write_results("nanogpt_shakespeare", data, md)
     print(md)
 

@@ -89,8 +89,7 @@ class Block(nn.Module):
 
 
 class StageMLP(nn.Module):
-    def __init__(self, num_blocks: int,
-                 device_s: tuple[float, float, float] | None = None) -> None:
+    def __init__(self, num_blocks: int, device_s: tuple[float, float, float] | None = None) -> None:
         super().__init__()
         self.blocks = nn.Sequential(*(Block(device_s) for _ in range(num_blocks)))
 
@@ -105,12 +104,18 @@ def _schedule_class(name: str):
         ScheduleInterleaved1F1B,
         ScheduleInterleavedZeroBubble,
     )
-    return {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B,
-            "zero-bubble": ScheduleInterleavedZeroBubble}[name]
+
+    return {
+        "gpipe": ScheduleGPipe,
+        "1f1b": Schedule1F1B,
+        "interleaved": ScheduleInterleaved1F1B,
+        "zero-bubble": ScheduleInterleavedZeroBubble,
+    }[name]
 
 
 def _instrument(stage, log: list[tuple[float, float, str, int, int, float]], chunk: int) -> None:
     """Wrap the stage's compute entry points to append (start, end, kind, mb, chunk, cpu_s)."""
+
     def wrap(method, kind_of):
         def timed(*args, **kwargs):
             c0, t0 = time.thread_time(), time.perf_counter()
@@ -118,6 +123,7 @@ def _instrument(stage, log: list[tuple[float, float, str, int, int, float]], chu
             t1, c1 = time.perf_counter(), time.thread_time()
             log.append((t0, t1, kind_of(kwargs), int(args[0]), chunk, c1 - c0))
             return out
+
         return timed
 
     stage.forward_one_chunk = wrap(stage.forward_one_chunk, lambda kw: "F")
@@ -125,8 +131,13 @@ def _instrument(stage, log: list[tuple[float, float, str, int, int, float]], chu
     stage.backward_weight_one_chunk = wrap(stage.backward_weight_one_chunk, lambda kw: "W")
 
 
-def worker(configs: list[tuple[str, int]], steps: int, rows: int, blocks_per_rank: int,
-           device_s: tuple[float, float, float] | None = None) -> list[dict[str, Any]]:
+def worker(
+    configs: list[tuple[str, int]],
+    steps: int,
+    rows: int,
+    blocks_per_rank: int,
+    device_s: tuple[float, float, float] | None = None,
+) -> list[dict[str, Any]]:
     """One rank: run every (schedule, m) for `steps` + 1 steps; return its intervals."""
     from torch.distributed.pipelining import PipelineStage
 
@@ -145,8 +156,12 @@ def worker(configs: list[tuple[str, int]], steps: int, rows: int, blocks_per_ran
             _instrument(ps, log, c)
             pstages.append(ps)
         cls = _schedule_class(name)
-        sched = cls(pstages[0] if v == 1 and name in ("gpipe", "1f1b") else pstages, m,
-                    loss_fn=lambda y, t: torch.nn.functional.mse_loss(y, t), scale_grads=True)
+        sched = cls(
+            pstages[0] if v == 1 and name in ("gpipe", "1f1b") else pstages,
+            m,
+            loss_fn=lambda y, t: torch.nn.functional.mse_loss(y, t),
+            scale_grads=True,
+        )
         g = torch.Generator().manual_seed(0)
         x = torch.randn(m * rows, DIM, generator=g)
         target = torch.randn(m * rows, DIM, generator=g)
@@ -159,8 +174,16 @@ def worker(configs: list[tuple[str, int]], steps: int, rows: int, blocks_per_ran
             if step:
                 per_step.append(list(log))
             dist.barrier()
-        out.append({"schedule": name, "m": m, "v": v, "rank": rank, "steps": per_step,
-                    "device": "cpu" if device_s is None else "emulated"})
+        out.append(
+            {
+                "schedule": name,
+                "m": m,
+                "v": v,
+                "rank": rank,
+                "steps": per_step,
+                "device": "cpu" if device_s is None else "emulated",
+            }
+        )
     return out
 
 
@@ -196,19 +219,31 @@ def analyse(rank_results: list[dict[str, Any]]) -> dict[str, Any]:
     formula = bubble_fraction(name, p, m, v, zero_bubble="h1")
     formula_h2 = bubble_fraction(name, p, m, v, zero_bubble="h2")
     return {
-        "schedule": name, "m": m, "v": v, "p": p, "device": device, "makespan_s": makespan,
-        "busy_s": busy, "cpu_over_wall": sum(cpu) / sum(busy),
-        "t_forward_s": tf, "t_backward_s": tb, "t_weight_s": tw,
-        "bubble_measured": measured, "bubble_formula": formula,
-        "bubble_every_step": every_step, "bubble_median_step": statistics.median(every_step),
+        "schedule": name,
+        "m": m,
+        "v": v,
+        "p": p,
+        "device": device,
+        "makespan_s": makespan,
+        "busy_s": busy,
+        "cpu_over_wall": sum(cpu) / sum(busy),
+        "t_forward_s": tf,
+        "t_backward_s": tb,
+        "t_weight_s": tw,
+        "bubble_measured": measured,
+        "bubble_formula": formula,
+        "bubble_every_step": every_step,
+        "bubble_median_step": statistics.median(every_step),
         "bubble_formula_zb_h2": formula_h2 if name == "zero-bubble" else None,
         "bubble_simulated": sim.bubble_fraction,
         "relative_error_vs_formula": (measured - formula) / formula if formula else None,
-        "relative_error_vs_simulated": ((measured - sim.bubble_fraction) / sim.bubble_fraction
-                                        if sim.bubble_fraction else None),
+        "relative_error_vs_simulated": (
+            (measured - sim.bubble_fraction) / sim.bubble_fraction if sim.bubble_fraction else None
+        ),
         "timeline": [[e[:4] for e in ev] for ev in ranks],
-        "simulated_timeline": [[(e.start, e.end, e.kind, e.microbatch) for e in ev]
-                               for ev in sim.ranks],
+        "simulated_timeline": [
+            [(e.start, e.end, e.kind, e.microbatch) for e in ev] for ev in sim.ranks
+        ],
         "simulated_makespan_s": sim.makespan,
     }
 
@@ -218,12 +253,20 @@ def plot(res: dict[str, Any], path: Path) -> None:
 
     fig, (a, b) = plt.subplots(2, 1, figsize=(11, 4.8), sharex=True)
     span = max(res["makespan_s"], res["simulated_makespan_s"])
-    gantt(a, res["timeline"], makespan=span,
-          title=f"{res['schedule']} p={res['p']} m={res['m']} v={res['v']}: measured "
-                f"(bubble {res['bubble_measured']:.2f}; formula {res['bubble_formula']:.2f})")
-    gantt(b, res["simulated_timeline"], makespan=span,
-          title=f"simulated with the measured t_F, t_B (bubble {res['bubble_simulated']:.2f});"
-                " grey = idle (bubble)")
+    gantt(
+        a,
+        res["timeline"],
+        makespan=span,
+        title=f"{res['schedule']} p={res['p']} m={res['m']} v={res['v']}: measured "
+        f"(bubble {res['bubble_measured']:.2f}; formula {res['bubble_formula']:.2f})",
+    )
+    gantt(
+        b,
+        res["simulated_timeline"],
+        makespan=span,
+        title=f"simulated with the measured t_F, t_B (bubble {res['bubble_simulated']:.2f});"
+        " grey = idle (bubble)",
+    )
     save(fig, path)
 
 
@@ -233,24 +276,30 @@ def plot_name(r: dict[str, Any]) -> str:
 
 
 def markdown(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
-    lines = ["# Pipeline schedules: measured bubble vs closed form", "",
-             f"Each rank holds {meta['blocks_per_rank']} residual MLP blocks "
-             f"{DIM}->{HIDDEN}->{DIM}; gloo, CPU, 1 thread per rank. Two devices:", "",
-             f"- **cpu** (p = {', '.join(map(str, meta['worlds']))}): the blocks compute for "
-             f"real, micro-batch {meta['rows']} rows (activations "
-             f"{meta['rows'] * DIM * 4 / 2**20:.2f} MiB).",
-             f"- **emulated** (p = {', '.join(map(str, meta['emulated_worlds']))}): the same "
-             f"blocks on {meta['emulated_rows']} rows, plus {meta['device_ms']:.0f} ms of "
-             "emulated device time per block for each of F, B and W (the host thread sleeps, as "
-             "a host waiting on an accelerator does, so p ranks overlap on 2 cores). Everything "
-             "else is real: torch's schedule classes, the stages, the gloo p2p transfers and "
-             "their waits.", "",
-             f"Fastest of {meta['steps']} steps after one warm-up (the least disturbed by other "
-             "load; every step's bubble and the median are in the JSON). Bubble = (makespan - "
-             "mean busy) / mean busy.",
-             "", "| device | p | schedule | m | v | t_F ms | t_B ms | t_W ms | makespan ms | "
-             "measured | formula | rel. err. | simulated | CPU/wall |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "# Pipeline schedules: measured bubble vs closed form",
+        "",
+        f"Each rank holds {meta['blocks_per_rank']} residual MLP blocks "
+        f"{DIM}->{HIDDEN}->{DIM}; gloo, CPU, 1 thread per rank. Two devices:",
+        "",
+        f"- **cpu** (p = {', '.join(map(str, meta['worlds']))}): the blocks compute for "
+        f"real, micro-batch {meta['rows']} rows (activations "
+        f"{meta['rows'] * DIM * 4 / 2**20:.2f} MiB).",
+        f"- **emulated** (p = {', '.join(map(str, meta['emulated_worlds']))}): the same "
+        f"blocks on {meta['emulated_rows']} rows, plus {meta['device_ms']:.0f} ms of "
+        "emulated device time per block for each of F, B and W (the host thread sleeps, as "
+        "a host waiting on an accelerator does, so p ranks overlap on 2 cores). Everything "
+        "else is real: torch's schedule classes, the stages, the gloo p2p transfers and "
+        "their waits.",
+        "",
+        f"Fastest of {meta['steps']} steps after one warm-up (the least disturbed by other "
+        "load; every step's bubble and the median are in the JSON). Bubble = (makespan - "
+        "mean busy) / mean busy.",
+        "",
+        "| device | p | schedule | m | v | t_F ms | t_B ms | t_W ms | makespan ms | "
+        "measured | formula | rel. err. | simulated | CPU/wall |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         err = r["relative_error_vs_formula"]
         form = f"{r['bubble_formula']:.3f}"
@@ -262,12 +311,19 @@ def markdown(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
             f"{1e3 * r['t_backward_s']:.0f} | {1e3 * r['t_weight_s']:.0f} | "
             f"{1e3 * r['makespan_s']:.0f} | {r['bubble_measured']:.3f} | {form} | "
             f"{'-' if err is None else f'{100 * err:+.0f}%'} | {r['bubble_simulated']:.3f} | "
-            f"{r['cpu_over_wall']:.2f} |")
+            f"{r['cpu_over_wall']:.2f} |"
+        )
     cores = os.cpu_count() or 1
     lines.append("")
     for device, p in sorted({(r["device"], r["p"]) for r in results}):
-        ok = [r for r in results if r["p"] == p and r["device"] == device
-              and r["schedule"] in ("gpipe", "1f1b") and r["m"] >= 4]
+        ok = [
+            r
+            for r in results
+            if r["p"] == p
+            and r["device"] == device
+            and r["schedule"] in ("gpipe", "1f1b")
+            and r["m"] >= 4
+        ]
         if not ok:
             continue
         passed = all(abs(r["relative_error_vs_formula"]) <= 0.25 for r in ok)
@@ -277,29 +333,37 @@ def markdown(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         elif p <= cores:
             where = "one core per rank"
         else:
-            where = (f"{p} computing ranks on {cores} cores: not a valid test of a {p}-device "
-                     "pipeline, see the host caveat")
-        lines.append(f"Acceptance, {device}, p = {p} ({where}): gpipe and 1f1b, m >= 4, "
-                     f"measured within 25% of (p-1)/m: **{'pass' if passed else 'FAIL'}** "
-                     f"(worst {100 * worst:.0f}%).  ")
-    lines += ["",
-              "Formula (`planner.pipeline.bubble_fraction`): (p-1)/m for gpipe and 1f1b, "
-              "(p-1)/(v·m) for interleaved, (p-1)/(3·v·m) for zero-bubble (ZB-H1 with t_F = t_B "
-              "= t_W, the order torch's ScheduleInterleavedZeroBubble runs; the idealised ZB-H2's"
-              " 0 in brackets). The simulated "
-              "column times the same action order (`planner.pipeline.simulate`) with the "
-              "measured mean t_F / t_B / t_W, so it includes what the closed form ignores "
-              "(t_B != 2 t_F, the W split). t_F, t_B, t_W are per micro-batch through a rank's "
-              "whole stage (all v chunks).", "",
-              f"**Host caveat.** This host has {cores} cores. With p = 4 computing ranks at "
-              "most two compute at any instant, so a 4-stage pipeline cannot reach its "
-              "4-device overlap: a rank whose input is ready still waits for a core, and that "
-              "wait shows up as idle time between its intervals (or, when it is descheduled "
-              "mid-interval, as a stretched interval: CPU/wall is thread CPU time over busy "
-              "wall time, 1.0 = never descheduled). The cpu p = 4 rows are reported as "
-              "measured; the emulated rows are the 4-stage test of the schedules themselves, "
-              "and the cpu p = 2 rows (one core per rank) test the formula with real compute. "
-              f"Load average at start {meta['loadavg']}.", ""]
+            where = (
+                f"{p} computing ranks on {cores} cores: not a valid test of a {p}-device "
+                "pipeline, see the host caveat"
+            )
+        lines.append(
+            f"Acceptance, {device}, p = {p} ({where}): gpipe and 1f1b, m >= 4, "
+            f"measured within 25% of (p-1)/m: **{'pass' if passed else 'FAIL'}** "
+            f"(worst {100 * worst:.0f}%).  "
+        )
+    lines += [
+        "",
+        "Formula (`planner.pipeline.bubble_fraction`): (p-1)/m for gpipe and 1f1b, "
+        "(p-1)/(v·m) for interleaved, (p-1)/(3·v·m) for zero-bubble (ZB-H1 with t_F = t_B "
+        "= t_W, the order torch's ScheduleInterleavedZeroBubble runs; the idealised ZB-H2's"
+        " 0 in brackets). The simulated "
+        "column times the same action order (`planner.pipeline.simulate`) with the "
+        "measured mean t_F / t_B / t_W, so it includes what the closed form ignores "
+        "(t_B != 2 t_F, the W split). t_F, t_B, t_W are per micro-batch through a rank's "
+        "whole stage (all v chunks).",
+        "",
+        f"**Host caveat.** This host has {cores} cores. With p = 4 computing ranks at "
+        "most two compute at any instant, so a 4-stage pipeline cannot reach its "
+        "4-device overlap: a rank whose input is ready still waits for a core, and that "
+        "wait shows up as idle time between its intervals (or, when it is descheduled "
+        "mid-interval, as a stretched interval: CPU/wall is thread CPU time over busy "
+        "wall time, 1.0 = never descheduled). The cpu p = 4 rows are reported as "
+        "measured; the emulated rows are the 4-stage test of the schedules themselves, "
+        "and the cpu p = 2 rows (one core per rank) test the formula with real compute. "
+        f"Load average at start {meta['loadavg']}.",
+        "",
+    ]
     for r in results:
         lines.append(f"![{r['schedule']} {r['device']} p={r['p']} m={r['m']}]({plot_name(r)})")
     return "\n".join(lines)
@@ -312,47 +376,72 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=4, help="measured steps per config")
     ap.add_argument("--rows", type=int, default=512, help="rows (tokens) per micro-batch")
     ap.add_argument("--blocks-per-rank", type=int, default=4, help="MLP blocks per rank")
-    ap.add_argument("--worlds", default=f"2,{WORLD}",
-                    help="comma-separated rank counts p, real CPU compute ('' for none)")
-    ap.add_argument("--emulated-worlds", default=str(WORLD),
-                    help="comma-separated rank counts p on the emulated device ('' for none)")
-    ap.add_argument("--device-ms", type=float, default=15.0,
-                    help="emulated device time per block for each of F, B and W")
-    ap.add_argument("--emulated-rows", type=int, default=32,
-                    help="rows per micro-batch on the emulated device (keeps host compute small)")
+    ap.add_argument(
+        "--worlds",
+        default=f"2,{WORLD}",
+        help="comma-separated rank counts p, real CPU compute ('' for none)",
+    )
+    ap.add_argument(
+        "--emulated-worlds",
+        default=str(WORLD),
+        help="comma-separated rank counts p on the emulated device ('' for none)",
+    )
+    ap.add_argument(
+        "--device-ms",
+        type=float,
+        default=15.0,
+        help="emulated device time per block for each of F, B and W",
+    )
+    ap.add_argument(
+        "--emulated-rows",
+        type=int,
+        default=32,
+        help="rows per micro-batch on the emulated device (keeps host compute small)",
+    )
     ap.add_argument("--no-write", action="store_true", help="print only (smoke tests)")
     args = ap.parse_args(argv)
     worlds = [int(w) for w in args.worlds.split(",") if w]
     emulated = [int(w) for w in args.emulated_worlds.split(",") if w]
-    configs = [(s, int(m)) for s in args.schedules.split(",")
-               for m in args.microbatches.split(",")]
+    configs = [(s, int(m)) for s in args.schedules.split(",") for m in args.microbatches.split(",")]
     loadavg = tuple(round(x, 2) for x in os.getloadavg())
     t0 = time.perf_counter()
     # spawn pickles the function by module name: import this file as a module, so that it works
     # when run as a script and under `scaletrain bench` (where __main__ is the CLI)
     fn = importlib.import_module(Path(__file__).stem).worker
     device_s = (args.device_ms / 1e3,) * 3
-    runs = ([(w, args.rows, None) for w in worlds]
-            + [(w, args.emulated_rows, device_s) for w in emulated])
+    runs = [(w, args.rows, None) for w in worlds] + [
+        (w, args.emulated_rows, device_s) for w in emulated
+    ]
     results = []
     for world, rows, dev in runs:
         per_rank = spawn(fn, world, configs, args.steps, rows, args.blocks_per_rank, dev)
         results += [analyse([per_rank[k][i] for k in range(world)]) for i in range(len(configs))]
     for r in results:
         err = r["relative_error_vs_formula"]
-        print(f"{r['device']:8s} p={r['p']} {r['schedule']:12s} m={r['m']} v={r['v']}  "
-              f"makespan {1e3 * r['makespan_s']:7.0f} ms"
-              f"  bubble measured {r['bubble_measured']:.3f}  formula {r['bubble_formula']:.3f}"
-              f"  simulated {r['bubble_simulated']:.3f}"
-              f"  err {'-' if err is None else f'{100 * err:+.0f}%'}"
-              f"  cpu/wall {r['cpu_over_wall']:.2f}", flush=True)
+        print(
+            f"{r['device']:8s} p={r['p']} {r['schedule']:12s} m={r['m']} v={r['v']}  "
+            f"makespan {1e3 * r['makespan_s']:7.0f} ms"
+            f"  bubble measured {r['bubble_measured']:.3f}  formula {r['bubble_formula']:.3f}"
+            f"  simulated {r['bubble_simulated']:.3f}"
+            f"  err {'-' if err is None else f'{100 * err:+.0f}%'}"
+            f"  cpu/wall {r['cpu_over_wall']:.2f}",
+            flush=True,
+        )
     print(f"({time.perf_counter() - t0:.0f} s)")
     if args.no_write:
         return 0
-    meta = {"worlds": worlds, "emulated_worlds": emulated, "rows": args.rows,
-            "emulated_rows": args.emulated_rows, "device_ms": args.device_ms,
-            "blocks_per_rank": args.blocks_per_rank,
-            "steps": args.steps, "dim": DIM, "hidden": HIDDEN, "loadavg": loadavg}
+    meta = {
+        "worlds": worlds,
+        "emulated_worlds": emulated,
+        "rows": args.rows,
+        "emulated_rows": args.emulated_rows,
+        "device_ms": args.device_ms,
+        "blocks_per_rank": args.blocks_per_rank,
+        "steps": args.steps,
+        "dim": DIM,
+        "hidden": HIDDEN,
+        "loadavg": loadavg,
+    }
     for r in results:
         plot(r, RESULTS / plot_name(r))
     write_results("pipeline", {"meta": meta, "results": results}, markdown(results, meta))

@@ -48,8 +48,15 @@ def model(name: str, layers: int | None = None, **over: Any) -> ModelConfig:
 
 
 def _models() -> dict[str, ModelConfig]:
-    llama_s = dict(vocab_size=32000, dim=1024, num_heads=16, num_kv_heads=4, ffn_dim=2816,
-                   max_seq_len=4096, name="llama-1024-L4")
+    llama_s = dict(
+        vocab_size=32000,
+        dim=1024,
+        num_heads=16,
+        num_kv_heads=4,
+        ffn_dim=2816,
+        max_seq_len=4096,
+        name="llama-1024-L4",
+    )
     return {
         "tiny": model("tiny"),
         "tiny-llama": model("tiny-llama"),
@@ -57,8 +64,9 @@ def _models() -> dict[str, ModelConfig]:
         "gpt2-124m-L2": model("gpt2-124m", 2),
         "gpt2-124m-L4": model("gpt2-124m", 4),
         "gpt2-350m-L2": model("gpt2-350m", 2),
-        "llama-1024-L4": model("tiny-llama", 4, **{k: v for k, v in llama_s.items()
-                                                    if k != "name"}),
+        "llama-1024-L4": model(
+            "tiny-llama", 4, **{k: v for k, v in llama_s.items() if k != "name"}
+        ),
         "llama2-7b-L1": model("llama2-7b", 1),
     }
 
@@ -163,12 +171,15 @@ def _model_for(name: str, seq: int) -> ModelConfig:
 def job_for_extra(case: Extra) -> tuple[JobConfig, int]:
     name, world, dp, zero, pp, sched, virtual, ep, dtype, mb, seq, accum = case
     m = _model_for(name, seq)
-    job = JobConfig(model=m, parallel=ParallelConfig(dp=dp, zero=zero, pp=pp, pp_schedule=sched,
-                                                     pp_virtual=virtual, ep=ep, layout="manual"),
-                    precision=PrecisionConfig(dtype=dtype),
-                    batch=BatchConfig(global_batch=mb * dp * accum, micro_batch=mb,
-                                      seq_len=seq),
-                    hardware=HardwareConfig(gpu="h100-sxm", gpus=world))
+    job = JobConfig(
+        model=m,
+        parallel=ParallelConfig(
+            dp=dp, zero=zero, pp=pp, pp_schedule=sched, pp_virtual=virtual, ep=ep, layout="manual"
+        ),
+        precision=PrecisionConfig(dtype=dtype),
+        batch=BatchConfig(global_batch=mb * dp * accum, micro_batch=mb, seq_len=seq),
+        hardware=HardwareConfig(gpu="h100-sxm", gpus=world),
+    )
     return job, world
 
 
@@ -185,12 +196,16 @@ def label_extra(case: Extra) -> str:
 def job_for(case: Case) -> tuple[JobConfig, int]:
     name, world, dp, zero, rep, tp, sp, cp, ac, dtype, mb, seq, accum = case
     m = _model_for(name, seq)
-    job = JobConfig(model=m, parallel=ParallelConfig(dp=dp, zero=zero, dp_replicate=rep, tp=tp,
-                                                     sp=sp, cp=cp, layout="manual"),
-                    precision=PrecisionConfig(dtype=dtype), memory=MemoryConfig(ac=ac),
-                    batch=BatchConfig(global_batch=mb * dp * accum, micro_batch=mb,
-                                      seq_len=seq),
-                    hardware=HardwareConfig(gpu="h100-sxm", gpus=world))
+    job = JobConfig(
+        model=m,
+        parallel=ParallelConfig(
+            dp=dp, zero=zero, dp_replicate=rep, tp=tp, sp=sp, cp=cp, layout="manual"
+        ),
+        precision=PrecisionConfig(dtype=dtype),
+        memory=MemoryConfig(ac=ac),
+        batch=BatchConfig(global_batch=mb * dp * accum, micro_batch=mb, seq_len=seq),
+        hardware=HardwareConfig(gpu="h100-sxm", gpus=world),
+    )
     return job, world
 
 
@@ -231,8 +246,10 @@ def compare(pred: dict[str, float], meas: dict[str, float]) -> dict[str, float |
     out: dict[str, float | None] = {"total": _rel(pred["total"], meas["total"])}
     for k in ("params", "grads", "optimizer"):
         out[k] = _rel(pred[f"state.{k}"], meas[f"state.{k}"])
-    out["transient"] = _rel(pred["total"] - pred["state.params"] - pred["state.optimizer"],
-                            meas["total"] - meas["state.params"] - meas["state.optimizer"])
+    out["transient"] = _rel(
+        pred["total"] - pred["state.params"] - pred["state.optimizer"],
+        meas["total"] - meas["state.params"] - meas["state.optimizer"],
+    )
     out["flops"] = _rel(pred["flops"], meas["flops"]) if meas.get("flops") else None
     return out
 
@@ -247,9 +264,14 @@ def predicted_flops(job: JobConfig, world: int) -> float:
     b = job.batch
     accum = b.global_batch // (b.micro_batch * layout.dp)
     tokens = accum * b.micro_batch * b.seq_len / layout.cp
-    return tokens * counted_flops_per_token(job.model, b.seq_len, recompute=job.memory.ac,
-                                            tp=layout.tp, cp=layout.cp,
-                                            fused_head=fused_head_loss(layout))
+    return tokens * counted_flops_per_token(
+        job.model,
+        b.seq_len,
+        recompute=job.memory.ac,
+        tp=layout.tp,
+        cp=layout.cp,
+        fused_head=fused_head_loss(layout),
+    )
 
 
 def measure_case(case: Case, *, flops: bool = True) -> dict[str, Any]:
@@ -274,21 +296,37 @@ def measure_case(case: Case, *, flops: bool = True) -> dict[str, Any]:
     wall = time.perf_counter() - t0
     est = estimate(plan_input_from_job(job, layout)).memory
     ctx = float(est.buffer_terms.get("runtime_context", 0.0))
-    pred = {"total": est.total - ctx, "flops": predicted_flops(job, world),
-            "state.params": est.params - est.detail.get("params.in_flight", 0.0),
-            "state.grads": est.grads - est.detail.get("grads.in_flight", 0.0),
-            "state.optimizer": est.optimizer}
-    got = {"total": meas.total, "flops": counted,
-           **{k: meas.detail.get(k, 0.0) for k in ("state.params", "state.grads",
-                                                    "state.optimizer")}}
-    tracker = {"params": meas.params, "grads": meas.grads, "optimizer": meas.optimizer,
-               "activations": meas.activations, "buffers": meas.buffers}
-    return {"case": label(case), "layout": list(case), "wall_s": round(wall, 2),
-            "predicted": pred, "measured": got, "rel_error": compare(pred, got),
-            "tracker_at_peak": tracker,
-            "measured_buffer_terms": dict(meas.buffer_terms),
-            "predicted_buffer_terms": dict(est.buffer_terms),
-            "predicted_detail": dict(est.detail)}
+    pred = {
+        "total": est.total - ctx,
+        "flops": predicted_flops(job, world),
+        "state.params": est.params - est.detail.get("params.in_flight", 0.0),
+        "state.grads": est.grads - est.detail.get("grads.in_flight", 0.0),
+        "state.optimizer": est.optimizer,
+    }
+    got = {
+        "total": meas.total,
+        "flops": counted,
+        **{k: meas.detail.get(k, 0.0) for k in ("state.params", "state.grads", "state.optimizer")},
+    }
+    tracker = {
+        "params": meas.params,
+        "grads": meas.grads,
+        "optimizer": meas.optimizer,
+        "activations": meas.activations,
+        "buffers": meas.buffers,
+    }
+    return {
+        "case": label(case),
+        "layout": list(case),
+        "wall_s": round(wall, 2),
+        "predicted": pred,
+        "measured": got,
+        "rel_error": compare(pred, got),
+        "tracker_at_peak": tracker,
+        "measured_buffer_terms": dict(meas.buffer_terms),
+        "predicted_buffer_terms": dict(est.buffer_terms),
+        "predicted_detail": dict(est.detail),
+    }
 
 
 def measure_extra(case: Extra) -> dict[str, Any]:
@@ -314,25 +352,35 @@ def measure_extra(case: Extra) -> dict[str, Any]:
     layers = stage_layer_counts(m.num_layers, layout.pp, layout.pp_virtual)[prank]
     stage = dataclasses.replace(m, num_layers=layers)
     fused = fused_head_loss(layout)
-    per_token = counted_flops_per_token(stage, b.seq_len, recompute=job.memory.ac,
-                                        tp=layout.tp, cp=layout.cp, fused_head=fused)
+    per_token = counted_flops_per_token(
+        stage, b.seq_len, recompute=job.memory.ac, tp=layout.tp, cp=layout.cp, fused_head=fused
+    )
     if prank != layout.pp - 1:  # no head: the fused 4 x 2*V*h/tp or plain 3 x 2*V*h
         per_token -= (4 * 2.0 / layout.tp if fused else 3 * 2.0) * matmul_params(m)[1]
     accum = b.global_batch // (b.micro_batch * layout.dp)
-    pred = {"total": est.total - ctx,
-            "flops": per_token * accum * b.micro_batch * b.seq_len / layout.cp,
-            "state.params": est.params - est.detail.get("params.in_flight", 0.0),
-            "state.grads": est.grads - est.detail.get("grads.in_flight", 0.0),
-            "state.optimizer": est.optimizer}
-    got = {"total": meas.total, "flops": counted,
-           **{k: meas.detail.get(k, 0.0) for k in ("state.params", "state.grads",
-                                                    "state.optimizer")}}
-    return {"case": label_extra(case) + f" rank{rank}", "layout": list(case),
-            "wall_s": round(wall, 2), "predicted": pred, "measured": got,
-            "rel_error": compare(pred, got),
-            "measured_buffer_terms": dict(meas.buffer_terms),
-            "predicted_buffer_terms": dict(est.buffer_terms),
-            "predicted_detail": dict(est.detail)}
+    pred = {
+        "total": est.total - ctx,
+        "flops": per_token * accum * b.micro_batch * b.seq_len / layout.cp,
+        "state.params": est.params - est.detail.get("params.in_flight", 0.0),
+        "state.grads": est.grads - est.detail.get("grads.in_flight", 0.0),
+        "state.optimizer": est.optimizer,
+    }
+    got = {
+        "total": meas.total,
+        "flops": counted,
+        **{k: meas.detail.get(k, 0.0) for k in ("state.params", "state.grads", "state.optimizer")},
+    }
+    return {
+        "case": label_extra(case) + f" rank{rank}",
+        "layout": list(case),
+        "wall_s": round(wall, 2),
+        "predicted": pred,
+        "measured": got,
+        "rel_error": compare(pred, got),
+        "measured_buffer_terms": dict(meas.buffer_terms),
+        "predicted_buffer_terms": dict(est.buffer_terms),
+        "predicted_detail": dict(est.detail),
+    }
 
 
 def within(r: dict[str, Any]) -> bool:
@@ -367,78 +415,107 @@ def load_baseline(path: str) -> dict[str, Any]:
     from pathlib import Path
 
     d = json.loads(Path(path).read_text())
-    return {"git_revision": d.get("git_revision"), "summary": d.get("summary"),
-            "total": {r["case"]: r["rel_error"]["total"] for r in d.get("cases", [])}}
+    return {
+        "git_revision": d.get("git_revision"),
+        "summary": d.get("summary"),
+        "total": {r["case"]: r["rel_error"]["total"] for r in d.get("cases", [])},
+    }
 
 
 def _row(r: dict[str, Any], before: dict[str, float]) -> str:
     e = r["rel_error"]
-    return (f"| {r['case']} | {r['measured']['total'] / 1e9:.3f} | {_pct(e['total'])} "
-            f"| {_pct(before.get(r['case']))} | {_pct(e['params'])} "
-            f"| {_pct(e['grads'])} | {_pct(e['optimizer'])} | {_pct(e['transient'])} "
-            f"| {_pct(e['flops'])} | {r['wall_s']:.1f} |")
+    return (
+        f"| {r['case']} | {r['measured']['total'] / 1e9:.3f} | {_pct(e['total'])} "
+        f"| {_pct(before.get(r['case']))} | {_pct(e['params'])} "
+        f"| {_pct(e['grads'])} | {_pct(e['optimizer'])} | {_pct(e['transient'])} "
+        f"| {_pct(e['flops'])} | {r['wall_s']:.1f} |"
+    )
 
 
-def markdown(rows: list[dict[str, Any]], summary: dict[str, Any],
-             baseline: dict[str, Any] | None = None,
-             extra: list[dict[str, Any]] | None = None) -> str:
-    lines = ["# Planner vs dry-run accuracy (memory and FLOPs)", "",
-             "Relative error (predicted - measured) / measured for one rank, worst |total| "
-             "first. Targets (issue #5): |total| <= 3%, every category <= 10%, FLOPs <= 2%.", "",
-             "- **total**: the allocated peak of the dry-run's second step (warm process, "
-             "see `measure_case`) vs the planner's total without its CUDA runtime-context term "
-             "(a dry-run cannot see it).",
-             "- **params / grads / optim**: model states at rest, local bytes with shards "
-             "as held (dry-run: `memory.detail['state.*']`; planner: its states without the "
-             "in-flight 16-bit / unsharded copies).",
-             "- **transient**: peak minus the params and optimizer states at rest, on both "
-             "sides: all that the peak adds on top of the persistent states (gradients, "
-             "unsharded FSDP copies, autocast weight casts, activations, held logits, "
-             "loss and embedding-gradient temporaries, communication buffers). The tracker's "
-             "own attribution at the peak is not compared: it files unsharded FSDP copies "
-             "under activations/temp and optimizer.step() allocations as optimizer state "
-             "(dryrun/run.py docstring); it is kept in the JSON as `tracker_at_peak`.",
-             "- **flops**: `FlopCounterMode` over one step of this rank (matmuls and SDPA, "
-             "attention over the full T x T, flash backward with its Q K^T recomputation; "
-             "under tp > 1 DTensor counts global shapes, i.e. the TP group's) vs "
-             "`planner.flops.counted_flops_per_token` x the rank's tokens per step.", "",
-             f"Cases: {summary['cases']}; |total| <= 3%: {summary['total_within_3pct']}; "
-             f"<= 10%: {summary['total_within_10pct']}; every target met: "
-             f"{summary['all_within_tolerance']}.", "",
-             "| metric | max abs | median abs |", "|---|---|---|"]
+def markdown(
+    rows: list[dict[str, Any]],
+    summary: dict[str, Any],
+    baseline: dict[str, Any] | None = None,
+    extra: list[dict[str, Any]] | None = None,
+) -> str:
+    lines = [
+        "# Planner vs dry-run accuracy (memory and FLOPs)",
+        "",
+        "Relative error (predicted - measured) / measured for one rank, worst |total| "
+        "first. Targets (issue #5): |total| <= 3%, every category <= 10%, FLOPs <= 2%.",
+        "",
+        "- **total**: the allocated peak of the dry-run's second step (warm process, "
+        "see `measure_case`) vs the planner's total without its CUDA runtime-context term "
+        "(a dry-run cannot see it).",
+        "- **params / grads / optim**: model states at rest, local bytes with shards "
+        "as held (dry-run: `memory.detail['state.*']`; planner: its states without the "
+        "in-flight 16-bit / unsharded copies).",
+        "- **transient**: peak minus the params and optimizer states at rest, on both "
+        "sides: all that the peak adds on top of the persistent states (gradients, "
+        "unsharded FSDP copies, autocast weight casts, activations, held logits, "
+        "loss and embedding-gradient temporaries, communication buffers). The tracker's "
+        "own attribution at the peak is not compared: it files unsharded FSDP copies "
+        "under activations/temp and optimizer.step() allocations as optimizer state "
+        "(dryrun/run.py docstring); it is kept in the JSON as `tracker_at_peak`.",
+        "- **flops**: `FlopCounterMode` over one step of this rank (matmuls and SDPA, "
+        "attention over the full T x T, flash backward with its Q K^T recomputation; "
+        "under tp > 1 DTensor counts global shapes, i.e. the TP group's) vs "
+        "`planner.flops.counted_flops_per_token` x the rank's tokens per step.",
+        "",
+        f"Cases: {summary['cases']}; |total| <= 3%: {summary['total_within_3pct']}; "
+        f"<= 10%: {summary['total_within_10pct']}; every target met: "
+        f"{summary['all_within_tolerance']}.",
+        "",
+        "| metric | max abs | median abs |",
+        "|---|---|---|",
+    ]
     for k, v in summary.items():
         if isinstance(v, dict):
             lines.append(f"| {k} | {100 * v['max_abs']:.1f}% | {100 * v['median_abs']:.1f}% |")
     before = (baseline or {}).get("total", {})
     if baseline:
         b = baseline["summary"]
-        lines += ["", f"Before this calibration (git {baseline['git_revision']}): cases "
-                  f"{b['cases']}; |total| <= 3%: {b['total_within_3pct']}; <= 10%: "
-                  f"{b['total_within_10pct']}; median |total| "
-                  f"{100 * b['total']['median_abs']:.1f}%, max {100 * b['total']['max_abs']:.1f}%."]
-    lines += ["", "| case | meas GB | total | before | params | grads | optim | transient "
-              "| flops | dry-run s |", "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"Before this calibration (git {baseline['git_revision']}): cases "
+            f"{b['cases']}; |total| <= 3%: {b['total_within_3pct']}; <= 10%: "
+            f"{b['total_within_10pct']}; median |total| "
+            f"{100 * b['total']['median_abs']:.1f}%, max {100 * b['total']['max_abs']:.1f}%.",
+        ]
+    lines += [
+        "",
+        "| case | meas GB | total | before | params | grads | optim | transient "
+        "| flops | dry-run s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in sorted(rows, key=lambda r: -abs(r["rel_error"]["total"])):
         lines.append(_row(r, before))
     if extra:
         n_ok = sum(1 for r in extra if within(r))
-        lines += ["", "## Pipeline and MoE layouts (counted in the summary above)", "",
-                  "Pipeline schedules and MoE / expert parallelism, measured on the rank the "
-                  "planner reports as the worst (the dry-run drives torch's action order for "
-                  f"that pipeline rank). Every target met: {n_ok} of {len(extra)}.", "",
-                  "Modelled: each schedule's backward moments (`rank_memory.schedule_moments`: "
-                  "activations stored per chunk, weighted by the chunk's own layers; gradients "
-                  "only after the rank's first backward, so GPipe peaks at its second "
-                  "backward; zero-bubble keeps a micro-batch's graph until its W pass), "
-                  "torch's per-micro-batch receive buffers (`memory.pp_recv_buffer_bytes`), "
-                  "per-chunk RoPE tables, the MoE dispatch tensors (int64 routing indices, "
-                  "three (N*k, h) copies, four under ep > 1) and, under ZeRO-2/3 with ep > 1, "
-                  "the fp32 experts FSDP2 ignores (no gathered copy; autocast casts of their "
-                  "weights saved per micro-batch), float8 experts (1-byte saved inputs, no "
-                  "weight casts). Zero-bubble was 5% under until the dry-run's module "
-                  "tracker stopped buffering gradients across its split I/W backward "
-                  "(`dryrun.torch_compat.gradless_module_hooks`).", "",
-                  lines[-len(rows) - 2], lines[-len(rows) - 1]]
+        lines += [
+            "",
+            "## Pipeline and MoE layouts (counted in the summary above)",
+            "",
+            "Pipeline schedules and MoE / expert parallelism, measured on the rank the "
+            "planner reports as the worst (the dry-run drives torch's action order for "
+            f"that pipeline rank). Every target met: {n_ok} of {len(extra)}.",
+            "",
+            "Modelled: each schedule's backward moments (`rank_memory.schedule_moments`: "
+            "activations stored per chunk, weighted by the chunk's own layers; gradients "
+            "only after the rank's first backward, so GPipe peaks at its second "
+            "backward; zero-bubble keeps a micro-batch's graph until its W pass), "
+            "torch's per-micro-batch receive buffers (`memory.pp_recv_buffer_bytes`), "
+            "per-chunk RoPE tables, the MoE dispatch tensors (int64 routing indices, "
+            "three (N*k, h) copies, four under ep > 1) and, under ZeRO-2/3 with ep > 1, "
+            "the fp32 experts FSDP2 ignores (no gathered copy; autocast casts of their "
+            "weights saved per micro-batch), float8 experts (1-byte saved inputs, no "
+            "weight casts). Zero-bubble was 5% under until the dry-run's module "
+            "tracker stopped buffering gradients across its split I/W backward "
+            "(`dryrun.torch_compat.gradless_module_hooks`).",
+            "",
+            lines[-len(rows) - 2],
+            lines[-len(rows) - 1],
+        ]
         for r in sorted(extra, key=lambda r: -abs(r["rel_error"]["total"])):
             lines.append(_row(r, {}))
     return "\n".join(lines)
@@ -456,8 +533,11 @@ def _measure_all(cases, measure, name) -> list[dict[str, Any]]:
             continue
         rows.append(r)
         e = r["rel_error"]
-        print(f"{r['case']:<60} total {_pct(e['total']):>7} transient {_pct(e['transient']):>7}"
-              f" flops {_pct(e['flops']):>7} ({r['wall_s']:.1f}s)", flush=True)
+        print(
+            f"{r['case']:<60} total {_pct(e['total']):>7} transient {_pct(e['transient']):>7}"
+            f" flops {_pct(e['flops']):>7} ({r['wall_s']:.1f}s)",
+            flush=True,
+        )
     return rows
 
 
@@ -471,15 +551,19 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     cases = QUICK if args.quick else CASES
     if args.limit:
-        cases = cases[:args.limit]
+        cases = cases[: args.limit]
     rows = _measure_all(cases, measure_case, label)
-    extra = _measure_all([] if args.quick or args.limit or args.no_extra else EXTRA_CASES,
-                         measure_extra, label_extra)
+    extra = _measure_all(
+        [] if args.quick or args.limit or args.no_extra else EXTRA_CASES, measure_extra, label_extra
+    )
     summary = summarize(rows + extra)
     baseline = load_baseline(args.baseline) if args.baseline else None
     md = markdown(rows, summary, baseline, extra)
-    write_results(args.name, {"cases": rows, "summary": summary, "baseline": baseline,
-                              "extra_cases": extra}, md)
+    write_results(
+        args.name,
+        {"cases": rows, "summary": summary, "baseline": baseline, "extra_cases": extra},
+        md,
+    )
     print(md.split("\n\n| case")[0])
     return 0
 

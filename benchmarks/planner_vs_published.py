@@ -76,8 +76,7 @@ def predict_rank_range(run: PublishedRun, recipe: str) -> tuple[float, float] | 
     """(min, max) over pipeline ranks of a foreign `recipe`'s reserved GiB, for rows whose
     source does not say which GPU it read (memory_kind 'unknown') and whose ranks differ
     (pp > 1); None otherwise. Ranks inside a pipeline stage (dp, tp, cp) hold the same."""
-    if (recipe == "scaletrain" or run.measured.memory_kind != "unknown"
-            or run.layout.layout.pp == 1):
+    if recipe == "scaletrain" or run.measured.memory_kind != "unknown" or run.layout.layout.pp == 1:
         return None
     p = plan_input(run, recipe)
     r = recipe_named(recipe)
@@ -116,32 +115,47 @@ def _peer_terms(run: PublishedRun) -> tuple[dict[str, Any] | None, str]:
     from llm_analysis.logger import logger as peer_logger
 
     peer_logger.setLevel(logging.ERROR)  # its per-call warnings (efficiency, batch size)
-    model = ModelConfig(name=run.name, num_layers=m.num_layers, n_head=m.num_heads,
-                        hidden_dim=m.dim, vocab_size=m.vocab_size, max_seq_len=run.seq_len,
-                        num_key_value_heads=m.num_kv_heads, ffn_embed_dim=m.ffn_dim,
-                        expansion_ratio=m.ffn_dim / m.dim)
+    model = ModelConfig(
+        name=run.name,
+        num_layers=m.num_layers,
+        n_head=m.num_heads,
+        hidden_dim=m.dim,
+        vocab_size=m.vocab_size,
+        max_seq_len=run.seq_len,
+        num_key_value_heads=m.num_kv_heads,
+        ffn_embed_dim=m.ffn_dim,
+        expansion_ratio=m.ffn_dim / m.dim,
+    )
     bf16 = hw.flops("bf16") / 1e12
-    gpu = GPUConfig(name=hw.name, mem_per_GPU_in_GB=hw.memory_bytes / 1e9,
-                    hbm_bandwidth_in_GB_per_sec=hw.memory_bw / 1e9,
-                    intra_node_bandwidth_in_GB_per_sec=hw.intra_node_bw / 1e9,
-                    intra_node_min_message_latency=hw.intra_node_latency_s,
-                    peak_fp16_TFLOPS=bf16, peak_i8_TFLOPS=2 * bf16, peak_i4_TFLOPS=4 * bf16,
-                    inter_node_bandwidth_in_GB_per_sec=hw.inter_node_bw / 1e9)
+    gpu = GPUConfig(
+        name=hw.name,
+        mem_per_GPU_in_GB=hw.memory_bytes / 1e9,
+        hbm_bandwidth_in_GB_per_sec=hw.memory_bw / 1e9,
+        intra_node_bandwidth_in_GB_per_sec=hw.intra_node_bw / 1e9,
+        intra_node_min_message_latency=hw.intra_node_latency_s,
+        peak_fp16_TFLOPS=bf16,
+        peak_i8_TFLOPS=2 * bf16,
+        peak_i4_TFLOPS=4 * bf16,
+        inter_node_bandwidth_in_GB_per_sec=hw.inter_node_bw / 1e9,
+    )
     # same rate assumption as the planner: its default efficiency of the row's precision peak
     eff = default_efficiency(R.precision, m.dim, hw)
     achieved = eff * hw.flops(R.precision) / 1e12
-    par = ParallelismConfig(tp_size=L.tp, pp_size=L.pp, dp_size=L.dp,
-                            sp_size=L.tp if L.sp else 1)
+    par = ParallelismConfig(tp_size=L.tp, pp_size=L.pp, dp_size=L.dp, sp_size=L.tp if L.sp else 1)
     ac = {"none": 0, "selective": 1, "full": 2}[R.ac]
     try:
-        a = LLMAnalysis(model, gpu, get_dtype_config_by_name("w16a16e16"), par,
-                        achieved_tflops=achieved)
-        out = a.training(batch_size_per_gpu=R.micro_batch,
-                         gradient_accumulation_steps=R.global_batch // (R.micro_batch * L.dp),
-                         global_batch_size=R.global_batch, seq_len=run.seq_len,
-                         activation_recomputation=ActivationRecomputation(ac),
-                         ds_zero=DSZeRO(L.zero),
-                         mlp_gated_linear_units=m.activation == "swiglu")
+        a = LLMAnalysis(
+            model, gpu, get_dtype_config_by_name("w16a16e16"), par, achieved_tflops=achieved
+        )
+        out = a.training(
+            batch_size_per_gpu=R.micro_batch,
+            gradient_accumulation_steps=R.global_batch // (R.micro_batch * L.dp),
+            global_batch_size=R.global_batch,
+            seq_len=run.seq_len,
+            activation_recomputation=ActivationRecomputation(ac),
+            ds_zero=DSZeRO(L.zero),
+            mlp_gated_linear_units=m.activation == "swiglu",
+        )
     except (AssertionError, ValueError, ZeroDivisionError) as e:
         return None, f"llm-analysis refused: {str(e).splitlines()[0][:120]}"
     return out, ""
@@ -165,10 +179,14 @@ def _rel(pred: float | None, meas: float | None) -> float | None:
 def _errors(p: Prediction, run: PublishedRun) -> dict[str, Any]:
     mem, step, fits = p
     oom = run.measured.oom
-    return {"memory_gib": mem, "step_s": step, "fits": fits,
-            "err_memory": _rel(mem, run.measured.memory_gib),
-            "err_step": _rel(step, run.measured_step_s()),
-            "fit_correct": None if oom is None else fits == (not oom)}
+    return {
+        "memory_gib": mem,
+        "step_s": step,
+        "fits": fits,
+        "err_memory": _rel(mem, run.measured.memory_gib),
+        "err_step": _rel(step, run.measured_step_s()),
+        "fit_correct": None if oom is None else fits == (not oom),
+    }
 
 
 def _breakdown(run: PublishedRun) -> dict[str, float]:
@@ -179,22 +197,41 @@ def _breakdown(run: PublishedRun) -> dict[str, float]:
     p = plan_input(run)
     e = estimate(p)
     mb, t, L = e.memory, e.time, p.layout
-    logits = sum(sign * head_activation_bytes(p.model, seq_len=p.seq_len,
-                                              micro_batch=p.micro_batch, tp=L.tp, sp=L.sp,
-                                              cp=L.cp, precision=p.precision, fused=fused)
-                 for sign, fused in ((1.0, False), (-1.0, True)))
+    logits = sum(
+        sign
+        * head_activation_bytes(
+            p.model,
+            seq_len=p.seq_len,
+            micro_batch=p.micro_batch,
+            tp=L.tp,
+            sp=L.sp,
+            cp=L.cp,
+            precision=p.precision,
+            fused=fused,
+        )
+        for sign, fused in ((1.0, False), (-1.0, True))
+    )
     meas = run.measured_step_s()
     tokens = float(p.global_batch) * p.seq_len
     peak = p.hardware.flops(p.precision) * p.num_gpus
-    return {"logits": logits / GiB, "mfu": e.mfu,
-            "mfu_measured": e.flops_per_token * tokens / meas / peak if meas else 0.0,
-            "params": mb.params / GiB, "grads": mb.grads / GiB, "optimizer": mb.optimizer / GiB,
-            "activations": mb.activations / GiB, "buffers": mb.buffers / GiB,
-            "total": mb.total / GiB, "reserved": mb.reserved / GiB,
-            "compute_s": t.compute_s, "bubble_s": t.bubble_s,
-            "comm_exposed_s": t.comm_exposed_s, "optimizer_s": t.optimizer_s,
-            "step_s": t.step_s,
-            "buffer_terms": {k: v / GiB for k, v in mb.buffer_terms.items()}}
+    return {
+        "logits": logits / GiB,
+        "mfu": e.mfu,
+        "mfu_measured": e.flops_per_token * tokens / meas / peak if meas else 0.0,
+        "params": mb.params / GiB,
+        "grads": mb.grads / GiB,
+        "optimizer": mb.optimizer / GiB,
+        "activations": mb.activations / GiB,
+        "buffers": mb.buffers / GiB,
+        "total": mb.total / GiB,
+        "reserved": mb.reserved / GiB,
+        "compute_s": t.compute_s,
+        "bubble_s": t.bubble_s,
+        "comm_exposed_s": t.comm_exposed_s,
+        "optimizer_s": t.optimizer_s,
+        "step_s": t.step_s,
+        "buffer_terms": {k: v / GiB for k, v in mb.buffer_terms.items()},
+    }
 
 
 def cause(r: dict[str, Any], key: str) -> str:
@@ -208,33 +245,46 @@ def cause(r: dict[str, Any], key: str) -> str:
     if key == "err_memory":
         gap = s["memory_gib"] - r["measured"]["memory_gib"]
         if gap < 0 and t["logits"] >= -gap / 4:
-            return (f"loss: an unfused loss keeps {t['logits']:.1f} GiB of logits the planner's "
-                    f"fused loss does not ({-t['logits'] / gap:.0%} of the {-gap:.1f} GiB gap)")
+            return (
+                f"loss: an unfused loss keeps {t['logits']:.1f} GiB of logits the planner's "
+                f"fused loss does not ({-t['logits'] / gap:.0%} of the {-gap:.1f} GiB gap)"
+            )
         big = max(t["buffer_terms"].items(), key=lambda kv: kv[1], default=("", 0.0))
         if gap > 0 and big[1] >= gap / 2 and big[0] == "pp_p2p":
             # scaletrain's own trainer does hold these (torch pipelining keeps a receive buffer
             # per micro-batch; tests/planner/test_accuracy.py checks the growth on the dry-run)
-            return (f"pp_p2p ({big[1]:.1f} GiB): scaletrain's trainer keeps a receive buffer "
-                    "per micro-batch (torch pipelining, as its dry-run shows); the framework "
-                    "does not")
+            return (
+                f"pp_p2p ({big[1]:.1f} GiB): scaletrain's trainer keeps a receive buffer "
+                "per micro-batch (torch pipelining, as its dry-run shows); the framework "
+                "does not"
+            )
         if gap > 0 and big[1] >= gap / 2:
             return f"buffer term {big[0]} ({big[1]:.1f} GiB) over-predicted"
         if gap > 0 and t["activations"] >= gap / 2:
             return f"activations ({t['activations']:.1f} GiB) over-predicted"
-        return ("states/activations under-predicted (allocator, framework buffers)" if gap < 0
-                else "model states over-predicted")
+        return (
+            "states/activations under-predicted (allocator, framework buffers)"
+            if gap < 0
+            else "model states over-predicted"
+        )
     if err > 0 and t["comm_exposed_s"] >= t["step_s"] / 3:
         return f"exposed communication {t['comm_exposed_s']:.1f} s over-predicted"
     if err > 0 and t["bubble_s"] >= t["step_s"] / 3:
         return f"pipeline bubble {t['bubble_s']:.1f} s over-predicted"
     if err < 0 and t["mfu_measured"] < 0.7 * t["mfu"]:
-        return (f"efficiency: measured MFU {_pct(t['mfu_measured'])} vs the planner's "
-                f"{_pct(t['mfu'])} (compute {t['compute_s']:.1f} s under-predicted)")
+        return (
+            f"efficiency: measured MFU {_pct(t['mfu_measured'])} vs the planner's "
+            f"{_pct(t['mfu'])} (compute {t['compute_s']:.1f} s under-predicted)"
+        )
     return "compute efficiency constant (default_efficiency)"
 
 
-def evaluate(runs: Iterable[PublishedRun], *, peer: bool = True,
-             scaletrain: Callable[[PublishedRun], Prediction] = predict) -> list[dict[str, Any]]:
+def evaluate(
+    runs: Iterable[PublishedRun],
+    *,
+    peer: bool = True,
+    scaletrain: Callable[[PublishedRun], Prediction] = predict,
+) -> list[dict[str, Any]]:
     """One result row per run: the measurement, each tool's prediction and its errors. The
     errors come from `scaletrain` (default `predict`); the `terms` shown beside the misses are
     the default planner's breakdown (`_breakdown`)."""
@@ -242,11 +292,19 @@ def evaluate(runs: Iterable[PublishedRun], *, peer: bool = True,
     for run in runs:
         m = run.measured
         row: dict[str, Any] = {
-            "name": run.name, "framework": run.framework, "gpu": run.gpu,
-            "num_gpus": run.num_gpus, "layout": run.layout.layout.label(),
+            "name": run.name,
+            "framework": run.framework,
+            "gpu": run.gpu,
+            "num_gpus": run.num_gpus,
+            "layout": run.layout.layout.label(),
             "source": run.source,
-            "measured": {"memory_gib": m.memory_gib, "memory_kind": m.memory_kind,
-                         "step_s": run.measured_step_s(), "oom": m.oom}}
+            "measured": {
+                "memory_gib": m.memory_gib,
+                "memory_kind": m.memory_kind,
+                "step_s": run.measured_step_s(),
+                "oom": m.oom,
+            },
+        }
         why = refusals(run)
         if why:
             row["scaletrain"] = {"refused": why}
@@ -272,9 +330,13 @@ def evaluate(runs: Iterable[PublishedRun], *, peer: bool = True,
 
 def _stats(errs: list[float]) -> dict[str, Any]:
     a = [abs(e) for e in errs]
-    return {"n": len(a), "median": statistics.median(a) if a else None,
-            "max": max(a) if a else None,
-            "over": sum(e > 0 for e in errs), "under": sum(e < 0 for e in errs)}
+    return {
+        "n": len(a),
+        "median": statistics.median(a) if a else None,
+        "max": max(a) if a else None,
+        "over": sum(e > 0 for e in errs),
+        "under": sum(e < 0 for e in errs),
+    }
 
 
 def _tool_summary(rows: list[dict[str, Any]], tool: str) -> dict[str, Any]:
@@ -282,16 +344,26 @@ def _tool_summary(rows: list[dict[str, Any]], tool: str) -> dict[str, Any]:
     fit = [p["fit_correct"] for p in preds if p["fit_correct"] is not None]
     ooms = [(r, r[tool]) for r in rows if r["measured"]["oom"] is True and "fits" in r[tool]]
     return {
-        "rows": len(rows), "predicted": len(preds),
+        "rows": len(rows),
+        "predicted": len(preds),
         "refused": sum("refused" in r[tool] for r in rows),
         "na": sum("na" in r[tool] for r in rows),
         "memory": _stats([p["err_memory"] for p in preds if p["err_memory"] is not None]),
-        "memory_range": _stats([p.get("err_memory_range", p["err_memory"]) for p in preds
-                                if p["err_memory"] is not None]),
+        "memory_range": _stats(
+            [
+                p.get("err_memory_range", p["err_memory"])
+                for p in preds
+                if p["err_memory"] is not None
+            ]
+        ),
         "step": _stats([p["err_step"] for p in preds if p["err_step"] is not None]),
-        "fit": {"n": len(fit), "correct": sum(fit),
-                "accuracy": sum(fit) / len(fit) if fit else None,
-                "oom_rows": len(ooms), "oom_caught": sum(not p["fits"] for _, p in ooms)},
+        "fit": {
+            "n": len(fit),
+            "correct": sum(fit),
+            "accuracy": sum(fit) / len(fit) if fit else None,
+            "oom_rows": len(ooms),
+            "oom_caught": sum(not p["fits"] for _, p in ooms),
+        },
     }
 
 
@@ -300,10 +372,16 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     'common' = the rows both tools predict (neither refused nor n/a)."""
     frameworks = sorted({r["framework"] for r in rows})
     common = [r for r in rows if all("err_memory" in r[t] for t in TOOLS)]
-    return {tool: {"all": _tool_summary(rows, tool), "common": _tool_summary(common, tool),
-                   **{f: _tool_summary([r for r in rows if r["framework"] == f], tool)
-                      for f in frameworks}}
-            for tool in TOOLS}
+    return {
+        tool: {
+            "all": _tool_summary(rows, tool),
+            "common": _tool_summary(common, tool),
+            **{
+                f: _tool_summary([r for r in rows if r["framework"] == f], tool) for f in frameworks
+            },
+        }
+        for tool in TOOLS
+    }
 
 
 def _pct(x: float | None) -> str:
@@ -325,21 +403,28 @@ def _fit(s: dict[str, Any]) -> str:
 def summary_table(summary: dict[str, Any]) -> str:
     """Markdown table: per framework and overall, the three predictors side by side
     (scaletrain's default recipe / the row's framework recipe / llm-analysis)."""
-    keys = ["all", "common",
-            *sorted(k for k in summary["scaletrain"] if k not in ("all", "common"))]
-    head = ("| framework | runs | memory err median / max: default / framework recipe / "
-            "llm-analysis | step err median / max: default / recipe / llm-analysis "
-            "| fit/OOM right: default / recipe / llm-analysis | refused (default / recipe) "
-            "/ n/a |\n|" + "---|" * 6)
+    keys = [
+        "all",
+        "common",
+        *sorted(k for k in summary["scaletrain"] if k not in ("all", "common")),
+    ]
+    head = (
+        "| framework | runs | memory err median / max: default / framework recipe / "
+        "llm-analysis | step err median / max: default / recipe / llm-analysis "
+        "| fit/OOM right: default / recipe / llm-analysis | refused (default / recipe) "
+        "/ n/a |\n|" + "---|" * 6
+    )
     lines = [head]
     for k in keys:
         s, r, p = (summary[t][k] for t in TOOLS)
         label = {"all": "**overall**", "common": "*rows all predict*"}.get(k, k)
-        lines.append(f"| {label} | {s['rows']} "
-                     f"| {' / '.join(_medmax(x['memory']) for x in (s, r, p))} "
-                     f"| {' / '.join(_medmax(x['step']) for x in (s, r, p))} "
-                     f"| {' / '.join(_fit(x) for x in (s, r, p))} "
-                     f"| {s['refused']} / {r['refused']} / {p['na']} |")
+        lines.append(
+            f"| {label} | {s['rows']} "
+            f"| {' / '.join(_medmax(x['memory']) for x in (s, r, p))} "
+            f"| {' / '.join(_medmax(x['step']) for x in (s, r, p))} "
+            f"| {' / '.join(_fit(x) for x in (s, r, p))} "
+            f"| {s['refused']} / {r['refused']} / {p['na']} |"
+        )
     return "\n".join(lines)
 
 
@@ -348,42 +433,60 @@ def range_line(summary: dict[str, Any]) -> str:
     range, overall and per framework, beside the worst-rank figure."""
     rec = summary["recipe"]
     keys = ["all", *sorted(k for k in rec if k not in ("all", "common"))]
-    parts = [f"{'overall' if k == 'all' else k} {_medmax(rec[k]['memory_range'])} "
-             f"(worst rank: {_medmax(rec[k]['memory'])})"
-             for k in keys if rec[k]["memory_range"]["n"]]
-    return ("Framework recipes, memory median / max with the rows of unstated rank against "
-            "the per-rank range: " + "; ".join(parts) + ".")
+    parts = [
+        f"{'overall' if k == 'all' else k} {_medmax(rec[k]['memory_range'])} "
+        f"(worst rank: {_medmax(rec[k]['memory'])})"
+        for k in keys
+        if rec[k]["memory_range"]["n"]
+    ]
+    return (
+        "Framework recipes, memory median / max with the rows of unstated rank against "
+        "the per-rank range: " + "; ".join(parts) + "."
+    )
 
 
-_MEM_HEAD = ("| run | layout | measured | predicted | error | planner terms "
-             "| unfused-loss logits | cause |\n|" + "---|" * 8)
-_STEP_HEAD = ("| run | layout | measured | predicted | error | planner terms "
-              "| MFU measured / planner | cause |\n|" + "---|" * 8)
+_MEM_HEAD = (
+    "| run | layout | measured | predicted | error | planner terms "
+    "| unfused-loss logits | cause |\n|" + "---|" * 8
+)
+_STEP_HEAD = (
+    "| run | layout | measured | predicted | error | planner terms "
+    "| MFU measured / planner | cause |\n|" + "---|" * 8
+)
 
 
 def _miss_line(r: dict[str, Any], key: str) -> str:
     s, t = r["scaletrain"], r["scaletrain"]["terms"]
     meas = r["measured"]
     if key == "err_memory":
-        terms = ", ".join(f"{k} {t[k]:.1f}" for k in ("params", "grads", "optimizer",
-                                                       "activations", "buffers"))
-        return (f"| {r['name']} | {r['layout']} | {meas['memory_gib']:.1f} "
-                f"({meas['memory_kind']}) | {s['memory_gib']:.1f} | {_pct(s[key])} "
-                f"| {terms} | {t['logits']:.1f} | {cause(r, key)} |")
-    terms = ", ".join(f"{k.removesuffix('_s')} {t[k]:.2f}" for k in
-                      ("compute_s", "bubble_s", "comm_exposed_s", "optimizer_s"))
-    return (f"| {r['name']} | {r['layout']} | {meas['step_s']:.2f} | {s['step_s']:.2f} "
-            f"| {_pct(s[key])} | {terms} | {_pct(t['mfu_measured'])} / {_pct(t['mfu'])} "
-            f"| {cause(r, key)} |")
+        terms = ", ".join(
+            f"{k} {t[k]:.1f}" for k in ("params", "grads", "optimizer", "activations", "buffers")
+        )
+        return (
+            f"| {r['name']} | {r['layout']} | {meas['memory_gib']:.1f} "
+            f"({meas['memory_kind']}) | {s['memory_gib']:.1f} | {_pct(s[key])} "
+            f"| {terms} | {t['logits']:.1f} | {cause(r, key)} |"
+        )
+    terms = ", ".join(
+        f"{k.removesuffix('_s')} {t[k]:.2f}"
+        for k in ("compute_s", "bubble_s", "comm_exposed_s", "optimizer_s")
+    )
+    return (
+        f"| {r['name']} | {r['layout']} | {meas['step_s']:.2f} | {s['step_s']:.2f} "
+        f"| {_pct(s[key])} | {terms} | {_pct(t['mfu_measured'])} / {_pct(t['mfu'])} "
+        f"| {cause(r, key)} |"
+    )
 
 
 def _states(r: dict[str, Any]) -> str:
     t = r["scaletrain"]["terms"]
     big = max(t["buffer_terms"].items(), key=lambda kv: kv[1], default=("-", 0.0))
-    return (f"reserved {t['reserved']:.0f} GiB on {r['gpu']}: params {t['params']:.0f}, grads "
-            f"{t['grads']:.0f}, optimizer {t['optimizer']:.0f}, activations "
-            f"{t['activations']:.0f}, buffers {t['buffers']:.0f} (largest {big[0]} "
-            f"{big[1]:.0f})")
+    return (
+        f"reserved {t['reserved']:.0f} GiB on {r['gpu']}: params {t['params']:.0f}, grads "
+        f"{t['grads']:.0f}, optimizer {t['optimizer']:.0f}, activations "
+        f"{t['activations']:.0f}, buffers {t['buffers']:.0f} (largest {big[0]} "
+        f"{big[1]:.0f})"
+    )
 
 
 def worst(rows: list[dict[str, Any]], key: str, n: int = WORST) -> list[dict[str, Any]]:
@@ -394,64 +497,101 @@ def worst(rows: list[dict[str, Any]], key: str, n: int = WORST) -> list[dict[str
 def _recipe_memory_section(rows: list[dict[str, Any]]) -> list[str]:
     """Each row's memory error under its framework recipe, largest first, and every fit/OOM
     call the recipe gets wrong (with its reserved prediction against the card)."""
-    have = sorted((r for r in rows if r["recipe"].get("err_memory") is not None),
-                  key=lambda r: -abs(r["recipe"]["err_memory"]))
-    out = ["", "## Framework recipes: memory per run and wrong fit/OOM calls", "",
-           "| run | recipe | layout | measured GiB (kind) | predicted GiB (worst rank) | error "
-           "| range over pipeline ranks (rank read unstated) | error vs range |",
-           "|" + "---|" * 8]
+    have = sorted(
+        (r for r in rows if r["recipe"].get("err_memory") is not None),
+        key=lambda r: -abs(r["recipe"]["err_memory"]),
+    )
+    out = [
+        "",
+        "## Framework recipes: memory per run and wrong fit/OOM calls",
+        "",
+        "| run | recipe | layout | measured GiB (kind) | predicted GiB (worst rank) | error "
+        "| range over pipeline ranks (rank read unstated) | error vs range |",
+        "|" + "---|" * 8,
+    ]
     for r in have:
         m, p = r["measured"], r["recipe"]
         rng = p.get("memory_range_gib")
         rs = "-" if rng is None else f"{rng[0]:.1f} .. {rng[1]:.1f}"
         re_ = "-" if rng is None else _pct(p["err_memory_range"])
-        out.append(f"| {r['name']} | {p['name']} | {r['layout']} | {m['memory_gib']:.1f} "
-                   f"({m['memory_kind']}) | {p['memory_gib']:.1f} | {_pct(p['err_memory'])} "
-                   f"| {rs} | {re_} |")
+        out.append(
+            f"| {r['name']} | {p['name']} | {r['layout']} | {m['memory_gib']:.1f} "
+            f"({m['memory_kind']}) | {p['memory_gib']:.1f} | {_pct(p['err_memory'])} "
+            f"| {rs} | {re_} |"
+        )
     wrong = [r for r in rows if r["recipe"].get("fit_correct") is False]
     out += ["", f"Fit/OOM called wrong by the framework recipes ({len(wrong)}):", ""]
-    out += [f"- {r['name']} ({r['recipe']['name']}, {r['gpu']}): predicted "
-            f"{r['recipe']['memory_gib']:.1f} GiB, {'fits' if r['recipe']['fits'] else 'OOM'}; "
-            f"published {'OOM' if r['measured']['oom'] else 'ran'}" for r in wrong] or ["- none"]
+    out += [
+        f"- {r['name']} ({r['recipe']['name']}, {r['gpu']}): predicted "
+        f"{r['recipe']['memory_gib']:.1f} GiB, {'fits' if r['recipe']['fits'] else 'OOM'}; "
+        f"published {'OOM' if r['measured']['oom'] else 'ran'}"
+        for r in wrong
+    ] or ["- none"]
     return out
 
 
 def markdown(rows: list[dict[str, Any]], summary: dict[str, Any]) -> str:
-    out = ["# Planner vs published runs", "",
-           "Relative error = (predicted - measured) / measured; median and max of its absolute "
-           "value. Memory: the planner's reserved bytes against a published reservation "
-           "(torchtitan) or a peak of unstated kind (BigScience), its allocated peak against an "
-           "allocated one; step time: seconds per "
-           "optimizer step. Fit/OOM: the row ran (it published a throughput) or stated an OOM. "
-           "Refused: layouts the planner rejects; n/a: layouts llm-analysis cannot express. "
-           "The framework-recipe column compares the worst pipeline rank; a source that does "
-           "not say which GPU it read (BigScience's pipeline rows) is also compared against "
-           "the recipe's range over pipeline ranks (error 0 inside it), reported below the "
-           "table, never in place of the worst-rank figure.",
-           "", summary_table(summary), "", range_line(summary), ""]
+    out = [
+        "# Planner vs published runs",
+        "",
+        "Relative error = (predicted - measured) / measured; median and max of its absolute "
+        "value. Memory: the planner's reserved bytes against a published reservation "
+        "(torchtitan) or a peak of unstated kind (BigScience), its allocated peak against an "
+        "allocated one; step time: seconds per "
+        "optimizer step. Fit/OOM: the row ran (it published a throughput) or stated an OOM. "
+        "Refused: layouts the planner rejects; n/a: layouts llm-analysis cannot express. "
+        "The framework-recipe column compares the worst pipeline rank; a source that does "
+        "not say which GPU it read (BigScience's pipeline rows) is also compared against "
+        "the recipe's range over pipeline ranks (error 0 inside it), reported below the "
+        "table, never in place of the worst-rank figure.",
+        "",
+        summary_table(summary),
+        "",
+        range_line(summary),
+        "",
+    ]
     s = summary["scaletrain"]["all"]
-    out += [f"Over-predictions / under-predictions (scaletrain): memory {s['memory']['over']} / "
-            f"{s['memory']['under']}, step {s['step']['over']} / {s['step']['under']}.", ""]
-    out += ["## Biggest misses (scaletrain)", "",
-            "Memory (GiB; the planner's terms at the peak; 'unfused-loss logits' = what a "
-            "framework that materializes the logits keeps beyond the planner's fused loss):", "",
-            _MEM_HEAD]
+    out += [
+        f"Over-predictions / under-predictions (scaletrain): memory {s['memory']['over']} / "
+        f"{s['memory']['under']}, step {s['step']['over']} / {s['step']['under']}.",
+        "",
+    ]
+    out += [
+        "## Biggest misses (scaletrain)",
+        "",
+        "Memory (GiB; the planner's terms at the peak; 'unfused-loss logits' = what a "
+        "framework that materializes the logits keeps beyond the planner's fused loss):",
+        "",
+        _MEM_HEAD,
+    ]
     out += [_miss_line(r, "err_memory") for r in worst(rows, "err_memory")]
-    out += ["", "Step time (s; the planner's terms; MFU from the planner's FLOP count and the "
-            "preset's peak):", "", _STEP_HEAD]
+    out += [
+        "",
+        "Step time (s; the planner's terms; MFU from the planner's FLOP count and the "
+        "preset's peak):",
+        "",
+        _STEP_HEAD,
+    ]
     out += [_miss_line(r, "err_step") for r in worst(rows, "err_step")]
     wrong = [r for r in rows if r["scaletrain"].get("fit_correct") is False]
     out += ["", f"Fit/OOM called wrong by scaletrain ({len(wrong)}):", ""]
     out += [f"- {r['name']}: {_states(r)}" for r in wrong] or ["- none"]
     refused = [r for r in rows if "refused" in r["scaletrain"]]
     if refused:
-        out += ["", "Refused by scaletrain: " + "; ".join(
-            f"{r['name']} ({r['scaletrain']['refused'][0]})" for r in refused)]
+        out += [
+            "",
+            "Refused by scaletrain: "
+            + "; ".join(f"{r['name']} ({r['scaletrain']['refused'][0]})" for r in refused),
+        ]
     out += _recipe_memory_section(rows)
-    out += ["", "## All runs", "",
-            "| run | framework | gpu | layout | mem meas | mem sc | mem peer | step meas "
-            "| step sc | step peer | oom | fits sc | fits peer |",
-            "|" + "---|" * 13]
+    out += [
+        "",
+        "## All runs",
+        "",
+        "| run | framework | gpu | layout | mem meas | mem sc | mem peer | step meas "
+        "| step sc | step peer | oom | fits sc | fits peer |",
+        "|" + "---|" * 13,
+    ]
 
     def g(d: dict[str, Any], k: str, fmt: str) -> str:
         v = d.get(k)
@@ -459,12 +599,14 @@ def markdown(rows: list[dict[str, Any]], summary: dict[str, Any]) -> str:
 
     for r in rows:
         m, sc, pe = r["measured"], r["scaletrain"], r["llm-analysis"]
-        out.append(f"| {r['name']} | {r['framework']} | {r['gpu']} | {r['layout']} "
-                   f"| {g(m, 'memory_gib', '.1f')} | {g(sc, 'memory_gib', '.1f')} "
-                   f"| {g(pe, 'memory_gib', '.1f')} | {g(m, 'step_s', '.2f')} "
-                   f"| {g(sc, 'step_s', '.2f')} | {g(pe, 'step_s', '.2f')} | {g(m, 'oom', '')} "
-                   f"| {'refused' if 'refused' in sc else g(sc, 'fits', '')} "
-                   f"| {'n/a' if 'na' in pe else g(pe, 'fits', '')} |")
+        out.append(
+            f"| {r['name']} | {r['framework']} | {r['gpu']} | {r['layout']} "
+            f"| {g(m, 'memory_gib', '.1f')} | {g(sc, 'memory_gib', '.1f')} "
+            f"| {g(pe, 'memory_gib', '.1f')} | {g(m, 'step_s', '.2f')} "
+            f"| {g(sc, 'step_s', '.2f')} | {g(pe, 'step_s', '.2f')} | {g(m, 'oom', '')} "
+            f"| {'refused' if 'refused' in sc else g(sc, 'fits', '')} "
+            f"| {'n/a' if 'na' in pe else g(pe, 'fits', '')} |"
+        )
     return "\n".join(out)
 
 

@@ -67,8 +67,16 @@ def _gpt(name: str, h: int, layers: int, heads: int, vocab: int = 51200) -> Mode
     tied head, seq 2048, vocabulary 51200). attention='naive': the Megatron-LM of 2021-2022
     (also under Megatron-DeepSpeed for BLOOM) computed softmax(QK^T) with its fused
     scale-mask-softmax kernel and kept the s x s scores; flash attention came later."""
-    return ModelConfig(name=name, vocab_size=vocab, dim=h, num_layers=layers, num_heads=heads,
-                       ffn_dim=4 * h, max_seq_len=2048, attention="naive")
+    return ModelConfig(
+        name=name,
+        vocab_size=vocab,
+        dim=h,
+        num_layers=layers,
+        num_heads=heads,
+        ffn_dim=4 * h,
+        max_seq_len=2048,
+        attention="naive",
+    )
 
 
 def _narayanan_step(m: ModelConfig, batch: int, seq: int, gpus: int, tflops: float) -> float:
@@ -82,51 +90,151 @@ H100_96 = dataclasses.replace(hardware_preset("h100-sxm"), memory_bytes=96e9)
 A100 = hardware_preset("a100-80gb")
 
 ANCHORS: list[dict[str, Any]] = [
-    dict(name="torchtitan Llama 3.1 8B, 8 H100, FSDP, lb2, selective", recipe="torchtitan",
-         model=model_preset("llama3-8b"), hw=H100_96, layout=Layout(dp=8, zero=3), seq=8192,
-         gb=16, mb=2, ac="selective", precision="bf16", compile=False,
-         mem_gib=82.4, step_s=2 * 8192 / 5762, src="torchtitan docs/performance.md Table 1"),
-    dict(name="torchtitan Llama 3.1 8B, 128 H100, FSDP, lb2, selective", recipe="torchtitan",
-         model=model_preset("llama3-8b"), hw=H100_96, layout=Layout(dp=128, zero=3),
-         seq=8192, gb=256, mb=2, ac="selective", precision="bf16", compile=False,
-         mem_gib=67.0, step_s=2 * 8192 / 5605, src="torchtitan docs/performance.md Table 3"),
-    dict(name="torchtitan Llama 3.1 70B, 256 H100, FSDP32 TP8, lb16, full, fp8",
-         recipe="torchtitan", model=model_preset("llama3-70b"), hw=H100_96,
-         layout=Layout(dp=32, zero=3, tp=8, sp=True), seq=8192, gb=512, mb=16, ac="full",
-         precision="fp8", compile=True, mem_gib=71.9, step_s=512 * 8192 / 256 / 829,
-         src="torchtitan docs/performance.md Table 4"),
-    dict(name="Megatron GPT-3 175B, 1024 A100, TP8 PP8 DP16", recipe="megatron",
-         model=_gpt("gpt3-175b", 12288, 96, 96), hw=A100,
-         layout=Layout(dp=16, zero=1, tp=8, sp=True, pp=8), seq=2048, gb=1536, mb=1,
-         ac="full", precision="bf16", compile=False, mem_gib=None,
-         step_s=_narayanan_step(_gpt("g", 12288, 96, 96), 1536, 2048, 1024, 140),
-         src="Narayanan et al. 2021 section 5.1: 140 TFLOP/s"),
-    dict(name="Megatron 530B, 2520 A100, TP8 PP35 DP9", recipe="megatron",
-         model=_gpt("gpt-530b", 20480, 105, 128), hw=A100,
-         layout=Layout(dp=9, zero=1, tp=8, sp=True, pp=35), seq=2048, gb=2520, mb=1,
-         ac="full", precision="bf16", compile=False, mem_gib=None,
-         step_s=_narayanan_step(_gpt("g", 20480, 105, 128), 2520, 2048, 2520, 163),
-         src="Narayanan et al. 2021 Table 1: 163 TFLOP/s"),
-    dict(name="DeepSpeed ZeRO-3 GPT-3 175B, 384 A100, mb4", recipe="deepspeed",
-         model=_gpt("gpt3-175b", 12288, 96, 96), hw=A100, layout=Layout(dp=384, zero=3),
-         seq=2048, gb=1536, mb=4, ac="full", precision="bf16", compile=False, mem_gib=None,
-         step_s=_narayanan_step(_gpt("g", 12288, 96, 96), 1536, 2048, 384, 144),
-         src="Narayanan et al. 2021 Table 2: 144 TFLOP/s"),
-    dict(name="DeepSpeed ZeRO-3 530B, 560 A100, mb4 (published: OOM)", recipe="deepspeed",
-         model=_gpt("gpt-530b", 20480, 105, 128), hw=A100, layout=Layout(dp=560, zero=3),
-         seq=2048, gb=2240, mb=4, ac="full", precision="bf16", compile=False, mem_gib=None,
-         step_s=None, oom=True, src="Narayanan et al. 2021 Table 2: did not fit"),
-    dict(name="DeepSpeed ZeRO-3 530B, 640 A100, mb4", recipe="deepspeed",
-         model=_gpt("gpt-530b", 20480, 105, 128), hw=A100, layout=Layout(dp=640, zero=3),
-         seq=2048, gb=2560, mb=4, ac="full", precision="bf16", compile=False, mem_gib=None,
-         step_s=_narayanan_step(_gpt("g", 20480, 105, 128), 2560, 2048, 640, 138),
-         src="Narayanan et al. 2021 Table 2: 138 TFLOP/s"),
-    dict(name="BLOOM 176B, Megatron-DeepSpeed, 384 A100, TP4 PP12 DP8", recipe="deepspeed",
-         model=_gpt("bloom-176b", 14336, 70, 112, vocab=250880), hw=A100,
-         layout=Layout(dp=8, zero=1, tp=4, pp=12), seq=2048, gb=2048, mb=2, ac="full",
-         precision="bf16", compile=False, mem_gib=60e9 / GiB,
-         step_s=_narayanan_step(_gpt("g", 14336, 70, 112, 250880), 2048, 2048, 384, 150),
-         src="BigScience 176B model page: ~60 GB per GPU, ~150 TFLOPs"),
+    dict(
+        name="torchtitan Llama 3.1 8B, 8 H100, FSDP, lb2, selective",
+        recipe="torchtitan",
+        model=model_preset("llama3-8b"),
+        hw=H100_96,
+        layout=Layout(dp=8, zero=3),
+        seq=8192,
+        gb=16,
+        mb=2,
+        ac="selective",
+        precision="bf16",
+        compile=False,
+        mem_gib=82.4,
+        step_s=2 * 8192 / 5762,
+        src="torchtitan docs/performance.md Table 1",
+    ),
+    dict(
+        name="torchtitan Llama 3.1 8B, 128 H100, FSDP, lb2, selective",
+        recipe="torchtitan",
+        model=model_preset("llama3-8b"),
+        hw=H100_96,
+        layout=Layout(dp=128, zero=3),
+        seq=8192,
+        gb=256,
+        mb=2,
+        ac="selective",
+        precision="bf16",
+        compile=False,
+        mem_gib=67.0,
+        step_s=2 * 8192 / 5605,
+        src="torchtitan docs/performance.md Table 3",
+    ),
+    dict(
+        name="torchtitan Llama 3.1 70B, 256 H100, FSDP32 TP8, lb16, full, fp8",
+        recipe="torchtitan",
+        model=model_preset("llama3-70b"),
+        hw=H100_96,
+        layout=Layout(dp=32, zero=3, tp=8, sp=True),
+        seq=8192,
+        gb=512,
+        mb=16,
+        ac="full",
+        precision="fp8",
+        compile=True,
+        mem_gib=71.9,
+        step_s=512 * 8192 / 256 / 829,
+        src="torchtitan docs/performance.md Table 4",
+    ),
+    dict(
+        name="Megatron GPT-3 175B, 1024 A100, TP8 PP8 DP16",
+        recipe="megatron",
+        model=_gpt("gpt3-175b", 12288, 96, 96),
+        hw=A100,
+        layout=Layout(dp=16, zero=1, tp=8, sp=True, pp=8),
+        seq=2048,
+        gb=1536,
+        mb=1,
+        ac="full",
+        precision="bf16",
+        compile=False,
+        mem_gib=None,
+        step_s=_narayanan_step(_gpt("g", 12288, 96, 96), 1536, 2048, 1024, 140),
+        src="Narayanan et al. 2021 section 5.1: 140 TFLOP/s",
+    ),
+    dict(
+        name="Megatron 530B, 2520 A100, TP8 PP35 DP9",
+        recipe="megatron",
+        model=_gpt("gpt-530b", 20480, 105, 128),
+        hw=A100,
+        layout=Layout(dp=9, zero=1, tp=8, sp=True, pp=35),
+        seq=2048,
+        gb=2520,
+        mb=1,
+        ac="full",
+        precision="bf16",
+        compile=False,
+        mem_gib=None,
+        step_s=_narayanan_step(_gpt("g", 20480, 105, 128), 2520, 2048, 2520, 163),
+        src="Narayanan et al. 2021 Table 1: 163 TFLOP/s",
+    ),
+    dict(
+        name="DeepSpeed ZeRO-3 GPT-3 175B, 384 A100, mb4",
+        recipe="deepspeed",
+        model=_gpt("gpt3-175b", 12288, 96, 96),
+        hw=A100,
+        layout=Layout(dp=384, zero=3),
+        seq=2048,
+        gb=1536,
+        mb=4,
+        ac="full",
+        precision="bf16",
+        compile=False,
+        mem_gib=None,
+        step_s=_narayanan_step(_gpt("g", 12288, 96, 96), 1536, 2048, 384, 144),
+        src="Narayanan et al. 2021 Table 2: 144 TFLOP/s",
+    ),
+    dict(
+        name="DeepSpeed ZeRO-3 530B, 560 A100, mb4 (published: OOM)",
+        recipe="deepspeed",
+        model=_gpt("gpt-530b", 20480, 105, 128),
+        hw=A100,
+        layout=Layout(dp=560, zero=3),
+        seq=2048,
+        gb=2240,
+        mb=4,
+        ac="full",
+        precision="bf16",
+        compile=False,
+        mem_gib=None,
+        step_s=None,
+        oom=True,
+        src="Narayanan et al. 2021 Table 2: did not fit",
+    ),
+    dict(
+        name="DeepSpeed ZeRO-3 530B, 640 A100, mb4",
+        recipe="deepspeed",
+        model=_gpt("gpt-530b", 20480, 105, 128),
+        hw=A100,
+        layout=Layout(dp=640, zero=3),
+        seq=2048,
+        gb=2560,
+        mb=4,
+        ac="full",
+        precision="bf16",
+        compile=False,
+        mem_gib=None,
+        step_s=_narayanan_step(_gpt("g", 20480, 105, 128), 2560, 2048, 640, 138),
+        src="Narayanan et al. 2021 Table 2: 138 TFLOP/s",
+    ),
+    dict(
+        name="BLOOM 176B, Megatron-DeepSpeed, 384 A100, TP4 PP12 DP8",
+        recipe="deepspeed",
+        model=_gpt("bloom-176b", 14336, 70, 112, vocab=250880),
+        hw=A100,
+        layout=Layout(dp=8, zero=1, tp=4, pp=12),
+        seq=2048,
+        gb=2048,
+        mb=2,
+        ac="full",
+        precision="bf16",
+        compile=False,
+        mem_gib=60e9 / GiB,
+        step_s=_narayanan_step(_gpt("g", 14336, 70, 112, 250880), 2048, 2048, 384, 150),
+        src="BigScience 176B model page: ~60 GB per GPU, ~150 TFLOPs",
+    ),
 ]
 
 
@@ -135,14 +243,30 @@ def _row(a: dict[str, Any], recipe: str) -> dict[str, Any]:
     problems = recipe_problems(recipe, L, ac=a["ac"])
     if problems:
         return {"recipe": recipe, "refused": str(problems[0])}
-    plan = PlanInput(a["model"], a["hw"], L.world_size, L, a["seq"], a["gb"], a["mb"],
-                     a["precision"], a["ac"], compile=a["compile"], recipe=recipe)
+    plan = PlanInput(
+        a["model"],
+        a["hw"],
+        L.world_size,
+        L,
+        a["seq"],
+        a["gb"],
+        a["mb"],
+        a["precision"],
+        a["ac"],
+        compile=a["compile"],
+        recipe=recipe,
+    )
     e = estimate(plan)
     mem = e.memory
     ctx = mem.buffer_terms.get("runtime_context", 0.0)
-    return {"recipe": recipe, "reserved_gib": mem.reserved / GiB,
-            "allocator_reserved_gib": (mem.reserved - ctx) / GiB, "fits": mem.fits,
-            "step_s": e.time.step_s, "mfu": e.mfu}
+    return {
+        "recipe": recipe,
+        "reserved_gib": mem.reserved / GiB,
+        "allocator_reserved_gib": (mem.reserved - ctx) / GiB,
+        "fits": mem.fits,
+        "step_s": e.time.step_s,
+        "mfu": e.mfu,
+    }
 
 
 def _corpus_row(run: PublishedRun, recipe: str) -> dict[str, Any] | None:
@@ -155,10 +279,12 @@ def _corpus_row(run: PublishedRun, recipe: str) -> dict[str, Any] | None:
     m = run.measured
     mem = e.memory.total if m.memory_kind == "allocated" else e.memory.reserved
     step = run.measured_step_s()
-    return {"err_mem": mem / GiB / m.memory_gib - 1 if m.memory_gib else None,
-            "err_step": e.time.step_s / step - 1 if step else None,
-            "fit_right": None if m.oom is None else e.memory.fits == (not m.oom),
-            "oom_caught": None if not m.oom else not e.memory.fits}
+    return {
+        "err_mem": mem / GiB / m.memory_gib - 1 if m.memory_gib else None,
+        "err_step": e.time.step_s / step - 1 if step else None,
+        "fit_right": None if m.oom is None else e.memory.fits == (not m.oom),
+        "oom_caught": None if not m.oom else not e.memory.fits,
+    }
 
 
 def _stat(xs: list[float]) -> str:
@@ -181,10 +307,14 @@ def corpus_table() -> tuple[list[str], dict[str, Any]]:
                 groups.setdefault(g, {}).setdefault(mode, [])
                 if row is not None:
                     groups[g][mode].append(row)
-    lines = ["## The published-runs corpus under each framework's recipe", "",
-             f"{len(runs)} rows of planner/data/published_runs.toml; median / max |error|.", "",
-             "| framework | mode | memory | step time | fit/OOM right | OOM caught |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "## The published-runs corpus under each framework's recipe",
+        "",
+        f"{len(runs)} rows of planner/data/published_runs.toml; median / max |error|.",
+        "",
+        "| framework | mode | memory | step time | fit/OOM right | OOM caught |",
+        "|---|---|---|---|---|---|",
+    ]
     data: dict[str, Any] = {}
     for g, modes in groups.items():
         for mode, rows in modes.items():
@@ -194,19 +324,26 @@ def corpus_table() -> tuple[list[str], dict[str, Any]]:
             step = _stat([r["err_step"] for r in rows if r["err_step"] is not None])
             fits = f"{sum(fit)}/{len(fit)}" if fit else "n/a"
             caught = f"{sum(oom)}/{len(oom)}" if oom else "n/a"
-            data.setdefault(g, {})[mode] = {"memory": mem, "step": step, "fit": fits,
-                                            "oom_caught": caught}
+            data.setdefault(g, {})[mode] = {
+                "memory": mem,
+                "step": step,
+                "fit": fits,
+                "oom_caught": caught,
+            }
             lines.append(f"| {g} | {mode} | {mem} | {step} | {fits} | {caught} |")
     return lines, data
 
 
 def main() -> None:
     rows: list[dict[str, Any]] = []
-    lines = ["# Anchor layouts under each framework recipe", "",
-             "Peak memory is the allocator's reserved bytes (torch max reserved: planned "
-             "reserved minus the CUDA context) in GiB; `err` is the anchor's own recipe "
-             "against the published figure. Published sources in benchmarks/recipe_layouts.py.",
-             ""]
+    lines = [
+        "# Anchor layouts under each framework recipe",
+        "",
+        "Peak memory is the allocator's reserved bytes (torch max reserved: planned "
+        "reserved minus the CUDA context) in GiB; `err` is the anchor's own recipe "
+        "against the published figure. Published sources in benchmarks/recipe_layouts.py.",
+        "",
+    ]
     for a in ANCHORS:
         per = [_row(a, r) for r in RECIPES]
         own = next(p for p in per if p["recipe"] == a["recipe"])
@@ -217,26 +354,43 @@ def main() -> None:
                 err_mem = own["allocator_reserved_gib"] / pub_mem - 1
             if pub_step:
                 err_step = own["step_s"] / pub_step - 1
-        rows.append({"anchor": a["name"], "recipe": a["recipe"], "source": a["src"],
-                     "layout": a["layout"].label(), "published_mem_gib": pub_mem,
-                     "published_step_s": pub_step, "published_oom": a.get("oom", False),
-                     "err_mem": err_mem, "err_step": err_step, "per_recipe": per})
+        rows.append(
+            {
+                "anchor": a["name"],
+                "recipe": a["recipe"],
+                "source": a["src"],
+                "layout": a["layout"].label(),
+                "published_mem_gib": pub_mem,
+                "published_step_s": pub_step,
+                "published_oom": a.get("oom", False),
+                "err_mem": err_mem,
+                "err_step": err_step,
+                "per_recipe": per,
+            }
+        )
         pm = f"{pub_mem:.1f} GiB" if pub_mem else ("OOM" if a.get("oom") else "-")
         ps = f"{pub_step:.2f} s" if pub_step else "-"
-        lines += [f"## {a['name']}", "",
-                  f"{a['layout'].label()}, seq {a['seq']}, micro-batch {a['mb']}, global "
-                  f"{a['gb']}, ac={a['ac']}, {a['precision']}, {a['hw'].name} "
-                  f"({a['hw'].memory_bytes / 1e9:.0f} GB). Published ({a['src']}): memory "
-                  f"{pm}, step {ps}.", "",
-                  "| recipe | memory GiB | fits | step s | MFU |", "|---|---:|---|---:|---:|"]
+        lines += [
+            f"## {a['name']}",
+            "",
+            f"{a['layout'].label()}, seq {a['seq']}, micro-batch {a['mb']}, global "
+            f"{a['gb']}, ac={a['ac']}, {a['precision']}, {a['hw'].name} "
+            f"({a['hw'].memory_bytes / 1e9:.0f} GB). Published ({a['src']}): memory "
+            f"{pm}, step {ps}.",
+            "",
+            "| recipe | memory GiB | fits | step s | MFU |",
+            "|---|---:|---|---:|---:|",
+        ]
         for p in per:
             mark = " **(anchor)**" if p["recipe"] == a["recipe"] else ""
             if "refused" in p:
                 lines.append(f"| {p['recipe']}{mark} | refused: {p['refused']} | | | |")
                 continue
-            lines.append(f"| {p['recipe']}{mark} | {p['allocator_reserved_gib']:.1f} | "
-                         f"{'yes' if p['fits'] else 'no'} | {p['step_s']:.2f} | "
-                         f"{100 * p['mfu']:.1f}% |")
+            lines.append(
+                f"| {p['recipe']}{mark} | {p['allocator_reserved_gib']:.1f} | "
+                f"{'yes' if p['fits'] else 'no'} | {p['step_s']:.2f} | "
+                f"{100 * p['mfu']:.1f}% |"
+            )
         errs = []
         if err_mem is not None:
             errs.append(f"memory {100 * err_mem:+.1f}%")
@@ -248,12 +402,16 @@ def main() -> None:
     mems = [abs(r["err_mem"]) for r in rows if r["err_mem"] is not None]
     steps = [abs(r["err_step"]) for r in rows if r["err_step"] is not None]
     if mems:
-        lines.append(f"Anchor recipes, |memory error|: max {100 * max(mems):.1f}% over "
-                     f"{len(mems)} anchors with a published figure.")
+        lines.append(
+            f"Anchor recipes, |memory error|: max {100 * max(mems):.1f}% over "
+            f"{len(mems)} anchors with a published figure."
+        )
     if steps:
         s = sorted(steps)
-        lines.append(f"Anchor recipes, |step-time error|: median {100 * s[len(s) // 2]:.1f}%, "
-                     f"max {100 * max(s):.1f}% over {len(s)} anchors.")
+        lines.append(
+            f"Anchor recipes, |step-time error|: median {100 * s[len(s) // 2]:.1f}%, "
+            f"max {100 * max(s):.1f}% over {len(s)} anchors."
+        )
     corpus_lines, corpus = corpus_table()
     lines += ["", *corpus_lines]
     write_results("recipe_layouts", {"anchors": rows, "corpus": corpus}, "\n".join(lines))

@@ -30,26 +30,38 @@ from _common import write_results  # noqa: E402
 _SPIN = "import torch, sys; from scaletrain.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
-POLICIES = {"spin": {}, "passive": {"OMP_WAIT_POLICY": "PASSIVE"},
-            "spin20k": {"GOMP_SPINCOUNT": "20000"}}
+POLICIES = {
+    "spin": {},
+    "passive": {"OMP_WAIT_POLICY": "PASSIVE"},
+    "spin20k": {"GOMP_SPINCOUNT": "20000"},
+}
 """libgomp's default (spin 300k iterations, then sleep); sleep at once; spin 20k, then sleep."""
 
 
 def _cmd(policy: str, run_dir: Path, cache: Path, steps: int) -> tuple[list[str], dict]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     env.update(POLICIES[policy])
-    args = ["train", f"--train.steps={steps}", f"--train.run_dir={run_dir}",
-            f"--data.cache_dir={cache}", "--train.progress=false", "--train.sample_tokens=0",
-            "--checkpoint.resume=never", "--train.eval_every=100000"]
+    args = [
+        "train",
+        f"--train.steps={steps}",
+        f"--train.run_dir={run_dir}",
+        f"--data.cache_dir={cache}",
+        "--train.progress=false",
+        "--train.sample_tokens=0",
+        "--checkpoint.resume=never",
+        "--train.eval_every=100000",
+    ]
     return [sys.executable, "-c", _SPIN, *args], env
 
 
 def _tokens_per_s(run_dir: Path) -> float:
     recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steady = recs[1:]  # the first step pays one-time costs
-    return len(steady) * (recs[0]["tokens_per_s"] * recs[0]["step_s"]) / sum(
-        r["step_s"] for r in steady)
+    return (
+        len(steady)
+        * (recs[0]["tokens_per_s"] * recs[0]["step_s"])
+        / sum(r["step_s"] for r in steady)
+    )
 
 
 def run(policy: str, copies: int, tmp: Path, steps: int, tag: str) -> list[float]:
@@ -57,8 +69,11 @@ def run(policy: str, copies: int, tmp: Path, steps: int, tag: str) -> list[float
     for i in range(copies):
         d = tmp / f"{tag}-{i}"
         cmd, env = _cmd(policy, d, tmp / "cache", steps)
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.PIPE, text=True))
+        procs.append(
+            subprocess.Popen(
+                cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+            )
+        )
         dirs.append(d)
     for p in procs:
         _, err = p.communicate()
@@ -81,25 +96,45 @@ def main() -> None:
         for rep in range(args.reps):
             pols = args.policies.split(",")
             modes = [(p, 1) for p in pols] + [(p, 2) for p in pols]
-            for policy, copies in (modes if rep % 2 == 0 else modes[::-1]):
+            for policy, copies in modes if rep % 2 == 0 else modes[::-1]:
                 key = f"{policy} {'alone' if copies == 1 else 'shared'}"
                 loads.setdefault(key, []).append(os.getloadavg()[0])
                 got = run(policy, copies, tmp, args.steps, f"{key}-{rep}".replace(" ", "-"))
                 results.setdefault(key, []).extend(got)
-                print(f"rep {rep + 1} {key}: {', '.join(f'{x:,.0f}' for x in got)} tokens/s",
-                      flush=True)
+                print(
+                    f"rep {rep + 1} {key}: {', '.join(f'{x:,.0f}' for x in got)} tokens/s",
+                    flush=True,
+                )
     med = {k: statistics.median(v) for k, v in results.items()}
-    rows = "\n".join(f"| {k} | {med[k]:,.0f} | {', '.join(f'{x:,.0f}' for x in v)} | "
-                     f"{statistics.mean(loads[k]):.1f} |" for k, v in results.items())
-    md = ("Default job (gpt-mini, grammar corpus), steady-state tokens/s per training process; "
-          "'shared' = two trainings at once on the same cores.\n\n"
-          "| mode | median tokens/s | runs | host load before (1-min avg) |\n|---|---|---|---|\n"
-          + rows + "\n\n"
-          + "\n".join(f"{p} / spin: alone {med[p + ' alone'] / med['spin alone']:.2f}x, "
-                      f"shared {med[p + ' shared'] / med['spin shared']:.2f}x."
-                      for p in args.policies.split(",") if p != "spin"))
-    write_results("threads", {"steps": args.steps, "tokens_per_s": results, "median": med,
-                              "load_before": loads, "cpus": os.cpu_count()}, md)
+    rows = "\n".join(
+        f"| {k} | {med[k]:,.0f} | {', '.join(f'{x:,.0f}' for x in v)} | "
+        f"{statistics.mean(loads[k]):.1f} |"
+        for k, v in results.items()
+    )
+    md = (
+        "Default job (gpt-mini, grammar corpus), steady-state tokens/s per training process; "
+        "'shared' = two trainings at once on the same cores.\n\n"
+        "| mode | median tokens/s | runs | host load before (1-min avg) |\n|---|---|---|---|\n"
+        + rows
+        + "\n\n"
+        + "\n".join(
+            f"{p} / spin: alone {med[p + ' alone'] / med['spin alone']:.2f}x, "
+            f"shared {med[p + ' shared'] / med['spin shared']:.2f}x."
+            for p in args.policies.split(",")
+            if p != "spin"
+        )
+    )
+    write_results(
+        "threads",
+        {
+            "steps": args.steps,
+            "tokens_per_s": results,
+            "median": med,
+            "load_before": loads,
+            "cpus": os.cpu_count(),
+        },
+        md,
+    )
     print(md)
 
 

@@ -51,11 +51,19 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=30)
     args = ap.parse_args()
-    job_args = ["--model.name=gpt-mini", "--batch.seq_len=128", "--batch.global_batch=16",
-                "--batch.micro_batch=16", f"--train.steps={args.steps + 1}",
-                "--train.eval_every=100000", "--train.sample_tokens=0", "--train.progress=false",
-                "--train.tensorboard=false", "--checkpoint.resume=never",
-                "--train.log_every=100000"]
+    job_args = [
+        "--model.name=gpt-mini",
+        "--batch.seq_len=128",
+        "--batch.global_batch=16",
+        "--batch.micro_batch=16",
+        f"--train.steps={args.steps + 1}",
+        "--train.eval_every=100000",
+        "--train.sample_tokens=0",
+        "--train.progress=false",
+        "--train.tensorboard=false",
+        "--checkpoint.resume=never",
+        "--train.log_every=100000",
+    ]
     ours, bare = [], []
     for r in range(args.rounds):
         job = load_config(None, [*job_args, f"--train.run_dir=runs/bench_overhead_{r}"])
@@ -63,14 +71,24 @@ def main() -> None:
         ours.append(train(job).tokens_per_s)
         print(f"round {r}: bare {bare[-1]:,.0f} tok/s | scaletrain {ours[-1]:,.0f} tok/s")
     ratio = statistics.median(ours) / statistics.median(bare)
-    data = {"model": "gpt-mini", "batch": "16x128", "precision": "fp32", "rounds": args.rounds,
-            "steps": args.steps, "bare_tokens_per_s": bare, "scaletrain_tokens_per_s": ours,
-            "ratio_of_medians": ratio, "target": 0.97}
-    md = ("| loop | median tokens/s |\n|---|---|\n"
-          f"| bare PyTorch | {statistics.median(bare):,.0f} |\n"
-          f"| scaletrain | {statistics.median(ours):,.0f} |\n\n"
-          f"**ratio {ratio:.3f}** (target >= 0.97; gpt-mini, batch 16x128, fp32, "
-          f"{args.rounds} alternating rounds of {args.steps} steps)")
+    data = {
+        "model": "gpt-mini",
+        "batch": "16x128",
+        "precision": "fp32",
+        "rounds": args.rounds,
+        "steps": args.steps,
+        "bare_tokens_per_s": bare,
+        "scaletrain_tokens_per_s": ours,
+        "ratio_of_medians": ratio,
+        "target": 0.97,
+    }
+    md = (
+        "| loop | median tokens/s |\n|---|---|\n"
+        f"| bare PyTorch | {statistics.median(bare):,.0f} |\n"
+        f"| scaletrain | {statistics.median(ours):,.0f} |\n\n"
+        f"**ratio {ratio:.3f}** (target >= 0.97; gpt-mini, batch 16x128, fp32, "
+        f"{args.rounds} alternating rounds of {args.steps} steps)"
+    )
     write_results("trainer_overhead", data, md)
     print(md)
 

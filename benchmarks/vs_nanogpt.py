@@ -49,11 +49,22 @@ VAL_LINE = re.compile(r"step (\d+): train loss ([\d.]+), val loss ([\d.]+)")
 
 
 def nanogpt_args(steps: int) -> list[str]:
-    return [str(PEER / "config" / "train_shakespeare_char.py"), "--device=cpu",
-            "--compile=False", "--eval_iters=20", "--log_interval=1", "--block_size=64",
-            "--batch_size=12", "--n_layer=4", "--n_head=4", "--n_embd=128",
-            f"--max_iters={steps}", f"--lr_decay_iters={steps}", "--dropout=0.0",
-            "--dtype=float32"]
+    return [
+        str(PEER / "config" / "train_shakespeare_char.py"),
+        "--device=cpu",
+        "--compile=False",
+        "--eval_iters=20",
+        "--log_interval=1",
+        "--block_size=64",
+        "--batch_size=12",
+        "--n_layer=4",
+        "--n_head=4",
+        "--n_embd=128",
+        f"--max_iters={steps}",
+        f"--lr_decay_iters={steps}",
+        "--dropout=0.0",
+        "--dtype=float32",
+    ]
 
 
 def prepare_nanogpt(scratch: Path, text: Path) -> None:
@@ -79,42 +90,60 @@ def _children_cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def _timed(cmd: list[str], cwd: Path, threads: int | None, who: str
-           ) -> tuple[subprocess.CompletedProcess[str], dict[str, float]]:
+def _timed(
+    cmd: list[str], cwd: Path, threads: int | None, who: str
+) -> tuple[subprocess.CompletedProcess[str], dict[str, float]]:
     """Run `cmd`; its output and {wall_s, cpu_s, start_unix, end_unix}."""
     cpu0, start, t0 = _children_cpu_s(), time.time(), time.perf_counter()
     out = subprocess.run(cmd, cwd=cwd, env=_env(threads), capture_output=True, text=True)
     wall, end = time.perf_counter() - t0, time.time()
     if out.returncode:
         raise RuntimeError(f"{who} failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
-    return out, {"wall_s": wall, "cpu_s": _children_cpu_s() - cpu0, "start_unix": start,
-                 "end_unix": end}
+    return out, {
+        "wall_s": wall,
+        "cpu_s": _children_cpu_s() - cpu0,
+        "start_unix": start,
+        "end_unix": end,
+    }
 
 
 def run_nanogpt(scratch: Path, steps: int, threads: int | None) -> dict[str, float]:
-    out, t = _timed([sys.executable, str(PEER / "train.py"), *nanogpt_args(steps)], scratch,
-                    threads, "nanoGPT")
+    out, t = _timed(
+        [sys.executable, str(PEER / "train.py"), *nanogpt_args(steps)], scratch, threads, "nanoGPT"
+    )
     last = VAL_LINE.findall(out.stdout)[-1]
-    return {"wall_s": t["wall_s"], "cpu_s": t["cpu_s"], "val_loss": float(last[2]),
-            "train_loss": float(last[1])}
+    return {
+        "wall_s": t["wall_s"],
+        "cpu_s": t["cpu_s"],
+        "val_loss": float(last[2]),
+        "train_loss": float(last[1]),
+    }
 
 
-def run_scaletrain(scratch: Path, text: Path, steps: int, threads: int | None, pair: int
-                   ) -> dict[str, Any]:
+def run_scaletrain(
+    scratch: Path, text: Path, steps: int, threads: int | None, pair: int
+) -> dict[str, Any]:
     run_dir = scratch / f"scaletrain-run-{pair}"  # a fresh one: metrics.jsonl is appended to
     args = recipe_args(str(text), steps, str(run_dir))
-    args = [a for a in args if not a.startswith(("--train.sample_tokens",
-                                                 "--train.eval_batches"))]
-    args += ["--train.sample_tokens=0", "--train.eval_batches=40",
-             f"--data.cache_dir={scratch / 'cache'}"]
-    _, t = _timed([sys.executable, "-m", "scaletrain", "train", *args], scratch, threads,
-                  "scaletrain")
+    args = [a for a in args if not a.startswith(("--train.sample_tokens", "--train.eval_batches"))]
+    args += [
+        "--train.sample_tokens=0",
+        "--train.eval_batches=40",
+        f"--data.cache_dir={scratch / 'cache'}",
+    ]
+    _, t = _timed(
+        [sys.executable, "-m", "scaletrain", "train", *args], scratch, threads, "scaletrain"
+    )
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     val = [r for r in records if "val_loss" in r][-1]
     info = json.loads((run_dir / "run_info.json").read_text())
-    return {"wall_s": t["wall_s"], "cpu_s": t["cpu_s"], "val_loss": float(val["val_loss"]),
-            "train_loss": float(records[-1]["loss"]),
-            "phases_s": phases(info, records, t["start_unix"], t["end_unix"])}
+    return {
+        "wall_s": t["wall_s"],
+        "cpu_s": t["cpu_s"],
+        "val_loss": float(val["val_loss"]),
+        "train_loss": float(records[-1]["loss"]),
+        "phases_s": phases(info, records, t["start_unix"], t["end_unix"]),
+    }
 
 
 PHASE_ROWS = (
@@ -127,19 +156,28 @@ PHASE_ROWS = (
     ("eval", "validation batches"),
     ("checkpoint", "checkpoint saves"),
     ("finish", "sample, export, ledger, run files"),
-    ("exit", "after run_info.json: summary, logger close, interpreter teardown"))
+    ("exit", "after run_info.json: summary, logger close, interpreter teardown"),
+)
 
 
-def phases(info: dict[str, Any], records: list[dict[str, Any]], start_unix: float,
-           end_unix: float) -> dict[str, float]:
+def phases(
+    info: dict[str, Any], records: list[dict[str, Any]], start_unix: float, end_unix: float
+) -> dict[str, float]:
     """Wall seconds of the scaletrain process by phase (`PHASE_ROWS`), summing to its wall."""
     clock = dict(info["phases_s"])
     step_s = sum(float(r["step_s"]) for r in records)
     loop = clock.pop("steps", 0.0)
-    out = {"plan": clock.pop("plan", 0.0), "data": clock.pop("data", 0.0),
-           "setup": clock.pop("setup", 0.0), "steps": step_s, "step logging": loop - step_s,
-           "eval": clock.pop("eval", 0.0), "checkpoint": clock.pop("checkpoint", 0.0),
-           "finish": clock.pop("finish", 0.0), **clock}
+    out = {
+        "plan": clock.pop("plan", 0.0),
+        "data": clock.pop("data", 0.0),
+        "setup": clock.pop("setup", 0.0),
+        "steps": step_s,
+        "step logging": loop - step_s,
+        "eval": clock.pop("eval", 0.0),
+        "checkpoint": clock.pop("checkpoint", 0.0),
+        "finish": clock.pop("finish", 0.0),
+        **clock,
+    }
     written = float(info["phases_written_unix"])
     out["start-up"] = written - start_unix - sum(out.values())
     out["exit"] = end_unix - written
@@ -150,12 +188,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--steps", type=int, default=2000)
-    ap.add_argument("--threads", type=int, default=None,
-                    help="OMP_NUM_THREADS for both (default: inherit)")
+    ap.add_argument(
+        "--threads", type=int, default=None, help="OMP_NUM_THREADS for both (default: inherit)"
+    )
     ap.add_argument("--data", default=str(DATA))
-    ap.add_argument("--out", default=None,
-                    help="write the results files here instead of benchmarks/results/ "
-                         "(quick comparisons must not overwrite the committed results)")
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="write the results files here instead of benchmarks/results/ "
+        "(quick comparisons must not overwrite the committed results)",
+    )
     args = ap.parse_args()
     if args.out:
         _common.RESULTS = Path(args.out)
@@ -173,40 +215,58 @@ def main() -> None:
             order = ("nanogpt", "scaletrain") if i % 2 == 0 else ("scaletrain", "nanogpt")
             pair: dict[str, dict[str, Any]] = {}
             for who in order:
-                pair[who] = (run_nanogpt(scratch, args.steps, args.threads) if who == "nanogpt"
-                             else run_scaletrain(scratch, text, args.steps, args.threads, i))
+                pair[who] = (
+                    run_nanogpt(scratch, args.steps, args.threads)
+                    if who == "nanogpt"
+                    else run_scaletrain(scratch, text, args.steps, args.threads, i)
+                )
                 print(f"pair {i + 1} {who}: {pair[who]}", flush=True)
-            pair["ratio"] = {"wall": pair["scaletrain"]["wall_s"] / pair["nanogpt"]["wall_s"],
-                             "cpu": pair["scaletrain"]["cpu_s"] / pair["nanogpt"]["cpu_s"]}
+            pair["ratio"] = {
+                "wall": pair["scaletrain"]["wall_s"] / pair["nanogpt"]["wall_s"],
+                "cpu": pair["scaletrain"]["cpu_s"] / pair["nanogpt"]["cpu_s"],
+            }
             pairs.append(pair)
     ratios = [p["ratio"]["wall"] for p in pairs]
     med = statistics.median(ratios)
     med_cpu = statistics.median(p["ratio"]["cpu"] for p in pairs)
-    phase_med = {name: statistics.median(p["scaletrain"]["phases_s"][name] for p in pairs)
-                 for name, _ in PHASE_ROWS}
-    data = {"steps": args.steps, "threads": args.threads, "pairs": pairs,
-            "median_wall_ratio": med, "median_cpu_ratio": med_cpu,
-            "scaletrain_phases_s_median": phase_med,
-            "nanogpt_val_loss_median": statistics.median(p["nanogpt"]["val_loss"] for p in pairs),
-            "scaletrain_val_loss_median": statistics.median(p["scaletrain"]["val_loss"]
-                                                            for p in pairs)}
+    phase_med = {
+        name: statistics.median(p["scaletrain"]["phases_s"][name] for p in pairs)
+        for name, _ in PHASE_ROWS
+    }
+    data = {
+        "steps": args.steps,
+        "threads": args.threads,
+        "pairs": pairs,
+        "median_wall_ratio": med,
+        "median_cpu_ratio": med_cpu,
+        "scaletrain_phases_s_median": phase_med,
+        "nanogpt_val_loss_median": statistics.median(p["nanogpt"]["val_loss"] for p in pairs),
+        "scaletrain_val_loss_median": statistics.median(p["scaletrain"]["val_loss"] for p in pairs),
+    }
     rows = "\n".join(
         f"| {i + 1} | {p['nanogpt']['wall_s']:.1f} s | {p['scaletrain']['wall_s']:.1f} s | "
         f"{p['ratio']['wall']:.3f}x | {p['ratio']['cpu']:.3f}x | {p['nanogpt']['val_loss']:.4f} | "
-        f"{p['scaletrain']['val_loss']:.4f} |" for i, p in enumerate(pairs))
+        f"{p['scaletrain']['val_loss']:.4f} |"
+        for i, p in enumerate(pairs)
+    )
     total = sum(phase_med.values())
-    phase_rows = "\n".join(f"| {name} | {phase_med[name]:.2f} s | {phase_med[name] / total:.1%} "
-                           f"| {what} |" for name, what in PHASE_ROWS)
-    md = (f"nanoGPT's CPU recipe, {args.steps} iterations, run alternately on one host "
-          f"(OMP_NUM_THREADS={args.threads or 'inherited'}).\n\n"
-          "| pair | nanoGPT wall | scaletrain wall | ratio | CPU-time ratio | nanoGPT val | "
-          "scaletrain val |\n|---|---|---|---|---|---|---|\n" + rows +
-          f"\n\n**Median wall-time ratio scaletrain / nanoGPT: {med:.3f}x** "
-          f"(val loss {data['scaletrain_val_loss_median']:.4f} vs "
-          f"{data['nanogpt_val_loss_median']:.4f}); median CPU-time ratio {med_cpu:.3f}x.\n\n"
-          "Where scaletrain's wall time goes (median over the pairs, from the run's own phase "
-          "clock in run_info.json; see the module docstring):\n\n"
-          "| phase | wall | share | what |\n|---|---|---|---|\n" + phase_rows)
+    phase_rows = "\n".join(
+        f"| {name} | {phase_med[name]:.2f} s | {phase_med[name] / total:.1%} | {what} |"
+        for name, what in PHASE_ROWS
+    )
+    md = (
+        f"nanoGPT's CPU recipe, {args.steps} iterations, run alternately on one host "
+        f"(OMP_NUM_THREADS={args.threads or 'inherited'}).\n\n"
+        "| pair | nanoGPT wall | scaletrain wall | ratio | CPU-time ratio | nanoGPT val | "
+        "scaletrain val |\n|---|---|---|---|---|---|---|\n"
+        + rows
+        + f"\n\n**Median wall-time ratio scaletrain / nanoGPT: {med:.3f}x** "
+        f"(val loss {data['scaletrain_val_loss_median']:.4f} vs "
+        f"{data['nanogpt_val_loss_median']:.4f}); median CPU-time ratio {med_cpu:.3f}x.\n\n"
+        "Where scaletrain's wall time goes (median over the pairs, from the run's own phase "
+        "clock in run_info.json; see the module docstring):\n\n"
+        "| phase | wall | share | what |\n|---|---|---|---|\n" + phase_rows
+    )
     _common.write_results("vs_nanogpt", data, md)
     print(md)
 

@@ -36,31 +36,55 @@ def _tokenizer(out: Path, texts: list[str], vocab_size: int) -> int:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
-                                  show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>"],
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(texts, trainer=trainer)
     tok.save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(json.dumps(
-        {"bos_token": None, "eos_token": "<|endoftext|>", "add_bos_token": False}, indent=1))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {"bos_token": None, "eos_token": "<|endoftext|>", "add_bos_token": False}, indent=1
+        )
+    )
     return tok.get_vocab_size()
 
 
 def _model(arch: str, vocab: int):
     import transformers as tf
 
-    llama = {"vocab_size": vocab, "hidden_size": 64, "intermediate_size": 172,
-             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-             "max_position_embeddings": 256, "rope_theta": 10000.0,
-             "tie_word_embeddings": False, "eos_token_id": 0, "bos_token_id": 0}
+    llama = {
+        "vocab_size": vocab,
+        "hidden_size": 64,
+        "intermediate_size": 172,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+        "eos_token_id": 0,
+        "bos_token_id": 0,
+    }
     if arch == "llama":
         cfg = tf.LlamaConfig(**llama)
     elif arch == "mixtral":
         cfg = tf.MixtralConfig(num_local_experts=4, num_experts_per_tok=2, **llama)
     else:
-        cfg = tf.GPT2Config(vocab_size=vocab, n_positions=256, n_embd=64, n_layer=2, n_head=4,
-                            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0,
-                            eos_token_id=0)
+        cfg = tf.GPT2Config(
+            vocab_size=vocab,
+            n_positions=256,
+            n_embd=64,
+            n_layer=2,
+            n_head=4,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
     torch.manual_seed(0)
     return tf.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
 
@@ -85,9 +109,11 @@ def main() -> None:
         if len(sentences) >= 2:
             pairs.append({"prompt": sentences[0], "response": " ".join(sentences[1:])})
     (out / "chat.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs))
-    print(f"wrote {out / 'model'} ({args.arch}, vocab {vocab}), {out / 'corpus.jsonl'} "
-          f"({len(docs)} documents), {out / 'heldout.jsonl'} ({len(held)} documents), "
-          f"{out / 'chat.jsonl'} ({len(pairs)} pairs)")
+    print(
+        f"wrote {out / 'model'} ({args.arch}, vocab {vocab}), {out / 'corpus.jsonl'} "
+        f"({len(docs)} documents), {out / 'heldout.jsonl'} ({len(held)} documents), "
+        f"{out / 'chat.jsonl'} ({len(pairs)} pairs)"
+    )
 
 
 if __name__ == "__main__":

@@ -16,29 +16,53 @@ def _config(kind: str):
 
     common = {"vocab_size": VOCAB}
     if kind == "gpt2":
-        return tf.GPT2Config(n_positions=64, n_embd=32, n_layer=2, n_head=4,
-                             activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0,
-                             attn_pdrop=0.0, tie_word_embeddings=True, bos_token_id=0,
-                             eos_token_id=0, **common)
-    llama = {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
-             "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,
-             "rope_theta": 500.0, "tie_word_embeddings": False, **common}
+        return tf.GPT2Config(
+            n_positions=64,
+            n_embd=32,
+            n_layer=2,
+            n_head=4,
+            activation_function="gelu_new",
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            tie_word_embeddings=True,
+            bos_token_id=0,
+            eos_token_id=0,
+            **common,
+        )
+    llama = {
+        "hidden_size": 32,
+        "intermediate_size": 48,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 64,
+        "rope_theta": 500.0,
+        "tie_word_embeddings": False,
+        **common,
+    }
     if kind == "llama":
         return tf.LlamaConfig(**llama)
     if kind == "mixtral":
-        return tf.MixtralConfig(num_local_experts=4, num_experts_per_tok=2,
-                                router_jitter_noise=0.0, **{**llama, "intermediate_size": 40})
+        return tf.MixtralConfig(
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            router_jitter_noise=0.0,
+            **{**llama, "intermediate_size": 40},
+        )
     raise ValueError(kind)
 
 
-def make_hf_model(kind: str, out_dir: Path, *, max_shard_size: str | None = None,
-                  train_steps: int = 3) -> Path:
+def make_hf_model(
+    kind: str, out_dir: Path, *, max_shard_size: str | None = None, train_steps: int = 3
+) -> Path:
     """Build, train `train_steps` AdamW steps on random tokens, save to out_dir."""
     import transformers as tf
 
     torch.manual_seed(0)
-    model = tf.AutoModelForCausalLM.from_config(_config(kind), dtype=torch.float32,
-                                                attn_implementation="eager")
+    model = tf.AutoModelForCausalLM.from_config(
+        _config(kind), dtype=torch.float32, attn_implementation="eager"
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     gen = torch.Generator().manual_seed(1)
     for _ in range(train_steps):
@@ -57,15 +81,16 @@ def hf_loss(model_dir: Path, batches: list[tuple[torch.Tensor, torch.Tensor]]) -
     import transformers as tf
 
     # eager experts: the grouped-mm kernel has no float64
-    model = tf.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64,
-                                                    attn_implementation="eager",
-                                                    experts_implementation="eager").eval()
+    model = tf.AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float64, attn_implementation="eager", experts_implementation="eager"
+    ).eval()
     losses = []
     with torch.no_grad():
         for inputs, targets in batches:
             logits = model(inputs).logits
-            losses.append(torch.nn.functional.cross_entropy(
-                logits.flatten(0, 1), targets.flatten()).item())
+            losses.append(
+                torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten()).item()
+            )
     return sum(losses) / len(losses)
 
 
@@ -75,14 +100,25 @@ def first_step_batches(job) -> list[tuple[torch.Tensor, torch.Tensor]]:
     from scaletrain.data import build_data
 
     accum = job.batch.global_batch // job.batch.micro_batch
-    with build_data(job.data, seq_len=job.batch.seq_len, micro_batch=job.batch.micro_batch,
-                    grad_accum=accum, seed=job.data.seed) as data:
+    with build_data(
+        job.data,
+        seq_len=job.batch.seq_len,
+        micro_batch=job.batch.micro_batch,
+        grad_accum=accum,
+        seed=job.data.seed,
+    ) as data:
         it = data.train_batches()
         return [next(it) for _ in range(accum)]
 
 
-def make_tokenizer_dir(out_dir: Path, texts: list[str], *, vocab_size: int = 200,
-                       eos: str = "<|endoftext|>", add_bos: bool = False) -> Path:
+def make_tokenizer_dir(
+    out_dir: Path,
+    texts: list[str],
+    *,
+    vocab_size: int = 200,
+    eos: str = "<|endoftext|>",
+    add_bos: bool = False,
+) -> Path:
     """A byte-level BPE `tokenizer.json` trained by `tokenizers` on `texts`, with a
     transformers-style `tokenizer_config.json` naming its specials (eos as an object, the
     spelling transformers also writes)."""
@@ -93,22 +129,37 @@ def make_tokenizer_dir(out_dir: Path, texts: list[str], *, vocab_size: int = 200
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<s>", eos],
-                                  show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<s>", eos],
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(texts, trainer=trainer)
     out_dir.mkdir(parents=True, exist_ok=True)
     tok.save(str(out_dir / "tokenizer.json"))
-    (out_dir / "tokenizer_config.json").write_text(json.dumps(
-        {"bos_token": "<s>", "eos_token": {"content": eos}, "add_bos_token": add_bos}))
+    (out_dir / "tokenizer_config.json").write_text(
+        json.dumps({"bos_token": "<s>", "eos_token": {"content": eos}, "add_bos_token": add_bos})
+    )
     return out_dir
 
 
 def hf_args(tmp_path, model_dir, run, *extra, steps: int = 3) -> list[str]:
     """`scaletrain train` overrides for a short fp32 run initialized from `model_dir`."""
-    return [f"--checkpoint.init_from={model_dir}", "--batch.seq_len=32",
-            "--batch.global_batch=4", "--batch.micro_batch=2", f"--train.steps={steps}",
-            "--train.eval_every=1000", "--train.sample_tokens=0", "--train.progress=false",
-            "--train.tensorboard=false", "--data.num_tokens=60000",
-            f"--data.cache_dir={tmp_path / 'cache'}", f"--train.run_dir={tmp_path / run}",
-            "--optim.warmup_steps=0", "--guard.enabled=false", *extra]
+    return [
+        f"--checkpoint.init_from={model_dir}",
+        "--batch.seq_len=32",
+        "--batch.global_batch=4",
+        "--batch.micro_batch=2",
+        f"--train.steps={steps}",
+        "--train.eval_every=1000",
+        "--train.sample_tokens=0",
+        "--train.progress=false",
+        "--train.tensorboard=false",
+        "--data.num_tokens=60000",
+        f"--data.cache_dir={tmp_path / 'cache'}",
+        f"--train.run_dir={tmp_path / run}",
+        "--optim.warmup_steps=0",
+        "--guard.enabled=false",
+        *extra,
+    ]

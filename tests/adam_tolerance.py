@@ -25,8 +25,9 @@ def zero_true_gradient(name: str) -> bool:
     return name.endswith("attention.wk.bias")
 
 
-def assert_adam_close(got: torch.Tensor, ref: torch.Tensor, *, lr: float, steps: int,
-                      where: str = "") -> None:
+def assert_adam_close(
+    got: torch.Tensor, ref: torch.Tensor, *, lr: float, steps: int, where: str = ""
+) -> None:
     """Element-wise within AdamW's own bound (|step| <= lr: 2 lr apart per step); norm-wise
     within 1e-5 (~100 fp32 roundings deep) of the tensor's scale: its norm plus how far AdamW
     can move it (lr x steps x sqrt(n)), unless `where` names a parameter whose exact gradient

@@ -21,8 +21,14 @@ from scaletrain import clock
 from scaletrain.config import ConfigError, HardwareSpec, JobConfig, ParallelConfig
 from scaletrain.config.launch_env import launch_env
 
-__all__ = ["auto_layout", "available_memory", "fit_check", "preflight", "resolve_layout",
-           "train_job"]
+__all__ = [
+    "auto_layout",
+    "available_memory",
+    "fit_check",
+    "preflight",
+    "resolve_layout",
+    "train_job",
+]
 
 
 def resolve_layout(job: JobConfig) -> JobConfig:
@@ -32,8 +38,9 @@ def resolve_layout(job: JobConfig) -> JobConfig:
 
     if job.parallel.layout != "auto" or job.parallel.names_degrees:
         return job
-    env = init_distributed(device_pref=job.train.device,
-                           rendezvous_timeout_s=job.train.rendezvous_timeout_s)
+    env = init_distributed(
+        device_pref=job.train.device, rendezvous_timeout_s=job.train.rendezvous_timeout_s
+    )
     if env.world_size == 1:
         return job
     return auto_layout(job, env.world_size, detect_hardware(job, env.device))
@@ -98,18 +105,25 @@ def fit_check(job: JobConfig, available: tuple[float, str] | None = None) -> str
     m = estimate_memory(plan_input_from_job(job, job.layout(1)))
     gpu = "GPU" in where
     need = m.reserved if gpu else m.total
-    parts = ", ".join(f"{k} {_size(getattr(m, k))}" for k in
-                      ("params", "grads", "optimizer", "activations", "buffers"))
-    said = (f"the planner puts this single-process run at {_size(need)} ({parts}) and the "
-            f"{where} is {_size(avail)}")
+    parts = ", ".join(
+        f"{k} {_size(getattr(m, k))}"
+        for k in ("params", "grads", "optimizer", "activations", "buffers")
+    )
+    said = (
+        f"the planner puts this single-process run at {_size(need)} ({parts}) and the "
+        f"{where} is {_size(avail)}"
+    )
     if need <= avail:
         return f"fit check: {said}: margin {_size(avail - need)}"
     if job.train.force:
         return f"warning: train.force=true: {said}, short by {_size(need - avail)}; training anyway"
-    raise ConfigError("train.force", False,
-                      f"{said}, short by {_size(need - avail)}: use a smaller model or "
-                      "batch.micro_batch, memory.ac=full, more ranks (--nproc or torchrun), or set "
-                      "train.force=true to try anyway")
+    raise ConfigError(
+        "train.force",
+        False,
+        f"{said}, short by {_size(need - avail)}: use a smaller model or "
+        "batch.micro_batch, memory.ac=full, more ranks (--nproc or torchrun), or set "
+        "train.force=true to try anyway",
+    )
 
 
 def _size(b: float) -> str:
@@ -126,23 +140,37 @@ def auto_layout(job: JobConfig, world_size: int, hardware: HardwareSpec) -> JobC
     from scaletrain.planner.search import search
     from scaletrain.planner.types import layout_label
 
-    result = search(job.model, hardware, world_size, seq_len=job.batch.seq_len,
-                    global_batch=job.batch.global_batch, precision=job.precision.dtype,
-                    optimizer=job.optim.name, top_k=1, micro_batch=job.batch.micro_batch,
-                    ac=job.memory.ac, offload=job.memory.offload)
+    result = search(
+        job.model,
+        hardware,
+        world_size,
+        seq_len=job.batch.seq_len,
+        global_batch=job.batch.global_batch,
+        precision=job.precision.dtype,
+        optimizer=job.optim.name,
+        top_k=1,
+        micro_batch=job.batch.micro_batch,
+        ac=job.memory.ac,
+        offload=job.memory.offload,
+    )
     best = result.best
     if best is None:
-        raise ConfigError("parallel.layout", "auto",
-                          f"no layout of {world_size} ranks fits {hardware.name} memory for this "
-                          "model and batch: lower batch.micro_batch, set memory.ac=full, or add "
-                          "ranks")
+        raise ConfigError(
+            "parallel.layout",
+            "auto",
+            f"no layout of {world_size} ranks fits {hardware.name} memory for this "
+            "model and batch: lower batch.micro_batch, set memory.ac=full, or add "
+            "ranks",
+        )
     L = best.plan.layout
     chosen = dataclasses.replace(job, parallel=ParallelConfig.from_layout(L))
     rank = int(os.environ.get("RANK", "0"))
     if rank == 0:
-        print(f"layout auto: planner chose {layout_label(best)} "
-              f"(predicted {best.time.step_s * 1e3:.1f} ms/step, "
-              f"{best.memory.total / 2**20:,.1f} MiB/rank)")
+        print(
+            f"layout auto: planner chose {layout_label(best)} "
+            f"(predicted {best.time.step_s * 1e3:.1f} ms/step, "
+            f"{best.memory.total / 2**20:,.1f} MiB/rank)"
+        )
         for family, why in list(result.why_others_lost().items())[:4]:
             print(f"  {family}: {why}")
     verdict: list[Any] = [preflight(chosen, world_size, best) if rank == 0 else None]
@@ -152,12 +180,15 @@ def auto_layout(job: JobConfig, world_size: int, hardware: HardwareSpec) -> JobC
     if rank == 0:
         print(text)
     if measured is not None and measured > hardware.memory_bytes:
-        raise ConfigError("parallel.layout", "auto",
-                          f"the preflight dry-run of {layout_label(best)} measured "
-                          f"{measured / 2**30:.2f} GiB per rank, more than the "
-                          f"{hardware.memory_bytes / 2**30:.2f} GiB of {hardware.name}: name the "
-                          "degrees yourself (see `scaletrain plan`), lower batch.micro_batch or "
-                          "set memory.ac=full")
+        raise ConfigError(
+            "parallel.layout",
+            "auto",
+            f"the preflight dry-run of {layout_label(best)} measured "
+            f"{measured / 2**30:.2f} GiB per rank, more than the "
+            f"{hardware.memory_bytes / 2**30:.2f} GiB of {hardware.name}: name the "
+            "degrees yourself (see `scaletrain plan`), lower batch.micro_batch or "
+            "set memory.ac=full",
+        )
     return chosen
 
 
@@ -192,5 +223,7 @@ def preflight(job: JobConfig, world_size: int, estimate: Any) -> tuple[float | N
     if status != "ok":
         return None, f"preflight: not run ({why})"
     err = (estimate.memory.total - measured) / measured
-    return measured, (f"preflight dry-run (rank {rank} of {world_size}): "
-                      f"{measured / 2**20:,.1f} MiB measured, planner {err:+.1%}")
+    return measured, (
+        f"preflight dry-run (rank {rank} of {world_size}): "
+        f"{measured / 2**20:,.1f} MiB measured, planner {err:+.1%}"
+    )

@@ -31,10 +31,14 @@ def test_bench_runs_from_another_directory_into_out(tmp_path: Path) -> None:
     committed = benchmark_dir() / "results" / "planner_search.json"
     before = committed.read_bytes() if committed.exists() else None
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "scaletrain", "bench", "planner_search",
-                           "--out", str(out)], cwd=tmp_path, capture_output=True, text=True,
-                          env={"PYTHONPATH": SRC, "OMP_NUM_THREADS": "1",
-                               "PATH": "/usr/bin:/bin"}, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "scaletrain", "bench", "planner_search", "--out", str(out)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": SRC, "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (out / "planner_search.json").is_file() and (out / "planner_search.md").is_file()
     assert (committed.read_bytes() if committed.exists() else None) == before

@@ -26,19 +26,46 @@ def _flags(module, name: str) -> set[str]:
 
 
 def test_plan_and_dryrun_share_the_job_flags() -> None:
-    plan_only = {"--json", "--top", "--plot", "--tokens", "--preflight", "--verify",
-                 "--recipe",  # what a framework allocates: a planning question
-                 # price and energy inputs ([hardware]): they change no run
-                 "--usd-per-gpu-hour", "--efficiency", "--pue", "--grid-co2", "--host-watts",
-                 # the seeds' textbook memory printed beside the plan
-                 "--convention", "--params", "--ckpt-every"}
+    plan_only = {
+        "--json",
+        "--top",
+        "--plot",
+        "--tokens",
+        "--preflight",
+        "--verify",
+        "--recipe",  # what a framework allocates: a planning question
+        # price and energy inputs ([hardware]): they change no run
+        "--usd-per-gpu-hour",
+        "--efficiency",
+        "--pue",
+        "--grid-co2",
+        "--host-watts",
+        # the seeds' textbook memory printed beside the plan
+        "--convention",
+        "--params",
+        "--ckpt-every",
+    }
     job_flags = _flags(plan_cli, "plan") - plan_only
     assert job_flags <= _flags(dryrun_cli, "dryrun")
 
 
 def test_plan_and_dryrun_resolve_the_same_job() -> None:
-    argv = ["--model", "llama3-8b", "--gpus", "8", "--gpu", "h100-sxm", "--dp", "8", "--zero",
-            "3", "--seq-len", "8192", "--global-batch", "64"]
+    argv = [
+        "--model",
+        "llama3-8b",
+        "--gpus",
+        "8",
+        "--gpu",
+        "h100-sxm",
+        "--dp",
+        "8",
+        "--zero",
+        "3",
+        "--seq-len",
+        "8192",
+        "--global-batch",
+        "64",
+    ]
     parser = argparse.ArgumentParser()
     dryrun_cli.add_arguments(parser)
     job, world = dryrun_cli.job_from_args(parser.parse_args(argv))
@@ -72,26 +99,33 @@ def test_global_batch_rises_to_a_multiple_of_dp() -> None:
 
 
 def test_pipeline_gets_enough_micro_batches() -> None:
-    res = resolve_job(None, ["--model.name=tiny-llama", "--parallel.pp=2",
-                             "--parallel.dp=1"], world_size=2)
+    res = resolve_job(
+        None, ["--model.name=tiny-llama", "--parallel.pp=2", "--parallel.dp=1"], world_size=2
+    )
     assert res.job.batch.global_batch // res.job.batch.micro_batch >= 2
     res.job.layout(2)
 
 
 def test_given_values_are_never_replaced() -> None:
-    res = resolve_job(None, ["--batch.micro_batch=4", "--batch.global_batch=16",
-                             "--hardware.gpu=h100-sxm", "--precision.dtype=fp32"], world_size=2)
+    res = resolve_job(
+        None,
+        [
+            "--batch.micro_batch=4",
+            "--batch.global_batch=16",
+            "--hardware.gpu=h100-sxm",
+            "--precision.dtype=fp32",
+        ],
+        world_size=2,
+    )
     assert res.job.batch.micro_batch == 4 and res.job.precision.dtype == "fp32"
     assert res.notes() == []
 
 
 def test_vocab_size_follows_a_bpe_tokenizer() -> None:
-    res = resolve_job(None, ["--data.tokenizer=bpe", "--data.bpe_vocab_size=512"],
-                      world_size=1)
+    res = resolve_job(None, ["--data.tokenizer=bpe", "--data.bpe_vocab_size=512"], world_size=1)
     assert res.job.model.vocab_size == 512
     assert any("model.vocab_size = 512" in n for n in res.notes())
-    pinned = resolve_job(None, ["--data.tokenizer=bpe", "--model.vocab_size=1024"],
-                         world_size=1)
+    pinned = resolve_job(None, ["--data.tokenizer=bpe", "--model.vocab_size=1024"], world_size=1)
     assert pinned.job.model.vocab_size == 1024
 
 
@@ -100,17 +134,39 @@ def test_world_size_comes_from_the_config_degrees() -> None:
     assert res.world_size == 8 and res.job.batch.micro_batch == 1
 
 
-@pytest.mark.parametrize("used,word,margin", [(70e9, "fits", "10.00 GB to spare"),
-                                              (90e9, "DOES NOT FIT", "10.00 GB over")])
+@pytest.mark.parametrize(
+    "used,word,margin",
+    [(70e9, "fits", "10.00 GB to spare"), (90e9, "DOES NOT FIT", "10.00 GB over")],
+)
 def test_verdict_line_states_the_margin(used: float, word: str, margin: str) -> None:
     line = verdict_line(used, hardware_preset("h100-sxm"), what="x")
     assert line.startswith(f"verdict: {word} on h100-sxm") and line.endswith(margin)
 
 
 def test_explain_ends_with_the_verdict(capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["explain", "--model", "llama3-8b", "--gpus", "8", "--gpu", "h100-sxm", "--dp",
-               "8", "--zero", "3", "--ac", "full", "--seq-len", "8192", "--global-batch", "64",
-               "--micro-batch", "1"])
+    rc = main(
+        [
+            "explain",
+            "--model",
+            "llama3-8b",
+            "--gpus",
+            "8",
+            "--gpu",
+            "h100-sxm",
+            "--dp",
+            "8",
+            "--zero",
+            "3",
+            "--ac",
+            "full",
+            "--seq-len",
+            "8192",
+            "--global-batch",
+            "64",
+            "--micro-batch",
+            "1",
+        ]
+    )
     assert rc == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("verdict: fits on h100-sxm") and "GB to spare" in last

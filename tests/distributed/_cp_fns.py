@@ -41,8 +41,9 @@ def ring_attention_document_shards(cases):
         out = ring_attention(ql, kl, vl, documents=docs)
         out.backward(cp_shard(dout, rank, size, dim=2))
         plain = ring_attention(*(cp_shard(x, rank, size, dim=2) for x in (q, k, v)))
-        results.append({"out": out.detach(), "dq": ql.grad, "dk": kl.grad, "dv": vl.grad,
-                        "unmasked": plain})
+        results.append(
+            {"out": out.detach(), "dq": ql.grad, "dk": kl.grad, "dv": vl.grad, "unmasked": plain}
+        )
     return results
 
 
@@ -61,8 +62,10 @@ def document_model_grads(b, t, seed, masked):
     from scaletrain.trainer.step import cp_model_inputs
 
     rank, size = dist.get_rank(), dist.get_world_size()
-    model = apply_cp(build_model(resolve_model("tiny-llama"), device="cpu", seed=0), None
-                     if size == 1 else dist.group.WORLD)
+    model = apply_cp(
+        build_model(resolve_model("tiny-llama"), device="cpu", seed=0),
+        None if size == 1 else dist.group.WORLD,
+    )
     tokens = document_tokens(b, t + 1, seed)
     x, y = tokens[:, :-1], tokens[:, 1:]
     shard, kw = cp_model_inputs(x, rank, size, 0 if masked else None)

@@ -39,11 +39,16 @@ def ep_train():
     model = build_model(cfg, device="meta")
     apply_ep(model, dist.group.WORLD)
     materialize(model, device="cpu", seed=0)
-    assert all(isinstance(m, ExpertParallelExperts) for n, m in model.named_modules()
-               if n.endswith("moe.experts"))
+    assert all(
+        isinstance(m, ExpertParallelExperts)
+        for n, m in model.named_modules()
+        if n.endswith("moe.experts")
+    )
     opt = torch.optim.SGD(model.parameters(), lr=LR, foreach=False)
-    params0 = {n: (p.to_local() if hasattr(p, "to_local") else p).detach().clone()
-               for n, p in model.named_parameters()}
+    params0 = {
+        n: (p.to_local() if hasattr(p, "to_local") else p).detach().clone()
+        for n, p in model.named_parameters()
+    }
     losses, grads = [], []
     for step in range(STEPS):
         tokens, targets = batch(step)
@@ -58,8 +63,10 @@ def ep_train():
         grads.append(_grads(model))
         opt.step()
         opt.zero_grad()
-    final = {n: (p.to_local() if hasattr(p, "to_local") else p).detach().clone()
-             for n, p in model.named_parameters()}
+    final = {
+        n: (p.to_local() if hasattr(p, "to_local") else p).detach().clone()
+        for n, p in model.named_parameters()
+    }
     return {"losses": losses, "grads": grads, "params0": params0, "final": final}
 
 
@@ -77,8 +84,9 @@ def ep_experts_fp8(scaling):
     rank, size = dist.get_rank(), dist.get_world_size()
     cfg = resolve_model("tiny-moe")
     torch.manual_seed(0)
-    ref = GroupedExperts(cfg.dim, cfg.ffn_dim, cfg.num_experts, activation=cfg.activation,
-                         bias=False)
+    ref = GroupedExperts(
+        cfg.dim, cfg.ffn_dim, cfg.num_experts, activation=cfg.activation, bias=False
+    )
     for p in ref.parameters():
         torch.nn.init.normal_(p, std=0.05)
     counts = [(7 * e + 3) % 29 + 1 for e in range(cfg.num_experts)]  # uneven, none empty
@@ -95,7 +103,7 @@ def ep_experts_fp8(scaling):
     grads = {}
     for name in ("w1", "w2", "w3"):
         mine = getattr(ep, name).grad.to_local()
-        want = getattr(ref, name).grad[rank * n:(rank + 1) * n]
+        want = getattr(ref, name).grad[rank * n : (rank + 1) * n]
         grads[name] = (mine - want).abs().max().item() / want.abs().max().item()
     return (y_ep - y).abs().max().item(), grads, y.abs().max().item()
 

@@ -27,12 +27,17 @@ def tp_loss_and_grads(cases: list[tuple[str, bool, int, str]]) -> dict:
     gradient bytes of the head / embedding weight this rank holds."""
     out = {}
     for preset, sp, chunk, ac in cases:
-        dims = ParallelDims.from_layout(Layout(tp=dist.get_world_size(), sp=sp),
-                                        dist.get_world_size(), CONFIGS[preset], seq_len=16)
+        dims = ParallelDims.from_layout(
+            Layout(tp=dist.get_world_size(), sp=sp),
+            dist.get_world_size(),
+            CONFIGS[preset],
+            seq_len=16,
+        )
         dims.build_mesh("cpu")
         model = build_model(CONFIGS[preset])
-        parallelize(model, dims, precision=PrecisionConfig(dtype="fp32"),
-                    memory=MemoryConfig(ac=ac))
+        parallelize(
+            model, dims, precision=PrecisionConfig(dtype="fp32"), memory=MemoryConfig(ac=ac)
+        )
         materialize(model, device="cpu", seed=0)
         model.loss_chunk_tokens = chunk
         x, y = batch(preset, 0)
@@ -40,8 +45,11 @@ def tp_loss_and_grads(cases: list[tuple[str, bool, int, str]]) -> dict:
         loss.backward()
         head = model.output.weight if model.output is not None else model.tok_embeddings.weight
         out[(preset, sp, chunk, ac)] = {
-            "loss": float(loss), "loss_type": type(loss).__name__, "grads": _grads(model),
-            "head_grad_local_rows": head.grad.to_local().shape[0]}
+            "loss": float(loss),
+            "loss_type": type(loss).__name__,
+            "grads": _grads(model),
+            "head_grad_local_rows": head.grad.to_local().shape[0],
+        }
     return out
 
 
@@ -68,12 +76,17 @@ def tp_embedding_grads(cases: list[tuple[str, bool]]) -> dict:
     embedding gradient this rank holds, and the rows of every embedding-backward output."""
     out = {}
     for preset, sp in cases:
-        dims = ParallelDims.from_layout(Layout(tp=dist.get_world_size(), sp=sp),
-                                        dist.get_world_size(), CONFIGS[preset], seq_len=16)
+        dims = ParallelDims.from_layout(
+            Layout(tp=dist.get_world_size(), sp=sp),
+            dist.get_world_size(),
+            CONFIGS[preset],
+            seq_len=16,
+        )
         dims.build_mesh("cpu")
         model = build_model(CONFIGS[preset])
-        parallelize(model, dims, precision=PrecisionConfig(dtype="fp32"),
-                    memory=MemoryConfig(ac="none"))
+        parallelize(
+            model, dims, precision=PrecisionConfig(dtype="fp32"), memory=MemoryConfig(ac="none")
+        )
         materialize(model, device="cpu", seed=0)
         x, y = batch(preset, 0)
         loss = model(x, targets=y)
@@ -81,8 +94,11 @@ def tp_embedding_grads(cases: list[tuple[str, bool]]) -> dict:
         with mode:
             loss.backward()
         out[(preset, sp)] = {
-            "loss": float(loss.detach()), "grads": _grads(model), "backward_rows": mode.rows,
-            "grad_local_rows": model.tok_embeddings.weight.grad.to_local().shape[0]}
+            "loss": float(loss.detach()),
+            "grads": _grads(model),
+            "backward_rows": mode.rows,
+            "grad_local_rows": model.tok_embeddings.weight.grad.to_local().shape[0],
+        }
     return out
 
 
@@ -115,8 +131,7 @@ def pp_fused_loss(cases: list[tuple[str, str, int, int]]) -> dict:
     out = {}
     for preset, schedule, virtual, chunk in cases:
         layout = Layout(pp=dist.get_world_size(), pp_schedule=schedule, pp_virtual=virtual)
-        dims = ParallelDims.from_layout(layout, dist.get_world_size(), CONFIGS[preset],
-                                        seq_len=16)
+        dims = ParallelDims.from_layout(layout, dist.get_world_size(), CONFIGS[preset], seq_len=16)
         dims.build_mesh("cpu")
         modules, runtime = _build(preset, dims, 2, {})
         for mod in modules:
@@ -129,6 +144,9 @@ def pp_fused_loss(cases: list[tuple[str, str, int, int]]) -> dict:
         for mod in modules:
             grads.update(_grads(mod))
         out[(preset, schedule, virtual, chunk)] = {
-            "loss": float(loss), "grads": grads, "largest_vocab_tensor": mode.most,
-            "is_last": runtime.is_last}
+            "loss": float(loss),
+            "grads": grads,
+            "largest_vocab_tensor": mode.most,
+            "is_last": runtime.is_last,
+        }
     return out

@@ -37,8 +37,10 @@ from ..adam_tolerance import assert_adam_close
 STEPS, LR, MAX_NORM = 5, 1e-3, 0.5
 GLOBAL_BATCH, SEQ_LEN = 4, 16
 # The presets, plus tiny-llama with 4 layers: 2 pipeline ranks x 2 virtual stages need >= 4.
-CONFIGS = {**{p: MODEL_PRESETS[p]() for p in ("tiny", "tiny-llama", "tiny-moe")},
-          "tiny-llama-4l": dataclasses.replace(MODEL_PRESETS["tiny-llama"](), num_layers=4)}
+CONFIGS = {
+    **{p: MODEL_PRESETS[p]() for p in ("tiny", "tiny-llama", "tiny-moe")},
+    "tiny-llama-4l": dataclasses.replace(MODEL_PRESETS["tiny-llama"](), num_layers=4),
+}
 
 
 def batch(preset: str, step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,16 +61,30 @@ def assert_matches_reference(got: dict, ref: dict, where: str) -> set[str]:
     (tests/adam_tolerance.py; reasons in test_parity_matrix.py's docstring). A tied model's last
     pipeline stage holds a copy of the embedding as its head, checked against the embedding.
     Returns the reference names covered, so that a test can check its ranks cover the model."""
-    torch.testing.assert_close(torch.tensor(got["losses"]), torch.tensor(ref["losses"]),
-                               rtol=1e-5, atol=0, msg=lambda m: f"{where} loss: {m}")
-    torch.testing.assert_close(torch.tensor(got["norms"]), torch.tensor(ref["norms"]),
-                               rtol=1e-5, atol=0, msg=lambda m: f"{where} norm: {m}")
+    torch.testing.assert_close(
+        torch.tensor(got["losses"]),
+        torch.tensor(ref["losses"]),
+        rtol=1e-5,
+        atol=0,
+        msg=lambda m: f"{where} loss: {m}",
+    )
+    torch.testing.assert_close(
+        torch.tensor(got["norms"]),
+        torch.tensor(ref["norms"]),
+        rtol=1e-5,
+        atol=0,
+        msg=lambda m: f"{where} norm: {m}",
+    )
     covered = set()
     for name, value in got["params"].items():
-        ref_name = ("tok_embeddings.weight" if name == "output.weight"
-                    and name not in ref["params"] else name)
-        assert_adam_close(value, ref["params"][ref_name], lr=LR, steps=STEPS,
-                          where=f"{where} {name}")
+        ref_name = (
+            "tok_embeddings.weight"
+            if name == "output.weight" and name not in ref["params"]
+            else name
+        )
+        assert_adam_close(
+            value, ref["params"][ref_name], lr=LR, steps=STEPS, where=f"{where} {name}"
+        )
         covered.add(ref_name)
     return covered
 
@@ -119,8 +135,9 @@ def _local_numel(p: torch.Tensor) -> int:
     return p.to_local().numel() if isinstance(p, DTensor) else p.numel()
 
 
-def _dense_step(model, dims: ParallelDims, x, y, accum: int, mem: dict, loss_parallel: bool
-                ) -> torch.Tensor:
+def _dense_step(
+    model, dims: ParallelDims, x, y, accum: int, mem: dict, loss_parallel: bool
+) -> torch.Tensor:
     """Forward + backward of this rank's batch in `accum` micro-batches; its mean loss."""
     positions = None
     if dims.cp > 1:  # this rank's load-balanced sequence chunks and their global positions
@@ -142,9 +159,10 @@ def _dense_step(model, dims: ParallelDims, x, y, accum: int, mem: dict, loss_par
 
 def _build(preset: str, dims: ParallelDims, micro: int, opts: dict):
     """(modules holding this rank's parameters, pipeline runtime or None)."""
-    kw = dict(precision=PrecisionConfig(dtype=opts.get("dtype", "fp32")),
-              memory=MemoryConfig(ac=opts.get("ac", "none"),
-                                  offload=opts.get("offload", "none")))
+    kw = dict(
+        precision=PrecisionConfig(dtype=opts.get("dtype", "fp32")),
+        memory=MemoryConfig(ac=opts.get("ac", "none"), offload=opts.get("offload", "none")),
+    )
     model = build_model(CONFIGS[preset])  # meta
     if dims.pp == 1:
         parallelize(model, dims, loss_parallel=opts.get("loss_parallel", True), **kw)
@@ -156,19 +174,28 @@ def _build(preset: str, dims: ParallelDims, micro: int, opts: dict):
         materialize(mod, device="cpu", seed=0)
         return mod
 
-    runtime = build_pipeline(model, pp_group=dims.submesh("pp"), pp_rank=dims.pp_rank,
-                             pp_size=dims.pp, schedule=dims.layout.pp_schedule,
-                             virtual=dims.layout.pp_virtual, n_microbatches=micro,
-                             loss_fn=causal_lm_loss, device="cpu", parallelize_stage=stage,
-                             cp_group=dims.submesh("cp"))
+    runtime = build_pipeline(
+        model,
+        pp_group=dims.submesh("pp"),
+        pp_rank=dims.pp_rank,
+        pp_size=dims.pp,
+        schedule=dims.layout.pp_schedule,
+        virtual=dims.layout.pp_virtual,
+        n_microbatches=micro,
+        loss_fn=causal_lm_loss,
+        device="cpu",
+        parallelize_stage=stage,
+        cp_group=dims.submesh("cp"),
+    )
     return runtime.stages, runtime
 
 
 def _train(preset: str, layout: dict, micro: int, opts: dict | None = None) -> dict:
     """opts: precision `dtype`, memory `ac` / `offload`, `loss_parallel` (default on)."""
     opts = opts or {}
-    dims = ParallelDims.from_layout(Layout(**layout), dist.get_world_size(),
-                                    CONFIGS[preset], seq_len=SEQ_LEN)
+    dims = ParallelDims.from_layout(
+        Layout(**layout), dist.get_world_size(), CONFIGS[preset], seq_len=SEQ_LEN
+    )
     dims.build_mesh("cpu")
     modules, pipeline = _build(preset, dims, micro, opts)
     params = [p for m in modules for p in m.parameters()]
@@ -183,16 +210,18 @@ def _train(preset: str, layout: dict, micro: int, opts: dict | None = None) -> d
             for m in modules:  # data parallelism over DTensor parameters (else a no-op)
                 sync_gradients(m)
         else:
-            loss = _dense_step(modules[0], dims, x, y, micro, mem,
-                               loss_parallel=opts.get("loss_parallel", True))
+            loss = _dense_step(
+                modules[0], dims, x, y, micro, mem, loss_parallel=opts.get("loss_parallel", True)
+            )
         # every dp x cp rank saw an equal share of the tokens: the global mean is their mean
         dist.all_reduce(loss, group=dp_cp.get_group())
         losses.append(float(loss) / dp_cp.size())
         mem["grads"] = sum(local_state_bytes(m)["grads"] for m in modules)
         extra = pipeline.group if pipeline is not None else None
         exclude = pipeline.norm_exclude if pipeline is not None else ()
-        norms.append(float(clip_grad_norm_(params, MAX_NORM, extra_group=extra,
-                                           norm_exclude=exclude)))
+        norms.append(
+            float(clip_grad_norm_(params, MAX_NORM, extra_group=extra, norm_exclude=exclude))
+        )
         opt.step()
         opt.zero_grad()
     mem["params_at_rest"] = sum(local_state_bytes(m)["params"] for m in modules)
@@ -200,16 +229,29 @@ def _train(preset: str, layout: dict, micro: int, opts: dict | None = None) -> d
     experts = [p for m in modules for n, p in m.named_parameters() if ".moe.experts." in n]
     mem["expert_params"] = sum(_local_numel(p) * 4 for p in experts)
     local_opt = getattr(opt, "optim", opt)  # ZeRO-1's own partition
-    mem["expert_optimizer"] = sum(_local_numel(v) * 4 for p in experts
-                                  for v in local_opt.state.get(p, {}).values()
-                                  if torch.is_tensor(v) and v.dim() > 0)
-    held = {clean_fqn(n): _full(p).detach().clone() for m in modules
-            for n, p in m.named_parameters()}
-    meshes = {n: (dims.submesh(n).size(), dims.submesh(n).get_local_rank())
-              for n in ("pp", "dp", "dp_shard_cp", "dp_cp", "cp", "tp", "ep")}
+    mem["expert_optimizer"] = sum(
+        _local_numel(v) * 4
+        for p in experts
+        for v in local_opt.state.get(p, {}).values()
+        if torch.is_tensor(v) and v.dim() > 0
+    )
+    held = {
+        clean_fqn(n): _full(p).detach().clone() for m in modules for n, p in m.named_parameters()
+    }
+    meshes = {
+        n: (dims.submesh(n).size(), dims.submesh(n).get_local_rank())
+        for n in ("pp", "dp", "dp_shard_cp", "dp_cp", "cp", "tp", "ep")
+    }
     dtypes = sorted({str(p.dtype) for p in held.values()})
-    return {"losses": losses, "norms": norms, "params": held, "mem": mem, "meshes": meshes,
-            "param_dtypes": dtypes, "logits_type": mem.pop("logits_type", None)}
+    return {
+        "losses": losses,
+        "norms": norms,
+        "params": held,
+        "mem": mem,
+        "meshes": meshes,
+        "param_dtypes": dtypes,
+        "logits_type": mem.pop("logits_type", None),
+    }
 
 
 def train_modes(modes: dict[str, tuple]) -> dict:
@@ -221,10 +263,12 @@ def train_modes(modes: dict[str, tuple]) -> dict:
 def world4_suite(modes: dict[str, tuple]) -> dict:
     """`train_modes(modes)` plus the ranks of this rank's expert-parallel group for dp 4, ep 2."""
     out = train_modes(modes)
-    dims = ParallelDims.from_layout(Layout(dp=4, zero=3, ep=2), dist.get_world_size(),
-                                    CONFIGS["tiny-moe"])
+    dims = ParallelDims.from_layout(
+        Layout(dp=4, zero=3, ep=2), dist.get_world_size(), CONFIGS["tiny-moe"]
+    )
     dims.build_mesh("cpu")
     out["ep_group"] = dist.get_process_group_ranks(dims.submesh("ep").get_group())
     out["ep_replicate_group"] = dist.get_process_group_ranks(
-        dims.submesh("ep_replicate").get_group())
+        dims.submesh("ep_replicate").get_group()
+    )
     return out

@@ -26,12 +26,23 @@ def train_many(jobs):
 def small_job(tmp_path, run, *extra):
     """Overrides of a 4-step tiny-llama job (seq 32, global batch 8 in micro-batches of 2)
     writing to tmp_path/run."""
-    return ["--model.name=tiny-llama", "--batch.seq_len=32", "--batch.global_batch=8",
-            "--batch.micro_batch=2", "--train.steps=4", "--train.eval_every=1000",
-            "--train.sample_tokens=0", "--train.progress=false", "--train.tensorboard=false",
-            "--data.num_tokens=60000", f"--data.cache_dir={tmp_path / 'cache'}",
-            f"--train.run_dir={tmp_path / run}", "--optim.warmup_steps=0",
-            "--guard.enabled=false", *extra]
+    return [
+        "--model.name=tiny-llama",
+        "--batch.seq_len=32",
+        "--batch.global_batch=8",
+        "--batch.micro_batch=2",
+        "--train.steps=4",
+        "--train.eval_every=1000",
+        "--train.sample_tokens=0",
+        "--train.progress=false",
+        "--train.tensorboard=false",
+        "--data.num_tokens=60000",
+        f"--data.cache_dir={tmp_path / 'cache'}",
+        f"--train.run_dir={tmp_path / run}",
+        "--optim.warmup_steps=0",
+        "--guard.enabled=false",
+        *extra,
+    ]
 
 
 def straight_and_resumed(tmp_path, extra, stop):

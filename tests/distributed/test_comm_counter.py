@@ -31,19 +31,24 @@ def _known_collectives() -> dict:
         # uneven all-to-all: rank 0 keeps 3 rows and sends 1, rank 1 sends 3 and keeps 1
         splits = [3, 1]
         out_splits = [3, 3] if rank == 0 else [1, 1]
-        dist.all_to_all_single(torch.empty(sum(out_splits), 5), torch.ones(4, 5),
-                               output_split_sizes=out_splits, input_split_sizes=splits)
+        dist.all_to_all_single(
+            torch.empty(sum(out_splits), 5),
+            torch.ones(4, 5),
+            output_split_sizes=out_splits,
+            input_split_sizes=splits,
+        )
         if rank == 0:
             dist.send(torch.ones(7), dst=1)
         else:
             dist.recv(torch.empty(7), src=0)
-        ops = [dist.P2POp(dist.isend, torch.ones(3), peer),
-               dist.P2POp(dist.irecv, torch.empty(3), peer)]
+        ops = [
+            dist.P2POp(dist.isend, torch.ones(3), peer),
+            dist.P2POp(dist.irecv, torch.empty(3), peer),
+        ]
         for work in dist.batch_isend_irecv(ops):
             work.wait()
         funcol.wait_tensor(funcol.all_reduce(torch.ones(8), "sum", dist.group.WORLD))
-        funcol.wait_tensor(funcol.reduce_scatter_tensor(torch.ones(8), "sum", 0,
-                                                        dist.group.WORLD))
+        funcol.wait_tensor(funcol.reduce_scatter_tensor(torch.ones(8), "sum", 0, dist.group.WORLD))
         full = sharded.redistribute(mesh, [Replicate()])  # DTensor -> one all-gather
         dist.reduce(torch.ones(5), dst=0)  # no ring convention: seen, 0 bytes
         dist.barrier()  # no payload: not recorded
@@ -54,10 +59,13 @@ def _known_collectives() -> dict:
     with count_collectives() as backward:
         out.backward()
     del ddp, out  # the reducer holds the process group: free it before the group goes
-    return {"ops": {k: (v.calls, v.bytes_sent, v.received) for k, v in c.by_op.items()},
-            "total": c.total_bytes, "groups": {g for (_, g, _) in c.by_group},
-            "world": dist.group.WORLD.group_name,
-            "ddp": {k: (v.calls, v.bytes_sent) for k, v in backward.by_op.items()}}
+    return {
+        "ops": {k: (v.calls, v.bytes_sent, v.received) for k, v in c.by_op.items()},
+        "total": c.total_bytes,
+        "groups": {g for (_, g, _) in c.by_group},
+        "world": dist.group.WORLD.group_name,
+        "ddp": {k: (v.calls, v.bytes_sent) for k, v in backward.by_op.items()},
+    }
 
 
 def test_ring_bytes_convention():

@@ -33,8 +33,9 @@ def _reference(b, nh, nkv, t, hd, seed):
     q, k, v = (torch.randn(b, n, t, hd, generator=g).requires_grad_() for n in (nh, nkv, nkv))
     dout = torch.randn(b, nh, t, hd, generator=g)
     rep = nh // nkv
-    out = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1),
-                                         v.repeat_interleave(rep, 1), is_causal=True)
+    out = F.scaled_dot_product_attention(
+        q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), is_causal=True
+    )
     out.backward(dout)
     return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
 
@@ -48,8 +49,9 @@ def test_ring_attention_matches_full_causal_sdpa(cp):
         ref = _reference(*case)
         for name in ("out", "dq", "dk", "dv"):
             got = cp_unshard([per_rank[r][i][name] for r in range(cp)], dim=2)
-            torch.testing.assert_close(got, ref[name], atol=1e-5, rtol=1e-5,
-                                       msg=f"{name} case {case} cp={cp}")
+            torch.testing.assert_close(
+                got, ref[name], atol=1e-5, rtol=1e-5, msg=f"{name} case {case} cp={cp}"
+            )
 
 
 def _document_reference(b, nh, nkv, t, hd, seed):
@@ -57,16 +59,20 @@ def _document_reference(b, nh, nkv, t, hd, seed):
     from scaletrain.models.documents import document_layout
 
     g = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(b, n, t, hd, generator=g).double().requires_grad_()
-               for n in (nh, nkv, nkv))
+    q, k, v = (
+        torch.randn(b, n, t, hd, generator=g).double().requires_grad_() for n in (nh, nkv, nkv)
+    )
     dout = torch.randn(b, nh, t, hd, generator=g).double()
     rep = nh // nkv
     mask = document_layout(document_tokens(b, t, seed), 0).mask
-    out = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1),
-                                         v.repeat_interleave(rep, 1), attn_mask=mask)
+    out = F.scaled_dot_product_attention(
+        q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), attn_mask=mask
+    )
     out.backward(dout)
-    return {n: x.float() for n, x in
-            {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}.items()}
+    return {
+        n: x.float()
+        for n, x in {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}.items()
+    }
 
 
 @pytest.mark.distributed
@@ -87,8 +93,9 @@ def test_ring_attention_with_documents_matches_block_causal(cp):
         # unit-normal values, fp32 rounding ~1e-7 per op over O(T) terms: 1e-5 as above
         for name in ("out", "dq", "dk", "dv"):
             got = cp_unshard([per_rank[r][i][name] for r in range(cp)], dim=2)
-            torch.testing.assert_close(got, ref[name], atol=1e-5, rtol=1e-5,
-                                       msg=f"{name} case {case} cp={cp}")
+            torch.testing.assert_close(
+                got, ref[name], atol=1e-5, rtol=1e-5, msg=f"{name} case {case} cp={cp}"
+            )
         unmasked = cp_unshard([per_rank[r][i]["unmasked"] for r in range(cp)], dim=2)
         assert (unmasked - ref["out"]).abs().max() > 0.1  # the mask acts
 
@@ -148,6 +155,9 @@ def test_math_block_kernels_match_the_cpu_flash_kernels(causal):
     m_out, m_lse = cp._math_block_fwd(q, k, v, causal, scale)
     torch.testing.assert_close(m_out, out, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(m_lse, lse, atol=1e-5, rtol=1e-5)
-    for a, b in zip(cp._math_block_bwd(dout, q, k, v, out, lse, causal, scale),
-                    cp._block_bwd(dout, q, k, v, out, lse, causal, scale), strict=True):
+    for a, b in zip(
+        cp._math_block_bwd(dout, q, k, v, out, lse, causal, scale),
+        cp._block_bwd(dout, q, k, v, out, lse, causal, scale),
+        strict=True,
+    ):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)

@@ -38,12 +38,16 @@ def test_legality_rules_come_from_config():
         ParallelDims.from_layout(Layout(dp=4, zero=1, ep=2, dp_replicate=2), 4)
 
 
-@pytest.mark.parametrize(("layout", "memory", "field"), [
-    (Layout(dp=2, zero=3), MemoryConfig(offload="optimizer"), "memory.offload"),
-    (Layout(dp=2, zero=1), MemoryConfig(offload="params"), "memory.offload"),
-])
+@pytest.mark.parametrize(
+    ("layout", "memory", "field"),
+    [
+        (Layout(dp=2, zero=3), MemoryConfig(offload="optimizer"), "memory.offload"),
+        (Layout(dp=2, zero=1), MemoryConfig(offload="params"), "memory.offload"),
+    ],
+)
 def test_parallelize_refuses_unsupported_combinations_before_touching_the_model(
-        layout, memory, field):
+    layout, memory, field
+):
     dims = ParallelDims.from_layout(layout, layout.world_size)
     model = build_model(MODEL_PRESETS["tiny"]())
     with pytest.raises(ConfigError, match=field):

@@ -16,20 +16,39 @@ pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 
 def _args(tmp_path, run, *extra):
-    return ["--model.name=tiny-llama", "--model.vocab_size=300", "--data.tokenizer=bpe",
-            "--data.bpe_vocab_size=280", f"--data.source={tmp_path / 'c.jsonl'}",
-            "--data.document_masking=true", "--batch.seq_len=32", "--batch.global_batch=4",
-            "--batch.micro_batch=2", "--train.steps=3", "--train.sample_tokens=0",
-            "--train.progress=false", "--train.tensorboard=false", "--guard.enabled=false",
-            "--train.eval_every=1000", "--optim.warmup_steps=0", "--model.tie_embeddings=false",
-            f"--data.cache_dir={tmp_path / 'cache'}", f"--train.run_dir={tmp_path / run}",
-            *extra]
+    return [
+        "--model.name=tiny-llama",
+        "--model.vocab_size=300",
+        "--data.tokenizer=bpe",
+        "--data.bpe_vocab_size=280",
+        f"--data.source={tmp_path / 'c.jsonl'}",
+        "--data.document_masking=true",
+        "--batch.seq_len=32",
+        "--batch.global_batch=4",
+        "--batch.micro_batch=2",
+        "--train.steps=3",
+        "--train.sample_tokens=0",
+        "--train.progress=false",
+        "--train.tensorboard=false",
+        "--guard.enabled=false",
+        "--train.eval_every=1000",
+        "--optim.warmup_steps=0",
+        "--model.tie_embeddings=false",
+        f"--data.cache_dir={tmp_path / 'cache'}",
+        f"--train.run_dir={tmp_path / run}",
+        *extra,
+    ]
 
 
-@pytest.mark.parametrize("extra", [["--parallel.dp=2", "--parallel.zero=3"],
-                                   ["--parallel.tp=2", "--parallel.sp=true"],
-                                   ["--parallel.cp=2"]],
-                         ids=["zero3", "tp_sp", "cp"])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--parallel.dp=2", "--parallel.zero=3"],
+        ["--parallel.tp=2", "--parallel.sp=true"],
+        ["--parallel.cp=2"],
+    ],
+    ids=["zero3", "tp_sp", "cp"],
+)
 def test_masked_training_matches_one_process(tmp_path, extra):
     _corpus(tmp_path)
     reference = train_losses(_args(tmp_path, "ref"))
@@ -51,7 +70,16 @@ def test_cp_masked_eval_and_sample_match_one_process(tmp_path):
 def _corpus(tmp_path):
     words = ["red", "green", "blue", "cyan", "magenta", "yellow"]
     gen = torch.Generator().manual_seed(0)
-    (tmp_path / "c.jsonl").write_text("".join(
-        json.dumps({"text": " ".join(words[int(i)] for i in torch.randint(
-            0, 6, (int(n),), generator=gen))}) + "\n"
-        for n in torch.randint(2, 12, (600,), generator=gen)))
+    (tmp_path / "c.jsonl").write_text(
+        "".join(
+            json.dumps(
+                {
+                    "text": " ".join(
+                        words[int(i)] for i in torch.randint(0, 6, (int(n),), generator=gen)
+                    )
+                }
+            )
+            + "\n"
+            for n in torch.randint(2, 12, (600,), generator=gen)
+        )
+    )

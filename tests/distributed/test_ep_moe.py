@@ -38,7 +38,7 @@ def _slice(name, full, rank):
     if "moe.experts." not in name:
         return full
     n = full.shape[0] // EP
-    return full[rank * n:(rank + 1) * n]
+    return full[rank * n : (rank + 1) * n]
 
 
 def test_ep2_matches_single_process_losses_grads_and_params():
@@ -48,14 +48,23 @@ def test_ep2_matches_single_process_losses_grads_and_params():
         assert got["losses"] == pytest.approx(ref["losses"], abs=1e-5)
         for key in ("params0", "final"):
             for n, p in ref[key].items():
-                torch.testing.assert_close(got[key][n], _slice(n, p, rank), atol=1e-5,
-                                           rtol=1e-5, msg=f"{key} {n} rank {rank}")
+                torch.testing.assert_close(
+                    got[key][n],
+                    _slice(n, p, rank),
+                    atol=1e-5,
+                    rtol=1e-5,
+                    msg=f"{key} {n} rank {rank}",
+                )
         for step in range(STEPS):
             assert set(got["grads"][step]) == set(ref["grads"][step])
             for n, g in ref["grads"][step].items():
-                torch.testing.assert_close(got["grads"][step][n], _slice(n, g, rank),
-                                           atol=1e-5, rtol=1e-5,
-                                           msg=f"grad {n} step {step} rank {rank}")
+                torch.testing.assert_close(
+                    got["grads"][step][n],
+                    _slice(n, g, rank),
+                    atol=1e-5,
+                    rtol=1e-5,
+                    msg=f"grad {n} step {step} rank {rank}",
+                )
 
 
 @pytest.mark.parametrize("scaling", ["tensorwise", "tilewise"])

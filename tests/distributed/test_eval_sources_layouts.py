@@ -21,24 +21,37 @@ pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 
 def test_per_source_loss_matches_one_process(tmp_path):
-    docs = [f"held-out sentence {i} about the {('red', 'blue', 'green')[i % 3]} fox."
-            for i in range(60)]
+    docs = [
+        f"held-out sentence {i} about the {('red', 'blue', 'green')[i % 3]} fox." for i in range(60)
+    ]
     (tmp_path / "held.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
     (tmp_path / "more.txt").write_text("a different register of text, lower case only. " * 40)
 
     def job(run, micro, *extra):
-        return small_job(tmp_path, run, "--batch.global_batch=4", f"--batch.micro_batch={micro}",
-                         "--train.steps=2", "--train.eval_every=1", "--train.eval_batches=4",
-                         f"--data.eval_sources=held={tmp_path / 'held.jsonl'}, "
-                         f"more={tmp_path / 'more.txt'}", *extra)
+        return small_job(
+            tmp_path,
+            run,
+            "--batch.global_batch=4",
+            f"--batch.micro_batch={micro}",
+            "--train.steps=2",
+            "--train.eval_every=1",
+            "--train.eval_batches=4",
+            f"--data.eval_sources=held={tmp_path / 'held.jsonl'}, more={tmp_path / 'more.txt'}",
+            *extra,
+        )
 
     ref = train_evals({"micro4": job("ref4", 4), "micro2": job("ref2", 2)})
-    par = spawn(train_evals, 2, {"dp2": job("dp2", 2, "--parallel.dp=2"),
-                                 "tp2": job("tp2", 2, "--parallel.tp=2"),
-                                 "pp2": job("pp2", 2, "--parallel.pp=2"),
-                                 "cp2": job("cp2", 2, "--parallel.cp=2")})
-    for name, want in (("dp2", "micro4"), ("tp2", "micro2"), ("pp2", "micro2"),
-                       ("cp2", "micro2")):
+    par = spawn(
+        train_evals,
+        2,
+        {
+            "dp2": job("dp2", 2, "--parallel.dp=2"),
+            "tp2": job("tp2", 2, "--parallel.tp=2"),
+            "pp2": job("pp2", 2, "--parallel.pp=2"),
+            "cp2": job("cp2", 2, "--parallel.cp=2"),
+        },
+    )
+    for name, want in (("dp2", "micro4"), ("tp2", "micro2"), ("pp2", "micro2"), ("cp2", "micro2")):
         val, evals = ref[want]
         assert set(evals) == {"held", "more"} and evals["held"] != evals["more"]
         for rank_out in par:

@@ -94,8 +94,12 @@ def test_fp8_all_gather_halves_the_bytes_and_tracks_the_single_process_run():
         assert ((fp8_out[0] - ref[0]).norm() / ref[0].norm()).item() < 5e-3
 
 
-EXTRA = ("--parallel.dp=2", "--parallel.zero=3", "--precision.dtype=fp8",
-         "--precision.fp8_all_gather=true")
+EXTRA = (
+    "--parallel.dp=2",
+    "--parallel.zero=3",
+    "--precision.dtype=fp8",
+    "--precision.fp8_all_gather=true",
+)
 
 
 def test_trainer_fp8_all_gather_trains_and_resumes_exactly(tmp_path):

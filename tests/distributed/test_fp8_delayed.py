@@ -34,8 +34,12 @@ def _sync_case(_: int) -> dict[str, torch.Tensor]:
     gathered = [torch.empty_like(before) for _ in range(dist.get_world_size())]
     dist.all_gather(gathered, before)
     n = sync_amax_histories(lin)
-    return {"before": before, "all_before": torch.stack(gathered), "after": _histories(lin),
-            "reduced": torch.tensor(n)}
+    return {
+        "before": before,
+        "all_before": torch.stack(gathered),
+        "after": _histories(lin),
+        "reduced": torch.tensor(n),
+    }
 
 
 def test_sync_makes_every_rank_hold_the_max_history():
@@ -47,8 +51,13 @@ def test_sync_makes_every_rank_hold_the_max_history():
         assert int(r["reduced"]) == 3 * 4  # x, w, dy histories of 4 values
 
 
-EXTRA = ("--parallel.dp=2", "--parallel.zero=3", "--precision.dtype=fp8",
-         "--precision.fp8_amax=delayed", "--precision.fp8_history_len=4")
+EXTRA = (
+    "--parallel.dp=2",
+    "--parallel.zero=3",
+    "--precision.dtype=fp8",
+    "--precision.fp8_amax=delayed",
+    "--precision.fp8_history_len=4",
+)
 
 
 def test_delayed_fp8_run_resumes_every_rank_exactly(tmp_path):

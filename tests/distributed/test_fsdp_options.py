@@ -40,8 +40,10 @@ def results() -> list[dict]:
 def references() -> dict:
     # tiny-moe: the 2 data-parallel shards seen separately (the load-balancing loss is per
     # forward), as in the parity matrix
-    return {p: reference(p, shards=2 if p == "tiny-moe" else 1)
-            for p in ("tiny", "tiny-llama", "tiny-moe")}
+    return {
+        p: reference(p, shards=2 if p == "tiny-moe" else 1)
+        for p in ("tiny", "tiny-llama", "tiny-moe")
+    }
 
 
 @pytest.mark.parametrize("name", EXACT)
@@ -49,10 +51,12 @@ def test_option_keeps_fp32_parity(results, references, name):
     ref = references[RUNS[name][0]]
     for rank in results:
         r = rank[name]
-        torch.testing.assert_close(torch.tensor(r["losses"]), torch.tensor(ref["losses"]),
-                                   rtol=1e-5, atol=0)
-        torch.testing.assert_close(torch.tensor(r["norms"]), torch.tensor(ref["norms"]),
-                                   rtol=1e-5, atol=0)
+        torch.testing.assert_close(
+            torch.tensor(r["losses"]), torch.tensor(ref["losses"]), rtol=1e-5, atol=0
+        )
+        torch.testing.assert_close(
+            torch.tensor(r["norms"]), torch.tensor(ref["norms"]), rtol=1e-5, atol=0
+        )
         for k, v in ref["params"].items():
             torch.testing.assert_close(r["params"][k], v, rtol=1e-5, atol=1e-5)
 
@@ -66,8 +70,8 @@ def test_bf16_mixed_precision_tracks_fp32_and_keeps_fp32_master(results, referen
     ref = references["tiny-llama"]
     r = results[0]["bf16"]
     # bf16 has 8 mantissa bits: losses agree to ~1e-2 relative, not to fp32 precision.
-    torch.testing.assert_close(torch.tensor(r["losses"]), torch.tensor(ref["losses"]),
-                               rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(
+        torch.tensor(r["losses"]), torch.tensor(ref["losses"]), rtol=2e-2, atol=2e-2
+    )
     assert r["losses"] != ref["losses"]  # bf16 compute really happened
     assert r["param_dtypes"] == ["torch.float32"]  # sharded master weights stay fp32
-

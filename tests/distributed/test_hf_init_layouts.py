@@ -33,15 +33,19 @@ def _args(tmp_path, model_dir, run, *extra):
 
 
 def test_first_step_loss_equals_transformers_in_every_layout(tmp_path):
-    dirs = {"gpt2": make_hf_model("gpt2", tmp_path / "gpt2"),
-            "llama": make_hf_model("llama", tmp_path / "llama"),
-            "llama-sharded": make_hf_model("llama", tmp_path / "llama-sharded",
-                                           max_shard_size="20KB"),
-            "mixtral": make_hf_model("mixtral", tmp_path / "mixtral")}
-    jobs = {name: _args(tmp_path, dirs[kind], name, *extra)
-            for name, (kind, extra) in LAYOUTS.items()}
-    reference = {kind: hf_loss(d, first_step_batches(load_config(None, _args(tmp_path, d, "x"))))
-                 for kind, d in dirs.items()}
+    dirs = {
+        "gpt2": make_hf_model("gpt2", tmp_path / "gpt2"),
+        "llama": make_hf_model("llama", tmp_path / "llama"),
+        "llama-sharded": make_hf_model("llama", tmp_path / "llama-sharded", max_shard_size="20KB"),
+        "mixtral": make_hf_model("mixtral", tmp_path / "mixtral"),
+    }
+    jobs = {
+        name: _args(tmp_path, dirs[kind], name, *extra) for name, (kind, extra) in LAYOUTS.items()
+    }
+    reference = {
+        kind: hf_loss(d, first_step_batches(load_config(None, _args(tmp_path, d, "x"))))
+        for kind, d in dirs.items()
+    }
     per_rank = spawn(train_many, 2, jobs)
     for rank, results in enumerate(per_rank):
         for name, (kind, _) in LAYOUTS.items():
@@ -53,10 +57,26 @@ def test_fsdp_over_tp_and_hsdp_on_four_ranks(tmp_path):
     """FSDP over TP shards dim 0 twice (`_StridedShard`: the local piece is not one box, so
     those tensors are read whole and cut by `distribute_tensor`); HSDP replicates shards."""
     d = make_hf_model("llama", tmp_path / "llama", max_shard_size="20KB")
-    jobs = {"fsdp_tp": _args(tmp_path, d, "fsdp_tp", "--parallel.dp=2", "--parallel.zero=3",
-                             "--parallel.tp=2", "--batch.global_batch=4"),
-            "hsdp": _args(tmp_path, d, "hsdp", "--parallel.dp=4", "--parallel.zero=3",
-                          "--parallel.dp_replicate=2", "--batch.micro_batch=1")}
+    jobs = {
+        "fsdp_tp": _args(
+            tmp_path,
+            d,
+            "fsdp_tp",
+            "--parallel.dp=2",
+            "--parallel.zero=3",
+            "--parallel.tp=2",
+            "--batch.global_batch=4",
+        ),
+        "hsdp": _args(
+            tmp_path,
+            d,
+            "hsdp",
+            "--parallel.dp=4",
+            "--parallel.zero=3",
+            "--parallel.dp_replicate=2",
+            "--batch.micro_batch=1",
+        ),
+    }
     reference = hf_loss(d, first_step_batches(load_config(None, _args(tmp_path, d, "x"))))
     for rank, results in enumerate(spawn(train_many, 4, jobs)):
         for name in jobs:

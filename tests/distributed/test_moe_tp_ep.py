@@ -36,10 +36,7 @@ pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 GATHERED = {"loss_parallel": False}
 
 # mode -> (layout, micro-batches, reference shards, options)
-WORLD2 = {
-    "tp2": (dict(tp=2), 1, 1, GATHERED),
-    "tp2+sp": (dict(tp=2, sp=True), 1, 1, GATHERED),
-}
+WORLD2 = {"tp2": (dict(tp=2), 1, 1, GATHERED), "tp2+sp": (dict(tp=2, sp=True), 1, 1, GATHERED)}
 WORLD4 = {
     "tp2xdp2": (dict(dp=2, tp=2, zero=0), 1, 2, GATHERED),
     # 2 micro-batches per dp rank: 4 forwards of one sequence each
@@ -56,8 +53,9 @@ ROWS = [(2, m) for m in WORLD2] + [(4, m) for m in WORLD4]
 
 
 def _modes(rows: dict) -> dict:
-    return {mode: ("tiny-moe", layout, micro, opts)
-            for mode, (layout, micro, _, opts) in rows.items()}
+    return {
+        mode: ("tiny-moe", layout, micro, opts) for mode, (layout, micro, _, opts) in rows.items()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +101,8 @@ def test_each_rank_holds_its_split_of_the_experts(request, world, mode):
     for results in request.getfixturevalue(f"world{world}"):
         # a pipeline rank holds its stage's blocks: 1 of tiny-moe's 2
         assert results[mode]["mem"]["expert_params"] == _expert_bytes() // (
-            split * fsdp * layout.pp)
+            split * fsdp * layout.pp
+        )
 
 
 def test_zero1_shards_expert_states_over_their_replicas(world4):

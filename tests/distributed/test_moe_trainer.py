@@ -24,18 +24,26 @@ pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 MOE = "--model.name=tiny-moe"
 
 
-@pytest.mark.parametrize(("world", "layout", "batch"), [
-    # experts split over tp: the fused vocab-parallel loss + the MoE auxiliary loss
-    (2, ["--parallel.tp=2", "--parallel.sp=true"], []),
-    (4, ["--parallel.tp=2", "--parallel.dp=2", "--parallel.ep=2", "--parallel.zero=1"], []),
-    # 4 dp ranks x 2 micro-batches of 2 sequences
-    (4, ["--parallel.dp=4", "--parallel.ep=2", "--parallel.zero=1"],
-     ["--batch.global_batch=16"]),
-], ids=["tp2+sp", "tp2xdp2-ep2-zero1", "dp4-ep2-zero1"])
+@pytest.mark.parametrize(
+    ("world", "layout", "batch"),
+    [
+        # experts split over tp: the fused vocab-parallel loss + the MoE auxiliary loss
+        (2, ["--parallel.tp=2", "--parallel.sp=true"], []),
+        (4, ["--parallel.tp=2", "--parallel.dp=2", "--parallel.ep=2", "--parallel.zero=1"], []),
+        # 4 dp ranks x 2 micro-batches of 2 sequences
+        (
+            4,
+            ["--parallel.dp=4", "--parallel.ep=2", "--parallel.zero=1"],
+            ["--batch.global_batch=16"],
+        ),
+    ],
+    ids=["tp2+sp", "tp2xdp2-ep2-zero1", "dp4-ep2-zero1"],
+)
 def test_moe_layout_trains_like_one_process_and_resumes(tmp_path, world, layout, batch):
     alone = train(load_config(None, small_job(tmp_path / "one", "one", MOE, *batch))).losses
-    straight, resumed = spawn(straight_and_resumed, world, tmp_path / "many",
-                              [MOE, *batch, *layout], 2)[0]
+    straight, resumed = spawn(
+        straight_and_resumed, world, tmp_path / "many", [MOE, *batch, *layout], 2
+    )[0]
     # one process vs 4 ranks: the same arithmetic up to the sharded matmuls' rounding
     assert straight == pytest.approx(alone, rel=1e-5, abs=0)
     # stopping and resuming changes nothing: the same ranks redo the same sums

@@ -32,24 +32,49 @@ def _torchrun() -> list[str]:
 def test_two_torchrun_agents_on_loopback_train_dp2(tmp_path):
     port = free_port()
     run_dir = tmp_path / "run"
-    train_args = ["--model.name=tiny", "--batch.seq_len=32", "--batch.global_batch=4",
-                  "--batch.micro_batch=2", f"--train.steps={STEPS}", "--train.eval_every=1000",
-                  "--train.sample_tokens=0", "--train.progress=false",
-                  "--train.tensorboard=false", "--data.num_tokens=20000",
-                  f"--data.cache_dir={tmp_path / 'cache'}", f"--train.run_dir={run_dir}",
-                  "--parallel.dp=2", "--checkpoint.resume=never", "--train.device=cpu"]
+    train_args = [
+        "--model.name=tiny",
+        "--batch.seq_len=32",
+        "--batch.global_batch=4",
+        "--batch.micro_batch=2",
+        f"--train.steps={STEPS}",
+        "--train.eval_every=1000",
+        "--train.sample_tokens=0",
+        "--train.progress=false",
+        "--train.tensorboard=false",
+        "--data.num_tokens=20000",
+        f"--data.cache_dir={tmp_path / 'cache'}",
+        f"--train.run_dir={run_dir}",
+        "--parallel.dp=2",
+        "--checkpoint.resume=never",
+        "--train.device=cpu",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(var, None)  # the agents, not the environment, define the job
     agents = []
     for node in range(2):
-        cmd = [*_torchrun(), "--nnodes", "2", "--nproc-per-node", "1",
-               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-               "--rdzv-id", "scaletrain-loopback", "--max-restarts", "0",
-               "-m", "scaletrain", "train", *train_args]
+        cmd = [
+            *_torchrun(),
+            "--nnodes",
+            "2",
+            "--nproc-per-node",
+            "1",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            f"127.0.0.1:{port}",
+            "--rdzv-id",
+            "scaletrain-loopback",
+            "--max-restarts",
+            "0",
+            "-m",
+            "scaletrain",
+            "train",
+            *train_args,
+        ]
         log = open(tmp_path / f"node{node}.log", "w")  # noqa: SIM115 (closed below)
-        agents.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env),
-                       log))
+        agents.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), log))
     try:
         rcs = [p.wait(timeout=240) for p, _ in agents]
     finally:
@@ -58,8 +83,9 @@ def test_two_torchrun_agents_on_loopback_train_dp2(tmp_path):
                 p.kill()
                 p.wait()
             log.close()
-    logs = "\n".join(f"--- node {i}\n{(tmp_path / f'node{i}.log').read_text()[-3000:]}"
-                     for i in range(2))
+    logs = "\n".join(
+        f"--- node {i}\n{(tmp_path / f'node{i}.log').read_text()[-3000:]}" for i in range(2)
+    )
     assert rcs == [0, 0], logs
     info = json.loads((run_dir / "run_info.json").read_text())
     assert info["world_size"] == 2 and info["steps"] == STEPS

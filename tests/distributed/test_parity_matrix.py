@@ -55,10 +55,8 @@ MATRIX: dict[str, tuple[int, dict, int, tuple[str, ...]]] = {
     "tp2+sp": (2, dict(tp=2, sp=True), 1, DENSE),
     "pp2-gpipe": (2, dict(pp=2, pp_schedule="gpipe"), 4, ("llama4",)),
     "pp2-1f1b": (2, _1F1B, 4, ("llama4", "gpt2")),
-    "pp2-interleaved": (2, dict(pp=2, pp_schedule="interleaved", pp_virtual=2), 4,
-                        ("llama4",)),
-    "pp2-zero-bubble": (2, dict(pp=2, pp_schedule="zero-bubble", pp_virtual=2), 4,
-                        ("llama4",)),
+    "pp2-interleaved": (2, dict(pp=2, pp_schedule="interleaved", pp_virtual=2), 4, ("llama4",)),
+    "pp2-zero-bubble": (2, dict(pp=2, pp_schedule="zero-bubble", pp_virtual=2), 4, ("llama4",)),
     "cp2": (2, dict(cp=2), 1, DENSE),
     "ep2": (2, dict(dp=2, ep=2), 1, ("moe",)),
     # MoE under pipelining: each stage attaches its load-balancing loss to its backward; 2
@@ -75,9 +73,12 @@ ROWS = [(mode, model) for mode, spec in MATRIX.items() for model in spec[3]]
 
 
 def _modes(world: int) -> dict[str, tuple]:
-    return {f"{mode}/{model}": (MODELS[model], layout, micro)
-            for mode, (w, layout, micro, models) in MATRIX.items() if w == world
-            for model in models}
+    return {
+        f"{mode}/{model}": (MODELS[model], layout, micro)
+        for mode, (w, layout, micro, models) in MATRIX.items()
+        if w == world
+        for model in models
+    }
 
 
 @pytest.fixture(scope="module")
@@ -102,16 +103,31 @@ def test_parity(request, references, mode, model):
     ref = references[model]
     covered: set[str] = set()
     for rank, results in enumerate(per_rank):
-        covered |= assert_matches_reference(results[f"{mode}/{model}"], ref,
-                                            f"{mode}/{model} rank {rank}")
+        covered |= assert_matches_reference(
+            results[f"{mode}/{model}"], ref, f"{mode}/{model} rank {rank}"
+        )
     assert covered == ref["params"].keys()
 
 
 def test_matrix_covers_the_acceptance_list():
     assert set(MATRIX) >= {
-        "dp2", "zero1", "zero2", "zero3", "hsdp2x2", "tp2", "tp2+sp", "pp2-gpipe", "pp2-1f1b",
-        "pp2-interleaved", "pp2-zero-bubble", "cp2", "ep2", "fsdp2xtp2", "pp2xfsdp2",
-        "cp2xtp2"}
+        "dp2",
+        "zero1",
+        "zero2",
+        "zero3",
+        "hsdp2x2",
+        "tp2",
+        "tp2+sp",
+        "pp2-gpipe",
+        "pp2-1f1b",
+        "pp2-interleaved",
+        "pp2-zero-bubble",
+        "cp2",
+        "ep2",
+        "fsdp2xtp2",
+        "pp2xfsdp2",
+        "cp2xtp2",
+    }
 
 
 def test_zero_stages_shard_what_they_promise(world2):
@@ -123,8 +139,10 @@ def test_zero_stages_shard_what_they_promise(world2):
     ZeRO-3: blocks' parameters sharded during forward/backward as well.
     """
     for model in DENSE:
-        mem = {m: [r[f"{m}/{model}"]["mem"] for r in world2]
-               for m in ("dp2", "zero1", "zero2", "zero3")}
+        mem = {
+            m: [r[f"{m}/{model}"]["mem"] for r in world2]
+            for m in ("dp2", "zero1", "zero2", "zero3")
+        }
         full = mem["dp2"][0]
         assert all(m == full for m in mem["dp2"])
         assert full["optimizer"] == 2 * full["params_at_rest"] == 2 * full["grads"]
@@ -133,8 +151,9 @@ def test_zero_stages_shard_what_they_promise(world2):
         assert sum(m["optimizer"] for m in z1) == full["optimizer"]
         assert max(m["optimizer"] for m in z1) < full["optimizer"]
         assert all(m["grads"] == full["grads"] for m in z1)
-        assert all(m["block_params_after_forward"] == full["block_params_after_forward"]
-                   for m in z1)
+        assert all(
+            m["block_params_after_forward"] == full["block_params_after_forward"] for m in z1
+        )
         # ZeRO-2: + gradients sharded; full block parameters live from forward to backward.
         for m in mem["zero2"]:
             assert m["optimizer"] == full["optimizer"] // 2

@@ -25,8 +25,12 @@ from ._parity_fns import CONFIGS, GLOBAL_BATCH, SEQ_LEN, batch
 pytestmark = [pytest.mark.distributed]
 
 CHUNK = 5
-CASES = [("tiny", "1f1b", 1, CHUNK), ("tiny-llama-4l", "1f1b", 1, CHUNK),
-         ("tiny-llama-4l", "gpipe", 1, CHUNK), ("tiny-llama-4l", "interleaved", 2, CHUNK)]
+CASES = [
+    ("tiny", "1f1b", 1, CHUNK),
+    ("tiny-llama-4l", "1f1b", 1, CHUNK),
+    ("tiny-llama-4l", "gpipe", 1, CHUNK),
+    ("tiny-llama-4l", "interleaved", 2, CHUNK),
+]
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +61,11 @@ def test_pp2_fused_loss_equals_one_process(pp2, case):
         assert got["loss"] == pytest.approx(ref_loss, rel=1e-6)
         for name, g in got["grads"].items():
             # a tied model's last stage holds a head copy with the embedding's gradient
-            ref = ref_grads["tok_embeddings.weight" if name == "output.weight"
-                            and "output.weight" not in ref_grads else name]
+            ref = ref_grads[
+                "tok_embeddings.weight"
+                if name == "output.weight" and "output.weight" not in ref_grads
+                else name
+            ]
             err = float((g - ref).abs().max())
             assert err <= 1e-5 * float(ref.abs().max()) + 1e-9, (name, err)
             seen.add(name)

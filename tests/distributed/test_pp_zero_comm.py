@@ -26,8 +26,11 @@ def test_pp_zero_traffic_matches_planner(strategy, tmp_path):
 
     res = comm_volume.measure(strategy, str(tmp_path))
     assert res["grad_accum"] == 4  # 4 micro-batches per pipeline step
-    modelled = {r["family"]: r for r in res["families"]
-                if not r["family"].startswith(comm_volume.NOT_MODELLED)}
+    modelled = {
+        r["family"]: r
+        for r in res["families"]
+        if not r["family"].startswith(comm_volume.NOT_MODELLED)
+    }
     zero = "zero" if strategy.endswith("2") else "fsdp"
     assert {f"{zero}_all_gather", f"{zero}_reduce_scatter", "pp_p2p"} == set(modelled)
     for fam, r in modelled.items():

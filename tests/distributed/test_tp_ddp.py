@@ -42,6 +42,7 @@ def test_tp_with_data_parallel_matches_one_process(world4, mode):
         assert got["params"].keys() == ref["params"].keys()
         assert_matches_reference(got, ref, f"{mode} rank {rank}")
 
+
 def test_zero1_over_tp_partitions_the_local_states(world4):
     """ZeRO-1 over tp: the two dp ranks of one tp rank split its shards' Adam states (whole
     shards each), together holding all of them; DDP's ranks each hold all of them."""

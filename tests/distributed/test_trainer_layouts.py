@@ -22,12 +22,24 @@ STEPS = 3
 
 
 def _args(tmp_path, name, model="tiny-llama", *extra):
-    return [f"--model.name={model}", "--batch.seq_len=32", "--batch.global_batch=8",
-            "--batch.micro_batch=2", f"--train.steps={STEPS}", "--train.eval_every=1000",
-            "--train.sample_tokens=8", "--train.progress=false", "--train.tensorboard=false",
-            "--data.num_tokens=60000", f"--data.cache_dir={tmp_path / 'cache'}",
-            f"--train.run_dir={tmp_path / name}", "--optim.warmup_steps=0",
-            "--model.tie_embeddings=false", "--guard.enabled=false", *extra]
+    return [
+        f"--model.name={model}",
+        "--batch.seq_len=32",
+        "--batch.global_batch=8",
+        "--batch.micro_batch=2",
+        f"--train.steps={STEPS}",
+        "--train.eval_every=1000",
+        "--train.sample_tokens=8",
+        "--train.progress=false",
+        "--train.tensorboard=false",
+        "--data.num_tokens=60000",
+        f"--data.cache_dir={tmp_path / 'cache'}",
+        f"--train.run_dir={tmp_path / name}",
+        "--optim.warmup_steps=0",
+        "--model.tie_embeddings=false",
+        "--guard.enabled=false",
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +56,10 @@ LAYOUTS = {
     "ddp": ("tiny-llama", ["--parallel.dp=2"]),
     "zero1": ("tiny-llama", ["--parallel.dp=2", "--parallel.zero=1"]),
     # ZeRO-Offload's split: ZeRO-1 partitions, their AdamW states and update on the host
-    "zero1_offload": ("tiny-llama", ["--parallel.dp=2", "--parallel.zero=1",
-                                     "--memory.offload=optimizer"]),
+    "zero1_offload": (
+        "tiny-llama",
+        ["--parallel.dp=2", "--parallel.zero=1", "--memory.offload=optimizer"],
+    ),
     "zero2": ("tiny", ["--parallel.dp=2", "--parallel.zero=2"]),
     "zero3": ("tiny-llama", ["--parallel.dp=2", "--parallel.zero=3"]),
     "tp_sp": ("tiny-llama", ["--parallel.tp=2", "--parallel.sp=true"]),
@@ -55,16 +69,24 @@ LAYOUTS = {
     "ep": ("tiny-moe", ["--parallel.dp=2", "--parallel.ep=2"]),
     "auto": ("tiny-llama", []),  # no degrees named: the planner picks the layout
     "fsdp_tp_w4": ("tiny-llama", ["--parallel.dp=2", "--parallel.zero=3", "--parallel.tp=2"]),
-    "hsdp_w4": ("tiny-llama", ["--parallel.dp=4", "--parallel.zero=3",
-                               "--parallel.dp_replicate=2"]),
+    "hsdp_w4": (
+        "tiny-llama",
+        ["--parallel.dp=4", "--parallel.zero=3", "--parallel.dp_replicate=2"],
+    ),
     "pp_fsdp_w4": ("tiny-llama", ["--parallel.pp=2", "--parallel.dp=2", "--parallel.zero=3"]),
-    "cp_tp_w4": ("tiny-llama", ["--parallel.cp=2", "--parallel.tp=2", "--parallel.sp=true",
-                                "--parallel.zero=3"]),
+    "cp_tp_w4": (
+        "tiny-llama",
+        ["--parallel.cp=2", "--parallel.tp=2", "--parallel.sp=true", "--parallel.zero=3"],
+    ),
 }
 
 
-POWERSGD = ["--parallel.dp=2", "--precision.grad_compression=powersgd",
-            "--precision.powersgd_rank=1", "--precision.powersgd_start_step=2"]
+POWERSGD = [
+    "--parallel.dp=2",
+    "--precision.grad_compression=powersgd",
+    "--precision.powersgd_rank=1",
+    "--precision.powersgd_start_step=2",
+]
 
 
 def _world(name: str) -> int:
@@ -77,16 +99,27 @@ def runs(reference) -> dict:
     jobs: dict[int, dict] = {2: {}, 4: {}}
     for name, (model, extra) in LAYOUTS.items():
         jobs[_world(name)][name] = _args(reference[model][0], name, model, *extra)
-    jobs[2]["powersgd"] = _args(reference["tiny-llama"][0], "powersgd", "tiny-llama",
-                                *POWERSGD)
-    jobs[2]["pp_tied_export"] = _args(reference["tiny"][0], "pp_tied_export", "tiny",
-                                      "--model.tie_embeddings=true", "--parallel.pp=2",
-                                      "--checkpoint.export_hf=true")
+    jobs[2]["powersgd"] = _args(reference["tiny-llama"][0], "powersgd", "tiny-llama", *POWERSGD)
+    jobs[2]["pp_tied_export"] = _args(
+        reference["tiny"][0],
+        "pp_tied_export",
+        "tiny",
+        "--model.tie_embeddings=true",
+        "--parallel.pp=2",
+        "--checkpoint.export_hf=true",
+    )
     # bf16 under FSDP with expert-parallel experts (FSDP leaves them fp32), through the
     # end-of-run sample, which once ran without the step's autocast and crashed there
-    jobs[2]["ep_zero3_bf16"] = _args(reference["tiny-moe"][0], "ep_zero3_bf16", "tiny-moe",
-                                     "--parallel.dp=2", "--parallel.ep=2", "--parallel.zero=3",
-                                     "--precision.dtype=bf16", "--train.sample_tokens=8")
+    jobs[2]["ep_zero3_bf16"] = _args(
+        reference["tiny-moe"][0],
+        "ep_zero3_bf16",
+        "tiny-moe",
+        "--parallel.dp=2",
+        "--parallel.ep=2",
+        "--parallel.zero=3",
+        "--precision.dtype=bf16",
+        "--train.sample_tokens=8",
+    )
     out: dict[str, list] = {}
     for world, named in jobs.items():
         per_rank = spawn(train_many, world, named)

@@ -26,10 +26,15 @@ from ._parity_fns import CONFIGS, batch
 
 pytestmark = [pytest.mark.distributed]
 
-CASES = [("tiny-llama", False, 5, "none"), ("tiny-llama", True, 0, "none"),
-         ("tiny", False, 0, "none"), ("tiny", True, 5, "none"),
-         # selective AC's per-op policy on DTensor blocks (saved matmuls and reduce-scatters)
-         ("tiny-llama", True, 0, "selective"), ("tiny", False, 5, "selective")]
+CASES = [
+    ("tiny-llama", False, 5, "none"),
+    ("tiny-llama", True, 0, "none"),
+    ("tiny", False, 0, "none"),
+    ("tiny", True, 5, "none"),
+    # selective AC's per-op policy on DTensor blocks (saved matmuls and reduce-scatters)
+    ("tiny-llama", True, 0, "selective"),
+    ("tiny", False, 5, "selective"),
+]
 
 
 @pytest.fixture(scope="module")

@@ -27,8 +27,14 @@ def test_watchdog_names_the_rank_stuck_in_a_step(tmp_path, monkeypatch, flight_r
         monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "200")  # read when the group is created
     else:
         monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "0")  # recorder off (on by default)
-    job = small_job(tmp_path, "run", "--parallel.dp=2", "--checkpoint.resume=never",
-                    f"--monitor.watchdog_timeout_s={TIMEOUT_S}", "--data.prefetch=0")
+    job = small_job(
+        tmp_path,
+        "run",
+        "--parallel.dp=2",
+        "--checkpoint.resume=never",
+        f"--monitor.watchdog_timeout_s={TIMEOUT_S}",
+        "--data.prefetch=0",
+    )
     # rank 1's first batch takes 10 minutes: it sleeps inside step 1, rank 0 waits on it
     with pytest.raises(RuntimeError, match=f"exit code {EXIT_CODE}"):
         spawn(train_with_rank_overrides, 2, job, {1: ["--data.delay_s=600"]})
@@ -41,18 +47,24 @@ def test_watchdog_names_the_rank_stuck_in_a_step(tmp_path, monkeypatch, flight_r
     for r in (0, 1):
         stacks = (tmp_path / "run" / "watchdog" / f"rank{r}_stacks.txt").read_text()
         assert "scaletrain" in stacks and "Thread" in stacks
-    assert os.path.exists(tmp_path / "run" / "watchdog" / "rank0_collectives.json") \
-        == flight_recorder
+    assert (
+        os.path.exists(tmp_path / "run" / "watchdog" / "rank0_collectives.json") == flight_recorder
+    )
 
 
 def test_straggler_report_names_the_slow_rank(tmp_path):
-    job = small_job(tmp_path, "run", "--parallel.dp=2", "--checkpoint.resume=never",
-                    "--monitor.straggler_every=2", "--data.prefetch=0")
+    job = small_job(
+        tmp_path,
+        "run",
+        "--parallel.dp=2",
+        "--checkpoint.resume=never",
+        "--monitor.straggler_every=2",
+        "--data.prefetch=0",
+    )
     # 2 micro-batches per step per rank (global 8 / dp 2 / micro 2): rank 1 waits >= 0.1 s/step
     steps = spawn(train_with_rank_overrides, 2, job, {1: ["--data.delay_s=0.05"]})
     assert steps == [4, 4]
-    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text()
-               .splitlines()]
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     gathered = [r for r in records if "stragglers" in r]
     assert [r["step"] for r in gathered] == [2, 4]
     for r in gathered:

@@ -32,12 +32,14 @@ from scaletrain.cli._job import FLAGS
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ("README.md", "benchmarks/README.md")
 _FENCE = re.compile(r"^```(\w*)\s*$")
-_INLINE = re.compile(r"`((?:scaletrain (?:" + "|".join(SUBCOMMANDS)
-                     + r")\b|torchrun )[^`]*|python benchmarks/[^`]+)`")
+_INLINE = re.compile(
+    r"`((?:scaletrain (?:"
+    + "|".join(SUBCOMMANDS)
+    + r")\b|torchrun )[^`]*|python benchmarks/[^`]+)`"
+)
 """Inline spans that are commands: `scaletrain <subcommand> ...` (not output quoted in prose,
 such as a `scaletrain watchdog: ...` message), `torchrun ...`, `python benchmarks/...`."""
-_PLACEHOLDERS = {"NAME": "planner_search", "RUN_DIR": "runs/default",
-                 "$RUN_DIR": "runs/default"}
+_PLACEHOLDERS = {"NAME": "planner_search", "RUN_DIR": "runs/default", "$RUN_DIR": "runs/default"}
 _SKIP_WORDS = ("pip", "ruff", "mypy", "cd", "export", "sbatch", "docker")
 """sbatch and docker need a Slurm cluster and a Docker daemon: tests/unit/test_slurm_script.py
 renders and runs the sbatch script's torchrun line, tests/unit/test_dockerfiles.py lints the
@@ -148,7 +150,7 @@ def _torchrun(words: list[str]) -> Runnable:
         if w == "--nnodes" or w.startswith("--nnodes="):
             nnodes = int(w.split("=", 1)[1] if "=" in w else words[i + 1])
         i += 1
-    rest = words[i + 1:]
+    rest = words[i + 1 :]
     if rest[:2] != ["scaletrain", "train"]:
         raise ValueError(f"{shlex.join(words)}: only `-m scaletrain train` is mapped")
     config = [w for w in rest[2:] if not w.startswith("--")]

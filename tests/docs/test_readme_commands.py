@@ -40,8 +40,14 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _scaletrain(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "scaletrain", *argv], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "scaletrain", *argv],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_the_docs_show_commands() -> None:
@@ -58,17 +64,24 @@ def test_command_runs_as_written(cmd, workdir: Path) -> None:
     if run is None:
         pytest.skip(f"not run by design: {cmd.text}")
     if run.script is not None:
-        proc = subprocess.run([sys.executable, str(ROOT / run.script), *run.argv], cwd=workdir,
-                              env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
-                              capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(
+            [sys.executable, str(ROOT / run.script), *run.argv],
+            cwd=workdir,
+            env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert proc.returncode == 0, f"{cmd.id}\n{proc.stdout[-1500:]}\n{proc.stderr[-2500:]}"
         return
     for arg in run.argv:  # a run directory the docs refer to, made as the README makes it
         if arg.startswith("runs/") and not (workdir / arg).exists():
             assert _scaletrain(["train", "--train.steps=2"], workdir).returncode == 0
     proc = _scaletrain(run.argv, workdir)
-    assert proc.returncode == 0, (f"{cmd.id}\n-> scaletrain {' '.join(run.argv)}\n"
-                                  f"{proc.stdout[-1500:]}\n{proc.stderr[-2500:]}")
+    assert proc.returncode == 0, (
+        f"{cmd.id}\n-> scaletrain {' '.join(run.argv)}\n"
+        f"{proc.stdout[-1500:]}\n{proc.stderr[-2500:]}"
+    )
     if run.must_fit:
         plan = json.loads(proc.stdout)
         best = plan[0] if isinstance(plan, list) else plan
@@ -79,9 +92,14 @@ def test_command_runs_as_written(cmd, workdir: Path) -> None:
 def test_every_shipped_config_fits_its_hardware(config: Path, workdir: Path) -> None:
     if "runs/tiny-hf" in config.read_text() and not (workdir / "runs/tiny-hf").exists():
         # the fine-tuning configs read a local Hugging Face directory the README makes first
-        subprocess.run([sys.executable, str(ROOT / "scripts/make_tiny_hf.py"), "runs/tiny-hf"],
-                       cwd=workdir, env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
-                       check=True, capture_output=True, timeout=600)
+        subprocess.run(
+            [sys.executable, str(ROOT / "scripts/make_tiny_hf.py"), "runs/tiny-hf"],
+            cwd=workdir,
+            env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+            check=True,
+            capture_output=True,
+            timeout=600,
+        )
     proc = _scaletrain(["plan", "--config", str(config), "--json"], workdir)
     assert proc.returncode == 0, proc.stderr
     plan = json.loads(proc.stdout)

@@ -12,27 +12,51 @@ SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 def tiny_job(tmp_path: Path, run: str = "run", *extra: str) -> list[str]:
     """Overrides of a 2-step tiny-llama job writing to tmp_path/run (a second or so)."""
-    return ["--model.name=tiny-llama", "--batch.seq_len=16", "--batch.global_batch=2",
-            "--batch.micro_batch=2", "--train.steps=2", "--train.eval_every=1000",
-            "--train.eval_batches=1", "--train.sample_tokens=0", "--train.progress=false",
-            "--train.tensorboard=false", "--data.num_tokens=20000",
-            f"--data.cache_dir={tmp_path / 'cache'}", f"--train.run_dir={tmp_path / run}",
-            "--optim.warmup_steps=0", "--guard.enabled=false", *extra]
+    return [
+        "--model.name=tiny-llama",
+        "--batch.seq_len=16",
+        "--batch.global_batch=2",
+        "--batch.micro_batch=2",
+        "--train.steps=2",
+        "--train.eval_every=1000",
+        "--train.eval_batches=1",
+        "--train.sample_tokens=0",
+        "--train.progress=false",
+        "--train.tensorboard=false",
+        "--data.num_tokens=20000",
+        f"--data.cache_dir={tmp_path / 'cache'}",
+        f"--train.run_dir={tmp_path / run}",
+        "--optim.warmup_steps=0",
+        "--guard.enabled=false",
+        *extra,
+    ]
 
 
 def env() -> dict[str, str]:
-    e = {k: v for k, v in os.environ.items()
-         if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    e = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
     e["PYTHONPATH"] = SRC + os.pathsep + e.get("PYTHONPATH", "")
     e.setdefault("OMP_NUM_THREADS", "1")
     return e
 
 
-def scaletrain(*args: str, timeout: float = 240, extra_env: dict[str, str] | None = None,
-               cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "scaletrain", *args], capture_output=True,
-                          text=True, timeout=timeout, env={**env(), **(extra_env or {})},
-                          cwd=cwd)
+def scaletrain(
+    *args: str,
+    timeout: float = 240,
+    extra_env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "scaletrain", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**env(), **(extra_env or {})},
+        cwd=cwd,
+    )
 
 
 def no_traceback(p: subprocess.CompletedProcess[str]) -> bool:

@@ -52,8 +52,8 @@ def _forge(p: Path, name: str, content: bytes) -> None:
     (p / name).write_bytes(content)
 
     def edit(doc):
-        doc["files"][name] = {"size": len(content),
-                              "sha256": hashlib.sha256(content).hexdigest()}
+        doc["files"][name] = {"size": len(content), "sha256": hashlib.sha256(content).hexdigest()}
+
     _rewrite_manifest(p, edit)
 
 
@@ -65,26 +65,32 @@ DAMAGE = {
     "manifest-files-list": lambda p: _rewrite_manifest(p, lambda d: d.update(files=[1])),
     "manifest-empty-files": lambda p: _rewrite_manifest(p, lambda d: d.update(files={})),
     "manifest-no-size": lambda p: _rewrite_manifest(
-        p, lambda d: d["files"][".metadata"].pop("size")),
+        p, lambda d: d["files"][".metadata"].pop("size")
+    ),
     "manifest-size-str": lambda p: _rewrite_manifest(
-        p, lambda d: d["files"][".metadata"].update(size="12")),
+        p, lambda d: d["files"][".metadata"].update(size="12")
+    ),
     "manifest-entry-null": lambda p: _rewrite_manifest(
-        p, lambda d: d["files"].update({".metadata": None})),
+        p, lambda d: d["files"].update({".metadata": None})
+    ),
     "manifest-path-escape": lambda p: _rewrite_manifest(
-        p, lambda d: d["files"].update({"../../etc/passwd": {"size": 1, "sha256": "0"}})),
+        p, lambda d: d["files"].update({"../../etc/passwd": {"size": 1, "sha256": "0"}})
+    ),
     "manifest-wrong-step": lambda p: _rewrite_manifest(p, lambda d: d.update(step=7)),
     "manifest-step-bool": lambda p: _rewrite_manifest(p, lambda d: d.update(step=True)),
     "no-metadata": lambda p: (p / ".metadata").unlink(),
     "no-distcp": lambda p: _distcp(p).unlink(),
     "distcp-truncated": lambda p: _distcp(p).write_bytes(_distcp(p).read_bytes()[:-8]),
     "distcp-flipped": lambda p: _distcp(p).write_bytes(
-        bytes(b ^ 1 if i == 40 else b for i, b in enumerate(_distcp(p).read_bytes()))),
+        bytes(b ^ 1 if i == 40 else b for i, b in enumerate(_distcp(p).read_bytes()))
+    ),
     "distcp-appended": lambda p: _distcp(p).write_bytes(_distcp(p).read_bytes() + b"\0"),
     "no-trainer-state": lambda p: (p / "trainer_state.json").unlink(),
     "trainer-state-edited": lambda p: (p / "trainer_state.json").write_text('{"step": 99}'),
     "no-extra": lambda p: (p / "extra_rank0.pt").unlink(),
     "extra-zeroed": lambda p: (p / "extra_rank0.pt").write_bytes(
-        bytes(len((p / "extra_rank0.pt").read_bytes()))),
+        bytes(len((p / "extra_rank0.pt").read_bytes()))
+    ),
 }
 
 

@@ -9,19 +9,28 @@ from scaletrain.cli import main
 
 # (argv, text the one line must contain)
 CASES = [
-    (["train", "--nproc", "0"], "--nproc"), (["train", "--nproc", "x"], "--nproc"),
-    (["train", "--nproc", "-3"], "--nproc"), (["train", "--train.steps"], "--train.steps"),
-    (["train", "train.steps=3"], "train.steps=3"), (["train", "/nonexistent.toml"], "config"),
-    (["train", "--=3"], "--=3"), (["train", "--.steps=3"], "--section.key=value"),
-    (["train", "--train.=3"], "train."), (["train", "--train.steps.x=3"], "train.steps.x"),
-    (["train", "--model.name="], "model.name"), (["train", "--model.name=  "], "model.name"),
+    (["train", "--nproc", "0"], "--nproc"),
+    (["train", "--nproc", "x"], "--nproc"),
+    (["train", "--nproc", "-3"], "--nproc"),
+    (["train", "--train.steps"], "--train.steps"),
+    (["train", "train.steps=3"], "train.steps=3"),
+    (["train", "/nonexistent.toml"], "config"),
+    (["train", "--=3"], "--=3"),
+    (["train", "--.steps=3"], "--section.key=value"),
+    (["train", "--train.=3"], "train."),
+    (["train", "--train.steps.x=3"], "train.steps.x"),
+    (["train", "--model.name="], "model.name"),
+    (["train", "--model.name=  "], "model.name"),
     (["train", "--nproc=2", "--parallel.tp=3"], "parallel"),
-    (["train", "-x"], "-x"), (["train", "--train_steps=3"], "--train_steps=3"),
+    (["train", "-x"], "-x"),
+    (["train", "--train_steps=3"], "--train_steps=3"),
     (["train", "--TRAIN.STEPS=3"], "did you mean 'train'"),
     (["train", "--train.steps=\u0663"], "train.steps"),  # Arabic-Indic digit three
     (["train", "--optim.lr=\uff11e-3"], "optim.lr"),  # full-width digit one
-    (["train", "--train.steps=0x10"], "train.steps"), (["train", "--optim.lr=1e-3e"], "optim.lr"),
-    (["train", "--data.source="], "data.source"), (["train", "--checkpoint.resume="], "resume"),
+    (["train", "--train.steps=0x10"], "train.steps"),
+    (["train", "--optim.lr=1e-3e"], "optim.lr"),
+    (["train", "--data.source="], "data.source"),
+    (["train", "--checkpoint.resume="], "resume"),
     (["train", "--checkpoint.resume=/nonexistent/step_1"], "checkpoint.resume"),
     (["train", "--checkpoint.resume=atuo"], "did you mean 'auto'"),
     (["train", "--checkpoint.init_from=/nonexistent"], "checkpoint.init_from"),
@@ -31,43 +40,67 @@ CASES = [
     (["train", "--model.name=tiny-llama", "--batch.seq_len=100000"], "batch.seq_len"),
     (["train", "--train.rendezvous_timeout_s=0"], "train.rendezvous_timeout_s"),
     (["train", "--train.force=maybe"], "train.force"),
-    (["plan", "--gpus", "0"], "--gpus"), (["plan", "--model", "nope"], "nope"),
-    (["plan", "--gpus", "-1"], "--gpus"), (["plan", "--seq-len", "0"], "--seq-len"),
-    (["plan", "--dp", "3", "--gpus", "4"], "--dp"), (["plan", "--model", "/x.json"], "/x.json"),
-    (["plan", "--zero", "5"], "--zero"), (["plan", "--precision", "fp4"], "--precision"),
-    (["plan", "--gpu", "h10"], "h10"), (["explain", "--tp", "3"], "--tp"),
-    (["dryrun", "--model", "nope"], "model.name"), (["dryrun", "--world-size", "0"], "dryrun"),
-    (["verify", "/nonexistent"], "run_dir"), (["report", "/nonexistent"], "run_dir"),
-    (["status", "/nonexistent"], "run_dir"), (["bogus"], "bogus"), (["bench", "nope"], "nope"),
-    (["profile", "--steps", "0"], "--steps"), (["profile", "--nproc", "0"], "--nproc"),
+    (["plan", "--gpus", "0"], "--gpus"),
+    (["plan", "--model", "nope"], "nope"),
+    (["plan", "--gpus", "-1"], "--gpus"),
+    (["plan", "--seq-len", "0"], "--seq-len"),
+    (["plan", "--dp", "3", "--gpus", "4"], "--dp"),
+    (["plan", "--model", "/x.json"], "/x.json"),
+    (["plan", "--zero", "5"], "--zero"),
+    (["plan", "--precision", "fp4"], "--precision"),
+    (["plan", "--gpu", "h10"], "h10"),
+    (["explain", "--tp", "3"], "--tp"),
+    (["dryrun", "--model", "nope"], "model.name"),
+    (["dryrun", "--world-size", "0"], "dryrun"),
+    (["verify", "/nonexistent"], "run_dir"),
+    (["report", "/nonexistent"], "run_dir"),
+    (["status", "/nonexistent"], "run_dir"),
+    (["bogus"], "bogus"),
+    (["bench", "nope"], "nope"),
+    (["profile", "--steps", "0"], "--steps"),
+    (["profile", "--nproc", "0"], "--nproc"),
     # plan/explain: non-finite numbers, --plot targets, recipes their framework cannot run
-    *[([cmd, "--model=tiny-llama", "--gpus=8", f"{flag}={v}"], flag)
-      for cmd in ("plan", "explain")
-      for flag in ("--tokens", "--usd-per-gpu-hour", "--efficiency", "--pue", "--grid-co2",
-                   "--host-watts")
-      for v in ("inf", "nan", "1e999")],
+    *[
+        ([cmd, "--model=tiny-llama", "--gpus=8", f"{flag}={v}"], flag)
+        for cmd in ("plan", "explain")
+        for flag in (
+            "--tokens",
+            "--usd-per-gpu-hour",
+            "--efficiency",
+            "--pue",
+            "--grid-co2",
+            "--host-watts",
+        )
+        for v in ("inf", "nan", "1e999")
+    ],
     (["plan", "--model=tiny-llama", "--convention=16", "--params=inf"], "--params"),
     (["explain", "--model=tiny-llama", "--convention=16", "--params=nan"], "--params"),
     (["plan", "--model=tiny-llama", "--convention=16", "--params=1e308"], "--params=1e+308"),
     (["plan", "--model=tiny-llama", "--tokens=1e12", "--pue=1e308"], "--pue=1e+308"),
-    (["explain", "--model=tiny-llama", "--tokens=1e12", "--usd-per-gpu-hour=1e308"],
-     "--usd-per-gpu-hour=1e+308"),
+    (
+        ["explain", "--model=tiny-llama", "--tokens=1e12", "--usd-per-gpu-hour=1e308"],
+        "--usd-per-gpu-hour=1e+308",
+    ),
     (["plan", "--model=tiny-llama", "--plot=/nonexistent/dir/x.png"], "--plot"),
     (["plan", "--model=tiny-llama", "--plot=memory.txt"], "--plot"),
     (["explain", "--model=tiny-llama", "--plot=/"], "--plot"),
     (["plan", "--model=/nonexistent-dir"], "--model"),
-    (["plan", "--recipe=Megatron"], "did you mean 'megatron'"), (["plan", "--recipe="], "--recipe"),
+    (["plan", "--recipe=Megatron"], "did you mean 'megatron'"),
+    (["plan", "--recipe="], "--recipe"),
     (["explain", "--recipe=nanotron", "--gpus=8", "--cp=2"], "--cp"),
     (["explain", "--recipe=nanotron", "--gpus=8", "--tp=2", "--zero=3"], "--zero"),
     (["explain", "--recipe=deepspeed", "--gpus=8", "--pp=2", "--zero=2"], "--zero"),
-    (["explain", "--recipe=megatron", "--gpus=8", "--pp=2", "--pp-schedule=zero-bubble"],
-     "--pp-schedule"),
+    (
+        ["explain", "--recipe=megatron", "--gpus=8", "--pp=2", "--pp-schedule=zero-bubble"],
+        "--pp-schedule",
+    ),
     (["explain", "--recipe=torchtitan", "--gpus=8", "--tp=2"], "--zero"),
     (["explain", "--recipe=deepspeed", "--gpus=8", "--offload=params"], "--offload"),
     # a search the recipe cannot satisfy names the pinned flag (it named --gpus before)
     (["plan", "--recipe=nanotron", "--gpus=8", "--ac=selective"], "--ac"),
     (["plan", "--recipe=nanotron", "--gpus=8", "--offload=params"], "--offload"),
-    (["plan", "--convention=13"], "--convention"), (["plan", "--convention=16.0"], "--convention"),
+    (["plan", "--convention=13"], "--convention"),
+    (["plan", "--convention=16.0"], "--convention"),
     (["plan", "--convention=16", "--json"], "--convention"),
     (["plan", "--params=7e9"], "--params"),
     (["plan", "--convention=16", "--ckpt-every=0"], "--ckpt-every"),
@@ -86,10 +119,15 @@ def test_cli_fault_is_one_line(capsys, argv, needle):
     assert "Traceback" not in err[0]
 
 
-@pytest.mark.parametrize("env", [
-    {"WORLD_SIZE": "two"}, {"WORLD_SIZE": "2", "RANK": "2"}, {"RANK": "-1"},
-    {"WORLD_SIZE": "2", "RANK": "0"},
-])
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"WORLD_SIZE": "two"},
+        {"WORLD_SIZE": "2", "RANK": "2"},
+        {"RANK": "-1"},
+        {"WORLD_SIZE": "2", "RANK": "0"},
+    ],
+)
 def test_cli_bad_launch_env_is_one_line(capsys, monkeypatch, env):
     for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(k, raising=False)
@@ -97,14 +135,18 @@ def test_cli_bad_launch_env_is_one_line(capsys, monkeypatch, env):
         monkeypatch.setenv(k, v)
     assert main(["train", "--model.name=tiny-llama"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and ("RANK" in err[0] or "WORLD_SIZE" in err[0]
-                              or "MASTER_ADDR" in err[0]), err
+    assert len(err) == 1 and (
+        "RANK" in err[0] or "WORLD_SIZE" in err[0] or "MASTER_ADDR" in err[0]
+    ), err
 
 
-@pytest.mark.parametrize(("argv", "needle"), [
-    (["explain", "--gpus=2", "--cp=2", "--seq-len=16"], "--cp"),  # ring attention, window 4
-    (["plan", "--gpus=2", "--cp=2", "--seq-len=16"], "--cp"),
-])
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["explain", "--gpus=2", "--cp=2", "--seq-len=16"], "--cp"),  # ring attention, window 4
+        (["plan", "--gpus=2", "--cp=2", "--seq-len=16"], "--cp"),
+    ],
+)
 def test_sliding_window_with_context_parallel_is_one_line(capsys, tmp_path, argv, needle):
     """model.sliding_window < seq_len cannot run under ring attention: the layout is refused
     naming --cp and the window (a window >= seq_len is the documented no-op, and plans)."""

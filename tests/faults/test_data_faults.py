@@ -18,8 +18,15 @@ TEXT = "the quick brown fox jumps over the lazy dog.\n" * 200  # ~9 KB
 
 
 def _cfg(tmp_path: Path, source: str, *extra: str):
-    return load_config(None, [f"--data.source={source}", f"--data.cache_dir={tmp_path / 'c'}",
-                              "--data.val_fraction=0.1", *extra]).data
+    return load_config(
+        None,
+        [
+            f"--data.source={source}",
+            f"--data.cache_dir={tmp_path / 'c'}",
+            "--data.val_fraction=0.1",
+            *extra,
+        ],
+    ).data
 
 
 def _load(cfg):
@@ -45,15 +52,24 @@ def _jsonl(tmp_path: Path, lines: list[str], name: str = "d.jsonl") -> Path:
 GOOD = json.dumps({"text": TEXT})
 
 
-@pytest.mark.parametrize(("lines", "needle"), [
-    ([GOOD, "{not json"], "d.jsonl:2"), ([GOOD, GOOD, '{"text": "a"'], "d.jsonl:3"),
-    ([GOOD, "[1, 2]"], "d.jsonl:2"), ([GOOD, '"just a string"'], "d.jsonl:2"),
-    ([GOOD, '{"body": "x"}'], "d.jsonl:2"), ([GOOD, '{"text": 5}'], "d.jsonl:2"),
-    ([GOOD, '{"text": null}'], "d.jsonl:2"), ([GOOD, '{"text": ["a"]}'], "d.jsonl:2"),
-    ([GOOD, "NaN"], "d.jsonl:2"), ([GOOD, "{\"text\": \"a\", }"], "d.jsonl:2"),
-    # a lone UTF-16 surrogate escape parses to a str no tokenizer encodes (was a traceback)
-    ([GOOD, '{"text": "a\\ud800b"}'], "d.jsonl:2"), ([GOOD, '{"text": "\\udfff"}'], "surrogate"),
-])
+@pytest.mark.parametrize(
+    ("lines", "needle"),
+    [
+        ([GOOD, "{not json"], "d.jsonl:2"),
+        ([GOOD, GOOD, '{"text": "a"'], "d.jsonl:3"),
+        ([GOOD, "[1, 2]"], "d.jsonl:2"),
+        ([GOOD, '"just a string"'], "d.jsonl:2"),
+        ([GOOD, '{"body": "x"}'], "d.jsonl:2"),
+        ([GOOD, '{"text": 5}'], "d.jsonl:2"),
+        ([GOOD, '{"text": null}'], "d.jsonl:2"),
+        ([GOOD, '{"text": ["a"]}'], "d.jsonl:2"),
+        ([GOOD, "NaN"], "d.jsonl:2"),
+        ([GOOD, '{"text": "a", }'], "d.jsonl:2"),
+        # a lone UTF-16 surrogate escape parses to a str no tokenizer encodes (was a traceback)
+        ([GOOD, '{"text": "a\\ud800b"}'], "d.jsonl:2"),
+        ([GOOD, '{"text": "\\udfff"}'], "surrogate"),
+    ],
+)
 def test_malformed_jsonl_line_names_file_and_line(tmp_path, lines, needle):
     _refused(_cfg(tmp_path, str(_jsonl(tmp_path, lines))), needle)
 
@@ -69,8 +85,12 @@ def test_non_utf8_jsonl_names_file_and_line(tmp_path, tokenizer):
 def test_non_utf8_text_is_refused_naming_the_byte(tmp_path, tokenizer):
     f = tmp_path / "t.txt"
     f.write_bytes(TEXT.encode() + b"caf\xe9 \xff\xfe\n" + TEXT.encode())
-    _refused(_cfg(tmp_path, str(f), f"--data.tokenizer={tokenizer}"), "t.txt", "UTF-8",
-             f"byte {len(TEXT) + 3}")
+    _refused(
+        _cfg(tmp_path, str(f), f"--data.tokenizer={tokenizer}"),
+        "t.txt",
+        "UTF-8",
+        f"byte {len(TEXT) + 3}",
+    )
 
 
 def test_byte_tokenizer_keeps_non_utf8_text_byte_exact(tmp_path):
@@ -116,8 +136,12 @@ def test_parquet_that_is_not_parquet(tmp_path):
 def test_missing_source_is_refused_at_parse_time(tmp_path, source):
     (tmp_path / "a.txt").write_text(TEXT)
     with pytest.raises(ConfigError) as e:
-        _cfg(tmp_path, str(tmp_path / source) if "," not in source
-             else f"{tmp_path / 'a.txt'}@0.5, {tmp_path / 'b.txt'}")
+        _cfg(
+            tmp_path,
+            str(tmp_path / source)
+            if "," not in source
+            else f"{tmp_path / 'a.txt'}@0.5, {tmp_path / 'b.txt'}",
+        )
     assert e.value.field == "data.source" and "\n" not in str(e.value)
 
 
@@ -134,6 +158,7 @@ def test_bin_source_with_a_partial_token(tmp_path):
 
 
 # ---- cached shards ---------------------------------------------------------------------------
+
 
 def _built(tmp_path: Path, source: str = "txt", *extra: str):
     if source == "txt":
@@ -176,11 +201,21 @@ def _json_list(p: Path) -> None:
 
 
 @pytest.mark.parametrize("source", ["txt", "jsonl"])
-@pytest.mark.parametrize(("name", "damage"), [
-    ("train.bin", _truncate), ("train.bin", _flip), ("train.bin", _grow),
-    ("train.bin", _delete), ("val.bin", _truncate), ("val.bin", _flip), ("val.bin", _delete),
-    ("meta.json", _garbage), ("meta.json", _drop_keys), ("meta.json", _json_list),
-])
+@pytest.mark.parametrize(
+    ("name", "damage"),
+    [
+        ("train.bin", _truncate),
+        ("train.bin", _flip),
+        ("train.bin", _grow),
+        ("train.bin", _delete),
+        ("val.bin", _truncate),
+        ("val.bin", _flip),
+        ("val.bin", _delete),
+        ("meta.json", _garbage),
+        ("meta.json", _drop_keys),
+        ("meta.json", _json_list),
+    ],
+)
 def test_damaged_cached_shard_is_one_line_naming_it(tmp_path, source, name, damage):
     cfg, d = _built(tmp_path, source)
     damage(d / name)

@@ -15,12 +15,15 @@ from ._cli import no_traceback, scaletrain
 GiB = 2.0**30
 
 
-@pytest.mark.parametrize(("args", "avail_gib"), [
-    (["--model.name=llama2-7b"], 24.0),  # ~27 GB of fp32 weights alone
-    (["--model.name=llama2-7b", "--memory.ac=full", "--batch.micro_batch=1"], 64.0),
-    (["--model.name=gpt2-124m"], 0.5),
-    (["--model.name=tiny-llama"], 1e-4),
-])
+@pytest.mark.parametrize(
+    ("args", "avail_gib"),
+    [
+        (["--model.name=llama2-7b"], 24.0),  # ~27 GB of fp32 weights alone
+        (["--model.name=llama2-7b", "--memory.ac=full", "--batch.micro_batch=1"], 64.0),
+        (["--model.name=gpt2-124m"], 0.5),
+        (["--model.name=tiny-llama"], 1e-4),
+    ],
+)
 def test_does_not_fit_is_refused_naming_train_force(args, avail_gib):
     job = load_config(None, args)
     with pytest.raises(ConfigError) as e:
@@ -51,9 +54,14 @@ def test_available_memory_is_positive():
 @pytest.mark.slow
 def test_cli_refuses_llama2_7b_before_allocating(tmp_path):
     t0 = time.monotonic()
-    p = scaletrain("train", "--model.name=llama2-7b", "--train.device=cpu",
-                   f"--train.run_dir={tmp_path / 'run'}", f"--data.cache_dir={tmp_path / 'c'}",
-                   timeout=120)
+    p = scaletrain(
+        "train",
+        "--model.name=llama2-7b",
+        "--train.device=cpu",
+        f"--train.run_dir={tmp_path / 'run'}",
+        f"--data.cache_dir={tmp_path / 'c'}",
+        timeout=120,
+    )
     assert p.returncode == 2 and no_traceback(p), p.stderr
     err = p.stderr.strip().splitlines()
     assert len(err) == 1 and "train.force" in err[0] and "GiB" in err[0], err

@@ -12,23 +12,53 @@ from scaletrain.config import ConfigError, load_config
 
 _DEL = object()
 
-LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 256,
-         "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-         "num_key_value_heads": 2, "intermediate_size": 128, "max_position_embeddings": 128,
-         "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "hidden_act": "silu",
-         "tie_word_embeddings": False}
-GPT2 = {"model_type": "gpt2", "vocab_size": 256, "n_embd": 64, "n_layer": 2, "n_head": 4,
-        "n_positions": 128, "layer_norm_epsilon": 1e-5, "activation_function": "gelu_new"}
+LLAMA = {
+    "model_type": "llama",
+    "architectures": ["LlamaForCausalLM"],
+    "vocab_size": 256,
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 128,
+    "max_position_embeddings": 128,
+    "rope_theta": 10000.0,
+    "rms_norm_eps": 1e-5,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+}
+GPT2 = {
+    "model_type": "gpt2",
+    "vocab_size": 256,
+    "n_embd": 64,
+    "n_layer": 2,
+    "n_head": 4,
+    "n_positions": 128,
+    "layer_norm_epsilon": 1e-5,
+    "activation_function": "gelu_new",
+}
 MIXTRAL = {**LLAMA, "model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2}
 
-LLAMA_INTS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-              "intermediate_size", "max_position_embeddings", "num_key_value_heads")
+LLAMA_INTS = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+    "num_key_value_heads",
+)
 GPT2_INTS = ("vocab_size", "n_embd", "n_layer", "n_head", "n_positions")
 BAD_INTS = ("64", 64.5, True, [64], -1, {"v": 1})
 
 CASES: list[tuple[str, dict, str, object]] = []  # (id, base, key, value or _DEL)
-for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-          "intermediate_size"):
+for k in (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+):
     CASES.append((f"llama-missing-{k}", LLAMA, k, _DEL))
 for k in GPT2_INTS:
     CASES.append((f"gpt2-missing-{k}", GPT2, k, _DEL))
@@ -37,10 +67,16 @@ for k in LLAMA_INTS:
 for k in GPT2_INTS:
     CASES += [(f"gpt2-{k}={v!r}", GPT2, k, v) for v in ("64", 1.5, False, 0)]
 for k, base in (("rope_theta", LLAMA), ("rms_norm_eps", LLAMA), ("layer_norm_epsilon", GPT2)):
-    CASES += [(f"{base['model_type']}-{k}={v!r}", base, k, v)
-              for v in (float("nan"), float("inf"), -1.0, 0, "1e4", True)]
-for k, base in (("tie_word_embeddings", LLAMA), ("attention_bias", LLAMA),
-                ("tie_word_embeddings", GPT2), ("mlp_bias", LLAMA)):
+    CASES += [
+        (f"{base['model_type']}-{k}={v!r}", base, k, v)
+        for v in (float("nan"), float("inf"), -1.0, 0, "1e4", True)
+    ]
+for k, base in (
+    ("tie_word_embeddings", LLAMA),
+    ("attention_bias", LLAMA),
+    ("tie_word_embeddings", GPT2),
+    ("mlp_bias", LLAMA),
+):
     CASES += [(f"{base['model_type']}-{k}={v!r}", base, k, v) for v in ("yes", 1)]
 CASES += [
     ("mixtral-experts=-1", MIXTRAL, "num_local_experts", -1),
@@ -59,16 +95,20 @@ CASES += [
 ]
 # unsupported architectures and features: refused, never ignored
 UNSUPPORTED = [
-    ("bert", LLAMA, "model_type", "bert"), ("qwen2", LLAMA, "model_type", "qwen2"),
-    ("gemma", LLAMA, "model_type", "gemma"), ("type-empty", LLAMA, "model_type", ""),
-    ("type-int", LLAMA, "model_type", 5), ("type-missing", LLAMA, "model_type", _DEL),
+    ("bert", LLAMA, "model_type", "bert"),
+    ("qwen2", LLAMA, "model_type", "qwen2"),
+    ("gemma", LLAMA, "model_type", "gemma"),
+    ("type-empty", LLAMA, "model_type", ""),
+    ("type-int", LLAMA, "model_type", 5),
+    ("type-missing", LLAMA, "model_type", _DEL),
     ("lama-typo", LLAMA, "model_type", "lama"),
     ("rope-linear", LLAMA, "rope_scaling", {"type": "linear", "factor": 2.0}),
     ("rope-yarn", LLAMA, "rope_scaling", {"rope_type": "yarn", "factor": 4.0}),
     ("rope-llama3", LLAMA, "rope_scaling", {"rope_type": "llama3", "factor": 8.0}),
     ("rope-params-dynamic", LLAMA, "rope_parameters", {"rope_type": "dynamic"}),
     ("rope-params-list", LLAMA, "rope_parameters", [1, 2]),
-    ("act-gelu", LLAMA, "hidden_act", "gelu"), ("act-relu", LLAMA, "hidden_act", "relu"),
+    ("act-gelu", LLAMA, "hidden_act", "gelu"),
+    ("act-relu", LLAMA, "hidden_act", "relu"),
     ("act-int", LLAMA, "hidden_act", 5),
     ("mixtral-act", MIXTRAL, "hidden_act", "gelu_pytorch_tanh"),
     ("gpt2-relu", GPT2, "activation_function", "relu"),
@@ -102,25 +142,37 @@ def _refused(args, *needles):
         assert n in msg, (n, msg)
 
 
-@pytest.mark.parametrize(("base", "key", "value"), [c[1:] for c in CASES],
-                         ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    ("base", "key", "value"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
 def test_bad_field_is_one_line_naming_file_and_field(tmp_path, base, key, value):
     d = _write(tmp_path, base, key, value)
-    _refused([f"--checkpoint.init_from={d}"], key if value is _DEL or key in
-             ("rope_theta", "rms_norm_eps", "layer_norm_epsilon") else "")
+    _refused(
+        [f"--checkpoint.init_from={d}"],
+        key if value is _DEL or key in ("rope_theta", "rms_norm_eps", "layer_norm_epsilon") else "",
+    )
 
 
-@pytest.mark.parametrize(("base", "key", "value"), [c[1:] for c in UNSUPPORTED],
-                         ids=[c[0] for c in UNSUPPORTED])
+@pytest.mark.parametrize(
+    ("base", "key", "value"), [c[1:] for c in UNSUPPORTED], ids=[c[0] for c in UNSUPPORTED]
+)
 def test_unsupported_architecture_or_feature_is_refused(tmp_path, base, key, value):
     d = _write(tmp_path, base, key, value)
     _refused(["--model.name", str(d / "config.json")])
 
 
-@pytest.mark.parametrize(("content", "what"), [
-    (b"", "empty"), (b"{", "truncated"), (b"[1, 2]", "array"), (b'"llama"', "string"),
-    (b"null", "null"), (b"\xff\xfe{}", "not UTF-8"), (b"{'model_type': 'llama'}", "quotes"),
-])
+@pytest.mark.parametrize(
+    ("content", "what"),
+    [
+        (b"", "empty"),
+        (b"{", "truncated"),
+        (b"[1, 2]", "array"),
+        (b'"llama"', "string"),
+        (b"null", "null"),
+        (b"\xff\xfe{}", "not UTF-8"),
+        (b"{'model_type': 'llama'}", "quotes"),
+    ],
+)
 def test_unreadable_config_json(tmp_path, content, what):
     d = tmp_path / "hf"
     d.mkdir()
@@ -142,8 +194,12 @@ def test_sliding_window_is_read_and_runs_past_the_window(tmp_path):
     job = load_config(None, [f"--checkpoint.init_from={d}", "--batch.seq_len=64"])
     assert job.model.sliding_window == 32 and job.model.max_seq_len >= 64
     (tmp_path / "off").mkdir()
-    off = _write(tmp_path / "off", {**LLAMA, "model_type": "mistral", "sliding_window": 32},
-                 "use_sliding_window", False)
+    off = _write(
+        tmp_path / "off",
+        {**LLAMA, "model_type": "mistral", "sliding_window": 32},
+        "use_sliding_window",
+        False,
+    )
     assert load_config(None, [f"--checkpoint.init_from={off}"]).model.sliding_window == 0
 
 
@@ -154,8 +210,9 @@ def test_good_configs_still_load(tmp_path, base):
     assert job.model.dim == 64 and job.model.vocab_size == 256
 
 
-@pytest.mark.parametrize("act,ours", [("gelu_new", "gelu"), ("gelu_pytorch_tanh", "gelu"),
-                                      ("gelu", "gelu_exact")])
+@pytest.mark.parametrize(
+    "act,ours", [("gelu_new", "gelu"), ("gelu_pytorch_tanh", "gelu"), ("gelu", "gelu_exact")]
+)
 def test_gpt2_gelu_forms_map_to_ours(tmp_path, act, ours):
     """HF's "gelu" is the erf form (our gelu_exact); its tanh forms are our "gelu"."""
     d = _write(tmp_path, GPT2, "activation_function", act)

@@ -13,18 +13,44 @@ from scaletrain.cli import main
 TOOLS = {
     "memory": (["--model=tiny-llama"], ["--params"]),
     "ckpt": (["--model=tiny-llama"], ["--layer-gb"]),
-    "tokenizer": (["--global-batch=8", "--seq-len=128", "--step-s=1"],
-                  ["--step-s", "--tokens-per-s-per-core", "--pcie-gbps"]),
-    "deadline": (["--params=7e9", "--tokens=1e12", "--days=10"],
-                 ["--flops", "--params", "--tokens", "--efficiency", "--peak-tflops", "--days"]),
-    "rentbuy": (["--params=7e9", "--tokens=1e12", "--gpus=8", "--buy-usd-per-gpu=30000"],
-                ["--flops", "--params", "--tokens", "--peak-tflops", "--usd-per-gpu-hour",
-                 "--pue", "--buy-usd-per-gpu", "--usd-per-kwh"]),
-    "run": (["--params=7e9", "--tokens=1e12", "--gpus=8"],
-            ["--flops", "--params", "--tokens", "--peak-tflops", "--usd-per-gpu-hour", "--pue",
-             "--host-watts", "--grid-co2"]),
-    "allreduce": (["--params=7e9", "--gpus=8", "--gbps=12.5"],
-                  ["--bytes", "--params", "--grad-bytes", "--gbps", "--compute-s"]),
+    "tokenizer": (
+        ["--global-batch=8", "--seq-len=128", "--step-s=1"],
+        ["--step-s", "--tokens-per-s-per-core", "--pcie-gbps"],
+    ),
+    "deadline": (
+        ["--params=7e9", "--tokens=1e12", "--days=10"],
+        ["--flops", "--params", "--tokens", "--efficiency", "--peak-tflops", "--days"],
+    ),
+    "rentbuy": (
+        ["--params=7e9", "--tokens=1e12", "--gpus=8", "--buy-usd-per-gpu=30000"],
+        [
+            "--flops",
+            "--params",
+            "--tokens",
+            "--peak-tflops",
+            "--usd-per-gpu-hour",
+            "--pue",
+            "--buy-usd-per-gpu",
+            "--usd-per-kwh",
+        ],
+    ),
+    "run": (
+        ["--params=7e9", "--tokens=1e12", "--gpus=8"],
+        [
+            "--flops",
+            "--params",
+            "--tokens",
+            "--peak-tflops",
+            "--usd-per-gpu-hour",
+            "--pue",
+            "--host-watts",
+            "--grid-co2",
+        ],
+    ),
+    "allreduce": (
+        ["--params=7e9", "--gpus=8", "--gbps=12.5"],
+        ["--bytes", "--params", "--grad-bytes", "--gbps", "--compute-s"],
+    ),
 }
 NOT_FINITE = ["inf", "-inf", "nan", "1e999"]
 
@@ -33,9 +59,12 @@ def _without(flags: list[str], flag: str) -> list[str]:
     return [f for f in flags if not f.startswith(flag + "=")]
 
 
-NON_FINITE_CASES = [(["napkin", tool, *_without(good, flag), f"{flag}={v}"], flag)
-                    for tool, (good, flags) in TOOLS.items() for flag in flags
-                    for v in NOT_FINITE]
+NON_FINITE_CASES = [
+    (["napkin", tool, *_without(good, flag), f"{flag}={v}"], flag)
+    for tool, (good, flags) in TOOLS.items()
+    for flag in flags
+    for v in NOT_FINITE
+]
 
 OTHER_CASES = [
     # allreduce's --params was not checked: 0 and negatives printed a negative all-reduce
@@ -48,22 +77,22 @@ OTHER_CASES = [
     (["napkin", "deadline", "--flops=1e308", "--days=1e-300"], "--days=1e-300"),
     (["napkin", "allreduce", "--params=1e308", "--gpus=8", "--gbps=1e-300"], "--gbps=1e-300"),
     (["napkin", "memory", "--params=1e308"], "--params=1e+308"),
-    (["napkin", "run", "--params=7e9", "--tokens=1e12", "--gpus=8", "--pue=1e308"],
-     "--pue=1e+308"),
+    (["napkin", "run", "--params=7e9", "--tokens=1e12", "--gpus=8", "--pue=1e308"], "--pue=1e+308"),
     (["napkin", "memory", "--params=7e9", "--convention=13"], "--convention"),
     (["napkin", "memory", "--params=7e9", "--convention=16.0"], "--convention"),
     (["napkin", "memory", "--params=7e9", "--convention=nan"], "--convention"),
     (["napkin", "memory", "--params=7e9", "--convention=-16"], "--convention"),
     (["napkin", "memory", "--params=7e9", "--convention=0"], "--convention"),
-    (["napkin", "memory", "--params=7e9", "--precision=fp32", "--convention=12"],
-     "--convention"),
+    (["napkin", "memory", "--params=7e9", "--precision=fp32", "--convention=12"], "--convention"),
     (["napkin", "gemm", "--model=tiny-llama", "--tile=0x0"], "--tile"),
     (["napkin", "gemm", "--model=tiny-llama", "--tile=abc"], "--tile"),
     (["napkin", "memory", "--model=nope"], "--model"),
     (["napkin", "gemm", "--model=tiny-llama", "--gpu=nope"], "--gpu"),
-    (["napkin", "waves"], "--size"), (["napkin", "deadline", "--params=7e9"], "--days"),
+    (["napkin", "waves"], "--size"),
+    (["napkin", "deadline", "--params=7e9"], "--days"),
     (["napkin", "tokenizer", "--global-batch=8", "--seq-len=128"], "--step-s"),
-    (["napkin"], "napkin"), (["napkin", "bogus"], "bogus"),
+    (["napkin"], "napkin"),
+    (["napkin", "bogus"], "bogus"),
 ]
 CASES = NON_FINITE_CASES + OTHER_CASES
 
@@ -81,12 +110,24 @@ def test_napkin_fault_is_one_line(capsys, argv, needle):
     assert "Traceback" not in err and out == "", out
 
 
-@pytest.mark.parametrize(("argv", "printed"), [
-    (["napkin", "memory", "--params=7e9", "--convention=18"], "18 B/param"),
-    (["napkin", "rentbuy", "--params=7e9", "--tokens=1e12", "--gpus=8",
-      "--buy-usd-per-gpu=30000"], "financing"),
-    (["napkin", "run", "--params=7e9", "--tokens=1e12", "--gpus=8", "--host-watts=0"], "kWh"),
-])
+@pytest.mark.parametrize(
+    ("argv", "printed"),
+    [
+        (["napkin", "memory", "--params=7e9", "--convention=18"], "18 B/param"),
+        (
+            [
+                "napkin",
+                "rentbuy",
+                "--params=7e9",
+                "--tokens=1e12",
+                "--gpus=8",
+                "--buy-usd-per-gpu=30000",
+            ],
+            "financing",
+        ),
+        (["napkin", "run", "--params=7e9", "--tokens=1e12", "--gpus=8", "--host-watts=0"], "kWh"),
+    ],
+)
 def test_good_napkin_calls_still_print(capsys, argv, printed):
     """The finiteness guard refuses inf/nan numbers, not words that contain them."""
     assert main(argv) == 0

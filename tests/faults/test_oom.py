@@ -14,11 +14,16 @@ def test_a_real_cpu_allocation_failure_is_an_oom():
     assert is_allocation_failure(e.value), str(e.value)
 
 
-@pytest.mark.parametrize(("error", "oom"), [
-    (MemoryError(), True), (torch.OutOfMemoryError("CUDA out of memory"), True),
-    (RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried 9 bytes"), True),
-    (RuntimeError("[enforce fail] not enough memory: you tried to allocate 9 bytes"), True),
-    (RuntimeError("shape mismatch"), False), (ValueError("not enough memory"), False),
-])
+@pytest.mark.parametrize(
+    ("error", "oom"),
+    [
+        (MemoryError(), True),
+        (torch.OutOfMemoryError("CUDA out of memory"), True),
+        (RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried 9 bytes"), True),
+        (RuntimeError("[enforce fail] not enough memory: you tried to allocate 9 bytes"), True),
+        (RuntimeError("shape mismatch"), False),
+        (ValueError("not enough memory"), False),
+    ],
+)
 def test_classification(error, oom):
     assert is_allocation_failure(error) is oom

@@ -33,8 +33,7 @@ def _plant(ckpt: Path, marker: Path) -> None:
     (ckpt / ".metadata").write_bytes(pickle.dumps(_Payload(marker)))
     manifest = json.loads((ckpt / "manifest.json").read_text())
     data = (ckpt / ".metadata").read_bytes()
-    manifest["files"][".metadata"] = {"size": len(data),
-                                      "sha256": hashlib.sha256(data).hexdigest()}
+    manifest["files"][".metadata"] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     (ckpt / "manifest.json").write_text(json.dumps(manifest))
 
 
@@ -49,8 +48,9 @@ def _saved(tmp_path):
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 4)
     opt = torch.optim.AdamW(model.parameters())
-    path = save_checkpoint(tmp_path / "ck", 1, model, opt, trainer_state={"step": 1},
-                           extra={}, keep_last_n=2)
+    path = save_checkpoint(
+        tmp_path / "ck", 1, model, opt, trainer_state={"step": 1}, extra={}, keep_last_n=2
+    )
     return path, model, opt
 
 
@@ -65,8 +65,7 @@ def test_real_index_loads_and_payload_is_refused(tmp_path):
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("payload", [b"", b"garbage", pickle.dumps([1, 2]),
-                                     pickle.dumps({"a": 1})])
+@pytest.mark.parametrize("payload", [b"", b"garbage", pickle.dumps([1, 2]), pickle.dumps({"a": 1})])
 def test_non_index_pickles_are_refused_in_one_line(tmp_path, payload):
     f = tmp_path / ".metadata"
     f.write_bytes(payload)

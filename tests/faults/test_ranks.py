@@ -37,9 +37,13 @@ def test_cli_nproc_error_inside_the_ranks_is_one_line(tmp_path):
     # the resume target's contents are checked inside the ranks (after the group is joined)
     empty = tmp_path / "empty"
     empty.mkdir()
-    p = scaletrain("train", "--nproc", "2",
-                   *tiny_job(tmp_path, "run", f"--checkpoint.resume={empty}",
-                             "--batch.micro_batch=1"), timeout=180)
+    p = scaletrain(
+        "train",
+        "--nproc",
+        "2",
+        *tiny_job(tmp_path, "run", f"--checkpoint.resume={empty}", "--batch.micro_batch=1"),
+        timeout=180,
+    )
     assert p.returncode != 0 and no_traceback(p), p.stderr
     err = p.stderr.strip().splitlines()
     assert len(err) == 1 and str(empty) in err[0], err

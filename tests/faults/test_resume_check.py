@@ -11,8 +11,12 @@ from scaletrain.trainer.resume_check import check_resume
 
 from ._cli import no_traceback, scaletrain, tiny_job
 
-BASE = ["--model.name=tiny-llama", "--batch.seq_len=16", "--batch.global_batch=4",
-        "--batch.micro_batch=2"]
+BASE = [
+    "--model.name=tiny-llama",
+    "--batch.seq_len=16",
+    "--batch.global_batch=4",
+    "--batch.micro_batch=2",
+]
 
 
 def _fake_ckpt(tmp_path, args):
@@ -24,14 +28,17 @@ def _fake_ckpt(tmp_path, args):
     return ckpt
 
 
-@pytest.mark.parametrize(("change", "named"), [
-    (["--batch.seq_len=8"], "batch.seq_len: 16 -> 8"),
-    (["--optim.name=sgd"], "optim.name: 'adamw' -> 'sgd'"),
-    (["--model.num_layers=1"], "model.num_layers"),
-    (["--model.dim=32", "--model.num_heads=2", "--model.num_kv_heads=2"], "model.dim"),
-    (["--model.name=gpt-mini"], "model.position"),
-    (["--model.rope_theta=500.0"], "model.rope_theta"),
-])
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        (["--batch.seq_len=8"], "batch.seq_len: 16 -> 8"),
+        (["--optim.name=sgd"], "optim.name: 'adamw' -> 'sgd'"),
+        (["--model.num_layers=1"], "model.num_layers"),
+        (["--model.dim=32", "--model.num_heads=2", "--model.num_kv_heads=2"], "model.dim"),
+        (["--model.name=gpt-mini"], "model.position"),
+        (["--model.rope_theta=500.0"], "model.rope_theta"),
+    ],
+)
 def test_refused_changes_are_named(tmp_path, change, named):
     ckpt = _fake_ckpt(tmp_path, BASE)
     with pytest.raises(ConfigError, match=named.replace("(", r"\(")) as e:
@@ -39,9 +46,18 @@ def test_refused_changes_are_named(tmp_path, change, named):
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("change", [[], ["--parallel.tp=2"], ["--parallel.dp=2"],
-                                    ["--batch.global_batch=8"], ["--optim.lr=1e-4"],
-                                    ["--train.steps=50"], ["--train.seed=3"]])
+@pytest.mark.parametrize(
+    "change",
+    [
+        [],
+        ["--parallel.tp=2"],
+        ["--parallel.dp=2"],
+        ["--batch.global_batch=8"],
+        ["--optim.lr=1e-4"],
+        ["--train.steps=50"],
+        ["--train.seed=3"],
+    ],
+)
 def test_allowed_changes_pass(tmp_path, change):
     ckpt = _fake_ckpt(tmp_path, BASE)
     check_resume(ckpt, load_config(None, [*BASE, *change]))

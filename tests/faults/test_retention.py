@@ -13,8 +13,9 @@ def _save(d, step, keep):
     torch.manual_seed(step)
     model = torch.nn.Linear(4, 4)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    return save_checkpoint(d, step, model, opt, trainer_state={"step": step}, extra={},
-                           keep_last_n=keep)
+    return save_checkpoint(
+        d, step, model, opt, trainer_state={"step": step}, extra={}, keep_last_n=keep
+    )
 
 
 def _fake_bad(d, step, kind):

@@ -20,8 +20,13 @@ from scaletrain.config import load_config
 
 from ._cli import env
 
-ARGS = ["--model.name=tiny-llama", "--batch.seq_len=16", "--batch.global_batch=2",
-        "--batch.micro_batch=2", "--train.steps=2"]
+ARGS = [
+    "--model.name=tiny-llama",
+    "--batch.seq_len=16",
+    "--batch.global_batch=2",
+    "--batch.micro_batch=2",
+    "--train.steps=2",
+]
 
 
 def _run_dir(tmp_path):
@@ -29,36 +34,77 @@ def _run_dir(tmp_path):
     d = tmp_path / "run"
     d.mkdir()
     (d / "config.json").write_text(json.dumps(load_config(None, ARGS).to_dict()))
-    mem = {"params": 5e5, "grads": 5e5, "optimizer": 1e6, "activations": 3.5e5, "buffers": 0,
-           "total": 2.35e6, "reserved": 0, "capacity": 0, "fits": True, "rank": 0}
-    (d / "measurement.json").write_text(json.dumps(
-        {"source": "cpu", "rank": 0, "world_size": 1, "plan": {}, "memory": mem,
-         "step_s": 0.01, "tokens_per_s": 3000.0}))
-    (d / "metrics.jsonl").write_text("".join(json.dumps(
-        {"step": s, "loss": 5.5, "tokens_per_s": 3000.0, "step_s": 0.01, "mfu": 0.005}) + "\n"
-        for s in (1, 2)))
-    (d / "run_info.json").write_text(json.dumps({"steps": 2, "world_size": 1,
-                                                 "tokens_per_s": 3000.0, "best_loss": 5.0}))
+    mem = {
+        "params": 5e5,
+        "grads": 5e5,
+        "optimizer": 1e6,
+        "activations": 3.5e5,
+        "buffers": 0,
+        "total": 2.35e6,
+        "reserved": 0,
+        "capacity": 0,
+        "fits": True,
+        "rank": 0,
+    }
+    (d / "measurement.json").write_text(
+        json.dumps(
+            {
+                "source": "cpu",
+                "rank": 0,
+                "world_size": 1,
+                "plan": {},
+                "memory": mem,
+                "step_s": 0.01,
+                "tokens_per_s": 3000.0,
+            }
+        )
+    )
+    (d / "metrics.jsonl").write_text(
+        "".join(
+            json.dumps(
+                {"step": s, "loss": 5.5, "tokens_per_s": 3000.0, "step_s": 0.01, "mfu": 0.005}
+            )
+            + "\n"
+            for s in (1, 2)
+        )
+    )
+    (d / "run_info.json").write_text(
+        json.dumps({"steps": 2, "world_size": 1, "tokens_per_s": 3000.0, "best_loss": 5.0})
+    )
     (d / "heartbeat").mkdir()
-    (d / "heartbeat" / "rank0.json").write_text(json.dumps(
-        {"rank": 0, "pid": 1, "host": "h", "time": 1.0, "step": 2, "state": "exited"}))
+    (d / "heartbeat" / "rank0.json").write_text(
+        json.dumps({"rank": 0, "pid": 1, "host": "h", "time": 1.0, "step": 2, "state": "exited"})
+    )
     return d
 
 
 DAMAGE = ["", "{bad", "[]", "null", "5", '"text"', b"\xff\xfe", "<dir>", "<loop>"]
 FIELDS = {  # (file, content with a field of the wrong type)
-    "config.json": ['{"model": 5}', '{"train": {"steps": "x"}}', '{"train": {"steps": 1e999}}',
-                    '{"model": {"name": "nope"}}', '{"batch": {"seq_len": "x"}}'],
-    "measurement.json": ["{}", '{"memory": "x"}', '{"memory": {}, "rank": "x"}',
-                         '{"memory": {}, "timeline": 5}'],
-    "metrics.jsonl": ['{"step": "x", "loss": "y"}\n', "[1]\n", "null\n",
-                      '{"step": 1e999, "loss": NaN}\n', '{"step": 1, "step_s": "x", '
-                      '"tokens_per_s": Infinity}\n', '{"step": true}\n'],
+    "config.json": [
+        '{"model": 5}',
+        '{"train": {"steps": "x"}}',
+        '{"train": {"steps": 1e999}}',
+        '{"model": {"name": "nope"}}',
+        '{"batch": {"seq_len": "x"}}',
+    ],
+    "measurement.json": [
+        "{}",
+        '{"memory": "x"}',
+        '{"memory": {}, "rank": "x"}',
+        '{"memory": {}, "timeline": 5}',
+    ],
+    "metrics.jsonl": [
+        '{"step": "x", "loss": "y"}\n',
+        "[1]\n",
+        "null\n",
+        '{"step": 1e999, "loss": NaN}\n',
+        '{"step": 1, "step_s": "x", "tokens_per_s": Infinity}\n',
+        '{"step": true}\n',
+    ],
     "run_info.json": ['{"world_size": "x"}', '{"tokens_per_s": "x", "best_loss": "y"}'],
     "heartbeat/rank0.json": ['{"time": "x"}', '{"pid": "x", "time": 1}', "[]"],
 }
-NEEDED = {"verify": ("config.json", "measurement.json"), "status": ("config.json",),
-          "report": ()}
+NEEDED = {"verify": ("config.json", "measurement.json"), "status": ("config.json",), "report": ()}
 
 
 def _damage(d, name, content):
@@ -72,14 +118,26 @@ def _damage(d, name, content):
         f.write_bytes(content if isinstance(content, bytes) else content.encode())
 
 
-FILES = ("config.json", "measurement.json", "metrics.jsonl", "run_info.json",
-         "heartbeat/rank0.json")
+FILES = (
+    "config.json",
+    "measurement.json",
+    "metrics.jsonl",
+    "run_info.json",
+    "heartbeat/rank0.json",
+)
 # report renders plots (~1 s a case): a quarter of the damage kinds, marked slow
-CASES = [pytest.param(cmd, name, c, id=f"{cmd}-{name}-{c!r}",
-                      marks=[pytest.mark.slow] if cmd == "report" else [])
-         for cmd in NEEDED for name in FILES
-         for c in (DAMAGE + FIELDS[name] if cmd != "report"
-                   else ["[]", b"\xff\xfe", "<dir>", *FIELDS[name][:2]])]
+CASES = [
+    pytest.param(
+        cmd, name, c, id=f"{cmd}-{name}-{c!r}", marks=[pytest.mark.slow] if cmd == "report" else []
+    )
+    for cmd in NEEDED
+    for name in FILES
+    for c in (
+        DAMAGE + FIELDS[name]
+        if cmd != "report"
+        else ["[]", b"\xff\xfe", "<dir>", *FIELDS[name][:2]]
+    )
+]
 
 
 @pytest.mark.parametrize(("cmd", "name", "content"), CASES)
@@ -109,9 +167,14 @@ def test_intact_run_dir_still_works(tmp_path, capsys, cmd):
 def test_output_piped_into_head_ends_quietly(tmp_path):
     """`scaletrain verify RUN | head -1`: the reader closes the pipe; exit 0, no traceback."""
     d = _run_dir(tmp_path)
-    p = subprocess.run(f"{sys.executable} -m scaletrain verify {d} | head -1; "
-                       "exit ${PIPESTATUS[0]}", shell=True, executable="/bin/bash",
-                       capture_output=True, text=True, env=env(), timeout=120)
-    assert p.returncode == 0 and "Traceback" not in p.stderr and "Broken" not in p.stderr, \
-        p.stderr
+    p = subprocess.run(
+        f"{sys.executable} -m scaletrain verify {d} | head -1; exit ${{PIPESTATUS[0]}}",
+        shell=True,
+        executable="/bin/bash",
+        capture_output=True,
+        text=True,
+        env=env(),
+        timeout=120,
+    )
+    assert p.returncode == 0 and "Traceback" not in p.stderr and "Broken" not in p.stderr, p.stderr
     assert p.stdout.startswith("verify ")

@@ -25,7 +25,8 @@ def other_process():
 def _write_lock(run_dir, pid, host=None):
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / runlock.LOCK_NAME).write_text(
-        json.dumps({"pid": pid, "host": host or socket.gethostname()}))
+        json.dumps({"pid": pid, "host": host or socket.gethostname()})
+    )
 
 
 def test_live_owner_refuses_with_one_line(tmp_path, other_process):
@@ -42,8 +43,7 @@ def test_other_host_refuses(tmp_path):
 
 
 @pytest.mark.parametrize("content", ["dead", "garbage", "empty"])
-def test_stale_or_unreadable_lock_is_taken_over_and_released(tmp_path, other_process,
-                                                             content):
+def test_stale_or_unreadable_lock_is_taken_over_and_released(tmp_path, other_process, content):
     lock = tmp_path / runlock.LOCK_NAME
     if content == "dead":
         other_process.kill()

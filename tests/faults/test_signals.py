@@ -40,8 +40,7 @@ def test_signal_saves_exits_one_line_and_resumes_bitwise(tmp_path, sig):
     ref = scaletrain("train", *tiny_job(tmp_path, "ref", *args))
     assert ref.returncode == 0, ref.stderr
     cmd = [sys.executable, "-m", "scaletrain", "train", *tiny_job(tmp_path, "run", *args)]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env=env())
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
     assert p.stdout is not None
     for line in p.stdout:  # signal once training is under way
         if line.lstrip().startswith("step") and "loss" in line:
@@ -56,8 +55,10 @@ def test_signal_saves_exits_one_line_and_resumes_bitwise(tmp_path, sig):
     assert saved and int(saved[-1].name.split("_")[1]) < STEPS
     again = scaletrain("train", *tiny_job(tmp_path, "run", *args))
     assert again.returncode == 0, again.stderr
-    a, b = dict(_flat(_final(tmp_path / "ref", tmp_path))), \
-        dict(_flat(_final(tmp_path / "run", tmp_path)))
+    a, b = (
+        dict(_flat(_final(tmp_path / "ref", tmp_path))),
+        dict(_flat(_final(tmp_path / "run", tmp_path))),
+    )
     assert a.keys() == b.keys()
     for k in a:
         if isinstance(a[k], torch.Tensor):
@@ -107,8 +108,7 @@ def test_ctrl_c_during_start_up_is_one_line(tmp_path):
     import time
 
     cmd = [sys.executable, "-m", "scaletrain", "train", *tiny_job(tmp_path, "run")]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env=env())
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
     time.sleep(1.0)  # inside main (torch importing, data building): before the loop's handler
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=120)

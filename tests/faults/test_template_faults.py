@@ -21,9 +21,11 @@ CONV = [("user", "how are you"), ("assistant", "fine thanks")]
 
 @pytest.fixture(scope="module")
 def tok_dir(tmp_path_factory):
-    return make_tokenizer_dir(tmp_path_factory.mktemp("tok"),
-                              ["how are you fine thanks what is two plus four"] * 50,
-                              vocab_size=150)
+    return make_tokenizer_dir(
+        tmp_path_factory.mktemp("tok"),
+        ["how are you fine thanks what is two plus four"] * 50,
+        vocab_size=150,
+    )
 
 
 def _with_config(tmp_path, tok_dir, **conf_changes):
@@ -50,29 +52,47 @@ HOSTILE = [
     "{{ ''.__class__.__mro__[1].__subclasses__() }}",
     "{{ cycler.__init__.__globals__.os.system('touch PWNED') }}",
     "{{ lipsum.__globals__['os'].system('touch PWNED') }}",
-    "{{ self.__init__.__globals__ }}", "{{ messages.pop() }}",
-    "{% include '/etc/passwd' %}", "{% import 'os' as os %}", "{% extends 'base' %}",
+    "{{ self.__init__.__globals__ }}",
+    "{{ messages.pop() }}",
+    "{% include '/etc/passwd' %}",
+    "{% import 'os' as os %}",
+    "{% extends 'base' %}",
     # time and size bombs (hangs of minutes, or a 4 GB allocation that killed the process)
     "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
     "{% for i in range(100000) %}{% for j in range(100000) %}{{ i }}{% endfor %}{% endfor %}",
-    "{{ 'x' * 1000000000 }}", "{{ 'x' * 10**10 }}", "{{ [1] * 1000000000 }}",
-    "{{ 'x' | center(1000000000) }}", "{{ 'x' | indent(1000000000) }}",
-    "{{ '%0999999999d' | format(1) }}", "{{ '%0999999999d' % 1 }}",
-    "{{ '{:>999999999}'.format(1) }}", "{{ range(10) | list | join(',') * 100000000 }}",
-    "{{ range(10000000000) | list }}", "{{ 10 ** 100000 ** 2 }}",
+    "{{ 'x' * 1000000000 }}",
+    "{{ 'x' * 10**10 }}",
+    "{{ [1] * 1000000000 }}",
+    "{{ 'x' | center(1000000000) }}",
+    "{{ 'x' | indent(1000000000) }}",
+    "{{ '%0999999999d' | format(1) }}",
+    "{{ '%0999999999d' % 1 }}",
+    "{{ '{:>999999999}'.format(1) }}",
+    "{{ range(10) | list | join(',') * 100000000 }}",
+    "{{ range(10000000000) | list }}",
+    "{{ 10 ** 100000 ** 2 }}",
     "{% set ns = namespace(a='x') %}{% for i in range(100) %}{% set ns.a = ns.a ~ ns.a %}"
     "{% endfor %}",
     "{{ ('x' * 100000).replace('', 'y' * 1000) }}",
     # arithmetic and recursion
-    "{{ 1 / 0 }}", "{{ 1 // 0 }}", "{{ 1 % 0 }}", "{{ 2.0 ** 100000 }}",
-    "{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "{{ undefined_var.attr }}",
+    "{{ 1 / 0 }}",
+    "{{ 1 // 0 }}",
+    "{{ 1 % 0 }}",
+    "{{ 2.0 ** 100000 }}",
+    "{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}",
+    "{{ undefined_var.attr }}",
     "{{ 'x' | truncate(-1) }}",
     # renders no reply (nothing would be trained), or a non-character
-    "", "{% raw %}", "{{ messages|attr('__class__') }}", "{{ config }}{{ request }}",
+    "",
+    "{% raw %}",
+    "{{ messages|attr('__class__') }}",
+    "{{ config }}{{ request }}",
     "{% for m in messages %}{% if m.role == 'user' %}{{ m.content }}{% endif %}{% endfor %}",
     "{% for m in messages %}{{ m.content }}{% endfor %}{{ '\\ud800' }}",
     # broken syntax
-    "{% for m in messages %}", "{{", "\x00\xff{{",
+    "{% for m in messages %}",
+    "{{",
+    "\x00\xff{{",
 ]
 
 
@@ -84,8 +104,9 @@ def test_hostile_chat_template_is_one_line(tmp_path, tok_dir, monkeypatch, templ
     tok = PretrainedTokenizer.load(d)
 
     def render():
-        render_example(CONV, tok, chat_template_for(DataConfig(tokenizer=str(d), format="sft"),
-                                                    tok))
+        render_example(
+            CONV, tok, chat_template_for(DataConfig(tokenizer=str(d), format="sft"), tok)
+        )
 
     _one_line(render, "data.chat_template", "tokenizer_config.json")
     assert not (tmp_path / "PWNED").exists()
@@ -117,21 +138,25 @@ def test_tokenizer_config_that_is_not_an_object(tmp_path, tok_dir, content):
 def test_chat_template_jinja_that_is_not_utf8(tmp_path, tok_dir):
     d = _with_config(tmp_path, tok_dir)
     (d / "chat_template.jinja").write_bytes(b"\xff\xfe{{ messages }}")
-    _one_line(lambda: PretrainedTokenizer.load(d), "data.chat_template", "chat_template.jinja",
-              "UTF-8")
+    _one_line(
+        lambda: PretrainedTokenizer.load(d), "data.chat_template", "chat_template.jinja", "UTF-8"
+    )
 
 
 def test_a_real_template_still_renders_in_the_bounded_sandbox(tmp_path, tok_dir):
     """Loops, namespace, trim and raise_exception work: the bounds cost a normal template
     nothing (its replies are trained)."""
-    template = ("{% set ns = namespace(n=0) %}{% for m in messages %}"
-                "{% if m.role not in ['user', 'assistant'] %}{{ raise_exception('role') }}"
-                "{% endif %}{% set ns.n = ns.n + 1 %}{{ m.role ~ ': ' ~ m.content | trim }}\n"
-                "{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}")
+    template = (
+        "{% set ns = namespace(n=0) %}{% for m in messages %}"
+        "{% if m.role not in ['user', 'assistant'] %}{{ raise_exception('role') }}"
+        "{% endif %}{% set ns.n = ns.n + 1 %}{{ m.role ~ ': ' ~ m.content | trim }}\n"
+        "{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}"
+    )
     d = _with_config(tmp_path, tok_dir, chat_template=template)
     tok = PretrainedTokenizer.load(d)
-    ids, mask = render_example(CONV, tok, chat_template_for(
-        DataConfig(tokenizer=str(d), format="sft"), tok))
+    ids, mask = render_example(
+        CONV, tok, chat_template_for(DataConfig(tokenizer=str(d), format="sft"), tok)
+    )
     trained = tok.decode([i for i, m in zip(ids, mask, strict=True) if m])
     assert "fine thanks" in trained and "how are you" not in trained
 
@@ -143,10 +168,18 @@ BAD_RECORDS = [
     {"messages": [{"role": "user", "content": None}]},
     {"messages": [{"role": "user", "content": ["a", "b"]}]},
     {"messages": [{"role": "user", "content": 5}]},
-    {"messages": [{"role": "user"}]}, {"messages": ["user: hi"]},
-    {"messages": "user: hi"}, {"messages": None}, {"prompt": 5, "response": "x"},
-    {"prompt": "x"}, {"response": "x"}, {"text": "x"}, [1, 2], "just a string",
-    {"prompt": "x", "response": "\ud800"}, {"messages": [{"role": "user", "content": "\udfff"}]},
+    {"messages": [{"role": "user"}]},
+    {"messages": ["user: hi"]},
+    {"messages": "user: hi"},
+    {"messages": None},
+    {"prompt": 5, "response": "x"},
+    {"prompt": "x"},
+    {"response": "x"},
+    {"text": "x"},
+    [1, 2],
+    "just a string",
+    {"prompt": "x", "response": "\ud800"},
+    {"messages": [{"role": "user", "content": "\udfff"}]},
 ]
 
 
@@ -155,8 +188,10 @@ def test_sft_record_with_wrong_roles_or_types(tmp_path, tok_dir, record):
     good = json.dumps({"prompt": "how are you", "response": "fine thanks"})
     src = tmp_path / "chat.jsonl"
     src.write_text(good + "\n" + json.dumps(record) + "\n")
-    cfg = DataConfig(source=str(src), tokenizer=str(tok_dir), format="sft",
-                     chat_template="builtin")
+    cfg = DataConfig(source=str(src), tokenizer=str(tok_dir), format="sft", chat_template="builtin")
     (tmp_path / "out").mkdir()
-    _one_line(lambda: build_sft(cfg, tmp_path / "out", PretrainedTokenizer.load(tok_dir)),
-              "data.source", "chat.jsonl:2")
+    _one_line(
+        lambda: build_sft(cfg, tmp_path / "out", PretrainedTokenizer.load(tok_dir)),
+        "data.source",
+        "chat.jsonl:2",
+    )

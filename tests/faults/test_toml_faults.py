@@ -17,15 +17,15 @@ CASES = [
     ("top-level-key", b"steps = 5\n", "steps"),
     ("nested-table", b"[train.extra]\nx = 1\n", "train.extra"),
     ("array-of-tables", b"[[train]]\nsteps = 1\n", "train"),
-    ("not-utf8", b"[train]\nrun_dir = \"caf\xe9\"\n", "config"),
+    ("not-utf8", b'[train]\nrun_dir = "caf\xe9"\n', "config"),
     ("binary", b"\x00\x01\x02", "config"),
     ("unknown-key", b"[train]\nstesp = 3\n", "train.stesp"),
     ("model-unknown-key", b"[model]\nname='tiny-llama'\ndimm = 8\n", "model.dimm"),
     ("model-quoted-int", b"[model]\nname='tiny-llama'\ndim = '8'\n", "model.dim"),
-    ("quoted-int", b"[train]\nsteps = \"8\"\n", "train.steps"),
-    ("quoted-float", b"[optim]\nlr = \"1e-3\"\n", "optim.lr"),
-    ("quoted-bool", b"[train]\ncompile = \"true\"\n", "train.compile"),
-    ("quoted-degree", b"[parallel]\ntp = \"2\"\n", "parallel.tp"),
+    ("quoted-int", b'[train]\nsteps = "8"\n', "train.steps"),
+    ("quoted-float", b'[optim]\nlr = "1e-3"\n', "optim.lr"),
+    ("quoted-bool", b'[train]\ncompile = "true"\n', "train.compile"),
+    ("quoted-degree", b'[parallel]\ntp = "2"\n', "parallel.tp"),
     ("model-name-table", b"[model]\nname = {a=1}\n", "model.name"),
     ("date-for-int", b"[train]\nsteps = 1979-05-27\n", "train.steps"),
     ("table-for-float", b"[optim]\nlr = {x=1}\n", "optim.lr"),
@@ -64,12 +64,15 @@ def test_config_path_that_is_a_directory(tmp_path):
     assert e.value.field == "config"
 
 
-@pytest.mark.parametrize(("content", "field", "value"), [
-    (b"\xef\xbb\xbf[train]\nsteps = 3\n", "steps", 3),  # a byte-order mark is harmless
-    (b"[train]\nsteps = 0x10\n", "steps", 16),  # a TOML hex integer is an integer
-    (b"[train]\nsteps = 1_000\n", "steps", 1000),
-    (b"", "steps", 800),  # an empty plan is the defaults
-])
+@pytest.mark.parametrize(
+    ("content", "field", "value"),
+    [
+        (b"\xef\xbb\xbf[train]\nsteps = 3\n", "steps", 3),  # a byte-order mark is harmless
+        (b"[train]\nsteps = 0x10\n", "steps", 16),  # a TOML hex integer is an integer
+        (b"[train]\nsteps = 1_000\n", "steps", 1000),
+        (b"", "steps", 800),  # an empty plan is the defaults
+    ],
+)
 def test_good_toml_still_loads(tmp_path, content, field, value):
     f = tmp_path / "plan.toml"
     f.write_bytes(content)

@@ -22,12 +22,22 @@ def _job(tmp_path, name, *extra):
 
 def _job_args(tmp_path, name, *extra):
     return [
-        "--model.name=tiny", "--batch.seq_len=32", "--batch.global_batch=8",
-        "--batch.micro_batch=8", "--train.steps=6", "--train.eval_every=1000",
-        "--train.sample_tokens=0", "--train.progress=false", "--train.tensorboard=false",
-        "--data.num_tokens=60000", f"--data.cache_dir={tmp_path / 'cache'}",
-        f"--train.run_dir={tmp_path / name}", "--checkpoint.every=2",
-        "--checkpoint.keep_last_n=3", *extra]
+        "--model.name=tiny",
+        "--batch.seq_len=32",
+        "--batch.global_batch=8",
+        "--batch.micro_batch=8",
+        "--train.steps=6",
+        "--train.eval_every=1000",
+        "--train.sample_tokens=0",
+        "--train.progress=false",
+        "--train.tensorboard=false",
+        "--data.num_tokens=60000",
+        f"--data.cache_dir={tmp_path / 'cache'}",
+        f"--train.run_dir={tmp_path / name}",
+        "--checkpoint.every=2",
+        "--checkpoint.keep_last_n=3",
+        *extra,
+    ]
 
 
 def test_async_save_resumes_to_the_synchronous_losses_and_weights(tmp_path):
@@ -59,8 +69,13 @@ def test_spike_right_after_an_async_save_rolls_back_to_it(tmp_path, monkeypatch)
 
     # the model's fused head + loss (`Transformer.head_loss`, bound when the model is built)
     monkeypatch.setattr(transformer, "linear_cross_entropy", spike_at_step_9)
-    guard = ["--train.steps=10", "--checkpoint.every=4", "--guard.window=6",
-             "--guard.min_history=4", "--guard.skip_steps=2"]
+    guard = [
+        "--train.steps=10",
+        "--checkpoint.every=4",
+        "--guard.window=6",
+        "--guard.min_history=4",
+        "--guard.skip_steps=2",
+    ]
     sync = train(_job(tmp_path, "sync", *guard))
     calls["n"] = 0
     asyn = train(_job(tmp_path, "async", *guard, "--checkpoint.async_save=true"))
@@ -86,10 +101,10 @@ def _sync_then_async_split(sync_args, async_args, ckpt_dir):
 def test_async_save_under_fsdp2_on_two_ranks_resumes_exactly(tmp_path):
     """ZeRO-3 (FSDP2): DTensor shards staged and written by a background thread on its own
     gloo group, while the training step's collectives run on the default group."""
-    layout = ["--parallel.dp=2", "--parallel.zero=3", "--batch.micro_batch=4",
-              "--train.steps=4"]
+    layout = ["--parallel.dp=2", "--parallel.zero=3", "--batch.micro_batch=4", "--train.steps=4"]
     sync_args = _job_args(tmp_path, "sync", *layout)
     async_args = _job_args(tmp_path, "async", *layout, "--checkpoint.async_save=true")
-    for straight, resumed in spawn(_sync_then_async_split, 2, sync_args, async_args,
-                                   str(tmp_path / "async" / "checkpoints")):
+    for straight, resumed in spawn(
+        _sync_then_async_split, 2, sync_args, async_args, str(tmp_path / "async" / "checkpoints")
+    ):
         assert resumed == straight  # exact, on every rank

@@ -16,8 +16,17 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
-SCRIPTS = ("attention", "pipeline", "scaling", "strategies", "gpu", "comm_volume", "precision",
-           "ingest", "activation_ledger")
+SCRIPTS = (
+    "attention",
+    "pipeline",
+    "scaling",
+    "strategies",
+    "gpu",
+    "comm_volume",
+    "precision",
+    "ingest",
+    "activation_ledger",
+)
 
 
 def _load(name: str):
@@ -38,13 +47,17 @@ def test_attention_smallest_config_memory_ordering():
     att = _load("attention")
     import torch
 
-    rows = [att.measure(b, s, repeats=1, device=torch.device("cpu"), dtype=torch.float32)
-            for b in ("naive", "sdpa") for s in (128, 256)]
+    rows = [
+        att.measure(b, s, repeats=1, device=torch.device("cpu"), dtype=torch.float32)
+        for b in ("naive", "sdpa")
+        for s in (128, 256)
+    ]
     by = {(r["backend"], r["seq"]): r for r in rows}
     # naive saves the (T, T) probabilities: 4x when T doubles; SDPA saves O(T): 2x
     assert by[("naive", 256)]["saved_bytes"] > 3.5 * by[("naive", 128)]["saved_bytes"]
     assert by[("sdpa", 256)]["saved_bytes"] == pytest.approx(
-        2 * by[("sdpa", 128)]["saved_bytes"], rel=0.05)
+        2 * by[("sdpa", 128)]["saved_bytes"], rel=0.05
+    )
     assert by[("naive", 256)]["peak_bytes"] > by[("sdpa", 256)]["peak_bytes"]
     summ = att.summarize(rows)
     assert summ["slopes"]["naive"]["saved_bytes"] > 1.8
@@ -66,10 +79,22 @@ def test_pipeline_analysis_recovers_the_formula_on_a_simulated_run(schedule, m, 
     from scaletrain.planner.pipeline import simulate
 
     sim = simulate(schedule, p, m, 1, 0.01, 0.02)
-    rank_results = [{"schedule": schedule, "m": m, "v": 1, "rank": r, "device": "emulated",
-                     "steps": [[(100 + e.start, 100 + e.end, e.kind, e.microbatch, 0,
-                                 e.end - e.start) for e in evs]]}
-                    for r, evs in enumerate(sim.ranks)]
+    rank_results = [
+        {
+            "schedule": schedule,
+            "m": m,
+            "v": 1,
+            "rank": r,
+            "device": "emulated",
+            "steps": [
+                [
+                    (100 + e.start, 100 + e.end, e.kind, e.microbatch, 0, e.end - e.start)
+                    for e in evs
+                ]
+            ],
+        }
+        for r, evs in enumerate(sim.ranks)
+    ]
     res = pipe.analyse(rank_results)
     assert res["p"] == p and res["device"] == "emulated"
     assert res["bubble_measured"] == pytest.approx((p - 1) / m, rel=1e-6)
@@ -79,8 +104,9 @@ def test_pipeline_analysis_recovers_the_formula_on_a_simulated_run(schedule, m, 
 
 def test_strategies_planner_only(capsys):
     strat = _load("strategies")
-    assert strat.main(["--no-dryrun", "--no-write", "--gpus", "8",
-                       "--strategies", "DDP,ZeRO-3"]) == 0
+    assert (
+        strat.main(["--no-dryrun", "--no-write", "--gpus", "8", "--strategies", "DDP,ZeRO-3"]) == 0
+    )
     out = capsys.readouterr().out
     assert "ZeRO-3" in out and "DDP" in out
 
@@ -129,12 +155,17 @@ def test_comm_volume_planner_side_and_classification(tmp_path):
     assert cv.family(ev("all_to_all", payload=32), ["ep"], 0).startswith(cv.NOT_MODELLED)
 
 
-REQUIRED = {"attention": ("rows", "slopes"), "pipeline": ("results", "meta"),
-            "scaling": ("rows", "meta"), "strategies": ("rows", "meta"), "gpu": ("status",),
-            "comm_volume": ("results", "notes"),
-            "precision": ("meta", "summary", "step0_grad_error", "memory", "runs"),
-            "ingest": ("rows", "meta", "rss_growth_mib"),
-            "activation_ledger": ("results", "batch", "seq", "dim")}
+REQUIRED = {
+    "attention": ("rows", "slopes"),
+    "pipeline": ("results", "meta"),
+    "scaling": ("rows", "meta"),
+    "strategies": ("rows", "meta"),
+    "gpu": ("status",),
+    "comm_volume": ("results", "notes"),
+    "precision": ("meta", "summary", "step0_grad_error", "memory", "runs"),
+    "ingest": ("rows", "meta", "rss_growth_mib"),
+    "activation_ledger": ("results", "batch", "seq", "dim"),
+}
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
@@ -173,8 +204,13 @@ def test_ingest_smallest_corpora(tmp_path):
     """The whole benchmark on 0.1 and 0.3 MB corpora (its own process, results in tmp_path):
     every document becomes tokens (BPE: fewer tokens than bytes) and peak memory is reported."""
     env = {**os.environ, "SCALETRAIN_BENCH_OUT": str(tmp_path), "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, str(BENCH / "ingest.py"), "--mb", "0.3", "--small-mb",
-                    "0.1"], env=env, check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, str(BENCH / "ingest.py"), "--mb", "0.3", "--small-mb", "0.1"],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     data = json.loads((tmp_path / "ingest.json").read_text())
     for r, mb in zip(data["rows"], (0.1, 0.3), strict=True):
         assert r["mb"] == mb and 0 < r["docs"] < r["tokens"] < mb * 2**20

@@ -36,10 +36,13 @@ def _job():
     )
 
     model = dataclasses.replace(resolve_model("gpt2-124m"), num_layers=2, name="gpt2-124m-L2")
-    return JobConfig(model=model, parallel=ParallelConfig(dp=2, zero=3, layout="manual"),
-                     precision=PrecisionConfig(dtype="fp32"),
-                     batch=BatchConfig(global_batch=2, micro_batch=1, seq_len=256),
-                     hardware=HardwareConfig(gpu="cpu", gpus=2))
+    return JobConfig(
+        model=model,
+        parallel=ParallelConfig(dp=2, zero=3, layout="manual"),
+        precision=PrecisionConfig(dtype="fp32"),
+        batch=BatchConfig(global_batch=2, micro_batch=1, seq_len=256),
+        hardware=HardwareConfig(gpu="cpu", gpus=2),
+    )
 
 
 def _step(model, optimizer, job, dims, micro_batches: int) -> None:
@@ -60,8 +63,9 @@ def _step(model, optimizer, job, dims, micro_batches: int) -> None:
                 logits = model(inputs)
                 loss = causal_lm_loss(logits, targets)
             (loss / micro_batches).backward()
-    clip_grad_norm_([p for p in model.parameters() if p.requires_grad],
-                    job.optim.grad_clip or float("inf"))
+    clip_grad_norm_(
+        [p for p in model.parameters() if p.requires_grad], job.optim.grad_clip or float("inf")
+    )
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
@@ -109,6 +113,8 @@ def test_dryrun_peak_matches_a_live_gloo_run():
     fake = dryrun(job, world_size=2, count_flops=False).memory.total
     for rank, r in enumerate(live):
         err = (fake - r["total"]) / r["total"]
-        print(f"rank {rank}: live {r['total'] / 1e6:.1f} MB, dry-run {fake / 1e6:.1f} MB, "
-              f"{100 * err:+.2f}%")
+        print(
+            f"rank {rank}: live {r['total'] / 1e6:.1f} MB, dry-run {fake / 1e6:.1f} MB, "
+            f"{100 * err:+.2f}%"
+        )
         assert abs(err) <= TOLERANCE, (rank, fake, r["total"], err)

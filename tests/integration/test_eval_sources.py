@@ -20,12 +20,24 @@ pytestmark = pytest.mark.slow
 
 
 def _args(tmp_path, name, *extra):
-    return ["--model.name=tiny", "--batch.seq_len=32", "--batch.global_batch=4",
-            "--batch.micro_batch=2", "--train.steps=3", "--train.eval_every=2",
-            "--train.eval_batches=3", "--train.sample_tokens=0", "--train.progress=false",
-            "--train.tensorboard=false", "--data.num_tokens=40000",
-            f"--data.cache_dir={tmp_path / 'cache'}", f"--train.run_dir={tmp_path / name}",
-            "--optim.warmup_steps=0", "--guard.enabled=false", *extra]
+    return [
+        "--model.name=tiny",
+        "--batch.seq_len=32",
+        "--batch.global_batch=4",
+        "--batch.micro_batch=2",
+        "--train.steps=3",
+        "--train.eval_every=2",
+        "--train.eval_batches=3",
+        "--train.sample_tokens=0",
+        "--train.progress=false",
+        "--train.tensorboard=false",
+        "--data.num_tokens=40000",
+        f"--data.cache_dir={tmp_path / 'cache'}",
+        f"--train.run_dir={tmp_path / name}",
+        "--optim.warmup_steps=0",
+        "--guard.enabled=false",
+        *extra,
+    ]
 
 
 def _records(run_dir):
@@ -36,8 +48,11 @@ def test_eval_source_holding_the_validation_tokens_scores_val_loss(tmp_path, cap
     job = load_config(None, _args(tmp_path, "prep"))
     with build_data(job.data, seq_len=32, micro_batch=2) as data:  # the run's own shards
         shutil.copy(data.shard_dir / "val.bin", tmp_path / "val.bin")  # uint16 byte ids
-    r = train(load_config(None, _args(tmp_path, "run",
-                                      f"--data.eval_sources=same={tmp_path / 'val.bin'}")))
+    r = train(
+        load_config(
+            None, _args(tmp_path, "run", f"--data.eval_sources=same={tmp_path / 'val.bin'}")
+        )
+    )
     evals = [x for x in _records(r.run_dir) if "val_loss" in x]
     assert [x["step"] for x in evals] == [2, 3]  # every eval_every steps and at the end
     for x in evals:
@@ -67,7 +82,7 @@ def test_eval_source_loss_equals_a_hand_computation(tmp_path):
     with torch.no_grad():
         for i in range(3):
             starts = [(w % num_windows) * seq for w in range(i * micro, (i + 1) * micro)]
-            rows = torch.stack([ids[s:s + seq + 1] for s in starts])
+            rows = torch.stack([ids[s : s + seq + 1] for s in starts])
             logits = model(rows[:, :-1]).double()  # (micro, seq, vocab)
             losses.append(F.cross_entropy(logits.flatten(0, 1), rows[:, 1:].flatten()))
     hand = torch.stack(losses).mean().item()
@@ -75,4 +90,5 @@ def test_eval_source_loss_equals_a_hand_computation(tmp_path):
     assert r.eval_losses["held"] == pytest.approx(hand, rel=1e-5)
     last = _records(r.run_dir)[-1]
     assert last["val_loss/held"] == r.eval_losses["held"] and last["ppl/held"] == pytest.approx(
-        math.exp(hand), rel=1e-5)
+        math.exp(hand), rel=1e-5
+    )

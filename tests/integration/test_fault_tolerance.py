@@ -101,11 +101,22 @@ def test_keys_of_different_attempts_do_not_collide():
 
 
 def _args(tmp_path, name):
-    return ["--model.name=tiny", "--batch.seq_len=32", "--batch.global_batch=4",
-            "--batch.micro_batch=2", "--train.steps=8", "--train.eval_every=1000",
-            "--train.sample_tokens=0", "--train.progress=false", "--train.tensorboard=false",
-            "--data.num_tokens=60000", f"--data.cache_dir={tmp_path / 'cache'}",
-            f"--train.run_dir={tmp_path / name}", "--checkpoint.every=2", "--parallel.dp=2"]
+    return [
+        "--model.name=tiny",
+        "--batch.seq_len=32",
+        "--batch.global_batch=4",
+        "--batch.micro_batch=2",
+        "--train.steps=8",
+        "--train.eval_every=1000",
+        "--train.sample_tokens=0",
+        "--train.progress=false",
+        "--train.tensorboard=false",
+        "--data.num_tokens=60000",
+        f"--data.cache_dir={tmp_path / 'cache'}",
+        f"--train.run_dir={tmp_path / name}",
+        "--checkpoint.every=2",
+        "--parallel.dp=2",
+    ]
 
 
 @pytest.mark.slow
@@ -115,8 +126,18 @@ def test_killed_rank_restarts_from_checkpoint_with_identical_losses(tmp_path):
     marker = tmp_path / "crashed"
     # --standalone: the rendezvous store binds port 0 itself (no free_port() race with other
     # tests); exactly one restart is allowed, so a flaky restart fails the test
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "--max-restarts", "1", str(worker), str(marker)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "1",
+        str(worker),
+        str(marker),
+    ]
     _run([*cmd, *_args(tmp_path, "faulty")])
     assert marker.read_text() == "crashed once"  # the first attempt really died
     # the reference: the same job uninterrupted (the marker exists now, so nobody dies)
@@ -135,8 +156,9 @@ def test_killed_rank_restarts_from_checkpoint_with_identical_losses(tmp_path):
 
 def _run(cmd):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
-    proc = subprocess.run(cmd, timeout=600, capture_output=True, text=True,
-                          env={**env, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.run(
+        cmd, timeout=600, capture_output=True, text=True, env={**env, "OMP_NUM_THREADS": "1"}
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
@@ -147,16 +169,23 @@ def _run(cmd):
 
 
 def _fake_run(tmp_path, device):
-    return SimpleNamespace(device=torch.device(device), run_dir=tmp_path / "run",
-                           env=SimpleNamespace(rank=1))
+    return SimpleNamespace(
+        device=torch.device(device), run_dir=tmp_path / "run", env=SimpleNamespace(rank=1)
+    )
 
 
 def _recorder(monkeypatch):
     calls = []
-    monkeypatch.setattr(torch.cuda.memory, "_record_memory_history",
-                        lambda enabled="all", **kw: calls.append(("record", enabled)))
-    monkeypatch.setattr(torch.cuda.memory, "_dump_snapshot",
-                        lambda path: (calls.append(("dump", path)), Path(path).write_text("x")))
+    monkeypatch.setattr(
+        torch.cuda.memory,
+        "_record_memory_history",
+        lambda enabled="all", **kw: calls.append(("record", enabled)),
+    )
+    monkeypatch.setattr(
+        torch.cuda.memory,
+        "_dump_snapshot",
+        lambda path: (calls.append(("dump", path)), Path(path).write_text("x")),
+    )
     return calls
 
 

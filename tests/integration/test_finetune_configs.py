@@ -20,8 +20,12 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     d = tmp_path_factory.mktemp("readme")
-    subprocess.run([sys.executable, str(ROOT / "scripts/make_tiny_hf.py"), "runs/tiny-hf"],
-                   check=True, capture_output=True, cwd=d)
+    subprocess.run(
+        [sys.executable, str(ROOT / "scripts/make_tiny_hf.py"), "runs/tiny-hf"],
+        check=True,
+        capture_output=True,
+        cwd=d,
+    )
     return d
 
 
@@ -29,9 +33,15 @@ def workdir(tmp_path_factory):
 def test_example_configs_train_from_the_tiny_hf_model(config, workdir, monkeypatch):
     monkeypatch.chdir(workdir)
     tmp_path = workdir
-    job = load_config(ROOT / "configs" / f"{config}.toml",
-                      ["--train.steps=2", "--train.progress=false", "--train.sample_tokens=0",
-                       "--train.tensorboard=false"])
+    job = load_config(
+        ROOT / "configs" / f"{config}.toml",
+        [
+            "--train.steps=2",
+            "--train.progress=false",
+            "--train.sample_tokens=0",
+            "--train.tensorboard=false",
+        ],
+    )
     assert job.model.vocab_size == 512 and job.checkpoint.init_from == "runs/tiny-hf/model"
     r = train(job)
     assert all(torch.isfinite(torch.tensor(r.losses)))

@@ -13,13 +13,28 @@ pytestmark = pytest.mark.slow
 
 
 def _job(tmp_path, *extra):
-    return load_config(None, [
-        "--model.name=tiny", "--batch.seq_len=32", "--batch.global_batch=4",
-        "--batch.micro_batch=4", "--train.steps=30", "--train.eval_every=1000",
-        "--train.sample_tokens=0", "--train.progress=false", "--train.tensorboard=false",
-        "--data.num_tokens=60000", f"--data.cache_dir={tmp_path / 'cache'}",
-        f"--train.run_dir={tmp_path / 'run'}", "--checkpoint.every=10",
-        "--guard.window=10", "--guard.min_history=5", "--guard.skip_steps=7", *extra])
+    return load_config(
+        None,
+        [
+            "--model.name=tiny",
+            "--batch.seq_len=32",
+            "--batch.global_batch=4",
+            "--batch.micro_batch=4",
+            "--train.steps=30",
+            "--train.eval_every=1000",
+            "--train.sample_tokens=0",
+            "--train.progress=false",
+            "--train.tensorboard=false",
+            "--data.num_tokens=60000",
+            f"--data.cache_dir={tmp_path / 'cache'}",
+            f"--train.run_dir={tmp_path / 'run'}",
+            "--checkpoint.every=10",
+            "--guard.window=10",
+            "--guard.min_history=5",
+            "--guard.skip_steps=7",
+            *extra,
+        ],
+    )
 
 
 def _inject(monkeypatch, bad_calls, factor):
@@ -64,11 +79,20 @@ def test_too_many_rollbacks_stop_with_a_clear_message(tmp_path, monkeypatch):
 def test_out_of_memory_writes_a_report_and_keeps_the_checkpoint(tmp_path, monkeypatch, capsys):
     from scaletrain.cli import main
 
-    args = ["train", "--model.name=tiny", "--batch.seq_len=32", "--batch.global_batch=4",
-            "--batch.micro_batch=4", "--train.steps=6", "--train.progress=false",
-            "--train.sample_tokens=0", "--data.num_tokens=60000",
-            f"--data.cache_dir={tmp_path / 'cache'}", f"--train.run_dir={tmp_path / 'run'}",
-            "--checkpoint.every=2"]
+    args = [
+        "train",
+        "--model.name=tiny",
+        "--batch.seq_len=32",
+        "--batch.global_batch=4",
+        "--batch.micro_batch=4",
+        "--train.steps=6",
+        "--train.progress=false",
+        "--train.sample_tokens=0",
+        "--data.num_tokens=60000",
+        f"--data.cache_dir={tmp_path / 'cache'}",
+        f"--train.run_dir={tmp_path / 'run'}",
+        "--checkpoint.every=2",
+    ]
     real = transformer.linear_cross_entropy
     calls = {"n": 0}
 

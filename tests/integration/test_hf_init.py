@@ -28,11 +28,12 @@ RTOL = 1e-4
 @pytest.fixture(scope="module")
 def hf_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("hf")
-    return {"gpt2": make_hf_model("gpt2", root / "gpt2"),
-            "llama": make_hf_model("llama", root / "llama"),
-            "llama-sharded": make_hf_model("llama", root / "llama-sharded",
-                                           max_shard_size="20KB"),
-            "mixtral": make_hf_model("mixtral", root / "mixtral")}
+    return {
+        "gpt2": make_hf_model("gpt2", root / "gpt2"),
+        "llama": make_hf_model("llama", root / "llama"),
+        "llama-sharded": make_hf_model("llama", root / "llama-sharded", max_shard_size="20KB"),
+        "mixtral": make_hf_model("mixtral", root / "mixtral"),
+    }
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "llama", "llama-sharded", "mixtral"])
@@ -41,8 +42,7 @@ def test_first_loss_equals_transformers_and_export_reloads(kind, hf_dirs, tmp_pa
     if kind == "llama-sharded":
         assert (model_dir / "model.safetensors.index.json").is_file()
         assert len(list(model_dir.glob("*.safetensors"))) > 1
-    job = load_config(None, hf_args(tmp_path, model_dir, "run",
-                                    "--checkpoint.export_hf=true"))
+    job = load_config(None, hf_args(tmp_path, model_dir, "run", "--checkpoint.export_hf=true"))
     assert job.model.vocab_size == 260 and job.model.num_layers == 2
     reference = hf_loss(model_dir, first_step_batches(job))
     r = train(job)
@@ -51,7 +51,8 @@ def test_first_loss_equals_transformers_and_export_reloads(kind, hf_dirs, tmp_pa
 
     # the exported weights are the trained ones: transformers gives the trainer's logits
     hf = transformers.AutoModelForCausalLM.from_pretrained(
-        tmp_path / "run" / "hf", dtype=torch.float32, attn_implementation="eager").eval()
+        tmp_path / "run" / "hf", dtype=torch.float32, attn_implementation="eager"
+    ).eval()
     tokens = torch.randint(0, 256, (2, 20), generator=torch.Generator().manual_seed(0))
     r.model.eval()
     with torch.no_grad():
@@ -70,8 +71,10 @@ def test_resume_wins_over_init_from(hf_dirs, tmp_path):
 
 
 def test_shape_mismatch_names_the_tensor(hf_dirs, tmp_path):
-    cfg = load_config(None, [f"--checkpoint.init_from={hf_dirs['llama']}",
-                             "--model.ffn_dim=64", "--batch.seq_len=32"]).model
+    cfg = load_config(
+        None,
+        [f"--checkpoint.init_from={hf_dirs['llama']}", "--model.ffn_dim=64", "--batch.seq_len=32"],
+    ).model
     model = build_model(cfg, device="cpu")
     with pytest.raises(ConfigError, match=r"model\.safetensors:model\.layers\.0\.mlp\."):
         load_hf_weights(model, cfg, hf_dirs["llama"])
@@ -79,8 +82,7 @@ def test_shape_mismatch_names_the_tensor(hf_dirs, tmp_path):
 
 def test_bad_directories_fail_in_one_line(hf_dirs, tmp_path):
     with pytest.raises(ConfigError, match="checkpoint.init_from"):
-        load_config(None, [f"--checkpoint.init_from={tmp_path / 'nowhere'}",
-                           "--batch.seq_len=32"])
+        load_config(None, [f"--checkpoint.init_from={tmp_path / 'nowhere'}", "--batch.seq_len=32"])
     bad = tmp_path / "qwen"
     bad.mkdir()
     cfg = json.loads((hf_dirs["llama"] / "config.json").read_text())
@@ -102,13 +104,20 @@ def test_jsonl_corpus_with_pretrained_tokenizer_through_the_cli(hf_dirs, tmp_pat
 
     rng = torch.Generator().manual_seed(0)
     words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]
-    docs = [" ".join(words[int(i)] for i in torch.randint(0, 8, (int(n),), generator=rng))
-            for n in torch.randint(3, 30, (400,), generator=rng)]
+    docs = [
+        " ".join(words[int(i)] for i in torch.randint(0, 8, (int(n),), generator=rng))
+        for n in torch.randint(3, 30, (400,), generator=rng)
+    ]
     make_tokenizer_dir(hf_dirs["llama"], docs, vocab_size=120)  # the model dir holds it too
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
-    args = hf_args(tmp_path, hf_dirs["llama"], "cli", f"--data.source={corpus}",
-                   f"--data.tokenizer={hf_dirs['llama']}")
+    args = hf_args(
+        tmp_path,
+        hf_dirs["llama"],
+        "cli",
+        f"--data.source={corpus}",
+        f"--data.tokenizer={hf_dirs['llama']}",
+    )
     reference = hf_loss(hf_dirs["llama"], first_step_batches(load_config(None, args)))
     assert main(["train", *args]) in (0, None)
     first = json.loads((tmp_path / "cli" / "metrics.jsonl").read_text().splitlines()[0])

@@ -34,9 +34,18 @@ STEPS, EVERY = 9, 3
 
 
 def _trial(tmp_path, index, aims, ref_wall_s, *, async_save=False):
-    return kr.run_trial(index, random.Random(index), tmp_path, tmp_path / "cache", steps=STEPS,
-                        every=EVERY, async_save=async_save, ref_wall_s=ref_wall_s,
-                        write_jitter_s=0.0, aims=aims)
+    return kr.run_trial(
+        index,
+        random.Random(index),
+        tmp_path,
+        tmp_path / "cache",
+        steps=STEPS,
+        every=EVERY,
+        async_save=async_save,
+        ref_wall_s=ref_wall_s,
+        write_jitter_s=0.0,
+        aims=aims,
+    )
 
 
 def _final(tmp_path, row):
@@ -49,10 +58,14 @@ def test_sigkill_during_writes_and_at_random_resumes_bitwise(tmp_path, monkeypat
         # killed the moment the second write starts: resumes from the first checkpoint
         _trial(tmp_path, 0, [{"kind": "write", "pick": 0.5, "jitter_s": 0.0}], ref["wall_s"]),
         # the same during an asynchronous write (training goes on while it is written)
-        _trial(tmp_path, 1, [{"kind": "write", "pick": 0.0, "jitter_s": 0.0}], ref["wall_s"],
-               async_save=True),
-        _trial(tmp_path, 2, [{"kind": "random", "delay_s": 0.5 * ref["wall_s"]}],
-               ref["wall_s"]),
+        _trial(
+            tmp_path,
+            1,
+            [{"kind": "write", "pick": 0.0, "jitter_s": 0.0}],
+            ref["wall_s"],
+            async_save=True,
+        ),
+        _trial(tmp_path, 2, [{"kind": "random", "delay_s": 0.5 * ref["wall_s"]}], ref["wall_s"]),
     ]
     # negative control: a resume that loses its data position must be caught as a difference
     real_restore = checkpointing.restore
@@ -64,8 +77,7 @@ def test_sigkill_during_writes_and_at_random_resumes_bitwise(tmp_path, monkeypat
 
     # inherited by forked runs
     monkeypatch.setattr(checkpointing, "restore", restore_one_batch_late)
-    broken = _trial(tmp_path, 3, [{"kind": "write", "pick": 0.5, "jitter_s": 0.0}],
-                    ref["wall_s"])
+    broken = _trial(tmp_path, 3, [{"kind": "write", "pick": 0.5, "jitter_s": 0.0}], ref["wall_s"])
     monkeypatch.undo()
 
     ref_state = kr._final_state(ref["run_dir"], STEPS, tmp_path)
@@ -88,16 +100,13 @@ def test_sigkill_during_writes_and_at_random_resumes_bitwise(tmp_path, monkeypat
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
 def test_signal_trial_resumes_from_the_signal_time_checkpoint_bitwise(tmp_path, sig):
     ref = kr.run_reference(tmp_path, tmp_path / "cache", steps=STEPS, every=EVERY)
-    row = kr.run_signal_trial(0, sig, random.Random(1), tmp_path, tmp_path / "cache",
-                              steps=STEPS)
+    row = kr.run_signal_trial(0, sig, random.Random(1), tmp_path, tmp_path / "cache", steps=STEPS)
     assert row["finished"] and not row["error"], row
     # every = 0: the checkpoint it resumed from can only be the one the signal wrote
     assert row["resumed_from"] == row["stopped_at"] and 0 < row["stopped_at"] < STEPS
     assert row["lost_steps"] == 0
-    assert kr.compare(kr._final_state(ref["run_dir"], STEPS, tmp_path),
-                      _final(tmp_path, row)) == ""
-    assert kr._step_losses(tmp_path / f"trial00-{row['mode']}") == \
-        kr._step_losses(ref["run_dir"])
+    assert kr.compare(kr._final_state(ref["run_dir"], STEPS, tmp_path), _final(tmp_path, row)) == ""
+    assert kr._step_losses(tmp_path / f"trial00-{row['mode']}") == kr._step_losses(ref["run_dir"])
 
 
 def test_restarted_worker_of_a_finished_run_resumes_to_done(tmp_path):

@@ -20,8 +20,13 @@ def cache(tmp_path_factory):
 
 
 def _args(tmp_path, cache, *extra: str) -> list[str]:
-    return ["--data.num_tokens=60000", f"--data.cache_dir={cache}",
-            f"--train.run_dir={tmp_path / 'run'}", "--train.progress=false", *extra]
+    return [
+        "--data.num_tokens=60000",
+        f"--data.cache_dir={cache}",
+        f"--train.run_dir={tmp_path / 'run'}",
+        "--train.progress=false",
+        *extra,
+    ]
 
 
 def _tiling_slack(step_s: float) -> float:
@@ -43,9 +48,19 @@ def _assert_parts_add_up(r) -> None:
 
 
 def test_data_starved_run_is_data_bound(tmp_path, cache):
-    job = load_config(None, _args(tmp_path, cache, "--model.name=tiny", "--data.delay_s=0.2",
-                                  "--data.prefetch=0", "--batch.micro_batch=2",
-                                  "--batch.global_batch=2", "--batch.seq_len=64"))
+    job = load_config(
+        None,
+        _args(
+            tmp_path,
+            cache,
+            "--model.name=tiny",
+            "--data.delay_s=0.2",
+            "--data.prefetch=0",
+            "--batch.micro_batch=2",
+            "--batch.global_batch=2",
+            "--batch.seq_len=64",
+        ),
+    )
     r = profile_job(job, steps=2, warmup=1)
     v = classify(r)
     assert v.kind == "data-bound", render(r, v)
@@ -55,15 +70,28 @@ def test_data_starved_run_is_data_bound(tmp_path, cache):
     assert r.trace_path is not None and r.trace_path.exists()
     trace = json.loads(r.trace_path.read_text())
     names = {e.get("name") for e in trace["traceEvents"]}
-    assert {"scaletrain::data", "scaletrain::forward", "scaletrain::backward",
-            "scaletrain::optimizer"} <= names
+    assert {
+        "scaletrain::data",
+        "scaletrain::forward",
+        "scaletrain::backward",
+        "scaletrain::optimizer",
+    } <= names
 
 
 def test_naive_long_sequence_is_attention_bound(tmp_path, cache):
-    job = load_config(None, _args(tmp_path, cache, "--model.name=tiny",
-                                  "--model.attention=naive", "--batch.seq_len=512",
-                                  "--model.max_seq_len=512", "--batch.micro_batch=2",
-                                  "--batch.global_batch=2"))
+    job = load_config(
+        None,
+        _args(
+            tmp_path,
+            cache,
+            "--model.name=tiny",
+            "--model.attention=naive",
+            "--batch.seq_len=512",
+            "--model.max_seq_len=512",
+            "--batch.micro_batch=2",
+            "--batch.global_batch=2",
+        ),
+    )
     r = profile_job(job, steps=2, warmup=1)
     v = classify(r)
     assert v.kind == "attention-bound", render(r, v)
@@ -79,8 +107,18 @@ def test_naive_long_sequence_is_attention_bound(tmp_path, cache):
 
 def test_default_small_run_is_compute_bound_via_cli(tmp_path, cache, capsys):
     out = tmp_path / "out"
-    rc = main(["profile", "--steps", "2", "--warmup", "2", "--out", str(out),
-               *_args(tmp_path, cache, "--batch.micro_batch=8", "--batch.global_batch=8")])
+    rc = main(
+        [
+            "profile",
+            "--steps",
+            "2",
+            "--warmup",
+            "2",
+            "--out",
+            str(out),
+            *_args(tmp_path, cache, "--batch.micro_batch=8", "--batch.global_batch=8"),
+        ]
+    )
     assert rc == 0
     text = capsys.readouterr().out
     assert "verdict: COMPUTE-BOUND" in text, text
@@ -100,18 +138,32 @@ def test_default_small_run_is_compute_bound_via_cli(tmp_path, cache, capsys):
 
 def _rank_profile(args: list[str]) -> dict:
     r = profile_job(load_config(None, args), steps=2, warmup=1)
-    return {"comm_total": r.analysis.comm_total_s, "comm_exposed": r.analysis.comm_exposed_s,
-            "comm_class": r.analysis.class_s.get("communication", 0.0), "parts": r.parts_s,
-            "step": r.step_s, "kind": classify(r).kind, "world": r.world_size,
-            "trace": str(r.trace_path)}
+    return {
+        "comm_total": r.analysis.comm_total_s,
+        "comm_exposed": r.analysis.comm_exposed_s,
+        "comm_class": r.analysis.class_s.get("communication", 0.0),
+        "parts": r.parts_s,
+        "step": r.step_s,
+        "kind": classify(r).kind,
+        "world": r.world_size,
+        "trace": str(r.trace_path),
+    }
 
 
 @pytest.mark.distributed
 def test_gloo_run_reports_collective_time(tmp_path, cache):
     from scaletrain.parallel.launch import spawn
 
-    args = _args(tmp_path, cache, "--model.name=tiny", "--parallel.dp=2", "--parallel.zero=0",
-                 "--batch.micro_batch=2", "--batch.global_batch=4", "--batch.seq_len=64")
+    args = _args(
+        tmp_path,
+        cache,
+        "--model.name=tiny",
+        "--parallel.dp=2",
+        "--parallel.zero=0",
+        "--batch.micro_batch=2",
+        "--batch.global_batch=4",
+        "--batch.seq_len=64",
+    )
     per_rank = spawn(_rank_profile, 2, args)
     for rank, res in enumerate(per_rank):
         assert res["world"] == 2

@@ -28,15 +28,29 @@ def run_dir(tmp_path_factory) -> Path:
     rolls back to the step-5 checkpoint (a guard event on the loss curve)."""
     tmp = tmp_path_factory.mktemp("report")
     (tmp / "held.txt").write_text("a held-out text, scored on its own. " * 20)
-    job = load_config(None, [
-        f"--data.eval_sources=held={tmp / 'held.txt'}",
-        "--model.name=tiny", "--batch.seq_len=32", "--batch.global_batch=4",
-        "--batch.micro_batch=4", "--train.steps=12", "--train.eval_every=4",
-        "--train.eval_batches=2", "--train.sample_tokens=24", "--train.progress=false",
-        "--train.tensorboard=false",
-        "--data.num_tokens=60000", f"--data.cache_dir={tmp / 'cache'}",
-        f"--train.run_dir={tmp / 'run'}", "--checkpoint.every=5", "--guard.window=10",
-        "--guard.min_history=4", "--guard.skip_steps=2"])
+    job = load_config(
+        None,
+        [
+            f"--data.eval_sources=held={tmp / 'held.txt'}",
+            "--model.name=tiny",
+            "--batch.seq_len=32",
+            "--batch.global_batch=4",
+            "--batch.micro_batch=4",
+            "--train.steps=12",
+            "--train.eval_every=4",
+            "--train.eval_batches=2",
+            "--train.sample_tokens=24",
+            "--train.progress=false",
+            "--train.tensorboard=false",
+            "--data.num_tokens=60000",
+            f"--data.cache_dir={tmp / 'cache'}",
+            f"--train.run_dir={tmp / 'run'}",
+            "--checkpoint.every=5",
+            "--guard.window=10",
+            "--guard.min_history=4",
+            "--guard.skip_steps=2",
+        ],
+    )
     real, calls = transformer.linear_cross_entropy, {"n": 0}
 
     def spiky(hidden, weight, targets, **kw):
@@ -56,8 +70,9 @@ def run_dir(tmp_path_factory) -> Path:
     from scaletrain.dryrun import dryrun
 
     measurement = json.loads((run / "measurement.json").read_text())
-    measurement["timeline"] = [[e, b] for e, b in dryrun(job, world_size=1,
-                                                         count_flops=False).timeline]
+    measurement["timeline"] = [
+        [e, b] for e, b in dryrun(job, world_size=1, count_flops=False).timeline
+    ]
     (run / "measurement.json").write_text(json.dumps(measurement))
     return run
 
@@ -65,10 +80,21 @@ def run_dir(tmp_path_factory) -> Path:
 def _chromium(tmp_path: Path, page: Path, *args: str) -> subprocess.CompletedProcess:
     if not Path(CHROMIUM).exists():
         pytest.skip(f"{CHROMIUM} is not installed: run scripts/install_test_deps.sh")
-    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-           "--no-first-run", "--disable-background-networking", "--disable-component-update",
-           "--disable-sync", f"--user-data-dir={tmp_path / 'chromium-profile'}",
-           "--window-size=1200,3200", *args, page.resolve().as_uri()]
+    cmd = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp_path / 'chromium-profile'}",
+        "--window-size=1200,3200",
+        *args,
+        page.resolve().as_uri(),
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True)
 
 
@@ -99,10 +125,12 @@ def test_report_is_self_contained_and_renders_every_figure(run_dir, tmp_path, ca
     # rendered: a probe script (added to a copy, the report itself has none) writes each image's
     # decode state into the DOM after the load event; --dump-dom prints that DOM
     probe = tmp_path / "probe.html"
-    script = ("<script>window.addEventListener('load', () => { const p = document.createElement("
-              "'pre'); p.id = 'probe'; p.textContent = JSON.stringify([...document.images].map("
-              "i => [i.complete, i.naturalWidth, i.naturalHeight])); document.body.append(p);"
-              "});</script>")
+    script = (
+        "<script>window.addEventListener('load', () => { const p = document.createElement("
+        "'pre'); p.id = 'probe'; p.textContent = JSON.stringify([...document.images].map("
+        "i => [i.complete, i.naturalWidth, i.naturalHeight])); document.body.append(p);"
+        "});</script>"
+    )
     probe.write_text(text.replace("</body>", script + "</body>"))
     dom = _chromium(tmp_path, probe, "--dump-dom", "--virtual-time-budget=3000").stdout
     found = re.search(r'<pre id="probe">(.*?)</pre>', dom)
@@ -158,16 +186,41 @@ def test_missing_or_empty_run_dir_is_a_config_error(tmp_path):
 def test_a_run_that_died_of_oom_still_gets_a_report(tmp_path):
     """No run_info, measurement or checkpoints: the page shows the plan, the planner's memory
     alone, the curves logged so far, and the OOM report."""
-    job = load_config(None, ["--model.name=tiny", "--batch.seq_len=32", "--batch.global_batch=4",
-                             "--batch.micro_batch=4"])
+    job = load_config(
+        None,
+        [
+            "--model.name=tiny",
+            "--batch.seq_len=32",
+            "--batch.global_batch=4",
+            "--batch.micro_batch=4",
+        ],
+    )
     (tmp_path / "config.json").write_text(json.dumps(job.to_dict()))
-    rows = [{"step": s, "loss": 5.0 - 0.1 * s, "lr": 1e-4 * s, "grad_norm": 1.0,
-             "tokens_per_s": 100.0 + s, "mfu": 1e-3, "step_s": 1.0, "skipped": s == 2}
-            for s in (1, 2, 3)]
+    rows = [
+        {
+            "step": s,
+            "loss": 5.0 - 0.1 * s,
+            "lr": 1e-4 * s,
+            "grad_norm": 1.0,
+            "tokens_per_s": 100.0 + s,
+            "mfu": 1e-3,
+            "step_s": 1.0,
+            "skipped": s == 2,
+        }
+        for s in (1, 2, 3)
+    ]
     (tmp_path / "metrics.jsonl").write_text("\n".join(map(json.dumps, rows)) + "\n{truncated")
-    (tmp_path / "oom_report_rank0.json").write_text(json.dumps(
-        {"step": 4, "rank": 0, "error": "CUDA out of memory <tried 2 GiB>",
-         "advice": "set memory.ac=full", "overflowed_category": "activations"}))
+    (tmp_path / "oom_report_rank0.json").write_text(
+        json.dumps(
+            {
+                "step": 4,
+                "rank": 0,
+                "error": "CUDA out of memory <tried 2 GiB>",
+                "advice": "set memory.ac=full",
+                "overflowed_category": "activations",
+            }
+        )
+    )
     text = write_report(tmp_path).read_text()
     assert "<h2>Out of memory</h2>" in text and "set memory.ac=full" in text
     assert "CUDA out of memory &lt;tried 2 GiB&gt;" in text  # escaped, not markup
@@ -180,8 +233,9 @@ def test_a_run_that_died_of_oom_still_gets_a_report(tmp_path):
 def test_flag_set_snapshot():
     parser = argparse.ArgumentParser()
     report_cli.add_arguments(parser, "report")
-    flags = sorted(o for a in parser._actions for o in a.option_strings
-                   if o not in ("-h", "--help"))
+    flags = sorted(
+        o for a in parser._actions for o in a.option_strings if o not in ("-h", "--help")
+    )
     assert flags == ["--out"]  # grow this list only on purpose (STYLE.md #10)
     assert parser.parse_args(["runs/x"]).run_dir == "runs/x"
 

@@ -20,19 +20,28 @@ def test_the_window_holds_the_query_and_the_previous_w_minus_1_keys() -> None:
 
 @pytest.mark.parametrize("attention", ["sdpa", "naive"])
 def test_mistral_with_a_window_shorter_than_the_sequence_matches_transformers(
-        tmp_path, attention) -> None:
+    tmp_path, attention
+) -> None:
     """A Mistral config.json with sliding_window=8 at 32 tokens: our logits (fp64) equal
     transformers' eager ones, and differ from full causal attention (so the window acts)."""
     tf = pytest.importorskip("transformers")
     from scaletrain.checkpoint.hf import load_hf_state_dict
 
-    cfg = tf.MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=48,
-                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                           max_position_embeddings=64, sliding_window=8,
-                           tie_word_embeddings=False)
+    cfg = tf.MistralConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        sliding_window=8,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
-    hf = tf.AutoModelForCausalLM.from_config(cfg, dtype=torch.float64,
-                                             attn_implementation="eager").eval()
+    hf = tf.AutoModelForCausalLM.from_config(
+        cfg, dtype=torch.float64, attn_implementation="eager"
+    ).eval()
     hf.save_pretrained(tmp_path, safe_serialization=True)
     ours_cfg = model_from_hf_config(tmp_path)
     assert ours_cfg.sliding_window == 8
@@ -59,18 +68,30 @@ def test_mistral_with_a_window_shorter_than_the_sequence_matches_transformers(
         from scaletrain.checkpoint.hf import export_hf
 
         out = export_hf(model, ours_cfg, tmp_path / "export")
-        again = tf.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float64,
-                                                        attn_implementation="eager").eval()
+        again = tf.AutoModelForCausalLM.from_pretrained(
+            out, dtype=torch.float64, attn_implementation="eager"
+        ).eval()
         assert again.config.model_type == "mistral" and again.config.sliding_window == 8
         with torch.no_grad():
             torch.testing.assert_close(again(x).logits, theirs, **tol)
 
 
 def test_context_parallel_with_a_short_window_is_refused(tmp_path) -> None:
-    (tmp_path / "config.json").write_text(json.dumps({
-        "model_type": "mistral", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "max_position_embeddings": 4096, "sliding_window": 1024}))
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "mistral",
+                "vocab_size": 64,
+                "hidden_size": 32,
+                "intermediate_size": 48,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "max_position_embeddings": 4096,
+                "sliding_window": 1024,
+            }
+        )
+    )
     model = model_from_hf_config(tmp_path)
     problems = layout_problems(Layout(dp=1, cp=2), model, seq_len=2048)
     assert any(p.field == "parallel.cp" and "sliding window" in p.fix for p in problems)
@@ -78,8 +99,18 @@ def test_context_parallel_with_a_short_window_is_refused(tmp_path) -> None:
 
 
 def test_a_bad_window_in_config_json_is_one_line(tmp_path) -> None:
-    (tmp_path / "config.json").write_text(json.dumps({
-        "model_type": "mistral", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "sliding_window": "big"}))
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "mistral",
+                "vocab_size": 64,
+                "hidden_size": 32,
+                "intermediate_size": 48,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "sliding_window": "big",
+            }
+        )
+    )
     with pytest.raises(ConfigError, match="'sliding_window' = 'big' must be an integer"):
         model_from_hf_config(tmp_path)

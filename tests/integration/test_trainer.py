@@ -15,12 +15,25 @@ pytestmark = pytest.mark.slow
 
 
 def _job(tmp_path, name, *extra):
-    return load_config(None, [
-        "--model.name=tiny", "--batch.seq_len=32", "--batch.global_batch=8",
-        "--batch.micro_batch=8", "--train.steps=4", "--train.eval_every=1000",
-        "--train.sample_tokens=0", "--train.progress=false", "--train.tensorboard=false",
-        "--data.num_tokens=60000", f"--data.cache_dir={tmp_path / 'cache'}",
-        f"--train.run_dir={tmp_path / name}", "--optim.warmup_steps=0", *extra])
+    return load_config(
+        None,
+        [
+            "--model.name=tiny",
+            "--batch.seq_len=32",
+            "--batch.global_batch=8",
+            "--batch.micro_batch=8",
+            "--train.steps=4",
+            "--train.eval_every=1000",
+            "--train.sample_tokens=0",
+            "--train.progress=false",
+            "--train.tensorboard=false",
+            "--data.num_tokens=60000",
+            f"--data.cache_dir={tmp_path / 'cache'}",
+            f"--train.run_dir={tmp_path / name}",
+            "--optim.warmup_steps=0",
+            *extra,
+        ],
+    )
 
 
 @pytest.mark.parametrize("optim", ["sgd", "adamw"])
@@ -33,8 +46,9 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path, optim):
     step passes it on whole, so element-wise only AdamW's own bound holds (`assert_adam_close`).
     """
     big = train(_job(tmp_path, "big", "--train.steps=1", f"--optim.name={optim}"))
-    acc = train(_job(tmp_path, "acc", "--train.steps=1", "--batch.micro_batch=2",
-                     f"--optim.name={optim}"))
+    acc = train(
+        _job(tmp_path, "acc", "--train.steps=1", "--batch.micro_batch=2", f"--optim.name={optim}")
+    )
     assert big.losses[0] == pytest.approx(acc.losses[0], abs=1e-6)
     pairs = list(zip(big.model.named_parameters(), acc.model.parameters(), strict=True))
     worst = max((a - b).abs().max().item() for (_, a), b in pairs)
@@ -58,8 +72,9 @@ def test_resume_is_bitwise_identical(tmp_path):
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_low_precision_trains(tmp_path, dtype):
-    r = train(_job(tmp_path, dtype, f"--precision.dtype={dtype}", "--train.steps=30",
-                   "--optim.lr=3e-3"))
+    r = train(
+        _job(tmp_path, dtype, f"--precision.dtype={dtype}", "--train.steps=30", "--optim.lr=3e-3")
+    )
     assert r.skipped_steps == 0 or dtype == "fp16"
     assert sum(r.losses[-5:]) / 5 < sum(r.losses[:5]) / 5 - 0.3
 
@@ -90,10 +105,21 @@ def test_fp16_skips_a_step_with_injected_overflow(tmp_path, monkeypatch):
 
 
 def test_cli_main_job_runs_and_reports(tmp_path, capsys):
-    rc = main(["train", "--model.name=tiny", "--batch.seq_len=32", "--batch.global_batch=4",
-               "--batch.micro_batch=4", "--train.steps=3", "--train.sample_tokens=20",
-               "--train.progress=false", "--data.num_tokens=60000",
-               f"--data.cache_dir={tmp_path / 'cache'}", f"--train.run_dir={tmp_path / 'run'}"])
+    rc = main(
+        [
+            "train",
+            "--model.name=tiny",
+            "--batch.seq_len=32",
+            "--batch.global_batch=4",
+            "--batch.micro_batch=4",
+            "--train.steps=3",
+            "--train.sample_tokens=20",
+            "--train.progress=false",
+            "--data.num_tokens=60000",
+            f"--data.cache_dir={tmp_path / 'cache'}",
+            f"--train.run_dir={tmp_path / 'run'}",
+        ]
+    )
     assert rc == 0
     out = capsys.readouterr().out
     assert "sample:" in out and "run directory:" in out and "tokens/s" in out
@@ -113,8 +139,15 @@ def test_cli_bad_override_fails_before_work(tmp_path, capsys):
 
 def test_export_hf_at_end_loads_in_transformers(tmp_path):
     transformers = pytest.importorskip("transformers")
-    r = train(_job(tmp_path, "hf", "--model.name=tiny-llama", "--train.steps=2",
-                   "--checkpoint.export_hf=true"))
+    r = train(
+        _job(
+            tmp_path,
+            "hf",
+            "--model.name=tiny-llama",
+            "--train.steps=2",
+            "--checkpoint.export_hf=true",
+        )
+    )
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf" / "hf")
     x = torch.randint(0, 256, (2, 16))
     with torch.no_grad():
@@ -131,8 +164,16 @@ def test_export_hf_at_end_loads_in_transformers(tmp_path):
 def test_fp8_run_trains_with_fp32_master_weights(tmp_path):
     from scaletrain.precision import Float8Linear
 
-    r = train(_job(tmp_path, "fp8", "--model.name=tiny-llama", "--precision.dtype=fp8",
-                   "--train.steps=25", "--optim.lr=3e-3"))
+    r = train(
+        _job(
+            tmp_path,
+            "fp8",
+            "--model.name=tiny-llama",
+            "--precision.dtype=fp8",
+            "--train.steps=25",
+            "--optim.lr=3e-3",
+        )
+    )
     assert any(isinstance(m, Float8Linear) for m in r.model.modules())
     assert all(p.dtype == torch.float32 for p in r.model.parameters())
     assert sum(r.losses[-5:]) / 5 < sum(r.losses[:5]) / 5 - 0.3
@@ -150,7 +191,8 @@ def test_optimizer_offload_trains_and_resumes_like_adamw(tmp_path):
     """memory.offload=optimizer (CPUOffloadAdamW): the same losses as AdamW, and an exact resume
     from its checkpoint (the host-held moments are saved and restored)."""
     ref = train(_job(tmp_path, "ref", "--train.steps=6"))
-    first = train(_job(tmp_path, "off", "--train.steps=6", "--memory.offload=optimizer"),
-                  max_steps=3)
+    first = train(
+        _job(tmp_path, "off", "--train.steps=6", "--memory.offload=optimizer"), max_steps=3
+    )
     rest = train(_job(tmp_path, "off", "--train.steps=6", "--memory.offload=optimizer"))
     assert first.losses + rest.losses == ref.losses

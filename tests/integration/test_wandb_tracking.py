@@ -30,7 +30,7 @@ class _FakeRun:
     def save(self, path, base_path, policy):
         assert policy == "now" and path.startswith(base_path)
         with open(path) as f:
-            self.saved[path[len(base_path) + 1:]] = f.read()
+            self.saved[path[len(base_path) + 1 :]] = f.read()
 
     def finish(self):
         self.finished = True
@@ -52,8 +52,13 @@ def fake_wandb(monkeypatch):
 
 
 def test_run_logs_steps_config_plan_and_ledger(tmp_path, fake_wandb):
-    job = small_job(tmp_path, "run", "--checkpoint.resume=never", "--monitor.wandb=true",
-                    "--monitor.wandb_project=ops-test")
+    job = small_job(
+        tmp_path,
+        "run",
+        "--checkpoint.resume=never",
+        "--monitor.wandb=true",
+        "--monitor.wandb_project=ops-test",
+    )
     result = train(load_config(None, job))
     (run,) = fake_wandb
     run_dir = tmp_path / "run"

@@ -26,8 +26,7 @@ TOL = planner_accuracy.TOLERANCE
 
 
 def _quick_cases() -> list:
-    return [pytest.param(case, id=planner_accuracy.label(case))
-            for case in planner_accuracy.QUICK]
+    return [pytest.param(case, id=planner_accuracy.label(case)) for case in planner_accuracy.QUICK]
 
 
 @pytest.mark.parametrize("case", _quick_cases())
@@ -38,8 +37,12 @@ def test_memory_and_flops_within_tolerance(case):
     for k in planner_accuracy.CATEGORIES:
         assert e[k] is not None and abs(e[k]) <= TOL["category"], (r["case"], k, e)
     assert r["measured"]["flops"] > 0
-    assert abs(e["flops"]) <= TOL["flops"], (r["case"], e["flops"], r["predicted"]["flops"],
-                                             r["measured"]["flops"])
+    assert abs(e["flops"]) <= TOL["flops"], (
+        r["case"],
+        e["flops"],
+        r["predicted"]["flops"],
+        r["measured"]["flops"],
+    )
     assert planner_accuracy.within(r)
 
 
@@ -75,10 +78,20 @@ def test_quick_subset_is_broad():
 def test_compare_defines_transient_on_both_sides():
     """The per-category comparison: states at rest, and the peak minus the persistent states
     (params + optimizer at rest) computed the same way on both sides."""
-    pred = {"total": 110.0, "state.params": 10.0, "state.grads": 10.0,
-            "state.optimizer": 20.0, "flops": 0.0}
-    meas = {"total": 100.0, "state.params": 10.0, "state.grads": 11.0,
-            "state.optimizer": 20.0, "flops": 0.0}
+    pred = {
+        "total": 110.0,
+        "state.params": 10.0,
+        "state.grads": 10.0,
+        "state.optimizer": 20.0,
+        "flops": 0.0,
+    }
+    meas = {
+        "total": 100.0,
+        "state.params": 10.0,
+        "state.grads": 11.0,
+        "state.optimizer": 20.0,
+        "flops": 0.0,
+    }
     e = planner_accuracy.compare(pred, meas)
     assert e["total"] == pytest.approx(0.10)
     assert e["transient"] == pytest.approx(10.0 / 70.0)
@@ -104,8 +117,9 @@ def test_pipeline_receive_buffers_grow_with_the_micro_batches_as_in_the_dry_run(
         job, world = planner_accuracy.job_for_extra(case)
         est = estimate(plan_input_from_job(job, job.layout(world))).memory
         pred.append((est.total, est.buffer_terms["pp_p2p"]))
-        meas.append(dryrun(job, world_size=world, rank=int(est.rank), count_flops=False)
-                    .memory.total)
+        meas.append(
+            dryrun(job, world_size=world, rank=int(est.rank), count_flops=False).memory.total
+        )
     grown_p2p = pred[1][1] - pred[0][1]
     assert grown_p2p > 0
     assert abs((pred[1][0] - pred[0][0]) - grown_p2p) <= 0.01 * grown_p2p

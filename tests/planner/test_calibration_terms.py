@@ -37,8 +37,7 @@ def test_embedding_backward_temporaries():
     # tied, no TP: embedding grad + head contribution + their sum, fp32
     assert embedding_backward_bytes(GPT2, grad_bytes=4) == 3 * V * h * 4
     # tied, tp 4 (vocabulary-parallel embedding): this rank's rows of the grad, head part, sum
-    assert embedding_backward_bytes(GPT2, tp=4, grad_bytes=4) == pytest.approx(
-        3 * V * h * 4 / 4)
+    assert embedding_backward_bytes(GPT2, tp=4, grad_bytes=4) == pytest.approx(3 * V * h * 4 / 4)
     # untied llama, bf16 FSDP units: the grad alone, V/tp rows of it under tp
     V, h = LLAMA.vocab_size, LLAMA.dim
     assert embedding_backward_bytes(LLAMA, grad_bytes=2) == V * h * 2
@@ -47,10 +46,14 @@ def test_embedding_backward_temporaries():
 
 def test_held_logits_and_rope_tables():
     # the pipeline's last stage (logits path) holds its logits; the fused loss holds none
-    assert held_logits_bytes(GPT2, seq_len=256, micro_batch=2, precision="fp32",
-                             fused=False) == 4 * 256 * 2 * GPT2.vocab_size
-    assert held_logits_bytes(LLAMA, seq_len=2048, micro_batch=1, tp=2, precision="bf16",
-                             fused=False) == 2 * 2048 * LLAMA.vocab_size / 2
+    assert (
+        held_logits_bytes(GPT2, seq_len=256, micro_batch=2, precision="fp32", fused=False)
+        == 4 * 256 * 2 * GPT2.vocab_size
+    )
+    assert (
+        held_logits_bytes(LLAMA, seq_len=2048, micro_batch=1, tp=2, precision="bf16", fused=False)
+        == 2 * 2048 * LLAMA.vocab_size / 2
+    )
     assert held_logits_bytes(LLAMA, seq_len=2048, micro_batch=1, tp=2) == 0.0
     assert rope_table_bytes(GPT2) == 0.0
     assert rope_table_bytes(LLAMA) == 2 * 4 * LLAMA.max_seq_len * LLAMA.head_dim
@@ -62,8 +65,9 @@ def test_gqa_saves_kv_heads_and_autocast_saves_casts():
     gqa = resolve_model("llama3-8b")
     mha = dataclasses.replace(gqa, num_kv_heads=gqa.num_heads)
     kw = dict(seq_len=1024, micro_batch=1, precision="bf16")
-    assert layer_activation_bytes(mha, **kw) - layer_activation_bytes(gqa, **kw) == \
-        pytest.approx(2 * 2 * 1024 * (gqa.dim - gqa.kv_dim))
+    assert layer_activation_bytes(mha, **kw) - layer_activation_bytes(gqa, **kw) == pytest.approx(
+        2 * 2 * 1024 * (gqa.dim - gqa.kv_dim)
+    )
     plain = layer_activation_bytes(gqa, **kw, residual_fp32=False)
     cast = layer_activation_bytes(gqa, **kw, residual_fp32=True)
     # a fp32 residual adds 2 bytes per element to each RMSNorm's saved cast-back output
@@ -88,14 +92,20 @@ def test_selective_recompute_recreates_the_no_ac_set_less_what_was_kept():
     full = layer_activation_bytes(m, **kw, ac="none")
     kept = layer_activation_bytes(m, **kw, ac="selective")
     assert (full, kept) == (727040, 380928)
-    assert selective_recompute_bytes(m, full=full, stored=kept, tokens=tok, tp=1, sp=False,
-                                     e=e) == 411648
+    assert (
+        selective_recompute_bytes(m, full=full, stored=kept, tokens=tok, tp=1, sp=False, e=e)
+        == 411648
+    )
     # what a block's backward holds first: the output's gradient (2 x 256 x 64), the MLP's
     # two (tokens x f) gradients (2 x 2 x 256 x 176) and w2's unsharded gradient (2 x 64 x 176)
-    assert mlp_backward_work_bytes(m, tokens=tok, tp=1, sp=False, e=e, weight_bytes=2) == \
-        32768 + 180224 + 22528
-    assert mlp_backward_work_bytes(m, tokens=tok, tp=2, sp=True, e=e, weight_bytes=2) == \
-        (32768 + 180224 + 22528) / 2
+    assert (
+        mlp_backward_work_bytes(m, tokens=tok, tp=1, sp=False, e=e, weight_bytes=2)
+        == 32768 + 180224 + 22528
+    )
+    assert (
+        mlp_backward_work_bytes(m, tokens=tok, tp=2, sp=True, e=e, weight_bytes=2)
+        == (32768 + 180224 + 22528) / 2
+    )
 
 
 def test_counted_flops_match_flop_counter_semantics():
@@ -106,39 +116,54 @@ def test_counted_flops_match_flop_counter_semantics():
     core = GPT2.num_layers * 4.0 * s * GPT2.dim  # QK^T + AV, full s x s
     plain = dict(fused_head=False)  # the head as an nn.Linear (a pipeline's last stage)
     assert counted_flops_per_token(GPT2, s, **plain) == pytest.approx(
-        3 * lin + (1 + FLASH_BACKWARD_FACTOR) * core)
+        3 * lin + (1 + FLASH_BACKWARD_FACTOR) * core
+    )
     # the un-halved model FLOPs differ only in the attention backward factor (2 vs 2.5)
-    assert counted_flops_per_token(GPT2, s, **plain) - flops_per_token(GPT2, s, causal=False) \
-        == pytest.approx(0.5 * core)
+    assert counted_flops_per_token(GPT2, s, **plain) - flops_per_token(
+        GPT2, s, causal=False
+    ) == pytest.approx(0.5 * core)
     # the fused head + loss recomputes the logits in backward: 4 head matmuls, not 3
-    assert counted_flops_per_token(GPT2, s) - counted_flops_per_token(GPT2, s, **plain) == \
-        pytest.approx(2.0 * head)
+    assert counted_flops_per_token(GPT2, s) - counted_flops_per_token(
+        GPT2, s, **plain
+    ) == pytest.approx(2.0 * head)
     # tp: block linears are the group's (global shapes), attention is the rank's heads, the
     # fused head runs on this rank's V/tp rows
     assert counted_flops_per_token(GPT2, s, tp=4) == pytest.approx(
-        3 * blocks + 4 * 2.0 * head / 4 + (1 + FLASH_BACKWARD_FACTOR) * core / 4)
+        3 * blocks + 4 * 2.0 * head / 4 + (1 + FLASH_BACKWARD_FACTOR) * core / 4
+    )
     # cp 2 zigzag ring: 3/4 of the full s x s work per rank
     assert counted_flops_per_token(GPT2, s, cp=2, **plain) == pytest.approx(
-        3 * lin + (1 + FLASH_BACKWARD_FACTOR) * core * 0.75)
+        3 * lin + (1 + FLASH_BACKWARD_FACTOR) * core * 0.75
+    )
     # full recompute: every block matmul but the down projection, plus the attention core
     down = GPT2.dim * GPT2.ffn_dim
     assert counted_flops_per_token(GPT2, s, recompute="full") - counted_flops_per_token(
-        GPT2, s) == pytest.approx(2 * GPT2.num_layers * (per_layer - down) + core)
+        GPT2, s
+    ) == pytest.approx(2 * GPT2.num_layers * (per_layer - down) + core)
     # selective keeps every matmul and SDPA output: nothing counted is recomputed, except the
     # naive core's S x S matmuls
     assert counted_flops_per_token(GPT2, s, recompute="selective") == pytest.approx(
-        counted_flops_per_token(GPT2, s))
+        counted_flops_per_token(GPT2, s)
+    )
     naive = dataclasses.replace(GPT2, attention="naive")
     assert counted_flops_per_token(naive, s, recompute="selective") - counted_flops_per_token(
-        naive, s) == pytest.approx(core)
+        naive, s
+    ) == pytest.approx(core)
     with pytest.raises(ValueError):
         counted_flops_per_token(GPT2, s, recompute="some")
 
 
 def _plan(model, layout, **kw):
-    base = dict(model=model, hardware=hardware_preset("h100-sxm"), num_gpus=layout.world_size,
-                layout=layout, seq_len=256, global_batch=2 * layout.dp, micro_batch=2,
-                precision="fp32")
+    base = dict(
+        model=model,
+        hardware=hardware_preset("h100-sxm"),
+        num_gpus=layout.world_size,
+        layout=layout,
+        seq_len=256,
+        global_batch=2 * layout.dp,
+        micro_batch=2,
+        precision="fp32",
+    )
     return PlanInput(**{**base, **kw})
 
 

@@ -12,20 +12,78 @@ import pytest
 from scaletrain.cli import main
 from scaletrain.cli import plan as plan_cli
 
-FLAGS = ['--ac', '--ckpt-every', '--compile', '--config', '--convention', '--cp', '--dp',
-         '--efficiency', '--ep',
-         '--global-batch', '--gpu', '--gpus', '--gpus-per-node', '--grid-co2', '--host-watts',
-         '--json', '--micro-batch', '--model', '--offload', '--params', '--plot',
-         '--pp', '--pp-schedule', '--pp-virtual', '--precision', '--preflight', '--pue',
-         '--recipe', '--seq-len', '--sp',
-         '--tokens', '--top', '--tp', '--usd-per-gpu-hour', '--verify', '--zero']
+FLAGS = [
+    "--ac",
+    "--ckpt-every",
+    "--compile",
+    "--config",
+    "--convention",
+    "--cp",
+    "--dp",
+    "--efficiency",
+    "--ep",
+    "--global-batch",
+    "--gpu",
+    "--gpus",
+    "--gpus-per-node",
+    "--grid-co2",
+    "--host-watts",
+    "--json",
+    "--micro-batch",
+    "--model",
+    "--offload",
+    "--params",
+    "--plot",
+    "--pp",
+    "--pp-schedule",
+    "--pp-virtual",
+    "--precision",
+    "--preflight",
+    "--pue",
+    "--recipe",
+    "--seq-len",
+    "--sp",
+    "--tokens",
+    "--top",
+    "--tp",
+    "--usd-per-gpu-hour",
+    "--verify",
+    "--zero",
+]
 
 SCHEMA = {
-    "plan": {"model", "params", "gpus", "dp", "zero", "tp", "sp", "pp", "pp_schedule",
-             "pp_virtual", "cp", "ep", "micro_batch", "grad_accum", "seq_len", "precision", "ac",
-             "offload"},
-    "memory": {"params", "grads", "optimizer", "activations", "buffers", "total", "reserved",
-               "capacity", "fits", "rank"},
+    "plan": {
+        "model",
+        "params",
+        "gpus",
+        "dp",
+        "zero",
+        "tp",
+        "sp",
+        "pp",
+        "pp_schedule",
+        "pp_virtual",
+        "cp",
+        "ep",
+        "micro_batch",
+        "grad_accum",
+        "seq_len",
+        "precision",
+        "ac",
+        "offload",
+    },
+    "memory": {
+        "params",
+        "grads",
+        "optimizer",
+        "activations",
+        "buffers",
+        "total",
+        "reserved",
+        "capacity",
+        "fits",
+        "rank",
+    },
     "time": {"step_s", "compute_s", "comm_exposed_s", "bubble_s"},
 }
 TOP = {"plan", "memory", "time", "flops_per_token", "tokens_per_s", "mfu"}
@@ -35,8 +93,9 @@ TOP = {"plan", "memory", "time", "flops_per_token", "tokens_per_s", "mfu"}
 def test_flag_set_snapshot(name: str) -> None:
     parser = argparse.ArgumentParser()
     plan_cli.add_arguments(parser, name)
-    flags = sorted(o for a in parser._actions for o in a.option_strings
-                   if o not in ("-h", "--help"))
+    flags = sorted(
+        o for a in parser._actions for o in a.option_strings if o not in ("-h", "--help")
+    )
     assert flags == FLAGS  # grow this list only on purpose (STYLE.md #10)
 
 
@@ -47,8 +106,24 @@ def _check_schema(obj: dict) -> None:
 
 
 def test_search_json_is_a_list_best_first(capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["plan", "--model", "gpt-mini", "--gpus", "4", "--gpu", "cpu", "--seq-len", "128",
-               "--global-batch", "16", "--json", "--top", "3"])
+    rc = main(
+        [
+            "plan",
+            "--model",
+            "gpt-mini",
+            "--gpus",
+            "4",
+            "--gpu",
+            "cpu",
+            "--seq-len",
+            "128",
+            "--global-batch",
+            "16",
+            "--json",
+            "--top",
+            "3",
+        ]
+    )
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     assert isinstance(out, list) and 1 <= len(out) <= 3
@@ -60,27 +135,60 @@ def test_search_json_is_a_list_best_first(capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_exact_layout_json(capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["plan", "--model", "llama3-8b", "--gpus", "16", "--tp", "2", "--pp", "2",
-               "--pp-schedule", "interleaved", "--zero", "3", "--sp", "--seq-len", "4096",
-               "--global-batch", "64", "--micro-batch", "1", "--json"])
+    rc = main(
+        [
+            "plan",
+            "--model",
+            "llama3-8b",
+            "--gpus",
+            "16",
+            "--tp",
+            "2",
+            "--pp",
+            "2",
+            "--pp-schedule",
+            "interleaved",
+            "--zero",
+            "3",
+            "--sp",
+            "--seq-len",
+            "4096",
+            "--global-batch",
+            "64",
+            "--micro-batch",
+            "1",
+            "--json",
+        ]
+    )
     assert rc == 0
     obj = json.loads(capsys.readouterr().out)
     _check_schema(obj)
     p = obj["plan"]
-    assert (p["dp"], p["tp"], p["pp"], p["zero"], p["sp"], p["pp_schedule"], p["pp_virtual"]) \
-        == (4, 2, 2, 3, True, "interleaved", 2)
+    assert (p["dp"], p["tp"], p["pp"], p["zero"], p["sp"], p["pp_schedule"], p["pp_virtual"]) == (
+        4,
+        2,
+        2,
+        3,
+        True,
+        "interleaved",
+        2,
+    )
     assert p["grad_accum"] == 16
 
 
-@pytest.mark.parametrize("argv,flag", [
-    (["--tp", "3"], "--tp"),
-    (["--gpus", "0"], "--gpus"),
-    (["--gpu", "tpu-v9"], "--gpu"),
-    (["--pp", "2", "--global-batch", "2", "--micro-batch", "2"], "--global-batch"),
-    (["--cp", "3"], "--cp"),
-])
-def test_errors_name_the_flag(argv: list[str], flag: str,
-                              capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "argv,flag",
+    [
+        (["--tp", "3"], "--tp"),
+        (["--gpus", "0"], "--gpus"),
+        (["--gpu", "tpu-v9"], "--gpu"),
+        (["--pp", "2", "--global-batch", "2", "--micro-batch", "2"], "--global-batch"),
+        (["--cp", "3"], "--cp"),
+    ],
+)
+def test_errors_name_the_flag(
+    argv: list[str], flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     rc = main(["plan", "--model", "llama3-8b", "--gpus", "8", *argv])
     assert rc == 2
     err = capsys.readouterr().err.strip()
@@ -88,8 +196,23 @@ def test_errors_name_the_flag(argv: list[str], flag: str,
 
 
 def test_acceptance_search_prints_best_and_losers(capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["plan", "--model", "llama3-70b", "--gpus", "64", "--gpu", "h100-sxm",
-               "--seq-len", "8192", "--global-batch", "512", "--tokens", "1e12"])
+    rc = main(
+        [
+            "plan",
+            "--model",
+            "llama3-70b",
+            "--gpus",
+            "64",
+            "--gpu",
+            "h100-sxm",
+            "--seq-len",
+            "8192",
+            "--global-batch",
+            "512",
+            "--tokens",
+            "1e12",
+        ]
+    )
     assert rc == 0
     out = capsys.readouterr().out
     assert "best:" in out and "why the other strategy families lost" in out
@@ -101,8 +224,25 @@ def test_acceptance_search_prints_best_and_losers(capsys: pytest.CaptureFixture[
 
 def test_explain_and_plot(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
     png = tmp_path / "mem.png"
-    rc = main(["explain", "--model", "llama3-8b", "--gpus", "8", "--tp", "2", "--zero", "3",
-               "--seq-len", "4096", "--global-batch", "64", "--plot", str(png)])
+    rc = main(
+        [
+            "explain",
+            "--model",
+            "llama3-8b",
+            "--gpus",
+            "8",
+            "--tp",
+            "2",
+            "--zero",
+            "3",
+            "--seq-len",
+            "4096",
+            "--global-batch",
+            "64",
+            "--plot",
+            str(png),
+        ]
+    )
     assert rc == 0
     out = capsys.readouterr().out
     assert "8,030,261,248" in out  # exact parameter count
@@ -112,24 +252,62 @@ def test_explain_and_plot(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_planner_and_cli_do_not_import_torch() -> None:
-    code = ("import sys, scaletrain.cli.plan, scaletrain.planner.search, "
-            "scaletrain.planner.report, scaletrain.planner.explain, scaletrain.planner.plot, "
-            "scaletrain.planner.pipeline; "
-            "assert 'torch' not in sys.modules and 'matplotlib' not in sys.modules, 'heavy import'")
+    code = (
+        "import sys, scaletrain.cli.plan, scaletrain.planner.search, "
+        "scaletrain.planner.report, scaletrain.planner.explain, scaletrain.planner.plot, "
+        "scaletrain.planner.pipeline; "
+        "assert 'torch' not in sys.modules and 'matplotlib' not in sys.modules, 'heavy import'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_plot_draws_the_pipeline_when_the_best_layout_pipelines(tmp_path) -> None:
     png = tmp_path / "plan.png"
-    rc = main(["plan", "--model", "llama3-8b", "--gpus", "8", "--tp", "2", "--pp", "4",
-               "--pp-schedule", "zero-bubble", "--seq-len", "4096", "--global-batch", "16",
-               "--plot", str(png)])
+    rc = main(
+        [
+            "plan",
+            "--model",
+            "llama3-8b",
+            "--gpus",
+            "8",
+            "--tp",
+            "2",
+            "--pp",
+            "4",
+            "--pp-schedule",
+            "zero-bubble",
+            "--seq-len",
+            "4096",
+            "--global-batch",
+            "16",
+            "--plot",
+            str(png),
+        ]
+    )
     assert rc == 0
     gantt = tmp_path / "plan_pipeline.png"
     assert png.read_bytes()[:8] == gantt.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     flat = tmp_path / "flat.png"
-    assert main(["plan", "--model", "llama3-8b", "--gpus", "8", "--tp", "8", "--seq-len", "4096",
-                 "--global-batch", "16", "--plot", str(flat)]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--model",
+                "llama3-8b",
+                "--gpus",
+                "8",
+                "--tp",
+                "8",
+                "--seq-len",
+                "4096",
+                "--global-batch",
+                "16",
+                "--plot",
+                str(flat),
+            ]
+        )
+        == 0
+    )
     assert flat.exists() and not (tmp_path / "flat_pipeline.png").exists()
 
 
@@ -137,9 +315,26 @@ def test_preflight_dry_runs_the_best_layout(capsys) -> None:
     """--preflight runs the real step under fake tensors for the chosen layout and compares."""
     from scaletrain.cli import main
 
-    rc = main(["plan", "--model", "tiny-llama", "--gpus", "4", "--gpu", "h100-sxm",
-               "--seq-len", "64", "--global-batch", "8", "--dp", "4", "--zero", "3",
-               "--preflight"])
+    rc = main(
+        [
+            "plan",
+            "--model",
+            "tiny-llama",
+            "--gpus",
+            "4",
+            "--gpu",
+            "h100-sxm",
+            "--seq-len",
+            "64",
+            "--global-batch",
+            "8",
+            "--dp",
+            "4",
+            "--zero",
+            "3",
+            "--preflight",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0
     assert "preflight dry-run of the best layout" in out
@@ -147,11 +342,14 @@ def test_preflight_dry_runs_the_best_layout(capsys) -> None:
         assert category in out.split("preflight")[1]
 
 
-@pytest.mark.parametrize("argv", [
-    ["plan", "--model", "mixtral-8x7b", "--gpus", "64", "--gpu", "h100-sxm"],
-    ["plan", "--model", "llama3-8b", "--gpus", "8", "--gpu", "h100-sxm", "--dp", "8"],
-    ["explain", "--model", "llama3-8b", "--gpus", "8", "--gpu", "h100-sxm"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["plan", "--model", "mixtral-8x7b", "--gpus", "64", "--gpu", "h100-sxm"],
+        ["plan", "--model", "llama3-8b", "--gpus", "8", "--gpu", "h100-sxm", "--dp", "8"],
+        ["explain", "--model", "llama3-8b", "--gpus", "8", "--gpu", "h100-sxm"],
+    ],
+)
 @pytest.mark.parametrize("columns", [80, 100])
 def test_output_fits_the_terminal_width(argv, columns, capsys, monkeypatch) -> None:
     """An 80-column terminal gets no wrapped line: the table drops the per-category columns

@@ -32,10 +32,27 @@ H100 = hardware_preset("h100-sxm")
 SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zero-bubble", 1)]
 
 
-def _plan(model: str, layout: Layout, *, seq: int = 2048, mb: int = 1, m: int = 8,
-          ac: str = "none", offload: str = "none") -> PlanInput:
-    return PlanInput(resolve_model(model), H100, layout.world_size, layout, seq,
-                     m * mb * layout.dp, mb, ac=ac, offload=offload)
+def _plan(
+    model: str,
+    layout: Layout,
+    *,
+    seq: int = 2048,
+    mb: int = 1,
+    m: int = 8,
+    ac: str = "none",
+    offload: str = "none",
+) -> PlanInput:
+    return PlanInput(
+        resolve_model(model),
+        H100,
+        layout.world_size,
+        layout,
+        seq,
+        m * mb * layout.dp,
+        mb,
+        ac=ac,
+        offload=offload,
+    )
 
 
 def _brute_force_worst(plan: PlanInput) -> tuple[float, int, float]:
@@ -47,19 +64,38 @@ def _brute_force_worst(plan: PlanInput) -> tuple[float, int, float]:
     counts = stage_layer_counts(plan.model.num_layers, L.pp, L.pp_virtual)
     terms = ModelTerms(plan.model)
     acts = _activation_terms(plan, terms, True)
-    worst = max((_rank_memory(plan, terms, acts, L.zero_shards, r, counts[r], sim.peak_inflight[r],
-                              m, "scaletrain", "gpu") for r in range(L.pp)),
-                key=lambda nums: nums.reserved)
+    worst = max(
+        (
+            _rank_memory(
+                plan,
+                terms,
+                acts,
+                L.zero_shards,
+                r,
+                counts[r],
+                sim.peak_inflight[r],
+                m,
+                "scaletrain",
+                "gpu",
+            )
+            for r in range(L.pp)
+        ),
+        key=lambda nums: nums.reserved,
+    )
     return worst.reserved, worst.rank, worst.in_flight
 
 
 @pytest.mark.parametrize("schedule,v", SCHEDULES)
-@pytest.mark.parametrize("model,pp,m", [("llama2-7b", 4, 8), ("llama3-70b", 8, 16),
-                                        ("llama3-70b", 16, 32), ("gpt2-350m", 8, 8)])
-def test_worst_rank_and_in_flight_match_the_simulator(model: str, pp: int, m: int,
-                                                      schedule: str, v: int) -> None:
-    plan = _plan(model, Layout(dp=1, tp=8, sp=True, pp=pp, pp_schedule=schedule,
-                               pp_virtual=v, zero=1), m=m)
+@pytest.mark.parametrize(
+    "model,pp,m",
+    [("llama2-7b", 4, 8), ("llama3-70b", 8, 16), ("llama3-70b", 16, 32), ("gpt2-350m", 8, 8)],
+)
+def test_worst_rank_and_in_flight_match_the_simulator(
+    model: str, pp: int, m: int, schedule: str, v: int
+) -> None:
+    plan = _plan(
+        model, Layout(dp=1, tp=8, sp=True, pp=pp, pp_schedule=schedule, pp_virtual=v, zero=1), m=m
+    )
     mem = estimate(plan).memory
     reserved, rank, in_flight = _brute_force_worst(plan)
     assert mem.reserved == pytest.approx(reserved)
@@ -83,23 +119,37 @@ def test_llama3_70b_pp32_middle_ranks_are_counted() -> None:
 
 
 LAYOUTS = st.builds(
-    lambda tp, pp, sched, cp, zero, dp: Layout(dp=dp, zero=zero, tp=tp, sp=tp > 1, pp=pp,
-                                               pp_schedule=sched[0], pp_virtual=sched[1],
-                                               cp=cp),
-    tp=st.sampled_from([1, 2, 4, 8]), pp=st.sampled_from([1, 2, 3, 4, 8, 16, 32]),
-    sched=st.sampled_from(SCHEDULES), cp=st.sampled_from([1, 2]),
-    zero=st.integers(0, 3), dp=st.sampled_from([1, 2, 4]))
+    lambda tp, pp, sched, cp, zero, dp: Layout(
+        dp=dp, zero=zero, tp=tp, sp=tp > 1, pp=pp, pp_schedule=sched[0], pp_virtual=sched[1], cp=cp
+    ),
+    tp=st.sampled_from([1, 2, 4, 8]),
+    pp=st.sampled_from([1, 2, 3, 4, 8, 16, 32]),
+    sched=st.sampled_from(SCHEDULES),
+    cp=st.sampled_from([1, 2]),
+    zero=st.integers(0, 3),
+    dp=st.sampled_from([1, 2, 4]),
+)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
-@given(model=st.sampled_from(["gpt2-124m", "llama2-7b", "llama3-70b", "mixtral-8x7b"]),
-       layout=LAYOUTS, mb=st.sampled_from([1, 2]), rounds=st.sampled_from([1, 2, 3]))
+@given(
+    model=st.sampled_from(["gpt2-124m", "llama2-7b", "llama3-70b", "mixtral-8x7b"]),
+    layout=LAYOUTS,
+    mb=st.sampled_from([1, 2]),
+    rounds=st.sampled_from([1, 2, 3]),
+)
 def test_mfu_never_exceeds_efficiency(model: str, layout: Layout, mb: int, rounds: int) -> None:
     cfg = resolve_model(model)
     m = max(1, layout.pp) * rounds
     plan = _plan(model, layout, mb=mb, m=m)
-    if layout_problems(layout, cfg, world_size=layout.world_size,
-                       global_batch=plan.global_batch, micro_batch=mb, seq_len=plan.seq_len):
+    if layout_problems(
+        layout,
+        cfg,
+        world_size=layout.world_size,
+        global_batch=plan.global_batch,
+        micro_batch=mb,
+        seq_len=plan.seq_len,
+    ):
         return
     est = estimate(plan)
     assert est.mfu <= default_efficiency("bf16", cfg.dim, H100) * (1 + 1e-9)
@@ -110,9 +160,12 @@ def test_mfu_never_exceeds_efficiency(model: str, layout: Layout, mb: int, round
 
 
 @settings(max_examples=40, deadline=None)
-@given(model=st.sampled_from(["gpt2-350m", "llama2-7b", "llama3-70b", "mixtral-8x7b"]),
-       layout=LAYOUTS, ac=st.sampled_from(["none", "selective", "full"]),
-       offload=st.sampled_from(["none", "optimizer", "params"]))
+@given(
+    model=st.sampled_from(["gpt2-350m", "llama2-7b", "llama3-70b", "mixtral-8x7b"]),
+    layout=LAYOUTS,
+    ac=st.sampled_from(["none", "selective", "full"]),
+    offload=st.sampled_from(["none", "optimizer", "params"]),
+)
 def test_fast_path_equals_estimate(model: str, layout: Layout, ac: str, offload: str) -> None:
     cfg = resolve_model(model)
     plan = _plan(model, layout, m=2 * layout.pp, ac=ac, offload=offload)
@@ -133,14 +186,16 @@ def test_shared_model_terms_give_each_layout_its_own_memory() -> None:
     get exactly what a fresh one gives each (no term of one layout leaks into another), and
     terms built for another model are not used."""
     model = resolve_model("llama2-7b")
-    layouts = [Layout(dp=8, zero=3), Layout(dp=2, tp=4, sp=True, zero=1),
-               Layout(dp=2, pp=4, zero=2), Layout(dp=1, tp=2, pp=4, pp_schedule="interleaved",
-                                                  pp_virtual=2, zero=1)]
+    layouts = [
+        Layout(dp=8, zero=3),
+        Layout(dp=2, tp=4, sp=True, zero=1),
+        Layout(dp=2, pp=4, zero=2),
+        Layout(dp=1, tp=2, pp=4, pp_schedule="interleaved", pp_virtual=2, zero=1),
+    ]
     shared = ModelTerms(model)
     for layout in layouts * 2:
         for ac in ("none", "full"):
-            plan = PlanInput(model, H100, layout.world_size, layout, 4096, 8 * layout.dp, 1,
-                             ac=ac)
+            plan = PlanInput(model, H100, layout.world_size, layout, 4096, 8 * layout.dp, 1, ac=ac)
             assert estimate_memory(plan, terms=shared) == estimate_memory(plan)
     assert shared.states and shared.acts and shared.bufs
     other = ModelTerms(resolve_model("gpt2-350m"))

@@ -27,11 +27,11 @@ from scaletrain.planner import (
 H100 = hardware_preset("h100-sxm")
 
 
-@pytest.mark.parametrize("h,L,V,s", [(768, 12, 50257, 1024), (4096, 32, 32000, 4096),
-                                     (12288, 96, 50257, 2048)])
+@pytest.mark.parametrize(
+    "h,L,V,s", [(768, 12, 50257, 1024), (4096, 32, 32000, 4096), (12288, 96, 50257, 2048)]
+)
 def test_flops_match_narayanan(h, L, V, s):
-    m = ModelConfig(vocab_size=V, dim=h, num_layers=L, num_heads=h // 64, max_seq_len=s,
-                    bias=False)
+    m = ModelConfig(vocab_size=V, dim=h, num_layers=L, num_heads=h // 64, max_seq_len=s, bias=False)
     per_seq = 72 * s * L * h**2 * (1 + s / (6 * h) + V / (12 * L * h))
     assert flops_per_token(m, s, causal=False) * s == pytest.approx(per_seq)
     # full recompute: hardware FLOPs 96 instead of 72 for the blocks (the head is not redone)
@@ -47,9 +47,16 @@ def test_flops_6n_rule():
     assert fpt / (6 * m.num_params()) == pytest.approx(1.0, abs=0.1)
 
 
-@pytest.mark.parametrize("schedule,p,m,v,expected", [
-    ("gpipe", 4, 8, 1, 3 / 8), ("1f1b", 4, 8, 1, 3 / 8), ("interleaved", 4, 8, 2, 3 / 16),
-    ("zero-bubble", 4, 8, 1, 3 / 24), ("1f1b", 1, 8, 1, 0.0)])
+@pytest.mark.parametrize(
+    "schedule,p,m,v,expected",
+    [
+        ("gpipe", 4, 8, 1, 3 / 8),
+        ("1f1b", 4, 8, 1, 3 / 8),
+        ("interleaved", 4, 8, 2, 3 / 16),
+        ("zero-bubble", 4, 8, 1, 3 / 24),
+        ("1f1b", 1, 8, 1, 0.0),
+    ],
+)
 def test_bubble_fraction(schedule, p, m, v, expected):
     # the package's one bubble formula (pipeline.py); zero-bubble = ZB-H1, torch's order
     assert bubble_fraction(schedule, p, m, v) == pytest.approx(expected)
@@ -67,13 +74,26 @@ def test_estimate_charges_the_zero_bubble_the_trainer_runs():
 
 def _plan(model, gpus, layout, *, seq=2048, mb=1, gb=None, hw=H100, **kw):
     gb = gb or layout.dp * mb * max(1, layout.pp) * 2
-    return PlanInput(model=model, hardware=hw, num_gpus=gpus, layout=layout, seq_len=seq,
-                     global_batch=gb, micro_batch=mb, **kw)
+    return PlanInput(
+        model=model,
+        hardware=hw,
+        num_gpus=gpus,
+        layout=layout,
+        seq_len=seq,
+        global_batch=gb,
+        micro_batch=mb,
+        **kw,
+    )
 
 
-LAYOUTS = [Layout(), Layout(dp=8, zero=3), Layout(dp=2, zero=1, tp=2, sp=True, pp=2),
-           Layout(dp=2, tp=2, pp=2, pp_schedule="interleaved", pp_virtual=2, zero=2),
-           Layout(dp=4, cp=2, zero=3), Layout(dp=2, pp=4, pp_schedule="zero-bubble")]
+LAYOUTS = [
+    Layout(),
+    Layout(dp=8, zero=3),
+    Layout(dp=2, zero=1, tp=2, sp=True, pp=2),
+    Layout(dp=2, tp=2, pp=2, pp_schedule="interleaved", pp_virtual=2, zero=2),
+    Layout(dp=4, cp=2, zero=3),
+    Layout(dp=2, pp=4, pp_schedule="zero-bubble"),
+]
 
 
 @pytest.mark.parametrize("name", sorted(MODEL_PRESETS))
@@ -107,8 +127,17 @@ def test_mfu_bounded_and_dp_scaling():
 
 def test_comm_families_and_tiers():
     model = resolve_model("llama2-7b")
-    kw = dict(hardware=H100, stage_params=1e9, layers=20, moe_layers=0, tokens=4096.0,
-              hidden=5120, kv_dim=5120, experts_per_token=2, micro_batches=4)
+    kw = dict(
+        hardware=H100,
+        stage_params=1e9,
+        layers=20,
+        moe_layers=0,
+        tokens=4096.0,
+        hidden=5120,
+        kv_dim=5120,
+        experts_per_token=2,
+        micro_batches=4,
+    )
     ddp = comm_volumes(layout=Layout(dp=8), **kw)
     assert ddp["dp_allreduce"] == pytest.approx(2 * 7 / 8 * 4e9)
     z3 = comm_volumes(layout=Layout(dp=8, zero=3), **kw)
@@ -143,13 +172,13 @@ def test_comm_families_and_tiers():
     assert pz3["fsdp_reduce_scatter"] == pytest.approx(3 / 4 * 4e9)
     assert pz3["hsdp_allreduce"] == pytest.approx(2 * (1 / 2) * 4e9 / 4)
     # EP = dp: every rank owns distinct experts, their gradients are never all-reduced
-    ep = comm_volumes(layout=Layout(dp=8, ep=8), **{**kw, "moe_layers": 20},
-                      expert_params=6e8)
+    ep = comm_volumes(layout=Layout(dp=8, ep=8), **{**kw, "moe_layers": 20}, expert_params=6e8)
     assert ep["dp_allreduce"] == pytest.approx(2 * 7 / 8 * 4 * (1e9 - 6e8))
     # tp across nodes (tp=16 > 8 GPUs per node) is slower than inside one
     intra = estimate(_plan(model, 8, Layout(tp=8, sp=True)))
-    two_nodes = estimate(_plan(model, 16, Layout(tp=16, sp=False),
-                               hw=dataclasses.replace(H100, gpus_per_node=8)))
+    two_nodes = estimate(
+        _plan(model, 16, Layout(tp=16, sp=False), hw=dataclasses.replace(H100, gpus_per_node=8))
+    )
     # tp=16 spans two nodes: each all-reduce's ring leaves a node through its 8 NICs
     # (comm.py multi-rail rings: 8 x 50 GB/s < NVLink's 450 GB/s)
     assert two_nodes.time.comm_terms["tp"] > intra.time.comm_terms["tp"]
@@ -173,21 +202,42 @@ def test_json_schema():
     est = estimate(_plan(resolve_model("gpt2-124m"), 2, Layout(dp=2), seq=1024))
     j = est.to_json()
     assert set(j) == {"plan", "memory", "time", "flops_per_token", "tokens_per_s", "mfu"}
-    assert set(j["memory"]) == {"params", "grads", "optimizer", "activations", "buffers",
-                                "total", "reserved", "capacity", "fits", "rank"}
+    assert set(j["memory"]) == {
+        "params",
+        "grads",
+        "optimizer",
+        "activations",
+        "buffers",
+        "total",
+        "reserved",
+        "capacity",
+        "fits",
+        "rank",
+    }
     assert set(j["time"]) == {"step_s", "compute_s", "comm_exposed_s", "bubble_s"}
     assert any("convention" in n for n in est.notes)
 
 
 def test_cpu_has_no_runtime_context():
-    est = estimate(_plan(resolve_model("tiny"), 1, Layout(), seq=128, mb=4,
-                         hw=hardware_preset("cpu"), precision="fp32"))
+    est = estimate(
+        _plan(
+            resolve_model("tiny"),
+            1,
+            Layout(),
+            seq=128,
+            mb=4,
+            hw=hardware_preset("cpu"),
+            precision="fp32",
+        )
+    )
     assert est.memory.buffer_terms["runtime_context"] == 0 and est.memory.fits
 
 
 def test_planner_import_does_not_import_torch():
-    code = ("import sys, scaletrain.planner as p; "
-            "assert 'torch' not in sys.modules, 'planner imported torch'; print(p.estimate)")
+    code = (
+        "import sys, scaletrain.planner as p; "
+        "assert 'torch' not in sys.modules, 'planner imported torch'; print(p.estimate)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
 
@@ -199,8 +249,16 @@ def test_fp8_runs_only_the_converted_matmuls_at_the_fp8_rate():
     model = resolve_model("llama3-8b")
 
     def compute(precision, seq):
-        plan = PlanInput(model=model, hardware=H100, num_gpus=8, layout=Layout(dp=8, zero=3),
-                         seq_len=seq, global_batch=64, micro_batch=1, precision=precision)
+        plan = PlanInput(
+            model=model,
+            hardware=H100,
+            num_gpus=8,
+            layout=Layout(dp=8, zero=3),
+            seq_len=seq,
+            global_batch=64,
+            micro_batch=1,
+            precision=precision,
+        )
         e = estimate(plan)
         return e.time.compute_s, e.notes
 
@@ -208,8 +266,12 @@ def test_fp8_runs_only_the_converted_matmuls_at_the_fp8_rate():
     for seq in (1024, 16384):
         bf16, fp8 = compute("bf16", seq)[0], compute("fp8", seq)[0]
         all_fp8 = bf16 * (H100.flops("bf16") / H100.flops("fp8"))  # every matmul in fp8 ...
-        eff = [float(n.split("efficiency=")[1].split()[0]) for p in ("bf16", "fp8")
-               for n in compute(p, seq)[1] if "efficiency=" in n]
+        eff = [
+            float(n.split("efficiency=")[1].split()[0])
+            for p in ("bf16", "fp8")
+            for n in compute(p, seq)[1]
+            if "efficiency=" in n
+        ]
         all_fp8 *= eff[0] / eff[1]  # ... at fp8's efficiency
         assert all_fp8 < fp8 < bf16, (seq, all_fp8, fp8, bf16)
         ratios.append(bf16 / fp8)
@@ -225,13 +287,24 @@ def test_fp8_all_gather_moves_the_fp8_linears_in_one_byte():
 
     model = resolve_model("tiny-llama")
     pc = model.param_counts()
-    base = PlanInput(model=model, hardware=hardware_preset("h100-sxm"), num_gpus=2,
-                     layout=Layout(dp=2, zero=3), seq_len=32, global_batch=8, micro_batch=2,
-                     precision="fp8")
-    vol = {flag: comm_volumes(**comm_arguments(dataclasses.replace(base, fp8_all_gather=flag),
-                                               model.num_params()))["fsdp_all_gather"]
-           for flag in (False, True)}
+    base = PlanInput(
+        model=model,
+        hardware=hardware_preset("h100-sxm"),
+        num_gpus=2,
+        layout=Layout(dp=2, zero=3),
+        seq_len=32,
+        global_batch=8,
+        micro_batch=2,
+        precision="fp8",
+    )
+    vol = {
+        flag: comm_volumes(
+            **comm_arguments(dataclasses.replace(base, fp8_all_gather=flag), model.num_params())
+        )["fsdp_all_gather"]
+        for flag in (False, True)
+    }
     fp8 = model.num_layers * (pc.attention + pc.mlp)
-    assert vol[True] / vol[False] == pytest.approx((model.num_params() - fp8 / 2)
-                                                   / model.num_params())
+    assert vol[True] / vol[False] == pytest.approx(
+        (model.num_params() - fp8 / 2) / model.num_params()
+    )
     assert vol[True] / vol[False] == pytest.approx(0.6321, abs=1e-4)

@@ -47,16 +47,24 @@ STATE_CASES = [
 
 @pytest.mark.parametrize("case,n,conv,zero,d,p,g,o", STATE_CASES, ids=[c[0] for c in STATE_CASES])
 def test_seed_model_states(case, n, conv, zero, d, p, g, o):
-    s = model_state_bytes(n, precision="bf16", optimizer="adamw", zero=zero, zero_shards=d,
-                          convention=conv)
+    s = model_state_bytes(
+        n, precision="bf16", optimizer="adamw", zero=zero, zero_shards=d, convention=conv
+    )
     assert (s["params"] / GB, s["grads"] / GB, s["optimizer"] / GB) == pytest.approx((p, g, o))
 
 
 def test_bytes_per_param_conventions():
-    total = {c: sum(state_bytes_per_param("bf16", "adamw", c)) for c in
-             ("scaletrain", "moments_only", "master_and_moments", "megatron", "full_copies")}
-    assert total == {"scaletrain": 16, "moments_only": 12, "master_and_moments": 16,
-                     "megatron": 18, "full_copies": 20}
+    total = {
+        c: sum(state_bytes_per_param("bf16", "adamw", c))
+        for c in ("scaletrain", "moments_only", "master_and_moments", "megatron", "full_copies")
+    }
+    assert total == {
+        "scaletrain": 16,
+        "moments_only": 12,
+        "master_and_moments": 16,
+        "megatron": 18,
+        "full_copies": 20,
+    }
     assert sum(state_bytes_per_param("fp32", "adamw")) == 16
     assert sum(state_bytes_per_param("fp8", "adamw", "moments_only")) == 10
     assert state_bytes_per_param("fp32", "sgd")[2] == 4
@@ -69,15 +77,20 @@ def test_scaletrain_fsdp_bf16_states():
     assert s["params"] == pytest.approx(4e9 + 2 * 2 * 1e8)
     assert s["grads"] == pytest.approx(4e9 + 2 * 1e8)
     assert s["optimizer"] == pytest.approx(8e9)
-    off = model_state_bytes(8e9, precision="bf16", zero=3, zero_shards=8, unit_params=1e8,
-                            offload="params")
+    off = model_state_bytes(
+        8e9, precision="bf16", zero=3, zero_shards=8, unit_params=1e8, offload="params"
+    )
     assert off["optimizer"] == 0 and off["params"] == pytest.approx(4e8)
     assert off["offloaded"] == pytest.approx(16e9)
 
 
 # Korthikanti et al. 2022 Table 2, row by row (s, b, h, a, t); bytes per layer.
-K_CASES = [(2048, 1, 12288, 96, 8), (2048, 4, 6144, 64, 8), (1024, 8, 1600, 25, 1),
-           (4096, 2, 8192, 64, 4)]
+K_CASES = [
+    (2048, 1, 12288, 96, 8),
+    (2048, 4, 6144, 64, 8),
+    (1024, 8, 1600, 25, 1),
+    (4096, 2, 8192, 64, 4),
+]
 
 
 @pytest.mark.parametrize("s,b,h,a,t", K_CASES)
@@ -85,23 +98,28 @@ def test_korthikanti_table2(s, b, h, a, t):
     sbh = s * b * h
     assert korthikanti_layer_bytes(s, b, h, a) == pytest.approx(sbh * (34 + 5 * a * s / h))
     assert korthikanti_layer_bytes(s, b, h, a, t=t) == pytest.approx(
-        sbh * (10 + 24 / t + 5 * a * s / (h * t)))
+        sbh * (10 + 24 / t + 5 * a * s / (h * t))
+    )
     assert korthikanti_layer_bytes(s, b, h, a, t=t, sp=True) == pytest.approx(
-        sbh * (34 + 5 * a * s / h) / t)
+        sbh * (34 + 5 * a * s / h) / t
+    )
     assert korthikanti_layer_bytes(s, b, h, a, t=t, ac="selective") == pytest.approx(
-        sbh * (10 + 24 / t))
+        sbh * (10 + 24 / t)
+    )
     assert korthikanti_layer_bytes(s, b, h, a, t=t, sp=True, ac="selective") == pytest.approx(
-        sbh * 34 / t)
+        sbh * 34 / t
+    )
     assert korthikanti_layer_bytes(s, b, h, a, t=t, sp=True, ac="full") == pytest.approx(
-        2 * sbh / t)
+        2 * sbh / t
+    )
 
 
-@pytest.mark.parametrize("batch,precision,expected_gb", [(8, "bf16", 71.7), (4, "fp16", 35.9),
-                                                         (8, "fp32", 143.4)])
+@pytest.mark.parametrize(
+    "batch,precision,expected_gb", [(8, "bf16", 71.7), (4, "fp16", 35.9), (8, "fp32", 143.4)]
+)
 def test_gpt2_xl_activations_seed004(batch, precision, expected_gb):
     m = resolve_model("gpt2-1.5b")
-    got = activation_bytes(m, seq_len=1024, micro_batch=batch, precision=precision,
-                           modern=False)
+    got = activation_bytes(m, seq_len=1024, micro_batch=batch, precision=precision, modern=False)
     assert got / GB == pytest.approx(expected_gb, abs=0.05)
 
 
@@ -112,8 +130,7 @@ def test_modern_corrections():
     # selective (parallel/ac.py's per-op policy): the block input, the q/k/v matmuls (K and V
     # at the 8 KV heads), SDPA's output and fp32 lse, wo's and w2's outputs, SwiGLU's gate/up
     s, h, kv, f = 8192, 4096, 1024, 14336
-    terms = [2 * s * h, 2 * s * (h + 2 * kv), 2 * s * h + 4 * 32 * s, 2 * 2 * s * h,
-             2 * 2 * s * f]
+    terms = [2 * s * h, 2 * s * (h + 2 * kv), 2 * s * h + 4 * 32 * s, 2 * 2 * s * h, 2 * 2 * s * f]
     assert layer_activation_bytes(m, ac="selective", **kw) == pytest.approx(sum(terms))
     assert layer_activation_bytes(m, ac="selective", **kw) < 0.55 * base
     # CP divides per-token activations
@@ -141,14 +158,26 @@ def _mem(model="llama2-7b", *, gpus=16, seq=4096, mb=1, gb=64, **lay):
     ac = lay.pop("ac", "none")
     precision = lay.pop("precision", "bf16")
     layout = Layout(**lay)
-    p = PlanInput(model=resolve_model(model), hardware=H100, num_gpus=gpus, layout=layout,
-                  seq_len=seq, global_batch=gb, micro_batch=mb, ac=ac, precision=precision)
+    p = PlanInput(
+        model=resolve_model(model),
+        hardware=H100,
+        num_gpus=gpus,
+        layout=layout,
+        seq_len=seq,
+        global_batch=gb,
+        micro_batch=mb,
+        ac=ac,
+        precision=precision,
+    )
     return estimate(p).memory
 
 
 @settings(max_examples=25, deadline=None)
-@given(zero=st.integers(0, 2), dp=st.sampled_from([2, 4, 8]),
-       precision=st.sampled_from(["fp32", "bf16"]))
+@given(
+    zero=st.integers(0, 2),
+    dp=st.sampled_from([2, 4, 8]),
+    precision=st.sampled_from(["fp32", "bf16"]),
+)
 def test_more_zero_never_more_memory(zero, dp, precision):
     lo = _mem(gpus=dp, dp=dp, zero=zero + 1, precision=precision, gb=dp * 2)
     hi = _mem(gpus=dp, dp=dp, zero=zero, precision=precision, gb=dp * 2)
@@ -164,8 +193,12 @@ def test_more_shards_never_more_memory(zero, dp):
 
 
 @settings(max_examples=20, deadline=None)
-@given(model=st.sampled_from(["gpt2-350m", "llama2-7b", "llama3-8b", "mixtral-8x7b"]),
-       mb=st.integers(1, 4), tp=st.sampled_from([1, 2, 4]), pp=st.sampled_from([1, 2, 4]))
+@given(
+    model=st.sampled_from(["gpt2-350m", "llama2-7b", "llama3-8b", "mixtral-8x7b"]),
+    mb=st.integers(1, 4),
+    tp=st.sampled_from([1, 2, 4]),
+    pp=st.sampled_from([1, 2, 4]),
+)
 def test_ac_tp_pp_reduce_activations(model, mb, tp, pp):
     base = dict(model=model, gpus=tp * pp, mb=mb, gb=mb * 8, tp=tp, sp=True, pp=pp)
     acts = [_mem(ac=ac, **base).activations for ac in ("none", "selective", "full")]
@@ -177,7 +210,8 @@ def test_ac_tp_pp_reduce_activations(model, mb, tp, pp):
     assert more_tp.total <= cur.total
     more_pp = _mem(**dict(base, pp=2 * pp, gpus=tp * 2 * pp))
     assert more_pp.params + more_pp.grads + more_pp.optimizer <= (
-        cur.params + cur.grads + cur.optimizer)
+        cur.params + cur.grads + cur.optimizer
+    )
 
 
 def test_fits_and_reserved_consistency():
@@ -199,9 +233,16 @@ def test_loss_chunk_tokens_reach_the_plan() -> None:
     from scaletrain.planner.memory import fused_loss_chunk, loss_backward_bytes
     from scaletrain.planner.types import plan_input_from_job
 
-    job = load_config(None, ["--model.name=gpt2-124m", "--memory.loss_chunk_tokens=64",
-                             "--batch.seq_len=1024", "--batch.micro_batch=1",
-                             "--batch.global_batch=1"])
+    job = load_config(
+        None,
+        [
+            "--model.name=gpt2-124m",
+            "--memory.loss_chunk_tokens=64",
+            "--batch.seq_len=1024",
+            "--batch.micro_batch=1",
+            "--batch.global_batch=1",
+        ],
+    )
     plan = plan_input_from_job(job, job.layout(1))
     assert plan.loss_chunk_tokens == 64
     m = job.model

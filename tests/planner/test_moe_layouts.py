@@ -48,15 +48,20 @@ def test_expert_split_follows_the_trainer_rule():
 def test_expert_parameters_per_rank():
     pc = MIXTRAL.param_counts()
     experts = MIXTRAL.num_layers * pc.mlp
-    for layout in (Layout(dp=4, tp=2, zero=1), Layout(dp=4, tp=2, ep=4, zero=1),
-                   Layout(dp=8, ep=2, zero=1)):
+    for layout in (
+        Layout(dp=4, tp=2, zero=1),
+        Layout(dp=4, tp=2, ep=4, zero=1),
+        Layout(dp=8, ep=2, zero=1),
+    ):
         assert layout_problems(layout, MIXTRAL) == []
     # tp2 (experts /2) vs tp2 x ep4 (experts /4, whole per tp rank): the same dense part
-    assert _params(Layout(dp=4, tp=2, zero=1)) - _params(Layout(dp=4, tp=2, ep=4, zero=1)) \
-        == pytest.approx(experts / 2 - experts / 4)
+    assert _params(Layout(dp=4, tp=2, zero=1)) - _params(
+        Layout(dp=4, tp=2, ep=4, zero=1)
+    ) == pytest.approx(experts / 2 - experts / 4)
     # dp8 ep2 vs ep8: experts /2 vs /8
-    assert _params(Layout(dp=8, ep=2, zero=1)) - _params(Layout(dp=8, ep=8, zero=1)) \
-        == pytest.approx(experts / 2 - experts / 8)
+    assert _params(Layout(dp=8, ep=2, zero=1)) - _params(
+        Layout(dp=8, ep=8, zero=1)
+    ) == pytest.approx(experts / 2 - experts / 8)
 
 
 def test_zero1_shards_expert_states_over_the_replicas():
@@ -70,8 +75,18 @@ def test_zero1_shards_expert_states_over_the_replicas():
     assert z1.optimizer == pytest.approx(8 * (dense / 8 + experts / 4))
 
 
-KW = dict(hardware=H100, stage_params=1e9, layers=4, moe_layers=4, tokens=4096.0, hidden=4096,
-          kv_dim=1024, experts_per_token=2, micro_batches=2, expert_params=6e8)
+KW = dict(
+    hardware=H100,
+    stage_params=1e9,
+    layers=4,
+    moe_layers=4,
+    tokens=4096.0,
+    hidden=4096,
+    kv_dim=1024,
+    experts_per_token=2,
+    micro_batches=2,
+    expert_params=6e8,
+)
 ACT = 2 * 4096.0 * 4096  # bf16 activations of one micro-batch
 
 
@@ -153,5 +168,6 @@ def test_experts_whole_per_tp_rank_cost_tp_times_their_flops():
     expert_f = 2.0 * MIXTRAL.experts_per_token * 3 * MIXTRAL.dim * MIXTRAL.ffn_dim  # SwiGLU
     per_token = 3 * expert_f / rate * MIXTRAL.num_layers
     extra = 8 * per_token * 4096 / 2  # m micro-batches of 4096 tokens, the tp2 split undone
-    assert estimate(whole).time.compute_s - estimate(split).time.compute_s \
-        == pytest.approx(extra, rel=1e-9)
+    assert estimate(whole).time.compute_s - estimate(split).time.compute_s == pytest.approx(
+        extra, rel=1e-9
+    )

@@ -38,21 +38,26 @@ def test_zero_bubble_below_1f1b_and_h1_form(p: int, m: int, v: int) -> None:
     assert t.bubble_fraction < simulate("1f1b", p, m, 1, 1.0, 2.0).bubble_fraction
     # torch's ZB1P order is ZB-H1: (p-1)/(3vm) with t_F = t_B = t_W.
     assert t.bubble_fraction == pytest.approx(
-        bubble_fraction("zero-bubble", p, m, v, zero_bubble="h1"), rel=0.05)
+        bubble_fraction("zero-bubble", p, m, v, zero_bubble="h1"), rel=0.05
+    )
     # h1 is the default (what the trainer runs); the ideal ZB-H2 is an explicit option.
     assert bubble_fraction("zero-bubble", p, m, v) == bubble_fraction(
-        "zero-bubble", p, m, v, zero_bubble="h1")
+        "zero-bubble", p, m, v, zero_bubble="h1"
+    )
     assert bubble_fraction("zero-bubble", p, m, v, zero_bubble="h2") == 0.0
 
 
-@pytest.mark.parametrize("schedule,v", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2),
-                                        ("interleaved", 4), ("zero-bubble", 1)])
+@pytest.mark.parametrize(
+    "schedule,v",
+    [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved", 4), ("zero-bubble", 1)],
+)
 @pytest.mark.parametrize("p,m", CASES)
 def test_inflight_matches_simulator(schedule: str, v: int, p: int, m: int) -> None:
     t = simulate(schedule, p, m, v, tf=1.0, tb=2.0)
     for stage in range(p):
         assert t.peak_inflight[stage] == pytest.approx(
-            inflight_microbatches(schedule, p, m, stage, v))
+            inflight_microbatches(schedule, p, m, stage, v)
+        )
 
 
 def test_1f1b_order_is_warmup_steady_cooldown() -> None:
@@ -75,8 +80,9 @@ def test_every_action_once_and_interleaved_stages() -> None:
             for kind in kinds:
                 for c in range(v):
                     stage = c * p + rank
-                    mbs = sorted(a.microbatch for a in actions
-                                 if a.kind == kind and a.stage == stage)
+                    mbs = sorted(
+                        a.microbatch for a in actions if a.kind == kind and a.stage == stage
+                    )
                     assert mbs == list(range(m))
 
 

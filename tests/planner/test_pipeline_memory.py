@@ -71,8 +71,9 @@ def test_moe_dispatch_terms():
     kw = dict(seq_len=128, micro_batch=2, precision="bf16")
     tok, k, h = 256, m.experts_per_token, m.dim
     one_copy = 8.0 * k * tok + 2 * k * tok * h
-    assert layer_activation_bytes(m, ep=2, **kw) - layer_activation_bytes(m, **kw) \
-        == pytest.approx(one_copy)
+    assert layer_activation_bytes(m, ep=2, **kw) - layer_activation_bytes(m, **kw) == pytest.approx(
+        one_copy
+    )
     assert layer_activation_bytes(m, ep=4, **kw) == layer_activation_bytes(m, ep=2, **kw)
 
 
@@ -88,8 +89,9 @@ def test_expert_parallel_experts_are_not_fsdp_units():
     assert with_experts["optimizer"] == without["optimizer"]
 
 
-@pytest.mark.parametrize("schedule,virtual", [("1f1b", 1), ("gpipe", 1), ("interleaved", 2),
-                                              ("zero-bubble", 1)])
+@pytest.mark.parametrize(
+    "schedule,virtual", [("1f1b", 1), ("gpipe", 1), ("interleaved", 2), ("zero-bubble", 1)]
+)
 def test_each_pipeline_rank_has_its_memory_and_the_worst_is_one_of_them(schedule, virtual):
     """`pipeline_rank_memory` answers for one named rank (what a live rank compares itself
     with); the search's worst rank is the largest of them."""
@@ -97,9 +99,16 @@ def test_each_pipeline_rank_has_its_memory_and_the_worst_is_one_of_them(schedule
     from scaletrain.planner import estimate_memory, pipeline_rank_memory
     from scaletrain.planner.types import PlanInput
 
-    plan = PlanInput(model=resolve_model("llama2-7b"), hardware=hardware_preset("h100-sxm"),
-                     num_gpus=4, layout=Layout(pp=4, pp_schedule=schedule, pp_virtual=virtual),
-                     seq_len=4096, global_batch=8, micro_batch=1, precision="bf16")
+    plan = PlanInput(
+        model=resolve_model("llama2-7b"),
+        hardware=hardware_preset("h100-sxm"),
+        num_gpus=4,
+        layout=Layout(pp=4, pp_schedule=schedule, pp_virtual=virtual),
+        seq_len=4096,
+        global_batch=8,
+        micro_batch=1,
+        precision="bf16",
+    )
     ranks = [pipeline_rank_memory(plan, r) for r in range(4)]
     assert [m.detail["pipeline_rank"] for m in ranks] == [0, 1, 2, 3]
     assert max(m.reserved for m in ranks) == pytest.approx(estimate_memory(plan).reserved)
@@ -108,10 +117,15 @@ def test_each_pipeline_rank_has_its_memory_and_the_worst_is_one_of_them(schedule
         pipeline_rank_memory(plan, 4)
 
 
-MOMENTS = {"forward/backward peak with activations stored", "optimizer step",
-           "block backward under ZeRO-2/3", "pipeline stage backward, FSDP units gathered",
-           "end of backward, root unit's reduce-scatter", "loss backward on the last stage",
-           "embedding backward on the first stage"}
+MOMENTS = {
+    "forward/backward peak with activations stored",
+    "optimizer step",
+    "block backward under ZeRO-2/3",
+    "pipeline stage backward, FSDP units gathered",
+    "end of backward, root unit's reduce-scatter",
+    "loss backward on the last stage",
+    "embedding backward on the first stage",
+}
 
 
 def test_each_rank_names_a_moment_it_has():
@@ -122,9 +136,16 @@ def test_each_rank_names_a_moment_it_has():
     from scaletrain.planner.types import PlanInput
 
     for zero, plain in ((1, True), (3, False)):
-        plan = PlanInput(model=resolve_model("llama2-7b"), hardware=hardware_preset("h100-sxm"),
-                         num_gpus=8, layout=Layout(dp=2, pp=4, zero=zero), seq_len=4096,
-                         global_batch=16, micro_batch=1, precision="bf16")
+        plan = PlanInput(
+            model=resolve_model("llama2-7b"),
+            hardware=hardware_preset("h100-sxm"),
+            num_gpus=8,
+            layout=Layout(dp=2, pp=4, zero=zero),
+            seq_len=4096,
+            global_batch=16,
+            micro_batch=1,
+            precision="bf16",
+        )
         names = [pipeline_rank_memory(plan, r).moment for r in range(4)]
         assert set(names) <= MOMENTS, names
         assert "loss backward on the last stage" not in names[:3]
@@ -133,33 +154,58 @@ def test_each_rank_names_a_moment_it_has():
         assert plain or fwdbwd not in names, names
 
 
-@pytest.mark.parametrize("model,gpus,layout,seq,batch,offload,hw,moment", [
-    # 7B on 8 GPUs, ZeRO-3, long sequences: a block's backward (gathered units + grads)
-    ("llama2-7b", 8, dict(dp=8, zero=3), 4096, 8, "none", "h100-sxm",
-     "block backward under ZeRO-2/3"),
-    # 70B pp32 zero-bubble ZeRO-3, parameters offloaded: torch's stage keeps every unit
-    # gathered with unsharded grads in backward
-    ("llama3-70b", 64, dict(tp=2, sp=True, pp=32, pp_schedule="zero-bubble", zero=3), 4096, 64,
-     "params", "h100-sxm", "pipeline stage backward, FSDP units gathered"),
-    # a tiny model in fp32 on CPUs, 8 sequences per micro-batch: the 256-token vocabulary's
-    # loss backward outweighs two 64-wide blocks; with 1 sequence too, since FSDP2's root
-    # pre-backward hook prefetches the last block, gathered through the loss backward (the
-    # dry-run of this layout peaks with no gradient allocated yet: between the last block's
-    # forward and its backward)
-    ("tiny", 2, dict(dp=2, zero=3), 128, 16, "none", "cpu", "loss backward on the last stage"),
-    ("tiny", 2, dict(dp=2, zero=3), 128, 2, "none", "cpu", "loss backward on the last stage"),
-])
+@pytest.mark.parametrize(
+    "model,gpus,layout,seq,batch,offload,hw,moment",
+    [
+        # 7B on 8 GPUs, ZeRO-3, long sequences: a block's backward (gathered units + grads)
+        (
+            "llama2-7b",
+            8,
+            dict(dp=8, zero=3),
+            4096,
+            8,
+            "none",
+            "h100-sxm",
+            "block backward under ZeRO-2/3",
+        ),
+        # 70B pp32 zero-bubble ZeRO-3, parameters offloaded: torch's stage keeps every unit
+        # gathered with unsharded grads in backward
+        (
+            "llama3-70b",
+            64,
+            dict(tp=2, sp=True, pp=32, pp_schedule="zero-bubble", zero=3),
+            4096,
+            64,
+            "params",
+            "h100-sxm",
+            "pipeline stage backward, FSDP units gathered",
+        ),
+        # a tiny model in fp32 on CPUs, 8 sequences per micro-batch: the 256-token vocabulary's
+        # loss backward outweighs two 64-wide blocks; with 1 sequence too, since FSDP2's root
+        # pre-backward hook prefetches the last block, gathered through the loss backward (the
+        # dry-run of this layout peaks with no gradient allocated yet: between the last block's
+        # forward and its backward)
+        ("tiny", 2, dict(dp=2, zero=3), 128, 16, "none", "cpu", "loss backward on the last stage"),
+        ("tiny", 2, dict(dp=2, zero=3), 128, 2, "none", "cpu", "loss backward on the last stage"),
+    ],
+)
 def test_explain_names_the_peak_moment(model, gpus, layout, seq, batch, offload, hw, moment):
     from scaletrain.config import Layout, hardware_preset
     from scaletrain.planner import estimate
     from scaletrain.planner.explain import explain
     from scaletrain.planner.types import PlanInput
 
-    plan = PlanInput(model=resolve_model(model), hardware=hardware_preset(hw),
-                     num_gpus=gpus, layout=Layout(**layout), seq_len=seq, global_batch=batch,
-                     micro_batch=batch // gpus if hw == "cpu" else 1,
-                     precision="fp32" if hw == "cpu" else "bf16",
-                     offload=offload)
+    plan = PlanInput(
+        model=resolve_model(model),
+        hardware=hardware_preset(hw),
+        num_gpus=gpus,
+        layout=Layout(**layout),
+        seq_len=seq,
+        global_batch=batch,
+        micro_batch=batch // gpus if hw == "cpu" else 1,
+        precision="fp32" if hw == "cpu" else "bf16",
+        offload=offload,
+    )
     est = estimate(plan)
     assert est.memory.moment == moment
     assert f"peak moment: {moment}" in explain(est)

@@ -21,9 +21,15 @@ from scaletrain.planner.published import CORPUS, load_runs, parse_runs, plan_inp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-GENERATION = {"v100-32gb": "Volta", "a100-40gb": "Ampere", "a100-80gb": "Ampere",
-              "h100-sxm": "Hopper", "h100-hbm2e-500w": "Hopper", "h100-pcie": "Hopper",
-              "h200": "Hopper (H200)"}
+GENERATION = {
+    "v100-32gb": "Volta",
+    "a100-40gb": "Ampere",
+    "a100-80gb": "Ampere",
+    "h100-sxm": "Hopper",
+    "h100-hbm2e-500w": "Hopper",
+    "h100-pcie": "Hopper",
+    "h200": "Hopper (H200)",
+}
 """GPU generations; H200 counted apart from H100 only for its memory (same Hopper SMs)."""
 
 
@@ -49,8 +55,9 @@ def test_every_row_cites_a_source_and_measures_something(runs) -> None:
     for r in runs:
         assert r.source.startswith("https://") and len(r.source.split()) >= 2, r.name
         m = r.measured
-        assert any(v is not None for v in (m.memory_gib, m.tokens_per_s_per_gpu, m.step_s,
-                                           m.mfu, m.oom)), r.name
+        assert any(
+            v is not None for v in (m.memory_gib, m.tokens_per_s_per_gpu, m.step_s, m.mfu, m.oom)
+        ), r.name
         if m.memory_gib is not None:
             assert m.memory_kind in ("allocated", "reserved", "unknown"), r.name
     # published memory, throughput and OOM all present somewhere in the corpus
@@ -101,28 +108,33 @@ def _bad(raw: dict[str, Any], edit) -> str:
     return str(ei.value)
 
 
-@pytest.mark.parametrize("edit, field", [
-    (lambda r: r.pop("source"), "source"),
-    (lambda r: r.__setitem__("source", "arXiv 2104.04473 Table 1"), "source"),
-    (lambda r: r.__setitem__("gpu", "h100"), "gpu"),
-    (lambda r: r.__setitem__("colour", "red"), "colour"),
-    (lambda r: r["layout"].__setitem__("dp", 3), "layout"),
-    (lambda r: r["layout"].__setitem__("ac", "some"), "layout.ac"),
-    (lambda r: r["layout"].__setitem__("zero", 4), "layout.zero"),
-    (lambda r: r["layout"].__setitem__("pp_schedule", "1F1B"), "layout.pp_schedule"),
-    (lambda r: r["layout"].__setitem__("tp", 0), "layout.tp"),
-    (lambda r: r["layout"].__setitem__("micro_batch", True), "layout.micro_batch"),
-    (lambda r: r["layout"].__setitem__("sp", 1.5), "layout.sp"),
-    (lambda r: r["layout"].pop("global_batch"), "layout.global_batch"),
-    (lambda r: r["measured"].__setitem__("mfu", 42.0), "measured.mfu"),
-    (lambda r: r["measured"].pop("memory_kind"), "measured.memory_kind"),
-    (lambda r: r.__setitem__("measured", {}), "measured"),
-    (lambda r: r["model"].__setitem__("layer", 3), "model.layer"),
-    (lambda r: r["model"].__setitem__("tie", "yes"), "model.tie"),
-    (lambda r: r.__setitem__("model", {"preset": "llama9-1t"}), "model.preset"),
-    (lambda r: r.__setitem__("model", {"layers": 2, "hidden": 100, "heads": 3, "vocab": 10}),
-     "model.num_heads"),
-])
+@pytest.mark.parametrize(
+    "edit, field",
+    [
+        (lambda r: r.pop("source"), "source"),
+        (lambda r: r.__setitem__("source", "arXiv 2104.04473 Table 1"), "source"),
+        (lambda r: r.__setitem__("gpu", "h100"), "gpu"),
+        (lambda r: r.__setitem__("colour", "red"), "colour"),
+        (lambda r: r["layout"].__setitem__("dp", 3), "layout"),
+        (lambda r: r["layout"].__setitem__("ac", "some"), "layout.ac"),
+        (lambda r: r["layout"].__setitem__("zero", 4), "layout.zero"),
+        (lambda r: r["layout"].__setitem__("pp_schedule", "1F1B"), "layout.pp_schedule"),
+        (lambda r: r["layout"].__setitem__("tp", 0), "layout.tp"),
+        (lambda r: r["layout"].__setitem__("micro_batch", True), "layout.micro_batch"),
+        (lambda r: r["layout"].__setitem__("sp", 1.5), "layout.sp"),
+        (lambda r: r["layout"].pop("global_batch"), "layout.global_batch"),
+        (lambda r: r["measured"].__setitem__("mfu", 42.0), "measured.mfu"),
+        (lambda r: r["measured"].pop("memory_kind"), "measured.memory_kind"),
+        (lambda r: r.__setitem__("measured", {}), "measured"),
+        (lambda r: r["model"].__setitem__("layer", 3), "model.layer"),
+        (lambda r: r["model"].__setitem__("tie", "yes"), "model.tie"),
+        (lambda r: r.__setitem__("model", {"preset": "llama9-1t"}), "model.preset"),
+        (
+            lambda r: r.__setitem__("model", {"layers": 2, "hidden": 100, "heads": 3, "vocab": 10}),
+            "model.num_heads",
+        ),
+    ],
+)
 def test_bad_rows_give_one_line_naming_row_and_field(raw, edit, field) -> None:
     msg = _bad(raw, edit)
     name = raw["runs"][3]["name"]
@@ -145,8 +157,14 @@ def test_duplicate_names_and_bad_toml(raw, tmp_path) -> None:
 
 def test_benchmark_summary_is_consistent_on_a_slice(runs) -> None:
     bench = pytest.importorskip("planner_vs_published")
-    pick = ["tt-h100-l31-8b-fsdp8", "tt-h100-l31-8b-fsdp128", "tt-a100-l2-70b-sel-op-b2-oom",
-            "foundry-h100-mpt7b-8g-noac", "ds-a100-bloom176b-gbs16", "nemo-h100-llama2-7b-8g"]
+    pick = [
+        "tt-h100-l31-8b-fsdp8",
+        "tt-h100-l31-8b-fsdp128",
+        "tt-a100-l2-70b-sel-op-b2-oom",
+        "foundry-h100-mpt7b-8g-noac",
+        "ds-a100-bloom176b-gbs16",
+        "nemo-h100-llama2-7b-8g",
+    ]
     sl = [r for r in runs if r.name in pick]
     rows = bench.evaluate(sl, peer=False)
     s = bench.summarize(rows)["scaletrain"]
@@ -204,25 +222,42 @@ def test_llm_analysis_peer_on_a_row(runs) -> None:
 
 def test_cause_names_the_term_from_the_row_numbers() -> None:
     bench = pytest.importorskip("planner_vs_published")
-    terms = {"logits": 20.0, "buffer_terms": {"pp_p2p": 16.0, "ddp_buckets": 1.0},
-             "activations": 3.0, "comm_exposed_s": 0.0, "bubble_s": 0.0, "step_s": 10.0,
-             "compute_s": 10.0, "mfu": 0.5, "mfu_measured": 0.25}
+    terms = {
+        "logits": 20.0,
+        "buffer_terms": {"pp_p2p": 16.0, "ddp_buckets": 1.0},
+        "activations": 3.0,
+        "comm_exposed_s": 0.0,
+        "bubble_s": 0.0,
+        "step_s": 10.0,
+        "compute_s": 10.0,
+        "mfu": 0.5,
+        "mfu_measured": 0.25,
+    }
 
     def row(mem_pred: float, mem_meas: float) -> dict[str, Any]:
-        return {"measured": {"memory_gib": mem_meas},
-                "scaletrain": {"memory_gib": mem_pred, "terms": terms,
-                               "err_memory": (mem_pred - mem_meas) / mem_meas, "err_step": -0.5}}
+        return {
+            "measured": {"memory_gib": mem_meas},
+            "scaletrain": {
+                "memory_gib": mem_pred,
+                "terms": terms,
+                "err_memory": (mem_pred - mem_meas) / mem_meas,
+                "err_step": -0.5,
+            },
+        }
 
     # 50 GiB short, 20 GiB of it an unfused loss's logits: 40% of the gap
-    assert bench.cause(row(30.0, 80.0), "err_memory").startswith("loss: an unfused loss keeps "
-                                                                  "20.0 GiB")
+    assert bench.cause(row(30.0, 80.0), "err_memory").startswith(
+        "loss: an unfused loss keeps 20.0 GiB"
+    )
     assert "40% of the 50.0 GiB gap" in bench.cause(row(30.0, 80.0), "err_memory")
     # 20 GiB over, 16 of them one buffer term: pp_p2p is scaletrain's own receive buffers
     assert bench.cause(row(30.0, 10.0), "err_memory").startswith(
-        "pp_p2p (16.0 GiB): scaletrain's trainer keeps a receive buffer per micro-batch")
+        "pp_p2p (16.0 GiB): scaletrain's trainer keeps a receive buffer per micro-batch"
+    )
     terms["buffer_terms"] = {"ddp_buckets": 16.0}
-    assert bench.cause(row(30.0, 10.0), "err_memory") == ("buffer term ddp_buckets (16.0 GiB) "
-                                                         "over-predicted")
+    assert bench.cause(row(30.0, 10.0), "err_memory") == (
+        "buffer term ddp_buckets (16.0 GiB) over-predicted"
+    )
     # half the measured MFU: the efficiency constant
     assert bench.cause(row(30.0, 10.0), "err_step").startswith("efficiency: measured MFU 25%")
 
@@ -231,11 +266,11 @@ def test_plan_input_carries_loss_compile_and_fused_norm(runs) -> None:
     """The Dec-2024 torchtitan rows say their loss was not compiled (train.py at 9dec370), the
     April-2024 A100 Llama-2 13B rows that their RMSNorm was the fused kernel; rows that say
     nothing leave the recipe's rule (None) and the eager norm."""
-    dec = plan_input(next(r for r in runs if r.name == "tt-h100-l31-8b-fsdp8-compile"),
-                     "torchtitan")
+    dec = plan_input(
+        next(r for r in runs if r.name == "tt-h100-l31-8b-fsdp8-compile"), "torchtitan"
+    )
     assert dec.compile and dec.compile_loss is False
-    jun = plan_input(next(r for r in runs if r.name == "tt-h200-l31-8b-fsdp32-fp8"),
-                     "torchtitan")
+    jun = plan_input(next(r for r in runs if r.name == "tt-h200-l31-8b-fsdp32-fp8"), "torchtitan")
     assert jun.compile and jun.compile_loss is None and not jun.fused_norm
     apr = plan_input(next(r for r in runs if r.name == "tt-a100-l2-13b-noac"), "torchtitan")
     assert apr.fused_norm
@@ -249,8 +284,9 @@ def test_benchmark_lists_recipe_memory_and_wrong_fit_calls(runs) -> None:
     rows = bench.evaluate([r for r in runs if r.name in pick], peer=False)
     lines = bench._recipe_memory_section(rows)
     listed = [ln for ln in lines if ln.startswith("| tt-") or ln.startswith("| ds-")]
-    errs = [abs(r["recipe"]["err_memory"]) for r in rows
-            if r["recipe"].get("err_memory") is not None]
+    errs = [
+        abs(r["recipe"]["err_memory"]) for r in rows if r["recipe"].get("err_memory") is not None
+    ]
     assert len(listed) == len(errs) == 2
     first = max(rows, key=lambda r: abs(r["recipe"].get("err_memory") or 0.0))
     assert listed[0].startswith(f"| {first['name']} |")
@@ -286,10 +322,18 @@ def test_rank_range_for_rows_of_unstated_rank(runs) -> None:
     lo, hi = bench.predict_rank_range(pp, "deepspeed")
     assert lo < hi
     assert math.isclose(hi, bench.predict(pp, "deepspeed")[0], rel_tol=1e-12)
-    assert bench.predict_rank_range(
-        next(r for r in runs if r.name == "ds-v100-32g-1b3-tp1-pp1-dp8-mb1"), "deepspeed") is None
-    assert bench.predict_rank_range(
-        next(r for r in runs if r.name == "tt-h100-l31-405b-3d-1f1b"), "torchtitan") is None
+    assert (
+        bench.predict_rank_range(
+            next(r for r in runs if r.name == "ds-v100-32g-1b3-tp1-pp1-dp8-mb1"), "deepspeed"
+        )
+        is None
+    )
+    assert (
+        bench.predict_rank_range(
+            next(r for r in runs if r.name == "tt-h100-l31-405b-3d-1f1b"), "torchtitan"
+        )
+        is None
+    )
     assert bench._range_err((8.0, 12.0), 10.0) == 0.0
     assert math.isclose(bench._range_err((8.0, 12.0), 16.0), -0.25)
     assert math.isclose(bench._range_err((8.0, 12.0), 4.0), 1.0)

@@ -25,14 +25,41 @@ from scaletrain.planner.types import PlanInput
 GiB = 2**30
 
 # a small GPT-2-style model: h=64, a=4, f=4h, GELU, LayerNorm, V=128, 2 layers, tied embedding
-SMALL = ModelConfig(name="small", vocab_size=128, dim=64, num_layers=2, num_heads=4,
-                    ffn_dim=256, max_seq_len=32, attention="naive")
+SMALL = ModelConfig(
+    name="small",
+    vocab_size=128,
+    dim=64,
+    num_layers=2,
+    num_heads=4,
+    ffn_dim=256,
+    max_seq_len=32,
+    attention="naive",
+)
 
 
-def _plan(recipe: str, layout: Layout, *, ac: str = "none", model: ModelConfig = SMALL,
-          seq: int = 32, gb: int = 4, mb: int = 1, gpu: str = "a100-80gb") -> PlanInput:
-    return PlanInput(model, hardware_preset(gpu), layout.world_size, layout, seq, gb, mb,
-                     "bf16", ac, recipe=recipe)
+def _plan(
+    recipe: str,
+    layout: Layout,
+    *,
+    ac: str = "none",
+    model: ModelConfig = SMALL,
+    seq: int = 32,
+    gb: int = 4,
+    mb: int = 1,
+    gpu: str = "a100-80gb",
+) -> PlanInput:
+    return PlanInput(
+        model,
+        hardware_preset(gpu),
+        layout.world_size,
+        layout,
+        seq,
+        gb,
+        mb,
+        "bf16",
+        ac,
+        recipe=recipe,
+    )
 
 
 def _params(m: ModelConfig) -> int:
@@ -91,8 +118,15 @@ def test_search_under_a_recipe_keeps_only_what_it_runs() -> None:
     """A search under nanotron proposes no ZeRO-2/3, no CP and no selective AC."""
     from scaletrain.planner.search import search
 
-    res = search(model_preset("llama2-7b"), hardware_preset("h100-sxm"), 16, seq_len=4096,
-                 global_batch=64, top_k=50, recipe="nanotron")
+    res = search(
+        model_preset("llama2-7b"),
+        hardware_preset("h100-sxm"),
+        16,
+        seq_len=4096,
+        global_batch=64,
+        top_k=50,
+        recipe="nanotron",
+    )
     assert res.top
     for e in res.top:
         L = e.plan.layout
@@ -108,8 +142,7 @@ def test_torchtitan_states_by_hand() -> None:
     h, f, V, S = SMALL.dim, SMALL.ffn_dim, SMALL.vocab_size, SMALL.max_seq_len
     block = 4 * (h * h + h) + (h * f + f) + (f * h + h) + 4 * h
     root = V * h + S * h + 2 * h
-    mem = recipe_rank_memory(_plan("torchtitan", Layout(dp=4, zero=3)), RECIPES["torchtitan"],
-                             0)
+    mem = recipe_rank_memory(_plan("torchtitan", Layout(dp=4, zero=3)), RECIPES["torchtitan"], 0)
     assert mem.params == pytest.approx(4 * P / 4 + 2 * (2 * block + root), rel=1e-12)
     assert mem.grads == pytest.approx(4 * P / 4 + 2 * max(block, V * h), rel=1e-12)
     assert mem.optimizer == pytest.approx(8 * P / 4, rel=1e-12)
@@ -131,8 +164,7 @@ def test_torchtitan_pipeline_over_fsdp_keeps_the_stage_unsharded() -> None:
     assert mem.params == pytest.approx(4 * P / 2 + 2 * P, rel=1e-12)
     assert mem.optimizer == pytest.approx(8 * P / 2, rel=1e-12)
     # without PP the same FSDP rank gathers one unit at a time
-    flat = recipe_rank_memory(_plan("torchtitan", Layout(dp=2, zero=3)), RECIPES["torchtitan"],
-                              0)
+    flat = recipe_rank_memory(_plan("torchtitan", Layout(dp=2, zero=3)), RECIPES["torchtitan"], 0)
     assert flat.detail["grads.in_flight"] < 4 * flat.detail["params.count"]
 
 
@@ -186,8 +218,9 @@ def test_torchtitan_op_sac_by_hand() -> None:
     wq, wv, SDPA output, w1 and w2 outputs in bf16 + SDPA's fp32 log-sum-exp per token:
     2(4096 + 4096 + 1024 + 4096 + 14336 + 4096) + 4*32 = 63,616 B/token."""
     m = model_preset("llama3-8b")
-    plan = _plan("torchtitan", Layout(dp=8, zero=3), model=m, seq=8192, gb=8, ac="selective",
-                 gpu="h100-sxm")
+    plan = _plan(
+        "torchtitan", Layout(dp=8, zero=3), model=m, seq=8192, gb=8, ac="selective", gpu="h100-sxm"
+    )
     per_token = 2 * (4096 + 4096 + 1024 + 4096 + 14336 + 4096) + 4 * 32
     assert recipe_layer_bytes(plan, RECIPES["torchtitan"]) == 8192 * per_token
 
@@ -212,8 +245,9 @@ def test_torchtitan_llama3_8b_against_published_peak() -> None:
     order. Measured: -6.3%."""
     m = model_preset("llama3-8b")
     hw = dataclasses.replace(hardware_preset("h100-sxm"), memory_bytes=96e9)
-    plan = PlanInput(m, hw, 8, Layout(dp=8, zero=3), 8192, 16, 2, "bf16", "selective",
-                     recipe="torchtitan")
+    plan = PlanInput(
+        m, hw, 8, Layout(dp=8, zero=3), 8192, 16, 2, "bf16", "selective", recipe="torchtitan"
+    )
     mem = estimate(plan).memory
     allocator = mem.reserved - mem.buffer_terms["runtime_context"]
     err = allocator / (82.4 * GiB) - 1
@@ -224,10 +258,39 @@ def test_torchtitan_llama3_8b_against_published_peak() -> None:
 def test_megatron_gpt3_175b_plans(capsys: pytest.CaptureFixture[str]) -> None:
     """GPT-3 175B as Megatron runs it (Narayanan et al. 2021: TP8 x PP8 x DP16 on 1024 A100s,
     distributed optimizer): planned, not refused, and it fits in 80 GB."""
-    rc = main(["plan", "--recipe", "megatron", "--model", "gpt3-175b", "--gpu", "a100-80gb",
-               "--gpus", "1024", "--tp", "8", "--sp", "--pp", "8", "--pp-schedule",
-               "interleaved", "--pp-virtual", "2", "--zero", "1", "--seq-len", "2048",
-               "--global-batch", "1536", "--micro-batch", "1", "--ac", "selective", "--json"])
+    rc = main(
+        [
+            "plan",
+            "--recipe",
+            "megatron",
+            "--model",
+            "gpt3-175b",
+            "--gpu",
+            "a100-80gb",
+            "--gpus",
+            "1024",
+            "--tp",
+            "8",
+            "--sp",
+            "--pp",
+            "8",
+            "--pp-schedule",
+            "interleaved",
+            "--pp-virtual",
+            "2",
+            "--zero",
+            "1",
+            "--seq-len",
+            "2048",
+            "--global-batch",
+            "1536",
+            "--micro-batch",
+            "1",
+            "--ac",
+            "selective",
+            "--json",
+        ]
+    )
     assert rc == 0
     obj = json.loads(capsys.readouterr().out)
     assert obj["plan"]["recipe"] == "megatron" and obj["memory"]["fits"]
@@ -249,10 +312,23 @@ def test_recipe_legality() -> None:
     assert not recipe_problems("scaletrain", Layout(dp=2, zero=1))
 
 
-CITED = ("weight_bytes", "master_bytes", "grad_bytes", "optimizer", "zero_stages", "ddp_bucket",
-         "attention",
-         "loss", "activations", "selective", "full_ac_saves", "pp_schedules", "cp",
-         "fragmentation", "cuda_context_bytes")
+CITED = (
+    "weight_bytes",
+    "master_bytes",
+    "grad_bytes",
+    "optimizer",
+    "zero_stages",
+    "ddp_bucket",
+    "attention",
+    "loss",
+    "activations",
+    "selective",
+    "full_ac_saves",
+    "pp_schedules",
+    "cp",
+    "fragmentation",
+    "cuda_context_bytes",
+)
 
 
 @pytest.mark.parametrize("name", [n for n in RECIPES if n != "scaletrain"])
@@ -268,8 +344,9 @@ def test_default_recipe_unchanged() -> None:
     """The default recipe is the planner's own model: no 'recipe' key in the JSON, and the
     same numbers as naming it."""
     m = model_preset("llama2-7b")
-    base = PlanInput(m, hardware_preset("a100-80gb"), 8, Layout(dp=8, zero=3), 4096, 8, 1,
-                     "bf16", "selective")
+    base = PlanInput(
+        m, hardware_preset("a100-80gb"), 8, Layout(dp=8, zero=3), 4096, 8, 1, "bf16", "selective"
+    )
     named = dataclasses.replace(base, recipe="scaletrain")
     a, b = estimate(base).to_json(), estimate(named).to_json()
     assert a == b and "recipe" not in a["plan"]
@@ -285,20 +362,61 @@ def test_unknown_recipe_one_line(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_foreign_refusal_names_the_reason(capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["plan", "--recipe", "deepspeed", "--model", "llama3-8b", "--gpus", "8",
-               "--dp", "4", "--pp", "2", "--zero", "3", "--global-batch", "8"])
+    rc = main(
+        [
+            "plan",
+            "--recipe",
+            "deepspeed",
+            "--model",
+            "llama3-8b",
+            "--gpus",
+            "8",
+            "--dp",
+            "4",
+            "--pp",
+            "2",
+            "--zero",
+            "3",
+            "--global-batch",
+            "8",
+        ]
+    )
     assert rc == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--zero" in err and "pipeline" in err
 
 
 def test_explain_names_the_recipe_of_each_term(capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["explain", "--recipe", "megatron", "--model", "llama3-8b", "--gpus", "8",
-               "--gpu", "h100-sxm", "--tp", "8", "--zero", "1", "--global-batch", "8"])
+    rc = main(
+        [
+            "explain",
+            "--recipe",
+            "megatron",
+            "--model",
+            "llama3-8b",
+            "--gpus",
+            "8",
+            "--gpu",
+            "h100-sxm",
+            "--tp",
+            "8",
+            "--zero",
+            "1",
+            "--global-batch",
+            "8",
+        ]
+    )
     assert rc == 0
     out = capsys.readouterr().out
-    for term in ("weights", "fp32 master", "gradients", "loss/logits", "activations",
-                 "efficiency", "last gradient bucket"):
+    for term in (
+        "weights",
+        "fp32 master",
+        "gradients",
+        "loss/logits",
+        "activations",
+        "efficiency",
+        "last gradient bucket",
+    ):
         assert any(line.strip().startswith(f"[megatron] {term}") for line in out.splitlines())
     assert "param_and_grad_buffer.py" in out
 
@@ -336,8 +454,11 @@ def test_time_model_follows_the_recipe(monkeypatch: pytest.MonkeyPatch) -> None:
     from scaletrain.planner.estimate import default_efficiency
 
     assert all(r.time_model == "scaletrain" for r in recipes.RECIPES.values())
-    monkeypatch.setitem(recipes.RECIPES, "megatron", dataclasses.replace(
-        recipes.RECIPES["megatron"], time_model="generation"))
+    monkeypatch.setitem(
+        recipes.RECIPES,
+        "megatron",
+        dataclasses.replace(recipes.RECIPES["megatron"], time_model="generation"),
+    )
 
     m, hw = model_preset("gpt3-175b"), hardware_preset("a100-80gb")
     L = Layout(dp=16, zero=1, tp=8, sp=True, pp=8)
@@ -354,14 +475,30 @@ def test_time_model_follows_the_recipe(monkeypatch: pytest.MonkeyPatch) -> None:
     assert e16 == GENERATION_EFFICIENCY["h100"] and e8 == pytest.approx(0.64 * e16)
 
 
-@pytest.mark.parametrize("argv", [
-    # (MoE x TP with ep < dp*cp and ZeRO-1 was the other case until scaletrain ran it too)
-    # 1F1B with fewer micro-batches (4) than stages (8)
-    ["--model", "llama3-8b", "--gpus", "16", "--pp", "8", "--dp", "2", "--global-batch", "8",
-     "--micro-batch", "1"],
-])
-def test_scaletrain_limits_do_not_bind_megatron(argv: list[str],
-                                                capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "argv",
+    [
+        # (MoE x TP with ep < dp*cp and ZeRO-1 was the other case until scaletrain ran it too)
+        # 1F1B with fewer micro-batches (4) than stages (8)
+        [
+            "--model",
+            "llama3-8b",
+            "--gpus",
+            "16",
+            "--pp",
+            "8",
+            "--dp",
+            "2",
+            "--global-batch",
+            "8",
+            "--micro-batch",
+            "1",
+        ]
+    ],
+)
+def test_scaletrain_limits_do_not_bind_megatron(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
     """scaletrain's own composition limits (config.layout trainer rules) refuse these layouts
     for scaletrain's trainer; Megatron-LM runs them, so its recipe plans them."""
     assert main(["plan", *argv]) == 2
@@ -411,19 +548,28 @@ def test_naive_attention_backward_temporaries(ac: str) -> None:
     nothing. The loss backward (last stage, before any block's) is the other transient: the
     peak takes the larger of the two."""
     a, s, b = SMALL.num_heads, 32, 16  # b = 16: the backward, not the step, is the peak
-    mem = recipe_rank_memory(_plan("deepspeed", Layout(dp=1), ac=ac, gb=b, mb=b),
-                             RECIPES["deepspeed"], 0)
+    mem = recipe_rank_memory(
+        _plan("deepspeed", Layout(dp=1), ac=ac, gb=b, mb=b), RECIPES["deepspeed"], 0
+    )
     temp = (2 * 2 * a * s * s + (5 * a * s * s if ac == "selective" else 0)) * b
     plain = _plan("deepspeed", Layout(dp=1), gb=b, mb=b)
     full = recipe_layer_bytes(plain, RECIPES["deepspeed"], "none")
     recompute = (full if ac == "full" else 0) + temp
     _, loss_tmp = recipe_head_bytes(plain, RECIPES["deepspeed"])
-    expect = (mem.params + mem.grads + mem.optimizer + mem.activations
-              + mem.buffers - loss_tmp + max(recompute, loss_tmp))
+    expect = (
+        mem.params
+        + mem.grads
+        + mem.optimizer
+        + mem.activations
+        + mem.buffers
+        - loss_tmp
+        + max(recompute, loss_tmp)
+    )
     assert mem.total == pytest.approx(expect, rel=1e-12)
     sdpa = dataclasses.replace(SMALL, attention="sdpa")
-    flash = recipe_rank_memory(_plan("megatron", Layout(dp=1), ac=ac, model=sdpa, gb=b, mb=b),
-                               RECIPES["megatron"], 0)
+    flash = recipe_rank_memory(
+        _plan("megatron", Layout(dp=1), ac=ac, model=sdpa, gb=b, mb=b), RECIPES["megatron"], 0
+    )
     assert flash.total < mem.total
 
 
@@ -432,12 +578,12 @@ def test_torchtitan_loss_parallel_forward_transient() -> None:
     x - max and exp(x - max) beside the bf16 logits, 2 + 4 + 4 B per logit (V/2 per rank)
     beyond the saved fp32 output, above the backward's 8 B; tp = 1 keeps the backward's."""
     T, V, h = 32, SMALL.vocab_size, SMALL.dim
-    stored, temp = recipe_head_bytes(_plan("torchtitan", Layout(dp=1, tp=2)),
-                                     RECIPES["torchtitan"])
+    stored, temp = recipe_head_bytes(_plan("torchtitan", Layout(dp=1, tp=2)), RECIPES["torchtitan"])
     assert stored == 2 * T * h / 2 + 2 * T * h + 4 * T * V / 2  # SP: the norm input is /t
     assert temp == 10 * T * V / 2
-    assert recipe_head_bytes(_plan("torchtitan", Layout(dp=1)), RECIPES["torchtitan"])[1] \
-        == 8 * T * V
+    assert (
+        recipe_head_bytes(_plan("torchtitan", Layout(dp=1)), RECIPES["torchtitan"])[1] == 8 * T * V
+    )
 
 
 def test_fused_rmsnorm_keeps_no_fp32_copy() -> None:
@@ -452,7 +598,9 @@ def test_fused_rmsnorm_keeps_no_fp32_copy() -> None:
     assert eager - fused == 2 * 4 * 4096 * 2 * m.dim
     full = dataclasses.replace(plan, ac="full")
     assert recipe_layer_bytes(full, RECIPES["torchtitan"]) == recipe_layer_bytes(
-        dataclasses.replace(full, fused_norm=True), RECIPES["torchtitan"])
+        dataclasses.replace(full, fused_norm=True), RECIPES["torchtitan"]
+    )
     gpt = _plan("torchtitan", Layout(dp=1))
     assert recipe_layer_bytes(gpt, RECIPES["torchtitan"]) == recipe_layer_bytes(
-        dataclasses.replace(gpt, fused_norm=True), RECIPES["torchtitan"])
+        dataclasses.replace(gpt, fused_norm=True), RECIPES["torchtitan"]
+    )

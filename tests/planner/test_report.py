@@ -14,8 +14,9 @@ est_mod = pytest.importorskip("scaletrain.planner.estimate")
 
 
 def _estimate(**layout: object):
-    plan = PlanInput(resolve_model("llama3-8b"), hardware_preset("h100-sxm"), 16,
-                     Layout(**layout), 4096, 64, 1)  # type: ignore[arg-type]
+    plan = PlanInput(
+        resolve_model("llama3-8b"), hardware_preset("h100-sxm"), 16, Layout(**layout), 4096, 64, 1
+    )  # type: ignore[arg-type]
     return est_mod.estimate(plan)
 
 

@@ -16,11 +16,16 @@ SMALL = ("tiny", "tiny-llama", "tiny-moe", "gpt-mini")
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(model=st.sampled_from(SMALL), gpus=st.sampled_from([1, 2, 4, 6, 8]),
-       gb_mult=st.sampled_from([1, 2, 4]), seq=st.sampled_from([32, 64, 128]),
-       gpu=st.sampled_from(["cpu", "rtx3090"]))
-def test_every_result_is_legal_and_fits(model: str, gpus: int, gb_mult: int, seq: int,
-                                        gpu: str) -> None:
+@given(
+    model=st.sampled_from(SMALL),
+    gpus=st.sampled_from([1, 2, 4, 6, 8]),
+    gb_mult=st.sampled_from([1, 2, 4]),
+    seq=st.sampled_from([32, 64, 128]),
+    gpu=st.sampled_from(["cpu", "rtx3090"]),
+)
+def test_every_result_is_legal_and_fits(
+    model: str, gpus: int, gb_mult: int, seq: int, gpu: str
+) -> None:
     cfg = resolve_model(model)
     gb = 8 * gb_mult
     res = search(cfg, hardware_preset(gpu), gpus, seq_len=seq, global_batch=gb, top_k=50)
@@ -31,23 +36,50 @@ def test_every_result_is_legal_and_fits(model: str, gpus: int, gb_mult: int, seq
     assert keys == sorted(keys)
     for e in res.top:
         p = e.plan
-        assert layout_problems(p.layout, cfg, world_size=gpus, global_batch=gb,
-                               micro_batch=p.micro_batch, seq_len=seq) == []
+        assert (
+            layout_problems(
+                p.layout,
+                cfg,
+                world_size=gpus,
+                global_batch=gb,
+                micro_batch=p.micro_batch,
+                seq_len=seq,
+            )
+            == []
+        )
         assert e.memory.fits and e.memory.reserved <= e.memory.capacity
         assert p.layout.world_size == gpus
 
 
 def test_pins_are_honoured() -> None:
     cfg = resolve_model("gpt-mini")
-    res = search(cfg, hardware_preset("cpu"), 8, seq_len=128, global_batch=32, top_k=100,
-                 tp=2, zero=3, ac="selective")
+    res = search(
+        cfg,
+        hardware_preset("cpu"),
+        8,
+        seq_len=128,
+        global_batch=32,
+        top_k=100,
+        tp=2,
+        zero=3,
+        ac="selective",
+    )
     assert res.top
     for e in res.top:
         L = e.plan.layout
         assert (L.tp, L.zero, e.plan.ac) == (2, 3, "selective")
         assert L.dp * L.pp * L.cp == 4
-    res = search(cfg, hardware_preset("cpu"), 8, seq_len=128, global_batch=32, top_k=100,
-                 pp=2, pp_schedule="interleaved", micro_batch=2)
+    res = search(
+        cfg,
+        hardware_preset("cpu"),
+        8,
+        seq_len=128,
+        global_batch=32,
+        top_k=100,
+        pp=2,
+        pp_schedule="interleaved",
+        micro_batch=2,
+    )
     assert res.top
     for e in res.top:
         L = e.plan.layout
@@ -57,8 +89,14 @@ def test_pins_are_honoured() -> None:
 
 def test_families_and_reasons() -> None:
     # llama3-8b on 8 x 24 GB: pure DP cannot fit 8B params x 16 B/param; something else does.
-    res = search(resolve_model("llama3-8b"), hardware_preset("rtx3090"), 8, seq_len=2048,
-                 global_batch=32, top_k=3)
+    res = search(
+        resolve_model("llama3-8b"),
+        hardware_preset("rtx3090"),
+        8,
+        seq_len=2048,
+        global_batch=32,
+        top_k=3,
+    )
     assert res.best is not None
     why = res.why_others_lost()
     assert why["pure DP"].startswith("never fits: best needs")
@@ -73,8 +111,14 @@ def test_families_and_reasons() -> None:
 
 
 def test_nothing_fits_keeps_the_closest_miss() -> None:
-    res = search(resolve_model("llama3-70b"), hardware_preset("rtx3090"), 2, seq_len=2048,
-                 global_batch=8, offload="none")
+    res = search(
+        resolve_model("llama3-70b"),
+        hardware_preset("rtx3090"),
+        2,
+        seq_len=2048,
+        global_batch=8,
+        offload="none",
+    )
     assert res.top == [] and res.best is None
     assert all(r.startswith(("never fits", "no legal")) for r in res.why_others_lost().values())
 
@@ -84,8 +128,14 @@ def test_kept_layouts_are_full_estimates_of_their_plans() -> None:
     # be exactly what estimate() says for the same plan, and each family's best is one of them
     from scaletrain.planner import estimate
 
-    res = search(resolve_model("llama3-8b"), hardware_preset("h100-sxm"), 16, seq_len=4096,
-                 global_batch=64, top_k=10)
+    res = search(
+        resolve_model("llama3-8b"),
+        hardware_preset("h100-sxm"),
+        16,
+        seq_len=4096,
+        global_batch=64,
+        top_k=10,
+    )
     assert len(res.top) == 10
     for e in res.top:
         assert e.time.step_s == estimate(e.plan).time.step_s
@@ -97,8 +147,7 @@ def test_unknown_pin_is_a_config_error() -> None:
     from scaletrain.config import ConfigError
 
     with pytest.raises(ConfigError, match="search.foo"):
-        search(resolve_model("tiny"), hardware_preset("cpu"), 1, seq_len=32, global_batch=4,
-               foo=1)
+        search(resolve_model("tiny"), hardware_preset("cpu"), 1, seq_len=32, global_batch=4, foo=1)
 
 
 def test_equal_step_times_go_to_the_layout_with_less_memory(monkeypatch) -> None:
@@ -109,8 +158,11 @@ def test_equal_step_times_go_to_the_layout_with_less_memory(monkeypatch) -> None
     from scaletrain.planner import search as search_mod
 
     costs = {"lean": (40e9, 10.0), "fat": (70e9, 10.0), "fast": (75e9, 9.0)}
-    monkeypatch.setattr(search_mod, "reserved_and_step",
-                        lambda plan, memory_only=False, terms=None: costs[plan.name])
+    monkeypatch.setattr(
+        search_mod,
+        "reserved_and_step",
+        lambda plan, memory_only=False, terms=None: costs[plan.name],
+    )
     tally = search_mod._Tally()
     plans = {n: SimpleNamespace(name=n) for n in ("fat", "lean", "fast")}
     for name in ("fat", "lean"):  # recorded first: the order alone would keep "fat" ahead
@@ -134,8 +186,14 @@ def test_a_family_with_no_legal_layout_names_the_rule(monkeypatch) -> None:
         return problems
 
     monkeypatch.setattr(search_mod, "layout_problems", no_tp)
-    res = search(resolve_model("llama3-8b"), hardware_preset("h100-sxm"), 8, seq_len=2048,
-                 global_batch=32, top_k=3)
+    res = search(
+        resolve_model("llama3-8b"),
+        hardware_preset("h100-sxm"),
+        8,
+        seq_len=2048,
+        global_batch=32,
+        top_k=3,
+    )
     why = res.why_others_lost()["TP"]
     assert why.startswith("no legal layout: dp") and "tp" in why
     assert why.endswith(" tp2: parallel.tp = 2: a rule under test")

@@ -38,23 +38,36 @@ def _small(layout: Layout) -> Layout:
 def _small_job(model_name: str, est, gpu: str):
     L = _small(est.plan.layout)
     model = MODEL_PRESETS[model_name]()
-    small = dataclasses.replace(model, dim=model.num_heads * 4, ffn_dim=8 * L.tp,
-                                num_layers=L.pp * L.pp_virtual, vocab_size=64 * L.tp)
+    small = dataclasses.replace(
+        model,
+        dim=model.num_heads * 4,
+        ffn_dim=8 * L.tp,
+        num_layers=L.pp * L.pp_virtual,
+        vocab_size=64 * L.tp,
+    )
     # the fewest micro-batches the schedule takes (interleaved / zero-bubble: a multiple of pp)
     m = L.pp if L.pp > 1 else 1
-    job = load_config(None, {
-        "batch": {"seq_len": 8 * max(2 * L.cp, L.tp), "micro_batch": 1,
-                  "global_batch": m * L.dp},
-        "hardware": {"gpu": gpu}, "memory": {"ac": est.plan.ac, "offload": "none"},
-        "precision": {"dtype": est.plan.precision}})
+    job = load_config(
+        None,
+        {
+            "batch": {
+                "seq_len": 8 * max(2 * L.cp, L.tp),
+                "micro_batch": 1,
+                "global_batch": m * L.dp,
+            },
+            "hardware": {"gpu": gpu},
+            "memory": {"ac": est.plan.ac, "offload": "none"},
+            "precision": {"dtype": est.plan.precision},
+        },
+    )
     return dataclasses.replace(job, model=small, parallel=ParallelConfig.from_layout(L)), L
 
 
-@pytest.mark.parametrize(("model", "gpus", "gpu", "seq", "gb"), CASES,
-                         ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(("model", "gpus", "gpu", "seq", "gb"), CASES, ids=[c[0] for c in CASES])
 def test_top_layouts_build_and_dry_run(model, gpus, gpu, seq, gb):
-    result = search(MODEL_PRESETS[model](), hardware_preset(gpu), gpus, seq_len=seq,
-                    global_batch=gb, top_k=5)
+    result = search(
+        MODEL_PRESETS[model](), hardware_preset(gpu), gpus, seq_len=seq, global_batch=gb, top_k=5
+    )
     assert result.top, f"no layout for {model} on {gpus} x {gpu}"
     seen = set()
     for est in result.top:

@@ -13,12 +13,15 @@ from scaletrain.planner.comm import axis_link
 A100 = hardware_preset("a100-80gb")
 
 
-@pytest.mark.parametrize("layout,per_node", [
-    (Layout(dp=64, zero=3), 8),            # FSDP over 8 nodes: 8 of the group's ranks per node
-    (Layout(dp=32, tp=2), 4),              # tp=2 inside: 4 dp ranks per node
-    (Layout(dp=8, tp=8, sp=True), 1),      # one dp rank per node: the plain NIC figure
-    (Layout(dp=16, tp=4), 2),
-])
+@pytest.mark.parametrize(
+    "layout,per_node",
+    [
+        (Layout(dp=64, zero=3), 8),  # FSDP over 8 nodes: 8 of the group's ranks per node
+        (Layout(dp=32, tp=2), 4),  # tp=2 inside: 4 dp ranks per node
+        (Layout(dp=8, tp=8, sp=True), 1),  # one dp rank per node: the plain NIC figure
+        (Layout(dp=16, tp=4), 2),
+    ],
+)
 def test_multi_rail_ring_bandwidth(layout: Layout, per_node: int) -> None:
     """A ring crossing nodes leaves each node once per channel, channels spread over the
     group's NICs: g ranks per node run at min(NVLink, g x NIC) (comm.py docstring)."""
@@ -35,16 +38,26 @@ def test_multi_rail_capped_by_nvlink() -> None:
     fat = dataclasses.replace(h100, inter_node_bw=200e9)
     assert axis_link(Layout(dp=16), fat, "dp")[0] == pytest.approx(fat.intra_node_bw)
     # inside one node nothing changes
-    assert axis_link(Layout(dp=8), h100, "dp")[:2] == (h100.intra_node_bw,
-                                                        h100.intra_node_latency_s)
+    assert axis_link(Layout(dp=8), h100, "dp")[:2] == (
+        h100.intra_node_bw,
+        h100.intra_node_latency_s,
+    )
 
 
 def _attn(kernel: str, hw_name: str, **kw: object) -> float:
     from scaletrain.planner.efficiency import attention_seconds_per_token
 
-    args: dict = dict(kernel=kernel, recipe="torchtitan", core_flops=1e9, heads=32,
-                      seq_len=8192, recompute=False, dropout=False, bf16_rate=5e14,
-                      hardware=hardware_preset(hw_name))
+    args: dict = dict(
+        kernel=kernel,
+        recipe="torchtitan",
+        core_flops=1e9,
+        heads=32,
+        seq_len=8192,
+        recompute=False,
+        dropout=False,
+        bf16_rate=5e14,
+        hardware=hardware_preset(hw_name),
+    )
     args.update(kw)
     return attention_seconds_per_token(**args)
 
@@ -59,7 +72,8 @@ def test_flash2_runs_at_fa3_papers_35_percent_on_hopper() -> None:
     want = 1e9 * (1 + FLASH_BACKWARD_FACTOR) / (peak * FLASH2_HOPPER_EFFICIENCY)
     assert _attn("flash2", "h100-sxm") == pytest.approx(want)
     assert _attn("flash2", "h100-sxm", recompute=True) == pytest.approx(
-        want * (2 + FLASH_BACKWARD_FACTOR) / (1 + FLASH_BACKWARD_FACTOR))
+        want * (2 + FLASH_BACKWARD_FACTOR) / (1 + FLASH_BACKWARD_FACTOR)
+    )
     # a slower matmul rate is not raised; A100 and Megatron's fused (cuDNN) kernel keep it
     assert _attn("flash2", "h100-sxm", bf16_rate=1e14) == pytest.approx(3.5e9 / 1e14)
     assert _attn("flash2", "a100-80gb") == pytest.approx(3.5e9 / 5e14)
@@ -78,7 +92,8 @@ def test_naive_attention_full_block_and_score_traffic() -> None:
     drop = _attn("naive", "v100-32gb", recipe="deepspeed", dropout=True)
     assert drop == pytest.approx(matmul + (9 + 11) * a * s / v100.memory_bw)
     assert _attn("naive", "v100-32gb", recipe="deepspeed") == pytest.approx(
-        matmul + (4 + 6) * a * s / v100.memory_bw)
+        matmul + (4 + 6) * a * s / v100.memory_bw
+    )
     rc = _attn("naive", "v100-32gb", recipe="deepspeed", dropout=True, recompute=True)
     assert rc == pytest.approx(2 * 1e9 * 4 / 5e14 + (2 * 9 + 11) * a * s / v100.memory_bw)
     # scaletrain's own naive core: fp32 softmax path, 33 + 37 B per score
@@ -93,10 +108,18 @@ def test_recipe_kernels_in_the_step() -> None:
     from scaletrain.planner import PlanInput, estimate
 
     def plan(hw: str, recipe: str, model: str, seq: int) -> PlanInput:
-        return PlanInput(model=model_preset(model), hardware=hardware_preset(hw), num_gpus=8,
-                         layout=Layout(dp=8, zero=1), seq_len=seq, global_batch=64,
-                         micro_batch=1, precision="fp16" if hw.startswith("v100") else "bf16",
-                         ac="none", recipe=recipe)
+        return PlanInput(
+            model=model_preset(model),
+            hardware=hardware_preset(hw),
+            num_gpus=8,
+            layout=Layout(dp=8, zero=1),
+            seq_len=seq,
+            global_batch=64,
+            micro_batch=1,
+            precision="fp16" if hw.startswith("v100") else "bf16",
+            ac="none",
+            recipe=recipe,
+        )
 
     base = estimate(plan("v100-32gb", "scaletrain", "gpt2-1.5b", 1024)).time.compute_s
     ds = estimate(plan("v100-32gb", "deepspeed", "gpt2-1.5b", 1024)).time.compute_s
@@ -113,8 +136,18 @@ def test_fsdp_collectives_pay_latency_per_unit() -> None:
 
     hw = hardware_preset("a100-80gb")
     layout = Layout(dp=1024, zero=3)
-    kw = dict(layout=layout, hardware=hw, stage_params=1e9, layers=40, moe_layers=0,
-              tokens=4096.0, hidden=4096, kv_dim=4096, experts_per_token=1, micro_batches=2)
+    kw = dict(
+        layout=layout,
+        hardware=hw,
+        stage_params=1e9,
+        layers=40,
+        moe_layers=0,
+        tokens=4096.0,
+        hidden=4096,
+        kv_dim=4096,
+        experts_per_token=1,
+        micro_batches=2,
+    )
     t = comm_terms(**kw)
     bw, lat, _ = axis_link(layout, hw, "dp")
     n = 1024
@@ -138,9 +171,18 @@ def test_torchtitan_op_sac_recomputes_every_second_matmul() -> None:
     assert op_sac_recompute_flops_per_token(m) == pytest.approx(want)
 
     def compute(ac: str) -> float:
-        p = PlanInput(model=m, hardware=A100, num_gpus=8, layout=Layout(dp=8, zero=3),
-                      seq_len=4096, global_batch=16, micro_batch=2, ac=ac,
-                      recipe="torchtitan", compile=True)  # compiled: no eager elementwise
+        p = PlanInput(
+            model=m,
+            hardware=A100,
+            num_gpus=8,
+            layout=Layout(dp=8, zero=3),
+            seq_len=4096,
+            global_batch=16,
+            micro_batch=2,
+            ac=ac,
+            recipe="torchtitan",
+            compile=True,
+        )  # compiled: no eager elementwise
         return estimate(p).time.compute_s
 
     none, sel = compute("none"), compute("selective")
@@ -163,11 +205,21 @@ def test_nemo_overlap_hides_tp_p2p_and_param_gather() -> None:
     h100 = hardware_preset("h100-sxm")
 
     def est(recipe: str):
-        return estimate(PlanInput(
-            model=model_preset("llama2-70b"), hardware=h100, num_gpus=64,
-            layout=Layout(dp=4, zero=1, tp=4, sp=True, pp=4, pp_schedule="interleaved",
-                          pp_virtual=5), seq_len=4096, global_batch=128, micro_batch=1,
-            ac="none", recipe=recipe))
+        return estimate(
+            PlanInput(
+                model=model_preset("llama2-70b"),
+                hardware=h100,
+                num_gpus=64,
+                layout=Layout(
+                    dp=4, zero=1, tp=4, sp=True, pp=4, pp_schedule="interleaved", pp_virtual=5
+                ),
+                seq_len=4096,
+                global_batch=128,
+                micro_batch=1,
+                ac="none",
+                recipe=recipe,
+            )
+        )
 
     meg, nemo = est("megatron").time, est("nemo").time
     assert meg.compute_s == pytest.approx(nemo.compute_s)
@@ -180,29 +232,72 @@ def test_nemo_overlap_hides_tp_p2p_and_param_gather() -> None:
     assert m_meg == m_nemo
 
 
-@pytest.mark.parametrize("recipe,kernel,zero", [("torchtitan", "flash2", "3"),
-                                                ("megatron", "fused", "1"),
-                                                ("deepspeed", "naive", "1")])
-def test_explain_names_the_attention_kernel(recipe: str, kernel: str, zero: str,
-                                            capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "recipe,kernel,zero",
+    [("torchtitan", "flash2", "3"), ("megatron", "fused", "1"), ("deepspeed", "naive", "1")],
+)
+def test_explain_names_the_attention_kernel(
+    recipe: str, kernel: str, zero: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     from scaletrain.cli import main
 
-    rc = main(["explain", "--recipe", recipe, "--model", "llama3-8b", "--gpus", "8",
-               "--gpu", "h100-sxm", "--zero", zero, "--global-batch", "8"])
+    rc = main(
+        [
+            "explain",
+            "--recipe",
+            recipe,
+            "--model",
+            "llama3-8b",
+            "--gpus",
+            "8",
+            "--gpu",
+            "h100-sxm",
+            "--zero",
+            zero,
+            "--global-batch",
+            "8",
+        ]
+    )
     assert rc == 0
     lines = [ln.strip() for ln in capsys.readouterr().out.splitlines()]
     assert any(ln.startswith(f"[{recipe}] attention core: {kernel} (") for ln in lines)
 
 
-_VIEWS = {"view", "_unsafe_view", "expand", "t", "transpose", "permute", "unsqueeze", "squeeze",
-          "slice", "select", "detach", "alias", "as_strided", "view_as_complex", "view_as_real",
-          "split", "unbind", "split_with_sizes", "empty_like", "empty", "zeros_like",
-          "ones_like", "new_empty", "new_zeros", "lift_fresh", "randn_like", "randn",
-          "device"}  # prim.device: a query, no data
+_VIEWS = {
+    "view",
+    "_unsafe_view",
+    "expand",
+    "t",
+    "transpose",
+    "permute",
+    "unsqueeze",
+    "squeeze",
+    "slice",
+    "select",
+    "detach",
+    "alias",
+    "as_strided",
+    "view_as_complex",
+    "view_as_real",
+    "split",
+    "unbind",
+    "split_with_sizes",
+    "empty_like",
+    "empty",
+    "zeros_like",
+    "ones_like",
+    "new_empty",
+    "new_zeros",
+    "lift_fresh",
+    "randn_like",
+    "randn",
+    "device",
+}  # prim.device: a query, no data
 
 
-def _eager_block_bytes(h: int, heads: int, kv_heads: int, f: int, tokens_s: int, b: int,
-                       fused_norm: bool) -> tuple[float, float]:
+def _eager_block_bytes(
+    h: int, heads: int, kv_heads: int, f: int, tokens_s: int, b: int, fused_norm: bool
+) -> tuple[float, float]:
     """(forward, forward + backward) bytes per token of every aten op of a torchtitan-style
     Llama block (RMSNorm on x.float(), complex RoPE, SDPA, SwiGLU, bf16) that is not a
     matmul, SDPA or a view, dispatched under fake tensors; a fused norm is charged as one
@@ -222,7 +317,7 @@ def _eager_block_bytes(h: int, heads: int, kv_heads: int, f: int, tokens_s: int,
                 return out
             outs = list(out) if isinstance(out, (tuple, list)) else [out]
             for a in list(args) + outs:
-                for t in (a if isinstance(a, (list, tuple)) else [a]):
+                for t in a if isinstance(a, (list, tuple)) else [a]:
                     if isinstance(t, torch.Tensor):
                         Count.total += t.numel() * t.element_size()
             return out
@@ -240,9 +335,20 @@ def _eager_block_bytes(h: int, heads: int, kv_heads: int, f: int, tokens_s: int,
     hd, s = h // heads, tokens_s
     with FakeTensorMode():
         bf = torch.bfloat16
-        w = {k: torch.randn(*sh, dtype=bf, requires_grad=True) for k, sh in {
-            "q": (h, h), "k": (kv_heads * hd, h), "v": (kv_heads * hd, h), "o": (h, h),
-            "w1": (f, h), "w3": (f, h), "w2": (h, f), "n1": (h,), "n2": (h,)}.items()}
+        w = {
+            k: torch.randn(*sh, dtype=bf, requires_grad=True)
+            for k, sh in {
+                "q": (h, h),
+                "k": (kv_heads * hd, h),
+                "v": (kv_heads * hd, h),
+                "o": (h, h),
+                "w1": (f, h),
+                "w3": (f, h),
+                "w2": (h, f),
+                "n1": (h,),
+                "n2": (h,),
+            }.items()
+        }
         fc = torch.randn(1, s, 1, hd // 2, dtype=torch.complex64)
         x = torch.randn(b, s, h, dtype=bf, requires_grad=True)
         with Count():
@@ -253,8 +359,9 @@ def _eager_block_bytes(h: int, heads: int, kv_heads: int, f: int, tokens_s: int,
             rep = heads // kv_heads
             k = k[:, :, :, None].expand(b, s, kv_heads, rep, hd).reshape(b, s, heads, hd)
             v = v[:, :, :, None].expand(b, s, kv_heads, rep, hd).reshape(b, s, heads, hd)
-            o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                               v.transpose(1, 2), is_causal=True)
+            o = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+            )
             hh = x + F.linear(o.transpose(1, 2).reshape(b, s, h), w["o"])
             m = norm(hh, w["n2"])
             y = hh + F.linear(F.silu(F.linear(m, w["w1"])) * F.linear(m, w["w3"]), w["w2"])
@@ -275,13 +382,23 @@ def test_eager_elementwise_bytes_recounted(fused_norm: bool) -> None:
     from scaletrain.config import ModelConfig
     from scaletrain.planner.efficiency import eager_elementwise_bytes
 
-    m = ModelConfig(dim=768, num_heads=12, num_kv_heads=4, ffn_dim=2048, num_layers=1,
-                    norm="rmsnorm", activation="swiglu", position="rope")
+    m = ModelConfig(
+        dim=768,
+        num_heads=12,
+        num_kv_heads=4,
+        ffn_dim=2048,
+        num_layers=1,
+        norm="rmsnorm",
+        activation="swiglu",
+        position="rope",
+    )
     fwd, tot = _eager_block_bytes(768, 12, 4, 2048, 512, 4, fused_norm)
-    assert eager_elementwise_bytes(m, fused_norm=fused_norm, recompute=False) == \
-        pytest.approx(tot, rel=5e-3)
-    assert eager_elementwise_bytes(m, fused_norm=fused_norm, recompute=True) == \
-        pytest.approx(tot + fwd, rel=5e-3)
+    assert eager_elementwise_bytes(m, fused_norm=fused_norm, recompute=False) == pytest.approx(
+        tot, rel=5e-3
+    )
+    assert eager_elementwise_bytes(m, fused_norm=fused_norm, recompute=True) == pytest.approx(
+        tot + fwd, rel=5e-3
+    )
 
 
 def test_torchtitan_eager_pays_its_elementwise_kernels() -> None:
@@ -295,8 +412,21 @@ def test_torchtitan_eager_pays_its_elementwise_kernels() -> None:
     m, hw = model_preset("llama3-8b"), hardware_preset("h100-sxm")
 
     def step(recipe: str, compile: bool) -> float:
-        return estimate(PlanInput(m, hw, 8, Layout(dp=8, zero=3), 8192, 16, 2, "bf16",
-                                  "selective", compile=compile, recipe=recipe)).time.step_s
+        return estimate(
+            PlanInput(
+                m,
+                hw,
+                8,
+                Layout(dp=8, zero=3),
+                8192,
+                16,
+                2,
+                "bf16",
+                "selective",
+                compile=compile,
+                recipe=recipe,
+            )
+        ).time.step_s
 
     per_tok = eager_elementwise_bytes(m, fused_norm=False, recompute=True)
     assert per_tok == pytest.approx(2.54e6, rel=0.01)
@@ -308,9 +438,27 @@ def test_torchtitan_eager_pays_its_elementwise_kernels() -> None:
 def test_explain_shows_torchtitan_eager_kernels(capsys: pytest.CaptureFixture[str]) -> None:
     from scaletrain.cli import main
 
-    args = ["explain", "--recipe", "torchtitan", "--model", "llama3-8b", "--gpus", "8",
-            "--gpu", "h100-sxm", "--zero", "3", "--global-batch", "16", "--seq-len", "8192",
-            "--micro-batch", "2", "--ac", "selective"]
+    args = [
+        "explain",
+        "--recipe",
+        "torchtitan",
+        "--model",
+        "llama3-8b",
+        "--gpus",
+        "8",
+        "--gpu",
+        "h100-sxm",
+        "--zero",
+        "3",
+        "--global-batch",
+        "16",
+        "--seq-len",
+        "8192",
+        "--micro-batch",
+        "2",
+        "--ac",
+        "selective",
+    ]
     assert main(args) == 0
     line = "[torchtitan] eager elementwise kernels (no compile): 2.54 MB per token per block"
     assert any(ln.strip().startswith(line) for ln in capsys.readouterr().out.splitlines())

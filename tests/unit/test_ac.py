@@ -10,10 +10,12 @@ from scaletrain.models import build_model, causal_lm_loss, clean_fqn, materializ
 from scaletrain.parallel.ac import apply_ac
 
 CFGS = {
-    "gpt2-naive": lambda: ModelConfig(vocab_size=61, dim=32, num_layers=2, num_heads=4,
-                                      max_seq_len=32, attention="naive"),
-    "llama-sdpa": lambda: model_preset("tiny-llama", vocab_size=61, dim=32, ffn_dim=48,
-                                       max_seq_len=32),
+    "gpt2-naive": lambda: ModelConfig(
+        vocab_size=61, dim=32, num_layers=2, num_heads=4, max_seq_len=32, attention="naive"
+    ),
+    "llama-sdpa": lambda: model_preset(
+        "tiny-llama", vocab_size=61, dim=32, ffn_dim=48, max_seq_len=32
+    ),
     "moe": lambda: model_preset("tiny-moe", vocab_size=61, dim=32, ffn_dim=40, max_seq_len=32),
 }
 
@@ -78,12 +80,12 @@ def _activation_bytes(mode: str, cfg_name: str) -> int:
         loss = model(tokens, targets=tokens)
         snap = tracker.get_tracker_snapshot()
     assert loss.requires_grad
-    return sum(v for per_device in snap.values() for k, v in per_device.items()
-               if str(k).endswith("ACT"))
+    return sum(
+        v for per_device in snap.values() for k, v in per_device.items() if str(k).endswith("ACT")
+    )
 
 
 @pytest.mark.parametrize("cfg_name", ["gpt2-naive", "llama-sdpa"])
 def test_ac_saves_less_activation_memory(cfg_name):
-    none, selective, full = (_activation_bytes(m, cfg_name)
-                             for m in ("none", "selective", "full"))
+    none, selective, full = (_activation_bytes(m, cfg_name) for m in ("none", "selective", "full"))
     assert full < selective < none

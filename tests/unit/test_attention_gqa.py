@@ -48,8 +48,7 @@ def _saved_bytes(core, q, k, v) -> tuple[torch.Tensor, int]:
     return out, total
 
 
-@pytest.mark.parametrize("core", [NaiveAttentionCore(), SDPAAttentionCore()],
-                         ids=["naive", "sdpa"])
+@pytest.mark.parametrize("core", [NaiveAttentionCore(), SDPAAttentionCore()], ids=["naive", "sdpa"])
 def test_gqa_cores_match_the_expanded_reference(core):
     q, k, v = (x.double().requires_grad_() for x in _inputs())
     ref = _expanded_reference(q, k, v)
@@ -73,11 +72,13 @@ def test_saved_bytes_hold_kv_heads_not_query_heads():
     # naive: q (grouped copy), k, v, fp32 scores and probabilities, the bool mask per group
     _, naive = _saved_bytes(NaiveAttentionCore(), q, k, v)
     assert naive == qkv + 2 * B * NH * T * T * 4 + (NH // G) * T * T
+
     # the previous recipe (K/V expanded by repeat_interleave before SDPA) saved the copies
     def expanded_sdpa(q, k, v):
         rep = NH // G
         return torch.nn.functional.scaled_dot_product_attention(
-            q, k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1), is_causal=True)
+            q, k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1), is_causal=True
+        )
 
     _, old = _saved_bytes(expanded_sdpa, q, k, v)
     assert old - sdpa == kv_expanded

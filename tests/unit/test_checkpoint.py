@@ -29,9 +29,15 @@ def _model_and_opt(seed):
 
 
 def _save(d, step, model, opt, keep=3):
-    return save_checkpoint(d, step, model, opt, trainer_state={"step": step, "note": "x"},
-                           extra={"rng": {"cpu": torch.get_rng_state()}, "pos": step * 10},
-                           keep_last_n=keep)
+    return save_checkpoint(
+        d,
+        step,
+        model,
+        opt,
+        trainer_state={"step": step, "note": "x"},
+        extra={"rng": {"cpu": torch.get_rng_state()}, "pos": step * 10},
+        keep_last_n=keep,
+    )
 
 
 def test_round_trip_restores_model_optimizer_and_state(tmp_path):
@@ -93,16 +99,27 @@ def test_extra_state_is_loaded_without_unpickling_objects(tmp_path):
 
     torch.save({"rng": Evil()}, path / "extra_rank0.pt")
     # rewrite the manifest so only the weights-only loader stands between us and the object
-    files = {p.name: {"size": p.stat().st_size, "sha256": __import__("hashlib").sha256(
-        p.read_bytes()).hexdigest()} for p in path.iterdir() if p.name != "manifest.json"}
+    files = {
+        p.name: {
+            "size": p.stat().st_size,
+            "sha256": __import__("hashlib").sha256(p.read_bytes()).hexdigest(),
+        }
+        for p in path.iterdir()
+        if p.name != "manifest.json"
+    }
     (path / "manifest.json").write_text(json.dumps({"step": 1, "files": files}))
     with pytest.raises(Exception, match="(?i)weights only|unpickl|not an allowed"):
         load_checkpoint(path, *_model_and_opt(2))
 
 
 def _async_save(saver, step, model, opt):
-    saver.save(step, model, opt, trainer_state={"step": step},
-               extra={"rng": {"cpu": torch.get_rng_state()}, "pos": step})
+    saver.save(
+        step,
+        model,
+        opt,
+        trainer_state={"step": step},
+        extra={"rng": {"cpu": torch.get_rng_state()}, "pos": step},
+    )
 
 
 def test_async_save_writes_the_state_at_the_call_not_later_updates(tmp_path):

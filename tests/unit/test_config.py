@@ -41,8 +41,12 @@ def test_gpt3_is_175b_class_and_moe_active_params():
     assert 174e9 < model_preset("gpt3-175b").num_params() < 176e9
     mix = model_preset("mixtral-8x7b")
     pc = mix.param_counts()
-    active = (pc.embedding + pc.head + pc.final_norm
-              + mix.num_layers * pc.active_per_layer(mix.experts_per_token))
+    active = (
+        pc.embedding
+        + pc.head
+        + pc.final_norm
+        + mix.num_layers * pc.active_per_layer(mix.experts_per_token)
+    )
     assert 12.8e9 < active < 13.0e9  # Mixtral paper: ~12.9B active parameters per token
 
 
@@ -69,8 +73,10 @@ def test_hardware_presets_have_all_figures():
 
 def test_toml_and_overrides(tmp_path):
     cfg = tmp_path / "run.toml"
-    cfg.write_text('[model]\nname = "tiny-llama"\nnum_layers = 4\n[train]\nsteps = 7\n'
-                   '[batch]\nglobal_batch = 8\nmicro_batch = 2\nseq_len = 64\n')
+    cfg.write_text(
+        '[model]\nname = "tiny-llama"\nnum_layers = 4\n[train]\nsteps = 7\n'
+        "[batch]\nglobal_batch = 8\nmicro_batch = 2\nseq_len = 64\n"
+    )
     job = load_config(cfg, ["--train.steps=11", "--optim.lr", "3e-4", "--train.compile=true"])
     assert job.model.name == "tiny-llama" and job.model.num_layers == 4
     assert job.train.steps == 11 and job.optim.lr == 3e-4 and job.train.compile is True
@@ -80,24 +86,48 @@ def test_toml_and_overrides(tmp_path):
 
 
 def test_hf_config_json_loads_llama_gpt2_mixtral(tmp_path):
-    llama = {"model_type": "llama", "vocab_size": 32000, "hidden_size": 4096,
-             "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
-             "intermediate_size": 11008, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
-             "tie_word_embeddings": False}
-    gpt2 = {"model_type": "gpt2", "vocab_size": 50257, "n_embd": 768, "n_layer": 12,
-            "n_head": 12, "n_positions": 1024}
-    mixtral = {"model_type": "mixtral", "vocab_size": 32000, "hidden_size": 4096,
-               "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-               "intermediate_size": 14336, "num_local_experts": 8, "num_experts_per_tok": 2,
-               "rope_theta": 1e6}
+    llama = {
+        "model_type": "llama",
+        "vocab_size": 32000,
+        "hidden_size": 4096,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 32,
+        "intermediate_size": 11008,
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": False,
+    }
+    gpt2 = {
+        "model_type": "gpt2",
+        "vocab_size": 50257,
+        "n_embd": 768,
+        "n_layer": 12,
+        "n_head": 12,
+        "n_positions": 1024,
+    }
+    mixtral = {
+        "model_type": "mixtral",
+        "vocab_size": 32000,
+        "hidden_size": 4096,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 14336,
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "rope_theta": 1e6,
+    }
     counts = {}
     for name, hf in {"llama": llama, "gpt2": gpt2, "mixtral": mixtral}.items():
         (tmp_path / f"{name}.json").write_text(json.dumps(hf))
         counts[name] = model_from_hf_config(tmp_path / f"{name}.json").num_params()
-    assert counts == {"llama": PUBLISHED["llama2-7b"], "gpt2": PUBLISHED["gpt2-124m"],
-                      "mixtral": PUBLISHED["mixtral-8x7b"]}
-    job = load_config(None, ["--model.name", str(tmp_path / "gpt2.json"),
-                             "--batch.seq_len=64"])
+    assert counts == {
+        "llama": PUBLISHED["llama2-7b"],
+        "gpt2": PUBLISHED["gpt2-124m"],
+        "mixtral": PUBLISHED["mixtral-8x7b"],
+    }
+    job = load_config(None, ["--model.name", str(tmp_path / "gpt2.json"), "--batch.seq_len=64"])
     assert job.model.num_params() == PUBLISHED["gpt2-124m"]
     (tmp_path / "bert.json").write_text(json.dumps({"model_type": "bert"}))
     with pytest.raises(ConfigError, match="model.name"):
@@ -132,11 +162,12 @@ ERRORS = [
     (["train.steps=3"], "override"),
     (["--checkpoint.keep_last_n=0"], "checkpoint.keep_last_n"),
     (["--precision.fp8_amax=history"], "precision.fp8_amax"),
-    (["--precision.fp8_amax=delayed", "--precision.fp8_scaling=tilewise"],
-     "precision.fp8_amax"),
+    (["--precision.fp8_amax=delayed", "--precision.fp8_scaling=tilewise"], "precision.fp8_amax"),
     (["--precision.fp8_history_len=0"], "precision.fp8_history_len"),
-    (["--precision.fp8_all_gather=true", "--precision.fp8_scaling=tilewise"],
-     "precision.fp8_all_gather"),
+    (
+        ["--precision.fp8_all_gather=true", "--precision.fp8_scaling=tilewise"],
+        "precision.fp8_all_gather",
+    ),
 ]
 
 
@@ -179,24 +210,39 @@ def test_layout_rules_name_the_field(layout, kw, field):
 
 def test_legal_layouts_have_no_problems():
     m = model_preset("llama3-8b")
-    for layout in (Layout(dp=8, zero=3),
-                   Layout(dp=4, zero=3, tp=8, sp=True, pp=4, pp_schedule="interleaved",
-                          pp_virtual=2),
-                   Layout(dp=4, zero=3, tp=8, sp=True, cp=4),
-                   Layout(dp=4, dp_replicate=2, zero=3),
-                   # Megatron's layout: tp x pp x dp with DDP or a distributed optimizer
-                   Layout(dp=2, tp=8, pp=4, zero=1), Layout(dp=2, tp=8, sp=True, zero=0),
-                   Layout(dp=2, tp=8, sp=True, pp=2, cp=2, zero=1)):  # long context, pp x cp
-        assert layout_problems(layout, m, world_size=layout.world_size, global_batch=64,
-                               micro_batch=1, seq_len=8192) == []
+    for layout in (
+        Layout(dp=8, zero=3),
+        Layout(dp=4, zero=3, tp=8, sp=True, pp=4, pp_schedule="interleaved", pp_virtual=2),
+        Layout(dp=4, zero=3, tp=8, sp=True, cp=4),
+        Layout(dp=4, dp_replicate=2, zero=3),
+        # Megatron's layout: tp x pp x dp with DDP or a distributed optimizer
+        Layout(dp=2, tp=8, pp=4, zero=1),
+        Layout(dp=2, tp=8, sp=True, zero=0),
+        Layout(dp=2, tp=8, sp=True, pp=2, cp=2, zero=1),
+    ):  # long context, pp x cp
+        assert (
+            layout_problems(
+                layout,
+                m,
+                world_size=layout.world_size,
+                global_batch=64,
+                micro_batch=1,
+                seq_len=8192,
+            )
+            == []
+        )
     moe = model_preset("mixtral-8x7b")
     assert layout_problems(Layout(dp=8, ep=8, zero=3), moe) == []
     assert layout_problems(Layout(dp=2, ep=4, cp=2, zero=3), moe) == []
     assert [p.field for p in layout_problems(Layout(dp=2, ep=4, zero=3), moe)] == ["parallel.ep"]
     # MoE x TP (experts split over tp, or whole per tp rank under ep), ep dividing dp*cp,
     # ZeRO-1 with ep (tests/distributed/test_moe_tp_ep.py runs each)
-    for layout in (Layout(dp=2, tp=8, zero=1), Layout(dp=4, tp=2, sp=True, ep=2, zero=1),
-                   Layout(dp=8, ep=2, zero=0), Layout(dp=4, cp=2, ep=4, zero=3)):
+    for layout in (
+        Layout(dp=2, tp=8, zero=1),
+        Layout(dp=4, tp=2, sp=True, ep=2, zero=1),
+        Layout(dp=8, ep=2, zero=0),
+        Layout(dp=4, cp=2, ep=4, zero=3),
+    ):
         assert layout_problems(layout, moe) == [], layout.label()
 
 
@@ -213,12 +259,14 @@ def test_float8_experts_are_not_split_over_tp():
     split = option_problems(Layout(dp=2, tp=2), offload="none", precision="fp8", moe=True)
     assert [p.field for p in split] == ["precision.dtype"] and "parallel.ep" in str(split[0])
     # experts whole per tp rank under ep, or a dense model: no rule
-    assert option_problems(Layout(dp=2, tp=2, ep=2), offload="none", precision="fp8",
-                           moe=True) == []
+    assert (
+        option_problems(Layout(dp=2, tp=2, ep=2), offload="none", precision="fp8", moe=True) == []
+    )
     assert option_problems(Layout(dp=2, tp=2), offload="none", precision="fp8") == []
 
 
 # ---- choice fields: one Literal alias per set of names -------------------------------------
+
 
 def _literal_fields():
     """(section, field, names) for every Literal-typed field of every config section."""
@@ -247,10 +295,20 @@ def test_choice_fields_are_literals_with_their_default_among_the_names():
 
     fields = {(s, f): names for s, f, names in _literal_fields()}
     # the choice fields this change typed (a field dropped from the list is a regression)
-    for key in [("precision", "dtype"), ("precision", "reduce_dtype"), ("memory", "ac"),
-                ("memory", "offload"), ("parallel", "zero"), ("parallel", "pp_schedule"),
-                ("optim", "name"), ("optim", "schedule"), ("data", "chat_template"),
-                ("data", "format"), ("train", "device"), ("model", "norm")]:
+    for key in [
+        ("precision", "dtype"),
+        ("precision", "reduce_dtype"),
+        ("memory", "ac"),
+        ("memory", "offload"),
+        ("parallel", "zero"),
+        ("parallel", "pp_schedule"),
+        ("optim", "name"),
+        ("optim", "schedule"),
+        ("data", "chat_template"),
+        ("data", "format"),
+        ("train", "device"),
+        ("model", "norm"),
+    ]:
         assert key in fields, key
     classes = {**SECTIONS, "model": ModelConfig}
     for (section, name), names in fields.items():
@@ -291,6 +349,6 @@ def test_choice_fields_checked_when_built_in_code_and_typed_in_toml(tmp_path):
     toml.write_text('[parallel]\nzero = "2"\n')
     with pytest.raises(ConfigError, match="parallel.zero.*without quotes"):
         load_config(toml)
-    toml.write_text('[precision]\ndtype = 16\n')
+    toml.write_text("[precision]\ndtype = 16\n")
     with pytest.raises(ConfigError, match="precision.dtype.*expected a string"):
         load_config(toml)

@@ -14,21 +14,50 @@ FIELDS["model"] = [f.name for f in dataclasses.fields(ModelConfig)]
 KNOWN = {f"{s}.{k}" for s, ks in FIELDS.items() for k in ks} | set(FIELDS)
 
 values = st.one_of(
-    st.integers(-10, 10**6).map(str), st.floats(allow_nan=True).map(str),
-    st.sampled_from(["true", "false", "yes", "", "none", "gpt2-124m", "tiny", "llama3-8b",
-                     "bf16", "fp8", "full", "1f1b", "zero-bubble", "h100-sxm", "-1", "1e9",
-                     "auto", "never", "/nonexistent", "grammar", "bpe", "sgd", "nan", "inf"]),
-    st.text(max_size=12))
+    st.integers(-10, 10**6).map(str),
+    st.floats(allow_nan=True).map(str),
+    st.sampled_from(
+        [
+            "true",
+            "false",
+            "yes",
+            "",
+            "none",
+            "gpt2-124m",
+            "tiny",
+            "llama3-8b",
+            "bf16",
+            "fp8",
+            "full",
+            "1f1b",
+            "zero-bubble",
+            "h100-sxm",
+            "-1",
+            "1e9",
+            "auto",
+            "never",
+            "/nonexistent",
+            "grammar",
+            "bpe",
+            "sgd",
+            "nan",
+            "inf",
+        ]
+    ),
+    st.text(max_size=12),
+)
 known_key = st.sampled_from(sorted(FIELDS)).flatmap(
-    lambda s: st.sampled_from(FIELDS[s]).map(lambda k: f"{s}.{k}"))
+    lambda s: st.sampled_from(FIELDS[s]).map(lambda k: f"{s}.{k}")
+)
 any_key = st.one_of(known_key, st.text(min_size=1, max_size=10).map(lambda t: f"x.{t}"))
 override = st.tuples(any_key, values).map(lambda kv: f"--{kv[0]}={kv[1]}")
 
 
 def _check(e: ConfigError) -> None:
     # the error names a field the user can act on (a config field, a section, or the override)
-    assert e.field in KNOWN or e.field.split(".")[0] in ("x", "override", "config", "parallel"), \
+    assert e.field in KNOWN or e.field.split(".")[0] in ("x", "override", "config", "parallel"), (
         e.field
+    )
     assert e.fix
 
 

@@ -14,14 +14,28 @@ from scaletrain.data import build_data
 from scaletrain.data.pretrained import PretrainedTokenizer
 from tests._hf_models import make_tokenizer_dir
 
-WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", "while", "a",
-         "cat", "sleeps"]
+WORDS = [
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "the",
+    "lazy",
+    "dog",
+    "while",
+    "a",
+    "cat",
+    "sleeps",
+]
 
 
 def _docs(n: int, seed: int, prefix: str = "") -> list[str]:
     rng = np.random.default_rng(seed)
-    return [prefix + " ".join(rng.choice(WORDS, size=int(rng.integers(5, 40)))) + "."
-            for _ in range(n)]
+    return [
+        prefix + " ".join(rng.choice(WORDS, size=int(rng.integers(5, 40)))) + "." for _ in range(n)
+    ]
 
 
 def _jsonl(path, docs, field="text"):
@@ -49,20 +63,28 @@ def test_jsonl_with_pretrained_tokenizer_puts_eos_between_documents(tmp_path, to
     tok = PretrainedTokenizer.load(tok_dir)
     assert tok.eos_id == tok._tok.token_to_id("<|endoftext|>") and tok.bos_id == 0
     want = [i for d in docs for i in tok.encode(d) + [tok.eos_id]]
-    with build_data(_cfg(tmp_path, source=str(src), tokenizer=str(tok_dir)), seq_len=16,
-                    micro_batch=2) as b:
+    with build_data(
+        _cfg(tmp_path, source=str(src), tokenizer=str(tok_dir)), seq_len=16, micro_batch=2
+    ) as b:
         assert b.tokenizer.name == "pretrained" and b.tokenizer.vocab_size == tok.vocab_size
         assert _all_ids(b) == want
         assert len(b._shards.val) == int(len(want) * 0.1)
     # gzip gives the same shards' content; a glob over both files doubles it
     with gzip.open(tmp_path / "d.jsonl.gz", "wt") as f:
         f.write((tmp_path / "c.jsonl").read_text())
-    with build_data(_cfg(tmp_path, source=str(tmp_path / "d.jsonl.gz"),
-                         tokenizer=str(tok_dir / "tokenizer.json")), seq_len=16,
-                    micro_batch=2) as b:
+    with build_data(
+        _cfg(
+            tmp_path, source=str(tmp_path / "d.jsonl.gz"), tokenizer=str(tok_dir / "tokenizer.json")
+        ),
+        seq_len=16,
+        micro_batch=2,
+    ) as b:
         assert _all_ids(b) == want
-    with build_data(_cfg(tmp_path, source=str(tmp_path / "*.jsonl*"), tokenizer=str(tok_dir)),
-                    seq_len=16, micro_batch=2) as b:
+    with build_data(
+        _cfg(tmp_path, source=str(tmp_path / "*.jsonl*"), tokenizer=str(tok_dir)),
+        seq_len=16,
+        micro_batch=2,
+    ) as b:
         assert sorted(_all_ids(b)) == sorted(want + want)
 
 
@@ -70,8 +92,11 @@ def test_bos_added_when_the_tokenizer_config_asks(tmp_path):
     tdir = make_tokenizer_dir(tmp_path / "tok", _docs(100, 0), add_bos=True)
     docs = _docs(200, 2)
     tok = PretrainedTokenizer.load(tdir)
-    with build_data(_cfg(tmp_path, source=str(_jsonl(tmp_path / "c.jsonl", docs)),
-                         tokenizer=str(tdir)), seq_len=16, micro_batch=2) as b:
+    with build_data(
+        _cfg(tmp_path, source=str(_jsonl(tmp_path / "c.jsonl", docs)), tokenizer=str(tdir)),
+        seq_len=16,
+        micro_batch=2,
+    ) as b:
         assert _all_ids(b) == [i for d in docs for i in [0, *tok.encode(d), tok.eos_id]]
 
 
@@ -81,14 +106,13 @@ def test_mixture_weights_are_token_shares(tmp_path):
     _jsonl(tmp_path / "b" / "b.jsonl", _docs(400, 4, "B "))
     with build_data(_cfg(tmp_path, source=str(a)), seq_len=16, micro_batch=2) as b:
         n_a = len(b._shards.train)
-    with build_data(_cfg(tmp_path, source=str(tmp_path / "b")), seq_len=16,
-                    micro_batch=2) as b:
+    with build_data(_cfg(tmp_path, source=str(tmp_path / "b")), seq_len=16, micro_batch=2) as b:
         n_b = len(b._shards.train)
     spec = f"{a}@3, {tmp_path / 'b'}@1"
     with build_data(_cfg(tmp_path, source=spec), seq_len=16, micro_batch=2) as b:
         train = bytes(int(x) for x in b._shards.train).decode()
         assert len(train) == round((n_a + n_b) * 0.75) + round((n_a + n_b) * 0.25)
-        head = train[:round((n_a + n_b) * 0.75)]
+        head = train[: round((n_a + n_b) * 0.75)]
         assert "B " not in head and head.count("A ") > 400  # source a repeated to its share
 
 
@@ -102,13 +126,22 @@ def test_pretokenized_bin_is_used_as_is(tmp_path, tok_dir):
     ids32[7] = 70000
     ids32.tofile(tmp_path / "big.bin")
     with pytest.raises(ConfigError, match="big.bin.*70000"):
-        build_data(_cfg(tmp_path, source=str(tmp_path / "big.bin"), tokenizer=str(tok_dir),
-                        token_dtype="uint32"), seq_len=16, micro_batch=2)
+        build_data(
+            _cfg(
+                tmp_path,
+                source=str(tmp_path / "big.bin"),
+                tokenizer=str(tok_dir),
+                token_dtype="uint32",
+            ),
+            seq_len=16,
+            micro_batch=2,
+        )
 
 
 def test_corrupt_shard_fails_its_checksum(tmp_path, tok_dir):
-    cfg = _cfg(tmp_path, source=str(_jsonl(tmp_path / "c.jsonl", _docs(300, 5))),
-               tokenizer=str(tok_dir))
+    cfg = _cfg(
+        tmp_path, source=str(_jsonl(tmp_path / "c.jsonl", _docs(300, 5))), tokenizer=str(tok_dir)
+    )
     with build_data(cfg, seq_len=16, micro_batch=2) as b:
         path = b.shard_dir / "train.bin"
     data = bytearray(path.read_bytes())
@@ -141,8 +174,10 @@ def test_bad_inputs_name_the_file_and_line(tmp_path, tok_dir):
 
 def test_tokenizer_larger_than_model_fails_before_work(tmp_path, tok_dir):
     with pytest.raises(ConfigError) as e:
-        load_config(None, ["--model.name=tiny-llama", "--model.vocab_size=100",
-                           f"--data.tokenizer={tok_dir}"])
+        load_config(
+            None,
+            ["--model.name=tiny-llama", "--model.vocab_size=100", f"--data.tokenizer={tok_dir}"],
+        )
     assert e.value.field == "data.tokenizer" and "exceed model.vocab_size=100" in e.value.fix
 
 
@@ -152,9 +187,17 @@ def test_parquet_column_and_missing_column(tmp_path, tok_dir):
     docs = _docs(300, 7)
     pq.write_table(pa.table({"body": docs}), tmp_path / "c.parquet")
     tok = PretrainedTokenizer.load(tok_dir)
-    with build_data(_cfg(tmp_path, source=str(tmp_path / "c.parquet"), tokenizer=str(tok_dir),
-                         text_field="body"), seq_len=16, micro_batch=2) as b:
+    with build_data(
+        _cfg(
+            tmp_path, source=str(tmp_path / "c.parquet"), tokenizer=str(tok_dir), text_field="body"
+        ),
+        seq_len=16,
+        micro_batch=2,
+    ) as b:
         assert _all_ids(b) == [i for d in docs for i in tok.encode(d) + [tok.eos_id]]
     with pytest.raises(ConfigError, match="no column 'text'"):
-        build_data(_cfg(tmp_path, source=str(tmp_path / "c.parquet"), tokenizer=str(tok_dir)),
-                   seq_len=16, micro_batch=2)
+        build_data(
+            _cfg(tmp_path, source=str(tmp_path / "c.parquet"), tokenizer=str(tok_dir)),
+            seq_len=16,
+            micro_batch=2,
+        )

@@ -17,10 +17,11 @@ _TOKEN = re.compile(r"\.\n|\.|[A-Za-z]+")
 def _parse(g, text):
     """Decode text back to (state, word index) pairs by running the automaton. Raises if a
     token is not a word the current state can emit: the text is uniquely decodable."""
-    lookup = [{g.emit(s, w).strip(" "): k for k, w in enumerate(ws)}
-              for s, ws in enumerate(g.words)]
+    lookup = [
+        {g.emit(s, w).strip(" "): k for k, w in enumerate(ws)} for s, ws in enumerate(g.words)
+    ]
     state, out = g.start, []
-    for tok in _TOKEN.findall(text[:text.rfind(".") + 1]):  # drop the word cut at the end
+    for tok in _TOKEN.findall(text[: text.rfind(".") + 1]):  # drop the word cut at the end
         k = lookup[state][tok]
         out.append((state, k))
         state = g.next_state[state][k]

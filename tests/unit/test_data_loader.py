@@ -30,8 +30,6 @@ def _assert_same(a, b):
         assert torch.equal(x1, x2) and torch.equal(y1, y2)
 
 
-
-
 def test_batches_are_deterministic_shifted_and_typed(tmp_path):
     runs = []
     for _ in range(2):
@@ -56,8 +54,9 @@ def test_dp_ranks_split_exactly_the_dp1_batch(tmp_path, accum):
         want_val = ref.val_batches(2)
     got, got_val = [], []
     for rank in range(2):
-        with build_data(cfg, seq_len=16, micro_batch=2, grad_accum=accum, dp_rank=rank,
-                        dp_size=2) as b:
+        with build_data(
+            cfg, seq_len=16, micro_batch=2, grad_accum=accum, dp_rank=rank, dp_size=2
+        ) as b:
             got.append(_take(b.train_batches(), 3 * accum))
             got_val.append(b.val_batches(2))
     for k in range(3 * accum):
@@ -117,8 +116,10 @@ def test_resume_with_other_dp_degree_and_mismatch_errors(tmp_path):
     with build_data(cfg, seq_len=16, micro_batch=2, dp_rank=1, dp_size=2) as b:
         b.load_state_dict(state)  # same global batch of 4: the stream continues at step 1
         _assert_same(_take(b.train_batches(), 2), [want[3], want[5]])
-    with build_data(cfg, seq_len=16, micro_batch=2, grad_accum=2, seed=5) as b, \
-            pytest.raises(ValueError, match="seed"):
+    with (
+        build_data(cfg, seq_len=16, micro_batch=2, grad_accum=2, seed=5) as b,
+        pytest.raises(ValueError, match="seed"),
+    ):
         b.load_state_dict(state)
 
 
@@ -131,8 +132,9 @@ def test_shards_reused_from_cache_and_rebuilt_on_change(tmp_path, monkeypatch):
         assert b.best_loss_nats is None
     built = []
     real_build = shards_mod._build
-    monkeypatch.setattr(shards_mod, "_build",
-                        lambda *a, **k: built.append(1) or real_build(*a, **k))
+    monkeypatch.setattr(
+        shards_mod, "_build", lambda *a, **k: built.append(1) or real_build(*a, **k)
+    )
     with build_data(cfg, seq_len=16, micro_batch=2) as b:
         assert b.shard_dir == first_dir and not built
     src.write_text("other text here! " * 400)
@@ -150,8 +152,9 @@ def test_folder_of_txt_files_sorted(tmp_path):
     (folder / "a.txt").write_text("aaaa " * 300)
     (folder / "sub" / "c.txt").write_text("cccc " * 300)
     (folder / "notes.md").write_text("ignored " * 300)
-    with build_data(_cfg(tmp_path, source=str(folder), tokenizer="byte"), seq_len=8,
-                    micro_batch=2) as b:
+    with build_data(
+        _cfg(tmp_path, source=str(folder), tokenizer="byte"), seq_len=8, micro_batch=2
+    ) as b:
         sh = b._shards
         text = b.tokenizer.decode(list(sh.train) + list(sh.val))
         assert text == "\n".join(["aaaa " * 300, "bbbb " * 300, "cccc " * 300])
@@ -184,8 +187,11 @@ def test_bpe_too_few_tokens_after_tokenizing(tmp_path):
     f = tmp_path / "rep.txt"
     f.write_text("the cat sat. " * 400)  # 5200 bytes, 5% val = 260 bytes >= 2 x 65
     with pytest.raises(ConfigError) as e:
-        build_data(_cfg(tmp_path, source=str(f), tokenizer="bpe", bpe_vocab_size=300),
-                   seq_len=64, micro_batch=2)
+        build_data(
+            _cfg(tmp_path, source=str(f), tokenizer="bpe", bpe_vocab_size=300),
+            seq_len=64,
+            micro_batch=2,
+        )
     assert e.value.field == "data.source" and "tokens" in e.value.fix
 
 
@@ -213,6 +219,7 @@ def test_delayed_prefetch_loader_delivers_and_shuts_down(tmp_path):
 
 def test_producer_errors_reach_the_consumer(tmp_path, monkeypatch):
     with build_data(_cfg(tmp_path, prefetch=2), seq_len=16, micro_batch=2) as b:
+
         def boom(index):
             raise RuntimeError("disk on fire")
 
@@ -230,8 +237,8 @@ def test_interpreter_exits_with_a_live_prefetch_thread(tmp_path):
         " delay_s=0.05)\n"
         "it = build_data(cfg, seq_len=16, micro_batch=2).train_batches()\n"
         "next(it)\n"
-        "print('done')\n")
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         timeout=60)
+        "print('done')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "done"

@@ -52,8 +52,7 @@ def test_bpe_trained_locally_round_trips_and_compresses(tmp_path):
 
 @pytest.mark.parametrize("name", ["byte", "char", "bpe"])
 def test_shards_decode_to_the_corpus_and_scale_best_loss(tmp_path, name):
-    cfg = DataConfig(num_tokens=20_000, tokenizer=name, bpe_vocab_size=300,
-                     cache_dir=str(tmp_path))
+    cfg = DataConfig(num_tokens=20_000, tokenizer=name, bpe_vocab_size=300, cache_dir=str(tmp_path))
     with build_data(cfg, seq_len=16, micro_batch=2) as bundle:
         shards = bundle._shards
         text = bundle.tokenizer.decode(list(shards.train) + list(shards.val))
@@ -62,8 +61,9 @@ def test_shards_decode_to_the_corpus_and_scale_best_loss(tmp_path, name):
         per_byte = default_grammar().entropy_per_byte()
         expected = per_byte * 20_000 / (bundle.num_train_tokens + bundle.num_val_tokens)
         assert bundle.best_loss_nats == pytest.approx(expected)
-        assert bundle.num_val_tokens == int(0.05 * (bundle.num_train_tokens
-                                                     + bundle.num_val_tokens))
+        assert bundle.num_val_tokens == int(
+            0.05 * (bundle.num_train_tokens + bundle.num_val_tokens)
+        )
         assert "best loss" in bundle.describe() and name in bundle.describe()
 
 
@@ -74,8 +74,11 @@ def test_hf_tokenizer_files_give_our_ids_in_transformers(tmp_path, kind):
     from scaletrain.data import save_hf_tokenizer
 
     transformers = pytest.importorskip("transformers")
-    tok = {"byte": ByteTokenizer, "char": lambda: CharTokenizer.train([UNICODE]),
-           "bpe": lambda: BPETokenizer.train(iter([UNICODE * 20]), vocab_size=300)}[kind]()
+    tok = {
+        "byte": ByteTokenizer,
+        "char": lambda: CharTokenizer.train([UNICODE]),
+        "bpe": lambda: BPETokenizer.train(iter([UNICODE * 20]), vocab_size=300),
+    }[kind]()
     save_hf_tokenizer(tok, tmp_path)
     theirs = transformers.AutoTokenizer.from_pretrained(tmp_path)
     ids = theirs.encode(UNICODE, add_special_tokens=False)
@@ -96,7 +99,8 @@ def test_pretrained_tokenizer_files_are_copied_as_the_user_wrote_them(tmp_path):
     src, out = tmp_path / "src", tmp_path / "out"
     src.mkdir(), out.mkdir()
     BPETokenizer.train(iter([UNICODE * 20]), vocab_size=300).hf_tokenizer().save(
-        str(src / "tokenizer.json"))
+        str(src / "tokenizer.json")
+    )
     conf = {"eos_token": "<|endoftext|>", "chat_template": "{{ messages }}"}
     (src / "tokenizer_config.json").write_text(json.dumps(conf))
     save_hf_tokenizer(PretrainedTokenizer(src / "tokenizer.json"), out)

@@ -77,6 +77,10 @@ def test_dockerignore_keeps_runs_and_caches_out_of_the_build_context():
 @pytest.mark.skipif(shutil.which("hadolint") is None, reason="hadolint not installed")
 @pytest.mark.parametrize("name", ["Dockerfile", "Dockerfile.cpu"])
 def test_hadolint(name):
-    done = subprocess.run(["hadolint", "--config", str(ROOT / ".hadolint.yaml"),
-                           str(ROOT / name)], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        ["hadolint", "--config", str(ROOT / ".hadolint.yaml"), str(ROOT / name)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stdout + done.stderr

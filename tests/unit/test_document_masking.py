@@ -13,12 +13,15 @@ from scaletrain.models.documents import document_layout
 SEP = 5
 
 CFGS = {
-    "gpt2": lambda attn: ModelConfig(vocab_size=50, dim=32, num_layers=2, num_heads=4,
-                                     max_seq_len=64, attention=attn),
-    "llama-gqa": lambda attn: model_preset("tiny-llama", vocab_size=50, dim=32, ffn_dim=48,
-                                           num_heads=4, num_kv_heads=2, attention=attn),
-    "moe": lambda attn: model_preset("tiny-moe", vocab_size=50, dim=32, ffn_dim=40,
-                                     max_seq_len=64, attention=attn),
+    "gpt2": lambda attn: ModelConfig(
+        vocab_size=50, dim=32, num_layers=2, num_heads=4, max_seq_len=64, attention=attn
+    ),
+    "llama-gqa": lambda attn: model_preset(
+        "tiny-llama", vocab_size=50, dim=32, ffn_dim=48, num_heads=4, num_kv_heads=2, attention=attn
+    ),
+    "moe": lambda attn: model_preset(
+        "tiny-moe", vocab_size=50, dim=32, ffn_dim=40, max_seq_len=64, attention=attn
+    ),
 }
 
 
@@ -56,8 +59,7 @@ def test_packed_logits_equal_separate_documents(name, attn):
                 alone = model(d[None])[0]  # (len, V)
                 # float64 model, but the naive core's softmax is fp32 on purpose (eps 6e-8):
                 # O(1) logits then differ by ~1e-8 with the different masked row lengths
-                torch.testing.assert_close(got[b, start:start + len(d)], alone,
-                                           atol=1e-7, rtol=0)
+                torch.testing.assert_close(got[b, start : start + len(d)], alone, atol=1e-7, rtol=0)
                 start += len(d)
     # without masking, later documents see earlier ones: the check above can fail
     assert (unmasked - got).abs().max() > 1e-3
@@ -77,16 +79,33 @@ def test_trainer_enables_masking_with_the_tokenizers_eos(tmp_path):
     corpus = tmp_path / "c.jsonl"
     words = ["red", "green", "blue", "cyan", "magenta", "yellow"]
     gen = torch.Generator().manual_seed(0)
-    corpus.write_text("".join(
-        json.dumps({"text": " ".join(words[int(i)] for i in torch.randint(0, 6, (20,),
-                                                                         generator=gen))})
-        + "\n" for _ in range(300)))
-    args = ["--model.name=tiny-llama", "--model.vocab_size=300", "--data.tokenizer=bpe",
-            "--data.bpe_vocab_size=280", f"--data.source={corpus}",
-            "--data.document_masking=true", "--batch.seq_len=32", "--batch.global_batch=4",
-            "--batch.micro_batch=2", "--train.steps=2", "--train.sample_tokens=0",
-            "--train.progress=false", "--train.tensorboard=false", "--guard.enabled=false",
-            f"--data.cache_dir={tmp_path / 'cache'}", f"--train.run_dir={tmp_path / 'run'}"]
+    corpus.write_text(
+        "".join(
+            json.dumps(
+                {"text": " ".join(words[int(i)] for i in torch.randint(0, 6, (20,), generator=gen))}
+            )
+            + "\n"
+            for _ in range(300)
+        )
+    )
+    args = [
+        "--model.name=tiny-llama",
+        "--model.vocab_size=300",
+        "--data.tokenizer=bpe",
+        "--data.bpe_vocab_size=280",
+        f"--data.source={corpus}",
+        "--data.document_masking=true",
+        "--batch.seq_len=32",
+        "--batch.global_batch=4",
+        "--batch.micro_batch=2",
+        "--train.steps=2",
+        "--train.sample_tokens=0",
+        "--train.progress=false",
+        "--train.tensorboard=false",
+        "--guard.enabled=false",
+        f"--data.cache_dir={tmp_path / 'cache'}",
+        f"--train.run_dir={tmp_path / 'run'}",
+    ]
     r = train(load_config(None, args))
     from scaletrain.data import BPETokenizer
 
@@ -103,10 +122,13 @@ def test_layouts_refused_and_accepted():
     from scaletrain.trainer.documents import enable_document_masking
 
     def run(pp=1, cp=1, tp=1):
-        return NS(job=NS(data=NS(document_masking=True), model=NS(position="rope")),
-                  dims=NS(layout=NS(pp=pp, cp=cp, tp=tp)),
-                  data=NS(tokenizer=NS(name="bpe", eos_id=7)),
-                  model=build_model(resolve_model("tiny-llama")))
+        return NS(
+            job=NS(data=NS(document_masking=True), model=NS(position="rope")),
+            dims=NS(layout=NS(pp=pp, cp=cp, tp=tp)),
+            data=NS(tokenizer=NS(name="bpe", eos_id=7)),
+            model=build_model(resolve_model("tiny-llama")),
+        )
+
     with pytest.raises(ConfigError, match="parallel.pp > 1"):
         enable_document_masking(run(pp=2))
     with pytest.raises(ConfigError, match="parallel.cp > 1 and parallel.tp > 1"):

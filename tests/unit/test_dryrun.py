@@ -19,9 +19,14 @@ SEQ = 128
 def _job(**parallel):
     world = parallel.pop("world")
     dp = world // (parallel.get("tp", 1) * parallel.get("cp", 1))
-    return load_config(None, {"model": {"name": "gpt-mini"},
-                              "batch": {"seq_len": SEQ, "micro_batch": 1, "global_batch": dp},
-                              "parallel": parallel}), world
+    return load_config(
+        None,
+        {
+            "model": {"name": "gpt-mini"},
+            "batch": {"seq_len": SEQ, "micro_batch": 1, "global_batch": dp},
+            "parallel": parallel,
+        },
+    ), world
 
 
 @pytest.fixture(scope="module")
@@ -74,10 +79,11 @@ def test_flops_match_the_planner_formula(zero3_w8):
     fused head + loss's recomputed logits in backward (one more 2*V*h per token)."""
     job, m = zero3_w8
     cfg, tokens = job.model, SEQ  # one micro-batch of one sequence on this rank
-    expected = tokens * (flops_per_token(cfg, SEQ, causal=False)
-                         + cfg.num_layers * attention_core_flops_per_token(cfg, SEQ,
-                                                                            causal=False) / 2
-                         + 2.0 * cfg.vocab_size * cfg.dim)
+    expected = tokens * (
+        flops_per_token(cfg, SEQ, causal=False)
+        + cfg.num_layers * attention_core_flops_per_token(cfg, SEQ, causal=False) / 2
+        + 2.0 * cfg.vocab_size * cfg.dim
+    )
     assert m.flops == pytest.approx(expected, rel=1e-3)
 
 
@@ -106,10 +112,17 @@ def test_pipeline_with_context_parallelism_holds_half_the_sequence():
     """pp2 x cp2: each stage runs its cp rank's half of the sequence: the per-token
     activations of the last pipeline rank halve, while ring attention keeps the K/V blocks it
     received for its backward (measured: 0.76 of pp2 alone at seq 128, dim 128)."""
+
     def job(**parallel):
-        return load_config(None, {"model": {"name": "gpt-mini", "tie_embeddings": False},
-                                  "batch": {"seq_len": SEQ, "micro_batch": 1,
-                                            "global_batch": 4}, "parallel": parallel})
+        return load_config(
+            None,
+            {
+                "model": {"name": "gpt-mini", "tie_embeddings": False},
+                "batch": {"seq_len": SEQ, "micro_batch": 1, "global_batch": 4},
+                "parallel": parallel,
+            },
+        )
+
     pp_cp = dryrun(job(pp=2, cp=2), world_size=4, rank=2, count_flops=False)
     pp = dryrun(job(pp=2), world_size=2, rank=1, count_flops=False)
     assert not dist.is_initialized()
@@ -121,21 +134,37 @@ def test_pipeline_with_context_parallelism_holds_half_the_sequence():
 def test_cli_json_keys(capsys):
     from scaletrain.cli import main
 
-    rc = main(["dryrun", "--model", "gpt-mini", "--gpus", "2", "--zero", "3",
-               "--seq-len", "64", "--json"])
+    rc = main(
+        ["dryrun", "--model", "gpt-mini", "--gpus", "2", "--zero", "3", "--seq-len", "64", "--json"]
+    )
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     assert {"plan", "memory", "flops_per_step", "predicted"} <= set(out)
-    assert {"params", "grads", "optimizer", "activations", "buffers", "total", "reserved",
-            "capacity", "fits", "rank"} <= set(out["memory"])
+    assert {
+        "params",
+        "grads",
+        "optimizer",
+        "activations",
+        "buffers",
+        "total",
+        "reserved",
+        "capacity",
+        "fits",
+        "rank",
+    } <= set(out["memory"])
     assert out["plan"]["dp"] == 2 and out["plan"]["zero"] == 3 and out["plan"]["seq_len"] == 64
 
 
 @pytest.mark.slow
 def test_zero1_with_accumulation_shards_only_the_optimizer():
-    job = load_config(None, {"model": {"name": "gpt-mini"},
-                             "batch": {"seq_len": SEQ, "micro_batch": 1, "global_batch": 8},
-                             "parallel": {"zero": 1}})
+    job = load_config(
+        None,
+        {
+            "model": {"name": "gpt-mini"},
+            "batch": {"seq_len": SEQ, "micro_batch": 1, "global_batch": 8},
+            "parallel": {"zero": 1},
+        },
+    )
     m = dryrun(job, world_size=4)
     full = job.model.num_params() * 4
     assert m.plan["grad_accum"] == 2 and "2 of 2" in m.notes[0]
@@ -147,12 +176,16 @@ def test_zero1_with_accumulation_shards_only_the_optimizer():
 
 # ---- pipeline parallelism ---------------------------------------------------------------------
 
+
 def _pp_job(schedule: str, pp: int, virtual: int = 1, accum: int = 4, dp: int = 1, **parallel):
-    return load_config(None, {"model": {"name": "gpt-mini", "tie_embeddings": False},
-                              "batch": {"seq_len": SEQ, "micro_batch": 1,
-                                        "global_batch": accum * dp},
-                              "parallel": {"pp": pp, "pp_schedule": schedule,
-                                           "pp_virtual": virtual, **parallel}})
+    return load_config(
+        None,
+        {
+            "model": {"name": "gpt-mini", "tie_embeddings": False},
+            "batch": {"seq_len": SEQ, "micro_batch": 1, "global_batch": accum * dp},
+            "parallel": {"pp": pp, "pp_schedule": schedule, "pp_virtual": virtual, **parallel},
+        },
+    )
 
 
 def _stage_param_bytes(job, stage_ids: list[int], num_stages: int) -> int:
@@ -160,15 +193,23 @@ def _stage_param_bytes(job, stage_ids: list[int], num_stages: int) -> int:
     from scaletrain.parallel.pipeline import split_stage
 
     model = build_model(job.model, device="meta")
-    return sum(p.numel() * 4 for sid in stage_ids
-               for p in split_stage(model, sid, num_stages).parameters())
+    return sum(
+        p.numel() * 4 for sid in stage_ids for p in split_stage(model, sid, num_stages).parameters()
+    )
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("schedule", "pp", "virtual", "rank"), [
-    ("gpipe", 2, 1, 1), ("gpipe", 4, 1, 3), ("1f1b", 4, 1, 2), ("zero-bubble", 2, 1, 0),
-    ("interleaved", 2, 2, 0), ("zero-bubble", 2, 2, 1),
-])
+@pytest.mark.parametrize(
+    ("schedule", "pp", "virtual", "rank"),
+    [
+        ("gpipe", 2, 1, 1),
+        ("gpipe", 4, 1, 3),
+        ("1f1b", 4, 1, 2),
+        ("zero-bubble", 2, 1, 0),
+        ("interleaved", 2, 2, 0),
+        ("zero-bubble", 2, 2, 1),
+    ],
+)
 def test_pipeline_stage_holds_only_its_layers(schedule, pp, virtual, rank):
     from scaletrain.config import stage_ids
 
@@ -211,11 +252,17 @@ def test_pipeline_with_fsdp_and_tp_on_the_stage():
 
 # ---- mixture of experts -----------------------------------------------------------------------
 
+
 def _moe_job(**parallel):
     world = parallel.pop("world")
-    return load_config(None, {"model": {"name": "tiny-moe"},
-                              "batch": {"seq_len": 64, "micro_batch": 2, "global_batch": 2 * world},
-                              "parallel": parallel}), world
+    return load_config(
+        None,
+        {
+            "model": {"name": "tiny-moe"},
+            "batch": {"seq_len": 64, "micro_batch": 2, "global_batch": 2 * world},
+            "parallel": parallel,
+        },
+    ), world
 
 
 def _expert_bytes(job) -> int:
@@ -234,9 +281,15 @@ def test_moe_runs_under_fake_tensors_with_balanced_dispatch():
     # are the planner's (same convention as test_flops_match_the_planner_formula)
     cfg, t = job.model, 64
     # (+ the fused loss's recomputed logits, 2*V*h per token)
-    expected = 2 * t * (flops_per_token(cfg, t, causal=False)
-                        + cfg.num_layers * attention_core_flops_per_token(cfg, t, causal=False) / 2
-                        + 2.0 * cfg.vocab_size * cfg.dim)
+    expected = (
+        2
+        * t
+        * (
+            flops_per_token(cfg, t, causal=False)
+            + cfg.num_layers * attention_core_flops_per_token(cfg, t, causal=False) / 2
+            + 2.0 * cfg.vocab_size * cfg.dim
+        )
+    )
     assert m.flops == pytest.approx(expected, rel=1e-6)
 
 
@@ -276,11 +329,28 @@ def test_moe_under_tensor_parallelism_splits_the_experts(capsys):
     from scaletrain.cli import main
 
     held = {}
-    for name, flags in (("tp2", ["--gpus", "2", "--tp", "2"]),
-                        ("tp2+sp x dp4 ep2 zero1", ["--gpus", "8", "--tp", "2", "--sp",
-                                                    "--dp", "4", "--ep", "2", "--zero", "1"])):
-        rc = main(["dryrun", "--model", "tiny-moe", "--seq-len", "64", "--micro-batch", "2",
-                   "--rank", "1", "--json", *flags])
+    for name, flags in (
+        ("tp2", ["--gpus", "2", "--tp", "2"]),
+        (
+            "tp2+sp x dp4 ep2 zero1",
+            ["--gpus", "8", "--tp", "2", "--sp", "--dp", "4", "--ep", "2", "--zero", "1"],
+        ),
+    ):
+        rc = main(
+            [
+                "dryrun",
+                "--model",
+                "tiny-moe",
+                "--seq-len",
+                "64",
+                "--micro-batch",
+                "2",
+                "--rank",
+                "1",
+                "--json",
+                *flags,
+            ]
+        )
         assert rc == 0, name
         out = json.loads(capsys.readouterr().out)
         assert out["plan"]["tp"] == 2 and out["flops_per_step"] > 0
@@ -290,7 +360,6 @@ def test_moe_under_tensor_parallelism_splits_the_experts(capsys):
     full, experts = job.model.num_params() * 4, _expert_bytes(job)
     model = build_model(job.model, device="meta")
     # tp splits attention, embedding and head too; norms and the router stay whole
-    whole = sum(p.numel() * 4 for n, p in model.named_parameters()
-                if "norm" in n or "router" in n)
+    whole = sum(p.numel() * 4 for n, p in model.named_parameters() if "norm" in n or "router" in n)
     expected = whole + (full - whole) // 2
     assert held == {"tp2": expected, "tp2+sp x dp4 ep2 zero1": expected}, (held, experts)

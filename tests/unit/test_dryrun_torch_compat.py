@@ -19,23 +19,36 @@ from scaletrain.trainer.step import train_step
 def test_written_against_torch_2_13():
     assert torch.__version__.startswith("2.13"), (
         "dryrun/torch_compat.py was written against torch 2.13: re-check "
-        "test_torch_schedules_cannot_step_under_fake_tensors and the ModTracker hook")
+        "test_torch_schedules_cannot_step_under_fake_tensors and the ModTracker hook"
+    )
 
 
 def test_torch_schedules_cannot_step_under_fake_tensors():
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    job = load_config(None, {"model": {"name": "tiny"}, "parallel": {"pp": 2},
-                             "batch": {"seq_len": 16, "micro_batch": 1, "global_batch": 2},
-                             "hardware": {"gpu": "cpu"}})
+    job = load_config(
+        None,
+        {
+            "model": {"name": "tiny"},
+            "parallel": {"pp": 2},
+            "batch": {"seq_len": 16, "micro_batch": 1, "global_batch": 2},
+            "hardware": {"gpu": "cpu"},
+        },
+    )
     dist.init_process_group("fake", rank=0, world_size=2, store=FakeStore())
     try:
         fake = FakeTensorMode(allow_non_fake_inputs=True)
-        run = build_run(job, env=DistEnv(0, 2, 0, torch.device("cpu")), data=False,
-                        init_weights=False, materialize_in=fake)  # torch's own schedule
+        run = build_run(
+            job,
+            env=DistEnv(0, 2, 0, torch.device("cpu")),
+            data=False,
+            init_weights=False,
+            materialize_in=fake,
+        )  # torch's own schedule
         with fake:
-            batches = iter([(torch.randint(0, 64, (1, 16)), torch.randint(0, 64, (1, 16)))
-                            for _ in range(2)])
+            batches = iter(
+                [(torch.randint(0, 64, (1, 16)), torch.randint(0, 64, (1, 16))) for _ in range(2)]
+            )
             # `.item()` (aten._local_scalar_dense) has no value to return under fake tensors
             with pytest.raises(Exception, match="_local_scalar_dense"):
                 train_step(run, batches)

@@ -36,8 +36,7 @@ def test_entries_are_named_files_folders_and_globs(tmp_path):
     c = tmp_path / "dir" / "c.txt"
     c.write_text("three")
     got = parse_eval_sources(f" wiki = {a}, code={tmp_path / 'dir'} ,all={tmp_path}/**/*.jsonl ")
-    assert [(e.name, e.files) for e in got] == [("wiki", (a,)), ("code", (b, c)),
-                                                ("all", (a, b))]
+    assert [(e.name, e.files) for e in got] == [("wiki", (a,)), ("code", (b, c)), ("all", (a, b))]
     assert parse_eval_sources("") == [] and DataConfig().eval_sources == ""
 
 
@@ -107,12 +106,11 @@ def test_batches_are_validation_windows_sliced_over_dp_ranks(tmp_path, dp_size):
     num_windows = (len(ids) - 1) // seq
     for rank in range(dp_size):
         cfg = _cfg(tmp_path, eval_sources=f"t={src}")
-        with build_data(cfg, seq_len=seq, micro_batch=micro, dp_rank=rank,
-                        dp_size=dp_size) as b:
+        with build_data(cfg, seq_len=seq, micro_batch=micro, dp_rank=rank, dp_size=dp_size) as b:
             batches = b.eval_batches(3)["t"]
         for i, (x, y) in enumerate(batches):
             first = i * micro * dp_size + rank * micro
             for row, w in enumerate(range(first, first + micro)):
                 start = (w % num_windows) * seq
-                assert x[row].tolist() == ids[start:start + seq].tolist()
-                assert y[row].tolist() == ids[start + 1:start + seq + 1].tolist()
+                assert x[row].tolist() == ids[start : start + seq].tolist()
+                assert y[row].tolist() == ids[start + 1 : start + seq + 1].tolist()

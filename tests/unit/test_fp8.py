@@ -96,8 +96,9 @@ def test_tilewise_beats_tensorwise_on_outliers() -> None:
 
     # Through a Float8Linear, on the tokens that are not outliers.
     ref = nn.Linear(256, 128, bias=False)
-    outs = {s: Float8Linear.from_linear(ref, scaling=s)(x).detach()
-            for s in ("tensorwise", "tilewise")}
+    outs = {
+        s: Float8Linear.from_linear(ref, scaling=s)(x).detach() for s in ("tensorwise", "tilewise")
+    }
     y = F.linear(x, ref.weight).detach()
     err_tile = _rel(outs["tilewise"][normal], y[normal])  # ≈ the 3.7% of clean data
     assert err_tile < 0.05 and err_tile < 0.75 * _rel(outs["tensorwise"][normal], y[normal])
@@ -146,9 +147,19 @@ def test_apply_fp8_converts_the_right_layers() -> None:
     params_before = dict(model.named_parameters())
     keys_before = list(model.state_dict())
     converted = apply_fp8(model, backend="scaletrain")
-    expected = {f"layers.{i}.{p}" for i in range(cfg.num_layers)
-                for p in ("attention.wq", "attention.wk", "attention.wv", "attention.wo",
-                          "feed_forward.w1", "feed_forward.w2", "feed_forward.w3")}
+    expected = {
+        f"layers.{i}.{p}"
+        for i in range(cfg.num_layers)
+        for p in (
+            "attention.wq",
+            "attention.wk",
+            "attention.wv",
+            "attention.wo",
+            "feed_forward.w1",
+            "feed_forward.w2",
+            "feed_forward.w3",
+        )
+    }
     assert set(converted) == expected == _linear_names(model, Float8Linear)
     assert type(model.output) is nn.Linear  # the head stays in higher precision
     assert list(model.state_dict()) == keys_before  # checkpoints are unchanged
@@ -171,8 +182,9 @@ def test_apply_fp8_skips_router_odd_dims_and_is_noop_off_fp8() -> None:
     plain = build_model(resolve_model("tiny-llama"))
     assert maybe_apply_fp8(plain, PrecisionConfig(dtype="bf16")) == []
     assert not _linear_names(plain, Float8Linear)
-    tiled = maybe_apply_fp8(plain, PrecisionConfig(dtype="fp8", fp8_scaling="tilewise"),
-                            backend="scaletrain")
+    tiled = maybe_apply_fp8(
+        plain, PrecisionConfig(dtype="fp8", fp8_scaling="tilewise"), backend="scaletrain"
+    )
     assert tiled and all(plain.get_submodule(n).fp8_state.scaling == "tilewise" for n in tiled)
 
 
@@ -235,8 +247,10 @@ def test_apply_fp8_converts_experts_unless_skipped() -> None:
     names = apply_fp8(moe, scaling="tilewise", backend="scaletrain")
     experts = {n: m for n, m in moe.named_modules() if isinstance(m, GroupedExperts)}
     assert experts and set(experts) <= set(names)
-    assert all(isinstance(m.linear, Float8ExpertLinear)
-               and m.linear.fp8_state.scaling == "tilewise" for m in experts.values())
+    assert all(
+        isinstance(m.linear, Float8ExpertLinear) and m.linear.fp8_state.scaling == "tilewise"
+        for m in experts.values()
+    )
     assert apply_fp8(moe, backend="scaletrain") == []  # idempotent
     kept = build_model(resolve_model("tiny-moe"))
     names = apply_fp8(kept, skip=("output", "router", "experts"), backend="scaletrain")

@@ -45,8 +45,10 @@ def test_saved_bytes_are_the_fp8_input_and_scales(scaling: str, m: int, n: int, 
     assert sum(t.numel() * t.element_size() for t in others) == want
     assert all(t.dtype in (torch.float8_e4m3fn, torch.float32) for t in others)
     assert not any(t.numel() >= n * k and t.dtype != torch.float8_e4m3fn for t in others)
-    assert not any(t.dtype == torch.float8_e4m3fn and t.shape[0] in (n, np_) and
-                   t.shape[0] != m for t in others)  # no fp8 weight copy
+    assert not any(
+        t.dtype == torch.float8_e4m3fn and t.shape[0] in (n, np_) and t.shape[0] != m
+        for t in others
+    )  # no fp8 weight copy
 
     # Re-quantizing W in backward gives the forward's fp8 weight: backward is exactly the one
     # computed from the dequantized fp8 operands.
@@ -71,6 +73,7 @@ def test_dgrad_uses_the_forwards_fp8_weight_exactly(amax: str) -> None:
     wq, sw = quantize(w, E4M3, amax=w_amax)
     dyq, sdy = quantize(dy, E5M2, amax=dy_amax)
     lin(x).backward(dy)
-    want = torch._scaled_mm(dyq, wq.t().contiguous().t(), scale_a=sdy, scale_b=sw,
-                            out_dtype=torch.float32)
+    want = torch._scaled_mm(
+        dyq, wq.t().contiguous().t(), scale_a=sdy, scale_b=sw, out_dtype=torch.float32
+    )
     assert torch.equal(x.grad, want)

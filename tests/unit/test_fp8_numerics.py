@@ -27,6 +27,7 @@ def _step(scaling: str | None) -> tuple[dict[str, torch.dtype], dict[str, torch.
         def record(_m: nn.Module, _i: tuple, out: torch.Tensor) -> None:
             if torch.is_tensor(out):
                 dtypes[name] = out.dtype
+
         return record
 
     for name, mod in model.named_modules():

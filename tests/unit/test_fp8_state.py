@@ -44,8 +44,9 @@ def _step(model: nn.Module, opt: torch.optim.Optimizer, step: int) -> torch.Tens
     return loss.detach()
 
 
-def _after_next_step(model: nn.Module, opt: torch.optim.Optimizer, step: int
-                     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def _after_next_step(
+    model: nn.Module, opt: torch.optim.Optimizer, step: int
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     loss = _step(model, opt, step)
     return loss, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
@@ -107,8 +108,9 @@ def test_state_dict_round_trip_reproduces_the_next_step_exactly() -> None:
     # Control: the same weights and optimizer without the histories (a fresh amax window)
     # give a different step, so the equality above is the histories' doing.
     no_hist, nopt = _fresh(1)
-    no_hist.load_state_dict({k: v for k, v in saved["model"].items()
-                             if not k.endswith("_extra_state")}, strict=False)
+    no_hist.load_state_dict(
+        {k: v for k, v in saved["model"].items() if not k.endswith("_extra_state")}, strict=False
+    )
     nopt.load_state_dict(saved["optim"])
     assert _differs(_after_next_step(no_hist, nopt, 3), want)
 

@@ -14,17 +14,24 @@ from scaletrain.models import build_model
 transformers = pytest.importorskip("transformers")
 
 CFGS = {
-    "gpt2": lambda: ModelConfig(vocab_size=97, dim=32, num_layers=2, num_heads=4,
-                                max_seq_len=64),
-    "gpt2-untied": lambda: ModelConfig(vocab_size=97, dim=32, num_layers=2, num_heads=4,
-                                       max_seq_len=64, tie_embeddings=False),
+    "gpt2": lambda: ModelConfig(vocab_size=97, dim=32, num_layers=2, num_heads=4, max_seq_len=64),
+    "gpt2-untied": lambda: ModelConfig(
+        vocab_size=97, dim=32, num_layers=2, num_heads=4, max_seq_len=64, tie_embeddings=False
+    ),
     # the erf GELU (nanoGPT's): exported as HF's "gelu", read back as gelu_exact
-    "gpt2-gelu-exact": lambda: ModelConfig(vocab_size=97, dim=32, num_layers=2, num_heads=4,
-                                           max_seq_len=64, activation="gelu_exact"),
-    "llama-gqa": lambda: model_preset("tiny-llama", vocab_size=97, dim=32, ffn_dim=48,
-                                      num_heads=4, num_kv_heads=2, rope_theta=500.0),
-    "mixtral": lambda: model_preset("tiny-moe", vocab_size=97, dim=32, ffn_dim=40,
-                                    max_seq_len=64),
+    "gpt2-gelu-exact": lambda: ModelConfig(
+        vocab_size=97, dim=32, num_layers=2, num_heads=4, max_seq_len=64, activation="gelu_exact"
+    ),
+    "llama-gqa": lambda: model_preset(
+        "tiny-llama",
+        vocab_size=97,
+        dim=32,
+        ffn_dim=48,
+        num_heads=4,
+        num_kv_heads=2,
+        rope_theta=500.0,
+    ),
+    "mixtral": lambda: model_preset("tiny-moe", vocab_size=97, dim=32, ffn_dim=40, max_seq_len=64),
 }
 
 
@@ -34,10 +41,16 @@ def test_export_matches_transformers_logits(name, tmp_path):
     model = build_model(cfg, device="cpu", seed=1)
     export_hf(model, cfg, tmp_path)
     arch = json.loads((tmp_path / "config.json").read_text())["architectures"][0]
-    assert arch == ("MixtralForCausalLM" if cfg.is_moe else
-                    "LlamaForCausalLM" if cfg.family == "llama" else "GPT2LMHeadModel")
+    assert arch == (
+        "MixtralForCausalLM"
+        if cfg.is_moe
+        else "LlamaForCausalLM"
+        if cfg.family == "llama"
+        else "GPT2LMHeadModel"
+    )
     hf = transformers.AutoModelForCausalLM.from_pretrained(
-        tmp_path, dtype=torch.float32, attn_implementation="eager").eval()
+        tmp_path, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
     tokens = torch.randint(0, 97, (2, 20), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         ours, theirs = model(tokens), hf(tokens).logits

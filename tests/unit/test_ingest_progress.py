@@ -34,15 +34,17 @@ def test_line_is_throttled_and_reports_rate_and_eta():
     assert out.getvalue() == ""  # inside the interval: nothing
     clock.t += 0.1  # 5 s since the start, 1 MiB read: 0.2 MB/s, 9 MiB left -> 45 s
     p.tick()
-    assert out.getvalue() == ("tokenizing: 1.0/10.0 MB (10%) | 3 docs | 700 tokens | "
-                              "0.20 MB/s | ETA 45s\n")
+    assert out.getvalue() == (
+        "tokenizing: 1.0/10.0 MB (10%) | 3 docs | 700 tokens | 0.20 MB/s | ETA 45s\n"
+    )
     p.tick()  # same instant: throttled
     assert out.getvalue().count("\n") == 1
     p.file_done(10 * 2**20)
     clock.t += 45
     p.finish()
-    assert out.getvalue().splitlines()[-1] == ("tokenizing: done, 10.0 MB | 3 docs | 700 tokens "
-                                               "in 50s")
+    assert out.getvalue().splitlines()[-1] == (
+        "tokenizing: done, 10.0 MB | 3 docs | 700 tokens in 50s"
+    )
 
 
 def test_disabled_or_short_builds_print_nothing():
@@ -81,8 +83,7 @@ def test_counts_match_the_shard_and_bytes_reach_the_file_size(tmp_path, suffix):
         path.write_bytes(gzip.compress(body) if suffix.endswith(".gz") else body)
     p = _Recording(path.stat().st_size, enabled=True)
     app = _Appender(tmp_path / "ids.bin", np.dtype(np.uint16))
-    encode_file(path, ByteTokenizer(), app, text_field="text", token_dtype="uint16",
-                progress=p)
+    encode_file(path, ByteTokenizer(), app, text_field="text", token_dtype="uint16", progress=p)
     app.close()
     assert p.docs == len(docs)
     assert p.tokens == app.count == sum(len(d) + 1 for d in docs)  # + "\n" per document

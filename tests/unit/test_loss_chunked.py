@@ -36,8 +36,9 @@ def _grads(fn, hidden, weight, targets, dtype):
 
 
 def _reference(h, w, t):
-    return F.cross_entropy((h @ w.t()).float() if h.dtype != torch.float64 else h @ w.t(), t,
-                           ignore_index=-100)
+    return F.cross_entropy(
+        (h @ w.t()).float() if h.dtype != torch.float64 else h @ w.t(), t, ignore_index=-100
+    )
 
 
 def _close(a: torch.Tensor, b: torch.Tensor, rtol: float) -> None:
@@ -50,8 +51,13 @@ def _close(a: torch.Tensor, b: torch.Tensor, rtol: float) -> None:
 def test_matches_full_logits_cross_entropy(chunk, ignore):
     hidden, weight, targets = _inputs(ignore=ignore)
     ref = _grads(_reference, hidden, weight, targets, torch.float64)
-    got = _grads(lambda h, w, t: linear_cross_entropy(h, w, t, chunk_tokens=chunk),
-                 hidden, weight, targets, torch.float32)
+    got = _grads(
+        lambda h, w, t: linear_cross_entropy(h, w, t, chunk_tokens=chunk),
+        hidden,
+        weight,
+        targets,
+        torch.float32,
+    )
     for a, b in zip(got, ref, strict=True):
         _close(a, b, 1e-6)
 
@@ -59,8 +65,13 @@ def test_matches_full_logits_cross_entropy(chunk, ignore):
 def test_float64_is_exact_to_float64_rounding():
     hidden, weight, targets = _inputs(seed=1, ignore=True)
     ref = _grads(_reference, hidden, weight, targets, torch.float64)
-    got = _grads(lambda h, w, t: linear_cross_entropy(h, w, t, chunk_tokens=7),
-                 hidden, weight, targets, torch.float64)
+    got = _grads(
+        lambda h, w, t: linear_cross_entropy(h, w, t, chunk_tokens=7),
+        hidden,
+        weight,
+        targets,
+        torch.float64,
+    )
     for a, b in zip(got, ref, strict=True):
         _close(a, b, 1e-12)
 
@@ -90,9 +101,11 @@ def test_no_tokens_by_vocab_tensor_is_saved():
     h = hidden.float().requires_grad_()
     w = weight.float().requires_grad_()
     shapes = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: shapes.append(t.shape) or t,
-                                                  lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(
+        lambda t: shapes.append(t.shape) or t, lambda t: t
+    ):
         linear_cross_entropy(h, w, targets, chunk_tokens=5)
     assert torch.Size([N, V]) not in shapes
-    assert sorted(shapes, key=str) == sorted([h.shape, w.shape, targets.shape,
-                                              torch.Size([N]), torch.Size([])], key=str)
+    assert sorted(shapes, key=str) == sorted(
+        [h.shape, w.shape, targets.shape, torch.Size([N]), torch.Size([])], key=str
+    )

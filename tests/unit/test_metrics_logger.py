@@ -15,8 +15,17 @@ def test_tensorboard_reads_every_scalar_of_every_step(tmp_path):
     """One event per step (all scalars in one Summary): TensorBoard sees the same tags, steps
     and values as one `add_scalar` per number would give; strings stay out."""
     log = MetricsLogger(tmp_path, total_steps=3, enabled=True, tensorboard=True, progress=False)
-    records = [{"step": s, "loss": 3.0 - s / 4, "lr": 1e-3 * s, "skipped": s == 2,
-                "tokens_per_s": 1000 * s, "note": "not a number"} for s in (1, 2, 3)]
+    records = [
+        {
+            "step": s,
+            "loss": 3.0 - s / 4,
+            "lr": 1e-3 * s,
+            "skipped": s == 2,
+            "tokens_per_s": 1000 * s,
+            "note": "not a number",
+        }
+        for s in (1, 2, 3)
+    ]
     for r in records:
         log.log(r)
     log.close()

@@ -37,16 +37,18 @@ def _reference(moe: MoE, x: torch.Tensor) -> torch.Tensor:
     return out.view_as(x)
 
 
-@pytest.mark.parametrize("activation,bias,top_k", [("swiglu", False, 2), ("gelu", True, 1),
-                                                   ("swiglu", True, 3)])
+@pytest.mark.parametrize(
+    "activation,bias,top_k", [("swiglu", False, 2), ("gelu", True, 1), ("swiglu", True, 3)]
+)
 def test_moe_matches_per_token_reference(activation, bias, top_k):
     moe = _moe(activation, bias, top_k)
     x = torch.randn(2, 7, 16)
     out = moe(x)
     torch.testing.assert_close(out, _reference(moe, x), atol=1e-5, rtol=0)
     # The recorded counts are the top-k choices of the router.
-    expected = torch.bincount(moe.router(x.reshape(-1, 16)).topk(top_k).indices.reshape(-1),
-                              minlength=4)
+    expected = torch.bincount(
+        moe.router(x.reshape(-1, 16)).topk(top_k).indices.reshape(-1), minlength=4
+    )
     assert torch.equal(moe.last_tokens_per_expert, expected)
     assert int(moe.last_tokens_per_expert.sum()) == 14 * top_k
 
@@ -83,8 +85,12 @@ def test_model_aux_loss_and_gradients_reach_router_and_experts():
     torch.testing.assert_close(aux, torch.tensor(cfg.num_layers * cfg.moe_aux_loss_coef))
     (causal_lm_loss(logits[:, :-1], tokens[:, 1:]) + aux).backward()
     for blk in model.layers.values():
-        for p in (blk.moe.router.weight, blk.moe.experts.w1, blk.moe.experts.w2,
-                  blk.moe.experts.w3):
+        for p in (
+            blk.moe.router.weight,
+            blk.moe.experts.w1,
+            blk.moe.experts.w2,
+            blk.moe.experts.w3,
+        ):
             assert p.grad is not None and p.grad.abs().sum() > 0
 
 

@@ -16,16 +16,18 @@ def test_step_limit_is_the_timeout_until_the_median_times_factor_exceeds_it():
 
 
 def _ev(rank, where="collective", seq=None):
-    return RankEvidence(rank=rank, step=7, elapsed_s=30.0, where=where,
-                        collective_seq=seq or {})
+    return RankEvidence(rank=rank, step=7, elapsed_s=30.0, where=where, collective_seq=seq or {})
 
 
 def test_stuck_ranks_rules_in_order():
     # a rank that wrote nothing is named first, whatever the others say
     assert stuck_ranks({0: _ev(0, "data")}, 2)[0] == [1]
     # behind in the world group's collectives (no record at all counts as none issued)
-    ev = {0: _ev(0, seq={"0/default_pg": 12}), 1: _ev(1, "compute"),
-          2: _ev(2, seq={"0/default_pg": 12})}
+    ev = {
+        0: _ev(0, seq={"0/default_pg": 12}),
+        1: _ev(1, "compute"),
+        2: _ev(2, seq={"0/default_pg": 12}),
+    }
     assert stuck_ranks(ev, 3) == ([1], "behind its peers' collectives (flight recorder)")
     # a subgroup only counts the ranks that reported it
     ev = {0: _ev(0, seq={"3/dp": 5}), 1: _ev(1, seq={"4/dp": 2})}
@@ -46,10 +48,15 @@ def test_find_stragglers_step_time_data_wait_and_noise():
     assert find_stragglers(step_s=[1.0] * 3, data_wait_s=[0.001, 0.001, 0.01], factor=1.5) == {}
 
 
-@pytest.mark.parametrize("override", ["--monitor.watchdog_timeout_s=-1",
-                                      "--monitor.watchdog_factor=0.5",
-                                      "--monitor.straggler_every=-2",
-                                      "--monitor.straggler_factor=1"])
+@pytest.mark.parametrize(
+    "override",
+    [
+        "--monitor.watchdog_timeout_s=-1",
+        "--monitor.watchdog_factor=0.5",
+        "--monitor.straggler_every=-2",
+        "--monitor.straggler_factor=1",
+    ],
+)
 def test_monitor_config_rejects_bad_values_naming_the_field(override):
     with pytest.raises(ConfigError, match=override.split("=")[0][2:]):
         load_config(None, [override])

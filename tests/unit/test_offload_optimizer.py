@@ -66,9 +66,17 @@ def test_state_dict_round_trip_continues_exactly():
 def test_offload_needs_adamw_and_plain_parameters():
     model = build_model(resolve_model("tiny"), device="cpu")
     with pytest.raises(ConfigError, match="memory.offload"):
-        build_optimizer(model.parameters(), optim=OptimConfig(name="sgd"), device_type="cpu",
-                        offload="optimizer")
+        build_optimizer(
+            model.parameters(),
+            optim=OptimConfig(name="sgd"),
+            device_type="cpu",
+            offload="optimizer",
+        )
     dims = ParallelDims.from_layout(Layout(dp=2, zero=3), 2)
     with pytest.raises(ConfigError, match="memory.offload=params"):
-        parallelize(build_model(resolve_model("tiny"), device="meta"), dims,
-                    precision=PrecisionConfig(), memory=MemoryConfig(offload="optimizer"))
+        parallelize(
+            build_model(resolve_model("tiny"), device="meta"),
+            dims,
+            precision=PrecisionConfig(),
+            memory=MemoryConfig(offload="optimizer"),
+        )

@@ -33,12 +33,17 @@ class _Recorder(StepHooks):
 
 
 def _job(tmp_path, **parallel):
-    return load_config(None, {
-        "model": {"name": "tiny"}, "parallel": parallel,
-        "batch": {"seq_len": 32, "micro_batch": 2, "global_batch": 4},
-        "data": {"num_tokens": 20000, "cache_dir": str(tmp_path / "cache")},
-        "train": {"run_dir": str(tmp_path / "run"), "device": "cpu"},
-        "hardware": {"gpu": "cpu"}})
+    return load_config(
+        None,
+        {
+            "model": {"name": "tiny"},
+            "parallel": parallel,
+            "batch": {"seq_len": 32, "micro_batch": 2, "global_batch": 4},
+            "data": {"num_tokens": 20000, "cache_dir": str(tmp_path / "cache")},
+            "train": {"run_dir": str(tmp_path / "run"), "device": "cpu"},
+            "hardware": {"gpu": "cpu"},
+        },
+    )
 
 
 def test_dry_run_step_emits_the_trainer_step_events(tmp_path):
@@ -51,8 +56,14 @@ def test_dry_run_step_emits_the_trainer_step_events(tmp_path):
     real = [e for e in rec.events if e.startswith(STEP_EVENTS)]
     m = dryrun(job, world_size=1, count_flops=False)
     fake = [name for name, _ in m.timeline if name.startswith(STEP_EVENTS)]
-    assert real == ["loss:0", "backward_done:0", "loss:1", "backward_done:1",
-                    "optimizer_step", "zero_grad"]
+    assert real == [
+        "loss:0",
+        "backward_done:0",
+        "loss:1",
+        "backward_done:1",
+        "optimizer_step",
+        "zero_grad",
+    ]
     assert fake == real
 
 
@@ -72,8 +83,16 @@ def test_dry_run_has_no_step_of_its_own():
         called |= _calls(ast.parse(f.read_text()))
     assert {"train_step", "apply_update", "build_run"} <= called
     # the stage calls in torch_compat.ActionSchedule are torch's PipelineStage methods
-    assert not called & {"backward", "causal_lm_loss", "moe_aux_loss", "clip_grad_norm_",
-                         "parallelize", "materialize", "build_optimizer", "build_model"}
+    assert not called & {
+        "backward",
+        "causal_lm_loss",
+        "moe_aux_loss",
+        "clip_grad_norm_",
+        "parallelize",
+        "materialize",
+        "build_optimizer",
+        "build_model",
+    }
 
 
 def test_src_patches_none_of_its_own_functions():
@@ -98,10 +117,13 @@ def _package_imports() -> dict[str, set[str]]:
                 base = list(rel.parts[:-1])[: len(rel.parts) - node.level]
                 mods.append(".".join(base + ([node.module] if node.module else [])))
             elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("scaletrain."):
-                mods.append(node.module[len("scaletrain."):])
+                mods.append(node.module[len("scaletrain.") :])
             elif isinstance(node, ast.Import):
-                mods += [a.name[len("scaletrain."):] for a in node.names
-                         if a.name.startswith("scaletrain.")]
+                mods += [
+                    a.name[len("scaletrain.") :]
+                    for a in node.names
+                    if a.name.startswith("scaletrain.")
+                ]
             for m in mods:
                 target = m.split(".")[0] if m else pkg
                 if target and target != pkg:

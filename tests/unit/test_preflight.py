@@ -13,8 +13,14 @@ pytestmark = pytest.mark.slow
 
 
 def _job():
-    return load_config(None, {"model": {"name": "tiny"}, "train": {"device": "cpu"},
-                              "batch": {"seq_len": 64, "micro_batch": 2, "global_batch": 8}})
+    return load_config(
+        None,
+        {
+            "model": {"name": "tiny"},
+            "train": {"device": "cpu"},
+            "batch": {"seq_len": 64, "micro_batch": 2, "global_batch": 8},
+        },
+    )
 
 
 def test_preflight_measures_the_chosen_layout_in_a_child_process():
@@ -22,8 +28,9 @@ def test_preflight_measures_the_chosen_layout_in_a_child_process():
 
     job = _job()
     hw = hardware_preset("cpu")
-    best = search(job.model, hw, 2, seq_len=64, global_batch=8, precision="fp32", top_k=1,
-                  micro_batch=2).best
+    best = search(
+        job.model, hw, 2, seq_len=64, global_batch=8, precision="fp32", top_k=1, micro_batch=2
+    ).best
     chosen = dataclasses.replace(job, parallel=type(job.parallel).from_layout(best.plan.layout))
     measured, line = preflight(chosen, 2, best)
     assert measured is not None and measured > 0, line
@@ -36,8 +43,9 @@ def test_auto_layout_refuses_a_layout_the_dry_run_says_does_not_fit(monkeypatch,
     import scaletrain.orchestrate as build
 
     hw = hardware_preset("cpu")
-    monkeypatch.setattr(build, "preflight",
-                        lambda job, world, est: (2 * hw.memory_bytes, "preflight: stub"))
+    monkeypatch.setattr(
+        build, "preflight", lambda job, world, est: (2 * hw.memory_bytes, "preflight: stub")
+    )
     with pytest.raises(ConfigError, match="parallel.layout") as e:
         auto_layout(_job(), 2, hw)
     assert "measured" in str(e.value) and "GiB" in str(e.value)

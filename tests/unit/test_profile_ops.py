@@ -14,21 +14,30 @@ from scaletrain.profile.ops import _flops_and_bytes
 from scaletrain.profile.phases import PhaseClock, TimedBatches, install_hooks
 
 
-@pytest.mark.parametrize("name,cls", [
-    ("aten::mm", "matmul"), ("aten::addmm", "matmul"), ("aten::bmm", "matmul"),
-    ("aten::_scaled_dot_product_flash_attention_for_cpu", "attention"),
-    ("aten::native_layer_norm", "elementwise/norm"), ("aten::gelu", "elementwise/norm"),
-    ("aten::view", "other"), ("autograd::engine::evaluate_function: MmBackward0", "other"),
-    ("c10d::allreduce_", "communication"), ("gloo:all_reduce", "communication"),
-])
+@pytest.mark.parametrize(
+    "name,cls",
+    [
+        ("aten::mm", "matmul"),
+        ("aten::addmm", "matmul"),
+        ("aten::bmm", "matmul"),
+        ("aten::_scaled_dot_product_flash_attention_for_cpu", "attention"),
+        ("aten::native_layer_norm", "elementwise/norm"),
+        ("aten::gelu", "elementwise/norm"),
+        ("aten::view", "other"),
+        ("autograd::engine::evaluate_function: MmBackward0", "other"),
+        ("c10d::allreduce_", "communication"),
+        ("gloo:all_reduce", "communication"),
+    ],
+)
 def test_op_class(name, cls):
     assert op_class(name) == cls
 
 
 def test_matmul_intensity_from_shapes():
     m, k, n = 2048, 128, 512
-    flops, nbytes = _flops_and_bytes("aten::mm", [[m, k], [k, n]], ["float", "float"],
-                                     2 * m * k * n, 4)
+    flops, nbytes = _flops_and_bytes(
+        "aten::mm", [[m, k], [k, n]], ["float", "float"], 2 * m * k * n, 4
+    )
     assert flops == 2 * m * k * n
     assert nbytes == 4 * (m * k + k * n + m * n)  # read A and B, write C
     ridge = hardware_preset("cpu").flops("fp32") / hardware_preset("cpu").memory_bw
@@ -38,19 +47,22 @@ def test_matmul_intensity_from_shapes():
 def test_naive_attention_scores_are_memory_bound():
     # (B*nh, T, hd) @ (B*nh, hd, T) -> (B*nh, T, T): the output dominates the bytes
     bh, t, hd = 8, 512, 16
-    flops, nbytes = _flops_and_bytes("aten::bmm", [[bh, t, hd], [bh, hd, t]],
-                                     ["float", "float"], 2 * bh * t * t * hd, 4)
+    flops, nbytes = _flops_and_bytes(
+        "aten::bmm", [[bh, t, hd], [bh, hd, t]], ["float", "float"], 2 * bh * t * t * hd, 4
+    )
     assert nbytes == 4 * (2 * bh * t * hd + bh * t * t)
     ridge = hardware_preset("h100-sxm").flops("fp32") / hardware_preset("h100-sxm").memory_bw
     assert flops / nbytes < ridge
 
 
 def test_elementwise_estimates():
-    flops, nbytes = _flops_and_bytes("aten::add", [[4, 8], [4, 8], []],
-                                     ["float", "float", "Scalar"], 0, 4)
+    flops, nbytes = _flops_and_bytes(
+        "aten::add", [[4, 8], [4, 8], []], ["float", "float", "Scalar"], 0, 4
+    )
     assert flops == 32 and nbytes == 3 * 32 * 4  # 1 FLOP/element; read 2, write 1
-    flops, nbytes = _flops_and_bytes("aten::copy_", [[4, 8], [4, 8], []],
-                                     ["c10::BFloat16", "float", "Scalar"], 0, 4)
+    flops, nbytes = _flops_and_bytes(
+        "aten::copy_", [[4, 8], [4, 8], []], ["c10::BFloat16", "float", "Scalar"], 0, 4
+    )
     assert flops == 0 and nbytes == 32 * 2 + 32 * 4 + 32 * 2  # in place: written back once
 
 

@@ -17,8 +17,12 @@ def test_no_reports_no_stragglers_and_a_straggler(tmp_path):
     assert "No straggler report" in health_section(_run(tmp_path, [{"step": 1}]))
     ok = {"step": 2, "stragglers": [], "rank_step_s": [1.0, 1.0], "rank_data_wait_s": [0, 0]}
     assert "No straggler in 1 report(s)" in health_section(_run(tmp_path, [ok]))
-    slow = {"step": 4, "stragglers": [1], "rank_step_s": [1.0, 1.25],
-            "rank_data_wait_s": [0.001, 0.5]}
+    slow = {
+        "step": 4,
+        "stragglers": [1],
+        "rank_step_s": [1.0, 1.25],
+        "rank_data_wait_s": [0.001, 0.5],
+    }
     text = health_section(_run(tmp_path, [ok, slow]))
     assert "Stragglers in 1 of 2 report(s)" in text
     assert "<td>4</td><td>1</td><td>1.000 / 1.250</td><td>0.001 / 0.500</td>" in text

@@ -21,8 +21,9 @@ def test_memory_ledger_compares_resident_state_with_resident_state():
     from scaletrain.planner.types import plan_input_from_job
     from scaletrain.trainer.report import ledger_table
 
-    job = load_config(None, ["--model.name=tiny-moe", "--precision.dtype=fp8",
-                             "--batch.global_batch=32"])
+    job = load_config(
+        None, ["--model.name=tiny-moe", "--precision.dtype=fp8", "--batch.global_batch=32"]
+    )
     layout = Layout(dp=2, zero=3, ep=2)
     planned = estimate(plan_input_from_job(job, layout)).memory
     assert planned.detail["params.in_flight"] > 0  # the peak holds gathered units

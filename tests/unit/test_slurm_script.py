@@ -43,60 +43,89 @@ def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
         (stubs / name).write_text(body)
         (stubs / name).chmod(0o755)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    env.update(PATH=f"{stubs}:{env['PATH']}", STUB_LOG=str(tmp_path),
-               SLURM_JOB_NODELIST="gpu-a[17-18]", SLURM_JOB_NUM_NODES="2",
-               SLURM_JOB_ID="4242", SLURM_GPUS_ON_NODE="8", RUN_DIR=str(tmp_path / "run"))
+    env.update(
+        PATH=f"{stubs}:{env['PATH']}",
+        STUB_LOG=str(tmp_path),
+        SLURM_JOB_NODELIST="gpu-a[17-18]",
+        SLURM_JOB_NUM_NODES="2",
+        SLURM_JOB_ID="4242",
+        SLURM_GPUS_ON_NODE="8",
+        RUN_DIR=str(tmp_path / "run"),
+    )
     env.update(extra)
     return env
 
 
 def test_two_nodes_eight_gpus_launch_line(tmp_path):
     args = ["configs/plan.toml", "--train.steps=20000"]
-    done = subprocess.run(["bash", str(SCRIPT), *args], env=_env(tmp_path), timeout=60,
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        ["bash", str(SCRIPT), *args], env=_env(tmp_path), timeout=60, capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stderr
     argv = (tmp_path / "srun.args").read_text().splitlines()
     assert argv == [
-        "--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
-        "torchrun", "--nnodes=2", "--nproc-per-node=8", "--rdzv-backend=c10d",
-        "--rdzv-endpoint=gpu-a17:29500", "--rdzv-id=4242", "--max-restarts=0",
-        "-m", "scaletrain", "train", "configs/plan.toml", "--train.steps=20000",
-        f"--train.run_dir={tmp_path / 'run'}", "--checkpoint.resume=auto",
-        "--train.progress=false"]
+        "--nodes=2",
+        "--ntasks-per-node=1",
+        "--kill-on-bad-exit=1",
+        "torchrun",
+        "--nnodes=2",
+        "--nproc-per-node=8",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=gpu-a17:29500",
+        "--rdzv-id=4242",
+        "--max-restarts=0",
+        "-m",
+        "scaletrain",
+        "train",
+        "configs/plan.toml",
+        "--train.steps=20000",
+        f"--train.run_dir={tmp_path / 'run'}",
+        "--checkpoint.resume=auto",
+        "--train.progress=false",
+    ]
     assert "show hostnames gpu-a[17-18]" in (tmp_path / "scontrol.log").read_text()
     assert (tmp_path / "run").is_dir()
     # what torchrun hands to `scaletrain train` is a valid command line for it
     parser = argparse.ArgumentParser()
     cli_train.add_arguments(parser, "train")
-    ns, extra = parser.parse_known_args(argv[argv.index("train") + 1:])
+    ns, extra = parser.parse_known_args(argv[argv.index("train") + 1 :])
     assert ns.config == "configs/plan.toml"
-    assert extra == argv[argv.index("train") + 2:]
+    assert extra == argv[argv.index("train") + 2 :]
     assert parse_overrides(extra) == {
         "train": {"steps": "20000", "run_dir": str(tmp_path / "run"), "progress": "false"},
-        "checkpoint": {"resume": "auto"}}
+        "checkpoint": {"resume": "auto"},
+    }
 
 
 def test_container_image_goes_through_pyxis(tmp_path):
     env = _env(tmp_path, CONTAINER_IMAGE="registry/scaletrain:cu", GPUS_PER_NODE="4")
     subprocess.run(["bash", str(SCRIPT)], env=env, timeout=60, check=True, capture_output=True)
     argv = (tmp_path / "srun.args").read_text().splitlines()
-    assert argv[:2] == ["--container-image=registry/scaletrain:cu",
-                        f"--container-mounts={tmp_path / 'run'}:{tmp_path / 'run'}"]
+    assert argv[:2] == [
+        "--container-image=registry/scaletrain:cu",
+        f"--container-mounts={tmp_path / 'run'}:{tmp_path / 'run'}",
+    ]
     assert "--nproc-per-node=4" in argv
 
 
 def test_missing_run_dir_is_one_clear_line(tmp_path):
     env = _env(tmp_path)
     del env["RUN_DIR"]
-    done = subprocess.run(["bash", str(SCRIPT)], env=env, timeout=60, capture_output=True,
-                          text=True)
+    done = subprocess.run(
+        ["bash", str(SCRIPT)], env=env, timeout=60, capture_output=True, text=True
+    )
     assert done.returncode != 0 and "set RUN_DIR" in done.stderr
     assert not (tmp_path / "srun.args").exists()
 
 
 def test_time_limit_signal_requeues_and_stops_the_step(tmp_path):
-    proc = subprocess.Popen(["bash", str(SCRIPT)], env=_env(tmp_path, STUB_SRUN_SLEEP="1"),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        ["bash", str(SCRIPT)],
+        env=_env(tmp_path, STUB_SRUN_SLEEP="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 30
         while not (tmp_path / "srun.started").exists():
@@ -127,27 +156,45 @@ def test_the_launch_line_trains_on_one_fake_node(tmp_path):
     import json
     import sys
 
-    env = _env(tmp_path, SLURM_JOB_NUM_NODES="1", SLURM_JOB_NODELIST="localhost",
-               GPUS_PER_NODE="2", RDZV_PORT=str(free_port()))
+    env = _env(
+        tmp_path,
+        SLURM_JOB_NUM_NODES="1",
+        SLURM_JOB_NODELIST="localhost",
+        GPUS_PER_NODE="2",
+        RDZV_PORT=str(free_port()),
+    )
     (tmp_path / "bin" / "srun").write_text(EXEC_SRUN)
     (tmp_path / "bin" / "scontrol").write_text("#!/bin/bash\necho 127.0.0.1\n")
     if shutil.which("torchrun") is None:  # the module form, where only python is on PATH
         (tmp_path / "bin" / "torchrun").write_text(
-            f'#!/bin/bash\nexec {sys.executable} -m torch.distributed.run "$@"\n')
+            f'#!/bin/bash\nexec {sys.executable} -m torch.distributed.run "$@"\n'
+        )
         (tmp_path / "bin" / "torchrun").chmod(0o755)
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(var, None)
-    args = ["--model.name=tiny", "--batch.seq_len=32", "--batch.global_batch=4",
-            "--batch.micro_batch=2", "--train.steps=2", "--train.sample_tokens=0",
-            "--train.tensorboard=false", "--data.num_tokens=20000",
-            f"--data.cache_dir={tmp_path / 'cache'}", "--parallel.dp=2", "--train.device=cpu"]
-    done = subprocess.run(["bash", str(SCRIPT), *args], env=env, timeout=300,
-                          capture_output=True, text=True)
+    args = [
+        "--model.name=tiny",
+        "--batch.seq_len=32",
+        "--batch.global_batch=4",
+        "--batch.micro_batch=2",
+        "--train.steps=2",
+        "--train.sample_tokens=0",
+        "--train.tensorboard=false",
+        "--data.num_tokens=20000",
+        f"--data.cache_dir={tmp_path / 'cache'}",
+        "--parallel.dp=2",
+        "--train.device=cpu",
+    ]
+    done = subprocess.run(
+        ["bash", str(SCRIPT), *args], env=env, timeout=300, capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     info = json.loads((tmp_path / "run" / "run_info.json").read_text())
     assert (info["steps"], info["world_size"]) == (2, 2)
-    assert sorted(p.name for p in (tmp_path / "run" / "heartbeat").iterdir()) == \
-        ["rank0.json", "rank1.json"]
+    assert sorted(p.name for p in (tmp_path / "run" / "heartbeat").iterdir()) == [
+        "rank0.json",
+        "rank1.json",
+    ]
     from scaletrain.report.status import run_status
 
     assert run_status(tmp_path / "run").state == "finished"

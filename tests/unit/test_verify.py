@@ -14,10 +14,19 @@ from scaletrain.planner.types import MemoryBreakdown
 
 
 def _measurement(**kw) -> Measurement:
-    mem = MemoryBreakdown(params=100.0, grads=100.0, optimizer=200.0, activations=50.0,
-                          buffers=50.0, total=500.0, rank=0, buffer_terms={"temp": 50.0})
-    return Measurement(source="cpu", rank=0, world_size=1, memory=mem, flops=1e9,
-                       plan={"model": "gpt-mini"}, **kw)
+    mem = MemoryBreakdown(
+        params=100.0,
+        grads=100.0,
+        optimizer=200.0,
+        activations=50.0,
+        buffers=50.0,
+        total=500.0,
+        rank=0,
+        buffer_terms={"temp": 50.0},
+    )
+    return Measurement(
+        source="cpu", rank=0, world_size=1, memory=mem, flops=1e9, plan={"model": "gpt-mini"}, **kw
+    )
 
 
 def test_measurement_json_round_trip(tmp_path):
@@ -32,10 +41,12 @@ def test_measurement_json_round_trip(tmp_path):
 
 
 def test_compare_relative_errors():
-    predicted = MemoryBreakdown(params=110.0, grads=90.0, optimizer=200.0, activations=100.0,
-                                buffers=60.0, total=560.0)
-    estimate = SimpleNamespace(memory=predicted, tokens_per_s=1000.0,
-                               time=SimpleNamespace(step_s=2.0))
+    predicted = MemoryBreakdown(
+        params=110.0, grads=90.0, optimizer=200.0, activations=100.0, buffers=60.0, total=560.0
+    )
+    estimate = SimpleNamespace(
+        memory=predicted, tokens_per_s=1000.0, time=SimpleNamespace(step_s=2.0)
+    )
     c = compare(_measurement(), estimate)
     assert c.rel_error["params"] == pytest.approx(0.1)
     assert c.rel_error["grads"] == pytest.approx(-0.1)
@@ -46,9 +57,12 @@ def test_compare_relative_errors():
 
 
 def test_metrics_throughput_skips_the_first_step(tmp_path):
-    rows = [{"step": 1, "tokens_per_s": 1.0, "step_s": 9.0},
-            {"step": 2, "tokens_per_s": 100.0, "step_s": 1.0}, {"event": "eval"},
-            {"step": 3, "tokens_per_s": 300.0, "step_s": 3.0}]
+    rows = [
+        {"step": 1, "tokens_per_s": 1.0, "step_s": 9.0},
+        {"step": 2, "tokens_per_s": 100.0, "step_s": 1.0},
+        {"event": "eval"},
+        {"step": 3, "tokens_per_s": 300.0, "step_s": 3.0},
+    ]
     path = tmp_path / "metrics.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\nnot json\n")
     # tokens / seconds of the timed steps (100*1 + 300*3) / 4, not the mean of the rates (200)
@@ -67,8 +81,11 @@ def _run_dir(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(job.to_dict()))
     _measurement().write(tmp_path)
     (tmp_path / "metrics.jsonl").write_text(
-        "\n".join(json.dumps({"step": s, "tokens_per_s": t, "step_s": 1.0})
-                  for s, t in ((1, 5.0), (2, 40.0))))
+        "\n".join(
+            json.dumps({"step": s, "tokens_per_s": t, "step_s": 1.0})
+            for s, t in ((1, 5.0), (2, 40.0))
+        )
+    )
     return tmp_path
 
 
@@ -96,12 +113,24 @@ def test_verify_cli(tmp_path, capsys):
 
 
 def test_from_live_cuda_and_cpu():
-    live = {"params": 10, "grads": 10, "optimizer": 20, "activations": 5,
-            "peak_allocated": 60, "peak_reserved": 80}
+    live = {
+        "params": 10,
+        "grads": 10,
+        "optimizer": 20,
+        "activations": 5,
+        "peak_allocated": 60,
+        "peak_reserved": 80,
+    }
     m = Measurement.from_live(live, device_type="cuda", rank=1, world_size=2, plan={})
     assert (m.source, m.memory.total, m.memory.buffers, m.memory.reserved) == ("cuda", 60, 15, 80)
-    cpu = Measurement.from_live({"params": 10, "peak_rss": 999}, device_type="cpu", rank=0,
-                                world_size=1, plan={}, tokens_per_s=3.0)
+    cpu = Measurement.from_live(
+        {"params": 10, "peak_rss": 999},
+        device_type="cpu",
+        rank=0,
+        world_size=1,
+        plan={},
+        tokens_per_s=3.0,
+    )
     assert (cpu.source, cpu.memory.total, cpu.memory.detail["rss"]) == ("cpu", 10, 999)
 
 
@@ -109,12 +138,16 @@ def test_live_runs_compare_resident_state_and_one_micro_batch():
     """A live run measures resident state and one micro-batch's saved bytes; the planner's
     peak-moment categories carry in-flight copies and (pipelining) several micro-batches: the
     comparison takes those out for live runs, and leaves a dry-run's peak comparison alone."""
-    predicted = MemoryBreakdown(params=130.0, grads=110.0, optimizer=200.0, activations=100.0,
-                                buffers=60.0, total=600.0,
-                                detail={"params.in_flight": 30.0, "grads.in_flight": 10.0,
-                                        "activations.in_flight": 2.0})
-    estimate = SimpleNamespace(memory=predicted, tokens_per_s=1.0,
-                               time=SimpleNamespace(step_s=1.0))
+    predicted = MemoryBreakdown(
+        params=130.0,
+        grads=110.0,
+        optimizer=200.0,
+        activations=100.0,
+        buffers=60.0,
+        total=600.0,
+        detail={"params.in_flight": 30.0, "grads.in_flight": 10.0, "activations.in_flight": 2.0},
+    )
+    estimate = SimpleNamespace(memory=predicted, tokens_per_s=1.0, time=SimpleNamespace(step_s=1.0))
     live = compare(_measurement(), estimate)
     assert live.predicted["params"] == 100.0 and live.rel_error["params"] == 0.0
     assert live.predicted["grads"] == 100.0 and live.predicted["activations"] == 50.0

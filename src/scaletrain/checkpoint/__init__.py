@@ -10,5 +10,12 @@ from .dcp import (
     verify_checkpoint,
 )
 
-__all__ = ["AsyncCheckpointer", "CheckpointError", "latest_good", "list_checkpoints",
-           "load_checkpoint", "save_checkpoint", "verify_checkpoint"]
+__all__ = [
+    "AsyncCheckpointer",
+    "CheckpointError",
+    "latest_good",
+    "list_checkpoints",
+    "load_checkpoint",
+    "save_checkpoint",
+    "verify_checkpoint",
+]

@@ -49,8 +49,15 @@ from scaletrain.parallel.zero import load_zero1_local_state, zero1_local_state
 
 from .safe_meta import SafeFileSystemReader, UnsafeMetadataError
 
-__all__ = ["AsyncCheckpointer", "save_checkpoint", "load_checkpoint", "latest_good",
-           "list_checkpoints", "verify_checkpoint", "CheckpointError"]
+__all__ = [
+    "AsyncCheckpointer",
+    "save_checkpoint",
+    "load_checkpoint",
+    "latest_good",
+    "list_checkpoints",
+    "verify_checkpoint",
+    "CheckpointError",
+]
 
 _PREFIX = "step_"
 
@@ -105,8 +112,11 @@ def verify_checkpoint(path: Path) -> str | None:
     if not isinstance(files, dict):
         return "manifest.json has no 'files' object"
     step = doc.get("step")
-    if path.name.startswith(_PREFIX) and path.name[len(_PREFIX):].isdigit() and (
-            isinstance(step, bool) or step != int(path.name[len(_PREFIX):])):
+    if (
+        path.name.startswith(_PREFIX)
+        and path.name[len(_PREFIX) :].isdigit()
+        and (isinstance(step, bool) or step != int(path.name[len(_PREFIX) :]))
+    ):
         return f"manifest.json says step {step!r}, the directory is {path.name}"
     for name in _REQUIRED:
         if name not in files:
@@ -114,8 +124,11 @@ def verify_checkpoint(path: Path) -> str | None:
     for name, rec in files.items():
         if not isinstance(name, str) or Path(name).name != name or name in (".", ".."):
             return f"manifest.json lists {name!r}, not a file of this directory"
-        if not (isinstance(rec, dict) and isinstance(rec.get("size"), int)
-                and isinstance(rec.get("sha256"), str)):
+        if not (
+            isinstance(rec, dict)
+            and isinstance(rec.get("size"), int)
+            and isinstance(rec.get("sha256"), str)
+        ):
             return f"manifest.json entry for {name} lacks an integer size and a sha256"
         f = path / name
         if not f.is_file():
@@ -137,9 +150,16 @@ def latest_good(ckpt_dir: str | Path, *, log: Any = print) -> Path | None:
     return None
 
 
-def save_checkpoint(ckpt_dir: str | Path, step: int, model: torch.nn.Module,
-                    optimizer: torch.optim.Optimizer, *, trainer_state: dict[str, Any],
-                    extra: dict[str, Any], keep_last_n: int = 2) -> Path:
+def save_checkpoint(
+    ckpt_dir: str | Path,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    trainer_state: dict[str, Any],
+    extra: dict[str, Any],
+    keep_last_n: int = 2,
+) -> Path:
     """Collectively save model + optimizer (DCP, sharded as they are) + state; publish atomically.
 
     `trainer_state` must be JSON-serialisable and identical on every rank (rank 0 writes it);
@@ -181,8 +201,15 @@ class AsyncCheckpointer:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-publish")
         self._pending: Future[Path] | None = None
 
-    def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
-             trainer_state: dict[str, Any], extra: dict[str, Any]) -> None:
+    def save(
+        self,
+        step: int,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        trainer_state: dict[str, Any],
+        extra: dict[str, Any],
+    ) -> None:
         """Start saving `step` (collective); returns once the state is staged in host memory."""
         self.wait()
         tmp, final = _begin(self.ckpt_dir, step)
@@ -192,8 +219,12 @@ class AsyncCheckpointer:
         _write_local(tmp, extra, trainer_state)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            written = dcp.async_save(state, checkpoint_id=str(tmp), process_group=self._group,
-                                     no_dist=not dist.is_initialized())
+            written = dcp.async_save(
+                state,
+                checkpoint_id=str(tmp),
+                process_group=self._group,
+                no_dist=not dist.is_initialized(),
+            )
         if not isinstance(written, Future):  # a stager that stages in the background
             written = written.upload_completion
         self._pending = self._pool.submit(self._finish, written, tmp, final, step)
@@ -240,8 +271,9 @@ def _begin(ckpt_dir: Path, step: int) -> tuple[Path, Path]:
     return tmp, final
 
 
-def _payload(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-             extra: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def _payload(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, extra: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
     state = _state_dicts(model, optimizer)
     if isinstance(optimizer, ZeroRedundancyOptimizer):
         # ZeRO-1 keeps plain local state partitions that DCP cannot address: each rank writes
@@ -258,8 +290,11 @@ def _write_local(tmp: Path, extra: dict[str, Any], trainer_state: dict[str, Any]
 
 def _publish(tmp: Path, final: Path, *, step: int, keep_last_n: int) -> None:
     """Rank 0, after every rank wrote: manifest last, then one atomic rename, then retention."""
-    files = {p.name: {"size": p.stat().st_size, "sha256": _sha256(p)}
-             for p in sorted(tmp.iterdir()) if p.is_file()}
+    files = {
+        p.name: {"size": p.stat().st_size, "sha256": _sha256(p)}
+        for p in sorted(tmp.iterdir())
+        if p.is_file()
+    }
     manifest = tmp / "manifest.json"
     manifest.write_text(json.dumps({"step": step, "files": files}, indent=1))
     # a killed process loses nothing the kernel already holds, but a lost node loses unflushed
@@ -293,8 +328,9 @@ def _retain(ckpt_dir: Path, *, keep_last_n: int) -> None:
             good += 1
 
 
-def load_checkpoint(path: str | Path, model: torch.nn.Module,
-                    optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], dict[str, Any]]:
+def load_checkpoint(
+    path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Load a verified checkpoint into model and optimizer in place.
 
     Returns (trainer_state, this rank's extra). Raises CheckpointError when it does not verify.
@@ -316,46 +352,67 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module,
     except Exception as e:  # noqa: BLE001 - verified files that still do not parse
         raise CheckpointError(f"checkpoint {path} is unusable: {_first(e)}") from None
     if not isinstance(extra, dict) or not isinstance(trainer_state, dict):
-        raise CheckpointError(f"checkpoint {path} is unusable: extra_rank*.pt and "
-                              "trainer_state.json must each hold a mapping")
+        raise CheckpointError(
+            f"checkpoint {path} is unusable: extra_rank*.pt and "
+            "trainer_state.json must each hold a mapping"
+        )
     if isinstance(optimizer, ZeroRedundancyOptimizer) and "optim_local" not in extra:
-        raise CheckpointError(f"{path} holds no ZeRO-1 partition for this rank: ZeRO-1 "
-                              "optimizer partitions cannot be resharded; resume with the world "
-                              "size it was written with, or with parallel.zero=2/3")
+        raise CheckpointError(
+            f"{path} holds no ZeRO-1 partition for this rank: ZeRO-1 "
+            "optimizer partitions cannot be resharded; resume with the world "
+            "size it was written with, or with parallel.zero=2/3"
+        )
     state = _state_dicts(model, optimizer)
     fqns = _saved_fqns(path)  # reads (safely) the index before anything is loaded
     saved = {k.split(".", 1)[0] for k in fqns}
     ours = {f"model.{k}" for k in state["model"]}
     # one process holds the whole model (a pipeline rank holds its stages only, and the
     # saved config is compared with the new one before any rank loads: resume_check)
-    extra_params = [] if dist.is_initialized() else sorted(
-        k for k in fqns if k.startswith("model.") and k not in ours)
+    extra_params = (
+        []
+        if dist.is_initialized()
+        else sorted(k for k in fqns if k.startswith("model.") and k not in ours)
+    )
     if extra_params:  # DCP loads what the model asks for: the rest would vanish silently
-        raise CheckpointError(f"checkpoint {path} holds {len(extra_params)} parameter(s) this "
-                              f"model does not have ({', '.join(extra_params[:3])}): resume it "
-                              "with the config it was written with, or start a new run_dir")
+        raise CheckpointError(
+            f"checkpoint {path} holds {len(extra_params)} parameter(s) this "
+            f"model does not have ({', '.join(extra_params[:3])}): resume it "
+            "with the config it was written with, or start a new run_dir"
+        )
     if "optim" in state and "optim" not in saved:
-        raise CheckpointError(f"{path} was written by ZeRO-1 (per-rank optimizer partitions): "
-                              "resume it with parallel.zero=1 and the same world size")
+        raise CheckpointError(
+            f"{path} was written by ZeRO-1 (per-rank optimizer partitions): "
+            "resume it with parallel.zero=1 and the same world size"
+        )
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.load(state, checkpoint_id=str(path),
-                     storage_reader=SafeFileSystemReader(str(path)),
-                     no_dist=not dist.is_initialized())
+            dcp.load(
+                state,
+                checkpoint_id=str(path),
+                storage_reader=SafeFileSystemReader(str(path)),
+                no_dist=not dist.is_initialized(),
+            )
         if isinstance(optimizer, ZeroRedundancyOptimizer):
             set_model_state_dict(model, state["model"], options=StateDictOptions(strict=True))
             load_zero1_local_state(optimizer, extra.pop("optim_local"))
         else:
-            set_state_dict(model, optimizer, model_state_dict=state["model"],
-                           optim_state_dict=state["optim"], options=StateDictOptions(strict=True))
+            set_state_dict(
+                model,
+                optimizer,
+                model_state_dict=state["model"],
+                optim_state_dict=state["optim"],
+                options=StateDictOptions(strict=True),
+            )
     except CheckpointError:
         raise
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - another model or format
         # (DCP's CheckpointException derives from BaseException)
-        raise CheckpointError(f"checkpoint {path} does not load into this model "
-                              f"({_first(e)}): resume it with the config it was written "
-                              "with, or start a new run_dir") from None
+        raise CheckpointError(
+            f"checkpoint {path} does not load into this model "
+            f"({_first(e)}): resume it with the config it was written "
+            "with, or start a new run_dir"
+        ) from None
     return trainer_state, extra
 
 
@@ -377,8 +434,9 @@ def _saved_fqns(path: Path) -> set[str]:
     except UnsafeMetadataError as e:
         raise CheckpointError(str(e)) from None
     except Exception as e:  # noqa: BLE001 - a truncated or foreign .metadata
-        raise CheckpointError(f"checkpoint {path} is unusable: its .metadata does not read "
-                              f"({_first(e)})") from None
+        raise CheckpointError(
+            f"checkpoint {path} is unusable: its .metadata does not read ({_first(e)})"
+        ) from None
     return set(meta.state_dict_metadata)
 
 

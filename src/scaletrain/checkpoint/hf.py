@@ -28,25 +28,35 @@ from torch import nn
 from scaletrain.config import ModelConfig
 from scaletrain.dtensor import to_full
 
-__all__ = ["export_hf", "load_hf_state_dict", "to_hf_state_dict", "from_hf_state_dict",
-           "hf_config"]
+__all__ = ["export_hf", "load_hf_state_dict", "to_hf_state_dict", "from_hf_state_dict", "hf_config"]
 
 
 def _check_exportable(cfg: ModelConfig) -> None:
     if cfg.is_moe and (cfg.family != "llama" or cfg.bias):
-        raise ValueError("HF export: MoE models export as Mixtral only (rmsnorm, swiglu, rope, "
-                         "bias=False)")
+        raise ValueError(
+            "HF export: MoE models export as Mixtral only (rmsnorm, swiglu, rope, bias=False)"
+        )
     if cfg.sliding_window and (cfg.family != "llama" or (cfg.bias and not cfg.is_moe)):
-        raise ValueError("HF export: a sliding window exports as Mistral or Mixtral only "
-                         "(rmsnorm, swiglu, rope, bias=False)")
+        raise ValueError(
+            "HF export: a sliding window exports as Mistral or Mixtral only "
+            "(rmsnorm, swiglu, rope, bias=False)"
+        )
     if cfg.family == "llama":
         if cfg.activation != "swiglu" or cfg.position != "rope":
-            raise ValueError("HF export: the Llama family needs activation='swiglu' and "
-                             "position='rope'")
-    elif (cfg.norm != "layernorm" or cfg.activation == "swiglu" or cfg.position != "learned"
-          or not cfg.bias or cfg.num_kv_heads != cfg.num_heads):
-        raise ValueError("HF export: the GPT-2 family needs layernorm, gelu, learned positions, "
-                         "bias=True and num_kv_heads == num_heads")
+            raise ValueError(
+                "HF export: the Llama family needs activation='swiglu' and position='rope'"
+            )
+    elif (
+        cfg.norm != "layernorm"
+        or cfg.activation == "swiglu"
+        or cfg.position != "learned"
+        or not cfg.bias
+        or cfg.num_kv_heads != cfg.num_heads
+    ):
+        raise ValueError(
+            "HF export: the GPT-2 family needs layernorm, gelu, learned positions, "
+            "bias=True and num_kv_heads == num_heads"
+        )
 
 
 def hf_config(cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> dict:
@@ -56,37 +66,68 @@ def hf_config(cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> dict:
     if cfg.family == "llama":
         # the keys Llama, Mistral and Mixtral share; each adds its own below
         out = {
-            "vocab_size": cfg.vocab_size, "hidden_size": cfg.dim,
-            "intermediate_size": cfg.ffn_dim, "num_hidden_layers": cfg.num_layers,
-            "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
-            "head_dim": cfg.head_dim, "max_position_embeddings": cfg.max_seq_len,
-            "rms_norm_eps": cfg.norm_eps, "rope_theta": cfg.rope_theta, "hidden_act": "silu",
-            "tie_word_embeddings": cfg.tie_embeddings, "attention_dropout": 0.0,
-            "initializer_range": cfg.init_std, "torch_dtype": dtype_name,
+            "vocab_size": cfg.vocab_size,
+            "hidden_size": cfg.dim,
+            "intermediate_size": cfg.ffn_dim,
+            "num_hidden_layers": cfg.num_layers,
+            "num_attention_heads": cfg.num_heads,
+            "num_key_value_heads": cfg.num_kv_heads,
+            "head_dim": cfg.head_dim,
+            "max_position_embeddings": cfg.max_seq_len,
+            "rms_norm_eps": cfg.norm_eps,
+            "rope_theta": cfg.rope_theta,
+            "hidden_act": "silu",
+            "tie_word_embeddings": cfg.tie_embeddings,
+            "attention_dropout": 0.0,
+            "initializer_range": cfg.init_std,
+            "torch_dtype": dtype_name,
         }
         if cfg.is_moe:
-            return {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", **out,
-                    "num_local_experts": cfg.num_experts,
-                    "num_experts_per_tok": cfg.experts_per_token,
-                    "router_aux_loss_coef": cfg.moe_aux_loss_coef, "router_jitter_noise": 0.0,
-                    "sliding_window": cfg.sliding_window or None}
+            return {
+                "architectures": ["MixtralForCausalLM"],
+                "model_type": "mixtral",
+                **out,
+                "num_local_experts": cfg.num_experts,
+                "num_experts_per_tok": cfg.experts_per_token,
+                "router_aux_loss_coef": cfg.moe_aux_loss_coef,
+                "router_jitter_noise": 0.0,
+                "sliding_window": cfg.sliding_window or None,
+            }
         if cfg.sliding_window:
-            return {"architectures": ["MistralForCausalLM"], "model_type": "mistral", **out,
-                    "sliding_window": cfg.sliding_window}
-        return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **out,
-                "attention_bias": cfg.bias, "mlp_bias": cfg.bias}
+            return {
+                "architectures": ["MistralForCausalLM"],
+                "model_type": "mistral",
+                **out,
+                "sliding_window": cfg.sliding_window,
+            }
+        return {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            **out,
+            "attention_bias": cfg.bias,
+            "mlp_bias": cfg.bias,
+        }
     return {
-        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
-        "vocab_size": cfg.vocab_size, "n_positions": cfg.max_seq_len, "n_embd": cfg.dim,
-        "n_layer": cfg.num_layers, "n_head": cfg.num_heads, "n_inner": cfg.ffn_dim,
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": cfg.vocab_size,
+        "n_positions": cfg.max_seq_len,
+        "n_embd": cfg.dim,
+        "n_layer": cfg.num_layers,
+        "n_head": cfg.num_heads,
+        "n_inner": cfg.ffn_dim,
         # HF's names: "gelu_new" is the tanh approximation (our "gelu"), "gelu" the erf form
         "activation_function": "gelu" if cfg.activation == "gelu_exact" else "gelu_new",
         "layer_norm_epsilon": cfg.norm_eps,
-        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
-        "tie_word_embeddings": cfg.tie_embeddings, "initializer_range": cfg.init_std,
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "initializer_range": cfg.init_std,
         # GPT-2's end-of-text id, clipped into small vocabularies so HF's validation passes.
         "bos_token_id": min(50256, cfg.vocab_size - 1),
-        "eos_token_id": min(50256, cfg.vocab_size - 1), "torch_dtype": dtype_name,
+        "eos_token_id": min(50256, cfg.vocab_size - 1),
+        "torch_dtype": dtype_name,
     }
 
 
@@ -100,8 +141,10 @@ def _full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def _layer_map(cfg: ModelConfig) -> list[tuple[str, str]]:
     """(our name, HF name) pairs inside block i, for the Llama family (one-to-one)."""
-    pairs = [("attention_norm.weight", "input_layernorm.weight"),
-             ("ffn_norm.weight", "post_attention_layernorm.weight")]
+    pairs = [
+        ("attention_norm.weight", "input_layernorm.weight"),
+        ("ffn_norm.weight", "post_attention_layernorm.weight"),
+    ]
     for ours, hf in (("wq", "q_proj"), ("wk", "k_proj"), ("wv", "v_proj"), ("wo", "o_proj")):
         pairs.append((f"attention.{ours}.weight", f"self_attn.{hf}.weight"))
         if cfg.bias:
@@ -130,7 +173,8 @@ def to_hf_state_dict(sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str,
             for e in range(cfg.num_experts):  # stacked (E, ., .) -> one Linear per expert
                 for w in ("w1", "w2", "w3"):
                     out[f"model.layers.{i}.block_sparse_moe.experts.{e}.{w}.weight"] = sd[
-                        f"layers.{i}.moe.experts.{w}"][e]
+                        f"layers.{i}.moe.experts.{w}"
+                    ][e]
         return out
     t = "transformer."
     out[t + "wte.weight"] = sd["tok_embeddings.weight"]
@@ -141,21 +185,26 @@ def to_hf_state_dict(sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str,
     for i in range(cfg.num_layers):
         p, h = f"layers.{i}.", f"{t}h.{i}."
         for ours, hf in (("attention_norm", "ln_1"), ("ffn_norm", "ln_2")):
-            out[h + hf + ".weight"], out[h + hf + ".bias"] = sd[p + ours + ".weight"], sd[
-                p + ours + ".bias"]
+            out[h + hf + ".weight"], out[h + hf + ".bias"] = (
+                sd[p + ours + ".weight"],
+                sd[p + ours + ".bias"],
+            )
         qkv_w = torch.cat([sd[p + f"attention.{n}.weight"] for n in ("wq", "wk", "wv")])
         out[h + "attn.c_attn.weight"] = qkv_w.t()  # Conv1D: (h, 3h)
-        out[h + "attn.c_attn.bias"] = torch.cat([sd[p + f"attention.{n}.bias"]
-                                                 for n in ("wq", "wk", "wv")])
-        for ours, hf in (("attention.wo", "attn.c_proj"), ("feed_forward.w1", "mlp.c_fc"),
-                         ("feed_forward.w2", "mlp.c_proj")):
+        out[h + "attn.c_attn.bias"] = torch.cat(
+            [sd[p + f"attention.{n}.bias"] for n in ("wq", "wk", "wv")]
+        )
+        for ours, hf in (
+            ("attention.wo", "attn.c_proj"),
+            ("feed_forward.w1", "mlp.c_fc"),
+            ("feed_forward.w2", "mlp.c_proj"),
+        ):
             out[h + hf + ".weight"] = sd[p + ours + ".weight"].t()
             out[h + hf + ".bias"] = sd[p + ours + ".bias"]
     return out
 
 
-def from_hf_state_dict(hf: dict[str, torch.Tensor], cfg: ModelConfig
-                       ) -> dict[str, torch.Tensor]:
+def from_hf_state_dict(hf: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """HF names and layouts -> ours. Accepts GPT-2 files saved with or without `transformer.`."""
     _check_exportable(cfg)
     sd: dict[str, torch.Tensor] = {}
@@ -182,36 +231,53 @@ def from_hf_state_dict(hf: dict[str, torch.Tensor], cfg: ModelConfig
     for i in range(cfg.num_layers):
         p, h = f"layers.{i}.", f"h.{i}."
         for ours, name in (("attention_norm", "ln_1"), ("ffn_norm", "ln_2")):
-            sd[p + ours + ".weight"], sd[p + ours + ".bias"] = hf[h + name + ".weight"], hf[
-                h + name + ".bias"]
+            sd[p + ours + ".weight"], sd[p + ours + ".bias"] = (
+                hf[h + name + ".weight"],
+                hf[h + name + ".bias"],
+            )
         qkv_w = hf[h + "attn.c_attn.weight"].t()  # (3h, h)
         qkv_b = hf[h + "attn.c_attn.bias"]
         for j, n in enumerate(("wq", "wk", "wv")):
-            sd[p + f"attention.{n}.weight"] = qkv_w[j * dim:(j + 1) * dim]
-            sd[p + f"attention.{n}.bias"] = qkv_b[j * dim:(j + 1) * dim]
-        for ours, name in (("attention.wo", "attn.c_proj"), ("feed_forward.w1", "mlp.c_fc"),
-                           ("feed_forward.w2", "mlp.c_proj")):
+            sd[p + f"attention.{n}.weight"] = qkv_w[j * dim : (j + 1) * dim]
+            sd[p + f"attention.{n}.bias"] = qkv_b[j * dim : (j + 1) * dim]
+        for ours, name in (
+            ("attention.wo", "attn.c_proj"),
+            ("feed_forward.w1", "mlp.c_fc"),
+            ("feed_forward.w2", "mlp.c_proj"),
+        ):
             sd[p + ours + ".weight"] = hf[h + name + ".weight"].t()
             sd[p + ours + ".bias"] = hf[h + name + ".bias"]
     return sd
 
 
-def _experts_from_hf(hf: dict[str, torch.Tensor], cfg: ModelConfig, i: int
-                     ) -> dict[str, torch.Tensor]:
+def _experts_from_hf(
+    hf: dict[str, torch.Tensor], cfg: ModelConfig, i: int
+) -> dict[str, torch.Tensor]:
     pre, ours = f"model.layers.{i}.", f"layers.{i}.moe.experts."
     fused = hf.get(pre + "mlp.experts.gate_up_proj")
     if fused is not None:  # transformers 5: (E, 2f, h) = gate rows then up rows; (E, h, f)
         f = cfg.ffn_dim
-        return {ours + "w1": fused[:, :f], ours + "w3": fused[:, f:],
-                ours + "w2": hf[pre + "mlp.experts.down_proj"]}
-    return {ours + w: torch.stack([hf[f"{pre}block_sparse_moe.experts.{e}.{w}.weight"]
-                                   for e in range(cfg.num_experts)])
-            for w in ("w1", "w2", "w3")}
+        return {
+            ours + "w1": fused[:, :f],
+            ours + "w3": fused[:, f:],
+            ours + "w2": hf[pre + "mlp.experts.down_proj"],
+        }
+    return {
+        ours + w: torch.stack(
+            [hf[f"{pre}block_sparse_moe.experts.{e}.{w}.weight"] for e in range(cfg.num_experts)]
+        )
+        for w in ("w1", "w2", "w3")
+    }
 
 
-def export_hf(model: nn.Module, cfg: ModelConfig, out_dir: str | Path, *,
-              dtype: torch.dtype | None = None, pp_group: dist.ProcessGroup | None = None
-              ) -> Path:
+def export_hf(
+    model: nn.Module,
+    cfg: ModelConfig,
+    out_dir: str | Path,
+    *,
+    dtype: torch.dtype | None = None,
+    pp_group: dist.ProcessGroup | None = None,
+) -> Path:
     """Write `model.safetensors` (HF names) and `config.json` to out_dir; returns out_dir.
 
     Collective when distributed: every rank gathers its DTensor shards; with `pp_group` (a
@@ -234,8 +300,9 @@ def export_hf(model: nn.Module, cfg: ModelConfig, out_dir: str | Path, *,
     out.mkdir(parents=True, exist_ok=True)
     tensors = to_hf_state_dict(state, cfg)
     # safetensors wants contiguous, unshared CPU tensors (views of c_attn slices, .t()).
-    tensors = {k: (v.to(dtype) if dtype else v).cpu().contiguous().clone()
-               for k, v in tensors.items()}
+    tensors = {
+        k: (v.to(dtype) if dtype else v).cpu().contiguous().clone() for k, v in tensors.items()
+    }
     used = next(iter(tensors.values())).dtype
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(hf_config(cfg, used), indent=2) + "\n")
@@ -254,8 +321,10 @@ def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
         return tensors
     single = path / "model.safetensors"
     if not single.exists():
-        raise FileNotFoundError(f"{path}: no model.safetensors or model.safetensors.index.json "
-                                "(only safetensors are read, never pickle)")
+        raise FileNotFoundError(
+            f"{path}: no model.safetensors or model.safetensors.index.json "
+            "(only safetensors are read, never pickle)"
+        )
     return load_file(str(single))
 
 

@@ -53,9 +53,12 @@ class SafetensorsDir:
         else:
             files = sorted(self.directory.glob("*.safetensors"))
             if not files:
-                raise ConfigError(_FIELD, str(self.directory),
-                                  "no *.safetensors files there (pickled .bin weights are never "
-                                  "read: convert them with transformers' save_pretrained)")
+                raise ConfigError(
+                    _FIELD,
+                    str(self.directory),
+                    "no *.safetensors files there (pickled .bin weights are never "
+                    "read: convert them with transformers' save_pretrained)",
+                )
             self._file_of = {}
             for f in files:
                 with safe_open(str(f), framework="pt") as h:
@@ -92,8 +95,9 @@ class _Box:
 
     def slices(self, shift: tuple[int, ...] = ()) -> tuple[slice, ...]:
         shift = shift or (0,) * len(self.offset)
-        return tuple(slice(s + o, s + o + n)
-                     for s, o, n in zip(shift, self.offset, self.size, strict=True))
+        return tuple(
+            slice(s + o, s + o + n) for s, o, n in zip(shift, self.offset, self.size, strict=True)
+        )
 
     def transposed(self) -> _Box:
         return _Box(self.offset[::-1], self.size[::-1])
@@ -112,24 +116,35 @@ class _Source:
     read: Callable[[SafetensorsDir, _Box], torch.Tensor]
 
 
-def _direct(name: str, shape: tuple[int, ...], shift: tuple[int, ...] = (),
-            hf_shape: tuple[int, ...] | None = None) -> _Source:
+def _direct(
+    name: str,
+    shape: tuple[int, ...],
+    shift: tuple[int, ...] = (),
+    hf_shape: tuple[int, ...] | None = None,
+) -> _Source:
     return _Source((name,), hf_shape or shape, lambda f, b: f.read(name, b.slices(shift)))
 
 
-def _transposed(name: str, shape: tuple[int, ...], col_shift: int = 0,
-                hf_shape: tuple[int, ...] | None = None) -> _Source:
+def _transposed(
+    name: str, shape: tuple[int, ...], col_shift: int = 0, hf_shape: tuple[int, ...] | None = None
+) -> _Source:
     """GPT-2 Conv1D: stored (in, out), ours (out, in); `col_shift` picks q, k or v of c_attn."""
-    return _Source((name,), hf_shape or shape[::-1],
-                   lambda f, b: f.read(name, b.transposed().slices((0, col_shift))).t())
+    return _Source(
+        (name,),
+        hf_shape or shape[::-1],
+        lambda f, b: f.read(name, b.transposed().slices((0, col_shift))).t(),
+    )
 
 
 def _stacked(names: list[str], shape: tuple[int, ...]) -> _Source:
     """One HF tensor per expert, ours stacked on dim 0 (read only the experts this rank owns)."""
+
     def read(f: SafetensorsDir, b: _Box) -> torch.Tensor:
         inner = _Box(b.offset[1:], b.size[1:])
-        return torch.stack([f.read(names[e], inner.slices())
-                            for e in range(b.offset[0], b.offset[0] + b.size[0])])
+        return torch.stack(
+            [f.read(names[e], inner.slices()) for e in range(b.offset[0], b.offset[0] + b.size[0])]
+        )
+
     return _Source(tuple(names), shape[1:], read)
 
 
@@ -138,13 +153,17 @@ def _pick(files: SafetensorsDir, *names: str) -> str:
     for n in names:
         if n in files:
             return n
-    raise ConfigError(_FIELD, str(files.directory),
-                      f"tensor {names[0]} is missing from the safetensors files: the directory "
-                      "does not hold weights of this architecture")
+    raise ConfigError(
+        _FIELD,
+        str(files.directory),
+        f"tensor {names[0]} is missing from the safetensors files: the directory "
+        "does not hold weights of this architecture",
+    )
 
 
-def _llama_source(fqn: str, shape: tuple[int, ...], cfg: ModelConfig,
-                  files: SafetensorsDir) -> _Source:
+def _llama_source(
+    fqn: str, shape: tuple[int, ...], cfg: ModelConfig, files: SafetensorsDir
+) -> _Source:
     from .hf import _layer_map
 
     if fqn == "tok_embeddings.weight":
@@ -170,19 +189,30 @@ def _llama_source(fqn: str, shape: tuple[int, ...], cfg: ModelConfig,
         E, f = cfg.num_experts, cfg.ffn_dim
         if w[1] == "w2":
             return _direct(pre + "mlp.experts.down_proj", shape)
-        return _direct(fused, shape, shift=(0, 0 if w[1] == "w1" else f, 0),
-                       hf_shape=(E, 2 * f, cfg.dim))
-    return _stacked([_pick(files, f"{pre}block_sparse_moe.experts.{e}.{w[1]}.weight")
-                     for e in range(cfg.num_experts)], shape)
+        return _direct(
+            fused, shape, shift=(0, 0 if w[1] == "w1" else f, 0), hf_shape=(E, 2 * f, cfg.dim)
+        )
+    return _stacked(
+        [
+            _pick(files, f"{pre}block_sparse_moe.experts.{e}.{w[1]}.weight")
+            for e in range(cfg.num_experts)
+        ],
+        shape,
+    )
 
 
-def _gpt2_source(fqn: str, shape: tuple[int, ...], cfg: ModelConfig,
-                 files: SafetensorsDir) -> _Source:
+def _gpt2_source(
+    fqn: str, shape: tuple[int, ...], cfg: ModelConfig, files: SafetensorsDir
+) -> _Source:
     def name(n: str) -> str:  # saved with or without the `transformer.` prefix
         return _pick(files, "transformer." + n, n)
 
-    top = {"tok_embeddings.weight": "wte.weight", "pos_embeddings.weight": "wpe.weight",
-           "norm.weight": "ln_f.weight", "norm.bias": "ln_f.bias"}
+    top = {
+        "tok_embeddings.weight": "wte.weight",
+        "pos_embeddings.weight": "wpe.weight",
+        "norm.weight": "ln_f.weight",
+        "norm.bias": "ln_f.bias",
+    }
     if fqn in top:
         return _direct(name(top[fqn]), shape)
     if fqn == "output.weight":
@@ -201,8 +231,11 @@ def _gpt2_source(fqn: str, shape: tuple[int, ...], cfg: ModelConfig,
         if leaf == "bias":
             return _direct(fused, shape, shift=(shift,), hf_shape=(3 * cfg.dim,))
         return _transposed(fused, shape, col_shift=shift, hf_shape=(cfg.dim, 3 * cfg.dim))
-    conv = {"attention.wo": "attn.c_proj", "feed_forward.w1": "mlp.c_fc",
-            "feed_forward.w2": "mlp.c_proj"}
+    conv = {
+        "attention.wo": "attn.c_proj",
+        "feed_forward.w1": "mlp.c_fc",
+        "feed_forward.w2": "mlp.c_proj",
+    }
     if mod not in conv:
         raise ConfigError(_FIELD, fqn, "no Hugging Face source for this parameter")
     src = name(f"{h}{conv[mod]}.{leaf}")
@@ -220,8 +253,9 @@ def _local_box(param: torch.Tensor) -> _Box | None:
 
     if any(type(p) not in (Shard, Replicate) for p in param.placements):
         return None  # e.g. _StridedShard (FSDP over TP on one dim): not a contiguous box
-    local, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh,
-                                                          param.placements)
+    local, offset = compute_local_shape_and_global_offset(
+        param.shape, param.device_mesh, param.placements
+    )
     if tuple(local) != tuple(param.to_local().shape):
         return None
     return _Box(tuple(offset), tuple(local))
@@ -231,10 +265,13 @@ def _check_shape(src: _Source, files: SafetensorsDir) -> None:
     for n in src.names:
         got = files.shape(n)
         if got != src.hf_shape:
-            raise ConfigError(_FIELD, files.where(n),
-                              f"has shape {list(got)} but the model config needs "
-                              f"{list(src.hf_shape)}: the weights do not belong to this "
-                              "config.json (or a model.* override changed a size)")
+            raise ConfigError(
+                _FIELD,
+                files.where(n),
+                f"has shape {list(got)} but the model config needs "
+                f"{list(src.hf_shape)}: the weights do not belong to this "
+                "config.json (or a model.* override changed a size)",
+            )
 
 
 @torch.no_grad()
@@ -249,10 +286,12 @@ def _fill(param: torch.Tensor, src: _Source, files: SafetensorsDir) -> None:
         return
     local = param.to_local()
     if box is None:  # read the whole tensor and keep this rank's shard
-
-        value = distribute_tensor(value.to(device=local.device, dtype=local.dtype),
-                                  param.device_mesh, param.placements,
-                                  src_data_rank=None).to_local()
+        value = distribute_tensor(
+            value.to(device=local.device, dtype=local.dtype),
+            param.device_mesh,
+            param.placements,
+            src_data_rank=None,
+        ).to_local()
     local.copy_(value.to(device=local.device, dtype=local.dtype))
 
 

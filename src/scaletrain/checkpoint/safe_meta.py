@@ -23,19 +23,28 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 __all__ = ["SafeFileSystemReader", "UnsafeMetadataError", "ALLOWED_GLOBALS", "safe_load_metadata"]
 
 _DCP_META = "torch.distributed.checkpoint.metadata"
-ALLOWED_GLOBALS: frozenset[tuple[str, str]] = frozenset({
-    (_DCP_META, "Metadata"), (_DCP_META, "MetadataIndex"), (_DCP_META, "StorageMeta"),
-    (_DCP_META, "ChunkStorageMetadata"), (_DCP_META, "TensorStorageMetadata"),
-    (_DCP_META, "BytesStorageMetadata"), (_DCP_META, "TensorProperties"),
-    (_DCP_META, "_MEM_FORMAT_ENCODING"),
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-    ("torch", "Size"),
-    # takes a layout's name and looks it up among torch's layouts (no other effect)
-    ("torch.serialization", "_get_layout"),
-    ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("pathlib", "PurePosixPath"),
-    ("pathlib", "PureWindowsPath"), ("pathlib", "Path"),
-    ("collections", "OrderedDict"),
-})
+ALLOWED_GLOBALS: frozenset[tuple[str, str]] = frozenset(
+    {
+        (_DCP_META, "Metadata"),
+        (_DCP_META, "MetadataIndex"),
+        (_DCP_META, "StorageMeta"),
+        (_DCP_META, "ChunkStorageMetadata"),
+        (_DCP_META, "TensorStorageMetadata"),
+        (_DCP_META, "BytesStorageMetadata"),
+        (_DCP_META, "TensorProperties"),
+        (_DCP_META, "_MEM_FORMAT_ENCODING"),
+        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+        ("torch", "Size"),
+        # takes a layout's name and looks it up among torch's layouts (no other effect)
+        ("torch.serialization", "_get_layout"),
+        ("pathlib", "PosixPath"),
+        ("pathlib", "WindowsPath"),
+        ("pathlib", "PurePosixPath"),
+        ("pathlib", "PureWindowsPath"),
+        ("pathlib", "Path"),
+        ("collections", "OrderedDict"),
+    }
+)
 """(module, name) pairs the index may name. torch dtypes (`torch.float32`, ...) are allowed
 separately: any `torch.<name>` that is a `torch.dtype` instance (a value, not a callable)."""
 
@@ -50,8 +59,9 @@ class _Restricted(pickle.Unpickler):
             return super().find_class(module, name)
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
-        raise UnsafeMetadataError(f"it names {module}.{name}, which is not one of DCP's "
-                                  "metadata classes")
+        raise UnsafeMetadataError(
+            f"it names {module}.{name}, which is not one of DCP's metadata classes"
+        )
 
 
 def safe_load_metadata(path: str | Path) -> Metadata:
@@ -63,15 +73,21 @@ def safe_load_metadata(path: str | Path) -> Metadata:
         with open(path, "rb") as f:
             meta = _Restricted(f).load()
     except UnsafeMetadataError as e:
-        raise UnsafeMetadataError(f"{path} was not loaded: {e}; a checkpoint index holds only "
-                                  "DCP's metadata, so this file was not written by DCP "
-                                  "(delete the checkpoint or resume from another)") from None
+        raise UnsafeMetadataError(
+            f"{path} was not loaded: {e}; a checkpoint index holds only "
+            "DCP's metadata, so this file was not written by DCP "
+            "(delete the checkpoint or resume from another)"
+        ) from None
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as e:
-        raise UnsafeMetadataError(f"{path} is not a readable DCP index ({type(e).__name__}: "
-                                  f"{e}); delete the checkpoint or resume from another") from None
+        raise UnsafeMetadataError(
+            f"{path} is not a readable DCP index ({type(e).__name__}: "
+            f"{e}); delete the checkpoint or resume from another"
+        ) from None
     if not isinstance(meta, Metadata):
-        raise UnsafeMetadataError(f"{path} holds a {type(meta).__name__}, not DCP's Metadata; "
-                                  "delete the checkpoint or resume from another")
+        raise UnsafeMetadataError(
+            f"{path} holds a {type(meta).__name__}, not DCP's Metadata; "
+            "delete the checkpoint or resume from another"
+        )
     return meta
 
 

@@ -38,8 +38,11 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "profile": ("scaletrain.cli.profile", "profile a few steps: breakdown, roofline, bottleneck"),
     "report": ("scaletrain.cli.report", "write a self-contained HTML report of a run directory"),
     "status": ("scaletrain.cli.status", "where a (possibly running) run is: step, ETA, health"),
-    "napkin": ("scaletrain.cli.napkin", "the seeds' napkin math: memory conventions, checkpoint "
-               "placement, waves, tokenizer, deadline, rent vs buy, energy"),
+    "napkin": (
+        "scaletrain.cli.napkin",
+        "the seeds' napkin math: memory conventions, checkpoint "
+        "placement, waves, tokenizer, deadline, rent vs buy, energy",
+    ),
 }
 
 
@@ -54,7 +57,8 @@ def _parser(argv: list[str]) -> tuple[argparse.ArgumentParser, str | None]:
     parser = _Parser(
         prog="scaletrain",
         description="Plan, dry-run, train and verify parallel transformer training: will it "
-                    "fit, how fast will it run, which strategy should I use.")
+        "fit, how fast will it run, which strategy should I use.",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     chosen = argv[0] if argv and argv[0] in SUBCOMMANDS else None
     for name, (module, help_) in SUBCOMMANDS.items():
@@ -85,8 +89,11 @@ def main(argv: list[str] | None = None) -> int:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except KeyboardInterrupt:  # Ctrl-C outside the training loop's handler (or a second one)
-        print(f"scaletrain {chosen}: interrupted (SIGINT); nothing was saved since the last "
-              "checkpoint", file=sys.stderr)
+        print(
+            f"scaletrain {chosen}: interrupted (SIGINT); nothing was saved since the last "
+            "checkpoint",
+            file=sys.stderr,
+        )
         return 130
     except RuntimeError as e:  # run-time failures with a prepared message (OOM, rollbacks)
         if type(e).__name__ not in ("OutOfMemory", "TooManyRollbacks", "CheckpointError"):
@@ -112,8 +119,10 @@ def _exit_on_sigint(command: str) -> Any:
         return None
 
     def handler(signum: int, frame: Any) -> None:
-        sys.stderr.write(f"scaletrain {command}: interrupted (SIGINT); nothing was saved since "
-                         "the last checkpoint\n")
+        sys.stderr.write(
+            f"scaletrain {command}: interrupted (SIGINT); nothing was saved since "
+            "the last checkpoint\n"
+        )
         with contextlib.suppress(Exception):
             sys.stdout.flush()
             sys.stderr.flush()

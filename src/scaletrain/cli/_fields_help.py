@@ -30,9 +30,13 @@ def field_docs(cls: type) -> dict[str, str]:
     body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
     out: dict[str, str] = {}
     for node, nxt in zip(body, body[1:], strict=False):
-        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-                and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
-                and isinstance(nxt.value.value, str)):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(nxt, ast.Expr)
+            and isinstance(nxt.value, ast.Constant)
+            and isinstance(nxt.value.value, str)
+        ):
             out[node.target.id] = _first_sentence(nxt.value.value)
     return out
 
@@ -40,7 +44,7 @@ def field_docs(cls: type) -> dict[str, str]:
 def _first_sentence(doc: str) -> str:
     text = " ".join(doc.split())
     end = text.find(". ")
-    return text if end < 0 else text[:end + 1]
+    return text if end < 0 else text[: end + 1]
 
 
 def _value(v: Any) -> str:
@@ -72,8 +76,11 @@ def _section(name: str, obj: Any, cls: type) -> list[str]:
 def fields_help() -> str:
     """Every section and field of the job config with its default and one-line doc."""
     job = JobConfig()
-    lines = ["config sections and fields (set in a TOML [section] or as --section.key=value;",
-             "shown with the default job's values):", ""]
+    lines = [
+        "config sections and fields (set in a TOML [section] or as --section.key=value;",
+        "shown with the default job's values):",
+        "",
+    ]
     lines += _section("model", job.model, type(job.model))
     for name, cls in SECTIONS.items():
         lines += ["", *_section(name, getattr(job, name), cls)]

@@ -31,17 +31,29 @@ from scaletrain.config import (
 __all__ = ["FLAGS", "add_job_flags", "Derived", "ResolvedJob", "resolve_job", "flag_overrides"]
 
 FLAGS: dict[str, tuple[str, str]] = {
-    "model": ("model", "name"), "gpu": ("hardware", "gpu"), "gpus": ("hardware", "gpus"),
-    "gpus_per_node": ("hardware", "gpus_per_node"), "seq_len": ("batch", "seq_len"),
-    "global_batch": ("batch", "global_batch"), "micro_batch": ("batch", "micro_batch"),
-    "dp": ("parallel", "dp"), "zero": ("parallel", "zero"), "tp": ("parallel", "tp"),
-    "sp": ("parallel", "sp"), "pp": ("parallel", "pp"),
-    "pp_schedule": ("parallel", "pp_schedule"), "pp_virtual": ("parallel", "pp_virtual"),
-    "cp": ("parallel", "cp"), "ep": ("parallel", "ep"), "ac": ("memory", "ac"),
-    "precision": ("precision", "dtype"), "offload": ("memory", "offload"),
+    "model": ("model", "name"),
+    "gpu": ("hardware", "gpu"),
+    "gpus": ("hardware", "gpus"),
+    "gpus_per_node": ("hardware", "gpus_per_node"),
+    "seq_len": ("batch", "seq_len"),
+    "global_batch": ("batch", "global_batch"),
+    "micro_batch": ("batch", "micro_batch"),
+    "dp": ("parallel", "dp"),
+    "zero": ("parallel", "zero"),
+    "tp": ("parallel", "tp"),
+    "sp": ("parallel", "sp"),
+    "pp": ("parallel", "pp"),
+    "pp_schedule": ("parallel", "pp_schedule"),
+    "pp_virtual": ("parallel", "pp_virtual"),
+    "cp": ("parallel", "cp"),
+    "ep": ("parallel", "ep"),
+    "ac": ("memory", "ac"),
+    "precision": ("precision", "dtype"),
+    "offload": ("memory", "offload"),
     "compile": ("train", "compile"),
     "usd_per_gpu_hour": ("hardware", "usd_per_gpu_hour"),
-    "efficiency": ("hardware", "efficiency"), "pue": ("hardware", "pue"),
+    "efficiency": ("hardware", "efficiency"),
+    "pue": ("hardware", "pue"),
     "grid_co2": ("hardware", "grid_kg_co2_per_kwh"),
     "host_watts": ("hardware", "host_watts_per_node"),
 }
@@ -57,17 +69,34 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
     d = JobConfig()
     a = parser.add_argument
     a("--config", metavar="F.toml", help="job TOML (flags override its values)")
-    a("--model", metavar="NAME|config.json",
-      help=f"model preset or Hugging Face config.json (default {d.model.name})")
-    a("--gpus", type=int, metavar="N", help="number of GPUs (default: the config's, else "
-      "dp*tp*pp*cp when --dp is given, else 1)")
+    a(
+        "--model",
+        metavar="NAME|config.json",
+        help=f"model preset or Hugging Face config.json (default {d.model.name})",
+    )
+    a(
+        "--gpus",
+        type=int,
+        metavar="N",
+        help="number of GPUs (default: the config's, else dp*tp*pp*cp when --dp is given, else 1)",
+    )
     a("--gpu", metavar="TYPE", help=f"hardware preset (default {d.hardware.gpu})")
     a("--gpus-per-node", type=int, metavar="N", help="override the preset's GPUs per node")
     a("--seq-len", type=int, metavar="N", help=f"tokens per sequence (default {d.batch.seq_len})")
-    a("--global-batch", type=int, metavar="N", help="sequences per optimizer step (default "
-      f"{d.batch.global_batch}, raised to a multiple of dp)")
-    a("--micro-batch", type=int, metavar="N", help="sequences per micro-batch per dp rank "
-      "(default: global batch / dp, no accumulation; a search chooses it)")
+    a(
+        "--global-batch",
+        type=int,
+        metavar="N",
+        help="sequences per optimizer step (default "
+        f"{d.batch.global_batch}, raised to a multiple of dp)",
+    )
+    a(
+        "--micro-batch",
+        type=int,
+        metavar="N",
+        help="sequences per micro-batch per dp rank "
+        "(default: global batch / dp, no accumulation; a search chooses it)",
+    )
     a("--dp", type=int, metavar="N")
     a("--zero", type=int, choices=(0, 1, 2, 3))
     a("--tp", type=int, metavar="N")
@@ -78,8 +107,11 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
     a("--cp", type=int, metavar="N")
     a("--ep", type=int, metavar="N")
     a("--ac", choices=AC_MODES, help=f"activation checkpointing (default {d.memory.ac})")
-    a("--precision", choices=PRECISIONS,
-      help="compute precision (default: bf16 on a GPU with bf16 tensor cores, else fp32)")
+    a(
+        "--precision",
+        choices=PRECISIONS,
+        help="compute precision (default: bf16 on a GPU with bf16 tensor cores, else fp32)",
+    )
     a("--compile", action="store_true", default=None)
     a("--offload", choices=OFFLOAD_MODES, help=f"CPU offload (default {d.memory.offload})")
 
@@ -126,13 +158,17 @@ class ResolvedJob:
         return any(self.is_given("parallel", k) for k in _DEGREES)
 
 
-def _given(config_path: str | Path | None,
-           overrides: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def _given(
+    config_path: str | Path | None, overrides: dict[str, dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
     raw: dict[str, dict[str, Any]] = {}
     if config_path is not None and Path(config_path).is_file():
         try:
-            raw = {k: dict(v) for k, v in tomllib.loads(Path(config_path).read_text()).items()
-                   if isinstance(v, dict)}
+            raw = {
+                k: dict(v)
+                for k, v in tomllib.loads(Path(config_path).read_text()).items()
+                if isinstance(v, dict)
+            }
         except tomllib.TOMLDecodeError:
             raw = {}  # load_config reports the syntax error with the file's name
     for section, values in overrides.items():
@@ -152,9 +188,13 @@ def _world(job: JobConfig, world_size: int | None) -> tuple[int, Derived | None]
     return 1, None
 
 
-def resolve_job(config_path: str | Path | None,
-                overrides: dict[str, dict[str, Any]] | list[str] | None = None, *,
-                world_size: int | None = None, search: bool = False) -> ResolvedJob:
+def resolve_job(
+    config_path: str | Path | None,
+    overrides: dict[str, dict[str, Any]] | list[str] | None = None,
+    *,
+    world_size: int | None = None,
+    search: bool = False,
+) -> ResolvedJob:
     """The job `config_path` + `overrides` describe, with unset dependent values derived.
 
     `world_size`: the run's real world size (train); None derives it from the config. `search`:
@@ -181,18 +221,36 @@ def resolve_job(config_path: str | Path | None,
     if not res.is_given("precision", "dtype"):
         hw = hardware_preset(job.hardware.gpu)
         if job.hardware.gpu != "cpu" and "bf16" in hw.peak_flops:
-            put("precision", "dtype", "bf16", f"{hw.name} has bf16 tensor cores",
-                job.precision.dtype)
-    if (not res.is_given("model", "vocab_size") and job.data.tokenizer == "bpe"
-            and job.model.vocab_size != job.data.bpe_vocab_size):
-        put("model", "vocab_size", job.data.bpe_vocab_size, "the BPE tokenizer's size "
-            "(data.bpe_vocab_size)", job.model.vocab_size)
+            put(
+                "precision",
+                "dtype",
+                "bf16",
+                f"{hw.name} has bf16 tensor cores",
+                job.precision.dtype,
+            )
+    if (
+        not res.is_given("model", "vocab_size")
+        and job.data.tokenizer == "bpe"
+        and job.model.vocab_size != job.data.bpe_vocab_size
+    ):
+        put(
+            "model",
+            "vocab_size",
+            job.data.bpe_vocab_size,
+            "the BPE tokenizer's size (data.bpe_vocab_size)",
+            job.model.vocab_size,
+        )
     dp = _dp(job, world)
     gb = job.batch.global_batch
     if not res.is_given("batch", "global_batch") and dp and gb % dp:
         gb = dp * -(-_SEED_GLOBAL_BATCH // dp)
-        put("batch", "global_batch", gb, f"the smallest multiple of dp={dp} >= "
-            f"{_SEED_GLOBAL_BATCH}", job.batch.global_batch)
+        put(
+            "batch",
+            "global_batch",
+            gb,
+            f"the smallest multiple of dp={dp} >= {_SEED_GLOBAL_BATCH}",
+            job.batch.global_batch,
+        )
     if not mb_given:
         mb = _micro_batch(job, world, gb, dp) if dp and not search else None
         if mb is None:  # nothing to derive from: the config's default (its errors name it)
@@ -200,12 +258,16 @@ def resolve_job(config_path: str | Path | None,
             if search:
                 extra["batch"]["micro_batch"] = 1  # the planner's search chooses it
         elif dp:
-            put("batch", "micro_batch", mb, f"global batch {gb} / dp {dp}"
+            put(
+                "batch",
+                "micro_batch",
+                mb,
+                f"global batch {gb} / dp {dp}"
                 + ("" if mb * dp == gb else f" / {gb // (mb * dp)} micro-batches"),
-                _DEFAULT_MICRO_BATCH)
+                _DEFAULT_MICRO_BATCH,
+            )
     if extra:
-        merged = {s: {**overrides.get(s, {}), **extra.get(s, {})}
-                  for s in {*overrides, *extra}}
+        merged = {s: {**overrides.get(s, {}), **extra.get(s, {})} for s in {*overrides, *extra}}
         res.job = load_config(config_path, merged)
     return res
 

@@ -20,15 +20,19 @@ def finite_float(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"invalid number: {text!r}") from None
     if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number: give one such as "
-                                         "1.5 or 7e9")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a finite number: give one such as 1.5 or 7e9"
+        )
     return value
 
 
 def given_numbers(args: argparse.Namespace) -> str:
     """The numeric flags as parsed (`--name=value ...`), for an error about their magnitudes."""
-    return " ".join(f"--{k.replace('_', '-')}={v:g}" for k, v in vars(args).items()
-                    if isinstance(v, (int, float)) and not isinstance(v, bool))
+    return " ".join(
+        f"--{k.replace('_', '-')}={v:g}"
+        for k, v in vars(args).items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool)
+    )
 
 
 _NOT_FINITE = re.compile(r"(?<![\w.])-?(inf|nan)(?![\w])")
@@ -39,5 +43,8 @@ def check_finite_output(text: str, command: str, args: argparse.Namespace) -> No
     """Refuse a report that would print inf or nan: finite flags whose arithmetic overflowed
     (e.g. --pue=1e308), one line naming the numeric flags, instead of a silent 'inf' result."""
     if _NOT_FINITE.search(text):
-        raise ConfigError(command, given_numbers(args), "a result is not finite (inf or nan): "
-                          "give realistic magnitudes")
+        raise ConfigError(
+            command,
+            given_numbers(args),
+            "a result is not finite (inf or nan): give realistic magnitudes",
+        )

@@ -31,8 +31,11 @@ def _names() -> list[str]:
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     parser.add_argument("name", help=f"one of: {', '.join(_names()) or '(none found)'}")
-    parser.add_argument("--out", metavar="DIR",
-                        help="where the results files go (default: a fresh runs/bench-NAME-N)")
+    parser.add_argument(
+        "--out",
+        metavar="DIR",
+        help="where the results files go (default: a fresh runs/bench-NAME-N)",
+    )
     parser.epilog = "Arguments after NAME (other than --out) are passed to the script."
 
 
@@ -54,6 +57,10 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     src = str(Path(__file__).resolve().parents[2])  # this scaletrain, not another install
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
     rc = subprocess.run([sys.executable, str(script), *extra], env=env, check=False).returncode
-    print(f"bench {args.name}: results in {out}" if rc == 0 else
-          f"bench {args.name}: exit status {rc}", file=sys.stderr if rc else sys.stdout)
+    print(
+        f"bench {args.name}: results in {out}"
+        if rc == 0
+        else f"bench {args.name}: exit status {rc}",
+        file=sys.stderr if rc else sys.stdout,
+    )
     return rc

@@ -17,6 +17,7 @@ from scaletrain.config import ConfigError, JobConfig
 
 __all__ = ["add_arguments", "run", "job_from_args"]
 
+
 def add_arguments(parser: argparse.ArgumentParser, name: str = "dryrun") -> None:
     add_job_flags(parser)  # the same flags and defaults as `scaletrain plan`
     parser.add_argument("--rank", type=int, default=0, help="which rank to simulate")
@@ -59,11 +60,13 @@ def run(args: argparse.Namespace, extra: list[str] | None = None) -> int:
         print(json.dumps(out, indent=1))
         return 0
     plan = measurement.plan
-    title = (f"dry-run {plan['model']} rank {measurement.rank}/{world}: dp {plan['dp']} zero "
-             f"{plan['zero']} tp {plan['tp']} cp {plan['cp']}{_pp_ep(plan)} | seq "
-             f"{plan['seq_len']} micro "
-             f"{plan['micro_batch']} x {plan['grad_accum']} | {plan['precision']} ac "
-             f"{plan['ac']}  ({measurement.wall_s:.1f} s)")
+    title = (
+        f"dry-run {plan['model']} rank {measurement.rank}/{world}: dp {plan['dp']} zero "
+        f"{plan['zero']} tp {plan['tp']} cp {plan['cp']}{_pp_ep(plan)} | seq "
+        f"{plan['seq_len']} micro "
+        f"{plan['micro_batch']} x {plan['grad_accum']} | {plan['precision']} ac "
+        f"{plan['ac']}  ({measurement.wall_s:.1f} s)"
+    )
     print(format_table(comparison, title=title))
     for k, v in sorted(measurement.memory.buffer_terms.items()):
         if v:
@@ -73,6 +76,11 @@ def run(args: argparse.Namespace, extra: list[str] | None = None) -> int:
     print(f"FLOPs this rank per step: {measurement.flops:.4g}")
     for note in [*measurement.notes, *res.notes()]:
         print(f"note: {note}")
-    print(verdict_line(measurement.memory.total, job.hardware.spec(),
-                       what=f"rank {measurement.rank} measured peak allocated"))
+    print(
+        verdict_line(
+            measurement.memory.total,
+            job.hardware.spec(),
+            what=f"rank {measurement.rank} measured peak allocated",
+        )
+    )
     return 0

@@ -69,31 +69,55 @@ def _model_tool_flags(p: argparse.ArgumentParser, tool: str) -> None:
     if tool == "allreduce":
         a("--bytes", type=finite_float, metavar="M", help="gradient bytes (or --params)")
         a("--params", type=finite_float, metavar="N")
-        a("--grad-bytes", type=finite_float, default=2.0, metavar="B",
-          help="bytes per gradient element (default 2: fp16/bf16)")
+        a(
+            "--grad-bytes",
+            type=finite_float,
+            default=2.0,
+            metavar="B",
+            help="bytes per gradient element (default 2: fp16/bf16)",
+        )
         a("--gpus", type=int, required=True, metavar="N")
-        a("--gbps", type=finite_float, required=True, metavar="GB/s",
-          help="per-GPU link bandwidth, GB/s (100 Gb/s = 12.5)")
+        a(
+            "--gbps",
+            type=finite_float,
+            required=True,
+            metavar="GB/s",
+            help="per-GPU link bandwidth, GB/s (100 Gb/s = 12.5)",
+        )
         a("--compute-s", type=finite_float, metavar="SEC", help="forward+backward time to compare")
     if tool in ("memory", "gemm"):
         a("--tp", type=int, default=1, metavar="T")
     if tool == "memory":
-        a("--params", type=finite_float, metavar="N", help="parameter count (default: the "
-          "model's exact count; the seeds round it, e.g. 7e9)")
+        a(
+            "--params",
+            type=finite_float,
+            metavar="N",
+            help="parameter count (default: the model's exact count; the seeds round it, e.g. 7e9)",
+        )
         a("--convention", type=int, default=16, metavar="BYTES", help="12, 16, 18 or 20")
         a("--precision", default="bf16", choices=("bf16", "fp16", "fp32"))
         a("--dp", type=int, default=1, metavar="N", help="ranks ZeRO shards over")
         a("--zero", type=int, default=0, choices=(0, 1, 2, 3))
         a("--sp", action="store_true")
         a("--ac", default="none", choices=AC_MODES)
-        a("--ckpt-every", type=int, default=1, metavar="K",
-          help="keep 1 in K layers' activations (seed 004's GPT-2 walk-through)")
+        a(
+            "--ckpt-every",
+            type=int,
+            default=1,
+            metavar="K",
+            help="keep 1 in K layers' activations (seed 004's GPT-2 walk-through)",
+        )
         a("--gpu", metavar="TYPE", help="compare with this preset's memory")
     if tool == "ckpt":
         a("--layers", type=int, metavar="N", help="layers (default: the model's)")
         a("--k", type=int, metavar="K", help="also show K checkpoints")
-        a("--layer-gb", type=finite_float, metavar="A", help="activation GB of one layer "
-          "(default with --model: Korthikanti's s*b*h*(34 + 5as/h), 16-bit)")
+        a(
+            "--layer-gb",
+            type=finite_float,
+            metavar="A",
+            help="activation GB of one layer "
+            "(default with --model: Korthikanti's s*b*h*(34 + 5as/h), 16-bit)",
+        )
     if tool == "waves":
         a("--size", type=int, required=True, metavar="N", help="batch, rows or tiles")
         a("--quantum", type=int, default=32, metavar="Q", help="warp 32, tile, SMs")
@@ -111,15 +135,33 @@ def _budget_tool_flags(p: argparse.ArgumentParser, tool: str) -> None:
         a("--global-batch", type=int, required=True, metavar="B")
         a("--seq-len", type=int, required=True, metavar="S")
         when = p.add_mutually_exclusive_group(required=True)
-        when.add_argument("--step-s", type=finite_float, metavar="SEC",
-                          help="accelerator step time (plan/explain print it)")
-        when.add_argument("--tokens-per-s", type=finite_float, metavar="R",
-                          help="tokens/s the whole job trains (explain's 'tokens/s')")
-        a("--tokens-per-s-per-core", type=finite_float, default=5e5, metavar="R",
-          help="tokenizer rate of one CPU core (default 5e5, seed 004's BPE figure)")
+        when.add_argument(
+            "--step-s",
+            type=finite_float,
+            metavar="SEC",
+            help="accelerator step time (plan/explain print it)",
+        )
+        when.add_argument(
+            "--tokens-per-s",
+            type=finite_float,
+            metavar="R",
+            help="tokens/s the whole job trains (explain's 'tokens/s')",
+        )
+        a(
+            "--tokens-per-s-per-core",
+            type=finite_float,
+            default=5e5,
+            metavar="R",
+            help="tokenizer rate of one CPU core (default 5e5, seed 004's BPE figure)",
+        )
         a("--workers", type=int, default=1, metavar="W")
-        a("--pcie-gbps", type=finite_float, default=15.75, metavar="GB/s",
-          help="host-to-device GB/s (default PCIe Gen3 x16, 15.75)")
+        a(
+            "--pcie-gbps",
+            type=finite_float,
+            default=15.75,
+            metavar="GB/s",
+            help="host-to-device GB/s (default PCIe Gen3 x16, 15.75)",
+        )
     if tool in ("deadline", "rentbuy", "run"):
         a("--flops", type=finite_float, metavar="C", help="training FLOPs (or --params/--tokens)")
         a("--params", type=finite_float, metavar="N", help="parameters (or --model)")
@@ -127,8 +169,13 @@ def _budget_tool_flags(p: argparse.ArgumentParser, tool: str) -> None:
         a("--tokens", type=finite_float, metavar="D")
         a("--gpu", default="h100-sxm", metavar="TYPE")
         a("--precision", default="bf16", choices=("bf16", "fp16", "fp8", "fp32"))
-        a("--efficiency", type=finite_float, default=0.4, metavar="F",
-          help="sustained fraction of peak (default 0.4)")
+        a(
+            "--efficiency",
+            type=finite_float,
+            default=0.4,
+            metavar="F",
+            help="sustained fraction of peak (default 0.4)",
+        )
         a("--peak-tflops", type=finite_float, metavar="TF", help="override the preset's peak")
     if tool == "deadline":
         a("--days", type=finite_float, required=True, metavar="D")
@@ -138,11 +185,21 @@ def _budget_tool_flags(p: argparse.ArgumentParser, tool: str) -> None:
         a("--pue", type=finite_float, default=hw.pue, help=f"default {hw.pue}")
     if tool == "rentbuy":
         a("--buy-usd-per-gpu", type=finite_float, required=True, metavar="USD")
-        a("--usd-per-kwh", type=finite_float, default=0.0, metavar="USD",
-          help="electricity an owner pays (default 0: not counted)")
+        a(
+            "--usd-per-kwh",
+            type=finite_float,
+            default=0.0,
+            metavar="USD",
+            help="electricity an owner pays (default 0: not counted)",
+        )
     if tool == "run":
-        a("--host-watts", type=finite_float, default=hw.host_watts_per_node, metavar="W",
-          help="host power per node")
+        a(
+            "--host-watts",
+            type=finite_float,
+            default=hw.host_watts_per_node,
+            metavar="W",
+            help="host power per node",
+        )
         a("--grid-co2", type=finite_float, default=hw.grid_kg_co2_per_kwh, metavar="KG")
 
 
@@ -158,11 +215,37 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         raise ConfigError("argument", " ".join(extra), "remove it (see --help)")
     if args.tool is None:
         raise ConfigError("napkin", "", f"name a tool: {', '.join(TOOLS)}")
-    _positive(args, "seq_len", "micro_batch", "tp", "dp", "ckpt_every", "layers", "k",
-              "layer_gb", "size", "quantum", "global_batch", "step_s", "tokens_per_s",
-              "tokens_per_s_per_core", "workers", "pcie_gbps", "days", "gpus", "peak_tflops",
-              "buy_usd_per_gpu", "steps", "bytes", "grad_bytes", "gbps", "compute_s", "params",
-              "flops", "tokens")
+    _positive(
+        args,
+        "seq_len",
+        "micro_batch",
+        "tp",
+        "dp",
+        "ckpt_every",
+        "layers",
+        "k",
+        "layer_gb",
+        "size",
+        "quantum",
+        "global_batch",
+        "step_s",
+        "tokens_per_s",
+        "tokens_per_s_per_core",
+        "workers",
+        "pcie_gbps",
+        "days",
+        "gpus",
+        "peak_tflops",
+        "buy_usd_per_gpu",
+        "steps",
+        "bytes",
+        "grad_bytes",
+        "gbps",
+        "compute_s",
+        "params",
+        "flops",
+        "tokens",
+    )
     for n in ("usd_per_gpu_hour", "usd_per_kwh", "host_watts", "grid_co2"):
         v = getattr(args, n, None)
         if v is not None and v < 0:
@@ -177,8 +260,11 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     except ConfigError:
         raise
     except (ArithmeticError, ValueError) as e:  # finite inputs whose arithmetic overflows
-        raise ConfigError(f"napkin {args.tool}", given_numbers(args), f"the arithmetic overflows "
-                          f"({e}): give realistic magnitudes") from None
+        raise ConfigError(
+            f"napkin {args.tool}",
+            given_numbers(args),
+            f"the arithmetic overflows ({e}): give realistic magnitudes",
+        ) from None
     text = "\n".join(lines)
     check_finite_output(text, f"napkin {args.tool}", args)
     print(text)

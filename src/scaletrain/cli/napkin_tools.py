@@ -45,10 +45,12 @@ def _memory(args: argparse.Namespace) -> list[str]:
     conv = convention(args.convention, args.precision)
     zs = state_bytes(params / args.tp, conv, zero=args.zero, shards=args.dp)
     n = args.dp
-    out = [f"model + optimizer state: {conv.bytes_per_param} B/param = {conv.terms}",
-           f"   source: {conv.source}",
-           f"   P = {params:.4g} parameters"
-           + ("" if args.params is not None else f" ({model.name}, exact count)")]
+    out = [
+        f"model + optimizer state: {conv.bytes_per_param} B/param = {conv.terms}",
+        f"   source: {conv.source}",
+        f"   P = {params:.4g} parameters"
+        + ("" if args.params is not None else f" ({model.name}, exact count)"),
+    ]
     shard = {"weights": 3, "grads": 2, "optimizer": 1}
     per = {"weights": conv.weights, "grads": conv.grads, "optimizer": conv.optimizer}
     for k, v in zs.items():
@@ -56,33 +58,49 @@ def _memory(args: argparse.Namespace) -> list[str]:
         tp = f"/{args.tp}" if args.tp > 1 else ""
         out.append(f"   {k:<9} = P{tp} x {per[k]:g} B{div} = {_gb(v)}")
     states = sum(zs.values())
-    out.append(f"   states    = {_gb(states)} per GPU (ZeRO-{args.zero} over dp={n}: seed 002 "
-               "sec. III.A; ignores buffers, allocator, CUDA context)")
+    out.append(
+        f"   states    = {_gb(states)} per GPU (ZeRO-{args.zero} over dp={n}: seed 002 "
+        "sec. III.A; ignores buffers, allocator, CUDA context)"
+    )
     total = states
     if model is not None:
         act_bytes = 4.0 if args.precision == "fp32" else 2.0
-        per_layer = korthikanti_layer_bytes(args.seq_len, args.micro_batch, model.dim,
-                                            model.num_heads, tp=args.tp, sp=args.sp,
-                                            ac=args.ac, act_bytes=act_bytes)
+        per_layer = korthikanti_layer_bytes(
+            args.seq_len,
+            args.micro_batch,
+            model.dim,
+            model.num_heads,
+            tp=args.tp,
+            sp=args.sp,
+            ac=args.ac,
+            act_bytes=act_bytes,
+        )
         s, b, h, a = args.seq_len, args.micro_batch, model.dim, model.num_heads
-        form = {"none": f"s*b*h*(34 + 5*a*s/h) = {s}*{b}*{h}*(34 + 5*{a}*{s}/{h})",
-                "selective": f"34*s*b*h = 34*{s}*{b}*{h}",
-                "full": f"2*s*b*h = 2*{s}*{b}*{h}"}[args.ac]
+        form = {
+            "none": f"s*b*h*(34 + 5*a*s/h) = {s}*{b}*{h}*(34 + 5*{a}*{s}/{h})",
+            "selective": f"34*s*b*h = 34*{s}*{b}*{h}",
+            "full": f"2*s*b*h = 2*{s}*{b}*{h}",
+        }[args.ac]
         tp = "" if args.tp == 1 else f" (tp={args.tp}{', sp' if args.sp else ''}: Eq. 2)"
         scale = "" if act_bytes == 2 else " x 2 (fp32 activations)"
-        out.append(f"activations (Korthikanti et al. 2022, ac={args.ac}){tp}: per layer "
-                   f"{form}{scale} = {_gb(per_layer)}")
+        out.append(
+            f"activations (Korthikanti et al. 2022, ac={args.ac}){tp}: per layer "
+            f"{form}{scale} = {_gb(per_layer)}"
+        )
         acts = per_layer * model.num_layers
         out.append(f"   x {model.num_layers} layers = {_gb(acts)}")
         if args.ckpt_every > 1:
             acts /= args.ckpt_every
-            out.append(f"   keep 1 in {args.ckpt_every} layers (seed 004 Example 1.3: "
-                       f"checkpointing every k layers divides activations by k) = {_gb(acts)}")
-        out.append("   ignores: GQA, SwiGLU's third matrix, embeddings and logits, flash "
-                   "attention's missing s x s scores (use --ac selective for it)")
+            out.append(
+                f"   keep 1 in {args.ckpt_every} layers (seed 004 Example 1.3: "
+                f"checkpointing every k layers divides activations by k) = {_gb(acts)}"
+            )
+        out.append(
+            "   ignores: GQA, SwiGLU's third matrix, embeddings and logits, flash "
+            "attention's missing s x s scores (use --ac selective for it)"
+        )
         total += acts
-        out.append(f"total = states + activations = {_gb(states)} + {_gb(acts)} = "
-                   f"{_gb(total)}")
+        out.append(f"total = states + activations = {_gb(states)} + {_gb(acts)} = {_gb(total)}")
     if args.gpu:
         cap = hardware_preset(args.gpu).memory_bytes
         verdict = "fits" if total <= cap else "DOES NOT FIT"
@@ -102,34 +120,47 @@ def _ckpt(args: argparse.Namespace) -> list[str]:
     if a_gb is None and model is not None:
         from scaletrain.planner.napkin import korthikanti_layer_bytes
 
-        a_gb = korthikanti_layer_bytes(args.seq_len, args.micro_batch, model.dim,
-                                       model.num_heads) / GB
-        unit = (f" = s*b*h*(34 + 5as/h) at s={args.seq_len}, b={args.micro_batch} = "
-                f"{a_gb:.2f} GB (Korthikanti et al. 2022)")
+        a_gb = (
+            korthikanti_layer_bytes(args.seq_len, args.micro_batch, model.dim, model.num_heads) / GB
+        )
+        unit = (
+            f" = s*b*h*(34 + 5as/h) at s={args.seq_len}, b={args.micro_batch} = "
+            f"{a_gb:.2f} GB (Korthikanti et al. 2022)"
+        )
 
     def gb(units: float) -> str:
         return f" = {units * a_gb:.1f} GB" if a_gb else ""
 
     k0 = sqrt_checkpoints(layers)
-    out = [f"checkpoint placement over N = {layers} layers, A = one layer's activations{unit} "
-           "(Chen et al. 2016; seed 004 Table 15)",
-           f"   none:               memory N x A = {layers} A{gb(layers)}; recompute 0"]
+    out = [
+        f"checkpoint placement over N = {layers} layers, A = one layer's activations{unit} "
+        "(Chen et al. 2016; seed 004 Table 15)",
+        f"   none:               memory N x A = {layers} A{gb(layers)}; recompute 0",
+    ]
     ks = [k0] + ([args.k] if args.k and args.k != k0 else [])
     for k in ks:
         mem, fwd, over = checkpoint_memory(layers, k)
         label = f"sqrt(N) ~ {k}" if k == k0 else f"k = {k}"
-        out.append(f"   {label + ':':<19} memory k + N/k = {k} + {layers}/{k} = {mem:.1f} A"
-                   f"{gb(mem)} ({100 * (1 - mem / layers):.0f}% saved); recompute N - k = "
-                   f"{fwd} layer forwards = {100 * over:.1f}% of a step (fwd:bwd = 1:2)")
-    out.append("   upper bound: one extra forward = 33% of a forward+backward step (seed 004: "
-               "'roughly one-third', Chen et al. 2016)")
+        out.append(
+            f"   {label + ':':<19} memory k + N/k = {k} + {layers}/{k} = {mem:.1f} A"
+            f"{gb(mem)} ({100 * (1 - mem / layers):.0f}% saved); recompute N - k = "
+            f"{fwd} layer forwards = {100 * over:.1f}% of a step (fwd:bwd = 1:2)"
+        )
+    out.append(
+        "   upper bound: one extra forward = 33% of a forward+backward step (seed 004: "
+        "'roughly one-third', Chen et al. 2016)"
+    )
     if args.k:
-        out.append(f"   every {args.k} layers, keep 1 in {args.k} (seed 004 Example 1.3): memory "
-                   f"N/k = {layers / args.k:.1f} A{gb(layers / args.k)} "
-                   f"({100 * (1 - 1 / args.k):.0f}% saved), the segment being recomputed "
-                   "not counted")
-    out.append("   ignores: checkpoints smaller than A (a layer input is 2sbh of 34sbh), uneven "
-               "segments, the recomputed segment's own peak")
+        out.append(
+            f"   every {args.k} layers, keep 1 in {args.k} (seed 004 Example 1.3): memory "
+            f"N/k = {layers / args.k:.1f} A{gb(layers / args.k)} "
+            f"({100 * (1 - 1 / args.k):.0f}% saved), the segment being recomputed "
+            "not counted"
+        )
+    out.append(
+        "   ignores: checkpoints smaller than A (a layer input is 2sbh of 34sbh), uneven "
+        "segments, the recomputed segment's own peak"
+    )
     return out
 
 
@@ -138,13 +169,14 @@ def _waves(args: argparse.Namespace) -> list[str]:
 
     units, util = quantization(args.size, args.quantum)
     full, _ = quantization(units * args.quantum, args.quantum)
-    return [f"quantization of {args.size} in units of {args.quantum}: units = ceil({args.size}/"
-            f"{args.quantum}) = {units}; utilization = {args.size}/({units} x {args.quantum}) "
-            f"= {100 * util:.1f}%",
-            f"   time ~ {units} units: the same as a size of {units * args.quantum} "
-            f"(seed 004 Systems Perspective 1.6, Table 6)",
-            "   ignores: latency hiding across warps, kernels that pick a smaller tile for "
-            "the tail"]
+    return [
+        f"quantization of {args.size} in units of {args.quantum}: units = ceil({args.size}/"
+        f"{args.quantum}) = {units}; utilization = {args.size}/({units} x {args.quantum}) "
+        f"= {100 * util:.1f}%",
+        f"   time ~ {units} units: the same as a size of {units * args.quantum} "
+        f"(seed 004 Systems Perspective 1.6, Table 6)",
+        "   ignores: latency hiding across warps, kernels that pick a smaller tile for the tail",
+    ]
 
 
 def _gemm(args: argparse.Namespace) -> list[str]:
@@ -167,25 +199,35 @@ def _gemm(args: argparse.Namespace) -> list[str]:
     h, hd, a, kv = model.dim, model.head_dim, model.num_heads, model.num_kv_heads
     ffn = model.ffn_dim
     gated = model.activation == "swiglu"
-    gemms = [("qkv", h, (a + 2 * kv) * hd // t), ("attn out", a * hd // t, h),
-             ("mlp up" + (" (x2: gate, up)" if gated else ""), h, ffn // t),
-             ("mlp down", ffn // t, h), ("lm head", h, model.vocab_size // t)]
-    out = [f"GEMMs of {model.name} per micro-batch per tp rank: rows M = seq x micro-batch = "
-           f"{rows}; {args.gpu}: {sms} SMs, {tm}x{tn} output tiles",
-           f"   hidden {h}: {alignment(h)}; heads {a} (per tp rank {a}/{t} = {a / t:g}), "
-           f"head_dim {hd}: {alignment(hd)}; ffn {ffn}: {alignment(ffn)}; vocab "
-           f"{model.vocab_size}: {alignment(model.vocab_size)}"]
+    gemms = [
+        ("qkv", h, (a + 2 * kv) * hd // t),
+        ("attn out", a * hd // t, h),
+        ("mlp up" + (" (x2: gate, up)" if gated else ""), h, ffn // t),
+        ("mlp down", ffn // t, h),
+        ("lm head", h, model.vocab_size // t),
+    ]
+    out = [
+        f"GEMMs of {model.name} per micro-batch per tp rank: rows M = seq x micro-batch = "
+        f"{rows}; {args.gpu}: {sms} SMs, {tm}x{tn} output tiles",
+        f"   hidden {h}: {alignment(h)}; heads {a} (per tp rank {a}/{t} = {a / t:g}), "
+        f"head_dim {hd}: {alignment(hd)}; ffn {ffn}: {alignment(ffn)}; vocab "
+        f"{model.vocab_size}: {alignment(model.vocab_size)}",
+    ]
     for name, k, n in gemms:
         tiles, waves, eff = gemm_waves(rows, n, sms, tm, tn)
-        out.append(f"   {name:<22} [M={rows}, K={k}] x [K, N={n}]: N {alignment(n)}, "
-                   f"K {alignment(k)}; tiles ceil(M/{tm}) x ceil(N/{tn}) = {tiles:,}; waves "
-                   f"{tiles:,}/{sms} = {waves:.2f} -> {100 * eff:.1f}% of the last-wave-"
-                   "padded time busy")
-    out += ["   source: NVIDIA Deep Learning Performance Guide, 'Matrix Multiplication "
-            "Background' (tile and wave quantization; 16-bit dims multiples of 8, best of "
-            "64/128); seed 004 Systems Perspective 1.6",
-            "   ignores: cuBLAS's own tile choice, split-K/stream-K, attention's batched "
-            "GEMMs, the backward's transposed shapes"]
+        out.append(
+            f"   {name:<22} [M={rows}, K={k}] x [K, N={n}]: N {alignment(n)}, "
+            f"K {alignment(k)}; tiles ceil(M/{tm}) x ceil(N/{tn}) = {tiles:,}; waves "
+            f"{tiles:,}/{sms} = {waves:.2f} -> {100 * eff:.1f}% of the last-wave-"
+            "padded time busy"
+        )
+    out += [
+        "   source: NVIDIA Deep Learning Performance Guide, 'Matrix Multiplication "
+        "Background' (tile and wave quantization; 16-bit dims multiples of 8, best of "
+        "64/128); seed 004 Systems Perspective 1.6",
+        "   ignores: cuBLAS's own tile choice, split-K/stream-K, attention's batched "
+        "GEMMs, the backward's transposed shapes",
+    ]
     return out
 
 
@@ -193,36 +235,45 @@ def _tokenizer(args: argparse.Namespace) -> list[str]:
     from scaletrain.planner.napkin import tokenizer_budget
 
     step_s = args.step_s or args.global_batch * args.seq_len / args.tokens_per_s
-    tb = tokenizer_budget(args.global_batch, args.seq_len, step_s,
-                          tokens_per_s_per_core=args.tokens_per_s_per_core,
-                          workers=args.workers, h2d_bytes_per_s=args.pcie_gbps * GB)
+    tb = tokenizer_budget(
+        args.global_batch,
+        args.seq_len,
+        step_s,
+        tokens_per_s_per_core=args.tokens_per_s_per_core,
+        workers=args.workers,
+        h2d_bytes_per_s=args.pcie_gbps * GB,
+    )
     r = args.tokens_per_s_per_core
-    return [f"tokens per step = global batch x seq = {args.global_batch} x {args.seq_len} = "
-            f"{tb.tokens_per_step:,}",
-            f"   GPUs consume {tb.tokens_per_step:,} / {step_s:.4g} s step = "
-            f"{_n(tb.needed_tokens_per_s)} tokens/s",
-            f"   one core at {_n(r)} tokens/s: {tb.tokens_per_step:,} / {_n(r)} = "
-            f"{1000 * tb.one_core_s:.1f} ms per batch vs the {1000 * step_s:.1f} ms step",
-            f"   {args.workers} workers: {1000 * tb.one_core_s:.1f} / {args.workers} = "
-            f"{1000 * tb.workers_s:.1f} ms; cores needed = ceil({_n(tb.needed_tokens_per_s)} / "
-            f"{_n(r)}) = {tb.cores_needed}",
-            f"   utilization = min(1, pipeline / compute rate) = min(1, {args.workers} x "
-            f"{_n(r)} / {_n(tb.needed_tokens_per_s)}) = {100 * tb.utilization:.1f}% "
-            "(prefetch overlapping the two; seed 004 Eq. 10-11)",
-            f"   batch of int64 ids: {tb.tokens_per_step:,} x 8 B = "
-            f"{tb.batch_bytes / 1e3:.1f} KB; over {args.pcie_gbps:g} GB/s: "
-            f"{1000 * tb.h2d_s:.3f} ms",
-            "   source: seed 004 Example 1.1; ignores storage reads, packing/padding, "
-            "Python/GIL overhead, worker imbalance"]
+    return [
+        f"tokens per step = global batch x seq = {args.global_batch} x {args.seq_len} = "
+        f"{tb.tokens_per_step:,}",
+        f"   GPUs consume {tb.tokens_per_step:,} / {step_s:.4g} s step = "
+        f"{_n(tb.needed_tokens_per_s)} tokens/s",
+        f"   one core at {_n(r)} tokens/s: {tb.tokens_per_step:,} / {_n(r)} = "
+        f"{1000 * tb.one_core_s:.1f} ms per batch vs the {1000 * step_s:.1f} ms step",
+        f"   {args.workers} workers: {1000 * tb.one_core_s:.1f} / {args.workers} = "
+        f"{1000 * tb.workers_s:.1f} ms; cores needed = ceil({_n(tb.needed_tokens_per_s)} / "
+        f"{_n(r)}) = {tb.cores_needed}",
+        f"   utilization = min(1, pipeline / compute rate) = min(1, {args.workers} x "
+        f"{_n(r)} / {_n(tb.needed_tokens_per_s)}) = {100 * tb.utilization:.1f}% "
+        "(prefetch overlapping the two; seed 004 Eq. 10-11)",
+        f"   batch of int64 ids: {tb.tokens_per_step:,} x 8 B = "
+        f"{tb.batch_bytes / 1e3:.1f} KB; over {args.pcie_gbps:g} GB/s: "
+        f"{1000 * tb.h2d_s:.3f} ms",
+        "   source: seed 004 Example 1.1; ignores storage reads, packing/padding, "
+        "Python/GIL overhead, worker imbalance",
+    ]
 
 
 def _sustained(args: argparse.Namespace) -> tuple[float, str]:
     hw = hardware_preset(args.gpu)
     peak = args.peak_tflops * 1e12 if args.peak_tflops else hw.flops(args.precision)
     src = "given" if args.peak_tflops else f"{hw.name} datasheet, {args.precision}"
-    return peak * args.efficiency, (f"peak {peak / 1e12:g} TFLOP/s ({src}) x efficiency "
-                                    f"{args.efficiency:g} = {peak * args.efficiency / 1e12:g} "
-                                    "TFLOP/s")
+    return peak * args.efficiency, (
+        f"peak {peak / 1e12:g} TFLOP/s ({src}) x efficiency "
+        f"{args.efficiency:g} = {peak * args.efficiency / 1e12:g} "
+        "TFLOP/s"
+    )
 
 
 def _flops(args: argparse.Namespace) -> Any:
@@ -241,14 +292,16 @@ def _deadline(args: argparse.Namespace) -> list[str]:
     sus, how = _sustained(args)
     one = f.flops / sus
     g = min_gpus(f.flops, sus, args.days)
-    return [f"training FLOPs C = {f.formula}",
-            f"   sustained per GPU = {how}",
-            f"   one GPU: C / sustained = {one:.3g} s = {one / 86400 / 365.25:.1f} years",
-            f"   GPUs = ceil(C / (sustained x {args.days:g} days x 86400)) = {g:,}",
-            f"   with {g:,} GPUs: {one / g / 86400:.1f} days",
-            "   source: seed 004 Napkin Math 1.5 (iron law, C = 6ND: Kaplan et al. 2020); "
-            "ignores communication growing with the GPU count, restarts, the largest "
-            "batch that still converges"]
+    return [
+        f"training FLOPs C = {f.formula}",
+        f"   sustained per GPU = {how}",
+        f"   one GPU: C / sustained = {one:.3g} s = {one / 86400 / 365.25:.1f} years",
+        f"   GPUs = ceil(C / (sustained x {args.days:g} days x 86400)) = {g:,}",
+        f"   with {g:,} GPUs: {one / g / 86400:.1f} days",
+        "   source: seed 004 Napkin Math 1.5 (iron law, C = 6ND: Kaplan et al. 2020); "
+        "ignores communication growing with the GPU count, restarts, the largest "
+        "batch that still converges",
+    ]
 
 
 def _rentbuy(args: argparse.Namespace) -> list[str]:
@@ -260,24 +313,35 @@ def _rentbuy(args: argparse.Namespace) -> list[str]:
     price = args.usd_per_gpu_hour if args.usd_per_gpu_hour is not None else hw.usd_per_hour
     hours = f.flops / (sus * args.gpus) / 3600
     kwh = args.gpus * hw.power_w * hours * args.pue / 1000
-    rb = rent_vs_buy(args.gpus, hours, usd_per_gpu_hour=price,
-                     buy_usd_per_gpu=args.buy_usd_per_gpu, kwh_per_run=kwh,
-                     usd_per_kwh=args.usd_per_kwh)
-    out = [f"training FLOPs C = {f.formula}; sustained per GPU = {how}",
-           f"   run time on {args.gpus:,} GPUs = C / ({args.gpus:,} x sustained) = "
-           f"{hours:,.1f} h = {hours / 24:.1f} days",
-           f"   rent = gpus x hours x $/GPU-hour = {args.gpus:,} x {hours:,.1f} x {price:g} = "
-           f"${rb.rent_usd:,.0f} (${rb.rent_usd / 1e6:.2f}M)",
-           f"   buy  = gpus x price = {args.gpus:,} x {args.buy_usd_per_gpu:,.0f} = "
-           f"${rb.buy_usd:,.0f} (${rb.buy_usd / 1e6:.1f}M)"]
+    rb = rent_vs_buy(
+        args.gpus,
+        hours,
+        usd_per_gpu_hour=price,
+        buy_usd_per_gpu=args.buy_usd_per_gpu,
+        kwh_per_run=kwh,
+        usd_per_kwh=args.usd_per_kwh,
+    )
+    out = [
+        f"training FLOPs C = {f.formula}; sustained per GPU = {how}",
+        f"   run time on {args.gpus:,} GPUs = C / ({args.gpus:,} x sustained) = "
+        f"{hours:,.1f} h = {hours / 24:.1f} days",
+        f"   rent = gpus x hours x $/GPU-hour = {args.gpus:,} x {hours:,.1f} x {price:g} = "
+        f"${rb.rent_usd:,.0f} (${rb.rent_usd / 1e6:.2f}M)",
+        f"   buy  = gpus x price = {args.gpus:,} x {args.buy_usd_per_gpu:,.0f} = "
+        f"${rb.buy_usd:,.0f} (${rb.buy_usd / 1e6:.1f}M)",
+    ]
     if args.usd_per_kwh:
-        out.append(f"   an owner's electricity per run = {args.gpus:,} x {hw.power_w:g} W x "
-                   f"{hours:,.1f} h x PUE {args.pue:g} x ${args.usd_per_kwh:g}/kWh = "
-                   f"${rb.energy_usd:,.0f}")
-    out += [f"   break-even = buy / (rent - owner's electricity) = {rb.runs_to_break_even:.1f} "
-            "training runs",
-            "   source: seed 004 Napkin Math 1.5; ignores hosts, network, hosting and staff, "
-            "depreciation and resale, financing, an owner's idle time"]
+        out.append(
+            f"   an owner's electricity per run = {args.gpus:,} x {hw.power_w:g} W x "
+            f"{hours:,.1f} h x PUE {args.pue:g} x ${args.usd_per_kwh:g}/kWh = "
+            f"${rb.energy_usd:,.0f}"
+        )
+    out += [
+        f"   break-even = buy / (rent - owner's electricity) = {rb.runs_to_break_even:.1f} "
+        "training runs",
+        "   source: seed 004 Napkin Math 1.5; ignores hosts, network, hosting and staff, "
+        "depreciation and resale, financing, an owner's idle time",
+    ]
     return out
 
 
@@ -289,24 +353,33 @@ def _run(args: argparse.Namespace) -> list[str]:
     hw = hardware_preset(args.gpu)
     price = args.usd_per_gpu_hour if args.usd_per_gpu_hour is not None else hw.usd_per_hour
     nodes = -(-args.gpus // hw.gpus_per_node)
-    c = napkin_cost(f.flops, args.gpus, sus, power_w=hw.power_w, usd_per_gpu_hour=price,
-                    pue=args.pue, host_power_w=args.host_watts, num_hosts=nodes,
-                    kg_co2_per_kwh=args.grid_co2)
+    c = napkin_cost(
+        f.flops,
+        args.gpus,
+        sus,
+        power_w=hw.power_w,
+        usd_per_gpu_hour=price,
+        pue=args.pue,
+        host_power_w=args.host_watts,
+        num_hosts=nodes,
+        kg_co2_per_kwh=args.grid_co2,
+    )
     hours = c.seconds / 3600
-    return [f"training FLOPs C = {f.formula}; sustained per GPU = {how}",
-            f"   time = C / (gpus x sustained) = {c.seconds:,.0f} s = {hours:,.2f} h = "
-            f"{c.seconds / 86400:.2f} days",
-            f"   GPU-hours = {c.gpu_hours:,.0f}; cost = GPU-hours x {price:g} $/h = "
-            f"${c.usd:,.0f}",
-            f"   energy = (gpus x board power + nodes x host power) x hours x PUE = "
-            f"({args.gpus:,} x {hw.power_w:g} W + {nodes:,} x {args.host_watts:g} W) x "
-            f"{hours:,.2f} h x {args.pue:g} = {c.kwh:,.1f} kWh",
-            f"     board power {hw.power_w:g} W: the {hw.name} datasheet TDP "
-            "(config/hardware.py); nodes = ceil(gpus / gpus per node)",
-            f"   CO2 = energy x grid = {c.kwh:,.1f} kWh x {args.grid_co2:g} kg/kWh = "
-            f"{c.kg_co2:,.0f} kg ({c.kg_co2 / 1000:.2f} t)",
-            "   source: seed 004 Napkin Math 1.11 (energy corollary of the iron law); ignores "
-            "idle/restarts, network and storage power, embodied carbon; TDP bounds the draw"]
+    return [
+        f"training FLOPs C = {f.formula}; sustained per GPU = {how}",
+        f"   time = C / (gpus x sustained) = {c.seconds:,.0f} s = {hours:,.2f} h = "
+        f"{c.seconds / 86400:.2f} days",
+        f"   GPU-hours = {c.gpu_hours:,.0f}; cost = GPU-hours x {price:g} $/h = ${c.usd:,.0f}",
+        f"   energy = (gpus x board power + nodes x host power) x hours x PUE = "
+        f"({args.gpus:,} x {hw.power_w:g} W + {nodes:,} x {args.host_watts:g} W) x "
+        f"{hours:,.2f} h x {args.pue:g} = {c.kwh:,.1f} kWh",
+        f"     board power {hw.power_w:g} W: the {hw.name} datasheet TDP "
+        "(config/hardware.py); nodes = ceil(gpus / gpus per node)",
+        f"   CO2 = energy x grid = {c.kwh:,.1f} kWh x {args.grid_co2:g} kg/kWh = "
+        f"{c.kg_co2:,.0f} kg ({c.kg_co2 / 1000:.2f} t)",
+        "   source: seed 004 Napkin Math 1.11 (energy corollary of the iron law); ignores "
+        "idle/restarts, network and storage power, embodied carbon; TDP bounds the draw",
+    ]
 
 
 def _allreduce(args: argparse.Namespace) -> list[str]:
@@ -315,21 +388,30 @@ def _allreduce(args: argparse.Namespace) -> list[str]:
     if args.bytes is None and args.params is None:
         raise ConfigError("--bytes", None, "give the gradient --bytes, or --params")
     m = args.bytes if args.bytes is not None else args.params * args.grad_bytes
-    what = (f"M = {m / GB:g} GB" if args.bytes is not None else
-            f"M = P x {args.grad_bytes:g} B = {args.params:.3g} x {args.grad_bytes:g} = "
-            f"{m / GB:g} GB")
+    what = (
+        f"M = {m / GB:g} GB"
+        if args.bytes is not None
+        else f"M = P x {args.grad_bytes:g} B = {args.params:.3g} x {args.grad_bytes:g} = "
+        f"{m / GB:g} GB"
+    )
     n = args.gpus
     sent, steps, secs = ring_allreduce(m, n, args.gbps * GB)
-    out = [f"ring all-reduce of the gradients, {what}, over {n} GPUs",
-           f"   each GPU sends 2(N-1)/N x M = {2 * (n - 1) / n:.3g} x {m / GB:g} GB = "
-           f"{sent / GB:.3g} GB in 2(N-1) = {steps} steps",
-           f"   time = {sent / GB:.3g} GB / {args.gbps:g} GB/s = {secs:.3g} s"]
+    out = [
+        f"ring all-reduce of the gradients, {what}, over {n} GPUs",
+        f"   each GPU sends 2(N-1)/N x M = {2 * (n - 1) / n:.3g} x {m / GB:g} GB = "
+        f"{sent / GB:.3g} GB in 2(N-1) = {steps} steps",
+        f"   time = {sent / GB:.3g} GB / {args.gbps:g} GB/s = {secs:.3g} s",
+    ]
     if args.compute_s:
         wall = "the network is the wall" if secs > args.compute_s else "compute dominates"
-        out.append(f"   vs forward+backward {args.compute_s:g} s: {wall} "
-                   f"(T_comm / T_compute = {secs / args.compute_s:.2f})")
-    out.append("   source: seed 003 sec. 19.3, seed 004 Napkin Math 1.10 (Patarasuk and Yuan "
-               "2009); ignores per-step latency, overlap with the backward, NCCL trees")
+        out.append(
+            f"   vs forward+backward {args.compute_s:g} s: {wall} "
+            f"(T_comm / T_compute = {secs / args.compute_s:.2f})"
+        )
+    out.append(
+        "   source: seed 003 sec. 19.3, seed 004 Napkin Math 1.10 (Patarasuk and Yuan "
+        "2009); ignores per-step latency, overlap with the backward, NCCL trees"
+    )
     return out
 
 
@@ -341,36 +423,51 @@ def _flops_tool(args: argparse.Namespace) -> list[str]:
         raise ConfigError("--model", None, "give --model NAME (its hidden, heads, ffn, layers)")
     b, s = args.micro_batch, args.seq_len
     gated = model.activation == "swiglu"
-    f = layer_gemm_flops(b, s, model.dim, model.num_heads, model.num_kv_heads, model.ffn_dim,
-                         gated)
+    f = layer_gemm_flops(b, s, model.dim, model.num_heads, model.num_kv_heads, model.ffn_dim, gated)
     h, a, g, d = model.dim, model.num_heads, model.num_kv_heads, model.head_dim
-    forms = {"qkv": f"2*B*S*h*(a+2g)*d = 2*{b}*{s}*{h}*({a}+2*{g})*{d}",
-             "attention": f"2 x 2*B*a*S^2*d = 2 x 2*{b}*{a}*{s}^2*{d}",
-             "out proj": f"2*B*S*h^2 = 2*{b}*{s}*{h}^2",
-             "mlp": f"{3 if gated else 2} x 2*B*S*h*f = {3 if gated else 2} x 2*{b}*{s}*{h}*"
-                    f"{model.ffn_dim}"}
+    forms = {
+        "qkv": f"2*B*S*h*(a+2g)*d = 2*{b}*{s}*{h}*({a}+2*{g})*{d}",
+        "attention": f"2 x 2*B*a*S^2*d = 2 x 2*{b}*{a}*{s}^2*{d}",
+        "out proj": f"2*B*S*h^2 = 2*{b}*{s}*{h}^2",
+        "mlp": f"{3 if gated else 2} x 2*B*S*h*f = {3 if gated else 2} x 2*{b}*{s}*{h}*"
+        f"{model.ffn_dim}",
+    }
     out = [f"forward matmul FLOPs of one {model.name} layer, B = {b}, S = {s}:"]
     for k, v in f.items():
         out.append(f"   {k:<9} {forms[k]} = {v / 1e9:,.1f} GFLOP")
     layer = sum(f.values())
     L = model.num_layers
     step = 3 * layer * L
-    out += [f"   per layer = {layer / 1e9:,.2f} GFLOP; x {L} layers = "
-            f"{layer * L / 1e12:,.1f} TFLOP forward",
-            f"   training step = 3 x forward (backward = 2 x forward) = {step / 1e12:,.1f} TFLOP"]
+    out += [
+        f"   per layer = {layer / 1e9:,.2f} GFLOP; x {L} layers = "
+        f"{layer * L / 1e12:,.1f} TFLOP forward",
+        f"   training step = 3 x forward (backward = 2 x forward) = {step / 1e12:,.1f} TFLOP",
+    ]
     if args.steps:
         out.append(f"   x {args.steps:,} steps = {step * args.steps / 1e15:,.1f} PFLOP")
     if args.gpu:
         peak = hardware_preset(args.gpu).flops(args.precision)
-        out.append(f"   one step at {args.gpu} {args.precision} peak {peak / 1e12:g} TFLOP/s = "
-                   f"{step / peak:.2f} s (100% utilization)")
-    out.append("   source: seed 004 Napkin Math 1.1; ignores the LM head and embedding, norms, "
-               "softmax, causal masking (the full S^2 is counted)")
+        out.append(
+            f"   one step at {args.gpu} {args.precision} peak {peak / 1e12:g} TFLOP/s = "
+            f"{step / peak:.2f} s (100% utilization)"
+        )
+    out.append(
+        "   source: seed 004 Napkin Math 1.1; ignores the LM head and embedding, norms, "
+        "softmax, causal masking (the full S^2 is counted)"
+    )
     return out
 
 
 REPORTS: dict[str, Callable[[argparse.Namespace], list[str]]] = {
-    "memory": _memory, "ckpt": _ckpt, "waves": _waves, "gemm": _gemm, "tokenizer": _tokenizer,
-    "deadline": _deadline, "rentbuy": _rentbuy, "run": _run, "allreduce": _allreduce,
-    "flops": _flops_tool}
+    "memory": _memory,
+    "ckpt": _ckpt,
+    "waves": _waves,
+    "gemm": _gemm,
+    "tokenizer": _tokenizer,
+    "deadline": _deadline,
+    "rentbuy": _rentbuy,
+    "run": _run,
+    "allreduce": _allreduce,
+    "flops": _flops_tool,
+}
 """Tool name -> the lines it prints."""

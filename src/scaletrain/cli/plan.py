@@ -25,30 +25,71 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     a("--top", type=int, default=5, metavar="K", help="layouts shown by a search")
     a("--plot", metavar="FILE.png", help="write the memory breakdown (and pipeline) plot")
     a("--tokens", type=finite_float, metavar="N", help="training tokens for the time/cost line")
-    a("--recipe", default="scaletrain", metavar="NAME",
-      help="plan what this framework allocates: scaletrain (default), megatron, deepspeed, "
-           "torchtitan, nanotron, nemo (megatron's memory, NeMo's overlapped communication)")
-    a("--preflight", "--verify", dest="preflight", action="store_true",
-      help="dry-run the best layout under fake tensors (its worst rank) and compare")
+    a(
+        "--recipe",
+        default="scaletrain",
+        metavar="NAME",
+        help="plan what this framework allocates: scaletrain (default), megatron, deepspeed, "
+        "torchtitan, nanotron, nemo (megatron's memory, NeMo's overlapped communication)",
+    )
+    a(
+        "--preflight",
+        "--verify",
+        dest="preflight",
+        action="store_true",
+        help="dry-run the best layout under fake tensors (its worst rank) and compare",
+    )
     # [hardware] price, efficiency and energy (TOML hardware.*; a flag wins)
-    a("--usd-per-gpu-hour", type=finite_float, metavar="USD",
-      help="price per GPU-hour (default: the preset's rough cloud rate)")
-    a("--efficiency", type=finite_float, metavar="F",
-      help="achievable fraction of peak matmul FLOP/s (0..1; default: the planner's model)")
-    a("--pue", type=finite_float, metavar="X",
-      help="data-centre PUE, energy multiplier (default 1.2)")
-    a("--grid-co2", type=finite_float, metavar="KG",
-      help="grid intensity, kg CO2 per kWh (default 0.43)")
-    a("--host-watts", type=finite_float, metavar="W",
-      help="host power per node (default 0: GPUs only)")
+    a(
+        "--usd-per-gpu-hour",
+        type=finite_float,
+        metavar="USD",
+        help="price per GPU-hour (default: the preset's rough cloud rate)",
+    )
+    a(
+        "--efficiency",
+        type=finite_float,
+        metavar="F",
+        help="achievable fraction of peak matmul FLOP/s (0..1; default: the planner's model)",
+    )
+    a(
+        "--pue",
+        type=finite_float,
+        metavar="X",
+        help="data-centre PUE, energy multiplier (default 1.2)",
+    )
+    a(
+        "--grid-co2",
+        type=finite_float,
+        metavar="KG",
+        help="grid intensity, kg CO2 per kWh (default 0.43)",
+    )
+    a(
+        "--host-watts",
+        type=finite_float,
+        metavar="W",
+        help="host power per node (default 0: GPUs only)",
+    )
     # the seeds' textbook memory beside the planner's (planner/napkin.py)
-    a("--convention", type=int, metavar="BYTES",
-      help="also show the seeds' textbook memory: 12, 16, 18 or 20 bytes/param of model + "
-           "optimizer state and Korthikanti's activations")
-    a("--params", type=finite_float, metavar="N",
-      help="nominal parameter count for --convention (the seeds round, e.g. 7e9)")
-    a("--ckpt-every", type=int, metavar="K",
-      help="--convention: keep 1 in K layers' activations (seed 004's GPT-2 walk-through)")
+    a(
+        "--convention",
+        type=int,
+        metavar="BYTES",
+        help="also show the seeds' textbook memory: 12, 16, 18 or 20 bytes/param of model + "
+        "optimizer state and Korthikanti's activations",
+    )
+    a(
+        "--params",
+        type=finite_float,
+        metavar="N",
+        help="nominal parameter count for --convention (the seeds round, e.g. 7e9)",
+    )
+    a(
+        "--ckpt-every",
+        type=int,
+        metavar="K",
+        help="--convention: keep 1 in K layers' activations (seed 004's GPT-2 walk-through)",
+    )
 
 
 def _positive(args: argparse.Namespace, flag: str) -> None:
@@ -72,8 +113,20 @@ def _resolve(args: argparse.Namespace, *, search: bool) -> ResolvedJob:
 def _inputs(args: argparse.Namespace) -> dict[str, Any]:
     """Merge --config (if any) with the flags (flags win); unset values as `scaletrain train`
     would take or derive them (cli/_job.py)."""
-    for f in ("gpus", "gpus-per-node", "seq-len", "global-batch", "micro-batch", "dp", "tp",
-              "pp", "pp-virtual", "cp", "ep", "top"):
+    for f in (
+        "gpus",
+        "gpus-per-node",
+        "seq-len",
+        "global-batch",
+        "micro-batch",
+        "dp",
+        "tp",
+        "pp",
+        "pp-virtual",
+        "cp",
+        "ep",
+        "top",
+    ):
         _positive(args, f)
     if args.tokens is not None and args.tokens <= 0:
         raise ConfigError("--tokens", args.tokens, "give a positive token count such as 1e12")
@@ -92,27 +145,51 @@ def _inputs(args: argparse.Namespace) -> dict[str, Any]:
         res = _resolve(args, search=False)
     job = res.job
     if from_config:
-        pinned = {"dp": None if p.dp == -1 else p.dp, "zero": p.zero, "tp": p.tp, "sp": p.sp,
-                  "pp": p.pp, "pp_schedule": p.pp_schedule, "pp_virtual": p.pp_virtual,
-                  "cp": p.cp, "ep": p.ep, **pinned}
+        pinned = {
+            "dp": None if p.dp == -1 else p.dp,
+            "zero": p.zero,
+            "tp": p.tp,
+            "sp": p.sp,
+            "pp": p.pp,
+            "pp_schedule": p.pp_schedule,
+            "pp_virtual": p.pp_virtual,
+            "cp": p.cp,
+            "ep": p.ep,
+            **pinned,
+        }
+
     def chosen(section: str, key: str, value: Any) -> Any:
         """A search chooses what the user left unset; an exact layout takes the job's."""
         return value if exact or res.is_given(section, key) else None
 
-    return {"model": job.model, "hw": job.hardware.spec(), "gpus": res.world_size,
-            "seq": job.batch.seq_len, "gb": job.batch.global_batch, "pinned": pinned,
-            "exact": exact, "micro_batch": chosen("batch", "micro_batch", job.batch.micro_batch),
-            "precision": job.precision.dtype, "ac": chosen("memory", "ac", job.memory.ac),
-            "offload": chosen("memory", "offload", job.memory.offload),
-            "compile": job.train.compile, "derived": res.notes(), "recipe": args.recipe,
-            "efficiency": job.hardware.efficiency, "energy": _energy(job)}
+    return {
+        "model": job.model,
+        "hw": job.hardware.spec(),
+        "gpus": res.world_size,
+        "seq": job.batch.seq_len,
+        "gb": job.batch.global_batch,
+        "pinned": pinned,
+        "exact": exact,
+        "micro_batch": chosen("batch", "micro_batch", job.batch.micro_batch),
+        "precision": job.precision.dtype,
+        "ac": chosen("memory", "ac", job.memory.ac),
+        "offload": chosen("memory", "offload", job.memory.offload),
+        "compile": job.train.compile,
+        "derived": res.notes(),
+        "recipe": args.recipe,
+        "efficiency": job.hardware.efficiency,
+        "energy": _energy(job),
+    }
 
 
 def _energy(job: Any) -> dict[str, float]:
     """The [hardware] energy inputs of `training_cost` (PUE, grid intensity, host power)."""
     h = job.hardware
-    return {"pue": h.pue, "kg_co2_per_kwh": h.grid_kg_co2_per_kwh,
-            "host_watts_per_node": h.host_watts_per_node}
+    return {
+        "pue": h.pue,
+        "kg_co2_per_kwh": h.grid_kg_co2_per_kwh,
+        "host_watts_per_node": h.host_watts_per_node,
+    }
 
 
 _PLOT_FORMATS = (".png", ".pdf", ".svg", ".jpg", ".jpeg")
@@ -128,14 +205,21 @@ def _plot_path(path: str | None) -> None:
 
     p = Path(path)
     if p.suffix.lower() not in _PLOT_FORMATS:
-        raise ConfigError("--plot", path, f"name an image file ending in "
-                          f"{', '.join(_PLOT_FORMATS)}, e.g. memory.png")
+        raise ConfigError(
+            "--plot",
+            path,
+            f"name an image file ending in {', '.join(_PLOT_FORMATS)}, e.g. memory.png",
+        )
     if p.is_dir():
-        raise ConfigError("--plot", path, "it is a directory: name a file such as "
-                          f"{p / 'memory.png'}")
+        raise ConfigError(
+            "--plot", path, f"it is a directory: name a file such as {p / 'memory.png'}"
+        )
     if not p.resolve().parent.is_dir():
-        raise ConfigError("--plot", path, f"its directory {p.parent} does not exist: create "
-                          "it or name a file in an existing one")
+        raise ConfigError(
+            "--plot",
+            path,
+            f"its directory {p.parent} does not exist: create it or name a file in an existing one",
+        )
 
 
 def _textbook_flags(args: argparse.Namespace) -> None:
@@ -145,13 +229,17 @@ def _textbook_flags(args: argparse.Namespace) -> None:
     if args.convention is None:
         for flag in ("params", "ckpt_every"):
             if getattr(args, flag) is not None:
-                raise ConfigError(f"--{flag.replace('_', '-')}", getattr(args, flag),
-                                  "it sizes the textbook memory: add --convention 12|16|18|20")
+                raise ConfigError(
+                    f"--{flag.replace('_', '-')}",
+                    getattr(args, flag),
+                    "it sizes the textbook memory: add --convention 12|16|18|20",
+                )
         return
     convention(args.convention, args.precision or "bf16")  # unknown: one line
     if args.json:
-        raise ConfigError("--convention", args.convention,
-                          "the textbook memory is printed as text: drop --json")
+        raise ConfigError(
+            "--convention", args.convention, "the textbook memory is printed as text: drop --json"
+        )
     if args.params is not None and args.params <= 0:
         raise ConfigError("--params", args.params, "give a positive count such as 7e9")
     if args.ckpt_every is not None and args.ckpt_every < 1:
@@ -161,8 +249,9 @@ def _textbook_flags(args: argparse.Namespace) -> None:
 def _textbook(est: Any, args: argparse.Namespace) -> str:
     from scaletrain.planner.napkin import textbook_lines
 
-    return "\n".join(textbook_lines(est, args.convention, params=args.params,
-                                    ckpt_every=args.ckpt_every or 1))
+    return "\n".join(
+        textbook_lines(est, args.convention, params=args.params, ckpt_every=args.ckpt_every or 1)
+    )
 
 
 def _exact_layout(inp: dict[str, Any]) -> Layout:
@@ -178,17 +267,33 @@ def _exact_layout(inp: dict[str, Any]) -> Layout:
         dp = n // (tp * pp * cp)
     sched: PPSchedule = p.get("pp_schedule") or "1f1b"
     virtual = p.get("pp_virtual") or (2 if sched == "interleaved" and pp > 1 else 1)
-    return Layout(dp=dp, zero=p.get("zero") or 0, tp=tp, sp=bool(p.get("sp")), pp=pp,
-                  pp_schedule=sched, pp_virtual=virtual, cp=cp, ep=p.get("ep") or 1)
+    return Layout(
+        dp=dp,
+        zero=p.get("zero") or 0,
+        tp=tp,
+        sp=bool(p.get("sp")),
+        pp=pp,
+        pp_schedule=sched,
+        pp_virtual=virtual,
+        cp=cp,
+        ep=p.get("ep") or 1,
+    )
 
 
 def _flag(field: str) -> str:
     key = field.split(".")[-1]
-    return {"parallel": "--dp/--tp/--pp/--cp", "name": "--model", "global_batch": "--global-batch",
-            "seq_len": "--seq-len", "pp_schedule": "--pp-schedule",
-            "pp_virtual": "--pp-virtual", "micro_batch": "--micro-batch",
-            "usd_per_gpu_hour": "--usd-per-gpu-hour", "grid_kg_co2_per_kwh": "--grid-co2",
-            "host_watts_per_node": "--host-watts"}.get(key, f"--{key}")
+    return {
+        "parallel": "--dp/--tp/--pp/--cp",
+        "name": "--model",
+        "global_batch": "--global-batch",
+        "seq_len": "--seq-len",
+        "pp_schedule": "--pp-schedule",
+        "pp_virtual": "--pp-virtual",
+        "micro_batch": "--micro-batch",
+        "usd_per_gpu_hour": "--usd-per-gpu-hour",
+        "grid_kg_co2_per_kwh": "--grid-co2",
+        "host_watts_per_node": "--host-watts",
+    }.get(key, f"--{key}")
 
 
 def _evaluate(inp: dict[str, Any]) -> Any:
@@ -198,9 +303,15 @@ def _evaluate(inp: dict[str, Any]) -> Any:
     layout = _exact_layout(inp)
     mb = inp["micro_batch"] or 1
     try:
-        check_layout(layout, inp["model"], world_size=inp["gpus"], global_batch=inp["gb"],
-                     micro_batch=mb, seq_len=inp["seq"],
-                     trainer_rules=inp["recipe"] == "scaletrain")
+        check_layout(
+            layout,
+            inp["model"],
+            world_size=inp["gpus"],
+            global_batch=inp["gb"],
+            micro_batch=mb,
+            seq_len=inp["seq"],
+            trainer_rules=inp["recipe"] == "scaletrain",
+        )
     except ConfigError as e:
         raise ConfigError(_flag(e.field), e.value, e.fix) from None
     from scaletrain.planner.recipe_memory import recipe_problems
@@ -210,9 +321,21 @@ def _evaluate(inp: dict[str, Any]) -> Any:
     if problems:
         first = problems[0]
         raise ConfigError(_flag(first.field), first.value, first.fix)
-    plan = PlanInput(inp["model"], inp["hw"], inp["gpus"], layout, inp["seq"], inp["gb"], mb,
-                     inp["precision"], ac, offload, compile=inp["compile"],
-                     efficiency=inp["efficiency"], recipe=inp["recipe"])
+    plan = PlanInput(
+        inp["model"],
+        inp["hw"],
+        inp["gpus"],
+        layout,
+        inp["seq"],
+        inp["gb"],
+        mb,
+        inp["precision"],
+        ac,
+        offload,
+        compile=inp["compile"],
+        efficiency=inp["efficiency"],
+        recipe=inp["recipe"],
+    )
     return estimate(plan)
 
 
@@ -229,31 +352,53 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
             print(json.dumps(est.to_json(), indent=2))
         elif explain_mode:
             from scaletrain.planner.explain import explain
+
             lines.append(explain(est, tokens=args.tokens, **inp["energy"]))
-            lines.append(verdict_line(est.memory.reserved, inp["hw"],
-                                      what=f"planned reserved (rank {est.memory.rank})"))
+            lines.append(
+                verdict_line(
+                    est.memory.reserved,
+                    inp["hw"],
+                    what=f"planned reserved (rank {est.memory.rank})",
+                )
+            )
         else:
             from scaletrain.planner.report import render_estimates
+
             lines.append(render_estimates(estimates))
     else:
         from scaletrain.planner.search import search
 
         pins = {k: inp[k] for k in ("micro_batch", "ac", "offload") if inp[k] is not None}
         pins.update(inp["pinned"])
-        res = search(inp["model"], inp["hw"], inp["gpus"], seq_len=inp["seq"],
-                     global_batch=inp["gb"], precision=inp["precision"], top_k=args.top,
-                     compile=inp["compile"], efficiency=inp["efficiency"],
-                     recipe=inp["recipe"], **pins)
+        res = search(
+            inp["model"],
+            inp["hw"],
+            inp["gpus"],
+            seq_len=inp["seq"],
+            global_batch=inp["gb"],
+            precision=inp["precision"],
+            top_k=args.top,
+            compile=inp["compile"],
+            efficiency=inp["efficiency"],
+            recipe=inp["recipe"],
+            **pins,
+        )
         estimates = res.top
         if not res.top and not res.legal:
             _why_no_recipe_layout(inp)
-            raise ConfigError("--gpus", inp["gpus"], "no legal layout: change --gpus, "
-                              "--global-batch or --seq-len so the degrees can divide them")
+            raise ConfigError(
+                "--gpus",
+                inp["gpus"],
+                "no legal layout: change --gpus, "
+                "--global-batch or --seq-len so the degrees can divide them",
+            )
         if args.json:
             from scaletrain.planner.report import to_json
+
             print(json.dumps(to_json(res.top), indent=2))
         else:
             from scaletrain.planner.report import render_search
+
             lines.append(render_search(res))
     if args.tokens and estimates and not args.json and not explain_mode:
         lines.append(_cost_line(estimates[0], args.tokens, inp["energy"]))
@@ -261,6 +406,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         lines.append(_textbook(estimates[0], args))
     if lines:
         from scaletrain.planner.report import fit_width
+
         text = fit_width("\n".join(lines))
         check_finite_output(text, args.command, args)
         print(text)
@@ -283,12 +429,15 @@ def _why_no_recipe_layout(inp: dict[str, Any]) -> None:
         return
     r = recipe_named(inp["recipe"])
     probe = Layout(dp=inp["gpus"], zero=cast(ZeroStage, max(r.zero_stages)))
-    for problem in recipe_problems(r, probe, ac=inp["ac"] or "none",
-                                   offload=inp["offload"] or "none"):
+    for problem in recipe_problems(
+        r, probe, ac=inp["ac"] or "none", offload=inp["offload"] or "none"
+    ):
         if problem.field.startswith("memory."):
-            stages = (f" ({r.framework} runs ZeRO stages "
-                      f"{', '.join(map(str, r.zero_stages))})"
-                      if problem.field == "memory.offload" else "")
+            stages = (
+                f" ({r.framework} runs ZeRO stages {', '.join(map(str, r.zero_stages))})"
+                if problem.field == "memory.offload"
+                else ""
+            )
             raise ConfigError(_flag(problem.field), problem.value, problem.fix + stages)
 
 
@@ -309,9 +458,11 @@ def _job_for(est: Any) -> Any:
         parallel=ParallelConfig.from_layout(L),
         precision=PrecisionConfig(dtype=p.precision),
         memory=MemoryConfig(ac=p.ac, offload=p.offload),
-        batch=BatchConfig(global_batch=p.global_batch, micro_batch=p.micro_batch,
-                          seq_len=p.seq_len),
-        hardware=HardwareConfig(gpu=p.hardware.name, gpus=p.num_gpus))
+        batch=BatchConfig(
+            global_batch=p.global_batch, micro_batch=p.micro_batch, seq_len=p.seq_len
+        ),
+        hardware=HardwareConfig(gpu=p.hardware.name, gpus=p.num_gpus),
+    )
 
 
 def _preflight(est: Any) -> str:
@@ -324,8 +475,10 @@ def _preflight(est: Any) -> str:
     except ConfigError as e:  # a layout the dry-run cannot drive yet (PP, EP, offload)
         return f"preflight: not run ({e})"
     verdict = "fits" if measured.memory.total <= est.plan.hardware.memory_bytes else "DOES NOT FIT"
-    return (f"preflight dry-run of the best layout (rank {est.memory.rank}): {verdict}\n"
-            + format_table(compare(measured, est)))
+    return (
+        f"preflight dry-run of the best layout (rank {est.memory.rank}): {verdict}\n"
+        + format_table(compare(measured, est))
+    )
 
 
 def _plots(estimates: list[Any], path: str) -> list[str]:
@@ -348,8 +501,7 @@ def _plots(estimates: list[Any], path: str) -> list[str]:
         # a readable chart (and a quick simulation): at most 4 rounds of pp micro-batches; a
         # multiple of pp keeps every schedule's order legal
         shown = m if m <= 4 * L.pp else 4 * L.pp
-        timeline = simulate(L.pp_schedule, L.pp, shown, L.pp_virtual, per_mb / 3,
-                            2 * per_mb / 3)
+        timeline = simulate(L.pp_schedule, L.pp, shown, L.pp_virtual, per_mb / 3, 2 * per_mb / 3)
         p = Path(path)
         out.append(str(plot_pipeline(timeline, p.with_name(f"{p.stem}_pipeline{p.suffix}"))))
         note = "" if shown == m else f" (first {shown} of {m} micro-batches)"
@@ -363,8 +515,10 @@ def _cost_line(est: Any, tokens: float, energy: dict[str, float]) -> str:
     from scaletrain.planner.estimate import training_cost
 
     c = training_cost(est, tokens, **energy)
-    return (f"{tokens:.3g} tokens: {c.seconds / 86400:.1f} days, {c.gpu_hours:,.0f} GPU-hours, "
-            f"${c.usd:,.0f}, {c.kwh:,.0f} kWh, {_tonnes(c.kg_co2)} t CO2")
+    return (
+        f"{tokens:.3g} tokens: {c.seconds / 86400:.1f} days, {c.gpu_hours:,.0f} GPU-hours, "
+        f"${c.usd:,.0f}, {c.kwh:,.0f} kWh, {_tonnes(c.kg_co2)} t CO2"
+    )
 
 
 def _tonnes(kg: float) -> str:

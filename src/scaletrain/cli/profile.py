@@ -18,26 +18,45 @@ __all__ = ["add_arguments", "run"]
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     parser.add_argument("config", nargs="?", help="TOML plan file (default: the embedded run)")
     parser.add_argument("--steps", type=int, default=3, help="profiled steps (default 3)")
-    parser.add_argument("--warmup", type=int, default=2,
-                        help="unprofiled steps first (allocation, lazy init; default 2)")
-    parser.add_argument("--out", metavar="DIR",
-                        help="where trace.json, profile.txt/json, roofline.png go "
-                             "(default: RUN_DIR/profile)")
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=2,
+        help="unprofiled steps first (allocation, lazy init; default 2)",
+    )
+    parser.add_argument(
+        "--out",
+        metavar="DIR",
+        help="where trace.json, profile.txt/json, roofline.png go (default: RUN_DIR/profile)",
+    )
     parser.add_argument("--json", action="store_true", help="print the JSON instead of text")
-    parser.add_argument("--nproc", type=int, default=1,
-                        help="spawn N local gloo processes (each rank writes its own trace)")
-    parser.epilog = ("Any field can be overridden: --section.key=value, e.g. "
-                     "--model.attention=naive --model.max_seq_len=512 --batch.seq_len=512")
+    parser.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        help="spawn N local gloo processes (each rank writes its own trace)",
+    )
+    parser.epilog = (
+        "Any field can be overridden: --section.key=value, e.g. "
+        "--model.attention=naive --model.max_seq_len=512 --batch.seq_len=512"
+    )
 
 
-def _profile_main(config_path: str | None, overrides: list[str], steps: int, warmup: int,
-                  out: str | None, as_json: bool) -> None:
+def _profile_main(
+    config_path: str | None,
+    overrides: list[str],
+    steps: int,
+    warmup: int,
+    out: str | None,
+    as_json: bool,
+) -> None:
     import json
 
     from scaletrain.profile import classify, profile_job, render, to_json, write_outputs
 
-    result = profile_job(load_config(config_path, overrides), steps=steps, warmup=warmup,
-                         out_dir=out)
+    result = profile_job(
+        load_config(config_path, overrides), steps=steps, warmup=warmup, out_dir=out
+    )
     verdict = classify(result)
     if result.rank != 0:
         return
@@ -56,8 +75,10 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     launch_env()  # validate everything before any work starts: the launcher's variables,
     job = load_config(args.config, extra)  # then the job
     if args.steps < 1 or args.warmup < 0 or args.nproc < 1:
-        print("scaletrain profile: error: use --steps >= 1, --warmup >= 0, --nproc >= 1",
-              file=sys.stderr)
+        print(
+            "scaletrain profile: error: use --steps >= 1, --warmup >= 0, --nproc >= 1",
+            file=sys.stderr,
+        )
         return 2
     call = (args.config, extra, args.steps, args.warmup, args.out, args.json)
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:

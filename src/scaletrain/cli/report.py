@@ -11,8 +11,9 @@ __all__ = ["add_arguments", "run"]
 
 def add_arguments(parser: argparse.ArgumentParser, name: str = "report") -> None:
     parser.add_argument("run_dir", help="a run directory (the train.run_dir of a run)")
-    parser.add_argument("--out", default=None,
-                        help="where to write the page (default: RUN_DIR/report.html)")
+    parser.add_argument(
+        "--out", default=None, help="where to write the page (default: RUN_DIR/report.html)"
+    )
 
 
 def run(args: argparse.Namespace, extra: list[str] | None = None) -> int:

@@ -15,8 +15,10 @@ UNHEALTHY = ("hung", "crashed", "stalled")
 def add_arguments(parser: argparse.ArgumentParser, name: str = "status") -> None:
     parser.add_argument("run_dir", help="a run directory (train.run_dir), local or shared")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    parser.epilog = ("Exit status 1 when the run is hung, crashed or stalled (for scripts and "
-                     "cron checks), 0 otherwise.")
+    parser.epilog = (
+        "Exit status 1 when the run is hung, crashed or stalled (for scripts and "
+        "cron checks), 0 otherwise."
+    )
 
 
 def run(args: argparse.Namespace, extra: list[str] | None = None) -> int:

@@ -16,14 +16,19 @@ __all__ = ["add_arguments", "run"]
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     parser.add_argument("config", nargs="?", help="TOML plan file (default: the embedded run)")
-    parser.add_argument("--nproc", type=int, default=1,
-                        help="spawn N local gloo processes (a laptop stand-in for torchrun)")
+    parser.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        help="spawn N local gloo processes (a laptop stand-in for torchrun)",
+    )
     from scaletrain.cli._fields_help import fields_help
 
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.epilog = ("Any field can be overridden: --section.key=value, e.g. --train.steps=100\n"
-                     "--model.name=gpt2-124m --parallel.tp=2 --precision.dtype=bf16\n\n"
-                     + fields_help())
+    parser.epilog = (
+        "Any field can be overridden: --section.key=value, e.g. --train.steps=100\n"
+        "--model.name=gpt2-124m --parallel.tp=2 --precision.dtype=bf16\n\n" + fields_help()
+    )
 
 
 def _job(config_path: str | None, overrides: list[str], world_size: int) -> JobConfig:

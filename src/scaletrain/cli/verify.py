@@ -22,11 +22,22 @@ def run(args: argparse.Namespace, extra: list[str] | None = None) -> int:
         raise ConfigError("verify", " ".join(extra), "unknown arguments: see --help")
     measurement, comparison, _ = verify_run(args.run_dir)
     if args.json:
-        print(json.dumps({"plan": measurement.plan, "source": measurement.source,
-                          "rank": measurement.rank, "world_size": measurement.world_size,
-                          **comparison.to_json()}, indent=1))
+        print(
+            json.dumps(
+                {
+                    "plan": measurement.plan,
+                    "source": measurement.source,
+                    "rank": measurement.rank,
+                    "world_size": measurement.world_size,
+                    **comparison.to_json(),
+                },
+                indent=1,
+            )
+        )
         return 0
-    title = f"verify {args.run_dir} ({measurement.source}, rank {measurement.rank}/" \
-            f"{measurement.world_size})"
+    title = (
+        f"verify {args.run_dir} ({measurement.source}, rank {measurement.rank}/"
+        f"{measurement.world_size})"
+    )
     print(format_table(comparison, title=title))
     return 0

@@ -30,5 +30,6 @@ def choice(field: str, value: Any, options: tuple[Any, ...]) -> None:
         return
     from .strict import did_you_mean  # (strict imports this module)
 
-    raise ConfigError(field, value, f"choose one of {', '.join(map(repr, options))}"
-                      f"{did_you_mean(value, options)}")
+    raise ConfigError(
+        field, value, f"choose one of {', '.join(map(repr, options))}{did_you_mean(value, options)}"
+    )

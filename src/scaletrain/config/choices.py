@@ -16,10 +16,29 @@ from typing import Any, Literal
 from ._errors import choice
 
 __all__ = [
-    "Precision", "ReduceDtype", "Fp8Scaling", "Fp8Amax", "GradCompression", "ACMode",
-    "OffloadMode", "ZeroStage", "PPSchedule", "LayoutMode", "OptimizerName", "LRSchedule",
-    "TokenDtype", "DataFormat", "ChatTemplate", "Device", "Norm", "Activation", "Position",
-    "Attention", "names", "literal_names", "check_choices",
+    "Precision",
+    "ReduceDtype",
+    "Fp8Scaling",
+    "Fp8Amax",
+    "GradCompression",
+    "ACMode",
+    "OffloadMode",
+    "ZeroStage",
+    "PPSchedule",
+    "LayoutMode",
+    "OptimizerName",
+    "LRSchedule",
+    "TokenDtype",
+    "DataFormat",
+    "ChatTemplate",
+    "Device",
+    "Norm",
+    "Activation",
+    "Position",
+    "Attention",
+    "names",
+    "literal_names",
+    "check_choices",
 ]
 
 # precision
@@ -65,8 +84,11 @@ _FIELDS: dict[type, list[tuple[str, tuple[Any, ...]]]] = {}
 def _choice_fields(cls: type) -> list[tuple[str, tuple[Any, ...]]]:
     if cls not in _FIELDS:
         hints = typing.get_type_hints(cls)  # resolves the postponed annotations
-        _FIELDS[cls] = [(f.name, options) for f in dataclasses.fields(cls)
-                        if (options := literal_names(hints[f.name])) is not None]
+        _FIELDS[cls] = [
+            (f.name, options)
+            for f in dataclasses.fields(cls)
+            if (options := literal_names(hints[f.name])) is not None
+        ]
     return _FIELDS[cls]
 
 

@@ -53,27 +53,50 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         if self.tokenizer not in ("byte", "char", "bpe"):
-            require(Path(self.tokenizer).exists(), "data.tokenizer", self.tokenizer,
-                    "use byte, char, bpe, or the path of a tokenizer.json (or its directory)")
-        require(self.bpe_vocab_size >= 260, "data.bpe_vocab_size", self.bpe_vocab_size,
-                "use at least 260 (256 bytes + specials)")
+            require(
+                Path(self.tokenizer).exists(),
+                "data.tokenizer",
+                self.tokenizer,
+                "use byte, char, bpe, or the path of a tokenizer.json (or its directory)",
+            )
+        require(
+            self.bpe_vocab_size >= 260,
+            "data.bpe_vocab_size",
+            self.bpe_vocab_size,
+            "use at least 260 (256 bytes + specials)",
+        )
         # the embedded corpus is generated in Python at start-up: 1e10 was reported as a hang
         # (the bound is a round number, not measured); real corpora come through data.source
-        require(10_000 <= self.num_tokens <= 500_000_000, "data.num_tokens", self.num_tokens,
-                "use 10000..500000000 (for more text, point data.source at a file or folder)")
-        require(0 < self.val_fraction < 0.5, "data.val_fraction", self.val_fraction,
-                "use a fraction in (0, 0.5)")
+        require(
+            10_000 <= self.num_tokens <= 500_000_000,
+            "data.num_tokens",
+            self.num_tokens,
+            "use 10000..500000000 (for more text, point data.source at a file or folder)",
+        )
+        require(
+            0 < self.val_fraction < 0.5,
+            "data.val_fraction",
+            self.val_fraction,
+            "use a fraction in (0, 0.5)",
+        )
         require(self.prefetch >= 0, "data.prefetch", self.prefetch, "use >= 0")
         require(self.delay_s >= 0, "data.delay_s", self.delay_s, "use >= 0")
         if self.source != "grammar":
             parse_sources(self.source)  # every entry names existing, supported files
         parse_eval_sources(self.eval_sources)  # names unique, files existing and non-empty
         check_choices(self, "data")  # token_dtype, format, chat_template
-        require(not (self.eval_sources and self.format == "sft"), "data.eval_sources",
-                self.eval_sources, "held-out sets are plain text (every token scored): with "
-                "data.format=sft the validation split is the masked held-out set; set "
-                "data.eval_sources=''")
-        require(not self.document_masking or self.tokenizer not in ("byte", "char"),
-                "data.document_masking", self.document_masking,
-                f"the {self.tokenizer} tokenizer has no end-of-document token: use bpe or a "
-                "pretrained tokenizer.json")
+        require(
+            not (self.eval_sources and self.format == "sft"),
+            "data.eval_sources",
+            self.eval_sources,
+            "held-out sets are plain text (every token scored): with "
+            "data.format=sft the validation split is the masked held-out set; set "
+            "data.eval_sources=''",
+        )
+        require(
+            not self.document_masking or self.tokenizer not in ("byte", "char"),
+            "data.document_masking",
+            self.document_masking,
+            f"the {self.tokenizer} tokenizer has no end-of-document token: use bpe or a "
+            "pretrained tokenizer.json",
+        )

@@ -46,10 +46,12 @@ class HardwareSpec:
 
     def flops(self, dtype: str) -> float:
         """Peak dense FLOP/s for matmuls in `dtype`, falling back to the nearest slower path."""
-        for key in {"fp8": ("fp8", "bf16", "fp16", "tf32", "fp32"),
-                    "bf16": ("bf16", "fp16", "tf32", "fp32"),
-                    "fp16": ("fp16", "bf16", "tf32", "fp32"),
-                    "fp32": ("tf32", "fp32")}.get(dtype, (dtype,)):
+        for key in {
+            "fp8": ("fp8", "bf16", "fp16", "tf32", "fp32"),
+            "bf16": ("bf16", "fp16", "tf32", "fp32"),
+            "fp16": ("fp16", "bf16", "tf32", "fp32"),
+            "fp32": ("tf32", "fp32"),
+        }.get(dtype, (dtype,)):
             if key in self.peak_flops:
                 return self.peak_flops[key]
         raise KeyError(dtype)
@@ -63,23 +65,53 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
     # NVIDIA V100 SXM2 32GB datasheet: 15.7 TF fp32, 125 TF fp16 tensor, 900 GB/s HBM2,
     # NVLink2 300 GB/s total (150 GB/s per direction), 300 W. No bf16 tensor cores.
     "v100-32gb": lambda: HardwareSpec(
-        "v100-32gb", _tf(fp32=15.7, fp16=125), 32 * GB, 900 * GB, 150 * GB, 12.5 * GB, 300,
-        usd_per_hour=1.0, host_to_device_bw=16 * GB),
+        "v100-32gb",
+        _tf(fp32=15.7, fp16=125),
+        32 * GB,
+        900 * GB,
+        150 * GB,
+        12.5 * GB,
+        300,
+        usd_per_hour=1.0,
+        host_to_device_bw=16 * GB,
+    ),
     # NVIDIA A100 SXM4 datasheet: 19.5 TF fp32, 156 TF tf32, 312 TF bf16/fp16 dense,
     # 40GB HBM2 1555 GB/s | 80GB HBM2e 2039 GB/s, NVLink3 600 GB/s total, 400 W.
     # Inter-node: HDR InfiniBand 200 Gb/s per GPU = 25 GB/s.
     "a100-40gb": lambda: HardwareSpec(
-        "a100-40gb", _tf(fp32=19.5, tf32=156, bf16=312, fp16=312), 40 * GB, 1555 * GB,
-        300 * GB, 25 * GB, 400, usd_per_hour=1.5),
+        "a100-40gb",
+        _tf(fp32=19.5, tf32=156, bf16=312, fp16=312),
+        40 * GB,
+        1555 * GB,
+        300 * GB,
+        25 * GB,
+        400,
+        usd_per_hour=1.5,
+    ),
     "a100-80gb": lambda: HardwareSpec(
-        "a100-80gb", _tf(fp32=19.5, tf32=156, bf16=312, fp16=312), 80 * GB, 2039 * GB,
-        300 * GB, 25 * GB, 400, usd_per_hour=1.8),
+        "a100-80gb",
+        _tf(fp32=19.5, tf32=156, bf16=312, fp16=312),
+        80 * GB,
+        2039 * GB,
+        300 * GB,
+        25 * GB,
+        400,
+        usd_per_hour=1.8,
+    ),
     # NVIDIA H100 SXM5 datasheet: 67 TF fp32, 494.7 tf32, 989.4 bf16/fp16, 1978.9 fp8 (dense),
     # 80GB HBM3 3.35 TB/s, NVLink4 900 GB/s total (450 per direction), 700 W.
     # Inter-node: NDR InfiniBand 400 Gb/s per GPU = 50 GB/s.
     "h100-sxm": lambda: HardwareSpec(
-        "h100-sxm", _tf(fp32=67, tf32=494.7, bf16=989.4, fp16=989.4, fp8=1978.9), 80 * GB,
-        3350 * GB, 450 * GB, 50 * GB, 700, usd_per_hour=2.5, host_to_device_bw=64 * GB),
+        "h100-sxm",
+        _tf(fp32=67, tf32=494.7, bf16=989.4, fp16=989.4, fp8=1978.9),
+        80 * GB,
+        3350 * GB,
+        450 * GB,
+        50 * GB,
+        700,
+        usd_per_hour=2.5,
+        host_to_device_bw=64 * GB,
+    ),
     # Meta's Grand Teton H100 (torchtitan benchmarks/llama3_h100_202412_torchtitan.md, Hardware):
     # SXM H100 with 96GB HBM2e at 2.4 TB/s, run at its default 500 W limit, NVLink within the
     # host, 400 Gb/s RDMA per GPU (50 GB/s). Its peak FLOP/s is "between SXM and NVL, and we
@@ -88,45 +120,112 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
     # datasheet (1671 / 3341 / 835 TF with sparsity -> 835.5 bf16, 1670.5 fp8, 417.5 tf32
     # dense; 60 fp32) is taken: +-8% either way.
     "h100-hbm2e-500w": lambda: HardwareSpec(
-        "h100-hbm2e-500w", _tf(fp32=63.5, tf32=456.1, bf16=912.45, fp16=912.45, fp8=1824.7),
-        96 * GB, 2400 * GB, 450 * GB, 50 * GB, 500, usd_per_hour=2.5,
-        host_to_device_bw=64 * GB),
+        "h100-hbm2e-500w",
+        _tf(fp32=63.5, tf32=456.1, bf16=912.45, fp16=912.45, fp8=1824.7),
+        96 * GB,
+        2400 * GB,
+        450 * GB,
+        50 * GB,
+        500,
+        usd_per_hour=2.5,
+        host_to_device_bw=64 * GB,
+    ),
     # NVIDIA H100 PCIe datasheet: 51 TF fp32, 378 tf32, 756 bf16, 1513 fp8; 80GB HBM2e 2 TB/s,
     # 350 W; peers over PCIe Gen5 x16 (64 GB/s per direction).
     "h100-pcie": lambda: HardwareSpec(
-        "h100-pcie", _tf(fp32=51, tf32=378, bf16=756, fp16=756, fp8=1513), 80 * GB, 2000 * GB,
-        64 * GB, 50 * GB, 350, usd_per_hour=2.0, host_to_device_bw=64 * GB),
+        "h100-pcie",
+        _tf(fp32=51, tf32=378, bf16=756, fp16=756, fp8=1513),
+        80 * GB,
+        2000 * GB,
+        64 * GB,
+        50 * GB,
+        350,
+        usd_per_hour=2.0,
+        host_to_device_bw=64 * GB,
+    ),
     # NVIDIA H200 SXM datasheet: H100 compute; 141GB HBM3e at 4.8 TB/s, NVLink 900 GB/s, 700 W.
     "h200": lambda: HardwareSpec(
-        "h200", _tf(fp32=67, tf32=494.7, bf16=989.4, fp16=989.4, fp8=1978.9), 141 * GB,
-        4800 * GB, 450 * GB, 50 * GB, 700, usd_per_hour=3.5, host_to_device_bw=64 * GB),
+        "h200",
+        _tf(fp32=67, tf32=494.7, bf16=989.4, fp16=989.4, fp8=1978.9),
+        141 * GB,
+        4800 * GB,
+        450 * GB,
+        50 * GB,
+        700,
+        usd_per_hour=3.5,
+        host_to_device_bw=64 * GB,
+    ),
     # NVIDIA HGX B200 datasheet (per GPU, dense): 2.25 PF bf16/fp16, 4.5 PF fp8, 1.1 PF tf32,
     # 75 TF fp32; 180GB HBM3e 7.7 TB/s; NVLink5 1.8 TB/s total (900 per direction); 1000 W.
     "b200": lambda: HardwareSpec(
-        "b200", _tf(fp32=75, tf32=1100, bf16=2250, fp16=2250, fp8=4500), 180 * GB, 7700 * GB,
-        900 * GB, 50 * GB, 1000, usd_per_hour=6.0, host_to_device_bw=64 * GB),
+        "b200",
+        _tf(fp32=75, tf32=1100, bf16=2250, fp16=2250, fp8=4500),
+        180 * GB,
+        7700 * GB,
+        900 * GB,
+        50 * GB,
+        1000,
+        usd_per_hour=6.0,
+        host_to_device_bw=64 * GB,
+    ),
     # GeForce RTX 3090 (Ampere GA102 whitepaper): 35.6 TF fp32, 71 TF fp16/bf16 tensor with fp32
     # accumulate; 24GB GDDR6X 936 GB/s; PCIe Gen4 x16 (32 GB/s per direction); 350 W.
     "rtx3090": lambda: HardwareSpec(
-        "rtx3090", _tf(fp32=35.6, bf16=71, fp16=71), 24 * GB, 936 * GB, 32 * GB, 3.125 * GB,
-        350, gpus_per_node=4, usd_per_hour=0.3, host_to_device_bw=32 * GB),
+        "rtx3090",
+        _tf(fp32=35.6, bf16=71, fp16=71),
+        24 * GB,
+        936 * GB,
+        32 * GB,
+        3.125 * GB,
+        350,
+        gpus_per_node=4,
+        usd_per_hour=0.3,
+        host_to_device_bw=32 * GB,
+    ),
     # GeForce RTX 4090 (Ada whitepaper): 82.6 TF fp32, 165.2 TF fp16/bf16 and 330.3 TF fp8 tensor
     # with fp32 accumulate; 24GB GDDR6X 1008 GB/s; PCIe Gen4 x16; 450 W.
     "rtx4090": lambda: HardwareSpec(
-        "rtx4090", _tf(fp32=82.6, bf16=165.2, fp16=165.2, fp8=330.3), 24 * GB, 1008 * GB,
-        32 * GB, 3.125 * GB, 450, gpus_per_node=4, usd_per_hour=0.5, host_to_device_bw=32 * GB),
+        "rtx4090",
+        _tf(fp32=82.6, bf16=165.2, fp16=165.2, fp8=330.3),
+        24 * GB,
+        1008 * GB,
+        32 * GB,
+        3.125 * GB,
+        450,
+        gpus_per_node=4,
+        usd_per_hour=0.5,
+        host_to_device_bw=32 * GB,
+    ),
     # AMD Instinct MI300X datasheet: 163.4 TF fp32 matrix, 1307.4 TF bf16/fp16 dense, 2614.9 fp8;
     # 192GB HBM3 5.3 TB/s; 7 Infinity Fabric links x 64 GB/s per direction = 448 GB/s; 750 W.
     "mi300x": lambda: HardwareSpec(
-        "mi300x", _tf(fp32=163.4, bf16=1307.4, fp16=1307.4, fp8=2614.9), 192 * GB, 5300 * GB,
-        448 * GB, 50 * GB, 750, usd_per_hour=2.5, host_to_device_bw=64 * GB),
+        "mi300x",
+        _tf(fp32=163.4, bf16=1307.4, fp16=1307.4, fp8=2614.9),
+        192 * GB,
+        5300 * GB,
+        448 * GB,
+        50 * GB,
+        750,
+        usd_per_hour=2.5,
+        host_to_device_bw=64 * GB,
+    ),
     # This project's 2-core AVX-512 host (AMD EPYC, 2.6 GHz): 2 cores x 2.6 GHz x 2 FMA pipes x
     # 16 fp32 lanes x 2 FLOP = 333 GFLOP/s nominal peak (a 2048^3 sgemm measures ~190 GFLOP/s,
     # 57%); ~20 GB/s DRAM; gloo over loopback ~5 GB/s. Calibrate with benchmarks on other hosts.
     "cpu": lambda: HardwareSpec(
-        "cpu", {"fp32": 333e9}, 24 * GiB, 20 * GB, 5 * GB, 1.25 * GB, 65,
-        gpus_per_node=2, intra_node_latency_s=20e-6, inter_node_latency_s=50e-6,
-        usd_per_hour=0.05, host_to_device_bw=20 * GB),
+        "cpu",
+        {"fp32": 333e9},
+        24 * GiB,
+        20 * GB,
+        5 * GB,
+        1.25 * GB,
+        65,
+        gpus_per_node=2,
+        intra_node_latency_s=20e-6,
+        inter_node_latency_s=50e-6,
+        usd_per_hour=0.05,
+        host_to_device_bw=20 * GB,
+    ),
 }
 
 

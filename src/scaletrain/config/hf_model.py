@@ -30,20 +30,25 @@ def model_from_hf_config(path: str | Path) -> ModelConfig:
     try:
         hf = json.loads(path.read_bytes().decode("utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError("model.name", str(path),
-                          f"give a readable UTF-8 JSON config.json ({_one_line(e)})") from None
+        raise ConfigError(
+            "model.name", str(path), f"give a readable UTF-8 JSON config.json ({_one_line(e)})"
+        ) from None
     if not isinstance(hf, dict):
-        raise ConfigError("model.name", str(path),
-                          f"config.json must hold a JSON object, not {type(hf).__name__}")
+        raise ConfigError(
+            "model.name", str(path), f"config.json must hold a JSON object, not {type(hf).__name__}"
+        )
     r = _HFReader(hf, path)
     mtype = hf.get("model_type")
     if not isinstance(mtype, str) or mtype not in _HF_TYPES:
         from .strict import did_you_mean
 
-        raise ConfigError("model.name", str(path),
-                          f"model_type {mtype!r} is not supported"
-                          f"{did_you_mean(str(mtype), _HF_TYPES)}"
-                          "; use a gpt2, llama, mistral or mixtral config.json")
+        raise ConfigError(
+            "model.name",
+            str(path),
+            f"model_type {mtype!r} is not supported"
+            f"{did_you_mean(str(mtype), _HF_TYPES)}"
+            "; use a gpt2, llama, mistral or mixtral config.json",
+        )
     _check_hf_supported(hf, path)
     try:
         return _from_hf(hf, r, mtype, path)
@@ -52,33 +57,53 @@ def model_from_hf_config(path: str | Path) -> ModelConfig:
             raise
         ours = e.field.removeprefix("model.")
         key = (_GPT2_KEYS if mtype == "gpt2" else _LLAMA_KEYS).get(ours, ours)
-        raise ConfigError("model.name", str(path),
-                          f"config.json field {key!r} = {e.value!r}: {e.fix}") from None
+        raise ConfigError(
+            "model.name", str(path), f"config.json field {key!r} = {e.value!r}: {e.fix}"
+        ) from None
 
 
-_GPT2_KEYS = {"vocab_size": "vocab_size", "dim": "n_embd", "num_layers": "n_layer",
-              "num_heads": "n_head", "ffn_dim": "n_inner", "max_seq_len": "n_positions",
-              "norm_eps": "layer_norm_epsilon"}
-_LLAMA_KEYS = {"dim": "hidden_size", "num_layers": "num_hidden_layers",
-               "num_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads",
-               "ffn_dim": "intermediate_size", "max_seq_len": "max_position_embeddings",
-               "norm_eps": "rms_norm_eps", "num_experts": "num_local_experts",
-               "experts_per_token": "num_experts_per_tok",
-               "moe_aux_loss_coef": "router_aux_loss_coef"}
+_GPT2_KEYS = {
+    "vocab_size": "vocab_size",
+    "dim": "n_embd",
+    "num_layers": "n_layer",
+    "num_heads": "n_head",
+    "ffn_dim": "n_inner",
+    "max_seq_len": "n_positions",
+    "norm_eps": "layer_norm_epsilon",
+}
+_LLAMA_KEYS = {
+    "dim": "hidden_size",
+    "num_layers": "num_hidden_layers",
+    "num_heads": "num_attention_heads",
+    "num_kv_heads": "num_key_value_heads",
+    "ffn_dim": "intermediate_size",
+    "max_seq_len": "max_position_embeddings",
+    "norm_eps": "rms_norm_eps",
+    "num_experts": "num_local_experts",
+    "experts_per_token": "num_experts_per_tok",
+    "moe_aux_loss_coef": "router_aux_loss_coef",
+}
 """ModelConfig field -> the config.json key it is read from (for error messages)."""
 
 
 def _from_hf(hf: dict[str, Any], r: _HFReader, mtype: str, path: Path) -> ModelConfig:
     if mtype == "gpt2":
         return ModelConfig(
-            name=str(path), vocab_size=r.int("vocab_size"), dim=r.int("n_embd"),
-            num_layers=r.int("n_layer"), num_heads=r.int("n_head"),
-            ffn_dim=r.int("n_inner", None) or 0, max_seq_len=r.int("n_positions"),
-            norm="layernorm", position="learned",
+            name=str(path),
+            vocab_size=r.int("vocab_size"),
+            dim=r.int("n_embd"),
+            num_layers=r.int("n_layer"),
+            num_heads=r.int("n_head"),
+            ffn_dim=r.int("n_inner", None) or 0,
+            max_seq_len=r.int("n_positions"),
+            norm="layernorm",
+            position="learned",
             # HF's "gelu" is the erf form; "gelu_new" / "gelu_pytorch_tanh" the tanh one
             activation="gelu_exact" if hf.get("activation_function") == "gelu" else "gelu",
-            tie_embeddings=r.bool("tie_word_embeddings", True), bias=True,
-            norm_eps=r.float("layer_norm_epsilon", 1e-5))
+            tie_embeddings=r.bool("tie_word_embeddings", True),
+            bias=True,
+            norm_eps=r.float("layer_norm_epsilon", 1e-5),
+        )
     heads = r.int("num_attention_heads")
     max_seq = r.int("max_position_embeddings", 4096)
     window = r.int("sliding_window", None) if mtype != "llama" else None
@@ -86,18 +111,26 @@ def _from_hf(hf: dict[str, Any], r: _HFReader, mtype: str, path: Path) -> ModelC
         window = None
     experts = r.int("num_local_experts", 0, lo=0) if mtype == "mixtral" else 0
     return ModelConfig(
-        name=str(path), vocab_size=r.int("vocab_size"), dim=r.int("hidden_size"),
-        num_layers=r.int("num_hidden_layers"), num_heads=heads,
+        name=str(path),
+        vocab_size=r.int("vocab_size"),
+        dim=r.int("hidden_size"),
+        num_layers=r.int("num_hidden_layers"),
+        num_heads=heads,
         num_kv_heads=r.int("num_key_value_heads", None) or heads,
-        ffn_dim=r.int("intermediate_size"), max_seq_len=max_seq,
-        norm="rmsnorm", activation="swiglu", position="rope",
+        ffn_dim=r.int("intermediate_size"),
+        max_seq_len=max_seq,
+        norm="rmsnorm",
+        activation="swiglu",
+        position="rope",
         rope_theta=_HFReader(_rope(hf), path).float("rope_theta", 10000.0),
         tie_embeddings=r.bool("tie_word_embeddings", False),
-        bias=r.bool("attention_bias", False), norm_eps=r.float("rms_norm_eps", 1e-5),
+        bias=r.bool("attention_bias", False),
+        norm_eps=r.float("rms_norm_eps", 1e-5),
         num_experts=experts,
         experts_per_token=r.int("num_experts_per_tok", 2) if experts else 2,
         moe_aux_loss_coef=r.float("router_aux_loss_coef", 0.01, lo=0.0),
-        sliding_window=window or 0)
+        sliding_window=window or 0,
+    )
 
 
 _HF_TYPES = ("gpt2", "llama", "mistral", "mixtral")
@@ -123,8 +156,9 @@ class _HFReader:
 
     def _fail(self, key: str, v: Any, why: str) -> None:
         shown = v if v == "missing" else repr(v)
-        raise ConfigError("model.name", str(self.path),
-                          f"config.json field {key!r} = {shown} {why}")
+        raise ConfigError(
+            "model.name", str(self.path), f"config.json field {key!r} = {shown} {why}"
+        )
 
     def int(self, key: str, default: Any = _REQUIRED, lo: int = 1) -> Any:
         v = self._get(key, default)
@@ -140,8 +174,9 @@ class _HFReader:
             return v
         ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
         if not ok or (v < lo if lo is not None else v <= 0):
-            self._fail(key, v, "must be a finite number " + (f">= {lo}" if lo is not None
-                                                             else "> 0"))
+            self._fail(
+                key, v, "must be a finite number " + (f">= {lo}" if lo is not None else "> 0")
+            )
         return float(v)
 
     def bool(self, key: str, default: Any = _REQUIRED) -> Any:
@@ -160,9 +195,13 @@ def _rope(hf: dict[str, Any]) -> dict[str, Any]:
 def _check_hf_supported(hf: dict[str, Any], path: Path) -> None:
     """Refuse config.json features this model code does not implement (one line each): they
     would change the model's arithmetic if ignored."""
+
     def refuse(what: str) -> None:
-        raise ConfigError("model.name", str(path), f"{what} is not supported; use a plain "
-                          "GPT-2, Llama, Mistral or Mixtral config.json")
+        raise ConfigError(
+            "model.name",
+            str(path),
+            f"{what} is not supported; use a plain GPT-2, Llama, Mistral or Mixtral config.json",
+        )
 
     r = _HFReader(hf, path)
     if hf.get("rope_parameters") is not None and not isinstance(hf["rope_parameters"], dict):
@@ -176,9 +215,12 @@ def _check_hf_supported(hf: dict[str, Any], path: Path) -> None:
         act = hf.get("activation_function", "gelu_new")
         if act not in ("gelu_new", "gelu_pytorch_tanh", "gelu"):
             refuse(f"activation_function {act!r}")
-        for key, plain in (("scale_attn_by_inverse_layer_idx", False),
-                           ("reorder_and_upcast_attn", False), ("scale_attn_weights", True),
-                           ("add_cross_attention", False)):
+        for key, plain in (
+            ("scale_attn_by_inverse_layer_idx", False),
+            ("reorder_and_upcast_attn", False),
+            ("scale_attn_weights", True),
+            ("add_cross_attention", False),
+        ):
             if r.bool(key, plain) != plain:
                 refuse(f"{key} = {not plain}")
     else:

@@ -40,9 +40,21 @@ from .sources import pretrained_vocab_size
 from .strict import did_you_mean
 
 __all__ = [
-    "ParallelConfig", "PrecisionConfig", "MemoryConfig", "BatchConfig", "OptimConfig",
-    "DataConfig", "TrainConfig", "CheckpointConfig", "GuardConfig", "HardwareConfig", "JobConfig",
-    "SECTIONS", "PRECISIONS", "AC_MODES", "OFFLOAD_MODES",
+    "ParallelConfig",
+    "PrecisionConfig",
+    "MemoryConfig",
+    "BatchConfig",
+    "OptimConfig",
+    "DataConfig",
+    "TrainConfig",
+    "CheckpointConfig",
+    "GuardConfig",
+    "HardwareConfig",
+    "JobConfig",
+    "SECTIONS",
+    "PRECISIONS",
+    "AC_MODES",
+    "OFFLOAD_MODES",
 ]
 
 AC_MODES: tuple[ACMode, ...] = names(ACMode)
@@ -77,27 +89,58 @@ class ParallelConfig:
     @property
     def names_degrees(self) -> bool:
         """True when any degree differs from its default (the user chose a layout)."""
-        return (self.dp, self.zero, self.dp_replicate, self.tp, self.sp, self.pp, self.cp,
-                self.ep) != (-1, 0, 1, 1, False, 1, 1, 1)
+        return (
+            self.dp,
+            self.zero,
+            self.dp_replicate,
+            self.tp,
+            self.sp,
+            self.pp,
+            self.cp,
+            self.ep,
+        ) != (-1, 0, 1, 1, False, 1, 1, 1)
 
     @classmethod
     def from_layout(cls, layout: Layout) -> ParallelConfig:
         """The config that runs exactly `layout` (layout='manual')."""
-        return cls(dp=layout.dp, zero=layout.zero, dp_replicate=layout.dp_replicate,
-                   tp=layout.tp, sp=layout.sp, pp=layout.pp, pp_schedule=layout.pp_schedule,
-                   pp_virtual=layout.pp_virtual, cp=layout.cp, ep=layout.ep, layout="manual")
+        return cls(
+            dp=layout.dp,
+            zero=layout.zero,
+            dp_replicate=layout.dp_replicate,
+            tp=layout.tp,
+            sp=layout.sp,
+            pp=layout.pp,
+            pp_schedule=layout.pp_schedule,
+            pp_virtual=layout.pp_virtual,
+            cp=layout.cp,
+            ep=layout.ep,
+            layout="manual",
+        )
 
     def resolve(self, world_size: int) -> Layout:
         """The concrete Layout for `world_size` ranks (dp filled in when -1)."""
         rest = self.tp * self.pp * self.cp
         dp = self.dp
         if dp == -1:
-            require(world_size % rest == 0, "parallel", f"tp*pp*cp={rest}",
-                    f"must divide the world size {world_size}")
+            require(
+                world_size % rest == 0,
+                "parallel",
+                f"tp*pp*cp={rest}",
+                f"must divide the world size {world_size}",
+            )
             dp = world_size // rest
-        return Layout(dp=dp, zero=self.zero, dp_replicate=self.dp_replicate, tp=self.tp,
-                      sp=self.sp, pp=self.pp, pp_schedule=self.pp_schedule,
-                      pp_virtual=self.pp_virtual, cp=self.cp, ep=self.ep)
+        return Layout(
+            dp=dp,
+            zero=self.zero,
+            dp_replicate=self.dp_replicate,
+            tp=self.tp,
+            sp=self.sp,
+            pp=self.pp,
+            pp_schedule=self.pp_schedule,
+            pp_virtual=self.pp_virtual,
+            cp=self.cp,
+            ep=self.ep,
+        )
 
 
 @dataclass
@@ -128,24 +171,52 @@ class PrecisionConfig:
 
     def __post_init__(self) -> None:
         check_choices(self, "precision")  # dtype, reduce_dtype, fp8_*, grad_compression
-        require(not (self.fp8_amax == "delayed" and self.fp8_scaling == "tilewise"),
-                "precision.fp8_amax", self.fp8_amax, "delayed amax is per-tensor only: set "
-                "precision.fp8_scaling='tensorwise', or fp8_amax='current' (tiles are scaled "
-                "from their own amax)")
-        require(not (self.fp8_all_gather and self.fp8_scaling == "tilewise"),
-                "precision.fp8_all_gather", self.fp8_all_gather, "the float8 all-gather "
-                "sends one per-tensor scale per weight: set precision.fp8_scaling='tensorwise' "
-                "or fp8_all_gather=false")
-        require(self.fp8_history_len >= 1, "precision.fp8_history_len", self.fp8_history_len,
-                "use a positive integer such as 16")
-        require(self.powersgd_rank >= 1, "precision.powersgd_rank", self.powersgd_rank,
-                "use a positive integer such as 2")
-        require(self.powersgd_start_step >= 2, "precision.powersgd_start_step",
-                self.powersgd_start_step, "use >= 2 (torch's PowerSGD needs a warm-up)")
-        require(self.loss_scale_init > 0, "precision.loss_scale_init", self.loss_scale_init,
-                "use a positive float such as 65536.0")
-        require(self.loss_scale_growth_interval >= 1, "precision.loss_scale_growth_interval",
-                self.loss_scale_growth_interval, "use a positive integer")
+        require(
+            not (self.fp8_amax == "delayed" and self.fp8_scaling == "tilewise"),
+            "precision.fp8_amax",
+            self.fp8_amax,
+            "delayed amax is per-tensor only: set "
+            "precision.fp8_scaling='tensorwise', or fp8_amax='current' (tiles are scaled "
+            "from their own amax)",
+        )
+        require(
+            not (self.fp8_all_gather and self.fp8_scaling == "tilewise"),
+            "precision.fp8_all_gather",
+            self.fp8_all_gather,
+            "the float8 all-gather "
+            "sends one per-tensor scale per weight: set precision.fp8_scaling='tensorwise' "
+            "or fp8_all_gather=false",
+        )
+        require(
+            self.fp8_history_len >= 1,
+            "precision.fp8_history_len",
+            self.fp8_history_len,
+            "use a positive integer such as 16",
+        )
+        require(
+            self.powersgd_rank >= 1,
+            "precision.powersgd_rank",
+            self.powersgd_rank,
+            "use a positive integer such as 2",
+        )
+        require(
+            self.powersgd_start_step >= 2,
+            "precision.powersgd_start_step",
+            self.powersgd_start_step,
+            "use >= 2 (torch's PowerSGD needs a warm-up)",
+        )
+        require(
+            self.loss_scale_init > 0,
+            "precision.loss_scale_init",
+            self.loss_scale_init,
+            "use a positive float such as 65536.0",
+        )
+        require(
+            self.loss_scale_growth_interval >= 1,
+            "precision.loss_scale_growth_interval",
+            self.loss_scale_growth_interval,
+            "use a positive integer",
+        )
 
 
 @dataclass
@@ -162,9 +233,12 @@ class MemoryConfig:
 
     def __post_init__(self) -> None:
         check_choices(self, "memory")  # ac, offload
-        require(isinstance(self.loss_chunk_tokens, int) and self.loss_chunk_tokens >= 0,
-                "memory.loss_chunk_tokens", self.loss_chunk_tokens,
-                "use 0 (auto) or a positive number of tokens per chunk")
+        require(
+            isinstance(self.loss_chunk_tokens, int) and self.loss_chunk_tokens >= 0,
+            "memory.loss_chunk_tokens",
+            self.loss_chunk_tokens,
+            "use 0 (auto) or a positive number of tokens per chunk",
+        )
 
 
 @dataclass
@@ -180,8 +254,12 @@ class BatchConfig:
         for f in ("global_batch", "micro_batch", "seq_len"):
             v = getattr(self, f)
             require(isinstance(v, int) and v >= 1, f"batch.{f}", v, "use a positive integer")
-        require(self.global_batch % self.micro_batch == 0, "batch.global_batch",
-                self.global_batch, f"must be a multiple of batch.micro_batch={self.micro_batch}")
+        require(
+            self.global_batch % self.micro_batch == 0,
+            "batch.global_batch",
+            self.global_batch,
+            f"must be a multiple of batch.micro_batch={self.micro_batch}",
+        )
 
 
 @dataclass
@@ -244,14 +322,26 @@ class TrainConfig:
         for f in ("log_every", "eval_every", "eval_batches"):
             v = getattr(self, f)
             require(v >= 1, f"train.{f}", v, "use a positive integer")
-        require(self.eval_batches <= 10_000, "train.eval_batches", self.eval_batches,
-                "use at most 10000 (validation batches are held in memory for the whole run)")
+        require(
+            self.eval_batches <= 10_000,
+            "train.eval_batches",
+            self.eval_batches,
+            "use at most 10000 (validation batches are held in memory for the whole run)",
+        )
         require(self.sample_tokens >= 0, "train.sample_tokens", self.sample_tokens, "use >= 0")
         check_choices(self, "train")  # device
-        require(0 < self.rendezvous_timeout_s <= 86_400, "train.rendezvous_timeout_s",
-                self.rendezvous_timeout_s, "use seconds in (0, 86400]")
-        require(bool(self.run_dir.strip()), "train.run_dir", self.run_dir,
-                "give a directory such as runs/default (empty would write into the current one)")
+        require(
+            0 < self.rendezvous_timeout_s <= 86_400,
+            "train.rendezvous_timeout_s",
+            self.rendezvous_timeout_s,
+            "use seconds in (0, 86400]",
+        )
+        require(
+            bool(self.run_dir.strip()),
+            "train.run_dir",
+            self.run_dir,
+            "give a directory such as runs/default (empty would write into the current one)",
+        )
 
 
 @dataclass
@@ -275,8 +365,12 @@ class GuardConfig:
         for f in ("window", "min_history", "max_rollbacks"):
             v = getattr(self, f)
             require(v >= 1, f"guard.{f}", v, "use a positive integer")
-        require(self.min_history <= self.window, "guard.min_history", self.min_history,
-                f"must not exceed guard.window={self.window}")
+        require(
+            self.min_history <= self.window,
+            "guard.min_history",
+            self.min_history,
+            f"must not exceed guard.window={self.window}",
+        )
         require(self.threshold > 0, "guard.threshold", self.threshold, "use a positive float")
         require(self.min_increase >= 0, "guard.min_increase", self.min_increase, "use >= 0")
         require(self.skip_steps >= 0, "guard.skip_steps", self.skip_steps, "use >= 0")
@@ -303,18 +397,29 @@ class CheckpointConfig:
     def __post_init__(self) -> None:
         require(self.every >= 0, "checkpoint.every", self.every, "use >= 0 (0 = end only)")
         require(self.keep_last_n >= 1, "checkpoint.keep_last_n", self.keep_last_n, "use >= 1")
-        require(isinstance(self.async_save, bool), "checkpoint.async_save", self.async_save,
-                "use true or false")
+        require(
+            isinstance(self.async_save, bool),
+            "checkpoint.async_save",
+            self.async_save,
+            "use true or false",
+        )
         if self.resume not in ("auto", "never"):
             from .strict import did_you_mean
 
-            require(bool(self.resume.strip()) and Path(self.resume).is_dir(),
-                    "checkpoint.resume", self.resume,
-                    "give 'auto', 'never' or an existing checkpoint directory (a step_* "
-                    f"folder){did_you_mean(self.resume, ('auto', 'never'))}")
+            require(
+                bool(self.resume.strip()) and Path(self.resume).is_dir(),
+                "checkpoint.resume",
+                self.resume,
+                "give 'auto', 'never' or an existing checkpoint directory (a step_* "
+                f"folder){did_you_mean(self.resume, ('auto', 'never'))}",
+            )
         if self.init_from:
-            require((Path(self.init_from) / "config.json").is_file(), "checkpoint.init_from",
-                    self.init_from, "give a Hugging Face model directory holding config.json")
+            require(
+                (Path(self.init_from) / "config.json").is_file(),
+                "checkpoint.init_from",
+                self.init_from,
+                "give a Hugging Face model directory holding config.json",
+            )
 
 
 @dataclass
@@ -339,19 +444,34 @@ class HardwareConfig:
     energy line; 0 = not counted (seed 004's carbon example uses 200 W per 8-GPU host)."""
 
     def __post_init__(self) -> None:
-        require(self.gpu in HARDWARE_PRESETS, "hardware.gpu", self.gpu,
-                f"use one of {', '.join(HARDWARE_PRESETS)}"
-                f"{did_you_mean(self.gpu, HARDWARE_PRESETS)}")
+        require(
+            self.gpu in HARDWARE_PRESETS,
+            "hardware.gpu",
+            self.gpu,
+            f"use one of {', '.join(HARDWARE_PRESETS)}{did_you_mean(self.gpu, HARDWARE_PRESETS)}",
+        )
         require(self.gpus >= 0, "hardware.gpus", self.gpus, "use >= 0 (0 = world size)")
         require(self.gpus_per_node >= 0, "hardware.gpus_per_node", self.gpus_per_node, "use >= 0")
         require(0 <= self.efficiency <= 1, "hardware.efficiency", self.efficiency, "use 0..1")
         require(self.pue >= 1, "hardware.pue", self.pue, "use >= 1.0")
-        require(self.usd_per_gpu_hour >= 0, "hardware.usd_per_gpu_hour", self.usd_per_gpu_hour,
-                "use a price >= 0 (0 = the preset's)")
-        require(self.grid_kg_co2_per_kwh >= 0, "hardware.grid_kg_co2_per_kwh",
-                self.grid_kg_co2_per_kwh, "use kg CO2 per kWh >= 0, e.g. 0.43")
-        require(self.host_watts_per_node >= 0, "hardware.host_watts_per_node",
-                self.host_watts_per_node, "use watts >= 0")
+        require(
+            self.usd_per_gpu_hour >= 0,
+            "hardware.usd_per_gpu_hour",
+            self.usd_per_gpu_hour,
+            "use a price >= 0 (0 = the preset's)",
+        )
+        require(
+            self.grid_kg_co2_per_kwh >= 0,
+            "hardware.grid_kg_co2_per_kwh",
+            self.grid_kg_co2_per_kwh,
+            "use kg CO2 per kWh >= 0, e.g. 0.43",
+        )
+        require(
+            self.host_watts_per_node >= 0,
+            "hardware.host_watts_per_node",
+            self.host_watts_per_node,
+            "use watts >= 0",
+        )
 
     def spec(self) -> HardwareSpec:
         spec = hardware_preset(self.gpu)
@@ -364,9 +484,16 @@ class HardwareConfig:
 
 
 SECTIONS = {
-    "parallel": ParallelConfig, "precision": PrecisionConfig, "memory": MemoryConfig,
-    "batch": BatchConfig, "optim": OptimConfig, "data": DataConfig, "train": TrainConfig,
-    "checkpoint": CheckpointConfig, "guard": GuardConfig, "hardware": HardwareConfig,
+    "parallel": ParallelConfig,
+    "precision": PrecisionConfig,
+    "memory": MemoryConfig,
+    "batch": BatchConfig,
+    "optim": OptimConfig,
+    "data": DataConfig,
+    "train": TrainConfig,
+    "checkpoint": CheckpointConfig,
+    "guard": GuardConfig,
+    "hardware": HardwareConfig,
     "monitor": MonitorConfig,
 }
 
@@ -389,26 +516,42 @@ class JobConfig:
     def __post_init__(self) -> None:
         if self.data.tokenizer not in ("byte", "char", "bpe"):  # before any tokenizing
             n = pretrained_vocab_size(self.data.tokenizer)
-            require(n <= self.model.vocab_size, "data.tokenizer", self.data.tokenizer,
-                    f"its {n} ids exceed model.vocab_size={self.model.vocab_size}: use the "
-                    "model's own tokenizer (or raise model.vocab_size)")
+            require(
+                n <= self.model.vocab_size,
+                "data.tokenizer",
+                self.data.tokenizer,
+                f"its {n} ids exceed model.vocab_size={self.model.vocab_size}: use the "
+                "model's own tokenizer (or raise model.vocab_size)",
+            )
         # learned positions have a table of max_seq_len rows; RoPE's cos/sin cache is sized
         # by it too, so both refuse longer sequences here rather than at step 1
-        require(self.batch.seq_len <= self.model.max_seq_len, "batch.seq_len",
-                self.batch.seq_len, f"exceeds model.max_seq_len={self.model.max_seq_len}: "
-                "lower batch.seq_len or raise model.max_seq_len")
+        require(
+            self.batch.seq_len <= self.model.max_seq_len,
+            "batch.seq_len",
+            self.batch.seq_len,
+            f"exceeds model.max_seq_len={self.model.max_seq_len}: "
+            "lower batch.seq_len or raise model.max_seq_len",
+        )
 
     def layout(self, world_size: int) -> Layout:
         """The concrete, checked layout for `world_size` ranks."""
         layout = self.parallel.resolve(world_size)
-        check_layout(layout, self.model, world_size=world_size,
-                     global_batch=self.batch.global_batch, micro_batch=self.batch.micro_batch,
-                     seq_len=self.batch.seq_len)
-        problems = option_problems(layout, offload=self.memory.offload,
-                                   fp8_all_gather=self.precision.fp8_all_gather,
-                                   precision=self.precision.dtype,
-                                   grad_compression=self.precision.grad_compression,
-                                   moe=self.model.is_moe)
+        check_layout(
+            layout,
+            self.model,
+            world_size=world_size,
+            global_batch=self.batch.global_batch,
+            micro_batch=self.batch.micro_batch,
+            seq_len=self.batch.seq_len,
+        )
+        problems = option_problems(
+            layout,
+            offload=self.memory.offload,
+            fp8_all_gather=self.precision.fp8_all_gather,
+            precision=self.precision.dtype,
+            grad_compression=self.precision.grad_compression,
+            moe=self.model.is_moe,
+        )
         if problems:
             raise problems[0]
         return layout

@@ -18,8 +18,10 @@ from ._errors import ConfigError
 
 __all__ = ["LaunchEnv", "launch_env", "LAUNCH_FIX"]
 
-LAUNCH_FIX = ("launch every rank with torchrun --nproc-per-node=N or `scaletrain train --nproc N`, "
-              "or unset WORLD_SIZE/RANK for a single process")
+LAUNCH_FIX = (
+    "launch every rank with torchrun --nproc-per-node=N or `scaletrain train --nproc N`, "
+    "or unset WORLD_SIZE/RANK for a single process"
+)
 
 
 @dataclass(frozen=True)
@@ -57,21 +59,34 @@ def launch_env(env: Mapping[str, str] | None = None) -> LaunchEnv:
     world = _int(env, "WORLD_SIZE", 1, 1)
     rank = _int(env, "RANK", 0, 0)
     if rank >= world:
-        raise ConfigError("RANK", env.get("RANK"),
-                          f"must be below WORLD_SIZE={world} (ranks are 0..{world - 1}); "
-                          f"{LAUNCH_FIX}")
+        raise ConfigError(
+            "RANK",
+            env.get("RANK"),
+            f"must be below WORLD_SIZE={world} (ranks are 0..{world - 1}); {LAUNCH_FIX}",
+        )
     local_rank = _int(env, "LOCAL_RANK", 0, 0)
     agent = env.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
     addr, port = env.get("MASTER_ADDR"), None
     if world > 1:
         if addr is None or not addr.strip():
-            raise ConfigError("MASTER_ADDR", addr,
-                              f"WORLD_SIZE={world} needs the rank-0 host in MASTER_ADDR and a port "
-                              f"in MASTER_PORT; {LAUNCH_FIX}")
+            raise ConfigError(
+                "MASTER_ADDR",
+                addr,
+                f"WORLD_SIZE={world} needs the rank-0 host in MASTER_ADDR and a port "
+                f"in MASTER_PORT; {LAUNCH_FIX}",
+            )
         if env.get("MASTER_PORT") is None:
-            raise ConfigError("MASTER_PORT", None,
-                              f"WORLD_SIZE={world} needs the rank-0 port in MASTER_PORT; "
-                              f"{LAUNCH_FIX}")
+            raise ConfigError(
+                "MASTER_PORT",
+                None,
+                f"WORLD_SIZE={world} needs the rank-0 port in MASTER_PORT; {LAUNCH_FIX}",
+            )
         port = _int(env, "MASTER_PORT", 0, 1, 65535)
-    return LaunchEnv(rank=rank, world_size=world, local_rank=local_rank, master_addr=addr,
-                     master_port=port, agent_store=agent)
+    return LaunchEnv(
+        rank=rank,
+        world_size=world,
+        local_rank=local_rank,
+        master_addr=addr,
+        master_port=port,
+        agent_store=agent,
+    )

@@ -14,10 +14,22 @@ from ._errors import ConfigError
 from .choices import PPSchedule, ZeroStage, names
 from .model import ModelConfig
 
-__all__ = ["Layout", "PP_SCHEDULES", "batch_problems", "composition_problems", "ddp_reducer",
-           "fused_head_loss", "expert_split", "expert_tp", "expert_zero_shards",
-           "layout_problems", "check_layout", "grad_accum_steps", "stage_layer_ranges",
-           "stage_ids"]
+__all__ = [
+    "Layout",
+    "PP_SCHEDULES",
+    "batch_problems",
+    "composition_problems",
+    "ddp_reducer",
+    "fused_head_loss",
+    "expert_split",
+    "expert_tp",
+    "expert_zero_shards",
+    "layout_problems",
+    "check_layout",
+    "grad_accum_steps",
+    "stage_layer_ranges",
+    "stage_ids",
+]
 
 PP_SCHEDULES: tuple[PPSchedule, ...] = names(PPSchedule)
 
@@ -76,8 +88,9 @@ class Layout:
         if self.pp > 1:
             v = f"x{self.pp_virtual}" if self.pp_virtual > 1 else ""
             parts.append(f"pp{self.pp}({self.pp_schedule}{v})")
-        parts += [f"{axis}{getattr(self, axis)}" for axis in ("cp", "ep")
-                  if getattr(self, axis) > 1]
+        parts += [
+            f"{axis}{getattr(self, axis)}" for axis in ("cp", "ep") if getattr(self, axis) > 1
+        ]
         return " ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -91,8 +104,13 @@ def ddp_reducer(layout: Layout) -> bool:
     pp > 1 gradients are averaged once after backward instead
     (`parallel.data_parallel.apply_manual_grad_sync`). Trainer (`parallel.uses_ddp`) and
     planner (DDP's bucket copy, `planner.memory.buffer_terms`) share this rule."""
-    return (layout.zero <= 1 and layout.dp * layout.cp > 1
-            and layout.tp == 1 and layout.ep == 1 and layout.pp == 1)
+    return (
+        layout.zero <= 1
+        and layout.dp * layout.cp > 1
+        and layout.tp == 1
+        and layout.ep == 1
+        and layout.pp == 1
+    )
 
 
 def fused_head_loss(layout: Layout) -> bool:
@@ -143,44 +161,71 @@ def composition_problems(layout: Layout) -> list[ConfigError]:
     # ZeRO-1 partitions the experts' states over that group (parallel.zero._LocalShardZero);
     # parity: tests/distributed/test_moe_tp_ep.py
     if L.ep > 1 and L.zero == 1 and L.dp_replicate > 1:
-        out.append(ConfigError("parallel.dp_replicate", L.dp_replicate, "ZeRO-1 partitions "
-                               "expert states over the ranks holding the same experts across "
-                               "all of dp*cp, not inside HSDP replica groups: set "
-                               "dp_replicate=1 with ep > 1 and zero 1"))
+        out.append(
+            ConfigError(
+                "parallel.dp_replicate",
+                L.dp_replicate,
+                "ZeRO-1 partitions "
+                "expert states over the ranks holding the same experts across "
+                "all of dp*cp, not inside HSDP replica groups: set "
+                "dp_replicate=1 with ep > 1 and zero 1",
+            )
+        )
     # tp > 1 with DDP / ZeRO-1 runs: gradients' local shards all-reduced over dp x cp
     # (parallel.data_parallel.apply_manual_grad_sync), ZeRO-1 broadcasting local shards
     # (parallel.zero._LocalShardZero); parity: tests/distributed/test_tp_ddp.py
     return out
 
 
-def batch_problems(layout: Layout, global_batch: int, micro_batch: int, *,
-                   trainer_rules: bool = True) -> list[ConfigError]:
+def batch_problems(
+    layout: Layout, global_batch: int, micro_batch: int, *, trainer_rules: bool = True
+) -> list[ConfigError]:
     """The rules tying the batch to the layout (part of `layout_problems`; the planner's search
     checks the layout once and these per micro-batch size). trainer_rules=False drops the one
     that is torch.distributed.pipelining's own (1F1B-family orders need m >= pp; Megatron-LM,
     DeepSpeed and Nanotron run 1F1B with fewer micro-batches)."""
     L, out = layout, []
     if global_batch % (micro_batch * L.dp):
-        out.append(ConfigError("batch.global_batch", global_batch,
-                               f"must be a multiple of micro_batch*dp = {micro_batch}*{L.dp} = "
-                               f"{micro_batch * L.dp}"))
+        out.append(
+            ConfigError(
+                "batch.global_batch",
+                global_batch,
+                f"must be a multiple of micro_batch*dp = {micro_batch}*{L.dp} = "
+                f"{micro_batch * L.dp}",
+            )
+        )
     m = max(1, grad_accum_steps(global_batch, micro_batch, L.dp))
     if trainer_rules and L.pp > 1 and L.pp_schedule != "gpipe" and m < L.pp:
-        out.append(ConfigError("batch.global_batch", global_batch,
-                               f"{L.pp_schedule} needs at least pp={L.pp} micro-batches per "
-                               f"step, got {m}: raise global_batch or lower micro_batch"))
+        out.append(
+            ConfigError(
+                "batch.global_batch",
+                global_batch,
+                f"{L.pp_schedule} needs at least pp={L.pp} micro-batches per "
+                f"step, got {m}: raise global_batch or lower micro_batch",
+            )
+        )
     if L.pp > 1 and L.pp_schedule in ("interleaved", "zero-bubble") and m % L.pp:
         # torch's looped schedules run m / pp rounds of pp micro-batches
-        out.append(ConfigError("batch.global_batch", global_batch,
-                               f"{L.pp_schedule} needs micro-batches ({m}) divisible by "
-                               f"pp={L.pp}"))
+        out.append(
+            ConfigError(
+                "batch.global_batch",
+                global_batch,
+                f"{L.pp_schedule} needs micro-batches ({m}) divisible by pp={L.pp}",
+            )
+        )
     return out
 
 
-def layout_problems(layout: Layout, model: ModelConfig, *, world_size: int | None = None,
-                    global_batch: int | None = None, micro_batch: int | None = None,
-                    seq_len: int | None = None, trainer_rules: bool = True
-                    ) -> list[ConfigError]:
+def layout_problems(
+    layout: Layout,
+    model: ModelConfig,
+    *,
+    world_size: int | None = None,
+    global_batch: int | None = None,
+    micro_batch: int | None = None,
+    seq_len: int | None = None,
+    trainer_rules: bool = True,
+) -> list[ConfigError]:
     """Every rule this layout breaks, as ConfigErrors naming field and fix (empty: legal).
 
     trainer_rules=False keeps only the rules of the model, the batch and the schedules (what
@@ -200,91 +245,185 @@ def layout_problems(layout: Layout, model: ModelConfig, *, world_size: int | Non
     if out:
         return out
     need(L.zero in names(ZeroStage), "parallel.zero", L.zero, "choose 0, 1, 2 or 3")
-    need(L.pp_schedule in PP_SCHEDULES, "parallel.pp_schedule", L.pp_schedule,
-         f"choose one of {', '.join(PP_SCHEDULES)}")
+    need(
+        L.pp_schedule in PP_SCHEDULES,
+        "parallel.pp_schedule",
+        L.pp_schedule,
+        f"choose one of {', '.join(PP_SCHEDULES)}",
+    )
     if world_size is not None:
-        need(L.world_size == world_size, "parallel", f"dp*tp*pp*cp={L.world_size}",
-             f"the degrees must multiply to the world size {world_size}")
-    need(L.dp % L.dp_replicate == 0, "parallel.dp_replicate", L.dp_replicate,
-         f"must divide dp={L.dp}")
-    need(L.dp_replicate == 1 or L.zero >= 1, "parallel.dp_replicate", L.dp_replicate,
-         "HSDP shards within each replica group: set parallel.zero to 1, 2 or 3")
+        need(
+            L.world_size == world_size,
+            "parallel",
+            f"dp*tp*pp*cp={L.world_size}",
+            f"the degrees must multiply to the world size {world_size}",
+        )
+    need(
+        L.dp % L.dp_replicate == 0,
+        "parallel.dp_replicate",
+        L.dp_replicate,
+        f"must divide dp={L.dp}",
+    )
+    need(
+        L.dp_replicate == 1 or L.zero >= 1,
+        "parallel.dp_replicate",
+        L.dp_replicate,
+        "HSDP shards within each replica group: set parallel.zero to 1, 2 or 3",
+    )
     # Tensor parallel splits whole heads (query and key/value) and the MLP width.
-    need(model.num_heads % L.tp == 0, "parallel.tp", L.tp,
-         f"tp must divide num_heads={model.num_heads}")
-    need(model.num_kv_heads % L.tp == 0, "parallel.tp", L.tp,
-         f"tp must divide num_kv_heads={model.num_kv_heads}")
+    need(
+        model.num_heads % L.tp == 0,
+        "parallel.tp",
+        L.tp,
+        f"tp must divide num_heads={model.num_heads}",
+    )
+    need(
+        model.num_kv_heads % L.tp == 0,
+        "parallel.tp",
+        L.tp,
+        f"tp must divide num_kv_heads={model.num_kv_heads}",
+    )
     need(model.ffn_dim % L.tp == 0, "parallel.tp", L.tp, f"tp must divide ffn_dim={model.ffn_dim}")
     # MoE x TP runs (parallel.tensor_parallel: attention split, router replicated): with
     # ep = 1 every expert's f dim is split over tp (Megatron's expert TP; ffn_dim % tp above),
     # with ep > 1 experts are split whole by ep and each tp rank holds its ep rank's experts
     # whole (planner: expert parameters / tp if ep == 1 else / ep, `expert_split`).
     # Pipeline: every (virtual) stage needs at least one layer.
-    need(L.pp * L.pp_virtual <= model.num_layers, "parallel.pp", L.pp,
-         f"pp*pp_virtual must not exceed num_layers={model.num_layers}")
+    need(
+        L.pp * L.pp_virtual <= model.num_layers,
+        "parallel.pp",
+        L.pp,
+        f"pp*pp_virtual must not exceed num_layers={model.num_layers}",
+    )
     if L.pp_schedule == "interleaved" and L.pp > 1:
-        need(L.pp_virtual >= 2, "parallel.pp_virtual", L.pp_virtual,
-             "the interleaved schedule needs pp_virtual >= 2 (or use '1f1b')")
+        need(
+            L.pp_virtual >= 2,
+            "parallel.pp_virtual",
+            L.pp_virtual,
+            "the interleaved schedule needs pp_virtual >= 2 (or use '1f1b')",
+        )
     if L.pp_schedule in ("gpipe", "1f1b"):
-        need(L.pp_virtual == 1, "parallel.pp_virtual", L.pp_virtual,
-             f"{L.pp_schedule} runs one stage per rank: set pp_virtual=1 or use 'interleaved'")
+        need(
+            L.pp_virtual == 1,
+            "parallel.pp_virtual",
+            L.pp_virtual,
+            f"{L.pp_schedule} runs one stage per rank: set pp_virtual=1 or use 'interleaved'",
+        )
     # Context parallel: load-balanced causal sharding cuts the sequence into 2*cp chunks.
     if seq_len is not None and L.cp > 1:
-        need(seq_len % (2 * L.cp) == 0, "parallel.cp", L.cp,
-             f"seq_len={seq_len} must be divisible by 2*cp={2 * L.cp}")
+        need(
+            seq_len % (2 * L.cp) == 0,
+            "parallel.cp",
+            L.cp,
+            f"seq_len={seq_len} must be divisible by 2*cp={2 * L.cp}",
+        )
         # ring attention's blocks take no mask: a window shorter than the sequence needs one
-        need(not 0 < model.sliding_window < seq_len, "parallel.cp", L.cp,
-             f"ring attention has no sliding window (model.sliding_window="
-             f"{model.sliding_window} < seq_len={seq_len}): use cp=1 or seq_len <= the window")
+        need(
+            not 0 < model.sliding_window < seq_len,
+            "parallel.cp",
+            L.cp,
+            f"ring attention has no sliding window (model.sliding_window="
+            f"{model.sliding_window} < seq_len={seq_len}): use cp=1 or seq_len <= the window",
+        )
     # Expert parallel: whole experts per rank, ranks taken from the dp*cp group.
     if L.ep > 1:
         need(model.is_moe, "parallel.ep", L.ep, "ep > 1 needs an MoE model (model.num_experts > 0)")
-        need(model.num_experts % L.ep == 0, "parallel.ep", L.ep,
-             f"ep must divide num_experts={model.num_experts}")
-        need((L.dp * L.cp) % L.ep == 0, "parallel.ep", L.ep,
-             f"ep must divide dp*cp={L.dp * L.cp} (experts are spread over data-parallel ranks)")
+        need(
+            model.num_experts % L.ep == 0,
+            "parallel.ep",
+            L.ep,
+            f"ep must divide num_experts={model.num_experts}",
+        )
+        need(
+            (L.dp * L.cp) % L.ep == 0,
+            "parallel.ep",
+            L.ep,
+            f"ep must divide dp*cp={L.dp * L.cp} (experts are spread over data-parallel ranks)",
+        )
     if trainer_rules:
         out += composition_problems(L)
     if seq_len is not None and model.position == "learned":
-        need(seq_len <= model.max_seq_len, "batch.seq_len", seq_len,
-             f"learned positions stop at model.max_seq_len={model.max_seq_len}")
+        need(
+            seq_len <= model.max_seq_len,
+            "batch.seq_len",
+            seq_len,
+            f"learned positions stop at model.max_seq_len={model.max_seq_len}",
+        )
     if global_batch is not None and micro_batch is not None:
         out += batch_problems(L, global_batch, micro_batch, trainer_rules=trainer_rules)
     return out
 
 
-def option_problems(layout: Layout, *, offload: str, fp8_all_gather: bool = False,
-                    precision: str = "fp32", grad_compression: str = "none",
-                    moe: bool = False) -> list[ConfigError]:
+def option_problems(
+    layout: Layout,
+    *,
+    offload: str,
+    fp8_all_gather: bool = False,
+    precision: str = "fp32",
+    grad_compression: str = "none",
+    moe: bool = False,
+) -> list[ConfigError]:
     """The rules tying memory and precision options to the layout (what the trainer's
     `parallelize` can build); `world_size` is the layout's; `moe`: the model has MoE layers."""
     L, out = layout, []
     if precision == "fp8" and moe and expert_tp(L.tp, L.ep) > 1:
         # Float8ExpertLinear takes each weight's amax where it multiplies: on a tp shard it
         # would scale by the shard's, not the expert's (no parity with one process, untested)
-        out.append(ConfigError("precision.dtype", precision, "float8 experts are not split "
-                               "over tensor-parallel ranks: with an MoE model and tp > 1 set "
-                               "parallel.ep > 1 (experts whole per tp rank) or use bf16"))
+        out.append(
+            ConfigError(
+                "precision.dtype",
+                precision,
+                "float8 experts are not split "
+                "over tensor-parallel ranks: with an MoE model and tp > 1 set "
+                "parallel.ep > 1 (experts whole per tp rank) or use bf16",
+            )
+        )
     if offload == "optimizer" and (L.zero >= 2 or L.tp > 1 or L.ep > 1):
-        out.append(ConfigError("memory.offload", offload, "optimizer-only offload runs with "
-                               "DDP / ZeRO-1 (plain parameters): with FSDP, TP or EP use "
-                               "memory.offload=params with parallel.zero=2 or 3 (FSDP2 keeps "
-                               "parameters, gradients and optimizer states on the host)"))
+        out.append(
+            ConfigError(
+                "memory.offload",
+                offload,
+                "optimizer-only offload runs with "
+                "DDP / ZeRO-1 (plain parameters): with FSDP, TP or EP use "
+                "memory.offload=params with parallel.zero=2 or 3 (FSDP2 keeps "
+                "parameters, gradients and optimizer states on the host)",
+            )
+        )
     if offload == "params" and L.zero < 2:
-        out.append(ConfigError("memory.offload", offload,
-                               "parameter offload needs FSDP: set parallel.zero=2 or 3"))
+        out.append(
+            ConfigError(
+                "memory.offload", offload, "parameter offload needs FSDP: set parallel.zero=2 or 3"
+            )
+        )
     elif offload == "params" and L.world_size == 1:
-        out.append(ConfigError("memory.offload", offload, "parameter offload uses FSDP2, which "
-                               "needs a process group and mesh: launch with torchrun/--nproc"))
+        out.append(
+            ConfigError(
+                "memory.offload",
+                offload,
+                "parameter offload uses FSDP2, which "
+                "needs a process group and mesh: launch with torchrun/--nproc",
+            )
+        )
     if grad_compression != "none" and L.zero < 2 and (L.tp > 1 or L.ep > 1 or L.pp > 1):
-        out.append(ConfigError("precision.grad_compression", grad_compression,
-                               "PowerSGD compresses DDP's buckets, and DDP / ZeRO-1 over "
-                               "tensor- or expert-parallel parameters or pipeline stages syncs "
-                               "them without DDP: set grad_compression=none"))
+        out.append(
+            ConfigError(
+                "precision.grad_compression",
+                grad_compression,
+                "PowerSGD compresses DDP's buckets, and DDP / ZeRO-1 over "
+                "tensor- or expert-parallel parameters or pipeline stages syncs "
+                "them without DDP: set grad_compression=none",
+            )
+        )
     if precision == "fp8" and fp8_all_gather and L.tp > 1:
-        out.append(ConfigError("precision.fp8_all_gather", True, "the float8 all-gather wraps "
-                               "plain weight shards, not tensor-parallel DTensors: set "
-                               "fp8_all_gather=false with parallel.tp > 1"))
+        out.append(
+            ConfigError(
+                "precision.fp8_all_gather",
+                True,
+                "the float8 all-gather wraps "
+                "plain weight shards, not tensor-parallel DTensors: set "
+                "fp8_all_gather=false with parallel.tp > 1",
+            )
+        )
     return out
 
 
@@ -299,7 +438,6 @@ def check_layout(layout: Layout, model: ModelConfig, **kw: Any) -> None:
         raise first
 
 
-
 def stage_layer_ranges(num_layers: int, num_stages: int) -> list[range]:
     """Transformer-layer indices of each pipeline stage; the one balancing rule of scaletrain.
 
@@ -310,8 +448,10 @@ def stage_layer_ranges(num_layers: int, num_stages: int) -> list[range]:
     than one layer (Narayanan et al. 2021 balance by layers only; this is a step closer).
     """
     if num_stages < 1 or num_layers + 2 < num_stages:
-        raise ValueError(f"cannot split {num_layers} layers (+ embedding + head) into "
-                         f"{num_stages} stages: lower parallel.pp or parallel.pp_virtual")
+        raise ValueError(
+            f"cannot split {num_layers} layers (+ embedding + head) into "
+            f"{num_stages} stages: lower parallel.pp or parallel.pp_virtual"
+        )
     if num_stages == 1:
         return [range(num_layers)]
     units = [(num_layers + 2) // num_stages] * num_stages

@@ -28,9 +28,11 @@ def _build(cls: type, section: str, values: dict[str, Any]) -> Any:
     hints = typing.get_type_hints(cls)  # resolves the postponed annotations, no eval of input
     for k in values:
         if k not in known:
-            raise ConfigError(f"{section}.{k}", values[k],
-                              f"unknown field{did_you_mean(k, known)}; valid fields are "
-                              f"{', '.join(known)}")
+            raise ConfigError(
+                f"{section}.{k}",
+                values[k],
+                f"unknown field{did_you_mean(k, known)}; valid fields are {', '.join(known)}",
+            )
     kwargs = {k: _coerce(section, k, v, hints[k]) for k, v in values.items()}
     return cls(**kwargs)
 
@@ -46,9 +48,12 @@ def _no_quoted_scalars(raw: dict[str, Any], path: Path) -> None:
         for k, v in values.items():
             typ = scalar_type(hints.get(k))
             if typ in (int, float, bool) and isinstance(v, str):
-                raise ConfigError(f"{section}.{k}", v,
-                                  f"{path.name} gives a string where a {typ.__name__} belongs: "
-                                  f"write it without quotes")
+                raise ConfigError(
+                    f"{section}.{k}",
+                    v,
+                    f"{path.name} gives a string where a {typ.__name__} belongs: "
+                    f"write it without quotes",
+                )
 
 
 def parse_overrides(args: list[str]) -> dict[str, dict[str, str]]:
@@ -74,8 +79,9 @@ def parse_overrides(args: list[str]) -> dict[str, dict[str, str]]:
     return out
 
 
-def load_config(path: str | Path | None = None,
-                overrides: dict[str, dict[str, Any]] | list[str] | None = None) -> JobConfig:
+def load_config(
+    path: str | Path | None = None, overrides: dict[str, dict[str, Any]] | list[str] | None = None
+) -> JobConfig:
     """Build a validated JobConfig from an optional TOML file plus overrides (later wins)."""
     raw: dict[str, dict[str, Any]] = {}
     if path is not None:
@@ -86,8 +92,11 @@ def load_config(path: str | Path | None = None,
         except OSError as e:
             raise ConfigError("config", str(p), f"cannot read it ({e.strerror})") from None
         except UnicodeDecodeError as e:
-            raise ConfigError("config", str(p), f"byte {e.start} is not UTF-8 ({e.reason}): "
-                              "save the file as UTF-8") from None
+            raise ConfigError(
+                "config",
+                str(p),
+                f"byte {e.start} is not UTF-8 ({e.reason}): save the file as UTF-8",
+            ) from None
         except tomllib.TOMLDecodeError as e:
             raise ConfigError("config", str(p), f"fix the TOML syntax: {e}") from e
         _no_quoted_scalars(raw, p)
@@ -97,9 +106,13 @@ def load_config(path: str | Path | None = None,
         raw.setdefault(section, {}).update(values)
     for section, values in raw.items():
         if section not in (*SECTIONS, "model"):
-            raise ConfigError(section, "...", f"unknown section"
-                              f"{did_you_mean(section, ('model', *SECTIONS))}; valid sections "
-                              f"are model, {', '.join(SECTIONS)}")
+            raise ConfigError(
+                section,
+                "...",
+                f"unknown section"
+                f"{did_you_mean(section, ('model', *SECTIONS))}; valid sections "
+                f"are model, {', '.join(SECTIONS)}",
+            )
         if not isinstance(values, dict):
             raise ConfigError(section, values, "a section must be a TOML table [section]")
     model_raw = dict(raw.get("model", {}))
@@ -108,9 +121,12 @@ def load_config(path: str | Path | None = None,
     name = coerce("model.name", model_raw.pop("name", init_from or "gpt-mini"), str)
     for k in model_raw:
         if k not in MODEL_FIELDS:
-            raise ConfigError(f"model.{k}", model_raw[k],
-                              f"unknown field{did_you_mean(k, MODEL_FIELDS)}; valid fields are "
-                              f"{', '.join(MODEL_FIELDS)}")
+            raise ConfigError(
+                f"model.{k}",
+                model_raw[k],
+                f"unknown field{did_you_mean(k, MODEL_FIELDS)}; valid fields are "
+                f"{', '.join(MODEL_FIELDS)}",
+            )
     mhints = typing.get_type_hints(ModelConfig)
     model_kw = {k: _coerce("model", k, v, mhints[k]) for k, v in model_raw.items()}
     sections = {s: _build(cls, s, raw.get(s, {})) for s, cls in SECTIONS.items()}

@@ -16,13 +16,8 @@ from typing import Any
 from ._errors import ConfigError, require
 from .choices import Activation, Attention, Norm, Position, check_choices
 
-__all__ = [
-    "ModelConfig",
-    "ParamCounts",
-    "MODEL_PRESETS",
-    "model_preset",
-    "resolve_model",
-]
+__all__ = ["ModelConfig", "ParamCounts", "MODEL_PRESETS", "model_preset", "resolve_model"]
+
 
 @dataclass
 class ModelConfig:
@@ -83,29 +78,64 @@ class ModelConfig:
 
     def validate(self) -> None:
         p = "model."
-        for f in ("vocab_size", "dim", "num_layers", "num_heads", "num_kv_heads", "ffn_dim",
-                  "max_seq_len"):
+        for f in (
+            "vocab_size",
+            "dim",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "ffn_dim",
+            "max_seq_len",
+        ):
             v = getattr(self, f)
             require(isinstance(v, int) and v >= 1, p + f, v, "use a positive integer")
         check_choices(self, "model")  # norm, activation, position, attention
-        require(self.dim % self.num_heads == 0, p + "num_heads", self.num_heads,
-                f"num_heads must divide dim={self.dim}")
-        require(self.num_heads % self.num_kv_heads == 0, p + "num_kv_heads", self.num_kv_heads,
-                f"num_kv_heads must divide num_heads={self.num_heads}")
+        require(
+            self.dim % self.num_heads == 0,
+            p + "num_heads",
+            self.num_heads,
+            f"num_heads must divide dim={self.dim}",
+        )
+        require(
+            self.num_heads % self.num_kv_heads == 0,
+            p + "num_kv_heads",
+            self.num_kv_heads,
+            f"num_kv_heads must divide num_heads={self.num_heads}",
+        )
         if self.position == "rope":
-            require(self.head_dim % 2 == 0, p + "num_heads", self.num_heads,
-                    f"RoPE needs an even head dim; dim/num_heads = {self.head_dim}")
+            require(
+                self.head_dim % 2 == 0,
+                p + "num_heads",
+                self.num_heads,
+                f"RoPE needs an even head dim; dim/num_heads = {self.head_dim}",
+            )
         require(self.num_experts >= 0, p + "num_experts", self.num_experts, "use 0 (dense) or more")
         if self.num_experts:
-            require(1 <= self.experts_per_token <= self.num_experts, p + "experts_per_token",
-                    self.experts_per_token, f"use 1..num_experts={self.num_experts}")
+            require(
+                1 <= self.experts_per_token <= self.num_experts,
+                p + "experts_per_token",
+                self.experts_per_token,
+                f"use 1..num_experts={self.num_experts}",
+            )
         require(self.norm_eps > 0, p + "norm_eps", self.norm_eps, "use a small positive float")
-        require(math.isfinite(self.init_std) and self.init_std > 0, p + "init_std",
-                self.init_std, "use a finite positive float such as 0.02")
-        require(isinstance(self.sliding_window, int) and self.sliding_window >= 0,
-                p + "sliding_window", self.sliding_window, "use 0 (off) or a window W >= 1")
-        require(math.isfinite(self.rope_theta) and self.rope_theta > 0, p + "rope_theta",
-                self.rope_theta, "use a finite positive float such as 10000.0")
+        require(
+            math.isfinite(self.init_std) and self.init_std > 0,
+            p + "init_std",
+            self.init_std,
+            "use a finite positive float such as 0.02",
+        )
+        require(
+            isinstance(self.sliding_window, int) and self.sliding_window >= 0,
+            p + "sliding_window",
+            self.sliding_window,
+            "use 0 (off) or a window W >= 1",
+        )
+        require(
+            math.isfinite(self.rope_theta) and self.rope_theta > 0,
+            p + "rope_theta",
+            self.rope_theta,
+            "use a finite positive float such as 10000.0",
+        )
 
     # ---- derived sizes -------------------------------------------------------------------
     @property
@@ -192,8 +222,13 @@ class ParamCounts:
 
     @property
     def total(self) -> int:
-        return (self.embedding + self.position + self.num_layers * self.per_layer
-                + self.final_norm + self.head)
+        return (
+            self.embedding
+            + self.position
+            + self.num_layers * self.per_layer
+            + self.final_norm
+            + self.head
+        )
 
     def active_per_layer(self, experts_per_token: int) -> int:
         """Parameters one token touches in a layer (MoE: only its top-k experts)."""
@@ -208,30 +243,70 @@ class ParamCounts:
 # + HF config; GPT-3: Brown et al. 2020 Table 2.1; Mixtral: Jiang et al. 2024 + HF config).
 # Stated parameter counts checked in tests/unit/test_config.py.
 
-def _gpt2(name: str, dim: int, layers: int, heads: int, ctx: int = 1024,
-          vocab: int = 50257) -> ModelConfig:
-    return ModelConfig(name=name, vocab_size=vocab, dim=dim, num_layers=layers, num_heads=heads,
-                       max_seq_len=ctx, norm="layernorm", activation="gelu", position="learned",
-                       tie_embeddings=True, bias=True)
+
+def _gpt2(
+    name: str, dim: int, layers: int, heads: int, ctx: int = 1024, vocab: int = 50257
+) -> ModelConfig:
+    return ModelConfig(
+        name=name,
+        vocab_size=vocab,
+        dim=dim,
+        num_layers=layers,
+        num_heads=heads,
+        max_seq_len=ctx,
+        norm="layernorm",
+        activation="gelu",
+        position="learned",
+        tie_embeddings=True,
+        bias=True,
+    )
 
 
-def _llama(name: str, dim: int, layers: int, heads: int, kv_heads: int, ffn: int, vocab: int,
-           ctx: int, theta: float, eps: float = 1e-5, **moe: Any) -> ModelConfig:
-    return ModelConfig(name=name, vocab_size=vocab, dim=dim, num_layers=layers, num_heads=heads,
-                       num_kv_heads=kv_heads, ffn_dim=ffn, max_seq_len=ctx, norm="rmsnorm",
-                       activation="swiglu", position="rope", rope_theta=theta,
-                       tie_embeddings=False, bias=False, norm_eps=eps, **moe)
+def _llama(
+    name: str,
+    dim: int,
+    layers: int,
+    heads: int,
+    kv_heads: int,
+    ffn: int,
+    vocab: int,
+    ctx: int,
+    theta: float,
+    eps: float = 1e-5,
+    **moe: Any,
+) -> ModelConfig:
+    return ModelConfig(
+        name=name,
+        vocab_size=vocab,
+        dim=dim,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        ffn_dim=ffn,
+        max_seq_len=ctx,
+        norm="rmsnorm",
+        activation="swiglu",
+        position="rope",
+        rope_theta=theta,
+        tie_embeddings=False,
+        bias=False,
+        norm_eps=eps,
+        **moe,
+    )
 
 
 MODEL_PRESETS: dict[str, Callable[[], ModelConfig]] = {
     # tiny models for tests and the embedded default run (byte vocabulary)
-    "tiny": lambda: ModelConfig(name="tiny", vocab_size=256, dim=64, num_layers=2, num_heads=4,
-                                max_seq_len=128),
+    "tiny": lambda: ModelConfig(
+        name="tiny", vocab_size=256, dim=64, num_layers=2, num_heads=4, max_seq_len=128
+    ),
     "tiny-llama": lambda: _llama("tiny-llama", 64, 2, 4, 2, 176, 256, 128, 10000.0),
-    "tiny-moe": lambda: _llama("tiny-moe", 64, 2, 4, 2, 128, 256, 128, 10000.0,
-                               num_experts=4, experts_per_token=2),
-    "gpt-mini": lambda: ModelConfig(name="gpt-mini", vocab_size=256, dim=128, num_layers=4,
-                                    num_heads=4, max_seq_len=128),
+    "tiny-moe": lambda: _llama(
+        "tiny-moe", 64, 2, 4, 2, 128, 256, 128, 10000.0, num_experts=4, experts_per_token=2
+    ),
+    "gpt-mini": lambda: ModelConfig(
+        name="gpt-mini", vocab_size=256, dim=128, num_layers=4, num_heads=4, max_seq_len=128
+    ),
     # GPT-2 (124,439,808 / 354,823,168 / 774,030,080 / 1,557,611,200 parameters, tied head)
     "gpt2-124m": lambda: _gpt2("gpt2-124m", 768, 12, 12),
     "gpt2-350m": lambda: _gpt2("gpt2-350m", 1024, 24, 16),
@@ -248,8 +323,19 @@ MODEL_PRESETS: dict[str, Callable[[], ModelConfig]] = {
     "llama3-70b": lambda: _llama("llama3-70b", 8192, 80, 64, 8, 28672, 128256, 8192, 5e5),
     "llama3-405b": lambda: _llama("llama3-405b", 16384, 126, 128, 8, 53248, 128256, 8192, 5e5),
     # Mixtral 8x7B (46,702,792,704): 8 SwiGLU experts, top-2, GQA 8 KV heads
-    "mixtral-8x7b": lambda: _llama("mixtral-8x7b", 4096, 32, 32, 8, 14336, 32000, 32768, 1e6,
-                                   num_experts=8, experts_per_token=2),
+    "mixtral-8x7b": lambda: _llama(
+        "mixtral-8x7b",
+        4096,
+        32,
+        32,
+        8,
+        14336,
+        32000,
+        32768,
+        1e6,
+        num_experts=8,
+        experts_per_token=2,
+    ),
 }
 
 
@@ -258,8 +344,12 @@ def model_preset(name: str, **overrides: Any) -> ModelConfig:
     if name not in MODEL_PRESETS:
         from .strict import did_you_mean
 
-        raise ConfigError("model.name", name, f"use a preset{did_you_mean(name, MODEL_PRESETS)}"
-                          f" ({', '.join(MODEL_PRESETS)}) or a config.json path")
+        raise ConfigError(
+            "model.name",
+            name,
+            f"use a preset{did_you_mean(name, MODEL_PRESETS)}"
+            f" ({', '.join(MODEL_PRESETS)}) or a config.json path",
+        )
     cfg = MODEL_PRESETS[name]()
     return replace(cfg, **overrides) if overrides else cfg
 
@@ -267,8 +357,11 @@ def model_preset(name: str, **overrides: Any) -> ModelConfig:
 def resolve_model(name_or_path: str, **overrides: Any) -> ModelConfig:
     """A preset name or a path to a Hugging Face config.json, with field overrides."""
     if not name_or_path.strip():
-        raise ConfigError("model.name", name_or_path, "give a model preset (e.g. tiny-llama) or "
-                          "the path of a Hugging Face config.json")
+        raise ConfigError(
+            "model.name",
+            name_or_path,
+            "give a model preset (e.g. tiny-llama) or the path of a Hugging Face config.json",
+        )
     if name_or_path in MODEL_PRESETS:
         return model_preset(name_or_path, **overrides)
     if name_or_path.endswith(".json") or Path(name_or_path).is_dir():

@@ -34,15 +34,34 @@ class MonitorConfig:
     wandb_project: str = "scaletrain"
 
     def __post_init__(self) -> None:
-        require(self.watchdog_timeout_s >= 0, "monitor.watchdog_timeout_s",
-                self.watchdog_timeout_s, "use seconds >= 0 (0 = no watchdog)")
-        require(self.watchdog_factor >= 1, "monitor.watchdog_factor", self.watchdog_factor,
-                "use a multiple >= 1 of the median step time")
-        require(self.straggler_every >= 0, "monitor.straggler_every", self.straggler_every,
-                "use steps >= 0 (0 = never)")
-        require(self.straggler_factor > 1, "monitor.straggler_factor", self.straggler_factor,
-                "use a factor > 1 (e.g. 1.5)")
+        require(
+            self.watchdog_timeout_s >= 0,
+            "monitor.watchdog_timeout_s",
+            self.watchdog_timeout_s,
+            "use seconds >= 0 (0 = no watchdog)",
+        )
+        require(
+            self.watchdog_factor >= 1,
+            "monitor.watchdog_factor",
+            self.watchdog_factor,
+            "use a multiple >= 1 of the median step time",
+        )
+        require(
+            self.straggler_every >= 0,
+            "monitor.straggler_every",
+            self.straggler_every,
+            "use steps >= 0 (0 = never)",
+        )
+        require(
+            self.straggler_factor > 1,
+            "monitor.straggler_factor",
+            self.straggler_factor,
+            "use a factor > 1 (e.g. 1.5)",
+        )
         if self.wandb:  # checked here, before any work starts; imported only when training
-            require(importlib.util.find_spec("wandb") is not None, "monitor.wandb", self.wandb,
-                    "install the extra (pip install 'scaletrain[wandb]') or set "
-                    "--monitor.wandb=false")
+            require(
+                importlib.util.find_spec("wandb") is not None,
+                "monitor.wandb",
+                self.wandb,
+                "install the extra (pip install 'scaletrain[wandb]') or set --monitor.wandb=false",
+            )

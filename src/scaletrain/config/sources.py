@@ -27,8 +27,15 @@ from pathlib import Path
 
 from ._errors import ConfigError
 
-__all__ = ["SourceEntry", "parse_sources", "SUFFIXES", "resolve_tokenizer_file",
-           "pretrained_vocab_size", "EvalSource", "parse_eval_sources"]
+__all__ = [
+    "SourceEntry",
+    "parse_sources",
+    "SUFFIXES",
+    "resolve_tokenizer_file",
+    "pretrained_vocab_size",
+    "EvalSource",
+    "parse_eval_sources",
+]
 
 SUFFIXES = (".txt", ".jsonl", ".jsonl.gz", ".parquet", ".bin")
 _FIELD = "data.source"
@@ -59,8 +66,11 @@ def _expand(pattern: str, field: str = _FIELD) -> tuple[Path, ...]:
         # an empty folder is reported by the size check ("no text found"), with the numbers
         return tuple(sorted(p for p in path.rglob("*") if p.is_file() and _supported(p)))
     if not path.is_file():
-        fix = ("give 'grammar', a file, a folder, a glob, or a mixture 'a.jsonl@0.7, b/@0.3'"
-               if field == _FIELD else "give name=file, name=folder or name=glob entries")
+        fix = (
+            "give 'grammar', a file, a folder, a glob, or a mixture 'a.jsonl@0.7, b/@0.3'"
+            if field == _FIELD
+            else "give name=file, name=folder or name=glob entries"
+        )
         raise ConfigError(field, pattern, f"no such file or folder: {fix}")
     return (path,)  # a named file of another suffix is read as plain text
 
@@ -109,21 +119,36 @@ def parse_eval_sources(spec: str) -> list[EvalSource]:
             continue
         name, sep, pattern = (x.strip() for x in part.partition("="))
         if not sep or not pattern:
-            raise ConfigError(_EVAL_FIELD, part, "write each entry as name=path (a file, folder "
-                              "or glob), e.g. 'wiki=eval/wiki.jsonl, code=eval/code/'")
+            raise ConfigError(
+                _EVAL_FIELD,
+                part,
+                "write each entry as name=path (a file, folder "
+                "or glob), e.g. 'wiki=eval/wiki.jsonl, code=eval/code/'",
+            )
         if not _EVAL_NAME.fullmatch(name):
-            raise ConfigError(_EVAL_FIELD, part, f"the name {name!r} must be letters, digits, "
-                              "'_', '-' or '.' (it becomes the metric val_loss/<name>)")
+            raise ConfigError(
+                _EVAL_FIELD,
+                part,
+                f"the name {name!r} must be letters, digits, "
+                "'_', '-' or '.' (it becomes the metric val_loss/<name>)",
+            )
         if any(e.name == name for e in out):
-            raise ConfigError(_EVAL_FIELD, part, f"the name {name!r} is used twice: give each "
-                              "eval source its own name")
+            raise ConfigError(
+                _EVAL_FIELD,
+                part,
+                f"the name {name!r} is used twice: give each eval source its own name",
+            )
         files = _expand(pattern, _EVAL_FIELD)
         if not files:
-            raise ConfigError(_EVAL_FIELD, part, f"the folder holds no {'/'.join(SUFFIXES)} "
-                              "file: give held-out text to evaluate on")
+            raise ConfigError(
+                _EVAL_FIELD,
+                part,
+                f"the folder holds no {'/'.join(SUFFIXES)} file: give held-out text to evaluate on",
+            )
         if sum(f.stat().st_size for f in files) == 0:
-            raise ConfigError(_EVAL_FIELD, part, "empty (0 bytes): give held-out text to "
-                              "evaluate on")
+            raise ConfigError(
+                _EVAL_FIELD, part, "empty (0 bytes): give held-out text to evaluate on"
+            )
         out.append(EvalSource(name, pattern, files))
     if spec.strip() and not out:
         raise ConfigError(_EVAL_FIELD, spec, "give name=path entries, or '' for none")
@@ -136,8 +161,11 @@ def resolve_tokenizer_file(spec: str) -> Path:
     if path.is_dir():
         path = path / "tokenizer.json"
     if not path.is_file():
-        raise ConfigError("data.tokenizer", spec, "give byte, char, bpe, a tokenizer.json "
-                          "file or a directory holding one")
+        raise ConfigError(
+            "data.tokenizer",
+            spec,
+            "give byte, char, bpe, a tokenizer.json file or a directory holding one",
+        )
     return path
 
 
@@ -147,8 +175,11 @@ def pretrained_vocab_size(spec: str) -> int:
     path = resolve_tokenizer_file(spec)
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
-        ids = list(raw["model"]["vocab"].values()) if isinstance(raw["model"].get("vocab"),
-                                                                  dict) else []
+        ids = (
+            list(raw["model"]["vocab"].values())
+            if isinstance(raw["model"].get("vocab"), dict)
+            else []
+        )
         if isinstance(raw["model"].get("vocab"), list):  # Unigram: [[piece, score], ...]
             ids = [len(raw["model"]["vocab"]) - 1]
         ids += [t["id"] for t in raw.get("added_tokens") or []]

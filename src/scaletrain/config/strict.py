@@ -57,8 +57,11 @@ def _int_any(value: Any) -> int:
 
 
 def _float(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float | str) or (
-            isinstance(value, str) and not value.isascii()):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float | str)
+        or (isinstance(value, str) and not value.isascii())
+    ):
         raise ValueError(value)
     out = float(value)
     if not math.isfinite(out):
@@ -80,9 +83,12 @@ def _str(value: Any) -> str:
     return value
 
 
-_PARSERS = {int: (_int, "an integer (not a boolean or a fraction)"),
-            float: (_float, "a finite number (not inf, nan or beyond 1.8e308)"),
-            bool: (_bool, "true or false"), str: (_str, "a string")}
+_PARSERS = {
+    int: (_int, "an integer (not a boolean or a fraction)"),
+    float: (_float, "a finite number (not inf, nan or beyond 1.8e308)"),
+    bool: (_bool, "true or false"),
+    str: (_str, "a string"),
+}
 
 
 def _not_none(typ: Any) -> Any:

@@ -13,6 +13,15 @@ from .tokenizer import (
 )
 
 __all__ = [
-    "DataBundle", "build_data", "Tokenizer", "ByteTokenizer", "CharTokenizer", "BPETokenizer",
-    "load_tokenizer", "save_hf_tokenizer", "Grammar", "default_grammar", "generate_text",
+    "DataBundle",
+    "build_data",
+    "Tokenizer",
+    "ByteTokenizer",
+    "CharTokenizer",
+    "BPETokenizer",
+    "load_tokenizer",
+    "save_hf_tokenizer",
+    "Grammar",
+    "default_grammar",
+    "generate_text",
 ]

@@ -22,8 +22,13 @@ _STATE_VERSION = 1
 class DataBundle:
     """Everything the trainer needs from the data side, for one dp rank."""
 
-    def __init__(self, cfg: DataConfig, shards: Shards, sampler: WindowSampler,
-                 eval_samplers: dict[str, WindowSampler] | None = None):
+    def __init__(
+        self,
+        cfg: DataConfig,
+        shards: Shards,
+        sampler: WindowSampler,
+        eval_samplers: dict[str, WindowSampler] | None = None,
+    ):
         self.cfg, self._shards, self._sampler = cfg, shards, sampler
         self._eval_samplers = eval_samplers or {}
         self._position = 0  # next micro-step (t * grad_accum + k) when no iterator is live
@@ -56,8 +61,9 @@ class DataBundle:
         if self._iterator is not None:
             self._position = self._iterator.position
             self._iterator.close()
-        self._iterator = BatchIterator(self._sampler, self._position,
-                                       prefetch=self.cfg.prefetch, delay_s=self.cfg.delay_s)
+        self._iterator = BatchIterator(
+            self._sampler, self._position, prefetch=self.cfg.prefetch, delay_s=self.cfg.delay_s
+        )
         return self._iterator
 
     def val_batches(self, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -72,31 +78,43 @@ class DataBundle:
     def eval_batches(self, n: int) -> dict[str, list[tuple[torch.Tensor, torch.Tensor]]]:
         """Per eval source, its first `n` micro-batches of this rank, chosen exactly as
         `val_batches` chooses them from the validation split."""
-        return {name: [s.val_batch(i) for i in range(n)]
-                for name, s in self._eval_samplers.items()}
+        return {name: [s.val_batch(i) for i in range(n)] for name, s in self._eval_samplers.items()}
 
     def state_dict(self) -> dict:
         """Position in the stream (micro-batches consumed) plus what must match on resume."""
         s = self._sampler
         position = self._iterator.position if self._iterator is not None else self._position
         step, micro_step = divmod(position, s.grad_accum)
-        return {"version": _STATE_VERSION, "step": step, "micro_step": micro_step,
-                "seed": s.seed, "seq_len": s.seq_len, "global_batch": s.global_batch,
-                "shard": self._shards.directory.name}
+        return {
+            "version": _STATE_VERSION,
+            "step": step,
+            "micro_step": micro_step,
+            "seed": s.seed,
+            "seq_len": s.seq_len,
+            "global_batch": s.global_batch,
+            "shard": self._shards.directory.name,
+        }
 
     def load_state_dict(self, sd: dict) -> None:
         """Resume exactly where `sd` was taken. The dp degree may differ if the global batch is
         the same; a different seed, seq_len or global batch would silently change the stream,
         so those raise."""
         s = self._sampler
-        for key, mine in (("seed", s.seed), ("seq_len", s.seq_len),
-                          ("global_batch", s.global_batch)):
+        for key, mine in (
+            ("seed", s.seed),
+            ("seq_len", s.seq_len),
+            ("global_batch", s.global_batch),
+        ):
             if sd.get(key) != mine:
-                raise ValueError(f"data state has {key}={sd.get(key)!r} but this run uses "
-                                 f"{mine!r}: resume with the same data settings")
+                raise ValueError(
+                    f"data state has {key}={sd.get(key)!r} but this run uses "
+                    f"{mine!r}: resume with the same data settings"
+                )
         if sd.get("shard") != self._shards.directory.name:
-            raise ValueError(f"data state was taken on shard {sd.get('shard')!r}, this run reads "
-                             f"{self._shards.directory.name!r}: the corpus or tokenizer changed")
+            raise ValueError(
+                f"data state was taken on shard {sd.get('shard')!r}, this run reads "
+                f"{self._shards.directory.name!r}: the corpus or tokenizer changed"
+            )
         self._position = int(sd["step"]) * s.grad_accum + int(sd["micro_step"])
         if self._iterator is not None:
             self._iterator.seek(self._position)
@@ -111,14 +129,20 @@ class DataBundle:
 
     def describe(self) -> str:
         cfg, best = self.cfg, self.best_loss_nats
-        source = (f"grammar ({cfg.num_tokens:,} bytes, seed {cfg.seed})"
-                  if cfg.source == "grammar" else cfg.source)
+        source = (
+            f"grammar ({cfg.num_tokens:,} bytes, seed {cfg.seed})"
+            if cfg.source == "grammar"
+            else cfg.source
+        )
         best_s = f"{best:.3f} nats/token" if best is not None else "unknown (arbitrary text)"
-        evals = "".join(f" | eval {name} {len(s.val):,} tokens"
-                        for name, s in self._eval_samplers.items())
-        return (f"data: {source} | tokenizer {self.tokenizer.name} "
-                f"(vocab {self.tokenizer.vocab_size}) | tokens train {self.num_train_tokens:,} "
-                f"/ val {self.num_val_tokens:,}{evals} | best loss {best_s}")
+        evals = "".join(
+            f" | eval {name} {len(s.val):,} tokens" for name, s in self._eval_samplers.items()
+        )
+        return (
+            f"data: {source} | tokenizer {self.tokenizer.name} "
+            f"(vocab {self.tokenizer.vocab_size}) | tokens train {self.num_train_tokens:,} "
+            f"/ val {self.num_val_tokens:,}{evals} | best loss {best_s}"
+        )
 
     def close(self) -> None:
         if self._iterator is not None:
@@ -133,9 +157,17 @@ class DataBundle:
         self.close()
 
 
-def build_data(cfg: DataConfig, *, seq_len: int, micro_batch: int, grad_accum: int = 1,
-               dp_rank: int = 0, dp_size: int = 1, seed: int | None = None,
-               progress: bool = False) -> DataBundle:
+def build_data(
+    cfg: DataConfig,
+    *,
+    seq_len: int,
+    micro_batch: int,
+    grad_accum: int = 1,
+    dp_rank: int = 0,
+    dp_size: int = 1,
+    seed: int | None = None,
+    progress: bool = False,
+) -> DataBundle:
     """Tokenize (or reuse the cached shards of) `cfg.source` and set up this rank's sampler.
 
     `seed` picks the sampling order (defaults to `cfg.seed`, which also seeds the grammar).
@@ -144,19 +176,32 @@ def build_data(cfg: DataConfig, *, seq_len: int, micro_batch: int, grad_accum: i
     (every few seconds, on stderr) while a streamed corpus is tokenized.
     """
     if min(seq_len, micro_batch, grad_accum, dp_size) < 1 or not 0 <= dp_rank < dp_size:
-        raise ValueError(f"need seq_len, micro_batch, grad_accum, dp_size >= 1 and 0 <= dp_rank "
-                         f"< dp_size; got {seq_len}, {micro_batch}, {grad_accum}, {dp_size}, "
-                         f"{dp_rank}")
+        raise ValueError(
+            f"need seq_len, micro_batch, grad_accum, dp_size >= 1 and 0 <= dp_rank "
+            f"< dp_size; got {seq_len}, {micro_batch}, {grad_accum}, {dp_size}, "
+            f"{dp_rank}"
+        )
     window = seq_len + 1
-    shards = load_or_build_shards(cfg, train_need=window * micro_batch * dp_size * grad_accum,
-                                  val_need=window * micro_batch * dp_size, progress=progress)
-    kw: dict[str, Any] = {"seq_len": seq_len, "micro_batch": micro_batch,
-                          "grad_accum": grad_accum, "dp_rank": dp_rank, "dp_size": dp_size,
-                          "seed": cfg.seed if seed is None else seed}
-    sampler = WindowSampler(shards.train, shards.val, train_mask=shards.train_mask,
-                            val_mask=shards.val_mask, **kw)
-    eval_sets = load_or_build_eval_sets(cfg, shards.tokenizer, train_shard=shards.directory,
-                                        seq_len=seq_len, progress=progress)
+    shards = load_or_build_shards(
+        cfg,
+        train_need=window * micro_batch * dp_size * grad_accum,
+        val_need=window * micro_batch * dp_size,
+        progress=progress,
+    )
+    kw: dict[str, Any] = {
+        "seq_len": seq_len,
+        "micro_batch": micro_batch,
+        "grad_accum": grad_accum,
+        "dp_rank": dp_rank,
+        "dp_size": dp_size,
+        "seed": cfg.seed if seed is None else seed,
+    }
+    sampler = WindowSampler(
+        shards.train, shards.val, train_mask=shards.train_mask, val_mask=shards.val_mask, **kw
+    )
+    eval_sets = load_or_build_eval_sets(
+        cfg, shards.tokenizer, train_shard=shards.directory, seq_len=seq_len, progress=progress
+    )
     # a held-out set is sampled as a validation split (`val_batch`); its train side is unused
     evals = {e.name: WindowSampler(e.tokens, e.tokens, **kw) for e in eval_sets}
     return DataBundle(cfg, shards, sampler, evals)

@@ -38,8 +38,16 @@ from scaletrain.config.sources import parse_sources
 from .progress import Cursor, Progress
 from .tokenizer import BPETokenizer, ByteTokenizer, Tokenizer
 
-__all__ = ["iter_documents", "build_streamed", "decode_utf8", "make_tokenizer", "sha256_of",
-           "encode_file", "token_dtype_for", "TokenFile"]
+__all__ = [
+    "iter_documents",
+    "build_streamed",
+    "decode_utf8",
+    "make_tokenizer",
+    "sha256_of",
+    "encode_file",
+    "token_dtype_for",
+    "TokenFile",
+]
 
 FORMAT = 1  # bump when the streamed layout changes, so old caches are not reused
 _BATCH_DOCS = 256
@@ -49,9 +57,12 @@ _COPY_TOKENS = 1 << 20
 
 def not_utf8(path: Path, where: str, err: UnicodeDecodeError, offset: int) -> ConfigError:
     """The one error for text that is not UTF-8: the file, the byte offset and the fix."""
-    return ConfigError("data.source", f"{path}{where}",
-                       f"byte {offset} is not UTF-8 ({err.reason}): convert the file to UTF-8 "
-                       "(a single .txt source with data.tokenizer=byte keeps raw bytes)")
+    return ConfigError(
+        "data.source",
+        f"{path}{where}",
+        f"byte {offset} is not UTF-8 ({err.reason}): convert the file to UTF-8 "
+        "(a single .txt source with data.tokenizer=byte keeps raw bytes)",
+    )
 
 
 def decode_utf8(path: Path, data: bytes) -> str:
@@ -119,26 +130,39 @@ def jsonl_records(path: Path, cursor: Cursor | None = None) -> Iterator[tuple[in
                 try:
                     record = json.loads(line)
                 except json.JSONDecodeError as e:
-                    raise ConfigError("data.source", f"{path}:{lineno}",
-                                      f"malformed JSON line ({e.msg}): fix or remove it") from None
+                    raise ConfigError(
+                        "data.source",
+                        f"{path}:{lineno}",
+                        f"malformed JSON line ({e.msg}): fix or remove it",
+                    ) from None
                 if "\\u" in line and _has_lone_surrogate(record):
-                    raise ConfigError("data.source", f"{path}:{lineno}", "a string holds a lone "
-                                      "UTF-16 surrogate escape (\\ud800-\\udfff), which is no "
-                                      "text: fix the writer of this file or remove the line")
+                    raise ConfigError(
+                        "data.source",
+                        f"{path}:{lineno}",
+                        "a string holds a lone "
+                        "UTF-16 surrogate escape (\\ud800-\\udfff), which is no "
+                        "text: fix the writer of this file or remove the line",
+                    )
                 yield lineno, record
     except (OSError, EOFError, zlib.error) as e:  # gzip: not gzip, truncated, bad CRC
-        raise ConfigError("data.source", f"{path}:{lineno + 1}",
-                          f"unreadable ({' '.join(str(e).split()) or type(e).__name__}): the "
-                          "file is corrupt or truncated; restore or remove it") from None
+        raise ConfigError(
+            "data.source",
+            f"{path}:{lineno + 1}",
+            f"unreadable ({' '.join(str(e).split()) or type(e).__name__}): the "
+            "file is corrupt or truncated; restore or remove it",
+        ) from None
 
 
 def _iter_jsonl(path: Path, field: str, cursor: Cursor) -> Iterator[tuple[str, bool]]:
     for lineno, record in jsonl_records(path, cursor):
         text = record.get(field) if isinstance(record, dict) else None
         if not isinstance(text, str):
-            raise ConfigError("data.text_field", f"{path}:{lineno}",
-                              f"the line has no string field {field!r}: set "
-                              "data.text_field to the key holding the text")
+            raise ConfigError(
+                "data.text_field",
+                f"{path}:{lineno}",
+                f"the line has no string field {field!r}: set "
+                "data.text_field to the key holding the text",
+            )
         yield text, True
 
 
@@ -146,20 +170,29 @@ def _iter_parquet(path: Path, field: str, cursor: Cursor) -> Iterator[tuple[str,
     try:
         import pyarrow.parquet as pq
     except ImportError:
-        raise ConfigError("data.source", str(path), "reading .parquet needs pyarrow: pip "
-                          "install 'scaletrain[parquet]'") from None
+        raise ConfigError(
+            "data.source",
+            str(path),
+            "reading .parquet needs pyarrow: pip install 'scaletrain[parquet]'",
+        ) from None
     try:
         pf = pq.ParquetFile(path)
     except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
-        raise ConfigError("data.source", str(path),
-                          f"not a readable parquet file ({' '.join(str(e).split())[:200]}): "
-                          "restore or remove it") from None
+        raise ConfigError(
+            "data.source",
+            str(path),
+            f"not a readable parquet file ({' '.join(str(e).split())[:200]}): restore or remove it",
+        ) from None
     if field not in pf.schema_arrow.names:
         from scaletrain.config.strict import did_you_mean
 
-        raise ConfigError("data.text_field", f"{path}", f"the parquet file has no column "
-                          f"{field!r}{did_you_mean(field, pf.schema_arrow.names)} (columns: "
-                          f"{', '.join(pf.schema_arrow.names)})")
+        raise ConfigError(
+            "data.text_field",
+            f"{path}",
+            f"the parquet file has no column "
+            f"{field!r}{did_you_mean(field, pf.schema_arrow.names)} (columns: "
+            f"{', '.join(pf.schema_arrow.names)})",
+        )
     size, rows, seen = path.stat().st_size, max(1, pf.metadata.num_rows), 0
     row = 0
     for batch in pf.iter_batches(columns=[field], batch_size=1024):
@@ -170,14 +203,18 @@ def _iter_parquet(path: Path, field: str, cursor: Cursor) -> Iterator[tuple[str,
             if text is None:
                 continue
             if not isinstance(text, str):  # never str() a number or a list into the corpus
-                raise ConfigError("data.text_field", f"{path} row {row}",
-                                  f"column {field!r} holds {type(text).__name__}, not text: set "
-                                  "data.text_field to a string column")
+                raise ConfigError(
+                    "data.text_field",
+                    f"{path} row {row}",
+                    f"column {field!r} holds {type(text).__name__}, not text: set "
+                    "data.text_field to a string column",
+                )
             yield text, True
 
 
-def iter_documents(path: Path, *, text_field: str,
-                   cursor: Cursor | None = None) -> Iterator[tuple[str, bool]]:
+def iter_documents(
+    path: Path, *, text_field: str, cursor: Cursor | None = None
+) -> Iterator[tuple[str, bool]]:
     """(text, ends_document) pieces of one file: JSONL/parquet one document per row, any other
     text file one document (in pieces). `cursor` follows the on-disk bytes read."""
     name, cursor = path.name, cursor or Cursor()
@@ -189,8 +226,7 @@ def iter_documents(path: Path, *, text_field: str,
 
 
 def _text_files(cfg: DataConfig) -> list[Path]:
-    return [f for e in parse_sources(cfg.source) for f in e.files
-            if not f.name.endswith(".bin")]
+    return [f for e in parse_sources(cfg.source) for f in e.files if not f.name.endswith(".bin")]
 
 
 def _training_documents(cfg: DataConfig, progress: Progress) -> Iterator[str]:
@@ -209,11 +245,16 @@ def make_tokenizer(cfg: DataConfig, *, progress: bool = False) -> Tokenizer:
     if cfg.tokenizer == "byte":
         return ByteTokenizer()
     if cfg.tokenizer == "char":
-        raise ConfigError("data.tokenizer", "char", "char-level needs the whole text in memory: "
-                          "use byte, bpe or a pretrained tokenizer.json for this source")
+        raise ConfigError(
+            "data.tokenizer",
+            "char",
+            "char-level needs the whole text in memory: "
+            "use byte, bpe or a pretrained tokenizer.json for this source",
+        )
     if cfg.tokenizer == "bpe":
-        tracker = Progress(sum(f.stat().st_size for f in _text_files(cfg)), enabled=progress,
-                           label="training BPE")
+        tracker = Progress(
+            sum(f.stat().st_size for f in _text_files(cfg)), enabled=progress, label="training BPE"
+        )
         return BPETokenizer.train(_training_documents(cfg, tracker), cfg.bpe_vocab_size)
     from .pretrained import PretrainedTokenizer, resolve_tokenizer_file
 
@@ -235,25 +276,39 @@ class _Appender:
         self._f.close()
 
 
-def encode_file(path: Path, tok: Tokenizer, out: _Appender, *, text_field: str,
-                token_dtype: str, progress: Progress, field: str = "data.source") -> None:
+def encode_file(
+    path: Path,
+    tok: Tokenizer,
+    out: _Appender,
+    *,
+    text_field: str,
+    token_dtype: str,
+    progress: Progress,
+    field: str = "data.source",
+) -> None:
     """Append the ids of one source file to `out`: its documents, each followed by the
     end-of-document separator (and preceded by BOS when the tokenizer adds one), or a `.bin`
     file's ids as they are. `field` names the setting in errors."""
     if path.name.endswith(".bin"):
         size, item = path.stat().st_size, np.dtype(token_dtype).itemsize
         if size % item:
-            raise ConfigError(field, str(path),
-                              f"holds {size} bytes, not a whole number of {token_dtype} ids "
-                              "(truncated?): check data.token_dtype or restore the file")
+            raise ConfigError(
+                field,
+                str(path),
+                f"holds {size} bytes, not a whole number of {token_dtype} ids "
+                "(truncated?): check data.token_dtype or restore the file",
+            )
         src = TokenFile(path, token_dtype)
         for i in range(0, len(src), _COPY_TOKENS):
-            chunk = src[i:i + _COPY_TOKENS]
+            chunk = src[i : i + _COPY_TOKENS]
             if len(chunk) and int(chunk.max()) >= tok.vocab_size:
-                raise ConfigError(field, str(path),
-                                  f"holds id {int(chunk.max())} but the tokenizer has "
-                                  f"{tok.vocab_size} ids: check data.token_dtype and "
-                                  "data.tokenizer")
+                raise ConfigError(
+                    field,
+                    str(path),
+                    f"holds id {int(chunk.max())} but the tokenizer has "
+                    f"{tok.vocab_size} ids: check data.token_dtype and "
+                    "data.tokenizer",
+                )
             out.add(chunk)
             progress.tokens += len(chunk)
             progress.cursor.pos = (i + len(chunk)) * src.dtype.itemsize
@@ -268,13 +323,15 @@ def encode_file(path: Path, tok: Tokenizer, out: _Appender, *, text_field: str,
     def flush() -> None:
         texts = [t for t, _, _ in batch]
         try:
-            encoded = (tok.encode_batch(texts) if hasattr(tok, "encode_batch")  # type: ignore
-                       else [tok.encode(t) for t in texts])
+            encoded = (
+                tok.encode_batch(texts)
+                if hasattr(tok, "encode_batch")  # type: ignore
+                else [tok.encode(t) for t in texts]
+            )
         except ValueError as e:  # char-level: a character the vocabulary lacks
             raise ConfigError(field, str(path), f"cannot be tokenized: {e}") from None
         for (_, starts, ends), ids in zip(batch, encoded, strict=True):
-            row = np.asarray((bos if starts else []) + ids + (sep if ends else []),
-                             dtype=np.int64)
+            row = np.asarray((bos if starts else []) + ids + (sep if ends else []), dtype=np.int64)
             out.add(row)
             progress.tokens += len(row)
             progress.docs += int(ends)
@@ -306,11 +363,9 @@ class TokenFile:
     bytes per uint16 token: the whole corpus, by the end of a copy or a checksum), while a
     read copies one chunk into a buffer that is freed, so resident memory stays bounded."""
 
-    def __init__(self, path: Path, dtype: str | np.dtype, count: int | None = None,
-                 start: int = 0):
+    def __init__(self, path: Path, dtype: str | np.dtype, count: int | None = None, start: int = 0):
         self.path, self.dtype, self.start = path, np.dtype(dtype), start
-        self.count = (path.stat().st_size // self.dtype.itemsize - start if count is None
-                      else count)
+        self.count = path.stat().st_size // self.dtype.itemsize - start if count is None else count
 
     def __len__(self) -> int:
         return self.count
@@ -323,8 +378,12 @@ class TokenFile:
         lo, hi, _ = sl.indices(self.count)
         if hi <= lo:
             return np.zeros(0, self.dtype)
-        return np.fromfile(self.path, dtype=self.dtype, count=hi - lo,
-                           offset=(self.start + lo) * self.dtype.itemsize)
+        return np.fromfile(
+            self.path,
+            dtype=self.dtype,
+            count=hi - lo,
+            offset=(self.start + lo) * self.dtype.itemsize,
+        )
 
 
 def _copy(src: TokenFile, start: int, n: int, out: _Appender, digest: Any) -> None:
@@ -332,7 +391,7 @@ def _copy(src: TokenFile, start: int, n: int, out: _Appender, digest: Any) -> No
     pos, left = start, n
     while left > 0:
         take = min(left, _COPY_TOKENS, len(src) - pos)
-        chunk = np.ascontiguousarray(src[pos:pos + take], dtype=out.dtype)
+        chunk = np.ascontiguousarray(src[pos : pos + take], dtype=out.dtype)
         digest.update(chunk.tobytes())
         out.add(chunk)
         left -= take
@@ -343,7 +402,7 @@ def sha256_of(path: Path, dtype: str, count: int) -> str:
     digest = hashlib.sha256()
     arr = TokenFile(path, dtype, count)
     for i in range(0, count, _COPY_TOKENS):
-        digest.update(arr[i:i + _COPY_TOKENS].tobytes())
+        digest.update(arr[i : i + _COPY_TOKENS].tobytes())
     return digest.hexdigest()
 
 
@@ -351,21 +410,25 @@ def token_dtype_for(tok: Tokenizer) -> np.dtype:
     return np.dtype(np.uint16 if tok.vocab_size < 65536 else np.uint32)
 
 
-def build_streamed(cfg: DataConfig, tmp: Path, tok: Tokenizer, *,
-                   progress: bool = False) -> dict:
+def build_streamed(cfg: DataConfig, tmp: Path, tok: Tokenizer, *, progress: bool = False) -> dict:
     """Write `train.bin` and `val.bin` for `cfg.source` into `tmp`; returns the meta fields
     (dtype, counts, checksums). `progress`: print the progress line (`progress.py`)."""
     dtype = token_dtype_for(tok)
     entries = parse_sources(cfg.source)
-    tracker = Progress(sum(f.stat().st_size for e in entries for f in e.files),
-                       enabled=progress)
+    tracker = Progress(sum(f.stat().st_size for e in entries for f in e.files), enabled=progress)
     parts = []
     for i, entry in enumerate(entries):
         out = _Appender(tmp / f"part{i}.tmp", dtype)
         try:
             for f in entry.files:
-                encode_file(f, tok, out, text_field=cfg.text_field,
-                            token_dtype=cfg.token_dtype, progress=tracker)
+                encode_file(
+                    f,
+                    tok,
+                    out,
+                    text_field=cfg.text_field,
+                    token_dtype=cfg.token_dtype,
+                    progress=tracker,
+                )
         finally:
             out.close()
         parts.append(_Part(out.path, out.count, entry.weight))
@@ -389,6 +452,10 @@ def build_streamed(cfg: DataConfig, tmp: Path, tok: Tokenizer, *,
     finally:
         train.close()
         val.close()
-    return {"dtype": dtype.name, "num_train": train.count, "num_val": val.count,
-            "sha256": {"train.bin": train_sha.hexdigest(), "val.bin": val_sha.hexdigest()},
-            "eos_id": getattr(tok, "eos_id", None)}
+    return {
+        "dtype": dtype.name,
+        "num_train": train.count,
+        "num_val": val.count,
+        "sha256": {"train.bin": train_sha.hexdigest(), "val.bin": val_sha.hexdigest()},
+        "eos_id": getattr(tok, "eos_id", None),
+    }

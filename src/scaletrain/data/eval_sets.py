@@ -43,21 +43,37 @@ class EvalSet:
 
 def _identity(cfg: DataConfig, src: EvalSource, train_shard: str) -> dict:
     files = [[str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns] for p in src.files]
-    return {"format": corpus.FORMAT, "files": files, "text_field": cfg.text_field,
-            "token_dtype": cfg.token_dtype, "tokenizer_of": train_shard}
+    return {
+        "format": corpus.FORMAT,
+        "files": files,
+        "text_field": cfg.text_field,
+        "token_dtype": cfg.token_dtype,
+        "tokenizer_of": train_shard,
+    }
 
 
-def _build(cfg: DataConfig, src: EvalSource, tok: Tokenizer, final: Path, identity: dict,
-           progress: bool) -> None:
+def _build(
+    cfg: DataConfig, src: EvalSource, tok: Tokenizer, final: Path, identity: dict, progress: bool
+) -> None:
     def fill(tmp: Path) -> None:
         dtype = corpus.token_dtype_for(tok)
-        tracker = Progress(sum(f.stat().st_size for f in src.files), enabled=progress,
-                           label=f"tokenizing eval source {src.name}")
+        tracker = Progress(
+            sum(f.stat().st_size for f in src.files),
+            enabled=progress,
+            label=f"tokenizing eval source {src.name}",
+        )
         out = corpus._Appender(tmp / "tokens.bin", dtype)
         try:
             for f in src.files:
-                corpus.encode_file(f, tok, out, text_field=cfg.text_field,
-                                   token_dtype=cfg.token_dtype, progress=tracker, field=_FIELD)
+                corpus.encode_file(
+                    f,
+                    tok,
+                    out,
+                    text_field=cfg.text_field,
+                    token_dtype=cfg.token_dtype,
+                    progress=tracker,
+                    field=_FIELD,
+                )
         except ConfigError as e:  # a malformed line is reported for the setting that named it
             if e.field != "data.source":
                 raise
@@ -65,8 +81,12 @@ def _build(cfg: DataConfig, src: EvalSource, tok: Tokenizer, final: Path, identi
         finally:
             out.close()
         tracker.finish()
-        meta = {"identity": identity, "dtype": dtype.name, "count": out.count,
-                "sha256": corpus.sha256_of(out.path, dtype.name, out.count)}
+        meta = {
+            "identity": identity,
+            "dtype": dtype.name,
+            "count": out.count,
+            "sha256": corpus.sha256_of(out.path, dtype.name, out.count),
+        }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
 
     _publish(final, fill)
@@ -76,18 +96,27 @@ def _open(src: EvalSource, final: Path, *, seq_len: int) -> EvalSet:
     meta = json.loads((final / "meta.json").read_text())
     count = int(meta["count"])
     if count < seq_len + 1:
-        raise ConfigError(_FIELD, f"{src.name}={src.pattern}", f"holds {count} tokens but one "
-                          f"evaluation window needs seq_len+1 = {seq_len + 1}: give more text "
-                          "or lower batch.seq_len")
+        raise ConfigError(
+            _FIELD,
+            f"{src.name}={src.pattern}",
+            f"holds {count} tokens but one "
+            f"evaluation window needs seq_len+1 = {seq_len + 1}: give more text "
+            "or lower batch.seq_len",
+        )
     if corpus.sha256_of(final / "tokens.bin", meta["dtype"], count) != meta["sha256"]:
-        raise ConfigError("data.cache_dir", str(final / "tokens.bin"), "the eval shard fails "
-                          "its checksum (corrupt or changed): delete this directory to rebuild")
+        raise ConfigError(
+            "data.cache_dir",
+            str(final / "tokens.bin"),
+            "the eval shard fails "
+            "its checksum (corrupt or changed): delete this directory to rebuild",
+        )
     tokens = np.memmap(final / "tokens.bin", dtype=meta["dtype"], mode="r", shape=(count,))
     return EvalSet(src.name, final, tokens)
 
 
-def load_or_build_eval_sets(cfg: DataConfig, tok: Tokenizer, *, train_shard: Path,
-                            seq_len: int, progress: bool = False) -> list[EvalSet]:
+def load_or_build_eval_sets(
+    cfg: DataConfig, tok: Tokenizer, *, train_shard: Path, seq_len: int, progress: bool = False
+) -> list[EvalSet]:
     """Every `data.eval_sources` set, tokenized with `tok` (the tokenizer of the training
     shard `train_shard`); cached shards are reused and verified."""
     out = []

@@ -35,22 +35,22 @@ __all__ = ["Grammar", "default_grammar", "generate_text"]
 _CLASSES: dict[str, str] = {
     "DET": "the this that every each one my your his our their",
     "NOUN": "cat dog bird fish horse cow sheep goat fox wolf bear mouse rabbit frog duck owl "
-            "lion tiger snake whale child man woman boy girl farmer baker teacher doctor sailor "
-            "king queen knight wizard robot pilot painter singer poet miner hunter driver cook "
-            "friend stranger neighbor river forest garden house castle tower bridge village city "
-            "road hill mountain lake field boat ship train car wagon lamp book letter map key door "
-            "window table chair bell drum song story dream storm cloud star moon sun apple bread "
-            "cake cheese coin ring sword shield hat coat shoe basket box stone tree flower leaf",
+    "lion tiger snake whale child man woman boy girl farmer baker teacher doctor sailor "
+    "king queen knight wizard robot pilot painter singer poet miner hunter driver cook "
+    "friend stranger neighbor river forest garden house castle tower bridge village city "
+    "road hill mountain lake field boat ship train car wagon lamp book letter map key door "
+    "window table chair bell drum song story dream storm cloud star moon sun apple bread "
+    "cake cheese coin ring sword shield hat coat shoe basket box stone tree flower leaf",
     "ADJ": "big small old young red blue green black white happy sad quiet loud brave tiny huge "
-           "bright dark cold warm wise silly lazy busy clever gentle angry hungry sleepy strange "
-           "proud shy kind rich poor tall short fast slow golden",
+    "bright dark cold warm wise silly lazy busy clever gentle angry hungry sleepy strange "
+    "proud shy kind rich poor tall short fast slow golden",
     "VT": "sees likes finds follows helps watches carries paints hears knows loves hides builds "
-          "opens holds chases calls visits feeds wants needs takes brings pushes pulls keeps meets "
-          "greets thanks draws catches buys sells cleans fixes reads writes counts",
+    "opens holds chases calls visits feeds wants needs takes brings pushes pulls keeps meets "
+    "greets thanks draws catches buys sells cleans fixes reads writes counts",
     "VI": "runs sleeps sings laughs waits walks smiles jumps swims dances falls cries rests hums "
-          "shouts wanders works plays listens dreams glows shines",
+    "shouts wanders works plays listens dreams glows shines",
     "ADV": "quickly slowly quietly loudly happily sadly often again today tonight early late "
-           "gladly softly badly well together alone carefully",
+    "gladly softly badly well together alone carefully",
     "PREP": "in on under near behind beside over across through into from with past",
     "NAME": "Anna Ben Clara David Emma Felix Grace Henry Iris Jack Lucy Max Nora Oscar Ruby Sam",
     "PRON_S": "he she it",
@@ -76,10 +76,20 @@ _TRANSITIONS: dict[str, list[tuple[str, float, str]]] = {
     "OBJ": [("DET", 0.65, "ODET"), ("NAME", 0.2, "END"), ("PRON_O", 0.15, "END")],
     "ODET": [("ADJ", 0.3, "OADJ"), ("NOUN", 0.7, "END")],
     "OADJ": [("NOUN", 1.0, "END")],
-    "VI_AFTER": [("ADV", 0.3, "END2"), ("PREP", 0.3, "PP"), ("STOP", 0.3, "START"),
-                 ("PARA", 0.05, "LINE"), ("CONJ", 0.05, "CLAUSE")],
-    "END": [("PREP", 0.25, "PP"), ("ADV", 0.2, "END2"), ("STOP", 0.4, "START"),
-            ("PARA", 0.08, "LINE"), ("CONJ", 0.07, "CLAUSE")],
+    "VI_AFTER": [
+        ("ADV", 0.3, "END2"),
+        ("PREP", 0.3, "PP"),
+        ("STOP", 0.3, "START"),
+        ("PARA", 0.05, "LINE"),
+        ("CONJ", 0.05, "CLAUSE"),
+    ],
+    "END": [
+        ("PREP", 0.25, "PP"),
+        ("ADV", 0.2, "END2"),
+        ("STOP", 0.4, "START"),
+        ("PARA", 0.08, "LINE"),
+        ("CONJ", 0.07, "CLAUSE"),
+    ],
     "PP": [("DET", 0.85, "PDET"), ("NAME", 0.15, "END2")],
     "PDET": [("ADJ", 0.25, "PADJ"), ("NOUN", 0.75, "END2")],
     "PADJ": [("NOUN", 1.0, "END2")],

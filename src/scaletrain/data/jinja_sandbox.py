@@ -30,8 +30,7 @@ import sys
 import time
 from typing import Any
 
-__all__ = ["bounded_environment", "render_bounded", "TemplateLimit", "MAX_CHARS",
-           "RENDER_SECONDS"]
+__all__ = ["bounded_environment", "render_bounded", "TemplateLimit", "MAX_CHARS", "RENDER_SECONDS"]
 
 MAX_CHARS = 1 << 24
 """16 Mi characters (or list items): a bound on any one value a template builds and on one
@@ -66,8 +65,9 @@ def _check(what: str, sized: tuple[Any, ...], numbers: tuple[Any, ...] = ()) -> 
     if sizes and sizes[0] > MAX_CHARS:
         raise TemplateLimit(f"{what} of a value of size {sizes[0]:,} (more than {MAX_CHARS:,})")
     if len(sizes) >= 2 and sizes[1] > 0 and sizes[0] * sizes[1] > MAX_CHARS:
-        raise TemplateLimit(f"{what} of sizes {sizes[0]:,} x {sizes[1]:,} (more than "
-                            f"{MAX_CHARS:,} characters)")
+        raise TemplateLimit(
+            f"{what} of sizes {sizes[0]:,} x {sizes[1]:,} (more than {MAX_CHARS:,} characters)"
+        )
 
 
 def _check_width(what: str, fmt: Any) -> None:
@@ -81,7 +81,7 @@ def _bounded_filter(name: str, f: Any) -> Any:
 
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        value, rest = args[skip:skip + 1], (*args[skip + 1:], *kwargs.values())
+        value, rest = args[skip : skip + 1], (*args[skip + 1 :], *kwargs.values())
         if name == "format" and value:
             _check_width("the filter 'format'", value[0])
         _check(f"the filter {name!r}", (*value, *rest), rest)
@@ -111,21 +111,33 @@ def bounded_environment() -> Any:
 
         def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
             if operator == "**":
-                if not isinstance(right, (int, float)) or abs(right) > 64 or (
-                        isinstance(left, int) and left.bit_length() > 4096):
-                    raise TemplateLimit(f"'**' with the exponent {right!r} (at most 64, on "
-                                        "numbers of at most 4096 bits)")
+                if (
+                    not isinstance(right, (int, float))
+                    or abs(right) > 64
+                    or (isinstance(left, int) and left.bit_length() > 4096)
+                ):
+                    raise TemplateLimit(
+                        f"'**' with the exponent {right!r} (at most 64, on "
+                        "numbers of at most 4096 bits)"
+                    )
             elif operator == "*":
                 for seq, n in ((left, right), (right, left)):
                     if _size(seq) and isinstance(n, int) and _size(seq) * n > MAX_CHARS:
-                        raise TemplateLimit(f"'*' repeating {_size(seq):,} items {n:,} times "
-                                            f"(more than {MAX_CHARS:,})")
+                        raise TemplateLimit(
+                            f"'*' repeating {_size(seq):,} items {n:,} times "
+                            f"(more than {MAX_CHARS:,})"
+                        )
             elif operator == "%":
                 _check_width("'%'", left)
             return super().call_binop(context, operator, left, right)
 
-        def call(__self, __context: Any, __obj: Any, *args: Any,  # noqa: N805
-                 **kwargs: Any) -> Any:
+        def call(
+            __self,
+            __context: Any,
+            __obj: Any,
+            *args: Any,  # noqa: N805
+            **kwargs: Any,
+        ) -> Any:
             owner = getattr(getattr(__obj, "__wrapped__", __obj), "__self__", None)
             name = getattr(__obj, "__name__", "a function")
             if name in ("format", "format_map"):
@@ -137,8 +149,9 @@ def bounded_environment() -> Any:
         def bounded_concat(self, parts: tuple[Any, ...]) -> str:
             out = "".join(str(p) for p in parts)
             if len(out) > MAX_CHARS:
-                raise TemplateLimit(f"'~' building {len(out):,} characters (more than "
-                                    f"{MAX_CHARS:,})")
+                raise TemplateLimit(
+                    f"'~' building {len(out):,} characters (more than {MAX_CHARS:,})"
+                )
             return out
 
     env = _Bounded(trim_blocks=True, lstrip_blocks=True)
@@ -146,8 +159,7 @@ def bounded_environment() -> Any:
     return env
 
 
-def render_bounded(template: Any, variables: dict[str, Any],
-                   seconds: float | None = None) -> str:
+def render_bounded(template: Any, variables: dict[str, Any], seconds: float | None = None) -> str:
     """`template.render(**variables)` within `seconds` (default RENDER_SECONDS) of wall time
     and MAX_CHARS of output; raises TemplateLimit past either."""
     seconds = RENDER_SECONDS if seconds is None else seconds

@@ -37,9 +37,20 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 class WindowSampler:
     """Maps (micro-step index, rank) to token windows; pure and stateless apart from caches."""
 
-    def __init__(self, train: np.ndarray, val: np.ndarray, *, seq_len: int, micro_batch: int,
-                 grad_accum: int, dp_rank: int, dp_size: int, seed: int,
-                 train_mask: np.ndarray | None = None, val_mask: np.ndarray | None = None):
+    def __init__(
+        self,
+        train: np.ndarray,
+        val: np.ndarray,
+        *,
+        seq_len: int,
+        micro_batch: int,
+        grad_accum: int,
+        dp_rank: int,
+        dp_size: int,
+        seed: int,
+        train_mask: np.ndarray | None = None,
+        val_mask: np.ndarray | None = None,
+    ):
         assert 0 <= dp_rank < dp_size
         self.train, self.val = train, val
         # SFT: 1 where a token is a training target (responses), 0 where not (prompts); a
@@ -65,21 +76,25 @@ class WindowSampler:
     def train_offsets(self, micro_index: int) -> np.ndarray:
         """Start offsets of this rank's rows for micro-step `micro_index` (= t*grad_accum + k)."""
         step, k = divmod(micro_index, self.grad_accum)
-        first = (step * self.global_batch + k * self.micro_batch * self.dp_size
-                 + self.dp_rank * self.micro_batch)
+        first = (
+            step * self.global_batch
+            + k * self.micro_batch * self.dp_size
+            + self.dp_rank * self.micro_batch
+        )
         out = np.empty(self.micro_batch, dtype=np.int64)
         for i, n in enumerate(range(first, first + self.micro_batch)):
             shift, perm = self._perm(n // self.num_windows)
             out[i] = shift + int(perm[n % self.num_windows]) * self.seq_len
         return out
 
-    def _gather(self, tokens: np.ndarray, offsets: np.ndarray,
-                mask: np.ndarray | None = None) -> Batch:
-        rows = np.stack([tokens[o:o + self.seq_len + 1] for o in offsets]).astype(np.int64)
+    def _gather(
+        self, tokens: np.ndarray, offsets: np.ndarray, mask: np.ndarray | None = None
+    ) -> Batch:
+        rows = np.stack([tokens[o : o + self.seq_len + 1] for o in offsets]).astype(np.int64)
         x = torch.from_numpy(rows)  # (micro_batch, seq_len + 1)
         targets = x[:, 1:].contiguous()
         if mask is not None:
-            keep = np.stack([mask[o + 1:o + self.seq_len + 1] for o in offsets]) != 0
+            keep = np.stack([mask[o + 1 : o + self.seq_len + 1] for o in offsets]) != 0
             targets[~torch.from_numpy(keep)] = -100  # (micro_batch, seq_len)
         return x[:, :-1].contiguous(), targets
 
@@ -92,8 +107,13 @@ class WindowSampler:
         return self._gather(self.val, windows * self.seq_len, self.val_mask)
 
 
-def _produce(make: Callable[[int], Batch], start: int, delay_s: float, out: queue.Queue,
-             stop: threading.Event) -> None:
+def _produce(
+    make: Callable[[int], Batch],
+    start: int,
+    delay_s: float,
+    out: queue.Queue,
+    stop: threading.Event,
+) -> None:
     """Prefetch thread body: put (index, batch) pairs until told to stop.
 
     Holds no reference to the iterator, so an abandoned iterator can be garbage-collected (its
@@ -153,12 +173,19 @@ class BatchIterator(Iterator[Batch]):
         self._stop_event = threading.Event()
         self._queue = queue.Queue(maxsize=self._prefetch)
         self._thread = threading.Thread(
-            target=_produce, name="scaletrain-data-prefetch", daemon=True,
-            args=(self._sampler.train_batch, self.position, self._delay_s, self._queue,
-                  self._stop_event))
+            target=_produce,
+            name="scaletrain-data-prefetch",
+            daemon=True,
+            args=(
+                self._sampler.train_batch,
+                self.position,
+                self._delay_s,
+                self._queue,
+                self._stop_event,
+            ),
+        )
         self._thread.start()
-        self._finalizer = weakref.finalize(self, _stop, self._thread, self._stop_event,
-                                           self._queue)
+        self._finalizer = weakref.finalize(self, _stop, self._thread, self._stop_event, self._queue)
 
     def __next__(self) -> Batch:
         if self._closed:

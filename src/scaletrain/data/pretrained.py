@@ -44,11 +44,14 @@ class PretrainedTokenizer(TokenizersBacked):
         try:
             self._tok = HFTokenizer.from_file(str(tokenizer_file))
         except Exception as e:  # noqa: BLE001 - the library raises a bare Exception
-            raise ConfigError(_FIELD, str(tokenizer_file),
-                              f"give a valid tokenizer.json ({e})") from e
+            raise ConfigError(
+                _FIELD, str(tokenizer_file), f"give a valid tokenizer.json ({e})"
+            ) from e
         self._file = tokenizer_file
-        self.vocab_size = max(pretrained_vocab_size(str(tokenizer_file)),
-                              self._tok.get_vocab_size(with_added_tokens=True))
+        self.vocab_size = max(
+            pretrained_vocab_size(str(tokenizer_file)),
+            self._tok.get_vocab_size(with_added_tokens=True),
+        )
         conf_path = tokenizer_file.parent / self._CONFIG
         conf: dict[str, Any] = {}
         if conf_path.is_file():
@@ -57,8 +60,11 @@ class PretrainedTokenizer(TokenizersBacked):
             except ValueError as e:  # (UnicodeDecodeError included)
                 raise ConfigError(_FIELD, str(conf_path), f"fix its JSON ({e})") from e
             if not isinstance(conf, dict):
-                raise ConfigError(_FIELD, str(conf_path), f"it holds a JSON "
-                                  f"{type(conf).__name__}, not an object: fix or remove it")
+                raise ConfigError(
+                    _FIELD,
+                    str(conf_path),
+                    f"it holds a JSON {type(conf).__name__}, not an object: fix or remove it",
+                )
         self._conf_path = conf_path if conf_path.is_file() else None
         self.eos_id = self._id_of(_token_text(conf.get("eos_token")), guesses=_EOS_GUESSES)
         self.bos_id = self._id_of(_token_text(conf.get("bos_token")), guesses=())
@@ -74,21 +80,31 @@ class PretrainedTokenizer(TokenizersBacked):
             try:
                 return jinja.read_text(encoding="utf-8"), str(jinja)
             except UnicodeDecodeError as e:
-                raise ConfigError("data.chat_template", str(jinja), f"not UTF-8 text (byte "
-                                  f"{e.start}): fix or remove it") from None
+                raise ConfigError(
+                    "data.chat_template",
+                    str(jinja),
+                    f"not UTF-8 text (byte {e.start}): fix or remove it",
+                ) from None
         value = conf.get("chat_template")
         if isinstance(value, list):
-            value = next((t.get("template") for t in value
-                          if isinstance(t, dict) and t.get("name") == "default"), None)
+            value = next(
+                (
+                    t.get("template")
+                    for t in value
+                    if isinstance(t, dict) and t.get("name") == "default"
+                ),
+                None,
+            )
         if value is None:
             return None
         if not isinstance(value, str):
-            raise ConfigError(_FIELD, str(self._conf_path),
-                              "chat_template must be a string (or named templates)")
+            raise ConfigError(
+                _FIELD, str(self._conf_path), "chat_template must be a string (or named templates)"
+            )
         return value, f"{self._conf_path}:chat_template"
 
     def _id_of(self, token: str | None, *, guesses: tuple[str, ...]) -> int | None:
-        for t in ((token,) if token else guesses):
+        for t in (token,) if token else guesses:
             tid = self._tok.token_to_id(t)
             if tid is not None:
                 return int(tid)

@@ -40,9 +40,16 @@ class Progress:
 
     `enabled=False` counts and prints nothing (the default for library callers)."""
 
-    def __init__(self, total_bytes: int, *, enabled: bool, label: str = "tokenizing",
-                 every_s: float = 5.0, out: TextIO | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        total_bytes: int,
+        *,
+        enabled: bool,
+        label: str = "tokenizing",
+        every_s: float = 5.0,
+        out: TextIO | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.total_bytes, self.enabled, self.label = total_bytes, enabled, label
         self.every_s, self.out, self.clock = every_s, out, clock
         self.docs = self.tokens = 0
@@ -66,8 +73,10 @@ class Progress:
         done, total = self.bytes, max(self.total_bytes, 1)
         rate = done / elapsed
         eta = f"ETA {_duration((total - done) / rate)}" if rate > 0 and done < total else "ETA -"
-        return (f"{self.label}: {done / MB:.1f}/{total / MB:.1f} MB ({done / total:.0%}) | "
-                f"{self.docs:,} docs | {self.tokens:,} tokens | {rate / MB:.2f} MB/s | {eta}")
+        return (
+            f"{self.label}: {done / MB:.1f}/{total / MB:.1f} MB ({done / total:.0%}) | "
+            f"{self.docs:,} docs | {self.tokens:,} tokens | {rate / MB:.2f} MB/s | {eta}"
+        )
 
     def tick(self) -> None:
         if not self.enabled:
@@ -81,8 +90,10 @@ class Progress:
         """A closing line, only when the build was long enough to print progress."""
         if self.enabled and self.lines:
             elapsed = self.clock() - self._start
-            self._print(f"{self.label}: done, {self.bytes / MB:.1f} MB | {self.docs:,} docs | "
-                        f"{self.tokens:,} tokens in {_duration(elapsed)}")
+            self._print(
+                f"{self.label}: done, {self.bytes / MB:.1f} MB | {self.docs:,} docs | "
+                f"{self.tokens:,} tokens in {_duration(elapsed)}"
+            )
 
     def _print(self, text: str) -> None:
         self.lines += 1

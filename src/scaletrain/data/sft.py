@@ -47,29 +47,45 @@ def _messages(rec: object, where: str) -> list[tuple[str, str]]:
     if isinstance(rec, dict) and isinstance(rec.get("messages"), list):
         out = []
         for m in rec["messages"]:
-            if not (isinstance(m, dict) and m.get("role") in ROLE_NAMES
-                    and isinstance(m.get("content"), str)):
-                raise ConfigError("data.source", where, "each message needs a role (system, "
-                                  "user or assistant) and a string content")
+            if not (
+                isinstance(m, dict)
+                and m.get("role") in ROLE_NAMES
+                and isinstance(m.get("content"), str)
+            ):
+                raise ConfigError(
+                    "data.source",
+                    where,
+                    "each message needs a role (system, user or assistant) and a string content",
+                )
             out.append((m["role"], m["content"]))
         return out
-    if isinstance(rec, dict) and isinstance(rec.get("prompt"), str) and isinstance(
-            rec.get("response"), str):
+    if (
+        isinstance(rec, dict)
+        and isinstance(rec.get("prompt"), str)
+        and isinstance(rec.get("response"), str)
+    ):
         return [("user", rec["prompt"]), ("assistant", rec["response"])]
-    raise ConfigError("data.source", where, "an SFT record needs 'messages' or 'prompt' and "
-                      "'response' string fields")
+    raise ConfigError(
+        "data.source",
+        where,
+        "an SFT record needs 'messages' or 'prompt' and 'response' string fields",
+    )
 
 
-def render_example(messages: list[tuple[str, str]], tok: Tokenizer,
-                   template: ChatTemplate | None = None) -> tuple[list[int], list[int]]:
+def render_example(
+    messages: list[tuple[str, str]], tok: Tokenizer, template: ChatTemplate | None = None
+) -> tuple[list[int], list[int]]:
     """(ids, mask) of one conversation in `template`, or the built-in one (see the module
     docstring)."""
     if template is not None:
         return _render_with_template(messages, tok, template)
     eos = getattr(tok, "eos_id", None)
     if eos is None:
-        raise ConfigError("data.tokenizer", tok.name, "SFT needs an end-of-turn token: use bpe "
-                          "or a pretrained tokenizer.json")
+        raise ConfigError(
+            "data.tokenizer",
+            tok.name,
+            "SFT needs an end-of-turn token: use bpe or a pretrained tokenizer.json",
+        )
     ids: list[int] = []
     mask: list[int] = []
 
@@ -107,43 +123,62 @@ class ChatTemplate:
         try:
             self._template = env.from_string(source)
         except jinja2.TemplateError as e:
-            raise ConfigError("data.chat_template", where, f"fix the Jinja2 template ({e})"
-                              ) from e
+            raise ConfigError("data.chat_template", where, f"fix the Jinja2 template ({e})") from e
         except Exception as e:  # noqa: BLE001 - compile-time folding of the template's own code
-            raise ConfigError("data.chat_template", where, f"fix the Jinja2 template "
-                              f"({type(e).__name__}: {e}) or use data.chat_template=builtin"
-                              ) from e
+            raise ConfigError(
+                "data.chat_template",
+                where,
+                f"fix the Jinja2 template "
+                f"({type(e).__name__}: {e}) or use data.chat_template=builtin",
+            ) from e
         self.where = where
         hf = tok.hf_tokenizer()
-        self._specials = {f"{k}_token": hf.id_to_token(i) if i is not None else ""
-                          for k in ("bos", "eos") for i in [getattr(tok, f"{k}_id", None)]}
+        self._specials = {
+            f"{k}_token": hf.id_to_token(i) if i is not None else ""
+            for k in ("bos", "eos")
+            for i in [getattr(tok, f"{k}_id", None)]
+        }
 
     def render(self, messages: list[tuple[str, str]], *, add_generation_prompt: bool) -> str:
         from .jinja_sandbox import TemplateLimit, render_bounded
 
         try:
-            text = render_bounded(self._template, {
-                "messages": [{"role": r, "content": c} for r, c in messages],
-                "add_generation_prompt": add_generation_prompt, **self._specials})
+            text = render_bounded(
+                self._template,
+                {
+                    "messages": [{"role": r, "content": c} for r, c in messages],
+                    "add_generation_prompt": add_generation_prompt,
+                    **self._specials,
+                },
+            )
         except ConfigError:
             raise
         except TemplateLimit as e:  # bounded size or time (data/jinja_sandbox.py)
-            raise ConfigError("data.chat_template", self.where,
-                              f"the template went past a limit ({e}); fix it or use "
-                              "data.chat_template=builtin") from None
+            raise ConfigError(
+                "data.chat_template",
+                self.where,
+                f"the template went past a limit ({e}); fix it or use data.chat_template=builtin",
+            ) from None
         except Exception as e:  # noqa: BLE001 - whatever the template's own code raises
             # the sandbox's SecurityError is a TemplateError: a template that reaches for
             # Python internals stops here; so do its ZeroDivisionError, OverflowError,
             # RecursionError (a macro calling itself), MemoryError
-            raise ConfigError("data.chat_template", self.where,
-                              f"the template failed to render ({type(e).__name__}: "
-                              f"{str(e)[:200]}); use data.chat_template=builtin") from None
+            raise ConfigError(
+                "data.chat_template",
+                self.where,
+                f"the template failed to render ({type(e).__name__}: "
+                f"{str(e)[:200]}); use data.chat_template=builtin",
+            ) from None
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as e:  # a lone surrogate ('\ud800') no tokenizer encodes
-            raise ConfigError("data.chat_template", self.where, f"the template renders a "
-                              f"character that is not text ({e.reason}): fix it or use "
-                              "data.chat_template=builtin") from None
+            raise ConfigError(
+                "data.chat_template",
+                self.where,
+                f"the template renders a "
+                f"character that is not text ({e.reason}): fix it or use "
+                "data.chat_template=builtin",
+            ) from None
         return text
 
 
@@ -154,17 +189,21 @@ def chat_template_for(cfg: DataConfig, tok: Tokenizer) -> ChatTemplate | None:
     found = getattr(tok, "chat_template", None)
     if found is None:
         if cfg.chat_template == "tokenizer":
-            raise ConfigError("data.chat_template", cfg.chat_template,
-                              f"the tokenizer {cfg.tokenizer} has no chat template (none in "
-                              "its tokenizer_config.json nor a chat_template.jinja): use "
-                              "builtin")
+            raise ConfigError(
+                "data.chat_template",
+                cfg.chat_template,
+                f"the tokenizer {cfg.tokenizer} has no chat template (none in "
+                "its tokenizer_config.json nor a chat_template.jinja): use "
+                "builtin",
+            )
         return None
     source, where = found
     return ChatTemplate(source, where, tok)
 
 
-def _render_with_template(messages: list[tuple[str, str]], tok: Tokenizer,
-                          template: ChatTemplate) -> tuple[list[int], list[int]]:
+def _render_with_template(
+    messages: list[tuple[str, str]], tok: Tokenizer, template: ChatTemplate
+) -> tuple[list[int], list[int]]:
     ids: list[int] = []
     mask: list[int] = []
     done = ""  # the text already tokenized
@@ -177,24 +216,30 @@ def _render_with_template(messages: list[tuple[str, str]], tok: Tokenizer,
     def extend_to(text: str, trained: int) -> None:
         nonlocal done
         if not text.startswith(done):
-            raise ConfigError("data.chat_template", template.where,
-                              "the template renders a conversation's prefix differently from "
-                              "the whole conversation, so the replies cannot be located: use "
-                              "data.chat_template=builtin")
-        add(text[len(done):], trained)
+            raise ConfigError(
+                "data.chat_template",
+                template.where,
+                "the template renders a conversation's prefix differently from "
+                "the whole conversation, so the replies cannot be located: use "
+                "data.chat_template=builtin",
+            )
+        add(text[len(done) :], trained)
         done = text
 
     for i, (role, content) in enumerate(messages):
         if role == "assistant":
             extend_to(template.render(messages[:i], add_generation_prompt=True), 0)
             before = done
-            extend_to(template.render(messages[:i + 1], add_generation_prompt=False), 1)
-            if content.strip() and content.strip() not in done[len(before):]:
+            extend_to(template.render(messages[: i + 1], add_generation_prompt=False), 1)
+            if content.strip() and content.strip() not in done[len(before) :]:
                 # nothing would be trained on this reply (an empty or reply-dropping template)
-                raise ConfigError("data.chat_template", template.where,
-                                  "the template does not render the assistant's reply, so "
-                                  "nothing of it would be trained: fix it or use "
-                                  "data.chat_template=builtin")
+                raise ConfigError(
+                    "data.chat_template",
+                    template.where,
+                    "the template does not render the assistant's reply, so "
+                    "nothing of it would be trained: fix it or use "
+                    "data.chat_template=builtin",
+                )
     extend_to(template.render(messages, add_generation_prompt=False), 0)
     return ids, mask
 
@@ -203,18 +248,22 @@ def build_sft(cfg: DataConfig, tmp: Path, tok: Tokenizer) -> dict:
     """Write train/val ids (`*.bin`) and masks (`*.mask`, uint8) into `tmp`; the last
     `val_fraction` of the tokens (whole examples packed in order) is validation."""
     dtype = np.dtype(np.uint16 if tok.vocab_size < 65536 else np.uint32)
-    ids_out, mask_out = _Appender(tmp / "all.tmp", dtype), _Appender(tmp / "mask.tmp",
-                                                                      np.dtype(np.uint8))
+    ids_out, mask_out = (
+        _Appender(tmp / "all.tmp", dtype),
+        _Appender(tmp / "mask.tmp", np.dtype(np.uint8)),
+    )
     template = chat_template_for(cfg, tok)
     try:
         for entry in parse_sources(cfg.source):
             for path in entry.files:
                 if not path.name.endswith((".jsonl", ".jsonl.gz")):
-                    raise ConfigError("data.source", str(path), "data.format=sft reads .jsonl "
-                                      "(or .jsonl.gz) files only")
+                    raise ConfigError(
+                        "data.source",
+                        str(path),
+                        "data.format=sft reads .jsonl (or .jsonl.gz) files only",
+                    )
                 for lineno, rec in jsonl_records(path):
-                    ids, mask = render_example(_messages(rec, f"{path}:{lineno}"), tok,
-                                               template)
+                    ids, mask = render_example(_messages(rec, f"{path}:{lineno}"), tok, template)
                     ids_out.add(np.asarray(ids, dtype=np.int64))
                     mask_out.add(np.asarray(mask, dtype=np.uint8))
     finally:
@@ -222,10 +271,18 @@ def build_sft(cfg: DataConfig, tmp: Path, tok: Tokenizer) -> dict:
         mask_out.close()
     n = ids_out.count
     n_val = int(n * cfg.val_fraction)
-    meta: dict = {"dtype": dtype.name, "num_train": n - n_val, "num_val": n_val, "masks": True,
-                  "sha256": {}, "eos_id": getattr(tok, "eos_id", None)}
-    for src_path, out_dtype, suffix in ((ids_out.path, dtype, "bin"),
-                                        (mask_out.path, np.dtype(np.uint8), "mask")):
+    meta: dict = {
+        "dtype": dtype.name,
+        "num_train": n - n_val,
+        "num_val": n_val,
+        "masks": True,
+        "sha256": {},
+        "eos_id": getattr(tok, "eos_id", None),
+    }
+    for src_path, out_dtype, suffix in (
+        (ids_out.path, dtype, "bin"),
+        (mask_out.path, np.dtype(np.uint8), "mask"),
+    ):
         src = TokenFile(src_path, out_dtype, n)
         for split, start, count in (("train", 0, n - n_val), ("val", n - n_val, n_val)):
             out, digest = _Appender(tmp / f"{split}.{suffix}", out_dtype), hashlib.sha256()

@@ -61,8 +61,12 @@ def streamed(cfg: DataConfig) -> bool:
     if cfg.tokenizer not in ("byte", "char", "bpe") or cfg.format == "sft":
         return True
     entries = parse_sources(cfg.source)
-    return (len(entries) > 1 or entries[0].weight != 1.0 or any(c in cfg.source for c in "*?[")
-            or any(f.name.endswith(_DOC_SUFFIXES) for f in entries[0].files))
+    return (
+        len(entries) > 1
+        or entries[0].weight != 1.0
+        or any(c in cfg.source for c in "*?[")
+        or any(f.name.endswith(_DOC_SUFFIXES) for f in entries[0].files)
+    )
 
 
 def _file_digest(path: Path) -> str:
@@ -74,22 +78,35 @@ def _identity(cfg: DataConfig) -> dict:
         src: dict = {"kind": "grammar", "num_bytes": cfg.num_tokens, "seed": cfg.seed}
     else:
         root = Path(cfg.source).resolve()
-        files = [[str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns]
-                 for p in source_files(cfg.source)]
+        files = [
+            [str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns]
+            for p in source_files(cfg.source)
+        ]
         src = {"kind": "files", "root": str(root), "files": files}
     tok: dict = {"name": cfg.tokenizer}
     if cfg.tokenizer == "bpe":
         tok["vocab_size"] = cfg.bpe_vocab_size
-    identity = {"format": _FORMAT, "source": src, "tokenizer": tok,
-                "val_fraction": cfg.val_fraction}
+    identity = {
+        "format": _FORMAT,
+        "source": src,
+        "tokenizer": tok,
+        "val_fraction": cfg.val_fraction,
+    }
     if streamed(cfg):
         if cfg.tokenizer not in ("byte", "char", "bpe"):
             file = resolve_tokenizer_file(cfg.tokenizer)
-            tok["sha"] = [_file_digest(file), _file_digest(file.parent / "tokenizer_config.json"),
-                          _file_digest(file.parent / "chat_template.jinja")]
-        streamed_id = {"format": corpus.FORMAT, "spec": cfg.source,
-                       "text_field": cfg.text_field, "token_dtype": cfg.token_dtype,
-                       "data_format": cfg.format}
+            tok["sha"] = [
+                _file_digest(file),
+                _file_digest(file.parent / "tokenizer_config.json"),
+                _file_digest(file.parent / "chat_template.jinja"),
+            ]
+        streamed_id = {
+            "format": corpus.FORMAT,
+            "spec": cfg.source,
+            "text_field": cfg.text_field,
+            "token_dtype": cfg.token_dtype,
+            "data_format": cfg.format,
+        }
         if cfg.format == "sft":
             streamed_id["chat_template"] = cfg.chat_template
         identity["streamed"] = streamed_id
@@ -103,8 +120,9 @@ def _source_bytes(cfg: DataConfig) -> int:
     return sum(p.stat().st_size for p in files) + max(0, len(files) - 1)
 
 
-def check_size(cfg: DataConfig, num_tokens: int, *, train_need: int, val_need: int,
-               exact: bool) -> None:
+def check_size(
+    cfg: DataConfig, num_tokens: int, *, train_need: int, val_need: int, exact: bool
+) -> None:
     """Raise `ConfigError` when the train or val split cannot fill one batch.
 
     Before tokenizing, `num_tokens` is the byte count, an upper bound on the token count for all
@@ -115,9 +133,11 @@ def check_size(cfg: DataConfig, num_tokens: int, *, train_need: int, val_need: i
     if num_train >= train_need and num_val >= val_need:
         return
     what = "tokens" if exact else "bytes (an upper bound on tokens)"
-    fix = (f"the corpus has {num_tokens:,} {what}: {num_train:,} train / {num_val:,} val, but one "
-           f"batch needs {train_need:,} train and {val_need:,} val tokens "
-           "((seq_len+1) x micro_batch x dp [x grad_accum]); ")
+    fix = (
+        f"the corpus has {num_tokens:,} {what}: {num_train:,} train / {num_val:,} val, but one "
+        f"batch needs {train_need:,} train and {val_need:,} val tokens "
+        "((seq_len+1) x micro_batch x dp [x grad_accum]); "
+    )
     if cfg.source == "grammar":
         raise ConfigError("data.num_tokens", cfg.num_tokens, fix + "raise data.num_tokens")
     if num_tokens == 0:
@@ -184,27 +204,39 @@ def _publish(final: Path, fill: Callable[[Path], None]) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _build_streamed(cfg: DataConfig, final: Path, identity: dict, *, train_need: int,
-                    val_need: int, progress: bool) -> None:
+def _build_streamed(
+    cfg: DataConfig, final: Path, identity: dict, *, train_need: int, val_need: int, progress: bool
+) -> None:
     def fill(tmp: Path) -> None:
         tok = corpus.make_tokenizer(cfg, progress=progress)
-        meta = (sft.build_sft(cfg, tmp, tok) if cfg.format == "sft"
-                else corpus.build_streamed(cfg, tmp, tok, progress=progress))
-        check_size(cfg, meta["num_train"] + meta["num_val"], train_need=train_need,
-                   val_need=val_need, exact=True)
+        meta = (
+            sft.build_sft(cfg, tmp, tok)
+            if cfg.format == "sft"
+            else corpus.build_streamed(cfg, tmp, tok, progress=progress)
+        )
+        check_size(
+            cfg,
+            meta["num_train"] + meta["num_val"],
+            train_need=train_need,
+            val_need=val_need,
+            exact=True,
+        )
         tok.save(tmp)
-        meta.update(identity=identity, tokenizer=tok.name, vocab_size=tok.vocab_size,
-                    best_loss_nats=None)
+        meta.update(
+            identity=identity, tokenizer=tok.name, vocab_size=tok.vocab_size, best_loss_nats=None
+        )
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
 
     _publish(final, fill)
 
 
-def _build(cfg: DataConfig, final: Path, identity: dict, *, train_need: int,
-           val_need: int, progress: bool) -> None:
+def _build(
+    cfg: DataConfig, final: Path, identity: dict, *, train_need: int, val_need: int, progress: bool
+) -> None:
     if streamed(cfg):
-        _build_streamed(cfg, final, identity, train_need=train_need, val_need=val_need,
-                        progress=progress)
+        _build_streamed(
+            cfg, final, identity, train_need=train_need, val_need=val_need, progress=progress
+        )
         return
     tok: Tokenizer
     if cfg.source != "grammar" and cfg.tokenizer == "byte":
@@ -225,12 +257,21 @@ def _build(cfg: DataConfig, final: Path, identity: dict, *, train_need: int,
         # tokens: per-token rate = per-byte rate x bytes per token of this corpus.
         bytes_per_token = num_bytes / len(ids)
         best = default_grammar().entropy_per_byte() * bytes_per_token
-    splits = {"train.bin": np.ascontiguousarray(ids[:num_train], dtype=dtype),
-              "val.bin": np.ascontiguousarray(ids[num_train:], dtype=dtype)}
-    meta = {"identity": identity, "tokenizer": tok.name, "vocab_size": tok.vocab_size,
-            "dtype": dtype.name, "num_train": num_train, "num_val": num_val,
-            "num_bytes": num_bytes, "best_loss_nats": best,
-            "sha256": {k: hashlib.sha256(v.tobytes()).hexdigest() for k, v in splits.items()}}
+    splits = {
+        "train.bin": np.ascontiguousarray(ids[:num_train], dtype=dtype),
+        "val.bin": np.ascontiguousarray(ids[num_train:], dtype=dtype),
+    }
+    meta = {
+        "identity": identity,
+        "tokenizer": tok.name,
+        "vocab_size": tok.vocab_size,
+        "dtype": dtype.name,
+        "num_train": num_train,
+        "num_val": num_val,
+        "num_bytes": num_bytes,
+        "best_loss_nats": best,
+        "sha256": {k: hashlib.sha256(v.tobytes()).hexdigest() for k, v in splits.items()},
+    }
 
     def fill(tmp: Path) -> None:
         for name, arr in splits.items():
@@ -241,13 +282,22 @@ def _build(cfg: DataConfig, final: Path, identity: dict, *, train_need: int,
     _publish(final, fill)
 
 
-_META_KEYS = {"tokenizer": str, "vocab_size": int, "dtype": str, "num_train": int,
-              "num_val": int, "sha256": dict}
+_META_KEYS = {
+    "tokenizer": str,
+    "vocab_size": int,
+    "dtype": str,
+    "num_train": int,
+    "num_val": int,
+    "sha256": dict,
+}
 
 
 def _damaged(path: Path, what: str) -> ConfigError:
-    return ConfigError("data.cache_dir", str(path),
-                       f"{what}: the cached shard is damaged; delete {path.parent} to rebuild it")
+    return ConfigError(
+        "data.cache_dir",
+        str(path),
+        f"{what}: the cached shard is damaged; delete {path.parent} to rebuild it",
+    )
 
 
 def _checked(final: Path) -> tuple[dict, Tokenizer]:
@@ -260,8 +310,9 @@ def _checked(final: Path) -> tuple[dict, Tokenizer]:
         meta = json.loads(mpath.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise _damaged(mpath, f"unreadable ({type(e).__name__})") from None
-    if not isinstance(meta, dict) or any(not isinstance(meta.get(k), t)
-                                         for k, t in _META_KEYS.items()):
+    if not isinstance(meta, dict) or any(
+        not isinstance(meta.get(k), t) for k, t in _META_KEYS.items()
+    ):
         raise _damaged(mpath, f"missing or mistyped keys (needs {', '.join(_META_KEYS)})")
     try:
         dtype = np.dtype(meta["dtype"])
@@ -270,12 +321,16 @@ def _checked(final: Path) -> tuple[dict, Tokenizer]:
     try:
         tok = load_tokenizer(meta["tokenizer"], final)
     except Exception as e:  # noqa: BLE001 - any failure to reload is damage to name
-        raise _damaged(final / _tokenizer_file(meta["tokenizer"]),
-                       f"the saved tokenizer does not load ({type(e).__name__})") from None
+        raise _damaged(
+            final / _tokenizer_file(meta["tokenizer"]),
+            f"the saved tokenizer does not load ({type(e).__name__})",
+        ) from None
     if tok.vocab_size != meta["vocab_size"]:
-        raise _damaged(final / _tokenizer_file(meta["tokenizer"]),
-                       f"the saved tokenizer has {tok.vocab_size} ids, the shards were built "
-                       f"with {meta['vocab_size']}")
+        raise _damaged(
+            final / _tokenizer_file(meta["tokenizer"]),
+            f"the saved tokenizer has {tok.vocab_size} ids, the shards were built "
+            f"with {meta['vocab_size']}",
+        )
     files = {"train.bin": meta["num_train"], "val.bin": meta["num_val"]}
     if meta.get("masks"):
         files.update({"train.mask": meta["num_train"], "val.mask": meta["num_val"]})
@@ -284,9 +339,12 @@ def _checked(final: Path) -> tuple[dict, Tokenizer]:
         item = 1 if name.endswith(".mask") else dtype.itemsize
         size = path.stat().st_size if path.is_file() else None
         if size != count * item:
-            raise _damaged(path, "missing" if size is None else
-                           f"{size} bytes where {count * item} were written (truncated or "
-                           "appended to)")
+            raise _damaged(
+                path,
+                "missing"
+                if size is None
+                else f"{size} bytes where {count * item} were written (truncated or appended to)",
+            )
         want = meta["sha256"].get(name)
         if want is None:
             continue
@@ -309,14 +367,15 @@ def _digest(path: Path, dtype: np.dtype, count: int) -> tuple[str, int]:
     digest, top = hashlib.sha256(), -1
     arr = corpus.TokenFile(path, dtype, count)  # chunked reads: resident memory stays bounded
     for i in range(0, count, 1 << 20):
-        chunk = arr[i:i + (1 << 20)]
+        chunk = arr[i : i + (1 << 20)]
         digest.update(chunk.tobytes())
         top = max(top, int(chunk.max()))
     return digest.hexdigest(), top
 
 
-def load_or_build_shards(cfg: DataConfig, *, train_need: int, val_need: int,
-                         progress: bool = False) -> Shards:
+def load_or_build_shards(
+    cfg: DataConfig, *, train_need: int, val_need: int, progress: bool = False
+) -> Shards:
     """Open the cached shards for `cfg`, building them first when absent (streamed builds
     print a progress line every few seconds when `progress`: see `progress.py`)."""
     check_size(cfg, _source_bytes(cfg), train_need=train_need, val_need=val_need, exact=False)
@@ -324,11 +383,15 @@ def load_or_build_shards(cfg: DataConfig, *, train_need: int, val_need: int,
     key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
     final = Path(cfg.cache_dir) / f"{cfg.source if cfg.source == 'grammar' else 'text'}-{key}"
     if not (final / "meta.json").exists():
-        _build(cfg, final, identity, train_need=train_need, val_need=val_need,
-               progress=progress)
+        _build(cfg, final, identity, train_need=train_need, val_need=val_need, progress=progress)
     meta, tok = _checked(final)
-    check_size(cfg, meta["num_train"] + meta["num_val"], train_need=train_need,
-               val_need=val_need, exact=True)
+    check_size(
+        cfg,
+        meta["num_train"] + meta["num_val"],
+        train_need=train_need,
+        val_need=val_need,
+        exact=True,
+    )
 
     def open_(name: str, count: int) -> np.ndarray:
         return np.memmap(final / name, dtype=meta["dtype"], mode="r", shape=(count,))
@@ -336,7 +399,15 @@ def load_or_build_shards(cfg: DataConfig, *, train_need: int, val_need: int,
     masks: dict[str, np.ndarray | None] = {"train": None, "val": None}
     if meta.get("masks"):
         for split in masks:
-            masks[split] = np.memmap(final / f"{split}.mask", dtype=np.uint8, mode="r",
-                                     shape=(meta[f"num_{split}"],))
-    return Shards(final, tok, open_("train.bin", meta["num_train"]),
-                  open_("val.bin", meta["num_val"]), meta, masks["train"], masks["val"])
+            masks[split] = np.memmap(
+                final / f"{split}.mask", dtype=np.uint8, mode="r", shape=(meta[f"num_{split}"],)
+            )
+    return Shards(
+        final,
+        tok,
+        open_("train.bin", meta["num_train"]),
+        open_("val.bin", meta["num_val"]),
+        meta,
+        masks["train"],
+        masks["val"],
+    )

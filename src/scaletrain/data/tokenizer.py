@@ -11,8 +11,14 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["Tokenizer", "ByteTokenizer", "CharTokenizer", "BPETokenizer", "load_tokenizer",
-           "save_hf_tokenizer"]
+__all__ = [
+    "Tokenizer",
+    "ByteTokenizer",
+    "CharTokenizer",
+    "BPETokenizer",
+    "load_tokenizer",
+    "save_hf_tokenizer",
+]
 
 
 @runtime_checkable
@@ -53,8 +59,7 @@ class ByteTokenizer:
         from tokenizers import Tokenizer as HFTokenizer
         from tokenizers import decoders, models, pre_tokenizers
 
-        tok = HFTokenizer(models.BPE(vocab={s: b for b, s in _byte_symbols().items()},
-                                     merges=[]))
+        tok = HFTokenizer(models.BPE(vocab={s: b for b, s in _byte_symbols().items()}, merges=[]))
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
         tok.decoder = decoders.ByteLevel()
         return tok
@@ -91,8 +96,10 @@ class CharTokenizer:
         try:
             return [self._index[c] for c in text]
         except KeyError as e:
-            raise ValueError(f"character {e.args[0]!r} is not in this char-level vocabulary "
-                             f"({self.vocab_size} characters)") from None
+            raise ValueError(
+                f"character {e.args[0]!r} is not in this char-level vocabulary "
+                f"({self.vocab_size} characters)"
+            ) from None
 
     def decode(self, ids: list[int]) -> str:
         return "".join(self.chars[i] for i in ids)
@@ -159,8 +166,11 @@ class BPETokenizer(TokenizersBacked):
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(
-            vocab_size=vocab_size, special_tokens=[cls.SPECIAL], show_progress=False,
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+            vocab_size=vocab_size,
+            special_tokens=[cls.SPECIAL],
+            show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        )
         tok.train_from_iterator(pieces, trainer=trainer)
         return cls(tok)
 
@@ -200,8 +210,11 @@ def save_hf_tokenizer(tok: Tokenizer, directory: Path) -> None:
             return
     hf = tok.hf_tokenizer()
     hf.save(str(directory / "tokenizer.json"))
-    conf: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast",
-                            "model_max_length": 1 << 30, "clean_up_tokenization_spaces": False}
+    conf: dict[str, Any] = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": 1 << 30,
+        "clean_up_tokenization_spaces": False,
+    }
     for key in ("eos", "bos"):
         tid = getattr(tok, f"{key}_id", None)
         if tid is not None:

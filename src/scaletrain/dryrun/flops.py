@@ -15,8 +15,7 @@ def _sdpa_cpu_flops(query_shape, key_shape, value_shape, *_, **__) -> int:  # no
     return sdpa_flop_count(query_shape, key_shape, value_shape)
 
 
-def _sdpa_cpu_backward_flops(grad_out_shape, query_shape, key_shape, value_shape, *_, **__
-                             ) -> int:  # noqa: ANN001
+def _sdpa_cpu_backward_flops(grad_out_shape, query_shape, key_shape, value_shape, *_, **__) -> int:  # noqa: ANN001
     from torch.utils.flop_counter import sdpa_backward_flop_count
 
     return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
@@ -33,7 +32,8 @@ def flop_counter() -> Any:
     from torch.utils.flop_counter import FlopCounterMode
 
     aten = torch.ops.aten
-    mapping = {aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_cpu_flops,
-               aten._scaled_dot_product_flash_attention_for_cpu_backward:
-                   _sdpa_cpu_backward_flops}
+    mapping = {
+        aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_cpu_flops,
+        aten._scaled_dot_product_flash_attention_for_cpu_backward: _sdpa_cpu_backward_flops,
+    }
     return FlopCounterMode(display=False, custom_mapping=mapping)

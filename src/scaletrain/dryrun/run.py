@@ -85,23 +85,45 @@ DRYRUN_MICROBATCHES = 2
 
 # Tracker category -> schema category. FSDPMemTracker's names first, MemTracker's after.
 _CATEGORY = {
-    "Sharded Param": "params", "Unsharded Param": "params", "Parameter": "params",
-    "Sharded Grad": "grads", "Unsharded Grad": "grads", "Gradient": "grads",
-    "Optstate": "optimizer", "OptState": "optimizer",
+    "Sharded Param": "params",
+    "Unsharded Param": "params",
+    "Parameter": "params",
+    "Sharded Grad": "grads",
+    "Unsharded Grad": "grads",
+    "Gradient": "grads",
+    "Optstate": "optimizer",
+    "OptState": "optimizer",
     "Activation": "activations",
-    "Buffer": "buffers", "Temp": "buffers", "All Gather": "buffers", "Reduce Scatter": "buffers",
-    "Inputs": "buffers", "Other": "buffers",
+    "Buffer": "buffers",
+    "Temp": "buffers",
+    "All Gather": "buffers",
+    "Reduce Scatter": "buffers",
+    "Inputs": "buffers",
+    "Other": "buffers",
 }
-_BUFFER_NAMES = {"Buffer": "module_buffers", "Temp": "temp", "All Gather": "all_gather",
-                 "Reduce Scatter": "reduce_scatter", "Inputs": "inputs", "Other": "other"}
-_DETAIL_NAMES = {"Unsharded Param": "params.unsharded", "Sharded Param": "params.sharded",
-                 "Unsharded Grad": "grads.unsharded", "Sharded Grad": "grads.sharded"}
+_BUFFER_NAMES = {
+    "Buffer": "module_buffers",
+    "Temp": "temp",
+    "All Gather": "all_gather",
+    "Reduce Scatter": "reduce_scatter",
+    "Inputs": "inputs",
+    "Other": "other",
+}
+_DETAIL_NAMES = {
+    "Unsharded Param": "params.unsharded",
+    "Sharded Param": "params.sharded",
+    "Unsharded Grad": "grads.unsharded",
+    "Sharded Grad": "grads.sharded",
+}
 
 
 def _unsupported(job: JobConfig, layout: Layout) -> None:
     if job.memory.offload != "none":
-        raise ConfigError("memory.offload", job.memory.offload,
-                          "the dry-run measures device memory without offload: use 'none'")
+        raise ConfigError(
+            "memory.offload",
+            job.memory.offload,
+            "the dry-run measures device memory without offload: use 'none'",
+        )
 
 
 @contextlib.contextmanager
@@ -126,8 +148,10 @@ def _add_ddp_buckets(memory: MemoryBreakdown, model: torch.nn.Module, notes: lis
     memory.buffer_terms["ddp_buckets"] = float(nbytes)
     memory.buffers += nbytes
     memory.total += nbytes
-    notes.append("DDP cannot be built under fake tensors: measured without its wrapper, its "
-                 "gradient buckets added as buffer_terms['ddp_buckets']")
+    notes.append(
+        "DDP cannot be built under fake tensors: measured without its wrapper, its "
+        "gradient buckets added as buffer_terms['ddp_buckets']"
+    )
 
 
 def _breakdown(peak: dict[Any, dict[str, int]], rank: int, capacity: float) -> MemoryBreakdown:
@@ -146,7 +170,6 @@ def _breakdown(peak: dict[Any, dict[str, int]], rank: int, capacity: float) -> M
                 mem.detail[_DETAIL_NAMES[key]] = mem.detail.get(_DETAIL_NAMES[key], 0.0) + nbytes
     mem.fits = capacity <= 0 or mem.total <= capacity
     return mem
-
 
 
 class _DryrunHooks(StepHooks):
@@ -177,8 +200,11 @@ class _DryrunHooks(StepHooks):
     def event(self, name: str) -> None:
         if self.timeline is not None and name not in ("grads_ready", "forward_backward_done"):
             self.timeline.mark(name)
-        if self.tracker is not None and self.run is not None and name in (
-                "grads_ready", "optimizer_step"):
+        if (
+            self.tracker is not None
+            and self.run is not None
+            and name in ("grads_ready", "optimizer_step")
+        ):
             for k, v in local_state_bytes(self.run.model, self.run.optimizer).items():
                 self.state[f"state.{k}"] = max(self.state.get(f"state.{k}", 0.0), float(v))
 
@@ -186,12 +212,12 @@ class _DryrunHooks(StepHooks):
 def _batches(job: JobConfig, n: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """`n` micro-batches of random (B, T) token ids, as the data loader yields them."""
     b, t, v = job.batch.micro_batch, job.batch.seq_len, job.model.vocab_size
-    return iter([(torch.randint(0, v, (b, t)), torch.randint(0, v, (b, t)))
-                 for _ in range(n)])
+    return iter([(torch.randint(0, v, (b, t)), torch.randint(0, v, (b, t))) for _ in range(n)])
 
 
-def _schedule_cls(job: JobConfig, layout: Layout, rank: int, world_size: int,
-                  hooks: StepHooks) -> Any:
+def _schedule_cls(
+    job: JobConfig, layout: Layout, rank: int, world_size: int, hooks: StepHooks
+) -> Any:
     """`ActionSchedule` bound to this rank's actions and the inter-stage tensor's shape."""
     from scaletrain.parallel import ParallelDims
 
@@ -203,11 +229,15 @@ def _schedule_cls(job: JobConfig, layout: Layout, rank: int, world_size: int,
     if layout.sp and layout.tp > 1:
         t_local //= layout.tp
     return functools.partial(
-        ActionSchedule, hooks=hooks, split_backward=layout.pp_schedule == "zero-bubble",
-        actions=pp_actions(layout.pp_schedule, layout.pp, grad_accum, layout.pp_virtual,
-                           layout.pp_rank_of(rank)),
+        ActionSchedule,
+        hooks=hooks,
+        split_backward=layout.pp_schedule == "zero-bubble",
+        actions=pp_actions(
+            layout.pp_schedule, layout.pp, grad_accum, layout.pp_virtual, layout.pp_rank_of(rank)
+        ),
         io_shape=(job.batch.micro_batch, t_local, job.model.dim),
-        io_dtype=pp_io_dtype(job, dims))
+        io_dtype=pp_io_dtype(job, dims),
+    )
 
 
 def _tracker(run: Run) -> Any:
@@ -229,8 +259,9 @@ def _tracker(run: Run) -> Any:
     return tracker
 
 
-def dryrun(job: JobConfig, *, world_size: int, rank: int = 0, count_flops: bool = True
-           ) -> Measurement:
+def dryrun(
+    job: JobConfig, *, world_size: int, rank: int = 0, count_flops: bool = True
+) -> Measurement:
     """Measure one training step of `job` as `rank` of `world_size` ranks, without allocating.
 
     Returns the step's peak memory by category (`Measurement.memory`), a timeline of allocated
@@ -255,27 +286,39 @@ def dryrun(job: JobConfig, *, world_size: int, rank: int = 0, count_flops: bool 
     hooks = _DryrunHooks(pipelined=pp)
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     with _fake_world(rank, world_size):
-        env = DistEnv(rank=rank, world_size=world_size, local_rank=0,
-                      device=torch.device("cpu"))
+        env = DistEnv(rank=rank, world_size=world_size, local_rank=0, device=torch.device("cpu"))
         # the optimizer the target device would run: fused AdamW on GPUs (no foreach
         # temporaries; torch has a fused CPU kernel too), foreach on CPU
         target = "cpu" if job.hardware.gpu == "cpu" else "cuda"
-        run = build_run(job, env=env, data=False, init_weights=False, materialize_in=fake,
-                        ddp=False, optimizer_device=target,
-                        schedule_cls=_schedule_cls(job, layout, rank, world_size, hooks)
-                        if pp else None)
+        run = build_run(
+            job,
+            env=env,
+            data=False,
+            init_weights=False,
+            materialize_in=fake,
+            ddp=False,
+            optimizer_device=target,
+            schedule_cls=_schedule_cls(job, layout, rank, world_size, hooks) if pp else None,
+        )
         roots: list[tuple[str, torch.nn.Module]] = (
-            [(f"stage{sid}", mod)
-             for sid, mod in zip(run.pipeline.stage_ids, run.pipeline.stages, strict=True)]
-            if run.pipeline is not None else [("model", run.model)])
+            [
+                (f"stage{sid}", mod)
+                for sid, mod in zip(run.pipeline.stage_ids, run.pipeline.stages, strict=True)
+            ]
+            if run.pipeline is not None
+            else [("model", run.model)]
+        )
         with fake:
             # Step 1 (warm-up: optimizer states, lazy FSDP / DTensor state) runs before the
             # tracker exists; FLOPs are counted on it (the same computation as step 2: under
             # the tracker the counter would keep alive what activation checkpointing frees).
             counter = flop_counter() if count_flops else None
             with counter or contextlib.nullcontext():
-                apply_update(run, train_step(run, _batches(job, n_micro), hooks,
-                                             num_microbatches=n_micro), hooks)
+                apply_update(
+                    run,
+                    train_step(run, _batches(job, n_micro), hooks, num_microbatches=n_micro),
+                    hooks,
+                )
             flops = float(counter.get_total_flops()) * grad_accum / n_micro if counter else 0.0
             if run.pipeline is not None:
                 run.pipeline.schedule.release_buffers()  # re-allocated under the tracker
@@ -285,8 +328,11 @@ def dryrun(job: JobConfig, *, world_size: int, rank: int = 0, count_flops: bool 
             with gradless_module_hooks(), tracker:
                 timeline.recording = True
                 timeline.mark("step_start")
-                apply_update(run, train_step(run, _batches(job, n_micro), hooks,
-                                             num_microbatches=n_micro), hooks)
+                apply_update(
+                    run,
+                    train_step(run, _batches(job, n_micro), hooks, num_microbatches=n_micro),
+                    hooks,
+                )
             peak = tracker.get_tracker_snapshot("peak")
             timeline.remove()
     memory = _breakdown(peak, rank, capacity)
@@ -302,9 +348,19 @@ def dryrun(job: JobConfig, *, world_size: int, rank: int = 0, count_flops: bool 
     if uses_ddp(run.dims, job.memory):
         _add_ddp_buckets(memory, run.model, notes)
     if run.pipeline is not None:
-        notes.append(f"pipeline: stages {run.pipeline.stage_ids} of {run.pipeline.num_stages} "
-                     f"driven in the {layout.pp_schedule} order of pp rank "
-                     f"{layout.pp_rank_of(rank)}")
-    return Measurement(source="dryrun", rank=rank, world_size=world_size, memory=memory,
-                       timeline=timeline.events, flops=flops, plan=plan_dict(job, layout),
-                       wall_s=time.perf_counter() - t0, notes=notes)
+        notes.append(
+            f"pipeline: stages {run.pipeline.stage_ids} of {run.pipeline.num_stages} "
+            f"driven in the {layout.pp_schedule} order of pp rank "
+            f"{layout.pp_rank_of(rank)}"
+        )
+    return Measurement(
+        source="dryrun",
+        rank=rank,
+        world_size=world_size,
+        memory=memory,
+        timeline=timeline.events,
+        flops=flops,
+        plan=plan_dict(job, layout),
+        wall_s=time.perf_counter() - t0,
+        notes=notes,
+    )

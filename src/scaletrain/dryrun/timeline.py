@@ -42,6 +42,7 @@ class Timeline:
     def _pre_fw(self, name: str) -> Any:
         def hook(module, args):  # noqa: ANN001
             self.mark(f"fw_pre:{name}")
+
         return hook
 
     def _post_fw(self, name: str) -> Any:
@@ -49,6 +50,7 @@ class Timeline:
             self.mark(f"fw_post:{name}")
             if self.recording and isinstance(output, torch.Tensor) and output.requires_grad:
                 output.register_hook(lambda grad: self.mark(f"bw_pre:{name}"))
+
         return hook
 
     def remove(self) -> None:

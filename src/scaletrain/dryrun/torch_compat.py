@@ -46,10 +46,15 @@ def pp_actions(schedule: str, p: int, m: int, v: int, pp_rank: int) -> list[Any]
     from scaletrain.planner.pipeline import pipeline_order
 
     zb = schedule == "zero-bubble"
-    kind = {"F": _ComputationType.FORWARD, "W": _ComputationType.BACKWARD_WEIGHT,
-            "B": _ComputationType.BACKWARD_INPUT if zb else _ComputationType.FULL_BACKWARD}
-    actions: list[_Action | None] = [_Action(a.stage, kind[a.kind], a.microbatch)
-                                     for a in pipeline_order(schedule, p, m, v)[pp_rank]]
+    kind = {
+        "F": _ComputationType.FORWARD,
+        "W": _ComputationType.BACKWARD_WEIGHT,
+        "B": _ComputationType.BACKWARD_INPUT if zb else _ComputationType.FULL_BACKWARD,
+    }
+    actions: list[_Action | None] = [
+        _Action(a.stage, kind[a.kind], a.microbatch)
+        for a in pipeline_order(schedule, p, m, v)[pp_rank]
+    ]
     if schedule not in ("gpipe", "1f1b"):
         actions = [*_add_unshard_reshard(actions)]
     return _add_reduce_grad(actions, m)
@@ -99,9 +104,19 @@ class ActionSchedule:
     stage right after its forward.
     """
 
-    def __init__(self, stages: Any, n_microbatches: int, *, loss_fn: Any, scale_grads: bool,
-                 actions: list[Any], io_shape: tuple[int, ...], io_dtype: torch.dtype,
-                 split_backward: bool, hooks: Any) -> None:
+    def __init__(
+        self,
+        stages: Any,
+        n_microbatches: int,
+        *,
+        loss_fn: Any,
+        scale_grads: bool,
+        actions: list[Any],
+        io_shape: tuple[int, ...],
+        io_dtype: torch.dtype,
+        split_backward: bool,
+        hooks: Any,
+    ) -> None:
         stages = stages if isinstance(stages, list) else [stages]
         self.stages = {ps.stage_index: ps for ps in stages}
         self.num_stages = stages[0].num_stages
@@ -123,20 +138,28 @@ class ActionSchedule:
     def _forward_buffers(self) -> None:
         for sid in self.stages:
             if sid > 0 and sid not in self.recv:
-                self.recv[sid] = [torch.empty(self.io_shape, dtype=self.io_dtype,
-                                              requires_grad=True) for _ in range(self.m)]
+                self.recv[sid] = [
+                    torch.empty(self.io_shape, dtype=self.io_dtype, requires_grad=True)
+                    for _ in range(self.m)
+                ]
 
-    def step(self, *args: torch.Tensor, target: torch.Tensor | None = None,
-             losses: list[torch.Tensor] | None = None, return_outputs: bool = True,
-             **kwargs: torch.Tensor) -> None:
+    def step(
+        self,
+        *args: torch.Tensor,
+        target: torch.Tensor | None = None,
+        losses: list[torch.Tensor] | None = None,
+        return_outputs: bool = True,
+        **kwargs: torch.Tensor,
+    ) -> None:
         """One step's forwards and backwards of this rank's stages (no optimizer); `kwargs`
         go to every stage's forward split into micro-batches, as torch's schedules do."""
         from torch.distributed.pipelining.schedules import _ComputationType as C
 
         inputs = list(torch.tensor_split(args[0], self.m)) if args else [None] * self.m
-        kw_mbs = [{k: v[mb] for k, v in
-                   ((k, torch.tensor_split(t, self.m)) for k, t in kwargs.items())}
-                  for mb in range(self.m)]
+        kw_mbs = [
+            {k: v[mb] for k, v in ((k, torch.tensor_split(t, self.m)) for k, t in kwargs.items())}
+            for mb in range(self.m)
+        ]
         targets = list(torch.tensor_split(target, self.m)) if target is not None else None
         self._forward_buffers()
         last = self.num_stages - 1
@@ -181,7 +204,8 @@ class ActionSchedule:
                     stage.backward_maybe_with_nosync("full", kw)
                 else:
                     stage.backward_maybe_with_nosync(
-                        "weight", {"stage_output": kw["stage_output"], "param_groups": groups})
+                        "weight", {"stage_output": kw["stage_output"], "param_groups": groups}
+                    )
             elif kind == C.UNSHARD:
                 for mod in _fsdp_modules(stage.submod):
                     mod.unshard()
@@ -191,14 +215,18 @@ class ActionSchedule:
             elif kind == C.REDUCE_GRAD:
                 stage.perform_reduce_grad(self.m)  # scale_grads=True: mean over mbs
 
-    def _bwd_kwargs(self, sid: int, mb: int, out: Any, inputs: list[torch.Tensor]
-                    ) -> dict[str, Any]:
+    def _bwd_kwargs(
+        self, sid: int, mb: int, out: Any, inputs: list[torch.Tensor]
+    ) -> dict[str, Any]:
         if sid == self.num_stages - 1:
             return {"stage_output": out, "output_grads": None, "input_values": inputs}
         if sid not in self.grad_recv:
             self.grad_recv[sid] = [torch.empty_like(out) for _ in range(self.m)]
-        return {"stage_output": (out,), "output_grads": (self.grad_recv[sid][mb],),
-                "input_values": inputs}
+        return {
+            "stage_output": (out,),
+            "output_grads": (self.grad_recv[sid][mb],),
+            "input_values": inputs,
+        }
 
 
 @contextlib.contextmanager
@@ -229,8 +257,9 @@ def gradless_module_hooks() -> Iterator[None]:
             task = torch._C._current_graph_task_id()
             if task not in pending:
                 alive = [t for t in (r() for r in refs) if t is not None]
-                pending[task] = sum(torch._C._will_engine_execute_node(
-                    _get_grad_fn_or_grad_acc(t)) for t in alive)
+                pending[task] = sum(
+                    torch._C._will_engine_execute_node(_get_grad_fn_or_grad_acc(t)) for t in alive
+                )
             pending[task] -= 1
             if pending[task] <= 0:
                 del pending[task]

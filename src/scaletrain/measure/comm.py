@@ -103,8 +103,9 @@ class CommCounts:
     def total_calls(self) -> int:
         return sum(c.calls for c in self.by_op.values())
 
-    def add(self, kind: str, group: str, size: int, *, sent: float, payload: int,
-            received: int = 0) -> None:
+    def add(
+        self, kind: str, group: str, size: int, *, sent: float, payload: int, received: int = 0
+    ) -> None:
         self.events.append(CommEvent(kind, group, size, sent, payload, received))
         for key, table in ((kind, self.by_op), ((kind, group, size), self.by_group)):
             c = table.setdefault(key, OpCount())  # type: ignore[arg-type]
@@ -118,10 +119,15 @@ class CommCounts:
         return sum(c.bytes_sent for (_, g, _), c in self.by_group.items() if g in groups)
 
     def to_json(self) -> dict[str, Any]:
-        return {"total_bytes": self.total_bytes, "total_calls": self.total_calls,
-                "by_op": {k: vars(v) for k, v in sorted(self.by_op.items())},
-                "by_group": [{"op": k, "group": g, "group_size": n, **vars(v)}
-                             for (k, g, n), v in sorted(self.by_group.items())]}
+        return {
+            "total_bytes": self.total_bytes,
+            "total_calls": self.total_calls,
+            "by_op": {k: vars(v) for k, v in sorted(self.by_op.items())},
+            "by_group": [
+                {"op": k, "group": g, "group_size": n, **vars(v)}
+                for (k, g, n), v in sorted(self.by_group.items())
+            ],
+        }
 
 
 def _nbytes(t: Any) -> int:
@@ -185,8 +191,11 @@ def _funcol(name: str, a: tuple) -> tuple[str, Any, float, int, int] | None:
     if name in ("all_reduce", "all_reduce_", "all_reduce_coalesced", "all_reduce_coalesced_"):
         s = _nbytes(a[0])
         return "all_reduce", a[2], s, s, 0
-    if name in ("all_gather_into_tensor", "all_gather_into_tensor_out",
-                "all_gather_into_tensor_coalesced"):  # (input(s), group_size, group_name)
+    if name in (
+        "all_gather_into_tensor",
+        "all_gather_into_tensor_out",
+        "all_gather_into_tensor_coalesced",
+    ):  # (input(s), group_size, group_name)
         s = _nbytes(a[0])
         return "all_gather", a[2], s * int(a[1]), s, 0
     if name in ("reduce_scatter_tensor", "reduce_scatter_tensor_coalesced"):
@@ -224,13 +233,23 @@ class _Counter(TorchDispatchMode):
             else:  # (input, out_splits, in_splits, group_name)
                 inp, group, splits = a[0], a[3], a[2]
             gname, size, rank = _pg(group)
-            self.counts.add("all_to_all", gname, size,
-                            sent=_a2a_sent(inp, list(splits), size, rank), payload=_nbytes(inp))
+            self.counts.add(
+                "all_to_all",
+                gname,
+                size,
+                sent=_a2a_sent(inp, list(splits), size, rank),
+                payload=_nbytes(inp),
+            )
             return
         if name == "alltoall_":  # (outputs, inputs, pg): the input list entry per peer
             gname, size, rank = _pg(a[2])
-            self.counts.add("all_to_all", gname, size,
-                            sent=_nbytes(a[1]) - _nbytes(a[1][rank]), payload=_nbytes(a[1]))
+            self.counts.add(
+                "all_to_all",
+                gname,
+                size,
+                sent=_nbytes(a[1]) - _nbytes(a[1][rank]),
+                payload=_nbytes(a[1]),
+            )
             return
         rec = _c10d(name, a) if ns == "c10d" else _funcol(name, a)
         if rec is None:
@@ -242,8 +261,14 @@ class _Counter(TorchDispatchMode):
             return  # barrier, wait_tensor: no payload
         kind, group, full, payload, received = rec
         gname, size, _ = _pg(group)
-        self.counts.add(kind, gname, size, sent=ring_bytes_sent(kind, full, size),
-                        payload=payload, received=received)
+        self.counts.add(
+            kind,
+            gname,
+            size,
+            sent=ring_bytes_sent(kind, full, size),
+            payload=payload,
+            received=received,
+        )
 
 
 @contextlib.contextmanager

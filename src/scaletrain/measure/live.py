@@ -61,8 +61,7 @@ class SavedActivations:
             yield self
 
     @contextlib.contextmanager
-    def track_first_forward(self, modules: Sequence[torch.nn.Module]
-                            ) -> Iterator[SavedActivations]:
+    def track_first_forward(self, modules: Sequence[torch.nn.Module]) -> Iterator[SavedActivations]:
         """Count what each module's first forward saves: one micro-batch of each pipeline
         stage, where a schedule runs every micro-batch inside one call (and later ones may
         reuse the storages backward freed, which `track` would not count again)."""
@@ -80,8 +79,11 @@ class SavedActivations:
                 done.add(id(mod))
                 active.pop().__exit__(None, None, None)
 
-        handles = [h for m in modules for h in (m.register_forward_pre_hook(pre),
-                                               m.register_forward_hook(post))]
+        handles = [
+            h
+            for m in modules
+            for h in (m.register_forward_pre_hook(pre), m.register_forward_hook(post))
+        ]
         try:
             yield self
         finally:
@@ -94,6 +96,8 @@ class SavedActivations:
 def peak_process_memory(device: torch.device) -> dict[str, int]:
     """Peak memory so far: CUDA allocator peaks on GPU, the process's max RSS on CPU."""
     if device.type == "cuda":
-        return {"allocated": torch.cuda.max_memory_allocated(device),
-                "reserved": torch.cuda.max_memory_reserved(device)}
+        return {
+            "allocated": torch.cuda.max_memory_allocated(device),
+            "reserved": torch.cuda.max_memory_reserved(device),
+        }
     return {"rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}

@@ -35,10 +35,19 @@ def _why(path: Path) -> str | None:
         return f"not JSON ({e})"
     except OSError as e:
         return f"unreadable ({e.strerror or e})"
-    kinds = {list: "a list", str: "a string", bool: "a boolean", int: "a number",
-             float: "a number", type(None): "null"}
-    return None if isinstance(value, dict) else f"{kinds.get(type(value), 'a value')}, not a " \
-        "JSON object"
+    kinds = {
+        list: "a list",
+        str: "a string",
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        type(None): "null",
+    }
+    return (
+        None
+        if isinstance(value, dict)
+        else f"{kinds.get(type(value), 'a value')}, not a JSON object"
+    )
 
 
 def read_object(path: Path, *, required: bool = False) -> dict[str, Any] | None:
@@ -48,8 +57,12 @@ def read_object(path: Path, *, required: bool = False) -> dict[str, Any] | None:
     if why is None:
         return dict(json.loads(path.read_text(encoding="utf-8")))
     if required:
-        raise ConfigError("run_dir", str(path), f"{why}: give the directory of a "
-                          "`scaletrain train` run whose files are intact (restore this one)")
+        raise ConfigError(
+            "run_dir",
+            str(path),
+            f"{why}: give the directory of a "
+            "`scaletrain train` run whose files are intact (restore this one)",
+        )
     return None
 
 

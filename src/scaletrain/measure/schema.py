@@ -30,21 +30,41 @@ from scaletrain.planner.types import MemoryBreakdown
 __all__ = ["Measurement", "SOURCES", "memory_from_json", "plan_dict"]
 
 SOURCES = ("dryrun", "cpu", "cuda")
-_MEMORY_FLOATS = ("params", "grads", "optimizer", "activations", "buffers", "total", "reserved",
-                  "capacity")
+_MEMORY_FLOATS = (
+    "params",
+    "grads",
+    "optimizer",
+    "activations",
+    "buffers",
+    "total",
+    "reserved",
+    "capacity",
+)
 
 
 def plan_dict(job: JobConfig, layout: Layout) -> dict[str, Any]:
     """The `plan` object of DESIGN.md §4 for `job` run with `layout`."""
     b = job.batch
-    return {"model": job.model.name, "params": job.model.num_params(),
-            "gpus": layout.world_size, "dp": layout.dp, "zero": layout.zero, "tp": layout.tp,
-            "sp": layout.sp, "pp": layout.pp, "pp_schedule": layout.pp_schedule,
-            "pp_virtual": layout.pp_virtual, "cp": layout.cp, "ep": layout.ep,
-            "micro_batch": b.micro_batch,
-            "grad_accum": b.global_batch // (b.micro_batch * layout.dp),
-            "seq_len": b.seq_len, "precision": job.precision.dtype, "ac": job.memory.ac,
-            "offload": job.memory.offload}
+    return {
+        "model": job.model.name,
+        "params": job.model.num_params(),
+        "gpus": layout.world_size,
+        "dp": layout.dp,
+        "zero": layout.zero,
+        "tp": layout.tp,
+        "sp": layout.sp,
+        "pp": layout.pp,
+        "pp_schedule": layout.pp_schedule,
+        "pp_virtual": layout.pp_virtual,
+        "cp": layout.cp,
+        "ep": layout.ep,
+        "micro_batch": b.micro_batch,
+        "grad_accum": b.global_batch // (b.micro_batch * layout.dp),
+        "seq_len": b.seq_len,
+        "precision": job.precision.dtype,
+        "ac": job.memory.ac,
+        "offload": job.memory.offload,
+    }
 
 
 def memory_from_json(d: dict[str, Any]) -> MemoryBreakdown:
@@ -89,27 +109,48 @@ class Measurement:
         memory = self.memory.to_json()
         memory["buffer_terms"] = {k: int(v) for k, v in self.memory.buffer_terms.items()}
         memory["detail"] = {k: int(v) for k, v in self.memory.detail.items()}
-        return {"source": self.source, "rank": self.rank, "world_size": self.world_size,
-                "plan": self.plan, "memory": memory, "flops_per_step": self.flops,
-                "timeline": [[e, int(b)] for e, b in self.timeline],
-                "step_s": self.step_s, "tokens_per_s": self.tokens_per_s,
-                "wall_s": self.wall_s, "notes": list(self.notes)}
+        return {
+            "source": self.source,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "plan": self.plan,
+            "memory": memory,
+            "flops_per_step": self.flops,
+            "timeline": [[e, int(b)] for e, b in self.timeline],
+            "step_s": self.step_s,
+            "tokens_per_s": self.tokens_per_s,
+            "wall_s": self.wall_s,
+            "notes": list(self.notes),
+        }
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Measurement:
-        return cls(source=str(d.get("source", "cpu")), rank=int(d.get("rank", 0)),
-                   world_size=int(d.get("world_size", 1)),
-                   memory=memory_from_json(d.get("memory", {})),
-                   timeline=[(str(e), int(b)) for e, b in d.get("timeline", [])],
-                   flops=float(d.get("flops_per_step", 0.0)), plan=dict(d.get("plan", {})),
-                   step_s=float(d.get("step_s", 0.0)),
-                   tokens_per_s=float(d.get("tokens_per_s", 0.0)),
-                   wall_s=float(d.get("wall_s", 0.0)), notes=list(d.get("notes", [])))
+        return cls(
+            source=str(d.get("source", "cpu")),
+            rank=int(d.get("rank", 0)),
+            world_size=int(d.get("world_size", 1)),
+            memory=memory_from_json(d.get("memory", {})),
+            timeline=[(str(e), int(b)) for e, b in d.get("timeline", [])],
+            flops=float(d.get("flops_per_step", 0.0)),
+            plan=dict(d.get("plan", {})),
+            step_s=float(d.get("step_s", 0.0)),
+            tokens_per_s=float(d.get("tokens_per_s", 0.0)),
+            wall_s=float(d.get("wall_s", 0.0)),
+            notes=list(d.get("notes", [])),
+        )
 
     @classmethod
-    def from_live(cls, measured: dict[str, Any], *, device_type: str, rank: int,
-                  world_size: int, plan: dict[str, Any], step_s: float = 0.0,
-                  tokens_per_s: float = 0.0) -> Measurement:
+    def from_live(
+        cls,
+        measured: dict[str, Any],
+        *,
+        device_type: str,
+        rank: int,
+        world_size: int,
+        plan: dict[str, Any],
+        step_s: float = 0.0,
+        tokens_per_s: float = 0.0,
+    ) -> Measurement:
         """A real run's measurement from the trainer's `measured` dict (`measure.live`).
 
         measured: 'params', 'grads', 'optimizer' (local state bytes), 'activations' (bytes
@@ -131,9 +172,15 @@ class Measurement:
             mem.total = parts
             if "peak_rss" in measured:
                 mem.detail["rss"] = float(measured["peak_rss"])
-        return cls(source="cuda" if device_type == "cuda" else "cpu", rank=rank,
-                   world_size=world_size, memory=mem, plan=dict(plan), step_s=step_s,
-                   tokens_per_s=tokens_per_s)
+        return cls(
+            source="cuda" if device_type == "cuda" else "cpu",
+            rank=rank,
+            world_size=world_size,
+            memory=mem,
+            plan=dict(plan),
+            step_s=step_s,
+            tokens_per_s=tokens_per_s,
+        )
 
     def write(self, path: str | Path) -> Path:
         """Write `measurement.json` (pass a directory or a file path)."""

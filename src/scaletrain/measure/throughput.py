@@ -31,8 +31,13 @@ def step_throughput(rows: Iterable[dict[str, Any]]) -> Throughput | None:
 
     # a row counts when both figures are positive finite numbers (a damaged or hand-edited
     # metrics.jsonl may hold strings, inf or nan: such rows are skipped)
-    timed = [r for r in rows if isinstance(r, dict) and (finite(r.get("tokens_per_s")) or 0) > 0
-             and (finite(r.get("step_s")) or 0) > 0][1:]
+    timed = [
+        r
+        for r in rows
+        if isinstance(r, dict)
+        and (finite(r.get("tokens_per_s")) or 0) > 0
+        and (finite(r.get("step_s")) or 0) > 0
+    ][1:]
     if not timed:
         return None
     seconds = sum(float(r["step_s"]) for r in timed)
@@ -41,5 +46,4 @@ def step_throughput(rows: Iterable[dict[str, Any]]) -> Throughput | None:
     mfu = None
     if all(finite(r.get("mfu")) is not None for r in timed):
         mfu = tok_s * float(timed[0]["mfu"]) / float(timed[0]["tokens_per_s"])
-    return Throughput(tokens_per_s=tok_s, step_s=seconds / len(timed), mfu=mfu,
-                      steps=len(timed))
+    return Throughput(tokens_per_s=tok_s, step_s=seconds / len(timed), mfu=mfu, steps=len(timed))

@@ -16,8 +16,16 @@ from scaletrain.planner.types import MemoryBreakdown
 
 from .schema import Measurement
 
-__all__ = ["CATEGORIES", "Comparison", "predict", "compare", "verify_run", "job_from_dict",
-           "format_table", "metrics_throughput"]
+__all__ = [
+    "CATEGORIES",
+    "Comparison",
+    "predict",
+    "compare",
+    "verify_run",
+    "job_from_dict",
+    "format_table",
+    "metrics_throughput",
+]
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "buffers", "total", "reserved")
 
@@ -34,8 +42,13 @@ class Comparison:
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"measured": self.measured, "predicted": self.predicted,
-                "rel_error": self.rel_error, "time": self.time, "notes": self.notes}
+        return {
+            "measured": self.measured,
+            "predicted": self.predicted,
+            "rel_error": self.rel_error,
+            "time": self.time,
+            "notes": self.notes,
+        }
 
 
 def _estimate_fn() -> Any:
@@ -68,10 +81,12 @@ def live_terms(mem: MemoryBreakdown) -> dict[str, float]:
     gathered or reduced, autocast's weight casts: `params.in_flight` / `grads.in_flight`), and
     under pipelining the activations of every micro-batch in flight on the rank."""
     d = mem.detail
-    return {"params": mem.params - d.get("params.in_flight", 0.0),
-            "grads": mem.grads - d.get("grads.in_flight", 0.0),
-            "optimizer": mem.optimizer,
-            "activations": mem.activations / max(1.0, d.get("activations.in_flight", 1.0))}
+    return {
+        "params": mem.params - d.get("params.in_flight", 0.0),
+        "grads": mem.grads - d.get("grads.in_flight", 0.0),
+        "optimizer": mem.optimizer,
+        "activations": mem.activations / max(1.0, d.get("activations.in_flight", 1.0)),
+    }
 
 
 def compare(measurement: Measurement, estimate: Any) -> Comparison:
@@ -89,16 +104,21 @@ def compare(measurement: Measurement, estimate: Any) -> Comparison:
         if ctx:
             predicted["total"] -= ctx
             predicted["buffers"] -= ctx
-            out.notes.append("predicted total and buffers exclude the CUDA runtime context "
-                             f"({ctx / 1e9:.2f} GB): not measurable off-GPU")
+            out.notes.append(
+                "predicted total and buffers exclude the CUDA runtime context "
+                f"({ctx / 1e9:.2f} GB): not measurable off-GPU"
+            )
     if measurement.source in ("cpu", "cuda"):  # a live run (a dry-run measures the peak)
         predicted.update(live_terms(estimate.memory))
-        out.notes.append("live run: params, grads and optimizer compared as resident state, "
-                         "activations as one micro-batch (the planner's in-flight copies and "
-                         "micro-batches excluded)")
+        out.notes.append(
+            "live run: params, grads and optimizer compared as resident state, "
+            "activations as one micro-batch (the planner's in-flight copies and "
+            "micro-batches excluded)"
+        )
         if measurement.source == "cpu":  # no allocator peak: the total is the categories' sum
-            predicted["total"] = sum(predicted[c] for c in ("params", "grads", "optimizer",
-                                                            "activations"))
+            predicted["total"] = sum(
+                predicted[c] for c in ("params", "grads", "optimizer", "activations")
+            )
     out.predicted = predicted
     for c in CATEGORIES:
         m = measured[c]
@@ -108,9 +128,11 @@ def compare(measurement: Measurement, estimate: Any) -> Comparison:
     out.notes += _attribution_notes(out)
     hardware = getattr(getattr(estimate, "plan", None), "hardware", None)  # tests pass stubs
     if hardware is not None and hardware.name == "cpu":
-        out.notes.append("predicted tokens/s: the planner's time model is for GPUs; on 'cpu' it "
-                         "uses a nominal 333 GFLOP/s peak, not calibrated to this host (expect "
-                         "it off by an order of magnitude or more)")
+        out.notes.append(
+            "predicted tokens/s: the planner's time model is for GPUs; on 'cpu' it "
+            "uses a nominal 333 GFLOP/s peak, not calibrated to this host (expect "
+            "it off by an order of magnitude or more)"
+        )
     return out
 
 
@@ -127,10 +149,12 @@ def _attribution_notes(c: Comparison) -> list[str]:
         return []
     m = sum(c.measured[k] for k in trio)
     p = sum(c.predicted[k] for k in trio)
-    return [f"params+grads+buffers {m / 1e9:.3f} GB measured vs {p / 1e9:.3f} GB predicted "
-            f"({(p - m) / m:+.1%}): the tracker and the planner file gathered copies and "
-            f"comm buffers under different categories ({', '.join(big)} differ alone), so "
-            "compare these three as one"]
+    return [
+        f"params+grads+buffers {m / 1e9:.3f} GB measured vs {p / 1e9:.3f} GB predicted "
+        f"({(p - m) / m:+.1%}): the tracker and the planner file gathered copies and "
+        f"comm buffers under different categories ({', '.join(big)} differ alone), so "
+        "compare these three as one"
+    ]
 
 
 def metrics_throughput(path: Path) -> dict[str, float]:
@@ -141,8 +165,9 @@ def metrics_throughput(path: Path) -> dict[str, float]:
     from .run_files import read_records
 
     t = step_throughput(read_records(path))
-    return {} if t is None else {"measured_tokens_per_s": t.tokens_per_s,
-                                 "measured_step_s": t.step_s}
+    return (
+        {} if t is None else {"measured_tokens_per_s": t.tokens_per_s, "measured_step_s": t.step_s}
+    )
 
 
 def job_from_dict(d: dict[str, Any]) -> JobConfig:
@@ -154,8 +179,10 @@ def job_from_dict(d: dict[str, Any]) -> JobConfig:
     # ModelConfig fields that are derived or unknown to load_config are dropped
     from scaletrain.config.model import MODEL_FIELDS
 
-    raw["model"] = {"name": model.get("name", "gpt-mini"),
-                    **{k: v for k, v in model.items() if k in MODEL_FIELDS and v is not None}}
+    raw["model"] = {
+        "name": model.get("name", "gpt-mini"),
+        **{k: v for k, v in model.items() if k in MODEL_FIELDS and v is not None},
+    }
     return load_config(None, raw)
 
 
@@ -166,30 +193,47 @@ def verify_run(run_dir: str | Path) -> tuple[Measurement, Comparison, JobConfig]
     run = Path(run_dir)
     for name in ("config.json", "measurement.json"):
         if not (run / name).exists():
-            raise ConfigError("run_dir", str(run), f"{name} is missing: give the directory of "
-                              "a finished `scaletrain train` run (its train.run_dir)")
+            raise ConfigError(
+                "run_dir",
+                str(run),
+                f"{name} is missing: give the directory of "
+                "a finished `scaletrain train` run (its train.run_dir)",
+            )
     config = read_object(run / "config.json", required=True)
     raw_measurement = read_object(run / "measurement.json", required=True)
     assert config is not None and raw_measurement is not None  # (required: raised otherwise)
     # a section that is not a table would silently become the defaults (another job's plan)
     for section in JobConfig().to_dict():
         if section in config and not isinstance(config[section], dict):
-            raise ConfigError("run_dir", str(run / "config.json"), f"its {section!r} is "
-                              f"{type(config[section]).__name__}, not a table: restore the "
-                              "run's config.json")
+            raise ConfigError(
+                "run_dir",
+                str(run / "config.json"),
+                f"its {section!r} is "
+                f"{type(config[section]).__name__}, not a table: restore the "
+                "run's config.json",
+            )
     if not isinstance(raw_measurement.get("memory"), dict):
-        raise ConfigError("run_dir", str(run / "measurement.json"), "it has no 'memory' "
-                          "object (what the run measured): restore the run's measurement.json")
+        raise ConfigError(
+            "run_dir",
+            str(run / "measurement.json"),
+            "it has no 'memory' object (what the run measured): restore the run's measurement.json",
+        )
     try:
         job = job_from_dict(config)
     except ConfigError as e:
-        raise ConfigError("run_dir", str(run / "config.json"), f"its {e.field} = {e.value!r} "
-                          f"is invalid ({e.fix}): restore the run's config.json") from None
+        raise ConfigError(
+            "run_dir",
+            str(run / "config.json"),
+            f"its {e.field} = {e.value!r} is invalid ({e.fix}): restore the run's config.json",
+        ) from None
     try:
         measurement = Measurement.from_json(raw_measurement)
     except (TypeError, ValueError, AttributeError) as e:
-        raise ConfigError("run_dir", str(run / "measurement.json"), f"a field has the wrong "
-                          f"type ({e}): restore the run's measurement.json") from None
+        raise ConfigError(
+            "run_dir",
+            str(run / "measurement.json"),
+            f"a field has the wrong type ({e}): restore the run's measurement.json",
+        ) from None
     layout = job.layout(measurement.world_size)
     est = predict(job, layout)
     if est is not None and layout.pp > 1 and measurement.source in ("cpu", "cuda"):
@@ -199,8 +243,12 @@ def verify_run(run_dir: str | Path) -> tuple[Measurement, Comparison, JobConfig]
         from scaletrain.planner import pipeline_rank_memory
         from scaletrain.planner.types import plan_input_from_job
 
-        est = dataclasses.replace(est, memory=pipeline_rank_memory(
-            plan_input_from_job(job, layout), layout.pp_rank_of(measurement.rank)))
+        est = dataclasses.replace(
+            est,
+            memory=pipeline_rank_memory(
+                plan_input_from_job(job, layout), layout.pp_rank_of(measurement.rank)
+            ),
+        )
     comparison = compare(measurement, est)
     comparison.time.update(metrics_throughput(run / "metrics.jsonl"))
     if measurement.tokens_per_s and "measured_tokens_per_s" not in comparison.time:
@@ -217,14 +265,18 @@ def format_table(comparison: Comparison, *, title: str = "") -> str:
         m = comparison.measured[c]
         p = comparison.predicted[c] if comparison.predicted else None
         err = comparison.rel_error.get(c)
-        lines.append(f"{c:<12} {m / gb:>12.3f} "
-                     f"{(f'{p / gb:.3f}' if p is not None else '-'):>13} "
-                     f"{(f'{err:+.1%}' if err is not None else '-'):>8}")
+        lines.append(
+            f"{c:<12} {m / gb:>12.3f} "
+            f"{(f'{p / gb:.3f}' if p is not None else '-'):>13} "
+            f"{(f'{err:+.1%}' if err is not None else '-'):>8}"
+        )
     t = comparison.time
     if "measured_tokens_per_s" in t or "predicted_tokens_per_s" in t:
         meas = t.get("measured_tokens_per_s")
         pred = t.get("predicted_tokens_per_s")
-        lines.append(f"{'tokens/s':<12} {(f'{meas:.1f}' if meas else '-'):>12} "
-                     f"{(f'{pred:.1f}' if pred else '-'):>13}")
+        lines.append(
+            f"{'tokens/s':<12} {(f'{meas:.1f}' if meas else '-'):>12} "
+            f"{(f'{pred:.1f}' if pred else '-'):>13}"
+        )
     lines += [f"note: {n}" for n in comparison.notes]
     return "\n".join(lines)

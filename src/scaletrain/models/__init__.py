@@ -17,7 +17,20 @@ from .transformer import (
 )
 
 __all__ = [
-    "Transformer", "TransformerBlock", "Attention", "FeedForward", "RMSNorm", "MoE",
-    "GroupedExperts", "RotaryEmbedding", "NaiveAttentionCore", "SDPAAttentionCore",
-    "build_model", "materialize", "init_weights", "clean_fqn", "causal_lm_loss", "moe_aux_loss",
+    "Transformer",
+    "TransformerBlock",
+    "Attention",
+    "FeedForward",
+    "RMSNorm",
+    "MoE",
+    "GroupedExperts",
+    "RotaryEmbedding",
+    "NaiveAttentionCore",
+    "SDPAAttentionCore",
+    "build_model",
+    "materialize",
+    "init_weights",
+    "clean_fqn",
+    "causal_lm_loss",
+    "moe_aux_loss",
 ]

@@ -15,8 +15,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["Attention", "NaiveAttentionCore", "SDPAAttentionCore", "RotaryEmbedding",
-           "apply_rotary", "make_attention_core"]
+__all__ = [
+    "Attention",
+    "NaiveAttentionCore",
+    "SDPAAttentionCore",
+    "RotaryEmbedding",
+    "apply_rotary",
+    "make_attention_core",
+]
 
 
 def _group_queries(q: torch.Tensor, num_kv: int) -> torch.Tensor:
@@ -35,8 +41,9 @@ class NaiveAttentionCore(nn.Module):
     and as the backend whose activations match the Korthikanti et al. 2022 accounting.
     """
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         # q: (B, nh, T, hd); k, v: (B, nkv, S, hd) with nh a multiple of nkv; causal with the
         # last query aligned to the last key (S == T here). `mask`: (B, 1, T, S) or (T, S) bool,
         # True = attend; replaces the causal mask (document masking passes a block-causal one).
@@ -57,17 +64,20 @@ class NaiveAttentionCore(nn.Module):
 class SDPAAttentionCore(nn.Module):
     """`F.scaled_dot_product_attention(is_causal=True)`: flash / memory-efficient kernels."""
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         # enable_gqa: the kernel reads the g KV heads itself, so backward keeps K and V at
         # (B, g, T, hd) instead of expanded (B, nh, T, hd) copies (CPU flash and CUDA flash
         # kernels; a kernel without GQA support falls back to math, which expands inside).
         gqa = q.shape[1] != k.shape[1]
         if mask is not None:  # block-causal (document masking): no flash kernel takes it
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
-                                                  enable_gqa=gqa)  # (B, nh, T, hd)
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                              enable_gqa=gqa)  # (B, nh, T, hd)
+            return F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, enable_gqa=gqa
+            )  # (B, nh, T, hd)
+        return F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, enable_gqa=gqa
+        )  # (B, nh, T, hd)
 
 
 def make_attention_core(backend: str) -> nn.Module:
@@ -102,9 +112,13 @@ class RotaryEmbedding(nn.Module):
     def reset_tables(self) -> None:
         device = self.cos.device
         # inv_freq_j = theta^(-2j/hd), j < hd/2; computed in fp32 like HF so logits match.
-        inv_freq = 1.0 / (self.theta ** (
-            torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=device).float()
-            / self.head_dim))
+        inv_freq = 1.0 / (
+            self.theta
+            ** (
+                torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=device).float()
+                / self.head_dim
+            )
+        )
         pos = torch.arange(self.max_seq_len, device=device).float()
         freqs = torch.outer(pos, inv_freq)  # (S, hd/2)
         emb = torch.cat((freqs, freqs), dim=-1)  # (S, hd)
@@ -137,8 +151,9 @@ class Attention(nn.Module):
     config.
     """
 
-    def __init__(self, dim: int, n_heads: int, n_kv_heads: int, *, bias: bool,
-                 backend: str) -> None:
+    def __init__(
+        self, dim: int, n_heads: int, n_kv_heads: int, *, bias: bool, backend: str
+    ) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
         self.head_dim = dim // n_heads
@@ -148,10 +163,15 @@ class Attention(nn.Module):
         self.wo = nn.Linear(n_heads * self.head_dim, dim, bias=bias)
         self.core = make_attention_core(backend)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor | None = None,
-                sin: torch.Tensor | None = None, *,
-                mask: torch.Tensor | None = None,
-                documents: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor | None = None,
+        sin: torch.Tensor | None = None,
+        *,
+        mask: torch.Tensor | None = None,
+        documents: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         b, t, _ = x.shape
         hd = self.head_dim
         q = self.wq(x).view(b, t, self.n_heads, hd).transpose(1, 2)  # (B, nh, T, hd)

@@ -32,8 +32,13 @@ def document_ids(tokens: torch.Tensor, sep_id: int) -> tuple[torch.Tensor, torch
     t = tokens.shape[1]
     idx = torch.arange(t, device=tokens.device).expand_as(tokens)  # (B, T)
     # each token's document start = the largest index <= t that begins a document
-    starts = torch.where(torch.cat([torch.ones_like(doc[:, :1], dtype=torch.bool),
-                                    doc[:, 1:] != doc[:, :-1]], dim=1), idx, 0)
+    starts = torch.where(
+        torch.cat(
+            [torch.ones_like(doc[:, :1], dtype=torch.bool), doc[:, 1:] != doc[:, :-1]], dim=1
+        ),
+        idx,
+        0,
+    )
     return doc, idx - torch.cummax(starts, dim=1).values
 
 

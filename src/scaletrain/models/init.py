@@ -48,8 +48,9 @@ def _find_config(model: nn.Module):
     raise ValueError("materialize: no module with a ModelConfig `config` attribute found")
 
 
-def _full_value(fqn: str, module: nn.Module, shape: torch.Size, *, std: float,
-                num_layers: int, seed: int) -> torch.Tensor:
+def _full_value(
+    fqn: str, module: nn.Module, shape: torch.Size, *, std: float, num_layers: int, seed: int
+) -> torch.Tensor:
     """The full (unsharded) fp32 initial value of one parameter, drawn on the CPU."""
     leaf = fqn.rsplit(".", 1)[-1]
     if isinstance(module, (nn.LayerNorm, nn.RMSNorm)) or type(module).__name__ == "RMSNorm":
@@ -71,8 +72,9 @@ def init_weights(model: nn.Module, *, seed: int = 0) -> None:
             fqn = clean_fqn(f"{mod_name}.{p_name}" if mod_name else p_name)
             if fqn == "output.weight" and cfg.tie_embeddings:
                 fqn = "tok_embeddings.weight"  # a pipeline's head copy of the tied embedding
-            full = _full_value(fqn, module, param.shape, std=cfg.init_std,
-                               num_layers=cfg.num_layers, seed=seed)
+            full = _full_value(
+                fqn, module, param.shape, std=cfg.init_std, num_layers=cfg.num_layers, seed=seed
+            )
             _copy_into(param, full)
 
 
@@ -84,15 +86,20 @@ def _copy_into(param: torch.Tensor, full: torch.Tensor) -> None:
         from torch.distributed.tensor import distribute_tensor
 
         local = param.to_local()
-        shard = distribute_tensor(full.to(device=local.device, dtype=local.dtype),
-                                  param.device_mesh, param.placements, src_data_rank=None)
+        shard = distribute_tensor(
+            full.to(device=local.device, dtype=local.dtype),
+            param.device_mesh,
+            param.placements,
+            src_data_rank=None,
+        )
         local.copy_(shard.to_local())
     else:
         param.copy_(full.to(device=param.device, dtype=param.dtype))
 
 
-def materialize(model: nn.Module, *, device: str | torch.device = "cpu", seed: int = 0,
-                init: bool = True) -> None:
+def materialize(
+    model: nn.Module, *, device: str | torch.device = "cpu", seed: int = 0, init: bool = True
+) -> None:
     """Allocate a meta-built (possibly parallelized) model on `device` and initialize it.
 
     `to_empty` + `init_weights(seed)` + recomputation of the non-persistent buffers (RoPE

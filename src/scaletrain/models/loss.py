@@ -63,8 +63,9 @@ def _chunk_logits(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return (h @ w.t()).to(_acc_dtype(h.dtype))  # (c, V_local), fp32 at least
 
 
-def _local_targets(targets: torch.Tensor, start: int, size: int
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+def _local_targets(
+    targets: torch.Tensor, start: int, size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(mask of targets in this rank's rows, their local row ids; 0 where not local)."""
     local = (targets >= start) & (targets < start + size)
     return local, torch.where(local, targets - start, torch.zeros_like(targets))
@@ -72,8 +73,15 @@ def _local_targets(targets: torch.Tensor, start: int, size: int
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                chunk: int, ignore_index: int, vocab: VocabShard | None) -> torch.Tensor:
+    def forward(
+        ctx,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        targets: torch.Tensor,
+        chunk: int,
+        ignore_index: int,
+        vocab: VocabShard | None,
+    ) -> torch.Tensor:
         # hidden: (N, h) in the compute dtype; weight: (V_local, h) in any float dtype.
         w = weight.to(hidden.dtype)
         start = vocab.start if vocab is not None else 0
@@ -81,8 +89,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
         lse = torch.empty(hidden.shape[0], dtype=_acc_dtype(hidden.dtype), device=hidden.device)
         tgt_logit = torch.zeros_like(lse)
         for i in range(0, hidden.shape[0], chunk):
-            logits = _chunk_logits(hidden[i:i + chunk], w)  # (c, V_local)
-            local, rows = _local_targets(targets[i:i + chunk], start, w.shape[0])
+            logits = _chunk_logits(hidden[i : i + chunk], w)  # (c, V_local)
+            local, rows = _local_targets(targets[i : i + chunk], start, w.shape[0])
             picked = logits.gather(1, rows[:, None]).squeeze(1) * local
             row_max = logits.max(dim=1).values  # (c,)
             if vocab is not None:
@@ -91,8 +99,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
             sums = torch.stack([logits.sub_(row_max[:, None]).exp_().sum(dim=1), picked])
             if vocab is not None:
                 vocab.all_reduce_sum(sums)  # (2, c): sum of exp and the target logit
-            lse[i:i + chunk] = row_max + sums[0].log()
-            tgt_logit[i:i + chunk] = sums[1]
+            lse[i : i + chunk] = row_max + sums[0].log()
+            tgt_logit[i : i + chunk] = sums[1]
             del logits  # free this chunk before the next one's matmul allocates
         count = valid.sum()
         loss = ((lse - tgt_logit) * valid).sum() / count.clamp(min=1)
@@ -112,13 +120,13 @@ class _LinearCrossEntropy(torch.autograd.Function):
         acc = lse.dtype
         scale = (targets != ctx.ignore_index).to(acc) * (grad_loss.to(acc) / count.clamp(min=1))
         for i in range(0, hidden.shape[0], chunk):
-            h = hidden[i:i + chunk]
-            g = _chunk_logits(h, w).sub_(lse[i:i + chunk, None]).exp_()  # softmax (c, V_local)
-            local, rows = _local_targets(targets[i:i + chunk], ctx.start, w.shape[0])
+            h = hidden[i : i + chunk]
+            g = _chunk_logits(h, w).sub_(lse[i : i + chunk, None]).exp_()  # softmax (c, V_local)
+            local, rows = _local_targets(targets[i : i + chunk], ctx.start, w.shape[0])
             g.scatter_add_(1, rows[:, None], -local.to(acc)[:, None])
-            g = g.mul_(scale[i:i + chunk, None]).to(hidden.dtype)
+            g = g.mul_(scale[i : i + chunk, None]).to(hidden.dtype)
             if grad_h is not None:
-                torch.mm(g, w, out=grad_h[i:i + chunk])  # (c, h)
+                torch.mm(g, w, out=grad_h[i : i + chunk])  # (c, h)
             if grad_w is not None:
                 if grad_w.dtype == g.dtype:
                     # the out= form, not addmm_: torch's FlopCounterMode counts it
@@ -129,9 +137,15 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return grad_h, grad_w, None, None, None, None
 
 
-def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
-                         chunk_tokens: int = 0, ignore_index: int = -100,
-                         vocab: VocabShard | None = None) -> torch.Tensor:
+def linear_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    chunk_tokens: int = 0,
+    ignore_index: int = -100,
+    vocab: VocabShard | None = None,
+) -> torch.Tensor:
     """Mean cross-entropy of the logits `hidden @ weight.T` over targets != ignore_index.
 
     hidden: (..., h) (cast to the autocast dtype when autocast is on, as the head Linear
@@ -144,5 +158,6 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
     hidden = hidden.reshape(-1, hidden.shape[-1])  # (N, h)
     chunk = chunk_tokens if chunk_tokens > 0 else auto_chunk_tokens(weight.shape[0])
     with torch.autocast(device_type, enabled=False):
-        return _LinearCrossEntropy.apply(hidden, weight, targets.reshape(-1), chunk,
-                                         ignore_index, vocab)
+        return _LinearCrossEntropy.apply(
+            hidden, weight, targets.reshape(-1), chunk, ignore_index, vocab
+        )

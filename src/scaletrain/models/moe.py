@@ -23,8 +23,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["EXPERT_WEIGHTS", "ExpertWeights", "GroupedExperts", "MoE", "balanced_counts",
-           "expert_mlp", "is_fake", "moe_aux_loss"]
+__all__ = [
+    "EXPERT_WEIGHTS",
+    "ExpertWeights",
+    "GroupedExperts",
+    "MoE",
+    "balanced_counts",
+    "expert_mlp",
+    "is_fake",
+    "moe_aux_loss",
+]
 
 
 def is_fake(t: torch.Tensor) -> bool:
@@ -44,10 +52,18 @@ def balanced_counts(assignments: int, num_experts: int) -> list[int]:
     return [base + (1 if e < rest else 0) for e in range(num_experts)]
 
 
-def expert_mlp(x: torch.Tensor, activation: str, w1: torch.Tensor, w2: torch.Tensor,
-               w3: torch.Tensor | None = None, b1: torch.Tensor | None = None,
-               b2: torch.Tensor | None = None, b3: torch.Tensor | None = None, *,
-               linear: Callable[..., torch.Tensor] = F.linear) -> torch.Tensor:
+def expert_mlp(
+    x: torch.Tensor,
+    activation: str,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    w3: torch.Tensor | None = None,
+    b1: torch.Tensor | None = None,
+    b2: torch.Tensor | None = None,
+    b3: torch.Tensor | None = None,
+    *,
+    linear: Callable[..., torch.Tensor] = F.linear,
+) -> torch.Tensor:
     """One expert's MLP on its tokens, x: (n_e, h) -> (n_e, h); weights (out, in) as nn.Linear.
 
     SwiGLU with `w3`: w2(silu(w1 x) * w3 x); GELU without: w2(gelu(w1 x)), the tanh form
@@ -74,11 +90,13 @@ class ExpertWeights(NamedTuple):
 
     def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> ExpertWeights:
         """`fn` applied to every present weight (e.g. the local shard of a DTensor)."""
+
         def opt(w: torch.Tensor | None) -> torch.Tensor | None:
             return None if w is None else fn(w)
 
-        return ExpertWeights(fn(self.w1), fn(self.w2), opt(self.w3), opt(self.b1), opt(self.b2),
-                             opt(self.b3))
+        return ExpertWeights(
+            fn(self.w1), fn(self.w2), opt(self.w3), opt(self.b1), opt(self.b2), opt(self.b3)
+        )
 
     def at(self, e: int) -> ExpertWeights:
         """Expert `e`'s weights, from stacked ones."""
@@ -100,18 +118,25 @@ class GroupedExperts(nn.Module):
     have none).
     """
 
-    def __init__(self, dim: int, hidden_dim: int, num_experts: int, *, activation: str,
-                 bias: bool) -> None:
+    def __init__(
+        self, dim: int, hidden_dim: int, num_experts: int, *, activation: str, bias: bool
+    ) -> None:
         super().__init__()
         self.num_experts, self.activation = num_experts, activation
         self.w1 = nn.Parameter(torch.empty(num_experts, hidden_dim, dim))
         self.w2 = nn.Parameter(torch.empty(num_experts, dim, hidden_dim))
-        self.w3 = (nn.Parameter(torch.empty(num_experts, hidden_dim, dim))
-                   if activation == "swiglu" else None)
+        self.w3 = (
+            nn.Parameter(torch.empty(num_experts, hidden_dim, dim))
+            if activation == "swiglu"
+            else None
+        )
         self.b1 = nn.Parameter(torch.empty(num_experts, hidden_dim)) if bias else None
         self.b2 = nn.Parameter(torch.empty(num_experts, dim)) if bias else None
-        self.b3 = (nn.Parameter(torch.empty(num_experts, hidden_dim))
-                   if bias and activation == "swiglu" else None)
+        self.b3 = (
+            nn.Parameter(torch.empty(num_experts, hidden_dim))
+            if bias and activation == "swiglu"
+            else None
+        )
         # The matmul of every expert projection, `linear(x, weight, bias)`: F.linear, or a
         # float8 one set by `scaletrain.precision.apply_fp8` (kept by expert parallelism).
         self.linear: Callable[..., torch.Tensor] = F.linear
@@ -124,11 +149,15 @@ class GroupedExperts(nn.Module):
         """The `EXPERT_WEIGHTS` in order, None where absent."""
         return ExpertWeights(*(getattr(self, name) for name in EXPERT_WEIGHTS))
 
-    def forward(self, x_sorted: torch.Tensor,
-                num_tokens_per_expert: torch.Tensor | list[int]) -> torch.Tensor:
+    def forward(
+        self, x_sorted: torch.Tensor, num_tokens_per_expert: torch.Tensor | list[int]
+    ) -> torch.Tensor:
         """x_sorted: (N, h) tokens grouped by local expert; counts: (E_local,) -> (N, h)."""
-        counts = (num_tokens_per_expert.tolist() if torch.is_tensor(num_tokens_per_expert)
-                  else list(num_tokens_per_expert))
+        counts = (
+            num_tokens_per_expert.tolist()
+            if torch.is_tensor(num_tokens_per_expert)
+            else list(num_tokens_per_expert)
+        )
         # A loop over local experts: simple and exact. Data-dependent split sizes, so this
         # cannot run under FakeTensorMode without a grouped-GEMM kernel (torch._grouped_mm).
         outs = [self._expert(e, chunk) for e, chunk in enumerate(torch.split(x_sorted, counts))]
@@ -153,13 +182,23 @@ class MoE(nn.Module):
     backward (`_AuxLossGrad`), which is the gradient of adding it to the loss.
     """
 
-    def __init__(self, dim: int, hidden_dim: int, num_experts: int, top_k: int, *,
-                 activation: str, bias: bool, aux_loss_coef: float) -> None:
+    def __init__(
+        self,
+        dim: int,
+        hidden_dim: int,
+        num_experts: int,
+        top_k: int,
+        *,
+        activation: str,
+        bias: bool,
+        aux_loss_coef: float,
+    ) -> None:
         super().__init__()
         self.num_experts, self.top_k, self.aux_loss_coef = num_experts, top_k, aux_loss_coef
         self.router = nn.Linear(dim, num_experts, bias=False)
-        self.experts = GroupedExperts(dim, hidden_dim, num_experts, activation=activation,
-                                      bias=bias)
+        self.experts = GroupedExperts(
+            dim, hidden_dim, num_experts, activation=activation, bias=bias
+        )
         self.aux_loss: torch.Tensor | None = None
         self.last_tokens_per_expert: torch.Tensor | None = None
         self.aux_grad_scale: Callable[[], float] | None = None
@@ -198,11 +237,11 @@ class MoE(nn.Module):
         # in the experts' output dtype (bf16 under autocast, like a dense FeedForward's;
         # `flat` is the fp32 norm output there)
         out = flat.new_zeros(flat.shape, dtype=out_sorted.dtype).index_add_(
-            0, token_of, out_sorted)  # (N, h)
+            0, token_of, out_sorted
+        )  # (N, h)
         out = out.view(b, t, h)
         if self.aux_grad_scale is not None and torch.is_grad_enabled():
-            out = _AuxLossGrad.apply(out, self.aux_loss,
-                                     self.aux_loss_coef * self.aux_grad_scale())
+            out = _AuxLossGrad.apply(out, self.aux_loss, self.aux_loss_coef * self.aux_grad_scale())
         return out
 
 

@@ -35,8 +35,15 @@ from .documents import document_layout
 from .loss import linear_cross_entropy
 from .moe import MoE
 
-__all__ = ["Transformer", "TransformerBlock", "FeedForward", "RMSNorm", "build_model",
-           "causal_lm_loss", "sliding_window_mask"]
+__all__ = [
+    "Transformer",
+    "TransformerBlock",
+    "FeedForward",
+    "RMSNorm",
+    "build_model",
+    "causal_lm_loss",
+    "sliding_window_mask",
+]
 
 
 class RMSNorm(nn.Module):
@@ -85,21 +92,34 @@ class TransformerBlock(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.attention_norm = _norm(cfg)
-        self.attention = Attention(cfg.dim, cfg.num_heads, cfg.num_kv_heads, bias=cfg.bias,
-                                   backend=cfg.attention)
+        self.attention = Attention(
+            cfg.dim, cfg.num_heads, cfg.num_kv_heads, bias=cfg.bias, backend=cfg.attention
+        )
         self.ffn_norm = _norm(cfg)
         if cfg.is_moe:
-            self.moe = MoE(cfg.dim, cfg.ffn_dim, cfg.num_experts, cfg.experts_per_token,
-                           activation=cfg.activation, bias=cfg.bias,
-                           aux_loss_coef=cfg.moe_aux_loss_coef)
+            self.moe = MoE(
+                cfg.dim,
+                cfg.ffn_dim,
+                cfg.num_experts,
+                cfg.experts_per_token,
+                activation=cfg.activation,
+                bias=cfg.bias,
+                aux_loss_coef=cfg.moe_aux_loss_coef,
+            )
         else:
-            self.feed_forward = FeedForward(cfg.dim, cfg.ffn_dim, activation=cfg.activation,
-                                            bias=cfg.bias)
+            self.feed_forward = FeedForward(
+                cfg.dim, cfg.ffn_dim, activation=cfg.activation, bias=cfg.bias
+            )
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor | None = None,
-                sin: torch.Tensor | None = None, *,
-                mask: torch.Tensor | None = None,
-                documents: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor | None = None,
+        sin: torch.Tensor | None = None,
+        *,
+        mask: torch.Tensor | None = None,
+        documents: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         # keywords, only when set: TP input plans see 3 args
         attn_kw = {k: t for k, t in (("mask", mask), ("documents", documents)) if t is not None}
         x = x + self.attention(self.attention_norm(x), cos, sin, **attn_kw)
@@ -116,14 +136,18 @@ class Transformer(nn.Module):
         self.tie_embeddings = cfg.tie_embeddings
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.pos_embeddings: nn.Embedding | None = (
-            nn.Embedding(cfg.max_seq_len, cfg.dim) if cfg.position == "learned" else None)
+            nn.Embedding(cfg.max_seq_len, cfg.dim) if cfg.position == "learned" else None
+        )
         self.rope: RotaryEmbedding | None = (
             RotaryEmbedding(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
-            if cfg.position == "rope" else None)
+            if cfg.position == "rope"
+            else None
+        )
         self.layers = nn.ModuleDict({str(i): TransformerBlock(cfg) for i in range(cfg.num_layers)})
         self.norm: nn.Module | None = _norm(cfg)
         self.output: nn.Linear | None = (
-            None if cfg.tie_embeddings else nn.Linear(cfg.dim, cfg.vocab_size, bias=False))
+            None if cfg.tie_embeddings else nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        )
         self.input_seq_shards = 1
         """Sequence parallelism sets this to tp: a pipeline stage's hidden-state input is then
         this rank's T/tp slice of the sequence, and positions must still cover all T."""
@@ -144,9 +168,11 @@ class Transformer(nn.Module):
         out = []
         for name, block in self.layers.items():
             if not isinstance(block, TransformerBlock):
-                raise TypeError(f"layers.{name} is a {type(block).__name__}, not a "
-                                "TransformerBlock: apply tensor/context parallelism before "
-                                "activation checkpointing (parallelize's order)")
+                raise TypeError(
+                    f"layers.{name} is a {type(block).__name__}, not a "
+                    "TransformerBlock: apply tensor/context parallelism before "
+                    "activation checkpointing (parallelize's order)"
+                )
             out.append(block)
         return out
 
@@ -158,9 +184,14 @@ class Transformer(nn.Module):
             return self.tok_embeddings.weight
         return None
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None, *,
-                targets: torch.Tensor | None = None,
-                documents: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        *,
+        targets: torch.Tensor | None = None,
+        documents: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """tokens: (B, T) ids, or (B, T, h) hidden states when `tok_embeddings` is None.
 
         positions: optional (T,) or (B, T) position ids (default 0..T-1); context parallelism
@@ -216,8 +247,9 @@ def sliding_window_mask(t: int, window: int, device: torch.device) -> torch.Tens
     return (d >= 0) & (d < window)
 
 
-def build_model(cfg: ModelConfig, *, device: str | torch.device = "meta",
-                seed: int = 0) -> Transformer:
+def build_model(
+    cfg: ModelConfig, *, device: str | torch.device = "meta", seed: int = 0
+) -> Transformer:
     """Build on `device`; "meta" (default) allocates nothing (parallelize, then `materialize`).
 
     On a real device the model is built on meta and materialized with `seed`, so its weights
@@ -232,14 +264,16 @@ def build_model(cfg: ModelConfig, *, device: str | torch.device = "meta",
     return model
 
 
-def causal_lm_loss(logits: torch.Tensor, targets: torch.Tensor,
-                   ignore_index: int = -100) -> torch.Tensor:
+def causal_lm_loss(
+    logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100
+) -> torch.Tensor:
     """Mean next-token cross-entropy over targets != ignore_index, computed in fp32.
 
     logits: (B, T, V); targets: (B, T), already shifted (targets[:, i] follows tokens[:, i]).
     """
-    loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                           ignore_index=ignore_index)
+    loss = F.cross_entropy(
+        logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=ignore_index
+    )
     if hasattr(loss, "placements"):  # loss_parallel (a DTensor): left as computed
         return loss
     # SFT windows can hold prompt tokens only: no target, loss 0 and zero gradient instead of

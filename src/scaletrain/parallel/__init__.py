@@ -7,6 +7,19 @@ from .parallelize import parallelize
 from .tensor_parallel import apply_tp, loss_context
 from .zero import clip_grad_norm_, local_state_bytes, wrap_optimizer
 
-__all__ = ["ParallelDims", "MESH_AXES", "parallelize", "apply_tp", "apply_fsdp", "apply_ddp",
-           "apply_manual_grad_sync", "sync_gradients", "mp_policy", "maybe_no_sync",
-           "loss_context", "wrap_optimizer", "clip_grad_norm_", "local_state_bytes"]
+__all__ = [
+    "ParallelDims",
+    "MESH_AXES",
+    "parallelize",
+    "apply_tp",
+    "apply_fsdp",
+    "apply_ddp",
+    "apply_manual_grad_sync",
+    "sync_gradients",
+    "mp_policy",
+    "maybe_no_sync",
+    "loss_context",
+    "wrap_optimizer",
+    "clip_grad_norm_",
+    "local_state_bytes",
+]

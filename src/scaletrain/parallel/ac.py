@@ -46,23 +46,28 @@ from scaletrain.models.transformer import Transformer
 __all__ = ["apply_ac", "SELECTIVE_SAVED_OPS"]
 
 _aten = torch.ops.aten
-SELECTIVE_SAVED_OPS = frozenset({
-    _aten.mm.default,
-    _aten.addmm.default,
-    _aten._scaled_mm.default,
-    _aten._scaled_dot_product_flash_attention.default,
-    _aten._scaled_dot_product_flash_attention_for_cpu.default,
-    _aten._scaled_dot_product_efficient_attention.default,
-    _aten._scaled_dot_product_cudnn_attention.default,
-    torch.ops._c10d_functional.reduce_scatter_tensor.default,
-    torch.ops._c10d_functional.all_reduce.default,
-})
+SELECTIVE_SAVED_OPS = frozenset(
+    {
+        _aten.mm.default,
+        _aten.addmm.default,
+        _aten._scaled_mm.default,
+        _aten._scaled_dot_product_flash_attention.default,
+        _aten._scaled_dot_product_flash_attention_for_cpu.default,
+        _aten._scaled_dot_product_efficient_attention.default,
+        _aten._scaled_dot_product_cudnn_attention.default,
+        torch.ops._c10d_functional.reduce_scatter_tensor.default,
+        torch.ops._c10d_functional.all_reduce.default,
+    }
+)
 """Ops whose outputs `ac="selective"` keeps; every other op is recomputed in backward."""
 
 
 def _selective_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
-    return (CheckpointPolicy.MUST_SAVE if op in SELECTIVE_SAVED_OPS
-            else CheckpointPolicy.PREFER_RECOMPUTE)
+    return (
+        CheckpointPolicy.MUST_SAVE
+        if op in SELECTIVE_SAVED_OPS
+        else CheckpointPolicy.PREFER_RECOMPUTE
+    )
 
 
 def _selective_context():
@@ -73,8 +78,9 @@ def _wrap(module: nn.Module, *, selective: bool) -> nn.Module:
     if isinstance(module, CheckpointWrapper):  # idempotent: applying twice changes nothing
         return module
     kw = {"context_fn": _selective_context} if selective else {}
-    return checkpoint_wrapper(module, checkpoint_impl=CheckpointImpl.NO_REENTRANT,
-                              preserve_rng_state=True, **kw)
+    return checkpoint_wrapper(
+        module, checkpoint_impl=CheckpointImpl.NO_REENTRANT, preserve_rng_state=True, **kw
+    )
 
 
 def apply_ac(model: Transformer, mode: str) -> None:

@@ -41,8 +41,15 @@ from torch import nn
 
 from scaletrain.models.transformer import Transformer
 
-__all__ = ["RingAttentionCore", "apply_cp", "attach_cp_positions", "cp_shard", "cp_unshard",
-           "cp_positions", "ring_attention"]
+__all__ = [
+    "RingAttentionCore",
+    "apply_cp",
+    "attach_cp_positions",
+    "cp_shard",
+    "cp_unshard",
+    "cp_positions",
+    "ring_attention",
+]
 
 
 def _as_group(group_or_mesh) -> dist.ProcessGroup | None:
@@ -54,6 +61,7 @@ def _as_group(group_or_mesh) -> dist.ProcessGroup | None:
 
 # ---------------------------------------------------------------------------------------------
 # load-balanced sharding
+
 
 def _chunk_ids(rank: int, size: int) -> tuple[int, int]:
     return rank, 2 * size - 1 - rank
@@ -67,8 +75,10 @@ def cp_shard(x: torch.Tensor, rank: int, size: int, dim: int = 1) -> torch.Tenso
     if size == 1:
         return x
     if x.shape[dim] % (2 * size):
-        raise ValueError(f"sequence length {x.shape[dim]} must divide by 2*cp={2 * size}; "
-                         "choose batch.seq_len as a multiple of 2*parallel.cp")
+        raise ValueError(
+            f"sequence length {x.shape[dim]} must divide by 2*cp={2 * size}; "
+            "choose batch.seq_len as a multiple of 2*parallel.cp"
+        )
     chunks = x.chunk(2 * size, dim=dim)
     a, b = _chunk_ids(rank, size)
     return torch.cat([chunks[a], chunks[b]], dim=dim)
@@ -89,8 +99,9 @@ def cp_unshard(shards: list[torch.Tensor], dim: int = 1) -> torch.Tensor:
     return torch.cat(chunks, dim=dim)
 
 
-def cp_positions(seq_len: int, rank: int, size: int,
-                 device: torch.device | str = "cpu") -> torch.Tensor:
+def cp_positions(
+    seq_len: int, rank: int, size: int, device: torch.device | str = "cpu"
+) -> torch.Tensor:
     """Global position ids (T/cp,) of rank `rank`'s shard, for `model(tokens, positions)`."""
     return cp_shard(torch.arange(seq_len, device=device), rank, size, dim=0)
 
@@ -122,10 +133,12 @@ def attach_cp_positions(stage: nn.Module, rank: int, size: int) -> nn.Module:
 # ---------------------------------------------------------------------------------------------
 # per-block kernels: (out, lse) forward and (dq, dk, dv) backward on (B, nh, Tq/Tk, hd)
 
+
 def _block_fwd(q, k, v, causal: bool, scale: float):
     if q.device.type == "cpu":
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, 0.0, causal, scale=scale)
+            q, k, v, 0.0, causal, scale=scale
+        )
         return out, lse.float()
     return _math_block_fwd(q, k, v, causal, scale)
 
@@ -150,7 +163,8 @@ def _block_bwd(dout, q, k, v, out, lse, causal: bool, scale: float):
     if q.device.type == "cpu":
         c = [t.contiguous() for t in (dout, q, k, v, out)]
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            *c, lse.contiguous(), 0.0, causal, scale=scale)
+            *c, lse.contiguous(), 0.0, causal, scale=scale
+        )
     return _math_block_bwd(dout, q, k, v, out, lse, causal, scale)
 
 
@@ -183,8 +197,9 @@ def _doc_mask(documents: torch.Tensor, rank: int, src: int, size: int) -> torch.
 def _merge(out, lse, blk_out, blk_lse):
     """Exact online-softmax merge of two partial attentions over disjoint key sets (fp32)."""
     new_lse = torch.logaddexp(lse, blk_lse)
-    out = (out * torch.exp(lse - new_lse).unsqueeze(-1)
-           + blk_out.float() * torch.exp(blk_lse - new_lse).unsqueeze(-1))
+    out = out * torch.exp(lse - new_lse).unsqueeze(-1) + blk_out.float() * torch.exp(
+        blk_lse - new_lse
+    ).unsqueeze(-1)
     return out, new_lse
 
 
@@ -204,6 +219,7 @@ def _reduce_heads(dx: torch.Tensor, num_rep: int) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------
 # ring communication
 
+
 class _Ring:
     """Send to rank+1 / receive from rank−1 of `group`, asynchronously."""
 
@@ -211,8 +227,10 @@ class _Ring:
         if group is None:
             group = dist.group.WORLD
             if group is None:
-                raise RuntimeError("ring attention needs a process group: call "
-                                   "torch.distributed.init_process_group first")
+                raise RuntimeError(
+                    "ring attention needs a process group: call "
+                    "torch.distributed.init_process_group first"
+                )
         self.group = group
         self.rank, self.size = dist.get_rank(self.group), dist.get_world_size(self.group)
         # P2POp takes global ranks
@@ -222,8 +240,10 @@ class _Ring:
     def shift(self, buf: torch.Tensor) -> tuple[torch.Tensor, list]:
         """Start sending `buf` forward; returns (receive buffer, works to wait on)."""
         recv = torch.empty_like(buf)
-        ops = [dist.P2POp(dist.isend, buf, self.next, self.group),
-               dist.P2POp(dist.irecv, recv, self.prev, self.group)]
+        ops = [
+            dist.P2POp(dist.isend, buf, self.next, self.group),
+            dist.P2POp(dist.irecv, recv, self.prev, self.group),
+        ]
         return recv, dist.batch_isend_irecv(ops)
 
 
@@ -305,15 +325,17 @@ class _RingAttention(torch.autograd.Function):
                 dkv[0] += _reduce_heads(gk, num_rep)
                 dkv[1] += _reduce_heads(gv, num_rep)
             elif src < r:
-                gq, gk, gv = _block_bwd(dout, q, kb[:, :, :half], vb[:, :, :half], out, lse,
-                                        False, scale)
+                gq, gk, gv = _block_bwd(
+                    dout, q, kb[:, :, :half], vb[:, :, :half], out, lse, False, scale
+                )
                 dq += gq
                 dkv[0, :, :, :half] += _reduce_heads(gk, num_rep)
                 dkv[1, :, :, :half] += _reduce_heads(gv, num_rep)
             else:
                 s = slice(half, None)
-                gq, gk, gv = _block_bwd(dout[:, :, s], q[:, :, s], kb, vb, out[:, :, s],
-                                        lse[:, :, s], False, scale)
+                gq, gk, gv = _block_bwd(
+                    dout[:, :, s], q[:, :, s], kb, vb, out[:, :, s], lse[:, :, s], False, scale
+                )
                 dq[:, :, s] += gq
                 dkv[0] += _reduce_heads(gk, num_rep)
                 dkv[1] += _reduce_heads(gv, num_rep)
@@ -327,9 +349,13 @@ class _RingAttention(torch.autograd.Function):
         return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None
 
 
-def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                   group: dist.ProcessGroup | None = None,
-                   documents: torch.Tensor | None = None) -> torch.Tensor:
+def ring_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    group: dist.ProcessGroup | None = None,
+    documents: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Causal attention over the whole sequence from each rank's load-balanced shard.
 
     q: (B, nh, T/cp, hd); k, v: (B, nkv, T/cp, hd), nh a multiple of nkv; shards laid out by
@@ -339,10 +365,14 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """
     if q.shape[2] % 2:
         raise ValueError(f"local sequence length {q.shape[2]} must be even (2 chunks per rank)")
-    if documents is not None and documents.shape != (q.shape[0], q.shape[2] * (
-            dist.get_world_size(group) if dist.is_initialized() else 1)):
-        raise ValueError(f"documents {tuple(documents.shape)}: expected (B, T) of the whole "
-                         f"sequence, B={q.shape[0]}, T = local length {q.shape[2]} * cp")
+    if documents is not None and documents.shape != (
+        q.shape[0],
+        q.shape[2] * (dist.get_world_size(group) if dist.is_initialized() else 1),
+    ):
+        raise ValueError(
+            f"documents {tuple(documents.shape)}: expected (B, T) of the whole "
+            f"sequence, B={q.shape[0]}, T = local length {q.shape[2]} * cp"
+        )
     return _RingAttention.apply(q, k, v, group, documents)
 
 
@@ -353,8 +383,13 @@ class RingAttentionCore(nn.Module):
         super().__init__()
         self.group = group
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                documents: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        documents: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         return ring_attention(q, k, v, self.group, documents)
 
 

@@ -27,9 +27,15 @@ from torch.distributed.tensor import DTensor
 __all__ = ["apply_ddp", "apply_manual_grad_sync", "is_expert", "sync_gradients", "maybe_no_sync"]
 
 
-def apply_ddp(model: nn.Module, mesh: DeviceMesh, *, bucket_cap_mb: float = 25.0,
-              compression: str = "none", powersgd_rank: int = 2,
-              powersgd_start_step: int = 10) -> nn.Module:
+def apply_ddp(
+    model: nn.Module,
+    mesh: DeviceMesh,
+    *,
+    bucket_cap_mb: float = 25.0,
+    compression: str = "none",
+    powersgd_rank: int = 2,
+    powersgd_start_step: int = 10,
+) -> nn.Module:
     """All-reduce (average) gradients over `mesh` (1-D: the dp x cp ranks); in place.
 
     compression='powersgd' replaces each bucket's all-reduce by PowerSGD (Vogels et al. 2019):
@@ -43,10 +49,13 @@ def apply_ddp(model: nn.Module, mesh: DeviceMesh, *, bucket_cap_mb: float = 25.0
     if compression == "powersgd":
         from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 
-        state = psgd.PowerSGDState(process_group=mesh.get_group(),
-                                   matrix_approximation_rank=powersgd_rank,
-                                   start_powerSGD_iter=powersgd_start_step,
-                                   use_error_feedback=True, warm_start=True)
+        state = psgd.PowerSGDState(
+            process_group=mesh.get_group(),
+            matrix_approximation_rank=powersgd_rank,
+            start_powerSGD_iter=powersgd_start_step,
+            use_error_feedback=True,
+            warm_start=True,
+        )
         model.register_comm_hook(state, psgd.powerSGD_hook)
     return model
 
@@ -59,8 +68,9 @@ def is_expert(t: torch.Tensor) -> bool:
     return isinstance(t, DTensor) and "ep" in (t.device_mesh.mesh_dim_names or ())
 
 
-def apply_manual_grad_sync(model: nn.Module, mesh: DeviceMesh, *, experts: bool = False
-                           ) -> nn.Module:
+def apply_manual_grad_sync(
+    model: nn.Module, mesh: DeviceMesh, *, experts: bool = False
+) -> nn.Module:
     """Data parallelism for models holding DTensor parameters: tensor-parallel shards (tp > 1)
     and / or expert-parallel experts (ep > 1).
 
@@ -111,8 +121,9 @@ def _average(grads: list[torch.Tensor], mesh: DeviceMesh) -> None:
         flat = torch._utils._flatten_dense_tensors(bucket)  # one collective per bucket
         dist.all_reduce(flat, group=mesh.get_group())
         flat /= mesh.size()
-        for g, synced in zip(bucket, torch._utils._unflatten_dense_tensors(flat, bucket),
-                             strict=True):
+        for g, synced in zip(
+            bucket, torch._utils._unflatten_dense_tensors(flat, bucket), strict=True
+        ):
             g.copy_(synced)
 
 

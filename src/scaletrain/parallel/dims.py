@@ -46,8 +46,9 @@ class ParallelDims:
     _fsdp_2d: DeviceMesh | None = field(default=None, repr=False)
 
     @classmethod
-    def from_layout(cls, layout: Layout, world_size: int,
-                    model: ModelConfig | None = None, **check_kw) -> ParallelDims:
+    def from_layout(
+        cls, layout: Layout, world_size: int, model: ModelConfig | None = None, **check_kw
+    ) -> ParallelDims:
         """Validate `layout` against the world size (and the model when given).
 
         `check_kw` (seq_len, global_batch, micro_batch) are forwarded to `check_layout`. Without
@@ -59,8 +60,11 @@ class ParallelDims:
         from scaletrain.config import ConfigError, composition_problems
 
         if layout.world_size != world_size:
-            raise ConfigError("parallel", f"dp*tp*pp*cp={layout.world_size}",
-                              f"the degrees must multiply to the world size {world_size}")
+            raise ConfigError(
+                "parallel",
+                f"dp*tp*pp*cp={layout.world_size}",
+                f"the degrees must multiply to the world size {world_size}",
+            )
         problems = composition_problems(layout)
         if problems:
             raise problems[0]
@@ -114,13 +118,16 @@ class ParallelDims:
             return self.mesh
         mesh = init_device_mesh(device_type, self.shape, mesh_dim_names=MESH_AXES)
         # Kept here: slicing flattened names back out of the root mesh is deprecated in torch.
-        self._flat = {"dp": mesh["dp_replicate", "dp_shard"]._flatten("dp"),
-                      "dp_shard_cp": mesh["dp_shard", "cp"]._flatten("dp_shard_cp"),
-                      "dp_cp": mesh["dp_replicate", "dp_shard", "cp"]._flatten("dp_cp")}
+        self._flat = {
+            "dp": mesh["dp_replicate", "dp_shard"]._flatten("dp"),
+            "dp_shard_cp": mesh["dp_shard", "cp"]._flatten("dp_shard_cp"),
+            "dp_cp": mesh["dp_replicate", "dp_shard", "cp"]._flatten("dp_cp"),
+        }
         # Expert parallel takes its ranks from dp x cp: groups of `ep` adjacent dp_cp ranks.
         dp_cp = self.layout.dp * self.cp
-        ep_2d = self._flat["dp_cp"]._unflatten(0, (dp_cp // self.ep, self.ep),
-                                               ("ep_replicate", "ep"))
+        ep_2d = self._flat["dp_cp"]._unflatten(
+            0, (dp_cp // self.ep, self.ep), ("ep_replicate", "ep")
+        )
         self._flat["ep"], self._flat["ep_replicate"] = ep_2d["ep"], ep_2d["ep_replicate"]
         # every named axis sliced now, once: a mesh sliced later inside fake mode (the
         # dry-run's step) would get a fake rank tensor and could not say which ranks it holds

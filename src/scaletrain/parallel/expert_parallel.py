@@ -47,7 +47,6 @@ from scaletrain.models.moe import (
 __all__ = ["ExpertParallelExperts", "all_to_all", "apply_ep"]
 
 
-
 def _as_mesh(group_or_mesh) -> DeviceMesh | None:
     if group_or_mesh is None or isinstance(group_or_mesh, DeviceMesh):
         return group_or_mesh
@@ -67,13 +66,16 @@ class _AllToAll(torch.autograd.Function):
     def backward(ctx, grad):
         out_splits, in_splits = ctx.splits
         grad_in = grad.new_empty((sum(in_splits), *grad.shape[1:]))
-        dist.all_to_all_single(grad_in, grad.contiguous(), in_splits, out_splits,
-                               group=ctx.group)
+        dist.all_to_all_single(grad_in, grad.contiguous(), in_splits, out_splits, group=ctx.group)
         return grad_in, None, None, None
 
 
-def all_to_all(x: torch.Tensor, out_splits: list[int], in_splits: list[int],
-               group: dist.ProcessGroup | None = None) -> torch.Tensor:
+def all_to_all(
+    x: torch.Tensor,
+    out_splits: list[int],
+    in_splits: list[int],
+    group: dist.ProcessGroup | None = None,
+) -> torch.Tensor:
     """Differentiable `all_to_all_single` along dim 0 with uneven splits (rows per rank)."""
     return _AllToAll.apply(x, out_splits, in_splits, group)
 
@@ -110,9 +112,10 @@ class ExpertParallelExperts(GroupedExperts):
             if p is None:
                 setattr(self, name, None)
                 continue
-            local = p.detach()[lo:lo + self.num_experts].clone()
-            dt = DTensor.from_local(local, mesh, [Shard(0)], run_check=False,
-                                    shape=p.shape, stride=p.stride())
+            local = p.detach()[lo : lo + self.num_experts].clone()
+            dt = DTensor.from_local(
+                local, mesh, [Shard(0)], run_check=False, shape=p.shape, stride=p.stride()
+            )
             setattr(self, name, nn.Parameter(dt, requires_grad=p.requires_grad))
 
     def _local_weights(self) -> ExpertWeights:
@@ -122,8 +125,9 @@ class ExpertParallelExperts(GroupedExperts):
 
         return self.weights().map(local)
 
-    def _balanced_splits(self, counts: torch.Tensor | list[int]) -> tuple[
-            list[int], list[int], list[list[int]], list[list[int]], list[int]]:
+    def _balanced_splits(
+        self, counts: torch.Tensor | list[int]
+    ) -> tuple[list[int], list[int], list[list[int]], list[list[int]], list[int]]:
         """The count exchange answered locally for fake tensors (no values to exchange).
 
         `counts` are this rank's balanced per-expert counts (`models.moe.balanced_counts`);
@@ -133,14 +137,15 @@ class ExpertParallelExperts(GroupedExperts):
         """
         ep, el = self.ep_size, self.num_experts
         counts = list(counts)
-        send = [sum(counts[d * el:(d + 1) * el]) for d in range(ep)]
-        mine = counts[self.ep_rank * el:(self.ep_rank + 1) * el]
+        send = [sum(counts[d * el : (d + 1) * el]) for d in range(ep)]
+        mine = counts[self.ep_rank * el : (self.ep_rank + 1) * el]
         sizes = [list(mine) for _ in range(ep)]
         recv = [sum(mine)] * ep
         return send, recv, _cumulative_starts(sizes), sizes, [n * ep for n in mine]
 
-    def forward(self, x_sorted: torch.Tensor,
-                num_tokens_per_expert: torch.Tensor | list[int]) -> torch.Tensor:
+    def forward(
+        self, x_sorted: torch.Tensor, num_tokens_per_expert: torch.Tensor | list[int]
+    ) -> torch.Tensor:
         ep, el = self.ep_size, self.num_experts
         if is_fake(x_sorted):
             send, recv, starts, sizes, per_expert = self._balanced_splits(num_tokens_per_expert)
@@ -157,14 +162,19 @@ class ExpertParallelExperts(GroupedExperts):
         x_recv = all_to_all(x_sorted, recv, send, self.group)  # (sum recv, h), source-major
 
         # source-major -> local-expert-major row order
-        order = [torch.arange(starts[s][e], starts[s][e] + sizes[s][e])
-                 for e in range(el) for s in range(ep)]
+        order = [
+            torch.arange(starts[s][e], starts[s][e] + sizes[s][e])
+            for e in range(el)
+            for s in range(ep)
+        ]
         perm = torch.cat(order).to(x_sorted.device)  # (sum recv,)
         x_local = x_recv[perm]
 
         local = self._local_weights()
-        outs = [expert_mlp(chunk, self.activation, *local.at(e), linear=self.linear)
-                for e, chunk in enumerate(torch.split(x_local, per_expert))]
+        outs = [
+            expert_mlp(chunk, self.activation, *local.at(e), linear=self.linear)
+            for e, chunk in enumerate(torch.split(x_local, per_expert))
+        ]
         y_local = torch.cat(outs, 0)
         y_local = torch.empty_like(y_local).index_copy(0, perm, y_local)  # source-major again
         return all_to_all(y_local, send, recv, self.group)  # (N*k, h), back in sorted order
@@ -194,7 +204,8 @@ def apply_ep(model: nn.Module, ep_mesh_or_group) -> nn.Module:
     for m in model.modules():
         if isinstance(m, MoE) and not isinstance(m.experts, ExpertParallelExperts):
             if m.num_experts % mesh.size():
-                raise ValueError(f"parallel.ep={mesh.size()} must divide "
-                                 f"model.num_experts={m.num_experts}")
+                raise ValueError(
+                    f"parallel.ep={mesh.size()} must divide model.num_experts={m.num_experts}"
+                )
             m.experts = ExpertParallelExperts(m.experts, mesh)
     return model

@@ -39,7 +39,6 @@ from scaletrain.models.transformer import Transformer
 __all__ = ["apply_fsdp", "mp_policy"]
 
 
-
 def mp_policy(dtype: str, reduce_dtype: str) -> MixedPrecisionPolicy:
     """FSDP2 mixed precision from `precision.dtype` / `precision.reduce_dtype`.
 
@@ -48,19 +47,26 @@ def mp_policy(dtype: str, reduce_dtype: str) -> MixedPrecisionPolicy:
     fp32 compute means no casting at all.
     """
     if dtype not in PRECISION_TABLE:
-        raise ConfigError("precision.dtype", dtype,
-                          f"choose one of {', '.join(PRECISION_TABLE)}")
+        raise ConfigError("precision.dtype", dtype, f"choose one of {', '.join(PRECISION_TABLE)}")
     spec = PRECISION_TABLE[dtype]
     if not spec.mixed:
         return MixedPrecisionPolicy()
-    return MixedPrecisionPolicy(param_dtype=getattr(torch, spec.compute),
-                                reduce_dtype=getattr(torch, REDUCE_DTYPES[reduce_dtype]))
+    return MixedPrecisionPolicy(
+        param_dtype=getattr(torch, spec.compute),
+        reduce_dtype=getattr(torch, REDUCE_DTYPES[reduce_dtype]),
+    )
 
 
-def apply_fsdp(model: Transformer, mesh: DeviceMesh, *, reshard_after_forward: bool,
-               mp: MixedPrecisionPolicy | None = None, offload_params: bool = False,
-               prefetch: bool = True, ignored_params: set[nn.Parameter] | None = None
-               ) -> Transformer:
+def apply_fsdp(
+    model: Transformer,
+    mesh: DeviceMesh,
+    *,
+    reshard_after_forward: bool,
+    mp: MixedPrecisionPolicy | None = None,
+    offload_params: bool = False,
+    prefetch: bool = True,
+    ignored_params: set[nn.Parameter] | None = None,
+) -> Transformer:
     """Shard `model` in place: each block of `model.layers`, then the root.
 
     mesh: 1-D (dp_shard x cp) for ZeRO-2/3, 2-D (dp_replicate, dp_shard x cp) for HSDP.
@@ -71,13 +77,22 @@ def apply_fsdp(model: Transformer, mesh: DeviceMesh, *, reshard_after_forward: b
     ignored_params: left alone (expert-parallel experts, already split over the dp ranks).
     """
     # Pinned host memory speeds up host<->device copies but needs an accelerator to exist.
-    offload = (CPUOffloadPolicy(pin_memory=torch.accelerator.is_available())
-               if offload_params else OffloadPolicy())
-    kw: dict = {"mesh": mesh, "mp_policy": mp or MixedPrecisionPolicy(),
-                "offload_policy": offload, "ignored_params": ignored_params or None}
+    offload = (
+        CPUOffloadPolicy(pin_memory=torch.accelerator.is_available())
+        if offload_params
+        else OffloadPolicy()
+    )
+    kw: dict = {
+        "mesh": mesh,
+        "mp_policy": mp or MixedPrecisionPolicy(),
+        "offload_policy": offload,
+        "ignored_params": ignored_params or None,
+    }
     # each block (a TransformerBlock, or its AC wrapper) in place; fully_shard returns it
-    fsdp_blocks = [fully_shard(block, reshard_after_forward=reshard_after_forward, **kw)
-                   for block in model.layers.values()]
+    fsdp_blocks = [
+        fully_shard(block, reshard_after_forward=reshard_after_forward, **kw)
+        for block in model.layers.values()
+    ]
     fully_shard(model, reshard_after_forward=reshard_after_forward, **kw)
     if prefetch and len(fsdp_blocks) > 1:
         for i, block in enumerate(fsdp_blocks):

@@ -36,11 +36,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world_size: int, port: int, out_dir: str, fn: Callable[..., Any],
-            args: tuple, threads: int) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-                      LOCAL_WORLD_SIZE=str(world_size))
+def _worker(
+    rank: int,
+    world_size: int,
+    port: int,
+    out_dir: str,
+    fn: Callable[..., Any],
+    args: tuple,
+    threads: int,
+) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+    )
     # this group hosts its own store on rank 0; a flag inherited from an enclosing torchrun
     # would make every rank a client of a store that nobody serves (a silent hang)
     os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
@@ -51,8 +63,10 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str, fn: Callable[..
         result = fn(*args)
         torch.save({"ok": True, "result": result}, out)
     except BaseException as e:  # report every failure to the parent, then re-raise
-        torch.save({"ok": False, "error": traceback.format_exc(), "exc": _portable(e),
-                    "t": time.time()}, out)
+        torch.save(
+            {"ok": False, "error": traceback.format_exc(), "exc": _portable(e), "t": time.time()},
+            out,
+        )
         raise
     finally:
         if dist.is_initialized():
@@ -77,8 +91,9 @@ def _portable(e: BaseException) -> bytes | None:
     return data
 
 
-def _rank_failure(tmp: Path, world_size: int, e: Exception,
-                  exit_codes: list[int | None] | None = None) -> BaseException:
+def _rank_failure(
+    tmp: Path, world_size: int, e: Exception, exit_codes: list[int | None] | None = None
+) -> BaseException:
     """What the parent raises when a rank failed: the exception of the rank that failed first
     (the others' failures follow from it: a peer gone mid-collective), itself when it is a
     `ConfigError` or a RuntimeError (a prepared one, e.g. CheckpointError, then reads as the same
@@ -105,8 +120,10 @@ def _rank_failure(tmp: Path, world_size: int, e: Exception,
     if silent is not None:
         # it died without a Python error (os._exit, a crash); the others' errors (a peer
         # gone mid-collective) follow from it
-        return RuntimeError(f"distributed run failed: rank {silent[0]} ended with {silent[1]} "
-                            "without a Python error (killed, out of memory, or crashed)")
+        return RuntimeError(
+            f"distributed run failed: rank {silent[0]} ended with {silent[1]} "
+            "without a Python error (killed, out of memory, or crashed)"
+        )
     if not failed:
         return RuntimeError(f"distributed run failed: {e}")
     # every failed rank left a record: the earliest is the root (torch's order of exited
@@ -133,8 +150,13 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, threads: int = 1)
     `__cause__` holds the rank's traceback), or a RuntimeError carrying that rank's traceback.
     """
     with tempfile.TemporaryDirectory() as tmp:
-        ctx = mp.start_processes(_worker, args=(world_size, free_port(), tmp, fn, args, threads),
-                                 nprocs=world_size, join=False, start_method="spawn")
+        ctx = mp.start_processes(
+            _worker,
+            args=(world_size, free_port(), tmp, fn, args, threads),
+            nprocs=world_size,
+            join=False,
+            start_method="spawn",
+        )
         # torch logs a warning per peer it stops after the first failure: the failure itself is
         # what the user needs to read, once
         spawn_log = logging.getLogger("torch.multiprocessing.spawn")
@@ -171,8 +193,9 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, threads: int = 1)
 _ATTEMPT = "scaletrain/attempt"
 
 
-def attempt_store(store: dist.Store, rank: int, world_size: int,
-                  timeout: datetime.timedelta, poll_s: float = 0.02) -> dist.PrefixStore:
+def attempt_store(
+    store: dist.Store, rank: int, world_size: int, timeout: datetime.timedelta, poll_s: float = 0.02
+) -> dist.PrefixStore:
     """`store` seen through a key prefix that every rank of this launch agrees on and that no
     earlier launch against the same store used.
 
@@ -210,8 +233,9 @@ def attempt_store(store: dist.Store, rank: int, world_size: int,
 
 def _wait_or_raise(deadline: float, poll_s: float, what: str, n: int) -> None:
     if time.monotonic() > deadline:
-        raise TimeoutError(f"process-group bootstrap timed out {what} {n} (is every rank of "
-                           "this launch running?)")
+        raise TimeoutError(
+            f"process-group bootstrap timed out {what} {n} (is every rank of this launch running?)"
+        )
     time.sleep(poll_s)
 
 
@@ -229,37 +253,62 @@ def rendezvous_store(env: LaunchEnv, timeout: datetime.timedelta) -> dist.Store:
     secs = f"{timeout.total_seconds():g} s (train.rendezvous_timeout_s)"
     if env.agent_store:
         try:
-            return attempt_store(dist.TCPStore(env.master_addr or "", env.master_port or 0,
-                                               is_master=False, timeout=timeout),
-                                 env.rank, env.world_size, timeout)
+            return attempt_store(
+                dist.TCPStore(
+                    env.master_addr or "", env.master_port or 0, is_master=False, timeout=timeout
+                ),
+                env.rank,
+                env.world_size,
+                timeout,
+            )
         except (TimeoutError, dist.DistError) as e:
-            raise ConfigError("WORLD_SIZE", str(env.world_size),
-                              f"rank {env.rank} found no complete launch at the torchrun store "
-                              f"{where} within {secs} ({_first_line(e)}); {LAUNCH_FIX}") from None
+            raise ConfigError(
+                "WORLD_SIZE",
+                str(env.world_size),
+                f"rank {env.rank} found no complete launch at the torchrun store "
+                f"{where} within {secs} ({_first_line(e)}); {LAUNCH_FIX}",
+            ) from None
     deadline = time.monotonic() + timeout.total_seconds()
     if env.rank > 0 and not _reachable(env.master_addr or "", env.master_port or 0, deadline):
         # probed here: torch's client would log a C++ stack trace per retry before giving up
-        raise ConfigError("MASTER_ADDR", env.master_addr,
-                          f"rank {env.rank} reached no rank 0 at {where} within {secs}: start rank "
-                          f"0 there, or fix MASTER_ADDR/MASTER_PORT; {LAUNCH_FIX}")
+        raise ConfigError(
+            "MASTER_ADDR",
+            env.master_addr,
+            f"rank {env.rank} reached no rank 0 at {where} within {secs}: start rank "
+            f"0 there, or fix MASTER_ADDR/MASTER_PORT; {LAUNCH_FIX}",
+        )
     try:
-        store = dist.TCPStore(env.master_addr or "", env.master_port or 0, env.world_size,
-                              is_master=env.rank == 0, timeout=timeout, wait_for_workers=False)
+        store = dist.TCPStore(
+            env.master_addr or "",
+            env.master_port or 0,
+            env.world_size,
+            is_master=env.rank == 0,
+            timeout=timeout,
+            wait_for_workers=False,
+        )
     except (RuntimeError, dist.DistError) as e:
         if env.rank == 0:
-            fix = (f"rank 0 could not serve the rendezvous at {where} ({_first_line(e)}): "
-                   "choose a free MASTER_PORT on this host")
+            fix = (
+                f"rank 0 could not serve the rendezvous at {where} ({_first_line(e)}): "
+                "choose a free MASTER_PORT on this host"
+            )
             raise ConfigError("MASTER_PORT", str(env.master_port), fix) from None
-        raise ConfigError("MASTER_ADDR", env.master_addr,
-                          f"rank {env.rank} reached no rank 0 at {where} within {secs}: start rank "
-                          f"0 there, or fix MASTER_ADDR/MASTER_PORT; {LAUNCH_FIX}") from None
+        raise ConfigError(
+            "MASTER_ADDR",
+            env.master_addr,
+            f"rank {env.rank} reached no rank 0 at {where} within {secs}: start rank "
+            f"0 there, or fix MASTER_ADDR/MASTER_PORT; {LAUNCH_FIX}",
+        ) from None
     key = "scaletrain/rendezvous"
     joined = store.add(key, 1)
     while joined < env.world_size:
         if time.monotonic() > deadline:
-            raise ConfigError("WORLD_SIZE", str(env.world_size),
-                              f"only {joined} of {env.world_size} ranks reached the rendezvous at "
-                              f"{where} within {secs}; {LAUNCH_FIX}")
+            raise ConfigError(
+                "WORLD_SIZE",
+                str(env.world_size),
+                f"only {joined} of {env.world_size} ranks reached the rendezvous at "
+                f"{where} within {secs}; {LAUNCH_FIX}",
+            )
         time.sleep(0.05)
         joined = store.add(key, 0)
     return store

@@ -22,14 +22,17 @@ from .tensor_parallel import apply_tp
 __all__ = ["parallelize", "uses_ddp", "uses_fsdp"]
 
 
-def _check(dims: ParallelDims, memory: MemoryConfig, precision: PrecisionConfig,
-           moe: bool) -> None:
+def _check(dims: ParallelDims, memory: MemoryConfig, precision: PrecisionConfig, moe: bool) -> None:
     # the layout rules (tp over DDP, ep vs dp*cp, ...) were checked when `dims` was built
     # (`ParallelDims.from_layout`, `config.composition_problems`); these involve the options
-    problems = option_problems(dims.layout, offload=memory.offload,
-                               fp8_all_gather=precision.fp8_all_gather,
-                               precision=precision.dtype,
-                               grad_compression=precision.grad_compression, moe=moe)
+    problems = option_problems(
+        dims.layout,
+        offload=memory.offload,
+        fp8_all_gather=precision.fp8_all_gather,
+        precision=precision.dtype,
+        grad_compression=precision.grad_compression,
+        moe=moe,
+    )
     if problems:
         raise problems[0]
 
@@ -49,9 +52,16 @@ def uses_ddp(dims: ParallelDims, memory: MemoryConfig) -> bool:
     return not uses_fsdp(dims, memory) and ddp_reducer(dims.layout)
 
 
-def parallelize(model: Transformer, dims: ParallelDims, *, precision: PrecisionConfig,
-                memory: MemoryConfig, compile: bool = False, loss_parallel: bool = True,
-                ddp: bool = True) -> Transformer:
+def parallelize(
+    model: Transformer,
+    dims: ParallelDims,
+    *,
+    precision: PrecisionConfig,
+    memory: MemoryConfig,
+    compile: bool = False,
+    loss_parallel: bool = True,
+    ddp: bool = True,
+) -> Transformer:
     """Apply fp8 linears, TP/SP, CP, EP, AC, compile, then FSDP (ZeRO-2/3, HSDP) or DDP (ZeRO-0/1).
 
     `dims.build_mesh()` must have been called. With tp > 1 and `loss_parallel`, the model
@@ -67,8 +77,13 @@ def parallelize(model: Transformer, dims: ParallelDims, *, precision: PrecisionC
     if dims.tp > 1:
         # MoE experts: split over tp without expert parallelism, else whole per tp rank for EP
         # to split (the rule lives in config.layout_problems)
-        apply_tp(model, dims.submesh("tp"), sp=dims.sp, loss_parallel=loss_parallel,
-                 shard_experts=dims.ep == 1)
+        apply_tp(
+            model,
+            dims.submesh("tp"),
+            sp=dims.sp,
+            loss_parallel=loss_parallel,
+            shard_experts=dims.ep == 1,
+        )
     if dims.cp > 1:
         from .context_parallel import apply_cp
 
@@ -98,14 +113,23 @@ def parallelize(model: Transformer, dims: ParallelDims, *, precision: PrecisionC
         # ranks and their gradients scaled to the ep group's mean by EP: FSDP leaves them
         # alone; their replicas (ep < dp*cp) are averaged below.
         experts = {p for p in model.parameters() if is_expert(p)}
-        apply_fsdp(model, dims.fsdp_mesh(), reshard_after_forward=dims.zero == 3,
-                   mp=mp_policy(precision.dtype, precision.reduce_dtype),
-                   offload_params=offload, ignored_params=experts)
+        apply_fsdp(
+            model,
+            dims.fsdp_mesh(),
+            reshard_after_forward=dims.zero == 3,
+            mp=mp_policy(precision.dtype, precision.reduce_dtype),
+            offload_params=offload,
+            ignored_params=experts,
+        )
     elif uses_ddp(dims, memory):
         if ddp:
-            apply_ddp(model, dims.submesh("dp_cp"), compression=precision.grad_compression,
-                      powersgd_rank=precision.powersgd_rank,
-                      powersgd_start_step=precision.powersgd_start_step)
+            apply_ddp(
+                model,
+                dims.submesh("dp_cp"),
+                compression=precision.grad_compression,
+                powersgd_rank=precision.powersgd_rank,
+                powersgd_start_step=precision.powersgd_start_step,
+            )
     elif dims.ddp_enabled:  # DTensor parameters or pipeline stages (see `uses_ddp`)
         apply_manual_grad_sync(model, dims.submesh("dp_cp"))
     if dims.ep > 1 and dims.submesh("ep_replicate").size() > 1:

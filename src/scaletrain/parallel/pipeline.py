@@ -74,8 +74,12 @@ from scaletrain.models.transformer import Transformer
 
 __all__ = ["PipelineRuntime", "build_pipeline", "split_layers", "stage_ids", "split_stage"]
 
-_SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B,
-              "interleaved": ScheduleInterleaved1F1B, "zero-bubble": ScheduleInterleavedZeroBubble}
+_SCHEDULES = {
+    "gpipe": ScheduleGPipe,
+    "1f1b": Schedule1F1B,
+    "interleaved": ScheduleInterleaved1F1B,
+    "zero-bubble": ScheduleInterleavedZeroBubble,
+}
 _SINGLE_STAGE = ("gpipe", "1f1b")
 
 
@@ -106,11 +110,12 @@ def split_stage(model: Transformer, stage: int, num_stages: int) -> Transformer:
         mod.output = None
     elif num_stages > 1 and _tied(model):
         if model.tok_embeddings is None:
-            raise ValueError("split_stage: a tied-embedding model must hold its embedding "
-                             "(split the whole model, not a pipeline stage of it)")
+            raise ValueError(
+                "split_stage: a tied-embedding model must hold its embedding "
+                "(split the whole model, not a pipeline stage of it)"
+            )
         w = model.tok_embeddings.weight
-        mod.output = nn.Linear(w.shape[1], w.shape[0], bias=False, device=w.device,
-                               dtype=w.dtype)
+        mod.output = nn.Linear(w.shape[1], w.shape[0], bias=False, device=w.device, dtype=w.dtype)
     return mod
 
 
@@ -212,8 +217,7 @@ class PipelineRuntime:
         the first stage)."""
         if self.tied_group is None or not self.is_last:
             return []
-        return [_weight(self.stages[self.stage_ids.index(self.num_stages - 1)].output,
-                        "head copy")]
+        return [_weight(self.stages[self.stage_ids.index(self.num_stages - 1)].output, "head copy")]
 
     def sync_tied_gradients(self) -> None:
         """Sum the embedding's and the head copy's gradients over the tied pair."""
@@ -240,8 +244,9 @@ class PipelineRuntime:
     def is_last(self) -> bool:
         return self.num_stages - 1 in self.stage_ids
 
-    def step(self, inputs: torch.Tensor, targets: torch.Tensor, *, hooks: Any = None
-             ) -> torch.Tensor:
+    def step(
+        self, inputs: torch.Tensor, targets: torch.Tensor, *, hooks: Any = None
+    ) -> torch.Tensor:
         """Forward+backward of the batch (split into micro-batches along dim 0).
 
         Returns the mean micro-batch loss on every pp rank (computed on the last stage and
@@ -256,9 +261,13 @@ class PipelineRuntime:
         try:
             # return_outputs=False: the last stage would otherwise keep every micro-batch's
             # logits until the step ends (m x s x b x V values; the trainer needs the losses)
-            self.schedule.step(*args, target=targets if self.is_last else None,
-                               losses=losses if self.is_last else None, return_outputs=False,
-                               **self._fused_targets(targets))
+            self.schedule.step(
+                *args,
+                target=targets if self.is_last else None,
+                losses=losses if self.is_last else None,
+                return_outputs=False,
+                **self._fused_targets(targets),
+            )
         finally:
             self._hooks = None
         self.sync_tied_gradients()
@@ -271,9 +280,13 @@ class PipelineRuntime:
         inputs, targets = self._cp_shard(inputs), self._cp_shard(targets)
         args = (inputs,) if self.is_first else ()
         losses: list[torch.Tensor] = []
-        self.schedule.eval(*args, target=targets if self.is_last else None,
-                           losses=losses if self.is_last else None, return_outputs=False,
-                           **self._fused_targets(targets))
+        self.schedule.eval(
+            *args,
+            target=targets if self.is_last else None,
+            losses=losses if self.is_last else None,
+            return_outputs=False,
+            **self._fused_targets(targets),
+        )
         return self._mean_loss(losses, inputs.device)
 
     def _fused_targets(self, targets: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -290,8 +303,7 @@ class PipelineRuntime:
         inputs = self._cp_shard(inputs)
         args = (inputs,) if self.is_first else ()
         dummy = torch.zeros(inputs.shape, dtype=torch.long, device=inputs.device)
-        out = self.schedule.eval(*args, target=dummy if self.is_last else None,
-                                 return_outputs=True)
+        out = self.schedule.eval(*args, target=dummy if self.is_last else None, return_outputs=True)
         if self.is_last:
             out = to_full(out)
             logits = self._cp_gather(out[:1].float().contiguous())
@@ -329,11 +341,22 @@ class PipelineRuntime:
         return loss
 
 
-def build_pipeline(model: Transformer, *, pp_group, pp_rank: int, pp_size: int,
-                   schedule: PPSchedule, virtual: int, n_microbatches: int, loss_fn,
-                   device: torch.device | str,
-                   parallelize_stage=None, loss_scale=lambda: 1.0,
-                   schedule_cls: Any = None, cp_group=None) -> PipelineRuntime:
+def build_pipeline(
+    model: Transformer,
+    *,
+    pp_group,
+    pp_rank: int,
+    pp_size: int,
+    schedule: PPSchedule,
+    virtual: int,
+    n_microbatches: int,
+    loss_fn,
+    device: torch.device | str,
+    parallelize_stage=None,
+    loss_scale=lambda: 1.0,
+    schedule_cls: Any = None,
+    cp_group=None,
+) -> PipelineRuntime:
     """Split `model` into this rank's stages and build the named schedule.
 
     pp_group: ProcessGroup or 1-D DeviceMesh of the pipeline axis. `parallelize_stage`, if
@@ -352,9 +375,12 @@ def build_pipeline(model: Transformer, *, pp_group, pp_rank: int, pp_size: int,
     if schedule not in _SCHEDULES:
         raise ConfigError("parallel.pp_schedule", schedule, f"use one of {sorted(_SCHEDULES)}")
     if schedule in _SINGLE_STAGE and virtual != 1:
-        raise ConfigError("parallel.pp_virtual", virtual,
-                          f"{schedule} runs one stage per rank: use pp_virtual=1 or the "
-                          "'interleaved' / 'zero-bubble' schedules")
+        raise ConfigError(
+            "parallel.pp_virtual",
+            virtual,
+            f"{schedule} runs one stage per rank: use pp_virtual=1 or the "
+            "'interleaved' / 'zero-bubble' schedules",
+        )
     group = pp_group if isinstance(pp_group, dist.ProcessGroup) else pp_group.get_group()
     num_stages = pp_size * virtual
     ids = stage_ids(pp_rank, pp_size, virtual)
@@ -372,12 +398,24 @@ def build_pipeline(model: Transformer, *, pp_group, pp_rank: int, pp_size: int,
         mods.append(mod)
         pstages.append(PipelineStage(mod, sid, num_stages, device, group=group))
     tied = _tied_pair_group(group) if num_stages > 1 and _tied(model) else None
-    runtime = PipelineRuntime(stages=mods, stage_ids=ids, schedule=None, group=group,
-                              num_stages=num_stages, _pipeline_stages=pstages, tied_group=tied,
-                              loss_fn=loss_fn, loss_scale=loss_scale, cp_group=cp,
-                              fused_loss=fused_head_loss(Layout(pp=pp_size,
-                                                                pp_schedule=schedule)))
+    runtime = PipelineRuntime(
+        stages=mods,
+        stage_ids=ids,
+        schedule=None,
+        group=group,
+        num_stages=num_stages,
+        _pipeline_stages=pstages,
+        tied_group=tied,
+        loss_fn=loss_fn,
+        loss_scale=loss_scale,
+        cp_group=cp,
+        fused_loss=fused_head_loss(Layout(pp=pp_size, pp_schedule=schedule)),
+    )
     cls = schedule_cls or _SCHEDULES[schedule]
-    runtime.schedule = cls(pstages[0] if schedule in _SINGLE_STAGE else pstages,
-                           n_microbatches, loss_fn=runtime.staged_loss, scale_grads=True)
+    runtime.schedule = cls(
+        pstages[0] if schedule in _SINGLE_STAGE else pstages,
+        n_microbatches,
+        loss_fn=runtime.staged_loss,
+        scale_grads=True,
+    )
     return runtime

@@ -78,8 +78,13 @@ from scaletrain.models.loss import VocabShard, linear_cross_entropy
 from scaletrain.models.moe import EXPERT_WEIGHTS, GroupedExperts, expert_mlp
 from scaletrain.models.transformer import Transformer
 
-__all__ = ["TensorParallelExperts", "VocabParallelEmbedding", "apply_tp", "loss_context",
-           "vocab_parallel_head_loss"]
+__all__ = [
+    "TensorParallelExperts",
+    "VocabParallelEmbedding",
+    "apply_tp",
+    "loss_context",
+    "vocab_parallel_head_loss",
+]
 
 
 def _root_plan(model: Transformer, sp: bool, loss_parallel_: bool) -> dict:
@@ -87,23 +92,26 @@ def _root_plan(model: Transformer, sp: bool, loss_parallel_: bool) -> dict:
     plan: dict = {}
     if model.pos_embeddings is not None:
         # positions (T,) -> (T, h): the sequence is dim 0 of this output.
-        plan["pos_embeddings"] = RowwiseParallel(input_layouts=Replicate(),
-                                                 output_layouts=Shard(0) if sp else Replicate())
+        plan["pos_embeddings"] = RowwiseParallel(
+            input_layouts=Replicate(), output_layouts=Shard(0) if sp else Replicate()
+        )
     if model.norm is not None and sp:
         plan["norm"] = SequenceParallel()
     if model.output is not None:
         plan["output"] = ColwiseParallel(
-            input_layouts=seq, output_layouts=Shard(-1) if loss_parallel_ else Replicate(),
-            use_local_output=not loss_parallel_)
+            input_layouts=seq,
+            output_layouts=Shard(-1) if loss_parallel_ else Replicate(),
+            use_local_output=not loss_parallel_,
+        )
     return plan
 
 
 def _block_plan(sp: bool, moe: bool = False) -> dict:
     seq = Shard(1) if sp else Replicate()
     mlp: dict = {
-        "feed_forward": PrepareModuleInput(input_layouts=(seq,),
-                                           desired_input_layouts=(Replicate(),),
-                                           use_local_output=False),
+        "feed_forward": PrepareModuleInput(
+            input_layouts=(seq,), desired_input_layouts=(Replicate(),), use_local_output=False
+        ),
         "feed_forward.w1": ColwiseParallel(),
         "feed_forward.w2": RowwiseParallel(output_layouts=seq),
     }
@@ -111,18 +119,26 @@ def _block_plan(sp: bool, moe: bool = False) -> dict:
         # the whole sequence in (plain: MoE routes local tensors), the same output on every
         # tp rank out (sp: this rank's slice). The input's gradient is equal over tp (router
         # replicated; split experts all-reduce theirs), hence Replicate.
-        mlp = {"moe": PrepareModuleInputOutput(
-            input_layouts=(seq,), desired_input_layouts=(Replicate(),),
-            use_local_input=True, output_layouts=(Replicate(),),
-            desired_output_layouts=(seq,), use_local_output=True)}
+        mlp = {
+            "moe": PrepareModuleInputOutput(
+                input_layouts=(seq,),
+                desired_input_layouts=(Replicate(),),
+                use_local_input=True,
+                output_layouts=(Replicate(),),
+                desired_output_layouts=(seq,),
+                use_local_output=True,
+            )
+        }
     plan: dict = {
         # The block input stays a Replicate DTensor (use_local_output=False) so that wq, wk, wv
         # (and w1, w3) share it: their partial input gradients are summed locally and reduced
         # once at this boundary. A local tensor here would give each column-wise linear its own
         # backward all-reduce (5 per layer instead of 2; counted by benchmarks/comm_volume.py).
-        "attention": PrepareModuleInput(input_layouts=(seq, None, None),
-                                        desired_input_layouts=(Replicate(), None, None),
-                                        use_local_output=False),
+        "attention": PrepareModuleInput(
+            input_layouts=(seq, None, None),
+            desired_input_layouts=(Replicate(), None, None),
+            use_local_output=False,
+        ),
         "attention.wq": ColwiseParallel(),
         "attention.wk": ColwiseParallel(),
         "attention.wv": ColwiseParallel(),
@@ -155,17 +171,27 @@ class VocabParallelEmbedding(nn.Embedding):
     sequence_parallel: bool
 
     @classmethod
-    def from_embedding(cls, emb: nn.Embedding, mesh: DeviceMesh, *, sequence_parallel: bool
-                       ) -> VocabParallelEmbedding:
+    def from_embedding(
+        cls, emb: nn.Embedding, mesh: DeviceMesh, *, sequence_parallel: bool
+    ) -> VocabParallelEmbedding:
         """`emb` (on any device, meta included) with its table distributed Shard(0) over the
         1-D tp `mesh`; the parameter keeps its name (`weight`)."""
         if emb.padding_idx is not None or emb.max_norm is not None or emb.sparse:
-            raise ValueError("VocabParallelEmbedding: padding_idx, max_norm and sparse "
-                             "gradients are not supported (the model's embedding uses none)")
-        weight = nn.Parameter(distribute_tensor(emb.weight.detach(), mesh, [Shard(0)]),
-                              requires_grad=emb.weight.requires_grad)
-        out = cls(emb.num_embeddings, emb.embedding_dim, _weight=weight,
-                  _freeze=not emb.weight.requires_grad, device="meta")
+            raise ValueError(
+                "VocabParallelEmbedding: padding_idx, max_norm and sparse "
+                "gradients are not supported (the model's embedding uses none)"
+            )
+        weight = nn.Parameter(
+            distribute_tensor(emb.weight.detach(), mesh, [Shard(0)]),
+            requires_grad=emb.weight.requires_grad,
+        )
+        out = cls(
+            emb.num_embeddings,
+            emb.embedding_dim,
+            _weight=weight,
+            _freeze=not emb.weight.requires_grad,
+            device="meta",
+        )
         out.weight = weight  # the DTensor parameter itself, not a re-wrapped copy
         out.sequence_parallel = sequence_parallel
         return out
@@ -184,12 +210,21 @@ class VocabParallelEmbedding(nn.Embedding):
         out = F.embedding((ids - start).masked_fill(outside, 0), local)
         out = out.masked_fill(outside.unsqueeze(-1), 0.0)
         target = Shard(1) if self.sequence_parallel else Replicate()
-        return (DTensor.from_local(out, mesh, [Partial()], run_check=False)
-                .redistribute(mesh, [target]).to_local())
+        return (
+            DTensor.from_local(out, mesh, [Partial()], run_check=False)
+            .redistribute(mesh, [target])
+            .to_local()
+        )
 
 
-def apply_tp(model: Transformer, mesh: DeviceMesh, *, sp: bool, loss_parallel: bool = True,
-             shard_experts: bool = True) -> Transformer:
+def apply_tp(
+    model: Transformer,
+    mesh: DeviceMesh,
+    *,
+    sp: bool,
+    loss_parallel: bool = True,
+    shard_experts: bool = True,
+) -> Transformer:
     """Shard `model` over the 1-D tp `mesh` in place (degree 1: no-op); see module docstring.
 
     shard_experts: MoE experts split over tp (else kept whole per tp rank, for expert
@@ -203,13 +238,25 @@ def apply_tp(model: Transformer, mesh: DeviceMesh, *, sp: bool, loss_parallel: b
     if model.output is None and model.tie_embeddings and model.norm is not None:
         # Make the head's input a Replicate DTensor: F.linear(h, vocab-sharded weight) then
         # yields vocabulary-sharded logits; the backward reduces h's partial gradient.
-        parallelize_module(model.norm, mesh, PrepareModuleOutput(
-            output_layouts=Shard(1) if sp else Replicate(), desired_output_layouts=Replicate(),
-            use_local_output=False))
+        parallelize_module(
+            model.norm,
+            mesh,
+            PrepareModuleOutput(
+                output_layouts=Shard(1) if sp else Replicate(),
+                desired_output_layouts=Replicate(),
+                use_local_output=False,
+            ),
+        )
         if not loss_parallel:
-            parallelize_module(model, mesh, PrepareModuleOutput(
-                output_layouts=Shard(-1), desired_output_layouts=Replicate(),
-                use_local_output=True))
+            parallelize_module(
+                model,
+                mesh,
+                PrepareModuleOutput(
+                    output_layouts=Shard(-1),
+                    desired_output_layouts=Replicate(),
+                    use_local_output=True,
+                ),
+            )
     for block in model.blocks():
         moe = getattr(block, "moe", None)
         plan = _block_plan(sp, moe=moe is not None)
@@ -222,7 +269,8 @@ def apply_tp(model: Transformer, mesh: DeviceMesh, *, sp: bool, loss_parallel: b
         block.attention.n_kv_heads //= tp
     if model.tok_embeddings is not None:
         model.tok_embeddings = VocabParallelEmbedding.from_embedding(
-            model.tok_embeddings, mesh, sequence_parallel=sp)
+            model.tok_embeddings, mesh, sequence_parallel=sp
+        )
     model.head_loss = vocab_parallel_head_loss
     return model
 
@@ -286,22 +334,37 @@ class TensorParallelExperts(GroupedExperts):
             dim = _EXPERT_TP_DIM.get(name)
             # Shard(dim)'s own split (torch.chunk), taken locally: no communication, and it
             # works on a meta model too
-            local = (p.detach().chunk(mesh.size(), dim)[mesh.get_local_rank()].clone()
-                     if dim is not None else p.detach().clone())
-            dt = DTensor.from_local(local, mesh, [Shard(dim) if dim is not None else Replicate()],
-                                    run_check=False, shape=p.shape, stride=p.stride())
+            local = (
+                p.detach().chunk(mesh.size(), dim)[mesh.get_local_rank()].clone()
+                if dim is not None
+                else p.detach().clone()
+            )
+            dt = DTensor.from_local(
+                local,
+                mesh,
+                [Shard(dim) if dim is not None else Replicate()],
+                run_check=False,
+                shape=p.shape,
+                stride=p.stride(),
+            )
             setattr(self, name, nn.Parameter(dt, requires_grad=p.requires_grad))
 
-    def forward(self, x_sorted: torch.Tensor,
-                num_tokens_per_expert: torch.Tensor | list[int]) -> torch.Tensor:
-        counts = (num_tokens_per_expert.tolist() if torch.is_tensor(num_tokens_per_expert)
-                  else list(num_tokens_per_expert))
+    def forward(
+        self, x_sorted: torch.Tensor, num_tokens_per_expert: torch.Tensor | list[int]
+    ) -> torch.Tensor:
+        counts = (
+            num_tokens_per_expert.tolist()
+            if torch.is_tensor(num_tokens_per_expert)
+            else list(num_tokens_per_expert)
+        )
         x = _CopyToTP.apply(x_sorted, self.group)
         local = self.weights().map(to_local)
         b2 = local.b2  # added once, after the reduction (below), not to every partial sum
         summed = local._replace(b2=None)
-        outs = [expert_mlp(chunk, self.activation, *summed.at(e), linear=self.linear)
-                for e, chunk in enumerate(torch.split(x, counts))]
+        outs = [
+            expert_mlp(chunk, self.activation, *summed.at(e), linear=self.linear)
+            for e, chunk in enumerate(torch.split(x, counts))
+        ]
         y = torch.cat(outs, dim=0) if outs else x.new_zeros(0, x.shape[-1])
         y = _ReduceFromTP.apply(y, self.group)
         if b2 is not None:  # once, after the reduction
@@ -310,8 +373,9 @@ class TensorParallelExperts(GroupedExperts):
         return y
 
 
-def vocab_parallel_head_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                             *, chunk_tokens: int = 0) -> torch.Tensor:
+def vocab_parallel_head_loss(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *, chunk_tokens: int = 0
+) -> torch.Tensor:
     """The model's training loss under TP: `models.loss.linear_cross_entropy` on this rank's
     V/tp head rows, max / sum-exp / target logit all-reduced over tp, nothing gathered.
 
@@ -334,7 +398,8 @@ def vocab_parallel_head_loss(hidden: torch.Tensor, weight: torch.Tensor, targets
     vocab = VocabShard(
         start=min(mesh.get_local_rank() * rows, weight.shape[0]),
         all_reduce_max=lambda t: dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group),
-        all_reduce_sum=lambda t: dist.all_reduce(t, group=group))
+        all_reduce_sum=lambda t: dist.all_reduce(t, group=group),
+    )
     if isinstance(targets, DTensor):
         targets = targets.full_tensor()
     return linear_cross_entropy(h, w, targets, chunk_tokens=chunk_tokens, vocab=vocab)

@@ -41,8 +41,13 @@ from scaletrain.dtensor import to_full, to_local
 from .data_parallel import is_expert
 from .dims import ParallelDims
 
-__all__ = ["wrap_optimizer", "clip_grad_norm_", "local_state_bytes", "zero1_local_state",
-           "load_zero1_local_state"]
+__all__ = [
+    "wrap_optimizer",
+    "clip_grad_norm_",
+    "local_state_bytes",
+    "zero1_local_state",
+    "load_zero1_local_state",
+]
 
 
 class _LocalShardZero(ZeroRedundancyOptimizer):
@@ -51,14 +56,21 @@ class _LocalShardZero(ZeroRedundancyOptimizer):
     parameters are partitioned and broadcast over their replicas (module docstring):
     `ep` is the expert-parallel degree, `expert_group` the ep_replicate group."""
 
-    def __init__(self, params: ParamsT, *, ep: int = 1,
-                 expert_group: dist.ProcessGroup | None = None, **kw: Any) -> None:
+    def __init__(
+        self,
+        params: ParamsT,
+        *,
+        ep: int = 1,
+        expert_group: dist.ProcessGroup | None = None,
+        **kw: Any,
+    ) -> None:
         # set before the base class partitions the parameters (in its __init__)
         self._ep, self._expert_group = ep, expert_group
         super().__init__(params, **kw)
 
-    def _partition_parameters(self, params_per_rank: list[list[torch.Tensor]] | None = None
-                              ) -> list[list[dict]]:
+    def _partition_parameters(
+        self, params_per_rank: list[list[torch.Tensor]] | None = None
+    ) -> list[list[dict]]:
         # torch's stub (zero_redundancy_optimizer.pyi) leaves out the private partition helpers
         zero: Any = self
         base: Any = super()
@@ -76,7 +88,7 @@ class _LocalShardZero(ZeroRedundancyOptimizer):
             # expert going to the replica index j whose ranks (j, *) hold least
             for p in sorted(group["params"], key=lambda t: t.numel(), reverse=True):
                 if is_expert(p):
-                    j = min(range(n // ep), key=lambda j: sum(sizes[j * ep:(j + 1) * ep]))
+                    j = min(range(n // ep), key=lambda j: sum(sizes[j * ep : (j + 1) * ep]))
                     owners = range(j * ep, (j + 1) * ep)
                 else:
                     least = zero._get_min_index(sizes)
@@ -93,13 +105,22 @@ class _LocalShardZero(ZeroRedundancyOptimizer):
         for group in self._partition_parameters()[rank]:
             for p in group["params"]:
                 if not is_expert(p):
-                    handles.append(dist.broadcast(to_local(p.data), src=src,
-                                                  group=self.process_group, async_op=True))
-                elif (rank % self._ep == self.rank % self._ep and self._expert_group is not None
-                      and dist.get_world_size(self._expert_group) > 1):
+                    handles.append(
+                        dist.broadcast(
+                            to_local(p.data), src=src, group=self.process_group, async_op=True
+                        )
+                    )
+                elif (
+                    rank % self._ep == self.rank % self._ep
+                    and self._expert_group is not None
+                    and dist.get_world_size(self._expert_group) > 1
+                ):
                     # the ranks holding this rank's expert shards receive the owner's update
-                    handles.append(dist.broadcast(to_local(p.data), src=src,
-                                                  group=self._expert_group, async_op=True))
+                    handles.append(
+                        dist.broadcast(
+                            to_local(p.data), src=src, group=self._expert_group, async_op=True
+                        )
+                    )
         return handles
 
 
@@ -107,8 +128,10 @@ def zero1_local_state(optimizer: ZeroRedundancyOptimizer) -> dict[str, Any]:
     """This rank's ZeRO-1 partition as plain tensors (tensor-parallel states as their local
     shards), so that checkpoints load it with `torch.load(weights_only=True)`."""
     sd = optimizer.optim.state_dict()
-    sd["state"] = {i: {k: to_local(v) if isinstance(v, torch.Tensor) else v
-                       for k, v in st.items()} for i, st in sd["state"].items()}
+    sd["state"] = {
+        i: {k: to_local(v) if isinstance(v, torch.Tensor) else v for k, v in st.items()}
+        for i, st in sd["state"].items()
+    }
     return sd
 
 
@@ -126,8 +149,12 @@ def load_zero1_local_state(optimizer: ZeroRedundancyOptimizer, sd: dict[str, Any
     optimizer.optim.load_state_dict(sd)
 
 
-def wrap_optimizer(optimizer_class: type[torch.optim.Optimizer], params: ParamsT,
-                   dims: ParallelDims, **defaults: Any) -> torch.optim.Optimizer:
+def wrap_optimizer(
+    optimizer_class: type[torch.optim.Optimizer],
+    params: ParamsT,
+    dims: ParallelDims,
+    **defaults: Any,
+) -> torch.optim.Optimizer:
     """The optimizer for `dims`: ZeRO-1 shards its states over dp_shard x cp, else plain.
 
     For ZeRO-2/3 the parameters are already FSDP shards, so a plain optimizer holds sharded
@@ -137,15 +164,26 @@ def wrap_optimizer(optimizer_class: type[torch.optim.Optimizer], params: ParamsT
     if dims.zero == 1 and dims.ddp_enabled:
         group = dims.submesh("dp_shard_cp").get_group()
         experts = dims.submesh("ep_replicate").get_group() if dims.ep > 1 else None
-        return _LocalShardZero(params, optimizer_class=optimizer_class, process_group=group,
-                               ep=dims.ep, expert_group=experts, **defaults)
+        return _LocalShardZero(
+            params,
+            optimizer_class=optimizer_class,
+            process_group=group,
+            ep=dims.ep,
+            expert_group=experts,
+            **defaults,
+        )
     return optimizer_class(params, **defaults)
 
 
 @torch.no_grad()
-def clip_grad_norm_(params: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0,
-                    *, extra_group: dist.ProcessGroup | None = None,
-                    norm_exclude: Iterable[torch.Tensor] = ()) -> torch.Tensor:
+def clip_grad_norm_(
+    params: Iterable[torch.Tensor],
+    max_norm: float,
+    norm_type: float = 2.0,
+    *,
+    extra_group: dist.ProcessGroup | None = None,
+    norm_exclude: Iterable[torch.Tensor] = (),
+) -> torch.Tensor:
     """Clip gradients to `max_norm` in total `norm_type`-norm; return the total norm (pre-clip).
 
     The norm equals the single-process one whatever the sharding: gradients are grouped by
@@ -174,7 +212,7 @@ def clip_grad_norm_(params: Iterable[torch.Tensor], max_norm: float, norm_type: 
         if extra_group is not None:
             dist.all_reduce(total, op=dist.ReduceOp.MAX, group=extra_group)
     else:
-        total_p = (stacked ** norm_type).sum()
+        total_p = (stacked**norm_type).sum()
         if extra_group is not None:
             dist.all_reduce(total_p, group=extra_group)
         total = total_p ** (1.0 / norm_type)
@@ -190,23 +228,29 @@ def clip_grad_norm_(params: Iterable[torch.Tensor], max_norm: float, norm_type: 
     return total
 
 
-def local_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None = None
-                      ) -> dict[str, int]:
+def local_state_bytes(
+    model: nn.Module, optimizer: torch.optim.Optimizer | None = None
+) -> dict[str, int]:
     """Bytes this rank stores for parameters, gradients and optimizer states right now.
 
     Counts the local storage of each tensor (a DTensor's local shard), so on CPU it is exact
     for the training state; buffers, activations and communication buffers are not counted.
     """
+
     def nbytes(t: torch.Tensor) -> int:
         t = to_local(t)
         return t.numel() * t.element_size()
 
     params = list(model.parameters())
-    out = {"params": sum(nbytes(p) for p in params),
-           "grads": sum(nbytes(p.grad) for p in params if p.grad is not None), "optimizer": 0}
+    out = {
+        "params": sum(nbytes(p) for p in params),
+        "grads": sum(nbytes(p.grad) for p in params if p.grad is not None),
+        "optimizer": 0,
+    }
     if optimizer is not None:
         inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer's local part
         for state in inner.state.values():
-            out["optimizer"] += sum(nbytes(v) for v in state.values()
-                                    if isinstance(v, torch.Tensor) and v.dim() > 0)
+            out["optimizer"] += sum(
+                nbytes(v) for v in state.values() if isinstance(v, torch.Tensor) and v.dim() > 0
+            )
     return out

@@ -8,14 +8,25 @@ from __future__ import annotations
 
 from scaletrain.config import ModelConfig, expert_tp
 
-__all__ = ["korthikanti_layer_bytes", "layer_activation_bytes", "activation_bytes",
-           "head_activation_bytes", "loss_backward_bytes", "selective_layer_bytes",
-           "selective_recompute_bytes", "mlp_backward_work_bytes", "fused_loss_chunk",
-           "embedding_backward_bytes", "held_logits_bytes", "rope_table_bytes"]
+__all__ = [
+    "korthikanti_layer_bytes",
+    "layer_activation_bytes",
+    "activation_bytes",
+    "head_activation_bytes",
+    "loss_backward_bytes",
+    "selective_layer_bytes",
+    "selective_recompute_bytes",
+    "mlp_backward_work_bytes",
+    "fused_loss_chunk",
+    "embedding_backward_bytes",
+    "held_logits_bytes",
+    "rope_table_bytes",
+]
 
 
-def korthikanti_layer_bytes(s: int, b: int, h: int, a: int, *, t: int = 1, sp: bool = False,
-                            ac: str = "none") -> float:
+def korthikanti_layer_bytes(
+    s: int, b: int, h: int, a: int, *, t: int = 1, sp: bool = False, ac: str = "none"
+) -> float:
     """Activation bytes per layer, Korthikanti et al. 2022 Table 2 (16-bit, GELU f=4h, MHA, with
     dropout; per tensor-parallel rank).
 
@@ -35,10 +46,21 @@ def korthikanti_layer_bytes(s: int, b: int, h: int, a: int, *, t: int = 1, sp: b
     return sbh * (10 + 24 / t + scores / t)
 
 
-def layer_activation_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int, tp: int = 1,
-                           sp: bool = False, cp: int = 1, ac: str = "none",
-                           precision: str = "bf16", modern: bool = True, compile: bool = False,
-                           residual_fp32: bool = False, ep: int = 1) -> float:
+def layer_activation_bytes(
+    model: ModelConfig,
+    *,
+    seq_len: int,
+    micro_batch: int,
+    tp: int = 1,
+    sp: bool = False,
+    cp: int = 1,
+    ac: str = "none",
+    precision: str = "bf16",
+    modern: bool = True,
+    compile: bool = False,
+    residual_fp32: bool = False,
+    ep: int = 1,
+) -> float:
     """Bytes one block keeps for backward, per micro-batch, on one rank.
 
     modern=False: Korthikanti's closed form (korthikanti_layer_bytes; fp32 doubles it).
@@ -71,8 +93,13 @@ def layer_activation_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int
     """
     e = 4 if precision == "fp32" else 2
     if not modern:
-        return korthikanti_layer_bytes(seq_len, micro_batch, model.dim, model.num_heads, t=tp,
-                                       sp=sp, ac=ac) * e / 2
+        return (
+            korthikanti_layer_bytes(
+                seq_len, micro_batch, model.dim, model.num_heads, t=tp, sp=sp, ac=ac
+            )
+            * e
+            / 2
+        )
     r = 4 if residual_fp32 else e
     h = model.dim
     tok = float(seq_len) / cp * micro_batch  # tokens this rank holds: s_l * b
@@ -82,8 +109,9 @@ def layer_activation_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int
     if ac == "selective":
         return selective_layer_bytes(model, tokens=tok, tp=tp, sp=sp, e=e, r=r, ep=ep)
     fp8 = precision == "fp8"
-    norms, inputs = _norm_and_input_bytes(model, tok=tok, e=e, r=r, tsp=tsp, fp8=fp8,
-                                          residual_fp32=residual_fp32)
+    norms, inputs = _norm_and_input_bytes(
+        model, tok=tok, e=e, r=r, tsp=tsp, fp8=fp8, residual_fp32=residual_fp32
+    )
     attn = _attention_bytes(model, tok=tok, seq_len=seq_len, tp=tp, e=e, fp8=fp8)
     if model.is_moe:
         mlp = _moe_bytes(model, tok=tok, tp=tp, ep=ep, e=e, fp8=fp8, compile=compile)
@@ -92,8 +120,9 @@ def layer_activation_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int
     return norms + inputs + attn + mlp
 
 
-def _norm_and_input_bytes(model: ModelConfig, *, tok: float, e: int, r: int, tsp: int,
-                          fp8: bool, residual_fp32: bool) -> tuple[float, float]:
+def _norm_and_input_bytes(
+    model: ModelConfig, *, tok: float, e: int, r: int, tsp: int, fp8: bool, residual_fp32: bool
+) -> tuple[float, float]:
     """(norm inputs, the linears' saved inputs) of one block: `layer_activation_bytes`'s terms,
     tok = s_l*b tokens, tsp = t under SP (else 1)."""
     h = model.dim
@@ -113,8 +142,9 @@ def _norm_and_input_bytes(model: ModelConfig, *, tok: float, e: int, r: int, tsp
     return norms, inputs
 
 
-def _attention_bytes(model: ModelConfig, *, tok: float, seq_len: int, tp: int, e: int,
-                     fp8: bool) -> float:
+def _attention_bytes(
+    model: ModelConfig, *, tok: float, seq_len: int, tp: int, e: int, fp8: bool
+) -> float:
     """What one block's attention saves beyond its input (`layer_activation_bytes`'s terms)."""
     h, a = model.dim, model.num_heads
     # q and the core's output at the query heads, K and V at the g KV heads (enable_gqa)
@@ -131,8 +161,9 @@ def _mlp_intermediates(model: ModelConfig, compile: bool) -> int:
     return 2 if model.activation != "swiglu" else (3 if compile else 4)
 
 
-def _mlp_bytes(model: ModelConfig, *, tok: float, tp: int, e: int, fp8: bool,
-               compile: bool) -> float:
+def _mlp_bytes(
+    model: ModelConfig, *, tok: float, tp: int, e: int, fp8: bool, compile: bool
+) -> float:
     """What one block's dense MLP saves beyond its input (`layer_activation_bytes`'s terms)."""
     f = model.ffn_dim
     n_f = _mlp_intermediates(model, compile)
@@ -141,8 +172,9 @@ def _mlp_bytes(model: ModelConfig, *, tok: float, tp: int, e: int, fp8: bool,
     return n_f * e * tok * f / tp
 
 
-def _moe_bytes(model: ModelConfig, *, tok: float, tp: int, ep: int, e: int, fp8: bool,
-               compile: bool) -> float:
+def _moe_bytes(
+    model: ModelConfig, *, tok: float, tp: int, ep: int, e: int, fp8: bool, compile: bool
+) -> float:
     """What one MoE block's router and experts save (models/moe.py; per saved tensor, measured
     with saved-tensor hooks on tiny-moe): the router's fp32 softmax over all E (the
     load-balancing loss) and over the top k, 4*s_l*b*(E + k); int64 routing indices,
@@ -173,8 +205,9 @@ def _moe_bytes(model: ModelConfig, *, tok: float, tp: int, ep: int, e: int, fp8:
     return mlp
 
 
-def selective_layer_bytes(model: ModelConfig, *, tokens: float, tp: int, sp: bool, e: int,
-                          r: int, ep: int = 1) -> float:
+def selective_layer_bytes(
+    model: ModelConfig, *, tokens: float, tp: int, sp: bool, e: int, r: int, ep: int = 1
+) -> float:
     """Bytes one block keeps under `memory.ac="selective"` (parallel/ac.py's per-op policy:
     the whole block is checkpointed, the outputs of matmuls, fused attention kernels and TP
     reductions are saved, everything else is recomputed in backward). tokens = s_l*b.
@@ -205,15 +238,15 @@ def selective_layer_bytes(model: ModelConfig, *, tokens: float, tp: int, sp: boo
     if model.is_moe:
         k = model.experts_per_token
         out += e * tokens * model.num_experts
-        out += (n_in * e * k * tokens * f / (expert_tp(tp, ep) * ep)
-                + e * (k - 1) * tokens * h)
+        out += n_in * e * k * tokens * f / (expert_tp(tp, ep) * ep) + e * (k - 1) * tokens * h
     else:
         out += n_in * e * tokens * f / tp
     return out
 
 
-def selective_recompute_bytes(model: ModelConfig, *, full: float, stored: float,
-                               tokens: float, tp: int, sp: bool, e: int) -> float:
+def selective_recompute_bytes(
+    model: ModelConfig, *, full: float, stored: float, tokens: float, tp: int, sp: bool, e: int
+) -> float:
     """Bytes the recomputation re-creates while one block runs its backward under
     `memory.ac="selective"`, on top of what the block keeps (`selective_layer_bytes`).
 
@@ -233,8 +266,9 @@ def selective_recompute_bytes(model: ModelConfig, *, full: float, stored: float,
     return max(0.0, full - (stored - 2 * (e * tokens * h + reduced)))
 
 
-def mlp_backward_work_bytes(model: ModelConfig, *, tokens: float, tp: int, sp: bool, e: int,
-                            weight_bytes: int) -> float:
+def mlp_backward_work_bytes(
+    model: ModelConfig, *, tokens: float, tp: int, sp: bool, e: int, weight_bytes: int
+) -> float:
     """What a block's backward holds first, on top of what is stored: the gradient of the
     block's output, e*s_l*b*h (/t with SP), the MLP's first two (tokens x f) activation
     gradients, 2 x e*s_l*b*f/t (the gradient of w2's input and of the activation's input),
@@ -245,13 +279,23 @@ def mlp_backward_work_bytes(model: ModelConfig, *, tokens: float, tp: int, sp: b
     dense f is used), norms' fp32 gradient temporaries (transient).
     """
     f, h = model.ffn_dim, model.dim
-    return (e * tokens * h / (tp if sp else 1) + 2.0 * e * tokens * f / tp
-            + weight_bytes * h * f / tp)
+    return (
+        e * tokens * h / (tp if sp else 1) + 2.0 * e * tokens * f / tp + weight_bytes * h * f / tp
+    )
 
 
-def head_activation_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int, tp: int = 1,
-                          sp: bool = False, cp: int = 1, precision: str = "bf16",
-                          residual_fp32: bool = False, fused: bool = True) -> float:
+def head_activation_bytes(
+    model: ModelConfig,
+    *,
+    seq_len: int,
+    micro_batch: int,
+    tp: int = 1,
+    sp: bool = False,
+    cp: int = 1,
+    precision: str = "bf16",
+    residual_fp32: bool = False,
+    fused: bool = True,
+) -> float:
     """Last stage's extra activations per micro-batch: final-norm input r*s_l*b*h (/t with SP)
     and the head input e*s_l*b*h (the 16-bit cast the head reads; full tokens under SP, whose
     norm output is all-gathered for the vocabulary-parallel head), plus:
@@ -281,9 +325,18 @@ def fused_loss_chunk(model: ModelConfig, *, tp: int = 1, chunk_tokens: int = 0) 
     return max(1, 256 * 2**20 // (4 * max(1, -(-model.vocab_size // tp))))
 
 
-def loss_backward_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int, tp: int = 1,
-                        cp: int = 1, fused: bool = True, precision: str = "bf16",
-                        weight_bytes: int = 4, chunk_tokens: int = 0) -> float:
+def loss_backward_bytes(
+    model: ModelConfig,
+    *,
+    seq_len: int,
+    micro_batch: int,
+    tp: int = 1,
+    cp: int = 1,
+    fused: bool = True,
+    precision: str = "bf16",
+    weight_bytes: int = 4,
+    chunk_tokens: int = 0,
+) -> float:
     """Temporaries of the loss backward on the last stage, alive while every activation is
     still stored (the peak of most steps).
 
@@ -319,8 +372,9 @@ def loss_backward_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int, t
     return out
 
 
-def embedding_backward_bytes(model: ModelConfig, *, tp: int = 1, grad_bytes: int = 4,
-                             tied: bool | None = None) -> float:
+def embedding_backward_bytes(
+    model: ModelConfig, *, tp: int = 1, grad_bytes: int = 4, tied: bool | None = None
+) -> float:
     """Temporaries of the token embedding's gradient at the very end of backward (first stage).
 
     Counts: the embedding backward's output, this rank's V/tp x h rows of the gradient in
@@ -342,8 +396,16 @@ def embedding_backward_bytes(model: ModelConfig, *, tp: int = 1, grad_bytes: int
     return (3 if tied else 1) * table / tp
 
 
-def held_logits_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int, tp: int = 1,
-                      cp: int = 1, precision: str = "bf16", fused: bool = True) -> float:
+def held_logits_bytes(
+    model: ModelConfig,
+    *,
+    seq_len: int,
+    micro_batch: int,
+    tp: int = 1,
+    cp: int = 1,
+    precision: str = "bf16",
+    fused: bool = True,
+) -> float:
     """Logits still referenced after the loss backward. fused (the trainer's fused loss): none,
     0. Not fused (a logits path, as `head_activation_bytes`): the logits (B, T/cp, V/tp) of
     the output, e*s_l*b*V/tp, e = 4 in fp32 else 2 (the model's output dtype; the loss's fp32
@@ -366,9 +428,15 @@ def rope_table_bytes(model: ModelConfig) -> float:
     return 8.0 * model.max_seq_len * model.head_dim
 
 
-def activation_bytes(model: ModelConfig, *, seq_len: int, micro_batch: int,
-                     num_layers: int | None = None, in_flight: float = 1.0,
-                     **kw: object) -> float:
+def activation_bytes(
+    model: ModelConfig,
+    *,
+    seq_len: int,
+    micro_batch: int,
+    num_layers: int | None = None,
+    in_flight: float = 1.0,
+    **kw: object,
+) -> float:
     """Stored activations of `num_layers` blocks (default all) for `in_flight` micro-batches,
     plus, under full recompute, one block's full set while it is recomputed in backward
     (Korthikanti et al. 2022 §4.2). Keyword args as in layer_activation_bytes. Excludes the head

@@ -30,18 +30,31 @@ from __future__ import annotations
 
 from scaletrain.config import HardwareSpec, Layout
 
-__all__ = ["axis_link", "allreduce_time", "gather_time", "p2p_time", "comm_volumes", "comm_time",
-           "comm_terms"]
+__all__ = [
+    "axis_link",
+    "allreduce_time",
+    "gather_time",
+    "p2p_time",
+    "comm_volumes",
+    "comm_time",
+    "comm_terms",
+]
 
 
-def axis_link(layout: Layout, hardware: HardwareSpec, axis: str,
-              gpus_per_node: int | None = None) -> tuple[float, float, bool]:
+def axis_link(
+    layout: Layout, hardware: HardwareSpec, axis: str, gpus_per_node: int | None = None
+) -> tuple[float, float, bool]:
     """(bandwidth B/s, latency s, crosses_nodes) for a parallel axis under the placement above;
     across nodes the multi-rail ring bandwidth of the module docstring."""
     gpn = gpus_per_node or hardware.gpus_per_node
     L = layout
-    stride, degree = {"tp": (1, L.tp), "cp": (L.tp, L.cp), "ep": (L.tp, L.ep),
-                      "dp": (L.tp * L.cp, L.dp), "pp": (L.tp * L.cp * L.dp, L.pp)}[axis]
+    stride, degree = {
+        "tp": (1, L.tp),
+        "cp": (L.tp, L.cp),
+        "ep": (L.tp, L.ep),
+        "dp": (L.tp * L.cp, L.dp),
+        "pp": (L.tp * L.cp * L.dp, L.pp),
+    }[axis]
     if axis == "dp" and L.zero:
         # ZeRO shards over dp_shard x cp (the FSDP mesh folds cp in): stride tp.
         stride, degree = L.tp, L.dp * L.cp
@@ -74,12 +87,26 @@ def p2p_time(nbytes: float, bw: float, lat: float) -> float:
     return nbytes / bw + lat
 
 
-def comm_terms(*, layout: Layout, hardware: HardwareSpec, stage_params: float, layers: int,
-               moe_layers: int, tokens: float, hidden: int, kv_dim: int, experts_per_token: int,
-               micro_batches: int, precision: str = "bf16", ac: str = "none",
-               reduce_bytes: int = 4, param_comm_bytes: int = 0, expert_params: float = 0.0,
-               fp8_gather_params: float = 0.0,
-               gpus_per_node: int | None = None) -> dict[str, tuple[float, float]]:
+def comm_terms(
+    *,
+    layout: Layout,
+    hardware: HardwareSpec,
+    stage_params: float,
+    layers: int,
+    moe_layers: int,
+    tokens: float,
+    hidden: int,
+    kv_dim: int,
+    experts_per_token: int,
+    micro_batches: int,
+    precision: str = "bf16",
+    ac: str = "none",
+    reduce_bytes: int = 4,
+    param_comm_bytes: int = 0,
+    expert_params: float = 0.0,
+    fp8_gather_params: float = 0.0,
+    gpus_per_node: int | None = None,
+) -> dict[str, tuple[float, float]]:
     """Per step, per rank: {family: (bytes moved by this rank, seconds)}.
 
     stage_params: parameters this rank holds (after TP/PP/EP division, before ZeRO); layers /
@@ -101,26 +128,49 @@ def comm_terms(*, layout: Layout, hardware: HardwareSpec, stage_params: float, l
     recompute = ac == "full"
     out: dict[str, tuple[float, float]] = {}
     if L.dp * L.cp > 1:
-        out.update(_dp_terms(L, hw, gpus_per_node, m=m, stage_params=stage_params,
-                             expert_params=expert_params, reduce_bytes=reduce_bytes,
-                             param_bytes=param_comm_bytes or e,
-                             fp8_gather_params=fp8_gather_params, layers=layers))
+        out.update(
+            _dp_terms(
+                L,
+                hw,
+                gpus_per_node,
+                m=m,
+                stage_params=stage_params,
+                expert_params=expert_params,
+                reduce_bytes=reduce_bytes,
+                param_bytes=param_comm_bytes or e,
+                fp8_gather_params=fp8_gather_params,
+                layers=layers,
+            )
+        )
     act = e * tokens * hidden
     if L.tp > 1:
-        out["tp"] = _tp_term(L, axis_link(L, hw, "tp", gpus_per_node), act=act, layers=layers,
-                             moe_layers=moe_layers, experts_per_token=experts_per_token, m=m,
-                             recompute=recompute)
+        out["tp"] = _tp_term(
+            L,
+            axis_link(L, hw, "tp", gpus_per_node),
+            act=act,
+            layers=layers,
+            moe_layers=moe_layers,
+            experts_per_token=experts_per_token,
+            m=m,
+            recompute=recompute,
+        )
     if L.pp > 1:
         out["pp_p2p"] = _pp_term(L, axis_link(L, hw, "pp", gpus_per_node), act=act, m=m)
     if L.cp > 1:
         kv = 2 * e * tokens * kv_dim / L.tp
-        out["cp_ring"] = _cp_term(L, axis_link(L, hw, "cp", gpus_per_node), kv=kv,
-                                  layers=layers, m=m, recompute=recompute)
+        out["cp_ring"] = _cp_term(
+            L, axis_link(L, hw, "cp", gpus_per_node), kv=kv, layers=layers, m=m, recompute=recompute
+        )
     if L.ep > 1 and moe_layers:
         routed = e * experts_per_token * tokens * hidden
-        out["ep_all_to_all"] = _ep_term(L, axis_link(L, hw, "ep", gpus_per_node),
-                                        routed=routed, moe_layers=moe_layers, m=m,
-                                        recompute=recompute)
+        out["ep_all_to_all"] = _ep_term(
+            L,
+            axis_link(L, hw, "ep", gpus_per_node),
+            routed=routed,
+            moe_layers=moe_layers,
+            m=m,
+            recompute=recompute,
+        )
     return out
 
 
@@ -128,9 +178,19 @@ Link = tuple[float, float, bool]
 """`axis_link`'s (bandwidth B/s, latency s, crosses_nodes)."""
 
 
-def _dp_terms(L: Layout, hw: HardwareSpec, gpus_per_node: int | None, *, m: int,
-              stage_params: float, expert_params: float, reduce_bytes: int, param_bytes: int,
-              fp8_gather_params: float, layers: int) -> dict[str, tuple[float, float]]:
+def _dp_terms(
+    L: Layout,
+    hw: HardwareSpec,
+    gpus_per_node: int | None,
+    *,
+    m: int,
+    stage_params: float,
+    expert_params: float,
+    reduce_bytes: int,
+    param_bytes: int,
+    fp8_gather_params: float,
+    layers: int,
+) -> dict[str, tuple[float, float]]:
     """The data-parallel (and ZeRO) families over the dp*cp ranks (CP ranks hold the same
     parameters, so cp joins the reduction). Reductions (and zero 2's gathers) run once per
     micro-batch, or once per step inside a pipeline (`_fsdp_terms`).
@@ -151,11 +211,22 @@ def _dp_terms(L: Layout, hw: HardwareSpec, gpus_per_node: int | None, *, m: int,
     exp_grads = ep_experts * reduce_bytes
     out: dict[str, tuple[float, float]] = {}
     if L.zero <= 1:
-        out.update(_zero_terms(L.zero, (bw, lat), n=n, n_exp=n_exp, dense=stage_params - ep_experts,
-                               ep_experts=ep_experts, reduce_bytes=reduce_bytes))
+        out.update(
+            _zero_terms(
+                L.zero,
+                (bw, lat),
+                n=n,
+                n_exp=n_exp,
+                dense=stage_params - ep_experts,
+                ep_experts=ep_experts,
+                reduce_bytes=reduce_bytes,
+            )
+        )
     elif exp_grads and n_exp > 1:
-        out["dp_allreduce"] = (2 * (n_exp - 1) / n_exp * exp_grads,
-                               allreduce_time(exp_grads, n_exp, bw, lat))
+        out["dp_allreduce"] = (
+            2 * (n_exp - 1) / n_exp * exp_grads,
+            allreduce_time(exp_grads, n_exp, bw, lat),
+        )
     fsdp_params = stage_params - ep_experts  # what FSDP2 gathers and reduces
     grads = fsdp_params * reduce_bytes
     if L.zero >= 2:
@@ -163,15 +234,26 @@ def _dp_terms(L: Layout, hw: HardwareSpec, gpus_per_node: int | None, *, m: int,
         # FSDP2 groups one unit per block plus the root (parallel/fsdp.py, torchtitan's
         # apply_fsdp): every gather / reduce-scatter is one collective per unit, each paying
         # the ring's (n-1) latency steps: units x (n-1) x alpha, seconds at 1,000+ ranks
-        out.update(_fsdp_terms(L, (bw, (layers + 1) * lat), n=n, m=m, k_red=k_red, grads=grads,
-                               params=params))
+        out.update(
+            _fsdp_terms(
+                L, (bw, (layers + 1) * lat), n=n, m=m, k_red=k_red, grads=grads, params=params
+            )
+        )
     if L.zero and L.dp_replicate > 1:
         out["hsdp_allreduce"] = _hsdp_term(L, hw, gpus_per_node, shard=grads / n, k_red=k_red)
     return out
 
 
-def _zero_terms(zero: int, link: tuple[float, float], *, n: int, n_exp: int, dense: float,
-                ep_experts: float, reduce_bytes: int) -> dict[str, tuple[float, float]]:
+def _zero_terms(
+    zero: int,
+    link: tuple[float, float],
+    *,
+    n: int,
+    n_exp: int,
+    dense: float,
+    ep_experts: float,
+    reduce_bytes: int,
+) -> dict[str, tuple[float, float]]:
     """dp_allreduce (zero 0 and 1): one all-reduce of the grads (reduce_bytes/param) per step
     over the dp*cp ranks that replicate them (no_sync during accumulation);
     zero_all_gather (zero 1): ZeroRedundancyOptimizer broadcasts each updated fp32 partition
@@ -181,8 +263,7 @@ def _zero_terms(zero: int, link: tuple[float, float], *, n: int, n_exp: int, den
     exp_grads = ep_experts * reduce_bytes
     dense_grads = dense * reduce_bytes
     moved = 2 * (n - 1) / n * dense_grads + 2 * (n_exp - 1) / n_exp * exp_grads
-    secs = (allreduce_time(dense_grads, n, bw, lat)
-            + allreduce_time(exp_grads, n_exp, bw, lat))
+    secs = allreduce_time(dense_grads, n, bw, lat) + allreduce_time(exp_grads, n_exp, bw, lat)
     if moved:
         out["dp_allreduce"] = (moved, secs)
     if zero == 1:
@@ -190,12 +271,14 @@ def _zero_terms(zero: int, link: tuple[float, float], *, n: int, n_exp: int, den
         dense_p, exp_p = dense * 4, ep_experts * 4
         out["zero_all_gather"] = (
             (n - 1) / n * dense_p + (n_exp - 1) / n_exp * exp_p,
-            gather_time(dense_p, n, bw, lat) + gather_time(exp_p, n_exp, bw, lat))
+            gather_time(dense_p, n, bw, lat) + gather_time(exp_p, n_exp, bw, lat),
+        )
     return out
 
 
-def _fsdp_terms(L: Layout, link: tuple[float, float], *, n: int, m: int, k_red: int,
-                grads: float, params: float) -> dict[str, tuple[float, float]]:
+def _fsdp_terms(
+    L: Layout, link: tuple[float, float], *, n: int, m: int, k_red: int, grads: float, params: float
+) -> dict[str, tuple[float, float]]:
     """ZeRO-2/3 under FSDP2 (`params`: the gathered bytes, compute dtype or fp8; `link`'s
     latency is per unit collective round, (layers + 1) x alpha: one collective per FSDP unit):
       zero 2 (reshard_after_forward=False): zero_reduce_scatter, one reduce-scatter of the
@@ -210,19 +293,29 @@ def _fsdp_terms(L: Layout, link: tuple[float, float], *, n: int, m: int, k_red: 
     after it) re-gathers: m + 1 all-gathers per step per chunk, whatever the order."""
     bw, lat = link
     if L.zero == 2:
-        return {"zero_reduce_scatter": (k_red * (n - 1) / n * grads,
-                                        k_red * gather_time(grads, n, bw, lat)),
-                "zero_all_gather": (k_red * (n - 1) / n * params,
-                                    k_red * gather_time(params, n, bw, lat))}
+        return {
+            "zero_reduce_scatter": (
+                k_red * (n - 1) / n * grads,
+                k_red * gather_time(grads, n, bw, lat),
+            ),
+            "zero_all_gather": (
+                k_red * (n - 1) / n * params,
+                k_red * gather_time(params, n, bw, lat),
+            ),
+        }
     k_ag = m + 1 if L.pp > 1 else 2 * m
-    return {"fsdp_all_gather": (k_ag * (n - 1) / n * params,
-                                k_ag * gather_time(params, n, bw, lat)),
-            "fsdp_reduce_scatter": (k_red * (n - 1) / n * grads,
-                                    k_red * gather_time(grads, n, bw, lat))}
+    return {
+        "fsdp_all_gather": (k_ag * (n - 1) / n * params, k_ag * gather_time(params, n, bw, lat)),
+        "fsdp_reduce_scatter": (
+            k_red * (n - 1) / n * grads,
+            k_red * gather_time(grads, n, bw, lat),
+        ),
+    }
 
 
-def _hsdp_term(L: Layout, hw: HardwareSpec, gpus_per_node: int | None, *, shard: float,
-               k_red: int) -> tuple[float, float]:
+def _hsdp_term(
+    L: Layout, hw: HardwareSpec, gpus_per_node: int | None, *, shard: float, k_red: int
+) -> tuple[float, float]:
     """hsdp_allreduce: the gradient shard all-reduced across the dp_replicate replicas after
     every micro-batch (FSDP2 reduces each backward; once per step under pp > 1)."""
     # replica groups are the outer part of dp: inter-node once dp*cp*tp > a node.
@@ -233,8 +326,17 @@ def _hsdp_term(L: Layout, hw: HardwareSpec, gpus_per_node: int | None, *, shard:
     return (k_red * 2 * (r - 1) / r * shard, k_red * allreduce_time(shard, r, bw2, lat2))
 
 
-def _tp_term(L: Layout, link: Link, *, act: float, layers: int, moe_layers: int,
-             experts_per_token: int, m: int, recompute: bool) -> tuple[float, float]:
+def _tp_term(
+    L: Layout,
+    link: Link,
+    *,
+    act: float,
+    layers: int,
+    moe_layers: int,
+    experts_per_token: int,
+    m: int,
+    recompute: bool,
+) -> tuple[float, float]:
     """tp: Megatron TP, 2 all-reduces forward + 2 backward per block and micro-batch of e*s*b*h
     (`act`; +2 under full recompute), plus the vocab-parallel embedding's forward all-reduce
     and the head input's backward all-reduce (2 per micro-batch); with SP the same bytes as
@@ -272,8 +374,9 @@ def _pp_term(L: Layout, link: Link, *, act: float, m: int) -> tuple[float, float
     return k * msg, k * p2p_time(msg, bw, lat)
 
 
-def _cp_term(L: Layout, link: Link, *, kv: float, layers: int, m: int,
-             recompute: bool) -> tuple[float, float]:
+def _cp_term(
+    L: Layout, link: Link, *, kv: float, layers: int, m: int, recompute: bool
+) -> tuple[float, float]:
     """cp_ring: ring attention of `kv` bytes (this tp rank's K and V) per block and
     micro-batch: forward cp-1 K/V block sends; backward cp-1 K/V sends plus the dK/dV
     accumulators travelling a full turn (cp sends) home: 3cp-2 in all (+cp-1 forward sends
@@ -283,8 +386,9 @@ def _cp_term(L: Layout, link: Link, *, kv: float, layers: int, m: int,
     return k * kv, k * p2p_time(kv, bw, lat)
 
 
-def _ep_term(L: Layout, link: Link, *, routed: float, moe_layers: int, m: int,
-             recompute: bool) -> tuple[float, float]:
+def _ep_term(
+    L: Layout, link: Link, *, routed: float, moe_layers: int, m: int, recompute: bool
+) -> tuple[float, float]:
     """ep_all_to_all: dispatch + combine, forward and backward, per MoE block and micro-batch
     (+2 under full recompute) of `routed` = e*k*s*b*h bytes."""
     bw, lat, _ = link

@@ -37,10 +37,21 @@ import math
 
 from scaletrain.config import HardwareSpec, ModelConfig
 
-__all__ = ["GENERATION_EFFICIENCY", "FP8_EFFICIENCY", "generation_of", "gemm_shape_factor",
-           "matmul_efficiency", "allreduce_latency", "TREE_ALLREDUCE_MIN_RANKS",
-           "FLASH2_HOPPER_EFFICIENCY", "NAIVE_SCORE_BYTES", "attention_kernel",
-           "attention_seconds_per_token", "COMM_OVERLAP", "eager_elementwise_bytes"]
+__all__ = [
+    "GENERATION_EFFICIENCY",
+    "FP8_EFFICIENCY",
+    "generation_of",
+    "gemm_shape_factor",
+    "matmul_efficiency",
+    "allreduce_latency",
+    "TREE_ALLREDUCE_MIN_RANKS",
+    "FLASH2_HOPPER_EFFICIENCY",
+    "NAIVE_SCORE_BYTES",
+    "attention_kernel",
+    "attention_seconds_per_token",
+    "COMM_OVERLAP",
+    "eager_elementwise_bytes",
+]
 
 GENERATION_EFFICIENCY: dict[str, float] = {
     # Shoeybi et al. 2019 (Megatron-LM, arXiv 1909.08053): 8.3B GPT-2 on 512 V100s sustains
@@ -83,8 +94,9 @@ def _gemm_factor(M: float, K: float, N: float, e: float, ridge: float) -> float:
     return min(1.0, intensity / ridge)
 
 
-def gemm_shape_factor(model: ModelConfig, tokens: float, tp: int, precision: str,
-                      hardware: HardwareSpec) -> float:
+def gemm_shape_factor(
+    model: ModelConfig, tokens: float, tp: int, precision: str, hardware: HardwareSpec
+) -> float:
     """FLOP-weighted roofline factor of one block's GEMMs (q/k/v, out, MLP in, MLP out) for
     `tokens` rows per rank: sum(flops) / sum(flops / min(1, intensity / ridge))."""
     e = 1.0 if precision == "fp8" else (4.0 if precision == "fp32" else 2.0)
@@ -101,8 +113,9 @@ def gemm_shape_factor(model: ModelConfig, tokens: float, tp: int, precision: str
     return flops / slow if slow else 1.0
 
 
-def matmul_efficiency(model: ModelConfig, hardware: HardwareSpec, precision: str,
-                      tokens: float, tp: int) -> tuple[float, float]:
+def matmul_efficiency(
+    model: ModelConfig, hardware: HardwareSpec, precision: str, tokens: float, tp: int
+) -> tuple[float, float]:
     """(efficiency of the plan's precision, efficiency of its 16-bit matmuls) against the
     respective peaks; tokens = rows per rank of one micro-batch (s*b/cp)."""
     base = GENERATION_EFFICIENCY[generation_of(hardware)]
@@ -174,10 +187,19 @@ def attention_kernel(recipe: str, recipe_attention: str, model_attention: str) -
     return "fused" if recipe in ("megatron", "nemo") else "flash2"
 
 
-def attention_seconds_per_token(*, kernel: str, recipe: str, core_flops: float, heads: int,
-                                seq_len: int, recompute: bool, dropout: bool,
-                                bf16_rate: float, hardware: HardwareSpec,
-                                kernel_efficiency: bool = True) -> float:
+def attention_seconds_per_token(
+    *,
+    kernel: str,
+    recipe: str,
+    core_flops: float,
+    heads: int,
+    seq_len: int,
+    recompute: bool,
+    dropout: bool,
+    bf16_rate: float,
+    hardware: HardwareSpec,
+    kernel_efficiency: bool = True,
+) -> float:
     """Seconds of one block's attention core per token (all heads; the caller divides by
     tp x cp), forward + backward + a forward recompute when `recompute`.
 
@@ -198,12 +220,10 @@ def attention_seconds_per_token(*, kernel: str, recipe: str, core_flops: float, 
     rc = 1.0 if recompute else 0.0
     if kernel != "naive":
         rate = bf16_rate
-        if (kernel_efficiency and kernel == "flash2"
-                and generation_of(hardware) in ("h100", "h200")):
+        if kernel_efficiency and kernel == "flash2" and generation_of(hardware) in ("h100", "h200"):
             rate = min(rate, hardware.flops("bf16") * FLASH2_HOPPER_EFFICIENCY)
         return core_flops * (1.0 + FLASH_BACKWARD_FACTOR + rc) / rate
-    fwd_b, bwd_b, drop_b = NAIVE_SCORE_BYTES["scaletrain" if recipe == "scaletrain"
-                                             else "megatron"]
+    fwd_b, bwd_b, drop_b = NAIVE_SCORE_BYTES["scaletrain" if recipe == "scaletrain" else "megatron"]
     if not dropout:
         fwd_b, bwd_b = fwd_b - drop_b, bwd_b - drop_b
     score_bytes = (fwd_b * (1.0 + rc) + bwd_b) * heads * seq_len
@@ -219,7 +239,7 @@ COMM_OVERLAP: dict[str, tuple[str, ...]] = {
     # optim.overlap_grad_sync / overlap_param_sync: true ("exposes only one DP communication
     # chunk", NeMo docs features/optimizations/communication_overlap.rst). The gradient
     # reduce-scatter's overlap is every recipe's default already (estimate._exposed).
-    "nemo": ("tp", "pp_p2p", "dp_param_gather"),
+    "nemo": ("tp", "pp_p2p", "dp_param_gather")
 }
 """Communication families a recipe's framework overlaps with compute, by recipe name (a recipe
 of that name picks them up; Megatron-LM's own defaults leave --tp-comm-overlap and
@@ -258,6 +278,7 @@ def eager_elementwise_bytes(model: ModelConfig, *, fused_norm: bool, recompute: 
     h, kv, f = model.dim, model.kv_dim, model.ffn_dim
     norm_fwd, norm_tot = EAGER_BYTES_PER_TOKEN["fused_norms" if fused_norm else "norms"]
     fwd = EAGER_REST_FWD[0] * h + EAGER_REST_FWD[1] * kv + EAGER_REST_FWD[2] * f + norm_fwd * h
-    tot = (EAGER_REST_TOTAL[0] * h + EAGER_REST_TOTAL[1] * kv + EAGER_REST_TOTAL[2] * f
-           + norm_tot * h)
+    tot = (
+        EAGER_REST_TOTAL[0] * h + EAGER_REST_TOTAL[1] * kv + EAGER_REST_TOTAL[2] * f + norm_tot * h
+    )
     return tot + (fwd if recompute else 0.0)

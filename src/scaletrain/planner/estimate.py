@@ -34,9 +34,17 @@ from .recipe_memory import recipe_stage_layers, recipe_worst_rank
 from .recipes import DEFAULT_RECIPE, Recipe, recipe_named
 from .types import Estimate, MemoryBreakdown, PlanInput, TimeBreakdown
 
-__all__ = ["estimate", "estimate_memory", "reserved_and_step", "default_efficiency",
-           "TrainingCost", "training_cost", "napkin_cost", "OPTIMIZER_TRAFFIC",
-           "CPU_OPTIMIZER_BW"]
+__all__ = [
+    "estimate",
+    "estimate_memory",
+    "reserved_and_step",
+    "default_efficiency",
+    "TrainingCost",
+    "training_cost",
+    "napkin_cost",
+    "OPTIMIZER_TRAFFIC",
+    "CPU_OPTIMIZER_BW",
+]
 
 OPTIMIZER_TRAFFIC = {"adamw": 28.0, "sgd": 20.0, "adamw8bit": 16.0}
 """Bytes read+written per (sharded) parameter by one optimizer step: AdamW reads param, grad, m,
@@ -117,29 +125,54 @@ def _efficiency(plan: PlanInput) -> float:
 _EFF: dict[tuple, float] = {}  # default_efficiency reads only these three fields
 
 
-def comm_arguments(plan: PlanInput, max_params: float, gpus_per_node: int | None = None
-                   ) -> dict[str, Any]:
+def comm_arguments(
+    plan: PlanInput, max_params: float, gpus_per_node: int | None = None
+) -> dict[str, Any]:
     """The `comm_terms` arguments for `plan` whose busiest rank holds `max_params` parameters
     (after TP/PP/EP division): blocks of the fullest stage, tokens of one micro-batch per cp
     rank, this rank's expert weights (EP-local, TP-sharded like max_params)."""
     L, model = plan.layout, plan.model
     layers = max(stage_layer_counts(model.num_layers, L.pp, L.pp_virtual))
-    experts = (layers * model.param_counts().mlp_per_expert * model.num_experts
-               / expert_split(L) if model.is_moe else 0.0)
+    experts = (
+        layers * model.param_counts().mlp_per_expert * model.num_experts / expert_split(L)
+        if model.is_moe
+        else 0.0
+    )
     # fp8 all-gather (precision/fp8_fsdp.py): the Float8Linears' weights travel as 1-byte E4M3
-    fp8_gather = (fp8_linear_params(model, layers, L.tp)
-                  if plan.fp8_all_gather and plan.precision == "fp8" else 0.0)
-    return dict(layout=L, hardware=plan.hardware, stage_params=max_params, layers=layers,
-                moe_layers=layers if model.is_moe else 0,
-                tokens=float(plan.seq_len) * plan.micro_batch / L.cp, hidden=model.dim,
-                kv_dim=model.kv_dim, experts_per_token=model.experts_per_token,
-                micro_batches=max(1, plan.grad_accum), precision=plan.precision, ac=plan.ac,
-                expert_params=experts, fp8_gather_params=fp8_gather,
-                gpus_per_node=gpus_per_node)
+    fp8_gather = (
+        fp8_linear_params(model, layers, L.tp)
+        if plan.fp8_all_gather and plan.precision == "fp8"
+        else 0.0
+    )
+    return dict(
+        layout=L,
+        hardware=plan.hardware,
+        stage_params=max_params,
+        layers=layers,
+        moe_layers=layers if model.is_moe else 0,
+        tokens=float(plan.seq_len) * plan.micro_batch / L.cp,
+        hidden=model.dim,
+        kv_dim=model.kv_dim,
+        experts_per_token=model.experts_per_token,
+        micro_batches=max(1, plan.grad_accum),
+        precision=plan.precision,
+        ac=plan.ac,
+        expert_params=experts,
+        fp8_gather_params=fp8_gather,
+        gpus_per_node=gpus_per_node,
+    )
 
 
-def _block_seconds(plan: PlanInput, recipe: Recipe | None, *, rate: float, slow: float,
-                   lf: float, layer_hw: float, core: float) -> tuple[float, float, float]:
+def _block_seconds(
+    plan: PlanInput,
+    recipe: Recipe | None,
+    *,
+    rate: float,
+    slow: float,
+    lf: float,
+    layer_hw: float,
+    core: float,
+) -> tuple[float, float, float]:
     """(seconds per token of one block, of its attention core, the block's hardware FLOPs per
     token) for `_time`: the matmuls at `rate` (`slow`: the bf16 rate fp8 runs the core at), the
     attention core as its kernel runs it, the eager elementwise kernels, and MoE experts kept
@@ -147,21 +180,37 @@ def _block_seconds(plan: PlanInput, recipe: Recipe | None, *, rate: float, slow:
     L, model, hw = plan.layout, plan.model, plan.hardware
     core_hw = core * (4 if plan.ac != "none" else 3)  # selective / full recompute it once
     core_recompute = plan.ac != "none"
-    if (recipe is not None and recipe.selective == "torchtitan_op" and plan.ac == "selective"
-            and not model.is_moe):
+    if (
+        recipe is not None
+        and recipe.selective == "torchtitan_op"
+        and plan.ac == "selective"
+        and not model.is_moe
+    ):
         # torchtitan's per-op SAC: every second matmul recomputed, SDPA saved (flops.py)
         layer_hw = 3 * lf + op_sac_recompute_flops_per_token(model)
         core_hw, core_recompute = 3 * core, False
     # the attention core as its kernel runs it (efficiency.attention_seconds_per_token)
     rname = recipe.name if recipe is not None else DEFAULT_RECIPE
-    kernel = attention_kernel(rname, recipe.attention if recipe is not None else "model",
-                              model.attention)
-    dropout = (recipe is not None and recipe.dropout_masks and model.norm == "layernorm")
-    core_s = attention_seconds_per_token(
-        kernel=kernel, recipe=rname, core_flops=core, heads=model.num_heads,
-        seq_len=plan.seq_len, recompute=core_recompute, dropout=dropout, bf16_rate=slow,
-        hardware=hw, kernel_efficiency=plan.efficiency <= 0) if hw.name != "cpu" \
+    kernel = attention_kernel(
+        rname, recipe.attention if recipe is not None else "model", model.attention
+    )
+    dropout = recipe is not None and recipe.dropout_masks and model.norm == "layernorm"
+    core_s = (
+        attention_seconds_per_token(
+            kernel=kernel,
+            recipe=rname,
+            core_flops=core,
+            heads=model.num_heads,
+            seq_len=plan.seq_len,
+            recompute=core_recompute,
+            dropout=dropout,
+            bf16_rate=slow,
+            hardware=hw,
+            kernel_efficiency=plan.efficiency <= 0,
+        )
+        if hw.name != "cpu"
         else core_hw / slow
+    )
     layer_s = (layer_hw - core_hw) / rate + core_s  # seconds per token per block
     layer_s += eager_elementwise_s(plan, recipe)
     te = expert_tp(L.tp, L.ep)
@@ -175,8 +224,14 @@ def _block_seconds(plan: PlanInput, recipe: Recipe | None, *, rate: float, slow:
     return layer_s, core_s, layer_hw
 
 
-def _time(plan: PlanInput, max_params: float, causal: bool, gpus_per_node: int | None,
-          zero_bubble: str, recipe: Recipe | None = None) -> tuple:
+def _time(
+    plan: PlanInput,
+    max_params: float,
+    causal: bool,
+    gpus_per_node: int | None,
+    zero_bubble: str,
+    recipe: Recipe | None = None,
+) -> tuple:
     """(step, compute, bubble, exposed comm, optimizer seconds, comm seconds per family,
     efficiency) of one step.
 
@@ -197,8 +252,9 @@ def _time(plan: PlanInput, max_params: float, causal: bool, gpus_per_node: int |
     generation = recipe is not None and recipe.time_model == "generation"
     if generation and plan.efficiency <= 0 and hw.name != "cpu":
         # efficiency.py: generation x GEMM-shape roofline x fp8 factor
-        eff, eff16 = matmul_efficiency(model, hw, plan.precision,
-                                       float(plan.seq_len) * plan.micro_batch / L.cp, L.tp)
+        eff, eff16 = matmul_efficiency(
+            model, hw, plan.precision, float(plan.seq_len) * plan.micro_batch / L.cp, L.tp
+        )
     if recipe is not None:
         counts = recipe_stage_layers(plan, recipe)
     rate = hw.flops(plan.precision) * eff
@@ -206,8 +262,9 @@ def _time(plan: PlanInput, max_params: float, causal: bool, gpus_per_node: int |
     # the attention core (SDPA) and the 16-bit head run at the bf16 rate. Every other
     # precision runs all of its matmuls at one rate.
     slow = hw.flops("bf16") * eff16 if plan.precision == "fp8" else rate
-    layer_s, core_s, layer_hw = _block_seconds(plan, recipe, rate=rate, slow=slow, lf=lf,
-                                               layer_hw=layer_hw, core=core)
+    layer_s, core_s, layer_hw = _block_seconds(
+        plan, recipe, rate=rate, slow=slow, lf=lf, layer_hw=layer_hw, core=core
+    )
     tok_mb = float(plan.seq_len) * plan.micro_batch  # tokens of one micro-batch (one replica)
     split = L.tp * L.cp
     middle = max(counts[:-1], default=0) * layer_s
@@ -215,8 +272,10 @@ def _time(plan: PlanInput, max_params: float, causal: bool, gpus_per_node: int |
     compute_s = m * t_mb
     bubble_s = 0.0
     if L.pp > 1:
-        bubble_s = bubble_fraction(L.pp_schedule, L.pp, m, L.pp_virtual,
-                                   zero_bubble=zero_bubble) * compute_s
+        bubble_s = (
+            bubble_fraction(L.pp_schedule, L.pp, m, L.pp_virtual, zero_bubble=zero_bubble)
+            * compute_s
+        )
     layers = max(counts)
     terms = comm_terms(**comm_arguments(plan, max_params, gpus_per_node))
     bucket = 25.0 * 2**20
@@ -225,18 +284,37 @@ def _time(plan: PlanInput, max_params: float, causal: bool, gpus_per_node: int |
         bucket = recipe.bucket_bytes(L.dp)
     t_fwd = t_mb * lf / layer_hw  # forward share of the hardware FLOPs
     t_core = tok_mb * layers * core_s / split * m
-    exposed = _exposed(terms, L, hw, max_params, m, t_fwd, t_mb - t_fwd, t_core, layers,
-                       gpus_per_node, bucket_bytes=bucket, tree=foreign,
-                       overlap=COMM_OVERLAP.get(recipe.name, ()) if recipe is not None else ())
+    exposed = _exposed(
+        terms,
+        L,
+        hw,
+        max_params,
+        m,
+        t_fwd,
+        t_mb - t_fwd,
+        t_core,
+        layers,
+        gpus_per_node,
+        bucket_bytes=bucket,
+        tree=foreign,
+        overlap=COMM_OVERLAP.get(recipe.name, ()) if recipe is not None else (),
+    )
     optimizer_s = _optimizer_time(plan, max_params)
     step_s = compute_s + bubble_s + exposed + optimizer_s
     return step_s, compute_s, bubble_s, exposed, optimizer_s, terms, eff
 
 
-def reserved_and_step(plan: PlanInput, *, convention: str = "scaletrain", modern: bool = True,
-                      causal: bool = True, gpus_per_node: int | None = None,
-                      zero_bubble: str = "h1", memory_only: bool = False,
-                      terms: ModelTerms | None = None) -> tuple[float, float]:
+def reserved_and_step(
+    plan: PlanInput,
+    *,
+    convention: str = "scaletrain",
+    modern: bool = True,
+    causal: bool = True,
+    gpus_per_node: int | None = None,
+    zero_bubble: str = "h1",
+    memory_only: bool = False,
+    terms: ModelTerms | None = None,
+) -> tuple[float, float]:
     """The search's hot path: (worst-rank reserved bytes, step seconds); the step is inf when
     the plan does not fit (its time model is skipped) and 0 with memory_only. Same arithmetic
     as `estimate`, without building dataclasses. terms: the search's `ModelTerms` of the
@@ -247,8 +325,9 @@ def reserved_and_step(plan: PlanInput, *, convention: str = "scaletrain", modern
             return mem.reserved, float("inf")
         if memory_only:
             return mem.reserved, 0.0
-        return mem.reserved, _time(plan, max_params, causal, gpus_per_node, zero_bubble,
-                                   recipe_named(plan.recipe))[0]
+        return mem.reserved, _time(
+            plan, max_params, causal, gpus_per_node, zero_bubble, recipe_named(plan.recipe)
+        )[0]
     nums, max_params = worst_rank(plan, convention=convention, modern=modern, terms=terms)
     if nums.reserved > plan.hardware.memory_bytes:
         return nums.reserved, float("inf")
@@ -257,9 +336,16 @@ def reserved_and_step(plan: PlanInput, *, convention: str = "scaletrain", modern
     return nums.reserved, _time(plan, max_params, causal, gpus_per_node, zero_bubble)[0]
 
 
-def estimate(plan: PlanInput, *, convention: str = "scaletrain", modern: bool = True,
-             causal: bool = True, gpus_per_node: int | None = None,
-             zero_bubble: str = "h1", terms: ModelTerms | None = None) -> Estimate:
+def estimate(
+    plan: PlanInput,
+    *,
+    convention: str = "scaletrain",
+    modern: bool = True,
+    causal: bool = True,
+    gpus_per_node: int | None = None,
+    zero_bubble: str = "h1",
+    terms: ModelTerms | None = None,
+) -> Estimate:
     """Evaluate one layout: worst-rank memory, step time, tokens/s (whole job), MFU.
 
     convention: model-state byte convention (memory.CONVENTIONS); modern: modern activation
@@ -277,7 +363,8 @@ def estimate(plan: PlanInput, *, convention: str = "scaletrain", modern: bool = 
         nums, max_params = worst_rank(plan, convention=convention, modern=modern, terms=terms)
         mem = breakdown(plan, nums)
     step_s, compute_s, bubble_s, exposed, optimizer_s, comm, eff = _time(
-        plan, max_params, causal, gpus_per_node, zero_bubble, recipe)
+        plan, max_params, causal, gpus_per_node, zero_bubble, recipe
+    )
     model_fpt = _model_consts(model, plan.seq_len, causal, plan.ac)[5]
     comm_s = {k: v[1] for k, v in comm.items()}
     m = max(1, plan.grad_accum)
@@ -285,16 +372,31 @@ def estimate(plan: PlanInput, *, convention: str = "scaletrain", modern: bool = 
     tokens_per_s = tokens_step / step_s if step_s > 0 else 0.0
     peak = hw.flops(plan.precision)
     mfu = model_fpt * tokens_per_s / (peak * max(1, plan.num_gpus))
-    time = TimeBreakdown(step_s=step_s, compute_s=compute_s, comm_exposed_s=exposed,
-                         bubble_s=bubble_s, optimizer_s=optimizer_s,
-                         comm_total_s=sum(comm_s.values()), comm_terms=comm_s)
+    time = TimeBreakdown(
+        step_s=step_s,
+        compute_s=compute_s,
+        comm_exposed_s=exposed,
+        bubble_s=bubble_s,
+        optimizer_s=optimizer_s,
+        comm_total_s=sum(comm_s.values()),
+        comm_terms=comm_s,
+    )
     notes = _notes(convention, eff, plan.precision, peak)
     if recipe is not None:
-        notes[0] = (f"recipe={recipe.name!r} ({recipe.framework}): model states, activations, "
-                    "loss, buffers and allocator terms from planner/recipes.py "
-                    "(recipe_memory.py); time model efficiency.py")
-    return Estimate(plan=plan, memory=mem, time=time, flops_per_token=model_fpt,
-                    tokens_per_s=tokens_per_s, mfu=mfu, notes=notes)
+        notes[0] = (
+            f"recipe={recipe.name!r} ({recipe.framework}): model states, activations, "
+            "loss, buffers and allocator terms from planner/recipes.py "
+            "(recipe_memory.py); time model efficiency.py"
+        )
+    return Estimate(
+        plan=plan,
+        memory=mem,
+        time=time,
+        flops_per_token=model_fpt,
+        tokens_per_s=tokens_per_s,
+        mfu=mfu,
+        notes=notes,
+    )
 
 
 _NOTES_CACHE: dict[tuple, list[str]] = {}
@@ -304,8 +406,11 @@ def _notes(convention: str, eff: float, precision: str, peak: float) -> list[str
     key = (convention, eff, precision, peak)
     hit = _NOTES_CACHE.get(key)
     if hit is None:
-        hit = [f"model states: convention={convention!r}",
-               f"efficiency={eff:.3f} of {precision} peak {peak / 1e12:.1f} TFLOP/s", *_NOTES]
+        hit = [
+            f"model states: convention={convention!r}",
+            f"efficiency={eff:.3f} of {precision} peak {peak / 1e12:.1f} TFLOP/s",
+            *_NOTES,
+        ]
         if len(_NOTES_CACHE) > 1024:
             _NOTES_CACHE.clear()
         _NOTES_CACHE[key] = hit
@@ -319,17 +424,38 @@ def eager_elementwise_s(plan: PlanInput, recipe: Recipe | None) -> float:
     user-set efficiency (which stands for the whole block), on CPU, and for models other than
     the dense RMSNorm Llama block the bytes were counted on."""
     model, hw = plan.model, plan.hardware
-    if (recipe is None or not recipe.eager_elementwise or plan.compile or plan.efficiency > 0
-            or hw.name == "cpu" or model.norm != "rmsnorm" or model.is_moe):
+    if (
+        recipe is None
+        or not recipe.eager_elementwise
+        or plan.compile
+        or plan.efficiency > 0
+        or hw.name == "cpu"
+        or model.norm != "rmsnorm"
+        or model.is_moe
+    ):
         return 0.0
-    return eager_elementwise_bytes(model, fused_norm=plan.fused_norm,
-                                   recompute=plan.ac != "none") / hw.memory_bw
+    return (
+        eager_elementwise_bytes(model, fused_norm=plan.fused_norm, recompute=plan.ac != "none")
+        / hw.memory_bw
+    )
 
 
-def _exposed(terms: dict[str, tuple[float, float]], L, hw: HardwareSpec, stage_params: float,
-             m: int, t_fwd: float, t_bwd: float, t_core: float, layers: int,
-             gpus_per_node: int | None, *, bucket_bytes: float = 25 * 2**20,
-             tree: bool = False, overlap: tuple[str, ...] = ()) -> float:
+def _exposed(
+    terms: dict[str, tuple[float, float]],
+    L,
+    hw: HardwareSpec,
+    stage_params: float,
+    m: int,
+    t_fwd: float,
+    t_bwd: float,
+    t_core: float,
+    layers: int,
+    gpus_per_node: int | None,
+    *,
+    bucket_bytes: float = 25 * 2**20,
+    tree: bool = False,
+    overlap: tuple[str, ...] = (),
+) -> float:
     """Communication seconds left on the critical path after overlap (rules in _NOTES).
     bucket_bytes: the last gradient bucket, reduced after the backward ends (exposed);
     tree: its latency term is NCCL's tree at scale (efficiency.allreduce_latency);
@@ -371,9 +497,13 @@ def _exposed(terms: dict[str, tuple[float, float]], L, hw: HardwareSpec, stage_p
     return out
 
 
-def _recipe_comm(terms: dict[str, tuple[float, float]], plan: PlanInput, recipe: Recipe,
-                 stage_params: float, gpus_per_node: int | None
-                 ) -> dict[str, tuple[float, float]]:
+def _recipe_comm(
+    terms: dict[str, tuple[float, float]],
+    plan: PlanInput,
+    recipe: Recipe,
+    stage_params: float,
+    gpus_per_node: int | None,
+) -> dict[str, tuple[float, float]]:
     """The data-parallel families as `recipe`'s framework runs them (the others are
     comm_terms' own). DDP / ZeRO-0: all-reduce of the gradient in its reduction dtype
     (bucket_elem_bytes), one latency term per bucket, NCCL's tree latency at scale

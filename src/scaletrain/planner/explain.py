@@ -34,22 +34,32 @@ def _parameters(est: Estimate) -> list[str]:
     out: list[str] = []
     add = out.append
     pc = m_.param_counts()
-    add(f"== {m_.name} on {p.num_gpus} x {hw.name}: dp={L.dp} zero={L.zero} tp={L.tp} "
-        f"sp={L.sp} pp={L.pp} ({L.pp_schedule}, v={L.pp_virtual}) cp={L.cp} ep={L.ep}")
+    add(
+        f"== {m_.name} on {p.num_gpus} x {hw.name}: dp={L.dp} zero={L.zero} tp={L.tp} "
+        f"sp={L.sp} pp={L.pp} ({L.pp_schedule}, v={L.pp_virtual}) cp={L.cp} ep={L.ep}"
+    )
     add(f"   world size = dp*tp*pp*cp = {L.dp}*{L.tp}*{L.pp}*{L.cp} = {L.world_size}")
-    add(f"   batch: global {p.global_batch} seq = micro_batch {p.micro_batch} x grad_accum {m}"
-        f" x dp {L.dp}; seq_len {p.seq_len} -> {p.global_batch * p.seq_len:,} tokens/step")
+    add(
+        f"   batch: global {p.global_batch} seq = micro_batch {p.micro_batch} x grad_accum {m}"
+        f" x dp {L.dp}; seq_len {p.seq_len} -> {p.global_batch * p.seq_len:,} tokens/step"
+    )
     add("-- 1. parameters (exact count per component)")
     add(f"   embedding V*h = {m_.vocab_size}*{m_.dim} = {pc.embedding:,}")
-    add(f"   per layer: attention {pc.attention:,} + mlp {pc.mlp:,} + router {pc.router:,} + "
-        f"norms {pc.norms:,} = {pc.per_layer:,}")
-    add(f"   x {pc.num_layers} layers = {pc.num_layers * pc.per_layer:,}; head {pc.head:,}; "
-        f"final norm {pc.final_norm:,}; total {pc.total:,}")
+    add(
+        f"   per layer: attention {pc.attention:,} + mlp {pc.mlp:,} + router {pc.router:,} + "
+        f"norms {pc.norms:,} = {pc.per_layer:,}"
+    )
+    add(
+        f"   x {pc.num_layers} layers = {pc.num_layers * pc.per_layer:,}; head {pc.head:,}; "
+        f"final norm {pc.final_norm:,}; total {pc.total:,}"
+    )
     counts = stage_layer_counts(m_.num_layers, L.pp, L.pp_virtual)
     held = mem.detail.get("params.count", 0.0)
-    add(f"   pipeline split (layers per rank) = {counts}; worst-memory rank {mem.rank} holds "
+    add(
+        f"   pipeline split (layers per rank) = {counts}; worst-memory rank {mem.rank} holds "
         f"{held:,.0f} params after /tp={L.tp} (experts /{expert_split(L)}: "
-        f"{'tp' if L.ep == 1 else 'ep'})")
+        f"{'tp' if L.ep == 1 else 'ep'})"
+    )
     return out
 
 
@@ -64,36 +74,51 @@ def _states_and_activations(est: Estimate) -> list[str]:
         out += _recipe_states(est)
     else:
         pb, gbp, ob = state_bytes_per_param(p.precision, p.optimizer)
-        add(f"   bytes/param ({p.precision}, {p.optimizer}, scaletrain convention: fp32 master "
-            f"params {pb:g} + fp32 grads {gbp:g} + optimizer {ob:g} (Adam m and v fp32))")
+        add(
+            f"   bytes/param ({p.precision}, {p.optimizer}, scaletrain convention: fp32 master "
+            f"params {pb:g} + fp32 grads {gbp:g} + optimizer {ob:g} (Adam m and v fp32))"
+        )
     zs = L.zero_shards
-    add(f"   ZeRO-{L.zero}: shards over dp_shard*cp = {zs} ranks "
-        f"(stage>=1 optimizer, >=2 grads, 3 params)")
-    add(f"   params {_gb(mem.params)} (in-flight 16-bit copies "
+    add(
+        f"   ZeRO-{L.zero}: shards over dp_shard*cp = {zs} ranks "
+        f"(stage>=1 optimizer, >=2 grads, 3 params)"
+    )
+    add(
+        f"   params {_gb(mem.params)} (in-flight 16-bit copies "
         f"{_gb(mem.detail.get('params.in_flight', 0.0))}), grads {_gb(mem.grads)}, "
         f"optimizer {_gb(mem.optimizer)}; offloaded to CPU "
-        f"{_gb(mem.detail.get('offloaded.cpu', 0.0))}")
+        f"{_gb(mem.detail.get('offloaded.cpu', 0.0))}"
+    )
     add("-- 3. activations")
     per_layer = mem.detail.get("activations.per_layer", 0.0)
     what = "modern SDPA model"
     if p.recipe != DEFAULT_RECIPE:
         r = recipe_named(p.recipe)
         what = f"[{r.name}] {r.activations}, selective={r.selective}"
-    add(f"   per layer per micro-batch ({what}, ac={p.ac}, tp={L.tp}, sp={L.sp}, "
-        f"cp={L.cp}) = {_gb(per_layer)}")
+    add(
+        f"   per layer per micro-batch ({what}, ac={p.ac}, tp={L.tp}, sp={L.sp}, "
+        f"cp={L.cp}) = {_gb(per_layer)}"
+    )
     stage = int(mem.detail.get("pipeline_rank", 0))
-    inflight = inflight_microbatches(L.pp_schedule, L.pp, m, stage, L.pp_virtual) \
-        if L.pp > 1 else 1.0
-    add(f"   micro-batches in flight ({L.pp_schedule}, pipeline rank {stage}, the worst) = "
-        f"{inflight:g} (exact for torch's order; pipeline.inflight_microbatches)")
-    add(f"   activations = in_flight x layers x per_layer (+ head/logits on the last rank) = "
-        f"{_gb(mem.activations)}")
+    inflight = (
+        inflight_microbatches(L.pp_schedule, L.pp, m, stage, L.pp_virtual) if L.pp > 1 else 1.0
+    )
+    add(
+        f"   micro-batches in flight ({L.pp_schedule}, pipeline rank {stage}, the worst) = "
+        f"{inflight:g} (exact for torch's order; pipeline.inflight_microbatches)"
+    )
+    add(
+        f"   activations = in_flight x layers x per_layer (+ head/logits on the last rank) = "
+        f"{_gb(mem.activations)}"
+    )
     add("-- 4. buffers")
     for k, v in mem.buffer_terms.items():
         add(f"   {k:<22} {_gb(v)}")
-    add(f"   total allocated peak {_gb(mem.total)}; reserved (+fragmentation) "
+    add(
+        f"   total allocated peak {_gb(mem.total)}; reserved (+fragmentation) "
         f"{_gb(mem.reserved)} vs capacity {_gb(mem.capacity)} -> "
-        f"{'fits' if mem.fits else 'DOES NOT FIT'}")
+        f"{'fits' if mem.fits else 'DOES NOT FIT'}"
+    )
     if mem.moment:
         add(f"   peak moment: {mem.moment}")
     return out
@@ -108,20 +133,29 @@ def _recipe_states(est: Estimate) -> list[str]:
     fp32 = p.precision == "fp32"
     wb, mb, gb = (4.0, 0.0, 4.0) if fp32 else (r.weight_bytes, r.master_bytes, r.grad_bytes)
     out = [f"   recipe {r.name!r} ({r.framework}); every term below is this recipe's:"]
-    rows = (("weights", f"{wb:g} B/param", "weight_bytes"),
-            ("fp32 master", f"{mb:g} B/param (sharded by ZeRO-1: {r.shards_master})",
-             "master_bytes"),
-            ("gradients", f"{gb:g} B/param (full buffer under ZeRO-1: "
-             f"{r.grad_buffer_full_under_zero1})", "grad_bytes"),
-            ("optimizer", f"{p.optimizer} moments", "optimizer"),
-            ("activations", f"{r.activations}, selective={r.selective}", "activations"),
-            ("attention", f"{r.attention} (s x s scores kept: {r.attention == 'naive'})",
-             "attention"),
-            ("loss/logits", r.loss, "loss"),
-            ("grad buckets", f"{r.ddp_bucket}, {r.bucket_bytes(p.layout.dp) / 1e6:.0f} MB",
-             "ddp_bucket"),
-            ("allocator", f"fragmentation {r.fragmentation:g}, context "
-             f"{r.cuda_context_bytes / 1e9:.2f} GB", "fragmentation"))
+    rows = (
+        ("weights", f"{wb:g} B/param", "weight_bytes"),
+        ("fp32 master", f"{mb:g} B/param (sharded by ZeRO-1: {r.shards_master})", "master_bytes"),
+        (
+            "gradients",
+            f"{gb:g} B/param (full buffer under ZeRO-1: {r.grad_buffer_full_under_zero1})",
+            "grad_bytes",
+        ),
+        ("optimizer", f"{p.optimizer} moments", "optimizer"),
+        ("activations", f"{r.activations}, selective={r.selective}", "activations"),
+        ("attention", f"{r.attention} (s x s scores kept: {r.attention == 'naive'})", "attention"),
+        ("loss/logits", r.loss, "loss"),
+        (
+            "grad buckets",
+            f"{r.ddp_bucket}, {r.bucket_bytes(p.layout.dp) / 1e6:.0f} MB",
+            "ddp_bucket",
+        ),
+        (
+            "allocator",
+            f"fragmentation {r.fragmentation:g}, context {r.cuda_context_bytes / 1e9:.2f} GB",
+            "fragmentation",
+        ),
+    )
     for name, value, key in rows:
         out.append(f"   [{r.name}] {name:<13} {value} -- {src.get(key, 'see recipes.py')}")
     return out
@@ -133,34 +167,47 @@ def _recipe_time(est: Estimate) -> list[str]:
 
     p, L, hw = est.plan, est.plan.layout, est.plan.hardware
     r = recipe_named(p.recipe)
-    bucket = (f"   [{r.name}] last gradient bucket exposed: {r.bucket_bytes(L.dp) / 1e6:.0f} "
-              f"MB ({r.sources.get('ddp_bucket', '')}); all-reduce latency: NCCL tree from 16 "
-              f"ranks (efficiency.allreduce_latency)")
+    bucket = (
+        f"   [{r.name}] last gradient bucket exposed: {r.bucket_bytes(L.dp) / 1e6:.0f} "
+        f"MB ({r.sources.get('ddp_bucket', '')}); all-reduce latency: NCCL tree from 16 "
+        f"ranks (efficiency.allreduce_latency)"
+    )
     from .efficiency import COMM_OVERLAP, attention_kernel
 
     kernel = attention_kernel(r.name, r.attention, p.model.attention)
-    why = {"flash2": "35% of bf16 peak on Hopper: FlashAttention-3 paper",
-           "fused": "Transformer Engine, at the matmul rate",
-           "naive": "full s x s + score traffic: efficiency.NAIVE_SCORE_BYTES"}[kernel]
-    bucket += (f"\n   [{r.name}] attention core: {kernel} ({why}); overlapped: "
-               f"{', '.join(COMM_OVERLAP.get(r.name, ())) or 'gradient reduce only'}")
+    why = {
+        "flash2": "35% of bf16 peak on Hopper: FlashAttention-3 paper",
+        "fused": "Transformer Engine, at the matmul rate",
+        "naive": "full s x s + score traffic: efficiency.NAIVE_SCORE_BYTES",
+    }[kernel]
+    bucket += (
+        f"\n   [{r.name}] attention core: {kernel} ({why}); overlapped: "
+        f"{', '.join(COMM_OVERLAP.get(r.name, ())) or 'gradient reduce only'}"
+    )
     from .estimate import eager_elementwise_s
 
     eager = eager_elementwise_s(p, r)
     if eager > 0:
-        bucket += (f"\n   [{r.name}] eager elementwise kernels (no compile): "
-                   f"{eager * hw.memory_bw / 1e6:.2f} MB per token per block over memory "
-                   f"bandwidth (efficiency.eager_elementwise_bytes)")
+        bucket += (
+            f"\n   [{r.name}] eager elementwise kernels (no compile): "
+            f"{eager * hw.memory_bw / 1e6:.2f} MB per token per block over memory "
+            f"bandwidth (efficiency.eager_elementwise_bytes)"
+        )
     if r.time_model != "generation" or p.efficiency > 0 or hw.name == "cpu":
-        return [f"   [{r.name}] efficiency: estimate.default_efficiency (recipes._TIME_MODEL)",
-                bucket]
+        return [
+            f"   [{r.name}] efficiency: estimate.default_efficiency (recipes._TIME_MODEL)",
+            bucket,
+        ]
     gen = generation_of(hw)
     tokens = float(p.seq_len) * p.micro_batch / L.cp
     shape = gemm_shape_factor(p.model, tokens, L.tp, p.precision, hw)
     fp8 = " x fp8 0.64 (torchtitan docs/performance.md Table 1)" if p.precision == "fp8" else ""
-    return [f"   [{r.name}] efficiency = {gen} {GENERATION_EFFICIENCY[gen]:.2f} (published large-"
-            f"run fraction of peak, efficiency.GENERATION_EFFICIENCY) x GEMM roofline "
-            f"{shape:.3f} ({tokens:,.0f} rows per rank){fp8}", bucket]
+    return [
+        f"   [{r.name}] efficiency = {gen} {GENERATION_EFFICIENCY[gen]:.2f} (published large-"
+        f"run fraction of peak, efficiency.GENERATION_EFFICIENCY) x GEMM roofline "
+        f"{shape:.3f} ({tokens:,.0f} rows per rank){fp8}",
+        bucket,
+    ]
 
 
 def _n(x: float) -> str:
@@ -200,8 +247,9 @@ def _cost_lines(est: Estimate, tokens: float, energy: dict[str, float]) -> list[
     ]
 
 
-def _time_lines(est: Estimate, tokens: float | None,
-                energy: dict[str, float] | None = None) -> list[str]:
+def _time_lines(
+    est: Estimate, tokens: float | None, energy: dict[str, float] | None = None
+) -> list[str]:
     """Sections 5-8 and the notes: compute, communication, bubble, step."""
     p, L, m_, t = est.plan, est.plan.layout, est.plan.model, est.time
     m = max(1, p.grad_accum)
@@ -215,16 +263,20 @@ def _time_lines(est: Estimate, tokens: float | None,
     hf = head_forward_flops_per_token(m_)
     fwd = forward_flops_per_token(m_, p.seq_len)
     add(f"   forward FLOPs/token = L*{lf:,.0f} (block) + {hf:,.0f} (head) = {fwd:,.0f}")
-    add(f"   training FLOPs/token = 3 x forward = {est.flops_per_token:,.0f} "
-        f"(matmuls only, causal attention halved; recompute excluded from MFU)")
+    add(
+        f"   training FLOPs/token = 3 x forward = {est.flops_per_token:,.0f} "
+        f"(matmuls only, causal attention halved; recompute excluded from MFU)"
+    )
     # hardware FLOPs per token of each rank: its blocks (with recompute), the head on the last
     extra = {"full": lf, "selective": attention_core_flops_per_token(m_, p.seq_len)}
     block = 3 * lf + extra.get(p.ac, 0.0)
     per_rank = [c * block for c in counts[:-1]] + [counts[-1] * block + 3 * hf]
     slow = max(range(len(counts)), key=per_rank.__getitem__)
-    add(f"   compute time/step = m x tokens/micro-batch x FLOPs of the slowest pipeline rank "
+    add(
+        f"   compute time/step = m x tokens/micro-batch x FLOPs of the slowest pipeline rank "
         f"(rank {slow}: {counts[slow]} blocks{' + head' if slow == len(counts) - 1 else ''}) "
-        f"/ (tp*cp) / (peak x efficiency) = {t.compute_s:.3f} s")
+        f"/ (tp*cp) / (peak x efficiency) = {t.compute_s:.3f} s"
+    )
     add("-- 6. communication (per step per rank: all time; exposed after overlap)")
     for k, v in t.comm_terms.items():
         add(f"   {k:<22} {v:.4f} s")
@@ -232,17 +284,27 @@ def _time_lines(est: Estimate, tokens: float | None,
     add("-- 7. pipeline bubble")
     if L.pp > 1:
         bf = bubble_fraction(L.pp_schedule, L.pp, m, L.pp_virtual)
-        form = {"gpipe": "(p-1)/m", "1f1b": "(p-1)/m", "interleaved": "(p-1)/(v*m)",
-                "zero-bubble": "(p-1)/(3*v*m) (ZB-H1: torch's zero-bubble order)"}
-        add(f"   bubble fraction ({L.pp_schedule}) = {form.get(L.pp_schedule, '')} = {bf:.4f} "
-            f"of compute -> {t.bubble_s:.3f} s")
+        form = {
+            "gpipe": "(p-1)/m",
+            "1f1b": "(p-1)/m",
+            "interleaved": "(p-1)/(v*m)",
+            "zero-bubble": "(p-1)/(3*v*m) (ZB-H1: torch's zero-bubble order)",
+        }
+        add(
+            f"   bubble fraction ({L.pp_schedule}) = {form.get(L.pp_schedule, '')} = {bf:.4f} "
+            f"of compute -> {t.bubble_s:.3f} s"
+        )
     else:
         add("   pp = 1: no bubble")
     add("-- 8. step")
-    add(f"   step = compute {t.compute_s:.3f} + bubble {t.bubble_s:.3f} + exposed comm "
-        f"{t.comm_exposed_s:.3f} + optimizer {t.optimizer_s:.3f} = {t.step_s:.3f} s")
-    add(f"   tokens/s (whole job) = {est.tokens_per_s:,.0f}; MFU = FLOPs/token x tokens/s / "
-        f"(gpus x peak) = {100 * est.mfu:.1f}%")
+    add(
+        f"   step = compute {t.compute_s:.3f} + bubble {t.bubble_s:.3f} + exposed comm "
+        f"{t.comm_exposed_s:.3f} + optimizer {t.optimizer_s:.3f} = {t.step_s:.3f} s"
+    )
+    add(
+        f"   tokens/s (whole job) = {est.tokens_per_s:,.0f}; MFU = FLOPs/token x tokens/s / "
+        f"(gpus x peak) = {100 * est.mfu:.1f}%"
+    )
     if tokens:
         out += _cost_lines(est, tokens, energy or {})
     add("-- notes")
@@ -251,11 +313,21 @@ def _time_lines(est: Estimate, tokens: float | None,
     return out
 
 
-def explain(est: Estimate, *, tokens: float | None = None, pue: float = 1.2,
-            kg_co2_per_kwh: float = 0.43, host_watts_per_node: float = 0.0) -> str:
+def explain(
+    est: Estimate,
+    *,
+    tokens: float | None = None,
+    pue: float = 1.2,
+    kg_co2_per_kwh: float = 0.43,
+    host_watts_per_node: float = 0.0,
+) -> str:
     """A learner-readable derivation of `est` (one line per formula); with `tokens`, the
     training run's time, cost, energy and CO2 from the [hardware] energy inputs."""
-    energy = {"pue": pue, "kg_co2_per_kwh": kg_co2_per_kwh,
-              "host_watts_per_node": host_watts_per_node}
-    return "\n".join([*_parameters(est), *_states_and_activations(est),
-                      *_time_lines(est, tokens, energy)])
+    energy = {
+        "pue": pue,
+        "kg_co2_per_kwh": kg_co2_per_kwh,
+        "host_watts_per_node": host_watts_per_node,
+    }
+    return "\n".join(
+        [*_parameters(est), *_states_and_activations(est), *_time_lines(est, tokens, energy)]
+    )

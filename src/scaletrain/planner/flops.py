@@ -18,9 +18,17 @@ from __future__ import annotations
 
 from scaletrain.config import ModelConfig
 
-__all__ = ["flops_per_token", "forward_flops_per_token", "attention_core_flops_per_token",
-           "matmul_params", "layer_forward_flops_per_token", "head_forward_flops_per_token",
-           "FLASH_BACKWARD_FACTOR", "counted_flops_per_token", "op_sac_recompute_flops_per_token"]
+__all__ = [
+    "flops_per_token",
+    "forward_flops_per_token",
+    "attention_core_flops_per_token",
+    "matmul_params",
+    "layer_forward_flops_per_token",
+    "head_forward_flops_per_token",
+    "FLASH_BACKWARD_FACTOR",
+    "counted_flops_per_token",
+    "op_sac_recompute_flops_per_token",
+]
 
 FLASH_BACKWARD_FACTOR = 2.5
 """Attention-core backward / forward FLOPs of a flash-style kernel: the backward does dV = P^T dO,
@@ -42,8 +50,9 @@ def matmul_params(model: ModelConfig) -> tuple[int, int]:
     return per_layer, model.vocab_size * h
 
 
-def attention_core_flops_per_token(model: ModelConfig, seq_len: int, *,
-                                   causal: bool = True) -> float:
+def attention_core_flops_per_token(
+    model: ModelConfig, seq_len: int, *, causal: bool = True
+) -> float:
     """Forward FLOPs per token of one layer's attention core: QK^T (2*s*a*d) + AV (2*s*a*d).
 
     = 4*s*h per token (Narayanan et al. 2021); halved for causal masks when `causal`. Independent
@@ -53,8 +62,9 @@ def attention_core_flops_per_token(model: ModelConfig, seq_len: int, *,
     return core / 2 if causal else core
 
 
-def layer_forward_flops_per_token(model: ModelConfig, seq_len: int, *,
-                                  causal: bool = True) -> float:
+def layer_forward_flops_per_token(
+    model: ModelConfig, seq_len: int, *, causal: bool = True
+) -> float:
     """Forward FLOPs per token of one transformer block: 2 x matmul weights + attention core."""
     per_layer, _ = matmul_params(model)
     return 2.0 * per_layer + attention_core_flops_per_token(model, seq_len, causal=causal)
@@ -67,12 +77,14 @@ def head_forward_flops_per_token(model: ModelConfig) -> float:
 
 def forward_flops_per_token(model: ModelConfig, seq_len: int, *, causal: bool = True) -> float:
     """Forward FLOPs per token of the whole model: L x block + head."""
-    return (model.num_layers * layer_forward_flops_per_token(model, seq_len, causal=causal)
-            + head_forward_flops_per_token(model))
+    return model.num_layers * layer_forward_flops_per_token(
+        model, seq_len, causal=causal
+    ) + head_forward_flops_per_token(model)
 
 
-def flops_per_token(model: ModelConfig, seq_len: int, *, causal: bool = True,
-                    recompute: str = "none") -> float:
+def flops_per_token(
+    model: ModelConfig, seq_len: int, *, causal: bool = True, recompute: str = "none"
+) -> float:
     """Training FLOPs per token: forward + backward (2 x forward) + recomputation.
 
     recompute: 'none' -> 3F (model FLOPs, what MFU uses); 'full' -> + one extra forward of every
@@ -93,8 +105,15 @@ def flops_per_token(model: ModelConfig, seq_len: int, *, causal: bool = True,
     return 3.0 * fwd + extra
 
 
-def counted_flops_per_token(model: ModelConfig, seq_len: int, *, recompute: str = "none",
-                            tp: int = 1, cp: int = 1, fused_head: bool = True) -> float:
+def counted_flops_per_token(
+    model: ModelConfig,
+    seq_len: int,
+    *,
+    recompute: str = "none",
+    tp: int = 1,
+    cp: int = 1,
+    fused_head: bool = True,
+) -> float:
     """Training FLOPs per token of one rank as torch's `FlopCounterMode` counts them (the
     dry-run's figure, scaletrain's own kernels and parallel layouts).
 
@@ -123,8 +142,9 @@ def counted_flops_per_token(model: ModelConfig, seq_len: int, *, recompute: str 
     core = attention_core_flops_per_token(model, seq_len, causal=False)
     attn = model.num_layers * core / tp * (cp + 1) / (2 * cp)
     head_flops = 4.0 * 2.0 * head / tp if fused_head else 3.0 * 2.0 * head
-    total = 3.0 * 2.0 * model.num_layers * per_layer + head_flops \
-        + (1.0 + FLASH_BACKWARD_FACTOR) * attn
+    total = (
+        3.0 * 2.0 * model.num_layers * per_layer + head_flops + (1.0 + FLASH_BACKWARD_FACTOR) * attn
+    )
     if recompute == "full":
         down = model.dim * model.ffn_dim * (model.experts_per_token if model.is_moe else 1)
         total += 2.0 * model.num_layers * (per_layer - down) + attn

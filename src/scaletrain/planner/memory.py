@@ -32,14 +32,30 @@ from .state_memory import (
     state_bytes_per_param,
 )
 
-__all__ = ["OPTIMIZER_BYTES", "CONVENTIONS", "state_bytes_per_param", "model_state_bytes",
-           "stage_layer_counts", "korthikanti_layer_bytes", "layer_activation_bytes",
-           "activation_bytes", "head_activation_bytes", "fp8_linear_params", "loss_backward_bytes",
-           "selective_layer_bytes", "selective_recompute_bytes", "mlp_backward_work_bytes",
-           "fused_loss_chunk",
-           "embedding_backward_bytes", "held_logits_bytes", "rope_table_bytes", "buffer_terms",
-           "pp_recv_buffer_bytes",
-           "RUNTIME_CONTEXT_BYTES", "FRAGMENTATION"]
+__all__ = [
+    "OPTIMIZER_BYTES",
+    "CONVENTIONS",
+    "state_bytes_per_param",
+    "model_state_bytes",
+    "stage_layer_counts",
+    "korthikanti_layer_bytes",
+    "layer_activation_bytes",
+    "activation_bytes",
+    "head_activation_bytes",
+    "fp8_linear_params",
+    "loss_backward_bytes",
+    "selective_layer_bytes",
+    "selective_recompute_bytes",
+    "mlp_backward_work_bytes",
+    "fused_loss_chunk",
+    "embedding_backward_bytes",
+    "held_logits_bytes",
+    "rope_table_bytes",
+    "buffer_terms",
+    "pp_recv_buffer_bytes",
+    "RUNTIME_CONTEXT_BYTES",
+    "FRAGMENTATION",
+]
 
 RUNTIME_CONTEXT_BYTES = 0.75e9
 """CUDA context + cuBLAS workspaces + NCCL communicator buffers, outside the caching allocator
@@ -51,11 +67,28 @@ FRAGMENTATION = 0.05
 5% is the typical reserved/allocated excess of expandable-segment-free runs; tune with measure."""
 
 
-def buffer_terms(*, hidden: int, tokens: float, precision: str, zero: int, dp: int, tp: int,
-                 sp: bool, pp: int, cp: int, ep: int, kv_dim: int, experts_per_token: int,
-                 unit_params: float, zero_shards: int, device: str = "gpu",
-                 reduce_bytes: int = 4, bucket_params: float = 0.0,
-                 ffn_dim: int = 0, ddp: bool = True) -> dict[str, float]:
+def buffer_terms(
+    *,
+    hidden: int,
+    tokens: float,
+    precision: str,
+    zero: int,
+    dp: int,
+    tp: int,
+    sp: bool,
+    pp: int,
+    cp: int,
+    ep: int,
+    kv_dim: int,
+    experts_per_token: int,
+    unit_params: float,
+    zero_shards: int,
+    device: str = "gpu",
+    reduce_bytes: int = 4,
+    bucket_params: float = 0.0,
+    ffn_dim: int = 0,
+    ddp: bool = True,
+) -> dict[str, float]:
     """Named transient buffers on one rank (bytes). tokens = s_l * b of one micro-batch.
 
     ddp_buckets: DDP (zero 0, and zero 1 which runs over DDP): the reducer's flat bucket copy of
@@ -104,8 +137,19 @@ def buffer_terms(*, hidden: int, tokens: float, precision: str, zero: int, dp: i
     return out
 
 
-def pp_recv_buffer_bytes(*, hidden: int, tokens: float, precision: str, zero: int, tp: int,
-                         sp: bool, pp: int, virtual: int, rank: int, microbatches: int) -> float:
+def pp_recv_buffer_bytes(
+    *,
+    hidden: int,
+    tokens: float,
+    precision: str,
+    zero: int,
+    tp: int,
+    sp: bool,
+    pp: int,
+    virtual: int,
+    rank: int,
+    microbatches: int,
+) -> float:
     """Pipeline receive buffers of pipeline rank `rank` (bytes), kept for the whole step.
 
     torch.distributed.pipelining allocates, per stage and per micro-batch, one forward receive

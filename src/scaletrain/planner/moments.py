@@ -11,8 +11,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-__all__ = ["ForwardBackward", "OptimizerStep", "ZeroBlockBackward", "ZeroStageBackward",
-           "ZeroEndOfBackward", "LossBackward", "EmbeddingBackward", "Moment", "RankMemory"]
+__all__ = [
+    "ForwardBackward",
+    "OptimizerStep",
+    "ZeroBlockBackward",
+    "ZeroStageBackward",
+    "ZeroEndOfBackward",
+    "LossBackward",
+    "EmbeddingBackward",
+    "Moment",
+    "RankMemory",
+]
 
 
 # The moments are built per rank on the search's hot path, so they are plain slotted dataclasses
@@ -52,8 +61,16 @@ class OptimizerStep:
 
     @property
     def total(self) -> float:
-        return (self.states - self.params_in_flight + self.buffers - self.fsdp
-                - self.fp8_quantize + self.grads - self.grads_in_flight + self.step_temp)
+        return (
+            self.states
+            - self.params_in_flight
+            + self.buffers
+            - self.fsdp
+            - self.fp8_quantize
+            + self.grads
+            - self.grads_in_flight
+            + self.step_temp
+        )
 
 
 @dataclass(slots=True)
@@ -72,8 +89,16 @@ class ZeroBlockBackward:
 
     @property
     def total(self) -> float:
-        return (self.states + self.buffers - self.fsdp + self.root_unit + self.head_grad
-                + self.unit_copies + self.acts_and_grads + self.held_logits)
+        return (
+            self.states
+            + self.buffers
+            - self.fsdp
+            + self.root_unit
+            + self.head_grad
+            + self.unit_copies
+            + self.acts_and_grads
+            + self.held_logits
+        )
 
 
 @dataclass(slots=True)
@@ -92,8 +117,15 @@ class ZeroStageBackward:
 
     @property
     def total(self) -> float:
-        return (self.states - self.params_in_flight + self.buffers - self.fsdp
-                + 2 * self.stage_unsharded + self.block_acts + self.held_logits)
+        return (
+            self.states
+            - self.params_in_flight
+            + self.buffers
+            - self.fsdp
+            + 2 * self.stage_unsharded
+            + self.block_acts
+            + self.held_logits
+        )
 
 
 @dataclass(slots=True)
@@ -113,8 +145,14 @@ class ZeroEndOfBackward:
     @property
     def total(self) -> float:
         # the ZeRO-3 root terms are added as one sum (all 0.0 without a root unit to wait on)
-        return (self.states + self.buffers - self.fsdp + self.reduce_scatter + self.grads
-                + (self.root_grad + self.held_logits - self.root_sharded_grads))
+        return (
+            self.states
+            + self.buffers
+            - self.fsdp
+            + self.reduce_scatter
+            + self.grads
+            + (self.root_grad + self.held_logits - self.root_sharded_grads)
+        )
 
 
 @dataclass(slots=True)
@@ -133,8 +171,16 @@ class LossBackward:
 
     @property
     def total(self) -> float:
-        return (self.states + self.buffers - self.fsdp - self.fp8_quantize + self.stored_acts
-                + self.head_acts + self.grads + self.loss_temp)
+        return (
+            self.states
+            + self.buffers
+            - self.fsdp
+            - self.fp8_quantize
+            + self.stored_acts
+            + self.head_acts
+            + self.grads
+            + self.loss_temp
+        )
 
 
 @dataclass(slots=True)
@@ -150,12 +196,24 @@ class EmbeddingBackward:
 
     @property
     def total(self) -> float:
-        return (self.states + self.other_grads + self.held_logits + self.embedding_temp
-                + self.runtime_context)
+        return (
+            self.states
+            + self.other_grads
+            + self.held_logits
+            + self.embedding_temp
+            + self.runtime_context
+        )
 
 
-Moment = (ForwardBackward | OptimizerStep | ZeroBlockBackward | ZeroStageBackward
-          | ZeroEndOfBackward | LossBackward | EmbeddingBackward)
+Moment = (
+    ForwardBackward
+    | OptimizerStep
+    | ZeroBlockBackward
+    | ZeroStageBackward
+    | ZeroEndOfBackward
+    | LossBackward
+    | EmbeddingBackward
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,11 +18,29 @@ from scaletrain.config import ConfigError
 
 from .types import Estimate
 
-__all__ = ["Convention", "CONVENTIONS", "convention", "state_bytes", "korthikanti_layer_bytes",
-           "checkpoint_memory", "sqrt_checkpoints", "quantization", "gemm_waves",
-           "alignment", "SM_COUNTS", "TrainFlops", "train_flops", "min_gpus", "rent_vs_buy",
-           "RentBuy", "tokenizer_budget", "TokenizerBudget", "textbook_lines",
-           "ring_allreduce", "layer_gemm_flops"]
+__all__ = [
+    "Convention",
+    "CONVENTIONS",
+    "convention",
+    "state_bytes",
+    "korthikanti_layer_bytes",
+    "checkpoint_memory",
+    "sqrt_checkpoints",
+    "quantization",
+    "gemm_waves",
+    "alignment",
+    "SM_COUNTS",
+    "TrainFlops",
+    "train_flops",
+    "min_gpus",
+    "rent_vs_buy",
+    "RentBuy",
+    "tokenizer_budget",
+    "TokenizerBudget",
+    "textbook_lines",
+    "ring_allreduce",
+    "layer_gemm_flops",
+]
 
 
 @dataclass(frozen=True)
@@ -43,25 +61,50 @@ class Convention:
 
 _CONVENTIONS: dict[tuple[int, str], Convention] = {
     (12, "mixed"): Convention(
-        12, 2, 2, 8, "fp16 weights 2 + fp16 grads 2 + Adam m,v fp32 8 (no master copy)",
+        12,
+        2,
+        2,
+        8,
+        "fp16 weights 2 + fp16 grads 2 + Adam m,v fp32 8 (no master copy)",
         "seed 000 (20B: 40 + 40 + 160 = 240 GB), seed 004 Napkin Math 1.3/1.4 "
-        "(7B: 14 + 14 + 56 = 84 GB); seed 002's k=12 is the 16 B convention"),
+        "(7B: 14 + 14 + 56 = 84 GB); seed 002's k=12 is the 16 B convention",
+    ),
     (16, "mixed"): Convention(
-        16, 2, 2, 12, "fp16 weights 2 + fp16 grads 2 + fp32 master 4 + Adam m,v 8",
+        16,
+        2,
+        2,
+        12,
+        "fp16 weights 2 + fp16 grads 2 + fp32 master 4 + Adam m,v 8",
         "seed 003 sec. 20.1 (2P + 2P + 12P = 16P; 7B -> 112 GB), seed 004 Napkin Math 1.6, "
-        "ZeRO (Rajbhandari et al. 2020, sec. 3.1: K = 12)"),
+        "ZeRO (Rajbhandari et al. 2020, sec. 3.1: K = 12)",
+    ),
     (16, "fp32"): Convention(
-        16, 4, 4, 8, "fp32 weights 4 + fp32 grads 4 + Adam m,v 8",
+        16,
+        4,
+        4,
+        8,
+        "fp32 weights 4 + fp32 grads 4 + Adam m,v 8",
         "seed 002 I.A.1 (FP32 baseline 16 psi), seed 004 Napkin Math 1.2 (1.5B: 6 + 6 + 12 "
-        "= 24 GB)"),
+        "= 24 GB)",
+    ),
     (18, "mixed"): Convention(
-        18, 2, 4, 12, "bf16 weights 2 + fp32 main grads 4 + fp32 master 4 + Adam m,v 8",
+        18,
+        2,
+        4,
+        12,
+        "bf16 weights 2 + fp32 main grads 4 + fp32 master 4 + Adam m,v 8",
         "Megatron-LM docs, distributed optimizer: bf16 params with fp32 grads = 18 B/param, "
-        "6 + 12/d with the distributed optimizer (the seeds give no 18 B example)"),
+        "6 + 12/d with the distributed optimizer (the seeds give no 18 B example)",
+    ),
     (20, "mixed"): Convention(
-        20, 2, 2, 16, "bf16 weights 2 + bf16 grads 2 + fp32 master 4 + fp32 grads 4 + Adam "
-        "m,v 8", "seed 002 I.A.2 (mixed precision with fp32 gradients, 20 psi); ZeRO-1 "
-        "shards the fp32 grad copy with the optimizer as Megatron's 4 + 16/d does"),
+        20,
+        2,
+        2,
+        16,
+        "bf16 weights 2 + bf16 grads 2 + fp32 master 4 + fp32 grads 4 + Adam m,v 8",
+        "seed 002 I.A.2 (mixed precision with fp32 gradients, 20 psi); ZeRO-1 "
+        "shards the fp32 grad copy with the optimizer as Megatron's 4 + 16/d does",
+    ),
 }
 CONVENTIONS = (12, 16, 18, 20)
 
@@ -69,30 +112,46 @@ CONVENTIONS = (12, 16, 18, 20)
 def convention(bytes_per_param: int, precision: str = "bf16") -> Convention:
     """The convention of `bytes_per_param` bytes; fp32 training picks 16's all-fp32 split."""
     if bytes_per_param not in CONVENTIONS:
-        raise ConfigError("--convention", bytes_per_param,
-                          f"use one of {', '.join(map(str, CONVENTIONS))} (bytes per parameter)")
+        raise ConfigError(
+            "--convention",
+            bytes_per_param,
+            f"use one of {', '.join(map(str, CONVENTIONS))} (bytes per parameter)",
+        )
     kind = "fp32" if precision == "fp32" else "mixed"
     if kind == "fp32" and bytes_per_param != 16:
-        raise ConfigError("--convention", bytes_per_param,
-                          "fp32 training is the 16 B convention (4 + 4 + 8); use 16 or "
-                          "--precision bf16/fp16")
+        raise ConfigError(
+            "--convention",
+            bytes_per_param,
+            "fp32 training is the 16 B convention (4 + 4 + 8); use 16 or --precision bf16/fp16",
+        )
     return _CONVENTIONS[(bytes_per_param, kind)]
 
 
-def state_bytes(params: float, conv: Convention, *, zero: int = 0,
-                shards: int = 1) -> dict[str, float]:
+def state_bytes(
+    params: float, conv: Convention, *, zero: int = 0, shards: int = 1
+) -> dict[str, float]:
     """Weights, gradients and optimizer bytes per GPU (seed 002 sec. III.A table): ZeRO-1
     shards the optimizer terms over `shards` data-parallel ranks, ZeRO-2 the gradients too,
     ZeRO-3 the weights too. Ignores buffers, the allocator, and TP/PP (which divide all three)."""
     n = max(1, shards)
-    return {"weights": params * conv.weights / (n if zero >= 3 else 1),
-            "grads": params * conv.grads / (n if zero >= 2 else 1),
-            "optimizer": params * conv.optimizer / (n if zero >= 1 else 1)}
+    return {
+        "weights": params * conv.weights / (n if zero >= 3 else 1),
+        "grads": params * conv.grads / (n if zero >= 2 else 1),
+        "optimizer": params * conv.optimizer / (n if zero >= 1 else 1),
+    }
 
 
-def korthikanti_layer_bytes(seq: int, micro_batch: int, hidden: int, heads: int, *,
-                            tp: int = 1, sp: bool = False, ac: str = "none",
-                            act_bytes: float = 2.0) -> float:
+def korthikanti_layer_bytes(
+    seq: int,
+    micro_batch: int,
+    hidden: int,
+    heads: int,
+    *,
+    tp: int = 1,
+    sp: bool = False,
+    ac: str = "none",
+    act_bytes: float = 2.0,
+) -> float:
     """Activation bytes of one transformer layer, Korthikanti et al. 2022 ("Reducing Activation
     Recomputation in Large Transformer Models", Eq. 1-2 and Table 2): s*b*h*(34 + 5*a*s/h)
     with 16-bit activations and 1-byte dropout masks; tensor parallel
@@ -137,22 +196,23 @@ def quantization(n: int, quantum: int) -> tuple[int, float]:
 
 
 SM_COUNTS: dict[str, int] = {
-    "v100-32gb": 80,    # NVIDIA Tesla V100 whitepaper: 80 SMs
-    "a100-40gb": 108,   # NVIDIA A100 whitepaper: 108 SMs
+    "v100-32gb": 80,  # NVIDIA Tesla V100 whitepaper: 80 SMs
+    "a100-40gb": 108,  # NVIDIA A100 whitepaper: 108 SMs
     "a100-80gb": 108,
-    "h100-sxm": 132,    # NVIDIA H100 whitepaper: SXM5 132 SMs (seed 004 quotes 132)
-    "h100-pcie": 114,   # NVIDIA H100 whitepaper: PCIe 114 SMs
-    "h200": 132,        # H200 SXM: the H100 SXM5 die
-    "b200": 148,        # NVIDIA Blackwell B200: 148 SMs (2 dies x 74)
-    "rtx3090": 82,      # GA102 whitepaper: RTX 3090 82 SMs
-    "rtx4090": 128,     # Ada whitepaper: RTX 4090 128 SMs
-    "mi300x": 304,      # AMD Instinct MI300X datasheet: 304 compute units
+    "h100-sxm": 132,  # NVIDIA H100 whitepaper: SXM5 132 SMs (seed 004 quotes 132)
+    "h100-pcie": 114,  # NVIDIA H100 whitepaper: PCIe 114 SMs
+    "h200": 132,  # H200 SXM: the H100 SXM5 die
+    "b200": 148,  # NVIDIA Blackwell B200: 148 SMs (2 dies x 74)
+    "rtx3090": 82,  # GA102 whitepaper: RTX 3090 82 SMs
+    "rtx4090": 128,  # Ada whitepaper: RTX 4090 128 SMs
+    "mi300x": 304,  # AMD Instinct MI300X datasheet: 304 compute units
 }
 """Streaming multiprocessors (compute units) per GPU, for the wave count."""
 
 
-def gemm_waves(m: int, n: int, sms: int, tile_m: int = 128,
-               tile_n: int = 128) -> tuple[int, float, float]:
+def gemm_waves(
+    m: int, n: int, sms: int, tile_m: int = 128, tile_n: int = 128
+) -> tuple[int, float, float]:
     """Wave quantization of an (m x k) @ (k x n) GEMM (NVIDIA Deep Learning Performance Guide,
     "Matrix Multiplication Background": tile and wave quantization): tiles = ceil(m/tm) x
     ceil(n/tn); waves = tiles / SMs; efficiency = tiles / (ceil(waves) x SMs), the busy
@@ -180,8 +240,9 @@ class TrainFlops:
     formula: str
 
 
-def train_flops(*, flops: float | None = None, params: float | None = None,
-                tokens: float | None = None) -> TrainFlops:
+def train_flops(
+    *, flops: float | None = None, params: float | None = None, tokens: float | None = None
+) -> TrainFlops:
     """Training FLOPs: given, or C = 6 N D (Kaplan et al. 2020; seed 004 Napkin Math 1.5: 2
     FLOPs per parameter per token forward, backward twice that). Ignores attention's s^2
     FLOPs and activation recomputation."""
@@ -195,10 +256,16 @@ def train_flops(*, flops: float | None = None, params: float | None = None,
         if v <= 0:
             raise ConfigError(flag, v, "give a positive count such as 7e9")
     if not math.isfinite(6 * params * tokens):
-        raise ConfigError("--tokens", tokens, f"6 x N x D overflows with N = {params:.3g}: "
-                          "give realistic --params and --tokens (or --flops)")
-    return TrainFlops(6 * params * tokens,
-                      f"6 x N x D = 6 x {params:.3g} x {tokens:.3g} = {6 * params * tokens:.3g}")
+        raise ConfigError(
+            "--tokens",
+            tokens,
+            f"6 x N x D overflows with N = {params:.3g}: "
+            "give realistic --params and --tokens (or --flops)",
+        )
+    return TrainFlops(
+        6 * params * tokens,
+        f"6 x N x D = 6 x {params:.3g} x {tokens:.3g} = {6 * params * tokens:.3g}",
+    )
 
 
 def min_gpus(total_flops: float, sustained_per_gpu: float, days: float) -> int:
@@ -216,8 +283,15 @@ class RentBuy:
     runs_to_break_even: float
 
 
-def rent_vs_buy(gpus: int, hours: float, *, usd_per_gpu_hour: float, buy_usd_per_gpu: float,
-                kwh_per_run: float = 0.0, usd_per_kwh: float = 0.0) -> RentBuy:
+def rent_vs_buy(
+    gpus: int,
+    hours: float,
+    *,
+    usd_per_gpu_hour: float,
+    buy_usd_per_gpu: float,
+    kwh_per_run: float = 0.0,
+    usd_per_kwh: float = 0.0,
+) -> RentBuy:
     """Seed 004 Napkin Math 1.5: rent = gpus x hours x $/GPU-hour; buy = gpus x price;
     break-even = buy / (rent - electricity an owner pays per run). Ignores hosts, network,
     hosting and staff, depreciation and resale, financing, and an owner's idle time."""
@@ -240,9 +314,16 @@ class TokenizerBudget:
     h2d_s: float
 
 
-def tokenizer_budget(global_batch: int, seq_len: int, step_s: float, *,
-                     tokens_per_s_per_core: float, workers: int, h2d_bytes_per_s: float,
-                     id_bytes: int = 8) -> TokenizerBudget:
+def tokenizer_budget(
+    global_batch: int,
+    seq_len: int,
+    step_s: float,
+    *,
+    tokens_per_s_per_core: float,
+    workers: int,
+    h2d_bytes_per_s: float,
+    id_bytes: int = 8,
+) -> TokenizerBudget:
     """Seed 004 Example 1.1 and Eq. 10-11: a step consumes global_batch x seq_len tokens; one
     core tokenizes them in tokens / rate; `workers` cores in parallel in 1/workers of that; the
     system runs at min(pipeline, compute) so utilization = min(1, pipeline rate / compute
@@ -253,14 +334,21 @@ def tokenizer_budget(global_batch: int, seq_len: int, step_s: float, *,
     one = tokens / tokens_per_s_per_core
     par = one / workers
     nbytes = float(tokens * id_bytes)
-    return TokenizerBudget(tokens, needed, one, par,
-                           math.ceil(needed / tokens_per_s_per_core - 1e-9),
-                           min(1.0, workers * tokens_per_s_per_core / needed), nbytes,
-                           nbytes / h2d_bytes_per_s)
+    return TokenizerBudget(
+        tokens,
+        needed,
+        one,
+        par,
+        math.ceil(needed / tokens_per_s_per_core - 1e-9),
+        min(1.0, workers * tokens_per_s_per_core / needed),
+        nbytes,
+        nbytes / h2d_bytes_per_s,
+    )
 
 
-def textbook_lines(est: Estimate, bytes_per_param: int, *, params: float | None = None,
-                   ckpt_every: int = 1) -> list[str]:
+def textbook_lines(
+    est: Estimate, bytes_per_param: int, *, params: float | None = None, ckpt_every: int = 1
+) -> list[str]:
     """The seeds' textbook memory of `est`'s layout, beside (never instead of) the planner's:
     model + optimizer state = P x the convention's bytes, sharded by ZeRO over dp (seed 002),
     divided by tp x pp; activations = Korthikanti et al. 2022 per layer (with the layout's tp,
@@ -280,12 +368,12 @@ def textbook_lines(est: Estimate, bytes_per_param: int, *, params: float | None 
     states = sum(zs.values())
     act_bytes = 4.0 if p.precision == "fp32" else 2.0
     seq = p.seq_len // max(1, L.cp)
-    per_layer = korthikanti_layer_bytes(seq, p.micro_batch, m_.dim, m_.num_heads, tp=L.tp,
-                                        sp=L.sp, ac=p.ac, act_bytes=act_bytes)
+    per_layer = korthikanti_layer_bytes(
+        seq, p.micro_batch, m_.dim, m_.num_heads, tp=L.tp, sp=L.sp, ac=p.ac, act_bytes=act_bytes
+    )
     layers = m_.num_layers / L.pp
     m = max(1, p.grad_accum)
-    inflight = inflight_microbatches(L.pp_schedule, L.pp, m, 0, L.pp_virtual) \
-        if L.pp > 1 else 1.0
+    inflight = inflight_microbatches(L.pp_schedule, L.pp, m, 0, L.pp_virtual) if L.pp > 1 else 1.0
     acts = per_layer * layers * inflight / max(1, ckpt_every)
     total = states + acts
 
@@ -295,35 +383,46 @@ def textbook_lines(est: Estimate, bytes_per_param: int, *, params: float | None 
 
     who = "nominal" if params is not None else f"{m_.name}'s exact count"
     s, b, h, a = seq, p.micro_batch, m_.dim, m_.num_heads
-    form = {"none": f"s*b*h*(34 + 5*a*s/h) = {s}*{b}*{h}*(34 + 5*{a}*{s}/{h})",
-            "selective": f"34*s*b*h = 34*{s}*{b}*{h}",
-            "full": f"2*s*b*h = 2*{s}*{b}*{h}"}.get(p.ac, p.ac)
+    form = {
+        "none": f"s*b*h*(34 + 5*a*s/h) = {s}*{b}*{h}*(34 + 5*{a}*{s}/{h})",
+        "selective": f"34*s*b*h = 34*{s}*{b}*{h}",
+        "full": f"2*s*b*h = 2*{s}*{b}*{h}",
+    }.get(p.ac, p.ac)
     par = "" if L.tp == 1 else f", tp={L.tp}{' sp' if L.sp else ''} (Eq. 2)"
-    out = [f"-- textbook memory (--convention {bytes_per_param}: the seeds' napkin math, beside "
-           "the planner's model above)",
-           f"   model + optimizer state: {conv.bytes_per_param} B/param = {conv.terms}",
-           f"     source: {conv.source}",
-           f"   P = {P:.4g} ({who}) / (tp*pp = {split}); ZeRO-{L.zero} over {L.zero_shards} "
-           "ranks (seed 002 sec. III.A)"]
-    per = {"weights": (conv.weights, 3), "grads": (conv.grads, 2),
-           "optimizer": (conv.optimizer, 1)}
+    out = [
+        f"-- textbook memory (--convention {bytes_per_param}: the seeds' napkin math, beside "
+        "the planner's model above)",
+        f"   model + optimizer state: {conv.bytes_per_param} B/param = {conv.terms}",
+        f"     source: {conv.source}",
+        f"   P = {P:.4g} ({who}) / (tp*pp = {split}); ZeRO-{L.zero} over {L.zero_shards} "
+        "ranks (seed 002 sec. III.A)",
+    ]
+    per = {"weights": (conv.weights, 3), "grads": (conv.grads, 2), "optimizer": (conv.optimizer, 1)}
     for k, v in zs.items():
         nbytes, stage = per[k]
         div = f" / {L.zero_shards}" if L.zero >= stage and L.zero_shards > 1 else ""
         out.append(f"   {k:<9} = P/{split} x {nbytes:g} B{div} = {gb(v)}")
     out.append(f"   states    = {gb(states)}")
     scale = "" if act_bytes == 2 else " x 2 (fp32)"
-    out.append(f"   activations per layer (Korthikanti et al. 2022, ac={p.ac}{par}) = {form}"
-               f"{scale} = {gb(per_layer)}")
+    out.append(
+        f"   activations per layer (Korthikanti et al. 2022, ac={p.ac}{par}) = {form}"
+        f"{scale} = {gb(per_layer)}"
+    )
     keep = f" / keep 1 in {ckpt_every}" if ckpt_every > 1 else ""
-    out.append(f"   activations = per layer x {layers:g} layers (rank 0) x {inflight:g} "
-               f"micro-batches in flight{keep} = {gb(acts)}")
-    out.append(f"   textbook total = {gb(states)} + {gb(acts)} = {gb(total)} vs "
-               f"{gb(p.hardware.memory_bytes)} -> "
-               f"{'fits' if total <= p.hardware.memory_bytes else 'DOES NOT FIT'} "
-               f"(planner: {gb(est.memory.total)} allocated)")
-    out.append("   ignores: buffers, allocator, CUDA context, logits and embeddings, GQA/SwiGLU "
-               "shapes, flash attention's missing s x s scores (use --ac selective)")
+    out.append(
+        f"   activations = per layer x {layers:g} layers (rank 0) x {inflight:g} "
+        f"micro-batches in flight{keep} = {gb(acts)}"
+    )
+    out.append(
+        f"   textbook total = {gb(states)} + {gb(acts)} = {gb(total)} vs "
+        f"{gb(p.hardware.memory_bytes)} -> "
+        f"{'fits' if total <= p.hardware.memory_bytes else 'DOES NOT FIT'} "
+        f"(planner: {gb(est.memory.total)} allocated)"
+    )
+    out.append(
+        "   ignores: buffers, allocator, CUDA context, logits and embeddings, GQA/SwiGLU "
+        "shapes, flash attention's missing s x s scores (use --ac selective)"
+    )
     return out
 
 
@@ -336,8 +435,9 @@ def ring_allreduce(nbytes: float, ranks: int, bytes_per_s: float) -> tuple[float
     return sent, 2 * (ranks - 1), sent / bytes_per_s
 
 
-def layer_gemm_flops(batch: int, seq: int, hidden: int, heads: int, kv_heads: int,
-                     ffn: int, gated: bool) -> dict[str, float]:
+def layer_gemm_flops(
+    batch: int, seq: int, hidden: int, heads: int, kv_heads: int, ffn: int, gated: bool
+) -> dict[str, float]:
     """Forward FLOPs of one transformer layer's matmuls, 2 per multiply-add (seed 004 Napkin
     Math 1.1): QKV 2*B*S*h*(a + 2g)*d, scores QK^T and probabilities x V 2*B*a*S^2*d each
     (no causal halving: the seed counts the full square), output 2*B*S*h^2, MLP 2*B*S*h*f per
@@ -345,6 +445,9 @@ def layer_gemm_flops(batch: int, seq: int, hidden: int, heads: int, kv_heads: in
     d = hidden // heads
     bs = float(batch) * seq
     qk = 2 * batch * heads * float(seq) ** 2 * d
-    return {"qkv": 2 * bs * hidden * (heads + 2 * kv_heads) * d, "attention": 2 * qk,
-            "out proj": 2 * bs * hidden * hidden,
-            "mlp": 2 * bs * hidden * ffn * (3 if gated else 2)}
+    return {
+        "qkv": 2 * bs * hidden * (heads + 2 * kv_heads) * d,
+        "attention": 2 * qk,
+        "out proj": 2 * bs * hidden * hidden,
+        "mlp": 2 * bs * hidden * ffn * (3 if gated else 2),
+    }

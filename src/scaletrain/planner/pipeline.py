@@ -28,9 +28,17 @@ from typing import NamedTuple
 
 from scaletrain.config import PP_SCHEDULES
 
-__all__ = ["bubble_fraction", "inflight_microbatches", "inflight_per_rank", "Action",
-           "pipeline_order", "Event",
-           "PipelineTimeline", "simulate", "microbatches_per_round"]
+__all__ = [
+    "bubble_fraction",
+    "inflight_microbatches",
+    "inflight_per_rank",
+    "Action",
+    "pipeline_order",
+    "Event",
+    "PipelineTimeline",
+    "simulate",
+    "microbatches_per_round",
+]
 
 FORWARD, BACKWARD, WEIGHT = "F", "B", "W"
 """Action kinds: forward; backward (full backward, or input-gradient B under zero-bubble);
@@ -46,8 +54,7 @@ def _check(schedule: str, p: int, m: int, v: int) -> None:
         raise ValueError(f"{schedule} runs one chunk per rank: v must be 1, got {v}")
 
 
-def bubble_fraction(schedule: str, p: int, m: int, v: int = 1, *,
-                    zero_bubble: str = "h1") -> float:
+def bubble_fraction(schedule: str, p: int, m: int, v: int = 1, *, zero_bubble: str = "h1") -> float:
     """Idle time / ideal compute time of one step (uniform stages, free communication).
 
     gpipe, 1f1b: (p-1)/m — each rank idles p-1 forward+backward slots while the pipeline fills
@@ -80,8 +87,9 @@ def microbatches_per_round(p: int, m: int) -> int:
     """torch.distributed.pipelining's interleaved round size: m / max(1, m // p) (p if p | m)."""
     rounds = max(1, m // p)
     if m % rounds:
-        raise ValueError(f"m={m} must be a multiple of the number of rounds {rounds} "
-                         f"(max(1, m // p) with p={p})")
+        raise ValueError(
+            f"m={m} must be a multiple of the number of rounds {rounds} (max(1, m // p) with p={p})"
+        )
     return m // rounds
 
 
@@ -130,6 +138,7 @@ def inflight_per_rank(schedule: str, p: int, m: int, v: int = 1) -> tuple[float,
 
 # ---- action orders ----------------------------------------------------------------------------
 
+
 class Action(NamedTuple):
     stage: int
     """Global chunk index (chunk c of rank r is stage c*p + r)."""
@@ -139,8 +148,9 @@ class Action(NamedTuple):
 
 
 def _gpipe(rank: int, m: int) -> list[Action]:
-    return ([Action(rank, FORWARD, i) for i in range(m)]
-            + [Action(rank, BACKWARD, i) for i in range(m)])
+    return [Action(rank, FORWARD, i) for i in range(m)] + [
+        Action(rank, BACKWARD, i) for i in range(m)
+    ]
 
 
 def _one_f_one_b(rank: int, p: int, m: int) -> list[Action]:
@@ -227,6 +237,7 @@ def rank_order(schedule: str, p: int, m: int, v: int, rank: int) -> tuple[Action
 
 # ---- discrete-event simulator -----------------------------------------------------------------
 
+
 class Event(NamedTuple):
     start: float
     end: float
@@ -271,9 +282,17 @@ def _per_rank(x: float | Sequence[float], p: int, name: str) -> list[float]:
     return vals
 
 
-def simulate(schedule: str, p: int, m: int, v: int = 1, tf: float | Sequence[float] = 1.0,
-             tb: float | Sequence[float] = 2.0, *, w_fraction: float = 0.5,
-             p2p_latency: float = 0.0) -> PipelineTimeline:
+def simulate(
+    schedule: str,
+    p: int,
+    m: int,
+    v: int = 1,
+    tf: float | Sequence[float] = 1.0,
+    tb: float | Sequence[float] = 2.0,
+    *,
+    w_fraction: float = 0.5,
+    p2p_latency: float = 0.0,
+) -> PipelineTimeline:
     """Time one step of `pipeline_order(schedule, p, m, v)`.
 
     tf, tb: forward / backward seconds of one micro-batch through a rank's whole stage (a float,
@@ -310,8 +329,11 @@ def simulate(schedule: str, p: int, m: int, v: int = 1, tf: float | Sequence[flo
                 if a.kind == FORWARD:
                     dep = (a.stage - 1, FORWARD, a.microbatch) if a.stage else None
                 elif a.kind == BACKWARD:
-                    dep = ((a.stage, FORWARD, a.microbatch) if a.stage == n_stages - 1
-                           else (a.stage + 1, BACKWARD, a.microbatch))
+                    dep = (
+                        (a.stage, FORWARD, a.microbatch)
+                        if a.stage == n_stages - 1
+                        else (a.stage + 1, BACKWARD, a.microbatch)
+                    )
                 else:
                     dep = (a.stage, BACKWARD, a.microbatch)
                 ready = 0.0
@@ -331,8 +353,9 @@ def simulate(schedule: str, p: int, m: int, v: int = 1, tf: float | Sequence[flo
             raise RuntimeError(f"{schedule} order deadlocks at positions {pos}")
     makespan = max(free)
     busy = [sum(e.end - e.start for e in evs) for evs in events]
-    return PipelineTimeline(schedule, p, m, v, events, makespan, busy,
-                            [_peak_inflight(evs, split, v) for evs in events])
+    return PipelineTimeline(
+        schedule, p, m, v, events, makespan, busy, [_peak_inflight(evs, split, v) for evs in events]
+    )
 
 
 def _peak_inflight(events: list[Event], split: bool, v: int) -> float:

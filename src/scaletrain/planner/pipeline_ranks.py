@@ -17,8 +17,9 @@ __all__ = ["rank_candidates", "schedule_moments"]
 
 
 @functools.lru_cache(maxsize=8192)
-def rank_candidates(num_layers: int, pp: int, virtual: int, schedule: str,
-                    m: int) -> tuple[tuple[int, int, float], ...]:
+def rank_candidates(
+    num_layers: int, pp: int, virtual: int, schedule: str, m: int
+) -> tuple[tuple[int, int, float], ...]:
     """(pipeline rank, layers held, micro-batches in flight) of the ranks that can be the worst
     (see the module docstring); in-flight counts are `pipeline.inflight_microbatches`."""
     counts = stage_layer_counts(num_layers, pp, virtual)
@@ -31,14 +32,18 @@ def rank_candidates(num_layers: int, pp: int, virtual: int, schedule: str,
         if c not in best or f > best[c][1]:
             best[c] = (r, f)
     # drop a middle rank another one dominates (at least as many layers and in flight)
-    middle = [(r, c, f) for c, (r, f) in sorted(best.items())
-              if not any(c2 >= c and f2 >= f and c2 != c for c2, (_, f2) in best.items())]
+    middle = [
+        (r, c, f)
+        for c, (r, f) in sorted(best.items())
+        if not any(c2 >= c and f2 >= f and c2 != c for c2, (_, f2) in best.items())
+    ]
     return ((0, counts[0], inflight[0]), *middle, (pp - 1, counts[-1], inflight[-1]))
 
 
 @functools.lru_cache(maxsize=8192)
-def schedule_moments(schedule: str, p: int, m: int, v: int, rank: int, num_layers: int
-                     ) -> tuple[tuple[int, int, bool, bool], ...]:
+def schedule_moments(
+    schedule: str, p: int, m: int, v: int, rank: int, num_layers: int
+) -> tuple[tuple[int, int, bool, bool], ...]:
     """The backward moments of pipeline rank `rank`, walking its action order
     (`pipeline.pipeline_order`, torch's order): (layers x micro-batches whose activations are
     stored, micro-batches of the last stage stored (head and loss graph), whether the step's
@@ -63,8 +68,7 @@ def schedule_moments(schedule: str, p: int, m: int, v: int, rank: int, num_layer
     out: set[tuple[int, int, bool, bool]] = set()
 
     def now(is_loss: bool) -> tuple[int, int, bool, bool]:
-        return (sum(x[0] for x in live.values()), sum(x[1] for x in live.values()), grads,
-                is_loss)
+        return (sum(x[0] for x in live.values()), sum(x[1] for x in live.values()), grads, is_loss)
 
     for a in rank_order(schedule, p, m, v, rank):
         key = (a.stage, a.microbatch)

@@ -40,8 +40,7 @@ def plot_memory(estimates: Sequence[Estimate], path: str | Path) -> Path:
         ax.bar(range(len(estimates)), vals, bottom=bottom, label=cat)
         bottom = [b + v for b, v in zip(bottom, vals)]
     if estimates:
-        ax.axhline(estimates[0].memory.capacity / GB, color="red", linestyle="--",
-                   label="capacity")
+        ax.axhline(estimates[0].memory.capacity / GB, color="red", linestyle="--", label="capacity")
     ax.set_xticks(range(len(estimates)), labels, rotation=30, ha="right", fontsize=7)
     ax.set_ylabel("GB per GPU (worst rank)")
     ax.legend(fontsize=8)
@@ -60,16 +59,32 @@ def plot_pipeline(timeline: PipelineTimeline, path: str | Path) -> Path:
     for r, events in enumerate(timeline.ranks):
         ax.barh(r, timeline.makespan, left=0, color="lightgrey", height=0.8)  # idle = bubble
         for e in events:
-            ax.barh(r, e.end - e.start, left=e.start, color=colors[e.kind], height=0.8,
-                    edgecolor="black", linewidth=0.3, alpha=1.0 - 0.3 * e.chunk / timeline.v)
+            ax.barh(
+                r,
+                e.end - e.start,
+                left=e.start,
+                color=colors[e.kind],
+                height=0.8,
+                edgecolor="black",
+                linewidth=0.3,
+                alpha=1.0 - 0.3 * e.chunk / timeline.v,
+            )
             if e.end - e.start > timeline.makespan / 80:
-                ax.text((e.start + e.end) / 2, r, str(e.microbatch), ha="center",
-                        va="center", fontsize=6)
+                ax.text(
+                    (e.start + e.end) / 2,
+                    r,
+                    str(e.microbatch),
+                    ha="center",
+                    va="center",
+                    fontsize=6,
+                )
     ax.set_yticks(range(timeline.p), [f"rank {r}" for r in range(timeline.p)])
     ax.invert_yaxis()
     ax.set_xlabel("time")
-    ax.set_title(f"{timeline.schedule} p={timeline.p} m={timeline.m} v={timeline.v}: bubble "
-                 f"{100 * timeline.bubble_fraction:.1f}% of compute (grey = idle)")
+    ax.set_title(
+        f"{timeline.schedule} p={timeline.p} m={timeline.m} v={timeline.v}: bubble "
+        f"{100 * timeline.bubble_fraction:.1f}% of compute (grey = idle)"
+    )
     fig.tight_layout()
     out = Path(path)
     fig.savefig(out, dpi=100)

@@ -36,8 +36,19 @@ from scaletrain.config.strict import coerce, scalar_type
 
 from .types import PlanInput
 
-__all__ = ["PublishedRun", "RunLayout", "Measured", "MEMORY_KINDS", "CORPUS", "load_runs",
-           "parse_runs", "plan_input", "refusals", "FRAMEWORK_RECIPE", "recipe_of"]
+__all__ = [
+    "PublishedRun",
+    "RunLayout",
+    "Measured",
+    "MEMORY_KINDS",
+    "CORPUS",
+    "load_runs",
+    "parse_runs",
+    "plan_input",
+    "refusals",
+    "FRAMEWORK_RECIPE",
+    "recipe_of",
+]
 
 CORPUS = "data/published_runs.toml"
 """The corpus, package data of scaletrain.planner."""
@@ -46,13 +57,34 @@ MEMORY_KINDS = ("allocated", "reserved", "unknown")
 """What a published peak counts: torch's allocated peak, the caching allocator's reservation
 (what nvidia-smi and OOMs see), or not stated."""
 
-_MODEL_KEYS = {"layers": "num_layers", "hidden": "dim", "heads": "num_heads",
-               "kv_heads": "num_kv_heads", "ffn": "ffn_dim", "vocab": "vocab_size",
-               "norm": "norm", "activation": "activation", "position": "position",
-               "tie": "tie_embeddings", "bias": "bias"}
+_MODEL_KEYS = {
+    "layers": "num_layers",
+    "hidden": "dim",
+    "heads": "num_heads",
+    "kv_heads": "num_kv_heads",
+    "ffn": "ffn_dim",
+    "vocab": "vocab_size",
+    "norm": "norm",
+    "activation": "activation",
+    "position": "position",
+    "tie": "tie_embeddings",
+    "bias": "bias",
+}
 _EXPLICIT_NEEDS = ("layers", "hidden", "heads", "vocab")
-_RUN_KEYS = {"name", "framework", "source", "gpu", "gpu_memory_gb", "cuda_context_mib",
-             "num_gpus", "seq_len", "model", "layout", "measured", "assumed"}
+_RUN_KEYS = {
+    "name",
+    "framework",
+    "source",
+    "gpu",
+    "gpu_memory_gb",
+    "cuda_context_mib",
+    "num_gpus",
+    "seq_len",
+    "model",
+    "layout",
+    "measured",
+    "assumed",
+}
 
 
 @dataclass(frozen=True)
@@ -169,8 +201,11 @@ def _unknown(where: str, raw: dict[str, Any], known: set[str] | tuple[str, ...])
 def _model(where: str, raw: dict[str, Any], seq_len: int, name: str) -> ModelConfig:
     w = where + ".model"
     _unknown(w, raw, {"preset", *_MODEL_KEYS})
-    over: dict[str, Any] = {_MODEL_KEYS[k]: _bool(w, k, v) if k in ("tie", "bias") else v
-                            for k, v in raw.items() if k != "preset"}
+    over: dict[str, Any] = {
+        _MODEL_KEYS[k]: _bool(w, k, v) if k in ("tie", "bias") else v
+        for k, v in raw.items()
+        if k != "preset"
+    }
     try:
         if "preset" in raw:
             try:
@@ -229,8 +264,9 @@ def _measured(where: str, raw: dict[str, Any]) -> Measured:
         else:
             kw[k] = _num(w, k, v)
     if not any(k in kw for k in ("memory_gib", "tokens_per_s_per_gpu", "step_s", "mfu", "oom")):
-        raise ConfigError(w, raw, "state at least one of memory_gib, tokens_per_s_per_gpu, "
-                          "step_s, mfu, oom")
+        raise ConfigError(
+            w, raw, "state at least one of memory_gib, tokens_per_s_per_gpu, step_s, mfu, oom"
+        )
     if "memory_gib" in kw and "memory_kind" not in kw:
         raise _fail(w, "memory_kind", None, f"say what the peak counts: {', '.join(MEMORY_KINDS)}")
     return Measured(**kw)
@@ -242,8 +278,17 @@ def _run(i: int, raw: Any, origin: str, seen: set[str]) -> PublishedRun:
     if not isinstance(raw, dict):
         raise ConfigError(where, raw, "each run is a [[runs]] table")
     _unknown(where, raw, _RUN_KEYS)
-    for k in ("name", "framework", "source", "gpu", "num_gpus", "seq_len", "model", "layout",
-              "measured"):
+    for k in (
+        "name",
+        "framework",
+        "source",
+        "gpu",
+        "num_gpus",
+        "seq_len",
+        "model",
+        "layout",
+        "measured",
+    ):
         if k not in raw:
             raise _fail(where, k, None, "required: see the field list at the top of the corpus")
     for k in ("name", "framework", "source", "gpu"):
@@ -253,8 +298,12 @@ def _run(i: int, raw: Any, origin: str, seen: set[str]) -> PublishedRun:
         raise _fail(where, "name", raw["name"], "names must be unique")
     seen.add(raw["name"])
     if not raw["source"].startswith("https://"):
-        raise _fail(where, "source", raw["source"], "cite a URL (https://...) and the table "
-                    "or section the numbers come from")
+        raise _fail(
+            where,
+            "source",
+            raw["source"],
+            "cite a URL (https://...) and the table or section the numbers come from",
+        )
     _choice(where, "gpu", raw["gpu"], tuple(HARDWARE_PRESETS))
     num_gpus = _int(where, "num_gpus", raw["num_gpus"])
     seq_len = _int(where, "seq_len", raw["seq_len"])
@@ -268,16 +317,30 @@ def _run(i: int, raw: Any, origin: str, seen: set[str]) -> PublishedRun:
     layout = _layout(where, _table(where, raw, "layout"))
     world = layout.layout.world_size
     if world != num_gpus:
-        raise _fail(where, "layout", f"dp*tp*pp*cp={world}",
-                    f"the degrees must multiply to num_gpus={num_gpus}")
+        raise _fail(
+            where,
+            "layout",
+            f"dp*tp*pp*cp={world}",
+            f"the degrees must multiply to num_gpus={num_gpus}",
+        )
     measured = _measured(where, _table(where, raw, "measured"))
     assumed = raw.get("assumed", "")
     if not isinstance(assumed, str):
         raise _fail(where, "assumed", assumed, "use a string")
-    return PublishedRun(name=raw["name"], framework=raw["framework"], source=raw["source"],
-                        gpu=raw["gpu"], num_gpus=num_gpus, seq_len=seq_len, model=model,
-                        layout=layout, measured=measured, gpu_memory_gb=gpu_mem,
-                        assumed=assumed, cuda_context_mib=ctx_mib)
+    return PublishedRun(
+        name=raw["name"],
+        framework=raw["framework"],
+        source=raw["source"],
+        gpu=raw["gpu"],
+        num_gpus=num_gpus,
+        seq_len=seq_len,
+        model=model,
+        layout=layout,
+        measured=measured,
+        gpu_memory_gb=gpu_mem,
+        assumed=assumed,
+        cuda_context_mib=ctx_mib,
+    )
 
 
 def parse_runs(data: dict[str, Any], origin: str = CORPUS) -> list[PublishedRun]:
@@ -304,9 +367,14 @@ def load_runs(path: str | Path | None = None) -> list[PublishedRun]:
     return parse_runs(data, origin)
 
 
-FRAMEWORK_RECIPE = {"torchtitan": "torchtitan", "deepspeed": "deepspeed",
-                    "gpt-neox": "deepspeed", "megatron-lm": "megatron", "nemo": "nemo",
-                    "nanotron": "nanotron"}
+FRAMEWORK_RECIPE = {
+    "torchtitan": "torchtitan",
+    "deepspeed": "deepspeed",
+    "gpt-neox": "deepspeed",
+    "megatron-lm": "megatron",
+    "nemo": "nemo",
+    "nanotron": "nanotron",
+}
 """The planner recipe (planner/recipes.py) of the framework a row ran: GPT-NeoX runs on
 DeepSpeed, NeMo on Megatron-Core (recipe 'nemo': megatron's memory, NeMo's overlapped
 communication); llm-foundry (Composer + FSDP) has no recipe of its own and
@@ -323,11 +391,22 @@ def plan_input(run: PublishedRun, recipe: str = "scaletrain") -> PlanInput:
     source measured, if it did."""
     L = run.layout
     ctx = None if run.cuda_context_mib is None else run.cuda_context_mib * 2**20
-    return PlanInput(model=run.model, hardware=run.hardware(), num_gpus=run.num_gpus,
-                     layout=L.layout, seq_len=run.seq_len, global_batch=L.global_batch,
-                     micro_batch=L.micro_batch, precision=L.precision, ac=L.ac,
-                     compile=L.compile, compile_loss=L.compile_loss,
-                     fused_norm=L.fused_norm, recipe=recipe, runtime_context_bytes=ctx)
+    return PlanInput(
+        model=run.model,
+        hardware=run.hardware(),
+        num_gpus=run.num_gpus,
+        layout=L.layout,
+        seq_len=run.seq_len,
+        global_batch=L.global_batch,
+        micro_batch=L.micro_batch,
+        precision=L.precision,
+        ac=L.ac,
+        compile=L.compile,
+        compile_loss=L.compile_loss,
+        fused_norm=L.fused_norm,
+        recipe=recipe,
+        runtime_context_bytes=ctx,
+    )
 
 
 def refusals(run: PublishedRun, recipe: str = "scaletrain") -> list[str]:
@@ -337,9 +416,15 @@ def refusals(run: PublishedRun, recipe: str = "scaletrain") -> list[str]:
 
     L = run.layout
     own = recipe == "scaletrain"
-    problems = layout_problems(L.layout, run.model, world_size=run.num_gpus,
-                               global_batch=L.global_batch, micro_batch=L.micro_batch,
-                               seq_len=run.seq_len, trainer_rules=own)
+    problems = layout_problems(
+        L.layout,
+        run.model,
+        world_size=run.num_gpus,
+        global_batch=L.global_batch,
+        micro_batch=L.micro_batch,
+        seq_len=run.seq_len,
+        trainer_rules=own,
+    )
     if own:
         problems += option_problems(L.layout, offload="none", precision=L.precision)
     problems += recipe_problems(recipe, L.layout, ac=L.ac)

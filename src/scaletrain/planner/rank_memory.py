@@ -52,8 +52,15 @@ from .rank_moments import (
 )
 from .types import MemoryBreakdown, PlanInput
 
-__all__ = ["estimate_memory", "pipeline_rank_memory", "worst_rank", "rank_candidates",
-           "schedule_moments", "RankMemory", "ModelTerms"]
+__all__ = [
+    "estimate_memory",
+    "pipeline_rank_memory",
+    "worst_rank",
+    "rank_candidates",
+    "schedule_moments",
+    "RankMemory",
+    "ModelTerms",
+]
 
 
 class ModelTerms:
@@ -77,15 +84,34 @@ def model_terms(plan: PlanInput, terms: ModelTerms | None) -> ModelTerms:
     return terms if terms is not None and terms.model is plan.model else ModelTerms(plan.model)
 
 
-def _rank_states(plan: PlanInput, terms: ModelTerms, zs: int, first: bool, last: bool,
-                 layers: int, convention: str) -> tuple:
+def _rank_states(
+    plan: PlanInput,
+    terms: ModelTerms,
+    zs: int,
+    first: bool,
+    last: bool,
+    layers: int,
+    convention: str,
+) -> tuple:
     """(model-state dict, parameter count, largest FSDP unit, ZeRO-sharded count, params +
     optimizer bytes, backward terms), cached; backward terms = (root unit's unsharded bytes,
     head gradient held, one block's parameters, embedding-backward temporaries) for the
     ZeRO-2/3 and embedding moments of `_rank_memory`."""
     L, model = plan.layout, plan.model
-    key = (L.tp, L.ep, L.zero, zs, L.pp > 1, first, last, layers, plan.precision,
-           plan.optimizer, plan.offload, convention)
+    key = (
+        L.tp,
+        L.ep,
+        L.zero,
+        zs,
+        L.pp > 1,
+        first,
+        last,
+        layers,
+        plan.precision,
+        plan.optimizer,
+        plan.offload,
+        convention,
+    )
     hit = terms.states.get(key)
     if hit is not None:
         return hit
@@ -111,14 +137,22 @@ def _rank_states(plan: PlanInput, terms: ModelTerms, zs: int, first: bool, last:
         dense += pc.final_norm + head / tp
         root += pc.final_norm + head / tp
     unit = max(unit, root)
-    st = model_state_bytes(dense, precision=plan.precision, optimizer=plan.optimizer,
-                           zero=L.zero, zero_shards=zs, offload=plan.offload,
-                           convention=convention, expert_params=expert,
-                           expert_shards=expert_zero_shards(L), unit_params=unit,
-                           largest_param=(pc.embedding / tp) if (first or last) else block,
-                           # q/k/v/o, the dense MLP or local experts of this stage's blocks
-                           fp8_params=fp8_linear_params(model, layers, tp) + expert,
-                           experts_in_fsdp=experts_in_fsdp)
+    st = model_state_bytes(
+        dense,
+        precision=plan.precision,
+        optimizer=plan.optimizer,
+        zero=L.zero,
+        zero_shards=zs,
+        offload=plan.offload,
+        convention=convention,
+        expert_params=expert,
+        expert_shards=expert_zero_shards(L),
+        unit_params=unit,
+        largest_param=(pc.embedding / tp) if (first or last) else block,
+        # q/k/v/o, the dense MLP or local experts of this stage's blocks
+        fp8_params=fp8_linear_params(model, layers, tp) + expert,
+        experts_in_fsdp=experts_in_fsdp,
+    )
     sharded = (dense / zs + expert / expert_zero_shards(L)) if L.zero else dense + expert
     fixed = st["params"] + st["optimizer"]
     wc = 4 if plan.precision == "fp32" else 2
@@ -127,42 +161,86 @@ def _rank_states(plan: PlanInput, terms: ModelTerms, zs: int, first: bool, last:
     if first:
         # the weight's dtype as used: FSDP2's 16-bit unit, or fp32 (also under autocast)
         grad_bytes = 2 if (L.zero >= 2 and plan.precision != "fp32") else 4
-        emb_tmp = embedding_backward_bytes(model, tp=tp, grad_bytes=grad_bytes,
-                                           tied=model.tie_embeddings and L.pp == 1)
+        emb_tmp = embedding_backward_bytes(
+            model, tp=tp, grad_bytes=grad_bytes, tied=model.tie_embeddings and L.pp == 1
+        )
     bwd_terms = (root_live, head_held, _block_params(plan, pc), emb_tmp)
     out = (st, dense + expert, unit, sharded, fixed, bwd_terms)
     terms.states[key] = out
     return out
 
 
-def _activation_terms(plan: PlanInput, terms: ModelTerms, modern: bool
-                      ) -> tuple[float, float, float, float]:
+def _activation_terms(
+    plan: PlanInput, terms: ModelTerms, modern: bool
+) -> tuple[float, float, float, float]:
     """(stored bytes per block, what one block re-creates while it is recomputed in backward
     (full: its whole no-AC set; selective: `memory.selective_recompute_bytes`; none: 0), head
     bytes, logits the loop holds) per micro-batch, cached."""
     L, model = plan.layout, plan.model
     # autocast on fp32 params: DDP and ZeRO-1; ZeRO-2/3 are FSDP2 with 16-bit parameters
     residual_fp32 = plan.precision != "fp32" and L.zero < 2
-    key = (plan.seq_len, plan.micro_batch, L.tp, L.sp, L.cp, L.ep, plan.ac, plan.precision,
-           plan.compile, modern, residual_fp32)
+    key = (
+        plan.seq_len,
+        plan.micro_batch,
+        L.tp,
+        L.sp,
+        L.cp,
+        L.ep,
+        plan.ac,
+        plan.precision,
+        plan.compile,
+        modern,
+        residual_fp32,
+    )
     hit = terms.acts.get(key)
     if hit is not None:
         return hit
     s, b, p = plan.seq_len, plan.micro_batch, plan.precision
-    per_layer = layer_activation_bytes(model, seq_len=s, micro_batch=b, tp=L.tp, sp=L.sp,
-                                       cp=L.cp, ac=plan.ac, precision=p, modern=modern,
-                                       compile=plan.compile, residual_fp32=residual_fp32,
-                                       ep=L.ep)
-    full = layer_activation_bytes(model, seq_len=s, micro_batch=b, tp=L.tp, sp=L.sp, cp=L.cp,
-                                  ac="none", precision=p, modern=modern, compile=plan.compile,
-                                  residual_fp32=residual_fp32, ep=L.ep)
+    per_layer = layer_activation_bytes(
+        model,
+        seq_len=s,
+        micro_batch=b,
+        tp=L.tp,
+        sp=L.sp,
+        cp=L.cp,
+        ac=plan.ac,
+        precision=p,
+        modern=modern,
+        compile=plan.compile,
+        residual_fp32=residual_fp32,
+        ep=L.ep,
+    )
+    full = layer_activation_bytes(
+        model,
+        seq_len=s,
+        micro_batch=b,
+        tp=L.tp,
+        sp=L.sp,
+        cp=L.cp,
+        ac="none",
+        precision=p,
+        modern=modern,
+        compile=plan.compile,
+        residual_fp32=residual_fp32,
+        ep=L.ep,
+    )
     # the fused head + loss (models/loss.py) runs on the last stage, pipelined or not (a
     # pipeline's last stage is given the targets: parallel/pipeline.py), but zero-bubble
     fused = fused_head_loss(L)
-    head = head_activation_bytes(model, seq_len=s, micro_batch=b, tp=L.tp, sp=L.sp, cp=L.cp,
-                                 precision=p, residual_fp32=residual_fp32, fused=fused)
-    held = held_logits_bytes(model, seq_len=s, micro_batch=b, tp=L.tp, cp=L.cp, precision=p,
-                             fused=fused)
+    head = head_activation_bytes(
+        model,
+        seq_len=s,
+        micro_batch=b,
+        tp=L.tp,
+        sp=L.sp,
+        cp=L.cp,
+        precision=p,
+        residual_fp32=residual_fp32,
+        fused=fused,
+    )
+    held = held_logits_bytes(
+        model, seq_len=s, micro_batch=b, tp=L.tp, cp=L.cp, precision=p, fused=fused
+    )
     if model.is_moe and L.ep > 1 and L.zero >= 2 and p not in ("fp32", "fp8"):
         # FSDP2 ignores the expert-parallel experts (parallel/parallelize.py): they stay fp32
         # and autocast casts each expert's weights to the compute dtype in every forward
@@ -179,29 +257,64 @@ def _activation_terms(plan: PlanInput, terms: ModelTerms, modern: bool
         recompute = full
     elif plan.ac == "selective":
         recompute = selective_recompute_bytes(
-            model, full=full, stored=per_layer, tokens=s / L.cp * b, tp=L.tp, sp=L.sp,
-            e=4 if p == "fp32" else 2)
+            model,
+            full=full,
+            stored=per_layer,
+            tokens=s / L.cp * b,
+            tp=L.tp,
+            sp=L.sp,
+            e=4 if p == "fp32" else 2,
+        )
     out = (per_layer, recompute, head, held)
     terms.acts[key] = out
     return out
 
 
-def _buffers(plan: PlanInput, terms: ModelTerms, zs: int, unit: float, device: str,
-             count: float = 0.0) -> tuple:
+def _buffers(
+    plan: PlanInput, terms: ModelTerms, zs: int, unit: float, device: str, count: float = 0.0
+) -> tuple:
     """(named buffer terms, their sum, runtime context, FSDP collectives' sum, fp8 quantization
     temporary), cached. count: the rank's parameters (DDP's bucket copy)."""
     L, model = plan.layout, plan.model
     tokens = plan.seq_len / L.cp * plan.micro_batch
-    key = (tokens, plan.precision, L.zero, L.dp, L.tp, L.sp, L.pp, L.cp, L.ep, unit, zs, device,
-           count)
+    key = (
+        tokens,
+        plan.precision,
+        L.zero,
+        L.dp,
+        L.tp,
+        L.sp,
+        L.pp,
+        L.cp,
+        L.ep,
+        unit,
+        zs,
+        device,
+        count,
+    )
     hit = terms.bufs.get(key)
     if hit is not None:
         return hit
-    bufs = buffer_terms(hidden=model.dim, tokens=tokens, precision=plan.precision, zero=L.zero,
-                        dp=L.dp, tp=L.tp, sp=L.sp, pp=L.pp, cp=L.cp, ep=L.ep,
-                        kv_dim=model.kv_dim, experts_per_token=model.experts_per_token,
-                        unit_params=unit, zero_shards=zs, device=device,
-                        bucket_params=count, ffn_dim=model.ffn_dim, ddp=ddp_reducer(L))
+    bufs = buffer_terms(
+        hidden=model.dim,
+        tokens=tokens,
+        precision=plan.precision,
+        zero=L.zero,
+        dp=L.dp,
+        tp=L.tp,
+        sp=L.sp,
+        pp=L.pp,
+        cp=L.cp,
+        ep=L.ep,
+        kv_dim=model.kv_dim,
+        experts_per_token=model.experts_per_token,
+        unit_params=unit,
+        zero_shards=zs,
+        device=device,
+        bucket_params=count,
+        ffn_dim=model.ffn_dim,
+        ddp=ddp_reducer(L),
+    )
     if model.position == "rope":
         bufs["rope_tables"] = rope_table_bytes(model)
     fsdp = sum(v for k, v in bufs.items() if k.startswith("fsdp_"))
@@ -220,62 +333,131 @@ def _block_params(plan: PlanInput, pc: ParamCounts) -> float:
     return (pc.attention + pc.mlp) / L.tp + pc.norms
 
 
-
-
-def _rank_memory(plan: PlanInput, terms: ModelTerms,
-                 acts_terms: tuple[float, float, float, float], zs: int, rank: int, layers: int,
-                 in_flight: float, m: int, convention: str, device: str) -> RankMemory:
+def _rank_memory(
+    plan: PlanInput,
+    terms: ModelTerms,
+    acts_terms: tuple[float, float, float, float],
+    zs: int,
+    rank: int,
+    layers: int,
+    in_flight: float,
+    m: int,
+    convention: str,
+    device: str,
+) -> RankMemory:
     """Memory of pipeline rank `rank` holding `layers` blocks with `in_flight` micro-batches:
     the largest of its moments (calibrated against the dry-run, see
     benchmarks/results/planner_accuracy.md)."""
     L = plan.layout
     last = rank == L.pp - 1
-    st, count, unit, sharded, fixed, bwd_terms = _rank_states(plan, terms, zs, rank == 0,
-                                                              last, layers, convention)
+    st, count, unit, sharded, fixed, bwd_terms = _rank_states(
+        plan, terms, zs, rank == 0, last, layers, convention
+    )
     # fsdp: the FSDP collectives' buffers; quant: fp8's quantization temporary, which exists
     # only inside a converted linear's forward/backward: not during the optimizer step, nor
     # the (16-bit) head's loss backward
     bufs, buffers, ctx, fsdp, quant = _buffers(plan, terms, zs, unit, device, count)
     moments: tuple = ()
     if L.pp > 1:
-        moments = schedule_moments(L.pp_schedule, L.pp, m, L.pp_virtual, rank,
-                                   plan.model.num_layers)
+        moments = schedule_moments(
+            L.pp_schedule, L.pp, m, L.pp_virtual, rank, plan.model.num_layers
+        )
         bufs, buffers = pipeline_buffers(plan, bufs, buffers, rank, m)
-    acts, block_stored, fwdbwd = stored_activations(plan, moments, st, layers, in_flight, m,
-                                                     last, acts_terms)
+    acts, block_stored, fwdbwd = stored_activations(
+        plan, moments, st, layers, in_flight, m, last, acts_terms
+    )
     # torch's foreach AdamW/SGD allocate an fp32 intermediate per parameter during step(); on a
     # GPU the trainer runs fused AdamW, which allocates none (the dry-run measures none).
     step_tmp = 0.0 if plan.offload != "none" or device != "cpu" else 4.0 * sharded
-    step = OptimizerStep(fixed, st["params.in_flight"], buffers, fsdp, quant, st["grads"],
-                         st["grads.in_flight"], step_tmp)
+    step = OptimizerStep(
+        fixed,
+        st["params.in_flight"],
+        buffers,
+        fsdp,
+        quant,
+        st["grads"],
+        st["grads.in_flight"],
+        step_tmp,
+    )
     cands: list[Moment]
     if L.zero >= 2 and layers and unit > 0:
-        cands = [*zero_moments(plan, terms.counts, st, fixed, buffers, bufs, fsdp, count,
-                                bwd_terms, layers, m, block_stored, acts_terms, rank), step]
+        cands = [
+            *zero_moments(
+                plan,
+                terms.counts,
+                st,
+                fixed,
+                buffers,
+                bufs,
+                fsdp,
+                count,
+                bwd_terms,
+                layers,
+                m,
+                block_stored,
+                acts_terms,
+                rank,
+            ),
+            step,
+        ]
     else:  # states with the FSDP units in flight, every buffer, activations/grads
         cands = [ForwardBackward(fixed, buffers, fwdbwd), step]
     loss_tmp = emb_tmp = 0.0
     if last:
         extra = acts_terms[1] if layers else 0.0
-        loss = loss_moment(plan, st, fixed, buffers, fsdp, quant, count, m, acts - extra,
-                            moments, acts_terms, bwd_terms[0], layers, bwd_terms[2])
+        loss = loss_moment(
+            plan,
+            st,
+            fixed,
+            buffers,
+            fsdp,
+            quant,
+            count,
+            m,
+            acts - extra,
+            moments,
+            acts_terms,
+            bwd_terms[0],
+            layers,
+            bwd_terms[2],
+        )
         loss_tmp = loss.loss_temp
         bufs = dict(bufs, loss_backward_temp=loss_tmp)
         cands.append(loss)
     if rank == 0 and layers and plan.offload == "none":
         emb_tmp = bwd_terms[3]
-        cands.append(embedding_moment(plan, terms.counts, st, bufs, count, last, fixed, bwd_terms,
-                                       acts_terms[3], ctx))
+        cands.append(
+            embedding_moment(
+                plan, terms.counts, st, bufs, count, last, fixed, bwd_terms, acts_terms[3], ctx
+            )
+        )
         bufs = dict(bufs, embedding_backward_temp=emb_tmp)
     peak = max(cands, key=moment_total)
     total = peak.total
     reserved = total + FRAGMENTATION * (total - ctx)
-    return RankMemory(reserved, total, st, bufs, buffers + loss_tmp + emb_tmp, acts,
-                      acts_terms[0], step_tmp, count, rank, in_flight, peak.name)
+    return RankMemory(
+        reserved,
+        total,
+        st,
+        bufs,
+        buffers + loss_tmp + emb_tmp,
+        acts,
+        acts_terms[0],
+        step_tmp,
+        count,
+        rank,
+        in_flight,
+        peak.name,
+    )
 
 
-def worst_rank(plan: PlanInput, *, convention: str = "scaletrain", modern: bool = True,
-               terms: ModelTerms | None = None) -> tuple[RankMemory, float]:
+def worst_rank(
+    plan: PlanInput,
+    *,
+    convention: str = "scaletrain",
+    modern: bool = True,
+    terms: ModelTerms | None = None,
+) -> tuple[RankMemory, float]:
     """The worst rank's numbers (by reserved bytes) and the largest parameter count of any
     rank (what paces gradient synchronisation)."""
     L = plan.layout
@@ -286,10 +468,12 @@ def worst_rank(plan: PlanInput, *, convention: str = "scaletrain", modern: bool 
     acts_terms = _activation_terms(plan, terms, modern)
     worst = None
     max_params = 0.0
-    for rank, layers, in_flight in rank_candidates(plan.model.num_layers, L.pp, L.pp_virtual,
-                                                   L.pp_schedule, m):
-        nums = _rank_memory(plan, terms, acts_terms, zs, rank, layers, in_flight, m, convention,
-                            device)
+    for rank, layers, in_flight in rank_candidates(
+        plan.model.num_layers, L.pp, L.pp_virtual, L.pp_schedule, m
+    ):
+        nums = _rank_memory(
+            plan, terms, acts_terms, zs, rank, layers, in_flight, m, convention, device
+        )
         if worst is None or nums.reserved > worst.reserved:
             worst = nums
         if nums.params > max_params:
@@ -303,22 +487,35 @@ def breakdown(plan: PlanInput, nums: RankMemory) -> MemoryBreakdown:
     L, st = plan.layout, nums.states
     cap = plan.hardware.memory_bytes
     return MemoryBreakdown(
-        params=st["params"], grads=st["grads"], optimizer=st["optimizer"],
-        activations=nums.activations, buffers=nums.buffers, total=nums.total,
-        reserved=nums.reserved, capacity=cap, fits=nums.reserved <= cap,
-        rank=nums.rank * L.tp * L.cp * L.dp, buffer_terms=dict(nums.buffer_terms),
-        detail={"params.in_flight": st["params.in_flight"],
-                "grads.in_flight": st["grads.in_flight"], "offloaded.cpu": st["offloaded"],
-                "activations.per_layer": nums.per_layer,
-                "activations.in_flight": nums.in_flight,
-                "optimizer_step.temp": nums.step_temp,
-                "allocator_reserve": nums.reserved - nums.total,
-                "params.count": nums.params, "pipeline_rank": nums.rank},
-        moment=nums.moment)
+        params=st["params"],
+        grads=st["grads"],
+        optimizer=st["optimizer"],
+        activations=nums.activations,
+        buffers=nums.buffers,
+        total=nums.total,
+        reserved=nums.reserved,
+        capacity=cap,
+        fits=nums.reserved <= cap,
+        rank=nums.rank * L.tp * L.cp * L.dp,
+        buffer_terms=dict(nums.buffer_terms),
+        detail={
+            "params.in_flight": st["params.in_flight"],
+            "grads.in_flight": st["grads.in_flight"],
+            "offloaded.cpu": st["offloaded"],
+            "activations.per_layer": nums.per_layer,
+            "activations.in_flight": nums.in_flight,
+            "optimizer_step.temp": nums.step_temp,
+            "allocator_reserve": nums.reserved - nums.total,
+            "params.count": nums.params,
+            "pipeline_rank": nums.rank,
+        },
+        moment=nums.moment,
+    )
 
 
-def pipeline_rank_memory(plan: PlanInput, pp_rank: int, *, convention: str = "scaletrain",
-                         modern: bool = True) -> MemoryBreakdown:
+def pipeline_rank_memory(
+    plan: PlanInput, pp_rank: int, *, convention: str = "scaletrain", modern: bool = True
+) -> MemoryBreakdown:
     """Memory of pipeline rank `pp_rank` (not necessarily the worst): what a real rank of the
     run should compare itself with (the trainer's ledger, `verify` of a live run)."""
     L = plan.layout
@@ -326,17 +523,32 @@ def pipeline_rank_memory(plan: PlanInput, pp_rank: int, *, convention: str = "sc
         raise ValueError(f"pp_rank={pp_rank}: the layout has pp={L.pp} pipeline ranks")
     m = max(1, plan.grad_accum)
     layers = stage_layer_counts(plan.model.num_layers, L.pp, L.pp_virtual)[pp_rank]
-    in_flight = (1.0 if L.pp == 1 else
-                 inflight_per_rank(L.pp_schedule, L.pp, m, L.pp_virtual)[pp_rank])
+    in_flight = (
+        1.0 if L.pp == 1 else inflight_per_rank(L.pp_schedule, L.pp, m, L.pp_virtual)[pp_rank]
+    )
     device = "cpu" if plan.hardware.name == "cpu" else "gpu"
     terms = ModelTerms(plan.model)
-    nums = _rank_memory(plan, terms, _activation_terms(plan, terms, modern), L.zero_shards,
-                        pp_rank, layers, in_flight, m, convention, device)
+    nums = _rank_memory(
+        plan,
+        terms,
+        _activation_terms(plan, terms, modern),
+        L.zero_shards,
+        pp_rank,
+        layers,
+        in_flight,
+        m,
+        convention,
+        device,
+    )
     return breakdown(plan, nums)
 
 
-def estimate_memory(plan: PlanInput, *, convention: str = "scaletrain", modern: bool = True,
-                    terms: ModelTerms | None = None) -> MemoryBreakdown:
+def estimate_memory(
+    plan: PlanInput,
+    *,
+    convention: str = "scaletrain",
+    modern: bool = True,
+    terms: ModelTerms | None = None,
+) -> MemoryBreakdown:
     """Memory of the plan's worst rank without the time model (the search's first filter)."""
-    return breakdown(plan, worst_rank(plan, convention=convention, modern=modern,
-                                      terms=terms)[0])
+    return breakdown(plan, worst_rank(plan, convention=convention, modern=modern, terms=terms)[0])

@@ -9,11 +9,7 @@ from __future__ import annotations
 
 from scaletrain.config import ParamCounts, fused_head_loss
 
-from .memory import (
-    loss_backward_bytes,
-    mlp_backward_work_bytes,
-    pp_recv_buffer_bytes,
-)
+from .memory import loss_backward_bytes, mlp_backward_work_bytes, pp_recv_buffer_bytes
 from .moments import (
     EmbeddingBackward,
     LossBackward,
@@ -24,12 +20,20 @@ from .moments import (
 )
 from .types import PlanInput
 
-__all__ = ["root_in_backward", "embedding_moment", "pipeline_buffers", "stored_activations",
-           "zero_moments", "loss_moment", "moment_total"]
+__all__ = [
+    "root_in_backward",
+    "embedding_moment",
+    "pipeline_buffers",
+    "stored_activations",
+    "zero_moments",
+    "loss_moment",
+    "moment_total",
+]
 
 
-def root_in_backward(plan: PlanInput, pc: ParamCounts, first: bool, last: bool, wc: int
-                      ) -> tuple[float, float]:
+def root_in_backward(
+    plan: PlanInput, pc: ParamCounts, first: bool, last: bool, wc: int
+) -> tuple[float, float]:
     """(root unit's unsharded parameters, head gradient held) through a ZeRO-3 backward.
 
     The root unit holds what is not a block on this stage (embedding + positions on the
@@ -49,10 +53,18 @@ def root_in_backward(plan: PlanInput, pc: ParamCounts, first: bool, last: bool, 
     return wc * root, wc * head
 
 
-def embedding_moment(plan: PlanInput, pc: ParamCounts, st: dict, bufs: dict, count: float,
-                      last: bool,
-                      fixed: float, bwd_terms: tuple, held_logits: float, ctx: float
-                      ) -> EmbeddingBackward:
+def embedding_moment(
+    plan: PlanInput,
+    pc: ParamCounts,
+    st: dict,
+    bufs: dict,
+    count: float,
+    last: bool,
+    fixed: float,
+    bwd_terms: tuple,
+    held_logits: float,
+    ctx: float,
+) -> EmbeddingBackward:
     """Memory of the first stage when the token embedding's gradient is computed.
 
     It is the last gradient backward computes: every other gradient is complete, every
@@ -81,19 +93,29 @@ def embedding_moment(plan: PlanInput, pc: ParamCounts, st: dict, bufs: dict, cou
         states += bufs.get("ddp_buckets", 0.0)
     states += bufs.get("rope_tables", 0.0)
     # + ctx: the runtime context is outside every moment's tensors
-    return EmbeddingBackward(states, grads_rest * max(0.0, other),
-                             held_logits if last else 0.0, tmp, ctx)
+    return EmbeddingBackward(
+        states, grads_rest * max(0.0, other), held_logits if last else 0.0, tmp, ctx
+    )
 
 
-def pipeline_buffers(plan: PlanInput, bufs: dict, buffers: float, rank: int, m: int
-                      ) -> tuple[dict, float]:
+def pipeline_buffers(
+    plan: PlanInput, bufs: dict, buffers: float, rank: int, m: int
+) -> tuple[dict, float]:
     """The buffers of a pipeline rank: the receive buffers torch keeps per micro-batch, and
     each chunk's own rotary tables."""
     L = plan.layout
-    recv = pp_recv_buffer_bytes(hidden=plan.model.dim, tokens=plan.seq_len / L.cp
-                                * plan.micro_batch, precision=plan.precision,
-                                zero=L.zero, tp=L.tp, sp=L.sp, pp=L.pp,
-                                virtual=L.pp_virtual, rank=rank, microbatches=m)
+    recv = pp_recv_buffer_bytes(
+        hidden=plan.model.dim,
+        tokens=plan.seq_len / L.cp * plan.micro_batch,
+        precision=plan.precision,
+        zero=L.zero,
+        tp=L.tp,
+        sp=L.sp,
+        pp=L.pp,
+        virtual=L.pp_virtual,
+        rank=rank,
+        microbatches=m,
+    )
     buffers += recv - bufs.get("pp_p2p", 0.0)
     bufs = dict(bufs, pp_p2p=recv)
     if "rope_tables" in bufs and L.pp_virtual > 1:
@@ -104,10 +126,16 @@ def pipeline_buffers(plan: PlanInput, bufs: dict, buffers: float, rank: int, m: 
     return bufs, buffers
 
 
-def stored_activations(plan: PlanInput, moments: tuple, st: dict, layers: int,
-                        in_flight: float, m: int, last: bool,
-                        acts_terms: tuple[float, float, float, float]
-                        ) -> tuple[float, float, float]:
+def stored_activations(
+    plan: PlanInput,
+    moments: tuple,
+    st: dict,
+    layers: int,
+    in_flight: float,
+    m: int,
+    last: bool,
+    acts_terms: tuple[float, float, float, float],
+) -> tuple[float, float, float]:
     """(largest stored activations, the blocks' part of them, activations + the gradients that
     exist by then) of a rank; pipelines walk the schedule's own moments
     (`pipeline_ranks.schedule_moments`: stored activations per chunk, whether the gradients
@@ -142,11 +170,22 @@ def stored_activations(plan: PlanInput, moments: tuple, st: dict, layers: int,
     return acts, block_stored, max(acts + st["grads.in_flight"], grads + one_layer)
 
 
-def zero_moments(plan: PlanInput, pc: ParamCounts, st: dict, fixed: float, buffers: float,
-                  bufs: dict,
-                  fsdp: float, count: float, bwd_terms: tuple, layers: int, m: int,
-                  block_stored: float, acts_terms: tuple[float, float, float, float],
-                  rank: int) -> list[Moment]:
+def zero_moments(
+    plan: PlanInput,
+    pc: ParamCounts,
+    st: dict,
+    fixed: float,
+    buffers: float,
+    bufs: dict,
+    fsdp: float,
+    count: float,
+    bwd_terms: tuple,
+    layers: int,
+    m: int,
+    block_stored: float,
+    acts_terms: tuple[float, float, float, float],
+    rank: int,
+) -> list[Moment]:
     """ZeRO-2/3's moments (FSDP2 as parallel/fsdp.py builds it; measured with the dry-run,
     llama2-7b-L1 dp8 z3: +12% and llama-1024-L4 dp4 z2 fp32: +6% before the block moment
     was modelled):
@@ -202,32 +241,63 @@ def zero_moments(plan: PlanInput, pc: ParamCounts, st: dict, fixed: float, buffe
         # (-1.1%) and llama2-7b-L1 dp4 z3 tp2+sp (adding the recompute to the copies' moment
         # is 13% over: at 7B widths the block's gradient copies are not alive then).
         e = 4 if plan.precision == "fp32" else 2
-        work = mlp_backward_work_bytes(plan.model, tokens=plan.seq_len / L.cp
-                                       * plan.micro_batch, tp=L.tp, sp=L.sp, e=e,
-                                       weight_bytes=wc)
+        work = mlp_backward_work_bytes(
+            plan.model,
+            tokens=plan.seq_len / L.cp * plan.micro_batch,
+            tp=L.tp,
+            sp=L.sp,
+            e=e,
+            weight_bytes=wc,
+        )
         early = block_stored + accumulated + recompute + work
         early_copies = wc * blk * (1 + more) if L.zero >= 3 else 0.0
         if early + early_copies > bwd + copies:
             bwd, copies = early, early_copies
-    out: list[Moment] = [ZeroBlockBackward(rest, buffers, fsdp, root_live, head_held,
-                                           copies, bwd, held)]
+    out: list[Moment] = [
+        ZeroBlockBackward(rest, buffers, fsdp, root_live, head_held, copies, bwd, held)
+    ]
     if L.pp > 1:
-        out.append(ZeroStageBackward(fixed, st["params.in_flight"], buffers, fsdp, wc * count,
-                                     block_stored, held))
+        out.append(
+            ZeroStageBackward(
+                fixed, st["params.in_flight"], buffers, fsdp, wc * count, block_stored, held
+            )
+        )
     root_grad = end_held = root_grads = 0.0
     if L.zero >= 3 and root_live:
         root_grads = grads_rest * (root_live / wc) / count if count else 0.0
         embedding = wc * pc.embedding / L.tp if rank == 0 else 0.0
         root_grad, end_held = max(embedding, head_held), held
-    out.append(ZeroEndOfBackward(rest, buffers, fsdp, bufs.get("fsdp_reduce_scatter", 0.0),
-                                 grads_rest, root_grad, end_held, root_grads))
+    out.append(
+        ZeroEndOfBackward(
+            rest,
+            buffers,
+            fsdp,
+            bufs.get("fsdp_reduce_scatter", 0.0),
+            grads_rest,
+            root_grad,
+            end_held,
+            root_grads,
+        )
+    )
     return out
 
 
-def loss_moment(plan: PlanInput, st: dict, fixed: float, buffers: float, fsdp: float,
-                 quant: float, count: float, m: int, stored: float, moments: tuple,
-                 acts_terms: tuple[float, float, float, float], root_live: float,
-                 layers: int, block: float) -> LossBackward:
+def loss_moment(
+    plan: PlanInput,
+    st: dict,
+    fixed: float,
+    buffers: float,
+    fsdp: float,
+    quant: float,
+    count: float,
+    m: int,
+    stored: float,
+    moments: tuple,
+    acts_terms: tuple[float, float, float, float],
+    root_live: float,
+    layers: int,
+    block: float,
+) -> LossBackward:
     """The last stage's loss backward: every activation still stored plus the cross-entropy
     backward temporaries (`loss_backward_bytes`). FSDP2 has resharded every block (ZeRO-3),
     so in-flight ZeRO-3 copies and FSDP buffers are left out, except the last block's
@@ -243,11 +313,17 @@ def loss_moment(plan: PlanInput, st: dict, fixed: float, buffers: float, fsdp: f
     # the head weight the fused loss reads: FSDP2's 16-bit unsharded copy under ZeRO-2/3
     # with 16-bit compute, else the fp32 parameter
     weight_bytes = 2 if (L.zero >= 2 and plan.precision != "fp32") else 4
-    loss_tmp = loss_backward_bytes(plan.model, seq_len=plan.seq_len,
-                                   micro_batch=plan.micro_batch, tp=L.tp, cp=L.cp,
-                                   fused=fused_head_loss(L), precision=plan.precision,
-                                   weight_bytes=weight_bytes,
-                                   chunk_tokens=plan.loss_chunk_tokens)
+    loss_tmp = loss_backward_bytes(
+        plan.model,
+        seq_len=plan.seq_len,
+        micro_batch=plan.micro_batch,
+        tp=L.tp,
+        cp=L.cp,
+        fused=fused_head_loss(L),
+        precision=plan.precision,
+        weight_bytes=weight_bytes,
+        chunk_tokens=plan.loss_chunk_tokens,
+    )
     resting = fixed - (st["params.in_flight"] if L.zero >= 3 else 0.0)
     held = st["grads"] - st["grads.in_flight"] if (m > 1 or L.pp > 1) else 0.0
     wc = 4 if plan.precision == "fp32" else 2
@@ -273,9 +349,23 @@ def loss_moment(plan: PlanInput, st: dict, fixed: float, buffers: float, fsdp: f
             resting += wc * block
     if L.pp == 1:
         return LossBackward(resting, buffers, fsdp, quant, stored, 0.0, held, loss_tmp)
-    return max((LossBackward(resting, buffers, fsdp, quant, lay * per_layer, hd * head_acts,
-                             held if g else 0.0, loss_tmp)
-                for lay, hd, g, is_loss in moments if is_loss), key=moment_total)
+    return max(
+        (
+            LossBackward(
+                resting,
+                buffers,
+                fsdp,
+                quant,
+                lay * per_layer,
+                hd * head_acts,
+                held if g else 0.0,
+                loss_tmp,
+            )
+            for lay, hd, g, is_loss in moments
+            if is_loss
+        ),
+        key=moment_total,
+    )
 
 
 def moment_total(moment: Moment) -> float:

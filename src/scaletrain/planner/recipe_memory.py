@@ -32,12 +32,19 @@ from .pipeline import inflight_microbatches
 from .recipes import Recipe, recipe_named
 from .types import MemoryBreakdown, PlanInput
 
-__all__ = ["recipe_problems", "recipe_layer_bytes", "recipe_head_bytes", "recipe_rank_memory",
-           "recipe_worst_rank", "recipe_stage_layers"]
+__all__ = [
+    "recipe_problems",
+    "recipe_layer_bytes",
+    "recipe_head_bytes",
+    "recipe_rank_memory",
+    "recipe_worst_rank",
+    "recipe_stage_layers",
+]
 
 
-def recipe_problems(recipe: Recipe | str, layout: Layout, *, ac: str = "none",
-                    offload: str = "none") -> list[ConfigError]:
+def recipe_problems(
+    recipe: Recipe | str, layout: Layout, *, ac: str = "none", offload: str = "none"
+) -> list[ConfigError]:
     """What `recipe`'s framework cannot run, each with the reason (empty: it runs the layout).
     Composed on top of `config.layout_problems` (the rules of the model and the batch): a
     foreign recipe refuses only what its framework cannot do (sources in `Recipe.sources`)."""
@@ -55,26 +62,44 @@ def recipe_problems(recipe: Recipe | str, layout: Layout, *, ac: str = "none",
         out.append(ConfigError(field, value, fix))
 
     if L.zero not in r.zero_stages:
-        refuse("parallel.zero", L.zero, f"{fw} runs ZeRO stages "
-               f"{', '.join(map(str, r.zero_stages))}{why('zero_stages')}")
+        refuse(
+            "parallel.zero",
+            L.zero,
+            f"{fw} runs ZeRO stages {', '.join(map(str, r.zero_stages))}{why('zero_stages')}",
+        )
     if L.pp > 1 and L.pp_schedule not in r.pp_schedules:
-        refuse("parallel.pp_schedule", L.pp_schedule,
-               f"{fw} has the schedules {', '.join(r.pp_schedules)}{why('pp_schedules')}")
+        refuse(
+            "parallel.pp_schedule",
+            L.pp_schedule,
+            f"{fw} has the schedules {', '.join(r.pp_schedules)}{why('pp_schedules')}",
+        )
     if L.pp > 1 and L.zero not in r.pp_with_zero:
-        refuse("parallel.zero", L.zero, f"{fw} runs pipeline parallelism with ZeRO stages "
-               f"{', '.join(map(str, r.pp_with_zero))} only{why('pp_with_zero')}")
+        refuse(
+            "parallel.zero",
+            L.zero,
+            f"{fw} runs pipeline parallelism with ZeRO stages "
+            f"{', '.join(map(str, r.pp_with_zero))} only{why('pp_with_zero')}",
+        )
     if L.cp > 1 and not r.cp:
         refuse("parallel.cp", L.cp, f"{fw} has no context parallelism{why('cp')}: set cp=1")
-    if (L.zero == 0 and L.dp > 1 and not r.ddp_with_model_parallel
-            and (L.tp > 1 or L.pp > 1 or L.cp > 1)):
-        refuse("parallel.zero", 0, f"{fw}'s DDP runs only as 1-D data parallelism"
-               f"{why('ddp_with_model_parallel')}: use zero 2 or 3 (FSDP) with tp/pp/cp")
+    if (
+        L.zero == 0
+        and L.dp > 1
+        and not r.ddp_with_model_parallel
+        and (L.tp > 1 or L.pp > 1 or L.cp > 1)
+    ):
+        refuse(
+            "parallel.zero",
+            0,
+            f"{fw}'s DDP runs only as 1-D data parallelism"
+            f"{why('ddp_with_model_parallel')}: use zero 2 or 3 (FSDP) with tp/pp/cp",
+        )
     if ac not in r.ac_modes:
-        refuse("memory.ac", ac, f"{fw} offers ac modes {', '.join(r.ac_modes)}"
-               f"{why('selective')}")
+        refuse("memory.ac", ac, f"{fw} offers ac modes {', '.join(r.ac_modes)}{why('selective')}")
     if offload == "params" and L.zero < 3:
-        refuse("memory.offload", offload, "parameter offload shards parameters: set "
-               "parallel.zero=3")
+        refuse(
+            "memory.offload", offload, "parameter offload shards parameters: set parallel.zero=3"
+        )
     return out
 
 
@@ -155,10 +180,20 @@ def recipe_layer_bytes(plan: PlanInput, recipe: Recipe, ac: str | None = None) -
     if recipe.attention == "naive" and model.attention != "naive":
         model = dataclasses.replace(model, attention="naive")
     sp = L.sp or recipe.sp_with_tp
-    out = layer_activation_bytes(model, seq_len=plan.seq_len, micro_batch=plan.micro_batch,
-                                 tp=L.tp, sp=sp, cp=L.cp, ac=ac, precision=plan.precision,
-                                 modern=True, compile=plan.compile, residual_fp32=False,
-                                 ep=L.ep)
+    out = layer_activation_bytes(
+        model,
+        seq_len=plan.seq_len,
+        micro_batch=plan.micro_batch,
+        tp=L.tp,
+        sp=sp,
+        cp=L.cp,
+        ac=ac,
+        precision=plan.precision,
+        modern=True,
+        compile=plan.compile,
+        residual_fp32=False,
+        ep=L.ep,
+    )
     if plan.fused_norm and model.norm == "rmsnorm" and ac == "none":
         # a fused RMSNorm kernel saves its 16-bit input and rstd, not the fp32 upcast that
         # layer_activation_bytes counts for each of the block's two norms (torchtitan
@@ -195,8 +230,11 @@ def recipe_head_bytes(plan: PlanInput, recipe: Recipe) -> tuple[float, float]:
     temp = (2.0 if e == 2 else 0.0) * tok * v_l
     if recipe.loss == "materialized_fp32":
         temp = 8.0 * tok * v_l
-        compiled = (plan.compile and recipe.loss_compiles if plan.compile_loss is None
-                    else plan.compile_loss)
+        compiled = (
+            plan.compile and recipe.loss_compiles
+            if plan.compile_loss is None
+            else plan.compile_loss
+        )
         if compiled:
             stored += (e - 4.0) * tok * v_l + 8.0 * tok
             temp = e * tok * v_l
@@ -263,21 +301,22 @@ def _largest_module(plan: PlanInput) -> float:
     return max(m.dim * (m.dim + 2 * m.kv_dim), m.dim * f_in, m.vocab_size * m.dim) / t
 
 
-def _recipe_states(plan: PlanInput, recipe: Recipe, P: float
-                   ) -> tuple[float, float, float, float, float]:
+def _recipe_states(
+    plan: PlanInput, recipe: Recipe, P: float
+) -> tuple[float, float, float, float, float]:
     """(weights, master, grads, optimizer, offloaded to the CPU) of a rank holding `P`
     parameters under `recipe`, sharded by its ZeRO stage."""
     L = plan.layout
     N = L.zero_shards
     fp32 = plan.precision == "fp32"
-    wb, mb, gb = (4.0, 0.0, 4.0) if fp32 else (recipe.weight_bytes, recipe.master_bytes,
-                                               recipe.grad_bytes)
+    wb, mb, gb = (
+        (4.0, 0.0, 4.0) if fp32 else (recipe.weight_bytes, recipe.master_bytes, recipe.grad_bytes)
+    )
     ob = OPTIMIZER_BYTES.get(plan.optimizer, 8.0)
     z = L.zero
     weights = wb * P / (N if z >= 3 else 1)
     master = mb * P / (N if (z >= 3 or (z >= 1 and recipe.shards_master)) else 1)
-    grads = gb * P / (N if (z >= 2 or (z == 1 and not recipe.grad_buffer_full_under_zero1))
-                      else 1)
+    grads = gb * P / (N if (z >= 2 or (z == 1 and not recipe.grad_buffer_full_under_zero1)) else 1)
     optim = ob * P / (N if z >= 1 else 1)
     offloaded = 0.0
     if plan.offload == "optimizer":
@@ -288,8 +327,9 @@ def _recipe_states(plan: PlanInput, recipe: Recipe, P: float
     return weights, master, grads, optim, offloaded
 
 
-def _recipe_in_flight(plan: PlanInput, recipe: Recipe, P: float, block: float, root: float,
-                      head: float) -> tuple[float, float, dict[str, float]]:
+def _recipe_in_flight(
+    plan: PlanInput, recipe: Recipe, P: float, block: float, root: float, head: float
+) -> tuple[float, float, dict[str, float]]:
     """(gathered parameters, unsharded gradients, the FSDP reduce-scatter buffer) in flight
     during a rank's backward under `recipe`."""
     pp, z, N = plan.layout.pp, plan.layout.zero, plan.layout.zero_shards
@@ -332,8 +372,7 @@ def _recipe_in_flight(plan: PlanInput, recipe: Recipe, P: float, block: float, r
     return in_params, in_grads, bufs
 
 
-def _recipe_buffers(plan: PlanInput, recipe: Recipe, P: float, bufs: dict[str, float]
-                    ) -> float:
+def _recipe_buffers(plan: PlanInput, recipe: Recipe, P: float, bufs: dict[str, float]) -> float:
     """Add the gradient buckets, the TP / PP / CP communication buffers and the runtime
     context of a rank under `recipe` to `bufs` (in that order); returns the runtime context."""
     L, z, N = plan.layout, plan.layout.zero, plan.layout.zero_shards
@@ -352,8 +391,13 @@ def _recipe_buffers(plan: PlanInput, recipe: Recipe, P: float, bufs: dict[str, f
         bufs["pp_p2p"] = 2 * e * tok * plan.model.dim / (L.tp if sp else 1)
     if L.cp > 1:
         bufs["cp_ring"] = 2 * 2 * e * tok * plan.model.kv_dim / L.tp
-    ctx = (0.0 if plan.hardware.name == "cpu" else recipe.cuda_context_bytes
-           if plan.runtime_context_bytes is None else plan.runtime_context_bytes)
+    ctx = (
+        0.0
+        if plan.hardware.name == "cpu"
+        else recipe.cuda_context_bytes
+        if plan.runtime_context_bytes is None
+        else plan.runtime_context_bytes
+    )
     bufs["runtime_context"] = ctx
     return ctx
 
@@ -374,8 +418,7 @@ def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBrea
     e = 4 if fp32 else 2
     tok = float(plan.seq_len) / L.cp * plan.micro_batch
     per_layer = recipe_layer_bytes(plan, recipe)
-    inflight = (1.0 if pp == 1 else
-                inflight_microbatches(L.pp_schedule, pp, m, rank, L.pp_virtual))
+    inflight = 1.0 if pp == 1 else inflight_microbatches(L.pp_schedule, pp, m, rank, L.pp_virtual)
     acts = inflight * layers * per_layer
     recompute = recipe_layer_bytes(plan, recipe, "none") if plan.ac == "full" and layers else 0.0
     if layers:
@@ -403,16 +446,31 @@ def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBrea
     reserved = total + recipe.fragmentation * (total - ctx)
     cap = plan.hardware.memory_bytes
     return MemoryBreakdown(
-        params=weights + in_params, grads=grads + in_grads, optimizer=optim + master,
-        activations=acts, buffers=buffers + loss_tmp, total=total, reserved=reserved,
-        capacity=cap, fits=reserved <= cap, rank=rank * L.tp * L.cp * L.dp,
+        params=weights + in_params,
+        grads=grads + in_grads,
+        optimizer=optim + master,
+        activations=acts,
+        buffers=buffers + loss_tmp,
+        total=total,
+        reserved=reserved,
+        capacity=cap,
+        fits=reserved <= cap,
+        rank=rank * L.tp * L.cp * L.dp,
         buffer_terms=dict(bufs, loss_backward_temp=loss_tmp),
-        detail={"params.in_flight": in_params, "grads.in_flight": in_grads,
-                "optimizer.master": master, "offloaded.cpu": offloaded,
-                "activations.per_layer": per_layer, "activations.in_flight": inflight,
-                "activations.head": head_stored, "optimizer_step.temp": step_tmp,
-                "allocator_reserve": reserved - total, "params.count": P,
-                "pipeline_rank": rank})
+        detail={
+            "params.in_flight": in_params,
+            "grads.in_flight": in_grads,
+            "optimizer.master": master,
+            "offloaded.cpu": offloaded,
+            "activations.per_layer": per_layer,
+            "activations.in_flight": inflight,
+            "activations.head": head_stored,
+            "optimizer_step.temp": step_tmp,
+            "allocator_reserve": reserved - total,
+            "params.count": P,
+            "pipeline_rank": rank,
+        },
+    )
 
 
 def recipe_worst_rank(plan: PlanInput) -> tuple[MemoryBreakdown, float]:

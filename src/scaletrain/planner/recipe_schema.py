@@ -120,6 +120,5 @@ class Recipe:
 
     def bucket_bytes(self, dp: int) -> float:
         """Bytes of one gradient reduction bucket."""
-        elems = (max(4e7, 1e6 * dp) if self.name in ("megatron", "nemo")
-                 else self.bucket_elements)
+        elems = max(4e7, 1e6 * dp) if self.name in ("megatron", "nemo") else self.bucket_elements
         return elems * self.bucket_elem_bytes

@@ -61,315 +61,432 @@ the planner's own FLOP count, which these sources do not state; until then they 
 selectable as 'generation'. The attention core's kernel terms
 (efficiency.attention_seconds_per_token) apply under either."""
 
-_PT_ALLOC = ("PyTorch's caching allocator (c10/cuda/CUDACachingAllocator.cpp) is the same "
-             "under every framework; 5% is scaletrain's measured reserved/allocated excess "
-             "(memory.FRAGMENTATION)")
-_CTX = ("CUDA context + cuBLAS workspace + NCCL communicators outside the allocator, 0.75 GB "
-        "measured with torch 2.x (memory.RUNTIME_CONTEXT_BYTES); the same runtime under every "
-        "framework")
+_PT_ALLOC = (
+    "PyTorch's caching allocator (c10/cuda/CUDACachingAllocator.cpp) is the same "
+    "under every framework; 5% is scaletrain's measured reserved/allocated excess "
+    "(memory.FRAGMENTATION)"
+)
+_CTX = (
+    "CUDA context + cuBLAS workspace + NCCL communicators outside the allocator, 0.75 GB "
+    "measured with torch 2.x (memory.RUNTIME_CONTEXT_BYTES); the same runtime under every "
+    "framework"
+)
 
 RECIPES: dict[str, Recipe] = {
     "scaletrain": Recipe(
-        name="scaletrain", framework="scaletrain", weight_bytes=4, master_bytes=0,
-        grad_bytes=4, grad_buffer_full_under_zero1=True, shards_master=False,
-        step_grad_fp32_copy=False, autocast_weight_copy=True, zero_stages=(0, 1, 2, 3),
-        ddp_bucket="copy", bucket_elements=25 * 2**20 / 4, bucket_elem_bytes=4,
-        bucket_count=1, fsdp_prefetch_units=1, fsdp_prefetch_params=0,
-        loss="fused", activations="scaletrain", selective="scaletrain",
-        ac_modes=("none", "selective", "full"), full_ac_saves="layer_input",
-        sp_with_tp=False, attention="model", dropout_masks=False,
-        even_pp_split=False, pp_schedules=("gpipe", "1f1b", "interleaved", "zero-bubble"),
-        cp=True, ddp_with_model_parallel=True, pp_with_zero=(0, 1, 2, 3),
-        fragmentation=FRAGMENTATION, cuda_context_bytes=RUNTIME_CONTEXT_BYTES,
+        name="scaletrain",
+        framework="scaletrain",
+        weight_bytes=4,
+        master_bytes=0,
+        grad_bytes=4,
+        grad_buffer_full_under_zero1=True,
+        shards_master=False,
+        step_grad_fp32_copy=False,
+        autocast_weight_copy=True,
+        zero_stages=(0, 1, 2, 3),
+        ddp_bucket="copy",
+        bucket_elements=25 * 2**20 / 4,
+        bucket_elem_bytes=4,
+        bucket_count=1,
+        fsdp_prefetch_units=1,
+        fsdp_prefetch_params=0,
+        loss="fused",
+        activations="scaletrain",
+        selective="scaletrain",
+        ac_modes=("none", "selective", "full"),
+        full_ac_saves="layer_input",
+        sp_with_tp=False,
+        attention="model",
+        dropout_masks=False,
+        even_pp_split=False,
+        pp_schedules=("gpipe", "1f1b", "interleaved", "zero-bubble"),
+        cp=True,
+        ddp_with_model_parallel=True,
+        pp_with_zero=(0, 1, 2, 3),
+        fragmentation=FRAGMENTATION,
+        cuda_context_bytes=RUNTIME_CONTEXT_BYTES,
         time_model="scaletrain",
         sources={
             "*": "scaletrain's own trainer: planner/memory.py + rank_memory.py, kept exact "
-                 "against the fake-tensor dry-run (benchmarks/results/planner_accuracy.md)",
+            "against the fake-tensor dry-run (benchmarks/results/planner_accuracy.md)",
             "weight_bytes": "fp32 parameters, 16-bit casts under autocast / FSDP2 "
-                            "MixedPrecisionPolicy (memory.CONVENTIONS 'scaletrain')",
+            "MixedPrecisionPolicy (memory.CONVENTIONS 'scaletrain')",
             "ddp_bucket": "parallel/data_parallel.py: torch DDP with "
-                          "gradient_as_bucket_view=False (memory.buffer_terms ddp_buckets)",
+            "gradient_as_bucket_view=False (memory.buffer_terms ddp_buckets)",
             "loss": "models/loss.py fused chunked linear + cross-entropy",
-        }),
+        },
+    ),
     "megatron": Recipe(
-        name="megatron", framework="Megatron-LM (megatron-core)", weight_bytes=2,
-        master_bytes=4, grad_bytes=4, grad_buffer_full_under_zero1=True, shards_master=True,
-        step_grad_fp32_copy=False, autocast_weight_copy=False, zero_stages=(0, 1, 3),
-        ddp_bucket="view", bucket_elements=4e7, bucket_elem_bytes=4, bucket_count=1,
-        fsdp_prefetch_units=1, fsdp_prefetch_params=0,
-        loss="vocab_parallel_fp32", activations="korthikanti", selective="core_attention",
-        ac_modes=("none", "selective", "full"), full_ac_saves="layer_input",
-        sp_with_tp=False, attention="model", dropout_masks=True,
-        even_pp_split=True, pp_schedules=("1f1b", "interleaved"), cp=True,
-        ddp_with_model_parallel=True, pp_with_zero=(0, 1, 3),
-        fragmentation=FRAGMENTATION, cuda_context_bytes=RUNTIME_CONTEXT_BYTES,
+        name="megatron",
+        framework="Megatron-LM (megatron-core)",
+        weight_bytes=2,
+        master_bytes=4,
+        grad_bytes=4,
+        grad_buffer_full_under_zero1=True,
+        shards_master=True,
+        step_grad_fp32_copy=False,
+        autocast_weight_copy=False,
+        zero_stages=(0, 1, 3),
+        ddp_bucket="view",
+        bucket_elements=4e7,
+        bucket_elem_bytes=4,
+        bucket_count=1,
+        fsdp_prefetch_units=1,
+        fsdp_prefetch_params=0,
+        loss="vocab_parallel_fp32",
+        activations="korthikanti",
+        selective="core_attention",
+        ac_modes=("none", "selective", "full"),
+        full_ac_saves="layer_input",
+        sp_with_tp=False,
+        attention="model",
+        dropout_masks=True,
+        even_pp_split=True,
+        pp_schedules=("1f1b", "interleaved"),
+        cp=True,
+        ddp_with_model_parallel=True,
+        pp_with_zero=(0, 1, 3),
+        fragmentation=FRAGMENTATION,
+        cuda_context_bytes=RUNTIME_CONTEXT_BYTES,
         time_model=_TIME_MODEL,
         sources={
             "weight_bytes": "megatron/core/transformer/module.py Float16Module: the model's "
-                            "weights are bf16/fp16",
+            "weights are bf16/fp16",
             "master_bytes": "megatron/core/optimizer/optimizer.py "
-                            "Float16OptimizerWithFloat16Params / distrib_optimizer.py "
-                            "DistributedOptimizer: fp32 main params",
+            "Float16OptimizerWithFloat16Params / distrib_optimizer.py "
+            "DistributedOptimizer: fp32 main params",
             "grad_bytes": "megatron/core/distributed/param_and_grad_buffer.py "
-                          "_ParamAndGradBuffer: contiguous main_grad buffer in fp32 "
-                          "(DistributedDataParallelConfig.grad_reduce_in_fp32; "
-                          "megatron/training/arguments.py turns "
-                          "accumulate_allreduce_grads_in_fp32 on for bf16)",
+            "_ParamAndGradBuffer: contiguous main_grad buffer in fp32 "
+            "(DistributedDataParallelConfig.grad_reduce_in_fp32; "
+            "megatron/training/arguments.py turns "
+            "accumulate_allreduce_grads_in_fp32 on for bf16)",
             "grad_buffer_full_under_zero1": "distrib_optimizer.py: grads are reduce-scattered "
-                                            "inside the full grad buffer, which stays "
-                                            "allocated; 6 + 12/d bytes/param "
-                                            "(megatron/training/theoretical_memory_usage.py "
-                                            "compute_weight_and_optimizer_memory; "
-                                            "docs distrib_optimizer.md table)",
+            "inside the full grad buffer, which stays "
+            "allocated; 6 + 12/d bytes/param "
+            "(megatron/training/theoretical_memory_usage.py "
+            "compute_weight_and_optimizer_memory; "
+            "docs distrib_optimizer.md table)",
             "shards_master": "distrib_optimizer.py DistributedOptimizer: fp32 main params and "
-                             "Adam states of this rank's shard only",
+            "Adam states of this rank's shard only",
             "zero_stages": "0 = DDP, 1 = --use-distributed-optimizer, 3 = Megatron-FSDP / "
-                           "--use-torch-fsdp2 (megatron/core/distributed/); no separate "
-                           "ZeRO-2 mode",
+            "--use-torch-fsdp2 (megatron/core/distributed/); no separate "
+            "ZeRO-2 mode",
             "ddp_bucket": "param_and_grad_buffer.py: buckets are views into the grad buffer "
-                          "(no copy); bucket_size = max(40000000, 1000000 x dp) elements "
-                          "(distributed_data_parallel.py DistributedDataParallel.__init__)",
+            "(no copy); bucket_size = max(40000000, 1000000 x dp) elements "
+            "(distributed_data_parallel.py DistributedDataParallel.__init__)",
             "loss": "megatron/core/tensor_parallel/cross_entropy.py "
-                    "VocabParallelCrossEntropy.calculate_logits_max: logits.float(); "
-                    "_VocabParallelCrossEntropy saves exp_logits (computed in place) for "
-                    "backward, V/tp per rank; theoretical_memory_usage.py counts "
-                    "4 x s x b x h x (1 + V/h) for the output layer and loss",
+            "VocabParallelCrossEntropy.calculate_logits_max: logits.float(); "
+            "_VocabParallelCrossEntropy saves exp_logits (computed in place) for "
+            "backward, V/tp per rank; theoretical_memory_usage.py counts "
+            "4 x s x b x h x (1 + V/h) for the output layer and loss",
             "activations": "Korthikanti et al. 2022 (arXiv 2205.05198) Table 2: "
-                           "sbh(34 + 5as/h) per layer (/t with SP; 10 + 24/t without SP); "
-                           "megatron/training/theoretical_memory_usage.py "
-                           "compute_activation_memory uses sbh(18 + 4 f/h)",
+            "sbh(34 + 5as/h) per layer (/t with SP; 10 + 24/t without SP); "
+            "megatron/training/theoretical_memory_usage.py "
+            "compute_activation_memory uses sbh(18 + 4 f/h)",
             "selective": "megatron/core/transformer/transformer_block.py "
-                         "(recompute_granularity='selective' recomputes core_attn): drops "
-                         "the 5as^2b/t term; with flash/TE attention that term is absent "
-                         "already",
+            "(recompute_granularity='selective' recomputes core_attn): drops "
+            "the 5as^2b/t term; with flash/TE attention that term is absent "
+            "already",
             "full_ac_saves": "transformer_block.py _checkpointed_forward "
-                             "(recompute_method uniform, 1 layer): the layer input",
+            "(recompute_method uniform, 1 layer): the layer input",
             "dropout_masks": "megatron/training/arguments.py: --hidden-dropout and "
-                             "--attention-dropout default 0.1 (GPT recipes keep them; "
-                             "Llama recipes set 0)",
+            "--attention-dropout default 0.1 (GPT recipes keep them; "
+            "Llama recipes set 0)",
             "even_pp_split": "megatron/core/transformer/transformer_block.py "
-                             "get_num_layers_to_build: num_layers / pp per stage",
+            "get_num_layers_to_build: num_layers / pp per stage",
             "pp_schedules": "megatron/core/pipeline_parallel/schedules.py "
-                            "get_forward_backward_func: no pipelining, 1F1B "
-                            "(forward_backward_pipelining_without_interleaving), "
-                            "interleaved (..._with_interleaving); no GPipe or zero-bubble "
-                            "order",
+            "get_forward_backward_func: no pipelining, 1F1B "
+            "(forward_backward_pipelining_without_interleaving), "
+            "interleaved (..._with_interleaving); no GPipe or zero-bubble "
+            "order",
             "optimizer": "megatron/core/optimizer/__init__.py get_megatron_optimizer: "
-                         "Adam (TE FusedAdam / apex) with fp32 exp_avg and exp_avg_sq",
+            "Adam (TE FusedAdam / apex) with fp32 exp_avg and exp_avg_sq",
             "cp": "megatron/core/parallel_state.py context_parallel_size (ring attention in "
-                  "Transformer Engine); composes with pp",
+            "Transformer Engine); composes with pp",
             "attention": "megatron/core/transformer: TEDotProductAttention (flash / fused "
-                         "attention by --attention-backend auto): no s x s scores kept unless "
-                         "the model asks for the unfused core",
-            "fragmentation": _PT_ALLOC, "cuda_context_bytes": _CTX,
-        }),
+            "attention by --attention-backend auto): no s x s scores kept unless "
+            "the model asks for the unfused core",
+            "fragmentation": _PT_ALLOC,
+            "cuda_context_bytes": _CTX,
+        },
+    ),
     "deepspeed": Recipe(
-        name="deepspeed", framework="DeepSpeed (ZeRO)", weight_bytes=2, master_bytes=4,
-        grad_bytes=2, grad_buffer_full_under_zero1=True, shards_master=True,
-        step_grad_fp32_copy=True, autocast_weight_copy=False, zero_stages=(0, 1, 2, 3),
-        ddp_bucket="ipg", bucket_elements=5e8, bucket_elem_bytes=2, bucket_count=1,
-        fsdp_prefetch_units=0, fsdp_prefetch_params=5e7,
-        loss="vocab_parallel_fp32", activations="korthikanti", selective="core_attention",
-        ac_modes=("none", "selective", "full"), full_ac_saves="layer_input",
-        sp_with_tp=False, attention="naive", dropout_masks=True,
-        even_pp_split=True, pp_schedules=("1f1b",), cp=True,
-        ddp_with_model_parallel=True, pp_with_zero=(0, 1),
-        fragmentation=FRAGMENTATION, cuda_context_bytes=RUNTIME_CONTEXT_BYTES,
-        time_model=_TIME_MODEL, pipe_output_buffers=2,
+        name="deepspeed",
+        framework="DeepSpeed (ZeRO)",
+        weight_bytes=2,
+        master_bytes=4,
+        grad_bytes=2,
+        grad_buffer_full_under_zero1=True,
+        shards_master=True,
+        step_grad_fp32_copy=True,
+        autocast_weight_copy=False,
+        zero_stages=(0, 1, 2, 3),
+        ddp_bucket="ipg",
+        bucket_elements=5e8,
+        bucket_elem_bytes=2,
+        bucket_count=1,
+        fsdp_prefetch_units=0,
+        fsdp_prefetch_params=5e7,
+        loss="vocab_parallel_fp32",
+        activations="korthikanti",
+        selective="core_attention",
+        ac_modes=("none", "selective", "full"),
+        full_ac_saves="layer_input",
+        sp_with_tp=False,
+        attention="naive",
+        dropout_masks=True,
+        even_pp_split=True,
+        pp_schedules=("1f1b",),
+        cp=True,
+        ddp_with_model_parallel=True,
+        pp_with_zero=(0, 1),
+        fragmentation=FRAGMENTATION,
+        cuda_context_bytes=RUNTIME_CONTEXT_BYTES,
+        time_model=_TIME_MODEL,
+        pipe_output_buffers=2,
         sources={
             "pipe_output_buffers": "deepspeed/runtime/pipe/engine.py _exec_forward_pass: "
-                                   "pipe_buffers['outputs'][buffer_id] = outputs (the last "
-                                   "stage's logits, before the loss); _exec_backward_pass "
-                                   "returns early on the last stage ('just runs backward on "
-                                   "the loss') without clearing that buffer (2021 and today); "
-                                   "pipe/schedule.py TrainSchedule.num_pipe_buffers: max(2, "
-                                   "...) = 2 on the last stage. Megatron-DeepSpeed builds "
-                                   "GPTModelPipe (a PipelineModule, so this engine) at pp = 1 "
-                                   "too unless --no-pipeline-parallel. Under fp16 its last "
-                                   "spec is float16_to_fp32 (megatron/model/gpt_model.py), so "
-                                   "the buffers hold fp32 logits; mpu/cross_entropy.py "
-                                   "_VocabParallelCrossEntropy softmaxes the current one in "
-                                   "place and writes its gradient in place: 2 x 2 B counted = "
-                                   "the other buffer's 4 B beyond the loss's saved 4 B (the "
-                                   "clone in vocab_parallel_cross_entropy came with "
-                                   "bigscience Megatron-DeepSpeed PR #155, later than its "
-                                   "PRs #75-76 of 2021-08-26; whether the 1B3 benchmarks ran "
-                                   "it is not stated; with it the saved softmax is a 4 B "
-                                   "copy more)",
+            "pipe_buffers['outputs'][buffer_id] = outputs (the last "
+            "stage's logits, before the loss); _exec_backward_pass "
+            "returns early on the last stage ('just runs backward on "
+            "the loss') without clearing that buffer (2021 and today); "
+            "pipe/schedule.py TrainSchedule.num_pipe_buffers: max(2, "
+            "...) = 2 on the last stage. Megatron-DeepSpeed builds "
+            "GPTModelPipe (a PipelineModule, so this engine) at pp = 1 "
+            "too unless --no-pipeline-parallel. Under fp16 its last "
+            "spec is float16_to_fp32 (megatron/model/gpt_model.py), so "
+            "the buffers hold fp32 logits; mpu/cross_entropy.py "
+            "_VocabParallelCrossEntropy softmaxes the current one in "
+            "place and writes its gradient in place: 2 x 2 B counted = "
+            "the other buffer's 4 B beyond the loss's saved 4 B (the "
+            "clone in vocab_parallel_cross_entropy came with "
+            "bigscience Megatron-DeepSpeed PR #155, later than its "
+            "PRs #75-76 of 2021-08-26; whether the 1B3 benchmarks ran "
+            "it is not stated; with it the saved softmax is a 4 B "
+            "copy more)",
             "weight_bytes": "deepspeed/runtime/zero/stage_1_and_2.py "
-                            "DeepSpeedZeroOptimizer: bit16_groups (the model's 16-bit "
-                            "params); stage3.py DeepSpeedZeroOptimizer_Stage3: 16-bit "
-                            "partitions",
+            "DeepSpeedZeroOptimizer: bit16_groups (the model's 16-bit "
+            "params); stage3.py DeepSpeedZeroOptimizer_Stage3: 16-bit "
+            "partitions",
             "master_bytes": "stage_1_and_2.py single_partition_of_fp32_groups (fp32 master "
-                            "partition per rank); stage3.py fp32_partitioned_groups_flat",
+            "partition per rank); stage3.py fp32_partitioned_groups_flat",
             "grad_bytes": "stage_1_and_2.py averaged_gradients in the param dtype "
-                          "(partitioned from stage 2); estimate_zero2_model_states_mem_needs:"
-                          " 4 x P + 16 x P / N on the GPU; stage3.py "
-                          "estimate_zero3_model_states_mem_needs: largest layer x 4 + "
-                          "18 x P / N",
+            "(partitioned from stage 2); estimate_zero2_model_states_mem_needs:"
+            " 4 x P + 16 x P / N on the GPU; stage3.py "
+            "estimate_zero3_model_states_mem_needs: largest layer x 4 + "
+            "18 x P / N",
             "step_grad_fp32_copy": "stage_1_and_2.py step(): single_grad_partition is the "
-                                   "rank's gradient converted to the fp32 master dtype",
+            "rank's gradient converted to the fp32 master dtype",
             "ddp_bucket": "deepspeed/runtime/zero/config.py DeepSpeedZeroConfig: "
-                          "reduce_bucket_size default 5e8 elements, allgather_bucket_size "
-                          "5e8; stage_1_and_2.py ipg_buffer in the param dtype (contiguous"
-                          "_gradients)",
+            "reduce_bucket_size default 5e8 elements, allgather_bucket_size "
+            "5e8; stage_1_and_2.py ipg_buffer in the param dtype (contiguous"
+            "_gradients)",
             "fsdp_prefetch_params": "zero/config.py stage3_prefetch_bucket_size default 5e7",
             "loss": "Megatron-DeepSpeed runs Megatron's vocab-parallel cross-entropy "
-                    "(megatron/core/tensor_parallel/cross_entropy.py)",
+            "(megatron/core/tensor_parallel/cross_entropy.py)",
             "activations": "Megatron-DeepSpeed's GPT model: Korthikanti et al. 2022 Table 2",
             "pp_schedules": "deepspeed/runtime/pipe/schedule.py TrainSchedule (1F1B only)",
             "pp_with_zero": "deepspeed/runtime/pipe/engine.py PipelineEngine.__init__: "
-                            "'ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism'",
+            "'ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism'",
             "cp": "DeepSpeed-Ulysses sequence parallelism (deepspeed/sequence/layer.py "
-                  "DistributedAttention)",
+            "DistributedAttention)",
             "optimizer": "deepspeed/ops/adam FusedAdam / DeepSpeedCPUAdam on the fp32 "
-                         "partition: fp32 exp_avg and exp_avg_sq",
+            "partition: fp32 exp_avg and exp_avg_sq",
             "zero_stages": "deepspeed/runtime/zero/config.py DeepSpeedZeroConfig.stage 0-3",
             "selective": "Megatron-DeepSpeed --recompute-granularity selective (Megatron's "
-                         "core-attention recompute)",
+            "core-attention recompute)",
             "full_ac_saves": "deepspeed/runtime/activation_checkpointing/checkpointing.py "
-                             "checkpoint(): the layer input (partition_activations splits "
-                             "it over tp)",
+            "checkpoint(): the layer input (partition_activations splits "
+            "it over tp)",
             "attention": "Megatron-DeepSpeed megatron/arguments.py: --use-flash-attn is "
-                         "store_true (off by default); the fused scale-mask-softmax "
-                         "(megatron/model/fused_softmax.py) keeps the s x s probabilities",
-            "fragmentation": _PT_ALLOC, "cuda_context_bytes": _CTX,
-        }),
+            "store_true (off by default); the fused scale-mask-softmax "
+            "(megatron/model/fused_softmax.py) keeps the s x s probabilities",
+            "fragmentation": _PT_ALLOC,
+            "cuda_context_bytes": _CTX,
+        },
+    ),
     "torchtitan": Recipe(
-        name="torchtitan", framework="torchtitan (FSDP2)", weight_bytes=4, master_bytes=0,
-        grad_bytes=4, grad_buffer_full_under_zero1=False, shards_master=False,
-        step_grad_fp32_copy=False, autocast_weight_copy=True, zero_stages=(0, 2, 3),
-        ddp_bucket="copy", bucket_elements=25 * 2**20 / 4, bucket_elem_bytes=4,
-        bucket_count=1, fsdp_prefetch_units=1, fsdp_prefetch_params=0,
-        loss="materialized_fp32", activations="sdpa_bf16", selective="torchtitan_op",
-        ac_modes=("none", "selective", "full"), full_ac_saves="layer_input",
-        sp_with_tp=True, attention="model", dropout_masks=False,
-        even_pp_split=False, pp_schedules=("gpipe", "1f1b", "interleaved", "zero-bubble"),
-        cp=True, ddp_with_model_parallel=False, pp_with_zero=(0, 2, 3),
-        fragmentation=FRAGMENTATION, cuda_context_bytes=RUNTIME_CONTEXT_BYTES,
-        time_model=_TIME_MODEL, pp_fsdp_unsharded=True, loss_compiles=True,
+        name="torchtitan",
+        framework="torchtitan (FSDP2)",
+        weight_bytes=4,
+        master_bytes=0,
+        grad_bytes=4,
+        grad_buffer_full_under_zero1=False,
+        shards_master=False,
+        step_grad_fp32_copy=False,
+        autocast_weight_copy=True,
+        zero_stages=(0, 2, 3),
+        ddp_bucket="copy",
+        bucket_elements=25 * 2**20 / 4,
+        bucket_elem_bytes=4,
+        bucket_count=1,
+        fsdp_prefetch_units=1,
+        fsdp_prefetch_params=0,
+        loss="materialized_fp32",
+        activations="sdpa_bf16",
+        selective="torchtitan_op",
+        ac_modes=("none", "selective", "full"),
+        full_ac_saves="layer_input",
+        sp_with_tp=True,
+        attention="model",
+        dropout_masks=False,
+        even_pp_split=False,
+        pp_schedules=("gpipe", "1f1b", "interleaved", "zero-bubble"),
+        cp=True,
+        ddp_with_model_parallel=False,
+        pp_with_zero=(0, 2, 3),
+        fragmentation=FRAGMENTATION,
+        cuda_context_bytes=RUNTIME_CONTEXT_BYTES,
+        time_model=_TIME_MODEL,
+        pp_fsdp_unsharded=True,
+        loss_compiles=True,
         eager_elementwise=True,
         sources={
             "eager_elementwise": "torchtitan/models/llama3/model.py: RMSNorm._norm on "
-                                 "x.float(), apply_rotary_emb via view_as_complex, "
-                                 "F.silu(w1(x)) * w3(x), residual adds, each a separate "
-                                 "kernel without training.compile; "
-                                 "benchmarks/llama3_h100_202412_torchtitan.md Table 1: "
-                                 "compile alone 5,762 -> 6,667 TPS/GPU",
+            "x.float(), apply_rotary_emb via view_as_complex, "
+            "F.silu(w1(x)) * w3(x), residual adds, each a separate "
+            "kernel without training.compile; "
+            "benchmarks/llama3_h100_202412_torchtitan.md Table 1: "
+            "compile alone 5,762 -> 6,667 TPS/GPU",
             "pp_fsdp_unsharded": "torchtitan parallelize apply_fsdp: 'For PP, do not reshard "
-                                 "after forward to avoid per-microbatch all-gathers' "
-                                 "(reshard_after_forward = not pp_enabled; at 9dec370 "
-                                 "torchtitan/parallelisms/parallelize_llama.py too); torch "
-                                 "torch/distributed/pipelining/stage.py "
-                                 "backward_maybe_with_nosync: set_reshard_after_backward(False)"
-                                 " and set_requires_gradient_sync(False) for every micro-batch"
-                                 " but the last; fsdp/_fully_shard/_fsdp_param.py "
-                                 "to_accumulated_grad_if_needed: the unsharded gradient is "
-                                 "upcast to reduce_dtype (fp32) and accumulated",
+            "after forward to avoid per-microbatch all-gathers' "
+            "(reshard_after_forward = not pp_enabled; at 9dec370 "
+            "torchtitan/parallelisms/parallelize_llama.py too); torch "
+            "torch/distributed/pipelining/stage.py "
+            "backward_maybe_with_nosync: set_reshard_after_backward(False)"
+            " and set_requires_gradient_sync(False) for every micro-batch"
+            " but the last; fsdp/_fully_shard/_fsdp_param.py "
+            "to_accumulated_grad_if_needed: the unsharded gradient is "
+            "upcast to reduce_dtype (fp32) and accumulated",
             "loss_compiles": "torchtitan/components/loss.py build_cross_entropy_loss: "
-                             "torch.compile(loss_fn) when training.compile (e7c0cae, June "
-                             "2025; later compile.components 'loss'); train.py at 9dec370 "
-                             "(Dec 2024) left it uncompiled ('compiling loss function causes "
-                             "CUDA errors'). Saved tensors measured with torch 2.13: eager "
-                             "keeps the fp32 log-softmax (4 B/logit), compiled keeps the bf16 "
-                             "input (2 B/logit) and two fp32 values per token",
+            "torch.compile(loss_fn) when training.compile (e7c0cae, June "
+            "2025; later compile.components 'loss'); train.py at 9dec370 "
+            "(Dec 2024) left it uncompiled ('compiling loss function causes "
+            "CUDA errors'). Saved tensors measured with torch 2.13: eager "
+            "keeps the fp32 log-softmax (4 B/logit), compiled keeps the bf16 "
+            "input (2 B/logit) and two fp32 values per token",
             "weight_bytes": "torchtitan/models/llama3/infra/parallelize.py apply_fsdp: "
-                            "fp32 sharded parameters, MixedPrecisionPolicy(param_dtype="
-                            "bf16, reduce_dtype=fp32) (docs/fsdp.md)",
+            "fp32 sharded parameters, MixedPrecisionPolicy(param_dtype="
+            "bf16, reduce_dtype=fp32) (docs/fsdp.md)",
             "grad_bytes": "FSDP2 sharded fp32 gradients (reduce_dtype fp32)",
             "zero_stages": "apply_fsdp reshard_after_forward (True: ZeRO-3, False: ZeRO-2); "
-                           "apply_ddp for pure data parallel; no ZeRO-1",
+            "apply_ddp for pure data parallel; no ZeRO-1",
             "fsdp_prefetch_units": "FSDP2 implicit prefetch of the next unit; the last "
-                                   "block and the root are not resharded after forward "
-                                   "(apply_fsdp)",
+            "block and the root are not resharded after forward "
+            "(apply_fsdp)",
             "loss": "torchtitan/components/loss.py cross_entropy_loss: "
-                    "F.cross_entropy(pred.flatten(0, 1).float(), labels); train.py deletes "
-                    "pred before backward",
+            "F.cross_entropy(pred.flatten(0, 1).float(), labels); train.py deletes "
+            "pred before backward",
             "activations": "torchtitan/models/llama3/model.py: SDPA attention, RMSNorm on "
-                           "x.float(), SwiGLU; bf16 stream under FSDP2 mixed precision",
+            "x.float(), SwiGLU; bf16 stream under FSDP2 mixed precision",
             "selective": "parallelize.py _apply_ac_to_transformer_block (op SAC): saves "
-                         "aten.mm outputs except every second mm, SDPA outputs, "
-                         "reduce_scatter and max",
+            "aten.mm outputs except every second mm, SDPA outputs, "
+            "reduce_scatter and max",
             "sp_with_tp": "parallelize.py apply_tp: SequenceParallel norms, loss_parallel",
-            "ddp_with_model_parallel": "parallelize.py: 'DDP has not supported > 1D "
-                                       "parallelism'",
+            "ddp_with_model_parallel": "parallelize.py: 'DDP has not supported > 1D parallelism'",
             "pp_schedules": "torchtitan/distributed/pipeline_parallel.py: GPipe, 1F1B, "
-                            "Interleaved1F1B, InterleavedZeroBubble, ZBVZeroBubble",
+            "Interleaved1F1B, InterleavedZeroBubble, ZBVZeroBubble",
             "master_bytes": "no separate master copy: the sharded parameters are fp32 and "
-                            "FSDP2 casts them to bf16 at all-gather",
+            "FSDP2 casts them to bf16 at all-gather",
             "optimizer": "torchtitan/components/optimizer.py build_optimizers: torch.optim."
-                         "AdamW on the fp32 DTensor shards (exp_avg, exp_avg_sq fp32)",
+            "AdamW on the fp32 DTensor shards (exp_avg, exp_avg_sq fp32)",
             "ddp_bucket": "parallelize.py apply_ddp: torch's replicate/DDP, default "
-                          "bucket_cap_mb=25 copy buckets (torch/nn/parallel/distributed.py)",
+            "bucket_cap_mb=25 copy buckets (torch/nn/parallel/distributed.py)",
             "full_ac_saves": "parallelize.py _apply_ac_to_transformer_block mode 'full': "
-                             "ptd_checkpoint_wrapper around each block (its input kept)",
+            "ptd_checkpoint_wrapper around each block (its input kept)",
             "cp": "torchtitan/distributed/utils.py create_context_parallel_ctx (ring "
-                  "attention over SDPA); FSDP mesh includes cp",
+            "attention over SDPA); FSDP mesh includes cp",
             "attention": "torchtitan/models/llama3/model.py Attention: "
-                         "F.scaled_dot_product_attention (flash / memory-efficient kernels)",
-            "fragmentation": _PT_ALLOC, "cuda_context_bytes": _CTX,
-        }),
+            "F.scaled_dot_product_attention (flash / memory-efficient kernels)",
+            "fragmentation": _PT_ALLOC,
+            "cuda_context_bytes": _CTX,
+        },
+    ),
     "nanotron": Recipe(
-        name="nanotron", framework="Nanotron", weight_bytes=2, master_bytes=4, grad_bytes=4,
-        grad_buffer_full_under_zero1=True, shards_master=True, step_grad_fp32_copy=False,
-        autocast_weight_copy=False, zero_stages=(0, 1), ddp_bucket="view",
-        bucket_elements=25 * 2**20 / 4, bucket_elem_bytes=4, bucket_count=1,
-        fsdp_prefetch_units=0, fsdp_prefetch_params=0,
-        loss="vocab_parallel_fp32", activations="sdpa_bf16", selective="core_attention",
-        ac_modes=("none", "full"), full_ac_saves="layer_input",
-        sp_with_tp=False, attention="model", dropout_masks=False,
-        even_pp_split=True, pp_schedules=("gpipe", "1f1b"), cp=False,
-        ddp_with_model_parallel=True, pp_with_zero=(0, 1),
-        fragmentation=FRAGMENTATION, cuda_context_bytes=RUNTIME_CONTEXT_BYTES,
+        name="nanotron",
+        framework="Nanotron",
+        weight_bytes=2,
+        master_bytes=4,
+        grad_bytes=4,
+        grad_buffer_full_under_zero1=True,
+        shards_master=True,
+        step_grad_fp32_copy=False,
+        autocast_weight_copy=False,
+        zero_stages=(0, 1),
+        ddp_bucket="view",
+        bucket_elements=25 * 2**20 / 4,
+        bucket_elem_bytes=4,
+        bucket_count=1,
+        fsdp_prefetch_units=0,
+        fsdp_prefetch_params=0,
+        loss="vocab_parallel_fp32",
+        activations="sdpa_bf16",
+        selective="core_attention",
+        ac_modes=("none", "full"),
+        full_ac_saves="layer_input",
+        sp_with_tp=False,
+        attention="model",
+        dropout_masks=False,
+        even_pp_split=True,
+        pp_schedules=("gpipe", "1f1b"),
+        cp=False,
+        ddp_with_model_parallel=True,
+        pp_with_zero=(0, 1),
+        fragmentation=FRAGMENTATION,
+        cuda_context_bytes=RUNTIME_CONTEXT_BYTES,
         time_model=_TIME_MODEL,
         sources={
-            "weight_bytes": "src/nanotron/models/llama.py built in config.model.dtype "
-                            "(bfloat16)",
+            "weight_bytes": "src/nanotron/models/llama.py built in config.model.dtype (bfloat16)",
             "master_bytes": "src/nanotron/optim/gradient_accumulator.py "
-                            "FP32GradientAccumulator: fp32 copies of the params this rank "
-                            "updates (accumulate_grad_in_fp32)",
+            "FP32GradientAccumulator: fp32 copies of the params this rank "
+            "updates (accumulate_grad_in_fp32)",
             "grad_bytes": "FP32GradientAccumulator: fp32 grad buffers for all parameters "
-                          "even under ZeRO-1 ('we need to accumulate gradients for all "
-                          "parameters')",
+            "even under ZeRO-1 ('we need to accumulate gradients for all "
+            "parameters')",
             "shards_master": "src/nanotron/optim/zero.py ZeroDistributedOptimizer (ZeRO-1)",
             "zero_stages": "config OptimizerArgs.zero_stage: 0 or 1",
             "loss": "src/nanotron/parallel/tensor_parallel/functional.py "
-                    "sharded_cross_entropy: fp32 logits, V/tp",
+            "sharded_cross_entropy: fp32 logits, V/tp",
             "pp_schedules": "config ParallelismArgs.pp_engine: '1f1b' or 'afab' "
-                            "(all-forward-all-backward = GPipe)",
-            "cp": "ParallelismArgs has dp, pp, tp, expert_parallel_size: no context "
-                  "parallelism",
-            "full_ac_saves": "ParallelismArgs.recompute_layer: each decoder layer "
-                             "recomputed",
+            "(all-forward-all-backward = GPipe)",
+            "cp": "ParallelismArgs has dp, pp, tp, expert_parallel_size: no context parallelism",
+            "full_ac_saves": "ParallelismArgs.recompute_layer: each decoder layer recomputed",
             "optimizer": "src/nanotron/helpers.py init_optimizer_and_grad_accumulator: "
-                         "torch.optim.AdamW on the fp32 copies",
+            "torch.optim.AdamW on the fp32 copies",
             "ddp_bucket": "FP32GradientAccumulator's fp32 buffers are reduced in place "
-                          "(sync_gradients_across_dp; reduce-scatter under ZeRO-1): no copy",
+            "(sync_gradients_across_dp; reduce-scatter under ZeRO-1): no copy",
             "activations": "src/nanotron/models/llama.py: flash attention, fused RMSNorm, "
-                           "merged gate_up projection and GLU activation, bf16 stream",
+            "merged gate_up projection and GLU activation, bf16 stream",
             "selective": "no selective mode: ParallelismArgs.recompute_layer recomputes whole "
-                         "layers",
+            "layers",
             "attention": "src/nanotron/models/llama.py CoreAttention: flash_attn_varlen_func "
-                         "(flash-attn)",
-            "fragmentation": _PT_ALLOC, "cuda_context_bytes": _CTX,
-        }),
+            "(flash-attn)",
+            "fragmentation": _PT_ALLOC,
+            "cuda_context_bytes": _CTX,
+        },
+    ),
 }
 
 
 RECIPES["nemo"] = replace(
-    RECIPES["megatron"], name="nemo", framework="NeMo (Megatron-Core, NeMo's performance configs)",
-    sources={**RECIPES["megatron"].sources,
-             "*": "NeMo trains Megatron-Core's GPTModel with its DistributedDataParallel and "
-                  "distributed optimizer: every memory term is megatron's (a NeMo-specific "
-                  "memory term, e.g. Apex distributed_fused_adam's gradient shard, is not "
-                  "modelled here); what differs is the communication NeMo's performance "
-                  "configurations overlap (efficiency.COMM_OVERLAP['nemo'])",
-             "comm_overlap": "NVIDIA/NeMo-Framework-Launcher launcher_scripts/conf/training/"
-                             "gpt3/175b_fp8_performance.yaml (24.07): ub_tp_comm_overlap, "
-                             "overlap_p2p_comm, optim.overlap_grad_sync / overlap_param_sync; "
-                             "NeMo docs features/optimizations/communication_overlap.rst",
-             "attention": "NeMo's GPT / Llama configs run Transformer Engine "
-                          "DotProductAttention (fused / flash by NVTE_FUSED_ATTN)"})
+    RECIPES["megatron"],
+    name="nemo",
+    framework="NeMo (Megatron-Core, NeMo's performance configs)",
+    sources={
+        **RECIPES["megatron"].sources,
+        "*": "NeMo trains Megatron-Core's GPTModel with its DistributedDataParallel and "
+        "distributed optimizer: every memory term is megatron's (a NeMo-specific "
+        "memory term, e.g. Apex distributed_fused_adam's gradient shard, is not "
+        "modelled here); what differs is the communication NeMo's performance "
+        "configurations overlap (efficiency.COMM_OVERLAP['nemo'])",
+        "comm_overlap": "NVIDIA/NeMo-Framework-Launcher launcher_scripts/conf/training/"
+        "gpt3/175b_fp8_performance.yaml (24.07): ub_tp_comm_overlap, "
+        "overlap_p2p_comm, optim.overlap_grad_sync / overlap_param_sync; "
+        "NeMo docs features/optimizations/communication_overlap.rst",
+        "attention": "NeMo's GPT / Llama configs run Transformer Engine "
+        "DotProductAttention (fused / flash by NVTE_FUSED_ATTN)",
+    },
+)
 """NeMo: Megatron-Core's model states, activations and buffers (megatron's memory terms,
 unchanged) with the communication overlap of NeMo's performance configurations, which the
 published NeMo runs use (efficiency.COMM_OVERLAP['nemo'])."""
@@ -378,6 +495,7 @@ published NeMo runs use (efficiency.COMM_OVERLAP['nemo'])."""
 def recipe_named(name: str, field_name: str = "--recipe") -> Recipe:
     """The recipe called `name`; an unknown name is one ConfigError line with did-you-mean."""
     if name not in RECIPES:
-        raise ConfigError(field_name, name,
-                          f"use one of {', '.join(RECIPES)}{did_you_mean(name, RECIPES)}")
+        raise ConfigError(
+            field_name, name, f"use one of {', '.join(RECIPES)}{did_you_mean(name, RECIPES)}"
+        )
     return RECIPES[name]

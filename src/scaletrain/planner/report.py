@@ -11,8 +11,15 @@ from scaletrain.config import GB
 from .search import SearchResult
 from .types import Estimate, layout_label
 
-__all__ = ["layout_label", "estimate_rows", "render_estimates", "render_search", "to_json",
-           "fit_width", "terminal_width"]
+__all__ = [
+    "layout_label",
+    "estimate_rows",
+    "render_estimates",
+    "render_search",
+    "to_json",
+    "fit_width",
+    "terminal_width",
+]
 
 
 def estimate_rows(estimates: list[Estimate]) -> list[list[str]]:
@@ -20,15 +27,44 @@ def estimate_rows(estimates: list[Estimate]) -> list[list[str]]:
     rows = []
     for e in estimates:
         m = e.memory
-        rows.append([layout_label(e), *(f"{x / GB:.1f}" for x in (
-            m.params, m.grads, m.optimizer, m.activations, m.buffers, m.total, m.reserved)),
-            f"{e.time.step_s:.3f}", f"{e.tokens_per_s:,.0f}", f"{100 * e.mfu:.1f}%",
-            "yes" if m.fits else f"NO (rank {m.rank})"])
+        rows.append(
+            [
+                layout_label(e),
+                *(
+                    f"{x / GB:.1f}"
+                    for x in (
+                        m.params,
+                        m.grads,
+                        m.optimizer,
+                        m.activations,
+                        m.buffers,
+                        m.total,
+                        m.reserved,
+                    )
+                ),
+                f"{e.time.step_s:.3f}",
+                f"{e.tokens_per_s:,.0f}",
+                f"{100 * e.mfu:.1f}%",
+                "yes" if m.fits else f"NO (rank {m.rank})",
+            ]
+        )
     return rows
 
 
-HEADERS = ["layout", "params", "grads", "optim", "acts", "buffers", "total", "reserved",
-           "step s", "tokens/s", "MFU", "fits"]
+HEADERS = [
+    "layout",
+    "params",
+    "grads",
+    "optim",
+    "acts",
+    "buffers",
+    "total",
+    "reserved",
+    "step s",
+    "tokens/s",
+    "MFU",
+    "fits",
+]
 # the columns kept when the full table is wider than the terminal (an 80-column one): the
 # per-category split is in `scaletrain explain` and in the JSON
 NARROW = ("layout", "total", "reserved", "step s", "tokens/s", "MFU", "fits")
@@ -46,8 +82,12 @@ def _table(title: str, estimates: list[Estimate], width: int) -> Any:
     cap = estimates[0].memory.capacity / GB if estimates else 0.0
     # no vertical rules and one space between columns; the layout column wraps at its spaces
     # when even the narrow table is wider than the terminal
-    t = Table(title=f"{title} (memory in GB per GPU, capacity {cap:.0f} GB)",
-              box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False)
+    t = Table(
+        title=f"{title} (memory in GB per GPU, capacity {cap:.0f} GB)",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1, 0, 0),
+        pad_edge=False,
+    )
     for i in keep:
         t.add_column(HEADERS[i], justify="left" if i == 0 else "right", no_wrap=i > 0)
     for row in rows:
@@ -77,14 +117,22 @@ def fit_width(text: str, width: int | None = None) -> str:
             out.append(line)
             continue
         lead = " " * (len(line) - len(line.lstrip()))
-        out.append(textwrap.fill(line.strip(), width, initial_indent=lead,
-                                 subsequent_indent=lead + "  ", break_on_hyphens=False,
-                                 break_long_words=False))
+        out.append(
+            textwrap.fill(
+                line.strip(),
+                width,
+                initial_indent=lead,
+                subsequent_indent=lead + "  ",
+                break_on_hyphens=False,
+                break_long_words=False,
+            )
+        )
     return "\n".join(out)
 
 
-def render_estimates(estimates: list[Estimate], title: str = "plan", *,
-                     width: int | None = None) -> str:
+def render_estimates(
+    estimates: list[Estimate], title: str = "plan", *, width: int | None = None
+) -> str:
     """The table as text (rich, no colour), as wide as the terminal (`width` overrides)."""
     from rich.console import Console
 
@@ -104,10 +152,19 @@ def render_search(result: SearchResult) -> str:
         out.append("why the other strategy families lost:")
     width = terminal_width()
     for fam, why in result.why_others_lost().items():
-        out.append(textwrap.fill(f"{fam:<12} {why}", width, initial_indent="  ",
-                                 subsequent_indent=" " * 15, break_on_hyphens=False))
-    out.append(f"({result.evaluated} layouts evaluated, {result.legal} legal candidates, "
-               f"{result.fitting} fit, {result.elapsed_s:.2f} s)")
+        out.append(
+            textwrap.fill(
+                f"{fam:<12} {why}",
+                width,
+                initial_indent="  ",
+                subsequent_indent=" " * 15,
+                break_on_hyphens=False,
+            )
+        )
+    out.append(
+        f"({result.evaluated} layouts evaluated, {result.legal} legal candidates, "
+        f"{result.fitting} fit, {result.elapsed_s:.2f} s)"
+    )
     return "\n".join(out)
 
 

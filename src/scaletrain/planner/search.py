@@ -40,8 +40,20 @@ from .types import Estimate, PlanInput, layout_label
 __all__ = ["search", "SearchResult", "FamilyOutcome", "family_of", "FAMILIES"]
 
 FAMILIES = ("pure DP", "ZeRO-1/2", "ZeRO-3/FSDP", "TP", "PP", "CP", "EP", "3D", "offload")
-PIN_KEYS = ("dp", "tp", "pp", "cp", "ep", "zero", "sp", "pp_schedule", "pp_virtual",
-            "micro_batch", "ac", "offload")
+PIN_KEYS = (
+    "dp",
+    "tp",
+    "pp",
+    "cp",
+    "ep",
+    "zero",
+    "sp",
+    "pp_schedule",
+    "pp_virtual",
+    "micro_batch",
+    "ac",
+    "offload",
+)
 VIRTUAL_CHOICES = (2, 4)
 """Interleaved chunks per rank the search tries (v = 2 halves the bubble, 4 quarters it; more
 chunks add p2p traffic and in-flight memory). Pin --pp-virtual to explore another value."""
@@ -70,17 +82,23 @@ class FamilyOutcome:
                 return "winner"
             slow = self.best.time.step_s / winner.time.step_s
             if self.best.time.step_s == winner.time.step_s:  # a tie lost on memory
-                return (f"best member {layout_label(self.best)}: as fast, but reserves "
-                        f"{self.best.memory.reserved / GB:.1f} GB vs "
-                        f"{winner.memory.reserved / GB:.1f} GB")
-            return (f"best member {layout_label(self.best)}: {self.best.time.step_s:.3f} s/step "
-                    f"vs {winner.time.step_s:.3f} s ({slow:.2f}x slower, MFU "
-                    f"{self.best.mfu:.1%} vs {winner.mfu:.1%})")
+                return (
+                    f"best member {layout_label(self.best)}: as fast, but reserves "
+                    f"{self.best.memory.reserved / GB:.1f} GB vs "
+                    f"{winner.memory.reserved / GB:.1f} GB"
+                )
+            return (
+                f"best member {layout_label(self.best)}: {self.best.time.step_s:.3f} s/step "
+                f"vs {winner.time.step_s:.3f} s ({slow:.2f}x slower, MFU "
+                f"{self.best.mfu:.1%} vs {winner.mfu:.1%})"
+            )
         if self.closest_miss is not None:
             mem = self.closest_miss.memory
-            return (f"never fits: best needs {mem.reserved / GB:.1f} GB > "
-                    f"{mem.capacity / GB:.1f} GB (rank {mem.rank}, "
-                    f"{layout_label(self.closest_miss)})")
+            return (
+                f"never fits: best needs {mem.reserved / GB:.1f} GB > "
+                f"{mem.capacity / GB:.1f} GB (rank {mem.rank}, "
+                f"{layout_label(self.closest_miss)})"
+            )
         if self.family == "offload" and winner is not None:
             return "not needed: layouts fit without offload (it only adds host traffic)"
         if self.refusal is not None:
@@ -107,8 +125,11 @@ class SearchResult:
         return self.top[0] if self.top else None
 
     def why_others_lost(self) -> dict[str, str]:
-        return {f: o.reason(self.best) for f, o in self.families.items()
-                if o.best is not self.best or self.best is None}
+        return {
+            f: o.reason(self.best)
+            for f, o in self.families.items()
+            if o.best is not self.best or self.best is None
+        }
 
 
 def _divisors(n: int) -> list[int]:
@@ -122,13 +143,17 @@ def _pinned(pins: dict[str, Any], key: str, options: list[Any]) -> list[Any]:
     return [pins[key]] if pins[key] in options else []
 
 
-def _degrees(model: ModelConfig, n: int, seq_len: int, pins: dict[str, Any]
-             ) -> Iterator[tuple[int, int, int, int]]:
+def _degrees(
+    model: ModelConfig, n: int, seq_len: int, pins: dict[str, Any]
+) -> Iterator[tuple[int, int, int, int]]:
     """(tp, pp, cp, dp) whose product is n; cheap divisibility pre-filter (layout_problems
     re-checks each)."""
     divs = _divisors(n)
-    tps = [t for t in divs if model.num_heads % t == 0 and model.num_kv_heads % t == 0
-           and model.ffn_dim % t == 0]
+    tps = [
+        t
+        for t in divs
+        if model.num_heads % t == 0 and model.num_kv_heads % t == 0 and model.ffn_dim % t == 0
+    ]
     pps = [p for p in divs if p <= model.num_layers]
     cps = [c for c in divs if c == 1 or seq_len % (2 * c) == 0]
     for tp in _pinned(pins, "tp", tps):
@@ -177,9 +202,22 @@ class _Job:
     recipe: str = "scaletrain"
 
     def plan(self, layout: Layout, mb: int, ac: str, offload: str) -> PlanInput:
-        return PlanInput(self.model, self.hardware, self.num_gpus, layout, self.seq_len,
-                         self.global_batch, mb, self.precision, ac, offload, self.optimizer,
-                         self.compile, self.efficiency, recipe=self.recipe)
+        return PlanInput(
+            self.model,
+            self.hardware,
+            self.num_gpus,
+            layout,
+            self.seq_len,
+            self.global_batch,
+            mb,
+            self.precision,
+            ac,
+            offload,
+            self.optimizer,
+            self.compile,
+            self.efficiency,
+            recipe=self.recipe,
+        )
 
 
 @dataclass
@@ -223,8 +261,11 @@ def _family(layout: Layout, offload: str) -> str:
     """family_of without building a PlanInput."""
     if offload != "none":
         return "offload"
-    axes = [n for n, d in (("TP", layout.tp), ("PP", layout.pp), ("CP", layout.cp),
-                           ("EP", layout.ep)) if d > 1]
+    axes = [
+        n
+        for n, d in (("TP", layout.tp), ("PP", layout.pp), ("CP", layout.cp), ("EP", layout.ep))
+        if d > 1
+    ]
     if len(axes) >= 2:
         return "3D"
     if axes:
@@ -252,13 +293,25 @@ def _layouts(job: _Job) -> Iterator[tuple[Layout, list[int], list[str]]]:
                         # a candidate where 1F1B is illegal (fewer micro-batches than stages).
                         lmbs = [b for b in mbs if gb // (b * dp) < pp]
                     for zero in zeros:
-                        layout = Layout(dp=dp, zero=zero, tp=tp, sp=sp, pp=pp,
-                                        pp_schedule=sched, pp_virtual=v, cp=cp, ep=ep)
+                        layout = Layout(
+                            dp=dp,
+                            zero=zero,
+                            tp=tp,
+                            sp=sp,
+                            pp=pp,
+                            pp_schedule=sched,
+                            pp_virtual=v,
+                            cp=cp,
+                            ep=ep,
+                        )
                         # what the trainer runs (`option_problems`); parameter offload is
                         # only tried with ZeRO-3 (ZeRO-2 keeps gathered weights on the GPU)
-                        offloads = [o for o in ("none", "optimizer", "params")
-                                    if (o != "params" or zero == 3)
-                                    and not option_problems(layout, offload=o)]
+                        offloads = [
+                            o
+                            for o in ("none", "optimizer", "params")
+                            if (o != "params" or zero == 3)
+                            and not option_problems(layout, offload=o)
+                        ]
                         offloads = _pinned(pins, "offload", offloads)
                         if lmbs and offloads:
                             yield layout, lmbs, offloads
@@ -279,22 +332,37 @@ class _Legal:
             job = self.job
             if self.base is None:
                 own = job.recipe == "scaletrain"
-                problems = layout_problems(self.layout, job.model, world_size=job.num_gpus,
-                                           seq_len=job.seq_len, trainer_rules=own)
+                problems = layout_problems(
+                    self.layout,
+                    job.model,
+                    world_size=job.num_gpus,
+                    seq_len=job.seq_len,
+                    trainer_rules=own,
+                )
                 problems += recipe_problems(job.recipe, self.layout)
                 self.base = not problems
                 if problems:
                     p = problems[0]
                     self.tally.refused.setdefault(
                         _family(self.layout, "none"),
-                        f"{self.layout.label()}: {p.field} = {p.value}: {p.fix}")
+                        f"{self.layout.label()}: {p.field} = {p.value}: {p.fix}",
+                    )
             ok = self.seen[mb] = self.base and not batch_problems(
-                self.layout, job.global_batch, mb, trainer_rules=job.recipe == "scaletrain")
+                self.layout, job.global_batch, mb, trainer_rules=job.recipe == "scaletrain"
+            )
         return ok
 
 
-def _scan(job: _Job, tally: _Tally, layout: Layout, mbs: list[int], legal: _Legal, ac: str,
-          offloads: list[str], start: int) -> int:
+def _scan(
+    job: _Job,
+    tally: _Tally,
+    layout: Layout,
+    mbs: list[int],
+    legal: _Legal,
+    ac: str,
+    offloads: list[str],
+    start: int,
+) -> int:
     """Evaluate the legal micro-batches of mbs[start:] at one AC level; returns the index of
     the first size that fits with no offload option (len(mbs) if all fit): larger ones need
     more memory still."""
@@ -312,8 +380,9 @@ def _scan(job: _Job, tally: _Tally, layout: Layout, mbs: list[int], legal: _Lega
     return len(mbs)
 
 
-def _search_layout(job: _Job, tally: _Tally, layout: Layout, mbs: list[int],
-                   offloads: list[str], acs: list[str]) -> None:
+def _search_layout(
+    job: _Job, tally: _Tally, layout: Layout, mbs: list[int], offloads: list[str], acs: list[str]
+) -> None:
     """Every (micro-batch, AC, offload) of one layout, memory-pruned."""
     legal = _Legal(job, layout, tally)
     first = next((i for i, mb in enumerate(mbs) if legal(mb)), None)
@@ -356,14 +425,26 @@ def _result(tally: _Tally, model: ModelConfig, top_k: int, t0: float) -> SearchR
         families[f].refusal = why
     if not model.is_moe:
         del families["EP"]
-    return SearchResult(top, families, tally.evaluated, tally.legal, len(tally.fits),
-                        time.perf_counter() - t0)
+    return SearchResult(
+        top, families, tally.evaluated, tally.legal, len(tally.fits), time.perf_counter() - t0
+    )
 
 
-def search(model: ModelConfig, hardware: HardwareSpec, num_gpus: int, *, seq_len: int,
-           global_batch: int, precision: str = "bf16", top_k: int = 5,
-           optimizer: str = "adamw", compile: bool = False, efficiency: float = 0.0,
-           recipe: str = "scaletrain", **pins: Any) -> SearchResult:
+def search(
+    model: ModelConfig,
+    hardware: HardwareSpec,
+    num_gpus: int,
+    *,
+    seq_len: int,
+    global_batch: int,
+    precision: str = "bf16",
+    top_k: int = 5,
+    optimizer: str = "adamw",
+    compile: bool = False,
+    efficiency: float = 0.0,
+    recipe: str = "scaletrain",
+    **pins: Any,
+) -> SearchResult:
     """Every legal layout of `num_gpus` GPUs, ranked by step time (fitting ones only).
 
     pins: any subset of dp, tp, pp, cp, ep, zero, sp, pp_schedule, pp_virtual, micro_batch, ac,
@@ -377,8 +458,19 @@ def search(model: ModelConfig, hardware: HardwareSpec, num_gpus: int, *, seq_len
         if k not in PIN_KEYS:
             raise ConfigError(f"search.{k}", pins[k], f"pin one of {', '.join(PIN_KEYS)}")
     t0 = time.perf_counter()
-    job = _Job(model, hardware, num_gpus, seq_len, global_batch, precision, optimizer, compile,
-               efficiency, pins, recipe)
+    job = _Job(
+        model,
+        hardware,
+        num_gpus,
+        seq_len,
+        global_batch,
+        precision,
+        optimizer,
+        compile,
+        efficiency,
+        pins,
+        recipe,
+    )
     tally = _Tally(terms=ModelTerms(model))
     acs = [a for a in _pinned(pins, "ac", ["none", "selective", "full"]) if a in rec.ac_modes]
     if acs:

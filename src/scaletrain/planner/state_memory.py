@@ -10,8 +10,14 @@ import functools
 
 from scaletrain.config import PRECISION_TABLE, ModelConfig, stage_layer_ranges
 
-__all__ = ["OPTIMIZER_BYTES", "CONVENTIONS", "state_bytes_per_param", "model_state_bytes",
-           "fp8_linear_params", "stage_layer_counts"]
+__all__ = [
+    "OPTIMIZER_BYTES",
+    "CONVENTIONS",
+    "state_bytes_per_param",
+    "model_state_bytes",
+    "fp8_linear_params",
+    "stage_layer_counts",
+]
 
 OPTIMIZER_BYTES = {"adamw": 8.0, "sgd": 4.0, "adamw8bit": 2.0}
 """Optimizer state bytes per parameter: AdamW m+v fp32 (Kingma & Ba 2015), SGD momentum fp32,
@@ -41,8 +47,9 @@ In fp32 there is no master copy: every convention is 4 + 4 + optimizer.
 ELEM_BYTES = {name: spec.bytes for name, spec in PRECISION_TABLE.items()}
 
 
-def state_bytes_per_param(precision: str, optimizer: str = "adamw",
-                          convention: str = "scaletrain") -> tuple[float, float, float]:
+def state_bytes_per_param(
+    precision: str, optimizer: str = "adamw", convention: str = "scaletrain"
+) -> tuple[float, float, float]:
     """(param, grad, optimizer) bytes per parameter before any sharding (see CONVENTIONS)."""
     opt = OPTIMIZER_BYTES[optimizer]
     if precision == "fp32" or convention == "scaletrain":
@@ -59,13 +66,23 @@ def state_bytes_per_param(precision: str, optimizer: str = "adamw",
     raise ValueError(f"convention={convention!r}: use one of {', '.join(CONVENTIONS)}")
 
 
-def model_state_bytes(num_params: float, *, precision: str = "bf16", optimizer: str = "adamw",
-                      zero: int = 0, zero_shards: int = 1, offload: str = "none",
-                      convention: str = "scaletrain", expert_params: float = 0.0,
-                      expert_shards: int = 1, unit_params: float = 0.0,
-                      units_in_flight: int = 2, largest_param: float = 0.0,
-                      fp8_params: float = 0.0, experts_in_fsdp: bool = True
-                      ) -> dict[str, float]:
+def model_state_bytes(
+    num_params: float,
+    *,
+    precision: str = "bf16",
+    optimizer: str = "adamw",
+    zero: int = 0,
+    zero_shards: int = 1,
+    offload: str = "none",
+    convention: str = "scaletrain",
+    expert_params: float = 0.0,
+    expert_shards: int = 1,
+    unit_params: float = 0.0,
+    units_in_flight: int = 2,
+    largest_param: float = 0.0,
+    fp8_params: float = 0.0,
+    experts_in_fsdp: bool = True,
+) -> dict[str, float]:
     """Bytes of params/grads/optimizer states on one GPU, plus what offload moved to the host.
 
     num_params: dense parameters this rank holds after TP/PP division; expert_params: its expert
@@ -98,8 +115,11 @@ def model_state_bytes(num_params: float, *, precision: str = "bf16", optimizer: 
             return nbytes_per * (num_params / d_dense + expert_params / d_exp)
         return nbytes_per * (num_params + expert_params)
 
-    params, grads, optim = shard(pb, 2 if convention == "scaletrain" else 3), shard(gb, 2), \
-        shard(ob, 1)
+    params, grads, optim = (
+        shard(pb, 2 if convention == "scaletrain" else 3),
+        shard(gb, 2),
+        shard(ob, 1),
+    )
     if zero == 1 and largest_param:
         # ZeroRedundancyOptimizer partitions whole parameters greedily by size
         optim = max(optim, ob * largest_param)
@@ -129,8 +149,14 @@ def model_state_bytes(num_params: float, *, precision: str = "bf16", optimizer: 
         offloaded, params, grads, optim = params + grads + optim, 0.0, 0.0, 0.0
     elif offload == "params":  # without sharding the replicated params must stay on the GPU
         offloaded, optim = optim, 0.0
-    return {"params": params + in_params, "grads": grads + in_grads, "optimizer": optim,
-            "params.in_flight": in_params, "grads.in_flight": in_grads, "offloaded": offloaded}
+    return {
+        "params": params + in_params,
+        "grads": grads + in_grads,
+        "optimizer": optim,
+        "params.in_flight": in_params,
+        "grads.in_flight": in_grads,
+        "offloaded": offloaded,
+    }
 
 
 def fp8_linear_params(model: ModelConfig, layers: int, tp: int = 1) -> float:

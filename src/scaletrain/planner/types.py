@@ -11,8 +11,14 @@ from typing import Any
 
 from scaletrain.config import HardwareSpec, JobConfig, Layout, ModelConfig
 
-__all__ = ["PlanInput", "MemoryBreakdown", "TimeBreakdown", "Estimate", "plan_input_from_job",
-           "layout_label"]
+__all__ = [
+    "PlanInput",
+    "MemoryBreakdown",
+    "TimeBreakdown",
+    "Estimate",
+    "plan_input_from_job",
+    "layout_label",
+]
 
 
 @dataclass(frozen=True)
@@ -85,11 +91,18 @@ class MemoryBreakdown:
     memory model names none (framework recipes)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"params": int(self.params), "grads": int(self.grads),
-                "optimizer": int(self.optimizer), "activations": int(self.activations),
-                "buffers": int(self.buffers), "total": int(self.total),
-                "reserved": int(self.reserved), "capacity": int(self.capacity),
-                "fits": bool(self.fits), "rank": int(self.rank)}
+        return {
+            "params": int(self.params),
+            "grads": int(self.grads),
+            "optimizer": int(self.optimizer),
+            "activations": int(self.activations),
+            "buffers": int(self.buffers),
+            "total": int(self.total),
+            "reserved": int(self.reserved),
+            "capacity": int(self.capacity),
+            "fits": bool(self.fits),
+            "rank": int(self.rank),
+        }
 
 
 @dataclass
@@ -105,8 +118,12 @@ class TimeBreakdown:
     """Seconds per collective family per step (e.g. 'dp_allreduce', 'tp_allgather')."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"step_s": self.step_s, "compute_s": self.compute_s,
-                "comm_exposed_s": self.comm_exposed_s, "bubble_s": self.bubble_s}
+        return {
+            "step_s": self.step_s,
+            "compute_s": self.compute_s,
+            "comm_exposed_s": self.comm_exposed_s,
+            "bubble_s": self.bubble_s,
+        }
 
 
 @dataclass
@@ -123,13 +140,27 @@ class Estimate:
     def to_json(self) -> dict[str, Any]:
         p, L = self.plan, self.plan.layout
         return {
-            "plan": {"model": p.model.name, "params": p.model.num_params(), "gpus": p.num_gpus,
-                     "dp": L.dp, "zero": L.zero, "tp": L.tp, "sp": L.sp, "pp": L.pp,
-                     "pp_schedule": L.pp_schedule, "pp_virtual": L.pp_virtual, "cp": L.cp,
-                     "ep": L.ep, "micro_batch": p.micro_batch, "grad_accum": p.grad_accum,
-                     "seq_len": p.seq_len, "precision": p.precision, "ac": p.ac,
-                     "offload": p.offload,
-                     **({"recipe": p.recipe} if p.recipe != "scaletrain" else {})},
+            "plan": {
+                "model": p.model.name,
+                "params": p.model.num_params(),
+                "gpus": p.num_gpus,
+                "dp": L.dp,
+                "zero": L.zero,
+                "tp": L.tp,
+                "sp": L.sp,
+                "pp": L.pp,
+                "pp_schedule": L.pp_schedule,
+                "pp_virtual": L.pp_virtual,
+                "cp": L.cp,
+                "ep": L.ep,
+                "micro_batch": p.micro_batch,
+                "grad_accum": p.grad_accum,
+                "seq_len": p.seq_len,
+                "precision": p.precision,
+                "ac": p.ac,
+                "offload": p.offload,
+                **({"recipe": p.recipe} if p.recipe != "scaletrain" else {}),
+            },
             "memory": self.memory.to_json(),
             "time": self.time.to_json(),
             "flops_per_token": int(self.flops_per_token),
@@ -138,19 +169,28 @@ class Estimate:
         }
 
 
-def plan_input_from_job(job: JobConfig, layout: Layout, *,
-                        hardware: HardwareSpec | None = None) -> PlanInput:
+def plan_input_from_job(
+    job: JobConfig, layout: Layout, *, hardware: HardwareSpec | None = None
+) -> PlanInput:
     """The planner's view of a training job run with `layout`: the one place that maps a
     JobConfig onto a PlanInput (trainer ledger, verify, dry-run, report all use it)."""
-    return PlanInput(model=job.model, hardware=hardware or job.hardware.spec(),
-                     num_gpus=layout.world_size, layout=layout, seq_len=job.batch.seq_len,
-                     global_batch=job.batch.global_batch, micro_batch=job.batch.micro_batch,
-                     precision=job.precision.dtype, ac=job.memory.ac, offload=job.memory.offload,
-                     optimizer=job.optim.name, compile=job.train.compile,
-                     efficiency=job.hardware.efficiency,
-                     fp8_all_gather=(job.precision.dtype == "fp8"
-                                     and job.precision.fp8_all_gather),
-                     loss_chunk_tokens=job.memory.loss_chunk_tokens)
+    return PlanInput(
+        model=job.model,
+        hardware=hardware or job.hardware.spec(),
+        num_gpus=layout.world_size,
+        layout=layout,
+        seq_len=job.batch.seq_len,
+        global_batch=job.batch.global_batch,
+        micro_batch=job.batch.micro_batch,
+        precision=job.precision.dtype,
+        ac=job.memory.ac,
+        offload=job.memory.offload,
+        optimizer=job.optim.name,
+        compile=job.train.compile,
+        efficiency=job.hardware.efficiency,
+        fp8_all_gather=(job.precision.dtype == "fp8" and job.precision.fp8_all_gather),
+        loss_chunk_tokens=job.memory.loss_chunk_tokens,
+    )
 
 
 def layout_label(e: Estimate) -> str:

@@ -13,6 +13,19 @@ from .fp8 import (
 )
 from .scaling import E4M3, E5M2, AmaxHistory, dequantize, quantize
 
-__all__ = ["Float8Linear", "Float8ExpertLinear", "apply_fp8", "maybe_apply_fp8", "fp8_eligible",
-           "amax_histories", "sync_amax_histories",
-           "SCALINGS", "AMAXES", "E4M3", "E5M2", "AmaxHistory", "quantize", "dequantize"]
+__all__ = [
+    "Float8Linear",
+    "Float8ExpertLinear",
+    "apply_fp8",
+    "maybe_apply_fp8",
+    "fp8_eligible",
+    "amax_histories",
+    "sync_amax_histories",
+    "SCALINGS",
+    "AMAXES",
+    "E4M3",
+    "E5M2",
+    "AmaxHistory",
+    "quantize",
+    "dequantize",
+]

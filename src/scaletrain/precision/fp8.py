@@ -68,8 +68,15 @@ from .scaling import (
 if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
 
-__all__ = ["Float8Linear", "Float8ExpertLinear", "apply_fp8", "maybe_apply_fp8", "fp8_eligible",
-           "SCALINGS", "AMAXES"]
+__all__ = [
+    "Float8Linear",
+    "Float8ExpertLinear",
+    "apply_fp8",
+    "maybe_apply_fp8",
+    "fp8_eligible",
+    "SCALINGS",
+    "AMAXES",
+]
 
 SCALINGS = ("tensorwise", "tilewise")
 AMAXES = ("current", "delayed")
@@ -91,8 +98,9 @@ class _Fp8State:
         return tuple(h for h in (self.x, self.w, self.dy) if h is not None)
 
 
-def _quant_tensorwise(t: torch.Tensor, dtype: torch.dtype, hist: AmaxHistory | None
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+def _quant_tensorwise(
+    t: torch.Tensor, dtype: torch.dtype, hist: AmaxHistory | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     if hist is None:
         return quantize(t, dtype)
     amax = hist.amax_for(t)
@@ -125,8 +133,9 @@ class _Fp8Matmul(torch.autograd.Function):
     """y = x @ W^T with float8 GEMMs in forward and backward. x: (M, K), W: (N, K)."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, state: _Fp8State,
-                out_dtype: torch.dtype) -> torch.Tensor:
+    def forward(
+        ctx: Any, x: torch.Tensor, weight: torch.Tensor, state: _Fp8State, out_dtype: torch.dtype
+    ) -> torch.Tensor:
         ctx.state, ctx.x_dtype, ctx.w_dtype = state, x.dtype, weight.dtype
         ctx.shape = (x.shape[0], weight.shape[0], x.shape[1])  # (M, N, K)
         with torch.autocast(x.device.type, enabled=False):
@@ -138,7 +147,7 @@ class _Fp8Matmul(torch.autograd.Function):
                 xq, sx = quantize(x, E4M3, (1, TILE))  # (M, Kp), (M, Kp/128)
                 wq, sw = quantize(weight, E4M3, (TILE, TILE))  # (Np, Kp), (Np/128, Kp/128)
                 b_scale = sw.t().repeat_interleave(TILE, dim=1)  # (Kp/128, Np)
-                y = tiled_scaled_mm(xq, sx, wq.t(), b_scale)[:, :weight.shape[0]].to(out_dtype)
+                y = tiled_scaled_mm(xq, sx, wq.t(), b_scale)[:, : weight.shape[0]].to(out_dtype)
         # Saved for backward: the fp8 input (1 byte/element) and its scale, and the weight
         # itself, re-quantized in backward. A saved fp8 copy of W would stay alive from every
         # layer's forward to its backward — under FSDP2 a full unsharded copy per layer, 1 B/param
@@ -183,9 +192,18 @@ class Float8Linear(nn.Linear):
     resumed run uses the scales the uninterrupted one would have.
     """
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
-                 scaling: str = "tensorwise", amax: str = "current", history_len: int = 16,
-                 device: Any = None, dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        *,
+        scaling: str = "tensorwise",
+        amax: str = "current",
+        history_len: int = 16,
+        device: Any = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
         self._set_recipe(scaling, amax, history_len)
 
@@ -195,15 +213,23 @@ class Float8Linear(nn.Linear):
         if amax not in AMAXES:
             raise ValueError(f"fp8 amax {amax!r}: use one of {AMAXES}")
         if scaling == "tilewise" and amax == "delayed":
-            raise ValueError("fp8 amax 'delayed' is per-tensor only: use amax='current' with "
-                             "scaling='tilewise' (tiles are scaled from their own amax)")
+            raise ValueError(
+                "fp8 amax 'delayed' is per-tensor only: use amax='current' with "
+                "scaling='tilewise' (tiles are scaled from their own amax)"
+            )
         if history_len < 1:
             raise ValueError(f"fp8 history_len {history_len}: use a positive integer")
         self.fp8_state = _Fp8State(scaling, amax, history_len)
 
     @classmethod
-    def from_linear(cls, mod: nn.Linear, *, scaling: str = "tensorwise", amax: str = "current",
-                    history_len: int = 16) -> Float8Linear:
+    def from_linear(
+        cls,
+        mod: nn.Linear,
+        *,
+        scaling: str = "tensorwise",
+        amax: str = "current",
+        history_len: int = 16,
+    ) -> Float8Linear:
         """Wrap `mod`'s own Parameters (no copy, works on meta): optimizers keep their refs."""
         new = cls.__new__(cls)
         nn.Module.__init__(new)
@@ -220,17 +246,24 @@ class Float8Linear(nn.Linear):
     # rather than with get/set_extra_state, which would add the key to every Float8Linear:
     # current scaling has no state, and its state dict stays exactly nn.Linear's.
 
-    def _save_to_state_dict(self, destination: dict[str, Any], prefix: str,
-                            keep_vars: bool) -> None:
+    def _save_to_state_dict(
+        self, destination: dict[str, Any], prefix: str, keep_vars: bool
+    ) -> None:
         super()._save_to_state_dict(destination, prefix, keep_vars)
         hists = self.fp8_state.histories()
         if hists:
             destination[prefix + _EXTRA_STATE] = torch.stack([h.state() for h in hists])
 
-    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str,
-                              local_metadata: dict[str, Any], strict: bool,
-                              missing_keys: list[str], unexpected_keys: list[str],
-                              error_msgs: list[str]) -> None:
+    def _load_from_state_dict(
+        self,
+        state_dict: dict[str, Any],
+        prefix: str,
+        local_metadata: dict[str, Any],
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
         # `state_dict` is the per-module copy nn.Module.load_state_dict hands over: popping
         # the key keeps nn.Linear's loader from calling it unexpected. A history saved by a
         # delayed-scaling run is dropped by a current-scaling model (it has no use for it).
@@ -242,16 +275,19 @@ class Float8Linear(nn.Linear):
             device = self.weight.device if self.weight.device.type != "meta" else None
             saved = to_full(saved)
             if saved.shape[0] != len(hists):
-                error_msgs.append(f"{prefix}{_EXTRA_STATE}: {saved.shape[0]} amax histories "
-                                  f"saved, {len(hists)} expected")
+                error_msgs.append(
+                    f"{prefix}{_EXTRA_STATE}: {saved.shape[0]} amax histories "
+                    f"saved, {len(hists)} expected"
+                )
             else:
                 try:
                     for h, row in zip(hists, saved.unbind(0)):
                         h.load_state(row, device)
                 except ValueError as e:
                     error_msgs.append(f"{prefix}{_EXTRA_STATE}: {e}")
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict,
-                                      missing_keys, unexpected_keys, error_msgs)
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out_dtype = _out_dtype(x)
@@ -284,8 +320,9 @@ class Float8ExpertLinear:
             raise ValueError(f"fp8 scaling {scaling!r}: use one of {SCALINGS}")
         self.fp8_state = _Fp8State(scaling, "current", 1)
 
-    def __call__(self, x: torch.Tensor, weight: torch.Tensor,
-                 bias: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
         n, k = weight.shape
         if x.shape[0] == 0 or n % _DIM_MULTIPLE or k % _DIM_MULTIPLE:
             return F.linear(x, weight, bias)
@@ -302,8 +339,9 @@ def _out_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
 
 
-def _tilewise_tp(x: torch.Tensor, weight: DTensor, state: _Fp8State,
-                 out_dtype: torch.dtype) -> torch.Tensor:
+def _tilewise_tp(
+    x: torch.Tensor, weight: DTensor, state: _Fp8State, out_dtype: torch.dtype
+) -> torch.Tensor:
     """Tile-wise fp8 on a tensor-parallel weight: the GEMMs run on the local shards.
 
     Colwise (weight Shard(0)): replicated x, output Shard(-1). Rowwise (Shard(1)): x Shard(-1),
@@ -336,8 +374,11 @@ def _tilewise_tp(x: torch.Tensor, weight: DTensor, state: _Fp8State,
 
 def fp8_eligible(mod: nn.Module) -> bool:
     """A plain nn.Linear whose in and out dims are multiples of 16 (the fp8 GEMM constraint)."""
-    return (type(mod) is nn.Linear and mod.in_features % _DIM_MULTIPLE == 0
-            and mod.out_features % _DIM_MULTIPLE == 0)
+    return (
+        type(mod) is nn.Linear
+        and mod.in_features % _DIM_MULTIPLE == 0
+        and mod.out_features % _DIM_MULTIPLE == 0
+    )
 
 
 def _skipped(fqn: str, skip: Sequence[str]) -> bool:
@@ -351,18 +392,27 @@ def _use_torchao(model: nn.Module, backend: str, scaling: str, amax: str) -> boo
         return False
     available = importlib.util.find_spec("torchao") is not None
     p = next(model.parameters(), None)
-    on_cuda = p is not None and (p.device.type == "cuda"
-                                 or (p.device.type == "meta" and torch.cuda.is_available()))
+    on_cuda = p is not None and (
+        p.device.type == "cuda" or (p.device.type == "meta" and torch.cuda.is_available())
+    )
     fits = scaling == "tensorwise" and amax == "current"  # torchao has no tile/delayed recipe
     if backend == "torchao" and not (available and on_cuda and fits):
-        raise ValueError("fp8 backend 'torchao' needs torchao installed, a CUDA model and "
-                         "scaling='tensorwise', amax='current'; use backend='auto'")
+        raise ValueError(
+            "fp8 backend 'torchao' needs torchao installed, a CUDA model and "
+            "scaling='tensorwise', amax='current'; use backend='auto'"
+        )
     return available and on_cuda and fits
 
 
-def apply_fp8(model: nn.Module, *, scaling: str = "tensorwise", amax: str = "current",
-              skip: Sequence[str] = ("output", "router"), history_len: int = 16,
-              backend: str = "auto") -> list[str]:
+def apply_fp8(
+    model: nn.Module,
+    *,
+    scaling: str = "tensorwise",
+    amax: str = "current",
+    skip: Sequence[str] = ("output", "router"),
+    history_len: int = 16,
+    backend: str = "auto",
+) -> list[str]:
     """Convert eligible Linears and MoE experts of `model` in place; returns the converted
     module names.
 
@@ -374,8 +424,11 @@ def apply_fp8(model: nn.Module, *, scaling: str = "tensorwise", amax: str = "cur
     """
     if backend not in ("auto", "scaletrain", "torchao"):
         raise ValueError(f"fp8 backend {backend!r}: use 'auto', 'scaletrain' or 'torchao'")
-    targets = [(fqn, mod) for fqn, mod in model.named_modules()
-               if fqn and fp8_eligible(mod) and not _skipped(fqn, skip)]
+    targets = [
+        (fqn, mod)
+        for fqn, mod in model.named_modules()
+        if fqn and fp8_eligible(mod) and not _skipped(fqn, skip)
+    ]
     experts = _convert_experts(model, scaling, skip)
     if _use_torchao(model, backend, scaling, amax):
         from torchao.float8 import convert_to_float8_training
@@ -386,8 +439,11 @@ def apply_fp8(model: nn.Module, *, scaling: str = "tensorwise", amax: str = "cur
     for fqn, mod in targets:
         parent_name, _, leaf = fqn.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, leaf, Float8Linear.from_linear(mod, scaling=scaling, amax=amax,
-                                                       history_len=history_len))
+        setattr(
+            parent,
+            leaf,
+            Float8Linear.from_linear(mod, scaling=scaling, amax=amax, history_len=history_len),
+        )
     return [fqn for fqn, _ in targets] + experts
 
 
@@ -397,8 +453,11 @@ def _convert_experts(model: nn.Module, scaling: str, skip: Sequence[str]) -> lis
 
     names = []
     for fqn, mod in model.named_modules():
-        if (isinstance(mod, GroupedExperts) and not _skipped(fqn, skip)
-                and not isinstance(mod.linear, Float8ExpertLinear)):
+        if (
+            isinstance(mod, GroupedExperts)
+            and not _skipped(fqn, skip)
+            and not isinstance(mod.linear, Float8ExpertLinear)
+        ):
             mod.linear = Float8ExpertLinear(scaling)
             names.append(fqn)
     return names
@@ -411,14 +470,20 @@ def maybe_apply_fp8(model: nn.Module, precision: Any, **kwargs: Any) -> list[str
     """
     if precision.dtype != "fp8":
         return []
-    return apply_fp8(model, scaling=precision.fp8_scaling, amax=precision.fp8_amax,
-                     history_len=precision.fp8_history_len, **kwargs)
+    return apply_fp8(
+        model,
+        scaling=precision.fp8_scaling,
+        amax=precision.fp8_amax,
+        history_len=precision.fp8_history_len,
+        **kwargs,
+    )
 
 
 def amax_histories(model: nn.Module) -> list[AmaxHistory]:
     """Every delayed-scaling history of `model`'s Float8Linears, in module order."""
-    return [h for m in model.modules() if isinstance(m, Float8Linear)
-            for h in m.fp8_state.histories()]
+    return [
+        h for m in model.modules() if isinstance(m, Float8Linear) for h in m.fp8_state.histories()
+    ]
 
 
 @torch.no_grad()

@@ -42,12 +42,24 @@ __all__ = ["Fp8GatherWeight", "enable_fp8_all_gather", "precompute_fp8_scales"]
 _aten = torch.ops.aten
 # ops whose result is (a view or copy of) the same weight: the result keeps the wrapper, so the
 # FSDP hooks survive sharding (split/view), padding (new_zeros + copy_) and materialization
-_KEEP = {_aten.detach.default, _aten.alias.default, _aten.view.default,
-         _aten.as_strided.default, _aten.slice.Tensor, _aten.split.Tensor,
-         _aten.split_with_sizes.default, _aten.chunk.default, _aten.narrow.default,
-         _aten.clone.default, _aten.empty_like.default, _aten.new_zeros.default,
-         _aten.new_empty.default, _aten._to_copy.default, _aten.copy_.default,
-         _aten._pin_memory.default}
+_KEEP = {
+    _aten.detach.default,
+    _aten.alias.default,
+    _aten.view.default,
+    _aten.as_strided.default,
+    _aten.slice.Tensor,
+    _aten.split.Tensor,
+    _aten.split_with_sizes.default,
+    _aten.chunk.default,
+    _aten.narrow.default,
+    _aten.clone.default,
+    _aten.empty_like.default,
+    _aten.new_zeros.default,
+    _aten.new_empty.default,
+    _aten._to_copy.default,
+    _aten.copy_.default,
+    _aten._pin_memory.default,
+}
 
 
 class Fp8GatherWeight(torch.Tensor):
@@ -58,9 +70,15 @@ class Fp8GatherWeight(torch.Tensor):
     @staticmethod
     def __new__(cls, data: torch.Tensor) -> Fp8GatherWeight:
         return torch.Tensor._make_wrapper_subclass(  # type: ignore[attr-defined]
-            cls, data.size(), strides=data.stride(), storage_offset=data.storage_offset(),
-            dtype=data.dtype, layout=data.layout, device=data.device,
-            requires_grad=data.requires_grad)
+            cls,
+            data.size(),
+            strides=data.stride(),
+            storage_offset=data.storage_offset(),
+            dtype=data.dtype,
+            layout=data.layout,
+            device=data.device,
+            requires_grad=data.requires_grad,
+        )
 
     def __init__(self, data: torch.Tensor) -> None:
         self._data = data
@@ -74,11 +92,14 @@ class Fp8GatherWeight(torch.Tensor):
         return f"Fp8GatherWeight({self._data!r})"
 
     @classmethod
-    def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (),  # type: ignore[override]
-                           kwargs: dict | None = None) -> Any:  # torch types it as a plain function
-        unwrap = (lambda t: t._data)
-        out = func(*pytree.tree_map_only(cls, unwrap, args),
-                   **pytree.tree_map_only(cls, unwrap, kwargs or {}))
+    def __torch_dispatch__(  # type: ignore[override]
+        cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
+    ) -> Any:  # torch types it as a plain function
+        unwrap = lambda t: t._data
+        out = func(
+            *pytree.tree_map_only(cls, unwrap, args),
+            **pytree.tree_map_only(cls, unwrap, kwargs or {}),
+        )
         if func._schema.is_mutable:  # conservatively: any wrapper an in-place op touched
             for t in pytree.tree_leaves((args, kwargs or {})):
                 if isinstance(t, cls):
@@ -91,15 +112,21 @@ class Fp8GatherWeight(torch.Tensor):
         return ["_data"], None
 
     @staticmethod
-    def __tensor_unflatten__(inner: dict[str, torch.Tensor], _meta: Any, _size: Any,
-                             _stride: Any) -> Fp8GatherWeight:
+    def __tensor_unflatten__(
+        inner: dict[str, torch.Tensor], _meta: Any, _size: Any, _stride: Any
+    ) -> Fp8GatherWeight:
         return Fp8GatherWeight(inner["_data"])
 
     # --- FSDP2 all-gather extension ------------------------------------------------------
     @torch.no_grad()
-    def fsdp_pre_all_gather(self, mesh: Any, outer_size: Any = None, outer_stride: Any = None,
-                            module: Any = None, mp_policy: Any = None
-                            ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    def fsdp_pre_all_gather(
+        self,
+        mesh: Any,
+        outer_size: Any = None,
+        outer_stride: Any = None,
+        module: Any = None,
+        mp_policy: Any = None,
+    ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
         shard = self._data
         if self._amax is not None and self._amax[1] == self._generation:
             amax = self._amax[0]  # precomputed for this step, and the weight has not moved
@@ -113,10 +140,14 @@ class Fp8GatherWeight(torch.Tensor):
         return (data.view(torch.uint8),), (scale,)
 
     @torch.no_grad()
-    def fsdp_post_all_gather(self, all_gather_outputs: tuple[torch.Tensor, ...],
-                             metadata: tuple[torch.Tensor, ...], param_dtype: torch.dtype, *,
-                             out: torch.Tensor | None = None
-                             ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]] | None:
+    def fsdp_post_all_gather(
+        self,
+        all_gather_outputs: tuple[torch.Tensor, ...],
+        metadata: tuple[torch.Tensor, ...],
+        param_dtype: torch.dtype,
+        *,
+        out: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]] | None:
         (data,), (scale,) = all_gather_outputs, metadata
         weight = data.view(E4M3).to(param_dtype).mul_(scale)  # one 16-bit copy, no fp32
         # the E4M3 bytes are dead once dequantized: free them now (FSDP re-allocates the
@@ -153,8 +184,11 @@ def enable_fp8_all_gather(model: nn.Module) -> list[str]:
 
 
 def _local_amax(shard: torch.Tensor) -> torch.Tensor:
-    return (shard.detach().abs().amax().float() if shard.numel()
-            else torch.zeros((), dtype=torch.float32, device=shard.device))
+    return (
+        shard.detach().abs().amax().float()
+        if shard.numel()
+        else torch.zeros((), dtype=torch.float32, device=shard.device)
+    )
 
 
 @torch.no_grad()
@@ -166,8 +200,11 @@ def precompute_fp8_scales(model: nn.Module) -> int:
     Returns the number of weights."""
     from torch.distributed.tensor import DTensor
 
-    weights = [p for p in model.parameters()
-               if isinstance(p, DTensor) and isinstance(p._local_tensor, Fp8GatherWeight)]
+    weights = [
+        p
+        for p in model.parameters()
+        if isinstance(p, DTensor) and isinstance(p._local_tensor, Fp8GatherWeight)
+    ]
     if not weights:
         return 0
     # the shard dimension of the FSDP mesh (HSDP replicas hold the same shards)
@@ -186,13 +223,20 @@ def _plain(t: Any) -> Any:
     from torch.distributed.tensor import DTensor
 
     if isinstance(t, DTensor) and isinstance(t._local_tensor, Fp8GatherWeight):
-        return DTensor.from_local(t._local_tensor._data, t.device_mesh, t.placements,
-                                  run_check=False, shape=t.shape, stride=t.stride())
+        return DTensor.from_local(
+            t._local_tensor._data,
+            t.device_mesh,
+            t.placements,
+            run_check=False,
+            shape=t.shape,
+            stride=t.stride(),
+        )
     return t._data if isinstance(t, Fp8GatherWeight) else t
 
 
-def _plain_weight_in_state_dict(module: nn.Module, state_dict: dict[str, Any], prefix: str,
-                                _local_metadata: Any) -> None:
+def _plain_weight_in_state_dict(
+    module: nn.Module, state_dict: dict[str, Any], prefix: str, _local_metadata: Any
+) -> None:
     """Checkpoints hold the fp32 shard itself, not the wrapper (which DCP would pickle, and
     scaletrain's loader refuses to unpickle); loading writes through the shared storage."""
     key = prefix + "weight"

@@ -35,8 +35,17 @@ import torch.nn.functional as F
 
 from scaletrain.dtensor import to_full
 
-__all__ = ["E4M3", "E5M2", "TILE", "quantize", "dequantize", "AmaxHistory", "scaled_mm",
-           "tiled_scaled_mm", "pad_to"]
+__all__ = [
+    "E4M3",
+    "E5M2",
+    "TILE",
+    "quantize",
+    "dequantize",
+    "AmaxHistory",
+    "scaled_mm",
+    "tiled_scaled_mm",
+    "pad_to",
+]
 
 E4M3 = torch.float8_e4m3fn
 E5M2 = torch.float8_e5m2
@@ -54,8 +63,12 @@ def pad_to(t: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     return F.pad(t, (0, pc, 0, pr)) if pr or pc else t
 
 
-def quantize(t: torch.Tensor, dtype: torch.dtype, tile: tuple[int, int] | None = None,
-             amax: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize(
+    t: torch.Tensor,
+    dtype: torch.dtype,
+    tile: tuple[int, int] | None = None,
+    amax: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize a 2-D tensor; returns (fp8 data, fp32 dequantization scale).
 
     tile=None: per tensor, 0-dim scale; `amax` overrides the measured one (delayed scaling:
@@ -80,8 +93,9 @@ def quantize(t: torch.Tensor, dtype: torch.dtype, tile: tuple[int, int] | None =
     return data.view(rows, cols), scale
 
 
-def dequantize(data: torch.Tensor, scale: torch.Tensor,
-               tile: tuple[int, int] | None = None) -> torch.Tensor:
+def dequantize(
+    data: torch.Tensor, scale: torch.Tensor, tile: tuple[int, int] | None = None
+) -> torch.Tensor:
     """Inverse of `quantize` (fp32, still padded for tiles)."""
     if tile is None:
         return data.float() * scale
@@ -131,9 +145,11 @@ class AmaxHistory:
     def load_state(self, state: torch.Tensor, device: torch.device | None = None) -> None:
         """Inverse of `state()`; the history is kept on `device` (default: the CPU)."""
         if state.shape != (1 + self.length,):
-            raise ValueError(f"fp8 amax history of shape {tuple(state.shape)} does not match "
-                             f"history_len={self.length}: convert the model with the "
-                             "history_len the checkpoint was saved with")
+            raise ValueError(
+                f"fp8 amax history of shape {tuple(state.shape)} does not match "
+                f"history_len={self.length}: convert the model with the "
+                "history_len the checkpoint was saved with"
+            )
         self.num_recorded = int(state[0].item())
         self.history = state[1:].to(device=device or "cpu", dtype=torch.float32).clone()
 
@@ -148,20 +164,27 @@ class AmaxHistory:
         self.num_recorded += 1
 
 
-def scaled_mm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
-              out_dtype: torch.dtype) -> torch.Tensor:
+def scaled_mm(
+    a: torch.Tensor,
+    a_scale: torch.Tensor,
+    b: torch.Tensor,
+    b_scale: torch.Tensor,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
     """(a*sa) @ (b*sb) for fp8 a: (M, K) and b: (K, N) with per-tensor (0-dim) scales.
 
     `b` is made column-major (a free view when it is the transpose of a row-major tensor).
     """
     if b.stride(0) != 1:
         b = b.t().contiguous().t()
-    return torch._scaled_mm(a.contiguous(), b, scale_a=a_scale, scale_b=b_scale,
-                            out_dtype=out_dtype)
+    return torch._scaled_mm(
+        a.contiguous(), b, scale_a=a_scale, scale_b=b_scale, out_dtype=out_dtype
+    )
 
 
-def tiled_scaled_mm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor,
-                    b_scale: torch.Tensor) -> torch.Tensor:
+def tiled_scaled_mm(
+    a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor
+) -> torch.Tensor:
     """fp32 (a @ b) with a: (M, K) in 1x128 K-tiles, a_scale (M, K/128), and b: (K, N) with
     one scale per (128-slice of K, column), b_scale (K/128, N). K must be a multiple of 128.
 
@@ -174,10 +197,13 @@ def tiled_scaled_mm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor,
     out = torch.zeros(a.shape[0], b.shape[1], dtype=torch.float32, device=a.device)
     for i in range(k // TILE):
         sl = slice(i * TILE, (i + 1) * TILE)
-        part = torch._scaled_mm(a[:, sl].contiguous(), b[sl, :],
-                                # contiguous before unsqueeze: _scaled_mm checks the strides
-                                scale_a=a_scale[:, i].contiguous().unsqueeze(1),  # (M, 1)
-                                scale_b=b_scale[i, :].contiguous().unsqueeze(0),  # (1, N)
-                                out_dtype=torch.bfloat16)  # (M, N) partial over 128 of K
+        part = torch._scaled_mm(
+            a[:, sl].contiguous(),
+            b[sl, :],
+            # contiguous before unsqueeze: _scaled_mm checks the strides
+            scale_a=a_scale[:, i].contiguous().unsqueeze(1),  # (M, 1)
+            scale_b=b_scale[i, :].contiguous().unsqueeze(0),  # (1, N)
+            out_dtype=torch.bfloat16,
+        )  # (M, N) partial over 128 of K
         out += part.float()
     return out

@@ -10,7 +10,23 @@ from .ops import OP_CLASSES, OpAnalysis, OpStat, analyse_events, op_class
 from .report import breakdown_rows, plot_roofline, render, to_json, write_outputs
 from .verdict import Recommendation, Verdict, classify, memory_bound_share, ridge_point
 
-__all__ = ["profile_job", "profile_run", "ProfileResult", "classify", "Verdict",
-           "Recommendation", "render", "to_json", "plot_roofline", "write_outputs",
-           "breakdown_rows", "analyse_events", "op_class", "OpAnalysis", "OpStat", "OP_CLASSES",
-           "ridge_point", "memory_bound_share"]
+__all__ = [
+    "profile_job",
+    "profile_run",
+    "ProfileResult",
+    "classify",
+    "Verdict",
+    "Recommendation",
+    "render",
+    "to_json",
+    "plot_roofline",
+    "write_outputs",
+    "breakdown_rows",
+    "analyse_events",
+    "op_class",
+    "OpAnalysis",
+    "OpStat",
+    "OP_CLASSES",
+    "ridge_point",
+    "memory_bound_share",
+]

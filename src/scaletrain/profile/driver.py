@@ -27,7 +27,6 @@ from .phases import PhaseClock, TimedBatches, install_hooks
 __all__ = ["ProfileResult", "profile_run", "profile_job"]
 
 
-
 @dataclass
 class ProfileResult:
     """One profile: per-step times (seconds, mean over the profiled steps) and the op analysis."""
@@ -95,9 +94,11 @@ def _step(run: Run, batches: TimedBatches, clock: PhaseClock, step: int) -> floa
 def _label(run: Run) -> str:
     """Compact plan name, e.g. 'dp2 z3 tp2 | mb4x2 seq128 fp32 attn=sdpa ac=none'."""
     job = run.job
-    return (f"{run.dims.layout.label()} | mb{job.batch.micro_batch}x{run.grad_accum} "
-            f"seq{job.batch.seq_len} {job.precision.dtype} attn={job.model.attention} "
-            f"ac={job.memory.ac}")
+    return (
+        f"{run.dims.layout.label()} | mb{job.batch.micro_batch}x{run.grad_accum} "
+        f"seq{job.batch.seq_len} {job.precision.dtype} attn={job.model.attention} "
+        f"ac={job.memory.ac}"
+    )
 
 
 def _planner(run: Run) -> tuple[Any, dict[str, Any] | None, str | None]:
@@ -110,11 +111,21 @@ def _planner(run: Run) -> tuple[Any, dict[str, Any] | None, str | None]:
     except Exception as e:  # the planner is advisory here: a profile must not depend on it
         return None, None, f"{type(e).__name__}: {e}"
     t = est.time
-    return plan, {"mfu": est.mfu, "step_s": t.step_s, "tokens_per_s": est.tokens_per_s,
-                  "compute_s": t.compute_s, "comm_exposed_s": t.comm_exposed_s,
-                  "bubble_s": t.bubble_s, "optimizer_s": t.optimizer_s,
-                  "activations_bytes": est.memory.activations,
-                  "bubble_fraction": t.bubble_s / t.compute_s if t.compute_s else 0.0}, None
+    return (
+        plan,
+        {
+            "mfu": est.mfu,
+            "step_s": t.step_s,
+            "tokens_per_s": est.tokens_per_s,
+            "compute_s": t.compute_s,
+            "comm_exposed_s": t.comm_exposed_s,
+            "bubble_s": t.bubble_s,
+            "optimizer_s": t.optimizer_s,
+            "activations_bytes": est.memory.activations,
+            "bubble_fraction": t.bubble_s / t.compute_s if t.compute_s else 0.0,
+        },
+        None,
+    )
 
 
 def _per_step(a: OpAnalysis, steps: int) -> OpAnalysis:
@@ -131,17 +142,18 @@ def _per_step(a: OpAnalysis, steps: int) -> OpAnalysis:
     return a
 
 
-def profile_run(run: Run, *, steps: int = 3, warmup: int = 2,
-                out_dir: str | Path | None = None) -> ProfileResult:
+def profile_run(
+    run: Run, *, steps: int = 3, warmup: int = 2, out_dir: str | Path | None = None
+) -> ProfileResult:
     """Profile `steps` steps of an already built run after `warmup` unprofiled ones."""
     if steps < 1 or warmup < 0:
         raise ValueError(f"steps={steps}, warmup={warmup}: use steps >= 1 and warmup >= 0")
     out = Path(out_dir) if out_dir is not None else run.run_dir / "profile"
     clock = PhaseClock(sync_cuda=run.device.type == "cuda")
-    tops: list[torch.nn.Module] = (
-        [run.model] if run.pipeline is None else list(run.pipeline.stages))
-    handles = install_hooks(tops, clock, pipelined=run.pipeline is not None,
-                            submodules=not run.job.train.compile)
+    tops: list[torch.nn.Module] = [run.model] if run.pipeline is None else list(run.pipeline.stages)
+    handles = install_hooks(
+        tops, clock, pipelined=run.pipeline is not None, submodules=not run.job.train.compile
+    )
     if run.data is None:
         raise ValueError("profile needs a run built with data (build_run(..., data=True))")
     data = run.data
@@ -152,8 +164,9 @@ def profile_run(run: Run, *, steps: int = 3, warmup: int = 2,
     try:
         warm = [_step(run, batches, clock, i) for i in range(warmup)]
         clock.reset()
-        with profile(activities=activities, record_shapes=True, profile_memory=True,
-                     with_flops=True) as prof:
+        with profile(
+            activities=activities, record_shapes=True, profile_memory=True, with_flops=True
+        ) as prof:
             walls = [_step(run, batches, clock, warmup + i) for i in range(steps)]
     finally:
         for h in handles:
@@ -165,29 +178,46 @@ def profile_run(run: Run, *, steps: int = 3, warmup: int = 2,
     trace = out / f"rank{run.env.rank}.pt.trace.json"
     prof.export_chrome_trace(str(trace))
     dtype_bytes = precision_spec(run.job.precision.dtype).bytes
-    analysis = _per_step(analyse_events(prof.events(), device=run.device.type,
-                                        default_bytes=dtype_bytes), steps)
+    analysis = _per_step(
+        analyse_events(prof.events(), device=run.device.type, default_bytes=dtype_bytes), steps
+    )
     step_s = sum(walls) / len(walls)
     unprofiled = sum(warm[1:]) / (len(warm) - 1) if len(warm) >= 2 else None
     tok_s = run.tokens_per_step / (unprofiled or step_s)
     plan, predicted, err = _planner(run)
     hw = run.hardware
     return ProfileResult(
-        model=run.job.model.name, layout=_label(run), device=run.device.type,
-        world_size=run.env.world_size, rank=run.env.rank, hardware=hw.name,
-        peak_flops=hw.flops(run.job.precision.dtype), memory_bw=hw.memory_bw, steps=steps,
-        step_s=step_s, step_times=walls, unprofiled_step_s=unprofiled,
+        model=run.job.model.name,
+        layout=_label(run),
+        device=run.device.type,
+        world_size=run.env.world_size,
+        rank=run.env.rank,
+        hardware=hw.name,
+        peak_flops=hw.flops(run.job.precision.dtype),
+        memory_bw=hw.memory_bw,
+        steps=steps,
+        step_s=step_s,
+        step_times=walls,
+        unprofiled_step_s=unprofiled,
         phase_s=dict(analysis.phase_s),
-        clock_s={k: v / steps for k, v in clock.totals.items()}, analysis=analysis,
-        tokens_per_step=run.tokens_per_step, tokens_per_s=tok_s,
-        model_flops_per_step=run.tokens_per_step * flops_per_token(run.job.model,
-                                                                   run.job.batch.seq_len),
+        clock_s={k: v / steps for k, v in clock.totals.items()},
+        analysis=analysis,
+        tokens_per_step=run.tokens_per_step,
+        tokens_per_s=tok_s,
+        model_flops_per_step=run.tokens_per_step
+        * flops_per_token(run.job.model, run.job.batch.seq_len),
         mfu=run.mfu(tok_s),
-        predicted=predicted, planner_error=err, config=run.job.to_dict(), trace_path=trace,
-        job=run.job, plan=plan)
+        predicted=predicted,
+        planner_error=err,
+        config=run.job.to_dict(),
+        trace_path=trace,
+        job=run.job,
+        plan=plan,
+    )
 
 
-def profile_job(job: JobConfig, *, steps: int = 3, warmup: int = 2,
-                out_dir: str | Path | None = None) -> ProfileResult:
+def profile_job(
+    job: JobConfig, *, steps: int = 3, warmup: int = 2, out_dir: str | Path | None = None
+) -> ProfileResult:
     """Build the run with the trainer's `build_run`, then `profile_run` it."""
     return profile_run(build_run(job), steps=steps, warmup=warmup, out_dir=out_dir)

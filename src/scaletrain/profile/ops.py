@@ -27,32 +27,123 @@ __all__ = ["OpStat", "OpAnalysis", "analyse_events", "op_class", "OP_CLASSES"]
 
 OP_CLASSES = ("attention", "matmul", "elementwise/norm", "communication", "other")
 
-_DTYPE_BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long int": 8,
-                "long": 8, "int": 4, "short": 2, "bool": 1, "unsigned char": 1,
-                "signed char": 1, "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1,
-                "c10::complex<float>": 8}
-_MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul",
-           "aten::linear", "aten::addmv", "aten::mv", "aten::dot", "aten::_scaled_mm",
-           "aten::convolution", "aten::_convolution", "aten::mkldnn_convolution")
-_COMM = ("c10d::", "gloo:", "nccl:", "record_param_comms", "allreduce", "all_reduce",
-         "allgather", "all_gather", "reduce_scatter", "_reduce_scatter", "all_to_all",
-         "alltoall", "broadcast", "barrier", "c10d_functional")
-_ATTENTION_KERNELS = ("scaled_dot_product", "flash_attention", "efficient_attention",
-                      "cudnn_attention")
+_DTYPE_BYTES = {
+    "float": 4,
+    "double": 8,
+    "c10::Half": 2,
+    "c10::BFloat16": 2,
+    "long int": 8,
+    "long": 8,
+    "int": 4,
+    "short": 2,
+    "bool": 1,
+    "unsigned char": 1,
+    "signed char": 1,
+    "c10::Float8_e4m3fn": 1,
+    "c10::Float8_e5m2": 1,
+    "c10::complex<float>": 8,
+}
+_MATMUL = (
+    "aten::mm",
+    "aten::addmm",
+    "aten::bmm",
+    "aten::baddbmm",
+    "aten::matmul",
+    "aten::linear",
+    "aten::addmv",
+    "aten::mv",
+    "aten::dot",
+    "aten::_scaled_mm",
+    "aten::convolution",
+    "aten::_convolution",
+    "aten::mkldnn_convolution",
+)
+_COMM = (
+    "c10d::",
+    "gloo:",
+    "nccl:",
+    "record_param_comms",
+    "allreduce",
+    "all_reduce",
+    "allgather",
+    "all_gather",
+    "reduce_scatter",
+    "_reduce_scatter",
+    "all_to_all",
+    "alltoall",
+    "broadcast",
+    "barrier",
+    "c10d_functional",
+)
+_ATTENTION_KERNELS = (
+    "scaled_dot_product",
+    "flash_attention",
+    "efficient_attention",
+    "cudnn_attention",
+)
 # ops that only reshape, alias or allocate: their time is dispatch overhead, not data traffic
-_NO_DATA = {"aten::view", "aten::reshape", "aten::transpose", "aten::t", "aten::permute",
-            "aten::expand", "aten::as_strided", "aten::empty", "aten::empty_strided",
-            "aten::empty_like", "aten::detach", "aten::detach_", "aten::unsqueeze",
-            "aten::squeeze", "aten::slice", "aten::select", "aten::alias",
-            "aten::_unsafe_view", "aten::resolve_conj", "aten::resolve_neg", "aten::split",
-            "aten::chunk", "aten::unbind", "aten::lift_fresh", "aten::_reshape_alias",
-            "aten::contiguous", "aten::split_with_sizes", "aten::narrow", "aten::result_type",
-            "aten::is_nonzero", "aten::item", "aten::_local_scalar_dense", "aten::set_",
-            "aten::zeros", "aten::ones", "aten::full", "aten::scalar_tensor"}
+_NO_DATA = {
+    "aten::view",
+    "aten::reshape",
+    "aten::transpose",
+    "aten::t",
+    "aten::permute",
+    "aten::expand",
+    "aten::as_strided",
+    "aten::empty",
+    "aten::empty_strided",
+    "aten::empty_like",
+    "aten::detach",
+    "aten::detach_",
+    "aten::unsqueeze",
+    "aten::squeeze",
+    "aten::slice",
+    "aten::select",
+    "aten::alias",
+    "aten::_unsafe_view",
+    "aten::resolve_conj",
+    "aten::resolve_neg",
+    "aten::split",
+    "aten::chunk",
+    "aten::unbind",
+    "aten::lift_fresh",
+    "aten::_reshape_alias",
+    "aten::contiguous",
+    "aten::split_with_sizes",
+    "aten::narrow",
+    "aten::result_type",
+    "aten::is_nonzero",
+    "aten::item",
+    "aten::_local_scalar_dense",
+    "aten::set_",
+    "aten::zeros",
+    "aten::ones",
+    "aten::full",
+    "aten::scalar_tensor",
+}
 # ops that move data without arithmetic (0 FLOPs, AI = 0)
-_MOVE = ("copy", "to_copy", "clone", "cat", "stack", "index", "embedding", "gather", "scatter",
-         "fill", "zero", "repeat", "masked_fill", "where", "tril", "triu", "flip", "roll",
-         "foreach_copy", "constant_pad")
+_MOVE = (
+    "copy",
+    "to_copy",
+    "clone",
+    "cat",
+    "stack",
+    "index",
+    "embedding",
+    "gather",
+    "scatter",
+    "fill",
+    "zero",
+    "repeat",
+    "masked_fill",
+    "where",
+    "tril",
+    "triu",
+    "flip",
+    "roll",
+    "foreach_copy",
+    "constant_pad",
+)
 
 
 def _is_move(name: str) -> bool:
@@ -90,8 +181,9 @@ def _numel(shape: list[int]) -> int:
     return math.prod(shape) if shape else 1
 
 
-def _flops_and_bytes(name: str, shapes: Any, dtypes: list[str], profiler_flops: int,
-                     default_bytes: int) -> tuple[float, float]:
+def _flops_and_bytes(
+    name: str, shapes: Any, dtypes: list[str], profiler_flops: int, default_bytes: int
+) -> tuple[float, float]:
     tensors = _flatten_shapes(shapes, dtypes)
     if not tensors:
         return 0.0, 0.0
@@ -146,10 +238,18 @@ class OpStat:
         return self.flops / self.time_s if self.time_s else 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "shapes": self.shapes, "class": self.op_class,
-                "compute_phase": self.compute, "count": self.count, "time_s": self.time_s,
-                "flops": self.flops, "bytes": self.bytes, "intensity": self.intensity,
-                "achieved_flops": self.achieved_flops}
+        return {
+            "name": self.name,
+            "shapes": self.shapes,
+            "class": self.op_class,
+            "compute_phase": self.compute,
+            "count": self.count,
+            "time_s": self.time_s,
+            "flops": self.flops,
+            "bytes": self.bytes,
+            "intensity": self.intensity,
+            "achieved_flops": self.achieved_flops,
+        }
 
 
 @dataclass
@@ -176,8 +276,11 @@ _COMPUTE_PHASES = ("forward", "loss", "backward", "recompute")
 
 
 def _intervals(events, name: str, thread: int | None = None) -> list[tuple[float, float]]:
-    out = [(e.time_range.start, e.time_range.end) for e in events
-           if e.name == name and (thread is None or e.thread == thread)]
+    out = [
+        (e.time_range.start, e.time_range.end)
+        for e in events
+        if e.name == name and (thread is None or e.thread == thread)
+    ]
     return sorted(out)
 
 
@@ -219,7 +322,7 @@ def analyse_events(events, *, device: str = "cpu", default_bytes: int = 4) -> Op
     phase_iv: list[tuple[float, float, str]] = []
     for e in events:
         if e.name.startswith(RANGE_PREFIX) and e.name != RANGE_PREFIX + "attention":
-            phase = e.name[len(RANGE_PREFIX):]
+            phase = e.name[len(RANGE_PREFIX) :]
             phase_iv.append((e.time_range.start, e.time_range.end, phase))
             res.phase_s[phase] = res.phase_s.get(phase, 0.0) + e.time_range.elapsed_us() / 1e6
     phase_iv.sort()
@@ -230,11 +333,16 @@ def analyse_events(events, *, device: str = "cpu", default_bytes: int = 4) -> Op
     # node created by one of those ops (matched on the autograd sequence number)
     attn_iv = _intervals(events, RANGE_PREFIX + "attention")
     attn_starts = [s for s, _ in attn_iv]
-    attn_seq = {e.sequence_nr for e in events if e.sequence_nr >= 0
-                and _inside(attn_iv, attn_starts, e.time_range.start)}
-    bwd_iv = sorted((e.time_range.start, e.time_range.end) for e in events
-                    if e.name.startswith("autograd::engine::evaluate_function")
-                    and e.sequence_nr in attn_seq)
+    attn_seq = {
+        e.sequence_nr
+        for e in events
+        if e.sequence_nr >= 0 and _inside(attn_iv, attn_starts, e.time_range.start)
+    }
+    bwd_iv = sorted(
+        (e.time_range.start, e.time_range.end)
+        for e in events
+        if e.name.startswith("autograd::engine::evaluate_function") and e.sequence_nr in attn_seq
+    )
     bwd_starts = [s for s, _ in bwd_iv]
     stats: dict[tuple[str, str, bool], OpStat] = {}
     comm_any: list[tuple[float, float]] = []
@@ -258,7 +366,8 @@ def analyse_events(events, *, device: str = "cpu", default_bytes: int = 4) -> Op
                     if "send" in e.name or "recv" in e.name:
                         comm_p2p.append(iv)
         elif cls in ("matmul", "elementwise/norm") and (
-                _inside(attn_iv, attn_starts, start) or _inside(bwd_iv, bwd_starts, start)):
+            _inside(attn_iv, attn_starts, start) or _inside(bwd_iv, bwd_starts, start)
+        ):
             cls = "attention"
         phase = _phase_of(phase_iv, phase_starts, start)
         class_s[cls] += t
@@ -272,16 +381,24 @@ def analyse_events(events, *, device: str = "cpu", default_bytes: int = 4) -> Op
             st = stats.get(key)
             if st is None:
                 st = stats[key] = OpStat(e.name, str(shapes), cls, in_model)
-            fl, by = _flops_and_bytes(e.name, shapes, list(getattr(e, "input_dtypes", []) or []),
-                                      int(e.flops or 0), default_bytes)
+            fl, by = _flops_and_bytes(
+                e.name,
+                shapes,
+                list(getattr(e, "input_dtypes", []) or []),
+                int(e.flops or 0),
+                default_bytes,
+            )
             if any(op_class(c.name) == "attention" for c in e.cpu_children):
                 fl = 0.0  # a composite attention op: its kernel child carries the FLOPs
             st.count += 1
             st.time_s += t
             st.flops += fl
             st.bytes += by
-    res.class_s, res.compute_class_s, res.phase_op_s = dict(class_s), dict(compute_s), \
-        dict(phase_op)
+    res.class_s, res.compute_class_s, res.phase_op_s = (
+        dict(class_s),
+        dict(compute_s),
+        dict(phase_op),
+    )
     # wall time covered by communication (union: async sends/receives overlap each other)
     res.comm_total_s = _union_s(comm_any)
     res.comm_exposed_s = _union_s(comm_main)

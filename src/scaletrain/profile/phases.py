@@ -30,8 +30,17 @@ from torch.autograd.profiler import record_function
 
 __all__ = ["PhaseClock", "PHASES", "TimedBatches", "install_hooks"]
 
-PHASES = ("data", "forward", "loss", "schedule", "backward", "recompute", "post", "optimizer",
-          "other")
+PHASES = (
+    "data",
+    "forward",
+    "loss",
+    "schedule",
+    "backward",
+    "recompute",
+    "post",
+    "optimizer",
+    "other",
+)
 RANGE_PREFIX = "scaletrain::"
 
 
@@ -101,6 +110,7 @@ class PhaseClock:
             out = output[0] if isinstance(output, tuple) else output
             if isinstance(out, torch.Tensor) and out.requires_grad:
                 out.register_hook(self._backward_started)
+
         return hook
 
     def any_pre(self, _module, _args) -> None:
@@ -151,8 +161,9 @@ def _is_attention_core(name: str, module: torch.nn.Module) -> bool:
     return name.endswith("attention.core") or type(module).__name__.endswith("AttentionCore")
 
 
-def install_hooks(tops: list[torch.nn.Module], clock: PhaseClock, *, pipelined: bool,
-                  submodules: bool = True) -> list:
+def install_hooks(
+    tops: list[torch.nn.Module], clock: PhaseClock, *, pipelined: bool, submodules: bool = True
+) -> list:
     """Hooks on the top modules (phase switches), every submodule (recompute detection) and
     the attention cores (attention ranges); returns the handles to remove afterwards.
 

@@ -3,5 +3,12 @@
 from .data import Prediction, RunData, load_run, plan_input, predict_run
 from .html import render_report, write_report
 
-__all__ = ["write_report", "render_report", "load_run", "predict_run", "plan_input", "RunData",
-           "Prediction"]
+__all__ = [
+    "write_report",
+    "render_report",
+    "load_run",
+    "predict_run",
+    "plan_input",
+    "RunData",
+    "Prediction",
+]

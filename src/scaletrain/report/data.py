@@ -87,13 +87,16 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 def load_run(run_dir: str | Path) -> RunData:
     """Everything the report shows, read from RUN_DIR; ConfigError if it is not a run."""
     d = Path(run_dir)
-    fix = ("give the train.run_dir of a `scaletrain train` run (it holds config.json and "
-           "metrics.jsonl)")
+    fix = (
+        "give the train.run_dir of a `scaletrain train` run (it holds config.json and "
+        "metrics.jsonl)"
+    )
     if not d.is_dir():
         raise ConfigError("run_dir", str(d), f"no such directory: {fix}")
     if not (d / "config.json").is_file() and not (d / "metrics.jsonl").is_file():
-        raise ConfigError("run_dir", str(d), f"neither config.json nor metrics.jsonl is there: "
-                                             f"{fix}")
+        raise ConfigError(
+            "run_dir", str(d), f"neither config.json nor metrics.jsonl is there: {fix}"
+        )
     config = _read_json(d / "config.json") or {}
     job, job_error = None, ""
     if config:
@@ -107,14 +110,23 @@ def load_run(run_dir: str | Path) -> RunData:
     if (d / "sample.txt").is_file():
         sample = (d / "sample.txt").read_text(errors="replace")
     ckpt_root = d / "checkpoints"
-    checkpoints = sorted(p for p in ckpt_root.glob("step_*") if p.is_dir()) \
-        if ckpt_root.is_dir() else []
+    checkpoints = (
+        sorted(p for p in ckpt_root.glob("step_*") if p.is_dir()) if ckpt_root.is_dir() else []
+    )
     oom = [r for p in sorted(d.glob("oom_report_rank*.json")) if (r := _read_json(p))]
-    return RunData(run_dir=d, config=config, job=job, job_error=job_error,
-                   info=_read_json(d / "run_info.json") or {},
-                   metrics=_read_jsonl(d / "metrics.jsonl"), guard=_read_jsonl(d / "guard.jsonl"),
-                   measurement=_read_json(d / "measurement.json"), oom=oom, sample=sample,
-                   checkpoints=checkpoints)
+    return RunData(
+        run_dir=d,
+        config=config,
+        job=job,
+        job_error=job_error,
+        info=_read_json(d / "run_info.json") or {},
+        metrics=_read_jsonl(d / "metrics.jsonl"),
+        guard=_read_jsonl(d / "guard.jsonl"),
+        measurement=_read_json(d / "measurement.json"),
+        oom=oom,
+        sample=sample,
+        checkpoints=checkpoints,
+    )
 
 
 def _hardware(run: RunData):
@@ -169,8 +181,10 @@ def predict_run(run: RunData) -> Prediction:
             out.error = f"{type(e).__name__}: {e}"
     est = out.estimate
     out.tokens_per_s = (float(est.tokens_per_s) if est is not None else None, tok_meas)
-    out.mfu = (float(est.mfu) if est is not None else None,
-               float(mfu_meas) if mfu_meas is not None else None)
+    out.mfu = (
+        float(est.mfu) if est is not None else None,
+        float(mfu_meas) if mfu_meas is not None else None,
+    )
     if run.measurement is not None:
         from scaletrain.measure.schema import Measurement
         from scaletrain.measure.verify import compare
@@ -183,6 +197,7 @@ def predict_run(run: RunData) -> Prediction:
             out.memory_measured, out.memory_predicted = cmp.measured, cmp.predicted
             out.memory_rel_error, out.notes = dict(cmp.rel_error), [*out.notes, *cmp.notes]
     elif est is not None:
-        out.memory_predicted = {c: float(getattr(est.memory, c))
-                                for c in (*MEMORY_CATEGORIES, "total", "reserved")}
+        out.memory_predicted = {
+            c: float(getattr(est.memory, c)) for c in (*MEMORY_CATEGORIES, "total", "reserved")
+        }
     return out

@@ -108,8 +108,12 @@ def _headline(run: RunData, pred: Prediction) -> str:
     if mfu is not None:
         items.append(("MFU", f"{mfu:.2%}"))
     items.append(("rollbacks", info.get("rollbacks", len(run.guard))))
-    items.append(("skipped steps", info.get("skipped_steps",
-                                            sum(bool(r.get("skipped")) for r in run.metrics))))
+    items.append(
+        (
+            "skipped steps",
+            info.get("skipped_steps", sum(bool(r.get("skipped")) for r in run.metrics)),
+        )
+    )
     cells = "".join(f"<div>{_e(k)}<b>{_e(v)}</b></div>" for k, v in items if v is not None)
     return f'<div class="headline">{cells}</div>'
 
@@ -123,25 +127,44 @@ def _plan_section(run: RunData, pred: Prediction) -> str:
     layout_text = str(layout) if layout is not None else str(job.parallel)
     grad_accum = b.global_batch // max(1, b.micro_batch * (layout.dp if layout else 1))
     rows = [
-        ("model", f"{m.name}: {m.num_params():,} parameters, {m.num_layers} layers, dim {m.dim}, "
-                  f"{m.num_heads} heads, vocab {m.vocab_size:,}"
-                  + (f", {m.num_experts} experts (top-{m.experts_per_token})"
-                     if m.num_experts else "")),
+        (
+            "model",
+            f"{m.name}: {m.num_params():,} parameters, {m.num_layers} layers, dim {m.dim}, "
+            f"{m.num_heads} heads, vocab {m.vocab_size:,}"
+            + (f", {m.num_experts} experts (top-{m.experts_per_token})" if m.num_experts else ""),
+        ),
         ("layout", f"{layout_text} on {run.world_size} rank(s)"),
-        ("batch", f"global {b.global_batch} sequences × {b.seq_len} tokens = "
-                  f"{b.global_batch * b.seq_len:,} tokens/step; micro-batch {b.micro_batch}, "
-                  f"gradient accumulation {grad_accum}"),
-        ("precision", f"{job.precision.dtype}; activation checkpointing {job.memory.ac}; "
-                      f"offload {job.memory.offload}"),
-        ("optimizer", f"{job.optim.name}, lr {job.optim.lr:g} ({job.optim.schedule}, warmup "
-                      f"{job.optim.warmup_steps} steps), weight decay {job.optim.weight_decay:g}, "
-                      f"grad clip {job.optim.grad_clip:g}"),
-        ("hardware", f"{run.info.get('hardware', job.hardware.gpu)} "
-                     f"({run.info.get('device', '?')} device)"),
-        ("data", f"{job.data.source}, tokenizer {job.data.tokenizer}, "
-                 f"{job.data.num_tokens:,} tokens (seed {job.data.seed})"),
-        ("schedule", f"{job.train.steps} steps, eval every {job.train.eval_every}, checkpoint "
-                     f"every {job.checkpoint.every or 'end only'}"),
+        (
+            "batch",
+            f"global {b.global_batch} sequences × {b.seq_len} tokens = "
+            f"{b.global_batch * b.seq_len:,} tokens/step; micro-batch {b.micro_batch}, "
+            f"gradient accumulation {grad_accum}",
+        ),
+        (
+            "precision",
+            f"{job.precision.dtype}; activation checkpointing {job.memory.ac}; "
+            f"offload {job.memory.offload}",
+        ),
+        (
+            "optimizer",
+            f"{job.optim.name}, lr {job.optim.lr:g} ({job.optim.schedule}, warmup "
+            f"{job.optim.warmup_steps} steps), weight decay {job.optim.weight_decay:g}, "
+            f"grad clip {job.optim.grad_clip:g}",
+        ),
+        (
+            "hardware",
+            f"{run.info.get('hardware', job.hardware.gpu)} ({run.info.get('device', '?')} device)",
+        ),
+        (
+            "data",
+            f"{job.data.source}, tokenizer {job.data.tokenizer}, "
+            f"{job.data.num_tokens:,} tokens (seed {job.data.seed})",
+        ),
+        (
+            "schedule",
+            f"{job.train.steps} steps, eval every {job.train.eval_every}, checkpoint "
+            f"every {job.checkpoint.every or 'end only'}",
+        ),
     ]
     return _table(("", "plan"), rows).replace("<table>", '<table class="kv">', 1)
 
@@ -162,19 +185,35 @@ def _compare_section(pred: Prediction) -> str:
             rows.append([f"memory: {c}", _bytes(pv), _bytes(mv) if m else "–", _rel(err)])
     (tp, tm), (fp, fm) = pred.tokens_per_s, pred.mfu
     if tp is not None or tm is not None:
-        rows.append(["tokens/s (whole job)", f"{tp:,.0f}" if tp is not None else "–",
-                     f"{tm:,.0f}" if tm is not None else "–", _rel(_rel_of(tp, tm))])
+        rows.append(
+            [
+                "tokens/s (whole job)",
+                f"{tp:,.0f}" if tp is not None else "–",
+                f"{tm:,.0f}" if tm is not None else "–",
+                _rel(_rel_of(tp, tm)),
+            ]
+        )
     if fp is not None or fm is not None:
-        rows.append(["MFU", f"{fp:.2%}" if fp is not None else "–",
-                     f"{fm:.2%}" if fm is not None else "–", _rel(_rel_of(fp, fm))])
+        rows.append(
+            [
+                "MFU",
+                f"{fp:.2%}" if fp is not None else "–",
+                f"{fm:.2%}" if fm is not None else "–",
+                _rel(_rel_of(fp, fm)),
+            ]
+        )
     if pred.estimate is not None:
         rows.append(["step time (s)", f"{pred.estimate.time.step_s:.4g}", "–", ("", "")])
     if rows:
-        parts.append(_table(("quantity", "predicted", "measured",
-                             "relative error (pred − meas) / meas"), rows))
+        parts.append(
+            _table(
+                ("quantity", "predicted", "measured", "relative error (pred − meas) / meas"), rows
+            )
+        )
     if m is None:
-        parts.append('<p class="note">No measurement.json: memory was not measured for this '
-                     "run.</p>")
+        parts.append(
+            '<p class="note">No measurement.json: memory was not measured for this run.</p>'
+        )
     parts += [f'<p class="note">note: {_e(n)}</p>' for n in pred.notes]
     return "\n".join(parts)
 
@@ -193,28 +232,52 @@ def _guard_section(run: RunData) -> str:
     if not run.guard:
         parts.append("<p>No loss spike: the guard never rolled back.</p>")
     else:
-        rows = [[e.get("spike_step"), e.get("restored_step"),
-                 _data_window(e.get("skipped_data_steps")),
-                 e.get("reason", "")] for e in run.guard]
-        parts.append(f"<p>The loss-spike guard rolled back {len(run.guard)} time(s): each spiked "
-                     "step was never applied; training resumed from the last good checkpoint "
-                     "and skipped the data window around the spike.</p>")
-        parts.append(_table(("spike at step", "restored step", "data steps skipped", "reason"),
-                            rows).replace("<table>", '<table class="kv">', 1))
+        rows = [
+            [
+                e.get("spike_step"),
+                e.get("restored_step"),
+                _data_window(e.get("skipped_data_steps")),
+                e.get("reason", ""),
+            ]
+            for e in run.guard
+        ]
+        parts.append(
+            f"<p>The loss-spike guard rolled back {len(run.guard)} time(s): each spiked "
+            "step was never applied; training resumed from the last good checkpoint "
+            "and skipped the data window around the spike.</p>"
+        )
+        parts.append(
+            _table(
+                ("spike at step", "restored step", "data steps skipped", "reason"), rows
+            ).replace("<table>", '<table class="kv">', 1)
+        )
     if skipped:
-        parts.append(f"<p>{len(skipped)} step(s) skipped for non-finite gradients (fp16 loss "
-                     f"scaling): {_e(', '.join(map(str, skipped[:50])))}</p>")
+        parts.append(
+            f"<p>{len(skipped)} step(s) skipped for non-finite gradients (fp16 loss "
+            f"scaling): {_e(', '.join(map(str, skipped[:50])))}</p>"
+        )
     return "\n".join(parts)
 
 
 def _oom_section(run: RunData) -> str:
     if not run.oom:
         return ""
-    rows = [[r.get("rank"), r.get("step"), r.get("overflowed_category", "–"),
-             str(r.get("error", ""))[:300], r.get("advice", "")] for r in run.oom]
+    rows = [
+        [
+            r.get("rank"),
+            r.get("step"),
+            r.get("overflowed_category", "–"),
+            str(r.get("error", ""))[:300],
+            r.get("advice", ""),
+        ]
+        for r in run.oom
+    ]
     table = _table(("rank", "step", "overflowed", "error", "next"), rows)
-    return ("<h2>Out of memory</h2>" + '<p class="alert">This run ran out of memory.</p>'
-            + table.replace("<table>", '<table class="kv">', 1))
+    return (
+        "<h2>Out of memory</h2>"
+        + '<p class="alert">This run ran out of memory.</p>'
+        + table.replace("<table>", '<table class="kv">', 1)
+    )
 
 
 def _printable(text: str) -> str:
@@ -223,17 +286,26 @@ def _printable(text: str) -> str:
 
 
 def _files_section(run: RunData) -> str:
-    names = ["config.json", "run_info.json", "metrics.jsonl", "guard.jsonl",
-             "measurement.json", "sample.txt", *(p.name for p in sorted(
-                 run.run_dir.glob("oom_report_rank*.json")))]
-    links = [f'<li><a href="{_e(n)}">{_e(n)}</a></li>' for n in names
-             if (run.run_dir / n).exists()]
-    ckpts = [f'<li><a href="checkpoints/{_e(p.name)}/">checkpoints/{_e(p.name)}</a></li>'
-             for p in run.checkpoints]
+    names = [
+        "config.json",
+        "run_info.json",
+        "metrics.jsonl",
+        "guard.jsonl",
+        "measurement.json",
+        "sample.txt",
+        *(p.name for p in sorted(run.run_dir.glob("oom_report_rank*.json"))),
+    ]
+    links = [f'<li><a href="{_e(n)}">{_e(n)}</a></li>' for n in names if (run.run_dir / n).exists()]
+    ckpts = [
+        f'<li><a href="checkpoints/{_e(p.name)}/">checkpoints/{_e(p.name)}</a></li>'
+        for p in run.checkpoints
+    ]
     if not ckpts:
         ckpts = ["<li>no checkpoints</li>"]
-    return (f"<p>Run directory: <code>{_e(run.run_dir.resolve())}</code></p>"
-            f"<ul>{''.join(links)}</ul><p>Checkpoints:</p><ul>{''.join(ckpts)}</ul>")
+    return (
+        f"<p>Run directory: <code>{_e(run.run_dir.resolve())}</code></p>"
+        f"<ul>{''.join(links)}</ul><p>Checkpoints:</p><ul>{''.join(ckpts)}</ul>"
+    )
 
 
 def render_report(run: RunData, pred: Prediction | None = None) -> str:
@@ -241,39 +313,65 @@ def render_report(run: RunData, pred: Prediction | None = None) -> str:
     pred = pred if pred is not None else predict_run(run)
     title = f"scaletrain run report: {run.run_dir.resolve().name}"
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    body = [f"<h1>{_e(title)}</h1>", f'<p class="sub">generated {now} from '
-            f"<code>{_e(run.run_dir.resolve())}</code></p>", _headline(run, pred),
-            "<h2>Plan</h2>", _plan_section(run, pred),
-            "<h2>Predicted vs measured</h2>", _compare_section(pred)]
+    body = [
+        f"<h1>{_e(title)}</h1>",
+        f'<p class="sub">generated {now} from <code>{_e(run.run_dir.resolve())}</code></p>',
+        _headline(run, pred),
+        "<h2>Plan</h2>",
+        _plan_section(run, pred),
+        "<h2>Predicted vs measured</h2>",
+        _compare_section(pred),
+    ]
     body.append(_oom_section(run))
     if run.metrics:
-        body += ["<h2>Curves</h2>",
-                 _figure(lambda: plots.loss_curve(run.metrics, guard_events=run.guard,
-                                                  best_loss=run.best_loss), "loss curve"),
-                 _figure(lambda: plots.throughput_curve(
-                     run.metrics, predicted_tokens_per_s=pred.tokens_per_s[0],
-                     predicted_mfu=pred.mfu[0]), "throughput and MFU"),
-                 _figure(lambda: plots.optimizer_curve(run.metrics), "gradient norm and lr")]
+        body += [
+            "<h2>Curves</h2>",
+            _figure(
+                lambda: plots.loss_curve(
+                    run.metrics, guard_events=run.guard, best_loss=run.best_loss
+                ),
+                "loss curve",
+            ),
+            _figure(
+                lambda: plots.throughput_curve(
+                    run.metrics,
+                    predicted_tokens_per_s=pred.tokens_per_s[0],
+                    predicted_mfu=pred.mfu[0],
+                ),
+                "throughput and MFU",
+            ),
+            _figure(lambda: plots.optimizer_curve(run.metrics), "gradient norm and lr"),
+        ]
     body.append("<h2>Memory</h2>")
     if pred.memory_predicted or pred.memory_measured:
-        body.append(_figure(lambda: plots.memory_bars(pred.memory_predicted,
-                                                      pred.memory_measured),
-                            "memory by category, planned vs measured"))
+        body.append(
+            _figure(
+                lambda: plots.memory_bars(pred.memory_predicted, pred.memory_measured),
+                "memory by category, planned vs measured",
+            )
+        )
     timeline = (run.measurement or {}).get("timeline") or []
     if timeline:
         body.append(_figure(lambda: plots.memory_timeline(timeline), "memory timeline"))
     else:
-        body.append('<p class="note">No memory timeline recorded (measurement.json has no '
-                    "timeline).</p>")
+        body.append(
+            '<p class="note">No memory timeline recorded (measurement.json has no timeline).</p>'
+        )
     body += ["<h2>Loss-spike guard</h2>", _guard_section(run)]
     body += ["<h2>Stragglers and hangs</h2>", health_section(run)]
     if run.sample:
-        body += ["<h2>Sample</h2>", '<p class="note">Text generated by the final model.</p>',
-                 f"<pre>{_e(_printable(run.sample))}</pre>"]
+        body += [
+            "<h2>Sample</h2>",
+            '<p class="note">Text generated by the final model.</p>',
+            f"<pre>{_e(_printable(run.sample))}</pre>",
+        ]
     body += ["<h2>Files</h2>", _files_section(run)]
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>{_e(title)}</title><style>{_CSS}</style></head>\n<body>\n"
-            + "\n".join(b for b in body if b) + "\n</body></html>\n")
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{_e(title)}</title><style>{_CSS}</style></head>\n<body>\n"
+        + "\n".join(b for b in body if b)
+        + "\n</body></html>\n"
+    )
 
 
 def write_report(run_dir: str | Path, *, out: str | Path | None = None) -> Path:

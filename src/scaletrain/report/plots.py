@@ -10,11 +10,23 @@ import io
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["loss_curve", "throughput_curve", "optimizer_curve", "memory_bars",
-           "memory_timeline", "split_rollbacks", "byte_unit"]
+__all__ = [
+    "loss_curve",
+    "throughput_curve",
+    "optimizer_curve",
+    "memory_bars",
+    "memory_timeline",
+    "split_rollbacks",
+    "byte_unit",
+]
 
-_CATEGORY_COLORS = {"params": "#4c72b0", "grads": "#55a868", "optimizer": "#c44e52",
-                    "activations": "#8172b2", "buffers": "#ccb974"}
+_CATEGORY_COLORS = {
+    "params": "#4c72b0",
+    "grads": "#55a868",
+    "optimizer": "#c44e52",
+    "activations": "#8172b2",
+    "buffers": "#ccb974",
+}
 
 
 def _figure(width: float = 9.0, height: float = 4.0):  # type: ignore[no-untyped-def]
@@ -38,8 +50,9 @@ def byte_unit(largest: float) -> tuple[str, float]:
     return "B", 1.0
 
 
-def split_rollbacks(metrics: Sequence[dict[str, Any]]
-                    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def split_rollbacks(
+    metrics: Sequence[dict[str, Any]],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(kept, discarded): a rollback re-logs the steps it redoes, so for each step the last
     record is the one the final model descends from; earlier records of the step were undone."""
     last = {int(r["step"]): i for i, r in enumerate(metrics) if "step" in r}
@@ -53,8 +66,12 @@ def _xy(rows: Sequence[dict[str, Any]], key: str) -> tuple[list[int], list[float
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
-def loss_curve(metrics: Sequence[dict[str, Any]], *, guard_events: Sequence[dict[str, Any]] = (),
-               best_loss: float | None = None) -> bytes:
+def loss_curve(
+    metrics: Sequence[dict[str, Any]],
+    *,
+    guard_events: Sequence[dict[str, Any]] = (),
+    best_loss: float | None = None,
+) -> bytes:
     """Train loss per step, validation loss, the best achievable loss, and guard rollbacks."""
     fig = _figure()
     ax = fig.add_subplot()
@@ -72,21 +89,42 @@ def loss_curve(metrics: Sequence[dict[str, Any]], *, guard_events: Sequence[dict
         ex, ey = _xy(kept, f"val_loss/{name}")
         ax.plot(ex, ey, "s--", ms=4, lw=1.0, label=f"eval {name}")
     if best_loss is not None:
-        ax.axhline(best_loss, color="#2ca02c", ls="--", lw=1.2,
-                   label=f"best achievable {best_loss:.3f} (corpus entropy)")
+        ax.axhline(
+            best_loss,
+            color="#2ca02c",
+            ls="--",
+            lw=1.2,
+            label=f"best achievable {best_loss:.3f} (corpus entropy)",
+        )
     for i, e in enumerate(guard_events):
         spike = e.get("spike_step")
         if spike is None:
             continue
-        ax.axvline(spike, color="#d62728", lw=1.2, alpha=0.8,
-                   label="loss spike (rolled back)" if i == 0 else None)
+        ax.axvline(
+            spike,
+            color="#d62728",
+            lw=1.2,
+            alpha=0.8,
+            label="loss spike (rolled back)" if i == 0 else None,
+        )
         restored = e.get("restored_step")
         if restored is not None:
-            ax.annotate("", xy=(restored, 0.92), xytext=(spike, 0.92),
-                        xycoords=("data", "axes fraction"),
-                        arrowprops={"arrowstyle": "->", "color": "#d62728"})
-            ax.text(spike, 0.95, f" rollback → {restored}", color="#d62728", fontsize=8,
-                    transform=ax.get_xaxis_transform(), ha="left")
+            ax.annotate(
+                "",
+                xy=(restored, 0.92),
+                xytext=(spike, 0.92),
+                xycoords=("data", "axes fraction"),
+                arrowprops={"arrowstyle": "->", "color": "#d62728"},
+            )
+            ax.text(
+                spike,
+                0.95,
+                f" rollback → {restored}",
+                color="#d62728",
+                fontsize=8,
+                transform=ax.get_xaxis_transform(),
+                ha="left",
+            )
     ax.set_xlabel("step")
     ax.set_ylabel("loss (nats/token)")
     ax.set_title("Loss")
@@ -95,8 +133,9 @@ def loss_curve(metrics: Sequence[dict[str, Any]], *, guard_events: Sequence[dict
     return _png(fig)
 
 
-def _planned_line(ax, value: float | None, measured: Sequence[float], *, color: str, ls: str,
-                  label: str) -> None:
+def _planned_line(
+    ax, value: float | None, measured: Sequence[float], *, color: str, ls: str, label: str
+) -> None:
     """The planner's figure as a horizontal line, or only in the legend when it is more than
     5x off the measured curve (drawn, it would flatten the curve into the x axis)."""
     if not value:
@@ -108,17 +147,26 @@ def _planned_line(ax, value: float | None, measured: Sequence[float], *, color: 
     ax.axhline(value, color=color, ls=ls, lw=1, label=label)
 
 
-def throughput_curve(metrics: Sequence[dict[str, Any]], *,
-                     predicted_tokens_per_s: float | None = None,
-                     predicted_mfu: float | None = None) -> bytes:
+def throughput_curve(
+    metrics: Sequence[dict[str, Any]],
+    *,
+    predicted_tokens_per_s: float | None = None,
+    predicted_mfu: float | None = None,
+) -> bytes:
     """Tokens per second (left axis) and MFU (right axis) per step, with the planner's lines."""
     fig = _figure()
     ax = fig.add_subplot()
     kept, _ = split_rollbacks(metrics)
     x, y = _xy(kept, "tokens_per_s")
     ax.plot(x, y, color="#4c72b0", lw=1.5, label="tokens/s")
-    _planned_line(ax, predicted_tokens_per_s, y, color="#4c72b0", ls="--",
-                  label=f"planned {predicted_tokens_per_s or 0:,.0f} tokens/s")
+    _planned_line(
+        ax,
+        predicted_tokens_per_s,
+        y,
+        color="#4c72b0",
+        ls="--",
+        label=f"planned {predicted_tokens_per_s or 0:,.0f} tokens/s",
+    )
     ax.set_xlabel("step")
     ax.set_ylabel("tokens / s (whole job)")
     ax.grid(alpha=0.3)
@@ -127,8 +175,14 @@ def throughput_curve(metrics: Sequence[dict[str, Any]], *,
     # MFU is tokens/s times a constant, so the two curves coincide when both axes start at 0:
     # MFU is drawn dotted over the solid tokens/s line so both stay visible
     ax2.plot(mx, [100 * v for v in my], color="#c44e52", lw=1.5, ls=":", label="MFU")
-    _planned_line(ax2, 100 * predicted_mfu if predicted_mfu else None, [100 * v for v in my],
-                  color="#c44e52", ls=":", label=f"planned MFU {predicted_mfu or 0:.2%}")
+    _planned_line(
+        ax2,
+        100 * predicted_mfu if predicted_mfu else None,
+        [100 * v for v in my],
+        color="#c44e52",
+        ls=":",
+        label=f"planned MFU {predicted_mfu or 0:.2%}",
+    )
     ax2.set_ylabel("MFU (%)")
     ax.set_ylim(bottom=0)
     ax2.set_ylim(bottom=0)
@@ -163,25 +217,44 @@ def optimizer_curve(metrics: Sequence[dict[str, Any]]) -> bytes:
     return _png(fig)
 
 
-def memory_bars(predicted: dict[str, float] | None, measured: dict[str, float] | None,
-                *, categories: Sequence[str] = tuple(_CATEGORY_COLORS)) -> bytes:
+def memory_bars(
+    predicted: dict[str, float] | None,
+    measured: dict[str, float] | None,
+    *,
+    categories: Sequence[str] = tuple(_CATEGORY_COLORS),
+) -> bytes:
     """Stacked bars per category, planned next to measured; a black tick marks each total."""
     bars = [(name, d) for name, d in (("planned", predicted), ("measured", measured)) if d]
     fig = _figure(6.5, 4.2)
     ax = fig.add_subplot()
-    largest = max((max(sum(d.get(c, 0.0) for c in categories), d.get("total", 0.0))
-                   for _, d in bars), default=0.0)
+    largest = max(
+        (max(sum(d.get(c, 0.0) for c in categories), d.get("total", 0.0)) for _, d in bars),
+        default=0.0,
+    )
     unit, size = byte_unit(largest)
     for i, (_, d) in enumerate(bars):
         bottom = 0.0
         for c in categories:
             v = max(0.0, float(d.get(c, 0.0))) / size
-            ax.bar(i, v, bottom=bottom, width=0.55, color=_CATEGORY_COLORS.get(c),
-                   label=c if i == 0 else None, edgecolor="white", lw=0.5)
+            ax.bar(
+                i,
+                v,
+                bottom=bottom,
+                width=0.55,
+                color=_CATEGORY_COLORS.get(c),
+                label=c if i == 0 else None,
+                edgecolor="white",
+                lw=0.5,
+            )
             bottom += v
         if d.get("total"):
-            ax.plot([i - 0.35, i + 0.35], [d["total"] / size] * 2, color="black", lw=2,
-                    label="total (peak)" if i == 0 else None)
+            ax.plot(
+                [i - 0.35, i + 0.35],
+                [d["total"] / size] * 2,
+                color="black",
+                lw=2,
+                label="total (peak)" if i == 0 else None,
+            )
     ax.set_xticks(range(len(bars)), [name for name, _ in bars])
     ax.set_xlim(-0.8, max(1, len(bars)) - 0.2)
     ax.set_ylabel(f"{unit} per rank")
@@ -203,16 +276,30 @@ def memory_timeline(timeline: Sequence[tuple[str, int] | list[Any]]) -> bytes:
     ax.fill_between(xs, [v / size for v in values], step="post", alpha=0.2, color="#4c72b0")
     if values:
         peak = max(range(len(values)), key=values.__getitem__)
-        ax.annotate(f"peak {values[peak] / size:,.1f} {unit}\n{names[peak]}",
-                    xy=(peak, values[peak] / size), xytext=(0, -30),
-                    textcoords="offset points", ha="center", fontsize=8,
-                    arrowprops={"arrowstyle": "->"})
+        ax.annotate(
+            f"peak {values[peak] / size:,.1f} {unit}\n{names[peak]}",
+            xy=(peak, values[peak] / size),
+            xytext=(0, -30),
+            textcoords="offset points",
+            ha="center",
+            fontsize=8,
+            arrowprops={"arrowstyle": "->"},
+        )
     # events without a module path (loss, backward_done, optimizer_step) are phase boundaries
     for x, name in zip(xs, names, strict=True):
         if not any(name.startswith(p) for p in ("fw_", "bw_")):
             ax.axvline(x, color="#999999", lw=0.8, ls=":")
-            ax.text(x, 1.0, name, rotation=90, va="top", ha="right", fontsize=7,
-                    color="#555555", transform=ax.get_xaxis_transform())
+            ax.text(
+                x,
+                1.0,
+                name,
+                rotation=90,
+                va="top",
+                ha="right",
+                fontsize=7,
+                color="#555555",
+                transform=ax.get_xaxis_transform(),
+            )
     ax.set_xlabel("event in the step (forward and backward module boundaries)")
     ax.set_ylabel(f"allocated ({unit})")
     ax.set_ylim(bottom=0)

@@ -8,11 +8,13 @@ from pathlib import Path
 __all__ = ["start_line"]
 
 
-def start_line(checkpoint: Path | None, step: int, *, resume: str, ckpt_dir: Path,
-               total_steps: int) -> str:
+def start_line(
+    checkpoint: Path | None, step: int, *, resume: str, ckpt_dir: Path, total_steps: int
+) -> str:
     if checkpoint is not None:
-        return (f"resuming from {checkpoint} at step {step} of {total_steps} "
-                f"(checkpoint.resume={resume})")
-    why = ("checkpoint.resume=never" if resume == "never"
-           else f"no good checkpoint in {ckpt_dir}")
+        return (
+            f"resuming from {checkpoint} at step {step} of {total_steps} "
+            f"(checkpoint.resume={resume})"
+        )
+    why = "checkpoint.resume=never" if resume == "never" else f"no good checkpoint in {ckpt_dir}"
     return f"starting afresh at step 0 of {total_steps}: {why}"

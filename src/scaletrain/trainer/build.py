@@ -25,8 +25,16 @@ from scaletrain.planner.flops import flops_per_token
 from .optim import build_optimizer
 from .precision import LossScaler
 
-__all__ = ["DistEnv", "Run", "build_run", "init_distributed", "detect_hardware",
-           "resolve_device", "tp_mesh", "require_data"]
+__all__ = [
+    "DistEnv",
+    "Run",
+    "build_run",
+    "init_distributed",
+    "detect_hardware",
+    "resolve_device",
+    "tp_mesh",
+    "require_data",
+]
 
 
 @dataclass(frozen=True)
@@ -65,17 +73,30 @@ def init_distributed(*, device_pref: str, rendezvous_timeout_s: float = 300.0) -
     if world_size > 1 and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         store = rendezvous_store(le, datetime.timedelta(seconds=rendezvous_timeout_s))
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                                timeout=datetime.timedelta(minutes=10))
+        dist.init_process_group(
+            backend,
+            store=store,
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(minutes=10),
+        )
     if dist.is_initialized():
         rank, world_size = dist.get_rank(), dist.get_world_size()
     return DistEnv(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
 
 
-_GPU_NAMES = (("H200", "h200"), ("H100 PCIe", "h100-pcie"), ("H100", "h100-sxm"),
-              ("B200", "b200"), ("A100-SXM4-40GB", "a100-40gb"), ("A100", "a100-80gb"),
-              ("V100", "v100-32gb"), ("4090", "rtx4090"), ("3090", "rtx3090"),
-              ("MI300X", "mi300x"))
+_GPU_NAMES = (
+    ("H200", "h200"),
+    ("H100 PCIe", "h100-pcie"),
+    ("H100", "h100-sxm"),
+    ("B200", "b200"),
+    ("A100-SXM4-40GB", "a100-40gb"),
+    ("A100", "a100-80gb"),
+    ("V100", "v100-32gb"),
+    ("4090", "rtx4090"),
+    ("3090", "rtx3090"),
+    ("MI300X", "mi300x"),
+)
 
 
 def detect_hardware(job: JobConfig, device: torch.device) -> HardwareSpec:
@@ -140,55 +161,91 @@ class Run:
 
     def describe(self) -> str:
         m = self.job.model
-        return (f"scaletrain: {m.name} ({m.num_params():,} params) | {self.dims.layout} | "
-                f"world {self.env.world_size} on {self.device.type} | grad accum "
-                f"{self.grad_accum} | {self.data.describe() if self.data else 'no data'}")
+        return (
+            f"scaletrain: {m.name} ({m.num_params():,} params) | {self.dims.layout} | "
+            f"world {self.env.world_size} on {self.device.type} | grad accum "
+            f"{self.grad_accum} | {self.data.describe() if self.data else 'no data'}"
+        )
 
 
 def require_data(run: Run, use: str) -> DataBundle:
     """`run.data` for code that reads the corpus or the tokenizer (`use` says which); a run
     built with `build_run(data=False)` (the dry-run) has none."""
     if run.data is None:
-        raise RuntimeError(f"{use} needs the run's data, and this run was built without it "
-                           "(build_run(..., data=False)): build it with data=True")
+        raise RuntimeError(
+            f"{use} needs the run's data, and this run was built without it "
+            "(build_run(..., data=False)): build it with data=True"
+        )
     return run.data
 
 
 def _check_vocab(job: JobConfig, data: DataBundle) -> None:
     if data.tokenizer.vocab_size > job.model.vocab_size:
-        raise ConfigError("model.vocab_size", job.model.vocab_size,
-                          f"the {data.tokenizer.name} tokenizer has {data.tokenizer.vocab_size} "
-                          "ids: raise model.vocab_size or choose a smaller tokenizer")
+        raise ConfigError(
+            "model.vocab_size",
+            job.model.vocab_size,
+            f"the {data.tokenizer.name} tokenizer has {data.tokenizer.vocab_size} "
+            "ids: raise model.vocab_size or choose a smaller tokenizer",
+        )
 
 
-def _build_pipeline(job: JobConfig, dims: ParallelDims, model: Transformer,
-                    scaler: LossScaler, device: torch.device, grad_accum: int, *, ddp: bool,
-                    schedule_cls: Any) -> tuple[torch.nn.Module, PipelineRuntime]:
+def _build_pipeline(
+    job: JobConfig,
+    dims: ParallelDims,
+    model: Transformer,
+    scaler: LossScaler,
+    device: torch.device,
+    grad_accum: int,
+    *,
+    ddp: bool,
+    schedule_cls: Any,
+) -> tuple[torch.nn.Module, PipelineRuntime]:
     """This rank's pipeline stages (parallelized on meta, not yet materialized) and runtime."""
     from scaletrain.parallel.pipeline import build_pipeline
 
     def parallelize_stage(stage: Transformer) -> Transformer:
-        return parallelize(stage, dims, precision=job.precision, memory=job.memory,
-                           compile=job.train.compile, loss_parallel=False, ddp=ddp)
+        return parallelize(
+            stage,
+            dims,
+            precision=job.precision,
+            memory=job.memory,
+            compile=job.train.compile,
+            loss_parallel=False,
+            ddp=ddp,
+        )
 
     runtime = build_pipeline(
-        model, pp_group=dims.submesh("pp"), pp_rank=dims.pp_rank, pp_size=dims.pp,
-        schedule=dims.layout.pp_schedule, virtual=dims.layout.pp_virtual,
-        n_microbatches=grad_accum, device=device, parallelize_stage=parallelize_stage,
+        model,
+        pp_group=dims.submesh("pp"),
+        pp_rank=dims.pp_rank,
+        pp_size=dims.pp,
+        schedule=dims.layout.pp_schedule,
+        virtual=dims.layout.pp_virtual,
+        n_microbatches=grad_accum,
+        device=device,
+        parallelize_stage=parallelize_stage,
         loss_fn=lambda logits, targets: scaler.scale_loss(causal_lm_loss(logits, targets)),
-        loss_scale=lambda: scaler.scale, schedule_cls=schedule_cls,
-        cp_group=dims.submesh("cp"))
-    stages = torch.nn.ModuleDict({f"stage{sid}": mod
-                                  for sid, mod in zip(runtime.stage_ids, runtime.stages,
-                                                      strict=True)})
+        loss_scale=lambda: scaler.scale,
+        schedule_cls=schedule_cls,
+        cp_group=dims.submesh("cp"),
+    )
+    stages = torch.nn.ModuleDict(
+        {f"stage{sid}": mod for sid, mod in zip(runtime.stage_ids, runtime.stages, strict=True)}
+    )
     return stages, runtime
 
 
-def build_run(job: JobConfig, *, env: DistEnv | None = None, data: bool = True,
-              init_weights: bool = True,
-              materialize_in: contextlib.AbstractContextManager | None = None,
-              ddp: bool = True, optimizer_device: str | None = None,
-              schedule_cls: Any = None) -> Run:
+def build_run(
+    job: JobConfig,
+    *,
+    env: DistEnv | None = None,
+    data: bool = True,
+    init_weights: bool = True,
+    materialize_in: contextlib.AbstractContextManager | None = None,
+    ddp: bool = True,
+    optimizer_device: str | None = None,
+    schedule_cls: Any = None,
+) -> Run:
     """Process group, mesh, data, model (built on meta, parallelized, materialized), optimizer.
 
     The defaults build what `scaletrain train` runs. The options are the seams the dry-run
@@ -205,8 +262,9 @@ def build_run(job: JobConfig, *, env: DistEnv | None = None, data: bool = True,
     `parallel.layout = "auto"` is resolved above the trainer (`scaletrain.orchestrate`).
     """
     if env is None:
-        env = init_distributed(device_pref=job.train.device,
-                               rendezvous_timeout_s=job.train.rendezvous_timeout_s)
+        env = init_distributed(
+            device_pref=job.train.device, rendezvous_timeout_s=job.train.rendezvous_timeout_s
+        )
     layout = job.layout(env.world_size)
     dims = ParallelDims.from_layout(layout, env.world_size)
     if env.world_size > 1:  # a 1-rank job needs no process group: every axis is a no-op
@@ -216,30 +274,57 @@ def build_run(job: JobConfig, *, env: DistEnv | None = None, data: bool = True,
     bundle = None
     if data:
         with clock.phase("data"):  # corpus download/tokenization/shards, or the cached shards
-            bundle = build_data(job.data, seq_len=job.batch.seq_len,
-                                micro_batch=job.batch.micro_batch, grad_accum=grad_accum,
-                                dp_rank=dims.dp_rank, dp_size=layout.dp, seed=job.data.seed,
-                                progress=job.train.progress and env.is_main)
+            bundle = build_data(
+                job.data,
+                seq_len=job.batch.seq_len,
+                micro_batch=job.batch.micro_batch,
+                grad_accum=grad_accum,
+                dp_rank=dims.dp_rank,
+                dp_size=layout.dp,
+                seed=job.data.seed,
+                progress=job.train.progress and env.is_main,
+            )
         _check_vocab(job, bundle)
     scaler = LossScaler(job.precision)
     full = build_model(job.model, device="meta")
     model: torch.nn.Module
     pipeline = None
     if layout.pp > 1:
-        model, pipeline = _build_pipeline(job, dims, full, scaler, env.device, grad_accum,
-                                          ddp=ddp, schedule_cls=schedule_cls)
+        model, pipeline = _build_pipeline(
+            job, dims, full, scaler, env.device, grad_accum, ddp=ddp, schedule_cls=schedule_cls
+        )
     else:
-        model = parallelize(full, dims, precision=job.precision, memory=job.memory,
-                            compile=job.train.compile, ddp=ddp)
+        model = parallelize(
+            full,
+            dims,
+            precision=job.precision,
+            memory=job.memory,
+            compile=job.train.compile,
+            ddp=ddp,
+        )
     with materialize_in or contextlib.nullcontext():
         # each pipeline stage on its own, as a whole model otherwise (same seed: the weights
         # do not depend on the layout)
-        for root in (pipeline.stages if pipeline is not None else [model]):
+        for root in pipeline.stages if pipeline is not None else [model]:
             materialize(root, device=env.device, seed=job.train.seed, init=init_weights)
         params = [p for p in model.parameters() if p.requires_grad]
-        optimizer = build_optimizer(params, optim=job.optim,
-                                    device_type=optimizer_device or env.device.type,
-                                    dims=dims, offload=job.memory.offload)
-    return Run(job=job, env=env, dims=dims, grad_accum=grad_accum, data=bundle, model=model,
-               params=params, optimizer=optimizer, scaler=scaler,
-               hardware=detect_hardware(job, env.device), pipeline=pipeline)
+        optimizer = build_optimizer(
+            params,
+            optim=job.optim,
+            device_type=optimizer_device or env.device.type,
+            dims=dims,
+            offload=job.memory.offload,
+        )
+    return Run(
+        job=job,
+        env=env,
+        dims=dims,
+        grad_accum=grad_accum,
+        data=bundle,
+        model=model,
+        params=params,
+        optimizer=optimizer,
+        scaler=scaler,
+        hardware=detect_hardware(job, env.device),
+        pipeline=pipeline,
+    )

@@ -39,8 +39,13 @@ def _checkpoint_state(run: Run, step: int, wall_s: float) -> dict[str, Any]:
         everyone: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, mine)
         mine = {k: v for d in everyone for k, v in d.items()}
-    return {"step": step, "model": run.job.model.to_dict(), "scaler": run.scaler.state_dict(),
-            "data": mine, "wall_s": wall_s}
+    return {
+        "step": step,
+        "model": run.job.model.to_dict(),
+        "scaler": run.scaler.state_dict(),
+        "data": mine,
+        "wall_s": wall_s,
+    }
 
 
 def _payload(run: Run, step: int, wall_s: float) -> dict[str, Any]:
@@ -49,9 +54,14 @@ def _payload(run: Run, step: int, wall_s: float) -> dict[str, Any]:
 
 def save(run: Run, step: int, wall_s: float) -> Path:
     """Synchronous save: returns once the checkpoint is published."""
-    return save_checkpoint(run.ckpt_dir, step, run.model, run.optimizer,
-                           keep_last_n=run.job.checkpoint.keep_last_n,
-                           **_payload(run, step, wall_s))
+    return save_checkpoint(
+        run.ckpt_dir,
+        step,
+        run.model,
+        run.optimizer,
+        keep_last_n=run.job.checkpoint.keep_last_n,
+        **_payload(run, step, wall_s),
+    )
 
 
 def save_step(run: Run, step: int, wall_s: float, saver: AsyncCheckpointer | None) -> None:
@@ -67,14 +77,18 @@ def restore(run: Run, path: Path) -> tuple[int, float]:
     check_resume(path, run.job)  # JSON only, before any tensor is read
     state, extra = load_checkpoint(path, run.model, run.optimizer)
     if state["model"] != run.job.model.to_dict():
-        raise ConfigError("checkpoint.resume", str(path),
-                          "this checkpoint was written for a different model: use "
-                          "--checkpoint.resume=never or another train.run_dir")
+        raise ConfigError(
+            "checkpoint.resume",
+            str(path),
+            "this checkpoint was written for a different model: use "
+            "--checkpoint.resume=never or another train.run_dir",
+        )
     run.scaler.load_state_dict(state["scaler"])
     # the data position is global (step, micro-step); any dp rank's record resumes any layout
     positions = state["data"]
     require_data(run, "resuming from a checkpoint").load_state_dict(
-        positions.get(str(run.dims.dp_rank), positions["0"]))
+        positions.get(str(run.dims.dp_rank), positions["0"])
+    )
     _set_rng_state(extra["rng"])
     return int(state["step"]), float(state.get("wall_s", 0.0))
 
@@ -111,8 +125,14 @@ def _initial_checkpoint(run: Run) -> Path | None:
     return Path(resume)
 
 
-def rollback(run: Run, guard: SpikeGuard, step: int, verdict: SpikeVerdict,
-              logger: MetricsLogger, saver: AsyncCheckpointer | None) -> int:
+def rollback(
+    run: Run,
+    guard: SpikeGuard,
+    step: int,
+    verdict: SpikeVerdict,
+    logger: MetricsLogger,
+    saver: AsyncCheckpointer | None,
+) -> int:
     """Restore the last good checkpoint and skip the data window of the spike; the new step."""
     if saver is not None:  # a save in flight holds accepted steps only: publish it first
         saver.wait()
@@ -121,10 +141,13 @@ def rollback(run: Run, guard: SpikeGuard, step: int, verdict: SpikeVerdict,
     skip_to = step + 1 + run.job.guard.skip_steps  # data steps [restored, skip_to) are skipped
     require_data(run, "a spike rollback").skip_steps(skip_to - restored)
     run.optimizer.zero_grad(set_to_none=True)
-    logger.print(f"step {step + 1}: SPIKE ({verdict.reason}) -> rolled back to step {restored}, "
-                 f"skipping data steps {restored}..{skip_to - 1}")
-    guard.record_rollback(step=step + 1, verdict=verdict, restored_step=restored,
-                          data_skip=(restored, skip_to))
+    logger.print(
+        f"step {step + 1}: SPIKE ({verdict.reason}) -> rolled back to step {restored}, "
+        f"skipping data steps {restored}..{skip_to - 1}"
+    )
+    guard.record_rollback(
+        step=step + 1, verdict=verdict, restored_step=restored, data_skip=(restored, skip_to)
+    )
     return restored
 
 
@@ -137,12 +160,15 @@ def fresh_run_dir(job: JobConfig) -> JobConfig:
     run_dir = Path(job.train.run_dir)
     done = latest_good(run_dir / "checkpoints", log=lambda _: None)
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0  # set by torchrun
-    if job.checkpoint.resume != "auto" or done is None or restarted \
-            or int(done.name.split("_")[-1]) < job.train.steps:
+    if (
+        job.checkpoint.resume != "auto"
+        or done is None
+        or restarted
+        or int(done.name.split("_")[-1]) < job.train.steps
+    ):
         return job
     n = 2
     while Path(f"{run_dir}-{n}").exists():
         n += 1
     print(f"{run_dir} holds a finished run ({done.name}); training again in {run_dir}-{n}")
-    return dataclasses.replace(job, train=dataclasses.replace(job.train,
-                                                              run_dir=f"{run_dir}-{n}"))
+    return dataclasses.replace(job, train=dataclasses.replace(job.train, run_dir=f"{run_dir}-{n}"))

@@ -20,22 +20,36 @@ def enable_document_masking(run: Run) -> None:
         return
     layout = run.dims.layout
     if layout.pp > 1:
-        raise ConfigError("data.document_masking", True, "not available with pipeline "
-                          "parallelism (parallel.pp > 1): turn one off")
+        raise ConfigError(
+            "data.document_masking",
+            True,
+            "not available with pipeline parallelism (parallel.pp > 1): turn one off",
+        )
     if layout.cp > 1 and layout.tp > 1:
-        raise ConfigError("data.document_masking", True, "not available with context and "
-                          "tensor parallelism together (parallel.cp > 1 and parallel.tp > 1): "
-                          "use one of them")
+        raise ConfigError(
+            "data.document_masking",
+            True,
+            "not available with context and "
+            "tensor parallelism together (parallel.cp > 1 and parallel.tp > 1): "
+            "use one of them",
+        )
     if layout.tp > 1 and run.job.model.position == "learned":
         # per-row positions (B, T) do not fit the sequence-sharded position-table plan
-        raise ConfigError("data.document_masking", True, "not available with tensor "
-                          "parallelism and learned positions (GPT-2): use parallel.tp=1")
+        raise ConfigError(
+            "data.document_masking",
+            True,
+            "not available with tensor "
+            "parallelism and learned positions (GPT-2): use parallel.tp=1",
+        )
     tokenizer = require_data(run, "data.document_masking").tokenizer
     sep = getattr(tokenizer, "eos_id", None)
     if sep is None:
-        raise ConfigError("data.document_masking", True,
-                          f"the {tokenizer.name} tokenizer has no end-of-document "
-                          "token: use bpe or a pretrained tokenizer.json")
+        raise ConfigError(
+            "data.document_masking",
+            True,
+            f"the {tokenizer.name} tokenizer has no end-of-document "
+            "token: use bpe or a pretrained tokenizer.json",
+        )
     for m in run.model.modules():
         if isinstance(m, Transformer):
             m.document_sep_id = int(sep)

@@ -32,8 +32,8 @@ def evaluate(run: Run, batches: list[Batch]) -> float | None:
         k = run.grad_accum
         losses = []
         for i in range(0, len(batches) - k + 1, k):
-            inputs = torch.cat([x for x, _ in batches[i:i + k]]).to(run.device)
-            targets = torch.cat([y for _, y in batches[i:i + k]]).to(run.device)
+            inputs = torch.cat([x for x, _ in batches[i : i + k]]).to(run.device)
+            targets = torch.cat([y for _, y in batches[i : i + k]]).to(run.device)
             with autocast(run.job.precision, run.device.type):
                 losses.append(run.pipeline.eval_loss(inputs, targets) / run.scaler.scale)
         run.model.train()
@@ -48,8 +48,9 @@ def evaluate(run: Run, batches: list[Batch]) -> float | None:
     return all_mean(total / max(1, len(batches)))
 
 
-def evaluate_sets(run: Run, sets: dict[str, list[Batch]], last: dict[str, float]
-                   ) -> dict[str, float]:
+def evaluate_sets(
+    run: Run, sets: dict[str, list[Batch]], last: dict[str, float]
+) -> dict[str, float]:
     """Loss and perplexity of each eval source (all ranks), as metric fields; `last` keeps
     the latest loss per name (the run's result)."""
     out = {}

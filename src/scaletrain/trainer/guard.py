@@ -47,7 +47,7 @@ class SpikeGuard:
             return SpikeVerdict(True, f"non-finite loss {loss}")
         if not self.fp16 and not math.isfinite(grad_norm):
             return SpikeVerdict(True, f"non-finite gradient norm {grad_norm}")
-        recent = self.history[-self.cfg.window:]
+        recent = self.history[-self.cfg.window :]
         if len(recent) < self.cfg.min_history:
             return SpikeVerdict(False)
         med = statistics.median(recent)
@@ -55,8 +55,13 @@ class SpikeGuard:
         mad = 1.4826 * statistics.median(abs(x - med) for x in recent)
         z = (loss - med) / max(mad, 1e-12)
         if z > self.cfg.threshold and loss > med * (1.0 + self.cfg.min_increase):
-            return SpikeVerdict(True, f"loss {loss:.4f} is {z:.1f} robust sigmas above the "
-                                      f"median {med:.4f} of the last {len(recent)} steps", med, z)
+            return SpikeVerdict(
+                True,
+                f"loss {loss:.4f} is {z:.1f} robust sigmas above the "
+                f"median {med:.4f} of the last {len(recent)} steps",
+                med,
+                z,
+            )
         return SpikeVerdict(False, median=med, zscore=z)
 
     def accept(self, loss: float) -> None:
@@ -64,14 +69,25 @@ class SpikeGuard:
         self.history.append(loss)
         del self.history[: -4 * self.cfg.window]
 
-    def record_rollback(self, *, step: int, verdict: SpikeVerdict, restored_step: int | None,
-                        data_skip: tuple[int, int]) -> None:
+    def record_rollback(
+        self,
+        *,
+        step: int,
+        verdict: SpikeVerdict,
+        restored_step: int | None,
+        data_skip: tuple[int, int],
+    ) -> None:
         """Count a rollback, append it to guard.jsonl, stop after too many."""
         self.rollbacks += 1
         self.history.clear()  # statistics from before the restored checkpoint no longer apply
-        event = {"event": "rollback", "spike_step": step, "reason": verdict.reason,
-                 "restored_step": restored_step, "skipped_data_steps": list(data_skip),
-                 "rollbacks": self.rollbacks}
+        event = {
+            "event": "rollback",
+            "spike_step": step,
+            "reason": verdict.reason,
+            "restored_step": restored_step,
+            "skipped_data_steps": list(data_skip),
+            "rollbacks": self.rollbacks,
+        }
         if self.log_path is not None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.log_path, "a") as f:
@@ -81,4 +97,5 @@ class SpikeGuard:
                 f"loss-spike guard rolled back {self.rollbacks} times (last at step {step}: "
                 f"{verdict.reason}); stopping. Lower optim.lr, raise optim.warmup_steps, check "
                 f"the data around the skipped windows in {self.log_path}, or raise "
-                "guard.max_rollbacks")
+                "guard.max_rollbacks"
+            )

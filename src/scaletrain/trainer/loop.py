@@ -59,8 +59,7 @@ class _ProbeHooks(StepHooks):
     def microbatch(self, k: int) -> contextlib.AbstractContextManager:
         return self.probe.track() if k == 0 else contextlib.nullcontext()
 
-    def pipeline_step(self, stages: Sequence[torch.nn.Module]
-                      ) -> contextlib.AbstractContextManager:
+    def pipeline_step(self, stages: Sequence[torch.nn.Module]) -> contextlib.AbstractContextManager:
         return self.probe.track_first_forward(stages)
 
     def event(self, name: str) -> None:
@@ -191,40 +190,70 @@ def _start_run(job: JobConfig) -> tuple[Run, Path | None, int, float]:
     return run, path, step, wall_offset
 
 
-def _open_loop(run: Run, resumed_from: Path | None, step: int, wall_offset: float,
-               max_steps: int | None) -> _Loop:
+def _open_loop(
+    run: Run, resumed_from: Path | None, step: int, wall_offset: float, max_steps: int | None
+) -> _Loop:
     """Logger, checkpoint writer, spike guard, monitor and the batches of the loop."""
     job, data = run.job, require_data(run, "training")
-    logger = MetricsLogger(run.run_dir, total_steps=job.train.steps, enabled=run.is_main,
-                           tensorboard=job.train.tensorboard, progress=job.train.progress,
-                           start_step=step)
+    logger = MetricsLogger(
+        run.run_dir,
+        total_steps=job.train.steps,
+        enabled=run.is_main,
+        tensorboard=job.train.tensorboard,
+        progress=job.train.progress,
+        start_step=step,
+    )
     if run.is_main:
         _write_start_files(run, data, logger, resumed_from, step)
     # collective when distributed (its own gloo group for the background writes)
-    saver = AsyncCheckpointer(run.ckpt_dir, keep_last_n=job.checkpoint.keep_last_n) \
-        if job.checkpoint.async_save else None
-    guard = SpikeGuard(job.guard, fp16=job.precision.dtype == "fp16",
-                       log_path=run.run_dir / "guard.jsonl")
+    saver = (
+        AsyncCheckpointer(run.ckpt_dir, keep_last_n=job.checkpoint.keep_last_n)
+        if job.checkpoint.async_save
+        else None
+    )
+    guard = SpikeGuard(
+        job.guard, fp16=job.precision.dtype == "fp16", log_path=run.run_dir / "guard.jsonl"
+    )
     monitor = Monitor(run, logger, start_step=step)  # heartbeat, watchdog, stragglers, W&B
     val_batches = data.val_batches(val_batch_count(run))
     eval_sets = data.eval_batches(val_batch_count(run))
     batches = monitor.timed(data.train_batches())
     end_step = job.train.steps if max_steps is None else min(job.train.steps, step + max_steps)
-    return _Loop(run=run, data=data, logger=logger, saver=saver, guard=guard, monitor=monitor,
-                 step=step, end_step=end_step, wall_offset=wall_offset, val_batches=val_batches,
-                 eval_sets=eval_sets, batches=batches, t_start=time.perf_counter())
+    return _Loop(
+        run=run,
+        data=data,
+        logger=logger,
+        saver=saver,
+        guard=guard,
+        monitor=monitor,
+        step=step,
+        end_step=end_step,
+        wall_offset=wall_offset,
+        val_batches=val_batches,
+        eval_sets=eval_sets,
+        batches=batches,
+        t_start=time.perf_counter(),
+    )
 
 
-def _write_start_files(run: Run, data: DataBundle, logger: MetricsLogger,
-                       resumed_from: Path | None, step: int) -> None:
+def _write_start_files(
+    run: Run, data: DataBundle, logger: MetricsLogger, resumed_from: Path | None, step: int
+) -> None:
     """Rank 0: config.json and the tokenizer in the run directory, and the start lines."""
     job = run.job
     run.run_dir.mkdir(parents=True, exist_ok=True)
     (run.run_dir / "config.json").write_text(json.dumps(job.to_dict(), indent=1))
     _save_tokenizer(data.tokenizer, run.run_dir / "tokenizer")
     logger.print(run.describe())
-    logger.print(start_line(resumed_from, step, resume=job.checkpoint.resume,
-                            ckpt_dir=run.ckpt_dir, total_steps=job.train.steps))
+    logger.print(
+        start_line(
+            resumed_from,
+            step,
+            resume=job.checkpoint.resume,
+            ckpt_dir=run.ckpt_dir,
+            total_steps=job.train.steps,
+        )
+    )
 
 
 def _one_step(loop: _Loop) -> None:
@@ -280,9 +309,16 @@ def _step_record(loop: _Loop, out: StepOut, lr: float, dt: float) -> dict[str, A
         loop.timed_s += dt
     tok_s = run.tokens_per_step / dt
     record: dict[str, Any] = {
-        "step": loop.step, "loss": loop.loss_value, "lr": lr, "grad_norm": out.grad_norm,
-        "tokens_per_s": tok_s, "mfu": run.mfu(tok_s), "step_s": dt,
-        "loss_scale": run.scaler.scale, "skipped": not out.finite}
+        "step": loop.step,
+        "loss": loop.loss_value,
+        "lr": lr,
+        "grad_norm": out.grad_norm,
+        "tokens_per_s": tok_s,
+        "mfu": run.mfu(tok_s),
+        "step_s": dt,
+        "loss_scale": run.scaler.scale,
+        "skipped": not out.finite,
+    }
     if loop.step % job.train.eval_every == 0 or loop.step == job.train.steps:
         with clock.phase("eval"):
             loop.val_loss = evaluate(run, loop.val_batches)
@@ -295,8 +331,9 @@ def _step_record(loop: _Loop, out: StepOut, lr: float, dt: float) -> dict[str, A
 def _log_step(loop: _Loop, record: dict[str, Any]) -> None:
     loop.monitor.end(record)
     loop.logger.log(record)
-    loop.logger.advance(loop.step,
-                        f"loss {loop.loss_value:.3f} | {record['tokens_per_s']:,.0f} tok/s")
+    loop.logger.advance(
+        loop.step, f"loss {loop.loss_value:.3f} | {record['tokens_per_s']:,.0f} tok/s"
+    )
     if loop.step % loop.run.job.train.log_every == 0 or loop.step == 1 or "val_loss" in record:
         loop.logger.print(_line(record))
 
@@ -308,8 +345,9 @@ def _save_or_stop(loop: _Loop) -> None:
     stop = signals.stop_requested()
     if (every and step % every == 0) or step == loop.end_step or stop:
         with clock.phase("checkpoint"):
-            save_step(loop.run, step, loop.wall_offset + time.perf_counter() - loop.t_start,
-                      loop.saver)
+            save_step(
+                loop.run, step, loop.wall_offset + time.perf_counter() - loop.t_start, loop.saver
+            )
     if stop:
         if loop.saver is not None:
             loop.saver.close()
@@ -333,12 +371,23 @@ def _finish(loop: _Loop) -> RunResult:
     if job.checkpoint.export_hf and done:
         _export_hf(run, data, loop.logger)
     loop.measured.update({f"peak_{k}": v for k, v in peak_process_memory(run.device).items()})
-    result = RunResult(run_dir=run.run_dir, steps=loop.step, final_loss=loop.loss_value,
-                       val_loss=loop.val_loss, best_loss=data.best_loss_nats, tokens_per_s=tok_s,
-                       mfu=run.mfu(tok_s), skipped_steps=run.scaler.skipped_steps,
-                       rollbacks=loop.guard.rollbacks, sample=sample, losses=loop.losses,
-                       measured=loop.measured, model=run.model,
-                       memory_snapshot=loop.snapshot_path, eval_losses=loop.eval_losses)
+    result = RunResult(
+        run_dir=run.run_dir,
+        steps=loop.step,
+        final_loss=loop.loss_value,
+        val_loss=loop.val_loss,
+        best_loss=data.best_loss_nats,
+        tokens_per_s=tok_s,
+        mfu=run.mfu(tok_s),
+        skipped_steps=run.scaler.skipped_steps,
+        rollbacks=loop.guard.rollbacks,
+        sample=sample,
+        losses=loop.losses,
+        measured=loop.measured,
+        model=run.model,
+        memory_snapshot=loop.snapshot_path,
+        eval_losses=loop.eval_losses,
+    )
     result.ledger = memory_ledger(run, loop.measured)
     loop.monitor.close(ledger=result.ledger)
     if run.is_main:
@@ -355,10 +404,16 @@ def _sample(run: Run, data: DataBundle) -> str:
     # the training step's autocast: FSDP mixed precision casts only the parameters it
     # manages (expert-parallel experts stay fp32), and autocast aligns the rest
     with autocast(job.precision, run.device.type):
-        ids = generate(run.model, data.tokenizer.encode("The "),
-                       num_tokens=job.train.sample_tokens, context=job.batch.seq_len,
-                       seed=job.train.seed, device=run.device, pad_multiple=run.dims.tp,
-                       logits_fn=layout_logits_fn(run))
+        ids = generate(
+            run.model,
+            data.tokenizer.encode("The "),
+            num_tokens=job.train.sample_tokens,
+            context=job.batch.seq_len,
+            seed=job.train.seed,
+            device=run.device,
+            pad_multiple=run.dims.tp,
+            logits_fn=layout_logits_fn(run),
+        )
     return data.tokenizer.decode(ids)
 
 
@@ -366,8 +421,12 @@ def _export_hf(run: Run, data: DataBundle, logger: MetricsLogger) -> None:
     from scaletrain.checkpoint.hf import export_hf
 
     # collective: gathers shards (and pipeline stages); rank 0 writes
-    export_hf(run.model, run.job.model, run.run_dir / "hf",
-              pp_group=run.pipeline.group if run.pipeline is not None else None)
+    export_hf(
+        run.model,
+        run.job.model,
+        run.run_dir / "hf",
+        pp_group=run.pipeline.group if run.pipeline is not None else None,
+    )
     if run.is_main:
         save_hf_tokenizer(data.tokenizer, run.run_dir / "hf")
         logger.print(f"exported Hugging Face safetensors and tokenizer to {run.run_dir / 'hf'}")
@@ -375,9 +434,14 @@ def _export_hf(run: Run, data: DataBundle, logger: MetricsLogger) -> None:
 
 def _line(r: dict[str, Any]) -> str:
     val = f" | val {r['val_loss']:.4f}" if r.get("val_loss") is not None else ""
-    val += "".join(f" | {k[9:]} {v:.4f} (ppl {r['ppl/' + k[9:]]:.2f})" for k, v in r.items()
-                   if k.startswith("val_loss/"))
+    val += "".join(
+        f" | {k[9:]} {v:.4f} (ppl {r['ppl/' + k[9:]]:.2f})"
+        for k, v in r.items()
+        if k.startswith("val_loss/")
+    )
     skip = " | SKIPPED (non-finite grads)" if r["skipped"] else ""
-    return (f"step {r['step']:5d} | loss {r['loss']:.4f}{val} | lr {r['lr']:.2e} | "
-            f"grad {r['grad_norm']:.3f} | {r['tokens_per_s']:,.0f} tok/s | "
-            f"mfu {r['mfu']:.2%}{skip}")
+    return (
+        f"step {r['step']:5d} | loss {r['loss']:.4f}{val} | lr {r['lr']:.2e} | "
+        f"grad {r['grad_norm']:.3f} | {r['tokens_per_s']:,.0f} tok/s | "
+        f"mfu {r['mfu']:.2%}{skip}"
+    )

@@ -19,8 +19,16 @@ def perplexity(loss: float) -> float:
 class MetricsLogger:
     """Writes one JSON object per logged step; mirrors scalars to TensorBoard; drives rich."""
 
-    def __init__(self, run_dir: Path, *, total_steps: int, enabled: bool, tensorboard: bool,
-                 progress: bool, start_step: int = 0):
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        total_steps: int,
+        enabled: bool,
+        tensorboard: bool,
+        progress: bool,
+        start_step: int = 0,
+    ):
         self.enabled = enabled
         self._tb = None
         self._progress = None
@@ -42,11 +50,16 @@ class MetricsLogger:
             from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
             self._progress = Progress(
-                TextColumn("[bold]step {task.completed}/{task.total}"), BarColumn(),
-                TextColumn("{task.fields[status]}"), TimeRemainingColumn(), transient=False)
+                TextColumn("[bold]step {task.completed}/{task.total}"),
+                BarColumn(),
+                TextColumn("{task.fields[status]}"),
+                TimeRemainingColumn(),
+                transient=False,
+            )
             self._progress.start()
-            self._task = self._progress.add_task("train", total=total_steps,
-                                                 completed=start_step, status="")
+            self._task = self._progress.add_task(
+                "train", total=total_steps, completed=start_step, status=""
+            )
 
     def log(self, record: dict[str, Any]) -> None:
         if not self.enabled:
@@ -63,8 +76,11 @@ class MetricsLogger:
         from tensorboard.compat.proto.summary_pb2 import Summary
 
         assert self._tb is not None
-        values = [Summary.Value(tag=k, simple_value=float(v)) for k, v in record.items()
-                  if k != "step" and isinstance(v, int | float)]
+        values = [
+            Summary.Value(tag=k, simple_value=float(v))
+            for k, v in record.items()
+            if k != "step" and isinstance(v, int | float)
+        ]
         self._tb._get_file_writer().add_summary(Summary(value=values), record["step"])
 
     def advance(self, step: int, status: str) -> None:

@@ -54,15 +54,22 @@ class Monitor:
         self.watchdog = None
         if cfg.watchdog_timeout_s > 0:
             backend = dist.get_backend() if dist.is_initialized() else None
-            self.watchdog = Watchdog(run.run_dir, rank=rank, world_size=world,
-                                     timeout_s=cfg.watchdog_timeout_s,
-                                     factor=cfg.watchdog_factor, backend=backend)
-        self.stragglers = StragglerTracker(every=cfg.straggler_every,
-                                           factor=cfg.straggler_factor, device=run.device)
+            self.watchdog = Watchdog(
+                run.run_dir,
+                rank=rank,
+                world_size=world,
+                timeout_s=cfg.watchdog_timeout_s,
+                factor=cfg.watchdog_factor,
+                backend=backend,
+            )
+        self.stragglers = StragglerTracker(
+            every=cfg.straggler_every, factor=cfg.straggler_factor, device=run.device
+        )
         self.tracker = None
         if cfg.wandb and run.is_main:
-            self.tracker = WandbTracker(run.run_dir, project=cfg.wandb_project,
-                                        config=run.job.to_dict())
+            self.tracker = WandbTracker(
+                run.run_dir, project=cfg.wandb_project, config=run.job.to_dict()
+            )
 
     def timed(self, batches: Iterator[Batch]) -> Iterator[Batch]:
         return _TimedBatches(batches, self)
@@ -86,10 +93,16 @@ class Monitor:
             if report.stragglers and self.run.is_main:
                 self.logger.print(report.line())
                 with open(self.run.run_dir / "stragglers.jsonl", "a") as f:
-                    f.write(json.dumps({"step": step, "reasons": report.reasons,
-                                        **report.record()}) + "\n")
-        self.heartbeat.beat(step=step, state="running", loss=record.get("loss"),
-                            tokens_per_s=record.get("tokens_per_s"))
+                    f.write(
+                        json.dumps({"step": step, "reasons": report.reasons, **report.record()})
+                        + "\n"
+                    )
+        self.heartbeat.beat(
+            step=step,
+            state="running",
+            loss=record.get("loss"),
+            tokens_per_s=record.get("tokens_per_s"),
+        )
         if self.tracker is not None:
             self.tracker.log(record)
 
@@ -100,5 +113,4 @@ class Monitor:
         if self.tracker is not None:
             from scaletrain.measure.schema import plan_dict
 
-            self.tracker.finish(plan=plan_dict(self.run.job, self.run.dims.layout),
-                                ledger=ledger)
+            self.tracker.finish(plan=plan_dict(self.run.job, self.run.dims.layout), ledger=ledger)

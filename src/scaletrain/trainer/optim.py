@@ -30,10 +30,17 @@ class CPUOffloadAdamW(torch.optim.Optimizer):
     (DTensor) parameters use `memory.offload=params` instead.
     """
 
-    def __init__(self, params: ParamsT, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 1e-2) -> None:
-        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps,
-                                  "weight_decay": weight_decay})
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+    ) -> None:
+        super().__init__(
+            params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
+        )
         self._pin = torch.cuda.is_available()  # pinned host buffers: async copies
 
     def _host_zeros(self, p: torch.Tensor) -> torch.Tensor:
@@ -70,9 +77,22 @@ class CPUOffloadAdamW(torch.optim.Optimizer):
             if any(p.device.type == "cuda" for p in live):
                 torch.cuda.synchronize()  # the host copies have landed
             beta1, beta2 = group["betas"]
-            adamw(host, grads, exp_avgs, exp_avg_sqs, [], steps, fused=True, amsgrad=False,
-                  beta1=beta1, beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"],
-                  eps=group["eps"], maximize=False)
+            adamw(
+                host,
+                grads,
+                exp_avgs,
+                exp_avg_sqs,
+                [],
+                steps,
+                fused=True,
+                amsgrad=False,
+                beta1=beta1,
+                beta2=beta2,
+                lr=group["lr"],
+                weight_decay=group["weight_decay"],
+                eps=group["eps"],
+                maximize=False,
+            )
             for p, h in zip(live, host, strict=True):
                 if h is not p:  # on a CPU run the host copy *is* the parameter
                     p.copy_(h, non_blocking=True)
@@ -87,9 +107,14 @@ class CPUOffloadAdamW(torch.optim.Optimizer):
                     st[k] = v.to("cpu")
 
 
-def build_optimizer(params: Iterable[torch.nn.Parameter], *, optim: OptimConfig,
-                    device_type: str, dims: ParallelDims | None = None,
-                    offload: str = "none") -> torch.optim.Optimizer:
+def build_optimizer(
+    params: Iterable[torch.nn.Parameter],
+    *,
+    optim: OptimConfig,
+    device_type: str,
+    dims: ParallelDims | None = None,
+    offload: str = "none",
+) -> torch.optim.Optimizer:
     """AdamW (torch's fused kernel, on CUDA and CPU) or SGD with momentum; ZeRO-1 shards its states;
     offload='optimizer' keeps AdamW's states on the host (`CPUOffloadAdamW`).
 
@@ -104,15 +129,21 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], *, optim: OptimConfig,
             by_kind.setdefault((p.ndim >= 2, hasattr(p, "device_mesh")), []).append(p)
     groups: list[dict[str, Any]] = [
         {"params": ps, "weight_decay": optim.weight_decay if decay else 0.0}
-        for (decay, _), ps in sorted(by_kind.items(), key=lambda kv: kv[0], reverse=True)]
+        for (decay, _), ps in sorted(by_kind.items(), key=lambda kv: kv[0], reverse=True)
+    ]
     if offload == "optimizer" and optim.name != "adamw":
-        raise ConfigError("memory.offload", offload, "optimizer offload runs AdamW on the host: "
-                          "set optim.name=adamw or memory.offload=none")
+        raise ConfigError(
+            "memory.offload",
+            offload,
+            "optimizer offload runs AdamW on the host: set optim.name=adamw or memory.offload=none",
+        )
     cls: type[torch.optim.Optimizer]
     kw: dict[str, Any]
     if offload == "optimizer":
-        cls, kw = CPUOffloadAdamW, {"lr": optim.lr, "betas": (optim.beta1, optim.beta2),
-                                    "eps": optim.eps}
+        cls, kw = (
+            CPUOffloadAdamW,
+            {"lr": optim.lr, "betas": (optim.beta1, optim.beta2), "eps": optim.eps},
+        )
     elif optim.name == "sgd":
         cls, kw = torch.optim.SGD, {"lr": optim.lr, "momentum": optim.momentum}
     else:
@@ -120,9 +151,16 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], *, optim: OptimConfig,
         # fallback on CPU; 3.5 -> 0.74 ms per step for the nanoGPT CPU recipe's 35 tensors (one
         # thread), parameters equal to foreach's within fp32 rounding (2.4e-7 after 50 steps)
         fused = device_type in ("cuda", "cpu")
-        cls, kw = torch.optim.AdamW, {"lr": optim.lr, "betas": (optim.beta1, optim.beta2),
-                                      "eps": optim.eps, "fused": fused or None,
-                                      "foreach": None if fused else True}
+        cls, kw = (
+            torch.optim.AdamW,
+            {
+                "lr": optim.lr,
+                "betas": (optim.beta1, optim.beta2),
+                "eps": optim.eps,
+                "fused": fused or None,
+                "foreach": None if fused else True,
+            },
+        )
     if dims is None:
         return cls(groups, **kw)
     return wrap_optimizer(cls, groups, dims, **kw)

@@ -24,7 +24,6 @@ from .host import host_float
 __all__ = ["compute_dtype", "autocast", "LossScaler"]
 
 
-
 def compute_dtype(precision: PrecisionConfig) -> torch.dtype:
     """Dtype of matmul inputs (fp8 linears run their own float8 kernels; the rest is bf16)."""
     return getattr(torch, precision_spec(precision.dtype).compute)
@@ -85,8 +84,11 @@ class LossScaler:
             self.scale *= 2.0
 
     def state_dict(self) -> dict[str, float | int]:
-        return {"scale": self.scale, "good_steps": self.good_steps,
-                "skipped_steps": self.skipped_steps}
+        return {
+            "scale": self.scale,
+            "good_steps": self.good_steps,
+            "skipped_steps": self.skipped_steps,
+        }
 
     def load_state_dict(self, sd: dict[str, float | int]) -> None:
         self.scale = float(sd["scale"])

@@ -73,14 +73,19 @@ def summary(r: RunResult) -> str:
         line += f" | {name} {loss:.4f} (ppl {perplexity(loss):.2f})"
     if r.best_loss is not None:
         line += f" | best achievable {r.best_loss:.4f} (corpus entropy)"
-    lines = [line, f"throughput {r.tokens_per_s:,.0f} tokens/s | MFU {r.mfu:.2%} | "
-                   f"skipped steps {r.skipped_steps} | rollbacks {r.rollbacks}"]
+    lines = [
+        line,
+        f"throughput {r.tokens_per_s:,.0f} tokens/s | MFU {r.mfu:.2%} | "
+        f"skipped steps {r.skipped_steps} | rollbacks {r.rollbacks}",
+    ]
     if r.ledger:
         lines.append(r.ledger)
     peak = {k: v for k, v in r.measured.items() if k.startswith("peak_")}
     if peak:
-        lines.append("peak process memory: " + ", ".join(f"{k[5:]} {v / MiB:,.0f} MiB"
-                                                         for k, v in peak.items()))
+        lines.append(
+            "peak process memory: "
+            + ", ".join(f"{k[5:]} {v / MiB:,.0f} MiB" for k, v in peak.items())
+        )
     if r.sample:
         lines.append("sample:\n" + printable(r.sample))
     lines.append(f"run directory: {r.run_dir.resolve()}")
@@ -101,12 +106,19 @@ def out_of_memory(run: Run, *, step: int, error: BaseException) -> OutOfMemory:
     from scaletrain.measure.live import state_bytes
 
     measured = state_bytes(run.model, run.optimizer)
-    report: dict[str, Any] = {"step": step, "rank": run.env.rank, "error": str(error)[:2000],
-                              "device": run.device.type, "measured": measured}
+    report: dict[str, Any] = {
+        "step": step,
+        "rank": run.env.rank,
+        "error": str(error)[:2000],
+        "device": run.device.type,
+        "measured": measured,
+    }
     if run.device.type == "cuda":
-        report["cuda"] = {"allocated": torch.cuda.memory_allocated(run.device),
-                          "reserved": torch.cuda.memory_reserved(run.device),
-                          "max_allocated": torch.cuda.max_memory_allocated(run.device)}
+        report["cuda"] = {
+            "allocated": torch.cuda.memory_allocated(run.device),
+            "reserved": torch.cuda.memory_reserved(run.device),
+            "max_allocated": torch.cuda.max_memory_allocated(run.device),
+        }
         try:
             snapshot = run.run_dir / f"oom_snapshot_rank{run.env.rank}.pickle"
             torch.cuda.memory._dump_snapshot(str(snapshot))
@@ -131,9 +143,11 @@ def out_of_memory(run: Run, *, step: int, error: BaseException) -> OutOfMemory:
     run.run_dir.mkdir(parents=True, exist_ok=True)
     path = run.run_dir / f"oom_report_rank{run.env.rank}.json"
     path.write_text(json.dumps(report, indent=1, default=str))
-    return OutOfMemory(f"out of memory at step {step} on rank {run.env.rank} "
-                       f"({type(error).__name__}); breakdown written to {path}; the last good "
-                       f"checkpoint is untouched. Next: {advice}")
+    return OutOfMemory(
+        f"out of memory at step {step} on rank {run.env.rank} "
+        f"({type(error).__name__}); breakdown written to {path}; the last good "
+        f"checkpoint is untouched. Next: {advice}"
+    )
 
 
 def _next_layout_advice(run: Run) -> str | None:
@@ -143,19 +157,30 @@ def _next_layout_advice(run: Run) -> str | None:
     except ImportError:
         return None
     job = run.job
-    result = search(job.model, run.hardware, run.env.world_size, seq_len=job.batch.seq_len,
-                    global_batch=job.batch.global_batch, precision=job.precision.dtype, top_k=1)
+    result = search(
+        job.model,
+        run.hardware,
+        run.env.world_size,
+        seq_len=job.batch.seq_len,
+        global_batch=job.batch.global_batch,
+        precision=job.precision.dtype,
+        top_k=1,
+    )
     best = result.top[0] if getattr(result, "top", None) else None
     if best is None:
         return None
     p, L = best.plan, best.plan.layout
-    return (f"the planner's best fitting layout: --parallel.dp={L.dp} --parallel.zero={L.zero} "
-            f"--parallel.tp={L.tp} --parallel.pp={L.pp} --parallel.cp={L.cp} "
-            f"--batch.micro_batch={p.micro_batch} --memory.ac={p.ac}")
+    return (
+        f"the planner's best fitting layout: --parallel.dp={L.dp} --parallel.zero={L.zero} "
+        f"--parallel.tp={L.tp} --parallel.pp={L.pp} --parallel.cp={L.cp} "
+        f"--batch.micro_batch={p.micro_batch} --memory.ac={p.ac}"
+    )
 
 
 def printable(text: str) -> str:
     """`text` with control and undecodable characters escaped (keeps newlines and tabs): an
     untrained byte-level model samples arbitrary bytes, which must not reach the terminal raw."""
-    return "".join(c if c.isprintable() or c in "\n\t" else
-                   (f"\\x{ord(c):02x}" if ord(c) < 256 else "?") for c in text)
+    return "".join(
+        c if c.isprintable() or c in "\n\t" else (f"\\x{ord(c):02x}" if ord(c) < 256 else "?")
+        for c in text
+    )

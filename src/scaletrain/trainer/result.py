@@ -48,25 +48,41 @@ def write_run_files(run: Run, r: RunResult) -> None:
     memory in the planner's schema: exact state bytes, saved activations, process peak; see
     `Measurement.from_live`)."""
     d = run.run_dir
-    info = {"steps": r.steps, "final_loss": r.final_loss, "val_loss": r.val_loss,
-            "best_loss": r.best_loss, "tokens_per_s": r.tokens_per_s, "mfu": r.mfu,
-            "skipped_steps": r.skipped_steps, "rollbacks": r.rollbacks,
-            "world_size": run.env.world_size, "device": run.device.type,
-            "hardware": run.hardware.name, "params": run.job.model.num_params(),
-            "eval": {k: {"val_loss": v, "ppl": perplexity(v)} for k, v in r.eval_losses.items()},
-            # this process's wall seconds by phase so far (`scaletrain.clock`) and when they
-            # were taken: a caller that timed the process can name the rest (imports, exit)
-            "phases_s": clock.totals(), "phases_written_unix": time.time()}
+    info = {
+        "steps": r.steps,
+        "final_loss": r.final_loss,
+        "val_loss": r.val_loss,
+        "best_loss": r.best_loss,
+        "tokens_per_s": r.tokens_per_s,
+        "mfu": r.mfu,
+        "skipped_steps": r.skipped_steps,
+        "rollbacks": r.rollbacks,
+        "world_size": run.env.world_size,
+        "device": run.device.type,
+        "hardware": run.hardware.name,
+        "params": run.job.model.num_params(),
+        "eval": {k: {"val_loss": v, "ppl": perplexity(v)} for k, v in r.eval_losses.items()},
+        # this process's wall seconds by phase so far (`scaletrain.clock`) and when they
+        # were taken: a caller that timed the process can name the rest (imports, exit)
+        "phases_s": clock.totals(),
+        "phases_written_unix": time.time(),
+    }
     if r.memory_snapshot is not None:  # CUDA: every rank wrote its own, rank 0's is noted
         info["memory_snapshot"] = str(r.memory_snapshot)
     (d / "run_info.json").write_text(json.dumps(info, indent=1))
     if r.sample:
         (d / "sample.txt").write_text(r.sample)
-    m = Measurement.from_live(r.measured, device_type=run.device.type, rank=run.env.rank,
-                              world_size=run.env.world_size,
-                              plan=plan_dict(run.job, run.dims.layout),
-                              tokens_per_s=r.tokens_per_s)
+    m = Measurement.from_live(
+        r.measured,
+        device_type=run.device.type,
+        rank=run.env.rank,
+        world_size=run.env.world_size,
+        plan=plan_dict(run.job, run.dims.layout),
+        tokens_per_s=r.tokens_per_s,
+    )
     if r.memory_snapshot is not None:  # the schema's only free-text field
-        m.notes.append(f"memory_snapshot: {r.memory_snapshot.name} (per rank: "
-                       "memory_snapshot_rank{r}.pickle; view at pytorch.org/memory_viz)")
+        m.notes.append(
+            f"memory_snapshot: {r.memory_snapshot.name} (per rank: "
+            "memory_snapshot_rank{r}.pickle; view at pytorch.org/memory_viz)"
+        )
     m.write(d)

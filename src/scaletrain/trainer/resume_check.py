@@ -33,8 +33,11 @@ def _read(path: Path) -> dict[str, Any] | None:
 def changes(saved: dict[str, Any], job: JobConfig) -> list[str]:
     """'field: old -> new' for every refused difference between a saved job dict and `job`."""
     now = job.to_dict()
-    out = [f"model.{k}: {v!r} -> {now['model'].get(k)!r}"
-           for k, v in (saved.get("model") or {}).items() if now["model"].get(k) != v]
+    out = [
+        f"model.{k}: {v!r} -> {now['model'].get(k)!r}"
+        for k, v in (saved.get("model") or {}).items()
+        if now["model"].get(k) != v
+    ]
     for section, key in REFUSED:
         old = (saved.get(section) or {}).get(key, now[section][key])
         if old != now[section][key]:
@@ -54,8 +57,11 @@ def check_resume(path: Path, job: JobConfig) -> None:
         saved["model"] = state["model"]
     diff = changes(saved, job)
     if diff:
-        raise ConfigError("checkpoint.resume", str(path),
-                          f"it was written for another run ({'; '.join(diff)}); only the "
-                          "layout and world size may change on resume: restore those "
-                          "settings, or use --checkpoint.resume=never / another "
-                          "train.run_dir")
+        raise ConfigError(
+            "checkpoint.resume",
+            str(path),
+            f"it was written for another run ({'; '.join(diff)}); only the "
+            "layout and world size may change on resume: restore those "
+            "settings, or use --checkpoint.resume=never / another "
+            "train.run_dir",
+        )

@@ -37,8 +37,7 @@ def _alive(pid: int) -> bool:
 def _owner(lock: Path) -> dict | None:
     try:
         rec = json.loads(lock.read_text())
-        return rec if isinstance(rec.get("pid"), int) and isinstance(rec.get("host"), str) \
-            else None
+        return rec if isinstance(rec.get("pid"), int) and isinstance(rec.get("host"), str) else None
     except (OSError, ValueError, AttributeError):
         return None  # half-written by a process that died while creating it
 
@@ -55,22 +54,31 @@ def acquire(run_dir: str | Path, *, enabled: bool = True) -> None:
             fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:
             owner = _owner(lock)
-            stale = owner is None or (owner["host"] == me["host"]
-                                      and (owner["pid"] == me["pid"] or not _alive(owner["pid"])))
+            stale = owner is None or (
+                owner["host"] == me["host"]
+                and (owner["pid"] == me["pid"] or not _alive(owner["pid"]))
+            )
             if not stale:
                 assert owner is not None
-                raise ConfigError("train.run_dir", str(run_dir),
-                                  f"another training (pid {owner['pid']} on {owner['host']}) "
-                                  "is using it; wait for it, choose another train.run_dir, or "
-                                  f"delete {lock} if that process is gone") from None
+                raise ConfigError(
+                    "train.run_dir",
+                    str(run_dir),
+                    f"another training (pid {owner['pid']} on {owner['host']}) "
+                    "is using it; wait for it, choose another train.run_dir, or "
+                    f"delete {lock} if that process is gone",
+                ) from None
             lock.unlink(missing_ok=True)
             continue
         with os.fdopen(fd, "w") as f:
             json.dump(me, f)
         _held.append(lock)
         return
-    raise ConfigError("train.run_dir", str(run_dir), f"could not take {lock}: another "
-                      "training keeps starting there; choose another train.run_dir")
+    raise ConfigError(
+        "train.run_dir",
+        str(run_dir),
+        f"could not take {lock}: another "
+        "training keeps starting there; choose another train.run_dir",
+    )
 
 
 def release_held() -> None:

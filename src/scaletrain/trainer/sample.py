@@ -28,14 +28,24 @@ def _plain_logits(model: torch.nn.Module, pad_multiple: int) -> LogitsFn:
         logits = model(x)
         logits = to_full(logits)
         return logits[:, :t]
+
     return fn
 
 
 @torch.no_grad()
-def generate(model: torch.nn.Module, prompt: list[int], *, num_tokens: int, context: int,
-             temperature: float = 0.8, top_k: int = 40, seed: int = 0,
-             device: torch.device | str = "cpu", pad_multiple: int = 1,
-             logits_fn: LogitsFn | None = None) -> list[int]:
+def generate(
+    model: torch.nn.Module,
+    prompt: list[int],
+    *,
+    num_tokens: int,
+    context: int,
+    temperature: float = 0.8,
+    top_k: int = 40,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+    pad_multiple: int = 1,
+    logits_fn: LogitsFn | None = None,
+) -> list[int]:
     """Autoregressively extend `prompt` by `num_tokens` ids (top-k, temperature sampling).
 
     Every rank must call this together when the model is sharded (FSDP/TP collectives run in
@@ -58,7 +68,7 @@ def generate(model: torch.nn.Module, prompt: list[int], *, num_tokens: int, cont
         probs = torch.softmax(logits, dim=-1)
         ids.append(int(torch.multinomial(probs, 1, generator=gen).item()))
     model.train(was_training)
-    return ids[len(prompt):] if prompt else ids[1:]
+    return ids[len(prompt) :] if prompt else ids[1:]
 
 
 def layout_logits_fn(run: Run) -> LogitsFn | None:
@@ -79,6 +89,7 @@ def layout_logits_fn(run: Run) -> LogitsFn | None:
             t = x.shape[1]
             full = F.pad(x, (0, seq_len - t)).expand(batch, seq_len).contiguous()
             return pipe.eval_logits(full)[:, :t]
+
         return pp_fn
     if run.dims.cp > 1:
         from scaletrain.parallel.context_parallel import cp_unshard
@@ -91,12 +102,12 @@ def layout_logits_fn(run: Run) -> LogitsFn | None:
         def cp_fn(x: torch.Tensor) -> torch.Tensor:
             t = x.shape[1]
             full = F.pad(x, (0, seq_len - t))
-            shard, model_kw = cp_model_inputs(full, run.dims.cp_rank, size,
-                                              document_sep_id(run))
+            shard, model_kw = cp_model_inputs(full, run.dims.cp_rank, size, document_sep_id(run))
             logits = run.model(shard, **model_kw)
             logits = to_full(logits)
             shards = [torch.empty_like(logits) for _ in range(size)]
             dist.all_gather(shards, logits.contiguous(), group=group)
             return cp_unshard(shards)[:, :t]
+
         return cp_fn
     return None

@@ -60,6 +60,8 @@ def stop_requested() -> int:
 def exit_after_save(signum: int, *, step: int, log: Callable[[str], Any]) -> None:
     """One line, then SystemExit(128 + signum)."""
     name = signal.Signals(signum).name
-    log(f"{name} received: stopped after step {step} and saved a checkpoint; the same "
-        "command resumes from it")
+    log(
+        f"{name} received: stopped after step {step} and saved a checkpoint; the same "
+        "command resumes from it"
+    )
     raise SystemExit(128 + signum)

@@ -34,8 +34,15 @@ from .precision import autocast
 if TYPE_CHECKING:
     from .build import Run
 
-__all__ = ["StepHooks", "StepOut", "train_step", "apply_update", "forward_backward",
-           "local_batch", "all_mean"]
+__all__ = [
+    "StepHooks",
+    "StepOut",
+    "train_step",
+    "apply_update",
+    "forward_backward",
+    "local_batch",
+    "all_mean",
+]
 
 
 class StepHooks:
@@ -55,8 +62,7 @@ class StepHooks:
     def microbatch(self, k: int) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
 
-    def pipeline_step(self, stages: Sequence[torch.nn.Module]
-                      ) -> contextlib.AbstractContextManager:
+    def pipeline_step(self, stages: Sequence[torch.nn.Module]) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
 
     def stage_forward(self, stage: torch.nn.Module) -> None:
@@ -91,8 +97,9 @@ def all_mean(x: torch.Tensor) -> float:
     return host_float(x, unknown=0.0)
 
 
-def local_batch(run: Run, inputs: torch.Tensor, targets: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+def local_batch(
+    run: Run, inputs: torch.Tensor, targets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
     """Move a micro-batch to the device; with cp > 1 keep this rank's load-balanced chunks.
     Returns (inputs, targets, model keywords): cp's positions, and with document masking the
     whole sequence's document ids (`cp_model_inputs`)."""
@@ -112,12 +119,14 @@ def document_sep_id(run: Run) -> int | None:
 
     if not run.job.data.document_masking:
         return None
-    return next((m.document_sep_id for m in run.model.modules()
-                 if isinstance(m, Transformer)), None)
+    return next(
+        (m.document_sep_id for m in run.model.modules() if isinstance(m, Transformer)), None
+    )
 
 
-def cp_model_inputs(inputs: torch.Tensor, rank: int, size: int, sep_id: int | None
-                    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def cp_model_inputs(
+    inputs: torch.Tensor, rank: int, size: int, sep_id: int | None
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """(cp rank `rank`'s shard of (B, T) `inputs`, the model's keywords for it): the shard's
     global positions, or with document masking (`sep_id` set) its positions restarted per
     document and the (B, T) document ids of the whole sequence, computed before sharding (a
@@ -127,14 +136,20 @@ def cp_model_inputs(inputs: torch.Tensor, rank: int, size: int, sep_id: int | No
 
     if sep_id is not None:
         docs, positions = document_ids(inputs, sep_id)
-        return cp_shard(inputs, rank, size), {"positions": cp_shard(positions, rank, size),
-                                              "documents": docs}
+        return cp_shard(inputs, rank, size), {
+            "positions": cp_shard(positions, rank, size),
+            "documents": docs,
+        }
     positions = cp_positions(inputs.shape[1], rank, size, device=inputs.device)
     return cp_shard(inputs, rank, size), {"positions": positions}
 
 
-def forward_backward(run: Run, batches: Iterator[Batch], hooks: StepHooks = NO_HOOKS,
-                     num_microbatches: int | None = None) -> torch.Tensor:
+def forward_backward(
+    run: Run,
+    batches: Iterator[Batch],
+    hooks: StepHooks = NO_HOOKS,
+    num_microbatches: int | None = None,
+) -> torch.Tensor:
     """All micro-batches of one step through forward and backward; returns the mean loss.
 
     `num_microbatches` (unpipelined only; default: the step's `grad_accum`) runs fewer: the
@@ -184,8 +199,13 @@ def _sync_fp8_amax(run: Run) -> None:
         sync_amax_histories(run.model, dims.submesh("dp_cp").get_group())
 
 
-def train_step(run: Run, batches: Iterator[Batch], hooks: StepHooks = NO_HOOKS, *,
-               num_microbatches: int | None = None) -> StepOut:
+def train_step(
+    run: Run,
+    batches: Iterator[Batch],
+    hooks: StepHooks = NO_HOOKS,
+    *,
+    num_microbatches: int | None = None,
+) -> StepOut:
     """Forward, backward, unscale and clip; the caller decides whether to apply the update
     (`apply_update`), e.g. after the spike guard has seen the loss."""
     _precompute_fp8_scales(run)
@@ -200,8 +220,9 @@ def train_step(run: Run, batches: Iterator[Batch], hooks: StepHooks = NO_HOOKS, 
     clip = run.job.optim.grad_clip or float("inf")
     norm = clip_grad_norm_(run.params, clip, extra_group=extra, norm_exclude=exclude)
     grad_norm = host_float(norm, unknown=0.0)
-    return StepOut(loss=all_mean(loss), grad_norm=grad_norm,
-                   finite=finite and math.isfinite(grad_norm))
+    return StepOut(
+        loss=all_mean(loss), grad_norm=grad_norm, finite=finite and math.isfinite(grad_norm)
+    )
 
 
 def apply_update(run: Run, out: StepOut, hooks: StepHooks = NO_HOOKS) -> None:

@@ -35,17 +35,20 @@ class StragglerReport:
 
     def record(self) -> dict[str, object]:
         """The fields added to this step's metrics.jsonl record."""
-        return {"rank_step_s": [round(x, 6) for x in self.step_s],
-                "rank_data_wait_s": [round(x, 6) for x in self.data_wait_s],
-                "stragglers": self.stragglers}
+        return {
+            "rank_step_s": [round(x, 6) for x in self.step_s],
+            "rank_data_wait_s": [round(x, 6) for x in self.data_wait_s],
+            "stragglers": self.stragglers,
+        }
 
     def line(self) -> str:
         ranks = "; ".join(f"rank {r}: {why}" for r, why in self.reasons.items())
         return f"step {self.step}: STRAGGLER {ranks}"
 
 
-def find_stragglers(*, step_s: list[float], data_wait_s: list[float], factor: float
-                    ) -> dict[int, str]:
+def find_stragglers(
+    *, step_s: list[float], data_wait_s: list[float], factor: float
+) -> dict[int, str]:
     """Ranks slower than `factor` x the ranks' median in step time or data wait, and why."""
     med_step = statistics.median(step_s)
     med_wait = statistics.median(data_wait_s)
@@ -77,8 +80,11 @@ class StragglerTracker:
         """Collective every `every` steps (every rank calls it after every step)."""
         if not self.every or step % self.every or not self._steps:
             return None
-        mine = torch.tensor([self._step_s / self._steps, self._wait_s / self._steps],
-                            dtype=torch.float64, device=self.device)
+        mine = torch.tensor(
+            [self._step_s / self._steps, self._wait_s / self._steps],
+            dtype=torch.float64,
+            device=self.device,
+        )
         self._steps, self._step_s, self._wait_s = 0, 0.0, 0.0
         if dist.is_initialized() and dist.get_world_size() > 1:
             parts = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
@@ -88,5 +94,10 @@ class StragglerTracker:
         step_s = [float(p[0]) for p in parts]
         wait_s = [float(p[1]) for p in parts]
         reasons = find_stragglers(step_s=step_s, data_wait_s=wait_s, factor=self.factor)
-        return StragglerReport(step=step, step_s=step_s, data_wait_s=wait_s,
-                               stragglers=sorted(reasons), reasons=reasons)
+        return StragglerReport(
+            step=step,
+            step_s=step_s,
+            data_wait_s=wait_s,
+            stragglers=sorted(reasons),
+            reasons=reasons,
+        )

@@ -25,13 +25,18 @@ class WandbTracker:
         id_file = run_dir / "wandb_id.txt"
         if not id_file.exists():
             id_file.write_text(uuid.uuid4().hex[:12])
-        self._run = wandb.init(project=project, name=run_dir.name, id=id_file.read_text(),
-                               resume="allow", dir=str(run_dir), config=config)
+        self._run = wandb.init(
+            project=project,
+            name=run_dir.name,
+            id=id_file.read_text(),
+            resume="allow",
+            dir=str(run_dir),
+            config=config,
+        )
 
     def log(self, record: dict[str, Any]) -> None:
         # scalars only: per-rank lists (straggler timings) stay in metrics.jsonl
-        scalars = {k: v for k, v in record.items()
-                   if k != "step" and isinstance(v, int | float)}
+        scalars = {k: v for k, v in record.items() if k != "step" and isinstance(v, int | float)}
         self._run.log(scalars, step=int(record["step"]))
 
     def finish(self, *, plan: dict[str, Any], ledger: str) -> None:

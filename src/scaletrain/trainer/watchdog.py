@@ -59,12 +59,12 @@ class Heartbeat:
         """Rewrite the file; while running, at most every `MIN_INTERVAL_S` (thousands of
         ranks rewriting a file every fast step would load a shared filesystem for nothing)."""
         now = time.time()
-        if not self.enabled or (state == self._state == "running"
-                                and now - self._last < self.MIN_INTERVAL_S):
+        if not self.enabled or (
+            state == self._state == "running" and now - self._last < self.MIN_INTERVAL_S
+        ):
             return
         self._state, self._last = state, now
-        _write_json(self.path, {**self._base, "step": step, "time": now, "state": state,
-                                **extra})
+        _write_json(self.path, {**self._base, "step": step, "time": now, "state": state, **extra})
 
 
 def step_limit(*, timeout_s: float, factor: float, step_times: list[float]) -> float:
@@ -88,8 +88,7 @@ class RankEvidence:
     time: float = 0.0
 
 
-def stuck_ranks(evidence: dict[int, RankEvidence], world_size: int
-                ) -> tuple[list[int], str]:
+def stuck_ranks(evidence: dict[int, RankEvidence], world_size: int) -> tuple[list[int], str]:
     """The stuck ranks and why (see the module docstring for the rules, in order)."""
     missing = [r for r in range(world_size) if r not in evidence]
     if missing:
@@ -101,8 +100,11 @@ def stuck_ranks(evidence: dict[int, RankEvidence], world_size: int
         # collectives has issued none; other groups' members are unknown here (gloo's
         # recorder leaves its group table empty), so only the ranks that report them count
         world = g.startswith("0/")
-        seqs = {r: e.collective_seq.get(g, 0) for r, e in evidence.items()
-                if world or g in e.collective_seq}
+        seqs = {
+            r: e.collective_seq.get(g, 0)
+            for r, e in evidence.items()
+            if world or g in e.collective_seq
+        }
         if len(seqs) > 1:
             top = max(seqs.values())
             behind |= {r for r, s in seqs.items() if s < top}
@@ -128,8 +130,10 @@ def _collectives(backend: str | None) -> tuple[dict[str, Any] | None, str]:
     except Exception as e:  # a build without the recorder: the stacks still say a lot
         return None, f"flight recorder unavailable ({type(e).__name__}: {e})"
     if not data.get("entries"):
-        return None, ("flight recorder recorded nothing: is TORCH_FR_BUFFER_SIZE 0? (NCCL: "
-                      "export TORCH_NCCL_TRACE_BUFFER_SIZE=2000 before the job starts)")
+        return None, (
+            "flight recorder recorded nothing: is TORCH_FR_BUFFER_SIZE 0? (NCCL: "
+            "export TORCH_NCCL_TRACE_BUFFER_SIZE=2000 before the job starts)"
+        )
     return data, f"flight recorder: last {len(data['entries'])} collectives ({backend})"
 
 
@@ -146,8 +150,17 @@ def _max_seq(data: dict[str, Any] | None) -> dict[str, int]:
 class Watchdog:
     """The watching thread of one rank; `begin`/`end` bracket every step (from the loop)."""
 
-    def __init__(self, run_dir: Path, *, rank: int, world_size: int, timeout_s: float,
-                 factor: float, backend: str | None = None, poll_s: float = 0.2):
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        rank: int,
+        world_size: int,
+        timeout_s: float,
+        factor: float,
+        backend: str | None = None,
+        poll_s: float = 0.2,
+    ):
         self.dir = run_dir / "watchdog"
         self.rank, self.world_size, self.backend = rank, world_size, backend
         self.timeout_s, self.factor, self.poll_s = timeout_s, factor, poll_s
@@ -158,8 +171,7 @@ class Watchdog:
         self._loop_frame: FrameType | None = None
         self._main = threading.get_ident()  # the training thread: the one whose stack matters
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="scaletrain-watchdog",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._watch, name="scaletrain-watchdog", daemon=True)
         self._thread.start()
 
     def begin(self, step: int, *, loop_frame: FrameType | None = None) -> None:
@@ -185,8 +197,9 @@ class Watchdog:
             if not self._loop_alive():
                 return
             t0 = self._t0
-            limit = step_limit(timeout_s=self.timeout_s, factor=self.factor,
-                               step_times=list(self.step_times))
+            limit = step_limit(
+                timeout_s=self.timeout_s, factor=self.factor, step_times=list(self.step_times)
+            )
             if t0 is not None and time.monotonic() - t0 > limit:
                 self._fire(time.monotonic() - t0, limit)
                 return
@@ -221,24 +234,40 @@ class Watchdog:
         trace, note = _collectives(self.backend)
         if trace is not None:
             (self.dir / f"rank{self.rank}_collectives.json").write_text(json.dumps(trace))
-        mine = RankEvidence(rank=self.rank, step=self._step + 1, elapsed_s=round(elapsed, 2),
-                            where=self._where(), collective_seq=_max_seq(trace),
-                            time=time.time())
+        mine = RankEvidence(
+            rank=self.rank,
+            step=self._step + 1,
+            elapsed_s=round(elapsed, 2),
+            where=self._where(),
+            collective_seq=_max_seq(trace),
+            time=time.time(),
+        )
         _write_json(self.dir / f"rank{self.rank}.json", {**asdict(mine), "note": note})
         # peers in the same step fire within about one poll of each other
         grace = min(max(5.0, 0.25 * limit), 60.0)
         evidence = self._gather(since=mine.time - limit, grace=grace)
         ranks, why = stuck_ranks(evidence, self.world_size)
         reporter = min(evidence)
-        line = (f"scaletrain watchdog: step {mine.step} hung for {elapsed:.0f} s (limit "
-                f"{limit:.0f} s): stuck rank(s) {', '.join(map(str, ranks))} ({why}); "
-                f"stacks and collectives in {self.dir}")
+        line = (
+            f"scaletrain watchdog: step {mine.step} hung for {elapsed:.0f} s (limit "
+            f"{limit:.0f} s): stuck rank(s) {', '.join(map(str, ranks))} ({why}); "
+            f"stacks and collectives in {self.dir}"
+        )
         if self.rank == reporter:
-            _write_json(self.dir / "report.json",
-                        {"step": mine.step, "stuck_ranks": ranks, "reason": why,
-                         "limit_s": limit, "detected_after_s": round(elapsed, 2), "line": line,
-                         "time": time.time(), "collectives": note,
-                         "evidence": {r: asdict(e) for r, e in evidence.items()}})
+            _write_json(
+                self.dir / "report.json",
+                {
+                    "step": mine.step,
+                    "stuck_ranks": ranks,
+                    "reason": why,
+                    "limit_s": limit,
+                    "detected_after_s": round(elapsed, 2),
+                    "line": line,
+                    "time": time.time(),
+                    "collectives": note,
+                    "evidence": {r: asdict(e) for r, e in evidence.items()},
+                },
+            )
             print(line, file=sys.stderr, flush=True)
         else:  # stay until the report is written: a launcher kills the job at the first exit
             deadline = time.monotonic() + grace
