@@ -107,8 +107,12 @@ def _cli(tree: Path, args: list[str], timeout: float = TIMEOUT_S) -> tuple[Any, 
                            capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
         return None, f"timed out after {timeout:.0f} s"
+    if p.returncode < 0:
+        return None, f"stopped by signal {-p.returncode}"
     if p.returncode:
-        lines = [x for x in (p.stderr + p.stdout).strip().splitlines() if x.strip()]
+        # the CLI's error line, not torch's warnings (which start with "[rank")
+        lines = [x for x in (p.stderr + p.stdout).strip().splitlines()
+                 if x.strip() and not x.startswith("[rank")]
         return None, (lines[-1].strip() if lines else f"exit {p.returncode}")[:300]
     try:
         return json.loads(p.stdout), ""
