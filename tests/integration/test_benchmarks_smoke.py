@@ -237,3 +237,43 @@ def test_activation_ledger_smallest_blocks():
             assert full == (4 if params == "fp32" else 2) * 32 * 64
     md = led.markdown(results, 1, 32)
     assert "not explained" not in md and "**F2**" in md
+
+
+BEFORE_TREE = Path(os.environ.get("SCALETRAIN_BEFORE_TREE", "/work/wt-before16"))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not (BEFORE_TREE / "src" / "scaletrain").is_dir(),
+    reason="no tree before the memory recipe (set SCALETRAIN_BEFORE_TREE)",
+)
+def test_memory_recipe_quick(tmp_path):
+    """memory_recipe --quick (tiny-llama, its own processes, results in tmp_path): every
+    before/after cell is a positive peak or n/a with the CLI's reason; the plan is beside it,
+    and the loss-temporaries check reads a figure from each tree's explain."""
+    env = {**os.environ, "SCALETRAIN_BENCH_OUT": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "memory_recipe.py"),
+            "--quick",
+            "--no-train",
+            "--before",
+            str(BEFORE_TREE),
+        ],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    data = json.loads((tmp_path / "memory_recipe.json").read_text())
+    assert not data["partial"] and len(data["rows"]) == 3
+    for r in data["rows"]:
+        for side in ("before", "after"):
+            cell = r[side]
+            assert (cell["peak_gb"] is None and cell["reason"]) or cell["peak_gb"] > 0, r
+        assert r["planned"]["reserved_gb"] >= r["planned"]["allocated_gb"] > 0
+    assert {r["ac"] for r in data["rows"]} == {"none", "selective", "full"}
+    lt = data["checks"]["loss_temp"]
+    assert isinstance(lt["before_gb"], float) and isinstance(lt["after_gb"], float)
+    assert (tmp_path / "memory_recipe.md").read_text().startswith("# Memory recipe")
