@@ -270,18 +270,22 @@ def mlp_backward_work_bytes(
     model: ModelConfig, *, tokens: float, tp: int, sp: bool, e: int, weight_bytes: int
 ) -> float:
     """What a block's backward holds first, on top of what is stored: the gradient of the
-    block's output, e*s_l*b*h (/t with SP), the MLP's first two (tokens x f) activation
-    gradients, 2 x e*s_l*b*f/t (the gradient of w2's input and of the activation's input),
-    and its first weight gradient, weight_bytes*h*f/t (unsharded).
+    block's output, e*s_l*b*h (/t with SP), the MLP's first (tokens x f) activation
+    gradients, n x e*s_l*b*f/t, and its first weight gradient, weight_bytes*h*f/t
+    (unsharded). n: the gradient of w2's input, plus what the activation's backward
+    allocates (SwiGLU's mul: the gradients of silu(gate) and of up, 2; GELU: that of its
+    input, 1), minus w2's saved input, freed once w2's backward has run: 2 for SwiGLU, 1
+    for GELU (whose peak is w2's backward itself: its input gradient and weight gradient).
     Source: dry-run of tiny-llama dp4 z2 b2 s128, ac=none: the largest rise inside the last
     block's backward is 202,752 B = 2 x 2 x 256 x 176 + 2 x 64 x 176, over a start that holds
-    the block output's gradient (2 x 256 x 64). Ignores: MoE experts' (N*k, f) gradients (the
-    dense f is used), norms' fp32 gradient temporaries (transient).
+    the block output's gradient (2 x 256 x 64); tiny dp2 z3 fp32 b1 s128 (GELU): the peak
+    is inside w2's backward with 4 x 128 x 256 + 4 x 64 x 256 on top of the output's
+    gradient (4 x 128 x 64). Ignores: MoE experts' (N*k, f) gradients (the dense f is used),
+    norms' fp32 gradient temporaries (transient).
     """
     f, h = model.ffn_dim, model.dim
-    return (
-        e * tokens * h / (tp if sp else 1) + 2.0 * e * tokens * f / tp + weight_bytes * h * f / tp
-    )
+    n = 2.0 if model.activation == "swiglu" else 1.0
+    return e * tokens * h / (tp if sp else 1) + n * e * tokens * f / tp + weight_bytes * h * f / tp
 
 
 def head_activation_bytes(

@@ -233,13 +233,17 @@ def zero_moments(
     copies = max(compute, reduce)
     if plan.ac == "full":
         bwd += recompute  # the block being recomputed (its whole no-AC set)
-    elif plan.ac == "selective" and layers:
-        # The recompute's peak comes earlier than the copies': as the first block's backward
-        # starts, it holds everything kept, what the recompute re-created and the MLP
-        # backward's first gradients, and of the unit copies only the gathered parameters
-        # (ZeRO-3: this block and the prefetched next). Dry-run: tiny-llama dp4 z2 b2x2
-        # (-1.1%) and llama2-7b-L1 dp4 z3 tp2+sp (adding the recompute to the copies' moment
-        # is 13% over: at 7B widths the block's gradient copies are not alive then).
+    if layers:
+        # The start of the last block's backward, before any of its gradient copies: every
+        # block's stored activations (none is freed yet), what the recompute re-created (0
+        # without AC), the MLP backward's first gradients, and of the unit copies only the
+        # gathered parameters (ZeRO-3: this block and the next one, prefetched). It wins over
+        # the copies' moment when activations outweigh the block's parameters. Dry-run:
+        # selective, tiny-llama dp4 z2 b2x2 (-1.1%) and llama2-7b-L1 dp4 z3 tp2+sp (adding
+        # the recompute to the copies' moment is 13% over: at 7B widths the block's gradient
+        # copies are not alive then); ac none, tiny dp2 z3 fp32 b1 s128 (peak inside the last
+        # block's w2 backward, block 0's all-gather issued: -7.8% while only the later
+        # copies' moment was modelled).
         e = 4 if plan.precision == "fp32" else 2
         work = mlp_backward_work_bytes(
             plan.model,
