@@ -231,6 +231,7 @@ def zero_moments(
     else:  # the last block to finish has every other block's grads and no activations
         bwd = max(block_stored - per_layer, grads_rest * (layers - 1) / layers)
     copies = max(compute, reduce)
+    block_buffers = buffers
     if plan.ac == "full":
         bwd += recompute  # the block being recomputed (its whole no-AC set)
     if layers:
@@ -255,10 +256,16 @@ def zero_moments(
         )
         early = block_stored + accumulated + recompute + work
         early_copies = wc * blk * (1 + more) if L.zero >= 3 else 0.0
-        if early + early_copies > bwd + copies:
-            bwd, copies = early, early_copies
+        # No SP collective is in flight then: the sequence-parallel all-gather's output
+        # (`tp_all_gather`) is not a separate buffer but the linears' gathered inputs, which
+        # are in the stored set (ac none) or in what the recompute re-created (the dry-run
+        # of tiny-llama dp2 z3 tp2+sp selective holds exactly two (b, s, h) gathered
+        # copies at its peak, both the recompute's: +3.05% with the buffer on top)
+        sp_gather = bufs.get("tp_all_gather", 0.0)
+        if early + early_copies - sp_gather > bwd + copies:
+            bwd, copies, block_buffers = early, early_copies, buffers - sp_gather
     out: list[Moment] = [
-        ZeroBlockBackward(rest, buffers, fsdp, root_live, head_held, copies, bwd, held)
+        ZeroBlockBackward(rest, block_buffers, fsdp, root_live, head_held, copies, bwd, held)
     ]
     if L.pp > 1:
         out.append(
