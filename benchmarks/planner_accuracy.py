@@ -68,6 +68,7 @@ def _models() -> dict[str, ModelConfig]:
             "tiny-llama", 4, **{k: v for k, v in llama_s.items() if k != "name"}
         ),
         "llama2-7b-L1": model("llama2-7b", 1),
+        "llama3-8b-L1": model("llama3-8b", 1),
     }
 
 
@@ -128,6 +129,9 @@ CASES: list[Case] = [
     ("tiny", 2, 2, 3, 1, 1, False, 1, "none", "fp32", 1, 128, 1),
     # selective AC under ZeRO-3 and TP+SP: the same moment, no SP collective in flight
     ("tiny-llama", 4, 2, 3, 1, 2, True, 1, "selective", "bf16", 2, 128, 1),
+    # autocast (DDP) with a vocabulary-parallel embedding: no 16-bit copy of the embedding
+    # or head in flight, the embedding's gradient after the block's backward
+    ("llama3-8b-L1", 8, 1, 0, 1, 8, True, 1, "none", "bf16", 1, 2048, 1),
 ]
 
 QUICK = [CASES[i] for i in (0, 1, 2, 3, 4, 5, 6, 7, 8, 12, 18, 43, 44)]

@@ -135,11 +135,13 @@ def stored_activations(
     m: int,
     last: bool,
     acts_terms: tuple[float, float, float, float],
+    late_grads: float = 0.0,
 ) -> tuple[float, float, float]:
     """(largest stored activations, the blocks' part of them, activations + the gradients that
     exist by then) of a rank; pipelines walk the schedule's own moments
     (`pipeline_ranks.schedule_moments`: stored activations per chunk, whether the gradients
-    exist yet)."""
+    exist yet). late_grads: gradients backward computes only after every block's (the first
+    stage's embedding tables), absent from a one-micro-batch block backward."""
     per_layer, recompute, head_acts, _ = acts_terms
     one_layer = per_layer
     extra = 0.0
@@ -166,8 +168,10 @@ def stored_activations(
     block_stored = in_flight * layers * per_layer
     if m > 1:
         return acts, block_stored, acts + grads
-    # one micro-batch, no pipeline: the backward trades activations for grads
-    return acts, block_stored, max(acts + st["grads.in_flight"], grads + one_layer)
+    # one micro-batch, no pipeline: the backward trades activations for grads; at the last
+    # block's backward every gradient exists but the embedding tables' (`late_grads`,
+    # `embedding_moment`'s)
+    return acts, block_stored, max(acts + st["grads.in_flight"], grads - late_grads + one_layer)
 
 
 def zero_moments(
