@@ -181,12 +181,11 @@ def test_each_rank_names_a_moment_it_has():
             "pipeline stage backward, FSDP units gathered",
         ),
         # a tiny model in fp32 on CPUs, 8 sequences per micro-batch: the 256-token vocabulary's
-        # loss backward outweighs two 64-wide blocks; with 1 sequence too, since FSDP2's root
-        # pre-backward hook prefetches the last block, gathered through the loss backward (the
-        # dry-run of this layout peaks with no gradient allocated yet: between the last block's
-        # forward and its backward)
+        # loss backward outweighs two 64-wide blocks; with 1 sequence, the start of the last
+        # block's backward (the dry-run of this layout peaks inside its w2 backward: both
+        # blocks' activations, this block gathered and the next one's all-gather issued)
         ("tiny", 2, dict(dp=2, zero=3), 128, 16, "none", "cpu", "loss backward on the last stage"),
-        ("tiny", 2, dict(dp=2, zero=3), 128, 2, "none", "cpu", "loss backward on the last stage"),
+        ("tiny", 2, dict(dp=2, zero=3), 128, 2, "none", "cpu", "block backward under ZeRO-2/3"),
     ],
 )
 def test_explain_names_the_peak_moment(model, gpus, layout, seq, batch, offload, hw, moment):

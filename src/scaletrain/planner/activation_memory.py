@@ -270,18 +270,22 @@ def mlp_backward_work_bytes(
     model: ModelConfig, *, tokens: float, tp: int, sp: bool, e: int, weight_bytes: int
 ) -> float:
     """What a block's backward holds first, on top of what is stored: the gradient of the
-    block's output, e*s_l*b*h (/t with SP), the MLP's first two (tokens x f) activation
-    gradients, 2 x e*s_l*b*f/t (the gradient of w2's input and of the activation's input),
-    and its first weight gradient, weight_bytes*h*f/t (unsharded).
+    block's output, e*s_l*b*h (/t with SP), the MLP's first (tokens x f) activation
+    gradients, n x e*s_l*b*f/t, and its first weight gradient, weight_bytes*h*f/t
+    (unsharded). n: the gradient of w2's input, plus what the activation's backward
+    allocates (SwiGLU's mul: the gradients of silu(gate) and of up, 2; GELU: that of its
+    input, 1), minus w2's saved input, freed once w2's backward has run: 2 for SwiGLU, 1
+    for GELU (whose peak is w2's backward itself: its input gradient and weight gradient).
     Source: dry-run of tiny-llama dp4 z2 b2 s128, ac=none: the largest rise inside the last
     block's backward is 202,752 B = 2 x 2 x 256 x 176 + 2 x 64 x 176, over a start that holds
-    the block output's gradient (2 x 256 x 64). Ignores: MoE experts' (N*k, f) gradients (the
-    dense f is used), norms' fp32 gradient temporaries (transient).
+    the block output's gradient (2 x 256 x 64); tiny dp2 z3 fp32 b1 s128 (GELU): the peak
+    is inside w2's backward with 4 x 128 x 256 + 4 x 64 x 256 on top of the output's
+    gradient (4 x 128 x 64). Ignores: MoE experts' (N*k, f) gradients (the dense f is used),
+    norms' fp32 gradient temporaries (transient).
     """
     f, h = model.ffn_dim, model.dim
-    return (
-        e * tokens * h / (tp if sp else 1) + 2.0 * e * tokens * f / tp + weight_bytes * h * f / tp
-    )
+    n = 2.0 if model.activation == "swiglu" else 1.0
+    return e * tokens * h / (tp if sp else 1) + n * e * tokens * f / tp + weight_bytes * h * f / tp
 
 
 def head_activation_bytes(
@@ -345,10 +349,13 @@ def loss_backward_bytes(
     (`weight_bytes`: 4 for fp32 parameters, 2 for FSDP2's 16-bit unsharded weight); the
     chunk's recomputed logits, fp32 c*V_l*4 beside their 16-bit matmul output or gradient
     cast c*V_l*e (none in fp32; the fp32 chunk is freed before one chunk's weight-gradient
-    product, e*V_l*h, exists, so that product is not on top). Everything is /t: nothing of
-    the full vocabulary exists on a tp rank. Measured with MemTracker under fake tensors
-    (1024 tokens, GPT-2's vocabulary): bf16 weight 387.6 MB (these terms to 0.1 MB); fp32
-    weight under autocast 541.9 MB, these terms plus the weight's own 16-bit cast (see below).
+    product, e*V_l*h, exists, so that product is not on top); an fp32 weight under 16-bit
+    compute (DDP / ZeRO-1 autocast) adds the loss's own 16-bit cast of it, e*V_l*h.
+    Everything is /t: nothing of the full vocabulary exists on a tp rank. Measured with
+    MemTracker under fake tensors (1024 tokens, GPT-2's vocabulary): bf16 weight 387.6 MB
+    (these terms to 0.1 MB); fp32 weight under autocast 541.9 MB, these terms with the
+    weight's cast; dry-run, llama3-8b-L1 tp8+sp z0 bf16: the loss-backward peak's
+    temporaries are these terms to the byte (607.8 MB, of which the cast 131.3 MB).
     not fused (a logits path, as `head_activation_bytes`): the fp32 gradient of the
     log-softmax output and of the logits, 2 x 4*s_l*b*V, NOT divided by tp (the dry-run
     measures the full vocabulary under loss_parallel: the stored logits are sharded, the
@@ -364,11 +371,11 @@ def loss_backward_bytes(
     table = float(v_local) * model.dim
     # fp32 compute: the matmul output is the fp32 chunk itself (no 16-bit companion)
     out = e * tok * model.dim + weight_bytes * table + c * v_local * (4 + (e if e < 4 else 0))
-    # Not added: the weight's 16-bit cast e*V_l*h when the weight is fp32 under autocast. The
-    # rank's states already count a 16-bit copy of every weight in flight (autocast's cached
-    # casts); the fused loss makes its own cast instead of autocast's, so counting both
-    # over-predicted by about that table (dry-run: gpt2-124m-L2 dp2 z0 bf16 +5.3%,
-    # llama-1024-L4 dp2 z0 bf16 +5.1% with it).
+    if weight_bytes > e:
+        # an fp32 weight under 16-bit compute: the loss's own cast of it, alive through the
+        # backward (`weight.to(hidden.dtype)`; the rank's autocast in-flight copies leave
+        # the head out, `state_memory.model_state_bytes(uncast_params=...)`)
+        out += e * table
     return out
 
 

@@ -129,13 +129,18 @@ def _rank_states(
     # is not a block on this stage: embedding + positions and/or final norm + head, gathered as
     # ONE unit (the dry-run's unsharded root of llama2-7b is embedding + head).
     root = 0.0
+    # what autocast never casts (`model_state_bytes`' uncast_params): embeddings, norms, and
+    # the head when the fused loss reads it (zero-bubble's plain head Linear is autocast's)
+    uncast = float(layers * pc.norms)
     if first:
         dense += pc.embedding / tp + pc.position
         root += pc.embedding / tp + pc.position
+        uncast += pc.embedding / tp + pc.position
     if last:
         head = pc.head or (pc.embedding if L.pp > 1 else 0)  # tied head: a copy on the last stage
         dense += pc.final_norm + head / tp
         root += pc.final_norm + head / tp
+        uncast += pc.final_norm + (head / tp if fused_head_loss(L) else 0.0)
     unit = max(unit, root)
     st = model_state_bytes(
         dense,
@@ -152,6 +157,7 @@ def _rank_states(
         # q/k/v/o, the dense MLP or local experts of this stage's blocks
         fp8_params=fp8_linear_params(model, layers, tp) + expert,
         experts_in_fsdp=experts_in_fsdp,
+        uncast_params=uncast,
     )
     sharded = (dense / zs + expert / expert_zero_shards(L)) if L.zero else dense + expert
     fixed = st["params"] + st["optimizer"]
@@ -363,8 +369,17 @@ def _rank_memory(
             L.pp_schedule, L.pp, m, L.pp_virtual, rank, plan.model.num_layers
         )
         bufs, buffers = pipeline_buffers(plan, bufs, buffers, rank, m)
+    late = 0.0
+    if rank == 0 and L.zero < 2 and count:
+        # the token embedding's gradient and the position table's come after every block's
+        # (dry-run, llama3-8b-L1 tp8+sp z0 b1: the V/tp x h gradient counted at the block's
+        # backward put the planner 10% over); a tied table's is stood in for by the head's
+        # contribution, which autograd holds from the loss backward on
+        pc = terms.counts
+        tied = plan.model.tie_embeddings and L.pp == 1
+        late = st["grads"] * (pc.position + (0.0 if tied else pc.embedding / L.tp)) / count
     acts, block_stored, fwdbwd = stored_activations(
-        plan, moments, st, layers, in_flight, m, last, acts_terms
+        plan, moments, st, layers, in_flight, m, last, acts_terms, late
     )
     # torch's foreach AdamW/SGD allocate an fp32 intermediate per parameter during step(); on a
     # GPU the trainer runs fused AdamW, which allocates none (the dry-run measures none).

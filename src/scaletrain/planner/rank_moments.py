@@ -135,11 +135,13 @@ def stored_activations(
     m: int,
     last: bool,
     acts_terms: tuple[float, float, float, float],
+    late_grads: float = 0.0,
 ) -> tuple[float, float, float]:
     """(largest stored activations, the blocks' part of them, activations + the gradients that
     exist by then) of a rank; pipelines walk the schedule's own moments
     (`pipeline_ranks.schedule_moments`: stored activations per chunk, whether the gradients
-    exist yet)."""
+    exist yet). late_grads: gradients backward computes only after every block's (the first
+    stage's embedding tables), absent from a one-micro-batch block backward."""
     per_layer, recompute, head_acts, _ = acts_terms
     one_layer = per_layer
     extra = 0.0
@@ -166,8 +168,10 @@ def stored_activations(
     block_stored = in_flight * layers * per_layer
     if m > 1:
         return acts, block_stored, acts + grads
-    # one micro-batch, no pipeline: the backward trades activations for grads
-    return acts, block_stored, max(acts + st["grads.in_flight"], grads + one_layer)
+    # one micro-batch, no pipeline: the backward trades activations for grads; at the last
+    # block's backward every gradient exists but the embedding tables' (`late_grads`,
+    # `embedding_moment`'s)
+    return acts, block_stored, max(acts + st["grads.in_flight"], grads - late_grads + one_layer)
 
 
 def zero_moments(
@@ -231,15 +235,20 @@ def zero_moments(
     else:  # the last block to finish has every other block's grads and no activations
         bwd = max(block_stored - per_layer, grads_rest * (layers - 1) / layers)
     copies = max(compute, reduce)
+    block_buffers = buffers
     if plan.ac == "full":
         bwd += recompute  # the block being recomputed (its whole no-AC set)
-    elif plan.ac == "selective" and layers:
-        # The recompute's peak comes earlier than the copies': as the first block's backward
-        # starts, it holds everything kept, what the recompute re-created and the MLP
-        # backward's first gradients, and of the unit copies only the gathered parameters
-        # (ZeRO-3: this block and the prefetched next). Dry-run: tiny-llama dp4 z2 b2x2
-        # (-1.1%) and llama2-7b-L1 dp4 z3 tp2+sp (adding the recompute to the copies' moment
-        # is 13% over: at 7B widths the block's gradient copies are not alive then).
+    if layers:
+        # The start of the last block's backward, before any of its gradient copies: every
+        # block's stored activations (none is freed yet), what the recompute re-created (0
+        # without AC), the MLP backward's first gradients, and of the unit copies only the
+        # gathered parameters (ZeRO-3: this block and the next one, prefetched). It wins over
+        # the copies' moment when activations outweigh the block's parameters. Dry-run:
+        # selective, tiny-llama dp4 z2 b2x2 (-1.1%) and llama2-7b-L1 dp4 z3 tp2+sp (adding
+        # the recompute to the copies' moment is 13% over: at 7B widths the block's gradient
+        # copies are not alive then); ac none, tiny dp2 z3 fp32 b1 s128 (peak inside the last
+        # block's w2 backward, block 0's all-gather issued: -7.8% while only the later
+        # copies' moment was modelled).
         e = 4 if plan.precision == "fp32" else 2
         work = mlp_backward_work_bytes(
             plan.model,
@@ -251,10 +260,16 @@ def zero_moments(
         )
         early = block_stored + accumulated + recompute + work
         early_copies = wc * blk * (1 + more) if L.zero >= 3 else 0.0
-        if early + early_copies > bwd + copies:
-            bwd, copies = early, early_copies
+        # No SP collective is in flight then: the sequence-parallel all-gather's output
+        # (`tp_all_gather`) is not a separate buffer but the linears' gathered inputs, which
+        # are in the stored set (ac none) or in what the recompute re-created (the dry-run
+        # of tiny-llama dp2 z3 tp2+sp selective holds exactly two (b, s, h) gathered
+        # copies at its peak, both the recompute's: +3.05% with the buffer on top)
+        sp_gather = bufs.get("tp_all_gather", 0.0)
+        if early + early_copies - sp_gather > bwd + copies:
+            bwd, copies, block_buffers = early, early_copies, buffers - sp_gather
     out: list[Moment] = [
-        ZeroBlockBackward(rest, buffers, fsdp, root_live, head_held, copies, bwd, held)
+        ZeroBlockBackward(rest, block_buffers, fsdp, root_live, head_held, copies, bwd, held)
     ]
     if L.pp > 1:
         out.append(

@@ -82,6 +82,7 @@ def model_state_bytes(
     largest_param: float = 0.0,
     fp8_params: float = 0.0,
     experts_in_fsdp: bool = True,
+    uncast_params: float = 0.0,
 ) -> dict[str, float]:
     """Bytes of params/grads/optimizer states on one GPU, plus what offload moved to the host.
 
@@ -106,6 +107,14 @@ def model_state_bytes(
     experts_in_fsdp=False: FSDP2 leaves the expert-parallel experts alone (ignored_params,
     parallel/parallelize.py), so ZeRO-2 keeps no gathered 16-bit copy of them (dry-run,
     tiny-moe dp4 z2 ep4) and `unit_params` should exclude them.
+    uncast_params: parameters autocast (ZeRO-0/1 with 16-bit compute) never casts, so no 16-bit
+    copy of them is in flight: the token and position embeddings (F.embedding is not on
+    autocast's lower-precision op list), the norms' weights (elementwise ops and fp32
+    layer_norm), and the head, which the fused loss casts itself for its forward and its
+    backward only (`activation_memory.loss_backward_bytes` counts that cast). Dry-run,
+    llama3-8b-L1 tp8+sp z0: at the loss-backward peak the only 16-bit weight copies are
+    the block's linears (54.5 MB) and the head's cast inside the loss (131 MB); none of
+    the embedding (+10% total when every parameter was counted cast).
     """
     pb, gb, ob = state_bytes_per_param(precision, optimizer, convention)
     d_dense, d_exp = max(1, zero_shards), max(1, expert_shards)
@@ -138,10 +147,11 @@ def model_state_bytes(
             in_params = wc * unit_params * units_in_flight
             in_grads = wc * unit_params
         elif precision != "fp32":
-            # autocast keeps a 16-bit cast of every matmul weight from forward to backward;
-            # fp8-converted linears keep none (their weight is re-quantized in backward)
+            # autocast keeps a 16-bit cast of every matmul weight from forward to backward
+            # (not of `uncast_params`); fp8-converted linears keep none (their weight is
+            # re-quantized in backward)
             converted = fp8_params if precision == "fp8" else 0.0
-            in_params = 2 * (num_params + expert_params - converted)
+            in_params = 2 * (num_params + expert_params - converted - uncast_params)
     offloaded = 0.0
     if offload == "optimizer":
         offloaded, optim = optim, 0.0
