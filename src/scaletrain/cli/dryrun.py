@@ -11,7 +11,7 @@ import argparse
 import json
 from typing import Any
 
-from scaletrain.cli._job import add_job_flags, flag_overrides, resolve_job
+from scaletrain.cli._job import add_job_flags, resolve_from_flags
 from scaletrain.cli._verdict import verdict_line
 from scaletrain.config import ConfigError, JobConfig
 
@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser, name: str = "dryrun") -> None
 
 def job_from_args(args: argparse.Namespace) -> tuple[JobConfig, int]:
     """The job and world size the flags describe (flags override --config)."""
-    res = resolve_job(getattr(args, "config", None), flag_overrides(args))
+    res = resolve_from_flags(args)
     return res.job, res.world_size
 
 
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace, extra: list[str] | None = None) -> int:
 
     if extra:
         raise ConfigError("dryrun", " ".join(extra), "unknown arguments: see --help")
-    res = resolve_job(args.config, flag_overrides(args))
+    res = resolve_from_flags(args)
     job, world = res.job, res.world_size
     measurement = dryrun(job, world_size=world, rank=args.rank)
     estimate = predict(job, job.layout(world))

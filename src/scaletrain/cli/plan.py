@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any, cast
 
-from scaletrain.cli._job import ResolvedJob, add_job_flags, flag_overrides, resolve_job
+from scaletrain.cli._job import ResolvedJob, add_job_flags, resolve_from_flags
 from scaletrain.cli._types import check_finite_output, finite_float
 from scaletrain.cli._verdict import verdict_line
 from scaletrain.config import ConfigError, Layout, check_layout
@@ -100,14 +100,7 @@ def _positive(args: argparse.Namespace, flag: str) -> None:
 
 def _resolve(args: argparse.Namespace, *, search: bool) -> ResolvedJob:
     """The job the flags describe; an error in a value given as a flag names the flag."""
-    given = flag_overrides(args)
-    try:
-        return resolve_job(args.config, given, search=search)
-    except ConfigError as e:
-        section, _, key = e.field.partition(".")
-        if key in given.get(section, {}):
-            raise ConfigError(_flag(e.field), e.value, e.fix) from None
-        raise
+    return resolve_from_flags(args, search=search)
 
 
 def _inputs(args: argparse.Namespace) -> dict[str, Any]:

@@ -258,7 +258,8 @@ class BatchConfig:
             self.global_batch % self.micro_batch == 0,
             "batch.global_batch",
             self.global_batch,
-            f"must be a multiple of batch.micro_batch={self.micro_batch}",
+            f"must be a multiple of batch.micro_batch={self.micro_batch}: give a micro_batch "
+            f"that divides {self.global_batch}, or a global_batch that micro_batch divides",
         )
 
 
