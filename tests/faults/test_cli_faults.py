@@ -205,3 +205,27 @@ def test_inconsistent_batch_flags_are_one_line(capsys, verb, tail, needles):
         assert needle in err[0], (needle, err)
     if not any(t.startswith("--micro-batch") for t in tail):  # no derived micro-batch named
         assert "micro_batch=16" not in err[0] and "micro_batch*dp" not in err[0], err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["plan", "--efficiency=1e-320"],  # a search: a list of estimates
+        ["plan", "--dp=8", "--efficiency=1e-320"],  # one layout
+        ["explain", "--dp=8", "--efficiency=1e-320"],
+        ["plan", "--dp=8", "--efficiency=5e-324"],  # the smallest subnormal
+    ],
+    ids=lambda a: " ".join(a),
+)
+def test_json_output_refuses_non_finite_results(capsys, argv):
+    """--json gets the same refusal as the text report when finite flags overflow the
+    arithmetic (a step time of 0/0): one line, and no NaN/Infinity printed as JSON."""
+    rc = main([*argv[:1], "--model=tiny-llama", "--gpus=8", *argv[1:], "--json"])
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert rc == 2, (rc, lines)
+    assert len(lines) == 1 and "not finite" in lines[0] and "--efficiency" in lines[0], lines
+    assert out == "", out[:200]
+    # the same flags without --json: the text report's refusal, same line
+    assert main([*argv[:1], "--model=tiny-llama", "--gpus=8", *argv[1:]]) == 2
+    assert "not finite" in capsys.readouterr().err

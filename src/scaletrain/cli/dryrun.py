@@ -8,10 +8,10 @@ errors; `--json` prints {"plan", "memory", "flops_per_step", "predicted", ...}.
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from scaletrain.cli._job import add_job_flags, resolve_from_flags
+from scaletrain.cli._types import finite_json
 from scaletrain.cli._verdict import verdict_line
 from scaletrain.config import ConfigError, JobConfig
 
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace, extra: list[str] | None = None) -> int:
         out["predicted"] = estimate.to_json() if estimate is not None else None
         out["comparison"] = comparison.to_json()
         out["derived"] = res.notes()
-        print(json.dumps(out, indent=1))
+        print(finite_json(out, "dryrun", args))
         return 0
     plan = measurement.plan
     title = (

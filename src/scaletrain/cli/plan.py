@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any, cast
 
 from scaletrain.cli._job import ResolvedJob, add_job_flags, resolve_from_flags
-from scaletrain.cli._types import check_finite_output, finite_float
+from scaletrain.cli._types import check_finite_output, finite_float, finite_json
 from scaletrain.cli._verdict import verdict_line
 from scaletrain.config import ConfigError, Layout, check_layout
 from scaletrain.config.choices import PPSchedule, ZeroStage
@@ -342,7 +341,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         est = _evaluate(inp)
         estimates = [est]
         if args.json:
-            print(json.dumps(est.to_json(), indent=2))
+            print(finite_json(est.to_json(), args.command, args))
         elif explain_mode:
             from scaletrain.planner.explain import explain
 
@@ -388,7 +387,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         if args.json:
             from scaletrain.planner.report import to_json
 
-            print(json.dumps(to_json(res.top), indent=2))
+            print(finite_json(to_json(res.top), args.command, args))
         else:
             from scaletrain.planner.report import render_search
 
