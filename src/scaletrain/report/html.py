@@ -121,7 +121,8 @@ def _headline(run: RunData, pred: Prediction) -> str:
 def _plan_section(run: RunData, pred: Prediction) -> str:
     job = run.job
     if job is None:
-        return f'<p class="alert">The plan cannot be shown: {_e(run.job_error or "no config")}</p>'
+        why = f"config.json {run.damaged.get('config.json', 'missing')}"
+        return f'<p class="alert">The plan cannot be shown: {_e(why)}</p>'
     m, b = job.model, job.batch
     layout = pred.estimate.plan.layout if pred.estimate is not None else None
     layout_text = str(layout) if layout is not None else str(job.parallel)
@@ -308,6 +309,21 @@ def _files_section(run: RunData) -> str:
     )
 
 
+def _damage_section(run: RunData) -> str:
+    """A banner naming each damaged file and what this page could not show without it."""
+    if not run.damaged:
+        return ""
+    from .data import LOST
+
+    items = "".join(
+        f"<li><code>{_e(name)}</code>: {_e(why)}; this page has no "
+        f"{_e(LOST.get(name.split('_rank')[0], 'contents'))} (restore the file and run "
+        "<code>scaletrain report</code> again)</li>"
+        for name, why in run.damaged.items()
+    )
+    return f'<div class="alert"><p>Incomplete report: damaged run files</p><ul>{items}</ul></div>'
+
+
 def render_report(run: RunData, pred: Prediction | None = None) -> str:
     """The report's HTML text."""
     pred = pred if pred is not None else predict_run(run)
@@ -316,6 +332,7 @@ def render_report(run: RunData, pred: Prediction | None = None) -> str:
     body = [
         f"<h1>{_e(title)}</h1>",
         f'<p class="sub">generated {now} from <code>{_e(run.run_dir.resolve())}</code></p>',
+        _damage_section(run),
         _headline(run, pred),
         "<h2>Plan</h2>",
         _plan_section(run, pred),
@@ -374,9 +391,9 @@ def render_report(run: RunData, pred: Prediction | None = None) -> str:
     )
 
 
-def write_report(run_dir: str | Path, *, out: str | Path | None = None) -> Path:
+def write_report(run_dir: str | Path | RunData, *, out: str | Path | None = None) -> Path:
     """Write RUN_DIR/report.html (or `out`) and return its path; ConfigError if not a run."""
-    run = load_run(run_dir)
+    run = run_dir if isinstance(run_dir, RunData) else load_run(run_dir)
     path = Path(out) if out is not None else run.run_dir / "report.html"
     path.write_text(render_report(run), encoding="utf-8")
     return path
