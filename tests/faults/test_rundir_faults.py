@@ -209,3 +209,29 @@ def test_report_without_config_json_says_what_it_lacks(tmp_path, capsys):
     page = (d / "report.html").read_text(encoding="utf-8")
     assert "The plan cannot be shown: config.json not JSON" in page
     assert "Incomplete report" in page
+
+
+RUN_INFO_FIELDS = [
+    {"val_loss": "x"},  # was a ValueError traceback in report (format code 'f' on a str)
+    {"eval": 5},  # was an AttributeError traceback
+    {"eval": {"a": {"val_loss": "x", "ppl": None}}},
+    {"final_loss": "x", "rollbacks": {"a": 1}, "skipped_steps": "many", "steps": -5},
+    {"phases_s": "x", "phases_written_unix": "soon"},  # the phase clock's totals
+    {"phases_s": {"train": "inf", "x": None}},
+    {"phases_s": [1, 2]},
+]
+
+
+@pytest.mark.parametrize("cmd", ["status", "verify", "report"])
+@pytest.mark.parametrize("fields", RUN_INFO_FIELDS, ids=[json.dumps(f) for f in RUN_INFO_FIELDS])
+def test_run_info_fields_of_the_wrong_type_are_passed_over(tmp_path, capsys, cmd, fields):
+    """run_info.json is optional everywhere: a field of the wrong kind is passed over (the
+    report's headline then shows what metrics.jsonl says, never the garbage)."""
+    d = _run_dir(tmp_path)
+    (d / "run_info.json").write_text(json.dumps({"steps": 2, "world_size": 1, **fields}))
+    assert main([cmd, str(d)]) == 0
+    assert capsys.readouterr().err == ""
+    if cmd == "report":
+        page = (d / "report.html").read_text(encoding="utf-8")
+        for shown in ("<b>many</b>", "<b>-5</b>", "&#x27;a&#x27;", "<b>x</b>"):
+            assert shown not in page
