@@ -541,6 +541,18 @@ class JobConfig:
             "lower batch.seq_len or raise model.max_seq_len",
         )
 
+        if self.checkpoint.export_hf:  # refused now, not after training
+            from .hf_model import hf_export_problem
+
+            why = hf_export_problem(self.model)
+            require(
+                why is None,
+                "checkpoint.export_hf",
+                True,
+                f"model {self.model.name!r} cannot be exported: {why}; "
+                "set checkpoint.export_hf = false or change the model",
+            )
+
     def layout(self, world_size: int) -> Layout:
         """The concrete, checked layout for `world_size` ranks."""
         layout = self.parallel.resolve(world_size)
