@@ -50,7 +50,7 @@ CASES = [
     (["plan", "--precision", "fp4"], "--precision"),
     (["plan", "--gpu", "h10"], "h10"),
     (["explain", "--tp", "3"], "--tp"),
-    (["dryrun", "--model", "nope"], "model.name"),
+    (["dryrun", "--model", "nope"], "--model = 'nope'"),
     (["dryrun", "--world-size", "0"], "dryrun"),
     (["verify", "/nonexistent"], "run_dir"),
     (["report", "/nonexistent"], "run_dir"),
@@ -157,3 +157,75 @@ def test_sliding_window_with_context_parallel_is_one_line(capsys, tmp_path, argv
     assert len(err) == 1 and needle in err[0] and "sliding_window=4" in err[0], err
     cfg.write_text('[model]\nname = "tiny-llama"\nsliding_window = 16\n')
     assert main([*argv, f"--config={cfg}"]) == 0
+
+
+# inconsistent batch flags: (argv tail, what the line must contain); every verb that takes the
+# shared job flags names the flag the user gave and a fix, never a value it derived itself
+BATCH_CASES = [
+    (["--global-batch=3", "--dp=2"], ("--global-batch = 3", "multiple of dp=2", "use 2 or 4")),
+    (["--global-batch=1", "--dp=4"], ("--global-batch = 1", "multiple of dp=4", "use 4")),
+    (
+        ["--global-batch=16", "--dp=2", "--micro-batch=16"],
+        ("global", "= 16 is invalid", "micro_batch*dp = 16*2 = 32", "raise it to 32", "divides"),
+    ),
+    (["--global-batch=16", "--dp=2", "--micro-batch=3"], ("global-batch", "micro_batch=3")),
+    (["--global-batch=2", "--pp=4", "--gpus=4"], ("global", "needs at least pp=4", "raise")),
+    (["--global-batch=0"], ("--global-batch = 0", "positive integer")),
+    (["--micro-batch=0"], ("--micro-batch = 0", "positive integer")),
+    (["--global-batch=-2", "--dp=2"], ("--global-batch = -2", "positive integer")),
+]
+
+
+BATCH_ARGS = [
+    *[
+        (verb, tail, needles)
+        for verb in ("plan", "explain", "dryrun")
+        for tail, needles in BATCH_CASES
+    ],
+    # dp derived from --gpus (plan searches the layout there, and tp=2 dp=1 is legal)
+    *[
+        (verb, ["--global-batch=3", "--gpus=2"], ("--global-batch = 3", "multiple of dp=2"))
+        for verb in ("explain", "dryrun")
+    ],
+]
+
+
+@pytest.mark.parametrize(
+    ("verb", "tail", "needles"), BATCH_ARGS, ids=[" ".join([a[0], *a[1]]) for a in BATCH_ARGS]
+)
+def test_inconsistent_batch_flags_are_one_line(capsys, verb, tail, needles):
+    try:
+        rc = main([verb, "--model=tiny-llama", *tail])
+    except SystemExit as e:
+        rc = e.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2, (rc, err)
+    assert len(err) == 1, err
+    for needle in needles:
+        assert needle in err[0], (needle, err)
+    if not any(t.startswith("--micro-batch") for t in tail):  # no derived micro-batch named
+        assert "micro_batch=16" not in err[0] and "micro_batch*dp" not in err[0], err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["plan", "--efficiency=1e-320"],  # a search: a list of estimates
+        ["plan", "--dp=8", "--efficiency=1e-320"],  # one layout
+        ["explain", "--dp=8", "--efficiency=1e-320"],
+        ["plan", "--dp=8", "--efficiency=5e-324"],  # the smallest subnormal
+    ],
+    ids=lambda a: " ".join(a),
+)
+def test_json_output_refuses_non_finite_results(capsys, argv):
+    """--json gets the same refusal as the text report when finite flags overflow the
+    arithmetic (a step time of 0/0): one line, and no NaN/Infinity printed as JSON."""
+    rc = main([*argv[:1], "--model=tiny-llama", "--gpus=8", *argv[1:], "--json"])
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert rc == 2, (rc, lines)
+    assert len(lines) == 1 and "not finite" in lines[0] and "--efficiency" in lines[0], lines
+    assert out == "", out[:200]
+    # the same flags without --json: the text report's refusal, same line
+    assert main([*argv[:1], "--model=tiny-llama", "--gpus=8", *argv[1:]]) == 2
+    assert "not finite" in capsys.readouterr().err

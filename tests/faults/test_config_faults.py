@@ -31,6 +31,12 @@ TOML_BAD = [
     ("optim", "eps", "inf"),
     ("optim", "eps", "nan"),
     ("optim", "eps", "0.0"),
+    ("optim", "eps", "1e-300"),  # 0 in the fp32 states: nan, blamed on the lr by the guard
+    ("optim", "eps", "1e-39"),  # float32 subnormal
+    ("optim", "momentum", "1.5"),  # was accepted: sgd diverges
+    ("optim", "momentum", "1.0"),
+    ("optim", "momentum", "-0.1"),
+    ("optim", "momentum", "nan"),
     ("optim", "weight_decay", "inf"),
     ("optim", "grad_clip", "nan"),
     ("optim", "beta1", "nan"),

@@ -218,3 +218,40 @@ def test_gpt2_gelu_forms_map_to_ours(tmp_path, act, ours):
     d = _write(tmp_path, GPT2, "activation_function", act)
     job = load_config(None, [f"--checkpoint.init_from={d}", "--batch.seq_len=64"])
     assert job.model.activation == ours
+
+
+EXPORT_BAD = [
+    ("tiny-llama", {"activation": "gelu_exact"}, "the Llama family"),  # rope + gelu: no HF arch
+    ("tiny-llama", {"activation": "gelu"}, "the Llama family"),
+    ("tiny", {"activation": "swiglu"}, "the GPT-2 family"),
+    ("tiny", {"position": "rope"}, "the GPT-2 family"),
+    ("tiny", {"bias": False}, "the GPT-2 family"),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "fields", "needle"), EXPORT_BAD, ids=[f"{n}-{f}" for n, f, _ in EXPORT_BAD]
+)
+def test_export_hf_of_a_model_with_no_hf_architecture_is_refused_before_training(
+    name, fields, needle
+):
+    """checkpoint.export_hf = true with a model HF has no architecture for: one ConfigError
+    naming checkpoint.export_hf at config time (it was a ValueError traceback after training)."""
+    overrides = {"model": {"name": name, **fields}, "checkpoint": {"export_hf": True}}
+    with pytest.raises(ConfigError) as e:
+        load_config(None, overrides)
+    assert e.value.field == "checkpoint.export_hf" and needle in str(e.value)
+    assert "\n" not in str(e.value)
+    load_config(None, {**overrides, "checkpoint": {"export_hf": False}})  # trains as before
+
+
+@pytest.mark.parametrize(
+    "model",
+    [{"name": "tiny"}, {"name": "tiny", "activation": "gelu_exact"}, {"name": "tiny-llama"}],
+    ids=lambda m: "-".join(map(str, m.values())),
+)
+def test_export_hf_of_exportable_models_still_loads(model):
+    job = load_config(None, {"model": model, "checkpoint": {"export_hf": True}})
+    assert job.checkpoint.export_hf and job.model.activation == model.get(
+        "activation", job.model.activation
+    )

@@ -2,7 +2,8 @@
 `scaletrain.cli.main`): every file empty, not JSON, not UTF-8, the wrong JSON type, a
 directory, a symlink loop, or holding fields of the wrong type. A file the command needs
 (verify: config.json and measurement.json; status: config.json) is one line naming it (exit 2);
-a file it can do without is passed over, documented in measure/run_files.py (exit 0). Never a
+a file it can do without is passed over, documented in measure/run_files.py (exit 0), except that
+`report` writes its page without a damaged file and says so (one warning line, exit 1). Never a
 traceback (before: 21 of 84 such cases were). Also: output piped into a reader that stops
 early (`| head`) ends quietly, with no BrokenPipeError traceback."""
 
@@ -105,6 +106,11 @@ FIELDS = {  # (file, content with a field of the wrong type)
     "heartbeat/rank0.json": ['{"time": "x"}', '{"pid": "x", "time": 1}', "[]"],
 }
 NEEDED = {"verify": ("config.json", "measurement.json"), "status": ("config.json",), "report": ()}
+REPORT_WARNS = ("config.json", "measurement.json", "run_info.json", "metrics.jsonl")
+WHOLE = ("config.json", "measurement.json")  # one bad field (FIELDS) spoils the whole file
+"""Files whose damage `report` names in a warning line and on the page (exit 1; it showed a
+damaged config.json as "config.json is missing" and exited 0 before); metrics.jsonl when
+not one line of it is a record."""
 
 
 def _damage(d, name, content):
@@ -150,11 +156,17 @@ def test_damaged_run_file_is_one_line_or_passed_over(tmp_path, capsys, cmd, name
     assert "Traceback" not in err
     if rc == 2:  # refused: one line naming the damaged file
         assert len(lines) == 1 and name.split("/")[-1] in lines[0], lines
+    elif rc == 1 and cmd == "report":  # written without it: one warning line naming it
+        assert len(lines) == 1 and "warning" in lines[0] and name in lines[0], lines
+        page = (d / "report.html").read_text(encoding="utf-8")
+        assert "Incomplete report" in page and name in page
     else:  # passed over: the command did its work
         assert rc == 0 and lines == [], (rc, lines)
         assert out.strip(), "no output"
     if name in NEEDED[cmd] and content in DAMAGE:
         assert rc == 2  # a file the command cannot do without, damaged: never silent
+    if cmd == "report" and name in REPORT_WARNS and (content in DAMAGE or name in WHOLE):
+        assert rc == 1  # a file the report is incomplete without: never silent
 
 
 @pytest.mark.parametrize("cmd", ["verify", "status", "report"])
@@ -178,3 +190,48 @@ def test_output_piped_into_head_ends_quietly(tmp_path):
     )
     assert p.returncode == 0 and "Traceback" not in p.stderr and "Broken" not in p.stderr, p.stderr
     assert p.stdout.startswith("verify ")
+
+
+def test_report_without_config_json_says_what_it_lacks(tmp_path, capsys):
+    """metrics.jsonl alone (absent is not damaged): the curves-only page, exit 0, and the page
+    says config.json is missing; damaged, the same page says why, with a warning line, exit 1."""
+    d = _run_dir(tmp_path)
+    (d / "config.json").unlink()
+    assert main(["report", str(d)]) == 0
+    assert capsys.readouterr().err == ""
+    page = (d / "report.html").read_text(encoding="utf-8")
+    assert "The plan cannot be shown: config.json missing" in page
+    assert "Incomplete report" not in page
+    (d / "config.json").write_text("{bad")
+    assert main(["report", str(d)]) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "config.json (not JSON" in lines[0] and "no plan" in lines[0]
+    page = (d / "report.html").read_text(encoding="utf-8")
+    assert "The plan cannot be shown: config.json not JSON" in page
+    assert "Incomplete report" in page
+
+
+RUN_INFO_FIELDS = [
+    {"val_loss": "x"},  # was a ValueError traceback in report (format code 'f' on a str)
+    {"eval": 5},  # was an AttributeError traceback
+    {"eval": {"a": {"val_loss": "x", "ppl": None}}},
+    {"final_loss": "x", "rollbacks": {"a": 1}, "skipped_steps": "many", "steps": -5},
+    {"phases_s": "x", "phases_written_unix": "soon"},  # the phase clock's totals
+    {"phases_s": {"train": "inf", "x": None}},
+    {"phases_s": [1, 2]},
+]
+
+
+@pytest.mark.parametrize("cmd", ["status", "verify", "report"])
+@pytest.mark.parametrize("fields", RUN_INFO_FIELDS, ids=[json.dumps(f) for f in RUN_INFO_FIELDS])
+def test_run_info_fields_of_the_wrong_type_are_passed_over(tmp_path, capsys, cmd, fields):
+    """run_info.json is optional everywhere: a field of the wrong kind is passed over (the
+    report's headline then shows what metrics.jsonl says, never the garbage)."""
+    d = _run_dir(tmp_path)
+    (d / "run_info.json").write_text(json.dumps({"steps": 2, "world_size": 1, **fields}))
+    assert main([cmd, str(d)]) == 0
+    assert capsys.readouterr().err == ""
+    if cmd == "report":
+        page = (d / "report.html").read_text(encoding="utf-8")
+        for shown in ("<b>many</b>", "<b>-5</b>", "&#x27;a&#x27;", "<b>x</b>"):
+            assert shown not in page

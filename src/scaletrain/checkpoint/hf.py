@@ -32,31 +32,10 @@ __all__ = ["export_hf", "load_hf_state_dict", "to_hf_state_dict", "from_hf_state
 
 
 def _check_exportable(cfg: ModelConfig) -> None:
-    if cfg.is_moe and (cfg.family != "llama" or cfg.bias):
-        raise ValueError(
-            "HF export: MoE models export as Mixtral only (rmsnorm, swiglu, rope, bias=False)"
-        )
-    if cfg.sliding_window and (cfg.family != "llama" or (cfg.bias and not cfg.is_moe)):
-        raise ValueError(
-            "HF export: a sliding window exports as Mistral or Mixtral only "
-            "(rmsnorm, swiglu, rope, bias=False)"
-        )
-    if cfg.family == "llama":
-        if cfg.activation != "swiglu" or cfg.position != "rope":
-            raise ValueError(
-                "HF export: the Llama family needs activation='swiglu' and position='rope'"
-            )
-    elif (
-        cfg.norm != "layernorm"
-        or cfg.activation == "swiglu"
-        or cfg.position != "learned"
-        or not cfg.bias
-        or cfg.num_kv_heads != cfg.num_heads
-    ):
-        raise ValueError(
-            "HF export: the GPT-2 family needs layernorm, gelu, learned positions, "
-            "bias=True and num_kv_heads == num_heads"
-        )
+    from scaletrain.config.hf_model import hf_export_problem
+
+    if (why := hf_export_problem(cfg)) is not None:
+        raise ValueError(f"HF export: {why}")
 
 
 def hf_config(cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> dict:

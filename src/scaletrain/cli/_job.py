@@ -28,7 +28,16 @@ from scaletrain.config import (
     parse_overrides,
 )
 
-__all__ = ["FLAGS", "add_job_flags", "Derived", "ResolvedJob", "resolve_job", "flag_overrides"]
+__all__ = [
+    "FLAGS",
+    "add_job_flags",
+    "Derived",
+    "ResolvedJob",
+    "resolve_job",
+    "resolve_from_flags",
+    "flag_for",
+    "flag_overrides",
+]
 
 FLAGS: dict[str, tuple[str, str]] = {
     "model": ("model", "name"),
@@ -252,9 +261,18 @@ def resolve_job(
             job.batch.global_batch,
         )
     if not mb_given:
+        if dp and gb % dp and not search:  # gb given: say so before a micro-batch is derived
+            lo, hi = dp * (gb // dp), dp * -(-gb // dp)
+            raise ConfigError(
+                "batch.global_batch",
+                gb,
+                f"must be a multiple of dp={dp} (global batch = dp x micro-batch x "
+                f"accumulation steps): use {' or '.join(str(v) for v in (lo, hi) if v)}",
+            )
         mb = _micro_batch(job, world, gb, dp) if dp and not search else None
-        if mb is None:  # nothing to derive from: the config's default (its errors name it)
-            extra.setdefault("batch", {})["micro_batch"] = _DEFAULT_MICRO_BATCH
+        if mb is None:  # nothing to derive from: the layout's own errors name the fix
+            fallback = _DEFAULT_MICRO_BATCH if gb % _DEFAULT_MICRO_BATCH == 0 else 1
+            extra.setdefault("batch", {})["micro_batch"] = fallback
             if search:
                 extra["batch"]["micro_batch"] = 1  # the planner's search chooses it
         elif dp:
@@ -270,6 +288,29 @@ def resolve_job(
         merged = {s: {**overrides.get(s, {}), **extra.get(s, {})} for s in {*overrides, *extra}}
         res.job = load_config(config_path, merged)
     return res
+
+
+def flag_for(field: str) -> str | None:
+    """The flag that sets job-config `field` ("batch.global_batch" -> "--global-batch")."""
+    section, _, key = field.partition(".")
+    for dest, where in FLAGS.items():
+        if where == (section, key):
+            return "--" + dest.replace("_", "-")
+    return None
+
+
+def resolve_from_flags(args: argparse.Namespace, *, search: bool = False) -> ResolvedJob:
+    """`resolve_job` for plan/explain/dryrun: an error in a value given as a flag names the
+    flag, not the config field."""
+    given = flag_overrides(args)
+    try:
+        return resolve_job(getattr(args, "config", None), given, search=search)
+    except ConfigError as e:
+        section, _, key = e.field.partition(".")
+        flag = flag_for(e.field)
+        if flag and key in given.get(section, {}):
+            raise ConfigError(flag, e.value, e.fix) from None
+        raise
 
 
 def _dp(job: JobConfig, world: int) -> int | None:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import re
 
 from scaletrain.config import ConfigError
 
-__all__ = ["finite_float", "given_numbers", "check_finite_output"]
+__all__ = ["finite_float", "given_numbers", "check_finite_output", "finite_json"]
 
 
 def finite_float(text: str) -> float:
@@ -48,3 +49,16 @@ def check_finite_output(text: str, command: str, args: argparse.Namespace) -> No
             given_numbers(args),
             "a result is not finite (inf or nan): give realistic magnitudes",
         )
+
+
+def finite_json(obj: object, command: str, args: argparse.Namespace) -> str:
+    """`obj` as JSON, refused like `check_finite_output` when a number in it is inf or nan
+    (json.dumps would print the non-JSON tokens NaN/Infinity that strict parsers reject)."""
+    try:
+        return json.dumps(obj, indent=2, allow_nan=False)
+    except ValueError:
+        raise ConfigError(
+            command,
+            given_numbers(args),
+            "a result is not finite (inf or nan), so no JSON: give realistic magnitudes",
+        ) from None

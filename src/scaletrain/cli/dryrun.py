@@ -8,10 +8,10 @@ errors; `--json` prints {"plan", "memory", "flops_per_step", "predicted", ...}.
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
-from scaletrain.cli._job import add_job_flags, flag_overrides, resolve_job
+from scaletrain.cli._job import add_job_flags, resolve_from_flags
+from scaletrain.cli._types import finite_json
 from scaletrain.cli._verdict import verdict_line
 from scaletrain.config import ConfigError, JobConfig
 
@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser, name: str = "dryrun") -> None
 
 def job_from_args(args: argparse.Namespace) -> tuple[JobConfig, int]:
     """The job and world size the flags describe (flags override --config)."""
-    res = resolve_job(getattr(args, "config", None), flag_overrides(args))
+    res = resolve_from_flags(args)
     return res.job, res.world_size
 
 
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace, extra: list[str] | None = None) -> int:
 
     if extra:
         raise ConfigError("dryrun", " ".join(extra), "unknown arguments: see --help")
-    res = resolve_job(args.config, flag_overrides(args))
+    res = resolve_from_flags(args)
     job, world = res.job, res.world_size
     measurement = dryrun(job, world_size=world, rank=args.rank)
     estimate = predict(job, job.layout(world))
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace, extra: list[str] | None = None) -> int:
         out["predicted"] = estimate.to_json() if estimate is not None else None
         out["comparison"] = comparison.to_json()
         out["derived"] = res.notes()
-        print(json.dumps(out, indent=1))
+        print(finite_json(out, "dryrun", args))
         return 0
     plan = measurement.plan
     title = (

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any, cast
 
-from scaletrain.cli._job import ResolvedJob, add_job_flags, flag_overrides, resolve_job
-from scaletrain.cli._types import check_finite_output, finite_float
+from scaletrain.cli._job import ResolvedJob, add_job_flags, resolve_from_flags
+from scaletrain.cli._types import check_finite_output, finite_float, finite_json
 from scaletrain.cli._verdict import verdict_line
 from scaletrain.config import ConfigError, Layout, check_layout
 from scaletrain.config.choices import PPSchedule, ZeroStage
@@ -100,14 +99,7 @@ def _positive(args: argparse.Namespace, flag: str) -> None:
 
 def _resolve(args: argparse.Namespace, *, search: bool) -> ResolvedJob:
     """The job the flags describe; an error in a value given as a flag names the flag."""
-    given = flag_overrides(args)
-    try:
-        return resolve_job(args.config, given, search=search)
-    except ConfigError as e:
-        section, _, key = e.field.partition(".")
-        if key in given.get(section, {}):
-            raise ConfigError(_flag(e.field), e.value, e.fix) from None
-        raise
+    return resolve_from_flags(args, search=search)
 
 
 def _inputs(args: argparse.Namespace) -> dict[str, Any]:
@@ -349,7 +341,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         est = _evaluate(inp)
         estimates = [est]
         if args.json:
-            print(json.dumps(est.to_json(), indent=2))
+            print(finite_json(est.to_json(), args.command, args))
         elif explain_mode:
             from scaletrain.planner.explain import explain
 
@@ -395,7 +387,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         if args.json:
             from scaletrain.planner.report import to_json
 
-            print(json.dumps(to_json(res.top), indent=2))
+            print(finite_json(to_json(res.top), args.command, args))
         else:
             from scaletrain.planner.report import render_search
 

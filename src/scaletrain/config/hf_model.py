@@ -11,7 +11,7 @@ from typing import Any
 from ._errors import ConfigError
 from .model import ModelConfig
 
-__all__ = ["model_from_hf_config"]
+__all__ = ["model_from_hf_config", "hf_export_problem"]
 
 
 def model_from_hf_config(path: str | Path) -> ModelConfig:
@@ -232,3 +232,31 @@ def _check_hf_supported(hf: dict[str, Any], path: Path) -> None:
     width = r.int("n_embd" if gpt2 else "hidden_size")
     if r.int("head_dim", None) not in (None, width // heads):
         refuse(f"head_dim {hf['head_dim']} != hidden_size / num_attention_heads")
+
+
+def hf_export_problem(cfg: ModelConfig) -> str | None:
+    """Why `cfg` has no Hugging Face architecture to export as (None: it has one). The one
+    home of these rules: checkpoint.hf refuses the export with them, and a job with
+    checkpoint.export_hf = true is refused with them at config time, before training."""
+    if cfg.is_moe and (cfg.family != "llama" or cfg.bias):
+        return "MoE models export as Mixtral only (rmsnorm, swiglu, rope, bias=False)"
+    if cfg.sliding_window and (cfg.family != "llama" or (cfg.bias and not cfg.is_moe)):
+        return (
+            "a sliding window exports as Mistral or Mixtral only (rmsnorm, swiglu, rope, "
+            "bias=False)"
+        )
+    if cfg.family == "llama":
+        if cfg.activation != "swiglu" or cfg.position != "rope":
+            return "the Llama family needs activation='swiglu' and position='rope'"
+    elif (
+        cfg.norm != "layernorm"
+        or cfg.activation == "swiglu"
+        or cfg.position != "learned"
+        or not cfg.bias
+        or cfg.num_kv_heads != cfg.num_heads
+    ):
+        return (
+            "the GPT-2 family needs layernorm, gelu, learned positions, bias=True and "
+            "num_kv_heads == num_heads"
+        )
+    return None

@@ -258,7 +258,8 @@ class BatchConfig:
             self.global_batch % self.micro_batch == 0,
             "batch.global_batch",
             self.global_batch,
-            f"must be a multiple of batch.micro_batch={self.micro_batch}",
+            f"must be a multiple of batch.micro_batch={self.micro_batch}: give a micro_batch "
+            f"that divides {self.global_batch}, or a global_batch that micro_batch divides",
         )
 
 
@@ -289,7 +290,14 @@ class OptimConfig:
         require(self.warmup_steps >= 0, "optim.warmup_steps", self.warmup_steps, "use >= 0")
         require(0 <= self.beta1 < 1, "optim.beta1", self.beta1, "use 0 <= beta1 < 1")
         require(0 <= self.beta2 < 1, "optim.beta2", self.beta2, "use 0 <= beta2 < 1")
-        require(self.eps > 0, "optim.eps", self.eps, "use a small positive float")
+        require(
+            self.eps >= 2.0**-126,  # float32's smallest normal (IEEE 754 binary32: 2^-126)
+            "optim.eps",
+            self.eps,
+            "use a small positive float >= 1.2e-38 such as 1e-8 (a smaller one rounds to 0 in "
+            "the fp32 optimizer states: 0/0 = nan for a parameter whose gradient is 0)",
+        )
+        require(0 <= self.momentum < 1, "optim.momentum", self.momentum, "use 0 <= momentum < 1")
         require(self.weight_decay >= 0, "optim.weight_decay", self.weight_decay, "use >= 0")
         require(self.grad_clip >= 0, "optim.grad_clip", self.grad_clip, "use >= 0 (0 = off)")
 
@@ -532,6 +540,18 @@ class JobConfig:
             f"exceeds model.max_seq_len={self.model.max_seq_len}: "
             "lower batch.seq_len or raise model.max_seq_len",
         )
+
+        if self.checkpoint.export_hf:  # refused now, not after training
+            from .hf_model import hf_export_problem
+
+            why = hf_export_problem(self.model)
+            require(
+                why is None,
+                "checkpoint.export_hf",
+                True,
+                f"model {self.model.name!r} cannot be exported: {why}; "
+                "set checkpoint.export_hf = false or change the model",
+            )
 
     def layout(self, world_size: int) -> Layout:
         """The concrete, checked layout for `world_size` ranks."""

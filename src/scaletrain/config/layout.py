@@ -186,12 +186,18 @@ def batch_problems(
     DeepSpeed and Nanotron run 1F1B with fewer micro-batches)."""
     L, out = layout, []
     if global_batch % (micro_batch * L.dp):
+        step = micro_batch * L.dp
         out.append(
             ConfigError(
                 "batch.global_batch",
                 global_batch,
                 f"must be a multiple of micro_batch*dp = {micro_batch}*{L.dp} = "
-                f"{micro_batch * L.dp}",
+                f"{step}: raise it to {step * -(-global_batch // step)}"
+                + (
+                    f" or give a micro_batch that divides global_batch/dp = {global_batch // L.dp}"
+                    if global_batch % L.dp == 0
+                    else f" (or a global batch that dp={L.dp} divides)"
+                ),
             )
         )
     m = max(1, grad_accum_steps(global_batch, micro_batch, L.dp))

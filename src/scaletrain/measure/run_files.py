@@ -18,7 +18,7 @@ from typing import Any
 
 from scaletrain.config import ConfigError
 
-__all__ = ["read_object", "read_records", "finite", "whole"]
+__all__ = ["read_object", "read_records", "damage", "finite", "whole"]
 
 
 def _why(path: Path) -> str | None:
@@ -64,6 +64,13 @@ def read_object(path: Path, *, required: bool = False) -> dict[str, Any] | None:
             "`scaletrain train` run whose files are intact (restore this one)",
         )
     return None
+
+
+def damage(path: Path) -> str | None:
+    """What is wrong with `path` if it is there but holds no JSON object (None when it is
+    intact or absent): for a command that passes a damaged file over, to say so."""
+    why = _why(path)
+    return None if why in (None, "missing") else why
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:

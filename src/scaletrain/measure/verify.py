@@ -172,6 +172,9 @@ def metrics_throughput(path: Path) -> dict[str, float]:
 
 def job_from_dict(d: dict[str, Any]) -> JobConfig:
     """Rebuild a JobConfig from `JobConfig.to_dict()` (a run's config.json)."""
+    for section in JobConfig().to_dict():  # not a table: it would become the defaults silently
+        if section in d and not isinstance(d[section], dict):
+            raise ConfigError(section, d[section], "a config.json section must be a table")
     raw = {k: dict(v) for k, v in d.items() if isinstance(v, dict)}
     # where the run resumed from may be gone since; it says nothing about the job's plan
     raw.get("checkpoint", {}).pop("resume", None)

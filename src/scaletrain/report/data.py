@@ -16,6 +16,14 @@ from scaletrain.config import ConfigError, JobConfig
 __all__ = ["RunData", "Prediction", "load_run", "predict_run", "plan_input", "MEMORY_CATEGORIES"]
 
 MEMORY_CATEGORIES = ("params", "grads", "optimizer", "activations", "buffers")
+LOST = {
+    "config.json": "plan, planner predictions or configuration",
+    "run_info.json": "headline numbers from run_info (steps, best loss, rollbacks)",
+    "measurement.json": "measured memory or memory timeline",
+    "oom_report": "OOM report for that rank",
+    "metrics.jsonl": "loss, throughput or optimizer curves",
+}
+"""What the report cannot show without each file."""
 
 
 @dataclass
@@ -35,6 +43,18 @@ class RunData:
     oom: list[dict[str, Any]] = field(default_factory=list)
     sample: str | None = None
     checkpoints: list[Path] = field(default_factory=list)
+    damaged: dict[str, str] = field(default_factory=dict)
+    """File name -> what is wrong with it, for each file that is there but could not be read
+    (or, for config.json, no longer loading): the report is written without what it holds, says
+    so at the top of the page, and `scaletrain report` warns and exits 1. An absent file is no
+    damage (config.json too: a metrics-only directory gives a curves-only page, exit 0)."""
+
+    def damage_line(self) -> str:
+        """One line: each damaged file, why, and what the report could not show."""
+        return "; ".join(
+            f"{name} ({why}): no {LOST.get(name.split('_rank')[0], 'contents')}"
+            for name, why in self.damaged.items()
+        )
 
     @property
     def world_size(self) -> int:
@@ -84,6 +104,17 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     return read_records(path)
 
 
+def _no_records(path: Path) -> str | None:
+    """Why a metrics file that is there gave no records (None: absent, or empty so far)."""
+    if not path.exists() and not path.is_symlink():
+        return None
+    try:
+        text = path.read_bytes()
+    except OSError as e:
+        return f"unreadable ({e.strerror or e})"
+    return "no JSON-object line in it" if text.strip() else None
+
+
 def load_run(run_dir: str | Path) -> RunData:
     """Everything the report shows, read from RUN_DIR; ConfigError if it is not a run."""
     d = Path(run_dir)
@@ -97,6 +128,29 @@ def load_run(run_dir: str | Path) -> RunData:
         raise ConfigError(
             "run_dir", str(d), f"neither config.json nor metrics.jsonl is there: {fix}"
         )
+    from scaletrain.measure.run_files import damage
+
+    damaged = {
+        p.name: why
+        for p in (d / "config.json", d / "run_info.json", d / "measurement.json")
+        if (why := damage(p))
+    }
+    damaged.update(
+        {p.name: why for p in sorted(d.glob("oom_report_rank*.json")) if (why := damage(p))}
+    )
+    measurement = _read_json(d / "measurement.json")
+    if measurement is not None:
+        from scaletrain.measure.schema import Measurement
+
+        try:
+            if not isinstance(measurement.get("memory"), dict):  # what verify refuses too
+                raise ValueError("no 'memory' object (what the run measured)")
+            Measurement.from_json(measurement)
+        except (TypeError, ValueError, AttributeError, KeyError) as e:
+            damaged["measurement.json"] = f"a field is missing or has the wrong type: {e}"
+    metrics = _read_jsonl(d / "metrics.jsonl")
+    if not metrics and (why := _no_records(d / "metrics.jsonl")):
+        damaged["metrics.jsonl"] = why
     config = _read_json(d / "config.json") or {}
     job, job_error = None, ""
     if config:
@@ -106,6 +160,7 @@ def load_run(run_dir: str | Path) -> RunData:
             job = job_from_dict(config)
         except (ConfigError, TypeError, ValueError) as e:  # a config from an older version
             job_error = f"{type(e).__name__}: {e}"
+            damaged["config.json"] = f"no longer loads: {job_error}"
     sample = None
     if (d / "sample.txt").is_file():
         sample = (d / "sample.txt").read_text(errors="replace")
@@ -120,12 +175,13 @@ def load_run(run_dir: str | Path) -> RunData:
         job=job,
         job_error=job_error,
         info=_read_json(d / "run_info.json") or {},
-        metrics=_read_jsonl(d / "metrics.jsonl"),
+        metrics=metrics,
         guard=_read_jsonl(d / "guard.jsonl"),
-        measurement=_read_json(d / "measurement.json"),
+        measurement=measurement,
         oom=oom,
         sample=sample,
         checkpoints=checkpoints,
+        damaged=damaged,
     )
 
 
@@ -171,7 +227,7 @@ def predict_run(run: RunData) -> Prediction:
     tok_meas, mfu_meas = _measured_throughput(run)
     out = Prediction(estimate=None)
     if run.job is None:
-        out.error = run.job_error or "config.json is missing"
+        out.error = f"config.json {run.damaged.get('config.json', 'missing')}"
     else:
         try:
             from scaletrain.planner import estimate

@@ -92,14 +92,29 @@ def _figure(make, alt: str) -> str:  # type: ignore[no-untyped-def]
 
 
 def _headline(run: RunData, pred: Prediction) -> str:
+    """The run's headline numbers. run_info.json's are used only when they are numbers of the
+    right kind (a hand-edited or damaged field is passed over for what metrics.jsonl says)."""
+    from scaletrain.measure.run_files import finite, whole
+
     info, last = run.info, (run.metrics[-1] if run.metrics else {})
-    items = [("steps", info.get("steps", last.get("step")))]
-    final = info.get("final_loss", last.get("loss"))
-    items.append(("final loss", f"{final:.4f}" if isinstance(final, float) else final))
-    if info.get("val_loss") is not None:
-        items.append(("val loss", f"{info['val_loss']:.4f}"))
-    for name, e in (info.get("eval") or {}).items():  # data.eval_sources
-        items.append((f"{name} loss (ppl)", f"{e['val_loss']:.4f} ({e['ppl']:.2f})"))
+
+    def count(key: str, fallback: Any) -> Any:
+        n = whole(info.get(key))
+        return n if n is not None and n >= 0 else fallback
+
+    items: list[tuple[str, Any]] = [("steps", count("steps", whole(last.get("step"))))]
+    final = finite(info.get("final_loss"))
+    final = final if final is not None else finite(last.get("loss"))
+    items.append(("final loss", f"{final:.4f}" if final is not None else None))
+    if (val := finite(info.get("val_loss"))) is not None:
+        items.append(("val loss", f"{val:.4f}"))
+    evals = info.get("eval")
+    for name, e in evals.items() if isinstance(evals, dict) else ():  # data.eval_sources
+        if isinstance(e, dict) and None not in (
+            loss := finite(e.get("val_loss")),
+            ppl := finite(e.get("ppl")),
+        ):
+            items.append((f"{name} loss (ppl)", f"{loss:.4f} ({ppl:.2f})"))
     if run.best_loss is not None:
         items.append(("best achievable", f"{run.best_loss:.4f}"))
     tok, mfu = pred.tokens_per_s[1], pred.mfu[1]
@@ -107,13 +122,9 @@ def _headline(run: RunData, pred: Prediction) -> str:
         items.append(("tokens/s", f"{tok:,.0f}"))
     if mfu is not None:
         items.append(("MFU", f"{mfu:.2%}"))
-    items.append(("rollbacks", info.get("rollbacks", len(run.guard))))
-    items.append(
-        (
-            "skipped steps",
-            info.get("skipped_steps", sum(bool(r.get("skipped")) for r in run.metrics)),
-        )
-    )
+    items.append(("rollbacks", count("rollbacks", len(run.guard))))
+    skipped = sum(bool(r.get("skipped")) for r in run.metrics)
+    items.append(("skipped steps", count("skipped_steps", skipped)))
     cells = "".join(f"<div>{_e(k)}<b>{_e(v)}</b></div>" for k, v in items if v is not None)
     return f'<div class="headline">{cells}</div>'
 
@@ -121,7 +132,8 @@ def _headline(run: RunData, pred: Prediction) -> str:
 def _plan_section(run: RunData, pred: Prediction) -> str:
     job = run.job
     if job is None:
-        return f'<p class="alert">The plan cannot be shown: {_e(run.job_error or "no config")}</p>'
+        why = f"config.json {run.damaged.get('config.json', 'missing')}"
+        return f'<p class="alert">The plan cannot be shown: {_e(why)}</p>'
     m, b = job.model, job.batch
     layout = pred.estimate.plan.layout if pred.estimate is not None else None
     layout_text = str(layout) if layout is not None else str(job.parallel)
@@ -308,6 +320,21 @@ def _files_section(run: RunData) -> str:
     )
 
 
+def _damage_section(run: RunData) -> str:
+    """A banner naming each damaged file and what this page could not show without it."""
+    if not run.damaged:
+        return ""
+    from .data import LOST
+
+    items = "".join(
+        f"<li><code>{_e(name)}</code>: {_e(why)}; this page has no "
+        f"{_e(LOST.get(name.split('_rank')[0], 'contents'))} (restore the file and run "
+        "<code>scaletrain report</code> again)</li>"
+        for name, why in run.damaged.items()
+    )
+    return f'<div class="alert"><p>Incomplete report: damaged run files</p><ul>{items}</ul></div>'
+
+
 def render_report(run: RunData, pred: Prediction | None = None) -> str:
     """The report's HTML text."""
     pred = pred if pred is not None else predict_run(run)
@@ -316,6 +343,7 @@ def render_report(run: RunData, pred: Prediction | None = None) -> str:
     body = [
         f"<h1>{_e(title)}</h1>",
         f'<p class="sub">generated {now} from <code>{_e(run.run_dir.resolve())}</code></p>',
+        _damage_section(run),
         _headline(run, pred),
         "<h2>Plan</h2>",
         _plan_section(run, pred),
@@ -374,9 +402,9 @@ def render_report(run: RunData, pred: Prediction | None = None) -> str:
     )
 
 
-def write_report(run_dir: str | Path, *, out: str | Path | None = None) -> Path:
+def write_report(run_dir: str | Path | RunData, *, out: str | Path | None = None) -> Path:
     """Write RUN_DIR/report.html (or `out`) and return its path; ConfigError if not a run."""
-    run = load_run(run_dir)
+    run = run_dir if isinstance(run_dir, RunData) else load_run(run_dir)
     path = Path(out) if out is not None else run.run_dir / "report.html"
     path.write_text(render_report(run), encoding="utf-8")
     return path
