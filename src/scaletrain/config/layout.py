@@ -232,126 +232,179 @@ def layout_problems(
     any framework needs) and drops scaletrain's own composition limits (MoE x TP, the ep and
     ZeRO-1 expert rules, torch's m >= pp): the planner uses it under a foreign framework
     recipe, whose own limits are `planner.recipe_memory.recipe_problems`."""
-    out: list[ConfigError] = []
-
-    def need(ok: bool, field: str, value: Any, fix: str) -> None:
-        if not ok:
-            out.append(ConfigError(field, value, fix))
-
     L = layout
-    for f in ("dp", "dp_replicate", "tp", "pp", "pp_virtual", "cp", "ep"):
-        v = getattr(L, f)
-        need(isinstance(v, int) and v >= 1, f"parallel.{f}", v, "use a positive integer")
-    if out:
+    out = _failed(
+        *[
+            (isinstance(v, int) and v >= 1, f"parallel.{f}", v, "use a positive integer")
+            for f in ("dp", "dp_replicate", "tp", "pp", "pp_virtual", "cp", "ep")
+            for v in [getattr(L, f)]
+        ]
+    )
+    if out:  # the rules below divide by the degrees
         return out
-    need(L.zero in names(ZeroStage), "parallel.zero", L.zero, "choose 0, 1, 2 or 3")
-    need(
-        L.pp_schedule in PP_SCHEDULES,
-        "parallel.pp_schedule",
-        L.pp_schedule,
-        f"choose one of {', '.join(PP_SCHEDULES)}",
-    )
-    if world_size is not None:
-        need(
-            L.world_size == world_size,
-            "parallel",
-            f"dp*tp*pp*cp={L.world_size}",
-            f"the degrees must multiply to the world size {world_size}",
+    out += _degree_problems(L, world_size)
+    out += _tp_problems(L, model)
+    out += _pp_problems(L, model)
+    if seq_len is not None and L.cp > 1:
+        out += _cp_problems(L, model, seq_len)
+    if L.ep > 1:
+        out += _ep_problems(L, model)
+    if trainer_rules:
+        out += composition_problems(L)
+    if seq_len is not None and model.position == "learned":
+        out += _failed(
+            (
+                seq_len <= model.max_seq_len,
+                "batch.seq_len",
+                seq_len,
+                f"learned positions stop at model.max_seq_len={model.max_seq_len}",
+            )
         )
-    need(
-        L.dp % L.dp_replicate == 0,
-        "parallel.dp_replicate",
-        L.dp_replicate,
-        f"must divide dp={L.dp}",
+    if global_batch is not None and micro_batch is not None:
+        out += batch_problems(L, global_batch, micro_batch, trainer_rules=trainer_rules)
+    return out
+
+
+_Rule = tuple[bool, str, Any, str]
+"""(ok, field, value, fix): one legality rule, broken when not ok."""
+
+
+def _failed(*rules: _Rule) -> list[ConfigError]:
+    """The broken rules among `rules`, in order, as ConfigErrors."""
+    return [ConfigError(field, value, fix) for ok, field, value, fix in rules if not ok]
+
+
+def _degree_problems(L: Layout, world_size: int | None) -> list[ConfigError]:
+    """ZeRO stage, schedule name, world size and HSDP replica groups."""
+    rules: list[_Rule] = [
+        (L.zero in names(ZeroStage), "parallel.zero", L.zero, "choose 0, 1, 2 or 3"),
+        (
+            L.pp_schedule in PP_SCHEDULES,
+            "parallel.pp_schedule",
+            L.pp_schedule,
+            f"choose one of {', '.join(PP_SCHEDULES)}",
+        ),
+    ]
+    if world_size is not None:
+        rules.append(
+            (
+                L.world_size == world_size,
+                "parallel",
+                f"dp*tp*pp*cp={L.world_size}",
+                f"the degrees must multiply to the world size {world_size}",
+            )
+        )
+    rules += [
+        (
+            L.dp % L.dp_replicate == 0,
+            "parallel.dp_replicate",
+            L.dp_replicate,
+            f"must divide dp={L.dp}",
+        ),
+        (
+            L.dp_replicate == 1 or L.zero >= 1,
+            "parallel.dp_replicate",
+            L.dp_replicate,
+            "HSDP shards within each replica group: set parallel.zero to 1, 2 or 3",
+        ),
+    ]
+    return _failed(*rules)
+
+
+def _tp_problems(L: Layout, model: ModelConfig) -> list[ConfigError]:
+    """Tensor parallel splits whole heads (query and key/value) and the MLP width.
+
+    MoE x TP runs (parallel.tensor_parallel: attention split, router replicated): with
+    ep = 1 every expert's f dim is split over tp (Megatron's expert TP; ffn_dim % tp here),
+    with ep > 1 experts are split whole by ep and each tp rank holds its ep rank's experts
+    whole (planner: expert parameters / tp if ep == 1 else / ep, `expert_split`)."""
+    return _failed(
+        (
+            model.num_heads % L.tp == 0,
+            "parallel.tp",
+            L.tp,
+            f"tp must divide num_heads={model.num_heads}",
+        ),
+        (
+            model.num_kv_heads % L.tp == 0,
+            "parallel.tp",
+            L.tp,
+            f"tp must divide num_kv_heads={model.num_kv_heads}",
+        ),
+        (model.ffn_dim % L.tp == 0, "parallel.tp", L.tp, f"tp must divide ffn_dim={model.ffn_dim}"),
     )
-    need(
-        L.dp_replicate == 1 or L.zero >= 1,
-        "parallel.dp_replicate",
-        L.dp_replicate,
-        "HSDP shards within each replica group: set parallel.zero to 1, 2 or 3",
-    )
-    # Tensor parallel splits whole heads (query and key/value) and the MLP width.
-    need(
-        model.num_heads % L.tp == 0,
-        "parallel.tp",
-        L.tp,
-        f"tp must divide num_heads={model.num_heads}",
-    )
-    need(
-        model.num_kv_heads % L.tp == 0,
-        "parallel.tp",
-        L.tp,
-        f"tp must divide num_kv_heads={model.num_kv_heads}",
-    )
-    need(model.ffn_dim % L.tp == 0, "parallel.tp", L.tp, f"tp must divide ffn_dim={model.ffn_dim}")
-    # MoE x TP runs (parallel.tensor_parallel: attention split, router replicated): with
-    # ep = 1 every expert's f dim is split over tp (Megatron's expert TP; ffn_dim % tp above),
-    # with ep > 1 experts are split whole by ep and each tp rank holds its ep rank's experts
-    # whole (planner: expert parameters / tp if ep == 1 else / ep, `expert_split`).
-    # Pipeline: every (virtual) stage needs at least one layer.
-    need(
-        L.pp * L.pp_virtual <= model.num_layers,
-        "parallel.pp",
-        L.pp,
-        f"pp*pp_virtual must not exceed num_layers={model.num_layers}",
-    )
+
+
+def _pp_problems(L: Layout, model: ModelConfig) -> list[ConfigError]:
+    """Pipeline: every (virtual) stage needs at least one layer, and the schedule decides
+    how many stages each rank runs."""
+    rules: list[_Rule] = [
+        (
+            L.pp * L.pp_virtual <= model.num_layers,
+            "parallel.pp",
+            L.pp,
+            f"pp*pp_virtual must not exceed num_layers={model.num_layers}",
+        )
+    ]
     if L.pp_schedule == "interleaved" and L.pp > 1:
-        need(
-            L.pp_virtual >= 2,
-            "parallel.pp_virtual",
-            L.pp_virtual,
-            "the interleaved schedule needs pp_virtual >= 2 (or use '1f1b')",
+        rules.append(
+            (
+                L.pp_virtual >= 2,
+                "parallel.pp_virtual",
+                L.pp_virtual,
+                "the interleaved schedule needs pp_virtual >= 2 (or use '1f1b')",
+            )
         )
     if L.pp_schedule in ("gpipe", "1f1b"):
-        need(
-            L.pp_virtual == 1,
-            "parallel.pp_virtual",
-            L.pp_virtual,
-            f"{L.pp_schedule} runs one stage per rank: set pp_virtual=1 or use 'interleaved'",
+        rules.append(
+            (
+                L.pp_virtual == 1,
+                "parallel.pp_virtual",
+                L.pp_virtual,
+                f"{L.pp_schedule} runs one stage per rank: set pp_virtual=1 or use 'interleaved'",
+            )
         )
-    # Context parallel: load-balanced causal sharding cuts the sequence into 2*cp chunks.
-    if seq_len is not None and L.cp > 1:
-        need(
+    return _failed(*rules)
+
+
+def _cp_problems(L: Layout, model: ModelConfig, seq_len: int) -> list[ConfigError]:
+    """Context parallel (cp > 1): load-balanced causal sharding cuts the sequence into 2*cp
+    chunks, and ring attention's blocks take no mask (a window shorter than the sequence
+    needs one)."""
+    return _failed(
+        (
             seq_len % (2 * L.cp) == 0,
             "parallel.cp",
             L.cp,
             f"seq_len={seq_len} must be divisible by 2*cp={2 * L.cp}",
-        )
-        # ring attention's blocks take no mask: a window shorter than the sequence needs one
-        need(
+        ),
+        (
             not 0 < model.sliding_window < seq_len,
             "parallel.cp",
             L.cp,
             f"ring attention has no sliding window (model.sliding_window="
             f"{model.sliding_window} < seq_len={seq_len}): use cp=1 or seq_len <= the window",
-        )
-    # Expert parallel: whole experts per rank, ranks taken from the dp*cp group.
-    if L.ep > 1:
-        need(model.is_moe, "parallel.ep", L.ep, "ep > 1 needs an MoE model (model.num_experts > 0)")
-        need(
+        ),
+    )
+
+
+def _ep_problems(L: Layout, model: ModelConfig) -> list[ConfigError]:
+    """Expert parallel (ep > 1): whole experts per rank, ranks taken from the dp*cp group."""
+    return _failed(
+        (model.is_moe, "parallel.ep", L.ep, "ep > 1 needs an MoE model (model.num_experts > 0)"),
+        (
             model.num_experts % L.ep == 0,
             "parallel.ep",
             L.ep,
             f"ep must divide num_experts={model.num_experts}",
-        )
-        need(
+        ),
+        (
             (L.dp * L.cp) % L.ep == 0,
             "parallel.ep",
             L.ep,
             f"ep must divide dp*cp={L.dp * L.cp} (experts are spread over data-parallel ranks)",
-        )
-    if trainer_rules:
-        out += composition_problems(L)
-    if seq_len is not None and model.position == "learned":
-        need(
-            seq_len <= model.max_seq_len,
-            "batch.seq_len",
-            seq_len,
-            f"learned positions stop at model.max_seq_len={model.max_seq_len}",
-        )
-    if global_batch is not None and micro_batch is not None:
-        out += batch_problems(L, global_batch, micro_batch, trainer_rules=trainer_rules)
-    return out
+        ),
+    )
 
 
 def option_problems(
