@@ -339,6 +339,21 @@ def load_checkpoint(
     reason = verify_checkpoint(path)
     if reason is not None:
         raise CheckpointError(f"checkpoint {path} is unusable: {reason}")
+    trainer_state, extra = _read_small_files(path)
+    if isinstance(optimizer, ZeroRedundancyOptimizer) and "optim_local" not in extra:
+        raise CheckpointError(
+            f"{path} holds no ZeRO-1 partition for this rank: ZeRO-1 "
+            "optimizer partitions cannot be resharded; resume with the world "
+            "size it was written with, or with parallel.zero=2/3"
+        )
+    state = _state_dicts(model, optimizer)
+    _check_saved_fqns(path, state)
+    _load_states(path, state, model, optimizer, extra)
+    return trainer_state, extra
+
+
+def _read_small_files(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(trainer_state.json, this rank's extra_rank*.pt), each checked to hold a mapping."""
     extra_path = path / f"extra_rank{_rank()}.pt"
     if not extra_path.is_file():
         # written with fewer ranks (a resharded resume): model and optimizer reshard through
@@ -356,13 +371,12 @@ def load_checkpoint(
             f"checkpoint {path} is unusable: extra_rank*.pt and "
             "trainer_state.json must each hold a mapping"
         )
-    if isinstance(optimizer, ZeroRedundancyOptimizer) and "optim_local" not in extra:
-        raise CheckpointError(
-            f"{path} holds no ZeRO-1 partition for this rank: ZeRO-1 "
-            "optimizer partitions cannot be resharded; resume with the world "
-            "size it was written with, or with parallel.zero=2/3"
-        )
-    state = _state_dicts(model, optimizer)
+    return trainer_state, extra
+
+
+def _check_saved_fqns(path: Path, state: dict[str, Any]) -> None:
+    """Refuse, before anything loads, a checkpoint holding parameters this model lacks, or
+    ZeRO-1 partitions where this optimizer expects a DCP optimizer state."""
     fqns = _saved_fqns(path)  # reads (safely) the index before anything is loaded
     saved = {k.split(".", 1)[0] for k in fqns}
     ours = {f"model.{k}" for k in state["model"]}
@@ -384,6 +398,17 @@ def load_checkpoint(
             f"{path} was written by ZeRO-1 (per-rank optimizer partitions): "
             "resume it with parallel.zero=1 and the same world size"
         )
+
+
+def _load_states(
+    path: Path,
+    state: dict[str, Any],
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    extra: dict[str, Any],
+) -> None:
+    """DCP-load `state` from `path`, then set it into model and optimizer (ZeRO-1: its
+    local partition from `extra`, popped)."""
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
@@ -413,7 +438,6 @@ def load_checkpoint(
             f"({_first(e)}): resume it with the config it was written "
             "with, or start a new run_dir"
         ) from None
-    return trainer_state, extra
 
 
 def _first(e: BaseException) -> str:
