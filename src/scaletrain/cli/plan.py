@@ -6,6 +6,7 @@ import argparse
 import json
 from typing import Any, cast
 
+from scaletrain.cli import _plan_output as _output
 from scaletrain.cli._job import ResolvedJob, add_job_flags, flag_overrides, resolve_job
 from scaletrain.cli._types import check_finite_output, finite_float
 from scaletrain.cli._verdict import verdict_line
@@ -246,14 +247,6 @@ def _textbook_flags(args: argparse.Namespace) -> None:
         raise ConfigError("--ckpt-every", args.ckpt_every, "use a positive integer")
 
 
-def _textbook(est: Any, args: argparse.Namespace) -> str:
-    from scaletrain.planner.napkin import textbook_lines
-
-    return "\n".join(
-        textbook_lines(est, args.convention, params=args.params, ckpt_every=args.ckpt_every or 1)
-    )
-
-
 def _exact_layout(inp: dict[str, Any]) -> Layout:
     p, n = inp["pinned"], inp["gpus"]
     tp, pp, cp = p.get("tp") or 1, p.get("pp") or 1, p.get("cp") or 1
@@ -401,9 +394,9 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
 
             lines.append(render_search(res))
     if args.tokens and estimates and not args.json and not explain_mode:
-        lines.append(_cost_line(estimates[0], args.tokens, inp["energy"]))
+        lines.append(_output.cost_line(estimates[0], args.tokens, inp["energy"]))
     if args.convention is not None and estimates and not args.json:
-        lines.append(_textbook(estimates[0], args))
+        lines.append(_output.textbook(estimates[0], args))
     if lines:
         from scaletrain.planner.report import fit_width
 
@@ -411,9 +404,9 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         check_finite_output(text, args.command, args)
         print(text)
     if args.plot and estimates:
-        _plots(estimates, args.plot)
+        _output.plots(estimates, args.plot)
     if getattr(args, "preflight", False) and estimates:
-        print(_preflight(estimates[0]))
+        print(_output.preflight(estimates[0]))
     return 0
 
 
@@ -439,88 +432,3 @@ def _why_no_recipe_layout(inp: dict[str, Any]) -> None:
                 else ""
             )
             raise ConfigError(_flag(problem.field), problem.value, problem.fix + stages)
-
-
-def _job_for(est: Any) -> Any:
-    """The training job that runs exactly the layout of `est` (for the dry-run)."""
-    from scaletrain.config import (
-        BatchConfig,
-        HardwareConfig,
-        JobConfig,
-        MemoryConfig,
-        ParallelConfig,
-        PrecisionConfig,
-    )
-
-    p, L = est.plan, est.plan.layout
-    return JobConfig(
-        model=p.model,
-        parallel=ParallelConfig.from_layout(L),
-        precision=PrecisionConfig(dtype=p.precision),
-        memory=MemoryConfig(ac=p.ac, offload=p.offload),
-        batch=BatchConfig(
-            global_batch=p.global_batch, micro_batch=p.micro_batch, seq_len=p.seq_len
-        ),
-        hardware=HardwareConfig(gpu=p.hardware.name, gpus=p.num_gpus),
-    )
-
-
-def _preflight(est: Any) -> str:
-    """Dry-run `est`'s layout as its worst rank and put the measurement beside the prediction."""
-    from scaletrain.dryrun import dryrun
-    from scaletrain.measure.verify import compare, format_table
-
-    try:
-        measured = dryrun(_job_for(est), world_size=est.plan.num_gpus, rank=est.memory.rank)
-    except ConfigError as e:  # a layout the dry-run cannot drive yet (PP, EP, offload)
-        return f"preflight: not run ({e})"
-    verdict = "fits" if measured.memory.total <= est.plan.hardware.memory_bytes else "DOES NOT FIT"
-    return (
-        f"preflight dry-run of the best layout (rank {est.memory.rank}): {verdict}\n"
-        + format_table(compare(measured, est))
-    )
-
-
-def _plots(estimates: list[Any], path: str) -> list[str]:
-    """The memory bars at `path`; when the best layout pipelines (pp > 1), also its simulated
-    schedule as a Gantt chart at FILE_pipeline.png beside it."""
-    from pathlib import Path
-
-    from scaletrain.planner.plot import plot_memory, plot_pipeline
-
-    out = [str(plot_memory(estimates, path))]
-    best = estimates[0]
-    L = best.plan.layout
-    if L.pp > 1:
-        from scaletrain.planner.pipeline import simulate
-
-        t = best.time
-        # one micro-batch's forward/backward on the slowest rank, from the estimate's compute
-        m = max(1, best.plan.grad_accum)
-        per_mb = t.compute_s / m
-        # a readable chart (and a quick simulation): at most 4 rounds of pp micro-batches; a
-        # multiple of pp keeps every schedule's order legal
-        shown = m if m <= 4 * L.pp else 4 * L.pp
-        timeline = simulate(L.pp_schedule, L.pp, shown, L.pp_virtual, per_mb / 3, 2 * per_mb / 3)
-        p = Path(path)
-        out.append(str(plot_pipeline(timeline, p.with_name(f"{p.stem}_pipeline{p.suffix}"))))
-        note = "" if shown == m else f" (first {shown} of {m} micro-batches)"
-        print(f"wrote {out[0]} and {out[1]}{note}")
-    else:
-        print(f"wrote {out[0]}")
-    return out
-
-
-def _cost_line(est: Any, tokens: float, energy: dict[str, float]) -> str:
-    from scaletrain.planner.estimate import training_cost
-
-    c = training_cost(est, tokens, **energy)
-    return (
-        f"{tokens:.3g} tokens: {c.seconds / 86400:.1f} days, {c.gpu_hours:,.0f} GPU-hours, "
-        f"${c.usd:,.0f}, {c.kwh:,.0f} kWh, {_tonnes(c.kg_co2)} t CO2"
-    )
-
-
-def _tonnes(kg: float) -> str:
-    t = kg / 1000
-    return f"{t:,.1f}" if t >= 10 else f"{t:.3g}"
