@@ -332,6 +332,72 @@ def _evaluate(inp: dict[str, Any]) -> Any:
     return estimate(plan)
 
 
+def _one_layout(
+    args: argparse.Namespace, inp: dict[str, Any], lines: list[str], *, explain_mode: bool
+) -> list[Any]:
+    """The pinned layout's estimate: printed as JSON, or its report (explain: its arithmetic
+    and verdict) appended to `lines`."""
+    est = _evaluate(inp)
+    estimates = [est]
+    if args.json:
+        print(json.dumps(est.to_json(), indent=2))
+    elif explain_mode:
+        from scaletrain.planner.explain import explain
+
+        lines.append(explain(est, tokens=args.tokens, **inp["energy"]))
+        lines.append(
+            verdict_line(
+                est.memory.reserved,
+                inp["hw"],
+                what=f"planned reserved (rank {est.memory.rank})",
+            )
+        )
+    else:
+        from scaletrain.planner.report import render_estimates
+
+        lines.append(render_estimates(estimates))
+    return estimates
+
+
+def _searched(args: argparse.Namespace, inp: dict[str, Any], lines: list[str]) -> list[Any]:
+    """The search's best layouts: printed as JSON, or its table appended to `lines`."""
+    from scaletrain.planner.search import search
+
+    pins = {k: inp[k] for k in ("micro_batch", "ac", "offload") if inp[k] is not None}
+    pins.update(inp["pinned"])
+    res = search(
+        inp["model"],
+        inp["hw"],
+        inp["gpus"],
+        seq_len=inp["seq"],
+        global_batch=inp["gb"],
+        precision=inp["precision"],
+        top_k=args.top,
+        compile=inp["compile"],
+        efficiency=inp["efficiency"],
+        recipe=inp["recipe"],
+        **pins,
+    )
+    estimates = res.top
+    if not res.top and not res.legal:
+        _why_no_recipe_layout(inp)
+        raise ConfigError(
+            "--gpus",
+            inp["gpus"],
+            "no legal layout: change --gpus, "
+            "--global-batch or --seq-len so the degrees can divide them",
+        )
+    if args.json:
+        from scaletrain.planner.report import to_json
+
+        print(json.dumps(to_json(res.top), indent=2))
+    else:
+        from scaletrain.planner.report import render_search
+
+        lines.append(render_search(res))
+    return estimates
+
+
 def run(args: argparse.Namespace, extra: list[str]) -> int:
     if extra:
         raise ConfigError("argument", " ".join(extra), "remove it (see --help for the flags)")
@@ -339,60 +405,9 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     explain_mode = args.command == "explain"
     lines: list[str] = [] if args.json else [f"note: {n}" for n in inp["derived"]]
     if inp["exact"] or explain_mode:
-        est = _evaluate(inp)
-        estimates = [est]
-        if args.json:
-            print(json.dumps(est.to_json(), indent=2))
-        elif explain_mode:
-            from scaletrain.planner.explain import explain
-
-            lines.append(explain(est, tokens=args.tokens, **inp["energy"]))
-            lines.append(
-                verdict_line(
-                    est.memory.reserved,
-                    inp["hw"],
-                    what=f"planned reserved (rank {est.memory.rank})",
-                )
-            )
-        else:
-            from scaletrain.planner.report import render_estimates
-
-            lines.append(render_estimates(estimates))
+        estimates = _one_layout(args, inp, lines, explain_mode=explain_mode)
     else:
-        from scaletrain.planner.search import search
-
-        pins = {k: inp[k] for k in ("micro_batch", "ac", "offload") if inp[k] is not None}
-        pins.update(inp["pinned"])
-        res = search(
-            inp["model"],
-            inp["hw"],
-            inp["gpus"],
-            seq_len=inp["seq"],
-            global_batch=inp["gb"],
-            precision=inp["precision"],
-            top_k=args.top,
-            compile=inp["compile"],
-            efficiency=inp["efficiency"],
-            recipe=inp["recipe"],
-            **pins,
-        )
-        estimates = res.top
-        if not res.top and not res.legal:
-            _why_no_recipe_layout(inp)
-            raise ConfigError(
-                "--gpus",
-                inp["gpus"],
-                "no legal layout: change --gpus, "
-                "--global-batch or --seq-len so the degrees can divide them",
-            )
-        if args.json:
-            from scaletrain.planner.report import to_json
-
-            print(json.dumps(to_json(res.top), indent=2))
-        else:
-            from scaletrain.planner.report import render_search
-
-            lines.append(render_search(res))
+        estimates = _searched(args, inp, lines)
     if args.tokens and estimates and not args.json and not explain_mode:
         lines.append(_output.cost_line(estimates[0], args.tokens, inp["energy"]))
     if args.convention is not None and estimates and not args.json:
