@@ -1,5 +1,6 @@
 """What `scaletrain plan` prints or writes beside its estimates: the textbook memory, the
-preflight dry-run of the best layout, the plots and the cost line (`cli.plan` calls these)."""
+preflight dry-run of the best layout, the plots and the cost line (`cli.plan` calls these),
+and the checks of the flags asking for them, run before any work."""
 
 from __future__ import annotations
 
@@ -8,7 +9,67 @@ from typing import Any
 
 from scaletrain.config import ConfigError
 
-__all__ = ["textbook", "preflight", "plots", "cost_line"]
+__all__ = [
+    "check_plot_path",
+    "check_textbook_flags",
+    "textbook",
+    "preflight",
+    "plots",
+    "cost_line",
+]
+
+_PLOT_FORMATS = (".png", ".pdf", ".svg", ".jpg", ".jpeg")
+
+
+def check_plot_path(path: str | None) -> None:
+    """--plot FILE: a file name with an image suffix in an existing directory, checked before
+    any work (matplotlib would otherwise fail after the plan, or add '.png' to a directory's
+    name and write beside it)."""
+    if path is None:
+        return
+    from pathlib import Path
+
+    p = Path(path)
+    if p.suffix.lower() not in _PLOT_FORMATS:
+        raise ConfigError(
+            "--plot",
+            path,
+            f"name an image file ending in {', '.join(_PLOT_FORMATS)}, e.g. memory.png",
+        )
+    if p.is_dir():
+        raise ConfigError(
+            "--plot", path, f"it is a directory: name a file such as {p / 'memory.png'}"
+        )
+    if not p.resolve().parent.is_dir():
+        raise ConfigError(
+            "--plot",
+            path,
+            f"its directory {p.parent} does not exist: create it or name a file in an existing one",
+        )
+
+
+def check_textbook_flags(args: argparse.Namespace) -> None:
+    """--convention / --params / --ckpt-every: checked before any work."""
+    from scaletrain.planner.napkin import convention
+
+    if args.convention is None:
+        for flag in ("params", "ckpt_every"):
+            if getattr(args, flag) is not None:
+                raise ConfigError(
+                    f"--{flag.replace('_', '-')}",
+                    getattr(args, flag),
+                    "it sizes the textbook memory: add --convention 12|16|18|20",
+                )
+        return
+    convention(args.convention, args.precision or "bf16")  # unknown: one line
+    if args.json:
+        raise ConfigError(
+            "--convention", args.convention, "the textbook memory is printed as text: drop --json"
+        )
+    if args.params is not None and args.params <= 0:
+        raise ConfigError("--params", args.params, "give a positive count such as 7e9")
+    if args.ckpt_every is not None and args.ckpt_every < 1:
+        raise ConfigError("--ckpt-every", args.ckpt_every, "use a positive integer")
 
 
 def textbook(est: Any, args: argparse.Namespace) -> str:

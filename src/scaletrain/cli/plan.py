@@ -131,8 +131,8 @@ def _inputs(args: argparse.Namespace) -> dict[str, Any]:
         _positive(args, f)
     if args.tokens is not None and args.tokens <= 0:
         raise ConfigError("--tokens", args.tokens, "give a positive token count such as 1e12")
-    _textbook_flags(args)
-    _plot_path(args.plot)
+    _output.check_textbook_flags(args)
+    _output.check_plot_path(args.plot)
     from scaletrain.planner.recipes import recipe_named
 
     recipe_named(args.recipe)  # an unknown recipe: one line with did-you-mean, before any work
@@ -191,60 +191,6 @@ def _energy(job: Any) -> dict[str, float]:
         "kg_co2_per_kwh": h.grid_kg_co2_per_kwh,
         "host_watts_per_node": h.host_watts_per_node,
     }
-
-
-_PLOT_FORMATS = (".png", ".pdf", ".svg", ".jpg", ".jpeg")
-
-
-def _plot_path(path: str | None) -> None:
-    """--plot FILE: a file name with an image suffix in an existing directory, checked before
-    any work (matplotlib would otherwise fail after the plan, or add '.png' to a directory's
-    name and write beside it)."""
-    if path is None:
-        return
-    from pathlib import Path
-
-    p = Path(path)
-    if p.suffix.lower() not in _PLOT_FORMATS:
-        raise ConfigError(
-            "--plot",
-            path,
-            f"name an image file ending in {', '.join(_PLOT_FORMATS)}, e.g. memory.png",
-        )
-    if p.is_dir():
-        raise ConfigError(
-            "--plot", path, f"it is a directory: name a file such as {p / 'memory.png'}"
-        )
-    if not p.resolve().parent.is_dir():
-        raise ConfigError(
-            "--plot",
-            path,
-            f"its directory {p.parent} does not exist: create it or name a file in an existing one",
-        )
-
-
-def _textbook_flags(args: argparse.Namespace) -> None:
-    """--convention / --params / --ckpt-every: checked before any work."""
-    from scaletrain.planner.napkin import convention
-
-    if args.convention is None:
-        for flag in ("params", "ckpt_every"):
-            if getattr(args, flag) is not None:
-                raise ConfigError(
-                    f"--{flag.replace('_', '-')}",
-                    getattr(args, flag),
-                    "it sizes the textbook memory: add --convention 12|16|18|20",
-                )
-        return
-    convention(args.convention, args.precision or "bf16")  # unknown: one line
-    if args.json:
-        raise ConfigError(
-            "--convention", args.convention, "the textbook memory is printed as text: drop --json"
-        )
-    if args.params is not None and args.params <= 0:
-        raise ConfigError("--params", args.params, "give a positive count such as 7e9")
-    if args.ckpt_every is not None and args.ckpt_every < 1:
-        raise ConfigError("--ckpt-every", args.ckpt_every, "use a positive integer")
 
 
 def _exact_layout(inp: dict[str, Any]) -> Layout:
