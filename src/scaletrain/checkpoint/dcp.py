@@ -23,7 +23,6 @@ also writes the manifest), so a planted index is refused in one line and runs no
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -47,6 +46,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from scaletrain.parallel.zero import load_zero1_local_state, zero1_local_state
 
+from .manifest import _PREFIX, _sha256, latest_good, list_checkpoints, verify_checkpoint
 from .safe_meta import SafeFileSystemReader, UnsafeMetadataError
 
 __all__ = [
@@ -58,8 +58,6 @@ __all__ = [
     "verify_checkpoint",
     "CheckpointError",
 ]
-
-_PREFIX = "step_"
 
 
 class CheckpointError(RuntimeError):
@@ -73,81 +71,6 @@ def _rank() -> int:
 def _barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def list_checkpoints(ckpt_dir: str | Path) -> list[Path]:
-    """Published checkpoints, oldest first."""
-    d = Path(ckpt_dir)
-    if not d.is_dir():
-        return []
-    return sorted(p for p in d.iterdir() if p.is_dir() and p.name.startswith(_PREFIX))
-
-
-_REQUIRED = (".metadata", "trainer_state.json", "extra_rank0.pt")
-"""Files every published checkpoint holds (DCP's index, rank 0's state and extras)."""
-
-
-def verify_checkpoint(path: Path) -> str | None:
-    """None if the checkpoint is complete and intact, else the reason it is not (one line).
-
-    The manifest must be a JSON object whose `step` matches the directory's name and whose
-    `files` list every required file by a plain name with its size and sha256; each listed file
-    must exist with that size and checksum."""
-    manifest = path / "manifest.json"
-    if not manifest.is_file():
-        return "no manifest.json (the write did not finish)"
-    try:
-        doc = json.loads(manifest.read_bytes().decode("utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        return f"unreadable manifest.json ({type(e).__name__}: {' '.join(str(e).split())})"
-    files = doc.get("files") if isinstance(doc, dict) else None
-    if not isinstance(files, dict):
-        return "manifest.json has no 'files' object"
-    step = doc.get("step")
-    if (
-        path.name.startswith(_PREFIX)
-        and path.name[len(_PREFIX) :].isdigit()
-        and (isinstance(step, bool) or step != int(path.name[len(_PREFIX) :]))
-    ):
-        return f"manifest.json says step {step!r}, the directory is {path.name}"
-    for name in _REQUIRED:
-        if name not in files:
-            return f"manifest.json does not list {name}"
-    for name, rec in files.items():
-        if not isinstance(name, str) or Path(name).name != name or name in (".", ".."):
-            return f"manifest.json lists {name!r}, not a file of this directory"
-        if not (
-            isinstance(rec, dict)
-            and isinstance(rec.get("size"), int)
-            and isinstance(rec.get("sha256"), str)
-        ):
-            return f"manifest.json entry for {name} lacks an integer size and a sha256"
-        f = path / name
-        if not f.is_file():
-            return f"missing file {name}"
-        if f.stat().st_size != rec["size"]:
-            return f"{name} has {f.stat().st_size} bytes, manifest says {rec['size']}"
-        if _sha256(f) != rec["sha256"]:
-            return f"{name} checksum mismatch (corrupted)"
-    return None
-
-
-def latest_good(ckpt_dir: str | Path, *, log: Any = print) -> Path | None:
-    """Newest checkpoint that verifies; torn or corrupted ones are reported and skipped."""
-    for path in reversed(list_checkpoints(ckpt_dir)):
-        reason = verify_checkpoint(path)
-        if reason is None:
-            return path
-        log(f"checkpoint {path} is unusable: {reason}; trying the previous one")
-    return None
 
 
 def save_checkpoint(
@@ -339,6 +262,21 @@ def load_checkpoint(
     reason = verify_checkpoint(path)
     if reason is not None:
         raise CheckpointError(f"checkpoint {path} is unusable: {reason}")
+    trainer_state, extra = _read_small_files(path)
+    if isinstance(optimizer, ZeroRedundancyOptimizer) and "optim_local" not in extra:
+        raise CheckpointError(
+            f"{path} holds no ZeRO-1 partition for this rank: ZeRO-1 "
+            "optimizer partitions cannot be resharded; resume with the world "
+            "size it was written with, or with parallel.zero=2/3"
+        )
+    state = _state_dicts(model, optimizer)
+    _check_saved_fqns(path, state)
+    _load_states(path, state, model, optimizer, extra)
+    return trainer_state, extra
+
+
+def _read_small_files(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(trainer_state.json, this rank's extra_rank*.pt), each checked to hold a mapping."""
     extra_path = path / f"extra_rank{_rank()}.pt"
     if not extra_path.is_file():
         # written with fewer ranks (a resharded resume): model and optimizer reshard through
@@ -356,13 +294,12 @@ def load_checkpoint(
             f"checkpoint {path} is unusable: extra_rank*.pt and "
             "trainer_state.json must each hold a mapping"
         )
-    if isinstance(optimizer, ZeroRedundancyOptimizer) and "optim_local" not in extra:
-        raise CheckpointError(
-            f"{path} holds no ZeRO-1 partition for this rank: ZeRO-1 "
-            "optimizer partitions cannot be resharded; resume with the world "
-            "size it was written with, or with parallel.zero=2/3"
-        )
-    state = _state_dicts(model, optimizer)
+    return trainer_state, extra
+
+
+def _check_saved_fqns(path: Path, state: dict[str, Any]) -> None:
+    """Refuse, before anything loads, a checkpoint holding parameters this model lacks, or
+    ZeRO-1 partitions where this optimizer expects a DCP optimizer state."""
     fqns = _saved_fqns(path)  # reads (safely) the index before anything is loaded
     saved = {k.split(".", 1)[0] for k in fqns}
     ours = {f"model.{k}" for k in state["model"]}
@@ -384,6 +321,17 @@ def load_checkpoint(
             f"{path} was written by ZeRO-1 (per-rank optimizer partitions): "
             "resume it with parallel.zero=1 and the same world size"
         )
+
+
+def _load_states(
+    path: Path,
+    state: dict[str, Any],
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    extra: dict[str, Any],
+) -> None:
+    """DCP-load `state` from `path`, then set it into model and optimizer (ZeRO-1: its
+    local partition from `extra`, popped)."""
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
@@ -413,7 +361,6 @@ def load_checkpoint(
             f"({_first(e)}): resume it with the config it was written "
             "with, or start a new run_dir"
         ) from None
-    return trainer_state, extra
 
 
 def _first(e: BaseException) -> str:

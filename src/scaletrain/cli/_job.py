@@ -197,6 +197,91 @@ def _world(job: JobConfig, world_size: int | None) -> tuple[int, Derived | None]
     return 1, None
 
 
+@dataclass
+class _Derivation:
+    """The values `resolve_job` derives: overrides to reload the config with, each one that
+    differs from the default recorded in `res.derived` with its reason."""
+
+    res: ResolvedJob
+    extra: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def put(self, section: str, key: str, value: Any, why: str, default: Any) -> None:
+        self.extra.setdefault(section, {})[key] = value
+        if value != default:
+            self.res.derived.append(Derived(f"{section}.{key}", value, why))
+
+
+def _derive_dtype(d: _Derivation, job: JobConfig) -> None:
+    """bf16 on a GPU with bf16 tensor cores, unless the precision is given."""
+    if not d.res.is_given("precision", "dtype"):
+        hw = hardware_preset(job.hardware.gpu)
+        if job.hardware.gpu != "cpu" and "bf16" in hw.peak_flops:
+            d.put(
+                "precision",
+                "dtype",
+                "bf16",
+                f"{hw.name} has bf16 tensor cores",
+                job.precision.dtype,
+            )
+
+
+def _derive_vocab(d: _Derivation, job: JobConfig) -> None:
+    """The BPE tokenizer's vocabulary size, unless the model's is given."""
+    if (
+        not d.res.is_given("model", "vocab_size")
+        and job.data.tokenizer == "bpe"
+        and job.model.vocab_size != job.data.bpe_vocab_size
+    ):
+        d.put(
+            "model",
+            "vocab_size",
+            job.data.bpe_vocab_size,
+            "the BPE tokenizer's size (data.bpe_vocab_size)",
+            job.model.vocab_size,
+        )
+
+
+def _derive_batch(
+    d: _Derivation, job: JobConfig, world: int, *, micro_batch_given: bool, search: bool
+) -> None:
+    """A global batch dp divides, and the micro-batch, unless given."""
+    dp = _dp(job, world)
+    gb = job.batch.global_batch
+    if not d.res.is_given("batch", "global_batch") and dp and gb % dp:
+        gb = dp * -(-_SEED_GLOBAL_BATCH // dp)
+        d.put(
+            "batch",
+            "global_batch",
+            gb,
+            f"the smallest multiple of dp={dp} >= {_SEED_GLOBAL_BATCH}",
+            job.batch.global_batch,
+        )
+    if not micro_batch_given:
+        if dp and gb % dp and not search:  # gb given: say so before a micro-batch is derived
+            lo, hi = dp * (gb // dp), dp * -(-gb // dp)
+            raise ConfigError(
+                "batch.global_batch",
+                gb,
+                f"must be a multiple of dp={dp} (global batch = dp x micro-batch x "
+                f"accumulation steps): use {' or '.join(str(v) for v in (lo, hi) if v)}",
+            )
+        mb = _micro_batch(job, world, gb, dp) if dp and not search else None
+        if mb is None:  # nothing to derive from: the layout's own errors name the fix
+            fallback = _DEFAULT_MICRO_BATCH if gb % _DEFAULT_MICRO_BATCH == 0 else 1
+            d.extra.setdefault("batch", {})["micro_batch"] = fallback
+            if search:
+                d.extra["batch"]["micro_batch"] = 1  # the planner's search chooses it
+        elif dp:
+            d.put(
+                "batch",
+                "micro_batch",
+                mb,
+                f"global batch {gb} / dp {dp}"
+                + ("" if mb * dp == gb else f" / {gb // (mb * dp)} micro-batches"),
+                _DEFAULT_MICRO_BATCH,
+            )
+
+
 def resolve_job(
     config_path: str | Path | None,
     overrides: dict[str, dict[str, Any]] | list[str] | None = None,
@@ -220,70 +305,11 @@ def resolve_job(
     world, note = _world(job, world_size)
     derived = [note] if note else []
     res = ResolvedJob(job, world, derived, given)
-    extra: dict[str, dict[str, Any]] = {}
-
-    def put(section: str, key: str, value: Any, why: str, default: Any) -> None:
-        extra.setdefault(section, {})[key] = value
-        if value != default:
-            res.derived.append(Derived(f"{section}.{key}", value, why))
-
-    if not res.is_given("precision", "dtype"):
-        hw = hardware_preset(job.hardware.gpu)
-        if job.hardware.gpu != "cpu" and "bf16" in hw.peak_flops:
-            put(
-                "precision",
-                "dtype",
-                "bf16",
-                f"{hw.name} has bf16 tensor cores",
-                job.precision.dtype,
-            )
-    if (
-        not res.is_given("model", "vocab_size")
-        and job.data.tokenizer == "bpe"
-        and job.model.vocab_size != job.data.bpe_vocab_size
-    ):
-        put(
-            "model",
-            "vocab_size",
-            job.data.bpe_vocab_size,
-            "the BPE tokenizer's size (data.bpe_vocab_size)",
-            job.model.vocab_size,
-        )
-    dp = _dp(job, world)
-    gb = job.batch.global_batch
-    if not res.is_given("batch", "global_batch") and dp and gb % dp:
-        gb = dp * -(-_SEED_GLOBAL_BATCH // dp)
-        put(
-            "batch",
-            "global_batch",
-            gb,
-            f"the smallest multiple of dp={dp} >= {_SEED_GLOBAL_BATCH}",
-            job.batch.global_batch,
-        )
-    if not mb_given:
-        if dp and gb % dp and not search:  # gb given: say so before a micro-batch is derived
-            lo, hi = dp * (gb // dp), dp * -(-gb // dp)
-            raise ConfigError(
-                "batch.global_batch",
-                gb,
-                f"must be a multiple of dp={dp} (global batch = dp x micro-batch x "
-                f"accumulation steps): use {' or '.join(str(v) for v in (lo, hi) if v)}",
-            )
-        mb = _micro_batch(job, world, gb, dp) if dp and not search else None
-        if mb is None:  # nothing to derive from: the layout's own errors name the fix
-            fallback = _DEFAULT_MICRO_BATCH if gb % _DEFAULT_MICRO_BATCH == 0 else 1
-            extra.setdefault("batch", {})["micro_batch"] = fallback
-            if search:
-                extra["batch"]["micro_batch"] = 1  # the planner's search chooses it
-        elif dp:
-            put(
-                "batch",
-                "micro_batch",
-                mb,
-                f"global batch {gb} / dp {dp}"
-                + ("" if mb * dp == gb else f" / {gb // (mb * dp)} micro-batches"),
-                _DEFAULT_MICRO_BATCH,
-            )
+    d = _Derivation(res)
+    _derive_dtype(d, job)
+    _derive_vocab(d, job)
+    _derive_batch(d, job, world, micro_batch_given=mb_given, search=search)
+    extra = d.extra
     if extra:
         merged = {s: {**overrides.get(s, {}), **extra.get(s, {})} for s in {*overrides, *extra}}
         res.job = load_config(config_path, merged)

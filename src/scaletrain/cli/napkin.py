@@ -7,7 +7,7 @@ throughput a step needs), deadline (fewest GPUs for a deadline), rentbuy (rent v
 break-even), run (time, cost, energy and CO2 of a FLOP budget), allreduce (ring all-reduce vs
 compute), flops (a layer's matmul FLOPs). Each prints its formula with the numbers filled in,
 its source and what it ignores (planner/napkin.py). This module is the command (flags,
-their checks, dispatch); `napkin_tools` holds each tool's report.
+their checks, dispatch); `napkin_tools` and `napkin_budget` hold the reports.
 """
 
 from __future__ import annotations
@@ -19,9 +19,13 @@ from typing import NoReturn
 from scaletrain.config import AC_MODES, ConfigError, HardwareConfig
 
 from ._types import check_finite_output, finite_float, given_numbers
-from .napkin_tools import REPORTS
+from .napkin_budget import BUDGET_REPORTS
+from .napkin_tools import REPORTS as _TOOL_REPORTS
 
 __all__ = ["add_arguments", "run", "TOOLS"]
+
+REPORTS = {**_TOOL_REPORTS, **BUDGET_REPORTS}
+"""Tool name -> the function printing its report."""
 
 TOOLS = {
     "memory": "model + optimizer state under a bytes/param convention, ZeRO, activations",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, cast
 
+from scaletrain.cli import _plan_output as _output
 from scaletrain.cli._job import ResolvedJob, add_job_flags, resolve_from_flags
 from scaletrain.cli._types import check_finite_output, finite_float, finite_json
 from scaletrain.cli._verdict import verdict_line
@@ -122,8 +123,8 @@ def _inputs(args: argparse.Namespace) -> dict[str, Any]:
         _positive(args, f)
     if args.tokens is not None and args.tokens <= 0:
         raise ConfigError("--tokens", args.tokens, "give a positive token count such as 1e12")
-    _textbook_flags(args)
-    _plot_path(args.plot)
+    _output.check_textbook_flags(args)
+    _output.check_plot_path(args.plot)
     from scaletrain.planner.recipes import recipe_named
 
     recipe_named(args.recipe)  # an unknown recipe: one line with did-you-mean, before any work
@@ -182,68 +183,6 @@ def _energy(job: Any) -> dict[str, float]:
         "kg_co2_per_kwh": h.grid_kg_co2_per_kwh,
         "host_watts_per_node": h.host_watts_per_node,
     }
-
-
-_PLOT_FORMATS = (".png", ".pdf", ".svg", ".jpg", ".jpeg")
-
-
-def _plot_path(path: str | None) -> None:
-    """--plot FILE: a file name with an image suffix in an existing directory, checked before
-    any work (matplotlib would otherwise fail after the plan, or add '.png' to a directory's
-    name and write beside it)."""
-    if path is None:
-        return
-    from pathlib import Path
-
-    p = Path(path)
-    if p.suffix.lower() not in _PLOT_FORMATS:
-        raise ConfigError(
-            "--plot",
-            path,
-            f"name an image file ending in {', '.join(_PLOT_FORMATS)}, e.g. memory.png",
-        )
-    if p.is_dir():
-        raise ConfigError(
-            "--plot", path, f"it is a directory: name a file such as {p / 'memory.png'}"
-        )
-    if not p.resolve().parent.is_dir():
-        raise ConfigError(
-            "--plot",
-            path,
-            f"its directory {p.parent} does not exist: create it or name a file in an existing one",
-        )
-
-
-def _textbook_flags(args: argparse.Namespace) -> None:
-    """--convention / --params / --ckpt-every: checked before any work."""
-    from scaletrain.planner.napkin import convention
-
-    if args.convention is None:
-        for flag in ("params", "ckpt_every"):
-            if getattr(args, flag) is not None:
-                raise ConfigError(
-                    f"--{flag.replace('_', '-')}",
-                    getattr(args, flag),
-                    "it sizes the textbook memory: add --convention 12|16|18|20",
-                )
-        return
-    convention(args.convention, args.precision or "bf16")  # unknown: one line
-    if args.json:
-        raise ConfigError(
-            "--convention", args.convention, "the textbook memory is printed as text: drop --json"
-        )
-    if args.params is not None and args.params <= 0:
-        raise ConfigError("--params", args.params, "give a positive count such as 7e9")
-    if args.ckpt_every is not None and args.ckpt_every < 1:
-        raise ConfigError("--ckpt-every", args.ckpt_every, "use a positive integer")
-
-
-def _textbook(est: Any, args: argparse.Namespace) -> str:
-    from scaletrain.planner.napkin import textbook_lines
-
-    return "\n".join(
-        textbook_lines(est, args.convention, params=args.params, ckpt_every=args.ckpt_every or 1)
-    )
 
 
 def _exact_layout(inp: dict[str, Any]) -> Layout:
@@ -331,6 +270,72 @@ def _evaluate(inp: dict[str, Any]) -> Any:
     return estimate(plan)
 
 
+def _one_layout(
+    args: argparse.Namespace, inp: dict[str, Any], lines: list[str], *, explain_mode: bool
+) -> list[Any]:
+    """The pinned layout's estimate: printed as JSON, or its report (explain: its arithmetic
+    and verdict) appended to `lines`."""
+    est = _evaluate(inp)
+    estimates = [est]
+    if args.json:
+        print(finite_json(est.to_json(), args.command, args))
+    elif explain_mode:
+        from scaletrain.planner.explain import explain
+
+        lines.append(explain(est, tokens=args.tokens, **inp["energy"]))
+        lines.append(
+            verdict_line(
+                est.memory.reserved,
+                inp["hw"],
+                what=f"planned reserved (rank {est.memory.rank})",
+            )
+        )
+    else:
+        from scaletrain.planner.report import render_estimates
+
+        lines.append(render_estimates(estimates))
+    return estimates
+
+
+def _searched(args: argparse.Namespace, inp: dict[str, Any], lines: list[str]) -> list[Any]:
+    """The search's best layouts: printed as JSON, or its table appended to `lines`."""
+    from scaletrain.planner.search import search
+
+    pins = {k: inp[k] for k in ("micro_batch", "ac", "offload") if inp[k] is not None}
+    pins.update(inp["pinned"])
+    res = search(
+        inp["model"],
+        inp["hw"],
+        inp["gpus"],
+        seq_len=inp["seq"],
+        global_batch=inp["gb"],
+        precision=inp["precision"],
+        top_k=args.top,
+        compile=inp["compile"],
+        efficiency=inp["efficiency"],
+        recipe=inp["recipe"],
+        **pins,
+    )
+    estimates = res.top
+    if not res.top and not res.legal:
+        _why_no_recipe_layout(inp)
+        raise ConfigError(
+            "--gpus",
+            inp["gpus"],
+            "no legal layout: change --gpus, "
+            "--global-batch or --seq-len so the degrees can divide them",
+        )
+    if args.json:
+        from scaletrain.planner.report import to_json
+
+        print(finite_json(to_json(res.top), args.command, args))
+    else:
+        from scaletrain.planner.report import render_search
+
+        lines.append(render_search(res))
+    return estimates
+
+
 def run(args: argparse.Namespace, extra: list[str]) -> int:
     if extra:
         raise ConfigError("argument", " ".join(extra), "remove it (see --help for the flags)")
@@ -338,64 +343,13 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     explain_mode = args.command == "explain"
     lines: list[str] = [] if args.json else [f"note: {n}" for n in inp["derived"]]
     if inp["exact"] or explain_mode:
-        est = _evaluate(inp)
-        estimates = [est]
-        if args.json:
-            print(finite_json(est.to_json(), args.command, args))
-        elif explain_mode:
-            from scaletrain.planner.explain import explain
-
-            lines.append(explain(est, tokens=args.tokens, **inp["energy"]))
-            lines.append(
-                verdict_line(
-                    est.memory.reserved,
-                    inp["hw"],
-                    what=f"planned reserved (rank {est.memory.rank})",
-                )
-            )
-        else:
-            from scaletrain.planner.report import render_estimates
-
-            lines.append(render_estimates(estimates))
+        estimates = _one_layout(args, inp, lines, explain_mode=explain_mode)
     else:
-        from scaletrain.planner.search import search
-
-        pins = {k: inp[k] for k in ("micro_batch", "ac", "offload") if inp[k] is not None}
-        pins.update(inp["pinned"])
-        res = search(
-            inp["model"],
-            inp["hw"],
-            inp["gpus"],
-            seq_len=inp["seq"],
-            global_batch=inp["gb"],
-            precision=inp["precision"],
-            top_k=args.top,
-            compile=inp["compile"],
-            efficiency=inp["efficiency"],
-            recipe=inp["recipe"],
-            **pins,
-        )
-        estimates = res.top
-        if not res.top and not res.legal:
-            _why_no_recipe_layout(inp)
-            raise ConfigError(
-                "--gpus",
-                inp["gpus"],
-                "no legal layout: change --gpus, "
-                "--global-batch or --seq-len so the degrees can divide them",
-            )
-        if args.json:
-            from scaletrain.planner.report import to_json
-
-            print(finite_json(to_json(res.top), args.command, args))
-        else:
-            from scaletrain.planner.report import render_search
-
-            lines.append(render_search(res))
+        estimates = _searched(args, inp, lines)
     if args.tokens and estimates and not args.json and not explain_mode:
-        lines.append(_cost_line(estimates[0], args.tokens, inp["energy"]))
+        lines.append(_output.cost_line(estimates[0], args.tokens, inp["energy"]))
     if args.convention is not None and estimates and not args.json:
-        lines.append(_textbook(estimates[0], args))
+        lines.append(_output.textbook(estimates[0], args))
     if lines:
         from scaletrain.planner.report import fit_width
 
@@ -403,9 +357,9 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         check_finite_output(text, args.command, args)
         print(text)
     if args.plot and estimates:
-        _plots(estimates, args.plot)
+        _output.plots(estimates, args.plot)
     if getattr(args, "preflight", False) and estimates:
-        print(_preflight(estimates[0]))
+        print(_output.preflight(estimates[0]))
     return 0
 
 
@@ -431,88 +385,3 @@ def _why_no_recipe_layout(inp: dict[str, Any]) -> None:
                 else ""
             )
             raise ConfigError(_flag(problem.field), problem.value, problem.fix + stages)
-
-
-def _job_for(est: Any) -> Any:
-    """The training job that runs exactly the layout of `est` (for the dry-run)."""
-    from scaletrain.config import (
-        BatchConfig,
-        HardwareConfig,
-        JobConfig,
-        MemoryConfig,
-        ParallelConfig,
-        PrecisionConfig,
-    )
-
-    p, L = est.plan, est.plan.layout
-    return JobConfig(
-        model=p.model,
-        parallel=ParallelConfig.from_layout(L),
-        precision=PrecisionConfig(dtype=p.precision),
-        memory=MemoryConfig(ac=p.ac, offload=p.offload),
-        batch=BatchConfig(
-            global_batch=p.global_batch, micro_batch=p.micro_batch, seq_len=p.seq_len
-        ),
-        hardware=HardwareConfig(gpu=p.hardware.name, gpus=p.num_gpus),
-    )
-
-
-def _preflight(est: Any) -> str:
-    """Dry-run `est`'s layout as its worst rank and put the measurement beside the prediction."""
-    from scaletrain.dryrun import dryrun
-    from scaletrain.measure.verify import compare, format_table
-
-    try:
-        measured = dryrun(_job_for(est), world_size=est.plan.num_gpus, rank=est.memory.rank)
-    except ConfigError as e:  # a layout the dry-run cannot drive yet (PP, EP, offload)
-        return f"preflight: not run ({e})"
-    verdict = "fits" if measured.memory.total <= est.plan.hardware.memory_bytes else "DOES NOT FIT"
-    return (
-        f"preflight dry-run of the best layout (rank {est.memory.rank}): {verdict}\n"
-        + format_table(compare(measured, est))
-    )
-
-
-def _plots(estimates: list[Any], path: str) -> list[str]:
-    """The memory bars at `path`; when the best layout pipelines (pp > 1), also its simulated
-    schedule as a Gantt chart at FILE_pipeline.png beside it."""
-    from pathlib import Path
-
-    from scaletrain.planner.plot import plot_memory, plot_pipeline
-
-    out = [str(plot_memory(estimates, path))]
-    best = estimates[0]
-    L = best.plan.layout
-    if L.pp > 1:
-        from scaletrain.planner.pipeline import simulate
-
-        t = best.time
-        # one micro-batch's forward/backward on the slowest rank, from the estimate's compute
-        m = max(1, best.plan.grad_accum)
-        per_mb = t.compute_s / m
-        # a readable chart (and a quick simulation): at most 4 rounds of pp micro-batches; a
-        # multiple of pp keeps every schedule's order legal
-        shown = m if m <= 4 * L.pp else 4 * L.pp
-        timeline = simulate(L.pp_schedule, L.pp, shown, L.pp_virtual, per_mb / 3, 2 * per_mb / 3)
-        p = Path(path)
-        out.append(str(plot_pipeline(timeline, p.with_name(f"{p.stem}_pipeline{p.suffix}"))))
-        note = "" if shown == m else f" (first {shown} of {m} micro-batches)"
-        print(f"wrote {out[0]} and {out[1]}{note}")
-    else:
-        print(f"wrote {out[0]}")
-    return out
-
-
-def _cost_line(est: Any, tokens: float, energy: dict[str, float]) -> str:
-    from scaletrain.planner.estimate import training_cost
-
-    c = training_cost(est, tokens, **energy)
-    return (
-        f"{tokens:.3g} tokens: {c.seconds / 86400:.1f} days, {c.gpu_hours:,.0f} GPU-hours, "
-        f"${c.usd:,.0f}, {c.kwh:,.0f} kWh, {_tonnes(c.kg_co2)} t CO2"
-    )
-
-
-def _tonnes(kg: float) -> str:
-    t = kg / 1000
-    return f"{t:,.1f}" if t >= 10 else f"{t:.3g}"

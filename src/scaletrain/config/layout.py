@@ -12,6 +12,16 @@ from typing import Any
 
 from ._errors import ConfigError
 from .choices import PPSchedule, ZeroStage, names
+from .layout_facts import (  # re-exported: config.layout is where callers look for them
+    ddp_reducer,
+    expert_split,
+    expert_tp,
+    expert_zero_shards,
+    fused_head_loss,
+    grad_accum_steps,
+    stage_ids,
+    stage_layer_ranges,
+)
 from .model import ModelConfig
 
 __all__ = [
@@ -95,59 +105,6 @@ class Layout:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def ddp_reducer(layout: Layout) -> bool:
-    """Whether ZeRO-0/1 data parallelism runs torch's DDP reducer (bucketed all-reduce inside
-    backward): only over plain parameters of an unpipelined model. Tensor- and expert-parallel
-    parameters are DTensors, and pipeline stages interleave micro-batches, so with tp, ep or
-    pp > 1 gradients are averaged once after backward instead
-    (`parallel.data_parallel.apply_manual_grad_sync`). Trainer (`parallel.uses_ddp`) and
-    planner (DDP's bucket copy, `planner.memory.buffer_terms`) share this rule."""
-    return (
-        layout.zero <= 1
-        and layout.dp * layout.cp > 1
-        and layout.tp == 1
-        and layout.ep == 1
-        and layout.pp == 1
-    )
-
-
-def fused_head_loss(layout: Layout) -> bool:
-    """Whether the training step's last stage runs the fused chunked head + cross-entropy
-    (`models.loss`: no (tokens x vocabulary) logits) rather than logits then a loss: always,
-    pipelined too (`parallel.pipeline` hands the last stage the targets), except under the
-    zero-bubble schedule, whose split backward (input gradients, then weight gradients as a
-    second autograd pass) would run the fused loss's single backward twice (the dry-run's
-    FlopCounterMode: +50% on llama-1024-L4 pp2 rank 1). Trainer and planner share this rule."""
-    return not (layout.pp > 1 and layout.pp_schedule == "zero-bubble")
-
-
-def expert_tp(tp: int, ep: int) -> int:
-    """Ways each expert's f dim is split over tp: tp when ep = 1 (Megatron's expert TP), else 1
-    (experts split whole by ep and kept whole on every tp rank). The one rule trainer and
-    planner share (parallel.parallelize passes `shard_experts = ep == 1` to `apply_tp`)."""
-    return tp if ep == 1 else 1
-
-
-def expert_split(layout: Layout) -> int:
-    """Ranks each MoE expert parameter is split over: ep x `expert_tp` (tp or ep)."""
-    return layout.ep * expert_tp(layout.tp, layout.ep)
-
-
-def expert_zero_shards(layout: Layout) -> int:
-    """Ranks ZeRO shards each expert's states over: the dp*cp/ep ranks holding the same
-    experts (ZeRO-1 partitions them there, `parallel.zero._LocalShardZero`; with ep = 1 that is
-    every ZeRO rank); 1 under ZeRO-2/3 with ep > 1, whose FSDP2 leaves the experts alone
-    (`parallel.parallelize`: only their gradients are averaged over the replicas)."""
-    if layout.ep > 1 and layout.zero >= 2:
-        return 1
-    return max(1, layout.zero_shards // layout.ep)
-
-
-def grad_accum_steps(global_batch: int, micro_batch: int, dp: int) -> int:
-    """Micro-batches per optimizer step per dp rank (= pipeline micro-batches m)."""
-    return global_batch // (micro_batch * dp)
 
 
 def composition_problems(layout: Layout) -> list[ConfigError]:
@@ -238,126 +195,179 @@ def layout_problems(
     any framework needs) and drops scaletrain's own composition limits (MoE x TP, the ep and
     ZeRO-1 expert rules, torch's m >= pp): the planner uses it under a foreign framework
     recipe, whose own limits are `planner.recipe_memory.recipe_problems`."""
-    out: list[ConfigError] = []
-
-    def need(ok: bool, field: str, value: Any, fix: str) -> None:
-        if not ok:
-            out.append(ConfigError(field, value, fix))
-
     L = layout
-    for f in ("dp", "dp_replicate", "tp", "pp", "pp_virtual", "cp", "ep"):
-        v = getattr(L, f)
-        need(isinstance(v, int) and v >= 1, f"parallel.{f}", v, "use a positive integer")
-    if out:
+    out = [
+        ConfigError(f"parallel.{f}", v, "use a positive integer")
+        for f in _DEGREES
+        if not (isinstance(v := getattr(L, f), int) and v >= 1)
+    ]
+    if out:  # the rules below divide by the degrees
         return out
-    need(L.zero in names(ZeroStage), "parallel.zero", L.zero, "choose 0, 1, 2 or 3")
-    need(
-        L.pp_schedule in PP_SCHEDULES,
-        "parallel.pp_schedule",
-        L.pp_schedule,
-        f"choose one of {', '.join(PP_SCHEDULES)}",
-    )
-    if world_size is not None:
-        need(
-            L.world_size == world_size,
-            "parallel",
-            f"dp*tp*pp*cp={L.world_size}",
-            f"the degrees must multiply to the world size {world_size}",
+    out += _degree_problems(L, world_size)
+    out += _tp_problems(L, model)
+    out += _pp_problems(L, model)
+    if seq_len is not None and L.cp > 1:
+        out += _cp_problems(L, model, seq_len)
+    if L.ep > 1:
+        out += _ep_problems(L, model)
+    if trainer_rules:
+        out += composition_problems(L)
+    if seq_len is not None and model.position == "learned":
+        out += _failed(
+            (
+                seq_len <= model.max_seq_len,
+                "batch.seq_len",
+                seq_len,
+                f"learned positions stop at model.max_seq_len={model.max_seq_len}",
+            )
         )
-    need(
-        L.dp % L.dp_replicate == 0,
-        "parallel.dp_replicate",
-        L.dp_replicate,
-        f"must divide dp={L.dp}",
+    if global_batch is not None and micro_batch is not None:
+        out += batch_problems(L, global_batch, micro_batch, trainer_rules=trainer_rules)
+    return out
+
+
+_DEGREES = ("dp", "dp_replicate", "tp", "pp", "pp_virtual", "cp", "ep")
+
+_Rule = tuple[bool, str, Any, str]
+"""(ok, field, value, fix): one legality rule, broken when not ok."""
+
+
+def _failed(*rules: _Rule) -> list[ConfigError]:
+    """The broken rules among `rules`, in order, as ConfigErrors."""
+    return [ConfigError(field, value, fix) for ok, field, value, fix in rules if not ok]
+
+
+def _degree_problems(L: Layout, world_size: int | None) -> list[ConfigError]:
+    """ZeRO stage, schedule name, world size and HSDP replica groups."""
+    rules: list[_Rule] = [
+        (L.zero in names(ZeroStage), "parallel.zero", L.zero, "choose 0, 1, 2 or 3"),
+        (
+            L.pp_schedule in PP_SCHEDULES,
+            "parallel.pp_schedule",
+            L.pp_schedule,
+            f"choose one of {', '.join(PP_SCHEDULES)}",
+        ),
+    ]
+    if world_size is not None:
+        rules.append(
+            (
+                L.world_size == world_size,
+                "parallel",
+                f"dp*tp*pp*cp={L.world_size}",
+                f"the degrees must multiply to the world size {world_size}",
+            )
+        )
+    rules += [
+        (
+            L.dp % L.dp_replicate == 0,
+            "parallel.dp_replicate",
+            L.dp_replicate,
+            f"must divide dp={L.dp}",
+        ),
+        (
+            L.dp_replicate == 1 or L.zero >= 1,
+            "parallel.dp_replicate",
+            L.dp_replicate,
+            "HSDP shards within each replica group: set parallel.zero to 1, 2 or 3",
+        ),
+    ]
+    return _failed(*rules)
+
+
+def _tp_problems(L: Layout, model: ModelConfig) -> list[ConfigError]:
+    """Tensor parallel splits whole heads (query and key/value) and the MLP width.
+
+    MoE x TP runs (parallel.tensor_parallel: attention split, router replicated): with
+    ep = 1 every expert's f dim is split over tp (Megatron's expert TP; ffn_dim % tp here),
+    with ep > 1 experts are split whole by ep and each tp rank holds its ep rank's experts
+    whole (planner: expert parameters / tp if ep == 1 else / ep, `expert_split`)."""
+    return _failed(
+        (
+            model.num_heads % L.tp == 0,
+            "parallel.tp",
+            L.tp,
+            f"tp must divide num_heads={model.num_heads}",
+        ),
+        (
+            model.num_kv_heads % L.tp == 0,
+            "parallel.tp",
+            L.tp,
+            f"tp must divide num_kv_heads={model.num_kv_heads}",
+        ),
+        (model.ffn_dim % L.tp == 0, "parallel.tp", L.tp, f"tp must divide ffn_dim={model.ffn_dim}"),
     )
-    need(
-        L.dp_replicate == 1 or L.zero >= 1,
-        "parallel.dp_replicate",
-        L.dp_replicate,
-        "HSDP shards within each replica group: set parallel.zero to 1, 2 or 3",
-    )
-    # Tensor parallel splits whole heads (query and key/value) and the MLP width.
-    need(
-        model.num_heads % L.tp == 0,
-        "parallel.tp",
-        L.tp,
-        f"tp must divide num_heads={model.num_heads}",
-    )
-    need(
-        model.num_kv_heads % L.tp == 0,
-        "parallel.tp",
-        L.tp,
-        f"tp must divide num_kv_heads={model.num_kv_heads}",
-    )
-    need(model.ffn_dim % L.tp == 0, "parallel.tp", L.tp, f"tp must divide ffn_dim={model.ffn_dim}")
-    # MoE x TP runs (parallel.tensor_parallel: attention split, router replicated): with
-    # ep = 1 every expert's f dim is split over tp (Megatron's expert TP; ffn_dim % tp above),
-    # with ep > 1 experts are split whole by ep and each tp rank holds its ep rank's experts
-    # whole (planner: expert parameters / tp if ep == 1 else / ep, `expert_split`).
-    # Pipeline: every (virtual) stage needs at least one layer.
-    need(
-        L.pp * L.pp_virtual <= model.num_layers,
-        "parallel.pp",
-        L.pp,
-        f"pp*pp_virtual must not exceed num_layers={model.num_layers}",
-    )
+
+
+def _pp_problems(L: Layout, model: ModelConfig) -> list[ConfigError]:
+    """Pipeline: every (virtual) stage needs at least one layer, and the schedule decides
+    how many stages each rank runs."""
+    rules: list[_Rule] = [
+        (
+            L.pp * L.pp_virtual <= model.num_layers,
+            "parallel.pp",
+            L.pp,
+            f"pp*pp_virtual must not exceed num_layers={model.num_layers}",
+        )
+    ]
     if L.pp_schedule == "interleaved" and L.pp > 1:
-        need(
-            L.pp_virtual >= 2,
-            "parallel.pp_virtual",
-            L.pp_virtual,
-            "the interleaved schedule needs pp_virtual >= 2 (or use '1f1b')",
+        rules.append(
+            (
+                L.pp_virtual >= 2,
+                "parallel.pp_virtual",
+                L.pp_virtual,
+                "the interleaved schedule needs pp_virtual >= 2 (or use '1f1b')",
+            )
         )
     if L.pp_schedule in ("gpipe", "1f1b"):
-        need(
-            L.pp_virtual == 1,
-            "parallel.pp_virtual",
-            L.pp_virtual,
-            f"{L.pp_schedule} runs one stage per rank: set pp_virtual=1 or use 'interleaved'",
+        rules.append(
+            (
+                L.pp_virtual == 1,
+                "parallel.pp_virtual",
+                L.pp_virtual,
+                f"{L.pp_schedule} runs one stage per rank: set pp_virtual=1 or use 'interleaved'",
+            )
         )
-    # Context parallel: load-balanced causal sharding cuts the sequence into 2*cp chunks.
-    if seq_len is not None and L.cp > 1:
-        need(
+    return _failed(*rules)
+
+
+def _cp_problems(L: Layout, model: ModelConfig, seq_len: int) -> list[ConfigError]:
+    """Context parallel (cp > 1): load-balanced causal sharding cuts the sequence into 2*cp
+    chunks, and ring attention's blocks take no mask (a window shorter than the sequence
+    needs one)."""
+    return _failed(
+        (
             seq_len % (2 * L.cp) == 0,
             "parallel.cp",
             L.cp,
             f"seq_len={seq_len} must be divisible by 2*cp={2 * L.cp}",
-        )
-        # ring attention's blocks take no mask: a window shorter than the sequence needs one
-        need(
+        ),
+        (
             not 0 < model.sliding_window < seq_len,
             "parallel.cp",
             L.cp,
             f"ring attention has no sliding window (model.sliding_window="
             f"{model.sliding_window} < seq_len={seq_len}): use cp=1 or seq_len <= the window",
-        )
-    # Expert parallel: whole experts per rank, ranks taken from the dp*cp group.
-    if L.ep > 1:
-        need(model.is_moe, "parallel.ep", L.ep, "ep > 1 needs an MoE model (model.num_experts > 0)")
-        need(
+        ),
+    )
+
+
+def _ep_problems(L: Layout, model: ModelConfig) -> list[ConfigError]:
+    """Expert parallel (ep > 1): whole experts per rank, ranks taken from the dp*cp group."""
+    return _failed(
+        (model.is_moe, "parallel.ep", L.ep, "ep > 1 needs an MoE model (model.num_experts > 0)"),
+        (
             model.num_experts % L.ep == 0,
             "parallel.ep",
             L.ep,
             f"ep must divide num_experts={model.num_experts}",
-        )
-        need(
+        ),
+        (
             (L.dp * L.cp) % L.ep == 0,
             "parallel.ep",
             L.ep,
             f"ep must divide dp*cp={L.dp * L.cp} (experts are spread over data-parallel ranks)",
-        )
-    if trainer_rules:
-        out += composition_problems(L)
-    if seq_len is not None and model.position == "learned":
-        need(
-            seq_len <= model.max_seq_len,
-            "batch.seq_len",
-            seq_len,
-            f"learned positions stop at model.max_seq_len={model.max_seq_len}",
-        )
-    if global_batch is not None and micro_batch is not None:
-        out += batch_problems(L, global_batch, micro_batch, trainer_rules=trainer_rules)
-    return out
+        ),
+    )
 
 
 def option_problems(
@@ -442,37 +452,3 @@ def check_layout(layout: Layout, model: ModelConfig, **kw: Any) -> None:
             rest = "; ".join(str(p) for p in problems[1:])
             raise ConfigError(first.field, first.value, f"{first.fix} (also: {rest})")
         raise first
-
-
-def stage_layer_ranges(num_layers: int, num_stages: int) -> list[range]:
-    """Transformer-layer indices of each pipeline stage; the one balancing rule of scaletrain.
-
-    The embedding and the final norm + head each count as one unit of work beside the L layers;
-    the L + 2 units are spread evenly over the stages, leftovers to the middle stages first, then
-    to the ends; the first stage's embedding and the last stage's head take one unit each. So 32
-    layers over 4 stages hold 7, 9, 9, 7 layers. Ignores that a 128k-vocabulary head costs more
-    than one layer (Narayanan et al. 2021 balance by layers only; this is a step closer).
-    """
-    if num_stages < 1 or num_layers + 2 < num_stages:
-        raise ValueError(
-            f"cannot split {num_layers} layers (+ embedding + head) into "
-            f"{num_stages} stages: lower parallel.pp or parallel.pp_virtual"
-        )
-    if num_stages == 1:
-        return [range(num_layers)]
-    units = [(num_layers + 2) // num_stages] * num_stages
-    extra = (num_layers + 2) % num_stages
-    for s in [*range(1, num_stages - 1), 0, num_stages - 1][:extra]:
-        units[s] += 1
-    units[0] -= 1  # the embedding
-    units[-1] -= 1  # the final norm + head
-    out, start = [], 0
-    for n in units:
-        out.append(range(start, start + n))
-        start += n
-    return out
-
-
-def stage_ids(pp_rank: int, pp_size: int, virtual: int) -> list[int]:
-    """Global stage indices held by `pp_rank`: rank r holds r, r + pp, ... (interleaved)."""
-    return [pp_rank + k * pp_size for k in range(virtual)]

@@ -35,7 +35,8 @@ import numpy as np
 from scaletrain.config import ConfigError, DataConfig
 from scaletrain.config.sources import parse_sources
 
-from .corpus import TokenFile, _Appender, _copy, jsonl_records
+from .corpus import TokenFile, _Appender, _copy
+from .documents import jsonl_records
 from .tokenizer import Tokenizer
 
 __all__ = ["build_sft", "render_example", "ROLE_NAMES", "ChatTemplate", "chat_template_for"]

@@ -259,6 +259,97 @@ def _tracker(run: Run) -> Any:
     return tracker
 
 
+def _build_fake_run(
+    job: JobConfig,
+    layout: Layout,
+    rank: int,
+    world_size: int,
+    fake: contextlib.AbstractContextManager,
+    hooks: _DryrunHooks,
+) -> Run:
+    """`rank`'s run built by the trainer's own `build_run`, allocated under `fake`: no data,
+    no initial values, no DDP wrapper (its buckets are added analytically)."""
+    env = DistEnv(rank=rank, world_size=world_size, local_rank=0, device=torch.device("cpu"))
+    # the optimizer the target device would run: fused AdamW on GPUs (no foreach
+    # temporaries; torch has a fused CPU kernel too), foreach on CPU
+    target = "cpu" if job.hardware.gpu == "cpu" else "cuda"
+    pp = layout.pp > 1
+    return build_run(
+        job,
+        env=env,
+        data=False,
+        init_weights=False,
+        materialize_in=fake,
+        ddp=False,
+        optimizer_device=target,
+        schedule_cls=_schedule_cls(job, layout, rank, world_size, hooks) if pp else None,
+    )
+
+
+def _measured_steps(
+    run: Run, hooks: _DryrunHooks, *, n_micro: int, grad_accum: int, count_flops: bool
+) -> tuple[Any, float, Timeline]:
+    """Two steps under the fake mode: the peak snapshot and timeline of the second, and the
+    FLOPs of the first scaled to `grad_accum` micro-batches."""
+    job = run.job
+    roots: list[tuple[str, torch.nn.Module]] = (
+        [
+            (f"stage{sid}", mod)
+            for sid, mod in zip(run.pipeline.stage_ids, run.pipeline.stages, strict=True)
+        ]
+        if run.pipeline is not None
+        else [("model", run.model)]
+    )
+    # Step 1 (warm-up: optimizer states, lazy FSDP / DTensor state) runs before the
+    # tracker exists; FLOPs are counted on it (the same computation as step 2: under
+    # the tracker the counter would keep alive what activation checkpointing frees).
+    counter = flop_counter() if count_flops else None
+    with counter or contextlib.nullcontext():
+        apply_update(
+            run,
+            train_step(run, _batches(job, n_micro), hooks, num_microbatches=n_micro),
+            hooks,
+        )
+    flops = float(counter.get_total_flops()) * grad_accum / n_micro if counter else 0.0
+    if run.pipeline is not None:
+        run.pipeline.schedule.release_buffers()  # re-allocated under the tracker
+    tracker = _tracker(run)
+    hooks.tracker, hooks.run = tracker, run
+    hooks.timeline = timeline = Timeline(tracker, roots)
+    with gradless_module_hooks(), tracker:
+        timeline.recording = True
+        timeline.mark("step_start")
+        apply_update(
+            run,
+            train_step(run, _batches(job, n_micro), hooks, num_microbatches=n_micro),
+            hooks,
+        )
+    peak = tracker.get_tracker_snapshot("peak")
+    timeline.remove()
+    return peak, flops, timeline
+
+
+def _step_memory(
+    run: Run, peak: Any, hooks: _DryrunHooks, *, capacity: float, rank: int, notes: list[str]
+) -> MemoryBreakdown:
+    """The peak snapshot by category, optimizer temporaries and DDP's buckets named."""
+    from scaletrain.parallel.parallelize import uses_ddp
+
+    memory = _breakdown(peak, rank, capacity)
+    # The trackers label every allocation inside optimizer.step() as optimizer state, so a
+    # peak inside the step counts foreach temporaries (e.g. AdamW's denominators) there. Keep
+    # `optimizer` = the states themselves, and name the rest.
+    states = local_state_bytes(run.model, run.optimizer)["optimizer"]
+    if memory.optimizer > states:
+        memory.buffer_terms["optimizer_step_temp"] = memory.optimizer - states
+        memory.buffers += memory.optimizer - states
+        memory.optimizer = float(states)
+    memory.detail.update(hooks.state)
+    if uses_ddp(run.dims, run.job.memory):
+        _add_ddp_buckets(memory, run.model, notes)
+    return memory
+
+
 def dryrun(
     job: JobConfig, *, world_size: int, rank: int = 0, count_flops: bool = True
 ) -> Measurement:
@@ -268,8 +359,6 @@ def dryrun(
     bytes at block boundaries, and this rank's FLOPs for that step.
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from scaletrain.parallel.parallelize import uses_ddp
 
     layout = job.layout(world_size)
     _unsupported(job, layout)
@@ -286,67 +375,12 @@ def dryrun(
     hooks = _DryrunHooks(pipelined=pp)
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     with _fake_world(rank, world_size):
-        env = DistEnv(rank=rank, world_size=world_size, local_rank=0, device=torch.device("cpu"))
-        # the optimizer the target device would run: fused AdamW on GPUs (no foreach
-        # temporaries; torch has a fused CPU kernel too), foreach on CPU
-        target = "cpu" if job.hardware.gpu == "cpu" else "cuda"
-        run = build_run(
-            job,
-            env=env,
-            data=False,
-            init_weights=False,
-            materialize_in=fake,
-            ddp=False,
-            optimizer_device=target,
-            schedule_cls=_schedule_cls(job, layout, rank, world_size, hooks) if pp else None,
-        )
-        roots: list[tuple[str, torch.nn.Module]] = (
-            [
-                (f"stage{sid}", mod)
-                for sid, mod in zip(run.pipeline.stage_ids, run.pipeline.stages, strict=True)
-            ]
-            if run.pipeline is not None
-            else [("model", run.model)]
-        )
+        run = _build_fake_run(job, layout, rank, world_size, fake, hooks)
         with fake:
-            # Step 1 (warm-up: optimizer states, lazy FSDP / DTensor state) runs before the
-            # tracker exists; FLOPs are counted on it (the same computation as step 2: under
-            # the tracker the counter would keep alive what activation checkpointing frees).
-            counter = flop_counter() if count_flops else None
-            with counter or contextlib.nullcontext():
-                apply_update(
-                    run,
-                    train_step(run, _batches(job, n_micro), hooks, num_microbatches=n_micro),
-                    hooks,
-                )
-            flops = float(counter.get_total_flops()) * grad_accum / n_micro if counter else 0.0
-            if run.pipeline is not None:
-                run.pipeline.schedule.release_buffers()  # re-allocated under the tracker
-            tracker = _tracker(run)
-            hooks.tracker, hooks.run = tracker, run
-            hooks.timeline = timeline = Timeline(tracker, roots)
-            with gradless_module_hooks(), tracker:
-                timeline.recording = True
-                timeline.mark("step_start")
-                apply_update(
-                    run,
-                    train_step(run, _batches(job, n_micro), hooks, num_microbatches=n_micro),
-                    hooks,
-                )
-            peak = tracker.get_tracker_snapshot("peak")
-            timeline.remove()
-    memory = _breakdown(peak, rank, capacity)
-    # The trackers label every allocation inside optimizer.step() as optimizer state, so a
-    # peak inside the step counts foreach temporaries (e.g. AdamW's denominators) there. Keep
-    # `optimizer` = the states themselves, and name the rest.
-    states = local_state_bytes(run.model, run.optimizer)["optimizer"]
-    if memory.optimizer > states:
-        memory.buffer_terms["optimizer_step_temp"] = memory.optimizer - states
-        memory.buffers += memory.optimizer - states
-        memory.optimizer = float(states)
-    memory.detail.update(hooks.state)
-    if uses_ddp(run.dims, job.memory):
-        _add_ddp_buckets(memory, run.model, notes)
+            peak, flops, timeline = _measured_steps(
+                run, hooks, n_micro=n_micro, grad_accum=grad_accum, count_flops=count_flops
+            )
+    memory = _step_memory(run, peak, hooks, capacity=capacity, rank=rank, notes=notes)
     if run.pipeline is not None:
         notes.append(
             f"pipeline: stages {run.pipeline.stage_ids} of {run.pipeline.num_stages} "

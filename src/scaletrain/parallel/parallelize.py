@@ -74,6 +74,14 @@ def parallelize(
     model.loss_chunk_tokens = memory.loss_chunk_tokens  # the fused head + loss (models.loss)
     # fp8 linears first: Float8Linear is an nn.Linear, so the TP plans and FSDP apply unchanged
     maybe_apply_fp8(model, precision)
+    _apply_model_parallel(model, dims, loss_parallel=loss_parallel)
+    _apply_ac_and_compile(model, ac=memory.ac, compile=compile)
+    _apply_data_parallel(model, dims, precision=precision, memory=memory, ddp=ddp)
+    return model
+
+
+def _apply_model_parallel(model: Transformer, dims: ParallelDims, *, loss_parallel: bool) -> None:
+    """TP/SP, then CP, then EP: the strategies that change module structure or shard inputs."""
     if dims.tp > 1:
         # MoE experts: split over tp without expert parallelism, else whole per tp rank for EP
         # to split (the rule lives in config.layout_problems)
@@ -92,16 +100,32 @@ def parallelize(
         from .expert_parallel import apply_ep
 
         apply_ep(model, dims.submesh("ep"))
-    if memory.ac != "none":
+
+
+def _apply_ac_and_compile(model: Transformer, *, ac: str, compile: bool) -> None:
+    """Activation checkpointing, then per-block compile (inside the AC wrappers)."""
+    if ac != "none":
         from .ac import apply_ac
 
-        apply_ac(model, memory.ac)
+        apply_ac(model, ac)
     if compile:
         # In place (`Module.compile`): no `_orig_mod.` wrapper, so names and the FSDP/AC
         # structure stay those of the plain model. Per block: every block has the same code,
         # so one compiled graph is reused L times.
         for block in model.layers.values():  # TransformerBlock, or its AC wrapper
             block.compile()
+
+
+def _apply_data_parallel(
+    model: Transformer,
+    dims: ParallelDims,
+    *,
+    precision: PrecisionConfig,
+    memory: MemoryConfig,
+    ddp: bool,
+) -> None:
+    """FSDP2 (ZeRO-2/3, HSDP, offload) or DDP (ZeRO-0/1) or the manual gradient sync, then
+    the experts' replica average: the wrappers owning whole-parameter communication, last."""
     offload = memory.offload == "params"
     needs_fsdp = uses_fsdp(dims, memory)
     if precision.dtype == "fp8" and precision.fp8_all_gather and needs_fsdp:
@@ -135,4 +159,3 @@ def parallelize(
     if dims.ep > 1 and dims.submesh("ep_replicate").size() > 1:
         # experts held by dp*cp/ep ranks each: their gradients averaged over those replicas
         apply_manual_grad_sync(model, dims.submesh("ep_replicate"), experts=True)
-    return model

@@ -1,10 +1,8 @@
-"""Reduced-precision training beyond autocast: float8 linear layers and MoE experts (`fp8.py`)."""
+"""Reduced-precision training beyond autocast: float8 linear layers and MoE experts
+(`fp8.py`), and converting a model to them (`fp8_apply.py`)."""
 
-from .fp8 import (
-    AMAXES,
-    SCALINGS,
-    Float8ExpertLinear,
-    Float8Linear,
+from .fp8 import AMAXES, SCALINGS, Float8ExpertLinear, Float8Linear
+from .fp8_apply import (
     amax_histories,
     apply_fp8,
     fp8_eligible,

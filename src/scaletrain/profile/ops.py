@@ -18,6 +18,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -315,10 +316,9 @@ def _is_comm_root(e) -> bool:
     return True
 
 
-def analyse_events(events, *, device: str = "cpu", default_bytes: int = 4) -> OpAnalysis:
-    """Attribute every profiler event to a phase (by start time) and a class (by name and by
-    whether it ran inside an attention core, forward or backward)."""
-    res = OpAnalysis()
+def _phase_ranges(events, res: OpAnalysis) -> list[tuple[float, float, str]]:
+    """The scaletrain::<phase> ranges as sorted (start, end, phase); their durations summed
+    into `res.phase_s`."""
     phase_iv: list[tuple[float, float, str]] = []
     for e in events:
         if e.name.startswith(RANGE_PREFIX) and e.name != RANGE_PREFIX + "attention":
@@ -326,11 +326,13 @@ def analyse_events(events, *, device: str = "cpu", default_bytes: int = 4) -> Op
             phase_iv.append((e.time_range.start, e.time_range.end, phase))
             res.phase_s[phase] = res.phase_s.get(phase, 0.0) + e.time_range.elapsed_us() / 1e6
     phase_iv.sort()
-    phase_starts = [s for s, _, _ in phase_iv]
-    # the training thread is the one that ran the phase ranges
-    main_thread = next((e.thread for e in events if e.name.startswith(RANGE_PREFIX)), None)
-    # attention: forward ops inside an attention-core range; backward ops run by an autograd
-    # node created by one of those ops (matched on the autograd sequence number)
+    return phase_iv
+
+
+def _attention_spans(events) -> Callable[[float], bool]:
+    """Whether an op starting at a time ran for attention: forward ops inside an
+    attention-core range; backward ops run by an autograd node created by one of those ops
+    (matched on the autograd sequence number)."""
     attn_iv = _intervals(events, RANGE_PREFIX + "attention")
     attn_starts = [s for s, _ in attn_iv]
     attn_seq = {
@@ -344,6 +346,48 @@ def analyse_events(events, *, device: str = "cpu", default_bytes: int = 4) -> Op
         if e.name.startswith("autograd::engine::evaluate_function") and e.sequence_nr in attn_seq
     )
     bwd_starts = [s for s, _ in bwd_iv]
+    return lambda t: _inside(attn_iv, attn_starts, t) or _inside(bwd_iv, bwd_starts, t)
+
+
+def _add_op_stat(
+    stats: dict[tuple[str, str, bool], OpStat],
+    e,
+    cls: str,
+    t: float,
+    in_model: bool,
+    default_bytes: int,
+) -> None:
+    """Count one attention/matmul/elementwise event (`t` seconds) into its (name, shapes,
+    compute phase) row of `stats`."""
+    shapes = e.input_shapes
+    key = (e.name, str(shapes), in_model)
+    st = stats.get(key)
+    if st is None:
+        st = stats[key] = OpStat(e.name, str(shapes), cls, in_model)
+    fl, by = _flops_and_bytes(
+        e.name,
+        shapes,
+        list(getattr(e, "input_dtypes", []) or []),
+        int(e.flops or 0),
+        default_bytes,
+    )
+    if any(op_class(c.name) == "attention" for c in e.cpu_children):
+        fl = 0.0  # a composite attention op: its kernel child carries the FLOPs
+    st.count += 1
+    st.time_s += t
+    st.flops += fl
+    st.bytes += by
+
+
+def analyse_events(events, *, device: str = "cpu", default_bytes: int = 4) -> OpAnalysis:
+    """Attribute every profiler event to a phase (by start time) and a class (by name and by
+    whether it ran inside an attention core, forward or backward)."""
+    res = OpAnalysis()
+    phase_iv = _phase_ranges(events, res)
+    phase_starts = [s for s, _, _ in phase_iv]
+    # the training thread is the one that ran the phase ranges
+    main_thread = next((e.thread for e in events if e.name.startswith(RANGE_PREFIX)), None)
+    in_attention = _attention_spans(events)
     stats: dict[tuple[str, str, bool], OpStat] = {}
     comm_any: list[tuple[float, float]] = []
     comm_main: list[tuple[float, float]] = []
@@ -365,9 +409,7 @@ def analyse_events(events, *, device: str = "cpu", default_bytes: int = 4) -> Op
                     comm_main.append(iv)
                     if "send" in e.name or "recv" in e.name:
                         comm_p2p.append(iv)
-        elif cls in ("matmul", "elementwise/norm") and (
-            _inside(attn_iv, attn_starts, start) or _inside(bwd_iv, bwd_starts, start)
-        ):
+        elif cls in ("matmul", "elementwise/norm") and in_attention(start):
             cls = "attention"
         phase = _phase_of(phase_iv, phase_starts, start)
         class_s[cls] += t
@@ -375,25 +417,7 @@ def analyse_events(events, *, device: str = "cpu", default_bytes: int = 4) -> Op
         if phase in _COMPUTE_PHASES:
             compute_s[cls] += t
         if cls in ("attention", "matmul", "elementwise/norm") and t > 0:
-            shapes = e.input_shapes
-            in_model = phase in _COMPUTE_PHASES
-            key = (e.name, str(shapes), in_model)
-            st = stats.get(key)
-            if st is None:
-                st = stats[key] = OpStat(e.name, str(shapes), cls, in_model)
-            fl, by = _flops_and_bytes(
-                e.name,
-                shapes,
-                list(getattr(e, "input_dtypes", []) or []),
-                int(e.flops or 0),
-                default_bytes,
-            )
-            if any(op_class(c.name) == "attention" for c in e.cpu_children):
-                fl = 0.0  # a composite attention op: its kernel child carries the FLOPs
-            st.count += 1
-            st.time_s += t
-            st.flops += fl
-            st.bytes += by
+            _add_op_stat(stats, e, cls, t, phase in _COMPUTE_PHASES, default_bytes)
     res.class_s, res.compute_class_s, res.phase_op_s = (
         dict(class_s),
         dict(compute_s),

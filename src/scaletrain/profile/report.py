@@ -53,10 +53,9 @@ def _ms(s: float) -> str:
     return f"{s * 1e3:10.2f} ms"
 
 
-def render(r: ProfileResult, v: Verdict, *, top: int = 12) -> str:
-    step = r.step_s or 1e-12
-    a = r.analysis
-    lines = [
+def _header_lines(r: ProfileResult) -> list[str]:
+    """Title and step time."""
+    return [
         f"scaletrain profile: {r.model} | {r.layout} | world {r.world_size} on {r.device} "
         f"| hardware preset {r.hardware} | {r.steps} profiled steps",
         "",
@@ -65,6 +64,12 @@ def render(r: ProfileResult, v: Verdict, *, top: int = 12) -> str:
         "",
         "where a step goes                          time      share",
     ]
+
+
+def _step_lines(r: ProfileResult) -> list[str]:
+    """Where a step goes: phases, exposed communication, the pipeline bubble."""
+    step, a = r.step_s or 1e-12, r.analysis
+    lines: list[str] = []
     for k, val in breakdown_rows(r):
         lines.append(f"  {_LABELS[k]:<38}{_ms(val)} {val / step:7.1%}")
     parts = r.parts_s
@@ -82,8 +87,14 @@ def render(r: ProfileResult, v: Verdict, *, top: int = 12) -> str:
         lines.append(
             f"  {'pipeline bubble (planner (p-1)/m, not measured)':<38}{bubble:7.1%} of compute"
         )
+    return lines
+
+
+def _class_lines(r: ProfileResult) -> list[str]:
+    """Self op time per op class, and the time outside ops."""
+    step, a = r.step_s or 1e-12, r.analysis
     total_ops = sum(a.class_s.values()) or 1e-12
-    lines += ["", "op classes (self op time per step, all phases)"]
+    lines = ["", "op classes (self op time per step, all phases)"]
     for c in OP_CLASSES:
         t = a.class_s.get(c, 0.0)
         lines.append(f"  {c:<38}{_ms(t)} {t / total_ops:7.1%}")
@@ -92,8 +103,14 @@ def render(r: ProfileResult, v: Verdict, *, top: int = 12) -> str:
         f"{_ms(max(0.0, r.step_s - total_ops))} {max(0.0, 1 - total_ops / step):7.1%}"
         " of the step"
     )
+    return lines
+
+
+def _roofline_lines(r: ProfileResult, top: int) -> list[str]:
+    """The roofline table of the `top` ops by time."""
+    a = r.analysis
     ridge = ridge_point(r)
-    lines += [
+    lines = [
         "",
         f"roofline: peak {r.peak_flops / 1e12:.3g} TFLOP/s, memory "
         f"{r.memory_bw / 1e9:.0f} GB/s -> ridge {ridge:.1f} FLOP/B; "
@@ -107,9 +124,14 @@ def render(r: ProfileResult, v: Verdict, *, top: int = 12) -> str:
             f"{op.intensity:9.2f}{op.achieved_flops / 1e9:10.2f}  {bound} "
             f"({op.op_class})"
         )
+    return lines
+
+
+def _mfu_lines(r: ProfileResult) -> list[str]:
+    """The iron law and measured vs predicted MFU."""
     o, peak = r.model_flops_per_step, r.peak_flops * r.world_size
     t = r.unprofiled_step_s or r.step_s
-    lines += [
+    lines = [
         "",
         f"iron law T = O / (R_peak * eta): O = {o / 1e9:,.2f} GFLOP per step (model "
         f"FLOPs), R_peak = {peak / 1e12:.3g} TFLOP/s -> O / R_peak = "
@@ -128,7 +150,12 @@ def render(r: ProfileResult, v: Verdict, *, top: int = 12) -> str:
         )
     else:
         lines.append(f"  predicted: planner unavailable ({r.planner_error})")
-    lines += ["", f"verdict: {v.kind.upper()}: {v.detail}"]
+    return lines
+
+
+def _verdict_lines(r: ProfileResult, v: Verdict) -> list[str]:
+    """The verdict, its evidence and what to do."""
+    lines = ["", f"verdict: {v.kind.upper()}: {v.detail}"]
     lines += [f"  - {e}" for e in v.evidence]
     lines.append("what to do (seed 004: profile -> fix the dominant term -> re-profile)")
     for i, rec in enumerate(v.recommendations, 1):
@@ -140,6 +167,16 @@ def render(r: ProfileResult, v: Verdict, *, top: int = 12) -> str:
             "",
             f"Chrome trace (Perfetto: ui.perfetto.dev, or chrome://tracing): {r.trace_path}",
         ]
+    return lines
+
+
+def render(r: ProfileResult, v: Verdict, *, top: int = 12) -> str:
+    lines = _header_lines(r)
+    lines += _step_lines(r)
+    lines += _class_lines(r)
+    lines += _roofline_lines(r, top)
+    lines += _mfu_lines(r)
+    lines += _verdict_lines(r, v)
     return "\n".join(lines)
 
 

@@ -235,6 +235,79 @@ def _build_pipeline(
     return stages, runtime
 
 
+def _build_data_bundle(
+    job: JobConfig, dims: ParallelDims, env: DistEnv, grad_accum: int
+) -> DataBundle:
+    """This dp rank's corpus and loader, checked against the model's vocabulary."""
+    with clock.phase("data"):  # corpus download/tokenization/shards, or the cached shards
+        bundle = build_data(
+            job.data,
+            seq_len=job.batch.seq_len,
+            micro_batch=job.batch.micro_batch,
+            grad_accum=grad_accum,
+            dp_rank=dims.dp_rank,
+            dp_size=dims.layout.dp,
+            seed=job.data.seed,
+            progress=job.train.progress and env.is_main,
+        )
+    _check_vocab(job, bundle)
+    return bundle
+
+
+def _build_parallel_model(
+    job: JobConfig,
+    dims: ParallelDims,
+    scaler: LossScaler,
+    device: torch.device,
+    grad_accum: int,
+    *,
+    ddp: bool,
+    schedule_cls: Any,
+) -> tuple[torch.nn.Module, PipelineRuntime | None]:
+    """The model built on meta and parallelized (not yet materialized): this rank's pipeline
+    stages and runtime when pp > 1, else the whole model and None."""
+    full = build_model(job.model, device="meta")
+    if dims.layout.pp > 1:
+        return _build_pipeline(
+            job, dims, full, scaler, device, grad_accum, ddp=ddp, schedule_cls=schedule_cls
+        )
+    model = parallelize(
+        full,
+        dims,
+        precision=job.precision,
+        memory=job.memory,
+        compile=job.train.compile,
+        ddp=ddp,
+    )
+    return model, None
+
+
+def _materialize_and_optimizer(
+    job: JobConfig,
+    dims: ParallelDims,
+    model: torch.nn.Module,
+    pipeline: PipelineRuntime | None,
+    *,
+    device: torch.device,
+    init_weights: bool,
+    optimizer_device: str,
+) -> tuple[list[torch.nn.Parameter], torch.optim.Optimizer]:
+    """Allocate (and initialize) the weights, then build the optimizer over the trainable ones."""
+    # each pipeline stage on its own, as a whole model otherwise (same seed: the weights
+    # do not depend on the layout)
+    for root in pipeline.stages if pipeline is not None else [model]:
+        materialize(root, device=device, seed=job.train.seed, init=init_weights)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = build_optimizer(
+        params,
+        optim=job.optim,
+        device_type=optimizer_device,
+        dims=dims,
+        offload=job.memory.offload,
+    )
+    return params, optimizer
+
+
 def build_run(
     job: JobConfig,
     *,
@@ -271,49 +344,20 @@ def build_run(
         dims.build_mesh(env.device.type)
     grad_accum = job.batch.global_batch // (job.batch.micro_batch * layout.dp)
     torch.manual_seed(job.train.seed)
-    bundle = None
-    if data:
-        with clock.phase("data"):  # corpus download/tokenization/shards, or the cached shards
-            bundle = build_data(
-                job.data,
-                seq_len=job.batch.seq_len,
-                micro_batch=job.batch.micro_batch,
-                grad_accum=grad_accum,
-                dp_rank=dims.dp_rank,
-                dp_size=layout.dp,
-                seed=job.data.seed,
-                progress=job.train.progress and env.is_main,
-            )
-        _check_vocab(job, bundle)
+    bundle = _build_data_bundle(job, dims, env, grad_accum) if data else None
     scaler = LossScaler(job.precision)
-    full = build_model(job.model, device="meta")
-    model: torch.nn.Module
-    pipeline = None
-    if layout.pp > 1:
-        model, pipeline = _build_pipeline(
-            job, dims, full, scaler, env.device, grad_accum, ddp=ddp, schedule_cls=schedule_cls
-        )
-    else:
-        model = parallelize(
-            full,
-            dims,
-            precision=job.precision,
-            memory=job.memory,
-            compile=job.train.compile,
-            ddp=ddp,
-        )
+    model, pipeline = _build_parallel_model(
+        job, dims, scaler, env.device, grad_accum, ddp=ddp, schedule_cls=schedule_cls
+    )
     with materialize_in or contextlib.nullcontext():
-        # each pipeline stage on its own, as a whole model otherwise (same seed: the weights
-        # do not depend on the layout)
-        for root in pipeline.stages if pipeline is not None else [model]:
-            materialize(root, device=env.device, seed=job.train.seed, init=init_weights)
-        params = [p for p in model.parameters() if p.requires_grad]
-        optimizer = build_optimizer(
-            params,
-            optim=job.optim,
-            device_type=optimizer_device or env.device.type,
-            dims=dims,
-            offload=job.memory.offload,
+        params, optimizer = _materialize_and_optimizer(
+            job,
+            dims,
+            model,
+            pipeline,
+            device=env.device,
+            init_weights=init_weights,
+            optimizer_device=optimizer_device or env.device.type,
         )
     return Run(
         job=job,

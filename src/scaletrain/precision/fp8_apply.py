@@ -1,0 +1,156 @@
+"""Converting a model to fp8 training (`apply_fp8`: its Linears to `Float8Linear`, its MoE
+experts to `Float8ExpertLinear`, or torchao's conversion on CUDA) and the delayed-scaling
+histories of a converted model. What runs in float8 and what it costs: `fp8.py`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .fp8 import _DIM_MULTIPLE, Float8ExpertLinear, Float8Linear
+from .scaling import AmaxHistory
+
+__all__ = ["apply_fp8", "maybe_apply_fp8", "fp8_eligible", "amax_histories", "sync_amax_histories"]
+
+
+def fp8_eligible(mod: nn.Module) -> bool:
+    """A plain nn.Linear whose in and out dims are multiples of 16 (the fp8 GEMM constraint)."""
+    return (
+        type(mod) is nn.Linear
+        and mod.in_features % _DIM_MULTIPLE == 0
+        and mod.out_features % _DIM_MULTIPLE == 0
+    )
+
+
+def _skipped(fqn: str, skip: Sequence[str]) -> bool:
+    # "output" skips the head, "router" every MoE router, "layers.0.attention.wq" one layer.
+    parts = fqn.split(".")
+    return any(s in parts or fqn == s or fqn.endswith("." + s) for s in skip)
+
+
+def _use_torchao(model: nn.Module, backend: str, scaling: str, amax: str) -> bool:
+    if backend == "scaletrain":
+        return False
+    available = importlib.util.find_spec("torchao") is not None
+    p = next(model.parameters(), None)
+    on_cuda = p is not None and (
+        p.device.type == "cuda" or (p.device.type == "meta" and torch.cuda.is_available())
+    )
+    fits = scaling == "tensorwise" and amax == "current"  # torchao has no tile/delayed recipe
+    if backend == "torchao" and not (available and on_cuda and fits):
+        raise ValueError(
+            "fp8 backend 'torchao' needs torchao installed, a CUDA model and "
+            "scaling='tensorwise', amax='current'; use backend='auto'"
+        )
+    return available and on_cuda and fits
+
+
+def apply_fp8(
+    model: nn.Module,
+    *,
+    scaling: str = "tensorwise",
+    amax: str = "current",
+    skip: Sequence[str] = ("output", "router"),
+    history_len: int = 16,
+    backend: str = "auto",
+) -> list[str]:
+    """Convert eligible Linears and MoE experts of `model` in place; returns the converted
+    module names.
+
+    Apply before tensor, expert parallelism and FSDP (like torchtitan's float8 converter).
+    `backend`: 'auto' (torchao on CUDA when importable and the recipe is tensorwise/current,
+    else ours), 'scaletrain' or 'torchao' — for the Linears; experts always run
+    `Float8ExpertLinear` (current amax whatever `amax` says, see the module docstring). Skip the
+    experts with `skip=(..., "experts")`.
+    """
+    if backend not in ("auto", "scaletrain", "torchao"):
+        raise ValueError(f"fp8 backend {backend!r}: use 'auto', 'scaletrain' or 'torchao'")
+    targets = [
+        (fqn, mod)
+        for fqn, mod in model.named_modules()
+        if fqn and fp8_eligible(mod) and not _skipped(fqn, skip)
+    ]
+    experts = _convert_experts(model, scaling, skip)
+    if _use_torchao(model, backend, scaling, amax):
+        from torchao.float8 import convert_to_float8_training
+
+        names = {fqn for fqn, _ in targets}
+        convert_to_float8_training(model, module_filter_fn=lambda _m, fqn: fqn in names)
+        return sorted(names | set(experts))
+    for fqn, mod in targets:
+        parent_name, _, leaf = fqn.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(
+            parent,
+            leaf,
+            Float8Linear.from_linear(mod, scaling=scaling, amax=amax, history_len=history_len),
+        )
+    return [fqn for fqn, _ in targets] + experts
+
+
+def _convert_experts(model: nn.Module, scaling: str, skip: Sequence[str]) -> list[str]:
+    """Give every unconverted `GroupedExperts` a `Float8ExpertLinear`; returns their names."""
+    from scaletrain.models.moe import GroupedExperts
+
+    names = []
+    for fqn, mod in model.named_modules():
+        if (
+            isinstance(mod, GroupedExperts)
+            and not _skipped(fqn, skip)
+            and not isinstance(mod.linear, Float8ExpertLinear)
+        ):
+            mod.linear = Float8ExpertLinear(scaling)
+            names.append(fqn)
+    return names
+
+
+def maybe_apply_fp8(model: nn.Module, precision: Any, **kwargs: Any) -> list[str]:
+    """`apply_fp8` with `precision.fp8_scaling` when `precision.dtype == 'fp8'`; else a no-op.
+
+    `precision` is a `scaletrain.config.PrecisionConfig` (`dtype` and the `fp8_*` fields).
+    """
+    if precision.dtype != "fp8":
+        return []
+    return apply_fp8(
+        model,
+        scaling=precision.fp8_scaling,
+        amax=precision.fp8_amax,
+        history_len=precision.fp8_history_len,
+        **kwargs,
+    )
+
+
+def amax_histories(model: nn.Module) -> list[AmaxHistory]:
+    """Every delayed-scaling history of `model`'s Float8Linears, in module order."""
+    return [
+        h for m in model.modules() if isinstance(m, Float8Linear) for h in m.fp8_state.histories()
+    ]
+
+
+@torch.no_grad()
+def sync_amax_histories(model: nn.Module, group: Any = None) -> int:
+    """Make every rank's delayed-scaling histories the elementwise max over `group`.
+
+    Data-parallel (and context-parallel) ranks quantize different tokens, so the activation and
+    gradient amaxes they record differ; after this they hold the amax of the whole batch, as
+    one process would (the max over the shards is the max over the batch), every rank scales
+    the next micro-batches alike, and the checkpoint — which saves the histories once, from
+    rank 0 — resumes every rank exactly. Transformer Engine reduces amaxes over the
+    data-parallel group the same way. One all-reduce (MAX) per call over all histories; call it
+    once per step, after backward. Every rank must hold the same histories (the same model and
+    micro-batch count do). Returns the number of values reduced.
+    """
+    hists = [h for h in amax_histories(model) if h.history is not None]
+    if not hists:
+        return 0
+    flat = torch.cat([h.history for h in hists if h.history is not None])
+    dist.all_reduce(flat, op=dist.ReduceOp.MAX, group=group)
+    for h, part in zip(hists, flat.split([h.length for h in hists]), strict=True):
+        h.history = part.clone()
+    return flat.numel()
