@@ -16,6 +16,8 @@ worst. The set is exact, not sampled.
 
 from __future__ import annotations
 
+from functools import partial
+
 from scaletrain.config import (
     ModelConfig,
     ParamCounts,
@@ -84,6 +86,42 @@ def model_terms(plan: PlanInput, terms: ModelTerms | None) -> ModelTerms:
     return terms if terms is not None and terms.model is plan.model else ModelTerms(plan.model)
 
 
+def _stage_params(
+    plan: PlanInput, pc: ParamCounts, first: bool, last: bool, layers: int
+) -> tuple[float, float, float, float, float, bool]:
+    """(one block's, dense, expert, largest FSDP unit's, never-cast parameters, experts in
+    FSDP) of a pipeline stage holding `layers` blocks (first/last: it holds the embedding /
+    the final norm and head)."""
+    L, model = plan.layout, plan.model
+    tp, ep = L.tp, L.ep
+    dense_mlp = 0 if model.is_moe else pc.mlp
+    block = (pc.attention + dense_mlp) / tp + pc.norms + pc.router
+    dense = layers * block
+    # experts split tp ways (ep = 1) or ep ways (config.layout.expert_split)
+    expert = layers * pc.mlp / expert_split(L) if model.is_moe else 0.0
+    # FSDP2 ignores expert-parallel experts (parallel/parallelize.py): not in any unit
+    experts_in_fsdp = not (model.is_moe and ep > 1 and L.zero >= 2)
+    unit = block + (pc.mlp / expert_split(L) if model.is_moe and experts_in_fsdp else 0.0)
+    # FSDP2's root unit (parallel/fsdp.py: fully_shard(model) after the blocks) holds all that
+    # is not a block on this stage: embedding + positions and/or final norm + head, gathered as
+    # ONE unit (the dry-run's unsharded root of llama2-7b is embedding + head).
+    root = 0.0
+    # what autocast never casts (`model_state_bytes`' uncast_params): embeddings, norms, and
+    # the head when the fused loss reads it (zero-bubble's plain head Linear is autocast's)
+    uncast = float(layers * pc.norms)
+    if first:
+        dense += pc.embedding / tp + pc.position
+        root += pc.embedding / tp + pc.position
+        uncast += pc.embedding / tp + pc.position
+    if last:
+        head = pc.head or (pc.embedding if L.pp > 1 else 0)  # tied head: a copy on the last stage
+        dense += pc.final_norm + head / tp
+        root += pc.final_norm + head / tp
+        uncast += pc.final_norm + (head / tp if fused_head_loss(L) else 0.0)
+    unit = max(unit, root)
+    return block, dense, expert, unit, uncast, experts_in_fsdp
+
+
 def _rank_states(
     plan: PlanInput,
     terms: ModelTerms,
@@ -116,32 +154,10 @@ def _rank_states(
     if hit is not None:
         return hit
     pc = terms.counts
-    tp, ep = L.tp, L.ep
-    dense_mlp = 0 if model.is_moe else pc.mlp
-    block = (pc.attention + dense_mlp) / tp + pc.norms + pc.router
-    dense = layers * block
-    # experts split tp ways (ep = 1) or ep ways (config.layout.expert_split)
-    expert = layers * pc.mlp / expert_split(L) if model.is_moe else 0.0
-    # FSDP2 ignores expert-parallel experts (parallel/parallelize.py): not in any unit
-    experts_in_fsdp = not (model.is_moe and ep > 1 and L.zero >= 2)
-    unit = block + (pc.mlp / expert_split(L) if model.is_moe and experts_in_fsdp else 0.0)
-    # FSDP2's root unit (parallel/fsdp.py: fully_shard(model) after the blocks) holds all that
-    # is not a block on this stage: embedding + positions and/or final norm + head, gathered as
-    # ONE unit (the dry-run's unsharded root of llama2-7b is embedding + head).
-    root = 0.0
-    # what autocast never casts (`model_state_bytes`' uncast_params): embeddings, norms, and
-    # the head when the fused loss reads it (zero-bubble's plain head Linear is autocast's)
-    uncast = float(layers * pc.norms)
-    if first:
-        dense += pc.embedding / tp + pc.position
-        root += pc.embedding / tp + pc.position
-        uncast += pc.embedding / tp + pc.position
-    if last:
-        head = pc.head or (pc.embedding if L.pp > 1 else 0)  # tied head: a copy on the last stage
-        dense += pc.final_norm + head / tp
-        root += pc.final_norm + head / tp
-        uncast += pc.final_norm + (head / tp if fused_head_loss(L) else 0.0)
-    unit = max(unit, root)
+    tp = L.tp
+    block, dense, expert, unit, uncast, experts_in_fsdp = _stage_params(
+        plan, pc, first, last, layers
+    )
     st = model_state_bytes(
         dense,
         precision=plan.precision,
@@ -176,6 +192,22 @@ def _rank_states(
     return out
 
 
+def _expert_casts(plan: PlanInput, terms: ModelTerms) -> float:
+    """A block's saved compute-dtype casts of its expert-parallel experts' weights.
+
+    FSDP2 ignores the expert-parallel experts (parallel/parallelize.py): they stay fp32 and
+    autocast casts each expert's weights to the compute dtype in every forward (views, not
+    leaves: no autocast cache); the linears save those casts for backward, 2 bytes x the
+    block's local expert parameters per micro-batch (dry-run, tiny-moe dp2 z3 ep2: -3.0% total
+    without this term). fp8 experts save no cast: they re-quantize the fp32 weight in backward
+    (precision/fp8.py).
+    """
+    L = plan.layout
+    if plan.model.is_moe and L.ep > 1 and L.zero >= 2 and plan.precision not in ("fp32", "fp8"):
+        return 2.0 * terms.counts.mlp / expert_split(L)
+    return 0.0
+
+
 def _activation_terms(
     plan: PlanInput, terms: ModelTerms, modern: bool
 ) -> tuple[float, float, float, float]:
@@ -202,34 +234,21 @@ def _activation_terms(
     if hit is not None:
         return hit
     s, b, p = plan.seq_len, plan.micro_batch, plan.precision
-    per_layer = layer_activation_bytes(
+    block_acts = partial(
+        layer_activation_bytes,
         model,
         seq_len=s,
         micro_batch=b,
         tp=L.tp,
         sp=L.sp,
         cp=L.cp,
-        ac=plan.ac,
         precision=p,
         modern=modern,
         compile=plan.compile,
         residual_fp32=residual_fp32,
         ep=L.ep,
     )
-    full = layer_activation_bytes(
-        model,
-        seq_len=s,
-        micro_batch=b,
-        tp=L.tp,
-        sp=L.sp,
-        cp=L.cp,
-        ac="none",
-        precision=p,
-        modern=modern,
-        compile=plan.compile,
-        residual_fp32=residual_fp32,
-        ep=L.ep,
-    )
+    per_layer, full = block_acts(ac=plan.ac), block_acts(ac="none")
     # the fused head + loss (models/loss.py) runs on the last stage, pipelined or not (a
     # pipeline's last stage is given the targets: parallel/pipeline.py), but zero-bubble
     fused = fused_head_loss(L)
@@ -247,14 +266,8 @@ def _activation_terms(
     held = held_logits_bytes(
         model, seq_len=s, micro_batch=b, tp=L.tp, cp=L.cp, precision=p, fused=fused
     )
-    if model.is_moe and L.ep > 1 and L.zero >= 2 and p not in ("fp32", "fp8"):
-        # FSDP2 ignores the expert-parallel experts (parallel/parallelize.py): they stay fp32
-        # and autocast casts each expert's weights to the compute dtype in every forward
-        # (views, not leaves: no autocast cache); the linears save those casts for backward,
-        # 2 bytes x the block's local expert parameters per micro-batch (dry-run, tiny-moe
-        # dp2 z3 ep2: -3.0% total without this term). fp8 experts save no cast: they
-        # re-quantize the fp32 weight in backward (precision/fp8.py).
-        casts = 2.0 * terms.counts.mlp / expert_split(L)
+    casts = _expert_casts(plan, terms)
+    if casts:
         if plan.ac != "full":  # under full recompute only the block being recomputed has them
             per_layer += casts
         full += casts
@@ -339,6 +352,45 @@ def _block_params(plan: PlanInput, pc: ParamCounts) -> float:
     return (pc.attention + pc.mlp) / L.tp + pc.norms
 
 
+def _late_grads(plan: PlanInput, terms: ModelTerms, st: dict[str, float], count: int) -> float:
+    """Rank 0's gradients that come after every block's backward (ZeRO-0/1 only).
+
+    The token embedding's gradient and the position table's come after every block's (dry-run,
+    llama3-8b-L1 tp8+sp z0 b1: the V/tp x h gradient counted at the block's backward put the
+    planner 10% over); a tied table's is stood in for by the head's contribution, which autograd
+    holds from the loss backward on.
+    """
+    L = plan.layout
+    if L.zero >= 2 or not count:
+        return 0.0
+    pc = terms.counts
+    tied = plan.model.tie_embeddings and L.pp == 1
+    return st["grads"] * (pc.position + (0.0 if tied else pc.embedding / L.tp)) / count
+
+
+def _step_moment(
+    st: dict[str, float],
+    fixed: float,
+    buffers: float,
+    fsdp: float,
+    quant: float,
+    step_tmp: float,
+) -> OptimizerStep:
+    """The optimizer step's moment. step_tmp: torch's foreach AdamW/SGD allocate an fp32
+    intermediate per parameter during step(); on a GPU the trainer runs fused AdamW, which
+    allocates none (the dry-run measures none)."""
+    return OptimizerStep(
+        fixed,
+        st["params.in_flight"],
+        buffers,
+        fsdp,
+        quant,
+        st["grads"],
+        st["grads.in_flight"],
+        step_tmp,
+    )
+
+
 def _rank_memory(
     plan: PlanInput,
     terms: ModelTerms,
@@ -369,73 +421,23 @@ def _rank_memory(
             L.pp_schedule, L.pp, m, L.pp_virtual, rank, plan.model.num_layers
         )
         bufs, buffers = pipeline_buffers(plan, bufs, buffers, rank, m)
-    late = 0.0
-    if rank == 0 and L.zero < 2 and count:
-        # the token embedding's gradient and the position table's come after every block's
-        # (dry-run, llama3-8b-L1 tp8+sp z0 b1: the V/tp x h gradient counted at the block's
-        # backward put the planner 10% over); a tied table's is stood in for by the head's
-        # contribution, which autograd holds from the loss backward on
-        pc = terms.counts
-        tied = plan.model.tie_embeddings and L.pp == 1
-        late = st["grads"] * (pc.position + (0.0 if tied else pc.embedding / L.tp)) / count
+    late = _late_grads(plan, terms, st, count) if rank == 0 else 0.0
     acts, block_stored, fwdbwd = stored_activations(
         plan, moments, st, layers, in_flight, m, last, acts_terms, late
     )
-    # torch's foreach AdamW/SGD allocate an fp32 intermediate per parameter during step(); on a
-    # GPU the trainer runs fused AdamW, which allocates none (the dry-run measures none).
     step_tmp = 0.0 if plan.offload != "none" or device != "cpu" else 4.0 * sharded
-    step = OptimizerStep(
-        fixed,
-        st["params.in_flight"],
-        buffers,
-        fsdp,
-        quant,
-        st["grads"],
-        st["grads.in_flight"],
-        step_tmp,
-    )
+    step = _step_moment(st, fixed, buffers, fsdp, quant, step_tmp)
     cands: list[Moment]
     if L.zero >= 2 and layers and unit > 0:
-        cands = [
-            *zero_moments(
-                plan,
-                terms.counts,
-                st,
-                fixed,
-                buffers,
-                bufs,
-                fsdp,
-                count,
-                bwd_terms,
-                layers,
-                m,
-                block_stored,
-                acts_terms,
-                rank,
-            ),
-            step,
-        ]
+        held = (fixed, buffers, bufs, fsdp, count, bwd_terms, layers, m, block_stored)
+        cands = [*zero_moments(plan, terms.counts, st, *held, acts_terms, rank), step]
     else:  # states with the FSDP units in flight, every buffer, activations/grads
         cands = [ForwardBackward(fixed, buffers, fwdbwd), step]
     loss_tmp = emb_tmp = 0.0
     if last:
         extra = acts_terms[1] if layers else 0.0
-        loss = loss_moment(
-            plan,
-            st,
-            fixed,
-            buffers,
-            fsdp,
-            quant,
-            count,
-            m,
-            acts - extra,
-            moments,
-            acts_terms,
-            bwd_terms[0],
-            layers,
-            bwd_terms[2],
-        )
+        args = (fixed, buffers, fsdp, quant, count, m, acts - extra, moments, acts_terms)
+        loss = loss_moment(plan, st, *args, bwd_terms[0], layers, bwd_terms[2])
         loss_tmp = loss.loss_temp
         bufs = dict(bufs, loss_backward_temp=loss_tmp)
         cands.append(loss)
