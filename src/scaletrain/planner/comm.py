@@ -24,6 +24,12 @@ the collective runs at min(intra_node_bw, g x inter_node_bw) per rank (bus bandw
 (a group strided one rank per node, e.g. dp across nodes under tp = 8) gives the plain NIC
 figure. Ignores: NIC sharing between different axes' collectives running at the same time,
 switch oversubscription (a non-blocking fat tree is assumed), SHARP / NVLS reductions.
+
+Families (`comm_terms`' keys): dp_allreduce, zero_all_gather, zero_reduce_scatter,
+fsdp_all_gather, fsdp_reduce_scatter, hsdp_allreduce (`_dp_terms`, `_zero_terms`, `_fsdp_terms`,
+`_hsdp_term`), tp (`_tp_term`), pp_p2p (`_pp_term`), cp_ring (`_cp_term`), ep_all_to_all
+(`_ep_term`); each checked against the bytes counted at the collectives by
+benchmarks/comm_volume.py (tiny models on gloo).
 """
 
 from __future__ import annotations
@@ -116,12 +122,7 @@ def comm_terms(
     fp8_gather_params: parameters among stage_params that ZeRO-2/3 all-gathers as 1-byte E4M3
     (`precision.fp8_all_gather`; measured: exactly half the bf16 bytes, its scale is one
     all-reduced scalar per weight, ignored) instead of the compute dtype.
-    Families (what scaletrain's trainer runs; checked per family against the bytes counted at
-    the collectives by benchmarks/comm_volume.py, tiny models on gloo), each priced by the
-    function that says what it counts: dp_allreduce, zero_all_gather, zero_reduce_scatter,
-    fsdp_all_gather, fsdp_reduce_scatter, hsdp_allreduce (`_dp_terms`, `_zero_terms`,
-    `_fsdp_terms`, `_hsdp_term`), tp (`_tp_term`), pp_p2p (`_pp_term`), cp_ring
-    (`_cp_term`), ep_all_to_all (`_ep_term`).
+    Families: see the module docstring; each `_*_term(s)` says what it counts.
     """
     L, hw, m = layout, hardware, micro_batches
     e = 4 if precision == "fp32" else 2  # bytes of an activation (compute dtype)

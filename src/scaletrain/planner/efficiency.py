@@ -2,7 +2,7 @@
 matmul efficiency by GPU generation, GEMM shape and precision (the 'generation' time model),
 and the communication latency terms that matter at 1,000+ GPUs. Torch-free.
 
-What every recipe uses (estimate._time):
+What every recipe uses (step_time._time):
 - matmuls at `estimate.default_efficiency` (the calibrated fraction of peak);
 - the attention core as its kernel runs it (`attention_seconds_per_token`): FlashAttention-2
   (torch SDPA, flash-attn 2) at FLASH2_HOPPER_EFFICIENCY of peak on Hopper, a materialized
@@ -238,7 +238,7 @@ COMM_OVERLAP: dict[str, tuple[str, ...]] = {
     # reduce-scatter), overlap_p2p_comm: True (interleaved pipeline sends beside compute),
     # optim.overlap_grad_sync / overlap_param_sync: true ("exposes only one DP communication
     # chunk", NeMo docs features/optimizations/communication_overlap.rst). The gradient
-    # reduce-scatter's overlap is every recipe's default already (estimate._exposed).
+    # reduce-scatter's overlap is every recipe's default already (step_time._exposed).
     "nemo": ("tp", "pp_p2p", "dp_param_gather")
 }
 """Communication families a recipe's framework overlaps with compute, by recipe name (a recipe

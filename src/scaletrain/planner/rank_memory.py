@@ -16,26 +16,8 @@ worst. The set is exact, not sampled.
 
 from __future__ import annotations
 
-from scaletrain.config import (
-    ModelConfig,
-    ParamCounts,
-    ddp_reducer,
-    expert_split,
-    expert_zero_shards,
-    fused_head_loss,
-)
-
 from .memory import (
     FRAGMENTATION,
-    buffer_terms,
-    embedding_backward_bytes,
-    fp8_linear_params,
-    head_activation_bytes,
-    held_logits_bytes,
-    layer_activation_bytes,
-    model_state_bytes,
-    rope_table_bytes,
-    selective_recompute_bytes,
     stage_layer_counts,
 )
 from .moments import ForwardBackward, Moment, OptimizerStep, RankMemory
@@ -46,9 +28,15 @@ from .rank_moments import (
     loss_moment,
     moment_total,
     pipeline_buffers,
-    root_in_backward,
     stored_activations,
     zero_moments,
+)
+from .rank_terms import (
+    ModelTerms,
+    _activation_terms,
+    _buffers,
+    _rank_states,
+    model_terms,
 )
 from .types import MemoryBreakdown, PlanInput
 
@@ -63,280 +51,43 @@ __all__ = [
 ]
 
 
-class ModelTerms:
-    """One model's memory terms, reused by every layout of a search: its parameter counts and,
-    keyed by the layout fields each depends on, the rank states (`_rank_states`), activation
-    terms (`_activation_terms`) and buffers (`_buffers`). `search.search` builds one per
-    search; a caller that passes none gets a fresh one per call."""
+def _late_grads(plan: PlanInput, terms: ModelTerms, st: dict[str, float], count: int) -> float:
+    """Rank 0's gradients that come after every block's backward (ZeRO-0/1 only).
 
-    __slots__ = ("model", "counts", "states", "acts", "bufs")
-
-    def __init__(self, model: ModelConfig) -> None:
-        self.model = model
-        self.counts: ParamCounts = model.param_counts()
-        self.states: dict[tuple, tuple] = {}
-        self.acts: dict[tuple, tuple[float, float, float, float]] = {}
-        self.bufs: dict[tuple, tuple] = {}
-
-
-def model_terms(plan: PlanInput, terms: ModelTerms | None) -> ModelTerms:
-    """`terms` if it was built for the plan's model, else a fresh one."""
-    return terms if terms is not None and terms.model is plan.model else ModelTerms(plan.model)
-
-
-def _rank_states(
-    plan: PlanInput,
-    terms: ModelTerms,
-    zs: int,
-    first: bool,
-    last: bool,
-    layers: int,
-    convention: str,
-) -> tuple:
-    """(model-state dict, parameter count, largest FSDP unit, ZeRO-sharded count, params +
-    optimizer bytes, backward terms), cached; backward terms = (root unit's unsharded bytes,
-    head gradient held, one block's parameters, embedding-backward temporaries) for the
-    ZeRO-2/3 and embedding moments of `_rank_memory`."""
-    L, model = plan.layout, plan.model
-    key = (
-        L.tp,
-        L.ep,
-        L.zero,
-        zs,
-        L.pp > 1,
-        first,
-        last,
-        layers,
-        plan.precision,
-        plan.optimizer,
-        plan.offload,
-        convention,
-    )
-    hit = terms.states.get(key)
-    if hit is not None:
-        return hit
+    The token embedding's gradient and the position table's come after every block's (dry-run,
+    llama3-8b-L1 tp8+sp z0 b1: the V/tp x h gradient counted at the block's backward put the
+    planner 10% over); a tied table's is stood in for by the head's contribution, which autograd
+    holds from the loss backward on.
+    """
+    L = plan.layout
+    if L.zero >= 2 or not count:
+        return 0.0
     pc = terms.counts
-    tp, ep = L.tp, L.ep
-    dense_mlp = 0 if model.is_moe else pc.mlp
-    block = (pc.attention + dense_mlp) / tp + pc.norms + pc.router
-    dense = layers * block
-    # experts split tp ways (ep = 1) or ep ways (config.layout.expert_split)
-    expert = layers * pc.mlp / expert_split(L) if model.is_moe else 0.0
-    # FSDP2 ignores expert-parallel experts (parallel/parallelize.py): not in any unit
-    experts_in_fsdp = not (model.is_moe and ep > 1 and L.zero >= 2)
-    unit = block + (pc.mlp / expert_split(L) if model.is_moe and experts_in_fsdp else 0.0)
-    # FSDP2's root unit (parallel/fsdp.py: fully_shard(model) after the blocks) holds all that
-    # is not a block on this stage: embedding + positions and/or final norm + head, gathered as
-    # ONE unit (the dry-run's unsharded root of llama2-7b is embedding + head).
-    root = 0.0
-    # what autocast never casts (`model_state_bytes`' uncast_params): embeddings, norms, and
-    # the head when the fused loss reads it (zero-bubble's plain head Linear is autocast's)
-    uncast = float(layers * pc.norms)
-    if first:
-        dense += pc.embedding / tp + pc.position
-        root += pc.embedding / tp + pc.position
-        uncast += pc.embedding / tp + pc.position
-    if last:
-        head = pc.head or (pc.embedding if L.pp > 1 else 0)  # tied head: a copy on the last stage
-        dense += pc.final_norm + head / tp
-        root += pc.final_norm + head / tp
-        uncast += pc.final_norm + (head / tp if fused_head_loss(L) else 0.0)
-    unit = max(unit, root)
-    st = model_state_bytes(
-        dense,
-        precision=plan.precision,
-        optimizer=plan.optimizer,
-        zero=L.zero,
-        zero_shards=zs,
-        offload=plan.offload,
-        convention=convention,
-        expert_params=expert,
-        expert_shards=expert_zero_shards(L),
-        unit_params=unit,
-        largest_param=(pc.embedding / tp) if (first or last) else block,
-        # q/k/v/o, the dense MLP or local experts of this stage's blocks
-        fp8_params=fp8_linear_params(model, layers, tp) + expert,
-        experts_in_fsdp=experts_in_fsdp,
-        uncast_params=uncast,
-    )
-    sharded = (dense / zs + expert / expert_zero_shards(L)) if L.zero else dense + expert
-    fixed = st["params"] + st["optimizer"]
-    wc = 4 if plan.precision == "fp32" else 2
-    root_live, head_held = root_in_backward(plan, pc, first, last, wc)
-    emb_tmp = 0.0
-    if first:
-        # the weight's dtype as used: FSDP2's 16-bit unit, or fp32 (also under autocast)
-        grad_bytes = 2 if (L.zero >= 2 and plan.precision != "fp32") else 4
-        emb_tmp = embedding_backward_bytes(
-            model, tp=tp, grad_bytes=grad_bytes, tied=model.tie_embeddings and L.pp == 1
-        )
-    bwd_terms = (root_live, head_held, _block_params(plan, pc), emb_tmp)
-    out = (st, dense + expert, unit, sharded, fixed, bwd_terms)
-    terms.states[key] = out
-    return out
+    tied = plan.model.tie_embeddings and L.pp == 1
+    return st["grads"] * (pc.position + (0.0 if tied else pc.embedding / L.tp)) / count
 
 
-def _activation_terms(
-    plan: PlanInput, terms: ModelTerms, modern: bool
-) -> tuple[float, float, float, float]:
-    """(stored bytes per block, what one block re-creates while it is recomputed in backward
-    (full: its whole no-AC set; selective: `memory.selective_recompute_bytes`; none: 0), head
-    bytes, logits the loop holds) per micro-batch, cached."""
-    L, model = plan.layout, plan.model
-    # autocast on fp32 params: DDP and ZeRO-1; ZeRO-2/3 are FSDP2 with 16-bit parameters
-    residual_fp32 = plan.precision != "fp32" and L.zero < 2
-    key = (
-        plan.seq_len,
-        plan.micro_batch,
-        L.tp,
-        L.sp,
-        L.cp,
-        L.ep,
-        plan.ac,
-        plan.precision,
-        plan.compile,
-        modern,
-        residual_fp32,
+def _step_moment(
+    st: dict[str, float],
+    fixed: float,
+    buffers: float,
+    fsdp: float,
+    quant: float,
+    step_tmp: float,
+) -> OptimizerStep:
+    """The optimizer step's moment. step_tmp: torch's foreach AdamW/SGD allocate an fp32
+    intermediate per parameter during step(); on a GPU the trainer runs fused AdamW, which
+    allocates none (the dry-run measures none)."""
+    return OptimizerStep(
+        fixed,
+        st["params.in_flight"],
+        buffers,
+        fsdp,
+        quant,
+        st["grads"],
+        st["grads.in_flight"],
+        step_tmp,
     )
-    hit = terms.acts.get(key)
-    if hit is not None:
-        return hit
-    s, b, p = plan.seq_len, plan.micro_batch, plan.precision
-    per_layer = layer_activation_bytes(
-        model,
-        seq_len=s,
-        micro_batch=b,
-        tp=L.tp,
-        sp=L.sp,
-        cp=L.cp,
-        ac=plan.ac,
-        precision=p,
-        modern=modern,
-        compile=plan.compile,
-        residual_fp32=residual_fp32,
-        ep=L.ep,
-    )
-    full = layer_activation_bytes(
-        model,
-        seq_len=s,
-        micro_batch=b,
-        tp=L.tp,
-        sp=L.sp,
-        cp=L.cp,
-        ac="none",
-        precision=p,
-        modern=modern,
-        compile=plan.compile,
-        residual_fp32=residual_fp32,
-        ep=L.ep,
-    )
-    # the fused head + loss (models/loss.py) runs on the last stage, pipelined or not (a
-    # pipeline's last stage is given the targets: parallel/pipeline.py), but zero-bubble
-    fused = fused_head_loss(L)
-    head = head_activation_bytes(
-        model,
-        seq_len=s,
-        micro_batch=b,
-        tp=L.tp,
-        sp=L.sp,
-        cp=L.cp,
-        precision=p,
-        residual_fp32=residual_fp32,
-        fused=fused,
-    )
-    held = held_logits_bytes(
-        model, seq_len=s, micro_batch=b, tp=L.tp, cp=L.cp, precision=p, fused=fused
-    )
-    if model.is_moe and L.ep > 1 and L.zero >= 2 and p not in ("fp32", "fp8"):
-        # FSDP2 ignores the expert-parallel experts (parallel/parallelize.py): they stay fp32
-        # and autocast casts each expert's weights to the compute dtype in every forward
-        # (views, not leaves: no autocast cache); the linears save those casts for backward,
-        # 2 bytes x the block's local expert parameters per micro-batch (dry-run, tiny-moe
-        # dp2 z3 ep2: -3.0% total without this term). fp8 experts save no cast: they
-        # re-quantize the fp32 weight in backward (precision/fp8.py).
-        casts = 2.0 * terms.counts.mlp / expert_split(L)
-        if plan.ac != "full":  # under full recompute only the block being recomputed has them
-            per_layer += casts
-        full += casts
-    recompute = 0.0
-    if plan.ac == "full":
-        recompute = full
-    elif plan.ac == "selective":
-        recompute = selective_recompute_bytes(
-            model,
-            full=full,
-            stored=per_layer,
-            tokens=s / L.cp * b,
-            tp=L.tp,
-            sp=L.sp,
-            e=4 if p == "fp32" else 2,
-        )
-    out = (per_layer, recompute, head, held)
-    terms.acts[key] = out
-    return out
-
-
-def _buffers(
-    plan: PlanInput, terms: ModelTerms, zs: int, unit: float, device: str, count: float = 0.0
-) -> tuple:
-    """(named buffer terms, their sum, runtime context, FSDP collectives' sum, fp8 quantization
-    temporary), cached. count: the rank's parameters (DDP's bucket copy)."""
-    L, model = plan.layout, plan.model
-    tokens = plan.seq_len / L.cp * plan.micro_batch
-    key = (
-        tokens,
-        plan.precision,
-        L.zero,
-        L.dp,
-        L.tp,
-        L.sp,
-        L.pp,
-        L.cp,
-        L.ep,
-        unit,
-        zs,
-        device,
-        count,
-    )
-    hit = terms.bufs.get(key)
-    if hit is not None:
-        return hit
-    bufs = buffer_terms(
-        hidden=model.dim,
-        tokens=tokens,
-        precision=plan.precision,
-        zero=L.zero,
-        dp=L.dp,
-        tp=L.tp,
-        sp=L.sp,
-        pp=L.pp,
-        cp=L.cp,
-        ep=L.ep,
-        kv_dim=model.kv_dim,
-        experts_per_token=model.experts_per_token,
-        unit_params=unit,
-        zero_shards=zs,
-        device=device,
-        bucket_params=count,
-        ffn_dim=model.ffn_dim,
-        ddp=ddp_reducer(L),
-    )
-    if model.position == "rope":
-        bufs["rope_tables"] = rope_table_bytes(model)
-    fsdp = sum(v for k, v in bufs.items() if k.startswith("fsdp_"))
-    out = (bufs, sum(bufs.values()), bufs["runtime_context"], fsdp, bufs.get("fp8_quantize", 0.0))
-    terms.bufs[key] = out
-    return out
-
-
-def _block_params(plan: PlanInput, pc: ParamCounts) -> float:
-    """Parameters of one block on this rank (the FSDP unit of a block)."""
-    model, L = plan.model, plan.layout
-    if model.is_moe:
-        # expert-parallel experts are not in the block's FSDP unit (FSDP2 ignores them)
-        experts = 0.0 if (L.ep > 1 and L.zero >= 2) else pc.mlp / expert_split(L)
-        return pc.attention / L.tp + pc.norms + pc.router + experts
-    return (pc.attention + pc.mlp) / L.tp + pc.norms
 
 
 def _rank_memory(
@@ -369,73 +120,23 @@ def _rank_memory(
             L.pp_schedule, L.pp, m, L.pp_virtual, rank, plan.model.num_layers
         )
         bufs, buffers = pipeline_buffers(plan, bufs, buffers, rank, m)
-    late = 0.0
-    if rank == 0 and L.zero < 2 and count:
-        # the token embedding's gradient and the position table's come after every block's
-        # (dry-run, llama3-8b-L1 tp8+sp z0 b1: the V/tp x h gradient counted at the block's
-        # backward put the planner 10% over); a tied table's is stood in for by the head's
-        # contribution, which autograd holds from the loss backward on
-        pc = terms.counts
-        tied = plan.model.tie_embeddings and L.pp == 1
-        late = st["grads"] * (pc.position + (0.0 if tied else pc.embedding / L.tp)) / count
+    late = _late_grads(plan, terms, st, count) if rank == 0 else 0.0
     acts, block_stored, fwdbwd = stored_activations(
         plan, moments, st, layers, in_flight, m, last, acts_terms, late
     )
-    # torch's foreach AdamW/SGD allocate an fp32 intermediate per parameter during step(); on a
-    # GPU the trainer runs fused AdamW, which allocates none (the dry-run measures none).
     step_tmp = 0.0 if plan.offload != "none" or device != "cpu" else 4.0 * sharded
-    step = OptimizerStep(
-        fixed,
-        st["params.in_flight"],
-        buffers,
-        fsdp,
-        quant,
-        st["grads"],
-        st["grads.in_flight"],
-        step_tmp,
-    )
+    step = _step_moment(st, fixed, buffers, fsdp, quant, step_tmp)
     cands: list[Moment]
     if L.zero >= 2 and layers and unit > 0:
-        cands = [
-            *zero_moments(
-                plan,
-                terms.counts,
-                st,
-                fixed,
-                buffers,
-                bufs,
-                fsdp,
-                count,
-                bwd_terms,
-                layers,
-                m,
-                block_stored,
-                acts_terms,
-                rank,
-            ),
-            step,
-        ]
+        held = (fixed, buffers, bufs, fsdp, count, bwd_terms, layers, m, block_stored)
+        cands = [*zero_moments(plan, terms.counts, st, *held, acts_terms, rank), step]
     else:  # states with the FSDP units in flight, every buffer, activations/grads
         cands = [ForwardBackward(fixed, buffers, fwdbwd), step]
     loss_tmp = emb_tmp = 0.0
     if last:
         extra = acts_terms[1] if layers else 0.0
-        loss = loss_moment(
-            plan,
-            st,
-            fixed,
-            buffers,
-            fsdp,
-            quant,
-            count,
-            m,
-            acts - extra,
-            moments,
-            acts_terms,
-            bwd_terms[0],
-            layers,
-            bwd_terms[2],
-        )
+        args = (fixed, buffers, fsdp, quant, count, m, acts - extra, moments, acts_terms)
+        loss = loss_moment(plan, st, *args, bwd_terms[0], layers, bwd_terms[2])
         loss_tmp = loss.loss_temp
         bufs = dict(bufs, loss_backward_temp=loss_tmp)
         cands.append(loss)

@@ -207,13 +207,8 @@ def zero_moments(
       gradients accumulate unsharded, both in the compute dtype, next to the micro-batches'
       activations. Source: measured with the dry-run, llama-1024-L4 dp2 z3 pp2 1f1b (-12%
       without this).
-    - the end of backward, the root unit's post-backward: its fp32 reduce-scatter input and
-      output shard (which become its sharded grads: not counted twice), with one of its 16-bit
-      unsharded grads (embedding or head) not yet freed and the logits the loop holds; ZeRO-3
-      has resharded the root's parameters by then (ZeRO-2 keeps every unit gathered: counted
-      in `rest`). Source: the dry-run's peak of llama-1024-L4 dp2 z3 (sharded grads of the
-      blocks only, one bf16 root grad, no unsharded params: +18% with the root gathered and
-      its shard counted twice). The embedding's gradient is `embedding_moment`.
+    - the end of backward, the root unit's post-backward (`_end_of_backward`). The embedding's
+      gradient is `embedding_moment`.
     """
     L = plan.layout
     per_layer, recompute, _, held_logits = acts_terms
@@ -239,35 +234,8 @@ def zero_moments(
     if plan.ac == "full":
         bwd += recompute  # the block being recomputed (its whole no-AC set)
     if layers:
-        # The start of the last block's backward, before any of its gradient copies: every
-        # block's stored activations (none is freed yet), what the recompute re-created (0
-        # without AC), the MLP backward's first gradients, and of the unit copies only the
-        # gathered parameters (ZeRO-3: this block and the next one, prefetched). It wins over
-        # the copies' moment when activations outweigh the block's parameters. Dry-run:
-        # selective, tiny-llama dp4 z2 b2x2 (-1.1%) and llama2-7b-L1 dp4 z3 tp2+sp (adding
-        # the recompute to the copies' moment is 13% over: at 7B widths the block's gradient
-        # copies are not alive then); ac none, tiny dp2 z3 fp32 b1 s128 (peak inside the last
-        # block's w2 backward, block 0's all-gather issued: -7.8% while only the later
-        # copies' moment was modelled).
-        e = 4 if plan.precision == "fp32" else 2
-        work = mlp_backward_work_bytes(
-            plan.model,
-            tokens=plan.seq_len / L.cp * plan.micro_batch,
-            tp=L.tp,
-            sp=L.sp,
-            e=e,
-            weight_bytes=wc,
-        )
-        early = block_stored + accumulated + recompute + work
-        early_copies = wc * blk * (1 + more) if L.zero >= 3 else 0.0
-        # No SP collective is in flight then: the sequence-parallel all-gather's output
-        # (`tp_all_gather`) is not a separate buffer but the linears' gathered inputs, which
-        # are in the stored set (ac none) or in what the recompute re-created (the dry-run
-        # of tiny-llama dp2 z3 tp2+sp selective holds exactly two (b, s, h) gathered
-        # copies at its peak, both the recompute's: +3.05% with the buffer on top)
-        sp_gather = bufs.get("tp_all_gather", 0.0)
-        if early + early_copies - sp_gather > bwd + copies:
-            bwd, copies, block_buffers = early, early_copies, buffers - sp_gather
+        early = (block_stored + accumulated + recompute, blk, more, wc)
+        bwd, copies, block_buffers = _early_block_backward(plan, *early, bwd, copies, bufs, buffers)
     out: list[Moment] = [
         ZeroBlockBackward(rest, block_buffers, fsdp, root_live, head_held, copies, bwd, held)
     ]
@@ -277,24 +245,103 @@ def zero_moments(
                 fixed, st["params.in_flight"], buffers, fsdp, wc * count, block_stored, held
             )
         )
+    out.append(
+        _end_of_backward(
+            plan, pc, rest, buffers, bufs, fsdp, grads_rest, count, root_live, head_held, held, rank
+        )
+    )
+    return out
+
+
+def _early_block_backward(
+    plan: PlanInput,
+    stored: float,
+    blk: float,
+    more: float,
+    wc: int,
+    bwd: float,
+    copies: float,
+    bufs: dict,
+    buffers: float,
+) -> tuple[float, float, float]:
+    """(activation side, unit copies, buffers) of a block's backward moment (ZeRO-2/3): the
+    start of the last block's backward where it outweighs the copies' moment (bwd, copies).
+
+    Before any of its gradient copies: every block's stored activations (none is freed yet),
+    what the recompute re-created (0 without AC), the MLP backward's first gradients, and of
+    the unit copies only the gathered parameters (ZeRO-3: this block and the next one,
+    prefetched). It wins over the copies' moment when activations outweigh the block's
+    parameters. Dry-run: selective, tiny-llama dp4 z2 b2x2 (-1.1%) and llama2-7b-L1 dp4 z3
+    tp2+sp (adding the recompute to the copies' moment is 13% over: at 7B widths the block's
+    gradient copies are not alive then); ac none, tiny dp2 z3 fp32 b1 s128 (peak inside the
+    last block's w2 backward, block 0's all-gather issued: -7.8% while only the later copies'
+    moment was modelled). stored: stored + accumulated grads + recompute; blk: a block's
+    parameters; more: 1 if there is a next block to prefetch.
+
+    No SP collective is in flight then: the sequence-parallel all-gather's output
+    (`tp_all_gather`) is not a separate buffer but the linears' gathered inputs, which are in
+    the stored set (ac none) or in what the recompute re-created (the dry-run of tiny-llama dp2
+    z3 tp2+sp selective holds exactly two (b, s, h) gathered copies at its peak, both the
+    recompute's: +3.05% with the buffer on top).
+    """
+    L = plan.layout
+    e = 4 if plan.precision == "fp32" else 2
+    work = mlp_backward_work_bytes(
+        plan.model,
+        tokens=plan.seq_len / L.cp * plan.micro_batch,
+        tp=L.tp,
+        sp=L.sp,
+        e=e,
+        weight_bytes=wc,
+    )
+    early = stored + work
+    early_copies = wc * blk * (1 + more) if L.zero >= 3 else 0.0
+    sp_gather = bufs.get("tp_all_gather", 0.0)
+    if early + early_copies - sp_gather > bwd + copies:
+        return early, early_copies, buffers - sp_gather
+    return bwd, copies, buffers
+
+
+def _end_of_backward(
+    plan: PlanInput,
+    pc: ParamCounts,
+    rest: float,
+    buffers: float,
+    bufs: dict,
+    fsdp: float,
+    grads_rest: float,
+    count: float,
+    root_live: float,
+    head_held: float,
+    held: float,
+    rank: int,
+) -> ZeroEndOfBackward:
+    """The end of backward, the root unit's post-backward (ZeRO-2/3).
+
+    Its fp32 reduce-scatter input and output shard (which become its sharded grads: not counted
+    twice), with one of its 16-bit unsharded grads (embedding or head) not yet freed and the
+    logits the loop holds; ZeRO-3 has resharded the root's parameters by then (ZeRO-2 keeps
+    every unit gathered: counted in `rest`). Source: the dry-run's peak of llama-1024-L4 dp2 z3
+    (sharded grads of the blocks only, one bf16 root grad, no unsharded params: +18% with the
+    root gathered and its shard counted twice).
+    """
+    L = plan.layout
+    wc = 4 if plan.precision == "fp32" else 2
     root_grad = end_held = root_grads = 0.0
     if L.zero >= 3 and root_live:
         root_grads = grads_rest * (root_live / wc) / count if count else 0.0
         embedding = wc * pc.embedding / L.tp if rank == 0 else 0.0
         root_grad, end_held = max(embedding, head_held), held
-    out.append(
-        ZeroEndOfBackward(
-            rest,
-            buffers,
-            fsdp,
-            bufs.get("fsdp_reduce_scatter", 0.0),
-            grads_rest,
-            root_grad,
-            end_held,
-            root_grads,
-        )
+    return ZeroEndOfBackward(
+        rest,
+        buffers,
+        fsdp,
+        bufs.get("fsdp_reduce_scatter", 0.0),
+        grads_rest,
+        root_grad,
+        end_held,
+        root_grads,
     )
-    return out
 
 
 def loss_moment(
@@ -339,6 +386,40 @@ def loss_moment(
         weight_bytes=weight_bytes,
         chunk_tokens=plan.loss_chunk_tokens,
     )
+    resting, held = _loss_resting(plan, st, fixed, count, m, root_live, layers, block)
+    if L.pp == 1:
+        return LossBackward(resting, buffers, fsdp, quant, stored, 0.0, held, loss_tmp)
+    return max(
+        (
+            LossBackward(
+                resting,
+                buffers,
+                fsdp,
+                quant,
+                lay * per_layer,
+                hd * head_acts,
+                held if g else 0.0,
+                loss_tmp,
+            )
+            for lay, hd, g, is_loss in moments
+            if is_loss
+        ),
+        key=moment_total,
+    )
+
+
+def _loss_resting(
+    plan: PlanInput,
+    st: dict,
+    fixed: float,
+    count: float,
+    m: int,
+    root_live: float,
+    layers: int,
+    block: float,
+) -> tuple[float, float]:
+    """(resting states, held grads) during the loss backward (`loss_moment`)."""
+    L = plan.layout
     resting = fixed - (st["params.in_flight"] if L.zero >= 3 else 0.0)
     held = st["grads"] - st["grads.in_flight"] if (m > 1 or L.pp > 1) else 0.0
     wc = 4 if plan.precision == "fp32" else 2
@@ -362,25 +443,7 @@ def loss_moment(
             # is alive until that block's backward copies it out (dry-run, tiny dp2 z3:
             # 99,968 B = 2 x 49,984 block parameters, -4.2% total without it)
             resting += wc * block
-    if L.pp == 1:
-        return LossBackward(resting, buffers, fsdp, quant, stored, 0.0, held, loss_tmp)
-    return max(
-        (
-            LossBackward(
-                resting,
-                buffers,
-                fsdp,
-                quant,
-                lay * per_layer,
-                hd * head_acts,
-                held if g else 0.0,
-                loss_tmp,
-            )
-            for lay, hd, g, is_loss in moments
-            if is_loss
-        ),
-        key=moment_total,
-    )
+    return resting, held
 
 
 def moment_total(moment: Moment) -> float:

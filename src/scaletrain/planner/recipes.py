@@ -8,7 +8,8 @@ exact against the dry-run); the other recipes are read off each framework's sour
 documentation, cited field by field in `Recipe.sources` (file and function in the framework's
 repository, or a documentation page). `recipe_memory.py` turns a recipe into memory terms;
 `efficiency.py` is the time model the foreign recipes use. This module is the registry of
-recipes; the `Recipe` dataclass (its fields and what each means) is `recipe_schema.py`.
+recipes (Megatron-LM's and NeMo's are defined in `recipe_megatron.py`); the `Recipe` dataclass
+(its fields and what each means) and the constants the recipes share are `recipe_schema.py`.
 
 Torch-free. Sources were read at these public repositories: NVIDIA/Megatron-LM (megatron/core,
 megatron/training), microsoft/DeepSpeed (deepspeed/runtime), pytorch/torchtitan (torchtitan/,
@@ -17,60 +18,15 @@ docs/), huggingface/nanotron (src/nanotron).
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from scaletrain.config import ConfigError
 from scaletrain.config.strict import did_you_mean
 
 from .memory import FRAGMENTATION, RUNTIME_CONTEXT_BYTES
-from .recipe_schema import DEFAULT_RECIPE, Recipe
+from .recipe_megatron import MEGATRON, NEMO
+from .recipe_schema import _CTX, _PT_ALLOC, _TIME_MODEL, DEFAULT_RECIPE, Recipe
 
 __all__ = ["Recipe", "RECIPES", "recipe_named", "DEFAULT_RECIPE"]
 
-
-_TIME_MODEL = "scaletrain"
-"""The foreign recipes' matmul efficiency: the calibrated default. efficiency.py's generation
-constants are published MFUs (Narayanan et al. 2021, the Megatron-LM README, torchtitan), which
-already contain the pipeline bubble and exposed communication that the planner adds again, in
-each paper's own FLOP convention (V100's 30% is Megatron 2019's): on the 88-run published
-corpus they gave a step-time median |error| of 29% against 16% for the default
-(benchmarks/recipe_layouts.py, 2026-11-25), and 24% against 14% once the attention kernels,
-multi-rail rings and per-unit FSDP latency were in (the recipe column of
-benchmarks/planner_vs_published.py, same day). Why it is worse (per row, same tree, recipe
-column; flat -> generation): each constant is a whole step's achieved rate in its source's own
-FLOP count, and the planner applies it to its matmul FLOPs only, then adds again what the
-source's figure already contains.
-- V100 0.30 (Shoeybi et al. 2019, 39 TFLOP/s): the 1.2B single-GPU run it comes from is in the
-  corpus (megatron-v100-gpt2-1.2b-1g, 1288 ms); in the planner's FLOP count that run sustained
-  39% of peak in model FLOPs, about 52% with its full recompute, so 0.30 over-predicts its own
-  source by 74% (flat: 22%) and the BigScience V100 rows without tp by 48-81% (flat: -1 to
-  +21%).
-- H100 0.47 (Megatron-LM README) is MFU, model FLOPs over whole steps (bubble, exposed TP / DP
-  communication, attention inside); the planner charges it on hardware FLOPs (recompute
-  included), then adds its own bubble, exposed communication and attention-kernel time: NeMo
-  rows +12 to +48% (flat: -15 to +3%), torchtitan Llama 3.1 70B, 405B without cp and H200
-  +16 to +29% (flat: -5 to -12%). It helps only torchtitan's 8B H100 rows (-28 -> -19% at
-  fsdp8), whose own shortfall is torchtitan's (see README).
-- A100 0.52 (Narayanan et al. 2021, 163 TFLOP/s) counts recompute but is a 3072-GPU pipelined
-  step's average, bubble and communication included: torchtitan A100 rows +3 to +25% (flat: -2
-  to +18%).
-Per framework, recipe column: deepspeed 10% -> 60%, megatron-lm 12% -> 64%, nemo 6% -> 28%,
-torchtitan 17% -> 16%. So the double count is real: re-deriving each constant as a compute-only
-efficiency needs its source run's bubble, exposed communication and attention share removed in
-the planner's own FLOP count, which these sources do not state; until then they stay
-selectable as 'generation'. The attention core's kernel terms
-(efficiency.attention_seconds_per_token) apply under either."""
-
-_PT_ALLOC = (
-    "PyTorch's caching allocator (c10/cuda/CUDACachingAllocator.cpp) is the same "
-    "under every framework; 5% is scaletrain's measured reserved/allocated excess "
-    "(memory.FRAGMENTATION)"
-)
-_CTX = (
-    "CUDA context + cuBLAS workspace + NCCL communicators outside the allocator, 0.75 GB "
-    "measured with torch 2.x (memory.RUNTIME_CONTEXT_BYTES); the same runtime under every "
-    "framework"
-)
 
 RECIPES: dict[str, Recipe] = {
     "scaletrain": Recipe(
@@ -116,100 +72,7 @@ RECIPES: dict[str, Recipe] = {
             "loss": "models/loss.py fused chunked linear + cross-entropy",
         },
     ),
-    "megatron": Recipe(
-        name="megatron",
-        framework="Megatron-LM (megatron-core)",
-        weight_bytes=2,
-        master_bytes=4,
-        grad_bytes=4,
-        grad_buffer_full_under_zero1=True,
-        shards_master=True,
-        step_grad_fp32_copy=False,
-        autocast_weight_copy=False,
-        zero_stages=(0, 1, 3),
-        ddp_bucket="view",
-        bucket_elements=4e7,
-        bucket_elem_bytes=4,
-        bucket_count=1,
-        fsdp_prefetch_units=1,
-        fsdp_prefetch_params=0,
-        loss="vocab_parallel_fp32",
-        activations="korthikanti",
-        selective="core_attention",
-        ac_modes=("none", "selective", "full"),
-        full_ac_saves="layer_input",
-        sp_with_tp=False,
-        attention="model",
-        dropout_masks=True,
-        even_pp_split=True,
-        pp_schedules=("1f1b", "interleaved"),
-        cp=True,
-        ddp_with_model_parallel=True,
-        pp_with_zero=(0, 1, 3),
-        fragmentation=FRAGMENTATION,
-        cuda_context_bytes=RUNTIME_CONTEXT_BYTES,
-        time_model=_TIME_MODEL,
-        sources={
-            "weight_bytes": "megatron/core/transformer/module.py Float16Module: the model's "
-            "weights are bf16/fp16",
-            "master_bytes": "megatron/core/optimizer/optimizer.py "
-            "Float16OptimizerWithFloat16Params / distrib_optimizer.py "
-            "DistributedOptimizer: fp32 main params",
-            "grad_bytes": "megatron/core/distributed/param_and_grad_buffer.py "
-            "_ParamAndGradBuffer: contiguous main_grad buffer in fp32 "
-            "(DistributedDataParallelConfig.grad_reduce_in_fp32; "
-            "megatron/training/arguments.py turns "
-            "accumulate_allreduce_grads_in_fp32 on for bf16)",
-            "grad_buffer_full_under_zero1": "distrib_optimizer.py: grads are reduce-scattered "
-            "inside the full grad buffer, which stays "
-            "allocated; 6 + 12/d bytes/param "
-            "(megatron/training/theoretical_memory_usage.py "
-            "compute_weight_and_optimizer_memory; "
-            "docs distrib_optimizer.md table)",
-            "shards_master": "distrib_optimizer.py DistributedOptimizer: fp32 main params and "
-            "Adam states of this rank's shard only",
-            "zero_stages": "0 = DDP, 1 = --use-distributed-optimizer, 3 = Megatron-FSDP / "
-            "--use-torch-fsdp2 (megatron/core/distributed/); no separate "
-            "ZeRO-2 mode",
-            "ddp_bucket": "param_and_grad_buffer.py: buckets are views into the grad buffer "
-            "(no copy); bucket_size = max(40000000, 1000000 x dp) elements "
-            "(distributed_data_parallel.py DistributedDataParallel.__init__)",
-            "loss": "megatron/core/tensor_parallel/cross_entropy.py "
-            "VocabParallelCrossEntropy.calculate_logits_max: logits.float(); "
-            "_VocabParallelCrossEntropy saves exp_logits (computed in place) for "
-            "backward, V/tp per rank; theoretical_memory_usage.py counts "
-            "4 x s x b x h x (1 + V/h) for the output layer and loss",
-            "activations": "Korthikanti et al. 2022 (arXiv 2205.05198) Table 2: "
-            "sbh(34 + 5as/h) per layer (/t with SP; 10 + 24/t without SP); "
-            "megatron/training/theoretical_memory_usage.py "
-            "compute_activation_memory uses sbh(18 + 4 f/h)",
-            "selective": "megatron/core/transformer/transformer_block.py "
-            "(recompute_granularity='selective' recomputes core_attn): drops "
-            "the 5as^2b/t term; with flash/TE attention that term is absent "
-            "already",
-            "full_ac_saves": "transformer_block.py _checkpointed_forward "
-            "(recompute_method uniform, 1 layer): the layer input",
-            "dropout_masks": "megatron/training/arguments.py: --hidden-dropout and "
-            "--attention-dropout default 0.1 (GPT recipes keep them; "
-            "Llama recipes set 0)",
-            "even_pp_split": "megatron/core/transformer/transformer_block.py "
-            "get_num_layers_to_build: num_layers / pp per stage",
-            "pp_schedules": "megatron/core/pipeline_parallel/schedules.py "
-            "get_forward_backward_func: no pipelining, 1F1B "
-            "(forward_backward_pipelining_without_interleaving), "
-            "interleaved (..._with_interleaving); no GPipe or zero-bubble "
-            "order",
-            "optimizer": "megatron/core/optimizer/__init__.py get_megatron_optimizer: "
-            "Adam (TE FusedAdam / apex) with fp32 exp_avg and exp_avg_sq",
-            "cp": "megatron/core/parallel_state.py context_parallel_size (ring attention in "
-            "Transformer Engine); composes with pp",
-            "attention": "megatron/core/transformer: TEDotProductAttention (flash / fused "
-            "attention by --attention-backend auto): no s x s scores kept unless "
-            "the model asks for the unfused core",
-            "fragmentation": _PT_ALLOC,
-            "cuda_context_bytes": _CTX,
-        },
-    ),
+    "megatron": MEGATRON,
     "deepspeed": Recipe(
         name="deepspeed",
         framework="DeepSpeed (ZeRO)",
@@ -468,28 +331,7 @@ RECIPES: dict[str, Recipe] = {
 }
 
 
-RECIPES["nemo"] = replace(
-    RECIPES["megatron"],
-    name="nemo",
-    framework="NeMo (Megatron-Core, NeMo's performance configs)",
-    sources={
-        **RECIPES["megatron"].sources,
-        "*": "NeMo trains Megatron-Core's GPTModel with its DistributedDataParallel and "
-        "distributed optimizer: every memory term is megatron's (a NeMo-specific "
-        "memory term, e.g. Apex distributed_fused_adam's gradient shard, is not "
-        "modelled here); what differs is the communication NeMo's performance "
-        "configurations overlap (efficiency.COMM_OVERLAP['nemo'])",
-        "comm_overlap": "NVIDIA/NeMo-Framework-Launcher launcher_scripts/conf/training/"
-        "gpt3/175b_fp8_performance.yaml (24.07): ub_tp_comm_overlap, "
-        "overlap_p2p_comm, optim.overlap_grad_sync / overlap_param_sync; "
-        "NeMo docs features/optimizations/communication_overlap.rst",
-        "attention": "NeMo's GPT / Llama configs run Transformer Engine "
-        "DotProductAttention (fused / flash by NVTE_FUSED_ATTN)",
-    },
-)
-"""NeMo: Megatron-Core's model states, activations and buffers (megatron's memory terms,
-unchanged) with the communication overlap of NeMo's performance configurations, which the
-published NeMo runs use (efficiency.COMM_OVERLAP['nemo'])."""
+RECIPES["nemo"] = NEMO
 
 
 def recipe_named(name: str, field_name: str = "--recipe") -> Recipe:

@@ -97,24 +97,11 @@ def model_state_bytes(
     loss scaler, DDP bucket copies (see buffer_terms). fp8_params: this rank's weights in
     float8-converted linears (attention q/k/v/o, dense MLP and MoE experts; not the head,
     router or embeddings), which under precision='fp8' keep no 16-bit cast (measured with
-    MemTracker on a dim-256 llama: only the head's bf16 copy remains).
-    Under 'scaletrain' ZeRO-2 is FSDP2 with reshard_after_forward=False (parallel/fsdp.py): the
-    parameters are sharded at rest like ZeRO-3, and every unit's compute-dtype copy stays
-    unsharded from its forward to its backward (params.in_flight = all of them). ZeRO-1 is
-    torch's ZeroRedundancyOptimizer, which gives whole parameters to ranks: the busiest rank
-    holds at least the states of the largest parameter (`largest_param`, the embedding).
-    Source of both: the dry-run (benchmarks/results/planner_accuracy.md).
-    experts_in_fsdp=False: FSDP2 leaves the expert-parallel experts alone (ignored_params,
-    parallel/parallelize.py), so ZeRO-2 keeps no gathered 16-bit copy of them (dry-run,
-    tiny-moe dp4 z2 ep4) and `unit_params` should exclude them.
-    uncast_params: parameters autocast (ZeRO-0/1 with 16-bit compute) never casts, so no 16-bit
-    copy of them is in flight: the token and position embeddings (F.embedding is not on
-    autocast's lower-precision op list), the norms' weights (elementwise ops and fp32
-    layer_norm), and the head, which the fused loss casts itself for its forward and its
-    backward only (`activation_memory.loss_backward_bytes` counts that cast). Dry-run,
-    llama3-8b-L1 tp8+sp z0: at the loss-backward peak the only 16-bit weight copies are
-    the block's linears (54.5 MB) and the head's cast inside the loss (131 MB); none of
-    the embedding (+10% total when every parameter was counted cast).
+    MemTracker on a dim-256 llama: only the head's bf16 copy remains). ZeRO-1 is torch's
+    ZeroRedundancyOptimizer, which gives whole parameters to ranks: the busiest rank holds at
+    least the states of the largest parameter (`largest_param`, the embedding; source: the
+    dry-run, benchmarks/results/planner_accuracy.md). The 16-bit copies in flight under
+    'scaletrain' (experts_in_fsdp, uncast_params): `_in_flight`.
     """
     pb, gb, ob = state_bytes_per_param(precision, optimizer, convention)
     d_dense, d_exp = max(1, zero_shards), max(1, expert_shards)
@@ -134,24 +121,8 @@ def model_state_bytes(
         optim = max(optim, ob * largest_param)
     in_params = in_grads = 0.0
     if convention == "scaletrain":
-        # FSDP2 gathers and reduces units in the 16-bit compute dtype (bf16 under fp8 too:
-        # parallel/fsdp.py's policy); fp32 runs gather fp32
-        wc = 4 if precision == "fp32" else 2
-        if zero == 2:
-            # FSDP2 without reshard after forward: every unit stays all-gathered (compute
-            # dtype) from its forward to its backward
-            in_params = wc * (num_params + (expert_params if experts_in_fsdp else 0.0))
-        elif zero >= 3:
-            # FSDP2 all-gathers compute-dtype copies of the current and prefetched unit and
-            # holds one unit's unsharded grads before the reduce-scatter.
-            in_params = wc * unit_params * units_in_flight
-            in_grads = wc * unit_params
-        elif precision != "fp32":
-            # autocast keeps a 16-bit cast of every matmul weight from forward to backward
-            # (not of `uncast_params`); fp8-converted linears keep none (their weight is
-            # re-quantized in backward)
-            converted = fp8_params if precision == "fp8" else 0.0
-            in_params = 2 * (num_params + expert_params - converted - uncast_params)
+        own = (num_params, expert_params, unit_params, units_in_flight, fp8_params, uncast_params)
+        in_params, in_grads = _in_flight(precision, zero, experts_in_fsdp, *own)
     offloaded = 0.0
     if offload == "optimizer":
         offloaded, optim = optim, 0.0
@@ -167,6 +138,57 @@ def model_state_bytes(
         "grads.in_flight": in_grads,
         "offloaded": offloaded,
     }
+
+
+def _in_flight(
+    precision: str,
+    zero: int,
+    experts_in_fsdp: bool,
+    num_params: float,
+    expert_params: float,
+    unit_params: float,
+    units_in_flight: int,
+    fp8_params: float,
+    uncast_params: float,
+) -> tuple[float, float]:
+    """(params, grads) in flight under 'scaletrain': the 16-bit copies `model_state_bytes` adds.
+
+    ZeRO-2 is FSDP2 with reshard_after_forward=False (parallel/fsdp.py): the parameters are
+    sharded at rest like ZeRO-3, and every unit's compute-dtype copy stays unsharded from its
+    forward to its backward (params.in_flight = all of them). Source: the dry-run
+    (benchmarks/results/planner_accuracy.md).
+    experts_in_fsdp=False: FSDP2 leaves the expert-parallel experts alone (ignored_params,
+    parallel/parallelize.py), so ZeRO-2 keeps no gathered 16-bit copy of them (dry-run,
+    tiny-moe dp4 z2 ep4) and `unit_params` should exclude them.
+    uncast_params: parameters autocast (ZeRO-0/1 with 16-bit compute) never casts, so no 16-bit
+    copy of them is in flight: the token and position embeddings (F.embedding is not on
+    autocast's lower-precision op list), the norms' weights (elementwise ops and fp32
+    layer_norm), and the head, which the fused loss casts itself for its forward and its
+    backward only (`activation_memory.loss_backward_bytes` counts that cast). Dry-run,
+    llama3-8b-L1 tp8+sp z0: at the loss-backward peak the only 16-bit weight copies are
+    the block's linears (54.5 MB) and the head's cast inside the loss (131 MB); none of
+    the embedding (+10% total when every parameter was counted cast).
+    """
+    in_params = in_grads = 0.0
+    # FSDP2 gathers and reduces units in the 16-bit compute dtype (bf16 under fp8 too:
+    # parallel/fsdp.py's policy); fp32 runs gather fp32
+    wc = 4 if precision == "fp32" else 2
+    if zero == 2:
+        # FSDP2 without reshard after forward: every unit stays all-gathered (compute
+        # dtype) from its forward to its backward
+        in_params = wc * (num_params + (expert_params if experts_in_fsdp else 0.0))
+    elif zero >= 3:
+        # FSDP2 all-gathers compute-dtype copies of the current and prefetched unit and
+        # holds one unit's unsharded grads before the reduce-scatter.
+        in_params = wc * unit_params * units_in_flight
+        in_grads = wc * unit_params
+    elif precision != "fp32":
+        # autocast keeps a 16-bit cast of every matmul weight from forward to backward
+        # (not of `uncast_params`); fp8-converted linears keep none (their weight is
+        # re-quantized in backward)
+        converted = fp8_params if precision == "fp8" else 0.0
+        in_params = 2 * (num_params + expert_params - converted - uncast_params)
+    return in_params, in_grads
 
 
 def fp8_linear_params(model: ModelConfig, layers: int, tp: int = 1) -> float:

@@ -1,0 +1,89 @@
+"""The legality rules tying memory and precision options (offload, fp8, gradient compression)
+to a parallel layout: what the trainer's `parallelize` can build. Part of `config.layout`'s
+rules (re-exported there, with the layout rules in `layout_problems`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ._errors import ConfigError
+from .layout_facts import expert_tp
+
+if TYPE_CHECKING:
+    from .layout import Layout
+
+__all__ = ["option_problems"]
+
+
+def option_problems(
+    layout: Layout,
+    *,
+    offload: str,
+    fp8_all_gather: bool = False,
+    precision: str = "fp32",
+    grad_compression: str = "none",
+    moe: bool = False,
+) -> list[ConfigError]:
+    """The rules tying memory and precision options to the layout (what the trainer's
+    `parallelize` can build); `world_size` is the layout's; `moe`: the model has MoE layers."""
+    L, out = layout, []
+    if precision == "fp8" and moe and expert_tp(L.tp, L.ep) > 1:
+        # Float8ExpertLinear takes each weight's amax where it multiplies: on a tp shard it
+        # would scale by the shard's, not the expert's (no parity with one process, untested)
+        out.append(
+            ConfigError(
+                "precision.dtype",
+                precision,
+                "float8 experts are not split "
+                "over tensor-parallel ranks: with an MoE model and tp > 1 set "
+                "parallel.ep > 1 (experts whole per tp rank) or use bf16",
+            )
+        )
+    if offload == "optimizer" and (L.zero >= 2 or L.tp > 1 or L.ep > 1):
+        out.append(
+            ConfigError(
+                "memory.offload",
+                offload,
+                "optimizer-only offload runs with "
+                "DDP / ZeRO-1 (plain parameters): with FSDP, TP or EP use "
+                "memory.offload=params with parallel.zero=2 or 3 (FSDP2 keeps "
+                "parameters, gradients and optimizer states on the host)",
+            )
+        )
+    if offload == "params" and L.zero < 2:
+        out.append(
+            ConfigError(
+                "memory.offload", offload, "parameter offload needs FSDP: set parallel.zero=2 or 3"
+            )
+        )
+    elif offload == "params" and L.world_size == 1:
+        out.append(
+            ConfigError(
+                "memory.offload",
+                offload,
+                "parameter offload uses FSDP2, which "
+                "needs a process group and mesh: launch with torchrun/--nproc",
+            )
+        )
+    if grad_compression != "none" and L.zero < 2 and (L.tp > 1 or L.ep > 1 or L.pp > 1):
+        out.append(
+            ConfigError(
+                "precision.grad_compression",
+                grad_compression,
+                "PowerSGD compresses DDP's buckets, and DDP / ZeRO-1 over "
+                "tensor- or expert-parallel parameters or pipeline stages syncs "
+                "them without DDP: set grad_compression=none",
+            )
+        )
+    if precision == "fp8" and fp8_all_gather and L.tp > 1:
+        out.append(
+            ConfigError(
+                "precision.fp8_all_gather",
+                True,
+                "the float8 all-gather wraps "
+                "plain weight shards, not tensor-parallel DTensors: set "
+                "fp8_all_gather=false with parallel.tp > 1",
+            )
+        )
+    return out

@@ -1,0 +1,156 @@
+"""The last and first stage's activation terms per GPU, per micro-batch (torch-free): the head's
+stored inputs (`head_activation_bytes`), the fused loss's chunk and backward temporaries
+(`fused_loss_chunk`, `loss_backward_bytes`), the logits the training loop holds
+(`held_logits_bytes`) and the embedding backward's temporaries (`embedding_backward_bytes`).
+
+Units: bytes; `GB` in docstrings means 1e9 bytes. Every function answers for ONE rank.
+"""
+
+from __future__ import annotations
+
+from scaletrain.config import ModelConfig
+
+__all__ = [
+    "head_activation_bytes",
+    "fused_loss_chunk",
+    "loss_backward_bytes",
+    "embedding_backward_bytes",
+    "held_logits_bytes",
+]
+
+
+def head_activation_bytes(
+    model: ModelConfig,
+    *,
+    seq_len: int,
+    micro_batch: int,
+    tp: int = 1,
+    sp: bool = False,
+    cp: int = 1,
+    precision: str = "bf16",
+    residual_fp32: bool = False,
+    fused: bool = True,
+) -> float:
+    """Last stage's extra activations per micro-batch: final-norm input r*s_l*b*h (/t with SP)
+    and the head input e*s_l*b*h (the 16-bit cast the head reads; full tokens under SP, whose
+    norm output is all-gathered for the vocabulary-parallel head), plus:
+    - fused (the trainer's `model(x, targets=y)`, models/loss.py; a pipeline's last stage
+      too): the per-token fp32 log-sum-exp 4*s_l*b; no logits are kept.
+    - not fused (a logits path: `model(x)` then cross-entropy; no training step uses it):
+      the logits path s_l*b*V/t*(2 + 4) in 16-bit (bf16 logits and the fp32 log-softmax
+      output; the fp32 upcast is consumed by log-softmax and freed: the dry-run measures 6 B,
+      not the 10 B of DESIGN.md §5) or (4 + 4) in fp32.
+    The loss backward's own temporaries are `loss_backward_bytes`.
+    """
+    e = 4 if precision == "fp32" else 2
+    r = 4 if residual_fp32 else e
+    tok = float(seq_len) / cp * micro_batch
+    if fused:
+        tail = 4.0 * tok
+    else:
+        tail = (8.0 if e == 4 else 6.0) * tok * model.vocab_size / tp
+    return r * tok * model.dim / (tp if sp else 1) + e * tok * model.dim + tail
+
+
+def fused_loss_chunk(model: ModelConfig, *, tp: int = 1, chunk_tokens: int = 0) -> int:
+    """Tokens per chunk of the fused loss: `chunk_tokens`, or for 0 the auto rule of
+    models/loss.py (`auto_chunk_tokens`: one chunk's fp32 logits <= 256 MiB of V/tp rows)."""
+    if chunk_tokens > 0:
+        return chunk_tokens
+    return max(1, 256 * 2**20 // (4 * max(1, -(-model.vocab_size // tp))))
+
+
+def loss_backward_bytes(
+    model: ModelConfig,
+    *,
+    seq_len: int,
+    micro_batch: int,
+    tp: int = 1,
+    cp: int = 1,
+    fused: bool = True,
+    precision: str = "bf16",
+    weight_bytes: int = 4,
+    chunk_tokens: int = 0,
+) -> float:
+    """Temporaries of the loss backward on the last stage, alive while every activation is
+    still stored (the peak of most steps).
+
+    fused (models/loss.py's backward, per chunk of c tokens and V_l = V/t head rows): the
+    hidden-state gradient e*s_l*b*h; the head gradient accumulator V_l*h in the weight's dtype
+    (`weight_bytes`: 4 for fp32 parameters, 2 for FSDP2's 16-bit unsharded weight); the
+    chunk's recomputed logits, fp32 c*V_l*4 beside their 16-bit matmul output or gradient
+    cast c*V_l*e (none in fp32; the fp32 chunk is freed before one chunk's weight-gradient
+    product, e*V_l*h, exists, so that product is not on top); an fp32 weight under 16-bit
+    compute (DDP / ZeRO-1 autocast) adds the loss's own 16-bit cast of it, e*V_l*h.
+    Everything is /t: nothing of the full vocabulary exists on a tp rank. Measured with
+    MemTracker under fake tensors (1024 tokens, GPT-2's vocabulary): bf16 weight 387.6 MB
+    (these terms to 0.1 MB); fp32 weight under autocast 541.9 MB, these terms with the
+    weight's cast; dry-run, llama3-8b-L1 tp8+sp z0 bf16: the loss-backward peak's
+    temporaries are these terms to the byte (607.8 MB, of which the cast 131.3 MB).
+    not fused (a logits path, as `head_activation_bytes`): the fp32 gradient of the
+    log-softmax output and of the logits, 2 x 4*s_l*b*V, NOT divided by tp (the dry-run
+    measures the full vocabulary under loss_parallel: the stored logits are sharded, the
+    backward's temporaries are not).
+    Source: the dry-run's 'temp' at the loss-backward moment (planner_accuracy.md).
+    """
+    tok = float(seq_len) / cp * micro_batch
+    if not fused:
+        return 8.0 * tok * model.vocab_size
+    e = 4 if precision == "fp32" else 2
+    v_local = -(-model.vocab_size // tp)
+    c = min(fused_loss_chunk(model, tp=tp, chunk_tokens=chunk_tokens), tok)
+    table = float(v_local) * model.dim
+    # fp32 compute: the matmul output is the fp32 chunk itself (no 16-bit companion)
+    out = e * tok * model.dim + weight_bytes * table + c * v_local * (4 + (e if e < 4 else 0))
+    if weight_bytes > e:
+        # an fp32 weight under 16-bit compute: the loss's own cast of it, alive through the
+        # backward (`weight.to(hidden.dtype)`; the rank's autocast in-flight copies leave
+        # the head out, `state_memory.model_state_bytes(uncast_params=...)`)
+        out += e * table
+    return out
+
+
+def embedding_backward_bytes(
+    model: ModelConfig, *, tp: int = 1, grad_bytes: int = 4, tied: bool | None = None
+) -> float:
+    """Temporaries of the token embedding's gradient at the very end of backward (first stage).
+
+    Counts: the embedding backward's output, this rank's V/tp x h rows of the gradient in
+    `grad_bytes` (the dtype the weight is used in: fp32 without FSDP mixed precision, also
+    under autocast, which does not cast embeddings; the compute dtype of FSDP2's unsharded
+    weight otherwise). Under tp > 1 the token embedding is vocabulary-parallel
+    (`parallel.tensor_parallel.VocabParallelEmbedding`): its lookup and backward run on the
+    local rows only, so nothing of size V x h exists on a tp rank. Tied embeddings (GPT-2)
+    add the head's contribution, held by autograd until the embedding's arrives (V/tp x h;
+    fp32 after autocast's cast backward), and their sum (V/tp x h): all alive at once, after
+    every other gradient is complete.
+    Source: measured with the dry-run, gpt2-124m-L2 dp2 z0 fp32 (temp at the peak = 3 x V x h
+    x 4 B exactly); under tp the embedding backward's output has V/tp rows
+    (tests/distributed/test_vocab_parallel_embedding.py).
+    Ignores: the position embedding's gradient (already accumulated by then).
+    """
+    tied = model.tie_embeddings if tied is None else tied
+    table = float(model.vocab_size) * model.dim * grad_bytes
+    return (3 if tied else 1) * table / tp
+
+
+def held_logits_bytes(
+    model: ModelConfig,
+    *,
+    seq_len: int,
+    micro_batch: int,
+    tp: int = 1,
+    cp: int = 1,
+    precision: str = "bf16",
+    fused: bool = True,
+) -> float:
+    """Logits still referenced after the loss backward. fused (the trainer's fused loss): none,
+    0. Not fused (a logits path, as `head_activation_bytes`): the logits (B, T/cp, V/tp) of
+    the output, e*s_l*b*V/tp, e = 4 in fp32 else 2 (the model's output dtype; the loss's fp32
+    upcast is freed with the loss graph). Source: measured with the dry-run, gpt2-124m-L2 dp2
+    z0 fp32: 'activations' at the end-of-backward peak were exactly 4*s*b*V before the fused
+    loss."""
+    if fused:
+        return 0.0
+    e = 4 if precision == "fp32" else 2
+    return e * float(seq_len) / cp * micro_batch * model.vocab_size / tp

@@ -1,0 +1,321 @@
+"""A model's memory terms per layout, cached for the search (`ModelTerms`): a pipeline rank's
+model states (`_rank_states`), a block's activation terms (`_activation_terms`) and the
+communication/allocator buffers (`_buffers`). `rank_memory._rank_memory` combines them into a
+rank's moments.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+from scaletrain.config import (
+    ModelConfig,
+    ParamCounts,
+    ddp_reducer,
+    expert_split,
+    expert_zero_shards,
+    fused_head_loss,
+)
+
+from .memory import (
+    buffer_terms,
+    embedding_backward_bytes,
+    fp8_linear_params,
+    head_activation_bytes,
+    held_logits_bytes,
+    layer_activation_bytes,
+    model_state_bytes,
+    rope_table_bytes,
+    selective_recompute_bytes,
+)
+from .rank_moments import root_in_backward
+from .types import PlanInput
+
+__all__ = ["ModelTerms", "model_terms"]
+
+
+class ModelTerms:
+    """One model's memory terms, reused by every layout of a search: its parameter counts and,
+    keyed by the layout fields each depends on, the rank states (`_rank_states`), activation
+    terms (`_activation_terms`) and buffers (`_buffers`). `search.search` builds one per
+    search; a caller that passes none gets a fresh one per call."""
+
+    __slots__ = ("model", "counts", "states", "acts", "bufs")
+
+    def __init__(self, model: ModelConfig) -> None:
+        self.model = model
+        self.counts: ParamCounts = model.param_counts()
+        self.states: dict[tuple, tuple] = {}
+        self.acts: dict[tuple, tuple[float, float, float, float]] = {}
+        self.bufs: dict[tuple, tuple] = {}
+
+
+def model_terms(plan: PlanInput, terms: ModelTerms | None) -> ModelTerms:
+    """`terms` if it was built for the plan's model, else a fresh one."""
+    return terms if terms is not None and terms.model is plan.model else ModelTerms(plan.model)
+
+
+def _stage_params(
+    plan: PlanInput, pc: ParamCounts, first: bool, last: bool, layers: int
+) -> tuple[float, float, float, float, float, bool]:
+    """(one block's, dense, expert, largest FSDP unit's, never-cast parameters, experts in
+    FSDP) of a pipeline stage holding `layers` blocks (first/last: it holds the embedding /
+    the final norm and head)."""
+    L, model = plan.layout, plan.model
+    tp, ep = L.tp, L.ep
+    dense_mlp = 0 if model.is_moe else pc.mlp
+    block = (pc.attention + dense_mlp) / tp + pc.norms + pc.router
+    dense = layers * block
+    # experts split tp ways (ep = 1) or ep ways (config.layout.expert_split)
+    expert = layers * pc.mlp / expert_split(L) if model.is_moe else 0.0
+    # FSDP2 ignores expert-parallel experts (parallel/parallelize.py): not in any unit
+    experts_in_fsdp = not (model.is_moe and ep > 1 and L.zero >= 2)
+    unit = block + (pc.mlp / expert_split(L) if model.is_moe and experts_in_fsdp else 0.0)
+    # FSDP2's root unit (parallel/fsdp.py: fully_shard(model) after the blocks) holds all that
+    # is not a block on this stage: embedding + positions and/or final norm + head, gathered as
+    # ONE unit (the dry-run's unsharded root of llama2-7b is embedding + head).
+    root = 0.0
+    # what autocast never casts (`model_state_bytes`' uncast_params): embeddings, norms, and
+    # the head when the fused loss reads it (zero-bubble's plain head Linear is autocast's)
+    uncast = float(layers * pc.norms)
+    if first:
+        dense += pc.embedding / tp + pc.position
+        root += pc.embedding / tp + pc.position
+        uncast += pc.embedding / tp + pc.position
+    if last:
+        head = pc.head or (pc.embedding if L.pp > 1 else 0)  # tied head: a copy on the last stage
+        dense += pc.final_norm + head / tp
+        root += pc.final_norm + head / tp
+        uncast += pc.final_norm + (head / tp if fused_head_loss(L) else 0.0)
+    unit = max(unit, root)
+    return block, dense, expert, unit, uncast, experts_in_fsdp
+
+
+def _rank_states(
+    plan: PlanInput,
+    terms: ModelTerms,
+    zs: int,
+    first: bool,
+    last: bool,
+    layers: int,
+    convention: str,
+) -> tuple:
+    """(model-state dict, parameter count, largest FSDP unit, ZeRO-sharded count, params +
+    optimizer bytes, backward terms), cached; backward terms = (root unit's unsharded bytes,
+    head gradient held, one block's parameters, embedding-backward temporaries) for the
+    ZeRO-2/3 and embedding moments of `_rank_memory`."""
+    L, model = plan.layout, plan.model
+    key = (
+        L.tp,
+        L.ep,
+        L.zero,
+        zs,
+        L.pp > 1,
+        first,
+        last,
+        layers,
+        plan.precision,
+        plan.optimizer,
+        plan.offload,
+        convention,
+    )
+    hit = terms.states.get(key)
+    if hit is not None:
+        return hit
+    pc = terms.counts
+    tp = L.tp
+    block, dense, expert, unit, uncast, experts_in_fsdp = _stage_params(
+        plan, pc, first, last, layers
+    )
+    st = model_state_bytes(
+        dense,
+        precision=plan.precision,
+        optimizer=plan.optimizer,
+        zero=L.zero,
+        zero_shards=zs,
+        offload=plan.offload,
+        convention=convention,
+        expert_params=expert,
+        expert_shards=expert_zero_shards(L),
+        unit_params=unit,
+        largest_param=(pc.embedding / tp) if (first or last) else block,
+        # q/k/v/o, the dense MLP or local experts of this stage's blocks
+        fp8_params=fp8_linear_params(model, layers, tp) + expert,
+        experts_in_fsdp=experts_in_fsdp,
+        uncast_params=uncast,
+    )
+    sharded = (dense / zs + expert / expert_zero_shards(L)) if L.zero else dense + expert
+    fixed = st["params"] + st["optimizer"]
+    wc = 4 if plan.precision == "fp32" else 2
+    root_live, head_held = root_in_backward(plan, pc, first, last, wc)
+    emb_tmp = 0.0
+    if first:
+        # the weight's dtype as used: FSDP2's 16-bit unit, or fp32 (also under autocast)
+        grad_bytes = 2 if (L.zero >= 2 and plan.precision != "fp32") else 4
+        emb_tmp = embedding_backward_bytes(
+            model, tp=tp, grad_bytes=grad_bytes, tied=model.tie_embeddings and L.pp == 1
+        )
+    bwd_terms = (root_live, head_held, _block_params(plan, pc), emb_tmp)
+    out = (st, dense + expert, unit, sharded, fixed, bwd_terms)
+    terms.states[key] = out
+    return out
+
+
+def _expert_casts(plan: PlanInput, terms: ModelTerms) -> float:
+    """A block's saved compute-dtype casts of its expert-parallel experts' weights.
+
+    FSDP2 ignores the expert-parallel experts (parallel/parallelize.py): they stay fp32 and
+    autocast casts each expert's weights to the compute dtype in every forward (views, not
+    leaves: no autocast cache); the linears save those casts for backward, 2 bytes x the
+    block's local expert parameters per micro-batch (dry-run, tiny-moe dp2 z3 ep2: -3.0% total
+    without this term). fp8 experts save no cast: they re-quantize the fp32 weight in backward
+    (precision/fp8.py).
+    """
+    L = plan.layout
+    if plan.model.is_moe and L.ep > 1 and L.zero >= 2 and plan.precision not in ("fp32", "fp8"):
+        return 2.0 * terms.counts.mlp / expert_split(L)
+    return 0.0
+
+
+def _activation_terms(
+    plan: PlanInput, terms: ModelTerms, modern: bool
+) -> tuple[float, float, float, float]:
+    """(stored bytes per block, what one block re-creates while it is recomputed in backward
+    (full: its whole no-AC set; selective: `memory.selective_recompute_bytes`; none: 0), head
+    bytes, logits the loop holds) per micro-batch, cached."""
+    L, model = plan.layout, plan.model
+    # autocast on fp32 params: DDP and ZeRO-1; ZeRO-2/3 are FSDP2 with 16-bit parameters
+    residual_fp32 = plan.precision != "fp32" and L.zero < 2
+    key = (
+        plan.seq_len,
+        plan.micro_batch,
+        L.tp,
+        L.sp,
+        L.cp,
+        L.ep,
+        plan.ac,
+        plan.precision,
+        plan.compile,
+        modern,
+        residual_fp32,
+    )
+    hit = terms.acts.get(key)
+    if hit is not None:
+        return hit
+    s, b, p = plan.seq_len, plan.micro_batch, plan.precision
+    block_acts = partial(
+        layer_activation_bytes,
+        model,
+        seq_len=s,
+        micro_batch=b,
+        tp=L.tp,
+        sp=L.sp,
+        cp=L.cp,
+        precision=p,
+        modern=modern,
+        compile=plan.compile,
+        residual_fp32=residual_fp32,
+        ep=L.ep,
+    )
+    per_layer, full = block_acts(ac=plan.ac), block_acts(ac="none")
+    # the fused head + loss (models/loss.py) runs on the last stage, pipelined or not (a
+    # pipeline's last stage is given the targets: parallel/pipeline.py), but zero-bubble
+    fused = fused_head_loss(L)
+    head = head_activation_bytes(
+        model,
+        seq_len=s,
+        micro_batch=b,
+        tp=L.tp,
+        sp=L.sp,
+        cp=L.cp,
+        precision=p,
+        residual_fp32=residual_fp32,
+        fused=fused,
+    )
+    held = held_logits_bytes(
+        model, seq_len=s, micro_batch=b, tp=L.tp, cp=L.cp, precision=p, fused=fused
+    )
+    casts = _expert_casts(plan, terms)
+    if casts:
+        if plan.ac != "full":  # under full recompute only the block being recomputed has them
+            per_layer += casts
+        full += casts
+    recompute = 0.0
+    if plan.ac == "full":
+        recompute = full
+    elif plan.ac == "selective":
+        recompute = selective_recompute_bytes(
+            model,
+            full=full,
+            stored=per_layer,
+            tokens=s / L.cp * b,
+            tp=L.tp,
+            sp=L.sp,
+            e=4 if p == "fp32" else 2,
+        )
+    out = (per_layer, recompute, head, held)
+    terms.acts[key] = out
+    return out
+
+
+def _buffers(
+    plan: PlanInput, terms: ModelTerms, zs: int, unit: float, device: str, count: float = 0.0
+) -> tuple:
+    """(named buffer terms, their sum, runtime context, FSDP collectives' sum, fp8 quantization
+    temporary), cached. count: the rank's parameters (DDP's bucket copy)."""
+    L, model = plan.layout, plan.model
+    tokens = plan.seq_len / L.cp * plan.micro_batch
+    key = (
+        tokens,
+        plan.precision,
+        L.zero,
+        L.dp,
+        L.tp,
+        L.sp,
+        L.pp,
+        L.cp,
+        L.ep,
+        unit,
+        zs,
+        device,
+        count,
+    )
+    hit = terms.bufs.get(key)
+    if hit is not None:
+        return hit
+    bufs = buffer_terms(
+        hidden=model.dim,
+        tokens=tokens,
+        precision=plan.precision,
+        zero=L.zero,
+        dp=L.dp,
+        tp=L.tp,
+        sp=L.sp,
+        pp=L.pp,
+        cp=L.cp,
+        ep=L.ep,
+        kv_dim=model.kv_dim,
+        experts_per_token=model.experts_per_token,
+        unit_params=unit,
+        zero_shards=zs,
+        device=device,
+        bucket_params=count,
+        ffn_dim=model.ffn_dim,
+        ddp=ddp_reducer(L),
+    )
+    if model.position == "rope":
+        bufs["rope_tables"] = rope_table_bytes(model)
+    fsdp = sum(v for k, v in bufs.items() if k.startswith("fsdp_"))
+    out = (bufs, sum(bufs.values()), bufs["runtime_context"], fsdp, bufs.get("fp8_quantize", 0.0))
+    terms.bufs[key] = out
+    return out
+
+
+def _block_params(plan: PlanInput, pc: ParamCounts) -> float:
+    """Parameters of one block on this rank (the FSDP unit of a block)."""
+    model, L = plan.model, plan.layout
+    if model.is_moe:
+        # expert-parallel experts are not in the block's FSDP unit (FSDP2 ignores them)
+        experts = 0.0 if (L.ep > 1 and L.zero >= 2) else pc.mlp / expert_split(L)
+        return pc.attention / L.tp + pc.norms + pc.router + experts
+    return (pc.attention + pc.mlp) / L.tp + pc.norms

@@ -1,0 +1,169 @@
+"""A foreign recipe's activation bytes (recipes.py): one layer's stored set under the
+recipe's activation model and AC mode (`recipe_layer_bytes`: Korthikanti et al. 2022 for
+Megatron's layer, `memory.layer_activation_bytes` for SDPA Llamas, torchtitan's op-level
+SAC), and the last stage's head, loss and logits (`recipe_head_bytes`). Units: bytes, one
+rank, one micro-batch. Torch-free; `recipe_memory.recipe_rank_memory` composes them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .memory import layer_activation_bytes
+from .recipes import Recipe
+from .types import PlanInput
+
+__all__ = ["recipe_layer_bytes", "recipe_head_bytes"]
+
+
+def _korthikanti(plan: PlanInput, recipe: Recipe, ac: str) -> float:
+    """One Megatron transformer layer's stored bytes per micro-batch (Korthikanti et al. 2022
+    Table 2, generalised): per token, e = element bytes, masks = 1-byte dropout masks kept for
+    GPT-2-family models (recipe.dropout_masks):
+      replicated over tp without SP: two norm inputs 2e*h, QKV input e*h, fc1 input e*h, the
+        two residual dropout masks 2*masks*h (= 10 h with e = 2: the '10' of 10 + 24/t);
+      split over tp: Q e*h, K and V e*kv each, out-projection input e*h, fc1 output and GELU
+        output 2e*f (SwiGLU: the fused swiglu keeps its 2f input and the f-wide output fc2
+        reads, 3e*f), flash attention's fp32 log-sum-exp 4a; 'naive' attention keeps the
+        scores, softmax and dropout (e + masks + e)*a*s instead (the 5as/h term), which
+        selective recompute (core attention) drops;
+      SP divides everything by t; full recompute keeps the layer input e*h (/t with SP).
+    With e = 2, MHA, GELU f = 4h and masks this is 34 + 5as/h (SP) and 10 + 24/t + 5as/(ht).
+    """
+    m, L = plan.model, plan.layout
+    e = 4 if plan.precision == "fp32" else 2
+    h, a, f, kv = m.dim, m.num_heads, m.ffn_dim, m.kv_dim
+    tok = float(plan.seq_len) / L.cp * plan.micro_batch
+    sp = L.sp or recipe.sp_with_tp
+    tsp = L.tp if sp else 1
+    if ac == "full":
+        return e * tok * h / tsp
+    masks = 1.0 if (recipe.dropout_masks and m.norm == "layernorm") else 0.0
+    rep = 2 * e * h + e * h + e * h + 2 * masks * h
+    mlp = (3 if m.activation == "swiglu" else 2) * e * f
+    split = float(e * (h + 2 * kv) + e * h + mlp)
+    if (m.attention == "naive" or recipe.attention == "naive") and ac != "selective":
+        split += (2 * e + masks) * a * plan.seq_len
+    else:
+        split += 4.0 * a
+    return tok * (rep / tsp + split / L.tp)
+
+
+def _torchtitan_op_sac(plan: PlanInput) -> float:
+    """torchtitan's op-level selective AC per layer per micro-batch: the block input e*h (/t
+    with SP), the outputs of the 1st, 3rd, 5th and 7th matmul of a Llama block (wq h/t, wv
+    kv/t, w1 f/t, w2: this rank's partial sum h, or h when tp = 1), SDPA's output e*h/t and
+    fp32 log-sum-exp 4a/t, and with tp > 1 the two reduce-scatter outputs e*h/t (saved ops).
+    The 2nd, 4th and 6th matmuls (wk, wo, w3) and every pointwise op are recomputed."""
+    m, L = plan.model, plan.layout
+    e = 4 if plan.precision == "fp32" else 2
+    h, a, f, kv, t = m.dim, m.num_heads, m.ffn_dim, m.kv_dim, L.tp
+    tok = float(plan.seq_len) / L.cp * plan.micro_batch
+    per = e * (h / t + h / t + kv / t + h / t + f / t + h) + 4.0 * a / t
+    if t > 1:
+        per += 2 * e * h / t
+    return tok * per
+
+
+def recipe_layer_bytes(plan: PlanInput, recipe: Recipe, ac: str | None = None) -> float:
+    """Stored activation bytes of one layer per micro-batch under `recipe` (ac = plan.ac)."""
+    ac = plan.ac if ac is None else ac
+    L = plan.layout
+    if recipe.activations == "korthikanti" and not plan.model.is_moe:
+        return _korthikanti(plan, recipe, ac)
+    if ac == "selective" and recipe.selective == "torchtitan_op" and not plan.model.is_moe:
+        return _torchtitan_op_sac(plan)
+    # SDPA Llama with a 16-bit residual stream (memory.layer_activation_bytes' modern model;
+    # MoE models under every foreign recipe too)
+    model = plan.model
+    if recipe.attention == "naive" and model.attention != "naive":
+        model = dataclasses.replace(model, attention="naive")
+    sp = L.sp or recipe.sp_with_tp
+    out = layer_activation_bytes(
+        model,
+        seq_len=plan.seq_len,
+        micro_batch=plan.micro_batch,
+        tp=L.tp,
+        sp=sp,
+        cp=L.cp,
+        ac=ac,
+        precision=plan.precision,
+        modern=True,
+        compile=plan.compile,
+        residual_fp32=False,
+        ep=L.ep,
+    )
+    if plan.fused_norm and model.norm == "rmsnorm" and ac == "none":
+        # a fused RMSNorm kernel saves its 16-bit input and rstd, not the fp32 upcast that
+        # layer_activation_bytes counts for each of the block's two norms (torchtitan
+        # models/norms.py TritonFusedRMSNorm.forward: save_for_backward(x, weight, rstd))
+        out -= 2 * 4.0 * plan.seq_len / L.cp * plan.micro_batch * model.dim / (L.tp if sp else 1)
+    return out
+
+
+def recipe_head_bytes(plan: PlanInput, recipe: Recipe) -> tuple[float, float]:
+    """(stored, loss-backward temporaries) of the last stage per micro-batch, T = s*b/cp tokens,
+    V_l = V/tp vocabulary rows on this rank:
+    stored: the final norm's input e*T*h (/t with SP) and the head's input e*T*h, plus
+      'vocab_parallel_fp32': the fp32 logits the loss softmaxes in place and saves, 4*T*V_l;
+      'materialized_fp32': log-softmax's fp32 output 4*T*V_l (the 16-bit logits and their
+        fp32 upcast are freed before backward);
+    temporaries at the loss backward:
+      'vocab_parallel_fp32': the 16-bit logits gradient 2*T*V_l (the fp32 gradient is computed
+        in place in the saved softmax);
+      'materialized_fp32': nll_loss's fp32 gradient and log-softmax's fp32 input gradient,
+        8*T*V_l, alive together with the saved output.
+    Under tensor parallelism a 'materialized_fp32' loss with sp_with_tp is torchtitan's
+    loss_parallel: its forward holds (e + 12)*T*V_l at once, (e + 8)*T*V_l beyond the saved
+    output, which replaces the backward's 8*T*V_l as the loss transient when larger.
+    A compiled 'materialized_fp32' loss (recipe.loss_compiles under compile, or
+    plan.compile_loss) keeps the 16-bit logits 2*T*V_l (and 8 B of per-token fp32 statistics)
+    instead of the fp32 log-softmax, and its backward writes the 16-bit gradient 2*T*V_l from
+    one fused kernel (saved tensors measured with torch 2.13, Recipe.sources['loss_compiles'])."""
+    m, L = plan.model, plan.layout
+    e = 4 if plan.precision == "fp32" else 2
+    tok = float(plan.seq_len) / L.cp * plan.micro_batch
+    tsp = L.tp if (L.sp or recipe.sp_with_tp) else 1
+    v_l = m.vocab_size / L.tp
+    stored = e * tok * m.dim / tsp + e * tok * m.dim + 4.0 * tok * v_l
+    temp = (2.0 if e == 2 else 0.0) * tok * v_l
+    if recipe.loss == "materialized_fp32":
+        temp = 8.0 * tok * v_l
+        compiled = (
+            plan.compile and recipe.loss_compiles
+            if plan.compile_loss is None
+            else plan.compile_loss
+        )
+        if compiled:
+            stored += (e - 4.0) * tok * v_l + 8.0 * tok
+            temp = e * tok * v_l
+        elif L.tp > 1 and recipe.sp_with_tp:
+            # loss_parallel (torchtitan's TP plan): DTensor's vocab-parallel log-softmax
+            # (torch/distributed/tensor/parallel/loss.py _log_softmax) holds its fp32 input,
+            # x - max and exp(x - max) together, beside the 16-bit logits the train step still
+            # references: e + 4 + 4 + 4 B per logit at the loss forward, i.e. 10 B beyond the
+            # saved output when e = 2, more than the backward's 8
+            temp = max(temp, (e + 8.0) * tok * v_l)
+    return stored, temp
+
+
+def _naive_attention_backward_temp(plan: PlanInput, recipe: Recipe) -> float:
+    """Bytes a Megatron-style unfused attention core adds on top of its stored tensors while
+    one layer runs backward (0 for flash/SDPA cores or other activation models): the bmm with
+    V returns the gradient of the dropped-out probabilities (e*a*s^2*b/t) and dropout's
+    backward writes a new one (e*a*s^2*b/t) while the saved softmax, mask and dropout output
+    are still held; the fused scale-mask-softmax backward then works in place
+    (Megatron-LM megatron/model/transformer.py ParallelAttention.forward, fused_softmax.py
+    ScaledUpperTriangMaskedSoftmax.backward; torch's dropout backward is out of place). Under
+    ac='selective' the core is recomputed first, so its stored 5as^2b/t come back too."""
+    m, L = plan.model, plan.layout
+    naive = m.attention == "naive" or recipe.attention == "naive"
+    if not naive or recipe.activations != "korthikanti" or m.is_moe:
+        return 0.0
+    e = 4 if plan.precision == "fp32" else 2
+    masks = 1.0 if (recipe.dropout_masks and m.norm == "layernorm") else 0.0
+    per_score = float(m.num_heads) * plan.seq_len * (plan.seq_len / L.cp) * plan.micro_batch / L.tp
+    temp = 2 * e * per_score
+    if plan.ac == "selective":
+        temp += (2 * e + masks) * per_score
+    return temp

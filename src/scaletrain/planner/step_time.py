@@ -1,0 +1,405 @@
+"""The step-time model of `estimate`: compute per block and per stage (`_block_seconds`),
+collectives and their overlap (`comm_arguments`, `_exposed`, `_recipe_comm`), the pipeline
+bubble and the optimizer step (`_optimizer_time`), combined by `_time`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from scaletrain.config import HardwareSpec, ModelConfig, expert_split, expert_tp
+
+from .comm import allreduce_time, axis_link, comm_terms, gather_time
+from .efficiency import (
+    COMM_OVERLAP,
+    allreduce_latency,
+    attention_kernel,
+    attention_seconds_per_token,
+    eager_elementwise_bytes,
+    matmul_efficiency,
+)
+from .flops import (
+    attention_core_flops_per_token,
+    flops_per_token,
+    head_forward_flops_per_token,
+    layer_forward_flops_per_token,
+    op_sac_recompute_flops_per_token,
+)
+from .memory import fp8_linear_params, stage_layer_counts
+from .pipeline import bubble_fraction
+from .recipe_memory import recipe_stage_layers
+from .recipes import DEFAULT_RECIPE, Recipe
+from .types import PlanInput
+
+__all__ = ["default_efficiency", "comm_arguments", "OPTIMIZER_TRAFFIC", "CPU_OPTIMIZER_BW"]
+
+OPTIMIZER_TRAFFIC = {"adamw": 28.0, "sgd": 20.0, "adamw8bit": 16.0}
+"""Bytes read+written per (sharded) parameter by one optimizer step: AdamW reads param, grad, m,
+v (4 x 4) and writes param, m, v (3 x 4); SGD-momentum reads 3 and writes 2 fp32 tensors; 8-bit
+Adam reads/writes 1-byte moments. Memory-bandwidth bound (arithmetic intensity < 1 FLOP/B)."""
+
+CPU_OPTIMIZER_BW = 50e9
+"""Host DRAM bandwidth a CPU optimizer step sees with offload (bytes/s; a 2-socket server)."""
+
+_BASE_EFFICIENCY = {"fp32": 0.6, "bf16": 0.55, "fp16": 0.55, "fp8": 0.45}
+_CPU_EFFICIENCY = 0.35
+
+
+def default_efficiency(precision: str, hidden: int, hardware: HardwareSpec) -> float:
+    """Achievable fraction of peak matmul FLOP/s: 0.55 for bf16/fp16 large matmuls (Megatron-LM
+    and torchtitan report 40-55% MFU on A100/H100), 0.45 fp8 (casts and scaling overhead), 0.6 of
+    the tf32 path in fp32, 0.35 on a CPU; scaled by (h/4096)^0.25 below h = 4096 (small GEMMs
+    and kernel launches dominate small models). A calibration knob, not a law."""
+    if hardware.name == "cpu":
+        base = _CPU_EFFICIENCY
+    else:
+        base = _BASE_EFFICIENCY.get(precision, 0.5)
+    return base * min(1.0, (hidden / 4096) ** 0.25)
+
+
+# ---- per-model constants (cached: the search evaluates one model thousands of times) --------
+_CACHE: dict[tuple, tuple] = {}
+
+
+def _model_consts(model: ModelConfig, seq_len: int, causal: bool, ac: str) -> tuple:
+    """(model, block forward FLOPs/token, head forward, attention core, block hardware FLOPs
+    with recompute, model FLOPs/token), cached per (model, seq_len, causal, ac)."""
+    key = (id(model), seq_len, causal, ac)
+    hit = _CACHE.get(key)
+    if hit is not None and hit[0] is model:  # the stored reference keeps id(model) unique
+        return hit
+    lf = layer_forward_flops_per_token(model, seq_len, causal=causal)
+    hf = head_forward_flops_per_token(model)
+    core = attention_core_flops_per_token(model, seq_len, causal=causal)
+    extra = lf if ac == "full" else (core if ac == "selective" else 0.0)
+    layer_hw = 3 * lf + extra  # hardware FLOPs per token per block (with recompute)
+    model_fpt = flops_per_token(model, seq_len, causal=causal, recompute="none")
+    hit = (model, lf, hf, core, layer_hw, model_fpt)
+    if len(_CACHE) > 4096:
+        _CACHE.clear()
+    _CACHE[key] = hit
+    return hit
+
+
+def _efficiency(plan: PlanInput) -> float:
+    if plan.efficiency > 0:
+        return min(1.0, plan.efficiency)
+    key = (plan.precision, plan.model.dim, plan.hardware.name)
+    eff = _EFF.get(key)
+    if eff is None:
+        eff = _EFF[key] = default_efficiency(plan.precision, plan.model.dim, plan.hardware)
+    return eff
+
+
+_EFF: dict[tuple, float] = {}  # default_efficiency reads only these three fields
+
+
+def comm_arguments(
+    plan: PlanInput, max_params: float, gpus_per_node: int | None = None
+) -> dict[str, Any]:
+    """The `comm_terms` arguments for `plan` whose busiest rank holds `max_params` parameters
+    (after TP/PP/EP division): blocks of the fullest stage, tokens of one micro-batch per cp
+    rank, this rank's expert weights (EP-local, TP-sharded like max_params)."""
+    L, model = plan.layout, plan.model
+    layers = max(stage_layer_counts(model.num_layers, L.pp, L.pp_virtual))
+    experts = (
+        layers * model.param_counts().mlp_per_expert * model.num_experts / expert_split(L)
+        if model.is_moe
+        else 0.0
+    )
+    # fp8 all-gather (precision/fp8_fsdp.py): the Float8Linears' weights travel as 1-byte E4M3
+    fp8_gather = (
+        fp8_linear_params(model, layers, L.tp)
+        if plan.fp8_all_gather and plan.precision == "fp8"
+        else 0.0
+    )
+    return dict(
+        layout=L,
+        hardware=plan.hardware,
+        stage_params=max_params,
+        layers=layers,
+        moe_layers=layers if model.is_moe else 0,
+        tokens=float(plan.seq_len) * plan.micro_batch / L.cp,
+        hidden=model.dim,
+        kv_dim=model.kv_dim,
+        experts_per_token=model.experts_per_token,
+        micro_batches=max(1, plan.grad_accum),
+        precision=plan.precision,
+        ac=plan.ac,
+        expert_params=experts,
+        fp8_gather_params=fp8_gather,
+        gpus_per_node=gpus_per_node,
+    )
+
+
+def _block_seconds(
+    plan: PlanInput,
+    recipe: Recipe | None,
+    *,
+    rate: float,
+    slow: float,
+    lf: float,
+    layer_hw: float,
+    core: float,
+) -> tuple[float, float, float]:
+    """(seconds per token of one block, of its attention core, the block's hardware FLOPs per
+    token) for `_time`: the matmuls at `rate` (`slow`: the bf16 rate fp8 runs the core at), the
+    attention core as its kernel runs it, the eager elementwise kernels, and MoE experts kept
+    whole per tp rank charged tp / expert_tp times over."""
+    L, model, hw = plan.layout, plan.model, plan.hardware
+    core_hw = core * (4 if plan.ac != "none" else 3)  # selective / full recompute it once
+    core_recompute = plan.ac != "none"
+    if (
+        recipe is not None
+        and recipe.selective == "torchtitan_op"
+        and plan.ac == "selective"
+        and not model.is_moe
+    ):
+        # torchtitan's per-op SAC: every second matmul recomputed, SDPA saved (flops.py)
+        layer_hw = 3 * lf + op_sac_recompute_flops_per_token(model)
+        core_hw, core_recompute = 3 * core, False
+    # the attention core as its kernel runs it (efficiency.attention_seconds_per_token)
+    rname = recipe.name if recipe is not None else DEFAULT_RECIPE
+    kernel = attention_kernel(
+        rname, recipe.attention if recipe is not None else "model", model.attention
+    )
+    dropout = recipe is not None and recipe.dropout_masks and model.norm == "layernorm"
+    core_s = (
+        attention_seconds_per_token(
+            kernel=kernel,
+            recipe=rname,
+            core_flops=core,
+            heads=model.num_heads,
+            seq_len=plan.seq_len,
+            recompute=core_recompute,
+            dropout=dropout,
+            bf16_rate=slow,
+            hardware=hw,
+            kernel_efficiency=plan.efficiency <= 0,
+        )
+        if hw.name != "cpu"
+        else core_hw / slow
+    )
+    layer_s = (layer_hw - core_hw) / rate + core_s  # seconds per token per block
+    layer_s += eager_elementwise_s(plan, recipe)
+    te = expert_tp(L.tp, L.ep)
+    if model.is_moe and te < L.tp:
+        # the experts' matmuls (k routed copies of each token, n_mat x h x f each; forward,
+        # backward 2x, + a forward under full recompute), charged tp / te times over
+        n_mat = 3 if model.activation == "swiglu" else 2
+        expert_f = 2.0 * model.experts_per_token * n_mat * model.dim * model.ffn_dim
+        expert_s = expert_f * (4 if plan.ac == "full" else 3) / rate
+        layer_s += expert_s * (L.tp / te - 1)
+    return layer_s, core_s, layer_hw
+
+
+def _time(
+    plan: PlanInput,
+    max_params: float,
+    causal: bool,
+    gpus_per_node: int | None,
+    zero_bubble: str,
+    recipe: Recipe | None = None,
+) -> tuple:
+    """(step, compute, bubble, exposed comm, optimizer seconds, comm seconds per family,
+    efficiency) of one step.
+
+    Compute: the slowest pipeline rank paces every micro-batch. Rank r does
+    counts[r] x block hardware FLOPs per token, the last rank also the head (3 x forward); the
+    embedding lookup does no matmul. Summed over ranks this is the model's hardware FLOPs, so
+    compute x gpus x rate >= model FLOPs per step and MFU <= efficiency (tested). Blocks split
+    over tp x cp, except MoE experts kept whole per tp rank (ep > 1,
+    `config.layout.expert_tp`): every tp rank runs them on the same (gathered) tokens, so their
+    FLOPs split over cp only."""
+    L, model, hw = plan.layout, plan.model, plan.hardware
+    m = max(1, plan.grad_accum)
+    _, lf, hf, core, layer_hw, _ = _model_consts(model, plan.seq_len, causal, plan.ac)
+    counts = stage_layer_counts(model.num_layers, L.pp, L.pp_virtual)
+    eff = _efficiency(plan)
+    eff16 = eff
+    foreign = recipe is not None and recipe.name != "scaletrain"
+    generation = recipe is not None and recipe.time_model == "generation"
+    if generation and plan.efficiency <= 0 and hw.name != "cpu":
+        # efficiency.py: generation x GEMM-shape roofline x fp8 factor
+        eff, eff16 = matmul_efficiency(
+            model, hw, plan.precision, float(plan.seq_len) * plan.micro_batch / L.cp, L.tp
+        )
+    if recipe is not None:
+        counts = recipe_stage_layers(plan, recipe)
+    rate = hw.flops(plan.precision) * eff
+    # fp8 (precision/fp8.py) runs float8 GEMMs in the converted linears and MoE experts only:
+    # the attention core (SDPA) and the 16-bit head run at the bf16 rate. Every other
+    # precision runs all of its matmuls at one rate.
+    slow = hw.flops("bf16") * eff16 if plan.precision == "fp8" else rate
+    layer_s, core_s, layer_hw = _block_seconds(
+        plan, recipe, rate=rate, slow=slow, lf=lf, layer_hw=layer_hw, core=core
+    )
+    tok_mb = float(plan.seq_len) * plan.micro_batch  # tokens of one micro-batch (one replica)
+    split = L.tp * L.cp
+    middle = max(counts[:-1], default=0) * layer_s
+    t_mb = max(middle, counts[-1] * layer_s + 3 * hf / slow) * tok_mb / split
+    compute_s = m * t_mb
+    bubble_s = 0.0
+    if L.pp > 1:
+        bubble_s = (
+            bubble_fraction(L.pp_schedule, L.pp, m, L.pp_virtual, zero_bubble=zero_bubble)
+            * compute_s
+        )
+    layers = max(counts)
+    terms = comm_terms(**comm_arguments(plan, max_params, gpus_per_node))
+    bucket = 25.0 * 2**20
+    if foreign and recipe is not None:
+        terms = _recipe_comm(terms, plan, recipe, max_params, gpus_per_node)
+        bucket = recipe.bucket_bytes(L.dp)
+    t_fwd = t_mb * lf / layer_hw  # forward share of the hardware FLOPs
+    t_core = tok_mb * layers * core_s / split * m
+    exposed = _exposed(
+        terms,
+        L,
+        hw,
+        max_params,
+        m,
+        t_fwd,
+        t_mb - t_fwd,
+        t_core,
+        layers,
+        gpus_per_node,
+        bucket_bytes=bucket,
+        tree=foreign,
+        overlap=COMM_OVERLAP.get(recipe.name, ()) if recipe is not None else (),
+    )
+    optimizer_s = _optimizer_time(plan, max_params)
+    step_s = compute_s + bubble_s + exposed + optimizer_s
+    return step_s, compute_s, bubble_s, exposed, optimizer_s, terms, eff
+
+
+def eager_elementwise_s(plan: PlanInput, recipe: Recipe | None) -> float:
+    """Seconds per token per block of a recipe's eager elementwise kernels (RoPE, SiLU, norms,
+    residual adds: efficiency.eager_elementwise_bytes over the memory bandwidth); 0 for a
+    recipe that fuses them (Recipe.eager_elementwise False), under torch.compile, with a
+    user-set efficiency (which stands for the whole block), on CPU, and for models other than
+    the dense RMSNorm Llama block the bytes were counted on."""
+    model, hw = plan.model, plan.hardware
+    if (
+        recipe is None
+        or not recipe.eager_elementwise
+        or plan.compile
+        or plan.efficiency > 0
+        or hw.name == "cpu"
+        or model.norm != "rmsnorm"
+        or model.is_moe
+    ):
+        return 0.0
+    return (
+        eager_elementwise_bytes(model, fused_norm=plan.fused_norm, recompute=plan.ac != "none")
+        / hw.memory_bw
+    )
+
+
+def _exposed(
+    terms: dict[str, tuple[float, float]],
+    L,
+    hw: HardwareSpec,
+    stage_params: float,
+    m: int,
+    t_fwd: float,
+    t_bwd: float,
+    t_core: float,
+    layers: int,
+    gpus_per_node: int | None,
+    *,
+    bucket_bytes: float = 25 * 2**20,
+    tree: bool = False,
+    overlap: tuple[str, ...] = (),
+) -> float:
+    """Communication seconds left on the critical path after overlap (rules in _NOTES).
+    bucket_bytes: the last gradient bucket, reduced after the backward ends (exposed);
+    tree: its latency term is NCCL's tree at scale (efficiency.allreduce_latency);
+    overlap: families the recipe's framework overlaps (efficiency.COMM_OVERLAP): 'tp' and
+    'pp_p2p' hide behind the step's compute, 'dp_param_gather' (the updated weights'
+    all-gather) behind the next step's forwards except one chunk, like the gradient reduce."""
+    out = 0.0
+    bucket = 0.0
+    if "dp_allreduce" in terms or "zero_reduce_scatter" in terms or "hsdp_allreduce" in terms:
+        bw, lat, _ = axis_link(L, hw, "dp", gpus_per_node)
+        n = L.dp * L.cp if L.zero else L.dp
+        size = min(bucket_bytes, stage_params * 4)
+        if tree:
+            nn = max(n, 2)
+            bucket = 2 * (nn - 1) / nn * size / bw + allreduce_latency(nn, lat)
+        else:
+            bucket = allreduce_time(size, max(n, 2), bw, lat)
+    for name, (_, t) in terms.items():
+        if name in ("dp_allreduce", "hsdp_allreduce"):
+            out += max(t - t_bwd, min(t, bucket))
+        elif name == "zero_reduce_scatter":
+            window = t_bwd if L.zero == 1 else m * t_bwd
+            out += max(t - window, min(t, bucket))
+        elif name == "fsdp_all_gather":
+            per = t / (2 * m)
+            first = per / (layers + 1)  # the first unit's gather has nothing to hide behind
+            out += m * max(0.0, per - t_fwd) + first
+            out += m * max(0.0, per + terms["fsdp_reduce_scatter"][1] / m - t_bwd)
+        elif name == "fsdp_reduce_scatter":
+            continue  # charged with the backward all-gather above
+        elif name == "cp_ring":
+            out += max(0.0, t - t_core)
+        elif name in ("tp", "pp_p2p") and name in overlap:
+            out += max(0.0, t - m * (t_fwd + t_bwd))
+        elif name == "zero_all_gather" and L.zero == 1 and "dp_param_gather" in overlap:
+            out += max(t - m * t_fwd, min(t, bucket))
+        else:  # zero_all_gather, tp, pp_p2p, ep_all_to_all: on the critical path
+            out += t
+    return out
+
+
+def _recipe_comm(
+    terms: dict[str, tuple[float, float]],
+    plan: PlanInput,
+    recipe: Recipe,
+    stage_params: float,
+    gpus_per_node: int | None,
+) -> dict[str, tuple[float, float]]:
+    """The data-parallel families as `recipe`'s framework runs them (the others are
+    comm_terms' own). DDP / ZeRO-0: all-reduce of the gradient in its reduction dtype
+    (bucket_elem_bytes), one latency term per bucket, NCCL's tree latency at scale
+    (efficiency.allreduce_latency). ZeRO-1 with a sharded master (Megatron's distributed
+    optimizer, DeepSpeed stage 1, Nanotron ZeroDistributedOptimizer): reduce-scatter of the
+    gradients, then all-gather of the updated 16-bit weights (weight_bytes per parameter)
+    instead of scaletrain's all-reduce + fp32 broadcast. Ignores: overlap of the param
+    all-gather with the next forward (Megatron --overlap-param-gather): counted exposed."""
+    L, hw = plan.layout, plan.hardware
+    if "dp_allreduce" not in terms:
+        return terms
+    out = dict(terms)
+    bw, lat, _ = axis_link(L, hw, "dp", gpus_per_node)
+    n = L.dp * L.cp
+    if L.zero:
+        n = max(1, n // max(1, L.dp_replicate))
+    rb = 4.0 if plan.precision == "fp32" else recipe.bucket_elem_bytes
+    grads = stage_params * rb
+    buckets = max(1, math.ceil(grads / max(1.0, recipe.bucket_bytes(L.dp))))
+    if L.zero == 1 and recipe.shards_master and n > 1:
+        wb = 4.0 if plan.precision == "fp32" else recipe.weight_bytes
+        rs = (n - 1) / n * grads / bw + buckets * (n - 1) * lat
+        out["dp_allreduce"] = ((n - 1) / n * grads, rs)
+        params = stage_params * wb
+        out["zero_all_gather"] = ((n - 1) / n * params, gather_time(params, n, bw, lat))
+    elif n > 1:
+        secs = 2 * (n - 1) / n * grads / bw + buckets * allreduce_latency(n, lat)
+        out["dp_allreduce"] = (2 * (n - 1) / n * grads, secs)
+    return out
+
+
+def _optimizer_time(plan: PlanInput, stage_params: float) -> float:
+    """Optimizer step seconds: bytes touched / memory bandwidth (GPU), or with offload the PCIe
+    round trip of grads and params (4 + 4 B/param over host_to_device_bw) plus the CPU step at
+    CPU_OPTIMIZER_BW. Not overlapped with compute (ZeRO-Offload's delayed update is not
+    modelled)."""
+    L = plan.layout
+    local = stage_params / L.zero_shards if L.zero else stage_params
+    traffic = OPTIMIZER_TRAFFIC.get(plan.optimizer, 28.0) * local
+    if plan.offload != "none":
+        return 8.0 * local / plan.hardware.host_to_device_bw + traffic / CPU_OPTIMIZER_BW
+    return traffic / plan.hardware.memory_bw
