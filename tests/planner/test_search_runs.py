@@ -47,11 +47,15 @@ def _small_job(model_name: str, est, gpu: str):
     )
     # the fewest micro-batches the schedule takes (interleaved / zero-bubble: a multiple of pp)
     m = L.pp if L.pp > 1 else 1
+    seq = 8 * max(2 * L.cp, L.tp)  # CP splits a sequence in 2 x cp chunks: 8 tokens each
     job = load_config(
         None,
         {
+            # the default model's 128 positions must not refuse a long-CP layout's sequence
+            # (cp16: 256 tokens); the small model replaces it below
+            "model": {"max_seq_len": max(128, seq)},
             "batch": {
-                "seq_len": 8 * max(2 * L.cp, L.tp),
+                "seq_len": seq,
                 "micro_batch": 1,
                 "global_batch": m * L.dp,
             },
