@@ -51,6 +51,21 @@ def batch(preset: str, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return seq[:, :-1], seq[:, 1:]
 
 
+def one_process_loss_grads(preset: str) -> tuple[float, dict[str, torch.Tensor]]:
+    """The single-process logits path (`causal_lm_loss(model(x), y)`) on batch 0, at one
+    intra-op thread: the reference loss and every parameter's gradient by clean name."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model = build_model(CONFIGS[preset], device="cpu", seed=0)
+        x, y = batch(preset, 0)
+        loss = causal_lm_loss(model(x), y)
+        loss.backward()
+        return float(loss.detach()), {clean_fqn(n): p.grad for n, p in model.named_parameters()}
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 

@@ -14,13 +14,11 @@ on the gradients, the parity matrix's bounds (measured differences ~1e-7).
 from __future__ import annotations
 
 import pytest
-import torch
 
-from scaletrain.models import build_model, causal_lm_loss, clean_fqn
 from scaletrain.parallel.launch import spawn
 
 from ._loss_fns import pp_fused_loss
-from ._parity_fns import CONFIGS, GLOBAL_BATCH, SEQ_LEN, batch
+from ._parity_fns import CONFIGS, GLOBAL_BATCH, SEQ_LEN, one_process_loss_grads
 
 pytestmark = [pytest.mark.distributed]
 
@@ -38,22 +36,9 @@ def pp2() -> list[dict]:
     return spawn(pp_fused_loss, 2, CASES)
 
 
-def _reference(preset: str) -> tuple[float, dict[str, torch.Tensor]]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        model = build_model(CONFIGS[preset], device="cpu", seed=0)
-        x, y = batch(preset, 0)
-        loss = causal_lm_loss(model(x), y)
-        loss.backward()
-        return float(loss.detach()), {clean_fqn(n): p.grad for n, p in model.named_parameters()}
-    finally:
-        torch.set_num_threads(threads)
-
-
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}-v{c[2]}")
 def test_pp2_fused_loss_equals_one_process(pp2, case):
-    ref_loss, ref_grads = _reference(case[0])
+    ref_loss, ref_grads = one_process_loss_grads(case[0])
     vocab = CONFIGS[case[0]].vocab_size
     seen: set[str] = set()
     for rank in pp2:

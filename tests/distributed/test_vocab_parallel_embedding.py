@@ -16,13 +16,11 @@ matrix's (test_vocab_parallel_loss.py measures ~1e-7).
 from __future__ import annotations
 
 import pytest
-import torch
 
-from scaletrain.models import build_model, causal_lm_loss, clean_fqn
 from scaletrain.parallel.launch import spawn
 
 from ._loss_fns import tp_embedding_grads
-from ._parity_fns import CONFIGS, batch
+from ._parity_fns import CONFIGS, one_process_loss_grads
 
 pytestmark = [pytest.mark.distributed]
 
@@ -34,22 +32,9 @@ def tp2() -> list[dict]:
     return spawn(tp_embedding_grads, 2, CASES)
 
 
-def _reference(preset: str) -> tuple[float, dict[str, torch.Tensor]]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        model = build_model(CONFIGS[preset], device="cpu", seed=0)
-        x, y = batch(preset, 0)
-        loss = causal_lm_loss(model(x), y)
-        loss.backward()
-        return float(loss.detach()), {clean_fqn(n): p.grad for n, p in model.named_parameters()}
-    finally:
-        torch.set_num_threads(threads)
-
-
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-sp{int(c[1])}")
 def test_tp2_embedding_equals_one_process(tp2, case):
-    ref_loss, ref_grads = _reference(case[0])
+    ref_loss, ref_grads = one_process_loss_grads(case[0])
     vocab = CONFIGS[case[0]].vocab_size
     for rank in tp2:
         got = rank[case]
