@@ -8,6 +8,7 @@ errors; `--json` prints {"plan", "memory", "flops_per_step", "predicted", ...}.
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from scaletrain.cli._job import add_job_flags, resolve_from_flags
@@ -49,6 +50,15 @@ def run(args: argparse.Namespace, extra: list[str] | None = None) -> int:
         raise ConfigError("dryrun", " ".join(extra), "unknown arguments: see --help")
     res = resolve_from_flags(args)
     job, world = res.job, res.world_size
+    if sys.stderr.isatty():
+        # a large model's fake-tensor step takes minutes on a laptop CPU (llama3-8b: ~30 s on
+        # 2 cores): say that work has started, on a terminal only (scripts parse stdout)
+        print(
+            f"dry-run: tracing rank {args.rank} of {world} under fake tensors "
+            f"({job.model.num_layers} layers)...",
+            file=sys.stderr,
+            flush=True,
+        )
     measurement = dryrun(job, world_size=world, rank=args.rank)
     estimate = predict(job, job.layout(world))
     comparison = compare(measurement, estimate)
