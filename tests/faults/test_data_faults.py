@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -143,6 +144,21 @@ def test_missing_source_is_refused_at_parse_time(tmp_path, source):
             else f"{tmp_path / 'a.txt'}@0.5, {tmp_path / 'b.txt'}",
         )
     assert e.value.field == "data.source" and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_source_that_is_not_a_regular_file_is_refused_not_read(tmp_path, kind):
+    # a named pipe blocks its reader forever and /dev/zero never ends: neither may be opened
+    src = tmp_path / "corpus.txt"
+    if kind == "fifo":
+        os.mkfifo(src)
+    else:
+        src.symlink_to("/dev/zero")
+    with pytest.raises(ConfigError) as e:
+        _cfg(tmp_path, str(src))
+    msg = str(e.value)
+    assert e.value.field == "data.source" and "\n" not in msg
+    assert "not a regular file" in msg, msg
 
 
 @pytest.mark.parametrize("content", [b"", b"hi\n"])

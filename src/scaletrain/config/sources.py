@@ -71,7 +71,12 @@ def _expand(pattern: str, field: str = _FIELD) -> tuple[Path, ...]:
             if field == _FIELD
             else "give name=file, name=folder or name=glob entries"
         )
-        raise ConfigError(field, pattern, f"no such file or folder: {fix}")
+        what = (
+            "not a regular file (a pipe, device or socket cannot be read as a corpus)"
+            if path.exists()
+            else "no such file or folder"
+        )
+        raise ConfigError(field, pattern, f"{what}: {fix}")
     return (path,)  # a named file of another suffix is read as plain text
 
 
