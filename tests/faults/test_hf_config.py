@@ -5,6 +5,7 @@ line naming config.json and the field, never a traceback and never silently igno
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -185,6 +186,26 @@ def test_config_json_that_is_a_directory(tmp_path):
     with pytest.raises(ConfigError) as e:
         load_config(None, [f"--checkpoint.init_from={tmp_path / 'hf'}"])
     assert "config.json" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "oversized"])
+def test_config_json_that_is_not_a_small_regular_file_is_never_read(tmp_path, kind):
+    # a named pipe would block the reader forever, /dev/zero never ends, and a mistyped path
+    # to a weights file would be read whole: each is refused from its stat() alone
+    d = tmp_path / "hf"
+    d.mkdir()
+    f = d / "config.json"
+    if kind == "fifo":
+        os.mkfifo(f)
+    elif kind == "dev-zero":
+        f.symlink_to("/dev/zero")
+    else:
+        f.write_bytes(b" " * (16 * 2**20 + 1))
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [f"--model.name={d}"])
+    msg = str(e.value)
+    assert e.value.field == "model.name" and "\n" not in msg, msg
+    assert ("too large" if kind == "oversized" else "not a regular file") in msg, msg
 
 
 def test_sliding_window_is_read_and_runs_past_the_window(tmp_path):

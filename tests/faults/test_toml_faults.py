@@ -7,6 +7,8 @@ import pytest
 
 from scaletrain.config import ConfigError, load_config
 
+from ._cli import no_traceback, scaletrain
+
 # (file bytes, the field the error must name: "config" = the file itself)
 CASES = [
     ("syntax", b"[train\nsteps = 3\n", "config"),
@@ -77,3 +79,15 @@ def test_good_toml_still_loads(tmp_path, content, field, value):
     f = tmp_path / "plan.toml"
     f.write_bytes(content)
     assert getattr(load_config(f).train, field) == value
+
+
+@pytest.mark.parametrize("args", [["train"], ["plan", "--config"], ["dryrun", "--config"]])
+def test_cli_names_a_non_utf8_toml_in_one_line(tmp_path, args):
+    # the CLI reads the file once more (which fields were given) before load_config: that
+    # read must report a bad file as load_config does, never as a UnicodeDecodeError
+    bad = tmp_path / "job.toml"
+    bad.write_bytes(b"[train]\nsteps = 1\n# caf\xe9\n")
+    p = scaletrain(*args, str(bad), timeout=120)
+    assert p.returncode == 2 and no_traceback(p), p.stderr[-2000:]
+    last = p.stderr.strip().splitlines()[-1]
+    assert "config = " in last and "not UTF-8" in last and "job.toml" in last, last

@@ -26,6 +26,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from scaletrain.config import ModelConfig
+from scaletrain.config.user_files import read_user_file
 from scaletrain.dtensor import to_full
 
 __all__ = ["export_hf", "load_hf_state_dict", "to_hf_state_dict", "from_hf_state_dict", "hf_config"]
@@ -293,7 +294,8 @@ def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
         return load_file(str(path))
     index = path / "model.safetensors.index.json"
     if index.exists():  # sharded HF checkpoint: weight_map name -> shard file
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        raw = read_user_file(index, "model.name", what="a model.safetensors.index.json")
+        files = sorted(set(json.loads(raw)["weight_map"].values()))
         tensors: dict[str, torch.Tensor] = {}
         for f in files:
             tensors.update(load_file(str(path / f)))

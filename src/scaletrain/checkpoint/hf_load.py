@@ -31,11 +31,13 @@ from safetensors import safe_open
 from torch import nn
 
 from scaletrain.config import ConfigError, ModelConfig
+from scaletrain.config.user_files import read_user_file
 from scaletrain.models import clean_fqn
 
 __all__ = ["load_initial_weights", "load_hf_weights", "SafetensorsDir"]
 
 _FIELD = "checkpoint.init_from"
+_INDEX_WHAT = "a model.safetensors.index.json"
 
 
 class SafetensorsDir:
@@ -46,7 +48,9 @@ class SafetensorsDir:
         index = self.directory / "model.safetensors.index.json"
         if index.is_file():
             try:
-                weight_map = json.loads(index.read_text())["weight_map"]
+                weight_map = json.loads(read_user_file(index, _FIELD, what=_INDEX_WHAT))[
+                    "weight_map"
+                ]
             except (json.JSONDecodeError, KeyError) as e:
                 raise ConfigError(_FIELD, str(index), f"give a valid index file ({e})") from e
             self._file_of = {k: self.directory / v for k, v in weight_map.items()}

@@ -10,7 +10,6 @@ dp, the largest the layout allows) and the vocabulary (a BPE tokenizer's size). 
 from __future__ import annotations
 
 import argparse
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from scaletrain.config import (
     load_config,
     parse_overrides,
 )
+from scaletrain.config.loading import read_toml
 
 __all__ = [
     "FLAGS",
@@ -171,15 +171,9 @@ def _given(
     config_path: str | Path | None, overrides: dict[str, dict[str, Any]]
 ) -> dict[str, dict[str, Any]]:
     raw: dict[str, dict[str, Any]] = {}
-    if config_path is not None and Path(config_path).is_file():
-        try:
-            raw = {
-                k: dict(v)
-                for k, v in tomllib.loads(Path(config_path).read_text()).items()
-                if isinstance(v, dict)
-            }
-        except tomllib.TOMLDecodeError:
-            raw = {}  # load_config reports the syntax error with the file's name
+    if config_path is not None:
+        # (the file's every fault is one ConfigError naming it, as load_config reports it)
+        raw = {k: dict(v) for k, v in read_toml(Path(config_path)).items() if isinstance(v, dict)}
     for section, values in overrides.items():
         raw.setdefault(section, {}).update(values)
     return raw

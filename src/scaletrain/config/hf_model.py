@@ -10,6 +10,7 @@ from typing import Any
 
 from ._errors import ConfigError
 from .model import ModelConfig
+from .user_files import read_user_file
 
 __all__ = ["model_from_hf_config", "hf_export_problem"]
 
@@ -27,9 +28,10 @@ def model_from_hf_config(path: str | Path) -> ModelConfig:
     path = Path(path)
     if path.is_dir():
         path = path / "config.json"
+    raw = read_user_file(path, "model.name", what="a Hugging Face config.json")
     try:
-        hf = json.loads(path.read_bytes().decode("utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        hf = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ConfigError(
             "model.name", str(path), f"give a readable UTF-8 JSON config.json ({_one_line(e)})"
         ) from None

@@ -14,8 +14,9 @@ from ._errors import ConfigError, require
 from .job import SECTIONS, JobConfig
 from .model import MODEL_FIELDS, ModelConfig, resolve_model
 from .strict import coerce, did_you_mean, scalar_type
+from .user_files import read_user_file
 
-__all__ = ["load_config", "parse_overrides"]
+__all__ = ["load_config", "parse_overrides", "read_toml"]
 
 
 def _coerce(section: str, key: str, value: Any, typ: Any) -> Any:
@@ -79,6 +80,23 @@ def parse_overrides(args: list[str]) -> dict[str, dict[str, str]]:
     return out
 
 
+def read_toml(p: Path) -> dict[str, Any]:
+    """The tables of the TOML job file `p`, or one ConfigError naming the file: missing, not a
+    regular file, too large, not UTF-8, or not TOML."""
+    require(p.is_file(), "config", str(p), "give the path of an existing .toml file")
+    data = read_user_file(p, "config", what="a .toml job file")
+    try:
+        return tomllib.loads(data.decode("utf-8-sig"))  # (a BOM is harmless)
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            "config",
+            str(p),
+            f"byte {e.start} is not UTF-8 ({e.reason}): save the file as UTF-8",
+        ) from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError("config", str(p), f"fix the TOML syntax: {e}") from e
+
+
 def load_config(
     path: str | Path | None = None, overrides: dict[str, dict[str, Any]] | list[str] | None = None
 ) -> JobConfig:
@@ -86,19 +104,7 @@ def load_config(
     raw: dict[str, dict[str, Any]] = {}
     if path is not None:
         p = Path(path)
-        require(p.is_file(), "config", str(p), "give the path of an existing .toml file")
-        try:
-            raw = tomllib.loads(p.read_bytes().decode("utf-8-sig"))  # (a BOM is harmless)
-        except OSError as e:
-            raise ConfigError("config", str(p), f"cannot read it ({e.strerror})") from None
-        except UnicodeDecodeError as e:
-            raise ConfigError(
-                "config",
-                str(p),
-                f"byte {e.start} is not UTF-8 ({e.reason}): save the file as UTF-8",
-            ) from None
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError("config", str(p), f"fix the TOML syntax: {e}") from e
+        raw = read_toml(p)
         _no_quoted_scalars(raw, p)
     if isinstance(overrides, list):
         overrides = parse_overrides(overrides)

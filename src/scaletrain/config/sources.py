@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ._errors import ConfigError
+from .user_files import MiB, read_user_file
 
 __all__ = [
     "SourceEntry",
@@ -179,7 +180,10 @@ def pretrained_vocab_size(spec: str) -> int:
     so configuration checks need no tokenizer library."""
     path = resolve_tokenizer_file(spec)
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        text = read_user_file(
+            path, "data.tokenizer", what="a tokenizer.json", max_bytes=256 * MiB
+        ).decode("utf-8")
+        raw = json.loads(text)
         ids = (
             list(raw["model"]["vocab"].values())
             if isinstance(raw["model"].get("vocab"), dict)
