@@ -543,15 +543,16 @@ def test_deepspeed_ipg_buffer_at_dp1() -> None:
 @pytest.mark.parametrize("ac", ["none", "selective", "full"])
 def test_naive_attention_backward_temporaries(ac: str) -> None:
     """Megatron-DeepSpeed's unfused core (SMALL: a=4, s=32, b=1, GELU + LayerNorm, dropout
-    masks) adds two bf16 s x s gradients per head, 2 x 2 a s^2, while one layer runs backward
-    (4 + 1 + 4 bytes of scores recomputed first under selective); flash/SDPA cores add
+    masks) adds one bf16 s x s gradient per head, 2 a s^2, while one layer runs backward (the
+    bmm's saved dropout output is released before dropout's backward writes the next one;
+    4 + 1 + 4 bytes of scores recomputed first under selective); flash/SDPA cores add
     nothing. The loss backward (last stage, before any block's) is the other transient: the
     peak takes the larger of the two."""
     a, s, b = SMALL.num_heads, 32, 16  # b = 16: the backward, not the step, is the peak
     mem = recipe_rank_memory(
         _plan("deepspeed", Layout(dp=1), ac=ac, gb=b, mb=b), RECIPES["deepspeed"], 0
     )
-    temp = (2 * 2 * a * s * s + (5 * a * s * s if ac == "selective" else 0)) * b
+    temp = (2 * a * s * s + (5 * a * s * s if ac == "selective" else 0)) * b
     plain = _plan("deepspeed", Layout(dp=1), gb=b, mb=b)
     full = recipe_layer_bytes(plain, RECIPES["deepspeed"], "none")
     recompute = (full if ac == "full" else 0) + temp

@@ -29,6 +29,13 @@ def _korthikanti(plan: PlanInput, recipe: Recipe, ac: str) -> float:
         selective recompute (core attention) drops;
       SP divides everything by t; full recompute keeps the layer input e*h (/t with SP).
     With e = 2, MHA, GELU f = 4h and masks this is 34 + 5as/h (SP) and 10 + 24/t + 5as/(ht).
+    Under fp8 with Transformer Engine layers (recipe.te_fp8_gemm_inputs) the GEMM inputs are
+    saved as fp8: the two layernorm outputs take h each instead of e*h, the activation output
+    f instead of e*f, and the output projection adds an fp8 copy h of the attention output
+    (TransformerEngine v1.8 transformer_engine/pytorch/module/layernorm_linear.py and
+    layernorm_mlp.py: ln_out is uint8 under fp8 and saved; layernorm_mlp.py saves gelu_out as
+    the fp8 GEMM2 input; linear.py saves the fp8 inputmat or its transpose): SP, e = 2,
+    f = 4h: 34 -> 29 per sbh/t.
     """
     m, L = plan.model, plan.layout
     e = 4 if plan.precision == "fp32" else 2
@@ -46,6 +53,13 @@ def _korthikanti(plan: PlanInput, recipe: Recipe, ac: str) -> float:
         split += (2 * e + masks) * a * plan.seq_len
     else:
         split += 4.0 * a
+    if plan.precision == "fp8" and recipe.te_fp8_gemm_inputs:
+        # Transformer Engine under fp8 (Recipe.te_fp8_gemm_inputs): the QKV and fc1 inputs
+        # (the layernorm outputs) and the fc2 input (the activation output, f wide) are saved
+        # as fp8, 1 B instead of e; the output projection saves an fp8 copy of the attention
+        # output beside the 16-bit one the attention core keeps
+        rep -= 2 * (e - 1) * h
+        split += h - (e - 1) * f
     return tok * (rep / tsp + split / L.tp)
 
 
@@ -149,13 +163,16 @@ def recipe_head_bytes(plan: PlanInput, recipe: Recipe) -> tuple[float, float]:
 
 def _naive_attention_backward_temp(plan: PlanInput, recipe: Recipe) -> float:
     """Bytes a Megatron-style unfused attention core adds on top of its stored tensors while
-    one layer runs backward (0 for flash/SDPA cores or other activation models): the bmm with
-    V returns the gradient of the dropped-out probabilities (e*a*s^2*b/t) and dropout's
-    backward writes a new one (e*a*s^2*b/t) while the saved softmax, mask and dropout output
-    are still held; the fused scale-mask-softmax backward then works in place
-    (Megatron-LM megatron/model/transformer.py ParallelAttention.forward, fused_softmax.py
-    ScaledUpperTriangMaskedSoftmax.backward; torch's dropout backward is out of place). Under
-    ac='selective' the core is recomputed first, so its stored 5as^2b/t come back too."""
+    one layer runs backward (0 for flash/SDPA cores or other activation models): one e*a*s^2*b/t
+    gradient beyond the stored set. The bmm with V writes the gradient of the dropped-out
+    probabilities while its saved input (the dropout output) is held; autograd then releases
+    that node's saved tensors (torch/csrc/autograd/engine.cpp evaluate_function:
+    fn.release_variables() when the graph is not retained), so dropout's out-of-place backward
+    writes its gradient in the freed dropout output's place, and the fused scale-mask-softmax
+    backward works in place on it (Megatron-LM / Megatron-DeepSpeed
+    megatron/model/transformer.py ParallelAttention.forward: baddbmm -> FusedScaleMaskSoftmax
+    -> attention_dropout -> bmm; fused_softmax.py ScaledUpperTriangMaskedSoftmax.backward).
+    Under ac='selective' the core is recomputed first, so its stored 5as^2b/t come back too."""
     m, L = plan.model, plan.layout
     naive = m.attention == "naive" or recipe.attention == "naive"
     if not naive or recipe.activations != "korthikanti" or m.is_moe:
@@ -163,7 +180,7 @@ def _naive_attention_backward_temp(plan: PlanInput, recipe: Recipe) -> float:
     e = 4 if plan.precision == "fp32" else 2
     masks = 1.0 if (recipe.dropout_masks and m.norm == "layernorm") else 0.0
     per_score = float(m.num_heads) * plan.seq_len * (plan.seq_len / L.cp) * plan.micro_batch / L.tp
-    temp = 2 * e * per_score
+    temp = e * per_score
     if plan.ac == "selective":
         temp += (2 * e + masks) * per_score
     return temp

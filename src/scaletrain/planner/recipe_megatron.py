@@ -46,7 +46,15 @@ MEGATRON = Recipe(
     fragmentation=FRAGMENTATION,
     cuda_context_bytes=RUNTIME_CONTEXT_BYTES,
     time_model=_TIME_MODEL,
+    te_fp8_gemm_inputs=True,
     sources={
+        "te_fp8_gemm_inputs": "megatron/core/extensions/transformer_engine.py: TE "
+        "LayerNormLinear / Linear / fused LayerNormMLP layers; TransformerEngine v1.8 "
+        "transformer_engine/pytorch/module/layernorm_linear.py (ln_out_dtype uint8 under "
+        "fp8, ln_out saved), layernorm_mlp.py (ln_out and the fp8 gelu_out saved, fc1_out "
+        "in 16 bits), linear.py (saved_inputmat: the fp8 cast); fp8 primary weights "
+        "(NeMo fp8_params, NeMo-Framework-Launcher conf/training/gpt3/mlperf.yaml; "
+        "Megatron --fp8-param-gather) assumed, see Recipe.te_fp8_gemm_inputs",
         "weight_bytes": "megatron/core/transformer/module.py Float16Module: the model's "
         "weights are bf16/fp16",
         "master_bytes": "megatron/core/optimizer/optimizer.py "

@@ -110,6 +110,15 @@ class Recipe:
     pipe_output_buffers: int = 0
     """The pipeline engine keeps the last stage's forward output (the 16-bit logits) of this
     many micro-batches in its buffers through backward (DeepSpeed: 2), at any pp."""
+    te_fp8_gemm_inputs: bool = False
+    """Transformer Engine layers: under fp8 each GEMM saves the fp8 (1 B) cast of its input
+    for backward instead of the 16-bit tensor, so the two layernorm outputs and the MLP's
+    activation output take 1 B per element, and the attention output (kept in 16 bits by the
+    attention core) gains a 1 B fp8 copy for the output projection
+    (recipe_activations._korthikanti). The weights are counted as 16-bit: TE's fp8 primary
+    weights (1 B) with their cached transpose (1 B); without fp8 primary weights TE's weight
+    workspaces would add 2 B per linear parameter (module/base.py get_fp8_workspace
+    cache_name='weight'), which this flag does not count."""
     eager_elementwise: bool = False
     """Time model: the framework runs its block's elementwise ops (norms, RoPE, SiLU, adds) as
     separate eager kernels unless compiled, charged over memory bandwidth
