@@ -129,7 +129,8 @@ def _peer_terms(run: PublishedRun) -> tuple[dict[str, Any] | None, str]:
     bf16 = hw.flops("bf16") / 1e12
     gpu = GPUConfig(
         name=hw.name,
-        mem_per_GPU_in_GB=hw.memory_bytes / 1e9,
+        # llm-analysis reads this 'GB' as GiB (memory_left = mem_per_GPU_in_GB * 1024**3)
+        mem_per_GPU_in_GB=hw.memory_bytes / GiB,
         hbm_bandwidth_in_GB_per_sec=hw.memory_bw / 1e9,
         intra_node_bandwidth_in_GB_per_sec=hw.intra_node_bw / 1e9,
         intra_node_min_message_latency=hw.intra_node_latency_s,

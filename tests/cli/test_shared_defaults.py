@@ -135,12 +135,15 @@ def test_world_size_comes_from_the_config_degrees() -> None:
 
 
 @pytest.mark.parametrize(
-    "used,word,margin",
-    [(70e9, "fits", "10.00 GB to spare"), (90e9, "DOES NOT FIT", "10.00 GB over")],
+    "delta,word,margin",
+    [(-10e9, "fits", "10.00 GB to spare"), (10e9, "DOES NOT FIT", "10.00 GB over")],
 )
-def test_verdict_line_states_the_margin(used: float, word: str, margin: str) -> None:
-    line = verdict_line(used, hardware_preset("h100-sxm"), what="x")
-    assert line.startswith(f"verdict: {word} on h100-sxm") and line.endswith(margin)
+def test_verdict_line_states_the_margin(delta: float, word: str, margin: str) -> None:
+    hw = hardware_preset("h100-sxm")
+    line = verdict_line(hw.memory_bytes + delta, hw, what="x")
+    # the capacity in both units: 79.10 GiB is what CUDA reports on an H100 80GB
+    assert line.startswith(f"verdict: {word} on h100-sxm (84.9 GB = 79.10 GiB): x ")
+    assert line.endswith(margin)
 
 
 def test_explain_ends_with_the_verdict(capsys: pytest.CaptureFixture[str]) -> None:

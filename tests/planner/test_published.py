@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from scaletrain.config import ConfigError
+from scaletrain.config import ConfigError, hardware_preset
 from scaletrain.planner import estimate
 from scaletrain.planner.published import CORPUS, load_runs, parse_runs, plan_input, refusals
 
@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 GENERATION = {
     "v100-32gb": "Volta",
+    "v100-16gb": "Volta",
     "a100-40gb": "Ampere",
     "a100-80gb": "Ampere",
     "h100-sxm": "Hopper",
@@ -94,7 +95,8 @@ def test_plan_input_carries_the_row(runs) -> None:
     assert (p.layout.dp, p.layout.tp, p.layout.pp, p.layout.pp_virtual) == (8, 8, 8, 2)
     assert (p.num_gpus, p.seq_len, p.global_batch, p.micro_batch) == (512, 8192, 256, 4)
     assert p.grad_accum == 8 and p.precision == "fp8" and p.ac == "full"
-    assert p.hardware.memory_bytes == 96e9  # the Grand Teton card, not the 80 GB preset
+    # the Grand Teton card's own preset, not the 80 GB one
+    assert p.hardware == hardware_preset("h100-hbm2e-500w")
     mpt = next(r for r in runs if r.name == "foundry-a100-80g-mpt7b-8g-noac")
     # learned positions sized to the run's sequence; no biases, tied head
     assert mpt.model.max_seq_len == 2048 and not mpt.model.bias and mpt.model.tie_embeddings

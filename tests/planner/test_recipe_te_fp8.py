@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from scaletrain.config import Layout, ModelConfig, hardware_preset, model_preset
+from scaletrain.config import GiB, Layout, ModelConfig, hardware_preset, model_preset
 from scaletrain.planner.published import load_runs, plan_input
 from scaletrain.planner.recipe_memory import recipe_layer_bytes, recipe_worst_rank
 from scaletrain.planner.recipes import RECIPES
@@ -70,13 +70,15 @@ def test_fp8_swiglu_saves_its_f_wide_output_in_fp8() -> None:
     assert bf16 - fp8 == pytest.approx(32 * (2 * m.dim - m.dim + m.ffn_dim), rel=1e-12)
 
 
-def test_nemo_fp8_rows_fit_the_nvml_capacity() -> None:
+def test_nemo_fp8_rows_fit_the_cuda_capacity() -> None:
     """The two NeMo FP8 rows the nemo recipe called OOM although they ran: with TE's fp8 GEMM
-    inputs both fit the 81,559 MiB an H100 80GB reports, and neither fits the preset's 80e9 B
-    (so the capacity and the fp8 terms are both needed)."""
+    inputs both fit the 79.10 GiB CUDA reports on an H100 80GB (the h100-sxm preset), and
+    neither fits the 80e9 B the preset held before (so the capacity and the fp8 terms are both
+    needed)."""
     runs = {r.name: r for r in load_runs()}
     for name in ("nemo-h100-gpt3-175b-512g", "nemo-h100-llama3-8b-8g-cp2"):
         run = runs[name]
-        assert run.gpu_memory_gb == 85.52
+        assert run.gpu == "h100-sxm" and run.gpu_memory_gb is None
+        assert run.hardware().memory_bytes == 79.10 * GiB
         mem, _ = recipe_worst_rank(plan_input(run, "nemo"))
         assert mem.fits and mem.reserved > 80e9

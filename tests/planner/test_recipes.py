@@ -244,7 +244,7 @@ def test_torchtitan_llama3_8b_against_published_peak() -> None:
     the terms it ignores (per-op temporaries inside a layer, allocator rounding) are of that
     order. Measured: -6.3%."""
     m = model_preset("llama3-8b")
-    hw = dataclasses.replace(hardware_preset("h100-sxm"), memory_bytes=96e9)
+    hw = hardware_preset("h100-hbm2e-500w")
     plan = PlanInput(
         m, hw, 8, Layout(dp=8, zero=3), 8192, 16, 2, "bf16", "selective", recipe="torchtitan"
     )

@@ -14,6 +14,6 @@ def verdict_line(used_bytes: float, hardware: HardwareSpec, *, what: str) -> str
     head = "fits" if margin >= 0 else "DOES NOT FIT"
     side = f"{margin:.2f} GB to spare" if margin >= 0 else f"{-margin:.2f} GB over"
     return (
-        f"verdict: {head} on {hardware.name} ({cap / 1e9:.1f} GB): {what} "
+        f"verdict: {head} on {hardware.name} ({hardware.capacity_text()}): {what} "
         f"{used_bytes / 1e9:.2f} GB, {side}"
     )

@@ -102,9 +102,9 @@ def _memory(args: argparse.Namespace) -> list[str]:
         total += acts
         out.append(f"total = states + activations = {_gb(states)} + {_gb(acts)} = {_gb(total)}")
     if args.gpu:
-        cap = hardware_preset(args.gpu).memory_bytes
-        verdict = "fits" if total <= cap else "DOES NOT FIT"
-        out.append(f"   vs {args.gpu} {_gb(cap)}: {verdict}")
+        hw = hardware_preset(args.gpu)
+        verdict = "fits" if total <= hw.memory_bytes else "DOES NOT FIT"
+        out.append(f"   vs {args.gpu} {hw.capacity_text()}: {verdict}")
     return out
 
 

@@ -1,6 +1,8 @@
 """Accelerator presets: peak dense FLOP/s per dtype, memory, bandwidths, power, price.
 
-Every figure is the vendor's datasheet number for dense math (no 2:4 sparsity), cited per preset.
+Every figure is the vendor's datasheet number for dense math (no 2:4 sparsity), cited per preset,
+except the memory: there the preset holds what CUDA reports (see `HardwareSpec.memory_bytes`;
+the vendor's nominal "80GB" stays in the preset's name and comment).
 Link bandwidths are *per GPU, per direction* (what one rank can push while all ranks push, the
 number a ring collective sees). Latencies are the alpha of the alpha-beta cost model. Prices are
 rough on-demand cloud rates (USD per GPU-hour, late 2025) meant to be overridden.
@@ -16,6 +18,7 @@ from ._errors import ConfigError
 __all__ = ["HardwareSpec", "HARDWARE_PRESETS", "hardware_preset", "GiB", "GB", "TFLOPS"]
 
 GiB = 1024**3
+MiB = 1024**2
 GB = 1e9
 TFLOPS = 1e12
 
@@ -27,7 +30,14 @@ class HardwareSpec:
     """Peak dense FLOP/s by compute dtype: 'fp32' (non-tensor-core), 'tf32', 'bf16', 'fp16', 'fp8'.
     A missing key means the dtype has no fast path (e.g. bf16 on V100)."""
     memory_bytes: float
-    """Device memory capacity in bytes as the vendor states it (decimal GB)."""
+    """Device memory a process can use, in bytes: the total CUDA reports
+    (`torch.cuda.get_device_properties(i).total_memory`, the "total capacity" of PyTorch's OOM
+    message), cited per preset from public OOM messages and logs, not the vendor's decimal GB:
+    an H100 "80GB" holds 79.10 GiB = 84.9e9 B here (80e9 B is 5.8% short of it). nvidia-smi
+    (NVML) shows a little more (81,559 MiB = 79.65 GiB); where the two differ the CUDA total
+    is kept, the most the allocator can get. The CUDA context lives inside this total: the
+    planner counts it once, in the rank's `total` (`planner.memory.RUNTIME_CONTEXT_BYTES`, or
+    a published row's measured `cuda_context_mib`), and never takes it off the capacity."""
     memory_bw: float
     """Device memory bandwidth, bytes/s."""
     intra_node_bw: float
@@ -43,6 +53,12 @@ class HardwareSpec:
     host_to_device_bw: float = 25 * GB
     """PCIe host link per direction (CPU offload traffic)."""
     notes: str = field(default="", compare=False)
+
+    def capacity_text(self) -> str:
+        """The capacity as a verdict prints it: decimal GB, the unit of the figures beside it,
+        and GiB, the unit CUDA and nvidia-smi speak ('84.9 GB = 79.10 GiB' on an H100 80GB,
+        which a reader would not recognise from the GB alone)."""
+        return f"{self.memory_bytes / GB:.1f} GB = {self.memory_bytes / GiB:.2f} GiB"
 
     def flops(self, dtype: str) -> float:
         """Peak dense FLOP/s for matmuls in `dtype`, falling back to the nearest slower path."""
@@ -64,10 +80,13 @@ def _tf(**kw: float) -> dict[str, float]:
 HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
     # NVIDIA V100 SXM2 32GB datasheet: 15.7 TF fp32, 125 TF fp16 tensor, 900 GB/s HBM2,
     # NVLink2 300 GB/s total (150 GB/s per direction), 300 W. No bf16 tensor cores.
+    # Memory (CUDA total): 31.74 GiB in PyTorch OOM messages on V100 32GB cards,
+    # https://github.com/liucongg/ChatGLM-Finetuning/issues/73 and
+    # https://github.com/haotian-liu/LLaVA/issues/812 (datasheet: 32 GB).
     "v100-32gb": lambda: HardwareSpec(
         "v100-32gb",
         _tf(fp32=15.7, fp16=125),
-        32 * GB,
+        31.74 * GiB,
         900 * GB,
         150 * GB,
         12.5 * GB,
@@ -75,13 +94,33 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         usd_per_hour=1.0,
         host_to_device_bw=16 * GB,
     ),
+    # The 16 GB V100 (SXM2 16GB; same datasheet otherwise). Memory (CUDA total): 15.75 GiB on a
+    # "Tesla V100 16GB", https://github.com/XuyangBai/TransFusion/issues/49 (15.78 GiB on
+    # another driver, https://github.com/kchengiva/Shift-GCN/issues/34: the lower one is kept).
+    "v100-16gb": lambda: HardwareSpec(
+        "v100-16gb",
+        _tf(fp32=15.7, fp16=125),
+        15.75 * GiB,
+        900 * GB,
+        150 * GB,
+        12.5 * GB,
+        300,
+        usd_per_hour=0.8,
+        host_to_device_bw=16 * GB,
+    ),
     # NVIDIA A100 SXM4 datasheet: 19.5 TF fp32, 156 TF tf32, 312 TF bf16/fp16 dense,
     # 40GB HBM2 1555 GB/s | 80GB HBM2e 2039 GB/s, NVLink3 600 GB/s total, 400 W.
     # Inter-node: HDR InfiniBand 200 Gb/s per GPU = 25 GB/s.
+    # Memory (CUDA total; nvidia-smi shows 40,960 MiB on the 40GB and 81,920 MiB on the 80GB,
+    # https://github.com/modal-labs/modal-client/pull/2797): 40GB 39.50 GiB,
+    # https://github.com/TianheWu/CoSeR/issues/10 (39.59 GiB on another driver,
+    # https://github.com/raoyongming/DenseCLIP/issues/52); 80GB 79.25 GiB,
+    # https://github.com/HiDream-ai/VAREdit/issues/6 and
+    # https://github.com/levihsu/OOTDiffusion/issues/235. The lower reading is kept.
     "a100-40gb": lambda: HardwareSpec(
         "a100-40gb",
         _tf(fp32=19.5, tf32=156, bf16=312, fp16=312),
-        40 * GB,
+        39.50 * GiB,
         1555 * GB,
         300 * GB,
         25 * GB,
@@ -91,7 +130,7 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
     "a100-80gb": lambda: HardwareSpec(
         "a100-80gb",
         _tf(fp32=19.5, tf32=156, bf16=312, fp16=312),
-        80 * GB,
+        79.25 * GiB,
         2039 * GB,
         300 * GB,
         25 * GB,
@@ -101,10 +140,16 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
     # NVIDIA H100 SXM5 datasheet: 67 TF fp32, 494.7 tf32, 989.4 bf16/fp16, 1978.9 fp8 (dense),
     # 80GB HBM3 3.35 TB/s, NVLink4 900 GB/s total (450 per direction), 700 W.
     # Inter-node: NDR InfiniBand 400 Gb/s per GPU = 50 GB/s.
+    # Memory (CUDA total): 79.10 GiB, vLLM's total_gpu_memory on 8xH100,
+    # https://github.com/huggingface/trl/issues/2688; 79.11 GiB in an OOM message on an H100,
+    # https://github.com/vllm-project/vllm/issues/27508; torchtitan's log on "H100 80GB HBM3"
+    # (its % is max_reserved / total_memory) gives 73.32 GiB / 92.70% = 79.09 GiB,
+    # https://github.com/pytorch/torchtitan/issues/1789. nvidia-smi: 81,559 MiB (79.65 GiB),
+    # https://github.com/NVIDIA/nccl/issues/1264.
     "h100-sxm": lambda: HardwareSpec(
         "h100-sxm",
         _tf(fp32=67, tf32=494.7, bf16=989.4, fp16=989.4, fp8=1978.9),
-        80 * GB,
+        79.10 * GiB,
         3350 * GB,
         450 * GB,
         50 * GB,
@@ -119,10 +164,15 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
     # datasheet (989.4 TF bf16, 1978.9 fp8, 494.7 tf32, 67 fp32, dense) and the H100 NVL
     # datasheet (1671 / 3341 / 835 TF with sparsity -> 835.5 bf16, 1670.5 fp8, 417.5 tf32
     # dense; 60 fp32) is taken: +-8% either way.
+    # Memory (CUDA total): 94.99 GiB, from torchtitan logs of Meta's own H100s (reserved GiB /
+    # its % of total_memory; the MFU's peak reads 989 TF, an H100): 49.66 / 52.28% = 94.99,
+    # https://github.com/pytorch/torchtitan/pull/1287; 44.84 / 47.19% = 95.02,
+    # https://github.com/pytorch/torchtitan/pull/1884. Only the 96 GB card reads ~95 GiB (the
+    # 80 GB reads 79.1 above, the 94 GB H100 NVL 93.00, https://github.com/ali-vilab/VACE/issues/56).
     "h100-hbm2e-500w": lambda: HardwareSpec(
         "h100-hbm2e-500w",
         _tf(fp32=63.5, tf32=456.1, bf16=912.45, fp16=912.45, fp8=1824.7),
-        96 * GB,
+        94.99 * GiB,
         2400 * GB,
         450 * GB,
         50 * GB,
@@ -132,10 +182,11 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
     ),
     # NVIDIA H100 PCIe datasheet: 51 TF fp32, 378 tf32, 756 bf16, 1513 fp8; 80GB HBM2e 2 TB/s,
     # 350 W; peers over PCIe Gen5 x16 (64 GB/s per direction).
+    # Memory: no CUDA total for the PCIe card was found; the SXM 80GB's 79.10 GiB is assumed.
     "h100-pcie": lambda: HardwareSpec(
         "h100-pcie",
         _tf(fp32=51, tf32=378, bf16=756, fp16=756, fp8=1513),
-        80 * GB,
+        79.10 * GiB,
         2000 * GB,
         64 * GB,
         50 * GB,
@@ -144,10 +195,13 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         host_to_device_bw=64 * GB,
     ),
     # NVIDIA H200 SXM datasheet: H100 compute; 141GB HBM3e at 4.8 TB/s, NVLink 900 GB/s, 700 W.
+    # Memory: no CUDA total for the H200 was found. Estimate: nvidia-smi's 143,771 MiB
+    # (https://thundergolfer.com/blog/nvidia-gpu-memory-capacity) less the H100's gap between
+    # nvidia-smi and CUDA (81,559 MiB - 79.10 GiB = 561 MiB): 143,210 MiB = 139.85 GiB.
     "h200": lambda: HardwareSpec(
         "h200",
         _tf(fp32=67, tf32=494.7, bf16=989.4, fp16=989.4, fp8=1978.9),
-        141 * GB,
+        (143771 - 561) * MiB,
         4800 * GB,
         450 * GB,
         50 * GB,
@@ -157,10 +211,14 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
     ),
     # NVIDIA HGX B200 datasheet (per GPU, dense): 2.25 PF bf16/fp16, 4.5 PF fp8, 1.1 PF tf32,
     # 75 TF fp32; 180GB HBM3e 7.7 TB/s; NVLink5 1.8 TB/s total (900 per direction); 1000 W.
+    # Memory (CUDA total): 178.35 GiB, cudaDeviceProp's total global memory on a B200,
+    # https://github.com/pytorch/ao/pull/4002; torchtitan's log 66.91 GiB / 37.51% = 178.38 GiB
+    # (its MFU's peak reads 2250 TF, a B200), https://github.com/pytorch/torchtitan/pull/2389.
+    # nvidia-smi: 183,359 MiB, https://github.com/NVIDIA/TensorRT-LLM/issues/10278.
     "b200": lambda: HardwareSpec(
         "b200",
         _tf(fp32=75, tf32=1100, bf16=2250, fp16=2250, fp8=4500),
-        180 * GB,
+        178.35 * GiB,
         7700 * GB,
         900 * GB,
         50 * GB,
@@ -170,10 +228,11 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
     ),
     # GeForce RTX 3090 (Ampere GA102 whitepaper): 35.6 TF fp32, 71 TF fp16/bf16 tensor with fp32
     # accumulate; 24GB GDDR6X 936 GB/s; PCIe Gen4 x16 (32 GB/s per direction); 350 W.
+    # Memory (CUDA total): 23.70 GiB on a 3090, https://github.com/GaoLii/DSP/issues/10.
     "rtx3090": lambda: HardwareSpec(
         "rtx3090",
         _tf(fp32=35.6, bf16=71, fp16=71),
-        24 * GB,
+        23.70 * GiB,
         936 * GB,
         32 * GB,
         3.125 * GB,
@@ -184,10 +243,12 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
     ),
     # GeForce RTX 4090 (Ada whitepaper): 82.6 TF fp32, 165.2 TF fp16/bf16 and 330.3 TF fp8 tensor
     # with fp32 accumulate; 24GB GDDR6X 1008 GB/s; PCIe Gen4 x16; 450 W.
+    # Memory (CUDA total): 23.64 GiB on a 4090, https://github.com/3DTopia/Phidias-Diffusion/issues/8
+    # (23.68 GiB on another driver, https://github.com/zai-org/CogVideo/issues/36).
     "rtx4090": lambda: HardwareSpec(
         "rtx4090",
         _tf(fp32=82.6, bf16=165.2, fp16=165.2, fp8=330.3),
-        24 * GB,
+        23.64 * GiB,
         1008 * GB,
         32 * GB,
         3.125 * GB,
@@ -198,10 +259,13 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
     ),
     # AMD Instinct MI300X datasheet: 163.4 TF fp32 matrix, 1307.4 TF bf16/fp16 dense, 2614.9 fp8;
     # 192GB HBM3 5.3 TB/s; 7 Infinity Fabric links x 64 GB/s per direction = 448 GB/s; 750 W.
+    # Memory: no HIP total for the MI300X was found. ROCm reports its "GB" as GiB less 0.02:
+    # 287.98 GiB on the 288 GB MI355X and 255.98 on the 256 GB MI325X in PyTorch OOM messages,
+    # https://github.com/ROCm/TheRock/issues/2118; 191.98 GiB is assumed for the 192 GB.
     "mi300x": lambda: HardwareSpec(
         "mi300x",
         _tf(fp32=163.4, bf16=1307.4, fp16=1307.4, fp8=2614.9),
-        192 * GB,
+        191.98 * GiB,
         5300 * GB,
         448 * GB,
         50 * GB,

@@ -312,7 +312,7 @@ def textbook_lines(
     )
     out.append(
         f"   textbook total = {gb(states)} + {gb(acts)} = {gb(total)} vs "
-        f"{gb(p.hardware.memory_bytes)} -> "
+        f"{p.hardware.capacity_text()} -> "
         f"{'fits' if total <= p.hardware.memory_bytes else 'DOES NOT FIT'} "
         f"(planner: {gb(est.memory.total)} allocated)"
     )

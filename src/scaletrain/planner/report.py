@@ -79,11 +79,11 @@ def _table(title: str, estimates: list[Estimate], width: int) -> Any:
     natural = max((sum(map(len, r)) + len(r) - 1 for r in [HEADERS, *rows]), default=0)
     if natural > width:
         keep = [HEADERS.index(h) for h in NARROW]
-    cap = estimates[0].memory.capacity / GB if estimates else 0.0
+    cap = estimates[0].plan.hardware.capacity_text() if estimates else "0 GB"
     # no vertical rules and one space between columns; the layout column wraps at its spaces
     # when even the narrow table is wider than the terminal
     t = Table(
-        title=f"{title} (memory in GB per GPU, capacity {cap:.0f} GB)",
+        title=f"{title} (memory in GB per GPU, capacity {cap})",
         box=box.SIMPLE_HEAD,
         padding=(0, 1, 0, 0),
         pad_edge=False,

@@ -47,7 +47,7 @@ class FamilyOutcome:
             mem = self.closest_miss.memory
             return (
                 f"never fits: best needs {mem.reserved / GB:.1f} GB > "
-                f"{mem.capacity / GB:.1f} GB (rank {mem.rank}, "
+                f"{self.closest_miss.plan.hardware.capacity_text()} (rank {mem.rank}, "
                 f"{layout_label(self.closest_miss)})"
             )
         if self.family == "offload" and winner is not None:
