@@ -86,7 +86,10 @@ def _narayanan_step(m: ModelConfig, batch: int, seq: int, gpus: int, tflops: flo
     return F / (gpus * tflops * 1e12)
 
 
-H100_96 = dataclasses.replace(hardware_preset("h100-sxm"), memory_bytes=96e9)
+# Grand Teton's 96 GB H100: its preset's memory (what CUDA reports), the SXM's peak as before
+H100_96 = dataclasses.replace(
+    hardware_preset("h100-sxm"), memory_bytes=hardware_preset("h100-hbm2e-500w").memory_bytes
+)
 A100 = hardware_preset("a100-80gb")
 
 ANCHORS: list[dict[str, Any]] = [
@@ -375,7 +378,7 @@ def main() -> None:
             "",
             f"{a['layout'].label()}, seq {a['seq']}, micro-batch {a['mb']}, global "
             f"{a['gb']}, ac={a['ac']}, {a['precision']}, {a['hw'].name} "
-            f"({a['hw'].memory_bytes / 1e9:.0f} GB). Published ({a['src']}): memory "
+            f"({a['hw'].capacity_text()}). Published ({a['src']}): memory "
             f"{pm}, step {ps}.",
             "",
             "| recipe | memory GiB | fits | step s | MFU |",
