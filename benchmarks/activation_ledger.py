@@ -240,9 +240,8 @@ FP32_NOTES = {
     "mul": "RMSNorm's fp32 normalized output x * rstd, saved by `weight * normed` for the "
     "weight's gradient: needed by that gradient, but recomputable from x and rstd, "
     "which are saved anyway (finding F1)",
-    "_to_copy": "RMSNorm's fp32 upcast of its bf16 input (`x.float()`), saved by rms_norm for "
-    "its backward: backward needs the values, not the fp32 copy — the bf16 input "
-    "holds them exactly (finding F2)",
+    "_to_copy": "an fp32 upcast of a bf16 norm input (`x.float()`) saved for backward: not "
+    "needed, the bf16 input holds the values exactly (finding F2)",
     "native_layer_norm": "LayerNorm's fp32 mean or rstd per token: needed by layer_norm's backward",
     "_scaled_dot_product_flash_attention_for_cpu": "SDPA's fp32 log-sum-exp: needed (softmax "
     "statistics)",
@@ -288,16 +287,25 @@ def findings(results: list[dict[str, Any]]) -> list[str]:
         )
         if upcast:
             out.append(
-                f"- **F2** ({tag}): RMSNorm saves the fp32 upcast of its bf16 input "
-                f"(`F.rms_norm(x.float())`), {upcast:,} B ({upcast / tot:.1%}); the "
-                "bf16 input is not saved beside it. Backward needs the values only, "
-                "which the bf16 input holds exactly: saving the bf16 input and "
-                f"re-upcasting in backward would save {upcast // 2:,} B "
-                f"({upcast / 2 / tot:.1%}). Not changed here: it needs a hand-written "
-                "rms_norm backward (an autograd.Function saving x and rstd), and the "
-                "planner's (4 + r) bytes per element and norm also stand for "
-                "torchtitan's eager RMSNorm in the recipe path (recipe_memory.py), so "
-                "the planner term must split and planner_accuracy be re-run with it."
+                f"- **F2** ({tag}): RMSNorm saves the fp32 upcast of its 16-bit input, "
+                f"{upcast:,} B ({upcast / tot:.1%}): models/norms.py's `_RMSNorm16` (x and "
+                "rstd only) did not run. Regression: look at RMSNorm.forward."
+            )
+        elif r["params"] == "bf16" and r["block"].startswith("llama"):
+            # the norms' inputs (block input, mid-block residual) and their rstd
+            kept = [
+                x
+                for x in rows
+                if x["producer"] in ("(block input)", "add")
+                or (x["producer"] == "rsqrt" and x["module"].endswith("_norm"))
+            ]
+            out.append(
+                f"- **F2** ({tag}), resolved: RMSNorm over the bf16 stream "
+                "(models/norms.py `_RMSNorm16`) saves its bf16 input and an fp32 rstd per "
+                "token and recomputes x * rstd in fp32 in backward; no fp32 copy of width h: "
+                + ", ".join(f"{x['producer']} {x['dtype']} {x['bytes']:,} B" for x in kept)
+                + f". Block total {tot:,} B, was 3,282,944 B with `F.rms_norm(x.float())` "
+                "(its fp32 upcast and the bf16 cast-back saved per norm; git b347ab8)."
             )
         casts = [
             x

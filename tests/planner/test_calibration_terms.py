@@ -61,7 +61,8 @@ def test_held_logits_and_rope_tables():
 
 def test_gqa_saves_kv_heads_and_autocast_saves_casts():
     """K and V are saved at the g KV heads (SDPA enable_gqa): a GQA model saves 2 e*s*b*(h -
-    kv) less than the same model with MHA; autocast adds 3 e*s*b*h for SwiGLU."""
+    kv) less than the same model with MHA; autocast adds 3 e*s*b*h for SwiGLU and the fp32
+    norms' 6 B per element each."""
     gqa = resolve_model("llama3-8b")
     mha = dataclasses.replace(gqa, num_kv_heads=gqa.num_heads)
     kw = dict(seq_len=1024, micro_batch=1, precision="bf16")
@@ -70,9 +71,14 @@ def test_gqa_saves_kv_heads_and_autocast_saves_casts():
     )
     plain = layer_activation_bytes(gqa, **kw, residual_fp32=False)
     cast = layer_activation_bytes(gqa, **kw, residual_fp32=True)
-    # a fp32 residual adds 2 bytes per element to each RMSNorm's saved cast-back output
-    norms = 2 * 2 * 1024 * gqa.dim
+    # each RMSNorm over a fp32 residual saves x and the fp32 normalized output (8 B per
+    # element), over a 16-bit one x alone (models/norms.py: 2 B)
+    norms = 2 * (8 - 2) * 1024 * gqa.dim
     assert cast - plain == pytest.approx(norms + 3 * 2 * 1024 * gqa.dim)
+    # an eager rms_norm(x.float()) over the 16-bit stream (torchtitan's) saves its fp32 upcast
+    # too: 4 B more per element and norm
+    upcast = layer_activation_bytes(gqa, **kw, residual_fp32=False, rmsnorm_upcast=True)
+    assert upcast - plain == pytest.approx(2 * 4 * 1024 * gqa.dim)
 
 
 def test_selective_recompute_recreates_the_no_ac_set_less_what_was_kept():
@@ -87,14 +93,15 @@ def test_selective_recompute_recreates_the_no_ac_set_less_what_was_kept():
         reduced = 0 if tp == 1 else e * tok * h / (tp if sp else 1)
         got = selective_recompute_bytes(m, full=full, stored=kept, tokens=tok, tp=tp, sp=sp, e=e)
         assert got == pytest.approx(full - kept + 2 * (e * tok * h + reduced))
-    # tiny-llama, tp 1, by hand: no-AC set 727,040 B, kept 380,928 B, outputs 2 x 32,768 B
-    # (the rise the dry-run measures inside the last block's backward, less ac=none's)
+    # tiny-llama, tp 1, by hand: no-AC set 595,968 B (the norms: 2 x (2 x 256 x 64 + 4 x 256),
+    # models/norms.py), kept 380,928 B, outputs 2 x 32,768 B (the rise the dry-run measures
+    # inside the last block's backward, less ac=none's)
     full = layer_activation_bytes(m, **kw, ac="none")
     kept = layer_activation_bytes(m, **kw, ac="selective")
-    assert (full, kept) == (727040, 380928)
+    assert (full, kept) == (595968, 380928)
     assert (
         selective_recompute_bytes(m, full=full, stored=kept, tokens=tok, tp=1, sp=False, e=e)
-        == 411648
+        == 280576
     )
     # what a block's backward holds first: the output's gradient (2 x 256 x 64), the MLP's
     # two (tokens x f) gradients (2 x 2 x 256 x 176) and w2's unsharded gradient (2 x 64 x 176)

@@ -132,7 +132,8 @@ def test_modern_corrections():
     s, h, kv, f = 8192, 4096, 1024, 14336
     terms = [2 * s * h, 2 * s * (h + 2 * kv), 2 * s * h + 4 * 32 * s, 2 * 2 * s * h, 2 * 2 * s * f]
     assert layer_activation_bytes(m, ac="selective", **kw) == pytest.approx(sum(terms))
-    assert layer_activation_bytes(m, ac="selective", **kw) < 0.55 * base
+    # 61% of the no-AC set (whose 16-bit norms keep x and rstd alone, models/norms.py)
+    assert layer_activation_bytes(m, ac="selective", **kw) < 0.62 * base
     # CP divides per-token activations
     assert layer_activation_bytes(m, cp=2, **kw) == pytest.approx(base / 2)
     # compile fuses silu*up: one fewer (s x f) bf16 tensor

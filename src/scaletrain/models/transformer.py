@@ -34,6 +34,7 @@ from .attention import Attention, RotaryEmbedding
 from .documents import document_layout
 from .loss import linear_cross_entropy
 from .moe import MoE
+from .norms import RMSNorm
 
 __all__ = [
     "Transformer",
@@ -44,19 +45,6 @@ __all__ = [
     "causal_lm_loss",
     "sliding_window_mask",
 ]
-
-
-class RMSNorm(nn.Module):
-    """Root-mean-square norm (Zhang & Sennrich 2019), normalized in fp32 like HF Llama."""
-
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
-        return self.weight * normed.to(x.dtype)
 
 
 def _norm(cfg: ModelConfig) -> nn.Module:

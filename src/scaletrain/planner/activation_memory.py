@@ -69,6 +69,7 @@ def layer_activation_bytes(
     compile: bool = False,
     residual_fp32: bool = False,
     ep: int = 1,
+    rmsnorm_upcast: bool = False,
 ) -> float:
     """Bytes one block keeps for backward, per micro-batch, on one rank.
 
@@ -76,8 +77,11 @@ def layer_activation_bytes(
     modern=True (scaletrain's models, SDPA, no dropout), derived per saved tensor, e = element
     bytes of activations (4 for fp32, else 2), r = residual-stream bytes (4 under autocast with
     fp32 params, else e), s_l = s/cp:
-      norm inputs 2 x r*s_l*b*h (+ fp32 mean/rstd) — /t with SP; RMSNorm 2 x (4 + r)*s_l*b*h
-        (its fp32 upcast input and the cast-back output are both saved);
+      norm inputs 2 x r*s_l*b*h (+ fp32 mean/rstd) — /t with SP; RMSNorm over an fp32
+        stream (r = 4) 2 x (4 + r)*s_l*b*h (x and the fp32 normalized output the weight's
+        product saves); over a 16-bit stream scaletrain's norm (models/norms.py) saves x and
+        rstd only, r; an eager `rms_norm(x.float()).type_as(x) * w` (rmsnorm_upcast=True:
+        torchtitan's) its fp32 upcast and the cast-back output, 4 + r;
       QKV and MLP inputs 2 x e*s_l*b*h — NOT /t: DTensor SP all-gathers the normed input and the
         column-parallel linear saves the gathered copy (Korthikanti re-gather it instead);
       q, k, v saved by SDPA e*s_l*b*(h + 2kv)/t: K and V at the g KV heads (SDPA's
@@ -119,7 +123,14 @@ def layer_activation_bytes(
         return selective_layer_bytes(model, tokens=tok, tp=tp, sp=sp, e=e, r=r, ep=ep)
     fp8 = precision == "fp8"
     norms, inputs = _norm_and_input_bytes(
-        model, tok=tok, e=e, r=r, tsp=tsp, fp8=fp8, residual_fp32=residual_fp32
+        model,
+        tok=tok,
+        e=e,
+        r=r,
+        tsp=tsp,
+        fp8=fp8,
+        residual_fp32=residual_fp32,
+        upcast=rmsnorm_upcast,
     )
     attn = _attention_bytes(model, tok=tok, seq_len=seq_len, tp=tp, e=e, fp8=fp8)
     if model.is_moe:
@@ -130,16 +141,29 @@ def layer_activation_bytes(
 
 
 def _norm_and_input_bytes(
-    model: ModelConfig, *, tok: float, e: int, r: int, tsp: int, fp8: bool, residual_fp32: bool
+    model: ModelConfig,
+    *,
+    tok: float,
+    e: int,
+    r: int,
+    tsp: int,
+    fp8: bool,
+    residual_fp32: bool,
+    upcast: bool,
 ) -> tuple[float, float]:
     """(norm inputs, the linears' saved inputs) of one block: `layer_activation_bytes`'s terms,
-    tok = s_l*b tokens, tsp = t under SP (else 1)."""
+    tok = s_l*b tokens, tsp = t under SP (else 1), upcast = its rmsnorm_upcast."""
     h = model.dim
     stats = 8.0 if model.norm == "layernorm" else 4.0
-    # scaletrain's RMSNorm runs rms_norm on x.float() (saves the fp32 input) and multiplies the
-    # weight by the result cast back (saves it, e or r bytes): 4 + r per element, not r
-    # (dry-run: llama-style layouts were 5-7% under before this term)
-    nb = 4 + r if model.norm == "rmsnorm" else r
+    nb = float(r)
+    if model.norm == "rmsnorm" and (r == 4 or upcast):
+        # `weight * rms_norm(x.float()).to(x.dtype)` through autograd saves the fp32 x (the
+        # input itself when r = 4) and the normalized output cast back (r): 4 + r per element
+        # (dry-run: llama-style layouts were 5-7% under before this term). scaletrain's norm
+        # over a 16-bit stream (models/norms.py `_RMSNorm16`) saves x and rstd alone: r
+        # (activation_ledger.md, llama-block bf16 params, ac=none: 2,758,656 B measured =
+        # analytic, 524,288 B less than the 4 + r norm's 3,282,944 B)
+        nb = 4.0 + r
     norms = 2 * (nb * h + stats) * tok / tsp
     n_in = 2 if model.activation == "swiglu" else 1
     inputs = (3 + n_in) * tok * h if fp8 else 2 * e * tok * h
@@ -268,7 +292,9 @@ def selective_recompute_bytes(
     Ignores: the order in which backward frees them (all are alive when the MLP's backward
     starts, where the dry-run peaks). Source: dry-run of tiny-llama dp4 z2 b2 s128: the
     largest rise inside the last block's backward is 202,752 B with ac=none, 929,792 B with
-    full (+ the 727,040 B no-AC set) and 614,400 B with selective (+ 411,648 B = this term).
+    full (+ the 727,040 B no-AC set) and 614,400 B with selective (+ 411,648 B = this term),
+    measured with the RMSNorm that saved its fp32 upcast (models/norms.py now saves x and
+    rstd: the no-AC set is 595,968 B, this term 280,576 B; planner_accuracy.md holds it).
     """
     h = model.dim
     reduced = 0.0 if tp == 1 else (e * tokens * h / tp if sp else e * tokens * h)

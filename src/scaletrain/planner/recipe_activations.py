@@ -106,12 +106,12 @@ def recipe_layer_bytes(plan: PlanInput, recipe: Recipe, ac: str | None = None) -
         compile=plan.compile,
         residual_fp32=False,
         ep=L.ep,
-    )
-    if plan.fused_norm and model.norm == "rmsnorm" and ac == "none":
-        # a fused RMSNorm kernel saves its 16-bit input and rstd, not the fp32 upcast that
-        # layer_activation_bytes counts for each of the block's two norms (torchtitan
+        # an eager RMSNorm on x.float() saves the fp32 upcast beside the cast-back output
+        # (torchtitan/models/llama3/model.py RMSNorm: self._norm(x.float()).type_as(x) *
+        # self.weight); a fused kernel saves its 16-bit input and rstd (torchtitan
         # models/norms.py TritonFusedRMSNorm.forward: save_for_backward(x, weight, rstd))
-        out -= 2 * 4.0 * plan.seq_len / L.cp * plan.micro_batch * model.dim / (L.tp if sp else 1)
+        rmsnorm_upcast=not plan.fused_norm,
+    )
     return out
 
 

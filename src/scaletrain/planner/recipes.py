@@ -70,6 +70,11 @@ RECIPES: dict[str, Recipe] = {
             "ddp_bucket": "parallel/data_parallel.py: torch DDP with "
             "gradient_as_bucket_view=False (memory.buffer_terms ddp_buckets)",
             "loss": "models/loss.py fused chunked linear + cross-entropy",
+            "activations": "activation_memory.layer_activation_bytes: RMSNorm over a 16-bit "
+            "stream saves x and an fp32 rstd per token, 2 B per element (models/norms.py; "
+            "benchmarks/results/activation_ledger.md, llama-block bf16 params ac=none: "
+            "2,758,656 B measured = analytic, was 3,282,944 B with rms_norm(x.float())); "
+            "over an fp32 stream x and the fp32 normalized output, 8 B",
         },
     ),
     "megatron": MEGATRON,
