@@ -1,8 +1,12 @@
-"""The markdown of benchmarks/memory_recipe.py's results (its table and acceptance checks)."""
+"""benchmarks/memory_recipe.py's results: the markdown (table, acceptance checks) and the merge of
+re-measured rows (--only) into the existing ones."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
+
+from _common import RESULTS
 
 TORCHTITAN_GIB = 82.4  # torchtitan docs/performance.md (2024-12-26), Table 1: Llama 3.1 8B
 
@@ -103,3 +107,24 @@ def markdown(
     if thr:
         out.append(_throughput_line(thr))
     return "\n".join(out) + "\n"
+
+
+def key(r: dict[str, Any]) -> tuple[str, str, str]:
+    return r["model"], r["layout"], r["ac"]
+
+
+def previous() -> dict[str, Any]:
+    """The existing results, each row stamped with the run it came from."""
+    path = RESULTS / "memory_recipe.json"
+    if not path.is_file():
+        return {}
+    data = json.loads(path.read_text())
+    for r in data.get("rows", []):
+        r.setdefault("measured", {"git": data.get("git_revision"), "date": data.get("date")})
+    return data
+
+
+def merge(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    fresh = {key(r): r for r in new}
+    out = [fresh.pop(key(r), r) for r in old]
+    return out + [r for r in new if key(r) in fresh]

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import re
 import subprocess
@@ -41,8 +42,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, git_revision, write_results  # noqa: E402
-from _memory_recipe_md import TORCHTITAN_GIB, gb, markdown  # noqa: E402
+from _common import git_revision, write_results  # noqa: E402
+from _memory_recipe_md import TORCHTITAN_GIB, gb, key, markdown, merge, previous  # noqa: E402
 from _memory_recipe_train import cpu_throughput, tree_env  # noqa: E402
 from recipe_losses import BEFORE_COMMIT, extract_before  # noqa: E402
 
@@ -236,7 +237,7 @@ def row_job(
         "after": a,
         "saved_pct": saved,
         "planned": pl,
-        "measured": {"git": git_revision(), "date": _now()},
+        "measured": {"git": _revision(), "date": _now()},
     }
     print(
         f"  {model:15s} {label(flags):28s} {ac:9s} before {gb(b)} after {gb(a)}"
@@ -254,6 +255,12 @@ LLAMA3_8B_256K = {
     "intermediate_size": 14336,
     "vocab_size": 256000,
 }
+
+
+@functools.cache
+def _revision() -> str:
+    """This tree's commit, read once before any results are written (which dirty it)."""
+    return git_revision()
 
 
 def _now() -> str:
@@ -277,27 +284,6 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     )
     ap.add_argument("--timeout", type=float, default=TIMEOUT_S, help="seconds per dry-run")
     return ap.parse_args(argv)
-
-
-def _key(r: dict[str, Any]) -> tuple[str, str, str]:
-    return r["model"], r["layout"], r["ac"]
-
-
-def _previous() -> dict[str, Any]:
-    """The existing results, each row stamped with the run it came from."""
-    path = RESULTS / "memory_recipe.json"
-    if not path.is_file():
-        return {}
-    data = json.loads(path.read_text())
-    for r in data.get("rows", []):
-        r.setdefault("measured", {"git": data.get("git_revision"), "date": data.get("date")})
-    return data
-
-
-def _merge(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    fresh = {_key(r): r for r in new}
-    out = [fresh.pop(_key(r), r) for r in old]
-    return out + [r for r in new if _key(r) in fresh]
 
 
 def _measure(args, before: Path, jobs, steps: int, reps: int, tmp: Path, write) -> tuple:
@@ -328,7 +314,7 @@ def _checks(args, before: Path, rows: list[dict[str, Any]], tmp: Path) -> dict[s
     temporaries (both trees; and the 256k vocabulary at tp1 and tp8, this tree)."""
     checks: dict[str, Any] = {}
     m, f, ac = TORCHTITAN
-    tt = next((r for r in rows if _key(r) == (m, label(f), ac)), None)
+    tt = next((r for r in rows if key(r) == (m, label(f), ac)), None)
     if tt is not None and not args.quick:
         a = tt["after"]["peak_gb"]
         checks["torchtitan"] = {
@@ -385,7 +371,8 @@ def main(argv: list[str] | None = None) -> int:
     # the torchtitan layout first, the slowest (70B) next, so a cut-short run keeps them
     jobs.sort(key=lambda j: (j[0] != TORCHTITAN[0], "70b" not in j[0]))
     steps, reps = (3, 1) if args.quick else (args.steps, args.reps)
-    old = _previous() if args.only else {}
+    _revision()
+    old = previous() if args.only else {}
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as td:
         tmp = Path(td)
@@ -404,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
 
         def write(rows, thr, checks=None, partial=True):  # noqa: ANN001, ANN202
-            all_rows = _merge(old.get("rows", []), rows)
+            all_rows = merge(old.get("rows", []), rows)
             thr = thr or old.get("cpu_throughput", {})
             checks = {**old.get("checks", {}), **(checks or {})}
             wall = time.perf_counter() - t0
