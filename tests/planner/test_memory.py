@@ -258,3 +258,33 @@ def test_loss_chunk_tokens_reach_the_plan() -> None:
     # the term drops whole; the peak drops less (another moment becomes the peak)
     assert auto.memory.buffers - small.memory.buffers == pytest.approx(drop, rel=1e-12)
     assert 0 < auto.memory.total - small.memory.total <= drop
+
+
+def test_head_gradient_is_its_own_term_not_a_loss_temporary() -> None:
+    """The fused loss's backward accumulates the head gradient in place and returns it as the
+    weight's gradient (models/loss.py; AccumulateGrad takes it as .grad, FSDP2 reduce-scatters
+    it), so `loss_backward_temp` holds only the loss's own temporaries and `head_grad` the
+    V/t x h gradient. Issue #16's acceptance, a 256,000-token vocabulary at llama3-8b widths
+    (seq 8192, micro-batch 2, ZeRO-3 bf16): the hidden-state gradient 2 x 16,384 x 4,096 and
+    one chunk's logits c x V/t x (4 + 2) at default chunking (c x V/t x 4 <= 256 MiB), 0.54 GB
+    at tp1 and tp8 (<= 1 GB), beside a 2.10 GB (tp1) / 0.26 GB (tp8) head gradient; the
+    buffers sum both, so the plan's total did not move with the split."""
+    import dataclasses
+
+    from scaletrain.planner.memory import fused_loss_chunk, head_grad_bytes
+
+    m = dataclasses.replace(resolve_model("llama3-8b"), vocab_size=256_000)
+    h100 = hardware_preset("h100-sxm")
+    for tp in (1, 8):
+        layout = Layout(dp=8 // tp, zero=3, tp=tp, sp=tp > 1)
+        mem = estimate(PlanInput(m, h100, 8, layout, 8192, 2 * layout.dp, 2)).memory
+        v_local = 256_000 // tp
+        c = fused_loss_chunk(m, tp=tp)
+        assert c * v_local * 4 <= 256 * 2**20
+        loss = mem.buffer_terms["loss_backward_temp"]
+        assert loss == 2 * 16_384 * 4_096 + c * v_local * 6
+        assert loss <= 1 * GB
+        head = mem.buffer_terms["head_grad"]
+        assert head == 2 * v_local * 4_096 == head_grad_bytes(m, tp=tp, weight_bytes=2)
+        assert mem.buffers == pytest.approx(sum(mem.buffer_terms.values()), rel=1e-12)
+    assert head_grad_bytes(m, fused=False) == 0  # a plain head's gradient: not counted there

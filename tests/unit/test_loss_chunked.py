@@ -109,3 +109,19 @@ def test_no_tokens_by_vocab_tensor_is_saved():
     assert sorted(shapes, key=str) == sorted(
         [h.shape, w.shape, targets.shape, torch.Size([N]), torch.Size([])], key=str
     )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_head_gradient_accumulator_becomes_the_weight_grad_without_a_copy(dtype):
+    """The backward's (V, h) accumulator is the head weight's gradient itself: AccumulateGrad
+    takes the returned tensor as .grad (same storage), also for an fp32 weight under 16-bit
+    compute; no second V x h buffer exists. The planner counts it once, as `head_grad`
+    (planner/head_memory.head_grad_bytes), not among the loss's temporaries."""
+    torch.manual_seed(0)
+    hidden = torch.randn(64, 16, dtype=dtype, requires_grad=True)
+    weight = torch.randn(100, 16, requires_grad=True)  # fp32 parameter
+    incoming: list[int] = []
+    weight.register_hook(lambda g: incoming.append(g.data_ptr()))
+    linear_cross_entropy(hidden, weight, torch.randint(0, 100, (64,)), chunk_tokens=16).backward()
+    assert weight.grad is not None and weight.grad.dtype == torch.float32
+    assert incoming == [weight.grad.data_ptr()]

@@ -225,8 +225,15 @@ class MoE(nn.Module):
             dispatch = counts
         frac = counts.float() / top_idx.numel()
         probs_mean = torch.softmax(logits, dim=-1).mean(dim=0)  # (E,)
-        self.aux_loss = self.num_experts * (frac * probs_mean).sum()
-        self.last_tokens_per_expert = counts.detach()
+        aux = self.num_experts * (frac * probs_mean).sum()
+        if not _in_backward():
+            # Kept for the loss only from a forward outside backward. Activation
+            # checkpointing re-runs this forward inside backward; an aux loss stored from
+            # that recompute would hold its never-used graph (the recomputed router input,
+            # norms, attention tensors: 0.34 GB per Mixtral-8x7B block at 4096 tokens) until
+            # the next forward, across the rest of backward and the optimizer step.
+            self.aux_loss = aux
+            self.last_tokens_per_expert = counts.detach()
 
         # Sort the N*k (token, expert) pairs by expert so each expert sees a contiguous block.
         flat_expert = top_idx.reshape(-1)  # (N*k,)
@@ -241,8 +248,15 @@ class MoE(nn.Module):
         )  # (N, h)
         out = out.view(b, t, h)
         if self.aux_grad_scale is not None and torch.is_grad_enabled():
-            out = _AuxLossGrad.apply(out, self.aux_loss, self.aux_loss_coef * self.aux_grad_scale())
+            out = _AuxLossGrad.apply(out, aux, self.aux_loss_coef * self.aux_grad_scale())
         return out
+
+
+def _in_backward() -> bool:
+    """True while the autograd engine runs a backward pass on this thread: a forward run there
+    is an activation checkpoint's recompute (FSDP2's `is_bw` asks the engine the same way;
+    torch has no public call for it)."""
+    return torch._C._current_graph_task_id() != -1
 
 
 class _AuxLossGrad(torch.autograd.Function):

@@ -18,6 +18,8 @@ Flattened submeshes (built by `build_mesh`):
                     (DDP's all-reduce group).
 - ``ep``          = groups of `ep` adjacent ranks of dp_cp (expert parallelism; ep must divide
                     dp x cp, a rule of `layout_problems`).
+- ``dp_shard_cp_tp`` = dp_shard x cp x tp, FSDP/ZeRO-2/3 with tp > 1 only: the norm of a 2-D
+                    (FSDP x TP) gradient is reduced over it in one all-reduce.
 - ``ep_replicate``= the dp x cp / ep ranks of dp_cp, `ep` apart, that hold the same experts
                     (their gradients are averaged over it; ZeRO-1 shards their states over it).
 """
@@ -123,6 +125,11 @@ class ParallelDims:
             "dp_shard_cp": mesh["dp_shard", "cp"]._flatten("dp_shard_cp"),
             "dp_cp": mesh["dp_replicate", "dp_shard", "cp"]._flatten("dp_cp"),
         }
+        if self.zero >= 2 and self.tp > 1 and self.dp_shard * self.cp > 1:
+            # FSDP + TP gradients are DTensors on (.., dp_shard_cp, tp): with this flattened
+            # mesh their norm (clip_grad_norm_) is one all-reduce, not two in a row (which
+            # DTensor warns about on every step); HSDP's replicas are not reduced over
+            self._flat["dp_shard_cp_tp"] = mesh["dp_shard", "cp", "tp"]._flatten("dp_shard_cp_tp")
         # Expert parallel takes its ranks from dp x cp: groups of `ep` adjacent dp_cp ranks.
         dp_cp = self.layout.dp * self.cp
         ep_2d = self._flat["dp_cp"]._unflatten(

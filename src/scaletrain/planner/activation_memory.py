@@ -13,6 +13,7 @@ from .head_memory import (
     embedding_backward_bytes,
     fused_loss_chunk,
     head_activation_bytes,
+    head_grad_bytes,
     held_logits_bytes,
     loss_backward_bytes,
 )
@@ -23,6 +24,7 @@ __all__ = [
     "activation_bytes",
     "head_activation_bytes",
     "loss_backward_bytes",
+    "head_grad_bytes",
     "selective_layer_bytes",
     "selective_recompute_bytes",
     "mlp_backward_work_bytes",

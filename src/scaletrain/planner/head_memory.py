@@ -1,6 +1,7 @@
 """The last and first stage's activation terms per GPU, per micro-batch (torch-free): the head's
 stored inputs (`head_activation_bytes`), the fused loss's chunk and backward temporaries
-(`fused_loss_chunk`, `loss_backward_bytes`), the logits the training loop holds
+(`fused_loss_chunk`, `loss_backward_bytes`), the head weight's gradient the fused loss
+returns (`head_grad_bytes`), the logits the training loop holds
 (`held_logits_bytes`) and the embedding backward's temporaries (`embedding_backward_bytes`).
 
 Units: bytes; `GB` in docstrings means 1e9 bytes. Every function answers for ONE rank.
@@ -13,6 +14,7 @@ from scaletrain.config import ModelConfig
 __all__ = [
     "head_activation_bytes",
     "fused_loss_chunk",
+    "head_grad_bytes",
     "loss_backward_bytes",
     "embedding_backward_bytes",
     "held_logits_bytes",
@@ -76,17 +78,19 @@ def loss_backward_bytes(
     still stored (the peak of most steps).
 
     fused (models/loss.py's backward, per chunk of c tokens and V_l = V/t head rows): the
-    hidden-state gradient e*s_l*b*h; the head gradient accumulator V_l*h in the weight's dtype
-    (`weight_bytes`: 4 for fp32 parameters, 2 for FSDP2's 16-bit unsharded weight); the
-    chunk's recomputed logits, fp32 c*V_l*4 beside their 16-bit matmul output or gradient
-    cast c*V_l*e (none in fp32; the fp32 chunk is freed before one chunk's weight-gradient
-    product, e*V_l*h, exists, so that product is not on top); an fp32 weight under 16-bit
-    compute (DDP / ZeRO-1 autocast) adds the loss's own 16-bit cast of it, e*V_l*h.
+    hidden-state gradient e*s_l*b*h; the chunk's recomputed logits, fp32 c*V_l*4 beside their
+    16-bit matmul output or gradient cast c*V_l*e (none in fp32; the fp32 chunk is freed
+    before one chunk's weight-gradient product, e*V_l*h, exists, so that product is not on
+    top); an fp32 weight (`weight_bytes` 4) under 16-bit compute (DDP / ZeRO-1 autocast) adds
+    the loss's own 16-bit cast of it, e*V_l*h. Not counted: the head weight's gradient, which
+    the backward accumulates in place and returns as the parameter's gradient (AccumulateGrad
+    takes it as .grad, FSDP2 reduce-scatters it): `head_grad_bytes`, a separate term.
     Everything is /t: nothing of the full vocabulary exists on a tp rank. Measured with
     MemTracker under fake tensors (1024 tokens, GPT-2's vocabulary): bf16 weight 387.6 MB
-    (these terms to 0.1 MB); fp32 weight under autocast 541.9 MB, these terms with the
-    weight's cast; dry-run, llama3-8b-L1 tp8+sp z0 bf16: the loss-backward peak's
-    temporaries are these terms to the byte (607.8 MB, of which the cast 131.3 MB).
+    (these terms with `head_grad_bytes` to 0.1 MB); fp32 weight under autocast 541.9 MB, with
+    the weight's cast; dry-run, llama3-8b-L1 tp8+sp z0 bf16: the loss-backward peak's
+    temporaries are these terms and the head gradient to the byte (607.8 MB, of which the
+    cast 131.3 MB).
     not fused (a logits path, as `head_activation_bytes`): the fp32 gradient of the
     log-softmax output and of the logits, 2 x 4*s_l*b*V, NOT divided by tp (the dry-run
     measures the full vocabulary under loss_parallel: the stored logits are sharded, the
@@ -101,13 +105,31 @@ def loss_backward_bytes(
     c = min(fused_loss_chunk(model, tp=tp, chunk_tokens=chunk_tokens), tok)
     table = float(v_local) * model.dim
     # fp32 compute: the matmul output is the fp32 chunk itself (no 16-bit companion)
-    out = e * tok * model.dim + weight_bytes * table + c * v_local * (4 + (e if e < 4 else 0))
+    out = e * tok * model.dim + c * v_local * (4 + (e if e < 4 else 0))
     if weight_bytes > e:
         # an fp32 weight under 16-bit compute: the loss's own cast of it, alive through the
         # backward (`weight.to(hidden.dtype)`; the rank's autocast in-flight copies leave
         # the head out, `state_memory.model_state_bytes(uncast_params=...)`)
         out += e * table
     return out
+
+
+def head_grad_bytes(
+    model: ModelConfig, *, tp: int = 1, fused: bool = True, weight_bytes: int = 4
+) -> float:
+    """The head weight's gradient as the fused loss's backward returns it, weight_bytes*V_l*h
+    (V_l = V/t rows; `weight_bytes`: 4 for fp32 parameters, 2 for FSDP2's 16-bit unsharded
+    weight): models/loss.py allocates it once (`zeros_like(weight)`), accumulates every chunk
+    into it in place and returns it as the weight's gradient, which AccumulateGrad takes as
+    .grad without a copy (or adds into an existing .grad under gradient accumulation, where the
+    states count .grad) and FSDP2 reduce-scatters. It is alive from the loss backward on; the
+    ZeRO-2/3 moments after it hold it as the root unit's unsharded gradient
+    (`rank_moments.root_in_backward`). Ignores: not fused (a plain head Linear), whose weight
+    gradient is not counted at the loss backward. Source: the MemTracker measurement of
+    `loss_backward_bytes` (the V x h accumulator in the weight's dtype)."""
+    if not fused:
+        return 0.0
+    return float(weight_bytes) * -(-model.vocab_size // tp) * model.dim
 
 
 def embedding_backward_bytes(

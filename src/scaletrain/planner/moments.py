@@ -168,6 +168,8 @@ class LossBackward:
     head_acts: float
     grads: float
     loss_temp: float
+    head_grad: float
+    """The head weight's gradient the fused loss returns (`head_memory.head_grad_bytes`)."""
 
     @property
     def total(self) -> float:
@@ -180,6 +182,7 @@ class LossBackward:
             + self.head_acts
             + self.grads
             + self.loss_temp
+            + self.head_grad
         )
 
 
@@ -227,7 +230,8 @@ class RankMemory:
     """`memory.model_state_bytes` of the rank."""
     buffer_terms: dict
     buffers: float
-    """Sum of the buffer terms, with the loss and embedding backward temporaries."""
+    """Sum of the buffer terms, with the loss and embedding backward temporaries and the
+    head gradient the fused loss returns."""
     activations: float
     per_layer: float
     step_temp: float

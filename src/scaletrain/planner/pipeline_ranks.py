@@ -1,7 +1,8 @@
 """The pipeline-schedule geometry of the per-rank memory model: which pipeline ranks can be
-the worst (`rank_candidates`) and, walking a rank's action order, the backward moments of a
-pipeline rank (`schedule_moments`). Used by `rank_memory`; kept apart from `pipeline.py`
-(bubble and in-flight counts of the time model), which it reads.
+the worst (`rank_candidates`), walking a rank's action order, the backward moments of a
+pipeline rank (`schedule_moments`), and a pipeline rank's buffers (`pipeline_buffers`). Used
+by `rank_memory`; kept apart from `pipeline.py` (bubble and in-flight counts of the time
+model), which it reads.
 """
 
 from __future__ import annotations
@@ -10,10 +11,11 @@ import functools
 
 from scaletrain.config import stage_layer_ranges
 
-from .memory import stage_layer_counts
+from .memory import pp_recv_buffer_bytes, stage_layer_counts
 from .pipeline import inflight_per_rank, rank_order
+from .types import PlanInput
 
-__all__ = ["rank_candidates", "schedule_moments"]
+__all__ = ["pipeline_buffers", "rank_candidates", "schedule_moments"]
 
 
 @functools.lru_cache(maxsize=8192)
@@ -91,3 +93,31 @@ def schedule_moments(
             kept.append(x)
             best[x[2:]] = x[1]
     return tuple(sorted(kept))
+
+
+def pipeline_buffers(
+    plan: PlanInput, bufs: dict, buffers: float, rank: int, m: int
+) -> tuple[dict, float]:
+    """The buffers of a pipeline rank: the receive buffers torch keeps per micro-batch, and
+    each chunk's own rotary tables."""
+    L = plan.layout
+    recv = pp_recv_buffer_bytes(
+        hidden=plan.model.dim,
+        tokens=plan.seq_len / L.cp * plan.micro_batch,
+        precision=plan.precision,
+        zero=L.zero,
+        tp=L.tp,
+        sp=L.sp,
+        pp=L.pp,
+        virtual=L.pp_virtual,
+        rank=rank,
+        microbatches=m,
+    )
+    buffers += recv - bufs.get("pp_p2p", 0.0)
+    bufs = dict(bufs, pp_p2p=recv)
+    if "rope_tables" in bufs and L.pp_virtual > 1:
+        # each chunk's stage module keeps its own cos/sin buffers (dry-run, interleaved
+        # v2: 2 x 2.1 MB of module buffers on rank 1)
+        buffers += (L.pp_virtual - 1) * bufs["rope_tables"]
+        bufs["rope_tables"] *= L.pp_virtual
+    return bufs, buffers

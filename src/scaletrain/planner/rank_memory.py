@@ -22,12 +22,11 @@ from .memory import (
 )
 from .moments import ForwardBackward, Moment, OptimizerStep, RankMemory
 from .pipeline import inflight_per_rank
-from .pipeline_ranks import rank_candidates, schedule_moments
+from .pipeline_ranks import pipeline_buffers, rank_candidates, schedule_moments
 from .rank_moments import (
     embedding_moment,
     loss_moment,
     moment_total,
-    pipeline_buffers,
     stored_activations,
     zero_moments,
 )
@@ -132,13 +131,13 @@ def _rank_memory(
         cands = [*zero_moments(plan, terms.counts, st, *held, acts_terms, rank), step]
     else:  # states with the FSDP units in flight, every buffer, activations/grads
         cands = [ForwardBackward(fixed, buffers, fwdbwd), step]
-    loss_tmp = emb_tmp = 0.0
+    loss_terms = emb_tmp = 0.0
     if last:
         extra = acts_terms[1] if layers else 0.0
         args = (fixed, buffers, fsdp, quant, count, m, acts - extra, moments, acts_terms)
         loss = loss_moment(plan, st, *args, bwd_terms[0], layers, bwd_terms[2])
-        loss_tmp = loss.loss_temp
-        bufs = dict(bufs, loss_backward_temp=loss_tmp)
+        loss_terms = loss.loss_temp + loss.head_grad
+        bufs = dict(bufs, loss_backward_temp=loss.loss_temp, head_grad=loss.head_grad)
         cands.append(loss)
     if rank == 0 and layers and plan.offload == "none":
         emb_tmp = bwd_terms[3]
@@ -156,7 +155,7 @@ def _rank_memory(
         total,
         st,
         bufs,
-        buffers + loss_tmp + emb_tmp,
+        buffers + loss_terms + emb_tmp,
         acts,
         acts_terms[0],
         step_tmp,

@@ -1,15 +1,19 @@
 """The named moments of one pipeline rank's memory (`moments.py`'s dataclasses), built from
 its cached terms: the ZeRO-2/3 backward moments (`zero_moments`), the last stage's loss
 backward (`loss_moment`), the first stage's embedding backward (`embedding_moment`), and the
-pieces they share (stored activations, a pipeline rank's buffers, the root unit through a
-ZeRO-3 backward). `rank_memory._rank_memory` takes the largest.
+pieces they share (stored activations, the root unit through a ZeRO-3 backward).
+`rank_memory._rank_memory` takes the largest.
 """
 
 from __future__ import annotations
 
 from scaletrain.config import ParamCounts, fused_head_loss
 
-from .memory import loss_backward_bytes, mlp_backward_work_bytes, pp_recv_buffer_bytes
+from .memory import (
+    head_grad_bytes,
+    loss_backward_bytes,
+    mlp_backward_work_bytes,
+)
 from .moments import (
     EmbeddingBackward,
     LossBackward,
@@ -23,7 +27,6 @@ from .types import PlanInput
 __all__ = [
     "root_in_backward",
     "embedding_moment",
-    "pipeline_buffers",
     "stored_activations",
     "zero_moments",
     "loss_moment",
@@ -96,34 +99,6 @@ def embedding_moment(
     return EmbeddingBackward(
         states, grads_rest * max(0.0, other), held_logits if last else 0.0, tmp, ctx
     )
-
-
-def pipeline_buffers(
-    plan: PlanInput, bufs: dict, buffers: float, rank: int, m: int
-) -> tuple[dict, float]:
-    """The buffers of a pipeline rank: the receive buffers torch keeps per micro-batch, and
-    each chunk's own rotary tables."""
-    L = plan.layout
-    recv = pp_recv_buffer_bytes(
-        hidden=plan.model.dim,
-        tokens=plan.seq_len / L.cp * plan.micro_batch,
-        precision=plan.precision,
-        zero=L.zero,
-        tp=L.tp,
-        sp=L.sp,
-        pp=L.pp,
-        virtual=L.pp_virtual,
-        rank=rank,
-        microbatches=m,
-    )
-    buffers += recv - bufs.get("pp_p2p", 0.0)
-    bufs = dict(bufs, pp_p2p=recv)
-    if "rope_tables" in bufs and L.pp_virtual > 1:
-        # each chunk's stage module keeps its own cos/sin buffers (dry-run, interleaved
-        # v2: 2 x 2.1 MB of module buffers on rank 1)
-        buffers += (L.pp_virtual - 1) * bufs["rope_tables"]
-        bufs["rope_tables"] *= L.pp_virtual
-    return bufs, buffers
 
 
 def stored_activations(
@@ -234,7 +209,14 @@ def zero_moments(
     if plan.ac == "full":
         bwd += recompute  # the block being recomputed (its whole no-AC set)
     if layers:
-        early = (block_stored + accumulated + recompute, blk, more, wc)
+        stored = block_stored
+        if m == 1 and L.pp == 1:
+            # or the last block's backward next to every later block's gradient, where a
+            # block's grads outweigh its activations (fp32 expert-parallel experts under
+            # ZeRO-3: dry-run, mixtral-8x7b dp8 z3 ep8 selective, peak in block 1's backward
+            # with blocks 2.. 's grads: -2.5% at 8 blocks with only the stored-acts side)
+            stored = max(stored, per_layer + grads_rest * (layers - 1) / layers)
+        early = (stored + accumulated + recompute, blk, more, wc)
         bwd, copies, block_buffers = _early_block_backward(plan, *early, bwd, copies, bufs, buffers)
     out: list[Moment] = [
         ZeroBlockBackward(rest, block_buffers, fsdp, root_live, head_held, copies, bwd, held)
@@ -361,7 +343,8 @@ def loss_moment(
     block: float,
 ) -> LossBackward:
     """The last stage's loss backward: every activation still stored plus the cross-entropy
-    backward temporaries (`loss_backward_bytes`). FSDP2 has resharded every block (ZeRO-3),
+    backward temporaries (`loss_backward_bytes`) and the head weight's gradient the fused loss
+    returns (`head_grad_bytes`). FSDP2 has resharded every block (ZeRO-3),
     so in-flight ZeRO-3 copies and FSDP buffers are left out, except the last block's
     all-gather that the root's pre-backward prefetches (ZeRO-3, pp = 1; `block` = one
     block's parameters); accumulated grads (m > 1) are held. Pipelines: each loss backward
@@ -375,20 +358,22 @@ def loss_moment(
     # the head weight the fused loss reads: FSDP2's 16-bit unsharded copy under ZeRO-2/3
     # with 16-bit compute, else the fp32 parameter
     weight_bytes = 2 if (L.zero >= 2 and plan.precision != "fp32") else 4
+    fused = fused_head_loss(L)
     loss_tmp = loss_backward_bytes(
         plan.model,
         seq_len=plan.seq_len,
         micro_batch=plan.micro_batch,
         tp=L.tp,
         cp=L.cp,
-        fused=fused_head_loss(L),
+        fused=fused,
         precision=plan.precision,
         weight_bytes=weight_bytes,
         chunk_tokens=plan.loss_chunk_tokens,
     )
+    head = head_grad_bytes(plan.model, tp=L.tp, fused=fused, weight_bytes=weight_bytes)
     resting, held = _loss_resting(plan, st, fixed, count, m, root_live, layers, block)
     if L.pp == 1:
-        return LossBackward(resting, buffers, fsdp, quant, stored, 0.0, held, loss_tmp)
+        return LossBackward(resting, buffers, fsdp, quant, stored, 0.0, held, loss_tmp, head)
     return max(
         (
             LossBackward(
@@ -400,6 +385,7 @@ def loss_moment(
                 hd * head_acts,
                 held if g else 0.0,
                 loss_tmp,
+                head,
             )
             for lay, hd, g, is_loss in moments
             if is_loss
