@@ -125,3 +125,74 @@ def test_head_gradient_accumulator_becomes_the_weight_grad_without_a_copy(dtype)
     linear_cross_entropy(hidden, weight, torch.randint(0, 100, (64,)), chunk_tokens=16).backward()
     assert weight.grad is not None and weight.grad.dtype == torch.float32
     assert incoming == [weight.grad.data_ptr()]
+
+
+def _bf16_head_grads(hidden, weight, targets, chunk):
+    """Loss and gradients of an fp32 head under bf16 compute (the DDP / ZeRO-1 autocast case)."""
+    h = hidden.detach().to(torch.bfloat16).clone().requires_grad_()
+    w = weight.detach().float().clone().requires_grad_()
+    loss = linear_cross_entropy(h, w, targets, chunk_tokens=chunk)
+    loss.backward()
+    return loss.detach().double(), h.grad.double(), w.grad.double()
+
+
+@pytest.mark.parametrize("rows", [1, 7, 16])
+def test_fp32_head_under_bf16_is_cast_in_blocks(monkeypatch, rows):
+    """A head larger than WEIGHT_CAST_BYTES in the compute dtype is cast and multiplied in
+    blocks of rows: no (V, h) 16-bit tensor is ever created (neither the cast nor a chunk's
+    weight-gradient product), and the results equal the unblocked path's to bf16 rounding.
+
+    Tolerance: both paths multiply the same bf16 operands with fp32 accumulation; they differ
+    in where the hidden gradient's sum over V is rounded to bf16 (once per block and then
+    summed in fp32, vs once), so by a few bf16 ulps of the hidden gradient (2^-8 relative to
+    its scale, times 2 for margin); the weight gradient is accumulated in fp32 on both paths
+    from bf16 products of the same operands, which a kernel of another shape may round to
+    the other neighbouring bf16 value (one ulp, 2^-8 relative); the loss is an fp32 sum of
+    the same fp32 logits (1e-6). A wrong block offset would be off by O(1)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    import scaletrain.models.loss as loss_mod
+
+    hidden, weight, targets = _inputs(seed=5)
+    whole = _bf16_head_grads(hidden, weight, targets, chunk=8)
+    monkeypatch.setattr(loss_mod, "WEIGHT_CAST_BYTES", rows * H * 2)
+    made: list[tuple[torch.Size, torch.dtype]] = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor):
+                    made.append((t.shape, t.dtype))
+            return out
+
+    with Record():
+        blocked = _bf16_head_grads(hidden, weight, targets, chunk=8)
+    assert (torch.Size([V, H]), torch.bfloat16) not in made
+    assert (torch.Size([rows, H]), torch.bfloat16) in made  # the blocks
+    assert abs(float(blocked[0] - whole[0])) <= 1e-6 * abs(float(whole[0]))
+    _close(blocked[1], whole[1], 2 * 2**-8)
+    _close(blocked[2], whole[2], 2**-8)
+    # and against the float64 logits path, to bf16 rounding of the inputs and logits
+    ref = _grads(_reference, hidden.to(torch.bfloat16).double(), weight, targets, torch.float64)
+    assert abs(float(blocked[0] - ref[0])) <= 2**-7 * abs(float(ref[0]))
+
+
+def test_planner_counts_the_blocked_cast_and_stays_under_1_gb():
+    """The planner's copy of the block budget is the trainer's, and with it the loss's own
+    temporaries of an fp32 256k x 4096 head under bf16 (DDP / ZeRO-1) at seq 8192 x 2 stay
+    under issue #16's 1 GB (the unblocked cast alone was 2.1 GB, its product 2.1 GB more)."""
+    import dataclasses
+
+    import scaletrain.models.loss as loss_mod
+    from scaletrain.config import resolve_model
+    from scaletrain.planner.head_memory import LOSS_WEIGHT_CAST_BYTES, loss_backward_bytes
+
+    assert LOSS_WEIGHT_CAST_BYTES == loss_mod.WEIGHT_CAST_BYTES
+    model = dataclasses.replace(resolve_model("llama3-8b"), vocab_size=256_000)
+    temp = loss_backward_bytes(model, seq_len=8192, micro_batch=2, weight_bytes=4)
+    assert temp <= 1e9, temp
+    whole = dataclasses.replace(model, vocab_size=8_000)  # 8k x 4096 x 2 B: one block
+    small = loss_backward_bytes(whole, seq_len=8192, micro_batch=2, weight_bytes=4)
+    bf16_weight = loss_backward_bytes(whole, seq_len=8192, micro_batch=2, weight_bytes=2)
+    assert small - bf16_weight == 2 * 8_000 * 4096  # the whole cast, counted once

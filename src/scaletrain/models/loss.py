@@ -11,8 +11,11 @@ targets) but runs over the tokens in chunks of `chunk_tokens`:
 - backward, per chunk: the logits are recomputed (one more head matmul), turned in place into
   softmax - onehot, scaled, cast to the compute dtype, and multiplied into the hidden-state
   gradient (c, h) and the weight gradient (V, h), the latter accumulated in the weight's
-  dtype. Peak temporaries: about c x V x (4 + 2) bytes, plus one V x h product per chunk
-  when the compute dtype is not the weight's.
+  dtype. Peak temporaries: about c x V x (4 + 2) bytes.
+- an fp32 head under 16-bit compute (DDP / ZeRO-1 autocast): the head is cast and multiplied
+  in blocks of at most `WEIGHT_CAST_BYTES` (`_cast_block`), so neither its 16-bit copy nor a
+  chunk's weight-gradient product is ever a whole (V, h) tensor (a 256k x 4096 head would
+  otherwise add 2 x 2.1 GB at the loss backward).
 
 Vocabulary parallelism: `vocab` (a `VocabShard`) says this rank holds rows
 [start, start + V_local) of the head and how to all-reduce across the vocabulary group; the
@@ -40,6 +43,11 @@ LOSS_CHUNK_BYTES = 256 * 2**20
 most this many bytes (e.g. 523 tokens for a 128,256 vocabulary, 1,335 for GPT-2's 50,257)."""
 
 
+WEIGHT_CAST_BYTES = 256 * 2**20
+"""The largest 16-bit copy of (rows of) an fp32 head weight the loss makes at once; also the
+largest weight-gradient product it makes per chunk in that case."""
+
+
 @dataclass(frozen=True)
 class VocabShard:
     """This rank's slice of a vocabulary-parallel head and its group's in-place all-reduces."""
@@ -63,6 +71,45 @@ def _chunk_logits(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return (h @ w.t()).to(_acc_dtype(h.dtype))  # (c, V_local), fp32 at least
 
 
+def _cast_block(weight: torch.Tensor, dtype: torch.dtype) -> int:
+    """Head rows cast and multiplied at once: all of them when the weight is already in the
+    compute dtype (no copy), else as many as fit WEIGHT_CAST_BYTES in `dtype`."""
+    if weight.dtype == dtype:
+        return weight.shape[0]
+    per_row = weight.shape[1] * dtype.itemsize
+    return max(1, min(weight.shape[0], WEIGHT_CAST_BYTES // per_row))
+
+
+def _blocked_logits(h: torch.Tensor, weight: torch.Tensor, block: int) -> torch.Tensor:
+    """`_chunk_logits(h, weight.to(h.dtype))` with the weight cast `block` rows at a time."""
+    out = torch.empty(h.shape[0], weight.shape[0], dtype=_acc_dtype(h.dtype), device=h.device)
+    for v in range(0, weight.shape[0], block):
+        out[:, v : v + block] = h @ weight[v : v + block].to(h.dtype).t()  # (c, block)
+    return out
+
+
+def _blocked_grads(
+    g: torch.Tensor,
+    h: torch.Tensor,
+    weight: torch.Tensor,
+    block: int,
+    grad_h: torch.Tensor | None,
+    grad_w: torch.Tensor | None,
+) -> None:
+    """One chunk's hidden and weight gradients from g = d loss / d logits (c, V) in the compute
+    dtype, the weight cast `block` rows at a time; the hidden gradient's partial products over
+    the blocks are summed in fp32 and rounded once, as one matmul would."""
+    acc_h = torch.zeros(h.shape, dtype=_acc_dtype(h.dtype), device=h.device)
+    for v in range(0, weight.shape[0], block):
+        gb = g[:, v : v + block]  # (c, block)
+        if grad_h is not None:
+            acc_h.add_(gb @ weight[v : v + block].to(g.dtype))  # (c, h)
+        if grad_w is not None:
+            grad_w[v : v + block].add_(gb.t() @ h)  # (block, h), accumulated in fp32
+    if grad_h is not None:
+        grad_h.copy_(acc_h)
+
+
 def _local_targets(
     targets: torch.Tensor, start: int, size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -83,14 +130,16 @@ class _LinearCrossEntropy(torch.autograd.Function):
         vocab: VocabShard | None,
     ) -> torch.Tensor:
         # hidden: (N, h) in the compute dtype; weight: (V_local, h) in any float dtype.
-        w = weight.to(hidden.dtype)
+        block = _cast_block(weight, hidden.dtype)
+        w = weight.to(hidden.dtype) if block == weight.shape[0] else None  # (V_local, h)
         start = vocab.start if vocab is not None else 0
         valid = targets != ignore_index
         lse = torch.empty(hidden.shape[0], dtype=_acc_dtype(hidden.dtype), device=hidden.device)
         tgt_logit = torch.zeros_like(lse)
         for i in range(0, hidden.shape[0], chunk):
-            logits = _chunk_logits(hidden[i : i + chunk], w)  # (c, V_local)
-            local, rows = _local_targets(targets[i : i + chunk], start, w.shape[0])
+            h = hidden[i : i + chunk]
+            logits = _chunk_logits(h, w) if w is not None else _blocked_logits(h, weight, block)
+            local, rows = _local_targets(targets[i : i + chunk], start, weight.shape[0])
             picked = logits.gather(1, rows[:, None]).squeeze(1) * local
             row_max = logits.max(dim=1).values  # (c,)
             if vocab is not None:
@@ -112,7 +161,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
     # the stubs' backward is (ctx, *grad_outputs: Any): a named one-output signature "overrides" it
     def backward(ctx, grad_loss: torch.Tensor):  # type: ignore[override]
         hidden, weight, targets, lse, count = ctx.saved_tensors
-        w = weight.to(hidden.dtype)
+        block = _cast_block(weight, hidden.dtype)
+        w = weight.to(hidden.dtype) if block == weight.shape[0] else None  # (V_local, h)
         chunk = ctx.chunk
         grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_w = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
@@ -121,10 +171,17 @@ class _LinearCrossEntropy(torch.autograd.Function):
         scale = (targets != ctx.ignore_index).to(acc) * (grad_loss.to(acc) / count.clamp(min=1))
         for i in range(0, hidden.shape[0], chunk):
             h = hidden[i : i + chunk]
-            g = _chunk_logits(h, w).sub_(lse[i : i + chunk, None]).exp_()  # softmax (c, V_local)
-            local, rows = _local_targets(targets[i : i + chunk], ctx.start, w.shape[0])
+            logits = _chunk_logits(h, w) if w is not None else _blocked_logits(h, weight, block)
+            g = logits.sub_(lse[i : i + chunk, None]).exp_()  # softmax (c, V_local)
+            del logits
+            local, rows = _local_targets(targets[i : i + chunk], ctx.start, weight.shape[0])
             g.scatter_add_(1, rows[:, None], -local.to(acc)[:, None])
             g = g.mul_(scale[i : i + chunk, None]).to(hidden.dtype)
+            if w is None:
+                gh = grad_h[i : i + chunk] if grad_h is not None else None
+                _blocked_grads(g, h, weight, block, gh, grad_w)
+                del g
+                continue
             if grad_h is not None:
                 torch.mm(g, w, out=grad_h[i : i + chunk])  # (c, h)
             if grad_w is not None:

@@ -54,6 +54,11 @@ def head_activation_bytes(
     return r * tok * model.dim / (tp if sp else 1) + e * tok * model.dim + tail
 
 
+LOSS_WEIGHT_CAST_BYTES = 256 * 2**20
+"""models/loss.py WEIGHT_CAST_BYTES: the largest 16-bit copy of an fp32 head's rows the fused
+loss makes at once (tests/unit/test_loss_chunked.py checks the two agree)."""
+
+
 def fused_loss_chunk(model: ModelConfig, *, tp: int = 1, chunk_tokens: int = 0) -> int:
     """Tokens per chunk of the fused loss: `chunk_tokens`, or for 0 the auto rule of
     models/loss.py (`auto_chunk_tokens`: one chunk's fp32 logits <= 256 MiB of V/tp rows)."""
@@ -107,10 +112,20 @@ def loss_backward_bytes(
     # fp32 compute: the matmul output is the fp32 chunk itself (no 16-bit companion)
     out = e * tok * model.dim + c * v_local * (4 + (e if e < 4 else 0))
     if weight_bytes > e:
-        # an fp32 weight under 16-bit compute: the loss's own cast of it, alive through the
-        # backward (`weight.to(hidden.dtype)`; the rank's autocast in-flight copies leave
-        # the head out, `state_memory.model_state_bytes(uncast_params=...)`)
-        out += e * table
+        # an fp32 weight under 16-bit compute: the loss's own cast of it (the rank's autocast
+        # in-flight copies leave the head out, `state_memory.model_state_bytes(uncast_params=
+        # ...)`), whole (`weight.to(hidden.dtype)`, alive through the backward) or, above
+        # LOSS_WEIGHT_CAST_BYTES, in blocks of b rows (`_cast_block`)
+        b = min(float(v_local), max(1.0, LOSS_WEIGHT_CAST_BYTES // (e * model.dim)))
+        if b >= v_local:
+            return out + e * table
+        chunk_logits = 4 * c * v_local  # fp32 (c, V_l)
+        # recomputing the chunk's logits (a block's cast and 16-bit product beside them),
+        # then their 16-bit gradient cast; or the blocked products into the hidden gradient
+        # (fp32 (c, h) sum, a block's cast and its (c, h) product) and the weight gradient
+        logits_phase = chunk_logits + max(e * (c * b + b * model.dim), e * c * v_local)
+        grads_phase = e * c * v_local + 4 * c * model.dim + e * b * model.dim + e * c * model.dim
+        return e * tok * model.dim + max(logits_phase, grads_phase)
     return out
 
 
