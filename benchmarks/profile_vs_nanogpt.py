@@ -37,6 +37,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -239,6 +240,42 @@ def alternate(sides: dict[str, Step], rounds: int, block: int) -> dict[str, list
     return cpu
 
 
+def compile_cost(ranges: _Ranges, scratch: Path, rounds: int) -> dict[str, float]:
+    """`train.compile=true` (per-block torch.compile) against the recipe as it is: the first 3
+    steps' wall and CPU seconds (compile workers included: RUSAGE_CHILDREN), then the steady
+    per-step CPU medians, alternating."""
+
+    def cpu_all() -> float:
+        a, b = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+        return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
+
+    # a cold compile, as a fresh run's: not inductor's cache from an earlier process
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(scratch / "inductor-cache")
+    plain = scaletrain_step(scratch / "plain", ranges, [])
+    compiled = scaletrain_step(scratch / "compiled", ranges, ["--train.compile=true"])
+    timed_block(plain, 3)
+    w0, c0 = time.perf_counter(), cpu_all()
+    timed_block(compiled, 3)
+    first = {"first3_wall_s": time.perf_counter() - w0, "first3_cpu_s": cpu_all() - c0}
+    timed_block(compiled, 5)
+    cpu = alternate({"plain": plain, "compiled": compiled}, rounds, 5)
+    return {**first, **{f"{k}_step_cpu_s": statistics.median(v) for k, v in cpu.items()}}
+
+
+def _compile_line(c: dict[str, float] | None, steps: int = 2000) -> str:
+    if c is None:
+        return ""
+    gain = c["plain_step_cpu_s"] - c["compiled_step_cpu_s"]
+    return (
+        f"\n`train.compile=true` (per-block torch.compile): the first 3 steps take "
+        f"{c['first3_wall_s']:.1f} s wall, {c['first3_cpu_s']:.1f} s CPU (compile workers "
+        f"included); then {c['compiled_step_cpu_s'] * 1e3:.2f} ms CPU per step against "
+        f"{c['plain_step_cpu_s'] * 1e3:.2f} ms: {gain * steps:.1f} s over {steps} steps "
+        f"for {c['first3_cpu_s']:.1f} s of compilation (an evaluation under no_grad would "
+        "compile again): the recipe leaves it off.\n"
+    )
+
+
 def _op_rows(tables: dict[str, dict], a: str, b: str) -> str:
     """Per range: aten ops per step and profiled self CPU of sides a and b."""
     rows = []
@@ -284,7 +321,12 @@ def _projection(before: dict[str, Any] | None, ratio_after: float) -> str:
     )
 
 
-def report(args: argparse.Namespace, tables: dict, cpu: dict[str, list[float]]) -> None:
+def report(
+    args: argparse.Namespace,
+    tables: dict,
+    cpu: dict[str, list[float]],
+    compiled: dict[str, float] | None,
+) -> None:
     med = {k: statistics.median(v) for k, v in cpu.items()}
     ratio = {k: v / med["nanogpt"] for k, v in med.items()}
     before = json.loads(Path(args.before).read_text()) if args.before else None
@@ -301,6 +343,7 @@ def report(args: argparse.Namespace, tables: dict, cpu: dict[str, list[float]]) 
         + timing
         + "\n"
         + _projection(before, ratio["scaletrain"])
+        + _compile_line(compiled)
         + "\nProfiled (torch.profiler, 5 steps, per step; self CPU inflated by the profiler):"
         "\n\n| range | nanoGPT aten ops | scaletrain aten ops | nanoGPT self CPU ms | "
         "scaletrain self CPU ms |\n|---|---|---|---|---|\n"
@@ -319,6 +362,7 @@ def report(args: argparse.Namespace, tables: dict, cpu: dict[str, list[float]]) 
         "ratios": ratio,
         "ops": tables,
         "variants": args.variant,
+        "compile": compiled,
     }
     if args.out:
         _common.RESULTS = Path(args.out)
@@ -340,6 +384,7 @@ def main() -> None:
         help="another scaletrain side with these overrides (e.g. "
         "three-linears=--model.fused_qkv=false)",
     )
+    ap.add_argument("--compile", action="store_true", help="also measure train.compile=true")
     ap.add_argument("--before", default=None, help="vs_nanogpt_ops.json of a run before a change")
     ap.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
     args = ap.parse_args()
@@ -358,7 +403,8 @@ def main() -> None:
             timed_block(step, args.warmup)
         tables = {name: op_table(step, ranges, 5) for name, step in sides.items()}
         cpu = alternate(sides, args.rounds, args.block)
-    report(args, tables, cpu)
+        compiled = compile_cost(ranges, Path(tmp), args.rounds // 2) if args.compile else None
+    report(args, tables, cpu, compiled)
 
 
 if __name__ == "__main__":
