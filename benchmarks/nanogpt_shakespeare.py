@@ -3,8 +3,9 @@
 Recipe (nanoGPT README, "I only have a macbook"): 4 layers, 4 heads, 128 wide, context 64,
 batch 12, 2000 iterations, lr 1e-3 with cosine decay to 1e-4, no dropout, character tokenizer.
 The model is nanoGPT's: no biases, learned positions, tied head, the erf GELU (`nn.GELU()`,
-our `gelu_exact`); the head has 128 rows (65 characters used; with 65 rows the 2000-step val
-loss was 1.8883 against 1.8817, single runs).
+our `gelu_exact`), q/k/v from one matmul (its `c_attn`, our `fused_qkv`); the head has 128
+rows (65 characters used; with 65 rows the 2000-step val loss was 1.8883 against 1.8817,
+single runs).
 The text is read from ../shared/data/tinyshakespeare.txt (never copied into the project).
 
     python benchmarks/nanogpt_shakespeare.py [--steps 2000]
@@ -37,6 +38,7 @@ def recipe_args(data: str, steps: int, run_dir: str) -> list[str]:
         "--model.ffn_dim=512",
         "--model.bias=false",
         "--model.activation=gelu_exact",
+        "--model.fused_qkv=true",
         f"--data.source={data}",
         "--data.tokenizer=char",
         "--data.val_fraction=0.1",

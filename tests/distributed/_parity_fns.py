@@ -40,6 +40,8 @@ GLOBAL_BATCH, SEQ_LEN = 4, 16
 CONFIGS = {
     **{p: MODEL_PRESETS[p]() for p in ("tiny", "tiny-llama", "tiny-moe")},
     "tiny-llama-4l": dataclasses.replace(MODEL_PRESETS["tiny-llama"](), num_layers=4),
+    # q/k/v from one matmul (model.fused_qkv); tensor parallelism keeps three sharded Linears
+    "tiny-llama-fused": dataclasses.replace(MODEL_PRESETS["tiny-llama"](), fused_qkv=True),
 }
 
 

@@ -1,9 +1,10 @@
 """FSDP2 options and TP variants, against the same single-process reference as the parity tests.
 
 One world-2 spawn: parameter CPU offload (ZeRO-3), full and selective activation checkpointing
-composed with ZeRO-3 / TP+SP, tensor parallelism with gathered (non loss-parallel) logits, bf16
-mixed precision (loose tolerance: bf16 compute, fp32 master weights) and ZeRO-3 with expert
-parallelism (MoE x TP has its own parity rows: test_moe_tp_ep.py).
+composed with ZeRO-3 / TP+SP (and with `model.fused_qkv`), tensor parallelism with gathered
+(non loss-parallel) logits, bf16 mixed precision (loose tolerance: bf16 compute, fp32 master
+weights) and ZeRO-3 with expert parallelism (MoE x TP has its own parity rows:
+test_moe_tp_ep.py).
 """
 
 from __future__ import annotations
@@ -27,6 +28,14 @@ RUNS = {
     "bf16": ("tiny-llama", dict(dp=2, zero=3), 1, {"dtype": "bf16"}),
     # ZeRO-3 around expert-parallel experts (ep = dp): FSDP must leave the experts alone.
     "zero3_ep": ("tiny-moe", dict(dp=2, zero=3, ep=2), 1, {}),
+    # model.fused_qkv under FSDP2 (it unshards wq/wk/wv, the fused forward reads them) and
+    # selective checkpointing (the fused matmul's output is saved, the weights' cat redone)
+    "zero3_fused_qkv_ac_selective": (
+        "tiny-llama-fused",
+        dict(dp=2, zero=3),
+        1,
+        {"ac": "selective"},
+    ),
 }
 EXACT = [name for name in RUNS if name != "bf16"]
 
@@ -42,7 +51,7 @@ def references() -> dict:
     # forward), as in the parity matrix
     return {
         p: reference(p, shards=2 if p == "tiny-moe" else 1)
-        for p in ("tiny", "tiny-llama", "tiny-moe")
+        for p in ("tiny", "tiny-llama", "tiny-moe", "tiny-llama-fused")
     }
 
 

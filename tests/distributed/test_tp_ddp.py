@@ -24,6 +24,8 @@ MODES = {
     # 2 micro-batches: the shards' all-reduce must wait for accumulation to end
     "tp2xdp2/llama": ("tiny-llama", dict(dp=2, tp=2, zero=0), 2),
     "tp2xzero1/llama": ("tiny-llama", dict(dp=2, tp=2, zero=1), 1),
+    # the one-process reference fuses q/k/v, the tp ranks project with three sharded Linears
+    "tp2xdp2/llama-fused": ("tiny-llama-fused", dict(dp=2, tp=2, zero=0), 1),
     # SP: the norm weights' gradients are Partial DTensors; gpt2 ties the head to the embedding
     "tp2+spxzero1/gpt2": ("tiny", dict(dp=2, tp=2, sp=True, zero=1), 2),
 }

@@ -173,6 +173,49 @@ def test_attention_reads_local_head_counts():
     torch.testing.assert_close(total, ref, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("case", ["gpt2-mha", "llama-gqa"])
+def test_fused_qkv_equals_three_projections(case):
+    """`model.fused_qkv`: one matmul against cat([wq, wk, wv]) instead of three, the same
+    parameters and state-dict names. In float64 the two orders of the same products differ by
+    rounding only: |logit| ~ 1 and sums of <= 32 products give errors ~1e-15, held to 1e-12
+    (a wrong split would differ by O(1e-2)). gpt2-mha has biases, llama-gqa 2 KV heads."""
+    tokens = torch.randint(0, 61, (2, 24), generator=torch.Generator().manual_seed(0))
+    out = {}
+    for fused in (False, True):
+        model = build_model(CASES[case](fused_qkv=fused), device="cpu", seed=3).double()
+        logits = model(tokens)
+        causal_lm_loss(logits[:, :-1], tokens[:, 1:]).backward()
+        out[fused] = logits.detach(), {n: p.grad for n, p in model.named_parameters()}
+    torch.testing.assert_close(out[True][0], out[False][0], atol=1e-12, rtol=0)
+    assert out[True][1].keys() == out[False][1].keys()
+    for name, g in out[False][1].items():
+        torch.testing.assert_close(out[True][1][name], g, atol=1e-12, rtol=0, msg=name)
+
+
+def test_fused_qkv_keeps_three_linears_where_they_are_not_plain():
+    """fp8 swaps wq/wk/wv for its own Linear subclasses: those run (here a subclass that
+    counts its calls), not the concatenated weight."""
+    calls = []
+
+    class Counting(torch.nn.Linear):
+        def forward(self, x):
+            calls.append(1)
+            return super().forward(x)
+
+    # float64: the two paths differ by rounding only (~1e-15 at outputs of order 1)
+    attn = Attention(32, 4, 2, bias=False, backend="sdpa", fused_qkv=True).double()
+    x = torch.randn(2, 8, 32, dtype=torch.float64)
+    ref = attn(x)
+    assert not calls
+    for name in ("wq", "wk", "wv"):
+        old = getattr(attn, name)
+        new = Counting(old.in_features, old.out_features, bias=False, dtype=torch.float64)
+        new.weight = old.weight
+        setattr(attn, name, new)
+    torch.testing.assert_close(attn(x), ref, atol=1e-12, rtol=0)
+    assert len(calls) == 3
+
+
 def test_loss_is_fp32_mean_cross_entropy():
     logits = torch.randn(2, 5, 11).to(torch.bfloat16)
     targets = torch.randint(0, 11, (2, 5))

@@ -68,6 +68,11 @@ class ModelConfig:
     sliding_window: int = 0
     """0: full causal attention. W > 0 (Mistral's `sliding_window`): each query attends to
     the W most recent positions, itself included; a no-op while seq_len <= W."""
+    fused_qkv: bool = False
+    """Compute q, k and v with one matmul against the concatenated wq/wk/wv (nanoGPT's
+    `c_attn`); the parameters, checkpoints and exports stay three. A speed option: fewer,
+    larger matmuls (the nanoGPT CPU recipe turns it on); tensor parallelism and fp8 keep the
+    three Linears (`models.attention.Attention`)."""
 
     def __post_init__(self) -> None:
         if self.num_kv_heads == 0:

@@ -149,19 +149,46 @@ class Attention(nn.Module):
     `n_heads` and `n_kv_heads` are the *local* head counts: tensor parallelism shards wq/wk/wv
     column-wise and wo row-wise, then divides these attributes; forward reads them, never the
     config.
+
+    `fused_qkv` (`model.fused_qkv`): q, k and v come from one matmul against the three weights
+    concatenated (`cat([wq, wk, wv])`, as nanoGPT's `c_attn`), split after; the parameters stay
+    three Linears, so names, checkpoints and Hugging Face export do not change. Used only where
+    all three are plain `nn.Linear` (fp8 swaps them for its own modules); tensor parallelism,
+    whose hooks sit on each Linear, turns it off.
     """
 
     def __init__(
-        self, dim: int, n_heads: int, n_kv_heads: int, *, bias: bool, backend: str
+        self,
+        dim: int,
+        n_heads: int,
+        n_kv_heads: int,
+        *,
+        bias: bool,
+        backend: str,
+        fused_qkv: bool = False,
     ) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
+        self.fused_qkv = fused_qkv
         self.head_dim = dim // n_heads
         self.wq = nn.Linear(dim, n_heads * self.head_dim, bias=bias)
         self.wk = nn.Linear(dim, n_kv_heads * self.head_dim, bias=bias)
         self.wv = nn.Linear(dim, n_kv_heads * self.head_dim, bias=bias)
         self.wo = nn.Linear(n_heads * self.head_dim, dim, bias=bias)
         self.core = make_attention_core(backend)
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(q, k, v) of x: (B, T, h), each (B, T, heads * hd)."""
+        lins = (self.wq, self.wk, self.wv)
+        if not (self.fused_qkv and all(type(m) is nn.Linear for m in lins)):
+            return self.wq(x), self.wk(x), self.wv(x)
+        # backward: one matmul for the input's gradient and one for the three weights'
+        # (the split's gradients meet in one (B, T, q + 2 kv) tensor), instead of three each
+        weight = torch.cat(tuple(m.weight for m in lins))
+        biases = tuple(m.bias for m in lins if m.bias is not None)
+        bias = torch.cat(biases) if len(biases) == 3 else None
+        q, k, v = F.linear(x, weight, bias).split([m.out_features for m in lins], dim=-1)
+        return q, k, v
 
     def forward(
         self,
@@ -174,9 +201,10 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         b, t, _ = x.shape
         hd = self.head_dim
-        q = self.wq(x).view(b, t, self.n_heads, hd).transpose(1, 2)  # (B, nh, T, hd)
-        k = self.wk(x).view(b, t, self.n_kv_heads, hd).transpose(1, 2)  # (B, nkv, T, hd)
-        v = self.wv(x).view(b, t, self.n_kv_heads, hd).transpose(1, 2)  # (B, nkv, T, hd)
+        q, k, v = self._project(x)
+        q = q.view(b, t, self.n_heads, hd).transpose(1, 2)  # (B, nh, T, hd)
+        k = k.view(b, t, self.n_kv_heads, hd).transpose(1, 2)  # (B, nkv, T, hd)
+        v = v.view(b, t, self.n_kv_heads, hd).transpose(1, 2)  # (B, nkv, T, hd)
         if cos is not None and sin is not None:
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         # mask / documents go by keyword only when set: the ring attention core takes no mask,

@@ -81,7 +81,12 @@ class TransformerBlock(nn.Module):
         super().__init__()
         self.attention_norm = _norm(cfg)
         self.attention = Attention(
-            cfg.dim, cfg.num_heads, cfg.num_kv_heads, bias=cfg.bias, backend=cfg.attention
+            cfg.dim,
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            bias=cfg.bias,
+            backend=cfg.attention,
+            fused_qkv=cfg.fused_qkv,
         )
         self.ffn_norm = _norm(cfg)
         if cfg.is_moe:

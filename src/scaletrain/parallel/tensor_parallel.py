@@ -267,6 +267,7 @@ def apply_tp(
             moe.experts = TensorParallelExperts(moe.experts, mesh)
         block.attention.n_heads //= tp
         block.attention.n_kv_heads //= tp
+        block.attention.fused_qkv = False  # the sharding hooks sit on each of wq, wk, wv
     if model.tok_embeddings is not None:
         model.tok_embeddings = VocabParallelEmbedding.from_embedding(
             model.tok_embeddings, mesh, sequence_parallel=sp

@@ -169,7 +169,8 @@ def forward_backward(
         with maybe_no_sync(run.model, k == accum - 1), loss_context(tp_mesh(run.dims)):
             with autocast(job.precision, run.device.type), hooks.microbatch(k):
                 loss = run.model(inputs, targets=targets, **model_kw)  # fused head+loss
-                total = loss + moe_aux_loss(run.model)
+                # a dense model has no load-balancing loss: no walk over its modules per step
+                total = loss + moe_aux_loss(run.model) if job.model.is_moe else loss
             hooks.event(f"loss:{k}")
             # mean-reduced accumulation: k micro-batches == one batch k times larger
             run.scaler.scale_loss(total / accum).backward()
