@@ -120,7 +120,9 @@ def _local_targets(
 
 def _forward_whole_vocab(
     hidden: torch.Tensor,
-    w: torch.Tensor,
+    weight: torch.Tensor,
+    w: torch.Tensor | None,
+    block: int,
     targets: torch.Tensor,
     chunk: int,
     valid: torch.Tensor,
@@ -130,11 +132,14 @@ def _forward_whole_vocab(
     chunk's logits become log-probabilities in place (`log_softmax(out=)`, one fused pass
     instead of max, subtract, exp, sum and log: about a fifth of their CPU time for a 768 x 128
     chunk, one thread), the loss gathers -log p(target), and the per-token log-sum-exp the
-    backward needs is logit - log p of column 0. Fills `lse`; returns (loss, count)."""
+    backward needs is logit - log p of column 0. `w`: the head in the compute dtype, or None
+    to cast `weight` in blocks of `block` rows (`_cast_block`). Fills `lse`; returns (loss,
+    count)."""
     nll = torch.empty_like(lse)
     rows = torch.where(valid, targets, torch.zeros_like(targets))  # ignored: any valid row
     for i in range(0, hidden.shape[0], chunk):
-        logits = _chunk_logits(hidden[i : i + chunk], w)  # (c, V)
+        h = hidden[i : i + chunk]
+        logits = _chunk_logits(h, w) if w is not None else _blocked_logits(h, weight, block)
         first = logits[:, 0].clone()
         logp = torch.log_softmax(logits, dim=1, out=logits)  # in place: no second buffer
         lse[i : i + chunk] = first - logp[:, 0]
@@ -162,7 +167,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         valid = targets != ignore_index
         lse = torch.empty(hidden.shape[0], dtype=_acc_dtype(hidden.dtype), device=hidden.device)
         if vocab is None:
-            loss, count = _forward_whole_vocab(hidden, w, targets, chunk, valid, lse)
+            loss, count = _forward_whole_vocab(hidden, weight, w, block, targets, chunk, valid, lse)
             ctx.save_for_backward(hidden, weight, targets, lse, count)
             ctx.chunk, ctx.ignore_index, ctx.start = chunk, ignore_index, start
             return loss
