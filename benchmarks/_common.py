@@ -78,3 +78,17 @@ def write_results(name: str, data: dict[str, Any], markdown: str) -> tuple[Path,
     )
     mpath.write_text(markdown.rstrip() + foot)
     return jpath, mpath
+
+
+def default_job_args(steps: int, run_dir: Path) -> list[str]:
+    """`scaletrain train` on the embedded default job for `steps` steps into `run_dir`, with
+    nothing but the steps timed: no progress bar, sample, resume or evaluation."""
+    return [
+        "train",
+        f"--train.steps={steps}",
+        f"--train.run_dir={run_dir}",
+        "--train.progress=false",
+        "--train.sample_tokens=0",
+        "--checkpoint.resume=never",
+        "--train.eval_every=100000",
+    ]

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from _common import default_job_args
+
 AFTER = Path(__file__).resolve().parents[1]
 
 
@@ -26,15 +28,7 @@ def tokens_per_s(run_dir: Path) -> float:
 
 
 def train_once(tree: Path, run_dir: Path, steps: int) -> float:
-    args = [
-        "train",
-        f"--train.steps={steps}",
-        f"--train.run_dir={run_dir}",
-        "--train.progress=false",
-        "--train.sample_tokens=0",
-        "--checkpoint.resume=never",
-        "--train.eval_every=100000",
-    ]
+    args = default_job_args(steps, run_dir)
     p = subprocess.run(
         [sys.executable, "-m", "scaletrain", *args],
         env=tree_env(tree),

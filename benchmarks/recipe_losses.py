@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import write_results  # noqa: E402
+from _common import default_job_args, write_results  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BEFORE_COMMIT = "56e20cf^1"
@@ -51,15 +51,7 @@ def extract_before(dest: Path) -> Path:
 def losses(tree: Path, threads: int, steps: int, run_dir: Path) -> list[float]:
     """The default job's per-step training losses from `tree` at `threads` threads."""
     env = {**os.environ, "PYTHONPATH": str(tree / "src"), "OMP_NUM_THREADS": str(threads)}
-    args = [
-        "train",
-        f"--train.steps={steps}",
-        f"--train.run_dir={run_dir}",
-        "--train.progress=false",
-        "--train.sample_tokens=0",
-        "--checkpoint.resume=never",
-        "--train.eval_every=100000",
-    ]
+    args = default_job_args(steps, run_dir)
     p = subprocess.run(
         [sys.executable, "-m", "scaletrain", *args],
         env=env,
