@@ -37,12 +37,24 @@ def git_revision() -> str:
         return "unknown"
 
 
+def _cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (platform.processor() is empty on Linux):
+    timings from two sessions are only comparable on the same CPU."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
 def machine() -> dict[str, Any]:
     info: dict[str, Any] = {
         "platform": platform.platform(),
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
-        "processor": platform.processor(),
+        "processor": platform.processor() or _cpu_model(),
     }
     try:
         import torch
