@@ -26,8 +26,9 @@ from scaletrain.trainer import train  # noqa: E402
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
 
 
-def recipe_args(data: str, steps: int, run_dir: str) -> list[str]:
-    """The nanoGPT CPU recipe as scaletrain overrides (also run by vs_nanogpt.py)."""
+def recipe_args(data: str, steps: int, run_dir: str, precision: str = "fp32") -> list[str]:
+    """The nanoGPT CPU recipe as scaletrain overrides (also run by vs_nanogpt.py); `precision`
+    is `precision.dtype` (nanoGPT's train.py runs fp32 on a CPU whatever its --dtype says)."""
     return [
         "--model.name=gpt-mini",
         "--model.vocab_size=128",
@@ -58,6 +59,7 @@ def recipe_args(data: str, steps: int, run_dir: str) -> list[str]:
         "--optim.beta2=0.99",
         "--optim.weight_decay=0.1",
         "--train.sample_tokens=300",
+        f"--precision.dtype={precision}",
     ]
 
 
@@ -66,10 +68,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--data", default=str(DATA))
     ap.add_argument("--run-dir", default="runs/nanogpt_shakespeare")
+    ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
     args = ap.parse_args()
     if not Path(args.data).is_file():
         sys.exit(f"tinyshakespeare not found at {args.data}: pass --data PATH")
-    job = load_config(None, recipe_args(args.data, args.steps, args.run_dir))
+    job = load_config(None, recipe_args(args.data, args.steps, args.run_dir, args.precision))
     t0 = time.perf_counter()
     r = train(job)
     wall = time.perf_counter() - t0
@@ -79,13 +82,15 @@ def main() -> None:
         "train_loss": r.final_loss,
         "wall_s": wall,
         "tokens_per_s": r.tokens_per_s,
+        "precision": args.precision,
         "reference": "nanoGPT README reports val loss ~1.88 for this recipe on CPU",
         "sample": r.sample,
     }
     md = (
-        "| recipe | steps | val loss | train loss | wall time | tokens/s |\n"
-        "|---|---|---|---|---|---|\n"
-        f"| nanoGPT CPU (4L/4H/128, ctx 64, batch 12, char) | {r.steps} | {r.val_loss:.4f} | "
+        "| recipe | precision | steps | val loss | train loss | wall time | tokens/s |\n"
+        "|---|---|---|---|---|---|---|\n"
+        f"| nanoGPT CPU (4L/4H/128, ctx 64, batch 12, char) | {args.precision} | {r.steps} | "
+        f"{r.val_loss:.4f} | "
         f"{r.final_loss:.4f} | {wall:.0f} s | {r.tokens_per_s:,.0f} |\n\n"
         "nanoGPT's README reports ~1.88 validation loss for the same recipe.\n\n"
         f"Sample:\n\n```\n{r.sample}\n```"

@@ -3,11 +3,18 @@
 nanoGPT's `train.py` runs from ../shared/peers/nanoGPT/ (never copied into the project) in a
 scratch directory that holds its data: `data/shakespeare_char/prepare.py` (linked there, so it
 writes beside the link) turns ../shared/data/tinyshakespeare.txt into train.bin/val.bin/meta.pkl.
-scaletrain runs `python -m scaletrain train` with `nanogpt_shakespeare.recipe_args`. Both are
-whole processes (start-up, data preparation, evaluation and checkpoints included), run
-alternately A B A B ... so that load on the host hits both alike; the wall-time ratio is taken
-per pair and the median reported, beside each process's CPU seconds (user + system: less
-disturbed than wall time by other load on a shared host).
+scaletrain runs `python -m scaletrain train` with `nanogpt_shakespeare.recipe_args`. All are
+whole processes (start-up, data preparation, evaluation and checkpoints included), run in
+rounds whose order rotates, so that load on the host hits every side alike; the wall-time
+ratio is taken per round and the median reported, beside each process's CPU seconds (user +
+system: less disturbed than wall time by other load on a shared host).
+
+Precision: nanoGPT's train.py runs fp32 on a CPU whatever its --dtype says (its autocast
+context is CUDA-only; `--dtype=float32` here keeps its GradScaler off). scaletrain runs the
+recipe in fp32 (the same arithmetic) and, where the CPU multiplies bf16 at least 1.5x faster
+than fp32 (`_common.bf16_matmul_speedup`: AVX512-BF16 or AMX hosts), also in bf16 autocast
+with fp32 master weights and fp32 AdamW (`precision.dtype=bf16`) — what a training system
+does on hardware with bf16 units; the val loss column says whether it costs accuracy.
 
 Where scaletrain's time goes comes from the run itself: the trainer writes its phase clock
 (`scaletrain.clock`: plan, data, setup, steps, eval, checkpoint, finish) into run_info.json with
@@ -18,10 +25,9 @@ forward, backward, clip, optimizer) and the loop's per-step logging and metrics.
 The recipe (nanoGPT README, "I only have a macbook"): 4 layers, 4 heads, 128 wide, context 64,
 batch 12, 2000 iterations, lr 1e-3 cosine to 1e-4, 100 warm-up, beta2 0.99, no dropout,
 characters. nanoGPT evaluates 20 batches of each split every 250 iterations; scaletrain
-evaluates 40 validation batches (the same forward work). nanoGPT runs fp32 (`--dtype=float32`:
-its default would ask for fp16 on a host without CUDA); scaletrain's default on CPU is fp32.
+evaluates 40 validation batches (the same forward work).
 
-    python benchmarks/vs_nanogpt.py [--pairs 3] [--steps 2000] [--threads N]
+    python benchmarks/vs_nanogpt.py [--pairs 3] [--steps 2000] [--threads N] [--precisions auto]
     python benchmarks/vs_nanogpt.py --pairs 3 --steps 300 --threads 1 --out /tmp/x  # quick A/B
 """
 
@@ -121,10 +127,10 @@ def run_nanogpt(scratch: Path, steps: int, threads: int | None) -> dict[str, flo
 
 
 def run_scaletrain(
-    scratch: Path, text: Path, steps: int, threads: int | None, pair: int
+    scratch: Path, text: Path, steps: int, threads: int | None, tag: str, precision: str
 ) -> dict[str, Any]:
-    run_dir = scratch / f"scaletrain-run-{pair}"  # a fresh one: metrics.jsonl is appended to
-    args = recipe_args(str(text), steps, str(run_dir))
+    run_dir = scratch / f"scaletrain-run-{tag}"  # a fresh one: metrics.jsonl is appended to
+    args = recipe_args(str(text), steps, str(run_dir), precision)
     args = [a for a in args if not a.startswith(("--train.sample_tokens", "--train.eval_batches"))]
     args += [
         "--train.sample_tokens=0",
@@ -184,12 +190,142 @@ def phases(
     return {name: out.get(name, 0.0) for name, _ in PHASE_ROWS}
 
 
+def scaletrain_precisions(spec: str, threads: int | None) -> tuple[list[str], float]:
+    """The scaletrain sides to run ('fp32,bf16', or 'auto': fp32, plus bf16 where this CPU
+    multiplies bf16 at least 1.5x faster than fp32) and the measured bf16 matmul speedup."""
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+    speedup = _common.bf16_matmul_speedup()
+    if spec != "auto":
+        return [p.strip() for p in spec.split(",") if p.strip()], speedup
+    return (["fp32", "bf16"] if speedup >= 1.5 else ["fp32"]), speedup
+
+
+def run_rounds(
+    args: argparse.Namespace, text: Path, precisions: list[str]
+) -> list[dict[str, dict[str, Any]]]:
+    """`args.pairs` rounds of nanoGPT and each scaletrain side, the order rotated every round
+    so that a drift in host load does not favour one side; per round the wall and CPU ratio
+    of each scaletrain side to that round's nanoGPT."""
+    rounds = []
+    sides = ["nanogpt", *(f"scaletrain-{p}" for p in precisions)]
+    with tempfile.TemporaryDirectory(prefix="vs_nanogpt-") as tmp:
+        scratch = Path(tmp)
+        prepare_nanogpt(scratch, text)
+        for i in range(args.pairs):
+            r = i % len(sides)
+            rnd: dict[str, dict[str, Any]] = {}
+            for who in sides[r:] + sides[:r]:
+                rnd[who] = (
+                    run_nanogpt(scratch, args.steps, args.threads)
+                    if who == "nanogpt"
+                    else run_scaletrain(
+                        scratch, text, args.steps, args.threads, f"{i}-{who}", who.split("-")[1]
+                    )
+                )
+                print(f"round {i + 1} {who}: {rnd[who]}", flush=True)
+            rnd["ratio"] = {
+                p: {
+                    key: rnd[f"scaletrain-{p}"][f"{key}_s"] / rnd["nanogpt"][f"{key}_s"]
+                    for key in ("wall", "cpu")
+                }
+                for p in precisions
+            }
+            rounds.append(rnd)
+    return rounds
+
+
+def summary(rounds: list[dict[str, dict[str, Any]]], precisions: list[str]) -> dict[str, Any]:
+    med = statistics.median
+    out: dict[str, Any] = {
+        "nanogpt_val_loss_median": med(r["nanogpt"]["val_loss"] for r in rounds),
+        "nanogpt_wall_s_median": med(r["nanogpt"]["wall_s"] for r in rounds),
+    }
+    for p in precisions:
+        side = f"scaletrain-{p}"
+        out[p] = {
+            "median_wall_ratio": med(r["ratio"][p]["wall"] for r in rounds),
+            "median_cpu_ratio": med(r["ratio"][p]["cpu"] for r in rounds),
+            "val_loss_median": med(r[side]["val_loss"] for r in rounds),
+            "wall_s_median": med(r[side]["wall_s"] for r in rounds),
+            "phases_s_median": {
+                name: med(r[side]["phases_s"][name] for r in rounds) for name, _ in PHASE_ROWS
+            },
+        }
+    return out
+
+
+def markdown(
+    args: argparse.Namespace, rounds: list[dict[str, Any]], s: dict[str, Any], speedup: float
+) -> str:
+    precisions = [p for p in ("fp32", "bf16") if p in s]
+    head = "| round | nanoGPT wall | " + " | ".join(
+        f"scaletrain {p} wall | ratio | CPU-time ratio" for p in precisions
+    )
+    rows = "\n".join(
+        f"| {i + 1} | {r['nanogpt']['wall_s']:.1f} s | "
+        + " | ".join(
+            f"{r[f'scaletrain-{p}']['wall_s']:.1f} s | {r['ratio'][p]['wall']:.3f}x | "
+            f"{r['ratio'][p]['cpu']:.3f}x"
+            for p in precisions
+        )
+        + " |"
+        for i, r in enumerate(rounds)
+    )
+    lines = "\n".join(
+        f"- **scaletrain {p}: median wall-time ratio {s[p]['median_wall_ratio']:.3f}x** "
+        f"nanoGPT's (CPU time {s[p]['median_cpu_ratio']:.3f}x), val loss "
+        f"{s[p]['val_loss_median']:.4f} vs nanoGPT's {s['nanogpt_val_loss_median']:.4f}"
+        for p in precisions
+    )
+    phase_rows = "\n".join(
+        f"| {name} | "
+        + " | ".join(
+            f"{s[p]['phases_s_median'][name]:.2f} s "
+            f"({s[p]['phases_s_median'][name] / sum(s[p]['phases_s_median'].values()):.1%})"
+            for p in precisions
+        )
+        + f" | {what} |"
+        for name, what in PHASE_ROWS
+    )
+    return (
+        f"nanoGPT's CPU recipe, {args.steps} iterations, run in rotating order on one host "
+        f"(OMP_NUM_THREADS={args.threads or 'inherited'}). nanoGPT's train.py runs fp32 on a "
+        "CPU (its autocast context is CUDA-only); scaletrain runs the recipe in fp32 (the same "
+        "arithmetic) and, where this CPU multiplies bf16 faster, in bf16 autocast with fp32 "
+        f"master weights (`precision.dtype=bf16`). bf16 matmul speedup on this CPU at the "
+        f"recipe's MLP shape: {speedup:.2f}x.\n\n"
+        + head
+        + " |\n|---|---|"
+        + "---|---|---|" * len(precisions)
+        + "\n"
+        + rows
+        + "\n\n"
+        + lines
+        + "\n\nWhere scaletrain's wall time goes (median over the rounds, from the run's own "
+        "phase clock in run_info.json; see the module docstring):\n\n| phase | "
+        + " | ".join(precisions)
+        + " | what |\n|---|"
+        + "---|" * len(precisions)
+        + "---|\n"
+        + phase_rows
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--pairs", type=int, default=3, help="rounds (each runs every side once)")
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument(
         "--threads", type=int, default=None, help="OMP_NUM_THREADS for both (default: inherit)"
+    )
+    ap.add_argument(
+        "--precisions",
+        default="auto",
+        help="scaletrain sides, e.g. 'fp32' or 'fp32,bf16' (default auto: fp32, plus bf16 "
+        "where this CPU's bf16 matmul is >= 1.5x faster)",
     )
     ap.add_argument("--data", default=str(DATA))
     ap.add_argument(
@@ -206,67 +342,19 @@ def main() -> None:
         sys.exit(f"tinyshakespeare not found at {text}: pass --data PATH")
     if not (PEER / "train.py").is_file():
         sys.exit(f"nanoGPT not found at {PEER}: the peers live in ../shared/peers/")
-    pairs = []
-    with tempfile.TemporaryDirectory(prefix="vs_nanogpt-") as tmp:
-        scratch = Path(tmp)
-        prepare_nanogpt(scratch, text)
-        for i in range(args.pairs):
-            # alternate which goes first, so a drift in host load does not favour one side
-            order = ("nanogpt", "scaletrain") if i % 2 == 0 else ("scaletrain", "nanogpt")
-            pair: dict[str, dict[str, Any]] = {}
-            for who in order:
-                pair[who] = (
-                    run_nanogpt(scratch, args.steps, args.threads)
-                    if who == "nanogpt"
-                    else run_scaletrain(scratch, text, args.steps, args.threads, i)
-                )
-                print(f"pair {i + 1} {who}: {pair[who]}", flush=True)
-            pair["ratio"] = {
-                "wall": pair["scaletrain"]["wall_s"] / pair["nanogpt"]["wall_s"],
-                "cpu": pair["scaletrain"]["cpu_s"] / pair["nanogpt"]["cpu_s"],
-            }
-            pairs.append(pair)
-    ratios = [p["ratio"]["wall"] for p in pairs]
-    med = statistics.median(ratios)
-    med_cpu = statistics.median(p["ratio"]["cpu"] for p in pairs)
-    phase_med = {
-        name: statistics.median(p["scaletrain"]["phases_s"][name] for p in pairs)
-        for name, _ in PHASE_ROWS
-    }
+    precisions, speedup = scaletrain_precisions(args.precisions, args.threads)
+    if not precisions or any(p not in ("fp32", "bf16") for p in precisions):
+        sys.exit(f"--precisions {args.precisions!r}: use 'auto' or a list of fp32, bf16")
+    rounds = run_rounds(args, text, precisions)
+    s = summary(rounds, precisions)
     data = {
         "steps": args.steps,
         "threads": args.threads,
-        "pairs": pairs,
-        "median_wall_ratio": med,
-        "median_cpu_ratio": med_cpu,
-        "scaletrain_phases_s_median": phase_med,
-        "nanogpt_val_loss_median": statistics.median(p["nanogpt"]["val_loss"] for p in pairs),
-        "scaletrain_val_loss_median": statistics.median(p["scaletrain"]["val_loss"] for p in pairs),
+        "bf16_matmul_speedup": speedup,
+        "rounds": rounds,
+        **s,
     }
-    rows = "\n".join(
-        f"| {i + 1} | {p['nanogpt']['wall_s']:.1f} s | {p['scaletrain']['wall_s']:.1f} s | "
-        f"{p['ratio']['wall']:.3f}x | {p['ratio']['cpu']:.3f}x | {p['nanogpt']['val_loss']:.4f} | "
-        f"{p['scaletrain']['val_loss']:.4f} |"
-        for i, p in enumerate(pairs)
-    )
-    total = sum(phase_med.values())
-    phase_rows = "\n".join(
-        f"| {name} | {phase_med[name]:.2f} s | {phase_med[name] / total:.1%} | {what} |"
-        for name, what in PHASE_ROWS
-    )
-    md = (
-        f"nanoGPT's CPU recipe, {args.steps} iterations, run alternately on one host "
-        f"(OMP_NUM_THREADS={args.threads or 'inherited'}).\n\n"
-        "| pair | nanoGPT wall | scaletrain wall | ratio | CPU-time ratio | nanoGPT val | "
-        "scaletrain val |\n|---|---|---|---|---|---|---|\n"
-        + rows
-        + f"\n\n**Median wall-time ratio scaletrain / nanoGPT: {med:.3f}x** "
-        f"(val loss {data['scaletrain_val_loss_median']:.4f} vs "
-        f"{data['nanogpt_val_loss_median']:.4f}); median CPU-time ratio {med_cpu:.3f}x.\n\n"
-        "Where scaletrain's wall time goes (median over the pairs, from the run's own phase "
-        "clock in run_info.json; see the module docstring):\n\n"
-        "| phase | wall | share | what |\n|---|---|---|---|\n" + phase_rows
-    )
+    md = markdown(args, rounds, s, speedup)
     _common.write_results("vs_nanogpt", data, md)
     print(md)
 

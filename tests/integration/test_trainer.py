@@ -196,3 +196,23 @@ def test_optimizer_offload_trains_and_resumes_like_adamw(tmp_path):
     )
     rest = train(_job(tmp_path, "off", "--train.steps=6", "--memory.offload=optimizer"))
     assert first.losses + rest.losses == ref.losses
+
+
+def test_sample_of_a_char_model_whose_head_has_more_rows_than_characters(tmp_path):
+    """A 1-step model over 20 characters with a 128-row head: near-uniform logits would pick
+    a row past the characters almost surely in 60 draws (it raised IndexError in decode)."""
+    chars = "The abcdfgijklmnopq\n"
+    text = tmp_path / "text.txt"
+    text.write_text(chars * 4000)
+    r = train(
+        _job(
+            tmp_path,
+            "char",
+            f"--data.source={text}",
+            "--data.tokenizer=char",
+            "--model.vocab_size=128",
+            "--train.steps=1",
+            "--train.sample_tokens=60",
+        )
+    )
+    assert len(r.sample) == 60 and set(r.sample) <= set(chars)

@@ -413,6 +413,7 @@ def _sample(run: Run, data: DataBundle) -> str:
             device=run.device,
             pad_multiple=run.dims.tp,
             logits_fn=layout_logits_fn(run),
+            vocab=data.tokenizer.vocab_size,
         )
     return data.tokenizer.decode(ids)
 

@@ -45,8 +45,13 @@ def generate(
     device: torch.device | str = "cpu",
     pad_multiple: int = 1,
     logits_fn: LogitsFn | None = None,
+    vocab: int | None = None,
 ) -> list[int]:
     """Autoregressively extend `prompt` by `num_tokens` ids (top-k, temperature sampling).
+
+    `vocab`: sample only ids below it, the ones the tokenizer can decode (a model's head may
+    have more rows: padded for tensor parallelism or to a round size, as nanoGPT's 65
+    characters over 128 rows; an undertrained model gives those rows probability).
 
     Every rank must call this together when the model is sharded (FSDP/TP collectives run in
     forward); the seeded generator keeps the ranks' choices identical. `logits_fn` replaces
@@ -61,7 +66,7 @@ def generate(
     for _ in range(num_tokens):
         window = ids[-context:]
         x = torch.tensor([window], dtype=torch.long, device=device)
-        logits = fn(x)[0, len(window) - 1].float().cpu() / max(temperature, 1e-5)
+        logits = fn(x)[0, len(window) - 1, :vocab].float().cpu() / max(temperature, 1e-5)
         if top_k:
             kth = torch.topk(logits, min(top_k, logits.numel())).values[-1]
             logits = logits.masked_fill(logits < kth, float("-inf"))
