@@ -128,7 +128,7 @@ RECIPES: dict[str, Recipe] = {
             "place and writes its gradient in place: 2 x 2 B counted = "
             "the other buffer's 4 B beyond the loss's saved 4 B. The "
             "1B3 benchmarks (bigscience experiments/tr3m-1B3.md, "
-            "written 2021-12-01) ran Megatron-DeepSpeed 06cfbec7, whose "
+            "written 2021-12-01) ran Megatron-DeepSpeed of that day (06cfbec7), whose "
             "mpu/cross_entropy.py works in place (unchanged since "
             "2020-10-20, no clone of the logits at the default "
             "branch's head either); a clone would save a 4 B copy more",
