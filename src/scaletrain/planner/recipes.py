@@ -126,12 +126,12 @@ RECIPES: dict[str, Recipe] = {
             "the buffers hold fp32 logits; mpu/cross_entropy.py "
             "_VocabParallelCrossEntropy softmaxes the current one in "
             "place and writes its gradient in place: 2 x 2 B counted = "
-            "the other buffer's 4 B beyond the loss's saved 4 B (the "
-            "clone in vocab_parallel_cross_entropy came with "
-            "bigscience Megatron-DeepSpeed PR #155, later than its "
-            "PRs #75-76 of 2021-08-26; whether the 1B3 benchmarks ran "
-            "it is not stated; with it the saved softmax is a 4 B "
-            "copy more)",
+            "the other buffer's 4 B beyond the loss's saved 4 B. The "
+            "1B3 benchmarks (bigscience experiments/tr3m-1B3.md, "
+            "written 2021-12-01) ran Megatron-DeepSpeed of that day (06cfbec7), whose "
+            "mpu/cross_entropy.py works in place (unchanged since "
+            "2020-10-20, no clone of the logits at the default "
+            "branch's head either); a clone would save a 4 B copy more",
             "weight_bytes": "deepspeed/runtime/zero/stage_1_and_2.py "
             "DeepSpeedZeroOptimizer: bit16_groups (the model's 16-bit "
             "params); stage3.py DeepSpeedZeroOptimizer_Stage3: 16-bit "
@@ -148,7 +148,13 @@ RECIPES: dict[str, Recipe] = {
             "ddp_bucket": "deepspeed/runtime/zero/config.py DeepSpeedZeroConfig: "
             "reduce_bucket_size default 5e8 elements, allgather_bucket_size "
             "5e8; stage_1_and_2.py ipg_buffer in the param dtype (contiguous"
-            "_gradients)",
+            "_gradients). DeepSpeed's big-science branch (c7f3bc51c, "
+            "2021-08-30), which the BigScience 1B3 rows ran, forces "
+            "contiguous_gradients off at stage 1 (engine.py "
+            "_configure_zero_optimizer): no ipg_buffer, stage2.py "
+            "reduce_ipg_grads flattens <= reduce_bucket_size elements at "
+            "the pipeline's ReduceGrads only (benchmarks/README.md, issue "
+            "#20); master honours contiguous_gradients at stage 1",
             "fsdp_prefetch_params": "zero/config.py stage3_prefetch_bucket_size default 5e7",
             "loss": "Megatron-DeepSpeed runs Megatron's vocab-parallel cross-entropy "
             "(megatron/core/tensor_parallel/cross_entropy.py)",
