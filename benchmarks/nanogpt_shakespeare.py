@@ -28,7 +28,16 @@ DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespear
 
 def recipe_args(data: str, steps: int, run_dir: str, precision: str = "fp32") -> list[str]:
     """The nanoGPT CPU recipe as scaletrain overrides (also run by vs_nanogpt.py); `precision`
-    is `precision.dtype` (nanoGPT's train.py runs fp32 on a CPU whatever its --dtype says)."""
+    is `precision.dtype` (nanoGPT's train.py runs fp32 on a CPU whatever its --dtype says).
+
+    bf16 also takes `model.attention=naive`: at context 64 on a CPU the S x S attention as
+    matmuls (bf16 bmm, fp32 softmax: `NaiveAttentionCore`) beats the flash kernel, whose bf16
+    backward costs 3x its fp32 one at this shape (12 x 4 heads x 64 x 32: 3.08 vs 1.05 ms
+    forward + backward, two threads, AMD EPYC, 2026-11-28); a step of the recipe measured
+    24.4 ms with SDPA and 16.3 ms with it (nanoGPT's fp32 step: 31-35 ms). fp32 gains
+    nothing from it (31.8 vs 31.3 ms), so fp32 keeps SDPA. The scores' memory, quadratic in
+    the context, is 12 x 4 x 64 x 64 x 4 B = 0.8 MB a layer here."""
+    attention = ["--model.attention=naive"] if precision == "bf16" else []
     return [
         "--model.name=gpt-mini",
         "--model.vocab_size=128",
@@ -60,6 +69,7 @@ def recipe_args(data: str, steps: int, run_dir: str, precision: str = "fp32") ->
         "--optim.weight_decay=0.1",
         "--train.sample_tokens=300",
         f"--precision.dtype={precision}",
+        *attention,
     ]
 
 

@@ -13,8 +13,9 @@ Precision: nanoGPT's train.py runs fp32 on a CPU whatever its --dtype says (its 
 context is CUDA-only; `--dtype=float32` here keeps its GradScaler off). scaletrain runs the
 recipe in fp32 (the same arithmetic) and, where the CPU multiplies bf16 at least 1.5x faster
 than fp32 (`_common.bf16_matmul_speedup`: AVX512-BF16 or AMX hosts), also in bf16 autocast
-with fp32 master weights and fp32 AdamW (`precision.dtype=bf16`) — what a training system
-does on hardware with bf16 units; the val loss column says whether it costs accuracy.
+with fp32 master weights and fp32 AdamW (`precision.dtype=bf16`, with the S x S attention
+core whose softmax runs in fp32: `recipe_args` says why) — what a training system does on
+hardware with bf16 units; the val loss column says whether it costs accuracy.
 
 Where scaletrain's time goes comes from the run itself: the trainer writes its phase clock
 (`scaletrain.clock`: plan, data, setup, steps, eval, checkpoint, finish) into run_info.json with
