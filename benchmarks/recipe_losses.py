@@ -35,10 +35,11 @@ BEFORE_COMMIT = "56e20cf^1"
 THREADS = (1, 2)
 
 
-def extract_before(dest: Path) -> Path:
-    """The tree before the recipe: `git archive BEFORE_COMMIT src` unpacked into dest."""
+def extract_before(dest: Path, commit: str = BEFORE_COMMIT) -> Path:
+    """The tree before a change (default: the memory recipe): `git archive COMMIT src`
+    unpacked into dest."""
     archive = subprocess.run(
-        ["git", "archive", "--format=tar", BEFORE_COMMIT, "src"],
+        ["git", "archive", "--format=tar", commit, "src"],
         cwd=ROOT,
         capture_output=True,
         check=True,
