@@ -106,6 +106,28 @@ def default_job_args(steps: int, run_dir: Path) -> list[str]:
     ]
 
 
+def default_job_records(
+    tree: Path, steps: int, run_dir: Path, env: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """Run the default job (`default_job_args`) from the source tree `tree` (its src/ on
+    PYTHONPATH) as its own process, with `env` added; the records of its metrics.jsonl."""
+    import sys
+
+    full_env = {**os.environ, "PYTHONPATH": str(tree / "src"), **(env or {})}
+    p = subprocess.run(
+        [sys.executable, "-m", "scaletrain", *default_job_args(steps, run_dir)],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        cwd=run_dir.parent,
+        check=False,
+    )
+    if p.returncode:
+        raise SystemExit(f"train from {tree} failed: {p.stderr.strip().splitlines()[-1:]}")
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(x) for x in lines]
+
+
 def bf16_matmul_speedup(m: int = 768, k: int = 128, n: int = 512, seconds: float = 0.3) -> float:
     """fp32 time over bf16 time of one (m, k) @ (k, n) CPU matmul at torch's current threads
     (medians of repeats over about `seconds` each). About 3.5 on a CPU with AVX512-BF16 dot

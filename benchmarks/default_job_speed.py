@@ -18,16 +18,13 @@ restructuring); the ratio is the whole tree's, not #24's alone.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import default_job_args, write_results  # noqa: E402
+from _common import default_job_records, write_results  # noqa: E402
 from recipe_losses import extract_before  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,18 +33,7 @@ BEFORE_COMMIT = "f675546^1"
 
 def tokens_per_s(tree: Path, steps: int, run_dir: Path) -> float:
     """Median steady-state tokens/s of the default job run from `tree`."""
-    env = {**os.environ, "PYTHONPATH": str(tree / "src")}
-    p = subprocess.run(
-        [sys.executable, "-m", "scaletrain", *default_job_args(steps, run_dir)],
-        env=env,
-        capture_output=True,
-        text=True,
-        cwd=run_dir.parent,
-        check=False,
-    )
-    if p.returncode:
-        raise SystemExit(f"train from {tree} failed: {p.stderr.strip().splitlines()[-1:]}")
-    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    recs = default_job_records(tree, steps, run_dir)
     rates = [float(r["tokens_per_s"]) for r in recs if "tokens_per_s" in r]
     return statistics.median(rates[len(rates) // 10 :])
 

@@ -19,8 +19,6 @@ steps).
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -28,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import default_job_args, write_results  # noqa: E402
+from _common import default_job_records, write_results  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BEFORE_COMMIT = "56e20cf^1"
@@ -51,19 +49,7 @@ def extract_before(dest: Path, commit: str = BEFORE_COMMIT) -> Path:
 
 def losses(tree: Path, threads: int, steps: int, run_dir: Path) -> list[float]:
     """The default job's per-step training losses from `tree` at `threads` threads."""
-    env = {**os.environ, "PYTHONPATH": str(tree / "src"), "OMP_NUM_THREADS": str(threads)}
-    args = default_job_args(steps, run_dir)
-    p = subprocess.run(
-        [sys.executable, "-m", "scaletrain", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        cwd=run_dir.parent,
-        check=False,
-    )
-    if p.returncode:
-        raise SystemExit(f"train from {tree} failed: {p.stderr.strip().splitlines()[-1:]}")
-    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    recs = default_job_records(tree, steps, run_dir, {"OMP_NUM_THREADS": str(threads)})
     return [float(r["loss"]) for r in recs if "loss" in r]
 
 
