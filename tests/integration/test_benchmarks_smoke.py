@@ -290,3 +290,48 @@ def test_memory_recipe_error_line_skips_torch_logs():
     assert mr.error_line(f"{err}\n{warn}\n", 2) == err
     assert mr.error_line(f"{warn}\n  warnings.warn(\n", 1) == "exit 1"
     assert mr.error_line("x.py:3: UserWarning: deprecated\nboom\n", 1) == "boom"
+
+
+def _vs_round(nano: float, walls: dict[str, float]) -> dict:
+    phases = {name: 1.0 for name, _ in _load("vs_nanogpt").PHASE_ROWS}
+    r = {"nanogpt": {"wall_s": nano, "cpu_s": 2 * nano, "val_loss": 1.9}}
+    for p, w in walls.items():
+        r[f"scaletrain-{p}"] = {"wall_s": w, "cpu_s": 2 * w, "val_loss": 1.8, "phases_s": phases}
+    r["ratio"] = {p: {"wall": w / nano, "cpu": w / nano} for p, w in walls.items()}
+    return r
+
+
+def test_vs_nanogpt_summary_takes_the_median_of_round_ratios():
+    """Three rounds with known walls: the median of the per-round ratios per precision (not
+    the ratio of medians), every phase row in the table, each side's column."""
+    vs = _load("vs_nanogpt")
+    rounds = [
+        _vs_round(100.0, {"fp32": 90.0, "bf16": 60.0}),
+        _vs_round(80.0, {"fp32": 96.0, "bf16": 40.0}),
+        _vs_round(120.0, {"fp32": 96.0, "bf16": 96.0}),
+    ]
+    s = vs.summary(rounds, ["fp32", "bf16"])
+    assert s["fp32"]["median_wall_ratio"] == pytest.approx(0.9)  # 0.9, 1.2, 0.8
+    assert s["bf16"]["median_wall_ratio"] == pytest.approx(0.6)  # 0.6, 0.5, 0.8
+    assert s["nanogpt_wall_s_median"] == 100.0
+    args = type("A", (), {"steps": 2000, "threads": None})()
+    md = vs.markdown(args, rounds, s, speedup=4.0)
+    assert "scaletrain fp32: median wall-time ratio 0.900x" in md
+    assert "scaletrain bf16: median wall-time ratio 0.600x" in md
+    assert all(f"| {name} |" in md for name, _ in vs.PHASE_ROWS)
+
+
+def test_vs_nanogpt_precisions_auto_follows_the_measured_bf16_speedup(monkeypatch):
+    vs = _load("vs_nanogpt")
+    monkeypatch.setattr(vs._common, "bf16_matmul_speedup", lambda: 4.0)
+    assert vs.scaletrain_precisions("auto", None) == (["fp32", "bf16"], 4.0)
+    monkeypatch.setattr(vs._common, "bf16_matmul_speedup", lambda: 0.7)
+    assert vs.scaletrain_precisions("auto", None) == (["fp32"], 0.7)
+    assert vs.scaletrain_precisions("bf16", None)[0] == ["bf16"]
+
+
+def test_nanogpt_recipe_bf16_takes_the_naive_attention_core():
+    ns = _load("nanogpt_shakespeare")
+    fp32, bf16 = (ns.recipe_args("x.txt", 10, "run", p) for p in ("fp32", "bf16"))
+    assert "--precision.dtype=fp32" in fp32 and not any("attention" in a for a in fp32)
+    assert "--precision.dtype=bf16" in bf16 and "--model.attention=naive" in bf16
