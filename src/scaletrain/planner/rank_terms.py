@@ -17,6 +17,7 @@ from scaletrain.config import (
     fused_head_loss,
 )
 
+from .activation_memory import naive_backward_net_bytes
 from .memory import (
     buffer_terms,
     embedding_backward_bytes,
@@ -180,9 +181,9 @@ def _expert_casts(plan: PlanInput, terms: ModelTerms) -> float:
 def _activation_terms(
     plan: PlanInput, terms: ModelTerms, modern: bool
 ) -> tuple[float, float, float, float]:
-    """(stored bytes per block, what one block re-creates while it is recomputed in backward
-    (full: its whole no-AC set; selective: `memory.selective_recompute_bytes`; none: 0), head
-    bytes, logits the loop holds) per micro-batch, cached."""
+    """(stored bytes per block, what one block adds in backward (full: its no-AC set; selective:
+    `selective_recompute_bytes`; none: 0; + naive attention's S x S grads, `_naive_backward`),
+    head bytes, logits the loop holds) per micro-batch, cached."""
     L, model = plan.layout, plan.model
     # autocast on fp32 params: DDP and ZeRO-1; ZeRO-2/3 are FSDP2 with 16-bit parameters
     residual_fp32 = plan.precision != "fp32" and L.zero < 2
@@ -253,9 +254,31 @@ def _activation_terms(
             sp=L.sp,
             e=4 if p == "fp32" else 2,
         )
+    recompute += _naive_backward(plan, modern, residual_fp32)
     out = (per_layer, recompute, head, held)
     terms.acts[key] = out
     return out
+
+
+def _naive_backward(plan: PlanInput, modern: bool, residual_fp32: bool) -> float:
+    """The S x S gradients of the block whose naive attention core is in backward, beside what
+    that block still holds then (`activation_memory.naive_backward_net_bytes`); counted where
+    the recompute is, as a block's backward extra. 0 for SDPA and for Korthikanti's model."""
+    if not modern or plan.model.attention != "naive":
+        return 0.0
+    L = plan.layout
+    return naive_backward_net_bytes(
+        plan.model,
+        seq_len=plan.seq_len,
+        micro_batch=plan.micro_batch,
+        tp=L.tp,
+        sp=L.sp,
+        cp=L.cp,
+        precision=plan.precision,
+        compile=plan.compile,
+        residual_fp32=residual_fp32,
+        ep=L.ep,
+    )
 
 
 def _buffers(

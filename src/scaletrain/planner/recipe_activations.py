@@ -106,6 +106,7 @@ def recipe_layer_bytes(plan: PlanInput, recipe: Recipe, ac: str | None = None) -
         compile=plan.compile,
         residual_fp32=False,
         ep=L.ep,
+        naive_probs_only=True,  # a fused 16-bit softmax: no fp32 S x S copy is kept
         # an eager RMSNorm on x.float() saves the fp32 upcast beside the cast-back output
         # (torchtitan/models/llama3/model.py RMSNorm: self._norm(x.float()).type_as(x) *
         # self.weight); a fused kernel saves its 16-bit input and rstd (torchtitan
