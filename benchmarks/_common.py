@@ -7,6 +7,7 @@ import json
 import os
 import platform
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -111,8 +112,6 @@ def default_job_records(
 ) -> list[dict[str, Any]]:
     """Run the default job (`default_job_args`) from the source tree `tree` (its src/ on
     PYTHONPATH) as its own process, with `env` added; the records of its metrics.jsonl."""
-    import sys
-
     full_env = {**os.environ, "PYTHONPATH": str(tree / "src"), **(env or {})}
     p = subprocess.run(
         [sys.executable, "-m", "scaletrain", *default_job_args(steps, run_dir)],

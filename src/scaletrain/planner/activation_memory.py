@@ -138,11 +138,17 @@ def layer_activation_bytes(
         upcast=rmsnorm_upcast,
     )
     attn = _attention_bytes(model, tok, seq_len, micro_batch, tp, cp, e, fp8, naive_probs_only)
-    if model.is_moe:
-        mlp = _moe_bytes(model, tok=tok, tp=tp, ep=ep, e=e, fp8=fp8, compile=compile)
-    else:
-        mlp = _mlp_bytes(model, tok=tok, tp=tp, e=e, fp8=fp8, compile=compile)
+    mlp = _mlp_part(model, tok=tok, tp=tp, ep=ep, e=e, fp8=fp8, compile=compile)
     return norms + inputs + attn + mlp
+
+
+def _mlp_part(
+    model: ModelConfig, *, tok: float, tp: int, ep: int, e: int, fp8: bool, compile: bool
+) -> float:
+    """The MLP's saved intermediates of one block: `_moe_bytes` for MoE, else `_mlp_bytes`."""
+    if model.is_moe:
+        return _moe_bytes(model, tok=tok, tp=tp, ep=ep, e=e, fp8=fp8, compile=compile)
+    return _mlp_bytes(model, tok=tok, tp=tp, e=e, fp8=fp8, compile=compile)
 
 
 def _norm_and_input_bytes(
@@ -248,10 +254,7 @@ def naive_backward_net_bytes(
         mlp_in = n_in * tok * h
     else:
         mlp_in = e * tok * h * (n_in if residual_fp32 else 1)
-    if model.is_moe:
-        mlp = _moe_bytes(model, tok=tok, tp=tp, ep=ep, e=e, fp8=fp8, compile=compile)
-    else:
-        mlp = _mlp_bytes(model, tok=tok, tp=tp, e=e, fp8=fp8, compile=compile)
+    mlp = _mlp_part(model, tok=tok, tp=tp, ep=ep, e=e, fp8=fp8, compile=compile)
     freed = norms / 2 + mlp_in + mlp + e * tok * h / tp
     gross = naive_backward_bytes(model, seq_len=seq_len, micro_batch=micro_batch, tp=tp, cp=cp, e=e)
     return max(0.0, gross - freed)
