@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..numerics import upcast
+
 __all__ = [
     "Attention",
     "NaiveAttentionCore",
@@ -56,7 +58,7 @@ class NaiveAttentionCore(nn.Module):
             mask = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(diagonal=s - t)
         # (..., nh/g*T, S): row j is query position j % T
         mask = mask.repeat(*([1] * (mask.dim() - 2)), nh // g, 1)
-        scores = scores.float().masked_fill(~mask, float("-inf"))
+        scores = upcast(scores).masked_fill(~mask, float("-inf"))
         probs = torch.softmax(scores, dim=-1).to(q.dtype)
         return (probs @ v).view(b, nh, t, hd)  # (B, nh, T, hd)
 
@@ -139,7 +141,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     """Rotate x: (B, nh, T, hd) by cos/sin: (T, hd) or (B, T, hd); math in fp32."""
     if cos.dim() == 3:
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (B, 1, T, hd)
-    xf = x.float()
+    xf = upcast(x)
     return (xf * cos + _rotate_half(xf) * sin).to(x.dtype)
 
 

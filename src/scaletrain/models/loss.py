@@ -36,6 +36,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..numerics import acc_dtype
+
 __all__ = ["VocabShard", "auto_chunk_tokens", "linear_cross_entropy"]
 
 LOSS_CHUNK_BYTES = 256 * 2**20
@@ -63,12 +65,8 @@ def auto_chunk_tokens(vocab_local: int) -> int:
     return max(1, LOSS_CHUNK_BYTES // (4 * max(1, vocab_local)))
 
 
-def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.promote_types(dtype, torch.float32)  # fp32, or float64 for float64 inputs
-
-
 def _chunk_logits(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    return (h @ w.t()).to(_acc_dtype(h.dtype))  # (c, V_local), fp32 at least
+    return (h @ w.t()).to(acc_dtype(h.dtype))  # (c, V_local), fp32 at least
 
 
 def _cast_block(weight: torch.Tensor, dtype: torch.dtype) -> int:
@@ -82,7 +80,7 @@ def _cast_block(weight: torch.Tensor, dtype: torch.dtype) -> int:
 
 def _blocked_logits(h: torch.Tensor, weight: torch.Tensor, block: int) -> torch.Tensor:
     """`_chunk_logits(h, weight.to(h.dtype))` with the weight cast `block` rows at a time."""
-    out = torch.empty(h.shape[0], weight.shape[0], dtype=_acc_dtype(h.dtype), device=h.device)
+    out = torch.empty(h.shape[0], weight.shape[0], dtype=acc_dtype(h.dtype), device=h.device)
     for v in range(0, weight.shape[0], block):
         out[:, v : v + block] = h @ weight[v : v + block].to(h.dtype).t()  # (c, block)
     return out
@@ -99,7 +97,7 @@ def _blocked_grads(
     """One chunk's hidden and weight gradients from g = d loss / d logits (c, V) in the compute
     dtype, the weight cast `block` rows at a time; the hidden gradient's partial products over
     the blocks are summed in fp32 and rounded once, as one matmul would."""
-    acc_h = torch.zeros(h.shape, dtype=_acc_dtype(h.dtype), device=h.device)
+    acc_h = torch.zeros(h.shape, dtype=acc_dtype(h.dtype), device=h.device)
     for v in range(0, weight.shape[0], block):
         gb = g[:, v : v + block]  # (c, block)
         if grad_h is not None:
@@ -165,7 +163,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         w = weight.to(hidden.dtype) if block == weight.shape[0] else None  # (V_local, h)
         start = vocab.start if vocab is not None else 0
         valid = targets != ignore_index
-        lse = torch.empty(hidden.shape[0], dtype=_acc_dtype(hidden.dtype), device=hidden.device)
+        lse = torch.empty(hidden.shape[0], dtype=acc_dtype(hidden.dtype), device=hidden.device)
         if vocab is None:
             loss, count = _forward_whole_vocab(hidden, weight, w, block, targets, chunk, valid, lse)
             ctx.save_for_backward(hidden, weight, targets, lse, count)

@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..numerics import upcast
+
 __all__ = [
     "EXPERT_WEIGHTS",
     "ExpertWeights",
@@ -206,7 +208,7 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, h = x.shape
         flat = x.reshape(b * t, h)  # (N, h)
-        logits = self.router(flat).float()  # (N, E), routing math in fp32
+        logits = upcast(self.router(flat))  # (N, E), routing math in fp32
         top_logits, top_idx = torch.topk(logits, self.top_k, dim=-1)  # (N, k)
         weights = torch.softmax(top_logits, dim=-1)  # (N, k)
 
@@ -223,7 +225,7 @@ class MoE(nn.Module):
         else:
             counts = torch.bincount(top_idx.reshape(-1), minlength=self.num_experts)  # (E,)
             dispatch = counts
-        frac = counts.float() / top_idx.numel()
+        frac = counts.to(logits.dtype) / top_idx.numel()
         probs_mean = torch.softmax(logits, dim=-1).mean(dim=0)  # (E,)
         aux = self.num_experts * (frac * probs_mean).sum()
         if not _in_backward():

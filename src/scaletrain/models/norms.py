@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..numerics import upcast
+
 __all__ = ["RMSNorm", "rms_norm16"]
 
 _HALF = (torch.bfloat16, torch.float16)
@@ -70,7 +72,7 @@ def rms_norm16(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tenso
     casts are no-ops, autograd's backward, the default job's path unchanged)."""
     if x.dtype in _HALF:
         return _RMSNorm16.apply(x, weight, eps)
-    return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
+    return weight * F.rms_norm(upcast(x), (x.shape[-1],), eps=eps).to(x.dtype)
 
 
 class RMSNorm(nn.Module):

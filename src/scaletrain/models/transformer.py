@@ -30,6 +30,7 @@ from torch import nn
 
 from scaletrain.config import ModelConfig
 
+from ..numerics import upcast
 from .attention import Attention, RotaryEmbedding
 from .documents import document_layout
 from .loss import linear_cross_entropy
@@ -265,7 +266,7 @@ def causal_lm_loss(
     logits: (B, T, V); targets: (B, T), already shifted (targets[:, i] follows tokens[:, i]).
     """
     loss = F.cross_entropy(
-        logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=ignore_index
+        upcast(logits).reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=ignore_index
     )
     if hasattr(loss, "placements"):  # loss_parallel (a DTensor): left as computed
         return loss

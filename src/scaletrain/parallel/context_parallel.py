@@ -40,6 +40,7 @@ import torch.distributed as dist
 from torch import nn
 
 from scaletrain.models.transformer import Transformer
+from scaletrain.numerics import acc_dtype, upcast
 
 __all__ = [
     "RingAttentionCore",
@@ -139,13 +140,13 @@ def _block_fwd(q, k, v, causal: bool, scale: float):
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, causal, scale=scale
         )
-        return out, lse.float()
+        return out, upcast(lse)
     return _math_block_fwd(q, k, v, causal, scale)
 
 
 def _math_block_fwd(q, k, v, causal: bool, scale: float, mask=None):
     # mask: optional (B, 1, Tq, Tk) bool, True = attend, replacing `causal`
-    s = (q.float() @ k.float().transpose(-2, -1)) * scale  # (B, nh, Tq, Tk)
+    s = (upcast(q) @ upcast(k).transpose(-2, -1)) * scale  # (B, nh, Tq, Tk)
     if causal and mask is None:
         mask = torch.ones(s.shape[-2:], dtype=torch.bool, device=q.device).tril()
     if mask is not None:
@@ -153,7 +154,7 @@ def _math_block_fwd(q, k, v, causal: bool, scale: float, mask=None):
     lse = torch.logsumexp(s, dim=-1)  # (B, nh, Tq); -inf on a row that sees no key
     # such a row contributes nothing: out 0 (exp(-inf) = 0), and its -inf LSE weighs 0 in
     # `_merge` (every row sees at least its own key in the own block, merged first)
-    out = torch.exp(s - lse.masked_fill(lse == float("-inf"), 0.0).unsqueeze(-1)) @ v.float()
+    out = torch.exp(s - lse.masked_fill(lse == float("-inf"), 0.0).unsqueeze(-1)) @ upcast(v)
     return out.to(q.dtype), lse
 
 
@@ -169,7 +170,7 @@ def _block_bwd(dout, q, k, v, out, lse, causal: bool, scale: float):
 
 
 def _math_block_bwd(dout, q, k, v, out, lse, causal: bool, scale: float, mask=None):
-    qf, kf, vf, dof = q.float(), k.float(), v.float(), dout.float()
+    qf, kf, vf, dof = upcast(q), upcast(k), upcast(v), upcast(dout)
     s = (qf @ kf.transpose(-2, -1)) * scale  # (B, nh, Tq, Tk)
     if causal and mask is None:
         mask = torch.ones(s.shape[-2:], dtype=torch.bool, device=q.device).tril()
@@ -178,7 +179,7 @@ def _math_block_bwd(dout, q, k, v, out, lse, causal: bool, scale: float, mask=No
     p = torch.exp(s - lse.unsqueeze(-1))
     dv = p.transpose(-2, -1) @ dof
     dp = dof @ vf.transpose(-2, -1)
-    delta = (dof * out.float()).sum(-1, keepdim=True)  # rowsum(dO ∘ O), (B, nh, Tq, 1)
+    delta = (dof * upcast(out)).sum(-1, keepdim=True)  # rowsum(dO ∘ O), (B, nh, Tq, 1)
     ds = p * (dp - delta) * scale
     return (ds @ kf).to(q.dtype), (ds.transpose(-2, -1) @ qf).to(k.dtype), dv.to(v.dtype)
 
@@ -197,7 +198,7 @@ def _doc_mask(documents: torch.Tensor, rank: int, src: int, size: int) -> torch.
 def _merge(out, lse, blk_out, blk_lse):
     """Exact online-softmax merge of two partial attentions over disjoint key sets (fp32)."""
     new_lse = torch.logaddexp(lse, blk_lse)
-    out = out * torch.exp(lse - new_lse).unsqueeze(-1) + blk_out.float() * torch.exp(
+    out = out * torch.exp(lse - new_lse).unsqueeze(-1) + upcast(blk_out) * torch.exp(
         blk_lse - new_lse
     ).unsqueeze(-1)
     return out, new_lse
@@ -261,8 +262,8 @@ class _RingAttention(torch.autograd.Function):
         scale = 1.0 / math.sqrt(q.shape[-1])
         half = q.shape[2] // 2
         b, nh, t, hd = q.shape
-        out = torch.zeros(b, nh, t, hd, dtype=torch.float32, device=q.device)
-        lse = torch.full((b, nh, t), float("-inf"), dtype=torch.float32, device=q.device)
+        out = torch.zeros(b, nh, t, hd, dtype=acc_dtype(q.dtype), device=q.device)
+        lse = torch.full((b, nh, t), float("-inf"), dtype=acc_dtype(q.dtype), device=q.device)
         kv = torch.stack([k, v]).contiguous()  # (2, B, nkv, T, hd): one message per hop
         for step in range(n):
             works = []
@@ -303,9 +304,9 @@ class _RingAttention(torch.autograd.Function):
         scale = 1.0 / math.sqrt(q.shape[-1])
         half = q.shape[2] // 2
         dout = dout.contiguous()
-        dq = torch.zeros_like(q, dtype=torch.float32)
+        dq = torch.zeros_like(q, dtype=acc_dtype(q.dtype))
         kv = torch.stack([k, v]).contiguous()
-        dkv = torch.zeros_like(kv, dtype=torch.float32)  # accumulator of the KV block held
+        dkv = torch.zeros_like(kv, dtype=acc_dtype(kv.dtype))  # accumulator of the KV block held
         for step in range(n):
             kv_works, nxt_kv = [], None
             if step < n - 1:  # the next K/V block travels while this one is processed

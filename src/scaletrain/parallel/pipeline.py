@@ -71,6 +71,7 @@ from scaletrain.config import ConfigError, Layout, fused_head_loss, stage_ids, s
 from scaletrain.config.choices import PPSchedule
 from scaletrain.dtensor import to_full, to_local
 from scaletrain.models.transformer import Transformer
+from scaletrain.numerics import acc_dtype, upcast
 
 __all__ = ["PipelineRuntime", "build_pipeline", "split_layers", "stage_ids", "split_stage"]
 
@@ -306,7 +307,7 @@ class PipelineRuntime:
         out = self.schedule.eval(*args, target=dummy if self.is_last else None, return_outputs=True)
         if self.is_last:
             out = to_full(out)
-            logits = self._cp_gather(out[:1].float().contiguous())
+            logits = self._cp_gather(upcast(out[:1]).contiguous())
             vocab = torch.tensor(logits.shape[-1], device=inputs.device)
         else:
             vocab = torch.zeros((), dtype=torch.long, device=inputs.device)
@@ -332,11 +333,13 @@ class PipelineRuntime:
         return dist.get_global_rank(self.group, dist.get_world_size(self.group) - 1)
 
     def _mean_loss(self, losses: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-        """The last stage's mean micro-batch loss, broadcast to every pp rank."""
+        """The last stage's mean micro-batch loss, broadcast to every pp rank: fp32, float64
+        where float64 is the default dtype (every rank must agree on it without asking)."""
+        dtype = acc_dtype(torch.get_default_dtype())
         if self.is_last:
-            loss = torch.stack([x.detach().float() for x in losses]).mean()
+            loss = torch.stack([x.detach().to(dtype) for x in losses]).mean()
         else:
-            loss = torch.zeros((), dtype=torch.float32, device=device)
+            loss = torch.zeros((), dtype=dtype, device=device)
         dist.broadcast(loss, src=self._last_stage_rank, group=self.group)
         return loss
 

@@ -38,6 +38,7 @@ from torch.optim.optimizer import ParamsT
 
 from scaletrain.dtensor import to_full, to_local
 
+from ..numerics import upcast
 from .data_parallel import is_expert
 from .dims import ParallelDims
 
@@ -205,7 +206,7 @@ def clip_grad_norm_(
     norms = []
     for grp in groups.values():
         n = torch.nn.utils.get_total_norm(grp, norm_type)
-        norms.append(to_full(n).float())
+        norms.append(upcast(to_full(n)))
     stacked = torch.stack(norms) if norms else torch.zeros(1)
     if math.isinf(norm_type):
         total = stacked.max()
