@@ -50,18 +50,36 @@ def _cpu_model() -> str:
     return ""
 
 
+_ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8")
+"""The /proc/cpuinfo flags that decide which CPU kernels torch runs (oneDNN picks AMX or
+AVX512-BF16 for bf16 matmuls, AVX-512 or AVX2 for fp32): a CPU speed ratio names them."""
+
+
+def _cpu_flags() -> list[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                have = set(line.split(":", 1)[1].split())
+                return [f for f in _ISA_FLAGS if f in have]
+    except OSError:
+        pass
+    return []
+
+
 def machine() -> dict[str, Any]:
     info: dict[str, Any] = {
         "platform": platform.platform(),
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
         "processor": platform.processor() or _cpu_model(),
+        "cpu_flags": _cpu_flags(),
     }
     try:
         import torch
 
         info["torch"] = torch.__version__
         info["torch_threads"] = torch.get_num_threads()
+        info["torch_cpu_capability"] = torch.backends.cpu.get_cpu_capability()
         if torch.cuda.is_available():
             info["gpu"] = torch.cuda.get_device_name(0)
     except ImportError:
@@ -85,6 +103,9 @@ def write_results(name: str, data: dict[str, Any], markdown: str) -> tuple[Path,
     jpath.write_text(json.dumps({**data, **s}, indent=1, default=str) + "\n")
     m = s["machine"]
     where = m.get("gpu") or m["processor"] or "cpu"
+    if not m.get("gpu"):  # CPU ratios depend on the ISA the kernels ran on
+        flags = " ".join(m.get("cpu_flags") or ["no AVX-512/AMX flags"])
+        where += f" ({flags}; torch kernels {m.get('torch_cpu_capability', '?')})"
     foot = (
         f"\n\n_git {s['git_revision']} · {s['date']} · {where}"
         f" · {m['cpus']} CPUs · torch {m.get('torch', '?')}_\n"

@@ -28,7 +28,7 @@ batch 12, 2000 iterations, lr 1e-3 cosine to 1e-4, 100 warm-up, beta2 0.99, no d
 characters. nanoGPT evaluates 20 batches of each split every 250 iterations; scaletrain
 evaluates 40 validation batches (the same forward work).
 
-    python benchmarks/vs_nanogpt.py [--pairs 3] [--steps 2000] [--threads N] [--precisions auto]
+    python benchmarks/vs_nanogpt.py [--pairs 3] [--steps 2000] [--threads N] [--precisions P]
     python benchmarks/vs_nanogpt.py --pairs 3 --steps 300 --threads 1 --out /tmp/x  # quick A/B
 """
 
@@ -324,9 +324,10 @@ def main() -> None:
     )
     ap.add_argument(
         "--precisions",
-        default="auto",
-        help="scaletrain sides, e.g. 'fp32' or 'fp32,bf16' (default auto: fp32, plus bf16 "
-        "where this CPU's bf16 matmul is >= 1.5x faster)",
+        default="fp32,bf16",
+        help="scaletrain sides (default fp32,bf16: both, so that every host's result file "
+        "reports both precisions; 'auto': fp32, plus bf16 where this CPU's bf16 matmul is "
+        ">= 1.5x faster)",
     )
     ap.add_argument("--data", default=str(DATA))
     ap.add_argument(
