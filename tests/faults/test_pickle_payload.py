@@ -90,3 +90,54 @@ def test_planted_metadata_never_executes_from_the_cli(tmp_path, how):
     assert p.returncode != 0 and no_traceback(p), p.stderr
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and str(ckpt / ".metadata") in lines[0], p.stderr
+
+
+def _redirect_shards(ckpt: Path, to: str, *, relist: bool = True) -> None:
+    """Rewrite the index so that every shard is read from `to` (only DCP's own classes in it),
+    and, with `relist`, the manifest to match, as an attacker who can write the checkpoint can."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+    meta = safe_load_metadata(ckpt / ".metadata")
+    meta.storage_data = {
+        k: _StorageInfo(to, v.offset, v.length) for k, v in meta.storage_data.items()
+    }
+    (ckpt / ".metadata").write_bytes(pickle.dumps(meta))
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    data = (ckpt / ".metadata").read_bytes()
+    manifest["files"][".metadata"] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _outside_copy(path: Path, tmp_path: Path) -> Path:
+    """A copy of the checkpoint's shard outside it: what the redirected index would load."""
+    shard = next(p for p in path.iterdir() if p.suffix == ".distcp")
+    outside = tmp_path / "outside.distcp"
+    outside.write_bytes(shard.read_bytes())
+    return outside
+
+
+@pytest.mark.parametrize("where", ["absolute", "dotdot", "unlisted"])
+def test_index_pointing_outside_the_checkpoint_is_refused(tmp_path, where):
+    """Shard paths in `.metadata` name only files the checkpoint's manifest lists: an absolute
+    path, a `..` path or an unlisted name is refused in one line before a tensor is read."""
+    path, model, opt = _saved(tmp_path)
+    outside = _outside_copy(path, tmp_path)
+    target = {
+        "absolute": str(outside),
+        "dotdot": f"../../{outside.name}",
+        "unlisted": "extra.distcp",
+    }[where]
+    if where == "unlisted":  # a file inside the directory that the manifest does not cover
+        (path / "extra.distcp").write_bytes(outside.read_bytes())
+    _redirect_shards(path, target)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)  # a load from anywhere would bring the saved values back
+    with pytest.raises(CheckpointError) as e:
+        load_checkpoint(path, model, opt)
+    msg = str(e.value)
+    assert "\n" not in msg and ".metadata was not loaded" in msg
+    assert ("outside the checkpoint" in msg) if where != "unlisted" else ("not listed" in msg)
+    for n, p in model.named_parameters():
+        assert torch.equal(p.detach(), before[n] + 1.0)  # nothing was loaded
