@@ -116,3 +116,50 @@ def test_ctrl_c_during_start_up_is_one_line(tmp_path):
     # either start-up was interrupted (one line) or the loop's handler saved (one line)
     assert p.returncode in (130, 0), (p.returncode, err)
     assert len(err.strip().splitlines()) <= 1, err
+
+
+def _nproc_job(tmp_path: Path) -> list[str]:
+    # global batch 4 over 2 data-parallel ranks; enough steps that a stop lands mid-run
+    return [
+        sys.executable,
+        "-m",
+        "scaletrain",
+        "train",
+        *tiny_job(tmp_path, "run", "--train.steps=400", "--train.log_every=1"),
+        "--batch.global_batch=4",
+        "--nproc=2",
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize(
+    ("sig", "to"),
+    [(signal.SIGINT, "group"), (signal.SIGTERM, "group"), (signal.SIGTERM, "launcher")],
+)
+def test_nproc_stop_forwards_once_saves_and_exits_one_line(tmp_path, sig, to):
+    """`--nproc 2`: Ctrl-C or SIGTERM to the terminal's process group, or SIGTERM to the
+    launcher alone, reaches each rank once; they finish the step, save, one line, 128 + sig."""
+    p = subprocess.Popen(
+        _nproc_job(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env(),
+        start_new_session=True,  # its own process group, as a shell job has
+    )
+    assert p.stdout is not None
+    for line in p.stdout:  # signal once training is under way
+        if line.lstrip().startswith("step") and "loss" in line:
+            if to == "group":
+                os.killpg(p.pid, sig)
+            else:
+                p.send_signal(sig)
+            break
+    out, err = p.communicate(timeout=240)
+    assert p.returncode == 128 + sig, (p.returncode, err[-2000:])
+    assert "Traceback" not in out + err, err[-2000:]
+    said = [ln for ln in out.splitlines() if "received" in ln]
+    assert len(said) == 1 and signal.Signals(sig).name in said[0], out[-2000:]
+    saved = sorted((tmp_path / "run" / "checkpoints").glob("step_*"))
+    assert saved and int(saved[-1].name.split("_")[1]) < 400

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 
 from scaletrain import clock
@@ -57,9 +58,19 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         return 2
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
         job.layout(args.nproc)  # the layout must fit the world size we are about to spawn
-        from scaletrain.parallel.launch import spawn
+        from scaletrain.parallel.launch import Stopped, spawn
 
-        spawn(_train_main, args.nproc, args.config, extra, threads=1)
+        try:
+            spawn(_train_main, args.nproc, args.config, extra, threads=1, forward_signals=True)
+        except Stopped as stop:
+            if not stop.saved:  # rank 0 said nothing: stopped before its loop could save
+                name = signal.Signals(stop.signum).name
+                print(
+                    f"scaletrain train: interrupted ({name}) before training could save; "
+                    "nothing was saved since the last checkpoint",
+                    file=sys.stderr,
+                )
+            return 128 + stop.signum
         return 0
     from scaletrain.orchestrate import train_job
 

@@ -6,16 +6,20 @@ as torchrun (env:// rendezvous on loopback), without a separate launcher process
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import gc
 import logging
 import os
 import pickle
+import signal
 import socket
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
+from multiprocessing import connection as mp_connection
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +30,7 @@ import torch.multiprocessing as mp
 from scaletrain.config import ConfigError
 from scaletrain.config.launch_env import LAUNCH_FIX, LaunchEnv
 
-__all__ = ["attempt_store", "free_port", "rendezvous_store", "spawn"]
+__all__ = ["Stopped", "attempt_store", "free_port", "rendezvous_store", "spawn"]
 
 
 def free_port() -> int:
@@ -44,7 +48,10 @@ def _worker(
     fn: Callable[..., Any],
     args: tuple,
     threads: int,
+    own_group: bool = False,
 ) -> None:
+    if own_group:  # the launcher alone receives the terminal's signals and forwards them once
+        os.setpgrp()
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -78,6 +85,7 @@ def _worker(
 
 
 _GRACE_S = 3.0
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 """After one rank fails, how long its peers get to exit by themselves, then after SIGTERM."""
 
 
@@ -142,34 +150,112 @@ class RankTraceback(Exception):
     """The traceback text of a spawned rank's failure (the cause of what the parent raises)."""
 
 
-def spawn(fn: Callable[..., Any], world_size: int, *args: Any, threads: int = 1) -> list[Any]:
+class Stopped(Exception):
+    """The launcher received SIGINT/SIGTERM, forwarded it to its ranks, and they have exited.
+
+    `signum`: the signal; `saved`: the ranks stopped through the training loop's own stop (it
+    finished the step, saved a checkpoint and said so in one line), not before it."""
+
+    def __init__(self, signum: int, *, saved: bool) -> None:
+        super().__init__(f"stopped by signal {signum}")
+        self.signum, self.saved = signum, saved
+
+
+STOP_GRACE_S = 600.0
+"""After a forwarded SIGINT/SIGTERM, how long the ranks get to finish the step and save before
+they are killed (a second signal is forwarded at once and stops them, as in one process)."""
+
+
+def _forwarding(ctx: Any, state: dict[str, Any]) -> Callable[[int, Any], None]:
+    """A SIGINT/SIGTERM handler that records the first signal and sends each one to every live
+    rank (the ranks run in their own process group, so nothing else reaches them)."""
+
+    def handler(signum: int, frame: Any) -> None:
+        if not state["signum"]:
+            state["signum"], state["deadline"] = signum, time.monotonic() + STOP_GRACE_S
+        for proc in ctx.processes:
+            if proc.is_alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signum)
+
+    return handler
+
+
+def _await_stop(ctx: Any, tmp: Path, state: dict[str, Any]) -> Stopped:
+    """Wait (bounded by STOP_GRACE_S) for the ranks to stop after a forwarded signal; the
+    `Stopped` to raise. Saved when rank 0 left through the loop's SystemExit(128 + signum)."""
+    while any(p.is_alive() for p in ctx.processes) and time.monotonic() < state["deadline"]:
+        mp_connection.wait([p.sentinel for p in ctx.processes if p.is_alive()], timeout=1.0)
+    for proc in ctx.processes:
+        if proc.is_alive():
+            proc.kill()
+        proc.join()
+    saved = False
+    rec_path = tmp / "rank0.pt"
+    if rec_path.exists():
+        rec = torch.load(rec_path, weights_only=False)
+        exc = pickle.loads(rec["exc"]) if rec.get("exc") is not None else None
+        saved = isinstance(exc, SystemExit) and exc.code == 128 + state["signum"]
+    return Stopped(state["signum"], saved=saved)
+
+
+def spawn(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    threads: int = 1,
+    forward_signals: bool = False,
+) -> list[Any]:
     """Run `fn(*args)` on `world_size` gloo ranks; return the per-rank results (rank order).
 
     `fn` must be importable (module-level) and its results torch.save-able. A failure raises the
     first failing rank's own ConfigError or RuntimeError (so a user error stays one line; its
     `__cause__` holds the rank's traceback), or a RuntimeError carrying that rank's traceback.
+
+    forward_signals (`scaletrain train --nproc`): the ranks run in their own process group and
+    the launcher forwards each SIGINT/SIGTERM it receives (from the terminal's group or sent to
+    it alone) to every rank exactly once, then waits for them to finish the step and save
+    (bounded: STOP_GRACE_S) and raises `Stopped`, as one process and torchrun behave.
     """
     with tempfile.TemporaryDirectory() as tmp:
         ctx = mp.start_processes(
             _worker,
-            args=(world_size, free_port(), tmp, fn, args, threads),
+            args=(world_size, free_port(), tmp, fn, args, threads, forward_signals),
             nprocs=world_size,
             join=False,
             start_method="spawn",
         )
+        state: dict[str, Any] = {"signum": 0, "deadline": 0.0}
+        previous = {}
+        if forward_signals and threading.current_thread() is threading.main_thread():
+            previous = {s: signal.signal(s, _forwarding(ctx, state)) for s in _STOP_SIGNALS}
         # torch logs a warning per peer it stops after the first failure: the failure itself is
         # what the user needs to read, once
         spawn_log = logging.getLogger("torch.multiprocessing.spawn")
         level = spawn_log.level
         spawn_log.setLevel(logging.ERROR)
         try:
-            while not ctx.join(grace_period=_GRACE_S):
-                pass
+            while True:
+                if state["signum"]:
+                    raise _await_stop(ctx, Path(tmp), state)
+                # a rank's exit is looked at here first: after a signal, a rank leaving with
+                # 128 + signum is the stop (its peers still saving), not a failure to clean up
+                ready = mp_connection.wait(list(ctx.sentinels), timeout=1.0)
+                if state["signum"]:
+                    continue
+                if ready and ctx.join(timeout=0, grace_period=_GRACE_S):
+                    break
+        except Stopped:
+            raise
         except Exception as e:
+            if state["signum"]:
+                raise _await_stop(ctx, Path(tmp), state) from None
             codes = [proc.exitcode for proc in ctx.processes]
             raise _rank_failure(Path(tmp), world_size, e, codes)  # noqa: B904 - cause: the rank's
         finally:
             spawn_log.setLevel(level)
+            for s, prev in previous.items():
+                signal.signal(s, prev)
         results = []
         for r in range(world_size):
             rec = torch.load(Path(tmp) / f"rank{r}.pt", weights_only=False)
