@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,16 +53,37 @@ def train_job(job: JobConfig) -> Any:
     from scaletrain.trainer import train
 
     created = not dist.is_initialized()
-    with clock.phase("plan"):
+    with clock.phase("plan"), _said_once_per_node():
         job = resolve_layout(job)
-        if not dist.is_initialized() and launch_env().world_size == 1:
+        env = launch_env()
+        if not dist.is_initialized() and env.world_size == 1:
             print(fit_check(job))  # a single process: will it fit this host / GPU? (before
-            # any tensor is allocated; multi-rank layouts: the planner and preflight check)
+            # any tensor is allocated)
+        elif "TORCHELASTIC_RUN_ID" in os.environ:  # torchrun: this node's ranks, summed
+            line = fit_check(
+                job,
+                world_size=env.world_size,
+                local_ranks=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+            )
+            if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+                print(line)
     result = train(job)
     if created and dist.is_initialized():  # `train` leaves a group it did not create
         dist.barrier()
         dist.destroy_process_group()
     return result
+
+
+@contextlib.contextmanager
+def _said_once_per_node() -> Iterator[None]:
+    """A ConfigError of the planning phase (every rank finds the same one) is said by each
+    node's local rank 0; the other ranks leave quietly with the same exit code (2)."""
+    try:
+        yield
+    except ConfigError:
+        if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+            raise
+        raise SystemExit(2) from None
 
 
 def available_memory(device_pref: str) -> tuple[float, str]:
@@ -89,40 +111,58 @@ def available_memory(device_pref: str) -> tuple[float, str]:
     return avail, "host memory (MemAvailable)"
 
 
-def fit_check(job: JobConfig, available: tuple[float, str] | None = None) -> str:
-    """Refuse a single-process run the planner says cannot fit, before anything is allocated.
+def fit_check(
+    job: JobConfig,
+    available: tuple[float, str] | None = None,
+    *,
+    world_size: int = 1,
+    local_ranks: int = 1,
+) -> str:
+    """Refuse a run the planner says cannot fit this host, before any rank allocates.
 
-    Compares the planner's peak for this job at world size 1 (`planner.estimate_memory`: the
-    allocator's reservation on a GPU, the allocated peak on CPU where no caching allocator
-    holds memory back) with `available` (default `available_memory`). Raises a `ConfigError`
-    naming train.force, the estimate and the shortfall; with `train.force = true` it returns a
-    warning line instead. Returns the line to print (estimate and margin).
+    Every launcher calls it: one process, `--nproc N` (before spawning), torchrun (each node's
+    local rank 0, before the model is built). The planner's peak of the job's worst rank at
+    `world_size` (`planner.estimate_memory`: the allocator's reservation on a GPU, the allocated
+    peak on CPU where no caching allocator holds memory back) is compared with `available`
+    (default `available_memory`): on a GPU, per rank against its own GPU; on a CPU, times the
+    `local_ranks` that share this host's memory (an upper bound where pipeline stages differ).
+    Raises a `ConfigError` naming train.force, the estimate and the shortfall; with
+    `train.force = true` it returns a warning line instead. Returns the line to print.
     """
     from scaletrain.planner import estimate_memory
     from scaletrain.planner.types import plan_input_from_job
 
     avail, where = available or available_memory(job.train.device)
-    m = estimate_memory(plan_input_from_job(job, job.layout(1)))
+    m = estimate_memory(plan_input_from_job(job, job.layout(world_size)))
     gpu = "GPU" in where
-    need = m.reserved if gpu else m.total
+    per_rank = m.reserved if gpu else m.total
+    sharing = 1 if gpu else local_ranks  # ranks whose memory adds up against `avail`
+    need = per_rank * sharing
     parts = ", ".join(
         f"{k} {_size(getattr(m, k))}"
         for k in ("params", "grads", "optimizer", "activations", "buffers")
     )
-    said = (
-        f"the planner puts this single-process run at {_size(need)} ({parts}) and the "
-        f"{where} is {_size(avail)}"
-    )
+    if world_size == 1:
+        said = f"the planner puts this single-process run at {_size(need)} ({parts})"
+    elif sharing == 1:
+        said = f"the planner puts each of the {world_size} ranks at {_size(per_rank)} ({parts})"
+    else:
+        said = (
+            f"the planner puts each of the {world_size} ranks at {_size(per_rank)} ({parts}), "
+            f"{sharing} of them on this host: {_size(need)}"
+        )
+    said += f" and the {where} is {_size(avail)}"
     if need <= avail:
         return f"fit check: {said}: margin {_size(avail - need)}"
     if job.train.force:
         return f"warning: train.force=true: {said}, short by {_size(need - avail)}; training anyway"
+    # more ranks help only where they bring memory of their own: GPUs, or other hosts
+    more = "more GPUs (--nproc or torchrun)" if gpu else "more hosts (torchrun --nnodes)"
     raise ConfigError(
         "train.force",
         False,
         f"{said}, short by {_size(need - avail)}: use a smaller model or "
-        "batch.micro_batch, memory.ac=full, more ranks (--nproc or torchrun), or set "
-        "train.force=true to try anyway",
+        f"batch.micro_batch, memory.ac=full, {more}, or set train.force=true to try anyway",
     )
 
 

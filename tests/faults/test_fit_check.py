@@ -67,3 +67,41 @@ def test_cli_refuses_llama2_7b_before_allocating(tmp_path):
     assert len(err) == 1 and "train.force" in err[0] and "GiB" in err[0], err
     assert time.monotonic() - t0 < 100
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_local_ranks_add_up_against_the_host():
+    """Ranks on one CPU host share its memory: 4 local ranks need about 4 x one rank's peak,
+    and the refusal does not suggest more local ranks (they would fail the same way)."""
+    job = load_config(None, ["--model.name=gpt2-124m", "--parallel.dp=4", "--batch.micro_batch=4"])
+    one = fit_check(job, (1e6 * GiB, "host memory (test)"), world_size=4, local_ranks=1)
+    four = fit_check(job, (1e6 * GiB, "host memory (test)"), world_size=4, local_ranks=4)
+    assert "4 of them on this host" in four and "4 of them" not in one
+    per_rank = float(one.split("each of the 4 ranks at ")[1].split(" GiB")[0])
+    summed = float(four.split("on this host: ")[1].split(" GiB")[0])
+    assert summed == pytest.approx(4 * per_rank, rel=0.01)
+    with pytest.raises(ConfigError) as e:
+        fit_check(job, (1.5 * per_rank * GiB, "host memory (test)"), world_size=4, local_ranks=4)
+    assert "--nproc" not in str(e.value) and "more hosts" in str(e.value)
+    # each GPU is its own: the same job fits 4 GPUs holding one rank's peak each
+    gpu = fit_check(job, (1.5 * per_rank * GiB, "GPU test (free)"), world_size=4, local_ranks=4)
+    assert gpu.startswith("fit check:")
+
+
+@pytest.mark.slow
+def test_nproc_refused_before_spawning(tmp_path):
+    """`--nproc 8` of llama3-8b on this host: one line with the summed figures, in seconds,
+    not a rank killed by the kernel minutes later."""
+    t0 = time.monotonic()
+    p = scaletrain(
+        "train",
+        "--model.name=llama3-8b",
+        "--nproc=8",
+        f"--train.run_dir={tmp_path / 'run'}",
+        f"--data.cache_dir={tmp_path / 'c'}",
+        timeout=120,
+    )
+    assert p.returncode == 2 and no_traceback(p), p.stderr
+    err = p.stderr.strip().splitlines()
+    assert len(err) == 1 and "8 of them on this host" in err[0] and "train.force" in err[0], err
+    assert "--nproc" not in err[0]
+    assert time.monotonic() - t0 < 100

@@ -58,6 +58,10 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         return 2
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
         job.layout(args.nproc)  # the layout must fit the world size we are about to spawn
+        from scaletrain.orchestrate import fit_check
+
+        # the N ranks share this host's memory: summed, before any of them starts
+        print(fit_check(job, world_size=args.nproc, local_ranks=args.nproc))
         from scaletrain.parallel.launch import Stopped, spawn
 
         try:
