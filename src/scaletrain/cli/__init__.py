@@ -59,19 +59,59 @@ def _parser(argv: list[str]) -> tuple[argparse.ArgumentParser, str | None]:
         description="Plan, dry-run, train and verify parallel transformer training: will it "
         "fit, how fast will it run, which strategy should I use.",
     )
+    parser.add_argument("--version", action="version", version=f"scaletrain {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     chosen = argv[0] if argv and argv[0] in SUBCOMMANDS else None
     for name, (module, help_) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)
         if name == chosen:
             importlib.import_module(module).add_arguments(p, name)
+            _both_config_forms(p)
     return parser, chosen
+
+
+def _version() -> str:
+    from scaletrain import __version__
+
+    return __version__
+
+
+def _both_config_forms(parser: argparse.ArgumentParser) -> None:
+    """Every verb that reads a job TOML takes it both ways: `scaletrain VERB F.toml` and
+    `scaletrain VERB --config F.toml` (the verb declares one; the other is added here, and
+    `_one_config` merges them)."""
+    dests = {a.dest: a for a in parser._actions}
+    config = dests.get("config")
+    if config is None:
+        return
+    if config.option_strings:  # declared as --config: accept the positional form too
+        parser.add_argument(
+            "config_positional", nargs="?", metavar="CONFIG.toml", help="same as --config"
+        )
+    else:  # declared positional: accept --config too
+        parser.add_argument(
+            "--config", dest="config_option", metavar="F.toml", help="same as the positional CONFIG"
+        )
+
+
+def _one_config(args: argparse.Namespace) -> None:
+    """`args.config` from whichever form was given; both, naming different files, is an error."""
+    other = getattr(args, "config_positional", None) or getattr(args, "config_option", None)
+    if other is None:
+        return
+    if args.config not in (None, other):
+        raise ConfigError(
+            "config", other, f"two config files given ({args.config} and {other}): give one"
+        )
+    args.config = other
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser, chosen = _parser(argv)
     if chosen is None:
+        if argv[:1] == ["--version"]:
+            parser.parse_args(argv)  # prints the version, exits 0
         if argv and not argv[0].startswith("-"):
             parser.error(f"unknown command {argv[0]!r}; choose one of {', '.join(SUBCOMMANDS)}")
         parser.print_help()
@@ -80,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     previous = _exit_on_sigint(chosen)
     try:
+        _one_config(args)
         return int(module.run(args, extra) or 0)
     except ConfigError as e:
         print(f"scaletrain {chosen}: error: {e}", file=sys.stderr)

@@ -25,7 +25,12 @@ _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
 def did_you_mean(name: str, options: Any) -> str:
     """' (did you mean X?)' for the closest of `options`, or '' when none is close."""
     opts = {str(o).lower(): str(o) for o in options}  # case-insensitive: --TRAIN.steps
-    close = difflib.get_close_matches(str(name).lower(), list(opts), n=1, cutoff=0.6)
+    key = str(name).lower()
+    # a family name first: 'h100' -> 'h100-sxm' or 'h100-pcie', not the nearest string 'h200'
+    family = [o for k, o in opts.items() if key and k != key and k.startswith(key)]
+    if 1 <= len(family) <= 4:
+        return f" (did you mean {' or '.join(repr(o) for o in family)}?)"
+    close = difflib.get_close_matches(key, list(opts), n=1, cutoff=0.6)
     return f" (did you mean {opts[close[0]]!r}?)" if close else ""
 
 
