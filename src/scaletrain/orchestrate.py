@@ -47,6 +47,15 @@ def resolve_layout(job: JobConfig) -> JobConfig:
     return auto_layout(job, env.world_size, detect_hardware(job, env.device))
 
 
+def check_job_paths(job: JobConfig) -> None:
+    """The folders a training job writes, checked before any work (one line naming the field):
+    the run directory and the data cache."""
+    from scaletrain.config.user_files import check_output_dir
+
+    check_output_dir(job.train.run_dir, "train.run_dir")
+    check_output_dir(job.data.cache_dir, "data.cache_dir")
+
+
 def train_job(job: JobConfig) -> Any:
     """`scaletrain train`: resolve the layout, train, and leave no process group behind that
     this call created (torchrun's environment)."""
@@ -54,6 +63,7 @@ def train_job(job: JobConfig) -> Any:
 
     created = not dist.is_initialized()
     with clock.phase("plan"), _said_once_per_node():
+        check_job_paths(job)
         job = resolve_layout(job)
         env = launch_env()
         if not dist.is_initialized() and env.world_size == 1:

@@ -74,6 +74,10 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
 
     launch_env()  # validate everything before any work starts: the launcher's variables,
     job = load_config(args.config, extra)  # then the job
+    if args.out is not None:
+        from scaletrain.config.user_files import check_output_dir
+
+        check_output_dir(args.out, "--out")
     if args.steps < 1 or args.warmup < 0 or args.nproc < 1:
         print(
             "scaletrain profile: error: use --steps >= 1, --warmup >= 0, --nproc >= 1",

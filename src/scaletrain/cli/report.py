@@ -26,6 +26,10 @@ def run(args: argparse.Namespace, extra: list[str] | None = None) -> int:
 
     if extra:
         raise ConfigError("report", " ".join(extra), "unknown arguments: see --help")
+    if args.out is not None:
+        from scaletrain.config.user_files import check_output_file
+
+        check_output_file(args.out, "--out")
     run = load_run(args.run_dir)
     path = write_report(run, out=args.out)
     print(f"report written to {path.resolve()} (open it in a browser; it is self-contained)")

@@ -50,6 +50,9 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     with clock.phase("plan"):
         res = resolve_job(args.config, extra, world_size=max(world, 1))
     job = res.job
+    from scaletrain.orchestrate import check_job_paths
+
+    check_job_paths(job)  # before the notes, the fit check or any rank
     if env.rank == 0:
         for note in res.notes():
             print(f"note: {note}")
