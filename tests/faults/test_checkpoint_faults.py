@@ -154,3 +154,36 @@ def test_a_good_checkpoint_still_loads_bitwise(tmp_path):
     state, extra = load_checkpoint(b, m, opt)
     assert state == {"step": 2} and extra == {"x": 2}
     assert torch.equal(m.weight, ref.weight) and torch.equal(m.bias, ref.bias)
+
+
+@pytest.mark.slow
+def test_all_checkpoints_corrupt_refuses_to_start_over_and_keeps_them(tmp_path):
+    """resume=auto with every checkpoint unusable: one line, exit 3, nothing trained or
+    overwritten; resume=never then trains afresh and sets the damaged step aside, not over it."""
+    from ._cli import no_traceback, scaletrain, tiny_job
+
+    first = scaletrain("train", *tiny_job(tmp_path, "run", "--checkpoint.every=1"))
+    assert first.returncode == 0, first.stderr
+    ckpts = tmp_path / "run" / "checkpoints"
+    steps = sorted(ckpts.glob("step_*"))
+    for d in steps:  # damage every one of them
+        shard = next(d.glob("*.distcp"))
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0xFF  # one flipped byte: same size, another checksum
+        shard.write_bytes(bytes(data))
+    damaged = {d.name: next(d.glob("*.distcp")).read_bytes() for d in steps}
+    again = scaletrain("train", *tiny_job(tmp_path, "run", "--train.steps=4"))
+    assert again.returncode == 3 and no_traceback(again), again.stderr
+    err = again.stderr.strip().splitlines()
+    assert len(err) == 1 and "every checkpoint" in err[0] and "resume=never" in err[0]
+    assert {d.name: next(d.glob("*.distcp")).read_bytes() for d in steps} == damaged
+    over = scaletrain(
+        "train", *tiny_job(tmp_path, "run", "--checkpoint.every=1", "--checkpoint.resume=never")
+    )
+    assert over.returncode == 0, over.stderr
+    kept = sorted(ckpts.glob("unusable-step_*"))
+    assert [d.name for d in kept] == [f"unusable-{d.name}" for d in steps]
+    assert {d.name[len("unusable-") :]: next(d.glob("*.distcp")).read_bytes() for d in kept} == (
+        damaged
+    )
+    assert latest_good(ckpts) is not None  # the new run's own checkpoints

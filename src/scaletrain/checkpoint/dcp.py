@@ -227,11 +227,24 @@ def _publish(tmp: Path, final: Path, *, step: int, keep_last_n: int) -> None:
         if f.is_file():
             _fsync_path(f)
     _fsync_dir(tmp)
-    if final.exists():  # re-saving the same step (e.g. after a rollback): replace it
-        shutil.rmtree(final)
+    if final.exists():
+        if verify_checkpoint(final) is None:  # re-saving a good step (after a rollback)
+            shutil.rmtree(final)
+        else:  # an unusable one (resume=never over a damaged run): kept aside, not deleted
+            os.replace(final, _aside(final))
     os.replace(tmp, final)
     _fsync_dir(final.parent)
     _retain(final.parent, keep_last_n=keep_last_n)
+
+
+def _aside(final: Path) -> Path:
+    """A free name beside `final` for an unusable checkpoint a new save of its step replaces:
+    `unusable-step_N` (-2, -3, ... if taken), outside the `step_` names that resume lists."""
+    aside = final.with_name(f"unusable-{final.name}")
+    n = 2
+    while aside.exists():
+        aside, n = final.with_name(f"unusable-{final.name}-{n}"), n + 1
+    return aside
 
 
 def _retain(ckpt_dir: Path, *, keep_last_n: int) -> None:

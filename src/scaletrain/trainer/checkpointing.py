@@ -18,10 +18,12 @@ import torch.distributed as dist
 
 from scaletrain.checkpoint.dcp import (
     AsyncCheckpointer,
+    CheckpointError,
     latest_good,
     load_checkpoint,
     save_checkpoint,
 )
+from scaletrain.checkpoint.manifest import list_checkpoints, verify_checkpoint
 from scaletrain.config import ConfigError, JobConfig
 
 from .build import Run, require_data
@@ -121,7 +123,18 @@ def _initial_checkpoint(run: Run) -> Path | None:
     if resume == "never":
         return None
     if resume == "auto":
-        return latest_good(run.ckpt_dir, log=lambda m: run.is_main and print(m))
+        path = latest_good(run.ckpt_dir, log=lambda m: run.is_main and print(m))
+        saved = list_checkpoints(run.ckpt_dir)
+        if path is None and saved:
+            # starting over would train from step 0 with exit 0 and write over their steps:
+            # the user decides (the lines above said why each is unusable)
+            raise CheckpointError(
+                f"every checkpoint in {run.ckpt_dir} is unusable ({len(saved)}, newest "
+                f"{saved[-1].name}: {verify_checkpoint(saved[-1])}); repair one and resume it "
+                "by path (checkpoint.resume=DIR), or set checkpoint.resume=never to start "
+                "over (they are kept)"
+            )
+        return path
     return Path(resume)
 
 
