@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 
-from scaletrain.config import HardwareSpec, ModelConfig
+from scaletrain.config import HardwareSpec, ModelConfig, compute_bytes
 
 __all__ = [
     "GENERATION_EFFICIENCY",
@@ -99,7 +99,7 @@ def gemm_shape_factor(
 ) -> float:
     """FLOP-weighted roofline factor of one block's GEMMs (q/k/v, out, MLP in, MLP out) for
     `tokens` rows per rank: sum(flops) / sum(flops / min(1, intensity / ridge))."""
-    e = 1.0 if precision == "fp8" else (4.0 if precision == "fp32" else 2.0)
+    e = 1.0 if precision == "fp8" else (float(compute_bytes(precision)))
     ridge = hardware.flops(precision) / hardware.memory_bw
     h, kv, f = model.dim, model.kv_dim, model.ffn_dim
     f_in = 2 * f if model.activation == "swiglu" else f

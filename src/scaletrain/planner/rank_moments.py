@@ -7,7 +7,7 @@ pieces they share (stored activations, the root unit through a ZeRO-3 backward).
 
 from __future__ import annotations
 
-from scaletrain.config import ParamCounts, fused_head_loss
+from scaletrain.config import ParamCounts, compute_bytes, fused_head_loss
 
 from .memory import (
     head_grad_bytes,
@@ -86,7 +86,7 @@ def embedding_moment(
     if L.zero >= 2:
         # the root unit's gradients are reduce-scattered after this moment: none of the
         # root's sharded grads exist yet
-        wc = 4 if plan.precision == "fp32" else 2
+        wc = compute_bytes(plan.precision)
         other = 1.0 - root_live / wc / count if count else 0.0
         if model.tie_embeddings and L.pp == 1:
             head_held = 0.0  # the head's contribution is in `tmp`
@@ -188,7 +188,7 @@ def zero_moments(
     L = plan.layout
     per_layer, recompute, _, held_logits = acts_terms
     root_live, head_held, blk, _ = bwd_terms
-    wc = 4 if plan.precision == "fp32" else 2
+    wc = compute_bytes(plan.precision)
     rest = fixed - (st["params.in_flight"] if L.zero >= 3 else 0.0)
     grads_rest = st["grads"] - st["grads.in_flight"]
     more = 1.0 if layers > 1 else 0.0  # a next block to prefetch / a previous RS input
@@ -267,7 +267,7 @@ def _early_block_backward(
     recompute's: +3.05% with the buffer on top).
     """
     L = plan.layout
-    e = 4 if plan.precision == "fp32" else 2
+    e = compute_bytes(plan.precision)
     work = mlp_backward_work_bytes(
         plan.model,
         tokens=plan.seq_len / L.cp * plan.micro_batch,
@@ -308,7 +308,7 @@ def _end_of_backward(
     root gathered and its shard counted twice).
     """
     L = plan.layout
-    wc = 4 if plan.precision == "fp32" else 2
+    wc = compute_bytes(plan.precision)
     root_grad = end_held = root_grads = 0.0
     if L.zero >= 3 and root_live:
         root_grads = grads_rest * (root_live / wc) / count if count else 0.0
@@ -357,7 +357,7 @@ def loss_moment(
     per_layer, _, head_acts, _ = acts_terms
     # the head weight the fused loss reads: FSDP2's 16-bit unsharded copy under ZeRO-2/3
     # with 16-bit compute, else the fp32 parameter
-    weight_bytes = 2 if (L.zero >= 2 and plan.precision != "fp32") else 4
+    weight_bytes = compute_bytes(plan.precision) if L.zero >= 2 else 4
     fused = fused_head_loss(L)
     loss_tmp = loss_backward_bytes(
         plan.model,
@@ -408,7 +408,7 @@ def _loss_resting(
     L = plan.layout
     resting = fixed - (st["params.in_flight"] if L.zero >= 3 else 0.0)
     held = st["grads"] - st["grads.in_flight"] if (m > 1 or L.pp > 1) else 0.0
-    wc = 4 if plan.precision == "fp32" else 2
+    wc = compute_bytes(plan.precision)
     if L.pp > 1 and L.zero >= 2:
         # the stage's units gathered and grads unsharded (see `zero_moments`)
         resting = fixed - st["params.in_flight"] + wc * count

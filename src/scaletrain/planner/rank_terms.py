@@ -11,6 +11,7 @@ from functools import partial
 from scaletrain.config import (
     ModelConfig,
     ParamCounts,
+    compute_bytes,
     ddp_reducer,
     expert_split,
     expert_zero_shards,
@@ -147,12 +148,12 @@ def _rank_states(
     )
     sharded = (dense / zs + expert / expert_zero_shards(L)) if L.zero else dense + expert
     fixed = st["params"] + st["optimizer"]
-    wc = 4 if plan.precision == "fp32" else 2
+    wc = compute_bytes(plan.precision)
     root_live, head_held = root_in_backward(plan, pc, first, last, wc)
     emb_tmp = 0.0
     if first:
         # the weight's dtype as used: FSDP2's 16-bit unit, or fp32 (also under autocast)
-        grad_bytes = 2 if (L.zero >= 2 and plan.precision != "fp32") else 4
+        grad_bytes = compute_bytes(plan.precision) if L.zero >= 2 else 4
         emb_tmp = embedding_backward_bytes(
             model, tp=tp, grad_bytes=grad_bytes, tied=model.tie_embeddings and L.pp == 1
         )
@@ -252,7 +253,7 @@ def _activation_terms(
             tokens=s / L.cp * b,
             tp=L.tp,
             sp=L.sp,
-            e=4 if p == "fp32" else 2,
+            e=compute_bytes(p),
         )
     recompute += _naive_backward(plan, modern, residual_fp32)
     out = (per_layer, recompute, head, held)

@@ -23,7 +23,7 @@ buffers beyond the context term, per-op temporaries inside a layer (< 1 layer's 
 
 from __future__ import annotations
 
-from scaletrain.config import ConfigError, Layout
+from scaletrain.config import ConfigError, Layout, compute_bytes
 
 from .memory import OPTIMIZER_BYTES, stage_layer_counts
 from .pipeline import inflight_microbatches
@@ -184,7 +184,7 @@ def _recipe_in_flight(
     during a rank's backward under `recipe`."""
     pp, z, N = plan.layout.pp, plan.layout.zero, plan.layout.zero_shards
     fp32 = plan.precision == "fp32"
-    wc = 4 if fp32 else 2
+    wc = compute_bytes(plan.precision)
     unit = max(block, root)
     in_params = in_grads = 0.0
     bufs: dict[str, float] = {}
@@ -232,7 +232,7 @@ def _recipe_buffers(plan: PlanInput, recipe: Recipe, P: float, bufs: dict[str, f
         # the ZeRO optimizer reduces through its ipg buffer at any dp, dp = 1 included
         # (DeepSpeed stage_1_and_2.py reduce_gradients: 'with PP we must create ipg buffer')
         bufs["reduce_bucket"] = recipe.bucket_count * recipe.bucket_bytes(L.dp)
-    e = 4 if plan.precision == "fp32" else 2
+    e = compute_bytes(plan.precision)
     tok = float(plan.seq_len) / L.cp * plan.micro_batch
     sp = L.sp or recipe.sp_with_tp
     if L.tp > 1 and sp:
@@ -265,7 +265,7 @@ def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBrea
     weights, master, grads, optim, offloaded = _recipe_states(plan, recipe, P)
     in_params, in_grads, bufs = _recipe_in_flight(plan, recipe, P, block, root, head)
     ctx = _recipe_buffers(plan, recipe, P, bufs)
-    e = 4 if fp32 else 2
+    e = compute_bytes(plan.precision)
     tok = float(plan.seq_len) / L.cp * plan.micro_batch
     per_layer = recipe_layer_bytes(plan, recipe)
     inflight = 1.0 if pp == 1 else inflight_microbatches(L.pp_schedule, pp, m, rank, L.pp_virtual)

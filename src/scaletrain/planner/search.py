@@ -25,6 +25,7 @@ from scaletrain.config import (
     Layout,
     ModelConfig,
     batch_problems,
+    grad_accum_steps,
     layout_problems,
     option_problems,
 )
@@ -223,7 +224,7 @@ def _layouts(job: _Job) -> Iterator[tuple[Layout, list[int], list[str]]]:
                     if sched == "gpipe" and pins.get("pp_schedule") != "gpipe":
                         # GPipe has 1F1B's bubble and more activations in flight: it is only
                         # a candidate where 1F1B is illegal (fewer micro-batches than stages).
-                        lmbs = [b for b in mbs if gb // (b * dp) < pp]
+                        lmbs = [b for b in mbs if grad_accum_steps(gb, b, dp) < pp]
                     for zero in zeros:
                         layout = Layout(
                             dp=dp,

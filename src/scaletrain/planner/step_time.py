@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from scaletrain.config import HardwareSpec, ModelConfig, expert_split, expert_tp
+from scaletrain.config import HardwareSpec, ModelConfig, expert_split, expert_tp, precision_spec
 
 from .comm import allreduce_time, axis_link, comm_terms, gather_time
 from .efficiency import (
@@ -377,11 +377,13 @@ def _recipe_comm(
     n = L.dp * L.cp
     if L.zero:
         n = max(1, n // max(1, L.dp_replicate))
-    rb = 4.0 if plan.precision == "fp32" else recipe.bucket_elem_bytes
+    # fp32 runs reduce and gather in fp32, their compute dtype; mixed runs in the recipe's dtypes
+    spec = precision_spec(plan.precision)
+    rb = recipe.bucket_elem_bytes if spec.mixed else float(spec.compute_bytes)
     grads = stage_params * rb
     buckets = max(1, math.ceil(grads / max(1.0, recipe.bucket_bytes(L.dp))))
     if L.zero == 1 and recipe.shards_master and n > 1:
-        wb = 4.0 if plan.precision == "fp32" else recipe.weight_bytes
+        wb = recipe.weight_bytes if spec.mixed else float(spec.compute_bytes)
         rs = (n - 1) / n * grads / bw + buckets * (n - 1) * lat
         out["dp_allreduce"] = ((n - 1) / n * grads, rs)
         params = stage_params * wb
