@@ -2,7 +2,7 @@
 matmul efficiency by GPU generation, GEMM shape and precision (the 'generation' time model),
 and the communication latency terms that matter at 1,000+ GPUs. Torch-free.
 
-What every recipe uses (step_time._time):
+What every recipe uses (step_time.step_time):
 - matmuls at `estimate.default_efficiency` (the calibrated fraction of peak);
 - the attention core as its kernel runs it (`attention_seconds_per_token`): FlashAttention-2
   (torch SDPA, flash-attn 2) at FLASH2_HOPPER_EFFICIENCY of peak on Hopper, a materialized
@@ -15,7 +15,7 @@ What every recipe uses (step_time._time):
   torch.compile): their bytes over memory bandwidth (`eager_elementwise_bytes`).
 
 The 'generation' time model (recipes.Recipe.time_model, selectable, no recipe uses it: see
-recipes._TIME_MODEL for the measurement) replaces the matmul efficiency with
+recipes.FOREIGN_TIME_MODEL for the measurement) replaces the matmul efficiency with
 efficiency = GENERATION_EFFICIENCY[generation] x gemm_shape_factor x (FP8_EFFICIENCY if fp8)
 
 - GENERATION_EFFICIENCY: the fraction of the dense 16-bit peak that large, GEMM-dominated

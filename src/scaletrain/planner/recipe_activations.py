@@ -164,7 +164,7 @@ def recipe_head_bytes(plan: PlanInput, recipe: Recipe) -> tuple[float, float]:
     return stored, temp
 
 
-def _naive_attention_backward_temp(plan: PlanInput, recipe: Recipe) -> float:
+def naive_attention_backward_temp(plan: PlanInput, recipe: Recipe) -> float:
     """Bytes a Megatron-style unfused attention core adds on top of its stored tensors while
     one layer runs backward (0 for flash/SDPA cores or other activation models): one e*a*s^2*b/t
     gradient beyond the stored set. The bmm with V writes the gradient of the dropped-out
