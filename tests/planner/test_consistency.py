@@ -26,7 +26,8 @@ from scaletrain.planner import (
 from scaletrain.planner.estimate import reserved_and_step
 from scaletrain.planner.memory import stage_layer_counts
 from scaletrain.planner.pipeline import simulate
-from scaletrain.planner.rank_memory import ModelTerms, _activation_terms, _rank_memory
+from scaletrain.planner.rank_memory import ModelTerms, _rank_memory
+from scaletrain.planner.rank_terms import activation_terms
 
 H100 = hardware_preset("h100-sxm")
 SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zero-bubble", 1)]
@@ -63,7 +64,7 @@ def _brute_force_worst(plan: PlanInput) -> tuple[float, int, float]:
     sim = simulate(L.pp_schedule, L.pp, m, L.pp_virtual, 1.0, 2.0)
     counts = stage_layer_counts(plan.model.num_layers, L.pp, L.pp_virtual)
     terms = ModelTerms(plan.model)
-    acts = _activation_terms(plan, terms, True)
+    acts = activation_terms(plan, terms, True)
     worst = max(
         (
             _rank_memory(

@@ -160,11 +160,11 @@ def test_states_match_the_dry_run(case, extra, bound):
 def test_experts_whole_per_tp_rank_cost_tp_times_their_flops():
     """tp2 x ep4: each tp rank runs its experts whole on the same tokens, so the experts'
     matmuls (3 x forward) are not divided by tp as under tp2 with split experts."""
-    from scaletrain.planner.estimate import _efficiency
+    from scaletrain.planner.step_time import plan_efficiency
 
     split, whole = _plan(Layout(dp=4, tp=2, zero=1)), _plan(Layout(dp=4, tp=2, ep=4, zero=1))
     assert split.grad_accum == whole.grad_accum == 8
-    rate = H100.flops("bf16") * _efficiency(split)
+    rate = H100.flops("bf16") * plan_efficiency(split)
     expert_f = 2.0 * MIXTRAL.experts_per_token * 3 * MIXTRAL.dim * MIXTRAL.ffn_dim  # SwiGLU
     per_token = 3 * expert_f / rate * MIXTRAL.num_layers
     extra = 8 * per_token * 4096 / 2  # m micro-batches of 4096 tokens, the tp2 split undone

@@ -448,7 +448,7 @@ def test_tree_latency_at_scale() -> None:
 def test_time_model_follows_the_recipe(monkeypatch: pytest.MonkeyPatch) -> None:
     """A recipe with the 'generation' time model uses efficiency.py's matmul efficiency (A100:
     0.52, Narayanan et al. 2021; GPT-3's GEMMs are compute bound, shape factor 1); the shipped
-    recipes keep estimate.default_efficiency (recipes._TIME_MODEL says why)."""
+    recipes keep estimate.default_efficiency (recipes.FOREIGN_TIME_MODEL says why)."""
     from scaletrain.planner import recipes
     from scaletrain.planner.efficiency import GENERATION_EFFICIENCY, matmul_efficiency
     from scaletrain.planner.estimate import default_efficiency

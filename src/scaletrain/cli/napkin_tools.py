@@ -8,7 +8,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from scaletrain.config import GB, ConfigError, hardware_preset
+from scaletrain.config import GB, ConfigError, compute_bytes, hardware_preset
 
 __all__ = ["REPORTS"]
 
@@ -64,7 +64,7 @@ def _memory(args: argparse.Namespace) -> list[str]:
     )
     total = states
     if model is not None:
-        act_bytes = 4.0 if args.precision == "fp32" else 2.0
+        act_bytes = float(compute_bytes(args.precision))
         per_layer = korthikanti_layer_bytes(
             args.seq_len,
             args.micro_batch,

@@ -41,7 +41,7 @@ from .layout import (
 )
 from .loading import load_config, parse_overrides
 from .model import MODEL_PRESETS, ModelConfig, ParamCounts, model_preset, resolve_model
-from .precision import PRECISION_TABLE, PrecisionSpec, precision_spec
+from .precision import PRECISION_TABLE, PrecisionSpec, compute_bytes, precision_spec
 
 __all__ = [
     "ConfigError",
@@ -57,6 +57,7 @@ __all__ = [
     "PRECISION_TABLE",
     "PrecisionSpec",
     "precision_spec",
+    "compute_bytes",
     "BatchConfig",
     "CheckpointConfig",
     "DataConfig",

@@ -4,7 +4,9 @@ Read by the planner (bytes), the trainer's autocast and FSDP policy (dtype names
 `torch` by the torch side) and the profiler. fp8 runs its converted Linears' GEMMs in float8
 (`precision/fp8.py`) and everything else in bf16, so its compute dtype is bf16 and its
 16-bit-class tensors (gathered weights, activations) are 2 bytes; `bytes` is what the planner
-charges per element of a weight in that precision (1 for fp8: the float8 GEMM inputs).
+charges per element of a weight in that precision (1 for fp8: the float8 GEMM inputs), and
+`compute_bytes` what it charges per element of a tensor computed in it (activations, gathered
+16-bit weights, communication buffers): 4 in fp32, 2 in the rest (fp8 included).
 """
 
 from __future__ import annotations
@@ -13,7 +15,14 @@ from dataclasses import dataclass
 
 from .choices import Precision, names
 
-__all__ = ["PrecisionSpec", "PRECISION_TABLE", "PRECISIONS", "REDUCE_DTYPES", "precision_spec"]
+__all__ = [
+    "PrecisionSpec",
+    "PRECISION_TABLE",
+    "PRECISIONS",
+    "REDUCE_DTYPES",
+    "precision_spec",
+    "compute_bytes",
+]
 
 
 @dataclass(frozen=True)
@@ -25,13 +34,16 @@ class PrecisionSpec:
     """The torch dtype (attribute of `torch`) autocast and FSDP's param_dtype use."""
     mixed: bool
     """Whether parameters are kept in fp32 and cast for compute (every precision but fp32)."""
+    compute_bytes: int
+    """Bytes per element of a tensor in the compute dtype (`compute`): activations, the 16-bit
+    copies FSDP gathers, communication buffers. 2 under fp8, whose non-GEMM work is bf16."""
 
 
 PRECISION_TABLE: dict[str, PrecisionSpec] = {  # keys: names(Precision), in its order
-    "fp32": PrecisionSpec("fp32", 4, "float32", mixed=False),
-    "bf16": PrecisionSpec("bf16", 2, "bfloat16", mixed=True),
-    "fp16": PrecisionSpec("fp16", 2, "float16", mixed=True),
-    "fp8": PrecisionSpec("fp8", 1, "bfloat16", mixed=True),
+    "fp32": PrecisionSpec("fp32", 4, "float32", mixed=False, compute_bytes=4),
+    "bf16": PrecisionSpec("bf16", 2, "bfloat16", mixed=True, compute_bytes=2),
+    "fp16": PrecisionSpec("fp16", 2, "float16", mixed=True, compute_bytes=2),
+    "fp8": PrecisionSpec("fp8", 1, "bfloat16", mixed=True, compute_bytes=2),
 }
 PRECISIONS: tuple[Precision, ...] = names(Precision)
 REDUCE_DTYPES: dict[str, str] = {"fp32": "float32", "bf16": "bfloat16"}
@@ -41,3 +53,8 @@ reduced in."""
 
 def precision_spec(name: str) -> PrecisionSpec:
     return PRECISION_TABLE[name]
+
+
+def compute_bytes(name: str) -> int:
+    """Bytes per element of an activation (or any compute-dtype tensor) in precision `name`."""
+    return PRECISION_TABLE[name].compute_bytes

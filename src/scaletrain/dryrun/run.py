@@ -67,7 +67,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from scaletrain.config import ConfigError, JobConfig, Layout
+from scaletrain.config import ConfigError, JobConfig, Layout, grad_accum_steps
 from scaletrain.measure.schema import Measurement, plan_dict
 from scaletrain.parallel import local_state_bytes
 from scaletrain.planner.types import MemoryBreakdown
@@ -222,7 +222,7 @@ def _schedule_cls(
     from scaletrain.parallel import ParallelDims
 
     dims = ParallelDims.from_layout(layout, world_size)
-    grad_accum = job.batch.global_batch // (job.batch.micro_batch * layout.dp)
+    grad_accum = grad_accum_steps(job.batch.global_batch, job.batch.micro_batch, layout.dp)
     # this cp rank's load-balanced share of the sequence, further sharded under sp (the block
     # plans' Shard(1) local tensors)
     t_local = job.batch.seq_len // layout.cp
@@ -366,7 +366,7 @@ def dryrun(
         raise ConfigError("rank", rank, f"choose a rank in [0, {world_size})")
     t0 = time.perf_counter()
     job = dataclasses.replace(job, train=dataclasses.replace(job.train, compile=False))
-    grad_accum = job.batch.global_batch // (job.batch.micro_batch * layout.dp)
+    grad_accum = grad_accum_steps(job.batch.global_batch, job.batch.micro_batch, layout.dp)
     pp = layout.pp > 1
     # the schedule's peak in-flight activations need all of its micro-batches
     n_micro = grad_accum if pp else min(grad_accum, DRYRUN_MICROBATCHES)

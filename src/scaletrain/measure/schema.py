@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scaletrain.config import JobConfig, Layout
+from scaletrain.config import JobConfig, Layout, grad_accum_steps
 from scaletrain.planner.types import MemoryBreakdown
 
 __all__ = ["Measurement", "SOURCES", "memory_from_json", "plan_dict"]
@@ -59,7 +59,7 @@ def plan_dict(job: JobConfig, layout: Layout) -> dict[str, Any]:
         "cp": layout.cp,
         "ep": layout.ep,
         "micro_batch": b.micro_batch,
-        "grad_accum": b.global_batch // (b.micro_batch * layout.dp),
+        "grad_accum": grad_accum_steps(b.global_batch, b.micro_batch, layout.dp),
         "seq_len": b.seq_len,
         "precision": job.precision.dtype,
         "ac": job.memory.ac,

@@ -7,7 +7,7 @@ Units: bytes; `GB` in docstrings means 1e9 bytes. Every function answers for ONE
 
 from __future__ import annotations
 
-from scaletrain.config import ModelConfig, expert_tp
+from scaletrain.config import ModelConfig, compute_bytes, expert_tp
 
 from .head_memory import (
     embedding_backward_bytes,
@@ -109,7 +109,7 @@ def layer_activation_bytes(
     block input.
     Ignores: RoPE (cos/sin are buffers), residual adds (save nothing), < 1% small tensors.
     """
-    e = 4 if precision == "fp32" else 2
+    e = compute_bytes(precision)
     if not modern:
         return (
             korthikanti_layer_bytes(
@@ -234,7 +234,7 @@ def naive_backward_net_bytes(
     (the grads term), the head's activations (freed earlier; still in the stored side).
     Source: dry-run, llama3-8b L1 dp8 z1 s4096 b8 bf16: +7.8% with the whole stored set
     beside the S x S gradients, within 1% with these freed."""
-    e = 4 if precision == "fp32" else 2
+    e = compute_bytes(precision)
     r = 4 if residual_fp32 else e
     h = model.dim
     tok = float(seq_len) / cp * micro_batch

@@ -34,7 +34,7 @@ benchmarks/comm_volume.py (tiny models on gloo).
 
 from __future__ import annotations
 
-from scaletrain.config import HardwareSpec, Layout
+from scaletrain.config import HardwareSpec, Layout, compute_bytes
 
 __all__ = [
     "axis_link",
@@ -125,7 +125,7 @@ def comm_terms(
     Families: see the module docstring; each `_*_term(s)` says what it counts.
     """
     L, hw, m = layout, hardware, micro_batches
-    e = 4 if precision == "fp32" else 2  # bytes of an activation (compute dtype)
+    e = compute_bytes(precision)  # bytes of an activation (compute dtype)
     recompute = ac == "full"
     out: dict[str, tuple[float, float]] = {}
     if L.dp * L.cp > 1:

@@ -2,7 +2,7 @@
 matmul efficiency by GPU generation, GEMM shape and precision (the 'generation' time model),
 and the communication latency terms that matter at 1,000+ GPUs. Torch-free.
 
-What every recipe uses (step_time._time):
+What every recipe uses (step_time.step_time):
 - matmuls at `estimate.default_efficiency` (the calibrated fraction of peak);
 - the attention core as its kernel runs it (`attention_seconds_per_token`): FlashAttention-2
   (torch SDPA, flash-attn 2) at FLASH2_HOPPER_EFFICIENCY of peak on Hopper, a materialized
@@ -15,7 +15,7 @@ What every recipe uses (step_time._time):
   torch.compile): their bytes over memory bandwidth (`eager_elementwise_bytes`).
 
 The 'generation' time model (recipes.Recipe.time_model, selectable, no recipe uses it: see
-recipes._TIME_MODEL for the measurement) replaces the matmul efficiency with
+recipes.FOREIGN_TIME_MODEL for the measurement) replaces the matmul efficiency with
 efficiency = GENERATION_EFFICIENCY[generation] x gemm_shape_factor x (FP8_EFFICIENCY if fp8)
 
 - GENERATION_EFFICIENCY: the fraction of the dense 16-bit peak that large, GEMM-dominated
@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 
-from scaletrain.config import HardwareSpec, ModelConfig
+from scaletrain.config import HardwareSpec, ModelConfig, compute_bytes
 
 __all__ = [
     "GENERATION_EFFICIENCY",
@@ -99,7 +99,7 @@ def gemm_shape_factor(
 ) -> float:
     """FLOP-weighted roofline factor of one block's GEMMs (q/k/v, out, MLP in, MLP out) for
     `tokens` rows per rank: sum(flops) / sum(flops / min(1, intensity / ridge))."""
-    e = 1.0 if precision == "fp8" else (4.0 if precision == "fp32" else 2.0)
+    e = 1.0 if precision == "fp8" else (float(compute_bytes(precision)))
     ridge = hardware.flops(precision) / hardware.memory_bw
     h, kv, f = model.dim, model.kv_dim, model.ffn_dim
     f_in = 2 * f if model.activation == "swiglu" else f

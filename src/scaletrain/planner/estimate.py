@@ -7,18 +7,18 @@ from __future__ import annotations
 
 from .cost import TrainingCost, napkin_cost, training_cost
 from .rank_memory import ModelTerms, breakdown, estimate_memory, worst_rank
+from .rank_terms import model_terms
 from .recipe_memory import recipe_worst_rank
 from .recipes import DEFAULT_RECIPE, Recipe, recipe_named
 from .step_time import (
     CPU_OPTIMIZER_BW,
     OPTIMIZER_TRAFFIC,
-    _model_consts,
-    _time,
     comm_arguments,
     default_efficiency,
     eager_elementwise_s,
+    model_flops,
+    step_time,
 )
-from .step_time import _efficiency as _efficiency  # re-exported for tests
 from .types import Estimate, MemoryBreakdown, PlanInput, TimeBreakdown
 
 __all__ = [
@@ -69,21 +69,29 @@ def reserved_and_step(
     the plan does not fit (its time model is skipped) and 0 with memory_only. Same arithmetic
     as `estimate`, without building dataclasses. terms: the search's `ModelTerms` of the
     plan's model."""
+    terms = model_terms(plan, terms)
+    recipe: Recipe | None = None
     if plan.recipe != DEFAULT_RECIPE:
+        recipe = recipe_named(plan.recipe)
         mem, max_params = recipe_worst_rank(plan)
-        if mem.reserved > plan.hardware.memory_bytes:
-            return mem.reserved, float("inf")
-        if memory_only:
-            return mem.reserved, 0.0
-        return mem.reserved, _time(
-            plan, max_params, causal, gpus_per_node, zero_bubble, recipe_named(plan.recipe)
-        )[0]
-    nums, max_params = worst_rank(plan, convention=convention, modern=modern, terms=terms)
-    if nums.reserved > plan.hardware.memory_bytes:
-        return nums.reserved, float("inf")
+        reserved = mem.reserved
+    else:
+        nums, max_params = worst_rank(plan, convention=convention, modern=modern, terms=terms)
+        reserved = nums.reserved
+    if reserved > plan.hardware.memory_bytes:
+        return reserved, float("inf")
     if memory_only:
-        return nums.reserved, 0.0
-    return nums.reserved, _time(plan, max_params, causal, gpus_per_node, zero_bubble)[0]
+        return reserved, 0.0
+    step = step_time(
+        plan,
+        max_params,
+        terms=terms,
+        causal=causal,
+        gpus_per_node=gpus_per_node,
+        zero_bubble=zero_bubble,
+        recipe=recipe,
+    )
+    return reserved, step.step_s
 
 
 def estimate(
@@ -103,7 +111,8 @@ def estimate(
     zero_bubble: 'h1' = the ZB-H1 bubble of torch's zero-bubble order that the trainer runs,
     'h2' = the ideal zero bubble (what-if only; see pipeline.bubble_fraction).
     """
-    L, model, hw = plan.layout, plan.model, plan.hardware
+    L, hw = plan.layout, plan.hardware
+    terms = model_terms(plan, terms)
     recipe: Recipe | None = None
     mem: MemoryBreakdown
     if plan.recipe != DEFAULT_RECIPE:
@@ -112,11 +121,18 @@ def estimate(
     else:
         nums, max_params = worst_rank(plan, convention=convention, modern=modern, terms=terms)
         mem = breakdown(plan, nums)
-    step_s, compute_s, bubble_s, exposed, optimizer_s, comm, eff = _time(
-        plan, max_params, causal, gpus_per_node, zero_bubble, recipe
+    st = step_time(
+        plan,
+        max_params,
+        terms=terms,
+        causal=causal,
+        gpus_per_node=gpus_per_node,
+        zero_bubble=zero_bubble,
+        recipe=recipe,
     )
-    model_fpt = _model_consts(model, plan.seq_len, causal, plan.ac)[5]
-    comm_s = {k: v[1] for k, v in comm.items()}
+    step_s = st.step_s
+    model_fpt = model_flops(terms, plan.seq_len, causal, plan.ac).model
+    comm_s = {k: v[1] for k, v in st.comm.items()}
     m = max(1, plan.grad_accum)
     tokens_step = float(m * plan.micro_batch * L.dp * plan.seq_len)
     tokens_per_s = tokens_step / step_s if step_s > 0 else 0.0
@@ -124,14 +140,14 @@ def estimate(
     mfu = model_fpt * tokens_per_s / (peak * max(1, plan.num_gpus))
     time = TimeBreakdown(
         step_s=step_s,
-        compute_s=compute_s,
-        comm_exposed_s=exposed,
-        bubble_s=bubble_s,
-        optimizer_s=optimizer_s,
+        compute_s=st.compute_s,
+        comm_exposed_s=st.exposed_s,
+        bubble_s=st.bubble_s,
+        optimizer_s=st.optimizer_s,
         comm_total_s=sum(comm_s.values()),
         comm_terms=comm_s,
     )
-    notes = _notes(convention, eff, plan.precision, peak)
+    notes = _notes(convention, st.efficiency, plan.precision, peak)
     if recipe is not None:
         notes[0] = (
             f"recipe={recipe.name!r} ({recipe.framework}): model states, activations, "

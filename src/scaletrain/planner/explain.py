@@ -194,6 +194,8 @@ def _recipe_time(est: Estimate) -> list[str]:
             f"bandwidth (efficiency.eager_elementwise_bytes)"
         )
     if r.time_model != "generation" or p.efficiency > 0 or hw.name == "cpu":
+        # names recipe_schema.FOREIGN_TIME_MODEL by its old name: explain's output is kept
+        # byte-identical to 109a6fb through issue 34 (benchmarks/planner_identity.py)
         return [
             f"   [{r.name}] efficiency: estimate.default_efficiency (recipes._TIME_MODEL)",
             bucket,

@@ -9,7 +9,7 @@ Units: bytes; `GB` in docstrings means 1e9 bytes. Every function answers for ONE
 
 from __future__ import annotations
 
-from scaletrain.config import ModelConfig
+from scaletrain.config import ModelConfig, compute_bytes
 
 __all__ = [
     "head_activation_bytes",
@@ -44,7 +44,7 @@ def head_activation_bytes(
       not the 10 B of DESIGN.md §5) or (4 + 4) in fp32.
     The loss backward's own temporaries are `loss_backward_bytes`.
     """
-    e = 4 if precision == "fp32" else 2
+    e = compute_bytes(precision)
     r = 4 if residual_fp32 else e
     tok = float(seq_len) / cp * micro_batch
     if fused:
@@ -105,7 +105,7 @@ def loss_backward_bytes(
     tok = float(seq_len) / cp * micro_batch
     if not fused:
         return 8.0 * tok * model.vocab_size
-    e = 4 if precision == "fp32" else 2
+    e = compute_bytes(precision)
     v_local = -(-model.vocab_size // tp)
     c = min(fused_loss_chunk(model, tp=tp, chunk_tokens=chunk_tokens), tok)
     table = float(v_local) * model.dim
@@ -189,5 +189,5 @@ def held_logits_bytes(
     loss."""
     if fused:
         return 0.0
-    e = 4 if precision == "fp32" else 2
+    e = compute_bytes(precision)
     return e * float(seq_len) / cp * micro_batch * model.vocab_size / tp

@@ -9,6 +9,8 @@ import path for its memory arithmetic).
 
 from __future__ import annotations
 
+from scaletrain.config import compute_bytes
+
 from .activation_memory import (
     activation_bytes,
     embedding_backward_bytes,
@@ -117,7 +119,7 @@ def buffer_terms(
     runtime_context: RUNTIME_CONTEXT_BYTES on a GPU, 0 on 'cpu'.
     Ignores: NCCL's internal channel buffers beyond the context term, cuDNN workspaces.
     """
-    e = 4 if precision == "fp32" else 2
+    e = compute_bytes(precision)
     out: dict[str, float] = {}
     if dp > 1 or zero_shards > 1:
         if zero >= 2:
@@ -166,7 +168,7 @@ def pp_recv_buffer_bytes(
     """
     if pp <= 1:
         return 0.0
-    io = 2 if (zero >= 2 and precision != "fp32") else 4
+    io = compute_bytes(precision) if zero >= 2 else 4
     n_stages = pp * virtual
     stages = [rank + k * pp for k in range(virtual)]
     n_buf = sum(1 for s in stages if s > 0) + sum(1 for s in stages if s < n_stages - 1)

@@ -25,11 +25,12 @@ __all__ = [
 
 
 # The moments are built per rank on the search's hot path, so they are plain slotted dataclasses
-# (never mutated after construction): frozen ones cost 30% of the search's layouts/s (their
-# __init__ sets each field through object.__setattr__; measured on llama3-405b / 16,384 H100).
+# built by keyword (never mutated after construction) but not frozen: frozen ones cost 30% of the
+# search's layouts/s (their __init__ sets each field through object.__setattr__; measured on
+# llama3-405b / 16,384 H100).
 
 
-@dataclass(slots=True)
+@dataclass(kw_only=True, slots=True)
 class ForwardBackward:
     """Forward/backward with the activations stored (no ZeRO-2/3 units): states, every buffer,
     the stored activations with the gradients that exist by then."""
@@ -44,7 +45,7 @@ class ForwardBackward:
         return self.states + self.buffers + self.acts_and_grads
 
 
-@dataclass(slots=True)
+@dataclass(kw_only=True, slots=True)
 class OptimizerStep:
     """The optimizer step: after backward the 16-bit weight casts (autocast) / unsharded FSDP
     units are freed and no FSDP collective is in flight; DDP buckets persist."""
@@ -73,7 +74,7 @@ class OptimizerStep:
         )
 
 
-@dataclass(slots=True)
+@dataclass(kw_only=True, slots=True)
 class ZeroBlockBackward:
     """A block's backward under ZeRO-2/3 (see `_zero_moments`)."""
 
@@ -101,7 +102,7 @@ class ZeroBlockBackward:
         )
 
 
-@dataclass(slots=True)
+@dataclass(kw_only=True, slots=True)
 class ZeroStageBackward:
     """A pipeline stage's backward under ZeRO-2/3: torch's stage keeps every unit gathered
     and its gradients unsharded until the step's last backward (see `_zero_moments`)."""
@@ -128,7 +129,7 @@ class ZeroStageBackward:
         )
 
 
-@dataclass(slots=True)
+@dataclass(kw_only=True, slots=True)
 class ZeroEndOfBackward:
     """The end of backward under ZeRO-2/3: the root unit's post-backward (`_zero_moments`)."""
 
@@ -155,7 +156,7 @@ class ZeroEndOfBackward:
         )
 
 
-@dataclass(slots=True)
+@dataclass(kw_only=True, slots=True)
 class LossBackward:
     """The last stage's loss backward (see `_loss_moment`)."""
 
@@ -186,7 +187,7 @@ class LossBackward:
         )
 
 
-@dataclass(slots=True)
+@dataclass(kw_only=True, slots=True)
 class EmbeddingBackward:
     """The first stage's embedding backward, the last gradient computed (`_embedding_moment`)."""
 
@@ -219,7 +220,7 @@ Moment = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(kw_only=True, slots=True, frozen=True)
 class RankMemory:
     """Memory of one pipeline rank: its peak (the largest of its moments) and the terms the
     breakdown reports."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from scaletrain.config import ConfigError
+from scaletrain.config import ConfigError, compute_bytes
 
 from .napkin_budget import (
     RentBuy,
@@ -263,7 +263,7 @@ def textbook_lines(
     split = L.tp * L.pp
     zs = state_bytes(P / split, conv, zero=L.zero, shards=L.zero_shards)
     states = sum(zs.values())
-    act_bytes = 4.0 if p.precision == "fp32" else 2.0
+    act_bytes = float(compute_bytes(p.precision))
     seq = p.seq_len // max(1, L.cp)
     per_layer = korthikanti_layer_bytes(
         seq, p.micro_batch, m_.dim, m_.num_heads, tp=L.tp, sp=L.sp, ac=p.ac, act_bytes=act_bytes

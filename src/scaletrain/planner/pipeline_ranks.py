@@ -8,6 +8,7 @@ model), which it reads.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 from scaletrain.config import stage_layer_ranges
 
@@ -15,7 +16,21 @@ from .memory import pp_recv_buffer_bytes, stage_layer_counts
 from .pipeline import inflight_per_rank, rank_order
 from .types import PlanInput
 
-__all__ = ["pipeline_buffers", "rank_candidates", "schedule_moments"]
+__all__ = ["pipeline_buffers", "rank_candidates", "schedule_moments", "ScheduleMoment"]
+
+
+class ScheduleMoment(NamedTuple):
+    """One backward moment of a pipeline rank (`schedule_moments`). A named tuple, not a
+    dataclass: the moments are kept in a set, sorted and compared as tuples, and cached."""
+
+    stored_layers: int
+    """Blocks x micro-batches whose activations are stored (each chunk its own layer count)."""
+    stored_heads: int
+    """Micro-batches whose head activations are stored (last stage only)."""
+    grads_exist: bool
+    """Whether the rank's gradients have been allocated by then (its first backward / W)."""
+    is_loss: bool
+    """Whether this is a loss backward (the last stage's backward of a micro-batch)."""
 
 
 @functools.lru_cache(maxsize=8192)
@@ -45,7 +60,7 @@ def rank_candidates(
 @functools.lru_cache(maxsize=8192)
 def schedule_moments(
     schedule: str, p: int, m: int, v: int, rank: int, num_layers: int
-) -> tuple[tuple[int, int, bool, bool], ...]:
+) -> tuple[ScheduleMoment, ...]:
     """The backward moments of pipeline rank `rank`, walking its action order
     (`pipeline.pipeline_order`, torch's order): (layers x micro-batches whose activations are
     stored, micro-batches of the last stage stored (head and loss graph), whether the step's
@@ -67,10 +82,15 @@ def schedule_moments(
     zb = schedule == "zero-bubble"
     live: dict[tuple[int, int], tuple[int, int]] = {}
     grads = False
-    out: set[tuple[int, int, bool, bool]] = set()
+    out: set[ScheduleMoment] = set()
 
-    def now(is_loss: bool) -> tuple[int, int, bool, bool]:
-        return (sum(x[0] for x in live.values()), sum(x[1] for x in live.values()), grads, is_loss)
+    def now(is_loss: bool) -> ScheduleMoment:
+        return ScheduleMoment(
+            stored_layers=sum(x[0] for x in live.values()),
+            stored_heads=sum(x[1] for x in live.values()),
+            grads_exist=grads,
+            is_loss=is_loss,
+        )
 
     for a in rank_order(schedule, p, m, v, rank):
         key = (a.stage, a.microbatch)

@@ -3,8 +3,8 @@
 The search's hot path (`worst_rank`) returns plain numbers; the breakdown dataclass is built
 only for the layouts the planner reports. Both go through `_rank_memory`, so they agree: a
 rank's peak is the largest of its named moments (`ForwardBackward`, `OptimizerStep`, the
-ZeRO-2/3 moments, `LossBackward`, `EmbeddingBackward`), each a frozen dataclass of its byte
-terms, and `RankMemory.moment` names the one that won. The moments are built in
+ZeRO-2/3 moments, `LossBackward`, `EmbeddingBackward`), each a slotted dataclass of its byte
+terms built by keyword, and `RankMemory.moment` names the one that won. The moments are built in
 `rank_moments.py`; the pipeline-schedule geometry below is `pipeline_ranks.py`.
 
 Which ranks are evaluated: rank 0 (embedding), rank pp-1 (head), and the middle ranks no other
@@ -31,11 +31,12 @@ from .rank_moments import (
     zero_moments,
 )
 from .rank_terms import (
+    ActivationTerms,
     ModelTerms,
-    _activation_terms,
-    _buffers,
-    _rank_states,
+    activation_terms,
     model_terms,
+    rank_buffers,
+    rank_states,
 )
 from .types import MemoryBreakdown, PlanInput
 
@@ -50,7 +51,7 @@ __all__ = [
 ]
 
 
-def _late_grads(plan: PlanInput, terms: ModelTerms, st: dict[str, float], count: int) -> float:
+def _late_grads(plan: PlanInput, terms: ModelTerms, st: dict[str, float], count: float) -> float:
     """Rank 0's gradients that come after every block's backward (ZeRO-0/1 only).
 
     The token embedding's gradient and the position table's come after every block's (dry-run,
@@ -78,21 +79,21 @@ def _step_moment(
     intermediate per parameter during step(); on a GPU the trainer runs fused AdamW, which
     allocates none (the dry-run measures none)."""
     return OptimizerStep(
-        fixed,
-        st["params.in_flight"],
-        buffers,
-        fsdp,
-        quant,
-        st["grads"],
-        st["grads.in_flight"],
-        step_tmp,
+        states=fixed,
+        params_in_flight=st["params.in_flight"],
+        buffers=buffers,
+        fsdp=fsdp,
+        fp8_quantize=quant,
+        grads=st["grads"],
+        grads_in_flight=st["grads.in_flight"],
+        step_temp=step_tmp,
     )
 
 
 def _rank_memory(
     plan: PlanInput,
     terms: ModelTerms,
-    acts_terms: tuple[float, float, float, float],
+    acts_terms: ActivationTerms,
     zs: int,
     rank: int,
     layers: int,
@@ -106,13 +107,21 @@ def _rank_memory(
     benchmarks/results/planner_accuracy.md)."""
     L = plan.layout
     last = rank == L.pp - 1
-    st, count, unit, sharded, fixed, bwd_terms = _rank_states(
-        plan, terms, zs, rank == 0, last, layers, convention
+    rs = rank_states(plan, terms, zs, rank == 0, last, layers, convention)
+    st, count, unit, sharded, fixed, bwd_terms = (
+        rs.states,
+        rs.params,
+        rs.unit,
+        rs.sharded,
+        rs.fixed,
+        rs.backward,
     )
     # fsdp: the FSDP collectives' buffers; quant: fp8's quantization temporary, which exists
     # only inside a converted linear's forward/backward: not during the optimizer step, nor
     # the (16-bit) head's loss backward
-    bufs, buffers, ctx, fsdp, quant = _buffers(plan, terms, zs, unit, device, count)
+    rb = rank_buffers(plan, terms, zs, unit, device, count)
+    bufs, buffers, ctx = rb.terms, rb.total, rb.runtime_context
+    fsdp, quant = rb.fsdp, rb.fp8_quantize
     moments: tuple = ()
     if L.pp > 1:
         moments = schedule_moments(
@@ -130,20 +139,29 @@ def _rank_memory(
         held = (fixed, buffers, bufs, fsdp, count, bwd_terms, layers, m, block_stored)
         cands = [*zero_moments(plan, terms.counts, st, *held, acts_terms, rank), step]
     else:  # states with the FSDP units in flight, every buffer, activations/grads
-        cands = [ForwardBackward(fixed, buffers, fwdbwd), step]
+        cands = [ForwardBackward(states=fixed, buffers=buffers, acts_and_grads=fwdbwd), step]
     loss_terms = emb_tmp = 0.0
     if last:
-        extra = acts_terms[1] if layers else 0.0
+        extra = acts_terms.recompute if layers else 0.0
         args = (fixed, buffers, fsdp, quant, count, m, acts - extra, moments, acts_terms)
-        loss = loss_moment(plan, st, *args, bwd_terms[0], layers, bwd_terms[2])
+        loss = loss_moment(plan, st, *args, bwd_terms.root_unit, layers, bwd_terms.block_params)
         loss_terms = loss.loss_temp + loss.head_grad
         bufs = dict(bufs, loss_backward_temp=loss.loss_temp, head_grad=loss.head_grad)
         cands.append(loss)
     if rank == 0 and layers and plan.offload == "none":
-        emb_tmp = bwd_terms[3]
+        emb_tmp = bwd_terms.embedding_temp
         cands.append(
             embedding_moment(
-                plan, terms.counts, st, bufs, count, last, fixed, bwd_terms, acts_terms[3], ctx
+                plan,
+                terms.counts,
+                st,
+                bufs,
+                count,
+                last,
+                fixed,
+                bwd_terms,
+                acts_terms.held_logits,
+                ctx,
             )
         )
         bufs = dict(bufs, embedding_backward_temp=emb_tmp)
@@ -151,18 +169,18 @@ def _rank_memory(
     total = peak.total
     reserved = total + FRAGMENTATION * (total - ctx)
     return RankMemory(
-        reserved,
-        total,
-        st,
-        bufs,
-        buffers + loss_terms + emb_tmp,
-        acts,
-        acts_terms[0],
-        step_tmp,
-        count,
-        rank,
-        in_flight,
-        peak.name,
+        reserved=reserved,
+        total=total,
+        states=st,
+        buffer_terms=bufs,
+        buffers=buffers + loss_terms + emb_tmp,
+        activations=acts,
+        per_layer=acts_terms.per_layer,
+        step_temp=step_tmp,
+        params=count,
+        rank=rank,
+        in_flight=in_flight,
+        moment=peak.name,
     )
 
 
@@ -180,7 +198,7 @@ def worst_rank(
     device = "cpu" if plan.hardware.name == "cpu" else "gpu"
     zs = L.zero_shards
     terms = model_terms(plan, terms)
-    acts_terms = _activation_terms(plan, terms, modern)
+    acts_terms = activation_terms(plan, terms, modern)
     worst = None
     max_params = 0.0
     for rank, layers, in_flight in rank_candidates(
@@ -246,7 +264,7 @@ def pipeline_rank_memory(
     nums = _rank_memory(
         plan,
         terms,
-        _activation_terms(plan, terms, modern),
+        activation_terms(plan, terms, modern),
         L.zero_shards,
         pp_rank,
         layers,

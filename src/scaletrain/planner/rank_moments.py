@@ -7,7 +7,9 @@ pieces they share (stored activations, the root unit through a ZeRO-3 backward).
 
 from __future__ import annotations
 
-from scaletrain.config import ParamCounts, fused_head_loss
+from typing import TYPE_CHECKING
+
+from scaletrain.config import ParamCounts, compute_bytes, fused_head_loss
 
 from .memory import (
     head_grad_bytes,
@@ -23,6 +25,10 @@ from .moments import (
     ZeroStageBackward,
 )
 from .types import PlanInput
+
+if TYPE_CHECKING:  # rank_terms imports this module (root_in_backward)
+    from .pipeline_ranks import ScheduleMoment
+    from .rank_terms import ActivationTerms, BackwardTerms
 
 __all__ = [
     "root_in_backward",
@@ -64,7 +70,7 @@ def embedding_moment(
     count: float,
     last: bool,
     fixed: float,
-    bwd_terms: tuple,
+    bwd_terms: BackwardTerms,
     held_logits: float,
     ctx: float,
 ) -> EmbeddingBackward:
@@ -80,13 +86,14 @@ def embedding_moment(
     dp4 z3 tp4 fp32 (-32%) and llama2-7b-L1 dp4 z3 tp2+sp (+12% with the old ZeRO-3 moment).
     """
     L, model = plan.layout, plan.model
-    root_live, head_held, blk, tmp = bwd_terms
+    root_live, head_held = bwd_terms.root_unit, bwd_terms.head_grad_held
+    blk, tmp = bwd_terms.block_params, bwd_terms.embedding_temp
     grads_rest = st["grads"] - st["grads.in_flight"]
     states = fixed - st["params.in_flight"]
     if L.zero >= 2:
         # the root unit's gradients are reduce-scattered after this moment: none of the
         # root's sharded grads exist yet
-        wc = 4 if plan.precision == "fp32" else 2
+        wc = compute_bytes(plan.precision)
         other = 1.0 - root_live / wc / count if count else 0.0
         if model.tie_embeddings and L.pp == 1:
             head_held = 0.0  # the head's contribution is in `tmp`
@@ -97,19 +104,23 @@ def embedding_moment(
     states += bufs.get("rope_tables", 0.0)
     # + ctx: the runtime context is outside every moment's tensors
     return EmbeddingBackward(
-        states, grads_rest * max(0.0, other), held_logits if last else 0.0, tmp, ctx
+        states=states,
+        other_grads=grads_rest * max(0.0, other),
+        held_logits=held_logits if last else 0.0,
+        embedding_temp=tmp,
+        runtime_context=ctx,
     )
 
 
 def stored_activations(
     plan: PlanInput,
-    moments: tuple,
+    moments: tuple[ScheduleMoment, ...],
     st: dict,
     layers: int,
     in_flight: float,
     m: int,
     last: bool,
-    acts_terms: tuple[float, float, float, float],
+    acts_terms: ActivationTerms,
     late_grads: float = 0.0,
 ) -> tuple[float, float, float]:
     """(largest stored activations, the blocks' part of them, activations + the gradients that
@@ -117,7 +128,7 @@ def stored_activations(
     (`pipeline_ranks.schedule_moments`: stored activations per chunk, whether the gradients
     exist yet). late_grads: gradients backward computes only after every block's (the first
     stage's embedding tables), absent from a one-micro-batch block backward."""
-    per_layer, recompute, head_acts, _ = acts_terms
+    per_layer, recompute, head_acts = acts_terms.per_layer, acts_terms.recompute, acts_terms.head
     one_layer = per_layer
     extra = 0.0
     if recompute and layers:
@@ -158,11 +169,11 @@ def zero_moments(
     bufs: dict,
     fsdp: float,
     count: float,
-    bwd_terms: tuple,
+    bwd_terms: BackwardTerms,
     layers: int,
     m: int,
     block_stored: float,
-    acts_terms: tuple[float, float, float, float],
+    acts_terms: ActivationTerms,
     rank: int,
 ) -> list[Moment]:
     """ZeRO-2/3's moments (FSDP2 as parallel/fsdp.py builds it; measured with the dry-run,
@@ -186,9 +197,11 @@ def zero_moments(
       gradient is `embedding_moment`.
     """
     L = plan.layout
-    per_layer, recompute, _, held_logits = acts_terms
-    root_live, head_held, blk, _ = bwd_terms
-    wc = 4 if plan.precision == "fp32" else 2
+    per_layer, recompute = acts_terms.per_layer, acts_terms.recompute
+    held_logits = acts_terms.held_logits
+    root_live, head_held = bwd_terms.root_unit, bwd_terms.head_grad_held
+    blk = bwd_terms.block_params
+    wc = compute_bytes(plan.precision)
     rest = fixed - (st["params.in_flight"] if L.zero >= 3 else 0.0)
     grads_rest = st["grads"] - st["grads.in_flight"]
     more = 1.0 if layers > 1 else 0.0  # a next block to prefetch / a previous RS input
@@ -219,12 +232,27 @@ def zero_moments(
         early = (stored + accumulated + recompute, blk, more, wc)
         bwd, copies, block_buffers = _early_block_backward(plan, *early, bwd, copies, bufs, buffers)
     out: list[Moment] = [
-        ZeroBlockBackward(rest, block_buffers, fsdp, root_live, head_held, copies, bwd, held)
+        ZeroBlockBackward(
+            states=rest,
+            buffers=block_buffers,
+            fsdp=fsdp,
+            root_unit=root_live,
+            head_grad=head_held,
+            unit_copies=copies,
+            acts_and_grads=bwd,
+            held_logits=held,
+        )
     ]
     if L.pp > 1:
         out.append(
             ZeroStageBackward(
-                fixed, st["params.in_flight"], buffers, fsdp, wc * count, block_stored, held
+                states=fixed,
+                params_in_flight=st["params.in_flight"],
+                buffers=buffers,
+                fsdp=fsdp,
+                stage_unsharded=wc * count,
+                block_acts=block_stored,
+                held_logits=held,
             )
         )
     out.append(
@@ -267,7 +295,7 @@ def _early_block_backward(
     recompute's: +3.05% with the buffer on top).
     """
     L = plan.layout
-    e = 4 if plan.precision == "fp32" else 2
+    e = compute_bytes(plan.precision)
     work = mlp_backward_work_bytes(
         plan.model,
         tokens=plan.seq_len / L.cp * plan.micro_batch,
@@ -308,21 +336,21 @@ def _end_of_backward(
     root gathered and its shard counted twice).
     """
     L = plan.layout
-    wc = 4 if plan.precision == "fp32" else 2
+    wc = compute_bytes(plan.precision)
     root_grad = end_held = root_grads = 0.0
     if L.zero >= 3 and root_live:
         root_grads = grads_rest * (root_live / wc) / count if count else 0.0
         embedding = wc * pc.embedding / L.tp if rank == 0 else 0.0
         root_grad, end_held = max(embedding, head_held), held
     return ZeroEndOfBackward(
-        rest,
-        buffers,
-        fsdp,
-        bufs.get("fsdp_reduce_scatter", 0.0),
-        grads_rest,
-        root_grad,
-        end_held,
-        root_grads,
+        states=rest,
+        buffers=buffers,
+        fsdp=fsdp,
+        reduce_scatter=bufs.get("fsdp_reduce_scatter", 0.0),
+        grads=grads_rest,
+        root_grad=root_grad,
+        held_logits=end_held,
+        root_sharded_grads=root_grads,
     )
 
 
@@ -336,8 +364,8 @@ def loss_moment(
     count: float,
     m: int,
     stored: float,
-    moments: tuple,
-    acts_terms: tuple[float, float, float, float],
+    moments: tuple[ScheduleMoment, ...],
+    acts_terms: ActivationTerms,
     root_live: float,
     layers: int,
     block: float,
@@ -354,10 +382,10 @@ def loss_moment(
     not, `config.fused_head_loss`; zero-bubble's logits of earlier micro-batches are not kept
     either: the trainer runs the schedule with return_outputs=False)."""
     L = plan.layout
-    per_layer, _, head_acts, _ = acts_terms
+    per_layer, head_acts = acts_terms.per_layer, acts_terms.head
     # the head weight the fused loss reads: FSDP2's 16-bit unsharded copy under ZeRO-2/3
     # with 16-bit compute, else the fp32 parameter
-    weight_bytes = 2 if (L.zero >= 2 and plan.precision != "fp32") else 4
+    weight_bytes = compute_bytes(plan.precision) if L.zero >= 2 else 4
     fused = fused_head_loss(L)
     loss_tmp = loss_backward_bytes(
         plan.model,
@@ -373,22 +401,32 @@ def loss_moment(
     head = head_grad_bytes(plan.model, tp=L.tp, fused=fused, weight_bytes=weight_bytes)
     resting, held = _loss_resting(plan, st, fixed, count, m, root_live, layers, block)
     if L.pp == 1:
-        return LossBackward(resting, buffers, fsdp, quant, stored, 0.0, held, loss_tmp, head)
+        return LossBackward(
+            states=resting,
+            buffers=buffers,
+            fsdp=fsdp,
+            fp8_quantize=quant,
+            stored_acts=stored,
+            head_acts=0.0,
+            grads=held,
+            loss_temp=loss_tmp,
+            head_grad=head,
+        )
     return max(
         (
             LossBackward(
-                resting,
-                buffers,
-                fsdp,
-                quant,
-                lay * per_layer,
-                hd * head_acts,
-                held if g else 0.0,
-                loss_tmp,
-                head,
+                states=resting,
+                buffers=buffers,
+                fsdp=fsdp,
+                fp8_quantize=quant,
+                stored_acts=sm.stored_layers * per_layer,
+                head_acts=sm.stored_heads * head_acts,
+                grads=held if sm.grads_exist else 0.0,
+                loss_temp=loss_tmp,
+                head_grad=head,
             )
-            for lay, hd, g, is_loss in moments
-            if is_loss
+            for sm in moments
+            if sm.is_loss
         ),
         key=moment_total,
     )
@@ -408,7 +446,7 @@ def _loss_resting(
     L = plan.layout
     resting = fixed - (st["params.in_flight"] if L.zero >= 3 else 0.0)
     held = st["grads"] - st["grads.in_flight"] if (m > 1 or L.pp > 1) else 0.0
-    wc = 4 if plan.precision == "fp32" else 2
+    wc = compute_bytes(plan.precision)
     if L.pp > 1 and L.zero >= 2:
         # the stage's units gathered and grads unsharded (see `zero_moments`)
         resting = fixed - st["params.in_flight"] + wc * count

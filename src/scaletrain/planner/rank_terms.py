@@ -1,16 +1,19 @@
 """A model's memory terms per layout, cached for the search (`ModelTerms`): a pipeline rank's
-model states (`_rank_states`), a block's activation terms (`_activation_terms`) and the
-communication/allocator buffers (`_buffers`). `rank_memory._rank_memory` combines them into a
-rank's moments.
+model states (`rank_states` -> `RankStates`), a block's activation terms (`activation_terms` ->
+`ActivationTerms`) and the communication/allocator buffers (`rank_buffers` -> `RankBuffers`).
+`rank_memory` combines them into a rank's moments.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
+from typing import TYPE_CHECKING
 
 from scaletrain.config import (
     ModelConfig,
     ParamCounts,
+    compute_bytes,
     ddp_reducer,
     expert_split,
     expert_zero_shards,
@@ -32,23 +35,120 @@ from .memory import (
 from .rank_moments import root_in_backward
 from .types import PlanInput
 
-__all__ = ["ModelTerms", "model_terms"]
+if TYPE_CHECKING:  # step_time imports this module
+    from .step_time import ModelFlops
+
+__all__ = [
+    "ModelTerms",
+    "model_terms",
+    "StageParams",
+    "BackwardTerms",
+    "RankStates",
+    "ActivationTerms",
+    "RankBuffers",
+    "rank_states",
+    "activation_terms",
+    "rank_buffers",
+]
+
+
+# The records below are built once per cache key (not per layout), so they can be frozen.
+@dataclass(kw_only=True, slots=True, frozen=True)
+class StageParams:
+    """Parameter counts of one pipeline stage on one rank (after TP/EP division)."""
+
+    block: float
+    """One block's parameters (attention, dense MLP, norms, router)."""
+    dense: float
+    """Every parameter FSDP/ZeRO shards over dp*cp: the blocks', embedding, final norm, head."""
+    expert: float
+    """The stage's expert parameters (split tp or ep ways, `config.expert_split`)."""
+    unit: float
+    """The largest FSDP unit: a block with its experts, or the root unit."""
+    uncast: float
+    """Parameters autocast never casts (`model_state_bytes`' uncast_params)."""
+    experts_in_fsdp: bool
+    """False when FSDP2 ignores the expert-parallel experts (ep > 1 under ZeRO-2/3)."""
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class BackwardTerms:
+    """What the ZeRO-2/3 and embedding-backward moments of a rank add (bytes / parameters)."""
+
+    root_unit: float
+    """The root unit's unsharded parameters through a ZeRO-3 backward (`root_in_backward`)."""
+    head_grad_held: float
+    """The head's unsharded gradient (or the tied head's contribution) held to the end."""
+    block_params: float
+    """One block's parameters on this rank (a block's FSDP unit)."""
+    embedding_temp: float
+    """The embedding backward's temporaries (`embedding_backward_bytes`), first stage only."""
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class RankStates:
+    """A pipeline rank's model states (`rank_states`)."""
+
+    states: dict[str, float]
+    """`memory.model_state_bytes` of the rank."""
+    params: float
+    """Parameters the rank holds (dense + expert)."""
+    unit: float
+    """Its largest FSDP unit (parameters)."""
+    sharded: float
+    """Its parameters after ZeRO sharding (what its optimizer steps)."""
+    fixed: float
+    """params + optimizer bytes: resident through the whole step."""
+    backward: BackwardTerms
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class ActivationTerms:
+    """Activation bytes per micro-batch of one layout (`activation_terms`)."""
+
+    per_layer: float
+    """Stored bytes per block under the plan's AC."""
+    recompute: float
+    """What one block adds in backward: full AC its no-AC set, selective
+    `selective_recompute_bytes`, none 0; + naive attention's S x S gradients."""
+    head: float
+    """The head + loss activations (`head_activation_bytes`)."""
+    held_logits: float
+    """Logits the training loop holds (`held_logits_bytes`; 0 with the fused loss)."""
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class RankBuffers:
+    """A rank's communication and allocator buffers (`rank_buffers`)."""
+
+    terms: dict[str, float]
+    """Named buffer terms (`memory.buffer_terms`, + rope_tables)."""
+    total: float
+    """Their sum."""
+    runtime_context: float
+    """The CUDA context term (outside every moment's tensors)."""
+    fsdp: float
+    """The FSDP collectives' buffers (the fsdp_* terms)."""
+    fp8_quantize: float
+    """fp8's quantization temporary (alive only inside a converted linear)."""
 
 
 class ModelTerms:
     """One model's memory terms, reused by every layout of a search: its parameter counts and,
-    keyed by the layout fields each depends on, the rank states (`_rank_states`), activation
-    terms (`_activation_terms`) and buffers (`_buffers`). `search.search` builds one per
+    keyed by the layout fields each depends on, the rank states (`rank_states`), activation
+    terms (`activation_terms`), buffers (`rank_buffers`) and FLOPs per token
+    (`step_time.model_flops`). `search.search` builds one per
     search; a caller that passes none gets a fresh one per call."""
 
-    __slots__ = ("model", "counts", "states", "acts", "bufs")
+    __slots__ = ("model", "counts", "states", "acts", "bufs", "flops")
 
     def __init__(self, model: ModelConfig) -> None:
         self.model = model
         self.counts: ParamCounts = model.param_counts()
-        self.states: dict[tuple, tuple] = {}
-        self.acts: dict[tuple, tuple[float, float, float, float]] = {}
-        self.bufs: dict[tuple, tuple] = {}
+        self.flops: dict[tuple, ModelFlops] = {}
+        self.states: dict[tuple, RankStates] = {}
+        self.acts: dict[tuple, ActivationTerms] = {}
+        self.bufs: dict[tuple, RankBuffers] = {}
 
 
 def model_terms(plan: PlanInput, terms: ModelTerms | None) -> ModelTerms:
@@ -56,12 +156,11 @@ def model_terms(plan: PlanInput, terms: ModelTerms | None) -> ModelTerms:
     return terms if terms is not None and terms.model is plan.model else ModelTerms(plan.model)
 
 
-def _stage_params(
+def stage_params(
     plan: PlanInput, pc: ParamCounts, first: bool, last: bool, layers: int
-) -> tuple[float, float, float, float, float, bool]:
-    """(one block's, dense, expert, largest FSDP unit's, never-cast parameters, experts in
-    FSDP) of a pipeline stage holding `layers` blocks (first/last: it holds the embedding /
-    the final norm and head)."""
+) -> StageParams:
+    """The parameters of a pipeline stage holding `layers` blocks (first/last: it holds the
+    embedding / the final norm and head)."""
     L, model = plan.layout, plan.model
     tp, ep = L.tp, L.ep
     dense_mlp = 0 if model.is_moe else pc.mlp
@@ -88,11 +187,17 @@ def _stage_params(
         dense += pc.final_norm + head / tp
         root += pc.final_norm + head / tp
         uncast += pc.final_norm + (head / tp if fused_head_loss(L) else 0.0)
-    unit = max(unit, root)
-    return block, dense, expert, unit, uncast, experts_in_fsdp
+    return StageParams(
+        block=block,
+        dense=dense,
+        expert=expert,
+        unit=max(unit, root),
+        uncast=uncast,
+        experts_in_fsdp=experts_in_fsdp,
+    )
 
 
-def _rank_states(
+def rank_states(
     plan: PlanInput,
     terms: ModelTerms,
     zs: int,
@@ -100,11 +205,9 @@ def _rank_states(
     last: bool,
     layers: int,
     convention: str,
-) -> tuple:
-    """(model-state dict, parameter count, largest FSDP unit, ZeRO-sharded count, params +
-    optimizer bytes, backward terms), cached; backward terms = (root unit's unsharded bytes,
-    head gradient held, one block's parameters, embedding-backward temporaries) for the
-    ZeRO-2/3 and embedding moments of `_rank_memory`."""
+) -> RankStates:
+    """A rank's model states, cached, with the backward terms the ZeRO-2/3 and embedding
+    moments of `rank_memory` read."""
     L, model = plan.layout, plan.model
     key = (
         L.tp,
@@ -125,9 +228,8 @@ def _rank_states(
         return hit
     pc = terms.counts
     tp = L.tp
-    block, dense, expert, unit, uncast, experts_in_fsdp = _stage_params(
-        plan, pc, first, last, layers
-    )
+    sp = stage_params(plan, pc, first, last, layers)
+    block, dense, expert, unit = sp.block, sp.dense, sp.expert, sp.unit
     st = model_state_bytes(
         dense,
         precision=plan.precision,
@@ -142,22 +244,34 @@ def _rank_states(
         largest_param=(pc.embedding / tp) if (first or last) else block,
         # q/k/v/o, the dense MLP or local experts of this stage's blocks
         fp8_params=fp8_linear_params(model, layers, tp) + expert,
-        experts_in_fsdp=experts_in_fsdp,
-        uncast_params=uncast,
+        experts_in_fsdp=sp.experts_in_fsdp,
+        uncast_params=sp.uncast,
     )
     sharded = (dense / zs + expert / expert_zero_shards(L)) if L.zero else dense + expert
     fixed = st["params"] + st["optimizer"]
-    wc = 4 if plan.precision == "fp32" else 2
+    wc = compute_bytes(plan.precision)
     root_live, head_held = root_in_backward(plan, pc, first, last, wc)
     emb_tmp = 0.0
     if first:
         # the weight's dtype as used: FSDP2's 16-bit unit, or fp32 (also under autocast)
-        grad_bytes = 2 if (L.zero >= 2 and plan.precision != "fp32") else 4
+        grad_bytes = compute_bytes(plan.precision) if L.zero >= 2 else 4
         emb_tmp = embedding_backward_bytes(
             model, tp=tp, grad_bytes=grad_bytes, tied=model.tie_embeddings and L.pp == 1
         )
-    bwd_terms = (root_live, head_held, _block_params(plan, pc), emb_tmp)
-    out = (st, dense + expert, unit, sharded, fixed, bwd_terms)
+    backward = BackwardTerms(
+        root_unit=root_live,
+        head_grad_held=head_held,
+        block_params=_block_params(plan, pc),
+        embedding_temp=emb_tmp,
+    )
+    out = RankStates(
+        states=st,
+        params=dense + expert,
+        unit=unit,
+        sharded=sharded,
+        fixed=fixed,
+        backward=backward,
+    )
     terms.states[key] = out
     return out
 
@@ -178,12 +292,9 @@ def _expert_casts(plan: PlanInput, terms: ModelTerms) -> float:
     return 0.0
 
 
-def _activation_terms(
-    plan: PlanInput, terms: ModelTerms, modern: bool
-) -> tuple[float, float, float, float]:
-    """(stored bytes per block, what one block adds in backward (full: its no-AC set; selective:
-    `selective_recompute_bytes`; none: 0; + naive attention's S x S grads, `_naive_backward`),
-    head bytes, logits the loop holds) per micro-batch, cached."""
+def activation_terms(plan: PlanInput, terms: ModelTerms, modern: bool) -> ActivationTerms:
+    """A block's activation terms per micro-batch (naive attention's S x S gradients from
+    `_naive_backward`), cached."""
     L, model = plan.layout, plan.model
     # autocast on fp32 params: DDP and ZeRO-1; ZeRO-2/3 are FSDP2 with 16-bit parameters
     residual_fp32 = plan.precision != "fp32" and L.zero < 2
@@ -252,10 +363,10 @@ def _activation_terms(
             tokens=s / L.cp * b,
             tp=L.tp,
             sp=L.sp,
-            e=4 if p == "fp32" else 2,
+            e=compute_bytes(p),
         )
     recompute += _naive_backward(plan, modern, residual_fp32)
-    out = (per_layer, recompute, head, held)
+    out = ActivationTerms(per_layer=per_layer, recompute=recompute, head=head, held_logits=held)
     terms.acts[key] = out
     return out
 
@@ -281,11 +392,10 @@ def _naive_backward(plan: PlanInput, modern: bool, residual_fp32: bool) -> float
     )
 
 
-def _buffers(
+def rank_buffers(
     plan: PlanInput, terms: ModelTerms, zs: int, unit: float, device: str, count: float = 0.0
-) -> tuple:
-    """(named buffer terms, their sum, runtime context, FSDP collectives' sum, fp8 quantization
-    temporary), cached. count: the rank's parameters (DDP's bucket copy)."""
+) -> RankBuffers:
+    """A rank's buffers, cached. count: the rank's parameters (DDP's bucket copy)."""
     L, model = plan.layout, plan.model
     tokens = plan.seq_len / L.cp * plan.micro_batch
     key = (
@@ -329,7 +439,13 @@ def _buffers(
     if model.position == "rope":
         bufs["rope_tables"] = rope_table_bytes(model)
     fsdp = sum(v for k, v in bufs.items() if k.startswith("fsdp_"))
-    out = (bufs, sum(bufs.values()), bufs["runtime_context"], fsdp, bufs.get("fp8_quantize", 0.0))
+    out = RankBuffers(
+        terms=bufs,
+        total=sum(bufs.values()),
+        runtime_context=bufs["runtime_context"],
+        fsdp=fsdp,
+        fp8_quantize=bufs.get("fp8_quantize", 0.0),
+    )
     terms.bufs[key] = out
     return out
 

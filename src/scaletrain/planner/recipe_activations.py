@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from scaletrain.config import compute_bytes
+
 from .memory import layer_activation_bytes
 from .recipes import Recipe
 from .types import PlanInput
@@ -38,7 +40,7 @@ def _korthikanti(plan: PlanInput, recipe: Recipe, ac: str) -> float:
     f = 4h: 34 -> 29 per sbh/t.
     """
     m, L = plan.model, plan.layout
-    e = 4 if plan.precision == "fp32" else 2
+    e = compute_bytes(plan.precision)
     h, a, f, kv = m.dim, m.num_heads, m.ffn_dim, m.kv_dim
     tok = float(plan.seq_len) / L.cp * plan.micro_batch
     sp = L.sp or recipe.sp_with_tp
@@ -70,7 +72,7 @@ def _torchtitan_op_sac(plan: PlanInput) -> float:
     fp32 log-sum-exp 4a/t, and with tp > 1 the two reduce-scatter outputs e*h/t (saved ops).
     The 2nd, 4th and 6th matmuls (wk, wo, w3) and every pointwise op are recomputed."""
     m, L = plan.model, plan.layout
-    e = 4 if plan.precision == "fp32" else 2
+    e = compute_bytes(plan.precision)
     h, a, f, kv, t = m.dim, m.num_heads, m.ffn_dim, m.kv_dim, L.tp
     tok = float(plan.seq_len) / L.cp * plan.micro_batch
     per = e * (h / t + h / t + kv / t + h / t + f / t + h) + 4.0 * a / t
@@ -136,7 +138,7 @@ def recipe_head_bytes(plan: PlanInput, recipe: Recipe) -> tuple[float, float]:
     instead of the fp32 log-softmax, and its backward writes the 16-bit gradient 2*T*V_l from
     one fused kernel (saved tensors measured with torch 2.13, Recipe.sources['loss_compiles'])."""
     m, L = plan.model, plan.layout
-    e = 4 if plan.precision == "fp32" else 2
+    e = compute_bytes(plan.precision)
     tok = float(plan.seq_len) / L.cp * plan.micro_batch
     tsp = L.tp if (L.sp or recipe.sp_with_tp) else 1
     v_l = m.vocab_size / L.tp
@@ -162,7 +164,7 @@ def recipe_head_bytes(plan: PlanInput, recipe: Recipe) -> tuple[float, float]:
     return stored, temp
 
 
-def _naive_attention_backward_temp(plan: PlanInput, recipe: Recipe) -> float:
+def naive_attention_backward_temp(plan: PlanInput, recipe: Recipe) -> float:
     """Bytes a Megatron-style unfused attention core adds on top of its stored tensors while
     one layer runs backward (0 for flash/SDPA cores or other activation models): one e*a*s^2*b/t
     gradient beyond the stored set. The bmm with V writes the gradient of the dropped-out
@@ -178,7 +180,7 @@ def _naive_attention_backward_temp(plan: PlanInput, recipe: Recipe) -> float:
     naive = m.attention == "naive" or recipe.attention == "naive"
     if not naive or recipe.activations != "korthikanti" or m.is_moe:
         return 0.0
-    e = 4 if plan.precision == "fp32" else 2
+    e = compute_bytes(plan.precision)
     masks = 1.0 if (recipe.dropout_masks and m.norm == "layernorm") else 0.0
     per_score = float(m.num_heads) * plan.seq_len * (plan.seq_len / L.cp) * plan.micro_batch / L.tp
     temp = e * per_score

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .memory import FRAGMENTATION, RUNTIME_CONTEXT_BYTES
-from .recipe_schema import _CTX, _PT_ALLOC, _TIME_MODEL, Recipe
+from .recipe_schema import ALLOCATOR_SOURCE, FOREIGN_TIME_MODEL, RUNTIME_CONTEXT_SOURCE, Recipe
 
 __all__ = ["MEGATRON", "NEMO"]
 
@@ -45,7 +45,7 @@ MEGATRON = Recipe(
     pp_with_zero=(0, 1, 3),
     fragmentation=FRAGMENTATION,
     cuda_context_bytes=RUNTIME_CONTEXT_BYTES,
-    time_model=_TIME_MODEL,
+    time_model=FOREIGN_TIME_MODEL,
     te_fp8_gemm_inputs=True,
     sources={
         "te_fp8_gemm_inputs": "megatron/core/extensions/transformer_engine.py: TE "
@@ -111,8 +111,8 @@ MEGATRON = Recipe(
         "attention": "megatron/core/transformer: TEDotProductAttention (flash / fused "
         "attention by --attention-backend auto): no s x s scores kept unless "
         "the model asks for the unfused core",
-        "fragmentation": _PT_ALLOC,
-        "cuda_context_bytes": _CTX,
+        "fragmentation": ALLOCATOR_SOURCE,
+        "cuda_context_bytes": RUNTIME_CONTEXT_SOURCE,
     },
 )
 

@@ -23,12 +23,14 @@ buffers beyond the context term, per-op temporaries inside a layer (< 1 layer's 
 
 from __future__ import annotations
 
-from scaletrain.config import ConfigError, Layout
+from dataclasses import dataclass
+
+from scaletrain.config import ConfigError, Layout, compute_bytes
 
 from .memory import OPTIMIZER_BYTES, stage_layer_counts
 from .pipeline import inflight_microbatches
 from .recipe_activations import (
-    _naive_attention_backward_temp,
+    naive_attention_backward_temp,
     recipe_head_bytes,
     recipe_layer_bytes,
 )
@@ -120,9 +122,35 @@ def recipe_stage_layers(plan: PlanInput, recipe: Recipe) -> tuple[int, ...]:
     return tuple(counts)
 
 
-def _rank_params(plan: PlanInput, first: bool, last: bool, layers: int) -> tuple[float, ...]:
-    """(parameters on this rank, one block's parameters, root unit: embedding and/or final norm
-    + head, the head alone) after TP/EP division."""
+@dataclass(kw_only=True, slots=True, frozen=True)
+class RecipeRankParams:
+    """Parameters of a pipeline rank under a foreign recipe (`recipe_rank_params`)."""
+
+    params: float
+    """Everything the rank holds."""
+    block: float
+    """One block's parameters."""
+    root: float
+    """What is not a block: embedding + positions and/or final norm + head."""
+    head: float
+    """The head alone (the embedding when tied and pp = 1)."""
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class RecipeStates:
+    """Model-state bytes of a rank under a foreign recipe (`recipe_states`)."""
+
+    weights: float
+    master: float
+    """The fp32 master copy (recipes that keep 16-bit weights)."""
+    grads: float
+    optimizer: float
+    offloaded: float
+    """Bytes moved to the CPU by offload."""
+
+
+def recipe_rank_params(plan: PlanInput, first: bool, last: bool, layers: int) -> RecipeRankParams:
+    """The parameters of a pipeline rank under a foreign recipe, after TP/EP division."""
     m, L = plan.model, plan.layout
     pc = m.param_counts()
     dense_mlp = 0 if m.is_moe else pc.mlp
@@ -139,7 +167,7 @@ def _rank_params(plan: PlanInput, first: bool, last: bool, layers: int) -> tuple
         if not pc.head and L.pp == 1:
             head = pc.embedding / L.tp  # tied: the embedding is the head
     params += root
-    return params, block, root, head
+    return RecipeRankParams(params=params, block=block, root=root, head=head)
 
 
 def _largest_module(plan: PlanInput) -> float:
@@ -151,11 +179,9 @@ def _largest_module(plan: PlanInput) -> float:
     return max(m.dim * (m.dim + 2 * m.kv_dim), m.dim * f_in, m.vocab_size * m.dim) / t
 
 
-def _recipe_states(
-    plan: PlanInput, recipe: Recipe, P: float
-) -> tuple[float, float, float, float, float]:
-    """(weights, master, grads, optimizer, offloaded to the CPU) of a rank holding `P`
-    parameters under `recipe`, sharded by its ZeRO stage."""
+def recipe_states(plan: PlanInput, recipe: Recipe, P: float) -> RecipeStates:
+    """The model states of a rank holding `P` parameters under `recipe`, sharded by its ZeRO
+    stage (optimizer offload moves the optimizer and master copy to the CPU)."""
     L = plan.layout
     N = L.zero_shards
     fp32 = plan.precision == "fp32"
@@ -174,7 +200,9 @@ def _recipe_states(
     elif plan.offload == "params" and z >= 3:
         offloaded = weights + master + grads + optim
         weights = master = grads = optim = 0.0
-    return weights, master, grads, optim, offloaded
+    return RecipeStates(
+        weights=weights, master=master, grads=grads, optimizer=optim, offloaded=offloaded
+    )
 
 
 def _recipe_in_flight(
@@ -184,7 +212,7 @@ def _recipe_in_flight(
     during a rank's backward under `recipe`."""
     pp, z, N = plan.layout.pp, plan.layout.zero, plan.layout.zero_shards
     fp32 = plan.precision == "fp32"
-    wc = 4 if fp32 else 2
+    wc = compute_bytes(plan.precision)
     unit = max(block, root)
     in_params = in_grads = 0.0
     bufs: dict[str, float] = {}
@@ -232,7 +260,7 @@ def _recipe_buffers(plan: PlanInput, recipe: Recipe, P: float, bufs: dict[str, f
         # the ZeRO optimizer reduces through its ipg buffer at any dp, dp = 1 included
         # (DeepSpeed stage_1_and_2.py reduce_gradients: 'with PP we must create ipg buffer')
         bufs["reduce_bucket"] = recipe.bucket_count * recipe.bucket_bytes(L.dp)
-    e = 4 if plan.precision == "fp32" else 2
+    e = compute_bytes(plan.precision)
     tok = float(plan.seq_len) / L.cp * plan.micro_batch
     sp = L.sp or recipe.sp_with_tp
     if L.tp > 1 and sp:
@@ -259,20 +287,23 @@ def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBrea
     pp = L.pp
     first, last = rank == 0, rank == pp - 1
     layers = recipe_stage_layers(plan, recipe)[rank]
-    P, block, root, head = _rank_params(plan, first, last, layers)
+    rp = recipe_rank_params(plan, first, last, layers)
+    P, block, root, head = rp.params, rp.block, rp.root, rp.head
     N, z = L.zero_shards, L.zero
     fp32 = plan.precision == "fp32"
-    weights, master, grads, optim, offloaded = _recipe_states(plan, recipe, P)
+    held = recipe_states(plan, recipe, P)
+    weights, master, grads, optim = held.weights, held.master, held.grads, held.optimizer
+    offloaded = held.offloaded
     in_params, in_grads, bufs = _recipe_in_flight(plan, recipe, P, block, root, head)
     ctx = _recipe_buffers(plan, recipe, P, bufs)
-    e = 4 if fp32 else 2
+    e = compute_bytes(plan.precision)
     tok = float(plan.seq_len) / L.cp * plan.micro_batch
     per_layer = recipe_layer_bytes(plan, recipe)
     inflight = 1.0 if pp == 1 else inflight_microbatches(L.pp_schedule, pp, m, rank, L.pp_virtual)
     acts = inflight * layers * per_layer
     recompute = recipe_layer_bytes(plan, recipe, "none") if plan.ac == "full" and layers else 0.0
     if layers:
-        recompute += _naive_attention_backward_temp(plan, recipe)
+        recompute += naive_attention_backward_temp(plan, recipe)
     head_stored = loss_tmp = 0.0
     if last:
         head_stored, loss_tmp = recipe_head_bytes(plan, recipe)

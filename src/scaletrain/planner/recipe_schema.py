@@ -97,7 +97,7 @@ class Recipe:
     cuda_context_bytes: float
     time_model: str
     """'scaletrain' (estimate.default_efficiency) or 'generation' (efficiency.py). Every
-    recipe uses 'scaletrain' (see _TIME_MODEL); the communication terms are the recipe's own
+    recipe uses 'scaletrain' (see FOREIGN_TIME_MODEL); the communication terms are the recipe's own
     either way."""
     pp_fsdp_unsharded: bool = False
     """Pipeline parallelism over FSDP keeps every unit of the stage unsharded for the whole
@@ -133,7 +133,7 @@ class Recipe:
         return elems * self.bucket_elem_bytes
 
 
-_TIME_MODEL = "scaletrain"
+FOREIGN_TIME_MODEL = "scaletrain"
 """The foreign recipes' matmul efficiency: the calibrated default. efficiency.py's generation
 constants are published MFUs (Narayanan et al. 2021, the Megatron-LM README, torchtitan), which
 already contain the pipeline bubble and exposed communication that the planner adds again, in
@@ -166,12 +166,12 @@ the planner's own FLOP count, which these sources do not state; until then they 
 selectable as 'generation'. The attention core's kernel terms
 (efficiency.attention_seconds_per_token) apply under either."""
 
-_PT_ALLOC = (
+ALLOCATOR_SOURCE = (
     "PyTorch's caching allocator (c10/cuda/CUDACachingAllocator.cpp) is the same "
     "under every framework; 5% is scaletrain's measured reserved/allocated excess "
     "(memory.FRAGMENTATION)"
 )
-_CTX = (
+RUNTIME_CONTEXT_SOURCE = (
     "CUDA context + cuBLAS workspace + NCCL communicators outside the allocator, 0.75 GB "
     "measured with torch 2.x (memory.RUNTIME_CONTEXT_BYTES); the same runtime under every "
     "framework"

@@ -23,7 +23,13 @@ from scaletrain.config.strict import did_you_mean
 
 from .memory import FRAGMENTATION, RUNTIME_CONTEXT_BYTES
 from .recipe_megatron import MEGATRON, NEMO
-from .recipe_schema import _CTX, _PT_ALLOC, _TIME_MODEL, DEFAULT_RECIPE, Recipe
+from .recipe_schema import (
+    ALLOCATOR_SOURCE,
+    DEFAULT_RECIPE,
+    FOREIGN_TIME_MODEL,
+    RUNTIME_CONTEXT_SOURCE,
+    Recipe,
+)
 
 __all__ = ["Recipe", "RECIPES", "recipe_named", "DEFAULT_RECIPE"]
 
@@ -110,7 +116,7 @@ RECIPES: dict[str, Recipe] = {
         pp_with_zero=(0, 1),
         fragmentation=FRAGMENTATION,
         cuda_context_bytes=RUNTIME_CONTEXT_BYTES,
-        time_model=_TIME_MODEL,
+        time_model=FOREIGN_TIME_MODEL,
         pipe_output_buffers=2,
         sources={
             "pipe_output_buffers": "deepspeed/runtime/pipe/engine.py _exec_forward_pass: "
@@ -175,8 +181,8 @@ RECIPES: dict[str, Recipe] = {
             "attention": "Megatron-DeepSpeed megatron/arguments.py: --use-flash-attn is "
             "store_true (off by default); the fused scale-mask-softmax "
             "(megatron/model/fused_softmax.py) keeps the s x s probabilities",
-            "fragmentation": _PT_ALLOC,
-            "cuda_context_bytes": _CTX,
+            "fragmentation": ALLOCATOR_SOURCE,
+            "cuda_context_bytes": RUNTIME_CONTEXT_SOURCE,
         },
     ),
     "torchtitan": Recipe(
@@ -211,7 +217,7 @@ RECIPES: dict[str, Recipe] = {
         pp_with_zero=(0, 2, 3),
         fragmentation=FRAGMENTATION,
         cuda_context_bytes=RUNTIME_CONTEXT_BYTES,
-        time_model=_TIME_MODEL,
+        time_model=FOREIGN_TIME_MODEL,
         pp_fsdp_unsharded=True,
         loss_compiles=True,
         eager_elementwise=True,
@@ -272,8 +278,8 @@ RECIPES: dict[str, Recipe] = {
             "attention over SDPA); FSDP mesh includes cp",
             "attention": "torchtitan/models/llama3/model.py Attention: "
             "F.scaled_dot_product_attention (flash / memory-efficient kernels)",
-            "fragmentation": _PT_ALLOC,
-            "cuda_context_bytes": _CTX,
+            "fragmentation": ALLOCATOR_SOURCE,
+            "cuda_context_bytes": RUNTIME_CONTEXT_SOURCE,
         },
     ),
     "nanotron": Recipe(
@@ -308,7 +314,7 @@ RECIPES: dict[str, Recipe] = {
         pp_with_zero=(0, 1),
         fragmentation=FRAGMENTATION,
         cuda_context_bytes=RUNTIME_CONTEXT_BYTES,
-        time_model=_TIME_MODEL,
+        time_model=FOREIGN_TIME_MODEL,
         sources={
             "weight_bytes": "src/nanotron/models/llama.py built in config.model.dtype (bfloat16)",
             "master_bytes": "src/nanotron/optim/gradient_accumulator.py "
@@ -335,8 +341,8 @@ RECIPES: dict[str, Recipe] = {
             "layers",
             "attention": "src/nanotron/models/llama.py CoreAttention: flash_attn_varlen_func "
             "(flash-attn)",
-            "fragmentation": _PT_ALLOC,
-            "cuda_context_bytes": _CTX,
+            "fragmentation": ALLOCATOR_SOURCE,
+            "cuda_context_bytes": RUNTIME_CONTEXT_SOURCE,
         },
     ),
 }

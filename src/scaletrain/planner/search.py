@@ -25,6 +25,7 @@ from scaletrain.config import (
     Layout,
     ModelConfig,
     batch_problems,
+    grad_accum_steps,
     layout_problems,
     option_problems,
 )
@@ -223,7 +224,7 @@ def _layouts(job: _Job) -> Iterator[tuple[Layout, list[int], list[str]]]:
                     if sched == "gpipe" and pins.get("pp_schedule") != "gpipe":
                         # GPipe has 1F1B's bubble and more activations in flight: it is only
                         # a candidate where 1F1B is illegal (fewer micro-batches than stages).
-                        lmbs = [b for b in mbs if gb // (b * dp) < pp]
+                        lmbs = [b for b in mbs if grad_accum_steps(gb, b, dp) < pp]
                     for zero in zeros:
                         layout = Layout(
                             dp=dp,
@@ -339,12 +340,16 @@ def _result(tally: _Tally, model: ModelConfig, top_k: int, t0: float) -> SearchR
     """Build Estimates for the kept plans only: the top k, each family's best and closest miss."""
     from .estimate import estimate
 
-    built: dict[int, Estimate] = {}
+    built: list[tuple[PlanInput, Estimate]] = []  # a few dozen at most: the kept plans
 
     def est(plan: PlanInput) -> Estimate:
-        if id(plan) not in built:
-            built[id(plan)] = estimate(plan, terms=tally.terms)
-        return built[id(plan)]
+        """The Estimate of a kept plan, built once (a plan can be both top and a family's
+        best); matched by identity: two equal plans are the same candidate anyway."""
+        for seen, e in built:
+            if seen is plan:
+                return e
+        built.append((plan, estimate(plan, terms=tally.terms)))
+        return built[-1][1]
 
     tally.fits.sort(key=lambda t: t[:3])
     top = [est(plan) for *_, plan in tally.fits[:top_k]]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 
-from scaletrain.config import PRECISION_TABLE, ModelConfig, stage_layer_ranges
+from scaletrain.config import PRECISION_TABLE, ModelConfig, compute_bytes, stage_layer_ranges
 
 __all__ = [
     "OPTIMIZER_BYTES",
@@ -172,7 +172,7 @@ def _in_flight(
     in_params = in_grads = 0.0
     # FSDP2 gathers and reduces units in the 16-bit compute dtype (bf16 under fp8 too:
     # parallel/fsdp.py's policy); fp32 runs gather fp32
-    wc = 4 if precision == "fp32" else 2
+    wc = compute_bytes(precision)
     if zero == 2:
         # FSDP2 without reshard after forward: every unit stays all-gathered (compute
         # dtype) from its forward to its backward

@@ -1,14 +1,15 @@
 """The step-time model of `estimate`: compute per block and per stage (`_block_seconds`),
 collectives and their overlap (`comm_arguments`, `_exposed`, `_recipe_comm`), the pipeline
-bubble and the optimizer step (`_optimizer_time`), combined by `_time`.
+bubble and the optimizer step (`_optimizer_time`), combined by `step_time` into a `StepTime`.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
-from scaletrain.config import HardwareSpec, ModelConfig, expert_split, expert_tp
+from scaletrain.config import HardwareSpec, expert_split, expert_tp, precision_spec
 
 from .comm import allreduce_time, axis_link, comm_terms, gather_time
 from .efficiency import (
@@ -28,11 +29,22 @@ from .flops import (
 )
 from .memory import fp8_linear_params, stage_layer_counts
 from .pipeline import bubble_fraction
+from .rank_terms import ModelTerms
 from .recipe_memory import recipe_stage_layers
 from .recipes import DEFAULT_RECIPE, Recipe
 from .types import PlanInput
 
-__all__ = ["default_efficiency", "comm_arguments", "OPTIMIZER_TRAFFIC", "CPU_OPTIMIZER_BW"]
+__all__ = [
+    "default_efficiency",
+    "plan_efficiency",
+    "comm_arguments",
+    "OPTIMIZER_TRAFFIC",
+    "CPU_OPTIMIZER_BW",
+    "ModelFlops",
+    "model_flops",
+    "StepTime",
+    "step_time",
+]
 
 OPTIMIZER_TRAFFIC = {"adamw": 28.0, "sgd": 20.0, "adamw8bit": 16.0}
 """Bytes read+written per (sharded) parameter by one optimizer step: AdamW reads param, grad, m,
@@ -58,31 +70,63 @@ def default_efficiency(precision: str, hidden: int, hardware: HardwareSpec) -> f
     return base * min(1.0, (hidden / 4096) ** 0.25)
 
 
-# ---- per-model constants (cached: the search evaluates one model thousands of times) --------
-_CACHE: dict[tuple, tuple] = {}
+@dataclass(kw_only=True, slots=True, frozen=True)
+class ModelFlops:
+    """FLOPs per token of one model at one sequence length (`model_flops`; planner/flops.py)."""
+
+    block_forward: float
+    """One block's forward matmuls (`layer_forward_flops_per_token`)."""
+    head_forward: float
+    """The output head's forward matmul (`head_forward_flops_per_token`)."""
+    attention_core: float
+    """One block's attention core, QK^T and AV (`attention_core_flops_per_token`)."""
+    block_hardware: float
+    """One block's hardware FLOPs: forward + 2x forward in backward + what AC recomputes
+    (full: the forward again; selective: the attention core)."""
+    model: float
+    """Model FLOPs per token, no recompute (`flops_per_token`): what MFU counts."""
 
 
-def _model_consts(model: ModelConfig, seq_len: int, causal: bool, ac: str) -> tuple:
-    """(model, block forward FLOPs/token, head forward, attention core, block hardware FLOPs
-    with recompute, model FLOPs/token), cached per (model, seq_len, causal, ac)."""
-    key = (id(model), seq_len, causal, ac)
-    hit = _CACHE.get(key)
-    if hit is not None and hit[0] is model:  # the stored reference keeps id(model) unique
+def model_flops(terms: ModelTerms, seq_len: int, causal: bool, ac: str) -> ModelFlops:
+    """The FLOPs per token of `terms.model`, kept in the search's `ModelTerms` per
+    (seq_len, causal, ac): a search evaluates one model thousands of times."""
+    key = (seq_len, causal, ac)
+    hit = terms.flops.get(key)
+    if hit is not None:
         return hit
-    lf = layer_forward_flops_per_token(model, seq_len, causal=causal)
-    hf = head_forward_flops_per_token(model)
+    model = terms.model
+    block_forward = layer_forward_flops_per_token(model, seq_len, causal=causal)
     core = attention_core_flops_per_token(model, seq_len, causal=causal)
-    extra = lf if ac == "full" else (core if ac == "selective" else 0.0)
-    layer_hw = 3 * lf + extra  # hardware FLOPs per token per block (with recompute)
-    model_fpt = flops_per_token(model, seq_len, causal=causal, recompute="none")
-    hit = (model, lf, hf, core, layer_hw, model_fpt)
-    if len(_CACHE) > 4096:
-        _CACHE.clear()
-    _CACHE[key] = hit
+    recomputed = block_forward if ac == "full" else (core if ac == "selective" else 0.0)
+    hit = terms.flops[key] = ModelFlops(
+        block_forward=block_forward,
+        head_forward=head_forward_flops_per_token(model),
+        attention_core=core,
+        block_hardware=3 * block_forward + recomputed,
+        model=flops_per_token(model, seq_len, causal=causal, recompute="none"),
+    )
     return hit
 
 
-def _efficiency(plan: PlanInput) -> float:
+@dataclass(kw_only=True, slots=True, frozen=True)
+class StepTime:
+    """One optimizer step's seconds (`step_time`)."""
+
+    step_s: float
+    """compute + bubble + exposed communication + optimizer."""
+    compute_s: float
+    bubble_s: float
+    exposed_s: float
+    """Communication left on the critical path after overlap."""
+    optimizer_s: float
+    comm: dict[str, tuple[float, float]]
+    """(bytes moved, seconds) per collective family (`comm.comm_terms`, a recipe's variant)."""
+    efficiency: float
+    """The fraction of peak matmul FLOP/s used."""
+
+
+def plan_efficiency(plan: PlanInput) -> float:
+    """The plan's achievable fraction of peak matmul FLOP/s: its own, else `default_efficiency`."""
     if plan.efficiency > 0:
         return min(1.0, plan.efficiency)
     key = (plan.precision, plan.model.dim, plan.hardware.name)
@@ -194,16 +238,17 @@ def _block_seconds(
     return layer_s, core_s, layer_hw
 
 
-def _time(
+def step_time(
     plan: PlanInput,
     max_params: float,
+    *,
+    terms: ModelTerms,
     causal: bool,
     gpus_per_node: int | None,
     zero_bubble: str,
     recipe: Recipe | None = None,
-) -> tuple:
-    """(step, compute, bubble, exposed comm, optimizer seconds, comm seconds per family,
-    efficiency) of one step.
+) -> StepTime:
+    """The seconds of one step of `plan` whose busiest rank holds `max_params` parameters.
 
     Compute: the slowest pipeline rank paces every micro-batch. Rank r does
     counts[r] x block hardware FLOPs per token, the last rank also the head (3 x forward); the
@@ -214,9 +259,10 @@ def _time(
     FLOPs split over cp only."""
     L, model, hw = plan.layout, plan.model, plan.hardware
     m = max(1, plan.grad_accum)
-    _, lf, hf, core, layer_hw, _ = _model_consts(model, plan.seq_len, causal, plan.ac)
+    fl = model_flops(terms, plan.seq_len, causal, plan.ac)
+    lf, hf, core, layer_hw = fl.block_forward, fl.head_forward, fl.attention_core, fl.block_hardware
     counts = stage_layer_counts(model.num_layers, L.pp, L.pp_virtual)
-    eff = _efficiency(plan)
+    eff = plan_efficiency(plan)
     eff16 = eff
     foreign = recipe is not None and recipe.name != "scaletrain"
     generation = recipe is not None and recipe.time_model == "generation"
@@ -247,15 +293,15 @@ def _time(
             * compute_s
         )
     layers = max(counts)
-    terms = comm_terms(**comm_arguments(plan, max_params, gpus_per_node))
+    comm = comm_terms(**comm_arguments(plan, max_params, gpus_per_node))
     bucket = 25.0 * 2**20
     if foreign and recipe is not None:
-        terms = _recipe_comm(terms, plan, recipe, max_params, gpus_per_node)
+        comm = _recipe_comm(comm, plan, recipe, max_params, gpus_per_node)
         bucket = recipe.bucket_bytes(L.dp)
     t_fwd = t_mb * lf / layer_hw  # forward share of the hardware FLOPs
     t_core = tok_mb * layers * core_s / split * m
     exposed = _exposed(
-        terms,
+        comm,
         L,
         hw,
         max_params,
@@ -270,8 +316,15 @@ def _time(
         overlap=COMM_OVERLAP.get(recipe.name, ()) if recipe is not None else (),
     )
     optimizer_s = _optimizer_time(plan, max_params)
-    step_s = compute_s + bubble_s + exposed + optimizer_s
-    return step_s, compute_s, bubble_s, exposed, optimizer_s, terms, eff
+    return StepTime(
+        step_s=compute_s + bubble_s + exposed + optimizer_s,
+        compute_s=compute_s,
+        bubble_s=bubble_s,
+        exposed_s=exposed,
+        optimizer_s=optimizer_s,
+        comm=comm,
+        efficiency=eff,
+    )
 
 
 def eager_elementwise_s(plan: PlanInput, recipe: Recipe | None) -> float:
@@ -377,11 +430,13 @@ def _recipe_comm(
     n = L.dp * L.cp
     if L.zero:
         n = max(1, n // max(1, L.dp_replicate))
-    rb = 4.0 if plan.precision == "fp32" else recipe.bucket_elem_bytes
+    # fp32 runs reduce and gather in fp32, their compute dtype; mixed runs in the recipe's dtypes
+    spec = precision_spec(plan.precision)
+    rb = recipe.bucket_elem_bytes if spec.mixed else float(spec.compute_bytes)
     grads = stage_params * rb
     buckets = max(1, math.ceil(grads / max(1.0, recipe.bucket_bytes(L.dp))))
     if L.zero == 1 and recipe.shards_master and n > 1:
-        wb = 4.0 if plan.precision == "fp32" else recipe.weight_bytes
+        wb = recipe.weight_bytes if spec.mixed else float(spec.compute_bytes)
         rs = (n - 1) / n * grads / bw + buckets * (n - 1) * lat
         out["dp_allreduce"] = ((n - 1) / n * grads, rs)
         params = stage_params * wb

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from scaletrain.config import HardwareSpec, JobConfig, Layout, ModelConfig
+from scaletrain.config import HardwareSpec, JobConfig, Layout, ModelConfig, grad_accum_steps
 
 __all__ = [
     "PlanInput",
@@ -62,7 +62,7 @@ class PlanInput:
 
     @property
     def grad_accum(self) -> int:
-        return self.global_batch // (self.micro_batch * self.layout.dp)
+        return grad_accum_steps(self.global_batch, self.micro_batch, self.layout.dp)
 
 
 @dataclass

@@ -13,7 +13,13 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from scaletrain import clock
-from scaletrain.config import ConfigError, HardwareSpec, JobConfig, hardware_preset
+from scaletrain.config import (
+    ConfigError,
+    HardwareSpec,
+    JobConfig,
+    grad_accum_steps,
+    hardware_preset,
+)
 from scaletrain.config.launch_env import launch_env
 from scaletrain.data import DataBundle, build_data
 from scaletrain.models import Transformer, build_model, causal_lm_loss, materialize
@@ -342,7 +348,7 @@ def build_run(
     dims = ParallelDims.from_layout(layout, env.world_size)
     if env.world_size > 1:  # a 1-rank job needs no process group: every axis is a no-op
         dims.build_mesh(env.device.type)
-    grad_accum = job.batch.global_batch // (job.batch.micro_batch * layout.dp)
+    grad_accum = grad_accum_steps(job.batch.global_batch, job.batch.micro_batch, layout.dp)
     torch.manual_seed(job.train.seed)
     bundle = _build_data_bundle(job, dims, env, grad_accum) if data else None
     scaler = LossScaler(job.precision)
