@@ -69,3 +69,26 @@ def test_cli_resume_with_another_seq_len_is_one_line(tmp_path):
     p = scaletrain("train", *tiny_job(tmp_path, "run", "--train.steps=4", "--batch.seq_len=8"))
     assert p.returncode == 2 and no_traceback(p), p.stderr
     assert len(p.stderr.strip().splitlines()) == 1 and "batch.seq_len: 16 -> 8" in p.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [("--batch.global_batch=4", "batch.global_batch"), ("--data.seed=7", "data.seed")],
+)
+def test_resume_with_changed_data_settings_is_one_line_naming_the_field(tmp_path, change, field):
+    """The saved data position means another stream under another global batch or seed: the
+    resume is refused in one line naming the field (exit 2), the checkpoint untouched."""
+    first = scaletrain("train", *tiny_job(tmp_path, "run"))
+    assert first.returncode == 0, first.stderr
+    saved = sorted((tmp_path / "run" / "checkpoints").glob("step_*"))
+    again = scaletrain("train", *tiny_job(tmp_path, "run", "--train.steps=4", change))
+    assert again.returncode == 2 and no_traceback(again), again.stderr
+    err = again.stderr.strip().splitlines()
+    assert len(err) == 1 and field in err[0] and "new run_dir" in err[0], err
+    assert sorted((tmp_path / "run" / "checkpoints").glob("step_*")) == saved
+
+
+def test_negative_data_seed_is_one_line():
+    with pytest.raises(ConfigError, match="data.seed"):
+        load_config(None, ["--data.seed=-1"])

@@ -118,7 +118,7 @@ def test_resume_with_other_dp_degree_and_mismatch_errors(tmp_path):
         _assert_same(_take(b.train_batches(), 2), [want[3], want[5]])
     with (
         build_data(cfg, seq_len=16, micro_batch=2, grad_accum=2, seed=5) as b,
-        pytest.raises(ValueError, match="seed"),
+        pytest.raises(ConfigError, match="data.seed"),
     ):
         b.load_state_dict(state)
 

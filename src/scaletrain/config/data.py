@@ -52,6 +52,12 @@ class DataConfig:
     """Artificial delay per batch (for profiling tests of data-bound runs)."""
 
     def __post_init__(self) -> None:
+        require(
+            0 <= self.seed < 2**63,
+            "data.seed",
+            self.seed,
+            "use a non-negative integer (numpy's generators take no negative seed)",
+        )
         if self.tokenizer not in ("byte", "char", "bpe"):
             require(
                 Path(self.tokenizer).exists(),

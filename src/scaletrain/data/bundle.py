@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from scaletrain.config import DataConfig
+from scaletrain.config import ConfigError, DataConfig
 
 from .eval_sets import load_or_build_eval_sets
 from .loader import BatchIterator, WindowSampler
@@ -100,20 +100,25 @@ class DataBundle:
         the same; a different seed, seq_len or global batch would silently change the stream,
         so those raise."""
         s = self._sampler
-        for key, mine in (
-            ("seed", s.seed),
-            ("seq_len", s.seq_len),
-            ("global_batch", s.global_batch),
+        for key, field, mine in (
+            ("seed", "data.seed", s.seed),
+            ("seq_len", "batch.seq_len", s.seq_len),
+            ("global_batch", "batch.global_batch", s.global_batch),
         ):
-            if sd.get(key) != mine:
-                raise ValueError(
-                    f"data state has {key}={sd.get(key)!r} but this run uses "
-                    f"{mine!r}: resume with the same data settings"
+            if sd.get(key) != mine:  # refused: the saved position means another stream
+                raise ConfigError(
+                    field,
+                    mine,
+                    f"the checkpoint's data stream was taken with {field} = {sd.get(key)!r}: "
+                    "resume with the same value, or start a new run_dir (or set "
+                    "checkpoint.resume=never) to train with this one",
                 )
         if sd.get("shard") != self._shards.directory.name:
-            raise ValueError(
-                f"data state was taken on shard {sd.get('shard')!r}, this run reads "
-                f"{self._shards.directory.name!r}: the corpus or tokenizer changed"
+            raise ConfigError(
+                "data.source",
+                self._shards.directory.name,
+                f"the checkpoint's data stream was taken on shard {sd.get('shard')!r}: the "
+                "corpus or tokenizer changed; resume with the same data, or start a new run_dir",
             )
         self._position = int(sd["step"]) * s.grad_accum + int(sd["micro_step"])
         if self._iterator is not None:
