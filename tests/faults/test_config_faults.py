@@ -265,3 +265,21 @@ def test_did_you_mean(args, suggestion):
 def test_good_values_still_parse(args, field, value):
     got = getattr(load_config(None, args).train, field)
     assert got == value and type(got) is type(value)
+
+
+@pytest.mark.parametrize(
+    ("arg", "field"),
+    [
+        ("--precision.loss_scale_init=1e-30", "precision.loss_scale_init"),  # grads underflow
+        ("--precision.loss_scale_init=1e300", "precision.loss_scale_init"),  # every step skipped
+        ("--model.norm_eps=1e30", "model.norm_eps"),  # the loss never moves
+        ("--model.norm_eps=4e-4", "model.norm_eps"),  # = init_std^2: the norm stops normalizing
+        ("--model.moe_aux_loss_coef=-100", "model.moe_aux_loss_coef"),  # rewards imbalance
+    ],
+)
+def test_values_that_stop_learning_are_refused(arg, field):
+    """Values that pass a sign check but leave a run that silently learns nothing: bounds
+    from the arithmetic (config/job.py, config/model.py), one line naming the field."""
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [arg])
+    assert e.value.field == field and "\n" not in str(e.value)

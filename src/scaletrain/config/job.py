@@ -202,11 +202,16 @@ class PrecisionConfig:
             self.powersgd_start_step,
             "use >= 2 (torch's PowerSGD needs a warm-up)",
         )
+        # The scale lifts fp16 gradients above its underflow (smallest subnormal 6e-8): below 1
+        # it pushes them further under (1e-30: every gradient 0, the run silently learns
+        # nothing); far above fp16's max (65504) every step overflows and is skipped while
+        # the dynamic scaler halves it back (DeepSpeed: initial 2^16, min_loss_scale 1).
         require(
-            self.loss_scale_init > 0,
+            1.0 <= self.loss_scale_init <= 2.0**32,
             "precision.loss_scale_init",
             self.loss_scale_init,
-            "use a positive float such as 65536.0",
+            "use a power of two in [1, 2^32], such as 65536.0 (below 1 it underflows fp16 "
+            "gradients to 0)",
         )
         require(
             self.loss_scale_growth_interval >= 1,

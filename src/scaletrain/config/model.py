@@ -122,12 +122,29 @@ class ModelConfig:
                 self.experts_per_token,
                 f"use 1..num_experts={self.num_experts}",
             )
-        require(self.norm_eps > 0, p + "norm_eps", self.norm_eps, "use a small positive float")
         require(
             math.isfinite(self.init_std) and self.init_std > 0,
             p + "init_std",
             self.init_std,
             "use a finite positive float such as 0.02",
+        )
+        # A norm divides by sqrt(mean(x^2) + eps). The first block's input is the embedding,
+        # of mean square init_std^2 (4e-4 at 0.02); an eps at or above that replaces the
+        # activations' scale by its own: the output shrinks to ~x / sqrt(eps) and, at 1e30,
+        # the loss never moves. Published models use 1e-5 or 1e-6.
+        require(
+            0 < self.norm_eps < self.init_std**2,
+            p + "norm_eps",
+            self.norm_eps,
+            f"use a small positive float below init_std^2 = {self.init_std**2:.3g} (the "
+            "embeddings' mean square), such as 1e-5",
+        )
+        require(
+            math.isfinite(self.moe_aux_loss_coef) and self.moe_aux_loss_coef >= 0,
+            p + "moe_aux_loss_coef",
+            self.moe_aux_loss_coef,
+            "use 0 (off) or a small positive weight such as 0.01 (a negative one rewards "
+            "routing every token to one expert)",
         )
         require(
             isinstance(self.sliding_window, int) and self.sliding_window >= 0,
