@@ -95,11 +95,24 @@ def stamp() -> dict[str, Any]:
     }
 
 
-def write_results(name: str, data: dict[str, Any], markdown: str) -> tuple[Path, Path]:
-    """Write results/NAME.json (data + stamp) and results/NAME.md (table + stamp line)."""
+def write_results(
+    name: str, data: dict[str, Any], markdown: str, *, missing: str = ""
+) -> tuple[Path, Path]:
+    """Write results/NAME.json (data + stamp) and results/NAME.md (table + stamp line).
+
+    missing: what this run lacked that the committed results hold (a peer not installed, no
+    GPU). Such a run never overwrites committed results with less: it writes NAME.partial.*
+    beside them and says so (with --out / SCALETRAIN_BENCH_OUT it writes there as usual)."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     s = stamp()
-    jpath, mpath = RESULTS / f"{name}.json", RESULTS / f"{name}.md"
+    stem = name
+    if missing and not os.environ.get(OUT_ENV) and (RESULTS / f"{name}.json").exists():
+        stem = f"{name}.partial"
+        print(
+            f"note: {missing}: the committed results/{name}.* are kept; this run's are in "
+            f"results/{stem}.*"
+        )
+    jpath, mpath = RESULTS / f"{stem}.json", RESULTS / f"{stem}.md"
     jpath.write_text(json.dumps({**data, **s}, indent=1, default=str) + "\n")
     m = s["machine"]
     where = m.get("gpu") or m["processor"] or "cpu"

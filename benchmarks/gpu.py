@@ -244,7 +244,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{NOT_MEASURED}. To measure, on a CUDA machine run:\n  {COMMAND}")
         if not args.no_write:
             write_results(
-                "gpu", {"status": NOT_MEASURED, "command": COMMAND, "rows": []}, markdown([], {})
+                "gpu",
+                {"status": NOT_MEASURED, "command": COMMAND, "rows": []},
+                markdown([], {}),
+                missing="no CUDA device",
             )
         return 0
     device = torch.device(args.device)

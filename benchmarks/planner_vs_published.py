@@ -611,6 +611,12 @@ def markdown(rows: list[dict[str, Any]], summary: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def _peer_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("llm_analysis") is not None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--no-peer", action="store_true", help="skip llm-analysis")
@@ -624,7 +630,10 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(rows)
     md = markdown(rows, summary)
     print(summary_table(summary))
-    write_results("planner_vs_published", {"summary": summary, "rows": rows}, md)
+    missing = "" if args.no_peer or _peer_installed() else "llm-analysis is not installed"
+    if args.framework or args.corpus:
+        missing = missing or "a subset or another corpus"
+    write_results("planner_vs_published", {"summary": summary, "rows": rows}, md, missing=missing)
     return 0
 
 
