@@ -1,12 +1,21 @@
-"""The fp8 GEMM emulation (`scaling.emulated_scaled_mm`) against `torch._scaled_mm`."""
+"""The fp8 GEMM emulation (`scaling.emulated_scaled_mm`) against `torch._scaled_mm`, and the
+kernel choice (`precision.fp8_matmul`, `precision/fp8_matmul.py`)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from scaletrain.precision import E4M3, E5M2, quantize
-from scaletrain.precision.scaling import emulated_scaled_mm, tiled_scaled_mm
+from scaletrain.config import ConfigError, load_config
+from scaletrain.precision import E4M3, E5M2, Float8Linear, quantize
+from scaletrain.precision.fp8_matmul import (
+    SLOWER_BY,
+    Fp8MatmulProbe,
+    choose_fp8_matmul,
+    kernel_for,
+)
+from scaletrain.precision.scaling import emulated_scaled_mm, scaled_mm, tiled_scaled_mm
 
 U32 = 2.0**-24  # fp32 unit roundoff
 U_BF16 = 2.0**-8  # bf16 unit roundoff: round to nearest, 8 significant bits
@@ -98,6 +107,40 @@ def test_the_bound_is_not_vacuous():
     assert bool(((unscaled - ref).abs() > bound).any())
 
 
+class _CountScaledMm(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls += func is torch.ops.aten._scaled_mm.default
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("scaling", ["tensorwise", "tilewise"])
+def test_float8_linear_emulated_runs_no_scaled_mm(scaling):
+    """matmul='emulated': forward and backward of a Float8Linear issue no `_scaled_mm`;
+    'scaled_mm' issues them all (3 GEMMs tensorwise, one per 128-slice tilewise). The
+    emulated forward is exactly `emulated_scaled_mm` of the layer's own fp8 operands."""
+    torch.manual_seed(0)
+    x = torch.randn(64, 256, requires_grad=True)
+    counts = {}
+    for matmul in ("emulated", "scaled_mm"):
+        lin = Float8Linear(256, 128, bias=False, scaling=scaling, matmul=matmul)
+        with _CountScaledMm() as c:
+            lin(x).sum().backward()
+        counts[matmul] = c.calls
+    assert counts["emulated"] == 0
+    assert counts["scaled_mm"] == (3 if scaling == "tensorwise" else 2 + 1 + 1)
+    if scaling == "tensorwise":
+        lin = Float8Linear(256, 128, bias=False, matmul="emulated")
+        with torch.no_grad():
+            xq, sx = quantize(x, E4M3)
+            wq, sw = quantize(lin.weight, E4M3)
+            want = scaled_mm(xq, sx, wq.t(), sw, torch.float32, emulate=True)
+            assert torch.equal(lin(x), want)
+
+
 def test_tiled_emulation_matches_tiled_scaled_mm():
     """Tile-wise: the same bf16 partial per K-slice within `_bound`, summed in the same fp32
     order: within K/128 partial bounds plus the sums' own rounding."""
@@ -122,3 +165,80 @@ def test_tiled_emulation_matches_tiled_scaled_mm():
         )
     bound += 2 * U32 * (ref.abs() + bound)  # the partials' fp32 sum, rounded in both
     assert bool(((emu - ref).abs() <= bound).all())
+
+
+def test_kernel_follows_the_measured_ratio():
+    def probe(scaled_s: float, emulated_s: float) -> Fp8MatmulProbe:
+        return Fp8MatmulProbe(scaled_s, emulated_s, shape=(32, 128, 512), threads=2)
+
+    assert kernel_for(probe(1.0, 1.0)) == "scaled_mm"
+    assert kernel_for(probe(SLOWER_BY * 0.9, 1.0)) == "scaled_mm"
+    assert kernel_for(probe(1.19, 0.001)) == "emulated"  # issue 32's AMX host, roughly
+
+
+def test_choice_settings():
+    forced = choose_fp8_matmul("emulated", "cpu")
+    assert forced.emulate and forced.probe is None
+    assert forced.line() == "fp8 matmul: emulated (precision.fp8_matmul=emulated, set)"
+    assert choose_fp8_matmul("scaled_mm", "cpu").kernel == "scaled_mm"
+    cuda = choose_fp8_matmul("auto", "cuda")
+    assert cuda.kernel == "scaled_mm" and cuda.probe is None
+    first, again = choose_fp8_matmul("auto", "cpu"), choose_fp8_matmul("auto", "cpu")
+    assert first.probe is not None and again.probe is first.probe  # measured once
+    assert first.kernel == kernel_for(first.probe)
+    assert "\n" not in first.line() and first.line().startswith("fp8 matmul: ")
+    with pytest.raises(ValueError, match="fp8 matmul 'fast'"):
+        choose_fp8_matmul("fast", "cpu")
+    with pytest.raises(ValueError, match="fp8 matmul"):
+        Float8Linear(16, 16, matmul="fast")
+
+
+def test_fp8_matmul_field_parses_and_refuses_bad_values():
+    assert load_config(None, []).precision.fp8_matmul == "auto"
+    for v in ("auto", "scaled_mm", "emulated"):
+        assert load_config(None, [f"--precision.fp8_matmul={v}"]).precision.fp8_matmul == v
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["--precision.fp8_matmul=emulate"])
+    msg = str(e.value)
+    assert e.value.field == "precision.fp8_matmul" and "\n" not in msg
+    assert "emulated" in msg  # the valid names (and the did-you-mean)
+
+
+def test_planner_figures_do_not_depend_on_the_kernel():
+    """The planner (torch-free) models fp8 as `_scaled_mm` runs it on a GPU: the kernel
+    setting reaches no plan input, so no planned figure changes."""
+    from scaletrain.planner import estimate
+    from scaletrain.planner.types import plan_input_from_job
+
+    base = ["--model.name=llama3-8b", "--precision.dtype=fp8", "--hardware.gpu=h100-sxm"]
+    base += ["--batch.global_batch=64", "--batch.micro_batch=2", "--batch.seq_len=4096"]
+    plans = []
+    for kernel in ("auto", "scaled_mm", "emulated"):
+        job = load_config(None, [*base, f"--precision.fp8_matmul={kernel}"])
+        layout = job.layout(8)
+        plans.append(estimate(plan_input_from_job(job, layout)).to_json())
+    assert plans[0] == plans[1] == plans[2]
+
+
+@pytest.mark.parametrize(
+    ("setting", "device", "kernel"),
+    [
+        ("auto", "cuda", "scaled_mm"),
+        ("emulated", "cpu", "emulated"),
+        ("scaled_mm", "cpu", "scaled_mm"),
+    ],
+)
+def test_build_run_gives_the_layers_the_kernel_chosen_for_the_target(setting, device, kernel):
+    """`build_run(fp8_device=...)` (the dry-run models its target's kernel): 'auto' resolved
+    for that device and handed to every Float8Linear, so fake CPU tensors do not re-decide."""
+    from scaletrain.trainer.build import build_run
+
+    job = load_config(
+        None,
+        ["--model.name=tiny-llama", "--precision.dtype=fp8", f"--precision.fp8_matmul={setting}"],
+    )
+    run = build_run(job, data=False, fp8_device=device)
+    assert run.fp8_matmul is not None and run.fp8_matmul.kernel == kernel
+    assert run.job.precision.fp8_matmul == setting  # the job as configured
+    states = [m.fp8_state for m in run.model.modules() if isinstance(m, Float8Linear)]
+    assert states and all(s.matmul == kernel for s in states)
