@@ -1,8 +1,9 @@
 """Which kernel runs the float8 GEMMs: `torch._scaled_mm`, or its emulation in fp32 ops.
 
 `precision.fp8_matmul`: 'scaled_mm' and 'emulated' force a kernel; 'auto' takes `_scaled_mm` on
-CUDA (the fp8 tensor-core GEMM, the point of fp8) and, on a CPU, whichever this process measures
-faster — once, at a small shape with the default job's K and N (`probe_cpu_fp8_matmul`).
+CUDA (the fp8 tensor-core GEMM, the point of fp8) and, on a CPU, the emulation only where this
+process measures `_scaled_mm` over `SLOWER_BY` times slower — once, at a small shape with the
+default job's K and N (`probe_cpu_fp8_matmul`).
 The probe exists because the CPU `_scaled_mm` ranges from the reference path (fp32 dequantize
 and matmul: as fast as the emulation, bitwise equal to it) to oneDNN's fp8 GEMM, which on Intel
 AMX hosts ran 256x128x512 in 1.19 s (~0.05 GFLOP/s; issue 32): fp8 training there never
