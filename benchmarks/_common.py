@@ -8,6 +8,9 @@ import os
 import platform
 import subprocess
 import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,17 +53,16 @@ def _cpu_model() -> str:
     return ""
 
 
-_ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8")
-"""The /proc/cpuinfo flags that decide which CPU kernels torch runs (oneDNN picks AMX or
-AVX512-BF16 for bf16 matmuls, AVX-512 or AVX2 for fp32): a CPU speed ratio names them."""
-
-
-def _cpu_flags() -> list[str]:
+def cpu_flags() -> list[str]:
+    """The CPU's matrix and vector flags that decide CPU speed ratios (avx2, avx512*, amx*),
+    sorted: oneDNN picks AMX or AVX512-BF16 for bf16 matmuls, AVX-512 or AVX2 for fp32, and
+    bf16 and fp8 matmul speeds differ by orders of magnitude between hosts with and without
+    them (issue 32), so a ratio names them."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
-                have = set(line.split(":", 1)[1].split())
-                return [f for f in _ISA_FLAGS if f in have]
+                flags = line.split(":", 1)[1].split()
+                return sorted(f for f in flags if f == "avx2" or f.startswith(("avx512", "amx")))
     except OSError:
         pass
     return []
@@ -72,7 +74,7 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
         "processor": platform.processor() or _cpu_model(),
-        "cpu_flags": _cpu_flags(),
+        "cpu_flags": cpu_flags(),
     }
     try:
         import torch
@@ -141,24 +143,47 @@ def default_job_args(steps: int, run_dir: Path) -> list[str]:
     ]
 
 
-def default_job_records(
-    tree: Path, steps: int, run_dir: Path, env: dict[str, str] | None = None
-) -> list[dict[str, Any]]:
-    """Run the default job (`default_job_args`) from the source tree `tree` (its src/ on
-    PYTHONPATH) as its own process, with `env` added; the records of its metrics.jsonl."""
+@dataclass(frozen=True)
+class JobRun:
+    """One `scaletrain train` process: its metrics.jsonl records, stdout and wall seconds
+    (interpreter start to exit, as a user waits for it)."""
+
+    records: list[dict[str, Any]]
+    stdout: str
+    wall_s: float
+
+
+def run_default_job(
+    tree: Path,
+    steps: int,
+    run_dir: Path,
+    env: dict[str, str] | None = None,
+    extra: Sequence[str] = (),
+) -> JobRun:
+    """Run the default job (`default_job_args`, then the `extra` overrides) from the source
+    tree `tree` (its src/ on PYTHONPATH) as its own process, with `env` added."""
     full_env = {**os.environ, "PYTHONPATH": str(tree / "src"), **(env or {})}
+    t0 = time.perf_counter()
     p = subprocess.run(
-        [sys.executable, "-m", "scaletrain", *default_job_args(steps, run_dir)],
+        [sys.executable, "-m", "scaletrain", *default_job_args(steps, run_dir), *extra],
         env=full_env,
         capture_output=True,
         text=True,
         cwd=run_dir.parent,
         check=False,
     )
+    wall = time.perf_counter() - t0
     if p.returncode:
         raise SystemExit(f"train from {tree} failed: {p.stderr.strip().splitlines()[-1:]}")
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(x) for x in lines]
+    return JobRun([json.loads(x) for x in lines], p.stdout, wall)
+
+
+def default_job_records(
+    tree: Path, steps: int, run_dir: Path, env: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """The records of the default job's metrics.jsonl (`run_default_job`)."""
+    return run_default_job(tree, steps, run_dir, env).records
 
 
 def bf16_matmul_speedup(m: int = 768, k: int = 128, n: int = 512, seconds: float = 0.3) -> float:

@@ -26,6 +26,7 @@ SCRIPTS = (
     "precision",
     "ingest",
     "activation_ledger",
+    "fp8_cpu",
 )
 
 
@@ -165,6 +166,7 @@ REQUIRED = {
     "precision": ("meta", "summary", "step0_grad_error", "memory", "runs"),
     "ingest": ("rows", "meta", "rss_growth_mib"),
     "activation_ledger": ("results", "batch", "seq", "dim"),
+    "fp8_cpu": ("probe", "rounds", "summary", "cpu_flags"),
 }
 
 
@@ -335,3 +337,25 @@ def test_nanogpt_recipe_bf16_takes_the_naive_attention_core():
     fp32, bf16 = (ns.recipe_args("x.txt", 10, "run", p) for p in ("fp32", "bf16"))
     assert "--precision.dtype=fp32" in fp32 and not any("attention" in a for a in fp32)
     assert "--precision.dtype=bf16" in bf16 and "--model.attention=naive" in bf16
+
+
+def test_fp8_cpu_summary_takes_the_median_of_round_ratios():
+    """fp8_cpu: each fp8 side's ratio is the median over rounds of wall / the round's bf16
+    wall (known answers), and the round order rotates every side to the front."""
+    fc = _load("fp8_cpu")
+
+    def side(wall: float, loop: float) -> dict:
+        return {"wall_s": wall, "loop_s": loop, "fp8_line": ""}
+
+    rounds = [
+        {k: side(w, w / 2) for k, w in zip(fc.SIDES, (10.0, 12.0, 30.0, 11.0))},
+        {k: side(w, w / 2) for k, w in zip(fc.SIDES, (20.0, 20.0, 50.0, 24.0))},
+        {k: side(w, w / 2) for k, w in zip(fc.SIDES, (10.0, 15.0, 40.0, 10.0))},
+    ]
+    s = fc.summary(rounds)
+    assert s["fp8 auto"]["wall_ratio"] == pytest.approx(1.2)  # median of 1.2, 1.0, 1.5
+    assert s["fp8 scaled_mm"]["wall_ratio"] == pytest.approx(3.0)  # of 3.0, 2.5, 4.0
+    assert s["fp8 emulated"]["loop_ratio"] == pytest.approx(1.1)  # of 1.1, 1.2, 1.0
+    assert s["bf16"]["median_wall_s"] == 10.0 and "wall_ratio" not in s["bf16"]
+    assert {fc.round_order(i)[0] for i in range(len(fc.SIDES))} == set(fc.SIDES)
+    assert fc.fp8_line("x\nfp8 matmul: emulated (set)\ny") == "fp8 matmul: emulated (set)"

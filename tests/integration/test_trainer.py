@@ -161,7 +161,10 @@ def test_export_hf_at_end_loads_in_transformers(tmp_path):
     assert (tmp_path / "hf" / "tokenizer" / "name").read_text().strip() == "byte"
 
 
-def test_fp8_run_trains_with_fp32_master_weights(tmp_path):
+@pytest.mark.parametrize("kernel", ["auto", "emulated"])
+def test_fp8_run_trains_with_fp32_master_weights(tmp_path, capsys, kernel):
+    """Both GEMM kernels train; the run names its kernel in one start line
+    (`precision.fp8_matmul`; 'auto' on a CPU: measured)."""
     from scaletrain.precision import Float8Linear
 
     r = train(
@@ -170,6 +173,7 @@ def test_fp8_run_trains_with_fp32_master_weights(tmp_path):
             "fp8",
             "--model.name=tiny-llama",
             "--precision.dtype=fp8",
+            f"--precision.fp8_matmul={kernel}",
             "--train.steps=25",
             "--optim.lr=3e-3",
         )
@@ -177,6 +181,8 @@ def test_fp8_run_trains_with_fp32_master_weights(tmp_path):
     assert any(isinstance(m, Float8Linear) for m in r.model.modules())
     assert all(p.dtype == torch.float32 for p in r.model.parameters())
     assert sum(r.losses[-5:]) / 5 < sum(r.losses[:5]) / 5 - 0.3
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("fp8 matmul: ")]
+    assert len(lines) == 1 and f"precision.fp8_matmul={kernel}" in lines[0]
 
 
 def test_running_a_finished_run_again_trains_in_a_sibling_directory(tmp_path, capsys):

@@ -20,6 +20,7 @@ __all__ = [
     "ReduceDtype",
     "Fp8Scaling",
     "Fp8Amax",
+    "Fp8Matmul",
     "GradCompression",
     "ACMode",
     "OffloadMode",
@@ -46,6 +47,7 @@ Precision = Literal["fp32", "bf16", "fp16", "fp8"]
 ReduceDtype = Literal["fp32", "bf16"]
 Fp8Scaling = Literal["tensorwise", "tilewise"]
 Fp8Amax = Literal["current", "delayed"]
+Fp8Matmul = Literal["auto", "scaled_mm", "emulated"]
 GradCompression = Literal["none", "powersgd"]
 # memory and layout
 ACMode = Literal["none", "selective", "full"]

@@ -15,6 +15,7 @@ from ._errors import require
 from .choices import (
     ACMode,
     Fp8Amax,
+    Fp8Matmul,
     Fp8Scaling,
     GradCompression,
     LayoutMode,
@@ -159,6 +160,10 @@ class PrecisionConfig:
     fp8_all_gather: bool = False
     """ZeRO-2/3 (FSDP2): all-gather the fp8 Linears' weights in E4M3 (1 byte/param instead of
     bf16's 2; tensorwise scaling, no tensor parallelism): `precision/fp8_fsdp.py`."""
+    fp8_matmul: Fp8Matmul = "auto"
+    """fp8 GEMM kernel: 'auto' (torch._scaled_mm, but on a CPU the emulation where a probe,
+    once per process, measures _scaled_mm over 2x slower), 'scaled_mm' or 'emulated' (the same
+    fp8 operands and scales dequantized to fp32, fp32 matmul): `precision/fp8_matmul.py`."""
     grad_compression: GradCompression = "none"
     """DDP gradient all-reduce compression: 'none' or 'powersgd' (low-rank, error feedback)."""
     powersgd_rank: int = 2

@@ -282,6 +282,7 @@ def _build_fake_run(
         materialize_in=fake,
         ddp=False,
         optimizer_device=target,
+        fp8_device=target,
         schedule_cls=_schedule_cls(job, layout, rank, world_size, hooks) if pp else None,
     )
 

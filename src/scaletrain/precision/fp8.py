@@ -38,6 +38,11 @@ Memory of one converted Linear, weight (N, K), input (M, K) (what the planner mu
 On CUDA with `torchao` importable, tensorwise/current conversion is delegated to
 `torchao.float8.convert_to_float8_training` (fused casts, `torch.compile`-friendly); everything
 else uses `Float8Linear`, the same code on CPU and CUDA.
+
+Kernel: `matmul` ('auto', 'scaled_mm' or 'emulated', `precision.fp8_matmul`) picks what runs the
+GEMMs, resolved per device at each call (`fp8_matmul.choose_fp8_matmul`: on a CPU 'auto' is
+measured once per process). The emulation quantizes exactly as above and only replaces the
+`_scaled_mm` calls; it adds fp32 copies of both operands as transients.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ from torch import nn
 
 from scaletrain.dtensor import is_dtensor, to_full
 
+from .fp8_matmul import choose_fp8_matmul
 from .scaling import (
     E4M3,
     E5M2,
@@ -65,19 +71,21 @@ from .scaling import (
 if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
 
-__all__ = ["Float8Linear", "Float8ExpertLinear", "SCALINGS", "AMAXES"]
+__all__ = ["Float8Linear", "Float8ExpertLinear", "SCALINGS", "AMAXES", "MATMULS"]
 
 SCALINGS = ("tensorwise", "tilewise")
 AMAXES = ("current", "delayed")
+MATMULS = ("auto", "scaled_mm", "emulated")
 _DIM_MULTIPLE = 16  # cuBLASLt fp8 GEMMs need the inner dims to be multiples of 16
 _EXTRA_STATE = "_extra_state"  # nn.Module's key suffix for non-parameter state
 
 
 class _Fp8State:
-    """Recipe and delayed-scaling histories of one Float8Linear (input, weight, grad_output)."""
+    """Recipe, GEMM kernel setting and delayed-scaling histories of one Float8Linear (input,
+    weight, grad_output)."""
 
-    def __init__(self, scaling: str, amax: str, history_len: int) -> None:
-        self.scaling, self.amax = scaling, amax
+    def __init__(self, scaling: str, amax: str, history_len: int, matmul: str = "auto") -> None:
+        self.scaling, self.amax, self.matmul = scaling, amax, matmul
         delayed = amax == "delayed"
         self.x = AmaxHistory(history_len) if delayed else None
         self.w = AmaxHistory(history_len) if delayed else None
@@ -85,6 +93,10 @@ class _Fp8State:
 
     def histories(self) -> tuple[AmaxHistory, ...]:
         return tuple(h for h in (self.x, self.w, self.dy) if h is not None)
+
+    def emulate(self, device: torch.device) -> bool:
+        """Whether the GEMMs on `device` run `emulated_scaled_mm` (the process's choice)."""
+        return choose_fp8_matmul(self.matmul, device.type).emulate
 
 
 def _quant_tensorwise(
@@ -127,16 +139,18 @@ class _Fp8Matmul(torch.autograd.Function):
     ) -> torch.Tensor:
         ctx.state, ctx.x_dtype, ctx.w_dtype = state, x.dtype, weight.dtype
         ctx.shape = (x.shape[0], weight.shape[0], x.shape[1])  # (M, N, K)
+        ctx.emulate = emu = state.emulate(x.device)
         with torch.autocast(x.device.type, enabled=False):
             if state.scaling == "tensorwise":
                 xq, sx = _quant_tensorwise(x, E4M3, state.x)
                 wq, sw = _quant_tensorwise(weight, E4M3, state.w)
-                y = scaled_mm(xq, sx, wq.t(), sw, out_dtype)
+                y = scaled_mm(xq, sx, wq.t(), sw, out_dtype, emulate=emu)
             else:
                 xq, sx = quantize(x, E4M3, (1, TILE))  # (M, Kp), (M, Kp/128)
                 wq, sw = quantize(weight, E4M3, (TILE, TILE))  # (Np, Kp), (Np/128, Kp/128)
                 b_scale = sw.t().repeat_interleave(TILE, dim=1)  # (Kp/128, Np)
-                y = tiled_scaled_mm(xq, sx, wq.t(), b_scale)[:, : weight.shape[0]].to(out_dtype)
+                y = tiled_scaled_mm(xq, sx, wq.t(), b_scale, emulate=emu)
+                y = y[:, : weight.shape[0]].to(out_dtype)
         # Saved for backward: the fp8 input (1 byte/element) and its scale, and the weight
         # itself, re-quantized in backward. A saved fp8 copy of W would stay alive from every
         # layer's forward to its backward — under FSDP2 a full unsharded copy per layer, 1 B/param
@@ -152,23 +166,25 @@ class _Fp8Matmul(torch.autograd.Function):
         xq, sx, weight, sw = ctx.saved_tensors
         state: _Fp8State = ctx.state
         m, n, k = ctx.shape
+        emu = ctx.emulate
         if state.scaling == "tensorwise":
             wq = _cast(weight, sw, E4M3)  # the forward's wq, bit for bit
             dyq, sdy = _quant_tensorwise(dy, E5M2, state.dy)
-            dx = scaled_mm(dyq, sdy, wq, sw, ctx.x_dtype)  # (M, K) = dy W
+            dx = scaled_mm(dyq, sdy, wq, sw, ctx.x_dtype, emulate=emu)  # (M, K) = dy W
             # wgrad contracts over M (tokens); cuBLASLt wants it a multiple of 16: zero rows.
             dyq_p, xq_p = _pad_rows(dyq, _DIM_MULTIPLE), _pad_rows(xq, _DIM_MULTIPLE)
-            dw = scaled_mm(dyq_p.t(), sdy, xq_p, sx, torch.float32)  # (N, K) = dy^T x
+            dw = scaled_mm(dyq_p.t(), sdy, xq_p, sx, torch.float32, emulate=emu)  # (N, K)
         else:
             wq, sw = quantize(weight, E4M3, (TILE, TILE))  # the forward's (wq, sw)
             dyq, sdy = quantize(dy, E5M2, (1, TILE))  # (M, Np), (M, Np/128)
-            dx = tiled_scaled_mm(dyq, sdy, wq, sw.repeat_interleave(TILE, dim=1))[:, :k]
+            b_scale = sw.repeat_interleave(TILE, dim=1)  # (Np/128, Kp)
+            dx = tiled_scaled_mm(dyq, sdy, wq, b_scale, emulate=emu)[:, :k]
             # wgrad contracts over tokens, so both operands need tiles along M (128x1, as in
             # DeepSeek-V3): re-tile the saved 1x128 x (a second rounding) and dy.
             x_deq = dequantize(xq, sx, (1, TILE))  # (M, Kp) fp32
             xq2, sx2 = quantize(x_deq, E4M3, (TILE, 1))  # (Mp, Kp), (Mp/128, Kp)
             dyq2, sdy2 = quantize(dy, E5M2, (TILE, 1))  # (Mp, Np), (Mp/128, Np)
-            dw = tiled_scaled_mm(dyq2.t(), sdy2.t(), xq2, sx2)[:n, :k]
+            dw = tiled_scaled_mm(dyq2.t(), sdy2.t(), xq2, sx2, emulate=emu)[:n, :k]
         return dx.to(ctx.x_dtype), dw.to(ctx.w_dtype), None, None
 
 
@@ -190,13 +206,14 @@ class Float8Linear(nn.Linear):
         scaling: str = "tensorwise",
         amax: str = "current",
         history_len: int = 16,
+        matmul: str = "auto",
         device: Any = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
-        self._set_recipe(scaling, amax, history_len)
+        self._set_recipe(scaling, amax, history_len, matmul)
 
-    def _set_recipe(self, scaling: str, amax: str, history_len: int) -> None:
+    def _set_recipe(self, scaling: str, amax: str, history_len: int, matmul: str) -> None:
         if scaling not in SCALINGS:
             raise ValueError(f"fp8 scaling {scaling!r}: use one of {SCALINGS}")
         if amax not in AMAXES:
@@ -208,7 +225,8 @@ class Float8Linear(nn.Linear):
             )
         if history_len < 1:
             raise ValueError(f"fp8 history_len {history_len}: use a positive integer")
-        self.fp8_state = _Fp8State(scaling, amax, history_len)
+        _check_matmul(matmul)
+        self.fp8_state = _Fp8State(scaling, amax, history_len, matmul)
 
     @classmethod
     def from_linear(
@@ -218,6 +236,7 @@ class Float8Linear(nn.Linear):
         scaling: str = "tensorwise",
         amax: str = "current",
         history_len: int = 16,
+        matmul: str = "auto",
     ) -> Float8Linear:
         """Wrap `mod`'s own Parameters (no copy, works on meta): optimizers keep their refs."""
         new = cls.__new__(cls)
@@ -225,7 +244,7 @@ class Float8Linear(nn.Linear):
         new.in_features, new.out_features = mod.in_features, mod.out_features
         new.weight = mod.weight
         new.bias = mod.bias
-        new._set_recipe(scaling, amax, history_len)
+        new._set_recipe(scaling, amax, history_len, matmul)
         return new
 
     # Delayed scaling is run state that decides the next step's scales, so it is checkpointed:
@@ -292,7 +311,8 @@ class Float8Linear(nn.Linear):
 
     def extra_repr(self) -> str:
         s = self.fp8_state
-        return f"{super().extra_repr()}, fp8={s.scaling}/{s.amax}"
+        kernel = "" if s.matmul == "auto" else f", matmul={s.matmul}"
+        return f"{super().extra_repr()}, fp8={s.scaling}/{s.amax}{kernel}"
 
 
 class Float8ExpertLinear:
@@ -304,10 +324,11 @@ class Float8ExpertLinear:
     tile. An expert that received no tokens, or dims not multiples of 16, run F.linear.
     """
 
-    def __init__(self, scaling: str = "tensorwise") -> None:
+    def __init__(self, scaling: str = "tensorwise", matmul: str = "auto") -> None:
         if scaling not in SCALINGS:
             raise ValueError(f"fp8 scaling {scaling!r}: use one of {SCALINGS}")
-        self.fp8_state = _Fp8State(scaling, "current", 1)
+        _check_matmul(matmul)
+        self.fp8_state = _Fp8State(scaling, "current", 1, matmul)
 
     def __call__(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
@@ -320,6 +341,11 @@ class Float8ExpertLinear:
 
     def __repr__(self) -> str:
         return f"Float8ExpertLinear(fp8={self.fp8_state.scaling}/current)"
+
+
+def _check_matmul(matmul: str) -> None:
+    if matmul not in MATMULS:
+        raise ValueError(f"fp8 matmul {matmul!r}: use one of {MATMULS}")
 
 
 def _out_dtype(x: torch.Tensor) -> torch.dtype:

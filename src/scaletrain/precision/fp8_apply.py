@@ -34,7 +34,7 @@ def _skipped(fqn: str, skip: Sequence[str]) -> bool:
     return any(s in parts or fqn == s or fqn.endswith("." + s) for s in skip)
 
 
-def _use_torchao(model: nn.Module, backend: str, scaling: str, amax: str) -> bool:
+def _use_torchao(model: nn.Module, backend: str, scaling: str, amax: str, matmul: str) -> bool:
     if backend == "scaletrain":
         return False
     available = importlib.util.find_spec("torchao") is not None
@@ -42,11 +42,13 @@ def _use_torchao(model: nn.Module, backend: str, scaling: str, amax: str) -> boo
     on_cuda = p is not None and (
         p.device.type == "cuda" or (p.device.type == "meta" and torch.cuda.is_available())
     )
-    fits = scaling == "tensorwise" and amax == "current"  # torchao has no tile/delayed recipe
+    # torchao has no tile/delayed recipe, and always runs `_scaled_mm`
+    fits = scaling == "tensorwise" and amax == "current" and matmul != "emulated"
     if backend == "torchao" and not (available and on_cuda and fits):
         raise ValueError(
-            "fp8 backend 'torchao' needs torchao installed, a CUDA model and "
-            "scaling='tensorwise', amax='current'; use backend='auto'"
+            "fp8 backend 'torchao' needs torchao installed, a CUDA model, "
+            "scaling='tensorwise', amax='current' and matmul other than 'emulated'; "
+            "use backend='auto'"
         )
     return available and on_cuda and fits
 
@@ -59,6 +61,7 @@ def apply_fp8(
     skip: Sequence[str] = ("output", "router"),
     history_len: int = 16,
     backend: str = "auto",
+    matmul: str = "auto",
 ) -> list[str]:
     """Convert eligible Linears and MoE experts of `model` in place; returns the converted
     module names.
@@ -67,7 +70,8 @@ def apply_fp8(
     `backend`: 'auto' (torchao on CUDA when importable and the recipe is tensorwise/current,
     else ours), 'scaletrain' or 'torchao' — for the Linears; experts always run
     `Float8ExpertLinear` (current amax whatever `amax` says, see the module docstring). Skip the
-    experts with `skip=(..., "experts")`.
+    experts with `skip=(..., "experts")`. `matmul`: the GEMM kernel of ours ('auto',
+    'scaled_mm' or 'emulated': `fp8_matmul.py`).
     """
     if backend not in ("auto", "scaletrain", "torchao"):
         raise ValueError(f"fp8 backend {backend!r}: use 'auto', 'scaletrain' or 'torchao'")
@@ -76,8 +80,8 @@ def apply_fp8(
         for fqn, mod in model.named_modules()
         if fqn and fp8_eligible(mod) and not _skipped(fqn, skip)
     ]
-    experts = _convert_experts(model, scaling, skip)
-    if _use_torchao(model, backend, scaling, amax):
+    experts = _convert_experts(model, scaling, skip, matmul)
+    if _use_torchao(model, backend, scaling, amax, matmul):
         from torchao.float8 import convert_to_float8_training
 
         names = {fqn for fqn, _ in targets}
@@ -89,12 +93,14 @@ def apply_fp8(
         setattr(
             parent,
             leaf,
-            Float8Linear.from_linear(mod, scaling=scaling, amax=amax, history_len=history_len),
+            Float8Linear.from_linear(
+                mod, scaling=scaling, amax=amax, history_len=history_len, matmul=matmul
+            ),
         )
     return [fqn for fqn, _ in targets] + experts
 
 
-def _convert_experts(model: nn.Module, scaling: str, skip: Sequence[str]) -> list[str]:
+def _convert_experts(model: nn.Module, scaling: str, skip: Sequence[str], matmul: str) -> list[str]:
     """Give every unconverted `GroupedExperts` a `Float8ExpertLinear`; returns their names."""
     from scaletrain.models.moe import GroupedExperts
 
@@ -105,7 +111,7 @@ def _convert_experts(model: nn.Module, scaling: str, skip: Sequence[str]) -> lis
             and not _skipped(fqn, skip)
             and not isinstance(mod.linear, Float8ExpertLinear)
         ):
-            mod.linear = Float8ExpertLinear(scaling)
+            mod.linear = Float8ExpertLinear(scaling, matmul)
             names.append(fqn)
     return names
 
@@ -122,6 +128,7 @@ def maybe_apply_fp8(model: nn.Module, precision: Any, **kwargs: Any) -> list[str
         scaling=precision.fp8_scaling,
         amax=precision.fp8_amax,
         history_len=precision.fp8_history_len,
+        matmul=precision.fp8_matmul,
         **kwargs,
     )
 

@@ -26,6 +26,11 @@ output (relative 2^-9), bf16 being the dtype rowwise `_scaled_mm` emits on CUDA.
 
 CUDA layout rules kept everywhere (CPU is lenient): `a` row-major, `b` column-major, both inner
 dims multiples of 16, e5m2 never multiplied by e5m2.
+
+`emulated_scaled_mm` is `_scaled_mm`'s arithmetic in plain fp32 ops, for CPUs whose `_scaled_mm`
+is pathologically slow (`fp8_matmul.py` decides by measurement): the same fp8 operands and
+scales, each operand dequantized (fp8 -> fp32, times its scale), an fp32 matmul, the result
+cast to `out_dtype`. `scaled_mm` and `tiled_scaled_mm` take `emulate=True` to run it.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ __all__ = [
     "AmaxHistory",
     "scaled_mm",
     "tiled_scaled_mm",
+    "emulated_scaled_mm",
     "pad_to",
 ]
 
@@ -164,17 +170,45 @@ class AmaxHistory:
         self.num_recorded += 1
 
 
+def emulated_scaled_mm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    *,
+    scale_a: torch.Tensor,
+    scale_b: torch.Tensor,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """`torch._scaled_mm(a, b, scale_a=..., scale_b=..., out_dtype=...)` without its kernel.
+
+    fp8 a: (M, K), b: (K, N); scales 0-dim (tensorwise) or (M, 1) and (1, N) (rowwise). Each
+    operand is dequantized exactly as `dequantize` does (fp8 -> fp32 is exact, times the fp32
+    scale: one rounding), multiplied in fp32 with fp32 accumulation, and the result cast to
+    `out_dtype` — the arithmetic torch's reference CPU `_scaled_mm` runs (aten `Blas.cpp`,
+    `_scaled_mm_out_cpu_emulated`; bitwise equal to it where the CPU takes that path). A fused
+    kernel (oneDNN's fp8 GEMM on AMX hosts, cuBLASLt) scales the fp32 sum of exact fp8 products
+    instead and sums in its own order: the results differ by fp32 rounding of the K-term sum
+    (tests/unit/test_fp8_emulation.py derives the bound). No bias: our callers add theirs after.
+    Costs two fp32 copies of the operands (4 B/element) on top of the kernel's memory.
+    """
+    return ((a.float() * scale_a) @ (b.float() * scale_b)).to(out_dtype)
+
+
 def scaled_mm(
     a: torch.Tensor,
     a_scale: torch.Tensor,
     b: torch.Tensor,
     b_scale: torch.Tensor,
     out_dtype: torch.dtype,
+    *,
+    emulate: bool = False,
 ) -> torch.Tensor:
     """(a*sa) @ (b*sb) for fp8 a: (M, K) and b: (K, N) with per-tensor (0-dim) scales.
 
     `b` is made column-major (a free view when it is the transpose of a row-major tensor).
+    `emulate`: `emulated_scaled_mm` instead of `torch._scaled_mm` (same operands and scales).
     """
+    if emulate:
+        return emulated_scaled_mm(a, b, scale_a=a_scale, scale_b=b_scale, out_dtype=out_dtype)
     if b.stride(0) != 1:
         b = b.t().contiguous().t()
     return torch._scaled_mm(
@@ -183,21 +217,28 @@ def scaled_mm(
 
 
 def tiled_scaled_mm(
-    a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor
+    a: torch.Tensor,
+    a_scale: torch.Tensor,
+    b: torch.Tensor,
+    b_scale: torch.Tensor,
+    *,
+    emulate: bool = False,
 ) -> torch.Tensor:
     """fp32 (a @ b) with a: (M, K) in 1x128 K-tiles, a_scale (M, K/128), and b: (K, N) with
     one scale per (128-slice of K, column), b_scale (K/128, N). K must be a multiple of 128.
 
-    One rowwise `_scaled_mm` per K-slice, partial sums accumulated in fp32 (module docstring).
+    One rowwise `_scaled_mm` per K-slice, partial sums accumulated in fp32 (module docstring);
+    `emulate`: each slice through `emulated_scaled_mm` (the same bf16 partials).
     """
     k = a.shape[1]
     assert k % TILE == 0 and b.shape[0] == k, (a.shape, b.shape)
-    if b.stride(0) != 1:
+    if b.stride(0) != 1 and not emulate:
         b = b.t().contiguous().t()  # column-major, so each K-slice stays column-major
+    mm = emulated_scaled_mm if emulate else torch._scaled_mm
     out = torch.zeros(a.shape[0], b.shape[1], dtype=torch.float32, device=a.device)
     for i in range(k // TILE):
         sl = slice(i * TILE, (i + 1) * TILE)
-        part = torch._scaled_mm(
+        part = mm(
             a[:, sl].contiguous(),
             b[sl, :],
             # contiguous before unsqueeze: _scaled_mm checks the strides

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from scaletrain.parallel import ParallelDims, parallelize
 from scaletrain.parallel.launch import rendezvous_store
 from scaletrain.parallel.pipeline import PipelineRuntime
 from scaletrain.planner.flops import flops_per_token
+from scaletrain.precision.fp8_matmul import Fp8MatmulChoice, choose_fp8_matmul
 
 from .optim import build_optimizer
 from .precision import LossScaler
@@ -138,6 +140,9 @@ class Run:
     scaler: LossScaler
     hardware: HardwareSpec
     pipeline: PipelineRuntime | None = None
+    fp8_matmul: Fp8MatmulChoice | None = None
+    """fp8 runs: the GEMM kernel on this device and why (`precision.fp8_matmul`), for the
+    run's start line; None otherwise."""
 
     @property
     def device(self) -> torch.device:
@@ -314,6 +319,24 @@ def _materialize_and_optimizer(
     return params, optimizer
 
 
+def _fp8_matmul(job: JobConfig, device_type: str) -> Fp8MatmulChoice | None:
+    """fp8 runs: the GEMM kernel for `device_type` (on a CPU with 'auto': measured, once per
+    process, here — before any fake-tensor context); None otherwise."""
+    if job.precision.dtype != "fp8":
+        return None
+    return choose_fp8_matmul(job.precision.fp8_matmul, device_type)
+
+
+def _with_fp8_kernel(job: JobConfig, choice: Fp8MatmulChoice | None) -> JobConfig:
+    """`job` with 'auto' replaced by the kernel chosen, for building the model: its
+    Float8Linears then run that kernel whatever device their tensors report (the dry-run's
+    fake tensors are CPU tensors standing for the target's)."""
+    if choice is None or job.precision.fp8_matmul == choice.kernel:
+        return job
+    precision = dataclasses.replace(job.precision, fp8_matmul=choice.kernel)
+    return dataclasses.replace(job, precision=precision)
+
+
 def build_run(
     job: JobConfig,
     *,
@@ -323,6 +346,7 @@ def build_run(
     materialize_in: contextlib.AbstractContextManager | None = None,
     ddp: bool = True,
     optimizer_device: str | None = None,
+    fp8_device: str | None = None,
     schedule_cls: Any = None,
 ) -> Run:
     """Process group, mesh, data, model (built on meta, parallelized, materialized), optimizer.
@@ -337,6 +361,8 @@ def build_run(
       `FakeTensorMode`); the model is built and parallelized on meta outside it;
     - `ddp=False`: no DDP wrapper (`parallelize(ddp=...)`);
     - `optimizer_device`: the device type the optimizer is chosen for (fused AdamW on GPUs);
+    - `fp8_device`: the device type `precision.fp8_matmul='auto'` is resolved for (the
+      dry-run models the target's kernel, not its host's);
     - `schedule_cls`: the pipeline schedule class (`parallel.pipeline.build_pipeline`).
     `parallel.layout = "auto"` is resolved above the trainer (`scaletrain.orchestrate`).
     """
@@ -352,8 +378,15 @@ def build_run(
     torch.manual_seed(job.train.seed)
     bundle = _build_data_bundle(job, dims, env, grad_accum) if data else None
     scaler = LossScaler(job.precision)
+    fp8_matmul = _fp8_matmul(job, fp8_device or env.device.type)
     model, pipeline = _build_parallel_model(
-        job, dims, scaler, env.device, grad_accum, ddp=ddp, schedule_cls=schedule_cls
+        _with_fp8_kernel(job, fp8_matmul),
+        dims,
+        scaler,
+        env.device,
+        grad_accum,
+        ddp=ddp,
+        schedule_cls=schedule_cls,
     )
     with materialize_in or contextlib.nullcontext():
         params, optimizer = _materialize_and_optimizer(
@@ -377,4 +410,5 @@ def build_run(
         scaler=scaler,
         hardware=detect_hardware(job, env.device),
         pipeline=pipeline,
+        fp8_matmul=fp8_matmul,
     )

@@ -245,6 +245,8 @@ def _write_start_files(
     (run.run_dir / "config.json").write_text(json.dumps(job.to_dict(), indent=1))
     _save_tokenizer(data.tokenizer, run.run_dir / "tokenizer")
     logger.print(run.describe())
+    if run.fp8_matmul is not None:
+        logger.print(run.fp8_matmul.line())
     logger.print(
         start_line(
             resumed_from,
