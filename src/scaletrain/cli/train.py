@@ -43,6 +43,18 @@ def _train_main(config_path: str | None, overrides: list[str]) -> None:
     train_job(_job(config_path, overrides, launch_env().world_size))
 
 
+def _ignored(job: JobConfig, world: int) -> list[str]:
+    """The options this job sets that its layout never reads (`config.ignored_options`); none
+    when the layout itself is refused (that error comes, in one line, from the run)."""
+    from scaletrain.config import ConfigError
+    from scaletrain.config.layout_options import ignored_options
+
+    try:
+        return ignored_options(job, job.layout(world))
+    except ConfigError:
+        return []
+
+
 def run(args: argparse.Namespace, extra: list[str]) -> int:
     # validate everything before any work starts: the launcher's variables, then the job
     env = launch_env()
@@ -54,7 +66,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
 
     check_job_paths(job)  # before the notes, the fit check or any rank
     if env.rank == 0:
-        for note in res.notes():
+        for note in [*res.notes(), *_ignored(job, max(world, 1))]:
             print(f"note: {note}")
     if args.nproc < 1:
         print("scaletrain train: error: --nproc must be >= 1", file=sys.stderr)

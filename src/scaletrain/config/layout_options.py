@@ -11,9 +11,10 @@ from ._errors import ConfigError
 from .layout_facts import expert_tp
 
 if TYPE_CHECKING:
+    from .job import JobConfig
     from .layout import Layout
 
-__all__ = ["option_problems"]
+__all__ = ["ignored_options", "option_problems"]
 
 
 def option_problems(
@@ -87,3 +88,39 @@ def option_problems(
             )
         )
     return out
+
+
+def ignored_options(job: JobConfig, layout: Layout) -> list[str]:
+    """Options the job sets that this layout and precision never read: one note each, said
+    once at the start (by rank 0), so that a setting that does nothing is not taken for one
+    that works. Compared with the defaults, so an untouched field is never named."""
+    from .job import PrecisionConfig
+
+    p, d = job.precision, PrecisionConfig()
+    notes = []
+    if layout.sp and layout.tp == 1:
+        notes.append(
+            "parallel.sp=true does nothing with parallel.tp=1 (sequence parallelism splits "
+            "the tensor-parallel group's norm and dropout work)"
+        )
+    if p.dtype != "fp8":
+        for name in ("fp8_all_gather", "fp8_amax", "fp8_scaling", "fp8_matmul"):
+            if getattr(p, name) != getattr(d, name):
+                notes.append(
+                    f"precision.{name}={getattr(p, name)!r} does nothing with "
+                    f"precision.dtype={p.dtype!r} (it configures fp8 training)"
+                )
+    if p.grad_compression != "none" and (layout.dp == 1 or layout.zero >= 2):
+        where = "one data-parallel rank" if layout.dp == 1 else "FSDP (parallel.zero >= 2)"
+        notes.append(
+            f"precision.grad_compression={p.grad_compression!r} does nothing with {where}: "
+            "PowerSGD compresses DDP's gradient buckets"
+        )
+    if p.reduce_dtype != d.reduce_dtype and (layout.zero < 2 or p.dtype == "fp32"):
+        why = (
+            "DDP / ZeRO-1 reduce in the gradients' own dtype"
+            if layout.zero < 2
+            else ("fp32 training has no mixed-precision policy")
+        )
+        notes.append(f"precision.reduce_dtype={p.reduce_dtype!r} does nothing here: {why}")
+    return notes
