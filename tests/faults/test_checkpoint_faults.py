@@ -187,3 +187,40 @@ def test_all_checkpoints_corrupt_refuses_to_start_over_and_keeps_them(tmp_path):
         damaged
     )
     assert latest_good(ckpts) is not None  # the new run's own checkpoints
+
+
+def _rewrite_state(ckpt: Path, edit) -> None:
+    """Edit trainer_state.json and re-list it in the manifest (files match their checksums)."""
+    state = json.loads((ckpt / "trainer_state.json").read_text())
+    edit(state)
+    data = json.dumps(state).encode()
+    (ckpt / "trainer_state.json").write_bytes(data)
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    manifest["files"]["trainer_state.json"] = {
+        "size": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("edit", "said"),
+    [
+        (lambda s: s.update(step="three"), "not a non-negative integer"),
+        (lambda s: s.pop("data"), "lacks the data position"),
+        (lambda s: s.update(wall_s="x"), "wall_s"),
+    ],
+    ids=["step", "data", "wall_s"],
+)
+def test_a_checkpoint_matching_its_manifest_with_wrong_fields_is_one_line(tmp_path, edit, said):
+    from ._cli import no_traceback, scaletrain, tiny_job
+
+    first = scaletrain("train", *tiny_job(tmp_path, "run"))
+    assert first.returncode == 0, first.stderr
+    ckpt = sorted((tmp_path / "run" / "checkpoints").glob("step_*"))[-1]
+    _rewrite_state(ckpt, edit)
+    again = scaletrain("train", *tiny_job(tmp_path, "run", "--train.steps=4"))
+    assert again.returncode == 3 and no_traceback(again), again.stderr
+    err = again.stderr.strip().splitlines()
+    assert len(err) == 1 and said in err[0] and ckpt.name in err[0], err

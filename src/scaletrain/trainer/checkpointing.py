@@ -78,6 +78,7 @@ def restore(run: Run, path: Path) -> tuple[int, float]:
     """Load a checkpoint into the run; returns (step, wall seconds already spent)."""
     check_resume(path, run.job)  # JSON only, before any tensor is read
     state, extra = load_checkpoint(path, run.model, run.optimizer)
+    _check_trainer_state(path, state, extra)
     if state["model"] != run.job.model.to_dict():
         raise ConfigError(
             "checkpoint.resume",
@@ -93,6 +94,29 @@ def restore(run: Run, path: Path) -> tuple[int, float]:
     )
     _set_rng_state(extra["rng"])
     return int(state["step"]), float(state.get("wall_s", 0.0))
+
+
+def _check_trainer_state(path: Path, state: dict[str, Any], extra: dict[str, Any]) -> None:
+    """The fields `restore` reads, of the types `_payload` writes: a checkpoint whose files
+    match its manifest can still hold others (written by hand, or by another version), which
+    would otherwise surface as a KeyError or ValueError traceback mid-restore."""
+    step, data = state.get("step"), state.get("data")
+    problem = ""
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        problem = f"trainer_state.json's step is {step!r}, not a non-negative integer"
+    elif not isinstance(state.get("model"), dict) or not isinstance(state.get("scaler"), dict):
+        problem = "trainer_state.json lacks its model or scaler record"
+    elif not isinstance(data, dict) or not isinstance(data.get("0"), dict):
+        problem = "trainer_state.json lacks the data position (its 'data' record of rank 0)"
+    elif not isinstance(state.get("wall_s", 0.0), int | float):
+        problem = f"trainer_state.json's wall_s is {state.get('wall_s')!r}, not a number"
+    elif not isinstance(extra.get("rng"), dict) or "cpu" not in extra["rng"]:
+        problem = "its extra_rank file lacks the RNG state"
+    if problem:
+        raise CheckpointError(
+            f"checkpoint {path} is unusable: {problem}; resume another checkpoint, or use "
+            "--checkpoint.resume=never / another train.run_dir"
+        )
 
 
 def _rng_state() -> dict[str, torch.Tensor]:
