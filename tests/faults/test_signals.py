@@ -163,3 +163,46 @@ def test_nproc_stop_forwards_once_saves_and_exits_one_line(tmp_path, sig, to):
     assert len(said) == 1 and signal.Signals(sig).name in said[0], out[-2000:]
     saved = sorted((tmp_path / "run" / "checkpoints").glob("step_*"))
     assert saved and int(saved[-1].name.split("_")[1]) < 400
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:  # (state, ppid, ...) after the command name
+            out.append(int(stat.parent.name))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_nproc_rank_killed_is_one_line_naming_it(tmp_path):
+    """A rank killed mid-run (SIGKILL: the kernel's OOM killer does this) under --nproc 2: the
+    launcher stops the other rank and says which rank died and how, in one line."""
+    p = subprocess.Popen(
+        _nproc_job(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env(),
+        start_new_session=True,
+    )
+    assert p.stdout is not None
+    for line in p.stdout:
+        if line.lstrip().startswith("step") and "loss" in line:
+            ranks = [
+                c
+                for c in _children(p.pid)
+                if "spawn_main" in Path(f"/proc/{c}/cmdline").read_text()
+            ]
+            assert len(ranks) == 2, ranks
+            os.kill(max(ranks), signal.SIGKILL)
+            break
+    out, err = p.communicate(timeout=240)
+    assert p.returncode not in (0, None)
+    assert "Traceback" not in err, err[-3000:]
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "rank" in lines[0] and "SIGKILL" in lines[0], lines

@@ -137,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 130
     except RuntimeError as e:  # run-time failures with a prepared message (OOM, rollbacks)
-        if type(e).__name__ not in ("OutOfMemory", "TooManyRollbacks", "CheckpointError"):
+        prepared = ("OutOfMemory", "TooManyRollbacks", "CheckpointError", "RankDied")
+        if type(e).__name__ not in prepared:
             raise
         print(f"scaletrain {chosen}: {e}", file=sys.stderr)
         return 3

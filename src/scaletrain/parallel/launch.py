@@ -30,7 +30,7 @@ import torch.multiprocessing as mp
 from scaletrain.config import ConfigError
 from scaletrain.config.launch_env import LAUNCH_FIX, LaunchEnv
 
-__all__ = ["Stopped", "attempt_store", "free_port", "rendezvous_store", "spawn"]
+__all__ = ["RankDied", "Stopped", "attempt_store", "free_port", "rendezvous_store", "spawn"]
 
 
 def free_port() -> int:
@@ -128,9 +128,10 @@ def _rank_failure(
     if silent is not None:
         # it died without a Python error (os._exit, a crash); the others' errors (a peer
         # gone mid-collective) follow from it
-        return RuntimeError(
+        return RankDied(
             f"distributed run failed: rank {silent[0]} ended with {silent[1]} "
-            "without a Python error (killed, out of memory, or crashed)"
+            "without a Python error (killed, out of memory, or crashed); the other ranks "
+            "were stopped: resume from the last checkpoint with the same command"
         )
     if not failed:
         return RuntimeError(f"distributed run failed: {e}")
@@ -144,6 +145,11 @@ def _rank_failure(
             exc.__cause__ = remote  # shown if the caller lets it through, like futures do
             return exc
     return RuntimeError(f"distributed run failed on rank {r}:\n{rec['error']}")
+
+
+class RankDied(RuntimeError):
+    """A rank ended without a Python error (a signal, the OOM killer, a crash): one line, said
+    by the CLI as a prepared run-time failure (there is no traceback of it to show)."""
 
 
 class RankTraceback(Exception):
