@@ -23,6 +23,7 @@ also writes the manifest), so a planted index is refused in one line and runs no
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -93,7 +94,10 @@ def save_checkpoint(
     state, extra = _payload(model, optimizer, extra)
     with warnings.catch_warnings():  # single-process saves are intended, not a mistake
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.save(state, checkpoint_id=str(tmp), no_dist=not dist.is_initialized())
+        try:
+            dcp.save(state, checkpoint_id=str(tmp), no_dist=not dist.is_initialized())
+        except (Exception, CheckpointException) as e:  # noqa: BLE001 - classified below
+            raise _storage_error(e, tmp, _state_bytes(state)) or e from None
     _write_local(tmp, extra, trainer_state)
     _barrier()
     if _rank() == 0:
@@ -192,6 +196,44 @@ def _begin(ckpt_dir: Path, step: int) -> tuple[Path, Path]:
         tmp.mkdir()
     _barrier()
     return tmp, final
+
+
+def _storage_error(e: BaseException, where: Path, needed: int) -> OSError | None:
+    """The storage fault behind a failed save, as an OSError naming `where` (one line at the
+    CLI), or None when it was something else. DCP wraps each rank's failure in a
+    CheckpointException, and torch.save on a full disk fails as a RuntimeError of its zip
+    writer ("unexpected pos"), so the filesystem itself is asked: read-only, or less free
+    space than the tensors being saved (`needed` bytes, an upper bound of the shard)."""
+    for failure in (getattr(e, "failures", None) or {}).values():
+        exc = failure[0] if isinstance(failure, tuple) else failure
+        if isinstance(exc, OSError) and exc.errno is not None:
+            return OSError(exc.errno, os.strerror(exc.errno), str(exc.filename or where))
+    try:
+        fs = os.statvfs(where if where.exists() else where.parent)
+    except OSError:
+        return None
+    if fs.f_flag & os.ST_RDONLY:
+        return OSError(errno.EROFS, os.strerror(errno.EROFS), str(where))
+    free = fs.f_bavail * fs.f_frsize
+    if free < needed:
+        return OSError(
+            errno.ENOSPC,
+            f"{os.strerror(errno.ENOSPC)} ({free / 2**20:.1f} MiB free, the checkpoint "
+            f"needs up to {needed / 2**20:.1f} MiB)",
+            str(where),
+        )
+    return None
+
+
+def _state_bytes(state: Any) -> int:
+    """Bytes of every tensor in a (nested) state dict: what its shards hold at most."""
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, dict):
+        return sum(_state_bytes(v) for v in state.values())
+    if isinstance(state, list | tuple):
+        return sum(_state_bytes(v) for v in state)
+    return 0
 
 
 def _payload(

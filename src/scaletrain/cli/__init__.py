@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import importlib
 import os
 import signal
@@ -136,6 +137,18 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 130
+    except OSError as e:  # the disk filled or turned read-only mid-run: one line naming it
+        if e.errno not in _STORAGE_ERRNOS:
+            raise
+        where = f" writing {e.filename}" if e.filename else ""
+        what = e.strerror or os.strerror(e.errno)
+        print(
+            f"scaletrain {chosen}: error: {what}{where}; what was already "
+            "written is kept (checkpoints are published only when complete): free space or "
+            "fix the mount, then run the same command to resume",
+            file=sys.stderr,
+        )
+        return 3
     except RuntimeError as e:  # run-time failures with a prepared message (OOM, rollbacks)
         prepared = ("OutOfMemory", "TooManyRollbacks", "CheckpointError", "RankDied")
         if type(e).__name__ not in prepared:
@@ -145,6 +158,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
+
+
+_STORAGE_ERRNOS = (errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG)
+"""Storage faults a run meets after its start checks passed (disk full, quota, a mount turned
+read-only): said in one line, not a traceback."""
 
 
 def _exit_on_sigint(command: str) -> Any:
