@@ -207,5 +207,6 @@ def fresh_run_dir(job: JobConfig) -> JobConfig:
     n = 2
     while Path(f"{run_dir}-{n}").exists():
         n += 1
-    print(f"{run_dir} holds a finished run ({done.name}); training again in {run_dir}-{n}")
+    if int(os.environ.get("RANK", "0")) == 0:  # every rank moves; one says so
+        print(f"{run_dir} holds a finished run ({done.name}); training again in {run_dir}-{n}")
     return dataclasses.replace(job, train=dataclasses.replace(job.train, run_dir=f"{run_dir}-{n}"))
