@@ -1,7 +1,8 @@
 """Find the shell commands the documentation shows, and the argv that runs each in a test.
 
 Sources (found generically, so a new README section is covered without editing this file):
-- fenced ```bash / ```sh / ```shell / ```console blocks of README.md and benchmarks/README.md
+- fenced ```bash / ```sh / ```shell / ```console blocks of README.md, benchmarks/README.md
+  and docs/*.md
   (backslash continuations joined, `#` comments dropped, `a && b` split, `$ ` prompts removed);
 - inline code spans of those files that start with a command word (`scaletrain ...`,
   `python benchmarks/...`, `torchrun ...`);
@@ -30,7 +31,11 @@ from scaletrain.cli import SUBCOMMANDS
 from scaletrain.cli._job import FLAGS
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = ("README.md", "benchmarks/README.md")
+DOCS = (
+    "README.md",
+    "benchmarks/README.md",
+    *sorted(f"docs/{f.name}" for f in (ROOT / "docs").glob("*.md")),
+)
 _FENCE = re.compile(r"^```(\w*)\s*$")
 _INLINE = re.compile(
     r"`((?:scaletrain (?:"

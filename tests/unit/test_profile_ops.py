@@ -101,10 +101,13 @@ def test_phase_clock_tiles_the_step(recompute):
     assert ("recompute" in seen) == recompute
     assert not clock.in_backward and clock._recompute_depth == 0 and not clock._module_stack
     a = analyse_events(prof.events())
-    # the trace's ranges are the clock's phases, with the same durations
+    # the trace's ranges are the clock's phases, with the same durations: the two clocks read
+    # the time a few instructions apart, so they differ by what a preemption between those
+    # reads costs (a scheduler slice, up to ~4 ms at HZ=250, seen on a loaded 2-core host with
+    # 4 threads: 1.0 ms), not by the phase's length
     assert set(a.phase_s) == seen
     for k, v in clock.totals.items():
-        assert a.phase_s[k] == pytest.approx(v, rel=0.05, abs=5e-4)
+        assert a.phase_s[k] == pytest.approx(v, rel=0.05, abs=5e-3)
     assert a.class_s.get("matmul", 0) > 0 and a.compute_class_s.get("matmul", 0) > 0
 
 
