@@ -17,7 +17,7 @@ from torch.distributed.tensor import DTensor
 from scaletrain.config import JobConfig, load_config
 from scaletrain.models import build_model, clean_fqn
 from scaletrain.trainer.build import build_run
-from scaletrain.trainer.step import train_step
+from scaletrain.trainer.step import apply_update, train_step
 
 from .adam_tolerance import float64_default
 
@@ -26,11 +26,12 @@ VALID = (16, 3, 0, 9)
 """Valid targets of each sequence (the rest is an SFT-style masked prompt): 28 of 64."""
 
 
-def job(tmp: str, seqs_per_micro: int = 1, **parallel) -> JobConfig:
+def job(tmp: str, seqs_per_micro: int = 1, lora: dict | None = None, **parallel) -> JobConfig:
     return load_config(
         None,
         {
             "model": {"name": "tiny-llama"},
+            "lora": lora or {},
             "parallel": parallel,
             "batch": {
                 "seq_len": SEQ_LEN,
@@ -58,9 +59,11 @@ def _name(name: str) -> str:
     return re.sub(r"^stage\d+\.", "", clean_fqn(name))
 
 
-def step_grads(cfg: JobConfig, valid: tuple[int, ...] = VALID) -> dict:
-    """One `train_step` of `cfg`'s layout on this rank's micro-batches, float64: the logged
-    loss and {clean name: whole gradient} of the parameters this rank holds."""
+def step_grads(cfg: JobConfig, valid: tuple[int, ...] = VALID, steps: int = 1) -> dict:
+    """`steps` `train_step`s + updates of `cfg`'s layout on this rank's micro-batches (the same
+    ones each step), float64: the last step's logged loss and {clean name: whole gradient} of
+    the trainable parameters this rank holds, and {clean name: whole value} of them after its
+    update."""
     with float64_default():
         run = build_run(cfg, data=False)
         inputs, targets = global_batch(cfg.model.vocab_size, valid)
@@ -70,13 +73,17 @@ def step_grads(cfg: JobConfig, valid: tuple[int, ...] = VALID) -> dict:
         micro = [
             (inputs[i : i + mb], targets[i : i + mb]) for i in range(first, first + per_rank, mb)
         ]
-        out = train_step(run, iter(micro))
-        grads = {}
-        for name, p in run.model.named_parameters():
-            g = p.grad
-            assert g is not None, name
-            grads[_name(name)] = (g.full_tensor() if isinstance(g, DTensor) else g).detach()
-        return {"loss": out.loss, "grads": grads}
+        trained = [(_name(n), p) for n, p in run.model.named_parameters() if p.requires_grad]
+        for _ in range(steps):
+            out = train_step(run, iter(micro))
+            grads = {name: _whole(p.grad) for name, p in trained}
+            apply_update(run, out)
+        return {"loss": out.loss, "grads": grads, "params": {n: _whole(p) for n, p in trained}}
+
+
+def _whole(t: torch.Tensor | None) -> torch.Tensor:
+    assert t is not None
+    return (t.full_tensor() if isinstance(t, DTensor) else t).detach().clone()
 
 
 def reference_grads(cfg: JobConfig, valid: tuple[int, ...] = VALID) -> dict:
@@ -92,9 +99,9 @@ def reference_grads(cfg: JobConfig, valid: tuple[int, ...] = VALID) -> dict:
         return {"loss": float(loss.detach()), "grads": grads}
 
 
-def step_many(cfgs: dict[str, JobConfig]) -> dict[str, dict]:
+def step_many(cfgs: dict[str, JobConfig], steps: int = 1) -> dict[str, dict]:
     """`step_grads` of each named layout in turn on the same process group."""
-    return {name: step_grads(cfg) for name, cfg in cfgs.items()}
+    return {name: step_grads(cfg, steps=steps) for name, cfg in cfgs.items()}
 
 
 def assert_grads_close(got: dict, ref: dict, where: str, rel: float = 1e-12) -> None:
