@@ -28,6 +28,7 @@ from torch import nn
 from scaletrain.config import ModelConfig
 from scaletrain.config.user_files import read_user_file
 from scaletrain.dtensor import to_full
+from scaletrain.models.lora import merge_adapters
 
 __all__ = ["export_hf", "load_hf_state_dict", "to_hf_state_dict", "from_hf_state_dict", "hf_config"]
 
@@ -257,6 +258,7 @@ def export_hf(
     *,
     dtype: torch.dtype | None = None,
     pp_group: dist.ProcessGroup | None = None,
+    lora_scale: float | None = None,
 ) -> Path:
     """Write `model.safetensors` (HF names) and `config.json` to out_dir; returns out_dir.
 
@@ -264,7 +266,8 @@ def export_hf(
     pipeline run, `model` = this rank's stages in a ModuleDict "stage<i>") the stages' weights
     are exchanged over the pipeline group, and a tied model's head copy on the last stage is
     dropped (it equals the embedding). Only global rank 0 writes.
-    dtype: cast the weights (default: keep the model's dtype).
+    dtype: cast the weights (default: keep the model's dtype). lora_scale: the model has LoRA
+    adapters (`models.lora`), merged into the base weights with this scale (alpha / rank).
     """
     out = Path(out_dir)
     state = _full_state_dict(model)
@@ -277,6 +280,8 @@ def export_hf(
             state.pop("output.weight", None)
     if dist.is_initialized() and dist.get_rank() != 0:
         return out
+    if lora_scale is not None:
+        state = merge_adapters(state, lora_scale)
     out.mkdir(parents=True, exist_ok=True)
     tensors = to_hf_state_dict(state, cfg)
     # safetensors wants contiguous, unshared CPU tensors (views of c_attn slices, .t()).

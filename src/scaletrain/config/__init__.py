@@ -40,6 +40,7 @@ from .layout import (
     stage_layer_ranges,
 )
 from .loading import load_config, parse_overrides
+from .lora import LORA_TARGETS, LoraConfig
 from .model import MODEL_PRESETS, ModelConfig, ParamCounts, model_preset, resolve_model
 from .precision import PRECISION_TABLE, PrecisionSpec, compute_bytes, precision_spec
 
@@ -59,6 +60,8 @@ __all__ = [
     "precision_spec",
     "compute_bytes",
     "BatchConfig",
+    "LORA_TARGETS",
+    "LoraConfig",
     "CheckpointConfig",
     "DataConfig",
     "GuardConfig",

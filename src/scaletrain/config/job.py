@@ -31,6 +31,7 @@ from .choices import (
 )
 from .data import DataConfig
 from .layout import Layout, check_layout, option_problems
+from .lora import LoraConfig, lora_problems
 from .model import ModelConfig, resolve_model
 from .monitor import MonitorConfig
 from .precision import PRECISIONS
@@ -321,6 +322,7 @@ SECTIONS = {
     "guard": GuardConfig,
     "hardware": HardwareConfig,
     "monitor": MonitorConfig,
+    "lora": LoraConfig,
 }
 
 
@@ -338,6 +340,7 @@ class JobConfig:
     guard: GuardConfig = field(default_factory=GuardConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
     def __post_init__(self) -> None:
         if self.data.tokenizer not in ("byte", "char", "bpe"):  # before any tokenizing
@@ -390,6 +393,7 @@ class JobConfig:
             grad_compression=self.precision.grad_compression,
             moe=self.model.is_moe,
         )
+        problems += lora_problems(self.lora, self.model, layout, self.precision.dtype)
         if problems:
             raise problems[0]
         return layout

@@ -10,7 +10,8 @@ weights whatever the world size.
 Init (GPT-2, Radford et al. 2019, sec. 2.3; as in nanoGPT): normal(0, init_std) for linear,
 embedding, router and expert weights; residual output projections (attention `wo`, MLP `w2`,
 expert `w2`) get std / sqrt(2 L) so the residual stream's variance does not grow with depth;
-biases zero; norm weights one.
+biases zero; norm weights one. LoRA adapters (`models.lora`): A as PEFT's (uniform in
++-1/sqrt(fan_in)), B zero.
 """
 
 from __future__ import annotations
@@ -55,11 +56,14 @@ def _full_value(
     leaf = fqn.rsplit(".", 1)[-1]
     if isinstance(module, (nn.LayerNorm, nn.RMSNorm)) or type(module).__name__ == "RMSNorm":
         return torch.ones(shape) if leaf == "weight" else torch.zeros(shape)
-    if leaf == "bias" or leaf in ("b1", "b2", "b3"):
-        return torch.zeros(shape)
+    if leaf == "bias" or leaf in ("b1", "b2", "b3") or ".lora_B." in fqn:
+        return torch.zeros(shape)  # (LoRA's B: the adapted model starts as the base)
     if fqn.endswith(_RESIDUAL_OUTPUTS):
         std = std / math.sqrt(2 * num_layers)
     gen = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(fqn.encode())) % 2**62)
+    if ".lora_A." in fqn:  # PEFT's: kaiming_uniform_(a=sqrt(5)), i.e. U(+-1/sqrt(fan_in))
+        bound = 1.0 / math.sqrt(shape[1])
+        return torch.empty(shape).uniform_(-bound, bound, generator=gen)
     return torch.empty(shape).normal_(0.0, std, generator=gen)
 
 

@@ -18,7 +18,9 @@ Virtual stages: with v > 1 rank r holds stages r, r + pp, …, r + (v−1)·pp (
 Schedules: "gpipe" → ScheduleGPipe, "1f1b" → Schedule1F1B (v = 1); "interleaved" →
 ScheduleInterleaved1F1B, "zero-bubble" → ScheduleInterleavedZeroBubble (v ≥ 1, any v; it runs
 on gloo in 2.13, recipes/gloo_strategies.py). Gradients are the mean over micro-batches
-(`scale_grads=True`), i.e. the gradient of the full-batch mean loss for equal micro-batches.
+(`scale_grads=True`), i.e. the gradient of the full-batch mean loss for equal micro-batches;
+the trainer's step divides each micro-batch's loss so that it is the mean over the step's
+valid targets instead (`step(loss_divisor=...)`, `trainer.tokens`).
 
 Tied embeddings (GPT-2) at pp > 1 (Megatron-LM's recipe, Narayanan et al. 2021): the first
 stage keeps the embedding, the last stage gets its own `output` head initialized to the same
@@ -45,8 +47,8 @@ Context parallelism (`cp_group`): `step` and `eval_*` cut each sequence to this 
 load-balanced shard (`cp_shard`) before the schedule splits micro-batches, so stages pass the
 shard's hidden states (T/cp rows) between them and ring attention runs inside every stage over
 the cp group of its pipeline rank; every stage fills in the shard's global positions itself
-(`attach_cp_positions`). The last stage's loss is the shard's mean: equal shards, so the mean
-over the cp ranks (taken with the data-parallel mean) is the sequence's.
+(`attach_cp_positions`). The last stage's loss is the shard's mean over its valid targets; the
+step's `loss_divisor` weights it by the shard's count (`trainer.tokens`).
 """
 
 from __future__ import annotations
@@ -180,6 +182,9 @@ class PipelineRuntime:
     not under zero-bubble's split backward)."""
     _hooks: Any = None
     _losses_seen: int = 0
+    num_microbatches: int = 1
+    """Micro-batches per `step` (the schedule's; it divides the gradients by it)."""
+    _divisor: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
     def staged_loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """The loss the schedule computes for each micro-batch on the last stage, inside the
@@ -198,8 +203,14 @@ class PipelineRuntime:
         assert self.loss_fn is not None
         if output.dim() == 0:  # the stage's fused head + loss (given the targets)
             scale = self.loss_scale()
-            return output if scale == 1.0 else output * scale
-        return self.loss_fn(output, target)
+            loss = output if scale == 1.0 else output * scale
+        else:
+            loss = self.loss_fn(output, target)
+        if self._divisor is None:
+            return loss
+        # the schedule divides the gradients by the micro-batch count (scale_grads): the
+        # divisor's share of it is put back (equal counts: divisor M, loss / 1, as before)
+        return loss / (self._divisor(target, loss) / self.num_microbatches)
 
     def _tied_weights(self) -> list[torch.Tensor]:
         """This rank's copies of the tied weight: the embedding (first stage) and/or the head
@@ -246,19 +257,28 @@ class PipelineRuntime:
         return self.num_stages - 1 in self.stage_ids
 
     def step(
-        self, inputs: torch.Tensor, targets: torch.Tensor, *, hooks: Any = None
+        self,
+        inputs: torch.Tensor,
+        targets: torch.Tensor,
+        *,
+        hooks: Any = None,
+        loss_divisor: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Forward+backward of the batch (split into micro-batches along dim 0).
 
         Returns the mean micro-batch loss on every pp rank (computed on the last stage and
         broadcast, for logging); gradients accumulate in the stage modules. `hooks`
         (`trainer.step.StepHooks`) see each micro-batch's loss on the last stage.
+        `loss_divisor(targets, loss)`: what micro-batch k's loss (over its, cp-sharded,
+        `targets`) is divided by (`trainer.tokens`: the step's mean over valid targets); the
+        returned mean is then the sum of the divided losses. None: the plain mean.
         """
         device = inputs.device
         inputs, targets = self._cp_shard(inputs), self._cp_shard(targets)
         args = (inputs,) if self.is_first else ()
         losses: list[torch.Tensor] = []
         self._hooks, self._losses_seen = hooks, 0
+        self._divisor = loss_divisor
         try:
             # return_outputs=False: the last stage would otherwise keep every micro-batch's
             # logits until the step ends (m x s x b x V values; the trainer needs the losses)
@@ -270,7 +290,7 @@ class PipelineRuntime:
                 **self._fused_targets(targets),
             )
         finally:
-            self._hooks = None
+            self._hooks, self._divisor = None, None
         self.sync_tied_gradients()
         return self._mean_loss(losses, device)
 
@@ -412,6 +432,7 @@ def build_pipeline(
         loss_fn=loss_fn,
         loss_scale=loss_scale,
         cp_group=cp,
+        num_microbatches=n_microbatches,
         fused_loss=fused_head_loss(Layout(pp=pp_size, pp_schedule=schedule)),
     )
     cls = schedule_cls or _SCHEDULES[schedule]

@@ -24,6 +24,7 @@ from scaletrain.config import (
 from scaletrain.config.launch_env import launch_env
 from scaletrain.data import DataBundle, build_data
 from scaletrain.models import Transformer, build_model, causal_lm_loss, materialize
+from scaletrain.models.lora import apply_lora
 from scaletrain.parallel import ParallelDims, parallelize
 from scaletrain.parallel.launch import rendezvous_store
 from scaletrain.parallel.pipeline import PipelineRuntime
@@ -277,7 +278,7 @@ def _build_parallel_model(
 ) -> tuple[torch.nn.Module, PipelineRuntime | None]:
     """The model built on meta and parallelized (not yet materialized): this rank's pipeline
     stages and runtime when pp > 1, else the whole model and None."""
-    full = build_model(job.model, device="meta")
+    full = apply_lora(build_model(job.model, device="meta"), job.lora)  # rank 0: no-op
     if dims.layout.pp > 1:
         return _build_pipeline(
             job, dims, full, scaler, device, grad_accum, ddp=ddp, schedule_cls=schedule_cls
@@ -303,7 +304,8 @@ def _materialize_and_optimizer(
     init_weights: bool,
     optimizer_device: str,
 ) -> tuple[list[torch.nn.Parameter], torch.optim.Optimizer]:
-    """Allocate (and initialize) the weights, then build the optimizer over the trainable ones."""
+    """Allocate (and initialize) the weights, then build the optimizer over the trainable ones
+    (with LoRA: the adapters only, `models.lora`)."""
     # each pipeline stage on its own, as a whole model otherwise (same seed: the weights
     # do not depend on the layout)
     for root in pipeline.stages if pipeline is not None else [model]:

@@ -372,6 +372,8 @@ def _finish(loop: _Loop) -> RunResult:
     sample = _sample(run, data) if done and job.train.sample_tokens else ""
     if job.checkpoint.export_hf and done:
         _export_hf(run, data, loop.logger)
+    if job.lora.enabled and done:
+        _export_adapters(run, loop.logger)
     loop.measured.update({f"peak_{k}": v for k, v in peak_process_memory(run.device).items()})
     result = RunResult(
         run_dir=run.run_dir,
@@ -429,10 +431,20 @@ def _export_hf(run: Run, data: DataBundle, logger: MetricsLogger) -> None:
         run.job.model,
         run.run_dir / "hf",
         pp_group=run.pipeline.group if run.pipeline is not None else None,
+        lora_scale=run.job.lora.scale if run.job.lora.enabled else None,  # merged adapters
     )
     if run.is_main:
         save_hf_tokenizer(data.tokenizer, run.run_dir / "hf")
         logger.print(f"exported Hugging Face safetensors and tokenizer to {run.run_dir / 'hf'}")
+
+
+def _export_adapters(run: Run, logger: MetricsLogger) -> None:
+    """LoRA: the adapters in PEFT's format (`checkpoint.peft`) in run_dir/adapter."""
+    from scaletrain.checkpoint.peft import export_peft_adapters
+
+    out = export_peft_adapters(run.model, run.job.model, run.job.lora, run.run_dir / "adapter")
+    if run.is_main:
+        logger.print(f"exported the LoRA adapters (PEFT format) to {out}")
 
 
 def _line(r: dict[str, Any]) -> str:

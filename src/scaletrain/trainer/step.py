@@ -30,6 +30,7 @@ from scaletrain.parallel import clip_grad_norm_, loss_context, maybe_no_sync, sy
 from .build import tp_mesh
 from .host import host_float
 from .precision import autocast
+from .tokens import loss_divisor, step_token_count
 
 if TYPE_CHECKING:
     from .build import Run
@@ -150,33 +151,51 @@ def forward_backward(
     hooks: StepHooks = NO_HOOKS,
     num_microbatches: int | None = None,
 ) -> torch.Tensor:
-    """All micro-batches of one step through forward and backward; returns the mean loss.
+    """All micro-batches of one step through forward and backward; returns this rank's share
+    of the step's loss (`trainer.tokens`: the mean over the global batch's valid targets,
+    once `all_mean` has averaged the shares over every rank).
 
+    The step's valid targets are counted first (all its micro-batches, one all-reduce over
+    dp), then each micro-batch's mean loss is divided by `tokens.loss_divisor`.
     `num_microbatches` (unpipelined only; default: the step's `grad_accum`) runs fewer: the
     dry-run runs two, since later ones reach no memory state the second has not.
     """
     job = run.job
+    mean_degree = run.dims.layout.dp * run.dims.cp  # the ranks the gradient reductions average
     if run.pipeline is not None:
         micro = [next(batches) for _ in range(run.grad_accum)]
         inputs = torch.cat([x for x, _ in micro]).to(run.device)
         targets = torch.cat([y for _, y in micro]).to(run.device)
+        total = step_token_count(run.dims, [targets], run.device)
+
+        def divisor(mb_targets: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
+            return loss_divisor(total, mb_targets, mean_degree, loss)
+
         with autocast(job.precision, run.device.type), hooks.pipeline_step(run.pipeline.stages):
-            return run.pipeline.step(inputs, targets, hooks=hooks) / run.scaler.scale
+            loss = run.pipeline.step(inputs, targets, hooks=hooks, loss_divisor=divisor)
+            return loss / run.scaler.scale
     accum = num_microbatches or run.grad_accum
+    micro = [next(batches) for _ in range(accum)]
+    total = step_token_count(run.dims, [y for _, y in micro], run.device)
     loss_sum = torch.zeros((), device=run.device)
     for k in range(accum):
-        inputs, targets, model_kw = local_batch(run, *next(batches))
+        inputs, targets, model_kw = local_batch(run, *micro[k])
         with maybe_no_sync(run.model, k == accum - 1), loss_context(tp_mesh(run.dims)):
             with autocast(job.precision, run.device.type), hooks.microbatch(k):
                 loss = run.model(inputs, targets=targets, **model_kw)  # fused head+loss
-                # a dense model has no load-balancing loss: no walk over its modules per step
-                total = loss + moe_aux_loss(run.model) if job.model.is_moe else loss
+                # L_k * n_k * D / N: the sum over this micro-batch's valid targets, over the
+                # step's N (with equal counts: L_k / accum, as one batch accum times larger)
+                div = loss_divisor(total, targets, mean_degree, plain(loss))
+                weighted = loss / div
+                # a dense model has no load-balancing loss: no walk over its modules per step;
+                # it stays per forward (`trainer.tokens`), averaged over the micro-batches
+                aux = moe_aux_loss(run.model) / accum if job.model.is_moe else None
+                total_k = weighted + aux if aux is not None else weighted
             hooks.event(f"loss:{k}")
-            # mean-reduced accumulation: k micro-batches == one batch k times larger
-            run.scaler.scale_loss(total / accum).backward()
+            run.scaler.scale_loss(total_k).backward()
         hooks.event(f"backward_done:{k}")
-        loss_sum += plain(loss).detach().float()
-    return loss_sum / accum
+        loss_sum += (plain(loss).detach() / div).to(loss_sum.dtype)
+    return loss_sum
 
 
 def _precompute_fp8_scales(run: Run) -> None:
