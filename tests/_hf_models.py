@@ -50,6 +50,14 @@ def _config(kind: str):
             router_jitter_noise=0.0,
             **{**llama, "intermediate_size": 40},
         )
+    if kind == "qwen2":  # q/k/v biases; a tied head as the small Qwen2.5 sizes
+        return tf.Qwen2Config(**{**llama, "tie_word_embeddings": True})
+    if kind == "qwen3":  # q/k norms; head_dim 16 != 32 / 4
+        return tf.Qwen3Config(head_dim=16, **llama)
+    if kind == "phi3":  # fused qkv_proj / gate_up_proj; a window shorter than the sequence
+        return tf.Phi3Config(
+            sliding_window=16, bos_token_id=1, eos_token_id=2, pad_token_id=2, **llama
+        )
     raise ValueError(kind)
 
 

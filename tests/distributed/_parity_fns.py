@@ -42,6 +42,13 @@ CONFIGS = {
     "tiny-llama-4l": dataclasses.replace(MODEL_PRESETS["tiny-llama"](), num_layers=4),
     # q/k/v from one matmul (model.fused_qkv); tensor parallelism keeps three sharded Linears
     "tiny-llama-fused": dataclasses.replace(MODEL_PRESETS["tiny-llama"](), fused_qkv=True),
+    # Qwen2's q/k/v biases (split with their column-wise Linears under tp); Qwen3's per-head
+    # q/k norms (replicated weights, gradients summed over tp) with a 32-wide head: q is 128
+    # wide on the 64-wide residual stream
+    "tiny-qwen2": dataclasses.replace(MODEL_PRESETS["tiny-llama"](), qkv_bias=True),
+    "tiny-qwen3": dataclasses.replace(
+        MODEL_PRESETS["tiny-llama"](), qk_norm=True, head_dim_override=32
+    ),
 }
 
 

@@ -81,3 +81,27 @@ def test_fsdp_over_tp_and_hsdp_on_four_ranks(tmp_path):
     for rank, results in enumerate(spawn(train_many, 4, jobs)):
         for name in jobs:
             assert results[name][0][0] == pytest.approx(reference, rel=RTOL), (name, rank)
+
+
+FAMILY_LAYOUTS = {
+    # each tp rank reads its rows of Phi-3's fused qkv_proj / gate_up_proj
+    "phi3_tp2_sp": ("phi3", ["--parallel.tp=2", "--parallel.sp=true"]),
+    "phi3_zero3": ("phi3", ["--parallel.dp=2", "--parallel.zero=3"]),
+    "qwen2_tp2": ("qwen2", ["--parallel.tp=2"]),  # q/k/v bias rows; tied head
+    "qwen3_tp2": ("qwen3", ["--parallel.tp=2"]),  # q/k norms whole on each rank
+}
+
+
+def test_qwen_and_phi3_first_step_loss_equals_transformers_under_tp_and_zero3(tmp_path):
+    dirs = {k: make_hf_model(k, tmp_path / k) for k in ("phi3", "qwen2", "qwen3")}
+    jobs = {
+        name: _args(tmp_path, dirs[kind], name, *extra)
+        for name, (kind, extra) in FAMILY_LAYOUTS.items()
+    }
+    reference = {
+        kind: hf_loss(d, first_step_batches(load_config(None, _args(tmp_path, d, "x"))))
+        for kind, d in dirs.items()
+    }
+    for rank, results in enumerate(spawn(train_many, 2, jobs)):
+        for name, (kind, _) in FAMILY_LAYOUTS.items():
+            assert results[name][0][0] == pytest.approx(reference[kind], rel=RTOL), (name, rank)

@@ -90,14 +90,15 @@ CASES += [
     ("llama-kv-heads=3", LLAMA, "num_key_value_heads", 3),
     ("llama-heads=5", LLAMA, "num_attention_heads", 5),
     ("gpt2-heads=5", GPT2, "n_head", 5),
-    ("llama-head_dim", LLAMA, "head_dim", 32),
+    ("llama-head_dim=0", LLAMA, "head_dim", 0),
     ("llama-head_dim-str", LLAMA, "head_dim", "16"),
     ("mistral-window-str", {**LLAMA, "model_type": "mistral"}, "sliding_window", "4096"),
 ]
 # unsupported architectures and features: refused, never ignored
 UNSUPPORTED = [
     ("bert", LLAMA, "model_type", "bert"),
-    ("qwen2", LLAMA, "model_type", "qwen2"),
+    ("qwen3-moe", LLAMA, "model_type", "qwen3_moe"),
+    ("deepseek-v3", LLAMA, "model_type", "deepseek_v3"),
     ("gemma", LLAMA, "model_type", "gemma"),
     ("type-empty", LLAMA, "model_type", ""),
     ("type-int", LLAMA, "model_type", 5),
@@ -206,6 +207,58 @@ def test_config_json_that_is_not_a_small_regular_file_is_never_read(tmp_path, ki
     msg = str(e.value)
     assert e.value.field == "model.name" and "\n" not in msg, msg
     assert ("too large" if kind == "oversized" else "not a regular file") in msg, msg
+
+
+QWEN2 = {**LLAMA, "model_type": "qwen2", "use_sliding_window": False, "max_window_layers": 2}
+QWEN3 = {**LLAMA, "model_type": "qwen3", "head_dim": 32}
+PHI3 = {**LLAMA, "model_type": "phi3", "resid_pdrop": 0.0, "embd_pdrop": 0.0}
+# (id, base, key, value, the words the one line must hold: the field's name)
+FAMILY_REFUSED = [
+    ("qwen2-mixed-layers", QWEN2, "layer_types", ["full_attention", "sliding_attention"]),
+    ("qwen2-layer-kind", QWEN2, "layer_types", ["chunked_attention"] * 2),
+    ("qwen2-partial-window", {**QWEN2, "use_sliding_window": True}, "max_window_layers", 1),
+    ("qwen3-attention-bias", QWEN3, "attention_bias", True),
+    ("qwen3-dropout", QWEN3, "attention_dropout", 0.1),
+    ("phi3-partial-rotary", PHI3, "partial_rotary_factor", 0.75),
+    ("phi3-longrope", PHI3, "rope_scaling", {"type": "longrope", "short_factor": [1.0]}),
+    (
+        "phi3-longrope-params",
+        PHI3,
+        "rope_parameters",
+        {"rope_type": "longrope", "rope_theta": 1e4},
+    ),
+    ("phi3-resid-dropout", PHI3, "resid_pdrop", 0.1),
+    ("phi3-embd-dropout", PHI3, "embd_pdrop", 0.1),
+]
+
+
+@pytest.mark.parametrize(
+    ("base", "key", "value"), [c[1:] for c in FAMILY_REFUSED], ids=[c[0] for c in FAMILY_REFUSED]
+)
+def test_qwen_and_phi3_features_not_modelled_are_one_line_naming_the_field(
+    tmp_path, base, key, value
+):
+    d = _write(tmp_path, base, key, value)
+    needle = "rope_type" if key == "rope_parameters" else key
+    _refused([f"--checkpoint.init_from={d}"], needle)
+    _refused(["--model.name", str(d)], needle)  # plan / dryrun read it the same way
+
+
+@pytest.mark.parametrize(
+    ("base", "key", "value", "window"),
+    [
+        (QWEN2, "use_sliding_window", False, 0),
+        ({**QWEN2, "sliding_window": 16}, "use_sliding_window", True, 0),  # all layers < 2
+        ({**QWEN2, "use_sliding_window": True, "sliding_window": 16}, "max_window_layers", 0, 16),
+        ({**QWEN2, "sliding_window": 16}, "layer_types", ["sliding_attention"] * 2, 16),
+        ({**QWEN2, "sliding_window": 16}, "layer_types", ["full_attention"] * 2, 0),
+        ({**PHI3, "sliding_window": 16}, "architectures", ["Phi3ForCausalLM"], 16),
+    ],
+    ids=["qwen2-off", "qwen2-no-layer", "qwen2-all-layers", "types-sliding", "types-full", "phi3"],
+)
+def test_qwen_and_phi3_windows_apply_to_every_layer_or_none(tmp_path, base, key, value, window):
+    d = _write(tmp_path, base, key, value)
+    assert load_config(None, [f"--checkpoint.init_from={d}"]).model.sliding_window == window
 
 
 def test_sliding_window_is_read_and_runs_past_the_window(tmp_path):

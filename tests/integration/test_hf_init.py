@@ -1,8 +1,10 @@
 """`checkpoint.init_from`: a transformers-saved directory initializes the trainer's model.
 
 The first step's loss (before any update) equals transformers' own loss on the same batch, for
-GPT-2 (tied head), Llama with GQA (untied, also saved as several shards) and Mixtral; after a
-few steps the exported weights reload in transformers with the trainer's logits.
+GPT-2 (tied head), Llama with GQA (untied, also saved as several shards), Mixtral, Qwen2 (q/k/v
+biases, tied head), Qwen3 (q/k norms, head_dim != hidden / heads) and Phi-3 (fused tensors, a
+sliding window shorter than the sequence); after a few steps the exported weights reload in
+transformers with the trainer's logits.
 """
 
 from __future__ import annotations
@@ -33,10 +35,14 @@ def hf_dirs(tmp_path_factory):
         "llama": make_hf_model("llama", root / "llama"),
         "llama-sharded": make_hf_model("llama", root / "llama-sharded", max_shard_size="20KB"),
         "mixtral": make_hf_model("mixtral", root / "mixtral"),
+        **{k: make_hf_model(k, root / k) for k in FAMILIES},
     }
 
 
-@pytest.mark.parametrize("kind", ["gpt2", "llama", "llama-sharded", "mixtral"])
+FAMILIES = ("qwen2", "qwen3", "phi3")
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama", "llama-sharded", "mixtral", *FAMILIES])
 def test_first_loss_equals_transformers_and_export_reloads(kind, hf_dirs, tmp_path):
     model_dir = hf_dirs[kind]
     if kind == "llama-sharded":
@@ -86,8 +92,8 @@ def test_bad_directories_fail_in_one_line(hf_dirs, tmp_path):
     bad = tmp_path / "qwen"
     bad.mkdir()
     cfg = json.loads((hf_dirs["llama"] / "config.json").read_text())
-    (bad / "config.json").write_text(json.dumps({**cfg, "model_type": "qwen2"}))
-    with pytest.raises(ConfigError, match="qwen2"):
+    (bad / "config.json").write_text(json.dumps({**cfg, "model_type": "qwen3_moe"}))
+    with pytest.raises(ConfigError, match="qwen3_moe"):
         load_config(None, [f"--checkpoint.init_from={bad}", "--batch.seq_len=32"])
     (bad / "config.json").write_text(json.dumps(cfg))
     # (the tiny models hold 64 positions: RoPE tables stop at model.max_seq_len)

@@ -2,7 +2,11 @@
 
 Families (by `ModelConfig.family`):
 - Llama (`LlamaForCausalLM`): names map one to one; our RoPE uses HF's `rotate_half` layout,
-  so q/k weights need no permutation.
+  so q/k weights need no permutation. Mistral, Qwen2 (plus q/k/v biases) and Qwen3 (plus
+  `self_attn.q_norm` / `k_norm`) the same.
+- Phi-3 (`Phi3ForCausalLM`): Llama's block with q, k, v fused in `self_attn.qkv_proj` (rows
+  q | k | v) and gate, up in `mlp.gate_up_proj` (rows gate | up): split into wq/wk/wv and
+  w1/w3 on import, concatenated on export (`_fused_map`).
 - GPT-2 (`GPT2LMHeadModel`): HF's `Conv1D` stores weights as (in, out), the transpose of
   nn.Linear's (out, in); q, k, v are one fused `c_attn` (columns ordered q | k | v).
 - Mixtral (`MixtralForCausalLM`, Llama family with `num_experts > 0`): written in the layout of
@@ -42,9 +46,12 @@ def _check_exportable(cfg: ModelConfig) -> None:
 
 def hf_config(cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> dict:
     """The `config.json` content for `cfg` (dropout off: these are pretraining weights)."""
+    from scaletrain.config.hf_model import hf_model_type
+
     _check_exportable(cfg)
     dtype_name = str(dtype).removeprefix("torch.")
-    if cfg.family == "llama":
+    kind = hf_model_type(cfg)
+    if kind != "gpt2":
         # the keys Llama, Mistral and Mixtral share; each adds its own below
         out = {
             "vocab_size": cfg.vocab_size,
@@ -63,7 +70,35 @@ def hf_config(cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> dict:
             "initializer_range": cfg.init_std,
             "torch_dtype": dtype_name,
         }
-        if cfg.is_moe:
+        if kind in ("qwen2", "qwen3"):
+            # one window for every layer (or none): the layers from max_window_layers on slide
+            window = cfg.sliding_window
+            arch = "Qwen2ForCausalLM" if kind == "qwen2" else "Qwen3ForCausalLM"
+            return {
+                "architectures": [arch],
+                "model_type": kind,
+                **out,
+                **({"attention_bias": False} if kind == "qwen3" else {}),
+                "use_sliding_window": bool(window),
+                "sliding_window": window or None,
+                "max_window_layers": 0 if window else cfg.num_layers,
+                "layer_types": [("sliding" if window else "full") + "_attention"] * cfg.num_layers,
+            }
+        if kind == "phi3":
+            last = cfg.vocab_size - 1  # Phi-3's special ids, clipped into small vocabularies
+            return {
+                "architectures": ["Phi3ForCausalLM"],
+                "model_type": "phi3",
+                **out,
+                "resid_pdrop": 0.0,
+                "embd_pdrop": 0.0,
+                "original_max_position_embeddings": cfg.max_seq_len,
+                "sliding_window": cfg.sliding_window or None,
+                "bos_token_id": min(1, last),
+                "eos_token_id": min(32000, last),
+                "pad_token_id": min(32000, last),
+            }
+        if kind == "mixtral":
             return {
                 "architectures": ["MixtralForCausalLM"],
                 "model_type": "mixtral",
@@ -74,12 +109,12 @@ def hf_config(cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> dict:
                 "router_jitter_noise": 0.0,
                 "sliding_window": cfg.sliding_window or None,
             }
-        if cfg.sliding_window:
+        if kind == "mistral":
             return {
                 "architectures": ["MistralForCausalLM"],
                 "model_type": "mistral",
                 **out,
-                "sliding_window": cfg.sliding_window,
+                "sliding_window": cfg.sliding_window or None,
             }
         return {
             "architectures": ["LlamaForCausalLM"],
@@ -120,23 +155,49 @@ def _full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
+def _is_phi3(cfg: ModelConfig) -> bool:
+    return cfg.hf_model_type == "phi3"
+
+
 def _layer_map(cfg: ModelConfig) -> list[tuple[str, str]]:
-    """(our name, HF name) pairs inside block i, for the Llama family (one-to-one)."""
+    """(our name, HF name) pairs inside block i, for the Llama family (one-to-one); Phi-3's
+    fused tensors are in `_fused_map`."""
     pairs = [
         ("attention_norm.weight", "input_layernorm.weight"),
         ("ffn_norm.weight", "post_attention_layernorm.weight"),
     ]
-    for ours, hf in (("wq", "q_proj"), ("wk", "k_proj"), ("wv", "v_proj"), ("wo", "o_proj")):
+    if cfg.qk_norm:
+        pairs += [("attention.q_norm.weight", "self_attn.q_norm.weight")]
+        pairs += [("attention.k_norm.weight", "self_attn.k_norm.weight")]
+    attn = (("wq", "q_proj"), ("wk", "k_proj"), ("wv", "v_proj"), ("wo", "o_proj"))
+    for ours, hf in attn[3:] if _is_phi3(cfg) else attn:
         pairs.append((f"attention.{ours}.weight", f"self_attn.{hf}.weight"))
-        if cfg.bias:
+        if cfg.bias or (cfg.qkv_bias and ours != "wo"):
             pairs.append((f"attention.{ours}.bias", f"self_attn.{hf}.bias"))
     if cfg.is_moe:
         return pairs + [("moe.router.weight", "block_sparse_moe.gate.weight")]
-    for ours, hf in (("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")):
+    mlp = (("w2", "down_proj"),) if _is_phi3(cfg) else (("w1", "gate_proj"), ("w3", "up_proj"))
+    for ours, hf in mlp + (() if _is_phi3(cfg) else (("w2", "down_proj"),)):
         pairs.append((f"feed_forward.{ours}.weight", f"mlp.{hf}.weight"))
         if cfg.bias:
             pairs.append((f"feed_forward.{ours}.bias", f"mlp.{hf}.bias"))
     return pairs
+
+
+def _fused_map(cfg: ModelConfig) -> list[tuple[str, str, int, int]]:
+    """(our name, HF fused name, its first row there, its rows) inside block i, in row order:
+    Phi-3's `qkv_proj` (q | k | v rows) and `gate_up_proj` (gate | up); empty for the others."""
+    if not _is_phi3(cfg):
+        return []
+    q, kv, f = cfg.q_dim, cfg.kv_dim, cfg.ffn_dim
+    qkv, gate_up = "self_attn.qkv_proj.weight", "mlp.gate_up_proj.weight"
+    return [
+        ("attention.wq.weight", qkv, 0, q),
+        ("attention.wk.weight", qkv, q, kv),
+        ("attention.wv.weight", qkv, q + kv, kv),
+        ("feed_forward.w1.weight", gate_up, 0, f),
+        ("feed_forward.w3.weight", gate_up, f, f),
+    ]
 
 
 def to_hf_state_dict(sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
@@ -151,6 +212,11 @@ def to_hf_state_dict(sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str,
         for i in range(cfg.num_layers):
             for ours, hf in _layer_map(cfg):
                 out[f"model.layers.{i}.{hf}"] = sd[f"layers.{i}.{ours}"]
+            fused: dict[str, list[torch.Tensor]] = {}
+            for ours, hf, _, _ in _fused_map(cfg):  # in row order
+                fused.setdefault(hf, []).append(sd[f"layers.{i}.{ours}"])
+            for hf, parts in fused.items():
+                out[f"model.layers.{i}.{hf}"] = torch.cat(parts)
             for e in range(cfg.num_experts):  # stacked (E, ., .) -> one Linear per expert
                 for w in ("w1", "w2", "w3"):
                     out[f"model.layers.{i}.block_sparse_moe.experts.{e}.{w}.weight"] = sd[
@@ -199,6 +265,8 @@ def from_hf_state_dict(hf: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[st
                 if cfg.is_moe and name.startswith("block_sparse_moe.gate"):
                     name = name if f"model.layers.{i}.{name}" in hf else "mlp.gate.weight"
                 sd[f"layers.{i}.{ours}"] = hf[f"model.layers.{i}.{name}"]
+            for ours, name, first, rows in _fused_map(cfg):
+                sd[f"layers.{i}.{ours}"] = hf[f"model.layers.{i}.{name}"][first : first + rows]
             if cfg.is_moe:
                 sd.update(_experts_from_hf(hf, cfg, i))
         return sd

@@ -9,8 +9,9 @@ does not own. Layouts whose local piece is not one box (FSDP over TP on the same
 `_StridedShard`) read the full tensor and keep their shard (correct, not memory-lean).
 
 Names and layouts follow `checkpoint.hf` (GPT-2's Conv1D weights are stored transposed and its
-q|k|v fused in `c_attn`; Mixtral experts either one Linear per expert or transformers 5's fused
-`mlp.experts.gate_up_proj`). Values are cast to the parameter's dtype.
+q|k|v fused in `c_attn`; Phi-3's q|k|v fused in `qkv_proj` and gate|up in `gate_up_proj`,
+each rank reading its rows of them; Mixtral experts either one Linear per expert or
+transformers 5's fused `mlp.experts.gate_up_proj`). Values are cast to the parameter's dtype.
 
 A resume from scaletrain's own checkpoint wins: `load_initial_weights` does nothing when the
 run will restore one (`checkpoint.resume` = auto with a good checkpoint in the run directory, or
@@ -168,7 +169,7 @@ def _pick(files: SafetensorsDir, *names: str) -> str:
 def _llama_source(
     fqn: str, shape: tuple[int, ...], cfg: ModelConfig, files: SafetensorsDir
 ) -> _Source:
-    from .hf import _layer_map
+    from .hf import _fused_map, _layer_map
 
     if fqn == "tok_embeddings.weight":
         return _direct("model.embed_tokens.weight", shape)
@@ -185,6 +186,12 @@ def _llama_source(
             if hf.startswith("block_sparse_moe.gate"):
                 return _direct(_pick(files, pre + hf, pre + "mlp.gate.weight"), shape)
             return _direct(_pick(files, pre + hf), shape)
+    for ours, hf, first, _ in _fused_map(cfg):  # Phi-3: rows of qkv_proj / gate_up_proj
+        if rest == ours:
+            rows = sum(n for _, name, _, n in _fused_map(cfg) if name == hf)
+            return _direct(
+                _pick(files, pre + hf), shape, shift=(first, 0), hf_shape=(rows, shape[1])
+            )
     w = re.fullmatch(r"moe\.experts\.(w[123])", rest)
     if w is None:
         raise ConfigError(_FIELD, fqn, "no Hugging Face source for this parameter")

@@ -37,6 +37,7 @@ __all__ = [
     "Activation",
     "Position",
     "Attention",
+    "HFModelType",
     "names",
     "literal_names",
     "check_choices",
@@ -67,6 +68,7 @@ Norm = Literal["layernorm", "rmsnorm"]
 Activation = Literal["gelu", "gelu_exact", "swiglu"]
 Position = Literal["learned", "rope"]
 Attention = Literal["sdpa", "naive"]
+HFModelType = Literal["auto", "gpt2", "llama", "mistral", "mixtral", "qwen2", "qwen3", "phi3"]
 
 
 def names(alias: Any) -> tuple[Any, ...]:

@@ -1,5 +1,6 @@
-"""A Hugging Face `config.json` (GPT-2, Llama, Mistral or Mixtral style) read into a
-ModelConfig, every field checked for its JSON type and range, unsupported features refused."""
+"""A Hugging Face `config.json` (GPT-2, Llama, Mistral, Mixtral, Qwen2, Qwen3 or Phi-3 style)
+read into a ModelConfig, every field checked for its JSON type and range, unsupported features
+refused."""
 
 from __future__ import annotations
 
@@ -12,12 +13,12 @@ from ._errors import ConfigError
 from .model import ModelConfig
 from .user_files import read_user_file
 
-__all__ = ["model_from_hf_config", "hf_export_problem"]
+__all__ = ["model_from_hf_config", "hf_export_problem", "hf_model_type"]
 
 
 def model_from_hf_config(path: str | Path) -> ModelConfig:
-    """Load a Hugging Face `config.json` (GPT-2, Llama, Mistral or Mixtral style) into a
-    ModelConfig.
+    """Load a Hugging Face `config.json` (GPT-2, Llama, Mistral, Mixtral, Qwen2 / Qwen2.5,
+    Qwen3 dense or Phi-3 style) into a ModelConfig.
 
     Every field read is checked for its JSON type and range (`_HFReader`): a string where a
     number belongs, a boolean, a float for a count, a non-finite float (Python's json reads
@@ -49,7 +50,7 @@ def model_from_hf_config(path: str | Path) -> ModelConfig:
             str(path),
             f"model_type {mtype!r} is not supported"
             f"{did_you_mean(str(mtype), _HF_TYPES)}"
-            "; use a gpt2, llama, mistral or mixtral config.json",
+            f"; use a {_TYPES_IN_WORDS} config.json",
         )
     _check_hf_supported(hf, path)
     try:
@@ -84,6 +85,7 @@ _LLAMA_KEYS = {
     "num_experts": "num_local_experts",
     "experts_per_token": "num_experts_per_tok",
     "moe_aux_loss_coef": "router_aux_loss_coef",
+    "head_dim_override": "head_dim",
 }
 """ModelConfig field -> the config.json key it is read from (for error messages)."""
 
@@ -106,16 +108,16 @@ def _from_hf(hf: dict[str, Any], r: _HFReader, mtype: str, path: Path) -> ModelC
             bias=True,
             norm_eps=r.float("layer_norm_epsilon", 1e-5),
         )
-    heads = r.int("num_attention_heads")
+    heads, width = r.int("num_attention_heads"), r.int("hidden_size")
+    head_dim = r.int("head_dim", None)
+    # an explicit head width only where it differs from hidden / heads (Qwen3-32B: 128 vs 80)
+    override = head_dim if head_dim and (width % heads or head_dim != width // heads) else 0
     max_seq = r.int("max_position_embeddings", 4096)
-    window = r.int("sliding_window", None) if mtype != "llama" else None
-    if not r.bool("use_sliding_window", True):  # Qwen-style switch, honoured if present
-        window = None
     experts = r.int("num_local_experts", 0, lo=0) if mtype == "mixtral" else 0
     return ModelConfig(
         name=str(path),
         vocab_size=r.int("vocab_size"),
-        dim=r.int("hidden_size"),
+        dim=width,
         num_layers=r.int("num_hidden_layers"),
         num_heads=heads,
         num_kv_heads=r.int("num_key_value_heads", None) or heads,
@@ -126,16 +128,50 @@ def _from_hf(hf: dict[str, Any], r: _HFReader, mtype: str, path: Path) -> ModelC
         position="rope",
         rope_theta=_HFReader(_rope(hf), path).float("rope_theta", 10000.0),
         tie_embeddings=r.bool("tie_word_embeddings", False),
-        bias=r.bool("attention_bias", False),
-        norm_eps=r.float("rms_norm_eps", 1e-5),
+        # Qwen2 has q/k/v biases always (no field); Qwen3's attention_bias = true is refused
+        bias=r.bool("attention_bias", False) if mtype in ("llama", "mistral", "mixtral") else False,
+        qkv_bias=mtype == "qwen2",
+        qk_norm=mtype == "qwen3",
+        head_dim_override=override,
+        # only Phi-3 needs naming: the others are told apart by their pieces ('auto')
+        hf_model_type="phi3" if mtype == "phi3" else "auto",
+        norm_eps=r.float("rms_norm_eps", 1e-6 if mtype in ("qwen2", "qwen3") else 1e-5),
         num_experts=experts,
         experts_per_token=r.int("num_experts_per_tok", 2) if experts else 2,
         moe_aux_loss_coef=r.float("router_aux_loss_coef", 0.01, lo=0.0),
-        sliding_window=window or 0,
+        sliding_window=_window(hf, r, mtype) or 0,
     )
 
 
-_HF_TYPES = ("gpt2", "llama", "mistral", "mixtral")
+def _window(hf: dict[str, Any], r: _HFReader, mtype: str) -> int | None:
+    """The sliding window every layer uses (None: full attention). Mistral, Mixtral and Phi-3
+    apply `sliding_window` to every layer; Qwen2/Qwen3 only to the layers `layer_types` marks
+    (transformers 5; older files: `use_sliding_window` and the layers from
+    `max_window_layers` on). Our window is one for all layers: a mix is refused."""
+    if mtype == "llama":
+        return None
+    if mtype not in ("qwen2", "qwen3"):
+        window = r.int("sliding_window", None)
+        return window if r.bool("use_sliding_window", True) else None
+    kinds = hf.get("layer_types")
+    if kinds is not None:
+        if not isinstance(kinds, list) or not set(kinds) <= {"full_attention", "sliding_attention"}:
+            r._fail("layer_types", kinds, "must list 'full_attention' / 'sliding_attention'")
+        if set(kinds) == {"full_attention", "sliding_attention"}:
+            r._fail("layer_types", kinds, "mixes sliding and full attention layers: unsupported")
+        return r.int("sliding_window") if "sliding_attention" in kinds else None
+    if not r.bool("use_sliding_window", False):
+        return None
+    first = r.int("max_window_layers", 28, lo=0)
+    if first >= r.int("num_hidden_layers"):
+        return None
+    if first > 0:
+        r._fail("max_window_layers", first, "leaves some layers without the window: unsupported")
+    return r.int("sliding_window")
+
+
+_HF_TYPES = ("gpt2", "llama", "mistral", "mixtral", "qwen2", "qwen3", "phi3")
+_TYPES_IN_WORDS = "gpt2, llama, mistral, mixtral, qwen2, qwen3 or phi3"
 _REQUIRED: Any = object()
 
 
@@ -202,14 +238,19 @@ def _check_hf_supported(hf: dict[str, Any], path: Path) -> None:
         raise ConfigError(
             "model.name",
             str(path),
-            f"{what} is not supported; use a plain GPT-2, Llama, Mistral or Mixtral config.json",
+            f"{what} is not supported; use a plain {_TYPES_IN_WORDS} config.json",
         )
 
     r = _HFReader(hf, path)
     if hf.get("rope_parameters") is not None and not isinstance(hf["rope_parameters"], dict):
         r._fail("rope_parameters", hf["rope_parameters"], "must be a JSON object")
-    if hf.get("rope_scaling") or _rope(hf).get("rope_type", "default") != "default":
-        refuse(f"rope scaling {hf.get('rope_scaling') or _rope(hf).get('rope_type')!r}")
+    if hf.get("rope_scaling"):  # transformers 4.x spelling (Phi-3-128k's longrope, YaRN, ...)
+        refuse(f"rope scaling (rope_scaling = {hf['rope_scaling']!r})")
+    if _rope(hf).get("rope_type", "default") != "default":
+        refuse(f"rope scaling (rope_parameters.rope_type = {_rope(hf)['rope_type']!r})")
+    rotary = _HFReader(_rope(hf), path).float("partial_rotary_factor", 1.0)
+    if rotary != 1.0:  # RoPE on a part of each head (Phi-3.5 / Phi-4-mini): not modelled
+        refuse(f"partial_rotary_factor = {rotary} (RoPE on part of each head)")
     if hf.get("quantization_config"):
         refuse("a quantized checkpoint (quantization_config)")
     gpt2 = hf["model_type"] == "gpt2"
@@ -230,35 +271,70 @@ def _check_hf_supported(hf: dict[str, Any], path: Path) -> None:
             refuse(f"hidden_act {hf['hidden_act']!r}")
         if r.bool("mlp_bias", False):
             refuse("mlp_bias = true")
-    heads = r.int("n_head" if gpt2 else "num_attention_heads")
-    width = r.int("n_embd" if gpt2 else "hidden_size")
-    if r.int("head_dim", None) not in (None, width // heads):
-        refuse(f"head_dim {hf['head_dim']} != hidden_size / num_attention_heads")
+        if hf["model_type"] == "qwen3" and r.bool("attention_bias", False):
+            refuse("attention_bias = true on qwen3 (q/k/v/o biases without MLP biases)")
+        if hf["model_type"] in ("qwen2", "qwen3", "phi3"):
+            for key in ("attention_dropout", "resid_pdrop", "embd_pdrop"):
+                if r.float(key, 0.0, lo=0.0) != 0.0:  # dropout is not modelled
+                    refuse(f"{key} = {hf[key]} (dropout)")
+    if gpt2 and r.int("head_dim", None) not in (None, r.int("n_embd") // r.int("n_head")):
+        refuse(f"head_dim {hf['head_dim']} != n_embd / n_head")
+
+
+def hf_model_type(cfg: ModelConfig) -> str:
+    """The Hugging Face `model_type` `cfg` exports as: `cfg.hf_model_type`, or for 'auto'
+    the one its pieces name (experts: mixtral; q/k norms: qwen3; q/k/v biases alone: qwen2;
+    a sliding window: mistral; else llama; LayerNorm: gpt2)."""
+    if cfg.hf_model_type != "auto":
+        return cfg.hf_model_type
+    if cfg.is_moe:
+        return "mixtral"
+    if cfg.family == "gpt2":
+        return "gpt2"
+    if cfg.qk_norm:
+        return "qwen3"
+    if cfg.qkv_bias:
+        return "qwen2"
+    return "mistral" if cfg.sliding_window else "llama"
 
 
 def hf_export_problem(cfg: ModelConfig) -> str | None:
     """Why `cfg` has no Hugging Face architecture to export as (None: it has one). The one
     home of these rules: checkpoint.hf refuses the export with them, and a job with
     checkpoint.export_hf = true is refused with them at config time, before training."""
-    if cfg.is_moe and (cfg.family != "llama" or cfg.bias):
+    kind = hf_model_type(cfg)
+    if kind == "gpt2":
+        if (
+            cfg.norm != "layernorm"
+            or cfg.activation == "swiglu"
+            or cfg.position != "learned"
+            or not cfg.bias
+            or cfg.num_kv_heads != cfg.num_heads
+            or cfg.is_moe
+            or cfg.sliding_window
+            or cfg.qkv_bias
+            or cfg.qk_norm
+            or cfg.head_dim_override not in (0, cfg.dim // cfg.num_heads)
+        ):
+            return (
+                "the GPT-2 family needs layernorm, gelu, learned positions, bias=True, "
+                "num_kv_heads == num_heads and none of experts, sliding_window, qkv_bias, "
+                "qk_norm, head_dim_override"
+            )
+        return None
+    plain = cfg.norm == "rmsnorm" and cfg.activation == "swiglu" and cfg.position == "rope"
+    if cfg.is_moe != (kind == "mixtral") or (kind == "mixtral" and (cfg.bias or not plain)):
         return "MoE models export as Mixtral only (rmsnorm, swiglu, rope, bias=False)"
-    if cfg.sliding_window and (cfg.family != "llama" or (cfg.bias and not cfg.is_moe)):
-        return (
-            "a sliding window exports as Mistral or Mixtral only (rmsnorm, swiglu, rope, "
-            "bias=False)"
-        )
-    if cfg.family == "llama":
-        if cfg.activation != "swiglu" or cfg.position != "rope":
-            return "the Llama family needs activation='swiglu' and position='rope'"
-    elif (
-        cfg.norm != "layernorm"
-        or cfg.activation == "swiglu"
-        or cfg.position != "learned"
-        or not cfg.bias
-        or cfg.num_kv_heads != cfg.num_heads
-    ):
-        return (
-            "the GPT-2 family needs layernorm, gelu, learned positions, bias=True and "
-            "num_kv_heads == num_heads"
-        )
+    if not plain:
+        return f"the Llama family ({kind}) needs activation='swiglu' and position='rope'"
+    if cfg.bias and kind != "llama":
+        return f"{kind} has no biases on every linear (bias=True exports as llama only)"
+    if cfg.qkv_bias != (kind == "qwen2"):
+        return "q/k/v biases alone (qkv_bias) export as qwen2 only, and qwen2 needs them"
+    if cfg.qk_norm != (kind == "qwen3"):
+        return "per-head q/k norms (qk_norm) export as qwen3 only, and qwen3 needs them"
+    if cfg.sliding_window and kind == "llama":
+        return "a sliding window exports as Mistral, Mixtral, Qwen2, Qwen3 or Phi-3, not Llama"
+    if kind == "phi3" and cfg.head_dim_override not in (0, cfg.dim // cfg.num_heads):
+        return "phi3 has no head_dim of its own (head_dim_override)"
     return None

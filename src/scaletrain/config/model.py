@@ -1,8 +1,10 @@
 """Model architecture config, its exact analytic parameter count, presets and HF loading.
 
 One decoder config covers the GPT-2 family (LayerNorm, learned positions, GELU, biases, tied
-embeddings), the Llama family (RMSNorm, RoPE, SwiGLU, grouped-query attention, untied head) and
-Mixtral-style MoE (`num_experts > 0`). Pure Python: the planner imports this without torch.
+embeddings), the Llama family (RMSNorm, RoPE, SwiGLU, grouped-query attention, untied head),
+Mixtral-style MoE (`num_experts > 0`) and the Llama-like families that add a piece or two:
+Qwen2 (q/k/v biases), Qwen3 (per-head q/k RMSNorm, an explicit head width), Phi-3 (fused
+checkpoint tensors only). Pure Python: the planner imports this without torch.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import ConfigError, require
-from .choices import Activation, Attention, Norm, Position, check_choices
+from .choices import Activation, Attention, HFModelType, Norm, Position, check_choices
 
 __all__ = ["ModelConfig", "ParamCounts", "MODEL_PRESETS", "model_preset", "resolve_model"]
 
@@ -73,6 +75,20 @@ class ModelConfig:
     `c_attn`); the parameters, checkpoints and exports stay three. A speed option: fewer,
     larger matmuls (the nanoGPT CPU recipe turns it on); tensor parallelism and fp8 keep the
     three Linears (`models.attention.Attention`)."""
+    qkv_bias: bool = False
+    """Biases on wq, wk and wv only, the other linears without (Qwen2); `bias` puts them on
+    every linear."""
+    qk_norm: bool = False
+    """RMSNorm of each query and key head over its head_dim, before RoPE (Qwen3's `q_norm` /
+    `k_norm`: one (head_dim,) weight each, shared by the heads)."""
+    head_dim_override: int = 0
+    """Width of one attention head; 0 means dim / num_heads. Qwen3 sets it (128 at every
+    size, so num_heads * head_dim may differ from dim: wq is (num_heads * head_dim, dim))."""
+    hf_model_type: HFModelType = "auto"
+    """The Hugging Face `model_type` a checkpoint export writes (and whose tensor layout an
+    import reads): 'auto' picks it from the architecture (gpt2, llama, mistral with a sliding
+    window, mixtral with experts, qwen2 with `qkv_bias`, qwen3 with `qk_norm`); set by a
+    config.json import to its own type, so an export reloads as the family it came from."""
 
     def __post_init__(self) -> None:
         if self.num_kv_heads == 0:
@@ -94,12 +110,18 @@ class ModelConfig:
         ):
             v = getattr(self, f)
             require(isinstance(v, int) and v >= 1, p + f, v, "use a positive integer")
-        check_choices(self, "model")  # norm, activation, position, attention
+        check_choices(self, "model")  # norm, activation, position, attention, hf_model_type
         require(
-            self.dim % self.num_heads == 0,
+            isinstance(self.head_dim_override, int) and self.head_dim_override >= 0,
+            p + "head_dim_override",
+            self.head_dim_override,
+            "use 0 (dim / num_heads) or a head width >= 1",
+        )
+        require(
+            self.head_dim_override > 0 or self.dim % self.num_heads == 0,
             p + "num_heads",
             self.num_heads,
-            f"num_heads must divide dim={self.dim}",
+            f"num_heads must divide dim={self.dim} (or set model.head_dim_override)",
         )
         require(
             self.num_heads % self.num_kv_heads == 0,
@@ -112,7 +134,7 @@ class ModelConfig:
                 self.head_dim % 2 == 0,
                 p + "num_heads",
                 self.num_heads,
-                f"RoPE needs an even head dim; dim/num_heads = {self.head_dim}",
+                f"RoPE needs an even head dim; head_dim = {self.head_dim}",
             )
         require(self.num_experts >= 0, p + "num_experts", self.num_experts, "use 0 (dense) or more")
         if self.num_experts:
@@ -162,7 +184,13 @@ class ModelConfig:
     # ---- derived sizes -------------------------------------------------------------------
     @property
     def head_dim(self) -> int:
-        return self.dim // self.num_heads
+        return self.head_dim_override or self.dim // self.num_heads
+
+    @property
+    def q_dim(self) -> int:
+        """Width of Q (and of the attention output wo reads): a * d_head; dim unless
+        `head_dim_override` says otherwise."""
+        return self.num_heads * self.head_dim
 
     @property
     def kv_dim(self) -> int:
@@ -199,10 +227,11 @@ class ParamCounts:
     """Exact parameter counts per component (what the nn.Module allocates, element for element).
 
     Counts: token embedding V*h; learned positions S*h; per layer attention q (h*a*d), k and v
-    (h*g*d each), o (a*d*h) plus their biases; MLP 2*h*f (GELU) or 3*h*f (SwiGLU) plus biases,
-    times the number of experts for MoE, plus the router h*E; two norms per layer (2h with bias
-    for LayerNorm, h for RMSNorm); a final norm; the head V*h unless tied. Ignores: nothing
-    (buffers such as RoPE tables are not parameters).
+    (h*g*d each), o (a*d*h) plus their biases (all four with `bias`, q/k/v only with
+    `qkv_bias`: a*d + 2*g*d) and the q/k norms' 2*d weights (`qk_norm`); MLP 2*h*f (GELU) or
+    3*h*f (SwiGLU) plus biases, times the number of experts for MoE, plus the router h*E; two
+    norms per layer (2h with bias for LayerNorm, h for RMSNorm); a final norm; the head V*h
+    unless tied. Ignores: nothing (buffers such as RoPE tables are not parameters).
     """
 
     embedding: int
@@ -220,8 +249,12 @@ class ParamCounts:
     def of(cls, m: ModelConfig) -> ParamCounts:
         h, d, a, g, f = m.dim, m.head_dim, m.num_heads, m.num_kv_heads, m.ffn_dim
         attn = h * a * d + 2 * h * g * d + a * d * h
+        if m.bias or m.qkv_bias:
+            attn += a * d + 2 * g * d
         if m.bias:
-            attn += a * d + 2 * g * d + h
+            attn += h
+        if m.qk_norm:
+            attn += 2 * d
         n_mat = 3 if m.activation == "swiglu" else 2
         expert = n_mat * h * f + ((n_mat - 1) * f + h if m.bias else 0)
         norm = 2 * h if (m.norm == "layernorm" and m.bias) else h
@@ -262,8 +295,11 @@ class ParamCounts:
 # ---- presets -----------------------------------------------------------------------------
 # Architectures from the publishers' configs (GPT-2: OpenAI's released checkpoints as in HF
 # `gpt2*` config.json; Llama 2: Touvron et al. 2023 + HF config; Llama 3/3.1: Meta model cards
-# + HF config; GPT-3: Brown et al. 2020 Table 2.1; Mixtral: Jiang et al. 2024 + HF config).
-# Stated parameter counts checked in tests/unit/test_config.py.
+# + HF config; GPT-3: Brown et al. 2020 Table 2.1; Mixtral: Jiang et al. 2024 + HF config;
+# Qwen2.5 / Qwen3 / Phi-3: the config.json of Qwen/Qwen2.5-7B, Qwen/Qwen2.5-72B, Qwen/Qwen3-8B,
+# Qwen/Qwen3-32B and microsoft/Phi-3-mini-4k-instruct on the Hugging Face hub).
+# Stated parameter counts checked in tests/unit/test_config.py (Qwen, Phi-3:
+# tests/unit/test_model_families.py, against the model cards' figures).
 
 
 def _gpt2(
@@ -317,6 +353,9 @@ def _llama(
     )
 
 
+_QWEN2: dict[str, Any] = {"qkv_bias": True, "hf_model_type": "qwen2"}
+_QWEN3: dict[str, Any] = {"qk_norm": True, "head_dim_override": 128, "hf_model_type": "qwen3"}
+
 MODEL_PRESETS: dict[str, Callable[[], ModelConfig]] = {
     # tiny models for tests and the embedded default run (byte vocabulary)
     "tiny": lambda: ModelConfig(
@@ -357,6 +396,35 @@ MODEL_PRESETS: dict[str, Callable[[], ModelConfig]] = {
         1e6,
         num_experts=8,
         experts_per_token=2,
+    ),
+    # Qwen2.5 (7,615,616,512 / 72,706,203,648): q/k/v biases, GQA, theta 1e6, untied head
+    "qwen2.5-7b": lambda: _llama(
+        "qwen2.5-7b", 3584, 28, 28, 4, 18944, 152064, 131072, 1e6, 1e-6, **_QWEN2
+    ),
+    "qwen2.5-72b": lambda: _llama(
+        "qwen2.5-72b", 8192, 80, 64, 8, 29568, 152064, 131072, 1e6, 1e-6, **_QWEN2
+    ),
+    # Qwen3 dense (8,190,735,360 / 32,762,123,264): per-head q/k norms, head_dim 128 at every
+    # size (32B: 64 heads x 128 = 8192 wide q on a 5120 residual stream)
+    "qwen3-8b": lambda: _llama(
+        "qwen3-8b", 4096, 36, 32, 8, 12288, 151936, 40960, 1e6, 1e-6, **_QWEN3
+    ),
+    "qwen3-32b": lambda: _llama(
+        "qwen3-32b", 5120, 64, 64, 8, 25600, 151936, 40960, 1e6, 1e-6, **_QWEN3
+    ),
+    # Phi-3-mini (3,821,079,552): Llama's block with fused checkpoint tensors, MHA, a 2047 window
+    "phi-3-mini": lambda: _llama(
+        "phi-3-mini",
+        3072,
+        32,
+        32,
+        32,
+        8192,
+        32064,
+        4096,
+        1e4,
+        sliding_window=2047,
+        hf_model_type="phi3",
     ),
 }
 

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..numerics import upcast
+from .norms import RMSNorm
 
 __all__ = [
     "Attention",
@@ -157,6 +158,12 @@ class Attention(nn.Module):
     three Linears, so names, checkpoints and Hugging Face export do not change. Used only where
     all three are plain `nn.Linear` (fp8 swaps them for its own modules); tensor parallelism,
     whose hooks sit on each Linear, turns it off.
+
+    `head_dim` (default dim // n_heads) may make the query width n_heads * head_dim differ
+    from dim (Qwen3-32B). `qkv_bias` gives wq/wk/wv biases when `bias` is off (Qwen2).
+    `qk_norm` adds `q_norm` and `k_norm`, RMSNorms over head_dim applied to every query and
+    key head before RoPE (Qwen3); their (head_dim,) weights are shared by all heads, so
+    tensor parallelism keeps them whole on every rank.
     """
 
     def __init__(
@@ -168,15 +175,22 @@ class Attention(nn.Module):
         bias: bool,
         backend: str,
         fused_qkv: bool = False,
+        head_dim: int | None = None,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        norm_eps: float = 1e-5,
     ) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
         self.fused_qkv = fused_qkv
-        self.head_dim = dim // n_heads
-        self.wq = nn.Linear(dim, n_heads * self.head_dim, bias=bias)
-        self.wk = nn.Linear(dim, n_kv_heads * self.head_dim, bias=bias)
-        self.wv = nn.Linear(dim, n_kv_heads * self.head_dim, bias=bias)
-        self.wo = nn.Linear(n_heads * self.head_dim, dim, bias=bias)
+        self.head_dim = head_dim or dim // n_heads
+        hd, in_bias = self.head_dim, bias or qkv_bias
+        self.wq = nn.Linear(dim, n_heads * hd, bias=in_bias)
+        self.wk = nn.Linear(dim, n_kv_heads * hd, bias=in_bias)
+        self.wv = nn.Linear(dim, n_kv_heads * hd, bias=in_bias)
+        self.wo = nn.Linear(n_heads * hd, dim, bias=bias)
+        self.q_norm: RMSNorm | None = RMSNorm(hd, norm_eps) if qk_norm else None
+        self.k_norm: RMSNorm | None = RMSNorm(hd, norm_eps) if qk_norm else None
         self.core = make_attention_core(backend)
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -204,8 +218,11 @@ class Attention(nn.Module):
         b, t, _ = x.shape
         hd = self.head_dim
         q, k, v = self._project(x)
-        q = q.view(b, t, self.n_heads, hd).transpose(1, 2)  # (B, nh, T, hd)
-        k = k.view(b, t, self.n_kv_heads, hd).transpose(1, 2)  # (B, nkv, T, hd)
+        q = q.view(b, t, self.n_heads, hd)  # (B, T, nh, hd)
+        k = k.view(b, t, self.n_kv_heads, hd)  # (B, T, nkv, hd)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)  # per head, over hd
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, nh, T, hd), (B, nkv, T, hd)
         v = v.view(b, t, self.n_kv_heads, hd).transpose(1, 2)  # (B, nkv, T, hd)
         if cos is not None and sin is not None:
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)

@@ -1,4 +1,5 @@
-"""Decoder-only transformer covering the GPT-2 and Llama families and Mixtral-style MoE.
+"""Decoder-only transformer covering the GPT-2 and Llama families, Mixtral-style MoE and the
+Llama-like Qwen2 / Qwen3 / Phi-3 (q/k/v biases, per-head q/k norms: `Attention`'s options).
 
 Plain single-device modules: parallelism is applied from outside (scaletrain.parallel), so the
 module tree below is an interface:
@@ -8,7 +9,7 @@ module tree below is an interface:
       pos_embeddings  nn.Embedding | None        (learned positions only)
       rope            RotaryEmbedding | None     (RoPE only; non-persistent cos/sin tables)
       layers          nn.ModuleDict "0".."L-1"   (keys survive pipeline splitting)
-        TransformerBlock: attention_norm, attention (Attention), ffn_norm,
+        TransformerBlock: attention_norm, attention (Attention [+ q_norm, k_norm]), ffn_norm,
                           feed_forward (FeedForward) | moe (MoE)
       norm            LayerNorm | RMSNorm | None
       output          nn.Linear | None
@@ -88,6 +89,10 @@ class TransformerBlock(nn.Module):
             bias=cfg.bias,
             backend=cfg.attention,
             fused_qkv=cfg.fused_qkv,
+            head_dim=cfg.head_dim,
+            qkv_bias=cfg.qkv_bias,
+            qk_norm=cfg.qk_norm,
+            norm_eps=cfg.norm_eps,
         )
         self.ffn_norm = _norm(cfg)
         if cfg.is_moe:

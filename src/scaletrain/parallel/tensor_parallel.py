@@ -2,7 +2,9 @@
 with DTensor `parallelize_module` plans.
 
 Per block: wq/wk/wv column-wise (whole query and key/value heads per rank, so GQA needs tp to
-divide num_kv_heads), wo row-wise; MLP w1/w3 column-wise, w2 row-wise. One all-reduce (or, with
+divide num_kv_heads; q/k/v biases split with their rows), wo row-wise; MLP w1/w3 column-wise,
+w2 row-wise. Per-head q/k norms (Qwen3) keep their (head_dim,) weights whole on every rank and
+sum their gradients over tp. One all-reduce (or, with
 sp, one all-gather + one reduce-scatter) per sub-layer in forward, as many in backward.
 
 Sequence parallel (sp): the residual stream between sub-layers is sharded on the sequence dim
@@ -262,6 +264,13 @@ def apply_tp(
         plan = _block_plan(sp, moe=moe is not None)
         if moe is None and getattr(block.feed_forward, "w3", None) is not None:
             plan["feed_forward.w3"] = ColwiseParallel()
+        if block.attention.q_norm is not None:
+            # Qwen3's per-head q/k norms read this rank's heads, (B, T, nh/tp, hd): their
+            # (hd,) weights are replicated and the input seen as sharded on the heads dim
+            # (2), so each weight's gradient is the sum over all ranks' heads (a Partial,
+            # reduced like a sequence-parallel norm's); the output goes back local.
+            heads = SequenceParallel(sequence_dim=2, use_local_output=True)
+            plan["attention.q_norm"] = plan["attention.k_norm"] = heads
         parallelize_module(block, mesh, plan)
         if moe is not None and shard_experts:
             moe.experts = TensorParallelExperts(moe.experts, mesh)
