@@ -141,3 +141,24 @@ def test_index_pointing_outside_the_checkpoint_is_refused(tmp_path, where):
     assert ("outside the checkpoint" in msg) if where != "unlisted" else ("not listed" in msg)
     for n, p in model.named_parameters():
         assert torch.equal(p.detach(), before[n] + 1.0)  # nothing was loaded
+
+
+def test_planted_extra_file_is_refused_without_suggesting_unsafe_loading(tmp_path):
+    """A payload in extra_rank0.pt (listed in a rewritten manifest): refused in one line that
+    names the file and the global, never torch's hint to retry with weights_only=False."""
+    path, model, opt = _saved(tmp_path)
+    marker = tmp_path / "ran"
+    torch.save({"rng": _Payload(marker)}, path / "extra_rank0.pt")
+    manifest = json.loads((path / "manifest.json").read_text())
+    data = (path / "extra_rank0.pt").read_bytes()
+    manifest["files"]["extra_rank0.pt"] = {
+        "size": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError) as e:
+        load_checkpoint(path, model, opt)
+    msg = str(e.value)
+    assert "\n" not in msg and "extra_rank0.pt" in msg and "system" in msg
+    assert "weights_only" not in msg
+    assert not marker.exists()

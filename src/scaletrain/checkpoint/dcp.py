@@ -26,6 +26,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import pickle
 import shutil
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -341,6 +342,19 @@ def _read_small_files(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         with warnings.catch_warnings():  # a foreign pickle's protocol warning: the error says it
             warnings.simplefilter("ignore")
             extra = torch.load(extra_path, weights_only=True)
+    except pickle.UnpicklingError as e:  # torch's message would suggest weights_only=False
+        refused = next(
+            (ln.strip() for ln in str(e).splitlines() if "GLOBAL" in ln or "global" in ln), ""
+        )
+        raise CheckpointError(
+            f"checkpoint {path} is unusable: {extra_path.name} names a Python object the "
+            f"trainer never writes ({refused[:120] or 'not plain tensors and containers'}); "
+            "it was not loaded (nothing in a checkpoint can run code): resume another "
+            "checkpoint"
+        ) from None
+    except Exception as e:  # noqa: BLE001 - verified files that still do not parse
+        raise CheckpointError(f"checkpoint {path} is unusable: {_first(e)}") from None
+    try:
         trainer_state = json.loads((path / "trainer_state.json").read_text())
     except Exception as e:  # noqa: BLE001 - verified files that still do not parse
         raise CheckpointError(f"checkpoint {path} is unusable: {_first(e)}") from None
