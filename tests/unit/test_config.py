@@ -353,3 +353,16 @@ def test_choice_fields_checked_when_built_in_code_and_typed_in_toml(tmp_path):
     toml.write_text("[precision]\ndtype = 16\n")
     with pytest.raises(ConfigError, match="precision.dtype.*expected a string"):
         load_config(toml)
+
+
+def test_a_derived_model_field_follows_the_field_it_came_from():
+    """--model.dim on a preset whose ffn_dim was derived from its dim re-derives it (gpt-mini
+    kept 4 x the old dim); a given or preset-specific value is kept."""
+    mini = load_config(None, ["--model.name=gpt-mini", "--model.dim=256"]).model
+    assert mini.ffn_dim == 4 * 256
+    given = load_config(None, ["--model.name=gpt-mini", "--model.dim=256", "--model.ffn_dim=300"])
+    assert given.model.ffn_dim == 300
+    mha = load_config(None, ["--model.name=gpt-mini", "--model.num_heads=8"]).model
+    assert mha.num_kv_heads == 8  # no GQA stays no GQA
+    gqa = load_config(None, ["--model.name=tiny-llama", "--model.num_heads=8"]).model
+    assert gqa.num_kv_heads == 2  # the preset's own GQA is kept

@@ -441,7 +441,22 @@ def model_preset(name: str, **overrides: Any) -> ModelConfig:
             f" ({', '.join(MODEL_PRESETS)}) or a config.json path",
         )
     cfg = MODEL_PRESETS[name]()
-    return replace(cfg, **overrides) if overrides else cfg
+    return replace(cfg, **_rederive(cfg, overrides)) if overrides else cfg
+
+
+def _rederive(cfg: ModelConfig, overrides: dict[str, Any]) -> dict[str, Any]:
+    """`overrides` plus, for a field the preset derived from one the user now changes, a reset
+    so it is derived again: ffn_dim from dim (`--model.dim=256` on gpt-mini kept ffn_dim 512,
+    the old dim's 4x), num_kv_heads from num_heads (no GQA stays no GQA). A field the preset
+    set apart from that rule, or the user gave, is kept."""
+    out = dict(overrides)
+    if "dim" in out and "ffn_dim" not in out:
+        derived = 4 * cfg.dim if cfg.activation != "swiglu" else _llama_ffn(cfg.dim)
+        if cfg.ffn_dim == derived:
+            out["ffn_dim"] = 0
+    if "num_heads" in out and "num_kv_heads" not in out and cfg.num_kv_heads == cfg.num_heads:
+        out["num_kv_heads"] = 0
+    return out
 
 
 def resolve_model(name_or_path: str, **overrides: Any) -> ModelConfig:
