@@ -164,15 +164,26 @@ def _next_layout_advice(run: Run) -> str | None:
         seq_len=job.batch.seq_len,
         global_batch=job.batch.global_batch,
         precision=job.precision.dtype,
-        top_k=1,
+        top_k=2,
     )
-    best = result.top[0] if getattr(result, "top", None) else None
+    current = (run.dims.layout, job.batch.micro_batch, job.memory.ac)
+    # the layout that just ran out of memory is no advice, though the planner calls it fitting
+    # (its estimate was short of what the device holds): the best other one
+    best = next(
+        (
+            c
+            for c in getattr(result, "top", None) or ()
+            if (c.plan.layout, c.plan.micro_batch, c.plan.ac) != current
+        ),
+        None,
+    )
     if best is None:
         return None
     p, L = best.plan, best.plan.layout
     return (
         f"the planner's best fitting layout: --parallel.dp={L.dp} --parallel.zero={L.zero} "
-        f"--parallel.tp={L.tp} --parallel.pp={L.pp} --parallel.cp={L.cp} "
+        f"--parallel.tp={L.tp} --parallel.sp={str(L.sp).lower()} --parallel.pp={L.pp} "
+        f"--parallel.cp={L.cp} "
         f"--batch.micro_batch={p.micro_batch} --memory.ac={p.ac}"
     )
 
