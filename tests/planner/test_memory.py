@@ -231,7 +231,7 @@ def test_loss_chunk_tokens_reach_the_plan() -> None:
     import dataclasses
 
     from scaletrain.config import load_config
-    from scaletrain.planner.memory import fused_loss_chunk, loss_backward_bytes
+    from scaletrain.planner.memory.head import fused_loss_chunk, loss_backward_bytes
     from scaletrain.planner.types import plan_input_from_job
 
     job = load_config(
@@ -271,7 +271,7 @@ def test_head_gradient_is_its_own_term_not_a_loss_temporary() -> None:
     buffers sum both, so the plan's total did not move with the split."""
     import dataclasses
 
-    from scaletrain.planner.memory import fused_loss_chunk, head_grad_bytes
+    from scaletrain.planner.memory.head import fused_loss_chunk, head_grad_bytes
 
     m = dataclasses.replace(resolve_model("llama3-8b"), vocab_size=256_000)
     h100 = hardware_preset("h100-sxm")

@@ -43,7 +43,7 @@ def pp_actions(schedule: str, p: int, m: int, v: int, pp_rank: int) -> list[Any]
         _ComputationType,
     )
 
-    from scaletrain.planner.pipeline import pipeline_order
+    from scaletrain.planner.time.pipeline import pipeline_order
 
     zb = schedule == "zero-bubble"
     kind = {

@@ -27,7 +27,7 @@ after every backward the two gradients are summed over a 2-rank group (first-sta
 last-stage rank of each pipeline), so both copies see the tied gradient and stay bit-identical
 under the same optimizer. The gradient-norm counts the tied weight once (`norm_exclude`). The
 copy costs the last stage V x h parameters plus their gradients and optimizer states (the
-planner's `rank_memory` counts it). MoE auxiliary losses: only the last stage computes a loss,
+planner's `memory.rank` counts it). MoE auxiliary losses: only the last stage computes a loss,
 so every MoE layer of a stage attaches its load-balancing loss to its output's backward
 (`models.moe.MoE.aux_grad_scale`, scaled like the loss: `loss_scale`); with scale_grads the
 result is the mean over micro-batches of (loss + aux), as without pipelining.

@@ -45,7 +45,7 @@ class PlanInput:
     fp8_all_gather: bool = False
     """precision 'fp8' under ZeRO-2/3: the fp8 Linears' weights are all-gathered in E4M3."""
     recipe: str = "scaletrain"
-    """Framework recipe (planner/recipes.py): whose allocations and time model to plan."""
+    """Framework recipe (planner/recipes/registry.py): whose allocations and time model to plan."""
     loss_chunk_tokens: int = 0
     """Tokens per chunk of the fused head + loss (`memory.loss_chunk_tokens`; 0 = the
     trainer's auto rule, `memory.fused_loss_chunk`)."""

@@ -16,7 +16,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from scaletrain.config import JobConfig, precision_spec
-from scaletrain.planner.flops import flops_per_token
+from scaletrain.planner.time.flops import flops_per_token
 from scaletrain.trainer.build import Run, build_run
 from scaletrain.trainer.loop import train_step
 from scaletrain.trainer.optim import lr_at, set_lr

@@ -26,7 +26,7 @@ from scaletrain.models import Transformer, build_model, causal_lm_loss, material
 from scaletrain.parallel import ParallelDims, parallelize
 from scaletrain.parallel.launch import rendezvous_store
 from scaletrain.parallel.pipeline import PipelineRuntime
-from scaletrain.planner.flops import flops_per_token
+from scaletrain.planner.time.flops import flops_per_token
 
 from .optim import build_optimizer
 from .precision import LossScaler

@@ -16,12 +16,10 @@ worst. The set is exact, not sampled.
 
 from __future__ import annotations
 
-from .memory import (
-    FRAGMENTATION,
-    stage_layer_counts,
-)
+from ..time.pipeline import inflight_per_rank
+from ..types import MemoryBreakdown, PlanInput
+from .buffers import FRAGMENTATION
 from .moments import ForwardBackward, Moment, OptimizerStep, RankMemory
-from .pipeline import inflight_per_rank
 from .pipeline_ranks import pipeline_buffers, rank_candidates, schedule_moments
 from .rank_moments import (
     embedding_moment,
@@ -38,16 +36,12 @@ from .rank_terms import (
     rank_buffers,
     rank_states,
 )
-from .types import MemoryBreakdown, PlanInput
+from .states import stage_layer_counts
 
 __all__ = [
     "estimate_memory",
     "pipeline_rank_memory",
     "worst_rank",
-    "rank_candidates",
-    "schedule_moments",
-    "RankMemory",
-    "ModelTerms",
 ]
 
 

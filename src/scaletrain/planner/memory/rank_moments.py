@@ -2,7 +2,7 @@
 its cached terms: the ZeRO-2/3 backward moments (`zero_moments`), the last stage's loss
 backward (`loss_moment`), the first stage's embedding backward (`embedding_moment`), and the
 pieces they share (stored activations, the root unit through a ZeRO-3 backward).
-`rank_memory._rank_memory` takes the largest.
+`rank._rank_memory` takes the largest.
 """
 
 from __future__ import annotations
@@ -11,11 +11,9 @@ from typing import TYPE_CHECKING
 
 from scaletrain.config import ParamCounts, compute_bytes, fused_head_loss
 
-from .memory import (
-    head_grad_bytes,
-    loss_backward_bytes,
-    mlp_backward_work_bytes,
-)
+from ..types import PlanInput
+from .activations import mlp_backward_work_bytes
+from .head import head_grad_bytes, loss_backward_bytes
 from .moments import (
     EmbeddingBackward,
     LossBackward,
@@ -24,7 +22,6 @@ from .moments import (
     ZeroEndOfBackward,
     ZeroStageBackward,
 )
-from .types import PlanInput
 
 if TYPE_CHECKING:  # rank_terms imports this module (root_in_backward)
     from .pipeline_ranks import ScheduleMoment

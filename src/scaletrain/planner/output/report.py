@@ -8,11 +8,10 @@ from typing import Any
 
 from scaletrain.config import GB
 
-from .search import SearchResult
-from .types import Estimate, layout_label
+from ..search.result import SearchResult
+from ..types import Estimate, layout_label
 
 __all__ = [
-    "layout_label",
     "estimate_rows",
     "render_estimates",
     "render_search",

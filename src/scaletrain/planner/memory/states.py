@@ -164,7 +164,7 @@ def _in_flight(
     copy of them is in flight: the token and position embeddings (F.embedding is not on
     autocast's lower-precision op list), the norms' weights (elementwise ops and fp32
     layer_norm), and the head, which the fused loss casts itself for its forward and its
-    backward only (`activation_memory.loss_backward_bytes` counts that cast). Dry-run,
+    backward only (`head.loss_backward_bytes` counts that cast). Dry-run,
     llama3-8b-L1 tp8+sp z0: at the loss-backward peak the only 16-bit weight copies are
     the block's linears (54.5 MB) and the head's cast inside the loss (131 MB); none of
     the embedding (+10% total when every parameter was counted cast).
