@@ -71,13 +71,10 @@ def _brute_force_worst(plan: PlanInput) -> tuple[float, int, float]:
                 plan,
                 terms,
                 acts,
-                L.zero_shards,
-                r,
-                counts[r],
-                sim.peak_inflight[r],
-                m,
-                "scaletrain",
-                "gpu",
+                rank=r,
+                layers=counts[r],
+                in_flight=sim.peak_inflight[r],
+                convention="scaletrain",
             )
             for r in range(L.pp)
         ),
