@@ -165,10 +165,10 @@ class PipelineRuntime:
     num_stages: int
     _pipeline_stages: list[PipelineStage] = field(default_factory=list)
     tied_group: dist.ProcessGroup | None = None
-    cp_group: dist.ProcessGroup | None = None
-    """Context parallelism: the cp ranks of this pipeline rank (None: cp = 1)."""
     """Tied embeddings at pp > 1: the (first, last) stage pair whose head/embedding gradients
     are summed after every backward."""
+    cp_group: dist.ProcessGroup | None = None
+    """Context parallelism: the cp ranks of this pipeline rank (None: cp = 1)."""
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
     """The last stage's loss of one micro-batch from its logits and targets (the schedule
     calls `staged_loss`); used when the stage returns logits (`eval_logits`)."""
