@@ -1,7 +1,7 @@
 """estimate(): FLOPs conventions, bubble ratios, every preset runs, throughput sanity, cost
 napkin math (seed 004's 7B carbon example), JSON schema, and the no-torch import rule.
 
-Not used as test vectors (DESIGN.md §5): seed 004's GPT-2 throughput/cost examples that exceed
+Not used as test vectors (docs/DESIGN.md §5): seed 004's GPT-2 throughput/cost examples that exceed
 the hardware's peak FLOP/s.
 """
 

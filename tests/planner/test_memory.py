@@ -1,6 +1,6 @@
 """Planner memory arithmetic against the seeds' worked examples and Korthikanti et al. 2022.
 
-Decisions on the seeds' inconsistencies (DESIGN.md §5), tested below:
+Decisions on the seeds' inconsistencies (docs/DESIGN.md §5), tested below:
 - Optimizer bytes are a *convention* switch: seed 000 (20B on 8x80 GB: 240 GB, 30 GB/GPU with
   ZeRO-3) and seed 004 (7B: 84 GB) count moments only (2+2+8 = 12 B/param): 'moments_only'.
   Seed 003's 7B/8-GPU ZeRO table counts fp32 master + moments as optimizer (2+2+12):

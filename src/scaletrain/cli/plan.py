@@ -21,7 +21,7 @@ DEGREE_FLAGS = ("dp", "zero", "tp", "sp", "pp", "pp_schedule", "pp_virtual", "cp
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     add_job_flags(parser)  # the same flags and defaults as `scaletrain dryrun`
     a = parser.add_argument
-    a("--json", action="store_true", help="print the DESIGN.md §4 JSON (a list for searches)")
+    a("--json", action="store_true", help="print the docs/DESIGN.md §4 JSON (a list for searches)")
     a("--top", type=int, default=5, metavar="K", help="layouts shown by a search")
     a("--plot", metavar="FILE.png", help="write the memory breakdown (and pipeline) plot")
     a("--tokens", type=finite_float, metavar="N", help="training tokens for the time/cost line")

@@ -1,4 +1,4 @@
-"""Torch-free analytic planner (see DESIGN.md §5): memory, FLOPs, communication, time, cost.
+"""Torch-free analytic planner (see docs/DESIGN.md §5): memory, FLOPs, communication, time, cost.
 
 Where things are (each subpackage's docstring says more):
 

@@ -1,4 +1,4 @@
-"""The planner's input and output types; `Estimate.to_json()` is the DESIGN.md §4 schema.
+"""The planner's input and output types; `Estimate.to_json()` is the docs/DESIGN.md §4 schema.
 
 `Measurement` objects (dry-run, real runs) reuse `MemoryBreakdown` so every predicted number can be
 held against a measured one.

@@ -41,7 +41,7 @@ def head_activation_bytes(
     - not fused (a logits path: `model(x)` then cross-entropy; no training step uses it):
       the logits path s_l*b*V/t*(2 + 4) in 16-bit (bf16 logits and the fp32 log-softmax
       output; the fp32 upcast is consumed by log-softmax and freed: the dry-run measures 6 B,
-      not the 10 B of DESIGN.md §5) or (4 + 4) in fp32.
+      not the 10 B of docs/DESIGN.md §5) or (4 + 4) in fp32.
     The loss backward's own temporaries are `loss_backward_bytes`.
     """
     e = compute_bytes(precision)

@@ -24,7 +24,7 @@ OPTIMIZER_BYTES = {"adamw": 8.0, "sgd": 4.0, "adamw8bit": 2.0}
 8-bit Adam m+v int8 (Dettmers et al. 2022; its per-block scales are < 1% and ignored)."""
 
 CONVENTIONS = ("scaletrain", "moments_only", "master_and_moments", "megatron", "full_copies")
-"""How model-state bytes are counted (the seeds disagree, DESIGN.md §5):
+"""How model-state bytes are counted (the seeds disagree, docs/DESIGN.md §5):
 - 'scaletrain' (default): what scaletrain's trainer allocates. States stay fp32 (param 4 + grad 4
   + optimizer); mixed precision adds 16-bit working copies: FSDP2 (ZeRO-3) all-gathers bf16
   copies of the units in flight (current + prefetched block) and holds the unit's unsharded bf16

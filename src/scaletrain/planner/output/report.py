@@ -168,5 +168,5 @@ def render_search(result: SearchResult) -> str:
 
 
 def to_json(estimates: list[Estimate]) -> list[dict[str, Any]]:
-    """DESIGN.md §4 objects, best first."""
+    """docs/DESIGN.md §4 objects, best first."""
     return [e.to_json() for e in estimates]
