@@ -21,7 +21,7 @@ and the RoPE cos/sin (computed once per model, shared by all blocks), are listed
 in the activation total — the planner counts weights in model state and ignores RoPE tables.
 
 The analytic minimum is the planner's own per-block formula,
-`scaletrain.planner.memory.layer_activation_bytes(..., ac=..., precision="bf16",
+`scaletrain.planner.memory.activations.layer_activation_bytes(..., ac=..., precision="bf16",
 residual_fp32=...)` (selective: its `selective_layer_bytes`), for the same shapes. Every
 fp32 tensor kept is listed with whether backward needs it; the findings are computed from the
 ac=none ledgers.
@@ -49,7 +49,7 @@ from _common import write_results  # noqa: E402
 from scaletrain.config import ModelConfig, model_preset  # noqa: E402
 from scaletrain.models import build_model  # noqa: E402
 from scaletrain.parallel.ac import apply_ac  # noqa: E402
-from scaletrain.planner.memory import layer_activation_bytes  # noqa: E402
+from scaletrain.planner.memory.activations import layer_activation_bytes  # noqa: E402
 
 AC_MODES = ("none", "selective", "full")
 
@@ -347,7 +347,7 @@ def markdown(results: list[dict[str, Any]], batch: int, seq: int) -> str:
         "bf16 path), the trainer's `apply_ac`. *ledger*: distinct storages the block "
         "keeps for backward (saved_tensors_hooks + storages created in forward still "
         "alive after it; block output excluded); *analytic*: "
-        "`planner.memory.layer_activation_bytes(ac=..., residual_fp32=True)`.",
+        "`planner.memory.activations.layer_activation_bytes(ac=..., residual_fp32=True)`.",
         "",
         "| block | params | ac | ledger bytes | analytic bytes | ledger / analytic |",
         "|---|---|---|---:|---:|---:|",

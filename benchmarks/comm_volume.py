@@ -7,12 +7,12 @@ pipeline's shape exchange happen there), then counts one full step — every mic
 forward and backward, gradient sync, clipping and the optimizer step — with
 `scaletrain.measure.comm.count_collectives`.
 
-Convention (the planner's, `scaletrain.planner.comm`): ring-algorithm bytes sent by one rank,
+Convention (the planner's, `scaletrain.planner.time.comm`): ring-algorithm bytes sent by one rank,
 all-reduce 2(n-1)/n·S, all-gather / reduce-scatter (n-1)/n·S of the full tensor, all-to-all
 (n-1)/n of the local buffer (exact rows for uneven splits), broadcast (n-1)/n·S, send S.
 
-Predicted: `planner.comm.comm_terms` with the arguments `planner.estimate` passes it for the
-same plan (worst-rank parameter count from `rank_memory.worst_rank`, blocks per rank from
+Predicted: `planner.time.comm.comm_terms` with the arguments `planner.estimate` passes it for the
+same plan (worst-rank parameter count from `memory.rank.worst_rank`, blocks per rank from
 `memory.stage_layer_counts`, tokens of one micro-batch / cp). Each measured call is assigned
 to a planner family by its phase, process group (mesh axis) and op; what the planner does not
 model (grad-norm and loss scalars, MoE split counts, the pipeline's loss broadcast, DDP's
@@ -271,9 +271,9 @@ def _plan_terms(args: list[str], world: int) -> tuple[dict[str, float], dict[str
     """Planner bytes per rank per step by family (the arguments `estimate` passes to
     `comm_terms`), and those arguments."""
     from scaletrain.config import hardware_preset, load_config
-    from scaletrain.planner.comm import comm_volumes
-    from scaletrain.planner.estimate import comm_arguments
-    from scaletrain.planner.rank_memory import worst_rank
+    from scaletrain.planner.memory.rank import worst_rank
+    from scaletrain.planner.time.comm import comm_volumes
+    from scaletrain.planner.time.step_time import comm_arguments
     from scaletrain.planner.types import plan_input_from_job
 
     job = load_config(None, args)

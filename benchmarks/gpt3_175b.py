@@ -70,7 +70,7 @@ def _row(e: Any) -> dict[str, Any]:
 
 def planned() -> dict[str, Any]:
     from scaletrain.config import hardware_preset, resolve_model
-    from scaletrain.planner.search import search
+    from scaletrain.planner.search.layouts import search
 
     model, hw = resolve_model("gpt3-175b"), hardware_preset("a100-80gb")
     kw = dict(seq_len=2048, global_batch=1536)

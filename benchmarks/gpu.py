@@ -6,7 +6,7 @@ SwiGLU 5632: 0.95B parameters), each run two ways on one CUDA GPU:
   attention and `torch.compile`, on the embedded corpus;
 - plain PyTorch: the same `nn.Module` built by `scaletrain.models.build_model`, eager, bf16
   autocast, fused AdamW, random tokens; a loop anyone can read in 20 lines.
-Reported: tokens/s and MFU (model FLOPs per token from `scaletrain.planner.flops`, causal
+Reported: tokens/s and MFU (model FLOPs per token from `scaletrain.planner.time.flops`, causal
 attention halved, against the detected GPU preset's dense bf16 peak), CUDA peak memory
 (`max_memory_allocated` and `max_memory_reserved`), the planner's predicted allocated / reserved
 peak and tokens/s, and the dry-run's measured allocated peak (fake tensors on the CPU).
@@ -105,7 +105,7 @@ def plain_run(
     """The plain PyTorch loop: eager, bf16 autocast, fused AdamW (CUDA), random tokens."""
     from scaletrain.config import load_config
     from scaletrain.models import build_model, causal_lm_loss, materialize
-    from scaletrain.planner.flops import flops_per_token
+    from scaletrain.planner.time.flops import flops_per_token
 
     job = load_config(None, over)
     cfg, b = job.model, job.batch

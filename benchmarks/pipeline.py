@@ -14,8 +14,8 @@ for all processes on the host), so waits for p2p receives fall between intervals
 them. One step's makespan runs from the first interval's start on any rank to the last one's
 end; a rank's busy time is the sum of its intervals. Bubble fraction = (makespan - mean busy) /
 mean busy: the ratio the closed forms give ((p-1)/m; interleaved (p-1)/(v*m)), the same
-definition as `scaletrain.planner.pipeline.PipelineTimeline.bubble_fraction`. The simulated
-timeline is `planner.pipeline.simulate` fed with the measured mean forward / backward times.
+definition as `scaletrain.planner.time.pipeline.PipelineTimeline.bubble_fraction`. The simulated
+timeline is `planner.time.pipeline.simulate` fed with the measured mean forward / backward times.
 
 Caveat stated in the results: this host has 2 cores. With 4 computing ranks at most two
 compute at any instant, so the 4-device overlap the formulas assume cannot happen: waits for a
@@ -50,7 +50,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, write_results  # noqa: E402
 from scaletrain.parallel.launch import spawn  # noqa: E402
-from scaletrain.planner.pipeline import bubble_fraction, simulate  # noqa: E402
+from scaletrain.planner.time.pipeline import bubble_fraction, simulate  # noqa: E402
 
 SCHEDULES = {"gpipe": 1, "1f1b": 1, "interleaved": 2, "zero-bubble": 1}
 """Schedule -> model chunks (virtual stages) per rank."""
@@ -344,11 +344,11 @@ def markdown(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        "Formula (`planner.pipeline.bubble_fraction`): (p-1)/m for gpipe and 1f1b, "
+        "Formula (`planner.time.pipeline.bubble_fraction`): (p-1)/m for gpipe and 1f1b, "
         "(p-1)/(v·m) for interleaved, (p-1)/(3·v·m) for zero-bubble (ZB-H1 with t_F = t_B "
         "= t_W, the order torch's ScheduleInterleavedZeroBubble runs; the idealised ZB-H2's"
         " 0 in brackets). The simulated "
-        "column times the same action order (`planner.pipeline.simulate`) with the "
+        "column times the same action order (`planner.time.pipeline.simulate`) with the "
         "measured mean t_F / t_B / t_W, so it includes what the closed form ignores "
         "(t_B != 2 t_F, the W split). t_F, t_B, t_W are per micro-batch through a rank's "
         "whole stage (all v chunks).",

@@ -6,7 +6,7 @@ build and two optimizer steps under FakeTensorMode on a fake process group. Comp
 `compare`): the total peak (the planner's CUDA runtime-context term subtracted: a dry-run cannot
 see it), the model states at rest, the transient part of the peak (peak minus params and
 optimizer states at rest, on both sides), and the FLOPs of one step of the rank
-(`FlopCounterMode` vs `planner.flops.counted_flops_per_token`). Relative error =
+(`FlopCounterMode` vs `planner.time.flops.counted_flops_per_token`). Relative error =
 (predicted - measured) / measured; targets in TOLERANCE. Models keep their real widths but few
 layers so that each dry-run takes seconds on a CPU (the dry-run's cost grows with op count).
 
@@ -277,7 +277,7 @@ def predicted_flops(job: JobConfig, world: int) -> float:
     """The planner's FLOPs of one step of this rank as FlopCounterMode counts them: tokens of
     the rank (grad_accum x micro_batch x seq/cp) x `counted_flops_per_token` (under tp > 1 its
     matmuls are the tensor-parallel group's: DTensor counts global shapes)."""
-    from scaletrain.planner.flops import counted_flops_per_token
+    from scaletrain.planner.time.flops import counted_flops_per_token
 
     layout = job.layout(world)
     b = job.batch
@@ -352,8 +352,8 @@ def measure_extra(case: Extra) -> dict[str, Any]:
     """`measure_case` for a pipeline / MoE layout, on the rank the planner calls the worst."""
     from scaletrain.dryrun import dryrun
     from scaletrain.planner import estimate
-    from scaletrain.planner.flops import counted_flops_per_token, matmul_params
-    from scaletrain.planner.memory import stage_layer_counts
+    from scaletrain.planner.memory.states import stage_layer_counts
+    from scaletrain.planner.time.flops import counted_flops_per_token, matmul_params
     from scaletrain.planner.types import plan_input_from_job
 
     job, world = job_for_extra(case)
@@ -479,7 +479,7 @@ def markdown(
         "- **flops**: `FlopCounterMode` over one step of this rank (matmuls and SDPA, "
         "attention over the full T x T, flash backward with its Q K^T recomputation; "
         "under tp > 1 DTensor counts global shapes, i.e. the TP group's) vs "
-        "`planner.flops.counted_flops_per_token` x the rank's tokens per step.",
+        "`planner.time.flops.counted_flops_per_token` x the rank's tokens per step.",
         "",
         f"Cases: {summary['cases']}; |total| <= 3%: {summary['total_within_3pct']}; "
         f"<= 10%: {summary['total_within_10pct']}; every target met: "
@@ -519,7 +519,7 @@ def markdown(
             "planner reports as the worst (the dry-run drives torch's action order for "
             f"that pipeline rank). Every target met: {n_ok} of {len(extra)}.",
             "",
-            "Modelled: each schedule's backward moments (`rank_memory.schedule_moments`: "
+            "Modelled: each schedule's backward moments (`memory.pipeline_ranks.schedule_moments`: "
             "activations stored per chunk, weighted by the chunk's own layers; gradients "
             "only after the rank's first backward, so GPipe peaks at its second "
             "backward; zero-bubble keeps a micro-batch's graph until its W pass), "

@@ -260,7 +260,10 @@ SEARCH_CASE = ("llama3-405b", 16384, 8192, 2048)
 _TIME_SEARCH = """
 import sys, time
 from scaletrain.config import hardware_preset, resolve_model
-from scaletrain.planner.search import search
+try:  # planner/search/layouts.py since issue 34's topic packages; planner/search.py before
+    from scaletrain.planner.search.layouts import search
+except ModuleNotFoundError:
+    from scaletrain.planner.search import search
 name, gpus, seq, gb, repeats = sys.argv[1], *map(int, sys.argv[2:])
 model, hw, best = resolve_model(name), hardware_preset("h100-sxm"), float("inf")
 for _ in range(repeats):

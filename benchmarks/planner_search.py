@@ -20,8 +20,8 @@ import time
 
 from _common import write_results
 from scaletrain.config import hardware_preset, resolve_model
-from scaletrain.planner.report import layout_label
-from scaletrain.planner.search import search
+from scaletrain.planner.search.layouts import search
+from scaletrain.planner.types import layout_label
 
 CASES = [("llama3-70b", 64, 8192, 512), ("llama3-405b", 16384, 8192, 2048)]
 CLI = [

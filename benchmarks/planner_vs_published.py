@@ -23,7 +23,7 @@ parallelism, interleaved pipelines, tensor parallelism beyond one node) are n/a.
 
 Every scaletrain prediction goes through `predict(run, recipe)`: once with the default recipe
 (what scaletrain's own trainer allocates) and once with the row's framework recipe
-(`planner.published.FRAMEWORK_RECIPE`: torchtitan, deepspeed for DeepSpeed and GPT-NeoX,
+(`planner.recipes.published.FRAMEWORK_RECIPE`: torchtitan, deepspeed for DeepSpeed and GPT-NeoX,
 megatron for Megatron-LM and NeMo; llm-foundry keeps the default), the column a user planning
 that framework's run gets with `plan --recipe`.
 
@@ -45,15 +45,15 @@ sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
 from _common import write_results  # noqa: E402
 from scaletrain.config import GiB  # noqa: E402
 from scaletrain.planner import default_efficiency, estimate, head_activation_bytes  # noqa: E402
-from scaletrain.planner.published import (  # noqa: E402
+from scaletrain.planner.recipes.memory import recipe_rank_memory  # noqa: E402
+from scaletrain.planner.recipes.published import (  # noqa: E402
     PublishedRun,
     load_runs,
     plan_input,
     recipe_of,
     refusals,
 )
-from scaletrain.planner.recipe_memory import recipe_rank_memory  # noqa: E402
-from scaletrain.planner.recipes import recipe_named  # noqa: E402
+from scaletrain.planner.recipes.registry import recipe_named  # noqa: E402
 
 Prediction = tuple[float, float, bool]
 """(peak memory GiB, step seconds, fits)."""

@@ -1,7 +1,7 @@
 """Anchor layouts planned under every framework recipe, side by side with the published figure.
 
 For each anchor (a run a framework's authors published), the planner is run with each recipe
-(planner/recipes.py): peak memory (reserved; and the allocator's reserved, i.e. without the
+(planner/recipes/registry.py): peak memory (reserved; and the allocator's reserved, i.e. without the
 CUDA context, which is what torch.cuda.max_memory_reserved reports), fit, step time, and the
 published figure with the error of the anchor's own recipe. A recipe that refuses the layout
 shows its reason. Published figures (every one re-read this session):
@@ -23,7 +23,7 @@ shows its reason. Published figures (every one re-read this session):
   model takes 48 GPUs (using 60 GB of memory on each GPU)", "about 150 TFLOPs").
 
 A second table plans every row of the published-runs corpus (planner/data/published_runs.toml,
-read through planner.published) twice: with the default recipe, and with its framework's
+read through planner.recipes.published) twice: with the default recipe, and with its framework's
 recipe (torchtitan -> torchtitan; DeepSpeed and GPT-NeoX -> deepspeed; Megatron-LM and NeMo ->
 megatron; llm-foundry keeps the default), and gives median / max |error| of memory (reserved,
 or allocated for rows that publish an allocated peak) and step time, and fit/OOM, side by side.
@@ -48,15 +48,15 @@ from scaletrain.config import (  # noqa: E402
     model_preset,
 )
 from scaletrain.planner.estimate import estimate  # noqa: E402
-from scaletrain.planner.published import (  # noqa: E402
+from scaletrain.planner.recipes.memory import recipe_problems  # noqa: E402
+from scaletrain.planner.recipes.published import (  # noqa: E402
     PublishedRun,
     load_runs,
     plan_input,
     recipe_of,
     refusals,
 )
-from scaletrain.planner.recipe_memory import recipe_problems  # noqa: E402
-from scaletrain.planner.recipes import RECIPES  # noqa: E402
+from scaletrain.planner.recipes.registry import RECIPES  # noqa: E402
 from scaletrain.planner.types import PlanInput  # noqa: E402
 
 GiB = 2**30

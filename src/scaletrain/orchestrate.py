@@ -187,7 +187,7 @@ def auto_layout(job: JobConfig, world_size: int, hardware: HardwareSpec) -> JobC
     and activation-checkpointing policy stay as configured, so the data stream is the one asked
     for. Prints the choice and why the runner-up families lost.
     """
-    from scaletrain.planner.search import search
+    from scaletrain.planner.search.layouts import search
     from scaletrain.planner.types import layout_label
 
     result = search(

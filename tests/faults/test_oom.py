@@ -35,7 +35,7 @@ def test_next_layout_advice_never_repeats_the_layout_that_ran_out(monkeypatch):
     from types import SimpleNamespace
 
     from scaletrain.config import Layout, hardware_preset, load_config
-    from scaletrain.planner.search import search
+    from scaletrain.planner.search.layouts import search
     from scaletrain.trainer import report
 
     job = load_config(None, ["--model.name=gpt2-124m", "--batch.micro_batch=2"])

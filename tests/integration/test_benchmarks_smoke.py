@@ -77,7 +77,7 @@ def test_pipeline_analysis_recovers_the_formula_on_a_simulated_run(schedule, m, 
     """Feed `analyse` an ideal timeline (the planner's simulation, t_B = 2 t_F): the measured
     bubble must be the closed form (p-1)/m."""
     pipe = _load("pipeline")
-    from scaletrain.planner.pipeline import simulate
+    from scaletrain.planner.time.pipeline import simulate
 
     sim = simulate(schedule, p, m, 1, 0.01, 0.02)
     rank_results = [

@@ -13,19 +13,18 @@ import pytest
 
 from scaletrain.config import Layout, hardware_preset, resolve_model
 from scaletrain.planner import PlanInput, estimate
-from scaletrain.planner.flops import (
-    FLASH_BACKWARD_FACTOR,
-    counted_flops_per_token,
-    flops_per_token,
-    matmul_params,
-)
-from scaletrain.planner.memory import (
-    embedding_backward_bytes,
-    held_logits_bytes,
+from scaletrain.planner.memory.activations import (
     layer_activation_bytes,
     mlp_backward_work_bytes,
     rope_table_bytes,
     selective_recompute_bytes,
+)
+from scaletrain.planner.memory.head import embedding_backward_bytes, held_logits_bytes
+from scaletrain.planner.time.flops import (
+    FLASH_BACKWARD_FACTOR,
+    counted_flops_per_token,
+    flops_per_token,
+    matmul_params,
 )
 
 GPT2 = resolve_model("gpt2-124m")

@@ -253,9 +253,9 @@ def test_explain_and_plot(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_planner_and_cli_do_not_import_torch() -> None:
     code = (
-        "import sys, scaletrain.cli.plan, scaletrain.planner.search, "
-        "scaletrain.planner.report, scaletrain.planner.explain, scaletrain.planner.plot, "
-        "scaletrain.planner.pipeline; "
+        "import sys, scaletrain.cli.plan, scaletrain.planner.search.layouts, "
+        "scaletrain.planner.output.report, scaletrain.planner.output.explain, "
+        "scaletrain.planner.output.plot, scaletrain.planner.time.pipeline; "
         "assert 'torch' not in sys.modules and 'matplotlib' not in sys.modules, 'heavy import'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

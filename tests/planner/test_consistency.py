@@ -24,10 +24,10 @@ from scaletrain.planner import (
     flops_per_token,
 )
 from scaletrain.planner.estimate import reserved_and_step
-from scaletrain.planner.memory import stage_layer_counts
-from scaletrain.planner.pipeline import simulate
-from scaletrain.planner.rank_memory import ModelTerms, _rank_memory
-from scaletrain.planner.rank_terms import activation_terms
+from scaletrain.planner.memory.rank import _rank_memory
+from scaletrain.planner.memory.rank_terms import ModelTerms, activation_terms
+from scaletrain.planner.memory.states import stage_layer_counts
+from scaletrain.planner.time.pipeline import simulate
 
 H100 = hardware_preset("h100-sxm")
 SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zero-bubble", 1)]
@@ -71,13 +71,10 @@ def _brute_force_worst(plan: PlanInput) -> tuple[float, int, float]:
                 plan,
                 terms,
                 acts,
-                L.zero_shards,
-                r,
-                counts[r],
-                sim.peak_inflight[r],
-                m,
-                "scaletrain",
-                "gpu",
+                rank=r,
+                layers=counts[r],
+                in_flight=sim.peak_inflight[r],
+                convention="scaletrain",
             )
             for r in range(L.pp)
         ),

@@ -1,7 +1,7 @@
 """estimate(): FLOPs conventions, bubble ratios, every preset runs, throughput sanity, cost
 napkin math (seed 004's 7B carbon example), JSON schema, and the no-torch import rule.
 
-Not used as test vectors (DESIGN.md §5): seed 004's GPT-2 throughput/cost examples that exceed
+Not used as test vectors (docs/DESIGN.md §5): seed 004's GPT-2 throughput/cost examples that exceed
 the hardware's peak FLOP/s.
 """
 
@@ -282,8 +282,8 @@ def test_fp8_all_gather_moves_the_fp8_linears_in_one_byte():
     """precision.fp8_all_gather: ZeRO-3's all-gather carries the q/k/v/o and MLP weights as
     E4M3 (1 byte) and the rest (embedding, head, norms) in bf16; measured on 2 gloo ranks
     (tiny-llama dp2 z3): bytes ratio with/without 0.6321, the planner's 0.6321."""
-    from scaletrain.planner.comm import comm_volumes
-    from scaletrain.planner.estimate import comm_arguments
+    from scaletrain.planner.time.comm import comm_volumes
+    from scaletrain.planner.time.step_time import comm_arguments
 
     model = resolve_model("tiny-llama")
     pc = model.param_counts()

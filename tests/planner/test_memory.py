@@ -1,6 +1,6 @@
 """Planner memory arithmetic against the seeds' worked examples and Korthikanti et al. 2022.
 
-Decisions on the seeds' inconsistencies (DESIGN.md §5), tested below:
+Decisions on the seeds' inconsistencies (docs/DESIGN.md §5), tested below:
 - Optimizer bytes are a *convention* switch: seed 000 (20B on 8x80 GB: 240 GB, 30 GB/GPU with
   ZeRO-3) and seed 004 (7B: 84 GB) count moments only (2+2+8 = 12 B/param): 'moments_only'.
   Seed 003's 7B/8-GPU ZeRO table counts fp32 master + moments as optimizer (2+2+12):
@@ -231,7 +231,7 @@ def test_loss_chunk_tokens_reach_the_plan() -> None:
     import dataclasses
 
     from scaletrain.config import load_config
-    from scaletrain.planner.memory import fused_loss_chunk, loss_backward_bytes
+    from scaletrain.planner.memory.head import fused_loss_chunk, loss_backward_bytes
     from scaletrain.planner.types import plan_input_from_job
 
     job = load_config(
@@ -271,7 +271,7 @@ def test_head_gradient_is_its_own_term_not_a_loss_temporary() -> None:
     buffers sum both, so the plan's total did not move with the split."""
     import dataclasses
 
-    from scaletrain.planner.memory import fused_loss_chunk, head_grad_bytes
+    from scaletrain.planner.memory.head import fused_loss_chunk, head_grad_bytes
 
     m = dataclasses.replace(resolve_model("llama3-8b"), vocab_size=256_000)
     h100 = hardware_preset("h100-sxm")

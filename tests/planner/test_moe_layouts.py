@@ -20,7 +20,7 @@ from scaletrain.config import (
     resolve_model,
 )
 from scaletrain.planner import PlanInput, estimate
-from scaletrain.planner.comm import comm_volumes
+from scaletrain.planner.time.comm import comm_volumes
 
 H100 = hardware_preset("h100-sxm")
 MIXTRAL = resolve_model("mixtral-8x7b")
@@ -160,7 +160,7 @@ def test_states_match_the_dry_run(case, extra, bound):
 def test_experts_whole_per_tp_rank_cost_tp_times_their_flops():
     """tp2 x ep4: each tp rank runs its experts whole on the same tokens, so the experts'
     matmuls (3 x forward) are not divided by tp as under tp2 with split experts."""
-    from scaletrain.planner.step_time import plan_efficiency
+    from scaletrain.planner.time.step_time import plan_efficiency
 
     split, whole = _plan(Layout(dp=4, tp=2, zero=1)), _plan(Layout(dp=4, tp=2, ep=4, zero=1))
     assert split.grad_accum == whole.grad_accum == 8

@@ -21,8 +21,8 @@ from scaletrain.config import (
     resolve_model,
 )
 from scaletrain.planner import estimate
-from scaletrain.planner.activation_memory import layer_activation_bytes
-from scaletrain.planner.naive_memory import naive_backward_bytes, naive_saved_bytes
+from scaletrain.planner.memory.activations import layer_activation_bytes
+from scaletrain.planner.memory.naive_attention import naive_backward_bytes, naive_saved_bytes
 from scaletrain.planner.types import plan_input_from_job
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scaletrain.planner.pipeline import (
+from scaletrain.planner.time.pipeline import (
     bubble_fraction,
     inflight_microbatches,
     pipeline_order,

@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 
 from scaletrain.config import resolve_model
-from scaletrain.planner.memory import layer_activation_bytes, pp_recv_buffer_bytes
-from scaletrain.planner.rank_memory import schedule_moments
+from scaletrain.planner.memory.activations import layer_activation_bytes
+from scaletrain.planner.memory.buffers import pp_recv_buffer_bytes
+from scaletrain.planner.memory.pipeline_ranks import schedule_moments
 
 
 def test_gpipe_first_backward_has_every_microbatch_and_no_grads():
@@ -79,7 +80,7 @@ def test_moe_dispatch_terms():
 
 def test_expert_parallel_experts_are_not_fsdp_units():
     """FSDP2 ignores expert-parallel experts: ZeRO-2 keeps no gathered 16-bit copy of them."""
-    from scaletrain.planner.memory import model_state_bytes
+    from scaletrain.planner.memory.states import model_state_bytes
 
     kw = dict(precision="bf16", zero=2, zero_shards=4, expert_params=1000.0, expert_shards=1)
     with_experts = model_state_bytes(5000.0, **kw)
@@ -193,7 +194,7 @@ def test_each_rank_names_a_moment_it_has():
 def test_explain_names_the_peak_moment(model, gpus, layout, seq, batch, offload, hw, moment):
     from scaletrain.config import Layout, hardware_preset
     from scaletrain.planner import estimate
-    from scaletrain.planner.explain import explain
+    from scaletrain.planner.output.explain import explain
     from scaletrain.planner.types import PlanInput
 
     plan = PlanInput(

@@ -17,7 +17,7 @@ import pytest
 
 from scaletrain.config import ConfigError, hardware_preset
 from scaletrain.planner import estimate
-from scaletrain.planner.published import CORPUS, load_runs, parse_runs, plan_input, refusals
+from scaletrain.planner.recipes.published import CORPUS, load_runs, parse_runs, plan_input, refusals
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
@@ -300,8 +300,8 @@ def test_measured_cuda_context_replaces_the_recipe_constant(runs) -> None:
     """BigScience's rows carry the 1113 MiB context their page measured on V100; it replaces
     the recipe's constant in runtime_context and moves the reserved peak by exactly the
     difference (the allocator's overhead is on the bytes above the context)."""
-    from scaletrain.planner.recipe_memory import recipe_rank_memory
-    from scaletrain.planner.recipes import recipe_named
+    from scaletrain.planner.recipes.memory import recipe_rank_memory
+    from scaletrain.planner.recipes.registry import recipe_named
 
     run = next(r for r in runs if r.name == "ds-v100-32g-1b3-tp1-pp1-dp8-mb1")
     assert run.cuda_context_mib == 1113

@@ -9,9 +9,10 @@ import dataclasses
 import pytest
 
 from scaletrain.config import GiB, Layout, ModelConfig, hardware_preset, model_preset
-from scaletrain.planner.published import load_runs, plan_input
-from scaletrain.planner.recipe_memory import recipe_layer_bytes, recipe_worst_rank
-from scaletrain.planner.recipes import RECIPES
+from scaletrain.planner.recipes.activations import recipe_layer_bytes
+from scaletrain.planner.recipes.memory import recipe_worst_rank
+from scaletrain.planner.recipes.published import load_runs, plan_input
+from scaletrain.planner.recipes.registry import RECIPES
 from scaletrain.planner.types import PlanInput
 
 # GPT-2-style: h=64, a=4, f=4h, GELU, LayerNorm (dropout masks), flash-style core

@@ -1,4 +1,5 @@
-"""Framework recipes (planner/recipes.py, recipe_memory.py, efficiency.py): each recipe's terms
+"""Framework recipes (planner/recipes/registry.py, recipes/memory.py,
+time/efficiency.py): each recipe's terms
 against a hand computation, torchtitan against its published peak, Megatron's GPT-3 layout,
 legality per framework, the default left unchanged, and the CLI's recipe errors."""
 
@@ -11,15 +12,11 @@ import pytest
 
 from scaletrain.cli import main
 from scaletrain.config import Layout, ModelConfig, hardware_preset, model_preset
-from scaletrain.planner.efficiency import allreduce_latency, gemm_shape_factor
 from scaletrain.planner.estimate import estimate, reserved_and_step
-from scaletrain.planner.recipe_memory import (
-    recipe_head_bytes,
-    recipe_layer_bytes,
-    recipe_problems,
-    recipe_rank_memory,
-)
-from scaletrain.planner.recipes import RECIPES
+from scaletrain.planner.recipes.activations import recipe_head_bytes, recipe_layer_bytes
+from scaletrain.planner.recipes.memory import recipe_problems, recipe_rank_memory
+from scaletrain.planner.recipes.registry import RECIPES
+from scaletrain.planner.time.efficiency import allreduce_latency, gemm_shape_factor
 from scaletrain.planner.types import PlanInput
 
 GiB = 2**30
@@ -116,7 +113,7 @@ def test_deepspeed_zero3_gathers_per_module() -> None:
 
 def test_search_under_a_recipe_keeps_only_what_it_runs() -> None:
     """A search under nanotron proposes no ZeRO-2/3, no CP and no selective AC."""
-    from scaletrain.planner.search import search
+    from scaletrain.planner.search.layouts import search
 
     res = search(
         model_preset("llama2-7b"),
@@ -449,9 +446,9 @@ def test_time_model_follows_the_recipe(monkeypatch: pytest.MonkeyPatch) -> None:
     """A recipe with the 'generation' time model uses efficiency.py's matmul efficiency (A100:
     0.52, Narayanan et al. 2021; GPT-3's GEMMs are compute bound, shape factor 1); the shipped
     recipes keep estimate.default_efficiency (recipes.FOREIGN_TIME_MODEL says why)."""
-    from scaletrain.planner import recipes
-    from scaletrain.planner.efficiency import GENERATION_EFFICIENCY, matmul_efficiency
-    from scaletrain.planner.estimate import default_efficiency
+    from scaletrain.planner.recipes import registry as recipes
+    from scaletrain.planner.time.efficiency import GENERATION_EFFICIENCY, matmul_efficiency
+    from scaletrain.planner.time.step_time import default_efficiency
 
     assert all(r.time_model == "scaletrain" for r in recipes.RECIPES.values())
     monkeypatch.setitem(

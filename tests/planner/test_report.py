@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from scaletrain.config import GB, Layout, hardware_preset, resolve_model
-from scaletrain.planner.pipeline import simulate
-from scaletrain.planner.plot import plot_memory, plot_pipeline
-from scaletrain.planner.report import estimate_rows, layout_label, render_estimates, to_json
-from scaletrain.planner.types import PlanInput
+from scaletrain.planner.output.plot import plot_memory, plot_pipeline
+from scaletrain.planner.output.report import estimate_rows, render_estimates, to_json
+from scaletrain.planner.time.pipeline import simulate
+from scaletrain.planner.types import PlanInput, layout_label
 
 est_mod = pytest.importorskip("scaletrain.planner.estimate")
 
@@ -31,7 +31,7 @@ def test_rows_and_table_show_memory_per_category() -> None:
 
 
 def test_explain_fills_in_the_numbers() -> None:
-    from scaletrain.planner.explain import explain
+    from scaletrain.planner.output.explain import explain
 
     e = _estimate(dp=8, zero=1, tp=2)
     text = explain(e, tokens=1e12)

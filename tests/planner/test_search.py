@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scaletrain.config import hardware_preset, layout_problems, resolve_model
-from scaletrain.planner.search import FAMILIES, family_of, search
+from scaletrain.planner.search.layouts import FAMILIES, family_of, search
 from scaletrain.planner.types import layout_label
 
 pytest.importorskip("scaletrain.planner.estimate")
@@ -156,7 +156,7 @@ def test_equal_step_times_go_to_the_layout_with_less_memory(monkeypatch) -> None
     a faster layout still beats a leaner one."""
     from types import SimpleNamespace
 
-    from scaletrain.planner import search as search_mod
+    from scaletrain.planner.search import layouts as search_mod
 
     costs = {"lean": (40e9, 10.0), "fat": (70e9, 10.0), "fast": (75e9, 9.0)}
     monkeypatch.setattr(
@@ -178,7 +178,7 @@ def test_a_family_with_no_legal_layout_names_the_rule(monkeypatch) -> None:
     """A family every proposed layout of which is illegal says which rule of config/layout.py
     refused it (on which layout), not only that nothing was legal."""
     from scaletrain.config import ConfigError
-    from scaletrain.planner import search as search_mod
+    from scaletrain.planner.search import layouts as search_mod
 
     def no_tp(layout, model, **kw):
         problems = layout_problems(layout, model, **kw)

@@ -16,7 +16,7 @@ import pytest
 
 from scaletrain.config import MODEL_PRESETS, Layout, ParallelConfig, hardware_preset, load_config
 from scaletrain.dryrun import dryrun
-from scaletrain.planner.search import search
+from scaletrain.planner.search.layouts import search
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""The time model's communication and efficiency terms (planner/comm.py, efficiency.py): each
+"""The time model's communication and efficiency terms (planner/time/comm.py, efficiency.py): each
 rule against its arithmetic, on layouts where the answer follows from the placement alone."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from scaletrain.config import Layout, hardware_preset
-from scaletrain.planner.comm import axis_link
+from scaletrain.planner.time.comm import axis_link
 
 A100 = hardware_preset("a100-80gb")
 
@@ -45,7 +45,7 @@ def test_multi_rail_capped_by_nvlink() -> None:
 
 
 def _attn(kernel: str, hw_name: str, **kw: object) -> float:
-    from scaletrain.planner.efficiency import attention_seconds_per_token
+    from scaletrain.planner.time.efficiency import attention_seconds_per_token
 
     args: dict = dict(
         kernel=kernel,
@@ -65,8 +65,8 @@ def _attn(kernel: str, hw_name: str, **kw: object) -> float:
 def test_flash2_runs_at_fa3_papers_35_percent_on_hopper() -> None:
     """FlashAttention-2 on H100: 35% of the bf16 peak (FlashAttention-3 paper); its backward
     does 2.5x the forward's matmuls; a recompute adds one forward."""
-    from scaletrain.planner.efficiency import FLASH2_HOPPER_EFFICIENCY
-    from scaletrain.planner.flops import FLASH_BACKWARD_FACTOR
+    from scaletrain.planner.time.efficiency import FLASH2_HOPPER_EFFICIENCY
+    from scaletrain.planner.time.flops import FLASH_BACKWARD_FACTOR
 
     peak = hardware_preset("h100-sxm").flops("bf16")
     want = 1e9 * (1 + FLASH_BACKWARD_FACTOR) / (peak * FLASH2_HOPPER_EFFICIENCY)
@@ -132,7 +132,7 @@ def test_recipe_kernels_in_the_step() -> None:
 def test_fsdp_collectives_pay_latency_per_unit() -> None:
     """ZeRO-3 gathers and reduce-scatters one FSDP unit (block, then the root) at a time: each
     of the layers + 1 collectives pays the ring's (n-1) latency steps; bytes are unchanged."""
-    from scaletrain.planner.comm import comm_terms, gather_time
+    from scaletrain.planner.time.comm import comm_terms, gather_time
 
     hw = hardware_preset("a100-80gb")
     layout = Layout(dp=1024, zero=3)
@@ -164,7 +164,7 @@ def test_torchtitan_op_sac_recomputes_every_second_matmul() -> None:
     call order) and keeps SDPA's output: the step's block FLOPs grow by exactly that."""
     from scaletrain.config import model_preset
     from scaletrain.planner import PlanInput, estimate
-    from scaletrain.planner.flops import op_sac_recompute_flops_per_token
+    from scaletrain.planner.time.flops import op_sac_recompute_flops_per_token
 
     m = model_preset("llama3-8b")
     want = 2.0 * (4096 * 1024 + 4096 * 4096 + 14336 * 4096)
@@ -188,7 +188,7 @@ def test_torchtitan_op_sac_recomputes_every_second_matmul() -> None:
     none, sel = compute("none"), compute("selective")
     # the extra matmuls run at the same rate as the block's: the ratio of the matmul FLOPs
     # (the attention core, unchanged, is a small share at 4k tokens)
-    from scaletrain.planner.flops import matmul_params
+    from scaletrain.planner.time.flops import matmul_params
 
     per_layer = matmul_params(m)[0]
     assert 1.0 < sel / none < 1.0 + want / (3 * 2.0 * per_layer)
@@ -380,7 +380,7 @@ def test_eager_elementwise_bytes_recounted(fused_norm: bool) -> None:
     RoPE table read by each complex multiply, the norm weights' gradients): 0.3% here, so the
     check holds to 0.5%."""
     from scaletrain.config import ModelConfig
-    from scaletrain.planner.efficiency import eager_elementwise_bytes
+    from scaletrain.planner.time.efficiency import eager_elementwise_bytes
 
     m = ModelConfig(
         dim=768,
@@ -407,7 +407,7 @@ def test_torchtitan_eager_pays_its_elementwise_kernels() -> None:
     under selective AC); compiled, nothing; other recipes, nothing."""
     from scaletrain.config import model_preset
     from scaletrain.planner import PlanInput, estimate
-    from scaletrain.planner.efficiency import eager_elementwise_bytes
+    from scaletrain.planner.time.efficiency import eager_elementwise_bytes
 
     m, hw = model_preset("llama3-8b"), hardware_preset("h100-sxm")
 

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from scaletrain.config import load_config
 from scaletrain.dryrun import dryrun
 from scaletrain.models import build_model
-from scaletrain.planner.flops import attention_core_flops_per_token, flops_per_token
+from scaletrain.planner.time.flops import attention_core_flops_per_token, flops_per_token
 
 SEQ = 128
 

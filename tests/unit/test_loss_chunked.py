@@ -116,7 +116,7 @@ def test_head_gradient_accumulator_becomes_the_weight_grad_without_a_copy(dtype)
     """The backward's (V, h) accumulator is the head weight's gradient itself: AccumulateGrad
     takes the returned tensor as .grad (same storage), also for an fp32 weight under 16-bit
     compute; no second V x h buffer exists. The planner counts it once, as `head_grad`
-    (planner/head_memory.head_grad_bytes), not among the loss's temporaries."""
+    (planner/memory/head.head_grad_bytes), not among the loss's temporaries."""
     torch.manual_seed(0)
     hidden = torch.randn(64, 16, dtype=dtype, requires_grad=True)
     weight = torch.randn(100, 16, requires_grad=True)  # fp32 parameter
@@ -186,7 +186,7 @@ def test_planner_counts_the_blocked_cast_and_stays_under_1_gb():
 
     import scaletrain.models.loss as loss_mod
     from scaletrain.config import resolve_model
-    from scaletrain.planner.head_memory import LOSS_WEIGHT_CAST_BYTES, loss_backward_bytes
+    from scaletrain.planner.memory.head import LOSS_WEIGHT_CAST_BYTES, loss_backward_bytes
 
     assert LOSS_WEIGHT_CAST_BYTES == loss_mod.WEIGHT_CAST_BYTES
     model = dataclasses.replace(resolve_model("llama3-8b"), vocab_size=256_000)

@@ -24,7 +24,7 @@ def _job():
 
 
 def test_preflight_measures_the_chosen_layout_in_a_child_process():
-    from scaletrain.planner.search import search
+    from scaletrain.planner.search.layouts import search
 
     job = _job()
     hw = hardware_preset("cpu")

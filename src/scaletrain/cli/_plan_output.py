@@ -50,7 +50,7 @@ def check_plot_path(path: str | None) -> None:
 
 def check_textbook_flags(args: argparse.Namespace) -> None:
     """--convention / --params / --ckpt-every: checked before any work."""
-    from scaletrain.planner.napkin import convention
+    from scaletrain.planner.napkin.textbook import convention
 
     if args.convention is None:
         for flag in ("params", "ckpt_every"):
@@ -74,7 +74,7 @@ def check_textbook_flags(args: argparse.Namespace) -> None:
 
 def textbook(est: Any, args: argparse.Namespace) -> str:
     """--convention: the textbook memory of `est` beside the planner's."""
-    from scaletrain.planner.napkin import textbook_lines
+    from scaletrain.planner.napkin.textbook import textbook_lines
 
     return "\n".join(
         textbook_lines(est, args.convention, params=args.params, ckpt_every=args.ckpt_every or 1)
@@ -126,13 +126,13 @@ def plots(estimates: list[Any], path: str) -> list[str]:
     schedule as a Gantt chart at FILE_pipeline.png beside it."""
     from pathlib import Path
 
-    from scaletrain.planner.plot import plot_memory, plot_pipeline
+    from scaletrain.planner.output.plot import plot_memory, plot_pipeline
 
     out = [str(plot_memory(estimates, path))]
     best = estimates[0]
     L = best.plan.layout
     if L.pp > 1:
-        from scaletrain.planner.pipeline import simulate
+        from scaletrain.planner.time.pipeline import simulate
 
         t = best.time
         # one micro-batch's forward/backward on the slowest rank, from the estimate's compute
@@ -153,7 +153,7 @@ def plots(estimates: list[Any], path: str) -> list[str]:
 
 def cost_line(est: Any, tokens: float, energy: dict[str, float]) -> str:
     """--tokens: days, GPU-hours, dollars, energy and CO2 of training `est` on `tokens`."""
-    from scaletrain.planner.estimate import training_cost
+    from scaletrain.planner.time.cost import training_cost
 
     c = training_cost(est, tokens, **energy)
     return (

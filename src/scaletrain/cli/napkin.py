@@ -6,7 +6,7 @@ and every-k checkpoint placement), waves (warp/tile/wave quantization of a size)
 throughput a step needs), deadline (fewest GPUs for a deadline), rentbuy (rent vs buy
 break-even), run (time, cost, energy and CO2 of a FLOP budget), allreduce (ring all-reduce vs
 compute), flops (a layer's matmul FLOPs). Each prints its formula with the numbers filled in,
-its source and what it ignores (planner/napkin.py). This module is the command (flags,
+its source and what it ignores (planner/napkin/). This module is the command (flags,
 their checks, dispatch); `napkin_tools` and `napkin_budget` hold the reports.
 """
 

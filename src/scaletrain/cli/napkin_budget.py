@@ -1,7 +1,7 @@
 """The reports of `scaletrain napkin`'s budget tools, about throughput, time and money
 (tokenizer, deadline, rentbuy, run; their flags: `napkin._budget_tool_flags`): each formula
-with the numbers filled in, its source and what it ignores (the formulas: planner/napkin.py,
-planner/cost.py)."""
+with the numbers filled in, its source and what it ignores (the formulas: planner/napkin/,
+planner/time/cost.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ __all__ = ["BUDGET_REPORTS"]
 
 
 def _tokenizer(args: argparse.Namespace) -> list[str]:
-    from scaletrain.planner.napkin import tokenizer_budget
+    from scaletrain.planner.napkin.budget import tokenizer_budget
 
     step_s = args.step_s or args.global_batch * args.seq_len / args.tokens_per_s
     tb = tokenizer_budget(
@@ -62,7 +62,7 @@ def _sustained(args: argparse.Namespace) -> tuple[float, str]:
 
 
 def _flops(args: argparse.Namespace) -> Any:
-    from scaletrain.planner.napkin import train_flops
+    from scaletrain.planner.napkin.budget import train_flops
 
     params = args.params
     if params is None and args.model is not None:
@@ -71,7 +71,7 @@ def _flops(args: argparse.Namespace) -> Any:
 
 
 def _deadline(args: argparse.Namespace) -> list[str]:
-    from scaletrain.planner.napkin import min_gpus
+    from scaletrain.planner.napkin.budget import min_gpus
 
     f = _flops(args)
     sus, how = _sustained(args)
@@ -90,7 +90,7 @@ def _deadline(args: argparse.Namespace) -> list[str]:
 
 
 def _rentbuy(args: argparse.Namespace) -> list[str]:
-    from scaletrain.planner.napkin import rent_vs_buy
+    from scaletrain.planner.napkin.budget import rent_vs_buy
 
     f = _flops(args)
     sus, how = _sustained(args)
@@ -131,7 +131,7 @@ def _rentbuy(args: argparse.Namespace) -> list[str]:
 
 
 def _run(args: argparse.Namespace) -> list[str]:
-    from scaletrain.planner.cost import napkin_cost
+    from scaletrain.planner.time.cost import napkin_cost
 
     f = _flops(args)
     sus, how = _sustained(args)

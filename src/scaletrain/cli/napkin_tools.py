@@ -1,6 +1,6 @@
 """The reports of `scaletrain napkin TOOL` (cli/napkin.py parses and checks the flags): each
 tool's formula with the numbers filled in, its source and what it ignores (the formulas
-themselves live in planner/napkin.py)."""
+themselves live in planner/napkin/)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def _model(name: str | None, flag: str = "--model") -> Any:
 
 
 def _memory(args: argparse.Namespace) -> list[str]:
-    from scaletrain.planner.napkin import convention, korthikanti_layer_bytes, state_bytes
+    from scaletrain.planner.napkin.textbook import convention, korthikanti_layer_bytes, state_bytes
 
     model = _model(args.model)
     if args.params is None and model is None:
@@ -109,7 +109,7 @@ def _memory(args: argparse.Namespace) -> list[str]:
 
 
 def _ckpt(args: argparse.Namespace) -> list[str]:
-    from scaletrain.planner.napkin import checkpoint_memory, sqrt_checkpoints
+    from scaletrain.planner.napkin.textbook import checkpoint_memory, sqrt_checkpoints
 
     model = _model(args.model)
     layers = args.layers or (model.num_layers if model is not None else None)
@@ -118,7 +118,7 @@ def _ckpt(args: argparse.Namespace) -> list[str]:
     a_gb = args.layer_gb
     unit = f" = {a_gb:g} GB" if a_gb else ""
     if a_gb is None and model is not None:
-        from scaletrain.planner.napkin import korthikanti_layer_bytes
+        from scaletrain.planner.napkin.textbook import korthikanti_layer_bytes
 
         a_gb = (
             korthikanti_layer_bytes(args.seq_len, args.micro_batch, model.dim, model.num_heads) / GB
@@ -165,7 +165,7 @@ def _ckpt(args: argparse.Namespace) -> list[str]:
 
 
 def _waves(args: argparse.Namespace) -> list[str]:
-    from scaletrain.planner.napkin import quantization
+    from scaletrain.planner.napkin.textbook import quantization
 
     units, util = quantization(args.size, args.quantum)
     full, _ = quantization(units * args.quantum, args.quantum)
@@ -180,7 +180,7 @@ def _waves(args: argparse.Namespace) -> list[str]:
 
 
 def _gemm(args: argparse.Namespace) -> list[str]:
-    from scaletrain.planner.napkin import SM_COUNTS, alignment, gemm_waves
+    from scaletrain.planner.napkin.textbook import SM_COUNTS, alignment, gemm_waves
 
     model = _model(args.model)
     if model is None:
@@ -232,7 +232,7 @@ def _gemm(args: argparse.Namespace) -> list[str]:
 
 
 def _allreduce(args: argparse.Namespace) -> list[str]:
-    from scaletrain.planner.napkin import ring_allreduce
+    from scaletrain.planner.napkin.textbook import ring_allreduce
 
     if args.bytes is None and args.params is None:
         raise ConfigError("--bytes", None, "give the gradient --bytes, or --params")
@@ -265,7 +265,7 @@ def _allreduce(args: argparse.Namespace) -> list[str]:
 
 
 def _flops_tool(args: argparse.Namespace) -> list[str]:
-    from scaletrain.planner.napkin import layer_gemm_flops
+    from scaletrain.planner.napkin.textbook import layer_gemm_flops
 
     model = _model(args.model)
     if model is None:

@@ -21,7 +21,7 @@ DEGREE_FLAGS = ("dp", "zero", "tp", "sp", "pp", "pp_schedule", "pp_virtual", "cp
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     add_job_flags(parser)  # the same flags and defaults as `scaletrain dryrun`
     a = parser.add_argument
-    a("--json", action="store_true", help="print the DESIGN.md §4 JSON (a list for searches)")
+    a("--json", action="store_true", help="print the docs/DESIGN.md §4 JSON (a list for searches)")
     a("--top", type=int, default=5, metavar="K", help="layouts shown by a search")
     a("--plot", metavar="FILE.png", help="write the memory breakdown (and pipeline) plot")
     a("--tokens", type=finite_float, metavar="N", help="training tokens for the time/cost line")
@@ -70,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         metavar="W",
         help="host power per node (default 0: GPUs only)",
     )
-    # the seeds' textbook memory beside the planner's (planner/napkin.py)
+    # the seeds' textbook memory beside the planner's (planner/napkin/textbook.py)
     a(
         "--convention",
         type=int,
@@ -125,7 +125,7 @@ def _inputs(args: argparse.Namespace) -> dict[str, Any]:
         raise ConfigError("--tokens", args.tokens, "give a positive token count such as 1e12")
     _output.check_textbook_flags(args)
     _output.check_plot_path(args.plot)
-    from scaletrain.planner.recipes import recipe_named
+    from scaletrain.planner.recipes.registry import recipe_named
 
     recipe_named(args.recipe)  # an unknown recipe: one line with did-you-mean, before any work
     pinned = {f: getattr(args, f) for f in DEGREE_FLAGS if getattr(args, f) is not None}
@@ -245,7 +245,7 @@ def _evaluate(inp: dict[str, Any]) -> Any:
         )
     except ConfigError as e:
         raise ConfigError(_flag(e.field), e.value, e.fix) from None
-    from scaletrain.planner.recipe_memory import recipe_problems
+    from scaletrain.planner.recipes.memory import recipe_problems
 
     ac, offload = inp["ac"] or "none", inp["offload"] or "none"
     problems = recipe_problems(inp["recipe"], layout, ac=ac, offload=offload)
@@ -280,7 +280,7 @@ def _one_layout(
     if args.json:
         print(finite_json(est.to_json(), args.command, args))
     elif explain_mode:
-        from scaletrain.planner.explain import explain
+        from scaletrain.planner.output.explain import explain
 
         lines.append(explain(est, tokens=args.tokens, **inp["energy"]))
         lines.append(
@@ -291,7 +291,7 @@ def _one_layout(
             )
         )
     else:
-        from scaletrain.planner.report import render_estimates
+        from scaletrain.planner.output.report import render_estimates
 
         lines.append(render_estimates(estimates))
     return estimates
@@ -299,7 +299,7 @@ def _one_layout(
 
 def _searched(args: argparse.Namespace, inp: dict[str, Any], lines: list[str]) -> list[Any]:
     """The search's best layouts: printed as JSON, or its table appended to `lines`."""
-    from scaletrain.planner.search import search
+    from scaletrain.planner.search.layouts import search
 
     pins = {k: inp[k] for k in ("micro_batch", "ac", "offload") if inp[k] is not None}
     pins.update(inp["pinned"])
@@ -326,11 +326,11 @@ def _searched(args: argparse.Namespace, inp: dict[str, Any], lines: list[str]) -
             "--global-batch or --seq-len so the degrees can divide them",
         )
     if args.json:
-        from scaletrain.planner.report import to_json
+        from scaletrain.planner.output.report import to_json
 
         print(finite_json(to_json(res.top), args.command, args))
     else:
-        from scaletrain.planner.report import render_search
+        from scaletrain.planner.output.report import render_search
 
         lines.append(render_search(res))
     return estimates
@@ -351,7 +351,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     if args.convention is not None and estimates and not args.json:
         lines.append(_output.textbook(estimates[0], args))
     if lines:
-        from scaletrain.planner.report import fit_width
+        from scaletrain.planner.output.report import fit_width
 
         text = fit_width("\n".join(lines))
         check_finite_output(text, args.command, args)
@@ -368,8 +368,8 @@ def _why_no_recipe_layout(inp: dict[str, Any]) -> None:
     --offload the user pinned: name that flag (not --gpus, which would send them astray). The
     rules are recipe_problems' own, probed on plain data parallelism at the most sharded ZeRO
     stage the framework runs."""
-    from scaletrain.planner.recipe_memory import recipe_problems
-    from scaletrain.planner.recipes import recipe_named
+    from scaletrain.planner.recipes.memory import recipe_problems
+    from scaletrain.planner.recipes.registry import recipe_named
 
     if inp["recipe"] == "scaletrain":
         return

@@ -36,8 +36,9 @@ class HardwareSpec:
     an H100 "80GB" holds 79.10 GiB = 84.9e9 B here (80e9 B is 5.8% short of it). nvidia-smi
     (NVML) shows a little more (81,559 MiB = 79.65 GiB); where the two differ the CUDA total
     is kept, the most the allocator can get. The CUDA context lives inside this total: the
-    planner counts it once, in the rank's `total` (`planner.memory.RUNTIME_CONTEXT_BYTES`, or
-    a published row's measured `cuda_context_mib`), and never takes it off the capacity."""
+    planner counts it once, in the rank's `total`
+    (`planner.memory.buffers.RUNTIME_CONTEXT_BYTES`, or a published row's measured
+    `cuda_context_mib`), and never takes it off the capacity."""
     memory_bw: float
     """Device memory bandwidth, bytes/s."""
     intra_node_bw: float

@@ -196,7 +196,7 @@ def layout_problems(
     trainer_rules=False keeps only the rules of the model, the batch and the schedules (what
     any framework needs) and drops scaletrain's own composition limits (MoE x TP, the ep and
     ZeRO-1 expert rules, torch's m >= pp): the planner uses it under a foreign framework
-    recipe, whose own limits are `planner.recipe_memory.recipe_problems`."""
+    recipe, whose own limits are `planner.recipes.memory.recipe_problems`."""
     L = layout
     out = [
         ConfigError(f"parallel.{f}", v, "use a positive integer")

@@ -30,7 +30,7 @@ def ddp_reducer(layout: Layout) -> bool:
     parameters are DTensors, and pipeline stages interleave micro-batches, so with tp, ep or
     pp > 1 gradients are averaged once after backward instead
     (`parallel.data_parallel.apply_manual_grad_sync`). Trainer (`parallel.uses_ddp`) and
-    planner (DDP's bucket copy, `planner.memory.buffer_terms`) share this rule."""
+    planner (DDP's bucket copy, `planner.memory.buffers.buffer_terms`) share this rule."""
     return (
         layout.zero <= 1
         and layout.dp * layout.cp > 1

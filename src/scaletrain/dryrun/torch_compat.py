@@ -3,7 +3,7 @@ pinned to the torch version in tests/unit/test_dryrun_torch_compat.py that fails
 goes away).
 
 1. `ActionSchedule`: torch's pipeline schedules cannot run under fake tensors (their P2P
-   warm-up vote and shape inference call `.item()`: DESIGN.md §3). This schedule class has
+   warm-up vote and shape inference call `.item()`: docs/DESIGN.md §3). This schedule class has
    their constructor and `step` signature and runs this rank's stages through the same
    actions, lowered by torch's own passes (FSDP UNSHARD/RESHARD, REDUCE_GRAD), calling the
    same `PipelineStage` methods; the trainer's `build_run(schedule_cls=...)` takes it, so the
@@ -43,7 +43,7 @@ def pp_actions(schedule: str, p: int, m: int, v: int, pp_rank: int) -> list[Any]
         _ComputationType,
     )
 
-    from scaletrain.planner.pipeline import pipeline_order
+    from scaletrain.planner.time.pipeline import pipeline_order
 
     zb = schedule == "zero-bubble"
     kind = {

@@ -12,7 +12,7 @@ let through (`NotImplemented`) so DTensor desugars them into the plain collectiv
 the same trick as torch's `CommDebugMode`, which counts ops but records no sizes.
 
 Bytes are the *standard ring-algorithm bytes sent by one rank* (Thakur et al. 2005; Chan et al.
-2007; NCCL's ring algorithms), the convention `scaletrain.planner.comm` uses, so a measured /
+2007; NCCL's ring algorithms), the convention `scaletrain.planner.time.comm` uses, so a measured /
 predicted ratio is meaningful. With S the payload of the call on this rank and n the group size:
   all-reduce                  2(n-1)/n * S
   all-gather                  (n-1)/n * S_full      (S_full = the gathered output = n * input)

@@ -1,6 +1,6 @@
 """`Measurement`: what a dry-run or a real run measured for one rank, in the planner's schema.
 
-The `memory` object is the planner's `MemoryBreakdown` (DESIGN.md §4), so every predicted
+The `memory` object is the planner's `MemoryBreakdown` (docs/DESIGN.md §4), so every predicted
 category has a measured twin:
 
 - params      parameter storage this rank holds during the step's peak (sharded shards plus any
@@ -43,7 +43,7 @@ _MEMORY_FLOATS = (
 
 
 def plan_dict(job: JobConfig, layout: Layout) -> dict[str, Any]:
-    """The `plan` object of DESIGN.md §4 for `job` run with `layout`."""
+    """The `plan` object of docs/DESIGN.md §4 for `job` run with `layout`."""
     b = job.batch
     return {
         "model": job.model.name,
@@ -92,7 +92,7 @@ class Measurement:
     flops: float = 0.0
     """FLOPs this rank executed in one optimizer step (FlopCounterMode; 0 if not counted)."""
     plan: dict[str, Any] = field(default_factory=dict)
-    """The `plan` object of DESIGN.md §4 for the layout that ran."""
+    """The `plan` object of docs/DESIGN.md §4 for the layout that ran."""
     step_s: float = 0.0
     """Mean seconds per optimizer step of a real run (0 for a dry-run)."""
     tokens_per_s: float = 0.0

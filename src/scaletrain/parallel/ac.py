@@ -3,9 +3,9 @@
 What each `memory.ac` mode keeps for backward, per transformer block (s tokens of this rank,
 h = dim, kv = KV-head width, f = ffn width, e = bytes of the compute dtype):
 
-- "none": every tensor autograd saves (the `planner.memory` per-layer ledger: norm inputs,
-  each linear's input, the attention core's q/k/v/output/lse (or its S x S scores for the
-  naive core), the MLP's pre-activations).
+- "none": every tensor autograd saves (the `planner.memory.activations` per-layer ledger:
+  norm inputs, each linear's input, the attention core's q/k/v/output/lse (or its S x S scores
+  for the naive core), the MLP's pre-activations).
 - "selective": the whole block runs under checkpoint with a per-op policy
   (`torch.utils.checkpoint.create_selective_checkpoint_contexts`): the outputs of the matmuls
   (`aten.mm` / `addmm` / fp8 `_scaled_mm`: q, k, v, wo, w1, w3, w2; e*s*(5h + 2kv + 2f) for a

@@ -29,7 +29,7 @@ after every backward the two gradients are summed over a 2-rank group (first-sta
 last-stage rank of each pipeline), so both copies see the tied gradient and stay bit-identical
 under the same optimizer. The gradient-norm counts the tied weight once (`norm_exclude`). The
 copy costs the last stage V x h parameters plus their gradients and optimizer states (the
-planner's `rank_memory` counts it). MoE auxiliary losses: only the last stage computes a loss,
+planner's `memory.rank` counts it). MoE auxiliary losses: only the last stage computes a loss,
 so every MoE layer of a stage attaches its load-balancing loss to its output's backward
 (`models.moe.MoE.aux_grad_scale`, scaled like the loss: `loss_scale`); with scale_grads the
 result is the mean over micro-batches of (loss + aux), as without pipelining.
@@ -167,10 +167,10 @@ class PipelineRuntime:
     num_stages: int
     _pipeline_stages: list[PipelineStage] = field(default_factory=list)
     tied_group: dist.ProcessGroup | None = None
-    cp_group: dist.ProcessGroup | None = None
-    """Context parallelism: the cp ranks of this pipeline rank (None: cp = 1)."""
     """Tied embeddings at pp > 1: the (first, last) stage pair whose head/embedding gradients
     are summed after every backward."""
+    cp_group: dist.ProcessGroup | None = None
+    """Context parallelism: the cp ranks of this pipeline rank (None: cp = 1)."""
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
     """The last stage's loss of one micro-batch from its logits and targets (the schedule
     calls `staged_loss`); used when the stage returns logits (`eval_logits`)."""

@@ -5,17 +5,12 @@ Pure arithmetic (no torch): the search calls it tens of thousands of times per s
 
 from __future__ import annotations
 
-from .cost import TrainingCost, napkin_cost, training_cost
-from .rank_memory import ModelTerms, breakdown, estimate_memory, worst_rank
-from .rank_terms import model_terms
-from .recipe_memory import recipe_worst_rank
-from .recipes import DEFAULT_RECIPE, Recipe, recipe_named
-from .step_time import (
-    CPU_OPTIMIZER_BW,
-    OPTIMIZER_TRAFFIC,
-    comm_arguments,
-    default_efficiency,
-    eager_elementwise_s,
+from .memory.rank import breakdown, worst_rank
+from .memory.rank_terms import ModelTerms, model_terms
+from .recipes.memory import recipe_worst_rank
+from .recipes.registry import recipe_named
+from .recipes.schema import DEFAULT_RECIPE, Recipe
+from .time.step_time import (
     model_flops,
     step_time,
 )
@@ -23,16 +18,7 @@ from .types import Estimate, MemoryBreakdown, PlanInput, TimeBreakdown
 
 __all__ = [
     "estimate",
-    "estimate_memory",
     "reserved_and_step",
-    "default_efficiency",
-    "TrainingCost",
-    "training_cost",
-    "napkin_cost",
-    "OPTIMIZER_TRAFFIC",
-    "CPU_OPTIMIZER_BW",
-    "comm_arguments",
-    "eager_elementwise_s",
 ]
 
 _NOTES = (

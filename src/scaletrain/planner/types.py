@@ -1,4 +1,4 @@
-"""The planner's input and output types; `Estimate.to_json()` is the DESIGN.md §4 schema.
+"""The planner's input and output types; `Estimate.to_json()` is the docs/DESIGN.md §4 schema.
 
 `Measurement` objects (dry-run, real runs) reuse `MemoryBreakdown` so every predicted number can be
 held against a measured one.
@@ -45,7 +45,7 @@ class PlanInput:
     fp8_all_gather: bool = False
     """precision 'fp8' under ZeRO-2/3: the fp8 Linears' weights are all-gathered in E4M3."""
     recipe: str = "scaletrain"
-    """Framework recipe (planner/recipes.py): whose allocations and time model to plan."""
+    """Framework recipe (planner/recipes/registry.py): whose allocations and time model to plan."""
     loss_chunk_tokens: int = 0
     """Tokens per chunk of the fused head + loss (`memory.loss_chunk_tokens`; 0 = the
     trainer's auto rule, `memory.fused_loss_chunk`)."""

@@ -1,8 +1,8 @@
 """Run a few training steps of a plan under `torch.profiler` and measure where the time goes.
 
 The run is built by the trainer's own `build_run`, and each step is the trainer's `train_step`
-followed by the same three calls the training loop makes (`optimizer.step()`,
-`scaler.update()`, `zero_grad()`): the profile measures the code that trains, not a copy of it.
+followed by its `apply_update` (optimizer step, loss-scale update, zero_grad), as the training
+loop runs them: the profile measures the code that trains, not a copy of it.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from scaletrain.config import JobConfig, precision_spec
-from scaletrain.planner.flops import flops_per_token
+from scaletrain.planner.time.flops import flops_per_token
 from scaletrain.trainer.build import Run, build_run
-from scaletrain.trainer.loop import train_step
 from scaletrain.trainer.optim import lr_at, set_lr
+from scaletrain.trainer.step import apply_update, train_step
 
 from .ops import OpAnalysis, analyse_events
 from .phases import PhaseClock, TimedBatches, install_hooks
@@ -81,11 +81,8 @@ def _step(run: Run, batches: TimedBatches, clock: PhaseClock, step: int) -> floa
     t0 = time.perf_counter()
     clock.start_step()
     out = train_step(run, batches)
-    clock.switch("optimizer")
-    if out.finite:
-        run.optimizer.step()
-    run.scaler.update(out.finite)
-    run.optimizer.zero_grad(set_to_none=True)
+    clock.switch("optimizer")  # the optimizer step, the loss scale's update and zero_grad
+    apply_update(run, out)
     clock.end_step()
     _sync(run.device)
     return time.perf_counter() - t0

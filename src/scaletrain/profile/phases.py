@@ -10,7 +10,7 @@ phase; hooks on the batch iterator, the model and the autograd engine switch the
   backward   from the output gradient until the autograd engine finishes
   recompute  activation checkpointing: module forwards re-run inside the backward
   post       after the backward: grad sync, unscale, clip (and accumulation bookkeeping)
-  optimizer  `optimizer.step()`, `scaler.update()`, `zero_grad()` (called by our driver)
+  optimizer  `trainer.step.apply_update`: optimizer step, scaler update, zero_grad (our driver)
 
 Each phase is also a `record_function("scaletrain::<phase>")` range, so the Chrome trace shows the
 same boundaries and every profiler event can be attributed to a phase by its start time.

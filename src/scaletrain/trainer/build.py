@@ -28,7 +28,7 @@ from scaletrain.models.lora import apply_lora
 from scaletrain.parallel import ParallelDims, parallelize
 from scaletrain.parallel.launch import rendezvous_store
 from scaletrain.parallel.pipeline import PipelineRuntime
-from scaletrain.planner.flops import flops_per_token
+from scaletrain.planner.time.flops import flops_per_token
 from scaletrain.precision.fp8_matmul import Fp8MatmulChoice, choose_fp8_matmul
 
 from .optim import build_optimizer

@@ -1,8 +1,9 @@
 """The training loop: build everything from the plan, then a loop you can read top to bottom.
 
 The single-process run is the distributed run at world size 1: every parallel axis of degree 1
-is a no-op inside `parallelize`, so CPU tests exercise the real code path. Pipeline parallelism
-changes what one step is (a schedule drives the micro-batches), so it has its own step function.
+is a no-op inside `parallelize`, so CPU tests exercise the real code path. Every layout runs
+the same step, `trainer.step.train_step` + `apply_update`; under pipeline parallelism a
+schedule drives the micro-batches inside it (`PipelineRuntime.step`), not a step of its own.
 """
 
 from __future__ import annotations

@@ -153,7 +153,7 @@ def out_of_memory(run: Run, *, step: int, error: BaseException) -> OutOfMemory:
 def _next_layout_advice(run: Run) -> str | None:
     """The planner's best layout that fits this world size, as a command-line hint."""
     try:
-        from scaletrain.planner.search import search
+        from scaletrain.planner.search.layouts import search
     except ImportError:
         return None
     job = run.job

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .types import Estimate
+from ..types import Estimate
 
 __all__ = ["TrainingCost", "napkin_cost", "training_cost", "num_nodes"]
 

@@ -3,13 +3,13 @@
 A `Recipe` names, per framework, the bytes of every model state, what each activation
 checkpointing mode keeps, how the loss treats the logits, the communication buffers, the
 allocator's overhead and the layouts it can run. `scaletrain` is the default and is exactly what
-scaletrain's trainer allocates (its memory terms stay in `memory.py` / `rank_memory.py`, kept
+scaletrain's trainer allocates (its memory terms stay in `planner.memory`, kept
 exact against the dry-run); the other recipes are read off each framework's source or
 documentation, cited field by field in `Recipe.sources` (file and function in the framework's
-repository, or a documentation page). `recipe_memory.py` turns a recipe into memory terms;
-`efficiency.py` is the time model the foreign recipes use. This module is the registry of
-recipes (Megatron-LM's and NeMo's are defined in `recipe_megatron.py`); the `Recipe` dataclass
-(its fields and what each means) and the constants the recipes share are `recipe_schema.py`.
+repository, or a documentation page). `memory.py` turns a recipe into memory terms;
+`time/efficiency.py` is the time model the foreign recipes use. This module is the registry of
+recipes (Megatron-LM's and NeMo's are defined in `megatron.py`); the `Recipe` dataclass
+(its fields and what each means) and the constants the recipes share are `schema.py`.
 
 Torch-free. Sources were read at these public repositories: NVIDIA/Megatron-LM (megatron/core,
 megatron/training), microsoft/DeepSpeed (deepspeed/runtime), pytorch/torchtitan (torchtitan/,
@@ -21,17 +21,19 @@ from __future__ import annotations
 from scaletrain.config import ConfigError
 from scaletrain.config.strict import did_you_mean
 
-from .memory import FRAGMENTATION, RUNTIME_CONTEXT_BYTES
-from .recipe_megatron import MEGATRON, NEMO
-from .recipe_schema import (
+from ..memory.buffers import FRAGMENTATION, RUNTIME_CONTEXT_BYTES
+from .megatron import MEGATRON, NEMO
+from .schema import (
     ALLOCATOR_SOURCE,
-    DEFAULT_RECIPE,
     FOREIGN_TIME_MODEL,
     RUNTIME_CONTEXT_SOURCE,
     Recipe,
 )
 
-__all__ = ["Recipe", "RECIPES", "recipe_named", "DEFAULT_RECIPE"]
+__all__ = [
+    "RECIPES",
+    "recipe_named",
+]
 
 
 RECIPES: dict[str, Recipe] = {

@@ -34,7 +34,7 @@ from scaletrain.config import (
 from scaletrain.config.choices import ACMode, Precision, literal_names
 from scaletrain.config.strict import coerce, scalar_type
 
-from .types import PlanInput
+from ..types import PlanInput
 
 __all__ = [
     "PublishedRun",
@@ -375,7 +375,7 @@ FRAMEWORK_RECIPE = {
     "nemo": "nemo",
     "nanotron": "nanotron",
 }
-"""The planner recipe (planner/recipes.py) of the framework a row ran: GPT-NeoX runs on
+"""The planner recipe (planner/recipes/registry.py) of the framework a row ran: GPT-NeoX runs on
 DeepSpeed, NeMo on Megatron-Core (recipe 'nemo': megatron's memory, NeMo's overlapped
 communication); llm-foundry (Composer + FSDP) has no recipe of its own and
 keeps the default."""
@@ -412,7 +412,7 @@ def plan_input(run: PublishedRun, recipe: str = "scaletrain") -> PlanInput:
 def refusals(run: PublishedRun, recipe: str = "scaletrain") -> list[str]:
     """Why the planner refuses `run` under `recipe` (config.layout's rules, scaletrain's
     trainer limits only for its own recipe, then the recipe's); [] = accepted."""
-    from .recipe_memory import recipe_problems
+    from .memory import recipe_problems
 
     L = run.layout
     own = recipe == "scaletrain"

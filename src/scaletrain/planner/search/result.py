@@ -10,7 +10,7 @@ from scaletrain.config import (
     GB,
 )
 
-from .types import Estimate, layout_label
+from ..types import Estimate, layout_label
 
 __all__ = ["SearchResult", "FamilyOutcome"]
 

@@ -1,6 +1,5 @@
 """Activation memory per GPU: what a block keeps or allocates for backward, per micro-batch
-(torch-free); the head's, the loss's and the embedding's terms are in head_memory.py
-(re-exported here).
+(torch-free); the head's, the loss's and the embedding's terms are in head.py.
 
 Units: bytes; `GB` in docstrings means 1e9 bytes. Every function answers for ONE rank.
 """
@@ -9,30 +8,16 @@ from __future__ import annotations
 
 from scaletrain.config import ModelConfig, compute_bytes, expert_tp
 
-from .head_memory import (
-    embedding_backward_bytes,
-    fused_loss_chunk,
-    head_activation_bytes,
-    head_grad_bytes,
-    held_logits_bytes,
-    loss_backward_bytes,
-)
-from .naive_memory import naive_backward_bytes, naive_saved_bytes
+from .naive_attention import naive_backward_bytes, naive_saved_bytes
 
 __all__ = [
     "korthikanti_layer_bytes",
     "layer_activation_bytes",
     "activation_bytes",
-    "head_activation_bytes",
-    "loss_backward_bytes",
-    "head_grad_bytes",
     "selective_layer_bytes",
     "selective_recompute_bytes",
     "naive_backward_net_bytes",
     "mlp_backward_work_bytes",
-    "fused_loss_chunk",
-    "embedding_backward_bytes",
-    "held_logits_bytes",
     "rope_table_bytes",
 ]
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from scaletrain.config import GB
 
-from .pipeline import PipelineTimeline
-from .types import Estimate
+from ..time.pipeline import PipelineTimeline
+from ..types import Estimate
 
 __all__ = ["plot_memory", "plot_pipeline"]
 
@@ -29,7 +29,7 @@ def _plt():  # type: ignore[no-untyped-def]
 
 def plot_memory(estimates: Sequence[Estimate], path: str | Path) -> Path:
     """Stacked bars (GB per GPU, worst rank) per layout with the capacity as a line."""
-    from .types import layout_label
+    from ..types import layout_label
 
     plt = _plt()
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(estimates) + 3), 5))

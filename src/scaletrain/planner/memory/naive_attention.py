@@ -1,7 +1,7 @@
 """The naive attention core's S x S memory (models/attention.py `NaiveAttentionCore`): what its
-forward keeps for backward (`naive_saved_bytes`, in `activation_memory.layer_activation_bytes`)
+forward keeps for backward (`naive_saved_bytes`, in `activations.layer_activation_bytes`)
 and what its backward holds at once beyond that (`naive_backward_bytes`; the block-level net of
-it is `activation_memory.naive_backward_net_bytes`). Torch-free.
+it is `activations.naive_backward_net_bytes`). Torch-free.
 """
 
 from __future__ import annotations

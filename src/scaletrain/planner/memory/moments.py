@@ -1,9 +1,9 @@
 """The moments of a rank's step at which its memory can peak, and a rank's result.
 
 Each moment is a dataclass of its named byte terms; its `total` adds them in the order the
-planner always has (outputs stay bit-identical). `rank_memory._rank_memory` builds a rank's
+planner always has (outputs stay bit-identical). `rank._rank_memory` builds a rank's
 moments and keeps the largest; `RankMemory.moment` names it and `explain` prints it. What each
-term counts and its source are in `rank_memory` where the moment is built.
+term counts and its source are in `rank_moments.py` and `rank.py` where the moment is built.
 """
 
 from __future__ import annotations
@@ -170,7 +170,7 @@ class LossBackward:
     grads: float
     loss_temp: float
     head_grad: float
-    """The head weight's gradient the fused loss returns (`head_memory.head_grad_bytes`)."""
+    """The head weight's gradient the fused loss returns (`head.head_grad_bytes`)."""
 
     @property
     def total(self) -> float:

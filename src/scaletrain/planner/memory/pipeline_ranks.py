@@ -1,7 +1,7 @@
 """The pipeline-schedule geometry of the per-rank memory model: which pipeline ranks can be
 the worst (`rank_candidates`), walking a rank's action order, the backward moments of a
 pipeline rank (`schedule_moments`), and a pipeline rank's buffers (`pipeline_buffers`). Used
-by `rank_memory`; kept apart from `pipeline.py` (bubble and in-flight counts of the time
+by `rank.py`; kept apart from `time/pipeline.py` (bubble and in-flight counts of the time
 model), which it reads.
 """
 
@@ -12,9 +12,10 @@ from typing import NamedTuple
 
 from scaletrain.config import stage_layer_ranges
 
-from .memory import pp_recv_buffer_bytes, stage_layer_counts
-from .pipeline import inflight_per_rank, rank_order
-from .types import PlanInput
+from ..time.pipeline import inflight_per_rank, rank_order
+from ..types import PlanInput
+from .buffers import pp_recv_buffer_bytes
+from .states import stage_layer_counts
 
 __all__ = ["pipeline_buffers", "rank_candidates", "schedule_moments", "ScheduleMoment"]
 

@@ -24,7 +24,7 @@ OPTIMIZER_BYTES = {"adamw": 8.0, "sgd": 4.0, "adamw8bit": 2.0}
 8-bit Adam m+v int8 (Dettmers et al. 2022; its per-block scales are < 1% and ignored)."""
 
 CONVENTIONS = ("scaletrain", "moments_only", "master_and_moments", "megatron", "full_copies")
-"""How model-state bytes are counted (the seeds disagree, DESIGN.md §5):
+"""How model-state bytes are counted (the seeds disagree, docs/DESIGN.md §5):
 - 'scaletrain' (default): what scaletrain's trainer allocates. States stay fp32 (param 4 + grad 4
   + optimizer); mixed precision adds 16-bit working copies: FSDP2 (ZeRO-3) all-gathers bf16
   copies of the units in flight (current + prefetched block) and holds the unit's unsharded bf16
@@ -164,7 +164,7 @@ def _in_flight(
     copy of them is in flight: the token and position embeddings (F.embedding is not on
     autocast's lower-precision op list), the norms' weights (elementwise ops and fp32
     layer_norm), and the head, which the fused loss casts itself for its forward and its
-    backward only (`activation_memory.loss_backward_bytes` counts that cast). Dry-run,
+    backward only (`head.loss_backward_bytes` counts that cast). Dry-run,
     llama3-8b-L1 tp8+sp z0: at the loss-backward peak the only 16-bit weight copies are
     the block's linears (54.5 MB) and the head's cast inside the loss (131 MB); none of
     the embedding (+10% total when every parameter was counted cast).

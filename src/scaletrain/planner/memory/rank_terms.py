@@ -1,7 +1,7 @@
 """A model's memory terms per layout, cached for the search (`ModelTerms`): a pipeline rank's
 model states (`rank_states` -> `RankStates`), a block's activation terms (`activation_terms` ->
 `ActivationTerms`) and the communication/allocator buffers (`rank_buffers` -> `RankBuffers`).
-`rank_memory` combines them into a rank's moments.
+`rank.py` combines them into a rank's moments.
 """
 
 from __future__ import annotations
@@ -20,23 +20,20 @@ from scaletrain.config import (
     fused_head_loss,
 )
 
-from .activation_memory import naive_backward_net_bytes
-from .memory import (
-    buffer_terms,
-    embedding_backward_bytes,
-    fp8_linear_params,
-    head_activation_bytes,
-    held_logits_bytes,
+from ..types import PlanInput
+from .activations import (
     layer_activation_bytes,
-    model_state_bytes,
+    naive_backward_net_bytes,
     rope_table_bytes,
     selective_recompute_bytes,
 )
+from .buffers import buffer_terms
+from .head import embedding_backward_bytes, head_activation_bytes, held_logits_bytes
 from .rank_moments import root_in_backward
-from .types import PlanInput
+from .states import fp8_linear_params, model_state_bytes
 
 if TYPE_CHECKING:  # step_time imports this module
-    from .step_time import ModelFlops
+    from ..time.step_time import ModelFlops
 
 __all__ = [
     "ModelTerms",
@@ -207,7 +204,7 @@ def rank_states(
     convention: str,
 ) -> RankStates:
     """A rank's model states, cached, with the backward terms the ZeRO-2/3 and embedding
-    moments of `rank_memory` read."""
+    moments of `rank.py` read."""
     L, model = plan.layout, plan.model
     key = (
         L.tp,
@@ -373,7 +370,7 @@ def activation_terms(plan: PlanInput, terms: ModelTerms, modern: bool) -> Activa
 
 def _naive_backward(plan: PlanInput, modern: bool, residual_fp32: bool) -> float:
     """The S x S gradients of the block whose naive attention core is in backward, beside what
-    that block still holds then (`activation_memory.naive_backward_net_bytes`); counted where
+    that block still holds then (`activations.naive_backward_net_bytes`); counted where
     the recompute is, as a block's backward extra. 0 for SDPA and for Korthikanti's model."""
     if not modern or plan.model.attention != "naive":
         return 0.0

@@ -1,4 +1,4 @@
-"""The Megatron-LM and NeMo recipes (recipes.py's registry holds them): what Megatron-Core's
+"""The Megatron-LM and NeMo recipes (registry.py holds them): what Megatron-Core's
 GPT training allocates, read off NVIDIA/Megatron-LM (megatron/core, megatron/training) and
 cited field by field in `Recipe.sources`; NeMo is Megatron-Core's memory terms with NeMo's
 performance configurations' communication overlap. Torch-free.
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .memory import FRAGMENTATION, RUNTIME_CONTEXT_BYTES
-from .recipe_schema import ALLOCATOR_SOURCE, FOREIGN_TIME_MODEL, RUNTIME_CONTEXT_SOURCE, Recipe
+from ..memory.buffers import FRAGMENTATION, RUNTIME_CONTEXT_BYTES
+from .schema import ALLOCATOR_SOURCE, FOREIGN_TIME_MODEL, RUNTIME_CONTEXT_SOURCE, Recipe
 
 __all__ = ["MEGATRON", "NEMO"]
 

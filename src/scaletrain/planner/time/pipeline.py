@@ -1,6 +1,6 @@
 """Pipeline schedules: closed-form bubbles, in-flight micro-batches, action orders, a simulator.
 
-Four schedules (DESIGN.md §4 names): 'gpipe' (all forwards then all backwards, Huang et al.
+Four schedules (docs/DESIGN.md §4 names): 'gpipe' (all forwards then all backwards, Huang et al.
 2019), '1f1b' (PipeDream-flush, Narayanan et al. 2021), 'interleaved' (1F1B over v model chunks
 per rank, Narayanan et al. 2021 §2.2) and 'zero-bubble' (backward split into B = grad w.r.t.
 inputs and W = grad w.r.t. weights, W deferred into the idle slots; Qi et al. 2023, "Zero

@@ -31,14 +31,18 @@ from scaletrain.config import (
 )
 from scaletrain.config.choices import PPSchedule
 
-from .estimate import reserved_and_step
-from .rank_memory import ModelTerms
-from .recipe_memory import recipe_problems
-from .recipes import recipe_named
-from .search_result import FamilyOutcome, SearchResult
-from .types import Estimate, PlanInput
+from ..estimate import reserved_and_step
+from ..memory.rank_terms import ModelTerms
+from ..recipes.memory import recipe_problems
+from ..recipes.registry import recipe_named
+from ..types import Estimate, PlanInput
+from .result import FamilyOutcome, SearchResult
 
-__all__ = ["search", "SearchResult", "FamilyOutcome", "family_of", "FAMILIES"]
+__all__ = [
+    "search",
+    "family_of",
+    "FAMILIES",
+]
 
 FAMILIES = ("pure DP", "ZeRO-1/2", "ZeRO-3/FSDP", "TP", "PP", "CP", "EP", "3D", "offload")
 PIN_KEYS = (
@@ -168,7 +172,7 @@ class _Tally:
     refused: dict[str, str] = field(default_factory=dict)
     """family -> the first illegal layout of it and the rule that refused it"""
     terms: ModelTerms | None = None
-    """The searched model's memory terms, shared by every layout (`rank_memory.ModelTerms`)."""
+    """The searched model's memory terms, shared by every layout (`rank_terms.ModelTerms`)."""
 
     def record(self, plan: PlanInput, fam: str, candidate: bool) -> bool:
         """Evaluate `plan` (memory first; time only if it fits and is a candidate, not a
@@ -338,7 +342,7 @@ def _search_layout(
 
 def _result(tally: _Tally, model: ModelConfig, top_k: int, t0: float) -> SearchResult:
     """Build Estimates for the kept plans only: the top k, each family's best and closest miss."""
-    from .estimate import estimate
+    from ..estimate import estimate
 
     built: list[tuple[PlanInput, Estimate]] = []  # a few dozen at most: the kept plans
 
@@ -387,8 +391,8 @@ def search(
     pins: any subset of dp, tp, pp, cp, ep, zero, sp, pp_schedule, pp_virtual, micro_batch, ac,
     offload fixes that option (None = search it). Each candidate's memory is computed first
     (`estimate.reserved_and_step`); its time only if it fits; full Estimates only for the
-    layouts returned. recipe: whose allocations to plan (planner/recipes.py); a foreign recipe
-    also drops the layouts and AC modes its framework cannot run (`recipe_problems`).
+    layouts returned. recipe: whose allocations to plan (recipes/registry.py); a foreign
+    recipe also drops the layouts and AC modes its framework cannot run (`recipe_problems`).
     """
     rec = recipe_named(recipe)
     for k in pins:

@@ -8,16 +8,17 @@ from __future__ import annotations
 
 from scaletrain.config import GB, expert_split
 
-from .flops import (
+from ..memory.states import stage_layer_counts, state_bytes_per_param
+from ..recipes.registry import recipe_named
+from ..recipes.schema import DEFAULT_RECIPE
+from ..time.flops import (
     attention_core_flops_per_token,
     forward_flops_per_token,
     head_forward_flops_per_token,
     layer_forward_flops_per_token,
 )
-from .memory import stage_layer_counts, state_bytes_per_param
-from .pipeline import bubble_fraction, inflight_microbatches
-from .recipes import DEFAULT_RECIPE, recipe_named
-from .types import Estimate
+from ..time.pipeline import bubble_fraction, inflight_microbatches
+from ..types import Estimate
 
 __all__ = ["explain"]
 
@@ -163,7 +164,7 @@ def _recipe_states(est: Estimate) -> list[str]:
 
 def _recipe_time(est: Estimate) -> list[str]:
     """The foreign recipe's time-model terms and where their constants come from."""
-    from .efficiency import GENERATION_EFFICIENCY, gemm_shape_factor, generation_of
+    from ..time.efficiency import GENERATION_EFFICIENCY, gemm_shape_factor, generation_of
 
     p, L, hw = est.plan, est.plan.layout, est.plan.hardware
     r = recipe_named(p.recipe)
@@ -172,7 +173,7 @@ def _recipe_time(est: Estimate) -> list[str]:
         f"MB ({r.sources.get('ddp_bucket', '')}); all-reduce latency: NCCL tree from 16 "
         f"ranks (efficiency.allreduce_latency)"
     )
-    from .efficiency import COMM_OVERLAP, attention_kernel
+    from ..time.efficiency import COMM_OVERLAP, attention_kernel
 
     kernel = attention_kernel(r.name, r.attention, p.model.attention)
     why = {
@@ -184,7 +185,7 @@ def _recipe_time(est: Estimate) -> list[str]:
         f"\n   [{r.name}] attention core: {kernel} ({why}); overlapped: "
         f"{', '.join(COMM_OVERLAP.get(r.name, ())) or 'gradient reduce only'}"
     )
-    from .estimate import eager_elementwise_s
+    from ..time.step_time import eager_elementwise_s
 
     eager = eager_elementwise_s(p, r)
     if eager > 0:
@@ -219,7 +220,7 @@ def _n(x: float) -> str:
 
 def _cost_lines(est: Estimate, tokens: float, energy: dict[str, float]) -> list[str]:
     """Time, cost, energy and CO2 for `tokens` (cost.training_cost), formula by formula."""
-    from .cost import num_nodes, training_cost
+    from ..time.cost import num_nodes, training_cost
 
     p, hw = est.plan, est.plan.hardware
     c = training_cost(est, tokens, **energy)

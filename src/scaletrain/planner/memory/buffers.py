@@ -1,60 +1,17 @@
-"""Memory arithmetic per GPU: model states, activations, buffers (torch-free).
+"""Buffers per GPU: communication buckets, pipeline receive buffers, the runtime context
+and the allocator's fragmentation (torch-free).
 
 Units: bytes; `GB` in docstrings means 1e9 bytes. Every function answers for ONE rank.
 
-The model-state terms live in `state_memory.py`, the activation terms in
-`activation_memory.py`; this module keeps the buffers and re-exports both (the planner's one
-import path for its memory arithmetic).
+The model-state terms live in `states.py`, the activation terms in `activations.py` and
+`head.py`.
 """
 
 from __future__ import annotations
 
 from scaletrain.config import compute_bytes
 
-from .activation_memory import (
-    activation_bytes,
-    embedding_backward_bytes,
-    fused_loss_chunk,
-    head_activation_bytes,
-    head_grad_bytes,
-    held_logits_bytes,
-    korthikanti_layer_bytes,
-    layer_activation_bytes,
-    loss_backward_bytes,
-    mlp_backward_work_bytes,
-    rope_table_bytes,
-    selective_layer_bytes,
-    selective_recompute_bytes,
-)
-from .state_memory import (
-    CONVENTIONS,
-    OPTIMIZER_BYTES,
-    fp8_linear_params,
-    model_state_bytes,
-    stage_layer_counts,
-    state_bytes_per_param,
-)
-
 __all__ = [
-    "OPTIMIZER_BYTES",
-    "CONVENTIONS",
-    "state_bytes_per_param",
-    "model_state_bytes",
-    "stage_layer_counts",
-    "korthikanti_layer_bytes",
-    "layer_activation_bytes",
-    "activation_bytes",
-    "head_activation_bytes",
-    "fp8_linear_params",
-    "loss_backward_bytes",
-    "head_grad_bytes",
-    "selective_layer_bytes",
-    "selective_recompute_bytes",
-    "mlp_backward_work_bytes",
-    "fused_loss_chunk",
-    "embedding_backward_bytes",
-    "held_logits_bytes",
-    "rope_table_bytes",
     "buffer_terms",
     "pp_recv_buffer_bytes",
     "RUNTIME_CONTEXT_BYTES",

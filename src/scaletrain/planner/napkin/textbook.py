@@ -2,8 +2,8 @@
 
 These are the back-of-envelope models a learner checks by hand (the seeds in the project
 workspace: seed 000 and 003's memory walk-throughs, seed 002's playbook, seed 004's "Napkin
-Math" boxes), kept apart from the planner's exact model (`memory.py`, `rank_memory.py`,
-`recipe_memory.py`), which they never change. `scaletrain napkin ...` and `explain --convention`
+Math" boxes), kept apart from the planner's exact model (`planner.memory`,
+`planner.recipes`), which they never change. `scaletrain napkin ...` and `explain --convention`
 print them. Torch-free; every function is pure arithmetic.
 
 Units: bytes, seconds, FLOPs; GB = 1e9 bytes (the seeds' GB).
@@ -16,16 +16,7 @@ from dataclasses import dataclass
 
 from scaletrain.config import ConfigError, compute_bytes
 
-from .napkin_budget import (
-    RentBuy,
-    TokenizerBudget,
-    TrainFlops,
-    min_gpus,
-    rent_vs_buy,
-    tokenizer_budget,
-    train_flops,
-)
-from .types import Estimate
+from ..types import Estimate
 
 __all__ = [
     "Convention",
@@ -39,13 +30,6 @@ __all__ = [
     "gemm_waves",
     "alignment",
     "SM_COUNTS",
-    "TrainFlops",
-    "train_flops",
-    "min_gpus",
-    "rent_vs_buy",
-    "RentBuy",
-    "tokenizer_budget",
-    "TokenizerBudget",
     "textbook_lines",
     "ring_allreduce",
     "layer_gemm_flops",
@@ -255,7 +239,7 @@ def textbook_lines(
     buffers, the allocator, the CUDA context, logits, the embedding's own activations."""
     from scaletrain.config import GB
 
-    from .pipeline import inflight_microbatches
+    from ..time.pipeline import inflight_microbatches
 
     p, L, m_ = est.plan, est.plan.layout, est.plan.model
     conv = convention(bytes_per_param, p.precision)

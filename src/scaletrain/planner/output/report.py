@@ -8,11 +8,10 @@ from typing import Any
 
 from scaletrain.config import GB
 
-from .search import SearchResult
-from .types import Estimate, layout_label
+from ..search.result import SearchResult
+from ..types import Estimate, layout_label
 
 __all__ = [
-    "layout_label",
     "estimate_rows",
     "render_estimates",
     "render_search",
@@ -169,5 +168,5 @@ def render_search(result: SearchResult) -> str:
 
 
 def to_json(estimates: list[Estimate]) -> list[dict[str, Any]]:
-    """DESIGN.md §4 objects, best first."""
+    """docs/DESIGN.md §4 objects, best first."""
     return [e.to_json() for e in estimates]

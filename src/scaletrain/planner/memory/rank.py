@@ -16,14 +16,13 @@ worst. The set is exact, not sampled.
 
 from __future__ import annotations
 
-from .memory import (
-    FRAGMENTATION,
-    stage_layer_counts,
-)
+from ..time.pipeline import inflight_per_rank
+from ..types import MemoryBreakdown, PlanInput
+from .buffers import FRAGMENTATION
 from .moments import ForwardBackward, Moment, OptimizerStep, RankMemory
-from .pipeline import inflight_per_rank
 from .pipeline_ranks import pipeline_buffers, rank_candidates, schedule_moments
 from .rank_moments import (
+    RankView,
     embedding_moment,
     loss_moment,
     moment_total,
@@ -38,16 +37,12 @@ from .rank_terms import (
     rank_buffers,
     rank_states,
 )
-from .types import MemoryBreakdown, PlanInput
+from .states import stage_layer_counts
 
 __all__ = [
     "estimate_memory",
     "pipeline_rank_memory",
     "worst_rank",
-    "rank_candidates",
-    "schedule_moments",
-    "RankMemory",
-    "ModelTerms",
 ]
 
 
@@ -94,28 +89,21 @@ def _rank_memory(
     plan: PlanInput,
     terms: ModelTerms,
     acts_terms: ActivationTerms,
-    zs: int,
+    *,
     rank: int,
     layers: int,
     in_flight: float,
-    m: int,
     convention: str,
-    device: str,
 ) -> RankMemory:
     """Memory of pipeline rank `rank` holding `layers` blocks with `in_flight` micro-batches:
     the largest of its moments (calibrated against the dry-run, see
     benchmarks/results/planner_accuracy.md)."""
     L = plan.layout
+    zs, m = L.zero_shards, max(1, plan.grad_accum)
+    device = "cpu" if plan.hardware.name == "cpu" else "gpu"
     last = rank == L.pp - 1
     rs = rank_states(plan, terms, zs, rank == 0, last, layers, convention)
-    st, count, unit, sharded, fixed, bwd_terms = (
-        rs.states,
-        rs.params,
-        rs.unit,
-        rs.sharded,
-        rs.fixed,
-        rs.backward,
-    )
+    st, count, unit, sharded, fixed = rs.states, rs.params, rs.unit, rs.sharded, rs.fixed
     # fsdp: the FSDP collectives' buffers; quant: fp8's quantization temporary, which exists
     # only inside a converted linear's forward/backward: not during the optimizer step, nor
     # the (16-bit) head's loss backward
@@ -128,42 +116,40 @@ def _rank_memory(
             L.pp_schedule, L.pp, m, L.pp_virtual, rank, plan.model.num_layers
         )
         bufs, buffers = pipeline_buffers(plan, bufs, buffers, rank, m)
-    late = _late_grads(plan, terms, st, count) if rank == 0 else 0.0
-    acts, block_stored, fwdbwd = stored_activations(
-        plan, moments, st, layers, in_flight, m, last, acts_terms, late
+    view = RankView(
+        plan=plan,
+        counts=terms.counts,
+        rank=rank,
+        layers=layers,
+        microbatches=m,
+        rank_states=rs,
+        buffer_terms=bufs,
+        buffers=buffers,
+        fsdp=fsdp,
+        fp8_quantize=quant,
+        runtime_context=ctx,
+        acts=acts_terms,
+        schedule=moments,
     )
+    late = _late_grads(plan, terms, st, count) if rank == 0 else 0.0
+    acts, block_stored, fwdbwd = stored_activations(view, in_flight=in_flight, late_grads=late)
     step_tmp = 0.0 if plan.offload != "none" or device != "cpu" else 4.0 * sharded
     step = _step_moment(st, fixed, buffers, fsdp, quant, step_tmp)
     cands: list[Moment]
     if L.zero >= 2 and layers and unit > 0:
-        held = (fixed, buffers, bufs, fsdp, count, bwd_terms, layers, m, block_stored)
-        cands = [*zero_moments(plan, terms.counts, st, *held, acts_terms, rank), step]
+        cands = [*zero_moments(view, block_stored), step]
     else:  # states with the FSDP units in flight, every buffer, activations/grads
         cands = [ForwardBackward(states=fixed, buffers=buffers, acts_and_grads=fwdbwd), step]
     loss_terms = emb_tmp = 0.0
     if last:
         extra = acts_terms.recompute if layers else 0.0
-        args = (fixed, buffers, fsdp, quant, count, m, acts - extra, moments, acts_terms)
-        loss = loss_moment(plan, st, *args, bwd_terms.root_unit, layers, bwd_terms.block_params)
+        loss = loss_moment(view, acts - extra)
         loss_terms = loss.loss_temp + loss.head_grad
         bufs = dict(bufs, loss_backward_temp=loss.loss_temp, head_grad=loss.head_grad)
         cands.append(loss)
     if rank == 0 and layers and plan.offload == "none":
-        emb_tmp = bwd_terms.embedding_temp
-        cands.append(
-            embedding_moment(
-                plan,
-                terms.counts,
-                st,
-                bufs,
-                count,
-                last,
-                fixed,
-                bwd_terms,
-                acts_terms.held_logits,
-                ctx,
-            )
-        )
+        emb_tmp = rs.backward.embedding_temp
+        cands.append(embedding_moment(view))
         bufs = dict(bufs, embedding_backward_temp=emb_tmp)
     peak = max(cands, key=moment_total)
     total = peak.total
@@ -195,8 +181,6 @@ def worst_rank(
     rank (what paces gradient synchronisation)."""
     L = plan.layout
     m = max(1, plan.grad_accum)
-    device = "cpu" if plan.hardware.name == "cpu" else "gpu"
-    zs = L.zero_shards
     terms = model_terms(plan, terms)
     acts_terms = activation_terms(plan, terms, modern)
     worst = None
@@ -205,7 +189,13 @@ def worst_rank(
         plan.model.num_layers, L.pp, L.pp_virtual, L.pp_schedule, m
     ):
         nums = _rank_memory(
-            plan, terms, acts_terms, zs, rank, layers, in_flight, m, convention, device
+            plan,
+            terms,
+            acts_terms,
+            rank=rank,
+            layers=layers,
+            in_flight=in_flight,
+            convention=convention,
         )
         if worst is None or nums.reserved > worst.reserved:
             worst = nums
@@ -259,19 +249,15 @@ def pipeline_rank_memory(
     in_flight = (
         1.0 if L.pp == 1 else inflight_per_rank(L.pp_schedule, L.pp, m, L.pp_virtual)[pp_rank]
     )
-    device = "cpu" if plan.hardware.name == "cpu" else "gpu"
     terms = ModelTerms(plan.model)
     nums = _rank_memory(
         plan,
         terms,
         activation_terms(plan, terms, modern),
-        L.zero_shards,
-        pp_rank,
-        layers,
-        in_flight,
-        m,
-        convention,
-        device,
+        rank=pp_rank,
+        layers=layers,
+        in_flight=in_flight,
+        convention=convention,
     )
     return breakdown(plan, nums)
 

@@ -1,8 +1,8 @@
-"""A foreign recipe's activation bytes (recipes.py): one layer's stored set under the
+"""A foreign recipe's activation bytes (registry.py): one layer's stored set under the
 recipe's activation model and AC mode (`recipe_layer_bytes`: Korthikanti et al. 2022 for
 Megatron's layer, `memory.layer_activation_bytes` for SDPA Llamas, torchtitan's op-level
 SAC), and the last stage's head, loss and logits (`recipe_head_bytes`). Units: bytes, one
-rank, one micro-batch. Torch-free; `recipe_memory.recipe_rank_memory` composes them.
+rank, one micro-batch. Torch-free; `memory.recipe_rank_memory` composes them.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import dataclasses
 
 from scaletrain.config import compute_bytes
 
-from .memory import layer_activation_bytes
-from .recipes import Recipe
-from .types import PlanInput
+from ..memory.activations import layer_activation_bytes
+from ..types import PlanInput
+from .schema import Recipe
 
 __all__ = ["recipe_layer_bytes", "recipe_head_bytes"]
 

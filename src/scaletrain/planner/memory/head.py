@@ -41,7 +41,7 @@ def head_activation_bytes(
     - not fused (a logits path: `model(x)` then cross-entropy; no training step uses it):
       the logits path s_l*b*V/t*(2 + 4) in 16-bit (bf16 logits and the fp32 log-softmax
       output; the fp32 upcast is consumed by log-softmax and freed: the dry-run measures 6 B,
-      not the 10 B of DESIGN.md §5) or (4 + 4) in fp32.
+      not the 10 B of docs/DESIGN.md §5) or (4 + 4) in fp32.
     The loss backward's own temporaries are `loss_backward_bytes`.
     """
     e = compute_bytes(precision)
@@ -113,7 +113,7 @@ def loss_backward_bytes(
     out = e * tok * model.dim + c * v_local * (4 + (e if e < 4 else 0))
     if weight_bytes > e:
         # an fp32 weight under 16-bit compute: the loss's own cast of it (the rank's autocast
-        # in-flight copies leave the head out, `state_memory.model_state_bytes(uncast_params=
+        # in-flight copies leave the head out, `states.model_state_bytes(uncast_params=
         # ...)`), whole (`weight.to(hidden.dtype)`, alive through the backward) or, above
         # LOSS_WEIGHT_CAST_BYTES, in blocks of b rows (`_cast_block`)
         b = min(float(v_local), max(1.0, LOSS_WEIGHT_CAST_BYTES // (e * model.dim)))

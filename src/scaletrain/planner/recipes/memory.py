@@ -1,9 +1,10 @@
-"""Memory of one rank under a framework recipe (recipes.py), and the layouts a recipe refuses.
+"""Memory of one rank under a framework recipe (registry.py), and the layouts a recipe refuses.
 
-The `scaletrain` recipe is the planner's own model (`rank_memory.worst_rank`, exact against the
-dry-run) and never comes here. A foreign recipe is composed from the planner's shared pieces:
-the pipeline split and in-flight micro-batches (`memory.stage_layer_counts`,
-`pipeline.inflight_microbatches`), the per-layer activation models of `memory.py`
+The `scaletrain` recipe is the planner's own model (`planner.memory.rank.worst_rank`, exact against
+the dry-run) and never comes here. A foreign recipe is composed from the planner's shared pieces:
+the pipeline split and in-flight micro-batches (`memory.states.stage_layer_counts`,
+`time.pipeline.inflight_microbatches`), the per-layer activation models of
+`planner.memory.activations`
 (`layer_activation_bytes` for SDPA Llamas, Korthikanti et al. 2022 for Megatron's layer), the
 parameter counts of `ModelConfig.param_counts`, and the recipe's own bytes per state, loss,
 buffers and allocator terms. Units: bytes, one rank. Torch-free.
@@ -27,20 +28,15 @@ from dataclasses import dataclass
 
 from scaletrain.config import ConfigError, Layout, compute_bytes
 
-from .memory import OPTIMIZER_BYTES, stage_layer_counts
-from .pipeline import inflight_microbatches
-from .recipe_activations import (
-    naive_attention_backward_temp,
-    recipe_head_bytes,
-    recipe_layer_bytes,
-)
-from .recipes import Recipe, recipe_named
-from .types import MemoryBreakdown, PlanInput
+from ..memory.states import OPTIMIZER_BYTES, stage_layer_counts
+from ..time.pipeline import inflight_microbatches
+from ..types import MemoryBreakdown, PlanInput
+from .activations import naive_attention_backward_temp, recipe_head_bytes, recipe_layer_bytes
+from .registry import recipe_named
+from .schema import Recipe
 
 __all__ = [
     "recipe_problems",
-    "recipe_layer_bytes",
-    "recipe_head_bytes",
     "recipe_rank_memory",
     "recipe_worst_rank",
     "recipe_stage_layers",

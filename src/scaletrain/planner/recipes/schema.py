@@ -1,6 +1,6 @@
 """The `Recipe` dataclass: the fields a framework recipe states (what the framework allocates
 and does, as the planner needs it), each with what it means. The recipes themselves, each
-field cited to its framework's source, are the registry in `recipes.py`.
+field cited to its framework's source, are the registry in `registry.py`.
 
 Torch-free.
 """
@@ -115,7 +115,7 @@ class Recipe:
     for backward instead of the 16-bit tensor, so the two layernorm outputs and the MLP's
     activation output take 1 B per element, and the attention output (kept in 16 bits by the
     attention core) gains a 1 B fp8 copy for the output projection
-    (recipe_activations._korthikanti). The weights are counted as 16-bit: TE's fp8 primary
+    (activations._korthikanti). The weights are counted as 16-bit: TE's fp8 primary
     weights (1 B) with their cached transpose (1 B); without fp8 primary weights TE's weight
     workspaces would add 2 B per linear parameter (module/base.py get_fp8_workspace
     cache_name='weight'), which this flag does not count."""

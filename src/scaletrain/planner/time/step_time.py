@@ -11,6 +11,11 @@ from typing import Any
 
 from scaletrain.config import HardwareSpec, expert_split, expert_tp, precision_spec
 
+from ..memory.rank_terms import ModelTerms
+from ..memory.states import fp8_linear_params, stage_layer_counts
+from ..recipes.memory import recipe_stage_layers
+from ..recipes.schema import DEFAULT_RECIPE, Recipe
+from ..types import PlanInput
 from .comm import allreduce_time, axis_link, comm_terms, gather_time
 from .efficiency import (
     COMM_OVERLAP,
@@ -27,12 +32,7 @@ from .flops import (
     layer_forward_flops_per_token,
     op_sac_recompute_flops_per_token,
 )
-from .memory import fp8_linear_params, stage_layer_counts
 from .pipeline import bubble_fraction
-from .rank_terms import ModelTerms
-from .recipe_memory import recipe_stage_layers
-from .recipes import DEFAULT_RECIPE, Recipe
-from .types import PlanInput
 
 __all__ = [
     "default_efficiency",
@@ -72,7 +72,7 @@ def default_efficiency(precision: str, hidden: int, hardware: HardwareSpec) -> f
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class ModelFlops:
-    """FLOPs per token of one model at one sequence length (`model_flops`; planner/flops.py)."""
+    """FLOPs per token of one model at one sequence length (`model_flops`; time/flops.py)."""
 
     block_forward: float
     """One block's forward matmuls (`layer_forward_flops_per_token`)."""

@@ -2,20 +2,19 @@
 its cached terms: the ZeRO-2/3 backward moments (`zero_moments`), the last stage's loss
 backward (`loss_moment`), the first stage's embedding backward (`embedding_moment`), and the
 pieces they share (stored activations, the root unit through a ZeRO-3 backward).
-`rank_memory._rank_memory` takes the largest.
+`rank._rank_memory` takes the largest.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from scaletrain.config import ParamCounts, compute_bytes, fused_head_loss
 
-from .memory import (
-    head_grad_bytes,
-    loss_backward_bytes,
-    mlp_backward_work_bytes,
-)
+from ..types import PlanInput
+from .activations import mlp_backward_work_bytes
+from .head import head_grad_bytes, loss_backward_bytes
 from .moments import (
     EmbeddingBackward,
     LossBackward,
@@ -24,13 +23,13 @@ from .moments import (
     ZeroEndOfBackward,
     ZeroStageBackward,
 )
-from .types import PlanInput
 
 if TYPE_CHECKING:  # rank_terms imports this module (root_in_backward)
     from .pipeline_ranks import ScheduleMoment
-    from .rank_terms import ActivationTerms, BackwardTerms
+    from .rank_terms import ActivationTerms, RankStates
 
 __all__ = [
+    "RankView",
     "root_in_backward",
     "embedding_moment",
     "stored_activations",
@@ -38,6 +37,42 @@ __all__ = [
     "loss_moment",
     "moment_total",
 ]
+
+
+@dataclass(kw_only=True, slots=True)
+class RankView:
+    """What the moments of one pipeline rank read, built once per rank by `rank._rank_memory`:
+    the plan, the rank's place in the pipeline, its states, buffers and activation terms."""
+
+    plan: PlanInput
+    counts: ParamCounts
+    """The model's parameter counts (`ModelConfig.param_counts`)."""
+    rank: int
+    """Pipeline rank (0 holds the embedding, pp - 1 the head)."""
+    layers: int
+    """Blocks this rank holds."""
+    microbatches: int
+    """Micro-batches per step (gradient accumulation, at least 1)."""
+    rank_states: RankStates
+    """The rank's model states and the parameters they count (`rank_terms.rank_states`)."""
+    buffer_terms: dict[str, float]
+    """Named buffers (`rank_terms.rank_buffers`; a pipeline rank's receive buffers added)."""
+    buffers: float
+    """Their sum."""
+    fsdp: float
+    """The FSDP collectives' buffers (the fsdp_* terms)."""
+    fp8_quantize: float
+    """fp8's quantization temporary (alive only inside a converted linear)."""
+    runtime_context: float
+    """The CUDA context term (outside every moment's tensors)."""
+    acts: ActivationTerms
+    """Activation bytes per micro-batch (`rank_terms.activation_terms`)."""
+    schedule: tuple[ScheduleMoment, ...]
+    """The pipeline schedule's backward moments of this rank (empty when pp = 1)."""
+
+    @property
+    def last(self) -> bool:
+        return self.rank == self.plan.layout.pp - 1
 
 
 def root_in_backward(
@@ -62,18 +97,7 @@ def root_in_backward(
     return wc * root, wc * head
 
 
-def embedding_moment(
-    plan: PlanInput,
-    pc: ParamCounts,
-    st: dict,
-    bufs: dict,
-    count: float,
-    last: bool,
-    fixed: float,
-    bwd_terms: BackwardTerms,
-    held_logits: float,
-    ctx: float,
-) -> EmbeddingBackward:
+def embedding_moment(view: RankView) -> EmbeddingBackward:
     """Memory of the first stage when the token embedding's gradient is computed.
 
     It is the last gradient backward computes: every other gradient is complete, every
@@ -85,6 +109,9 @@ def embedding_moment(
     dry-run, gpt2-124m-L2 dp2 z0 fp32 (-10.8% before this moment was modelled), gpt2-350m-L2
     dp4 z3 tp4 fp32 (-32%) and llama2-7b-L1 dp4 z3 tp2+sp (+12% with the old ZeRO-3 moment).
     """
+    plan, pc, bufs = view.plan, view.counts, view.buffer_terms
+    st, count, fixed = view.rank_states.states, view.rank_states.params, view.rank_states.fixed
+    bwd_terms = view.rank_states.backward
     L, model = plan.layout, plan.model
     root_live, head_held = bwd_terms.root_unit, bwd_terms.head_grad_held
     blk, tmp = bwd_terms.block_params, bwd_terms.embedding_temp
@@ -106,28 +133,22 @@ def embedding_moment(
     return EmbeddingBackward(
         states=states,
         other_grads=grads_rest * max(0.0, other),
-        held_logits=held_logits if last else 0.0,
+        held_logits=view.acts.held_logits if view.last else 0.0,
         embedding_temp=tmp,
-        runtime_context=ctx,
+        runtime_context=view.runtime_context,
     )
 
 
 def stored_activations(
-    plan: PlanInput,
-    moments: tuple[ScheduleMoment, ...],
-    st: dict,
-    layers: int,
-    in_flight: float,
-    m: int,
-    last: bool,
-    acts_terms: ActivationTerms,
-    late_grads: float = 0.0,
+    view: RankView, *, in_flight: float, late_grads: float = 0.0
 ) -> tuple[float, float, float]:
     """(largest stored activations, the blocks' part of them, activations + the gradients that
     exist by then) of a rank; pipelines walk the schedule's own moments
     (`pipeline_ranks.schedule_moments`: stored activations per chunk, whether the gradients
     exist yet). late_grads: gradients backward computes only after every block's (the first
     stage's embedding tables), absent from a one-micro-batch block backward."""
+    plan, st, layers, m = view.plan, view.rank_states.states, view.layers, view.microbatches
+    acts_terms = view.acts
     per_layer, recompute, head_acts = acts_terms.per_layer, acts_terms.recompute, acts_terms.head
     one_layer = per_layer
     extra = 0.0
@@ -140,7 +161,7 @@ def stored_activations(
     if plan.layout.pp > 1:
         acts = fwdbwd = -1.0
         most = 0
-        for lay, hd, g, _ in moments:
+        for lay, hd, g, _ in view.schedule:
             stored = lay * per_layer + hd * head_acts
             with_grads = stored + (grads if g else 0.0)
             if stored > acts:
@@ -150,7 +171,7 @@ def stored_activations(
             if lay > most:
                 most = lay
         return acts + extra, most * per_layer, fwdbwd + extra
-    acts = in_flight * layers * per_layer + extra + (head_acts if last else 0.0)
+    acts = in_flight * layers * per_layer + extra + (head_acts if view.last else 0.0)
     block_stored = in_flight * layers * per_layer
     if m > 1:
         return acts, block_stored, acts + grads
@@ -160,22 +181,7 @@ def stored_activations(
     return acts, block_stored, max(acts + st["grads.in_flight"], grads - late_grads + one_layer)
 
 
-def zero_moments(
-    plan: PlanInput,
-    pc: ParamCounts,
-    st: dict,
-    fixed: float,
-    buffers: float,
-    bufs: dict,
-    fsdp: float,
-    count: float,
-    bwd_terms: BackwardTerms,
-    layers: int,
-    m: int,
-    block_stored: float,
-    acts_terms: ActivationTerms,
-    rank: int,
-) -> list[Moment]:
+def zero_moments(view: RankView, block_stored: float) -> list[Moment]:
     """ZeRO-2/3's moments (FSDP2 as parallel/fsdp.py builds it; measured with the dry-run,
     llama2-7b-L1 dp8 z3: +12% and llama-1024-L4 dp4 z2 fp32: +6% before the block moment
     was modelled):
@@ -194,8 +200,13 @@ def zero_moments(
       activations. Source: measured with the dry-run, llama-1024-L4 dp2 z3 pp2 1f1b (-12%
       without this).
     - the end of backward, the root unit's post-backward (`_end_of_backward`). The embedding's
-      gradient is `embedding_moment`.
+      gradient is `embedding_moment`. block_stored: the blocks' stored activations
+      (`stored_activations`).
     """
+    plan, layers, m = view.plan, view.layers, view.microbatches
+    st, count, fixed = view.rank_states.states, view.rank_states.params, view.rank_states.fixed
+    buffers, fsdp, acts_terms = view.buffers, view.fsdp, view.acts
+    bwd_terms = view.rank_states.backward
     L = plan.layout
     per_layer, recompute = acts_terms.per_layer, acts_terms.recompute
     held_logits = acts_terms.held_logits
@@ -211,7 +222,7 @@ def zero_moments(
     else:
         root_live = 0.0  # counted in `fixed` with every other gathered unit
         compute, reduce = wc * blk + 4.0 * blk * more, wc * blk + 4.0 * blk
-    held = held_logits if rank == L.pp - 1 else 0.0
+    held = held_logits if view.last else 0.0
     accumulated = grads_rest if (m > 1 or L.pp > 1) else 0.0
     if m > 1 or L.pp > 1:
         bwd = block_stored + grads_rest
@@ -229,8 +240,9 @@ def zero_moments(
             # ZeRO-3: dry-run, mixtral-8x7b dp8 z3 ep8 selective, peak in block 1's backward
             # with blocks 2.. 's grads: -2.5% at 8 blocks with only the stored-acts side)
             stored = max(stored, per_layer + grads_rest * (layers - 1) / layers)
-        early = (stored + accumulated + recompute, blk, more, wc)
-        bwd, copies, block_buffers = _early_block_backward(plan, *early, bwd, copies, bufs, buffers)
+        bwd, copies, block_buffers = _early_block_backward(
+            view, stored=stored + accumulated + recompute, more=more, bwd=bwd, copies=copies
+        )
     out: list[Moment] = [
         ZeroBlockBackward(
             states=rest,
@@ -255,24 +267,12 @@ def zero_moments(
                 held_logits=held,
             )
         )
-    out.append(
-        _end_of_backward(
-            plan, pc, rest, buffers, bufs, fsdp, grads_rest, count, root_live, head_held, held, rank
-        )
-    )
+    out.append(_end_of_backward(view, rest=rest, grads_rest=grads_rest, held=held))
     return out
 
 
 def _early_block_backward(
-    plan: PlanInput,
-    stored: float,
-    blk: float,
-    more: float,
-    wc: int,
-    bwd: float,
-    copies: float,
-    bufs: dict,
-    buffers: float,
+    view: RankView, *, stored: float, more: float, bwd: float, copies: float
 ) -> tuple[float, float, float]:
     """(activation side, unit copies, buffers) of a block's backward moment (ZeRO-2/3): the
     start of the last block's backward where it outweighs the copies' moment (bwd, copies).
@@ -285,8 +285,8 @@ def _early_block_backward(
     tp2+sp (adding the recompute to the copies' moment is 13% over: at 7B widths the block's
     gradient copies are not alive then); ac none, tiny dp2 z3 fp32 b1 s128 (peak inside the
     last block's w2 backward, block 0's all-gather issued: -7.8% while only the later copies'
-    moment was modelled). stored: stored + accumulated grads + recompute; blk: a block's
-    parameters; more: 1 if there is a next block to prefetch.
+    moment was modelled). stored: stored + accumulated grads + recompute; more: 1 if there is
+    a next block to prefetch.
 
     No SP collective is in flight then: the sequence-parallel all-gather's output
     (`tp_all_gather`) is not a separate buffer but the linears' gathered inputs, which are in
@@ -294,8 +294,10 @@ def _early_block_backward(
     z3 tp2+sp selective holds exactly two (b, s, h) gathered copies at its peak, both the
     recompute's: +3.05% with the buffer on top).
     """
+    plan, bufs, buffers = view.plan, view.buffer_terms, view.buffers
+    blk = view.rank_states.backward.block_params
     L = plan.layout
-    e = compute_bytes(plan.precision)
+    e = wc = compute_bytes(plan.precision)
     work = mlp_backward_work_bytes(
         plan.model,
         tokens=plan.seq_len / L.cp * plan.micro_batch,
@@ -313,18 +315,7 @@ def _early_block_backward(
 
 
 def _end_of_backward(
-    plan: PlanInput,
-    pc: ParamCounts,
-    rest: float,
-    buffers: float,
-    bufs: dict,
-    fsdp: float,
-    grads_rest: float,
-    count: float,
-    root_live: float,
-    head_held: float,
-    held: float,
-    rank: int,
+    view: RankView, *, rest: float, grads_rest: float, held: float
 ) -> ZeroEndOfBackward:
     """The end of backward, the root unit's post-backward (ZeRO-2/3).
 
@@ -333,20 +324,24 @@ def _end_of_backward(
     logits the loop holds; ZeRO-3 has resharded the root's parameters by then (ZeRO-2 keeps
     every unit gathered: counted in `rest`). Source: the dry-run's peak of llama-1024-L4 dp2 z3
     (sharded grads of the blocks only, one bf16 root grad, no unsharded params: +18% with the
-    root gathered and its shard counted twice).
+    root gathered and its shard counted twice). rest: the resting states; grads_rest: the
+    gradients but those in flight; held: the logits the loop holds.
     """
+    plan, count = view.plan, view.rank_states.params
+    root_live = view.rank_states.backward.root_unit  # read only under ZeRO-3
+    head_held = view.rank_states.backward.head_grad_held
     L = plan.layout
     wc = compute_bytes(plan.precision)
     root_grad = end_held = root_grads = 0.0
     if L.zero >= 3 and root_live:
         root_grads = grads_rest * (root_live / wc) / count if count else 0.0
-        embedding = wc * pc.embedding / L.tp if rank == 0 else 0.0
+        embedding = wc * view.counts.embedding / L.tp if view.rank == 0 else 0.0
         root_grad, end_held = max(embedding, head_held), held
     return ZeroEndOfBackward(
         states=rest,
-        buffers=buffers,
-        fsdp=fsdp,
-        reduce_scatter=bufs.get("fsdp_reduce_scatter", 0.0),
+        buffers=view.buffers,
+        fsdp=view.fsdp,
+        reduce_scatter=view.buffer_terms.get("fsdp_reduce_scatter", 0.0),
         grads=grads_rest,
         root_grad=root_grad,
         held_logits=end_held,
@@ -354,35 +349,22 @@ def _end_of_backward(
     )
 
 
-def loss_moment(
-    plan: PlanInput,
-    st: dict,
-    fixed: float,
-    buffers: float,
-    fsdp: float,
-    quant: float,
-    count: float,
-    m: int,
-    stored: float,
-    moments: tuple[ScheduleMoment, ...],
-    acts_terms: ActivationTerms,
-    root_live: float,
-    layers: int,
-    block: float,
-) -> LossBackward:
+def loss_moment(view: RankView, stored: float) -> LossBackward:
     """The last stage's loss backward: every activation still stored plus the cross-entropy
     backward temporaries (`loss_backward_bytes`) and the head weight's gradient the fused loss
-    returns (`head_grad_bytes`). FSDP2 has resharded every block (ZeRO-3),
-    so in-flight ZeRO-3 copies and FSDP buffers are left out, except the last block's
-    all-gather that the root's pre-backward prefetches (ZeRO-3, pp = 1; `block` = one
-    block's parameters); accumulated grads (m > 1) are held. Pipelines: each loss backward
-    of the schedule, with what is stored then and the gradients if they exist.
+    returns (`head_grad_bytes`). FSDP2 has resharded every block (ZeRO-3), so in-flight
+    ZeRO-3 copies and FSDP buffers are left out, except the last block's all-gather that the
+    root's pre-backward prefetches (ZeRO-3, pp = 1); accumulated grads (m > 1) are held.
+    Pipelines: each loss backward of the schedule, with what is stored then and the gradients
+    if they exist.
 
     Not counted, because not held: logits (the last stage runs the fused loss, pipelined or
     not, `config.fused_head_loss`; zero-bubble's logits of earlier micro-batches are not kept
-    either: the trainer runs the schedule with return_outputs=False)."""
+    either: the trainer runs the schedule with return_outputs=False). stored: the stored
+    activations (pp = 1)."""
+    plan, buffers, fsdp, quant = view.plan, view.buffers, view.fsdp, view.fp8_quantize
     L = plan.layout
-    per_layer, head_acts = acts_terms.per_layer, acts_terms.head
+    per_layer, head_acts = view.acts.per_layer, view.acts.head
     # the head weight the fused loss reads: FSDP2's 16-bit unsharded copy under ZeRO-2/3
     # with 16-bit compute, else the fp32 parameter
     weight_bytes = compute_bytes(plan.precision) if L.zero >= 2 else 4
@@ -399,7 +381,7 @@ def loss_moment(
         chunk_tokens=plan.loss_chunk_tokens,
     )
     head = head_grad_bytes(plan.model, tp=L.tp, fused=fused, weight_bytes=weight_bytes)
-    resting, held = _loss_resting(plan, st, fixed, count, m, root_live, layers, block)
+    resting, held = _loss_resting(view)
     if L.pp == 1:
         return LossBackward(
             states=resting,
@@ -425,24 +407,19 @@ def loss_moment(
                 loss_temp=loss_tmp,
                 head_grad=head,
             )
-            for sm in moments
+            for sm in view.schedule
             if sm.is_loss
         ),
         key=moment_total,
     )
 
 
-def _loss_resting(
-    plan: PlanInput,
-    st: dict,
-    fixed: float,
-    count: float,
-    m: int,
-    root_live: float,
-    layers: int,
-    block: float,
-) -> tuple[float, float]:
+def _loss_resting(view: RankView) -> tuple[float, float]:
     """(resting states, held grads) during the loss backward (`loss_moment`)."""
+    plan, layers, m = view.plan, view.layers, view.microbatches
+    st, count, fixed = view.rank_states.states, view.rank_states.params, view.rank_states.fixed
+    root_live = view.rank_states.backward.root_unit
+    block = view.rank_states.backward.block_params  # the last block's all-gather output
     L = plan.layout
     resting = fixed - (st["params.in_flight"] if L.zero >= 3 else 0.0)
     held = st["grads"] - st["grads.in_flight"] if (m > 1 or L.pp > 1) else 0.0

@@ -1,0 +1,13 @@
+"""How long does one training step take, and what does the run cost? The planner's time model.
+
+- `flops.py`: FLOPs per token (matmuls only, one multiply-add = 2 FLOPs; the attention core,
+  the head, recomputation).
+- `efficiency.py`: the fraction of peak a GEMM or attention kernel reaches, by GPU generation,
+  shape and precision, and the latency terms of collectives at scale.
+- `comm.py`: bytes and alpha-beta times of every collective of a step (DP all-reduce, ZeRO /
+  FSDP all-gather and reduce-scatter, TP, PP point-to-point, CP, EP all-to-all).
+- `pipeline.py`: pipeline schedules: closed-form bubbles, in-flight micro-batches (also read by
+  the memory model), action orders and a simulator.
+- `step_time.py`: compute + exposed communication + bubble + optimizer step = `StepTime`.
+- `cost.py`: training time, GPU-hours, money, energy and CO2 of a whole run.
+"""
