@@ -9,7 +9,15 @@ import json
 import numpy as np
 import pytest
 
-from scaletrain.config import ConfigError, DataConfig, load_config
+from scaletrain.cli import main as cli_main
+from scaletrain.config import (
+    ConfigError,
+    DataConfig,
+    load_config,
+    parse_overrides,
+    split_overrides,
+)
+from scaletrain.config.sources import parse_sources
 from scaletrain.data import build_data
 from scaletrain.data.pretrained import PretrainedTokenizer
 from tests._hf_models import make_tokenizer_dir
@@ -114,6 +122,35 @@ def test_mixture_weights_are_token_shares(tmp_path):
         assert len(train) == round((n_a + n_b) * 0.75) + round((n_a + n_b) * 0.25)
         head = train[: round((n_a + n_b) * 0.75)]
         assert "B " not in head and head.count("A ") > 400  # source a repeated to its share
+
+
+def test_mixture_with_spaces_on_the_command_line(tmp_path, capsys):
+    a = _jsonl(tmp_path / "a.jsonl", _docs(20, 3))
+    (tmp_path / "b").mkdir()
+    _jsonl(tmp_path / "b" / "b.jsonl", _docs(20, 4))
+    spec = f"{a}@0.7, {tmp_path / 'b'}/@0.3"
+    want = [(str(a), 0.7), (f"{tmp_path / 'b'}/", 0.3)]
+    # quoted (one argument holding a space), unquoted (the shell splits after the comma),
+    # `--key value` with the space before the comma, and a piece that starts with the comma
+    lines = [
+        [f"--data.source={spec}"],
+        [f"--data.source={a}@0.7,", f"{tmp_path / 'b'}/@0.3"],
+        ["--data.source", f"{a}@0.7", f", {tmp_path / 'b'}/@0.3"],
+    ]
+    for argv in lines:
+        rest, overrides = split_overrides(["train", *argv, "--nproc=0"])
+        assert rest == ["train", "--nproc=0"]
+        entries = parse_sources(parse_overrides(overrides)["data"]["source"])
+        assert [(e.pattern, e.weight) for e in entries] == want
+        # through the CLI: the mixture is checked (not taken for the config file), then
+        # --nproc=0 stops the run before any work
+        assert cli_main(["train", *argv, "--nproc=0"]) == 2
+        assert "--nproc must be >= 1" in capsys.readouterr().err
+    # a config file after a trailing comma stays the config file
+    assert split_overrides([f"--data.source={a},", "job.toml"]) == (
+        ["job.toml"],
+        [f"--data.source={a},"],
+    )
 
 
 def test_pretokenized_bin_is_used_as_is(tmp_path, tok_dir):
