@@ -16,8 +16,8 @@ __all__ = ["DataConfig"]
 class DataConfig:
     source: str = "grammar"
     """'grammar' (the embedded generated corpus), or files, folders, globs of .txt, .jsonl
-    (.gz), .parquet and pre-tokenized .bin, as a weighted mixture 'a.jsonl@0.7, b/@0.3'
-    (see scaletrain.config.sources)."""
+    (.gz), .parquet, pre-tokenized .bin and Megatron indexed datasets (.bin + .idx, or their
+    prefix), as a weighted mixture 'a.jsonl@0.7, b/@0.3' (see scaletrain.config.sources)."""
     tokenizer: str = "byte"
     """'byte' (256 ids), 'char' (characters seen in the corpus), 'bpe' (trained locally), or
     a pretrained tokenizer.json path (or its directory; BOS/EOS from tokenizer_config.json)."""

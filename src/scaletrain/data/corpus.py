@@ -11,7 +11,8 @@ per-source part files; parts are copied into the final `train.bin` / `val.bin` i
 Layout of the shards (what the loader reads): each document's ids, then the tokenizer's
 end-of-document id (a newline for tokenizers without one: byte-level), then the next document;
 a tokenizer whose config sets `add_bos_token` also gets BOS before each document. `.bin` files
-are copied verbatim (nanoGPT's files already hold their separators).
+are copied verbatim (nanoGPT's files already hold their separators); a Megatron dataset's
+documents get the separators they lack (`megatron.py`).
 
 Train/val split: the last `val_fraction` of each source's tokens is its validation part, so
 every source is represented in validation. Mixture: source i contributes `w_i / sum(w)` of the
@@ -33,6 +34,7 @@ from scaletrain.config import ConfigError, DataConfig
 from scaletrain.config.sources import parse_sources
 
 from .documents import decode_utf8, iter_documents
+from .megatron import is_megatron, iter_megatron_ids, read_index
 from .progress import Progress
 from .tokenizer import BPETokenizer, ByteTokenizer, Tokenizer
 
@@ -115,7 +117,11 @@ def encode_file(
 ) -> None:
     """Append the ids of one source file to `out`: its documents, each followed by the
     end-of-document separator (and preceded by BOS when the tokenizer adds one), or a `.bin`
-    file's ids as they are. `field` names the setting in errors."""
+    file's ids as they are, or a Megatron dataset's documents (`megatron.py`). `field` names
+    the setting in errors."""
+    if is_megatron(path):
+        _encode_megatron(path, tok, out, progress=progress, field=field)
+        return
     if path.name.endswith(".bin"):
         size, item = path.stat().st_size, np.dtype(token_dtype).itemsize
         if size % item:
@@ -172,6 +178,31 @@ def encode_file(
         if len(batch) >= _BATCH_DOCS:
             flush()
     flush()
+    progress.file_done(path.stat().st_size)
+
+
+def _encode_megatron(
+    path: Path, tok: Tokenizer, out: _Appender, *, progress: Progress, field: str
+) -> None:
+    index = read_index(path)
+    eos = getattr(tok, "eos_id", None)
+    if eos is None:  # byte-level: documents end with a newline, as text ingestion ends them
+        (eos,) = tok.encode("\n")
+    bos = tok.bos_id if getattr(tok, "add_bos", False) else None  # type: ignore[attr-defined]
+    for ids, docs, pos in iter_megatron_ids(index, eos=eos, bos=bos):
+        if len(ids) and (int(ids.max()) >= tok.vocab_size or int(ids.min()) < 0):
+            bad = int(ids.max()) if int(ids.max()) >= tok.vocab_size else int(ids.min())
+            raise ConfigError(
+                field,
+                str(path),
+                f"holds id {bad} but the tokenizer has {tok.vocab_size} ids: train with the "
+                "tokenizer the dataset was written with (data.tokenizer)",
+            )
+        out.add(ids)
+        progress.tokens += len(ids)
+        progress.docs += docs
+        progress.cursor.pos = pos
+        progress.tick()
     progress.file_done(path.stat().st_size)
 
 

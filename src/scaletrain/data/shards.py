@@ -26,6 +26,7 @@ from scaletrain.config.sources import parse_sources, resolve_tokenizer_file
 
 from . import corpus, sft
 from .grammar import default_grammar, generate_text
+from .megatron import is_megatron
 from .tokenizer import BPETokenizer, ByteTokenizer, CharTokenizer, Tokenizer, load_tokenizer
 
 __all__ = ["Shards", "source_files", "load_or_build_shards", "check_size"]
@@ -78,10 +79,9 @@ def _identity(cfg: DataConfig) -> dict:
         src: dict = {"kind": "grammar", "num_bytes": cfg.num_tokens, "seed": cfg.seed}
     else:
         root = Path(cfg.source).resolve()
-        files = [
-            [str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns]
-            for p in source_files(cfg.source)
-        ]
+        paths = source_files(cfg.source)
+        paths += [p.with_suffix(".idx") for p in paths if is_megatron(p)]  # its index too
+        files = [[str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns] for p in paths]
         src = {"kind": "files", "root": str(root), "files": files}
     tok: dict = {"name": cfg.tokenizer}
     if cfg.tokenizer == "bpe":
