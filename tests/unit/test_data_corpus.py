@@ -153,6 +153,49 @@ def test_mixture_with_spaces_on_the_command_line(tmp_path, capsys):
     )
 
 
+def test_shards_identical_for_any_number_of_workers(tmp_path, tok_dir):
+    (tmp_path / "mix").mkdir()
+    _jsonl(tmp_path / "mix" / "a.jsonl", _docs(1500, 8))  # 6 batches: > 2 x workers
+    b = _jsonl(tmp_path / "b.jsonl", _docs(700, 9))
+    np.arange(250, dtype=np.uint16).tofile(tmp_path / "mix" / "z.bin")  # after a's batches
+    got = {}
+    for workers in (1, 2, 3):
+        cfg = DataConfig(
+            source=f"{tmp_path / 'mix'}@2, {b}@1",
+            tokenizer=str(tok_dir),
+            workers=workers,
+            cache_dir=str(tmp_path / f"cache{workers}"),
+        )
+        with build_data(cfg, seq_len=16, micro_batch=2) as data:
+            d = data.shard_dir
+            got[workers] = [(d / n).read_bytes() for n in ("train.bin", "val.bin", "meta.json")]
+    assert got[1] == got[2] == got[3]
+    tok = PretrainedTokenizer.load(tok_dir)
+    # the folder's tokens: a's documents, then z.bin (written after a's batches were drained);
+    # its last 5% opens val.bin
+    mix = [i for d in _docs(1500, 8) for i in [*tok.encode(d), tok.eos_id]] + list(range(250))
+    n_val = int(len(mix) * 0.05)
+    assert np.frombuffer(got[2][1], np.uint16)[:n_val].tolist() == mix[-n_val:]
+    assert np.frombuffer(got[2][0], np.uint16)[:1000].tolist() == mix[:1000]
+    with pytest.raises(ConfigError, match="data.workers"):
+        DataConfig(workers=-1)
+
+
+def test_encode_pool_keeps_order_with_a_bounded_window(tok_dir):
+    from scaletrain.data.encode_pool import EncodePool, encode_rows
+
+    tok = PretrainedTokenizer.load(tok_dir)
+    batches = [[(d, True, True)] for d in _docs(40, 10)]
+    seen, in_flight = [], []
+    with EncodePool(tok, 2) as pool:
+        for batch in batches:
+            pool.submit(batch, lambda ids, docs: seen.append(ids.tolist()), field="f", where="w")
+            in_flight.append(len(pool._pending))
+        pool.drain()
+    assert seen == [encode_rows(tok, b)[0].tolist() for b in batches]
+    assert max(in_flight) == 4  # 2 x workers read ahead, never more
+
+
 def test_pretokenized_bin_is_used_as_is(tmp_path, tok_dir):
     ids = np.random.default_rng(0).integers(0, 150, size=5000).astype(np.uint16)
     ids.tofile(tmp_path / "train.bin")

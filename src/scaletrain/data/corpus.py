@@ -4,9 +4,9 @@ Used for every source the whole-text path in `shards.py` does not cover: JSONL (
 parquet, pre-tokenized `.bin`, globs, weighted mixtures, and any source with a pretrained
 tokenizer (reading each format's documents: `documents.py`). Memory stays bounded whatever the
 corpus size: documents are read one at a time (`.txt` files in ~1 MiB pieces), encoded in
-batches of `_BATCH_DOCS` (the `tokenizers` library encodes a batch on all cores) and appended to
-per-source part files; parts are copied into the final `train.bin` / `val.bin` in chunks of
-`_COPY_TOKENS`.
+batches of `_BATCH_DOCS` by `data.workers` processes (`encode_pool.py`: the same ids in the same
+order for any number of workers) and appended to per-source part files; parts are copied into
+the final `train.bin` / `val.bin` in chunks of `_COPY_TOKENS`.
 
 Layout of the shards (what the loader reads): each document's ids, then the tokenizer's
 end-of-document id (a newline for tokenizers without one: byte-level), then the next document;
@@ -34,6 +34,7 @@ from scaletrain.config import ConfigError, DataConfig
 from scaletrain.config.sources import parse_sources
 
 from .documents import decode_utf8, iter_documents
+from .encode_pool import Batch, EncodePool, default_workers
 from .megatron import is_megatron, iter_megatron_ids, read_index
 from .progress import Progress
 from .tokenizer import BPETokenizer, ByteTokenizer, Tokenizer
@@ -113,12 +114,17 @@ def encode_file(
     text_field: str,
     token_dtype: str,
     progress: Progress,
+    pool: EncodePool,
     field: str = "data.source",
 ) -> None:
     """Append the ids of one source file to `out`: its documents, each followed by the
-    end-of-document separator (and preceded by BOS when the tokenizer adds one), or a `.bin`
-    file's ids as they are, or a Megatron dataset's documents (`megatron.py`). `field` names
+    end-of-document separator (and preceded by BOS when the tokenizer adds one), encoded by
+    `pool`'s workers (`encode_pool.encode_rows`), or a `.bin` file's ids as they are, or a
+    Megatron dataset's documents (`megatron.py`). Documents still in the pool when this returns
+    are written by `pool.drain()`, which the caller runs before closing `out`. `field` names
     the setting in errors."""
+    if path.name.endswith(".bin"):
+        pool.drain()  # the ids of earlier files first: these are written here, at once
     if is_megatron(path):
         _encode_megatron(path, tok, out, progress=progress, field=field)
         return
@@ -148,36 +154,23 @@ def encode_file(
             progress.tick()
         progress.file_done(path.stat().st_size)
         return
-    eos = getattr(tok, "eos_id", None)
-    sep = [eos] if eos is not None else tok.encode("\n")
-    bos = [tok.bos_id] if getattr(tok, "add_bos", False) else []  # type: ignore[attr-defined]
-    batch: list[tuple[str, bool, bool]] = []  # (text, starts a document, ends one)
 
-    def flush() -> None:
-        texts = [t for t, _, _ in batch]
-        try:
-            encoded = (
-                tok.encode_batch(texts)
-                if hasattr(tok, "encode_batch")  # type: ignore
-                else [tok.encode(t) for t in texts]
-            )
-        except ValueError as e:  # char-level: a character the vocabulary lacks
-            raise ConfigError(field, str(path), f"cannot be tokenized: {e}") from None
-        for (_, starts, ends), ids in zip(batch, encoded, strict=True):
-            row = np.asarray((bos if starts else []) + ids + (sep if ends else []), dtype=np.int64)
-            out.add(row)
-            progress.tokens += len(row)
-            progress.docs += int(ends)
-        batch.clear()
+    def sink(ids: np.ndarray, docs: int) -> None:
+        out.add(ids)
+        progress.tokens += len(ids)
+        progress.docs += docs
         progress.tick()
 
+    batch: Batch = []
     starts = True
     for text, ends in iter_documents(path, text_field=text_field, cursor=progress.cursor):
         batch.append((text, starts, ends))
         starts = ends
         if len(batch) >= _BATCH_DOCS:
-            flush()
-    flush()
+            pool.submit(batch, sink, field=field, where=str(path))
+            batch = []
+    if batch:
+        pool.submit(batch, sink, field=field, where=str(path))
     progress.file_done(path.stat().st_size)
 
 
@@ -275,21 +268,24 @@ def build_streamed(cfg: DataConfig, tmp: Path, tok: Tokenizer, *, progress: bool
     entries = parse_sources(cfg.source)
     tracker = Progress(sum(f.stat().st_size for e in entries for f in e.files), enabled=progress)
     parts = []
-    for i, entry in enumerate(entries):
-        out = _Appender(tmp / f"part{i}.tmp", dtype)
-        try:
-            for f in entry.files:
-                encode_file(
-                    f,
-                    tok,
-                    out,
-                    text_field=cfg.text_field,
-                    token_dtype=cfg.token_dtype,
-                    progress=tracker,
-                )
-        finally:
-            out.close()
-        parts.append(_Part(out.path, out.count, entry.weight))
+    with EncodePool(tok, cfg.workers or default_workers()) as pool:
+        for i, entry in enumerate(entries):
+            out = _Appender(tmp / f"part{i}.tmp", dtype)
+            try:
+                for f in entry.files:
+                    encode_file(
+                        f,
+                        tok,
+                        out,
+                        text_field=cfg.text_field,
+                        token_dtype=cfg.token_dtype,
+                        progress=tracker,
+                        pool=pool,
+                    )
+                pool.drain()
+            finally:
+                out.close()
+            parts.append(_Part(out.path, out.count, entry.weight))
     tracker.finish()
     total_w = sum(p.weight for p in parts)
     train, val = _Appender(tmp / "train.bin", dtype), _Appender(tmp / "val.bin", dtype)
