@@ -6,7 +6,9 @@
     data.source = "web/*.jsonl.gz@0.7, books/@0.3"       # a mixture: weight after `@`
 
 Supported files: `.txt` (one document per file), `.jsonl` / `.jsonl.gz` (one document per line,
-the text in `data.text_field`), `.parquet` (the `data.text_field` column; needs pyarrow) and
+the text in `data.text_field`), `.parquet` and `.arrow` (the `data.text_field` column; needs
+pyarrow; a Hugging Face `datasets` directory written by `save_to_disk` is a folder of `.arrow`
+shards, `data-00000-of-0000N.arrow`, read in name order) and
 `.bin` (pre-tokenized flat ids as nanoGPT writes them, `data.token_dtype`, used as they are).
 A `.bin` beside a `.idx` of the same name is a Megatron-LM indexed dataset (its documents kept:
 `scaletrain.data.megatron`); such a dataset may also be named by its prefix, as Megatron's
@@ -41,7 +43,7 @@ __all__ = [
     "parse_eval_sources",
 ]
 
-SUFFIXES = (".txt", ".jsonl", ".jsonl.gz", ".parquet", ".bin")
+SUFFIXES = (".txt", ".jsonl", ".jsonl.gz", ".parquet", ".arrow", ".bin")
 _FIELD = "data.source"
 
 

@@ -34,7 +34,7 @@ __all__ = ["Shards", "source_files", "load_or_build_shards", "check_size"]
 _FORMAT = 2  # bump when the shard layout or the grammar changes, so old caches are not reused
 # (2: whole-text shards carry sha256 checksums; byte-tokenized files are kept byte-exact)
 _CHUNK_CHARS = 1 << 16
-_DOC_SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet", ".bin")
+_DOC_SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet", ".arrow", ".bin")
 
 
 @dataclass
