@@ -13,7 +13,7 @@ import pytest
 
 from scaletrain.config import ConfigError, DataConfig, load_config
 from scaletrain.data import build_data
-from scaletrain.data.megatron import iter_megatron_ids, read_index
+from scaletrain.data.megatron import iter_document_ids, read_index
 from scaletrain.data.pretrained import PretrainedTokenizer
 from tests._hf_models import make_tokenizer_dir
 
@@ -135,7 +135,7 @@ def test_separators_added_only_where_missing_in_pieces():
         path = write_megatron(Path(tmp) / "m", [[d] for d in docs])
         index = read_index(path)
         for block in (1, 3, 4, 100):
-            pieces = list(iter_megatron_ids(index, eos=eos, bos=bos, block=block))
+            pieces = list(iter_document_ids(index, eos=eos, bos=bos, block=block))
             assert np.concatenate([p for p, _, _ in pieces]).tolist() == want
             assert sum(n for _, n, _ in pieces) == len(docs)
             assert pieces[-1][2] == path.stat().st_size
@@ -230,5 +230,5 @@ def test_reads_what_megatron_core_writes(tmp_path, tok_dir):
     theirs = idx_mod.IndexedDataset(str(tmp_path / "ours"))
     assert len(theirs) == sum(len(d) for d in docs)
     index = read_index(tmp_path / "core.bin")
-    ids = np.concatenate([p for p, _, _ in iter_megatron_ids(index, eos=tok.eos_id, bos=None)])
+    ids = np.concatenate([p for p, _, _ in iter_document_ids(index, eos=tok.eos_id, bos=None)])
     assert ids.tolist() == [t for d in docs for s in d for t in s]

@@ -12,7 +12,8 @@ shards, `data-00000-of-0000N.arrow`, read in name order) and
 `.bin` (pre-tokenized flat ids as nanoGPT writes them, `data.token_dtype`, used as they are).
 A `.bin` beside a `.idx` of the same name is a Megatron-LM indexed dataset (its documents kept:
 `scaletrain.data.megatron`); such a dataset may also be named by its prefix, as Megatron's
-`--data-path` names it (`data.source = "tok/corpus_text_document"`).
+`--data-path` names it (`data.source = "tok/corpus_text_document"`). A `.ds` file beside its
+`.ds.index` is datatrove's tokenized output (`scaletrain.data.datatrove`).
 A file named directly with another suffix is read as plain text.
 A mixture's weights are the shares of training tokens each entry contributes (see
 `scaletrain.data.corpus`).
@@ -43,7 +44,7 @@ __all__ = [
     "parse_eval_sources",
 ]
 
-SUFFIXES = (".txt", ".jsonl", ".jsonl.gz", ".parquet", ".arrow", ".bin")
+SUFFIXES = (".txt", ".jsonl", ".jsonl.gz", ".parquet", ".arrow", ".bin", ".ds")
 _FIELD = "data.source"
 
 

@@ -12,7 +12,8 @@ Layout of the shards (what the loader reads): each document's ids, then the toke
 end-of-document id (a newline for tokenizers without one: byte-level), then the next document;
 a tokenizer whose config sets `add_bos_token` also gets BOS before each document. `.bin` files
 are copied verbatim (nanoGPT's files already hold their separators); a Megatron dataset's
-documents get the separators they lack (`megatron.py`).
+documents and datatrove's `.ds` files' get the separators they lack (`megatron.py`,
+`datatrove.py`).
 
 Train/val split: the last `val_fraction` of each source's tokens is its validation part, so
 every source is represented in validation. Mixture: source i contributes `w_i / sum(w)` of the
@@ -33,9 +34,10 @@ import numpy as np
 from scaletrain.config import ConfigError, DataConfig
 from scaletrain.config.sources import parse_sources
 
+from .datatrove import is_datatrove, read_datatrove
 from .documents import decode_utf8, iter_documents
 from .encode_pool import Batch, EncodePool, default_workers
-from .megatron import is_megatron, iter_megatron_ids, read_index
+from .megatron import DocumentIndex, is_megatron, iter_document_ids, read_index
 from .progress import Progress
 from .tokenizer import BPETokenizer, ByteTokenizer, Tokenizer
 
@@ -56,7 +58,12 @@ _COPY_TOKENS = 1 << 20
 
 
 def _text_files(cfg: DataConfig) -> list[Path]:
-    return [f for e in parse_sources(cfg.source) for f in e.files if not f.name.endswith(".bin")]
+    return [
+        f
+        for e in parse_sources(cfg.source)
+        for f in e.files
+        if not f.name.endswith((".bin", ".ds"))
+    ]
 
 
 def _training_documents(cfg: DataConfig, progress: Progress) -> Iterator[str]:
@@ -119,14 +126,15 @@ def encode_file(
 ) -> None:
     """Append the ids of one source file to `out`: its documents, each followed by the
     end-of-document separator (and preceded by BOS when the tokenizer adds one), encoded by
-    `pool`'s workers (`encode_pool.encode_rows`), or a `.bin` file's ids as they are, or a
-    Megatron dataset's documents (`megatron.py`). Documents still in the pool when this returns
-    are written by `pool.drain()`, which the caller runs before closing `out`. `field` names
-    the setting in errors."""
-    if path.name.endswith(".bin"):
+    `pool`'s workers (`encode_pool.encode_rows`), or a `.bin` file's ids as they are, or the
+    documents of a Megatron dataset or a datatrove `.ds` file. Documents still in the pool when
+    this returns are written by `pool.drain()`, which the caller runs before closing `out`.
+    `field` names the setting in errors."""
+    if path.name.endswith((".bin", ".ds")):
         pool.drain()  # the ids of earlier files first: these are written here, at once
-    if is_megatron(path):
-        _encode_megatron(path, tok, out, progress=progress, field=field)
+    if is_megatron(path) or is_datatrove(path):
+        index = read_index(path) if is_megatron(path) else read_datatrove(path, token_dtype)
+        _encode_documents(path, index, tok, out, progress=progress, field=field)
         return
     if path.name.endswith(".bin"):
         size, item = path.stat().st_size, np.dtype(token_dtype).itemsize
@@ -174,15 +182,21 @@ def encode_file(
     progress.file_done(path.stat().st_size)
 
 
-def _encode_megatron(
-    path: Path, tok: Tokenizer, out: _Appender, *, progress: Progress, field: str
+def _encode_documents(
+    path: Path,
+    index: DocumentIndex,
+    tok: Tokenizer,
+    out: _Appender,
+    *,
+    progress: Progress,
+    field: str,
 ) -> None:
-    index = read_index(path)
+    """A Megatron or datatrove file's documents, with the separators they lack."""
     eos = getattr(tok, "eos_id", None)
     if eos is None:  # byte-level: documents end with a newline, as text ingestion ends them
         (eos,) = tok.encode("\n")
     bos = tok.bos_id if getattr(tok, "add_bos", False) else None  # type: ignore[attr-defined]
-    for ids, docs, pos in iter_megatron_ids(index, eos=eos, bos=bos):
+    for ids, docs, pos in iter_document_ids(index, eos=eos, bos=bos):
         if len(ids) and (int(ids.max()) >= tok.vocab_size or int(ids.min()) < 0):
             bad = int(ids.max()) if int(ids.max()) >= tok.vocab_size else int(ids.min())
             raise ConfigError(

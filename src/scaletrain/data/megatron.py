@@ -36,18 +36,33 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
 from scaletrain.config import ConfigError
 
-__all__ = ["MegatronIndex", "is_megatron", "read_index", "iter_megatron_ids"]
+__all__ = ["DocumentIndex", "MegatronIndex", "is_megatron", "read_index", "iter_document_ids"]
 
 MAGIC = b"MMIDIDX\x00\x00"
 _HEADER = struct.Struct("<9sQBQQ")  # magic, version, dtype code, sequences, documents: 34 bytes
 # megatron-core's DType codes; the float codes (6 float64, 7 float32) hold no token ids
 _DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 8: np.uint16}
 _BLOCK = 1 << 20  # sequences or documents checked (and tokens copied) per step
+
+
+class DocumentIndex(Protocol):
+    """Token ids in one file with their document boundaries (Megatron's, datatrove's)."""
+
+    @property
+    def bin_path(self) -> Path: ...
+    @property
+    def dtype(self) -> np.dtype: ...
+    @property
+    def num_tokens(self) -> int: ...
+    @property
+    def num_documents(self) -> int: ...
+    def token_bounds(self, lo: int, hi: int) -> np.ndarray: ...
 
 
 @dataclass(frozen=True)
@@ -158,8 +173,8 @@ def _check_documents(idx: Path, doc_ends: np.ndarray, num_seq: int) -> None:
             raise _bad(idx, f"the document indices fall near document {lo}")
 
 
-def iter_megatron_ids(
-    index: MegatronIndex, *, eos: int | None, bos: int | None, block: int = _BLOCK
+def iter_document_ids(
+    index: DocumentIndex, *, eos: int | None, bos: int | None, block: int = _BLOCK
 ) -> Iterator[tuple[np.ndarray, int, int]]:
     """(ids, documents ended, .bin bytes read so far), in order, the documents with the
     separators added that they lack (module docstring): whole documents up to about `block`
