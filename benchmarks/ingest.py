@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import resource
 import sys
 import tempfile
@@ -161,8 +162,11 @@ def main() -> None:
             pair = []
             for workers in (1, 2) if n % 2 == 0 else (2, 1):  # alternate who goes first
                 cache = root / f"cache-{mb}-{workers}"
+                load = os.getloadavg()[0]  # what others ran on this host just before
                 r = _fresh_process(_ingest, str(corpus), str(tok), str(cache), workers)
                 r.update(
+                    load_before=load,
+                    load_after=os.getloadavg()[0],
                     mb=round(size_mb, 1),
                     docs=docs,
                     tokens_per_s=r["tokens"] / r["wall_s"],
@@ -207,14 +211,15 @@ def _markdown(rows: list[dict], refs: list[dict]) -> str:
         "# Ingestion: JSONL -> checksummed token shards (pretrained BPE, vocab 8192)",
         "",
         "| corpus MB | workers | documents | tokens | tokens/s (wall) | tokens per CPU-s | "
-        "MB/s | peak RSS MiB (main / worker) | shards = 1 worker's |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|:--|",
+        "MB/s | peak RSS MiB (main / worker) | shards = 1 worker's | load avg before / after |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|:--|---:|",
     ]
     md += [
         f"| {r['mb']} | {r['workers']} | {r['docs']:,} | {r['tokens']:,} | "
         f"{r['tokens_per_s']:,.0f} | {r['tokens_per_cpu_s']:,.0f} | {r['mb_per_s']:.2f} | "
         f"{r['peak_rss_mib']:.0f} / {r['worker_peak_rss_mib']:.0f} | "
-        f"{'identical' if r['identical_shards'] else 'DIFFERENT'} |"
+        f"{'identical' if r['identical_shards'] else 'DIFFERENT'} | "
+        f"{r['load_before']:.1f} / {r['load_after']:.1f} |"
         for r in rows
     ]
     md += [
@@ -250,7 +255,9 @@ def _markdown(rows: list[dict], refs: list[dict]) -> str:
         f"Peak RSS of the main process changes by {growth:+.1f} MiB from the small to the large "
         f"corpus (2 workers), against {written:.0f} MiB of token ids written: {verdict}.",
         "",
-        "**The host is shared**: other engineers' jobs run on the same 2 cores, so wall-clock "
+        "**The host is shared**: other engineers' jobs run on the same 2 cores (the 1-minute "
+        "load average, in the table, counts runnable processes: above 2 no core is idle), so "
+        "wall-clock "
         "rates (tokens/s, MB/s, the 2-worker speedup) are lower bounds that depend on their load "
         "at the time; tokens per CPU-second are much less affected. 1 and 2 workers ran one "
         "after the other, alternating which went first.",
