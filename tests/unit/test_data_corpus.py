@@ -9,7 +9,15 @@ import json
 import numpy as np
 import pytest
 
-from scaletrain.config import ConfigError, DataConfig, load_config
+from scaletrain.cli import main as cli_main
+from scaletrain.config import (
+    ConfigError,
+    DataConfig,
+    load_config,
+    parse_overrides,
+    split_overrides,
+)
+from scaletrain.config.sources import parse_sources
 from scaletrain.data import build_data
 from scaletrain.data.pretrained import PretrainedTokenizer
 from tests._hf_models import make_tokenizer_dir
@@ -114,6 +122,78 @@ def test_mixture_weights_are_token_shares(tmp_path):
         assert len(train) == round((n_a + n_b) * 0.75) + round((n_a + n_b) * 0.25)
         head = train[: round((n_a + n_b) * 0.75)]
         assert "B " not in head and head.count("A ") > 400  # source a repeated to its share
+
+
+def test_mixture_with_spaces_on_the_command_line(tmp_path, capsys):
+    a = _jsonl(tmp_path / "a.jsonl", _docs(20, 3))
+    (tmp_path / "b").mkdir()
+    _jsonl(tmp_path / "b" / "b.jsonl", _docs(20, 4))
+    spec = f"{a}@0.7, {tmp_path / 'b'}/@0.3"
+    want = [(str(a), 0.7), (f"{tmp_path / 'b'}/", 0.3)]
+    # quoted (one argument holding a space), unquoted (the shell splits after the comma),
+    # `--key value` with the space before the comma, and a piece that starts with the comma
+    lines = [
+        [f"--data.source={spec}"],
+        [f"--data.source={a}@0.7,", f"{tmp_path / 'b'}/@0.3"],
+        ["--data.source", f"{a}@0.7", f", {tmp_path / 'b'}/@0.3"],
+    ]
+    for argv in lines:
+        rest, overrides = split_overrides(["train", *argv, "--nproc=0"])
+        assert rest == ["train", "--nproc=0"]
+        entries = parse_sources(parse_overrides(overrides)["data"]["source"])
+        assert [(e.pattern, e.weight) for e in entries] == want
+        # through the CLI: the mixture is checked (not taken for the config file), then
+        # --nproc=0 stops the run before any work
+        assert cli_main(["train", *argv, "--nproc=0"]) == 2
+        assert "--nproc must be >= 1" in capsys.readouterr().err
+    # a config file after a trailing comma stays the config file
+    assert split_overrides([f"--data.source={a},", "job.toml"]) == (
+        ["job.toml"],
+        [f"--data.source={a},"],
+    )
+
+
+def test_shards_identical_for_any_number_of_workers(tmp_path, tok_dir):
+    (tmp_path / "mix").mkdir()
+    _jsonl(tmp_path / "mix" / "a.jsonl", _docs(1500, 8))  # 6 batches: > 2 x workers
+    b = _jsonl(tmp_path / "b.jsonl", _docs(700, 9))
+    np.arange(250, dtype=np.uint16).tofile(tmp_path / "mix" / "z.bin")  # after a's batches
+    got = {}
+    for workers in (1, 2, 3):
+        cfg = DataConfig(
+            source=f"{tmp_path / 'mix'}@2, {b}@1",
+            tokenizer=str(tok_dir),
+            workers=workers,
+            cache_dir=str(tmp_path / f"cache{workers}"),
+        )
+        with build_data(cfg, seq_len=16, micro_batch=2) as data:
+            d = data.shard_dir
+            got[workers] = [(d / n).read_bytes() for n in ("train.bin", "val.bin", "meta.json")]
+    assert got[1] == got[2] == got[3]
+    tok = PretrainedTokenizer.load(tok_dir)
+    # the folder's tokens: a's documents, then z.bin (written after a's batches were drained);
+    # its last 5% opens val.bin
+    mix = [i for d in _docs(1500, 8) for i in [*tok.encode(d), tok.eos_id]] + list(range(250))
+    n_val = int(len(mix) * 0.05)
+    assert np.frombuffer(got[2][1], np.uint16)[:n_val].tolist() == mix[-n_val:]
+    assert np.frombuffer(got[2][0], np.uint16)[:1000].tolist() == mix[:1000]
+    with pytest.raises(ConfigError, match="data.workers"):
+        DataConfig(workers=-1)
+
+
+def test_encode_pool_keeps_order_with_a_bounded_window(tok_dir):
+    from scaletrain.data.encode_pool import EncodePool, encode_rows
+
+    tok = PretrainedTokenizer.load(tok_dir)
+    batches = [[(d, True, True)] for d in _docs(40, 10)]
+    seen, in_flight = [], []
+    with EncodePool(tok, 2) as pool:
+        for batch in batches:
+            pool.submit(batch, lambda ids, docs: seen.append(ids.tolist()), field="f", where="w")
+            in_flight.append(len(pool._pending))
+        pool.drain()
+    assert seen == [encode_rows(tok, b)[0].tolist() for b in batches]
+    assert max(in_flight) == 4  # 2 x workers read ahead, never more
 
 
 def test_pretokenized_bin_is_used_as_is(tmp_path, tok_dir):

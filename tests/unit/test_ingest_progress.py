@@ -13,6 +13,7 @@ import pytest
 from scaletrain.config import DataConfig
 from scaletrain.data import build_data
 from scaletrain.data.corpus import _Appender, encode_file
+from scaletrain.data.encode_pool import EncodePool
 from scaletrain.data.progress import Progress
 from scaletrain.data.tokenizer import ByteTokenizer
 
@@ -83,7 +84,17 @@ def test_counts_match_the_shard_and_bytes_reach_the_file_size(tmp_path, suffix):
         path.write_bytes(gzip.compress(body) if suffix.endswith(".gz") else body)
     p = _Recording(path.stat().st_size, enabled=True)
     app = _Appender(tmp_path / "ids.bin", np.dtype(np.uint16))
-    encode_file(path, ByteTokenizer(), app, text_field="text", token_dtype="uint16", progress=p)
+    with EncodePool(ByteTokenizer(), 2) as pool:
+        encode_file(
+            path,
+            ByteTokenizer(),
+            app,
+            text_field="text",
+            token_dtype="uint16",
+            progress=p,
+            pool=pool,
+        )
+        pool.drain()  # the batches still with the workers
     app.close()
     assert p.docs == len(docs)
     assert p.tokens == app.count == sum(len(d) + 1 for d in docs)  # + "\n" per document

@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 if "OMP_WAIT_POLICY" not in os.environ:
     os.environ.setdefault("GOMP_SPINCOUNT", "20000")
 
-from scaletrain.config import ConfigError  # noqa: E402
+from scaletrain.config import ConfigError, split_overrides  # noqa: E402
 
 __all__ = ["main", "SUBCOMMANDS"]
 
@@ -118,7 +118,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0 if argv else 2
     module = importlib.import_module(SUBCOMMANDS[chosen][0])
-    args, extra = parser.parse_known_args(argv)
+    # overrides bypass argparse, which took `--data.source="a@0.7, b@0.3"` (a space) or the
+    # shell's second piece of it unquoted for the config file
+    rest, overrides = split_overrides(argv)
+    args, unknown = parser.parse_known_args(rest)
+    extra = overrides + unknown
     previous = _exit_on_sigint(chosen)
     try:
         _one_config(args)

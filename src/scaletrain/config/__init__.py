@@ -39,7 +39,7 @@ from .layout import (
     stage_ids,
     stage_layer_ranges,
 )
-from .loading import load_config, parse_overrides
+from .loading import load_config, parse_overrides, split_overrides
 from .lora import LORA_TARGETS, LoraConfig
 from .model import MODEL_PRESETS, ModelConfig, ParamCounts, model_preset, resolve_model
 from .precision import PRECISION_TABLE, PrecisionSpec, compute_bytes, precision_spec
@@ -74,6 +74,7 @@ __all__ = [
     "TrainConfig",
     "load_config",
     "parse_overrides",
+    "split_overrides",
     "PP_SCHEDULES",
     "Layout",
     "batch_problems",

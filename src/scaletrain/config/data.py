@@ -16,8 +16,8 @@ __all__ = ["DataConfig"]
 class DataConfig:
     source: str = "grammar"
     """'grammar' (the embedded generated corpus), or files, folders, globs of .txt, .jsonl
-    (.gz), .parquet and pre-tokenized .bin, as a weighted mixture 'a.jsonl@0.7, b/@0.3'
-    (see scaletrain.config.sources)."""
+    (.gz), .parquet, pre-tokenized .bin and Megatron indexed datasets (.bin + .idx, or their
+    prefix), as a weighted mixture 'a.jsonl@0.7, b/@0.3' (see scaletrain.config.sources)."""
     tokenizer: str = "byte"
     """'byte' (256 ids), 'char' (characters seen in the corpus), 'bpe' (trained locally), or
     a pretrained tokenizer.json path (or its directory; BOS/EOS from tokenizer_config.json)."""
@@ -46,6 +46,9 @@ class DataConfig:
     seed: int = 1234
     cache_dir: str = ".cache/scaletrain"
     """Where token shards (numpy memmaps) are written."""
+    workers: int = 0
+    """Processes tokenizing a streamed corpus, each on one core (0 = the cores this process
+    may use, os.sched_getaffinity); the shards are the same for any number."""
     prefetch: int = 2
     """Batches prepared ahead by the background loader thread (0 = synchronous)."""
     delay_s: float = 0.0
@@ -85,6 +88,7 @@ class DataConfig:
             self.val_fraction,
             "use a fraction in (0, 0.5)",
         )
+        require(self.workers >= 0, "data.workers", self.workers, "use >= 1, or 0 for every core")
         require(self.prefetch >= 0, "data.prefetch", self.prefetch, "use >= 0")
         require(self.delay_s >= 0, "data.delay_s", self.delay_s, "use >= 0")
         if self.source != "grammar":

@@ -16,7 +16,7 @@ from .model import MODEL_FIELDS, ModelConfig, resolve_model
 from .strict import coerce, did_you_mean, scalar_type
 from .user_files import read_user_file
 
-__all__ = ["load_config", "parse_overrides", "read_toml"]
+__all__ = ["load_config", "parse_overrides", "read_toml", "split_overrides"]
 
 
 def _coerce(section: str, key: str, value: Any, typ: Any) -> Any:
@@ -57,13 +57,70 @@ def _no_quoted_scalars(raw: dict[str, Any], path: Path) -> None:
                 )
 
 
+def _is_override_key(arg: str) -> bool:
+    return arg.startswith("--") and "." in arg.split("=")[0]
+
+
+def _rejoin_split_lists(argv: list[str]) -> list[str]:
+    """Put back together an override list the shell split at its spaces.
+
+    `--data.source=a.jsonl@0.7, b/@0.3` typed without quotes reaches us as two arguments,
+    `--data.source=a.jsonl@0.7,` and `b/@0.3`; the second was then taken for the config file.
+    An override value that ends with a comma (or an argument after it that starts with one)
+    continues in the next argument, unless that argument is a flag (`-...`) or a `.toml` file.
+    The pieces are joined with a space, which every list syntax strips."""
+    out: list[str] = []
+    value_of_override = False  # is out[-1] an override's value (or `--s.k=value`)?
+    for arg in argv:
+        prev = out[-1] if out else ""
+        if (
+            value_of_override
+            and (prev.endswith(",") or arg.startswith(","))
+            and not arg.startswith("-")
+            and not arg.endswith(".toml")
+        ):
+            out[-1] = f"{prev} {arg}"
+            continue
+        # `--s.k=v` carries its value; `--s.k` is followed by it
+        value_of_override = ("=" in arg and _is_override_key(arg)) or (
+            _is_override_key(prev) and "=" not in prev and not arg.startswith("-")
+        )
+        out.append(arg)
+    return out
+
+
+def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(the other arguments, the `--section.key[=]value` overrides) of a command line, each in
+    its order, split lists joined back (`_rejoin_split_lists`).
+
+    The overrides are taken out before argparse sees the line: argparse reads an argument
+    holding a space as a positional, so `--data.source="a@0.7, b@0.3"` became the config file."""
+    rest: list[str] = []
+    overrides: list[str] = []
+    args = _rejoin_split_lists(argv)
+    i = 0
+    while i < len(args):
+        if _is_override_key(args[i]):
+            take = 1 if "=" in args[i] else 2  # `--s.k value`: the value follows
+            overrides += args[i : i + take]
+            i += take
+        else:
+            rest.append(args[i])
+            i += 1
+    return rest, overrides
+
+
 def parse_overrides(args: list[str]) -> dict[str, dict[str, str]]:
-    """['--train.steps=10', '--model.name', 'tiny'] -> {'train': {'steps': '10'}, ...}."""
+    """['--train.steps=10', '--model.name', 'tiny'] -> {'train': {'steps': '10'}, ...}.
+
+    A list value the shell split at a space after a comma is joined back first
+    (`_rejoin_split_lists`)."""
+    args = _rejoin_split_lists(args)
     out: dict[str, dict[str, str]] = {}
     i = 0
     while i < len(args):
         arg = args[i]
-        if not arg.startswith("--") or "." not in arg.split("=")[0]:
+        if not _is_override_key(arg):
             raise ConfigError("override", arg, "write overrides as --section.key=value")
         if "=" in arg:
             key, value = arg[2:].split("=", 1)

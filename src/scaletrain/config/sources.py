@@ -6,8 +6,14 @@
     data.source = "web/*.jsonl.gz@0.7, books/@0.3"       # a mixture: weight after `@`
 
 Supported files: `.txt` (one document per file), `.jsonl` / `.jsonl.gz` (one document per line,
-the text in `data.text_field`), `.parquet` (the `data.text_field` column; needs pyarrow) and
+the text in `data.text_field`), `.parquet` and `.arrow` (the `data.text_field` column; needs
+pyarrow; a Hugging Face `datasets` directory written by `save_to_disk` is a folder of `.arrow`
+shards, `data-00000-of-0000N.arrow`, read in name order) and
 `.bin` (pre-tokenized flat ids as nanoGPT writes them, `data.token_dtype`, used as they are).
+A `.bin` beside a `.idx` of the same name is a Megatron-LM indexed dataset (its documents kept:
+`scaletrain.data.megatron`); such a dataset may also be named by its prefix, as Megatron's
+`--data-path` names it (`data.source = "tok/corpus_text_document"`). A `.ds` file beside its
+`.ds.index` is datatrove's tokenized output (`scaletrain.data.datatrove`).
 A file named directly with another suffix is read as plain text.
 A mixture's weights are the shares of training tokens each entry contributes (see
 `scaletrain.data.corpus`).
@@ -38,7 +44,7 @@ __all__ = [
     "parse_eval_sources",
 ]
 
-SUFFIXES = (".txt", ".jsonl", ".jsonl.gz", ".parquet", ".bin")
+SUFFIXES = (".txt", ".jsonl", ".jsonl.gz", ".parquet", ".arrow", ".bin", ".ds")
 _FIELD = "data.source"
 
 
@@ -63,6 +69,9 @@ def _expand(pattern: str, field: str = _FIELD) -> tuple[Path, ...]:
             raise ConfigError(field, pattern, f"the glob matches no {'/'.join(SUFFIXES)} file")
         return tuple(files)
     path = Path(pattern)
+    megatron = Path(pattern + ".bin")
+    if not path.exists() and megatron.is_file() and Path(pattern + ".idx").is_file():
+        return (megatron,)  # a Megatron dataset named by its prefix
     if path.is_dir():
         # an empty folder is reported by the size check ("no text found"), with the numbers
         return tuple(sorted(p for p in path.rglob("*") if p.is_file() and _supported(p)))

@@ -4,14 +4,16 @@ Used for every source the whole-text path in `shards.py` does not cover: JSONL (
 parquet, pre-tokenized `.bin`, globs, weighted mixtures, and any source with a pretrained
 tokenizer (reading each format's documents: `documents.py`). Memory stays bounded whatever the
 corpus size: documents are read one at a time (`.txt` files in ~1 MiB pieces), encoded in
-batches of `_BATCH_DOCS` (the `tokenizers` library encodes a batch on all cores) and appended to
-per-source part files; parts are copied into the final `train.bin` / `val.bin` in chunks of
-`_COPY_TOKENS`.
+batches of `_BATCH_DOCS` by `data.workers` processes (`encode_pool.py`: the same ids in the same
+order for any number of workers) and appended to per-source part files; parts are copied into
+the final `train.bin` / `val.bin` in chunks of `_COPY_TOKENS`.
 
 Layout of the shards (what the loader reads): each document's ids, then the tokenizer's
 end-of-document id (a newline for tokenizers without one: byte-level), then the next document;
 a tokenizer whose config sets `add_bos_token` also gets BOS before each document. `.bin` files
-are copied verbatim (nanoGPT's files already hold their separators).
+are copied verbatim (nanoGPT's files already hold their separators); a Megatron dataset's
+documents and datatrove's `.ds` files' get the separators they lack (`megatron.py`,
+`datatrove.py`).
 
 Train/val split: the last `val_fraction` of each source's tokens is its validation part, so
 every source is represented in validation. Mixture: source i contributes `w_i / sum(w)` of the
@@ -32,7 +34,10 @@ import numpy as np
 from scaletrain.config import ConfigError, DataConfig
 from scaletrain.config.sources import parse_sources
 
+from .datatrove import is_datatrove, read_datatrove
 from .documents import decode_utf8, iter_documents
+from .encode_pool import Batch, EncodePool, default_workers
+from .megatron import DocumentIndex, is_megatron, iter_document_ids, read_index
 from .progress import Progress
 from .tokenizer import BPETokenizer, ByteTokenizer, Tokenizer
 
@@ -53,7 +58,12 @@ _COPY_TOKENS = 1 << 20
 
 
 def _text_files(cfg: DataConfig) -> list[Path]:
-    return [f for e in parse_sources(cfg.source) for f in e.files if not f.name.endswith(".bin")]
+    return [
+        f
+        for e in parse_sources(cfg.source)
+        for f in e.files
+        if not f.name.endswith((".bin", ".ds"))
+    ]
 
 
 def _training_documents(cfg: DataConfig, progress: Progress) -> Iterator[str]:
@@ -111,11 +121,21 @@ def encode_file(
     text_field: str,
     token_dtype: str,
     progress: Progress,
+    pool: EncodePool,
     field: str = "data.source",
 ) -> None:
     """Append the ids of one source file to `out`: its documents, each followed by the
-    end-of-document separator (and preceded by BOS when the tokenizer adds one), or a `.bin`
-    file's ids as they are. `field` names the setting in errors."""
+    end-of-document separator (and preceded by BOS when the tokenizer adds one), encoded by
+    `pool`'s workers (`encode_pool.encode_rows`), or a `.bin` file's ids as they are, or the
+    documents of a Megatron dataset or a datatrove `.ds` file. Documents still in the pool when
+    this returns are written by `pool.drain()`, which the caller runs before closing `out`.
+    `field` names the setting in errors."""
+    if path.name.endswith((".bin", ".ds")):
+        pool.drain()  # the ids of earlier files first: these are written here, at once
+    if is_megatron(path) or is_datatrove(path):
+        index = read_index(path) if is_megatron(path) else read_datatrove(path, token_dtype)
+        _encode_documents(path, index, tok, out, progress=progress, field=field)
+        return
     if path.name.endswith(".bin"):
         size, item = path.stat().st_size, np.dtype(token_dtype).itemsize
         if size % item:
@@ -142,36 +162,54 @@ def encode_file(
             progress.tick()
         progress.file_done(path.stat().st_size)
         return
-    eos = getattr(tok, "eos_id", None)
-    sep = [eos] if eos is not None else tok.encode("\n")
-    bos = [tok.bos_id] if getattr(tok, "add_bos", False) else []  # type: ignore[attr-defined]
-    batch: list[tuple[str, bool, bool]] = []  # (text, starts a document, ends one)
 
-    def flush() -> None:
-        texts = [t for t, _, _ in batch]
-        try:
-            encoded = (
-                tok.encode_batch(texts)
-                if hasattr(tok, "encode_batch")  # type: ignore
-                else [tok.encode(t) for t in texts]
-            )
-        except ValueError as e:  # char-level: a character the vocabulary lacks
-            raise ConfigError(field, str(path), f"cannot be tokenized: {e}") from None
-        for (_, starts, ends), ids in zip(batch, encoded, strict=True):
-            row = np.asarray((bos if starts else []) + ids + (sep if ends else []), dtype=np.int64)
-            out.add(row)
-            progress.tokens += len(row)
-            progress.docs += int(ends)
-        batch.clear()
+    def sink(ids: np.ndarray, docs: int) -> None:
+        out.add(ids)
+        progress.tokens += len(ids)
+        progress.docs += docs
         progress.tick()
 
+    batch: Batch = []
     starts = True
     for text, ends in iter_documents(path, text_field=text_field, cursor=progress.cursor):
         batch.append((text, starts, ends))
         starts = ends
         if len(batch) >= _BATCH_DOCS:
-            flush()
-    flush()
+            pool.submit(batch, sink, field=field, where=str(path))
+            batch = []
+    if batch:
+        pool.submit(batch, sink, field=field, where=str(path))
+    progress.file_done(path.stat().st_size)
+
+
+def _encode_documents(
+    path: Path,
+    index: DocumentIndex,
+    tok: Tokenizer,
+    out: _Appender,
+    *,
+    progress: Progress,
+    field: str,
+) -> None:
+    """A Megatron or datatrove file's documents, with the separators they lack."""
+    eos = getattr(tok, "eos_id", None)
+    if eos is None:  # byte-level: documents end with a newline, as text ingestion ends them
+        (eos,) = tok.encode("\n")
+    bos = tok.bos_id if getattr(tok, "add_bos", False) else None  # type: ignore[attr-defined]
+    for ids, docs, pos in iter_document_ids(index, eos=eos, bos=bos):
+        if len(ids) and (int(ids.max()) >= tok.vocab_size or int(ids.min()) < 0):
+            bad = int(ids.max()) if int(ids.max()) >= tok.vocab_size else int(ids.min())
+            raise ConfigError(
+                field,
+                str(path),
+                f"holds id {bad} but the tokenizer has {tok.vocab_size} ids: train with the "
+                "tokenizer the dataset was written with (data.tokenizer)",
+            )
+        out.add(ids)
+        progress.tokens += len(ids)
+        progress.docs += docs
+        progress.cursor.pos = pos
+        progress.tick()
     progress.file_done(path.stat().st_size)
 
 
@@ -244,21 +282,24 @@ def build_streamed(cfg: DataConfig, tmp: Path, tok: Tokenizer, *, progress: bool
     entries = parse_sources(cfg.source)
     tracker = Progress(sum(f.stat().st_size for e in entries for f in e.files), enabled=progress)
     parts = []
-    for i, entry in enumerate(entries):
-        out = _Appender(tmp / f"part{i}.tmp", dtype)
-        try:
-            for f in entry.files:
-                encode_file(
-                    f,
-                    tok,
-                    out,
-                    text_field=cfg.text_field,
-                    token_dtype=cfg.token_dtype,
-                    progress=tracker,
-                )
-        finally:
-            out.close()
-        parts.append(_Part(out.path, out.count, entry.weight))
+    with EncodePool(tok, cfg.workers or default_workers()) as pool:
+        for i, entry in enumerate(entries):
+            out = _Appender(tmp / f"part{i}.tmp", dtype)
+            try:
+                for f in entry.files:
+                    encode_file(
+                        f,
+                        tok,
+                        out,
+                        text_field=cfg.text_field,
+                        token_dtype=cfg.token_dtype,
+                        progress=tracker,
+                        pool=pool,
+                    )
+                pool.drain()
+            finally:
+                out.close()
+            parts.append(_Part(out.path, out.count, entry.weight))
     tracker.finish()
     total_w = sum(p.weight for p in parts)
     train, val = _Appender(tmp / "train.bin", dtype), _Appender(tmp / "val.bin", dtype)

@@ -1,5 +1,6 @@
 """The documents of one source file, read one at a time: `.txt` (one document, in ~1 MiB pieces
-of strictly decoded UTF-8), JSONL (+ gzip) and parquet (one document per record). Every
+of strictly decoded UTF-8), JSONL (+ gzip), parquet and Arrow (`datasets`' save_to_disk
+shards) (one document per record). Every
 malformed input is one `ConfigError` naming the file, line or row, and the fix.
 """
 
@@ -133,15 +134,47 @@ def _iter_jsonl(path: Path, field: str, cursor: Cursor) -> Iterator[tuple[str, b
         yield text, True
 
 
-def _iter_parquet(path: Path, field: str, cursor: Cursor) -> Iterator[tuple[str, bool]]:
+def _pyarrow(path: Path, what: str) -> Any:
     try:
-        import pyarrow.parquet as pq
+        import pyarrow
+        import pyarrow.parquet  # noqa: F401 - loads the submodule for _iter_parquet
     except ImportError:
         raise ConfigError(
             "data.source",
             str(path),
-            "reading .parquet needs pyarrow: pip install 'scaletrain[parquet]'",
+            f"reading {what} needs pyarrow: pip install 'scaletrain[parquet]'",
         ) from None
+    return pyarrow
+
+
+def _no_column(path: Path, field: str, names: list[str], what: str) -> ConfigError:
+    from scaletrain.config.strict import did_you_mean
+
+    return ConfigError(
+        "data.text_field",
+        f"{path}",
+        f"the {what} has no column {field!r}{did_you_mean(field, names)} (columns: "
+        f"{', '.join(names)})",
+    )
+
+
+def _texts(values: list[Any], path: Path, field: str, first_row: int) -> Iterator[tuple[str, bool]]:
+    """The documents of one column batch (rows numbered from `first_row` + 1); nulls skipped."""
+    for row, text in enumerate(values, first_row + 1):
+        if text is None:
+            continue
+        if not isinstance(text, str):  # never str() a number or a list into the corpus
+            raise ConfigError(
+                "data.text_field",
+                f"{path} row {row}",
+                f"column {field!r} holds {type(text).__name__}, not text: set "
+                "data.text_field to a string column",
+            )
+        yield text, True
+
+
+def _iter_parquet(path: Path, field: str, cursor: Cursor) -> Iterator[tuple[str, bool]]:
+    pq = _pyarrow(path, ".parquet").parquet
     try:
         pf = pq.ParquetFile(path)
     except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
@@ -151,42 +184,58 @@ def _iter_parquet(path: Path, field: str, cursor: Cursor) -> Iterator[tuple[str,
             f"not a readable parquet file ({' '.join(str(e).split())[:200]}): restore or remove it",
         ) from None
     if field not in pf.schema_arrow.names:
-        from scaletrain.config.strict import did_you_mean
-
-        raise ConfigError(
-            "data.text_field",
-            f"{path}",
-            f"the parquet file has no column "
-            f"{field!r}{did_you_mean(field, pf.schema_arrow.names)} (columns: "
-            f"{', '.join(pf.schema_arrow.names)})",
-        )
+        raise _no_column(path, field, pf.schema_arrow.names, "parquet file")
     size, rows, seen = path.stat().st_size, max(1, pf.metadata.num_rows), 0
-    row = 0
     for batch in pf.iter_batches(columns=[field], batch_size=1024):
+        yield from _texts(batch.column(0).to_pylist(), path, field, seen)
         seen += batch.num_rows
         cursor.pos = size * seen // rows  # bytes pro rata of the rows read
-        for text in batch.column(0).to_pylist():
-            row += 1
-            if text is None:
-                continue
-            if not isinstance(text, str):  # never str() a number or a list into the corpus
-                raise ConfigError(
-                    "data.text_field",
-                    f"{path} row {row}",
-                    f"column {field!r} holds {type(text).__name__}, not text: set "
-                    "data.text_field to a string column",
-                )
-            yield text, True
+
+
+def _iter_arrow(path: Path, field: str, cursor: Cursor) -> Iterator[tuple[str, bool]]:
+    """A Hugging Face `datasets` shard (`save_to_disk`'s data-*.arrow: the Arrow IPC streaming
+    format, which its ArrowWriter writes with pyarrow's RecordBatchStreamWriter), or an Arrow
+    IPC file (magic "ARROW1"), memory-mapped and read one record batch at a time."""
+    pa = _pyarrow(path, ".arrow")
+    seen = 0
+    try:
+        source = pa.memory_map(str(path))
+        is_file = source.read(6) == b"ARROW1"
+        source.seek(0)
+        if is_file:
+            reader = pa.ipc.open_file(source)
+            batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
+        else:
+            reader = pa.ipc.open_stream(source)
+            batches = iter(reader)
+        names = reader.schema.names
+        if field not in names:
+            raise _no_column(path, field, names, "Arrow file")
+        for batch in batches:
+            texts = batch.column(names.index(field)).to_pylist()
+            cursor.pos = source.tell()
+            yield from _texts(texts, path, field, seen)
+            seen += batch.num_rows
+    except ConfigError:
+        raise  # (a ValueError too) already names the file and the fix
+    except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+        raise ConfigError(
+            "data.source",
+            f"{path} row {seen + 1}",
+            f"not a readable Arrow file ({' '.join(str(e).split())[:200]}): restore or remove it",
+        ) from None
 
 
 def iter_documents(
     path: Path, *, text_field: str, cursor: Cursor | None = None
 ) -> Iterator[tuple[str, bool]]:
-    """(text, ends_document) pieces of one file: JSONL/parquet one document per row, any other
-    text file one document (in pieces). `cursor` follows the on-disk bytes read."""
+    """(text, ends_document) pieces of one file: JSONL, parquet and Arrow one document per row,
+    any other text file one document (in pieces). `cursor` follows the on-disk bytes read."""
     name, cursor = path.name, cursor or Cursor()
     if name.endswith((".jsonl", ".jsonl.gz")):
         return _iter_jsonl(path, text_field, cursor)
     if name.endswith(".parquet"):
         return _iter_parquet(path, text_field, cursor)
+    if name.endswith(".arrow"):
+        return _iter_arrow(path, text_field, cursor)
     return _iter_txt(path, cursor)

@@ -25,6 +25,7 @@ from scaletrain.config import ConfigError, DataConfig
 from scaletrain.config.sources import EvalSource, parse_eval_sources
 
 from . import corpus
+from .encode_pool import EncodePool, default_workers
 from .progress import Progress
 from .shards import _publish
 from .tokenizer import Tokenizer
@@ -64,16 +65,19 @@ def _build(
         )
         out = corpus._Appender(tmp / "tokens.bin", dtype)
         try:
-            for f in src.files:
-                corpus.encode_file(
-                    f,
-                    tok,
-                    out,
-                    text_field=cfg.text_field,
-                    token_dtype=cfg.token_dtype,
-                    progress=tracker,
-                    field=_FIELD,
-                )
+            with EncodePool(tok, cfg.workers or default_workers()) as pool:
+                for f in src.files:
+                    corpus.encode_file(
+                        f,
+                        tok,
+                        out,
+                        text_field=cfg.text_field,
+                        token_dtype=cfg.token_dtype,
+                        progress=tracker,
+                        pool=pool,
+                        field=_FIELD,
+                    )
+                pool.drain()
         except ConfigError as e:  # a malformed line is reported for the setting that named it
             if e.field != "data.source":
                 raise

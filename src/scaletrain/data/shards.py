@@ -25,7 +25,9 @@ from scaletrain.config import ConfigError, DataConfig
 from scaletrain.config.sources import parse_sources, resolve_tokenizer_file
 
 from . import corpus, sft
+from .datatrove import is_datatrove
 from .grammar import default_grammar, generate_text
+from .megatron import is_megatron
 from .tokenizer import BPETokenizer, ByteTokenizer, CharTokenizer, Tokenizer, load_tokenizer
 
 __all__ = ["Shards", "source_files", "load_or_build_shards", "check_size"]
@@ -33,7 +35,7 @@ __all__ = ["Shards", "source_files", "load_or_build_shards", "check_size"]
 _FORMAT = 2  # bump when the shard layout or the grammar changes, so old caches are not reused
 # (2: whole-text shards carry sha256 checksums; byte-tokenized files are kept byte-exact)
 _CHUNK_CHARS = 1 << 16
-_DOC_SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet", ".bin")
+_DOC_SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet", ".arrow", ".bin", ".ds")
 
 
 @dataclass
@@ -78,10 +80,10 @@ def _identity(cfg: DataConfig) -> dict:
         src: dict = {"kind": "grammar", "num_bytes": cfg.num_tokens, "seed": cfg.seed}
     else:
         root = Path(cfg.source).resolve()
-        files = [
-            [str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns]
-            for p in source_files(cfg.source)
-        ]
+        paths = source_files(cfg.source)
+        paths += [p.with_suffix(".idx") for p in paths if is_megatron(p)]  # indexes too
+        paths += [Path(f"{p}.index") for p in paths if is_datatrove(p)]
+        files = [[str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns] for p in paths]
         src = {"kind": "files", "root": str(root), "files": files}
     tok: dict = {"name": cfg.tokenizer}
     if cfg.tokenizer == "bpe":
