@@ -1,6 +1,8 @@
 """Stage splitting rules. The schedules' training parity (every schedule, and pp x FSDP) is in
 test_parity_matrix.py."""
 
+import dataclasses
+
 import pytest
 
 from scaletrain.config import resolve_model
@@ -34,3 +36,60 @@ def test_split_stage_keeps_names_and_copies_tied_embeddings():
     assert first.output is None and first.tok_embeddings is not None
     assert last.output is not None and last.tok_embeddings is None
     assert last.output.weight.shape == tied.tok_embeddings.weight.shape
+
+
+def test_dualpipev_holds_two_stages_per_rank_in_a_v():
+    """rank r holds stages r and 2p-1-r (torch's style='v'): rank 0 the first and the last."""
+    from torch.distributed.pipelining.schedules import generate_rank_to_stage_mapping
+
+    for p in (2, 4):
+        v = generate_rank_to_stage_mapping(p, 2 * p, style="v")
+        assert [stage_ids(r, p, 2, schedule="dualpipev") for r in range(p)] == [
+            list(v[r]) for r in range(p)
+        ]
+    assert stage_ids(0, 4, 2, schedule="dualpipev") == [0, 7]
+
+
+def test_dualpipev_layout_rules():
+    from scaletrain.config import ConfigError, Layout, check_layout, fused_head_loss
+
+    untied = dataclasses.replace(resolve_model("tiny-llama"), num_layers=4)
+    tied = dataclasses.replace(resolve_model("tiny"), num_layers=4)
+    dpv = Layout(pp=2, pp_schedule="dualpipev", pp_virtual=2)
+    check_layout(dpv, untied, world_size=2, global_batch=4, micro_batch=1, seq_len=16)
+    assert not fused_head_loss(dpv)  # split backward, as zero-bubble
+    cases = [
+        (Layout(pp=2, pp_schedule="dualpipev", pp_virtual=1), untied, 4, "parallel.pp_virtual"),
+        (dpv, untied, 2, "batch.global_batch"),  # 2 micro-batches < 4 stages
+        (Layout(pp=2, pp_schedule="dualpipev", pp_virtual=2), tied, 4, "parallel.pp_schedule"),
+    ]
+    for layout, model, gb, field in cases:
+        with pytest.raises(ConfigError) as e:
+            check_layout(layout, model, world_size=2, global_batch=gb, micro_batch=1, seq_len=16)
+        assert e.value.field == field, (layout, e.value)
+
+
+def test_dualpipev_is_refused_by_the_dry_run_and_noted_by_plan(capsys):
+    from scaletrain.cli import main
+    from scaletrain.config import ConfigError
+    from scaletrain.config.loading import load_config
+    from scaletrain.dryrun import dryrun
+
+    job = load_config(
+        None,
+        [
+            "--model.name=tiny-llama",
+            "--model.num_layers=4",
+            "--parallel.pp=2",
+            "--parallel.pp_schedule=dualpipev",
+            "--parallel.pp_virtual=2",
+            "--batch.global_batch=4",
+            "--batch.micro_batch=1",
+        ],
+    )
+    with pytest.raises(ConfigError, match="no DualPipeV order"):
+        dryrun(job, world_size=2)
+    argv = ["plan", "--model", "llama3-8b", "--gpus", "16", "--pp", "4"]
+    assert main([*argv, "--pp-schedule", "dualpipev", "--global-batch", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "note: dualpipev is planned as zero-bubble" in out and "dualpipevx2" in out

@@ -198,7 +198,8 @@ def _exact_layout(inp: dict[str, Any]) -> Layout:
             raise ConfigError("--gpus", n, f"must be a multiple of tp*pp*cp = {tp * pp * cp}")
         dp = n // (tp * pp * cp)
     sched: PPSchedule = p.get("pp_schedule") or "1f1b"
-    virtual = p.get("pp_virtual") or (2 if sched == "interleaved" and pp > 1 else 1)
+    two = sched in ("interleaved", "dualpipev") and pp > 1
+    virtual = p.get("pp_virtual") or (2 if two else 1)
     return Layout(
         dp=dp,
         zero=p.get("zero") or 0,
@@ -343,6 +344,11 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     inp = _inputs(args)
     explain_mode = args.command == "explain"
     lines: list[str] = [] if args.json else [f"note: {n}" for n in inp["derived"]]
+    if inp["pinned"].get("pp_schedule") == "dualpipev" and not args.json:
+        lines.append(
+            "note: dualpipev is planned as zero-bubble (ZB-H1) with 2 looped chunks per rank: "
+            "the planner has no DualPipeV bubble or V-shaped stage memory yet"
+        )
     unrunnable = _precision_mark(inp)
     if unrunnable and args.json:  # the JSON on stdout stays one document
         print(unrunnable, file=sys.stderr)

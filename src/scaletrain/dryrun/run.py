@@ -124,6 +124,15 @@ def _unsupported(job: JobConfig, layout: Layout) -> None:
             job.memory.offload,
             "the dry-run measures device memory without offload: use 'none'",
         )
+    if layout.pp > 1 and layout.pp_schedule == "dualpipev":
+        # the dry-run runs the planner's action order (`torch_compat.pp_actions`), which has
+        # no DualPipeV order yet (a later slice of issue #37 item 2)
+        raise ConfigError(
+            "parallel.pp_schedule",
+            layout.pp_schedule,
+            "the dry-run has no DualPipeV order yet: dry-run 'zero-bubble' with "
+            "pp_virtual=2 as a stand-in (same split backward, looped stages)",
+        )
 
 
 @contextlib.contextmanager
