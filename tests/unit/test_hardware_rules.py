@@ -130,6 +130,16 @@ def test_planner_times_fp32_matmuls_by_the_same_rule() -> None:
     assert JobConfig().hardware_spec() == hardware_preset("cpu")  # tf32 on: the preset as is
 
 
+def test_mfu_of_a_detected_gpu_follows_the_knob(fake_gpu: None) -> None:
+    from scaletrain.trainer.build import detect_hardware
+
+    cuda = torch.device("cuda", 0)
+    on = detect_hardware(load_config(None, []), cuda)
+    off = detect_hardware(load_config(None, ["--precision.tf32=false"]), cuda)
+    assert on.name == off.name == "a100-80gb"
+    assert (on.flops("fp32"), off.flops("fp32")) == (156e12, 19.5e12)
+
+
 def test_tf32_knob_is_a_checked_boolean() -> None:
     with pytest.raises(ConfigError) as e:
         load_config(None, ["--precision.tf32=maybe"])

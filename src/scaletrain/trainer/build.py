@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,8 +112,8 @@ def detect_hardware(job: JobConfig, device: torch.device) -> HardwareSpec:
         return job.hardware_spec()
     name = torch.cuda.get_device_name(device)
     for key, preset in _GPU_NAMES:
-        if key in name:
-            return hardware_preset(preset)
+        if key in name:  # the job's TF32 choice sets its fp32 rate (JobConfig.hardware_spec)
+            return dataclasses.replace(hardware_preset(preset), tf32=job.precision.tf32)
     return job.hardware_spec()
 
 
