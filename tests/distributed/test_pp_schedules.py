@@ -69,26 +69,32 @@ def test_dualpipev_layout_rules():
         assert e.value.field == field, (layout, e.value)
 
 
-def test_dualpipev_is_refused_by_the_dry_run_and_noted_by_plan(capsys):
+def test_dualpipev_dry_run_runs_torchs_order_in_a_v(capsys):
+    """The dry-run runs torch's DualPipeV order on the V's stages: rank 0 the embedding and
+    the head (stages 0 and 3 of tiny-llama-4l: 0 layers each), rank 1 the four layers; the
+    ranks' FLOPs add up to zero-bubble's (same stages' work, same split backward)."""
     from scaletrain.cli import main
-    from scaletrain.config import ConfigError
     from scaletrain.config.loading import load_config
     from scaletrain.dryrun import dryrun
 
-    job = load_config(
-        None,
-        [
-            "--model.name=tiny-llama",
-            "--model.num_layers=4",
-            "--parallel.pp=2",
-            "--parallel.pp_schedule=dualpipev",
-            "--parallel.pp_virtual=2",
-            "--batch.global_batch=4",
-            "--batch.micro_batch=1",
-        ],
-    )
-    with pytest.raises(ConfigError, match="no DualPipeV order"):
-        dryrun(job, world_size=2)
+    flops = {}
+    for sched in ("dualpipev", "zero-bubble"):
+        job = load_config(
+            None,
+            [
+                "--model.name=tiny-llama",
+                "--model.num_layers=4",
+                "--parallel.pp=2",
+                f"--parallel.pp_schedule={sched}",
+                "--parallel.pp_virtual=2",
+                "--batch.global_batch=4",
+                "--batch.micro_batch=1",
+            ],
+        )
+        flops[sched] = [dryrun(job, world_size=2, rank=r).flops for r in (0, 1)]
+    v = flops["dualpipev"]
+    assert v[1] > 10 * v[0]  # rank 1 holds every layer
+    assert sum(v) == sum(flops["zero-bubble"])
     argv = ["plan", "--model", "llama3-8b", "--gpus", "16", "--pp", "4"]
     assert main([*argv, "--pp-schedule", "dualpipev", "--global-batch", "64"]) == 0
     out = capsys.readouterr().out

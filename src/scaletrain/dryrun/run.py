@@ -124,15 +124,6 @@ def _unsupported(job: JobConfig, layout: Layout) -> None:
             job.memory.offload,
             "the dry-run measures device memory without offload: use 'none'",
         )
-    if layout.pp > 1 and layout.pp_schedule == "dualpipev":
-        # the dry-run runs the planner's action order (`torch_compat.pp_actions`), which has
-        # no DualPipeV order yet (a later slice of issue #37 item 2)
-        raise ConfigError(
-            "parallel.pp_schedule",
-            layout.pp_schedule,
-            "the dry-run has no DualPipeV order yet: dry-run 'zero-bubble' with "
-            "pp_virtual=2 as a stand-in (same split backward, looped stages)",
-        )
 
 
 @contextlib.contextmanager
@@ -240,7 +231,7 @@ def _schedule_cls(
     return functools.partial(
         ActionSchedule,
         hooks=hooks,
-        split_backward=layout.pp_schedule == "zero-bubble",
+        split_backward=layout.pp_schedule in ("zero-bubble", "dualpipev"),
         actions=pp_actions(
             layout.pp_schedule, layout.pp, grad_accum, layout.pp_virtual, layout.pp_rank_of(rank)
         ),
