@@ -1,0 +1,132 @@
+"""MoE experts: the per-expert loop against the grouped kernels of `models.moe` (issue #37).
+
+One MoE layer (h=256, f=512, top-2, SwiGLU) on 4096 tokens, forward and forward+backward,
+for 8, 32 and 64 experts: median wall time over alternated repetitions (loop, grouped, loop,
+...; the host may be shared, so ratios are measured side by side) and aten ops per
+forward+backward (`TorchDispatchMode`). 'grouped' is what 'auto' picks: `torch._grouped_mm`
+in bf16, the padded `torch.bmm` in fp32.
+
+    python benchmarks/moe_experts.py [--reps 5] [--tokens 4096] [--threads 1]
+
+One intra-op thread by default: on a shared host, multi-threaded small GEMMs measure the
+neighbours' load more than the kernels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import write_results  # noqa: E402
+from scaletrain.models import MoE  # noqa: E402
+from scaletrain.models.moe import expert_kernel  # noqa: E402
+
+EXPERTS = (8, 32, 64)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+class _Ops(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.n: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.n[str(func.overloadpacket)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _layer(num_experts: int, dtype: torch.dtype, kernel: str) -> MoE:
+    torch.manual_seed(0)
+    moe = MoE(256, 512, num_experts, 2, activation="swiglu", bias=False, aux_loss_coef=0.01)
+    with torch.no_grad():
+        for p in moe.parameters():
+            p.normal_(0, 0.05)
+    moe = moe.to(dtype)
+    moe.experts.kernel = kernel  # type: ignore[assignment]
+    return moe
+
+
+def _time(moe: MoE, x: torch.Tensor, backward: bool) -> float:
+    t0 = time.perf_counter()
+    if backward:
+        moe(x).float().square().mean().backward()
+    else:
+        with torch.no_grad():
+            moe(x)
+    return time.perf_counter() - t0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--tokens", type=int, default=4096)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    rows = []
+    for dname, dtype in DTYPES.items():
+        for e in EXPERTS:
+            x = torch.randn(1, args.tokens, 256, dtype=dtype, requires_grad=True)
+            layers = {k: _layer(e, dtype, k) for k in ("loop", "auto")}
+            ops = {}
+            for k, moe in layers.items():
+                with _Ops() as counter:
+                    moe(x).float().square().mean().backward()
+                ops[k] = sum(counter.n.values())
+            times: dict[tuple[str, bool], list[float]] = {}
+            for _ in range(args.reps):
+                for bwd in (False, True):
+                    for k, moe in layers.items():  # alternated: drift hits both alike
+                        times.setdefault((k, bwd), []).append(_time(moe, x, bwd))
+            med = {key: statistics.median(v) for key, v in times.items()}
+            row = {
+                "dtype": dname,
+                "experts": e,
+                "kernel": expert_kernel(x[0], layers["auto"].experts.weights(), F.linear),
+                "ops_loop": ops["loop"],
+                "ops_grouped": ops["auto"],
+                "fwd_ms_loop": 1e3 * med[("loop", False)],
+                "fwd_ms_grouped": 1e3 * med[("auto", False)],
+                "fwdbwd_ms_loop": 1e3 * med[("loop", True)],
+                "fwdbwd_ms_grouped": 1e3 * med[("auto", True)],
+            }
+            rows.append(row)
+            print(row, flush=True)
+    md = [
+        f"MoE layer h=256 f=512 top-2 SwiGLU, {args.tokens} tokens, {args.threads} thread(s); "
+        f"median of {args.reps} alternated reps; ops = aten ops per forward+backward\n",
+        "| dtype | experts | ops loop | ops grouped | fwd ms loop | fwd ms grouped | fwd ratio "
+        "| fwd+bwd ms loop | fwd+bwd ms grouped | fwd+bwd ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        md.append(
+            f"| {r['dtype']} | {r['experts']} | {r['ops_loop']} | {r['ops_grouped']} "
+            f"| {r['fwd_ms_loop']:.1f} | {r['fwd_ms_grouped']:.1f} "
+            f"| {r['fwd_ms_loop'] / r['fwd_ms_grouped']:.2f}x "
+            f"| {r['fwdbwd_ms_loop']:.1f} | {r['fwdbwd_ms_grouped']:.1f} "
+            f"| {r['fwdbwd_ms_loop'] / r['fwdbwd_ms_grouped']:.2f}x |"
+        )
+    md.append(
+        "\n'grouped' = the kernel 'auto' picks (moe.expert_kernel): `_grouped_mm` for bf16, "
+        "padded `bmm` for fp32. Ratio = loop / grouped (>1: grouped faster)."
+    )
+    if not args.no_write:
+        data = {"rows": rows, "reps": args.reps, "threads": args.threads, "tokens": args.tokens}
+        write_results("moe_experts", data, "\n".join(md))
+    print("\n".join(md))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
