@@ -103,6 +103,7 @@ def main() -> int:
             rows.append(row)
             print(row, flush=True)
     md = [
+        "# MoE experts: per-expert loop vs grouped GEMMs\n",
         f"MoE layer h=256 f=512 top-2 SwiGLU, {args.tokens} tokens, {args.threads} thread(s); "
         f"median of {args.reps} alternated reps; ops = aten ops per forward+backward\n",
         "| dtype | experts | ops loop | ops grouped | fwd ms loop | fwd ms grouped | fwd ratio "

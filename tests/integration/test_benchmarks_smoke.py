@@ -26,6 +26,7 @@ SCRIPTS = (
     "precision",
     "ingest",
     "activation_ledger",
+    "moe_experts",
 )
 
 
@@ -165,6 +166,7 @@ REQUIRED = {
     "precision": ("meta", "summary", "step0_grad_error", "memory", "runs"),
     "ingest": ("rows", "meta", "rss_growth_mib"),
     "activation_ledger": ("results", "batch", "seq", "dim"),
+    "moe_experts": ("rows", "reps", "threads", "tokens"),
 }
 
 
