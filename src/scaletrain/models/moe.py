@@ -17,8 +17,11 @@ The experts run as grouped GEMMs on the expert-sorted tokens (`grouped_expert_ml
 `torch._grouped_mm` per projection where torch 2.13 runs it on every backend and under fake
 tensors (bf16 with 16-byte-aligned rows), else one `torch.bmm` per projection over a padded
 (E, C, h) block (C = the busiest expert's rows); either way the number of ops per forward does
-not grow with the number of experts. fp8 experts keep one GEMM per expert (each expert has its
-own float8 scales: `precision.fp8.Float8ExpertLinear`).
+not grow with the number of experts, and neither does the backward's work: the loop's
+`w[e]` slices each receive their gradient as a full zero-filled (E, f, h) stack plus an add
+(autograd's SelectBackward), O(E^2) bytes per step (72% of a 64-expert layer's backward on
+this project's CPU, benchmarks/moe_experts.py). fp8 experts keep one GEMM per expert (each
+expert has its own float8 scales: `precision.fp8.Float8ExpertLinear`), and so that cost.
 """
 
 from __future__ import annotations
