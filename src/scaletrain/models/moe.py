@@ -17,11 +17,11 @@ The experts run as grouped GEMMs on the expert-sorted tokens (`grouped_expert_ml
 `torch._grouped_mm` per projection where torch 2.13 runs it on every backend and under fake
 tensors (bf16 with 16-byte-aligned rows), else one `torch.bmm` per projection over a padded
 (E, C, h) block (C = the busiest expert's rows); either way the number of ops per forward does
-not grow with the number of experts, and neither does the backward's work: the loop's
-`w[e]` slices each receive their gradient as a full zero-filled (E, f, h) stack plus an add
-(autograd's SelectBackward), O(E^2) bytes per step (72% of a 64-expert layer's backward on
-this project's CPU, benchmarks/moe_experts.py). fp8 experts keep one GEMM per expert (each
-expert has its own float8 scales: `precision.fp8.Float8ExpertLinear`), and so that cost.
+not grow with the number of experts. fp8 experts keep one GEMM per expert (each expert has its
+own float8 scales: `precision.fp8.Float8ExpertLinear`); that loop takes its experts' weights
+with one `unbind` (`ExpertWeights.unbind`): `w[e]` slices each received their gradient as a
+full zero-filled (E, f, h) stack plus an add (autograd's SelectBackward), O(E^2) bytes per step,
+72% of a 64-expert layer's backward on this project's CPU (benchmarks/moe_experts.py).
 """
 
 from __future__ import annotations
@@ -114,9 +114,16 @@ class ExpertWeights(NamedTuple):
             fn(self.w1), fn(self.w2), opt(self.w3), opt(self.b1), opt(self.b2), opt(self.b3)
         )
 
-    def at(self, e: int) -> ExpertWeights:
-        """Expert `e`'s weights, from stacked ones."""
-        return self.map(lambda w: w[e])
+    def unbind(self) -> list[ExpertWeights]:
+        """Every expert's weights, from stacked ones, in one `unbind` per weight: its backward
+        stacks the E gradients once, where E `w[e]` selects would each zero-fill a full
+        (E, ...) gradient (O(E^2) bytes)."""
+        w1, w2 = self.w1.unbind(0), self.w2.unbind(0)
+        rest = [None if w is None else w.unbind(0) for w in (self.w3, self.b1, self.b2, self.b3)]
+        return [
+            ExpertWeights(w1[e], w2[e], *(None if p is None else p[e] for p in rest))
+            for e in range(len(w1))
+        ]
 
 
 EXPERT_WEIGHTS = ExpertWeights._fields
@@ -173,8 +180,8 @@ def grouped_expert_mlp(
         kernel = expert_kernel(x, weights, linear)
     if kernel == "loop":
         outs = [
-            expert_mlp(chunk, activation, *weights.at(e), linear=linear)
-            for e, chunk in enumerate(torch.split(x, counts))
+            expert_mlp(chunk, activation, *w_e, linear=linear)
+            for w_e, chunk in zip(weights.unbind(), torch.split(x, counts), strict=True)
         ]
         return torch.cat(outs, dim=0) if outs else x.new_zeros(0, x.shape[-1])
     dtype = _matmul_dtype(x)
