@@ -75,6 +75,17 @@ def test_grouped_mm_matches_the_loop(activation: str, bias: bool, dtype: torch.d
         torch.testing.assert_close(a, b, atol=tol * 4, rtol=tol)
 
 
+@pytest.mark.parametrize("kernel", ["grouped_mm", "padded_bmm", "loop"])
+def test_no_rows_at_all(kernel: str) -> None:
+    """An expert-parallel rank nobody routed to: (0, h) out, zero weight gradients."""
+    w = _weights(3, 16, 24, activation="swiglu", bias=True, dtype=torch.bfloat16)
+    w = w.map(lambda t: t.requires_grad_())
+    x = torch.zeros(0, 16, dtype=torch.bfloat16, requires_grad=True)
+    y = grouped_expert_mlp(x, [0, 0, 0], "swiglu", w, kernel=kernel)  # type: ignore[arg-type]
+    y.sum().backward()
+    assert y.shape == (0, 16) and w.w1.grad is not None and not w.w1.grad.any()
+
+
 def test_grouped_mm_takes_a_broadcast_gradient() -> None:
     """A `.sum()` right after the experts sends a zero-stride gradient, which `_grouped_mm`'s
     own backward refuses; the kernel hands it a contiguous one."""

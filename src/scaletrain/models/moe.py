@@ -192,7 +192,7 @@ def grouped_expert_mlp(
     expert_of = torch.repeat_interleave(  # (N,) expert of each sorted row
         torch.arange(num_experts, device=x.device), rows, output_size=n
     )
-    if kernel == "grouped_mm":
+    if kernel == "grouped_mm" and n > 0:  # (no rows, e.g. an EP rank nobody routed to: bmm)
         offs = torch.cumsum(rows, 0).to(torch.int32)  # (E,) end row of each expert
 
         def project(a: torch.Tensor, wt: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
@@ -213,7 +213,7 @@ def grouped_expert_mlp(
         return y if b is None else y + b.unsqueeze(1)
 
     y = _mlp(padded, activation, w, project_bmm)  # (E, C, h)
-    return y.reshape(num_experts * cap, -1)[slot]  # (N, h)
+    return y.reshape(num_experts * cap, y.shape[-1])[slot]  # (N, h)
 
 
 def _mlp(
