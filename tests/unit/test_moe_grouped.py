@@ -96,16 +96,24 @@ def test_grouped_mm_takes_a_broadcast_gradient() -> None:
     assert x.grad is not None and w.w1.grad is not None
 
 
-def test_auto_picks_grouped_mm_for_aligned_bf16_padded_bmm_else_loop_for_fp8() -> None:
+def test_auto_picks_grouped_mm_where_torch_runs_it_padded_bmm_else_loop_for_fp8() -> None:
     bf16 = _weights(2, 16, 24, activation="swiglu", bias=False, dtype=torch.bfloat16)
     x16 = torch.zeros(4, 16, dtype=torch.bfloat16)
     assert expert_kernel(x16, bf16, F.linear) == "grouped_mm"
     odd = _weights(2, 16, 20, activation="swiglu", bias=False, dtype=torch.bfloat16)
     assert expert_kernel(x16, odd, F.linear) == "padded_bmm"  # f*2 bytes not a multiple of 16
     fp32 = bf16.map(lambda t: t.float())
-    assert expert_kernel(x16.float(), fp32, F.linear) == "padded_bmm"
-    with torch.autocast("cpu", dtype=torch.bfloat16):  # the matmuls run in bf16
-        assert expert_kernel(x16.float(), fp32, F.linear) == "grouped_mm"
+    assert expert_kernel(x16.float(), fp32, F.linear) == "grouped_mm"  # the CPU kernel
+    x32 = x16.float()
+    with FakeTensorMode() as mode:  # its meta kernel takes bf16 only
+        assert expert_kernel(mode.from_tensor(x32), fp32, F.linear) == "padded_bmm"
+        assert expert_kernel(mode.from_tensor(x16), bf16, F.linear) == "grouped_mm"
+    f64 = bf16.map(lambda t: t.double())
+    assert expert_kernel(x16.double(), f64, F.linear) == "padded_bmm"
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with FakeTensorMode() as mode:  # the matmuls run in bf16
+            assert expert_kernel(mode.from_tensor(x32), fp32, F.linear) == "grouped_mm"
+        assert expert_kernel(x16.double(), f64, F.linear) == "padded_bmm"  # float64 stays
 
     def fp8_like(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
         return F.linear(x, w, b)
@@ -162,7 +170,8 @@ def _ops_per_step(num_experts: int, dtype: torch.dtype, kernel: str) -> int:
 
 
 @pytest.mark.parametrize(
-    "dtype,kernel", [(torch.bfloat16, "grouped_mm"), (torch.float32, "padded_bmm")]
+    "dtype,kernel",
+    [(torch.bfloat16, "grouped_mm"), (torch.float32, "grouped_mm"), (torch.float64, "padded_bmm")],
 )
 def test_op_count_does_not_grow_with_the_number_of_experts(dtype, kernel) -> None:
     """aten ops per forward + backward of one MoE layer at 4, 16 and 64 experts: the same

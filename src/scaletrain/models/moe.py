@@ -141,11 +141,11 @@ def expert_kernel(x: torch.Tensor, weights: ExpertWeights, linear: Callable) -> 
 
     - 'loop' for a `linear` other than F.linear (fp8: per-expert scales) or weights that are
       tensor subclasses (a DTensor has no grouped-GEMM sharding rule);
-    - 'grouped_mm' for bf16 matmuls whose rows are 16-byte aligned: torch 2.13's
-      `_grouped_mm` runs bf16 on CUDA (CUTLASS on sm90/sm100, a bmm fallback elsewhere) and CPU,
-      and its meta kernel (fake tensors) accepts bf16 only; every operand's row stride must be
-      a multiple of 16 bytes (h and f multiples of 8) — checked on CPU too;
-    - 'padded_bmm' otherwise (fp32, fp16, float64, unaligned dims).
+    - 'grouped_mm' where torch 2.13's `_grouped_mm` runs and every operand's row stride is a
+      multiple of 16 bytes (checked on CPU too): bf16 anywhere (CUDA: CUTLASS on sm90/sm100,
+      a bmm fallback elsewhere; CPU; its meta kernel, i.e. fake tensors, takes bf16 only), and
+      fp32 on real CPU tensors (its CPU kernel: as fast as the loop, benchmarks/moe_experts.py);
+    - 'padded_bmm' otherwise (fp32 on CUDA or under fake tensors, fp16, float64, unaligned).
     """
     plain = (torch.Tensor, nn.Parameter)
     if linear is not F.linear or not all(
@@ -154,15 +154,21 @@ def expert_kernel(x: torch.Tensor, weights: ExpertWeights, linear: Callable) -> 
         return "loop"
     f, h = weights.w1.shape[-2:]
     dtype = _matmul_dtype(x)
-    aligned = all(d * dtype.itemsize % 16 == 0 for d in (f, h))
-    return "grouped_mm" if dtype == torch.bfloat16 and aligned else "padded_bmm"
+    if not all(d * dtype.itemsize % 16 == 0 for d in (f, h)):
+        return "padded_bmm"
+    if dtype == torch.bfloat16:
+        return "grouped_mm"
+    cpu_fp32 = dtype == torch.float32 and x.device.type == "cpu" and not is_fake(x)
+    return "grouped_mm" if cpu_fp32 else "padded_bmm"
 
 
 def _matmul_dtype(x: torch.Tensor) -> torch.dtype:
-    """The dtype F.linear would compute in: autocast's where it is on (it does not cast
-    `_grouped_mm`'s inputs, so the grouped kernels cast them themselves), else x's."""
+    """The dtype F.linear would compute in: autocast's where it is on and x is eligible (16-
+    or 32-bit float; autocast leaves float64 alone, and does not cast `_grouped_mm`'s inputs,
+    so the grouped kernels cast them themselves), else x's."""
     dev = x.device.type
-    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+    eligible = x.dtype in (torch.float32, torch.float16, torch.bfloat16)
+    return torch.get_autocast_dtype(dev) if eligible and torch.is_autocast_enabled(dev) else x.dtype
 
 
 def grouped_expert_mlp(
