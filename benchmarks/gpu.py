@@ -254,10 +254,12 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda":
         from scaletrain.config import load_config
         from scaletrain.trainer.build import detect_hardware
+        from scaletrain.trainer.precision import set_tf32
 
-        hw = detect_hardware(load_config(None, {}), device)
+        job = load_config(None, {})
+        hw = detect_hardware(job, device)
         gpu_name = torch.cuda.get_device_name(device)
-        torch.backends.cuda.matmul.allow_tf32 = True
+        set_tf32(job.precision, device)  # the trainer's rule (torch's per-backend API)
     else:
         from scaletrain.config import hardware_preset
 

@@ -54,6 +54,8 @@ MATRIX: dict[str, tuple[int, dict, int, tuple[str, ...]]] = {
     "pp2-1f1b": (2, _1F1B, 4, ("llama4", "gpt2")),
     "pp2-interleaved": (2, dict(pp=2, pp_schedule="interleaved", pp_virtual=2), 4, ("llama4",)),
     "pp2-zero-bubble": (2, dict(pp=2, pp_schedule="zero-bubble", pp_virtual=2), 4, ("llama4",)),
+    # DeepSeek-V3's V: rank 0 holds stages 0 and 3 (the loss), rank 1 stages 1 and 2
+    "pp2-dualpipev": (2, dict(pp=2, pp_schedule="dualpipev", pp_virtual=2), 4, ("llama4",)),
     "cp2": (2, dict(cp=2), 1, DENSE),
     "ep2": (2, dict(dp=2, ep=2), 1, ("moe",)),
     # MoE under pipelining: each stage attaches its load-balancing loss to its backward; 2
@@ -119,6 +121,7 @@ def test_matrix_covers_the_acceptance_list():
         "pp2-1f1b",
         "pp2-interleaved",
         "pp2-zero-bubble",
+        "pp2-dualpipev",
         "cp2",
         "ep2",
         "fsdp2xtp2",

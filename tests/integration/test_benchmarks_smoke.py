@@ -27,6 +27,7 @@ SCRIPTS = (
     "ingest",
     "activation_ledger",
     "fp8_cpu",
+    "moe_experts",
 )
 
 
@@ -167,6 +168,7 @@ REQUIRED = {
     "ingest": ("rows", "meta", "rss_growth_mib"),
     "activation_ledger": ("results", "batch", "seq", "dim"),
     "fp8_cpu": ("probe", "rounds", "summary", "cpu_flags"),
+    "moe_experts": ("rows", "reps", "threads", "tokens"),
 }
 
 

@@ -25,6 +25,7 @@ from scaletrain.config import (
     hardware_preset,
     load_config,
     parse_overrides,
+    precision_problem,
 )
 from scaletrain.config.loading import read_toml
 
@@ -209,7 +210,8 @@ def _derive_dtype(d: _Derivation, job: JobConfig) -> None:
     """bf16 on a GPU with bf16 tensor cores, unless the precision is given."""
     if not d.res.is_given("precision", "dtype"):
         hw = hardware_preset(job.hardware.gpu)
-        if job.hardware.gpu != "cpu" and "bf16" in hw.peak_flops:
+        # the rule `train` refuses by (config.hardware_rules), not the datasheet's rate table
+        if job.hardware.gpu != "cpu" and precision_problem("bf16", hw.arch, hw.name) is None:
             d.put(
                 "precision",
                 "dtype",

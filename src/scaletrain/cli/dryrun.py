@@ -89,7 +89,7 @@ def run(args: argparse.Namespace, extra: list[str] | None = None) -> int:
     print(
         verdict_line(
             measurement.memory.total,
-            job.hardware.spec(),
+            job.hardware_spec(),
             what=f"rank {measurement.rank} measured peak allocated",
         )
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any, cast
 
 from scaletrain.cli import _plan_output as _output
@@ -157,7 +158,7 @@ def _inputs(args: argparse.Namespace) -> dict[str, Any]:
 
     return {
         "model": job.model,
-        "hw": job.hardware.spec(),
+        "hw": job.hardware_spec(),
         "gpus": res.world_size,
         "seq": job.batch.seq_len,
         "gb": job.batch.global_batch,
@@ -197,7 +198,8 @@ def _exact_layout(inp: dict[str, Any]) -> Layout:
             raise ConfigError("--gpus", n, f"must be a multiple of tp*pp*cp = {tp * pp * cp}")
         dp = n // (tp * pp * cp)
     sched: PPSchedule = p.get("pp_schedule") or "1f1b"
-    virtual = p.get("pp_virtual") or (2 if sched == "interleaved" and pp > 1 else 1)
+    two = sched in ("interleaved", "dualpipev") and pp > 1
+    virtual = p.get("pp_virtual") or (2 if two else 1)
     return Layout(
         dp=dp,
         zero=p.get("zero") or 0,
@@ -342,6 +344,16 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     inp = _inputs(args)
     explain_mode = args.command == "explain"
     lines: list[str] = [] if args.json else [f"note: {n}" for n in inp["derived"]]
+    if inp["pinned"].get("pp_schedule") == "dualpipev" and not args.json:
+        lines.append(
+            "note: dualpipev is planned as zero-bubble (ZB-H1) with 2 looped chunks per rank: "
+            "the planner has no DualPipeV bubble or V-shaped stage memory yet"
+        )
+    unrunnable = _precision_mark(inp)
+    if unrunnable and args.json:  # the JSON on stdout stays one document
+        print(unrunnable, file=sys.stderr)
+    elif unrunnable:
+        lines.append(unrunnable)
     if inp["exact"] or explain_mode:
         estimates = _one_layout(args, inp, lines, explain_mode=explain_mode)
     else:
@@ -361,6 +373,19 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     if getattr(args, "preflight", False) and estimates:
         print(_output.preflight(estimates[0]))
     return 0
+
+
+def _precision_mark(inp: dict[str, Any]) -> str | None:
+    """The line that marks a plan the GPU cannot run in its precision (bf16 on a V100, fp8 on
+    an A100): planned all the same, so the numbers can be compared, but `train` refuses it.
+    The rule is `config.hardware_rules`', the one `train` applies to the device."""
+    from scaletrain.config import precision_problem
+
+    hw = inp["hw"]
+    why = precision_problem(inp["precision"], hw.arch, hw.name)
+    if why is None:
+        return None
+    return f"UNRUNNABLE: precision.dtype={inp['precision']!r}: {why} (train refuses it)"
 
 
 def _why_no_recipe_layout(inp: dict[str, Any]) -> None:

@@ -5,6 +5,7 @@ Pure Python (no torch): the planner and the trainer share these types and legali
 
 from ._errors import ConfigError
 from .hardware import GB, HARDWARE_PRESETS, TFLOPS, GiB, HardwareSpec, hardware_preset
+from .hardware_rules import GpuArch, precision_problem, runs_tf32
 from .hf_model import model_from_hf_config
 from .job import (
     AC_MODES,
@@ -52,6 +53,9 @@ __all__ = [
     "HARDWARE_PRESETS",
     "HardwareSpec",
     "hardware_preset",
+    "GpuArch",
+    "precision_problem",
+    "runs_tf32",
     "AC_MODES",
     "OFFLOAD_MODES",
     "PRECISIONS",

@@ -54,7 +54,7 @@ GradCompression = Literal["none", "powersgd"]
 ACMode = Literal["none", "selective", "full"]
 OffloadMode = Literal["none", "optimizer", "params"]
 ZeroStage = Literal[0, 1, 2, 3]
-PPSchedule = Literal["gpipe", "1f1b", "interleaved", "zero-bubble"]
+PPSchedule = Literal["gpipe", "1f1b", "interleaved", "zero-bubble", "dualpipev"]
 LayoutMode = Literal["manual", "auto"]
 # optimizer, data, run
 OptimizerName = Literal["adamw", "sgd"]

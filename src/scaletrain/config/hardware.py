@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ._errors import ConfigError
+from .hardware_rules import CPU_ARCH, GpuArch, amd_arch, nvidia_arch, runs_tf32
 
 __all__ = ["HardwareSpec", "HARDWARE_PRESETS", "hardware_preset", "GiB", "GB", "TFLOPS"]
 
@@ -54,6 +55,12 @@ class HardwareSpec:
     host_to_device_bw: float = 25 * GB
     """PCIe host link per direction (CPU offload traffic)."""
     notes: str = field(default="", compare=False)
+    arch: GpuArch = CPU_ARCH
+    """The generation, for the precision rules of `config.hardware_rules` (compute capability
+    from NVIDIA's CUDA GPUs table, gfx target from AMD's ROCm hardware table)."""
+    tf32: bool = True
+    """Whether the run lets fp32 matmuls use TF32 tensor cores (`precision.tf32`, applied by
+    `JobConfig.hardware_spec`); only counts where the arch has them."""
 
     def capacity_text(self) -> str:
         """The capacity as a verdict prints it: decimal GB, the unit of the figures beside it,
@@ -62,12 +69,17 @@ class HardwareSpec:
         return f"{self.memory_bytes / GB:.1f} GB = {self.memory_bytes / GiB:.2f} GiB"
 
     def flops(self, dtype: str) -> float:
-        """Peak dense FLOP/s for matmuls in `dtype`, falling back to the nearest slower path."""
+        """Peak dense FLOP/s for matmuls in `dtype`, falling back to the nearest slower path.
+
+        fp32 matmuls run at the TF32 rate where the trainer turns TF32 on
+        (`trainer.precision.set_tf32`): `tf32` set on a GPU that has it
+        (`hardware_rules.runs_tf32`); otherwise at the plain fp32 rate."""
+        fast32 = ("tf32",) if self.tf32 and runs_tf32(self.arch) else ()
         for key in {
-            "fp8": ("fp8", "bf16", "fp16", "tf32", "fp32"),
-            "bf16": ("bf16", "fp16", "tf32", "fp32"),
-            "fp16": ("fp16", "bf16", "tf32", "fp32"),
-            "fp32": ("tf32", "fp32"),
+            "fp8": ("fp8", "bf16", "fp16", *fast32, "fp32"),
+            "bf16": ("bf16", "fp16", *fast32, "fp32"),
+            "fp16": ("fp16", "bf16", *fast32, "fp32"),
+            "fp32": (*fast32, "fp32"),
         }.get(dtype, (dtype,)):
             if key in self.peak_flops:
                 return self.peak_flops[key]
@@ -94,6 +106,7 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         300,
         usd_per_hour=1.0,
         host_to_device_bw=16 * GB,
+        arch=nvidia_arch((7, 0)),
     ),
     # The 16 GB V100 (SXM2 16GB; same datasheet otherwise). Memory (CUDA total): 15.75 GiB on a
     # "Tesla V100 16GB", https://github.com/XuyangBai/TransFusion/issues/49 (15.78 GiB on
@@ -108,6 +121,7 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         300,
         usd_per_hour=0.8,
         host_to_device_bw=16 * GB,
+        arch=nvidia_arch((7, 0)),
     ),
     # NVIDIA A100 SXM4 datasheet: 19.5 TF fp32, 156 TF tf32, 312 TF bf16/fp16 dense,
     # 40GB HBM2 1555 GB/s | 80GB HBM2e 2039 GB/s, NVLink3 600 GB/s total, 400 W.
@@ -127,6 +141,7 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         25 * GB,
         400,
         usd_per_hour=1.5,
+        arch=nvidia_arch((8, 0)),
     ),
     "a100-80gb": lambda: HardwareSpec(
         "a100-80gb",
@@ -137,6 +152,7 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         25 * GB,
         400,
         usd_per_hour=1.8,
+        arch=nvidia_arch((8, 0)),
     ),
     # NVIDIA H100 SXM5 datasheet: 67 TF fp32, 494.7 tf32, 989.4 bf16/fp16, 1978.9 fp8 (dense),
     # 80GB HBM3 3.35 TB/s, NVLink4 900 GB/s total (450 per direction), 700 W.
@@ -157,6 +173,7 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         700,
         usd_per_hour=2.5,
         host_to_device_bw=64 * GB,
+        arch=nvidia_arch((9, 0)),
     ),
     # Meta's Grand Teton H100 (torchtitan benchmarks/llama3_h100_202412_torchtitan.md, Hardware):
     # SXM H100 with 96GB HBM2e at 2.4 TB/s, run at its default 500 W limit, NVLink within the
@@ -180,6 +197,7 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         500,
         usd_per_hour=2.5,
         host_to_device_bw=64 * GB,
+        arch=nvidia_arch((9, 0)),
     ),
     # NVIDIA H100 PCIe datasheet: 51 TF fp32, 378 tf32, 756 bf16, 1513 fp8; 80GB HBM2e 2 TB/s,
     # 350 W; peers over PCIe Gen5 x16 (64 GB/s per direction).
@@ -194,6 +212,7 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         350,
         usd_per_hour=2.0,
         host_to_device_bw=64 * GB,
+        arch=nvidia_arch((9, 0)),
     ),
     # NVIDIA H200 SXM datasheet: H100 compute; 141GB HBM3e at 4.8 TB/s, NVLink 900 GB/s, 700 W.
     # Memory: no CUDA total for the H200 was found. Estimate: nvidia-smi's 143,771 MiB
@@ -209,6 +228,7 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         700,
         usd_per_hour=3.5,
         host_to_device_bw=64 * GB,
+        arch=nvidia_arch((9, 0)),
     ),
     # NVIDIA HGX B200 datasheet (per GPU, dense): 2.25 PF bf16/fp16, 4.5 PF fp8, 1.1 PF tf32,
     # 75 TF fp32; 180GB HBM3e 7.7 TB/s; NVLink5 1.8 TB/s total (900 per direction); 1000 W.
@@ -226,6 +246,7 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         1000,
         usd_per_hour=6.0,
         host_to_device_bw=64 * GB,
+        arch=nvidia_arch((10, 0)),
     ),
     # GeForce RTX 3090 (Ampere GA102 whitepaper): 35.6 TF fp32, 71 TF fp16/bf16 tensor with fp32
     # accumulate; 24GB GDDR6X 936 GB/s; PCIe Gen4 x16 (32 GB/s per direction); 350 W.
@@ -241,6 +262,7 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         gpus_per_node=4,
         usd_per_hour=0.3,
         host_to_device_bw=32 * GB,
+        arch=nvidia_arch((8, 6)),
     ),
     # GeForce RTX 4090 (Ada whitepaper): 82.6 TF fp32, 165.2 TF fp16/bf16 and 330.3 TF fp8 tensor
     # with fp32 accumulate; 24GB GDDR6X 1008 GB/s; PCIe Gen4 x16; 450 W.
@@ -257,6 +279,7 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         gpus_per_node=4,
         usd_per_hour=0.5,
         host_to_device_bw=32 * GB,
+        arch=nvidia_arch((8, 9)),
     ),
     # AMD Instinct MI300X datasheet: 163.4 TF fp32 matrix, 1307.4 TF bf16/fp16 dense, 2614.9 fp8;
     # 192GB HBM3 5.3 TB/s; 7 Infinity Fabric links x 64 GB/s per direction = 448 GB/s; 750 W.
@@ -273,6 +296,7 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         750,
         usd_per_hour=2.5,
         host_to_device_bw=64 * GB,
+        arch=amd_arch("gfx942"),
     ),
     # This project's 2-core AVX-512 host (AMD EPYC, 2.6 GHz): 2 cores x 2.6 GHz x 2 FMA pipes x
     # 16 fp32 lanes x 2 FLOP = 333 GFLOP/s nominal peak (a 2048^3 sgemm measures ~190 GFLOP/s,
@@ -290,6 +314,7 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         inter_node_latency_s=50e-6,
         usd_per_hour=0.05,
         host_to_device_bw=20 * GB,
+        arch=CPU_ARCH,
     ),
 }
 

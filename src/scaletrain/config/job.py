@@ -30,6 +30,7 @@ from .choices import (
     names,
 )
 from .data import DataConfig
+from .hardware import HardwareSpec
 from .layout import Layout, check_layout, option_problems
 from .lora import LoraConfig, lora_problems
 from .model import ModelConfig, resolve_model
@@ -149,6 +150,9 @@ class PrecisionConfig:
     loss scaling), 'fp8' (float8 linears and MoE experts, bf16 elsewhere)."""
     reduce_dtype: ReduceDtype = "fp32"
     """Gradient communication dtype: 'fp32' or 'bf16'."""
+    tf32: bool = True
+    """fp32 matmuls on TF32 tensor cores (10-bit mantissa, ~8x the fp32 rate) on GPUs that
+    have them (NVIDIA sm80+: A100, H100, B200); false keeps IEEE fp32. No effect elsewhere."""
     loss_scale_init: float = 2.0**16
     loss_scale_growth_interval: int = 2000
     fp8_scaling: Fp8Scaling = "tensorwise"
@@ -397,6 +401,12 @@ class JobConfig:
         if problems:
             raise problems[0]
         return layout
+
+    def hardware_spec(self) -> HardwareSpec:
+        """The configured hardware as this job runs it: `hardware.spec()` with the precision
+        settings that change its rates (`precision.tf32`: fp32 matmuls at the TF32 rate)."""
+        spec = self.hardware.spec()
+        return spec if self.precision.tf32 else dataclasses.replace(spec, tf32=False)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

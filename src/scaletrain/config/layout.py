@@ -169,6 +169,15 @@ def batch_problems(
                 f"step, got {m}: raise global_batch or lower micro_batch",
             )
         )
+    if L.pp > 1 and L.pp_schedule == "dualpipev" and m < 2 * L.pp:
+        out.append(  # torch's ScheduleDualPipeV refuses fewer micro-batches than stages
+            ConfigError(
+                "batch.global_batch",
+                global_batch,
+                f"dualpipev needs at least 2*pp={2 * L.pp} micro-batches per step (one per "
+                f"stage), got {m}: raise global_batch or lower micro_batch",
+            )
+        )
     if L.pp > 1 and L.pp_schedule in ("interleaved", "zero-bubble") and m % L.pp:
         # torch's looped schedules run m / pp rounds of pp micro-batches
         out.append(
@@ -318,6 +327,25 @@ def _pp_problems(L: Layout, model: ModelConfig) -> list[ConfigError]:
                 "parallel.pp_virtual",
                 L.pp_virtual,
                 "the interleaved schedule needs pp_virtual >= 2 (or use '1f1b')",
+            )
+        )
+    if L.pp_schedule == "dualpipev" and L.pp > 1:
+        rules.append(
+            (
+                L.pp_virtual == 2,
+                "parallel.pp_virtual",
+                L.pp_virtual,
+                "dualpipev runs two stages per rank (a V): set pp_virtual=2",
+            )
+        )
+        rules.append(
+            (
+                not model.tie_embeddings,
+                "parallel.pp_schedule",
+                L.pp_schedule,
+                "dualpipev puts the first and the last stage on rank 0, and a tied "
+                "embedding/head there is not supported yet: use 'zero-bubble' or "
+                "'interleaved'",
             )
         )
     if L.pp_schedule in ("gpipe", "1f1b"):

@@ -44,10 +44,11 @@ def fused_head_loss(layout: Layout) -> bool:
     """Whether the training step's last stage runs the fused chunked head + cross-entropy
     (`models.loss`: no (tokens x vocabulary) logits) rather than logits then a loss: always,
     pipelined too (`parallel.pipeline` hands the last stage the targets), except under the
-    zero-bubble schedule, whose split backward (input gradients, then weight gradients as a
-    second autograd pass) would run the fused loss's single backward twice (the dry-run's
-    FlopCounterMode: +50% on llama-1024-L4 pp2 rank 1). Trainer and planner share this rule."""
-    return not (layout.pp > 1 and layout.pp_schedule == "zero-bubble")
+    zero-bubble and DualPipeV schedules, whose split backward (input gradients, then weight
+    gradients as a second autograd pass) would run the fused loss's single backward twice (the
+    dry-run's FlopCounterMode: +50% on llama-1024-L4 pp2 rank 1). Trainer and planner share
+    this rule."""
+    return not (layout.pp > 1 and layout.pp_schedule in ("zero-bubble", "dualpipev"))
 
 
 def expert_tp(tp: int, ep: int) -> int:
@@ -106,6 +107,10 @@ def stage_layer_ranges(num_layers: int, num_stages: int) -> list[range]:
     return out
 
 
-def stage_ids(pp_rank: int, pp_size: int, virtual: int) -> list[int]:
-    """Global stage indices held by `pp_rank`: rank r holds r, r + pp, ... (interleaved)."""
+def stage_ids(pp_rank: int, pp_size: int, virtual: int, *, schedule: str = "") -> list[int]:
+    """Global stage indices held by `pp_rank`: rank r holds r, r + pp, ... (looped:
+    interleaved, zero-bubble), or r and 2·pp − 1 − r under 'dualpipev' (the V: rank 0 holds
+    the first and the last stage; torch's `generate_stage_to_rank_mapping(style="v")`)."""
+    if schedule == "dualpipev":
+        return [pp_rank, 2 * pp_size - 1 - pp_rank]
     return [pp_rank + k * pp_size for k in range(virtual)]

@@ -231,7 +231,7 @@ def _schedule_cls(
     return functools.partial(
         ActionSchedule,
         hooks=hooks,
-        split_backward=layout.pp_schedule == "zero-bubble",
+        split_backward=layout.pp_schedule in ("zero-bubble", "dualpipev"),
         actions=pp_actions(
             layout.pp_schedule, layout.pp, grad_accum, layout.pp_virtual, layout.pp_rank_of(rank)
         ),

@@ -34,7 +34,10 @@ def pp_actions(schedule: str, p: int, m: int, v: int, pp_rank: int) -> list[Any]
     padding); torch's own lowering passes then add what its runtime adds: UNSHARD / RESHARD
     of FSDP stages (multi-stage schedules only, `_add_unshard_reshard`, 3 stages prefetched)
     and REDUCE_GRAD after a stage's last backward (`_add_reduce_grad`). Zero-bubble's B is
-    torch's BACKWARD_INPUT ('I'), its W the deferred BACKWARD_WEIGHT.
+    torch's BACKWARD_INPUT ('I'), its W the deferred BACKWARD_WEIGHT. DualPipeV's order is
+    torch's own (`ScheduleDualPipeV._calculate_single_rank_operations`, which reads nothing
+    of the schedule but its pp size and micro-batch count; the planner has no DualPipeV order
+    yet), its OVERLAP_F_B pairs run one after the other, as torch's runtime runs them.
     """
     from torch.distributed.pipelining.schedules import (
         _Action,
@@ -45,6 +48,8 @@ def pp_actions(schedule: str, p: int, m: int, v: int, pp_rank: int) -> list[Any]
 
     from scaletrain.planner.time.pipeline import pipeline_order
 
+    if schedule == "dualpipev":
+        return _dualpipev_actions(p, m, pp_rank)
     zb = schedule == "zero-bubble"
     kind = {
         "F": _ComputationType.FORWARD,
@@ -58,6 +63,27 @@ def pp_actions(schedule: str, p: int, m: int, v: int, pp_rank: int) -> list[Any]
     if schedule not in ("gpipe", "1f1b"):
         actions = [*_add_unshard_reshard(actions)]
     return _add_reduce_grad(actions, m)
+
+
+def _dualpipev_actions(p: int, m: int, pp_rank: int) -> list[Any]:
+    """torch's DualPipeV order of `pp_rank` (see `pp_actions`), lowered the same way."""
+    from types import SimpleNamespace
+
+    from torch.distributed.pipelining.schedules import (
+        ScheduleDualPipeV,
+        _Action,
+        _add_reduce_grad,
+        _add_unshard_reshard,
+    )
+
+    # the method reads only these two attributes of its schedule (no stages needed), so a
+    # namespace stands in for `self`: the stubs want a ScheduleDualPipeV
+    shape = SimpleNamespace(pp_group_size=p, _n_microbatches=m)
+    order = ScheduleDualPipeV._calculate_single_rank_operations(shape, pp_rank)  # type: ignore[arg-type]
+    actions: list[_Action | None] = [
+        s for a in order if a is not None for s in (a.sub_actions or [a])
+    ]
+    return _add_reduce_grad([*_add_unshard_reshard(actions)], m)
 
 
 def pp_io_dtype(job: JobConfig, dims: Any) -> torch.dtype:

@@ -12,12 +12,22 @@ spread one each over the first experts), on every rank alike (`balanced_counts`)
 real step then matches when the router is balanced (what the load-balancing loss drives it
 to); a skewed router makes the busiest expert's activations larger than measured. Real
 tensors always take the exact data-dependent path.
+
+The experts run as grouped GEMMs on the expert-sorted tokens (`grouped_expert_mlp`): one
+`torch._grouped_mm` per projection where torch 2.13 runs it on every backend and under fake
+tensors (bf16 with 16-byte-aligned rows), else one `torch.bmm` per projection over a padded
+(E, C, h) block (C = the busiest expert's rows); either way the number of ops per forward does
+not grow with the number of experts. fp8 experts keep one GEMM per expert (each expert has its
+own float8 scales: `precision.fp8.Float8ExpertLinear`); that loop takes its experts' weights
+with one `unbind` (`ExpertWeights.unbind`): `w[e]` slices each received their gradient as a
+full zero-filled (E, f, h) stack plus an add (autograd's SelectBackward), O(E^2) bytes per step,
+72% of a 64-expert layer's backward on this project's CPU (benchmarks/moe_experts.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -28,10 +38,14 @@ from ..numerics import upcast
 __all__ = [
     "EXPERT_WEIGHTS",
     "ExpertWeights",
+    "ExpertKernel",
     "GroupedExperts",
+    "expert_kernel",
+    "grouped_expert_mlp",
     "MoE",
     "balanced_counts",
     "expert_mlp",
+    "host_counts",
     "is_fake",
     "moe_aux_loss",
 ]
@@ -100,13 +114,141 @@ class ExpertWeights(NamedTuple):
             fn(self.w1), fn(self.w2), opt(self.w3), opt(self.b1), opt(self.b2), opt(self.b3)
         )
 
-    def at(self, e: int) -> ExpertWeights:
-        """Expert `e`'s weights, from stacked ones."""
-        return self.map(lambda w: w[e])
+    def unbind(self) -> list[ExpertWeights]:
+        """Every expert's weights, from stacked ones, in one `unbind` per weight: its backward
+        stacks the E gradients once, where E `w[e]` selects would each zero-fill a full
+        (E, ...) gradient (O(E^2) bytes)."""
+        w1, w2 = self.w1.unbind(0), self.w2.unbind(0)
+        rest = [None if w is None else w.unbind(0) for w in (self.w3, self.b1, self.b2, self.b3)]
+        return [
+            ExpertWeights(w1[e], w2[e], *(None if p is None else p[e] for p in rest))
+            for e in range(len(w1))
+        ]
 
 
 EXPERT_WEIGHTS = ExpertWeights._fields
 """`GroupedExperts`' stacked parameters, in `expert_mlp`'s argument order."""
+
+ExpertKernel = Literal["auto", "grouped_mm", "padded_bmm", "loop"]
+"""How `grouped_expert_mlp` runs the experts' GEMMs: 'grouped_mm' (`torch._grouped_mm`, one
+per projection), 'padded_bmm' (`torch.bmm` over (E, C, h) blocks padded to the busiest
+expert), 'loop' (one `linear` per expert: the reference, and fp8's path), 'auto' (the first
+that is valid: `expert_kernel`)."""
+
+
+def expert_kernel(x: torch.Tensor, weights: ExpertWeights, linear: Callable) -> ExpertKernel:
+    """The kernel 'auto' picks for these tokens and stacked weights.
+
+    - 'loop' for a `linear` other than F.linear (fp8: per-expert scales) or weights that are
+      tensor subclasses (a DTensor has no grouped-GEMM sharding rule);
+    - 'grouped_mm' where torch 2.13's `_grouped_mm` runs and every operand's row stride is a
+      multiple of 16 bytes (checked on CPU too): bf16 anywhere (CUDA: CUTLASS on sm90/sm100,
+      a bmm fallback elsewhere; CPU; its meta kernel, i.e. fake tensors, takes bf16 only), and
+      fp32 on real CPU tensors (its CPU kernel: as fast as the loop, benchmarks/moe_experts.py);
+    - 'padded_bmm' otherwise (fp32 on CUDA or under fake tensors, fp16, float64, unaligned).
+    """
+    plain = (torch.Tensor, nn.Parameter)
+    if linear is not F.linear or not all(
+        type(w) in plain or is_fake(w) for w in weights if w is not None
+    ):
+        return "loop"
+    f, h = weights.w1.shape[-2:]
+    dtype = _matmul_dtype(x)
+    if not all(d * dtype.itemsize % 16 == 0 for d in (f, h)):
+        return "padded_bmm"
+    if dtype == torch.bfloat16:
+        return "grouped_mm"
+    cpu_fp32 = dtype == torch.float32 and x.device.type == "cpu" and not is_fake(x)
+    return "grouped_mm" if cpu_fp32 else "padded_bmm"
+
+
+def _matmul_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype F.linear would compute in: autocast's where it is on and x is eligible (16-
+    or 32-bit float; autocast leaves float64 alone, and does not cast `_grouped_mm`'s inputs,
+    so the grouped kernels cast them themselves), else x's."""
+    dev = x.device.type
+    eligible = x.dtype in (torch.float32, torch.float16, torch.bfloat16)
+    return torch.get_autocast_dtype(dev) if eligible and torch.is_autocast_enabled(dev) else x.dtype
+
+
+def grouped_expert_mlp(
+    x: torch.Tensor,
+    counts: list[int],
+    activation: str,
+    weights: ExpertWeights,
+    *,
+    linear: Callable[..., torch.Tensor] = F.linear,
+    kernel: ExpertKernel = "auto",
+) -> torch.Tensor:
+    """Every expert's `expert_mlp` on its rows: x (N, h) sorted by expert, `counts[e]` rows
+    of expert e (sum N), stacked weights (E, ...) -> (N, h), rows in x's order."""
+    if kernel == "auto":
+        kernel = expert_kernel(x, weights, linear)
+    if kernel == "loop":
+        outs = [
+            expert_mlp(chunk, activation, *w_e, linear=linear)
+            for w_e, chunk in zip(weights.unbind(), torch.split(x, counts), strict=True)
+        ]
+        return torch.cat(outs, dim=0) if outs else x.new_zeros(0, x.shape[-1])
+    dtype = _matmul_dtype(x)
+    x = x.to(dtype)
+    w = weights.map(lambda t: t.to(dtype))
+    n, num_experts = x.shape[0], len(counts)
+    rows = torch.tensor(counts, dtype=torch.int64, device=x.device)  # (E,)
+    expert_of = torch.repeat_interleave(  # (N,) expert of each sorted row
+        torch.arange(num_experts, device=x.device), rows, output_size=n
+    )
+    if kernel == "grouped_mm" and n > 0:  # (no rows, e.g. an EP rank nobody routed to: bmm)
+        offs = torch.cumsum(rows, 0).to(torch.int32)  # (E,) end row of each expert
+
+        def project(a: torch.Tensor, wt: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+            y = torch._grouped_mm(a, wt.transpose(-2, -1), offs=offs)  # (N, out)
+            return y if b is None else y + b[expert_of]
+
+        y = _mlp(x, activation, w, project)
+        return _ContiguousGrad.apply(y)
+    # padded_bmm: row i of expert e goes to slot e*C + (i - start_e) of an (E*C, h) block
+    cap = max(counts, default=0)
+    starts = torch.cumsum(rows, 0) - rows  # (E,)
+    slot = torch.arange(n, device=x.device) - starts[expert_of] + expert_of * cap  # (N,)
+    padded = x.new_zeros(num_experts * cap, x.shape[-1]).index_copy(0, slot, x)
+    padded = padded.view(num_experts, cap, x.shape[-1])  # (E, C, h)
+
+    def project_bmm(a: torch.Tensor, wt: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        y = torch.bmm(a, wt.transpose(-2, -1))  # (E, C, out)
+        return y if b is None else y + b.unsqueeze(1)
+
+    y = _mlp(padded, activation, w, project_bmm)  # (E, C, h)
+    return y.reshape(num_experts * cap, y.shape[-1])[slot]  # (N, h)
+
+
+def _mlp(
+    x: torch.Tensor,
+    activation: str,
+    w: ExpertWeights,
+    project: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor],
+) -> torch.Tensor:
+    """`expert_mlp`'s math with every projection a grouped one."""
+    up = project(x, w.w1, w.b1)  # (..., f)
+    if w.w3 is not None:
+        up = F.silu(up) * project(x, w.w3, w.b3)
+    else:
+        up = F.gelu(up, approximate="none" if activation == "gelu_exact" else "tanh")
+    return project(up, w.w2, w.b2)
+
+
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity whose backward hands on a contiguous gradient: `_grouped_mm`'s backward
+    refuses a broadcast one (zero strides, e.g. from a `.sum()` straight after it)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    # the stubs' backward is (ctx, *grad_outputs: Any): a named one-output signature "overrides" it
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        return grad.contiguous()
 
 
 class GroupedExperts(nn.Module):
@@ -142,10 +284,8 @@ class GroupedExperts(nn.Module):
         # The matmul of every expert projection, `linear(x, weight, bias)`: F.linear, or a
         # float8 one set by `scaletrain.precision.apply_fp8` (kept by expert parallelism).
         self.linear: Callable[..., torch.Tensor] = F.linear
-
-    def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
-        # x: (n_e, h) tokens of local expert e -> (n_e, h)
-        return expert_mlp(x, self.activation, *self.weights().at(e), linear=self.linear)
+        self.kernel: ExpertKernel = "auto"
+        """`grouped_expert_mlp`'s kernel ('auto': the fastest valid one)."""
 
     def weights(self) -> ExpertWeights:
         """The `EXPERT_WEIGHTS` in order, None where absent."""
@@ -155,15 +295,21 @@ class GroupedExperts(nn.Module):
         self, x_sorted: torch.Tensor, num_tokens_per_expert: torch.Tensor | list[int]
     ) -> torch.Tensor:
         """x_sorted: (N, h) tokens grouped by local expert; counts: (E_local,) -> (N, h)."""
-        counts = (
-            num_tokens_per_expert.tolist()
-            if torch.is_tensor(num_tokens_per_expert)
-            else list(num_tokens_per_expert)
+        return grouped_expert_mlp(
+            x_sorted,
+            host_counts(num_tokens_per_expert),
+            self.activation,
+            self.weights(),
+            linear=self.linear,
+            kernel=self.kernel,
         )
-        # A loop over local experts: simple and exact. Data-dependent split sizes, so this
-        # cannot run under FakeTensorMode without a grouped-GEMM kernel (torch._grouped_mm).
-        outs = [self._expert(e, chunk) for e, chunk in enumerate(torch.split(x_sorted, counts))]
-        return torch.cat(outs, dim=0) if outs else x_sorted.new_zeros(0, x_sorted.shape[-1])
+
+
+def host_counts(num_tokens_per_expert: torch.Tensor | list[int]) -> list[int]:
+    """Rows per expert as Python ints (the split sizes; one device sync for a tensor)."""
+    if torch.is_tensor(num_tokens_per_expert):
+        return [int(n) for n in num_tokens_per_expert.tolist()]
+    return list(num_tokens_per_expert)
 
 
 class MoE(nn.Module):

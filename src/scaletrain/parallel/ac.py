@@ -9,12 +9,13 @@ h = dim, kv = KV-head width, f = ffn width, e = bytes of the compute dtype):
 - "selective": the whole block runs under checkpoint with a per-op policy
   (`torch.utils.checkpoint.create_selective_checkpoint_contexts`): the outputs of the matmuls
   (`aten.mm` / `addmm` / fp8 `_scaled_mm`: q, k, v, wo, w1, w3, w2; e*s*(5h + 2kv + 2f) for a
-  Llama block) and of the fused attention kernels (output e*s*h plus the fp32 log-sum-exp) are
-  saved, and so is the block input (the checkpoint's own input); everything else — norms,
-  RoPE, casts, SiLU/GELU, the SwiGLU product, residual adds, and the naive core's S x S
-  `bmm` scores and softmax — is recomputed in backward from those (Korthikanti et al. 2022,
-  sec. 5's selective recomputation, as a per-op policy the way torchtitan's "op" SAC does).
-  Tensor-parallel reduce-scatters are saved too, so the recompute repeats no reduction (the
+  Llama block; MoE experts' `_grouped_mm` likewise — their padded-`bmm` fallback, fp32 on CUDA or
+  under fake tensors, is recomputed like any bmm) and of the fused attention kernels (output e*s*h
+  plus the fp32 log-sum-exp) are saved, and so is the block input (the checkpoint's own input);
+  everything else — norms, RoPE, casts, SiLU/GELU, the SwiGLU product, residual adds, and the
+  naive core's S x S `bmm` scores and softmax — is recomputed in backward from those (Korthikanti
+  et al. 2022, sec. 5's selective recomputation, as a per-op policy the way torchtitan's "op" SAC
+  does). Tensor-parallel reduce-scatters are saved too, so the recompute repeats no reduction (the
   all-gathers of sequence parallelism are redone, as Megatron's SP backward does).
 - "full": every block in `model.layers` recomputes its whole forward during backward; only
   the block inputs (r*s*h bytes per layer, r the residual stream's bytes) stay alive between
@@ -51,6 +52,7 @@ SELECTIVE_SAVED_OPS = frozenset(
         _aten.mm.default,
         _aten.addmm.default,
         _aten._scaled_mm.default,
+        _aten._grouped_mm.default,  # MoE experts' grouped GEMMs (models.moe)
         _aten._scaled_dot_product_flash_attention.default,
         _aten._scaled_dot_product_flash_attention_for_cpu.default,
         _aten._scaled_dot_product_efficient_attention.default,

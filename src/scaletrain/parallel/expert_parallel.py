@@ -40,7 +40,7 @@ from scaletrain.models.moe import (
     ExpertWeights,
     GroupedExperts,
     MoE,
-    expert_mlp,
+    grouped_expert_mlp,
     is_fake,
 )
 
@@ -106,6 +106,7 @@ class ExpertParallelExperts(GroupedExperts):
         self.num_experts = experts.num_experts // self.ep_size
         self.activation = experts.activation
         self.linear = experts.linear  # F.linear, or the fp8 matmul apply_fp8 set
+        self.kernel = experts.kernel
         lo = self.ep_rank * self.num_experts
         for name in EXPERT_WEIGHTS:
             p = getattr(experts, name)
@@ -170,12 +171,14 @@ class ExpertParallelExperts(GroupedExperts):
         perm = torch.cat(order).to(x_sorted.device)  # (sum recv,)
         x_local = x_recv[perm]
 
-        local = self._local_weights()
-        outs = [
-            expert_mlp(chunk, self.activation, *local.at(e), linear=self.linear)
-            for e, chunk in enumerate(torch.split(x_local, per_expert))
-        ]
-        y_local = torch.cat(outs, 0)
+        y_local = grouped_expert_mlp(
+            x_local,
+            per_expert,
+            self.activation,
+            self._local_weights(),
+            linear=self.linear,
+            kernel=self.kernel,
+        )
         y_local = torch.empty_like(y_local).index_copy(0, perm, y_local)  # source-major again
         return all_to_all(y_local, send, recv, self.group)  # (N*k, h), back in sorted order
 

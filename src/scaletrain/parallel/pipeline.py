@@ -13,11 +13,15 @@ end stages already carry the embedding / head), then to the ends. A stage's laye
 units minus the embedding / head it holds (it can be 0: a stage that is only the embedding).
 This ignores the head's vocabulary-dependent cost; it is the rule the planner must use too.
 
-Virtual stages: with v > 1 rank r holds stages r, r + pp, …, r + (v−1)·pp (interleaved).
+Virtual stages: with v > 1 rank r holds stages r, r + pp, …, r + (v−1)·pp (interleaved,
+zero-bubble); under "dualpipev" rank r holds stages r and 2·pp − 1 − r (a V: rank 0 runs the
+first and the last stage, so the last stage's loss lives on pp rank 0).
 
 Schedules: "gpipe" → ScheduleGPipe, "1f1b" → Schedule1F1B (v = 1); "interleaved" →
 ScheduleInterleaved1F1B, "zero-bubble" → ScheduleInterleavedZeroBubble (v ≥ 1, any v; it runs
-on gloo in 2.13, recipes/gloo_strategies.py). Gradients are the mean over micro-batches
+on gloo in 2.13, recipes/gloo_strategies.py); "dualpipev" → ScheduleDualPipeV (DeepSeek-V3's
+schedule, v = 2 in a V, m >= 2·pp; split backward like zero-bubble, so no fused loss; tied
+embeddings refused by `config.layout_problems`). Gradients are the mean over micro-batches
 (`scale_grads=True`), i.e. the gradient of the full-batch mean loss for equal micro-batches;
 the trainer's step divides each micro-batch's loss so that it is the mean over the step's
 valid targets instead (`step(loss_divisor=...)`, `trainer.tokens`).
@@ -64,6 +68,7 @@ from torch import nn
 from torch.distributed.pipelining import (
     PipelineStage,
     Schedule1F1B,
+    ScheduleDualPipeV,
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
     ScheduleInterleavedZeroBubble,
@@ -82,6 +87,7 @@ _SCHEDULES = {
     "1f1b": Schedule1F1B,
     "interleaved": ScheduleInterleaved1F1B,
     "zero-bubble": ScheduleInterleavedZeroBubble,
+    "dualpipev": ScheduleDualPipeV,
 }
 _SINGLE_STAGE = ("gpipe", "1f1b")
 
@@ -180,6 +186,8 @@ class PipelineRuntime:
     fused_loss: bool = True
     """Whether `step` / `eval_loss` hand the last stage the targets (`config.fused_head_loss`:
     not under zero-bubble's split backward)."""
+    last_stage_pp_rank: int = -1
+    """The pp rank holding the last stage: pp − 1, or 0 under dualpipev's V (-1: pp − 1)."""
     _hooks: Any = None
     _losses_seen: int = 0
     num_microbatches: int = 1
@@ -349,8 +357,12 @@ class PipelineRuntime:
 
     @property
     def _last_stage_rank(self) -> int:
-        """Global rank of the pp rank holding the last stage (pp-1, also when interleaved)."""
-        return dist.get_global_rank(self.group, dist.get_world_size(self.group) - 1)
+        """Global rank of the pp rank holding the last stage (pp-1, also when interleaved; 0
+        under dualpipev)."""
+        last = self.last_stage_pp_rank
+        return dist.get_global_rank(
+            self.group, last if last >= 0 else dist.get_world_size(self.group) - 1
+        )
 
     def _mean_loss(self, losses: list[torch.Tensor], device: torch.device) -> torch.Tensor:
         """The last stage's mean micro-batch loss, broadcast to every pp rank: fp32, float64
@@ -406,7 +418,7 @@ def build_pipeline(
         )
     group = pp_group if isinstance(pp_group, dist.ProcessGroup) else pp_group.get_group()
     num_stages = pp_size * virtual
-    ids = stage_ids(pp_rank, pp_size, virtual)
+    ids = stage_ids(pp_rank, pp_size, virtual, schedule=schedule)
     device = torch.device(device)
     mods, pstages = [], []
     for sid in ids:
@@ -434,6 +446,7 @@ def build_pipeline(
         cp_group=cp,
         num_microbatches=n_microbatches,
         fused_loss=fused_head_loss(Layout(pp=pp_size, pp_schedule=schedule)),
+        last_stage_pp_rank=0 if schedule == "dualpipev" and pp_size > 1 else pp_size - 1,
     )
     cls = schedule_cls or _SCHEDULES[schedule]
     runtime.schedule = cls(

@@ -77,7 +77,12 @@ from torch.distributed.tensor.parallel import (
 
 from scaletrain.dtensor import to_local
 from scaletrain.models.loss import VocabShard, linear_cross_entropy
-from scaletrain.models.moe import EXPERT_WEIGHTS, GroupedExperts, expert_mlp
+from scaletrain.models.moe import (
+    EXPERT_WEIGHTS,
+    GroupedExperts,
+    grouped_expert_mlp,
+    host_counts,
+)
 from scaletrain.models.transformer import Transformer
 
 __all__ = [
@@ -336,6 +341,7 @@ class TensorParallelExperts(GroupedExperts):
         self.mesh, self.group = mesh, mesh.get_group()
         self.num_experts, self.activation = experts.num_experts, experts.activation
         self.linear = experts.linear  # F.linear, or the fp8 matmul apply_fp8 set
+        self.kernel = experts.kernel
         for name in EXPERT_WEIGHTS:
             p = getattr(experts, name)
             if p is None:
@@ -362,20 +368,14 @@ class TensorParallelExperts(GroupedExperts):
     def forward(
         self, x_sorted: torch.Tensor, num_tokens_per_expert: torch.Tensor | list[int]
     ) -> torch.Tensor:
-        counts = (
-            num_tokens_per_expert.tolist()
-            if torch.is_tensor(num_tokens_per_expert)
-            else list(num_tokens_per_expert)
-        )
+        counts = host_counts(num_tokens_per_expert)
         x = _CopyToTP.apply(x_sorted, self.group)
         local = self.weights().map(to_local)
         b2 = local.b2  # added once, after the reduction (below), not to every partial sum
         summed = local._replace(b2=None)
-        outs = [
-            expert_mlp(chunk, self.activation, *summed.at(e), linear=self.linear)
-            for e, chunk in enumerate(torch.split(x, counts))
-        ]
-        y = torch.cat(outs, dim=0) if outs else x.new_zeros(0, x.shape[-1])
+        y = grouped_expert_mlp(
+            x, counts, self.activation, summed, linear=self.linear, kernel=self.kernel
+        )
         y = _ReduceFromTP.apply(y, self.group)
         if b2 is not None:  # once, after the reduction
             rows = torch.as_tensor(counts, device=y.device)

@@ -176,7 +176,7 @@ def plan_input_from_job(
     JobConfig onto a PlanInput (trainer ledger, verify, dry-run, report all use it)."""
     return PlanInput(
         model=job.model,
-        hardware=hardware or job.hardware.spec(),
+        hardware=hardware or job.hardware_spec(),
         num_gpus=layout.world_size,
         layout=layout,
         seq_len=job.batch.seq_len,

@@ -192,7 +192,7 @@ def _hardware(run: RunData):
     name = run.info.get("hardware")
     if name in HARDWARE_PRESETS and run.job is not None and name != run.job.hardware.gpu:
         return hardware_preset(name)
-    return run.job.hardware.spec() if run.job is not None else None
+    return run.job.hardware_spec() if run.job is not None else None
 
 
 def plan_input(job: JobConfig, world_size: int, hardware=None):

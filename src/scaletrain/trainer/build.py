@@ -32,7 +32,7 @@ from scaletrain.planner.time.flops import flops_per_token
 from scaletrain.precision.fp8_matmul import Fp8MatmulChoice, choose_fp8_matmul
 
 from .optim import build_optimizer
-from .precision import LossScaler
+from .precision import LossScaler, check_device_precision, set_tf32
 
 __all__ = [
     "DistEnv",
@@ -111,12 +111,12 @@ _GPU_NAMES = (
 def detect_hardware(job: JobConfig, device: torch.device) -> HardwareSpec:
     """The hardware preset for MFU: the configured one, or the visible GPU's, or 'cpu'."""
     if job.hardware.gpu != "cpu" or device.type != "cuda":
-        return job.hardware.spec()
+        return job.hardware_spec()
     name = torch.cuda.get_device_name(device)
     for key, preset in _GPU_NAMES:
-        if key in name:
-            return hardware_preset(preset)
-    return job.hardware.spec()
+        if key in name:  # the job's TF32 choice sets its fp32 rate (JobConfig.hardware_spec)
+            return dataclasses.replace(hardware_preset(preset), tf32=job.precision.tf32)
+    return job.hardware_spec()
 
 
 def tp_mesh(dims: ParallelDims) -> DeviceMesh | None:
@@ -372,6 +372,8 @@ def build_run(
         env = init_distributed(
             device_pref=job.train.device, rendezvous_timeout_s=job.train.rendezvous_timeout_s
         )
+        check_device_precision(job.precision, env.device)
+        set_tf32(job.precision, env.device)
     layout = job.layout(env.world_size)
     dims = ParallelDims.from_layout(layout, env.world_size)
     if env.world_size > 1:  # a 1-rank job needs no process group: every axis is a no-op

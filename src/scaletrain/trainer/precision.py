@@ -16,12 +16,20 @@ from collections.abc import Iterable
 import torch
 import torch.distributed as dist
 
-from scaletrain.config import PrecisionConfig, precision_spec
+from scaletrain.config import ConfigError, PrecisionConfig, precision_problem, precision_spec
+from scaletrain.config.hardware_rules import CPU_ARCH, GpuArch, amd_arch, nvidia_arch, runs_tf32
 from scaletrain.dtensor import to_local
 
 from .host import host_float
 
-__all__ = ["compute_dtype", "autocast", "LossScaler"]
+__all__ = [
+    "compute_dtype",
+    "autocast",
+    "LossScaler",
+    "device_arch",
+    "check_device_precision",
+    "set_tf32",
+]
 
 
 def compute_dtype(precision: PrecisionConfig) -> torch.dtype:
@@ -34,6 +42,38 @@ def autocast(precision: PrecisionConfig, device_type: str) -> contextlib.Abstrac
     if dtype == torch.float32:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device_type, dtype=dtype)
+
+
+def device_arch(device: torch.device) -> GpuArch:
+    """The generation of the device a rank runs on, for `config.hardware_rules`: a CUDA
+    device's compute capability (a ROCm device's gfx target); `CPU_ARCH` off CUDA."""
+    if device.type != "cuda":
+        return CPU_ARCH
+    if torch.version.hip:  # ROCm reports gfx9xx as capability 9.x: the gfx target is exact
+        return amd_arch(torch.cuda.get_device_properties(device).gcnArchName)
+    return nvidia_arch(torch.cuda.get_device_capability(device))
+
+
+def check_device_precision(precision: PrecisionConfig, device: torch.device) -> None:
+    """Refuse, before any work, a precision the device cannot run (bf16 on a V100, fp8 on an
+    A100): one `ConfigError` naming precision.dtype and the GPU. A CPU runs every precision."""
+    arch = device_arch(device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    problem = precision_problem(precision.dtype, arch, name)
+    if problem is not None:
+        raise ConfigError("precision.dtype", precision.dtype, problem)
+
+
+def set_tf32(precision: PrecisionConfig, device: torch.device) -> bool:
+    """Run fp32 matmuls on TF32 tensor cores when `precision.tf32` and the device has them
+    (NVIDIA sm80+), IEEE fp32 otherwise; returns whether TF32 is on. The planner times fp32
+    matmuls by the same rule (`HardwareSpec.flops(tf32=...)`). Set through torch's
+    per-backend API (`torch.backends.cuda.matmul.fp32_precision`), the one torch 2.13 asks
+    for: mixing it with the legacy `allow_tf32`/`set_float32_matmul_precision` is an error
+    when the precision is read."""
+    on = precision.tf32 and runs_tf32(device_arch(device))
+    torch.backends.cuda.matmul.fp32_precision = "tf32" if on else "ieee"
+    return on
 
 
 class LossScaler:
