@@ -9,7 +9,9 @@ The model-state terms live in `states.py`, the activation terms in `activations.
 
 from __future__ import annotations
 
-from scaletrain.config import compute_bytes
+from scaletrain.config import compute_bytes, ddp_reducer
+
+from ..types import PlanInput
 
 __all__ = [
     "buffer_terms",
@@ -29,35 +31,24 @@ FRAGMENTATION = 0.05
 
 
 def buffer_terms(
+    plan: PlanInput,
     *,
-    hidden: int,
-    tokens: float,
-    precision: str,
-    zero: int,
-    dp: int,
-    tp: int,
-    sp: bool,
-    pp: int,
-    cp: int,
-    ep: int,
-    kv_dim: int,
-    experts_per_token: int,
     unit_params: float,
     zero_shards: int,
     device: str = "gpu",
     reduce_bytes: int = 4,
     bucket_params: float = 0.0,
-    ffn_dim: int = 0,
-    ddp: bool = True,
 ) -> dict[str, float]:
-    """Named transient buffers on one rank (bytes). tokens = s_l * b of one micro-batch.
+    """Named transient buffers on one rank (bytes) of `plan` (its layout, model dims and
+    precision). tokens = s_l * b of one micro-batch (s_l = seq_len / cp); h = model.dim,
+    f = model.ffn_dim, k = model.experts_per_token.
 
     ddp_buckets: DDP (zero 0, and zero 1 which runs over DDP): the reducer's flat bucket copy of
       every gradient, reduce_bytes x bucket_params (the rank's replicated parameters), kept for
       the run: the trainer's `replicate` keeps torch's default gradient_as_bucket_view=False
       (the dry-run adds the same term). Without bucket_params: 2 x 25 MB in flight (bucket_cap_mb).
-      zero 2 is FSDP2 (no DDP buckets; its collectives are as zero 3's). ddp=False
-      (`config.layout.ddp_reducer`: tp, ep or pp > 1): no reducer, the gradients are averaged
+      zero 2 is FSDP2 (no DDP buckets; its collectives are as zero 3's). Without DDP's
+      reducer (`config.layout.ddp_reducer` false: tp, ep or pp > 1) the gradients are averaged
       after backward through flat buckets of <= 25 MiB each
       (parallel/data_parallel.py BUCKET_BYTES), freed one by one when the activations are
       already gone: not counted (dry-run, tiny-moe dp4 ep2 z0: the bucket term was +17% of
@@ -76,24 +67,27 @@ def buffer_terms(
     runtime_context: RUNTIME_CONTEXT_BYTES on a GPU, 0 on 'cpu'.
     Ignores: NCCL's internal channel buffers beyond the context term, cuDNN workspaces.
     """
+    L, model, precision = plan.layout, plan.model, plan.precision
+    tokens = plan.seq_len / L.cp * plan.micro_batch
+    hidden = model.dim
     e = compute_bytes(precision)
     out: dict[str, float] = {}
-    if dp > 1 or zero_shards > 1:
-        if zero >= 2:
+    if L.dp > 1 or zero_shards > 1:
+        if L.zero >= 2:
             out["fsdp_reduce_scatter"] = reduce_bytes * unit_params * (1 + 1 / max(1, zero_shards))
             out["fsdp_all_gather"] = e * unit_params / max(1, zero_shards)
-        elif ddp:
+        elif ddp_reducer(L):
             out["ddp_buckets"] = reduce_bytes * bucket_params if bucket_params else 2 * 25 * 2**20
-    if tp > 1 and sp:
+    if L.tp > 1 and L.sp:
         out["tp_all_gather"] = e * tokens * hidden
-    if pp > 1:
-        out["pp_p2p"] = 2 * e * tokens * hidden / (tp if sp else 1)
-    if cp > 1:
-        out["cp_ring"] = 2 * 2 * e * tokens * kv_dim / tp
-    if ep > 1:
-        out["ep_all_to_all"] = 2 * e * experts_per_token * tokens * hidden
+    if L.pp > 1:
+        out["pp_p2p"] = 2 * e * tokens * hidden / (L.tp if L.sp else 1)
+    if L.cp > 1:
+        out["cp_ring"] = 2 * 2 * e * tokens * model.kv_dim / L.tp
+    if L.ep > 1:
+        out["ep_all_to_all"] = 2 * e * model.experts_per_token * tokens * hidden
     if precision == "fp8":
-        out["fp8_quantize"] = 4.0 * tokens * max(hidden, ffn_dim) / tp
+        out["fp8_quantize"] = 4.0 * tokens * max(hidden, model.ffn_dim) / L.tp
     out["runtime_context"] = 0.0 if device == "cpu" else RUNTIME_CONTEXT_BYTES
     return out
 

@@ -14,7 +14,6 @@ from scaletrain.config import (
     ModelConfig,
     ParamCounts,
     compute_bytes,
-    ddp_reducer,
     expert_split,
     expert_zero_shards,
     fused_head_loss,
@@ -413,26 +412,7 @@ def rank_buffers(
     hit = terms.bufs.get(key)
     if hit is not None:
         return hit
-    bufs = buffer_terms(
-        hidden=model.dim,
-        tokens=tokens,
-        precision=plan.precision,
-        zero=L.zero,
-        dp=L.dp,
-        tp=L.tp,
-        sp=L.sp,
-        pp=L.pp,
-        cp=L.cp,
-        ep=L.ep,
-        kv_dim=model.kv_dim,
-        experts_per_token=model.experts_per_token,
-        unit_params=unit,
-        zero_shards=zs,
-        device=device,
-        bucket_params=count,
-        ffn_dim=model.ffn_dim,
-        ddp=ddp_reducer(L),
-    )
+    bufs = buffer_terms(plan, unit_params=unit, zero_shards=zs, device=device, bucket_params=count)
     if model.position == "rope":
         bufs["rope_tables"] = rope_table_bytes(model)
     fsdp = sum(v for k, v in bufs.items() if k.startswith("fsdp_"))
