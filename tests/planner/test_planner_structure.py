@@ -33,7 +33,6 @@ WIDE_TODAY = {  # "file:function": parameters, when issue 34's first slices land
     "time/efficiency.py:attention_seconds_per_token": 10,
     "memory/head.py:head_activation_bytes": 9,
     "memory/head.py:loss_backward_bytes": 9,
-    "memory/buffers.py:pp_recv_buffer_bytes": 10,
     "search/layouts.py:search": 11,
     "memory/states.py:model_state_bytes": 15,
     "memory/states.py:_in_flight": 9,

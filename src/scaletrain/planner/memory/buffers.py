@@ -92,20 +92,9 @@ def buffer_terms(
     return out
 
 
-def pp_recv_buffer_bytes(
-    *,
-    hidden: int,
-    tokens: float,
-    precision: str,
-    zero: int,
-    tp: int,
-    sp: bool,
-    pp: int,
-    virtual: int,
-    rank: int,
-    microbatches: int,
-) -> float:
-    """Pipeline receive buffers of pipeline rank `rank` (bytes), kept for the whole step.
+def pp_recv_buffer_bytes(plan: PlanInput, *, rank: int, microbatches: int) -> float:
+    """Pipeline receive buffers of pipeline rank `rank` (bytes) under `plan`'s layout, kept
+    for the whole step.
 
     torch.distributed.pipelining allocates, per stage and per micro-batch, one forward receive
     buffer on every stage but the first (`_setup_forward_recv_info`) and one gradient receive
@@ -117,10 +106,12 @@ def pp_recv_buffer_bytes(
     llama-1024-L4 pp2 1f1b z0 rank 1: 4 x 2.1 MB; interleaved(v2) rank 1: 3 x 4 x 2.1 MB.
     Ignores: the send side (a tensor the stage already holds), NCCL's own buffers.
     """
-    if pp <= 1:
+    L = plan.layout
+    if L.pp <= 1:
         return 0.0
-    io = compute_bytes(precision) if zero >= 2 else 4
-    n_stages = pp * virtual
-    stages = [rank + k * pp for k in range(virtual)]
+    tokens = plan.seq_len / L.cp * plan.micro_batch  # s_l * b of one micro-batch
+    io = compute_bytes(plan.precision) if L.zero >= 2 else 4
+    n_stages = L.pp * L.pp_virtual
+    stages = [rank + k * L.pp for k in range(L.pp_virtual)]
     n_buf = sum(1 for s in stages if s > 0) + sum(1 for s in stages if s < n_stages - 1)
-    return n_buf * microbatches * io * tokens * hidden / (tp if sp else 1)
+    return n_buf * microbatches * io * tokens * plan.model.dim / (L.tp if L.sp else 1)
