@@ -89,11 +89,13 @@ def test_moe_dispatch_terms():
 
 def test_expert_parallel_experts_are_not_fsdp_units():
     """FSDP2 ignores expert-parallel experts: ZeRO-2 keeps no gathered 16-bit copy of them."""
-    from scaletrain.planner.memory.states import model_state_bytes
+    from scaletrain.planner.memory.states import StageParams, model_state_bytes
 
-    kw = dict(precision="bf16", zero=2, zero_shards=4, expert_params=1000.0, expert_shards=1)
-    with_experts = model_state_bytes(5000.0, **kw)
-    without = model_state_bytes(5000.0, experts_in_fsdp=False, **kw)
+    kw = dict(precision="bf16", zero=2, zero_shards=4, expert_shards=1)
+    with_experts = model_state_bytes(StageParams(dense=5000.0, expert=1000.0), **kw)
+    without = model_state_bytes(
+        StageParams(dense=5000.0, expert=1000.0, experts_in_fsdp=False), **kw
+    )
     assert with_experts["params.in_flight"] - without["params.in_flight"] == 2 * 1000.0
     # the states at rest do not change
     assert with_experts["optimizer"] == without["optimizer"]

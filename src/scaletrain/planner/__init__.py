@@ -27,6 +27,7 @@ from .memory.rank import estimate_memory, pipeline_rank_memory
 from .memory.states import (
     CONVENTIONS,
     OPTIMIZER_BYTES,
+    StageParams,
     model_state_bytes,
     stage_layer_counts,
     state_bytes_per_param,
@@ -50,6 +51,7 @@ __all__ = [
     "flops_per_token",
     "forward_flops_per_token",
     "model_state_bytes",
+    "StageParams",
     "state_bytes_per_param",
     "activation_bytes",
     "layer_activation_bytes",

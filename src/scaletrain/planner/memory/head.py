@@ -113,8 +113,8 @@ def loss_backward_bytes(
     out = e * tok * model.dim + c * v_local * (4 + (e if e < 4 else 0))
     if weight_bytes > e:
         # an fp32 weight under 16-bit compute: the loss's own cast of it (the rank's autocast
-        # in-flight copies leave the head out, `states.model_state_bytes(uncast_params=
-        # ...)`), whole (`weight.to(hidden.dtype)`, alive through the backward) or, above
+        # in-flight copies leave the head out, `states.StageParams.uncast`), whole
+        # (`weight.to(hidden.dtype)`, alive through the backward) or, above
         # LOSS_WEIGHT_CAST_BYTES, in blocks of b rows (`_cast_block`)
         b = min(float(v_local), max(1.0, LOSS_WEIGHT_CAST_BYTES // (e * model.dim)))
         if b >= v_local:

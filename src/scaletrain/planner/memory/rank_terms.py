@@ -29,7 +29,7 @@ from .activations import (
 from .buffers import buffer_terms
 from .head import embedding_backward_bytes, head_activation_bytes, held_logits_bytes
 from .rank_moments import root_in_backward
-from .states import fp8_linear_params, model_state_bytes
+from .states import StageParams, fp8_linear_params, model_state_bytes
 
 if TYPE_CHECKING:  # step_time imports this module
     from ..time.step_time import ModelFlops
@@ -49,24 +49,6 @@ __all__ = [
 
 
 # The records below are built once per cache key (not per layout), so they can be frozen.
-@dataclass(kw_only=True, slots=True, frozen=True)
-class StageParams:
-    """Parameter counts of one pipeline stage on one rank (after TP/EP division)."""
-
-    block: float
-    """One block's parameters (attention, dense MLP, norms, router)."""
-    dense: float
-    """Every parameter FSDP/ZeRO shards over dp*cp: the blocks', embedding, final norm, head."""
-    expert: float
-    """The stage's expert parameters (split tp or ep ways, `config.expert_split`)."""
-    unit: float
-    """The largest FSDP unit: a block with its experts, or the root unit."""
-    uncast: float
-    """Parameters autocast never casts (`model_state_bytes`' uncast_params)."""
-    experts_in_fsdp: bool
-    """False when FSDP2 ignores the expert-parallel experts (ep > 1 under ZeRO-2/3)."""
-
-
 @dataclass(kw_only=True, slots=True, frozen=True)
 class BackwardTerms:
     """What the ZeRO-2/3 and embedding-backward moments of a rank add (bytes / parameters)."""
@@ -171,7 +153,7 @@ def stage_params(
     # is not a block on this stage: embedding + positions and/or final norm + head, gathered as
     # ONE unit (the dry-run's unsharded root of llama2-7b is embedding + head).
     root = 0.0
-    # what autocast never casts (`model_state_bytes`' uncast_params): embeddings, norms, and
+    # what autocast never casts (`StageParams.uncast`): embeddings, norms, and
     # the head when the fused loss reads it (zero-bubble's plain head Linear is autocast's)
     uncast = float(layers * pc.norms)
     if first:
@@ -190,6 +172,10 @@ def stage_params(
         unit=max(unit, root),
         uncast=uncast,
         experts_in_fsdp=experts_in_fsdp,
+        # ZeRO-1's busiest rank: the embedding/head on an end stage, else a block
+        largest=(pc.embedding / tp) if (first or last) else block,
+        # q/k/v/o, the dense MLP or local experts of this stage's blocks
+        fp8=fp8_linear_params(model, layers, tp) + expert,
     )
 
 
@@ -225,23 +211,16 @@ def rank_states(
     pc = terms.counts
     tp = L.tp
     sp = stage_params(plan, pc, first, last, layers)
-    block, dense, expert, unit = sp.block, sp.dense, sp.expert, sp.unit
+    dense, expert, unit = sp.dense, sp.expert, sp.unit
     st = model_state_bytes(
-        dense,
+        sp,
         precision=plan.precision,
         optimizer=plan.optimizer,
         zero=L.zero,
         zero_shards=zs,
+        expert_shards=expert_zero_shards(L),
         offload=plan.offload,
         convention=convention,
-        expert_params=expert,
-        expert_shards=expert_zero_shards(L),
-        unit_params=unit,
-        largest_param=(pc.embedding / tp) if (first or last) else block,
-        # q/k/v/o, the dense MLP or local experts of this stage's blocks
-        fp8_params=fp8_linear_params(model, layers, tp) + expert,
-        experts_in_fsdp=sp.experts_in_fsdp,
-        uncast_params=sp.uncast,
     )
     sharded = (dense / zs + expert / expert_zero_shards(L)) if L.zero else dense + expert
     fixed = st["params"] + st["optimizer"]
