@@ -34,7 +34,6 @@ WIDE_TODAY = {  # "file:function": parameters, when issue 34's first slices land
     "memory/head.py:head_activation_bytes": 9,
     "memory/head.py:loss_backward_bytes": 9,
     "search/layouts.py:search": 11,
-    "time/step_time.py:_exposed": 13,
 }
 
 

@@ -300,17 +300,19 @@ def step_time(
         bucket = recipe.bucket_bytes(L.dp)
     t_fwd = t_mb * lf / layer_hw  # forward share of the hardware FLOPs
     t_core = tok_mb * layers * core_s / split * m
+    window = _ComputeWindow(
+        microbatches=m,
+        forward_s=t_fwd,
+        backward_s=t_mb - t_fwd,
+        core_s=t_core,
+        layers=layers,
+    )
     exposed = _exposed(
         comm,
-        L,
-        hw,
-        max_params,
-        m,
-        t_fwd,
-        t_mb - t_fwd,
-        t_core,
-        layers,
-        gpus_per_node,
+        plan,
+        window,
+        stage_params=max_params,
+        gpus_per_node=gpus_per_node,
         bucket_bytes=bucket,
         tree=foreign,
         overlap=COMM_OVERLAP.get(recipe.name, ()) if recipe is not None else (),
@@ -350,18 +352,29 @@ def eager_elementwise_s(plan: PlanInput, recipe: Recipe | None) -> float:
     )
 
 
+@dataclass(kw_only=True, slots=True, frozen=True)
+class _ComputeWindow:
+    """The compute of the busiest pipeline rank that communication can hide behind (`_exposed`)."""
+
+    microbatches: int
+    """Micro-batches per step (m)."""
+    forward_s: float
+    """One micro-batch's forward seconds."""
+    backward_s: float
+    """One micro-batch's backward seconds (with any recompute)."""
+    core_s: float
+    """The step's attention-core seconds (what the CP ring overlaps)."""
+    layers: int
+    """Blocks of the busiest rank (one FSDP unit each, + the root unit)."""
+
+
 def _exposed(
     terms: dict[str, tuple[float, float]],
-    L,
-    hw: HardwareSpec,
-    stage_params: float,
-    m: int,
-    t_fwd: float,
-    t_bwd: float,
-    t_core: float,
-    layers: int,
-    gpus_per_node: int | None,
+    plan: PlanInput,
+    window: _ComputeWindow,
     *,
+    stage_params: float,
+    gpus_per_node: int | None,
     bucket_bytes: float = 25 * 2**20,
     tree: bool = False,
     overlap: tuple[str, ...] = (),
@@ -372,6 +385,9 @@ def _exposed(
     overlap: families the recipe's framework overlaps (efficiency.COMM_OVERLAP): 'tp' and
     'pp_p2p' hide behind the step's compute, 'dp_param_gather' (the updated weights'
     all-gather) behind the next step's forwards except one chunk, like the gradient reduce."""
+    L, hw = plan.layout, plan.hardware
+    m, layers = window.microbatches, window.layers
+    t_fwd, t_bwd, t_core = window.forward_s, window.backward_s, window.core_s
     out = 0.0
     bucket = 0.0
     if "dp_allreduce" in terms or "zero_reduce_scatter" in terms or "hsdp_allreduce" in terms:
