@@ -300,7 +300,7 @@ def step_time(
         bucket = recipe.bucket_bytes(L.dp)
     t_fwd = t_mb * lf / layer_hw  # forward share of the hardware FLOPs
     t_core = tok_mb * layers * core_s / split * m
-    window = _ComputeWindow(
+    compute = _ComputeWindow(
         microbatches=m,
         forward_s=t_fwd,
         backward_s=t_mb - t_fwd,
@@ -310,7 +310,7 @@ def step_time(
     exposed = _exposed(
         comm,
         plan,
-        window,
+        compute,
         stage_params=max_params,
         gpus_per_node=gpus_per_node,
         bucket_bytes=bucket,
@@ -371,7 +371,7 @@ class _ComputeWindow:
 def _exposed(
     terms: dict[str, tuple[float, float]],
     plan: PlanInput,
-    window: _ComputeWindow,
+    compute: _ComputeWindow,
     *,
     stage_params: float,
     gpus_per_node: int | None,
@@ -386,8 +386,8 @@ def _exposed(
     'pp_p2p' hide behind the step's compute, 'dp_param_gather' (the updated weights'
     all-gather) behind the next step's forwards except one chunk, like the gradient reduce."""
     L, hw = plan.layout, plan.hardware
-    m, layers = window.microbatches, window.layers
-    t_fwd, t_bwd, t_core = window.forward_s, window.backward_s, window.core_s
+    m, layers = compute.microbatches, compute.layers
+    t_fwd, t_bwd, t_core = compute.forward_s, compute.backward_s, compute.core_s
     out = 0.0
     bucket = 0.0
     if "dp_allreduce" in terms or "zero_reduce_scatter" in terms or "hsdp_allreduce" in terms:
