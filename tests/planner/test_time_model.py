@@ -132,7 +132,7 @@ def test_recipe_kernels_in_the_step() -> None:
 def test_fsdp_collectives_pay_latency_per_unit() -> None:
     """ZeRO-3 gathers and reduce-scatters one FSDP unit (block, then the root) at a time: each
     of the layers + 1 collectives pays the ring's (n-1) latency steps; bytes are unchanged."""
-    from scaletrain.planner.time.comm import comm_terms, gather_time
+    from scaletrain.planner.time.comm import CommInputs, comm_terms, gather_time
 
     hw = hardware_preset("a100-80gb")
     layout = Layout(dp=1024, zero=3)
@@ -148,7 +148,7 @@ def test_fsdp_collectives_pay_latency_per_unit() -> None:
         experts_per_token=1,
         micro_batches=2,
     )
-    t = comm_terms(**kw)
+    t = comm_terms(CommInputs(**kw))
     bw, lat, _ = axis_link(layout, hw, "dp")
     n = 1024
     assert t["fsdp_all_gather"][0] == pytest.approx(4 * (n - 1) / n * 2e9)

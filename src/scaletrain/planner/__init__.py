@@ -32,7 +32,7 @@ from .memory.states import (
     stage_layer_counts,
     state_bytes_per_param,
 )
-from .time.comm import comm_terms, comm_time, comm_volumes
+from .time.comm import CommInputs, comm_terms, comm_time, comm_volumes
 from .time.cost import TrainingCost, napkin_cost, training_cost
 from .time.flops import flops_per_token, forward_flops_per_token
 from .time.pipeline import bubble_fraction, inflight_microbatches
@@ -60,6 +60,7 @@ __all__ = [
     "stage_layer_counts",
     "buffer_terms",
     "comm_terms",
+    "CommInputs",
     "comm_volumes",
     "comm_time",
     "bubble_fraction",

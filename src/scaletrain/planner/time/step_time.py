@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 from scaletrain.config import HardwareSpec, expert_split, expert_tp, precision_spec
 
@@ -16,7 +15,7 @@ from ..memory.states import fp8_linear_params, stage_layer_counts
 from ..recipes.memory import recipe_stage_layers
 from ..recipes.schema import DEFAULT_RECIPE, Recipe
 from ..types import PlanInput
-from .comm import allreduce_time, axis_link, comm_terms, gather_time
+from .comm import CommInputs, allreduce_time, axis_link, comm_terms, gather_time
 from .efficiency import (
     COMM_OVERLAP,
     allreduce_latency,
@@ -141,8 +140,8 @@ _EFF: dict[tuple, float] = {}  # default_efficiency reads only these three field
 
 def comm_arguments(
     plan: PlanInput, max_params: float, gpus_per_node: int | None = None
-) -> dict[str, Any]:
-    """The `comm_terms` arguments for `plan` whose busiest rank holds `max_params` parameters
+) -> CommInputs:
+    """The `comm_terms` inputs for `plan` whose busiest rank holds `max_params` parameters
     (after TP/PP/EP division): blocks of the fullest stage, tokens of one micro-batch per cp
     rank, this rank's expert weights (EP-local, TP-sharded like max_params)."""
     L, model = plan.layout, plan.model
@@ -158,7 +157,7 @@ def comm_arguments(
         if plan.fp8_all_gather and plan.precision == "fp8"
         else 0.0
     )
-    return dict(
+    return CommInputs(
         layout=L,
         hardware=plan.hardware,
         stage_params=max_params,
@@ -293,7 +292,7 @@ def step_time(
             * compute_s
         )
     layers = max(counts)
-    comm = comm_terms(**comm_arguments(plan, max_params, gpus_per_node))
+    comm = comm_terms(comm_arguments(plan, max_params, gpus_per_node))
     bucket = 25.0 * 2**20
     if foreign and recipe is not None:
         comm = _recipe_comm(comm, plan, recipe, max_params, gpus_per_node)
