@@ -137,33 +137,16 @@ def comm_terms(inputs: CommInputs) -> dict[str, tuple[float, float]]:
     """
     L, hw, m = inputs.layout, inputs.hardware, inputs.micro_batches
     tokens, hidden, gpus_per_node = inputs.tokens, inputs.hidden, inputs.gpus_per_node
-    experts_per_token, layers, moe_layers = (
-        inputs.experts_per_token,
+    layers, moe_layers, experts_per_token = (
         inputs.layers,
         inputs.moe_layers,
+        inputs.experts_per_token,
     )
-    precision = inputs.precision
-    stage_params, expert_params = inputs.stage_params, inputs.expert_params
-    reduce_bytes, param_comm_bytes = inputs.reduce_bytes, inputs.param_comm_bytes
-    fp8_gather_params = inputs.fp8_gather_params
-    e = compute_bytes(precision)  # bytes of an activation (compute dtype)
+    e = compute_bytes(inputs.precision)  # bytes of an activation (compute dtype)
     recompute = inputs.ac == "full"
     out: dict[str, tuple[float, float]] = {}
     if L.dp * L.cp > 1:
-        out.update(
-            _dp_terms(
-                L,
-                hw,
-                gpus_per_node,
-                m=m,
-                stage_params=stage_params,
-                expert_params=expert_params,
-                reduce_bytes=reduce_bytes,
-                param_bytes=param_comm_bytes or e,
-                fp8_gather_params=fp8_gather_params,
-                layers=layers,
-            )
-        )
+        out.update(_dp_terms(inputs, param_bytes=inputs.param_comm_bytes or e))
     act = e * tokens * hidden
     if L.tp > 1:
         out["tp"] = _tp_term(
@@ -200,19 +183,7 @@ Link = tuple[float, float, bool]
 """`axis_link`'s (bandwidth B/s, latency s, crosses_nodes)."""
 
 
-def _dp_terms(
-    L: Layout,
-    hw: HardwareSpec,
-    gpus_per_node: int | None,
-    *,
-    m: int,
-    stage_params: float,
-    expert_params: float,
-    reduce_bytes: int,
-    param_bytes: int,
-    fp8_gather_params: float,
-    layers: int,
-) -> dict[str, tuple[float, float]]:
+def _dp_terms(inputs: CommInputs, *, param_bytes: int) -> dict[str, tuple[float, float]]:
     """The data-parallel (and ZeRO) families over the dp*cp ranks (CP ranks hold the same
     parameters, so cp joins the reduction). Reductions (and zero 2's gathers) run once per
     micro-batch, or once per step inside a pipeline (`_fsdp_terms`).
@@ -222,7 +193,11 @@ def _dp_terms(
     reduce-scatter only the other parameters), and ZeRO-1 broadcasts their updated fp32
     partitions over those replicas only (`parallel.zero._LocalShardZero`); both priced on the
     dp axis's link (replicas sit ep x tp ranks apart, so they span nodes no sooner than the dp
-    group does). ep = 1 experts are plain parameters."""
+    group does). ep = 1 experts are plain parameters. param_bytes: per parameter gathered."""
+    L, hw, gpus_per_node = inputs.layout, inputs.hardware, inputs.gpus_per_node
+    m, layers = inputs.micro_batches, inputs.layers
+    stage_params, expert_params = inputs.stage_params, inputs.expert_params
+    reduce_bytes, fp8_gather_params = inputs.reduce_bytes, inputs.fp8_gather_params
     bw, lat, _ = axis_link(L, hw, "dp", gpus_per_node)
     n = L.dp * L.cp
     if L.zero:
