@@ -17,6 +17,7 @@ from scaletrain.config import MODEL_PRESETS, Layout, ModelConfig, hardware_prese
 from scaletrain.planner import (
     CommInputs,
     PlanInput,
+    Site,
     bubble_fraction,
     comm_volumes,
     estimate,
@@ -190,7 +191,8 @@ def test_comm_families_and_tiers():
 def test_training_cost_seed004_carbon():
     # 7B x 1T tokens ~ 4.2e22 FLOPs at 156 TFLOP/s sustained on 1024 A100s (400 W) plus 128
     # hosts x 200 W: ~73 h, 31,784.2 kWh, 0.43 kg/kWh.
-    c = napkin_cost(4.2e22, 1024, 156e12, power_w=400, host_power_w=200, num_hosts=128)
+    site = Site(power_w=400, host_power_w=200, num_hosts=128)
+    c = napkin_cost(4.2e22, 1024, 156e12, site=site)
     assert c.seconds / 86400 == pytest.approx(3.04, abs=0.005)
     assert c.kwh == pytest.approx(31784.2, abs=0.5)
     assert c.kg_co2 / 1000 == pytest.approx(13.67, abs=0.01)

@@ -33,7 +33,7 @@ from .memory.states import (
     state_bytes_per_param,
 )
 from .time.comm import CommInputs, comm_terms, comm_time, comm_volumes
-from .time.cost import TrainingCost, napkin_cost, training_cost
+from .time.cost import Site, TrainingCost, napkin_cost, training_cost
 from .time.flops import flops_per_token, forward_flops_per_token
 from .time.pipeline import bubble_fraction, inflight_microbatches
 from .time.step_time import default_efficiency
@@ -67,6 +67,7 @@ __all__ = [
     "default_efficiency",
     "training_cost",
     "napkin_cost",
+    "Site",
     "TrainingCost",
     "CONVENTIONS",
     "OPTIMIZER_BYTES",
