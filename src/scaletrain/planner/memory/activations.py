@@ -122,7 +122,7 @@ def layer_activation_bytes(
         residual_fp32=residual_fp32,
         upcast=rmsnorm_upcast,
     )
-    attn = _attention_bytes(model, tok, seq_len, micro_batch, tp, cp, e, fp8, naive_probs_only)
+    attn = _attention_bytes(model, seq_len, micro_batch, tp, cp, e, fp8, naive_probs_only)
     mlp = _mlp_part(model, tok=tok, tp=tp, ep=ep, e=e, fp8=fp8, compile=compile)
     return norms + inputs + attn + mlp
 
@@ -173,7 +173,6 @@ def _norm_and_input_bytes(
 
 def _attention_bytes(
     model: ModelConfig,
-    tok: float,
     seq_len: int,
     micro_batch: int,
     tp: int,
@@ -184,6 +183,7 @@ def _attention_bytes(
 ) -> float:
     """What one block's attention saves beyond its input (`layer_activation_bytes`'s terms)."""
     h, a = model.dim, model.num_heads
+    tok = float(seq_len) / cp * micro_batch  # tokens this rank holds: s_l * b
     # q and the core's output at the query heads, K and V at the g KV heads (enable_gqa)
     attn = e * tok * (2 * h + 2 * model.kv_dim) / tp + (tok * h / tp if fp8 else 0.0)
     if model.attention != "naive":
