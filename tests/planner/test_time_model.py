@@ -44,22 +44,33 @@ def test_multi_rail_capped_by_nvlink() -> None:
     )
 
 
-def _attn(kernel: str, hw_name: str, **kw: object) -> float:
-    from scaletrain.planner.time.efficiency import attention_seconds_per_token
+def _attn(
+    kernel: str,
+    hw_name: str,
+    *,
+    recompute: bool = False,
+    dropout: bool = False,
+    recipe: str = "torchtitan",
+    bf16_rate: float = 5e14,
+    kernel_efficiency: bool = True,
+) -> float:
+    from scaletrain.planner.time.efficiency import AttentionCore, attention_seconds_per_token
 
-    args: dict = dict(
+    core = AttentionCore(
         kernel=kernel,
-        recipe="torchtitan",
         core_flops=1e9,
         heads=32,
         seq_len=8192,
-        recompute=False,
-        dropout=False,
-        bf16_rate=5e14,
-        hardware=hardware_preset(hw_name),
+        recompute=recompute,
+        dropout=dropout,
     )
-    args.update(kw)
-    return attention_seconds_per_token(**args)
+    return attention_seconds_per_token(
+        core,
+        recipe=recipe,
+        bf16_rate=bf16_rate,
+        hardware=hardware_preset(hw_name),
+        kernel_efficiency=kernel_efficiency,
+    )
 
 
 def test_flash2_runs_at_fa3_papers_35_percent_on_hopper() -> None:

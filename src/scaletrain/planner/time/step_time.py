@@ -18,6 +18,7 @@ from ..types import PlanInput
 from .comm import CommInputs, allreduce_time, axis_link, comm_terms, gather_time
 from .efficiency import (
     COMM_OVERLAP,
+    AttentionCore,
     allreduce_latency,
     attention_kernel,
     attention_seconds_per_token,
@@ -210,13 +211,15 @@ def _block_seconds(
     dropout = recipe is not None and recipe.dropout_masks and model.norm == "layernorm"
     core_s = (
         attention_seconds_per_token(
-            kernel=kernel,
+            AttentionCore(
+                kernel=kernel,
+                core_flops=core,
+                heads=model.num_heads,
+                seq_len=plan.seq_len,
+                recompute=core_recompute,
+                dropout=dropout,
+            ),
             recipe=rname,
-            core_flops=core,
-            heads=model.num_heads,
-            seq_len=plan.seq_len,
-            recompute=core_recompute,
-            dropout=dropout,
             bf16_rate=slow,
             hardware=hw,
             kernel_efficiency=plan.efficiency <= 0,
