@@ -236,7 +236,11 @@ def test_loss_chunk_tokens_reach_the_plan() -> None:
     import dataclasses
 
     from scaletrain.config import load_config
-    from scaletrain.planner.memory.head import fused_loss_chunk, loss_backward_bytes
+    from scaletrain.planner.memory.head import (
+        MicroBatchShape,
+        fused_loss_chunk,
+        loss_backward_bytes,
+    )
     from scaletrain.planner.types import plan_input_from_job
 
     job = load_config(
@@ -253,8 +257,8 @@ def test_loss_chunk_tokens_reach_the_plan() -> None:
     assert plan.loss_chunk_tokens == 64
     m = job.model
     assert fused_loss_chunk(m) >= 1024
-    kw = dict(seq_len=1024, micro_batch=1, precision="bf16")
-    drop = loss_backward_bytes(m, **kw) - loss_backward_bytes(m, chunk_tokens=64, **kw)
+    shape = MicroBatchShape(seq_len=1024, micro_batch=1, precision="bf16")
+    drop = loss_backward_bytes(m, shape) - loss_backward_bytes(m, shape, chunk_tokens=64)
     assert drop == (1024 - 64) * m.vocab_size * 6
     from scaletrain.planner.estimate import estimate
 

@@ -26,8 +26,6 @@ MAX_PARAMS = 8
 WIDE_TODAY = {  # "file:function": parameters, when issue 34's first slices landed
     "memory/activations.py:layer_activation_bytes": 14,
     "memory/activations.py:naive_backward_net_bytes": 10,
-    "memory/head.py:head_activation_bytes": 9,
-    "memory/head.py:loss_backward_bytes": 9,
     "search/layouts.py:search": 11,
 }
 

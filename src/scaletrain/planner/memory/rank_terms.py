@@ -27,7 +27,12 @@ from .activations import (
     selective_recompute_bytes,
 )
 from .buffers import buffer_terms
-from .head import embedding_backward_bytes, head_activation_bytes, held_logits_bytes
+from .head import (
+    MicroBatchShape,
+    embedding_backward_bytes,
+    head_activation_bytes,
+    held_logits_bytes,
+)
 from .rank_moments import root_in_backward
 from .states import StageParams, fp8_linear_params, model_state_bytes
 
@@ -308,17 +313,8 @@ def activation_terms(plan: PlanInput, terms: ModelTerms, modern: bool) -> Activa
     # the fused head + loss (models/loss.py) runs on the last stage, pipelined or not (a
     # pipeline's last stage is given the targets: parallel/pipeline.py), but zero-bubble
     fused = fused_head_loss(L)
-    head = head_activation_bytes(
-        model,
-        seq_len=s,
-        micro_batch=b,
-        tp=L.tp,
-        sp=L.sp,
-        cp=L.cp,
-        precision=p,
-        residual_fp32=residual_fp32,
-        fused=fused,
-    )
+    shape = MicroBatchShape(seq_len=s, micro_batch=b, tp=L.tp, sp=L.sp, cp=L.cp, precision=p)
+    head = head_activation_bytes(model, shape, residual_fp32=residual_fp32, fused=fused)
     held = held_logits_bytes(
         model, seq_len=s, micro_batch=b, tp=L.tp, cp=L.cp, precision=p, fused=fused
     )
