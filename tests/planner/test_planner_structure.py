@@ -25,7 +25,6 @@ MAX_RETURNED_TUPLE = 3
 MAX_PARAMS = 8
 WIDE_TODAY = {  # "file:function": parameters, when issue 34's first slices landed
     "memory/activations.py:layer_activation_bytes": 14,
-    "memory/activations.py:naive_backward_net_bytes": 10,
     "search/layouts.py:search": 11,
 }
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from scaletrain.config import ModelConfig, compute_bytes, expert_tp
 
+from .head import MicroBatchShape
 from .naive_attention import naive_backward_bytes, naive_saved_bytes
 
 __all__ = [
@@ -199,13 +200,8 @@ def _attention_bytes(
 
 def naive_backward_net_bytes(
     model: ModelConfig,
+    mb: MicroBatchShape,
     *,
-    seq_len: int,
-    micro_batch: int,
-    tp: int = 1,
-    sp: bool = False,
-    cp: int = 1,
-    precision: str = "bf16",
     compile: bool = False,
     residual_fp32: bool = False,
     ep: int = 1,
@@ -219,17 +215,18 @@ def naive_backward_net_bytes(
     (the grads term), the head's activations (freed earlier; still in the stored side).
     Source: dry-run, llama3-8b L1 dp8 z1 s4096 b8 bf16: +7.8% with the whole stored set
     beside the S x S gradients, within 1% with these freed."""
-    e = compute_bytes(precision)
+    seq_len, micro_batch, tp, cp = mb.seq_len, mb.micro_batch, mb.tp, mb.cp
+    e = compute_bytes(mb.precision)
     r = 4 if residual_fp32 else e
     h = model.dim
-    tok = float(seq_len) / cp * micro_batch
-    fp8 = precision == "fp8"
+    tok = mb.tokens
+    fp8 = mb.precision == "fp8"
     norms, _ = _norm_and_input_bytes(
         model,
         tok=tok,
         e=e,
         r=r,
-        tsp=tp if sp else 1,
+        tsp=tp if mb.sp else 1,
         fp8=fp8,
         residual_fp32=residual_fp32,
         upcast=False,

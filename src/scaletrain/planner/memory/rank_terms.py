@@ -349,14 +349,17 @@ def _naive_backward(plan: PlanInput, modern: bool, residual_fp32: bool) -> float
     if not modern or plan.model.attention != "naive":
         return 0.0
     L = plan.layout
-    return naive_backward_net_bytes(
-        plan.model,
+    shape = MicroBatchShape(
         seq_len=plan.seq_len,
         micro_batch=plan.micro_batch,
         tp=L.tp,
         sp=L.sp,
         cp=L.cp,
         precision=plan.precision,
+    )
+    return naive_backward_net_bytes(
+        plan.model,
+        shape,
         compile=plan.compile,
         residual_fp32=residual_fp32,
         ep=L.ep,
