@@ -268,8 +268,8 @@ def classify(rank_out: dict[str, Any], zero: int) -> dict[str, float]:
 
 
 def _plan_terms(args: list[str], world: int) -> tuple[dict[str, float], dict[str, Any]]:
-    """Planner bytes per rank per step by family (the arguments `estimate` passes to
-    `comm_terms`), and those arguments."""
+    """Planner bytes per rank per step by family (the `CommInputs` `estimate` passes to
+    `comm_terms`), and those inputs with the model."""
     from scaletrain.config import hardware_preset, load_config
     from scaletrain.planner.memory.rank import worst_rank
     from scaletrain.planner.time.comm import comm_volumes
@@ -279,8 +279,8 @@ def _plan_terms(args: list[str], world: int) -> tuple[dict[str, float], dict[str
     job = load_config(None, args)
     L, model = job.layout(world), job.model
     plan = plan_input_from_job(job, L, hardware=hardware_preset("cpu"))
-    kw = comm_arguments(plan, worst_rank(plan)[1])
-    return comm_volumes(**kw), {**kw, "model": model}
+    inputs = comm_arguments(plan, worst_rank(plan)[1])
+    return comm_volumes(inputs), {"comm_inputs": inputs, "model": model}
 
 
 def predicted(args: list[str], world: int) -> dict[str, float]:

@@ -45,6 +45,7 @@ sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
 from _common import write_results  # noqa: E402
 from scaletrain.config import GiB  # noqa: E402
 from scaletrain.planner import default_efficiency, estimate, head_activation_bytes  # noqa: E402
+from scaletrain.planner.memory.head import MicroBatchShape  # noqa: E402
 from scaletrain.planner.recipes.memory import recipe_rank_memory  # noqa: E402
 from scaletrain.planner.recipes.published import (  # noqa: E402
     PublishedRun,
@@ -202,12 +203,14 @@ def _breakdown(run: PublishedRun) -> dict[str, float]:
         sign
         * head_activation_bytes(
             p.model,
-            seq_len=p.seq_len,
-            micro_batch=p.micro_batch,
-            tp=L.tp,
-            sp=L.sp,
-            cp=L.cp,
-            precision=p.precision,
+            MicroBatchShape(
+                seq_len=p.seq_len,
+                micro_batch=p.micro_batch,
+                tp=L.tp,
+                sp=L.sp,
+                cp=L.cp,
+                precision=p.precision,
+            ),
             fused=fused,
         )
         for sign, fused in ((1.0, False), (-1.0, True))

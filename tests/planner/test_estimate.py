@@ -15,7 +15,9 @@ import pytest
 
 from scaletrain.config import MODEL_PRESETS, Layout, ModelConfig, hardware_preset, resolve_model
 from scaletrain.planner import (
+    CommInputs,
     PlanInput,
+    Site,
     bubble_fraction,
     comm_volumes,
     estimate,
@@ -138,12 +140,12 @@ def test_comm_families_and_tiers():
         experts_per_token=2,
         micro_batches=4,
     )
-    ddp = comm_volumes(layout=Layout(dp=8), **kw)
+    ddp = comm_volumes(CommInputs(layout=Layout(dp=8), **kw))
     assert ddp["dp_allreduce"] == pytest.approx(2 * 7 / 8 * 4e9)
-    z3 = comm_volumes(layout=Layout(dp=8, zero=3), **kw)
+    z3 = comm_volumes(CommInputs(layout=Layout(dp=8, zero=3), **kw))
     assert z3["fsdp_all_gather"] == pytest.approx(2 * 4 * 7 / 8 * 2e9)
     # cp ranks replicate the parameters: their gradients are all-reduced even at dp = 1
-    three_d = comm_volumes(layout=Layout(tp=2, sp=True, pp=2, cp=2), **kw)
+    three_d = comm_volumes(CommInputs(layout=Layout(tp=2, sp=True, pp=2, cp=2), **kw))
     assert set(three_d) == {"tp", "pp_p2p", "cp_ring", "dp_allreduce"}
     act = 2 * 4096.0 * 5120  # bf16 activations of one micro-batch (tokens already per cp rank)
     # pp = 2: the first stage sends only activations, the last only gradients: m messages each
@@ -154,25 +156,27 @@ def test_comm_families_and_tiers():
     # tp: 4 all-reduces per block plus the vocab-parallel embedding and the head, per micro-batch
     assert three_d["tp"] == pytest.approx((4 * 20 + 2) * 4 * 2 * (1 / 2) * act)
     # ZeRO-1 as the trainer runs it: DDP's all-reduce, then the fp32 partitions broadcast
-    z1 = comm_volumes(layout=Layout(dp=8, zero=1), **kw)
+    z1 = comm_volumes(CommInputs(layout=Layout(dp=8, zero=1), **kw))
     assert z1 == pytest.approx({"dp_allreduce": 2 * 7 / 8 * 4e9, "zero_all_gather": 7 / 8 * 4e9})
     # ZeRO-2 (FSDP2 without resharding after forward): one gather and one reduce-scatter per
     # micro-batch; HSDP reduces the shard across replicas after every micro-batch
-    z2 = comm_volumes(layout=Layout(dp=8, zero=2), **kw)
+    z2 = comm_volumes(CommInputs(layout=Layout(dp=8, zero=2), **kw))
     assert z2["zero_all_gather"] == pytest.approx(4 * 7 / 8 * 2e9)
-    hsdp = comm_volumes(layout=Layout(dp=8, dp_replicate=2, zero=3), **kw)
+    hsdp = comm_volumes(CommInputs(layout=Layout(dp=8, dp_replicate=2, zero=3), **kw))
     assert hsdp["hsdp_allreduce"] == pytest.approx(4 * 2 * (1 / 2) * 4e9 / 4)
     # inside a pipeline, torch's stages reduce (and ZeRO-2 gathers) once per step; ZeRO-3
     # re-gathers after every forward: m + 1 gathers (counted: benchmarks/comm_volume.py)
-    pz2 = comm_volumes(layout=Layout(dp=8, pp=2, zero=2), **kw)
+    pz2 = comm_volumes(CommInputs(layout=Layout(dp=8, pp=2, zero=2), **kw))
     assert pz2["zero_all_gather"] == pytest.approx(7 / 8 * 2e9)
     assert pz2["zero_reduce_scatter"] == pytest.approx(7 / 8 * 4e9)
-    pz3 = comm_volumes(layout=Layout(dp=8, dp_replicate=2, pp=2, zero=3), **kw)
+    pz3 = comm_volumes(CommInputs(layout=Layout(dp=8, dp_replicate=2, pp=2, zero=3), **kw))
     assert pz3["fsdp_all_gather"] == pytest.approx((4 + 1) * 3 / 4 * 2e9)
     assert pz3["fsdp_reduce_scatter"] == pytest.approx(3 / 4 * 4e9)
     assert pz3["hsdp_allreduce"] == pytest.approx(2 * (1 / 2) * 4e9 / 4)
     # EP = dp: every rank owns distinct experts, their gradients are never all-reduced
-    ep = comm_volumes(layout=Layout(dp=8, ep=8), **{**kw, "moe_layers": 20}, expert_params=6e8)
+    ep = comm_volumes(
+        CommInputs(layout=Layout(dp=8, ep=8), **{**kw, "moe_layers": 20}, expert_params=6e8)
+    )
     assert ep["dp_allreduce"] == pytest.approx(2 * 7 / 8 * 4 * (1e9 - 6e8))
     # tp across nodes (tp=16 > 8 GPUs per node) is slower than inside one
     intra = estimate(_plan(model, 8, Layout(tp=8, sp=True)))
@@ -187,7 +191,8 @@ def test_comm_families_and_tiers():
 def test_training_cost_seed004_carbon():
     # 7B x 1T tokens ~ 4.2e22 FLOPs at 156 TFLOP/s sustained on 1024 A100s (400 W) plus 128
     # hosts x 200 W: ~73 h, 31,784.2 kWh, 0.43 kg/kWh.
-    c = napkin_cost(4.2e22, 1024, 156e12, power_w=400, host_power_w=200, num_hosts=128)
+    site = Site(power_w=400, host_power_w=200, num_hosts=128)
+    c = napkin_cost(4.2e22, 1024, 156e12, site=site)
     assert c.seconds / 86400 == pytest.approx(3.04, abs=0.005)
     assert c.kwh == pytest.approx(31784.2, abs=0.5)
     assert c.kg_co2 / 1000 == pytest.approx(13.67, abs=0.01)
@@ -299,7 +304,7 @@ def test_fp8_all_gather_moves_the_fp8_linears_in_one_byte():
     )
     vol = {
         flag: comm_volumes(
-            **comm_arguments(dataclasses.replace(base, fp8_all_gather=flag), model.num_params())
+            comm_arguments(dataclasses.replace(base, fp8_all_gather=flag), model.num_params())
         )["fsdp_all_gather"]
         for flag in (False, True)
     }

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from scaletrain.config import Layout, hardware_preset, resolve_model
 from scaletrain.planner import (
     PlanInput,
+    StageParams,
     activation_bytes,
     estimate,
     korthikanti_layer_bytes,
@@ -48,7 +49,12 @@ STATE_CASES = [
 @pytest.mark.parametrize("case,n,conv,zero,d,p,g,o", STATE_CASES, ids=[c[0] for c in STATE_CASES])
 def test_seed_model_states(case, n, conv, zero, d, p, g, o):
     s = model_state_bytes(
-        n, precision="bf16", optimizer="adamw", zero=zero, zero_shards=d, convention=conv
+        StageParams(dense=n),
+        precision="bf16",
+        optimizer="adamw",
+        zero=zero,
+        zero_shards=d,
+        convention=conv,
     )
     assert (s["params"] / GB, s["grads"] / GB, s["optimizer"] / GB) == pytest.approx((p, g, o))
 
@@ -73,13 +79,12 @@ def test_bytes_per_param_conventions():
 
 def test_scaletrain_fsdp_bf16_states():
     # FSDP2: 16/d sharded fp32 states + bf16 copies of 2 units in flight + one unit's bf16 grads.
-    s = model_state_bytes(8e9, precision="bf16", zero=3, zero_shards=8, unit_params=1e8)
+    states = StageParams(dense=8e9, unit=1e8)
+    s = model_state_bytes(states, precision="bf16", zero=3, zero_shards=8)
     assert s["params"] == pytest.approx(4e9 + 2 * 2 * 1e8)
     assert s["grads"] == pytest.approx(4e9 + 2 * 1e8)
     assert s["optimizer"] == pytest.approx(8e9)
-    off = model_state_bytes(
-        8e9, precision="bf16", zero=3, zero_shards=8, unit_params=1e8, offload="params"
-    )
+    off = model_state_bytes(states, precision="bf16", zero=3, zero_shards=8, offload="params")
     assert off["optimizer"] == 0 and off["params"] == pytest.approx(4e8)
     assert off["offloaded"] == pytest.approx(16e9)
 
@@ -231,7 +236,11 @@ def test_loss_chunk_tokens_reach_the_plan() -> None:
     import dataclasses
 
     from scaletrain.config import load_config
-    from scaletrain.planner.memory.head import fused_loss_chunk, loss_backward_bytes
+    from scaletrain.planner.memory.head import (
+        MicroBatchShape,
+        fused_loss_chunk,
+        loss_backward_bytes,
+    )
     from scaletrain.planner.types import plan_input_from_job
 
     job = load_config(
@@ -248,8 +257,8 @@ def test_loss_chunk_tokens_reach_the_plan() -> None:
     assert plan.loss_chunk_tokens == 64
     m = job.model
     assert fused_loss_chunk(m) >= 1024
-    kw = dict(seq_len=1024, micro_batch=1, precision="bf16")
-    drop = loss_backward_bytes(m, **kw) - loss_backward_bytes(m, chunk_tokens=64, **kw)
+    shape = MicroBatchShape(seq_len=1024, micro_batch=1, precision="bf16")
+    drop = loss_backward_bytes(m, shape) - loss_backward_bytes(m, shape, chunk_tokens=64)
     assert drop == (1024 - 64) * m.vocab_size * 6
     from scaletrain.planner.estimate import estimate
 

@@ -20,7 +20,7 @@ from scaletrain.config import (
     resolve_model,
 )
 from scaletrain.planner import PlanInput, estimate
-from scaletrain.planner.time.comm import comm_volumes
+from scaletrain.planner.time.comm import CommInputs, comm_volumes
 
 H100 = hardware_preset("h100-sxm")
 MIXTRAL = resolve_model("mixtral-8x7b")
@@ -95,15 +95,15 @@ def test_moe_tp_traffic():
     (N*k, h) output and input-gradient all-reduces; SP adds the MoE input's all-gather
     forward and its output gradient's backward; embedding + head 2 per micro-batch."""
     m, L, k, ar, ag = 2, 4, 2, 2 * (1 / 2), 1 / 2  # tp2: ring factors 2(n-1)/n, (n-1)/n
-    tp = comm_volumes(layout=Layout(tp=2), **KW)
+    tp = comm_volumes(CommInputs(layout=Layout(tp=2), **KW))
     assert tp == pytest.approx({"tp": m * ((2 * L + 2) * ar * ACT + 2 * L * ar * k * ACT)})
-    sp = comm_volumes(layout=Layout(tp=2, sp=True), **KW)
+    sp = comm_volumes(CommInputs(layout=Layout(tp=2, sp=True), **KW))
     assert sp["tp"] == pytest.approx(tp["tp"] + m * 2 * L * ag * ACT)
     # experts whole per tp rank (ep > 1): no tp traffic inside the MoE without SP
-    tp_ep = comm_volumes(layout=Layout(dp=2, tp=2, ep=2), **KW)
+    tp_ep = comm_volumes(CommInputs(layout=Layout(dp=2, tp=2, ep=2), **KW))
     assert tp_ep["tp"] == pytest.approx(m * (2 * L + 2) * ar * ACT)
     # full recompute re-runs the forward's all-reduces: attention +1, experts +1 per block
-    rc = comm_volumes(layout=Layout(tp=2), **{**KW, "ac": "full"})
+    rc = comm_volumes(CommInputs(layout=Layout(tp=2), **{**KW, "ac": "full"}))
     assert rc["tp"] == pytest.approx(m * ((3 * L + 2) * ar * ACT + 3 * L * ar * k * ACT))
 
 
@@ -113,17 +113,20 @@ def test_replicated_experts_traffic():
     only the dense parameters (FSDP2 leaves experts alone) and all-reduces the experts' once
     per step."""
     dense, experts = 4 * (1e9 - 6e8), 4 * 6e8  # fp32 gradient bytes
-    z0 = comm_volumes(layout=Layout(dp=8, ep=2), **KW)
+    z0 = comm_volumes(CommInputs(layout=Layout(dp=8, ep=2), **KW))
     assert z0["dp_allreduce"] == pytest.approx(2 * 7 / 8 * dense + 2 * 3 / 4 * experts)
-    z1 = comm_volumes(layout=Layout(dp=8, ep=2, zero=1), **KW)
+    z1 = comm_volumes(CommInputs(layout=Layout(dp=8, ep=2, zero=1), **KW))
     assert z1["dp_allreduce"] == z0["dp_allreduce"]
     assert z1["zero_all_gather"] == pytest.approx(7 / 8 * dense + 3 / 4 * experts)
-    z3 = comm_volumes(layout=Layout(dp=8, ep=2, zero=3), **KW)
+    z3 = comm_volumes(CommInputs(layout=Layout(dp=8, ep=2, zero=3), **KW))
     assert z3["dp_allreduce"] == pytest.approx(2 * 3 / 4 * experts)
     assert z3["fsdp_reduce_scatter"] == pytest.approx(2 * 7 / 8 * dense)  # per micro-batch
     assert z3["fsdp_all_gather"] == pytest.approx(2 * 2 * 7 / 8 * 2 * (1e9 - 6e8))  # bf16
     # ep = dp*cp: no replicas, no expert traffic at all
-    assert comm_volumes(layout=Layout(dp=8, ep=8, zero=3), **KW).get("dp_allreduce") is None
+    assert (
+        comm_volumes(CommInputs(layout=Layout(dp=8, ep=8, zero=3), **KW)).get("dp_allreduce")
+        is None
+    )
 
 
 # Planner vs the dry-run of the trainer's build (benchmarks/planner_accuracy.py's harness).

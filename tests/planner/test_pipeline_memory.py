@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from scaletrain.config import resolve_model
+from scaletrain.config import Layout, hardware_preset, resolve_model
+from scaletrain.planner import PlanInput
 from scaletrain.planner.memory.activations import layer_activation_bytes
 from scaletrain.planner.memory.buffers import pp_recv_buffer_bytes
 from scaletrain.planner.memory.pipeline_ranks import schedule_moments
@@ -51,18 +52,26 @@ def test_interleaved_weights_chunks_by_their_own_layers():
         assert lay % 2 == 0  # only the 2-layer chunk stores block activations
 
 
+def _recv(zero: int, pp: int, virtual: int, rank: int) -> float:
+    """pp_recv_buffer_bytes of a gpt-mini plan, seq 512, micro-batch 1, 4 micro-batches."""
+    schedule = "interleaved" if virtual > 1 else "1f1b"
+    layout = Layout(zero=zero, pp=pp, pp_virtual=virtual, pp_schedule=schedule)
+    model = resolve_model("gpt-mini")
+    plan = PlanInput(model, hardware_preset("h100-sxm"), pp, layout, 512, 4, 1, precision="bf16")
+    return pp_recv_buffer_bytes(plan, rank=rank, microbatches=4)
+
+
 def test_recv_buffers_one_per_microbatch_and_stage():
-    kw = dict(hidden=1024, tokens=512, precision="bf16", tp=1, sp=False, microbatches=4)
-    one = 4 * 512 * 1024  # an fp32 (b, s, h) stream under autocast (ZeRO 0/1)
+    one = 4 * 512 * resolve_model("gpt-mini").dim  # an fp32 (b, s, h) stream under autocast
     # pp2, last rank: forward receive buffers only
-    assert pp_recv_buffer_bytes(zero=0, pp=2, virtual=1, rank=1, **kw) == 4 * one
+    assert _recv(zero=0, pp=2, virtual=1, rank=1) == 4 * one
     # first rank: gradient receive buffers only
-    assert pp_recv_buffer_bytes(zero=0, pp=2, virtual=1, rank=0, **kw) == 4 * one
+    assert _recv(zero=0, pp=2, virtual=1, rank=0) == 4 * one
     # interleaved v2, rank 1: stages 1 and 3 receive activations, stage 1 gradients
-    assert pp_recv_buffer_bytes(zero=0, pp=2, virtual=2, rank=1, **kw) == 3 * 4 * one
+    assert _recv(zero=0, pp=2, virtual=2, rank=1) == 3 * 4 * one
     # FSDP2 (ZeRO-2/3) streams in the 16-bit compute dtype
-    assert pp_recv_buffer_bytes(zero=3, pp=2, virtual=1, rank=1, **kw) == 2 * one
-    assert pp_recv_buffer_bytes(zero=3, pp=1, virtual=1, rank=0, **kw) == 0.0
+    assert _recv(zero=3, pp=2, virtual=1, rank=1) == 2 * one
+    assert _recv(zero=3, pp=1, virtual=1, rank=0) == 0.0
 
 
 def test_moe_dispatch_terms():
@@ -80,11 +89,13 @@ def test_moe_dispatch_terms():
 
 def test_expert_parallel_experts_are_not_fsdp_units():
     """FSDP2 ignores expert-parallel experts: ZeRO-2 keeps no gathered 16-bit copy of them."""
-    from scaletrain.planner.memory.states import model_state_bytes
+    from scaletrain.planner.memory.states import StageParams, model_state_bytes
 
-    kw = dict(precision="bf16", zero=2, zero_shards=4, expert_params=1000.0, expert_shards=1)
-    with_experts = model_state_bytes(5000.0, **kw)
-    without = model_state_bytes(5000.0, experts_in_fsdp=False, **kw)
+    kw = dict(precision="bf16", zero=2, zero_shards=4, expert_shards=1)
+    with_experts = model_state_bytes(StageParams(dense=5000.0, expert=1000.0), **kw)
+    without = model_state_bytes(
+        StageParams(dense=5000.0, expert=1000.0, experts_in_fsdp=False), **kw
+    )
     assert with_experts["params.in_flight"] - without["params.in_flight"] == 2 * 1000.0
     # the states at rest do not change
     assert with_experts["optimizer"] == without["optimizer"]

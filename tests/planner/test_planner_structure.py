@@ -25,20 +25,7 @@ MAX_RETURNED_TUPLE = 3
 MAX_PARAMS = 8
 WIDE_TODAY = {  # "file:function": parameters, when issue 34's first slices landed
     "memory/activations.py:layer_activation_bytes": 14,
-    "memory/activations.py:_attention_bytes": 9,
-    "memory/activations.py:naive_backward_net_bytes": 10,
-    "time/comm.py:comm_terms": 17,
-    "time/comm.py:_dp_terms": 10,
-    "time/cost.py:napkin_cost": 9,
-    "time/efficiency.py:attention_seconds_per_token": 10,
-    "memory/head.py:head_activation_bytes": 9,
-    "memory/head.py:loss_backward_bytes": 9,
-    "memory/buffers.py:buffer_terms": 19,
-    "memory/buffers.py:pp_recv_buffer_bytes": 10,
     "search/layouts.py:search": 11,
-    "memory/states.py:model_state_bytes": 15,
-    "memory/states.py:_in_flight": 9,
-    "time/step_time.py:_exposed": 13,
 }
 
 

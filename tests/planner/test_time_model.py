@@ -44,22 +44,33 @@ def test_multi_rail_capped_by_nvlink() -> None:
     )
 
 
-def _attn(kernel: str, hw_name: str, **kw: object) -> float:
-    from scaletrain.planner.time.efficiency import attention_seconds_per_token
+def _attn(
+    kernel: str,
+    hw_name: str,
+    *,
+    recompute: bool = False,
+    dropout: bool = False,
+    recipe: str = "torchtitan",
+    bf16_rate: float = 5e14,
+    kernel_efficiency: bool = True,
+) -> float:
+    from scaletrain.planner.time.efficiency import AttentionCore, attention_seconds_per_token
 
-    args: dict = dict(
+    core = AttentionCore(
         kernel=kernel,
-        recipe="torchtitan",
         core_flops=1e9,
         heads=32,
         seq_len=8192,
-        recompute=False,
-        dropout=False,
-        bf16_rate=5e14,
-        hardware=hardware_preset(hw_name),
+        recompute=recompute,
+        dropout=dropout,
     )
-    args.update(kw)
-    return attention_seconds_per_token(**args)
+    return attention_seconds_per_token(
+        core,
+        recipe=recipe,
+        bf16_rate=bf16_rate,
+        hardware=hardware_preset(hw_name),
+        kernel_efficiency=kernel_efficiency,
+    )
 
 
 def test_flash2_runs_at_fa3_papers_35_percent_on_hopper() -> None:
@@ -132,7 +143,7 @@ def test_recipe_kernels_in_the_step() -> None:
 def test_fsdp_collectives_pay_latency_per_unit() -> None:
     """ZeRO-3 gathers and reduce-scatters one FSDP unit (block, then the root) at a time: each
     of the layers + 1 collectives pays the ring's (n-1) latency steps; bytes are unchanged."""
-    from scaletrain.planner.time.comm import comm_terms, gather_time
+    from scaletrain.planner.time.comm import CommInputs, comm_terms, gather_time
 
     hw = hardware_preset("a100-80gb")
     layout = Layout(dp=1024, zero=3)
@@ -148,7 +159,7 @@ def test_fsdp_collectives_pay_latency_per_unit() -> None:
         experts_per_token=1,
         micro_batches=2,
     )
-    t = comm_terms(**kw)
+    t = comm_terms(CommInputs(**kw))
     bw, lat, _ = axis_link(layout, hw, "dp")
     n = 1024
     assert t["fsdp_all_gather"][0] == pytest.approx(4 * (n - 1) / n * 2e9)

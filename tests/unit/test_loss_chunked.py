@@ -186,13 +186,18 @@ def test_planner_counts_the_blocked_cast_and_stays_under_1_gb():
 
     import scaletrain.models.loss as loss_mod
     from scaletrain.config import resolve_model
-    from scaletrain.planner.memory.head import LOSS_WEIGHT_CAST_BYTES, loss_backward_bytes
+    from scaletrain.planner.memory.head import (
+        LOSS_WEIGHT_CAST_BYTES,
+        MicroBatchShape,
+        loss_backward_bytes,
+    )
 
     assert LOSS_WEIGHT_CAST_BYTES == loss_mod.WEIGHT_CAST_BYTES
     model = dataclasses.replace(resolve_model("llama3-8b"), vocab_size=256_000)
-    temp = loss_backward_bytes(model, seq_len=8192, micro_batch=2, weight_bytes=4)
+    shape = MicroBatchShape(seq_len=8192, micro_batch=2)
+    temp = loss_backward_bytes(model, shape, weight_bytes=4)
     assert temp <= 1e9, temp
     whole = dataclasses.replace(model, vocab_size=8_000)  # 8k x 4096 x 2 B: one block
-    small = loss_backward_bytes(whole, seq_len=8192, micro_batch=2, weight_bytes=4)
-    bf16_weight = loss_backward_bytes(whole, seq_len=8192, micro_batch=2, weight_bytes=2)
+    small = loss_backward_bytes(whole, shape, weight_bytes=4)
+    bf16_weight = loss_backward_bytes(whole, shape, weight_bytes=2)
     assert small - bf16_weight == 2 * 8_000 * 4096  # the whole cast, counted once

@@ -131,7 +131,7 @@ def _rentbuy(args: argparse.Namespace) -> list[str]:
 
 
 def _run(args: argparse.Namespace) -> list[str]:
-    from scaletrain.planner.time.cost import napkin_cost
+    from scaletrain.planner.time.cost import Site, napkin_cost
 
     f = _flops(args)
     sus, how = _sustained(args)
@@ -142,12 +142,14 @@ def _run(args: argparse.Namespace) -> list[str]:
         f.flops,
         args.gpus,
         sus,
-        power_w=hw.power_w,
-        usd_per_gpu_hour=price,
-        pue=args.pue,
-        host_power_w=args.host_watts,
-        num_hosts=nodes,
-        kg_co2_per_kwh=args.grid_co2,
+        site=Site(
+            power_w=hw.power_w,
+            usd_per_gpu_hour=price,
+            pue=args.pue,
+            host_power_w=args.host_watts,
+            num_hosts=nodes,
+            kg_co2_per_kwh=args.grid_co2,
+        ),
     )
     hours = c.seconds / 3600
     return [

@@ -27,12 +27,13 @@ from .memory.rank import estimate_memory, pipeline_rank_memory
 from .memory.states import (
     CONVENTIONS,
     OPTIMIZER_BYTES,
+    StageParams,
     model_state_bytes,
     stage_layer_counts,
     state_bytes_per_param,
 )
-from .time.comm import comm_terms, comm_time, comm_volumes
-from .time.cost import TrainingCost, napkin_cost, training_cost
+from .time.comm import CommInputs, comm_terms, comm_time, comm_volumes
+from .time.cost import Site, TrainingCost, napkin_cost, training_cost
 from .time.flops import flops_per_token, forward_flops_per_token
 from .time.pipeline import bubble_fraction, inflight_microbatches
 from .time.step_time import default_efficiency
@@ -50,6 +51,7 @@ __all__ = [
     "flops_per_token",
     "forward_flops_per_token",
     "model_state_bytes",
+    "StageParams",
     "state_bytes_per_param",
     "activation_bytes",
     "layer_activation_bytes",
@@ -58,12 +60,14 @@ __all__ = [
     "stage_layer_counts",
     "buffer_terms",
     "comm_terms",
+    "CommInputs",
     "comm_volumes",
     "comm_time",
     "bubble_fraction",
     "default_efficiency",
     "training_cost",
     "napkin_cost",
+    "Site",
     "TrainingCost",
     "CONVENTIONS",
     "OPTIMIZER_BYTES",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from scaletrain.config import ModelConfig, compute_bytes, expert_tp
 
+from .head import MicroBatchShape
 from .naive_attention import naive_backward_bytes, naive_saved_bytes
 
 __all__ = [
@@ -122,7 +123,7 @@ def layer_activation_bytes(
         residual_fp32=residual_fp32,
         upcast=rmsnorm_upcast,
     )
-    attn = _attention_bytes(model, tok, seq_len, micro_batch, tp, cp, e, fp8, naive_probs_only)
+    attn = _attention_bytes(model, seq_len, micro_batch, tp, cp, e, fp8, naive_probs_only)
     mlp = _mlp_part(model, tok=tok, tp=tp, ep=ep, e=e, fp8=fp8, compile=compile)
     return norms + inputs + attn + mlp
 
@@ -173,7 +174,6 @@ def _norm_and_input_bytes(
 
 def _attention_bytes(
     model: ModelConfig,
-    tok: float,
     seq_len: int,
     micro_batch: int,
     tp: int,
@@ -184,6 +184,7 @@ def _attention_bytes(
 ) -> float:
     """What one block's attention saves beyond its input (`layer_activation_bytes`'s terms)."""
     h, a = model.dim, model.num_heads
+    tok = float(seq_len) / cp * micro_batch  # tokens this rank holds: s_l * b
     # q and the core's output at the query heads, K and V at the g KV heads (enable_gqa)
     attn = e * tok * (2 * h + 2 * model.kv_dim) / tp + (tok * h / tp if fp8 else 0.0)
     if model.attention != "naive":
@@ -199,13 +200,8 @@ def _attention_bytes(
 
 def naive_backward_net_bytes(
     model: ModelConfig,
+    mb: MicroBatchShape,
     *,
-    seq_len: int,
-    micro_batch: int,
-    tp: int = 1,
-    sp: bool = False,
-    cp: int = 1,
-    precision: str = "bf16",
     compile: bool = False,
     residual_fp32: bool = False,
     ep: int = 1,
@@ -219,17 +215,18 @@ def naive_backward_net_bytes(
     (the grads term), the head's activations (freed earlier; still in the stored side).
     Source: dry-run, llama3-8b L1 dp8 z1 s4096 b8 bf16: +7.8% with the whole stored set
     beside the S x S gradients, within 1% with these freed."""
-    e = compute_bytes(precision)
+    seq_len, micro_batch, tp, cp = mb.seq_len, mb.micro_batch, mb.tp, mb.cp
+    e = compute_bytes(mb.precision)
     r = 4 if residual_fp32 else e
     h = model.dim
-    tok = float(seq_len) / cp * micro_batch
-    fp8 = precision == "fp8"
+    tok = mb.tokens
+    fp8 = mb.precision == "fp8"
     norms, _ = _norm_and_input_bytes(
         model,
         tok=tok,
         e=e,
         r=r,
-        tsp=tp if sp else 1,
+        tsp=tp if mb.sp else 1,
         fp8=fp8,
         residual_fp32=residual_fp32,
         upcast=False,

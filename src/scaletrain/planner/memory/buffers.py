@@ -9,7 +9,9 @@ The model-state terms live in `states.py`, the activation terms in `activations.
 
 from __future__ import annotations
 
-from scaletrain.config import compute_bytes
+from scaletrain.config import compute_bytes, ddp_reducer
+
+from ..types import PlanInput
 
 __all__ = [
     "buffer_terms",
@@ -29,35 +31,24 @@ FRAGMENTATION = 0.05
 
 
 def buffer_terms(
+    plan: PlanInput,
     *,
-    hidden: int,
-    tokens: float,
-    precision: str,
-    zero: int,
-    dp: int,
-    tp: int,
-    sp: bool,
-    pp: int,
-    cp: int,
-    ep: int,
-    kv_dim: int,
-    experts_per_token: int,
     unit_params: float,
     zero_shards: int,
     device: str = "gpu",
     reduce_bytes: int = 4,
     bucket_params: float = 0.0,
-    ffn_dim: int = 0,
-    ddp: bool = True,
 ) -> dict[str, float]:
-    """Named transient buffers on one rank (bytes). tokens = s_l * b of one micro-batch.
+    """Named transient buffers on one rank (bytes) of `plan` (its layout, model dims and
+    precision). tokens = s_l * b of one micro-batch (s_l = seq_len / cp); h = model.dim,
+    f = model.ffn_dim, k = model.experts_per_token.
 
     ddp_buckets: DDP (zero 0, and zero 1 which runs over DDP): the reducer's flat bucket copy of
       every gradient, reduce_bytes x bucket_params (the rank's replicated parameters), kept for
       the run: the trainer's `replicate` keeps torch's default gradient_as_bucket_view=False
       (the dry-run adds the same term). Without bucket_params: 2 x 25 MB in flight (bucket_cap_mb).
-      zero 2 is FSDP2 (no DDP buckets; its collectives are as zero 3's). ddp=False
-      (`config.layout.ddp_reducer`: tp, ep or pp > 1): no reducer, the gradients are averaged
+      zero 2 is FSDP2 (no DDP buckets; its collectives are as zero 3's). Without DDP's
+      reducer (`config.layout.ddp_reducer` false: tp, ep or pp > 1) the gradients are averaged
       after backward through flat buckets of <= 25 MiB each
       (parallel/data_parallel.py BUCKET_BYTES), freed one by one when the activations are
       already gone: not counted (dry-run, tiny-moe dp4 ep2 z0: the bucket term was +17% of
@@ -76,42 +67,34 @@ def buffer_terms(
     runtime_context: RUNTIME_CONTEXT_BYTES on a GPU, 0 on 'cpu'.
     Ignores: NCCL's internal channel buffers beyond the context term, cuDNN workspaces.
     """
+    L, model, precision = plan.layout, plan.model, plan.precision
+    tokens = plan.seq_len / L.cp * plan.micro_batch
+    hidden = model.dim
     e = compute_bytes(precision)
     out: dict[str, float] = {}
-    if dp > 1 or zero_shards > 1:
-        if zero >= 2:
+    if L.dp > 1 or zero_shards > 1:
+        if L.zero >= 2:
             out["fsdp_reduce_scatter"] = reduce_bytes * unit_params * (1 + 1 / max(1, zero_shards))
             out["fsdp_all_gather"] = e * unit_params / max(1, zero_shards)
-        elif ddp:
+        elif ddp_reducer(L):
             out["ddp_buckets"] = reduce_bytes * bucket_params if bucket_params else 2 * 25 * 2**20
-    if tp > 1 and sp:
+    if L.tp > 1 and L.sp:
         out["tp_all_gather"] = e * tokens * hidden
-    if pp > 1:
-        out["pp_p2p"] = 2 * e * tokens * hidden / (tp if sp else 1)
-    if cp > 1:
-        out["cp_ring"] = 2 * 2 * e * tokens * kv_dim / tp
-    if ep > 1:
-        out["ep_all_to_all"] = 2 * e * experts_per_token * tokens * hidden
+    if L.pp > 1:
+        out["pp_p2p"] = 2 * e * tokens * hidden / (L.tp if L.sp else 1)
+    if L.cp > 1:
+        out["cp_ring"] = 2 * 2 * e * tokens * model.kv_dim / L.tp
+    if L.ep > 1:
+        out["ep_all_to_all"] = 2 * e * model.experts_per_token * tokens * hidden
     if precision == "fp8":
-        out["fp8_quantize"] = 4.0 * tokens * max(hidden, ffn_dim) / tp
+        out["fp8_quantize"] = 4.0 * tokens * max(hidden, model.ffn_dim) / L.tp
     out["runtime_context"] = 0.0 if device == "cpu" else RUNTIME_CONTEXT_BYTES
     return out
 
 
-def pp_recv_buffer_bytes(
-    *,
-    hidden: int,
-    tokens: float,
-    precision: str,
-    zero: int,
-    tp: int,
-    sp: bool,
-    pp: int,
-    virtual: int,
-    rank: int,
-    microbatches: int,
-) -> float:
-    """Pipeline receive buffers of pipeline rank `rank` (bytes), kept for the whole step.
+def pp_recv_buffer_bytes(plan: PlanInput, *, rank: int, microbatches: int) -> float:
+    """Pipeline receive buffers of pipeline rank `rank` (bytes) under `plan`'s layout, kept
+    for the whole step.
 
     torch.distributed.pipelining allocates, per stage and per micro-batch, one forward receive
     buffer on every stage but the first (`_setup_forward_recv_info`) and one gradient receive
@@ -123,10 +106,12 @@ def pp_recv_buffer_bytes(
     llama-1024-L4 pp2 1f1b z0 rank 1: 4 x 2.1 MB; interleaved(v2) rank 1: 3 x 4 x 2.1 MB.
     Ignores: the send side (a tensor the stage already holds), NCCL's own buffers.
     """
-    if pp <= 1:
+    L = plan.layout
+    if L.pp <= 1:
         return 0.0
-    io = compute_bytes(precision) if zero >= 2 else 4
-    n_stages = pp * virtual
-    stages = [rank + k * pp for k in range(virtual)]
+    tokens = plan.seq_len / L.cp * plan.micro_batch  # s_l * b of one micro-batch
+    io = compute_bytes(plan.precision) if L.zero >= 2 else 4
+    n_stages = L.pp * L.pp_virtual
+    stages = [rank + k * L.pp for k in range(L.pp_virtual)]
     n_buf = sum(1 for s in stages if s > 0) + sum(1 for s in stages if s < n_stages - 1)
-    return n_buf * microbatches * io * tokens * hidden / (tp if sp else 1)
+    return n_buf * microbatches * io * tokens * plan.model.dim / (L.tp if L.sp else 1)

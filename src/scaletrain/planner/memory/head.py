@@ -9,9 +9,12 @@ Units: bytes; `GB` in docstrings means 1e9 bytes. Every function answers for ONE
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from scaletrain.config import ModelConfig, compute_bytes
 
 __all__ = [
+    "MicroBatchShape",
     "head_activation_bytes",
     "fused_loss_chunk",
     "head_grad_bytes",
@@ -21,17 +24,27 @@ __all__ = [
 ]
 
 
+@dataclass(kw_only=True, slots=True, frozen=True)
+class MicroBatchShape:
+    """One micro-batch as one rank holds it: its tokens (s_l * b, s_l = seq_len / cp), how tp
+    splits them, and the compute dtype."""
+
+    seq_len: int
+    micro_batch: int
+    tp: int = 1
+    sp: bool = False
+    """Sequence parallelism: the residual stream is split tp ways too."""
+    cp: int = 1
+    precision: str = "bf16"
+
+    @property
+    def tokens(self) -> float:
+        """s_l * b: the tokens of one micro-batch on this rank."""
+        return float(self.seq_len) / self.cp * self.micro_batch
+
+
 def head_activation_bytes(
-    model: ModelConfig,
-    *,
-    seq_len: int,
-    micro_batch: int,
-    tp: int = 1,
-    sp: bool = False,
-    cp: int = 1,
-    precision: str = "bf16",
-    residual_fp32: bool = False,
-    fused: bool = True,
+    model: ModelConfig, mb: MicroBatchShape, *, residual_fp32: bool = False, fused: bool = True
 ) -> float:
     """Last stage's extra activations per micro-batch: final-norm input r*s_l*b*h (/t with SP)
     and the head input e*s_l*b*h (the 16-bit cast the head reads; full tokens under SP, whose
@@ -44,14 +57,14 @@ def head_activation_bytes(
       not the 10 B of docs/DESIGN.md §5) or (4 + 4) in fp32.
     The loss backward's own temporaries are `loss_backward_bytes`.
     """
-    e = compute_bytes(precision)
+    e = compute_bytes(mb.precision)
     r = 4 if residual_fp32 else e
-    tok = float(seq_len) / cp * micro_batch
+    tok = mb.tokens
     if fused:
         tail = 4.0 * tok
     else:
-        tail = (8.0 if e == 4 else 6.0) * tok * model.vocab_size / tp
-    return r * tok * model.dim / (tp if sp else 1) + e * tok * model.dim + tail
+        tail = (8.0 if e == 4 else 6.0) * tok * model.vocab_size / mb.tp
+    return r * tok * model.dim / (mb.tp if mb.sp else 1) + e * tok * model.dim + tail
 
 
 LOSS_WEIGHT_CAST_BYTES = 256 * 2**20
@@ -69,13 +82,9 @@ def fused_loss_chunk(model: ModelConfig, *, tp: int = 1, chunk_tokens: int = 0) 
 
 def loss_backward_bytes(
     model: ModelConfig,
+    mb: MicroBatchShape,
     *,
-    seq_len: int,
-    micro_batch: int,
-    tp: int = 1,
-    cp: int = 1,
     fused: bool = True,
-    precision: str = "bf16",
     weight_bytes: int = 4,
     chunk_tokens: int = 0,
 ) -> float:
@@ -102,10 +111,10 @@ def loss_backward_bytes(
     backward's temporaries are not).
     Source: the dry-run's 'temp' at the loss-backward moment (planner_accuracy.md).
     """
-    tok = float(seq_len) / cp * micro_batch
+    tok, tp = mb.tokens, mb.tp
     if not fused:
         return 8.0 * tok * model.vocab_size
-    e = compute_bytes(precision)
+    e = compute_bytes(mb.precision)
     v_local = -(-model.vocab_size // tp)
     c = min(fused_loss_chunk(model, tp=tp, chunk_tokens=chunk_tokens), tok)
     table = float(v_local) * model.dim
@@ -113,8 +122,8 @@ def loss_backward_bytes(
     out = e * tok * model.dim + c * v_local * (4 + (e if e < 4 else 0))
     if weight_bytes > e:
         # an fp32 weight under 16-bit compute: the loss's own cast of it (the rank's autocast
-        # in-flight copies leave the head out, `states.model_state_bytes(uncast_params=
-        # ...)`), whole (`weight.to(hidden.dtype)`, alive through the backward) or, above
+        # in-flight copies leave the head out, `states.StageParams.uncast`), whole
+        # (`weight.to(hidden.dtype)`, alive through the backward) or, above
         # LOSS_WEIGHT_CAST_BYTES, in blocks of b rows (`_cast_block`)
         b = min(float(v_local), max(1.0, LOSS_WEIGHT_CAST_BYTES // (e * model.dim)))
         if b >= v_local:

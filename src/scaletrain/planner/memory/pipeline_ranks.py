@@ -122,18 +122,7 @@ def pipeline_buffers(
     """The buffers of a pipeline rank: the receive buffers torch keeps per micro-batch, and
     each chunk's own rotary tables."""
     L = plan.layout
-    recv = pp_recv_buffer_bytes(
-        hidden=plan.model.dim,
-        tokens=plan.seq_len / L.cp * plan.micro_batch,
-        precision=plan.precision,
-        zero=L.zero,
-        tp=L.tp,
-        sp=L.sp,
-        pp=L.pp,
-        virtual=L.pp_virtual,
-        rank=rank,
-        microbatches=m,
-    )
+    recv = pp_recv_buffer_bytes(plan, rank=rank, microbatches=m)
     buffers += recv - bufs.get("pp_p2p", 0.0)
     bufs = dict(bufs, pp_p2p=recv)
     if "rope_tables" in bufs and L.pp_virtual > 1:

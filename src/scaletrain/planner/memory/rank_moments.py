@@ -14,7 +14,7 @@ from scaletrain.config import ParamCounts, compute_bytes, expert_tp, fused_head_
 
 from ..types import PlanInput
 from .activations import mlp_backward_work_bytes
-from .head import head_grad_bytes, loss_backward_bytes
+from .head import MicroBatchShape, head_grad_bytes, loss_backward_bytes
 from .moments import (
     EmbeddingBackward,
     LossBackward,
@@ -375,14 +375,18 @@ def loss_moment(view: RankView, stored: float) -> LossBackward:
     # with 16-bit compute, else the fp32 parameter
     weight_bytes = compute_bytes(plan.precision) if L.zero >= 2 else 4
     fused = fused_head_loss(L)
-    loss_tmp = loss_backward_bytes(
-        plan.model,
+    shape = MicroBatchShape(
         seq_len=plan.seq_len,
         micro_batch=plan.micro_batch,
         tp=L.tp,
+        sp=L.sp,
         cp=L.cp,
-        fused=fused,
         precision=plan.precision,
+    )
+    loss_tmp = loss_backward_bytes(
+        plan.model,
+        shape,
+        fused=fused,
         weight_bytes=weight_bytes,
         chunk_tokens=plan.loss_chunk_tokens,
     )

@@ -14,7 +14,6 @@ from scaletrain.config import (
     ModelConfig,
     ParamCounts,
     compute_bytes,
-    ddp_reducer,
     expert_split,
     expert_zero_shards,
     fused_head_loss,
@@ -28,9 +27,14 @@ from .activations import (
     selective_recompute_bytes,
 )
 from .buffers import buffer_terms
-from .head import embedding_backward_bytes, head_activation_bytes, held_logits_bytes
+from .head import (
+    MicroBatchShape,
+    embedding_backward_bytes,
+    head_activation_bytes,
+    held_logits_bytes,
+)
 from .rank_moments import root_in_backward
-from .states import fp8_linear_params, model_state_bytes
+from .states import StageParams, fp8_linear_params, model_state_bytes
 
 if TYPE_CHECKING:  # step_time imports this module
     from ..time.step_time import ModelFlops
@@ -50,24 +54,6 @@ __all__ = [
 
 
 # The records below are built once per cache key (not per layout), so they can be frozen.
-@dataclass(kw_only=True, slots=True, frozen=True)
-class StageParams:
-    """Parameter counts of one pipeline stage on one rank (after TP/EP division)."""
-
-    block: float
-    """One block's parameters (attention, dense MLP, norms, router)."""
-    dense: float
-    """Every parameter FSDP/ZeRO shards over dp*cp: the blocks', embedding, final norm, head."""
-    expert: float
-    """The stage's expert parameters (split tp or ep ways, `config.expert_split`)."""
-    unit: float
-    """The largest FSDP unit: a block with its experts, or the root unit."""
-    uncast: float
-    """Parameters autocast never casts (`model_state_bytes`' uncast_params)."""
-    experts_in_fsdp: bool
-    """False when FSDP2 ignores the expert-parallel experts (ep > 1 under ZeRO-2/3)."""
-
-
 @dataclass(kw_only=True, slots=True, frozen=True)
 class BackwardTerms:
     """What the ZeRO-2/3 and embedding-backward moments of a rank add (bytes / parameters)."""
@@ -172,7 +158,7 @@ def stage_params(
     # is not a block on this stage: embedding + positions and/or final norm + head, gathered as
     # ONE unit (the dry-run's unsharded root of llama2-7b is embedding + head).
     root = 0.0
-    # what autocast never casts (`model_state_bytes`' uncast_params): embeddings, norms, and
+    # what autocast never casts (`StageParams.uncast`): embeddings, norms, and
     # the head when the fused loss reads it (zero-bubble's plain head Linear is autocast's)
     uncast = float(layers * pc.norms)
     if first:
@@ -191,6 +177,10 @@ def stage_params(
         unit=max(unit, root),
         uncast=uncast,
         experts_in_fsdp=experts_in_fsdp,
+        # ZeRO-1's busiest rank: the embedding/head on an end stage, else a block
+        largest=(pc.embedding / tp) if (first or last) else block,
+        # q/k/v/o, the dense MLP or local experts of this stage's blocks
+        fp8=fp8_linear_params(model, layers, tp) + expert,
     )
 
 
@@ -226,23 +216,16 @@ def rank_states(
     pc = terms.counts
     tp = L.tp
     sp = stage_params(plan, pc, first, last, layers)
-    block, dense, expert, unit = sp.block, sp.dense, sp.expert, sp.unit
+    dense, expert, unit = sp.dense, sp.expert, sp.unit
     st = model_state_bytes(
-        dense,
+        sp,
         precision=plan.precision,
         optimizer=plan.optimizer,
         zero=L.zero,
         zero_shards=zs,
+        expert_shards=expert_zero_shards(L),
         offload=plan.offload,
         convention=convention,
-        expert_params=expert,
-        expert_shards=expert_zero_shards(L),
-        unit_params=unit,
-        largest_param=(pc.embedding / tp) if (first or last) else block,
-        # q/k/v/o, the dense MLP or local experts of this stage's blocks
-        fp8_params=fp8_linear_params(model, layers, tp) + expert,
-        experts_in_fsdp=sp.experts_in_fsdp,
-        uncast_params=sp.uncast,
     )
     sharded = (dense / zs + expert / expert_zero_shards(L)) if L.zero else dense + expert
     fixed = st["params"] + st["optimizer"]
@@ -330,17 +313,8 @@ def activation_terms(plan: PlanInput, terms: ModelTerms, modern: bool) -> Activa
     # the fused head + loss (models/loss.py) runs on the last stage, pipelined or not (a
     # pipeline's last stage is given the targets: parallel/pipeline.py), but zero-bubble
     fused = fused_head_loss(L)
-    head = head_activation_bytes(
-        model,
-        seq_len=s,
-        micro_batch=b,
-        tp=L.tp,
-        sp=L.sp,
-        cp=L.cp,
-        precision=p,
-        residual_fp32=residual_fp32,
-        fused=fused,
-    )
+    shape = MicroBatchShape(seq_len=s, micro_batch=b, tp=L.tp, sp=L.sp, cp=L.cp, precision=p)
+    head = head_activation_bytes(model, shape, residual_fp32=residual_fp32, fused=fused)
     held = held_logits_bytes(
         model, seq_len=s, micro_batch=b, tp=L.tp, cp=L.cp, precision=p, fused=fused
     )
@@ -375,14 +349,17 @@ def _naive_backward(plan: PlanInput, modern: bool, residual_fp32: bool) -> float
     if not modern or plan.model.attention != "naive":
         return 0.0
     L = plan.layout
-    return naive_backward_net_bytes(
-        plan.model,
+    shape = MicroBatchShape(
         seq_len=plan.seq_len,
         micro_batch=plan.micro_batch,
         tp=L.tp,
         sp=L.sp,
         cp=L.cp,
         precision=plan.precision,
+    )
+    return naive_backward_net_bytes(
+        plan.model,
+        shape,
         compile=plan.compile,
         residual_fp32=residual_fp32,
         ep=L.ep,
@@ -413,26 +390,7 @@ def rank_buffers(
     hit = terms.bufs.get(key)
     if hit is not None:
         return hit
-    bufs = buffer_terms(
-        hidden=model.dim,
-        tokens=tokens,
-        precision=plan.precision,
-        zero=L.zero,
-        dp=L.dp,
-        tp=L.tp,
-        sp=L.sp,
-        pp=L.pp,
-        cp=L.cp,
-        ep=L.ep,
-        kv_dim=model.kv_dim,
-        experts_per_token=model.experts_per_token,
-        unit_params=unit,
-        zero_shards=zs,
-        device=device,
-        bucket_params=count,
-        ffn_dim=model.ffn_dim,
-        ddp=ddp_reducer(L),
-    )
+    bufs = buffer_terms(plan, unit_params=unit, zero_shards=zs, device=device, bucket_params=count)
     if model.position == "rope":
         bufs["rope_tables"] = rope_table_bytes(model)
     fsdp = sum(v for k, v in bufs.items() if k.startswith("fsdp_"))

@@ -7,6 +7,7 @@ Units: bytes; `GB` in docstrings means 1e9 bytes. Every function answers for ONE
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 from scaletrain.config import PRECISION_TABLE, ModelConfig, compute_bytes, stage_layer_ranges
 
@@ -15,6 +16,8 @@ __all__ = [
     "CONVENTIONS",
     "state_bytes_per_param",
     "model_state_bytes",
+    "StageParams",
+    "UNITS_IN_FLIGHT",
     "fp8_linear_params",
     "stage_layer_counts",
 ]
@@ -46,6 +49,35 @@ In fp32 there is no master copy: every convention is 4 + 4 + optimizer.
 
 ELEM_BYTES = {name: spec.bytes for name, spec in PRECISION_TABLE.items()}
 
+UNITS_IN_FLIGHT = 2
+"""FSDP2's 16-bit unit copies gathered at once under ZeRO-3: the current and the prefetched."""
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class StageParams:
+    """Parameter counts of one pipeline stage on one rank (after TP/EP division): what
+    `model_state_bytes` counts the states of. Built by `rank_terms.stage_params`; a field left
+    out is 0 (no experts, no FSDP unit, nothing uncast or fp8-converted)."""
+
+    dense: float
+    """Every parameter FSDP/ZeRO shards over dp*cp: the blocks', embedding, final norm, head."""
+    block: float = 0.0
+    """One block's parameters (attention, dense MLP, norms, router)."""
+    expert: float = 0.0
+    """The stage's expert parameters (split tp or ep ways, `config.expert_split`), ZeRO-sharded
+    over `expert_shards` (= zero_shards / ep) ranks."""
+    unit: float = 0.0
+    """The largest FSDP unit: a block with its experts, or the root unit (its 16-bit copies are
+    in flight under 'scaletrain'; excludes the experts when not `experts_in_fsdp`)."""
+    uncast: float = 0.0
+    """Parameters autocast never casts (`_in_flight`)."""
+    experts_in_fsdp: bool = True
+    """False when FSDP2 ignores the expert-parallel experts (ep > 1 under ZeRO-2/3)."""
+    largest: float = 0.0
+    """The largest single parameter (ZeRO-1's whole-parameter partition, `model_state_bytes`)."""
+    fp8: float = 0.0
+    """Weights in float8-converted linears (`fp8_linear_params` + the local experts)."""
+
 
 def state_bytes_per_param(
     precision: str, optimizer: str = "adamw", convention: str = "scaletrain"
@@ -67,43 +99,38 @@ def state_bytes_per_param(
 
 
 def model_state_bytes(
-    num_params: float,
+    params: StageParams,
     *,
     precision: str = "bf16",
     optimizer: str = "adamw",
     zero: int = 0,
     zero_shards: int = 1,
+    expert_shards: int = 1,
     offload: str = "none",
     convention: str = "scaletrain",
-    expert_params: float = 0.0,
-    expert_shards: int = 1,
-    unit_params: float = 0.0,
-    units_in_flight: int = 2,
-    largest_param: float = 0.0,
-    fp8_params: float = 0.0,
-    experts_in_fsdp: bool = True,
-    uncast_params: float = 0.0,
 ) -> dict[str, float]:
     """Bytes of params/grads/optimizer states on one GPU, plus what offload moved to the host.
 
-    num_params: dense parameters this rank holds after TP/PP division; expert_params: its expert
-    parameters after EP division, ZeRO-sharded over `expert_shards` (= zero_shards / ep) ranks.
+    params.dense: dense parameters this rank holds after TP/PP division; params.expert: its
+    expert parameters after EP division, ZeRO-sharded over `expert_shards` (= zero_shards / ep)
+    ranks.
     ZeRO (Rajbhandari et al. 2020): stage >= 1 divides optimizer states, >= 2 gradients, 3
-    parameters by the shard count. unit_params: the largest FSDP unit (a block, or the
+    parameters by the shard count. params.unit: the largest FSDP unit (a block, or the
     embedding/head) whose 16-bit copies are in flight under 'scaletrain'. offload='optimizer'
     moves optimizer states (incl. any master copy counted there) to the CPU (ZeRO-Offload);
     'params' (FSDP2 CPUOffloadPolicy, needs ZeRO-3) moves sharded params, grads and optimizer
     states; the GPU keeps the units in flight. Ignores: the int8 scales of 8-bit Adam, the fp16
-    loss scaler, DDP bucket copies (see buffer_terms). fp8_params: this rank's weights in
+    loss scaler, DDP bucket copies (see buffer_terms). params.fp8: this rank's weights in
     float8-converted linears (attention q/k/v/o, dense MLP and MoE experts; not the head,
     router or embeddings), which under precision='fp8' keep no 16-bit cast (measured with
     MemTracker on a dim-256 llama: only the head's bf16 copy remains). ZeRO-1 is torch's
     ZeroRedundancyOptimizer, which gives whole parameters to ranks: the busiest rank holds at
-    least the states of the largest parameter (`largest_param`, the embedding; source: the
+    least the states of the largest parameter (`params.largest`, the embedding; source: the
     dry-run, benchmarks/results/planner_accuracy.md). The 16-bit copies in flight under
-    'scaletrain' (experts_in_fsdp, uncast_params): `_in_flight`.
+    'scaletrain' (params.experts_in_fsdp, params.uncast): `_in_flight`.
     """
     pb, gb, ob = state_bytes_per_param(precision, optimizer, convention)
+    num_params, expert_params = params.dense, params.expert
     d_dense, d_exp = max(1, zero_shards), max(1, expert_shards)
 
     def shard(nbytes_per: float, stage: int) -> float:
@@ -111,27 +138,26 @@ def model_state_bytes(
             return nbytes_per * (num_params / d_dense + expert_params / d_exp)
         return nbytes_per * (num_params + expert_params)
 
-    params, grads, optim = (
+    param_bytes, grads, optim = (
         shard(pb, 2 if convention == "scaletrain" else 3),
         shard(gb, 2),
         shard(ob, 1),
     )
-    if zero == 1 and largest_param:
+    if zero == 1 and params.largest:
         # ZeroRedundancyOptimizer partitions whole parameters greedily by size
-        optim = max(optim, ob * largest_param)
+        optim = max(optim, ob * params.largest)
     in_params = in_grads = 0.0
     if convention == "scaletrain":
-        own = (num_params, expert_params, unit_params, units_in_flight, fp8_params, uncast_params)
-        in_params, in_grads = _in_flight(precision, zero, experts_in_fsdp, *own)
+        in_params, in_grads = _in_flight(params, precision=precision, zero=zero)
     offloaded = 0.0
     if offload == "optimizer":
         offloaded, optim = optim, 0.0
     elif offload == "params" and zero >= 3:
-        offloaded, params, grads, optim = params + grads + optim, 0.0, 0.0, 0.0
+        offloaded, param_bytes, grads, optim = param_bytes + grads + optim, 0.0, 0.0, 0.0
     elif offload == "params":  # without sharding the replicated params must stay on the GPU
         offloaded, optim = optim, 0.0
     return {
-        "params": params + in_params,
+        "params": param_bytes + in_params,
         "grads": grads + in_grads,
         "optimizer": optim,
         "params.in_flight": in_params,
@@ -140,27 +166,17 @@ def model_state_bytes(
     }
 
 
-def _in_flight(
-    precision: str,
-    zero: int,
-    experts_in_fsdp: bool,
-    num_params: float,
-    expert_params: float,
-    unit_params: float,
-    units_in_flight: int,
-    fp8_params: float,
-    uncast_params: float,
-) -> tuple[float, float]:
+def _in_flight(params: StageParams, *, precision: str, zero: int) -> tuple[float, float]:
     """(params, grads) in flight under 'scaletrain': the 16-bit copies `model_state_bytes` adds.
 
     ZeRO-2 is FSDP2 with reshard_after_forward=False (parallel/fsdp.py): the parameters are
     sharded at rest like ZeRO-3, and every unit's compute-dtype copy stays unsharded from its
     forward to its backward (params.in_flight = all of them). Source: the dry-run
     (benchmarks/results/planner_accuracy.md).
-    experts_in_fsdp=False: FSDP2 leaves the expert-parallel experts alone (ignored_params,
+    params.experts_in_fsdp=False: FSDP2 leaves the expert-parallel experts alone (ignored_params,
     parallel/parallelize.py), so ZeRO-2 keeps no gathered 16-bit copy of them (dry-run,
-    tiny-moe dp4 z2 ep4) and `unit_params` should exclude them.
-    uncast_params: parameters autocast (ZeRO-0/1 with 16-bit compute) never casts, so no 16-bit
+    tiny-moe dp4 z2 ep4) and `params.unit` should exclude them.
+    params.uncast: parameters autocast (ZeRO-0/1 with 16-bit compute) never casts, so no 16-bit
     copy of them is in flight: the token and position embeddings (F.embedding is not on
     autocast's lower-precision op list), the norms' weights (elementwise ops and fp32
     layer_norm), and the head, which the fused loss casts itself for its forward and its
@@ -169,6 +185,7 @@ def _in_flight(
     the block's linears (54.5 MB) and the head's cast inside the loss (131 MB); none of
     the embedding (+10% total when every parameter was counted cast).
     """
+    num_params, expert_params, unit_params = params.dense, params.expert, params.unit
     in_params = in_grads = 0.0
     # FSDP2 gathers and reduces units in the 16-bit compute dtype (bf16 under fp8 too:
     # parallel/fsdp.py's policy); fp32 runs gather fp32
@@ -176,18 +193,18 @@ def _in_flight(
     if zero == 2:
         # FSDP2 without reshard after forward: every unit stays all-gathered (compute
         # dtype) from its forward to its backward
-        in_params = wc * (num_params + (expert_params if experts_in_fsdp else 0.0))
+        in_params = wc * (num_params + (expert_params if params.experts_in_fsdp else 0.0))
     elif zero >= 3:
         # FSDP2 all-gathers compute-dtype copies of the current and prefetched unit and
         # holds one unit's unsharded grads before the reduce-scatter.
-        in_params = wc * unit_params * units_in_flight
+        in_params = wc * unit_params * UNITS_IN_FLIGHT
         in_grads = wc * unit_params
     elif precision != "fp32":
         # autocast keeps a 16-bit cast of every matmul weight from forward to backward
-        # (not of `uncast_params`); fp8-converted linears keep none (their weight is
+        # (not of `params.uncast`); fp8-converted linears keep none (their weight is
         # re-quantized in backward)
-        converted = fp8_params if precision == "fp8" else 0.0
-        in_params = 2 * (num_params + expert_params - converted - uncast_params)
+        converted = params.fp8 if precision == "fp8" else 0.0
+        in_params = 2 * (num_params + expert_params - converted - params.uncast)
     return in_params, in_grads
 
 

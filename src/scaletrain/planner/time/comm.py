@@ -34,9 +34,12 @@ benchmarks/comm_volume.py (tiny models on gloo).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from scaletrain.config import HardwareSpec, Layout, compute_bytes
 
 __all__ = [
+    "CommInputs",
     "axis_link",
     "allreduce_time",
     "gather_time",
@@ -93,56 +96,57 @@ def p2p_time(nbytes: float, bw: float, lat: float) -> float:
     return nbytes / bw + lat
 
 
-def comm_terms(
-    *,
-    layout: Layout,
-    hardware: HardwareSpec,
-    stage_params: float,
-    layers: int,
-    moe_layers: int,
-    tokens: float,
-    hidden: int,
-    kv_dim: int,
-    experts_per_token: int,
-    micro_batches: int,
-    precision: str = "bf16",
-    ac: str = "none",
-    reduce_bytes: int = 4,
-    param_comm_bytes: int = 0,
-    expert_params: float = 0.0,
-    fp8_gather_params: float = 0.0,
-    gpus_per_node: int | None = None,
-) -> dict[str, tuple[float, float]]:
-    """Per step, per rank: {family: (bytes moved by this rank, seconds)}.
+@dataclass(kw_only=True, slots=True, frozen=True)
+class CommInputs:
+    """What `comm_terms` prices for one rank (`step_time.comm_arguments` builds it from a plan)."""
 
-    stage_params: parameters this rank holds (after TP/PP/EP division, before ZeRO); layers /
-    moe_layers: blocks on this rank; tokens: s_l*b of one micro-batch; micro_batches: m.
-    expert_params: the MoE expert parameters among stage_params (local after EP, or after TP
-    with ep = 1: `config.layout.expert_split`); how their gradients travel: `_dp_terms`.
-    fp8_gather_params: parameters among stage_params that ZeRO-2/3 all-gathers as 1-byte E4M3
+    layout: Layout
+    hardware: HardwareSpec
+    stage_params: float
+    """Parameters this rank holds (after TP/PP/EP division, before ZeRO)."""
+    layers: int
+    """Blocks on this rank."""
+    moe_layers: int
+    """MoE blocks on this rank."""
+    tokens: float
+    """s_l * b of one micro-batch (s_l = seq_len / cp)."""
+    hidden: int
+    kv_dim: int
+    experts_per_token: int
+    micro_batches: int
+    """m: micro-batches per step."""
+    precision: str = "bf16"
+    ac: str = "none"
+    reduce_bytes: int = 4
+    """Bytes per gradient element reduced (fp32)."""
+    param_comm_bytes: int = 0
+    """Bytes per parameter element gathered (0: the compute dtype's)."""
+    expert_params: float = 0.0
+    """The MoE expert parameters among stage_params (local after EP, or after TP with ep = 1:
+    `config.layout.expert_split`); how their gradients travel: `_dp_terms`."""
+    fp8_gather_params: float = 0.0
+    """Parameters among stage_params that ZeRO-2/3 all-gathers as 1-byte E4M3
     (`precision.fp8_all_gather`; measured: exactly half the bf16 bytes, its scale is one
-    all-reduced scalar per weight, ignored) instead of the compute dtype.
+    all-reduced scalar per weight, ignored) instead of the compute dtype."""
+    gpus_per_node: int | None = None
+
+
+def comm_terms(inputs: CommInputs) -> dict[str, tuple[float, float]]:
+    """Per step, per rank: {family: (bytes moved by this rank, seconds)} (fields: `CommInputs`).
     Families: see the module docstring; each `_*_term(s)` says what it counts.
     """
-    L, hw, m = layout, hardware, micro_batches
-    e = compute_bytes(precision)  # bytes of an activation (compute dtype)
-    recompute = ac == "full"
+    L, hw, m = inputs.layout, inputs.hardware, inputs.micro_batches
+    tokens, hidden, gpus_per_node = inputs.tokens, inputs.hidden, inputs.gpus_per_node
+    layers, moe_layers, experts_per_token = (
+        inputs.layers,
+        inputs.moe_layers,
+        inputs.experts_per_token,
+    )
+    e = compute_bytes(inputs.precision)  # bytes of an activation (compute dtype)
+    recompute = inputs.ac == "full"
     out: dict[str, tuple[float, float]] = {}
     if L.dp * L.cp > 1:
-        out.update(
-            _dp_terms(
-                L,
-                hw,
-                gpus_per_node,
-                m=m,
-                stage_params=stage_params,
-                expert_params=expert_params,
-                reduce_bytes=reduce_bytes,
-                param_bytes=param_comm_bytes or e,
-                fp8_gather_params=fp8_gather_params,
-                layers=layers,
-            )
-        )
+        out.update(_dp_terms(inputs, param_bytes=inputs.param_comm_bytes or e))
     act = e * tokens * hidden
     if L.tp > 1:
         out["tp"] = _tp_term(
@@ -158,7 +162,7 @@ def comm_terms(
     if L.pp > 1:
         out["pp_p2p"] = _pp_term(L, axis_link(L, hw, "pp", gpus_per_node), act=act, m=m)
     if L.cp > 1:
-        kv = 2 * e * tokens * kv_dim / L.tp
+        kv = 2 * e * tokens * inputs.kv_dim / L.tp
         out["cp_ring"] = _cp_term(
             L, axis_link(L, hw, "cp", gpus_per_node), kv=kv, layers=layers, m=m, recompute=recompute
         )
@@ -179,19 +183,7 @@ Link = tuple[float, float, bool]
 """`axis_link`'s (bandwidth B/s, latency s, crosses_nodes)."""
 
 
-def _dp_terms(
-    L: Layout,
-    hw: HardwareSpec,
-    gpus_per_node: int | None,
-    *,
-    m: int,
-    stage_params: float,
-    expert_params: float,
-    reduce_bytes: int,
-    param_bytes: int,
-    fp8_gather_params: float,
-    layers: int,
-) -> dict[str, tuple[float, float]]:
+def _dp_terms(inputs: CommInputs, *, param_bytes: int) -> dict[str, tuple[float, float]]:
     """The data-parallel (and ZeRO) families over the dp*cp ranks (CP ranks hold the same
     parameters, so cp joins the reduction). Reductions (and zero 2's gathers) run once per
     micro-batch, or once per step inside a pipeline (`_fsdp_terms`).
@@ -201,7 +193,11 @@ def _dp_terms(
     reduce-scatter only the other parameters), and ZeRO-1 broadcasts their updated fp32
     partitions over those replicas only (`parallel.zero._LocalShardZero`); both priced on the
     dp axis's link (replicas sit ep x tp ranks apart, so they span nodes no sooner than the dp
-    group does). ep = 1 experts are plain parameters."""
+    group does). ep = 1 experts are plain parameters. param_bytes: per parameter gathered."""
+    L, hw, gpus_per_node = inputs.layout, inputs.hardware, inputs.gpus_per_node
+    m, layers = inputs.micro_batches, inputs.layers
+    stage_params, expert_params = inputs.stage_params, inputs.expert_params
+    reduce_bytes, fp8_gather_params = inputs.reduce_bytes, inputs.fp8_gather_params
     bw, lat, _ = axis_link(L, hw, "dp", gpus_per_node)
     n = L.dp * L.cp
     if L.zero:
@@ -397,12 +393,12 @@ def _ep_term(
     return k * (L.ep - 1) / L.ep * routed, k * gather_time(routed, L.ep, bw, lat)
 
 
-def comm_volumes(**kw: object) -> dict[str, float]:
-    """Bytes moved per step per rank by collective family (arguments as comm_terms)."""
-    return {k: v[0] for k, v in comm_terms(**kw).items()}  # type: ignore[arg-type]
+def comm_volumes(inputs: CommInputs) -> dict[str, float]:
+    """Bytes moved per step per rank by collective family (`comm_terms`)."""
+    return {k: v[0] for k, v in comm_terms(inputs).items()}
 
 
-def comm_time(**kw: object) -> dict[str, float]:
+def comm_time(inputs: CommInputs) -> dict[str, float]:
     """Seconds per step per rank by collective family, all of it (overlap is decided by the
     caller: see estimate.py)."""
-    return {k: v[1] for k, v in comm_terms(**kw).items()}  # type: ignore[arg-type]
+    return {k: v[1] for k, v in comm_terms(inputs).items()}

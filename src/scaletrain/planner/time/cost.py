@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from ..types import Estimate
 
-__all__ = ["TrainingCost", "napkin_cost", "training_cost", "num_nodes"]
+__all__ = ["TrainingCost", "Site", "napkin_cost", "training_cost", "num_nodes"]
 
 
 @dataclass
@@ -28,17 +28,24 @@ class TrainingCost:
         }
 
 
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Site:
+    """Where the GPUs run: power, price, hosts beside them, grid (`napkin_cost`)."""
+
+    power_w: float
+    """Board power of one GPU (W)."""
+    usd_per_gpu_hour: float = 0.0
+    pue: float = 1.0
+    """Power usage effectiveness: facility energy / IT energy."""
+    host_power_w: float = 0.0
+    """Power of one host beside its GPUs (W)."""
+    num_hosts: int = 0
+    kg_co2_per_kwh: float = 0.43
+    """Grid intensity (seed 004's average grid)."""
+
+
 def napkin_cost(
-    total_flops: float,
-    num_gpus: int,
-    sustained_flops_per_gpu: float,
-    *,
-    power_w: float,
-    usd_per_gpu_hour: float = 0.0,
-    pue: float = 1.0,
-    host_power_w: float = 0.0,
-    num_hosts: int = 0,
-    kg_co2_per_kwh: float = 0.43,
+    total_flops: float, num_gpus: int, sustained_flops_per_gpu: float, *, site: Site
 ) -> TrainingCost:
     """Seed 004's "iron law" napkin math: time = FLOPs / (gpus x sustained FLOP/s); energy =
     (gpus x board power + hosts x host power) x time x PUE; CO2 = energy x grid intensity (0.43
@@ -46,13 +53,14 @@ def napkin_cost(
     networking and storage power, embodied carbon."""
     seconds = total_flops / (num_gpus * sustained_flops_per_gpu)
     hours = seconds / 3600
-    kwh = (num_gpus * power_w + num_hosts * host_power_w) * hours * pue / 1000
+    watts = num_gpus * site.power_w + site.num_hosts * site.host_power_w
+    kwh = watts * hours * site.pue / 1000
     return TrainingCost(
         seconds=seconds,
         gpu_hours=num_gpus * hours,
-        usd=num_gpus * hours * usd_per_gpu_hour,
+        usd=num_gpus * hours * site.usd_per_gpu_hour,
         kwh=kwh,
-        kg_co2=kwh * kg_co2_per_kwh,
+        kg_co2=kwh * site.kg_co2_per_kwh,
     )
 
 
@@ -76,12 +84,14 @@ def training_cost(
         est.flops_per_token * tokens,
         g,
         sustained,
-        power_w=p.hardware.power_w,
-        usd_per_gpu_hour=price,
-        pue=pue,
-        host_power_w=host_watts_per_node,
-        num_hosts=num_nodes(est),
-        kg_co2_per_kwh=kg_co2_per_kwh,
+        site=Site(
+            power_w=p.hardware.power_w,
+            usd_per_gpu_hour=price,
+            pue=pue,
+            host_power_w=host_watts_per_node,
+            num_hosts=num_nodes(est),
+            kg_co2_per_kwh=kg_co2_per_kwh,
+        ),
     )
 
 

@@ -34,6 +34,7 @@ kernel launch gaps of tiny models (which the shape factor only partly captures).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from scaletrain.config import HardwareSpec, ModelConfig, compute_bytes
 
@@ -48,6 +49,7 @@ __all__ = [
     "FLASH2_HOPPER_EFFICIENCY",
     "NAIVE_SCORE_BYTES",
     "attention_kernel",
+    "AttentionCore",
     "attention_seconds_per_token",
     "COMM_OVERLAP",
     "eager_elementwise_bytes",
@@ -187,23 +189,33 @@ def attention_kernel(recipe: str, recipe_attention: str, model_attention: str) -
     return "fused" if recipe in ("megatron", "nemo") else "flash2"
 
 
+@dataclass(kw_only=True, slots=True, frozen=True)
+class AttentionCore:
+    """One block's attention core as its kernel runs it (`attention_seconds_per_token`)."""
+
+    kernel: str
+    """`attention_kernel`'s answer: 'naive', 'flash2', 'fused', ..."""
+    core_flops: float
+    """The causal-halved forward FLOPs per token (flops.attention_core_flops_per_token)."""
+    heads: int
+    seq_len: int
+    recompute: bool
+    """A forward recompute in backward (activation checkpointing)."""
+    dropout: bool
+    """The recipe keeps attention dropout (its share of the naive core's score bytes)."""
+
+
 def attention_seconds_per_token(
+    core: AttentionCore,
     *,
-    kernel: str,
     recipe: str,
-    core_flops: float,
-    heads: int,
-    seq_len: int,
-    recompute: bool,
-    dropout: bool,
     bf16_rate: float,
     hardware: HardwareSpec,
     kernel_efficiency: bool = True,
 ) -> float:
     """Seconds of one block's attention core per token (all heads; the caller divides by
-    tp x cp), forward + backward + a forward recompute when `recompute`.
+    tp x cp), forward + backward + a forward recompute when `core.recompute`.
 
-    core_flops: the causal-halved forward FLOPs per token (flops.attention_core_flops_per_token);
     bf16_rate: the 16-bit matmul rate (peak x matmul efficiency) the attention runs at;
     kernel_efficiency=False (a user-set efficiency) keeps that rate for flash kernels too.
     - flash kernels skip the masked half; their backward recomputes S = QK^T: 5 matmuls against
@@ -217,16 +229,17 @@ def attention_seconds_per_token(
     smaller K/V reads, the document masks' skipped blocks."""
     from .flops import FLASH_BACKWARD_FACTOR
 
-    rc = 1.0 if recompute else 0.0
+    kernel, core_flops = core.kernel, core.core_flops
+    rc = 1.0 if core.recompute else 0.0
     if kernel != "naive":
         rate = bf16_rate
         if kernel_efficiency and kernel == "flash2" and generation_of(hardware) in ("h100", "h200"):
             rate = min(rate, hardware.flops("bf16") * FLASH2_HOPPER_EFFICIENCY)
         return core_flops * (1.0 + FLASH_BACKWARD_FACTOR + rc) / rate
     fwd_b, bwd_b, drop_b = NAIVE_SCORE_BYTES["scaletrain" if recipe == "scaletrain" else "megatron"]
-    if not dropout:
+    if not core.dropout:
         fwd_b, bwd_b = fwd_b - drop_b, bwd_b - drop_b
-    score_bytes = (fwd_b * (1.0 + rc) + bwd_b) * heads * seq_len
+    score_bytes = (fwd_b * (1.0 + rc) + bwd_b) * core.heads * core.seq_len
     matmul = 2.0 * core_flops * (3.0 + rc) / bf16_rate
     return matmul + score_bytes / hardware.memory_bw
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 from scaletrain.config import HardwareSpec, expert_split, expert_tp, precision_spec
 
@@ -16,9 +15,10 @@ from ..memory.states import fp8_linear_params, stage_layer_counts
 from ..recipes.memory import recipe_stage_layers
 from ..recipes.schema import DEFAULT_RECIPE, Recipe
 from ..types import PlanInput
-from .comm import allreduce_time, axis_link, comm_terms, gather_time
+from .comm import CommInputs, allreduce_time, axis_link, comm_terms, gather_time
 from .efficiency import (
     COMM_OVERLAP,
+    AttentionCore,
     allreduce_latency,
     attention_kernel,
     attention_seconds_per_token,
@@ -141,8 +141,8 @@ _EFF: dict[tuple, float] = {}  # default_efficiency reads only these three field
 
 def comm_arguments(
     plan: PlanInput, max_params: float, gpus_per_node: int | None = None
-) -> dict[str, Any]:
-    """The `comm_terms` arguments for `plan` whose busiest rank holds `max_params` parameters
+) -> CommInputs:
+    """The `comm_terms` inputs for `plan` whose busiest rank holds `max_params` parameters
     (after TP/PP/EP division): blocks of the fullest stage, tokens of one micro-batch per cp
     rank, this rank's expert weights (EP-local, TP-sharded like max_params)."""
     L, model = plan.layout, plan.model
@@ -158,7 +158,7 @@ def comm_arguments(
         if plan.fp8_all_gather and plan.precision == "fp8"
         else 0.0
     )
-    return dict(
+    return CommInputs(
         layout=L,
         hardware=plan.hardware,
         stage_params=max_params,
@@ -211,13 +211,15 @@ def _block_seconds(
     dropout = recipe is not None and recipe.dropout_masks and model.norm == "layernorm"
     core_s = (
         attention_seconds_per_token(
-            kernel=kernel,
+            AttentionCore(
+                kernel=kernel,
+                core_flops=core,
+                heads=model.num_heads,
+                seq_len=plan.seq_len,
+                recompute=core_recompute,
+                dropout=dropout,
+            ),
             recipe=rname,
-            core_flops=core,
-            heads=model.num_heads,
-            seq_len=plan.seq_len,
-            recompute=core_recompute,
-            dropout=dropout,
             bf16_rate=slow,
             hardware=hw,
             kernel_efficiency=plan.efficiency <= 0,
@@ -293,24 +295,26 @@ def step_time(
             * compute_s
         )
     layers = max(counts)
-    comm = comm_terms(**comm_arguments(plan, max_params, gpus_per_node))
+    comm = comm_terms(comm_arguments(plan, max_params, gpus_per_node))
     bucket = 25.0 * 2**20
     if foreign and recipe is not None:
         comm = _recipe_comm(comm, plan, recipe, max_params, gpus_per_node)
         bucket = recipe.bucket_bytes(L.dp)
     t_fwd = t_mb * lf / layer_hw  # forward share of the hardware FLOPs
     t_core = tok_mb * layers * core_s / split * m
+    compute = _ComputeWindow(
+        microbatches=m,
+        forward_s=t_fwd,
+        backward_s=t_mb - t_fwd,
+        core_s=t_core,
+        layers=layers,
+    )
     exposed = _exposed(
         comm,
-        L,
-        hw,
-        max_params,
-        m,
-        t_fwd,
-        t_mb - t_fwd,
-        t_core,
-        layers,
-        gpus_per_node,
+        plan,
+        compute,
+        stage_params=max_params,
+        gpus_per_node=gpus_per_node,
         bucket_bytes=bucket,
         tree=foreign,
         overlap=COMM_OVERLAP.get(recipe.name, ()) if recipe is not None else (),
@@ -350,18 +354,29 @@ def eager_elementwise_s(plan: PlanInput, recipe: Recipe | None) -> float:
     )
 
 
+@dataclass(kw_only=True, slots=True, frozen=True)
+class _ComputeWindow:
+    """The compute of the busiest pipeline rank that communication can hide behind (`_exposed`)."""
+
+    microbatches: int
+    """Micro-batches per step (m)."""
+    forward_s: float
+    """One micro-batch's forward seconds."""
+    backward_s: float
+    """One micro-batch's backward seconds (with any recompute)."""
+    core_s: float
+    """The step's attention-core seconds (what the CP ring overlaps)."""
+    layers: int
+    """Blocks of the busiest rank (one FSDP unit each, + the root unit)."""
+
+
 def _exposed(
     terms: dict[str, tuple[float, float]],
-    L,
-    hw: HardwareSpec,
-    stage_params: float,
-    m: int,
-    t_fwd: float,
-    t_bwd: float,
-    t_core: float,
-    layers: int,
-    gpus_per_node: int | None,
+    plan: PlanInput,
+    compute: _ComputeWindow,
     *,
+    stage_params: float,
+    gpus_per_node: int | None,
     bucket_bytes: float = 25 * 2**20,
     tree: bool = False,
     overlap: tuple[str, ...] = (),
@@ -372,6 +387,9 @@ def _exposed(
     overlap: families the recipe's framework overlaps (efficiency.COMM_OVERLAP): 'tp' and
     'pp_p2p' hide behind the step's compute, 'dp_param_gather' (the updated weights'
     all-gather) behind the next step's forwards except one chunk, like the gradient reduce."""
+    L, hw = plan.layout, plan.hardware
+    m, layers = compute.microbatches, compute.layers
+    t_fwd, t_bwd, t_core = compute.forward_s, compute.backward_s, compute.core_s
     out = 0.0
     bucket = 0.0
     if "dp_allreduce" in terms or "zero_reduce_scatter" in terms or "hsdp_allreduce" in terms:
