@@ -141,6 +141,9 @@ ERRORS = [
     (["--optim.lr=-1"], "optim.lr"),
     (["--optim.name=lion"], "optim.name"),
     (["--optim.beta2=1.5"], "optim.beta2"),
+    (["--optim.lr_scaling=cubic"], "optim.lr_scaling"),
+    (["--optim.lr_scaling=sqrt", "--optim.lr_reference_batch=0"], "optim.lr_reference_batch"),
+    (["--optim.lr_reference_batch=-5"], "optim.lr_reference_batch"),
     (["--precision.dtype=fp4"], "precision.dtype"),
     (["--memory.ac=some"], "memory.ac"),
     (["--memory.offload=disk"], "memory.offload"),
@@ -353,3 +356,16 @@ def test_choice_fields_checked_when_built_in_code_and_typed_in_toml(tmp_path):
     toml.write_text("[precision]\ndtype = 16\n")
     with pytest.raises(ConfigError, match="precision.dtype.*expected a string"):
         load_config(toml)
+
+
+def test_adafactor_is_refused_where_parameters_are_dtensors():
+    """torch's Adafactor cannot step DTensors (FSDP2, TP, EP): refused by name; DDP and ZeRO-1
+    (plain parameters) are legal, and so is every layout for the other optimizers."""
+    from scaletrain.config import option_problems
+
+    for layout in (Layout(dp=2, zero=3), Layout(dp=2, zero=2), Layout(dp=2, tp=2, zero=1)):
+        problems = option_problems(layout, offload="none", optimizer="adafactor")
+        assert [p.field for p in problems] == ["optim.name"] and "zero=0 or 1" in str(problems[0])
+        assert option_problems(layout, offload="none", optimizer="adamw8bit") == []
+    for layout in (Layout(dp=2, zero=1), Layout(dp=2, zero=0)):
+        assert option_problems(layout, offload="none", optimizer="adafactor") == []
