@@ -165,6 +165,7 @@ def _inputs(args: argparse.Namespace) -> dict[str, Any]:
         "exact": exact,
         "micro_batch": chosen("batch", "micro_batch", job.batch.micro_batch),
         "precision": job.precision.dtype,
+        "optimizer": job.optim.name,
         "ac": chosen("memory", "ac", job.memory.ac),
         "offload": chosen("memory", "offload", job.memory.offload),
         "compile": job.train.compile,
@@ -266,6 +267,7 @@ def _evaluate(inp: dict[str, Any]) -> Any:
         compile=inp["compile"],
         efficiency=inp["efficiency"],
         recipe=inp["recipe"],
+        optimizer=inp["optimizer"],
     )
     return estimate(plan)
 
@@ -310,6 +312,7 @@ def _searched(args: argparse.Namespace, inp: dict[str, Any], lines: list[str]) -
         seq_len=inp["seq"],
         global_batch=inp["gb"],
         precision=inp["precision"],
+        optimizer=inp["optimizer"],
         top_k=args.top,
         compile=inp["compile"],
         efficiency=inp["efficiency"],

@@ -67,6 +67,15 @@ def option_problems(
                 "parameters, gradients and optimizer states on the host)",
             )
         )
+    if offload == "optimizer" and optimizer != "adamw":
+        out.append(
+            ConfigError(
+                "memory.offload",
+                offload,
+                "optimizer offload runs AdamW on the host (CPUOffloadAdamW): set "
+                "optim.name=adamw or memory.offload=none",
+            )
+        )
     if offload == "params" and L.zero < 2:
         out.append(
             ConfigError(
