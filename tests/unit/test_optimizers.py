@@ -116,3 +116,14 @@ def test_lr_scaling_from_the_command_line_against_the_default_reference():
     )
     # against the default reference, the default job's 2,048 tokens per step
     assert lr_scale(job.optim, batch=job.batch) == pytest.approx(math.sqrt(256 / 2048))
+
+
+def test_the_memory_ledger_counts_8bit_states_by_their_storage():
+    """`local_state_bytes` (the trainer's measured optimizer bytes) counts torchao's codes and
+    scales, not numel x 4 (its nominal float32 dtype): equal to `state_bytes` less the steps."""
+    pytest.importorskip("torchao")
+    from scaletrain.parallel import local_state_bytes
+
+    model, opt, _ = _steps("adamw8bit", steps=1)
+    steps = 4 * len(opt.state)  # one fp32 scalar `step` per parameter
+    assert local_state_bytes(model, opt)["optimizer"] == state_bytes(opt) - steps

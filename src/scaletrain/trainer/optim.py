@@ -11,7 +11,7 @@ from torch.optim.adamw import adamw
 from torch.optim.optimizer import ParamsT
 
 from scaletrain.config import BatchConfig, ConfigError, OptimConfig
-from scaletrain.dtensor import to_local
+from scaletrain.dtensor import local_bytes
 from scaletrain.parallel import ParallelDims, wrap_optimizer
 
 __all__ = [
@@ -225,16 +225,8 @@ def state_bytes(optimizer: torch.optim.Optimizer) -> int:
     for st in optimizer.state.values():
         for v in st.values():
             if torch.is_tensor(v):
-                total += _tensor_bytes(to_local(v))
+                total += local_bytes(v)
     return total
-
-
-def _tensor_bytes(t: torch.Tensor) -> int:
-    if hasattr(t, "__tensor_flatten__") and type(t) is not torch.Tensor:
-        # a tensor subclass (torchao's OptimState8bit): the plain tensors it holds
-        inner, _ = t.__tensor_flatten__()
-        return sum(_tensor_bytes(getattr(t, name)) for name in inner)
-    return t.numel() * t.element_size()
 
 
 def lr_scale(optim: OptimConfig, *, batch: BatchConfig) -> float:
