@@ -182,7 +182,9 @@ def scaletrain_step(scratch: Path, ranges: _Ranges, extra: list[str]) -> Step:
     state = {"step": 0}
 
     def step() -> None:
-        set_lr(run.optimizer, lr_at(state["step"], optim=job.optim, total_steps=2000))
+        set_lr(
+            run.optimizer, lr_at(state["step"], optim=job.optim, batch=job.batch, total_steps=2000)
+        )
         out = train_step(run, batches, hooks)
         ranges.enter("optimizer")
         apply_update(run, out, hooks)

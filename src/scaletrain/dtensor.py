@@ -17,7 +17,7 @@ import torch
 if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
 
-__all__ = ["is_dtensor", "to_local", "to_full"]
+__all__ = ["is_dtensor", "to_local", "to_full", "local_bytes"]
 
 
 def is_dtensor(t: object) -> TypeGuard[DTensor]:
@@ -30,6 +30,19 @@ def to_local(t: torch.Tensor) -> torch.Tensor:
 
     Local: no communication."""
     return t.to_local() if is_dtensor(t) else t
+
+
+def local_bytes(t: torch.Tensor) -> int:
+    """Bytes this rank stores for `t`: a DTensor's local shard; for a wrapper tensor subclass
+    (torchao's 8-bit optimizer states: uint8 codes, fp32 block scales, a code map) the plain
+    tensors it holds, not numel x its nominal dtype's size. Local: no communication."""
+    t = to_local(t)
+    if type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
+        flatten = getattr(t, "__tensor_flatten__", None)
+        if flatten is not None:
+            inner, _ = flatten()
+            return sum(local_bytes(getattr(t, name)) for name in inner)
+    return t.numel() * t.element_size()
 
 
 def to_full(t: torch.Tensor) -> torch.Tensor:

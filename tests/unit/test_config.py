@@ -141,6 +141,9 @@ ERRORS = [
     (["--optim.lr=-1"], "optim.lr"),
     (["--optim.name=lion"], "optim.name"),
     (["--optim.beta2=1.5"], "optim.beta2"),
+    (["--optim.lr_scaling=cubic"], "optim.lr_scaling"),
+    (["--optim.lr_scaling=sqrt", "--optim.lr_reference_batch=0"], "optim.lr_reference_batch"),
+    (["--optim.lr_reference_batch=-5"], "optim.lr_reference_batch"),
     (["--precision.dtype=fp4"], "precision.dtype"),
     (["--memory.ac=some"], "memory.ac"),
     (["--memory.offload=disk"], "memory.offload"),
@@ -366,3 +369,16 @@ def test_a_derived_model_field_follows_the_field_it_came_from():
     assert mha.num_kv_heads == 8  # no GQA stays no GQA
     gqa = load_config(None, ["--model.name=tiny-llama", "--model.num_heads=8"]).model
     assert gqa.num_kv_heads == 2  # the preset's own GQA is kept
+
+
+def test_adafactor_is_refused_where_parameters_are_dtensors():
+    """torch's Adafactor cannot step DTensors (FSDP2, TP, EP): refused by name; DDP and ZeRO-1
+    (plain parameters) are legal, and so is every layout for the other optimizers."""
+    from scaletrain.config import option_problems
+
+    for layout in (Layout(dp=2, zero=3), Layout(dp=2, zero=2), Layout(dp=2, tp=2, zero=1)):
+        problems = option_problems(layout, offload="none", optimizer="adafactor")
+        assert [p.field for p in problems] == ["optim.name"] and "zero=0 or 1" in str(problems[0])
+        assert option_problems(layout, offload="none", optimizer="adamw8bit") == []
+    for layout in (Layout(dp=2, zero=1), Layout(dp=2, zero=0)):
+        assert option_problems(layout, offload="none", optimizer="adafactor") == []

@@ -166,6 +166,7 @@ def _inputs(args: argparse.Namespace) -> dict[str, Any]:
         "exact": exact,
         "micro_batch": chosen("batch", "micro_batch", job.batch.micro_batch),
         "precision": job.precision.dtype,
+        "optimizer": job.optim.name,
         "ac": chosen("memory", "ac", job.memory.ac),
         "offload": chosen("memory", "offload", job.memory.offload),
         "compile": job.train.compile,
@@ -268,6 +269,7 @@ def _evaluate(inp: dict[str, Any]) -> Any:
         compile=inp["compile"],
         efficiency=inp["efficiency"],
         recipe=inp["recipe"],
+        optimizer=inp["optimizer"],
     )
     return estimate(plan)
 
@@ -312,6 +314,7 @@ def _searched(args: argparse.Namespace, inp: dict[str, Any], lines: list[str]) -
         seq_len=inp["seq"],
         global_batch=inp["gb"],
         precision=inp["precision"],
+        optimizer=inp["optimizer"],
         top_k=args.top,
         compile=inp["compile"],
         efficiency=inp["efficiency"],

@@ -29,6 +29,7 @@ __all__ = [
     "LayoutMode",
     "OptimizerName",
     "LRSchedule",
+    "LRScaling",
     "TokenDtype",
     "DataFormat",
     "ChatTemplate",
@@ -57,7 +58,8 @@ ZeroStage = Literal[0, 1, 2, 3]
 PPSchedule = Literal["gpipe", "1f1b", "interleaved", "zero-bubble", "dualpipev"]
 LayoutMode = Literal["manual", "auto"]
 # optimizer, data, run
-OptimizerName = Literal["adamw", "sgd"]
+OptimizerName = Literal["adamw", "adamw8bit", "adafactor", "sgd"]
+LRScaling = Literal["none", "linear", "sqrt"]
 LRSchedule = Literal["cosine", "linear", "constant"]
 TokenDtype = Literal["uint16", "uint32"]
 DataFormat = Literal["text", "sft"]

@@ -19,6 +19,7 @@ from .choices import (
     Fp8Scaling,
     GradCompression,
     LayoutMode,
+    LRScaling,
     LRSchedule,
     OffloadMode,
     OptimizerName,
@@ -278,7 +279,10 @@ class BatchConfig:
 @dataclass
 class OptimConfig:
     name: OptimizerName = "adamw"
-    """'adamw' or 'sgd' (with momentum)."""
+    """'adamw'; 'adamw8bit' (AdamW with block-wise 8-bit moments, torchao's AdamW8bit: the
+    `lowbit` extra); 'adafactor' (factored second moment, no first moment: torch.optim.Adafactor,
+    whose `lr` caps a step RELATIVE to each parameter's RMS (Shazeer & Stern 2018), so it
+    wants a larger lr than AdamW, torch's default 1e-2); or 'sgd' (with momentum)."""
     lr: float = 2e-3
     """Peak learning rate (the default suits the embedded small-GPT run; large models want
     ~3e-4 or lower)."""
@@ -294,9 +298,27 @@ class OptimConfig:
     momentum: float = 0.9
     grad_clip: float = 1.0
     """Global-norm clip threshold; 0 disables clipping."""
+    lr_scaling: LRScaling = "none"
+    """Scale `lr` (and so the whole schedule) by the global batch against
+    `lr_reference_batch`: 'linear' multiplies it by global/reference (Goyal et al. 2017, SGD),
+    'sqrt' by its square root (Adam: Malladi et al. 2022; Krizhevsky 2014); 'none' keeps it.
+    The factor and the resulting lr are printed once at the start of a run."""
+    lr_reference_batch: int = 2048
+    """The batch, in TOKENS per optimizer step (batch.global_batch * batch.seq_len), for which
+    `lr` was tuned; read only when lr_scaling is not 'none'. The default is the default job's
+    (16 sequences of 128 tokens), for which the default lr was tuned. Tokens rather than
+    sequences so that a change of seq_len scales the lr too: the gradient's noise falls with
+    the tokens averaged, whatever their split into sequences."""
 
     def __post_init__(self) -> None:
-        check_choices(self, "optim")  # name, schedule
+        check_choices(self, "optim")  # name, schedule, lr_scaling
+        require(
+            isinstance(self.lr_reference_batch, int) and self.lr_reference_batch >= 1,
+            "optim.lr_reference_batch",
+            self.lr_reference_batch,
+            "use the positive number of tokens per step (global_batch * seq_len) the lr was "
+            "tuned for, such as 2048",
+        )
         require(self.lr > 0, "optim.lr", self.lr, "use a positive learning rate such as 3e-4")
         require(0 <= self.min_lr_ratio <= 1, "optim.min_lr_ratio", self.min_lr_ratio, "use 0..1")
         require(self.warmup_steps >= 0, "optim.warmup_steps", self.warmup_steps, "use >= 0")
@@ -396,6 +418,7 @@ class JobConfig:
             precision=self.precision.dtype,
             grad_compression=self.precision.grad_compression,
             moe=self.model.is_moe,
+            optimizer=self.optim.name,
         )
         problems += lora_problems(self.lora, self.model, layout, self.precision.dtype)
         if problems:

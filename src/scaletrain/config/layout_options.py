@@ -25,10 +25,25 @@ def option_problems(
     precision: str = "fp32",
     grad_compression: str = "none",
     moe: bool = False,
+    optimizer: str = "adamw",
 ) -> list[ConfigError]:
     """The rules tying memory and precision options to the layout (what the trainer's
-    `parallelize` can build); `world_size` is the layout's; `moe`: the model has MoE layers."""
+    `parallelize` can build); `world_size` is the layout's; `moe`: the model has MoE layers;
+    `optimizer`: optim.name."""
     L, out = layout, []
+    if optimizer == "adafactor" and (L.zero >= 2 or L.tp > 1 or L.ep > 1):
+        # torch.optim.Adafactor (2.13) cannot step DTensor parameters: its factored row/column
+        # norms are updated in place on a partial placement, which DTensor refuses (both its
+        # single-tensor and foreach paths); plain parameters (DDP, ZeRO-1) step as usual
+        out.append(
+            ConfigError(
+                "optim.name",
+                optimizer,
+                "torch's Adafactor cannot step the DTensor parameters of FSDP2 "
+                "(zero 2/3), TP or EP: use parallel.zero=0 or 1 (ZeRO-1 shards its states), or "
+                "optim.name=adamw8bit for small optimizer states under FSDP2",
+            )
+        )
     if precision == "fp8" and moe and expert_tp(L.tp, L.ep) > 1:
         # Float8ExpertLinear takes each weight's amax where it multiplies: on a tp shard it
         # would scale by the shard's, not the expert's (no parity with one process, untested)
@@ -50,6 +65,15 @@ def option_problems(
                 "DDP / ZeRO-1 (plain parameters): with FSDP, TP or EP use "
                 "memory.offload=params with parallel.zero=2 or 3 (FSDP2 keeps "
                 "parameters, gradients and optimizer states on the host)",
+            )
+        )
+    if offload == "optimizer" and optimizer != "adamw":
+        out.append(
+            ConfigError(
+                "memory.offload",
+                offload,
+                "optimizer offload runs AdamW on the host (CPUOffloadAdamW): set "
+                "optim.name=adamw or memory.offload=none",
             )
         )
     if offload == "params" and L.zero < 2:

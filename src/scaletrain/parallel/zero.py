@@ -36,7 +36,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
 from torch.optim.optimizer import ParamsT
 
-from scaletrain.dtensor import to_full, to_local
+from scaletrain.dtensor import local_bytes, to_full, to_local
 
 from ..numerics import upcast
 from .data_parallel import is_expert
@@ -234,24 +234,23 @@ def local_state_bytes(
 ) -> dict[str, int]:
     """Bytes this rank stores for parameters, gradients and optimizer states right now.
 
-    Counts the local storage of each tensor (a DTensor's local shard), so on CPU it is exact
-    for the training state; buffers, activations and communication buffers are not counted.
+    Counts the local storage of each tensor (a DTensor's local shard; an 8-bit state's codes
+    and scales, `local_bytes`), so on CPU it is exact for the training state; buffers,
+    activations and communication buffers are not counted.
     """
-
-    def nbytes(t: torch.Tensor) -> int:
-        t = to_local(t)
-        return t.numel() * t.element_size()
 
     params = list(model.parameters())
     out = {
-        "params": sum(nbytes(p) for p in params),
-        "grads": sum(nbytes(p.grad) for p in params if p.grad is not None),
+        "params": sum(local_bytes(p) for p in params),
+        "grads": sum(local_bytes(p.grad) for p in params if p.grad is not None),
         "optimizer": 0,
     }
     if optimizer is not None:
         inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer's local part
         for state in inner.state.values():
             out["optimizer"] += sum(
-                nbytes(v) for v in state.values() if isinstance(v, torch.Tensor) and v.dim() > 0
+                local_bytes(v)
+                for v in state.values()
+                if isinstance(v, torch.Tensor) and v.dim() > 0
             )
     return out

@@ -38,7 +38,7 @@ class PlanInput:
     ac: str = "none"
     offload: str = "none"
     optimizer: str = "adamw"
-    """'adamw', 'sgd' (momentum) or 'adamw8bit'."""
+    """'adamw', 'sgd' (momentum), 'adamw8bit' or 'adafactor' (`OPTIMIZER_BYTES`)."""
     compile: bool = False
     efficiency: float = 0.0
     """Achievable fraction of peak matmul FLOP/s; 0 = the planner's documented default."""

@@ -76,7 +76,10 @@ def _sync(device: torch.device) -> None:
 
 def _step(run: Run, batches: TimedBatches, clock: PhaseClock, step: int) -> float:
     """One optimizer step exactly as the training loop makes it; returns its wall time."""
-    set_lr(run.optimizer, lr_at(step, optim=run.job.optim, total_steps=run.job.train.steps))
+    set_lr(
+        run.optimizer,
+        lr_at(step, optim=run.job.optim, batch=run.job.batch, total_steps=run.job.train.steps),
+    )
     _sync(run.device)
     t0 = time.perf_counter()
     clock.start_step()

@@ -38,7 +38,7 @@ from .guard import SpikeGuard
 from .metrics import MetricsLogger
 from .monitor import Monitor
 from .oom import is_allocation_failure
-from .optim import lr_at, set_lr
+from .optim import lr_at, lr_scale_line, set_lr
 from .precision import autocast
 from .report import memory_ledger, out_of_memory, summary
 from .result import RunResult, write_run_files
@@ -248,6 +248,9 @@ def _write_start_files(
     logger.print(run.describe())
     if run.fp8_matmul is not None:
         logger.print(run.fp8_matmul.line())
+    scaled = lr_scale_line(job.optim, batch=job.batch)
+    if scaled is not None:
+        logger.print(scaled)
     logger.print(
         start_line(
             resumed_from,
@@ -265,7 +268,7 @@ def _one_step(loop: _Loop) -> None:
     run, job = loop.run, loop.run.job
     t0 = time.perf_counter()
     loop.monitor.begin(loop.step)
-    lr = lr_at(loop.step, optim=job.optim, total_steps=job.train.steps)
+    lr = lr_at(loop.step, optim=job.optim, batch=job.batch, total_steps=job.train.steps)
     set_lr(run.optimizer, lr)
     probe = _ProbeHooks(run, loop.measured) if not loop.measured else NO_PROBE
     out = _run_step(loop, probe)

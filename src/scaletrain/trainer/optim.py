@@ -10,10 +10,19 @@ import torch
 from torch.optim.adamw import adamw
 from torch.optim.optimizer import ParamsT
 
-from scaletrain.config import ConfigError, OptimConfig
+from scaletrain.config import BatchConfig, ConfigError, OptimConfig
+from scaletrain.dtensor import local_bytes
 from scaletrain.parallel import ParallelDims, wrap_optimizer
 
-__all__ = ["build_optimizer", "lr_at", "set_lr", "CPUOffloadAdamW"]
+__all__ = [
+    "build_optimizer",
+    "lr_at",
+    "lr_scale",
+    "lr_scale_line",
+    "set_lr",
+    "CPUOffloadAdamW",
+    "state_bytes",
+]
 
 
 class CPUOffloadAdamW(torch.optim.Optimizer):
@@ -115,8 +124,9 @@ def build_optimizer(
     dims: ParallelDims | None = None,
     offload: str = "none",
 ) -> torch.optim.Optimizer:
-    """AdamW (torch's fused kernel, on CUDA and CPU) or SGD with momentum; ZeRO-1 shards its states;
-    offload='optimizer' keeps AdamW's states on the host (`CPUOffloadAdamW`).
+    """AdamW (torch's fused kernel, on CUDA and CPU), 8-bit AdamW (torchao), Adafactor (torch) or
+    SGD with momentum; ZeRO-1 shards its states; offload='optimizer' keeps AdamW's states on
+    the host (`CPUOffloadAdamW`).
 
     Weight decay applies to matrices only (embeddings and linears), not to norms or biases, the
     GPT-2/Llama convention.
@@ -146,6 +156,15 @@ def build_optimizer(
         )
     elif optim.name == "sgd":
         cls, kw = torch.optim.SGD, {"lr": optim.lr, "momentum": optim.momentum}
+    elif optim.name == "adamw8bit":
+        cls = _adamw8bit_class(eager=device_type != "cuda")
+        kw = {"lr": optim.lr, "betas": (optim.beta1, optim.beta2), "eps": optim.eps}
+    elif optim.name == "adafactor":
+        # torch's Adafactor (Shazeer & Stern 2018): a factored second moment (a row and a
+        # column vector per matrix), no first moment, the update clipped to RMS d=1; beta1/2
+        # do not apply (its beta2 follows 1 - step^-0.8); foreach=False: the single-tensor
+        # path is the one that takes DTensor shards (FSDP2/TP) as well as plain tensors
+        cls, kw = torch.optim.Adafactor, {"lr": optim.lr, "foreach": False}
     else:
         # fused on CPU too (torch >= 2.4): one kernel per group instead of foreach's per-tensor
         # fallback on CPU; 3.5 -> 0.74 ms per step for the nanoGPT CPU recipe's 35 tensors (one
@@ -166,9 +185,78 @@ def build_optimizer(
     return wrap_optimizer(cls, groups, dims, **kw)
 
 
-def lr_at(step: int, *, optim: OptimConfig, total_steps: int) -> float:
-    """Learning rate for optimizer step `step` (0-based): linear warmup, then the decay."""
-    peak, floor = optim.lr, optim.lr * optim.min_lr_ratio
+def _adamw8bit_class(*, eager: bool) -> type[torch.optim.Optimizer]:
+    """torchao's AdamW8bit (imported here only: the `lowbit` extra), stepped eagerly off CUDA.
+
+    Its states are `OptimState8bit` tensors: uint8 codes plus one fp32 absmax per block of 256
+    values, dequantized through a 256-entry dynamic map (signed for m, unsigned for v;
+    Dettmers et al. 2022, "8-bit Optimizers via Block-wise Quantization"); tensors under 4,096
+    values (norms, biases) keep fp32 states, bitsandbytes' rule. They are wrapped as DTensors
+    for DTensor parameters (FSDP2/TP), so DCP saves and reshards them like AdamW's.
+    torchao compiles its per-parameter step with torch.compile; on CPU that costs about a
+    minute of C++ compilation per parameter shape on our loaded hosts, so off CUDA it runs
+    eagerly (`torch.compiler.set_stance("force_eager")`): the same operations, unfused.
+    """
+    try:
+        from torchao.optim import AdamW8bit
+    except ImportError as e:  # an optional dependency: say how to get it
+        raise ConfigError(
+            "optim.name",
+            "adamw8bit",
+            f"needs torchao ({e}): pip install 'scaletrain[lowbit]' (or pip install torchao), "
+            "or use optim.name=adamw",
+        ) from e
+    if not eager:
+        return AdamW8bit
+
+    class EagerAdamW8bit(AdamW8bit):
+        @torch.no_grad()
+        def step(self, closure: Callable[[], float] | None = None) -> float | None:
+            with torch.compiler.set_stance("force_eager"):
+                return super().step(closure)
+
+    return EagerAdamW8bit
+
+
+def state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of the optimizer's state tensors on this rank (local shards of DTensors; torchao's
+    8-bit states count their codes, block scales and shared map), scalars such as `step` too."""
+    total = 0
+    for st in optimizer.state.values():
+        for v in st.values():
+            if torch.is_tensor(v):
+                total += local_bytes(v)
+    return total
+
+
+def lr_scale(optim: OptimConfig, *, batch: BatchConfig) -> float:
+    """The factor `optim.lr_scaling` applies to `optim.lr` for this global batch, in tokens per
+    step against `optim.lr_reference_batch`: linear (Goyal et al. 2017, "Accurate, Large
+    Minibatch SGD": k times the batch, k times the lr) or its square root (Krizhevsky 2014;
+    Malladi et al. 2022's square-root rule for Adam); 1 with 'none'."""
+    if optim.lr_scaling == "none":
+        return 1.0
+    ratio = batch.global_batch * batch.seq_len / optim.lr_reference_batch
+    return ratio if optim.lr_scaling == "linear" else math.sqrt(ratio)
+
+
+def lr_scale_line(optim: OptimConfig, *, batch: BatchConfig) -> str | None:
+    """The line a run prints once at its start when its lr is scaled (None with 'none')."""
+    if optim.lr_scaling == "none":
+        return None
+    tokens = batch.global_batch * batch.seq_len
+    k = lr_scale(optim, batch=batch)
+    return (
+        f"lr scaled {optim.lr_scaling}: {tokens} tokens/step vs reference "
+        f"{optim.lr_reference_batch} -> x{k:.4g}, peak lr {optim.lr:g} -> {optim.lr * k:.4g}"
+    )
+
+
+def lr_at(step: int, *, optim: OptimConfig, batch: BatchConfig, total_steps: int) -> float:
+    """Learning rate for optimizer step `step` (0-based): linear warmup, then the decay; the
+    peak is `optim.lr` times `lr_scale` (the floor follows it, min_lr_ratio of the peak)."""
+    peak = optim.lr * lr_scale(optim, batch=batch)
+    floor = peak * optim.min_lr_ratio
     if optim.warmup_steps and step < optim.warmup_steps:
         return peak * (step + 1) / optim.warmup_steps
     if optim.schedule == "constant":
@@ -182,4 +270,9 @@ def lr_at(step: int, *, optim: OptimConfig, total_steps: int) -> float:
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        if torch.is_tensor(group["lr"]):
+            # torchao's optimizers keep lr as a tensor (so that a compiled step need not
+            # recompile per value) and refuse a float in its place
+            group["lr"].fill_(lr)
+        else:
+            group["lr"] = lr

@@ -22,9 +22,22 @@ __all__ = [
     "stage_layer_counts",
 ]
 
-OPTIMIZER_BYTES = {"adamw": 8.0, "sgd": 4.0, "adamw8bit": 2.0}
-"""Optimizer state bytes per parameter: AdamW m+v fp32 (Kingma & Ba 2015), SGD momentum fp32,
-8-bit Adam m+v int8 (Dettmers et al. 2022; its per-block scales are < 1% and ignored)."""
+OPTIMIZER_BYTES = {
+    "adamw": 8.0,
+    "sgd": 4.0,
+    "adamw8bit": 2.0 + 2 * 4 / 256,
+    "adafactor": 4 * (1024 + 1024) / (1024 * 1024),
+}
+"""Optimizer state bytes per parameter. AdamW: m and v in fp32 (Kingma & Ba 2015). SGD: fp32
+momentum. adamw8bit (torchao's AdamW8bit, Dettmers et al. 2022): one uint8 code per moment plus
+one fp32 absmax per block of 256 values per moment, 2 + 8/256; ignores that tensors (or FSDP
+shards) under 4,096 values keep fp32 moments (8 B: norms, biases; < 1% of a large model's
+parameters) and the 1 KiB code map per tensor. adafactor (torch.optim.Adafactor, Shazeer &
+Stern 2018): no first moment; an m x n matrix keeps a row and a column of fp32 second moments,
+4(m+n)/(mn) per parameter, taken at m = n = 1024 (0.0078 B): the table has no shapes, and the
+figure is < 0.01 B/param for any matrix of 1024 x 1024 or more; ignores that vectors (norms,
+biases) keep a full fp32 second moment (4 B each) and that small models' matrices have
+larger ratios (a 128 x 512 matrix: 0.039 B)."""
 
 CONVENTIONS = ("scaletrain", "moments_only", "master_and_moments", "megatron", "full_copies")
 """How model-state bytes are counted (the seeds disagree, docs/DESIGN.md §5):

@@ -22,6 +22,14 @@ from ..types import Estimate
 
 __all__ = ["explain"]
 
+_OPTIMIZER_STATES = {
+    "adamw": "Adam m and v fp32",
+    "sgd": "momentum fp32",
+    "adamw8bit": "m and v uint8 + an fp32 absmax per 256 values each",
+    "adafactor": "fp32 row and column second moments, at 1024 x 1024",
+}
+"""What `OPTIMIZER_BYTES` counts for each optimizer, in the words of the explain line."""
+
 
 def _gb(x: float) -> str:
     return f"{x / GB:.2f} GB"
@@ -77,7 +85,8 @@ def _states_and_activations(est: Estimate) -> list[str]:
         pb, gbp, ob = state_bytes_per_param(p.precision, p.optimizer)
         add(
             f"   bytes/param ({p.precision}, {p.optimizer}, scaletrain convention: fp32 master "
-            f"params {pb:g} + fp32 grads {gbp:g} + optimizer {ob:g} (Adam m and v fp32))"
+            f"params {pb:g} + fp32 grads {gbp:g} + optimizer {ob:.4g} "
+            f"({_OPTIMIZER_STATES.get(p.optimizer, 'its states')}))"
         )
     zs = L.zero_shards
     add(

@@ -247,7 +247,7 @@ def _layouts(job: _Job) -> Iterator[tuple[Layout, list[int], list[str]]]:
                             o
                             for o in ("none", "optimizer", "params")
                             if (o != "params" or zero == 3)
-                            and not option_problems(layout, offload=o)
+                            and not option_problems(layout, offload=o, optimizer=job.optimizer)
                         ]
                         offloads = _pinned(pins, "offload", offloads)
                         if lmbs and offloads:

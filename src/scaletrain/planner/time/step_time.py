@@ -46,10 +46,12 @@ __all__ = [
     "step_time",
 ]
 
-OPTIMIZER_TRAFFIC = {"adamw": 28.0, "sgd": 20.0, "adamw8bit": 16.0}
+OPTIMIZER_TRAFFIC = {"adamw": 28.0, "sgd": 20.0, "adamw8bit": 16.0, "adafactor": 12.0}
 """Bytes read+written per (sharded) parameter by one optimizer step: AdamW reads param, grad, m,
 v (4 x 4) and writes param, m, v (3 x 4); SGD-momentum reads 3 and writes 2 fp32 tensors; 8-bit
-Adam reads/writes 1-byte moments. Memory-bandwidth bound (arithmetic intensity < 1 FLOP/B)."""
+Adam reads/writes 1-byte moments; Adafactor reads param and grad and writes param (its row and
+column moments are negligible; ignores its temporary full-size update tensor). Memory-bandwidth
+bound (arithmetic intensity < 1 FLOP/B)."""
 
 CPU_OPTIMIZER_BW = 50e9
 """Host DRAM bandwidth a CPU optimizer step sees with offload (bytes/s; a 2-socket server)."""
