@@ -8,7 +8,7 @@ import pytest
 from scaletrain.cli import main
 from scaletrain.config import hardware_preset, resolve_model
 from scaletrain.planner import OPTIMIZER_BYTES
-from scaletrain.planner.search import search
+from scaletrain.planner.search.layouts import search
 
 
 def test_state_bytes_per_parameter_table():
