@@ -8,7 +8,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from scaletrain.config import ConfigError, load_config
-from scaletrain.precision import E4M3, E5M2, Float8Linear, quantize
+from scaletrain.precision import E4M3, E5M2, Float8Linear, quantize, scaling
 from scaletrain.precision.fp8_matmul import (
     SLOWER_BY,
     Fp8MatmulProbe,
@@ -242,3 +242,45 @@ def test_build_run_gives_the_layers_the_kernel_chosen_for_the_target(setting, de
     assert run.job.precision.fp8_matmul == setting  # the job as configured
     states = [m.fp8_state for m in run.model.modules() if isinstance(m, Float8Linear)]
     assert states and all(s.matmul == kernel for s in states)
+
+
+@pytest.mark.parametrize("dtype", [E4M3, E5M2])
+def test_widen_is_the_plain_cast_bit_for_bit(dtype):
+    """`widen` (bit moves through fp16 on CPU) gives exactly `data.float() * scale` for every bit
+    pattern (NaNs included), with a 0-dim scale, a row or column scale,
+    and a column-major operand, which keeps its layout."""
+    every = torch.arange(256, dtype=torch.uint8).view(dtype).reshape(16, 16)
+    scale = torch.tensor(0.0123, dtype=torch.float32)
+    rows = torch.linspace(0.5, 3.0, 16).unsqueeze(1)
+    for data, s in [
+        (every, None),
+        (every, scale),
+        (every, rows),
+        (every.t(), scale),
+        (every.t(), rows.t()),
+    ]:
+        want = data.float() if s is None else data.float() * s
+        got = scaling.widen(data, s)
+        assert got.dtype == torch.float32 and got.stride() == want.stride()
+        assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0))
+        assert torch.equal(got.isnan(), want.isnan())
+
+
+@pytest.mark.parametrize("src", [torch.float32, torch.bfloat16])
+def test_quantize_fast_paths_equal_the_plain_expressions(src):
+    """`abs_max` (aminmax) and `cast_to_fp8` (in-place quotient) equal the expressions they
+    replace: `t.float().abs().amax()` and `(t.float() / scale).clamp(-max, max).to(fp8)`;
+    a NaN propagates into the amax in both; the input is never modified."""
+    g = torch.Generator().manual_seed(1)
+    t = (torch.randn(64, 96, generator=g) * 5).to(src)
+    keep = t.clone()
+    assert torch.equal(scaling.abs_max(t), t.float().abs().amax())
+    scale = scaling.abs_max(t) / scaling.fp8_max(E4M3)
+    for dtype in (E4M3, E5M2):
+        fmax = scaling.fp8_max(dtype)
+        want = (t.float() / scale).clamp(-fmax, fmax).to(dtype)
+        got = scaling.cast_to_fp8(t, scale, dtype)
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    assert torch.equal(t, keep)
+    t[3, 4] = float("nan")
+    assert scaling.abs_max(t).isnan() and t.float().abs().amax().isnan()

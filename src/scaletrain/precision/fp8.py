@@ -61,8 +61,8 @@ from .scaling import (
     E5M2,
     TILE,
     AmaxHistory,
+    cast_to_fp8,
     dequantize,
-    fp8_max,
     quantize,
     scaled_mm,
     tiled_scaled_mm,
@@ -115,12 +115,6 @@ def _quant_tensorwise(
     return data, scale
 
 
-def _cast(t: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """`quantize`'s per-tensor cast with a given dequantization scale (same expression)."""
-    fmax = fp8_max(dtype)
-    return (t.float() / scale).clamp_(-fmax, fmax).to(dtype)
-
-
 def _pad_rows(t: torch.Tensor, multiple: int) -> torch.Tensor:
     """Zero rows up to a multiple (fp8 tensors padded through their uint8 bits: 0x00 is +0)."""
     pad = -t.shape[0] % multiple
@@ -168,7 +162,7 @@ class _Fp8Matmul(torch.autograd.Function):
         m, n, k = ctx.shape
         emu = ctx.emulate
         if state.scaling == "tensorwise":
-            wq = _cast(weight, sw, E4M3)  # the forward's wq, bit for bit
+            wq = cast_to_fp8(weight, sw, E4M3)  # the forward's wq, bit for bit
             dyq, sdy = _quant_tensorwise(dy, E5M2, state.dy)
             dx = scaled_mm(dyq, sdy, wq, sw, ctx.x_dtype, emulate=emu)  # (M, K) = dy W
             # wgrad contracts over M (tokens); cuBLASLt wants it a multiple of 16: zero rows.
