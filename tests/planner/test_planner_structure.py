@@ -115,3 +115,83 @@ def test_the_walk_sees_the_planner() -> None:
     """Guard against a vacuous pass: the walk finds the planner's functions."""
     names = {fn.name for _, tree in _modules() for fn in _functions(tree)}
     assert {"estimate", "search", "comm_terms"} <= names
+
+
+# The flat planner modules issue 34 regrouped into packages (109a6fb): text still naming one of
+# them points at a file that no longer exists.
+FLAT_MODULES_BEFORE_34 = {
+    "activation_memory",
+    "head_memory",
+    "naive_memory",
+    "napkin_budget",
+    "rank_memory",
+    "recipe_activations",
+    "recipe_megatron",
+    "recipe_memory",
+    "recipe_schema",
+    "search_result",
+    "state_memory",
+    "plot",
+    "published",
+}
+
+
+def _module_paths() -> list[str]:
+    """Dotted paths of every scaletrain module, relative to scaletrain."""
+    src = PLANNER.parent
+    return [
+        ".".join(f.relative_to(src).with_suffix("").parts).removesuffix(".__init__")
+        for f in sorted(src.rglob("*.py"))
+    ]
+
+
+def _defined_names() -> set[str]:
+    """Top-level functions, classes and UPPER_CASE constants of every scaletrain module."""
+    out: set[str] = set()
+    for f in sorted(PLANNER.parent.rglob("*.py")):
+        for node in ast.parse(f.read_text(), str(f)).body:
+            if isinstance(node, ast.FunctionDef | ast.ClassDef):
+                out.add(node.name)
+            targets = node.targets if isinstance(node, ast.Assign) else []
+            if isinstance(node, ast.AnnAssign):
+                targets = [node.target]
+            out.update(t.id for t in targets if isinstance(t, ast.Name) and t.id.isupper())
+    return out
+
+
+def test_text_names_functions_where_they_live():
+    """A `module.function` named in a planner docstring, comment or string (the sources the
+    formulas cite, and what `explain` prints) resolves: a module whose dotted path ends in
+    `module` has `function` (defined or imported there). Catches text left behind when a
+    function moved package (`memory.buffer_terms` after it moved to memory/buffers.py) and
+    names of the flat modules issue 34 regrouped. Only names of our functions, classes and
+    constants are checked: `memory.offload` is a config field, `plan.layout` an attribute."""
+    import importlib
+    import io
+    import re
+    import tokenize
+
+    paths = _module_paths()
+    defined = _defined_names()
+    dotted = re.compile(r"\b([a-z_]+(?:\.[a-z_]+)*)\.([A-Za-z_]+)\b")
+    stale = []
+    for f in sorted(PLANNER.rglob("*.py")):
+        for tok in tokenize.generate_tokens(io.StringIO(f.read_text()).readline):
+            if tok.type not in (tokenize.STRING, tokenize.COMMENT):
+                continue
+            text = tok.string
+            if tok.type == tokenize.STRING and "f" in text[: text.find(text[-1])].lower():
+                text = re.sub(r"\{[^{}]*\}", "", text)  # an f-string's fields are code
+            for m in dotted.finditer(text):
+                prefix, name = m.groups()
+                where = f"{f.relative_to(PLANNER)}:{tok.start[0]} {prefix}.{name}"
+                homes = [p for p in paths if p == prefix or p.endswith("." + prefix)]
+                if prefix.split(".")[-1] in FLAT_MODULES_BEFORE_34 and not homes:
+                    stale.append(f"{where}: a module regrouped by issue 34")
+                    continue
+                if name not in defined or not homes:
+                    continue  # a config field, file name or object attribute: not code
+                mods = [importlib.import_module(f"scaletrain.{h}") for h in homes]
+                if not any(hasattr(mod, name) for mod in mods):
+                    stale.append(f"{where}: not in {homes}")
+    assert not stale, "\n".join(stale)

@@ -32,8 +32,8 @@ _NOTES = (
     "embedding on rank 0, head (a copy if tied) on the last rank; every rank that can be the "
     "worst is evaluated (rank = first global rank of the worst stage); the slowest rank paces "
     "compute.",
-    "pipeline: in-flight micro-batches per rank = pipeline.inflight_microbatches (exact for "
-    "torch's orders); bubble = pipeline.bubble_fraction (zero-bubble = ZB-H1, torch's order).",
+    "pipeline: in-flight micro-batches per rank = time.pipeline.inflight_microbatches (exact for "
+    "torch's orders); bubble = time.pipeline.bubble_fraction (zero-bubble = ZB-H1, torch's order).",
     "overlap: DP/ZeRO grad reduction hides behind the last backward except one 25 MB bucket; "
     "FSDP gathers hide behind compute; TP, PP p2p and EP all-to-all are exposed; CP ring hides "
     "behind the attention core.",
@@ -92,10 +92,10 @@ def estimate(
 ) -> Estimate:
     """Evaluate one layout: worst-rank memory, step time, tokens/s (whole job), MFU.
 
-    convention: model-state byte convention (memory.CONVENTIONS); modern: modern activation
+    convention: model-state byte convention (memory.states.CONVENTIONS); modern: modern activation
     model (False = Korthikanti's GPT formula); causal: halve causal attention FLOPs;
     zero_bubble: 'h1' = the ZB-H1 bubble of torch's zero-bubble order that the trainer runs,
-    'h2' = the ideal zero bubble (what-if only; see pipeline.bubble_fraction).
+    'h2' = the ideal zero bubble (what-if only; see time.pipeline.bubble_fraction).
     """
     L, hw = plan.layout, plan.hardware
     terms = model_terms(plan, terms)
@@ -138,7 +138,7 @@ def estimate(
         notes[0] = (
             f"recipe={recipe.name!r} ({recipe.framework}): model states, activations, "
             "loss, buffers and allocator terms from planner/recipes.py "
-            "(recipe_memory.py); time model efficiency.py"
+            "(recipes/memory.py); time model time/efficiency.py"
         )
     return Estimate(
         plan=plan,

@@ -7,9 +7,17 @@ held against a measured one.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
-from scaletrain.config import HardwareSpec, JobConfig, Layout, ModelConfig, grad_accum_steps
+from scaletrain.config import (
+    HardwareSpec,
+    JobConfig,
+    Layout,
+    ModelConfig,
+    compute_bytes,
+    grad_accum_steps,
+)
 
 __all__ = [
     "PlanInput",
@@ -48,7 +56,7 @@ class PlanInput:
     """Framework recipe (planner/recipes/registry.py): whose allocations and time model to plan."""
     loss_chunk_tokens: int = 0
     """Tokens per chunk of the fused head + loss (`memory.loss_chunk_tokens`; 0 = the
-    trainer's auto rule, `memory.fused_loss_chunk`)."""
+    trainer's auto rule, `memory.head.fused_loss_chunk`)."""
     compile_loss: bool | None = None
     """Foreign recipes: whether the framework compiled its loss with the model (None: the
     recipe's rule, `Recipe.loss_compiles` under `compile`); a run of a framework version
@@ -60,9 +68,18 @@ class PlanInput:
     """Foreign recipes: the CUDA context (+ kernels) of the run's own runtime as measured on
     its cards (None: the recipe's `cuda_context_bytes`)."""
 
-    @property
+    # Derived once per plan (the search reads them for every rank and moment); cached_property
+    # stores in the instance dict, outside the frozen fields, equality and hash.
+    @cached_property
     def grad_accum(self) -> int:
+        """Micro-batches per optimizer step (`config.grad_accum_steps`)."""
         return grad_accum_steps(self.global_batch, self.micro_batch, self.layout.dp)
+
+    @cached_property
+    def compute_bytes(self) -> int:
+        """Bytes per activation element of `precision` (the precision table's fact,
+        `config.compute_bytes`)."""
+        return compute_bytes(self.precision)
 
 
 @dataclass

@@ -110,7 +110,7 @@ def pp_recv_buffer_bytes(plan: PlanInput, *, rank: int, microbatches: int) -> fl
     if L.pp <= 1:
         return 0.0
     tokens = plan.seq_len / L.cp * plan.micro_batch  # s_l * b of one micro-batch
-    io = compute_bytes(plan.precision) if L.zero >= 2 else 4
+    io = plan.compute_bytes if L.zero >= 2 else 4
     n_stages = L.pp * L.pp_virtual
     stages = [rank + k * L.pp for k in range(L.pp_virtual)]
     n_buf = sum(1 for s in stages if s > 0) + sum(1 for s in stages if s < n_stages - 1)

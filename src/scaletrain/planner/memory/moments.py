@@ -220,15 +220,16 @@ Moment = (
 )
 
 
-@dataclass(kw_only=True, slots=True, frozen=True)
+@dataclass(kw_only=True, slots=True)
 class RankMemory:
     """Memory of one pipeline rank: its peak (the largest of its moments) and the terms the
-    breakdown reports."""
+    breakdown reports. Built for every rank the search evaluates: not frozen, for the moments'
+    reason above."""
 
     reserved: float
     total: float
     states: dict
-    """`memory.model_state_bytes` of the rank."""
+    """`memory.states.model_state_bytes` of the rank."""
     buffer_terms: dict
     buffers: float
     """Sum of the buffer terms, with the loss and embedding backward temporaries and the

@@ -39,7 +39,7 @@ def rank_candidates(
     num_layers: int, pp: int, virtual: int, schedule: str, m: int
 ) -> tuple[tuple[int, int, float], ...]:
     """(pipeline rank, layers held, micro-batches in flight) of the ranks that can be the worst
-    (see the module docstring); in-flight counts are `pipeline.inflight_microbatches`."""
+    (see the module docstring); in-flight counts are `time.pipeline.inflight_microbatches`."""
     counts = stage_layer_counts(num_layers, pp, virtual)
     if pp == 1:
         return ((0, counts[0], 1.0),)

@@ -7,10 +7,12 @@ pieces they share (stored activations, the root unit through a ZeRO-3 backward).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
-from scaletrain.config import ParamCounts, compute_bytes, expert_tp, fused_head_loss
+from scaletrain.config import ParamCounts, expert_tp, fused_head_loss
 
 from ..types import PlanInput
 from .activations import mlp_backward_work_bytes
@@ -102,7 +104,7 @@ def embedding_moment(view: RankView) -> EmbeddingBackward:
 
     It is the last gradient backward computes: every other gradient is complete, every
     activation is freed except the logits the loop still holds (last stage), and
-    `memory.embedding_backward_bytes` is alive. ZeRO-2/3: only the root unit (embedding, and
+    `memory.head.embedding_backward_bytes` is alive. ZeRO-2/3: only the root unit (embedding, and
     with pp = 1 the final norm and head) is still unsharded, with the untied head's unsharded
     gradient, and the last block's fp32 reduce-scatter input is still held (FSDP2 frees it when
     the next unit's reduce-scatter is issued); DDP's buckets persist. Source: measured with the
@@ -120,7 +122,7 @@ def embedding_moment(view: RankView) -> EmbeddingBackward:
     if L.zero >= 2:
         # the root unit's gradients are reduce-scattered after this moment: none of the
         # root's sharded grads exist yet
-        wc = compute_bytes(plan.precision)
+        wc = plan.compute_bytes
         other = 1.0 - root_live / wc / count if count else 0.0
         if model.tie_embeddings and L.pp == 1:
             head_held = 0.0  # the head's contribution is in `tmp`
@@ -212,7 +214,7 @@ def zero_moments(view: RankView, block_stored: float) -> list[Moment]:
     held_logits = acts_terms.held_logits
     root_live, head_held = bwd_terms.root_unit, bwd_terms.head_grad_held
     blk = bwd_terms.block_params
-    wc = compute_bytes(plan.precision)
+    wc = plan.compute_bytes
     rest = fixed - (st["params.in_flight"] if L.zero >= 3 else 0.0)
     grads_rest = st["grads"] - st["grads.in_flight"]
     more = 1.0 if layers > 1 else 0.0  # a next block to prefetch / a previous RS input
@@ -297,7 +299,7 @@ def _early_block_backward(
     plan, bufs, buffers = view.plan, view.buffer_terms, view.buffers
     blk = view.rank_states.backward.block_params
     L = plan.layout
-    e = wc = compute_bytes(plan.precision)
+    e = wc = plan.compute_bytes
     # MoE experts run as grouped GEMMs (models/moe.py `expert_kernel`) unless fp8 (per-expert
     # scales) or tensor-parallel experts (DTensor weights) keep the per-expert loop; a grouped
     # backward holds no separate first weight gradient at this moment (the dry-run of
@@ -337,7 +339,7 @@ def _end_of_backward(
     root_live = view.rank_states.backward.root_unit  # read only under ZeRO-3
     head_held = view.rank_states.backward.head_grad_held
     L = plan.layout
-    wc = compute_bytes(plan.precision)
+    wc = plan.compute_bytes
     root_grad = end_held = root_grads = 0.0
     if L.zero >= 3 and root_live:
         root_grads = grads_rest * (root_live / wc) / count if count else 0.0
@@ -373,7 +375,7 @@ def loss_moment(view: RankView, stored: float) -> LossBackward:
     per_layer, head_acts = view.acts.per_layer, view.acts.head
     # the head weight the fused loss reads: FSDP2's 16-bit unsharded copy under ZeRO-2/3
     # with 16-bit compute, else the fp32 parameter
-    weight_bytes = compute_bytes(plan.precision) if L.zero >= 2 else 4
+    weight_bytes = plan.compute_bytes if L.zero >= 2 else 4
     fused = fused_head_loss(L)
     shape = MicroBatchShape(
         seq_len=plan.seq_len,
@@ -433,7 +435,7 @@ def _loss_resting(view: RankView) -> tuple[float, float]:
     L = plan.layout
     resting = fixed - (st["params.in_flight"] if L.zero >= 3 else 0.0)
     held = st["grads"] - st["grads.in_flight"] if (m > 1 or L.pp > 1) else 0.0
-    wc = compute_bytes(plan.precision)
+    wc = plan.compute_bytes
     if L.pp > 1 and L.zero >= 2:
         # the stage's units gathered and grads unsharded (see `zero_moments`)
         resting = fixed - st["params.in_flight"] + wc * count
@@ -457,5 +459,6 @@ def _loss_resting(view: RankView) -> tuple[float, float]:
     return resting, held
 
 
-def moment_total(moment: Moment) -> float:
-    return moment.total
+moment_total: Callable[[Moment], float] = attrgetter("total")
+"""A moment's total bytes: the key `max` ranks moments by (attrgetter: no Python frame per call,
+it runs for every moment of every rank the search evaluates)."""

@@ -73,7 +73,7 @@ class RankStates:
     """A pipeline rank's model states (`rank_states`)."""
 
     states: dict[str, float]
-    """`memory.model_state_bytes` of the rank."""
+    """`memory.states.model_state_bytes` of the rank."""
     params: float
     """Parameters the rank holds (dense + expert)."""
     unit: float
@@ -105,7 +105,7 @@ class RankBuffers:
     """A rank's communication and allocator buffers (`rank_buffers`)."""
 
     terms: dict[str, float]
-    """Named buffer terms (`memory.buffer_terms`, + rope_tables)."""
+    """Named buffer terms (`memory.buffers.buffer_terms`, + rope_tables)."""
     total: float
     """Their sum."""
     runtime_context: float
@@ -120,7 +120,7 @@ class ModelTerms:
     """One model's memory terms, reused by every layout of a search: its parameter counts and,
     keyed by the layout fields each depends on, the rank states (`rank_states`), activation
     terms (`activation_terms`), buffers (`rank_buffers`) and FLOPs per token
-    (`step_time.model_flops`). `search.search` builds one per
+    (`step_time.model_flops`). `search.layouts.search` builds one per
     search; a caller that passes none gets a fresh one per call."""
 
     __slots__ = ("model", "counts", "states", "acts", "bufs", "flops")
@@ -229,12 +229,12 @@ def rank_states(
     )
     sharded = (dense / zs + expert / expert_zero_shards(L)) if L.zero else dense + expert
     fixed = st["params"] + st["optimizer"]
-    wc = compute_bytes(plan.precision)
+    wc = plan.compute_bytes
     root_live, head_held = root_in_backward(plan, pc, first, last, wc)
     emb_tmp = 0.0
     if first:
         # the weight's dtype as used: FSDP2's 16-bit unit, or fp32 (also under autocast)
-        grad_bytes = compute_bytes(plan.precision) if L.zero >= 2 else 4
+        grad_bytes = plan.compute_bytes if L.zero >= 2 else 4
         emb_tmp = embedding_backward_bytes(
             model, tp=tp, grad_bytes=grad_bytes, tied=model.tie_embeddings and L.pp == 1
         )

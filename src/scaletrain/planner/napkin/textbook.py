@@ -234,7 +234,7 @@ def textbook_lines(
     model + optimizer state = P x the convention's bytes, sharded by ZeRO over dp (seed 002),
     divided by tp x pp; activations = Korthikanti et al. 2022 per layer (with the layout's tp,
     sp and ac) x layers on pipeline rank 0 x micro-batches in flight there
-    (pipeline.inflight_microbatches), 1 in `ckpt_every` kept (seed 004 Example 1.3). `params`:
+    (time.pipeline.inflight_microbatches), 1 in `ckpt_every` kept (seed 004 Example 1.3). `params`:
     the nominal count the seeds round to (7e9); default the model's exact count. Ignores
     buffers, the allocator, the CUDA context, logits, the embedding's own activations."""
     from scaletrain.config import GB

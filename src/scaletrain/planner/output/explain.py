@@ -115,7 +115,7 @@ def _states_and_activations(est: Estimate) -> list[str]:
     )
     add(
         f"   micro-batches in flight ({L.pp_schedule}, pipeline rank {stage}, the worst) = "
-        f"{inflight:g} (exact for torch's order; pipeline.inflight_microbatches)"
+        f"{inflight:g} (exact for torch's order; time.pipeline.inflight_microbatches)"
     )
     add(
         f"   activations = in_flight x layers x per_layer (+ head/logits on the last rank) = "
@@ -136,7 +136,7 @@ def _states_and_activations(est: Estimate) -> list[str]:
 
 def _recipe_states(est: Estimate) -> list[str]:
     """Section 2 under a foreign recipe: each term with the recipe and the source it comes
-    from (recipes.Recipe.sources)."""
+    from (recipes.schema.Recipe.sources)."""
     p = est.plan
     r = recipe_named(p.recipe)
     src = r.sources
@@ -204,10 +204,9 @@ def _recipe_time(est: Estimate) -> list[str]:
             f"bandwidth (efficiency.eager_elementwise_bytes)"
         )
     if r.time_model != "generation" or p.efficiency > 0 or hw.name == "cpu":
-        # names recipe_schema.FOREIGN_TIME_MODEL by its old name: explain's output is kept
-        # byte-identical to 109a6fb through issue 34 (benchmarks/planner_identity.py)
         return [
-            f"   [{r.name}] efficiency: estimate.default_efficiency (recipes._TIME_MODEL)",
+            f"   [{r.name}] efficiency: time.step_time.default_efficiency "
+            "(recipes.schema.FOREIGN_TIME_MODEL)",
             bucket,
         ]
     gen = generation_of(hw)

@@ -1,6 +1,6 @@
 """A foreign recipe's activation bytes (registry.py): one layer's stored set under the
 recipe's activation model and AC mode (`recipe_layer_bytes`: Korthikanti et al. 2022 for
-Megatron's layer, `memory.layer_activation_bytes` for SDPA Llamas, torchtitan's op-level
+Megatron's layer, `memory.activations.layer_activation_bytes` for SDPA Llamas, torchtitan's op-level
 SAC), and the last stage's head, loss and logits (`recipe_head_bytes`). Units: bytes, one
 rank, one micro-batch. Torch-free; `memory.recipe_rank_memory` composes them.
 """
@@ -8,8 +8,6 @@ rank, one micro-batch. Torch-free; `memory.recipe_rank_memory` composes them.
 from __future__ import annotations
 
 import dataclasses
-
-from scaletrain.config import compute_bytes
 
 from ..memory.activations import layer_activation_bytes
 from ..types import PlanInput
@@ -40,7 +38,7 @@ def _korthikanti(plan: PlanInput, recipe: Recipe, ac: str) -> float:
     f = 4h: 34 -> 29 per sbh/t.
     """
     m, L = plan.model, plan.layout
-    e = compute_bytes(plan.precision)
+    e = plan.compute_bytes
     h, a, f, kv = m.dim, m.num_heads, m.ffn_dim, m.kv_dim
     tok = float(plan.seq_len) / L.cp * plan.micro_batch
     sp = L.sp or recipe.sp_with_tp
@@ -72,7 +70,7 @@ def _torchtitan_op_sac(plan: PlanInput) -> float:
     fp32 log-sum-exp 4a/t, and with tp > 1 the two reduce-scatter outputs e*h/t (saved ops).
     The 2nd, 4th and 6th matmuls (wk, wo, w3) and every pointwise op are recomputed."""
     m, L = plan.model, plan.layout
-    e = compute_bytes(plan.precision)
+    e = plan.compute_bytes
     h, a, f, kv, t = m.dim, m.num_heads, m.ffn_dim, m.kv_dim, L.tp
     tok = float(plan.seq_len) / L.cp * plan.micro_batch
     per = e * (h / t + h / t + kv / t + h / t + f / t + h) + 4.0 * a / t
@@ -89,8 +87,8 @@ def recipe_layer_bytes(plan: PlanInput, recipe: Recipe, ac: str | None = None) -
         return _korthikanti(plan, recipe, ac)
     if ac == "selective" and recipe.selective == "torchtitan_op" and not plan.model.is_moe:
         return _torchtitan_op_sac(plan)
-    # SDPA Llama with a 16-bit residual stream (memory.layer_activation_bytes' modern model;
-    # MoE models under every foreign recipe too)
+    # SDPA Llama with a 16-bit residual stream (the modern model of
+    # memory.activations.layer_activation_bytes; MoE models under every foreign recipe too)
     model = plan.model
     if recipe.attention == "naive" and model.attention != "naive":
         model = dataclasses.replace(model, attention="naive")
@@ -138,7 +136,7 @@ def recipe_head_bytes(plan: PlanInput, recipe: Recipe) -> tuple[float, float]:
     instead of the fp32 log-softmax, and its backward writes the 16-bit gradient 2*T*V_l from
     one fused kernel (saved tensors measured with torch 2.13, Recipe.sources['loss_compiles'])."""
     m, L = plan.model, plan.layout
-    e = compute_bytes(plan.precision)
+    e = plan.compute_bytes
     tok = float(plan.seq_len) / L.cp * plan.micro_batch
     tsp = L.tp if (L.sp or recipe.sp_with_tp) else 1
     v_l = m.vocab_size / L.tp
@@ -180,7 +178,7 @@ def naive_attention_backward_temp(plan: PlanInput, recipe: Recipe) -> float:
     naive = m.attention == "naive" or recipe.attention == "naive"
     if not naive or recipe.activations != "korthikanti" or m.is_moe:
         return 0.0
-    e = compute_bytes(plan.precision)
+    e = plan.compute_bytes
     masks = 1.0 if (recipe.dropout_masks and m.norm == "layernorm") else 0.0
     per_score = float(m.num_heads) * plan.seq_len * (plan.seq_len / L.cp) * plan.micro_batch / L.tp
     temp = e * per_score

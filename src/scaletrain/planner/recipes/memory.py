@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scaletrain.config import ConfigError, Layout, compute_bytes
+from scaletrain.config import ConfigError, Layout
 
 from ..memory.states import OPTIMIZER_BYTES, stage_layer_counts
 from ..time.pipeline import inflight_microbatches
@@ -208,7 +208,7 @@ def _recipe_in_flight(
     during a rank's backward under `recipe`."""
     pp, z, N = plan.layout.pp, plan.layout.zero, plan.layout.zero_shards
     fp32 = plan.precision == "fp32"
-    wc = compute_bytes(plan.precision)
+    wc = plan.compute_bytes
     unit = max(block, root)
     in_params = in_grads = 0.0
     bufs: dict[str, float] = {}
@@ -256,7 +256,7 @@ def _recipe_buffers(plan: PlanInput, recipe: Recipe, P: float, bufs: dict[str, f
         # the ZeRO optimizer reduces through its ipg buffer at any dp, dp = 1 included
         # (DeepSpeed stage_1_and_2.py reduce_gradients: 'with PP we must create ipg buffer')
         bufs["reduce_bucket"] = recipe.bucket_count * recipe.bucket_bytes(L.dp)
-    e = compute_bytes(plan.precision)
+    e = plan.compute_bytes
     tok = float(plan.seq_len) / L.cp * plan.micro_batch
     sp = L.sp or recipe.sp_with_tp
     if L.tp > 1 and sp:
@@ -292,7 +292,7 @@ def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBrea
     offloaded = held.offloaded
     in_params, in_grads, bufs = _recipe_in_flight(plan, recipe, P, block, root, head)
     ctx = _recipe_buffers(plan, recipe, P, bufs)
-    e = compute_bytes(plan.precision)
+    e = plan.compute_bytes
     tok = float(plan.seq_len) / L.cp * plan.micro_batch
     per_layer = recipe_layer_bytes(plan, recipe)
     inflight = 1.0 if pp == 1 else inflight_microbatches(L.pp_schedule, pp, m, rank, L.pp_virtual)

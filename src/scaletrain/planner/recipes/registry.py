@@ -71,14 +71,14 @@ RECIPES: dict[str, Recipe] = {
         cuda_context_bytes=RUNTIME_CONTEXT_BYTES,
         time_model="scaletrain",
         sources={
-            "*": "scaletrain's own trainer: planner/memory.py + rank_memory.py, kept exact "
+            "*": "scaletrain's own trainer: planner/memory/ (rank.py and its moments), kept exact "
             "against the fake-tensor dry-run (benchmarks/results/planner_accuracy.md)",
             "weight_bytes": "fp32 parameters, 16-bit casts under autocast / FSDP2 "
-            "MixedPrecisionPolicy (memory.CONVENTIONS 'scaletrain')",
+            "MixedPrecisionPolicy (memory.states.CONVENTIONS 'scaletrain')",
             "ddp_bucket": "parallel/data_parallel.py: torch DDP with "
-            "gradient_as_bucket_view=False (memory.buffer_terms ddp_buckets)",
+            "gradient_as_bucket_view=False (memory.buffers.buffer_terms ddp_buckets)",
             "loss": "models/loss.py fused chunked linear + cross-entropy",
-            "activations": "activation_memory.layer_activation_bytes: RMSNorm over a 16-bit "
+            "activations": "memory.activations.layer_activation_bytes: RMSNorm over a 16-bit "
             "stream saves x and an fp32 rstd per token, 2 B per element (models/norms.py; "
             "benchmarks/results/activation_ledger.md, llama-block bf16 params ac=none: "
             "2,758,656 B measured = analytic, was 3,282,944 B with rms_norm(x.float())); "

@@ -60,10 +60,11 @@ class Recipe:
     saved in place, V/tp) or 'materialized_fp32' (16-bit logits, fp32 upcast, log-softmax
     saved: F.cross_entropy(logits.float()))."""
     activations: str
-    """Per-layer activation model: 'scaletrain' (memory.layer_activation_bytes, our modules),
+    """Per-layer activation model: 'scaletrain' (our modules:
+    memory.activations.layer_activation_bytes),
     'korthikanti' (Megatron's fused TE/flash transformer layer, Korthikanti et al. 2022
     Table 2 generalised to GQA/SwiGLU) or 'sdpa_bf16' (an SDPA Llama whose residual stream is
-    16-bit: memory.layer_activation_bytes with residual_fp32=False)."""
+    16-bit: memory.activations.layer_activation_bytes with residual_fp32=False)."""
     selective: str
     """What ac='selective' keeps: 'scaletrain' (parallel/ac.py), 'core_attention'
     (Megatron: the attention core is recomputed, its s^2 terms dropped) or 'torchtitan_op'
@@ -96,7 +97,7 @@ class Recipe:
     """reserved = allocated x (1 + fragmentation) (+ context)."""
     cuda_context_bytes: float
     time_model: str
-    """'scaletrain' (estimate.default_efficiency) or 'generation' (efficiency.py). Every
+    """'scaletrain' (time.step_time.default_efficiency) or 'generation' (efficiency.py). Every
     recipe uses 'scaletrain' (see FOREIGN_TIME_MODEL); the communication terms are the recipe's own
     either way."""
     pp_fsdp_unsharded: bool = False
@@ -169,10 +170,10 @@ selectable as 'generation'. The attention core's kernel terms
 ALLOCATOR_SOURCE = (
     "PyTorch's caching allocator (c10/cuda/CUDACachingAllocator.cpp) is the same "
     "under every framework; 5% is scaletrain's measured reserved/allocated excess "
-    "(memory.FRAGMENTATION)"
+    "(memory.buffers.FRAGMENTATION)"
 )
 RUNTIME_CONTEXT_SOURCE = (
     "CUDA context + cuBLAS workspace + NCCL communicators outside the allocator, 0.75 GB "
-    "measured with torch 2.x (memory.RUNTIME_CONTEXT_BYTES); the same runtime under every "
+    "measured with torch 2.x (memory.buffers.RUNTIME_CONTEXT_BYTES); the same runtime under every "
     "framework"
 )

@@ -1,5 +1,5 @@
-"""What `search.search` returns: the ranked layouts (`SearchResult`) and, per strategy family,
-its best layout or closest miss and why it lost (`FamilyOutcome`).
+"""What `search.layouts.search` returns: the ranked layouts (`SearchResult`) and, per strategy
+family, its best layout or closest miss and why it lost (`FamilyOutcome`).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ matmul efficiency by GPU generation, GEMM shape and precision (the 'generation' 
 and the communication latency terms that matter at 1,000+ GPUs. Torch-free.
 
 What every recipe uses (step_time.step_time):
-- matmuls at `estimate.default_efficiency` (the calibrated fraction of peak);
+- matmuls at `time.step_time.default_efficiency` (the calibrated fraction of peak);
 - the attention core as its kernel runs it (`attention_seconds_per_token`): FlashAttention-2
   (torch SDPA, flash-attn 2) at FLASH2_HOPPER_EFFICIENCY of peak on Hopper, a materialized
   core (Megatron-DeepSpeed) at the matmul rate on its full s x s block plus its softmax /
@@ -14,8 +14,8 @@ What every recipe uses (step_time.step_time):
 - a recipe that runs its block's elementwise ops as eager kernels (torchtitan without
   torch.compile): their bytes over memory bandwidth (`eager_elementwise_bytes`).
 
-The 'generation' time model (recipes.Recipe.time_model, selectable, no recipe uses it: see
-recipes.FOREIGN_TIME_MODEL for the measurement) replaces the matmul efficiency with
+The 'generation' time model (recipes.schema.Recipe.time_model, selectable, no recipe uses it: see
+recipes.schema.FOREIGN_TIME_MODEL for the measurement) replaces the matmul efficiency with
 efficiency = GENERATION_EFFICIENCY[generation] x gemm_shape_factor x (FP8_EFFICIENCY if fp8)
 
 - GENERATION_EFFICIENCY: the fraction of the dense 16-bit peak that large, GEMM-dominated
