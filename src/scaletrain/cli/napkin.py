@@ -49,6 +49,11 @@ class _OneLine(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+NAPKIN_SEQ_LEN = 2048
+"""The napkin tools' default context: GPU-scale pretraining (GPT-3 and Llama-2 trained at 2048
+and 4096; the seeds' worked examples use 2048), not the embedded CPU job's 128."""
+
+
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     sub = parser.add_subparsers(dest="tool", metavar="TOOL", parser_class=_OneLine)
     for tool, help_ in TOOLS.items():
@@ -64,12 +69,32 @@ def _model_tool_flags(p: argparse.ArgumentParser, tool: str) -> None:
     if tool in ("memory", "ckpt", "gemm", "flops"):
         a("--model", metavar="NAME|config.json", help="model preset or config.json")
     if tool in ("memory", "gemm", "flops", "ckpt"):
-        a("--seq-len", type=int, default=2048, metavar="S")
-        a("--micro-batch", type=int, default=1, metavar="B")
+        # Napkin math is about GPU-scale runs of real models, so its defaults are those of
+        # such a run (seq 2048, one sequence per micro-batch, bf16), not the embedded CPU
+        # job's (seq 128, micro-batch 16, fp32): the help says so, not a hidden difference.
+        a(
+            "--seq-len",
+            type=int,
+            default=NAPKIN_SEQ_LEN,
+            metavar="S",
+            help=f"default {NAPKIN_SEQ_LEN}, a GPU-scale context (the embedded CPU job: 128)",
+        )
+        a(
+            "--micro-batch",
+            type=int,
+            default=1,
+            metavar="B",
+            help="default 1 sequence, as GPU-scale runs (the embedded CPU job: 16)",
+        )
     if tool == "flops":
         a("--steps", type=int, metavar="N", help="training steps (total FLOPs)")
         a("--gpu", metavar="TYPE", help="time one step at this preset's peak")
-        a("--precision", default="bf16", choices=("bf16", "fp16", "fp8", "fp32"))
+        a(
+            "--precision",
+            default="bf16",
+            choices=("bf16", "fp16", "fp8", "fp32"),
+            help="default bf16, as GPU-scale runs (the embedded CPU job: fp32)",
+        )
     if tool == "allreduce":
         a("--bytes", type=finite_float, metavar="M", help="gradient bytes (or --params)")
         a("--params", type=finite_float, metavar="N")
