@@ -114,7 +114,9 @@ def _named(part: str) -> tuple[str, str]:
     """('name', 'path@w') of a `name=path@w` entry; ('', part) when the text before '=' is not
     a name or the whole entry is an existing path holding '='."""
     name, sep, rest = part.partition("=")
-    if sep and _EVAL_NAME.fullmatch(name.strip()) and not Path(part.rpartition("@")[0]).exists():
+    head, at, _ = part.rpartition("@")
+    whole = Path((head if at else part).strip())  # the entry read as one path
+    if sep and _EVAL_NAME.fullmatch(name.strip()) and not whole.exists():
         return name.strip(), rest.strip()
     return "", part
 
