@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -233,28 +233,26 @@ def _file_sha(path: Path) -> str:
 
 
 def _separator_offsets(ft: FileTokens, out: Path) -> bool:
-    """Write the documents' offsets with their separators to `out` (int64, documents + 1);
-    False (nothing written) when no document lacks one."""
+    """Write the documents' offsets with their separators to `out` (int64, documents + 1, in
+    blocks: memory stays bounded); False (and no file) when no document lacks one."""
     index, data, n = ft.index, ft.data, ft.index.num_documents
-    blocks, added, need = [], 0, False
-    for lo in range(0, n, _BLOCK):
-        hi = min(lo + _BLOCK, n)
-        raw = index.token_bounds(lo, hi)  # (hi - lo + 1,)
-        empty = raw[1:] <= raw[:-1]
-        last = data[np.maximum(raw[1:] - 1, 0)] if len(data) else np.zeros(hi - lo)
-        extra = (empty | (np.asarray(last) != ft.eos)).astype(np.int64)
-        extra += ft._lacks_bos(raw)
-        need = need or bool(extra.any())
-        shifted = raw[:-1] + added + np.concatenate(([0], np.cumsum(extra)[:-1]))
-        blocks.append(shifted)
-        added += int(extra.sum())
-    if not need:
-        return False
+    added, need = 0, False
     with open(out, "wb") as f:
-        for b in blocks:
-            b.astype(np.int64).tofile(f)
+        for lo in range(0, n, _BLOCK):
+            hi = min(lo + _BLOCK, n)
+            raw = index.token_bounds(lo, hi)  # (hi - lo + 1,)
+            empty = raw[1:] <= raw[:-1]
+            last = data[np.maximum(raw[1:] - 1, 0)] if len(data) else np.zeros(hi - lo)
+            extra = (empty | (np.asarray(last) != ft.eos)).astype(np.int64)
+            extra += ft._lacks_bos(raw)
+            need = need or bool(extra.any())
+            shifted = raw[:-1] + added + np.concatenate(([0], np.cumsum(extra)[:-1]))
+            shifted.astype(np.int64).tofile(f)
+            added += int(extra.sum())
         np.array([len(data) + added], dtype=np.int64).tofile(f)
-    return True
+    if not need:
+        out.unlink()
+    return need
 
 
 def _scan(path: Path, ft: FileTokens, tok: Tokenizer, directory: Path, name: str) -> _Scan:
@@ -292,20 +290,25 @@ def _verify(path: Path, ft: FileTokens, tok: Tokenizer, directory: Path, rec: di
 
 
 def _open_files(
-    cfg: DataConfig, tok: Tokenizer, directory: Path, meta: dict | None, *, verify: bool = True
+    indexes: list[list[DocumentIndex]],
+    tok: Tokenizer,
+    directory: Path,
+    meta: dict | None,
+    *,
+    verify: bool = True,
 ) -> tuple[list[list[FileTokens]], list[dict]]:
-    """Each component's files, opened and checked: scanned and recorded into `directory` when
-    `meta` is None (first use), else verified against `meta["files"]` (`verify`: False right
-    after the scan that recorded them). Returns the files per component and the records."""
+    """Each component's files (their checked `indexes`), opened: scanned and recorded into
+    `directory` when `meta` is None (first use), else verified against `meta["files"]`
+    (`verify`: False right after the scan that recorded them). Returns the files per component
+    and the records."""
     eos, bos = document_separators(tok)
-    entries = parse_sources(cfg.source)
     records = list(meta["files"]) if meta is not None else []
     parts: list[list[FileTokens]] = []
     k = 0
-    for entry in entries:
+    for component in indexes:
         files = []
-        for path in entry.files:
-            index = _read(path, cfg.token_dtype)
+        for index in component:
+            path = index.bin_path  # the .bin / .ds data.source names
             data = (
                 np.memmap(index.bin_path, dtype=index.dtype, mode="r")
                 if index.num_tokens
@@ -313,7 +316,7 @@ def _open_files(
             )
             ft = FileTokens(index, data, eos, bos, None)
             if meta is None:
-                rec = _scan(path, ft, tok, directory, f"f{k}").__dict__
+                rec = asdict(_scan(path, ft, tok, directory, f"f{k}"))
                 records.append({"path": str(path.resolve()), **rec})
             else:
                 rec = records[k]
@@ -361,9 +364,9 @@ def load_direct(cfg: DataConfig, *, train_need: int, val_need: int) -> Shards:
             "tokenizer.json (or its directory)",
         )
     entries = parse_sources(cfg.source)
-    indexes = [_read(f, cfg.token_dtype) for e in entries for f in e.files]  # checked here
+    indexes = [[_read(f, cfg.token_dtype) for f in e.files] for e in entries]  # checked here
     # an upper bound before the scan (every document might lack BOS and EOS), exact after
-    bound = sum(i.num_tokens + 2 * i.num_documents for i in indexes)
+    bound = sum(i.num_tokens + 2 * i.num_documents for c in indexes for i in c)
     check_size(cfg, bound, train_need=train_need, val_need=val_need, exact=False)
     identity = {**source_identity(cfg), "direct": FORMAT, "token_dtype": cfg.token_dtype}
     key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
@@ -373,7 +376,7 @@ def load_direct(cfg: DataConfig, *, train_need: int, val_need: int) -> Shards:
 
         def fill(tmp: Path) -> None:
             tok = make_tokenizer(cfg)
-            _, records = _open_files(cfg, tok, tmp, None)
+            _, records = _open_files(indexes, tok, tmp, None)
             tok.save(tmp)
             meta = {
                 "identity": identity,
@@ -386,7 +389,7 @@ def load_direct(cfg: DataConfig, *, train_need: int, val_need: int) -> Shards:
         publish(final, fill)
     meta = read_meta(final, _META_KEYS)
     tok = saved_tokenizer(final, meta)
-    parts, _ = _open_files(cfg, tok, final, meta, verify=not fresh)
+    parts, _ = _open_files(indexes, tok, final, meta, verify=not fresh)
     train, val, val_parts = _split_views(parts, [e.weight for e in entries], cfg.val_fraction)
     check_size(cfg, len(train) + len(val), train_need=train_need, val_need=val_need, exact=True)
     meta.update(num_train=len(train), num_val=len(val), val_parts=val_parts, best_loss_nats=None)
