@@ -40,6 +40,7 @@ def test_plan_and_dryrun_share_the_job_flags() -> None:
         "--pue",
         "--grid-co2",
         "--host-watts",
+        "--storage-gb-per-s",  # the input rate's margin (explain)
         # the seeds' textbook memory printed beside the plan
         "--convention",
         "--params",

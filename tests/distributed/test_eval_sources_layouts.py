@@ -1,5 +1,5 @@
-"""Eval sources on gloo ranks: dp2, tp2, pp2 and cp2 score each held-out set as one process
-does.
+"""Eval sources and a mixture's components on gloo ranks: dp2, tp2, pp2 and cp2 score each
+held-out set, and each component's validation part, as one process does.
 
 dp2 (micro-batch 2 per rank) evaluates the windows one process sees with a micro-batch of 4
 (rank 0's rows first, the validation rule), so its per-source loss is the mean over the same
@@ -26,6 +26,14 @@ def test_per_source_loss_matches_one_process(tmp_path):
     ]
     (tmp_path / "held.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
     (tmp_path / "more.txt").write_text("a different register of text, lower case only. " * 40)
+    # the training corpus: a mixture, each component also scored on its own validation part
+    (tmp_path / "web.jsonl").write_text(
+        "".join(
+            json.dumps({"text": f"page {i}: the {i % 7} quick foxes."}) + "\n" for i in range(900)
+        )
+    )
+    (tmp_path / "books.txt").write_text("Chapter one. It was a dark and stormy night. " * 400)
+    mix = f"web={tmp_path / 'web.jsonl'}@2, books={tmp_path / 'books.txt'}@1"
 
     def job(run, micro, *extra):
         return small_job(
@@ -37,6 +45,7 @@ def test_per_source_loss_matches_one_process(tmp_path):
             "--train.eval_every=1",
             "--train.eval_batches=4",
             f"--data.eval_sources=held={tmp_path / 'held.jsonl'}, more={tmp_path / 'more.txt'}",
+            f"--data.source={mix}",
             *extra,
         )
 
@@ -53,7 +62,8 @@ def test_per_source_loss_matches_one_process(tmp_path):
     )
     for name, want in (("dp2", "micro4"), ("tp2", "micro2"), ("pp2", "micro2"), ("cp2", "micro2")):
         val, evals = ref[want]
-        assert set(evals) == {"held", "more"} and evals["held"] != evals["more"]
+        assert set(evals) == {"held", "more", "web", "books"}
+        assert len(set(evals.values())) == 4  # four different sets
         for rank_out in par:
             got_val, got = rank_out[name]
             assert got_val == pytest.approx(val, abs=2e-5, rel=0)

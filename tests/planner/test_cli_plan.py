@@ -43,6 +43,7 @@ FLAGS = [
     "--recipe",
     "--seq-len",
     "--sp",
+    "--storage-gb-per-s",
     "--tokens",
     "--top",
     "--tp",

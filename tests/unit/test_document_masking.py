@@ -127,12 +127,15 @@ def test_layouts_refused_and_accepted():
             dims=NS(layout=NS(pp=pp, cp=cp, tp=tp)),
             data=NS(tokenizer=NS(name="bpe", eos_id=7)),
             model=build_model(resolve_model("tiny-llama")),
+            pipeline=NS(document_sep_id=None) if pp > 1 else None,
         )
 
-    with pytest.raises(ConfigError, match="parallel.pp > 1"):
-        enable_document_masking(run(pp=2))
-    with pytest.raises(ConfigError, match="parallel.cp > 1 and parallel.tp > 1"):
-        enable_document_masking(run(cp=2, tp=2))
+    r = run(pp=2)  # the pipeline hands every stage the document ids (parity: tests/distributed)
+    enable_document_masking(r)
+    assert r.pipeline.document_sep_id == r.model.document_sep_id == 7
+    r = run(cp=2, tp=2)  # ring attention under tp (parity: tests/distributed)
+    enable_document_masking(r)
+    assert r.model.document_sep_id == 7
     r = run(cp=2)  # ring attention masks with the whole sequence's document ids
     enable_document_masking(r)
     assert r.model.document_sep_id == 7

@@ -114,3 +114,37 @@ def test_batches_are_validation_windows_sliced_over_dp_ranks(tmp_path, dp_size):
                 start = (w % num_windows) * seq
                 assert x[row].tolist() == ids[start : start + seq].tolist()
                 assert y[row].tolist() == ids[start + 1 : start + seq + 1].tolist()
+
+
+def test_mixture_components_are_named_and_scored_on_their_validation_parts(tmp_path):
+    from scaletrain.config.sources import parse_sources
+
+    web = _jsonl(tmp_path / "web.jsonl", [f"web page {i}." for i in range(400)])
+    (tmp_path / "books").mkdir()
+    _jsonl(tmp_path / "books" / "b.jsonl", [f"book line {i}." for i in range(400)])
+    tiny = _jsonl(tmp_path / "tiny.jsonl", ["x"] * 20)
+    # named by the path (suffixes dropped), or given; a repeated name gets its position
+    got = parse_sources(f"{web}@2, {tmp_path / 'books'}/ @1,code = {web}@1, {web}")
+    assert [(e.name, e.weight) for e in got] == [
+        ("web", 2.0),
+        ("books", 1.0),
+        ("code", 1.0),
+        ("web-3", 1.0),
+    ]
+    with pytest.raises(ConfigError, match="used twice"):
+        parse_sources(f"a={web}, a={tiny}")
+    refusal = _refusal([f"--data.source={web}, {tiny}", f"--data.eval_sources=web={tiny}"])
+    assert "component" in str(refusal)
+    spec = f"{web}@2, books={tmp_path / 'books'}@1, {tiny}@1"
+    with build_data(_cfg(tmp_path, source=spec, val_fraction=0.1), seq_len=16, micro_batch=2) as b:
+        # the validation split is the components' parts in order; tiny's is under one window
+        counts = b._shards.meta["val_parts"]
+        assert len(counts) == 3 and sum(counts) == len(b._shards.val) and counts[2] < 17
+        assert b.eval_names == ["web", "books"] and "tiny" in b.describe()
+        val = np.asarray(b._shards.val)
+        for name, start in (("web", 0), ("books", counts[0])):
+            (x, y), *_ = b.eval_batches(1)[name]
+            assert x[0].tolist() == val[start : start + 16].tolist()
+            assert y[0].tolist() == val[start + 1 : start + 17].tolist()
+    with build_data(_cfg(tmp_path, source=str(web)), seq_len=16, micro_batch=2) as b:
+        assert b.eval_names == []  # a single source: its loss is val_loss

@@ -157,3 +157,32 @@ def test_live_runs_compare_resident_state_and_one_micro_batch():
     dry.source = "dryrun"
     peak = compare(dry, estimate)
     assert peak.predicted["params"] == 130.0 and peak.predicted["total"] == 600.0
+
+
+def test_input_line_holds_the_loader_wait_against_the_plan(tmp_path):
+    from scaletrain.measure.input_check import SLOW_SHARE, input_check
+    from scaletrain.planner import estimate
+    from scaletrain.planner.types import plan_input_from_job
+
+    job = load_config(
+        None,
+        ["--data.prefetch=0", "--batch.global_batch=8", "--batch.micro_batch=4"]
+        + ["--batch.seq_len=64"],
+    )
+    est = estimate(plan_input_from_job(job, job.layout(2)))
+
+    def rows(wait):  # the first step (which starts the loader) is not timed
+        return [{"step": 1, "tokens_per_s": 1.0, "step_s": 9.0, "data_wait_s": 9.0}] + [
+            {"step": s, "tokens_per_s": 256.0, "step_s": 1.0, "data_wait_s": wait} for s in (2, 3)
+        ]
+
+    fig, notes = input_check(job, est, rows(0.02), dp=2)
+    assert fig["measured_data_wait_s"] == pytest.approx(0.02) and notes == []
+    assert fig["measured_rank_tokens_per_s"] == 4 * 64  # 4 sequences of 64 per rank per step
+    assert fig["required_rank_tokens_per_s"] == pytest.approx(est.tokens_per_s / 2)
+    fig, notes = input_check(job, est, rows(SLOW_SHARE), dp=2)
+    assert len(notes) == 1 and repr(job.data.source) in notes[0] and "data.prefetch = 0" in notes[0]
+    assert input_check(job, est, [{"step": 1, "tokens_per_s": 1.0, "step_s": 1.0}], dp=2) == (
+        {},
+        [],
+    )

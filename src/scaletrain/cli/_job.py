@@ -66,6 +66,7 @@ FLAGS: dict[str, tuple[str, str]] = {
     "pue": ("hardware", "pue"),
     "grid_co2": ("hardware", "grid_kg_co2_per_kwh"),
     "host_watts": ("hardware", "host_watts_per_node"),
+    "storage_gb_per_s": ("hardware", "storage_gb_per_s"),
 }
 """flag dest -> (section, key) of the job config it sets."""
 

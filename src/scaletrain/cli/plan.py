@@ -71,6 +71,13 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         metavar="W",
         help="host power per node (default 0: GPUs only)",
     )
+    a(
+        "--storage-gb-per-s",
+        type=finite_float,
+        metavar="GB/S",
+        help="read bandwidth from the data's storage per node, against which explain holds "
+        "the input rate (default: the preset's, 4)",
+    )
     # the seeds' textbook memory beside the planner's (planner/napkin/textbook.py)
     a(
         "--convention",
@@ -227,6 +234,7 @@ def _flag(field: str) -> str:
         "usd_per_gpu_hour": "--usd-per-gpu-hour",
         "grid_kg_co2_per_kwh": "--grid-co2",
         "host_watts_per_node": "--host-watts",
+        "storage_gb_per_s": "--storage-gb-per-s",
     }.get(key, f"--{key}")
 
 

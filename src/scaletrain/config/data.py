@@ -16,8 +16,11 @@ __all__ = ["DataConfig"]
 class DataConfig:
     source: str = "grammar"
     """'grammar' (the embedded generated corpus), or files, folders, globs of .txt, .jsonl
-    (.gz), .parquet, pre-tokenized .bin and Megatron indexed datasets (.bin + .idx, or their
-    prefix), as a weighted mixture 'a.jsonl@0.7, b/@0.3' (see scaletrain.config.sources)."""
+    (.gz), .parquet, .arrow, pre-tokenized .bin, Megatron indexed datasets (.bin + .idx, or
+    their prefix) and datatrove .ds files, as a weighted mixture 'a.jsonl@0.7, b/@0.3' or
+    'web=a.jsonl@0.7, books=b/@0.3' (see scaletrain.config.sources). Megatron and datatrove
+    files alone are read in place, memory-mapped (scaletrain.data.direct); a mixture's
+    components are also scored one by one (val_loss/<name>)."""
     tokenizer: str = "byte"
     """'byte' (256 ids), 'char' (characters seen in the corpus), 'bpe' (trained locally), or
     a pretrained tokenizer.json path (or its directory; BOS/EOS from tokenizer_config.json)."""
@@ -91,9 +94,18 @@ class DataConfig:
         require(self.workers >= 0, "data.workers", self.workers, "use >= 1, or 0 for every core")
         require(self.prefetch >= 0, "data.prefetch", self.prefetch, "use >= 0")
         require(self.delay_s >= 0, "data.delay_s", self.delay_s, "use >= 0")
-        if self.source != "grammar":
-            parse_sources(self.source)  # every entry names existing, supported files
-        parse_eval_sources(self.eval_sources)  # names unique, files existing and non-empty
+        entries = parse_sources(self.source) if self.source != "grammar" else []
+        # (every entry names existing, supported files)
+        held = parse_eval_sources(self.eval_sources)  # names unique, files existing, non-empty
+        if len(entries) > 1:  # a mixture's components are scored as val_loss/<name> too
+            for e in held:
+                require(
+                    all(c.name != e.name for c in entries),
+                    "data.eval_sources",
+                    f"{e.name}={e.pattern}",
+                    f"{e.name!r} is also a data.source component's name (both would log "
+                    f"val_loss/{e.name}): rename one (a component is named as 'name=path@w')",
+                )
         check_choices(self, "data")  # token_dtype, format, chat_template
         require(
             not (self.eval_sources and self.format == "sft"),

@@ -54,6 +54,12 @@ class HardwareSpec:
     usd_per_hour: float = 2.0
     host_to_device_bw: float = 25 * GB
     """PCIe host link per direction (CPU offload traffic)."""
+    storage_bw: float = 4 * GB
+    """Read bandwidth from the training data's storage, per node, bytes/s (the input rate's
+    margin, `planner.time.input_rate`). 4 GB/s: the single-node read rate of the "good" tier
+    in the storage guidance of NVIDIA's DGX SuperPOD reference architecture (Storage
+    Architecture: single-node read 4 / 8 / 40 GB/s for good / better / best), a typical shared
+    parallel file system; set yours in `[hardware] storage_gb_per_s`."""
     notes: str = field(default="", compare=False)
     arch: GpuArch = CPU_ARCH
     """The generation, for the precision rules of `config.hardware_rules` (compute capability

@@ -12,7 +12,7 @@ from typing import Any
 
 from ._errors import require
 from .choices import Device, check_choices
-from .hardware import HARDWARE_PRESETS, HardwareSpec, hardware_preset
+from .hardware import GB, HARDWARE_PRESETS, HardwareSpec, hardware_preset
 from .strict import did_you_mean
 
 __all__ = ["TrainConfig", "GuardConfig", "CheckpointConfig", "HardwareConfig"]
@@ -166,6 +166,9 @@ class HardwareConfig:
     host_watts_per_node: float = 0.0
     """Host (CPU, NIC, fans) power per node, watts, added to the GPUs' board power in the
     energy line; 0 = not counted (seed 004's carbon example uses 200 W per 8-GPU host)."""
+    storage_gb_per_s: float = 0.0
+    """Read bandwidth from the training data's storage per node, GB/s (1e9 bytes/s), against
+    which `explain` and `verify` hold the input rate; 0 = the preset's (4 GB/s)."""
 
     def __post_init__(self) -> None:
         require(
@@ -196,6 +199,12 @@ class HardwareConfig:
             self.host_watts_per_node,
             "use watts >= 0",
         )
+        require(
+            self.storage_gb_per_s >= 0,
+            "hardware.storage_gb_per_s",
+            self.storage_gb_per_s,
+            "use GB/s >= 0 (0 = the preset's)",
+        )
 
     def spec(self) -> HardwareSpec:
         spec = hardware_preset(self.gpu)
@@ -204,4 +213,6 @@ class HardwareConfig:
             changes["gpus_per_node"] = self.gpus_per_node
         if self.usd_per_gpu_hour:
             changes["usd_per_hour"] = self.usd_per_gpu_hour
+        if self.storage_gb_per_s:
+            changes["storage_bw"] = self.storage_gb_per_s * GB
         return dataclasses.replace(spec, **changes) if changes else spec

@@ -4,6 +4,7 @@
     data.source = "books/"                               # every supported file below a folder
     data.source = "web/*.jsonl.gz"                       # a glob (`**` recurses)
     data.source = "web/*.jsonl.gz@0.7, books/@0.3"       # a mixture: weight after `@`
+    data.source = "web=crawl/*.ds@0.7, books=b/@0.3"     # named components (else from the path)
 
 Supported files: `.txt` (one document per file), `.jsonl` / `.jsonl.gz` (one document per line,
 the text in `data.text_field`), `.parquet` and `.arrow` (the `data.text_field` column; needs
@@ -16,7 +17,8 @@ A `.bin` beside a `.idx` of the same name is a Megatron-LM indexed dataset (its 
 `.ds.index` is datatrove's tokenized output (`scaletrain.data.datatrove`).
 A file named directly with another suffix is read as plain text.
 A mixture's weights are the shares of training tokens each entry contributes (see
-`scaletrain.data.corpus`).
+`scaletrain.data.corpus`); each component's validation part is also scored on its own
+(`val_loss/<name>`, the name given before `=` or taken from the path).
 
 `data.eval_sources` names held-out sets, each evaluated on its own (loss and perplexity):
 
@@ -46,6 +48,8 @@ __all__ = [
 
 SUFFIXES = (".txt", ".jsonl", ".jsonl.gz", ".parquet", ".arrow", ".bin", ".ds")
 _FIELD = "data.source"
+_EVAL_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+"""A metric-safe name: of an eval source, or of a mixture component."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,9 @@ class SourceEntry:
     pattern: str
     weight: float
     files: tuple[Path, ...]
+    name: str = ""
+    """The component's name in metrics (`val_loss/<name>`): given as `name=path@w`, else
+    taken from the path (`_default_name`)."""
 
 
 def _supported(path: Path) -> bool:
@@ -90,12 +97,38 @@ def _expand(pattern: str, field: str = _FIELD) -> tuple[Path, ...]:
     return (path,)  # a named file of another suffix is read as plain text
 
 
+def _default_name(pattern: str) -> str:
+    """A metric-safe name for a mixture component from its path: the last component without
+    glob characters, its suffixes dropped ('web/*.jsonl.gz' -> 'web', 'books/' -> 'books',
+    'tok/corpus_text_document' -> 'corpus_text_document')."""
+    for piece in reversed(Path(pattern).parts):
+        if not any(c in piece for c in "*?["):
+            stem = piece.split(".")[0] if not piece.startswith(".") else piece
+            name = re.sub(r"[^A-Za-z0-9_.-]+", "_", stem).strip("_")
+            if name:
+                return name
+    return "source"
+
+
+def _named(part: str) -> tuple[str, str]:
+    """('name', 'path@w') of a `name=path@w` entry; ('', part) when the text before '=' is not
+    a name or the whole entry is an existing path holding '='."""
+    name, sep, rest = part.partition("=")
+    head, at, _ = part.rpartition("@")
+    whole = Path((head if at else part).strip())  # the entry read as one path
+    if sep and _EVAL_NAME.fullmatch(name.strip()) and not whole.exists():
+        return name.strip(), rest.strip()
+    return "", part
+
+
 def parse_sources(spec: str) -> list[SourceEntry]:
-    """The entries of a non-grammar `data.source` (weights default to 1; all checked > 0)."""
-    entries = []
+    """The entries of a non-grammar `data.source` (weights default to 1; all checked > 0;
+    names unique: a repeated default name gets its entry's position appended)."""
+    entries: list[SourceEntry] = []
     for part in (p.strip() for p in spec.split(",")):
         if not part:
             continue
+        name, part = _named(part)
         pattern, weight = part, 1.0
         head, sep, tail = part.rpartition("@")
         if sep:
@@ -105,14 +138,26 @@ def parse_sources(spec: str) -> list[SourceEntry]:
                 pattern = part  # an '@' inside a path, not a weight
         if not weight > 0:
             raise ConfigError(_FIELD, part, "a mixture weight must be a positive number")
-        entries.append(SourceEntry(pattern, weight, _expand(pattern)))
+        if name and any(e.name == name for e in entries):
+            raise ConfigError(
+                _FIELD, part, f"the name {name!r} is used twice: give each component its own"
+            )
+        entries.append(SourceEntry(pattern, weight, _expand(pattern), name))
     if not entries:
         raise ConfigError(_FIELD, spec, "give 'grammar', a file, a folder or a glob")
-    return entries
+    taken = {e.name for e in entries if e.name}
+    out = []
+    for i, e in enumerate(entries):
+        if not e.name:
+            name = _default_name(e.pattern)
+            name = name if name not in taken else f"{name}-{i}"
+            taken.add(name)
+            e = SourceEntry(e.pattern, e.weight, e.files, name)
+        out.append(e)
+    return out
 
 
 _EVAL_FIELD = "data.eval_sources"
-_EVAL_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
 
 @dataclass(frozen=True)

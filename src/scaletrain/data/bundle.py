@@ -8,9 +8,12 @@ from typing import Any
 import torch
 
 from scaletrain.config import ConfigError, DataConfig
+from scaletrain.config.sources import parse_sources
 
+from .direct import TokenView, load_direct
+from .direct import applies as direct_applies
 from .eval_sets import load_or_build_eval_sets
-from .loader import BatchIterator, WindowSampler
+from .loader import BatchIterator, Tokens, WindowSampler
 from .shards import Shards, load_or_build_shards
 from .tokenizer import Tokenizer
 
@@ -28,9 +31,12 @@ class DataBundle:
         shards: Shards,
         sampler: WindowSampler,
         eval_samplers: dict[str, WindowSampler] | None = None,
+        notes: list[str] | None = None,
     ):
         self.cfg, self._shards, self._sampler = cfg, shards, sampler
         self._eval_samplers = eval_samplers or {}
+        self.notes = notes or []
+        """What `describe` adds (a mixture component too small to score on its own)."""
         self._position = 0  # next micro-step (t * grad_accum + k) when no iterator is live
         self._iterator: BatchIterator | None = None
 
@@ -72,7 +78,8 @@ class DataBundle:
 
     @property
     def eval_names(self) -> list[str]:
-        """The `data.eval_sources` names, in the order given."""
+        """The `data.eval_sources` names in the order given, then a mixture's components
+        (each scored on its own validation part)."""
         return list(self._eval_samplers)
 
     def eval_batches(self, n: int) -> dict[str, list[tuple[torch.Tensor, torch.Tensor]]]:
@@ -147,6 +154,7 @@ class DataBundle:
             f"data: {source} | tokenizer {self.tokenizer.name} "
             f"(vocab {self.tokenizer.vocab_size}) | tokens train {self.num_train_tokens:,} "
             f"/ val {self.num_val_tokens:,}{evals} | best loss {best_s}"
+            + "".join(f" | {n}" for n in self.notes)
         )
 
     def close(self) -> None:
@@ -187,11 +195,14 @@ def build_data(
             f"{dp_rank}"
         )
     window = seq_len + 1
-    shards = load_or_build_shards(
-        cfg,
-        train_need=window * micro_batch * dp_size * grad_accum,
-        val_need=window * micro_batch * dp_size,
-        progress=progress,
+    need = {
+        "train_need": window * micro_batch * dp_size * grad_accum,
+        "val_need": window * micro_batch * dp_size,
+    }
+    shards = (
+        load_direct(cfg, **need)
+        if direct_applies(cfg)
+        else load_or_build_shards(cfg, **need, progress=progress)
     )
     kw: dict[str, Any] = {
         "seq_len": seq_len,
@@ -209,4 +220,36 @@ def build_data(
     )
     # a held-out set is sampled as a validation split (`val_batch`); its train side is unused
     evals = {e.name: WindowSampler(e.tokens, e.tokens, **kw) for e in eval_sets}
-    return DataBundle(cfg, shards, sampler, evals)
+    notes = []
+    for name, part in component_val_parts(cfg, shards).items():
+        if len(part) < seq_len + 1:
+            notes.append(
+                f"source {name}: {len(part):,} validation tokens, fewer than one window "
+                f"(seq_len + 1 = {seq_len + 1}): not scored on its own"
+            )
+        else:
+            evals[name] = WindowSampler(part, part, **kw)
+    return DataBundle(cfg, shards, sampler, evals, notes)
+
+
+def component_val_parts(cfg: DataConfig, shards: Shards) -> dict[str, Tokens]:
+    """A mixture's components, each its own validation part (the validation split is the
+    components' parts in `data.source` order: `corpus.build_streamed`), by component name.
+    Empty for a single source, whose loss is `val_loss` itself."""
+    counts = shards.meta.get("val_parts")
+    if cfg.source == "grammar" or counts is None:
+        return {}
+    entries = parse_sources(cfg.source)
+    if len(entries) < 2:
+        return {}
+    out: dict[str, Tokens] = {}
+    start = 0
+    for entry, n in zip(entries, counts, strict=True):
+        out[entry.name] = _part(shards.val, start, start + n)
+        start += n
+    return out
+
+
+def _part(tokens: Tokens, lo: int, hi: int) -> Tokens:
+    """Ids [lo, hi) without reading them: a memmap slice, or a view's sub-view."""
+    return tokens.sub(lo, hi) if isinstance(tokens, TokenView) else tokens[lo:hi]

@@ -18,7 +18,9 @@ documents and datatrove's `.ds` files' get the separators they lack (`megatron.p
 Train/val split: the last `val_fraction` of each source's tokens is its validation part, so
 every source is represented in validation. Mixture: source i contributes `w_i / sum(w)` of the
 training tokens; the total stays the corpus' own size, so a source is truncated (down-weighted)
-or repeated whole and then truncated (up-weighted) to reach its share.
+or repeated whole and then truncated (up-weighted) to reach its share. Each component's
+validation part is also scored on its own (`bundle.component_val_parts`). Megatron and datatrove
+files alone are not ingested but read in place by the same rule (`direct.py`).
 """
 
 from __future__ import annotations
@@ -50,9 +52,11 @@ __all__ = [
     "encode_file",
     "token_dtype_for",
     "TokenFile",
+    "document_separators",
 ]
 
-FORMAT = 1  # bump when the streamed layout changes, so old caches are not reused
+FORMAT = 2  # bump when the streamed layout changes, so old caches are not reused
+# (2: meta records each component's validation count, `val_parts`)
 _BATCH_DOCS = 256
 _COPY_TOKENS = 1 << 20
 
@@ -192,10 +196,7 @@ def _encode_documents(
     field: str,
 ) -> None:
     """A Megatron or datatrove file's documents, with the separators they lack."""
-    eos = getattr(tok, "eos_id", None)
-    if eos is None:  # byte-level: documents end with a newline, as text ingestion ends them
-        (eos,) = tok.encode("\n")
-    bos = tok.bos_id if getattr(tok, "add_bos", False) else None  # type: ignore[attr-defined]
+    eos, bos = document_separators(tok)
     for ids, docs, pos in iter_document_ids(index, eos=eos, bos=bos):
         if len(ids) and (int(ids.max()) >= tok.vocab_size or int(ids.min()) < 0):
             bad = int(ids.max()) if int(ids.max()) >= tok.vocab_size else int(ids.min())
@@ -211,6 +212,17 @@ def _encode_documents(
         progress.cursor.pos = pos
         progress.tick()
     progress.file_done(path.stat().st_size)
+
+
+def document_separators(tok: Tokenizer) -> tuple[int, int | None]:
+    """(the id ending each document, the id starting each one or None) as text ingestion writes
+    them: the tokenizer's EOS (a newline for byte-level tokenizers, which have none) and its
+    BOS where its config adds one."""
+    eos = getattr(tok, "eos_id", None)
+    if eos is None:  # byte-level: documents end with a newline, as text ingestion ends them
+        (eos,) = tok.encode("\n")
+    bos = tok.bos_id if getattr(tok, "add_bos", False) else None  # type: ignore[attr-defined]
+    return int(eos), bos
 
 
 @dataclass
@@ -326,4 +338,6 @@ def build_streamed(cfg: DataConfig, tmp: Path, tok: Tokenizer, *, progress: bool
         "num_val": val.count,
         "sha256": {"train.bin": train_sha.hexdigest(), "val.bin": val_sha.hexdigest()},
         "eos_id": getattr(tok, "eos_id", None),
+        # each component's validation part, in order (per-source evaluation)
+        "val_parts": [p.count - n for p, n in zip(parts, natural_train, strict=True)],
     }

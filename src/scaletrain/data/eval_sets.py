@@ -27,7 +27,7 @@ from scaletrain.config.sources import EvalSource, parse_eval_sources
 from . import corpus
 from .encode_pool import EncodePool, default_workers
 from .progress import Progress
-from .shards import _publish
+from .shards import publish
 from .tokenizer import Tokenizer
 
 __all__ = ["EvalSet", "load_or_build_eval_sets"]
@@ -93,7 +93,7 @@ def _build(
         }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
 
-    _publish(final, fill)
+    publish(final, fill)
 
 
 def _open(src: EvalSource, final: Path, *, seq_len: int) -> EvalSet:

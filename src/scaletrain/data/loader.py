@@ -25,13 +25,22 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from functools import lru_cache
+from typing import Protocol
 
 import numpy as np
 import torch
 
-__all__ = ["WindowSampler", "BatchIterator"]
+__all__ = ["WindowSampler", "BatchIterator", "Tokens"]
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class Tokens(Protocol):
+    """What the sampler reads ids from: a shard's memmap, or a view of pre-tokenized files read
+    in place (`direct.TokenView`)."""
+
+    def __len__(self) -> int: ...
+    def __getitem__(self, key: slice, /) -> np.ndarray: ...
 
 
 class WindowSampler:
@@ -39,8 +48,8 @@ class WindowSampler:
 
     def __init__(
         self,
-        train: np.ndarray,
-        val: np.ndarray,
+        train: Tokens,
+        val: Tokens,
         *,
         seq_len: int,
         micro_batch: int,
@@ -87,9 +96,7 @@ class WindowSampler:
             out[i] = shift + int(perm[n % self.num_windows]) * self.seq_len
         return out
 
-    def _gather(
-        self, tokens: np.ndarray, offsets: np.ndarray, mask: np.ndarray | None = None
-    ) -> Batch:
+    def _gather(self, tokens: Tokens, offsets: np.ndarray, mask: np.ndarray | None = None) -> Batch:
         rows = np.stack([tokens[o : o + self.seq_len + 1] for o in offsets]).astype(np.int64)
         x = torch.from_numpy(rows)  # (micro_batch, seq_len + 1)
         targets = x[:, 1:].contiguous()

@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -30,7 +31,19 @@ from .grammar import default_grammar, generate_text
 from .megatron import is_megatron
 from .tokenizer import BPETokenizer, ByteTokenizer, CharTokenizer, Tokenizer, load_tokenizer
 
-__all__ = ["Shards", "source_files", "load_or_build_shards", "check_size"]
+if TYPE_CHECKING:  # (the loader imports torch; shards are written without it)
+    from .loader import Tokens
+
+__all__ = [
+    "Shards",
+    "source_files",
+    "load_or_build_shards",
+    "check_size",
+    "publish",
+    "read_meta",
+    "saved_tokenizer",
+    "source_identity",
+]
 
 _FORMAT = 2  # bump when the shard layout or the grammar changes, so old caches are not reused
 # (2: whole-text shards carry sha256 checksums; byte-tokenized files are kept byte-exact)
@@ -42,8 +55,8 @@ _DOC_SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet", ".arrow", ".bin", ".ds")
 class Shards:
     directory: Path
     tokenizer: Tokenizer
-    train: np.ndarray
-    val: np.ndarray
+    train: Tokens
+    val: Tokens
     meta: dict
     train_mask: np.ndarray | None = None
     """SFT: 1 where the token is a training target (see `sft.py`); None for plain text."""
@@ -75,7 +88,9 @@ def _file_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() else ""
 
 
-def _identity(cfg: DataConfig) -> dict:
+def source_identity(cfg: DataConfig) -> dict:
+    """What a cache directory's key hashes (module docstring): the source's files, the
+    tokenizer, the split and, for streamed builds, the reading options."""
     if cfg.source == "grammar":
         src: dict = {"kind": "grammar", "num_bytes": cfg.num_tokens, "seed": cfg.seed}
     else:
@@ -190,7 +205,7 @@ def _write(directory: Path, name: str, ids: np.ndarray, dtype: np.dtype) -> None
     np.ascontiguousarray(ids, dtype=dtype).tofile(directory / name)
 
 
-def _publish(final: Path, fill: Callable[[Path], None]) -> None:
+def publish(final: Path, fill: Callable[[Path], None]) -> None:
     """Write a shard directory under a temporary name with `fill`, then rename it into place."""
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -229,7 +244,7 @@ def _build_streamed(
         )
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
 
-    _publish(final, fill)
+    publish(final, fill)
 
 
 def _build(
@@ -281,7 +296,7 @@ def _build(
         tok.save(tmp)
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
 
-    _publish(final, fill)
+    publish(final, fill)
 
 
 _META_KEYS = {
@@ -302,24 +317,20 @@ def _damaged(path: Path, what: str) -> ConfigError:
     )
 
 
-def _checked(final: Path) -> tuple[dict, Tokenizer]:
-    """The cached shard directory's meta and tokenizer, once every file is shown intact: meta
-    readable with its keys, each id file of its recorded size and sha256 (no id beyond the
-    vocabulary), and the saved tokenizer of the vocabulary the shards were built with. Any
-    damage is one `ConfigError` naming the file, never a memmap traceback or garbage trained."""
+def read_meta(final: Path, keys: dict[str, type]) -> dict:
+    """A cache directory's meta.json, readable and holding `keys` with their types."""
     mpath = final / "meta.json"
     try:
         meta = json.loads(mpath.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise _damaged(mpath, f"unreadable ({type(e).__name__})") from None
-    if not isinstance(meta, dict) or any(
-        not isinstance(meta.get(k), t) for k, t in _META_KEYS.items()
-    ):
-        raise _damaged(mpath, f"missing or mistyped keys (needs {', '.join(_META_KEYS)})")
-    try:
-        dtype = np.dtype(meta["dtype"])
-    except TypeError:
-        raise _damaged(mpath, f"unknown id dtype {meta['dtype']!r}") from None
+    if not isinstance(meta, dict) or any(not isinstance(meta.get(k), t) for k, t in keys.items()):
+        raise _damaged(mpath, f"missing or mistyped keys (needs {', '.join(keys)})")
+    return meta
+
+
+def saved_tokenizer(final: Path, meta: dict) -> Tokenizer:
+    """The tokenizer saved in a cache directory, of the vocabulary its meta records."""
     try:
         tok = load_tokenizer(meta["tokenizer"], final)
     except Exception as e:  # noqa: BLE001 - any failure to reload is damage to name
@@ -333,6 +344,21 @@ def _checked(final: Path) -> tuple[dict, Tokenizer]:
             f"the saved tokenizer has {tok.vocab_size} ids, the shards were built "
             f"with {meta['vocab_size']}",
         )
+    return tok
+
+
+def _checked(final: Path) -> tuple[dict, Tokenizer]:
+    """The cached shard directory's meta and tokenizer, once every file is shown intact: meta
+    readable with its keys, each id file of its recorded size and sha256 (no id beyond the
+    vocabulary), and the saved tokenizer of the vocabulary the shards were built with. Any
+    damage is one `ConfigError` naming the file, never a memmap traceback or garbage trained."""
+    mpath = final / "meta.json"
+    meta = read_meta(final, _META_KEYS)
+    try:
+        dtype = np.dtype(meta["dtype"])
+    except TypeError:
+        raise _damaged(mpath, f"unknown id dtype {meta['dtype']!r}") from None
+    tok = saved_tokenizer(final, meta)
     files = {"train.bin": meta["num_train"], "val.bin": meta["num_val"]}
     if meta.get("masks"):
         files.update({"train.mask": meta["num_train"], "val.mask": meta["num_val"]})
@@ -381,7 +407,7 @@ def load_or_build_shards(
     """Open the cached shards for `cfg`, building them first when absent (streamed builds
     print a progress line every few seconds when `progress`: see `progress.py`)."""
     check_size(cfg, _source_bytes(cfg), train_need=train_need, val_need=val_need, exact=False)
-    identity = _identity(cfg)
+    identity = source_identity(cfg)
     key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
     final = Path(cfg.cache_dir) / f"{cfg.source if cfg.source == 'grammar' else 'text'}-{key}"
     if not (final / "meta.json").exists():

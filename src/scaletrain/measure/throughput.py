@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Throughput", "step_throughput"]
+__all__ = ["Throughput", "step_throughput", "timed_steps"]
 
 
 @dataclass(frozen=True)
@@ -25,19 +25,26 @@ class Throughput:
     steps: int
 
 
-def step_throughput(rows: Iterable[dict[str, Any]]) -> Throughput | None:
-    """The throughput of metrics.jsonl rows (None: fewer than two timed steps logged)."""
+def timed_steps(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The metrics.jsonl rows of the timed steps: the first logged step excluded, and a row
+    counts when its tokens/s and step time are positive finite numbers (a damaged or
+    hand-edited metrics.jsonl may hold strings, inf or nan: such rows are skipped)."""
     from .run_files import finite
 
-    # a row counts when both figures are positive finite numbers (a damaged or hand-edited
-    # metrics.jsonl may hold strings, inf or nan: such rows are skipped)
-    timed = [
+    return [
         r
         for r in rows
         if isinstance(r, dict)
         and (finite(r.get("tokens_per_s")) or 0) > 0
         and (finite(r.get("step_s")) or 0) > 0
     ][1:]
+
+
+def step_throughput(rows: Iterable[dict[str, Any]]) -> Throughput | None:
+    """The throughput of metrics.jsonl rows (None: fewer than two timed steps logged)."""
+    from .run_files import finite
+
+    timed = timed_steps(rows)
     if not timed:
         return None
     seconds = sum(float(r["step_s"]) for r in timed)

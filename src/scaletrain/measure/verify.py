@@ -2,7 +2,8 @@
 
 Used by `scaletrain verify RUN_DIR` (a real run's `config.json` + `measurement.json`) and by
 `scaletrain dryrun` (a fresh fake-tensor measurement). Relative error = (predicted - measured) /
-measured, per memory category; a category measured as 0 gets no relative error.
+measured, per memory category; a category measured as 0 gets no relative error. A run's
+loader wait per step is held against the input rate the plan requires (`input_check.py`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import Any
 from scaletrain.config import ConfigError, JobConfig, Layout, load_config
 from scaletrain.planner.types import MemoryBreakdown
 
+from .input_check import format_input, input_check
+from .run_files import read_records
 from .schema import Measurement
 
 __all__ = [
@@ -162,8 +165,6 @@ def metrics_throughput(path: Path) -> dict[str, float]:
     defines them (the same figures `scaletrain report` shows)."""
     from scaletrain.measure.throughput import step_throughput
 
-    from .run_files import read_records
-
     t = step_throughput(read_records(path))
     return (
         {} if t is None else {"measured_tokens_per_s": t.tokens_per_s, "measured_step_s": t.step_s}
@@ -254,6 +255,9 @@ def verify_run(run_dir: str | Path) -> tuple[Measurement, Comparison, JobConfig]
         )
     comparison = compare(measurement, est)
     comparison.time.update(metrics_throughput(run / "metrics.jsonl"))
+    figures, notes = input_check(job, est, read_records(run / "metrics.jsonl"), dp=layout.dp)
+    comparison.time.update(figures)
+    comparison.notes += notes
     if measurement.tokens_per_s and "measured_tokens_per_s" not in comparison.time:
         comparison.time["measured_tokens_per_s"] = measurement.tokens_per_s
     return measurement, comparison, job
@@ -281,5 +285,7 @@ def format_table(comparison: Comparison, *, title: str = "") -> str:
             f"{'tokens/s':<12} {(f'{meas:.1f}' if meas else '-'):>12} "
             f"{(f'{pred:.1f}' if pred else '-'):>13}"
         )
+    if (line := format_input(t)) is not None:
+        lines.append(line)
     lines += [f"note: {n}" for n in comparison.notes]
     return "\n".join(lines)

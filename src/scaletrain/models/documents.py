@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["DocumentLayout", "document_ids", "document_layout"]
+__all__ = ["DocumentLayout", "document_ids", "document_layout", "document_mask"]
 
 
 @dataclass(frozen=True)
@@ -42,10 +42,16 @@ def document_ids(tokens: torch.Tensor, sep_id: int) -> tuple[torch.Tensor, torch
     return doc, idx - torch.cummax(starts, dim=1).values
 
 
+def document_mask(doc: torch.Tensor) -> torch.Tensor:
+    """(B, 1, T, T) bool block-causal mask of (B, T) document indices: True where query t may
+    attend key s (same document, s <= t)."""
+    t = doc.shape[1]
+    same = doc[:, :, None] == doc[:, None, :]  # (B, T, T)
+    causal = torch.ones(t, t, dtype=torch.bool, device=doc.device).tril()
+    return (same & causal).unsqueeze(1)
+
+
 def document_layout(tokens: torch.Tensor, sep_id: int) -> DocumentLayout:
     """Documents of (B, T) token ids split after every `sep_id`."""
     doc, positions = document_ids(tokens, sep_id)
-    t = tokens.shape[1]
-    same = doc[:, :, None] == doc[:, None, :]  # (B, T, T)
-    causal = torch.ones(t, t, dtype=torch.bool, device=tokens.device).tril()
-    return DocumentLayout(positions=positions, mask=(same & causal).unsqueeze(1))
+    return DocumentLayout(positions=positions, mask=document_mask(doc))

@@ -33,7 +33,7 @@ from scaletrain.config import ModelConfig
 
 from ..numerics import upcast
 from .attention import Attention, RotaryEmbedding
-from .documents import document_layout
+from .documents import document_layout, document_mask
 from .loss import linear_cross_entropy
 from .moe import MoE
 from .norms import RMSNorm
@@ -200,13 +200,18 @@ class Transformer(nn.Module):
         computed by `head_loss` without materializing the logits (the training path; the
         logits path stays for generation and evaluation tools).
 
-        documents: context parallelism with document masking passes the (B, T_full) document
-        index of every token of the *whole* sequence (`documents.document_ids`) with the
-        shard's restarted positions; the ring attention core masks with them.
+        documents: with document masking, the (B, T_full) document index of every token of
+        the *whole* sequence (`documents.document_ids`) with the restarted positions. Under
+        context parallelism (this module computes a shard, T < T_full) the ring attention core
+        masks with them; otherwise (pipeline stages, which see hidden states and cannot find
+        the boundaries themselves) they give the block-causal mask.
         """
         t = tokens.shape[1] * (self.input_seq_shards if self.tok_embeddings is None else 1)
         layer_kw = {}
-        if documents is not None:
+        if documents is not None and documents.shape[1] == t:  # this module runs all T
+            layer_kw = {"mask": document_mask(documents)}
+            documents = None
+        elif documents is not None:  # a cp shard: ring attention masks with the whole T's ids
             layer_kw = {"documents": documents}
         elif self.document_sep_id is not None and self.tok_embeddings is not None:
             docs = document_layout(tokens, self.document_sep_id)

@@ -47,6 +47,12 @@ Stages without the head ignore the keyword. Not under zero-bubble (`config.fused
 its split backward would run the fused loss's backward twice; its last stage returns logits
 to `loss_fn`, as `eval_logits` (no targets) does.
 
+Document masking (`document_sep_id`): a stage after the first sees hidden states, not ids, so
+`step` and `eval_*` compute the whole sequence's document ids and restarted positions once
+(`models.documents.document_ids`) and hand them to every stage as keywords, split into
+micro-batches like the inputs; each stage masks attention with them (block-causal, or ring
+attention's mask under cp).
+
 Context parallelism (`cp_group`): `step` and `eval_*` cut each sequence to this cp rank's
 load-balanced shard (`cp_shard`) before the schedule splits micro-batches, so stages pass the
 shard's hidden states (T/cp rows) between them and ring attention runs inside every stage over
@@ -77,6 +83,7 @@ from torch.distributed.pipelining import (
 from scaletrain.config import ConfigError, Layout, fused_head_loss, stage_ids, stage_layer_ranges
 from scaletrain.config.choices import PPSchedule
 from scaletrain.dtensor import to_full, to_local
+from scaletrain.models.documents import document_ids
 from scaletrain.models.transformer import Transformer
 from scaletrain.numerics import acc_dtype, upcast
 
@@ -193,6 +200,9 @@ class PipelineRuntime:
     num_microbatches: int = 1
     """Micro-batches per `step` (the schedule's; it divides the gradients by it)."""
     _divisor: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    document_sep_id: int | None = None
+    """Document masking (`trainer.documents`): the end-of-document id; every stage is then
+    handed the micro-batch's document ids and restarted positions (`_inputs`)."""
 
     def staged_loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """The loss the schedule computes for each micro-batch on the last stage, inside the
@@ -248,6 +258,19 @@ class PipelineRuntime:
                 g = w.grad
                 dist.all_reduce(to_local(g), group=self.tied_group)
 
+    def _inputs(self, inputs: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], dict[str, Any]]:
+        """The schedule's positional inputs (the ids, on the first stage) and the keywords every
+        stage is given: with document masking, the (B, T) document ids of the whole sequence
+        and the positions restarted per document (cp-sharded; the schedule splits both into
+        micro-batches like the ids). A later stage sees hidden states, from which no document
+        boundary can be read, so the ids' boundaries travel with it as keywords."""
+        shard = self._cp_shard(inputs)
+        args = (shard,) if self.is_first else ()
+        if self.document_sep_id is None:
+            return args, {}
+        docs, positions = document_ids(inputs, self.document_sep_id)
+        return args, {"documents": docs, "positions": self._cp_shard(positions)}
+
     def _cp_shard(self, x: torch.Tensor) -> torch.Tensor:
         """This cp rank's load-balanced shard of (B, T) ids or targets (cp = 1: x)."""
         if self.cp_group is None:
@@ -282,8 +305,7 @@ class PipelineRuntime:
         returned mean is then the sum of the divided losses. None: the plain mean.
         """
         device = inputs.device
-        inputs, targets = self._cp_shard(inputs), self._cp_shard(targets)
-        args = (inputs,) if self.is_first else ()
+        (args, doc_kw), targets = self._inputs(inputs), self._cp_shard(targets)
         losses: list[torch.Tensor] = []
         self._hooks, self._losses_seen = hooks, 0
         self._divisor = loss_divisor
@@ -296,6 +318,7 @@ class PipelineRuntime:
                 losses=losses if self.is_last else None,
                 return_outputs=False,
                 **self._fused_targets(targets),
+                **doc_kw,
             )
         finally:
             self._hooks, self._divisor = None, None
@@ -306,8 +329,7 @@ class PipelineRuntime:
     def eval_loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Forward only (the schedule's `eval`: no backward actions, no gradients) of a batch
         split into the step's micro-batches; the mean micro-batch loss on every pp rank."""
-        inputs, targets = self._cp_shard(inputs), self._cp_shard(targets)
-        args = (inputs,) if self.is_first else ()
+        (args, doc_kw), targets = self._inputs(inputs), self._cp_shard(targets)
         losses: list[torch.Tensor] = []
         self.schedule.eval(
             *args,
@@ -315,6 +337,7 @@ class PipelineRuntime:
             losses=losses if self.is_last else None,
             return_outputs=False,
             **self._fused_targets(targets),
+            **doc_kw,
         )
         return self._mean_loss(losses, inputs.device)
 
@@ -329,10 +352,12 @@ class PipelineRuntime:
         logits of the FIRST sequence (1, T, V), broadcast to every pp rank (the loss the
         schedule computes on dummy targets is discarded)."""
         seq_len = inputs.shape[1]
+        args, doc_kw = self._inputs(inputs)
         inputs = self._cp_shard(inputs)
-        args = (inputs,) if self.is_first else ()
         dummy = torch.zeros(inputs.shape, dtype=torch.long, device=inputs.device)
-        out = self.schedule.eval(*args, target=dummy if self.is_last else None, return_outputs=True)
+        out = self.schedule.eval(
+            *args, target=dummy if self.is_last else None, return_outputs=True, **doc_kw
+        )
         if self.is_last:
             out = to_full(out)
             logits = self._cp_gather(upcast(out[:1]).contiguous())

@@ -12,27 +12,15 @@ __all__ = ["enable_document_masking"]
 
 def enable_document_masking(run: Run) -> None:
     """Set every Transformer module's `document_sep_id` to the tokenizer's end-of-document id
-    (a no-op unless `data.document_masking`). Pipeline stages after the first see hidden
-    states, not ids: that layout is refused. Under context parallelism the trainer computes
+    (a no-op unless `data.document_masking`). Under context parallelism the trainer computes
     the document ids on the whole sequence before sharding (`step.cp_model_inputs`) and ring
-    attention masks with them; cp with tp is not covered by a parity test yet: refused."""
+    attention masks with them; pipeline stages after the first see hidden states, not ids, so
+    the pipeline runtime hands every stage the document ids and positions
+    (`PipelineRuntime.document_sep_id`). Each layout has a parity test
+    (tests/distributed/test_document_masking_layouts.py)."""
     if not run.job.data.document_masking:
         return
     layout = run.dims.layout
-    if layout.pp > 1:
-        raise ConfigError(
-            "data.document_masking",
-            True,
-            "not available with pipeline parallelism (parallel.pp > 1): turn one off",
-        )
-    if layout.cp > 1 and layout.tp > 1:
-        raise ConfigError(
-            "data.document_masking",
-            True,
-            "not available with context and "
-            "tensor parallelism together (parallel.cp > 1 and parallel.tp > 1): "
-            "use one of them",
-        )
     if layout.tp > 1 and run.job.model.position == "learned":
         # per-row positions (B, T) do not fit the sequence-sharded position-table plan
         raise ConfigError(
@@ -53,3 +41,5 @@ def enable_document_masking(run: Run) -> None:
     for m in run.model.modules():
         if isinstance(m, Transformer):
             m.document_sep_id = int(sep)
+    if run.pipeline is not None:
+        run.pipeline.document_sep_id = int(sep)

@@ -258,6 +258,28 @@ def _cost_lines(est: Estimate, tokens: float, energy: dict[str, float]) -> list[
     ]
 
 
+def _input_lines(est: Estimate) -> list[str]:
+    """The input rate the step needs from storage, per node, and its margin (input_rate.py)."""
+    from ..time.input_rate import PAGE_BYTES, input_rate
+
+    r, p = input_rate(est), est.plan
+    margin = f"{r.margin:,.0f}x" if r.margin >= 10 else f"{r.margin:.2f}x"
+    verdict = "" if r.margin >= 1 else " -- the GPUs would wait for data"
+    return [
+        f"   input per node = replicas on the node x tokens/s per dp replica = "
+        f"{r.replicas_per_node} x {r.replica_tokens_per_s:,.0f} = "
+        f"{r.node_tokens_per_s:,.0f} tokens/s",
+        "     (a replica's ranks load the same windows, read once per node through its page cache)",
+        f"   storage read per node = tokens/s / seq_len x pages per window x {PAGE_BYTES} B = "
+        f"{r.node_tokens_per_s:,.0f} / {p.seq_len} x {r.window_bytes / PAGE_BYTES:.2f} x "
+        f"{PAGE_BYTES} = {r.node_bytes_per_s / 1e6:,.3f} MB/s",
+        f"     ({r.bytes_per_token} B ids, seq_len + 1 per window; ignores readahead and "
+        "page-cache reuse)",
+        f"   storage bandwidth per node {r.storage_bytes_per_s / GB:.3g} GB/s "
+        f"([hardware] storage_gb_per_s): margin {margin}{verdict}",
+    ]
+
+
 def _time_lines(
     est: Estimate, tokens: float | None, energy: dict[str, float] | None = None
 ) -> list[str]:
@@ -316,6 +338,7 @@ def _time_lines(
         f"   tokens/s (whole job) = {est.tokens_per_s:,.0f}; MFU = FLOPs/token x tokens/s / "
         f"(gpus x peak) = {100 * est.mfu:.1f}%"
     )
+    out += _input_lines(est)
     if tokens:
         out += _cost_lines(est, tokens, energy or {})
     add("-- notes")
