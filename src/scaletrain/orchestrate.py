@@ -2,9 +2,10 @@
 around `trainer.train`.
 
 `parallel.layout = "auto"` is resolved here: the planner's search picks a fitting layout for
-the world size (its rule of thumb: the simplest within 10% of the fastest), and a preflight dry-run (the trainer's own step under fake tensors,
-in a fresh process) checks the chosen layout's memory before any rank allocates. This module
-sits above both `trainer/` and `dryrun/`, so neither imports the other's caller.
+the world size (its rule of thumb: the simplest within 10% of the fastest), and a preflight
+dry-run (the trainer's own step under fake tensors, in a fresh process) checks the chosen
+layout's memory before any rank allocates. This module sits above both `trainer/` and
+`dryrun/`, so neither imports the other's caller.
 """
 
 from __future__ import annotations
