@@ -200,6 +200,9 @@ def test_rule_order_prefers_the_simpler_layout_within_the_margin() -> None:
     assert names == ["pp", "fsdp-lean", "fsdp-fat", "tp", "ddp", "ddp-slow"]
     names = [t[-1] for t in rule_order(fits[:5])]  # without pp: the fastest is 10 s
     assert names == ["ddp", "fsdp-lean", "fsdp-fat", "tp", "ddp-slow"]
+    # a non-finite step (absurd flags) is kept, last, for the output's finiteness check
+    nan = [(float("nan"), ddp, 1e9, 6, "nan"), *fits[:2]]
+    assert [t[-1] for t in rule_order(nan)][-1] == "nan" and len(rule_order(nan)) == 3
 
 
 def test_a_family_with_no_legal_layout_names_the_rule(monkeypatch) -> None:

@@ -269,9 +269,14 @@ def _derive_batch(
     micro_batch_given: bool,
     search: bool,
     global_batch: int,
+    real_model: bool = False,
 ) -> None:
     """A global batch dp divides, and the micro-batch, unless given. `global_batch` is the
-    batch so far (the job's, or a real model's default)."""
+    batch so far (the job's, or a real model's default). The micro-batch is the largest the
+    layout allows (no accumulation), or for a real model planned at its own defaults
+    (`real_model`) the smallest: one sequence of thousands of tokens per micro-batch, with
+    gradient accumulation, as published runs of such models do (torchtitan's Llama 3 local
+    batch 1-2, Megatron-LM's and NeMo's MBS 1)."""
     dp = _dp(job, world)
     gb = seed = global_batch
     if not d.res.is_given("batch", "global_batch") and dp and gb % dp:
@@ -292,7 +297,7 @@ def _derive_batch(
                 f"must be a multiple of dp={dp} (global batch = dp x micro-batch x "
                 f"accumulation steps): use {' or '.join(str(v) for v in (lo, hi) if v)}",
             )
-        mb = _micro_batch(job, world, gb, dp) if dp and not search else None
+        mb = _micro_batch(job, world, gb, dp, smallest=real_model) if dp and not search else None
         if mb is None:  # nothing to derive from: the layout's own errors name the fix
             fallback = _DEFAULT_MICRO_BATCH if gb % _DEFAULT_MICRO_BATCH == 0 else 1
             d.extra.setdefault("batch", {})["micro_batch"] = fallback
@@ -304,7 +309,8 @@ def _derive_batch(
                 "micro_batch",
                 mb,
                 f"global batch {gb} / dp {dp}"
-                + ("" if mb * dp == gb else f" / {gb // (mb * dp)} micro-batches"),
+                + ("" if mb * dp == gb else f" / {gb // (mb * dp)} micro-batches")
+                + (" (a real model: the smallest micro-batch, accumulating)" if real_model else ""),
                 _DEFAULT_MICRO_BATCH,
             )
 
@@ -339,8 +345,13 @@ def resolve_job(
     d = _Derivation(res)
     _derive_dtype(d, job)
     _derive_vocab(d, job)
-    gb = _derive_run_size(d, job) if real_model_defaults else job.batch.global_batch
-    _derive_batch(d, job, world, micro_batch_given=mb_given, search=search, global_batch=gb)
+    real = real_model_defaults and run_defaults(job.model) is not None
+    gb = _derive_run_size(d, job) if real else job.batch.global_batch
+    # the smallest micro-batch only where the global batch is the real model's default too
+    small = real and not res.is_given("batch", "global_batch")
+    _derive_batch(
+        d, job, world, micro_batch_given=mb_given, search=search, global_batch=gb, real_model=small
+    )
     extra = d.extra
     if extra:
         merged = {s: {**overrides.get(s, {}), **extra.get(s, {})} for s in {*overrides, *extra}}
@@ -382,8 +393,11 @@ def _dp(job: JobConfig, world: int) -> int | None:
     return world // rest if world % rest == 0 else None
 
 
-def _micro_batch(job: JobConfig, world: int, global_batch: int, dp: int) -> int | None:
-    """The largest micro-batch the layout's batch rules allow (no accumulation when possible)."""
+def _micro_batch(
+    job: JobConfig, world: int, global_batch: int, dp: int, *, smallest: bool = False
+) -> int | None:
+    """The largest micro-batch the layout's batch rules allow (no accumulation when possible),
+    or with `smallest` the smallest they allow."""
     if global_batch % dp:
         return None
     try:
@@ -391,7 +405,8 @@ def _micro_batch(job: JobConfig, world: int, global_batch: int, dp: int) -> int 
     except ConfigError:
         return None
     per_rank = global_batch // dp
-    for mb in range(per_rank, 0, -1):
+    order = range(1, per_rank + 1) if smallest else range(per_rank, 0, -1)
+    for mb in order:
         if per_rank % mb == 0 and not batch_problems(layout, global_batch, mb):
             return mb
     return None

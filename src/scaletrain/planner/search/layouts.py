@@ -102,12 +102,13 @@ def rule_order(
     """`fits` (step s, complexity, reserved, order, plan) in the order the pick follows: the
     layouts within SIMPLER_LAYOUT_MARGIN of the fastest, simplest first (then faster, then
     leaner), then the others, fastest first."""
-    ranked = sorted(fits, key=lambda t: (t[0], t[1], t[2], t[3]))
+    ranked = sorted(fits, key=lambda t: (not math.isfinite(t[0]), t[0], t[1], t[2], t[3]))
     if not ranked:
         return ranked
     limit = ranked[0][0] * (1 + SIMPLER_LAYOUT_MARGIN)
-    near = sorted((t for t in ranked if t[0] <= limit), key=lambda t: (t[1], t[0], t[2], t[3]))
-    return near + [t for t in ranked if t[0] > limit]
+    inside = [t[0] <= limit for t in ranked]  # a non-finite step is never inside: kept after
+    near = sorted((t for t, i in zip(ranked, inside) if i), key=lambda t: (t[1], t[0], t[2], t[3]))
+    return near + [t for t, i in zip(ranked, inside) if not i]
 
 
 def family_of(plan: PlanInput) -> str:
@@ -401,7 +402,7 @@ def _result(tally: _Tally, model: ModelConfig, top_k: int, t0: float) -> SearchR
 
     ranked = rule_order(tally.fits)
     top = [est(plan) for *_, plan in ranked[:top_k]]
-    fastest = min(tally.fits, key=lambda t: t[:4], default=None)
+    fastest = min(tally.fits, key=lambda t: (not math.isfinite(t[0]), *t[:4]), default=None)
     families = {f: FamilyOutcome(f, candidates=tally.candidates.get(f, 0)) for f in FAMILIES}
     for *_, plan in ranked:  # a family's best is its first layout in the rule's order
         fam = families.get(_family(plan.layout, plan.offload))
