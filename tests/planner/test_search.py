@@ -10,6 +10,7 @@ from scaletrain.config import hardware_preset, layout_problems, resolve_model
 from scaletrain.planner.search.layouts import (
     FAMILIES,
     SIMPLER_LAYOUT_MARGIN,
+    Complexity,
     complexity,
     family_of,
     rule_order,
@@ -46,7 +47,7 @@ def test_every_result_is_legal_and_fits(
         return
     limit = float(f"{res.fastest.time.step_s:.9g}") * (1 + SIMPLER_LAYOUT_MARGIN)
 
-    def key(e: Estimate) -> tuple[float, tuple[int, ...], float]:
+    def key(e: Estimate) -> tuple[float, Complexity, float]:
         return (
             float(f"{e.time.step_s:.9g}"),
             complexity(e.plan.layout, e.plan.offload),

@@ -46,6 +46,8 @@ __all__ = [
     "search",
     "family_of",
     "complexity",
+    "Complexity",
+    "rule_order",
     "FAMILIES",
     "SIMPLER_LAYOUT_MARGIN",
 ]
@@ -80,25 +82,38 @@ to fail or hang, stage balancing, harder debugging), which is why the rule of th
 when needed'. A decision threshold, not a fitted constant: no row sets it."""
 
 
-def complexity(layout: Layout, offload: str = "none") -> tuple[int, ...]:
+@dataclass(frozen=True, order=True)
+class Complexity:
     """How far a layout is down the seeds' rule of thumb (plain DP when the model fits; ZeRO,
-    then TP, PP only when needed): compared as a tuple, smaller is simpler. In order of weight:
-    a pipeline (schedules, stage balance, a bubble), context parallelism (ring attention),
-    tensor parallelism (collectives on every layer's critical path), expert parallelism, then the
-    ZeRO stage (0 plain DP, 1, 2, 3) and offload (ZeRO-Offload's host traffic, the last step)."""
-    return (
-        int(layout.pp > 1),
-        int(layout.cp > 1),
-        int(layout.tp > 1),
-        int(layout.ep > 1),
-        layout.zero,
-        int(offload != "none"),
+    then TP, PP only when needed): compared field by field in this order, smaller is simpler.
+    A pipeline (schedules, stage balance, a bubble) weighs most, then context parallelism (ring
+    attention), tensor parallelism (collectives on every layer's critical path), expert
+    parallelism, the ZeRO stage (0 plain DP, 1, 2, 3) and offload (ZeRO-Offload's host
+    traffic, the last step)."""
+
+    pp: bool
+    cp: bool
+    tp: bool
+    ep: bool
+    zero: int
+    offload: bool
+
+
+def complexity(layout: Layout, offload: str = "none") -> Complexity:
+    """The rule-of-thumb rank of `layout` (`Complexity`)."""
+    return Complexity(
+        pp=layout.pp > 1,
+        cp=layout.cp > 1,
+        tp=layout.tp > 1,
+        ep=layout.ep > 1,
+        zero=layout.zero,
+        offload=offload != "none",
     )
 
 
 def rule_order(
-    fits: list[tuple[float, tuple[int, ...], float, int, Any]],
-) -> list[tuple[float, tuple[int, ...], float, int, Any]]:
+    fits: list[tuple[float, Complexity, float, int, Any]],
+) -> list[tuple[float, Complexity, float, int, Any]]:
     """`fits` (step s, complexity, reserved, order, plan) in the order the pick follows: the
     layouts within SIMPLER_LAYOUT_MARGIN of the fastest, simplest first (then faster, then
     leaner), then the others, fastest first."""
@@ -208,7 +223,7 @@ class _Job:
 class _Tally:
     """Running results as plain numbers; Estimates are built at the end for the kept plans."""
 
-    fits: list[tuple[float, tuple[int, ...], float, int, PlanInput]] = field(default_factory=list)
+    fits: list[tuple[float, Complexity, float, int, PlanInput]] = field(default_factory=list)
     """(step s to 9 significant digits, complexity, reserved bytes, order, plan): equal step
     times go to the simpler layout, then to the one that reserves less memory (more headroom,
     same speed); `rule_order` ranks them."""

@@ -5,6 +5,7 @@ its best layout or closest miss and why it lost (`FamilyOutcome`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from scaletrain.config import (
     GB,
@@ -117,7 +118,8 @@ class SearchResult:
         )
 
 
-def _complexity(e: Estimate) -> tuple[int, ...]:
+def _complexity(e: Estimate) -> Any:
+    """search.complexity of `e`'s layout (imported here: layouts imports this module)."""
     from .layouts import complexity  # the rule's one home
 
     return complexity(e.plan.layout, e.plan.offload)
