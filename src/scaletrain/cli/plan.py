@@ -31,7 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         default="scaletrain",
         metavar="NAME",
         help="plan what this framework allocates: scaletrain (default), megatron, deepspeed, "
-        "torchtitan, nanotron, nemo (megatron's memory, NeMo's overlapped communication)",
+        "torchtitan, nanotron, nemo (megatron's memory, NeMo's overlapped communication); an "
+        "unset --zero, --sp, --pp-schedule or --ac takes that framework's documented default "
+        "(printed; `explain` cites each source)",
     )
     a(
         "--preflight",
