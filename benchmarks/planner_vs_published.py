@@ -46,6 +46,7 @@ from _common import write_results  # noqa: E402
 from scaletrain.config import GiB  # noqa: E402
 from scaletrain.planner import default_efficiency, estimate, head_activation_bytes  # noqa: E402
 from scaletrain.planner.memory.head import MicroBatchShape  # noqa: E402
+from scaletrain.planner.memory.rank import pipeline_rank_memory  # noqa: E402
 from scaletrain.planner.recipes.memory import recipe_rank_memory  # noqa: E402
 from scaletrain.planner.recipes.published import (  # noqa: E402
     PublishedRun,
@@ -67,9 +68,20 @@ WORST = 6
 
 def predict(run: PublishedRun, recipe: str = "scaletrain") -> Prediction:
     """scaletrain's planner on `run` under `recipe`: (memory GiB of the kind the row publishes,
-    step s, fits). Call only for rows `refusals(run, recipe)` accepts."""
-    e = estimate(plan_input(run, recipe))
-    mem = e.memory.total if run.measured.memory_kind == "allocated" else e.memory.reserved
+    step s, fits). The memory is the worst rank's, or the pipeline rank the source read when it
+    says (`measured.pipeline_rank`); fits is the worst rank's. Call only for rows
+    `refusals(run, recipe)` accepts."""
+    p = plan_input(run, recipe)
+    e = estimate(p)
+    mem_b = e.memory
+    k = run.measured.pipeline_rank
+    if k is not None and p.layout.pp > 1:
+        mem_b = (
+            pipeline_rank_memory(p, k)
+            if recipe == "scaletrain"
+            else recipe_rank_memory(p, recipe_named(recipe), k)
+        )
+    mem = mem_b.total if run.measured.memory_kind == "allocated" else mem_b.reserved
     return mem / GiB, e.time.step_s, e.memory.fits
 
 
@@ -77,7 +89,12 @@ def predict_rank_range(run: PublishedRun, recipe: str) -> tuple[float, float] | 
     """(min, max) over pipeline ranks of a foreign `recipe`'s reserved GiB, for rows whose
     source does not say which GPU it read (memory_kind 'unknown') and whose ranks differ
     (pp > 1); None otherwise. Ranks inside a pipeline stage (dp, tp, cp) hold the same."""
-    if recipe == "scaletrain" or run.measured.memory_kind != "unknown" or run.layout.layout.pp == 1:
+    if (
+        recipe == "scaletrain"
+        or run.measured.memory_kind != "unknown"
+        or run.layout.layout.pp == 1
+        or run.measured.pipeline_rank is not None
+    ):
         return None
     p = plan_input(run, recipe)
     r = recipe_named(recipe)
@@ -302,6 +319,7 @@ def evaluate(
             "num_gpus": run.num_gpus,
             "layout": run.layout.layout.label(),
             "source": run.source,
+            "added_after": run.added_after,
             "measured": {
                 "memory_gib": m.memory_gib,
                 "memory_kind": m.memory_kind,
@@ -376,10 +394,14 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     'common' = the rows both tools predict (neither refused nor n/a)."""
     frameworks = sorted({r["framework"] for r in rows})
     common = [r for r in rows if all("err_memory" in r[t] for t in TOOLS)]
+    tuned = [r for r in rows if not r.get("added_after")]
+    added = [r for r in rows if r.get("added_after")]
     return {
         tool: {
             "all": _tool_summary(rows, tool),
             "common": _tool_summary(common, tool),
+            "tuned": _tool_summary(tuned, tool),
+            "added": _tool_summary(added, tool),
             **{
                 f: _tool_summary([r for r in rows if r["framework"] == f], tool) for f in frameworks
             },
@@ -407,10 +429,12 @@ def _fit(s: dict[str, Any]) -> str:
 def summary_table(summary: dict[str, Any]) -> str:
     """Markdown table: per framework and overall, the three predictors side by side
     (scaletrain's default recipe / the row's framework recipe / llm-analysis)."""
+    split = ("tuned", "added") if summary["scaletrain"]["added"]["rows"] else ()
     keys = [
         "all",
         "common",
-        *sorted(k for k in summary["scaletrain"] if k not in ("all", "common")),
+        *split,
+        *sorted(k for k in summary["scaletrain"] if k not in ("all", "common", "tuned", "added")),
     ]
     head = (
         "| framework | runs | memory err median / max: default / framework recipe / "
@@ -421,7 +445,12 @@ def summary_table(summary: dict[str, Any]) -> str:
     lines = [head]
     for k in keys:
         s, r, p = (summary[t][k] for t in TOOLS)
-        label = {"all": "**overall**", "common": "*rows all predict*"}.get(k, k)
+        label = {
+            "all": "**overall**",
+            "common": "*rows all predict*",
+            "tuned": "*rows the model was tuned on*",
+            "added": "*rows added after the model (added_after)*",
+        }.get(k, k)
         lines.append(
             f"| {label} | {s['rows']} "
             f"| {' / '.join(_medmax(x['memory']) for x in (s, r, p))} "
@@ -436,7 +465,7 @@ def range_line(summary: dict[str, Any]) -> str:
     """The framework recipes' memory error with unstated-rank rows held against the per-rank
     range, overall and per framework, beside the worst-rank figure."""
     rec = summary["recipe"]
-    keys = ["all", *sorted(k for k in rec if k not in ("all", "common"))]
+    keys = ["all", *sorted(k for k in rec if k not in ("all", "common", "tuned", "added"))]
     parts = [
         f"{'overall' if k == 'all' else k} {_medmax(rec[k]['memory_range'])} "
         f"(worst rank: {_medmax(rec[k]['memory'])})"

@@ -1,10 +1,11 @@
 """Orchestration above the trainer and the dry-run: what `scaletrain train` does before and
 around `trainer.train`.
 
-`parallel.layout = "auto"` is resolved here: the planner's search picks the fastest fitting
-layout for the world size, and a preflight dry-run (the trainer's own step under fake tensors,
-in a fresh process) checks the chosen layout's memory before any rank allocates. This module
-sits above both `trainer/` and `dryrun/`, so neither imports the other's caller.
+`parallel.layout = "auto"` is resolved here: the planner's search picks a fitting layout for
+the world size (its rule of thumb: the simplest within 10% of the fastest), and a preflight
+dry-run (the trainer's own step under fake tensors, in a fresh process) checks the chosen
+layout's memory before any rank allocates. This module sits above both `trainer/` and
+`dryrun/`, so neither imports the other's caller.
 """
 
 from __future__ import annotations
@@ -181,7 +182,8 @@ def _size(b: float) -> str:
 
 
 def auto_layout(job: JobConfig, world_size: int, hardware: HardwareSpec) -> JobConfig:
-    """The job with the planner's fastest fitting layout for `world_size` ranks.
+    """The job with the planner's pick for `world_size` ranks (the simplest fitting layout
+    within `search.SIMPLER_LAYOUT_MARGIN` of the fastest).
 
     Only degrees (dp, ZeRO stage, tp, sp, pp + schedule, cp, ep) are chosen: the micro-batch
     and activation-checkpointing policy stay as configured, so the data stream is the one asked

@@ -94,7 +94,8 @@ CASES = [
         ["explain", "--recipe=megatron", "--gpus=8", "--pp=2", "--pp-schedule=zero-bubble"],
         "--pp-schedule",
     ),
-    (["explain", "--recipe=torchtitan", "--gpus=8", "--tp=2"], "--zero"),
+    # torchtitan's default for an unset --zero is FSDP (recipes/defaults.py): state plain DDP
+    (["explain", "--recipe=torchtitan", "--gpus=8", "--tp=2", "--zero=0"], "--zero"),
     (["explain", "--recipe=deepspeed", "--gpus=8", "--offload=params"], "--offload"),
     # a search the recipe cannot satisfy names the pinned flag (it named --gpus before)
     (["plan", "--recipe=nanotron", "--gpus=8", "--ac=selective"], "--ac"),

@@ -538,6 +538,13 @@ def test_explain_convention_reproduces_seed004_gpt2(capsys: pytest.CaptureFixtur
         ],
     )
     assert "textbook total = 24.0 GB + 8.97 GB = 33.0 GB" in out
+    # the textbook fits and the planner does not (#41): the output names the term behind it,
+    # and taking that term out of the planner's reserved bytes flips its verdict
+    assert "-> fits (planner:" in out and "DOES NOT FIT" in out
+    flat = " ".join(out.split())  # the line wraps at the terminal's width
+    why = flat[flat.index("why the verdicts differ") : flat.index("ignores: buffers")]
+    assert "the term that makes the difference is model states (+3.9 GB)" in why
+    assert why.rstrip().endswith("without it the planner's 33.8 GB fits")
     out = _run(
         capsys,
         [

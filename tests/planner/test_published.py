@@ -193,8 +193,10 @@ def test_benchmark_summary_is_consistent_on_a_slice(runs) -> None:
     assert s["all"]["fit"]["n"] == len(fit) and s["all"]["fit"]["correct"] == sum(fit)
     assert s["all"]["fit"]["oom_rows"] == 1
     # per-framework counts add up to the overall ones
-    fw = [k for k in s if k not in ("all", "common")]
+    fw = [k for k in s if k not in ("all", "common", "tuned", "added")]
     assert sorted(fw) == ["deepspeed", "llm-foundry", "nemo", "torchtitan"]
+    # rows of the corpus the model was built against vs rows added after it (added_after)
+    assert s["tuned"]["rows"] == 6 and s["added"]["rows"] == 0
     for key in ("rows", "predicted", "refused"):
         assert sum(s[k][key] for k in fw) == s["all"][key]
     assert sum(s[k]["step"]["n"] for k in fw) == s["all"]["step"]["n"]

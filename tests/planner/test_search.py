@@ -7,8 +7,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scaletrain.config import hardware_preset, layout_problems, resolve_model
-from scaletrain.planner.search.layouts import FAMILIES, family_of, search
-from scaletrain.planner.types import layout_label
+from scaletrain.planner.search.layouts import (
+    FAMILIES,
+    SIMPLER_LAYOUT_MARGIN,
+    Complexity,
+    complexity,
+    family_of,
+    rule_order,
+    search,
+)
+from scaletrain.planner.types import Estimate, layout_label
 
 pytest.importorskip("scaletrain.planner.estimate")
 
@@ -31,9 +39,27 @@ def test_every_result_is_legal_and_fits(
     res = search(cfg, hardware_preset(gpu), gpus, seq_len=seq, global_batch=gb, top_k=50)
     # every legal candidate's memory is evaluated (plus one probe per layout); counts are honest
     assert res.evaluated >= res.legal >= res.fitting >= len(res.top)
-    # fastest first; equal step times (to 9 digits) in order of reserved memory
-    keys = [(float(f"{e.time.step_s:.9g}"), e.memory.reserved) for e in res.top]
-    assert keys == sorted(keys)
+    # the rule of thumb's order (search.rule_order): the layouts within the margin of the
+    # fastest come first, simplest first; then the others, fastest first; equal step times
+    # (to 9 digits) go to the simpler layout, then to the one reserving less memory
+    assert (res.fastest is None) == (res.best is None) == (not res.top)
+    if res.fastest is None or res.best is None:
+        return
+    limit = float(f"{res.fastest.time.step_s:.9g}") * (1 + SIMPLER_LAYOUT_MARGIN)
+
+    def key(e: Estimate) -> tuple[float, Complexity, float]:
+        return (
+            float(f"{e.time.step_s:.9g}"),
+            complexity(e.plan.layout, e.plan.offload),
+            e.memory.reserved,
+        )
+
+    near = [key(e) for e in res.top if key(e)[0] <= limit]
+    far = [key(e) for e in res.top if key(e)[0] > limit]
+    assert [key(e) for e in res.top] == near + far
+    assert near == sorted(near, key=lambda k: (k[1], k[0], k[2]))
+    assert far == sorted(far)
+    assert res.best.time.step_s <= res.fastest.time.step_s * (1 + SIMPLER_LAYOUT_MARGIN)
     for e in res.top:
         p = e.plan
         assert (
@@ -151,27 +177,33 @@ def test_unknown_pin_is_a_config_error() -> None:
         search(resolve_model("tiny"), hardware_preset("cpu"), 1, seq_len=32, global_batch=4, foo=1)
 
 
-def test_equal_step_times_go_to_the_layout_with_less_memory(monkeypatch) -> None:
-    """Same step time: the layout reserving less memory ranks first (and is its family's best);
-    a faster layout still beats a leaner one."""
-    from types import SimpleNamespace
+def test_rule_order_prefers_the_simpler_layout_within_the_margin() -> None:
+    """search.rule_order: equal step times go to the simpler layout, then to the leaner one; a
+    more complex layout wins only when it is more than SIMPLER_LAYOUT_MARGIN faster."""
+    from scaletrain.config import Layout
 
-    from scaletrain.planner.search import layouts as search_mod
-
-    costs = {"lean": (40e9, 10.0), "fat": (70e9, 10.0), "fast": (75e9, 9.0)}
-    monkeypatch.setattr(
-        search_mod,
-        "reserved_and_step",
-        lambda plan, memory_only=False, terms=None: costs[plan.name],
-    )
-    tally = search_mod._Tally()
-    plans = {n: SimpleNamespace(name=n) for n in ("fat", "lean", "fast")}
-    for name in ("fat", "lean"):  # recorded first: the order alone would keep "fat" ahead
-        assert tally.record(plans[name], "TP", True)
-    assert tally.best["TP"][1] is plans["lean"]
-    tally.record(plans["fast"], "PP", True)
-    tally.fits.sort(key=lambda t: t[:3])
-    assert [t[-1].name for t in tally.fits] == ["fast", "lean", "fat"]
+    fsdp = complexity(Layout(dp=8, zero=3))
+    ddp = complexity(Layout(dp=8, zero=0))
+    tp = complexity(Layout(dp=4, zero=3, tp=2))
+    pp = complexity(Layout(dp=4, zero=1, pp=2))
+    assert ddp < fsdp < tp < pp  # plain DP, then ZeRO, then TP, PP last
+    m = SIMPLER_LAYOUT_MARGIN
+    fits = [
+        (10.0, tp, 50e9, 0, "tp"),  # the fastest
+        (10.0, fsdp, 70e9, 1, "fsdp-fat"),  # as fast, simpler: ahead of tp
+        (10.0, fsdp, 40e9, 2, "fsdp-lean"),  # as fast and as simple, leaner: first
+        (10.0 * (1 + m) * 0.999, ddp, 75e9, 3, "ddp"),  # simplest, just inside the margin
+        (10.0 * (1 + m) * 1.01, ddp, 30e9, 4, "ddp-slow"),  # outside: after the fast ones
+        (9.0, pp, 60e9, 5, "pp"),  # fastest of all now, by more than... see below
+    ]
+    names = [t[-1] for t in rule_order(fits)]
+    # the fastest is pp (9 s); the margin is 9.9 s: only pp itself is inside it
+    assert names == ["pp", "fsdp-lean", "fsdp-fat", "tp", "ddp", "ddp-slow"]
+    names = [t[-1] for t in rule_order(fits[:5])]  # without pp: the fastest is 10 s
+    assert names == ["ddp", "fsdp-lean", "fsdp-fat", "tp", "ddp-slow"]
+    # a non-finite step (absurd flags) is kept, last, for the output's finiteness check
+    nan = [(float("nan"), ddp, 1e9, 6, "nan"), *fits[:2]]
+    assert [t[-1] for t in rule_order(nan)][-1] == "nan" and len(rule_order(nan)) == 3
 
 
 def test_a_family_with_no_legal_layout_names_the_rule(monkeypatch) -> None:

@@ -3,8 +3,10 @@
 The defaults are the job config's own (`scaletrain.config.JobConfig`): the same flags describe the
 same job in every verb. Values the user left unset that depend on others are derived here, once,
 and reported: the world size (from the degrees), the precision (bf16 on an accelerator with bf16
-tensor cores, else fp32), the global batch (a multiple of dp), the micro-batch (global batch /
-dp, the largest the layout allows) and the vocabulary (a BPE tokenizer's size). No torch.
+tensor cores, else fp32), a real model's sequence length and global batch under plan / explain /
+dryrun (`config.run_defaults`: its context length, a batch in tokens from GPT-3's ladder), the
+global batch (a multiple of dp), the micro-batch (global batch / dp, the largest the layout
+allows) and the vocabulary (a BPE tokenizer's size). No torch.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from scaletrain.config import (
     precision_problem,
 )
 from scaletrain.config.loading import read_toml
+from scaletrain.config.run_defaults import PRETRAIN_SEQ_LEN, run_defaults
 
 __all__ = [
     "FLAGS",
@@ -71,7 +74,6 @@ FLAGS: dict[str, tuple[str, str]] = {
 """flag dest -> (section, key) of the job config it sets."""
 
 _DEGREES = ("dp", "zero", "tp", "sp", "pp", "pp_schedule", "pp_virtual", "cp", "ep")
-_SEED_GLOBAL_BATCH = JobConfig().batch.global_batch
 _DEFAULT_MICRO_BATCH = JobConfig().batch.micro_batch
 
 
@@ -93,13 +95,19 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
     )
     a("--gpu", metavar="TYPE", help=f"hardware preset (default {d.hardware.gpu})")
     a("--gpus-per-node", type=int, metavar="N", help="override the preset's GPUs per node")
-    a("--seq-len", type=int, metavar="N", help=f"tokens per sequence (default {d.batch.seq_len})")
+    a(
+        "--seq-len",
+        type=int,
+        metavar="N",
+        help="tokens per sequence (default: a real model's context length, at most "
+        f"{PRETRAIN_SEQ_LEN}; the toy models' {d.batch.seq_len})",
+    )
     a(
         "--global-batch",
         type=int,
         metavar="N",
-        help="sequences per optimizer step (default "
-        f"{d.batch.global_batch}, raised to a multiple of dp)",
+        help="sequences per optimizer step (default: a real model's GPT-3-ladder batch in "
+        f"tokens / seq-len; the toy models' {d.batch.global_batch}; raised to a multiple of dp)",
     )
     a(
         "--micro-batch",
@@ -238,19 +246,47 @@ def _derive_vocab(d: _Derivation, job: JobConfig) -> None:
         )
 
 
-def _derive_batch(
-    d: _Derivation, job: JobConfig, world: int, *, micro_batch_given: bool, search: bool
-) -> None:
-    """A global batch dp divides, and the micro-batch, unless given."""
-    dp = _dp(job, world)
+def _derive_run_size(d: _Derivation, job: JobConfig) -> int:
+    """A named real model's sequence length and global batch (`config.run_defaults`: its
+    context length, a realistic batch in tokens), each unless given; returns the global batch
+    the rest of the derivation starts from."""
     gb = job.batch.global_batch
+    defaults = run_defaults(job.model)
+    if defaults is None:
+        return gb
+    if not d.res.is_given("batch", "seq_len"):
+        d.put("batch", "seq_len", defaults.seq_len, defaults.seq_why, job.batch.seq_len)
+    if not d.res.is_given("batch", "global_batch"):
+        gb = defaults.global_batch
+        d.put("batch", "global_batch", gb, defaults.batch_why, job.batch.global_batch)
+    return gb
+
+
+def _derive_batch(
+    d: _Derivation,
+    job: JobConfig,
+    world: int,
+    *,
+    micro_batch_given: bool,
+    search: bool,
+    global_batch: int,
+    real_model: bool = False,
+) -> None:
+    """A global batch dp divides, and the micro-batch, unless given. `global_batch` is the
+    batch so far (the job's, or a real model's default). The micro-batch is the largest the
+    layout allows (no accumulation), or for a real model planned at its own defaults
+    (`real_model`) the smallest: one sequence of thousands of tokens per micro-batch, with
+    gradient accumulation, as published runs of such models do (torchtitan's Llama 3 local
+    batch 1-2, Megatron-LM's and NeMo's MBS 1)."""
+    dp = _dp(job, world)
+    gb = seed = global_batch
     if not d.res.is_given("batch", "global_batch") and dp and gb % dp:
-        gb = dp * -(-_SEED_GLOBAL_BATCH // dp)
+        gb = dp * -(-seed // dp)
         d.put(
             "batch",
             "global_batch",
             gb,
-            f"the smallest multiple of dp={dp} >= {_SEED_GLOBAL_BATCH}",
+            f"the smallest multiple of dp={dp} >= {seed}",
             job.batch.global_batch,
         )
     if not micro_batch_given:
@@ -262,7 +298,7 @@ def _derive_batch(
                 f"must be a multiple of dp={dp} (global batch = dp x micro-batch x "
                 f"accumulation steps): use {' or '.join(str(v) for v in (lo, hi) if v)}",
             )
-        mb = _micro_batch(job, world, gb, dp) if dp and not search else None
+        mb = _micro_batch(job, world, gb, dp, smallest=real_model) if dp and not search else None
         if mb is None:  # nothing to derive from: the layout's own errors name the fix
             fallback = _DEFAULT_MICRO_BATCH if gb % _DEFAULT_MICRO_BATCH == 0 else 1
             d.extra.setdefault("batch", {})["micro_batch"] = fallback
@@ -274,7 +310,8 @@ def _derive_batch(
                 "micro_batch",
                 mb,
                 f"global batch {gb} / dp {dp}"
-                + ("" if mb * dp == gb else f" / {gb // (mb * dp)} micro-batches"),
+                + ("" if mb * dp == gb else f" / {gb // (mb * dp)} micro-batches")
+                + (" (a real model: the smallest micro-batch, accumulating)" if real_model else ""),
                 _DEFAULT_MICRO_BATCH,
             )
 
@@ -285,11 +322,15 @@ def resolve_job(
     *,
     world_size: int | None = None,
     search: bool = False,
+    real_model_defaults: bool = False,
 ) -> ResolvedJob:
     """The job `config_path` + `overrides` describe, with unset dependent values derived.
 
     `world_size`: the run's real world size (train); None derives it from the config. `search`:
     the planner will choose the layout and micro-batch, so neither is derived here.
+    `real_model_defaults` (plan, explain, dryrun): a real model (`config.run_defaults`) left
+    without a sequence length or global batch is planned at its own defaults, not the
+    embedded toy job's.
     """
     if isinstance(overrides, list):
         overrides = parse_overrides(overrides)
@@ -305,7 +346,13 @@ def resolve_job(
     d = _Derivation(res)
     _derive_dtype(d, job)
     _derive_vocab(d, job)
-    _derive_batch(d, job, world, micro_batch_given=mb_given, search=search)
+    real = real_model_defaults and run_defaults(job.model) is not None
+    gb = _derive_run_size(d, job) if real else job.batch.global_batch
+    # the smallest micro-batch only where the global batch is the real model's default too
+    small = real and not res.is_given("batch", "global_batch")
+    _derive_batch(
+        d, job, world, micro_batch_given=mb_given, search=search, global_batch=gb, real_model=small
+    )
     extra = d.extra
     if extra:
         merged = {s: {**overrides.get(s, {}), **extra.get(s, {})} for s in {*overrides, *extra}}
@@ -327,7 +374,9 @@ def resolve_from_flags(args: argparse.Namespace, *, search: bool = False) -> Res
     flag, not the config field."""
     given = flag_overrides(args)
     try:
-        return resolve_job(getattr(args, "config", None), given, search=search)
+        return resolve_job(
+            getattr(args, "config", None), given, search=search, real_model_defaults=True
+        )
     except ConfigError as e:
         section, _, key = e.field.partition(".")
         flag = flag_for(e.field)
@@ -345,8 +394,11 @@ def _dp(job: JobConfig, world: int) -> int | None:
     return world // rest if world % rest == 0 else None
 
 
-def _micro_batch(job: JobConfig, world: int, global_batch: int, dp: int) -> int | None:
-    """The largest micro-batch the layout's batch rules allow (no accumulation when possible)."""
+def _micro_batch(
+    job: JobConfig, world: int, global_batch: int, dp: int, *, smallest: bool = False
+) -> int | None:
+    """The largest micro-batch the layout's batch rules allow (no accumulation when possible),
+    or with `smallest` the smallest they allow."""
     if global_batch % dp:
         return None
     try:
@@ -354,7 +406,8 @@ def _micro_batch(job: JobConfig, world: int, global_batch: int, dp: int) -> int 
     except ConfigError:
         return None
     per_rank = global_batch // dp
-    for mb in range(per_rank, 0, -1):
+    order = range(1, per_rank + 1) if smallest else range(per_rank, 0, -1)
+    for mb in order:
         if per_rank % mb == 0 and not batch_problems(layout, global_batch, mb):
             return mb
     return None

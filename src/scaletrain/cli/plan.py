@@ -31,7 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         default="scaletrain",
         metavar="NAME",
         help="plan what this framework allocates: scaletrain (default), megatron, deepspeed, "
-        "torchtitan, nanotron, nemo (megatron's memory, NeMo's overlapped communication)",
+        "torchtitan, nanotron, nemo (megatron's memory, NeMo's overlapped communication); an "
+        "unset --zero, --sp, --pp-schedule or --ac takes that framework's documented default "
+        "(printed; `explain` cites each source)",
     )
     a(
         "--preflight",
@@ -146,16 +148,22 @@ def _inputs(args: argparse.Namespace) -> dict[str, Any]:
         res = _resolve(args, search=False)
     job = res.job
     if from_config:
+        # the degrees as the config resolves them; the zero stage, sequence parallelism and
+        # schedule only where the file states them (a --recipe fills the others with its
+        # framework's defaults, recipes/defaults.py; the default recipe with the job's)
+        stated = {
+            k: v
+            for k, v in (("zero", p.zero), ("sp", p.sp), ("pp_schedule", p.pp_schedule))
+            if res.is_given("parallel", k) or args.recipe == "scaletrain"
+        }
         pinned = {
             "dp": None if p.dp == -1 else p.dp,
-            "zero": p.zero,
             "tp": p.tp,
-            "sp": p.sp,
             "pp": p.pp,
-            "pp_schedule": p.pp_schedule,
             "pp_virtual": p.pp_virtual,
             "cp": p.cp,
             "ep": p.ep,
+            **stated,
             **pinned,
         }
 
@@ -175,6 +183,7 @@ def _inputs(args: argparse.Namespace) -> dict[str, Any]:
         "precision": job.precision.dtype,
         "optimizer": job.optim.name,
         "ac": chosen("memory", "ac", job.memory.ac),
+        "ac_given": res.is_given("memory", "ac"),
         "offload": chosen("memory", "offload", job.memory.offload),
         "compile": job.train.compile,
         "derived": res.notes(),
@@ -240,9 +249,14 @@ def _flag(field: str) -> str:
 
 def _evaluate(inp: dict[str, Any]) -> Any:
     from scaletrain.planner.estimate import estimate
+    from scaletrain.planner.recipes.defaults import apply_defaults
     from scaletrain.planner.types import PlanInput
 
-    layout = _exact_layout(inp)
+    given = [k for k in ("zero", "sp", "pp_schedule") if inp["pinned"].get(k) is not None]
+    # an AC mode left unset is the job's under the default recipe, a framework's default else
+    ac_in = inp["ac"] if inp["ac_given"] or inp["recipe"] == "scaletrain" else None
+    filled = apply_defaults(inp["recipe"], _exact_layout(inp), ac_in, given)
+    layout = filled.layout
     mb = inp["micro_batch"] or 1
     try:
         check_layout(
@@ -258,7 +272,7 @@ def _evaluate(inp: dict[str, Any]) -> Any:
         raise ConfigError(_flag(e.field), e.value, e.fix) from None
     from scaletrain.planner.recipes.memory import recipe_problems
 
-    ac, offload = inp["ac"] or "none", inp["offload"] or "none"
+    ac, offload = filled.ac, inp["offload"] or "none"
     problems = recipe_problems(inp["recipe"], layout, ac=ac, offload=offload)
     if problems:
         first = problems[0]
@@ -278,6 +292,7 @@ def _evaluate(inp: dict[str, Any]) -> Any:
         efficiency=inp["efficiency"],
         recipe=inp["recipe"],
         optimizer=inp["optimizer"],
+        assumed=filled.lines,
     )
     return estimate(plan)
 
@@ -306,6 +321,12 @@ def _one_layout(
         from scaletrain.planner.output.report import render_estimates
 
         lines.append(render_estimates(estimates))
+        if est.plan.assumed:  # `explain` prints each with its source (recipes/defaults.py)
+            shown = "; ".join(line.split(" [", 1)[0] for line in est.plan.assumed)
+            lines.append(
+                f"note: {inp['recipe']} defaults assumed for what was not given: {shown} "
+                "(`explain` cites the source of each)"
+            )
     return estimates
 
 

@@ -78,7 +78,8 @@ class ParallelConfig:
     ep: int = 1
     layout: LayoutMode = "auto"
     """'auto': when the run names no degrees (all defaults) and has more than one rank, the
-    planner picks the fastest layout that fits; 'manual' always uses the degrees above."""
+    planner picks a layout that fits (the simplest within 10% of the fastest: planner.search);
+    'manual' always uses the degrees above."""
 
     def __post_init__(self) -> None:
         require(self.dp == -1 or self.dp >= 1, "parallel.dp", self.dp, "use -1 (auto) or >= 1")

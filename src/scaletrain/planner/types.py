@@ -67,6 +67,9 @@ class PlanInput:
     runtime_context_bytes: float | None = None
     """Foreign recipes: the CUDA context (+ kernels) of the run's own runtime as measured on
     its cards (None: the recipe's `cuda_context_bytes`)."""
+    assumed: tuple[str, ...] = ()
+    """The framework defaults the recipe filled in for fields the user did not give, one line
+    each with its source (`recipes.defaults.apply_defaults`); `explain` prints them."""
 
     # Derived once per plan (the search reads them for every rank and moment); cached_property
     # stores in the instance dict, outside the frozen fields, equality and hash.

@@ -31,6 +31,7 @@ __all__ = [
     "alignment",
     "SM_COUNTS",
     "textbook_lines",
+    "verdict_difference",
     "ring_allreduce",
     "layer_gemm_flops",
 ]
@@ -300,11 +301,57 @@ def textbook_lines(
         f"{'fits' if total <= p.hardware.memory_bytes else 'DOES NOT FIT'} "
         f"(planner: {gb(est.memory.total)} allocated)"
     )
+    why = verdict_difference(est, states, acts)
+    if why:
+        out.append(f"   {why}")
     out.append(
         "   ignores: buffers, allocator, CUDA context, logits and embeddings, GQA/SwiGLU "
         "shapes, flash attention's missing s x s scores (use --ac selective)"
     )
     return out
+
+
+def verdict_difference(est: Estimate, states: float, acts: float) -> str | None:
+    """When the textbook total (`states` + `acts`) and the planner disagree on 'fits', the
+    term that makes the difference: the planner's reserved bytes minus the textbook total, split
+    into model states (params + grads + optimizer, the planner's in-flight copies included),
+    activations, buffers (incl. the CUDA context; the textbook has none), the allocator's
+    reserve (reserved - allocated) and the overlap of the planner's terms (its fields are each
+    at their own peak, so their sum can exceed the allocated peak: a negative term). The term
+    named is the largest one pushing the planner's side of the verdict, with the planner's
+    reserved without it. None when both say the same."""
+    from scaletrain.config import GB
+
+    mem, cap = est.memory, est.plan.hardware.memory_bytes
+    book_fits = states + acts <= cap
+    if book_fits == mem.fits:
+        return None
+    planner_states = mem.params + mem.grads + mem.optimizer
+    fields = planner_states + mem.activations + mem.buffers
+    terms = {
+        "model states": planner_states - states,
+        "activations": mem.activations - acts,
+        "buffers (textbook: none)": mem.buffers,
+        "allocator reserve": mem.reserved - mem.total,
+        "terms not at their peak together": mem.total - fields,
+    }
+    sign = 1.0 if book_fits else -1.0  # the planner is the heavier side, or the lighter one
+    name, delta = max(terms.items(), key=lambda kv: sign * kv[1])
+    split = ", ".join(f"{k} {v / GB:+.1f}" for k, v in terms.items())
+    without = mem.reserved - delta
+    flips = "fits" if without <= cap else "still does not fit"
+    if not book_fits:
+        flips = "would not fit" if without > cap else "still fits"
+    largest = ""
+    if name.startswith("buffers") and mem.buffer_terms:
+        k, v = max(mem.buffer_terms.items(), key=lambda kv: kv[1])
+        largest = f"; largest {k} {v / GB:.1f} GB"
+    return (
+        f"why the verdicts differ: the term that makes the difference is {name} "
+        f"({delta / GB:+.1f} GB{largest}); planner reserved {mem.reserved / GB:.1f} GB - "
+        f"textbook {(states + acts) / GB:.1f} GB = "
+        f"{split} GB; without it the planner's {without / GB:.1f} GB {flips}"
+    )
 
 
 def ring_allreduce(nbytes: float, ranks: int, bytes_per_s: float) -> tuple[float, int, float]:

@@ -168,6 +168,24 @@ def _recipe_states(est: Estimate) -> list[str]:
     )
     for name, value, key in rows:
         out.append(f"   [{r.name}] {name:<13} {value} -- {src.get(key, 'see recipes.py')}")
+    return out + _recipe_defaults(est)
+
+
+def _recipe_defaults(est: Estimate) -> list[str]:
+    """The framework defaults a foreign recipe filled in for what the plan did not give, and
+    the framework settings its terms rest on, each with where it is read from
+    (recipes/defaults.py)."""
+    from ..recipes.defaults import KNOB_DEFAULTS
+
+    name = est.plan.recipe
+    out = []
+    if est.plan.assumed:
+        out.append(f"   [{name}] defaults assumed for what was not given:")
+        out += [f"     {line}" for line in est.plan.assumed]
+    knobs = KNOB_DEFAULTS.get(name, ())
+    if knobs:
+        out.append(f"   [{name}] framework settings the terms assume at their defaults:")
+        out += [f"     {k.name} = {k.value} [{k.source}]" for k in knobs]
     return out
 
 

@@ -142,12 +142,16 @@ def render_estimates(
 
 
 def render_search(result: SearchResult) -> str:
-    """Top-K table, then one line per losing family with its reason."""
+    """Top-K table (in the rule of thumb's order: search.rule_order), the pick and, when it is
+    not the fastest layout, why; then one line per losing family with its reason."""
     out = [render_estimates(result.top, title=f"top {len(result.top)} layouts")]
     if not result.top:
         out.append("No layout fits. Closest miss per family:")
     else:
         out.append(f"best: {layout_label(result.top[0])}")
+        why_pick = result.preference()
+        if why_pick:
+            out.append(why_pick)
         out.append("why the other strategy families lost:")
     width = terminal_width()
     for fam, why in result.why_others_lost().items():

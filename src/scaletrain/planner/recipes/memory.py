@@ -16,7 +16,9 @@ Peak model (every rank that can be the worst is evaluated; the worst by reserved
     the loss's stored logits and its backward temporaries + under full AC one layer's full set
     while it is recomputed;
   step peak = states + the step's temporaries + buffers;
-  total = max(both) + CUDA context; reserved = total + fragmentation x (total - context).
+  end of a micro-batch's backward (recipes whose 16-bit .grad lives until then, Nanotron) =
+    states + buffers + that .grad + the other in-flight micro-batches' activations;
+  total = max(all) + CUDA context; reserved = total + fragmentation x (total - context).
 Ignores: gradients filling during the first micro-batch's backward (the whole gradient buffer
 is counted from the start: Megatron and Nanotron allocate it up front), NCCL's internal
 buffers beyond the context term, per-op temporaries inside a layer (< 1 layer's activations).
@@ -252,6 +254,9 @@ def _recipe_buffers(plan: PlanInput, recipe: Recipe, P: float, bufs: dict[str, f
     L, z, N = plan.layout, plan.layout.zero, plan.layout.zero_shards
     if (L.dp > 1 or N > 1) and recipe.ddp_bucket == "copy" and z < 2:
         bufs["ddp_buckets"] = recipe.bucket_elem_bytes * P
+    elif L.dp > 1 and z == 0 and recipe.ddp_reducer_copy_bytes:
+        # torch DDP's bucket copy beside the framework's own fp32 buffer (Nanotron)
+        bufs["ddp_buckets"] = recipe.ddp_reducer_copy_bytes * P
     elif recipe.ddp_bucket == "ipg" and z >= 1:
         # the ZeRO optimizer reduces through its ipg buffer at any dp, dp = 1 included
         # (DeepSpeed stage_1_and_2.py reduce_gradients: 'with PP we must create ipg buffer')
@@ -319,7 +324,11 @@ def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBrea
     fwdbwd = states + in_params + in_grads + buffers - rs + acts + max(recompute + rs, loss_tmp)
     step_tmp = 4.0 * P / (N if z >= 1 else 1) if recipe.step_grad_fp32_copy and not fp32 else 0.0
     step = states + step_tmp + buffers - rs
-    total = max(fwdbwd, step)
+    # the end of a micro-batch's backward (Recipe.param_grads_until_backward_end): the 16-bit
+    # .grad of every parameter of the rank, the other in-flight micro-batches' activations
+    grads_end = e * P if recipe.param_grads_until_backward_end and not fp32 else 0.0
+    end_bwd = states + buffers - rs + grads_end + max(0.0, inflight - 1) * layers * per_layer
+    total = max(fwdbwd, step, end_bwd if grads_end else 0.0)
     reserved = total + recipe.fragmentation * (total - ctx)
     cap = plan.hardware.memory_bytes
     return MemoryBreakdown(
@@ -343,6 +352,7 @@ def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBrea
             "activations.in_flight": inflight,
             "activations.head": head_stored,
             "optimizer_step.temp": step_tmp,
+            "grads.param_dtype_at_backward_end": grads_end,
             "allocator_reserve": reserved - total,
             "params.count": P,
             "pipeline_rank": rank,

@@ -35,6 +35,7 @@ from scaletrain.config.choices import ACMode, Precision, literal_names
 from scaletrain.config.strict import coerce, scalar_type
 
 from ..types import PlanInput
+from .defaults import Assumed, apply_defaults
 
 __all__ = [
     "PublishedRun",
@@ -45,6 +46,7 @@ __all__ = [
     "load_runs",
     "parse_runs",
     "plan_input",
+    "run_layout",
     "refusals",
     "FRAMEWORK_RECIPE",
     "recipe_of",
@@ -84,6 +86,7 @@ _RUN_KEYS = {
     "layout",
     "measured",
     "assumed",
+    "added_after",
 }
 
 
@@ -104,6 +107,9 @@ class RunLayout:
     fused_norm: bool = False
     """The run's RMSNorm was a fused kernel saving its 16-bit input and rstd (torchtitan's
     norm_type 'fused_rmsnorm')."""
+    given: frozenset[str] = frozenset()
+    """The keys the row's `layout` table states; a framework recipe fills the others it knows
+    with its framework's defaults (`recipes.defaults`)."""
 
 
 @dataclass(frozen=True)
@@ -117,6 +123,9 @@ class Measured:
     mfu: float | None = None
     """Model FLOPs utilization as the source computes it (its own FLOP count)."""
     oom: bool | None = None
+    pipeline_rank: int | None = None
+    """The pipeline rank whose memory the source reports, when it says (nanotron's benchmark
+    CSV is written by global rank 0: the first stage); None: not stated."""
 
 
 @dataclass(frozen=True)
@@ -139,6 +148,10 @@ class PublishedRun:
     cuda_context_mib: float | None = None
     """The CUDA context (+ kernels) of the run's runtime on its cards, when the source measured
     it (MiB, as nvidia-smi shows); None: the recipe's constant."""
+    added_after: str = ""
+    """The planner revision (commit) before which the row was added: its figures are reported
+    apart from the rows the planner was tuned on (benchmarks/planner_vs_published.py); empty
+    for the rows the planner's model was built against."""
 
     def hardware(self) -> HardwareSpec:
         hw = hardware_preset(self.gpu)
@@ -245,7 +258,7 @@ def _layout(where: str, raw: dict[str, Any]) -> RunLayout:
         if k not in raw:
             raise _fail(w, k, None, "state the batch (sequences per micro-batch / per step)")
     layout = Layout(**{k: kw.pop(k) for k in _LAYOUT_FIELDS if k in kw})
-    return RunLayout(layout=layout, **kw)
+    return RunLayout(layout=layout, given=frozenset(raw), **kw)
 
 
 def _measured(where: str, raw: dict[str, Any]) -> Measured:
@@ -257,6 +270,10 @@ def _measured(where: str, raw: dict[str, Any]) -> Measured:
             kw[k] = _choice(w, k, v, MEMORY_KINDS)
         elif k == "oom":
             kw[k] = _bool(w, k, v)
+        elif k == "pipeline_rank":
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise _fail(w, k, v, "use the pipeline rank, an integer >= 0")
+            kw[k] = v
         elif k == "mfu":
             kw[k] = _num(w, k, v)
             if kw[k] > 1:
@@ -327,6 +344,9 @@ def _run(i: int, raw: Any, origin: str, seen: set[str]) -> PublishedRun:
     assumed = raw.get("assumed", "")
     if not isinstance(assumed, str):
         raise _fail(where, "assumed", assumed, "use a string")
+    added_after = raw.get("added_after", "")
+    if not isinstance(added_after, str) or (added_after == "" and "added_after" in raw):
+        raise _fail(where, "added_after", added_after, "give the planner commit, e.g. c1f5b3a")
     return PublishedRun(
         name=raw["name"],
         framework=raw["framework"],
@@ -340,6 +360,7 @@ def _run(i: int, raw: Any, origin: str, seen: set[str]) -> PublishedRun:
         gpu_memory_gb=gpu_mem,
         assumed=assumed,
         cuda_context_mib=ctx_mib,
+        added_after=added_after,
     )
 
 
@@ -385,27 +406,40 @@ def recipe_of(run: PublishedRun) -> str:
     return FRAMEWORK_RECIPE.get(run.framework, "scaletrain")
 
 
-def plan_input(run: PublishedRun, recipe: str = "scaletrain") -> PlanInput:
-    """The planner's input for `run` under `recipe`: its model, card, layout, batch, AC and
-    precision (AdamW, no offload, the planner's default efficiency), and the CUDA context the
-    source measured, if it did."""
+def run_layout(run: PublishedRun, recipe: str = "scaletrain") -> Assumed:
+    """`run`'s layout and AC mode under `recipe`: what the row states, and for a framework
+    recipe its framework's defaults in the fields the row leaves out (`recipes.defaults`; the
+    default recipe takes the row's parsed values, Layout's and RunLayout's defaults)."""
     L = run.layout
+    if recipe == "scaletrain":
+        return Assumed(layout=L.layout, ac=L.ac, lines=())
+    return apply_defaults(recipe, L.layout, L.ac if "ac" in L.given else None, L.given)
+
+
+def plan_input(run: PublishedRun, recipe: str = "scaletrain") -> PlanInput:
+    """The planner's input for `run` under `recipe`: its model, card, layout (with the
+    recipe's defaults for what the row does not state, `run_layout`), batch, AC and precision
+    (AdamW, no offload, the planner's default efficiency), and the CUDA context the source
+    measured, if it did."""
+    L = run.layout
+    lay = run_layout(run, recipe)
     ctx = None if run.cuda_context_mib is None else run.cuda_context_mib * 2**20
     return PlanInput(
         model=run.model,
         hardware=run.hardware(),
         num_gpus=run.num_gpus,
-        layout=L.layout,
+        layout=lay.layout,
         seq_len=run.seq_len,
         global_batch=L.global_batch,
         micro_batch=L.micro_batch,
         precision=L.precision,
-        ac=L.ac,
+        ac=lay.ac,
         compile=L.compile,
         compile_loss=L.compile_loss,
         fused_norm=L.fused_norm,
         recipe=recipe,
         runtime_context_bytes=ctx,
+        assumed=lay.lines,
     )
 
 
@@ -415,9 +449,10 @@ def refusals(run: PublishedRun, recipe: str = "scaletrain") -> list[str]:
     from .memory import recipe_problems
 
     L = run.layout
+    lay = run_layout(run, recipe)
     own = recipe == "scaletrain"
     problems = layout_problems(
-        L.layout,
+        lay.layout,
         run.model,
         world_size=run.num_gpus,
         global_batch=L.global_batch,
@@ -426,6 +461,6 @@ def refusals(run: PublishedRun, recipe: str = "scaletrain") -> list[str]:
         trainer_rules=own,
     )
     if own:
-        problems += option_problems(L.layout, offload="none", precision=L.precision)
-    problems += recipe_problems(recipe, L.layout, ac=L.ac)
+        problems += option_problems(lay.layout, offload="none", precision=L.precision)
+    problems += recipe_problems(recipe, lay.layout, ac=lay.ac)
     return [str(p) for p in problems]

@@ -317,7 +317,21 @@ RECIPES: dict[str, Recipe] = {
         fragmentation=FRAGMENTATION,
         cuda_context_bytes=RUNTIME_CONTEXT_BYTES,
         time_model=FOREIGN_TIME_MODEL,
+        ddp_reducer_copy_bytes=2.0,
+        param_grads_until_backward_end=True,
         sources={
+            "ddp_reducer_copy_bytes": "src/nanotron/trainer.py init_model (c252843, the v0.5 "
+            "benchmarks' commit): make_ddp = dp > 1 and not (accumulate_grad_in_fp32 and "
+            "zero_stage > 0); DistributedDataParallel(model, process_group=dp_pg, "
+            "broadcast_buffers=False, bucket_cap_mb=25) keeps torch's default "
+            "gradient_as_bucket_view=False: the reducer's flat buckets hold a copy of every "
+            "bf16 gradient (torch/nn/parallel/distributed.py); the fp32 reduction runs in "
+            "the comm hook (optim/gradient_accumulator.py get_fp32_accum_hook)",
+            "param_grads_until_backward_end": "src/nanotron/optim/gradient_accumulator.py "
+            "FP32GradientAccumulator.backward: loss.backward() runs to the end, then "
+            "_accumulate_grad adds each bf16 half_param.grad into the fp32 buffer and sets "
+            "it to None; parallel/pipeline_parallel/engine.py PipelineEngine.backward calls "
+            "it once per micro-batch",
             "weight_bytes": "src/nanotron/models/llama.py built in config.model.dtype (bfloat16)",
             "master_bytes": "src/nanotron/optim/gradient_accumulator.py "
             "FP32GradientAccumulator: fp32 copies of the params this rank "
@@ -336,7 +350,8 @@ RECIPES: dict[str, Recipe] = {
             "optimizer": "src/nanotron/helpers.py init_optimizer_and_grad_accumulator: "
             "torch.optim.AdamW on the fp32 copies",
             "ddp_bucket": "FP32GradientAccumulator's fp32 buffers are reduced in place "
-            "(sync_gradients_across_dp; reduce-scatter under ZeRO-1): no copy",
+            "(sync_gradients_across_dp; reduce-scatter under ZeRO-1): no copy of its own "
+            "(torch DDP's at ZeRO-0: ddp_reducer_copy_bytes)",
             "activations": "src/nanotron/models/llama.py: flash attention, fused RMSNorm, "
             "merged gate_up projection and GLU activation, bf16 stream",
             "selective": "no selective mode: ParallelismArgs.recompute_layer recomputes whole "

@@ -125,6 +125,16 @@ class Recipe:
     separate eager kernels unless compiled, charged over memory bandwidth
     (efficiency.eager_elementwise_bytes); False where fused kernels run them (Transformer
     Engine, flash-attn's fused ops) or the planner's calibrated efficiency stands for them."""
+    ddp_reducer_copy_bytes: float = 0.0
+    """Bytes per parameter of torch DDP's own bucket copy of the gradients (in the parameter
+    dtype), kept beside the framework's accumulation buffer when the framework wraps the model
+    in torch DDP without gradient_as_bucket_view, at ZeRO-0 with dp > 1 (Nanotron: 2)."""
+    param_grads_until_backward_end: bool = False
+    """Every parameter's 16-bit autograd `.grad` is alive at the end of each micro-batch's
+    backward, beside the fp32 accumulation buffer: the framework runs the whole backward
+    before copying `.grad` into its buffers and freeing it (Nanotron's
+    FP32GradientAccumulator.backward). With a pipeline the other micro-batches in flight keep
+    their activations meanwhile (an end-of-backward moment, `recipes.memory`)."""
     sources: dict[str, str] = field(default_factory=dict, compare=False)
     """Field -> where the value comes from."""
 

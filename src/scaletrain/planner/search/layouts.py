@@ -3,12 +3,16 @@ rest by step time, and say why each strategy family lost.
 
 Legality is `scaletrain.config.layout_problems` (the one set of rules): the enumerator only
 proposes degrees that divide the GPU count, and every candidate is checked by `layout_problems`
-before it is evaluated. Memory first: each candidate's worst-rank memory is computed on the
-fast path (`estimate.reserved_and_step`, no dataclasses), its step time only if it fits, and
-full `Estimate` objects only for the layouts reported. Pruning: for a fixed layout, precision,
-AC and offload, activation memory grows with the micro-batch, so once a micro-batch size does
-not fit the larger ones are skipped (not counted as evaluated); offload is only tried where the
-same layout without it does not fit (offload adds host traffic and saves nothing else).
+before it is evaluated. The pick follows the seeds' rule of thumb (plain DP when the model fits;
+ZeRO, then TP, PP only when needed): among the layouts within `SIMPLER_LAYOUT_MARGIN` of the
+fastest, the simplest (`complexity`) wins, and equal step times go to the simpler layout, then
+to the one reserving less memory. Memory first: each candidate's worst-rank memory is computed
+on the fast path (`estimate.reserved_and_step`, no dataclasses), its step time only if it
+fits, and full `Estimate` objects only for the layouts reported. Pruning: for a fixed layout,
+precision, AC and offload, activation memory grows with the micro-batch, so once a micro-batch
+size does not fit the larger ones are skipped (not counted as evaluated); offload is only tried
+where the same layout without it does not fit (offload adds host traffic and saves nothing
+else).
 """
 
 from __future__ import annotations
@@ -41,7 +45,11 @@ from .result import FamilyOutcome, SearchResult
 __all__ = [
     "search",
     "family_of",
+    "complexity",
+    "Complexity",
+    "rule_order",
     "FAMILIES",
+    "SIMPLER_LAYOUT_MARGIN",
 ]
 
 FAMILIES = ("pure DP", "ZeRO-1/2", "ZeRO-3/FSDP", "TP", "PP", "CP", "EP", "3D", "offload")
@@ -62,6 +70,60 @@ PIN_KEYS = (
 VIRTUAL_CHOICES = (2, 4)
 """Interleaved chunks per rank the search tries (v = 2 halves the bubble, 4 quarters it; more
 chunks add p2p traffic and in-flight memory). Pin --pp-virtual to explore another value."""
+
+
+SIMPLER_LAYOUT_MARGIN = 0.10
+"""A more complex layout (`complexity`) is picked over a simpler one only when its planned step is
+more than 10% shorter. Why 10%: the planner's step-time error on published runs has a median
+of about 12% (benchmarks/results/planner_vs_published.md), so a smaller predicted gain is inside
+the model's own error and the ranking of the two is not something it can vouch for; and each
+axis a layout adds costs what the step time does not count (more process groups and collectives
+to fail or hang, stage balancing, harder debugging), which is why the rule of thumb says 'only
+when needed'. A decision threshold, not a fitted constant: no row sets it."""
+
+
+@dataclass(frozen=True, order=True)
+class Complexity:
+    """How far a layout is down the seeds' rule of thumb (plain DP when the model fits; ZeRO,
+    then TP, PP only when needed): compared field by field in this order, smaller is simpler.
+    A pipeline (schedules, stage balance, a bubble) weighs most, then context parallelism (ring
+    attention), tensor parallelism (collectives on every layer's critical path), expert
+    parallelism, the ZeRO stage (0 plain DP, 1, 2, 3) and offload (ZeRO-Offload's host
+    traffic, the last step)."""
+
+    pp: bool
+    cp: bool
+    tp: bool
+    ep: bool
+    zero: int
+    offload: bool
+
+
+def complexity(layout: Layout, offload: str = "none") -> Complexity:
+    """The rule-of-thumb rank of `layout` (`Complexity`)."""
+    return Complexity(
+        pp=layout.pp > 1,
+        cp=layout.cp > 1,
+        tp=layout.tp > 1,
+        ep=layout.ep > 1,
+        zero=layout.zero,
+        offload=offload != "none",
+    )
+
+
+def rule_order(
+    fits: list[tuple[float, Complexity, float, int, Any]],
+) -> list[tuple[float, Complexity, float, int, Any]]:
+    """`fits` (step s, complexity, reserved, order, plan) in the order the pick follows: the
+    layouts within SIMPLER_LAYOUT_MARGIN of the fastest, simplest first (then faster, then
+    leaner), then the others, fastest first."""
+    ranked = sorted(fits, key=lambda t: (not math.isfinite(t[0]), t[0], t[1], t[2], t[3]))
+    if not ranked:
+        return ranked
+    limit = ranked[0][0] * (1 + SIMPLER_LAYOUT_MARGIN)
+    inside = [t[0] <= limit for t in ranked]  # a non-finite step is never inside: kept after
+    near = sorted((t for t, i in zip(ranked, inside) if i), key=lambda t: (t[1], t[0], t[2], t[3]))
+    return near + [t for t, i in zip(ranked, inside) if not i]
 
 
 def family_of(plan: PlanInput) -> str:
@@ -161,10 +223,10 @@ class _Job:
 class _Tally:
     """Running results as plain numbers; Estimates are built at the end for the kept plans."""
 
-    fits: list[tuple[float, float, int, PlanInput]] = field(default_factory=list)
-    """(step s to 9 significant digits, reserved bytes, order, plan): sorted, equal step times
-    go to the layout that reserves less memory (more headroom, same speed)."""
-    best: dict[str, tuple[tuple[float, float], PlanInput]] = field(default_factory=dict)
+    fits: list[tuple[float, Complexity, float, int, PlanInput]] = field(default_factory=list)
+    """(step s to 9 significant digits, complexity, reserved bytes, order, plan): equal step
+    times go to the simpler layout, then to the one that reserves less memory (more headroom,
+    same speed); `rule_order` ranks them."""
     miss: dict[str, tuple[float, PlanInput]] = field(default_factory=dict)
     candidates: dict[str, int] = field(default_factory=dict)
     evaluated: int = 0
@@ -187,10 +249,8 @@ class _Tally:
                 self.miss[fam] = (over, plan)
             return False
         if candidate:
-            key = (float(f"{step:.9g}"), reserved)
+            key = (float(f"{step:.9g}"), complexity(plan.layout, plan.offload), reserved)
             self.fits.append((*key, len(self.fits), plan))
-            if fam not in self.best or key < self.best[fam][0]:
-                self.best[fam] = (key, plan)
         return True
 
 
@@ -355,11 +415,14 @@ def _result(tally: _Tally, model: ModelConfig, top_k: int, t0: float) -> SearchR
         built.append((plan, estimate(plan, terms=tally.terms)))
         return built[-1][1]
 
-    tally.fits.sort(key=lambda t: t[:3])
-    top = [est(plan) for *_, plan in tally.fits[:top_k]]
+    ranked = rule_order(tally.fits)
+    top = [est(plan) for *_, plan in ranked[:top_k]]
+    fastest = min(tally.fits, key=lambda t: (not math.isfinite(t[0]), *t[:4]), default=None)
     families = {f: FamilyOutcome(f, candidates=tally.candidates.get(f, 0)) for f in FAMILIES}
-    for f, (_, plan) in tally.best.items():
-        families[f].best = est(plan)
+    for *_, plan in ranked:  # a family's best is its first layout in the rule's order
+        fam = families.get(_family(plan.layout, plan.offload))
+        if fam is not None and fam.best is None:
+            fam.best = est(plan)
     for f, (_, plan) in tally.miss.items():
         families[f].closest_miss = est(plan)
     for f, why in tally.refused.items():
@@ -367,7 +430,14 @@ def _result(tally: _Tally, model: ModelConfig, top_k: int, t0: float) -> SearchR
     if not model.is_moe:
         del families["EP"]
     return SearchResult(
-        top, families, tally.evaluated, tally.legal, len(tally.fits), time.perf_counter() - t0
+        top,
+        families,
+        tally.evaluated,
+        tally.legal,
+        len(tally.fits),
+        time.perf_counter() - t0,
+        fastest=None if fastest is None else est(fastest[-1]),
+        margin=SIMPLER_LAYOUT_MARGIN,
     )
 
 
@@ -386,7 +456,9 @@ def search(
     recipe: str = "scaletrain",
     **pins: Any,
 ) -> SearchResult:
-    """Every legal layout of `num_gpus` GPUs, ranked by step time (fitting ones only).
+    """Every legal layout of `num_gpus` GPUs that fits, ranked by the rule of thumb
+    (`rule_order`: within SIMPLER_LAYOUT_MARGIN of the fastest the simplest first, then by
+    step time); `best` is the pick, `fastest` the shortest planned step.
 
     pins: any subset of dp, tp, pp, cp, ep, zero, sp, pp_schedule, pp_virtual, micro_batch, ac,
     offload fixes that option (None = search it). Each candidate's memory is computed first

@@ -252,12 +252,18 @@ COMM_OVERLAP: dict[str, tuple[str, ...]] = {
     # optim.overlap_grad_sync / overlap_param_sync: true ("exposes only one DP communication
     # chunk", NeMo docs features/optimizations/communication_overlap.rst). The gradient
     # reduce-scatter's overlap is every recipe's default already (step_time._exposed).
-    "nemo": ("tp", "pp_p2p", "dp_param_gather")
+    "nemo": ("tp", "pp_p2p", "dp_param_gather"),
+    # Megatron-LM's documented training configuration (recipes/defaults.py): the example
+    # scripts (examples/llama/train_llama3_8b_h100_fp8.sh DDP_ARGS) pass --overlap-grad-reduce
+    # and --overlap-param-gather; megatron/training/arguments.py's --no-overlap-p2p-
+    # communication is store_false, so the interleaved schedule overlaps its sends by default
+    # (validate_args turns it off for the non-interleaved schedule: 'pp_p2p_interleaved');
+    # --tp-comm-overlap is off (store_true, not in the scripts).
+    "megatron": ("pp_p2p_interleaved", "dp_param_gather"),
 }
 """Communication families a recipe's framework overlaps with compute, by recipe name (a recipe
-of that name picks them up; Megatron-LM's own defaults leave --tp-comm-overlap and
---overlap-param-gather off, so 'megatron' has none). Ignores: the SM share the overlapped
-kernels take from the GEMMs (a few %)."""
+of that name picks them up; 'pp_p2p_interleaved': pipeline sends only under the interleaved
+schedule). Ignores: the SM share the overlapped kernels take from the GEMMs (a few %)."""
 
 
 # ---- eager elementwise kernels (torchtitan without torch.compile) ---------------------------

@@ -418,7 +418,15 @@ def _exposed(
             continue  # charged with the backward all-gather above
         elif name == "cp_ring":
             out += max(0.0, t - t_core)
-        elif name in ("tp", "pp_p2p") and name in overlap:
+        elif (
+            name in ("tp", "pp_p2p")
+            and name in overlap
+            or (
+                name == "pp_p2p"
+                and "pp_p2p_interleaved" in overlap
+                and L.pp_schedule == "interleaved"
+            )
+        ):
             out += max(0.0, t - m * (t_fwd + t_bwd))
         elif name == "zero_all_gather" and L.zero == 1 and "dp_param_gather" in overlap:
             out += max(t - m * t_fwd, min(t, bucket))

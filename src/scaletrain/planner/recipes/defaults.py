@@ -1,0 +1,341 @@
+"""What each framework recipe assumes for what a user (or a published run) does not state.
+
+Two kinds of default, each cited to the framework's source (file and function or flag):
+
+- `LAYOUT_DEFAULTS`: values of the plan's own fields (ZeRO stage, sequence parallelism, AC mode,
+  pipeline schedule) that the framework takes when they are not given. `apply_defaults` fills
+  the fields a plan leaves unset with them and returns what it assumed, which `plan` prints
+  and `explain` cites. "Documented default" means what the framework's documented training
+  configurations run: where a bare command-line flag and the framework's own published
+  training scripts differ (Megatron-LM's `--use-distributed-optimizer` is off as a flag, on in
+  every example script), the scripts win and the flag is named beside them.
+- `KNOB_DEFAULTS`: settings the recipe's memory and time terms are built on (bucket sizes,
+  prefetch, mixed-precision dtypes), which a plan cannot change; listed so that `explain`
+  says which defaults a number rests on.
+
+The `scaletrain` recipe is the planner's own model and has no defaults here: its unset fields
+are the job config's (`config.job`). Torch-free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from scaletrain.config import Layout
+
+__all__ = [
+    "RecipeDefault",
+    "Knob",
+    "LAYOUT_DEFAULTS",
+    "KNOB_DEFAULTS",
+    "DEFAULTED_FIELDS",
+    "Assumed",
+    "apply_defaults",
+]
+
+DEFAULTED_FIELDS = ("zero", "sp", "pp_schedule", "ac")
+"""The plan fields a recipe can fill in (Layout's zero, sp, pp_schedule; PlanInput's ac)."""
+
+
+@dataclass(frozen=True)
+class RecipeDefault:
+    """One field's default under a framework: `rule(layout)` gives the value for the layout
+    being planned (sequence parallelism, for one, only means something with tp > 1)."""
+
+    field: str
+    rule: Callable[[Layout], Any]
+    text: str
+    """The value as the framework states it (e.g. '--use-distributed-optimizer')."""
+    source: str
+    """File and function / flag where the default is read from."""
+
+
+@dataclass(frozen=True)
+class Knob:
+    """A framework setting the recipe's terms assume at its default value."""
+
+    name: str
+    value: str
+    source: str
+
+
+def _const(value: Any) -> Callable[[Layout], Any]:
+    return lambda _layout: value
+
+
+def _sp_with_tp(layout: Layout) -> bool:
+    return layout.tp > 1
+
+
+def _schedule(layout: Layout) -> str:
+    return "interleaved" if layout.pp_virtual > 1 else "1f1b"
+
+
+_MEGATRON_SCRIPTS = "NVIDIA/Megatron-LM examples/llama/train_llama3_8b_h100_fp8.sh"
+_NEMO_RECIPES = "NVIDIA/NeMo nemo/collections/llm/recipes"
+
+LAYOUT_DEFAULTS: dict[str, tuple[RecipeDefault, ...]] = {
+    "megatron": (
+        RecipeDefault(
+            "zero",
+            _const(1),
+            "distributed optimizer (--use-distributed-optimizer)",
+            f"{_MEGATRON_SCRIPTS} DDP_ARGS --use-distributed-optimizer (the performance "
+            "table of examples/llama/README.md runs these scripts); the bare flag is off "
+            "(megatron/training/arguments.py _add_distributed_args, store_true)",
+        ),
+        RecipeDefault(
+            "sp",
+            _sp_with_tp,
+            "--sequence-parallel with tp > 1",
+            f"{_MEGATRON_SCRIPTS} MODEL_PARALLEL_ARGS --sequence-parallel",
+        ),
+        RecipeDefault(
+            "ac",
+            _const("none"),
+            "no recompute (--recompute-granularity unset)",
+            "megatron/training/arguments.py _add_training_args: --recompute-granularity "
+            "default None; the example scripts set none",
+        ),
+        RecipeDefault(
+            "pp_schedule",
+            _schedule,
+            "1F1B, interleaved with virtual stages",
+            "megatron/core/pipeline_parallel/schedules.py get_forward_backward_func",
+        ),
+    ),
+    "nemo": (
+        RecipeDefault(
+            "zero",
+            _const(1),
+            "distributed optimizer (use_distributed_optimizer=True)",
+            f"{_NEMO_RECIPES}/optim/adam.py distributed_fused_adam_with_cosine_annealing "
+            "(the optimizer of every pretrain_recipe); Megatron-Bridge the same "
+            "(src/megatron/bridge/recipes/utils/optimizer_utils.py)",
+        ),
+        RecipeDefault(
+            "sp",
+            _sp_with_tp,
+            "sequence_parallel with tp > 1",
+            f"{_NEMO_RECIPES}/llama3_70b.py trainer(sequence_parallelism=True) into "
+            "nl.MegatronStrategy(sequence_parallel=...)",
+        ),
+        RecipeDefault(
+            "ac",
+            _const("none"),
+            "no recompute",
+            "megatron/core/transformer/transformer_config.py TransformerConfig."
+            "recompute_granularity default None (NeMo's pretrain recipes leave it)",
+        ),
+        RecipeDefault(
+            "pp_schedule",
+            _schedule,
+            "1F1B, interleaved with virtual stages",
+            "megatron/core/pipeline_parallel/schedules.py get_forward_backward_func",
+        ),
+    ),
+    "deepspeed": (
+        RecipeDefault(
+            "zero",
+            _const(0),
+            "zero_optimization.stage 0",
+            "deepspeed/runtime/zero/config.py DeepSpeedZeroConfig.stage default 0",
+        ),
+        RecipeDefault(
+            "sp",
+            _const(False),
+            "no sequence parallelism",
+            "Megatron-DeepSpeed megatron/arguments.py --sequence-parallel store_true (off)",
+        ),
+        RecipeDefault(
+            "ac",
+            _const("none"),
+            "no activation checkpointing",
+            "deepspeed/runtime/activation_checkpointing/config.py: off unless the model "
+            "calls deepspeed.checkpointing (Megatron-DeepSpeed --checkpoint-activations off)",
+        ),
+        RecipeDefault(
+            "pp_schedule",
+            _const("1f1b"),
+            "TrainSchedule",
+            "deepspeed/runtime/pipe/schedule.py TrainSchedule (the only training schedule)",
+        ),
+    ),
+    "torchtitan": (
+        RecipeDefault(
+            "zero",
+            _const(3),
+            "FSDP over the leftover ranks (data_parallel_shard_degree = -1)",
+            "torchtitan/config/job_config.py Parallelism.data_parallel_shard_degree = -1, "
+            "fsdp_reshard_after_forward = 'default' (reshard unless pipelining)",
+        ),
+        RecipeDefault(
+            "sp",
+            _sp_with_tp,
+            "sequence parallel norms with tp > 1",
+            "torchtitan/models/llama3/infra/parallelize.py apply_tp (SequenceParallel)",
+        ),
+        RecipeDefault(
+            "ac",
+            _const("selective"),
+            "activation_checkpoint.mode = 'selective'",
+            "torchtitan/config/job_config.py ActivationCheckpoint.mode = 'selective' (planned "
+            "as op-level SAC, selective_ac_option = 'op' of train_configs/llama3_*.toml; the "
+            "bare default option '2', every second block, has no planner mode)",
+        ),
+        RecipeDefault(
+            "pp_schedule",
+            _const("1f1b"),
+            "pipeline_parallel_schedule = '1F1B'",
+            "torchtitan/config/job_config.py Parallelism.pipeline_parallel_schedule = '1F1B'",
+        ),
+    ),
+    "nanotron": (
+        RecipeDefault(
+            "zero",
+            _const(0),
+            "zero_stage 0",
+            "huggingface/nanotron examples/config_tiny_llama.yaml optimizer.zero_stage: 0 "
+            "(src/nanotron/config/config.py OptimizerArgs.zero_stage has no default)",
+        ),
+        RecipeDefault(
+            "sp",
+            _const(False),
+            "tp_mode ALL_REDUCE (no sequence parallelism)",
+            "src/nanotron/config/parallelism_config.py ParallelismArgs.__post_init__: "
+            "tp_mode = TensorParallelLinearMode.ALL_REDUCE",
+        ),
+        RecipeDefault(
+            "ac",
+            _const("none"),
+            "recompute_layer False",
+            "src/nanotron/config/parallelism_config.py ParallelismArgs.recompute_layer = False",
+        ),
+        RecipeDefault(
+            "pp_schedule",
+            _const("gpipe"),
+            "pp_engine AllForwardAllBackward (every micro-batch's forward, then backward)",
+            "src/nanotron/config/parallelism_config.py ParallelismArgs.__post_init__: "
+            "pp_engine = AllForwardAllBackwardPipelineEngine() ('conservative defaults')",
+        ),
+    ),
+}
+"""Per recipe: the default of each plan field its framework fills in (DEFAULTED_FIELDS)."""
+
+KNOB_DEFAULTS: dict[str, tuple[Knob, ...]] = {
+    "megatron": (
+        Knob(
+            "gradient bucket",
+            "max(4e7, 1e6 x dp) elements, views into the fp32 grad buffer",
+            "megatron/core/distributed/distributed_data_parallel.py "
+            "DistributedDataParallel.__init__ (bucket_size)",
+        ),
+        Knob(
+            "grad reduce dtype",
+            "fp32 main grads",
+            "megatron/training/arguments.py: accumulate_allreduce_grads_in_fp32 for bf16 "
+            "(the example scripts' --grad-reduce-in-bf16 halves the reduction, not the buffer)",
+        ),
+        Knob(
+            "fp8 weights",
+            "fp8 primary weights under fp8 (--fp8-param-gather)",
+            f"{_MEGATRON_SCRIPTS} DTYPE_ARGS --fp8-param-gather",
+        ),
+    ),
+    "nemo": (
+        Knob(
+            "gradient bucket",
+            "max(4e7, 1e6 x dp) elements, views into the fp32 grad buffer",
+            "megatron/core/distributed/distributed_data_parallel.py "
+            "DistributedDataParallel.__init__ (bucket_size)",
+        ),
+        Knob(
+            "grad reduce dtype and overlap",
+            "fp32, overlapped grad reduce and param gather",
+            f"{_NEMO_RECIPES}/llama3_70b.py trainer(): DistributedDataParallelConfig("
+            "grad_reduce_in_fp32=True, overlap_grad_reduce=True, overlap_param_gather=True)",
+        ),
+    ),
+    "deepspeed": (
+        Knob(
+            "reduce_bucket_size / allgather_bucket_size",
+            "5e8 elements each",
+            "deepspeed/runtime/zero/config.py DeepSpeedZeroConfig",
+        ),
+        Knob(
+            "stage3_prefetch_bucket_size",
+            "5e7 parameters",
+            "deepspeed/runtime/zero/config.py DeepSpeedZeroConfig",
+        ),
+        Knob(
+            "stage3_max_live_parameters / stage3_param_persistence_threshold",
+            "1e9 / 1e5 parameters",
+            "deepspeed/runtime/zero/config.py DeepSpeedZeroConfig",
+        ),
+    ),
+    "torchtitan": (
+        Knob(
+            "FSDP mixed precision",
+            "bf16 parameters, fp32 reduce",
+            "torchtitan/config/job_config.py Training.mixed_precision_param = 'bfloat16', "
+            "mixed_precision_reduce = 'float32'",
+        ),
+        Knob(
+            "DDP bucket",
+            "25 MB copy buckets (pure DP)",
+            "torch/nn/parallel/distributed.py DistributedDataParallel bucket_cap_mb=25 "
+            "(torchtitan apply_ddp passes none)",
+        ),
+    ),
+    "nanotron": (
+        Knob(
+            "DDP bucket",
+            "25 MB (ddp_bucket_cap_mb), gradients copied into buckets",
+            "src/nanotron/config/config.py ModelArgs.ddp_bucket_cap_mb = 25; "
+            "src/nanotron/trainer.py DistributedDataParallel(...) without "
+            "gradient_as_bucket_view (torch's default False: a bucket copy of every gradient)",
+        ),
+        Knob(
+            "fp32 gradient accumulation",
+            "fp32 grad buffers for every parameter",
+            "src/nanotron/optim/gradient_accumulator.py FP32GradientAccumulator "
+            "(accumulate_grad_in_fp32: true in examples/config_tiny_llama.yaml)",
+        ),
+    ),
+}
+"""Per recipe: the framework settings its terms assume at their defaults (informational)."""
+
+
+@dataclass(frozen=True)
+class Assumed:
+    """What `apply_defaults` returns: the layout and AC mode with the defaults filled in, and
+    one line per default it applied ('zero = 1: distributed optimizer (...) [source]')."""
+
+    layout: Layout
+    ac: str
+    lines: tuple[str, ...]
+
+
+def apply_defaults(recipe: str, layout: Layout, ac: str | None, given: Iterable[str]) -> Assumed:
+    """`layout` and `ac` with `recipe`'s framework defaults in every DEFAULTED_FIELDS field not
+    in `given` (a sequence-parallel default needs tp > 1, a schedule default pp > 1; an AC of
+    None is unset too). The scaletrain recipe and recipes without defaults change nothing."""
+    have = set(given)
+    out, lines = layout, []
+    act = ac
+    for d in LAYOUT_DEFAULTS.get(recipe, ()):
+        if d.field in have or (d.field == "ac" and ac is not None):
+            continue
+        if (d.field == "sp" and layout.tp == 1) or (d.field == "pp_schedule" and layout.pp == 1):
+            continue
+        value = d.rule(out)
+        if d.field == "ac":
+            act = value
+        else:
+            out = dataclasses.replace(out, **{d.field: value})
+        shown = str(value).lower() if isinstance(value, bool) else value
+        lines.append(f"{d.field} = {shown}: {d.text} [{d.source}]")
+    return Assumed(layout=out, ac=act or "none", lines=tuple(lines))
