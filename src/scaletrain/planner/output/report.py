@@ -142,8 +142,8 @@ def render_estimates(
 
 
 def render_search(result: SearchResult) -> str:
-    """Top-K table (in the rule of thumb's order: search.rule_order), the pick and, when it is
-    not the fastest layout, why; then one line per losing family with its reason."""
+    """Top-K table (in the rule of thumb's order: search.layouts.rule_order), the pick and,
+    when it is not the fastest layout, why; then one line per losing family with its reason."""
     out = [render_estimates(result.top, title=f"top {len(result.top)} layouts")]
     if not result.top:
         out.append("No layout fits. Closest miss per family:")

@@ -86,11 +86,13 @@ class SearchResult:
     """The layout with the shortest planned step (the pick when no simpler one is within
     `margin` of it)."""
     margin: float = 0.0
-    """search.SIMPLER_LAYOUT_MARGIN: how much faster a more complex layout must be to win."""
+    """How much faster a more complex layout must be to win
+    (search.layouts.SIMPLER_LAYOUT_MARGIN)."""
 
     @property
     def best(self) -> Estimate | None:
-        """The pick: the simplest layout within `margin` of the fastest (search.rule_order)."""
+        """The pick: the simplest layout within `margin` of the fastest
+        (search.layouts.rule_order)."""
         return self.top[0] if self.top else None
 
     def why_others_lost(self) -> dict[str, str]:
@@ -113,13 +115,13 @@ class SearchResult:
             f"rule of thumb: {layout_label(best)} is picked over the fastest, "
             f"{layout_label(fast)} ({gain:.1%} shorter step{added}), because a more complex "
             f"layout must be more than {self.margin:.0%} faster to win "
-            "(planner.search.SIMPLER_LAYOUT_MARGIN; plain DP, then ZeRO, then TP, PP only when "
-            "needed)"
+            "(planner.search.layouts.SIMPLER_LAYOUT_MARGIN; plain DP, then ZeRO, then TP, PP "
+            "only when needed)"
         )
 
 
 def _complexity(e: Estimate) -> Any:
-    """search.complexity of `e`'s layout (imported here: layouts imports this module)."""
+    """search.layouts.complexity of `e`'s layout (imported here: layouts imports this module)."""
     from .layouts import complexity  # the rule's one home
 
     return complexity(e.plan.layout, e.plan.offload)
