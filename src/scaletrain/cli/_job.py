@@ -339,9 +339,11 @@ def resolve_job(
     mb_given = "micro_batch" in given.get("batch", {})
     if not mb_given:  # provisional: the default micro-batch may not divide the global batch
         overrides = {**overrides, "batch": {**overrides.get("batch", {}), "micro_batch": 1}}
-    job = load_config(config_path, overrides)
+    rope_notes: list[tuple[str, int, str]] | None = [] if real_model_defaults else None
+    job = load_config(config_path, overrides, extend_rope=rope_notes)
     world, note = _world(job, world_size)
     derived = [note] if note else []
+    derived += [Derived(*n) for n in rope_notes or []]
     res = ResolvedJob(job, world, derived, given)
     d = _Derivation(res)
     _derive_dtype(d, job)
@@ -356,7 +358,9 @@ def resolve_job(
     extra = d.extra
     if extra:
         merged = {s: {**overrides.get(s, {}), **extra.get(s, {})} for s in {*overrides, *extra}}
-        res.job = load_config(config_path, merged)
+        res.job = load_config(
+            config_path, merged, extend_rope=[] if rope_notes is not None else None
+        )
     return res
 
 

@@ -381,12 +381,20 @@ class JobConfig:
             )
         # learned positions have a table of max_seq_len rows; RoPE's cos/sin cache is sized
         # by it too, so both refuse longer sequences here rather than at step 1
+        if self.model.position == "learned":
+            fix = (
+                f"exceeds model.max_seq_len={self.model.max_seq_len}, the rows of the model's "
+                "learned position table (a longer sequence has no position embedding): "
+                "lower batch.seq_len"
+            )
+        else:
+            fix = (
+                f"exceeds model.max_seq_len={self.model.max_seq_len}: lower batch.seq_len, or "
+                "set model.max_seq_len to train RoPE positions beyond the model's context "
+                "(unscaled; plan/explain/dryrun extend it for you)"
+            )
         require(
-            self.batch.seq_len <= self.model.max_seq_len,
-            "batch.seq_len",
-            self.batch.seq_len,
-            f"exceeds model.max_seq_len={self.model.max_seq_len}: "
-            "lower batch.seq_len or raise model.max_seq_len",
+            self.batch.seq_len <= self.model.max_seq_len, "batch.seq_len", self.batch.seq_len, fix
         )
 
         if self.checkpoint.export_hf:  # refused now, not after training

@@ -155,9 +155,17 @@ def read_toml(p: Path) -> dict[str, Any]:
 
 
 def load_config(
-    path: str | Path | None = None, overrides: dict[str, dict[str, Any]] | list[str] | None = None
+    path: str | Path | None = None,
+    overrides: dict[str, dict[str, Any]] | list[str] | None = None,
+    *,
+    extend_rope: list[tuple[str, int, str]] | None = None,
 ) -> JobConfig:
-    """Build a validated JobConfig from an optional TOML file plus overrides (later wins)."""
+    """Build a validated JobConfig from an optional TOML file plus overrides (later wins).
+
+    `extend_rope` (plan, explain, dryrun): a RoPE model asked for a sequence longer than its
+    `max_seq_len` (and not given one) is planned with its context raised to that sequence, and
+    (field, value, why) saying so is appended to the list; `train` passes none and refuses
+    (`JobConfig`). Learned positions cannot be extended: their table has max_seq_len rows."""
     raw: dict[str, dict[str, Any]] = {}
     if path is not None:
         p = Path(path)
@@ -194,4 +202,18 @@ def load_config(
     model_kw = {k: _coerce("model", k, v, mhints[k]) for k, v in model_raw.items()}
     sections = {s: _build(cls, s, raw.get(s, {})) for s, cls in SECTIONS.items()}
     model = resolve_model(name, **model_kw)
+    seq = sections["batch"].seq_len
+    extend = extend_rope is not None and "max_seq_len" not in model_kw
+    if extend and seq > model.max_seq_len and model.position == "rope":
+        assert extend_rope is not None
+        extend_rope.append(
+            (
+                "model.max_seq_len",
+                seq,
+                f"batch.seq_len {seq} is beyond {model.name}'s {model.max_seq_len}-token "
+                "context; RoPE positions extend without new parameters, planned as the model "
+                "would run them unscaled; train at it by setting model.max_seq_len",
+            )
+        )
+        model = dataclasses.replace(model, max_seq_len=seq)
     return JobConfig(model=model, **sections)
