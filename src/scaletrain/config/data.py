@@ -45,7 +45,9 @@ class DataConfig:
     val_fraction: float = 0.05
     seed: int = 1234
     cache_dir: str = ".cache/scaletrain"
-    """Where token shards (numpy memmaps) are written."""
+    """Where token shards (numpy memmaps) are written, keyed on the source's bytes (each
+    file's sha256, read again at every start), the tokenizer and the split: an edit rebuilds,
+    a touch does not."""
     workers: int = 0
     """Processes tokenizing a streamed corpus, each on one core (0 = the cores this process
     may use, os.sched_getaffinity); the shards are the same for any number."""
