@@ -15,6 +15,8 @@ from scaletrain.config import load_config
 from scaletrain.data import build_data
 from scaletrain.data.shards import file_identity, load_or_build_shards
 
+pytestmark = pytest.mark.fault("data_cache_content")
+
 TEXT = "the quick brown fox jumps over the lazy dog.\n" * 200
 EDITED = TEXT.replace("fox", "cat", 1)  # same length, other bytes
 assert len(EDITED) == len(TEXT) and EDITED != TEXT

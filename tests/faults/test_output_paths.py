@@ -12,7 +12,9 @@ from scaletrain.cli import main
 from scaletrain.config import ConfigError
 from scaletrain.config.user_files import check_output_dir, check_output_file
 
-from ._cli import tiny_job
+from ._cli import digests, lost, one_line, scaletrain, tiny_job
+
+pytestmark = pytest.mark.fault("output_path")
 
 
 def _one_line(capsys, field: str) -> str:
@@ -73,3 +75,24 @@ def test_good_places_pass(tmp_path):
     check_output_dir(tmp_path / "deep" / "new" / "run", "train.run_dir")  # made later
     check_output_dir(tmp_path, "train.run_dir")
     check_output_file(tmp_path / "page.html", "--out")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [
+        ("--data.cache_dir={file}/cache", "data.cache_dir"),
+        ("--data.cache_dir={long}", "data.cache_dir"),
+    ],
+)
+def test_a_bad_folder_on_resume_is_one_line_and_keeps_the_run(tmp_path, a_file, override, field):
+    """Resuming a run with a cache folder that cannot be made: one line naming the field,
+    exit 2, and every file the run wrote (checkpoints, metrics, config) unchanged."""
+    first = scaletrain("train", *tiny_job(tmp_path, "run"))
+    assert first.returncode == 0, first.stderr
+    before = digests(tmp_path / "run")
+    arg = override.format(file=a_file, long=tmp_path / ("c" * 5000))
+    again = scaletrain("train", *tiny_job(tmp_path, "run", "--train.steps=4"), arg)
+    assert again.returncode == 2, again.stderr[-3000:]
+    one_line(again, field)
+    assert lost(before, tmp_path / "run") == []

@@ -11,6 +11,8 @@ from scaletrain.trainer.sample import prompt_ids
 
 from ._cli import no_traceback, scaletrain, tiny_job
 
+pytestmark = pytest.mark.fault("run_end_sample")
+
 
 def test_prompt_keeps_the_characters_the_vocabulary_has():
     tok = CharTokenizer("ahe ")
