@@ -96,3 +96,37 @@ def test_a_bad_folder_on_resume_is_one_line_and_keeps_the_run(tmp_path, a_file, 
     assert again.returncode == 2, again.stderr[-3000:]
     one_line(again, field)
     assert lost(before, tmp_path / "run") == []
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [
+        ("--train.run_dir=/proc/run", "train.run_dir"),
+        ("--data.cache_dir=/proc", "data.cache_dir"),
+    ],
+)
+def test_a_pseudo_filesystem_is_refused_before_any_work(tmp_path, capsys, override, field):
+    """/proc says writable to os.access (as root) but takes no new folders: asked directly,
+    one line naming the field (it was a FileNotFoundError traceback from mkdir)."""
+    assert main(["train", *tiny_job(tmp_path, "run"), override]) == 2
+    assert "does not take new folders" in _one_line(capsys, field)
+    assert not (tmp_path / "cache").exists()
+
+
+def test_a_read_only_mount_is_named_even_for_root(tmp_path):
+    """A real read-only tmpfs (the monkeypatched case above, on a mount): root's permission
+    bits allow everything, the mount does not, and the line says which."""
+    import subprocess
+
+    mnt = tmp_path / "ro"
+    mnt.mkdir()
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mnt)])
+    if p.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        with pytest.raises(ConfigError, match="read-only filesystem") as e:
+            check_output_dir(mnt / "run", "train.run_dir")
+        assert e.value.field == "train.run_dir" and "\n" not in str(e.value)
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
