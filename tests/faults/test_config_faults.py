@@ -169,6 +169,8 @@ CLI_BAD = [
     ("train.steps", "true"),
     ("train.steps", "1e999"),
     ("train.run_dir", ""),
+    ("data.cache_dir", ""),  # the shards would land in the current directory
+    ("data.cache_dir", "  "),
     ("train.compile", "2"),
     ("model.init_std", "inf"),
     ("batch.seq_len", "1e999"),

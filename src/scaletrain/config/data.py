@@ -93,6 +93,13 @@ class DataConfig:
         require(self.workers >= 0, "data.workers", self.workers, "use >= 1, or 0 for every core")
         require(self.prefetch >= 0, "data.prefetch", self.prefetch, "use >= 0")
         require(self.delay_s >= 0, "data.delay_s", self.delay_s, "use >= 0")
+        require(
+            bool(self.cache_dir.strip()),
+            "data.cache_dir",
+            self.cache_dir,
+            "give a directory such as .cache/scaletrain (empty would write the shards into the "
+            "current one)",
+        )
         if self.source != "grammar":
             parse_sources(self.source)  # every entry names existing, supported files
         parse_eval_sources(self.eval_sources)  # names unique, files existing and non-empty
