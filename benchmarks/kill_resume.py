@@ -34,8 +34,17 @@ exit by itself with 128 + signal and one "received" line (no traceback), its new
 checkpoint must be the step it stopped after (no step lost), and the relaunch must resume
 from there and finish bitwise equal to the reference.
 
+`--nproc-trials N` adds trials of `scaletrain train --nproc 2` (the CLI in a subprocess, two
+gloo ranks, data parallel, one thread each): SIGINT to the process group (Ctrl-C in a terminal),
+SIGTERM to the group, SIGTERM to the launcher alone, in turn, once a drawn number of steps is
+logged, with `checkpoint.every = 0`. The launcher forwards the signal to its ranks once
+(`parallel.launch.spawn(forward_signals=True)`); a trial passes when the run exits by itself
+with 128 + signal and one "received" line, no traceback, its newest good checkpoint is the step
+it stopped after, and the same command resumes from there and ends bitwise equal (model +
+optimizer state, every step's loss) to one uninterrupted `--nproc 2` run of the same job.
+
     python benchmarks/kill_resume.py [--trials 24] [--async-trials 8] [--signal-trials 4]
-                                     [--steps 40] [--every 4]
+                                     [--nproc-trials 3] [--steps 40] [--every 4]
 """
 
 from __future__ import annotations
@@ -46,6 +55,7 @@ import os
 import random
 import re
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -361,6 +371,124 @@ def run_signal_trial(
     return row
 
 
+NPROC = 2
+NPROC_AIMS = (("SIGINT", "group"), ("SIGTERM", "group"), ("SIGTERM", "launcher"))
+"""What the --nproc trials send, in turn: Ctrl-C to the terminal's group, a scheduler's SIGTERM
+to the group, and SIGTERM to the launcher alone (`kill PID`)."""
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def nproc_command(run_dir: Path, cache_dir: Path, *, steps: int) -> list[str]:
+    """`scaletrain train --nproc 2` of the job: data parallel over 2 ranks (4 rows each)."""
+    args = job_args(run_dir, cache_dir, steps=steps, every=0, async_save=False)
+    return [
+        sys.executable,
+        "-m",
+        "scaletrain",
+        "train",
+        *args,
+        "--batch.micro_batch=4",
+        "--train.log_every=1",
+        f"--nproc={NPROC}",
+    ]
+
+
+def _nproc_env() -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
+    env["PYTHONPATH"] = f"{SRC}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def _popen(cmd: list[str], log: Path) -> subprocess.Popen:
+    with log.open("a") as f:  # the child holds its own copy of the descriptor
+        return subprocess.Popen(
+            cmd,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env=_nproc_env(),
+            start_new_session=True,  # its own process group, as a shell job has
+        )
+
+
+def run_nproc_reference(root: Path, cache: Path, *, steps: int) -> dict[str, Any]:
+    run_dir, log = root / "reference-nproc", root / "reference-nproc.log"
+    t0 = time.perf_counter()
+    code = _popen(nproc_command(run_dir, cache, steps=steps), log).wait()
+    if code != 0:
+        raise RuntimeError(f"the --nproc reference run failed:\n{log.read_text()[-3000:]}")
+    return {"run_dir": run_dir, "wall_s": time.perf_counter() - t0}
+
+
+def run_nproc_signal_trial(
+    index: int, aim: tuple[str, str], rng: random.Random, root: Path, cache: Path, *, steps: int
+) -> dict[str, Any]:
+    """One `--nproc 2` trial: the signal `aim` (name, "group" | "launcher") once a drawn
+    number of steps is logged; the run must save and exit by itself, and the same command must
+    resume from the checkpoint the stop wrote."""
+    sig = signal.Signals[aim[0]]
+    mode = f"nproc-{sig.name.lower()}-{aim[1]}"
+    run_dir, log = root / f"trial{index:02d}-{mode}", root / f"trial{index:02d}-{mode}.log"
+    cmd = nproc_command(run_dir, cache, steps=steps)
+    after = rng.randint(1, steps - 2)
+    row: dict[str, Any] = {
+        "trial": index,
+        "mode": mode,
+        "kills": 0,
+        "kills_during_write": 0,
+        "resumes": 0,
+        "resumed_done": 0,
+        "lost_steps": 0,
+        "attempts": 1,
+        "kind": [f"{sig.name} to the {aim[1]} after {after} steps"],
+        "finished": False,
+        "error": "",
+        "stopped_at": None,
+        "resumed_from": None,
+    }
+    t0 = time.perf_counter()
+    p = _popen(cmd, log)
+    while p.poll() is None and len(_metrics(run_dir)) < after:
+        time.sleep(0.01)
+    if p.poll() is None:
+        if aim[1] == "group":
+            os.killpg(p.pid, sig)
+        else:
+            p.send_signal(sig)
+    code = p.wait()
+    text = log.read_text()
+    said = _STOPPED.findall(text)
+    logged = max((r["step"] for r in _metrics(run_dir)), default=0)
+    saved = _resume_step(run_dir)
+    if code != 128 + sig or len(said) != 1 or "Traceback" in text:
+        row["error"] = (
+            f"exit {code} (want {128 + sig}), {len(said)} 'received' lines: " + text[-1500:]
+        )
+    else:
+        row["stopped_at"] = int(said[0][1])
+        row["resumed_from"] = saved
+        row["lost_steps"] = max(0, logged - saved)
+        if saved != row["stopped_at"]:
+            row["error"] = (
+                f"stopped after step {row['stopped_at']} but the newest good "
+                f"checkpoint is step {saved}"
+            )
+    if not row["error"]:
+        row["attempts"] += 1
+        row["resumes"] += 1
+        code = _popen(cmd, log).wait()
+        if code != 0:
+            row["error"] = f"the resume exited with {code}: " + log.read_text()[-2000:]
+        else:
+            row["finished"] = True
+    row["wall_s"] = time.perf_counter() - t0
+    return row
+
+
 def _final_state(run_dir: Path, steps: int, scratch: Path) -> dict[str, Any]:
     """The final checkpoint's model + optimizer tensors (verified first, loaded weights-only)."""
     import torch
@@ -415,9 +543,11 @@ def run_all(
     seed: int,
     write_jitter_s: float,
     signal_trials: int = 0,
+    nproc_trials: int = 0,
 ) -> dict[str, Any]:
     cache = root / "cache"
     ref = run_reference(root, cache, steps=steps, every=every)
+    nproc_ref = run_nproc_reference(root, cache, steps=steps) if nproc_trials else None
     rng = random.Random(seed)
     rows = []
     for i in range(trials + async_trials):
@@ -450,22 +580,40 @@ def run_all(
             f"{row['wall_s']:.1f} s" + (f"  ERROR {row['error'][:200]}" if row["error"] else ""),
             flush=True,
         )
+    first = len(rows)
+    for j in range(nproc_trials):
+        aim = NPROC_AIMS[j % len(NPROC_AIMS)]
+        row = run_nproc_signal_trial(first + j, aim, rng, root, cache, steps=steps)
+        rows.append(row)
+        print(
+            f"trial {row['trial']:2d} {row['mode']}: {row['kind'][0]}, stopped after "
+            f"step {row['stopped_at']}, resumed from {row['resumed_from']}, "
+            f"{row['wall_s']:.1f} s" + (f"  ERROR {row['error'][:200]}" if row["error"] else ""),
+            flush=True,
+        )
     # all children are done: the launcher may now run torch ops itself
-    ref_state = _final_state(ref["run_dir"], steps, root)
-    ref_losses = _step_losses(ref["run_dir"])
+    refs = {False: ref["run_dir"]}
+    if nproc_ref is not None:
+        refs[True] = nproc_ref["run_dir"]
+    ref_states = {k: _final_state(d, steps, root) for k, d in refs.items()}
+    ref_losses = {k: _step_losses(d) for k, d in refs.items()}
     for row in rows:
         run_dir = root / f"trial{row['trial']:02d}-{row['mode']}"
+        nproc = row["mode"].startswith("nproc")  # compared with the --nproc 2 reference
         diff = row["error"] or ("" if row["finished"] else "did not finish")
         if not diff:
             try:
-                diff = compare(ref_state, _final_state(run_dir, steps, root))
+                diff = compare(ref_states[nproc], _final_state(run_dir, steps, root))
             except (RuntimeError, OSError) as e:
                 diff = str(e)
         row["weights_bitwise_equal"] = not diff
-        row["losses_equal"] = _step_losses(run_dir) == ref_losses
+        row["losses_equal"] = _step_losses(run_dir) == ref_losses[nproc]
         row["failure"] = diff or ("" if row["losses_equal"] else "per-step losses differ")
         row.pop("error")
-    return {"reference_wall_s": ref["wall_s"], "rows": rows, "summary": summarize(rows)}
+    out = {"reference_wall_s": ref["wall_s"], "rows": rows, "summary": summarize(rows)}
+    if nproc_ref is not None:
+        out["nproc_reference_wall_s"] = nproc_ref["wall_s"]
+    return out
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -479,6 +627,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "lost_steps": sum(r["lost_steps"] for r in rows),
         "async_trials": sum(r["mode"] == "async" for r in rows),
         "signal_trials": sum(r["mode"] in ("sigterm", "sigint") for r in rows),
+        "nproc_trials": sum(r["mode"].startswith("nproc") for r in rows),
     }
 
 
@@ -492,7 +641,8 @@ def markdown(result: dict[str, Any], meta: dict[str, Any]) -> str:
         f"{result['reference_wall_s']:.1f} s; total {meta['wall_s']:.0f} s.",
         "",
         f"**{s['trials']} trials ({s['async_trials']} with async_save, "
-        f"{s.get('signal_trials', 0)} stopped by SIGTERM/SIGINT), {s['failures']} "
+        f"{s.get('signal_trials', 0)} stopped by SIGTERM/SIGINT, {s.get('nproc_trials', 0)} "
+        f"under --nproc {NPROC} stopped by SIGINT/SIGTERM), {s['failures']} "
         f"failures**; {s['kills']} SIGKILLs, {s['kills_during_write']} of them landed during a "
         f"checkpoint write; {s['resumes']} resumes ({s['resumed_done']} of a run killed after its "
         f"final checkpoint, which resumes to done); {s['lost_steps']} steps recomputed in all.",
@@ -525,6 +675,17 @@ def markdown(result: dict[str, Any], meta: dict[str, Any]) -> str:
         "with 128 + signal and one 'received' line, its newest good checkpoint was the "
         "step it stopped after, and the relaunch finished bitwise equal to the reference.",
     ]
+    if s.get("nproc_trials"):
+        lines += [
+            "",
+            f"--nproc trials (`nproc-*`): `scaletrain train --nproc {NPROC}` in a subprocess "
+            "(two gloo ranks, data parallel, micro-batch 4 each), `checkpoint.every = 0`, the "
+            "signal sent to the process group (`group`, as Ctrl-C or a scheduler does) or to "
+            "the launcher alone (`launcher`) once the drawn number of steps was logged; passed "
+            "under the same conditions as the signal trials, compared bitwise with one "
+            f"uninterrupted --nproc {NPROC} run of the same job "
+            f"({result['nproc_reference_wall_s']:.1f} s).",
+        ]
     return "\n".join(lines)
 
 
@@ -539,6 +700,13 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=4,
         help="further trials stopped by SIGTERM / SIGINT (alternating)",
+    )
+    ap.add_argument(
+        "--nproc-trials",
+        type=int,
+        default=3,
+        help=f"further trials of `train --nproc {NPROC}` stopped by SIGINT/SIGTERM to the "
+        "group, SIGTERM to the launcher (in turn)",
     )
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--every", type=int, default=4)
@@ -567,6 +735,7 @@ def main(argv: list[str] | None = None) -> int:
             seed=a.seed,
             write_jitter_s=a.write_jitter_ms / 1000,
             signal_trials=a.signal_trials,
+            nproc_trials=a.nproc_trials,
         )
     meta = {
         "steps": a.steps,

@@ -61,3 +61,30 @@ def scaletrain(
 
 def no_traceback(p: subprocess.CompletedProcess[str]) -> bool:
     return "Traceback" not in p.stderr and "Traceback" not in p.stdout
+
+
+def digests(root: Path) -> dict[str, str]:
+    """Every regular file under `root`: path relative to it -> sha256 of its bytes."""
+    import hashlib
+
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.is_symlink()
+    }
+
+
+def lost(before: dict[str, str], root: Path) -> list[str]:
+    """The files of `before` (a `digests`) that are gone from `root` or hold other bytes now:
+    what a fault must never do to what a run already wrote."""
+    now = digests(root)
+    return [name for name, digest in before.items() if now.get(name) != digest]
+
+
+def one_line(p: subprocess.CompletedProcess[str], *needles: str) -> str:
+    """The single stderr line of a refused command, holding every needle."""
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and no_traceback(p), p.stderr[-3000:]
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+    return lines[0]

@@ -157,6 +157,7 @@ def test_a_good_checkpoint_still_loads_bitwise(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.fault("all_corrupt")
 def test_all_checkpoints_corrupt_refuses_to_start_over_and_keeps_them(tmp_path):
     """resume=auto with every checkpoint unusable: one line, exit 3, nothing trained or
     overwritten; resume=never then trains afresh and sets the damaged step aside, not over it."""
@@ -213,6 +214,7 @@ def _rewrite_state(ckpt: Path, edit) -> None:
     ],
     ids=["step", "data", "wall_s"],
 )
+@pytest.mark.fault("checkpoint_format")
 def test_a_checkpoint_matching_its_manifest_with_wrong_fields_is_one_line(tmp_path, edit, said):
     from ._cli import no_traceback, scaletrain, tiny_job
 

@@ -172,6 +172,8 @@ CLI_BAD = [
     ("train.steps", "true"),
     ("train.steps", "1e999"),
     ("train.run_dir", ""),
+    ("data.cache_dir", ""),  # the shards would land in the current directory
+    ("data.cache_dir", "  "),
     ("train.compile", "2"),
     ("model.init_std", "inf"),
     ("batch.seq_len", "1e999"),
@@ -284,9 +286,59 @@ def test_good_values_still_parse(args, field, value):
         ("--model.moe_aux_loss_coef=-100", "model.moe_aux_loss_coef"),  # rewards imbalance
     ],
 )
+@pytest.mark.fault("arithmetic_bounds")
 def test_values_that_stop_learning_are_refused(arg, field):
     """Values that pass a sign check but leave a run that silently learns nothing: bounds
     from the arithmetic (config/job.py, config/model.py), one line naming the field."""
     with pytest.raises(ConfigError) as e:
         load_config(None, [arg])
     assert e.value.field == field and "\n" not in str(e.value)
+
+
+@pytest.mark.slow
+@pytest.mark.fault("arithmetic_bounds")
+@pytest.mark.parametrize(
+    ("arg", "field"),
+    [
+        ("--precision.loss_scale_init=1e-30", "precision.loss_scale_init"),
+        ("--model.norm_eps=1e30", "model.norm_eps"),
+    ],
+)
+def test_cli_resume_with_a_value_that_stops_learning_keeps_the_run(tmp_path, arg, field):
+    """The same refusal on a resume from the CLI: one line naming the field, exit 2, and the
+    run's files (its checkpoint first) unchanged."""
+    from ._cli import digests, lost, one_line, scaletrain, tiny_job
+
+    first = scaletrain("train", *tiny_job(tmp_path, "run"))
+    assert first.returncode == 0, first.stderr
+    before = digests(tmp_path / "run")
+    again = scaletrain("train", *tiny_job(tmp_path, "run", "--train.steps=4", arg))
+    assert again.returncode == 2, again.stderr[-3000:]
+    one_line(again, field)
+    assert lost(before, tmp_path / "run") == []
+
+
+@pytest.mark.slow
+@pytest.mark.fault("ignored_options")
+@pytest.mark.parametrize(
+    ("arg", "named"),
+    [
+        ("--parallel.sp=true", "parallel.sp=true does nothing"),
+        ("--precision.fp8_amax=delayed", "precision.fp8_amax='delayed' does nothing"),
+    ],
+)
+def test_cli_resume_with_an_ignored_option_names_it_once_and_continues(tmp_path, arg, named):
+    """An option the layout never reads, set on a resume: named once, the run continues
+    from its checkpoint to the end, and the steps already logged are kept."""
+    from ._cli import no_traceback, scaletrain, tiny_job
+
+    first = scaletrain("train", *tiny_job(tmp_path, "run"))
+    assert first.returncode == 0, first.stderr
+    metrics = (tmp_path / "run" / "metrics.jsonl").read_text()
+    again = scaletrain("train", *tiny_job(tmp_path, "run", "--train.steps=4", arg))
+    assert again.returncode == 0 and no_traceback(again), again.stderr[-3000:]
+    out = (again.stdout + again.stderr).splitlines()
+    assert sum(named in ln for ln in out) == 1, out
+    assert "resuming from" in again.stdout
+    assert (tmp_path / "run" / "metrics.jsonl").read_text().startswith(metrics)
+    assert (tmp_path / "run" / "checkpoints" / "step_00000004").is_dir()

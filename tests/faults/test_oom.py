@@ -29,6 +29,7 @@ def test_classification(error, oom):
     assert is_allocation_failure(error) is oom
 
 
+@pytest.mark.fault("oom_advice")
 def test_next_layout_advice_never_repeats_the_layout_that_ran_out(monkeypatch):
     """The planner's first choice may be the very layout that just failed (its estimate was
     short of the device): the advice is then its second choice, never the same layout."""

@@ -12,7 +12,9 @@ from scaletrain.cli import main
 from scaletrain.config import ConfigError
 from scaletrain.config.user_files import check_output_dir, check_output_file
 
-from ._cli import tiny_job
+from ._cli import digests, lost, one_line, scaletrain, tiny_job
+
+pytestmark = pytest.mark.fault("output_path")
 
 
 def _one_line(capsys, field: str) -> str:
@@ -73,3 +75,58 @@ def test_good_places_pass(tmp_path):
     check_output_dir(tmp_path / "deep" / "new" / "run", "train.run_dir")  # made later
     check_output_dir(tmp_path, "train.run_dir")
     check_output_file(tmp_path / "page.html", "--out")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [
+        ("--data.cache_dir={file}/cache", "data.cache_dir"),
+        ("--data.cache_dir={long}", "data.cache_dir"),
+    ],
+)
+def test_a_bad_folder_on_resume_is_one_line_and_keeps_the_run(tmp_path, a_file, override, field):
+    """Resuming a run with a cache folder that cannot be made: one line naming the field,
+    exit 2, and every file the run wrote (checkpoints, metrics, config) unchanged."""
+    first = scaletrain("train", *tiny_job(tmp_path, "run"))
+    assert first.returncode == 0, first.stderr
+    before = digests(tmp_path / "run")
+    arg = override.format(file=a_file, long=tmp_path / ("c" * 5000))
+    again = scaletrain("train", *tiny_job(tmp_path, "run", "--train.steps=4"), arg)
+    assert again.returncode == 2, again.stderr[-3000:]
+    one_line(again, field)
+    assert lost(before, tmp_path / "run") == []
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [
+        ("--train.run_dir=/proc/run", "train.run_dir"),
+        ("--data.cache_dir=/proc", "data.cache_dir"),
+    ],
+)
+def test_a_pseudo_filesystem_is_refused_before_any_work(tmp_path, capsys, override, field):
+    """/proc says writable to os.access (as root) but takes no new folders: asked directly,
+    one line naming the field (it was a FileNotFoundError traceback from mkdir)."""
+    assert main(["train", *tiny_job(tmp_path, "run"), override]) == 2
+    assert "does not take new folders" in _one_line(capsys, field)
+    assert not (tmp_path / "cache").exists()
+
+
+def test_a_read_only_mount_is_named_even_for_root(tmp_path):
+    """A real read-only tmpfs (the monkeypatched case above, on a mount): root's permission
+    bits allow everything, the mount does not, and the line says which."""
+    import subprocess
+
+    mnt = tmp_path / "ro"
+    mnt.mkdir()
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mnt)])
+    if p.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        with pytest.raises(ConfigError, match="read-only filesystem") as e:
+            check_output_dir(mnt / "run", "train.run_dir")
+        assert e.value.field == "train.run_dir" and "\n" not in str(e.value)
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)

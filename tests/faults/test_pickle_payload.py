@@ -14,7 +14,7 @@ import torch
 from scaletrain.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from scaletrain.checkpoint.safe_meta import UnsafeMetadataError, safe_load_metadata
 
-from ._cli import no_traceback, scaletrain, tiny_job
+from ._cli import digests, lost, no_traceback, one_line, scaletrain, tiny_job
 
 
 class _Payload:
@@ -37,6 +37,7 @@ def _plant(ckpt: Path, marker: Path) -> None:
     (ckpt / "manifest.json").write_text(json.dumps(manifest))
 
 
+@pytest.mark.fault("pickle_payload")
 def test_payload_is_a_real_payload(tmp_path):
     # control: plain pickle does run it, so the tests below would see the marker if we did
     marker = tmp_path / "ran"
@@ -54,6 +55,7 @@ def _saved(tmp_path):
     return path, model, opt
 
 
+@pytest.mark.fault("pickle_payload")
 def test_real_index_loads_and_payload_is_refused(tmp_path):
     path, model, opt = _saved(tmp_path)
     assert safe_load_metadata(path / ".metadata").state_dict_metadata  # DCP's own index loads
@@ -66,6 +68,7 @@ def test_real_index_loads_and_payload_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("payload", [b"", b"garbage", pickle.dumps([1, 2]), pickle.dumps({"a": 1})])
+@pytest.mark.fault("pickle_payload")
 def test_non_index_pickles_are_refused_in_one_line(tmp_path, payload):
     f = tmp_path / ".metadata"
     f.write_bytes(payload)
@@ -76,6 +79,7 @@ def test_non_index_pickles_are_refused_in_one_line(tmp_path, payload):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["auto", "explicit"])
+@pytest.mark.fault("pickle_payload")
 def test_planted_metadata_never_executes_from_the_cli(tmp_path, how):
     first = scaletrain("train", *tiny_job(tmp_path, "run"))
     assert first.returncode == 0, first.stderr
@@ -117,6 +121,7 @@ def _outside_copy(path: Path, tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("where", ["absolute", "dotdot", "unlisted"])
+@pytest.mark.fault("path_escape")
 def test_index_pointing_outside_the_checkpoint_is_refused(tmp_path, where):
     """Shard paths in `.metadata` name only files the checkpoint's manifest lists: an absolute
     path, a `..` path or an unlisted name is refused in one line before a tensor is read."""
@@ -143,6 +148,7 @@ def test_index_pointing_outside_the_checkpoint_is_refused(tmp_path, where):
         assert torch.equal(p.detach(), before[n] + 1.0)  # nothing was loaded
 
 
+@pytest.mark.fault("pickle_payload")
 def test_planted_extra_file_is_refused_without_suggesting_unsafe_loading(tmp_path):
     """A payload in extra_rank0.pt (listed in a rewritten manifest): refused in one line that
     names the file and the global, never torch's hint to retry with weights_only=False."""
@@ -162,3 +168,23 @@ def test_planted_extra_file_is_refused_without_suggesting_unsafe_loading(tmp_pat
     assert "\n" not in msg and "extra_rank0.pt" in msg and "system" in msg
     assert "weights_only" not in msg
     assert not marker.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.fault("path_escape")
+@pytest.mark.parametrize("where", ["absolute", "dotdot"])
+def test_cli_resume_from_an_index_pointing_outside_is_one_line_and_keeps_the_run(tmp_path, where):
+    """The audit's attack through the CLI: the step's index re-pointed at a file outside the
+    checkpoint and the manifest re-signed. The resume is refused in one line naming the index
+    (exit 3), before any tensor is read; no file of the run, nor the outside file, changes."""
+    first = scaletrain("train", *tiny_job(tmp_path, "run"))
+    assert first.returncode == 0, first.stderr
+    ckpt = tmp_path / "run" / "checkpoints" / "step_00000002"
+    outside = _outside_copy(ckpt, tmp_path)
+    _redirect_shards(ckpt, str(outside) if where == "absolute" else f"../../{outside.name}")
+    before, outside_bytes = digests(tmp_path / "run"), outside.read_bytes()
+    again = scaletrain("train", *tiny_job(tmp_path, "run", "--train.steps=4"))
+    assert again.returncode == 3, again.stderr[-3000:]
+    one_line(again, str(ckpt / ".metadata"), "outside the checkpoint")
+    assert lost(before, tmp_path / "run") == [] and outside.read_bytes() == outside_bytes
+    assert not (ckpt.parent / "step_00000004").exists()

@@ -137,6 +137,7 @@ def _nproc_job(tmp_path: Path) -> list[str]:
     ("sig", "to"),
     [(signal.SIGINT, "group"), (signal.SIGTERM, "group"), (signal.SIGTERM, "launcher")],
 )
+@pytest.mark.fault("nproc_signal")
 def test_nproc_stop_forwards_once_saves_and_exits_one_line(tmp_path, sig, to):
     """`--nproc 2`: Ctrl-C or SIGTERM to the terminal's process group, or SIGTERM to the
     launcher alone, reaches each rank once; they finish the step, save, one line, 128 + sig."""
@@ -179,6 +180,7 @@ def _children(pid: int) -> list[int]:
 
 @pytest.mark.slow
 @pytest.mark.distributed
+@pytest.mark.fault("rank_killed")
 def test_nproc_rank_killed_is_one_line_naming_it(tmp_path):
     """A rank killed mid-run (SIGKILL: the kernel's OOM killer does this) under --nproc 2: the
     launcher stops the other rank and says which rank died and how, in one line."""

@@ -48,7 +48,9 @@ class DataConfig:
     val_fraction: float = 0.05
     seed: int = 1234
     cache_dir: str = ".cache/scaletrain"
-    """Where token shards (numpy memmaps) are written."""
+    """Where token shards (numpy memmaps) are written, keyed on the source's bytes (each
+    file's sha256, read again at every start), the tokenizer and the split: an edit rebuilds,
+    a touch does not."""
     workers: int = 0
     """Processes tokenizing a streamed corpus, each on one core (0 = the cores this process
     may use, os.sched_getaffinity); the shards are the same for any number."""
@@ -94,6 +96,13 @@ class DataConfig:
         require(self.workers >= 0, "data.workers", self.workers, "use >= 1, or 0 for every core")
         require(self.prefetch >= 0, "data.prefetch", self.prefetch, "use >= 0")
         require(self.delay_s >= 0, "data.delay_s", self.delay_s, "use >= 0")
+        require(
+            bool(self.cache_dir.strip()),
+            "data.cache_dir",
+            self.cache_dir,
+            "give a directory such as .cache/scaletrain (empty would write the shards into the "
+            "current one)",
+        )
         entries = parse_sources(self.source) if self.source != "grammar" else []
         # (every entry names existing, supported files)
         held = parse_eval_sources(self.eval_sources)  # names unique, files existing, non-empty

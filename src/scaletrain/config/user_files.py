@@ -9,8 +9,10 @@ file would otherwise be read whole into memory.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
+import tempfile
 from pathlib import Path
 
 from ._errors import ConfigError
@@ -102,6 +104,25 @@ def check_output_dir(path: Path | str, field: str) -> None:
             str(path),
             f"{existing} is not writable ({why}): give a directory this user can write",
         )
+    _probe(existing, path, field)
+
+
+def _probe(existing: Path, path: Path, field: str) -> None:
+    """Make and remove an empty folder in `existing`: the permission bits do not tell root
+    about a read-only mount, nor anyone about a pseudo-filesystem such as /proc or /sys that
+    refuses new entries (os.access says yes to both), so the filesystem itself is asked."""
+    try:
+        probe = tempfile.mkdtemp(prefix=".scaletrain-probe-", dir=existing)
+    except OSError as e:
+        ro = e.errno == errno.EROFS or _read_only_mount(existing)
+        why = "a read-only filesystem" if ro else (e.strerror or os.strerror(e.errno or 0))
+        raise ConfigError(
+            field,
+            str(path),
+            f"{existing} does not take new folders ({why}): give a directory this user can "
+            "write on an ordinary filesystem",
+        ) from None
+    os.rmdir(probe)
 
 
 def check_output_file(path: Path | str, field: str) -> None:

@@ -1,11 +1,12 @@
 """Held-out eval sources (`data.eval_sources`): each tokenized into its own checksummed shard.
 
-A set is streamed exactly like a training source (`corpus.encode_file`: documents, each followed
-by the end-of-document separator; `.bin` ids as they are) with the training tokenizer, into
-`<cache_dir>/eval-<name>-<key>/tokens.bin` + `meta.json` (count, dtype, sha256). The key hashes
-the files (path, size, mtime), the text field, the token dtype and the training shard's own
-key, which identifies the tokenizer (a trained BPE or char vocabulary belongs to its corpus),
-so any change rebuilds. The shard is verified against its checksum whenever it is opened.
+A set is streamed exactly like a training source (`corpus.encode_file`: documents, each followed by
+the end-of-document separator; `.bin` ids as they are) with the training tokenizer, into
+`<cache_dir>/eval-<name>-<key>/tokens.bin` + `meta.json` (count, dtype, sha256). The key hashes the
+files (path, size and the sha256 of their bytes: `shards.file_identity`), the text field, the token
+dtype and the training shard's own key, which identifies the tokenizer (a trained BPE or char
+vocabulary belongs to its corpus), so any change rebuilds. The shard is verified against its
+checksum whenever it is opened.
 
 The batches are those of the validation split (`loader.WindowSampler.val_batch`): the first
 windows at stride `seq_len`, sliced over dp ranks, so every layout evaluates a set the way it
@@ -27,7 +28,7 @@ from scaletrain.config.sources import EvalSource, parse_eval_sources
 from . import corpus
 from .encode_pool import EncodePool, default_workers
 from .progress import Progress
-from .shards import publish
+from .shards import file_identity, publish
 from .tokenizer import Tokenizer
 
 __all__ = ["EvalSet", "load_or_build_eval_sets"]
@@ -43,10 +44,9 @@ class EvalSet:
 
 
 def _identity(cfg: DataConfig, src: EvalSource, train_shard: str) -> dict:
-    files = [[str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns] for p in src.files]
     return {
         "format": corpus.FORMAT,
-        "files": files,
+        "files": file_identity(list(src.files)),
         "text_field": cfg.text_field,
         "token_dtype": cfg.token_dtype,
         "tokenizer_of": train_shard,

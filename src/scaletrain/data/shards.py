@@ -1,11 +1,11 @@
 """Token shards: the corpus tokenized once into numpy memmaps, cached under a content key.
 
 A shard directory `<cache_dir>/<key>/` holds `train.bin`, `val.bin` (raw uint16/uint32 ids),
-`meta.json` and the tokenizer's files. The key hashes the source identity (the grammar's
-parameters, or each file's path, size and mtime), the tokenizer and the split, so any change
-rebuilds and an unchanged source is reused. Directories are written under a temporary name and
-renamed into place, so a reader never sees a half-written shard and concurrent ranks that build
-the same shard do not corrupt each other (the first rename wins).
+`meta.json` and the tokenizer's files. The key hashes the source identity (the grammar's parameters,
+or each file's path, size and content: `file_identity`), the tokenizer and the split, so any change
+of the bytes rebuilds and an unchanged source is reused, whatever its mtime. Directories are written
+under a temporary name and renamed into place, so a reader never sees a half-written shard and
+concurrent ranks that build the same shard do not corrupt each other (the first rename wins).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ __all__ = [
     "read_meta",
     "saved_tokenizer",
     "source_identity",
+    "file_identity",
 ]
 
 _FORMAT = 2  # bump when the shard layout or the grammar changes, so old caches are not reused
@@ -84,8 +85,30 @@ def streamed(cfg: DataConfig) -> bool:
     )
 
 
+def content_digest(path: Path) -> str:
+    """sha256 of every byte of `path`, streamed (hashlib.file_digest: bounded memory)."""
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
 def _file_digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() else ""
+    return content_digest(path)[:16] if path.is_file() else ""
+
+
+def file_identity(paths: list[Path]) -> list[list]:
+    """What a cache key knows of source files: each one's resolved path, size and the sha256 of
+    all its bytes, the bytes the build reads (text, JSONL, Parquet, Arrow, ids and their index
+    or metadata files).
+
+    Content, not mtime: a file edited in place with its size and mtime restored (os.utime) gets
+    a new key, and a file merely touched keeps its key. The cost is one sequential read of the
+    corpus per start on every rank, on top of the build's own read when the key is new: sha256
+    streamed 1.5 GB/s on one core of the project's 2-core host (x86 with SHA extensions,
+    page-cached: benchmarks/results/cache_key.md, 256 MB in 0.17 s, a third of a whole cache
+    hit, which also checks the shards' own sha256), and reads at the disk's speed when cold. A memo
+    keyed on (inode, size, mtime, ctime) could skip the re-read; it is not kept, since ctime is
+    not maintained the same way by every filesystem."""
+    return [[str(p.resolve()), p.stat().st_size, content_digest(p)] for p in paths]
 
 
 def source_identity(cfg: DataConfig) -> dict:
@@ -97,9 +120,10 @@ def source_identity(cfg: DataConfig) -> dict:
         root = Path(cfg.source).resolve()
         paths = source_files(cfg.source)
         paths += [p.with_suffix(".idx") for p in paths if is_megatron(p)]  # indexes too
-        paths += [Path(f"{p}.index") for p in paths if is_datatrove(p)]
-        files = [[str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns] for p in paths]
-        src = {"kind": "files", "root": str(root), "files": files}
+        trove = [p for p in paths if is_datatrove(p)]
+        paths += [Path(f"{p}.index") for p in trove]
+        paths += [m for p in trove if (m := Path(f"{p}.metadata")).is_file()]
+        src = {"kind": "files", "root": str(root), "files": file_identity(paths)}
     tok: dict = {"name": cfg.tokenizer}
     if cfg.tokenizer == "bpe":
         tok["vocab_size"] = cfg.bpe_vocab_size

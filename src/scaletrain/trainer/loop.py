@@ -42,7 +42,7 @@ from .optim import lr_at, lr_scale_line, set_lr
 from .precision import autocast
 from .report import memory_ledger, out_of_memory, summary
 from .result import RunResult, write_run_files
-from .sample import generate, layout_logits_fn
+from .sample import generate, layout_logits_fn, prompt_ids
 from .step import StepHooks, StepOut, apply_update, train_step
 
 __all__ = ["train", "RunResult", "evaluate", "val_batch_count", "train_step"]  # (re-exported)
@@ -407,14 +407,14 @@ def _finish(loop: _Loop) -> RunResult:
 
 
 def _sample(run: Run, data: DataBundle) -> str:
-    """`train.sample_tokens` of text generated from "The "."""
+    """`train.sample_tokens` of text generated from "The " (what of it the tokenizer encodes)."""
     job = run.job
     # the training step's autocast: FSDP mixed precision casts only the parameters it
     # manages (expert-parallel experts stay fp32), and autocast aligns the rest
     with autocast(job.precision, run.device.type):
         ids = generate(
             run.model,
-            data.tokenizer.encode("The "),
+            prompt_ids(data.tokenizer, "The "),
             num_tokens=job.train.sample_tokens,
             context=job.batch.seq_len,
             seed=job.train.seed,

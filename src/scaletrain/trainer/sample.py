@@ -9,12 +9,13 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from scaletrain.data.tokenizer import Tokenizer
 from scaletrain.dtensor import to_full
 
 if TYPE_CHECKING:
     from .build import Run
 
-__all__ = ["generate", "layout_logits_fn"]
+__all__ = ["generate", "layout_logits_fn", "prompt_ids"]
 
 
 LogitsFn = Callable[[torch.Tensor], torch.Tensor]
@@ -30,6 +31,23 @@ def _plain_logits(model: torch.nn.Module, pad_multiple: int) -> LogitsFn:
         return logits[:, :t]
 
     return fn
+
+
+def prompt_ids(tokenizer: Tokenizer, text: str) -> list[int]:
+    """The ids of `text`, or, where the tokenizer cannot encode all of it, of the characters it
+    can: a char-level vocabulary holds only its own corpus's characters (an all-lowercase
+    corpus has no 'T'), and a finished run must not fail at its sample. Empty when none is
+    encodable (`generate` then starts from id 0)."""
+    try:
+        return tokenizer.encode(text)
+    except ValueError:
+        out: list[int] = []
+        for ch in text:
+            try:
+                out += tokenizer.encode(ch)
+            except ValueError:
+                continue
+        return out
 
 
 @torch.no_grad()
