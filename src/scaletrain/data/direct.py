@@ -15,7 +15,8 @@ and sha256 checksums, no id beyond the tokenizer. On first use each file is scan
 offsets they take with them are written (`NAME.vbounds`, int64 per document boundary: 8 bytes a
 document, about 0.4% of a corpus of 1,000-token documents in uint16) into
 `<cache_dir>/direct-<key>/` with `meta.json`; every later open re-scans and compares. The key
-hashes each file's path, size and mtime, the tokenizer and the split, like a shard's. The
+hashes each file's path, size and content (`shards.file_identity`), the tokenizer and the split,
+like a shard's: a file whose bytes change is a new corpus with a directory of its own. The
 index structure itself is checked by `megatron.read_index` / `datatrove.read_datatrove`.
 """
 
