@@ -127,7 +127,7 @@ def compare(measurement: Measurement, estimate: Any) -> Comparison:
     out.time["predicted_step_s"] = float(estimate.time.step_s)
     out.notes += _attribution_notes(out)
     hardware = getattr(getattr(estimate, "plan", None), "hardware", None)  # tests pass stubs
-    if hardware is not None and hardware.name == "cpu":
+    if hardware is not None and hardware.is_cpu:
         out.notes.append(
             "predicted tokens/s: the planner's time model is for GPUs; on 'cpu' it "
             "uses a nominal 333 GFLOP/s peak, not calibrated to this host (expect "

@@ -203,7 +203,7 @@ def _recipe_time(est: Estimate) -> list[str]:
             f"{eager * hw.memory_bw / 1e6:.2f} MB per token per block over memory "
             f"bandwidth (efficiency.eager_elementwise_bytes)"
         )
-    if r.time_model != "generation" or p.efficiency > 0 or hw.name == "cpu":
+    if r.time_model != "generation" or p.efficiency > 0 or hw.is_cpu:
         # names recipe_schema.FOREIGN_TIME_MODEL by its old name: explain's output is kept
         # byte-identical to 109a6fb through issue 34 (benchmarks/planner_identity.py)
         return [

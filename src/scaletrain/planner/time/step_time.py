@@ -65,7 +65,7 @@ def default_efficiency(precision: str, hidden: int, hardware: HardwareSpec) -> f
     and torchtitan report 40-55% MFU on A100/H100), 0.45 fp8 (casts and scaling overhead), 0.6 of
     the tf32 path in fp32, 0.35 on a CPU; scaled by (h/4096)^0.25 below h = 4096 (small GEMMs
     and kernel launches dominate small models). A calibration knob, not a law."""
-    if hardware.name == "cpu":
+    if hardware.is_cpu:
         base = _CPU_EFFICIENCY
     else:
         base = _BASE_EFFICIENCY.get(precision, 0.5)
@@ -131,14 +131,14 @@ def plan_efficiency(plan: PlanInput) -> float:
     """The plan's achievable fraction of peak matmul FLOP/s: its own, else `default_efficiency`."""
     if plan.efficiency > 0:
         return min(1.0, plan.efficiency)
-    key = (plan.precision, plan.model.dim, plan.hardware.name)
+    key = (plan.precision, plan.model.dim, plan.hardware.is_cpu)
     eff = _EFF.get(key)
     if eff is None:
         eff = _EFF[key] = default_efficiency(plan.precision, plan.model.dim, plan.hardware)
     return eff
 
 
-_EFF: dict[tuple, float] = {}  # default_efficiency reads only these three fields
+_EFF: dict[tuple, float] = {}  # default_efficiency reads only these three facts
 
 
 def comm_arguments(
@@ -226,7 +226,7 @@ def _block_seconds(
             hardware=hw,
             kernel_efficiency=plan.efficiency <= 0,
         )
-        if hw.name != "cpu"
+        if not hw.is_cpu
         else core_hw / slow
     )
     layer_s = (layer_hw - core_hw) / rate + core_s  # seconds per token per block
@@ -270,7 +270,7 @@ def step_time(
     eff16 = eff
     foreign = recipe is not None and recipe.name != "scaletrain"
     generation = recipe is not None and recipe.time_model == "generation"
-    if generation and plan.efficiency <= 0 and hw.name != "cpu":
+    if generation and plan.efficiency <= 0 and not hw.is_cpu:
         # efficiency.py: generation x GEMM-shape roofline x fp8 factor
         eff, eff16 = matmul_efficiency(
             model, hw, plan.precision, float(plan.seq_len) * plan.micro_batch / L.cp, L.tp
@@ -345,7 +345,7 @@ def eager_elementwise_s(plan: PlanInput, recipe: Recipe | None) -> float:
         or not recipe.eager_elementwise
         or plan.compile
         or plan.efficiency > 0
-        or hw.name == "cpu"
+        or hw.is_cpu
         or model.norm != "rmsnorm"
         or model.is_moe
     ):
