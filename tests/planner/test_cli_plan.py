@@ -14,6 +14,7 @@ from scaletrain.cli import plan as plan_cli
 
 FLAGS = [
     "--ac",
+    "--calibration",
     "--ckpt-every",
     "--compile",
     "--config",

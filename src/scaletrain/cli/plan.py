@@ -72,6 +72,12 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         help="host power per node (default 0: GPUs only)",
     )
     a(
+        "--calibration",
+        metavar="FILE.toml",
+        help="efficiency constants this device measured in one of its runs (scaletrain verify "
+        "RUN --calibrate FILE.toml); the plan says which constants are calibrated, which default",
+    )
+    a(
         "--sweep",
         metavar="hardware.FIELD=V,...",
         help="plan once per value of one [hardware] figure and tabulate step time, MFU and "
@@ -163,7 +169,9 @@ def _inputs(args: argparse.Namespace) -> dict[str, Any]:
         """A search chooses what the user left unset; an exact layout takes the job's."""
         return value if exact or res.is_given(section, key) else None
 
+    calibration = _calibration(args, job)
     return {
+        "calibration": calibration,
         "model": job.model,
         "hw": job.hardware_spec(),
         "gpus": res.world_size,
@@ -182,6 +190,30 @@ def _inputs(args: argparse.Namespace) -> dict[str, Any]:
         "efficiency": job.hardware.efficiency,
         "energy": _energy(job),
     }
+
+
+def _calibration(args: argparse.Namespace, job: Any) -> Any:
+    """--calibration FILE: read and checked against the plan's device, precision, recipe and
+    --efficiency before any work (time/calibration.py)."""
+    if args.calibration is None:
+        return None
+    from scaletrain.planner.time.calibration import check_calibration, read_calibration
+
+    cal = read_calibration(args.calibration)
+    check_calibration(cal, job.hardware_spec(), job.precision.dtype)
+    if args.recipe != "scaletrain":
+        raise ConfigError(
+            "--calibration",
+            args.calibration,
+            f"it measured scaletrain's own trainer, not {args.recipe}'s: drop --recipe",
+        )
+    if job.hardware.efficiency > 0:
+        raise ConfigError(
+            "--efficiency",
+            job.hardware.efficiency,
+            "--calibration sets the matmul rate this device measured: drop --efficiency",
+        )
+    return cal
 
 
 def _energy(job: Any) -> dict[str, float]:
@@ -277,6 +309,7 @@ def _evaluate(inp: dict[str, Any]) -> Any:
         efficiency=inp["efficiency"],
         recipe=inp["recipe"],
         optimizer=inp["optimizer"],
+        calibration=inp["calibration"],
     )
     return estimate(plan)
 
@@ -324,7 +357,7 @@ def _search(inp: dict[str, Any], top_k: int) -> Any:
         optimizer=inp["optimizer"],
         top_k=top_k,
         compile=inp["compile"],
-        efficiency=inp["efficiency"],
+        efficiency=inp["calibration"] or inp["efficiency"],
         recipe=inp["recipe"],
         **pins,
     )
@@ -394,6 +427,13 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     lines: list[str] = [] if args.json else [f"note: {n}" for n in inp["derived"]]
     if inp["hw"].notes and not args.json:
         lines.append(f"note: hardware {inp['hw'].notes}")
+    if inp["calibration"] is not None and not args.json:
+        from scaletrain.planner.time.calibration import describe_calibration
+
+        lines += [
+            f"note: {ln}" if k == 0 else ln
+            for k, ln in enumerate(describe_calibration(inp["calibration"]))
+        ]
     if args.sweep is not None:
         for flag in ("plot", "preflight", "convention", "tokens"):
             if getattr(args, flag):

@@ -129,9 +129,9 @@ def compare(measurement: Measurement, estimate: Any) -> Comparison:
     hardware = getattr(getattr(estimate, "plan", None), "hardware", None)  # tests pass stubs
     if hardware is not None and hardware.is_cpu:
         out.notes.append(
-            "predicted tokens/s: the planner's time model is for GPUs; on 'cpu' it "
-            "uses a nominal 333 GFLOP/s peak, not calibrated to this host (expect "
-            "it off by an order of magnitude or more)"
+            "predicted tokens/s: on a CPU the planner's default rates are nominal (a datasheet "
+            "peak at a fixed efficiency); `verify RUN --calibrate cal.toml` measures this "
+            "host's, `plan --calibration cal.toml` plans with them"
         )
     return out
 

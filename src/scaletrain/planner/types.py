@@ -11,6 +11,8 @@ from typing import Any
 
 from scaletrain.config import HardwareSpec, JobConfig, Layout, ModelConfig, grad_accum_steps
 
+from .time.calibration import Calibration
+
 __all__ = [
     "PlanInput",
     "MemoryBreakdown",
@@ -59,6 +61,9 @@ class PlanInput:
     runtime_context_bytes: float | None = None
     """Foreign recipes: the CUDA context (+ kernels) of the run's own runtime as measured on
     its cards (None: the recipe's `cuda_context_bytes`)."""
+    calibration: Calibration | None = None
+    """Efficiency constants a run on this device measured (`time.calibration`; `plan
+    --calibration`); None: the defaults."""
 
     @property
     def grad_accum(self) -> int:
@@ -112,6 +117,8 @@ class TimeBreakdown:
     comm_exposed_s: float = 0.0
     bubble_s: float = 0.0
     optimizer_s: float = 0.0
+    overhead_s: float = 0.0
+    """A calibration's per-step time outside the other terms (data wait, clipping, ...)."""
     comm_total_s: float = 0.0
     """All communication time, overlapped or not."""
     comm_terms: dict[str, float] = field(default_factory=dict)

@@ -309,9 +309,10 @@ def _time_lines(
     else:
         add("   pp = 1: no bubble")
     add("-- 8. step")
+    over = f" + calibrated overhead {t.overhead_s:.3f}" if t.overhead_s else ""
     add(
         f"   step = compute {t.compute_s:.3f} + bubble {t.bubble_s:.3f} + exposed comm "
-        f"{t.comm_exposed_s:.3f} + optimizer {t.optimizer_s:.3f} = {t.step_s:.3f} s"
+        f"{t.comm_exposed_s:.3f} + optimizer {t.optimizer_s:.3f}{over} = {t.step_s:.3f} s"
     )
     add(
         f"   tokens/s (whole job) = {est.tokens_per_s:,.0f}; MFU = FLOPs/token x tokens/s / "

@@ -43,6 +43,7 @@ __all__ = [
     "FP8_EFFICIENCY",
     "generation_of",
     "gemm_shape_factor",
+    "gemm_factor",
     "matmul_efficiency",
     "allreduce_latency",
     "TREE_ALLREDUCE_MIN_RANKS",
@@ -100,7 +101,9 @@ def generation_of(hardware: HardwareSpec) -> str:
     return _DEFAULT_GENERATION
 
 
-def _gemm_factor(M: float, K: float, N: float, e: float, ridge: float) -> float:
+def gemm_factor(M: float, K: float, N: float, e: float, ridge: float) -> float:
+    """The roofline's fraction of peak for one M x K by K x N GEMM of e-byte elements:
+    min(1, intensity / ridge) (the module docstring's gemm_shape_factor, one GEMM)."""
     intensity = 2.0 * M * K * N / (e * (M * K + K * N + M * N))
     return min(1.0, intensity / ridge)
 
@@ -120,7 +123,7 @@ def gemm_shape_factor(
     for K, N in gemms:
         fl = 2.0 * M * K * N
         flops += fl
-        slow += fl / _gemm_factor(M, K, N, e, ridge)
+        slow += fl / gemm_factor(M, K, N, e, ridge)
     return flops / slow if slow else 1.0
 
 
