@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     summ = summary(rows)
-    notes = NOTES
+    notes = [dp_note(rows)] if any(r["layout"][0] == "D" for r in rows) else []
     meta = {"model": "gpt-mini", "steps": args.steps, "rounds": args.rounds, "notes": notes}
     for name, e in summ.items():
         print(
@@ -232,16 +232,25 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-NOTES = [
-    "**D (2 processes) is not this host's to predict**: 2 ranks x 1 thread deliver about "
-    "the tokens/s of 1 rank x 1 thread, on either clock (benchmarks/results/scaling.md found "
-    "the same: 7.1k vs 6.9k tokens/s). Each rank's CPU seconds per token double when both "
-    "run, which is what two vCPUs sharing one physical core's vector units (SMT siblings "
-    "on the KVM host; `lscpu` inside the VM cannot tell) would do. The planner, calibrated "
-    "on one rank alone, gives each rank the whole device, so it predicts about 2x; a "
-    "calibration measured with both ranks running (`scaletrain profile --nproc 2` of a "
-    "2-process run) would carry the sharing.",
-]
+def dp_note(rows: list[dict]) -> str:
+    """Why layout D is not predicted, with this run's medians (CPU clock) of A and D."""
+
+    def med(prefix: str) -> float:
+        return statistics.median(r["cpu_tokens_per_s"] for r in rows if r["layout"][0] == prefix)
+
+    loads = [r["loadavg"][0] for r in rows]
+    return (
+        "**D (2 processes) is not predicted**: on the CPU clock 2 ranks x 1 thread deliver "
+        f"about the tokens/s of 1 rank x 1 thread ({med('D'):,.0f} vs {med('A'):,.0f} here; "
+        "benchmarks/results/scaling.md found the same on the wall clock of a quieter host: "
+        "7.1k vs 6.9k). Each rank's CPU seconds per token double when both run, which is what "
+        "two vCPUs sharing one physical core's vector units (SMT siblings on the KVM host; "
+        "`lscpu` inside the VM cannot tell) would do; the wall-clock column measures the "
+        f"queue of a host at load {min(loads):.0f}-{max(loads):.0f} more than the run. The "
+        "planner, calibrated on one rank alone, gives each rank the whole device and predicts "
+        "about 2x. Not tried: calibrating from a profiled 2-process run, whose rates would "
+        "include the sharing."
+    )
 
 
 if __name__ == "__main__":
