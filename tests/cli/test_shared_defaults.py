@@ -45,6 +45,10 @@ def test_plan_and_dryrun_share_the_job_flags() -> None:
         "--convention",
         "--params",
         "--ckpt-every",
+        # what-ifs of the device: one plan per value of a [hardware] figure
+        "--sweep",
+        # efficiency constants a run measured, for the planner's time model
+        "--calibration",
     }
     job_flags = _flags(plan_cli, "plan") - plan_only
     assert job_flags <= _flags(dryrun_cli, "dryrun")

@@ -29,6 +29,7 @@ SCRIPTS = (
     "fp8_cpu",
     "moe_experts",
     "cache_key",
+    "calibration",
 )
 
 
@@ -171,7 +172,20 @@ REQUIRED = {
     "fp8_cpu": ("probe", "rounds", "summary", "cpu_flags"),
     "moe_experts": ("rows", "reps", "threads", "tokens"),
     "cache_key": ("rows", "meta"),
+    "calibration": ("rows", "summary", "meta", "target"),
 }
+
+
+def test_calibration_errors_and_summary():
+    """The calibration benchmark's analysis on rows with a known answer: error = predicted /
+    measured - 1, the median over rounds per layout and calibration."""
+    cal = _load("calibration")
+    assert cal.error(110.0, 100.0) == pytest.approx(0.10)
+    rows = [
+        {"layout": "B", "error_cpu": {"profile": e, "step": 2 * e, "default": -0.2}}
+        for e in (0.01, -0.03, 0.05)
+    ]
+    assert cal.summary(rows) == {"B": {"profile": 0.01, "step": 0.02, "default": -0.2}}
 
 
 @pytest.mark.parametrize("name", SCRIPTS)

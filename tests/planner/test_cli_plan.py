@@ -14,6 +14,7 @@ from scaletrain.cli import plan as plan_cli
 
 FLAGS = [
     "--ac",
+    "--calibration",
     "--ckpt-every",
     "--compile",
     "--config",
@@ -27,6 +28,7 @@ FLAGS = [
     "--gpus",
     "--gpus-per-node",
     "--grid-co2",
+    "--hardware",
     "--host-watts",
     "--json",
     "--micro-batch",
@@ -44,6 +46,7 @@ FLAGS = [
     "--seq-len",
     "--sp",
     "--storage-gb-per-s",
+    "--sweep",
     "--tokens",
     "--top",
     "--tp",

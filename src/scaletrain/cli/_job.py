@@ -24,12 +24,11 @@ from scaletrain.config import (
     ConfigError,
     JobConfig,
     batch_problems,
-    hardware_preset,
     load_config,
     parse_overrides,
     precision_problem,
 )
-from scaletrain.config.loading import read_toml
+from scaletrain.config.loading import read_hardware_file, read_toml
 from scaletrain.config.run_defaults import PRETRAIN_SEQ_LEN, run_defaults
 
 __all__ = [
@@ -94,6 +93,13 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
         help="number of GPUs (default: the config's, else dp*tp*pp*cp when --dp is given, else 1)",
     )
     a("--gpu", metavar="TYPE", help=f"hardware preset (default {d.hardware.gpu})")
+    a(
+        "--hardware",
+        metavar="F.toml",
+        help="a [hardware] table: a device described in TOML (peak_tflops, memory_gib, "
+        "memory_bw_gb_s, intra/inter_node_bw_gb_s, latencies, power_w, arch) or a preset's "
+        "figures changed; over --config's, under the flags",
+    )
     a("--gpus-per-node", type=int, metavar="N", help="override the preset's GPUs per node")
     a(
         "--seq-len",
@@ -218,9 +224,9 @@ class _Derivation:
 def _derive_dtype(d: _Derivation, job: JobConfig) -> None:
     """bf16 on a GPU with bf16 tensor cores, unless the precision is given."""
     if not d.res.is_given("precision", "dtype"):
-        hw = hardware_preset(job.hardware.gpu)
+        hw = job.hardware.spec()
         # the rule `train` refuses by (config.hardware_rules), not the datasheet's rate table
-        if job.hardware.gpu != "cpu" and precision_problem("bf16", hw.arch, hw.name) is None:
+        if not hw.is_cpu and precision_problem("bf16", hw.arch, hw.name) is None:
             d.put(
                 "precision",
                 "dtype",
@@ -377,6 +383,10 @@ def resolve_from_flags(args: argparse.Namespace, *, search: bool = False) -> Res
     """`resolve_job` for plan/explain/dryrun: an error in a value given as a flag names the
     flag, not the config field."""
     given = flag_overrides(args)
+    path = getattr(args, "hardware", None)
+    from_file = read_hardware_file(path) if path is not None else {}
+    if from_file:
+        given["hardware"] = {**from_file, **given.get("hardware", {})}
     try:
         return resolve_job(
             getattr(args, "config", None), given, search=search, real_model_defaults=True
@@ -384,8 +394,10 @@ def resolve_from_flags(args: argparse.Namespace, *, search: bool = False) -> Res
     except ConfigError as e:
         section, _, key = e.field.partition(".")
         flag = flag_for(e.field)
-        if flag and key in given.get(section, {}):
+        if flag and key in given.get(section, {}) and key not in from_file:
             raise ConfigError(flag, e.value, e.fix) from None
+        if section == "hardware" and from_file:
+            raise ConfigError(e.field, e.value, f"{e.fix} (--hardware {path})") from None
         raise
 
 

@@ -80,6 +80,19 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         help="read bandwidth from the data's storage per node, against which explain holds "
         "the input rate (default: the preset's, 4)",
     )
+    a(
+        "--calibration",
+        metavar="FILE.toml",
+        help="efficiency constants this device measured in one of its runs (scaletrain verify "
+        "RUN --calibrate FILE.toml); the plan says which constants are calibrated, which default",
+    )
+    a(
+        "--sweep",
+        metavar="hardware.FIELD=V,...",
+        help="plan once per value of one [hardware] figure and tabulate step time, MFU and "
+        "the best layout: values in the field's unit or multiples of the device's own "
+        "(hardware.intra_node_bw_gb_s=1x,2x,4x; hardware.peak_tflops.bf16=989,1979)",
+    )
     # the seeds' textbook memory beside the planner's (planner/napkin/textbook.py)
     a(
         "--convention",
@@ -171,7 +184,9 @@ def _inputs(args: argparse.Namespace) -> dict[str, Any]:
         """A search chooses what the user left unset; an exact layout takes the job's."""
         return value if exact or res.is_given(section, key) else None
 
+    calibration = _calibration(args, job)
     return {
+        "calibration": calibration,
         "model": job.model,
         "hw": job.hardware_spec(),
         "gpus": res.world_size,
@@ -191,6 +206,30 @@ def _inputs(args: argparse.Namespace) -> dict[str, Any]:
         "efficiency": job.hardware.efficiency,
         "energy": _energy(job),
     }
+
+
+def _calibration(args: argparse.Namespace, job: Any) -> Any:
+    """--calibration FILE: read and checked against the plan's device, precision, recipe and
+    --efficiency before any work (time/calibration.py)."""
+    if args.calibration is None:
+        return None
+    from scaletrain.planner.time.calibration import check_calibration, read_calibration
+
+    cal = read_calibration(args.calibration)
+    check_calibration(cal, job.hardware_spec(), job.precision.dtype)
+    if args.recipe != "scaletrain":
+        raise ConfigError(
+            "--calibration",
+            args.calibration,
+            f"it measured scaletrain's own trainer, not {args.recipe}'s: drop --recipe",
+        )
+    if job.hardware.efficiency > 0:
+        raise ConfigError(
+            "--efficiency",
+            job.hardware.efficiency,
+            "--calibration sets the matmul rate this device measured: drop --efficiency",
+        )
+    return cal
 
 
 def _energy(job: Any) -> dict[str, float]:
@@ -293,6 +332,7 @@ def _evaluate(inp: dict[str, Any]) -> Any:
         recipe=inp["recipe"],
         optimizer=inp["optimizer"],
         assumed=filled.lines,
+        calibration=inp["calibration"],
     )
     return estimate(plan)
 
@@ -330,13 +370,13 @@ def _one_layout(
     return estimates
 
 
-def _searched(args: argparse.Namespace, inp: dict[str, Any], lines: list[str]) -> list[Any]:
-    """The search's best layouts: printed as JSON, or its table appended to `lines`."""
+def _search(inp: dict[str, Any], top_k: int) -> Any:
+    """The search's `SearchResult` for the job `inp` describes."""
     from scaletrain.planner.search.layouts import search
 
     pins = {k: inp[k] for k in ("micro_batch", "ac", "offload") if inp[k] is not None}
     pins.update(inp["pinned"])
-    res = search(
+    return search(
         inp["model"],
         inp["hw"],
         inp["gpus"],
@@ -344,12 +384,17 @@ def _searched(args: argparse.Namespace, inp: dict[str, Any], lines: list[str]) -
         global_batch=inp["gb"],
         precision=inp["precision"],
         optimizer=inp["optimizer"],
-        top_k=args.top,
+        top_k=top_k,
         compile=inp["compile"],
-        efficiency=inp["efficiency"],
+        efficiency=inp["calibration"] or inp["efficiency"],
         recipe=inp["recipe"],
         **pins,
     )
+
+
+def _searched(args: argparse.Namespace, inp: dict[str, Any], lines: list[str]) -> list[Any]:
+    """The search's best layouts: printed as JSON, or its table appended to `lines`."""
+    res = _search(inp, args.top)
     estimates = res.top
     if not res.top and not res.legal:
         _why_no_recipe_layout(inp)
@@ -370,12 +415,66 @@ def _searched(args: argparse.Namespace, inp: dict[str, Any], lines: list[str]) -
     return estimates
 
 
+def _swept(args: argparse.Namespace, inp: dict[str, Any]) -> list[str]:
+    """`--sweep`: the job planned once per value of one hardware figure (cli/_sweep.py); the
+    best layout of each (or the pinned layout) as a table, or printed as JSON."""
+    from scaletrain.config.hardware_toml import with_figure
+    from scaletrain.planner.output.sweep import SweepRow, render_sweep, sweep_json
+
+    from ._sweep import parse_sweep
+
+    sweep = parse_sweep(args.sweep, inp["hw"])
+
+    def best(hw: Any) -> Any:
+        point = {**inp, "hw": hw}
+        if inp["exact"]:
+            return _evaluate(point)  # (a layout that does not fit is shown as such)
+        top = _search(point, 1).top
+        return top[0] if top else None
+
+    base_best = best(inp["hw"])
+    rows = [
+        SweepRow(p.label, p.value, best(with_figure(inp["hw"], sweep.field, p.value)))
+        for p in sweep.points
+    ]
+    if args.json:
+        print(finite_json(sweep_json(sweep.field, sweep.unit, sweep.base, rows), "plan", args))
+        return []
+    what = "layout" if inp["exact"] else "best layout"
+    return [render_sweep(sweep.field, sweep.unit, sweep.base, base_best, rows, what=what)]
+
+
 def run(args: argparse.Namespace, extra: list[str]) -> int:
     if extra:
         raise ConfigError("argument", " ".join(extra), "remove it (see --help for the flags)")
-    inp = _inputs(args)
     explain_mode = args.command == "explain"
+    if args.sweep is not None and explain_mode:
+        raise ConfigError(
+            "--sweep", args.sweep, "sweeps are tabulated by plan: use scaletrain plan"
+        )
+    inp = _inputs(args)
     lines: list[str] = [] if args.json else [f"note: {n}" for n in inp["derived"]]
+    if inp["hw"].notes and not args.json:
+        lines.append(f"note: hardware {inp['hw'].notes}")
+    if inp["calibration"] is not None and not args.json:
+        from scaletrain.planner.time.calibration import describe_calibration
+
+        lines += [
+            f"note: {ln}" if k == 0 else ln
+            for k, ln in enumerate(describe_calibration(inp["calibration"]))
+        ]
+    if args.sweep is not None:
+        for flag in ("plot", "preflight", "convention", "tokens"):
+            if getattr(args, flag):
+                raise ConfigError(
+                    f"--{flag}",
+                    getattr(args, flag),
+                    "drop it with --sweep (one table per value is all a sweep prints)",
+                )
+        lines += _swept(args, inp)
+        if lines:
+            print("\n".join(lines))
+        return 0
     if inp["pinned"].get("pp_schedule") == "dualpipev" and not args.json:
         lines.append(
             "note: dualpipev is planned as zero-bubble (ZB-H1) with 2 looped chunks per rank: "

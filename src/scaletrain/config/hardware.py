@@ -60,6 +60,9 @@ class HardwareSpec:
     in the storage guidance of NVIDIA's DGX SuperPOD reference architecture (Storage
     Architecture: single-node read 4 / 8 / 40 GB/s for good / better / best), a typical shared
     parallel file system; set yours in `[hardware] storage_gb_per_s`."""
+    host_memory_bytes: float = 0.0
+    """Host RAM per node, bytes (what CPU offload fills); 0 = not stated (no preset states it:
+    servers of one GPU differ)."""
     notes: str = field(default="", compare=False)
     arch: GpuArch = CPU_ARCH
     """The generation, for the precision rules of `config.hardware_rules` (compute capability
@@ -67,6 +70,12 @@ class HardwareSpec:
     tf32: bool = True
     """Whether the run lets fp32 matmuls use TF32 tensor cores (`precision.tf32`, applied by
     `JobConfig.hardware_spec`); only counts where the arch has them."""
+
+    @property
+    def is_cpu(self) -> bool:
+        """The device is a CPU (its arch says so, whatever its name): no CUDA context, a
+        nominal time model, every precision runs."""
+        return self.arch.vendor == "cpu"
 
     def capacity_text(self) -> str:
         """The capacity as a verdict prints it: decimal GB, the unit of the figures beside it,

@@ -24,6 +24,8 @@ __all__ = [
     "CPU_ARCH",
     "nvidia_arch",
     "amd_arch",
+    "parse_arch",
+    "arch_text",
     "precision_problem",
     "runs_tf32",
     "BF16_MIN_SM",
@@ -91,6 +93,29 @@ def amd_arch(gfx: str) -> GpuArch:
     target = gfx.split(":")[0]
     gen = _AMD_TARGETS.get(target, ("AMD", False, ""))[0]
     return GpuArch("amd", gen, None, target)
+
+
+def parse_arch(text: str) -> GpuArch | None:
+    """The arch a hardware description names (`hardware.arch` in TOML): 'sm90' / 'sm_90' (NVIDIA
+    compute capability 9.0; 'sm100' is 10.0, 'sm86' 8.6: the last digit is the minor
+    version, as NVIDIA writes sm_XY), 'gfx942' (an AMD gfx target) or 'cpu'; None when the
+    text is none of these."""
+    t = text.strip().lower()
+    if t == "cpu":
+        return CPU_ARCH
+    sm = t.removeprefix("sm_").removeprefix("sm")
+    if sm != t and sm.isascii() and sm.isdigit() and len(sm) >= 2:
+        return nvidia_arch((int(sm[:-1]), int(sm[-1])))
+    if t.startswith("gfx") and len(t) > 3 and t[3:].isascii() and t[3:].isalnum():
+        return amd_arch(t)
+    return None
+
+
+def arch_text(arch: GpuArch) -> str:
+    """The `parse_arch` spelling of `arch` ('sm90', 'gfx942', 'cpu'): its inverse."""
+    if arch.capability is not None:
+        return f"sm{arch.capability[0]}{arch.capability[1]}"
+    return arch.gfx or "cpu"
 
 
 def runs_tf32(arch: GpuArch) -> bool:

@@ -16,7 +16,13 @@ from .model import MODEL_FIELDS, ModelConfig, resolve_model
 from .strict import coerce, did_you_mean, scalar_type
 from .user_files import read_user_file
 
-__all__ = ["load_config", "parse_overrides", "read_toml", "split_overrides"]
+__all__ = [
+    "load_config",
+    "parse_overrides",
+    "read_toml",
+    "read_hardware_file",
+    "split_overrides",
+]
 
 
 def _coerce(section: str, key: str, value: Any, typ: Any) -> Any:
@@ -152,6 +158,28 @@ def read_toml(p: Path) -> dict[str, Any]:
         ) from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError("config", str(p), f"fix the TOML syntax: {e}") from e
+
+
+def read_hardware_file(path: str | Path) -> dict[str, Any]:
+    """The `[hardware]` table of a hardware file (`plan --hardware FILE.toml`): a device
+    described in TOML (`config.hardware_toml`) or a preset's figures changed. Only that table
+    may be there; its values are checked like a job file's (`_no_quoted_scalars`) and, once
+    merged into the job, like every `[hardware]` field."""
+    p = Path(path)
+    raw = read_toml(p)
+    hardware = raw.get("hardware")
+    others = [k for k in raw if k != "hardware"]
+    if others or not isinstance(hardware, dict):
+        fields = {f.name for f in dataclasses.fields(SECTIONS["hardware"])}
+        hint = (
+            "put the figures under a [hardware] table"
+            if any(k in fields for k in others) or not others
+            else f"it holds {', '.join(repr(k) for k in others)}: a hardware file holds one "
+            "[hardware] table (the job's other sections go in its --config file)"
+        )
+        raise ConfigError("--hardware", str(p), hint)
+    _no_quoted_scalars({"hardware": hardware}, p)
+    return dict(hardware)
 
 
 def load_config(

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._errors import require
+from ._errors import ConfigError, require
 from .choices import Device, check_choices
-from .hardware import GB, HARDWARE_PRESETS, HardwareSpec, hardware_preset
-from .strict import did_you_mean
+from .hardware import HardwareSpec
+from .hardware_toml import FIGURES, describe_hardware, figure_unit
 
 __all__ = ["TrainConfig", "GuardConfig", "CheckpointConfig", "HardwareConfig"]
 
@@ -148,14 +148,19 @@ class CheckpointConfig:
 
 @dataclass
 class HardwareConfig:
+    """The accelerator: a preset, a preset with figures changed, or a device described here
+    (`config.hardware_toml`)."""
+
     gpu: str = "cpu"
-    """Accelerator preset (see scaletrain.config.HARDWARE_PRESETS)."""
+    """Accelerator preset (see scaletrain.config.HARDWARE_PRESETS), or the name of a device
+    described by the figures below (then peak_tflops, memory_gib, memory_bw_gb_s,
+    intra_node_bw_gb_s, inter_node_bw_gb_s, power_w and arch are required)."""
     gpus: int = 0
     """Number of accelerators; 0 = the world size of the run."""
     gpus_per_node: int = 0
-    """0 = the preset's value."""
+    """0 = the preset's value (a described device: 8)."""
     usd_per_gpu_hour: float = 0.0
-    """0 = the preset's rough cloud price."""
+    """0 = the preset's rough cloud price (a described device: 2.0)."""
     efficiency: float = 0.0
     """Achievable fraction of peak matmul FLOP/s; 0 = the planner's default."""
     grid_kg_co2_per_kwh: float = 0.43
@@ -169,14 +174,38 @@ class HardwareConfig:
     storage_gb_per_s: float = 0.0
     """Read bandwidth from the training data's storage per node, GB/s (1e9 bytes/s), against
     which `explain` and `verify` hold the input rate; 0 = the preset's (4 GB/s)."""
+    peak_tflops: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Peak dense TFLOP/s by compute dtype (fp32, tf32, bf16, fp16, fp8: the datasheet's, no
+    2:4 sparsity); with a preset, the dtypes given replace its own; empty = the preset's."""
+    memory_gib: float = 0.0
+    """Device memory a process can use, GiB (CUDA's total_memory, a little under the nominal
+    GB); 0 = the preset's."""
+    memory_bw_gb_s: float = 0.0
+    """Device memory (HBM) bandwidth, GB/s; 0 = the preset's."""
+    intra_node_bw_gb_s: float = 0.0
+    """Per-GPU, per-direction bandwidth to peers in a node (NVLink, xGMI, PCIe), GB/s; 0 = the
+    preset's."""
+    inter_node_bw_gb_s: float = 0.0
+    """Per-GPU, per-direction bandwidth across nodes (one NIC per GPU), GB/s; 0 = the
+    preset's."""
+    intra_node_latency_us: float = 0.0
+    """Latency (alpha) of one collective step inside a node, microseconds; 0 = the preset's
+    (a described device: 5)."""
+    inter_node_latency_us: float = 0.0
+    """Latency of one collective step across nodes, microseconds; 0 = the preset's (a
+    described device: 10)."""
+    host_to_device_bw_gb_s: float = 0.0
+    """Host link per direction (CPU offload traffic), GB/s; 0 = the preset's (a described
+    device: 25)."""
+    host_memory_gib: float = 0.0
+    """Host RAM per node, GiB (what CPU offload fills); 0 = not stated."""
+    power_w: float = 0.0
+    """Board power (TDP) of one accelerator, watts; 0 = the preset's."""
+    arch: str = ""
+    """Architecture: 'sm90' (NVIDIA compute capability 9.0), 'gfx942' (AMD) or 'cpu'; it
+    decides the precisions the device runs. Empty = the preset's."""
 
     def __post_init__(self) -> None:
-        require(
-            self.gpu in HARDWARE_PRESETS,
-            "hardware.gpu",
-            self.gpu,
-            f"use one of {', '.join(HARDWARE_PRESETS)}{did_you_mean(self.gpu, HARDWARE_PRESETS)}",
-        )
         require(self.gpus >= 0, "hardware.gpus", self.gpus, "use >= 0 (0 = world size)")
         require(self.gpus_per_node >= 0, "hardware.gpus_per_node", self.gpus_per_node, "use >= 0")
         require(0 <= self.efficiency <= 1, "hardware.efficiency", self.efficiency, "use 0..1")
@@ -199,20 +228,18 @@ class HardwareConfig:
             self.host_watts_per_node,
             "use watts >= 0",
         )
-        require(
-            self.storage_gb_per_s >= 0,
-            "hardware.storage_gb_per_s",
-            self.storage_gb_per_s,
-            "use GB/s >= 0 (0 = the preset's)",
-        )
+        for name in FIGURES:
+            v = getattr(self, name)
+            if name != "peak_tflops" and not isinstance(v, bool) and v < 0:
+                raise ConfigError(
+                    f"hardware.{name}", v, f"use a positive {figure_unit(name)} (0 = not given)"
+                )
+        self.spec()  # a missing, unknown or malformed figure: one line, now
+
+    def figures(self) -> dict[str, Any]:
+        """The figures given (`config.hardware_toml.FIGURES` names; 0 / empty = not given)."""
+        return {n: getattr(self, n) for n in FIGURES if getattr(self, n)}
 
     def spec(self) -> HardwareSpec:
-        spec = hardware_preset(self.gpu)
-        changes: dict[str, Any] = {}
-        if self.gpus_per_node:
-            changes["gpus_per_node"] = self.gpus_per_node
-        if self.usd_per_gpu_hour:
-            changes["usd_per_hour"] = self.usd_per_gpu_hour
-        if self.storage_gb_per_s:
-            changes["storage_bw"] = self.storage_gb_per_s * GB
-        return dataclasses.replace(spec, **changes) if changes else spec
+        """The device: the preset with the figures given, or the device they describe."""
+        return describe_hardware(self.gpu, self.figures(), self.arch)

@@ -272,7 +272,7 @@ def _build_fake_run(
     env = DistEnv(rank=rank, world_size=world_size, local_rank=0, device=torch.device("cpu"))
     # the optimizer the target device would run: fused AdamW on GPUs (no foreach
     # temporaries; torch has a fused CPU kernel too), foreach on CPU
-    target = "cpu" if job.hardware.gpu == "cpu" else "cuda"
+    target = "cpu" if job.hardware.spec().is_cpu else "cuda"
     pp = layout.pp > 1
     return build_run(
         job,
@@ -372,7 +372,8 @@ def dryrun(
     # the schedule's peak in-flight activations need all of its micro-batches
     n_micro = grad_accum if pp else min(grad_accum, DRYRUN_MICROBATCHES)
     notes = [f"dry-run ran {n_micro} of {grad_accum} micro-batches per step"]
-    capacity = job.hardware.spec().memory_bytes if job.hardware.gpu != "cpu" else 0.0
+    spec = job.hardware.spec()
+    capacity = 0.0 if spec.is_cpu else spec.memory_bytes
     hooks = _DryrunHooks(pipelined=pp)
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     with _fake_world(rank, world_size):

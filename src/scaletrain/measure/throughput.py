@@ -23,6 +23,9 @@ class Throughput:
     """Mean step time of the timed steps."""
     mfu: float | None
     steps: int
+    cpu_step_s: float | None = None
+    """Mean process CPU seconds of the timed steps (`step_cpu_s`, all the rank's threads);
+    None when a row lacks it (a run from before it was logged)."""
 
 
 def timed_steps(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -53,4 +56,12 @@ def step_throughput(rows: Iterable[dict[str, Any]]) -> Throughput | None:
     mfu = None
     if all(finite(r.get("mfu")) is not None for r in timed):
         mfu = tok_s * float(timed[0]["mfu"]) / float(timed[0]["tokens_per_s"])
-    return Throughput(tokens_per_s=tok_s, step_s=seconds / len(timed), mfu=mfu, steps=len(timed))
+    cpu = [finite(r.get("step_cpu_s")) for r in timed]
+    cpu_step = sum(c for c in cpu if c is not None) / len(timed) if None not in cpu else None
+    return Throughput(
+        tokens_per_s=tok_s,
+        step_s=seconds / len(timed),
+        mfu=mfu,
+        steps=len(timed),
+        cpu_step_s=cpu_step,
+    )

@@ -130,11 +130,11 @@ def compare(measurement: Measurement, estimate: Any) -> Comparison:
     out.time["predicted_step_s"] = float(estimate.time.step_s)
     out.notes += _attribution_notes(out)
     hardware = getattr(getattr(estimate, "plan", None), "hardware", None)  # tests pass stubs
-    if hardware is not None and hardware.name == "cpu":
+    if hardware is not None and hardware.is_cpu:
         out.notes.append(
-            "predicted tokens/s: the planner's time model is for GPUs; on 'cpu' it "
-            "uses a nominal 333 GFLOP/s peak, not calibrated to this host (expect "
-            "it off by an order of magnitude or more)"
+            "predicted tokens/s: on a CPU the planner's default rates are nominal (a datasheet "
+            "peak at a fixed efficiency); `verify RUN --calibrate cal.toml` measures this "
+            "host's, `plan --calibration cal.toml` plans with them"
         )
     return out
 

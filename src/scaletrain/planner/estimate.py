@@ -130,10 +130,15 @@ def estimate(
         comm_exposed_s=st.exposed_s,
         bubble_s=st.bubble_s,
         optimizer_s=st.optimizer_s,
+        overhead_s=st.overhead_s,
         comm_total_s=sum(comm_s.values()),
         comm_terms=comm_s,
     )
     notes = _notes(convention, st.efficiency, plan.precision, peak)
+    if plan.calibration is not None and plan.efficiency <= 0:
+        from .time.calibration import describe_calibration
+
+        notes[1] = " ".join(describe_calibration(plan.calibration))
     if recipe is not None:
         notes[0] = (
             f"recipe={recipe.name!r} ({recipe.framework}): model states, activations, "

@@ -19,6 +19,8 @@ from scaletrain.config import (
     grad_accum_steps,
 )
 
+from .time.calibration import Calibration
+
 __all__ = [
     "PlanInput",
     "MemoryBreakdown",
@@ -70,6 +72,9 @@ class PlanInput:
     assumed: tuple[str, ...] = ()
     """The framework defaults the recipe filled in for fields the user did not give, one line
     each with its source (`recipes.defaults.apply_defaults`); `explain` prints them."""
+    calibration: Calibration | None = None
+    """Efficiency constants a run on this device measured (`time.calibration`; `plan
+    --calibration`); None: the defaults."""
 
     # Derived once per plan (the search reads them for every rank and moment); cached_property
     # stores in the instance dict, outside the frozen fields, equality and hash.
@@ -132,6 +137,8 @@ class TimeBreakdown:
     comm_exposed_s: float = 0.0
     bubble_s: float = 0.0
     optimizer_s: float = 0.0
+    overhead_s: float = 0.0
+    """A calibration's per-step time outside the other terms (data wait, clipping, ...)."""
     comm_total_s: float = 0.0
     """All communication time, overlapped or not."""
     comm_terms: dict[str, float] = field(default_factory=dict)

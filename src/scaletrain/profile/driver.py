@@ -130,7 +130,7 @@ def _planner(run: Run) -> tuple[Any, dict[str, Any] | None, str | None]:
 
 def _per_step(a: OpAnalysis, steps: int) -> OpAnalysis:
     """Totals over the profiled steps -> per-step means (op FLOPs and bytes too)."""
-    for d in (a.phase_s, a.class_s, a.compute_class_s, a.phase_op_s):
+    for d in (a.phase_s, a.class_s, a.compute_class_s, a.phase_op_s, a.comm_op_s):
         for k in d:
             d[k] /= steps
     a.comm_total_s /= steps

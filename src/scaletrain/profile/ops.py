@@ -265,6 +265,9 @@ class OpAnalysis:
     """Self op time per class in forward/loss/backward/recompute (the model's own work)."""
     phase_op_s: dict[str, float] = field(default_factory=dict)
     """Self op time per phase (what of a phase's wall time is spent inside ops)."""
+    comm_op_s: dict[str, float] = field(default_factory=dict)
+    """Wall seconds of the root collective ops by name (each op's span, summed; the
+    calibration's per-collective factor reads them: measure/calibrate.py)."""
     comm_total_s: float = 0.0
     comm_exposed_s: float = 0.0
     """Collective + P2P time the training thread spent inside communication ops."""
@@ -395,6 +398,7 @@ def analyse_events(events, *, device: str = "cpu", default_bytes: int = 4) -> Op
     class_s: dict[str, float] = defaultdict(float)
     compute_s: dict[str, float] = defaultdict(float)
     phase_op: dict[str, float] = defaultdict(float)
+    comm_named: dict[str, float] = defaultdict(float)
     for e in events:
         if e.name.startswith(RANGE_PREFIX) or e.name.startswith("ProfilerStep"):
             continue
@@ -405,6 +409,7 @@ def analyse_events(events, *, device: str = "cpu", default_bytes: int = 4) -> Op
             if _is_comm_root(e):
                 iv = (e.time_range.start, e.time_range.end)
                 comm_any.append(iv)
+                comm_named[e.name] += (iv[1] - iv[0]) / 1e6
                 if e.thread == main_thread:  # the training thread was inside it: exposed
                     comm_main.append(iv)
                     if "send" in e.name or "recv" in e.name:
@@ -424,6 +429,7 @@ def analyse_events(events, *, device: str = "cpu", default_bytes: int = 4) -> Op
         dict(phase_op),
     )
     # wall time covered by communication (union: async sends/receives overlap each other)
+    res.comm_op_s = dict(comm_named)
     res.comm_total_s = _union_s(comm_any)
     res.comm_exposed_s = _union_s(comm_main)
     res.p2p_exposed_s = _union_s(comm_p2p)

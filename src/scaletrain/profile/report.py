@@ -198,6 +198,7 @@ def to_json(r: ProfileResult, v: Verdict) -> dict[str, Any]:
         "compute_op_classes_s": a.compute_class_s,
         "comm_exposed_s": a.comm_exposed_s,
         "comm_total_s": a.comm_total_s,
+        "comm_ops_s": a.comm_op_s,
         "p2p_exposed_s": a.p2p_exposed_s,
         "peak_flops": r.peak_flops,
         "memory_bw": r.memory_bw,

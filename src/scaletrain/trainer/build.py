@@ -110,7 +110,7 @@ _GPU_NAMES = (
 
 def detect_hardware(job: JobConfig, device: torch.device) -> HardwareSpec:
     """The hardware preset for MFU: the configured one, or the visible GPU's, or 'cpu'."""
-    if job.hardware.gpu != "cpu" or device.type != "cuda":
+    if not job.hardware.spec().is_cpu or device.type != "cuda":
         return job.hardware_spec()
     name = torch.cuda.get_device_name(device)
     for key, preset in _GPU_NAMES:

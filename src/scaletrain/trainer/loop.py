@@ -266,7 +266,7 @@ def _one_step(loop: _Loop) -> None:
     """One optimizer step: the step, the spike guard (a spike rolls back instead of
     updating), the update, then its metrics, evaluation and checkpoint."""
     run, job = loop.run, loop.run.job
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     loop.monitor.begin(loop.step)
     lr = lr_at(loop.step, optim=job.optim, batch=job.batch, total_steps=job.train.steps)
     set_lr(run.optimizer, lr)
@@ -283,7 +283,11 @@ def _one_step(loop: _Loop) -> None:
     loop.loss_value = out.loss
     loop.losses.append(out.loss)
     loop.step += 1
-    record = _step_record(loop, out, lr, dt=time.perf_counter() - t0)
+    dt, cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
+    record = _step_record(loop, out, lr, dt=dt)
+    # this process's CPU seconds in the step (all its threads): on a host others share, the
+    # wall clock also counts the time the OS gave them (measure.throughput reads both)
+    record["step_cpu_s"] = cpu_s
     _log_step(loop, record)
     _save_or_stop(loop)
 

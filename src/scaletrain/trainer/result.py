@@ -59,6 +59,9 @@ def write_run_files(run: Run, r: RunResult) -> None:
         "rollbacks": r.rollbacks,
         "world_size": run.env.world_size,
         "device": run.device.type,
+        # intra-op threads of each rank: a one-thread CPU rank's CPU seconds are its device
+        # time (measure/calibrate.py reads the step's CPU clock then)
+        "threads": torch.get_num_threads(),
         "hardware": run.hardware.name,
         "params": run.job.model.num_params(),
         "eval": {k: {"val_loss": v, "ppl": perplexity(v)} for k, v in r.eval_losses.items()},

@@ -100,7 +100,7 @@ def _rank_memory(
     benchmarks/results/planner_accuracy.md)."""
     L = plan.layout
     zs, m = L.zero_shards, max(1, plan.grad_accum)
-    device = "cpu" if plan.hardware.name == "cpu" else "gpu"
+    device = "cpu" if plan.hardware.is_cpu else "gpu"
     last = rank == L.pp - 1
     rs = rank_states(plan, terms, zs, rank == 0, last, layers, convention)
     st, count, unit, sharded, fixed = rs.states, rs.params, rs.unit, rs.sharded, rs.fixed

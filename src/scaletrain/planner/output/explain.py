@@ -221,7 +221,7 @@ def _recipe_time(est: Estimate) -> list[str]:
             f"{eager * hw.memory_bw / 1e6:.2f} MB per token per block over memory "
             f"bandwidth (efficiency.eager_elementwise_bytes)"
         )
-    if r.time_model != "generation" or p.efficiency > 0 or hw.name == "cpu":
+    if r.time_model != "generation" or p.efficiency > 0 or hw.is_cpu:
         return [
             f"   [{r.name}] efficiency: time.step_time.default_efficiency "
             "(recipes.schema.FOREIGN_TIME_MODEL)",
@@ -348,9 +348,10 @@ def _time_lines(
     else:
         add("   pp = 1: no bubble")
     add("-- 8. step")
+    over = f" + calibrated overhead {t.overhead_s:.3f}" if t.overhead_s else ""
     add(
         f"   step = compute {t.compute_s:.3f} + bubble {t.bubble_s:.3f} + exposed comm "
-        f"{t.comm_exposed_s:.3f} + optimizer {t.optimizer_s:.3f} = {t.step_s:.3f} s"
+        f"{t.comm_exposed_s:.3f} + optimizer {t.optimizer_s:.3f}{over} = {t.step_s:.3f} s"
     )
     add(
         f"   tokens/s (whole job) = {est.tokens_per_s:,.0f}; MFU = FLOPs/token x tokens/s / "

@@ -272,7 +272,7 @@ def _recipe_buffers(plan: PlanInput, recipe: Recipe, P: float, bufs: dict[str, f
         bufs["cp_ring"] = 2 * 2 * e * tok * plan.model.kv_dim / L.tp
     ctx = (
         0.0
-        if plan.hardware.name == "cpu"
+        if plan.hardware.is_cpu
         else recipe.cuda_context_bytes
         if plan.runtime_context_bytes is None
         else plan.runtime_context_bytes

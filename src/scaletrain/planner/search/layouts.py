@@ -39,6 +39,7 @@ from ..estimate import reserved_and_step
 from ..memory.rank_terms import ModelTerms
 from ..recipes.memory import recipe_problems
 from ..recipes.registry import recipe_named
+from ..time.calibration import Calibration
 from ..types import Estimate, PlanInput
 from .result import FamilyOutcome, SearchResult
 
@@ -196,7 +197,7 @@ class _Job:
     precision: str
     optimizer: str
     compile: bool
-    efficiency: float
+    efficiency: float | Calibration
     pins: dict[str, Any]
     recipe: str = "scaletrain"
 
@@ -214,8 +215,9 @@ class _Job:
             offload,
             self.optimizer,
             self.compile,
-            self.efficiency,
+            self.efficiency if isinstance(self.efficiency, float | int) else 0.0,
             recipe=self.recipe,
+            calibration=self.efficiency if isinstance(self.efficiency, Calibration) else None,
         )
 
 
@@ -452,7 +454,7 @@ def search(
     top_k: int = 5,
     optimizer: str = "adamw",
     compile: bool = False,
-    efficiency: float = 0.0,
+    efficiency: float | Calibration = 0.0,
     recipe: str = "scaletrain",
     **pins: Any,
 ) -> SearchResult:
@@ -465,6 +467,8 @@ def search(
     (`estimate.reserved_and_step`); its time only if it fits; full Estimates only for the
     layouts returned. recipe: whose allocations to plan (recipes/registry.py); a foreign
     recipe also drops the layouts and AC modes its framework cannot run (`recipe_problems`).
+    efficiency: the matmul rate, a fraction of peak (0: the default model), or the
+    `Calibration` a run on this hardware measured (`time/calibration.py`).
     """
     rec = recipe_named(recipe)
     for k in pins:

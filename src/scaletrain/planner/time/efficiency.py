@@ -43,6 +43,7 @@ __all__ = [
     "FP8_EFFICIENCY",
     "generation_of",
     "gemm_shape_factor",
+    "gemm_factor",
     "matmul_efficiency",
     "allreduce_latency",
     "TREE_ALLREDUCE_MIN_RANKS",
@@ -81,17 +82,28 @@ torchtitan docs/performance.md Table 1 (Llama 3.1 8B, 8 H100, FSDP + compile): 6
 _DEFAULT_GENERATION = "h100"
 
 
+_ARCH_GENERATION = {(7, 0): "v100", (8, 0): "a100", (9, 0): "h100", (10, 0): "b200"}
+"""The data-centre parts of each generation by compute capability (NVIDIA's CUDA GPUs table):
+what a device described in TOML under another name plans as."""
+
+
 def generation_of(hardware: HardwareSpec) -> str:
-    """The GPU generation a hardware preset belongs to ('h100-sxm' -> 'h100'); an unknown
-    accelerator takes H100's figures."""
+    """The GPU generation a hardware preset belongs to ('h100-sxm' -> 'h100'); a device of
+    another name by its compute capability (a described sm90 part plans as an H100: the
+    figures that differ are the ones it states); any other accelerator takes H100's."""
     name = hardware.name.lower()
     for gen in GENERATION_EFFICIENCY:
         if name.startswith(gen):
             return gen
+    cap = hardware.arch.capability
+    if cap is not None and tuple(cap) in _ARCH_GENERATION:
+        return _ARCH_GENERATION[(cap[0], cap[1])]
     return _DEFAULT_GENERATION
 
 
-def _gemm_factor(M: float, K: float, N: float, e: float, ridge: float) -> float:
+def gemm_factor(M: float, K: float, N: float, e: float, ridge: float) -> float:
+    """The roofline's fraction of peak for one M x K by K x N GEMM of e-byte elements:
+    min(1, intensity / ridge) (the module docstring's gemm_shape_factor, one GEMM)."""
     intensity = 2.0 * M * K * N / (e * (M * K + K * N + M * N))
     return min(1.0, intensity / ridge)
 
@@ -111,7 +123,7 @@ def gemm_shape_factor(
     for K, N in gemms:
         fl = 2.0 * M * K * N
         flops += fl
-        slow += fl / _gemm_factor(M, K, N, e, ridge)
+        slow += fl / gemm_factor(M, K, N, e, ridge)
     return flops / slow if slow else 1.0
 
 

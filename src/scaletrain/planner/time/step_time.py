@@ -15,6 +15,7 @@ from ..memory.states import fp8_linear_params, stage_layer_counts
 from ..recipes.memory import recipe_stage_layers
 from ..recipes.schema import DEFAULT_RECIPE, Recipe
 from ..types import PlanInput
+from .calibration import calibrated_block
 from .comm import CommInputs, allreduce_time, axis_link, comm_terms, gather_time
 from .efficiency import (
     COMM_OVERLAP,
@@ -65,7 +66,7 @@ def default_efficiency(precision: str, hidden: int, hardware: HardwareSpec) -> f
     and torchtitan report 40-55% MFU on A100/H100), 0.45 fp8 (casts and scaling overhead), 0.6 of
     the tf32 path in fp32, 0.35 on a CPU; scaled by (h/4096)^0.25 below h = 4096 (small GEMMs
     and kernel launches dominate small models). A calibration knob, not a law."""
-    if hardware.name == "cpu":
+    if hardware.is_cpu:
         base = _CPU_EFFICIENCY
     else:
         base = _BASE_EFFICIENCY.get(precision, 0.5)
@@ -121,6 +122,8 @@ class StepTime:
     exposed_s: float
     """Communication left on the critical path after overlap."""
     optimizer_s: float
+    overhead_s: float
+    """A calibration's per-step time outside compute, communication and the optimizer."""
     comm: dict[str, tuple[float, float]]
     """(bytes moved, seconds) per collective family (`comm.comm_terms`, a recipe's variant)."""
     efficiency: float
@@ -131,14 +134,16 @@ def plan_efficiency(plan: PlanInput) -> float:
     """The plan's achievable fraction of peak matmul FLOP/s: its own, else `default_efficiency`."""
     if plan.efficiency > 0:
         return min(1.0, plan.efficiency)
-    key = (plan.precision, plan.model.dim, plan.hardware.name)
+    if plan.calibration is not None:
+        return plan.calibration.matmul
+    key = (plan.precision, plan.model.dim, plan.hardware.is_cpu)
     eff = _EFF.get(key)
     if eff is None:
         eff = _EFF[key] = default_efficiency(plan.precision, plan.model.dim, plan.hardware)
     return eff
 
 
-_EFF: dict[tuple, float] = {}  # default_efficiency reads only these three fields
+_EFF: dict[tuple, float] = {}  # default_efficiency reads only these three facts
 
 
 def comm_arguments(
@@ -226,7 +231,7 @@ def _block_seconds(
             hardware=hw,
             kernel_efficiency=plan.efficiency <= 0,
         )
-        if hw.name != "cpu"
+        if not hw.is_cpu
         else core_hw / slow
     )
     layer_s = (layer_hw - core_hw) / rate + core_s  # seconds per token per block
@@ -270,7 +275,7 @@ def step_time(
     eff16 = eff
     foreign = recipe is not None and recipe.name != "scaletrain"
     generation = recipe is not None and recipe.time_model == "generation"
-    if generation and plan.efficiency <= 0 and hw.name != "cpu":
+    if generation and plan.efficiency <= 0 and not hw.is_cpu:
         # efficiency.py: generation x GEMM-shape roofline x fp8 factor
         eff, eff16 = matmul_efficiency(
             model, hw, plan.precision, float(plan.seq_len) * plan.micro_batch / L.cp, L.tp
@@ -285,10 +290,17 @@ def step_time(
     layer_s, core_s, layer_hw = _block_seconds(
         plan, recipe, rate=rate, slow=slow, lf=lf, layer_hw=layer_hw, core=core
     )
+    head_s = 3 * hf / slow
+    cal = plan.calibration
+    if cal is not None and plan.efficiency <= 0:
+        # the rates this device measured (time/calibration.py) replace the default model's
+        core_hw = core * (4 if plan.ac != "none" else 3)
+        block = calibrated_block(plan, linear_hw=layer_hw - core_hw, core_hw=core_hw, head_fwd=hf)
+        layer_s, core_s, head_s = block.layer_s, block.core_s, block.head_s
     tok_mb = float(plan.seq_len) * plan.micro_batch  # tokens of one micro-batch (one replica)
     split = L.tp * L.cp
     middle = max(counts[:-1], default=0) * layer_s
-    t_mb = max(middle, counts[-1] * layer_s + 3 * hf / slow) * tok_mb / split
+    t_mb = max(middle, counts[-1] * layer_s + head_s) * tok_mb / split
     compute_s = m * t_mb
     bubble_s = 0.0
     if L.pp > 1:
@@ -298,6 +310,8 @@ def step_time(
         )
     layers = max(counts)
     comm = comm_terms(comm_arguments(plan, max_params, gpus_per_node))
+    if cal is not None and cal.collective:  # measured / planned seconds by collective kind
+        comm = {k: (b, t * cal.collective_factor(k)) for k, (b, t) in comm.items()}
     bucket = 25.0 * 2**20
     if foreign and recipe is not None:
         comm = _recipe_comm(comm, plan, recipe, max_params, gpus_per_node)
@@ -322,12 +336,14 @@ def step_time(
         overlap=COMM_OVERLAP.get(recipe.name, ()) if recipe is not None else (),
     )
     optimizer_s = _optimizer_time(plan, max_params)
+    overhead = cal.step_overhead_s if cal is not None else 0.0
     return StepTime(
-        step_s=compute_s + bubble_s + exposed + optimizer_s,
+        step_s=compute_s + bubble_s + exposed + optimizer_s + overhead,
         compute_s=compute_s,
         bubble_s=bubble_s,
         exposed_s=exposed,
         optimizer_s=optimizer_s,
+        overhead_s=overhead,
         comm=comm,
         efficiency=eff,
     )
@@ -345,7 +361,7 @@ def eager_elementwise_s(plan: PlanInput, recipe: Recipe | None) -> float:
         or not recipe.eager_elementwise
         or plan.compile
         or plan.efficiency > 0
-        or hw.name == "cpu"
+        or hw.is_cpu
         or model.norm != "rmsnorm"
         or model.is_moe
     ):
@@ -485,4 +501,7 @@ def _optimizer_time(plan: PlanInput, stage_params: float) -> float:
     traffic = OPTIMIZER_TRAFFIC.get(plan.optimizer, 28.0) * local
     if plan.offload != "none":
         return 8.0 * local / plan.hardware.host_to_device_bw + traffic / CPU_OPTIMIZER_BW
+    cal = plan.calibration
+    if cal is not None and cal.optimizer_bw > 0:  # the bandwidth this device's run measured
+        return traffic / cal.optimizer_bw
     return traffic / plan.hardware.memory_bw
