@@ -218,6 +218,15 @@ FAMILY_REFUSED = [
     ("qwen2-layer-kind", QWEN2, "layer_types", ["chunked_attention"] * 2),
     ("qwen2-partial-window", {**QWEN2, "use_sliding_window": True}, "max_window_layers", 1),
     ("qwen3-attention-bias", QWEN3, "attention_bias", True),
+    # Llama's two bias fields are our `bias` together (q/k/v/o and MLP); one alone is refused
+    ("llama-attention-bias-alone", LLAMA, "attention_bias", True),
+    ("llama-mlp-bias-alone", LLAMA, "mlp_bias", True),
+    ("llama-mlp-bias-without-attention", {**LLAMA, "attention_bias": False}, "mlp_bias", True),
+    # families whose transformers model reads neither field: the file's biases would be lost
+    ("mistral-attention-bias", {**LLAMA, "model_type": "mistral"}, "attention_bias", True),
+    ("mixtral-attention-bias", MIXTRAL, "attention_bias", True),
+    ("qwen2-mlp-bias", QWEN2, "mlp_bias", True),
+    ("phi3-attention-bias", PHI3, "attention_bias", True),
     ("qwen3-dropout", QWEN3, "attention_dropout", 0.1),
     ("phi3-partial-rotary", PHI3, "partial_rotary_factor", 0.75),
     ("phi3-longrope", PHI3, "rope_scaling", {"type": "longrope", "short_factor": [1.0]}),

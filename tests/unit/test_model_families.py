@@ -65,6 +65,8 @@ COMMON = {
     "attention_dropout": 0.0,
 }
 FAMILIES = {
+    # Llama with both of LlamaConfig's bias fields: biases on q/k/v/o and the MLP (our `bias`)
+    "llama-bias": lambda: transformers.LlamaConfig(**COMMON, attention_bias=True, mlp_bias=True),
     "qwen2": lambda: transformers.Qwen2Config(**COMMON, rope_theta=1e6),
     # the small Qwen2.5 sizes tie the head; a window on every layer (max_window_layers 0)
     "qwen2-tied-window": lambda: transformers.Qwen2Config(

@@ -1,9 +1,10 @@
 """Initialize a built (meta -> parallelized -> materialized) model from a Hugging Face directory.
 
 `checkpoint.init_from = DIR` names a directory with `config.json` and `*.safetensors` (one file,
-or shards listed by `model.safetensors.index.json`). Each rank reads only the part of each
-tensor it owns: a DTensor parameter (FSDP2 shard, tensor-parallel shard, expert-parallel shard)
-asks `safe_open(...).get_slice(name)[box]` for exactly its local box, computed from its
+or shards listed by `model.safetensors.index.json`), or a hub id (`org/name`) whose snapshot is
+in the local Hugging Face cache (`config.hub`; never downloaded). Each rank reads only the part
+of each tensor it owns: a DTensor parameter (FSDP2 shard, tensor-parallel shard, expert-parallel
+shard) asks `safe_open(...).get_slice(name)[box]` for exactly its local box, computed from its
 placements (`compute_local_shape_and_global_offset`), so no rank ever holds a full weight it
 does not own. Layouts whose local piece is not one box (FSDP over TP on the same dim:
 `_StridedShard`) read the full tensor and keep their shard (correct, not memory-lean).
@@ -310,7 +311,9 @@ def load_hf_weights(model: nn.Module, cfg: ModelConfig, directory: str | Path) -
     """Overwrite every parameter of `model` (any layout; a pipeline rank's `stage<i>` modules
     included) with its part of the HF weights in `directory`; returns the number of parameters
     filled. Shapes are checked against the config before anything is copied."""
-    files = SafetensorsDir(directory)
+    from scaletrain.config.hub import local_path
+
+    files = SafetensorsDir(local_path(str(directory), _FIELD))  # (a hub id: its cached snapshot)
     source = _llama_source if cfg.family == "llama" else _gpt2_source
     plan = []
     for raw, param in model.named_parameters():

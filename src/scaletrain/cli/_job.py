@@ -83,8 +83,9 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
     a("--config", metavar="F.toml", help="job TOML (flags override its values)")
     a(
         "--model",
-        metavar="NAME|config.json",
-        help=f"model preset or Hugging Face config.json (default {d.model.name})",
+        metavar="NAME|config.json|org/name",
+        help="model preset, Hugging Face config.json (or its directory), or a hub id found "
+        f"in the local Hugging Face cache, never downloaded (default {d.model.name})",
     )
     a(
         "--gpus",

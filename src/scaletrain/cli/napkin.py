@@ -67,7 +67,11 @@ def _model_tool_flags(p: argparse.ArgumentParser, tool: str) -> None:
     allreduce, waves."""
     a = p.add_argument
     if tool in ("memory", "ckpt", "gemm", "flops"):
-        a("--model", metavar="NAME|config.json", help="model preset or config.json")
+        a(
+            "--model",
+            metavar="NAME|config.json|org/name",
+            help="model preset, config.json or a hub id in the local Hugging Face cache",
+        )
     if tool in ("memory", "gemm", "flops", "ckpt"):
         # Napkin math is about GPU-scale runs of real models, so its defaults are those of
         # such a run (seq 2048, one sequence per micro-batch, bf16), not the embedded CPU
@@ -194,7 +198,11 @@ def _budget_tool_flags(p: argparse.ArgumentParser, tool: str) -> None:
     if tool in ("deadline", "rentbuy", "run"):
         a("--flops", type=finite_float, metavar="C", help="training FLOPs (or --params/--tokens)")
         a("--params", type=finite_float, metavar="N", help="parameters (or --model)")
-        a("--model", metavar="NAME|config.json", help="take N from this model's exact count")
+        a(
+            "--model",
+            metavar="NAME|config.json|org/name",
+            help="take N from this model's exact count",
+        )
         a("--tokens", type=finite_float, metavar="D")
         a("--gpu", default="h100-sxm", metavar="TYPE")
         a("--precision", default="bf16", choices=("bf16", "fp16", "fp8", "fp32"))

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from ._errors import require
 from .choices import ChatTemplate, DataFormat, TokenDtype, check_choices
+from .hub import local_path
 from .sources import parse_eval_sources, parse_sources
 
 __all__ = ["DataConfig"]
@@ -23,7 +23,8 @@ class DataConfig:
     components are also scored one by one (val_loss/<name>)."""
     tokenizer: str = "byte"
     """'byte' (256 ids), 'char' (characters seen in the corpus), 'bpe' (trained locally), or
-    a pretrained tokenizer.json path (or its directory; BOS/EOS from tokenizer_config.json)."""
+    a pretrained tokenizer.json path (or its directory; BOS/EOS from tokenizer_config.json),
+    or the hub id (org/name) of a model in the local Hugging Face cache holding one."""
     eval_sources: str = ""
     """Held-out sets evaluated every `train.eval_every` steps, each on its own: 'name=path,
     name2=path2' (files, folders or globs of the data.source formats, tokenized with the
@@ -68,10 +69,11 @@ class DataConfig:
         )
         if self.tokenizer not in ("byte", "char", "bpe"):
             require(
-                Path(self.tokenizer).exists(),
+                local_path(self.tokenizer, "data.tokenizer").exists(),
                 "data.tokenizer",
                 self.tokenizer,
-                "use byte, char, bpe, or the path of a tokenizer.json (or its directory)",
+                "use byte, char, bpe, the path of a tokenizer.json (or its directory) or a "
+                "hub id (org/name) in the local Hugging Face cache",
             )
         require(
             self.bpe_vocab_size >= 260,

@@ -128,8 +128,9 @@ def _from_hf(hf: dict[str, Any], r: _HFReader, mtype: str, path: Path) -> ModelC
         position="rope",
         rope_theta=_HFReader(_rope(hf), path).float("rope_theta", 10000.0),
         tie_embeddings=r.bool("tie_word_embeddings", False),
-        # Qwen2 has q/k/v biases always (no field); Qwen3's attention_bias = true is refused
-        bias=r.bool("attention_bias", False) if mtype in ("llama", "mistral", "mixtral") else False,
+        # Llama: attention_bias and mlp_bias both true is our `bias` (q/k/v/o and MLP; one
+        # alone is refused); Qwen2 has q/k/v biases always (no field); the others none
+        bias=r.bool("attention_bias", False) if mtype == "llama" else False,
         qkv_bias=mtype == "qwen2",
         qk_norm=mtype == "qwen3",
         head_dim_override=override,
@@ -269,10 +270,18 @@ def _check_hf_supported(hf: dict[str, Any], path: Path) -> None:
     else:
         if hf.get("hidden_act", "silu") != "silu":
             refuse(f"hidden_act {hf['hidden_act']!r}")
-        if r.bool("mlp_bias", False):
-            refuse("mlp_bias = true")
-        if hf["model_type"] == "qwen3" and r.bool("attention_bias", False):
-            refuse("attention_bias = true on qwen3 (q/k/v/o biases without MLP biases)")
+        attn_bias, mlp_bias = r.bool("attention_bias", False), r.bool("mlp_bias", False)
+        if hf["model_type"] == "llama" and attn_bias != mlp_bias:  # our `bias` is both or none
+            on, off = (
+                ("attention_bias", "mlp_bias") if attn_bias else ("mlp_bias", "attention_bias")
+            )
+            where = "q/k/v/o" if attn_bias else "the MLP"
+            refuse(f"{on} = true with {off} = false (biases on {where} only)")
+        if hf["model_type"] != "llama" and (attn_bias or mlp_bias):
+            # transformers' Mistral, Mixtral, Qwen2 and Phi-3 read neither field (their files'
+            # biases would be dropped); Qwen3's attention_bias biases q/k/v/o without the MLP,
+            # which `bias` cannot express
+            refuse(f"{'attention_bias' if attn_bias else 'mlp_bias'} = true on {hf['model_type']}")
         if hf["model_type"] in ("qwen2", "qwen3", "phi3"):
             for key in ("attention_dropout", "resid_pdrop", "embd_pdrop"):
                 if r.float(key, 0.0, lo=0.0) != 0.0:  # dropout is not modelled

@@ -17,6 +17,7 @@ from typing import Any
 
 from ._errors import ConfigError, require
 from .choices import Activation, Attention, HFModelType, Norm, Position, check_choices
+from .hub import hub_snapshot, is_hub_id
 
 __all__ = ["ModelConfig", "ParamCounts", "MODEL_PRESETS", "model_preset", "resolve_model"]
 
@@ -26,7 +27,7 @@ class ModelConfig:
     """Architecture of a decoder-only transformer."""
 
     name: str = "custom"
-    """Display name (a preset name, a config.json path, or 'custom')."""
+    """Display name (a preset name, a config.json path, a hub id, or 'custom')."""
     vocab_size: int = 256
     """Number of token ids the embedding and head cover."""
     dim: int = 128
@@ -438,7 +439,7 @@ def model_preset(name: str, **overrides: Any) -> ModelConfig:
             "model.name",
             name,
             f"use a preset{did_you_mean(name, MODEL_PRESETS)}"
-            f" ({', '.join(MODEL_PRESETS)}) or a config.json path",
+            f" ({', '.join(MODEL_PRESETS)}), a config.json path or a hub id (org/name)",
         )
     cfg = MODEL_PRESETS[name]()
     return replace(cfg, **_rederive(cfg, overrides)) if overrides else cfg
@@ -460,12 +461,14 @@ def _rederive(cfg: ModelConfig, overrides: dict[str, Any]) -> dict[str, Any]:
 
 
 def resolve_model(name_or_path: str, **overrides: Any) -> ModelConfig:
-    """A preset name or a path to a Hugging Face config.json, with field overrides."""
+    """A preset name, a path to a Hugging Face config.json (or its directory), or a hub id
+    (`org/name`) found in the local Hugging Face cache (`config.hub`), with field overrides."""
     if not name_or_path.strip():
         raise ConfigError(
             "model.name",
             name_or_path,
-            "give a model preset (e.g. tiny-llama) or the path of a Hugging Face config.json",
+            "give a model preset (e.g. tiny-llama), the path of a Hugging Face config.json or "
+            "a hub id (org/name) in the local Hugging Face cache",
         )
     if name_or_path in MODEL_PRESETS:
         return model_preset(name_or_path, **overrides)
@@ -474,6 +477,11 @@ def resolve_model(name_or_path: str, **overrides: Any) -> ModelConfig:
 
         cfg = model_from_hf_config(name_or_path)
         return replace(cfg, **overrides) if overrides else cfg
+    if is_hub_id(name_or_path):  # org/name: its config.json in the local Hugging Face cache
+        from .hf_model import model_from_hf_config
+
+        cfg = model_from_hf_config(hub_snapshot(name_or_path, "model.name"))
+        return replace(cfg, name=name_or_path, **overrides)
     return model_preset(name_or_path)  # raises with the list of presets
 
 

@@ -14,6 +14,7 @@ from ._errors import ConfigError, require
 from .choices import Device, check_choices
 from .hardware import HardwareSpec
 from .hardware_toml import FIGURES, describe_hardware, figure_unit
+from .hub import local_path
 
 __all__ = ["TrainConfig", "GuardConfig", "CheckpointConfig", "HardwareConfig"]
 
@@ -114,9 +115,10 @@ class CheckpointConfig:
     export_hf: bool = False
     """Also export safetensors + config.json with Hugging Face names at the end."""
     init_from: str = ""
-    """A Hugging Face model directory (config.json + *.safetensors, sharded or not) whose
-    weights initialize the model; its config.json is the model config unless model.name is
-    given. A resume from this run's own checkpoint wins over it."""
+    """A Hugging Face model directory (config.json + *.safetensors, sharded or not), or the
+    hub id (org/name) of one in the local Hugging Face cache (HF_HUB_CACHE / HF_HOME; never
+    downloaded), whose weights initialize the model; its config.json is the model config
+    unless model.name is given. A resume from this run's own checkpoint wins over it."""
 
     def __post_init__(self) -> None:
         require(self.every >= 0, "checkpoint.every", self.every, "use >= 0 (0 = end only)")
@@ -139,10 +141,11 @@ class CheckpointConfig:
             )
         if self.init_from:
             require(
-                (Path(self.init_from) / "config.json").is_file(),
+                (local_path(self.init_from, "checkpoint.init_from") / "config.json").is_file(),
                 "checkpoint.init_from",
                 self.init_from,
-                "give a Hugging Face model directory holding config.json",
+                "give a Hugging Face model directory holding config.json, or the hub id "
+                "(org/name) of a model in the local Hugging Face cache",
             )
 
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ._errors import ConfigError
+from .hub import local_path
 from .user_files import MiB, read_user_file
 
 __all__ = [
@@ -216,15 +217,17 @@ def parse_eval_sources(spec: str) -> list[EvalSource]:
 
 
 def resolve_tokenizer_file(spec: str) -> Path:
-    """The tokenizer.json a `data.tokenizer` path names (the file, or one in the directory)."""
-    path = Path(spec)
+    """The tokenizer.json a `data.tokenizer` path names (the file, or one in the directory;
+    a hub id: its snapshot directory in the local Hugging Face cache)."""
+    path = local_path(spec, "data.tokenizer")
     if path.is_dir():
         path = path / "tokenizer.json"
     if not path.is_file():
         raise ConfigError(
             "data.tokenizer",
             spec,
-            "give byte, char, bpe, a tokenizer.json file or a directory holding one",
+            "give byte, char, bpe, a tokenizer.json file or a directory (or a cached hub "
+            "model) holding one",
         )
     return path
 
