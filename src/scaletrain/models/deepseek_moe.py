@@ -144,6 +144,9 @@ class DeepSeekMoE(MoE):
             self.expert_bias = None
         self.expert_load: torch.Tensor | None = None
         """Tokens routed to each expert by the forwards since the last bias update (E,)."""
+        self.count_load = True
+        """Whether a forward with gradients on adds to `expert_load` (a pipeline stage's shape
+        inference, a forward no training step takes, turns it off: parallel/pipeline.py)."""
 
     def reset_state(self) -> None:
         """After materialization: a zero bias (buffers are not drawn) and no load or loss."""
@@ -158,7 +161,7 @@ class DeepSeekMoE(MoE):
         load, self.expert_load = self.expert_load, None
         if load is None:
             device = self.router.weight.device
-            return torch.zeros(self.num_experts, dtype=torch.float32, device=device)
+            return torch.zeros(self.num_experts, dtype=torch.int64, device=device)
         return load
 
     @torch.no_grad()
@@ -166,8 +169,9 @@ class DeepSeekMoE(MoE):
         """b_i += bias_rate * sign(mean(load) - load_i) (`load`: the step's global counts)."""
         if self.expert_bias is None or self.bias_rate == 0:
             return
-        load = load.to(self.expert_bias.dtype)
-        self.expert_bias.add_(torch.sign(load.mean() - load), alpha=self.bias_rate)
+        load = load.to(torch.float64)
+        step = torch.sign(load.mean() - load).to(self.expert_bias.dtype)
+        self.expert_bias.add_(step, alpha=self.bias_rate)
 
     def _route(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         weight = self.router.weight
@@ -207,8 +211,8 @@ class DeepSeekMoE(MoE):
         if not _in_backward():  # not an activation checkpoint's recompute (see MoE.forward)
             self.aux_loss = aux
             self.last_tokens_per_expert = counts.detach()
-            if torch.is_grad_enabled():  # a training forward: its load moves the bias
-                load = counts.detach().float()
+            if torch.is_grad_enabled() and self.count_load:  # a training forward's load
+                load = counts.detach()  # (E,) int64: exact at any batch size
                 self.expert_load = load if self.expert_load is None else self.expert_load + load
         order = torch.argsort(idx, stable=True)  # (N*k,) the pairs sorted by expert
         token_of = order // self.top_k  # (N*k,) source token of each sorted slot

@@ -1,0 +1,71 @@
+"""`checkpoint.init_from` of a small transformers DeepseekV3ForCausalLM on one process: the
+trainer's first-step loss is transformers' float64 loss, the trained model exports back to a
+directory transformers reloads with the trainer's logits (and its moved balancing bias), and
+the CLI continues it on a JSONL corpus with its own tokenizer from that same loss.
+(Multi-process layouts: tests/distributed/test_deepseek_layouts.py.)"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from scaletrain.config import load_config
+from scaletrain.trainer import train
+from tests._hf_models import first_step_batches, hf_args, hf_loss, make_hf_model
+
+transformers = pytest.importorskip("transformers")
+
+RTOL = 1e-4  # fp32 trainer vs float64 reference (tests/integration/test_hf_init.py)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_hf_model("deepseek_v3", tmp_path_factory.mktemp("hf") / "deepseek_v3")
+
+
+def test_first_loss_equals_transformers_and_export_reloads(model_dir, tmp_path):
+    job = load_config(None, hf_args(tmp_path, model_dir, "run", "--checkpoint.export_hf=true"))
+    assert job.model.is_mla and job.model.num_dense_layers == 1
+    reference = hf_loss(model_dir, first_step_batches(job))
+    r = train(job)
+    assert r.losses[0] == pytest.approx(reference, rel=RTOL)
+    assert r.losses[-1] != r.losses[0]  # it trained
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path / "run" / "hf",
+        dtype=torch.float32,
+        attn_implementation="eager",
+        experts_implementation="eager",
+    ).eval()
+    # the bias moved over the steps (gamma 0.001 per step) and was exported with the weights
+    bias = hf.model.layers[1].mlp.gate.e_score_correction_bias
+    start = transformers.AutoModelForCausalLM.from_pretrained(model_dir).model.layers[1]
+    assert not torch.equal(bias, start.mlp.gate.e_score_correction_bias)
+    tokens = torch.randint(0, 256, (2, 20), generator=torch.Generator().manual_seed(0))
+    r.model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(r.model(tokens), hf(tokens).logits, atol=1e-4, rtol=1e-4)
+
+
+def test_jsonl_corpus_with_pretrained_tokenizer_through_the_cli(model_dir, tmp_path):
+    from scaletrain.cli import main
+    from tests._hf_models import make_tokenizer_dir
+
+    rng = torch.Generator().manual_seed(0)
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]
+    docs = [
+        " ".join(words[int(i)] for i in torch.randint(0, 8, (int(n),), generator=rng))
+        for n in torch.randint(3, 30, (400,), generator=rng)
+    ]
+    tok_dir = make_tokenizer_dir(tmp_path / "tok", docs, vocab_size=120)
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    args = hf_args(
+        tmp_path, model_dir, "cli", f"--data.source={corpus}", f"--data.tokenizer={tok_dir}"
+    )
+    reference = hf_loss(model_dir, first_step_batches(load_config(None, args)))
+    assert main(["train", *args]) in (0, None)
+    first = json.loads((tmp_path / "cli" / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["loss"] == pytest.approx(reference, rel=RTOL)
