@@ -149,12 +149,14 @@ CASES: list[Case] = [
     ("deepseek-v3-L4", 8, 8, 3, 1, 1, False, 1, "none", "bf16", 1, 2048, 1),
 ]
 
-QUICK = [CASES[i] for i in (0, 1, 2, 3, 4, 5, 6, 7, 8, 12, 18, 43, 44)]
+QUICK = [CASES[i] for i in (0, 1, 2, 3, 4, 5, 6, 7, 8, 12, 18, 43, 44, 46, 47, 48)]
 """The fast subset (tests/planner/test_accuracy.py): every tiny-model layout (DDP, ZeRO-1/2/3,
 HSDP, TP, TP+SP, CP, full and selective AC, fp32 and bf16, tied and untied, GQA) plus three at
 gpt2-124m widths whose peaks are the named terms' moments (tied-embedding backward under DDP
 fp32, ZeRO-3 loss backward, ZeRO-2 with TP+SP), and issue #16's tiny layouts (ZeRO-3's start
-of the last block's backward, without and with selective AC under TP+SP)."""
+of the last block's backward, without and with selective AC under TP+SP), and tiny-deepseek
+under DDP, ZeRO-3 and TP+SP (MLA, the dense first block, DeepSeekMoE's router and shared
+experts)."""
 
 
 # (model, world, dp, zero, pp, schedule, virtual, ep, dtype, micro_batch, seq, grad_accum[, ac])

@@ -54,6 +54,17 @@ def refs() -> dict:
     return {m: reference(m) for m in set(MODELS.values())}
 
 
+def test_fsdp_over_tp_on_four_ranks(refs):
+    """ZeRO-3 over tp2+sp: FSDP shards the tensor-parallel shards again, the shared experts'
+    (1, f, h) stacks on a dim tp leaves whole (parallel/fsdp.py `_shard_placement`)."""
+    mode = (MODEL, dict(dp=2, zero=3, tp=2, sp=True), 2, OPTS)
+    ref = refs[MODEL]
+    covered: set[str] = set()
+    for rank, results in enumerate(spawn(train_modes, 4, {"fsdp2xtp2": mode})):
+        covered |= assert_matches_reference(results["fsdp2xtp2"], ref, f"fsdp2xtp2 rank {rank}")
+    assert covered == ref["params"].keys()
+
+
 @pytest.mark.parametrize("mode", list(LAYOUTS))
 def test_parity(world2, refs, mode):
     ref = refs[MODELS[mode]]

@@ -15,7 +15,6 @@ import pytest
 
 from scaletrain.config import Layout, hardware_preset, layout_problems, model_preset
 from scaletrain.planner import estimate
-from scaletrain.planner.memory.activations import layer_activation_bytes
 from scaletrain.planner.memory.rank_terms import stage_params
 from scaletrain.planner.memory.states import dense_layers_on_rank, stage_layer_counts
 from scaletrain.planner.time.flops import layer_kinds, matmul_params
@@ -100,7 +99,12 @@ def test_pipeline_stages_hold_the_trainers_parameters():
     hw = hardware_preset("h800")
     layout = Layout(dp=128, pp=16, ep=64, zero=1)
     plan = PlanInput(
-        model=m, hardware=hw, num_gpus=2048, layout=layout, seq_len=4096, global_batch=15360,
+        model=m,
+        hardware=hw,
+        num_gpus=2048,
+        layout=layout,
+        seq_len=4096,
+        global_batch=15360,
         micro_batch=1,
     )
     counts = stage_layer_counts(m.num_layers, 16)

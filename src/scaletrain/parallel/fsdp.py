@@ -25,13 +25,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.fsdp import (
     CPUOffloadPolicy,
     MixedPrecisionPolicy,
     OffloadPolicy,
     fully_shard,
 )
+from torch.distributed.tensor import DTensor, Shard
 
 from scaletrain.config import PRECISION_TABLE, ConfigError
 from scaletrain.config.precision import REDUCE_DTYPES

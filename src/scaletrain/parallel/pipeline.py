@@ -77,6 +77,7 @@ from torch.distributed.pipelining import (
 from scaletrain.config import ConfigError, Layout, fused_head_loss, stage_ids, stage_layer_ranges
 from scaletrain.config.choices import PPSchedule
 from scaletrain.dtensor import to_full, to_local
+from scaletrain.models.deepseek_moe import DeepSeekMoE
 from scaletrain.models.transformer import Transformer
 from scaletrain.numerics import acc_dtype, upcast
 
@@ -386,7 +387,7 @@ class _Stage(PipelineStage):
     calling it unchanged."""
 
     def _forward_metadata_inference(self, *args: Any, **kwargs: Any) -> Any:
-        routers = [m for m in self.submod.modules() if hasattr(m, "count_load")]
+        routers = [m for m in self.submod.modules() if isinstance(m, DeepSeekMoE)]
         for m in routers:
             m.count_load = False
         try:
@@ -440,7 +441,8 @@ def build_pipeline(
     num_stages = pp_size * virtual
     ids = stage_ids(pp_rank, pp_size, virtual, schedule=schedule)
     device = torch.device(device)
-    mods, pstages = [], []
+    mods: list[Transformer] = []
+    pstages: list[PipelineStage] = []
     for sid in ids:
         mod = split_stage(model, sid, num_stages)
         for sub in mod.modules():

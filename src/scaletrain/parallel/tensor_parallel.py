@@ -80,13 +80,13 @@ from torch.distributed.tensor.parallel import (
 
 from scaletrain.dtensor import to_local
 from scaletrain.models.loss import VocabShard, linear_cross_entropy
+from scaletrain.models.mla import MLAttention
 from scaletrain.models.moe import (
     EXPERT_WEIGHTS,
     GroupedExperts,
     grouped_expert_mlp,
     host_counts,
 )
-from scaletrain.models.mla import MLAttention
 from scaletrain.models.transformer import Transformer
 
 from .tensor_parallel_mla import mla_tp_plan

@@ -57,7 +57,9 @@ class ReplicatedLatent(ParallelStyle):
             module,
             device_mesh,
             None,  # every parameter replicated
-            input_fn=self._input,
+            # torch's stubs type input_fn as returning None; a forward pre-hook may return
+            # the replaced inputs (DTensor's own parallel styles do)
+            input_fn=self._input,  # type: ignore[arg-type]
             output_fn=self._output,
         )
 

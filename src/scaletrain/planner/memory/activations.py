@@ -175,9 +175,7 @@ def _mla_bytes(
     a, qk, dv = model.num_heads, model.qk_head_dim, model.v_head_dim
     tok = float(seq_len) / cp * micro_batch
     per_latent = 2 * e if e < 4 else 3 * e
-    out = sum(
-        (per_latent * w + 4.0) * tok for w in (model.q_lora_rank, model.kv_lora_rank) if w
-    )
+    out = sum((per_latent * w + 4.0) * tok for w in (model.q_lora_rank, model.kv_lora_rank) if w)
     out += e * tok * a * dv / tp  # wo's input
     if model.attention == "naive":
         out += e * tok * a * (2 * qk + dv) / tp

@@ -200,12 +200,12 @@ def counted_flops_per_token(
     recompute, the two gradients).
     Recompute repeats forward work: 'selective' (parallel/ac.py's per-op policy keeps every
     matmul and fused-attention output) only the naive core's S x S matmuls; 'full' the
-    attention core
-    and every block matmul but a dense block's last (the MLP's down projection: torch's
-    non-reentrant checkpoint stops recomputing once every saved tensor is back, and that
-    output is saved by nothing; an MoE block's experts' output is saved by the combine's
-    multiply, so all of it is recomputed: dry-run, tiny-deepseek dp2 ac=full). Ignores, like the counter: elementwise ops, norms, the embedding, the
-    optimizer. Source: measured with the dry-run's FlopCounterMode, 43 layouts
+    attention core and every block matmul but a dense block's last (the MLP's down
+    projection: torch's non-reentrant checkpoint stops recomputing once every saved tensor is
+    back, and that output is saved by nothing; an MoE block's experts' output is saved by the
+    combine's multiply, so all of it is recomputed: dry-run, tiny-deepseek dp2 ac=full).
+    Ignores, like the counter: elementwise ops, norms, the embedding, the optimizer.
+    Source: measured with the dry-run's FlopCounterMode, 43 layouts
     (benchmarks/results/planner_accuracy.md, `flops` column).
     """
     _, head = matmul_params(model)
