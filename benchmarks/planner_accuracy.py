@@ -70,6 +70,11 @@ def _models() -> dict[str, ModelConfig]:
         "llama2-7b-L1": model("llama2-7b", 1),
         "llama3-8b-L1": model("llama3-8b", 1),
         "mixtral-8x7b-L2": model("mixtral-8x7b", 2),
+        # DeepSeek (MLA, a dense first block, routed + shared experts): one dense and three
+        # MoE blocks, so that MoE blocks follow each other as in the real models
+        "tiny-deepseek": model("tiny-deepseek"),
+        "deepseek-v2-lite-L4": model("deepseek-v2-lite", 4),
+        "deepseek-v3-L4": model("deepseek-v3", 4, num_dense_layers=1),
     }
 
 
@@ -133,14 +138,25 @@ CASES: list[Case] = [
     # autocast (DDP) with a vocabulary-parallel embedding: no 16-bit copy of the embedding
     # or head in flight, the embedding's gradient after the block's backward
     ("llama3-8b-L1", 8, 1, 0, 1, 8, True, 1, "none", "bf16", 1, 2048, 1),
+    # DeepSeek (issue #35): MLA's latents and padded heads, sigmoid group-limited routing with
+    # shared experts, the dense first block; DDP, ZeRO-3, TP+SP (latents replicated), FSDP over
+    # TP with selective AC, and V2-Lite / V3 widths under ZeRO-3
+    ("tiny-deepseek", 2, 2, 0, 1, 1, False, 1, "none", "bf16", 2, 128, 1),
+    ("tiny-deepseek", 2, 2, 3, 1, 1, False, 1, "none", "bf16", 2, 128, 1),
+    ("tiny-deepseek", 2, 1, 0, 1, 2, True, 1, "none", "bf16", 2, 128, 1),
+    ("tiny-deepseek", 4, 2, 3, 1, 2, True, 1, "selective", "bf16", 2, 128, 1),
+    ("deepseek-v2-lite-L4", 4, 4, 3, 1, 1, False, 1, "none", "bf16", 2, 1024, 1),
+    ("deepseek-v3-L4", 8, 8, 3, 1, 1, False, 1, "none", "bf16", 1, 2048, 1),
 ]
 
-QUICK = [CASES[i] for i in (0, 1, 2, 3, 4, 5, 6, 7, 8, 12, 18, 43, 44)]
+QUICK = [CASES[i] for i in (0, 1, 2, 3, 4, 5, 6, 7, 8, 12, 18, 43, 44, 46, 47, 48)]
 """The fast subset (tests/planner/test_accuracy.py): every tiny-model layout (DDP, ZeRO-1/2/3,
 HSDP, TP, TP+SP, CP, full and selective AC, fp32 and bf16, tied and untied, GQA) plus three at
 gpt2-124m widths whose peaks are the named terms' moments (tied-embedding backward under DDP
 fp32, ZeRO-3 loss backward, ZeRO-2 with TP+SP), and issue #16's tiny layouts (ZeRO-3's start
-of the last block's backward, without and with selective AC under TP+SP)."""
+of the last block's backward, without and with selective AC under TP+SP), and tiny-deepseek
+under DDP, ZeRO-3 and TP+SP (MLA, the dense first block, DeepSeekMoE's router and shared
+experts)."""
 
 
 # (model, world, dp, zero, pp, schedule, virtual, ep, dtype, micro_batch, seq, grad_accum[, ac])
@@ -161,6 +177,9 @@ EXTRA_CASES: list[Extra] = [
     # issue #16: Mixtral widths, ZeRO-3 + ep8, selective AC: fp32 expert gradients outweigh a
     # block's activations, so the peak is the last blocks' backward next to them
     ("mixtral-8x7b-L2", 8, 8, 3, 1, "1f1b", 1, 8, "bf16", 1, 4096, 1, "selective"),
+    # DeepSeek-V2-Lite widths: ZeRO-3 with ep4, and pp2 (the dense block on the first stage)
+    ("deepseek-v2-lite-L4", 4, 4, 3, 1, "1f1b", 1, 4, "bf16", 2, 1024, 1),
+    ("deepseek-v2-lite-L4", 4, 2, 3, 2, "1f1b", 1, 1, "bf16", 1, 1024, 4),
 ]
 """Pipeline-parallel (each schedule) and MoE / expert-parallel layouts, measured on the rank the
 planner reports as the worst (`measure_extra`). Calibrated (schedule_moments, pipeline receive
@@ -352,7 +371,7 @@ def measure_extra(case: Extra) -> dict[str, Any]:
     """`measure_case` for a pipeline / MoE layout, on the rank the planner calls the worst."""
     from scaletrain.dryrun import dryrun
     from scaletrain.planner import estimate
-    from scaletrain.planner.memory.states import stage_layer_counts
+    from scaletrain.planner.memory.states import dense_layers_on_rank, stage_layer_counts
     from scaletrain.planner.time.flops import counted_flops_per_token, matmul_params
     from scaletrain.planner.types import plan_input_from_job
 
@@ -369,7 +388,15 @@ def measure_extra(case: Extra) -> dict[str, Any]:
     b, m = job.batch, job.model
     prank = int(est.detail.get("pipeline_rank", 0))
     layers = stage_layer_counts(m.num_layers, layout.pp, layout.pp_virtual)[prank]
-    stage = dataclasses.replace(m, num_layers=layers)
+    dense = dense_layers_on_rank(
+        m.num_layers,
+        m.num_dense_layers if m.is_moe else 0,
+        layout.pp,
+        layout.pp_virtual,
+        prank,
+        layout.pp_schedule,
+    )
+    stage = dataclasses.replace(m, num_layers=layers, num_dense_layers=min(dense, layers - 1))
     fused = fused_head_loss(layout)
     per_token = counted_flops_per_token(
         stage, b.seq_len, recompute=job.memory.ac, tp=layout.tp, cp=layout.cp, fused_head=fused

@@ -58,6 +58,31 @@ def _config(kind: str):
         return tf.Phi3Config(
             sliding_window=16, bos_token_id=1, eos_token_id=2, pad_token_id=2, **llama
         )
+    if kind == "deepseek_v3":  # MLA, a dense first block, group-limited sigmoid routing
+        return tf.DeepseekV3Config(
+            hidden_size=32,
+            intermediate_size=48,
+            moe_intermediate_size=16,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            kv_lora_rank=16,
+            q_lora_rank=24,
+            qk_nope_head_dim=8,
+            qk_rope_head_dim=4,
+            v_head_dim=8,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            n_group=2,
+            topk_group=1,
+            n_shared_experts=1,
+            first_k_dense_replace=1,
+            routed_scaling_factor=2.5,
+            num_nextn_predict_layers=0,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+            **common,
+        )
     raise ValueError(kind)
 
 
@@ -78,6 +103,10 @@ def make_hf_model(
         model(tokens, labels=tokens).loss.backward()
         opt.step()
         opt.zero_grad()
+    with torch.no_grad():  # DeepSeek's balancing bias (a buffer training leaves at 0)
+        for name, buf in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buf.copy_(0.05 * torch.randn(buf.shape, generator=gen))
     kw = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(out_dir, safe_serialization=True, **kw)
     return out_dir

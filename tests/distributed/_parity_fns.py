@@ -27,6 +27,7 @@ from scaletrain.parallel import (
     maybe_no_sync,
     parallelize,
     sync_gradients,
+    update_router_biases,
     wrap_optimizer,
 )
 from scaletrain.parallel.context_parallel import cp_positions, cp_shard
@@ -48,6 +49,16 @@ CONFIGS = {
     "tiny-qwen2": dataclasses.replace(MODEL_PRESETS["tiny-llama"](), qkv_bias=True),
     "tiny-qwen3": dataclasses.replace(
         MODEL_PRESETS["tiny-llama"](), qk_norm=True, head_dim_override=32
+    ),
+    # DeepSeek-V3's pieces: MLA (q and kv latents, decoupled RoPE, values narrower than q/k),
+    # a dense first block, sigmoid group-limited routing with shared experts and the
+    # auxiliary-loss-free bias, updated after every step (a bias rate large enough to move
+    # the routing within the 5 steps)
+    "tiny-deepseek": dataclasses.replace(MODEL_PRESETS["tiny-deepseek"](), router_bias_rate=0.05),
+    # under context parallelism the sequence-wise balance loss sees each rank's shard of a
+    # sequence, not the sequence (models/deepseek_moe.py): off for the cp row
+    "tiny-deepseek-noaux": dataclasses.replace(
+        MODEL_PRESETS["tiny-deepseek"](), router_bias_rate=0.05, moe_aux_loss_coef=0.0
     ),
 }
 
@@ -137,10 +148,23 @@ def _reference(preset: str, shards: int) -> dict:
             total += float(loss.detach()) / shards
         norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)))
         opt.step()
+        update_router_biases([model], None)  # DeepSeek's balancing bias (else a no-op)
         opt.zero_grad()
         losses.append(total)
     params = {clean_fqn(n): p.detach().clone() for n, p in model.named_parameters()}
+    params |= _router_biases([model])
     return {"losses": losses, "norms": norms, "params": params}
+
+
+def _router_biases(modules) -> dict[str, torch.Tensor]:
+    """The DeepSeek routers' balancing biases (fp32 buffers, moved by `update_router_biases`),
+    held to the same bound as the parameters (as float64: the comparison's dtype)."""
+    return {
+        clean_fqn(n): b.detach().to(torch.float64)
+        for m in modules
+        for n, b in m.named_buffers()
+        if n.endswith("moe.expert_bias")
+    }
 
 
 def _block_param_bytes(model) -> int:
@@ -251,6 +275,7 @@ def _train_at_default_dtype(preset: str, layout: dict, micro: int, opts: dict) -
             float(clip_grad_norm_(params, MAX_NORM, extra_group=extra, norm_exclude=exclude))
         )
         opt.step()
+        update_router_biases(modules, dp_cp.get_group())  # the step's global expert loads
         opt.zero_grad()
     mem["params_at_rest"] = sum(local_state_bytes(m)["params"] for m in modules)
     mem["optimizer"] = local_state_bytes(modules[0], opt)["optimizer"]
@@ -266,6 +291,7 @@ def _train_at_default_dtype(preset: str, layout: dict, micro: int, opts: dict) -
     held = {
         clean_fqn(n): _full(p).detach().clone() for m in modules for n, p in m.named_parameters()
     }
+    held |= _router_biases(modules)
     meshes = {
         n: (dims.submesh(n).size(), dims.submesh(n).get_local_rank())
         for n in ("pp", "dp", "dp_shard_cp", "dp_cp", "cp", "tp", "ep")

@@ -9,6 +9,9 @@ Families (by `ModelConfig.family`):
   w1/w3 on import, concatenated on export (`_fused_map`).
 - GPT-2 (`GPT2LMHeadModel`): HF's `Conv1D` stores weights as (in, out), the transpose of
   nn.Linear's (out, in); q, k, v are one fused `c_attn` (columns ordered q | k | v).
+- DeepSeek-V2 / V3 (`DeepseekV2ForCausalLM`, `DeepseekV3ForCausalLM`): Multi-head Latent
+  Attention, dense first blocks, routed + shared experts; `hf_deepseek.py` maps them (the
+  RoPE rows of the checkpoint are interleaved pairs, ours halves).
 - Mixtral (`MixtralForCausalLM`, Llama family with `num_experts > 0`): written in the layout of
   the published Mixtral checkpoints, `block_sparse_moe.gate` + `block_sparse_moe.experts.{e}.
   w1/w2/w3` (transformers 4.x reads it as is, 5.x converts it on load); read back from that
@@ -51,6 +54,10 @@ def hf_config(cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> dict:
     _check_exportable(cfg)
     dtype_name = str(dtype).removeprefix("torch.")
     kind = hf_model_type(cfg)
+    if kind in ("deepseek_v2", "deepseek_v3"):
+        from .hf_deepseek import deepseek_hf_config
+
+        return deepseek_hf_config(cfg, dtype_name)
     if kind != "gpt2":
         # the keys Llama, Mistral and Mixtral share; each adds its own below
         out = {
@@ -209,6 +216,10 @@ def to_hf_state_dict(sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str,
         out["model.norm.weight"] = sd["norm.weight"]
         if not cfg.tie_embeddings:
             out["lm_head.weight"] = sd["output.weight"]
+        if cfg.is_mla:  # DeepSeek-V2 / V3
+            from .hf_deepseek import deepseek_to_hf
+
+            return out | deepseek_to_hf(sd, cfg)
         for i in range(cfg.num_layers):
             for ours, hf in _layer_map(cfg):
                 out[f"model.layers.{i}.{hf}"] = sd[f"layers.{i}.{ours}"]
@@ -251,8 +262,12 @@ def to_hf_state_dict(sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str,
     return out
 
 
-def from_hf_state_dict(hf: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """HF names and layouts -> ours. Accepts GPT-2 files saved with or without `transformer.`."""
+def from_hf_state_dict(
+    hf: dict[str, torch.Tensor], cfg: ModelConfig, *, rope_interleave: bool = True
+) -> dict[str, torch.Tensor]:
+    """HF names and layouts -> ours. Accepts GPT-2 files saved with or without `transformer.`.
+    rope_interleave: a DeepSeek checkpoint's RoPE rows are interleaved pairs (its
+    config.json's `rope_interleave`, `hf_deepseek.rope_interleaved`)."""
     _check_exportable(cfg)
     sd: dict[str, torch.Tensor] = {}
     if cfg.family == "llama":
@@ -260,6 +275,10 @@ def from_hf_state_dict(hf: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[st
         sd["norm.weight"] = hf["model.norm.weight"]
         if not cfg.tie_embeddings:
             sd["output.weight"] = hf.get("lm_head.weight", hf["model.embed_tokens.weight"])
+        if cfg.is_mla:  # DeepSeek-V2 / V3
+            from .hf_deepseek import deepseek_from_hf
+
+            return sd | deepseek_from_hf(hf, cfg, interleaved=rope_interleave)
         for i in range(cfg.num_layers):
             for ours, name in _layer_map(cfg):
                 if cfg.is_moe and name.startswith("block_sparse_moe.gate"):
@@ -389,7 +408,22 @@ def load_hf_state_dict(model: nn.Module, cfg: ModelConfig, path: str | Path) -> 
     The model must be materialized and unsharded (load before parallelizing, or load into a
     single-device copy); every parameter must be present (strict).
     """
-    sd = from_hf_state_dict(_read_safetensors(Path(path)), cfg)
+    sd = from_hf_state_dict(
+        _read_safetensors(Path(path)), cfg, rope_interleave=_rope_interleaved(Path(path))
+    )
     own = model.state_dict()
     sd = {k: v.to(dtype=own[k].dtype) for k, v in sd.items() if k in own}
     model.load_state_dict(sd, strict=True)
+
+
+def _rope_interleaved(path: Path) -> bool:
+    """A DeepSeek checkpoint's RoPE layout, from the config.json beside its weights (True, the
+    published layout, when there is none)."""
+    from .hf_deepseek import rope_interleaved
+
+    config = (path if path.is_dir() else path.parent) / "config.json"
+    if not config.is_file():
+        return True
+    raw = read_user_file(config, "model.name", what="a Hugging Face config.json")
+    hf = json.loads(raw)
+    return rope_interleaved(hf) if isinstance(hf, dict) else True

@@ -12,7 +12,9 @@ does not own. Layouts whose local piece is not one box (FSDP over TP on the same
 Names and layouts follow `checkpoint.hf` (GPT-2's Conv1D weights are stored transposed and its
 q|k|v fused in `c_attn`; Phi-3's q|k|v fused in `qkv_proj` and gate|up in `gate_up_proj`,
 each rank reading its rows of them; Mixtral experts either one Linear per expert or
-transformers 5's fused `mlp.experts.gate_up_proj`). Values are cast to the parameter's dtype.
+transformers 5's fused `mlp.experts.gate_up_proj`; DeepSeek's tensors by `hf_deepseek`'s row
+maps, each rank reading the rows its box covers, and the router's balancing bias, a buffer).
+Values are cast to the parameter's dtype.
 
 A resume from scaletrain's own checkpoint wins: `load_initial_weights` does nothing when the
 run will restore one (`checkpoint.resume` = auto with a good checkpoint in the run directory, or
@@ -167,6 +169,56 @@ def _pick(files: SafetensorsDir, *names: str) -> str:
     )
 
 
+def _gathered(name: str, rows: torch.Tensor, shape: tuple[int, ...], hf_rows: int) -> _Source:
+    """Our rows i are the checkpoint's rows `rows[i]` (DeepSeek: a permutation, or a block of
+    a fused tensor): a box reads the span of the rows it needs, then picks them."""
+
+    def read(f: SafetensorsDir, b: _Box) -> torch.Tensor:
+        want = rows[b.offset[0] : b.offset[0] + b.size[0]]
+        if want.numel() == 0:
+            return torch.empty(b.size)
+        lo, hi = int(want.min()), int(want.max()) + 1
+        span = _Box((lo, *b.offset[1:]), (hi - lo, *b.size[1:]))
+        return f.read(name, span.slices())[want - lo]
+
+    return _Source((name,), (hf_rows, *shape[1:]), read)
+
+
+def _deepseek_source(
+    fqn: str, shape: tuple[int, ...], cfg: ModelConfig, files: SafetensorsDir, interleaved: bool
+) -> _Source:
+    from .hf_deepseek import SHARED, block_maps
+
+    m = re.fullmatch(r"layers\.(\d+)\.(.+)", fqn)
+    if m is None:
+        raise ConfigError(_FIELD, fqn, "no Hugging Face source for this parameter")
+    i, rest, pre = int(m[1]), m[2], f"model.layers.{m[1]}."
+    for rm in block_maps(cfg, i, interleaved):
+        if rest == rm.ours:
+            return _gathered(_pick(files, pre + rm.hf), rm.rows, shape, rm.hf_rows)
+    w = re.fullmatch(r"moe\.(shared_experts|experts)\.(w[123])", rest)
+    if w is None:
+        raise ConfigError(_FIELD, fqn, "no Hugging Face source for this parameter")
+    name = dict(SHARED)[w[2]]
+    if w[1] == "shared_experts":  # ours (1, fs, .), theirs (fs, .)
+        src = _pick(files, f"{pre}mlp.shared_experts.{name}.weight")
+
+        def read(f: SafetensorsDir, b: _Box) -> torch.Tensor:
+            return f.read(src, _Box(b.offset[1:], b.size[1:]).slices()).unsqueeze(0)
+
+        return _Source((src,), shape[1:], read)
+    fused = pre + "mlp.experts.gate_up_proj"
+    if fused in files:  # transformers 5: (E, 2f, h) gate rows then up rows; down (E, h, f)
+        E, f = cfg.num_experts, cfg.ffn_dim
+        if w[2] == "w2":
+            return _direct(pre + "mlp.experts.down_proj", shape)
+        return _direct(
+            fused, shape, shift=(0, 0 if w[2] == "w1" else f, 0), hf_shape=(E, 2 * f, cfg.dim)
+        )
+    names = [_pick(files, f"{pre}mlp.experts.{e}.{name}.weight") for e in range(cfg.num_experts)]
+    return _stacked(names, shape)
+
+
 def _llama_source(
     fqn: str, shape: tuple[int, ...], cfg: ModelConfig, files: SafetensorsDir
 ) -> _Source:
@@ -315,8 +367,20 @@ def load_hf_weights(model: nn.Module, cfg: ModelConfig, directory: str | Path) -
 
     files = SafetensorsDir(local_path(str(directory), _FIELD))  # (a hub id: its cached snapshot)
     source = _llama_source if cfg.family == "llama" else _gpt2_source
+    if cfg.is_mla:  # DeepSeek: its own blocks, the rest as Llama's
+        from .hf import _rope_interleaved
+
+        interleaved = _rope_interleaved(Path(directory))
+
+        def source(fqn, shape, cfg, files):  # type: ignore[no-redef]
+            if fqn.startswith("layers."):
+                return _deepseek_source(fqn, shape, cfg, files, interleaved)
+            return _llama_source(fqn, shape, cfg, files)
+
     plan = []
-    for raw, param in model.named_parameters():
+    # the DeepSeek router's balancing bias is a buffer with a checkpoint source
+    bias = [(n, b) for n, b in model.named_buffers() if n.endswith("moe.expert_bias")]
+    for raw, param in [*model.named_parameters(), *bias]:
         fqn = re.sub(r"^stage\d+\.", "", clean_fqn(raw))
         src = source(fqn, tuple(param.shape), cfg, files)
         _check_shape(src, files)

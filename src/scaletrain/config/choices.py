@@ -39,6 +39,7 @@ __all__ = [
     "Position",
     "Attention",
     "HFModelType",
+    "RouterScoring",
     "names",
     "literal_names",
     "check_choices",
@@ -70,7 +71,19 @@ Norm = Literal["layernorm", "rmsnorm"]
 Activation = Literal["gelu", "gelu_exact", "swiglu"]
 Position = Literal["learned", "rope"]
 Attention = Literal["sdpa", "naive"]
-HFModelType = Literal["auto", "gpt2", "llama", "mistral", "mixtral", "qwen2", "qwen3", "phi3"]
+HFModelType = Literal[
+    "auto",
+    "gpt2",
+    "llama",
+    "mistral",
+    "mixtral",
+    "qwen2",
+    "qwen3",
+    "phi3",
+    "deepseek_v2",
+    "deepseek_v3",
+]
+RouterScoring = Literal["topk_softmax", "softmax", "sigmoid"]
 
 
 def names(alias: Any) -> tuple[Any, ...]:

@@ -214,6 +214,24 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         host_to_device_bw=64 * GB,
         arch=nvidia_arch((9, 0)),
     ),
+    # NVIDIA H800 SXM5: the H100 SXM5 for export markets, same SM, tensor cores and 80GB HBM3
+    # (3.35 TB/s, 700 W; NVIDIA's H800 datasheet), NVLink cut to 400 GB/s total (200 per
+    # direction; DeepSeek-V3 report arXiv:2412.19437 sec. 3.2.2 measures 160 GB/s of it
+    # achieved). DeepSeek-V3's cluster (same report, sec. 3.1): 8 GPUs per node on NVLink +
+    # NVSwitch, InfiniBand across nodes at 50 GB/s per GPU (sec. 3.2.2); its cost table
+    # (Table 1) prices an H800 at $2 per GPU hour. Memory (CUDA total): the H100 SXM 80GB's.
+    "h800": lambda: HardwareSpec(
+        "h800",
+        _tf(fp32=67, tf32=494.7, bf16=989.4, fp16=989.4, fp8=1978.9),
+        79.10 * GiB,
+        3350 * GB,
+        200 * GB,
+        50 * GB,
+        700,
+        usd_per_hour=2.0,
+        host_to_device_bw=64 * GB,
+        arch=nvidia_arch((9, 0)),
+    ),
     # NVIDIA H100 PCIe datasheet: 51 TF fp32, 378 tf32, 756 bf16, 1513 fp8; 80GB HBM2e 2 TB/s,
     # 350 W; peers over PCIe Gen5 x16 (64 GB/s per direction).
     # Memory: no CUDA total for the PCIe card was found; the SXM 80GB's 79.10 GiB is assumed.

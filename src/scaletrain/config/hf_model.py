@@ -1,6 +1,6 @@
-"""A Hugging Face `config.json` (GPT-2, Llama, Mistral, Mixtral, Qwen2, Qwen3 or Phi-3 style)
-read into a ModelConfig, every field checked for its JSON type and range, unsupported features
-refused."""
+"""A Hugging Face `config.json` (GPT-2, Llama, Mistral, Mixtral, Qwen2, Qwen3, Phi-3 or
+DeepSeek-V2/V3 style: `hf_deepseek.py`) read into a ModelConfig, every field checked for its
+JSON type and range, unsupported features refused."""
 
 from __future__ import annotations
 
@@ -10,6 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import ConfigError
+from .hf_deepseek import (
+    DEEPSEEK_KEYS,
+    DEEPSEEK_TYPES,
+    check_deepseek_supported,
+    deepseek_export_problem,
+    deepseek_from_hf,
+)
 from .model import ModelConfig
 from .user_files import read_user_file
 
@@ -59,7 +66,10 @@ def model_from_hf_config(path: str | Path) -> ModelConfig:
         if e.field == "model.name":
             raise
         ours = e.field.removeprefix("model.")
-        key = (_GPT2_KEYS if mtype == "gpt2" else _LLAMA_KEYS).get(ours, ours)
+        keys = _GPT2_KEYS if mtype == "gpt2" else _LLAMA_KEYS
+        if mtype in DEEPSEEK_TYPES:
+            keys = DEEPSEEK_KEYS
+        key = keys.get(ours, ours)
         raise ConfigError(
             "model.name", str(path), f"config.json field {key!r} = {e.value!r}: {e.fix}"
         ) from None
@@ -108,6 +118,9 @@ def _from_hf(hf: dict[str, Any], r: _HFReader, mtype: str, path: Path) -> ModelC
             bias=True,
             norm_eps=r.float("layer_norm_epsilon", 1e-5),
         )
+    if mtype in DEEPSEEK_TYPES:
+        theta = _HFReader(_rope(hf), path).float("rope_theta", 10000.0)
+        return deepseek_from_hf(hf, r, mtype, path, theta)
     heads, width = r.int("num_attention_heads"), r.int("hidden_size")
     head_dim = r.int("head_dim", None)
     # an explicit head width only where it differs from hidden / heads (Qwen3-32B: 128 vs 80)
@@ -171,8 +184,8 @@ def _window(hf: dict[str, Any], r: _HFReader, mtype: str) -> int | None:
     return r.int("sliding_window")
 
 
-_HF_TYPES = ("gpt2", "llama", "mistral", "mixtral", "qwen2", "qwen3", "phi3")
-_TYPES_IN_WORDS = "gpt2, llama, mistral, mixtral, qwen2, qwen3 or phi3"
+_HF_TYPES = ("gpt2", "llama", "mistral", "mixtral", "qwen2", "qwen3", "phi3", *DEEPSEEK_TYPES)
+_TYPES_IN_WORDS = "gpt2, llama, mistral, mixtral, qwen2, qwen3, phi3, deepseek_v2 or deepseek_v3"
 _REQUIRED: Any = object()
 
 
@@ -235,20 +248,28 @@ def _check_hf_supported(hf: dict[str, Any], path: Path) -> None:
     """Refuse config.json features this model code does not implement (one line each): they
     would change the model's arithmetic if ignored."""
 
-    def refuse(what: str) -> None:
+    def refuse(what: str, fix: str = "") -> None:
         raise ConfigError(
             "model.name",
             str(path),
-            f"{what} is not supported; use a plain {_TYPES_IN_WORDS} config.json",
+            f"{what} is not supported; {fix or f'use a plain {_TYPES_IN_WORDS} config.json'}",
         )
 
     r = _HFReader(hf, path)
     if hf.get("rope_parameters") is not None and not isinstance(hf["rope_parameters"], dict):
         r._fail("rope_parameters", hf["rope_parameters"], "must be a JSON object")
+    # DeepSeek-V3's YaRN (its 128K extension): not built; without it the model trains at
+    # its 4K pre-training length
+    yarn_fix = (
+        "remove it from config.json to train with plain RoPE at max_position_embeddings"
+        if hf.get("model_type") in DEEPSEEK_TYPES
+        else ""
+    )
     if hf.get("rope_scaling"):  # transformers 4.x spelling (Phi-3-128k's longrope, YaRN, ...)
-        refuse(f"rope scaling (rope_scaling = {hf['rope_scaling']!r})")
+        refuse(f"rope scaling (rope_scaling = {hf['rope_scaling']!r})", yarn_fix)
     if _rope(hf).get("rope_type", "default") != "default":
-        refuse(f"rope scaling (rope_parameters.rope_type = {_rope(hf)['rope_type']!r})")
+        kind = _rope(hf)["rope_type"]
+        refuse(f"rope scaling (rope_parameters.rope_type = {kind!r})", yarn_fix)
     rotary = _HFReader(_rope(hf), path).float("partial_rotary_factor", 1.0)
     if rotary != 1.0:  # RoPE on a part of each head (Phi-3.5 / Phi-4-mini): not modelled
         refuse(f"partial_rotary_factor = {rotary} (RoPE on part of each head)")
@@ -288,6 +309,18 @@ def _check_hf_supported(hf: dict[str, Any], path: Path) -> None:
                     refuse(f"{key} = {hf[key]} (dropout)")
     if gpt2 and r.int("head_dim", None) not in (None, r.int("n_embd") // r.int("n_head")):
         refuse(f"head_dim {hf['head_dim']} != n_embd / n_head")
+    if hf["model_type"] in DEEPSEEK_TYPES:
+        check_deepseek_supported(hf, r, refuse)
+
+
+def _deepseek_pieces(cfg: ModelConfig) -> bool:
+    """Whether `cfg` has a piece only the DeepSeek architectures hold."""
+    return bool(
+        cfg.is_mla
+        or cfg.num_shared_experts
+        or cfg.num_dense_layers
+        or (cfg.is_moe and cfg.router_scoring != "topk_softmax")
+    )
 
 
 def hf_model_type(cfg: ModelConfig) -> str:
@@ -296,6 +329,8 @@ def hf_model_type(cfg: ModelConfig) -> str:
     a sliding window: mistral; else llama; LayerNorm: gpt2)."""
     if cfg.hf_model_type != "auto":
         return cfg.hf_model_type
+    if _deepseek_pieces(cfg):
+        return "deepseek_v3" if cfg.router_scoring == "sigmoid" else "deepseek_v2"
     if cfg.is_moe:
         return "mixtral"
     if cfg.family == "gpt2":
@@ -312,6 +347,13 @@ def hf_export_problem(cfg: ModelConfig) -> str | None:
     home of these rules: checkpoint.hf refuses the export with them, and a job with
     checkpoint.export_hf = true is refused with them at config time, before training."""
     kind = hf_model_type(cfg)
+    if kind in DEEPSEEK_TYPES:
+        return deepseek_export_problem(cfg, kind)
+    if _deepseek_pieces(cfg):
+        return (
+            "Multi-head Latent Attention, DeepSeek routing, shared experts and dense first "
+            "blocks export as deepseek_v2 or deepseek_v3 only"
+        )
     if kind == "gpt2":
         if (
             cfg.norm != "layernorm"

@@ -306,6 +306,12 @@ def _tp_problems(L: Layout, model: ModelConfig) -> list[ConfigError]:
             f"tp must divide num_kv_heads={model.num_kv_heads}",
         ),
         (model.ffn_dim % L.tp == 0, "parallel.tp", L.tp, f"tp must divide ffn_dim={model.ffn_dim}"),
+        (  # an MoE model's dense first blocks (DeepSeek), split like a dense MLP
+            model.dense_ffn_dim % L.tp == 0,
+            "parallel.tp",
+            L.tp,
+            f"tp must divide dense_ffn_dim={model.dense_ffn_dim}",
+        ),
     )
 
 

@@ -77,7 +77,7 @@ def lora_problems(
     if not lora.enabled:
         return []
     out = []
-    if model.family != "llama" or model.is_moe or model.fused_qkv:
+    if model.family != "llama" or model.is_moe or model.fused_qkv or model.is_mla:
         out.append(
             ConfigError(
                 "lora.rank",

@@ -16,7 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import ConfigError, require
-from .choices import Activation, Attention, HFModelType, Norm, Position, check_choices
+from .choices import (
+    Activation,
+    Attention,
+    HFModelType,
+    Norm,
+    Position,
+    RouterScoring,
+    check_choices,
+)
+from .deepseek import mla_attention_params, mla_replicated_params, validate_deepseek
 from .hub import hub_snapshot, is_hub_id
 
 __all__ = ["ModelConfig", "ParamCounts", "MODEL_PRESETS", "model_preset", "resolve_model"]
@@ -91,6 +100,48 @@ class ModelConfig:
     window, mixtral with experts, qwen2 with `qkv_bias`, qwen3 with `qk_norm`); set by a
     config.json import to its own type, so an export reloads as the family it came from."""
 
+    # ---- DeepSeek-V2 / V3 (config/deepseek.py holds their rules); all off by default ------
+    kv_lora_rank: int = 0
+    """> 0: Multi-head Latent Attention (DeepSeek-V2 sec. 2.1): keys and values come from a
+    compressed latent of this width, c_kv = kv_norm(wkv_a x), expanded to every head by wkv_b;
+    0: ordinary (grouped-query) attention."""
+    q_lora_rank: int = 0
+    """MLA: queries through a low-rank latent of this width, wq_b(q_norm(wq_a x)); 0: one full
+    projection wq (DeepSeek-V2-Lite)."""
+    qk_nope_head_dim: int = 0
+    """MLA: per-head query/key width without position (from the latent)."""
+    qk_rope_head_dim: int = 0
+    """MLA: per-head query width carrying RoPE; the key's RoPE part (wk_rope x, this wide) is
+    one for all heads (the decoupled RoPE of DeepSeek-V2 sec. 2.1.3)."""
+    v_head_dim: int = 0
+    """MLA: per-head value width."""
+    num_dense_layers: int = 0
+    """MoE models: the first N blocks keep a dense MLP of width `dense_ffn_dim` (DeepSeek's
+    `first_k_dense_replace`)."""
+    dense_ffn_dim: int = 0
+    """Width of those dense MLPs; 0 means ffn_dim (which is then the experts' width)."""
+    num_shared_experts: int = 0
+    """MoE: experts every token goes through besides its routed ones (DeepSeekMoE), together
+    one SwiGLU MLP of width num_shared_experts * ffn_dim."""
+    router_scoring: RouterScoring = "topk_softmax"
+    """MoE routing: 'topk_softmax' (Mixtral: softmax over the k best logits), 'softmax'
+    (DeepSeek-V2: softmax over all experts, the k best taken as they are) or 'sigmoid'
+    (DeepSeek-V3: sigmoid affinities, chosen with `router_bias_rate`'s bias)."""
+    router_groups: int = 1
+    """'softmax'/'sigmoid' routing: experts split into this many groups, of which a token may
+    use only `router_topk_groups` (DeepSeek's n_group / topk_group; 1: no limit)."""
+    router_topk_groups: int = 1
+    """Groups a token's experts may come from (see `router_groups`)."""
+    router_norm_topk: bool = False
+    """'softmax'/'sigmoid': divide the k chosen scores by their sum (DeepSeek's norm_topk_prob)."""
+    router_scale: float = 1.0
+    """'softmax'/'sigmoid': factor on the routed experts' weights (routed_scaling_factor)."""
+    router_bias_rate: float = 0.0
+    """'sigmoid': update speed gamma of the auxiliary-loss-free balancing bias (Wang et al.
+    2024, arXiv:2408.15664; DeepSeek-V3 sec. 2.1.2): after every optimizer step each MoE
+    layer's per-expert bias b_i, added to the affinities for choosing the experts only, moves
+    by gamma * sign(mean load - load_i) over the step's global batch. 0 freezes it."""
+
     def __post_init__(self) -> None:
         if self.num_kv_heads == 0:
             self.num_kv_heads = self.num_heads
@@ -119,7 +170,7 @@ class ModelConfig:
             "use 0 (dim / num_heads) or a head width >= 1",
         )
         require(
-            self.head_dim_override > 0 or self.dim % self.num_heads == 0,
+            self.head_dim_override > 0 or self.kv_lora_rank > 0 or self.dim % self.num_heads == 0,
             p + "num_heads",
             self.num_heads,
             f"num_heads must divide dim={self.dim} (or set model.head_dim_override)",
@@ -130,7 +181,7 @@ class ModelConfig:
             self.num_kv_heads,
             f"num_kv_heads must divide num_heads={self.num_heads}",
         )
-        if self.position == "rope":
+        if self.position == "rope" and not self.is_mla:
             require(
                 self.head_dim % 2 == 0,
                 p + "num_heads",
@@ -181,6 +232,7 @@ class ModelConfig:
             self.rope_theta,
             "use a finite positive float such as 10000.0",
         )
+        validate_deepseek(self)
 
     # ---- derived sizes -------------------------------------------------------------------
     @property
@@ -201,6 +253,53 @@ class ModelConfig:
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        """Multi-head Latent Attention (`kv_lora_rank` > 0)."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Width of one query (and key) head: MLA's nope + rope parts, else head_dim."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim if self.is_mla else self.head_dim
+
+    @property
+    def value_head_dim(self) -> int:
+        """Width of one value head: MLA's v_head_dim, else head_dim."""
+        return self.v_head_dim if self.is_mla else self.head_dim
+
+    @property
+    def rope_dim(self) -> int:
+        """Width RoPE rotates per head (its cos/sin tables): MLA's rope part, else head_dim."""
+        return self.qk_rope_head_dim if self.is_mla else self.head_dim
+
+    @property
+    def num_moe_layers(self) -> int:
+        """Blocks with an MoE layer: all but the first `num_dense_layers` (0 for dense)."""
+        return self.num_layers - self.num_dense_layers if self.is_moe else 0
+
+    def layer_is_moe(self, i: int) -> bool:
+        """Whether block i has an MoE layer (DeepSeek: the first blocks stay dense)."""
+        return self.is_moe and i >= self.num_dense_layers
+
+    def dense_layer_view(self) -> ModelConfig:
+        """This model as if every block were one of its dense first blocks (same attention, a
+        dense MLP of `dense_ffn_dim`): what the planner's per-block formulas read for them."""
+        return replace(
+            self,
+            num_experts=0,
+            ffn_dim=self.dense_ffn_dim or self.ffn_dim,
+            num_dense_layers=0,
+            dense_ffn_dim=0,
+            num_shared_experts=0,
+            router_scoring="topk_softmax",
+            router_groups=1,
+            router_topk_groups=1,
+            router_norm_topk=False,
+            router_scale=1.0,
+            router_bias_rate=0.0,
+        )
 
     @property
     def family(self) -> str:
@@ -229,10 +328,13 @@ class ParamCounts:
 
     Counts: token embedding V*h; learned positions S*h; per layer attention q (h*a*d), k and v
     (h*g*d each), o (a*d*h) plus their biases (all four with `bias`, q/k/v only with
-    `qkv_bias`: a*d + 2*g*d) and the q/k norms' 2*d weights (`qk_norm`); MLP 2*h*f (GELU) or
-    3*h*f (SwiGLU) plus biases, times the number of experts for MoE, plus the router h*E; two
-    norms per layer (2h with bias for LayerNorm, h for RMSNorm); a final norm; the head V*h
-    unless tied. Ignores: nothing (buffers such as RoPE tables are not parameters).
+    `qkv_bias`: a*d + 2*g*d) and the q/k norms' 2*d weights (`qk_norm`), or Multi-head Latent
+    Attention's projections and latent norms (`config.deepseek.mla_attention_params`); MLP
+    2*h*f (GELU) or 3*h*f (SwiGLU) plus biases, times the number of experts for MoE, plus the
+    router h*E and the shared experts 3*h*(n_s*f); two norms per layer (2h with bias for
+    LayerNorm, h for RMSNorm); a final norm; the head V*h unless tied. An MoE model's first
+    `num_dense_layers` blocks hold a dense MLP of `dense_ffn_dim` instead (`dense_mlp`).
+    Ignores: buffers (RoPE tables, the sigmoid router's balancing bias) are not parameters.
     """
 
     embedding: int
@@ -245,20 +347,37 @@ class ParamCounts:
     final_norm: int
     head: int  # 0 when tied to the embedding
     num_layers: int
+    attention_replicated: int = 0
+    """Of `attention`, what tensor parallelism keeps whole on every rank (MLA's latent
+    down-projections and norms)."""
+    shared_mlp: int = 0
+    """Per MoE layer: the shared experts (DeepSeekMoE), one SwiGLU MLP."""
+    dense_layers: int = 0
+    """MoE models: blocks whose MLP is dense (DeepSeek's first_k_dense_replace)."""
+    dense_mlp: int = 0
+    """The MLP of one of those dense blocks."""
 
     @classmethod
     def of(cls, m: ModelConfig) -> ParamCounts:
         h, d, a, g, f = m.dim, m.head_dim, m.num_heads, m.num_kv_heads, m.ffn_dim
-        attn = h * a * d + 2 * h * g * d + a * d * h
-        if m.bias or m.qkv_bias:
-            attn += a * d + 2 * g * d
-        if m.bias:
-            attn += h
-        if m.qk_norm:
-            attn += 2 * d
+        if m.is_mla:
+            attn = mla_attention_params(m)
+        else:
+            attn = h * a * d + 2 * h * g * d + a * d * h
+            if m.bias or m.qkv_bias:
+                attn += a * d + 2 * g * d
+            if m.bias:
+                attn += h
+            if m.qk_norm:
+                attn += 2 * d
         n_mat = 3 if m.activation == "swiglu" else 2
-        expert = n_mat * h * f + ((n_mat - 1) * f + h if m.bias else 0)
+
+        def mlp(width: int) -> int:
+            return n_mat * h * width + ((n_mat - 1) * width + h if m.bias else 0)
+
+        expert = mlp(f)
         norm = 2 * h if (m.norm == "layernorm" and m.bias) else h
+        dense = m.num_dense_layers if m.is_moe else 0
         return cls(
             embedding=m.vocab_size * h,
             position=m.max_seq_len * h if m.position == "learned" else 0,
@@ -270,27 +389,62 @@ class ParamCounts:
             final_norm=norm,
             head=0 if m.tie_embeddings else m.vocab_size * h,
             num_layers=m.num_layers,
+            attention_replicated=mla_replicated_params(m) if m.is_mla else 0,
+            shared_mlp=mlp(m.num_shared_experts * f) if m.num_shared_experts else 0,
+            dense_layers=dense,
+            dense_mlp=mlp(m.dense_ffn_dim or f) if dense else 0,
         )
 
     @property
     def per_layer(self) -> int:
-        return self.attention + self.mlp + self.router + self.norms
+        """One block's parameters (an MoE block's, for MoE models)."""
+        return self.attention + self.mlp + self.shared_mlp + self.router + self.norms
+
+    @property
+    def dense_per_layer(self) -> int:
+        """One of an MoE model's dense first blocks (`dense_layers`)."""
+        return self.attention + self.dense_mlp + self.norms
+
+    @property
+    def layers_total(self) -> int:
+        """All blocks together."""
+        return (self.num_layers - self.dense_layers) * self.per_layer + (
+            self.dense_layers * self.dense_per_layer
+        )
 
     @property
     def total(self) -> int:
-        return (
-            self.embedding
-            + self.position
-            + self.num_layers * self.per_layer
-            + self.final_norm
-            + self.head
-        )
+        return self.embedding + self.position + self.layers_total + self.final_norm + self.head
+
+    def attention_per_tp(self, tp: int) -> float:
+        """One block's attention parameters on one of `tp` tensor-parallel ranks."""
+        return (self.attention - self.attention_replicated) / tp + self.attention_replicated
 
     def active_per_layer(self, experts_per_token: int) -> int:
-        """Parameters one token touches in a layer (MoE: only its top-k experts)."""
+        """Parameters one token touches in a layer (MoE: only its top-k and shared experts)."""
         if self.router == 0:
             return self.per_layer
-        return self.attention + self.norms + self.router + experts_per_token * self.mlp_per_expert
+        return (
+            self.attention
+            + self.norms
+            + self.router
+            + self.shared_mlp
+            + experts_per_token * self.mlp_per_expert
+        )
+
+    def active(self, experts_per_token: int) -> int:
+        """Parameters one token's forward multiplies by: every block's active part
+        (`active_per_layer`), the final norm and the head (the tied embedding counts as the
+        head); not the embedding table, a lookup of one row (DeepSeek-V3's README_WEIGHTS.md
+        "36.7B activated" of the main model is this count: 36.6B)."""
+        moe = self.num_layers - self.dense_layers
+        head = self.head or self.embedding
+        return (
+            moe * self.active_per_layer(experts_per_token)
+            + self.dense_layers * self.dense_per_layer
+            + self.final_norm
+            + head
+        )
 
 
 # ---- presets -----------------------------------------------------------------------------
@@ -351,6 +505,21 @@ def _llama(
         bias=False,
         norm_eps=eps,
         **moe,
+    )
+
+
+def _deepseek(name: str, **fields: Any) -> ModelConfig:
+    """A DeepSeek-V2/V3 architecture: Llama's RMSNorm + SwiGLU + RoPE blocks with Multi-head
+    Latent Attention and DeepSeekMoE (config/deepseek.py)."""
+    return ModelConfig(
+        name=name,
+        norm="rmsnorm",
+        activation="swiglu",
+        position="rope",
+        tie_embeddings=False,
+        bias=False,
+        norm_eps=1e-6,
+        **fields,
     )
 
 
@@ -426,6 +595,90 @@ MODEL_PRESETS: dict[str, Callable[[], ModelConfig]] = {
         1e4,
         sliding_window=2047,
         hf_model_type="phi3",
+    ),
+    # DeepSeek-V3 (671,026,404,352 without the multi-token-prediction module; 36,625,603,584 active:
+    # config/model.py `ParamCounts.active`): MLA (q latent 1536, kv latent 512, 128 + 64-wide
+    # q/k heads, 128-wide values), 3 dense blocks, then 256 routed experts of 2048 (top-8 from
+    # 4 of 8 groups, sigmoid, x2.5) + 1 shared; the published run's gamma = 0.001 (sec. 4.2)
+    # and sequence-wise balance weight alpha = 0.0001. Context: the 4K pre-training length
+    # (YaRN extends it afterwards; not modelled)
+    "deepseek-v3": lambda: _deepseek(
+        "deepseek-v3",
+        vocab_size=129280,
+        dim=7168,
+        num_layers=61,
+        num_heads=128,
+        ffn_dim=2048,
+        max_seq_len=4096,
+        kv_lora_rank=512,
+        q_lora_rank=1536,
+        qk_nope_head_dim=128,
+        qk_rope_head_dim=64,
+        v_head_dim=128,
+        num_experts=256,
+        experts_per_token=8,
+        num_shared_experts=1,
+        num_dense_layers=3,
+        dense_ffn_dim=18432,
+        router_scoring="sigmoid",
+        router_groups=8,
+        router_topk_groups=4,
+        router_norm_topk=True,
+        router_scale=2.5,
+        router_bias_rate=0.001,
+        moe_aux_loss_coef=0.0001,
+        hf_model_type="deepseek_v3",
+    ),
+    # DeepSeek-V2-Lite (15,706,484,224; 2,451,435,008 active): MLA without the q latent, 1
+    # dense block, 64 routed experts of 1408 (top-6, softmax, no group limit) + 2 shared
+    "deepseek-v2-lite": lambda: _deepseek(
+        "deepseek-v2-lite",
+        vocab_size=102400,
+        dim=2048,
+        num_layers=27,
+        num_heads=16,
+        ffn_dim=1408,
+        max_seq_len=4096,
+        kv_lora_rank=512,
+        qk_nope_head_dim=128,
+        qk_rope_head_dim=64,
+        v_head_dim=128,
+        num_experts=64,
+        experts_per_token=6,
+        num_shared_experts=2,
+        num_dense_layers=1,
+        dense_ffn_dim=10944,
+        router_scoring="softmax",
+        moe_aux_loss_coef=0.001,
+        hf_model_type="deepseek_v2",
+    ),
+    # a small DeepSeek-V3 for tests and dry-runs (byte vocabulary): every piece, tiny widths
+    "tiny-deepseek": lambda: _deepseek(
+        "tiny-deepseek",
+        vocab_size=256,
+        dim=64,
+        num_layers=3,
+        num_heads=4,
+        ffn_dim=32,
+        max_seq_len=128,
+        kv_lora_rank=32,
+        q_lora_rank=48,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=8,
+        v_head_dim=16,
+        num_experts=8,
+        experts_per_token=2,
+        num_shared_experts=1,
+        num_dense_layers=1,
+        dense_ffn_dim=128,
+        router_scoring="sigmoid",
+        router_groups=4,
+        router_topk_groups=2,
+        router_norm_topk=True,
+        router_scale=2.5,
+        router_bias_rate=0.001,
+        moe_aux_loss_coef=0.0001,
+        hf_model_type="deepseek_v3",
     ),
 }
 

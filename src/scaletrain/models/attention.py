@@ -61,7 +61,7 @@ class NaiveAttentionCore(nn.Module):
         mask = mask.repeat(*([1] * (mask.dim() - 2)), nh // g, 1)
         scores = upcast(scores).masked_fill(~mask, float("-inf"))
         probs = torch.softmax(scores, dim=-1).to(q.dtype)
-        return (probs @ v).view(b, nh, t, hd)  # (B, nh, T, hd)
+        return (probs @ v).view(b, nh, t, v.shape[-1])  # (B, nh, T, hd_v)
 
 
 class SDPAAttentionCore(nn.Module):

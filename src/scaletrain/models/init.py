@@ -32,7 +32,12 @@ __all__ = ["materialize", "init_weights", "clean_fqn"]
 # Prefixes that wrappers insert into parameter names: activation checkpointing
 # (checkpoint_wrapper), torch.compile, FSDP1. Stripped so names match the bare model's.
 _WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
-_RESIDUAL_OUTPUTS = ("attention.wo.weight", "feed_forward.w2.weight", "moe.experts.w2")
+_RESIDUAL_OUTPUTS = (
+    "attention.wo.weight",
+    "feed_forward.w2.weight",
+    "moe.experts.w2",
+    "moe.shared_experts.w2",
+)
 
 
 def clean_fqn(name: str) -> str:
@@ -106,8 +111,9 @@ def materialize(
 ) -> None:
     """Allocate a meta-built (possibly parallelized) model on `device` and initialize it.
 
-    `to_empty` + `init_weights(seed)` + recomputation of the non-persistent buffers (RoPE
-    tables), in place. Same weights for the same seed whatever the device or world size.
+    `to_empty` + `init_weights(seed)` + recomputation of the buffers (RoPE tables; the
+    DeepSeek router's balancing bias, zero), in place. Same weights for the same seed
+    whatever the device or world size.
     `init=False` leaves the weights undrawn (the dry-run: fake tensors hold no values, and
     drawing them was most of a large model's build time there); memory is the same.
     """
@@ -119,3 +125,6 @@ def materialize(
             m.reset_tables()
         if isinstance(m, MoE):
             m.aux_loss = None
+        reset = getattr(m, "reset_state", None)
+        if reset is not None:  # DeepSeekMoE: its bias starts at zero
+            reset()

@@ -1,5 +1,7 @@
-"""Decoder-only transformer covering the GPT-2 and Llama families, Mixtral-style MoE and the
-Llama-like Qwen2 / Qwen3 / Phi-3 (q/k/v biases, per-head q/k norms: `Attention`'s options).
+"""Decoder-only transformer covering the GPT-2 and Llama families, Mixtral-style MoE, the
+Llama-like Qwen2 / Qwen3 / Phi-3 (q/k/v biases, per-head q/k norms: `Attention`'s options) and
+DeepSeek-V2/V3 (Multi-head Latent Attention, `mla.py`; DeepSeekMoE with dense first blocks,
+`deepseek_moe.py`).
 
 Plain single-device modules: parallelism is applied from outside (scaletrain.parallel), so the
 module tree below is an interface:
@@ -9,8 +11,9 @@ module tree below is an interface:
       pos_embeddings  nn.Embedding | None        (learned positions only)
       rope            RotaryEmbedding | None     (RoPE only; non-persistent cos/sin tables)
       layers          nn.ModuleDict "0".."L-1"   (keys survive pipeline splitting)
-        TransformerBlock: attention_norm, attention (Attention [+ q_norm, k_norm]), ffn_norm,
-                          feed_forward (FeedForward) | moe (MoE)
+        TransformerBlock: attention_norm, attention (Attention [+ q_norm, k_norm] |
+                          MLAttention), ffn_norm, feed_forward (FeedForward) | moe (MoE |
+                          DeepSeekMoE [+ shared_experts])
       norm            LayerNorm | RMSNorm | None
       output          nn.Linear | None
 
@@ -33,8 +36,10 @@ from scaletrain.config import ModelConfig
 
 from ..numerics import upcast
 from .attention import Attention, RotaryEmbedding
+from .deepseek_moe import DeepSeekMoE
 from .documents import document_layout, document_mask
 from .loss import linear_cross_entropy
+from .mla import MLAttention
 from .moe import MoE
 from .norms import RMSNorm
 
@@ -76,38 +81,78 @@ class FeedForward(nn.Module):
         return self.w2(F.gelu(self.w1(x), approximate=self._gelu_approximate))
 
 
+def _attention(cfg: ModelConfig) -> Attention | MLAttention:
+    if cfg.is_mla:
+        return MLAttention(
+            cfg.dim,
+            cfg.num_heads,
+            q_lora_rank=cfg.q_lora_rank,
+            kv_lora_rank=cfg.kv_lora_rank,
+            qk_nope_head_dim=cfg.qk_nope_head_dim,
+            qk_rope_head_dim=cfg.qk_rope_head_dim,
+            v_head_dim=cfg.v_head_dim,
+            norm_eps=cfg.norm_eps,
+            backend=cfg.attention,
+        )
+    return Attention(
+        cfg.dim,
+        cfg.num_heads,
+        cfg.num_kv_heads,
+        bias=cfg.bias,
+        backend=cfg.attention,
+        fused_qkv=cfg.fused_qkv,
+        head_dim=cfg.head_dim,
+        qkv_bias=cfg.qkv_bias,
+        qk_norm=cfg.qk_norm,
+        norm_eps=cfg.norm_eps,
+    )
+
+
+def _moe(cfg: ModelConfig) -> MoE:
+    if cfg.router_scoring == "topk_softmax" and not cfg.num_shared_experts:
+        return MoE(
+            cfg.dim,
+            cfg.ffn_dim,
+            cfg.num_experts,
+            cfg.experts_per_token,
+            activation=cfg.activation,
+            bias=cfg.bias,
+            aux_loss_coef=cfg.moe_aux_loss_coef,
+        )
+    return DeepSeekMoE(
+        cfg.dim,
+        cfg.ffn_dim,
+        cfg.num_experts,
+        cfg.experts_per_token,
+        activation=cfg.activation,
+        bias=cfg.bias,
+        aux_loss_coef=cfg.moe_aux_loss_coef,
+        num_shared=cfg.num_shared_experts,
+        scoring=cfg.router_scoring,
+        groups=cfg.router_groups,
+        topk_groups=cfg.router_topk_groups,
+        norm_topk=cfg.router_norm_topk,
+        scale=cfg.router_scale,
+        bias_rate=cfg.router_bias_rate,
+    )
+
+
 class TransformerBlock(nn.Module):
     """Pre-norm block: x + attn(norm(x)), then + mlp(norm(x)) (GPT-2 / Llama order)."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, layer_id: int = 0) -> None:
         super().__init__()
         self.attention_norm = _norm(cfg)
-        self.attention = Attention(
-            cfg.dim,
-            cfg.num_heads,
-            cfg.num_kv_heads,
-            bias=cfg.bias,
-            backend=cfg.attention,
-            fused_qkv=cfg.fused_qkv,
-            head_dim=cfg.head_dim,
-            qkv_bias=cfg.qkv_bias,
-            qk_norm=cfg.qk_norm,
-            norm_eps=cfg.norm_eps,
-        )
+        self.attention: Attention | MLAttention = _attention(cfg)
         self.ffn_norm = _norm(cfg)
-        if cfg.is_moe:
-            self.moe = MoE(
+        if cfg.layer_is_moe(layer_id):
+            self.moe = _moe(cfg)
+        else:  # a dense model, or an MoE model's dense first blocks (DeepSeek)
+            self.feed_forward = FeedForward(
                 cfg.dim,
-                cfg.ffn_dim,
-                cfg.num_experts,
-                cfg.experts_per_token,
+                cfg.dense_ffn_dim or cfg.ffn_dim,
                 activation=cfg.activation,
                 bias=cfg.bias,
-                aux_loss_coef=cfg.moe_aux_loss_coef,
-            )
-        else:
-            self.feed_forward = FeedForward(
-                cfg.dim, cfg.ffn_dim, activation=cfg.activation, bias=cfg.bias
             )
 
     def forward(
@@ -138,11 +183,13 @@ class Transformer(nn.Module):
             nn.Embedding(cfg.max_seq_len, cfg.dim) if cfg.position == "learned" else None
         )
         self.rope: RotaryEmbedding | None = (
-            RotaryEmbedding(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
+            RotaryEmbedding(cfg.rope_dim, cfg.max_seq_len, cfg.rope_theta)
             if cfg.position == "rope"
             else None
         )
-        self.layers = nn.ModuleDict({str(i): TransformerBlock(cfg) for i in range(cfg.num_layers)})
+        self.layers = nn.ModuleDict(
+            {str(i): TransformerBlock(cfg, i) for i in range(cfg.num_layers)}
+        )
         self.norm: nn.Module | None = _norm(cfg)
         self.output: nn.Linear | None = (
             None if cfg.tie_embeddings else nn.Linear(cfg.dim, cfg.vocab_size, bias=False)

@@ -4,6 +4,7 @@ from .data_parallel import apply_ddp, apply_manual_grad_sync, maybe_no_sync, syn
 from .dims import MESH_AXES, ParallelDims
 from .fsdp import apply_fsdp, mp_policy
 from .parallelize import parallelize
+from .router_balance import update_router_biases
 from .tensor_parallel import apply_tp, loss_context
 from .zero import clip_grad_norm_, local_state_bytes, wrap_optimizer
 
@@ -22,4 +23,5 @@ __all__ = [
     "wrap_optimizer",
     "clip_grad_norm_",
     "local_state_bytes",
+    "update_router_biases",
 ]

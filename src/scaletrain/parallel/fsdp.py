@@ -31,6 +31,7 @@ from torch.distributed.fsdp import (
     OffloadPolicy,
     fully_shard,
 )
+from torch.distributed.tensor import DTensor, Shard
 
 from scaletrain.config import PRECISION_TABLE, ConfigError
 from scaletrain.config.precision import REDUCE_DTYPES
@@ -55,6 +56,21 @@ def mp_policy(dtype: str, reduce_dtype: str) -> MixedPrecisionPolicy:
         param_dtype=getattr(torch, spec.compute),
         reduce_dtype=getattr(torch, REDUCE_DTYPES[reduce_dtype]),
     )
+
+
+def _shard_placement(param: nn.Parameter) -> Shard | None:
+    """FSDP2 shards on dim 0 (None); a stack of one (1, f, h) - DeepSeekMoE's shared experts
+    held as a one-expert `GroupedExperts` - on its first other dim that tensor parallelism
+    does not split: on dim 0 every rank would hold the whole stack (padded), unsharded
+    (dry-run, tiny-deepseek dp2 z3: +5% parameters)."""
+    if param.dim() < 2 or param.shape[0] != 1:
+        return None
+    taken = (
+        {p.dim for p in param.placements if isinstance(p, Shard)}
+        if isinstance(param, DTensor)
+        else set()
+    )
+    return Shard(next(d for d in range(1, param.dim()) if d not in taken))
 
 
 def apply_fsdp(
@@ -87,6 +103,7 @@ def apply_fsdp(
         "mp_policy": mp or MixedPrecisionPolicy(),
         "offload_policy": offload,
         "ignored_params": ignored_params or None,
+        "shard_placement_fn": _shard_placement,
     }
     # each block (a TransformerBlock, or its AC wrapper) in place; fully_shard returns it
     fsdp_blocks = [

@@ -83,6 +83,7 @@ from torch.distributed.pipelining import (
 from scaletrain.config import ConfigError, Layout, fused_head_loss, stage_ids, stage_layer_ranges
 from scaletrain.config.choices import PPSchedule
 from scaletrain.dtensor import to_full, to_local
+from scaletrain.models.deepseek_moe import DeepSeekMoE
 from scaletrain.models.documents import document_ids
 from scaletrain.models.transformer import Transformer
 from scaletrain.numerics import acc_dtype, upcast
@@ -401,6 +402,26 @@ class PipelineRuntime:
         return loss
 
 
+class _Stage(PipelineStage):
+    """torch's `PipelineStage`, whose metadata inference runs with the DeepSeek routers' load
+    counting paused: torch 2.13 infers a stage's shapes (DYNAMIC mode, the first step) by
+    running the stage's real forward, with gradients on, on the first micro-batch's inputs
+    (empty tensors past the first stage). That forward is not a training forward; its expert
+    counts would enter the first step's balancing-bias update
+    (`models.deepseek_moe.DeepSeekMoE.count_load`). The override wraps torch's private method,
+    calling it unchanged."""
+
+    def _forward_metadata_inference(self, *args: Any, **kwargs: Any) -> Any:
+        routers = [m for m in self.submod.modules() if isinstance(m, DeepSeekMoE)]
+        for m in routers:
+            m.count_load = False
+        try:
+            return super()._forward_metadata_inference(*args, **kwargs)
+        finally:
+            for m in routers:
+                m.count_load = True
+
+
 def build_pipeline(
     model: Transformer,
     *,
@@ -445,7 +466,8 @@ def build_pipeline(
     num_stages = pp_size * virtual
     ids = stage_ids(pp_rank, pp_size, virtual, schedule=schedule)
     device = torch.device(device)
-    mods, pstages = [], []
+    mods: list[Transformer] = []
+    pstages: list[PipelineStage] = []
     for sid in ids:
         mod = split_stage(model, sid, num_stages)
         for sub in mod.modules():
@@ -456,7 +478,7 @@ def build_pipeline(
         if cp is not None:
             attach_cp_positions(mod, dist.get_rank(cp), dist.get_world_size(cp))
         mods.append(mod)
-        pstages.append(PipelineStage(mod, sid, num_stages, device, group=group))
+        pstages.append(_Stage(mod, sid, num_stages, device, group=group))
     tied = _tied_pair_group(group) if num_stages > 1 and _tied(model) else None
     runtime = PipelineRuntime(
         stages=mods,

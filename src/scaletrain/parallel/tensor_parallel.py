@@ -51,6 +51,9 @@ experts are either
   runs the same experts on the same tokens, so their gradients are already equal over tp.
 
 Either way the MoE output is the same on every tp rank; with sp each keeps its T/tp slice.
+DeepSeekMoE's shared experts follow its routed experts (split over tp with them, or whole).
+Multi-head Latent Attention (DeepSeek): heads split, latents whole on every rank
+(`tensor_parallel_mla.py`).
 The legality rules (head counts, which expert split runs) live in `config.layout_problems`.
 """
 
@@ -77,6 +80,7 @@ from torch.distributed.tensor.parallel import (
 
 from scaletrain.dtensor import to_local
 from scaletrain.models.loss import VocabShard, linear_cross_entropy
+from scaletrain.models.mla import MLAttention
 from scaletrain.models.moe import (
     EXPERT_WEIGHTS,
     GroupedExperts,
@@ -84,6 +88,8 @@ from scaletrain.models.moe import (
     host_counts,
 )
 from scaletrain.models.transformer import Transformer
+
+from .tensor_parallel_mla import mla_tp_plan
 
 __all__ = [
     "TensorParallelExperts",
@@ -269,7 +275,11 @@ def apply_tp(
         plan = _block_plan(sp, moe=moe is not None)
         if moe is None and getattr(block.feed_forward, "w3", None) is not None:
             plan["feed_forward.w3"] = ColwiseParallel()
-        if block.attention.q_norm is not None:
+        if isinstance(block.attention, MLAttention):  # heads split, latents whole
+            for name in ("attention.wq", "attention.wk", "attention.wv"):
+                del plan[name]
+            plan |= mla_tp_plan(block.attention)
+        elif block.attention.q_norm is not None:
             # Qwen3's per-head q/k norms read this rank's heads, (B, T, nh/tp, hd): their
             # (hd,) weights are replicated and the input seen as sharded on the heads dim
             # (2), so each weight's gradient is the sum over all ranks' heads (a Partial,
@@ -279,6 +289,9 @@ def apply_tp(
         parallelize_module(block, mesh, plan)
         if moe is not None and shard_experts:
             moe.experts = TensorParallelExperts(moe.experts, mesh)
+            shared = getattr(moe, "shared_experts", None)  # DeepSeekMoE: split the same way
+            if shared is not None:
+                moe.shared_experts = TensorParallelExperts(shared, mesh)
         block.attention.n_heads //= tp
         block.attention.n_kv_heads //= tp
         block.attention.fused_qkv = False  # the sharding hooks sit on each of wq, wk, wv

@@ -25,7 +25,13 @@ import torch.distributed as dist
 from scaletrain.data.loader import Batch
 from scaletrain.dtensor import to_full
 from scaletrain.models import moe_aux_loss
-from scaletrain.parallel import clip_grad_norm_, loss_context, maybe_no_sync, sync_gradients
+from scaletrain.parallel import (
+    clip_grad_norm_,
+    loss_context,
+    maybe_no_sync,
+    sync_gradients,
+    update_router_biases,
+)
 
 from .build import tp_mesh
 from .host import host_float
@@ -246,10 +252,15 @@ def train_step(
 
 
 def apply_update(run: Run, out: StepOut, hooks: StepHooks = NO_HOOKS) -> None:
-    """After an accepted step: the optimizer step (skipped on non-finite gradients), the loss
-    scale's update and zero_grad."""
+    """After an accepted step: the optimizer step (skipped on non-finite gradients), the
+    DeepSeek routers' balancing bias (`parallel.update_router_biases`, the step's global expert
+    loads; a no-op for other models), the loss scale's update and zero_grad."""
     if out.finite:
         run.optimizer.step()
+    if run.job.model.router_bias_rate > 0:
+        dims = run.dims
+        group = dims.submesh("dp_cp").get_group() if dims.layout.dp * dims.cp > 1 else None
+        update_router_biases([run.model], group, apply=out.finite)
     hooks.event("optimizer_step")
     run.scaler.update(out.finite)
     run.optimizer.zero_grad(set_to_none=True)

@@ -123,18 +123,110 @@ def layer_activation_bytes(
         residual_fp32=residual_fp32,
         upcast=rmsnorm_upcast,
     )
-    attn = _attention_bytes(model, seq_len, micro_batch, tp, cp, e, fp8, naive_probs_only)
-    mlp = _mlp_part(model, tok=tok, tp=tp, ep=ep, e=e, fp8=fp8, compile=compile)
+    if model.is_mla:
+        attn = _mla_bytes(model, seq_len, micro_batch, tp, cp, e)
+    else:
+        attn = _attention_bytes(model, seq_len, micro_batch, tp, cp, e, fp8, naive_probs_only)
+    mlp = _mlp_part(
+        model, tok=tok, tp=tp, ep=ep, e=e, fp8=fp8, compile=compile, residual_fp32=residual_fp32
+    )
     return norms + inputs + attn + mlp
 
 
 def _mlp_part(
-    model: ModelConfig, *, tok: float, tp: int, ep: int, e: int, fp8: bool, compile: bool
+    model: ModelConfig,
+    *,
+    tok: float,
+    tp: int,
+    ep: int,
+    e: int,
+    fp8: bool,
+    compile: bool,
+    residual_fp32: bool = False,
 ) -> float:
-    """The MLP's saved intermediates of one block: `_moe_bytes` for MoE, else `_mlp_bytes`."""
+    """The MLP's saved intermediates of one block: `_moe_bytes` for MoE (DeepSeekMoE:
+    `_deepseek_moe_bytes`), else `_mlp_bytes`."""
+    if model.is_moe and (model.num_shared_experts or model.router_scoring != "topk_softmax"):
+        return _deepseek_moe_bytes(
+            model, tok=tok, tp=tp, ep=ep, e=e, compile=compile, residual_fp32=residual_fp32
+        )
     if model.is_moe:
         return _moe_bytes(model, tok=tok, tp=tp, ep=ep, e=e, fp8=fp8, compile=compile)
     return _mlp_bytes(model, tok=tok, tp=tp, e=e, fp8=fp8, compile=compile)
+
+
+def _mla_bytes(
+    model: ModelConfig, seq_len: int, micro_batch: int, tp: int, cp: int, e: int
+) -> float:
+    """What one block's Multi-head Latent Attention (models/mla.py) saves beyond its input,
+    per saved tensor (benchmarks/activation_ledger.py on a DeepSeek block, bf16 and fp32
+    parameters: equal to the byte), tok = s_l*b tokens:
+      each latent of width w (q's r_q when there is one, kv's r): the norm's input and the
+        up-projection's input, 2 x e*w*tok (a 16-bit stream; fp32: the norm's input, its
+        normalized output and the up-projection's input, 3 x 4*w*tok), + the fp32 rstd 4*tok;
+        whole on every tp rank (replicated);
+      SDPA's q, k, v and output, 4 x e*tok*a*(dn + dr)/t (v zero-padded to the q/k width, so
+        the output is that wide too; k materialized per head: the RoPE key concatenated to
+        each head's), + its fp32 log-sum-exp 4*a*tok/t;
+      the output projection's input e*tok*a*dv/t (the cut output made contiguous).
+    The naive core: SDPA's terms less the log-sum-exp and the padding, plus its S x S set
+    (`naive_saved_bytes`). Ignores: RoPE (its cos/sin are shared buffers; the rotated q and k
+    parts are not saved, only the concatenations), the wk_rope output (not saved)."""
+    a, qk, dv = model.num_heads, model.qk_head_dim, model.v_head_dim
+    tok = float(seq_len) / cp * micro_batch
+    per_latent = 2 * e if e < 4 else 3 * e
+    out = sum((per_latent * w + 4.0) * tok for w in (model.q_lora_rank, model.kv_lora_rank) if w)
+    out += e * tok * a * dv / tp  # wo's input
+    if model.attention == "naive":
+        out += e * tok * a * (2 * qk + dv) / tp
+        return out + naive_saved_bytes(
+            model, seq_len=seq_len, micro_batch=micro_batch, tp=tp, cp=cp, e=e
+        )
+    return out + 4 * e * tok * a * qk / tp + 4.0 * a * tok / tp
+
+
+def _deepseek_moe_bytes(
+    model: ModelConfig,
+    *,
+    tok: float,
+    tp: int,
+    ep: int,
+    e: int,
+    compile: bool,
+    residual_fp32: bool,
+) -> float:
+    """What one DeepSeekMoE block (models/deepseek_moe.py) saves, per saved tensor (measured
+    with benchmarks/activation_ledger.py on a DeepSeek block, bf16 and fp32 parameters),
+    tok = s_l*b tokens routed by this rank (the whole sequence under SP, as `_moe_bytes`):
+      dispatch and combine as `_moe_bytes`: 3 (+1 with ep > 1) x (8*k + e*k*h)*tok (int64
+        top-k ids, sort order, source tokens; the dispatched inputs, the experts' output and
+        the weighted output);
+      routed experts' intermediates n_f x e*k*f*tok/t_e, shared experts' n_f x e*n_s*f*tok/t_e
+        (t_e = `config.layout.expert_tp`; n_f as the dense MLP's);
+      the router, in fp32: its input upcast, 4*h*tok, where the stream is 16-bit (FSDP's
+        parameters; autocast's fp32 stream is read as is); the affinities 4*E*tok (sigmoid or
+        softmax output); the chosen k weights 4*k*tok (and their sum twice, 8*tok, with
+        norm_topk), cast for the combine e*k*tok (16-bit only); the group limit: the allowed-
+        expert mask E*tok (bool), the chosen groups' ids 8*topk_groups*tok and, sigmoid, the
+        two best of each group's ids 16*G*tok (softmax: each group's fp32 max 4*G*tok).
+    Ignores: the router weight's fp32 copy (4*E*h per block and micro-batch, 16-bit
+    parameters), the balance loss's (B, E) terms, fp8 experts (modelled as 16-bit)."""
+    h, f, E, k = model.dim, model.ffn_dim, model.num_experts, model.experts_per_token
+    te = expert_tp(tp, ep)
+    n_f = _mlp_intermediates(model, compile)
+    copies = 3 + (1 if ep > 1 else 0)
+    per_tok = copies * (8.0 * k + e * k * h)
+    per_tok += n_f * e * (k + model.num_shared_experts) * f / te
+    per_tok += 4.0 * E + 4.0 * k + (e * k if e < 4 else 0.0)
+    if model.router_norm_topk:
+        per_tok += 8.0
+    if model.router_groups > 1:
+        g = model.router_groups
+        per_tok += E + 8.0 * model.router_topk_groups
+        per_tok += 16.0 * g if model.router_scoring == "sigmoid" else 4.0 * g
+    if e < 4 and not residual_fp32:
+        per_tok += 4.0 * h
+    return per_tok * tok
 
 
 def _norm_and_input_bytes(
@@ -299,15 +391,18 @@ def selective_layer_bytes(
     reductions are saved, everything else is recomputed in backward). tokens = s_l*b.
 
     Counts: the block input r*s_l*b*h (/t with SP; the checkpoint's input); the q, k, v
-    projections e*s_l*b*(h + 2kv)/t; SDPA's output e*s_l*b*h/t and fp32 log-sum-exp
+    projections e*s_l*b*(h + 2kv)/t (MLA: its latents e*s_l*b*(r_q + r + d_r), whole on every
+    tp rank, and its per-head projections e*s_l*b*a*(2 d_n + d_r + d_v)/t; SDPA's output at
+    the q/k width); SDPA's output e*s_l*b*h/t and fp32 log-sum-exp
     4*a*s_l*b/t (the naive core's S x S matmuls are recomputed: no attention term); the
     output projections wo and w2, e*s_l*b*h each and NOT /t (a row-parallel matmul's output is
     this rank's partial sum over the full hidden width); with tp > 1 the reduction of each of
     those, saved too: reduce-scatter e*s_l*b*h/t (SP) or all-reduce e*s_l*b*h; the MLP's
     input matmuls, n_in x e*s_l*b*f/t (n_in = 2 for SwiGLU's gate and up, 1 for GELU). MoE:
     the router's matmul e*s_l*b*E and the experts' matmuls for k*s_l*b routed tokens (n_in x
-    e*k*s_l*b*f/(t_e*ep) + e*k*s_l*b*h, t_e = `config.layout.expert_tp`); the dense MLP terms
-    are replaced.
+    e*k*s_l*b*f/(t_e*ep) + e*k*s_l*b*h, t_e = `config.layout.expert_tp`); DeepSeekMoE's
+    router in fp32 (4 bytes) and its shared experts' matmuls (n_in x e*s_l*b*n_s*f/t_e and
+    their down projection e*s_l*b*h); the dense MLP terms are replaced.
     Ignores: RoPE tables (shared buffers), the fp8 scales (a few floats per tensor).
     Source: torch.utils.checkpoint's selective policy keeps exactly the outputs of the ops
     `ac.SELECTIVE_SAVED_OPS` names; checked against the dry-run (planner_accuracy.md).
@@ -316,15 +411,29 @@ def selective_layer_bytes(
     tsp = tp if sp else 1
     n_in = 2 if model.activation == "swiglu" else 1
     out = r * tokens * h / tsp
-    out += e * tokens * (h + 2 * kv) / tp
-    if model.attention != "naive":
-        out += e * tokens * h / tp + 4.0 * a * tokens / tp
+    if model.is_mla:
+        # MLA's matmuls: the latents' (r_q, r, d_r: whole on every tp rank) and the heads'
+        # (q, k_nope | v); SDPA's output at the q/k width (v padded: models/mla.py)
+        qk, dn, dv = model.qk_head_dim, model.qk_nope_head_dim, model.v_head_dim
+        latents = model.q_lora_rank + model.kv_lora_rank + model.qk_rope_head_dim
+        out += e * tokens * latents + e * tokens * a * (qk + dn + dv) / tp
+        if model.attention != "naive":
+            out += e * tokens * a * qk / tp + 4.0 * a * tokens / tp
+    else:
+        out += e * tokens * (h + 2 * kv) / tp
+        if model.attention != "naive":
+            out += e * tokens * h / tp + 4.0 * a * tokens / tp
     reduced = 0.0 if tp == 1 else (e * tokens * h / tp if sp else e * tokens * h)
     out += 2 * (e * tokens * h + reduced)  # wo and w2 outputs, and their TP reductions
     if model.is_moe:
         k = model.experts_per_token
-        out += e * tokens * model.num_experts
+        deepseek = model.num_shared_experts or model.router_scoring != "topk_softmax"
+        # the router's logits (DeepSeek's router runs in fp32)
+        out += (4 if deepseek else e) * tokens * model.num_experts
         out += n_in * e * k * tokens * f / (expert_tp(tp, ep) * ep) + e * (k - 1) * tokens * h
+        if model.num_shared_experts:  # their input matmuls and down projection
+            fs = model.num_shared_experts * f
+            out += n_in * e * tokens * fs / expert_tp(tp, ep) + e * tokens * h
     else:
         out += n_in * e * tokens * f / tp
     return out
@@ -378,12 +487,13 @@ def mlp_backward_work_bytes(
 
 def rope_table_bytes(model: ModelConfig) -> float:
     """RoPE's cos and sin tables, one pair per model (models/attention.py: two fp32
-    (max_seq_len, head_dim) non-persistent buffers), 8*max_seq_len*head_dim bytes; 0 for
+    (max_seq_len, head_dim) non-persistent buffers; MLA: its RoPE width), 8*max_seq_len*
+    head_dim bytes; 0 for
     learned positions (their table is a parameter). Source: the dry-run's 'module_buffers'
     (llama2-7b widths: 4.19 MB)."""
     if model.position != "rope":
         return 0.0
-    return 8.0 * model.max_seq_len * model.head_dim
+    return 8.0 * model.max_seq_len * model.rope_dim
 
 
 def activation_bytes(

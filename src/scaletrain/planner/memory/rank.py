@@ -16,6 +16,8 @@ worst. The set is exact, not sampled.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..time.pipeline import inflight_per_rank
 from ..types import MemoryBreakdown, PlanInput
 from .buffers import FRAGMENTATION
@@ -37,7 +39,7 @@ from .rank_terms import (
     rank_buffers,
     rank_states,
 )
-from .states import stage_layer_counts
+from .states import dense_layers_on_rank, stage_layer_counts
 
 __all__ = [
     "estimate_memory",
@@ -98,11 +100,27 @@ def _rank_memory(
     """Memory of pipeline rank `rank` holding `layers` blocks with `in_flight` micro-batches:
     the largest of its moments (calibrated against the dry-run, see
     benchmarks/results/planner_accuracy.md)."""
-    L = plan.layout
+    L, model = plan.layout, plan.model
     zs, m = L.zero_shards, max(1, plan.grad_accum)
     device = "cpu" if plan.hardware.is_cpu else "gpu"
     last = rank == L.pp - 1
-    rs = rank_states(plan, terms, zs, rank == 0, last, layers, convention)
+    # an MoE model's dense first blocks on this rank (DeepSeek): their parameters, and
+    # activations in the per-block mean of this rank's blocks
+    dense = dense_layers_on_rank(
+        model.num_layers,
+        model.num_dense_layers if model.is_moe else 0,
+        L.pp,
+        L.pp_virtual,
+        rank,
+        L.pp_schedule,
+    )
+    dense = min(dense, layers)
+    if dense:
+        mean = ((layers - dense) * acts_terms.per_layer + dense * acts_terms.dense_per_layer) / (
+            layers
+        )
+        acts_terms = replace(acts_terms, per_layer=mean)
+    rs = rank_states(plan, terms, zs, rank == 0, last, layers, convention, dense)
     st, count, unit, sharded, fixed = rs.states, rs.params, rs.unit, rs.sharded, rs.fixed
     # fsdp: the FSDP collectives' buffers; quant: fp8's quantization temporary, which exists
     # only inside a converted linear's forward/backward: not during the optimizer step, nor

@@ -15,6 +15,7 @@ from scaletrain.config import (
     ParamCounts,
     compute_bytes,
     expert_split,
+    expert_tp,
     expert_zero_shards,
     fused_head_loss,
 )
@@ -90,7 +91,9 @@ class ActivationTerms:
     """Activation bytes per micro-batch of one layout (`activation_terms`)."""
 
     per_layer: float
-    """Stored bytes per block under the plan's AC."""
+    """Stored bytes per block under the plan's AC (an MoE model's MoE block)."""
+    dense_per_layer: float = 0.0
+    """The same for one of an MoE model's dense first blocks (DeepSeek); 0 when none."""
     recompute: float
     """What one block adds in backward: full AC its no-AC set, selective
     `selective_recompute_bytes`, none 0; + naive attention's S x S gradients."""
@@ -140,20 +143,33 @@ def model_terms(plan: PlanInput, terms: ModelTerms | None) -> ModelTerms:
 
 
 def stage_params(
-    plan: PlanInput, pc: ParamCounts, first: bool, last: bool, layers: int
+    plan: PlanInput, pc: ParamCounts, first: bool, last: bool, layers: int, dense_blocks: int = 0
 ) -> StageParams:
     """The parameters of a pipeline stage holding `layers` blocks (first/last: it holds the
-    embedding / the final norm and head)."""
+    embedding / the final norm and head), `dense_blocks` of them an MoE model's dense first
+    blocks (DeepSeek: `states.dense_layers_on_rank`)."""
     L, model = plan.layout, plan.model
     tp, ep = L.tp, L.ep
     dense_mlp = 0 if model.is_moe else pc.mlp
-    block = (pc.attention + dense_mlp) / tp + pc.norms + pc.router
-    dense = layers * block
+    # MLA's latent projections stay whole on every tp rank (attention_per_tp); DeepSeekMoE's
+    # shared experts are split like the routed ones (tp with ep = 1, else whole)
+    block = (
+        pc.attention_per_tp(tp)
+        + dense_mlp / tp
+        + pc.norms
+        + pc.router
+        + pc.shared_mlp / expert_tp(tp, ep)
+    )
+    moe_blocks = layers - dense_blocks if model.is_moe else 0
+    dense_block = pc.attention_per_tp(tp) + pc.dense_mlp / tp + pc.norms
+    dense = (layers - dense_blocks) * block + dense_blocks * dense_block
     # experts split tp ways (ep = 1) or ep ways (config.layout.expert_split)
-    expert = layers * pc.mlp / expert_split(L) if model.is_moe else 0.0
+    expert = moe_blocks * pc.mlp / expert_split(L) if model.is_moe else 0.0
     # FSDP2 ignores expert-parallel experts (parallel/parallelize.py): not in any unit
     experts_in_fsdp = not (model.is_moe and ep > 1 and L.zero >= 2)
     unit = block + (pc.mlp / expert_split(L) if model.is_moe and experts_in_fsdp else 0.0)
+    if model.is_moe and layers and not moe_blocks:  # only dense first blocks here
+        unit = dense_block
     # FSDP2's root unit (parallel/fsdp.py: fully_shard(model) after the blocks) holds all that
     # is not a block on this stage: embedding + positions and/or final norm + head, gathered as
     # ONE unit (the dry-run's unsharded root of llama2-7b is embedding + head).
@@ -161,6 +177,8 @@ def stage_params(
     # what autocast never casts (`StageParams.uncast`): embeddings, norms, and
     # the head when the fused loss reads it (zero-bubble's plain head Linear is autocast's)
     uncast = float(layers * pc.norms)
+    if model.is_mla:  # the latent norms'
+        uncast += layers * (model.q_lora_rank + model.kv_lora_rank)
     if first:
         dense += pc.embedding / tp + pc.position
         root += pc.embedding / tp + pc.position
@@ -180,7 +198,7 @@ def stage_params(
         # ZeRO-1's busiest rank: the embedding/head on an end stage, else a block
         largest=(pc.embedding / tp) if (first or last) else block,
         # q/k/v/o, the dense MLP or local experts of this stage's blocks
-        fp8=fp8_linear_params(model, layers, tp) + expert,
+        fp8=fp8_linear_params(model, layers, tp, dense_blocks) + expert,
     )
 
 
@@ -192,9 +210,10 @@ def rank_states(
     last: bool,
     layers: int,
     convention: str,
+    dense_blocks: int = 0,
 ) -> RankStates:
     """A rank's model states, cached, with the backward terms the ZeRO-2/3 and embedding
-    moments of `rank.py` read."""
+    moments of `rank.py` read (`dense_blocks`: see `stage_params`)."""
     L, model = plan.layout, plan.model
     key = (
         L.tp,
@@ -205,6 +224,7 @@ def rank_states(
         first,
         last,
         layers,
+        dense_blocks,
         plan.precision,
         plan.optimizer,
         plan.offload,
@@ -215,7 +235,7 @@ def rank_states(
         return hit
     pc = terms.counts
     tp = L.tp
-    sp = stage_params(plan, pc, first, last, layers)
+    sp = stage_params(plan, pc, first, last, layers, dense_blocks)
     dense, expert, unit = sp.dense, sp.expert, sp.unit
     st = model_state_bytes(
         sp,
@@ -337,7 +357,30 @@ def activation_terms(plan: PlanInput, terms: ModelTerms, modern: bool) -> Activa
             e=compute_bytes(p),
         )
     recompute += _naive_backward(plan, modern, residual_fp32)
-    out = ActivationTerms(per_layer=per_layer, recompute=recompute, head=head, held_logits=held)
+    dense_per_layer = 0.0
+    if model.is_moe and model.num_dense_layers:  # DeepSeek's dense first blocks
+        dense_view = model.dense_layer_view()
+        dense_per_layer = layer_activation_bytes(
+            dense_view,
+            seq_len=s,
+            micro_batch=b,
+            tp=L.tp,
+            sp=L.sp,
+            cp=L.cp,
+            precision=p,
+            modern=modern,
+            compile=plan.compile,
+            residual_fp32=residual_fp32,
+            ep=L.ep,
+            ac=plan.ac,
+        )
+    out = ActivationTerms(
+        per_layer=per_layer,
+        recompute=recompute,
+        head=head,
+        held_logits=held,
+        dense_per_layer=dense_per_layer,
+    )
     terms.acts[key] = out
     return out
 
@@ -411,5 +454,6 @@ def _block_params(plan: PlanInput, pc: ParamCounts) -> float:
     if model.is_moe:
         # expert-parallel experts are not in the block's FSDP unit (FSDP2 ignores them)
         experts = 0.0 if (L.ep > 1 and L.zero >= 2) else pc.mlp / expert_split(L)
-        return pc.attention / L.tp + pc.norms + pc.router + experts
-    return (pc.attention + pc.mlp) / L.tp + pc.norms
+        shared = pc.shared_mlp / expert_tp(L.tp, L.ep)
+        return pc.attention_per_tp(L.tp) + pc.norms + pc.router + shared + experts
+    return pc.attention_per_tp(L.tp) + pc.mlp / L.tp + pc.norms

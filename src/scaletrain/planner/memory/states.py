@@ -9,7 +9,13 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from scaletrain.config import PRECISION_TABLE, ModelConfig, compute_bytes, stage_layer_ranges
+from scaletrain.config import (
+    PRECISION_TABLE,
+    ModelConfig,
+    compute_bytes,
+    stage_ids,
+    stage_layer_ranges,
+)
 
 __all__ = [
     "OPTIMIZER_BYTES",
@@ -20,6 +26,7 @@ __all__ = [
     "UNITS_IN_FLIGHT",
     "fp8_linear_params",
     "stage_layer_counts",
+    "dense_layers_on_rank",
 ]
 
 OPTIMIZER_BYTES = {
@@ -221,12 +228,15 @@ def _in_flight(params: StageParams, *, precision: str, zero: int) -> tuple[float
     return in_params, in_grads
 
 
-def fp8_linear_params(model: ModelConfig, layers: int, tp: int = 1) -> float:
-    """Parameters in the Float8Linears of `layers` blocks, per tp rank: q/k/v/o and a dense
-    MLP (precision/fp8.py `apply_fp8` skips the head and the router; MoE experts become
-    Float8ExpertLinear, counted apart by the callers that need them)."""
+def fp8_linear_params(model: ModelConfig, layers: int, tp: int = 1, dense: int = 0) -> float:
+    """Parameters in the Float8Linears of `layers` blocks, per tp rank: q/k/v/o (MLA's
+    projections, its latent ones whole on every rank) and a dense MLP, `dense` of the blocks
+    being an MoE model's dense first blocks (precision/fp8.py `apply_fp8` skips the head and
+    the router; MoE experts become Float8ExpertLinear, counted apart by the callers that need
+    them)."""
     pc = model.param_counts()
-    return layers * (pc.attention + (0 if model.is_moe else pc.mlp)) / tp
+    mlp = dense * pc.dense_mlp if model.is_moe else layers * pc.mlp
+    return layers * pc.attention_per_tp(tp) + mlp / tp
 
 
 @functools.lru_cache(maxsize=4096)
@@ -242,3 +252,20 @@ def stage_layer_counts(num_layers: int, pp: int, virtual: int = 1) -> tuple[int,
     for stage, layers in enumerate(stage_layer_ranges(num_layers, pp * virtual)):
         counts[stage % pp] += len(layers)
     return tuple(counts)
+
+
+@functools.lru_cache(maxsize=4096)
+def dense_layers_on_rank(
+    num_layers: int, num_dense: int, pp: int, virtual: int, rank: int, schedule: str = ""
+) -> int:
+    """How many of an MoE model's dense first blocks (layers 0 .. num_dense - 1, DeepSeek's
+    first_k_dense_replace) pipeline rank `rank` holds: its stages (`config.stage_ids`, the
+    trainer's assignment) intersected with them (`stage_layer_ranges`). DeepSeek-V3's 3 over
+    pp 16: all on rank 0."""
+    if not num_dense:
+        return 0
+    ranges = stage_layer_ranges(num_layers, pp * virtual)
+    return sum(
+        len(range(ranges[sid].start, min(ranges[sid].stop, num_dense)))
+        for sid in stage_ids(rank, pp, virtual, schedule=schedule)
+    )

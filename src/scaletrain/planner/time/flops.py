@@ -9,6 +9,11 @@ A sliding window (`model.sliding_window` < seq_len, Mistral) is counted as full 
 attention: an over-count of the attention core, which with a mask argument runs a kernel that
 computes the whole (T, T) block anyway.
 
+DeepSeek-V2/V3 (config/deepseek.py): Multi-head Latent Attention's projections (the latents'
+down- and up-projections) replace q/k/v; its core multiplies q/k heads of dn + dr and value heads
+of dv; an MoE block adds its shared experts to the routed top-k; the first `num_dense_layers`
+blocks are dense (`layer_kinds`: each kind counted with its own block).
+
 Backward = 2 x forward (gradient w.r.t. inputs and w.r.t. weights, Kaplan et al. 2020 "6N").
 Recompute adds forward work that is *hardware* FLOPs, not model FLOPs: MFU (PaLM, Chowdhery et
 al. 2022, App. B) uses `recompute="none"`.
@@ -16,7 +21,7 @@ al. 2022, App. B) uses `recompute="none"`.
 
 from __future__ import annotations
 
-from scaletrain.config import ModelConfig
+from scaletrain.config import ModelConfig, expert_tp
 
 __all__ = [
     "flops_per_token",
@@ -28,6 +33,8 @@ __all__ = [
     "FLASH_BACKWARD_FACTOR",
     "counted_flops_per_token",
     "op_sac_recompute_flops_per_token",
+    "layer_kinds",
+    "layers_forward_flops_per_token",
 ]
 
 FLASH_BACKWARD_FACTOR = 2.5
@@ -36,38 +43,83 @@ dP = dO V^T, dQ = dS K, dK = dS^T Q and recomputes S = Q K^T (5 matmuls against 
 Dao 2022 §3.1 and torch.utils.flop_counter.sdpa_backward_flop_count)."""
 
 
+def layer_kinds(model: ModelConfig) -> tuple[tuple[int, ModelConfig], ...]:
+    """(count, per-block config) of the model's kinds of blocks: every block alike, or an MoE
+    model's dense first blocks (`ModelConfig.dense_layer_view`) and its MoE blocks."""
+    dense = model.num_dense_layers if model.is_moe else 0
+    if not dense:
+        return ((model.num_layers, model),)
+    return ((model.num_layers - dense, model), (dense, model.dense_layer_view()))
+
+
+def _attention_matmul_params(model: ModelConfig) -> int:
+    """Weights one token multiplies through in a block's attention: q, k, v, o (h*a*d + 2*h*g*d
+    + a*d*h), or MLA's q (h*rq + rq*a*(dn + dr), or h*a*(dn + dr)), kv latent and RoPE key
+    h*(r + dr), up-projection r*a*(dn + dv) and output a*dv*h."""
+    h, a = model.dim, model.num_heads
+    if not model.is_mla:
+        d, g = model.head_dim, model.num_kv_heads
+        return 2 * h * a * d + 2 * h * g * d
+    rq, r, dn, dr, dv = (
+        model.q_lora_rank,
+        model.kv_lora_rank,
+        model.qk_nope_head_dim,
+        model.qk_rope_head_dim,
+        model.v_head_dim,
+    )
+    q = h * rq + rq * a * (dn + dr) if rq else h * a * (dn + dr)
+    return q + h * (r + dr) + r * a * (dn + dv) + a * dv * h
+
+
 def matmul_params(model: ModelConfig) -> tuple[int, int]:
     """(per-layer, head) weights that one token multiplies through in the forward pass.
 
-    Per layer: q, k, v, o projections (h*a*d + 2*h*g*d + a*d*h), the MLP matrices of the top-k
-    experts a token is routed to (2 or 3 x h*f each), the router h*E. Head: V*h (also when tied:
-    the tied matrix is still multiplied). Ignores biases and norm weights (elementwise work).
+    Per layer (an MoE model's MoE block): the attention's projections
+    (`_attention_matmul_params`), the MLP matrices of the top-k experts a token is routed to
+    (2 or 3 x h*f each) and of the shared experts (3 x h*n_s*f), the router h*E. Head: V*h
+    (also when tied: the tied matrix is still multiplied). Ignores biases and norm weights
+    (elementwise work). A dense first block's: `matmul_params(model.dense_layer_view())`.
     """
-    h, d, a, g, f = model.dim, model.head_dim, model.num_heads, model.num_kv_heads, model.ffn_dim
+    h, f = model.dim, model.ffn_dim
     n_mat = 3 if model.activation == "swiglu" else 2
-    experts = model.experts_per_token if model.is_moe else 1
-    per_layer = 2 * h * a * d + 2 * h * g * d + experts * n_mat * h * f + h * model.num_experts
+    experts = model.experts_per_token + model.num_shared_experts if model.is_moe else 1
+    per_layer = _attention_matmul_params(model) + experts * n_mat * h * f + h * model.num_experts
     return per_layer, model.vocab_size * h
 
 
 def attention_core_flops_per_token(
-    model: ModelConfig, seq_len: int, *, causal: bool = True
+    model: ModelConfig, seq_len: int, *, causal: bool = True, value_dim: int = 0
 ) -> float:
-    """Forward FLOPs per token of one layer's attention core: QK^T (2*s*a*d) + AV (2*s*a*d).
+    """Forward FLOPs per token of one layer's attention core: QK^T (2*s*a*d_qk) + AV
+    (2*s*a*d_v).
 
-    = 4*s*h per token (Narayanan et al. 2021); halved for causal masks when `causal`. Independent
-    of GQA (every query head still attends over s keys).
+    = 4*s*h per token for d_qk = d_v = h/a (Narayanan et al. 2021); halved for causal masks
+    when `causal`. Independent of GQA (every query head still attends over s keys). MLA:
+    d_qk = dn + dr, d_v = dv; `value_dim` replaces d_v (the dry-run's SDPA multiplies values
+    zero-padded to d_qk: models/mla.py).
     """
-    core = 4.0 * seq_len * model.num_heads * model.head_dim
+    d_v = value_dim or model.value_head_dim
+    core = 2.0 * seq_len * model.num_heads * (model.qk_head_dim + d_v)
     return core / 2 if causal else core
 
 
 def layer_forward_flops_per_token(
     model: ModelConfig, seq_len: int, *, causal: bool = True
 ) -> float:
-    """Forward FLOPs per token of one transformer block: 2 x matmul weights + attention core."""
+    """Forward FLOPs per token of one transformer block: 2 x matmul weights + attention core
+    (an MoE model's MoE block; `layers_forward_flops_per_token` sums every block)."""
     per_layer, _ = matmul_params(model)
     return 2.0 * per_layer + attention_core_flops_per_token(model, seq_len, causal=causal)
+
+
+def layers_forward_flops_per_token(
+    model: ModelConfig, seq_len: int, *, causal: bool = True
+) -> float:
+    """Forward FLOPs per token of all blocks, each kind with its own (`layer_kinds`)."""
+    return sum(
+        n * layer_forward_flops_per_token(kind, seq_len, causal=causal)
+        for n, kind in layer_kinds(model)
+    )
 
 
 def head_forward_flops_per_token(model: ModelConfig) -> float:
@@ -76,10 +128,10 @@ def head_forward_flops_per_token(model: ModelConfig) -> float:
 
 
 def forward_flops_per_token(model: ModelConfig, seq_len: int, *, causal: bool = True) -> float:
-    """Forward FLOPs per token of the whole model: L x block + head."""
-    return model.num_layers * layer_forward_flops_per_token(
-        model, seq_len, causal=causal
-    ) + head_forward_flops_per_token(model)
+    """Forward FLOPs per token of the whole model: the L blocks + head."""
+    return layers_forward_flops_per_token(model, seq_len, causal=causal) + (
+        head_forward_flops_per_token(model)
+    )
 
 
 def flops_per_token(
@@ -97,12 +149,26 @@ def flops_per_token(
     if recompute == "none":
         extra = 0.0
     elif recompute == "full":
-        extra = model.num_layers * layer_forward_flops_per_token(model, seq_len, causal=causal)
+        extra = layers_forward_flops_per_token(model, seq_len, causal=causal)
     elif recompute == "selective":
         extra = model.num_layers * attention_core_flops_per_token(model, seq_len, causal=causal)
     else:
         raise ValueError(f"recompute={recompute!r}: use 'none', 'selective' or 'full'")
     return 3.0 * fwd + extra
+
+
+def _counted_matmul_params(model: ModelConfig, tp: int, ep: int) -> float:
+    """`matmul_params`' per-layer weights as FlopCounterMode counts them on one rank: the
+    DTensor matmuls (attention, a dense MLP) at their global shapes, the MoE experts (routed and
+    shared, run on local tensors: parallel/tensor_parallel.py) at this rank's share, /tp when
+    tensor parallelism splits them (ep = 1), and the router (plain, replicated) whole."""
+    per_layer, _ = matmul_params(model)
+    if not model.is_moe:
+        return per_layer
+    n_mat = 3 if model.activation == "swiglu" else 2
+    k = model.experts_per_token + model.num_shared_experts
+    experts = k * n_mat * model.dim * model.ffn_dim
+    return per_layer - experts + experts / expert_tp(tp, ep)
 
 
 def counted_flops_per_token(
@@ -113,13 +179,16 @@ def counted_flops_per_token(
     tp: int = 1,
     cp: int = 1,
     fused_head: bool = True,
+    ep: int = 1,
 ) -> float:
     """Training FLOPs per token of one rank as torch's `FlopCounterMode` counts them (the
     dry-run's figure, scaletrain's own kernels and parallel layouts).
 
     Weights: as `flops_per_token` (forward 2 x, backward 4 x the multiply-adds; head
     included), NOT divided by tp: DTensor's matmuls are counted at their global shapes, so
-    they are the tensor-parallel group's. Attention core: as the SDPA kernels' formulas count
+    they are the tensor-parallel group's; MoE experts run on local tensors, /tp where tp
+    splits them (`_counted_matmul_params`; ep: the layout's, which keeps them whole per tp
+    rank). Attention core: as the SDPA kernels' formulas count
     it, over the full s x s score matrix (the counter does not see the causal mask), a
     backward of FLASH_BACKWARD_FACTOR x the forward, on this rank's local heads (/ tp: the
     attention runs on plain local tensors) and, under cp, on the key blocks ring attention
@@ -131,23 +200,27 @@ def counted_flops_per_token(
     recompute, the two gradients).
     Recompute repeats forward work: 'selective' (parallel/ac.py's per-op policy keeps every
     matmul and fused-attention output) only the naive core's S x S matmuls; 'full' the
-    attention core
-    and every block matmul but the last (the MLP's down projection: torch's non-reentrant
-    checkpoint stops recomputing once every saved tensor is back, and that output is saved by
-    nothing). Ignores, like the counter: elementwise ops, norms, the embedding, the
-    optimizer. Source: measured with the dry-run's FlopCounterMode, 43 layouts
+    attention core and every block matmul but a dense block's last (the MLP's down
+    projection: torch's non-reentrant checkpoint stops recomputing once every saved tensor is
+    back, and that output is saved by nothing; an MoE block's experts' output is saved by the
+    combine's multiply, so all of it is recomputed: dry-run, tiny-deepseek dp2 ac=full).
+    Ignores, like the counter: elementwise ops, norms, the embedding, the optimizer.
+    Source: measured with the dry-run's FlopCounterMode, 43 layouts
     (benchmarks/results/planner_accuracy.md, `flops` column).
     """
-    per_layer, head = matmul_params(model)
-    core = attention_core_flops_per_token(model, seq_len, causal=False)
+    _, head = matmul_params(model)
+    # SDPA multiplies MLA's values zero-padded to the q/k width (models/mla.py)
+    padded = model.qk_head_dim if model.is_mla and model.attention != "naive" else 0
+    core = attention_core_flops_per_token(model, seq_len, causal=False, value_dim=padded)
     attn = model.num_layers * core / tp * (cp + 1) / (2 * cp)
     head_flops = 4.0 * 2.0 * head / tp if fused_head else 3.0 * 2.0 * head
-    total = (
-        3.0 * 2.0 * model.num_layers * per_layer + head_flops + (1.0 + FLASH_BACKWARD_FACTOR) * attn
-    )
+    weights = sum(n * _counted_matmul_params(kind, tp, ep) for n, kind in layer_kinds(model))
+    total = 3.0 * 2.0 * weights + head_flops + (1.0 + FLASH_BACKWARD_FACTOR) * attn
     if recompute == "full":
-        down = model.dim * model.ffn_dim * (model.experts_per_token if model.is_moe else 1)
-        total += 2.0 * model.num_layers * (per_layer - down) + attn
+        # a dense block's down projection is not recomputed (its output is saved by nothing);
+        # an MoE block's experts all are (the combine's multiply saves their output)
+        down = sum(n * kind.dim * kind.ffn_dim for n, kind in layer_kinds(model) if not kind.is_moe)
+        total += 2.0 * (weights - down) + attn
     elif recompute == "selective":
         total += attn if model.attention == "naive" else 0.0
     elif recompute != "none":

@@ -30,7 +30,7 @@ from .flops import (
     attention_core_flops_per_token,
     flops_per_token,
     head_forward_flops_per_token,
-    layer_forward_flops_per_token,
+    layers_forward_flops_per_token,
     op_sac_recompute_flops_per_token,
 )
 from .pipeline import bubble_fraction
@@ -78,7 +78,7 @@ class ModelFlops:
     """FLOPs per token of one model at one sequence length (`model_flops`; time/flops.py)."""
 
     block_forward: float
-    """One block's forward matmuls (`layer_forward_flops_per_token`)."""
+    """One block's forward matmuls (the mean of `layers_forward_flops_per_token`)."""
     head_forward: float
     """The output head's forward matmul (`head_forward_flops_per_token`)."""
     attention_core: float
@@ -98,7 +98,11 @@ def model_flops(terms: ModelTerms, seq_len: int, causal: bool, ac: str) -> Model
     if hit is not None:
         return hit
     model = terms.model
-    block_forward = layer_forward_flops_per_token(model, seq_len, causal=causal)
+    # the mean block: an MoE model's dense first blocks (DeepSeek) differ from its MoE blocks;
+    # ignores which pipeline rank holds them (DeepSeek-V3's: 0.3% apart)
+    block_forward = layers_forward_flops_per_token(model, seq_len, causal=causal) / max(
+        1, model.num_layers
+    )
     core = attention_core_flops_per_token(model, seq_len, causal=causal)
     recomputed = block_forward if ac == "full" else (core if ac == "selective" else 0.0)
     hit = terms.flops[key] = ModelFlops(
@@ -154,11 +158,8 @@ def comm_arguments(
     rank, this rank's expert weights (EP-local, TP-sharded like max_params)."""
     L, model = plan.layout, plan.model
     layers = max(stage_layer_counts(model.num_layers, L.pp, L.pp_virtual))
-    experts = (
-        layers * model.param_counts().mlp_per_expert * model.num_experts / expert_split(L)
-        if model.is_moe
-        else 0.0
-    )
+    moe_layers = min(layers, model.num_moe_layers)  # (DeepSeek's dense first blocks: none)
+    experts = moe_layers * model.param_counts().mlp / expert_split(L)
     # fp8 all-gather (precision/fp8_fsdp.py): the Float8Linears' weights travel as 1-byte E4M3
     fp8_gather = (
         fp8_linear_params(model, layers, L.tp)
@@ -170,7 +171,7 @@ def comm_arguments(
         hardware=plan.hardware,
         stage_params=max_params,
         layers=layers,
-        moe_layers=layers if model.is_moe else 0,
+        moe_layers=moe_layers,
         tokens=float(plan.seq_len) * plan.micro_batch / L.cp,
         hidden=model.dim,
         kv_dim=model.kv_dim,
