@@ -24,6 +24,7 @@ __all__ = [
     "GradCompression",
     "ACMode",
     "OffloadMode",
+    "LoraBaseDtype",
     "ZeroStage",
     "PPSchedule",
     "LayoutMode",
@@ -57,6 +58,7 @@ OffloadMode = Literal["none", "optimizer", "params"]
 ZeroStage = Literal[0, 1, 2, 3]
 PPSchedule = Literal["gpipe", "1f1b", "interleaved", "zero-bubble", "dualpipev"]
 LayoutMode = Literal["manual", "auto"]
+LoraBaseDtype = Literal["auto", "bf16", "nf4", "int8"]
 # optimizer, data, run
 OptimizerName = Literal["adamw", "adamw8bit", "adafactor", "sgd"]
 LRScaling = Literal["none", "linear", "sqrt"]

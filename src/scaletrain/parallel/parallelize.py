@@ -11,6 +11,7 @@ from __future__ import annotations
 from scaletrain.config import MemoryConfig, PrecisionConfig
 from scaletrain.config.layout import ddp_reducer, option_problems
 from scaletrain.models.moe import MoE
+from scaletrain.models.quantized import is_quantized_storage
 from scaletrain.models.transformer import Transformer
 from scaletrain.precision import maybe_apply_fp8
 
@@ -150,6 +151,7 @@ def _apply_data_parallel(
             apply_ddp(
                 model,
                 dims.submesh("dp_cp"),
+                init_sync=not any(is_quantized_storage(p) for p in model.parameters()),
                 compression=precision.grad_compression,
                 powersgd_rank=precision.powersgd_rank,
                 powersgd_start_step=precision.powersgd_start_step,
