@@ -28,12 +28,14 @@ LAYOUTS = {
     "nf4-zero3": ("nf4", {"dp": 2, "zero": 3}),
     "int8-zero3": ("int8", {"dp": 2, "zero": 3}),
     "nf4-ddp": ("nf4", {"dp": 2}),
+    # and with the saved activations offloaded (`memory.offload`): the same numbers
+    "nf4-zero3-offload": ("nf4", {"dp": 2, "zero": 3, "offload": "activations"}),
 }
 
 
-def _job(tmp: str, base_dtype: str, **parallel):
+def _job(tmp: str, base_dtype: str, offload: str = "none", **parallel):
     lora = {"rank": 4, "alpha": 8.0, "targets": TARGETS, "base_dtype": base_dtype}
-    return job(tmp, lora=lora, model=MODEL, **parallel)
+    return job(tmp, lora=lora, model=MODEL, memory={"offload": offload}, **parallel)
 
 
 @pytest.fixture(scope="module")

@@ -54,7 +54,9 @@ Fp8Matmul = Literal["auto", "scaled_mm", "emulated"]
 GradCompression = Literal["none", "powersgd"]
 # memory and layout
 ACMode = Literal["none", "selective", "full"]
-OffloadMode = Literal["none", "optimizer", "params"]
+OffloadMode = Literal[
+    "none", "optimizer", "params", "activations", "optimizer+activations", "params+activations"
+]
 ZeroStage = Literal[0, 1, 2, 3]
 PPSchedule = Literal["gpipe", "1f1b", "interleaved", "zero-bubble", "dualpipev"]
 LayoutMode = Literal["manual", "auto"]
