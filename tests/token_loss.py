@@ -26,11 +26,19 @@ VALID = (16, 3, 0, 9)
 """Valid targets of each sequence (the rest is an SFT-style masked prompt): 28 of 64."""
 
 
-def job(tmp: str, seqs_per_micro: int = 1, lora: dict | None = None, **parallel) -> JobConfig:
+def job(
+    tmp: str,
+    seqs_per_micro: int = 1,
+    lora: dict | None = None,
+    model: dict | None = None,
+    memory: dict | None = None,
+    **parallel,
+) -> JobConfig:
     return load_config(
         None,
         {
-            "model": {"name": "tiny-llama"},
+            "model": {"name": "tiny-llama", **(model or {})},
+            "memory": memory or {},
             "lora": lora or {},
             "parallel": parallel,
             "batch": {

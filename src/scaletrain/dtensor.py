@@ -34,10 +34,11 @@ def to_local(t: torch.Tensor) -> torch.Tensor:
 
 def local_bytes(t: torch.Tensor) -> int:
     """Bytes this rank stores for `t`: a DTensor's local shard; for a wrapper tensor subclass
-    (torchao's 8-bit optimizer states: uint8 codes, fp32 block scales, a code map) the plain
-    tensors it holds, not numel x its nominal dtype's size. Local: no communication."""
+    (torchao's 8-bit optimizer states: uint8 codes, fp32 block scales, a code map; an NF4
+    weight, a Parameter whose type is NF4Tensor) the plain tensors it holds, not numel x its
+    nominal dtype's size. Local: no communication."""
     t = to_local(t)
-    if type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
+    if type(t) not in (torch.Tensor, torch.nn.Parameter):
         flatten = getattr(t, "__tensor_flatten__", None)
         if flatten is not None:
             inner, _ = flatten()

@@ -34,8 +34,9 @@ from torch import nn
 
 from scaletrain.config import ModelConfig
 from scaletrain.config.user_files import read_user_file
-from scaletrain.dtensor import to_full
+from scaletrain.dtensor import is_dtensor, to_full
 from scaletrain.models.lora import merge_adapters
+from scaletrain.models.quantized import FrozenLinear
 
 __all__ = ["export_hf", "load_hf_state_dict", "to_hf_state_dict", "from_hf_state_dict", "hf_config"]
 
@@ -155,11 +156,38 @@ def hf_config(cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> dict:
 
 
 def _full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every tensor of the state dict whole (DTensor shards gathered; collective). A frozen
+    projection stored quantized (`lora.base_dtype`) is written as its dequantized float
+    weight (its int8 scales dropped): what the HF model and PEFT's base load."""
+    stored = {
+        name: m for name, m in model.named_modules() if isinstance(m, FrozenLinear) and m.quantized
+    }
     out = {}
     for k, v in model.state_dict().items():
+        owner, _, leaf = k.rpartition(".")
+        module = stored.get(owner)
+        if module is not None and leaf in module.storage_names():
+            if leaf == "weight":
+                out[k.replace("_orig_mod.", "")] = _dequantized_full(module)
+            continue
         v = to_full(v)  # a DTensor's shards gathered
         out[k.replace("_orig_mod.", "")] = v.detach()
     return out
+
+
+def _dequantized_full(module: FrozenLinear) -> torch.Tensor:
+    """The whole float weight of a quantized projection: each rank dequantizes its rows, then
+    the rows are gathered (collective under FSDP2)."""
+    local = module.dequantized()
+    weight = module.weight
+    if not is_dtensor(weight):
+        return local.detach()
+    from torch.distributed.tensor import DTensor
+
+    sharded = DTensor.from_local(
+        local, weight.device_mesh, weight.placements, shape=weight.shape, stride=local.stride()
+    )
+    return sharded.full_tensor().detach()
 
 
 def _is_phi3(cfg: ModelConfig) -> bool:

@@ -37,6 +37,9 @@ from torch import nn
 from scaletrain.config import ConfigError, ModelConfig
 from scaletrain.config.user_files import read_user_file
 from scaletrain.models import clean_fqn
+from scaletrain.models.init import store_full_weight
+from scaletrain.models.lora import is_adapter
+from scaletrain.models.quantized import FrozenLinear
 
 __all__ = ["load_initial_weights", "load_hf_weights", "SafetensorsDir"]
 
@@ -362,7 +365,10 @@ def _fill(param: torch.Tensor, src: _Source, files: SafetensorsDir) -> None:
 def load_hf_weights(model: nn.Module, cfg: ModelConfig, directory: str | Path) -> int:
     """Overwrite every parameter of `model` (any layout; a pipeline rank's `stage<i>` modules
     included) with its part of the HF weights in `directory`; returns the number of parameters
-    filled. Shapes are checked against the config before anything is copied."""
+    filled. Shapes are checked against the config before anything is copied. A frozen
+    projection stored quantized (`lora.base_dtype`) reads its whole HF weight, quantizes it
+    and keeps its rows (`models.init.store_full_weight`): the same stored values on any
+    number of shards. LoRA's adapters are not in an HF model: they keep their initialization."""
     from scaletrain.config.hub import local_path
 
     files = SafetensorsDir(local_path(str(directory), _FIELD))  # (a hub id: its cached snapshot)
@@ -377,16 +383,34 @@ def load_hf_weights(model: nn.Module, cfg: ModelConfig, directory: str | Path) -
                 return _deepseek_source(fqn, shape, cfg, files, interleaved)
             return _llama_source(fqn, shape, cfg, files)
 
-    plan = []
+    stored = {
+        name: m for name, m in model.named_modules() if isinstance(m, FrozenLinear) and m.quantized
+    }
+    plan: list[tuple[torch.Tensor | FrozenLinear, _Source]] = []
     # the DeepSeek router's balancing bias is a buffer with a checkpoint source
     bias = [(n, b) for n, b in model.named_buffers() if n.endswith("moe.expert_bias")]
     for raw, param in [*model.named_parameters(), *bias]:
+        if is_adapter(raw):
+            continue  # LoRA's adapters keep their initialization (B = 0: the base model)
+        owner, _, leaf = raw.rpartition(".")
+        target: torch.Tensor | FrozenLinear = param
+        if owner in stored:
+            if leaf not in stored[owner].storage_names():
+                pass  # the projection's bias: a plain parameter
+            elif leaf == "weight":
+                target = stored[owner]
+            else:
+                continue  # int8's scale: computed from the weight
         fqn = re.sub(r"^stage\d+\.", "", clean_fqn(raw))
         src = source(fqn, tuple(param.shape), cfg, files)
         _check_shape(src, files)
-        plan.append((param, src))
-    for param, src in plan:
-        _fill(param, src, files)
+        plan.append((target, src))
+    for target, src in plan:
+        if isinstance(target, FrozenLinear):
+            full = _Box((0, 0), (target.out_features, target.in_features))
+            store_full_weight(target, src.read(files, full))
+        else:
+            _fill(target, src, files)
     return len(plan)
 
 

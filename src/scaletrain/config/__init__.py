@@ -43,6 +43,7 @@ from .layout import (
 from .loading import load_config, parse_overrides, split_overrides
 from .lora import LORA_TARGETS, LoraConfig
 from .model import MODEL_PRESETS, ModelConfig, ParamCounts, model_preset, resolve_model
+from .offload import offload_states, offloads_activations
 from .precision import PRECISION_TABLE, PrecisionSpec, compute_bytes, precision_spec
 
 __all__ = [
@@ -66,6 +67,8 @@ __all__ = [
     "BatchConfig",
     "LORA_TARGETS",
     "LoraConfig",
+    "offload_states",
+    "offloads_activations",
     "CheckpointConfig",
     "DataConfig",
     "GuardConfig",

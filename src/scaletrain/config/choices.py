@@ -24,6 +24,7 @@ __all__ = [
     "GradCompression",
     "ACMode",
     "OffloadMode",
+    "LoraBaseDtype",
     "ZeroStage",
     "PPSchedule",
     "LayoutMode",
@@ -54,10 +55,13 @@ Fp8Matmul = Literal["auto", "scaled_mm", "emulated"]
 GradCompression = Literal["none", "powersgd"]
 # memory and layout
 ACMode = Literal["none", "selective", "full"]
-OffloadMode = Literal["none", "optimizer", "params"]
+OffloadMode = Literal[
+    "none", "optimizer", "params", "activations", "optimizer+activations", "params+activations"
+]
 ZeroStage = Literal[0, 1, 2, 3]
 PPSchedule = Literal["gpipe", "1f1b", "interleaved", "zero-bubble", "dualpipev"]
 LayoutMode = Literal["manual", "auto"]
+LoraBaseDtype = Literal["auto", "bf16", "nf4", "int8"]
 # optimizer, data, run
 OptimizerName = Literal["adamw", "adamw8bit", "adafactor", "sgd"]
 LRScaling = Literal["none", "linear", "sqrt"]

@@ -36,6 +36,7 @@ from .layout import Layout, check_layout, option_problems
 from .lora import LoraConfig, lora_problems
 from .model import ModelConfig, resolve_model
 from .monitor import MonitorConfig
+from .offload import offloads_activations
 from .precision import PRECISIONS
 from .runtime import CheckpointConfig, GuardConfig, HardwareConfig, TrainConfig
 from .sources import pretrained_vocab_size
@@ -238,7 +239,11 @@ class MemoryConfig:
     ac: ACMode = "none"
     """Activation checkpointing: 'none', 'selective' (recompute attention core), 'full'."""
     offload: OffloadMode = "none"
-    """CPU offload: 'none', 'optimizer' (optimizer states) or 'params' (FSDP2 offload policy)."""
+    """CPU offload: 'none'; 'optimizer' (optimizer states); 'params' (FSDP2 offload policy:
+    sharded parameters, gradients and optimizer states); 'activations' (what autograd saves
+    for backward goes to host memory, pinned on CUDA, and comes back in backward); or
+    'optimizer+activations' / 'params+activations'. The planner counts the host memory each
+    uses per node against `hardware.host_memory_gb`."""
     loss_chunk_tokens: int = 0
     """Tokens per chunk of the fused head + cross-entropy (`models.loss`): the (tokens x
     vocab) logits exist one chunk at a time, forward and backward. 0 (default) = auto: one
@@ -247,6 +252,14 @@ class MemoryConfig:
 
     def __post_init__(self) -> None:
         check_choices(self, "memory")  # ac, offload
+        require(
+            self.ac == "none" or not offloads_activations(self.offload),
+            "memory.offload",
+            self.offload,
+            f"activation offload moves what autograd saves, and under memory.ac={self.ac!r} "
+            "the blocks save nothing but their inputs, which the checkpoint keeps on the "
+            "device: use memory.ac = none with it, or an offload without '+activations'",
+        )
         require(
             isinstance(self.loss_chunk_tokens, int) and self.loss_chunk_tokens >= 0,
             "memory.loss_chunk_tokens",

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from ._errors import ConfigError
 from .layout_facts import expert_tp
+from .offload import offload_states
 
 if TYPE_CHECKING:
     from .job import JobConfig
@@ -29,8 +30,11 @@ def option_problems(
 ) -> list[ConfigError]:
     """The rules tying memory and precision options to the layout (what the trainer's
     `parallelize` can build); `world_size` is the layout's; `moe`: the model has MoE layers;
-    `optimizer`: optim.name."""
+    `optimizer`: optim.name. `offload` is `memory.offload`; its model-state part
+    (`offload.offload_states`) is what these rules read (activation offload runs with any
+    layout)."""
     L, out = layout, []
+    offload = offload_states(offload)
     if optimizer == "adafactor" and (L.zero >= 2 or L.tp > 1 or L.ep > 1):
         # torch.optim.Adafactor (2.13) cannot step DTensor parameters: its factored row/column
         # norms are updated in place on a partial placement, which DTensor refuses (both its

@@ -4,20 +4,47 @@ Each targeted projection W (out x in) gains A (rank x in) and B (out x rank): y 
 (alpha / rank) B A dropout(x). B starts at zero (the model starts as the base), A as PEFT's
 (Kaiming-uniform, a = sqrt(5)); only A and B are trained, so only they have gradients and
 optimizer states. The adapters are written in PEFT's format at the end of the run.
+
+`base_dtype` stores every frozen projection of the blocks (all seven, adapted or not, as
+torchtune's QLoRA does) in bf16, NF4 or int8 (`models.quantized`; QLoRA, Dettmers et al.
+2023); the embedding, norms and head keep the trainable parameters' dtype.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ._errors import ConfigError, require
+from .choices import LoraBaseDtype, check_choices
 
 if TYPE_CHECKING:
     from .layout import Layout
     from .model import ModelConfig
 
-__all__ = ["LORA_TARGETS", "LoraConfig", "lora_problems"]
+__all__ = [
+    "LORA_TARGETS",
+    "LoraConfig",
+    "lora_problems",
+    "projection_shapes",
+    "NF4_BLOCK",
+    "NF4_SCALER_BLOCK",
+    "nf4_scaler_block",
+]
+
+NF4_BLOCK = 64
+"""Values per NF4 absmax block (QLoRA, Dettmers et al. 2023, sec. 3: block size 64)."""
+NF4_SCALER_BLOCK = 256
+"""Block absmaxes per int8 second-level block (QLoRA sec. 3, Double Quantization: 256)."""
+
+
+def nf4_scaler_block(numel: int) -> int:
+    """The second-level block of a weight of `numel` values: QLoRA's 256 where the weight has
+    a multiple of 256 blocks of 64 (every projection of the 1B+ presets), else the largest
+    power-of-two divisor of 256 that divides its block count (small test models)."""
+    return math.gcd(NF4_SCALER_BLOCK, numel // NF4_BLOCK)
+
 
 LORA_TARGETS = ("wq", "wk", "wv", "wo", "w1", "w2", "w3")
 """The projections an adapter can target: attention q/k/v/out, MLP w1 (gate or up), w2
@@ -35,8 +62,14 @@ class LoraConfig:
     """Dropout on the adapters' input (training only)."""
     targets: str = "wq,wk,wv,wo"
     """Comma-separated projections that get adapters: wq, wk, wv, wo, w1, w2, w3."""
+    base_dtype: LoraBaseDtype = "auto"
+    """How the frozen projections of the blocks (all seven, adapted or not) are stored:
+    'auto' as the trainable parameters; 'bf16'; 'nf4' (QLoRA's 4-bit NormalFloat with double
+    quantization, torchao's NF4Tensor: 0.52 B per value); 'int8' (per-row int8 codes and
+    scales: 1 B per value). Dequantized per projection in forward and again in backward."""
 
     def __post_init__(self) -> None:
+        check_choices(self, "lora")  # base_dtype
         require(
             isinstance(self.rank, int) and self.rank >= 0,
             "lora.rank",
@@ -63,9 +96,30 @@ class LoraConfig:
         return tuple(t.strip() for t in self.targets.split(",") if t.strip())
 
     @property
+    def quantized(self) -> bool:
+        """Whether the frozen projections are stored in another form than the parameters'."""
+        return self.enabled and self.base_dtype != "auto"
+
+    @property
     def scale(self) -> float:
         """alpha / rank: the adapters' output scale."""
         return self.alpha / self.rank
+
+
+def projection_shapes(model: ModelConfig) -> dict[str, tuple[int, int]]:
+    """(out, in) of each projection of a block (nn.Linear's weight shape): what
+    `lora.base_dtype` stores quantized, and what the planner counts per block."""
+    shapes = {
+        "wq": (model.q_dim, model.dim),
+        "wk": (model.kv_dim, model.dim),
+        "wv": (model.kv_dim, model.dim),
+        "wo": (model.dim, model.q_dim),
+        "w1": (model.ffn_dim, model.dim),
+        "w2": (model.dim, model.ffn_dim),
+    }
+    if model.activation == "swiglu":
+        shapes["w3"] = (model.ffn_dim, model.dim)
+    return shapes
 
 
 def lora_problems(
@@ -73,8 +127,19 @@ def lora_problems(
 ) -> list[ConfigError]:
     """What LoRA does not support yet, each a ConfigError naming the field and the fix: a
     Llama-family dense model with separate q/k/v (PEFT's Llama names), one process or pure
-    data parallelism (DDP, ZeRO-1/2/3, cp), fp32/bf16/fp16 compute."""
+    data parallelism (DDP, ZeRO-1/2/3, cp), fp32/bf16/fp16 compute; a quantized base
+    (`base_dtype`) only with adapters, and NF4 only where each weight (and each FSDP2 shard of
+    it) holds whole blocks (`_nf4_problems`)."""
     if not lora.enabled:
+        if lora.base_dtype != "auto":
+            return [
+                ConfigError(
+                    "lora.base_dtype",
+                    lora.base_dtype,
+                    "a frozen base exists only with adapters: set lora.rank > 0 "
+                    "(e.g. 8) or lora.base_dtype = auto",
+                )
+            ]
         return []
     out = []
     if model.family != "llama" or model.is_moe or model.fused_qkv or model.is_mla:
@@ -86,6 +151,7 @@ def lora_problems(
                 f"(model {model.name!r} is not): choose one or set lora.rank = 0",
             )
         )
+        return out
     if model.activation != "swiglu" and "w3" in lora.target_names:
         out.append(ConfigError("lora.targets", lora.targets, "this MLP has no w3: drop it"))
     for axis in ("tp", "pp", "ep"):
@@ -100,4 +166,38 @@ def lora_problems(
             )
     if precision == "fp8":
         out.append(ConfigError("precision.dtype", precision, "LoRA: use fp32, bf16 or fp16"))
+    if lora.base_dtype == "nf4":
+        out += _nf4_problems(model, layout)
     return out
+
+
+def _nf4_problems(model: ModelConfig, layout: Layout) -> list[ConfigError]:
+    """NF4 needs whole blocks of 64 values in every projection and, under FSDP2 (ZeRO-2/3),
+    shards of whole second-level blocks: torchao's NF4Tensor splits its codes, block scales
+    and second-level factors evenly along rows, and its all-gather reads a 1-D mesh (no HSDP)."""
+    if layout.zero >= 2 and layout.dp_replicate > 1:
+        return [
+            ConfigError(
+                "parallel.dp_replicate",
+                layout.dp_replicate,
+                "lora.base_dtype = nf4 shards over one mesh dimension (torchao's NF4 "
+                "all-gather): use parallel.dp_replicate = 1 or lora.base_dtype = int8",
+            )
+        ]
+    shards = layout.zero_shards if layout.zero >= 2 else 1
+    for name, (rows, cols) in projection_shapes(model).items():
+        numel = rows * cols
+        groups = numel // NF4_BLOCK // max(1, nf4_scaler_block(numel))
+        if numel % NF4_BLOCK or rows % shards or groups % shards:
+            where = f" over {shards} ZeRO shards" if shards > 1 else ""
+            return [
+                ConfigError(
+                    "lora.base_dtype",
+                    "nf4",
+                    f"the {rows} x {cols} projection {name} does not split into whole NF4 "
+                    f"blocks (64 values, then {nf4_scaler_block(numel)} block scales){where}: "
+                    "use lora.base_dtype = int8 or bf16"
+                    + (", or fewer ZeRO-2/3 ranks" if shards > 1 else ""),
+                )
+            ]
+    return []

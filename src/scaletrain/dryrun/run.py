@@ -67,7 +67,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from scaletrain.config import ConfigError, JobConfig, Layout, grad_accum_steps
+from scaletrain.config import ConfigError, JobConfig, Layout, grad_accum_steps, offload_states
 from scaletrain.measure.schema import Measurement, plan_dict
 from scaletrain.parallel import local_state_bytes
 from scaletrain.planner.types import MemoryBreakdown
@@ -78,7 +78,12 @@ from .flops import flop_counter
 from .timeline import Timeline
 from .torch_compat import ActionSchedule, gradless_module_hooks, pp_actions, pp_io_dtype
 
-__all__ = ["dryrun", "DRYRUN_MICROBATCHES"]
+__all__ = ["dryrun", "DRYRUN_MICROBATCHES", "HOST_DEVICE"]
+
+HOST_DEVICE = "meta"
+"""Where the dry-run's offloaded activations go (`build_run(activation_host=...)`): fake
+tensors on 'meta' are host memory, counted apart from the device's ('cpu', the fake device)
+as `memory.detail['host.activations']`."""
 
 DRYRUN_MICROBATCHES = 2
 """Micro-batches run per dry-run step at most (see module docstring)."""
@@ -118,11 +123,12 @@ _DETAIL_NAMES = {
 
 
 def _unsupported(job: JobConfig, layout: Layout) -> None:
-    if job.memory.offload != "none":
+    if offload_states(job.memory.offload) != "none":
         raise ConfigError(
             "memory.offload",
             job.memory.offload,
-            "the dry-run measures device memory without offload: use 'none'",
+            "the dry-run measures device memory without model-state offload: use 'none' "
+            "or 'activations'",
         )
 
 
@@ -156,7 +162,10 @@ def _add_ddp_buckets(memory: MemoryBreakdown, model: torch.nn.Module, notes: lis
 
 def _breakdown(peak: dict[Any, dict[str, int]], rank: int, capacity: float) -> MemoryBreakdown:
     mem = MemoryBreakdown(rank=rank, capacity=capacity)
-    for dev_snap in peak.values():
+    for device, dev_snap in peak.items():
+        if torch.device(device).type == HOST_DEVICE:  # offloaded activations: host memory
+            mem.detail["host.activations"] = float(dev_snap.get("Total", 0))
+            continue
         for key, nbytes in dev_snap.items():
             if key == "Total":
                 mem.total += nbytes
@@ -284,6 +293,7 @@ def _build_fake_run(
         optimizer_device=target,
         fp8_device=target,
         schedule_cls=_schedule_cls(job, layout, rank, world_size, hooks) if pp else None,
+        activation_host=HOST_DEVICE,
     )
 
 

@@ -11,7 +11,8 @@ Init (GPT-2, Radford et al. 2019, sec. 2.3; as in nanoGPT): normal(0, init_std) 
 embedding, router and expert weights; residual output projections (attention `wo`, MLP `w2`,
 expert `w2`) get std / sqrt(2 L) so the residual stream's variance does not grow with depth;
 biases zero; norm weights one. LoRA adapters (`models.lora`): A as PEFT's (uniform in
-+-1/sqrt(fan_in)), B zero.
++-1/sqrt(fan_in)), B zero. A frozen projection stored quantized (`models.quantized`) draws its
+whole float weight the same way, quantizes it whole and keeps its rows (`store_full_weight`).
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ from scaletrain.dtensor import is_dtensor
 
 from .attention import RotaryEmbedding
 from .moe import MoE
+from .quantized import FrozenLinear, is_quantized_storage
 
-__all__ = ["materialize", "init_weights", "clean_fqn"]
+__all__ = ["materialize", "init_weights", "clean_fqn", "copy_full_into", "store_full_weight"]
 
 # Prefixes that wrappers insert into parameter names: activation checkpointing
 # (checkpoint_wrapper), torch.compile, FSDP1. Stripped so names match the bare model's.
@@ -77,17 +79,62 @@ def init_weights(model: nn.Module, *, seed: int = 0) -> None:
     """Initialize every parameter in place (see module docstring); buffers are not touched."""
     cfg = _find_config(model)
     for mod_name, module in model.named_modules():
+        stored = _stored_names(module)
+        if stored:  # a quantized frozen weight: drawn whole as a float weight, then stored
+            fqn = clean_fqn(f"{mod_name}.weight")
+            full = _full_value(
+                fqn, module, module.weight.shape, std=cfg.init_std, num_layers=cfg.num_layers,
+                seed=seed,
+            )  # fmt: skip
+            store_full_weight(module, full)
         for p_name, param in module.named_parameters(recurse=False):
+            if p_name in stored:
+                continue
             fqn = clean_fqn(f"{mod_name}.{p_name}" if mod_name else p_name)
             if fqn == "output.weight" and cfg.tie_embeddings:
                 fqn = "tok_embeddings.weight"  # a pipeline's head copy of the tied embedding
             full = _full_value(
                 fqn, module, param.shape, std=cfg.init_std, num_layers=cfg.num_layers, seed=seed
             )
-            _copy_into(param, full)
+            copy_full_into(param, full)
 
 
-def _copy_into(param: torch.Tensor, full: torch.Tensor) -> None:
+def _stored_names(module: nn.Module) -> tuple[str, ...]:
+    """The parameters holding a quantized frozen weight (none for other modules)."""
+    if isinstance(module, FrozenLinear) and module.quantized:
+        return module.storage_names()
+    return ()
+
+
+@torch.no_grad()
+def store_full_weight(module: FrozenLinear, full: torch.Tensor) -> None:
+    """Quantize the whole float weight `full` into `module`'s stored form (on the device its
+    parameters live on) and copy each piece into its parameter, keeping this rank's rows
+    when sharded: the same stored values in one process as over any number of shards."""
+    device = to_local_device(module.weight)
+    for name, value in module.stored_pieces(full.to(device)).items():
+        copy_full_into(getattr(module, name), value)
+
+
+def to_local_device(t: torch.Tensor) -> torch.device:
+    return t.to_local().device if is_dtensor(t) else t.device
+
+
+@torch.no_grad()
+def copy_full_into(param: torch.Tensor, full: torch.Tensor) -> None:
+    """Copy the whole value `full` into `param`, or this rank's shard of it when `param` is a
+    DTensor. An NF4 value (a tensor subclass) is split along rows as FSDP2 splits it
+    (`torch.chunk`, which NF4Tensor implements on its codes and scales; `config.lora`
+    checked that the rows and blocks split evenly) and copied as it is: a dtype
+    conversion would dequantize it."""
+    if is_quantized_storage(full):
+        if is_dtensor(param):
+            mesh = param.device_mesh
+            assert mesh.ndim == 1, "NF4 shards over a 1-D mesh (config.lora)"
+            full = torch.chunk(full, mesh.size(), dim=0)[mesh.get_local_rank()]
+            param = param.to_local()
+        param.copy_(full)
+        return
     if is_dtensor(param):
         # A DTensor (FSDP2 / tensor parallel): keep this rank's shard of the full value. The
         # import is local on purpose: the model package stays free of torch.distributed, and
@@ -118,6 +165,9 @@ def materialize(
     drawing them was most of a large model's build time there); memory is the same.
     """
     model.to_empty(device=device)
+    for m in model.modules():
+        if isinstance(m, FrozenLinear):
+            m.allocate_shared(device)
     if init:
         init_weights(model, seed=seed)
     for m in model.modules():

@@ -8,6 +8,10 @@ weights are PEFT's `...q_proj.lora_A.weight` under another prefix. B starts at z
 model starts as the base), A Kaiming-uniform with a = sqrt(5) as PEFT's `reset_lora_parameters`
 (`models.init` draws both, by name, rank-independently).
 
+With `lora.base_dtype` other than 'auto' the frozen weight is stored in bf16, NF4 or int8
+(`models.quantized.FrozenLinear`, which `LoRALinear` extends), and the block's projections
+without an adapter become `FrozenLinear`s too (QLoRA quantizes every linear of the blocks).
+
 `apply_lora` swaps the targeted projections of every block on the (meta) model before it is
 parallelized and freezes every other parameter: only the adapters have gradients, so the
 trainer's optimizer (built over the parameters that require a gradient) holds only their
@@ -22,14 +26,23 @@ from torch import nn
 
 from scaletrain.config.lora import LoraConfig
 
+from .quantized import FrozenLinear
 from .transformer import Transformer
 
-__all__ = ["LoRALinear", "apply_lora", "is_adapter", "merge_adapters", "merged_weight"]
+__all__ = [
+    "FrozenLinear",
+    "LoRALinear",
+    "apply_lora",
+    "is_adapter",
+    "merge_adapters",
+    "merged_weight",
+]
 
 _ATTENTION = ("wq", "wk", "wv", "wo")
+_PROJECTIONS = (*_ATTENTION, "w1", "w2", "w3")
 
 
-class LoRALinear(nn.Linear):
+class LoRALinear(FrozenLinear):
     """A frozen Linear plus its low-rank adapter (see the module docstring)."""
 
     def __init__(
@@ -41,10 +54,13 @@ class LoRALinear(nn.Linear):
         rank: int,
         scale: float,
         dropout: float,
+        base_dtype: str = "auto",
         device: torch.device | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        super().__init__(
+            in_features, out_features, bias=bias, base_dtype=base_dtype, device=device, dtype=dtype
+        )
         self.lora_A = nn.Linear(in_features, rank, bias=False, device=device, dtype=dtype)
         self.lora_B = nn.Linear(rank, out_features, bias=False, device=device, dtype=dtype)
         self.lora_dropout: nn.Module = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
@@ -66,23 +82,48 @@ def apply_lora(model: Transformer, lora: LoraConfig) -> Transformer:
         return model
     for block in model.blocks():
         for name in lora.target_names:
-            parent = block.attention if name in _ATTENTION else block.feed_forward
-            base = getattr(parent, name)
-            assert isinstance(base, nn.Linear), f"{name} is not a Linear"  # config checked
-            swapped = LoRALinear(
-                base.in_features,
-                base.out_features,
-                bias=base.bias is not None,
-                rank=lora.rank,
-                scale=lora.scale,
-                dropout=lora.dropout,
-                device=base.weight.device,
-                dtype=base.weight.dtype,
-            )
-            setattr(parent, name, swapped)
+            _swap(block, name, lora)
+        if lora.quantized:  # the projections without an adapter are frozen and stored alike
+            for name in _PROJECTIONS:
+                if name not in lora.target_names:
+                    _swap(block, name, lora, adapter=False)
     for name, p in model.named_parameters():
         p.requires_grad_(is_adapter(name))
     return model
+
+
+def _swap(block: nn.Module, name: str, lora: LoraConfig, adapter: bool = True) -> None:
+    """Replace projection `name` of `block` by a LoRALinear (or, adapter=False, a
+    FrozenLinear) of the same shape, device and dtype; absent projections (w3 of a GELU MLP)
+    are left alone."""
+    parent = block.attention if name in _ATTENTION else block.feed_forward
+    base = getattr(parent, name, None)
+    if base is None:
+        return
+    assert isinstance(base, nn.Linear), f"{name} is not a Linear"  # config checked
+    bias, device, dtype = base.bias is not None, base.weight.device, base.weight.dtype
+    if adapter:
+        swapped: FrozenLinear = LoRALinear(
+            base.in_features,
+            base.out_features,
+            bias=bias,
+            rank=lora.rank,
+            scale=lora.scale,
+            dropout=lora.dropout,
+            base_dtype=lora.base_dtype,
+            device=device,
+            dtype=dtype,
+        )
+    else:
+        swapped = FrozenLinear(
+            base.in_features,
+            base.out_features,
+            bias=bias,
+            base_dtype=lora.base_dtype,
+            device=device,
+            dtype=dtype,
+        )
+    setattr(parent, name, swapped)
 
 
 def merged_weight(

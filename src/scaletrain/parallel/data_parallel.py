@@ -35,8 +35,15 @@ def apply_ddp(
     compression: str = "none",
     powersgd_rank: int = 2,
     powersgd_start_step: int = 10,
+    init_sync: bool = True,
 ) -> nn.Module:
     """All-reduce (average) gradients over `mesh` (1-D: the dp x cp ranks); in place.
+
+    init_sync=False skips DDP's start-up broadcast of every parameter from rank 0 (and its
+    shape check): that broadcast flattens the parameters into one buffer, which an NF4 weight
+    (a tensor subclass of codes and scales) is not, and corrupts it. The trainer's weights
+    are identical on every rank by construction (rank-independent initialization; every rank
+    reads the same files), so the broadcast only re-checks what construction guarantees.
 
     compression='powersgd' replaces each bucket's all-reduce by PowerSGD (Vogels et al. 2019):
     rank-r factors P, Q of every gradient matrix are all-reduced instead of the matrix, with
@@ -44,7 +51,7 @@ def apply_ddp(
     n x m matrix drops from n*m to r*(n+m) elements; the first `powersgd_start_step` steps use
     plain all-reduce (its warm-up). torch's `powerSGD_hook` does the work.
     """
-    replicate(model, device_mesh=mesh, bucket_cap_mb=bucket_cap_mb)
+    replicate(model, device_mesh=mesh, bucket_cap_mb=bucket_cap_mb, init_sync=init_sync)
     assert isinstance(model, DDP)  # replicate swaps the class in place (DDP<cls>)
     if compression == "powersgd":
         from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd

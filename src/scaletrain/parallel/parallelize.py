@@ -8,9 +8,10 @@ whole parameters last). Each step is a no-op at degree 1. The trainer then calls
 
 from __future__ import annotations
 
-from scaletrain.config import MemoryConfig, PrecisionConfig
+from scaletrain.config import MemoryConfig, PrecisionConfig, offload_states
 from scaletrain.config.layout import ddp_reducer, option_problems
 from scaletrain.models.moe import MoE
+from scaletrain.models.quantized import is_quantized_storage
 from scaletrain.models.transformer import Transformer
 from scaletrain.precision import maybe_apply_fp8
 
@@ -40,7 +41,7 @@ def _check(dims: ParallelDims, memory: MemoryConfig, precision: PrecisionConfig,
 def uses_fsdp(dims: ParallelDims, memory: MemoryConfig) -> bool:
     """Whether `parallelize` wraps the model in FSDP2: ZeRO-2/3 over a sharded axis, or
     parameter offload (an FSDP2 policy, applied even over a 1-rank mesh)."""
-    return dims.zero >= 2 and (dims.fsdp_enabled or memory.offload == "params")
+    return dims.zero >= 2 and (dims.fsdp_enabled or offload_states(memory.offload) == "params")
 
 
 def uses_ddp(dims: ParallelDims, memory: MemoryConfig) -> bool:
@@ -126,7 +127,7 @@ def _apply_data_parallel(
 ) -> None:
     """FSDP2 (ZeRO-2/3, HSDP, offload) or DDP (ZeRO-0/1) or the manual gradient sync, then
     the experts' replica average: the wrappers owning whole-parameter communication, last."""
-    offload = memory.offload == "params"
+    offload = offload_states(memory.offload) == "params"
     needs_fsdp = uses_fsdp(dims, memory)
     if precision.dtype == "fp8" and precision.fp8_all_gather and needs_fsdp:
         from scaletrain.precision.fp8_fsdp import enable_fp8_all_gather
@@ -150,6 +151,7 @@ def _apply_data_parallel(
             apply_ddp(
                 model,
                 dims.submesh("dp_cp"),
+                init_sync=not any(is_quantized_storage(p) for p in model.parameters()),
                 compression=precision.grad_compression,
                 powersgd_rank=precision.powersgd_rank,
                 powersgd_start_step=precision.powersgd_start_step,

@@ -20,6 +20,8 @@ from scaletrain.config import (
     JobConfig,
     grad_accum_steps,
     hardware_preset,
+    offload_states,
+    offloads_activations,
 )
 from scaletrain.config.launch_env import launch_env
 from scaletrain.data import DataBundle, build_data
@@ -31,6 +33,7 @@ from scaletrain.parallel.pipeline import PipelineRuntime
 from scaletrain.planner.time.flops import flops_per_token
 from scaletrain.precision.fp8_matmul import Fp8MatmulChoice, choose_fp8_matmul
 
+from .activation_offload import NO_OFFLOAD, ActivationOffload, build_activation_offload
 from .optim import build_optimizer
 from .precision import LossScaler, check_device_precision, set_tf32
 
@@ -144,6 +147,9 @@ class Run:
     fp8_matmul: Fp8MatmulChoice | None = None
     """fp8 runs: the GEMM kernel on this device and why (`precision.fp8_matmul`), for the
     run's start line; None otherwise."""
+    activation_offload: ActivationOffload = NO_OFFLOAD
+    """The saved-tensor hooks the step's forwards run under (`memory.offload` with
+    '+activations'; `trainer.activation_offload`)."""
 
     @property
     def device(self) -> torch.device:
@@ -316,7 +322,7 @@ def _materialize_and_optimizer(
         optim=job.optim,
         device_type=optimizer_device,
         dims=dims,
-        offload=job.memory.offload,
+        offload=offload_states(job.memory.offload),
     )
     return params, optimizer
 
@@ -350,6 +356,7 @@ def build_run(
     optimizer_device: str | None = None,
     fp8_device: str | None = None,
     schedule_cls: Any = None,
+    activation_host: str | None = None,
 ) -> Run:
     """Process group, mesh, data, model (built on meta, parallelized, materialized), optimizer.
 
@@ -365,7 +372,9 @@ def build_run(
     - `optimizer_device`: the device type the optimizer is chosen for (fused AdamW on GPUs);
     - `fp8_device`: the device type `precision.fp8_matmul='auto'` is resolved for (the
       dry-run models the target's kernel, not its host's);
-    - `schedule_cls`: the pipeline schedule class (`parallel.pipeline.build_pipeline`).
+    - `schedule_cls`: the pipeline schedule class (`parallel.pipeline.build_pipeline`);
+    - `activation_host`: where offloaded activations go (default the CPU; the dry-run's
+      'meta' tells its fake host copies apart from device memory).
     `parallel.layout = "auto"` is resolved above the trainer (`scaletrain.orchestrate`).
     """
     if env is None:
@@ -415,4 +424,9 @@ def build_run(
         hardware=detect_hardware(job, env.device),
         pipeline=pipeline,
         fp8_matmul=fp8_matmul,
+        activation_offload=build_activation_offload(
+            offloads_activations(job.memory.offload),
+            env.device,
+            torch.device(activation_host) if activation_host else None,
+        ),
     )

@@ -177,7 +177,11 @@ def forward_backward(
         def divisor(mb_targets: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
             return loss_divisor(total, mb_targets, mean_degree, loss)
 
-        with autocast(job.precision, run.device.type), hooks.pipeline_step(run.pipeline.stages):
+        with (
+            autocast(job.precision, run.device.type),
+            hooks.pipeline_step(run.pipeline.stages),
+            run.activation_offload(),
+        ):
             loss = run.pipeline.step(inputs, targets, hooks=hooks, loss_divisor=divisor)
             return loss / run.scaler.scale
     accum = num_microbatches or run.grad_accum
@@ -187,7 +191,11 @@ def forward_backward(
     for k in range(accum):
         inputs, targets, model_kw = local_batch(run, *micro[k])
         with maybe_no_sync(run.model, k == accum - 1), loss_context(tp_mesh(run.dims)):
-            with autocast(job.precision, run.device.type), hooks.microbatch(k):
+            with (
+                autocast(job.precision, run.device.type),
+                hooks.microbatch(k),
+                run.activation_offload(),  # memory.offload '+activations'
+            ):
                 loss = run.model(inputs, targets=targets, **model_kw)  # fused head+loss
                 # L_k * n_k * D / N: the sum over this micro-batch's valid targets, over the
                 # step's N (with equal counts: L_k / accum, as one batch accum times larger)

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from scaletrain.config import offload_states
+
 from ..time.pipeline import inflight_per_rank
 from ..types import MemoryBreakdown, PlanInput
 from .buffers import FRAGMENTATION
@@ -151,7 +153,8 @@ def _rank_memory(
     )
     late = _late_grads(plan, terms, st, count) if rank == 0 else 0.0
     acts, block_stored, fwdbwd = stored_activations(view, in_flight=in_flight, late_grads=late)
-    step_tmp = 0.0 if plan.offload != "none" or device != "cpu" else 4.0 * sharded
+    states_offload = offload_states(plan.offload)
+    step_tmp = 0.0 if states_offload != "none" or device != "cpu" else 4.0 * sharded
     step = _step_moment(st, fixed, buffers, fsdp, quant, step_tmp)
     cands: list[Moment]
     if L.zero >= 2 and layers and unit > 0:
@@ -165,7 +168,7 @@ def _rank_memory(
         loss_terms = loss.loss_temp + loss.head_grad
         bufs = dict(bufs, loss_backward_temp=loss.loss_temp, head_grad=loss.head_grad)
         cands.append(loss)
-    if rank == 0 and layers and plan.offload == "none":
+    if rank == 0 and layers and states_offload == "none":
         emb_tmp = rs.backward.embedding_temp
         cands.append(embedding_moment(view))
         bufs = dict(bufs, embedding_backward_temp=emb_tmp)

@@ -18,6 +18,7 @@ from scaletrain.config import (
     expert_tp,
     expert_zero_shards,
     fused_head_loss,
+    offload_states,
 )
 
 from ..types import PlanInput
@@ -244,7 +245,7 @@ def rank_states(
         zero=L.zero,
         zero_shards=zs,
         expert_shards=expert_zero_shards(L),
-        offload=plan.offload,
+        offload=offload_states(plan.offload),
         convention=convention,
     )
     sharded = (dense / zs + expert / expert_zero_shards(L)) if L.zero else dense + expert

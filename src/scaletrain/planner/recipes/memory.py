@@ -28,7 +28,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scaletrain.config import ConfigError, Layout
+from scaletrain.config import (
+    ConfigError,
+    Layout,
+    offload_states,
+    offloads_activations,
+)
 
 from ..memory.states import OPTIMIZER_BYTES, stage_layer_counts
 from ..time.pipeline import inflight_microbatches
@@ -99,6 +104,13 @@ def recipe_problems(
         )
     if ac not in r.ac_modes:
         refuse("memory.ac", ac, f"{fw} offers ac modes {', '.join(r.ac_modes)}{why('selective')}")
+    if offloads_activations(offload):
+        refuse(
+            "memory.offload",
+            offload,
+            f"activation offload is modelled for scaletrain's own trainer only, not {fw}'s: "
+            "use --recipe scaletrain or an offload without activations",
+        )
     if offload == "params" and L.zero < 3:
         refuse(
             "memory.offload", offload, "parameter offload shards parameters: set parallel.zero=3"
@@ -193,9 +205,10 @@ def recipe_states(plan: PlanInput, recipe: Recipe, P: float) -> RecipeStates:
     grads = gb * P / (N if (z >= 2 or (z == 1 and not recipe.grad_buffer_full_under_zero1)) else 1)
     optim = ob * P / (N if z >= 1 else 1)
     offloaded = 0.0
-    if plan.offload == "optimizer":
+    offload = offload_states(plan.offload)
+    if offload == "optimizer":
         offloaded, optim, master = optim + master, 0.0, 0.0
-    elif plan.offload == "params" and z >= 3:
+    elif offload == "params" and z >= 3:
         offloaded = weights + master + grads + optim
         weights = master = grads = optim = 0.0
     return RecipeStates(

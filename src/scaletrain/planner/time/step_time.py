@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from scaletrain.config import HardwareSpec, expert_split, expert_tp, precision_spec
+from scaletrain.config import HardwareSpec, expert_split, expert_tp, offload_states, precision_spec
 
 from ..memory.rank_terms import ModelTerms
 from ..memory.states import fp8_linear_params, stage_layer_counts
@@ -500,7 +500,7 @@ def _optimizer_time(plan: PlanInput, stage_params: float) -> float:
     L = plan.layout
     local = stage_params / L.zero_shards if L.zero else stage_params
     traffic = OPTIMIZER_TRAFFIC.get(plan.optimizer, 28.0) * local
-    if plan.offload != "none":
+    if offload_states(plan.offload) != "none":
         return 8.0 * local / plan.hardware.host_to_device_bw + traffic / CPU_OPTIMIZER_BW
     cal = plan.calibration
     if cal is not None and cal.optimizer_bw > 0:  # the bandwidth this device's run measured
