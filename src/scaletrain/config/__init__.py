@@ -44,11 +44,16 @@ from .loading import load_config, parse_overrides, split_overrides
 from .lora import LORA_TARGETS, LoraConfig
 from .model import MODEL_PRESETS, ModelConfig, ParamCounts, model_preset, resolve_model
 from .precision import PRECISION_TABLE, PrecisionSpec, compute_bytes, precision_spec
+from .units import KiB, MiB, byte_unit, fmt_bytes
 
 __all__ = [
     "ConfigError",
     "GB",
     "GiB",
+    "MiB",
+    "KiB",
+    "byte_unit",
+    "fmt_bytes",
     "TFLOPS",
     "HARDWARE_PRESETS",
     "HardwareSpec",
