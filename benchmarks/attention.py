@@ -20,7 +20,14 @@ The log-log slope of memory against sequence length is fitted by least squares o
 about 2 for naive (the (T, T) scores and probabilities), about 1 for SDPA (q, k, v, out and the
 log-sum-exp).
 
-    python benchmarks/attention.py [--max-seq 8192] [--repeats 3]
+Before any point runs, the largest point's planned memory (`planned_bytes`: the planner's
+S x S terms of `planner/memory/naive_attention.py` plus the core's (T, hd) tensors) is held
+against the memory `scaletrain train` checks (`orchestrate.available_memory`: the host's
+MemAvailable, or the GPU's free memory): points that would not fit are dropped in one line
+(naive first: its memory is quadratic), or the run is refused when not even the smallest
+fits; `--force` runs every point anyway.
+
+    python benchmarks/attention.py [--max-seq 8192] [--repeats 3] [--force]
 """
 
 from __future__ import annotations
@@ -98,7 +105,11 @@ def saved_bytes(core: torch.nn.Module, q, k, v) -> int:
         st = t.untyped_storage()
         if id(st) not in inputs:
             seen[id(st)] = st.nbytes()
-        return t
+        # a detached alias: `t` itself would tie a saved output (softmax's probs) into a
+        # reference cycle with its own grad_fn, alive until the garbage collector runs, i.e.
+        # during the timed forward+backward that follows (naive at T=4096: host memory grew
+        # by 16.7 x P bytes instead of 12.4 x P, P = heads x T^2)
+        return t.detach()
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = core(q, k, v)
@@ -144,6 +155,72 @@ def measure(
     if cuda:
         row["cuda_max_allocated_bytes"] = torch.cuda.max_memory_allocated()
     return row
+
+
+def planned_bytes(backend: str, seq: int, *, elem_bytes: int) -> float:
+    """Peak bytes one point's forward+backward is planned to hold: q, k, v, the output and
+    the gradients of all four, (B, nh, T, hd) each; SDPA adds its fp32 log-sum-exp per row;
+    naive adds the S x S tensors the planner counts for its core (saved for backward, then
+    what its backward holds at once beyond them: `naive_saved_bytes` + `naive_backward_bytes`,
+    12.1 x P bytes in fp32 with one query head per KV head, P = B x heads x T^2). Ignores
+    kernel scratch (SDPA's CPU tiles, a few hundred KiB) and the process's own memory (torch
+    imported, ~0.2 GiB). Against it: naive T=4096 fp32 (`measure`, this host), the process's
+    resident memory grew by 13.1 x P bytes, the plan says 12.6 x P (4% under)."""
+    from scaletrain.config import ModelConfig
+    from scaletrain.planner.memory.naive_attention import naive_backward_bytes, naive_saved_bytes
+
+    linear = 8 * BATCH * HEADS * seq * HEAD_DIM * elem_bytes
+    if backend == "sdpa":
+        return linear + BATCH * HEADS * seq * 4
+    model = ModelConfig(dim=HEADS * HEAD_DIM, num_heads=HEADS, num_kv_heads=HEADS)
+    dims = {"seq_len": seq, "micro_batch": BATCH, "tp": 1, "cp": 1, "e": elem_bytes}
+    return linear + naive_saved_bytes(model, **dims) + naive_backward_bytes(model, **dims)
+
+
+def fit_points(
+    seqs: list[int], naive_max: int, available: tuple[float, str], *, elem_bytes: int
+) -> tuple[list[int], int, str]:
+    """(the sequence lengths to run, naive's largest, the line that says so): the points whose
+    `planned_bytes` exceed `available` (bytes, where) are dropped, naive's first. Raises
+    SystemExit(2) with one line when not even the smallest SDPA point fits."""
+    from scaletrain.config import fmt_bytes
+
+    avail, where = available
+
+    def fits(b: str, s: int) -> bool:
+        return planned_bytes(b, s, elem_bytes=elem_bytes) <= avail
+
+    ok_seqs = [s for s in seqs if fits("sdpa", s)]
+    ok_naive = max((s for s in seqs if s <= naive_max and fits("naive", s)), default=0)
+    if not ok_seqs:
+        need = fmt_bytes(planned_bytes("sdpa", min(seqs), elem_bytes=elem_bytes))
+        print(
+            f"attention: error: even sdpa at seq {min(seqs)} is planned at {need}, more than "
+            f"the {where} {fmt_bytes(avail)}: lower --min-seq, free memory, or give --force",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+    candidates = [("sdpa", max(ok_seqs))] + ([("naive", ok_naive)] if ok_naive else [])
+    largest = max(candidates, key=lambda p: planned_bytes(*p, elem_bytes=elem_bytes))
+    planned = planned_bytes(*largest, elem_bytes=elem_bytes)
+    said = (
+        f"the largest point ({largest[0]}, seq {largest[1]}) is planned at {fmt_bytes(planned)} "
+        f"and the {where} is {fmt_bytes(avail)}"
+    )
+    asked_naive = max((s for s in seqs if s <= naive_max), default=0)
+    dropped = []
+    if ok_naive < asked_naive:
+        dropped.append(f"naive above seq {ok_naive}" if ok_naive else "every naive point")
+    if len(ok_seqs) < len(seqs):
+        dropped.append(f"every point above seq {max(ok_seqs)}")
+    if not dropped:
+        return seqs, naive_max, f"memory check: {said}: margin {fmt_bytes(avail - planned)}"
+    return (
+        ok_seqs,
+        ok_naive,
+        f"memory check: {said}; dropped {' and '.join(dropped)} (they would not fit; "
+        "--force runs them anyway)",
+    )
 
 
 def loglog_slope(xs: list[float], ys: list[float]) -> float:
@@ -272,7 +349,9 @@ def markdown(rows: list[dict[str, Any]], summ: dict[str, Any], meta: dict[str, A
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, available: tuple[float, str] | None = None) -> int:
+    """`available`: (bytes, where) to check the points against; default the memory `scaletrain
+    train` checks (`orchestrate.available_memory`)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     cuda = torch.cuda.is_available()
     ap.add_argument("--max-seq", type=int, default=max(GPU_SEQS if cuda else CPU_SEQS))
@@ -285,6 +364,11 @@ def main(argv: list[str] | None = None) -> int:
         help="skip naive above this length (its T² memory); default: --max-seq",
     )
     ap.add_argument("--no-write", action="store_true", help="print only (smoke tests)")
+    ap.add_argument(
+        "--force",
+        action="store_true",
+        help="run every point even where its planned memory exceeds what is available",
+    )
     args = ap.parse_args(argv)
     device = torch.device("cuda" if cuda else "cpu")
     dtype = torch.bfloat16 if cuda else torch.float32
@@ -292,6 +376,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_seq not in seqs and args.max_seq >= args.min_seq:
         seqs.append(args.max_seq)
     naive_max = args.naive_max_seq or args.max_seq
+    if seqs and not args.force:
+        from scaletrain.orchestrate import available_memory
+
+        seqs, naive_max, line = fit_points(
+            seqs,
+            naive_max,
+            available or available_memory(device.type),
+            elem_bytes=torch.finfo(dtype).bits // 8,
+        )
+        print(line, flush=True)
     rows = []
     for seq in seqs:
         for b in BACKENDS:
@@ -307,7 +401,13 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
     summ = summarize(rows)
-    print("slopes:", {b: {k: round(v, 2) for k, v in s.items()} for b, s in summ["slopes"].items()})
+    if summ["slopes"]:
+        print("log-log slope against seq (1 = linear, 2 = quadratic):")
+        print(f"  {'backend':<8} {'saved':>6} {'peak':>6} {'time':>6}")
+        for b, sl in summ["slopes"].items():
+            print(
+                f"  {b:<8} {sl['saved_bytes']:6.2f} {sl['peak_bytes']:6.2f} {sl['fwd_bwd_s']:6.2f}"
+            )
     if args.no_write:
         return 0
     meta = {

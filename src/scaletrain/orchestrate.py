@@ -20,7 +20,7 @@ from typing import Any
 import torch.distributed as dist
 
 from scaletrain import clock
-from scaletrain.config import ConfigError, HardwareSpec, JobConfig, ParallelConfig
+from scaletrain.config import ConfigError, HardwareSpec, JobConfig, ParallelConfig, fmt_bytes
 from scaletrain.config.launch_env import launch_env
 
 __all__ = [
@@ -178,7 +178,7 @@ def fit_check(
 
 
 def _size(b: float) -> str:
-    return f"{b / 2**30:.1f} GiB" if b >= 2**30 else f"{b / 2**20:.1f} MiB"
+    return fmt_bytes(b)
 
 
 def auto_layout(job: JobConfig, world_size: int, hardware: HardwareSpec) -> JobConfig:
@@ -221,7 +221,7 @@ def auto_layout(job: JobConfig, world_size: int, hardware: HardwareSpec) -> JobC
         print(
             f"layout auto: planner chose {layout_label(best)} "
             f"(predicted {best.time.step_s * 1e3:.1f} ms/step, "
-            f"{best.memory.total / 2**20:,.1f} MiB/rank)"
+            f"{fmt_bytes(best.memory.total)}/rank)"
         )
         for family, why in list(result.why_others_lost().items())[:4]:
             print(f"  {family}: {why}")
@@ -236,8 +236,8 @@ def auto_layout(job: JobConfig, world_size: int, hardware: HardwareSpec) -> JobC
             "parallel.layout",
             "auto",
             f"the preflight dry-run of {layout_label(best)} measured "
-            f"{measured / 2**30:.2f} GiB per rank, more than the "
-            f"{hardware.memory_bytes / 2**30:.2f} GiB of {hardware.name}: name the "
+            f"{fmt_bytes(measured, digits=2)} per rank, more than the "
+            f"{hardware.capacity_text()} of {hardware.name}: name the "
             "degrees yourself (see `scaletrain plan`), lower batch.micro_batch or "
             "set memory.ac=full",
         )
@@ -277,5 +277,5 @@ def preflight(job: JobConfig, world_size: int, estimate: Any) -> tuple[float | N
     err = (estimate.memory.total - measured) / measured
     return measured, (
         f"preflight dry-run (rank {rank} of {world_size}): "
-        f"{measured / 2**20:,.1f} MiB measured, planner {err:+.1%}"
+        f"{fmt_bytes(measured)} measured, planner {err:+.1%}"
     )

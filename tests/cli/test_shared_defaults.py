@@ -141,13 +141,17 @@ def test_world_size_comes_from_the_config_degrees() -> None:
 
 @pytest.mark.parametrize(
     "delta,word,margin",
-    [(-10e9, "fits", "10.00 GB to spare"), (10e9, "DOES NOT FIT", "10.00 GB over")],
+    [
+        (-10 * 2**30, "fits", "10.00 GiB to spare"),
+        (10 * 2**30, "DOES NOT FIT", "10.00 GiB over"),
+        (-5 * 2**20, "fits", "5.00 MiB to spare"),
+    ],
 )
 def test_verdict_line_states_the_margin(delta: float, word: str, margin: str) -> None:
     hw = hardware_preset("h100-sxm")
     line = verdict_line(hw.memory_bytes + delta, hw, what="x")
-    # the capacity in both units: 79.10 GiB is what CUDA reports on an H100 80GB
-    assert line.startswith(f"verdict: {word} on h100-sxm (84.9 GB = 79.10 GiB): x ")
+    # binary units (config.units): 79.10 GiB is what CUDA reports on an H100 80GB
+    assert line.startswith(f"verdict: {word} on h100-sxm (79.10 GiB): x ")
     assert line.endswith(margin)
 
 
@@ -177,7 +181,7 @@ def test_explain_ends_with_the_verdict(capsys: pytest.CaptureFixture[str]) -> No
     )
     assert rc == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert last.startswith("verdict: fits on h100-sxm") and "GB to spare" in last
+    assert last.startswith("verdict: fits on h100-sxm") and "GiB to spare" in last
 
 
 def test_train_help_lists_every_section_and_field(capsys: pytest.CaptureFixture[str]) -> None:

@@ -62,3 +62,17 @@ def test_a_rank_that_dies_silently_ends_the_run_not_hangs():
     with pytest.raises(RuntimeError, match="exit code 3"):
         spawn(_rank_fns.exit_on_rank1, 2)
     assert time.monotonic() - t0 < 60
+
+
+@pytest.mark.slow
+def test_nproc_finished_run_redirect_is_said_once_and_every_rank_follows_it(tmp_path):
+    """Issue #41 item 6: running a finished `--nproc` run again printed its redirect
+    (run -> run-2) once per rank. Rank 0 says it; every rank trains in the same sibling."""
+    job = tiny_job(tmp_path, "run", "--batch.micro_batch=1")
+    first = scaletrain("train", "--nproc", "2", *job, timeout=180)
+    assert first.returncode == 0, first.stderr[-2000:]
+    again = scaletrain("train", "--nproc", "2", *job, timeout=180)
+    assert again.returncode == 0, again.stderr[-2000:]
+    said = [x for x in (again.stdout + again.stderr).splitlines() if "holds a finished run" in x]
+    assert len(said) == 1 and said[0].endswith(f"training again in {tmp_path / 'run'}-2"), said
+    assert (tmp_path / "run-2" / "checkpoints").is_dir() and not (tmp_path / "run-3").exists()

@@ -250,3 +250,68 @@ def test_out_writes_elsewhere(tmp_path, capsys):
     assert not (tmp_path / "run" / "report.html").exists()
     assert "The plan cannot be shown" in text  # no config.json: curves only
     assert text.count('src="data:image/png;base64,') == 3
+
+
+def _tiny_run_without_measurement(tmp_path: Path, step_s: list[float]) -> Path:
+    job = load_config(
+        None,
+        [
+            "--model.name=tiny",
+            "--batch.seq_len=32",
+            "--batch.global_batch=4",
+            "--batch.micro_batch=4",
+        ],
+    )
+    (tmp_path / "config.json").write_text(json.dumps(job.to_dict()))
+    rows = [
+        {"step": i + 1, "loss": 3.0, "tokens_per_s": 128 / s, "mfu": 1e-3, "step_s": s}
+        for i, s in enumerate(step_s)
+    ]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(map(json.dumps, rows)) + "\n")
+    return tmp_path
+
+
+def test_measured_step_time_comes_from_the_metrics(tmp_path):
+    """Issue #41 item 6: the page's measured step time was blank. It is the mean of the timed
+    steps (the first logged step excluded, measure/throughput.py), next to the planner's."""
+    run = load_run(_tiny_run_without_measurement(tmp_path, [9.0, 0.25, 0.75]))
+    pred = predict_run(run)
+    planned, measured = pred.step_s
+    assert measured == pytest.approx(0.5) and planned is not None and planned > 0
+    text = write_report(run.run_dir).read_text()
+    cells = re.search(r"<td>step time \(s\)</td><td>([^<]*)</td><td>([^<]*)</td>", text)
+    assert cells is not None and cells.group(2) == "0.5"
+    assert cells.group(1) == f"{planned:.4g}"
+
+
+def test_memory_bar_parts_add_up_to_the_total(tmp_path):
+    """Issue #41 item 6: the planned bar rose above its own total (the planner's fields are each
+    term's own peak; a backward trades activations for gradients). The filled parts now end at
+    the total; what the fields hold beyond it is a separate, hatched part."""
+    from scaletrain.report.plots import OTHER, stack_segments
+
+    cats = ("params", "grads", "optimizer", "activations", "buffers")
+
+    def filled(segments):
+        return sum(s.height for s in segments if not s.beyond_total)
+
+    def beyond(segments):
+        return sum(s.height for s in segments if s.beyond_total)
+
+    over = {"params": 4.0, "grads": 4.0, "optimizer": 8.0, "activations": 10.0, "total": 20.0}
+    segs = stack_segments(over, cats)
+    assert filled(segs) == 20.0 and beyond(segs) == 6.0
+    assert all(s.bottom >= 20.0 for s in segs if s.beyond_total)  # above the total only
+    # a part that straddles the total is split at it
+    assert [(s.label, s.height) for s in segs if s.label == "activations"] == [
+        ("activations", 4.0),
+        ("activations", 6.0),
+    ]
+    under = stack_segments({"params": 4.0, "buffers": 1.0, "total": 8.0}, cats)
+    assert filled(under) == 8.0 and under[-1].label == OTHER and under[-1].height == 3.0
+    assert filled(stack_segments({"params": 4.0, "grads": 2.0}, cats)) == 6.0  # no total
+    # the planner's own prediction for a run with no measurement (the bars the page draws)
+    pred = predict_run(load_run(_tiny_run_without_measurement(tmp_path, [1.0, 1.0])))
+    p = pred.memory_predicted
+    assert p is not None and sum(p[c] for c in cats) > p["total"]  # the case that rose above
+    assert filled(stack_segments(p, cats)) == pytest.approx(p["total"], rel=1e-12)

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from scaletrain.config import GB, Layout, hardware_preset, resolve_model
+from scaletrain.config import GiB, Layout, hardware_preset, resolve_model
 from scaletrain.planner.output.plot import plot_memory, plot_pipeline
-from scaletrain.planner.output.report import estimate_rows, render_estimates, to_json
+from scaletrain.planner.output.report import (
+    estimate_rows,
+    memory_unit,
+    render_estimates,
+    to_json,
+)
 from scaletrain.planner.time.pipeline import simulate
 from scaletrain.planner.types import PlanInput, layout_label
 
@@ -24,9 +29,12 @@ def test_rows_and_table_show_memory_per_category() -> None:
     e = _estimate(dp=4, zero=3, tp=2, sp=True, pp=2)
     row = estimate_rows([e])[0]
     assert row[0] == layout_label(e) == "dp4 z3 tp2+sp pp2(1f1b) mb1x16"
-    assert row[1] == f"{e.memory.params / GB:.1f}" and row[6] == f"{e.memory.total / GB:.1f}"
+    # one binary unit per table (config.units), its largest figure's: GiB for an 8B model
+    assert memory_unit([e]) == ("GiB", GiB)
+    assert row[1] == f"{e.memory.params / GiB:.1f}" and row[6] == f"{e.memory.total / GiB:.1f}"
     text = render_estimates([e])
     assert "dp4 z3 tp2+sp" in text and "reserved" in text
+    assert "(memory in GiB per GPU, capacity 79.10 GiB)" in text and " GB" not in text
     assert to_json([e])[0]["plan"]["pp"] == 2
 
 

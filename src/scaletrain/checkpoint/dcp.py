@@ -46,6 +46,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
+from scaletrain.config import byte_unit, fmt_bytes
 from scaletrain.parallel.zero import load_zero1_local_state, zero1_local_state
 
 from .manifest import _PREFIX, _sha256, latest_good, list_checkpoints, verify_checkpoint
@@ -217,10 +218,11 @@ def _storage_error(e: BaseException, where: Path, needed: int) -> OSError | None
         return OSError(errno.EROFS, os.strerror(errno.EROFS), str(where))
     free = fs.f_bavail * fs.f_frsize
     if free < needed:
+        u = byte_unit(needed)  # the two figures in one unit
         return OSError(
             errno.ENOSPC,
-            f"{os.strerror(errno.ENOSPC)} ({free / 2**20:.1f} MiB free, the checkpoint "
-            f"needs up to {needed / 2**20:.1f} MiB)",
+            f"{os.strerror(errno.ENOSPC)} ({fmt_bytes(free, unit=u)} free, the checkpoint "
+            f"needs up to {fmt_bytes(needed, unit=u)})",
             str(where),
         )
     return None

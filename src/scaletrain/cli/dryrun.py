@@ -1,8 +1,9 @@
 """`scaletrain dryrun`: one rank's real training step under fake tensors, next to the planner.
 
 Same layout flags as `scaletrain plan` (or a TOML job file), plus `--rank`. Prints measured
-memory per category in GB beside the planner's prediction for the same layout, with relative
-errors; `--json` prints {"plan", "memory", "flops_per_step", "predicted", ...}.
+memory per category (one binary unit, `config.units`) beside the planner's prediction for the
+same layout, with relative errors; `--json` prints {"plan", "memory", "flops_per_step",
+"predicted", ...}.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def _pp_ep(plan: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace, extra: list[str] | None = None) -> int:
     from scaletrain.dryrun import dryrun
-    from scaletrain.measure.verify import compare, format_table, predict
+    from scaletrain.measure.verify import compare, format_table, predict, table_unit
 
     if extra:
         raise ConfigError("dryrun", " ".join(extra), "unknown arguments: see --help")
@@ -78,11 +79,12 @@ def run(args: argparse.Namespace, extra: list[str] | None = None) -> int:
         f"{plan['ac']}  ({measurement.wall_s:.1f} s)"
     )
     print(format_table(comparison, title=title))
+    unit, size = table_unit(comparison)  # the detail rows in the table's unit
     for k, v in sorted(measurement.memory.buffer_terms.items()):
         if v:
-            print(f"  buffers.{k:<22} {v / 1e9:8.3f} GB")
+            print(f"  buffers.{k:<22} {v / size:8.3f} {unit}")
     for k, v in sorted(measurement.memory.detail.items()):
-        print(f"  {k:<30} {v / 1e9:8.3f} GB")
+        print(f"  {k:<30} {v / size:8.3f} {unit}")
     print(f"FLOPs this rank per step: {measurement.flops:.4g}")
     for note in [*measurement.notes, *res.notes()]:
         print(f"note: {note}")

@@ -34,7 +34,12 @@ def _model(name: str | None, flag: str = "--model") -> Any:
 
 
 def _memory(args: argparse.Namespace) -> list[str]:
-    from scaletrain.planner.napkin.textbook import convention, korthikanti_layer_bytes, state_bytes
+    from scaletrain.planner.napkin.textbook import (
+        capacity_gb_text,
+        convention,
+        korthikanti_layer_bytes,
+        state_bytes,
+    )
 
     model = _model(args.model)
     if args.params is None and model is None:
@@ -104,7 +109,7 @@ def _memory(args: argparse.Namespace) -> list[str]:
     if args.gpu:
         hw = hardware_preset(args.gpu)
         verdict = "fits" if total <= hw.memory_bytes else "DOES NOT FIT"
-        out.append(f"   vs {args.gpu} {hw.capacity_text()}: {verdict}")
+        out.append(f"   vs {args.gpu} {capacity_gb_text(hw)}: {verdict}")
     return out
 
 

@@ -45,11 +45,16 @@ from .lora import LORA_TARGETS, LoraConfig
 from .model import MODEL_PRESETS, ModelConfig, ParamCounts, model_preset, resolve_model
 from .offload import offload_states, offloads_activations
 from .precision import PRECISION_TABLE, PrecisionSpec, compute_bytes, precision_spec
+from .units import KiB, MiB, byte_unit, fmt_bytes
 
 __all__ = [
     "ConfigError",
     "GB",
     "GiB",
+    "MiB",
+    "KiB",
+    "byte_unit",
+    "fmt_bytes",
     "TFLOPS",
     "HARDWARE_PRESETS",
     "HardwareSpec",

@@ -15,12 +15,10 @@ from dataclasses import dataclass, field
 
 from ._errors import ConfigError
 from .hardware_rules import CPU_ARCH, GpuArch, amd_arch, nvidia_arch, runs_tf32
+from .units import GB, GiB, MiB, fmt_bytes
 
 __all__ = ["HardwareSpec", "HARDWARE_PRESETS", "hardware_preset", "GiB", "GB", "TFLOPS"]
 
-GiB = 1024**3
-MiB = 1024**2
-GB = 1e9
 TFLOPS = 1e12
 
 
@@ -78,10 +76,9 @@ class HardwareSpec:
         return self.arch.vendor == "cpu"
 
     def capacity_text(self) -> str:
-        """The capacity as a verdict prints it: decimal GB, the unit of the figures beside it,
-        and GiB, the unit CUDA and nvidia-smi speak ('84.9 GB = 79.10 GiB' on an H100 80GB,
-        which a reader would not recognise from the GB alone)."""
-        return f"{self.memory_bytes / GB:.1f} GB = {self.memory_bytes / GiB:.2f} GiB"
+        """The capacity as plan, explain, dryrun and verify print it: binary units
+        (`config.units`), as CUDA and nvidia-smi speak ('79.10 GiB' on an H100 80GB)."""
+        return fmt_bytes(self.memory_bytes, digits=2)
 
     def flops(self, dtype: str) -> float:
         """Peak dense FLOP/s for matmuls in `dtype`, falling back to the nearest slower path.

@@ -16,10 +16,9 @@ import tempfile
 from pathlib import Path
 
 from ._errors import ConfigError
+from .units import MiB, fmt_bytes
 
 __all__ = ["MiB", "check_output_dir", "check_output_file", "check_user_file", "read_user_file"]
-
-MiB = 2**20
 
 
 def check_user_file(path: Path, field: str, *, what: str, max_bytes: int) -> int:
@@ -37,8 +36,8 @@ def check_user_file(path: Path, field: str, *, what: str, max_bytes: int) -> int
         raise ConfigError(
             field,
             str(path),
-            f"{st.st_size / MiB:.0f} MiB is too large for {what} (at most "
-            f"{max_bytes / MiB:.0f} MiB): check the path",
+            f"{fmt_bytes(st.st_size)} is too large for {what} (at most "
+            f"{fmt_bytes(max_bytes)}): check the path",
         )
     return st.st_size
 
@@ -56,7 +55,7 @@ def read_user_file(path: Path, field: str, *, what: str, max_bytes: int = 16 * M
         raise ConfigError(
             field,
             str(path),
-            f"it grew past {max_bytes / MiB:.0f} MiB while being read: give {what}",
+            f"it grew past {fmt_bytes(max_bytes)} while being read: give {what}",
         )
     return data
 

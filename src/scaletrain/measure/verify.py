@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scaletrain.config import ConfigError, JobConfig, Layout, load_config
+from scaletrain.config import ConfigError, JobConfig, Layout, byte_unit, fmt_bytes, load_config
 from scaletrain.planner.types import MemoryBreakdown
 
 from .input_check import format_input, input_check
@@ -27,6 +27,7 @@ __all__ = [
     "verify_run",
     "job_from_dict",
     "format_table",
+    "table_unit",
     "metrics_throughput",
 ]
 
@@ -109,7 +110,7 @@ def compare(measurement: Measurement, estimate: Any) -> Comparison:
             predicted["buffers"] -= ctx
             out.notes.append(
                 "predicted total and buffers exclude the CUDA runtime context "
-                f"({ctx / 1e9:.2f} GB): not measurable off-GPU"
+                f"({fmt_bytes(ctx, digits=2)}): not measurable off-GPU"
             )
     if measurement.source in ("cpu", "cuda"):  # a live run (a dry-run measures the peak)
         predicted.update(live_terms(estimate.memory))
@@ -152,8 +153,10 @@ def _attribution_notes(c: Comparison) -> list[str]:
         return []
     m = sum(c.measured[k] for k in trio)
     p = sum(c.predicted[k] for k in trio)
+    u = byte_unit(max(m, p))
     return [
-        f"params+grads+buffers {m / 1e9:.3f} GB measured vs {p / 1e9:.3f} GB predicted "
+        f"params+grads+buffers {fmt_bytes(m, digits=2, unit=u)} measured vs "
+        f"{fmt_bytes(p, digits=2, unit=u)} predicted "
         f"({(p - m) / m:+.1%}): the tracker and the planner file gathered copies and "
         f"comm buffers under different categories ({', '.join(big)} differ alone), so "
         "compare these three as one"
@@ -263,18 +266,27 @@ def verify_run(run_dir: str | Path) -> tuple[Measurement, Comparison, JobConfig]
     return measurement, comparison, job
 
 
+def table_unit(comparison: Comparison) -> tuple[str, float]:
+    """The one binary unit of the memory table (`config.units`): its largest figure's."""
+    figures = [*comparison.measured.values(), *(comparison.predicted or {}).values()]
+    return byte_unit(max(figures, default=0.0))
+
+
 def format_table(comparison: Comparison, *, title: str = "") -> str:
-    """Per-category GB, predicted next to measured, with relative errors."""
-    gb = 1e9
+    """Per-category memory in one binary unit (named in the header), predicted next to
+    measured, with relative errors."""
+    name, size = table_unit(comparison)
     lines = [title] if title else []
-    lines.append(f"{'category':<12} {'measured GB':>12} {'predicted GB':>13} {'rel err':>8}")
+    lines.append(
+        f"{'category':<12} {'measured ' + name:>12} {'predicted ' + name:>13} {'rel err':>8}"
+    )
     for c in CATEGORIES:
         m = comparison.measured[c]
         p = comparison.predicted[c] if comparison.predicted else None
         err = comparison.rel_error.get(c)
         lines.append(
-            f"{c:<12} {m / gb:>12.3f} "
-            f"{(f'{p / gb:.3f}' if p is not None else '-'):>13} "
+            f"{c:<12} {m / size:>12.3f} "
+            f"{(f'{p / size:.3f}' if p is not None else '-'):>13} "
             f"{(f'{err:+.1%}' if err is not None else '-'):>8}"
         )
     t = comparison.time

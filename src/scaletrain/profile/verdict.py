@@ -23,6 +23,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from scaletrain.config import fmt_bytes
+
 from .driver import ProfileResult
 
 __all__ = ["Verdict", "Recommendation", "classify", "ridge_point", "memory_bound_share"]
@@ -31,7 +33,6 @@ DATA_FRACTION = 0.25
 COMM_FRACTION = 0.25
 BUBBLE_FRACTION = 0.25
 MEMORY_SHARE = 0.5
-MiB = 1024**2
 
 
 @dataclass
@@ -97,12 +98,12 @@ def _delta(r: ProfileResult, est: Any) -> str:
     p = r.predicted
     if est is None or p is None:
         return "planner: not modelled"
-    act = (est.memory.activations - p["activations_bytes"]) / MiB
+    act = fmt_bytes(est.memory.activations - p["activations_bytes"], sign=True)
     # throughput, not step time: some changes (bigger batches) change the work per step
     tput = est.tokens_per_s / p["tokens_per_s"] - 1 if p["tokens_per_s"] else 0.0
     fits = "" if est.memory.fits else ", does NOT fit"
     return (
-        f"planner predicts activations {act:+,.1f} MiB, tokens/s {tput:+.0%}, "
+        f"planner predicts activations {act}, tokens/s {tput:+.0%}, "
         f"MFU {p['mfu']:.1%} -> {est.mfu:.1%}{fits}"
     )
 

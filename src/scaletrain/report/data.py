@@ -89,6 +89,9 @@ class Prediction:
     tokens_per_s: tuple[float | None, float | None] = (None, None)
     """(predicted, measured) whole-job tokens per second."""
     mfu: tuple[float | None, float | None] = (None, None)
+    step_s: tuple[float | None, float | None] = (None, None)
+    """(predicted, measured) seconds per optimizer step; measured: the mean of the timed steps
+    of metrics.jsonl (measure/throughput.py, the figure `scaletrain verify` reads)."""
 
 
 def _read_json(path: Path) -> Any:
@@ -203,19 +206,20 @@ def plan_input(job: JobConfig, world_size: int, hardware=None):
     return plan_input_from_job(job, job.layout(world_size), hardware=hardware)
 
 
-def _measured_throughput(run: RunData) -> tuple[float | None, float | None]:
-    """(tokens/s, MFU) of the run as measure/throughput.py defines them (the figures `scaletrain
-    verify` shows), else run_info's (the trainer's same ratio, when metrics.jsonl is missing)."""
+def _measured_throughput(run: RunData) -> tuple[float | None, float | None, float | None]:
+    """(tokens/s, MFU, step seconds) of the run as measure/throughput.py defines them (the
+    figures `scaletrain verify` shows), else run_info's tokens/s and MFU (the trainer's same
+    ratio, when metrics.jsonl is missing; it holds no step time)."""
     from scaletrain.measure.throughput import step_throughput
 
     t = step_throughput(run.metrics)
     if t is not None:
-        return t.tokens_per_s, t.mfu
+        return t.tokens_per_s, t.mfu, t.step_s
     from scaletrain.measure.run_files import finite
 
     if tok := finite(run.info.get("tokens_per_s")):
-        return tok, finite(run.info.get("mfu"))
-    return None, None
+        return tok, finite(run.info.get("mfu")), None
+    return None, None, None
 
 
 def predict_run(run: RunData) -> Prediction:
@@ -224,7 +228,7 @@ def predict_run(run: RunData) -> Prediction:
     Relative error = (predicted - measured) / measured, as `scaletrain verify` computes it
     (`scaletrain.measure.verify.compare`, which also drops CUDA-only terms off-GPU).
     """
-    tok_meas, mfu_meas = _measured_throughput(run)
+    tok_meas, mfu_meas, step_meas = _measured_throughput(run)
     out = Prediction(estimate=None)
     if run.job is None:
         out.error = f"config.json {run.damaged.get('config.json', 'missing')}"
@@ -241,6 +245,7 @@ def predict_run(run: RunData) -> Prediction:
         float(est.mfu) if est is not None else None,
         float(mfu_meas) if mfu_meas is not None else None,
     )
+    out.step_s = (float(est.time.step_s) if est is not None else None, step_meas)
     if run.measurement is not None:
         from scaletrain.measure.schema import Measurement
         from scaletrain.measure.verify import compare

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from scaletrain.config import byte_unit, fmt_bytes
+
 from . import plots
 from .data import MEMORY_CATEGORIES, Prediction, RunData, load_run, predict_run
 from .health import health_section
@@ -47,11 +49,8 @@ def _e(x: Any) -> str:
     return html.escape(str(x), quote=True)
 
 
-def _bytes(n: float | None) -> str:
-    if n is None:
-        return "–"
-    unit, size = plots.byte_unit(abs(n))
-    return f"{n / size:,.2f} {unit}" if size > 1 else f"{n:,.0f} B"
+def _bytes(n: float | None, unit: tuple[str, float]) -> str:
+    return "–" if n is None else fmt_bytes(n, digits=2, unit=unit)
 
 
 def _rel(err: float | None) -> tuple[str, str]:
@@ -188,13 +187,16 @@ def _compare_section(pred: Prediction) -> str:
     rows: list[list[Any]] = []
     p, m = pred.memory_predicted, pred.memory_measured
     if p or m:
+        unit = byte_unit(max([*(p or {}).values(), *(m or {}).values()]))  # one for the rows
         for c in (*MEMORY_CATEGORIES, "total", "reserved"):
             pv = p.get(c) if p else None
             mv = m.get(c) if m else None
             if not pv and not mv:
                 continue
             err = pred.memory_rel_error.get(c) if m else None
-            rows.append([f"memory: {c}", _bytes(pv), _bytes(mv) if m else "–", _rel(err)])
+            rows.append(
+                [f"memory: {c}", _bytes(pv, unit), _bytes(mv, unit) if m else "–", _rel(err)]
+            )
     (tp, tm), (fp, fm) = pred.tokens_per_s, pred.mfu
     if tp is not None or tm is not None:
         rows.append(
@@ -214,8 +216,16 @@ def _compare_section(pred: Prediction) -> str:
                 _rel(_rel_of(fp, fm)),
             ]
         )
-    if pred.estimate is not None:
-        rows.append(["step time (s)", f"{pred.estimate.time.step_s:.4g}", "–", ("", "")])
+    sp, sm = pred.step_s
+    if sp is not None or sm is not None:
+        rows.append(
+            [
+                "step time (s)",
+                f"{sp:.4g}" if sp is not None else "–",
+                f"{sm:.4g}" if sm is not None else "–",
+                _rel(_rel_of(sp, sm)),
+            ]
+        )
     if rows:
         parts.append(
             _table(

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import io
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
+
+from scaletrain.config import byte_unit
 
 __all__ = [
     "loss_curve",
@@ -17,7 +20,9 @@ __all__ = [
     "memory_bars",
     "memory_timeline",
     "split_rollbacks",
-    "byte_unit",
+    "stack_segments",
+    "Segment",
+    "OTHER",
 ]
 
 _CATEGORY_COLORS = {
@@ -42,12 +47,43 @@ def _png(fig) -> bytes:  # type: ignore[no-untyped-def]
     return buf.getvalue()
 
 
-def byte_unit(largest: float) -> tuple[str, float]:
-    """A binary unit that keeps `largest` between 1 and 1024 (name, bytes per unit)."""
-    for name, size in (("GiB", 1024.0**3), ("MiB", 1024.0**2), ("KiB", 1024.0)):
-        if largest >= size:
-            return name, size
-    return "B", 1.0
+@dataclass(frozen=True)
+class Segment:
+    """One piece of a stacked memory bar, in bytes."""
+
+    label: str
+    """A memory category, or `OTHER` (the total's bytes no category names)."""
+    bottom: float
+    height: float
+    beyond_total: bool = False
+    """Above the bar's total: a part whose own peak is not held at the total's moment (the
+    planner's fields are each term's own peak: a backward trades activations for gradients),
+    or a term the total leaves out (off-GPU, the CUDA-only buffers). Drawn hatched, unfilled."""
+
+
+OTHER = "other (total − parts)"
+
+
+def stack_segments(d: dict[str, float], categories: Sequence[str]) -> list[Segment]:
+    """The segments of one bar: the categories stacked in order, so the filled ones end
+    exactly at `d['total']` when it is given. Parts that reach past the total continue as
+    `beyond_total` segments; a total above the parts' sum gets an `OTHER` segment up to it."""
+    total = max(0.0, float(d.get("total") or 0.0))
+    out: list[Segment] = []
+    bottom = 0.0
+    for c in categories:
+        v = max(0.0, float(d.get(c) or 0.0))
+        if not v:
+            continue
+        below = v if not total else min(v, max(0.0, total - bottom))
+        if below:
+            out.append(Segment(c, bottom, below))
+        if v - below > 0:
+            out.append(Segment(c, bottom + below, v - below, beyond_total=True))
+        bottom += v
+    if total > bottom:
+        out.append(Segment(OTHER, bottom, total - bottom))
+    return out
 
 
 def split_rollbacks(
@@ -223,30 +259,39 @@ def memory_bars(
     *,
     categories: Sequence[str] = tuple(_CATEGORY_COLORS),
 ) -> bytes:
-    """Stacked bars per category, planned next to measured; a black tick marks each total."""
+    """Stacked bars per category, planned next to measured; a black tick marks each total.
+
+    The filled parts of a bar add up to its total (`stack_segments`): bytes of the total no
+    category names are a grey `OTHER` part, and parts beyond the total (own peaks held at
+    other moments, or terms the total leaves out) are hatched outlines above it."""
     bars = [(name, d) for name, d in (("planned", predicted), ("measured", measured)) if d]
     fig = _figure(6.5, 4.2)
     ax = fig.add_subplot()
-    largest = max(
-        (max(sum(d.get(c, 0.0) for c in categories), d.get("total", 0.0)) for _, d in bars),
-        default=0.0,
-    )
+    stacks = [stack_segments(d, categories) for _, d in bars]
+    largest = max((s.bottom + s.height for st in stacks for s in st), default=0.0)
     unit, size = byte_unit(largest)
-    for i, (_, d) in enumerate(bars):
-        bottom = 0.0
-        for c in categories:
-            v = max(0.0, float(d.get(c, 0.0))) / size
+    labelled: set[str] = set()
+    for i, ((_, d), segments) in enumerate(zip(bars, stacks, strict=True)):
+        for s in segments:
+            color = "#bbbbbb" if s.label == OTHER else _CATEGORY_COLORS.get(s.label)
+            key = (
+                f"{s.label} beyond the total (not held at its moment)"
+                if s.beyond_total
+                else s.label
+            )
+            label = None if key in labelled else key
+            labelled.add(key)
             ax.bar(
                 i,
-                v,
-                bottom=bottom,
+                s.height / size,
+                bottom=s.bottom / size,
                 width=0.55,
-                color=_CATEGORY_COLORS.get(c),
-                label=c if i == 0 else None,
-                edgecolor="white",
-                lw=0.5,
+                color="none" if s.beyond_total else color,
+                hatch="//" if s.beyond_total else None,
+                edgecolor=color if s.beyond_total else "white",
+                label=label,
+                lw=0.8 if s.beyond_total else 0.5,
             )
-            bottom += v
         if d.get("total"):
             ax.plot(
                 [i - 0.35, i + 0.35],

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from scaletrain.config import byte_unit, fmt_bytes
+
 from .metrics import perplexity
 
 if TYPE_CHECKING:
@@ -15,7 +17,6 @@ if TYPE_CHECKING:
 
 __all__ = ["memory_ledger", "summary", "plan_input", "OutOfMemory", "out_of_memory"]
 
-MiB = 1024**2
 _CATEGORIES = ("params", "grads", "optimizer", "activations")
 
 
@@ -48,20 +49,22 @@ def ledger_table(planned: Any, measured: dict[str, Any]) -> str:
 
     d = planned.detail
     resident = live_terms(planned)
-    rows = ["memory ledger (this rank, MiB)   planned   measured   error"]
+    flight = d.get("params.in_flight", 0.0) + d.get("grads.in_flight", 0.0)
+    figures = [resident[c] for c in _CATEGORIES] + [measured.get(c) or 0.0 for c in _CATEGORIES]
+    unit, size = byte_unit(max([*figures, flight, planned.buffers]))  # one unit per table
+    rows = [f"memory ledger (this rank, {unit}){' ' * (6 - len(unit))}planned   measured   error"]
     for cat in _CATEGORIES:
         p, m = resident[cat], measured.get(cat)
         if m is None:
             continue
         err = f"{(p - m) / m:+.0%}" if m else "n/a"
         label = "activations (one micro-batch)" if cat == "activations" else cat
-        rows.append(f"  {label:<29} {p / MiB:9.1f} {m / MiB:10.1f} {err:>7}")
-    flight = d.get("params.in_flight", 0.0) + d.get("grads.in_flight", 0.0)
+        rows.append(f"  {label:<29} {p / size:9.1f} {m / size:10.1f} {err:>7}")
     if flight:
-        rows.append(f"  {'16-bit params/grads in flight':<29} {flight / MiB:9.1f}")
+        rows.append(f"  {'16-bit params/grads in flight':<29} {flight / size:9.1f}")
     if d.get("offloaded.cpu"):
-        rows.append(f"  {'offloaded to host (planned)':<29} {d['offloaded.cpu'] / MiB:9.1f}")
-    rows.append(f"  {'buffers (planned terms)':<29} {planned.buffers / MiB:9.1f}")
+        rows.append(f"  {'offloaded to host (planned)':<29} {d['offloaded.cpu'] / size:9.1f}")
+    rows.append(f"  {'buffers (planned terms)':<29} {planned.buffers / size:9.1f}")
     return "\n".join(rows)
 
 
@@ -83,8 +86,7 @@ def summary(r: RunResult) -> str:
     peak = {k: v for k, v in r.measured.items() if k.startswith("peak_")}
     if peak:
         lines.append(
-            "peak process memory: "
-            + ", ".join(f"{k[5:]} {v / MiB:,.0f} MiB" for k, v in peak.items())
+            "peak process memory: " + ", ".join(f"{k[5:]} {fmt_bytes(v)}" for k, v in peak.items())
         )
     if r.sample:
         lines.append("sample:\n" + printable(r.sample))

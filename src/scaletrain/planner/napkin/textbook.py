@@ -14,11 +14,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from scaletrain.config import ConfigError, compute_bytes
+from scaletrain.config import GB, ConfigError, HardwareSpec, compute_bytes, fmt_bytes
 
 from ..types import Estimate
 
 __all__ = [
+    "capacity_gb_text",
     "Convention",
     "CONVENTIONS",
     "convention",
@@ -35,6 +36,13 @@ __all__ = [
     "ring_allreduce",
     "layer_gemm_flops",
 ]
+
+
+def capacity_gb_text(hardware: HardwareSpec) -> str:
+    """A card's capacity in the napkin's unit, decimal GB, beside the binary figure the rest of
+    scaletrain prints it in (`config.units`): '34.1 GB = 31.74 GiB' on a V100 32GB."""
+    cap = hardware.memory_bytes
+    return f"{cap / GB:.1f} GB = {fmt_bytes(cap, digits=2)}"
 
 
 @dataclass(frozen=True)
@@ -238,8 +246,6 @@ def textbook_lines(
     (time.pipeline.inflight_microbatches), 1 in `ckpt_every` kept (seed 004 Example 1.3). `params`:
     the nominal count the seeds round to (7e9); default the model's exact count. Ignores
     buffers, the allocator, the CUDA context, logits, the embedding's own activations."""
-    from scaletrain.config import GB
-
     from ..time.pipeline import inflight_microbatches
 
     p, L, m_ = est.plan, est.plan.layout, est.plan.model
@@ -297,9 +303,9 @@ def textbook_lines(
     )
     out.append(
         f"   textbook total = {gb(states)} + {gb(acts)} = {gb(total)} vs "
-        f"{p.hardware.capacity_text()} -> "
+        f"{capacity_gb_text(p.hardware)} -> "
         f"{'fits' if total <= p.hardware.memory_bytes else 'DOES NOT FIT'} "
-        f"(planner: {gb(est.memory.total)} allocated)"
+        f"(planner: {gb(est.memory.total)} = {fmt_bytes(est.memory.total, digits=2)} allocated)"
     )
     why = verdict_difference(est, states, acts)
     if why:
@@ -320,8 +326,6 @@ def verdict_difference(est: Estimate, states: float, acts: float) -> str | None:
     at their own peak, so their sum can exceed the allocated peak: a negative term). The term
     named is the largest one pushing the planner's side of the verdict, with the planner's
     reserved without it. None when both say the same."""
-    from scaletrain.config import GB
-
     mem, cap = est.memory, est.plan.hardware.memory_bytes
     book_fits = states + acts <= cap
     if book_fits == mem.fits:

@@ -6,7 +6,7 @@ the walk-through cannot drift from what `plan` predicts.
 
 from __future__ import annotations
 
-from scaletrain.config import GB, expert_split
+from scaletrain.config import GB, byte_unit, expert_split, fmt_bytes
 
 from ..memory.states import stage_layer_counts, state_bytes_per_param
 from ..recipes.registry import recipe_named
@@ -29,10 +29,6 @@ _OPTIMIZER_STATES = {
     "adafactor": "fp32 row and column second moments, at 1024 x 1024",
 }
 """What `OPTIMIZER_BYTES` counts for each optimizer, in the words of the explain line."""
-
-
-def _gb(x: float) -> str:
-    return f"{x / GB:.2f} GB"
 
 
 def _parameters(est: Estimate) -> list[str]:
@@ -78,6 +74,11 @@ def _states_and_activations(est: Estimate) -> list[str]:
     m = max(1, p.grad_accum)
     out: list[str] = []
     add = out.append
+    unit = byte_unit(mem.reserved)  # sections 2-4 in one unit, the largest figure's
+
+    def _mem(x: float) -> str:
+        return fmt_bytes(x, digits=2, unit=unit)
+
     add("-- 2. model states")
     if p.recipe != DEFAULT_RECIPE:
         out += _recipe_states(est)
@@ -94,10 +95,10 @@ def _states_and_activations(est: Estimate) -> list[str]:
         f"(stage>=1 optimizer, >=2 grads, 3 params)"
     )
     add(
-        f"   params {_gb(mem.params)} (in-flight 16-bit copies "
-        f"{_gb(mem.detail.get('params.in_flight', 0.0))}), grads {_gb(mem.grads)}, "
-        f"optimizer {_gb(mem.optimizer)}; offloaded to CPU "
-        f"{_gb(mem.detail.get('offloaded.cpu', 0.0))}"
+        f"   params {_mem(mem.params)} (in-flight 16-bit copies "
+        f"{_mem(mem.detail.get('params.in_flight', 0.0))}), grads {_mem(mem.grads)}, "
+        f"optimizer {_mem(mem.optimizer)}; offloaded to CPU "
+        f"{_mem(mem.detail.get('offloaded.cpu', 0.0))}"
     )
     add("-- 3. activations")
     per_layer = mem.detail.get("activations.per_layer", 0.0)
@@ -107,7 +108,7 @@ def _states_and_activations(est: Estimate) -> list[str]:
         what = f"[{r.name}] {r.activations}, selective={r.selective}"
     add(
         f"   per layer per micro-batch ({what}, ac={p.ac}, tp={L.tp}, sp={L.sp}, "
-        f"cp={L.cp}) = {_gb(per_layer)}"
+        f"cp={L.cp}) = {_mem(per_layer)}"
     )
     stage = int(mem.detail.get("pipeline_rank", 0))
     inflight = (
@@ -119,14 +120,14 @@ def _states_and_activations(est: Estimate) -> list[str]:
     )
     add(
         f"   activations = in_flight x layers x per_layer (+ head/logits on the last rank) = "
-        f"{_gb(mem.activations)}"
+        f"{_mem(mem.activations)}"
     )
     add("-- 4. buffers")
     for k, v in mem.buffer_terms.items():
-        add(f"   {k:<22} {_gb(v)}")
+        add(f"   {k:<22} {_mem(v)}")
     add(
-        f"   total allocated peak {_gb(mem.total)}; reserved (+fragmentation) "
-        f"{_gb(mem.reserved)} vs capacity {_gb(mem.capacity)} -> "
+        f"   total allocated peak {_mem(mem.total)}; reserved (+fragmentation) "
+        f"{_mem(mem.reserved)} vs capacity {fmt_bytes(mem.capacity, digits=2)} -> "
         f"{'fits' if mem.fits else 'DOES NOT FIT'}"
     )
     if mem.moment:
@@ -157,12 +158,13 @@ def _recipe_states(est: Estimate) -> list[str]:
         ("loss/logits", r.loss, "loss"),
         (
             "grad buckets",
-            f"{r.ddp_bucket}, {r.bucket_bytes(p.layout.dp) / 1e6:.0f} MB",
+            f"{r.ddp_bucket}, {fmt_bytes(r.bucket_bytes(p.layout.dp), digits=0)}",
             "ddp_bucket",
         ),
         (
             "allocator",
-            f"fragmentation {r.fragmentation:g}, context {r.cuda_context_bytes / 1e9:.2f} GB",
+            f"fragmentation {r.fragmentation:g}, context "
+            f"{fmt_bytes(r.cuda_context_bytes, digits=2)}",
             "fragmentation",
         ),
     )
@@ -196,8 +198,9 @@ def _recipe_time(est: Estimate) -> list[str]:
     p, L, hw = est.plan, est.plan.layout, est.plan.hardware
     r = recipe_named(p.recipe)
     bucket = (
-        f"   [{r.name}] last gradient bucket exposed: {r.bucket_bytes(L.dp) / 1e6:.0f} "
-        f"MB ({r.sources.get('ddp_bucket', '')}); all-reduce latency: NCCL tree from 16 "
+        f"   [{r.name}] last gradient bucket exposed: "
+        f"{fmt_bytes(r.bucket_bytes(L.dp), digits=0)} "
+        f"({r.sources.get('ddp_bucket', '')}); all-reduce latency: NCCL tree from 16 "
         f"ranks (efficiency.allreduce_latency)"
     )
     from ..time.efficiency import COMM_OVERLAP, attention_kernel

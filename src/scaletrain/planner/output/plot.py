@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from scaletrain.config import GB
+from scaletrain.config import byte_unit
 
 from ..time.pipeline import PipelineTimeline
 from ..types import Estimate
@@ -28,21 +28,24 @@ def _plt():  # type: ignore[no-untyped-def]
 
 
 def plot_memory(estimates: Sequence[Estimate], path: str | Path) -> Path:
-    """Stacked bars (GB per GPU, worst rank) per layout with the capacity as a line."""
+    """Stacked bars (binary units per GPU, worst rank) per layout with the capacity as a line."""
     from ..types import layout_label
 
     plt = _plt()
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(estimates) + 3), 5))
     labels = [layout_label(e) for e in estimates]
     bottom = [0.0] * len(estimates)
+    unit, size = byte_unit(max((e.memory.capacity for e in estimates), default=0.0))
     for cat in CATEGORIES:
-        vals = [getattr(e.memory, cat) / GB for e in estimates]
+        vals = [getattr(e.memory, cat) / size for e in estimates]
         ax.bar(range(len(estimates)), vals, bottom=bottom, label=cat)
         bottom = [b + v for b, v in zip(bottom, vals)]
     if estimates:
-        ax.axhline(estimates[0].memory.capacity / GB, color="red", linestyle="--", label="capacity")
+        ax.axhline(
+            estimates[0].memory.capacity / size, color="red", linestyle="--", label="capacity"
+        )
     ax.set_xticks(range(len(estimates)), labels, rotation=30, ha="right", fontsize=7)
-    ax.set_ylabel("GB per GPU (worst rank)")
+    ax.set_ylabel(f"{unit} per GPU (worst rank)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     out = Path(path)

@@ -6,13 +6,14 @@ import io
 import textwrap
 from typing import Any
 
-from scaletrain.config import GB
+from scaletrain.config import byte_unit, fmt_bytes
 
 from ..search.result import SearchResult
 from ..types import Estimate, layout_label
 
 __all__ = [
     "estimate_rows",
+    "memory_unit",
     "render_estimates",
     "render_search",
     "to_json",
@@ -21,8 +22,17 @@ __all__ = [
 ]
 
 
-def estimate_rows(estimates: list[Estimate]) -> list[list[str]]:
-    """One row per estimate: layout, memory per category (GB), step time, tokens/s, MFU, fits."""
+def memory_unit(estimates: list[Estimate]) -> tuple[str, float]:
+    """The one binary unit of a table of `estimates` (`config.units`): its largest figure's."""
+    return byte_unit(max((e.memory.reserved for e in estimates), default=0.0))
+
+
+def estimate_rows(
+    estimates: list[Estimate], unit: tuple[str, float] | None = None
+) -> list[list[str]]:
+    """One row per estimate: layout, memory per category (in `unit`, default `memory_unit`),
+    step time, tokens/s, MFU, fits."""
+    _, size = unit or memory_unit(estimates)
     rows = []
     for e in estimates:
         m = e.memory
@@ -30,7 +40,7 @@ def estimate_rows(estimates: list[Estimate]) -> list[list[str]]:
             [
                 layout_label(e),
                 *(
-                    f"{x / GB:.1f}"
+                    f"{x / size:.1f}"
                     for x in (
                         m.params,
                         m.grads,
@@ -73,16 +83,17 @@ def _table(title: str, estimates: list[Estimate], width: int) -> Any:
     from rich import box
     from rich.table import Table  # lazy: keeps `import scaletrain.planner` light
 
-    rows = estimate_rows(estimates)
+    unit = memory_unit(estimates)
+    rows = estimate_rows(estimates, unit)
     keep = list(range(len(HEADERS)))
     natural = max((sum(map(len, r)) + len(r) - 1 for r in [HEADERS, *rows]), default=0)
     if natural > width:
         keep = [HEADERS.index(h) for h in NARROW]
-    cap = estimates[0].plan.hardware.capacity_text() if estimates else "0 GB"
+    cap = estimates[0].plan.hardware.memory_bytes if estimates else 0.0
     # no vertical rules and one space between columns; the layout column wraps at its spaces
     # when even the narrow table is wider than the terminal
     t = Table(
-        title=f"{title} (memory in GB per GPU, capacity {cap})",
+        title=f"{title} (memory in {unit[0]} per GPU, capacity {fmt_bytes(cap, digits=2)})",
         box=box.SIMPLE_HEAD,
         padding=(0, 1, 0, 0),
         pad_edge=False,

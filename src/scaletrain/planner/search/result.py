@@ -7,9 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from scaletrain.config import (
-    GB,
-)
+from scaletrain.config import byte_unit, fmt_bytes
 
 from ..types import Estimate, layout_label
 
@@ -45,10 +43,11 @@ class FamilyOutcome:
                         f"best member {layout_label(self.best)}: as fast, and the pick is the "
                         "simpler layout (ties go to the rule of thumb)"
                     )
+                ours, theirs = self.best.memory.reserved, winner.memory.reserved
+                u = byte_unit(max(ours, theirs))  # one unit for the two figures
                 return (
                     f"best member {layout_label(self.best)}: as fast, but reserves "
-                    f"{self.best.memory.reserved / GB:.1f} GB vs "
-                    f"{winner.memory.reserved / GB:.1f} GB"
+                    f"{fmt_bytes(ours, unit=u)} vs {fmt_bytes(theirs, unit=u)}"
                 )
             return (
                 f"best member {layout_label(self.best)}: {self.best.time.step_s:.3f} s/step "
@@ -57,9 +56,11 @@ class FamilyOutcome:
             )
         if self.closest_miss is not None:
             mem = self.closest_miss.memory
+            u = byte_unit(mem.reserved)  # the larger of the two: it did not fit
+            cap = self.closest_miss.plan.hardware.memory_bytes
             return (
-                f"never fits: best needs {mem.reserved / GB:.1f} GB > "
-                f"{self.closest_miss.plan.hardware.capacity_text()} (rank {mem.rank}, "
+                f"never fits: best needs {fmt_bytes(mem.reserved, unit=u)} > "
+                f"{fmt_bytes(cap, unit=u, digits=2)} (rank {mem.rank}, "
                 f"{layout_label(self.closest_miss)})"
             )
         if self.family == "offload" and winner is not None:
