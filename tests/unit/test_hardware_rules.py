@@ -33,6 +33,7 @@ RUNS = {
     "h100-hbm2e-500w": {"fp32", "fp16", "bf16", "fp8"},
     "h100-pcie": {"fp32", "fp16", "bf16", "fp8"},
     "h200": {"fp32", "fp16", "bf16", "fp8"},
+    "h800": {"fp32", "fp16", "bf16", "fp8"},
     "b200": {"fp32", "fp16", "bf16", "fp8"},
     "mi300x": {"fp32", "fp16", "bf16"},  # float8 FNUZ only: not our OCP e4m3fn GEMMs
     "cpu": {"fp32", "fp16", "bf16", "fp8"},  # never refused on a CPU

@@ -31,5 +31,6 @@ def test_verify_and_report_show_the_same_figure(tmp_path) -> None:
     verify = metrics_throughput(tmp_path / "metrics.jsonl")["measured_tokens_per_s"]
     # run_info holds a different figure: the report must still agree with verify
     run = RunData(run_dir=tmp_path, config={}, job=None, info={"tokens_per_s": 1.0}, metrics=ROWS)
-    report, _ = _measured_throughput(run)
+    report, _, step_s = _measured_throughput(run)
     assert report == pytest.approx(verify)
+    assert step_s == pytest.approx(11.0 / 3)
