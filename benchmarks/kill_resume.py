@@ -60,6 +60,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -342,6 +343,19 @@ def run_signal_trial(
     if code is None:
         os.kill(pid, sig)
         code = _wait(pid)
+    _judge_stop_then_resume(
+        row, code, sig, log, run_dir, lambda: _wait(launch(args, log, restart=1))
+    )
+    row["wall_s"] = time.perf_counter() - t0
+    return row
+
+
+def _judge_stop_then_resume(
+    row: dict[str, Any], code: int, sig: int, log: Path, run_dir: Path, resume: Callable[[], int]
+) -> None:
+    """Fill `row` from a stopped run: the exit code must be 128 + signal with one 'received'
+    line and no traceback, and the newest good checkpoint must be the step it stopped after;
+    then `resume()` runs the job again and must exit 0."""
     text = log.read_text()
     said = _STOPPED.findall(text)
     logged = max((r["step"] for r in _metrics(run_dir)), default=0)
@@ -350,25 +364,22 @@ def run_signal_trial(
         row["error"] = (
             f"exit {code} (want {128 + sig}), {len(said)} 'received' lines: " + text[-1500:]
         )
+        return
+    row["stopped_at"] = int(said[0][1])
+    row["resumed_from"] = saved
+    row["lost_steps"] = max(0, logged - saved)
+    if saved != row["stopped_at"]:
+        row["error"] = (
+            f"stopped after step {row['stopped_at']} but the newest good checkpoint is step {saved}"
+        )
+        return
+    row["attempts"] += 1
+    row["resumes"] += 1
+    code = resume()
+    if code != 0:
+        row["error"] = f"the resume exited with {code}: " + log.read_text()[-2000:]
     else:
-        row["stopped_at"] = int(said[0][1])
-        row["resumed_from"] = saved
-        row["lost_steps"] = max(0, logged - saved)
-        if saved != row["stopped_at"]:
-            row["error"] = (
-                f"stopped after step {row['stopped_at']} but the newest good "
-                f"checkpoint is step {saved}"
-            )
-    if not row["error"]:
-        row["attempts"] += 1
-        row["resumes"] += 1
-        code = _wait(launch(args, log, restart=1))
-        if code != 0:
-            row["error"] = f"the resume exited with {code}: " + log.read_text()[-2000:]
-        else:
-            row["finished"] = True
-    row["wall_s"] = time.perf_counter() - t0
-    return row
+        row["finished"] = True
 
 
 NPROC = 2
@@ -460,31 +471,7 @@ def run_nproc_signal_trial(
         else:
             p.send_signal(sig)
     code = p.wait()
-    text = log.read_text()
-    said = _STOPPED.findall(text)
-    logged = max((r["step"] for r in _metrics(run_dir)), default=0)
-    saved = _resume_step(run_dir)
-    if code != 128 + sig or len(said) != 1 or "Traceback" in text:
-        row["error"] = (
-            f"exit {code} (want {128 + sig}), {len(said)} 'received' lines: " + text[-1500:]
-        )
-    else:
-        row["stopped_at"] = int(said[0][1])
-        row["resumed_from"] = saved
-        row["lost_steps"] = max(0, logged - saved)
-        if saved != row["stopped_at"]:
-            row["error"] = (
-                f"stopped after step {row['stopped_at']} but the newest good "
-                f"checkpoint is step {saved}"
-            )
-    if not row["error"]:
-        row["attempts"] += 1
-        row["resumes"] += 1
-        code = _popen(cmd, log).wait()
-        if code != 0:
-            row["error"] = f"the resume exited with {code}: " + log.read_text()[-2000:]
-        else:
-            row["finished"] = True
+    _judge_stop_then_resume(row, code, sig, log, run_dir, lambda: _popen(cmd, log).wait())
     row["wall_s"] = time.perf_counter() - t0
     return row
 
