@@ -67,6 +67,9 @@ def _models() -> dict[str, ModelConfig]:
         "llama-1024-L4": model(
             "tiny-llama", 4, **{k: v for k, v in llama_s.items() if k != "name"}
         ),
+        "llama-1024-L6": model(
+            "tiny-llama", 6, **{k: v for k, v in llama_s.items() if k != "name"}
+        ),
         "llama2-7b-L1": model("llama2-7b", 1),
         "llama3-8b-L1": model("llama3-8b", 1),
         "mixtral-8x7b-L2": model("mixtral-8x7b", 2),
@@ -161,19 +164,22 @@ EXTRA_CASES: list[Extra] = [
     # issue #16: Mixtral widths, ZeRO-3 + ep8, selective AC: fp32 expert gradients outweigh a
     # block's activations, so the peak is the last blocks' backward next to them
     ("mixtral-8x7b-L2", 8, 8, 3, 1, "1f1b", 1, 8, "bf16", 1, 4096, 1, "selective"),
+    # issue #37: DualPipeV's V (rank 0 holds the first and the last stage), torch's order
+    ("llama-1024-L6", 2, 1, 0, 2, "dualpipev", 2, 1, "bf16", 2, 256, 4),
 ]
 """Pipeline-parallel (each schedule) and MoE / expert-parallel layouts, measured on the rank the
 planner reports as the worst (`measure_extra`). Calibrated (schedule_moments, pipeline receive
 buffers, MoE dispatch tensors) and counted in the summary with the main matrix."""
 
-QUICK_EXTRA = [EXTRA_CASES[i] for i in (1, 2, 3, 6, 7, 8, 10)]
+QUICK_EXTRA = [EXTRA_CASES[i] for i in (1, 2, 3, 6, 7, 8, 10, 11)]
 """The PP/MoE part of the fast subset (tests/planner/test_accuracy.py): GPipe (all m
 micro-batches stored at the first backward, m - 1 next to the gradients), interleaved v2
-(chunks weighted by their own layers, per-micro-batch receive buffers), zero-bubble (graphs
+(chunks weighted by their own layers, the communication buffers in flight), zero-bubble (graphs
 kept until W; the dry-run's tracker must not hold gradients across I and W), ZeRO-2 with ep4
 (the MoE dispatch tensors), ZeRO-3 at dp2 (the root unit's post-backward) in fp8, float8
-experts under ep2, and Mixtral's widths under ZeRO-3 + ep8 with selective AC (the last blocks'
-backward next to the fp32 expert gradients of the later blocks)."""
+experts under ep2, Mixtral's widths under ZeRO-3 + ep8 with selective AC (the last blocks'
+backward next to the fp32 expert gradients of the later blocks), and DualPipeV's V (both ends
+on rank 0, torch's order)."""
 
 
 def _model_for(name: str, seq: int) -> ModelConfig:
@@ -354,6 +360,7 @@ def measure_extra(case: Extra) -> dict[str, Any]:
     from scaletrain.planner import estimate
     from scaletrain.planner.memory.states import stage_layer_counts
     from scaletrain.planner.time.flops import counted_flops_per_token, matmul_params
+    from scaletrain.planner.time.pipeline import last_stage_rank
     from scaletrain.planner.types import plan_input_from_job
 
     job, world = job_for_extra(case)
@@ -368,13 +375,15 @@ def measure_extra(case: Extra) -> dict[str, Any]:
     # the stage's FLOPs: its blocks, and the head on the last pipeline rank
     b, m = job.batch, job.model
     prank = int(est.detail.get("pipeline_rank", 0))
-    layers = stage_layer_counts(m.num_layers, layout.pp, layout.pp_virtual)[prank]
+    layers = stage_layer_counts(m.num_layers, layout.pp, layout.pp_virtual, layout.pp_schedule)[
+        prank
+    ]
     stage = dataclasses.replace(m, num_layers=layers)
     fused = fused_head_loss(layout)
     per_token = counted_flops_per_token(
         stage, b.seq_len, recompute=job.memory.ac, tp=layout.tp, cp=layout.cp, fused_head=fused
     )
-    if prank != layout.pp - 1:  # no head: the fused 4 x 2*V*h/tp or plain 3 x 2*V*h
+    if prank != last_stage_rank(layout):  # no head: the fused 4 x 2*V*h/tp or plain 3 x 2*V*h
         per_token -= (4 * 2.0 / layout.tp if fused else 3 * 2.0) * matmul_params(m)[1]
     accum = b.global_batch // (b.micro_batch * layout.dp)
     pred = {
@@ -523,7 +532,8 @@ def markdown(
             "activations stored per chunk, weighted by the chunk's own layers; gradients "
             "only after the rank's first backward, so GPipe peaks at its second "
             "backward; zero-bubble keeps a micro-batch's graph until its W pass), "
-            "torch's per-micro-batch receive buffers (`memory.pp_recv_buffer_bytes`), "
+            "the stage-boundary tensors the trainer's sends and receives hold "
+            "(`memory.buffers.pp_boundary_bytes`: the micro-batches in flight), "
             "per-chunk RoPE tables, the MoE dispatch tensors (int64 routing indices, "
             "three (N*k, h) copies, four under ep > 1) and, under ZeRO-2/3 with ep > 1, "
             "the fp32 experts FSDP2 ignores (no gathered copy; autocast casts of their "

@@ -347,11 +347,6 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     inp = _inputs(args)
     explain_mode = args.command == "explain"
     lines: list[str] = [] if args.json else [f"note: {n}" for n in inp["derived"]]
-    if inp["pinned"].get("pp_schedule") == "dualpipev" and not args.json:
-        lines.append(
-            "note: dualpipev is planned as zero-bubble (ZB-H1) with 2 looped chunks per rank: "
-            "the planner has no DualPipeV bubble or V-shaped stage memory yet"
-        )
     unrunnable = _precision_mark(inp)
     if unrunnable and args.json:  # the JSON on stdout stays one document
         print(unrunnable, file=sys.stderr)

@@ -26,6 +26,11 @@ embeddings refused by `config.layout_problems`). Gradients are the mean over mic
 the trainer's step divides each micro-batch's loss so that it is the mean over the step's
 valid targets instead (`step(loss_divisor=...)`, `trainer.tokens`).
 
+Communication buffers (`pipeline_stage.py`): the stages are torch's with receive buffers that
+exist from the post of their receive until the stage consumed them, and the multi-stage
+schedules' sends are let go as soon as their receiver has them (`SendLedger`), so what a rank
+holds for communication follows its micro-batches in flight, not their number.
+
 Tied embeddings (GPT-2) at pp > 1 (Megatron-LM's recipe, Narayanan et al. 2021): the first
 stage keeps the embedding, the last stage gets its own `output` head initialized to the same
 values (`init_weights` draws "output.weight" of a tied model as "tok_embeddings.weight"), and
@@ -66,7 +71,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import (
-    PipelineStage,
     Schedule1F1B,
     ScheduleDualPipeV,
     ScheduleGPipe,
@@ -79,6 +83,8 @@ from scaletrain.config.choices import PPSchedule
 from scaletrain.dtensor import to_full, to_local
 from scaletrain.models.transformer import Transformer
 from scaletrain.numerics import acc_dtype, upcast
+
+from .pipeline_stage import InFlightStage, SendLedger
 
 __all__ = ["PipelineRuntime", "build_pipeline", "split_layers", "stage_ids", "split_stage"]
 
@@ -171,7 +177,7 @@ class PipelineRuntime:
     schedule: Any
     group: dist.ProcessGroup
     num_stages: int
-    _pipeline_stages: list[PipelineStage] = field(default_factory=list)
+    _pipeline_stages: list[InFlightStage] = field(default_factory=list)
     tied_group: dist.ProcessGroup | None = None
     """Tied embeddings at pp > 1: the (first, last) stage pair whose head/embedding gradients
     are summed after every backward."""
@@ -193,6 +199,13 @@ class PipelineRuntime:
     num_microbatches: int = 1
     """Micro-batches per `step` (the schedule's; it divides the gradients by it)."""
     _divisor: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    sends: SendLedger | None = None
+    """Multi-stage schedules: the sends, let go as soon as their receiver has them
+    (`pipeline_stage.SendLedger`); None for gpipe / 1f1b, which wait their own."""
+
+    def _drain(self) -> None:
+        if self.sends is not None:
+            self.sends.drain()
 
     def staged_loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """The loss the schedule computes for each micro-batch on the last stage, inside the
@@ -299,6 +312,7 @@ class PipelineRuntime:
             )
         finally:
             self._hooks, self._divisor = None, None
+        self._drain()
         self.sync_tied_gradients()
         return self._mean_loss(losses, device)
 
@@ -316,6 +330,7 @@ class PipelineRuntime:
             return_outputs=False,
             **self._fused_targets(targets),
         )
+        self._drain()
         return self._mean_loss(losses, inputs.device)
 
     def _fused_targets(self, targets: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -333,6 +348,7 @@ class PipelineRuntime:
         args = (inputs,) if self.is_first else ()
         dummy = torch.zeros(inputs.shape, dtype=torch.long, device=inputs.device)
         out = self.schedule.eval(*args, target=dummy if self.is_last else None, return_outputs=True)
+        self._drain()
         if self.is_last:
             out = to_full(out)
             logits = self._cp_gather(upcast(out[:1]).contiguous())
@@ -431,7 +447,7 @@ def build_pipeline(
         if cp is not None:
             attach_cp_positions(mod, dist.get_rank(cp), dist.get_world_size(cp))
         mods.append(mod)
-        pstages.append(PipelineStage(mod, sid, num_stages, device, group=group))
+        pstages.append(InFlightStage(mod, sid, num_stages, device, group=group))
     tied = _tied_pair_group(group) if num_stages > 1 and _tied(model) else None
     runtime = PipelineRuntime(
         stages=mods,
@@ -455,4 +471,7 @@ def build_pipeline(
         loss_fn=runtime.staged_loss,
         scale_grads=True,
     )
+    if schedule_cls is None and schedule not in _SINGLE_STAGE and pp_size > 1:
+        runtime.sends = SendLedger(runtime.schedule, pp_rank)
+        runtime.sends.attach(runtime.schedule)
     return runtime

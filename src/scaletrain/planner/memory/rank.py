@@ -16,7 +16,7 @@ worst. The set is exact, not sampled.
 
 from __future__ import annotations
 
-from ..time.pipeline import inflight_per_rank
+from ..time.pipeline import inflight_per_rank, last_stage_rank
 from ..types import MemoryBreakdown, PlanInput
 from .buffers import FRAGMENTATION
 from .moments import ForwardBackward, Moment, OptimizerStep, RankMemory
@@ -101,7 +101,7 @@ def _rank_memory(
     L = plan.layout
     zs, m = L.zero_shards, max(1, plan.grad_accum)
     device = "cpu" if plan.hardware.name == "cpu" else "gpu"
-    last = rank == L.pp - 1
+    last = rank == last_stage_rank(L)
     rs = rank_states(plan, terms, zs, rank == 0, last, layers, convention)
     st, count, unit, sharded, fixed = rs.states, rs.params, rs.unit, rs.sharded, rs.fixed
     # fsdp: the FSDP collectives' buffers; quant: fp8's quantization temporary, which exists
@@ -245,7 +245,7 @@ def pipeline_rank_memory(
     if not 0 <= pp_rank < L.pp:
         raise ValueError(f"pp_rank={pp_rank}: the layout has pp={L.pp} pipeline ranks")
     m = max(1, plan.grad_accum)
-    layers = stage_layer_counts(plan.model.num_layers, L.pp, L.pp_virtual)[pp_rank]
+    layers = stage_layer_counts(plan.model.num_layers, L.pp, L.pp_virtual, L.pp_schedule)[pp_rank]
     in_flight = (
         1.0 if L.pp == 1 else inflight_per_rank(L.pp_schedule, L.pp, m, L.pp_virtual)[pp_rank]
     )

@@ -32,7 +32,7 @@ from .flops import (
     layer_forward_flops_per_token,
     op_sac_recompute_flops_per_token,
 )
-from .pipeline import bubble_fraction
+from .pipeline import bubble_fraction, last_stage_rank
 
 __all__ = [
     "default_efficiency",
@@ -148,7 +148,7 @@ def comm_arguments(
     (after TP/PP/EP division): blocks of the fullest stage, tokens of one micro-batch per cp
     rank, this rank's expert weights (EP-local, TP-sharded like max_params)."""
     L, model = plan.layout, plan.model
-    layers = max(stage_layer_counts(model.num_layers, L.pp, L.pp_virtual))
+    layers = max(stage_layer_counts(model.num_layers, L.pp, L.pp_virtual, L.pp_schedule))
     experts = (
         layers * model.param_counts().mlp_per_expert * model.num_experts / expert_split(L)
         if model.is_moe
@@ -255,7 +255,8 @@ def step_time(
     """The seconds of one step of `plan` whose busiest rank holds `max_params` parameters.
 
     Compute: the slowest pipeline rank paces every micro-batch. Rank r does
-    counts[r] x block hardware FLOPs per token, the last rank also the head (3 x forward); the
+    counts[r] x block hardware FLOPs per token, the last stage's rank also the head (3 x
+    forward; rank pp-1, rank 0 under dualpipev's V); the
     embedding lookup does no matmul. Summed over ranks this is the model's hardware FLOPs, so
     compute x gpus x rate >= model FLOPs per step and MFU <= efficiency (tested). Blocks split
     over tp x cp, except MoE experts kept whole per tp rank (ep > 1,
@@ -265,7 +266,7 @@ def step_time(
     m = max(1, plan.grad_accum)
     fl = model_flops(terms, plan.seq_len, causal, plan.ac)
     lf, hf, core, layer_hw = fl.block_forward, fl.head_forward, fl.attention_core, fl.block_hardware
-    counts = stage_layer_counts(model.num_layers, L.pp, L.pp_virtual)
+    counts = stage_layer_counts(model.num_layers, L.pp, L.pp_virtual, L.pp_schedule)
     eff = plan_efficiency(plan)
     eff16 = eff
     foreign = recipe is not None and recipe.name != "scaletrain"
@@ -287,8 +288,9 @@ def step_time(
     )
     tok_mb = float(plan.seq_len) * plan.micro_batch  # tokens of one micro-batch (one replica)
     split = L.tp * L.cp
-    middle = max(counts[:-1], default=0) * layer_s
-    t_mb = max(middle, counts[-1] * layer_s + 3 * hf / slow) * tok_mb / split
+    head = last_stage_rank(L)
+    middle = max((c for r, c in enumerate(counts) if r != head), default=0) * layer_s
+    t_mb = max(middle, counts[head] * layer_s + 3 * hf / slow) * tok_mb / split
     compute_s = m * t_mb
     bubble_s = 0.0
     if L.pp > 1:
