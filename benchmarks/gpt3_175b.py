@@ -42,6 +42,10 @@ MEGATRON = {
     "source": "Narayanan et al. 2021, Megatron-LM, SC'21, Table 1 (175B row)",
 }
 SEED_003 = dict(dp=16, tp=8, pp=8, zero=1, pp_schedule="1f1b", micro_batch=1, ac="full")
+INTERLEAVED_64 = dict(dp=1, tp=8, pp=8, zero=0, pp_schedule="interleaved", pp_virtual=3)
+"""Issue #37's layout: 175B on 64 A100-80GB, TP 8 x PP 8 interleaved (3 chunks per rank), full
+recompute, as Megatron-LM runs 175B (Korthikanti et al. 2022 use TP 8 x PP 8 with interleaving
+and full recompute); planned at 8 and 64 micro-batches per step."""
 
 
 def megatron_mfu() -> float:
@@ -69,7 +73,8 @@ def _row(e: Any) -> dict[str, Any]:
 
 
 def planned() -> dict[str, Any]:
-    from scaletrain.config import hardware_preset, resolve_model
+    from scaletrain.config import Layout, hardware_preset, resolve_model
+    from scaletrain.planner import PlanInput, estimate
     from scaletrain.planner.search.layouts import search
 
     model, hw = resolve_model("gpt3-175b"), hardware_preset("a100-80gb")
@@ -84,11 +89,19 @@ def planned() -> dict[str, Any]:
     }
     seed = search(model, hw, 1024, **kw, **SEED_003).best
     assert seed is not None, "seed 003's recipe must fit"
+    interleaved = {}
+    for m in (8, 64):  # dp 1, micro-batch 1: m micro-batches per step
+        plan = PlanInput(
+            model, hw, 64, Layout(**INTERLEAVED_64), 2048, m, 1, precision="bf16", ac="full"
+        )
+        est = estimate(plan)
+        interleaved[m] = {**_row(est), "pp_p2p_gb": est.memory.buffer_terms["pp_p2p"] / GB}
     return {
         "chosen": _row(res.best),
         "families": families,
         "search_s": search_s,
         "seed_003": _row(seed),
+        "interleaved_64": interleaved,
     }
 
 
@@ -154,6 +167,21 @@ def markdown(r: dict[str, Any]) -> str:
         f"| planner, seed 003 / Megatron layout | {s['layout']} | {s['ac']} | {s['mfu']:.1%} "
         f"| {s['step_s']:.2f} | {s['reserved_gb']:.1f} |",
         f"| Megatron-LM measured | tp8 pp8 dp16 | full | {meg:.1%} | — | — |",
+        "",
+        "## 175B on 64 A100-80GB, TP 8 x PP 8 interleaved (v = 3), full recompute",
+        "",
+        "Issue #37's layout, planned under scaletrain's own recipe: the pipeline's "
+        "communication buffers (`pp_p2p`) follow the micro-batches in flight since the "
+        "trainer's stages allocate a receive when they post it and let it go once consumed "
+        "(38.65 GB of them at 64 micro-batches before, 111.5 GB reserved: no fit).",
+        "",
+        "| micro-batches | layout | pp_p2p GB | reserved GB/GPU | fits |",
+        "|---|---|---|---|---|",
+        *(
+            f"| {m} | {x['layout']} | {x['pp_p2p_gb']:.2f} | {x['reserved_gb']:.1f} | "
+            f"{'yes' if x['fits'] else 'no'} |"
+            for m, x in r.get("interleaved_64", {}).items()
+        ),
         "",
         "## Gaps",
         "",

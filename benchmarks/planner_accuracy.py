@@ -67,6 +67,9 @@ def _models() -> dict[str, ModelConfig]:
         "llama-1024-L4": model(
             "tiny-llama", 4, **{k: v for k, v in llama_s.items() if k != "name"}
         ),
+        "llama-1024-L6": model(
+            "tiny-llama", 6, **{k: v for k, v in llama_s.items() if k != "name"}
+        ),
         "llama2-7b-L1": model("llama2-7b", 1),
         "llama3-8b-L1": model("llama3-8b", 1),
         "mixtral-8x7b-L2": model("mixtral-8x7b", 2),
@@ -180,19 +183,22 @@ EXTRA_CASES: list[Extra] = [
     # DeepSeek-V2-Lite widths: ZeRO-3 with ep4, and pp2 (the dense block on the first stage)
     ("deepseek-v2-lite-L4", 4, 4, 3, 1, "1f1b", 1, 4, "bf16", 2, 1024, 1),
     ("deepseek-v2-lite-L4", 4, 2, 3, 2, "1f1b", 1, 1, "bf16", 1, 1024, 4),
+    # issue #37: DualPipeV's V (rank 0 holds the first and the last stage), torch's order
+    ("llama-1024-L6", 2, 1, 0, 2, "dualpipev", 2, 1, "bf16", 2, 256, 4),
 ]
 """Pipeline-parallel (each schedule) and MoE / expert-parallel layouts, measured on the rank the
 planner reports as the worst (`measure_extra`). Calibrated (schedule_moments, pipeline receive
 buffers, MoE dispatch tensors) and counted in the summary with the main matrix."""
 
-QUICK_EXTRA = [EXTRA_CASES[i] for i in (1, 2, 3, 6, 7, 8, 10)]
+QUICK_EXTRA = [EXTRA_CASES[i] for i in (1, 2, 3, 6, 7, 8, 10, 11)]
 """The PP/MoE part of the fast subset (tests/planner/test_accuracy.py): GPipe (all m
 micro-batches stored at the first backward, m - 1 next to the gradients), interleaved v2
-(chunks weighted by their own layers, per-micro-batch receive buffers), zero-bubble (graphs
+(chunks weighted by their own layers, the communication buffers in flight), zero-bubble (graphs
 kept until W; the dry-run's tracker must not hold gradients across I and W), ZeRO-2 with ep4
 (the MoE dispatch tensors), ZeRO-3 at dp2 (the root unit's post-backward) in fp8, float8
-experts under ep2, and Mixtral's widths under ZeRO-3 + ep8 with selective AC (the last blocks'
-backward next to the fp32 expert gradients of the later blocks)."""
+experts under ep2, Mixtral's widths under ZeRO-3 + ep8 with selective AC (the last blocks'
+backward next to the fp32 expert gradients of the later blocks), and DualPipeV's V (both ends
+on rank 0, torch's order)."""
 
 
 def _model_for(name: str, seq: int) -> ModelConfig:
@@ -373,6 +379,7 @@ def measure_extra(case: Extra) -> dict[str, Any]:
     from scaletrain.planner import estimate
     from scaletrain.planner.memory.states import dense_layers_on_rank, stage_layer_counts
     from scaletrain.planner.time.flops import counted_flops_per_token, matmul_params
+    from scaletrain.planner.time.pipeline import last_stage_rank
     from scaletrain.planner.types import plan_input_from_job
 
     job, world = job_for_extra(case)
@@ -387,7 +394,9 @@ def measure_extra(case: Extra) -> dict[str, Any]:
     # the stage's FLOPs: its blocks, and the head on the last pipeline rank
     b, m = job.batch, job.model
     prank = int(est.detail.get("pipeline_rank", 0))
-    layers = stage_layer_counts(m.num_layers, layout.pp, layout.pp_virtual)[prank]
+    layers = stage_layer_counts(m.num_layers, layout.pp, layout.pp_virtual, layout.pp_schedule)[
+        prank
+    ]
     dense = dense_layers_on_rank(
         m.num_layers,
         m.num_dense_layers if m.is_moe else 0,
@@ -401,7 +410,7 @@ def measure_extra(case: Extra) -> dict[str, Any]:
     per_token = counted_flops_per_token(
         stage, b.seq_len, recompute=job.memory.ac, tp=layout.tp, cp=layout.cp, fused_head=fused
     )
-    if prank != layout.pp - 1:  # no head: the fused 4 x 2*V*h/tp or plain 3 x 2*V*h
+    if prank != last_stage_rank(layout):  # no head: the fused 4 x 2*V*h/tp or plain 3 x 2*V*h
         per_token -= (4 * 2.0 / layout.tp if fused else 3 * 2.0) * matmul_params(m)[1]
     accum = b.global_batch // (b.micro_batch * layout.dp)
     pred = {
@@ -550,7 +559,8 @@ def markdown(
             "activations stored per chunk, weighted by the chunk's own layers; gradients "
             "only after the rank's first backward, so GPipe peaks at its second "
             "backward; zero-bubble keeps a micro-batch's graph until its W pass), "
-            "torch's per-micro-batch receive buffers (`memory.pp_recv_buffer_bytes`), "
+            "the stage-boundary tensors the trainer's sends and receives hold "
+            "(`memory.buffers.pp_boundary_bytes`: the micro-batches in flight), "
             "per-chunk RoPE tables, the MoE dispatch tensors (int64 routing indices, "
             "three (N*k, h) copies, four under ep > 1) and, under ZeRO-2/3 with ep > 1, "
             "the fp32 experts FSDP2 ignores (no gathered copy; autocast casts of their "

@@ -271,14 +271,6 @@ def cause(r: dict[str, Any], key: str) -> str:
                 f"fused loss does not ({-t['logits'] / gap:.0%} of the {-gap:.1f} GiB gap)"
             )
         big = max(t["buffer_terms"].items(), key=lambda kv: kv[1], default=("", 0.0))
-        if gap > 0 and big[1] >= gap / 2 and big[0] == "pp_p2p":
-            # scaletrain's own trainer does hold these (torch pipelining keeps a receive buffer
-            # per micro-batch; tests/planner/test_accuracy.py checks the growth on the dry-run)
-            return (
-                f"pp_p2p ({big[1]:.1f} GiB): scaletrain's trainer keeps a receive buffer "
-                "per micro-batch (torch pipelining, as its dry-run shows); the framework "
-                "does not"
-            )
         if gap > 0 and big[1] >= gap / 2:
             return f"buffer term {big[0]} ({big[1]:.1f} GiB) over-predicted"
         if gap > 0 and t["activations"] >= gap / 2:

@@ -2,6 +2,7 @@
 test_parity_matrix.py."""
 
 import dataclasses
+import json
 
 import pytest
 
@@ -72,7 +73,8 @@ def test_dualpipev_layout_rules():
 def test_dualpipev_dry_run_runs_torchs_order_in_a_v(capsys):
     """The dry-run runs torch's DualPipeV order on the V's stages: rank 0 the embedding and
     the head (stages 0 and 3 of tiny-llama-4l: 0 layers each), rank 1 the four layers; the
-    ranks' FLOPs add up to zero-bubble's (same stages' work, same split backward)."""
+    ranks' FLOPs add up to zero-bubble's (same stages' work, same split backward). The planner
+    plans the V (its bubble here)."""
     from scaletrain.cli import main
     from scaletrain.config.loading import load_config
     from scaletrain.dryrun import dryrun
@@ -95,7 +97,10 @@ def test_dualpipev_dry_run_runs_torchs_order_in_a_v(capsys):
     v = flops["dualpipev"]
     assert v[1] > 10 * v[0]  # rank 1 holds every layer
     assert sum(v) == sum(flops["zero-bubble"])
-    argv = ["plan", "--model", "llama3-8b", "--gpus", "16", "--pp", "4"]
+    # the planner plans the V itself: DualPipeV's bubble, (p-1)/(6m) of compute
+    argv = ["plan", "--model", "llama3-8b", "--gpus", "16", "--pp", "4", "--json"]
     assert main([*argv, "--pp-schedule", "dualpipev", "--global-batch", "64"]) == 0
-    out = capsys.readouterr().out
-    assert "note: dualpipev is planned as zero-bubble" in out and "dualpipevx2" in out
+    est = json.loads(capsys.readouterr().out)
+    assert est["plan"]["pp_schedule"] == "dualpipev" and est["plan"]["pp_virtual"] == 2
+    m = est["plan"]["grad_accum"]
+    assert est["time"]["bubble_s"] == pytest.approx(3 / (6 * m) * est["time"]["compute_s"])

@@ -152,8 +152,10 @@ def test_published_training_layout_plans(capsys):
             f"MFU {est.mfu:.1%}"
         )
         assert 0 < est.mfu < 1 and est.time.step_s > 0
-        # the rank's parameters: a 16th of the blocks, experts 64-way: about 1.6B
-        assert 1.0e9 < mem.detail["params.count"] < 2.5e9
+        # the worst rank's parameters: a 16th of the blocks, experts 64-way, about 1.6B; rank 0
+        # (the worst with full recompute: 16 micro-batches in flight, receive buffers bounded by
+        # them, issue #37) adds the 0.93B embedding and holds the three dense blocks: 2.7B
+        assert 1.0e9 < mem.detail["params.count"] < 3.0e9
         assert mem.fits == (ac == "full")
     out = capsys.readouterr().out
     assert out.count("deepseek-v3 on 2048 h800") == 2

@@ -1,4 +1,5 @@
-"""Pipeline closed forms against the discrete-event simulator of torch's action orders."""
+"""Pipeline closed forms against the discrete-event simulator of torch's action orders (the
+orders against torch's own: tests/unit/test_pipeline_orders_torch.py)."""
 
 from __future__ import annotations
 
@@ -49,10 +50,19 @@ def test_zero_bubble_below_1f1b_and_h1_form(p: int, m: int, v: int) -> None:
 
 @pytest.mark.parametrize(
     "schedule,v",
-    [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved", 4), ("zero-bubble", 1)],
+    [
+        ("gpipe", 1),
+        ("1f1b", 1),
+        ("interleaved", 2),
+        ("interleaved", 4),
+        ("zero-bubble", 1),
+        ("dualpipev", 2),
+    ],
 )
 @pytest.mark.parametrize("p,m", CASES)
 def test_inflight_matches_simulator(schedule: str, v: int, p: int, m: int) -> None:
+    if schedule == "dualpipev" and m < 2 * p:
+        pytest.skip("dualpipev needs m >= 2p (torch refuses fewer)")
     t = simulate(schedule, p, m, v, tf=1.0, tb=2.0)
     for stage in range(p):
         assert t.peak_inflight[stage] == pytest.approx(
@@ -76,7 +86,7 @@ def test_every_action_once_and_interleaved_stages() -> None:
     for schedule in ("interleaved", "zero-bubble"):
         order = pipeline_order(schedule, p, m, v)
         for rank, actions in order.items():
-            kinds = ("F", "B", "W") if schedule == "zero-bubble" else ("F", "B")
+            kinds = ("F", "I", "W") if schedule == "zero-bubble" else ("F", "B")
             for kind in kinds:
                 for c in range(v):
                     stage = c * p + rank
@@ -84,6 +94,38 @@ def test_every_action_once_and_interleaved_stages() -> None:
                         a.microbatch for a in actions if a.kind == kind and a.stage == stage
                     )
                     assert mbs == list(range(m))
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (3, 7), (4, 8), (4, 9), (8, 16), (8, 33), (8, 64)])
+def test_dualpipev_bubble_and_memory_match_the_simulator(p: int, m: int) -> None:
+    """torch's DualPipeV order idles (p-1) forward chunks per rank with equal thirds: the
+    planned bubble (p-1)/(6m) is the simulator's for any m >= 2p, half of ZB-H1's on one chunk
+    per rank; every rank holds p + 1/2 micro-batches (2p + 1 chunks: DualPipe's PP + 1)."""
+    t = simulate("dualpipev", p, m, 2, tf=1.0, tb=2.0, w_fraction=0.5)
+    assert t.bubble_fraction == pytest.approx(bubble_fraction("dualpipev", p, m, 2))
+    assert bubble_fraction("dualpipev", p, m, 2) == pytest.approx((p - 1) / (6 * m))
+    zb = simulate("zero-bubble", p, m, 1, tf=1.0, tb=2.0) if m % max(1, m // p) == 0 else None
+    assert zb is None or t.bubble_fraction == pytest.approx(zb.bubble_fraction / 2, rel=0.05)
+    for rank in range(p):
+        assert t.peak_inflight[rank] == inflight_microbatches("dualpipev", p, m, rank, 2) == p + 0.5
+
+
+def test_dualpipev_runs_every_microbatch_once_per_stage_in_a_v() -> None:
+    """Rank r computes stages r and 2p-1-r; each (stage, micro-batch) has one forward and either
+    one full backward or an input-gradient pass and its weight pass, W after I."""
+    p, m = 4, 10
+    for rank, actions in pipeline_order("dualpipev", p, m, 2).items():
+        assert {a.stage for a in actions} == {rank, 2 * p - 1 - rank}
+        for stage in (rank, 2 * p - 1 - rank):
+            mine = [a for a in actions if a.stage == stage]
+            assert sorted(a.microbatch for a in mine if a.kind == "F") == list(range(m))
+            for k in range(m):
+                kinds = "".join(a.kind for a in mine if a.microbatch == k)
+                assert kinds in ("FB", "FIW"), (rank, stage, k, kinds)
+    with pytest.raises(ValueError, match="dualpipev"):
+        pipeline_order("dualpipev", 4, 7, 2)  # m < 2p
+    with pytest.raises(ValueError, match="dualpipev"):
+        bubble_fraction("dualpipev", 4, 8, 1)
 
 
 def test_p2p_latency_and_uneven_stages_lengthen_makespan() -> None:

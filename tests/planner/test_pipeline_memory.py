@@ -1,6 +1,7 @@
 """Pipeline and MoE memory terms of the per-rank planner (torch-free): the schedule's backward
-moments, torch's per-micro-batch receive buffers and the MoE dispatch tensors. The agreement
-with the dry-run itself is tests/planner/test_accuracy.py (QUICK_EXTRA)."""
+moments, the communication buffers of the micro-batches in flight and the MoE dispatch
+tensors. The agreement with the dry-run itself is tests/planner/test_accuracy.py (QUICK_EXTRA)
+and tests/unit/test_dryrun_pipeline_buffers.py."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from scaletrain.config import Layout, hardware_preset, resolve_model
 from scaletrain.planner import PlanInput
 from scaletrain.planner.memory.activations import layer_activation_bytes
-from scaletrain.planner.memory.buffers import pp_recv_buffer_bytes
+from scaletrain.planner.memory.buffers import pp_boundary_bytes
 from scaletrain.planner.memory.pipeline_ranks import schedule_moments
 
 
@@ -52,26 +53,33 @@ def test_interleaved_weights_chunks_by_their_own_layers():
         assert lay % 2 == 0  # only the 2-layer chunk stores block activations
 
 
-def _recv(zero: int, pp: int, virtual: int, rank: int) -> float:
-    """pp_recv_buffer_bytes of a gpt-mini plan, seq 512, micro-batch 1, 4 micro-batches."""
-    schedule = "interleaved" if virtual > 1 else "1f1b"
+def _boundary(zero: int, pp: int, virtual: int, rank: int, m: int = 4, schedule: str = "") -> float:
+    """pp_boundary_bytes of a gpt-mini plan, seq 512, micro-batch 1, m micro-batches."""
+    schedule = schedule or ("interleaved" if virtual > 1 else "1f1b")
     layout = Layout(zero=zero, pp=pp, pp_virtual=virtual, pp_schedule=schedule)
     model = resolve_model("gpt-mini")
-    plan = PlanInput(model, hardware_preset("h100-sxm"), pp, layout, 512, 4, 1, precision="bf16")
-    return pp_recv_buffer_bytes(plan, rank=rank, microbatches=4)
+    plan = PlanInput(model, hardware_preset("h100-sxm"), pp, layout, 512, m, 1, precision="bf16")
+    return pp_boundary_bytes(plan, rank=rank)
 
 
-def test_recv_buffers_one_per_microbatch_and_stage():
-    one = 4 * 512 * resolve_model("gpt-mini").dim  # an fp32 (b, s, h) stream under autocast
-    # pp2, last rank: forward receive buffers only
-    assert _recv(zero=0, pp=2, virtual=1, rank=1) == 4 * one
-    # first rank: gradient receive buffers only
-    assert _recv(zero=0, pp=2, virtual=1, rank=0) == 4 * one
-    # interleaved v2, rank 1: stages 1 and 3 receive activations, stage 1 gradients
-    assert _recv(zero=0, pp=2, virtual=2, rank=1) == 3 * 4 * one
+def test_boundary_buffers_follow_the_microbatches_in_flight():
+    """The trainer's stages hold their sends' and receives' tensors for the micro-batches in
+    flight (issue #37): the same at 4 and 64 micro-batches once the pipeline is full."""
+    one = 512 * resolve_model("gpt-mini").dim * 4  # an fp32 (b, s, h) stream under autocast
+    # 1F1B pp4: rank r < p - 1 keeps its p - r outputs in flight for their backward, and the
+    # gradient it receives for the first of them; the last stage one receive buffer (its
+    # outputs are losses, and a received activation is then its first block's stored input)
+    assert [_boundary(0, 4, 1, r) / one for r in range(4)] == [5, 4, 3, 1]
+    for r in range(4):
+        assert _boundary(0, 4, 1, r, m=64) == _boundary(0, 4, 1, r, m=4)
+    for sched, v in (("interleaved", 2), ("zero-bubble", 2), ("dualpipev", 2)):
+        for r in range(2):
+            assert _boundary(0, 2, v, r, 64, sched) == _boundary(0, 2, v, r, 8, sched) > 0
+    # GPipe runs every forward before a backward: every micro-batch's output is kept
+    assert _boundary(0, 2, 1, 0, m=64, schedule="gpipe") == 65 * one
     # FSDP2 (ZeRO-2/3) streams in the 16-bit compute dtype
-    assert _recv(zero=3, pp=2, virtual=1, rank=1) == 2 * one
-    assert _recv(zero=3, pp=1, virtual=1, rank=0) == 0.0
+    assert _boundary(3, 4, 1, 0) == _boundary(0, 4, 1, 0) / 2
+    assert _boundary(3, 1, 1, 0) == 0.0
 
 
 def test_moe_dispatch_terms():
@@ -222,3 +230,43 @@ def test_explain_names_the_peak_moment(model, gpus, layout, seq, batch, offload,
     est = estimate(plan)
     assert est.memory.moment == moment
     assert f"peak moment: {moment}" in explain(est)
+
+
+def _whole_walk(schedule: str, p: int, m: int, v: int) -> tuple[int, ...]:
+    """`boundary_tensors` of every rank without its shortcut: the whole step walked."""
+    from scaletrain.planner.time import pipeline_comms as pc
+
+    if schedule in pc.SINGLE_STAGE:
+        return tuple(pc._most_held_single_stage(schedule, p, m, r) for r in range(p))
+    return pc._most_held_per_rank(schedule, p, m, v)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "schedule,v",
+    [("1f1b", 1), ("interleaved", 2), ("interleaved", 4), ("zero-bubble", 1), ("zero-bubble", 2)]
+    + [("zero-bubble", 3), ("dualpipev", 2)],
+)
+def test_boundary_walk_shortcut_equals_the_whole_step(schedule: str, v: int) -> None:
+    """`boundary_tensors` walks a few rounds past the warm-up (the steady state repeats); on
+    the legal m up to 12 rounds of p = 2, 3, 4, 6, 8 (multiples of p and of 5, and every m up
+    to 2p) it equals the whole step's walk."""
+    from scaletrain.planner.time.pipeline import microbatches_per_round
+    from scaletrain.planner.time.pipeline_comms import boundary_tensors
+
+    checked = 0
+    for p in (2, 3, 4, 6, 8):
+        for m in range(1, 12 * p + 1):
+            if schedule == "dualpipev" and m < 2 * p:
+                continue
+            if schedule in ("interleaved", "zero-bubble"):
+                try:
+                    microbatches_per_round(p, m)
+                except ValueError:
+                    continue  # not a whole number of rounds: torch refuses it
+            if m % p and m > 2 * p and m % 5:  # a sample of the irregular ones
+                continue
+            short = tuple(boundary_tensors(schedule, p, m, v, r) for r in range(p))
+            assert short == _whole_walk(schedule, p, m, v), (schedule, p, m, v)
+            checked += 1
+    assert checked > 40

@@ -475,11 +475,6 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         if lines:
             print("\n".join(lines))
         return 0
-    if inp["pinned"].get("pp_schedule") == "dualpipev" and not args.json:
-        lines.append(
-            "note: dualpipev is planned as zero-bubble (ZB-H1) with 2 looped chunks per rank: "
-            "the planner has no DualPipeV bubble or V-shaped stage memory yet"
-        )
     unrunnable = _precision_mark(inp)
     if unrunnable and args.json:  # the JSON on stdout stays one document
         print(unrunnable, file=sys.stderr)

@@ -20,9 +20,12 @@ micro-batch), so running all of them would only cost time.
 
 Pipeline parallelism (pp > 1): this rank's stages from the trainer's own build. torch's
 schedules cannot run under fake tensors (`torch_compat`), so `ActionSchedule` runs the stages
-through the planner's `pipeline_order` for this pp rank, lowered with torch's own passes.
-Every micro-batch of the step runs, so the activations in flight at the peak are the
-schedule's (GPipe: all m; 1F1B: p - rank), with torch's per-micro-batch receive buffers.
+through the planner's `pipeline_order` for this pp rank, lowered with torch's own passes, with
+the receives, sends and their release where the trainer's stages post and let them go
+(`parallel/pipeline_stage.py`). Every micro-batch of the step runs, so the activations in
+flight at the peak are the schedule's (GPipe: all m; 1F1B: p - rank), and so are the
+communication buffers: `memory.detail['pp_boundary_bytes']` is the most stage-boundary tensor
+bytes held at once (the planner's `pp_p2p`).
 
 MoE / expert parallelism: the expert dispatch needs token counts as Python ints, which fake
 tensors do not have; under fake tensors `models.moe` and `parallel.expert_parallel` assume a
@@ -394,6 +397,7 @@ def dryrun(
             )
     memory = _step_memory(run, peak, hooks, capacity=capacity, rank=rank, notes=notes)
     if run.pipeline is not None:
+        memory.detail["pp_boundary_bytes"] = run.pipeline.schedule.peak_boundary_bytes
         notes.append(
             f"pipeline: stages {run.pipeline.stage_ids} of {run.pipeline.num_stages} "
             f"driven in the {layout.pp_schedule} order of pp rank "

@@ -5,9 +5,11 @@ goes away).
 1. `ActionSchedule`: torch's pipeline schedules cannot run under fake tensors (their P2P
    warm-up vote and shape inference call `.item()`: docs/DESIGN.md §3). This schedule class has
    their constructor and `step` signature and runs this rank's stages through the same
-   actions, lowered by torch's own passes (FSDP UNSHARD/RESHARD, REDUCE_GRAD), calling the
-   same `PipelineStage` methods; the trainer's `build_run(schedule_cls=...)` takes it, so the
-   dry-run runs the trainer's `train_step` unchanged.
+   actions, lowered by torch's own passes (FSDP UNSHARD/RESHARD, REDUCE_GRAD, sends and
+   receives), calling the same `PipelineStage` methods and holding receive buffers and sent
+   tensors as the trainer's stages do (`parallel/pipeline_stage.py`); the trainer's
+   `build_run(schedule_cls=...)` takes it, so the dry-run runs the trainer's `train_step`
+   unchanged.
 2. `gradless_module_hooks`: torch's `ModTracker` (inside `MemTracker` / `FSDPMemTracker`)
    keeps gradients alive that the trainer never holds (see its docstring).
 """
@@ -28,62 +30,65 @@ __all__ = ["ActionSchedule", "gradless_module_hooks", "pp_actions", "pp_io_dtype
 
 
 def pp_actions(schedule: str, p: int, m: int, v: int, pp_rank: int) -> list[Any]:
-    """This rank's actions for one step, lowered the way torch.distributed.pipelining does.
+    """This rank's events of one step (`planner.time.pipeline_comms.Op`s), as the trainer runs
+    them: compute, receives posted, sends fired and let go, UNSHARD / RESHARD / REDUCE_GRAD.
 
-    The compute order is the planner's `pipeline_order` (torch's order without its no-op
-    padding); torch's own lowering passes then add what its runtime adds: UNSHARD / RESHARD
-    of FSDP stages (multi-stage schedules only, `_add_unshard_reshard`, 3 stages prefetched)
-    and REDUCE_GRAD after a stage's last backward (`_add_reduce_grad`). Zero-bubble's B is
-    torch's BACKWARD_INPUT ('I'), its W the deferred BACKWARD_WEIGHT. DualPipeV's order is
-    torch's own (`ScheduleDualPipeV._calculate_single_rank_operations`, which reads nothing
-    of the schedule but its pp size and micro-batch count; the planner has no DualPipeV order
-    yet), its OVERLAP_F_B pairs run one after the other, as torch's runtime runs them.
+    Multi-stage schedules (interleaved, zero-bubble, dualpipev): every rank's compute order
+    (the planner's `rank_groups`, torch's order: tests/unit/test_pipeline_orders_torch.py) lowered
+    by torch's own passes as its runtime lowers it (`_add_unshard_reshard`, 3 stages
+    prefetched; `_add_reduce_grad`; `_add_send_recv`, which places the receives), then the
+    sends let go where the trainer's `SendLedger` lets them go
+    (`pipeline_comms.with_releases`). gpipe / 1f1b: torch's single-stage loop posts and waits
+    its own (`pipeline_comms.rank_events`), and reduces the gradients after the last backward.
     """
+    from scaletrain.planner.time.pipeline_comms import SINGLE_STAGE, Op, rank_events
+
+    if schedule in SINGLE_STAGE:
+        events = list(rank_events(schedule, p, m, v, pp_rank))
+        return [*events, Op(pp_rank, "REDUCE_GRAD")]
+    return _lowered_by_torch(schedule, p, m, v)[pp_rank]
+
+
+def _lowered_by_torch(schedule: str, p: int, m: int, v: int) -> dict[int, list[Any]]:
+    """Every rank's events of a multi-stage schedule, lowered by torch (see `pp_actions`)."""
     from torch.distributed.pipelining.schedules import (
         _Action,
         _add_reduce_grad,
+        _add_send_recv,
         _add_unshard_reshard,
         _ComputationType,
     )
 
-    from scaletrain.planner.time.pipeline import pipeline_order
+    from scaletrain.parallel.pipeline_stage import planner_op
+    from scaletrain.planner.time.pipeline import rank_groups, stage_rank
+    from scaletrain.planner.time.pipeline_comms import with_releases
 
-    if schedule == "dualpipev":
-        return _dualpipev_actions(p, m, pp_rank)
-    zb = schedule == "zero-bubble"
     kind = {
         "F": _ComputationType.FORWARD,
+        "B": _ComputationType.FULL_BACKWARD,
+        "I": _ComputationType.BACKWARD_INPUT,
         "W": _ComputationType.BACKWARD_WEIGHT,
-        "B": _ComputationType.BACKWARD_INPUT if zb else _ComputationType.FULL_BACKWARD,
     }
-    actions: list[_Action | None] = [
-        _Action(a.stage, kind[a.kind], a.microbatch)
-        for a in pipeline_order(schedule, p, m, v)[pp_rank]
-    ]
-    if schedule not in ("gpipe", "1f1b"):
-        actions = [*_add_unshard_reshard(actions)]
-    return _add_reduce_grad(actions, m)
 
+    def action(g: tuple) -> _Action:
+        subs = tuple(_Action(a.stage, kind[a.kind], a.microbatch) for a in g)
+        return subs[0] if len(subs) == 1 else _Action(-1, _ComputationType.OVERLAP_F_B, None, subs)
 
-def _dualpipev_actions(p: int, m: int, pp_rank: int) -> list[Any]:
-    """torch's DualPipeV order of `pp_rank` (see `pp_actions`), lowered the same way."""
-    from types import SimpleNamespace
-
-    from torch.distributed.pipelining.schedules import (
-        ScheduleDualPipeV,
-        _Action,
-        _add_reduce_grad,
-        _add_unshard_reshard,
+    compute: dict[int, list[_Action | None]] = {
+        r: [action(g) for g in rank_groups(schedule, p, m, v, r)] for r in range(p)
+    }
+    fsdp_aware: dict[int, list[_Action]] = {}
+    for r, acts in compute.items():
+        with_fsdp: list[_Action | None] = [*_add_unshard_reshard(acts)]
+        fsdp_aware[r] = [a for a in _add_reduce_grad(with_fsdp, m) if a is not None]
+    lowered = _add_send_recv(
+        fsdp_aware, stage_to_rank=lambda s: stage_rank(schedule, p, s), num_stages=p * v
     )
-
-    # the method reads only these two attributes of its schedule (no stages needed), so a
-    # namespace stands in for `self`: the stubs want a ScheduleDualPipeV
-    shape = SimpleNamespace(pp_group_size=p, _n_microbatches=m)
-    order = ScheduleDualPipeV._calculate_single_rank_operations(shape, pp_rank)  # type: ignore[arg-type]
-    actions: list[_Action | None] = [
-        s for a in order if a is not None for s in (a.sub_actions or [a])
-    ]
-    return _add_reduce_grad([*_add_unshard_reshard(actions)], m)
+    orders = {
+        r: [planner_op(s) for a in acts for s in (a.sub_actions or (a,))]
+        for r, acts in lowered.items()
+    }
+    return with_releases(orders, lambda s: stage_rank(schedule, p, s), p * v)
 
 
 def pp_io_dtype(job: JobConfig, dims: Any) -> torch.dtype:
@@ -109,25 +114,29 @@ def _fsdp_modules(module: torch.nn.Module) -> list[Any]:
 
 
 class ActionSchedule:
-    """Runs this rank's pipeline stages through one step's actions, under fake tensors.
+    """Runs this rank's pipeline stages through one step's events, under fake tensors.
 
     Constructed like torch's schedules (`stages, n_microbatches, loss_fn=, scale_grads=`) plus
-    what torch's runtime learns by communicating, bound with `functools.partial`: the action
-    list (`pp_actions`), the shape and dtype of the residual stream between stages, and the
-    step's hooks (`trainer.step.StepHooks`: `stage_forward` before each stage forward,
-    `backward_done:<stage>.<mb>` events). Each action makes the call torch's runtime makes:
-    `forward_maybe_with_nosync`, `backward_maybe_with_nosync` ('full', or 'input' + 'weight'
-    under zero-bubble), `perform_reduce_grad` (reduce-scatter, reshard, 1/m scaling) and FSDP
-    `unshard` / `reshard`. Communication is replaced by what it leaves in memory:
+    what torch's runtime learns by communicating, bound with `functools.partial`: the events
+    (`pp_actions`), the shape and dtype of the residual stream between stages, and the step's
+    hooks (`trainer.step.StepHooks`: `stage_forward` before each stage forward,
+    `backward_done:<stage>.<mb>` events). Each compute event makes the call torch's runtime
+    makes: `forward_maybe_with_nosync`, `backward_maybe_with_nosync` ('full', or 'input' +
+    'weight' for a split backward), `perform_reduce_grad` (reduce-scatter, reshard, 1/m
+    scaling) and FSDP `unshard` / `reshard`. Communication is replaced by what it leaves in
+    memory, held as the trainer's stages hold it (`parallel/pipeline_stage.py`):
 
-    - forward receive buffers: one (B, T_local, h) tensor per micro-batch on every non-first
-      stage, allocated once and kept (torch's `_setup_forward_recv_info`); the received
-      activation *is* that buffer;
-    - gradient receive buffers: one per micro-batch on every non-last stage, allocated at the
-      first backward and kept (`_setup_backward_recv_info`);
-    - no kept outputs (`return_outputs=False`): a micro-batch's logits live until its backward.
+    - a receive allocates its (B, T_local, h) buffer when it is posted; the received
+      activation *is* that buffer, kept by the stage (as torch's `fwd_cache`) until the
+      micro-batch's backward; a received gradient until the backward (W after a split one);
+    - on the V's turn (dualpipev) the previous stage's output, detached, is the input;
+    - a send keeps its tensor (the stage's output, or its input gradient) until the event that
+      lets it go;
+    - the last stage's loss is cut from its graph after its backward, as the trainer's stage
+      does (`let_go_of_graph`); no kept outputs (`return_outputs=False`).
     The loss (`loss_fn`, the trainer's `PipelineRuntime.staged_loss`) is computed on the last
-    stage right after its forward.
+    stage right after its forward. `peak_boundary` counts, as `pipeline_comms.boundary_tensors`
+    defines them, the stage-boundary tensors held at once (bytes: `peak_boundary_bytes`).
     """
 
     def __init__(
@@ -153,21 +162,18 @@ class ActionSchedule:
         self.io_shape, self.io_dtype = io_shape, io_dtype
         self.split_backward = split_backward
         self.hooks = hooks
-        self.recv: dict[int, list[torch.Tensor]] = {}
-        self.grad_recv: dict[int, list[torch.Tensor]] = {}
+        self.peak_boundary = 0
+        self._state = _StepState()
+
+    @property
+    def peak_boundary_bytes(self) -> float:
+        one = torch.empty((), dtype=self.io_dtype).element_size()
+        return float(self.peak_boundary * one * int(torch.Size(self.io_shape).numel()))
 
     def release_buffers(self) -> None:
-        """Drop the receive buffers (the next step allocates them again)."""
-        self.recv.clear()
-        self.grad_recv.clear()
-
-    def _forward_buffers(self) -> None:
-        for sid in self.stages:
-            if sid > 0 and sid not in self.recv:
-                self.recv[sid] = [
-                    torch.empty(self.io_shape, dtype=self.io_dtype, requires_grad=True)
-                    for _ in range(self.m)
-                ]
+        """Forget the step's peak (every buffer is dropped by the end of a step)."""
+        self.peak_boundary = 0
+        self._state = _StepState()
 
     def step(
         self,
@@ -179,80 +185,154 @@ class ActionSchedule:
     ) -> None:
         """One step's forwards and backwards of this rank's stages (no optimizer); `kwargs`
         go to every stage's forward split into micro-batches, as torch's schedules do."""
-        from torch.distributed.pipelining.schedules import _ComputationType as C
-
         inputs = list(torch.tensor_split(args[0], self.m)) if args else [None] * self.m
         kw_mbs = [
             {k: v[mb] for k, v in ((k, torch.tensor_split(t, self.m)) for k, t in kwargs.items())}
             for mb in range(self.m)
         ]
         targets = list(torch.tensor_split(target, self.m)) if target is not None else None
-        self._forward_buffers()
-        last = self.num_stages - 1
-        cache: dict[tuple[int, int], tuple[Any, list[torch.Tensor], Any]] = {}
-        pending_w: dict[tuple[int, int], tuple[Any, Any]] = {}
+        st = self._state = _StepState()
         for a in self.actions:
-            sid, kind, mb = a.stage_index, a.computation_type, a.microbatch_index
-            stage = self.stages[sid]
-            if kind == C.FORWARD:
-                x = inputs[mb] if sid == 0 else self.recv[sid][mb]
-                self.hooks.stage_forward(stage.submod)
-                # Under zero-bubble's autograd.grad the trackers' multi-grad hooks reject a
-                # leaf among a module's inputs: feed the stage a view of its receive buffer
-                # (no memory; the gradient still reaches the buffer itself).
-                fx = x.view_as(x) if self.split_backward and sid > 0 else x
-                out = stage.forward_maybe_with_nosync(fx, **kw_mbs[mb])
-                logits = None
-                if sid == last:
-                    assert targets is not None
-                    logits, out = out, self.loss_fn(out, targets[mb])
-                    if losses is not None:
-                        losses.append(out)
-                cache[(sid, mb)] = (out, [x], logits)
-            elif kind in (C.FULL_BACKWARD, C.BACKWARD_INPUT):
-                out, inputs_, logits = cache.pop((sid, mb))
-                kw = self._bwd_kwargs(sid, mb, out, inputs_)
-                if kind == C.FULL_BACKWARD:
-                    stage.backward_maybe_with_nosync("full", kw)
-                elif sid == 0:
-                    pending_w[(sid, mb)] = (None, kw)  # torch: stage 0 defers it all to W
-                else:
-                    if isinstance(kw["stage_output"], torch.Tensor):
-                        kw["stage_output"] = (kw["stage_output"],)
-                    _, groups = stage.backward_maybe_with_nosync("input", kw)
-                    pending_w[(sid, mb)] = (groups, kw)
-                if logits is not None and sid > 0 and not logits._is_view():
-                    logits.detach_()  # as torch's backward_one_chunk: drop the graph ref
-                self.hooks.event(f"backward_done:{sid}.{mb}")
-            elif kind == C.BACKWARD_WEIGHT:
-                groups, kw = pending_w.pop((sid, mb))
-                if sid == 0:
-                    stage.backward_maybe_with_nosync("full", kw)
-                else:
-                    stage.backward_maybe_with_nosync(
-                        "weight", {"stage_output": kw["stage_output"], "param_groups": groups}
-                    )
-            elif kind == C.UNSHARD:
-                for mod in _fsdp_modules(stage.submod):
+            kind, sid, mb = a.kind, a.stage, a.microbatch
+            if kind == "RECV_F":
+                st.recv[(sid, mb)] = torch.empty(self.io_shape, dtype=self.io_dtype)
+            elif kind == "RECV_B":
+                st.grad[(sid, mb)] = torch.empty(self.io_shape, dtype=self.io_dtype)
+            elif kind == "F":
+                self._forward(sid, mb, inputs, kw_mbs, targets, losses)
+            elif kind in ("B", "I"):
+                self._backward(sid, mb, full=kind == "B")
+            elif kind == "W":
+                self._weight(sid, mb)
+            elif kind == "SEND_F":
+                st.sent[(kind, sid, mb)] = st.cache[(sid, mb)][0]
+            elif kind == "SEND_B":
+                st.sent[(kind, sid, mb)] = st.input_grad.pop((sid, mb))
+            elif kind == "RELEASE":
+                del st.sent[(a.detail, sid, mb)]
+            elif kind == "UNSHARD":
+                for mod in _fsdp_modules(self.stages[sid].submod):
                     mod.unshard()
-            elif kind == C.RESHARD:
-                for mod in _fsdp_modules(stage.submod):
+            elif kind == "RESHARD":
+                for mod in _fsdp_modules(self.stages[sid].submod):
                     mod.reshard()
-            elif kind == C.REDUCE_GRAD:
-                stage.perform_reduce_grad(self.m)  # scale_grads=True: mean over mbs
+            elif kind == "REDUCE_GRAD":
+                self.stages[sid].perform_reduce_grad(self.m)  # scale_grads=True: mean over mbs
+            self.peak_boundary = max(self.peak_boundary, st.boundary(self.num_stages))
+        assert not (st.recv or st.grad or st.sent or st.cache or st.pending_w), "step left over"
 
-    def _bwd_kwargs(
-        self, sid: int, mb: int, out: Any, inputs: list[torch.Tensor]
-    ) -> dict[str, Any]:
+    def _forward(
+        self, sid: int, mb: int, inputs: list, kw_mbs: list, targets: Any, losses: Any
+    ) -> None:
+        st, stage = self._state, self.stages[sid]
+        if sid == 0:
+            x = inputs[mb]
+        elif sid - 1 in self.stages:  # the V's turn: the previous stage's output, detached
+            x = st.cache[(sid - 1, mb)][0].detach().requires_grad_()
+        else:
+            x = st.recv.pop((sid, mb)).requires_grad_()
+        self.hooks.stage_forward(stage.submod)
+        # Under a split backward's autograd.grad the trackers' multi-grad hooks reject a leaf
+        # among a module's inputs: feed the stage a view of its input (no memory; the
+        # gradient still reaches the input itself).
+        fx = x.view_as(x) if self.split_backward and sid > 0 else x
+        out = stage.forward_maybe_with_nosync(fx, **kw_mbs[mb])
+        logits = None
         if sid == self.num_stages - 1:
-            return {"stage_output": out, "output_grads": None, "input_values": inputs}
-        if sid not in self.grad_recv:
-            self.grad_recv[sid] = [torch.empty_like(out) for _ in range(self.m)]
-        return {
-            "stage_output": (out,),
-            "output_grads": (self.grad_recv[sid][mb],),
-            "input_values": inputs,
-        }
+            assert targets is not None
+            logits, out = out, self.loss_fn(out, targets[mb])
+            if losses is not None:
+                losses.append(out)
+        st.cache[(sid, mb)] = (out, [x], logits)
+
+    def _backward(self, sid: int, mb: int, *, full: bool) -> None:
+        from scaletrain.parallel.pipeline_stage import let_go_of_graph
+
+        st, stage = self._state, self.stages[sid]
+        out, inputs, logits = st.cache.pop((sid, mb))
+        last = sid == self.num_stages - 1
+        if last:
+            kw = {"stage_output": out, "output_grads": None, "input_values": inputs}
+        else:
+            g = (
+                st.input_grad.pop((sid + 1, mb))
+                if sid + 1 in self.stages
+                else st.grad.pop((sid, mb))
+            )
+            kw = {"stage_output": (out,), "output_grads": (g,), "input_values": inputs}
+        grads: Any = (None,)
+        if full:
+            grads, _ = stage.backward_maybe_with_nosync("full", kw)
+        elif sid == 0:
+            st.pending_w[(sid, mb)] = (None, kw)  # torch: stage 0 defers it all to W
+        else:
+            if isinstance(kw["stage_output"], torch.Tensor):
+                kw["stage_output"] = (kw["stage_output"],)
+            grads, groups = stage.backward_maybe_with_nosync("input", kw)
+            st.pending_w[(sid, mb)] = (groups, kw)
+        if sid > 0 and grads[0] is not None:
+            st.input_grad[(sid, mb)] = grads[0]  # sent, or the previous stage's on the V
+        if logits is not None and sid > 0 and not logits._is_view():
+            logits.detach_()  # as torch's backward_one_chunk: drop the graph ref
+        if last and full:
+            let_go_of_graph(out)
+        self.hooks.event(f"backward_done:{sid}.{mb}")
+
+    def _weight(self, sid: int, mb: int) -> None:
+        from scaletrain.parallel.pipeline_stage import let_go_of_graph
+
+        groups, kw = self._state.pending_w.pop((sid, mb))
+        stage = self.stages[sid]
+        if sid == 0:
+            stage.backward_maybe_with_nosync("full", kw)
+        else:
+            stage.backward_maybe_with_nosync(
+                "weight", {"stage_output": kw["stage_output"], "param_groups": groups}
+            )
+        if sid == self.num_stages - 1:
+            let_go_of_graph(kw["stage_output"][0])
+
+
+class _StepState:
+    """What one step of `ActionSchedule` holds between events, keyed by (stage, micro-batch)."""
+
+    def __init__(self) -> None:
+        self.recv: dict[tuple[int, int], torch.Tensor] = {}
+        """Activation receive buffers posted, not yet consumed."""
+        self.grad: dict[tuple[int, int], torch.Tensor] = {}
+        """Gradient receive buffers posted, not yet consumed."""
+        self.cache: dict[tuple[int, int], tuple[Any, list[torch.Tensor], Any]] = {}
+        """Forward output, inputs and logits until the backward (torch's `fwd_cache`)."""
+        self.pending_w: dict[tuple[int, int], tuple[Any, Any]] = {}
+        """A split backward's state until its W (torch's `backward_state`)."""
+        self.input_grad: dict[tuple[int, int], torch.Tensor] = {}
+        """Input gradients until sent (torch's `bwd_cache`) or read by the previous stage."""
+        self.sent: dict[tuple[str, int, int], torch.Tensor] = {}
+        """Tensors of sends not yet let go."""
+
+    def boundary(self, num_stages: int) -> int:
+        """Distinct stage-boundary tensors held (as `pipeline_comms.boundary_tensors` counts
+        them): receive buffers posted, outputs and received gradients kept for backward, input
+        gradients, sends; not a tensor a stage holds as its input (an activation)."""
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        held = [*self.recv.values(), *self.grad.values(), *self.input_grad.values()]
+        held += self.sent.values()
+        acts: list[Any] = []
+        for (sid, _), (out, ins, _logits) in self.cache.items():
+            acts += ins
+            if sid < num_stages - 1:
+                held.append(out)
+        for _groups, kw in self.pending_w.values():
+            acts += kw["input_values"]
+            if kw["output_grads"] is not None:  # not the last stage: its output and gradient
+                held += [kw["stage_output"][0], kw["output_grads"][0]]
+
+        def ref(t: torch.Tensor) -> Any:
+            return StorageWeakRef(t.untyped_storage())  # a view and its base share it
+
+        mine = {ref(t) for t in acts if isinstance(t, torch.Tensor)}
+        return len({ref(t) for t in held} - mine)
 
 
 @contextlib.contextmanager

@@ -26,6 +26,11 @@ embeddings refused by `config.layout_problems`). Gradients are the mean over mic
 the trainer's step divides each micro-batch's loss so that it is the mean over the step's
 valid targets instead (`step(loss_divisor=...)`, `trainer.tokens`).
 
+Communication buffers (`pipeline_stage.py`): the stages are torch's with receive buffers that
+exist from the post of their receive until the stage consumed them, and the multi-stage
+schedules' sends are let go as soon as their receiver has them (`SendLedger`), so what a rank
+holds for communication follows its micro-batches in flight, not their number.
+
 Tied embeddings (GPT-2) at pp > 1 (Megatron-LM's recipe, Narayanan et al. 2021): the first
 stage keeps the embedding, the last stage gets its own `output` head initialized to the same
 values (`init_weights` draws "output.weight" of a tied model as "tok_embeddings.weight"), and
@@ -72,7 +77,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import (
-    PipelineStage,
     Schedule1F1B,
     ScheduleDualPipeV,
     ScheduleGPipe,
@@ -87,6 +91,8 @@ from scaletrain.models.deepseek_moe import DeepSeekMoE
 from scaletrain.models.documents import document_ids
 from scaletrain.models.transformer import Transformer
 from scaletrain.numerics import acc_dtype, upcast
+
+from .pipeline_stage import InFlightStage, SendLedger
 
 __all__ = ["PipelineRuntime", "build_pipeline", "split_layers", "stage_ids", "split_stage"]
 
@@ -179,7 +185,7 @@ class PipelineRuntime:
     schedule: Any
     group: dist.ProcessGroup
     num_stages: int
-    _pipeline_stages: list[PipelineStage] = field(default_factory=list)
+    _pipeline_stages: list[InFlightStage] = field(default_factory=list)
     tied_group: dist.ProcessGroup | None = None
     """Tied embeddings at pp > 1: the (first, last) stage pair whose head/embedding gradients
     are summed after every backward."""
@@ -204,6 +210,13 @@ class PipelineRuntime:
     document_sep_id: int | None = None
     """Document masking (`trainer.documents`): the end-of-document id; every stage is then
     handed the micro-batch's document ids and restarted positions (`_inputs`)."""
+    sends: SendLedger | None = None
+    """Multi-stage schedules: the sends, let go as soon as their receiver has them
+    (`pipeline_stage.SendLedger`); None for gpipe / 1f1b, which wait their own."""
+
+    def _drain(self) -> None:
+        if self.sends is not None:
+            self.sends.drain()
 
     def staged_loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """The loss the schedule computes for each micro-batch on the last stage, inside the
@@ -323,6 +336,7 @@ class PipelineRuntime:
             )
         finally:
             self._hooks, self._divisor = None, None
+        self._drain()
         self.sync_tied_gradients()
         return self._mean_loss(losses, device)
 
@@ -340,6 +354,7 @@ class PipelineRuntime:
             **self._fused_targets(targets),
             **doc_kw,
         )
+        self._drain()
         return self._mean_loss(losses, inputs.device)
 
     def _fused_targets(self, targets: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -359,6 +374,7 @@ class PipelineRuntime:
         out = self.schedule.eval(
             *args, target=dummy if self.is_last else None, return_outputs=True, **doc_kw
         )
+        self._drain()
         if self.is_last:
             out = to_full(out)
             logits = self._cp_gather(upcast(out[:1]).contiguous())
@@ -402,12 +418,12 @@ class PipelineRuntime:
         return loss
 
 
-class _Stage(PipelineStage):
-    """torch's `PipelineStage`, whose metadata inference runs with the DeepSeek routers' load
-    counting paused: torch 2.13 infers a stage's shapes (DYNAMIC mode, the first step) by
-    running the stage's real forward, with gradients on, on the first micro-batch's inputs
-    (empty tensors past the first stage). That forward is not a training forward; its expert
-    counts would enter the first step's balancing-bias update
+class _Stage(InFlightStage):
+    """The in-flight-buffer stage (`pipeline_stage.InFlightStage`), whose metadata inference
+    runs with the DeepSeek routers' load counting paused: torch 2.13 infers a stage's shapes
+    (DYNAMIC mode, the first step) by running the stage's real forward, with gradients on, on
+    the first micro-batch's inputs (empty tensors past the first stage). That forward is not a
+    training forward; its expert counts would enter the first step's balancing-bias update
     (`models.deepseek_moe.DeepSeekMoE.count_load`). The override wraps torch's private method,
     calling it unchanged."""
 
@@ -467,7 +483,7 @@ def build_pipeline(
     ids = stage_ids(pp_rank, pp_size, virtual, schedule=schedule)
     device = torch.device(device)
     mods: list[Transformer] = []
-    pstages: list[PipelineStage] = []
+    pstages: list[InFlightStage] = []
     for sid in ids:
         mod = split_stage(model, sid, num_stages)
         for sub in mod.modules():
@@ -502,4 +518,7 @@ def build_pipeline(
         loss_fn=runtime.staged_loss,
         scale_grads=True,
     )
+    if schedule_cls is None and schedule not in _SINGLE_STAGE and pp_size > 1:
+        runtime.sends = SendLedger(runtime.schedule, pp_rank)
+        runtime.sends.attach(runtime.schedule)
     return runtime

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from scaletrain.config import compute_bytes, ddp_reducer
 
+from ..time.pipeline_comms import boundary_tensors
 from ..types import PlanInput
 
 __all__ = [
     "buffer_terms",
-    "pp_recv_buffer_bytes",
+    "pp_boundary_bytes",
     "RUNTIME_CONTEXT_BYTES",
     "FRAGMENTATION",
 ]
@@ -58,7 +59,7 @@ def buffer_terms(
       (the all-gathered output is the in-flight param copy counted under params).
     tp_all_gather: SP's gathered (s x b x h) activation; tp all-reduce is in place (0).
     pp_p2p: send + receive activation buffers (2 x e*s*b*h, /t with SP); the per-rank planner
-      replaces it with `pp_recv_buffer_bytes` (torch keeps one receive buffer per micro-batch).
+      replaces it with `pp_boundary_bytes` (what the rank's sends and receives hold at most).
     cp_ring: K/V blocks in flight in the ring (2 blocks x K and V).
     ep_all_to_all: dispatch send + receive of k routed copies per token (2 x e*k*s*b*h).
     fp8_quantize: fp8's quantization temporary at the peak, the fp32 scaled copy of the
@@ -92,26 +93,34 @@ def buffer_terms(
     return out
 
 
-def pp_recv_buffer_bytes(plan: PlanInput, *, rank: int, microbatches: int) -> float:
-    """Pipeline receive buffers of pipeline rank `rank` (bytes) under `plan`'s layout, kept
-    for the whole step.
+def pp_boundary_bytes(plan: PlanInput, *, rank: int) -> float:
+    """Pipeline communication buffers of pipeline rank `rank` (bytes) under `plan`'s layout:
+    the most stage-boundary tensors the rank holds at once for its sends and receives
+    (`time.pipeline_comms.boundary_tensors`, walking the step as the trainer runs it), times
+    one (b, s_l, h) residual-stream tensor (/t with SP).
 
-    torch.distributed.pipelining allocates, per stage and per micro-batch, one forward receive
-    buffer on every stage but the first (`_setup_forward_recv_info`) and one gradient receive
-    buffer on every stage but the last (`_setup_backward_recv_info`), each a (b, s_l, h)
-    residual-stream tensor (/t with SP). Their dtype is the stream's: the FSDP2 policy's
-    compute dtype under ZeRO-2/3 with 16-bit precision, else fp32 (the fp32 embedding output
-    keeps the residual sum in fp32 under autocast). Rank r holds stages r, r + pp, ... (v of
-    them). Source: measured with the dry-run (which allocates them as torch does),
-    llama-1024-L4 pp2 1f1b z0 rank 1: 4 x 2.1 MB; interleaved(v2) rank 1: 3 x 4 x 2.1 MB.
-    Ignores: the send side (a tensor the stage already holds), NCCL's own buffers.
+    Counts: receive buffers from the post of their receive until their stage consumed them (the
+    trainer allocates them then, `parallel/pipeline_stage.py`), stage outputs torch keeps for
+    backward (`fwd_cache`, and until W after a split backward) or until their send is let go,
+    received gradients until the backward that reads them, input gradients until their send is
+    let go. A received activation is the first block's stored input once its stage ran: the
+    activation model counts it. The count follows the schedule's micro-batches in flight, not
+    their number (1F1B: min(m, p - r) + 1 on a rank r < p - 1; GPipe holds every forward's
+    output, so m + 1). The stream's dtype: the FSDP2 policy's compute dtype under ZeRO-2/3
+    with 16-bit precision, else fp32 (the fp32 embedding output keeps the residual sum in fp32
+    under autocast). Source: torch 2.13 `stage.py` (what a stage keeps) and the dry-run, which
+    drives the stages through the same events (tests/unit/test_dryrun_pipeline_buffers.py: the
+    same peak at 8 and 64 micro-batches, equal to this count).
+    Approximates: the count is the most over the whole step, added to every moment of the
+    rank; at the rank's peak moment it may hold a few fewer (1F1B's last stage holds its one
+    receive buffer before a forward, none during its loss backward). Ignores: NCCL's own
+    staging buffers, a received activation's dtype cast inside the stage.
     """
     L = plan.layout
     if L.pp <= 1:
         return 0.0
     tokens = plan.seq_len / L.cp * plan.micro_batch  # s_l * b of one micro-batch
     io = plan.compute_bytes if L.zero >= 2 else 4
-    n_stages = L.pp * L.pp_virtual
-    stages = [rank + k * L.pp for k in range(L.pp_virtual)]
-    n_buf = sum(1 for s in stages if s > 0) + sum(1 for s in stages if s < n_stages - 1)
-    return n_buf * microbatches * io * tokens * plan.model.dim / (L.tp if L.sp else 1)
+    m = max(1, plan.grad_accum)
+    n = boundary_tensors(L.pp_schedule, L.pp, m, L.pp_virtual, rank)
+    return n * io * tokens * plan.model.dim / (L.tp if L.sp else 1)

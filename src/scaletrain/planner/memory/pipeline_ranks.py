@@ -12,9 +12,10 @@ from typing import NamedTuple
 
 from scaletrain.config import stage_layer_ranges
 
-from ..time.pipeline import inflight_per_rank, rank_order
+from ..time.pipeline import inflight_per_rank, rank_order, stage_rank
+from ..time.pipeline_comms import boundary_tensors
 from ..types import PlanInput
-from .buffers import pp_recv_buffer_bytes
+from .buffers import pp_boundary_bytes
 from .states import stage_layer_counts
 
 __all__ = ["pipeline_buffers", "rank_candidates", "schedule_moments", "ScheduleMoment"]
@@ -39,23 +40,34 @@ def rank_candidates(
     num_layers: int, pp: int, virtual: int, schedule: str, m: int
 ) -> tuple[tuple[int, int, float], ...]:
     """(pipeline rank, layers held, micro-batches in flight) of the ranks that can be the worst
-    (see the module docstring); in-flight counts are `time.pipeline.inflight_microbatches`."""
-    counts = stage_layer_counts(num_layers, pp, virtual)
+    (see the module docstring); in-flight counts are `time.pipeline.inflight_microbatches`.
+
+    The ranks holding the first or the last stage (rank 0 and pp - 1; rank 0 alone under
+    dualpipev's V) are always evaluated; another rank is dropped when one more rank holds at
+    least as many layers, micro-batches in flight and communication buffers
+    (`time.pipeline_comms.boundary_tensors`: zero-bubble's grow towards the last rank while the
+    in-flight count stays)."""
+    counts = stage_layer_counts(num_layers, pp, virtual, schedule)
     if pp == 1:
         return ((0, counts[0], 1.0),)
     inflight = inflight_per_rank(schedule, pp, m, virtual)
-    best: dict[int, tuple[int, float]] = {}
-    for r in range(1, pp - 1):
-        c, f = counts[r], inflight[r]
-        if c not in best or f > best[c][1]:
-            best[c] = (r, f)
-    # drop a middle rank another one dominates (at least as many layers and in flight)
-    middle = [
-        (r, c, f)
-        for c, (r, f) in sorted(best.items())
-        if not any(c2 >= c and f2 >= f and c2 != c for c2, (_, f2) in best.items())
+    ends = sorted({stage_rank(schedule, pp, 0), stage_rank(schedule, pp, pp * virtual - 1)})
+    others = [
+        (r, counts[r], inflight[r], boundary_tensors(schedule, pp, m, virtual, r))
+        for r in range(pp)
+        if r not in ends
     ]
-    return ((0, counts[0], inflight[0]), *middle, (pp - 1, counts[-1], inflight[-1]))
+    kept: dict[tuple[int, float, int], int] = {}  # one rank of each (layers, in flight, buffers)
+    for r, c, f, b in others:
+        if (c, f, b) in kept or any(
+            c2 >= c and f2 >= f and b2 >= b and (c2, f2, b2) != (c, f, b)
+            for _, c2, f2, b2 in others
+        ):
+            continue
+        kept[(c, f, b)] = r
+    middle = [(r, c, f) for (c, f, _), r in sorted(kept.items(), key=lambda x: (x[0], x[1]))]
+    first, *last = [(r, counts[r], inflight[r]) for r in ends]
+    return (first, *middle, *last)
 
 
 @functools.lru_cache(maxsize=8192)
@@ -68,19 +80,20 @@ def schedule_moments(
     gradients exist yet, whether the moment is the last stage's loss backward).
 
     A micro-batch's activations of a stage are stored from its forward until its backward
-    frees them; under zero-bubble until its weight pass (W): torch's input-gradient pass keeps
-    the graph for W (measured with the dry-run, llama-1024-L4 pp2 zero-bubble rank 1: a
-    micro-batch holds as much after B as before). Gradients are allocated by the rank's first
-    backward (W under zero-bubble). Per backward two moments: as it starts (its own
-    activations still stored) and after it (freed, gradients allocated). Interleaved chunks
-    are weighted by their own layer counts (`stage_layer_ranges`), not the average: with
-    pp2 v2 on 4 layers rank 1 holds a 2-layer chunk and a head-only one. GPipe: every forward
-    precedes the first backward, whose moment has all m stored and no gradients; the second
-    has m - 1 stored next to the gradients (the dry-run's peak, llama-1024-L4 pp2 gpipe).
+    frees them; after a split backward's input-gradient pass (I: zero-bubble, part of
+    DualPipeV's) until its weight pass (W): torch's input-gradient pass keeps the graph for W
+    (measured with the dry-run, llama-1024-L4 pp2 zero-bubble rank 1: a micro-batch holds as
+    much after I as before). Gradients are allocated by the rank's first full backward or W.
+    DualPipeV's V holds the last stage on rank 0, so its loss moments are rank 0's. Per
+    backward two moments: as it starts (its own activations still stored) and after it
+    (freed, gradients allocated). Interleaved chunks are weighted by their own layer counts
+    (`stage_layer_ranges`), not the average: with pp2 v2 on 4 layers rank 1 holds a 2-layer
+    chunk and a head-only one. GPipe: every forward precedes the first backward, whose moment
+    has all m stored and no gradients; the second has m - 1 stored next to the gradients (the
+    dry-run's peak, llama-1024-L4 pp2 gpipe).
     Dominated moments (same flags, no more layers and heads) are dropped."""
     n = p * v
     layers = [len(r) for r in stage_layer_ranges(num_layers, n)]
-    zb = schedule == "zero-bubble"
     live: dict[tuple[int, int], tuple[int, int]] = {}
     grads = False
     out: set[ScheduleMoment] = set()
@@ -97,9 +110,9 @@ def schedule_moments(
         key = (a.stage, a.microbatch)
         if a.kind == "F":
             live[key] = (layers[a.stage], 1 if a.stage == n - 1 else 0)
-        elif a.kind == "B":
+        elif a.kind in ("B", "I"):
             out.add(now(a.stage == n - 1))
-            if not zb:
+            if a.kind == "B":  # a full backward; an input-gradient pass (I) waits for its W
                 live.pop(key, None)
                 grads = True
                 out.add(now(False))
@@ -119,10 +132,10 @@ def schedule_moments(
 def pipeline_buffers(
     plan: PlanInput, bufs: dict, buffers: float, rank: int, m: int
 ) -> tuple[dict, float]:
-    """The buffers of a pipeline rank: the receive buffers torch keeps per micro-batch, and
-    each chunk's own rotary tables."""
+    """The buffers of a pipeline rank: what its sends and receives hold at most
+    (`buffers.pp_boundary_bytes`), and each chunk's own rotary tables."""
     L = plan.layout
-    recv = pp_recv_buffer_bytes(plan, rank=rank, microbatches=m)
+    recv = pp_boundary_bytes(plan, rank=rank)
     buffers += recv - bufs.get("pp_p2p", 0.0)
     bufs = dict(bufs, pp_p2p=recv)
     if "rope_tables" in bufs and L.pp_virtual > 1:

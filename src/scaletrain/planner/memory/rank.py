@@ -20,7 +20,7 @@ from dataclasses import replace
 
 from scaletrain.config import offload_states
 
-from ..time.pipeline import inflight_per_rank
+from ..time.pipeline import inflight_per_rank, last_stage_rank
 from ..types import MemoryBreakdown, PlanInput
 from .buffers import FRAGMENTATION
 from .moments import ForwardBackward, Moment, OptimizerStep, RankMemory
@@ -105,7 +105,7 @@ def _rank_memory(
     L, model = plan.layout, plan.model
     zs, m = L.zero_shards, max(1, plan.grad_accum)
     device = "cpu" if plan.hardware.is_cpu else "gpu"
-    last = rank == L.pp - 1
+    last = rank == last_stage_rank(L)
     # an MoE model's dense first blocks on this rank (DeepSeek): their parameters, and
     # activations in the per-block mean of this rank's blocks
     dense = dense_layers_on_rank(
@@ -266,7 +266,7 @@ def pipeline_rank_memory(
     if not 0 <= pp_rank < L.pp:
         raise ValueError(f"pp_rank={pp_rank}: the layout has pp={L.pp} pipeline ranks")
     m = max(1, plan.grad_accum)
-    layers = stage_layer_counts(plan.model.num_layers, L.pp, L.pp_virtual)[pp_rank]
+    layers = stage_layer_counts(plan.model.num_layers, L.pp, L.pp_virtual, L.pp_schedule)[pp_rank]
     in_flight = (
         1.0 if L.pp == 1 else inflight_per_rank(L.pp_schedule, L.pp, m, L.pp_virtual)[pp_rank]
     )

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from scaletrain.config import ParamCounts, expert_tp, fused_head_loss
 
+from ..time.pipeline import last_stage_rank
 from ..types import PlanInput
 from .activations import mlp_backward_work_bytes
 from .head import MicroBatchShape, head_grad_bytes, loss_backward_bytes
@@ -50,7 +51,7 @@ class RankView:
     counts: ParamCounts
     """The model's parameter counts (`ModelConfig.param_counts`)."""
     rank: int
-    """Pipeline rank (0 holds the embedding, pp - 1 the head)."""
+    """Pipeline rank (0 holds the embedding, `last_stage_rank` the head)."""
     layers: int
     """Blocks this rank holds."""
     microbatches: int
@@ -74,7 +75,8 @@ class RankView:
 
     @property
     def last(self) -> bool:
-        return self.rank == self.plan.layout.pp - 1
+        """Whether this rank holds the last stage (pp - 1; 0 under dualpipev's V)."""
+        return self.rank == last_stage_rank(self.plan.layout)
 
 
 def root_in_backward(

@@ -240,17 +240,23 @@ def fp8_linear_params(model: ModelConfig, layers: int, tp: int = 1, dense: int =
 
 
 @functools.lru_cache(maxsize=4096)
-def stage_layer_counts(num_layers: int, pp: int, virtual: int = 1) -> tuple[int, ...]:
+def stage_layer_counts(
+    num_layers: int, pp: int, virtual: int = 1, schedule: str = ""
+) -> tuple[int, ...]:
     """Layers held by each pipeline rank, by the trainer's own rule.
 
     `scaletrain.config.stage_layer_ranges` (the one balancing rule, shared with
     `parallel/pipeline.py`) splits the L layers over pp*v stages counting the embedding and the
     head as one unit each; rank r holds stages r, r+pp, ... (the interleaved assignment of
-    Narayanan et al. 2021). The embedding lives on rank 0, the final norm and head on rank pp-1.
+    Narayanan et al. 2021), or r and 2pp-1-r under 'dualpipev' (`time.pipeline.stage_rank`).
+    The embedding lives on rank 0, the final norm and head on the last stage's rank (pp-1;
+    0 under dualpipev).
     """
+    from ..time.pipeline import stage_rank
+
     counts = [0] * pp
     for stage, layers in enumerate(stage_layer_ranges(num_layers, pp * virtual)):
-        counts[stage % pp] += len(layers)
+        counts[stage_rank(schedule, pp, stage)] += len(layers)
     return tuple(counts)
 
 

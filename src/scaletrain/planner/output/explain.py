@@ -58,7 +58,7 @@ def _parameters(est: Estimate) -> list[str]:
         f"   x {pc.num_layers} layers = {pc.num_layers * pc.per_layer:,}; head {pc.head:,}; "
         f"final norm {pc.final_norm:,}; total {pc.total:,}"
     )
-    counts = stage_layer_counts(m_.num_layers, L.pp, L.pp_virtual)
+    counts = stage_layer_counts(m_.num_layers, L.pp, L.pp_virtual, L.pp_schedule)
     held = mem.detail.get("params.count", 0.0)
     add(
         f"   pipeline split (layers per rank) = {counts}; worst-memory rank {mem.rank} holds "
@@ -309,7 +309,7 @@ def _time_lines(
     m = max(1, p.grad_accum)
     out: list[str] = []
     add = out.append
-    counts = stage_layer_counts(m_.num_layers, L.pp, L.pp_virtual)
+    counts = stage_layer_counts(m_.num_layers, L.pp, L.pp_virtual, L.pp_schedule)
     add("-- 5. compute")
     if p.recipe != DEFAULT_RECIPE:
         out += _recipe_time(est)

@@ -55,9 +55,11 @@ def plot_memory(estimates: Sequence[Estimate], path: str | Path) -> Path:
 
 
 def plot_pipeline(timeline: PipelineTimeline, path: str | Path) -> Path:
-    """Gantt chart: one row per rank, F/B/W boxes labelled by micro-batch, idle time shaded."""
+    """Gantt chart: one row per rank, boxes labelled by micro-batch (F forward, B full
+    backward, I and W a split backward's input and weight halves; a rank's later chunks
+    lighter: under dualpipev the V's way back), idle time shaded."""
     plt = _plt()
-    colors = {"F": "tab:blue", "B": "tab:orange", "W": "tab:green"}
+    colors = {"F": "tab:blue", "B": "tab:orange", "I": "tab:red", "W": "tab:green"}
     fig, ax = plt.subplots(figsize=(10, 0.6 * timeline.p + 1.5))
     for r, events in enumerate(timeline.ranks):
         ax.barh(r, timeline.makespan, left=0, color="lightgrey", height=0.8)  # idle = bubble
@@ -81,6 +83,11 @@ def plot_pipeline(timeline: PipelineTimeline, path: str | Path) -> Path:
                     va="center",
                     fontsize=6,
                 )
+    kinds = sorted({e.kind for events in timeline.ranks for e in events}, key="FBIW".index)
+    names = {"F": "forward", "B": "backward", "I": "input grad", "W": "weight grad"}
+    for k in kinds:
+        ax.barh(0, 0, color=colors[k], label=names[k])
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.set_yticks(range(timeline.p), [f"rank {r}" for r in range(timeline.p)])
     ax.invert_yaxis()
     ax.set_xlabel("time")

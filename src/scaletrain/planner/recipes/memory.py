@@ -123,7 +123,7 @@ def recipe_stage_layers(plan: PlanInput, recipe: Recipe) -> tuple[int, ...]:
     split by layer count, else scaletrain's balance (`stage_layer_counts`)."""
     L, n = plan.layout, plan.model.num_layers
     if not recipe.even_pp_split:
-        return stage_layer_counts(n, L.pp, L.pp_virtual)
+        return stage_layer_counts(n, L.pp, L.pp_virtual, L.pp_schedule)
     stages = L.pp * L.pp_virtual
     per = [n // stages + (1 if i < n % stages else 0) for i in range(stages)]
     counts = [0] * L.pp

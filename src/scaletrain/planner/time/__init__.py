@@ -8,6 +8,8 @@
   FSDP all-gather and reduce-scatter, TP, PP point-to-point, CP, EP all-to-all).
 - `pipeline.py`: pipeline schedules: closed-form bubbles, in-flight micro-batches (also read by
   the memory model), action orders and a simulator.
+- `pipeline_comms.py`: where a pipeline step posts its receives and lets its sends go, and the
+  stage-boundary tensors a rank holds for them (the memory model's `pp_p2p`).
 - `step_time.py`: compute + exposed communication + bubble + optimizer step = `StepTime`.
 - `cost.py`: training time, GPU-hours, money, energy and CO2 of a whole run.
 """

@@ -364,10 +364,15 @@ def _pp_term(L: Layout, link: Link, *, act: float, m: int) -> tuple[float, float
     """pp_p2p: one activation send forward and one gradient send backward per micro-batch and
     chunk (x v interleaved), on the worst rank: the first stage sends no gradient and the last
     no activation, so at pp = 2 every rank sends m*(2v-1) messages (a middle stage exists from
-    pp = 3: 2mv). Under SP the message is the tp-sharded activation."""
+    pp = 3: 2mv). dualpipev's V passes its turn on rank pp-1 without a message and holds both
+    ends on rank 0: 2m per rank at pp = 2, 2mv on a middle rank from pp = 3. Under SP the
+    message is the tp-sharded activation."""
     bw, lat, _ = link
     msg = act / (L.tp if L.sp else 1)
-    k = m * (2 * L.pp_virtual - (1 if L.pp == 2 else 0))
+    if L.pp_schedule == "dualpipev":
+        k = m * (2 if L.pp == 2 else 2 * L.pp_virtual)
+    else:
+        k = m * (2 * L.pp_virtual - (1 if L.pp == 2 else 0))
     return k * msg, k * p2p_time(msg, bw, lat)
 
 

@@ -33,7 +33,7 @@ from .flops import (
     layers_forward_flops_per_token,
     op_sac_recompute_flops_per_token,
 )
-from .pipeline import bubble_fraction
+from .pipeline import bubble_fraction, last_stage_rank
 
 __all__ = [
     "default_efficiency",
@@ -157,7 +157,7 @@ def comm_arguments(
     (after TP/PP/EP division): blocks of the fullest stage, tokens of one micro-batch per cp
     rank, this rank's expert weights (EP-local, TP-sharded like max_params)."""
     L, model = plan.layout, plan.model
-    layers = max(stage_layer_counts(model.num_layers, L.pp, L.pp_virtual))
+    layers = max(stage_layer_counts(model.num_layers, L.pp, L.pp_virtual, L.pp_schedule))
     moe_layers = min(layers, model.num_moe_layers)  # (DeepSeek's dense first blocks: none)
     experts = moe_layers * model.param_counts().mlp / expert_split(L)
     # fp8 all-gather (precision/fp8_fsdp.py): the Float8Linears' weights travel as 1-byte E4M3
@@ -261,7 +261,8 @@ def step_time(
     """The seconds of one step of `plan` whose busiest rank holds `max_params` parameters.
 
     Compute: the slowest pipeline rank paces every micro-batch. Rank r does
-    counts[r] x block hardware FLOPs per token, the last rank also the head (3 x forward); the
+    counts[r] x block hardware FLOPs per token, the last stage's rank also the head (3 x
+    forward; rank pp-1, rank 0 under dualpipev's V); the
     embedding lookup does no matmul. Summed over ranks this is the model's hardware FLOPs, so
     compute x gpus x rate >= model FLOPs per step and MFU <= efficiency (tested). Blocks split
     over tp x cp, except MoE experts kept whole per tp rank (ep > 1,
@@ -271,7 +272,7 @@ def step_time(
     m = max(1, plan.grad_accum)
     fl = model_flops(terms, plan.seq_len, causal, plan.ac)
     lf, hf, core, layer_hw = fl.block_forward, fl.head_forward, fl.attention_core, fl.block_hardware
-    counts = stage_layer_counts(model.num_layers, L.pp, L.pp_virtual)
+    counts = stage_layer_counts(model.num_layers, L.pp, L.pp_virtual, L.pp_schedule)
     eff = plan_efficiency(plan)
     eff16 = eff
     foreign = recipe is not None and recipe.name != "scaletrain"
@@ -300,8 +301,9 @@ def step_time(
         layer_s, core_s, head_s = block.layer_s, block.core_s, block.head_s
     tok_mb = float(plan.seq_len) * plan.micro_batch  # tokens of one micro-batch (one replica)
     split = L.tp * L.cp
-    middle = max(counts[:-1], default=0) * layer_s
-    t_mb = max(middle, counts[-1] * layer_s + head_s) * tok_mb / split
+    head = last_stage_rank(L)
+    middle = max((c for r, c in enumerate(counts) if r != head), default=0) * layer_s
+    t_mb = max(middle, counts[head] * layer_s + head_s) * tok_mb / split
     compute_s = m * t_mb
     bubble_s = 0.0
     if L.pp > 1:
