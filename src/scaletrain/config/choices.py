@@ -67,10 +67,12 @@ ChatTemplate = Literal["auto", "tokenizer", "builtin"]
 Device = Literal["auto", "cpu", "cuda"]
 # model architecture
 Norm = Literal["layernorm", "rmsnorm"]
-Activation = Literal["gelu", "gelu_exact", "swiglu"]
+Activation = Literal["gelu", "gelu_exact", "swiglu", "geglu"]
 Position = Literal["learned", "rope"]
 Attention = Literal["sdpa", "naive"]
-HFModelType = Literal["auto", "gpt2", "llama", "mistral", "mixtral", "qwen2", "qwen3", "phi3"]
+HFModelType = Literal[
+    "auto", "gpt2", "llama", "mistral", "mixtral", "qwen2", "qwen3", "phi3", "qwen3_moe", "gemma2"
+]
 
 
 def names(alias: Any) -> tuple[Any, ...]:
