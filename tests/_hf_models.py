@@ -76,6 +76,22 @@ def _config(kind: str):
             final_logit_softcapping=15.0,
             **{**llama, "tie_word_embeddings": True},
         )
+    if kind == "gemma3_text":  # + (1 + w) q/k norms, the local layer's own RoPE base
+        rope = {"rope_type": "default"}
+        return tf.Gemma3TextConfig(
+            head_dim=16,
+            query_pre_attn_scalar=12,
+            sliding_window=16,
+            layer_types=["sliding_attention", "full_attention"],
+            rope_parameters={
+                "full_attention": {**rope, "rope_theta": 10000.0},
+                "sliding_attention": {**rope, "rope_theta": 100.0},
+            },
+            **{
+                **{k: v for k, v in llama.items() if k != "rope_theta"},
+                "tie_word_embeddings": True,
+            },
+        )
     raise ValueError(kind)
 
 

@@ -75,6 +75,20 @@ CONFIGS = {
         scale_embeddings=True,
         tie_embeddings=True,
     ),
+    # Gemma 3's additions: (1 + w) q/k norms and the local layer's own RoPE base; no caps
+    "tiny-gemma3": dataclasses.replace(
+        MODEL_PRESETS["tiny-llama"](),
+        activation="geglu",
+        attn_scale_dim=24,
+        sliding_window=8,
+        full_attention_every=2,
+        rope_local_theta=100.0,
+        qk_norm=True,
+        norm_plus_one=True,
+        post_norms=True,
+        scale_embeddings=True,
+        tie_embeddings=True,
+    ),
 }
 
 

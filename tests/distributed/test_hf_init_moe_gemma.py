@@ -5,7 +5,8 @@ layout the first step's loss equals transformers' float64 loss on the same globa
 Qwen3-MoE: 8 experts, top 3, q/k norms; ZeRO-3, TP2 + SP (experts split over tp), PP2 and EP2.
 Gemma 2: a sliding-window layer and a global one, soft-capped scores and logits, a tied head
 (the pipeline's last stage holds its copy), the post-sub-layer norms replicated (TP2) or
-sequence-parallel (TP2 + SP); ZeRO-3 and PP2.
+sequence-parallel (TP2 + SP); ZeRO-3 and PP2. Gemma 3 (q/k norms, two RoPE bases): TP2 + SP
+and PP2.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ LAYOUTS = {
     "gemma2_tp2": ("gemma2", ["--parallel.tp=2"]),
     "gemma2_tp2_sp": ("gemma2", ["--parallel.tp=2", "--parallel.sp=true"]),
     "gemma2_pp2": ("gemma2", ["--parallel.pp=2", "--parallel.pp_schedule=1f1b"]),
+    # Gemma 3: (1 + w) q/k norms whole on each tp rank, the local layer's own RoPE base
+    "gemma3_tp2_sp": ("gemma3_text", ["--parallel.tp=2", "--parallel.sp=true"]),
+    "gemma3_pp2": ("gemma3_text", ["--parallel.pp=2", "--parallel.pp_schedule=1f1b"]),
 }
 
 
@@ -40,7 +44,7 @@ def _args(tmp_path, model_dir, run, *extra):
 
 
 def test_first_step_loss_equals_transformers_in_every_layout(tmp_path):
-    dirs = {k: make_hf_model(k, tmp_path / k) for k in ("qwen3_moe", "gemma2")}
+    dirs = {k: make_hf_model(k, tmp_path / k) for k in ("qwen3_moe", "gemma2", "gemma3_text")}
     jobs = {
         name: _args(tmp_path, dirs[kind], name, *extra) for name, (kind, extra) in LAYOUTS.items()
     }

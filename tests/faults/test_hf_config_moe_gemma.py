@@ -33,6 +33,13 @@ GEMMA2 = {
     "final_logit_softcapping": 30.0,
     "tie_word_embeddings": True,
 }
+GEMMA3 = {
+    **{k: v for k, v in GEMMA2.items() if k not in ("rope_theta",)},
+    "model_type": "gemma3_text",
+    "attn_logit_softcapping": None,
+    "final_logit_softcapping": None,
+    "layer_types": ["sliding_attention", "full_attention"],
+}
 # (id, base, key, value, the field's name the one line must hold)
 REFUSED = [
     ("qwen3-moe-dense-layers", QWEN3_MOE, "mlp_only_layers", [0]),
@@ -58,6 +65,18 @@ REFUSED = [
     ),
     ("gemma2-layer-count", GEMMA2, "layer_types", ["full_attention"]),
     ("gemma2-layer-kind", GEMMA2, "layer_types", ["chunked_attention"] * 2),
+    # Gemma 3 4B and larger: linear RoPE scaling of the global layers (4.x and 5.x spellings)
+    ("gemma3-rope-linear", GEMMA3, "rope_scaling", {"rope_type": "linear", "factor": 8.0}),
+    (
+        "gemma3-rope-nested",
+        GEMMA3,
+        "rope_parameters",
+        {
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+        },
+    ),
+    ("gemma3-bidirectional", GEMMA3, "use_bidirectional_attention", True),
 ]
 
 
@@ -66,7 +85,7 @@ REFUSED = [
 )
 def test_feature_not_modelled_is_one_line_naming_the_field(tmp_path, base, key, value):
     d = _write(tmp_path, base, key, value)
-    needle = "rope" if key == "rope_scaling" else key
+    needle = "rope" if key.startswith("rope") else key
     _refused([f"--checkpoint.init_from={d}"], needle)
     _refused(["--model.name", str(d)], needle)  # plan / dryrun read it the same way
 
@@ -88,6 +107,12 @@ def test_qwen3_moe_and_gemma2_fields_are_read(tmp_path):
     n = _write(tmp_path / "n", GEMMA2, "attn_logit_softcapping", None)
     m = load_config(None, [f"--model.name={n}"]).model
     assert m.attn_softcap == 0.0 and m.attention == "sdpa" and m.logit_softcap == 30.0
+    # Gemma 3, transformers 4.x spelling: the local base at the top level
+    (tmp_path / "g3").mkdir()
+    g3 = _write(tmp_path / "g3", {**GEMMA3, "rope_theta": 1e6}, "rope_local_base_freq", 1e4)
+    m = load_config(None, [f"--model.name={g3}"]).model
+    assert (m.rope_theta, m.rope_local_theta, m.full_attention_every) == (1e6, 1e4, 2)
+    assert m.qk_norm and m.hf_model_type == "gemma3_text" and m.attention == "sdpa"
 
 
 def test_ring_attention_refuses_gemma2_soft_capping_in_one_line(tmp_path, capsys):

@@ -3,9 +3,9 @@
 The first step's loss (before any update) equals transformers' own loss on the same batch, for
 GPT-2 (tied head), Llama with GQA (untied, also saved as several shards), Mixtral, Qwen2 (q/k/v
 biases, tied head), Qwen3 (q/k norms, head_dim != hidden / heads), Phi-3 (fused tensors, a
-sliding window shorter than the sequence), Qwen3-MoE (8 experts, top 3) and Gemma 2 (local and
-global layers, soft-capped scores and logits); after a few steps the exported weights reload
-in transformers with the trainer's logits.
+sliding window shorter than the sequence), Qwen3-MoE (8 experts, top 3), Gemma 2 (local and
+global layers, soft-capped scores and logits) and Gemma 3 (q/k norms, a local RoPE base); after
+a few steps the exported weights reload in transformers with the trainer's logits.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def hf_dirs(tmp_path_factory):
     }
 
 
-FAMILIES = ("qwen2", "qwen3", "phi3", "qwen3_moe", "gemma2")
+FAMILIES = ("qwen2", "qwen3", "phi3", "qwen3_moe", "gemma2", "gemma3_text")
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "llama", "llama-sharded", "mixtral", *FAMILIES])

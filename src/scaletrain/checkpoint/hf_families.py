@@ -8,7 +8,9 @@ config.json and their tensor names.
 - Gemma 2 (`Gemma2ForCausalLM`): four norms per block, `input_layernorm` (our
   attention_norm), `post_attention_layernorm` (post_attention_norm: on the attention's output,
   where Llama's name means the MLP's input norm), `pre_feedforward_layernorm` (ffn_norm),
-  `post_feedforward_layernorm` (post_ffn_norm); a tied head.
+  `post_feedforward_layernorm` (post_ffn_norm); a tied head. Gemma 3's text model
+  (`Gemma3ForCausalLM`, model_type gemma3_text) the same, plus `self_attn.q_norm` / `k_norm`
+  and one RoPE base per layer type in `rope_parameters`.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ _GEMMA2_NORMS = (
 
 def norm_names(kind: str) -> tuple[tuple[str, str], ...]:
     """(our module, HF module) of a block's norms for HF model type `kind`."""
-    return _GEMMA2_NORMS if kind == "gemma2" else _LLAMA_NORMS
+    return _GEMMA2_NORMS if kind in ("gemma2", "gemma3_text") else _LLAMA_NORMS
 
 
 def router_name(kind: str) -> str:
@@ -73,16 +75,24 @@ def family_config(cfg: ModelConfig, kind: str, common: dict[str, Any]) -> dict[s
             "use_sliding_window": bool(window),
             "sliding_window": window or None,
         }
-    if kind == "gemma2":
+    if kind in ("gemma2", "gemma3_text"):
         last = cfg.vocab_size - 1  # Gemma's special ids, clipped into small vocabularies
         kinds = [
             "sliding_attention" if cfg.layer_window(i) else "full_attention"
             for i in range(cfg.num_layers)
         ]
         out = {k: v for k, v in common.items() if k != "hidden_act"}
+        if kind == "gemma3_text":  # one RoPE base per layer type
+            del out["rope_theta"]
+            local = cfg.rope_local_theta or cfg.rope_theta
+            out["rope_parameters"] = {
+                "full_attention": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+                "sliding_attention": {"rope_type": "default", "rope_theta": local},
+            }
+            out["use_bidirectional_attention"] = False
         return {
-            "architectures": ["Gemma2ForCausalLM"],
-            "model_type": "gemma2",
+            "architectures": ["Gemma2ForCausalLM" if kind == "gemma2" else "Gemma3ForCausalLM"],
+            "model_type": kind,
             **out,
             "hidden_activation": "gelu_pytorch_tanh",
             "attention_bias": False,

@@ -71,7 +71,17 @@ Activation = Literal["gelu", "gelu_exact", "swiglu", "geglu"]
 Position = Literal["learned", "rope"]
 Attention = Literal["sdpa", "naive"]
 HFModelType = Literal[
-    "auto", "gpt2", "llama", "mistral", "mixtral", "qwen2", "qwen3", "phi3", "qwen3_moe", "gemma2"
+    "auto",
+    "gpt2",
+    "llama",
+    "mistral",
+    "mixtral",
+    "qwen2",
+    "qwen3",
+    "phi3",
+    "qwen3_moe",
+    "gemma2",
+    "gemma3_text",
 ]
 
 

@@ -1,6 +1,6 @@
-"""Gemma 2's `config.json` (model_type 'gemma2') read into a ModelConfig, and the fields this
-model code does not implement refused (one line each). The reader and the refusal format are
-`hf_model`'s; this module holds what only Gemma has.
+"""Gemma 2's and Gemma 3's text `config.json` (model_type 'gemma2', 'gemma3_text') read into a
+ModelConfig, and the fields this model code does not implement refused (one line each). The
+reader and the refusal format are `hf_model`'s; this module holds what only Gemma has.
 
 Gemma 2 (Gemma Team 2024; transformers' `Gemma2Config`): GeGLU with tanh-GELU
 (`hidden_activation`), embeddings times sqrt(hidden_size), (1 + w) RMSNorms before and after
@@ -8,6 +8,12 @@ each sub-layer, attention scores scaled by 1/sqrt(`query_pre_attn_scalar`) and s
 (`attn_logit_softcapping`), final logits soft-capped (`final_logit_softcapping`), sliding-window
 and global layers alternating (`layer_types`, or every other layer from a sliding first one
 when absent), a tied head.
+
+Gemma 3 (transformers' `Gemma3TextConfig`): the same block without soft-capping, plus (1 + w)
+RMSNorms of each query and key head (Qwen3's `qk_norm`), five local layers for one global
+(`layer_types`, or `sliding_window_pattern`), and the local layers' own RoPE base
+(`rope_parameters.sliding_attention.rope_theta`, transformers 4's `rope_local_base_freq`).
+RoPE scaling of the global layers (the 4B and larger sizes' linear factor 8) is refused.
 """
 
 from __future__ import annotations
@@ -18,21 +24,25 @@ from typing import Any
 
 from .model import ModelConfig
 
-__all__ = ["gemma2_from_hf", "gemma2_problems", "full_attention_every"]
+__all__ = ["gemma_from_hf", "gemma_problems", "full_attention_every", "GEMMA_TYPES"]
+
+GEMMA_TYPES = ("gemma2", "gemma3_text")
 
 _GELU_TANH = ("gelu_pytorch_tanh", "gelu_new")
 """transformers' names of the tanh-approximated GELU (ACT2FN: the same function)."""
 
 
-def gemma2_from_hf(hf: dict[str, Any], r: Any, path: Path) -> ModelConfig:
-    """The ModelConfig of a gemma2 config.json (already checked by `gemma2_problems`); `r`
-    is hf_model's typed reader over `hf`."""
+def gemma_from_hf(hf: dict[str, Any], r: Any, path: Path) -> ModelConfig:
+    """The ModelConfig of a gemma2 / gemma3_text config.json (already checked by
+    `gemma_problems`); `r` is hf_model's typed reader over `hf`."""
+    gemma3 = hf["model_type"] == "gemma3_text"
     heads, width = r.int("num_attention_heads"), r.int("hidden_size")
     layers = r.int("num_hidden_layers")
     head_dim = r.int("head_dim", 256)
-    window, every = _windows(hf, r, layers)
-    attn_cap = _cap(hf, r, "attn_logit_softcapping", 50.0)
-    from .hf_model import _rope  # (hf_model imports this module inside a function)
+    window, every = _windows(hf, r, layers, 6 if gemma3 else 2)
+    # transformers' defaults: Gemma 2 caps scores at 50 and logits at 30, Gemma 3 neither
+    attn_cap = _cap(hf, r, "attn_logit_softcapping", 0.0 if gemma3 else 50.0)
+    theta, local = _thetas(hf, r, path, gemma3)
 
     return ModelConfig(
         name=str(path),
@@ -43,11 +53,13 @@ def gemma2_from_hf(hf: dict[str, Any], r: Any, path: Path) -> ModelConfig:
         num_kv_heads=r.int("num_key_value_heads", None) or heads,
         head_dim_override=head_dim if head_dim * heads != width else 0,
         ffn_dim=r.int("intermediate_size"),
-        max_seq_len=r.int("max_position_embeddings", 8192),
+        max_seq_len=r.int("max_position_embeddings", 131072 if gemma3 else 8192),
         norm="rmsnorm",
         activation="geglu",
         position="rope",
-        rope_theta=type(r)(_rope(hf), path).float("rope_theta", 10000.0),
+        rope_theta=theta,
+        rope_local_theta=local if window and local != theta else 0.0,
+        qk_norm=gemma3,
         tie_embeddings=r.bool("tie_word_embeddings", True),
         bias=False,
         norm_eps=r.float("rms_norm_eps", 1e-6),
@@ -55,14 +67,37 @@ def gemma2_from_hf(hf: dict[str, Any], r: Any, path: Path) -> ModelConfig:
         attention="naive" if attn_cap else "sdpa",
         attn_scale_dim=r.int("query_pre_attn_scalar", 256),
         attn_softcap=attn_cap,
-        logit_softcap=_cap(hf, r, "final_logit_softcapping", 30.0),
+        logit_softcap=_cap(hf, r, "final_logit_softcapping", 0.0 if gemma3 else 30.0),
         sliding_window=window,
         full_attention_every=every,
         norm_plus_one=True,
         post_norms=True,
         scale_embeddings=True,
-        hf_model_type="gemma2",
+        hf_model_type="gemma3_text" if gemma3 else "gemma2",
     )
+
+
+def _thetas(hf: dict[str, Any], r: Any, path: Path, gemma3: bool) -> tuple[float, float]:
+    """(global, local) RoPE bases. Gemma 2: one, `rope_theta` (default 10,000). Gemma 3:
+    transformers 5 nests them per layer type in `rope_parameters`, 4.x kept `rope_theta`
+    (default 1e6) and `rope_local_base_freq` (default 1e4) at the top level."""
+    from .hf_model import _rope  # (hf_model imports this module inside a function)
+
+    if not gemma3:
+        theta = type(r)(_rope(hf), path).float("rope_theta", 10000.0)
+        return theta, theta
+    nested = hf.get("rope_parameters") or {}
+    out = []
+    for kind, key, default in (
+        ("full_attention", "rope_theta", 1e6),
+        ("sliding_attention", "rope_local_base_freq", 1e4),
+    ):
+        params = nested.get(kind)
+        if params is not None:
+            out.append(type(r)(params, path).float("rope_theta", default))
+        else:
+            out.append(type(r)(_rope(hf), path).float(key, default))
+    return out[0], out[1]
 
 
 def _cap(hf: dict[str, Any], r: Any, key: str, default: float) -> float:
@@ -71,12 +106,16 @@ def _cap(hf: dict[str, Any], r: Any, key: str, default: float) -> float:
     return 0.0 if key in hf and hf[key] is None else r.float(key, default)
 
 
-def _windows(hf: dict[str, Any], r: Any, layers: int) -> tuple[int, int]:
+def _windows(hf: dict[str, Any], r: Any, layers: int, pattern: int) -> tuple[int, int]:
     """(sliding_window, full_attention_every) from `layer_types` (transformers 5) or, when
-    absent, Gemma 2's default: sliding on even layers, global on odd ones."""
+    absent, `sliding_window_pattern` (default `pattern`: Gemma 2 2, Gemma 3 6): layer i
+    global when (i + 1) % pattern == 0."""
     kinds = hf.get("layer_types")
     if kinds is None:
-        kinds = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]
+        every = r.int("sliding_window_pattern", pattern)
+        kinds = [
+            "sliding_attention" if (i + 1) % every else "full_attention" for i in range(layers)
+        ]
     if (
         not isinstance(kinds, list)
         or len(kinds) != layers
@@ -117,14 +156,27 @@ def full_attention_every(kinds: list[str]) -> int | None:
     return every if kinds == want else None
 
 
-def gemma2_problems(hf: dict[str, Any], r: Any, refuse: Callable[[str], None]) -> None:
-    """Refuse what a gemma2 config.json asks that this model code does not implement."""
+def gemma_problems(hf: dict[str, Any], r: Any, refuse: Callable[[str], None]) -> None:
+    """Refuse what a gemma2 / gemma3_text config.json asks that this model code does not
+    implement."""
+    kind = hf["model_type"]
     for key in ("hidden_activation", "hidden_act"):
         act = hf.get(key)
         if act is not None and act not in _GELU_TANH:
-            refuse(f"{key} {act!r} (Gemma 2's MLP is GeGLU with gelu_pytorch_tanh)")
+            refuse(f"{key} {act!r} (Gemma's MLP is GeGLU with gelu_pytorch_tanh)")
     if r.bool("attention_bias", False):
-        refuse("attention_bias = true on gemma2")
+        refuse(f"attention_bias = true on {kind}")
+    nested = hf.get("rope_parameters") or {}
+    for layer_kind in ("full_attention", "sliding_attention"):
+        params = nested.get(layer_kind)
+        if params is None:
+            continue
+        if not isinstance(params, dict):
+            r._fail(f"rope_parameters.{layer_kind}", params, "must be a JSON object")
+        if params.get("rope_type", "default") != "default":
+            refuse(
+                f"rope scaling (rope_parameters.{layer_kind}.rope_type = {params['rope_type']!r})"
+            )
     if r.float("attention_dropout", 0.0, lo=0.0) != 0.0:
         refuse(f"attention_dropout = {hf['attention_dropout']} (dropout)")
     if hf.get("use_bidirectional_attention"):

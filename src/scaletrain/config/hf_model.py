@@ -89,13 +89,16 @@ _LLAMA_KEYS = {
     "head_dim_override": "head_dim",
 }
 """ModelConfig field -> the config.json key it is read from (for error messages)."""
+_GEMMA_KEYS = {
+    "attn_scale_dim": "query_pre_attn_scalar",
+    "attn_softcap": "attn_logit_softcapping",
+    "logit_softcap": "final_logit_softcapping",
+    "rope_local_theta": "rope_local_base_freq",
+}
 _TYPE_KEYS = {
     "qwen3_moe": {"ffn_dim": "moe_intermediate_size", "num_experts": "num_experts"},
-    "gemma2": {
-        "attn_scale_dim": "query_pre_attn_scalar",
-        "attn_softcap": "attn_logit_softcapping",
-        "logit_softcap": "final_logit_softcapping",
-    },
+    "gemma2": _GEMMA_KEYS,
+    "gemma3_text": _GEMMA_KEYS,
 }
 """Where a model type reads a field from another key than `_LLAMA_KEYS` says."""
 
@@ -118,10 +121,10 @@ def _from_hf(hf: dict[str, Any], r: _HFReader, mtype: str, path: Path) -> ModelC
             bias=True,
             norm_eps=r.float("layer_norm_epsilon", 1e-5),
         )
-    if mtype == "gemma2":
-        from .hf_gemma import gemma2_from_hf
+    if mtype in ("gemma2", "gemma3_text"):
+        from .hf_gemma import gemma_from_hf
 
-        return gemma2_from_hf(hf, r, path)
+        return gemma_from_hf(hf, r, path)
     heads, width = r.int("num_attention_heads"), r.int("hidden_size")
     head_dim = r.int("head_dim", None)
     # an explicit head width only where it differs from hidden / heads (Qwen3-32B: 128 vs 80)
@@ -202,8 +205,21 @@ def _window(hf: dict[str, Any], r: _HFReader, mtype: str) -> int | None:
     return r.int("sliding_window")
 
 
-_HF_TYPES = ("gpt2", "llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "phi3", "gemma2")
-_TYPES_IN_WORDS = "gpt2, llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, phi3 or gemma2"
+_HF_TYPES = (
+    "gpt2",
+    "llama",
+    "mistral",
+    "mixtral",
+    "qwen2",
+    "qwen3",
+    "qwen3_moe",
+    "phi3",
+    "gemma2",
+    "gemma3_text",
+)
+_TYPES_IN_WORDS = (
+    "gpt2, llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, phi3, gemma2 or gemma3_text"
+)
 _REQUIRED: Any = object()
 
 
@@ -298,10 +314,10 @@ def _check_hf_supported(hf: dict[str, Any], path: Path) -> None:
         ):
             if r.bool(key, plain) != plain:
                 refuse(f"{key} = {not plain}")
-    elif hf["model_type"] == "gemma2":
-        from .hf_gemma import gemma2_problems
+    elif hf["model_type"] in ("gemma2", "gemma3_text"):
+        from .hf_gemma import gemma_problems
 
-        gemma2_problems(hf, r, refuse)
+        gemma_problems(hf, r, refuse)
     else:
         if hf.get("hidden_act", "silu") != "silu":
             refuse(f"hidden_act {hf['hidden_act']!r}")
@@ -336,13 +352,14 @@ def _qwen3_moe_problems(hf: dict[str, Any], r: _HFReader, refuse: Any) -> None:
 
 def hf_model_type(cfg: ModelConfig) -> str:
     """The Hugging Face `model_type` `cfg` exports as: `cfg.hf_model_type`, or for 'auto'
-    the one its pieces name (Gemma's post-norms: gemma2; experts with q/k norms: qwen3_moe;
+    the one its pieces name (Gemma's post-norms: gemma2, with q/k norms gemma3_text; experts
+    with q/k norms: qwen3_moe;
     experts: mixtral; q/k norms: qwen3; q/k/v biases alone: qwen2; a sliding window:
     mistral; else llama; LayerNorm: gpt2)."""
     if cfg.hf_model_type != "auto":
         return cfg.hf_model_type
     if cfg.post_norms:
-        return "gemma2"
+        return "gemma3_text" if cfg.qk_norm else "gemma2"
     if cfg.is_moe:
         return "qwen3_moe" if cfg.qk_norm else "mixtral"
     if cfg.family == "gpt2":
@@ -359,8 +376,9 @@ def hf_export_problem(cfg: ModelConfig) -> str | None:
     home of these rules: checkpoint.hf refuses the export with them, and a job with
     checkpoint.export_hf = true is refused with them at config time, before training."""
     kind = hf_model_type(cfg)
-    if kind != "gemma2" and (why := _gemma_pieces(cfg)):
-        return f"{why} export as gemma2 only"
+    gemma = kind in ("gemma2", "gemma3_text")
+    if not gemma and (why := _gemma_pieces(cfg)):
+        return f"{why} export as gemma2 or gemma3_text only"
     if kind == "gpt2":
         if (
             cfg.norm != "layernorm"
@@ -380,8 +398,8 @@ def hf_export_problem(cfg: ModelConfig) -> str | None:
                 "qk_norm, head_dim_override"
             )
         return None
-    if kind == "gemma2":
-        return _gemma2_export_problem(cfg)
+    if gemma:
+        return _gemma_export_problem(cfg, kind)
     plain = cfg.norm == "rmsnorm" and cfg.activation == "swiglu" and cfg.position == "rope"
     moe_kinds = ("mixtral", "qwen3_moe")
     if cfg.is_moe != (kind in moe_kinds) or (kind in moe_kinds and (cfg.bias or not plain)):
@@ -412,6 +430,7 @@ def _gemma_pieces(cfg: ModelConfig) -> str | None:
         "attn_softcap",
         "logit_softcap",
         "full_attention_every",
+        "rope_local_theta",
     )
     used = [f for f in fields if getattr(cfg, f)]
     if cfg.activation == "geglu":
@@ -421,9 +440,10 @@ def _gemma_pieces(cfg: ModelConfig) -> str | None:
     return ", ".join(used) or None
 
 
-def _gemma2_export_problem(cfg: ModelConfig) -> str | None:
+def _gemma_export_problem(cfg: ModelConfig, kind: str) -> str | None:
     """Gemma 2's block: GeGLU, RoPE, (1 + w) RMSNorms before and after each sub-layer, scaled
-    embeddings, no biases, no q/k norms, no experts."""
+    embeddings, no biases, no q/k norms, no experts, one RoPE base; Gemma 3's adds the q/k
+    norms and may give its windowed layers their own base."""
     if not (
         cfg.norm == "rmsnorm"
         and cfg.norm_plus_one
@@ -433,9 +453,13 @@ def _gemma2_export_problem(cfg: ModelConfig) -> str | None:
         and cfg.position == "rope"
     ):
         return (
-            "gemma2 needs norm='rmsnorm', norm_plus_one, post_norms, scale_embeddings, "
+            f"{kind} needs norm='rmsnorm', norm_plus_one, post_norms, scale_embeddings, "
             "activation='geglu' and position='rope'"
         )
-    if cfg.bias or cfg.qkv_bias or cfg.qk_norm or cfg.is_moe:
-        return "gemma2 has no biases, q/k norms or experts"
+    if cfg.bias or cfg.qkv_bias or cfg.is_moe:
+        return f"{kind} has no biases or experts"
+    if kind == "gemma2" and (cfg.qk_norm or cfg.rope_local_theta):
+        return "q/k norms and a local RoPE base (rope_local_theta) export as gemma3_text"
+    if kind == "gemma3_text" and not cfg.qk_norm:
+        return "gemma3_text has q/k norms (qk_norm)"
     return None

@@ -99,6 +99,10 @@ class ModelConfig:
     logit_softcap: float = 0.0
     """0: off. c > 0: output logits soft-capped to c * tanh(logit / c) (Gemma 2's
     `final_logit_softcapping`, 30), in the fused loss and in the logits path alike."""
+    rope_local_theta: float = 0.0
+    """RoPE base of the sliding-window layers when it differs from the global layers'
+    `rope_theta` (Gemma 3: 10,000 beside 1,000,000; its `rope_local_base_freq`); 0: one base
+    for every layer."""
     full_attention_every: int = 0
     """With a sliding window: 0 slides every layer; N > 0 gives block i full causal attention
     when (i + 1) % N == 0 and the window otherwise (Gemma 2: 2, local and global alternating
@@ -116,7 +120,7 @@ class ModelConfig:
     """The Hugging Face `model_type` a checkpoint export writes (and whose tensor layout an
     import reads): 'auto' picks it from the architecture (gpt2, llama, mistral with a sliding
     window, mixtral with experts, qwen2 with `qkv_bias`, qwen3 with `qk_norm`, qwen3_moe with
-    experts and `qk_norm`, gemma2 with `post_norms`); set by a
+    experts and `qk_norm`, gemma2 with `post_norms`, gemma3_text with both); set by a
     config.json import to its own type, so an export reloads as the family it came from."""
 
     def __post_init__(self) -> None:
@@ -247,6 +251,18 @@ class ModelConfig:
             p + "full_attention_every",
             self.full_attention_every,
             "needs a window: set model.sliding_window > 0 (or 0 here)",
+        )
+        require(
+            isinstance(self.rope_local_theta, int | float)
+            and math.isfinite(self.rope_local_theta)
+            and self.rope_local_theta >= 0
+            and (
+                not self.rope_local_theta or (self.position == "rope" and self.sliding_window > 0)
+            ),
+            p + "rope_local_theta",
+            self.rope_local_theta,
+            "use 0 (rope_theta everywhere) or a positive base for the windowed layers of a "
+            "RoPE model with model.sliding_window > 0",
         )
         require(
             not self.norm_plus_one or self.norm == "rmsnorm",

@@ -45,7 +45,9 @@ class NaiveAttentionCore(nn.Module):
 
     `softcap` c > 0 (Gemma 2's attention logit soft-capping): the fp32 scores become
     c * tanh(scores / c) before the mask and the softmax, as HF's Gemma2 eager attention
-    (which caps in the compute dtype); the tanh output is one more saved S x S fp32 tensor.
+    (which caps in the compute dtype); the tanh output is one more saved S x S fp32 tensor
+    (the divide and tanh run in place, so the forward holds no more S x S buffers at once than
+    without the cap).
     """
 
     def __init__(self, softcap: float = 0.0) -> None:
@@ -69,7 +71,9 @@ class NaiveAttentionCore(nn.Module):
         mask = mask.repeat(*([1] * (mask.dim() - 2)), nh // g, 1)
         scores = upcast(scores)
         if self.softcap:
-            scores = torch.tanh(scores / self.softcap) * self.softcap
+            # in place on the fp32 scores (no backward reads them): one S x S buffer less at
+            # once than tanh(scores / c) * c, the saved tanh and the capped scores only
+            scores = scores.div_(self.softcap).tanh_() * self.softcap
         scores = scores.masked_fill(~mask, float("-inf"))
         probs = torch.softmax(scores, dim=-1).to(q.dtype)
         return (probs @ v).view(b, nh, t, hd)  # (B, nh, T, hd)

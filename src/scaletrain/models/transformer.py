@@ -8,6 +8,7 @@ module tree below is an interface:
       tok_embeddings  nn.Embedding | None        (None on non-first pipeline stages)
       pos_embeddings  nn.Embedding | None        (learned positions only)
       rope            RotaryEmbedding | None     (RoPE only; non-persistent cos/sin tables)
+      rope_local      RotaryEmbedding | None     (Gemma 3's windowed layers' own base)
       layers          nn.ModuleDict "0".."L-1"   (keys survive pipeline splitting)
         TransformerBlock: attention_norm, attention (Attention [+ q_norm, k_norm]), ffn_norm,
                           feed_forward (FeedForward) | moe (MoE)
@@ -160,6 +161,13 @@ class Transformer(nn.Module):
             if cfg.position == "rope"
             else None
         )
+        local = cfg.rope_local_theta
+        self.rope_local: RotaryEmbedding | None = (
+            RotaryEmbedding(cfg.head_dim, cfg.max_seq_len, local)
+            if local and local != cfg.rope_theta
+            else None
+        )
+        """Gemma 3: the sliding-window layers' own RoPE base (`model.rope_local_theta`)."""
         self.layers = nn.ModuleDict({str(i): TransformerBlock(cfg) for i in range(cfg.num_layers)})
         self.norm: nn.Module | None = _norm(cfg)
         self.output: nn.Linear | None = (
@@ -245,9 +253,12 @@ class Transformer(nn.Module):
         else:
             h = tokens
         cos, sin = self.rope(positions) if self.rope is not None else (None, None)
+        cos_l, sin_l = self.rope_local(positions) if self.rope_local is not None else (cos, sin)
         for name, layer in self.layers.items():
-            kw = local_kw if self.config.layer_window(int(name)) else layer_kw
-            h = layer(h, cos, sin, **kw)
+            if self.config.layer_window(int(name)):
+                h = layer(h, cos_l, sin_l, **local_kw)
+            else:
+                h = layer(h, cos, sin, **layer_kw)
         if self.norm is not None:
             h = self.norm(h)
         weight = self.head_weight()
