@@ -70,6 +70,11 @@ def _models() -> dict[str, ModelConfig]:
         "llama2-7b-L1": model("llama2-7b", 1),
         "llama3-8b-L1": model("llama3-8b", 1),
         "mixtral-8x7b-L2": model("mixtral-8x7b", 2),
+        # issue #35: Qwen3-MoE (128 experts of 768, top 8, q 4096 wide on a 2048 stream) and
+        # Gemma 2 (naive soft-capped attention, 4 norms per block, a local and a global layer)
+        "qwen3-30b-a3b-L2": model("qwen3-30b-a3b", 2),
+        "gemma-2-9b-L2": model("gemma-2-9b", 2),
+        "gemma-2-27b-L2": model("gemma-2-27b", 2),
     }
 
 
@@ -133,14 +138,25 @@ CASES: list[Case] = [
     # autocast (DDP) with a vocabulary-parallel embedding: no 16-bit copy of the embedding
     # or head in flight, the embedding's gradient after the block's backward
     ("llama3-8b-L1", 8, 1, 0, 1, 8, True, 1, "none", "bf16", 1, 2048, 1),
+    # issue #35, Gemma 2 at its widths (naive soft-capped attention: 4096 tokens make the S x S
+    # scores the peak, where 1024 leave it to the 256k-row embedding's gradient), TP + SP
+    # (sequence-parallel post-norms), selective AC, ZeRO-1 autocast (the soft-capped fused
+    # loss over an fp32 head cast in blocks)
+    ("gemma-2-9b-L2", 8, 8, 3, 1, 1, False, 1, "none", "bf16", 1, 4096, 1),
+    ("gemma-2-9b-L2", 8, 4, 3, 1, 2, True, 1, "none", "bf16", 1, 4096, 1),
+    ("gemma-2-9b-L2", 8, 8, 3, 1, 1, False, 1, "selective", "bf16", 1, 4096, 1),
+    ("gemma-2-9b-L2", 2, 2, 1, 1, 1, False, 1, "none", "bf16", 1, 2048, 1),
+    ("gemma-2-27b-L2", 8, 8, 3, 1, 1, False, 1, "none", "bf16", 1, 4096, 1),
+    ("gemma-2-27b-L2", 8, 8, 3, 1, 1, False, 1, "selective", "bf16", 1, 4096, 1),
 ]
 
-QUICK = [CASES[i] for i in (0, 1, 2, 3, 4, 5, 6, 7, 8, 12, 18, 43, 44)]
+QUICK = [CASES[i] for i in (0, 1, 2, 3, 4, 5, 6, 7, 8, 12, 18, 43, 44, 46)]
 """The fast subset (tests/planner/test_accuracy.py): every tiny-model layout (DDP, ZeRO-1/2/3,
 HSDP, TP, TP+SP, CP, full and selective AC, fp32 and bf16, tied and untied, GQA) plus three at
 gpt2-124m widths whose peaks are the named terms' moments (tied-embedding backward under DDP
 fp32, ZeRO-3 loss backward, ZeRO-2 with TP+SP), and issue #16's tiny layouts (ZeRO-3's start
-of the last block's backward, without and with selective AC under TP+SP)."""
+of the last block's backward, without and with selective AC under TP+SP), and Gemma 2 9B's
+widths at 4096 tokens (issue #35: soft-capped naive S x S scores, four norms per block)."""
 
 
 # (model, world, dp, zero, pp, schedule, virtual, ep, dtype, micro_batch, seq, grad_accum[, ac])
@@ -161,19 +177,28 @@ EXTRA_CASES: list[Extra] = [
     # issue #16: Mixtral widths, ZeRO-3 + ep8, selective AC: fp32 expert gradients outweigh a
     # block's activations, so the peak is the last blocks' backward next to them
     ("mixtral-8x7b-L2", 8, 8, 3, 1, "1f1b", 1, 8, "bf16", 1, 4096, 1, "selective"),
+    # issue #35, Qwen3-MoE at its widths (16 of 128 experts per rank): the root unit's
+    # reduce-scatter (both 16-bit 151,936-row tables), longer sequences, selective AC, a
+    # pipeline over ZeRO-3 + ep2; Gemma 2's tied head on a pipeline's last stage
+    ("qwen3-30b-a3b-L2", 8, 8, 3, 1, "1f1b", 1, 8, "bf16", 1, 1024, 1),
+    ("qwen3-30b-a3b-L2", 8, 8, 3, 1, "1f1b", 1, 8, "bf16", 1, 4096, 1),
+    ("qwen3-30b-a3b-L2", 8, 8, 3, 1, "1f1b", 1, 8, "bf16", 2, 4096, 1, "selective"),
+    ("qwen3-30b-a3b-L2", 4, 2, 3, 2, "1f1b", 1, 2, "bf16", 1, 1024, 2),
+    ("gemma-2-9b-L2", 2, 1, 0, 2, "1f1b", 1, 1, "bf16", 1, 1024, 4),
 ]
 """Pipeline-parallel (each schedule) and MoE / expert-parallel layouts, measured on the rank the
 planner reports as the worst (`measure_extra`). Calibrated (schedule_moments, pipeline receive
 buffers, MoE dispatch tensors) and counted in the summary with the main matrix."""
 
-QUICK_EXTRA = [EXTRA_CASES[i] for i in (1, 2, 3, 6, 7, 8, 10)]
+QUICK_EXTRA = [EXTRA_CASES[i] for i in (1, 2, 3, 6, 7, 8, 10, 11)]
 """The PP/MoE part of the fast subset (tests/planner/test_accuracy.py): GPipe (all m
 micro-batches stored at the first backward, m - 1 next to the gradients), interleaved v2
 (chunks weighted by their own layers, per-micro-batch receive buffers), zero-bubble (graphs
 kept until W; the dry-run's tracker must not hold gradients across I and W), ZeRO-2 with ep4
 (the MoE dispatch tensors), ZeRO-3 at dp2 (the root unit's post-backward) in fp8, float8
 experts under ep2, and Mixtral's widths under ZeRO-3 + ep8 with selective AC (the last blocks'
-backward next to the fp32 expert gradients of the later blocks)."""
+backward next to the fp32 expert gradients of the later blocks), and Qwen3-30B-A3B's widths
+under ZeRO-3 + ep8 (the root unit's reduce-scatter beside both 16-bit 151,936-row tables)."""
 
 
 def _model_for(name: str, seq: int) -> ModelConfig:

@@ -86,7 +86,7 @@ def lora_problems(
                 f"(model {model.name!r} is not): choose one or set lora.rank = 0",
             )
         )
-    if model.activation != "swiglu" and "w3" in lora.target_names:
+    if not model.gated_mlp and "w3" in lora.target_names:
         out.append(ConfigError("lora.targets", lora.targets, "this MLP has no w3: drop it"))
     for axis in ("tp", "pp", "ep"):
         if getattr(layout, axis) > 1:

@@ -44,7 +44,7 @@ def matmul_params(model: ModelConfig) -> tuple[int, int]:
     the tied matrix is still multiplied). Ignores biases and norm weights (elementwise work).
     """
     h, d, a, g, f = model.dim, model.head_dim, model.num_heads, model.num_kv_heads, model.ffn_dim
-    n_mat = 3 if model.activation == "swiglu" else 2
+    n_mat = 3 if model.gated_mlp else 2
     experts = model.experts_per_token if model.is_moe else 1
     per_layer = 2 * h * a * d + 2 * h * g * d + experts * n_mat * h * f + h * model.num_experts
     return per_layer, model.vocab_size * h
@@ -121,10 +121,11 @@ def counted_flops_per_token(
     included), NOT divided by tp: DTensor's matmuls are counted at their global shapes, so
     they are the tensor-parallel group's. Attention core: as the SDPA kernels' formulas count
     it, over the full s x s score matrix (the counter does not see the causal mask), a
-    backward of FLASH_BACKWARD_FACTOR x the forward, on this rank's local heads (/ tp: the
-    attention runs on plain local tensors) and, under cp, on the key blocks ring attention
-    does not skip: with the zigzag layout each rank computes (cp + 1) / (2 cp) of its queries'
-    full s x s work (own block whole, half of every other: parallel/context_parallel.py).
+    backward of FLASH_BACKWARD_FACTOR x the forward (the naive core's bmms: 2 x), on this
+    rank's local heads (/ tp: the attention runs on plain local tensors) and, under cp, on
+    the key blocks ring attention does not skip: with the zigzag layout each rank computes
+    (cp + 1) / (2 cp) of its queries' full s x s work (own block whole, half of every other:
+    parallel/context_parallel.py).
     fused_head (the trainer's fused head + loss, models/loss.py, on the last stage pipelined
     or not; False: the plain head of the logits path): the head runs on plain local tensors,
     V/tp rows, and its backward recomputes the logits: 4 x 2*V*h/tp per token (forward,
@@ -142,9 +143,10 @@ def counted_flops_per_token(
     core = attention_core_flops_per_token(model, seq_len, causal=False)
     attn = model.num_layers * core / tp * (cp + 1) / (2 * cp)
     head_flops = 4.0 * 2.0 * head / tp if fused_head else 3.0 * 2.0 * head
-    total = (
-        3.0 * 2.0 * model.num_layers * per_layer + head_flops + (1.0 + FLASH_BACKWARD_FACTOR) * attn
-    )
+    # the naive core's backward is its 4 matmuls (dV, dP, dQ, dK: 2 x its forward's 2), no
+    # recomputed Q K^T as a flash kernel's
+    bwd = 2.0 if model.attention == "naive" else FLASH_BACKWARD_FACTOR
+    total = 3.0 * 2.0 * model.num_layers * per_layer + head_flops + (1.0 + bwd) * attn
     if recompute == "full":
         down = model.dim * model.ffn_dim * (model.experts_per_token if model.is_moe else 1)
         total += 2.0 * model.num_layers * (per_layer - down) + attn
