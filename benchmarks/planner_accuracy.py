@@ -78,6 +78,11 @@ def _models() -> dict[str, ModelConfig]:
         "tiny-deepseek": model("tiny-deepseek"),
         "deepseek-v2-lite-L4": model("deepseek-v2-lite", 4),
         "deepseek-v3-L4": model("deepseek-v3", 4, num_dense_layers=1),
+        # issue #35: Qwen3-MoE (128 experts of 768, top 8, q 4096 wide on a 2048 stream) and
+        # Gemma 2 (naive soft-capped attention, 4 norms per block, a local and a global layer)
+        "qwen3-30b-a3b-L2": model("qwen3-30b-a3b", 2),
+        "gemma-2-9b-L2": model("gemma-2-9b", 2),
+        "gemma-2-27b-L2": model("gemma-2-27b", 2),
     }
 
 
@@ -150,16 +155,27 @@ CASES: list[Case] = [
     ("tiny-deepseek", 4, 2, 3, 1, 2, True, 1, "selective", "bf16", 2, 128, 1),
     ("deepseek-v2-lite-L4", 4, 4, 3, 1, 1, False, 1, "none", "bf16", 2, 1024, 1),
     ("deepseek-v3-L4", 8, 8, 3, 1, 1, False, 1, "none", "bf16", 1, 2048, 1),
+    # issue #35, Gemma 2 at its widths (naive soft-capped attention: 4096 tokens make the S x S
+    # scores the peak, where 1024 leave it to the 256k-row embedding's gradient), TP + SP
+    # (sequence-parallel post-norms), selective AC, ZeRO-1 autocast (the soft-capped fused
+    # loss over an fp32 head cast in blocks)
+    ("gemma-2-9b-L2", 8, 8, 3, 1, 1, False, 1, "none", "bf16", 1, 4096, 1),
+    ("gemma-2-9b-L2", 8, 4, 3, 1, 2, True, 1, "none", "bf16", 1, 4096, 1),
+    ("gemma-2-9b-L2", 8, 8, 3, 1, 1, False, 1, "selective", "bf16", 1, 4096, 1),
+    ("gemma-2-9b-L2", 2, 2, 1, 1, 1, False, 1, "none", "bf16", 1, 2048, 1),
+    ("gemma-2-27b-L2", 8, 8, 3, 1, 1, False, 1, "none", "bf16", 1, 4096, 1),
+    ("gemma-2-27b-L2", 8, 8, 3, 1, 1, False, 1, "selective", "bf16", 1, 4096, 1),
 ]
 
-QUICK = [CASES[i] for i in (0, 1, 2, 3, 4, 5, 6, 7, 8, 12, 18, 43, 44, 46, 47, 48)]
+QUICK = [CASES[i] for i in (0, 1, 2, 3, 4, 5, 6, 7, 8, 12, 18, 43, 44, 46, 47, 48, 52)]
 """The fast subset (tests/planner/test_accuracy.py): every tiny-model layout (DDP, ZeRO-1/2/3,
 HSDP, TP, TP+SP, CP, full and selective AC, fp32 and bf16, tied and untied, GQA) plus three at
 gpt2-124m widths whose peaks are the named terms' moments (tied-embedding backward under DDP
 fp32, ZeRO-3 loss backward, ZeRO-2 with TP+SP), and issue #16's tiny layouts (ZeRO-3's start
-of the last block's backward, without and with selective AC under TP+SP), and tiny-deepseek
+of the last block's backward, without and with selective AC under TP+SP), tiny-deepseek
 under DDP, ZeRO-3 and TP+SP (MLA, the dense first block, DeepSeekMoE's router and shared
-experts)."""
+experts), and Gemma 2 9B's widths at 4096 tokens (issue #35: soft-capped naive S x S
+scores, four norms per block)."""
 
 
 # (model, world, dp, zero, pp, schedule, virtual, ep, dtype, micro_batch, seq, grad_accum[, ac])
@@ -185,20 +201,29 @@ EXTRA_CASES: list[Extra] = [
     ("deepseek-v2-lite-L4", 4, 2, 3, 2, "1f1b", 1, 1, "bf16", 1, 1024, 4),
     # issue #37: DualPipeV's V (rank 0 holds the first and the last stage), torch's order
     ("llama-1024-L6", 2, 1, 0, 2, "dualpipev", 2, 1, "bf16", 2, 256, 4),
+    # issue #35, Qwen3-MoE at its widths (16 of 128 experts per rank): the root unit's
+    # reduce-scatter (both 16-bit 151,936-row tables), longer sequences, selective AC, a
+    # pipeline over ZeRO-3 + ep2; Gemma 2's tied head on a pipeline's last stage
+    ("qwen3-30b-a3b-L2", 8, 8, 3, 1, "1f1b", 1, 8, "bf16", 1, 1024, 1),
+    ("qwen3-30b-a3b-L2", 8, 8, 3, 1, "1f1b", 1, 8, "bf16", 1, 4096, 1),
+    ("qwen3-30b-a3b-L2", 8, 8, 3, 1, "1f1b", 1, 8, "bf16", 2, 4096, 1, "selective"),
+    ("qwen3-30b-a3b-L2", 4, 2, 3, 2, "1f1b", 1, 2, "bf16", 1, 1024, 2),
+    ("gemma-2-9b-L2", 2, 1, 0, 2, "1f1b", 1, 1, "bf16", 1, 1024, 4),
 ]
 """Pipeline-parallel (each schedule) and MoE / expert-parallel layouts, measured on the rank the
 planner reports as the worst (`measure_extra`). Calibrated (schedule_moments, pipeline receive
 buffers, MoE dispatch tensors) and counted in the summary with the main matrix."""
 
-QUICK_EXTRA = [EXTRA_CASES[i] for i in (1, 2, 3, 6, 7, 8, 10, 11)]
+QUICK_EXTRA = [EXTRA_CASES[i] for i in (1, 2, 3, 6, 7, 8, 10, 13, 14)]
 """The PP/MoE part of the fast subset (tests/planner/test_accuracy.py): GPipe (all m
 micro-batches stored at the first backward, m - 1 next to the gradients), interleaved v2
 (chunks weighted by their own layers, the communication buffers in flight), zero-bubble (graphs
 kept until W; the dry-run's tracker must not hold gradients across I and W), ZeRO-2 with ep4
 (the MoE dispatch tensors), ZeRO-3 at dp2 (the root unit's post-backward) in fp8, float8
 experts under ep2, Mixtral's widths under ZeRO-3 + ep8 with selective AC (the last blocks'
-backward next to the fp32 expert gradients of the later blocks), and DualPipeV's V (both ends
-on rank 0, torch's order)."""
+backward next to the fp32 expert gradients of the later blocks), DualPipeV's V (both ends
+on rank 0, torch's order) and Qwen3-30B-A3B's widths under ZeRO-3 + ep8 (the root unit's
+reduce-scatter beside both 16-bit 151,936-row tables)."""
 
 
 def _model_for(name: str, seq: int) -> ModelConfig:

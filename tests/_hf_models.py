@@ -83,6 +83,40 @@ def _config(kind: str):
             tie_word_embeddings=False,
             **common,
         )
+    if kind == "qwen3_moe":  # 8 experts of width 24, top 3, renormalized; q/k norms
+        return tf.Qwen3MoeConfig(
+            head_dim=16,
+            moe_intermediate_size=24,
+            num_experts=8,
+            num_experts_per_tok=3,
+            norm_topk_prob=True,
+            **llama,
+        )
+    if kind == "gemma2":  # local (window 16 < seq_len 32) / global layers, soft-caps, 1/sqrt(12)
+        return tf.Gemma2Config(
+            head_dim=16,
+            query_pre_attn_scalar=12,
+            sliding_window=16,
+            attn_logit_softcapping=20.0,
+            final_logit_softcapping=15.0,
+            **{**llama, "tie_word_embeddings": True},
+        )
+    if kind == "gemma3_text":  # + (1 + w) q/k norms, the local layer's own RoPE base
+        rope = {"rope_type": "default"}
+        return tf.Gemma3TextConfig(
+            head_dim=16,
+            query_pre_attn_scalar=12,
+            sliding_window=16,
+            layer_types=["sliding_attention", "full_attention"],
+            rope_parameters={
+                "full_attention": {**rope, "rope_theta": 10000.0},
+                "sliding_attention": {**rope, "rope_theta": 100.0},
+            },
+            **{
+                **{k: v for k, v in llama.items() if k != "rope_theta"},
+                "tie_word_embeddings": True,
+            },
+        )
     raise ValueError(kind)
 
 

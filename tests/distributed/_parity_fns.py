@@ -60,6 +60,46 @@ CONFIGS = {
     "tiny-deepseek-noaux": dataclasses.replace(
         MODEL_PRESETS["tiny-deepseek"](), router_bias_rate=0.05, moe_aux_loss_coef=0.0
     ),
+    # Qwen3-MoE's pieces: q/k norms, 8 experts, top 3, weights not renormalized
+    "tiny-qwen3-moe": dataclasses.replace(
+        MODEL_PRESETS["tiny-moe"](),
+        qk_norm=True,
+        head_dim_override=32,
+        num_experts=8,
+        experts_per_token=3,
+        moe_norm_topk=False,
+    ),
+    # Gemma 2's: GeGLU, scaled embeddings, (1 + w) norms before and after each sub-layer,
+    # soft-capped scores (naive core) and logits, q.k / sqrt(24), a window of 8 < 16 tokens on
+    # the first layer and full attention on the second, a tied head
+    "tiny-gemma2": dataclasses.replace(
+        MODEL_PRESETS["tiny-llama"](),
+        activation="geglu",
+        attention="naive",
+        attn_scale_dim=24,
+        attn_softcap=20.0,
+        logit_softcap=15.0,
+        sliding_window=8,
+        full_attention_every=2,
+        norm_plus_one=True,
+        post_norms=True,
+        scale_embeddings=True,
+        tie_embeddings=True,
+    ),
+    # Gemma 3's additions: (1 + w) q/k norms and the local layer's own RoPE base; no caps
+    "tiny-gemma3": dataclasses.replace(
+        MODEL_PRESETS["tiny-llama"](),
+        activation="geglu",
+        attn_scale_dim=24,
+        sliding_window=8,
+        full_attention_every=2,
+        rope_local_theta=100.0,
+        qk_norm=True,
+        norm_plus_one=True,
+        post_norms=True,
+        scale_embeddings=True,
+        tie_embeddings=True,
+    ),
 }
 
 

@@ -97,7 +97,7 @@ CASES += [
 # unsupported architectures and features: refused, never ignored
 UNSUPPORTED = [
     ("bert", LLAMA, "model_type", "bert"),
-    ("qwen3-moe", LLAMA, "model_type", "qwen3_moe"),
+    ("jamba", LLAMA, "model_type", "jamba"),
     ("deepseek-v3", LLAMA, "model_type", "deepseek_v3"),
     ("gemma", LLAMA, "model_type", "gemma"),
     ("type-empty", LLAMA, "model_type", ""),

@@ -2,9 +2,10 @@
 
 The first step's loss (before any update) equals transformers' own loss on the same batch, for
 GPT-2 (tied head), Llama with GQA (untied, also saved as several shards), Mixtral, Qwen2 (q/k/v
-biases, tied head), Qwen3 (q/k norms, head_dim != hidden / heads) and Phi-3 (fused tensors, a
-sliding window shorter than the sequence); after a few steps the exported weights reload in
-transformers with the trainer's logits.
+biases, tied head), Qwen3 (q/k norms, head_dim != hidden / heads), Phi-3 (fused tensors, a
+sliding window shorter than the sequence), Qwen3-MoE (8 experts, top 3), Gemma 2 (local and
+global layers, soft-capped scores and logits) and Gemma 3 (q/k norms, a local RoPE base); after
+a few steps the exported weights reload in transformers with the trainer's logits.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def hf_dirs(tmp_path_factory):
     }
 
 
-FAMILIES = ("qwen2", "qwen3", "phi3")
+FAMILIES = ("qwen2", "qwen3", "phi3", "qwen3_moe", "gemma2", "gemma3_text")
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "llama", "llama-sharded", "mixtral", *FAMILIES])
@@ -92,8 +93,8 @@ def test_bad_directories_fail_in_one_line(hf_dirs, tmp_path):
     bad = tmp_path / "qwen"
     bad.mkdir()
     cfg = json.loads((hf_dirs["llama"] / "config.json").read_text())
-    (bad / "config.json").write_text(json.dumps({**cfg, "model_type": "qwen3_moe"}))
-    with pytest.raises(ConfigError, match="qwen3_moe"):
+    (bad / "config.json").write_text(json.dumps({**cfg, "model_type": "jamba"}))
+    with pytest.raises(ConfigError, match="jamba"):
         load_config(None, [f"--checkpoint.init_from={bad}", "--batch.seq_len=32"])
     (bad / "config.json").write_text(json.dumps(cfg))
     # (the tiny models hold 64 positions: RoPE tables stop at model.max_seq_len)

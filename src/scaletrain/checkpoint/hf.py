@@ -16,6 +16,7 @@ Families (by `ModelConfig.family`):
   the published Mixtral checkpoints, `block_sparse_moe.gate` + `block_sparse_moe.experts.{e}.
   w1/w2/w3` (transformers 4.x reads it as is, 5.x converts it on load); read back from that
   layout or from transformers 5's fused `mlp.experts.gate_up_proj` / `down_proj`.
+- Qwen3-MoE and Gemma 2: their names and config.json in `checkpoint.hf_families`.
 
 Sharded models (FSDP2 / TP DTensors) are gathered with `full_tensor()`; call on every rank and
 write from one (the gather is a collective).
@@ -33,10 +34,13 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from scaletrain.config import ModelConfig
+from scaletrain.config.hf_model import hf_model_type
 from scaletrain.config.user_files import read_user_file
 from scaletrain.dtensor import is_dtensor, to_full
 from scaletrain.models.lora import merge_adapters
 from scaletrain.models.quantized import FrozenLinear
+
+from .hf_families import expert_names, family_config, norm_names, router_name
 
 __all__ = ["export_hf", "load_hf_state_dict", "to_hf_state_dict", "from_hf_state_dict", "hf_config"]
 
@@ -50,8 +54,6 @@ def _check_exportable(cfg: ModelConfig) -> None:
 
 def hf_config(cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> dict:
     """The `config.json` content for `cfg` (dropout off: these are pretraining weights)."""
-    from scaletrain.config.hf_model import hf_model_type
-
     _check_exportable(cfg)
     dtype_name = str(dtype).removeprefix("torch.")
     kind = hf_model_type(cfg)
@@ -78,6 +80,8 @@ def hf_config(cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> dict:
             "initializer_range": cfg.init_std,
             "torch_dtype": dtype_name,
         }
+        if (family := family_config(cfg, kind, out)) is not None:
+            return family
         if kind in ("qwen2", "qwen3"):
             # one window for every layer (or none): the layers from max_window_layers on slide
             window = cfg.sliding_window
@@ -196,11 +200,9 @@ def _is_phi3(cfg: ModelConfig) -> bool:
 
 def _layer_map(cfg: ModelConfig) -> list[tuple[str, str]]:
     """(our name, HF name) pairs inside block i, for the Llama family (one-to-one); Phi-3's
-    fused tensors are in `_fused_map`."""
-    pairs = [
-        ("attention_norm.weight", "input_layernorm.weight"),
-        ("ffn_norm.weight", "post_attention_layernorm.weight"),
-    ]
+    fused tensors are in `_fused_map`, experts in `_experts_from_hf` / `expert_names`."""
+    kind = hf_model_type(cfg)
+    pairs = [(f"{ours}.weight", f"{hf}.weight") for ours, hf in norm_names(kind)]
     if cfg.qk_norm:
         pairs += [("attention.q_norm.weight", "self_attn.q_norm.weight")]
         pairs += [("attention.k_norm.weight", "self_attn.k_norm.weight")]
@@ -210,7 +212,7 @@ def _layer_map(cfg: ModelConfig) -> list[tuple[str, str]]:
         if cfg.bias or (cfg.qkv_bias and ours != "wo"):
             pairs.append((f"attention.{ours}.bias", f"self_attn.{hf}.bias"))
     if cfg.is_moe:
-        return pairs + [("moe.router.weight", "block_sparse_moe.gate.weight")]
+        return pairs + [("moe.router.weight", router_name(kind))]
     mlp = (("w2", "down_proj"),) if _is_phi3(cfg) else (("w1", "gate_proj"), ("w3", "up_proj"))
     for ours, hf in mlp + (() if _is_phi3(cfg) else (("w2", "down_proj"),)):
         pairs.append((f"feed_forward.{ours}.weight", f"mlp.{hf}.weight"))
@@ -256,11 +258,10 @@ def to_hf_state_dict(sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str,
                 fused.setdefault(hf, []).append(sd[f"layers.{i}.{ours}"])
             for hf, parts in fused.items():
                 out[f"model.layers.{i}.{hf}"] = torch.cat(parts)
+            kind = hf_model_type(cfg)
             for e in range(cfg.num_experts):  # stacked (E, ., .) -> one Linear per expert
-                for w in ("w1", "w2", "w3"):
-                    out[f"model.layers.{i}.block_sparse_moe.experts.{e}.{w}.weight"] = sd[
-                        f"layers.{i}.moe.experts.{w}"
-                    ][e]
+                for w, name in expert_names(kind, e).items():
+                    out[f"model.layers.{i}.{name}"] = sd[f"layers.{i}.moe.experts.{w}"][e]
         return out
     t = "transformer."
     out[t + "wte.weight"] = sd["tok_embeddings.weight"]
@@ -309,7 +310,7 @@ def from_hf_state_dict(
             return sd | deepseek_from_hf(hf, cfg, interleaved=rope_interleave)
         for i in range(cfg.num_layers):
             for ours, name in _layer_map(cfg):
-                if cfg.is_moe and name.startswith("block_sparse_moe.gate"):
+                if cfg.is_moe and name.startswith("block_sparse_moe.gate"):  # (transformers 5)
                     name = name if f"model.layers.{i}.{name}" in hf else "mlp.gate.weight"
                 sd[f"layers.{i}.{ours}"] = hf[f"model.layers.{i}.{name}"]
             for ours, name, first, rows in _fused_map(cfg):
@@ -358,12 +359,8 @@ def _experts_from_hf(
             ours + "w3": fused[:, f:],
             ours + "w2": hf[pre + "mlp.experts.down_proj"],
         }
-    return {
-        ours + w: torch.stack(
-            [hf[f"{pre}block_sparse_moe.experts.{e}.{w}.weight"] for e in range(cfg.num_experts)]
-        )
-        for w in ("w1", "w2", "w3")
-    }
+    names = [expert_names(hf_model_type(cfg), e) for e in range(cfg.num_experts)]
+    return {ours + w: torch.stack([hf[pre + n[w]] for n in names]) for w in ("w1", "w2", "w3")}
 
 
 def export_hf(

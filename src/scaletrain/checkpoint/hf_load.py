@@ -11,10 +11,10 @@ does not own. Layouts whose local piece is not one box (FSDP over TP on the same
 
 Names and layouts follow `checkpoint.hf` (GPT-2's Conv1D weights are stored transposed and its
 q|k|v fused in `c_attn`; Phi-3's q|k|v fused in `qkv_proj` and gate|up in `gate_up_proj`,
-each rank reading its rows of them; Mixtral experts either one Linear per expert or
-transformers 5's fused `mlp.experts.gate_up_proj`; DeepSeek's tensors by `hf_deepseek`'s row
-maps, each rank reading the rows its box covers, and the router's balancing bias, a buffer).
-Values are cast to the parameter's dtype.
+each rank reading its rows of them; Mixtral and Qwen3-MoE experts either one Linear per expert
+or transformers 5's fused `mlp.experts.gate_up_proj`; Gemma 2's four norms per block;
+DeepSeek's tensors by `hf_deepseek`'s row maps, each rank reading the rows its box covers, and
+the router's balancing bias, a buffer). Values are cast to the parameter's dtype.
 
 A resume from scaletrain's own checkpoint wins: `load_initial_weights` does nothing when the
 run will restore one (`checkpoint.resume` = auto with a good checkpoint in the run directory, or
@@ -35,6 +35,7 @@ from safetensors import safe_open
 from torch import nn
 
 from scaletrain.config import ConfigError, ModelConfig
+from scaletrain.config.hf_model import hf_model_type
 from scaletrain.config.user_files import read_user_file
 from scaletrain.models import clean_fqn
 from scaletrain.models.init import store_full_weight
@@ -226,6 +227,7 @@ def _llama_source(
     fqn: str, shape: tuple[int, ...], cfg: ModelConfig, files: SafetensorsDir
 ) -> _Source:
     from .hf import _fused_map, _layer_map
+    from .hf_families import expert_names
 
     if fqn == "tok_embeddings.weight":
         return _direct("model.embed_tokens.weight", shape)
@@ -259,11 +261,9 @@ def _llama_source(
         return _direct(
             fused, shape, shift=(0, 0 if w[1] == "w1" else f, 0), hf_shape=(E, 2 * f, cfg.dim)
         )
+    kind = hf_model_type(cfg)  # Mixtral's or Qwen3-MoE's names of one Linear per expert
     return _stacked(
-        [
-            _pick(files, f"{pre}block_sparse_moe.experts.{e}.{w[1]}.weight")
-            for e in range(cfg.num_experts)
-        ],
+        [_pick(files, pre + expert_names(kind, e)[w[1]]) for e in range(cfg.num_experts)],
         shape,
     )
 

@@ -203,7 +203,7 @@ def _gemm(args: argparse.Namespace) -> list[str]:
     rows = args.seq_len * args.micro_batch
     h, hd, a, kv = model.dim, model.head_dim, model.num_heads, model.num_kv_heads
     ffn = model.ffn_dim
-    gated = model.activation == "swiglu"
+    gated = model.gated_mlp
     gemms = [
         ("qkv", h, (a + 2 * kv) * hd // t),
         ("attn out", a * hd // t, h),
@@ -276,7 +276,7 @@ def _flops_tool(args: argparse.Namespace) -> list[str]:
     if model is None:
         raise ConfigError("--model", None, "give --model NAME (its hidden, heads, ffn, layers)")
     b, s = args.micro_batch, args.seq_len
-    gated = model.activation == "swiglu"
+    gated = model.gated_mlp
     f = layer_gemm_flops(b, s, model.dim, model.num_heads, model.num_kv_heads, model.ffn_dim, gated)
     h, a, g, d = model.dim, model.num_heads, model.num_kv_heads, model.head_dim
     forms = {

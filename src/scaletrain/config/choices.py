@@ -72,7 +72,7 @@ ChatTemplate = Literal["auto", "tokenizer", "builtin"]
 Device = Literal["auto", "cpu", "cuda"]
 # model architecture
 Norm = Literal["layernorm", "rmsnorm"]
-Activation = Literal["gelu", "gelu_exact", "swiglu"]
+Activation = Literal["gelu", "gelu_exact", "swiglu", "geglu"]
 Position = Literal["learned", "rope"]
 Attention = Literal["sdpa", "naive"]
 HFModelType = Literal[
@@ -86,6 +86,9 @@ HFModelType = Literal[
     "phi3",
     "deepseek_v2",
     "deepseek_v3",
+    "qwen3_moe",
+    "gemma2",
+    "gemma3_text",
 ]
 RouterScoring = Literal["topk_softmax", "softmax", "sigmoid"]
 

@@ -1,6 +1,7 @@
-"""A Hugging Face `config.json` (GPT-2, Llama, Mistral, Mixtral, Qwen2, Qwen3, Phi-3 or
-DeepSeek-V2/V3 style: `hf_deepseek.py`) read into a ModelConfig, every field checked for its
-JSON type and range, unsupported features refused."""
+"""A Hugging Face `config.json` (GPT-2, Llama, Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE, Phi-3,
+Gemma 2 or DeepSeek-V2/V3 style) read into a ModelConfig, every field checked for its JSON type
+and range, unsupported features refused. Gemma 2's own fields are read in `hf_gemma`,
+DeepSeek's in `hf_deepseek`."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ __all__ = ["model_from_hf_config", "hf_export_problem", "hf_model_type"]
 
 def model_from_hf_config(path: str | Path) -> ModelConfig:
     """Load a Hugging Face `config.json` (GPT-2, Llama, Mistral, Mixtral, Qwen2 / Qwen2.5,
-    Qwen3 dense or Phi-3 style) into a ModelConfig.
+    Qwen3 dense, Qwen3-MoE, Phi-3 or Gemma 2 style) into a ModelConfig.
 
     Every field read is checked for its JSON type and range (`_HFReader`): a string where a
     number belongs, a boolean, a float for a count, a non-finite float (Python's json reads
@@ -69,7 +70,7 @@ def model_from_hf_config(path: str | Path) -> ModelConfig:
         keys = _GPT2_KEYS if mtype == "gpt2" else _LLAMA_KEYS
         if mtype in DEEPSEEK_TYPES:
             keys = DEEPSEEK_KEYS
-        key = keys.get(ours, ours)
+        key = _TYPE_KEYS.get(mtype, {}).get(ours) or keys.get(ours, ours)
         raise ConfigError(
             "model.name", str(path), f"config.json field {key!r} = {e.value!r}: {e.fix}"
         ) from None
@@ -98,6 +99,18 @@ _LLAMA_KEYS = {
     "head_dim_override": "head_dim",
 }
 """ModelConfig field -> the config.json key it is read from (for error messages)."""
+_GEMMA_KEYS = {
+    "attn_scale_dim": "query_pre_attn_scalar",
+    "attn_softcap": "attn_logit_softcapping",
+    "logit_softcap": "final_logit_softcapping",
+    "rope_local_theta": "rope_local_base_freq",
+}
+_TYPE_KEYS = {
+    "qwen3_moe": {"ffn_dim": "moe_intermediate_size", "num_experts": "num_experts"},
+    "gemma2": _GEMMA_KEYS,
+    "gemma3_text": _GEMMA_KEYS,
+}
+"""Where a model type reads a field from another key than `_LLAMA_KEYS` says."""
 
 
 def _from_hf(hf: dict[str, Any], r: _HFReader, mtype: str, path: Path) -> ModelConfig:
@@ -121,12 +134,22 @@ def _from_hf(hf: dict[str, Any], r: _HFReader, mtype: str, path: Path) -> ModelC
     if mtype in DEEPSEEK_TYPES:
         theta = _HFReader(_rope(hf), path).float("rope_theta", 10000.0)
         return deepseek_from_hf(hf, r, mtype, path, theta)
+    if mtype in ("gemma2", "gemma3_text"):
+        from .hf_gemma import gemma_from_hf
+
+        return gemma_from_hf(hf, r, path)
     heads, width = r.int("num_attention_heads"), r.int("hidden_size")
     head_dim = r.int("head_dim", None)
     # an explicit head width only where it differs from hidden / heads (Qwen3-32B: 128 vs 80)
     override = head_dim if head_dim and (width % heads or head_dim != width // heads) else 0
     max_seq = r.int("max_position_embeddings", 4096)
     experts = r.int("num_local_experts", 0, lo=0) if mtype == "mixtral" else 0
+    ffn = r.int("intermediate_size")
+    if mtype == "qwen3_moe":  # every layer MoE (`_check_hf_supported`): experts of this width
+        # (absent fields take transformers' Qwen3MoeConfig defaults: 128 experts of 768, top 8)
+        experts = r.int("num_experts", None, lo=0)
+        experts = r.int("num_local_experts", 128, lo=0) if experts is None else experts
+        ffn = r.int("moe_intermediate_size", 768) if experts else ffn
     return ModelConfig(
         name=str(path),
         vocab_size=r.int("vocab_size"),
@@ -134,7 +157,7 @@ def _from_hf(hf: dict[str, Any], r: _HFReader, mtype: str, path: Path) -> ModelC
         num_layers=r.int("num_hidden_layers"),
         num_heads=heads,
         num_kv_heads=r.int("num_key_value_heads", None) or heads,
-        ffn_dim=r.int("intermediate_size"),
+        ffn_dim=ffn,
         max_seq_len=max_seq,
         norm="rmsnorm",
         activation="swiglu",
@@ -145,14 +168,24 @@ def _from_hf(hf: dict[str, Any], r: _HFReader, mtype: str, path: Path) -> ModelC
         # alone is refused); Qwen2 has q/k/v biases always (no field); the others none
         bias=r.bool("attention_bias", False) if mtype == "llama" else False,
         qkv_bias=mtype == "qwen2",
-        qk_norm=mtype == "qwen3",
+        qk_norm=mtype in ("qwen3", "qwen3_moe"),
         head_dim_override=override,
-        # only Phi-3 needs naming: the others are told apart by their pieces ('auto')
-        hf_model_type="phi3" if mtype == "phi3" else "auto",
-        norm_eps=r.float("rms_norm_eps", 1e-6 if mtype in ("qwen2", "qwen3") else 1e-5),
+        # Phi-3 and Qwen3-MoE need naming: the others are told apart by their pieces ('auto')
+        hf_model_type="phi3"
+        if mtype == "phi3"
+        else "qwen3_moe"
+        if mtype == "qwen3_moe"
+        else "auto",
+        norm_eps=r.float("rms_norm_eps", 1e-6 if mtype.startswith("qwen") else 1e-5),
         num_experts=experts,
-        experts_per_token=r.int("num_experts_per_tok", 2) if experts else 2,
-        moe_aux_loss_coef=r.float("router_aux_loss_coef", 0.01, lo=0.0),
+        experts_per_token=(
+            r.int("num_experts_per_tok", 8 if mtype == "qwen3_moe" else 2) if experts else 2
+        ),
+        moe_aux_loss_coef=r.float(
+            "router_aux_loss_coef", 0.001 if mtype == "qwen3_moe" else 0.01, lo=0.0
+        ),
+        # Qwen3-MoE's default is false (transformers' Qwen3MoeConfig); Mixtral renormalizes
+        moe_norm_topk=r.bool("norm_topk_prob", False) if mtype == "qwen3_moe" else True,
         sliding_window=_window(hf, r, mtype) or 0,
     )
 
@@ -164,6 +197,8 @@ def _window(hf: dict[str, Any], r: _HFReader, mtype: str) -> int | None:
     `max_window_layers` on). Our window is one for all layers: a mix is refused."""
     if mtype == "llama":
         return None
+    if mtype == "qwen3_moe":  # one window for every layer, off unless use_sliding_window
+        return r.int("sliding_window", None) if r.bool("use_sliding_window", False) else None
     if mtype not in ("qwen2", "qwen3"):
         window = r.int("sliding_window", None)
         return window if r.bool("use_sliding_window", True) else None
@@ -184,8 +219,23 @@ def _window(hf: dict[str, Any], r: _HFReader, mtype: str) -> int | None:
     return r.int("sliding_window")
 
 
-_HF_TYPES = ("gpt2", "llama", "mistral", "mixtral", "qwen2", "qwen3", "phi3", *DEEPSEEK_TYPES)
-_TYPES_IN_WORDS = "gpt2, llama, mistral, mixtral, qwen2, qwen3, phi3, deepseek_v2 or deepseek_v3"
+_HF_TYPES = (
+    "gpt2",
+    "llama",
+    "mistral",
+    "mixtral",
+    "qwen2",
+    "qwen3",
+    "qwen3_moe",
+    "phi3",
+    "gemma2",
+    "gemma3_text",
+    *DEEPSEEK_TYPES,
+)
+_TYPES_IN_WORDS = (
+    "gpt2, llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, phi3, gemma2, gemma3_text, "
+    "deepseek_v2 or deepseek_v3"
+)
 _REQUIRED: Any = object()
 
 
@@ -288,6 +338,10 @@ def _check_hf_supported(hf: dict[str, Any], path: Path) -> None:
         ):
             if r.bool(key, plain) != plain:
                 refuse(f"{key} = {not plain}")
+    elif hf["model_type"] in ("gemma2", "gemma3_text"):
+        from .hf_gemma import gemma_problems
+
+        gemma_problems(hf, r, refuse)
     else:
         if hf.get("hidden_act", "silu") != "silu":
             refuse(f"hidden_act {hf['hidden_act']!r}")
@@ -300,10 +354,12 @@ def _check_hf_supported(hf: dict[str, Any], path: Path) -> None:
             refuse(f"{on} = true with {off} = false (biases on {where} only)")
         if hf["model_type"] != "llama" and (attn_bias or mlp_bias):
             # transformers' Mistral, Mixtral, Qwen2 and Phi-3 read neither field (their files'
-            # biases would be dropped); Qwen3's attention_bias biases q/k/v/o without the MLP,
-            # which `bias` cannot express
+            # biases would be dropped); Qwen3's and Qwen3-MoE's attention_bias biases q/k/v/o
+            # without the MLP, which `bias` cannot express
             refuse(f"{'attention_bias' if attn_bias else 'mlp_bias'} = true on {hf['model_type']}")
-        if hf["model_type"] in ("qwen2", "qwen3", "phi3"):
+        if hf["model_type"] == "qwen3_moe":
+            _qwen3_moe_problems(hf, r, refuse)
+        if hf["model_type"] in ("qwen2", "qwen3", "qwen3_moe", "phi3"):
             for key in ("attention_dropout", "resid_pdrop", "embd_pdrop"):
                 if r.float(key, 0.0, lo=0.0) != 0.0:  # dropout is not modelled
                     refuse(f"{key} = {hf[key]} (dropout)")
@@ -323,16 +379,34 @@ def _deepseek_pieces(cfg: ModelConfig) -> bool:
     )
 
 
+def _qwen3_moe_problems(hf: dict[str, Any], r: _HFReader, refuse: Any) -> None:
+    """Qwen3-MoE's dense/sparse layer mix: every layer here is MoE (the published sizes), so
+    `mlp_only_layers` must be empty and `decoder_sparse_step` 1."""
+    dense = hf.get("mlp_only_layers") or []
+    if not isinstance(dense, list) or not all(type(i) is int for i in dense):
+        r._fail("mlp_only_layers", dense, "must be a list of layer indices")
+    if dense:
+        refuse(f"mlp_only_layers = {dense} (dense MLP layers among the MoE ones)")
+    step = r.int("decoder_sparse_step", 1)
+    if step != 1 and r.int("num_experts", 1, lo=0):
+        refuse(f"decoder_sparse_step = {step} (MoE on every {step}-th layer only)")
+
+
 def hf_model_type(cfg: ModelConfig) -> str:
     """The Hugging Face `model_type` `cfg` exports as: `cfg.hf_model_type`, or for 'auto'
-    the one its pieces name (experts: mixtral; q/k norms: qwen3; q/k/v biases alone: qwen2;
-    a sliding window: mistral; else llama; LayerNorm: gpt2)."""
+    the one its pieces name (DeepSeek MLA or routing: deepseek_v2 or v3, sigmoid
+    scoring naming v3; Gemma's post-norms: gemma2, with q/k norms gemma3_text; experts
+    with q/k norms: qwen3_moe;
+    experts: mixtral; q/k norms: qwen3; q/k/v biases alone: qwen2; a sliding window:
+    mistral; else llama; LayerNorm: gpt2)."""
     if cfg.hf_model_type != "auto":
         return cfg.hf_model_type
     if _deepseek_pieces(cfg):
         return "deepseek_v3" if cfg.router_scoring == "sigmoid" else "deepseek_v2"
+    if cfg.post_norms:
+        return "gemma3_text" if cfg.qk_norm else "gemma2"
     if cfg.is_moe:
-        return "mixtral"
+        return "qwen3_moe" if cfg.qk_norm else "mixtral"
     if cfg.family == "gpt2":
         return "gpt2"
     if cfg.qk_norm:
@@ -354,10 +428,13 @@ def hf_export_problem(cfg: ModelConfig) -> str | None:
             "Multi-head Latent Attention, DeepSeek routing, shared experts and dense first "
             "blocks export as deepseek_v2 or deepseek_v3 only"
         )
+    gemma = kind in ("gemma2", "gemma3_text")
+    if not gemma and (why := _gemma_pieces(cfg)):
+        return f"{why} export as gemma2 or gemma3_text only"
     if kind == "gpt2":
         if (
             cfg.norm != "layernorm"
-            or cfg.activation == "swiglu"
+            or cfg.gated_mlp
             or cfg.position != "learned"
             or not cfg.bias
             or cfg.num_kv_heads != cfg.num_heads
@@ -373,19 +450,68 @@ def hf_export_problem(cfg: ModelConfig) -> str | None:
                 "qk_norm, head_dim_override"
             )
         return None
+    if gemma:
+        return _gemma_export_problem(cfg, kind)
     plain = cfg.norm == "rmsnorm" and cfg.activation == "swiglu" and cfg.position == "rope"
-    if cfg.is_moe != (kind == "mixtral") or (kind == "mixtral" and (cfg.bias or not plain)):
-        return "MoE models export as Mixtral only (rmsnorm, swiglu, rope, bias=False)"
+    moe_kinds = ("mixtral", "qwen3_moe")
+    if cfg.is_moe != (kind in moe_kinds) or (kind in moe_kinds and (cfg.bias or not plain)):
+        return "MoE models export as Mixtral or Qwen3-MoE only (rmsnorm, swiglu, rope, no bias)"
+    if kind == "mixtral" and not cfg.moe_norm_topk:
+        return "Mixtral renormalizes its top-k weights (moe_norm_topk=false exports as qwen3_moe)"
     if not plain:
         return f"the Llama family ({kind}) needs activation='swiglu' and position='rope'"
     if cfg.bias and kind != "llama":
         return f"{kind} has no biases on every linear (bias=True exports as llama only)"
     if cfg.qkv_bias != (kind == "qwen2"):
         return "q/k/v biases alone (qkv_bias) export as qwen2 only, and qwen2 needs them"
-    if cfg.qk_norm != (kind == "qwen3"):
-        return "per-head q/k norms (qk_norm) export as qwen3 only, and qwen3 needs them"
+    if cfg.qk_norm != (kind in ("qwen3", "qwen3_moe")):
+        return "per-head q/k norms (qk_norm) export as qwen3 / qwen3_moe only, and those need them"
     if cfg.sliding_window and kind == "llama":
         return "a sliding window exports as Mistral, Mixtral, Qwen2, Qwen3 or Phi-3, not Llama"
     if kind == "phi3" and cfg.head_dim_override not in (0, cfg.dim // cfg.num_heads):
         return "phi3 has no head_dim of its own (head_dim_override)"
+    return None
+
+
+def _gemma_pieces(cfg: ModelConfig) -> str | None:
+    """The Gemma-only pieces `cfg` uses, in words (None: none)."""
+    fields = (
+        "post_norms",
+        "norm_plus_one",
+        "scale_embeddings",
+        "attn_softcap",
+        "logit_softcap",
+        "full_attention_every",
+        "rope_local_theta",
+    )
+    used = [f for f in fields if getattr(cfg, f)]
+    if cfg.activation == "geglu":
+        used.append("activation='geglu'")
+    if cfg.attn_scale_dim not in (0, cfg.head_dim):
+        used.append("attn_scale_dim")
+    return ", ".join(used) or None
+
+
+def _gemma_export_problem(cfg: ModelConfig, kind: str) -> str | None:
+    """Gemma 2's block: GeGLU, RoPE, (1 + w) RMSNorms before and after each sub-layer, scaled
+    embeddings, no biases, no q/k norms, no experts, one RoPE base; Gemma 3's adds the q/k
+    norms and may give its windowed layers their own base."""
+    if not (
+        cfg.norm == "rmsnorm"
+        and cfg.norm_plus_one
+        and cfg.post_norms
+        and cfg.scale_embeddings
+        and cfg.activation == "geglu"
+        and cfg.position == "rope"
+    ):
+        return (
+            f"{kind} needs norm='rmsnorm', norm_plus_one, post_norms, scale_embeddings, "
+            "activation='geglu' and position='rope'"
+        )
+    if cfg.bias or cfg.qkv_bias or cfg.is_moe:
+        return f"{kind} has no biases or experts"
+    if kind == "gemma2" and (cfg.qk_norm or cfg.rope_local_theta):
+        return "q/k norms and a local RoPE base (rope_local_theta) export as gemma3_text"
+    if kind == "gemma3_text" and not cfg.qk_norm:
+        return "gemma3_text has q/k norms (qk_norm)"
     return None

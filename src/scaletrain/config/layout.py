@@ -369,7 +369,7 @@ def _pp_problems(L: Layout, model: ModelConfig) -> list[ConfigError]:
 def _cp_problems(L: Layout, model: ModelConfig, seq_len: int) -> list[ConfigError]:
     """Context parallel (cp > 1): load-balanced causal sharding cuts the sequence into 2*cp
     chunks, and ring attention's blocks take no mask (a window shorter than the sequence
-    needs one)."""
+    needs one) and no soft-capping (their kernels never hold the S x S scores)."""
     return _failed(
         (
             seq_len % (2 * L.cp) == 0,
@@ -383,6 +383,13 @@ def _cp_problems(L: Layout, model: ModelConfig, seq_len: int) -> list[ConfigErro
             L.cp,
             f"ring attention has no sliding window (model.sliding_window="
             f"{model.sliding_window} < seq_len={seq_len}): use cp=1 or seq_len <= the window",
+        ),
+        (
+            not model.attn_softcap,
+            "parallel.cp",
+            L.cp,
+            f"ring attention has no score soft-capping (model.attn_softcap="
+            f"{model.attn_softcap}, Gemma 2): use cp=1",
         ),
     )
 

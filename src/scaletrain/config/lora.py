@@ -117,7 +117,7 @@ def projection_shapes(model: ModelConfig) -> dict[str, tuple[int, int]]:
         "w1": (model.ffn_dim, model.dim),
         "w2": (model.dim, model.ffn_dim),
     }
-    if model.activation == "swiglu":
+    if model.gated_mlp:
         shapes["w3"] = (model.ffn_dim, model.dim)
     return shapes
 
@@ -152,7 +152,7 @@ def lora_problems(
             )
         )
         return out
-    if model.activation != "swiglu" and "w3" in lora.target_names:
+    if not model.gated_mlp and "w3" in lora.target_names:
         out.append(ConfigError("lora.targets", lora.targets, "this MLP has no w3: drop it"))
     for axis in ("tp", "pp", "ep"):
         if getattr(layout, axis) > 1:

@@ -56,7 +56,8 @@ class ModelConfig:
     activation: Activation = "gelu"
     """'gelu' (two matrices; the tanh approximation, GPT-2's and HF's `gelu_new`), 'gelu_exact'
     (two matrices; the erf form: torch's `nn.GELU()`, nanoGPT's, HF's `gelu`; about half the
-    CPU time of the tanh form) or 'swiglu' (three matrices: gate, up, down)."""
+    CPU time of the tanh form), 'swiglu' (three matrices: gate, up, down) or 'geglu' (three
+    matrices, the gate through tanh-GELU instead of SiLU: Gemma's `gelu_pytorch_tanh`)."""
     position: Position = "learned"
     """'learned' absolute position embeddings (GPT-2) or 'rope' rotary embeddings (Llama)."""
     rope_theta: float = 10000.0
@@ -73,6 +74,10 @@ class ModelConfig:
     """Top-k experts each token is routed to (MoE only)."""
     moe_aux_loss_coef: float = 0.01
     """Weight of the Switch/Mixtral load-balancing loss (MoE only)."""
+    moe_norm_topk: bool = True
+    """MoE routing weights: True renormalizes the k chosen experts' softmax probabilities to
+    sum to one (Mixtral; Qwen3-MoE's `norm_topk_prob = true`); False keeps their probabilities
+    under the softmax over all experts (`norm_topk_prob = false`)."""
     attention: Attention = "sdpa"
     """Attention backend: 'sdpa' (flash / memory-efficient kernels) or 'naive' (S x S scores)."""
     init_std: float = 0.02
@@ -94,10 +99,38 @@ class ModelConfig:
     head_dim_override: int = 0
     """Width of one attention head; 0 means dim / num_heads. Qwen3 sets it (128 at every
     size, so num_heads * head_dim may differ from dim: wq is (num_heads * head_dim, dim))."""
+    attn_scale_dim: int = 0
+    """Attention scores are q.k / sqrt(attn_scale_dim); 0 means head_dim (Gemma 2's
+    `query_pre_attn_scalar`: 144 on the 27B, whose heads are 128 wide)."""
+    attn_softcap: float = 0.0
+    """0: off. c > 0: attention scores soft-capped to c * tanh(score / c) before the softmax
+    (Gemma 2's `attn_logit_softcapping`, 50). SDPA has no soft-capping: needs
+    attention='naive', whose S x S scores it caps; context parallelism refuses it."""
+    logit_softcap: float = 0.0
+    """0: off. c > 0: output logits soft-capped to c * tanh(logit / c) (Gemma 2's
+    `final_logit_softcapping`, 30), in the fused loss and in the logits path alike."""
+    rope_local_theta: float = 0.0
+    """RoPE base of the sliding-window layers when it differs from the global layers'
+    `rope_theta` (Gemma 3: 10,000 beside 1,000,000; its `rope_local_base_freq`); 0: one base
+    for every layer."""
+    full_attention_every: int = 0
+    """With a sliding window: 0 slides every layer; N > 0 gives block i full causal attention
+    when (i + 1) % N == 0 and the window otherwise (Gemma 2: 2, local and global alternating
+    from a local first layer; Gemma 3: 6)."""
+    norm_plus_one: bool = False
+    """RMSNorm weights stored as offsets from one: y = (1 + w) * x / rms(x), w starting at 0
+    (Gemma's norms, the final one included)."""
+    post_norms: bool = False
+    """Norms on the attention and MLP outputs too, before each residual add (Gemma 2's
+    sandwich: `post_attention_layernorm`, `post_feedforward_layernorm`)."""
+    scale_embeddings: bool = False
+    """Token embeddings multiplied by sqrt(dim), rounded to the embedding's dtype as Gemma
+    does (a tied head reads the unscaled table)."""
     hf_model_type: HFModelType = "auto"
     """The Hugging Face `model_type` a checkpoint export writes (and whose tensor layout an
     import reads): 'auto' picks it from the architecture (gpt2, llama, mistral with a sliding
-    window, mixtral with experts, qwen2 with `qkv_bias`, qwen3 with `qk_norm`); set by a
+    window, mixtral with experts, qwen2 with `qkv_bias`, qwen3 with `qk_norm`, qwen3_moe with
+    experts and `qk_norm`, gemma2 with `post_norms`, gemma3_text with both); set by a
     config.json import to its own type, so an export reloads as the family it came from."""
 
     # ---- DeepSeek-V2 / V3 (config/deepseek.py holds their rules); all off by default ------
@@ -146,7 +179,7 @@ class ModelConfig:
         if self.num_kv_heads == 0:
             self.num_kv_heads = self.num_heads
         if self.ffn_dim == 0:
-            self.ffn_dim = 4 * self.dim if self.activation != "swiglu" else _llama_ffn(self.dim)
+            self.ffn_dim = _llama_ffn(self.dim) if self.gated_mlp else 4 * self.dim
         self.validate()
 
     def validate(self) -> None:
@@ -233,6 +266,63 @@ class ModelConfig:
             "use a finite positive float such as 10000.0",
         )
         validate_deepseek(self)
+        self._validate_attention_extras()
+
+    def _validate_attention_extras(self) -> None:
+        """The Gemma-style pieces: score scale, soft-caps, the local/global layer pattern,
+        the (1 + w) norm."""
+        p = "model."
+        require(
+            isinstance(self.attn_scale_dim, int) and self.attn_scale_dim >= 0,
+            p + "attn_scale_dim",
+            self.attn_scale_dim,
+            "use 0 (head_dim) or a positive width such as 256",
+        )
+        for name in ("attn_softcap", "logit_softcap"):
+            v = getattr(self, name)
+            require(
+                isinstance(v, int | float) and math.isfinite(v) and v >= 0,
+                p + name,
+                v,
+                "use 0 (off) or a positive cap such as 50.0",
+            )
+        require(
+            not self.attn_softcap or self.attention == "naive",
+            p + "attn_softcap",
+            self.attn_softcap,
+            "soft-capping needs the S x S scores: set model.attention='naive' (SDPA has none), "
+            "or 0 to turn it off",
+        )
+        require(
+            isinstance(self.full_attention_every, int) and self.full_attention_every >= 0,
+            p + "full_attention_every",
+            self.full_attention_every,
+            "use 0 (every layer slides) or N >= 1 (every N-th layer attends globally)",
+        )
+        require(
+            not self.full_attention_every or self.sliding_window > 0,
+            p + "full_attention_every",
+            self.full_attention_every,
+            "needs a window: set model.sliding_window > 0 (or 0 here)",
+        )
+        require(
+            isinstance(self.rope_local_theta, int | float)
+            and math.isfinite(self.rope_local_theta)
+            and self.rope_local_theta >= 0
+            and (
+                not self.rope_local_theta or (self.position == "rope" and self.sliding_window > 0)
+            ),
+            p + "rope_local_theta",
+            self.rope_local_theta,
+            "use 0 (rope_theta everywhere) or a positive base for the windowed layers of a "
+            "RoPE model with model.sliding_window > 0",
+        )
+        require(
+            not self.norm_plus_one or self.norm == "rmsnorm",
+            p + "norm_plus_one",
+            self.norm_plus_one,
+            "a (1 + w) weight is an RMSNorm's: set model.norm='rmsnorm'",
+        )
 
     # ---- derived sizes -------------------------------------------------------------------
     @property
@@ -302,6 +392,22 @@ class ModelConfig:
         )
 
     @property
+    def gated_mlp(self) -> bool:
+        """A three-matrix MLP (gate, up, down): SwiGLU or GeGLU."""
+        return self.activation in ("swiglu", "geglu")
+
+    @property
+    def attn_scale(self) -> float:
+        """The factor attention scores are multiplied by: 1 / sqrt(attn_scale_dim or
+        head_dim)."""
+        return 1.0 / math.sqrt(self.attn_scale_dim or self.head_dim)
+
+    def layer_window(self, layer: int) -> int:
+        """Block `layer`'s sliding window (0: full causal attention)."""
+        every = self.full_attention_every
+        return 0 if every and (layer + 1) % every == 0 else self.sliding_window
+
+    @property
     def family(self) -> str:
         """'llama' when the block is RMSNorm+SwiGLU+RoPE style, else 'gpt2' (HF export names)."""
         return "llama" if self.norm == "rmsnorm" else "gpt2"
@@ -330,11 +436,12 @@ class ParamCounts:
     (h*g*d each), o (a*d*h) plus their biases (all four with `bias`, q/k/v only with
     `qkv_bias`: a*d + 2*g*d) and the q/k norms' 2*d weights (`qk_norm`), or Multi-head Latent
     Attention's projections and latent norms (`config.deepseek.mla_attention_params`); MLP
-    2*h*f (GELU) or 3*h*f (SwiGLU) plus biases, times the number of experts for MoE, plus the
-    router h*E and the shared experts 3*h*(n_s*f); two norms per layer (2h with bias for
-    LayerNorm, h for RMSNorm); a final norm; the head V*h unless tied. An MoE model's first
-    `num_dense_layers` blocks hold a dense MLP of `dense_ffn_dim` instead (`dense_mlp`).
-    Ignores: buffers (RoPE tables, the sigmoid router's balancing bias) are not parameters.
+    2*h*f (GELU) or 3*h*f (SwiGLU, GeGLU) plus biases, times the number of experts for MoE,
+    plus the router h*E and the shared experts 3*h*(n_s*f); two norms per layer, four with
+    `post_norms` (2h with bias for LayerNorm, h for RMSNorm); a final norm; the head V*h unless
+    tied. An MoE model's first `num_dense_layers` blocks hold a dense MLP of `dense_ffn_dim`
+    instead (`dense_mlp`). Ignores: buffers (RoPE tables, the sigmoid router's balancing bias)
+    are not parameters.
     """
 
     embedding: int
@@ -343,7 +450,7 @@ class ParamCounts:
     mlp: int  # per layer, all experts together for MoE
     mlp_per_expert: int  # one expert's MLP (== mlp for dense models)
     router: int  # per layer (0 for dense)
-    norms: int  # per layer (the two pre-norms)
+    norms: int  # per layer (the two pre-norms, and the two post-norms with `post_norms`)
     final_norm: int
     head: int  # 0 when tied to the embedding
     num_layers: int
@@ -370,7 +477,7 @@ class ParamCounts:
                 attn += h
             if m.qk_norm:
                 attn += 2 * d
-        n_mat = 3 if m.activation == "swiglu" else 2
+        n_mat = 3 if m.gated_mlp else 2
 
         def mlp(width: int) -> int:
             return n_mat * h * width + ((n_mat - 1) * width + h if m.bias else 0)
@@ -385,7 +492,7 @@ class ParamCounts:
             mlp=expert * max(1, m.num_experts),
             mlp_per_expert=expert,
             router=h * m.num_experts,
-            norms=2 * norm,
+            norms=(4 if m.post_norms else 2) * norm,
             final_norm=norm,
             head=0 if m.tie_embeddings else m.vocab_size * h,
             num_layers=m.num_layers,
@@ -452,9 +559,11 @@ class ParamCounts:
 # `gpt2*` config.json; Llama 2: Touvron et al. 2023 + HF config; Llama 3/3.1: Meta model cards
 # + HF config; GPT-3: Brown et al. 2020 Table 2.1; Mixtral: Jiang et al. 2024 + HF config;
 # Qwen2.5 / Qwen3 / Phi-3: the config.json of Qwen/Qwen2.5-7B, Qwen/Qwen2.5-72B, Qwen/Qwen3-8B,
-# Qwen/Qwen3-32B and microsoft/Phi-3-mini-4k-instruct on the Hugging Face hub).
+# Qwen/Qwen3-32B, Qwen/Qwen3-30B-A3B, Qwen/Qwen3-235B-A22B, google/gemma-2-9b, google/gemma-2-27b
+# and microsoft/Phi-3-mini-4k-instruct on the Hugging Face hub).
 # Stated parameter counts checked in tests/unit/test_config.py (Qwen, Phi-3:
-# tests/unit/test_model_families.py, against the model cards' figures).
+# tests/unit/test_model_families.py, Qwen3-MoE and Gemma 2: tests/unit/test_moe_gemma_families.py,
+# against the model cards' and the Gemma 2 paper's figures).
 
 
 def _gpt2(
@@ -525,6 +634,53 @@ def _deepseek(name: str, **fields: Any) -> ModelConfig:
 
 _QWEN2: dict[str, Any] = {"qkv_bias": True, "hf_model_type": "qwen2"}
 _QWEN3: dict[str, Any] = {"qk_norm": True, "head_dim_override": 128, "hf_model_type": "qwen3"}
+# Qwen3-MoE: Qwen3's attention, 128 fine-grained experts (ffn_dim = moe_intermediate_size),
+# top-8 with renormalized weights, the load-balancing weight of its config.json
+_QWEN3_MOE: dict[str, Any] = {
+    **_QWEN3,
+    "num_experts": 128,
+    "experts_per_token": 8,
+    "moe_aux_loss_coef": 0.001,
+    "hf_model_type": "qwen3_moe",
+}
+
+
+def _gemma2(
+    name: str, dim: int, layers: int, heads: int, kv_heads: int, head_dim: int, ffn: int, scale: int
+) -> ModelConfig:
+    """Gemma 2 (Gemma Team 2024, "Gemma 2: Improving Open Language Models at a Practical Size",
+    Table 1; the config.json of google/gemma-2-9b / -27b): GeGLU, embeddings x sqrt(d),
+    (1 + w) RMSNorms before and after each sub-layer, scores / sqrt(query_pre_attn_scalar)
+    capped at 50, logits capped at 30, a 4096 window on every other layer, tied head."""
+    return ModelConfig(
+        name=name,
+        vocab_size=256000,
+        dim=dim,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim_override=head_dim,
+        ffn_dim=ffn,
+        max_seq_len=8192,
+        norm="rmsnorm",
+        activation="geglu",
+        position="rope",
+        rope_theta=10000.0,
+        tie_embeddings=True,
+        bias=False,
+        norm_eps=1e-6,
+        attention="naive",
+        attn_scale_dim=scale,
+        attn_softcap=50.0,
+        logit_softcap=30.0,
+        sliding_window=4096,
+        full_attention_every=2,
+        norm_plus_one=True,
+        post_norms=True,
+        scale_embeddings=True,
+        hf_model_type="gemma2",
+    )
+
 
 MODEL_PRESETS: dict[str, Callable[[], ModelConfig]] = {
     # tiny models for tests and the embedded default run (byte vocabulary)
@@ -582,6 +738,18 @@ MODEL_PRESETS: dict[str, Callable[[], ModelConfig]] = {
     "qwen3-32b": lambda: _llama(
         "qwen3-32b", 5120, 64, 64, 8, 25600, 151936, 40960, 1e6, 1e-6, **_QWEN3
     ),
+    # Qwen3-MoE (30,532,122,624 / 235,093,634,560; 3.3B / 22B activated): Qwen3's attention
+    # (32 / 64 heads x 128 on a 2048 / 4096 stream), 128 experts of width 768 / 1536, top 8
+    "qwen3-30b-a3b": lambda: _llama(
+        "qwen3-30b-a3b", 2048, 48, 32, 4, 768, 151936, 40960, 1e6, 1e-6, **_QWEN3_MOE
+    ),
+    "qwen3-235b-a22b": lambda: _llama(
+        "qwen3-235b-a22b", 4096, 94, 64, 4, 1536, 151936, 40960, 1e6, 1e-6, **_QWEN3_MOE
+    ),
+    # Gemma 2 (9,241,705,984 / 27,227,128,320): 256-wide heads on the 9B (q 4096 on a 3584
+    # stream), 128-wide on the 27B with scores scaled by 1/sqrt(144)
+    "gemma-2-9b": lambda: _gemma2("gemma-2-9b", 3584, 42, 16, 8, 256, 14336, 256),
+    "gemma-2-27b": lambda: _gemma2("gemma-2-27b", 4608, 46, 32, 16, 128, 36864, 144),
     # Phi-3-mini (3,821,079,552): Llama's block with fused checkpoint tensors, MHA, a 2047 window
     "phi-3-mini": lambda: _llama(
         "phi-3-mini",
@@ -705,7 +873,7 @@ def _rederive(cfg: ModelConfig, overrides: dict[str, Any]) -> dict[str, Any]:
     set apart from that rule, or the user gave, is kept."""
     out = dict(overrides)
     if "dim" in out and "ffn_dim" not in out:
-        derived = 4 * cfg.dim if cfg.activation != "swiglu" else _llama_ffn(cfg.dim)
+        derived = _llama_ffn(cfg.dim) if cfg.gated_mlp else 4 * cfg.dim
         if cfg.ffn_dim == derived:
             out["ffn_dim"] = 0
     if "num_heads" in out and "num_kv_heads" not in out and cfg.num_kv_heads == cfg.num_heads:

@@ -42,7 +42,17 @@ class NaiveAttentionCore(nn.Module):
 
     Memory is quadratic in T; kept as the readable reference the fused kernel is tested against
     and as the backend whose activations match the Korthikanti et al. 2022 accounting.
+
+    `softcap` c > 0 (Gemma 2's attention logit soft-capping): the fp32 scores become
+    c * tanh(scores / c) before the mask and the softmax, as HF's Gemma2 eager attention
+    (which caps in the compute dtype); the tanh output is one more saved S x S fp32 tensor
+    (the divide and tanh run in place, so the forward holds no more S x S buffers at once than
+    without the cap).
     """
+
+    def __init__(self, softcap: float = 0.0) -> None:
+        super().__init__()
+        self.softcap = softcap
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
@@ -59,7 +69,12 @@ class NaiveAttentionCore(nn.Module):
             mask = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(diagonal=s - t)
         # (..., nh/g*T, S): row j is query position j % T
         mask = mask.repeat(*([1] * (mask.dim() - 2)), nh // g, 1)
-        scores = upcast(scores).masked_fill(~mask, float("-inf"))
+        scores = upcast(scores)
+        if self.softcap:
+            # in place on the fp32 scores (no backward reads them): one S x S buffer less at
+            # once than tanh(scores / c) * c, the saved tanh and the capped scores only
+            scores = scores.div_(self.softcap).tanh_() * self.softcap
+        scores = scores.masked_fill(~mask, float("-inf"))
         probs = torch.softmax(scores, dim=-1).to(q.dtype)
         return (probs @ v).view(b, nh, t, v.shape[-1])  # (B, nh, T, hd_v)
 
@@ -83,9 +98,11 @@ class SDPAAttentionCore(nn.Module):
         )  # (B, nh, T, hd)
 
 
-def make_attention_core(backend: str) -> nn.Module:
+def make_attention_core(backend: str, softcap: float = 0.0) -> nn.Module:
     if backend == "naive":
-        return NaiveAttentionCore()
+        return NaiveAttentionCore(softcap)
+    if softcap:  # (config.ModelConfig refuses this pair first)
+        raise ValueError("attention soft-capping needs the 'naive' backend (SDPA has none)")
     if backend == "sdpa":
         return SDPAAttentionCore()
     raise ValueError(f"attention backend {backend!r}: use 'sdpa' or 'naive'")
@@ -164,6 +181,11 @@ class Attention(nn.Module):
     `qk_norm` adds `q_norm` and `k_norm`, RMSNorms over head_dim applied to every query and
     key head before RoPE (Qwen3); their (head_dim,) weights are shared by all heads, so
     tensor parallelism keeps them whole on every rank.
+
+    `scale` (default 1/sqrt(head_dim)): the factor of q.k; another one (Gemma 2's
+    1/sqrt(query_pre_attn_scalar)) is applied to q before the core, as Gemma's reference
+    implementation scales its queries, so every core (SDPA, naive, ring attention) keeps its
+    own 1/sqrt(head_dim). `softcap`: the naive core's score soft-capping.
     """
 
     def __init__(
@@ -179,6 +201,9 @@ class Attention(nn.Module):
         qkv_bias: bool = False,
         qk_norm: bool = False,
         norm_eps: float = 1e-5,
+        scale: float | None = None,
+        softcap: float = 0.0,
+        norm_plus_one: bool = False,
     ) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
@@ -189,9 +214,12 @@ class Attention(nn.Module):
         self.wk = nn.Linear(dim, n_kv_heads * hd, bias=in_bias)
         self.wv = nn.Linear(dim, n_kv_heads * hd, bias=in_bias)
         self.wo = nn.Linear(n_heads * hd, dim, bias=bias)
-        self.q_norm: RMSNorm | None = RMSNorm(hd, norm_eps) if qk_norm else None
-        self.k_norm: RMSNorm | None = RMSNorm(hd, norm_eps) if qk_norm else None
-        self.core = make_attention_core(backend)
+        plus = norm_plus_one
+        self.q_norm: RMSNorm | None = RMSNorm(hd, norm_eps, plus_one=plus) if qk_norm else None
+        self.k_norm: RMSNorm | None = RMSNorm(hd, norm_eps, plus_one=plus) if qk_norm else None
+        # q is multiplied by this before the core (1.0: the core's own 1/sqrt(hd) is the scale)
+        self.q_factor = 1.0 if scale is None else scale * math.sqrt(hd)
+        self.core = make_attention_core(backend, softcap)
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(q, k, v) of x: (B, T, h), each (B, T, heads * hd)."""
@@ -226,6 +254,8 @@ class Attention(nn.Module):
         v = v.view(b, t, self.n_kv_heads, hd).transpose(1, 2)  # (B, nkv, T, hd)
         if cos is not None and sin is not None:
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if self.q_factor != 1.0:
+            q = q * self.q_factor
         # mask / documents go by keyword only when set: the ring attention core takes no mask,
         # and only it takes the whole sequence's document ids (cp + document masking)
         kw = {k: t for k, t in (("mask", mask), ("documents", documents)) if t is not None}

@@ -10,9 +10,10 @@ weights whatever the world size.
 Init (GPT-2, Radford et al. 2019, sec. 2.3; as in nanoGPT): normal(0, init_std) for linear,
 embedding, router and expert weights; residual output projections (attention `wo`, MLP `w2`,
 expert `w2`) get std / sqrt(2 L) so the residual stream's variance does not grow with depth;
-biases zero; norm weights one. LoRA adapters (`models.lora`): A as PEFT's (uniform in
-+-1/sqrt(fan_in)), B zero. A frozen projection stored quantized (`models.quantized`) draws its
-whole float weight the same way, quantizes it whole and keeps its rows (`store_full_weight`).
+biases zero; norm weights one (a (1 + w) RMSNorm's w zero). LoRA adapters (`models.lora`): A
+as PEFT's (uniform in +-1/sqrt(fan_in)), B zero. A frozen projection stored quantized
+(`models.quantized`) draws its whole float weight the same way, quantizes it whole and keeps
+its rows (`store_full_weight`).
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ def _full_value(
     """The full (unsharded) fp32 initial value of one parameter, drawn on the CPU."""
     leaf = fqn.rsplit(".", 1)[-1]
     if isinstance(module, (nn.LayerNorm, nn.RMSNorm)) or type(module).__name__ == "RMSNorm":
-        return torch.ones(shape) if leaf == "weight" else torch.zeros(shape)
+        one = leaf == "weight" and not getattr(module, "plus_one", False)  # Gemma's 1 + w
+        return torch.ones(shape) if one else torch.zeros(shape)
     if leaf == "bias" or leaf in ("b1", "b2", "b3") or ".lora_B." in fqn:
         return torch.zeros(shape)  # (LoRA's B: the adapted model starts as the base)
     if fqn.endswith(_RESIDUAL_OUTPUTS):

@@ -25,6 +25,11 @@ The hidden-state gradient it returns is then this rank's partial sum (the caller
 as callables, so this module imports nothing from torch.distributed (models know nothing of
 distribution).
 
+Final-logit soft-capping (`softcap` c > 0, Gemma 2): each chunk's fp32 logits z become
+c * tanh(z / c) in place before the loss; the backward multiplies d loss / d capped logit by
+the cap's derivative 1 - tanh^2, which takes one more (c, V_local) fp32 buffer per chunk
+(the recomputed tanh beside the softmax).
+
 The same algorithm is what fused linear-cross-entropy kernels do (e.g. Wijmans et al. 2024,
 "Cut Your Losses in Large-Vocabulary Language Models"); here it is plain PyTorch ops.
 """
@@ -67,6 +72,11 @@ def auto_chunk_tokens(vocab_local: int) -> int:
 
 def _chunk_logits(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return (h @ w.t()).to(acc_dtype(h.dtype))  # (c, V_local), fp32 at least
+
+
+def _cap_(logits: torch.Tensor, softcap: float) -> torch.Tensor:
+    """In place: softcap * tanh(logits / softcap), or the logits unchanged for 0."""
+    return logits.div_(softcap).tanh_().mul_(softcap) if softcap else logits
 
 
 def _cast_block(weight: torch.Tensor, dtype: torch.dtype) -> int:
@@ -125,6 +135,7 @@ def _forward_whole_vocab(
     chunk: int,
     valid: torch.Tensor,
     lse: torch.Tensor,
+    softcap: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The forward when this rank holds every head row (no vocabulary parallelism): each
     chunk's logits become log-probabilities in place (`log_softmax(out=)`, one fused pass
@@ -138,6 +149,7 @@ def _forward_whole_vocab(
     for i in range(0, hidden.shape[0], chunk):
         h = hidden[i : i + chunk]
         logits = _chunk_logits(h, w) if w is not None else _blocked_logits(h, weight, block)
+        logits = _cap_(logits, softcap)
         first = logits[:, 0].clone()
         logp = torch.log_softmax(logits, dim=1, out=logits)  # in place: no second buffer
         lse[i : i + chunk] = first - logp[:, 0]
@@ -157,6 +169,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         chunk: int,
         ignore_index: int,
         vocab: VocabShard | None,
+        softcap: float = 0.0,
     ) -> torch.Tensor:
         # hidden: (N, h) in the compute dtype; weight: (V_local, h) in any float dtype.
         block = _cast_block(weight, hidden.dtype)
@@ -165,14 +178,18 @@ class _LinearCrossEntropy(torch.autograd.Function):
         valid = targets != ignore_index
         lse = torch.empty(hidden.shape[0], dtype=acc_dtype(hidden.dtype), device=hidden.device)
         if vocab is None:
-            loss, count = _forward_whole_vocab(hidden, weight, w, block, targets, chunk, valid, lse)
+            loss, count = _forward_whole_vocab(
+                hidden, weight, w, block, targets, chunk, valid, lse, softcap
+            )
             ctx.save_for_backward(hidden, weight, targets, lse, count)
             ctx.chunk, ctx.ignore_index, ctx.start = chunk, ignore_index, start
+            ctx.softcap = softcap
             return loss
         tgt_logit = torch.zeros_like(lse)
         for i in range(0, hidden.shape[0], chunk):
             h = hidden[i : i + chunk]
             logits = _chunk_logits(h, w) if w is not None else _blocked_logits(h, weight, block)
+            logits = _cap_(logits, softcap)
             local, rows = _local_targets(targets[i : i + chunk], start, weight.shape[0])
             picked = logits.gather(1, rows[:, None]).squeeze(1) * local
             row_max = logits.max(dim=1).values  # (c,)
@@ -189,6 +206,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         loss = ((lse - tgt_logit) * valid).sum() / count.clamp(min=1)
         ctx.save_for_backward(hidden, weight, targets, lse, count)
         ctx.chunk, ctx.ignore_index, ctx.start = chunk, ignore_index, start
+        ctx.softcap = softcap
         return loss
 
     @staticmethod
@@ -206,10 +224,16 @@ class _LinearCrossEntropy(torch.autograd.Function):
         for i in range(0, hidden.shape[0], chunk):
             h = hidden[i : i + chunk]
             logits = _chunk_logits(h, w) if w is not None else _blocked_logits(h, weight, block)
-            g = logits.sub_(lse[i : i + chunk, None]).exp_()  # softmax (c, V_local)
-            del logits
+            cap = ctx.softcap
+            tanh = logits.div_(cap).tanh_() if cap else None  # in place: the capped / cap
+            z = logits.mul(cap) if cap else logits  # the capped logits (a second buffer)
+            g = z.sub_(lse[i : i + chunk, None]).exp_()  # softmax (c, V_local)
+            del logits, z
             local, rows = _local_targets(targets[i : i + chunk], ctx.start, weight.shape[0])
             g.scatter_add_(1, rows[:, None], -local.to(acc)[:, None])
+            if tanh is not None:  # through the cap: d(c tanh(x / c))/dx = 1 - tanh^2
+                g.mul_(tanh.mul_(tanh).neg_().add_(1.0))
+                del tanh
             g = g.mul_(scale[i : i + chunk, None]).to(hidden.dtype)
             if w is None:
                 gh = grad_h[i : i + chunk] if grad_h is not None else None
@@ -225,7 +249,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 else:  # accumulate in the weight's dtype (fp32 master), not in bf16
                     grad_w.add_(g.t() @ h)
             del g  # free this chunk before the next one's logits are recomputed
-        return grad_h, grad_w, None, None, None, None
+        return grad_h, grad_w, None, None, None, None, None
 
 
 def linear_cross_entropy(
@@ -236,12 +260,14 @@ def linear_cross_entropy(
     chunk_tokens: int = 0,
     ignore_index: int = -100,
     vocab: VocabShard | None = None,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """Mean cross-entropy of the logits `hidden @ weight.T` over targets != ignore_index.
 
     hidden: (..., h) (cast to the autocast dtype when autocast is on, as the head Linear
     would); weight: (V_local, h); targets: (...) with hidden's leading shape. chunk_tokens:
-    tokens per chunk, 0 = `auto_chunk_tokens`. Returns an fp32 scalar.
+    tokens per chunk, 0 = `auto_chunk_tokens`. softcap: c > 0 caps the logits at
+    c * tanh(logit / c) first (module docstring). Returns an fp32 scalar.
     """
     device_type = hidden.device.type
     if torch.is_autocast_enabled(device_type):
@@ -250,5 +276,5 @@ def linear_cross_entropy(
     chunk = chunk_tokens if chunk_tokens > 0 else auto_chunk_tokens(weight.shape[0])
     with torch.autocast(device_type, enabled=False):
         return _LinearCrossEntropy.apply(
-            hidden, weight, targets.reshape(-1), chunk, ignore_index, vocab
+            hidden, weight, targets.reshape(-1), chunk, ignore_index, vocab, softcap
         )

@@ -45,6 +45,7 @@ __all__ = [
     "MoE",
     "balanced_counts",
     "expert_mlp",
+    "gate_activation",
     "host_counts",
     "is_fake",
     "moe_aux_loss",
@@ -82,15 +83,20 @@ def expert_mlp(
 ) -> torch.Tensor:
     """One expert's MLP on its tokens, x: (n_e, h) -> (n_e, h); weights (out, in) as nn.Linear.
 
-    SwiGLU with `w3`: w2(silu(w1 x) * w3 x); GELU without: w2(gelu(w1 x)), the tanh form
-    unless `activation` is 'gelu_exact'.
+    SwiGLU with `w3`: w2(silu(w1 x) * w3 x) (GeGLU: tanh-GELU for silu); GELU without:
+    w2(gelu(w1 x)), the tanh form unless `activation` is 'gelu_exact'.
     """
     up = linear(x, w1, b1)  # (n_e, f)
     if w3 is not None:
-        up = F.silu(up) * linear(x, w3, b3)
+        up = gate_activation(up, activation) * linear(x, w3, b3)
     else:
         up = F.gelu(up, approximate="none" if activation == "gelu_exact" else "tanh")
     return linear(up, w2, b2)
+
+
+def gate_activation(gate: torch.Tensor, activation: str) -> torch.Tensor:
+    """A gated MLP's gate nonlinearity: tanh-GELU for 'geglu' (Gemma), SiLU for 'swiglu'."""
+    return F.gelu(gate, approximate="tanh") if activation == "geglu" else F.silu(gate)
 
 
 class ExpertWeights(NamedTuple):
@@ -231,7 +237,7 @@ def _mlp(
     """`expert_mlp`'s math with every projection a grouped one."""
     up = project(x, w.w1, w.b1)  # (..., f)
     if w.w3 is not None:
-        up = F.silu(up) * project(x, w.w3, w.b3)
+        up = gate_activation(up, activation) * project(x, w.w3, w.b3)
     else:
         up = F.gelu(up, approximate="none" if activation == "gelu_exact" else "tanh")
     return project(up, w.w2, w.b2)
@@ -271,14 +277,14 @@ class GroupedExperts(nn.Module):
         self.w2 = nn.Parameter(torch.empty(num_experts, dim, hidden_dim))
         self.w3 = (
             nn.Parameter(torch.empty(num_experts, hidden_dim, dim))
-            if activation == "swiglu"
+            if activation in ("swiglu", "geglu")
             else None
         )
         self.b1 = nn.Parameter(torch.empty(num_experts, hidden_dim)) if bias else None
         self.b2 = nn.Parameter(torch.empty(num_experts, dim)) if bias else None
         self.b3 = (
             nn.Parameter(torch.empty(num_experts, hidden_dim))
-            if bias and activation == "swiglu"
+            if bias and activation in ("swiglu", "geglu")
             else None
         )
         # The matmul of every expert projection, `linear(x, weight, bias)`: F.linear, or a
@@ -316,7 +322,9 @@ class MoE(nn.Module):
     """Top-k routed mixture of experts (Shazeer et al. 2017; Mixtral, Jiang et al. 2024).
 
     Routing: `router` logits (N, E); each token goes to its k largest logits, weighted by a
-    softmax over those k logits (equal to Mixtral's softmax-then-renormalize over the top k).
+    softmax over those k logits (equal to Mixtral's and Qwen3-MoE's softmax-then-renormalize
+    over the top k), or with `norm_topk=False` by their probabilities under the softmax over
+    all E experts (Qwen3-MoE's `norm_topk_prob = false`: the k weights sum to less than one).
     After every forward `self.aux_loss` holds the unscaled load-balancing loss of the Switch
     Transformer (Fedus et al. 2022, eq. 4): `E * sum_i f_i * P_i`, with f_i the fraction of the
     N*k token-to-expert assignments that went to expert i and P_i the mean over tokens of the
@@ -340,9 +348,11 @@ class MoE(nn.Module):
         activation: str,
         bias: bool,
         aux_loss_coef: float,
+        norm_topk: bool = True,
     ) -> None:
         super().__init__()
         self.num_experts, self.top_k, self.aux_loss_coef = num_experts, top_k, aux_loss_coef
+        self.norm_topk = norm_topk
         self.router = nn.Linear(dim, num_experts, bias=False)
         self.experts = GroupedExperts(
             dim, hidden_dim, num_experts, activation=activation, bias=bias
@@ -356,7 +366,11 @@ class MoE(nn.Module):
         flat = x.reshape(b * t, h)  # (N, h)
         logits = upcast(self.router(flat))  # (N, E), routing math in fp32
         top_logits, top_idx = torch.topk(logits, self.top_k, dim=-1)  # (N, k)
-        weights = torch.softmax(top_logits, dim=-1)  # (N, k)
+        probs = None if self.norm_topk else torch.softmax(logits, dim=-1)  # (N, E)
+        if probs is None:
+            weights = torch.softmax(top_logits, dim=-1)  # (N, k)
+        else:
+            weights = probs.gather(1, top_idx)  # (N, k), not renormalized
 
         # Load balancing (Switch eq. 4, f over the N*k assignments; see class docstring).
         dispatch: torch.Tensor | list[int]
@@ -372,7 +386,7 @@ class MoE(nn.Module):
             counts = torch.bincount(top_idx.reshape(-1), minlength=self.num_experts)  # (E,)
             dispatch = counts
         frac = counts.to(logits.dtype) / top_idx.numel()
-        probs_mean = torch.softmax(logits, dim=-1).mean(dim=0)  # (E,)
+        probs_mean = (torch.softmax(logits, dim=-1) if probs is None else probs).mean(dim=0)
         aux = self.num_experts * (frac * probs_mean).sum()
         if not _in_backward():
             # Kept for the loss only from a forward outside backward. Activation

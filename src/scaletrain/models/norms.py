@@ -40,13 +40,20 @@ _HALF = (torch.bfloat16, torch.float16)
 
 
 class _RMSNorm16(torch.autograd.Function):
-    """weight * rms_norm(x.float()).to(x.dtype), saving x (16-bit) and rstd (fp32) only."""
+    """weight * rms_norm(x.float()).to(x.dtype), saving x (16-bit) and rstd (fp32) only.
+    plus_one (Gemma): (rms_norm(x.float()) * (1 + weight.float())).to(x.dtype), the scale
+    applied in fp32 before the cast as HF's Gemma2RMSNorm does."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    def forward(
+        ctx, x: torch.Tensor, weight: torch.Tensor, eps: float, plus_one: bool = False
+    ) -> torch.Tensor:
         xf = x.float()
         rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)  # (..., 1) fp32
         ctx.save_for_backward(x, weight, rstd)
+        ctx.plus_one = plus_one
+        if plus_one:
+            return (xf.mul_(rstd) * (1.0 + weight.float())).to(x.dtype)
         return weight * (xf * rstd).to(x.dtype)
 
     @staticmethod
@@ -59,30 +66,37 @@ class _RMSNorm16(torch.autograd.Function):
             lead = tuple(range(grad.dim() - 1))
             gw = (gf * normed).sum(dim=lead).to(weight.dtype)
         if ctx.needs_input_grad[0]:
-            g = gf * weight.float()
+            g = gf * (1.0 + weight.float() if ctx.plus_one else weight.float())
             del gf  # three fp32 (tokens x h) alive at most: normed, g and one product
             dot = (g * normed).mean(-1, keepdim=True)
             gx = g.sub_(normed.mul_(dot)).mul_(rstd).to(x.dtype)
-        return gx, gw, None
+        return gx, gw, None, None
 
 
-def rms_norm16(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm16(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, *, plus_one: bool = False
+) -> torch.Tensor:
     """`weight * F.rms_norm(x.float(), eps).to(x.dtype)`: for 16-bit x the memory-lean
     autograd.Function (module docstring), for any other dtype this very expression (fp32: the
-    casts are no-ops, autograd's backward, the default job's path unchanged)."""
+    casts are no-ops, autograd's backward, the default job's path unchanged). plus_one: the
+    scale is 1 + weight (Gemma), applied in fp32."""
     if x.dtype in _HALF:
-        return _RMSNorm16.apply(x, weight, eps)
-    return weight * F.rms_norm(upcast(x), (x.shape[-1],), eps=eps).to(x.dtype)
+        return _RMSNorm16.apply(x, weight, eps, plus_one)
+    scale = 1.0 + weight if plus_one else weight
+    return scale * F.rms_norm(upcast(x), (x.shape[-1],), eps=eps).to(x.dtype)
 
 
 class RMSNorm(nn.Module):
     """Root-mean-square norm (Zhang & Sennrich 2019), normalized in fp32 like HF Llama; a
-    16-bit input is saved as is, with an fp32 rstd per token (`rms_norm16`)."""
+    16-bit input is saved as is, with an fp32 rstd per token (`rms_norm16`).
 
-    def __init__(self, dim: int, eps: float) -> None:
+    `plus_one` (Gemma): the stored weight w is an offset, the scale is 1 + w (w initialized
+    to 0, `models.init`), applied in fp32 before the cast back as HF's `Gemma2RMSNorm`."""
+
+    def __init__(self, dim: int, eps: float, *, plus_one: bool = False) -> None:
         super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps, self.plus_one = eps, plus_one
+        self.weight = nn.Parameter(torch.zeros(dim) if plus_one else torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm16(x, self.weight, self.eps)
+        return rms_norm16(x, self.weight, self.eps, plus_one=self.plus_one)

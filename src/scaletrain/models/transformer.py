@@ -10,6 +10,7 @@ module tree below is an interface:
       tok_embeddings  nn.Embedding | None        (None on non-first pipeline stages)
       pos_embeddings  nn.Embedding | None        (learned positions only)
       rope            RotaryEmbedding | None     (RoPE only; non-persistent cos/sin tables)
+      rope_local      RotaryEmbedding | None     (Gemma 3's windowed layers' own base)
       layers          nn.ModuleDict "0".."L-1"   (keys survive pipeline splitting)
         TransformerBlock: attention_norm, attention (Attention [+ q_norm, k_norm] |
                           MLAttention), ffn_norm, feed_forward (FeedForward) | moe (MoE |
@@ -26,6 +27,7 @@ gradients in sync — the model cannot do that without a process group.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -40,7 +42,7 @@ from .deepseek_moe import DeepSeekMoE
 from .documents import document_layout, document_mask
 from .loss import linear_cross_entropy
 from .mla import MLAttention
-from .moe import MoE
+from .moe import MoE, gate_activation
 from .norms import RMSNorm
 
 __all__ = [
@@ -56,12 +58,13 @@ __all__ = [
 
 def _norm(cfg: ModelConfig) -> nn.Module:
     if cfg.norm == "rmsnorm":
-        return RMSNorm(cfg.dim, cfg.norm_eps)
+        return RMSNorm(cfg.dim, cfg.norm_eps, plus_one=cfg.norm_plus_one)
     return nn.LayerNorm(cfg.dim, eps=cfg.norm_eps, bias=cfg.bias)
 
 
 class FeedForward(nn.Module):
-    """Dense MLP. GELU: `w1` up, `w2` down. SwiGLU (Shazeer 2020): `w1` gate, `w3` up, `w2` down.
+    """Dense MLP. GELU: `w1` up, `w2` down. SwiGLU (Shazeer 2020): `w1` gate, `w3` up, `w2` down;
+    GeGLU (the same paper; Gemma) the same with tanh-GELU in place of SiLU.
 
     'gelu' is the tanh approximation, GPT-2's `gelu_new`, so HF GPT-2 logits match; 'gelu_exact'
     the erf form (HF's `gelu`, nanoGPT's `nn.GELU()`).
@@ -70,14 +73,15 @@ class FeedForward(nn.Module):
     def __init__(self, dim: int, hidden_dim: int, *, activation: str, bias: bool) -> None:
         super().__init__()
         self.activation = activation
+        gated = activation in ("swiglu", "geglu")
         self.w1 = nn.Linear(dim, hidden_dim, bias=bias)
         self.w2 = nn.Linear(hidden_dim, dim, bias=bias)
-        self.w3 = nn.Linear(dim, hidden_dim, bias=bias) if activation == "swiglu" else None
+        self.w3 = nn.Linear(dim, hidden_dim, bias=bias) if gated else None
         self._gelu_approximate = "none" if activation == "gelu_exact" else "tanh"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.w3 is not None:
-            return self.w2(F.silu(self.w1(x)) * self.w3(x))
+            return self.w2(gate_activation(self.w1(x), self.activation) * self.w3(x))
         return self.w2(F.gelu(self.w1(x), approximate=self._gelu_approximate))
 
 
@@ -105,6 +109,9 @@ def _attention(cfg: ModelConfig) -> Attention | MLAttention:
         qkv_bias=cfg.qkv_bias,
         qk_norm=cfg.qk_norm,
         norm_eps=cfg.norm_eps,
+        scale=cfg.attn_scale if cfg.attn_scale_dim else None,
+        softcap=cfg.attn_softcap,
+        norm_plus_one=cfg.norm_plus_one,
     )
 
 
@@ -118,6 +125,7 @@ def _moe(cfg: ModelConfig) -> MoE:
             activation=cfg.activation,
             bias=cfg.bias,
             aux_loss_coef=cfg.moe_aux_loss_coef,
+            norm_topk=cfg.moe_norm_topk,
         )
     return DeepSeekMoE(
         cfg.dim,
@@ -138,13 +146,18 @@ def _moe(cfg: ModelConfig) -> MoE:
 
 
 class TransformerBlock(nn.Module):
-    """Pre-norm block: x + attn(norm(x)), then + mlp(norm(x)) (GPT-2 / Llama order)."""
+    """Pre-norm block: x + attn(norm(x)), then + mlp(norm(x)) (GPT-2 / Llama order).
+
+    `post_norms` (Gemma 2): x + post_attention_norm(attn(norm(x))), then
+    + post_ffn_norm(mlp(ffn_norm(x))): a norm on each sub-layer's output as well."""
 
     def __init__(self, cfg: ModelConfig, layer_id: int = 0) -> None:
         super().__init__()
         self.attention_norm = _norm(cfg)
         self.attention: Attention | MLAttention = _attention(cfg)
         self.ffn_norm = _norm(cfg)
+        self.post_attention_norm: nn.Module | None = _norm(cfg) if cfg.post_norms else None
+        self.post_ffn_norm: nn.Module | None = _norm(cfg) if cfg.post_norms else None
         if cfg.layer_is_moe(layer_id):
             self.moe = _moe(cfg)
         else:  # a dense model, or an MoE model's dense first blocks (DeepSeek)
@@ -166,9 +179,15 @@ class TransformerBlock(nn.Module):
     ) -> torch.Tensor:
         # keywords, only when set: TP input plans see 3 args
         attn_kw = {k: t for k, t in (("mask", mask), ("documents", documents)) if t is not None}
-        x = x + self.attention(self.attention_norm(x), cos, sin, **attn_kw)
+        a = self.attention(self.attention_norm(x), cos, sin, **attn_kw)
+        if self.post_attention_norm is not None:
+            a = self.post_attention_norm(a)
+        x = x + a
         mlp = self.moe if hasattr(self, "moe") else self.feed_forward
-        return x + mlp(self.ffn_norm(x))
+        m = mlp(self.ffn_norm(x))
+        if self.post_ffn_norm is not None:
+            m = self.post_ffn_norm(m)
+        return x + m
 
 
 class Transformer(nn.Module):
@@ -187,6 +206,13 @@ class Transformer(nn.Module):
             if cfg.position == "rope"
             else None
         )
+        local = cfg.rope_local_theta
+        self.rope_local: RotaryEmbedding | None = (
+            RotaryEmbedding(cfg.rope_dim, cfg.max_seq_len, local)
+            if local and local != cfg.rope_theta
+            else None
+        )
+        """Gemma 3: the sliding-window layers' own RoPE base (`model.rope_local_theta`)."""
         self.layers = nn.ModuleDict(
             {str(i): TransformerBlock(cfg, i) for i in range(cfg.num_layers)}
         )
@@ -264,30 +290,45 @@ class Transformer(nn.Module):
             docs = document_layout(tokens, self.document_sep_id)
             positions, layer_kw = docs.positions, {"mask": docs.mask}
         window = self.config.sliding_window
+        local_kw = layer_kw  # what the windowed layers take (all layers, or Gemma's local ones)
         if window and t > window and documents is None:  # cp x window: config/layout.py
             band = sliding_window_mask(t, window, tokens.device)  # (T, T)
-            layer_kw = {"mask": band if not layer_kw else layer_kw["mask"] & band}
+            local_kw = {"mask": band if not layer_kw else layer_kw["mask"] & band}
         if positions is None:
             positions = torch.arange(t, device=tokens.device)
         if self.tok_embeddings is not None:
             h = self.tok_embeddings(tokens)  # (B, T, h)
+            if self.config.scale_embeddings:  # Gemma: sqrt(h), rounded to the table's dtype
+                h = h * torch.tensor(math.sqrt(self.config.dim), dtype=h.dtype, device=h.device)
             if self.pos_embeddings is not None:
                 h = h + self.pos_embeddings(positions)
         else:
             h = tokens
         cos, sin = self.rope(positions) if self.rope is not None else (None, None)
-        for layer in self.layers.values():
-            h = layer(h, cos, sin, **layer_kw)
+        cos_l, sin_l = self.rope_local(positions) if self.rope_local is not None else (cos, sin)
+        for name, layer in self.layers.items():
+            if self.config.layer_window(int(name)):
+                h = layer(h, cos_l, sin_l, **local_kw)
+            else:
+                h = layer(h, cos, sin, **layer_kw)
         if self.norm is not None:
             h = self.norm(h)
         weight = self.head_weight()
+        cap = self.config.logit_softcap
         if targets is not None and weight is not None:
-            return self.head_loss(h, weight, targets, chunk_tokens=self.loss_chunk_tokens)
+            return self.head_loss(
+                h, weight, targets, chunk_tokens=self.loss_chunk_tokens, softcap=cap
+            )
         if self.output is not None:
-            return self.output(h)  # (B, T, V)
+            return _softcap(self.output(h), cap)  # (B, T, V)
         if self.tie_embeddings and self.tok_embeddings is not None and self.norm is not None:
-            return F.linear(h, self.tok_embeddings.weight)  # (B, T, V)
+            return _softcap(F.linear(h, self.tok_embeddings.weight), cap)  # (B, T, V)
         return h
+
+
+def _softcap(logits: torch.Tensor, cap: float) -> torch.Tensor:
+    """cap * tanh(logits / cap) (Gemma 2's final-logit soft-capping); the logits for cap 0."""
+    return torch.tanh(logits / cap) * cap if cap else logits
 
 
 def sliding_window_mask(t: int, window: int, device: torch.device) -> torch.Tensor:

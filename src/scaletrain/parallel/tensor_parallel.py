@@ -4,7 +4,9 @@ with DTensor `parallelize_module` plans.
 Per block: wq/wk/wv column-wise (whole query and key/value heads per rank, so GQA needs tp to
 divide num_kv_heads; q/k/v biases split with their rows), wo row-wise; MLP w1/w3 column-wise,
 w2 row-wise. Per-head q/k norms (Qwen3) keep their (head_dim,) weights whole on every rank and
-sum their gradients over tp. One all-reduce (or, with
+sum their gradients over tp. Gemma 2's post-sub-layer norms run where their input lives: on
+the replicated output without sp, sequence-parallel on the T/tp slice with it. One all-reduce
+(or, with
 sp, one all-gather + one reduce-scatter) per sub-layer in forward, as many in backward.
 
 Sequence parallel (sp): the residual stream between sub-layers is sharded on the sequence dim
@@ -275,6 +277,11 @@ def apply_tp(
         plan = _block_plan(sp, moe=moe is not None)
         if moe is None and getattr(block.feed_forward, "w3", None) is not None:
             plan["feed_forward.w3"] = ColwiseParallel()
+        if sp and block.post_attention_norm is not None:
+            # Gemma 2's norms on the sub-layers' outputs: the reduce-scattered T/tp slice in,
+            # a local slice out (it is added to the local residual stream)
+            post = SequenceParallel(use_local_output=True)
+            plan["post_attention_norm"] = plan["post_ffn_norm"] = post
         if isinstance(block.attention, MLAttention):  # heads split, latents whole
             for name in ("attention.wq", "attention.wk", "attention.wv"):
                 del plan[name]
@@ -397,7 +404,12 @@ class TensorParallelExperts(GroupedExperts):
 
 
 def vocab_parallel_head_loss(
-    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *, chunk_tokens: int = 0
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    chunk_tokens: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """The model's training loss under TP: `models.loss.linear_cross_entropy` on this rank's
     V/tp head rows, max / sum-exp / target logit all-reduced over tp, nothing gathered.
@@ -407,10 +419,13 @@ def vocab_parallel_head_loss(
     (Replicate, or Shard(1) with sp: all-gathered here, as the column-wise head would). Its
     local gradient is a partial sum over the vocabulary shards, so it is handed back as
     Partial: the redistribution's backward all-reduces it (or reduce-scatters it under sp).
-    Returns the plain fp32 loss, equal on every tp rank.
+    Returns the plain fp32 loss, equal on every tp rank. softcap: Gemma 2's final-logit cap,
+    elementwise, so each rank caps its own V/tp logits.
     """
     if not isinstance(weight, DTensor) or weight.placements != (Shard(0),):
-        return linear_cross_entropy(hidden, weight, targets, chunk_tokens=chunk_tokens)
+        return linear_cross_entropy(
+            hidden, weight, targets, chunk_tokens=chunk_tokens, softcap=softcap
+        )
     mesh = weight.device_mesh
     if not isinstance(hidden, DTensor):
         hidden = DTensor.from_local(hidden, mesh, [Replicate()], run_check=False)
@@ -425,7 +440,9 @@ def vocab_parallel_head_loss(
     )
     if isinstance(targets, DTensor):
         targets = targets.full_tensor()
-    return linear_cross_entropy(h, w, targets, chunk_tokens=chunk_tokens, vocab=vocab)
+    return linear_cross_entropy(
+        h, w, targets, chunk_tokens=chunk_tokens, vocab=vocab, softcap=softcap
+    )
 
 
 def loss_context(mesh: DeviceMesh | None, *, enabled: bool = True):

@@ -68,21 +68,26 @@ def layer_activation_bytes(
     modern=True (scaletrain's models, SDPA, no dropout), derived per saved tensor, e = element
     bytes of activations (4 for fp32, else 2), r = residual-stream bytes (4 under autocast with
     fp32 params, else e), s_l = s/cp:
-      norm inputs 2 x r*s_l*b*h (+ fp32 mean/rstd) — /t with SP; RMSNorm over an fp32
+      norm inputs 2 x r*s_l*b*h (+ fp32 mean/rstd), 4 x with `post_norms` (Gemma 2's norms
+        on the attention and MLP outputs) — /t with SP; RMSNorm over an fp32
         stream (r = 4) 2 x (4 + r)*s_l*b*h (x and the fp32 normalized output the weight's
         product saves); over a 16-bit stream scaletrain's norm (models/norms.py) saves x and
         rstd only, r; an eager `rms_norm(x.float()).type_as(x) * w` (rmsnorm_upcast=True:
         torchtitan's) its fp32 upcast and the cast-back output, 4 + r;
       QKV and MLP inputs 2 x e*s_l*b*h — NOT /t: DTensor SP all-gathers the normed input and the
         column-parallel linear saves the gathered copy (Korthikanti re-gather it instead);
-      q, k, v saved by SDPA e*s_l*b*(h + 2kv)/t: K and V at the g KV heads (SDPA's
-        enable_gqa; the naive core groups queries instead of expanding K/V);
+      q/k RMSNorms (`qk_norm`, Qwen3) their inputs e*s_l*b*(q + kv)/t and an fp32 rstd per
+        head (fp32: 8 bytes, x and the normalized output);
+      q, k, v saved by SDPA e*s_l*b*(q + 2kv)/t, q = a*d (h unless `head_dim_override`):
+        K and V at the g KV heads (SDPA's enable_gqa; the naive core groups queries instead
+        of expanding K/V);
       under autocast (fp32 parameters, r = 4) each linear saves its own 16-bit cast of its
         input: + 2*e*s_l*b*h for q/k/v, + e*s_l*b*h for SwiGLU's gate/up;
-      SDPA output (= out-proj input) e*s_l*b*h/t; flash/efficient log-sum-exp 4*a*s_l*b/t;
+      SDPA output (= out-proj input) e*s_l*b*q/t; flash/efficient log-sum-exp 4*a*s_l*b/t;
       'naive' attention its S x S set (`naive_saved_bytes`; naive_probs_only: e*a*s_l*s*b/t);
       GELU MLP: fc1 output and GELU output 2 x e*s_l*b*f/t; SwiGLU: gate, silu(gate), up and
-        their product 4 x e*s_l*b*f/t (3 with torch.compile, which fuses silu*up);
+        their product 4 x e*s_l*b*f/t (3 with torch.compile, which fuses silu*up); GeGLU the
+        same with tanh-GELU for silu;
       MoE: `_moe_bytes` in place of the MLP.
     fp8 (precision/fp8.py, per-tensor scaling; tile-wise adds 4/128 for its fp32 scales): each
       converted linear saves its own 1-byte input instead of the shared 16-bit one: q/k/v and
@@ -253,15 +258,21 @@ def _norm_and_input_bytes(
         # (activation_ledger.md, llama-block bf16 params, ac=none: 2,758,656 B measured =
         # analytic, 524,288 B less than the 4 + r norm's 3,282,944 B)
         nb = 4.0 + r
-    norms = 2 * (nb * h + stats) * tok / tsp
-    n_in = 2 if model.activation == "swiglu" else 1
+    norms = _norm_count(model) * (nb * h + stats) * tok / tsp
+    n_in = 2 if model.gated_mlp else 1
     inputs = (3 + n_in) * tok * h if fp8 else 2 * e * tok * h
     if residual_fp32 and not fp8:
         # autocast casts the fp32 normed input once per linear, and each linear saves its
         # own copy: q, k, v read three copies (2 extra), SwiGLU's gate and up two (1 extra)
         # (dry-run, llama-style z0/z1 layouts; autocast caches casts of leaf weights only)
-        inputs += e * tok * h * (2 + (1 if model.activation == "swiglu" else 0))
+        inputs += e * tok * h * (2 + (1 if model.gated_mlp else 0))
     return norms, inputs
+
+
+def _norm_count(model: ModelConfig) -> int:
+    """Norms per block whose inputs are saved: the two pre-norms, and Gemma 2's two norms on
+    the sub-layers' outputs (`post_norms`)."""
+    return 4 if model.post_norms else 2
 
 
 def _attention_bytes(
@@ -275,10 +286,17 @@ def _attention_bytes(
     probs_only: bool,
 ) -> float:
     """What one block's attention saves beyond its input (`layer_activation_bytes`'s terms)."""
-    h, a = model.dim, model.num_heads
+    a = model.num_heads
     tok = float(seq_len) / cp * micro_batch  # tokens this rank holds: s_l * b
     # q and the core's output at the query heads, K and V at the g KV heads (enable_gqa)
-    attn = e * tok * (2 * h + 2 * model.kv_dim) / tp + (tok * h / tp if fp8 else 0.0)
+    q = model.q_dim
+    attn = e * tok * (2 * q + 2 * model.kv_dim) / tp + (tok * q / tp if fp8 else 0.0)
+    if model.qk_norm:
+        # Qwen3's per-head q/k RMSNorms save their inputs, the q and k projections' outputs
+        # (16-bit: x and an fp32 rstd per head and token, models/norms.py; fp32: x and the
+        # normalized output the weight's product reads)
+        heads = a + model.num_kv_heads
+        attn += (e if e < 4 else 8) * tok * (q + model.kv_dim) / tp + 4.0 * tok * heads / tp
     if model.attention != "naive":
         attn += 4.0 * a * tok / tp  # flash/efficient log-sum-exp
     elif probs_only:  # a foreign recipe's fused 16-bit softmax keeps its probabilities only
@@ -301,10 +319,11 @@ def naive_backward_net_bytes(
     """`naive_backward_bytes` less what the block has freed when its core's backward runs:
     the saved tensors of everything after the core in forward order (backward ran those
     first and autograd released them): the MLP's intermediates (`_mlp_bytes`/`_moe_bytes`),
-    the second norm's input (half of `_norm_and_input_bytes`'s norms), the MLP's saved input
-    (its autocast copies included; fp8: its 1-byte copies) and the out-projection's input,
-    the core's output e*s_l*b*h/t. Ignores: the MLP/out-projection gradients written by then
-    (the grads term), the head's activations (freed earlier; still in the stored side).
+    the norms after the core (the second of two, the last three of Gemma 2's four: that share
+    of `_norm_and_input_bytes`'s norms), the MLP's saved input (its autocast copies included;
+    fp8: its 1-byte copies) and the out-projection's input, the core's output e*s_l*b*q/t.
+    Ignores: the MLP/out-projection gradients written by then (the grads term), the head's
+    activations (freed earlier; still in the stored side).
     Source: dry-run, llama3-8b L1 dp8 z1 s4096 b8 bf16: +7.8% with the whole stored set
     beside the S x S gradients, within 1% with these freed."""
     seq_len, micro_batch, tp, cp = mb.seq_len, mb.micro_batch, mb.tp, mb.cp
@@ -323,20 +342,21 @@ def naive_backward_net_bytes(
         residual_fp32=residual_fp32,
         upcast=False,
     )
-    n_in = 2 if model.activation == "swiglu" else 1
+    n_in = 2 if model.gated_mlp else 1
     if fp8:
         mlp_in = n_in * tok * h
     else:
         mlp_in = e * tok * h * (n_in if residual_fp32 else 1)
     mlp = _mlp_part(model, tok=tok, tp=tp, ep=ep, e=e, fp8=fp8, compile=compile)
-    freed = norms / 2 + mlp_in + mlp + e * tok * h / tp
+    after_core = (_norm_count(model) - 1) / _norm_count(model)
+    freed = norms * after_core + mlp_in + mlp + e * tok * model.q_dim / tp
     gross = naive_backward_bytes(model, seq_len=seq_len, micro_batch=micro_batch, tp=tp, cp=cp, e=e)
     return max(0.0, gross - freed)
 
 
 def _mlp_intermediates(model: ModelConfig, compile: bool) -> int:
     """(B, T, f) tensors a dense MLP saves: GELU 2; SwiGLU 4, 3 when compiled (silu*up fused)."""
-    return 2 if model.activation != "swiglu" else (3 if compile else 4)
+    return 2 if not model.gated_mlp else (3 if compile else 4)
 
 
 def _mlp_bytes(
@@ -368,7 +388,7 @@ def _moe_bytes(
     byte (the router stays 16-bit)."""
     h, f = model.dim, model.ffn_dim
     n_f = _mlp_intermediates(model, compile)
-    n_in = 2 if model.activation == "swiglu" else 1
+    n_in = 2 if model.gated_mlp else 1
     k, E = model.experts_per_token, model.num_experts
     te = expert_tp(tp, ep)  # f split over tp only with ep = 1
     copies = 3 + (1 if ep > 1 else 0)  # (N*k, h) copies; as many int64 (N*k,) indices
@@ -391,9 +411,9 @@ def selective_layer_bytes(
     reductions are saved, everything else is recomputed in backward). tokens = s_l*b.
 
     Counts: the block input r*s_l*b*h (/t with SP; the checkpoint's input); the q, k, v
-    projections e*s_l*b*(h + 2kv)/t (MLA: its latents e*s_l*b*(r_q + r + d_r), whole on every
-    tp rank, and its per-head projections e*s_l*b*a*(2 d_n + d_r + d_v)/t; SDPA's output at
-    the q/k width); SDPA's output e*s_l*b*h/t and fp32 log-sum-exp
+    projections e*s_l*b*(q + 2kv)/t (q = a*d; MLA: its latents e*s_l*b*(r_q + r + d_r), whole
+    on every tp rank, and its per-head projections e*s_l*b*a*(2 d_n + d_r + d_v)/t; SDPA's
+    output at the q/k width); SDPA's output e*s_l*b*q/t and fp32 log-sum-exp
     4*a*s_l*b/t (the naive core's S x S matmuls are recomputed: no attention term); the
     output projections wo and w2, e*s_l*b*h each and NOT /t (a row-parallel matmul's output is
     this rank's partial sum over the full hidden width); with tp > 1 the reduction of each of
@@ -409,7 +429,8 @@ def selective_layer_bytes(
     """
     h, a, f, kv = model.dim, model.num_heads, model.ffn_dim, model.kv_dim
     tsp = tp if sp else 1
-    n_in = 2 if model.activation == "swiglu" else 1
+    n_in = 2 if model.gated_mlp else 1
+    q = model.q_dim
     out = r * tokens * h / tsp
     if model.is_mla:
         # MLA's matmuls: the latents' (r_q, r, d_r: whole on every tp rank) and the heads'
@@ -420,9 +441,9 @@ def selective_layer_bytes(
         if model.attention != "naive":
             out += e * tokens * a * qk / tp + 4.0 * a * tokens / tp
     else:
-        out += e * tokens * (h + 2 * kv) / tp
+        out += e * tokens * (q + 2 * kv) / tp
         if model.attention != "naive":
-            out += e * tokens * h / tp + 4.0 * a * tokens / tp
+            out += e * tokens * q / tp + 4.0 * a * tokens / tp
     reduced = 0.0 if tp == 1 else (e * tokens * h / tp if sp else e * tokens * h)
     out += 2 * (e * tokens * h + reduced)  # wo and w2 outputs, and their TP reductions
     if model.is_moe:
@@ -481,19 +502,21 @@ def mlp_backward_work_bytes(
     norms' fp32 gradient temporaries (transient).
     """
     f, h = model.ffn_dim, model.dim
-    n = 2.0 if model.activation == "swiglu" else 1.0
+    n = 2.0 if model.gated_mlp else 1.0
     return e * tokens * h / (tp if sp else 1) + n * e * tokens * f / tp + weight_bytes * h * f / tp
 
 
 def rope_table_bytes(model: ModelConfig) -> float:
     """RoPE's cos and sin tables, one pair per model (models/attention.py: two fp32
     (max_seq_len, head_dim) non-persistent buffers; MLA: its RoPE width), 8*max_seq_len*
-    head_dim bytes; 0 for
-    learned positions (their table is a parameter). Source: the dry-run's 'module_buffers'
-    (llama2-7b widths: 4.19 MB)."""
+    head_dim bytes, two pairs with Gemma 3's own base for the windowed layers
+    (`rope_local_theta`); 0 for learned positions (their table is a parameter). Source: the
+    dry-run's 'module_buffers' (llama2-7b widths: 4.19 MB)."""
     if model.position != "rope":
         return 0.0
-    return 8.0 * model.max_seq_len * model.rope_dim
+    local = model.rope_local_theta
+    pairs = 2 if local and local != model.rope_theta else 1
+    return pairs * 8.0 * model.max_seq_len * model.rope_dim
 
 
 def activation_bytes(

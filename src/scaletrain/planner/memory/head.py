@@ -104,7 +104,10 @@ def loss_backward_bytes(
     (these terms with `head_grad_bytes` to 0.1 MB); fp32 weight under autocast 541.9 MB, with
     the weight's cast; dry-run, llama3-8b-L1 tp8+sp z0 bf16: the loss-backward peak's
     temporaries are these terms and the head gradient to the byte (607.8 MB, of which the
-    cast 131.3 MB).
+    cast 131.3 MB). Soft-capped logits (`model.logit_softcap`, Gemma 2): the backward holds the
+    chunk's tanh (in place of the logits) beside the capped logits turned softmax, two fp32
+    (c, V_l) buffers, 8*c*V_l instead of (4 + e)*c*V_l (the 16-bit cast comes once the tanh
+    is freed); the forward caps in place (dry-run, gemma-2-9b-L2 dp8 z3 s1024: planner_accuracy).
     not fused (a logits path, as `head_activation_bytes`): the fp32 gradient of the
     log-softmax output and of the logits, 2 x 4*s_l*b*V, NOT divided by tp (the dry-run
     measures the full vocabulary under loss_parallel: the stored logits are sharded, the
@@ -118,8 +121,10 @@ def loss_backward_bytes(
     v_local = -(-model.vocab_size // tp)
     c = min(fused_loss_chunk(model, tp=tp, chunk_tokens=chunk_tokens), tok)
     table = float(v_local) * model.dim
-    # fp32 compute: the matmul output is the fp32 chunk itself (no 16-bit companion)
-    out = e * tok * model.dim + c * v_local * (4 + (e if e < 4 else 0))
+    # fp32 compute: the matmul output is the fp32 chunk itself (no 16-bit companion);
+    # soft-capped logits: the chunk's tanh and the capped logits, two fp32 chunks at once
+    per_logit = 8.0 if model.logit_softcap else 4.0 + (e if e < 4 else 0)
+    out = e * tok * model.dim + c * v_local * per_logit
     if weight_bytes > e:
         # an fp32 weight under 16-bit compute: the loss's own cast of it (the rank's autocast
         # in-flight copies leave the head out, `states.StageParams.uncast`), whole
@@ -133,6 +138,8 @@ def loss_backward_bytes(
         # then their 16-bit gradient cast; or the blocked products into the hidden gradient
         # (fp32 (c, h) sum, a block's cast and its (c, h) product) and the weight gradient
         logits_phase = chunk_logits + max(e * (c * b + b * model.dim), e * c * v_local)
+        if model.logit_softcap:  # the tanh and the capped logits, two fp32 chunks
+            logits_phase = max(logits_phase, 2 * chunk_logits)
         grads_phase = e * c * v_local + 4 * c * model.dim + e * b * model.dim + e * c * model.dim
         return e * tok * model.dim + max(logits_phase, grads_phase)
     return out

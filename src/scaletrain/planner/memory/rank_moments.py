@@ -238,14 +238,21 @@ def zero_moments(view: RankView, block_stored: float) -> list[Moment]:
         bwd += recompute  # the block being recomputed (its whole no-AC set)
     if layers:
         stored = block_stored
+        last = None
         if m == 1 and L.pp == 1:
             # or the last block's backward next to every later block's gradient, where a
             # block's grads outweigh its activations (fp32 expert-parallel experts under
             # ZeRO-3: dry-run, mixtral-8x7b dp8 z3 ep8 selective, peak in block 1's backward
             # with blocks 2.. 's grads: -2.5% at 8 blocks with only the stored-acts side)
-            stored = max(stored, per_layer + grads_rest * (layers - 1) / layers)
+            last = per_layer + grads_rest * (layers - 1) / layers
+            stored = max(stored, last)
         bwd, copies, block_buffers = _early_block_backward(
-            view, stored=stored + accumulated + recompute, more=more, bwd=bwd, copies=copies
+            view,
+            stored=stored + accumulated + recompute,
+            more=more,
+            bwd=bwd,
+            copies=copies,
+            last=None if last is None or not more else last + recompute,
         )
     out: list[Moment] = [
         ZeroBlockBackward(
@@ -276,7 +283,13 @@ def zero_moments(view: RankView, block_stored: float) -> list[Moment]:
 
 
 def _early_block_backward(
-    view: RankView, *, stored: float, more: float, bwd: float, copies: float
+    view: RankView,
+    *,
+    stored: float,
+    more: float,
+    bwd: float,
+    copies: float,
+    last: float | None = None,
 ) -> tuple[float, float, float]:
     """(activation side, unit copies, buffers) of a block's backward moment (ZeRO-2/3): the
     start of the last block's backward where it outweighs the copies' moment (bwd, copies).
@@ -291,6 +304,14 @@ def _early_block_backward(
     last block's w2 backward, block 0's all-gather issued: -7.8% while only the later copies'
     moment was modelled). stored: stored + accumulated grads + recompute; more: 1 if there is
     a next block to prefetch.
+
+    last (ZeRO-3, one micro-batch, several blocks): the last block's own stored activations,
+    the later blocks' gradients and its recompute. Its backward starts with its own gathered
+    copy and the previous block's fp32 reduce-scatter input (FSDP2 frees it when the next
+    unit's reduce-scatter is issued) instead of a prefetched next block: counted where larger
+    (dry-run, gemma-2-27b-L2 dp8 z3 selective s4096: the block's whole recompute beside both,
+    -3.1% with the first block's copies; the 4 x 566M-parameter fp32 input outweighs the first
+    block's stored activations and prefetched copy).
 
     No SP collective is in flight then: the sequence-parallel all-gather's output
     (`tp_all_gather`) is not a separate buffer but the linears' gathered inputs, which are in
@@ -318,6 +339,10 @@ def _early_block_backward(
     )
     early = stored + work
     early_copies = wc * blk * (1 + more) if L.zero >= 3 else 0.0
+    if last is not None and L.zero >= 3:
+        last_copies = wc * blk + 4.0 * blk
+        if last + work + last_copies > early + early_copies:
+            early, early_copies = last + work, last_copies
     sp_gather = bufs.get("tp_all_gather", 0.0)
     if early + early_copies - sp_gather > bwd + copies:
         return early, early_copies, buffers - sp_gather
@@ -329,24 +354,36 @@ def _end_of_backward(
 ) -> ZeroEndOfBackward:
     """The end of backward, the root unit's post-backward (ZeRO-2/3).
 
-    Its fp32 reduce-scatter input and output shard (which become its sharded grads: not counted
-    twice), with one of its 16-bit unsharded grads (embedding or head) not yet freed and the
-    logits the loop holds; ZeRO-3 has resharded the root's parameters by then (ZeRO-2 keeps
-    every unit gathered: counted in `rest`). Source: the dry-run's peak of llama-1024-L4 dp2 z3
-    (sharded grads of the blocks only, one bf16 root grad, no unsharded params: +18% with the
-    root gathered and its shard counted twice). rest: the resting states; grads_rest: the
-    gradients but those in flight; held: the logits the loop holds.
+    Its fp32 reduce-scatter input with either every 16-bit unsharded grad of the unit
+    (embedding, final norm, head: FSDP2's `foreach_reduce` copies them all into the input
+    before it frees them) or the output shard (which becomes its sharded grads: not counted
+    twice) and one of those 16-bit grads (embedding or head) not yet freed, whichever is
+    larger, and the logits the loop holds; ZeRO-3 has resharded the root's parameters by then
+    (ZeRO-2 keeps every unit gathered: counted in `rest`). The root's sharded grads do not
+    exist yet: grad bytes per parameter x its parameters / shards
+    (`BackwardTerms.root_sharded_grads`; not the rank's average grad bytes per parameter,
+    which expert parallelism's unsharded fp32 expert grads inflate).
+    Source: the dry-run's peak of llama-1024-L4 dp2 z3 (sharded grads of the blocks only, one
+    bf16 root grad beside the output shard, no unsharded params: +18% with the root gathered
+    and its shard counted twice) and of qwen3-30b-a3b-L2 dp8 z3 ep8 (both 16-bit 151,936 x 2048
+    tables beside the fp32 input, where the output shard is an eighth: -9.0% with one table
+    and the inflated sharded grads). rest: the resting states; grads_rest: the gradients but
+    those in flight; held: the logits the loop holds.
     """
-    plan, count = view.plan, view.rank_states.params
-    root_live = view.rank_states.backward.root_unit  # read only under ZeRO-3
-    head_held = view.rank_states.backward.head_grad_held
+    plan = view.plan
+    bwd = view.rank_states.backward
+    root_live, head_held = bwd.root_unit, bwd.head_grad_held  # read only under ZeRO-3
     L = plan.layout
     wc = plan.compute_bytes
     root_grad = end_held = root_grads = 0.0
     if L.zero >= 3 and root_live:
-        root_grads = grads_rest * (root_live / wc) / count if count else 0.0
+        root_grads = min(grads_rest, bwd.root_sharded_grads)
         embedding = wc * view.counts.embedding / L.tp if view.rank == 0 else 0.0
-        root_grad, end_held = max(embedding, head_held), held
+        # the buffer term is the input and the output shard (output = input / shards): at the
+        # copy-in every 16-bit grad stands where the output and one grad stand later
+        rs = view.buffer_terms.get("fsdp_reduce_scatter", 0.0)
+        rs_out = rs / (1 + max(1, L.zero_shards))
+        root_grad, end_held = max(max(embedding, head_held), root_live - rs_out), held
     return ZeroEndOfBackward(
         states=rest,
         buffers=view.buffers,

@@ -36,7 +36,7 @@ from .head import (
     held_logits_bytes,
 )
 from .rank_moments import root_in_backward
-from .states import StageParams, fp8_linear_params, model_state_bytes
+from .states import StageParams, fp8_linear_params, model_state_bytes, state_bytes_per_param
 
 if TYPE_CHECKING:  # step_time imports this module
     from ..time.step_time import ModelFlops
@@ -68,6 +68,9 @@ class BackwardTerms:
     """One block's parameters on this rank (a block's FSDP unit)."""
     embedding_temp: float
     """The embedding backward's temporaries (`embedding_backward_bytes`), first stage only."""
+    root_sharded_grads: float
+    """The root unit's sharded gradients (ZeRO-2/3): grad bytes per parameter x its parameters
+    / zero shards; what its reduce-scatter's output becomes."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -259,11 +262,15 @@ def rank_states(
         emb_tmp = embedding_backward_bytes(
             model, tp=tp, grad_bytes=grad_bytes, tied=model.tie_embeddings and L.pp == 1
         )
+    _, grad_bytes_per, _ = state_bytes_per_param(plan.precision, plan.optimizer, convention)
+    offloaded = plan.offload == "params" and L.zero >= 3  # (grads live on the host)
+    root_sharded = 0.0 if offloaded else grad_bytes_per * root_live / wc / max(1, zs)
     backward = BackwardTerms(
         root_unit=root_live,
         head_grad_held=head_held,
         block_params=_block_params(plan, pc),
         embedding_temp=emb_tmp,
+        root_sharded_grads=root_sharded,
     )
     out = RankStates(
         states=st,

@@ -47,7 +47,7 @@ def _korthikanti(plan: PlanInput, recipe: Recipe, ac: str) -> float:
         return e * tok * h / tsp
     masks = 1.0 if (recipe.dropout_masks and m.norm == "layernorm") else 0.0
     rep = 2 * e * h + e * h + e * h + 2 * masks * h
-    mlp = (3 if m.activation == "swiglu" else 2) * e * f
+    mlp = (3 if m.gated_mlp else 2) * e * f
     split = float(e * (h + 2 * kv) + e * h + mlp)
     if (m.attention == "naive" or recipe.attention == "naive") and ac != "selective":
         split += (2 * e + masks) * a * plan.seq_len

@@ -185,7 +185,7 @@ def _largest_module(plan: PlanInput) -> float:
     h x (h + 2kv), the MLP input projection h x f (2f for a fused SwiGLU gate/up), or the
     embedding V x h (Megatron-style fused linears)."""
     m, t = plan.model, plan.layout.tp
-    f_in = 2 * m.ffn_dim if m.activation == "swiglu" else m.ffn_dim
+    f_in = 2 * m.ffn_dim if m.gated_mlp else m.ffn_dim
     return max(m.dim * (m.dim + 2 * m.kv_dim), m.dim * f_in, m.vocab_size * m.dim) / t
 
 

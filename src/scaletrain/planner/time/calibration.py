@@ -129,7 +129,7 @@ def gemm_classes(model: ModelConfig, tp: int = 1) -> list[tuple[str, float]]:
         out += [(_key(h, a * d / tp), 2.0 * h * a * d / tp)]
         out += [(_key(h, g * d / tp), 2.0 * h * g * d / tp)] * 2
     out.append((_key(a * d / tp, h), 2.0 * a * d * h / tp))
-    n_mat = 3 if model.activation == "swiglu" else 2
+    n_mat = 3 if model.gated_mlp else 2
     experts = model.experts_per_token if model.is_moe else 1
     out += [(_key(h, f / tp), 2.0 * experts * h * f / tp)] * n_mat
     if model.is_moe:

@@ -116,7 +116,7 @@ def gemm_shape_factor(
     e = 1.0 if precision == "fp8" else (float(compute_bytes(precision)))
     ridge = hardware.flops(precision) / hardware.memory_bw
     h, kv, f = model.dim, model.kv_dim, model.ffn_dim
-    f_in = 2 * f if model.activation == "swiglu" else f
+    f_in = 2 * f if model.gated_mlp else f
     M = max(1.0, tokens)
     gemms = ((h, (h + 2 * kv) / tp), (h / tp, h), (h, f_in / tp), (f / tp, h))
     flops = slow = 0.0

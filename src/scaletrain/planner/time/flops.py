@@ -81,7 +81,7 @@ def matmul_params(model: ModelConfig) -> tuple[int, int]:
     (elementwise work). A dense first block's: `matmul_params(model.dense_layer_view())`.
     """
     h, f = model.dim, model.ffn_dim
-    n_mat = 3 if model.activation == "swiglu" else 2
+    n_mat = 3 if model.gated_mlp else 2
     experts = model.experts_per_token + model.num_shared_experts if model.is_moe else 1
     per_layer = _attention_matmul_params(model) + experts * n_mat * h * f + h * model.num_experts
     return per_layer, model.vocab_size * h
@@ -165,7 +165,7 @@ def _counted_matmul_params(model: ModelConfig, tp: int, ep: int) -> float:
     per_layer, _ = matmul_params(model)
     if not model.is_moe:
         return per_layer
-    n_mat = 3 if model.activation == "swiglu" else 2
+    n_mat = 3 if model.gated_mlp else 2
     k = model.experts_per_token + model.num_shared_experts
     experts = k * n_mat * model.dim * model.ffn_dim
     return per_layer - experts + experts / expert_tp(tp, ep)
@@ -190,10 +190,11 @@ def counted_flops_per_token(
     splits them (`_counted_matmul_params`; ep: the layout's, which keeps them whole per tp
     rank). Attention core: as the SDPA kernels' formulas count
     it, over the full s x s score matrix (the counter does not see the causal mask), a
-    backward of FLASH_BACKWARD_FACTOR x the forward, on this rank's local heads (/ tp: the
-    attention runs on plain local tensors) and, under cp, on the key blocks ring attention
-    does not skip: with the zigzag layout each rank computes (cp + 1) / (2 cp) of its queries'
-    full s x s work (own block whole, half of every other: parallel/context_parallel.py).
+    backward of FLASH_BACKWARD_FACTOR x the forward (the naive core's bmms: 2 x), on this
+    rank's local heads (/ tp: the attention runs on plain local tensors) and, under cp, on
+    the key blocks ring attention does not skip: with the zigzag layout each rank computes
+    (cp + 1) / (2 cp) of its queries' full s x s work (own block whole, half of every other:
+    parallel/context_parallel.py).
     fused_head (the trainer's fused head + loss, models/loss.py, on the last stage pipelined
     or not; False: the plain head of the logits path): the head runs on plain local tensors,
     V/tp rows, and its backward recomputes the logits: 4 x 2*V*h/tp per token (forward,
@@ -215,7 +216,10 @@ def counted_flops_per_token(
     attn = model.num_layers * core / tp * (cp + 1) / (2 * cp)
     head_flops = 4.0 * 2.0 * head / tp if fused_head else 3.0 * 2.0 * head
     weights = sum(n * _counted_matmul_params(kind, tp, ep) for n, kind in layer_kinds(model))
-    total = 3.0 * 2.0 * weights + head_flops + (1.0 + FLASH_BACKWARD_FACTOR) * attn
+    # the naive core's backward is its 4 matmuls (dV, dP, dQ, dK: 2 x its forward's 2), no
+    # recomputed Q K^T as a flash kernel's
+    bwd = 2.0 if model.attention == "naive" else FLASH_BACKWARD_FACTOR
+    total = 3.0 * 2.0 * weights + head_flops + (1.0 + bwd) * attn
     if recompute == "full":
         # a dense block's down projection is not recomputed (its output is saved by nothing);
         # an MoE block's experts all are (the combine's multiply saves their output)

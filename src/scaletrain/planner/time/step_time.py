@@ -241,7 +241,7 @@ def _block_seconds(
     if model.is_moe and te < L.tp:
         # the experts' matmuls (k routed copies of each token, n_mat x h x f each; forward,
         # backward 2x, + a forward under full recompute), charged tp / te times over
-        n_mat = 3 if model.activation == "swiglu" else 2
+        n_mat = 3 if model.gated_mlp else 2
         expert_f = 2.0 * model.experts_per_token * n_mat * model.dim * model.ffn_dim
         expert_s = expert_f * (4 if plan.ac == "full" else 3) / rate
         layer_s += expert_s * (L.tp / te - 1)
