@@ -170,6 +170,7 @@ def _inputs(args: argparse.Namespace) -> dict[str, Any]:
         "ac": chosen("memory", "ac", job.memory.ac),
         "offload": chosen("memory", "offload", job.memory.offload),
         "compile": job.train.compile,
+        "lora": job.lora,
         "derived": res.notes(),
         "recipe": args.recipe,
         "efficiency": job.hardware.efficiency,
@@ -270,8 +271,20 @@ def _evaluate(inp: dict[str, Any]) -> Any:
         efficiency=inp["efficiency"],
         recipe=inp["recipe"],
         optimizer=inp["optimizer"],
+        **_lora_fields(inp["lora"]),
     )
     return estimate(plan)
+
+
+def _lora_fields(lora: Any) -> dict[str, Any]:
+    """The PlanInput fields of a `[lora]` section (none without adapters)."""
+    if not lora.enabled:
+        return {}
+    return {
+        "lora_rank": lora.rank,
+        "lora_targets": lora.target_names,
+        "lora_base": lora.base_dtype,
+    }
 
 
 def _one_layout(
@@ -319,9 +332,12 @@ def _searched(args: argparse.Namespace, inp: dict[str, Any], lines: list[str]) -
         compile=inp["compile"],
         efficiency=inp["efficiency"],
         recipe=inp["recipe"],
+        **_lora_fields(inp["lora"]),
         **pins,
     )
     estimates = res.top
+    if not res.top:
+        _nothing_fits(res)
     if not res.top and not res.legal:
         _why_no_recipe_layout(inp)
         raise ConfigError(
@@ -339,6 +355,36 @@ def _searched(args: argparse.Namespace, inp: dict[str, Any], lines: list[str]) -
 
         lines.append(render_search(res))
     return estimates
+
+
+def _nothing_fits(res: Any) -> None:
+    """A search whose layouts all missed a memory budget: name the budget of the closest miss,
+    the GPU's or the host's RAM per node (`hardware.host_memory_gb`, what offload fills)."""
+    from scaletrain.config import GB
+    from scaletrain.planner.types import layout_label
+
+    misses = [f.closest_miss for f in res.families.values() if f.closest_miss is not None]
+    if not misses:
+        return
+    host = [e for e in misses if e.memory.reserved <= e.memory.capacity]
+    if host:  # fits the GPU, not the host
+        best = min(host, key=lambda e: e.memory.host)
+        m = best.memory
+        raise ConfigError(
+            "--host-memory-gb",
+            round(m.host_capacity / GB, 1),
+            f"no layout fits the host's RAM: the least needs {m.host / GB:.1f} GB per node "
+            f"for what it offloads ({layout_label(best)}); give the node's real RAM, more "
+            "GPUs, or offload less",
+        )
+    best = min(misses, key=lambda e: e.memory.reserved)
+    raise ConfigError(
+        "--gpus",
+        best.plan.num_gpus,
+        f"no layout fits: the least needs {best.memory.reserved / GB:.1f} GB > "
+        f"{best.plan.hardware.capacity_text()} per GPU ({layout_label(best)}); use more or "
+        "larger GPUs, or a shorter --seq-len",
+    )
 
 
 def run(args: argparse.Namespace, extra: list[str]) -> int:

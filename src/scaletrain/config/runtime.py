@@ -6,13 +6,14 @@ priced for (`hardware`). Each validates itself on construction.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ._errors import require
 from .choices import Device, check_choices
-from .hardware import HARDWARE_PRESETS, HardwareSpec, hardware_preset
+from .hardware import GB, HARDWARE_PRESETS, HardwareSpec, hardware_preset
 from .strict import did_you_mean
 
 __all__ = ["TrainConfig", "GuardConfig", "CheckpointConfig", "HardwareConfig"]
@@ -166,6 +167,10 @@ class HardwareConfig:
     host_watts_per_node: float = 0.0
     """Host (CPU, NIC, fans) power per node, watts, added to the GPUs' board power in the
     energy line; 0 = not counted (seed 004's carbon example uses 200 W per 8-GPU host)."""
+    host_memory_gb: float = 0.0
+    """Host RAM per node, GB (1e9 bytes): what CPU offload (`memory.offload`) may fill; the
+    planner refuses layouts whose offloaded bytes per node exceed it. 0 = the preset's (2 TB
+    for the 8-GPU H100 / H200 nodes; unknown, so unchecked, for the others)."""
 
     def __post_init__(self) -> None:
         require(
@@ -191,6 +196,12 @@ class HardwareConfig:
             "use kg CO2 per kWh >= 0, e.g. 0.43",
         )
         require(
+            math.isfinite(self.host_memory_gb) and self.host_memory_gb >= 0,
+            "hardware.host_memory_gb",
+            self.host_memory_gb,
+            "use the node's RAM in GB, e.g. 128 (0 = the preset's)",
+        )
+        require(
             self.host_watts_per_node >= 0,
             "hardware.host_watts_per_node",
             self.host_watts_per_node,
@@ -204,4 +215,6 @@ class HardwareConfig:
             changes["gpus_per_node"] = self.gpus_per_node
         if self.usd_per_gpu_hour:
             changes["usd_per_hour"] = self.usd_per_gpu_hour
+        if self.host_memory_gb:
+            changes["host_memory_bytes"] = self.host_memory_gb * GB
         return dataclasses.replace(spec, **changes) if changes else spec

@@ -19,6 +19,7 @@ __all__ = [
     "selective_recompute_bytes",
     "naive_backward_net_bytes",
     "mlp_backward_work_bytes",
+    "attention_saved_bytes",
     "rope_table_bytes",
 ]
 
@@ -123,7 +124,7 @@ def layer_activation_bytes(
         residual_fp32=residual_fp32,
         upcast=rmsnorm_upcast,
     )
-    attn = _attention_bytes(model, seq_len, micro_batch, tp, cp, e, fp8, naive_probs_only)
+    attn = attention_saved_bytes(model, seq_len, micro_batch, tp, cp, e, fp8, naive_probs_only)
     mlp = _mlp_part(model, tok=tok, tp=tp, ep=ep, e=e, fp8=fp8, compile=compile)
     return norms + inputs + attn + mlp
 
@@ -172,7 +173,7 @@ def _norm_and_input_bytes(
     return norms, inputs
 
 
-def _attention_bytes(
+def attention_saved_bytes(
     model: ModelConfig,
     seq_len: int,
     micro_batch: int,

@@ -45,6 +45,12 @@ class FamilyOutcome:
             )
         if self.closest_miss is not None:
             mem = self.closest_miss.memory
+            if mem.reserved <= mem.capacity and not mem.host_fits:
+                return (
+                    f"never fits: best needs {mem.host / GB:.1f} GB of host memory per node > "
+                    f"{mem.host_capacity / GB:.1f} GB (hardware.host_memory_gb; "
+                    f"{layout_label(self.closest_miss)})"
+                )
             return (
                 f"never fits: best needs {mem.reserved / GB:.1f} GB > "
                 f"{self.closest_miss.plan.hardware.capacity_text()} (rank {mem.rank}, "
