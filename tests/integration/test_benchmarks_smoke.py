@@ -28,6 +28,7 @@ SCRIPTS = (
     "activation_ledger",
     "fp8_cpu",
     "moe_experts",
+    "finetune_memory",
 )
 
 
@@ -169,6 +170,7 @@ REQUIRED = {
     "activation_ledger": ("results", "batch", "seq", "dim"),
     "fp8_cpu": ("probe", "rounds", "summary", "cpu_flags"),
     "moe_experts": ("rows", "reps", "threads", "tokens"),
+    "finetune_memory": ("rows", "seq_len", "batch"),
 }
 
 
