@@ -226,6 +226,40 @@ on rank 0, torch's order) and Qwen3-30B-A3B's widths under ZeRO-3 + ep8 (the roo
 reduce-scatter beside both 16-bit 151,936-row tables)."""
 
 
+# (model, world, dp, zero, dtype, micro_batch, seq, lora rank, lora targets, base, offload)
+Tune = tuple[str, int, int, int, str, int, int, int, str, str, str]
+
+ATTN, ALL = "wq,wk,wv,wo", "wq,wk,wv,wo,w1,w2,w3"
+FINETUNE_CASES: list[Tune] = [
+    # LoRA, frozen fp32 base: ZeRO-3 (no gradients: FSDP2's forward gathers set the peak)
+    # and DDP under autocast (frozen weights still cast and saved, no inputs saved for them)
+    ("llama2-7b-L1", 8, 8, 3, "bf16", 1, 512, 16, ATTN, "auto", "none"),
+    ("llama-1024-L4", 2, 2, 0, "bf16", 1, 1024, 16, ATTN, "auto", "none"),
+    # QLoRA, NF4 base: ZeRO-3 (4-bit codes gathered; w1's dequantization inside the forward)
+    # and one GPU with adapters on every projection
+    ("llama2-7b-L1", 8, 8, 3, "bf16", 1, 512, 16, ATTN, "nf4", "none"),
+    ("llama-1024-L4", 1, 1, 0, "bf16", 2, 1024, 16, ALL, "nf4", "none"),
+    # int8 base under ZeRO-3
+    ("llama-1024-L4", 2, 2, 3, "bf16", 2, 1024, 16, ALL, "int8", "none"),
+    # activation offload: DDP (the autocast weight casts go along) and ZeRO-3, full training
+    ("llama-1024-L4", 2, 2, 0, "bf16", 2, 1024, 0, ATTN, "auto", "activations"),
+    ("llama2-7b-L1", 8, 8, 3, "bf16", 2, 2048, 0, ATTN, "auto", "activations"),
+    # QLoRA with activation offload on one GPU
+    ("llama-1024-L4", 1, 1, 0, "bf16", 2, 1024, 16, ATTN, "nf4", "activations"),
+]
+"""Fine-tuning levers (issue #36): LoRA, QLoRA (NF4, int8) and activation offload, measured
+on rank 0 like the main matrix; the host bytes the dry-run sends to 'meta' are compared too
+(`host` column: the planner's host bytes per rank against the dry-run's)."""
+
+QUICK_FINETUNE: list[Tune] = [
+    ("tiny-llama", 1, 1, 0, "bf16", 2, 128, 4, ALL, "nf4", "none"),
+    ("tiny-llama", 2, 2, 3, "bf16", 2, 128, 4, ATTN, "auto", "none"),
+    FINETUNE_CASES[2],  # QLoRA NF4 under ZeRO-3 at 7B widths: the forward's dequantization
+    FINETUNE_CASES[5],  # activation offload under DDP: the host bytes
+]
+"""The fine-tuning part of the fast subset (tests/planner/test_accuracy.py)."""
+
+
 def _model_for(name: str, seq: int) -> ModelConfig:
     """The named model, its max_seq_len widened to the case's sequence where shorter (a RoPE
     model refuses seq_len > max_seq_len; the case measures memory, not the trained length)."""
@@ -278,6 +312,36 @@ def job_for(case: Case) -> tuple[JobConfig, int]:
     return job, world
 
 
+def job_for_tune(case: Tune) -> tuple[JobConfig, int]:
+    from scaletrain.config import LoraConfig
+
+    name, world, dp, zero, dtype, mb, seq, rank, targets, base, offload = case
+    job = JobConfig(
+        model=_model_for(name, seq),
+        parallel=ParallelConfig(dp=dp, zero=zero, layout="manual"),
+        precision=PrecisionConfig(dtype=dtype),
+        memory=MemoryConfig(offload=offload),
+        batch=BatchConfig(global_batch=mb * dp, micro_batch=mb, seq_len=seq),
+        hardware=HardwareConfig(gpu="h100-sxm", gpus=world),
+        lora=LoraConfig(rank=rank, targets=targets, base_dtype=base if rank else "auto"),
+    )
+    return job, world
+
+
+def label_tune(case: Tune) -> str:
+    name, world, dp, zero, dtype, mb, seq, rank, targets, base, offload = case
+    what = f"lora r{rank} {'all' if targets == ALL else 'attn'} {base}" if rank else "full"
+    off = f" offload={offload}" if offload != "none" else ""
+    return f"{name} w{world} dp{dp} z{zero} {dtype} b{mb} s{seq} {what}{off}"
+
+
+def measure_tune(case: Tune) -> dict[str, Any]:
+    """`measure_case` for a fine-tuning case, with the host bytes compared."""
+    job, world = job_for_tune(case)
+    r = measure_case(case, flops=True, job=(job, world), name=label_tune(case))
+    return r
+
+
 def label(case: Case) -> str:
     name, world, dp, zero, rep, tp, sp, cp, ac, dtype, mb, seq, accum = case
     par = f"dp{dp}" + (f"(r{rep})" if rep > 1 else "") + f" z{zero}"
@@ -326,13 +390,15 @@ def compare(pred: dict[str, float], meas: dict[str, float]) -> dict[str, float |
 def predicted_flops(job: JobConfig, world: int) -> float:
     """The planner's FLOPs of one step of this rank as FlopCounterMode counts them: tokens of
     the rank (grad_accum x micro_batch x seq/cp) x `counted_flops_per_token` (under tp > 1 its
-    matmuls are the tensor-parallel group's: DTensor counts global shapes)."""
-    from scaletrain.planner.time.flops import counted_flops_per_token
+    matmuls are the tensor-parallel group's: DTensor counts global shapes; with LoRA, its
+    adapters and the frozen weights' skipped gradients: `flops.lora_flops`)."""
+    from scaletrain.planner.time.flops import counted_flops_per_token, lora_flops
 
     layout = job.layout(world)
     b = job.batch
     accum = b.global_batch // (b.micro_batch * layout.dp)
     tokens = accum * b.micro_batch * b.seq_len / layout.cp
+    lora = job.lora
     return tokens * counted_flops_per_token(
         job.model,
         b.seq_len,
@@ -340,10 +406,17 @@ def predicted_flops(job: JobConfig, world: int) -> float:
         tp=layout.tp,
         cp=layout.cp,
         fused_head=fused_head_loss(layout),
+        lora=lora_flops(job.model, lora.rank, lora.target_names) if lora.enabled else None,
     )
 
 
-def measure_case(case: Case, *, flops: bool = True) -> dict[str, Any]:
+def measure_case(
+    case: Case | Tune,
+    *,
+    flops: bool = True,
+    job: tuple[JobConfig, int] | None = None,
+    name: str | None = None,
+) -> dict[str, Any]:
     """Dry-run `case` and compare with the planner (see `compare`).
 
     Two dry-runs: the first counts FLOPs (FlopCounterMode holds on to what checkpointed
@@ -357,17 +430,17 @@ def measure_case(case: Case, *, flops: bool = True) -> dict[str, Any]:
     from scaletrain.planner import estimate
     from scaletrain.planner.types import plan_input_from_job
 
-    job, world = job_for(case)
-    layout = job.layout(world)
+    job_, world = job or job_for(case)  # type: ignore[arg-type]  # a Case when no job given
+    layout = job_.layout(world)
     t0 = time.perf_counter()
-    counted = dryrun(job, world_size=world, count_flops=True).flops if flops else 0.0
-    meas = dryrun(job, world_size=world, count_flops=False).memory
+    counted = dryrun(job_, world_size=world, count_flops=True).flops if flops else 0.0
+    meas = dryrun(job_, world_size=world, count_flops=False).memory
     wall = time.perf_counter() - t0
-    est = estimate(plan_input_from_job(job, layout)).memory
+    est = estimate(plan_input_from_job(job_, layout)).memory
     ctx = float(est.buffer_terms.get("runtime_context", 0.0))
     pred = {
         "total": est.total - ctx,
-        "flops": predicted_flops(job, world),
+        "flops": predicted_flops(job_, world),
         "state.params": est.params - est.detail.get("params.in_flight", 0.0),
         "state.grads": est.grads - est.detail.get("grads.in_flight", 0.0),
         "state.optimizer": est.optimizer,
@@ -384,13 +457,20 @@ def measure_case(case: Case, *, flops: bool = True) -> dict[str, Any]:
         "activations": meas.activations,
         "buffers": meas.buffers,
     }
+    per_node = max(1, min(world, job_.hardware_spec().gpus_per_node))
+    host_pred, host_meas = est.host / per_node, meas.detail.get("host.activations", 0.0)
     return {
-        "case": label(case),
+        "case": name or label(case),  # type: ignore[arg-type]  # (a Case without a name)
         "layout": list(case),
         "wall_s": round(wall, 2),
         "predicted": pred,
         "measured": got,
         "rel_error": compare(pred, got),
+        "host": {
+            "predicted": host_pred,
+            "measured": host_meas,
+            "rel_error": _rel(host_pred, host_meas),
+        },
         "tracker_at_peak": tracker,
         "measured_buffer_terms": dict(meas.buffer_terms),
         "predicted_buffer_terms": dict(est.buffer_terms),
@@ -517,6 +597,7 @@ def markdown(
     summary: dict[str, Any],
     baseline: dict[str, Any] | None = None,
     extra: list[dict[str, Any]] | None = None,
+    tune: list[dict[str, Any]] | None = None,
 ) -> str:
     lines = [
         "# Planner vs dry-run accuracy (memory and FLOPs)",
@@ -604,7 +685,47 @@ def markdown(
         ]
         for r in sorted(extra, key=lambda r: -abs(r["rel_error"]["total"])):
             lines.append(_row(r, {}))
+    if tune:
+        lines += _tune_lines(tune)
     return "\n".join(lines)
+
+
+def _tune_lines(tune: list[dict[str, Any]]) -> list[str]:
+    """The fine-tuning table (issue #36): LoRA, QLoRA, activation offload."""
+    n_ok = sum(1 for r in tune if within(r))
+    lines = [
+        "",
+        "## Fine-tuning levers: LoRA, QLoRA, activation offload (counted in the summary above)",
+        "",
+        "LoRA with a frozen fp32 base, QLoRA (NF4 / int8 base: `lora.base_dtype`) and "
+        "activation offload (`memory.offload`), measured on rank 0. `host`: the host bytes per "
+        "rank the planner counts for the offloaded activations against what the dry-run's "
+        f"offload hooks sent to the host. Every target met: {n_ok} of {len(tune)}.",
+        "",
+        "Modelled (`planner/memory/lora.py`, `rank_moments._zero_forward`, "
+        "`rank_terms._offloaded_host_terms`): adapters the only gradients and optimizer "
+        "states; the frozen projections in their stored bytes per value (NF4 0.516 B: QLoRA's "
+        "4-bit codes + int8 absmax per 64 + fp32 factor per 256) and gathered form; frozen "
+        "linears saving no input and frozen norms no normalized output; torchao's NF4 "
+        "dequantization temporary (20 B per value of the largest projection); under ZeRO-3 "
+        "the forward's all-gather copy-out (the root unit and its all-gather output, two "
+        "block copies), which sets the peak once no gradients exist; offloaded activations "
+        "off the device (the fused loss's input and one op's saved set brought back in "
+        "backward) and on the host, each saved view once.",
+        "",
+        "| case | meas GB | total | params | grads | optim | transient | flops | host GB "
+        "| host | dry-run s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted(tune, key=lambda r: -abs(r["rel_error"]["total"])):
+        e, h = r["rel_error"], r["host"]
+        lines.append(
+            f"| {r['case']} | {r['measured']['total'] / 1e9:.3f} | {_pct(e['total'])} "
+            f"| {_pct(e['params'])} | {_pct(e['grads'])} | {_pct(e['optimizer'])} "
+            f"| {_pct(e['transient'])} | {_pct(e['flops'])} | {h['measured'] / 1e9:.3f} "
+            f"| {_pct(h['rel_error'])} | {r['wall_s']:.1f} |"
+        )
+    return lines
 
 
 def _measure_all(cases, measure, name) -> list[dict[str, Any]]:
@@ -634,20 +755,33 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", default="planner_accuracy", help="results file stem")
     ap.add_argument("--baseline", help="a previous results JSON to show as 'before'")
     ap.add_argument("--no-extra", action="store_true", help="skip the PP/MoE layouts")
+    ap.add_argument(
+        "--finetune-only", action="store_true", help="only the fine-tuning (LoRA, offload) rows"
+    )
     args = ap.parse_args(argv)
     cases = QUICK if args.quick else CASES
     if args.limit:
         cases = cases[: args.limit]
+    if args.finetune_only:
+        cases = []
     rows = _measure_all(cases, measure_case, label)
-    extra = _measure_all(
-        [] if args.quick or args.limit or args.no_extra else EXTRA_CASES, measure_extra, label_extra
+    skip_extra = args.quick or args.limit or args.no_extra or args.finetune_only
+    extra = _measure_all([] if skip_extra else EXTRA_CASES, measure_extra, label_extra)
+    tune = _measure_all(
+        [] if args.quick or args.limit else FINETUNE_CASES, measure_tune, label_tune
     )
-    summary = summarize(rows + extra)
+    summary = summarize(rows + extra + tune)
     baseline = load_baseline(args.baseline) if args.baseline else None
-    md = markdown(rows, summary, baseline, extra)
+    md = markdown(rows, summary, baseline, extra, tune)
     write_results(
         args.name,
-        {"cases": rows, "summary": summary, "baseline": baseline, "extra_cases": extra},
+        {
+            "cases": rows,
+            "summary": summary,
+            "baseline": baseline,
+            "extra_cases": extra,
+            "finetune_cases": tune,
+        },
         md,
     )
     print(md.split("\n\n| case")[0])

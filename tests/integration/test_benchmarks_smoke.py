@@ -30,6 +30,7 @@ SCRIPTS = (
     "moe_experts",
     "cache_key",
     "calibration",
+    "finetune_memory",
 )
 
 
@@ -173,6 +174,7 @@ REQUIRED = {
     "moe_experts": ("rows", "reps", "threads", "tokens"),
     "cache_key": ("rows", "meta"),
     "calibration": ("rows", "summary", "meta", "target"),
+    "finetune_memory": ("rows", "seq_len", "batch"),
 }
 
 

@@ -60,6 +60,21 @@ def test_pipeline_and_moe_within_tolerance(case):
     assert planner_accuracy.within(r)
 
 
+@pytest.mark.parametrize("case", planner_accuracy.QUICK_FINETUNE, ids=planner_accuracy.label_tune)
+def test_finetune_levers_within_tolerance(case):
+    """LoRA (frozen base), QLoRA (NF4) and activation offload: the same targets, and the host
+    bytes of the offloaded activations within the total's 3%."""
+    r = planner_accuracy.measure_tune(case)
+    e = r["rel_error"]
+    assert abs(e["total"]) <= TOL["total"], (r["case"], e, r["predicted"], r["measured"])
+    assert planner_accuracy.within(r), (r["case"], e)
+    host = r["host"]
+    if host["measured"]:
+        assert abs(host["rel_error"]) <= TOL["total"], (r["case"], host)
+    else:
+        assert host["predicted"] == 0
+
+
 def test_quick_subset_is_broad():
     """The subset spans DDP, ZeRO-1/2/3, HSDP, TP, TP+SP, CP, AC, fp32/bf16 (>= 8 layouts),
     tied and untied embeddings, and real gpt2-124m widths."""

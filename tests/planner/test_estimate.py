@@ -218,6 +218,8 @@ def test_json_schema():
         "capacity",
         "fits",
         "rank",
+        "host",
+        "host_capacity",
     }
     assert set(j["time"]) == {"step_s", "compute_s", "comm_exposed_s", "bubble_s"}
     assert any("convention" in n for n in est.notes)

@@ -105,3 +105,16 @@ def test_activation_offload_with_checkpointing_is_refused(ac):
     with pytest.raises(ConfigError) as e:
         MemoryConfig(ac=ac, offload="activations")
     assert e.value.field == "memory.offload"
+
+
+def test_a_view_saved_twice_is_copied_once():
+    """h * h saves h twice (as self and other): one host copy serves both."""
+    offload = ActivationOffload(torch.device("cpu"), pin=False)
+    x = torch.randn(3, 3, requires_grad=True)
+    with offload():
+        h = x * 1.0
+        sq = h * h
+    assert sq.grad_fn._saved_self.data_ptr() == sq.grad_fn._saved_other.data_ptr()
+    assert sq.grad_fn._saved_self.data_ptr() != h.data_ptr()  # a copy, shared
+    sq.sum().backward()
+    torch.testing.assert_close(x.grad, 2 * x.detach(), rtol=0, atol=1e-6)

@@ -28,8 +28,11 @@ from scaletrain.config import (
     parse_overrides,
     precision_problem,
 )
+from scaletrain.config.choices import LoraBaseDtype, names
 from scaletrain.config.loading import read_hardware_file, read_toml
 from scaletrain.config.run_defaults import PRETRAIN_SEQ_LEN, run_defaults
+
+LORA_BASE_DTYPES = names(LoraBaseDtype)
 
 __all__ = [
     "FLAGS",
@@ -69,6 +72,10 @@ FLAGS: dict[str, tuple[str, str]] = {
     "grid_co2": ("hardware", "grid_kg_co2_per_kwh"),
     "host_watts": ("hardware", "host_watts_per_node"),
     "storage_gb_per_s": ("hardware", "storage_gb_per_s"),
+    "host_memory_gib": ("hardware", "host_memory_gib"),
+    "lora_rank": ("lora", "rank"),
+    "lora_targets": ("lora", "targets"),
+    "lora_base_dtype": ("lora", "base_dtype"),
 }
 """flag dest -> (section, key) of the job config it sets."""
 
@@ -140,6 +147,23 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
     )
     a("--compile", action="store_true", default=None)
     a("--offload", choices=OFFLOAD_MODES, help=f"CPU offload (default {d.memory.offload})")
+    a(
+        "--host-memory-gib",
+        type=float,
+        metavar="GiB",
+        help="host RAM per node that offload may fill (default: the preset's; 0 = unknown)",
+    )
+    a("--lora-rank", type=int, metavar="R", help="LoRA adapters of rank R (default 0: none)")
+    a(
+        "--lora-targets",
+        metavar="LIST",
+        help=f"projections with adapters (default {d.lora.targets})",
+    )
+    a(
+        "--lora-base-dtype",
+        choices=LORA_BASE_DTYPES,
+        help="how the frozen projections are stored: auto (fp32), bf16, int8, nf4 (QLoRA)",
+    )
 
 
 def flag_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:

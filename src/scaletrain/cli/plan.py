@@ -10,7 +10,7 @@ from scaletrain.cli import _plan_output as _output
 from scaletrain.cli._job import ResolvedJob, add_job_flags, resolve_from_flags
 from scaletrain.cli._types import check_finite_output, finite_float, finite_json
 from scaletrain.cli._verdict import verdict_line
-from scaletrain.config import ConfigError, Layout, check_layout
+from scaletrain.config import ConfigError, Layout, check_layout, fmt_bytes
 from scaletrain.config.choices import PPSchedule, ZeroStage
 
 __all__ = ["add_arguments", "run", "DEGREE_FLAGS"]
@@ -201,6 +201,7 @@ def _inputs(args: argparse.Namespace) -> dict[str, Any]:
         "ac_given": res.is_given("memory", "ac"),
         "offload": chosen("memory", "offload", job.memory.offload),
         "compile": job.train.compile,
+        "lora": job.lora,
         "derived": res.notes(),
         "recipe": args.recipe,
         "efficiency": job.hardware.efficiency,
@@ -333,8 +334,20 @@ def _evaluate(inp: dict[str, Any]) -> Any:
         optimizer=inp["optimizer"],
         assumed=filled.lines,
         calibration=inp["calibration"],
+        **_lora_fields(inp["lora"]),
     )
     return estimate(plan)
+
+
+def _lora_fields(lora: Any) -> dict[str, Any]:
+    """The PlanInput fields of a `[lora]` section (none without adapters)."""
+    if not lora.enabled:
+        return {}
+    return {
+        "lora_rank": lora.rank,
+        "lora_targets": lora.target_names,
+        "lora_base": lora.base_dtype,
+    }
 
 
 def _one_layout(
@@ -388,6 +401,7 @@ def _search(inp: dict[str, Any], top_k: int) -> Any:
         compile=inp["compile"],
         efficiency=inp["calibration"] or inp["efficiency"],
         recipe=inp["recipe"],
+        **_lora_fields(inp["lora"]),
         **pins,
     )
 
@@ -396,6 +410,8 @@ def _searched(args: argparse.Namespace, inp: dict[str, Any], lines: list[str]) -
     """The search's best layouts: printed as JSON, or its table appended to `lines`."""
     res = _search(inp, args.top)
     estimates = res.top
+    if not res.top:
+        _nothing_fits(res)
     if not res.top and not res.legal:
         _why_no_recipe_layout(inp)
         raise ConfigError(
@@ -442,6 +458,35 @@ def _swept(args: argparse.Namespace, inp: dict[str, Any]) -> list[str]:
         return []
     what = "layout" if inp["exact"] else "best layout"
     return [render_sweep(sweep.field, sweep.unit, sweep.base, base_best, rows, what=what)]
+
+
+def _nothing_fits(res: Any) -> None:
+    """A search whose layouts all missed a memory budget: name the budget of the closest miss,
+    the GPU's or the host's RAM per node (`hardware.host_memory_gib`, what offload fills)."""
+    from scaletrain.planner.types import layout_label
+
+    misses = [f.closest_miss for f in res.families.values() if f.closest_miss is not None]
+    if not misses:
+        return
+    host = [e for e in misses if e.memory.reserved <= e.memory.capacity]
+    if host:  # fits the GPU, not the host
+        best = min(host, key=lambda e: e.memory.host)
+        m = best.memory
+        raise ConfigError(
+            "--host-memory-gib",
+            fmt_bytes(m.host_capacity),
+            f"no layout fits the host's RAM: the least needs {fmt_bytes(m.host)} per node "
+            f"for what it offloads ({layout_label(best)}); give the node's real RAM, more "
+            "GPUs, or offload less",
+        )
+    best = min(misses, key=lambda e: e.memory.reserved)
+    raise ConfigError(
+        "--gpus",
+        best.plan.num_gpus,
+        f"no layout fits: the least needs {fmt_bytes(best.memory.reserved)} > "
+        f"{best.plan.hardware.capacity_text()} per GPU ({layout_label(best)}); use more or "
+        "larger GPUs, or a shorter --seq-len",
+    )
 
 
 def run(args: argparse.Namespace, extra: list[str]) -> int:

@@ -58,9 +58,6 @@ class HardwareSpec:
     in the storage guidance of NVIDIA's DGX SuperPOD reference architecture (Storage
     Architecture: single-node read 4 / 8 / 40 GB/s for good / better / best), a typical shared
     parallel file system; set yours in `[hardware] storage_gb_per_s`."""
-    host_memory_bytes: float = 0.0
-    """Host RAM per node, bytes (what CPU offload fills); 0 = not stated (no preset states it:
-    servers of one GPU differ)."""
     notes: str = field(default="", compare=False)
     arch: GpuArch = CPU_ARCH
     """The generation, for the precision rules of `config.hardware_rules` (compute capability
@@ -68,6 +65,10 @@ class HardwareSpec:
     tf32: bool = True
     """Whether the run lets fp32 matmuls use TF32 tensor cores (`precision.tf32`, applied by
     `JobConfig.hardware_spec`); only counts where the arch has them."""
+    host_memory_bytes: float = 0.0
+    """Host RAM per node, bytes (what `memory.offload` fills: `hardware.host_memory_gib`
+    overrides it); 0 = unknown (the planner shows the host term but cannot check it). Set
+    where a reference system publishes it, cited per preset."""
 
     @property
     def is_cpu(self) -> bool:
@@ -186,6 +187,10 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         usd_per_hour=2.5,
         host_to_device_bw=64 * GB,
         arch=nvidia_arch((9, 0)),
+        # host: 2 TB per 8-GPU node, MLCommons inference v3.1 system description of Dell's
+        # XE9680 8 x H100 SXM 80GB ("host_memory_capacity": "2 TB"), github.com/mlcommons/
+        # inference_results_v3.1 closed/Dell/systems/XE9680_H100_SXM_80GBx8_TRT.json
+        host_memory_bytes=2048 * GiB,
     ),
     # Meta's Grand Teton H100 (torchtitan benchmarks/llama3_h100_202412_torchtitan.md, Hardware):
     # SXM H100 with 96GB HBM2e at 2.4 TB/s, run at its default 500 W limit, NVLink within the
@@ -259,6 +264,10 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         usd_per_hour=3.5,
         host_to_device_bw=64 * GB,
         arch=nvidia_arch((9, 0)),
+        # host: 2 TB (32 x 64 GB DIMMs) per 8-GPU node, MLCommons inference v4.1 system
+        # description of NVIDIA's H200-SXM-141GBx8 (DGX H200), github.com/mlcommons/
+        # inference_results_v4.1 closed/NVIDIA/systems/H200-SXM-141GBx8_TRT_MaxQ.json
+        host_memory_bytes=2048 * GiB,
     ),
     # NVIDIA HGX B200 datasheet (per GPU, dense): 2.25 PF bf16/fp16, 4.5 PF fp8, 1.1 PF tf32,
     # 75 TF fp32; 180GB HBM3e 7.7 TB/s; NVLink5 1.8 TB/s total (900 per direction); 1000 W.

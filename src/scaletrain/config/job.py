@@ -243,7 +243,7 @@ class MemoryConfig:
     sharded parameters, gradients and optimizer states); 'activations' (what autograd saves
     for backward goes to host memory, pinned on CUDA, and comes back in backward); or
     'optimizer+activations' / 'params+activations'. The planner counts the host memory each
-    uses per node against `hardware.host_memory_gb`."""
+    uses per node against `hardware.host_memory_gib`."""
     loss_chunk_tokens: int = 0
     """Tokens per chunk of the fused head + cross-entropy (`models.loss`): the (tokens x
     vocab) logits exist one chunk at a time, forward and backward. 0 (default) = auto: one

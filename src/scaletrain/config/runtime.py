@@ -201,7 +201,9 @@ class HardwareConfig:
     """Host link per direction (CPU offload traffic), GB/s; 0 = the preset's (a described
     device: 25)."""
     host_memory_gib: float = 0.0
-    """Host RAM per node, GiB (what CPU offload fills); 0 = not stated."""
+    """Host RAM per node, GiB: what CPU offload (`memory.offload`) may fill; the planner
+    refuses layouts whose offloaded bytes per node exceed it. 0 = the preset's (2 TiB for the
+    8-GPU H100 / H200 nodes; unknown, so unchecked, for the others)."""
     power_w: float = 0.0
     """Board power (TDP) of one accelerator, watts; 0 = the preset's."""
     arch: str = ""

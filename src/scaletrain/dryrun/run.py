@@ -79,7 +79,13 @@ from scaletrain.trainer.step import StepHooks, apply_update, train_step
 
 from .flops import flop_counter
 from .timeline import Timeline
-from .torch_compat import ActionSchedule, gradless_module_hooks, pp_actions, pp_io_dtype
+from .torch_compat import (
+    ActionSchedule,
+    frozen_aware_mem_tracker,
+    gradless_module_hooks,
+    pp_actions,
+    pp_io_dtype,
+)
 
 __all__ = ["dryrun", "DRYRUN_MICROBATCHES", "HOST_DEVICE"]
 
@@ -254,7 +260,6 @@ def _schedule_cls(
 
 def _tracker(run: Run) -> Any:
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-    from torch.distributed._tools.mem_tracker import MemTracker
 
     if run.dims.zero >= 2 and run.dims.fsdp_enabled:
         # FSDPMemTracker takes one FSDP root; with several stages its walk over `modules()`
@@ -263,7 +268,7 @@ def _tracker(run: Run) -> Any:
         fsdp_tracker = FSDPMemTracker(roots[0], run.optimizer)
         fsdp_tracker._root_mod = run.model  # type: ignore[assignment]  # any module tree walks
         return fsdp_tracker
-    tracker = MemTracker()
+    tracker = frozen_aware_mem_tracker()  # MemTracker, frozen parameters (LoRA) allowed
     # ZeroRedundancyOptimizer keeps its states in the local optimizer `.optim`
     inner = getattr(run.optimizer, "optim", None)
     extra = [inner] if isinstance(inner, torch.optim.Optimizer) else []

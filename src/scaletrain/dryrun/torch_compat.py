@@ -26,7 +26,13 @@ import torch
 
 from scaletrain.config import JobConfig
 
-__all__ = ["ActionSchedule", "gradless_module_hooks", "pp_actions", "pp_io_dtype"]
+__all__ = [
+    "ActionSchedule",
+    "frozen_aware_mem_tracker",
+    "gradless_module_hooks",
+    "pp_actions",
+    "pp_io_dtype",
+]
 
 
 def pp_actions(schedule: str, p: int, m: int, v: int, pp_rank: int) -> list[Any]:
@@ -375,3 +381,32 @@ def gradless_module_hooks() -> Iterator[None]:
 
     with mock.patch.object(mod_tracker, "register_multi_grad_hook", register):
         yield
+
+
+class _NoHandle:
+    """A hook handle for a hook that was never registered."""
+
+    def remove(self) -> None:
+        return None
+
+
+def frozen_aware_mem_tracker() -> Any:
+    """torch's `MemTracker` for models with frozen parameters (LoRA's base).
+
+    MemTracker registers a gradient hook on every parameter of a module it enters, and
+    `register_hook` refuses a tensor that does not require a gradient. A frozen parameter never
+    has a gradient to attribute, so it is entered in the tracker's own table of hooked
+    parameters with handles that were never registered, and MemTracker skips it (it hooks a
+    parameter only when that table has no entry); everything else it does is unchanged."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    class _Tracker(MemTracker):
+        def _track_module_params_and_buffers(  # type: ignore[override]  # same signature
+            self, module: torch.nn.Module, install_grad_hooks: bool = True
+        ) -> tuple[int, int]:
+            for p in module.parameters():
+                if not p.requires_grad and p not in self._param_to_grad_hook_handles:
+                    self._param_to_grad_hook_handles[p] = (_NoHandle(), _NoHandle())
+            return super()._track_module_params_and_buffers(module, install_grad_hooks)
+
+    return _Tracker()

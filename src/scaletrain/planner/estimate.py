@@ -5,7 +5,7 @@ Pure arithmetic (no torch): the search calls it tens of thousands of times per s
 
 from __future__ import annotations
 
-from .memory.rank import breakdown, worst_rank
+from .memory.rank import breakdown, host_fits, worst_rank
 from .memory.rank_terms import ModelTerms, model_terms
 from .recipes.memory import recipe_worst_rank
 from .recipes.registry import recipe_named
@@ -64,6 +64,8 @@ def reserved_and_step(
     else:
         nums, max_params = worst_rank(plan, convention=convention, modern=modern, terms=terms)
         reserved = nums.reserved
+        if not host_fits(plan, nums.host):  # the offloaded bytes exceed the node's RAM
+            return reserved, float("inf")
     if reserved > plan.hardware.memory_bytes:
         return reserved, float("inf")
     if memory_only:
@@ -117,7 +119,7 @@ def estimate(
         recipe=recipe,
     )
     step_s = st.step_s
-    model_fpt = model_flops(terms, plan.seq_len, causal, plan.ac).model
+    model_fpt = model_flops(terms, plan.seq_len, causal, plan.ac, plan.lora).model
     comm_s = {k: v[1] for k, v in st.comm.items()}
     m = max(1, plan.grad_accum)
     tokens_step = float(m * plan.micro_batch * L.dp * plan.seq_len)

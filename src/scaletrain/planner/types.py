@@ -75,6 +75,13 @@ class PlanInput:
     calibration: Calibration | None = None
     """Efficiency constants a run on this device measured (`time.calibration`; `plan
     --calibration`); None: the defaults."""
+    lora_rank: int = 0
+    """`lora.rank`: 0 = no LoRA (every parameter trains)."""
+    lora_targets: tuple[str, ...] = ()
+    """`lora.targets`: the projections with adapters."""
+    lora_base: str = "auto"
+    """`lora.base_dtype`: how the frozen projections are stored ('auto', 'bf16', 'int8',
+    'nf4'; `memory.lora`)."""
 
     # Derived once per plan (the search reads them for every rank and moment); cached_property
     # stores in the instance dict, outside the frozen fields, equality and hash.
@@ -88,6 +95,11 @@ class PlanInput:
         """Bytes per activation element of `precision` (the precision table's fact,
         `config.compute_bytes`)."""
         return compute_bytes(self.precision)
+
+    @property
+    def lora(self) -> tuple[int, tuple[str, ...], str] | None:
+        """(rank, targets, base dtype) with LoRA, else None (a cache key)."""
+        return (self.lora_rank, self.lora_targets, self.lora_base) if self.lora_rank else None
 
 
 @dataclass
@@ -114,6 +126,15 @@ class MemoryBreakdown:
     moment: str = ""
     """The moment that set the peak (e.g. 'loss backward on the last stage'); empty when the
     memory model names none (framework recipes)."""
+    host: float = 0.0
+    """Host memory per node, bytes: what every rank of a node offloads (optimizer states,
+    parameters, activations; `memory.offload`) at its peak."""
+    host_capacity: float = 0.0
+    """Host RAM per node (`hardware.host_memory_gib`); 0 = unknown, not checked."""
+
+    @property
+    def host_fits(self) -> bool:
+        return self.host_capacity <= 0 or self.host <= self.host_capacity
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -127,6 +148,8 @@ class MemoryBreakdown:
             "capacity": int(self.capacity),
             "fits": bool(self.fits),
             "rank": int(self.rank),
+            "host": int(self.host),
+            "host_capacity": int(self.host_capacity),
         }
 
 
@@ -187,6 +210,11 @@ class Estimate:
                 "ac": p.ac,
                 "offload": p.offload,
                 **({"recipe": p.recipe} if p.recipe != "scaletrain" else {}),
+                **(
+                    {"lora": {"rank": p.lora_rank, "base_dtype": p.lora_base}}
+                    if p.lora_rank
+                    else {}
+                ),
             },
             "memory": self.memory.to_json(),
             "time": self.time.to_json(),
@@ -217,6 +245,9 @@ def plan_input_from_job(
         efficiency=job.hardware.efficiency,
         fp8_all_gather=(job.precision.dtype == "fp8" and job.precision.fp8_all_gather),
         loss_chunk_tokens=job.memory.loss_chunk_tokens,
+        lora_rank=job.lora.rank,
+        lora_targets=job.lora.target_names if job.lora.enabled else (),
+        lora_base=job.lora.base_dtype if job.lora.enabled else "auto",
     )
 
 
@@ -229,4 +260,6 @@ def layout_label(e: Estimate) -> str:
         parts.append(f"ac={p.ac}")
     if p.offload != "none":
         parts.append(f"offload={p.offload}")
+    if p.lora_rank:
+        parts.append(f"lora r{p.lora_rank}" + (f" {p.lora_base}" if p.lora_base != "auto" else ""))
     return " ".join(parts)

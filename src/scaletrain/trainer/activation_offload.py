@@ -17,6 +17,13 @@ backward op runs. Two differences from `save_on_cpu`, the reasons this is writte
   device memory and measured as host bytes (on a CPU device `save_on_cpu` is a no-op, and a
   dry-run on fake CPU tensors would see nothing move).
 
+A tensor saved by several ops is copied once per forward: an RMSNorm's fp32 input (two of
+its ops), the normed input q, k and v each save as their own 2-D view, the attention output
+SDPA and the output projection both save. The hooks remember each copy by the view it is
+(storage, offset, shape, strides, dtype) while that storage is alive and unmodified (its
+version counter, which views share): the host holds each saved view once (on llama2-7b
+widths, 0.83 -> 0.70 GB per micro-batch-block in the dry-run).
+
 On a CPU run the host is the device: the pack hook still copies each saved tensor (the device
 one is freed as on a GPU, so memory is unchanged) and the unpack returns the copy: the same code
 path runs and moves nothing (`save_on_cpu` would return the tensor itself there), so CPU tests
@@ -28,10 +35,12 @@ kernels on the device; a side stream with events (torchtune's) would.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
 
 __all__ = ["ActivationOffload", "NO_OFFLOAD", "build_activation_offload"]
 
@@ -43,18 +52,32 @@ class ActivationOffload:
     def __init__(self, host: torch.device, *, pin: bool) -> None:
         self.host = host
         self.pin = pin
+        self._copies: dict[tuple, tuple[StorageWeakRef, int, Any]] = {}
 
-    def __call__(self) -> contextlib.AbstractContextManager:
-        return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+    @contextlib.contextmanager
+    def __call__(self) -> Iterator[None]:
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+                yield
+        finally:
+            self._copies.clear()  # the graph holds the copies it needs
 
     def _pack(self, t: torch.Tensor) -> Any:
         if isinstance(t, nn.Parameter) or isinstance(t._base, nn.Parameter):
             return t  # a weight (or a view of one), not an activation
+        storage = t.untyped_storage()
+        ref = StorageWeakRef(storage)  # (its cdata: the storage itself, fake or real)
+        key = (ref.cdata, t.storage_offset(), t.shape, t.stride(), t.dtype, t.device)
+        seen = self._copies.get(key)
+        if seen is not None and not seen[0].expired() and seen[1] == t._version:
+            return seen[2]  # this forward already copied this very view, unmodified
         packed = torch.empty(
             t.size(), dtype=t.dtype, layout=t.layout, device=self.host, pin_memory=self.pin
         )
         packed.copy_(t, non_blocking=self.pin)
-        return (t.device, packed)
+        out = (t.device, packed)
+        self._copies[key] = (ref, t._version, out)
+        return out
 
     def _unpack(self, packed: Any) -> torch.Tensor:
         if isinstance(packed, torch.Tensor):
@@ -67,8 +90,9 @@ class _NoOffload(ActivationOffload):
     def __init__(self) -> None:
         super().__init__(torch.device("cpu"), pin=False)
 
-    def __call__(self) -> contextlib.AbstractContextManager:
-        return contextlib.nullcontext()
+    @contextlib.contextmanager
+    def __call__(self) -> Iterator[None]:
+        yield
 
 
 NO_OFFLOAD: ActivationOffload = _NoOffload()

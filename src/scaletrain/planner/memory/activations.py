@@ -19,6 +19,7 @@ __all__ = [
     "selective_recompute_bytes",
     "naive_backward_net_bytes",
     "mlp_backward_work_bytes",
+    "attention_saved_bytes",
     "rope_table_bytes",
 ]
 
@@ -131,7 +132,7 @@ def layer_activation_bytes(
     if model.is_mla:
         attn = _mla_bytes(model, seq_len, micro_batch, tp, cp, e)
     else:
-        attn = _attention_bytes(model, seq_len, micro_batch, tp, cp, e, fp8, naive_probs_only)
+        attn = attention_saved_bytes(model, seq_len, micro_batch, tp, cp, e, fp8, naive_probs_only)
     mlp = _mlp_part(
         model, tok=tok, tp=tp, ep=ep, e=e, fp8=fp8, compile=compile, residual_fp32=residual_fp32
     )
@@ -275,7 +276,7 @@ def _norm_count(model: ModelConfig) -> int:
     return 4 if model.post_norms else 2
 
 
-def _attention_bytes(
+def attention_saved_bytes(
     model: ModelConfig,
     seq_len: int,
     micro_batch: int,

@@ -39,6 +39,8 @@ def buffer_terms(
     device: str = "gpu",
     reduce_bytes: int = 4,
     bucket_params: float = 0.0,
+    unit_gather_bytes: float | None = None,
+    unit_grad_params: float | None = None,
 ) -> dict[str, float]:
     """Named transient buffers on one rank (bytes) of `plan` (its layout, model dims and
     precision). tokens = s_l * b of one micro-batch (s_l = seq_len / cp); h = model.dim,
@@ -66,6 +68,9 @@ def buffer_terms(
       largest operand quantized, 4 x s*b*max(h, f)/t (dry-run, gpt-mini dp2 fp8 z0 / z3: the
       planner's total is 3% / 8% under without it; tiny-llama z3 3% under).
     runtime_context: RUNTIME_CONTEXT_BYTES on a GPU, 0 on 'cpu'.
+    unit_gather_bytes / unit_grad_params (LoRA, `lora.LoraStage`): the unit's bytes as
+      gathered and its parameters with gradients, when they are not unit_params x e and
+      unit_params (a frozen base gathers in its stored form and has no gradient).
     Ignores: NCCL's internal channel buffers beyond the context term, cuDNN workspaces.
     """
     L, model, precision = plan.layout, plan.model, plan.precision
@@ -75,8 +80,10 @@ def buffer_terms(
     out: dict[str, float] = {}
     if L.dp > 1 or zero_shards > 1:
         if L.zero >= 2:
-            out["fsdp_reduce_scatter"] = reduce_bytes * unit_params * (1 + 1 / max(1, zero_shards))
-            out["fsdp_all_gather"] = e * unit_params / max(1, zero_shards)
+            grads = unit_params if unit_grad_params is None else unit_grad_params
+            gather = e * unit_params if unit_gather_bytes is None else unit_gather_bytes
+            out["fsdp_reduce_scatter"] = reduce_bytes * grads * (1 + 1 / max(1, zero_shards))
+            out["fsdp_all_gather"] = gather / max(1, zero_shards)
         elif ddp_reducer(L):
             out["ddp_buckets"] = reduce_bytes * bucket_params if bucket_params else 2 * 25 * 2**20
     if L.tp > 1 and L.sp:

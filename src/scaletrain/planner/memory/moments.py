@@ -17,6 +17,7 @@ __all__ = [
     "ZeroBlockBackward",
     "ZeroStageBackward",
     "ZeroEndOfBackward",
+    "ZeroForward",
     "LossBackward",
     "EmbeddingBackward",
     "Moment",
@@ -157,6 +158,22 @@ class ZeroEndOfBackward:
 
 
 @dataclass(kw_only=True, slots=True)
+class ZeroForward:
+    """A block's unshard in forward under ZeRO-3 (`rank_moments._zero_forward`)."""
+
+    name: ClassVar[str] = "a block's forward under ZeRO-3 (all-gather copy-out or compute)"
+    states: float
+    buffers: float
+    root_unit: float
+    unit_copies: float
+    acts_and_grads: float
+
+    @property
+    def total(self) -> float:
+        return self.states + self.buffers + self.root_unit + self.unit_copies + self.acts_and_grads
+
+
+@dataclass(kw_only=True, slots=True)
 class LossBackward:
     """The last stage's loss backward (see `_loss_moment`)."""
 
@@ -215,6 +232,7 @@ Moment = (
     | ZeroBlockBackward
     | ZeroStageBackward
     | ZeroEndOfBackward
+    | ZeroForward
     | LossBackward
     | EmbeddingBackward
 )
@@ -242,3 +260,7 @@ class RankMemory:
     in_flight: float
     moment: str
     """The name of the moment that set the peak."""
+    host: float = 0.0
+    """Host bytes this rank fills at its peak (`rank._host_bytes`)."""
+    host_terms: tuple[tuple[str, float], ...] = ()
+    """Those bytes by what they hold (optimizer states, parameters, activations)."""

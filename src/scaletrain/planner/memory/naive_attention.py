@@ -17,7 +17,7 @@ def naive_saved_bytes(
     """The S x S tensors one block's naive attention core (models/attention.py
     `NaiveAttentionCore.forward`) keeps for backward, on one rank; P = a*s_l*s*b/t scores.
 
-    Op by op: `qg @ k^T` saves its inputs (q, K: counted in `_attention_bytes`); the scalar
+    Op by op: `qg @ k^T` saves its inputs (q, K: counted in `attention_saved_bytes`); the scalar
     scale, `.float()` and `.to(q.dtype)` save nothing; `masked_fill(~mask, -inf)` saves the
     boolean mask, repeated over the a/g query heads of a KV group, (a/g)*s_l*s bytes (no
     batch dimension: broadcast over b and the g groups); softmax (fp32) saves its fp32 output,

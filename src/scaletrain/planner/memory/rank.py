@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from scaletrain.config import offload_states
+from scaletrain.config import offload_states, offloads_activations
 
 from ..time.pipeline import inflight_per_rank, last_stage_rank
 from ..types import MemoryBreakdown, PlanInput
@@ -36,6 +36,7 @@ from .rank_moments import (
 from .rank_terms import (
     ActivationTerms,
     ModelTerms,
+    RankStates,
     activation_terms,
     model_terms,
     rank_buffers,
@@ -44,6 +45,8 @@ from .rank_terms import (
 from .states import dense_layers_on_rank, stage_layer_counts
 
 __all__ = [
+    "host_fits",
+    "host_per_node",
     "estimate_memory",
     "pipeline_rank_memory",
     "worst_rank",
@@ -59,7 +62,7 @@ def _late_grads(plan: PlanInput, terms: ModelTerms, st: dict[str, float], count:
     holds from the loss backward on.
     """
     L = plan.layout
-    if L.zero >= 2 or not count:
+    if L.zero >= 2 or not count or plan.lora_rank:  # (LoRA: a frozen embedding)
         return 0.0
     pc = terms.counts
     tied = plan.model.tie_embeddings and L.pp == 1
@@ -127,7 +130,7 @@ def _rank_memory(
     # fsdp: the FSDP collectives' buffers; quant: fp8's quantization temporary, which exists
     # only inside a converted linear's forward/backward: not during the optimizer step, nor
     # the (16-bit) head's loss backward
-    rb = rank_buffers(plan, terms, zs, unit, device, count)
+    rb = rank_buffers(plan, terms, zs, unit, device, rs.trainable, rs.backward)
     bufs, buffers, ctx = rb.terms, rb.total, rb.runtime_context
     fsdp, quant = rb.fsdp, rb.fp8_quantize
     moments: tuple = ()
@@ -168,14 +171,17 @@ def _rank_memory(
         loss_terms = loss.loss_temp + loss.head_grad
         bufs = dict(bufs, loss_backward_temp=loss.loss_temp, head_grad=loss.head_grad)
         cands.append(loss)
-    if rank == 0 and layers and states_offload == "none":
+    if rank == 0 and layers and states_offload == "none" and not plan.lora_rank:
         emb_tmp = rs.backward.embedding_temp
         cands.append(embedding_moment(view))
         bufs = dict(bufs, embedding_backward_temp=emb_tmp)
     peak = max(cands, key=moment_total)
     total = peak.total
     reserved = total + FRAGMENTATION * (total - ctx)
+    host_terms = _host_bytes(plan, rs, acts_terms, layers=layers, in_flight=in_flight, last=last)
     return RankMemory(
+        host=sum(v for _, v in host_terms),
+        host_terms=host_terms,
         reserved=reserved,
         total=total,
         states=st,
@@ -189,6 +195,50 @@ def _rank_memory(
         in_flight=in_flight,
         moment=peak.name,
     )
+
+
+def host_per_node(plan: PlanInput, host_rank: float) -> float:
+    """Host bytes per node: the worst rank's times the ranks a node holds, min(GPUs, GPUs per
+    node). An upper bound where ranks differ (pipeline stages, the first and last)."""
+    return host_rank * max(1, min(plan.num_gpus, plan.hardware.gpus_per_node))
+
+
+def host_fits(plan: PlanInput, host_rank: float) -> bool:
+    """Whether the host memory per node fits `hardware.host_memory_bytes` (unknown: yes)."""
+    cap = plan.hardware.host_memory_bytes
+    return cap <= 0 or host_per_node(plan, host_rank) <= cap
+
+
+def _host_bytes(
+    plan: PlanInput,
+    rs: RankStates,
+    acts: ActivationTerms,
+    *,
+    layers: int,
+    in_flight: float,
+    last: bool,
+) -> tuple[tuple[str, float], ...]:
+    """What one rank puts in host memory at its peak, by kind (`memory.offload`):
+    - 'optimizer' (trainer.optim.CPUOffloadAdamW, ZeRO-Offload's split): the fp32 moments, and
+      during its step the host copies of every parameter and gradient it updates (4 + 4 B);
+    - 'params' (FSDP2's CPUOffloadPolicy): the sharded parameters, gradients and optimizer
+      states (`states.model_state_bytes`'s 'offloaded');
+    - '+activations' (trainer.activation_offload): every saved tensor of the micro-batches in
+      flight (the blocks', the head's, and under autocast the weight casts the matmuls save).
+    Ignores: the pinned caching host allocator's rounding of each block up to a power of two
+    (up to 2x per tensor on CUDA), the processes' own host memory (CUDA context, libraries,
+    data loader), the page cache."""
+    out: list[tuple[str, float]] = []
+    states = offload_states(plan.offload)
+    offloaded = rs.states["offloaded"]
+    if states == "optimizer":
+        out += [("optimizer states", offloaded), ("optimizer step copies", 8.0 * rs.sharded)]
+    elif states == "params":
+        out.append(("parameters, gradients, optimizer states", offloaded))
+    if offloads_activations(plan.offload):
+        saved = in_flight * (layers * acts.host_per_layer + rs.host_casts)
+        out.append(("activations", saved + (acts.host_head if last else 0.0)))
+    return tuple(out)
 
 
 def worst_rank(
@@ -230,7 +280,10 @@ def breakdown(plan: PlanInput, nums: RankMemory) -> MemoryBreakdown:
     """The public MemoryBreakdown of a `RankMemory`."""
     L, st = plan.layout, nums.states
     cap = plan.hardware.memory_bytes
+    host, host_cap = host_per_node(plan, nums.host), plan.hardware.host_memory_bytes
     return MemoryBreakdown(
+        host=host,
+        host_capacity=host_cap,
         params=st["params"],
         grads=st["grads"],
         optimizer=st["optimizer"],
@@ -239,7 +292,7 @@ def breakdown(plan: PlanInput, nums: RankMemory) -> MemoryBreakdown:
         total=nums.total,
         reserved=nums.reserved,
         capacity=cap,
-        fits=nums.reserved <= cap,
+        fits=nums.reserved <= cap and (host_cap <= 0 or host <= host_cap),
         rank=nums.rank * L.tp * L.cp * L.dp,
         buffer_terms=dict(nums.buffer_terms),
         detail={
@@ -252,6 +305,7 @@ def breakdown(plan: PlanInput, nums: RankMemory) -> MemoryBreakdown:
             "allocator_reserve": nums.reserved - nums.total,
             "params.count": nums.params,
             "pipeline_rank": nums.rank,
+            **{f"host.{k}": v for k, v in nums.host_terms},
         },
         moment=nums.moment,
     )

@@ -24,6 +24,7 @@ from .moments import (
     Moment,
     ZeroBlockBackward,
     ZeroEndOfBackward,
+    ZeroForward,
     ZeroStageBackward,
 )
 
@@ -175,8 +176,9 @@ def stored_activations(
             if lay > most:
                 most = lay
         return acts + extra, most * per_layer, fwdbwd + extra
-    acts = in_flight * layers * per_layer + extra + (head_acts if view.last else 0.0)
-    block_stored = in_flight * layers * per_layer
+    first = in_flight * acts_terms.first_block_less if view.rank == 0 and layers else 0.0
+    acts = in_flight * layers * per_layer - first + extra + (head_acts if view.last else 0.0)
+    block_stored = in_flight * layers * per_layer - first
     if m > 1:
         return acts, block_stored, acts + grads
     # one micro-batch, no pipeline: the backward trades activations for grads; at the last
@@ -215,17 +217,19 @@ def zero_moments(view: RankView, block_stored: float) -> list[Moment]:
     per_layer, recompute = acts_terms.per_layer, acts_terms.recompute
     held_logits = acts_terms.held_logits
     root_live, head_held = bwd_terms.root_unit, bwd_terms.head_grad_held
-    blk = bwd_terms.block_params
+    # one block's unit as gathered (wc x its parameters, or under LoRA its frozen base in
+    # its gathered form) and its parameters with gradients (all, or its adapters)
+    gathered, trained = bwd_terms.unit_gathered, bwd_terms.unit_grads
     wc = plan.compute_bytes
     rest = fixed - (st["params.in_flight"] if L.zero >= 3 else 0.0)
     grads_rest = st["grads"] - st["grads.in_flight"]
     more = 1.0 if layers > 1 else 0.0  # a next block to prefetch / a previous RS input
     if L.zero >= 3:
-        compute = wc * blk * (1 + more) + wc * blk + 4.0 * blk * more
-        reduce = wc * blk * more + wc * blk + 4.0 * blk
+        compute = gathered * (1 + more) + wc * trained + 4.0 * trained * more
+        reduce = gathered * more + wc * trained + 4.0 * trained
     else:
         root_live = 0.0  # counted in `fixed` with every other gathered unit
-        compute, reduce = wc * blk + 4.0 * blk * more, wc * blk + 4.0 * blk
+        compute, reduce = wc * trained + 4.0 * trained * more, wc * trained + 4.0 * trained
     held = held_logits if view.last else 0.0
     accumulated = grads_rest if (m > 1 or L.pp > 1) else 0.0
     if m > 1 or L.pp > 1:
@@ -279,7 +283,66 @@ def zero_moments(view: RankView, block_stored: float) -> list[Moment]:
             )
         )
     out.append(_end_of_backward(view, rest=rest, grads_rest=grads_rest, held=held))
+    if L.zero >= 3 and L.pp == 1 and layers:
+        out.append(_zero_forward(view, rest=rest, accumulated=accumulated, gathered=gathered))
     return out
+
+
+def _zero_forward(
+    view: RankView, *, rest: float, accumulated: float, gathered: float
+) -> ZeroForward:
+    """A block's unshard in forward (ZeRO-3, pp = 1): FSDP2 copies the block's all-gather
+    output into its unsharded parameters while the previous all-gather's output is still
+    held (it is freed once this copy-out is done), and the root unit stays unsharded from its
+    forward on. At the first block the previous output is the root's, at a later block the
+    previous block's; the earlier blocks' activations are stored by then, and the gradients
+    of earlier micro-batches (m > 1) exist. gathered: one block's unit as gathered. Source:
+    the dry-run of llama2-7b-L1 dp8 z3 with LoRA (no gradients, so the backward moments no
+    longer dominate): 2.093 GB = sharded states 0.233 + the root unsharded and its all-gather
+    output 2 x 0.524 + the block's output and unsharded copy 2 x 0.405 (measured 2.103; the
+    timeline's marks before and after the unshard, 1.286 and 1.578 GB, bracket it).
+    Or, later, a block's compute: its unsharded copy and its all-gather output (held until
+    the next copy-out), the next block's output in flight, the stored activations (this
+    block's counted whole) and the temporary alive inside a linear (fp8's quantization, a
+    quantized LoRA base's dequantization: dry-run, llama2-7b-L1 dp8 z3 QLoRA nf4, 1.869 GB =
+    states 0.145 + root 0.524 + 2 x 0.104 + w1's dequantization 0.902 + activations; -5.2%
+    with only the copy-out).
+    Ignores: a block's other transient activations (its matmul outputs before they are
+    saved), below the linears' temporaries."""
+    plan, layers = view.plan, view.layers
+    root = view.rank_states.backward.root_unit
+    per_layer = view.acts.per_layer
+    # buffers but FSDP's (the backward's reduce-scatter; the all-gather's input shard is
+    # freed once gathered) and the temporaries alive inside a linear
+    buffers = view.buffers - view.fsdp - view.fp8_quantize
+    more = 1.0 if layers > 1 else 0.0
+    first = 2.0 * root + 2.0 * gathered
+    later = root + 3.0 * gathered if layers > 1 else 0.0
+    stored = (layers - 1) * per_layer * (1.0 if plan.layout.pp == 1 else 0.0)
+    compute = root + (2.0 + more) * gathered + layers * per_layer + view.fp8_quantize
+    if compute > max(first, later + stored):
+        return ZeroForward(
+            states=rest,
+            buffers=buffers + view.fp8_quantize,
+            root_unit=root,
+            unit_copies=(2.0 + more) * gathered,
+            acts_and_grads=layers * per_layer + accumulated,
+        )
+    if later + stored > first:
+        return ZeroForward(
+            states=rest,
+            buffers=buffers,
+            root_unit=root,
+            unit_copies=3.0 * gathered,
+            acts_and_grads=stored + accumulated,
+        )
+    return ZeroForward(
+        states=rest,
+        buffers=buffers,
+        root_unit=2.0 * root,
+        unit_copies=2.0 * gathered,
+        acts_and_grads=accumulated,
+    )
 
 
 def _early_block_backward(
@@ -320,7 +383,7 @@ def _early_block_backward(
     recompute's: +3.05% with the buffer on top).
     """
     plan, bufs, buffers = view.plan, view.buffer_terms, view.buffers
-    blk = view.rank_states.backward.block_params
+    gathered = view.rank_states.backward.unit_gathered
     L = plan.layout
     e = wc = plan.compute_bytes
     # MoE experts run as grouped GEMMs (models/moe.py `expert_kernel`) unless fp8 (per-expert
@@ -335,12 +398,14 @@ def _early_block_backward(
         tp=L.tp,
         sp=L.sp,
         e=e,
-        weight_bytes=0 if grouped else wc,
+        # (a frozen w2 under LoRA has no weight gradient)
+        weight_bytes=0 if grouped or plan.lora_rank else wc,
     )
     early = stored + work
-    early_copies = wc * blk * (1 + more) if L.zero >= 3 else 0.0
+    early_copies = gathered * (1 + more) if L.zero >= 3 else 0.0
     if last is not None and L.zero >= 3:
-        last_copies = wc * blk + 4.0 * blk
+        # one gathered unit and its fp32 reduce-scatter input (the block's trained parameters)
+        last_copies = gathered + 4.0 * view.rank_states.backward.unit_grads
         if last + work + last_copies > early + early_copies:
             early, early_copies = last + work, last_copies
     sp_gather = bufs.get("tp_all_gather", 0.0)
@@ -379,11 +444,15 @@ def _end_of_backward(
     if L.zero >= 3 and root_live:
         root_grads = min(grads_rest, bwd.root_sharded_grads)
         embedding = wc * view.counts.embedding / L.tp if view.rank == 0 else 0.0
-        # the buffer term is the input and the output shard (output = input / shards): at the
-        # copy-in every 16-bit grad stands where the output and one grad stand later
-        rs = view.buffer_terms.get("fsdp_reduce_scatter", 0.0)
-        rs_out = rs / (1 + max(1, L.zero_shards))
-        root_grad, end_held = max(max(embedding, head_held), root_live - rs_out), held
+        if plan.lora_rank:  # a frozen root (embedding, head): no gradients, no reduce-scatter
+            root_grad, end_held = head_held, held
+            root_grads = 0.0
+        else:
+            # the buffer term is the input and the output shard (output = input / shards): at
+            # the copy-in every 16-bit grad stands where the output and one grad stand later
+            rs = view.buffer_terms.get("fsdp_reduce_scatter", 0.0)
+            rs_out = rs / (1 + max(1, L.zero_shards))
+            root_grad, end_held = max(max(embedding, head_held), root_live - rs_out), held
     return ZeroEndOfBackward(
         states=rest,
         buffers=view.buffers,
@@ -432,6 +501,8 @@ def loss_moment(view: RankView, stored: float) -> LossBackward:
         chunk_tokens=plan.loss_chunk_tokens,
     )
     head = head_grad_bytes(plan.model, tp=L.tp, fused=fused, weight_bytes=weight_bytes)
+    if plan.lora_rank:
+        head = 0.0  # a frozen head: the fused loss computes no weight gradient
     resting, held = _loss_resting(view)
     if L.pp == 1:
         return LossBackward(
@@ -470,7 +541,7 @@ def _loss_resting(view: RankView) -> tuple[float, float]:
     plan, layers, m = view.plan, view.layers, view.microbatches
     st, count, fixed = view.rank_states.states, view.rank_states.params, view.rank_states.fixed
     root_live = view.rank_states.backward.root_unit
-    block = view.rank_states.backward.block_params  # the last block's all-gather output
+    gathered = view.rank_states.backward.unit_gathered  # the last block's all-gather output
     L = plan.layout
     resting = fixed - (st["params.in_flight"] if L.zero >= 3 else 0.0)
     held = st["grads"] - st["grads.in_flight"] if (m > 1 or L.pp > 1) else 0.0
@@ -494,7 +565,7 @@ def _loss_resting(view: RankView) -> tuple[float, float]:
             # post-forward order): its all-gather output, one block in the compute dtype,
             # is alive until that block's backward copies it out (dry-run, tiny dp2 z3:
             # 99,968 B = 2 x 49,984 block parameters, -4.2% total without it)
-            resting += wc * block
+            resting += gathered
     return resting, held
 
 

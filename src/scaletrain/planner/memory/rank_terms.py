@@ -19,6 +19,7 @@ from scaletrain.config import (
     expert_zero_shards,
     fused_head_loss,
     offload_states,
+    offloads_activations,
 )
 
 from ..types import PlanInput
@@ -34,6 +35,13 @@ from .head import (
     embedding_backward_bytes,
     head_activation_bytes,
     held_logits_bytes,
+)
+from .lora import (
+    LoraTerms,
+    first_block_saving,
+    lora_layer_activation_bytes,
+    lora_stage,
+    lora_terms,
 )
 from .rank_moments import root_in_backward
 from .states import StageParams, fp8_linear_params, model_state_bytes, state_bytes_per_param
@@ -71,6 +79,11 @@ class BackwardTerms:
     root_sharded_grads: float
     """The root unit's sharded gradients (ZeRO-2/3): grad bytes per parameter x its parameters
     / zero shards; what its reduce-scatter's output becomes."""
+    unit_gathered: float
+    """Bytes of one block's FSDP unit as gathered: compute dtype x block_params, or under LoRA
+    the frozen projections in their gathered form (`lora.LoraStage.block_unit_bytes`)."""
+    unit_grads: float
+    """Parameters of one block with gradients: block_params, or under LoRA its adapters."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -84,7 +97,13 @@ class RankStates:
     unit: float
     """Its largest FSDP unit (parameters)."""
     sharded: float
-    """Its parameters after ZeRO sharding (what its optimizer steps)."""
+    """Its trainable parameters after ZeRO sharding (what its optimizer steps)."""
+    trainable: float
+    """Parameters with gradients (all of `params`, or under LoRA the adapters)."""
+    host_casts: float = 0.0
+    """Activation offload under autocast (DDP / ZeRO-1): the 16-bit weight casts the
+    matmuls save go to the host with the activations (per micro-batch), off the device's
+    in-flight parameters."""
     fixed: float
     """params + optimizer bytes: resident through the whole step."""
     backward: BackwardTerms
@@ -105,6 +124,14 @@ class ActivationTerms:
     """The head + loss activations (`head_activation_bytes`)."""
     held_logits: float
     """Logits the training loop holds (`held_logits_bytes`; 0 with the fused loss)."""
+    first_block_less: float = 0.0
+    """What the first stage's first block keeps less than `per_layer` (LoRA: its first
+    norm's input, which needs no gradient: `lora.first_block_saving`)."""
+    host_per_layer: float = 0.0
+    """Activation offload: what a block's forward sends to host memory per micro-batch (the
+    `per_layer` it would keep on the device; `per_layer` is then 0)."""
+    host_head: float = 0.0
+    """Activation offload: the head's share of it (the last stage)."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -139,6 +166,13 @@ class ModelTerms:
         self.states: dict[tuple, RankStates] = {}
         self.acts: dict[tuple, ActivationTerms] = {}
         self.bufs: dict[tuple, RankBuffers] = {}
+
+
+def plan_lora_terms(plan: PlanInput) -> LoraTerms | None:
+    """The plan's per-block LoRA sizes (`lora.lora_terms`), None without LoRA."""
+    if not plan.lora_rank:
+        return None
+    return lora_terms(plan.model, plan.lora_rank, plan.lora_targets, plan.lora_base, plan.precision)
 
 
 def model_terms(plan: PlanInput, terms: ModelTerms | None) -> ModelTerms:
@@ -233,6 +267,7 @@ def rank_states(
         plan.optimizer,
         plan.offload,
         convention,
+        plan.lora,
     )
     hit = terms.states.get(key)
     if hit is not None:
@@ -252,11 +287,26 @@ def rank_states(
         convention=convention,
     )
     sharded = (dense / zs + expert / expert_zero_shards(L)) if L.zero else dense + expert
-    fixed = st["params"] + st["optimizer"]
     wc = plan.compute_bytes
+    trainable, blk = dense + expert, _block_params(plan, pc)
+    unit_gathered, unit_grads = wc * blk, blk
+    lora = plan_lora_terms(plan)
+    if lora is not None:
+        ls = lora_stage(lora, plan, sp, layers=layers, zero_shards=zs)
+        st, trainable = ls.states, ls.adapters
+        sharded = trainable / zs if L.zero else trainable
+        unit_gathered, unit_grads = ls.block_unit_bytes, ls.block_adapters
+    host_casts = 0.0
+    if offloads_activations(plan.offload) and L.zero < 2 and st["params.in_flight"]:
+        # the saved weight casts are activations to the offload hooks (not Parameters)
+        host_casts = st["params.in_flight"]
+        st = dict(st, params=st["params"] - host_casts, **{"params.in_flight": 0.0})
+    fixed = st["params"] + st["optimizer"]
     root_live, head_held = root_in_backward(plan, pc, first, last, wc)
+    if lora is not None:
+        head_held = 0.0  # a frozen head: the fused loss returns no weight gradient
     emb_tmp = 0.0
-    if first:
+    if first and lora is None:  # (a frozen embedding has no backward)
         # the weight's dtype as used: FSDP2's 16-bit unit, or fp32 (also under autocast)
         grad_bytes = plan.compute_bytes if L.zero >= 2 else 4
         emb_tmp = embedding_backward_bytes(
@@ -268,12 +318,16 @@ def rank_states(
     backward = BackwardTerms(
         root_unit=root_live,
         head_grad_held=head_held,
-        block_params=_block_params(plan, pc),
+        block_params=blk,
         embedding_temp=emb_tmp,
         root_sharded_grads=root_sharded,
+        unit_gathered=unit_gathered,
+        unit_grads=unit_grads,
     )
     out = RankStates(
         states=st,
+        trainable=trainable,
+        host_casts=host_casts,
         params=dense + expert,
         unit=unit,
         sharded=sharded,
@@ -318,6 +372,8 @@ def activation_terms(plan: PlanInput, terms: ModelTerms, modern: bool) -> Activa
         plan.compile,
         modern,
         residual_fp32,
+        plan.lora,
+        offloads_activations(plan.offload),
     )
     hit = terms.acts.get(key)
     if hit is not None:
@@ -338,6 +394,24 @@ def activation_terms(plan: PlanInput, terms: ModelTerms, modern: bool) -> Activa
         ep=L.ep,
     )
     per_layer, full = block_acts(ac=plan.ac), block_acts(ac="none")
+    first_less = 0.0
+    lora = plan_lora_terms(plan) if modern else None
+    if lora is not None:
+        e = compute_bytes(p)
+        r = 4 if residual_fp32 else e
+        full = lora_layer_activation_bytes(
+            model,
+            lora,
+            seq_len=s,
+            micro_batch=b,
+            cp=L.cp,
+            e=e,
+            r=r,
+            autocast=residual_fp32,
+        )
+        if plan.ac == "none":
+            per_layer = full
+            first_less = first_block_saving(model, tokens=s / L.cp * b, r=r)
     # the fused head + loss (models/loss.py) runs on the last stage, pipelined or not (a
     # pipeline's last stage is given the targets: parallel/pipeline.py), but zero-bubble
     fused = fused_head_loss(L)
@@ -382,15 +456,68 @@ def activation_terms(plan: PlanInput, terms: ModelTerms, modern: bool) -> Activa
             ep=L.ep,
             ac=plan.ac,
         )
+    host_layer = host_head = 0.0
+    if offloads_activations(plan.offload):  # (the config allows it with ac none only)
+        host_layer, host_head = _offloaded_host_terms(
+            plan, model, shape, per_layer, head, residual_fp32
+        )
+        per_layer, first_less, dense_per_layer = 0.0, 0.0, 0.0
+        head, recompute = _offloaded_device_terms(plan, model, shape, fused, recompute)
     out = ActivationTerms(
         per_layer=per_layer,
         recompute=recompute,
         head=head,
         held_logits=held,
         dense_per_layer=dense_per_layer,
+        first_block_less=first_less,
+        host_per_layer=host_layer,
+        host_head=host_head,
     )
     terms.acts[key] = out
     return out
+
+
+def _offloaded_host_terms(
+    plan: PlanInput,
+    model: ModelConfig,
+    shape: MicroBatchShape,
+    per_layer: float,
+    head: float,
+    residual_fp32: bool,
+) -> tuple[float, float]:
+    """(a block's, the head's) bytes sent to the host per micro-batch under activation
+    offload: what they would keep on the device, plus the second host copy of a tensor saved
+    as two different views (the offload hooks copy each view once: `trainer.activation_offload`):
+    SDPA saves its output as (b, heads, s, d) and the output projection the same memory as a
+    (b*s, h) matrix, e*s_l*b*h/t per block; an fp32 stream's final RMSNorm whose weight trains
+    saves its normalized fp32 output beside its input, 4*s_l*b*h (its 'head' term counts the
+    input only). Source: the dry-run's host bytes, llama2-7b-L1 dp8 z3 b2 s2048 (0.7315 GB)
+    and llama-1024-L4 dp2 z0 b2 s1024 (0.5737 GB), and saved-tensor hooks on the same blocks.
+    Ignores: RoPE's cos/sin views, 4 x s x d x 2-4 B per block (< 0.5%)."""
+    e = compute_bytes(plan.precision)
+    tok = shape.tokens
+    out_view = e * tok * model.dim / plan.layout.tp if model.attention != "naive" else 0.0
+    norm_out = 4.0 * tok * model.dim if residual_fp32 and not plan.lora_rank else 0.0
+    return per_layer + out_view, head + norm_out
+
+
+def _offloaded_device_terms(
+    plan: PlanInput, model: ModelConfig, shape: MicroBatchShape, fused: bool, recompute: float
+) -> tuple[float, float]:
+    """(head, a block's backward extra) on the device under activation offload
+    (`trainer.activation_offload`): every saved tensor but the parameters went to the host in
+    forward; in backward each op brings its own back and frees it when it is done. Kept on
+    the device: what the head's backward brings back for the fused loss, its input and fp32
+    log-sum-exp, e*s_l*b*h + 4*s_l*b (the loss backward is the first op to run); and, in a
+    block's backward, what its largest op brings back: SwiGLU's product backward, the gate's
+    silu and the up projection, 2 x e*s_l*b*f/t (GELU's, its input, one), on top of the
+    recompute term. Source: the dry-run, llama-1024-L4 dp2 z0 b2 s1024 (stored activations
+    0.557 GB and the autocast weight casts 0.090 GB on the host, 0.653 measured there)."""
+    e = compute_bytes(plan.precision)
+    tok = shape.tokens
+    head = e * tok * model.dim + 4.0 * tok if fused else 0.0
+    n = 2.0 if model.activation == "swiglu" else 1.0
+    return head, recompute + n * e * tok * model.ffn_dim / plan.layout.tp
 
 
 def _naive_backward(plan: PlanInput, modern: bool, residual_fp32: bool) -> float:
@@ -418,9 +545,18 @@ def _naive_backward(plan: PlanInput, modern: bool, residual_fp32: bool) -> float
 
 
 def rank_buffers(
-    plan: PlanInput, terms: ModelTerms, zs: int, unit: float, device: str, count: float = 0.0
+    plan: PlanInput,
+    terms: ModelTerms,
+    zs: int,
+    unit: float,
+    device: str,
+    count: float = 0.0,
+    backward: BackwardTerms | None = None,
 ) -> RankBuffers:
-    """A rank's buffers, cached. count: the rank's parameters (DDP's bucket copy)."""
+    """A rank's buffers, cached. count: the rank's trainable parameters (DDP's bucket copy);
+    backward: the rank's `BackwardTerms` (under LoRA its FSDP unit's gathered bytes and
+    gradients set the FSDP buffers, and a quantized base adds its dequantization temporary,
+    `lora.dequantize_work_bytes`, alive only inside a projection like fp8's quantization)."""
     L, model = plan.layout, plan.model
     tokens = plan.seq_len / L.cp * plan.micro_batch
     key = (
@@ -437,11 +573,23 @@ def rank_buffers(
         zs,
         device,
         count,
+        plan.lora,
     )
     hit = terms.bufs.get(key)
     if hit is not None:
         return hit
-    bufs = buffer_terms(plan, unit_params=unit, zero_shards=zs, device=device, bucket_params=count)
+    lora = plan_lora_terms(plan)
+    bufs = buffer_terms(
+        plan,
+        unit_params=unit,
+        zero_shards=zs,
+        device=device,
+        bucket_params=count,
+        unit_gather_bytes=backward.unit_gathered if lora is not None and backward else None,
+        unit_grad_params=backward.unit_grads if lora is not None and backward else None,
+    )
+    if lora is not None and lora.dequantize:
+        bufs["lora_dequantize"] = lora.dequantize
     if model.position == "rope":
         bufs["rope_tables"] = rope_table_bytes(model)
     fsdp = sum(v for k, v in bufs.items() if k.startswith("fsdp_"))
@@ -450,7 +598,7 @@ def rank_buffers(
         total=sum(bufs.values()),
         runtime_context=bufs["runtime_context"],
         fsdp=fsdp,
-        fp8_quantize=bufs.get("fp8_quantize", 0.0),
+        fp8_quantize=bufs.get("fp8_quantize", 0.0) + bufs.get("lora_dequantize", 0.0),
     )
     terms.bufs[key] = out
     return out

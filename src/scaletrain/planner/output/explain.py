@@ -89,6 +89,8 @@ def _states_and_activations(est: Estimate) -> list[str]:
             f"params {pb:g} + fp32 grads {gbp:g} + optimizer {ob:.4g} "
             f"({_OPTIMIZER_STATES.get(p.optimizer, 'its states')}))"
         )
+    if p.lora_rank:
+        out += _lora_lines(est)
     zs = L.zero_shards
     add(
         f"   ZeRO-{L.zero}: shards over dp_shard*cp = {zs} ranks "
@@ -132,6 +134,66 @@ def _states_and_activations(est: Estimate) -> list[str]:
     )
     if mem.moment:
         add(f"   peak moment: {mem.moment}")
+    out += _host_lines(est)
+    return out
+
+
+_BASE_FORMAT = {
+    "auto": "fp32 like the trainable parameters",
+    "bf16": "bfloat16",
+    "int8": "int8 codes + an fp32 scale per row (torchao's per-row weight-only format)",
+    "nf4": "QLoRA's NF4 (Dettmers et al. 2023): 4-bit codes, an int8 absmax per 64 values, "
+    "an fp32 factor per 256 absmaxes (torchao's NF4Tensor)",
+}
+
+
+def _lora_lines(est: Estimate) -> list[str]:
+    """Section 2 under LoRA: the adapters, the frozen base's bytes per value, what trains."""
+    from ..memory.rank_terms import plan_lora_terms
+
+    p, m_ = est.plan, est.plan.model
+    lt = plan_lora_terms(p)
+    assert lt is not None
+    n = m_.num_layers
+    return [
+        f"   LoRA rank {lt.rank} on {', '.join(lt.targets)}: adapters r*(in+out) per "
+        f"projection = {lt.adapters:,.0f} per block x {n} = {n * lt.adapters:,.0f} trainable "
+        "params: the only fp32 grads and optimizer states (all else is frozen)",
+        f"   frozen projections {lt.frozen:,.0f} per block stored as {p.lora_base} "
+        f"({_BASE_FORMAT.get(p.lora_base, p.lora_base)}) = {lt.stored / lt.frozen:.4f} B/value"
+        f" -> {fmt_bytes(n * lt.stored, digits=2)}; as FSDP2 gathers them "
+        f"{lt.gathered / lt.frozen:.4f} B/value; embedding, norms and head frozen fp32",
+        *(
+            [
+                "   dequantization temporary (largest projection) "
+                + fmt_bytes(lt.dequantize, digits=2)
+            ]
+            if lt.dequantize
+            else []
+        ),
+    ]
+
+
+def _host_lines(est: Estimate) -> list[str]:
+    """Section 4's host memory: what each offload puts there, per rank and per node."""
+    p, mem = est.plan, est.memory
+    terms = {k.removeprefix("host."): v for k, v in mem.detail.items() if k.startswith("host.")}
+    if not terms:
+        return []
+    ranks = max(1, min(p.num_gpus, p.hardware.gpus_per_node))
+    out = ["-- 4b. host memory (memory.offload)"]
+    for k, v in terms.items():
+        out.append(f"   {k:<40} {fmt_bytes(v, digits=2)} per rank")
+    cap = mem.host_capacity
+    verdict = (
+        "not checked: set hardware.host_memory_gib"
+        if cap <= 0
+        else ("fits" if mem.host <= cap else "DOES NOT FIT")
+    )
+    out.append(
+        f"   per node = worst rank x {ranks} ranks = {fmt_bytes(mem.host, digits=2)} vs host RAM "
+        f"{fmt_bytes(cap, digits=2) if cap > 0 else 'unknown'} -> {verdict}"
+    )
     return out
 
 

@@ -9,7 +9,7 @@ from typing import Any
 from scaletrain.config import byte_unit, fmt_bytes
 
 from ..search.result import SearchResult
-from ..types import Estimate, layout_label
+from ..types import Estimate, MemoryBreakdown, layout_label
 
 __all__ = [
     "estimate_rows",
@@ -54,7 +54,7 @@ def estimate_rows(
                 f"{e.time.step_s:.3f}",
                 f"{e.tokens_per_s:,.0f}",
                 f"{100 * e.mfu:.1f}%",
-                "yes" if m.fits else f"NO (rank {m.rank})",
+                "yes" if m.fits else _no(m),
             ]
         )
     return rows
@@ -138,6 +138,13 @@ def fit_width(text: str, width: int | None = None) -> str:
             )
         )
     return "\n".join(out)
+
+
+def _no(m: MemoryBreakdown) -> str:
+    """Why a layout does not fit: its GPU rank, or the host's RAM per node."""
+    if m.reserved <= m.capacity and not m.host_fits:
+        return f"NO (host {fmt_bytes(m.host)} > {fmt_bytes(m.host_capacity)})"
+    return f"NO (rank {m.rank})"
 
 
 def render_estimates(

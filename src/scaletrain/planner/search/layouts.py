@@ -27,13 +27,17 @@ from scaletrain.config import (
     ConfigError,
     HardwareSpec,
     Layout,
+    LoraConfig,
     ModelConfig,
     batch_problems,
     grad_accum_steps,
     layout_problems,
+    offload_states,
+    offloads_activations,
     option_problems,
 )
 from scaletrain.config.choices import PPSchedule
+from scaletrain.config.lora import lora_problems
 
 from ..estimate import reserved_and_step
 from ..memory.rank_terms import ModelTerms
@@ -68,6 +72,19 @@ PIN_KEYS = (
     "ac",
     "offload",
 )
+OFFLOAD_ORDER = (
+    "none",
+    "optimizer",
+    "activations",
+    "optimizer+activations",
+    "params",
+    "params+activations",
+)
+"""The offloads tried, plainest first (the search takes the first that fits): the
+optimizer's states, then the activations (PCIe traffic every micro-batch), then FSDP2's
+parameters. Activation offload only with ac = none (`config.MemoryConfig`)."""
+LORA_KEYS = ("lora_rank", "lora_targets", "lora_base")
+"""PlanInput's LoRA fields, passed to `search` with the pins (a job's, never searched)."""
 VIRTUAL_CHOICES = (2, 4)
 """Interleaved chunks per rank the search tries (v = 2 halves the bubble, 4 quarters it; more
 chunks add p2p traffic and in-flight memory). Pin --pp-virtual to explore another value."""
@@ -200,6 +217,8 @@ class _Job:
     efficiency: float | Calibration
     pins: dict[str, Any]
     recipe: str = "scaletrain"
+    lora: dict[str, Any] = field(default_factory=dict)
+    """PlanInput's lora_* fields (empty: no LoRA)."""
 
     def plan(self, layout: Layout, mb: int, ac: str, offload: str) -> PlanInput:
         return PlanInput(
@@ -218,6 +237,7 @@ class _Job:
             self.efficiency if isinstance(self.efficiency, float | int) else 0.0,
             recipe=self.recipe,
             calibration=self.efficiency if isinstance(self.efficiency, Calibration) else None,
+            **self.lora,
         )
 
 
@@ -246,7 +266,8 @@ class _Tally:
         if candidate:
             self.candidates[fam] = self.candidates.get(fam, 0) + 1
         if step == math.inf:
-            over = reserved - plan.hardware.memory_bytes
+            # (a layout that fits the GPU missed the host's RAM: over 0, a closest miss)
+            over = max(0.0, reserved - plan.hardware.memory_bytes)
             if fam not in self.miss or over < self.miss[fam][0]:
                 self.miss[fam] = (over, plan)
             return False
@@ -307,8 +328,8 @@ def _layouts(job: _Job) -> Iterator[tuple[Layout, list[int], list[str]]]:
                         # only tried with ZeRO-3 (ZeRO-2 keeps gathered weights on the GPU)
                         offloads = [
                             o
-                            for o in ("none", "optimizer", "params")
-                            if (o != "params" or zero == 3)
+                            for o in OFFLOAD_ORDER
+                            if (offload_states(o) != "params" or zero == 3)
                             and not option_problems(layout, offload=o, optimizer=job.optimizer)
                         ]
                         offloads = _pinned(pins, "offload", offloads)
@@ -339,6 +360,13 @@ class _Legal:
                     trainer_rules=own,
                 )
                 problems += recipe_problems(job.recipe, self.layout)
+                if job.lora:  # what LoRA runs (tp, pp, ep; NF4's block rules)
+                    lora = LoraConfig(
+                        rank=job.lora["lora_rank"],
+                        targets=",".join(job.lora["lora_targets"]),
+                        base_dtype=job.lora["lora_base"],
+                    )
+                    problems += lora_problems(lora, job.model, self.layout, job.precision)
                 self.base = not problems
                 if problems:
                     p = problems[0]
@@ -371,6 +399,8 @@ def _scan(
         tally.legal += 1
         fitted = False
         for off in offloads:
+            if ac != "none" and offloads_activations(off):
+                continue  # the trainer refuses it (the checkpoint keeps the inputs on device)
             if tally.record(job.plan(layout, mbs[i], ac, off), _family(layout, off), True):
                 fitted = True
                 break  # offload only where the plainer option fails
@@ -390,8 +420,12 @@ def _search_layout(
     # Memory probe: the most frugal variant (smallest micro-batch, the heaviest AC, the most
     # offload). If even it does not fit, no variant of this layout does: record the miss under
     # the layout's own family (not "offload") and skip the rest.
-    probe = job.plan(layout, mbs[first], acs[-1], offloads[-1])
-    if not tally.record(probe, _family(layout, "none"), False):
+    states_only = [o for o in offloads if not offloads_activations(o)]
+    probes = [(acs[-1], states_only[-1])] if states_only else []
+    if "none" in acs and offloads_activations(offloads[-1]):
+        probes.append(("none", offloads[-1]))  # activation offload can beat full AC
+    fam = _family(layout, "none")
+    if not any(tally.record(job.plan(layout, mbs[first], a, o), fam, False) for a, o in probes):
         return
     # At equal micro-batch more recompute is only slower: a heavier AC level starts at the
     # first size the lighter level could not fit.
@@ -469,8 +503,11 @@ def search(
     recipe also drops the layouts and AC modes its framework cannot run (`recipe_problems`).
     efficiency: the matmul rate, a fraction of peak (0: the default model), or the
     `Calibration` a run on this hardware measured (`time/calibration.py`).
+    pins may also carry the job's LoRA, PlanInput's lora_rank / lora_targets / lora_base
+    (fixed, not searched; the layouts LoRA runs: `config.lora.lora_problems`).
     """
     rec = recipe_named(recipe)
+    lora = {k: pins.pop(k) for k in LORA_KEYS if k in pins}
     for k in pins:
         if k not in PIN_KEYS:
             raise ConfigError(f"search.{k}", pins[k], f"pin one of {', '.join(PIN_KEYS)}")
@@ -487,6 +524,7 @@ def search(
         efficiency,
         pins,
         recipe,
+        lora,
     )
     tally = _Tally(terms=ModelTerms(model))
     acs = [a for a in _pinned(pins, "ac", ["none", "selective", "full"]) if a in rec.ac_modes]

@@ -56,6 +56,13 @@ class FamilyOutcome:
             )
         if self.closest_miss is not None:
             mem = self.closest_miss.memory
+            if mem.reserved <= mem.capacity and not mem.host_fits:
+                hu = byte_unit(mem.host)
+                return (
+                    f"never fits: best needs {fmt_bytes(mem.host, unit=hu)} of host memory per "
+                    f"node > {fmt_bytes(mem.host_capacity, unit=hu, digits=2)} "
+                    f"(hardware.host_memory_gib; {layout_label(self.closest_miss)})"
+                )
             u = byte_unit(mem.reserved)  # the larger of the two: it did not fit
             cap = self.closest_miss.plan.hardware.memory_bytes
             return (

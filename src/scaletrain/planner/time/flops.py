@@ -21,6 +21,8 @@ al. 2022, App. B) uses `recompute="none"`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from scaletrain.config import ModelConfig, expert_tp
 
 __all__ = [
@@ -35,6 +37,8 @@ __all__ = [
     "op_sac_recompute_flops_per_token",
     "layer_kinds",
     "layers_forward_flops_per_token",
+    "LoraFlops",
+    "lora_flops",
 ]
 
 FLASH_BACKWARD_FACTOR = 2.5
@@ -171,6 +175,46 @@ def _counted_matmul_params(model: ModelConfig, tp: int, ep: int) -> float:
     return per_layer - experts + experts / expert_tp(tp, ep)
 
 
+@dataclass(frozen=True, slots=True)
+class LoraFlops:
+    """A LoRA plan's matmul FLOPs per token against full training's (`lora_flops`)."""
+
+    adapters_forward: float
+    """One block's adapters in forward: 2 x rank x (in + out) per adapted projection."""
+    saved_per_block: float
+    """What a block's backward does not compute: the frozen weights' gradients (2 x their
+    multiply-adds) less the adapters' backward (their input and weight gradients, 4 x)."""
+    first_block_saved: float
+    """What the first block's backward skips on top: the input gradients of q, k, v and of
+    their adapters' A (their input, the frozen embedding's normed output, needs none)."""
+    head_saved: float
+    """The frozen head's weight gradient, 2 x V x h (fused head: one of its 4 x 2Vh)."""
+
+
+def lora_flops(model: ModelConfig, rank: int, targets: tuple[str, ...]) -> LoraFlops:
+    """Per-token FLOPs LoRA (Hu et al. 2021) adds and removes, from `config.lora`'s
+    projection shapes: every frozen weight skips its weight gradient (a third of a dense
+    block's matmul FLOPs), each adapted projection adds two thin matmuls forward and four
+    backward, and the first block skips the input gradients of what reads its input (q, k,
+    v and their adapters' A: autograd computes no gradient for a tensor that needs none).
+    Counted as FlopCounterMode counts the trainer's step. Ignores: the adapters' scaling
+    (elementwise) and dropout."""
+    from scaletrain.config.lora import projection_shapes
+
+    shapes = projection_shapes(model)
+    per_layer, _ = matmul_params(model)
+    adapted = {n: rank * (rows + cols) for n, (rows, cols) in shapes.items() if n in targets}
+    qkv = ("wq", "wk", "wv")
+    first = 2.0 * sum(rows * cols for n, (rows, cols) in shapes.items() if n in qkv)
+    first += 2.0 * sum(rank * shapes[n][1] for n in qkv if n in targets)
+    return LoraFlops(
+        adapters_forward=2.0 * sum(adapted.values()),
+        saved_per_block=2.0 * per_layer - 4.0 * sum(adapted.values()),
+        first_block_saved=first,
+        head_saved=2.0 * model.vocab_size * model.dim,
+    )
+
+
 def counted_flops_per_token(
     model: ModelConfig,
     seq_len: int,
@@ -180,6 +224,7 @@ def counted_flops_per_token(
     cp: int = 1,
     fused_head: bool = True,
     ep: int = 1,
+    lora: LoraFlops | None = None,
 ) -> float:
     """Training FLOPs per token of one rank as torch's `FlopCounterMode` counts them (the
     dry-run's figure, scaletrain's own kernels and parallel layouts).
@@ -208,6 +253,9 @@ def counted_flops_per_token(
     Ignores, like the counter: elementwise ops, norms, the embedding, the optimizer.
     Source: measured with the dry-run's FlopCounterMode, 43 layouts
     (benchmarks/results/planner_accuracy.md, `flops` column).
+    lora (`lora_flops`): the adapters' forward added to every block, the frozen weights'
+    gradients (and the first block's skipped input gradients, and the frozen head's weight
+    gradient) taken off; recompute is not combined with it (counted as without LoRA).
     """
     _, head = matmul_params(model)
     # SDPA multiplies MLA's values zero-padded to the q/k width (models/mla.py)
@@ -229,6 +277,10 @@ def counted_flops_per_token(
         total += attn if model.attention == "naive" else 0.0
     elif recompute != "none":
         raise ValueError(f"recompute={recompute!r}: use 'none', 'selective' or 'full'")
+    if lora is not None:
+        blocks = model.num_layers
+        total += blocks * (lora.adapters_forward - lora.saved_per_block)
+        total -= lora.first_block_saved + lora.head_saved / (tp if fused_head else 1)
     return total
 
 

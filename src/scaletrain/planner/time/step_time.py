@@ -8,9 +8,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from scaletrain.config import HardwareSpec, expert_split, expert_tp, offload_states, precision_spec
+from scaletrain.config import (
+    HardwareSpec,
+    expert_split,
+    expert_tp,
+    offload_states,
+    offloads_activations,
+    precision_spec,
+)
 
-from ..memory.rank_terms import ModelTerms
+from ..memory.rank_terms import ModelTerms, activation_terms
 from ..memory.states import fp8_linear_params, stage_layer_counts
 from ..recipes.memory import recipe_stage_layers
 from ..recipes.schema import DEFAULT_RECIPE, Recipe
@@ -31,6 +38,7 @@ from .flops import (
     flops_per_token,
     head_forward_flops_per_token,
     layers_forward_flops_per_token,
+    lora_flops,
     op_sac_recompute_flops_per_token,
 )
 from .pipeline import bubble_fraction, last_stage_rank
@@ -90,10 +98,18 @@ class ModelFlops:
     """Model FLOPs per token, no recompute (`flops_per_token`): what MFU counts."""
 
 
-def model_flops(terms: ModelTerms, seq_len: int, causal: bool, ac: str) -> ModelFlops:
+def model_flops(
+    terms: ModelTerms,
+    seq_len: int,
+    causal: bool,
+    ac: str,
+    lora: tuple[int, tuple[str, ...], str] | None = None,
+) -> ModelFlops:
     """The FLOPs per token of `terms.model`, kept in the search's `ModelTerms` per
-    (seq_len, causal, ac): a search evaluates one model thousands of times."""
-    key = (seq_len, causal, ac)
+    (seq_len, causal, ac, lora): a search evaluates one model thousands of times. lora
+    (`PlanInput.lora`): the adapters' forward added, the frozen weights' gradients taken
+    off (`flops.lora_flops`; the first block's skipped input gradients are ignored here)."""
+    key = (seq_len, causal, ac, lora)
     hit = terms.flops.get(key)
     if hit is not None:
         return hit
@@ -105,12 +121,19 @@ def model_flops(terms: ModelTerms, seq_len: int, causal: bool, ac: str) -> Model
     )
     core = attention_core_flops_per_token(model, seq_len, causal=causal)
     recomputed = block_forward if ac == "full" else (core if ac == "selective" else 0.0)
+    block_hw = 3 * block_forward + recomputed
+    total = flops_per_token(model, seq_len, causal=causal, recompute="none")
+    if lora is not None:
+        lf = lora_flops(model, lora[0], lora[1])
+        block_forward += lf.adapters_forward
+        block_hw += lf.adapters_forward * (2 if ac == "full" else 1) - lf.saved_per_block
+        total += model.num_layers * (lf.adapters_forward - lf.saved_per_block) - lf.head_saved
     hit = terms.flops[key] = ModelFlops(
         block_forward=block_forward,
         head_forward=head_forward_flops_per_token(model),
         attention_core=core,
-        block_hardware=3 * block_forward + recomputed,
-        model=flops_per_token(model, seq_len, causal=causal, recompute="none"),
+        block_hardware=block_hw,
+        model=total,
     )
     return hit
 
@@ -270,7 +293,7 @@ def step_time(
     FLOPs split over cp only."""
     L, model, hw = plan.layout, plan.model, plan.hardware
     m = max(1, plan.grad_accum)
-    fl = model_flops(terms, plan.seq_len, causal, plan.ac)
+    fl = model_flops(terms, plan.seq_len, causal, plan.ac, plan.lora)
     lf, hf, core, layer_hw = fl.block_forward, fl.head_forward, fl.attention_core, fl.block_hardware
     counts = stage_layer_counts(model.num_layers, L.pp, L.pp_virtual, L.pp_schedule)
     eff = plan_efficiency(plan)
@@ -313,6 +336,8 @@ def step_time(
         )
     layers = max(counts)
     comm = comm_terms(comm_arguments(plan, max_params, gpus_per_node))
+    if offloads_activations(plan.offload):
+        comm["activation_offload"] = _activation_offload(plan, terms, layers=max(counts), m=m)
     if cal is not None and cal.collective:  # measured / planned seconds by collective kind
         comm = {k: (b, t * cal.collective_factor(k)) for k, (b, t) in comm.items()}
     bucket = 25.0 * 2**20
@@ -350,6 +375,20 @@ def step_time(
         comm=comm,
         efficiency=eff,
     )
+
+
+def _activation_offload(
+    plan: PlanInput, terms: ModelTerms, *, layers: int, m: int
+) -> tuple[float, float]:
+    """(bytes, seconds) of activation offload per step on the busiest rank: every saved
+    tensor goes to the host in forward and comes back in backward (2x the host bytes per
+    micro-batch, `rank_terms.activation_terms`) over the PCIe link (host_to_device_bw).
+    Exposed whole: the trainer's copies run in the compute stream's order
+    (trainer/activation_offload.py). Ignores: the autocast weight casts that go along
+    (DDP / ZeRO-1), the head's share on the last stage."""
+    acts = activation_terms(plan, terms, modern=True)
+    moved = 2.0 * m * layers * acts.host_per_layer
+    return moved, moved / plan.hardware.host_to_device_bw
 
 
 def eager_elementwise_s(plan: PlanInput, recipe: Recipe | None) -> float:

@@ -1,0 +1,275 @@
+"""LoRA and QLoRA in the memory model (torch-free): what a frozen base with trainable adapters
+(`[lora]`, `models.lora`, `models.quantized`) changes in one rank's bytes.
+
+Counts, per block (the seven projections wq, wk, wv, wo, w1, w2, w3 of a dense Llama block,
+`config.lora.projection_shapes`):
+- the adapters: rank x (in + out) trainable parameters per adapted projection (Hu et al. 2021),
+  fp32 like every trainable parameter: the only gradients and optimizer states;
+- the frozen projections at rest, in `lora.base_dtype`'s bytes per value
+  (`stored_bytes_per_value`): 'auto' 4 (fp32, the trainer's parameter dtype), 'bf16' 2, 'int8'
+  1 + 4/in (int8 codes and one fp32 scale per row: torchao's per-row weight-only format),
+  'nf4' 0.5 + 1/64 + 4/(64 x 256) + (4 + 16 x 4)/n (QLoRA, Dettmers et al. 2023, sec. 3: 4-bit
+  NormalFloat codes; one absmax per block of 64 values, double-quantized to 8 bits, 8/64 =
+  0.125 bits per value; one fp32 factor per 256 absmaxes, 32/(64 x 256) bits per value (the
+  paper's 0.127 bits of constants in all); torchao's NF4Tensor keeps the mean of the absmaxes
+  and the 16 code values, fp32, once per tensor of n values);
+- the same projections as FSDP2 all-gathers them (`gathered_bytes_per_value`): the compute
+  dtype for 'auto' and 'bf16' (MixedPrecisionPolicy casts fp32 before the gather), int8 codes
+  with their scales in the compute dtype, NF4's codes, int8 absmaxes and fp32 factors
+  (NF4Tensor.fsdp_pre_all_gather; its mean and code book are local metadata);
+- the embedding, the norms and the head stay fp32 parameters, frozen.
+
+What the frozen base does not hold (measured with saved-tensor hooks on tiny-llama, each block,
+autocast and bf16 streams: `lora_layer_activation_bytes`): no gradient of any frozen weight, so
+a frozen linear saves no input (only its adapter's A saves it, and under autocast each A casts
+its own copy), the norms' weights save no normalized output, the first block's first norm
+saves nothing (its input, the frozen embedding's output, needs no gradient), the MLP's last
+input (w2's) is saved only when w2 has an adapter; each adapter's B saves A's (tokens x rank)
+output. A quantized base is dequantized into a temporary per projection in forward and in
+backward (`dequantize_work_bytes`), and keeps no 16-bit copy between them.
+
+Ignores: the adapters' own dropout masks (dropout 0 by default), the int8 scales' and NF4
+metadata's share of FSDP2's padding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scaletrain.config import ModelConfig, compute_bytes, offload_states
+from scaletrain.config.lora import NF4_BLOCK, nf4_scaler_block, projection_shapes
+
+from ..types import PlanInput
+from .activations import attention_saved_bytes
+from .states import OPTIMIZER_BYTES, UNITS_IN_FLIGHT, StageParams
+
+__all__ = [
+    "LoraTerms",
+    "lora_terms",
+    "stored_bytes_per_value",
+    "gathered_bytes_per_value",
+    "dequantize_work_bytes",
+    "lora_layer_activation_bytes",
+    "first_block_saving",
+]
+
+PARAM_BYTES = 4.0
+"""The trainer's parameters are fp32 (adapters, embedding, norms, head, an 'auto' base)."""
+
+_NF4_TENSOR_CONSTANTS = 4.0 + 16 * 4.0
+"""Per NF4 tensor: the fp32 mean of its block absmaxes and its 16 fp32 code values."""
+
+
+def stored_bytes_per_value(base_dtype: str, rows: int, cols: int) -> float:
+    """Bytes per value of a frozen (rows x cols) projection stored as `base_dtype` (module
+    docstring)."""
+    n = rows * cols
+    if base_dtype == "auto":
+        return PARAM_BYTES
+    if base_dtype == "bf16":
+        return 2.0
+    if base_dtype == "int8":
+        return 1.0 + PARAM_BYTES / cols  # codes + one fp32 scale per row
+    if base_dtype == "nf4":
+        blocks = n / NF4_BLOCK
+        groups = blocks / nf4_scaler_block(n)
+        return 0.5 + (blocks + PARAM_BYTES * groups + _NF4_TENSOR_CONSTANTS) / n
+    raise ValueError(f"base_dtype={base_dtype!r}")
+
+
+def gathered_bytes_per_value(base_dtype: str, rows: int, cols: int, precision: str) -> float:
+    """Bytes per value of a frozen projection as FSDP2 all-gathers it (module docstring)."""
+    wc = compute_bytes(precision)
+    n = rows * cols
+    if base_dtype in ("auto", "bf16"):
+        return float(wc) if base_dtype == "auto" else 2.0
+    if base_dtype == "int8":
+        return 1.0 + wc / cols
+    blocks = n / NF4_BLOCK
+    return 0.5 + (blocks + PARAM_BYTES * blocks / nf4_scaler_block(n)) / n
+
+
+def dequantize_work_bytes(base_dtype: str, rows: int, cols: int, precision: str) -> float:
+    """The temporaries of dequantizing one frozen (rows x cols) projection for its matmul.
+
+    'nf4': torchao's `NF4Tensor.get_original_weight` (eager): the two halves' codes as int64
+    (8 B per value), their code values, the scaled values and the stacked result in the
+    tensor's fp32 (3 x 4 B), alive together until it returns; then the cast to the compute
+    dtype (none in fp32). 'int8': the codes cast to the compute dtype and the product with the
+    scales (2 x wc). 'bf16': its cast to the compute dtype (none in bf16). 'auto': nothing (the
+    weight is used as it is, or cast by autocast: the in-flight casts). Source: the code named;
+    held against the dry-run in benchmarks/results/planner_accuracy.md."""
+    n = float(rows) * cols
+    wc = compute_bytes(precision)
+    if base_dtype == "nf4":
+        return (8.0 + 3 * PARAM_BYTES) * n
+    if base_dtype == "int8":
+        return 2.0 * wc * n
+    if base_dtype == "bf16":
+        return 0.0 if wc == 2 else wc * n
+    return 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class LoraTerms:
+    """A LoRA plan's per-block sizes (`lora_terms`)."""
+
+    adapters: float
+    """Trainable (adapter) parameters per block."""
+    frozen: float
+    """Values of the block's seven frozen projections."""
+    stored: float
+    """Bytes of the block's frozen projections at rest (unsharded)."""
+    gathered: float
+    """Bytes of the block's frozen projections as FSDP2 all-gathers them."""
+    dequantize: float
+    """The largest projection's dequantization temporaries (`dequantize_work_bytes`)."""
+    base_dtype: str
+    targets: tuple[str, ...]
+    rank: int
+
+
+def lora_terms(
+    model: ModelConfig, rank: int, targets: tuple[str, ...], base_dtype: str, precision: str
+) -> LoraTerms:
+    """Per-block sizes of LoRA rank `rank` on `targets` with the base stored as `base_dtype`."""
+    shapes = projection_shapes(model)
+    adapters = sum(rank * (rows + cols) for name, (rows, cols) in shapes.items() if name in targets)
+    stored = gathered = frozen = 0.0
+    work = 0.0
+    for rows, cols in shapes.values():
+        frozen += rows * cols
+        stored += rows * cols * stored_bytes_per_value(base_dtype, rows, cols)
+        gathered += rows * cols * gathered_bytes_per_value(base_dtype, rows, cols, precision)
+        work = max(work, dequantize_work_bytes(base_dtype, rows, cols, precision))
+    return LoraTerms(
+        adapters=float(adapters),
+        frozen=frozen,
+        stored=stored,
+        gathered=gathered,
+        dequantize=work,
+        base_dtype=base_dtype,
+        targets=targets,
+        rank=rank,
+    )
+
+
+def lora_layer_activation_bytes(
+    model: ModelConfig,
+    lora: LoraTerms,
+    *,
+    seq_len: int,
+    micro_batch: int,
+    cp: int,
+    e: int,
+    r: int,
+    autocast: bool,
+) -> float:
+    """Bytes one block with a frozen base and adapters keeps for backward (ac none), per
+    micro-batch of s_l x b tokens (s_l = seq_len / cp); e = activation bytes, r =
+    residual-stream bytes (4 under autocast). Per saved tensor (module docstring):
+    - the two RMSNorms: their input and fp32 rstd, (r*h + 4) each (their frozen weight saves
+      no normalized output);
+    - q/k/v's input, once per adapted q, k or v under autocast (each A casts its own copy),
+      once for all of them otherwise; likewise the MLP input for adapted w1 / w3; w2's input
+      (the SwiGLU product) only with an adapter on w2: e*s_l*b*h or e*s_l*b*f each;
+    - the attention core's q, k, v, output and log-sum-exp as without LoRA (SDPA saves them;
+      wo's adapter reads the output it saved);
+    - SwiGLU's gate, silu(gate) and up, 3 x e*s_l*b*f (2 for GELU: fc1's output and GELU's);
+    - each adapter's A output, saved by B: e*s_l*b*rank.
+    Ignores: tensor and sequence parallelism (LoRA refuses tp), naive attention's S x S set."""
+    h, f = model.dim, model.ffn_dim
+    tokens = float(seq_len) / cp * micro_batch
+    t = set(lora.targets)
+    norms = 2 * (r * h + 4.0) * tokens
+    n_qkv = len(t & {"wq", "wk", "wv"})
+    n_in = len(t & {"w1", "w3"})
+    qkv = (n_qkv if autocast else min(1, n_qkv)) * e * tokens * h
+    mlp_in = (n_in if autocast else min(1, n_in)) * e * tokens * h
+    attn = attention_saved_bytes(model, seq_len, micro_batch, 1, cp, e, False, False)
+    n_f = 3 if model.activation == "swiglu" else 2
+    mlp = n_f * e * tokens * f + (e * tokens * f if "w2" in t else 0.0)
+    adapters = len(t) * e * tokens * lora.rank
+    return norms + qkv + mlp_in + attn + mlp + adapters
+
+
+def first_block_saving(model: ModelConfig, *, tokens: float, r: int) -> float:
+    """What the first block saves less than the others: its first norm's input and rstd, which
+    need no gradient (the frozen embedding's output)."""
+    return (r * model.dim + 4.0) * tokens
+
+
+@dataclass(frozen=True, slots=True)
+class LoraStage:
+    """A pipeline stage's LoRA split of its parameters (`lora_stage`)."""
+
+    adapters: float
+    """Trainable parameters on the stage (the adapters)."""
+    block_unit_bytes: float
+    """One block's FSDP2 unit as gathered: frozen projections in their gathered form, norms
+    and adapters in the compute dtype."""
+    block_adapters: float
+    """One block's adapters (its unit's only gradients)."""
+    states: dict[str, float]
+    """`states.model_state_bytes`'s keys for this stage under LoRA."""
+
+
+def lora_stage(
+    lora: LoraTerms, plan: PlanInput, sp: StageParams, *, layers: int, zero_shards: int
+) -> LoraStage:
+    """The model states of a stage holding `layers` blocks of `sp.block` parameters and
+    `sp.dense` parameters in all (adapters not included), under LoRA.
+
+    At rest: the frozen projections at `lora.stored` bytes per block, every other frozen
+    parameter (embedding, norms, head) and the adapters fp32; sharded by FSDP2 over
+    `zero_shards` at ZeRO-2/3 (parameters are sharded at rest from ZeRO-2 on: `states`).
+    Gradients: fp32, the adapters only (ZeRO-2/3 sharded); optimizer states
+    `states.OPTIMIZER_BYTES` per adapter (ZeRO >= 1 sharded). In flight: ZeRO-3 gathers
+    `states.UNITS_IN_FLIGHT` units (`block_unit_bytes`, or the root unit in the compute dtype when
+    larger) and holds one unit's unsharded adapter gradients; ZeRO-2 keeps every unit
+    gathered; DDP / ZeRO-1 under autocast keeps a 16-bit cast of every matmul weight that is
+    cast (the adapters, and an 'auto' base's frozen projections: autocast casts a weight that
+    needs no gradient too, and its matmul saves the cast for the input's gradient; a quantized
+    base's dequantized weight is a temporary). Offload: 'optimizer' moves the optimizer states,
+    'params' (ZeRO-3) the sharded parameters, gradients and states."""
+    dense, block, zero = sp.dense, sp.block, plan.layout.zero
+    wc = compute_bytes(plan.precision)
+    optimizer_bytes = OPTIMIZER_BYTES[plan.optimizer]
+    offload = offload_states(plan.offload)
+    adapters = layers * lora.adapters
+    frozen = layers * lora.frozen
+    other = dense - frozen  # embedding, norms, head: fp32, frozen
+    rest = PARAM_BYTES * other + layers * lora.stored + PARAM_BYTES * adapters
+    d = max(1, zero_shards) if zero >= 2 else 1
+    params, grads = rest / d, PARAM_BYTES * adapters / d
+    optim = optimizer_bytes * adapters / (max(1, zero_shards) if zero >= 1 else 1)
+    norms = block - lora.frozen  # a block's norm weights (and biases)
+    unit = lora.gathered + wc * (norms + lora.adapters)
+    root = wc * (dense - layers * block)
+    in_params = in_grads = 0.0
+    if zero >= 3:
+        in_params = UNITS_IN_FLIGHT * max(unit, root)
+        in_grads = wc * lora.adapters
+    elif zero == 2:
+        in_params = layers * unit + root
+    elif wc < PARAM_BYTES:
+        cast = adapters + (frozen if lora.base_dtype == "auto" else 0.0)
+        in_params = 2.0 * cast
+    offloaded = 0.0
+    if offload == "optimizer":
+        offloaded, optim = optim, 0.0
+    elif offload == "params" and zero >= 3:
+        offloaded, params, grads, optim = params + grads + optim, 0.0, 0.0, 0.0
+    elif offload == "params":
+        offloaded, optim = optim, 0.0
+    states = {
+        "params": params + in_params,
+        "grads": grads + in_grads,
+        "optimizer": optim,
+        "params.in_flight": in_params,
+        "grads.in_flight": in_grads,
+        "offloaded": offloaded,
+    }
+    return LoraStage(
+        adapters=adapters, block_unit_bytes=unit, block_adapters=lora.adapters, states=states
+    )
