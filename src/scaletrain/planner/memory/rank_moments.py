@@ -7,6 +7,7 @@ pieces they share (stored activations, the root unit through a ZeRO-3 backward).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from operator import attrgetter
@@ -516,23 +517,31 @@ def loss_moment(view: RankView, stored: float) -> LossBackward:
             loss_temp=loss_tmp,
             head_grad=head,
         )
-    return max(
-        (
-            LossBackward(
-                states=resting,
-                buffers=buffers,
-                fsdp=fsdp,
-                fp8_quantize=quant,
-                stored_acts=sm.stored_layers * per_layer,
-                head_acts=sm.stored_heads * head_acts,
-                grads=held if sm.grads_exist else 0.0,
-                loss_temp=loss_tmp,
-                head_grad=head,
-            )
-            for sm in view.schedule
-            if sm.is_loss
-        ),
-        key=moment_total,
+    # each loss backward of the schedule differs only in what is stored and whether grads
+    # exist: its total is summed in `LossBackward.total`'s order without building the record,
+    # and the first largest is built (what max() over the records returns)
+    best, best_total = None, -math.inf
+    for sm in view.schedule:
+        if not sm.is_loss:
+            continue
+        grads = held if sm.grads_exist else 0.0
+        stored_acts = sm.stored_layers * per_layer
+        head_stored = sm.stored_heads * head_acts
+        t = resting + buffers - fsdp - quant + stored_acts + head_stored + grads + loss_tmp + head
+        if t > best_total:
+            best, best_total = (stored_acts, head_stored, grads), t
+    if best is None:
+        raise ValueError("a pipeline schedule without a loss backward on its last stage")
+    return LossBackward(
+        states=resting,
+        buffers=buffers,
+        fsdp=fsdp,
+        fp8_quantize=quant,
+        stored_acts=best[0],
+        head_acts=best[1],
+        grads=best[2],
+        loss_temp=loss_tmp,
+        head_grad=head,
     )
 
 
