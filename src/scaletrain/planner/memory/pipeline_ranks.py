@@ -95,29 +95,40 @@ def schedule_moments(
     n = p * v
     layers = [len(r) for r in stage_layer_ranges(num_layers, n)]
     live: dict[tuple[int, int], tuple[int, int]] = {}
+    stored = [0, 0]  # the sums over `live`: layers, heads (kept as it changes, not re-summed)
     grads = False
     out: set[ScheduleMoment] = set()
 
     def now(is_loss: bool) -> ScheduleMoment:
         return ScheduleMoment(
-            stored_layers=sum(x[0] for x in live.values()),
-            stored_heads=sum(x[1] for x in live.values()),
+            stored_layers=stored[0],
+            stored_heads=stored[1],
             grads_exist=grads,
             is_loss=is_loss,
         )
 
+    def free(key: tuple[int, int]) -> None:
+        held = live.pop(key, None)
+        if held is not None:
+            stored[0] -= held[0]
+            stored[1] -= held[1]
+
     for a in rank_order(schedule, p, m, v, rank):
         key = (a.stage, a.microbatch)
         if a.kind == "F":
-            live[key] = (layers[a.stage], 1 if a.stage == n - 1 else 0)
+            free(key)
+            held = (layers[a.stage], 1 if a.stage == n - 1 else 0)
+            live[key] = held
+            stored[0] += held[0]
+            stored[1] += held[1]
         elif a.kind in ("B", "I"):
             out.add(now(a.stage == n - 1))
             if a.kind == "B":  # a full backward; an input-gradient pass (I) waits for its W
-                live.pop(key, None)
+                free(key)
                 grads = True
                 out.add(now(False))
         else:  # W: the deferred weight gradients, then the micro-batch's graph is freed
-            live.pop(key, None)
+            free(key)
             grads = True
             out.add(now(False))
     kept = []
