@@ -234,3 +234,18 @@ def hf_args(tmp_path, model_dir, run, *extra, steps: int = 3) -> list[str]:
         "--guard.enabled=false",
         *extra,
     ]
+
+
+def float64_model_from_hf(cfg, model_dir: Path) -> torch.nn.Module:
+    """Our model of `cfg` in float64 with the Hugging Face weights in `model_dir` loaded by
+    checkpoint.init_from's reader, in eval mode (the logits-parity tests' side)."""
+    from scaletrain.checkpoint.hf_load import load_hf_weights
+    from scaletrain.models import build_model
+
+    torch.set_default_dtype(torch.float64)
+    try:
+        model = build_model(cfg, device="cpu", seed=3)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    load_hf_weights(model, cfg, model_dir)
+    return model.eval()

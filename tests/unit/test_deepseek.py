@@ -12,10 +12,9 @@ import pytest
 import torch
 
 from scaletrain.checkpoint.hf import export_hf, from_hf_state_dict
-from scaletrain.checkpoint.hf_load import load_hf_weights
 from scaletrain.config import ConfigError, model_from_hf_config, model_preset
-from scaletrain.models import build_model
 from scaletrain.models.deepseek_moe import DeepSeekMoE, deepseek_route, sequence_balance_loss
+from tests._hf_models import float64_model_from_hf
 
 transformers = pytest.importorskip("transformers")
 
@@ -218,16 +217,6 @@ def _hf_model(kind, out_dir):
     return model
 
 
-def _ours(cfg, model_dir):
-    torch.set_default_dtype(torch.float64)
-    try:
-        model = build_model(cfg, device="cpu", seed=3)
-    finally:
-        torch.set_default_dtype(torch.float32)
-    load_hf_weights(model, cfg, model_dir)  # checkpoint.init_from's reader
-    return model.eval()
-
-
 # transformers keeps the DeepSeek router (gate weight, e_score_correction_bias) in fp32 in a
 # float64 model (`_keep_in_fp32_modules_strict`) and V2 rotates in fp32: its logits carry fp32
 # rounding, ~1e-7 relative; ours are float64 throughout
@@ -239,7 +228,7 @@ def test_deepseek_loads_with_transformers_logits_and_exports_back(kind, tmp_path
     hf = _hf_model(kind, tmp_path / "hf")
     cfg = model_from_hf_config(tmp_path / "hf")
     assert cfg.is_mla and cfg.num_dense_layers == 1
-    ours = _ours(cfg, tmp_path / "hf")
+    ours = float64_model_from_hf(cfg, tmp_path / "hf")
     tokens = torch.randint(0, VOCAB, (2, 40), generator=torch.Generator().manual_seed(0))
     targets = torch.roll(tokens, -1, dims=1)
     with torch.no_grad():
@@ -252,7 +241,7 @@ def test_deepseek_loads_with_transformers_logits_and_exports_back(kind, tmp_path
     assert loss == pytest.approx(ref, abs=1e-6)
 
     # the in-memory converter reads the same tensors (the fused experts of transformers 5)
-    again = _ours(cfg, tmp_path / "hf")
+    again = float64_model_from_hf(cfg, tmp_path / "hf")
     interleave = not kind.endswith("halves")
     again.load_state_dict(from_hf_state_dict(hf.state_dict(), cfg, rope_interleave=interleave))
     with torch.no_grad():

@@ -12,9 +12,8 @@ import pytest
 import torch
 
 from scaletrain.checkpoint.hf import export_hf, from_hf_state_dict
-from scaletrain.checkpoint.hf_load import load_hf_weights
 from scaletrain.config import model_from_hf_config, model_preset
-from scaletrain.models import build_model
+from tests._hf_models import float64_model_from_hf
 
 transformers = pytest.importorskip("transformers")
 
@@ -96,21 +95,11 @@ def _hf_model(kind, out_dir):
     return model
 
 
-def _ours(cfg, model_dir):
-    torch.set_default_dtype(torch.float64)
-    try:
-        model = build_model(cfg, device="cpu", seed=3)
-    finally:
-        torch.set_default_dtype(torch.float32)
-    load_hf_weights(model, cfg, model_dir)  # checkpoint.init_from's reader
-    return model.eval()
-
-
 @pytest.mark.parametrize("kind", list(FAMILIES))
 def test_family_loads_with_transformers_logits_and_exports_back(kind, tmp_path):
     hf = _hf_model(kind, tmp_path / "hf")
     cfg = model_from_hf_config(tmp_path / "hf")
-    ours = _ours(cfg, tmp_path / "hf")
+    ours = float64_model_from_hf(cfg, tmp_path / "hf")
     assert next(ours.parameters()).dtype == torch.float64
     # 40 tokens: past the 8-token windows
     tokens = torch.randint(0, VOCAB, (2, 40), generator=torch.Generator().manual_seed(0))
@@ -125,7 +114,7 @@ def test_family_loads_with_transformers_logits_and_exports_back(kind, tmp_path):
     assert loss == pytest.approx(ref, abs=1e-6)
 
     # the in-memory converter reads the same tensors (Phi-3: the fused ones split)
-    again = _ours(cfg, tmp_path / "hf")
+    again = float64_model_from_hf(cfg, tmp_path / "hf")
     again.load_state_dict(from_hf_state_dict(hf.state_dict(), cfg))
     with torch.no_grad():
         torch.testing.assert_close(again(tokens), ours(tokens), atol=0, rtol=0)

@@ -14,12 +14,11 @@ import torch
 import torch.nn.functional as F
 
 from scaletrain.checkpoint.hf import export_hf, from_hf_state_dict
-from scaletrain.checkpoint.hf_load import load_hf_weights
 from scaletrain.config import ConfigError, Layout, model_from_hf_config, model_preset
 from scaletrain.config.layout import layout_problems
-from scaletrain.models import build_model
 from scaletrain.models.loss import linear_cross_entropy
 from scaletrain.models.norms import rms_norm16
+from tests._hf_models import float64_model_from_hf
 
 transformers = pytest.importorskip("transformers")
 
@@ -129,16 +128,6 @@ def _hf_model(kind, out_dir):
     return model
 
 
-def _ours(cfg, model_dir):
-    torch.set_default_dtype(torch.float64)
-    try:
-        model = build_model(cfg, device="cpu", seed=3)
-    finally:
-        torch.set_default_dtype(torch.float32)
-    load_hf_weights(model, cfg, model_dir)  # checkpoint.init_from's reader
-    return model.eval()
-
-
 @pytest.mark.parametrize("kind", list(FAMILIES))
 def test_family_loads_with_transformers_logits_and_exports_back(kind, tmp_path):
     hf = _hf_model(kind, tmp_path / "hf")
@@ -147,7 +136,7 @@ def test_family_loads_with_transformers_logits_and_exports_back(kind, tmp_path):
         assert cfg.attention == "sdpa" and cfg.full_attention_every == 3
     if kind == "gemma3_text":
         assert cfg.qk_norm and cfg.rope_local_theta == 100.0 and cfg.rope_theta == 1e6
-    ours = _ours(cfg, tmp_path / "hf")
+    ours = float64_model_from_hf(cfg, tmp_path / "hf")
     tokens = torch.randint(0, VOCAB, (2, 40), generator=torch.Generator().manual_seed(0))
     targets = torch.roll(tokens, -1, dims=1)
     with torch.no_grad():
@@ -163,7 +152,7 @@ def test_family_loads_with_transformers_logits_and_exports_back(kind, tmp_path):
     assert loss == pytest.approx(ref, abs=1e-6)
 
     # the in-memory converter reads transformers 5's fused experts (gate_up_proj)
-    again = _ours(cfg, tmp_path / "hf")
+    again = float64_model_from_hf(cfg, tmp_path / "hf")
     again.load_state_dict(from_hf_state_dict(hf.state_dict(), cfg))
     with torch.no_grad():
         torch.testing.assert_close(again(tokens), ours(tokens), atol=0, rtol=0)
