@@ -226,3 +226,26 @@ def test_gemma_pieces_refused_where_they_cannot_run():
     assert "model.sliding_window" in long[0] and "model.attn_softcap" in long[1]
     short = [p.fix for p in layout_problems(Layout(cp=2), gemma, seq_len=4096)]
     assert len(short) == 1 and "model.attn_softcap" in short[0]
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        # Multi-head Latent Attention has its own core and latent norms: Gemma's score scale,
+        # score soft-cap and (1 + w) norms would not reach them
+        ({"attn_scale_dim": 24}, "model.attn_scale_dim"),
+        ({"attention": "naive", "attn_softcap": 20.0}, "model.attn_softcap"),
+        ({"norm_plus_one": True}, "model.norm_plus_one"),
+        # DeepSeek's routing normalizes its k weights with router_norm_topk; Qwen3-MoE's
+        # switch belongs to the Mixtral-style router
+        ({"moe_norm_topk": False}, "model.moe_norm_topk"),
+    ],
+)
+def test_gemma_and_qwen3_moe_switches_refused_on_deepseek(fields, named):
+    with pytest.raises(ConfigError, match=named):
+        model_preset("tiny-deepseek", **fields)
+
+
+def test_qwen3_moe_switch_kept_on_mixtral_style_routing():
+    cfg = model_preset("tiny-moe", moe_norm_topk=False)
+    assert not cfg.moe_norm_topk and cfg.router_scoring == "topk_softmax"

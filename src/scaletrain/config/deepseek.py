@@ -79,6 +79,11 @@ def _validate_mla(m: ModelConfig) -> None:
         ("fused_qkv", False),
         ("head_dim_override", 0),
         ("sliding_window", 0),
+        # Gemma's attention pieces: MLAttention has no score scale, soft-cap or (1 + w) latent
+        # norms of its own, so they would be silently ignored there
+        ("attn_scale_dim", 0),
+        ("attn_softcap", 0.0),
+        ("norm_plus_one", False),
     ):
         require(
             getattr(m, f) == off,
@@ -140,6 +145,13 @@ def _validate_moe(m: ModelConfig) -> None:
                 f"needs router_scoring 'softmax' or 'sigmoid' (Mixtral's 'topk_softmax' "
                 f"normalizes over the top k itself): use {off!r}",
             )
+    require(
+        m.moe_norm_topk or m.router_scoring == "topk_softmax",
+        p + "moe_norm_topk",
+        m.moe_norm_topk,
+        "is Mixtral-style routing's ('topk_softmax'); DeepSeek's 'softmax'/'sigmoid' routing "
+        "normalizes its k weights with model.router_norm_topk: use true here",
+    )
     require(
         m.num_shared_experts == 0 or m.router_scoring != "topk_softmax",
         p + "num_shared_experts",

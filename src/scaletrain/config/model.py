@@ -77,7 +77,8 @@ class ModelConfig:
     moe_norm_topk: bool = True
     """MoE routing weights: True renormalizes the k chosen experts' softmax probabilities to
     sum to one (Mixtral; Qwen3-MoE's `norm_topk_prob = true`); False keeps their probabilities
-    under the softmax over all experts (`norm_topk_prob = false`)."""
+    under the softmax over all experts (`norm_topk_prob = false`). 'topk_softmax' routing
+    only: DeepSeek's 'softmax'/'sigmoid' routing has `router_norm_topk` instead."""
     attention: Attention = "sdpa"
     """Attention backend: 'sdpa' (flash / memory-efficient kernels) or 'naive' (S x S scores)."""
     init_std: float = 0.02
