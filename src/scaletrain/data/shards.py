@@ -44,6 +44,8 @@ __all__ = [
     "saved_tokenizer",
     "source_identity",
     "file_identity",
+    "shard_layout",
+    "verify_shards",
 ]
 
 _FORMAT = 2  # bump when the shard layout or the grammar changes, so old caches are not reused
@@ -371,11 +373,10 @@ def saved_tokenizer(final: Path, meta: dict) -> Tokenizer:
     return tok
 
 
-def _checked(final: Path) -> tuple[dict, Tokenizer]:
-    """The cached shard directory's meta and tokenizer, once every file is shown intact: meta
-    readable with its keys, each id file of its recorded size and sha256 (no id beyond the
-    vocabulary), and the saved tokenizer of the vocabulary the shards were built with. Any
-    damage is one `ConfigError` naming the file, never a memmap traceback or garbage trained."""
+def shard_layout(final: Path) -> tuple[dict, Tokenizer, dict[str, tuple[np.dtype, int]]]:
+    """A cached shard directory's meta, tokenizer and id files ({name: (dtype, count)}), once
+    meta is readable with its keys, each file has its recorded size and the saved tokenizer
+    has the vocabulary the shards were built with: everything short of reading the ids."""
     mpath = final / "meta.json"
     meta = read_meta(final, _META_KEYS)
     try:
@@ -383,27 +384,38 @@ def _checked(final: Path) -> tuple[dict, Tokenizer]:
     except TypeError:
         raise _damaged(mpath, f"unknown id dtype {meta['dtype']!r}") from None
     tok = saved_tokenizer(final, meta)
-    files = {"train.bin": meta["num_train"], "val.bin": meta["num_val"]}
+    files = {"train.bin": (dtype, meta["num_train"]), "val.bin": (dtype, meta["num_val"])}
     if meta.get("masks"):
-        files.update({"train.mask": meta["num_train"], "val.mask": meta["num_val"]})
-    for name, count in files.items():
+        mask = np.dtype(np.uint8)
+        files.update({"train.mask": (mask, meta["num_train"]), "val.mask": (mask, meta["num_val"])})
+    for name, (dt, count) in files.items():
         path = final / name
-        item = 1 if name.endswith(".mask") else dtype.itemsize
         size = path.stat().st_size if path.is_file() else None
-        if size != count * item:
+        if size != count * dt.itemsize:
             raise _damaged(
                 path,
                 "missing"
                 if size is None
-                else f"{size} bytes where {count * item} were written (truncated or appended to)",
+                else f"{size} bytes where {count * dt.itemsize} were written (truncated or "
+                "appended to)",
             )
+    return meta, tok, files
+
+
+def verify_shards(final: Path) -> tuple[dict, Tokenizer]:
+    """The cached shard directory's meta and tokenizer, once every file is shown intact:
+    `shard_layout`'s checks, then each id file's sha256 (no id beyond the vocabulary). Any
+    damage is one `ConfigError` naming the file, never a memmap traceback or garbage trained."""
+    meta, tok, files = shard_layout(final)
+    for name, (dt, count) in files.items():
+        path = final / name
         want = meta["sha256"].get(name)
         if want is None:
             continue
-        digest, top = _digest(path, dtype, count)
+        digest, top = _digest(path, dt, count)
         if digest != want:
             raise _damaged(path, "fails its sha256 checksum (corrupt or changed)")
-        if top >= meta["vocab_size"]:
+        if not name.endswith(".mask") and top >= meta["vocab_size"]:
             raise _damaged(path, f"holds id {top}, beyond the tokenizer's {meta['vocab_size']}")
     return meta, tok
 
@@ -436,7 +448,7 @@ def load_or_build_shards(
     final = Path(cfg.cache_dir) / f"{cfg.source if cfg.source == 'grammar' else 'text'}-{key}"
     if not (final / "meta.json").exists():
         _build(cfg, final, identity, train_need=train_need, val_need=val_need, progress=progress)
-    meta, tok = _checked(final)
+    meta, tok = verify_shards(final)
     check_size(
         cfg,
         meta["num_train"] + meta["num_val"],
