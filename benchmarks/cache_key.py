@@ -1,7 +1,9 @@
-"""What keying the token-shard cache on content costs: the source's sha256 on every start.
+"""What keying the token-shard cache on content costs: the source's sha256 when it is read.
 
 `scaletrain.data.shards.file_identity` reads every byte of every source file to key the cache
-(issue 38 item 7: an edit that keeps size and mtime must rebuild). This measures, per corpus
+(issue 38 item 7: an edit that keeps size and mtime must rebuild), once per cache directory: a
+later start (or another rank) reads the digest recorded then while the file's stat, ctime
+included, holds (`scaletrain.data.digests`). This measures that read, with no record, per corpus
 size, in one process on one core: the seconds of that read-and-hash (the file page-cached, just
 written), and a whole cache hit (`load_or_build_shards` when the shards exist: the key, then the
 shards' own sha256 verification), so the key's share of a warm start is visible. The corpus is

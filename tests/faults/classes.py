@@ -24,4 +24,5 @@ CLASSES: dict[str, str] = {
     "data_cache_content": "a corpus edited in place with its size and mtime kept",
     "oom_advice": "the out-of-memory report's next layout",
     "run_end_sample": "the sample written at the end of a finished run",
+    "interrupted_write": "a writer killed before its rename (ingest, checkpoint save): leftovers",
 }

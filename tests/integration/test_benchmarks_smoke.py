@@ -29,6 +29,7 @@ SCRIPTS = (
     "fp8_cpu",
     "moe_experts",
     "cache_key",
+    "data_check",
     "calibration",
     "finetune_memory",
 )
@@ -173,6 +174,7 @@ REQUIRED = {
     "fp8_cpu": ("probe", "rounds", "summary", "cpu_flags"),
     "moe_experts": ("rows", "reps", "threads", "tokens"),
     "cache_key": ("rows", "meta"),
+    "data_check": ("rows", "meta"),
     "calibration": ("rows", "summary", "meta", "target"),
     "finetune_memory": ("rows", "seq_len", "batch"),
 }

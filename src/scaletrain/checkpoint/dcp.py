@@ -6,7 +6,8 @@ Layout of a run's checkpoints:
         extra_rank{r}.pt                per-rank non-model state: tensors and plain data only
         trainer_state.json              step, scheduler, scaler, data position, model fingerprint
         manifest.json                   size + sha256 of every file above (written last)
-    RUN/checkpoints/.tmp-step_.../      in-progress write; never loaded, removed on next save
+    RUN/checkpoints/.tmp-step_.../      in-progress write; never loaded, removed at the next
+                                        start (`clear_interrupted_saves`) and by the next save
 
 A crash at any point leaves either the old set of published checkpoints or the old set plus a
 new complete one: the directory is renamed into place only after every rank has written and the
@@ -60,6 +61,7 @@ __all__ = [
     "list_checkpoints",
     "verify_checkpoint",
     "CheckpointError",
+    "clear_interrupted_saves",
 ]
 
 
@@ -198,6 +200,37 @@ def _begin(ckpt_dir: Path, step: int) -> tuple[Path, Path]:
         tmp.mkdir()
     _barrier()
     return tmp, final
+
+
+def clear_interrupted_saves(ckpt_dir: Path) -> str | None:
+    """Remove the `.tmp-*` folders of saves that were interrupted (a killed process, a lost
+    node); a line saying what was removed, or None. For rank 0 at a run's start, holding the
+    run directory's lock (`trainer.runlock`): no other training writes in this directory and
+    this one has not saved yet, so none of them is a write in flight. Without this, a crash's
+    leftover (as large as a checkpoint) stays until the next save, which a full disk may
+    prevent."""
+    try:
+        stale = sorted(p for p in ckpt_dir.glob(".tmp-*") if p.is_dir() and not p.is_symlink())
+    except OSError:
+        return None
+    if not stale:
+        return None
+    size = sum(f.stat().st_size for p in stale for f in p.rglob("*") if f.is_file())
+    for p in stale:
+        shutil.rmtree(p, ignore_errors=True)
+    kept = [p.name for p in stale if p.exists()]  # (permissions): said, not claimed removed
+    line = (
+        f"removed {len(stale)} unfinished checkpoint folder{'s' if len(stale) > 1 else ''} "
+        f"({fmt_bytes(size)}) left in {ckpt_dir} by an interrupted save: "
+        + ", ".join(p.name for p in stale)
+    )
+    if kept:
+        line = (
+            f"{len(kept)} unfinished checkpoint folder(s) in {ckpt_dir} left by an interrupted "
+            f"save could not be removed: {', '.join(kept)}; delete them to free "
+            f"{fmt_bytes(size)}"
+        )
+    return line
 
 
 def _storage_error(e: BaseException, where: Path, needed: int) -> OSError | None:

@@ -39,6 +39,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "profile": ("scaletrain.cli.profile", "profile a few steps: breakdown, roofline, bottleneck"),
     "report": ("scaletrain.cli.report", "write a self-contained HTML report of a run directory"),
     "status": ("scaletrain.cli.status", "where a (possibly running) run is: step, ETA, health"),
+    "data": ("scaletrain.cli.data", "check a pre-tokenized corpus (data check PATH --index-only)"),
     "napkin": (
         "scaletrain.cli.napkin",
         "the seeds' napkin math: memory conventions, checkpoint "

@@ -14,7 +14,8 @@ from .direct import TokenView, load_direct
 from .direct import applies as direct_applies
 from .eval_sets import load_or_build_eval_sets
 from .loader import BatchIterator, Tokens, WindowSampler
-from .shards import Shards, load_or_build_shards
+from .shards import DIGESTS, Shards, load_or_build_shards
+from .stale_writes import sweep
 from .tokenizer import Tokenizer
 
 __all__ = ["DataBundle", "build_data"]
@@ -180,13 +181,17 @@ def build_data(
     dp_size: int = 1,
     seed: int | None = None,
     progress: bool = False,
+    sweep_stale: bool = True,
 ) -> DataBundle:
     """Tokenize (or reuse the cached shards of) `cfg.source` and set up this rank's sampler.
 
     `seed` picks the sampling order (defaults to `cfg.seed`, which also seeds the grammar).
     Raises `ConfigError` naming `data.source` (or `data.num_tokens`) when the corpus cannot fill
     one batch, before tokenizing anything. `progress`: print the ingestion progress line
-    (every few seconds, on stderr) while a streamed corpus is tokenized.
+    (every few seconds, on stderr) while a streamed corpus is tokenized. `sweep_stale`: first
+    remove what writers of this host that died left in `data.cache_dir`
+    (`stale_writes.sweep`; one process per host is enough, the trainer's local rank 0), said
+    in `describe`.
     """
     if min(seq_len, micro_batch, grad_accum, dp_size) < 1 or not 0 <= dp_rank < dp_size:
         raise ValueError(
@@ -199,6 +204,7 @@ def build_data(
         "train_need": window * micro_batch * dp_size * grad_accum,
         "val_need": window * micro_batch * dp_size,
     }
+    notes = _swept(cfg) if sweep_stale else []
     shards = (
         load_direct(cfg, **need)
         if direct_applies(cfg)
@@ -220,7 +226,6 @@ def build_data(
     )
     # a held-out set is sampled as a validation split (`val_batch`); its train side is unused
     evals = {e.name: WindowSampler(e.tokens, e.tokens, **kw) for e in eval_sets}
-    notes = []
     for name, part in component_val_parts(cfg, shards).items():
         if len(part) < seq_len + 1:
             notes.append(
@@ -230,6 +235,16 @@ def build_data(
         else:
             evals[name] = WindowSampler(part, part, **kw)
     return DataBundle(cfg, shards, sampler, evals, notes)
+
+
+def _swept(cfg: DataConfig) -> list[str]:
+    """Leftovers of dead writers removed from the cache (shard directories, digest records),
+    and other hosts' reported, as `describe` notes."""
+    cache = Path(cfg.cache_dir)
+    return [
+        *sweep(cache).lines("shard directories in data.cache_dir"),
+        *sweep(cache / DIGESTS).lines("digest records in data.cache_dir"),
+    ]
 
 
 def component_val_parts(cfg: DataConfig, shards: Shards) -> dict[str, Tokens]:

@@ -26,7 +26,7 @@ import numpy as np
 
 from scaletrain.config import ConfigError
 
-__all__ = ["DatatroveIndex", "is_datatrove", "read_datatrove"]
+__all__ = ["DatatroveIndex", "is_datatrove", "read_datatrove", "parse_metadata", "bad_ds"]
 
 _BLOCK = 1 << 20
 
@@ -36,7 +36,8 @@ def is_datatrove(path: Path) -> bool:
     return path.name.endswith(".ds") and Path(f"{path}.index").is_file()
 
 
-def _bad(path: Path, what: str) -> ConfigError:
+def bad_ds(path: Path, what: str) -> ConfigError:
+    """One line naming `path`, what is wrong with it and the fix (datatrove output)."""
     return ConfigError(
         "data.source",
         str(path),
@@ -65,18 +66,23 @@ class DatatroveIndex:
         return np.concatenate(([start], np.asarray(self.ends[lo:hi], dtype=np.int64)))
 
 
+def parse_metadata(meta: Path, text: str) -> tuple[np.dtype, int]:
+    """(id dtype, token count) from the text of a `.ds.metadata` file."""
+    lines = text.splitlines()
+    try:
+        size, count = int(lines[0].rsplit("|", 1)[1]), int(lines[1])
+    except (IndexError, ValueError):
+        raise bad_ds(meta, "expected '<tokenizer>|<token size>' then the token count") from None
+    if size not in (2, 4):
+        raise bad_ds(meta, f"token size {size} (datatrove writes 2 or 4)")
+    return np.dtype(np.uint16 if size == 2 else np.uint32), count
+
+
 def _token_size(path: Path, token_dtype: str) -> tuple[np.dtype, int | None]:
     meta = Path(f"{path}.metadata")
     if not meta.is_file():
         return np.dtype(token_dtype), None
-    lines = meta.read_text(errors="replace").splitlines()
-    try:
-        size, count = int(lines[0].rsplit("|", 1)[1]), int(lines[1])
-    except (IndexError, ValueError):
-        raise _bad(meta, "expected '<tokenizer>|<token size>' then the token count") from None
-    if size not in (2, 4):
-        raise _bad(meta, f"token size {size} (datatrove writes 2 or 4)")
-    return np.dtype(np.uint16 if size == 2 else np.uint32), count
+    return parse_metadata(meta, meta.read_text(errors="replace"))
 
 
 def read_datatrove(path: Path, token_dtype: str) -> DatatroveIndex:
@@ -84,22 +90,22 @@ def read_datatrove(path: Path, token_dtype: str) -> DatatroveIndex:
     dtype, count = _token_size(path, token_dtype)
     size = path.stat().st_size
     if size % dtype.itemsize:
-        raise _bad(path, f"{size} bytes, not a whole number of {dtype.name} ids (truncated?)")
+        raise bad_ds(path, f"{size} bytes, not a whole number of {dtype.name} ids (truncated?)")
     num_tokens = size // dtype.itemsize
     if count is not None and count != num_tokens:
-        raise _bad(path, f"holds {num_tokens:,} ids where its .metadata counts {count:,}")
+        raise bad_ds(path, f"holds {num_tokens:,} ids where its .metadata counts {count:,}")
     index = Path(f"{path}.index")
     isize = index.stat().st_size
     if isize % 8:
-        raise _bad(index, f"{isize} bytes, not a whole number of uint64 document ends")
+        raise bad_ds(index, f"{isize} bytes, not a whole number of uint64 document ends")
     n = isize // 8
     ends = np.memmap(index, np.dtype("<u8"), "r", shape=(n,)) if n else np.zeros(0, np.uint64)
     if n and int(ends[-1]) != num_tokens:
-        raise _bad(index, f"the last document ends at {int(ends[-1]):,}, not {num_tokens:,}")
+        raise bad_ds(index, f"the last document ends at {int(ends[-1]):,}, not {num_tokens:,}")
     if not n and num_tokens:
-        raise _bad(index, "no document ends for a non-empty .ds")
+        raise bad_ds(index, "no document ends for a non-empty .ds")
     for lo in range(0, n, _BLOCK):
         block = np.asarray(ends[max(lo - 1, 0) : lo + _BLOCK], dtype=np.int64)
         if (np.diff(block) < 0).any():
-            raise _bad(index, f"the document ends fall near document {lo}")
+            raise bad_ds(index, f"the document ends fall near document {lo}")
     return DatatroveIndex(path, dtype, num_tokens, ends)

@@ -9,7 +9,7 @@ ingestion would have written (`corpus.build_streamed`: each document with the BO
 a mixture's components truncated or repeated to their token shares), in the same order, so a
 run trains on exactly the windows and losses of the same corpus ingested by us.
 
-Verification is the one our own shards get on every open (`shards._checked`): recorded sizes
+Verification is the one our own shards get on every open (`shards.verify_shards`): recorded sizes
 and sha256 checksums, no id beyond the tokenizer. On first use each file is scanned once
 (sha256 of the ids and of the index, the largest id) and, where documents lack separators, the
 offsets they take with them are written (`NAME.vbounds`, int64 per document boundary: 8 bytes a

@@ -28,7 +28,7 @@ from scaletrain.config.sources import EvalSource, parse_eval_sources
 from . import corpus
 from .encode_pool import EncodePool, default_workers
 from .progress import Progress
-from .shards import file_identity, publish
+from .shards import digest_memo, file_identity, publish
 from .tokenizer import Tokenizer
 
 __all__ = ["EvalSet", "load_or_build_eval_sets"]
@@ -46,7 +46,7 @@ class EvalSet:
 def _identity(cfg: DataConfig, src: EvalSource, train_shard: str) -> dict:
     return {
         "format": corpus.FORMAT,
-        "files": file_identity(list(src.files)),
+        "files": file_identity(list(src.files), digest_memo(cfg)),
         "text_field": cfg.text_field,
         "token_dtype": cfg.token_dtype,
         "tokenizer_of": train_shard,

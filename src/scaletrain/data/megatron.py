@@ -42,10 +42,21 @@ import numpy as np
 
 from scaletrain.config import ConfigError
 
-__all__ = ["DocumentIndex", "MegatronIndex", "is_megatron", "read_index", "iter_document_ids"]
+__all__ = [
+    "DocumentIndex",
+    "MegatronIndex",
+    "IndexHeader",
+    "HEADER_BYTES",
+    "is_megatron",
+    "parse_header",
+    "read_index",
+    "iter_document_ids",
+    "bad_index",
+]
 
 MAGIC = b"MMIDIDX\x00\x00"
 _HEADER = struct.Struct("<9sQBQQ")  # magic, version, dtype code, sequences, documents: 34 bytes
+HEADER_BYTES = _HEADER.size
 # megatron-core's DType codes; the float codes (6 float64, 7 float32) hold no token ids
 _DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 8: np.uint16}
 _BLOCK = 1 << 20  # sequences or documents checked (and tokens copied) per step
@@ -96,7 +107,8 @@ def is_megatron(path: Path) -> bool:
     return path.name.endswith(".bin") and path.with_suffix(".idx").is_file()
 
 
-def _bad(path: Path, what: str) -> ConfigError:
+def bad_index(path: Path, what: str) -> ConfigError:
+    """One line naming `path`, what is wrong with it and the fix (a Megatron dataset)."""
     return ConfigError(
         "data.source",
         str(path),
@@ -105,38 +117,67 @@ def _bad(path: Path, what: str) -> ConfigError:
     )
 
 
+@dataclass(frozen=True)
+class IndexHeader:
+    """The fixed header of a `.idx`, checked against the file's size (`parse_header`)."""
+
+    dtype: np.dtype
+    num_seq: int
+    num_doc: int
+
+    @property
+    def lengths_offset(self) -> int:
+        return _HEADER.size
+
+    @property
+    def pointers_offset(self) -> int:
+        return _HEADER.size + 4 * self.num_seq
+
+    @property
+    def documents_offset(self) -> int:
+        return _HEADER.size + 12 * self.num_seq
+
+
+def parse_header(idx: Path, head: bytes, size: int) -> IndexHeader:
+    """The header's magic, version and integer dtype code, and the `.idx` size (`size` bytes)
+    against its sequence and document counts; `head` is the file's first bytes (at least the
+    34 of the header, when the file has them)."""
+    if len(head) < _HEADER.size or head[:9] != MAGIC:
+        raise bad_index(idx, f"the header is not {MAGIC!r}")
+    _, version, code, num_seq, num_doc = _HEADER.unpack(head[: _HEADER.size])
+    if version != 1:
+        raise bad_index(idx, f"version {version} (only version 1 exists)")
+    if code not in _DTYPES:
+        raise bad_index(idx, f"dtype code {code} is not an integer id type ({sorted(_DTYPES)})")
+    want = _HEADER.size + num_seq * (4 + 8) + num_doc * 8
+    if size not in (want, want + num_seq):  # (+ the int8 modes of a multimodal dataset)
+        raise bad_index(
+            idx,
+            f"{size} bytes where {num_seq:,} sequences and {num_doc:,} document indices take "
+            f"{want:,} (truncated?)",
+        )
+    return IndexHeader(np.dtype(_DTYPES[code]), num_seq, num_doc)
+
+
 def read_index(bin_path: Path) -> MegatronIndex:
     """Open and check `bin_path` and its `.idx` (see the module docstring for what is checked)."""
     idx = bin_path.with_suffix(".idx")
     size = idx.stat().st_size
     with open(idx, "rb") as f:
         head = f.read(_HEADER.size)
-    if len(head) < _HEADER.size or head[:9] != MAGIC:
-        raise _bad(idx, f"the header is not {MAGIC!r}")
-    _, version, code, num_seq, num_doc = _HEADER.unpack(head)
-    if version != 1:
-        raise _bad(idx, f"version {version} (only version 1 exists)")
-    if code not in _DTYPES:
-        raise _bad(idx, f"dtype code {code} is not an integer id type ({sorted(_DTYPES)})")
-    dtype = np.dtype(_DTYPES[code])
-    want = _HEADER.size + num_seq * (4 + 8) + num_doc * 8
-    if size not in (want, want + num_seq):  # (+ the int8 modes of a multimodal dataset)
-        raise _bad(
-            idx,
-            f"{size} bytes where {num_seq:,} sequences and {num_doc:,} document indices take "
-            f"{want:,} (truncated?)",
-        )
-    off = _HEADER.size
+    h = parse_header(idx, head, size)
+    dtype, num_seq, num_doc = h.dtype, h.num_seq, h.num_doc
+    off = h.lengths_offset
     lengths = np.memmap(idx, np.int32, "r", off, (num_seq,)) if num_seq else np.zeros(0, np.int32)
-    off += 4 * num_seq
+    off = h.pointers_offset
     pointers = np.memmap(idx, np.int64, "r", off, (num_seq,)) if num_seq else np.zeros(0, np.int64)
-    off += 8 * num_seq
+    off = h.documents_offset
     doc_ends = np.memmap(idx, np.int64, "r", off, (num_doc,)) if num_doc else np.zeros(0, np.int64)
     num_tokens = _check_sequences(idx, lengths, pointers, dtype.itemsize)
     _check_documents(idx, doc_ends, num_seq)
     bin_size = bin_path.stat().st_size
     if bin_size != num_tokens * dtype.itemsize:
-        raise _bad(
+        raise bad_index(
             bin_path,
             f"{bin_size:,} bytes where the .idx lists {num_tokens:,} {dtype.name} ids "
             f"({num_tokens * dtype.itemsize:,} bytes)",
@@ -151,12 +192,12 @@ def _check_sequences(idx: Path, lengths: np.ndarray, pointers: np.ndarray, item:
     for lo in range(0, len(lengths), _BLOCK):
         n = np.asarray(lengths[lo : lo + _BLOCK], dtype=np.int64)
         if n.size and int(n.min()) < 0:
-            raise _bad(idx, f"a negative sequence length near sequence {lo}")
+            raise bad_index(idx, f"a negative sequence length near sequence {lo}")
         expect = (total + np.concatenate(([0], np.cumsum(n)[:-1]))) * item
         bad = np.flatnonzero(np.asarray(pointers[lo : lo + _BLOCK]) != expect)
         if bad.size:
             i = lo + int(bad[0])
-            raise _bad(
+            raise bad_index(
                 idx,
                 f"sequence {i} points at byte {int(pointers[i])}, not {int(expect[bad[0]])} "
                 "(sequences must lie back to back from byte 0)",
@@ -167,10 +208,10 @@ def _check_sequences(idx: Path, lengths: np.ndarray, pointers: np.ndarray, item:
 
 def _check_documents(idx: Path, doc_ends: np.ndarray, num_seq: int) -> None:
     if len(doc_ends) == 0 or int(doc_ends[0]) != 0 or int(doc_ends[-1]) != num_seq:
-        raise _bad(idx, f"the document indices must run from 0 to the {num_seq:,} sequences")
+        raise bad_index(idx, f"the document indices must run from 0 to the {num_seq:,} sequences")
     for lo in range(0, len(doc_ends), _BLOCK):
         if (np.diff(np.asarray(doc_ends[lo : lo + _BLOCK + 1])) < 0).any():
-            raise _bad(idx, f"the document indices fall near document {lo}")
+            raise bad_index(idx, f"the document indices fall near document {lo}")
 
 
 def iter_document_ids(

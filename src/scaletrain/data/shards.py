@@ -3,9 +3,12 @@
 A shard directory `<cache_dir>/<key>/` holds `train.bin`, `val.bin` (raw uint16/uint32 ids),
 `meta.json` and the tokenizer's files. The key hashes the source identity (the grammar's parameters,
 or each file's path, size and content: `file_identity`), the tokenizer and the split, so any change
-of the bytes rebuilds and an unchanged source is reused, whatever its mtime. Directories are written
-under a temporary name and renamed into place, so a reader never sees a half-written shard and
-concurrent ranks that build the same shard do not corrupt each other (the first rename wins).
+of the bytes rebuilds and an unchanged source is reused, whatever its mtime; the digests are read
+once per cache directory (`digests.py`). Directories are written under a temporary name naming
+the writer's host and pid (`stale_writes.temp_name`) and renamed into place, so a reader never
+sees a half-written shard, concurrent ranks that build the same shard do not corrupt each other
+(the first rename wins), and what a killed writer left is removed at the next start
+(`stale_writes.sweep`, from `bundle.build_data`).
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ import hashlib
 import json
 import os
 import shutil
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,8 +29,10 @@ from scaletrain.config.sources import parse_sources, resolve_tokenizer_file
 
 from . import corpus, sft
 from .datatrove import is_datatrove
+from .digests import DigestMemo, content_digest
 from .grammar import default_grammar, generate_text
 from .megatron import is_megatron
+from .stale_writes import temp_name
 from .tokenizer import BPETokenizer, ByteTokenizer, CharTokenizer, Tokenizer, load_tokenizer
 
 if TYPE_CHECKING:  # (the loader imports torch; shards are written without it)
@@ -44,11 +48,17 @@ __all__ = [
     "saved_tokenizer",
     "source_identity",
     "file_identity",
+    "digest_memo",
+    "DIGESTS",
+    "shard_layout",
+    "verify_shards",
 ]
 
 _FORMAT = 2  # bump when the shard layout or the grammar changes, so old caches are not reused
 # (2: whole-text shards carry sha256 checksums; byte-tokenized files are kept byte-exact)
 _CHUNK_CHARS = 1 << 16
+DIGESTS = "digests"
+"""The folder of `data.cache_dir` holding the source files' digest records."""
 _DOC_SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet", ".arrow", ".bin", ".ds")
 
 
@@ -85,30 +95,29 @@ def streamed(cfg: DataConfig) -> bool:
     )
 
 
-def content_digest(path: Path) -> str:
-    """sha256 of every byte of `path`, streamed (hashlib.file_digest: bounded memory)."""
-    with path.open("rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
 def _file_digest(path: Path) -> str:
     return content_digest(path)[:16] if path.is_file() else ""
 
 
-def file_identity(paths: list[Path]) -> list[list]:
+def digest_memo(cfg: DataConfig) -> DigestMemo:
+    """The digests of `cfg`'s source files recorded in its cache (`digests.py`)."""
+    return DigestMemo(Path(cfg.cache_dir) / DIGESTS)
+
+
+def file_identity(paths: list[Path], memo: DigestMemo | None = None) -> list[list]:
     """What a cache key knows of source files: each one's resolved path, size and the sha256 of
     all its bytes, the bytes the build reads (text, JSONL, Parquet, Arrow, ids and their index
     or metadata files).
 
     Content, not mtime: a file edited in place with its size and mtime restored (os.utime) gets
-    a new key, and a file merely touched keeps its key. The cost is one sequential read of the
-    corpus per start on every rank, on top of the build's own read when the key is new: sha256
-    streamed 1.5 GB/s on one core of the project's 2-core host (x86 with SHA extensions,
-    page-cached: benchmarks/results/cache_key.md, 256 MB in 0.17 s, a third of a whole cache
-    hit, which also checks the shards' own sha256), and reads at the disk's speed when cold. A memo
-    keyed on (inode, size, mtime, ctime) could skip the re-read; it is not kept, since ctime is
-    not maintained the same way by every filesystem."""
-    return [[str(p.resolve()), p.stat().st_size, content_digest(p)] for p in paths]
+    a new key, and a file merely touched keeps its key. The sha256 streams at 1.5 GB/s on one
+    core of the project's 2-core host (x86 with SHA extensions, page-cached:
+    benchmarks/results/cache_key.md) and at the disk's speed when cold; `memo` (the cache's
+    `digests/` records: `digests.DigestMemo`) keeps it to one read per file and cache
+    directory, whichever rank comes first, until the file's size, mtime, ctime or inode
+    change (ctime moves on every write and every os.utime, so the edit above is still seen)."""
+    memo = memo if memo is not None else DigestMemo(None)
+    return [[str(p.resolve()), p.stat().st_size, memo.digest(p)] for p in paths]
 
 
 def source_identity(cfg: DataConfig) -> dict:
@@ -123,7 +132,7 @@ def source_identity(cfg: DataConfig) -> dict:
         trove = [p for p in paths if is_datatrove(p)]
         paths += [Path(f"{p}.index") for p in trove]
         paths += [m for p in trove if (m := Path(f"{p}.metadata")).is_file()]
-        src = {"kind": "files", "root": str(root), "files": file_identity(paths)}
+        src = {"kind": "files", "root": str(root), "files": file_identity(paths, digest_memo(cfg))}
     tok: dict = {"name": cfg.tokenizer}
     if cfg.tokenizer == "bpe":
         tok["vocab_size"] = cfg.bpe_vocab_size
@@ -232,7 +241,7 @@ def _write(directory: Path, name: str, ids: np.ndarray, dtype: np.dtype) -> None
 def publish(final: Path, fill: Callable[[Path], None]) -> None:
     """Write a shard directory under a temporary name with `fill`, then rename it into place."""
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp = final.parent / temp_name(final.name)  # (host and pid: `stale_writes.sweep`)
     tmp.mkdir()
     try:
         fill(tmp)
@@ -371,11 +380,10 @@ def saved_tokenizer(final: Path, meta: dict) -> Tokenizer:
     return tok
 
 
-def _checked(final: Path) -> tuple[dict, Tokenizer]:
-    """The cached shard directory's meta and tokenizer, once every file is shown intact: meta
-    readable with its keys, each id file of its recorded size and sha256 (no id beyond the
-    vocabulary), and the saved tokenizer of the vocabulary the shards were built with. Any
-    damage is one `ConfigError` naming the file, never a memmap traceback or garbage trained."""
+def shard_layout(final: Path) -> tuple[dict, Tokenizer, dict[str, tuple[np.dtype, int]]]:
+    """A cached shard directory's meta, tokenizer and id files ({name: (dtype, count)}), once
+    meta is readable with its keys, each file has its recorded size and the saved tokenizer
+    has the vocabulary the shards were built with: everything short of reading the ids."""
     mpath = final / "meta.json"
     meta = read_meta(final, _META_KEYS)
     try:
@@ -383,27 +391,38 @@ def _checked(final: Path) -> tuple[dict, Tokenizer]:
     except TypeError:
         raise _damaged(mpath, f"unknown id dtype {meta['dtype']!r}") from None
     tok = saved_tokenizer(final, meta)
-    files = {"train.bin": meta["num_train"], "val.bin": meta["num_val"]}
+    files = {"train.bin": (dtype, meta["num_train"]), "val.bin": (dtype, meta["num_val"])}
     if meta.get("masks"):
-        files.update({"train.mask": meta["num_train"], "val.mask": meta["num_val"]})
-    for name, count in files.items():
+        mask = np.dtype(np.uint8)
+        files.update({"train.mask": (mask, meta["num_train"]), "val.mask": (mask, meta["num_val"])})
+    for name, (dt, count) in files.items():
         path = final / name
-        item = 1 if name.endswith(".mask") else dtype.itemsize
         size = path.stat().st_size if path.is_file() else None
-        if size != count * item:
+        if size != count * dt.itemsize:
             raise _damaged(
                 path,
                 "missing"
                 if size is None
-                else f"{size} bytes where {count * item} were written (truncated or appended to)",
+                else f"{size} bytes where {count * dt.itemsize} were written (truncated or "
+                "appended to)",
             )
+    return meta, tok, files
+
+
+def verify_shards(final: Path) -> tuple[dict, Tokenizer]:
+    """The cached shard directory's meta and tokenizer, once every file is shown intact:
+    `shard_layout`'s checks, then each id file's sha256 (no id beyond the vocabulary). Any
+    damage is one `ConfigError` naming the file, never a memmap traceback or garbage trained."""
+    meta, tok, files = shard_layout(final)
+    for name, (dt, count) in files.items():
+        path = final / name
         want = meta["sha256"].get(name)
         if want is None:
             continue
-        digest, top = _digest(path, dtype, count)
+        digest, top = _digest(path, dt, count)
         if digest != want:
             raise _damaged(path, "fails its sha256 checksum (corrupt or changed)")
-        if top >= meta["vocab_size"]:
+        if not name.endswith(".mask") and top >= meta["vocab_size"]:
             raise _damaged(path, f"holds id {top}, beyond the tokenizer's {meta['vocab_size']}")
     return meta, tok
 
@@ -436,7 +455,7 @@ def load_or_build_shards(
     final = Path(cfg.cache_dir) / f"{cfg.source if cfg.source == 'grammar' else 'text'}-{key}"
     if not (final / "meta.json").exists():
         _build(cfg, final, identity, train_need=train_need, val_need=val_need, progress=progress)
-    meta, tok = _checked(final)
+    meta, tok = verify_shards(final)
     check_size(
         cfg,
         meta["num_train"] + meta["num_val"],

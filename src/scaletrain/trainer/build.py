@@ -267,6 +267,7 @@ def _build_data_bundle(
             dp_size=dims.layout.dp,
             seed=job.data.seed,
             progress=job.train.progress and env.is_main,
+            sweep_stale=env.local_rank == 0,  # leftovers are judged per host: one per host
         )
     _check_vocab(job, bundle)
     return bundle

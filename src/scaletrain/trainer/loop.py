@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from scaletrain import clock
-from scaletrain.checkpoint.dcp import AsyncCheckpointer
+from scaletrain.checkpoint.dcp import AsyncCheckpointer, clear_interrupted_saves
 from scaletrain.checkpoint.hf_load import load_initial_weights
 from scaletrain.config import JobConfig
 from scaletrain.data import DataBundle
@@ -187,6 +187,10 @@ def _start_run(job: JobConfig) -> tuple[Run, Path | None, int, float]:
     load_initial_weights(run)  # checkpoint.init_from; a resume below wins over it
     enable_document_masking(run)  # data.document_masking
     runlock.acquire(run.run_dir, enabled=run.is_main)  # one training per run directory
+    if run.is_main:  # (the lock proves no save is in flight in this directory)
+        cleared = clear_interrupted_saves(run.ckpt_dir)
+        if cleared is not None:
+            print(cleared)
     path, step, wall_offset = resume(run)
     return run, path, step, wall_offset
 
