@@ -139,6 +139,7 @@ def split_stage(model: Transformer, stage: int, num_stages: int) -> Transformer:
             )
         w = model.tok_embeddings.weight
         mod.output = nn.Linear(w.shape[1], w.shape[0], bias=False, device=w.device, dtype=w.dtype)
+        mod.output.weight.requires_grad_(w.requires_grad)  # frozen with the embedding (LoRA)
     return mod
 
 
