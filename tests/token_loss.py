@@ -4,6 +4,7 @@
 fixed global batch whose micro-batches have deliberately unequal numbers of valid targets, runs
 the trainer's own `train_step` once and returns the logged loss and every gradient, whole and by
 clean name (`reference_grads`: the same from one process, for the tests to compare).
+`eval_loss` runs the trainer's validation (`trainer.evaluation.evaluate`) on the same batches.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from scaletrain.checkpoint.peft import export_peft_adapters
 from scaletrain.config import JobConfig, load_config
 from scaletrain.models import build_model, clean_fqn
 from scaletrain.trainer.build import build_run
+from scaletrain.trainer.evaluation import evaluate
 from scaletrain.trainer.step import apply_update, train_step
 
 from .adam_tolerance import float64_default
@@ -78,13 +80,7 @@ def step_grads(
     optimizer states (after it). `export`: then write the LoRA adapters there (PEFT's files)."""
     with float64_default():
         run = build_run(cfg, data=False)
-        inputs, targets = global_batch(cfg.model.vocab_size, valid)
-        mb = cfg.batch.micro_batch
-        per_rank = NUM_SEQS // run.dims.layout.dp
-        first = run.dims.dp_rank * per_rank
-        micro = [
-            (inputs[i : i + mb], targets[i : i + mb]) for i in range(first, first + per_rank, mb)
-        ]
+        micro = _rank_batches(run, cfg, valid)
         named = [(_name(n), p) for n, p in run.model.named_parameters()]
         trained = [(name, p) for name, p in named if p.requires_grad]
         for _ in range(steps):
@@ -102,6 +98,28 @@ def step_grads(
             "with_grad": with_grad,  # every parameter holding a gradient, trainable or not
             "with_state": {name for name, p in named if p in run.optimizer.state},
         }
+
+
+def _rank_batches(run, cfg: JobConfig, valid: tuple[int, ...]) -> list:
+    """This dp rank's micro-batches of the fixed global batch (its rows, in order)."""
+    inputs, targets = global_batch(cfg.model.vocab_size, valid)
+    mb = cfg.batch.micro_batch
+    per_rank = NUM_SEQS // run.dims.layout.dp
+    first = run.dims.dp_rank * per_rank
+    return [(inputs[i : i + mb], targets[i : i + mb]) for i in range(first, first + per_rank, mb)]
+
+
+def eval_loss(cfg: JobConfig, valid: tuple[int, ...] = VALID) -> float | None:
+    """The trainer's validation loss (`trainer.evaluation.evaluate`) of `cfg`'s layout at its
+    initial weights over this rank's micro-batches of the fixed global batch, float64."""
+    with float64_default():
+        run = build_run(cfg, data=False)
+        return evaluate(run, _rank_batches(run, cfg, valid))
+
+
+def eval_many(cfgs: dict[str, JobConfig]) -> dict[str, float | None]:
+    """`eval_loss` of each named layout in turn on the same process group."""
+    return {name: eval_loss(cfg) for name, cfg in cfgs.items()}
 
 
 def _whole(t: torch.Tensor | None) -> torch.Tensor:
