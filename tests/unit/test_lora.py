@@ -21,16 +21,20 @@ from ..adam_tolerance import float64_default
 from ..token_loss import global_batch
 
 ALL = "wq,wk,wv,wo,w1,w2,w3"
+ZB = {"pp": 2, "pp_schedule": "zero-bubble", "pp_virtual": 2}
+DUALPIPEV = {"pp": 2, "pp_schedule": "dualpipev", "pp_virtual": 2}
 
 
-def _job(tmp_path, lora: dict, model: str = "tiny-llama", **parallel):
+def _job(
+    tmp_path, lora: dict, model: str = "tiny-llama", layers: int = 0, batch: int = 2, **parallel
+):
     return load_config(
         None,
         {
-            "model": {"name": model},
+            "model": {"name": model, **({"num_layers": layers} if layers else {})},
             "parallel": parallel,
             "lora": lora,
-            "batch": {"seq_len": 16, "micro_batch": 1, "global_batch": 2},
+            "batch": {"seq_len": 16, "micro_batch": 1, "global_batch": batch},
             "train": {"run_dir": str(tmp_path), "device": "cpu"},
             "hardware": {"gpu": "cpu"},
         },
@@ -58,8 +62,11 @@ def test_lora_fields_are_checked(lora, field):
     [
         ("tiny", {}, "lora.rank"),  # GPT-2: fused c_attn in HF, no PEFT names for q/k/v
         ("tiny-moe", {}, "lora.rank"),
-        ("tiny-llama", {"tp": 2}, "parallel.tp"),
-        ("tiny-llama", {"pp": 2}, "parallel.pp"),
+        # 4 stages of 4 layers hold 0, 2, 2, 0: under a split backward the first stage, the
+        # embedding alone, sends an activation without gradient; DualPipeV's rank 0 holds
+        # stages 0 and 3, the embedding and the head: nothing to train
+        ("tiny-llama", {"layers": 4, **ZB}, "parallel.pp_schedule"),
+        ("tiny-llama", {"layers": 4, "batch": 4, **DUALPIPEV}, "parallel.pp"),
     ],
 )
 def test_what_lora_does_not_run_yet_is_refused_naming_the_field(tmp_path, model, parallel, field):
@@ -67,6 +74,21 @@ def test_what_lora_does_not_run_yet_is_refused_naming_the_field(tmp_path, model,
     with pytest.raises(ConfigError) as e:
         job.layout(2 if parallel else 1)
     assert e.value.field == field
+
+
+@pytest.mark.parametrize(
+    "parallel",
+    [
+        {"tp": 2},
+        {"tp": 2, "sp": True},
+        {"pp": 2},
+        {"layers": 4, "pp": 2, "pp_schedule": "interleaved", "pp_virtual": 2},  # stage 0: 0 layers
+        {"dp": 2, "zero": 3},
+    ],
+)
+def test_lora_layouts_are_legal(tmp_path, parallel):
+    """The layouts `tests/distributed/test_lora_layouts.py` proves against one process."""
+    assert _job(tmp_path, {"rank": 4}, **parallel).layout(2).world_size == 2
 
 
 def test_only_the_adapters_train_and_hold_optimizer_states(tmp_path):

@@ -133,7 +133,7 @@ def test_every_projection_is_frozen_and_stored_and_only_adapters_train(tmp_path,
             {"dp": 4, "zero": 3, "dp_replicate": 2},
             "parallel.dp_replicate",
         ),
-        ({"rank": 4, "base_dtype": "int8"}, {"tp": 2}, "parallel.tp"),
+        ({"rank": 4, "base_dtype": "int8"}, {"tp": 2}, "lora.base_dtype"),
     ],
 )  # fmt: skip
 def test_what_qlora_does_not_run_is_refused_naming_the_field(tmp_path, lora, parallel, field):

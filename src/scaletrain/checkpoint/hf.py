@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -42,7 +43,14 @@ from scaletrain.models.quantized import FrozenLinear
 
 from .hf_families import expert_names, family_config, norm_names, router_name
 
-__all__ = ["export_hf", "load_hf_state_dict", "to_hf_state_dict", "from_hf_state_dict", "hf_config"]
+__all__ = [
+    "export_hf",
+    "gathered_state_dict",
+    "load_hf_state_dict",
+    "to_hf_state_dict",
+    "from_hf_state_dict",
+    "hf_config",
+]
 
 
 def _check_exportable(cfg: ModelConfig) -> None:
@@ -159,15 +167,20 @@ def hf_config(cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> dict:
     }
 
 
-def _full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Every tensor of the state dict whole (DTensor shards gathered; collective). A frozen
-    projection stored quantized (`lora.base_dtype`) is written as its dequantized float
-    weight (its int8 scales dropped): what the HF model and PEFT's base load."""
+def _full_state_dict(
+    model: nn.Module, keep: Callable[[str], bool] | None = None
+) -> dict[str, torch.Tensor]:
+    """Every tensor of the state dict whole (DTensor shards gathered; collective), or those
+    whose name `keep` accepts (the same names on every rank). A frozen projection stored
+    quantized (`lora.base_dtype`) is written as its dequantized float weight (its int8 scales
+    dropped): what the HF model and PEFT's base load."""
     stored = {
         name: m for name, m in model.named_modules() if isinstance(m, FrozenLinear) and m.quantized
     }
     out = {}
     for k, v in model.state_dict().items():
+        if keep is not None and not keep(k):
+            continue
         owner, _, leaf = k.rpartition(".")
         module = stored.get(owner)
         if module is not None and leaf in module.storage_names():
@@ -177,6 +190,25 @@ def _full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
         v = to_full(v)  # a DTensor's shards gathered
         out[k.replace("_orig_mod.", "")] = v.detach()
     return out
+
+
+def gathered_state_dict(
+    model: nn.Module,
+    *,
+    pp_group: dist.ProcessGroup | None = None,
+    keep: Callable[[str], bool] | None = None,
+) -> dict[str, torch.Tensor]:
+    """`_full_state_dict` of `model` (the tensors `keep` accepts) and, with `pp_group` (a
+    pipeline run: `model` = this rank's stages in a ModuleDict "stage<i>"), every stage's
+    tensors exchanged over the pipeline group under the single-model names (on the CPU).
+    Collective: call on every rank."""
+    state = _full_state_dict(model, keep)
+    if pp_group is None:
+        return state
+    state = {re.sub(r"^stage\d+\.", "", k): v.cpu() for k, v in state.items()}
+    parts: list[dict[str, torch.Tensor] | None] = [None] * dist.get_world_size(pp_group)
+    dist.all_gather_object(parts, state, group=pp_group)
+    return {k: v for part in parts for k, v in (part or {}).items()}
 
 
 def _dequantized_full(module: FrozenLinear) -> torch.Tensor:
@@ -382,14 +414,9 @@ def export_hf(
     adapters (`models.lora`), merged into the base weights with this scale (alpha / rank).
     """
     out = Path(out_dir)
-    state = _full_state_dict(model)
-    if pp_group is not None:
-        state = {re.sub(r"^stage\d+\.", "", k): v.cpu() for k, v in state.items()}
-        parts: list[dict[str, torch.Tensor] | None] = [None] * dist.get_world_size(pp_group)
-        dist.all_gather_object(parts, state, group=pp_group)
-        state = {k: v for part in parts for k, v in (part or {}).items()}
-        if cfg.tie_embeddings:
-            state.pop("output.weight", None)
+    state = gathered_state_dict(model, pp_group=pp_group)
+    if pp_group is not None and cfg.tie_embeddings:
+        state.pop("output.weight", None)
     if dist.is_initialized() and dist.get_rank() != 0:
         return out
     if lora_scale is not None:

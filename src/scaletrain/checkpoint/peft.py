@@ -12,7 +12,8 @@ name "default"), and a config naming the HF modules (`q_proj`, ..., `down_proj`)
 The merged HF export (`hf.export_hf(lora_scale=...)`) folds the adapters into the base
 weights (`models.lora.merge_adapters`), as PEFT's `merge_and_unload`.
 
-Collective when distributed (the state dict's shards are gathered); global rank 0 writes.
+Collective when distributed (the adapters' shards and pipeline stages are gathered); global
+rank 0 writes.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from scaletrain.config import ModelConfig
 from scaletrain.config.lora import LoraConfig
 from scaletrain.models.lora import is_adapter
 
-from .hf import _full_state_dict, _layer_map
+from .hf import _layer_map, gathered_state_dict
 
 __all__ = [
     "ADAPTER_CONFIG",
@@ -90,12 +91,19 @@ def adapter_config(cfg: ModelConfig, lora: LoraConfig) -> dict:
 
 
 def export_peft_adapters(
-    model: nn.Module, cfg: ModelConfig, lora: LoraConfig, out_dir: str | Path
+    model: nn.Module,
+    cfg: ModelConfig,
+    lora: LoraConfig,
+    out_dir: str | Path,
+    *,
+    pp_group: dist.ProcessGroup | None = None,
 ) -> Path:
     """Write the model's adapters as PEFT does (see the module docstring); returns out_dir.
-    Call on every rank (the gather is a collective); global rank 0 writes."""
+    Call on every rank (the gather is a collective); global rank 0 writes. `pp_group`: a
+    pipeline run (`model` = this rank's stages), each stage's adapters gathered over it.
+    Only the adapters are gathered (FSDP2 / TP shards, pipeline stages), not the base."""
     out = Path(out_dir)
-    state = _full_state_dict(model)
+    state = gathered_state_dict(model, pp_group=pp_group, keep=is_adapter)
     if dist.is_initialized() and dist.get_rank() != 0:
         return out
     out.mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,7 @@ __all__ = [
     "expert_split",
     "expert_zero_shards",
     "grad_accum_steps",
+    "split_backward",
     "stage_layer_ranges",
     "stage_ids",
 ]
@@ -48,7 +49,14 @@ def fused_head_loss(layout: Layout) -> bool:
     gradients as a second autograd pass) would run the fused loss's single backward twice (the
     dry-run's FlopCounterMode: +50% on llama-1024-L4 pp2 rank 1). Trainer and planner share
     this rule."""
-    return not (layout.pp > 1 and layout.pp_schedule in ("zero-bubble", "dualpipev"))
+    return not split_backward(layout)
+
+
+def split_backward(layout: Layout) -> bool:
+    """Whether the pipeline schedule splits each backward into an input-gradient pass and a
+    later weight-gradient pass (zero-bubble, DualPipeV: torch's `stage_backward_input` /
+    `stage_backward_weight`)."""
+    return layout.pp > 1 and layout.pp_schedule in ("zero-bubble", "dualpipev")
 
 
 def expert_tp(tp: int, ep: int) -> int:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from ._errors import ConfigError, require
 from .choices import LoraBaseDtype, check_choices
+from .layout_facts import split_backward, stage_ids, stage_layer_ranges
 
 if TYPE_CHECKING:
     from .layout import Layout
@@ -126,10 +127,13 @@ def lora_problems(
     lora: LoraConfig, model: ModelConfig, layout: Layout, precision: str
 ) -> list[ConfigError]:
     """What LoRA does not support yet, each a ConfigError naming the field and the fix: a
-    Llama-family dense model with separate q/k/v (PEFT's Llama names), one process or pure
-    data parallelism (DDP, ZeRO-1/2/3, cp), fp32/bf16/fp16 compute; a quantized base
-    (`base_dtype`) only with adapters, and NF4 only where each weight (and each FSDP2 shard of
-    it) holds whole blocks (`_nf4_problems`)."""
+    Llama-family dense model with separate q/k/v (PEFT's Llama names; MoE experts are fused
+    (E, f, h) parameters, not Linears, so no adapters on them and no expert parallelism),
+    fp32/bf16/fp16 compute; every layout of a dense model (DDP, ZeRO-1/2/3, cp, tp with or
+    without sp, pp with any schedule) as long as each pipeline rank holds a layer
+    (`_pipeline_problems`); a quantized base (`base_dtype`) only with adapters, not split by
+    tp, and NF4 only where each weight (and each FSDP2 shard of it) holds whole blocks
+    (`_nf4_problems`)."""
     if not lora.enabled:
         if lora.base_dtype != "auto":
             return [
@@ -154,21 +158,59 @@ def lora_problems(
         return out
     if not model.gated_mlp and "w3" in lora.target_names:
         out.append(ConfigError("lora.targets", lora.targets, "this MLP has no w3: drop it"))
-    for axis in ("tp", "pp", "ep"):
-        if getattr(layout, axis) > 1:
-            out.append(
-                ConfigError(
-                    f"parallel.{axis}",
-                    getattr(layout, axis),
-                    "LoRA runs on one process or data parallelism (DDP, ZeRO-1/2/3, cp) "
-                    f"for now: use parallel.{axis} = 1 or lora.rank = 0",
-                )
+    if layout.tp > 1 and lora.quantized:
+        out.append(
+            ConfigError(
+                "lora.base_dtype",
+                lora.base_dtype,
+                f"a quantized base is not split by tensor parallelism (parallel.tp = {layout.tp}"
+                "): use lora.base_dtype = auto, or shard it with parallel.zero = 3 and tp = 1",
             )
+        )
+    out += _pipeline_problems(model, layout)
     if precision == "fp8":
         out.append(ConfigError("precision.dtype", precision, "LoRA: use fp32, bf16 or fp16"))
     if lora.base_dtype == "nf4":
         out += _nf4_problems(model, layout)
     return out
+
+
+def _pipeline_problems(model: ModelConfig, layout: Layout) -> list[ConfigError]:
+    """Where a pipeline stage without a transformer layer (more stages than the layers allow
+    such a stage: `stage_layer_ranges` gives the embedding and the head a unit each) breaks
+    LoRA: a rank whose stages hold no layer has no adapter to train (an optimizer of nothing);
+    and under a split backward (`split_backward`), a first stage that is the embedding alone
+    sends an activation that needs no gradient, so torch's input-gradient pass of the next
+    stage reaches none of its adapters and its weight-gradient pass then skips them (no
+    gradient at all). Interleaved 1F1B's single backward runs such a stage correctly."""
+    stages = layout.pp * layout.pp_virtual
+    if layout.pp == 1 or stages > model.num_layers + 2:  # (too many stages: layout_problems)
+        return []
+    ranges = stage_layer_ranges(model.num_layers, stages)
+    fix = "use fewer stages (parallel.pp x parallel.pp_virtual) or lora.rank = 0"
+    for rank in range(layout.pp):
+        ids = stage_ids(rank, layout.pp, layout.pp_virtual, schedule=layout.pp_schedule)
+        if not any(len(ranges[s]) for s in ids):
+            return [
+                ConfigError(
+                    "parallel.pp",
+                    layout.pp,
+                    f"with LoRA every pipeline rank needs a transformer layer, and rank {rank} "
+                    f"holds none of the {model.num_layers} layers over {stages} stages: {fix}",
+                )
+            ]
+    if split_backward(layout) and not len(ranges[0]):
+        return [
+            ConfigError(
+                "parallel.pp_schedule",
+                layout.pp_schedule,
+                f"with LoRA the {layout.pp_schedule} schedule's split backward needs a "
+                f"transformer layer in the first stage, and {stages} stages of "
+                f"{model.num_layers} layers leave it the embedding alone: {fix}, or "
+                "pp_schedule = interleaved",
+            )
+        ]
+    return []
 
 
 def _nf4_problems(model: ModelConfig, layout: Layout) -> list[ConfigError]:

@@ -139,6 +139,7 @@ def split_stage(model: Transformer, stage: int, num_stages: int) -> Transformer:
             )
         w = model.tok_embeddings.weight
         mod.output = nn.Linear(w.shape[1], w.shape[0], bias=False, device=w.device, dtype=w.dtype)
+        mod.output.weight.requires_grad_(w.requires_grad)  # frozen with the embedding (LoRA)
     return mod
 
 
@@ -341,19 +342,31 @@ class PipelineRuntime:
         return self._mean_loss(losses, device)
 
     @torch.no_grad()
-    def eval_loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def eval_loss(
+        self,
+        inputs: torch.Tensor,
+        targets: torch.Tensor,
+        *,
+        loss_divisor: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         """Forward only (the schedule's `eval`: no backward actions, no gradients) of a batch
-        split into the step's micro-batches; the mean micro-batch loss on every pp rank."""
+        split into the step's micro-batches; the mean micro-batch loss on every pp rank, or
+        with `loss_divisor` (as `step`'s) the sum of the divided losses (`trainer.evaluation`:
+        1 / n, the batch's summed token loss)."""
         (args, doc_kw), targets = self._inputs(inputs), self._cp_shard(targets)
         losses: list[torch.Tensor] = []
-        self.schedule.eval(
-            *args,
-            target=targets if self.is_last else None,
-            losses=losses if self.is_last else None,
-            return_outputs=False,
-            **self._fused_targets(targets),
-            **doc_kw,
-        )
+        self._divisor = loss_divisor
+        try:
+            self.schedule.eval(
+                *args,
+                target=targets if self.is_last else None,
+                losses=losses if self.is_last else None,
+                return_outputs=False,
+                **self._fused_targets(targets),
+                **doc_kw,
+            )
+        finally:
+            self._divisor = None
         self._drain()
         return self._mean_loss(losses, inputs.device)
 

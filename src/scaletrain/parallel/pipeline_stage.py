@@ -178,7 +178,9 @@ class InFlightStage(PipelineStage):
         full_backward: bool = True,
         last_backward: bool = False,
     ) -> None:
-        if self.ledger is not None and self.has_backward and not self.is_last:
+        if not self.has_backward:  # an eval schedule (torch's returns at once): no buffers
+            return  # (before any training step the backward's receive infos do not exist)
+        if self.ledger is not None and not self.is_last:
             self.ledger.received(self.stage_index, "back", bwd_chunk_id)
         super().backward_one_chunk(
             bwd_chunk_id, loss=loss, full_backward=full_backward, last_backward=last_backward

@@ -55,7 +55,8 @@ experts are either
 Either way the MoE output is the same on every tp rank; with sp each keeps its T/tp slice.
 DeepSeekMoE's shared experts follow its routed experts (split over tp with them, or whole).
 Multi-head Latent Attention (DeepSeek): heads split, latents whole on every rank
-(`tensor_parallel_mla.py`).
+(`tensor_parallel_mla.py`). LoRA projections: each adapter split with its base, B with a
+column-parallel W's rows, A with a row-parallel W's columns (`tensor_parallel_lora.py`).
 The legality rules (head counts, which expert split runs) live in `config.layout_problems`.
 """
 
@@ -91,6 +92,7 @@ from scaletrain.models.moe import (
 )
 from scaletrain.models.transformer import Transformer
 
+from .tensor_parallel_lora import lora_tp_styles
 from .tensor_parallel_mla import mla_tp_plan
 
 __all__ = [
@@ -249,6 +251,10 @@ def apply_tp(
         return model
     if sp:
         model.input_seq_shards = tp  # a later pipeline stage receives T/tp of the sequence
+    # torch's SequenceParallel re-registers a norm's weight as a new Parameter that requires a
+    # gradient whatever the old one did (`_replicate_module_fn`); a frozen weight (LoRA's
+    # frozen base) must stay frozen, so the frozen names are restored at the end
+    frozen = [name for name, p in model.named_parameters() if not p.requires_grad]
     parallelize_module(model, mesh, _root_plan(model, sp, loss_parallel))
     if model.output is None and model.tie_embeddings and model.norm is not None:
         # Make the head's input a Replicate DTensor: F.linear(h, vocab-sharded weight) then
@@ -293,7 +299,7 @@ def apply_tp(
             # reduced like a sequence-parallel norm's); the output goes back local.
             heads = SequenceParallel(sequence_dim=2, use_local_output=True)
             plan["attention.q_norm"] = plan["attention.k_norm"] = heads
-        parallelize_module(block, mesh, plan)
+        parallelize_module(block, mesh, lora_tp_styles(block, plan))
         if moe is not None and shard_experts:
             moe.experts = TensorParallelExperts(moe.experts, mesh)
             shared = getattr(moe, "shared_experts", None)  # DeepSeekMoE: split the same way
@@ -307,6 +313,8 @@ def apply_tp(
             model.tok_embeddings, mesh, sequence_parallel=sp
         )
     model.head_loss = vocab_parallel_head_loss
+    for name in frozen:  # the names are the single-device ones (see above)
+        model.get_parameter(name).requires_grad_(False)
     return model
 
 

@@ -454,7 +454,14 @@ def _export_adapters(run: Run, logger: MetricsLogger) -> None:
     """LoRA: the adapters in PEFT's format (`checkpoint.peft`) in run_dir/adapter."""
     from scaletrain.checkpoint.peft import export_peft_adapters
 
-    out = export_peft_adapters(run.model, run.job.model, run.job.lora, run.run_dir / "adapter")
+    # collective: gathers the adapters' shards and pipeline stages; rank 0 writes
+    out = export_peft_adapters(
+        run.model,
+        run.job.model,
+        run.job.lora,
+        run.run_dir / "adapter",
+        pp_group=run.pipeline.group if run.pipeline is not None else None,
+    )
     if run.is_main:
         logger.print(f"exported the LoRA adapters (PEFT format) to {out}")
 
