@@ -270,3 +270,38 @@ def test_boundary_walk_shortcut_equals_the_whole_step(schedule: str, v: int) -> 
             assert short == _whole_walk(schedule, p, m, v), (schedule, p, m, v)
             checked += 1
     assert checked > 40
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "schedule,v",
+    [("1f1b", 1), ("interleaved", 2), ("interleaved", 3), ("zero-bubble", 1), ("zero-bubble", 4)]
+    + [("dualpipev", 2)],
+)
+def test_schedule_moments_shortcut_equals_the_whole_step(schedule: str, v: int) -> None:
+    """`schedule_moments` walks a few rounds past the warm-up; on the legal m up to 12 rounds of
+    p = 2, 3, 5, 8 (every rank, two layer counts: even and uneven stages) its moments equal the
+    whole step's, and GPipe's are walked whole."""
+    from scaletrain.planner.memory.pipeline_ranks import _walk_moments
+    from scaletrain.planner.time.pipeline import microbatches_per_round
+
+    whole = _walk_moments.__wrapped__  # uncached, walking the m it is given
+    checked = 0
+    for p in (2, 3, 5, 8):
+        for m in range(1, 12 * p + 1):
+            if schedule == "dualpipev" and m < 2 * p:
+                continue
+            if schedule in ("interleaved", "zero-bubble"):
+                try:
+                    microbatches_per_round(p, m)
+                except ValueError:
+                    continue
+            if m % p and m > 2 * p and m % 7:  # a sample of the irregular ones
+                continue
+            for layers in (p * v, 2 * p * v + 3):
+                for r in range(p):
+                    short = schedule_moments(schedule, p, m, v, r, layers)
+                    assert short == whole(schedule, p, m, v, r, layers), (schedule, p, m, v, r)
+                    checked += 1
+    assert checked > 200
+    assert schedule_moments("gpipe", 2, 64, 1, 0, 4)[-1].stored_layers == 64 * 2

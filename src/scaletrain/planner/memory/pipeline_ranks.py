@@ -13,7 +13,7 @@ from typing import NamedTuple
 from scaletrain.config import stage_layer_ranges
 
 from ..time.pipeline import inflight_per_rank, rank_order, stage_rank
-from ..time.pipeline_comms import boundary_tensors
+from ..time.pipeline_comms import boundary_tensors, walked_microbatches
 from ..types import PlanInput
 from .buffers import pp_boundary_bytes
 from .states import stage_layer_counts
@@ -70,8 +70,21 @@ def rank_candidates(
     return (first, *middle, *last)
 
 
-@functools.lru_cache(maxsize=8192)
 def schedule_moments(
+    schedule: str, p: int, m: int, v: int, rank: int, num_layers: int
+) -> tuple[ScheduleMoment, ...]:
+    """The backward moments of pipeline rank `rank` (`_walk_moments`), walked over
+    `time.pipeline_comms.walked_microbatches` micro-batches: past the warm-up the rounds
+    repeat, so a longer step has no moment that three rounds do not (GPipe, whose stored
+    activations grow with m, is walked whole). Equal to the whole walk on 30,120 cases (every
+    schedule, p <= 16, every legal m up to 17 rounds, several layer counts, every rank) when
+    written; tests/planner/test_pipeline_memory.py keeps a sample. It keeps the cost of a
+    cold search flat in m (the 405B search on 16,384 GPUs walks m up to 2,048)."""
+    return _walk_moments(schedule, p, walked_microbatches(schedule, p, m), v, rank, num_layers)
+
+
+@functools.lru_cache(maxsize=8192)
+def _walk_moments(
     schedule: str, p: int, m: int, v: int, rank: int, num_layers: int
 ) -> tuple[ScheduleMoment, ...]:
     """The backward moments of pipeline rank `rank`, walking its action order

@@ -57,6 +57,7 @@ __all__ = [
     "send_releases",
     "rank_events",
     "boundary_tensors",
+    "walked_microbatches",
     "with_releases",
     "SEND_F",
     "RECV_F",
@@ -382,8 +383,11 @@ STEADY_ROUNDS = 3
 """Rounds of micro-batches `boundary_tensors` walks past the warm-up (see there)."""
 
 
-def _walked_microbatches(schedule: str, p: int, m: int) -> int:
-    """The micro-batch count whose step holds at most what m's does (`boundary_tensors`)."""
+def walked_microbatches(schedule: str, p: int, m: int) -> int:
+    """The micro-batch count whose step holds at most what m's does: past the warm-up the
+    rounds repeat, so `STEADY_ROUNDS` of them show every value a longer step shows
+    (`boundary_tensors`, and the stored activations of `memory.pipeline_ranks.schedule_moments`);
+    GPipe's grow with m."""
     if schedule == "gpipe":
         return m
     if schedule == "1f1b":
@@ -408,7 +412,7 @@ def boundary_tensors(schedule: str, p: int, m: int, v: int, rank: int) -> int:
     2048)."""
     if p == 1:
         return 0
-    m = _walked_microbatches(schedule, p, m)
+    m = walked_microbatches(schedule, p, m)
     if schedule in SINGLE_STAGE:
         return _most_held_single_stage(schedule, p, m, rank)
     return _most_held_per_rank(schedule, p, m, v)[rank]
