@@ -226,8 +226,9 @@ on rank 0, torch's order) and Qwen3-30B-A3B's widths under ZeRO-3 + ep8 (the roo
 reduce-scatter beside both 16-bit 151,936-row tables)."""
 
 
-# (model, world, dp, zero, dtype, micro_batch, seq, lora rank, lora targets, base, offload)
-Tune = tuple[str, int, int, int, str, int, int, int, str, str, str]
+# (model, world, dp, zero, dtype, micro_batch, seq, lora rank, lora targets, base, offload
+#  [, parallel]): parallel, ParallelConfig's tp / sp / pp / pp_schedule (default tp = pp = 1)
+Tune = tuple  # 11 fields, or 12 with the parallel overrides
 
 ATTN, ALL = "wq,wk,wv,wo", "wq,wk,wv,wo,w1,w2,w3"
 FINETUNE_CASES: list[Tune] = [
@@ -246,16 +247,38 @@ FINETUNE_CASES: list[Tune] = [
     ("llama2-7b-L1", 8, 8, 3, "bf16", 2, 2048, 0, ATTN, "auto", "activations"),
     # QLoRA with activation offload on one GPU
     ("llama-1024-L4", 1, 1, 0, "bf16", 2, 1024, 16, ATTN, "nf4", "activations"),
+    # LoRA split with its base under tp (B with a column-parallel W's rows, A with a
+    # row-parallel W's columns: parallel/tensor_parallel_lora.py), with and without sp, and
+    # over a pipeline (1F1B, the worst rank)
+    ("llama-1024-L4", 2, 1, 0, "bf16", 2, 1024, 16, ALL, "auto", "none", {"tp": 2}),
+    ("llama-1024-L4", 2, 1, 0, "bf16", 2, 1024, 16, ALL, "auto", "none", {"tp": 2, "sp": True}),
+    ("llama-1024-L4", 4, 2, 3, "bf16", 2, 1024, 16, ATTN, "auto", "none", {"tp": 2, "sp": True}),
+    (
+        "llama-1024-L4",
+        2,
+        1,
+        0,
+        "bf16",
+        2,
+        1024,
+        16,
+        ALL,
+        "auto",
+        "none",
+        {"pp": 2, "grad_accum": 4},
+    ),
 ]
-"""Fine-tuning levers (issue #36): LoRA, QLoRA (NF4, int8) and activation offload, measured
-on rank 0 like the main matrix; the host bytes the dry-run sends to 'meta' are compared too
-(`host` column: the planner's host bytes per rank against the dry-run's)."""
+"""Fine-tuning levers (issue #36): LoRA, QLoRA (NF4, int8) and activation offload, in data,
+tensor (with and without sp) and pipeline parallel layouts, measured on the rank the planner
+calls the worst (rank 0 but for the pipeline); the host bytes the dry-run sends to 'meta' are
+compared too (`host` column: the planner's host bytes per rank against the dry-run's)."""
 
 QUICK_FINETUNE: list[Tune] = [
     ("tiny-llama", 1, 1, 0, "bf16", 2, 128, 4, ALL, "nf4", "none"),
     ("tiny-llama", 2, 2, 3, "bf16", 2, 128, 4, ATTN, "auto", "none"),
     FINETUNE_CASES[2],  # QLoRA NF4 under ZeRO-3 at 7B widths: the forward's dequantization
     FINETUNE_CASES[5],  # activation offload under DDP: the host bytes
+    FINETUNE_CASES[9],  # LoRA under tp2 + sp: adapters split with their base, per-rank sets
 ]
 """The fine-tuning part of the fast subset (tests/planner/test_accuracy.py)."""
 
@@ -312,16 +335,23 @@ def job_for(case: Case) -> tuple[JobConfig, int]:
     return job, world
 
 
+def _tune_parallel(case: Tune) -> dict[str, Any]:
+    """A fine-tuning case's tp / sp / pp / pp_schedule / grad_accum overrides (12th field)."""
+    return dict(case[11]) if len(case) > 11 else {}
+
+
 def job_for_tune(case: Tune) -> tuple[JobConfig, int]:
     from scaletrain.config import LoraConfig
 
-    name, world, dp, zero, dtype, mb, seq, rank, targets, base, offload = case
+    name, world, dp, zero, dtype, mb, seq, rank, targets, base, offload = case[:11]
+    par = _tune_parallel(case)
+    accum = par.pop("grad_accum", 1)
     job = JobConfig(
         model=_model_for(name, seq),
-        parallel=ParallelConfig(dp=dp, zero=zero, layout="manual"),
+        parallel=ParallelConfig(dp=dp, zero=zero, layout="manual", **par),
         precision=PrecisionConfig(dtype=dtype),
         memory=MemoryConfig(offload=offload),
-        batch=BatchConfig(global_batch=mb * dp, micro_batch=mb, seq_len=seq),
+        batch=BatchConfig(global_batch=mb * dp * accum, micro_batch=mb, seq_len=seq),
         hardware=HardwareConfig(gpu="h100-sxm", gpus=world),
         lora=LoraConfig(rank=rank, targets=targets, base_dtype=base if rank else "auto"),
     )
@@ -329,17 +359,23 @@ def job_for_tune(case: Tune) -> tuple[JobConfig, int]:
 
 
 def label_tune(case: Tune) -> str:
-    name, world, dp, zero, dtype, mb, seq, rank, targets, base, offload = case
+    name, world, dp, zero, dtype, mb, seq, rank, targets, base, offload = case[:11]
     what = f"lora r{rank} {'all' if targets == ALL else 'attn'} {base}" if rank else "full"
     off = f" offload={offload}" if offload != "none" else ""
-    return f"{name} w{world} dp{dp} z{zero} {dtype} b{mb} s{seq} {what}{off}"
+    par, layout = _tune_parallel(case), ""
+    if par.get("tp", 1) > 1:
+        layout += f" tp{par['tp']}" + ("+sp" if par.get("sp") else "")
+    if par.get("pp", 1) > 1:
+        layout += f" pp{par['pp']} {par.get('pp_schedule', '1f1b')}"
+    accum = f"x{par['grad_accum']}" if par.get("grad_accum", 1) > 1 else ""
+    return f"{name} w{world} dp{dp} z{zero}{layout} {dtype} b{mb}{accum} s{seq} {what}{off}"
 
 
 def measure_tune(case: Tune) -> dict[str, Any]:
-    """`measure_case` for a fine-tuning case, with the host bytes compared."""
+    """`measure_case` for a fine-tuning case, with the host bytes compared; on the rank the
+    planner calls the worst (a pipeline's: each stage holds other blocks and ends)."""
     job, world = job_for_tune(case)
-    r = measure_case(case, flops=True, job=(job, world), name=label_tune(case))
-    return r
+    return measure_case(case, flops=True, job=(job, world), name=label_tune(case), worst=True)
 
 
 def label(case: Case) -> str:
@@ -387,27 +423,64 @@ def compare(pred: dict[str, float], meas: dict[str, float]) -> dict[str, float |
     return out
 
 
-def predicted_flops(job: JobConfig, world: int) -> float:
+def predicted_flops(job: JobConfig, world: int, pipeline_rank: int = 0) -> float:
     """The planner's FLOPs of one step of this rank as FlopCounterMode counts them: tokens of
     the rank (grad_accum x micro_batch x seq/cp) x `counted_flops_per_token` (under tp > 1 its
     matmuls are the tensor-parallel group's: DTensor counts global shapes; with LoRA, its
-    adapters and the frozen weights' skipped gradients: `flops.lora_flops`)."""
-    from scaletrain.planner.time.flops import counted_flops_per_token, lora_flops
-
+    adapters and the frozen weights' skipped gradients: `flops.lora_flops`). Under pp, the
+    blocks of `pipeline_rank`'s stages, the head only on the last stage's rank, and with LoRA
+    the first block's skipped input gradients only on the rank holding it (`stage_flops`)."""
     layout = job.layout(world)
     b = job.batch
     accum = b.global_batch // (b.micro_batch * layout.dp)
     tokens = accum * b.micro_batch * b.seq_len / layout.cp
+    return tokens * stage_flops_per_token(job, world, pipeline_rank)
+
+
+def stage_flops_per_token(job: JobConfig, world: int, pipeline_rank: int) -> float:
+    """`counted_flops_per_token` of the blocks `pipeline_rank` holds (all of them without pp):
+    its stages' layers (an MoE model's dense first blocks among them), no head matmuls but on
+    the last stage's rank (the fused 4 x 2*V*h/tp or plain 3 x 2*V*h), and under LoRA the
+    first block's skipped input gradients on the first stage only (a later stage's input is
+    received and needs its gradient) and the frozen head's skipped weight gradient on the last
+    only."""
+    from scaletrain.planner.memory.states import dense_layers_on_rank, stage_layer_counts
+    from scaletrain.planner.time.flops import counted_flops_per_token, lora_flops, matmul_params
+    from scaletrain.planner.time.pipeline import last_stage_rank
+
+    layout, m = job.layout(world), job.model
     lora = job.lora
-    return tokens * counted_flops_per_token(
-        job.model,
-        b.seq_len,
+    lf = lora_flops(m, lora.rank, lora.target_names) if lora.enabled else None
+    fused = fused_head_loss(layout)
+    stage = m
+    if layout.pp > 1:
+        counts = stage_layer_counts(m.num_layers, layout.pp, layout.pp_virtual, layout.pp_schedule)
+        layers = counts[pipeline_rank]
+        dense = dense_layers_on_rank(
+            m.num_layers,
+            m.num_dense_layers if m.is_moe else 0,
+            layout.pp,
+            layout.pp_virtual,
+            pipeline_rank,
+            layout.pp_schedule,
+        )
+        stage = dataclasses.replace(m, num_layers=layers, num_dense_layers=min(dense, layers - 1))
+    per_token = counted_flops_per_token(
+        stage,
+        job.batch.seq_len,
         recompute=job.memory.ac,
         tp=layout.tp,
         cp=layout.cp,
-        fused_head=fused_head_loss(layout),
-        lora=lora_flops(job.model, lora.rank, lora.target_names) if lora.enabled else None,
+        fused_head=fused,
+        lora=lf,
     )
+    if layout.pp > 1 and pipeline_rank != last_stage_rank(layout):
+        per_token -= (4 * 2.0 / layout.tp if fused else 3 * 2.0) * matmul_params(m)[1]
+        if lf is not None:  # (no head: nothing skipped there either)
+            per_token += lf.head_saved / (layout.tp if fused else 1)
+    if lf is not None and layout.pp > 1 and pipeline_rank != 0:  # (stage 0 holds block 0)
+        per_token += lf.first_block_saved
+    return per_token
 
 
 def measure_case(
@@ -416,8 +489,10 @@ def measure_case(
     flops: bool = True,
     job: tuple[JobConfig, int] | None = None,
     name: str | None = None,
+    worst: bool = False,
 ) -> dict[str, Any]:
-    """Dry-run `case` and compare with the planner (see `compare`).
+    """Dry-run `case` and compare with the planner (see `compare`), on rank 0 or (worst) on
+    the rank the planner calls the worst.
 
     Two dry-runs: the first counts FLOPs (FlopCounterMode holds on to what checkpointed
     recomputation would free, so its memory is not the step's) and warms the process; the
@@ -432,15 +507,17 @@ def measure_case(
 
     job_, world = job or job_for(case)  # type: ignore[arg-type]  # a Case when no job given
     layout = job_.layout(world)
-    t0 = time.perf_counter()
-    counted = dryrun(job_, world_size=world, count_flops=True).flops if flops else 0.0
-    meas = dryrun(job_, world_size=world, count_flops=False).memory
-    wall = time.perf_counter() - t0
     est = estimate(plan_input_from_job(job_, layout)).memory
+    rank = int(est.rank) if worst else 0
+    t0 = time.perf_counter()
+    counted = dryrun(job_, world_size=world, rank=rank, count_flops=True).flops if flops else 0.0
+    meas = dryrun(job_, world_size=world, rank=rank, count_flops=False).memory
+    wall = time.perf_counter() - t0
     ctx = float(est.buffer_terms.get("runtime_context", 0.0))
+    prank = int(est.detail.get("pipeline_rank", 0)) if worst else 0
     pred = {
         "total": est.total - ctx,
-        "flops": predicted_flops(job_, world),
+        "flops": predicted_flops(job_, world, prank),
         "state.params": est.params - est.detail.get("params.in_flight", 0.0),
         "state.grads": est.grads - est.detail.get("grads.in_flight", 0.0),
         "state.optimizer": est.optimizer,
@@ -460,7 +537,7 @@ def measure_case(
     per_node = max(1, min(world, job_.hardware_spec().gpus_per_node))
     host_pred, host_meas = est.host / per_node, meas.detail.get("host.activations", 0.0)
     return {
-        "case": name or label(case),  # type: ignore[arg-type]  # (a Case without a name)
+        "case": (name or label(case)) + (f" rank{rank}" if rank else ""),  # type: ignore[arg-type]
         "layout": list(case),
         "wall_s": round(wall, 2),
         "predicted": pred,
@@ -482,9 +559,6 @@ def measure_extra(case: Extra) -> dict[str, Any]:
     """`measure_case` for a pipeline / MoE layout, on the rank the planner calls the worst."""
     from scaletrain.dryrun import dryrun
     from scaletrain.planner import estimate
-    from scaletrain.planner.memory.states import dense_layers_on_rank, stage_layer_counts
-    from scaletrain.planner.time.flops import counted_flops_per_token, matmul_params
-    from scaletrain.planner.time.pipeline import last_stage_rank
     from scaletrain.planner.types import plan_input_from_job
 
     job, world = job_for_extra(case)
@@ -497,26 +571,9 @@ def measure_extra(case: Extra) -> dict[str, Any]:
     wall = time.perf_counter() - t0
     ctx = float(est.buffer_terms.get("runtime_context", 0.0))
     # the stage's FLOPs: its blocks, and the head on the last pipeline rank
-    b, m = job.batch, job.model
     prank = int(est.detail.get("pipeline_rank", 0))
-    layers = stage_layer_counts(m.num_layers, layout.pp, layout.pp_virtual, layout.pp_schedule)[
-        prank
-    ]
-    dense = dense_layers_on_rank(
-        m.num_layers,
-        m.num_dense_layers if m.is_moe else 0,
-        layout.pp,
-        layout.pp_virtual,
-        prank,
-        layout.pp_schedule,
-    )
-    stage = dataclasses.replace(m, num_layers=layers, num_dense_layers=min(dense, layers - 1))
-    fused = fused_head_loss(layout)
-    per_token = counted_flops_per_token(
-        stage, b.seq_len, recompute=job.memory.ac, tp=layout.tp, cp=layout.cp, fused_head=fused
-    )
-    if prank != last_stage_rank(layout):  # no head: the fused 4 x 2*V*h/tp or plain 3 x 2*V*h
-        per_token -= (4 * 2.0 / layout.tp if fused else 3 * 2.0) * matmul_params(m)[1]
+    per_token = stage_flops_per_token(job, world, prank)
+    b = job.batch
     accum = b.global_batch // (b.micro_batch * layout.dp)
     pred = {
         "total": est.total - ctx,
@@ -698,7 +755,8 @@ def _tune_lines(tune: list[dict[str, Any]]) -> list[str]:
         "## Fine-tuning levers: LoRA, QLoRA, activation offload (counted in the summary above)",
         "",
         "LoRA with a frozen fp32 base, QLoRA (NF4 / int8 base: `lora.base_dtype`) and "
-        "activation offload (`memory.offload`), measured on rank 0. `host`: the host bytes per "
+        "activation offload (`memory.offload`), under DDP, ZeRO-3, tp (+sp) and pp, measured "
+        "on the rank the planner calls the worst. `host`: the host bytes per "
         "rank the planner counts for the offloaded activations against what the dry-run's "
         f"offload hooks sent to the host. Every target met: {n_ok} of {len(tune)}.",
         "",
@@ -711,7 +769,11 @@ def _tune_lines(tune: list[dict[str, Any]]) -> list[str]:
         "the forward's all-gather copy-out (the root unit and its all-gather output, two "
         "block copies), which sets the peak once no gradients exist; offloaded activations "
         "off the device (the fused loss's input and one op's saved set brought back in "
-        "backward) and on the host, each saved view once.",
+        "backward) and on the host, each saved view once; under tp each adapter split with "
+        "its base (B with a column-parallel W's rows, A with a row-parallel W's columns), "
+        "the A inputs and A outputs whole on every rank, the norms' inputs / tp under sp; "
+        "under autocast an fp32 base's 16-bit casts saved per micro-batch (autocast caches "
+        "no cast of a frozen weight: a pipeline rank holds one per micro-batch in flight).",
         "",
         "| case | meas GB | total | params | grads | optim | transient | flops | host GB "
         "| host | dry-run s |",

@@ -182,3 +182,18 @@ def test_peft_key_names_are_those_of_the_hf_llama_modules():
     assert "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight" in keys
     assert "base_model.model.model.layers.1.mlp.down_proj.lora_B.weight" in keys
     assert len(keys) == 2 * 2 * cfg.num_layers
+
+
+def test_row_parallel_projections_are_the_trainers_tp_plan():
+    """`config.lora.ROW_PARALLEL` (what the planner splits by columns under tp, with A) is
+    the trainer's block plan: wo and w2 row-parallel, every other projection column-parallel
+    (w3 is added beside w1 as ColwiseParallel in apply_tp)."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    from scaletrain.config.lora import ROW_PARALLEL
+    from scaletrain.parallel.tensor_parallel import _block_plan
+
+    plan = _block_plan(sp=False)
+    names = {k.rsplit(".", 1)[-1]: type(v) for k, v in plan.items()}
+    assert {n for n, t in names.items() if t is RowwiseParallel} == set(ROW_PARALLEL)
+    assert {n for n, t in names.items() if t is ColwiseParallel} == {"wq", "wk", "wv", "w1"}

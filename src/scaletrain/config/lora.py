@@ -29,6 +29,8 @@ __all__ = [
     "LoraConfig",
     "lora_problems",
     "projection_shapes",
+    "ROW_PARALLEL",
+    "tp_shapes",
     "NF4_BLOCK",
     "NF4_SCALER_BLOCK",
     "nf4_scaler_block",
@@ -121,6 +123,44 @@ def projection_shapes(model: ModelConfig) -> dict[str, tuple[int, int]]:
     if model.gated_mlp:
         shapes["w3"] = (model.ffn_dim, model.dim)
     return shapes
+
+
+ROW_PARALLEL = ("wo", "w2")
+"""The projections tensor parallelism splits by columns (in, Shard(1)); the others by rows
+(out, Shard(0)): Megatron's split (Shoeybi et al. 2019) as the trainer's block plan places
+them (`parallel.tensor_parallel._block_plan`, w3 beside w1 in `apply_tp`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TpShapes:
+    """One projection's pieces on a tensor-parallel rank (`tp_shapes`)."""
+
+    weight: tuple[int, int]
+    """The frozen W's local (out, in): rows / tp or, row-parallel, columns / tp."""
+    lora_a: tuple[int, int]
+    """A's local (rank, in): whole beside a column-parallel W, columns / tp beside a
+    row-parallel one."""
+    lora_b: tuple[int, int]
+    """B's local (out, rank): rows / tp beside a column-parallel W, whole beside a row-parallel
+    one."""
+
+
+def tp_shapes(model: ModelConfig, rank: int, tp: int) -> dict[str, TpShapes]:
+    """Each projection's local W, A and B shapes on one of `tp` ranks, as the trainer places
+    them (`parallel.tensor_parallel_lora`: LoraColwiseParallel puts B on W's rows and
+    replicates A; LoraRowwiseParallel puts A on W's columns and replicates B). tp = 1: the
+    whole shapes."""
+    out = {}
+    for name, (rows, cols) in projection_shapes(model).items():
+        if name in ROW_PARALLEL:
+            out[name] = TpShapes(
+                weight=(rows, cols // tp), lora_a=(rank, cols // tp), lora_b=(rows, rank)
+            )
+        else:
+            out[name] = TpShapes(
+                weight=(rows // tp, cols), lora_a=(rank, cols), lora_b=(rows // tp, rank)
+            )
+    return out
 
 
 def lora_problems(

@@ -119,7 +119,7 @@ def estimate(
         recipe=recipe,
     )
     step_s = st.step_s
-    model_fpt = model_flops(terms, plan.seq_len, causal, plan.ac, plan.lora).model
+    model_fpt = model_flops(terms, plan.seq_len, causal, plan.ac, plan.lora, L.tp).model
     comm_s = {k: v[1] for k, v in st.comm.items()}
     m = max(1, plan.grad_accum)
     tokens_step = float(m * plan.micro_batch * L.dp * plan.seq_len)

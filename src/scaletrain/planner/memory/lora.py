@@ -1,10 +1,14 @@
 """LoRA and QLoRA in the memory model (torch-free): what a frozen base with trainable adapters
 (`[lora]`, `models.lora`, `models.quantized`) changes in one rank's bytes.
 
-Counts, per block (the seven projections wq, wk, wv, wo, w1, w2, w3 of a dense Llama block,
-`config.lora.projection_shapes`):
+Counts, per block and per tensor-parallel rank (the seven projections wq, wk, wv, wo, w1, w2, w3
+of a dense Llama block, `config.lora.projection_shapes`, split as the trainer splits them under
+tp, `config.lora.tp_shapes`: a column-parallel W's rows / tp with B, a row-parallel W's (wo, w2)
+columns / tp with A, the other adapter half whole on every rank, `parallel.tensor_parallel_lora`):
 - the adapters: rank x (in + out) trainable parameters per adapted projection (Hu et al. 2021),
-  fp32 like every trainable parameter: the only gradients and optimizer states;
+  rank x (out/tp + in) beside a column-parallel W and rank x (out + in/tp) beside a
+  row-parallel one; fp32 like every trainable parameter: the only gradients and optimizer
+  states;
 - the frozen projections at rest, in `lora.base_dtype`'s bytes per value
   (`stored_bytes_per_value`): 'auto' 4 (fp32, the trainer's parameter dtype), 'bf16' 2, 'int8'
   1 + 4/in (int8 codes and one fp32 scale per row: torchao's per-row weight-only format),
@@ -28,6 +32,13 @@ input (w2's) is saved only when w2 has an adapter; each adapter's B saves A's (t
 output. A quantized base is dequantized into a temporary per projection in forward and in
 backward (`dequantize_work_bytes`), and keeps no 16-bit copy between them.
 
+Under tp (`lora_layer_activation_bytes`): what reads the block's replicated input (each A of
+q, k, v, w1, w3) saves it whole on every rank (all-gathered under sp); every A output is
+rank-wide on every rank (a column-parallel A is replicated; a row-parallel A's output is a
+partial sum of the same width); the attention core and the MLP's hidden activations are the
+rank's heads / columns (/ tp); the norms' inputs are the residual stream's sequence slice
+under sp (/ tp), whole without.
+
 Ignores: the adapters' own dropout masks (dropout 0 by default), the int8 scales' and NF4
 metadata's share of FSDP2's padding.
 """
@@ -37,10 +48,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from scaletrain.config import ModelConfig, compute_bytes, offload_states
-from scaletrain.config.lora import NF4_BLOCK, nf4_scaler_block, projection_shapes
+from scaletrain.config.lora import NF4_BLOCK, nf4_scaler_block, tp_shapes
 
 from ..types import PlanInput
 from .activations import attention_saved_bytes
+from .head import MicroBatchShape
 from .states import OPTIMIZER_BYTES, UNITS_IN_FLIGHT, StageParams
 
 __all__ = [
@@ -112,38 +124,49 @@ def dequantize_work_bytes(base_dtype: str, rows: int, cols: int, precision: str)
 
 @dataclass(frozen=True, slots=True)
 class LoraTerms:
-    """A LoRA plan's per-block sizes (`lora_terms`)."""
+    """A LoRA plan's per-block sizes on one tensor-parallel rank (`lora_terms`)."""
 
     adapters: float
-    """Trainable (adapter) parameters per block."""
+    """Trainable (adapter) parameters per block on this rank."""
     frozen: float
-    """Values of the block's seven frozen projections."""
+    """Values of the block's seven frozen projections on this rank."""
     stored: float
-    """Bytes of the block's frozen projections at rest (unsharded)."""
+    """Bytes of the block's frozen projections at rest on this rank (before ZeRO sharding)."""
     gathered: float
-    """Bytes of the block's frozen projections as FSDP2 all-gathers them."""
+    """Bytes of the block's frozen projections on this rank as FSDP2 all-gathers them."""
     dequantize: float
     """The largest projection's dequantization temporaries (`dequantize_work_bytes`)."""
     base_dtype: str
     targets: tuple[str, ...]
     rank: int
+    tp: int = 1
+    """The tensor-parallel degree the sizes are split by."""
 
 
 def lora_terms(
-    model: ModelConfig, rank: int, targets: tuple[str, ...], base_dtype: str, precision: str
+    model: ModelConfig,
+    rank: int,
+    targets: tuple[str, ...],
+    base_dtype: str,
+    precision: str,
+    tp: int = 1,
 ) -> LoraTerms:
-    """Per-block sizes of LoRA rank `rank` on `targets` with the base stored as `base_dtype`."""
-    shapes = projection_shapes(model)
-    adapters = sum(rank * (rows + cols) for name, (rows, cols) in shapes.items() if name in targets)
-    stored = gathered = frozen = 0.0
-    work = 0.0
-    for rows, cols in shapes.values():
+    """Per-block sizes of LoRA rank `rank` on `targets` with the base stored as `base_dtype`,
+    on one of `tp` tensor-parallel ranks: each projection's local W, A and B
+    (`config.lora.tp_shapes`, the trainer's `parallel.tensor_parallel_lora` placement), its
+    bytes per value from its local shape (a quantized base is not split by tp:
+    `config.lora.lora_problems`)."""
+    adapters = stored = gathered = frozen = work = 0.0
+    for name, sh in tp_shapes(model, rank, tp).items():
+        rows, cols = sh.weight
+        if name in targets:
+            adapters += sh.lora_a[0] * sh.lora_a[1] + sh.lora_b[0] * sh.lora_b[1]
         frozen += rows * cols
         stored += rows * cols * stored_bytes_per_value(base_dtype, rows, cols)
         gathered += rows * cols * gathered_bytes_per_value(base_dtype, rows, cols, precision)
         work = max(work, dequantize_work_bytes(base_dtype, rows, cols, precision))
     return LoraTerms(
-        adapters=float(adapters),
+        adapters=adapters,
         frozen=frozen,
         stored=stored,
         gathered=gathered,
@@ -151,52 +174,60 @@ def lora_terms(
         base_dtype=base_dtype,
         targets=targets,
         rank=rank,
+        tp=tp,
     )
 
 
 def lora_layer_activation_bytes(
-    model: ModelConfig,
-    lora: LoraTerms,
-    *,
-    seq_len: int,
-    micro_batch: int,
-    cp: int,
-    e: int,
-    r: int,
-    autocast: bool,
+    model: ModelConfig, lora: LoraTerms, mb: MicroBatchShape, *, r: int, autocast: bool
 ) -> float:
-    """Bytes one block with a frozen base and adapters keeps for backward (ac none), per
-    micro-batch of s_l x b tokens (s_l = seq_len / cp); e = activation bytes, r =
-    residual-stream bytes (4 under autocast). Per saved tensor (module docstring):
+    """Bytes one block with a frozen base and adapters keeps for backward (ac none) on one
+    rank, per micro-batch `mb` of s_l x b tokens (s_l = seq_len / cp); e = activation bytes
+    (`mb.precision`'s compute dtype), r = residual-stream bytes (4 under autocast), t = mb.tp
+    (= lora.tp). Per saved tensor (module docstring):
     - the two RMSNorms: their input and fp32 rstd, (r*h + 4) each (their frozen weight saves
-      no normalized output);
+      no normalized output), / t under sp (the residual stream's sequence slice);
     - q/k/v's input, once per adapted q, k or v under autocast (each A casts its own copy),
-      once for all of them otherwise; likewise the MLP input for adapted w1 / w3; w2's input
-      (the SwiGLU product) only with an adapter on w2: e*s_l*b*h or e*s_l*b*f each;
-    - the attention core's q, k, v, output and log-sum-exp as without LoRA (SDPA saves them;
-      wo's adapter reads the output it saved);
-    - SwiGLU's gate, silu(gate) and up, 3 x e*s_l*b*f (2 for GELU: fc1's output and GELU's);
-    - each adapter's A output, saved by B: e*s_l*b*rank.
-    Ignores: tensor and sequence parallelism (LoRA refuses tp), naive attention's S x S set."""
-    h, f = model.dim, model.ffn_dim
-    tokens = float(seq_len) / cp * micro_batch
-    t = set(lora.targets)
-    norms = 2 * (r * h + 4.0) * tokens
-    n_qkv = len(t & {"wq", "wk", "wv"})
-    n_in = len(t & {"w1", "w3"})
+      once for all of them otherwise; likewise the MLP input for adapted w1 / w3: e*s_l*b*h
+      each, whole on every tp rank (A reads the replicated, under sp all-gathered, input);
+      w2's input (the SwiGLU product, this rank's f/t columns) only with an adapter on w2;
+    - the attention core's q, k, v, output and log-sum-exp on this rank's heads, as without
+      LoRA (SDPA saves them; wo's adapter reads the output it saved);
+    - SwiGLU's gate, silu(gate) and up, 3 x e*s_l*b*f/t (2 for GELU: fc1's output and GELU's);
+    - each adapter's A output, saved by B: e*s_l*b*rank, whole on every tp rank (a
+      column-parallel A is replicated; a row-parallel A's output is a partial sum, rank wide);
+    - under autocast with an 'auto' (fp32) base, the frozen projections' 16-bit casts,
+      e x `lora.frozen`: each matmul saves its cast weight for its input's gradient, and
+      autocast caches the casts of leaves that need a gradient only (torch's autocast
+      cache), so every forward, i.e. every micro-batch in flight, holds its own (a
+      pipeline's schedule runs all of its micro-batches under one autocast context: a
+      trainable weight's cast is made once, a frozen one's per micro-batch).
+    Source: the trainer's `models.lora.LoRALinear.forward` under
+    `parallel.tensor_parallel_lora`'s placements, held against the dry-run's per-block
+    growth (tp2 and tp2+sp rows of benchmarks/results/planner_accuracy.md).
+    Ignores: naive attention's S x S set."""
+    h, f, t = model.dim, model.ffn_dim, mb.tp
+    assert t == lora.tp, (t, lora.tp)
+    e, tokens = compute_bytes(mb.precision), mb.tokens
+    targets = set(lora.targets)
+    norms = 2 * (r * h + 4.0) * tokens / (t if mb.sp else 1)
+    n_qkv = len(targets & {"wq", "wk", "wv"})
+    n_in = len(targets & {"w1", "w3"})
     qkv = (n_qkv if autocast else min(1, n_qkv)) * e * tokens * h
     mlp_in = (n_in if autocast else min(1, n_in)) * e * tokens * h
-    attn = attention_saved_bytes(model, seq_len, micro_batch, 1, cp, e, False, False)
+    attn = attention_saved_bytes(model, mb.seq_len, mb.micro_batch, t, mb.cp, e, False, False)
     n_f = 3 if model.activation == "swiglu" else 2
-    mlp = n_f * e * tokens * f + (e * tokens * f if "w2" in t else 0.0)
-    adapters = len(t) * e * tokens * lora.rank
-    return norms + qkv + mlp_in + attn + mlp + adapters
+    mlp = (n_f + (1 if "w2" in targets else 0)) * e * tokens * f / t
+    adapters = len(targets) * e * tokens * lora.rank
+    casts = e * lora.frozen if autocast and lora.base_dtype == "auto" else 0.0
+    return norms + qkv + mlp_in + attn + mlp + adapters + casts
 
 
-def first_block_saving(model: ModelConfig, *, tokens: float, r: int) -> float:
+def first_block_saving(model: ModelConfig, *, tokens: float, r: int, sp_tp: int = 1) -> float:
     """What the first block saves less than the others: its first norm's input and rstd, which
-    need no gradient (the frozen embedding's output)."""
-    return (r * model.dim + 4.0) * tokens
+    need no gradient (the frozen embedding's output); sp_tp: tp under sequence parallelism
+    (the norm's input is the rank's sequence slice), else 1."""
+    return (r * model.dim + 4.0) * tokens / sp_tp
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,7 +249,10 @@ def lora_stage(
     lora: LoraTerms, plan: PlanInput, sp: StageParams, *, layers: int, zero_shards: int
 ) -> LoraStage:
     """The model states of a stage holding `layers` blocks of `sp.block` parameters and
-    `sp.dense` parameters in all (adapters not included), under LoRA.
+    `sp.dense` parameters in all (adapters not included), under LoRA. All per tensor-parallel
+    rank: `sp` (`rank_terms.stage_params`) and `lora` (`lora_terms` at the layout's tp) count
+    the rank's shards alike, so what is not a frozen projection (embedding and head / tp,
+    norms whole) is `sp.dense` less the rank's frozen projections.
 
     At rest: the frozen projections at `lora.stored` bytes per block, every other frozen
     parameter (embedding, norms, head) and the adapters fp32; sharded by FSDP2 over
@@ -227,11 +261,12 @@ def lora_stage(
     `states.OPTIMIZER_BYTES` per adapter (ZeRO >= 1 sharded). In flight: ZeRO-3 gathers
     `states.UNITS_IN_FLIGHT` units (`block_unit_bytes`, or the root unit in the compute dtype when
     larger) and holds one unit's unsharded adapter gradients; ZeRO-2 keeps every unit
-    gathered; DDP / ZeRO-1 under autocast keeps a 16-bit cast of every matmul weight that is
-    cast (the adapters, and an 'auto' base's frozen projections: autocast casts a weight that
-    needs no gradient too, and its matmul saves the cast for the input's gradient; a quantized
-    base's dequantized weight is a temporary). Offload: 'optimizer' moves the optimizer states,
-    'params' (ZeRO-3) the sharded parameters, gradients and states."""
+    gathered; DDP / ZeRO-1 under autocast keeps a 16-bit cast of the adapters (autocast's
+    cache: one per step). An 'auto' base's frozen projections are cast too, but per forward
+    (no cache for a weight that needs no gradient): counted with the block's activations
+    (`lora_layer_activation_bytes`); a quantized base's dequantized weight is a temporary.
+    Offload: 'optimizer' moves the optimizer states, 'params' (ZeRO-3) the sharded
+    parameters, gradients and states."""
     dense, block, zero = sp.dense, sp.block, plan.layout.zero
     wc = compute_bytes(plan.precision)
     optimizer_bytes = OPTIMIZER_BYTES[plan.optimizer]
@@ -253,8 +288,7 @@ def lora_stage(
     elif zero == 2:
         in_params = layers * unit + root
     elif wc < PARAM_BYTES:
-        cast = adapters + (frozen if lora.base_dtype == "auto" else 0.0)
-        in_params = 2.0 * cast
+        in_params = wc * adapters
     offloaded = 0.0
     if offload == "optimizer":
         offloaded, optim = optim, 0.0

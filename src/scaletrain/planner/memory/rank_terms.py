@@ -169,10 +169,18 @@ class ModelTerms:
 
 
 def plan_lora_terms(plan: PlanInput) -> LoraTerms | None:
-    """The plan's per-block LoRA sizes (`lora.lora_terms`), None without LoRA."""
+    """The plan's per-block LoRA sizes on one tensor-parallel rank (`lora.lora_terms`), None
+    without LoRA."""
     if not plan.lora_rank:
         return None
-    return lora_terms(plan.model, plan.lora_rank, plan.lora_targets, plan.lora_base, plan.precision)
+    return lora_terms(
+        plan.model,
+        plan.lora_rank,
+        plan.lora_targets,
+        plan.lora_base,
+        plan.precision,
+        tp=plan.layout.tp,
+    )
 
 
 def model_terms(plan: PlanInput, terms: ModelTerms | None) -> ModelTerms:
@@ -396,26 +404,17 @@ def activation_terms(plan: PlanInput, terms: ModelTerms, modern: bool) -> Activa
     per_layer, full = block_acts(ac=plan.ac), block_acts(ac="none")
     first_less = 0.0
     lora = plan_lora_terms(plan) if modern else None
-    if lora is not None:
-        e = compute_bytes(p)
-        r = 4 if residual_fp32 else e
-        full = lora_layer_activation_bytes(
-            model,
-            lora,
-            seq_len=s,
-            micro_batch=b,
-            cp=L.cp,
-            e=e,
-            r=r,
-            autocast=residual_fp32,
-        )
-        if plan.ac == "none":
-            per_layer = full
-            first_less = first_block_saving(model, tokens=s / L.cp * b, r=r)
     # the fused head + loss (models/loss.py) runs on the last stage, pipelined or not (a
     # pipeline's last stage is given the targets: parallel/pipeline.py), but zero-bubble
     fused = fused_head_loss(L)
     shape = MicroBatchShape(seq_len=s, micro_batch=b, tp=L.tp, sp=L.sp, cp=L.cp, precision=p)
+    if lora is not None:
+        r = 4 if residual_fp32 else compute_bytes(p)
+        full = lora_layer_activation_bytes(model, lora, shape, r=r, autocast=residual_fp32)
+        if plan.ac == "none":
+            per_layer = full
+            sp_tp = L.tp if L.sp else 1
+            first_less = first_block_saving(model, tokens=s / L.cp * b, r=r, sp_tp=sp_tp)
     head = head_activation_bytes(model, shape, residual_fp32=residual_fp32, fused=fused)
     held = held_logits_bytes(
         model, seq_len=s, micro_batch=b, tp=L.tp, cp=L.cp, precision=p, fused=fused

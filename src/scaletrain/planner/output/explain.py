@@ -148,18 +148,28 @@ _BASE_FORMAT = {
 
 
 def _lora_lines(est: Estimate) -> list[str]:
-    """Section 2 under LoRA: the adapters, the frozen base's bytes per value, what trains."""
+    """Section 2 under LoRA: the adapters, the frozen base's bytes per value, what trains; per
+    tensor-parallel rank (`memory.lora.lora_terms`: each adapter split with its base)."""
     from ..memory.rank_terms import plan_lora_terms
 
     p, m_ = est.plan, est.plan.model
     lt = plan_lora_terms(p)
     assert lt is not None
-    n = m_.num_layers
+    n, t = m_.num_layers, lt.tp
+    split, per = "r*(in+out) per projection", "per block"
+    if t > 1:
+        split = (
+            f"split with W over tp={t}: r*(out/{t}+in) beside a column-parallel W (B with its "
+            f"rows), r*(out+in/{t}) beside a row-parallel one (A with its columns)"
+        )
+        per = "per block per tp rank"
+    stages = f" over {p.layout.pp} pipeline stages" if p.layout.pp > 1 else ""
     return [
-        f"   LoRA rank {lt.rank} on {', '.join(lt.targets)}: adapters r*(in+out) per "
-        f"projection = {lt.adapters:,.0f} per block x {n} = {n * lt.adapters:,.0f} trainable "
-        "params: the only fp32 grads and optimizer states (all else is frozen)",
-        f"   frozen projections {lt.frozen:,.0f} per block stored as {p.lora_base} "
+        f"   LoRA rank {lt.rank} on {', '.join(lt.targets)}: adapters {split} = "
+        f"{lt.adapters:,.0f} {per} x {n} blocks{stages} = {n * lt.adapters:,.0f} trainable "
+        f"params{' per tp rank' if t > 1 else ''}: the only fp32 grads and optimizer states "
+        "(all else is frozen)",
+        f"   frozen projections {lt.frozen:,.0f} {per} stored as {p.lora_base} "
         f"({_BASE_FORMAT.get(p.lora_base, p.lora_base)}) = {lt.stored / lt.frozen:.4f} B/value"
         f" -> {fmt_bytes(n * lt.stored, digits=2)}; as FSDP2 gathers them "
         f"{lt.gathered / lt.frozen:.4f} B/value; embedding, norms and head frozen fp32",

@@ -189,6 +189,21 @@ class LoraFlops:
     their adapters' A (their input, the frozen embedding's normed output, needs none)."""
     head_saved: float
     """The frozen head's weight gradient, 2 x V x h (fused head: one of its 4 x 2Vh)."""
+    replicated_forward: float = 0.0
+    """One block's forward FLOPs of the adapter halves tensor parallelism does not split
+    (`parallel.tensor_parallel_lora`: A beside a column-parallel W, 2 x rank x in; B beside
+    a row-parallel W, 2 x rank x out): every tp rank computes them whole, and their
+    backward (weight and input gradients) whole too, 2 x forward. Counted once above, as
+    FlopCounterMode counts DTensor's global shapes; `replicated_hardware` is what the tp
+    group computes on top."""
+
+    def replicated_hardware(self, tp: int, recompute: str = "none") -> float:
+        """The hardware FLOPs per token of one block the tp group runs on top of the counted
+        ones (forward + 2 x in backward, + the forward again under full recompute) for the
+        halves every rank computes whole: (tp - 1) copies of them. A time model that divides
+        a block's FLOPs by tp gets each rank's work with this added."""
+        passes = 4.0 if recompute == "full" else 3.0
+        return (tp - 1) * passes * self.replicated_forward
 
 
 def lora_flops(model: ModelConfig, rank: int, targets: tuple[str, ...]) -> LoraFlops:
@@ -197,9 +212,11 @@ def lora_flops(model: ModelConfig, rank: int, targets: tuple[str, ...]) -> LoraF
     block's matmul FLOPs), each adapted projection adds two thin matmuls forward and four
     backward, and the first block skips the input gradients of what reads its input (q, k,
     v and their adapters' A: autograd computes no gradient for a tensor that needs none).
-    Counted as FlopCounterMode counts the trainer's step. Ignores: the adapters' scaling
-    (elementwise) and dropout."""
-    from scaletrain.config.lora import projection_shapes
+    Counted as FlopCounterMode counts the trainer's step (under tp, DTensor's global
+    shapes: each adapter once). The halves tp leaves whole on every rank (A beside a
+    column-parallel projection, B beside a row-parallel one, `config.lora.ROW_PARALLEL`)
+    are `replicated_forward`. Ignores: the adapters' scaling (elementwise) and dropout."""
+    from scaletrain.config.lora import ROW_PARALLEL, projection_shapes
 
     shapes = projection_shapes(model)
     per_layer, _ = matmul_params(model)
@@ -207,11 +224,18 @@ def lora_flops(model: ModelConfig, rank: int, targets: tuple[str, ...]) -> LoraF
     qkv = ("wq", "wk", "wv")
     first = 2.0 * sum(rows * cols for n, (rows, cols) in shapes.items() if n in qkv)
     first += 2.0 * sum(rank * shapes[n][1] for n in qkv if n in targets)
+    # the whole half of each adapter under tp: B (out x rank) beside a row-parallel W, else A
+    whole = sum(
+        rank * (rows if n in ROW_PARALLEL else cols)
+        for n, (rows, cols) in shapes.items()
+        if n in targets
+    )
     return LoraFlops(
         adapters_forward=2.0 * sum(adapted.values()),
         saved_per_block=2.0 * per_layer - 4.0 * sum(adapted.values()),
         first_block_saved=first,
         head_saved=2.0 * model.vocab_size * model.dim,
+        replicated_forward=2.0 * whole,
     )
 
 

@@ -104,12 +104,16 @@ def model_flops(
     causal: bool,
     ac: str,
     lora: tuple[int, tuple[str, ...], str] | None = None,
+    tp: int = 1,
 ) -> ModelFlops:
     """The FLOPs per token of `terms.model`, kept in the search's `ModelTerms` per
-    (seq_len, causal, ac, lora): a search evaluates one model thousands of times. lora
+    (seq_len, causal, ac, lora, tp): a search evaluates one model thousands of times. lora
     (`PlanInput.lora`): the adapters' forward added, the frozen weights' gradients taken
-    off (`flops.lora_flops`; the first block's skipped input gradients are ignored here)."""
-    key = (seq_len, causal, ac, lora)
+    off (`flops.lora_flops`; the first block's skipped input gradients are ignored here);
+    under tp > 1 the block's hardware FLOPs (the tp group's, divided by tp per rank) also
+    count the adapter halves every tp rank computes whole (`LoraFlops.replicated_hardware`),
+    which model FLOPs (MFU) count once."""
+    key = (seq_len, causal, ac, lora, tp if lora is not None else 1)
     hit = terms.flops.get(key)
     if hit is not None:
         return hit
@@ -127,6 +131,7 @@ def model_flops(
         lf = lora_flops(model, lora[0], lora[1])
         block_forward += lf.adapters_forward
         block_hw += lf.adapters_forward * (2 if ac == "full" else 1) - lf.saved_per_block
+        block_hw += lf.replicated_hardware(tp, ac)
         total += model.num_layers * (lf.adapters_forward - lf.saved_per_block) - lf.head_saved
     hit = terms.flops[key] = ModelFlops(
         block_forward=block_forward,
@@ -293,7 +298,7 @@ def step_time(
     FLOPs split over cp only."""
     L, model, hw = plan.layout, plan.model, plan.hardware
     m = max(1, plan.grad_accum)
-    fl = model_flops(terms, plan.seq_len, causal, plan.ac, plan.lora)
+    fl = model_flops(terms, plan.seq_len, causal, plan.ac, plan.lora, L.tp)
     lf, hf, core, layer_hw = fl.block_forward, fl.head_forward, fl.attention_core, fl.block_hardware
     counts = stage_layer_counts(model.num_layers, L.pp, L.pp_virtual, L.pp_schedule)
     eff = plan_efficiency(plan)
