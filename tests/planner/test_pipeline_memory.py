@@ -137,6 +137,37 @@ def test_each_pipeline_rank_has_its_memory_and_the_worst_is_one_of_them(schedule
         pipeline_rank_memory(plan, 4)
 
 
+@pytest.mark.parametrize(
+    "model,pp,virtual,schedule",
+    [
+        ("deepseek-v3", 32, 1, "1f1b"),  # rank 1: two dense blocks; rank 2: two MoE blocks
+        ("deepseek-v3", 16, 1, "zero-bubble"),
+        ("deepseek-v3", 8, 2, "interleaved"),
+        ("deepseek-v2-lite", 8, 1, "1f1b"),
+    ],
+)
+def test_worst_rank_of_a_model_with_dense_first_blocks(model, pp, virtual, schedule):
+    """An MoE model's dense first blocks and its MoE blocks are not interchangeable: the worst
+    rank the planner reports is the largest of every rank's memory (DeepSeek-V3 at pp 32 once
+    reported its all-dense rank 1 at 50 GiB and dropped its MoE ranks, 285 GiB)."""
+    from scaletrain.config import Layout, hardware_preset
+    from scaletrain.planner import estimate_memory, pipeline_rank_memory
+    from scaletrain.planner.types import PlanInput
+
+    plan = PlanInput(
+        model=resolve_model(model),
+        hardware=hardware_preset("h800"),
+        num_gpus=pp * 4,
+        layout=Layout(dp=4, zero=1, pp=pp, pp_schedule=schedule, pp_virtual=virtual),
+        seq_len=4096,
+        global_batch=4 * 2 * pp,
+        micro_batch=1,
+        precision="bf16",
+    )
+    ranks = [pipeline_rank_memory(plan, r).reserved for r in range(pp)]
+    assert estimate_memory(plan).reserved == pytest.approx(max(ranks), rel=1e-12)
+
+
 MOMENTS = {
     "forward/backward peak with activations stored",
     "optimizer step",

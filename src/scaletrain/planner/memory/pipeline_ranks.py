@@ -16,7 +16,7 @@ from ..time.pipeline import inflight_per_rank, rank_order, stage_rank
 from ..time.pipeline_comms import boundary_tensors, walked_microbatches
 from ..types import PlanInput
 from .buffers import pp_boundary_bytes
-from .states import stage_layer_counts
+from .states import dense_layers_on_rank, stage_layer_counts
 
 __all__ = ["pipeline_buffers", "rank_candidates", "schedule_moments", "ScheduleMoment"]
 
@@ -37,35 +37,43 @@ class ScheduleMoment(NamedTuple):
 
 @functools.lru_cache(maxsize=8192)
 def rank_candidates(
-    num_layers: int, pp: int, virtual: int, schedule: str, m: int
+    num_layers: int, pp: int, virtual: int, schedule: str, m: int, dense_layers: int = 0
 ) -> tuple[tuple[int, int, float], ...]:
     """(pipeline rank, layers held, micro-batches in flight) of the ranks that can be the worst
     (see the module docstring); in-flight counts are `time.pipeline.inflight_microbatches`.
+    dense_layers: an MoE model's dense first blocks (DeepSeek's `first_k_dense_replace`).
 
     The ranks holding the first or the last stage (rank 0 and pp - 1; rank 0 alone under
     dualpipev's V) are always evaluated; another rank is dropped when one more rank holds at
-    least as many layers, micro-batches in flight and communication buffers
-    (`time.pipeline_comms.boundary_tensors`: zero-bubble's grow towards the last rank while the
-    in-flight count stays)."""
+    least as many MoE blocks, as many dense blocks, micro-batches in flight and communication
+    buffers (`time.pipeline_comms.boundary_tensors`: zero-bubble's grow towards the last rank
+    while the in-flight count stays). The two kinds of block are compared apart: an MoE block
+    holds all its experts' weights, a dense one its wider activations (DeepSeek-V3's 18,432
+    MLP), so neither bounds the other (counting only blocks dropped V3's first MoE rank, 285
+    GiB, behind its all-dense neighbour at pp 32)."""
     counts = stage_layer_counts(num_layers, pp, virtual, schedule)
     if pp == 1:
         return ((0, counts[0], 1.0),)
     inflight = inflight_per_rank(schedule, pp, m, virtual)
     ends = sorted({stage_rank(schedule, pp, 0), stage_rank(schedule, pp, pp * virtual - 1)})
-    others = [
-        (r, counts[r], inflight[r], boundary_tensors(schedule, pp, m, virtual, r))
-        for r in range(pp)
-        if r not in ends
-    ]
-    kept: dict[tuple[int, float, int], int] = {}  # one rank of each (layers, in flight, buffers)
-    for r, c, f, b in others:
-        if (c, f, b) in kept or any(
-            c2 >= c and f2 >= f and b2 >= b and (c2, f2, b2) != (c, f, b)
-            for _, c2, f2, b2 in others
+    # per rank: (MoE blocks, dense blocks, micro-batches in flight, boundary buffers)
+    held: dict[int, tuple[int, int, float, int]] = {}
+    for r in range(pp):
+        if r not in ends:
+            dense = dense_layers_on_rank(num_layers, dense_layers, pp, virtual, r, schedule)
+            buffers = boundary_tensors(schedule, pp, m, virtual, r)
+            held[r] = (counts[r] - dense, dense, inflight[r], buffers)
+    kept: dict[tuple[int, int, float, int], int] = {}  # one rank of each
+    for r, k in held.items():
+        if k in kept or any(
+            o != k and all(a >= b for a, b in zip(o, k, strict=True)) for o in held.values()
         ):
             continue
-        kept[(c, f, b)] = r
-    middle = [(r, c, f) for (c, f, _), r in sorted(kept.items(), key=lambda x: (x[0], x[1]))]
+        kept[k] = r
+    middle = [
+        (r, moe + dense, f)
+        for (moe, dense, f, _), r in sorted(kept.items(), key=lambda x: (x[0], x[1]))
+    ]
     first, *last = [(r, counts[r], inflight[r]) for r in ends]
     return (first, *middle, *last)
 

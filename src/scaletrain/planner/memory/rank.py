@@ -256,8 +256,10 @@ def worst_rank(
     acts_terms = activation_terms(plan, terms, modern)
     worst = None
     max_params = 0.0
+    model = plan.model
+    dense = model.num_dense_layers if model.is_moe else 0
     for rank, layers, in_flight in rank_candidates(
-        plan.model.num_layers, L.pp, L.pp_virtual, L.pp_schedule, m
+        model.num_layers, L.pp, L.pp_virtual, L.pp_schedule, m, dense
     ):
         nums = _rank_memory(
             plan,
