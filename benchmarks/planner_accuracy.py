@@ -464,6 +464,10 @@ def stage_flops_per_token(job: JobConfig, world: int, pipeline_rank: int) -> flo
             pipeline_rank,
             layout.pp_schedule,
         )
+        if not layers:  # a head-only last stage (or an embedding-only first one)
+            if pipeline_rank != last_stage_rank(layout):
+                return 0.0
+            return (4 * 2.0 / layout.tp if fused else 3 * 2.0) * matmul_params(m)[1]
         stage = dataclasses.replace(m, num_layers=layers, num_dense_layers=min(dense, layers - 1))
     per_token = counted_flops_per_token(
         stage,

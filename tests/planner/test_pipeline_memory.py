@@ -272,6 +272,27 @@ def _whole_walk(schedule: str, p: int, m: int, v: int) -> tuple[int, ...]:
     return pc._most_held_per_rank(schedule, p, m, v)
 
 
+def _legal_microbatches(schedule: str, p: int, *, irregular_every: int) -> list[int]:
+    """The m up to 12 rounds of p that torch runs for `schedule` (dualpipev: m >= 2p; the
+    interleaved ones: a whole number of rounds): every m up to 2p, the multiples of p, and of
+    the others those divisible by `irregular_every` (a sample)."""
+    from scaletrain.planner.time.pipeline import microbatches_per_round
+
+    out = []
+    for m in range(1, 12 * p + 1):
+        if schedule == "dualpipev" and m < 2 * p:
+            continue
+        if schedule in ("interleaved", "zero-bubble"):
+            try:
+                microbatches_per_round(p, m)
+            except ValueError:
+                continue  # not a whole number of rounds: torch refuses it
+        if m % p and m > 2 * p and m % irregular_every:
+            continue
+        out.append(m)
+    return out
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "schedule,v",
@@ -282,21 +303,11 @@ def test_boundary_walk_shortcut_equals_the_whole_step(schedule: str, v: int) -> 
     """`boundary_tensors` walks a few rounds past the warm-up (the steady state repeats); on
     the legal m up to 12 rounds of p = 2, 3, 4, 6, 8 (multiples of p and of 5, and every m up
     to 2p) it equals the whole step's walk."""
-    from scaletrain.planner.time.pipeline import microbatches_per_round
     from scaletrain.planner.time.pipeline_comms import boundary_tensors
 
     checked = 0
     for p in (2, 3, 4, 6, 8):
-        for m in range(1, 12 * p + 1):
-            if schedule == "dualpipev" and m < 2 * p:
-                continue
-            if schedule in ("interleaved", "zero-bubble"):
-                try:
-                    microbatches_per_round(p, m)
-                except ValueError:
-                    continue  # not a whole number of rounds: torch refuses it
-            if m % p and m > 2 * p and m % 5:  # a sample of the irregular ones
-                continue
+        for m in _legal_microbatches(schedule, p, irregular_every=5):
             short = tuple(boundary_tensors(schedule, p, m, v, r) for r in range(p))
             assert short == _whole_walk(schedule, p, m, v), (schedule, p, m, v)
             checked += 1
@@ -314,21 +325,11 @@ def test_schedule_moments_shortcut_equals_the_whole_step(schedule: str, v: int) 
     p = 2, 3, 5, 8 (every rank, two layer counts: even and uneven stages) its moments equal the
     whole step's, and GPipe's are walked whole."""
     from scaletrain.planner.memory.pipeline_ranks import _walk_moments
-    from scaletrain.planner.time.pipeline import microbatches_per_round
 
     whole = _walk_moments.__wrapped__  # uncached, walking the m it is given
     checked = 0
     for p in (2, 3, 5, 8):
-        for m in range(1, 12 * p + 1):
-            if schedule == "dualpipev" and m < 2 * p:
-                continue
-            if schedule in ("interleaved", "zero-bubble"):
-                try:
-                    microbatches_per_round(p, m)
-                except ValueError:
-                    continue
-            if m % p and m > 2 * p and m % 7:  # a sample of the irregular ones
-                continue
+        for m in _legal_microbatches(schedule, p, irregular_every=7):
             for layers in (p * v, 2 * p * v + 3):
                 for r in range(p):
                     short = schedule_moments(schedule, p, m, v, r, layers)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from scaletrain.config import fmt_bytes
 
-__all__ = ["temp_name", "sweep", "Sweep"]
+__all__ = ["temp_name", "sweep", "Sweep", "pid_alive"]
 
 _HOST = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname())[:64] or "host"
 """This host in temporary names: no '-' (the field separator), no path characters."""
@@ -39,7 +39,8 @@ def temp_name(final: str) -> str:
     return f".{final}.tmp-{_HOST}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process `pid` exists on this host (owned by anyone)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -108,7 +109,7 @@ def sweep(directory: Path, *, now: float | None = None) -> Sweep:
         if m is None:
             continue
         mine = m.group("host") == _HOST
-        if mine and (int(m.group("pid")) == os.getpid() or _alive(int(m.group("pid")))):
+        if mine and (int(m.group("pid")) == os.getpid() or pid_alive(int(m.group("pid")))):
             continue  # a write in flight
         size, newest = _size_and_newest(p)
         if mine:

@@ -17,21 +17,12 @@ import socket
 from pathlib import Path
 
 from scaletrain.config import ConfigError
+from scaletrain.data.stale_writes import pid_alive
 
 __all__ = ["acquire", "release_held", "LOCK_NAME"]
 
 LOCK_NAME = ".lock"
 _held: list[Path] = []
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
 
 
 def _owner(lock: Path) -> dict | None:
@@ -56,7 +47,7 @@ def acquire(run_dir: str | Path, *, enabled: bool = True) -> None:
             owner = _owner(lock)
             stale = owner is None or (
                 owner["host"] == me["host"]
-                and (owner["pid"] == me["pid"] or not _alive(owner["pid"]))
+                and (owner["pid"] == me["pid"] or not pid_alive(owner["pid"]))
             )
             if not stale:
                 assert owner is not None
