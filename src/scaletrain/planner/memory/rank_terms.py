@@ -347,17 +347,27 @@ def rank_states(
 
 
 def _expert_casts(plan: PlanInput, terms: ModelTerms) -> float:
-    """A block's saved compute-dtype casts of its expert-parallel experts' weights.
+    """A block's saved compute-dtype casts of its routed experts' weights, per micro-batch.
 
-    FSDP2 ignores the expert-parallel experts (parallel/parallelize.py): they stay fp32 and
-    autocast casts each expert's weights to the compute dtype in every forward (views, not
-    leaves: no autocast cache); the linears save those casts for backward, 2 bytes x the
-    block's local expert parameters per micro-batch (dry-run, tiny-moe dp2 z3 ep2: -3.0% total
-    without this term). fp8 experts save no cast: they re-quantize the fp32 weight in backward
-    (precision/fp8.py).
+    The experts' weights reach their GEMMs in fp32 wherever autocast is what makes the step
+    16-bit: ZeRO-0/1 (DDP, fp32 parameters), and the expert-parallel experts under ZeRO-2/3,
+    which FSDP2 ignores (parallel/parallelize.py). The grouped kernels cast the stacked weights
+    themselves in every forward (models/moe.grouped_expert_mlp: autocast does not cast
+    `_grouped_mm`'s inputs), and the per-expert loop's weights are views, not leaves: autocast's
+    cache keeps neither. The GEMMs save those casts for backward, so each micro-batch whose
+    activations are stored holds its own: 2 bytes x the block's local expert parameters
+    (dry-run, tiny-moe dp2 z3 ep2: -3.0% total without this term; DeepSeek-V3 at 1/8 widths,
+    dp1 cp4 z1: an MoE block's forward keeps 338 MiB that do not shrink with cp, its 256
+    experts' 336 MiB of casts; pp32 cp8 ep8 was -41.6% with the casts counted once per step).
+    ZeRO-0/1's other matmul weights are leaves in autocast's cache, one cast per step
+    (`states._in_flight`). Ignores the shared experts' casts (1 of DeepSeek-V3's 257 experts:
+    counted once per step with the dense weights). fp8 experts save no cast: they re-quantize
+    the fp32 weight in backward (precision/fp8.py).
     """
     L = plan.layout
-    if plan.model.is_moe and L.ep > 1 and L.zero >= 2 and plan.precision not in ("fp32", "fp8"):
+    if not plan.model.is_moe or plan.precision in ("fp32", "fp8"):
+        return 0.0
+    if L.zero < 2 or L.ep > 1:
         return 2.0 * terms.counts.mlp / expert_split(L)
     return 0.0
 

@@ -222,9 +222,12 @@ def _in_flight(params: StageParams, *, precision: str, zero: int) -> tuple[float
     elif precision != "fp32":
         # autocast keeps a 16-bit cast of every matmul weight from forward to backward
         # (not of `params.uncast`); fp8-converted linears keep none (their weight is
-        # re-quantized in backward)
+        # re-quantized in backward). The routed experts' casts are not autocast's: made in
+        # every forward and saved with each micro-batch's activations
+        # (`rank_terms._expert_casts`)
         converted = params.fp8 if precision == "fp8" else 0.0
-        in_params = 2 * (num_params + expert_params - converted - params.uncast)
+        experts = expert_params if precision == "fp8" else 0.0
+        in_params = 2 * (num_params + experts - converted - params.uncast)
     return in_params, in_grads
 
 
