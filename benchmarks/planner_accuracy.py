@@ -83,6 +83,12 @@ def _models() -> dict[str, ModelConfig]:
         "qwen3-30b-a3b-L2": model("qwen3-30b-a3b", 2),
         "gemma-2-9b-L2": model("gemma-2-9b", 2),
         "gemma-2-27b-L2": model("gemma-2-27b", 2),
+        # issue #35, the Llama-like families at their widths: Qwen2.5 (q/k/v biases), Qwen3
+        # (per-head q/k RMSNorm, explicit head_dim), Phi-3 (fused qkv / gate_up in the
+        # checkpoint, trained split; a 2047-token sliding window)
+        "qwen2.5-7b-L2": model("qwen2.5-7b", 2),
+        "qwen3-8b-L2": model("qwen3-8b", 2),
+        "phi-3-mini-L2": model("phi-3-mini", 2),
     }
 
 
@@ -165,6 +171,14 @@ CASES: list[Case] = [
     ("gemma-2-9b-L2", 2, 2, 1, 1, 1, False, 1, "none", "bf16", 1, 2048, 1),
     ("gemma-2-27b-L2", 8, 8, 3, 1, 1, False, 1, "none", "bf16", 1, 4096, 1),
     ("gemma-2-27b-L2", 8, 8, 3, 1, 1, False, 1, "selective", "bf16", 1, 4096, 1),
+    # issue #35, Qwen2.5 / Qwen3 / Phi-3 at their widths: ZeRO-3, and ZeRO-1 or DDP under
+    # autocast with TP + SP (biases and q/k norms split with their heads)
+    ("qwen2.5-7b-L2", 8, 8, 3, 1, 1, False, 1, "none", "bf16", 1, 2048, 1),
+    ("qwen2.5-7b-L2", 8, 4, 1, 1, 2, True, 1, "none", "bf16", 1, 2048, 1),
+    ("qwen3-8b-L2", 8, 8, 3, 1, 1, False, 1, "none", "bf16", 1, 2048, 1),
+    ("qwen3-8b-L2", 8, 4, 1, 1, 2, True, 1, "selective", "bf16", 1, 2048, 1),
+    ("phi-3-mini-L2", 8, 8, 3, 1, 1, False, 1, "none", "bf16", 1, 2048, 1),
+    ("phi-3-mini-L2", 4, 4, 0, 1, 1, False, 1, "none", "bf16", 1, 2048, 1),
 ]
 
 QUICK = [CASES[i] for i in (0, 1, 2, 3, 4, 5, 6, 7, 8, 12, 18, 43, 44, 46, 47, 48, 52)]
