@@ -13,3 +13,11 @@ def fail_on_rank1():
         raise ValueError("boom on rank 1")
     dist.barrier()
     return 0
+
+
+def environment_seen(name: str) -> tuple[str | None, str, int]:
+    """What a rank sees of the launcher: an environment variable, its working directory, and
+    its torch thread count."""
+    import os
+
+    return os.environ.get(name), os.getcwd(), torch.get_num_threads()
