@@ -30,6 +30,7 @@ GENERATION = {
     "h100-hbm2e-500w": "Hopper",
     "h100-pcie": "Hopper",
     "h200": "Hopper (H200)",
+    "mi300x": "CDNA3 (AMD)",
 }
 """GPU generations; H200 counted apart from H100 only for its memory (same Hopper SMs)."""
 

@@ -1,8 +1,9 @@
 """A foreign recipe's activation bytes (registry.py): one layer's stored set under the
 recipe's activation model and AC mode (`recipe_layer_bytes`: Korthikanti et al. 2022 for
-Megatron's layer, `memory.activations.layer_activation_bytes` for SDPA Llamas, torchtitan's op-level
-SAC), and the last stage's head, loss and logits (`recipe_head_bytes`). Units: bytes, one
-rank, one micro-batch. Torch-free; `memory.recipe_rank_memory` composes them.
+Megatron's layer, `memory.activations.layer_activation_bytes` for SDPA Llamas, torchtitan's
+op-level SAC, Nanotron's decoder layer), and the last stage's head, loss and logits
+(`recipe_head_bytes`). Units: bytes, one rank, one micro-batch. Torch-free;
+`memory.recipe_rank_memory` composes them.
 """
 
 from __future__ import annotations
@@ -79,12 +80,49 @@ def _torchtitan_op_sac(plan: PlanInput) -> float:
     return tok * per
 
 
+def _nanotron_layer(plan: PlanInput, recipe: Recipe, ac: str) -> float:
+    """One Nanotron LlamaDecoderLayer's saved tensors per micro-batch (nanotron c252843
+    src/nanotron/models/llama.py, training path), per token, e = element bytes, t = tp,
+    tsp = t under tp_mode REDUCE_SCATTER (SP), q = heads x d, kv = kv_heads x d:
+      two TritonRMSNorms (flash-attn layer_norm_fn saves x and an fp32 rstd): 2 x (e*h + 4)/tsp;
+      qkv_proj and gate_up_proj save their normed input: 2 x e*h, /tsp with tp_recompute_allgather
+        (Recipe.sp_linear_saves_shard: the sequence shard, re-gathered in backward);
+      attention: CausalSelfAttention.forward without GQA views qkv_states as (3, b, s, heads, d)
+        and makes it contiguous; q stays a view of that buffer (rotated in place by flash-attn's
+        RotaryEmbedding and saved by flash_attn_varlen_func), so all of it lives, e*(q + 2kv)/t;
+        with GQA q, k, v are split and copied apart (q alone lives, e*q/t); k and v are
+        concatenated and made contiguous as (b, s, 2, kv_heads, d), rotated in place and saved
+        as views, e*2kv/t; the output e*q/t (o_proj's saved input, a view of it) and the fp32
+        log-sum-exp 4*heads/t;
+      MLP: gate_up's merged output (SiLU saves its gate view, the mul its up view) 2e*f/t, the
+        SiLU output e*f/t and the product (down_proj's saved input) e*f/t;
+      recompute_layer (ac='full'): CheckpointFunction keeps the layer input e*h/tsp.
+    Ignores: the boolean sequence mask, the residual adds (save nothing), the rotary cos/sin
+    caches (buffers)."""
+    m, L = plan.model, plan.layout
+    e = plan.compute_bytes
+    h, t = m.dim, L.tp
+    q, kv, f = m.q_dim, m.kv_dim, m.ffn_dim
+    tok = float(plan.seq_len) / L.cp * plan.micro_batch
+    tsp = t if (L.sp or recipe.sp_with_tp) else 1
+    if ac == "full":
+        return e * tok * h / tsp
+    norms = 2 * (e * h + 4.0) / tsp
+    inputs = 2 * e * h / (tsp if recipe.sp_linear_saves_shard else 1)
+    q_live = q + 2 * kv if m.num_kv_heads in (0, m.num_heads) else q
+    attn = e * (q_live + 2 * kv + q) / t + 4.0 * m.num_heads / t
+    mlp = (4 if m.gated_mlp else 2) * e * f / t
+    return tok * (norms + inputs + attn + mlp)
+
+
 def recipe_layer_bytes(plan: PlanInput, recipe: Recipe, ac: str | None = None) -> float:
     """Stored activation bytes of one layer per micro-batch under `recipe` (ac = plan.ac)."""
     ac = plan.ac if ac is None else ac
     L = plan.layout
     if recipe.activations == "korthikanti" and not plan.model.is_moe:
         return _korthikanti(plan, recipe, ac)
+    if recipe.activations == "nanotron" and not plan.model.is_moe:
+        return _nanotron_layer(plan, recipe, ac)
     if ac == "selective" and recipe.selective == "torchtitan_op" and not plan.model.is_moe:
         return _torchtitan_op_sac(plan)
     # SDPA Llama with a 16-bit residual stream (the modern model of
@@ -111,7 +149,8 @@ def recipe_layer_bytes(plan: PlanInput, recipe: Recipe, ac: str | None = None) -
         # (torchtitan/models/llama3/model.py RMSNorm: self._norm(x.float()).type_as(x) *
         # self.weight); a fused kernel saves its 16-bit input and rstd (torchtitan
         # models/norms.py TritonFusedRMSNorm.forward: save_for_backward(x, weight, rstd))
-        rmsnorm_upcast=not plan.fused_norm,
+        # or the recipe's framework has only a fused norm (Recipe.fused_rmsnorm)
+        rmsnorm_upcast=not (plan.fused_norm or recipe.fused_rmsnorm),
     )
     return out
 
@@ -140,7 +179,9 @@ def recipe_head_bytes(plan: PlanInput, recipe: Recipe) -> tuple[float, float]:
     tok = float(plan.seq_len) / L.cp * plan.micro_batch
     tsp = L.tp if (L.sp or recipe.sp_with_tp) else 1
     v_l = m.vocab_size / L.tp
-    stored = e * tok * m.dim / tsp + e * tok * m.dim + 4.0 * tok * v_l
+    # the head's saved input: its sequence shard under Recipe.sp_linear_saves_shard
+    head_in = e * tok * m.dim / (tsp if recipe.sp_linear_saves_shard else 1)
+    stored = e * tok * m.dim / tsp + head_in + 4.0 * tok * v_l
     temp = (2.0 if e == 2 else 0.0) * tok * v_l
     if recipe.loss == "materialized_fp32":
         temp = 8.0 * tok * v_l
@@ -159,6 +200,12 @@ def recipe_head_bytes(plan: PlanInput, recipe: Recipe) -> tuple[float, float]:
             # references: e + 4 + 4 + 4 B per logit at the loss forward, i.e. 10 B beyond the
             # saved output when e = 2, more than the backward's 8
             temp = max(temp, (e + 8.0) * tok * v_l)
+    if recipe.loss_casts_logits and recipe.loss == "vocab_parallel_fp32":
+        # Nanotron: a separate block casts the 16-bit logits to fp32 and the vocab-parallel
+        # loss subtracts the max out of place into the tensor it softmaxes and saves, so at the
+        # loss forward the 16-bit logits, their fp32 cast and the saved softmax coexist:
+        # (e + 4) B per logit beyond the saved 4 B (Recipe.sources['loss_casts_logits'])
+        temp = max(temp, (e + 4.0) * tok * v_l)
     return stored, temp
 
 

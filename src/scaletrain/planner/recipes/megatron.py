@@ -38,7 +38,7 @@ MEGATRON = Recipe(
     sp_with_tp=False,
     attention="model",
     dropout_masks=True,
-    even_pp_split=True,
+    pp_split="even",
     pp_schedules=("1f1b", "interleaved"),
     cp=True,
     ddp_with_model_parallel=True,
@@ -97,7 +97,7 @@ MEGATRON = Recipe(
         "dropout_masks": "megatron/training/arguments.py: --hidden-dropout and "
         "--attention-dropout default 0.1 (GPT recipes keep them; "
         "Llama recipes set 0)",
-        "even_pp_split": "megatron/core/transformer/transformer_block.py "
+        "pp_split": "megatron/core/transformer/transformer_block.py "
         "get_num_layers_to_build: num_layers / pp per stage",
         "pp_schedules": "megatron/core/pipeline_parallel/schedules.py "
         "get_forward_backward_func: no pipelining, 1F1B "

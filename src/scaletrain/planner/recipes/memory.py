@@ -2,7 +2,7 @@
 
 The `scaletrain` recipe is the planner's own model (`planner.memory.rank.worst_rank`, exact against
 the dry-run) and never comes here. A foreign recipe is composed from the planner's shared pieces:
-the pipeline split and in-flight micro-batches (`memory.states.stage_layer_counts`,
+the pipeline split and in-flight micro-batches (`recipes.stages.recipe_stages`,
 `time.pipeline.inflight_microbatches`), the per-layer activation models of
 `planner.memory.activations`
 (`layer_activation_bytes` for SDPA Llamas, Korthikanti et al. 2022 for Megatron's layer), the
@@ -35,12 +35,13 @@ from scaletrain.config import (
     offloads_activations,
 )
 
-from ..memory.states import OPTIMIZER_BYTES, stage_layer_counts
+from ..memory.states import OPTIMIZER_BYTES
 from ..time.pipeline import inflight_microbatches
 from ..types import MemoryBreakdown, PlanInput
 from .activations import naive_attention_backward_temp, recipe_head_bytes, recipe_layer_bytes
 from .registry import recipe_named
 from .schema import Recipe
+from .stages import recipe_stage_layers, recipe_stages
 
 __all__ = [
     "recipe_problems",
@@ -116,20 +117,6 @@ def recipe_problems(
             "memory.offload", offload, "parameter offload shards parameters: set parallel.zero=3"
         )
     return out
-
-
-def recipe_stage_layers(plan: PlanInput, recipe: Recipe) -> tuple[int, ...]:
-    """Layers per pipeline rank: L/pp each (remainder to the first ranks) for frameworks that
-    split by layer count, else scaletrain's balance (`stage_layer_counts`)."""
-    L, n = plan.layout, plan.model.num_layers
-    if not recipe.even_pp_split:
-        return stage_layer_counts(n, L.pp, L.pp_virtual, L.pp_schedule)
-    stages = L.pp * L.pp_virtual
-    per = [n // stages + (1 if i < n % stages else 0) for i in range(stages)]
-    counts = [0] * L.pp
-    for s, k in enumerate(per):
-        counts[s % L.pp] += k
-    return tuple(counts)
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -299,8 +286,9 @@ def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBrea
     L = plan.layout
     m = max(1, plan.grad_accum)
     pp = L.pp
-    first, last = rank == 0, rank == pp - 1
-    layers = recipe_stage_layers(plan, recipe)[rank]
+    split = recipe_stages(plan, recipe)
+    first, last = rank == 0, rank == split.head_rank
+    layers = split.layers[rank]
     rp = recipe_rank_params(plan, first, last, layers)
     P, block, root, head = rp.params, rp.block, rp.root, rp.head
     N, z = L.zero_shards, L.zero
@@ -336,6 +324,10 @@ def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBrea
     rs = bufs.get("fsdp_reduce_scatter", 0.0)
     fwdbwd = states + in_params + in_grads + buffers - rs + acts + max(recompute + rs, loss_tmp)
     step_tmp = 4.0 * P / (N if z >= 1 else 1) if recipe.step_grad_fp32_copy and not fp32 else 0.0
+    if recipe.zero1_gather_flat_copies and z == 1 and N > 1:
+        # the ZeRO-1 parameter all-gather through flattened copies (Recipe.zero1_gather_flat
+        # _copies): the rank's updated shard and one flat buffer per dp rank, P weights in all
+        step_tmp += (weights / P if P else 0.0) * P * (1.0 + 1.0 / N)
     step = states + step_tmp + buffers - rs
     # the end of a micro-batch's backward (Recipe.param_grads_until_backward_end): the 16-bit
     # .grad of every parameter of the rank, the other in-flight micro-batches' activations

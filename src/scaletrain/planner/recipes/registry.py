@@ -62,7 +62,7 @@ RECIPES: dict[str, Recipe] = {
         sp_with_tp=False,
         attention="model",
         dropout_masks=False,
-        even_pp_split=False,
+        pp_split="balanced",
         pp_schedules=("gpipe", "1f1b", "interleaved", "zero-bubble"),
         cp=True,
         ddp_with_model_parallel=True,
@@ -111,7 +111,7 @@ RECIPES: dict[str, Recipe] = {
         sp_with_tp=False,
         attention="naive",
         dropout_masks=True,
-        even_pp_split=True,
+        pp_split="even",
         pp_schedules=("1f1b",),
         cp=True,
         ddp_with_model_parallel=True,
@@ -120,7 +120,15 @@ RECIPES: dict[str, Recipe] = {
         cuda_context_bytes=RUNTIME_CONTEXT_BYTES,
         time_model=FOREIGN_TIME_MODEL,
         pipe_output_buffers=2,
+        zero3_module_fetch=True,
         sources={
+            "zero3_module_fetch": "deepspeed/runtime/zero/partitioned_param_coordinator.py "
+            "fetch_sub_module (one all_gather_coalesced per leaf module, prefetch capped by "
+            "stage3_prefetch_bucket_size 5e7), stage3.py __reduce_and_partition_ipg_grads "
+            "(reduce_bucket_size 5e8, engine.communication_data_type bf16 under bf16); the "
+            "gathers and reduce-scatters share the dp process group; exposed per DeepSpeed "
+            "issues #1174 and #5047 and DeepSpeedExamples benchmarks/deepcompile "
+            "(time/zero3_fetch.py)",
             "pipe_output_buffers": "deepspeed/runtime/pipe/engine.py _exec_forward_pass: "
             "pipe_buffers['outputs'][buffer_id] = outputs (the last "
             "stage's logits, before the loss); _exec_backward_pass "
@@ -212,7 +220,7 @@ RECIPES: dict[str, Recipe] = {
         sp_with_tp=True,
         attention="model",
         dropout_masks=False,
-        even_pp_split=False,
+        pp_split="balanced",
         pp_schedules=("gpipe", "1f1b", "interleaved", "zero-bubble"),
         cp=True,
         ddp_with_model_parallel=False,
@@ -302,14 +310,14 @@ RECIPES: dict[str, Recipe] = {
         fsdp_prefetch_units=0,
         fsdp_prefetch_params=0,
         loss="vocab_parallel_fp32",
-        activations="sdpa_bf16",
+        activations="nanotron",
         selective="core_attention",
         ac_modes=("none", "full"),
         full_ac_saves="layer_input",
         sp_with_tp=False,
         attention="model",
         dropout_masks=False,
-        even_pp_split=True,
+        pp_split="compute_cost",
         pp_schedules=("gpipe", "1f1b"),
         cp=False,
         ddp_with_model_parallel=True,
@@ -319,7 +327,33 @@ RECIPES: dict[str, Recipe] = {
         time_model=FOREIGN_TIME_MODEL,
         ddp_reducer_copy_bytes=2.0,
         param_grads_until_backward_end=True,
+        fused_rmsnorm=True,
+        sp_linear_saves_shard=True,
+        loss_casts_logits=True,
+        zero1_gather_flat_copies=True,
         sources={
+            "zero1_gather_flat_copies": "src/nanotron/optim/zero.py ZeroDistributedOptimizer."
+            "_all_gather_params -> src/nanotron/distributed.py all_gather_coalesced: "
+            "torch._utils._flatten_dense_tensors of the input shards and of each dp rank's "
+            "output list, dist.all_gather into them, then copy_ back into the parameters",
+            "loss_casts_logits": "src/nanotron/models/llama.py LlamaModel.cast_to_fp32 (a "
+            "PipelineBlock running x.float()) feeds Loss.forward -> parallel/tensor_parallel/"
+            "functional.py _ShardedCrossEntropy.forward: sharded_logits - logits_max is a new "
+            "fp32 tensor, exponentiated and normalised in place and saved for backward",
+            "pp_split": "src/nanotron/models/base.py build_model (c252843): PipelineBlocks are "
+            "assigned in model order by cumulative cost against total x (rank + 1) / pp, the "
+            "crossing block staying on the earlier rank; models/llama.py "
+            "LlamaModel.get_block_compute_costs: a decoder layer 4 x heads x d_qkv x h + 3 x "
+            "ffn x h, the lm_head V x h, the embedding 0 (recipes.stages.compute_cost_stages)",
+            "fused_rmsnorm": "src/nanotron/models/llama.py LlamaDecoderLayer: TritonRMSNorm "
+            "(src/nanotron/nn/layer_norm.py) calls flash_attn.ops.triton.layer_norm "
+            "layer_norm_fn, whose LayerNormFn.forward saves x (16-bit) and rstd",
+            "sp_linear_saves_shard": "src/nanotron/config/parallelism_config.py "
+            "ParallelismArgs.tp_recompute_allgather = True; parallel/tensor_parallel/"
+            "functional.py _ColumnLinearAsyncCommunication.forward saves `tensor` (the "
+            "sequence shard) when tp_recompute_allgather, backward all-gathers it again into "
+            "MemoryBuffer 'allgather' (scripts/scaling_benchmarks.py: tp_mode REDUCE_SCATTER "
+            "with tp_linear_async_communication)",
             "ddp_reducer_copy_bytes": "src/nanotron/trainer.py init_model (c252843, the v0.5 "
             "benchmarks' commit): make_ddp = dp > 1 and not (accumulate_grad_in_fp32 and "
             "zero_stage > 0); DistributedDataParallel(model, process_group=dp_pg, "
@@ -352,8 +386,11 @@ RECIPES: dict[str, Recipe] = {
             "ddp_bucket": "FP32GradientAccumulator's fp32 buffers are reduced in place "
             "(sync_gradients_across_dp; reduce-scatter under ZeRO-1): no copy of its own "
             "(torch DDP's at ZeRO-0: ddp_reducer_copy_bytes)",
-            "activations": "src/nanotron/models/llama.py: flash attention, fused RMSNorm, "
-            "merged gate_up projection and GLU activation, bf16 stream",
+            "activations": "src/nanotron/models/llama.py LlamaDecoderLayer._core_forward and "
+            "CausalSelfAttention.forward (training path): TritonRMSNorm, the (3, b, s, heads, d) "
+            "contiguous qkv buffer q stays a view of, the contiguous (b, s, 2, kv_heads, d) kv "
+            "buffer, flash_attn_varlen_func, merged gate_up and GLUActivation, bf16 stream "
+            "(recipes.activations._nanotron_layer)",
             "selective": "no selective mode: ParallelismArgs.recompute_layer recomputes whole "
             "layers",
             "attention": "src/nanotron/models/llama.py CoreAttention: flash_attn_varlen_func "

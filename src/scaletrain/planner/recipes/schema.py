@@ -8,10 +8,14 @@ Torch-free.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
-__all__ = ["Recipe", "DEFAULT_RECIPE"]
+__all__ = ["Recipe", "DEFAULT_RECIPE", "PPSplit"]
 
 DEFAULT_RECIPE = "scaletrain"
+
+PPSplit = Literal["balanced", "even", "compute_cost"]
+"""Pipeline layer-split rules (`Recipe.pp_split`, `recipes.stages`)."""
 
 
 @dataclass(frozen=True)
@@ -63,8 +67,9 @@ class Recipe:
     """Per-layer activation model: 'scaletrain' (our modules:
     memory.activations.layer_activation_bytes),
     'korthikanti' (Megatron's fused TE/flash transformer layer, Korthikanti et al. 2022
-    Table 2 generalised to GQA/SwiGLU) or 'sdpa_bf16' (an SDPA Llama whose residual stream is
-    16-bit: memory.activations.layer_activation_bytes with residual_fp32=False)."""
+    Table 2 generalised to GQA/SwiGLU), 'sdpa_bf16' (an SDPA Llama whose residual stream is
+    16-bit: memory.activations.layer_activation_bytes with residual_fp32=False) or 'nanotron'
+    (Nanotron's LlamaDecoderLayer, per saved tensor: recipes.activations._nanotron_layer)."""
     selective: str
     """What ac='selective' keeps: 'scaletrain' (parallel/ac.py), 'core_attention'
     (Megatron: the attention core is recomputed, its s^2 terms dropped) or 'torchtitan_op'
@@ -83,9 +88,11 @@ class Recipe:
     dropout_masks: bool
     """1-byte dropout masks are kept for GPT-2-family models (Megatron's default
     hidden/attention dropout 0.1); Llama-family recipes run without dropout."""
-    even_pp_split: bool
-    """Pipeline stages hold L/pp layers each (embedding and head on top of the end stages)
-    instead of scaletrain's balance that counts them as a layer each."""
+    pp_split: PPSplit
+    """How the decoder layers are split over pipeline ranks (`recipes.stages`): 'balanced'
+    (scaletrain's rule, the embedding and the head counted as a layer each), 'even' (L / pp
+    layers per stage, embedding and head on top of the end stages) or 'compute_cost'
+    (Nanotron's blocks balanced by their matmul cost, the head's included)."""
     pp_schedules: tuple[str, ...]
     cp: bool
     """Context parallelism available."""
@@ -135,6 +142,28 @@ class Recipe:
     before copying `.grad` into its buffers and freeing it (Nanotron's
     FP32GradientAccumulator.backward). With a pipeline the other micro-batches in flight keep
     their activations meanwhile (an end-of-backward moment, `recipes.memory`)."""
+    fused_rmsnorm: bool = False
+    """The framework's RMSNorm is a fused kernel saving its 16-bit input and an fp32 rstd per
+    token for backward (no fp32 upcast kept), whatever the run states (`PlanInput.fused_norm`)."""
+    sp_linear_saves_shard: bool = False
+    """Under sequence parallelism the column-parallel linears (QKV, MLP input) save their
+    sequence-sharded input and all-gather it again in backward, instead of saving the gathered
+    copy: their saved inputs, and the head's, divide by tp (recipes.activations._nanotron_layer,
+    recipe_head_bytes)."""
+    loss_casts_logits: bool = False
+    """The head's 16-bit logits are cast to fp32 by an op of their own before a
+    'vocab_parallel_fp32' loss that subtracts the max out of place: at the loss forward the
+    16-bit logits, the fp32 cast and the saved fp32 softmax coexist (recipes.activations
+    .recipe_head_bytes)."""
+    zero1_gather_flat_copies: bool = False
+    """ZeRO-1's all-gather of the updated weights after the step goes through flattened copies:
+    the rank's shard (P/N weights) and one flat buffer per dp rank (P weights in all) are
+    allocated beside the model states, then copied back into the parameters."""
+    zero3_module_fetch: bool = False
+    """ZeRO-3 gathers each leaf module's parameters with a collective of its own (prefetching
+    one module ahead) and reduce-scatters the gradients from a fixed bucket every micro-batch,
+    both on the step's critical path (time/zero3_fetch.py: DeepSpeed) instead of FSDP's
+    per-block collectives overlapped with compute."""
     sources: dict[str, str] = field(default_factory=dict, compare=False)
     """Field -> where the value comes from."""
 

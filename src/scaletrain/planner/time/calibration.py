@@ -69,6 +69,8 @@ FAMILY_KIND = {
     "fsdp_all_gather": "all_gather",
     "zero_reduce_scatter": "reduce_scatter",
     "fsdp_reduce_scatter": "reduce_scatter",
+    "zero3_param_gather": "all_gather",
+    "zero3_grad_reduce_scatter": "reduce_scatter",
     "ep_all_to_all": "all_to_all",
     "pp_p2p": "send",
     "cp_ring": "send",

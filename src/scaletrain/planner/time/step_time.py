@@ -19,8 +19,8 @@ from scaletrain.config import (
 
 from ..memory.rank_terms import ModelTerms, activation_terms
 from ..memory.states import fp8_linear_params, stage_layer_counts
-from ..recipes.memory import recipe_stage_layers
 from ..recipes.schema import DEFAULT_RECIPE, Recipe
+from ..recipes.stages import recipe_stages
 from ..types import PlanInput
 from .calibration import calibrated_block
 from .comm import CommInputs, allreduce_time, axis_link, comm_terms, gather_time
@@ -42,6 +42,7 @@ from .flops import (
     op_sac_recompute_flops_per_token,
 )
 from .pipeline import bubble_fraction, last_stage_rank
+from .zero3_fetch import zero3_module_fetch_terms
 
 __all__ = [
     "default_efficiency",
@@ -310,8 +311,10 @@ def step_time(
         eff, eff16 = matmul_efficiency(
             model, hw, plan.precision, float(plan.seq_len) * plan.micro_batch / L.cp, L.tp
         )
+    head = last_stage_rank(L)
     if recipe is not None:
-        counts = recipe_stage_layers(plan, recipe)
+        stages = recipe_stages(plan, recipe)
+        counts, head = stages.layers, stages.head_rank
     rate = hw.flops(plan.precision) * eff
     # fp8 (precision/fp8.py) runs float8 GEMMs in the converted linears and MoE experts only:
     # the attention core (SDPA) and the 16-bit head run at the bf16 rate. Every other
@@ -329,7 +332,6 @@ def step_time(
         layer_s, core_s, head_s = block.layer_s, block.core_s, block.head_s
     tok_mb = float(plan.seq_len) * plan.micro_batch  # tokens of one micro-batch (one replica)
     split = L.tp * L.cp
-    head = last_stage_rank(L)
     middle = max((c for r, c in enumerate(counts) if r != head), default=0) * layer_s
     t_mb = max(middle, counts[head] * layer_s + head_s) * tok_mb / split
     compute_s = m * t_mb
@@ -511,9 +513,19 @@ def _recipe_comm(
     (efficiency.allreduce_latency). ZeRO-1 with a sharded master (Megatron's distributed
     optimizer, DeepSpeed stage 1, Nanotron ZeroDistributedOptimizer): reduce-scatter of the
     gradients, then all-gather of the updated 16-bit weights (weight_bytes per parameter)
-    instead of scaletrain's all-reduce + fp32 broadcast. Ignores: overlap of the param
+    instead of scaletrain's all-reduce + fp32 broadcast. ZeRO-3 under a recipe that gathers per
+    module (Recipe.zero3_module_fetch, DeepSpeed): `zero3_fetch.zero3_module_fetch_terms` in
+    place of FSDP's families, charged in full by `_exposed`. Ignores: overlap of the param
     all-gather with the next forward (Megatron --overlap-param-gather): counted exposed."""
     L, hw = plan.layout, plan.hardware
+    if L.zero >= 3 and recipe.zero3_module_fetch and "fsdp_all_gather" in terms:
+        # DeepSpeed's per-module gathers and bucketed reduce-scatters, on the critical path
+        # (time/zero3_fetch.py) in place of FSDP's per-block, overlapped families
+        out = {
+            k: v for k, v in terms.items() if k not in ("fsdp_all_gather", "fsdp_reduce_scatter")
+        }
+        out.update(zero3_module_fetch_terms(plan, recipe, stage_params, gpus_per_node))
+        return out
     if "dp_allreduce" not in terms:
         return terms
     out = dict(terms)

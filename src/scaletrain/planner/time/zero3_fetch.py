@@ -1,0 +1,102 @@
+"""DeepSpeed ZeRO-3's parameter gathers and gradient reduce-scatters, as its runtime issues them.
+
+DeepSpeed stage 3 (read at deepspeedai/DeepSpeed master, 2026) differs from FSDP's one collective
+per wrapped block, which `comm._fsdp_terms` prices:
+- gathers per module: `runtime/zero/partitioned_param_coordinator.py`
+  PartitionedParameterCoordinator.fetch_sub_module runs in every leaf module's pre-forward hook
+  (and again for the backward) and issues one `all_gather_coalesced` for the module's partitioned
+  parameters, then one more for the prefetch, which stops once it holds
+  `stage3_prefetch_bucket_size` elements (5e7 by default, zero/config.py): a Llama-3-70B MLP
+  matrix alone is 235M, so the prefetch is the next module and each module is its own
+  collective. Parameters below `stage3_param_persistence_threshold` (1e5 elements: the norms'
+  weights, the biases' own tensors ride with their module) are never partitioned. Two gathers
+  per module per micro-batch: the forward's, and the backward's (the module is released after
+  its forward; under activation checkpointing the recompute gathers it and
+  `stage3_max_reuse_distance` keeps it for its backward);
+- the gradients are reduce-scattered every micro-batch in the engine's communication dtype
+  (`runtime/engine.py` DeepSpeedEngine.communication_data_type: bf16 when bf16 is enabled, fp16
+  under fp16, fp32 otherwise; `Recipe.bucket_elem_bytes`) from the `reduce_bucket_size` bucket
+  (5e8 elements: `Recipe.bucket_elements`), one collective per full bucket
+  (stage3.py reduce_independent_p_g_buckets_and_remove_grads,
+  __reduce_and_partition_ipg_grads -> __avg_scatter_grads -> reduce_scatter_coalesced);
+- what overlaps: the gathers run on their own stream and the reductions on another
+  (overlap_comm, on by default at stage 3), but both are collectives of the same data-parallel
+  process group, which NCCL runs in issue order, and only one module is prefetched ahead.
+  Published measurements of eager ZeRO-3 put them on the critical path: DeepSpeed issue #1174
+  (a 5B BERT's forward 480 ms under ZeRO-3 against 60 ms under ZeRO-2 on 8 A100 with NVLink,
+  'bounded by the parameter gathering'), issue #5047 ('ZeRO3 launches too many all_gathers',
+  one per nn.Linear, slower than FSDP), and the DeepCompile benchmark of Llama-3-70B on 32
+  H100 (DeepSpeedExamples benchmarks/deepcompile, the corpus rows ds-h100-llama3-70b-*): step
+  time grows with the tokens at the compute rate from an intercept of the whole step's gather
+  and reduce-scatter time, so `step_time._exposed` charges these two families in full.
+
+Counts: ring bandwidth terms ((n-1)/n x bytes / bw) of the 16-bit parameters twice and of the
+gradients once per micro-batch, and one (n-1) x alpha latency per collective: per partitioned
+module for the gathers, per reduce bucket for the reduce-scatters. Ignores: the copy of each
+gathered flat buffer into the parameter (AllGatherCoalescedHandle.wait's torch.cat) and the
+hooks' CPU time, hpZ / qwZ / qgZ (ZeRO++) and offload.
+"""
+
+from __future__ import annotations
+
+import math
+
+from scaletrain.config import ModelConfig, precision_spec
+
+from ..recipes.schema import Recipe
+from ..types import PlanInput
+from .comm import axis_link
+
+__all__ = ["partitioned_modules", "zero3_module_fetch_terms", "PERSISTENCE_THRESHOLD"]
+
+PERSISTENCE_THRESHOLD = 1e5
+"""`stage3_param_persistence_threshold`'s default (deepspeed/runtime/zero/config.py): parameters
+with fewer elements stay whole on every rank and are never gathered."""
+
+
+def partitioned_modules(model: ModelConfig, layers: int, *, embedding: bool, head: bool) -> int:
+    """Leaf modules whose weight DeepSpeed partitions (gathered one collective each): per block
+    the attention's linears (the GPT-2 family's fused QKV and output projection, 2; the Llama
+    family's separate q, k, v and o, 4: the Hugging Face definitions) and the MLP's (2, or 3
+    gated), the router and every expert's under MoE; the token embedding, a learned position
+    table and an untied head once. Norm weights (h elements) persist below the threshold."""
+    attn = 2 if model.norm == "layernorm" else 4
+    mats = 3 if model.gated_mlp else 2
+    if model.is_moe:
+        mlp = 1 + model.num_experts * mats + (mats if model.num_shared_experts else 0)
+    else:
+        mlp = mats
+    out = layers * (attn + mlp)  # the norms' h-element weights: below PERSISTENCE_THRESHOLD
+    if embedding:
+        out += 1 + (1 if model.position == "learned" else 0)
+    if head and not model.tie_embeddings:
+        out += 1
+    return out
+
+
+def zero3_module_fetch_terms(
+    plan: PlanInput, recipe: Recipe, stage_params: float, gpus_per_node: int | None
+) -> dict[str, tuple[float, float]]:
+    """(bytes moved per rank, seconds) per step of `zero3_param_gather` (two gathers per module
+    per micro-batch) and `zero3_grad_reduce_scatter` (one per reduce bucket per micro-batch)
+    for a rank holding `stage_params` parameters (module docstring)."""
+    L, hw, model = plan.layout, plan.hardware, plan.model
+    m = max(1, plan.grad_accum)
+    bw, lat, _ = axis_link(L, hw, "dp", gpus_per_node)
+    n = max(1, (L.dp * L.cp) // max(1, L.dp_replicate))
+    if n <= 1:
+        return {}
+    spec = precision_spec(plan.precision)
+    wb = 2.0 if spec.mixed else float(spec.compute_bytes)
+    rb = recipe.bucket_elem_bytes if spec.mixed else float(spec.compute_bytes)
+    modules = partitioned_modules(model, model.num_layers, embedding=True, head=True)
+    ring = (n - 1) / n
+    gather_bytes = ring * stage_params * wb
+    gather_s = gather_bytes / bw + modules * (n - 1) * lat
+    buckets = max(1, math.ceil(stage_params / max(1.0, recipe.bucket_elements)))
+    reduce_bytes = ring * stage_params * rb
+    reduce_s = reduce_bytes / bw + buckets * (n - 1) * lat
+    return {
+        "zero3_param_gather": (2 * m * gather_bytes, 2 * m * gather_s),
+        "zero3_grad_reduce_scatter": (m * reduce_bytes, m * reduce_s),
+    }
