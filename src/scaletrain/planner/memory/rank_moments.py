@@ -199,7 +199,9 @@ def zero_moments(view: RankView, block_stored: float) -> list[Moment]:
       gradient (untied) or the head's gradient contribution autograd holds for the tied
       embedding; ZeRO-3 gathers the block's unit (and prefetches the next one); its unsharded
       grads fill, then its fp32 reduce-scatter input is allocated after the unit's parameters
-      are freed (the previous block's input is still held while the next block computes).
+      are freed (the previous block's input is still held while the next block computes;
+      with two blocks no block both prefetches and holds one, `_zero3_block_copies`, and the
+      end of block 0's backward holds every later block's sharded grads).
       The head's activations are freed by then, except the logits the loop holds.
     - pipelines: torch's pipeline stage turns FSDP2's gradient sync and reshard-after-backward
       off until the step's last backward: every unit of the stage stays gathered and its
@@ -226,7 +228,17 @@ def zero_moments(view: RankView, block_stored: float) -> list[Moment]:
     grads_rest = st["grads"] - st["grads.in_flight"]
     more = 1.0 if layers > 1 else 0.0  # a next block to prefetch / a previous RS input
     if L.zero >= 3:
-        compute = gathered * (1 + more) + wc * trained + 4.0 * trained * more
+        # a block's compute: its gathered copy and its 16-bit grads, with the next block
+        # prefetched and the previous block's fp32 reduce-scatter input held, both only in a
+        # middle block (`_zero3_block_copies`). A pipeline stage keeps the sum with both for
+        # any number of blocks, not re-derived here: its gradient sync is off until the last
+        # micro-batch's backward, and the dry-run of deepseek-v2-lite-L4 dp2 z3 pp2 1f1b
+        # holds no reduce-scatter input at its peak, whose accumulated unsharded grads this
+        # sum stands in for (-1.7%; -3.5% with the two-block count)
+        if L.pp == 1:
+            compute = _zero3_block_copies(gathered, wc * trained, 4.0 * trained, layers)
+        else:
+            compute = gathered * (1 + more) + wc * trained + 4.0 * trained * more
         reduce = gathered * more + wc * trained + 4.0 * trained
     else:
         root_live = 0.0  # counted in `fixed` with every other gathered unit
@@ -248,9 +260,27 @@ def zero_moments(view: RankView, block_stored: float) -> list[Moment]:
             # or the last block's backward next to every later block's gradient, where a
             # block's grads outweigh its activations (fp32 expert-parallel experts under
             # ZeRO-3: dry-run, mixtral-8x7b dp8 z3 ep8 selective, peak in block 1's backward
-            # with blocks 2.. 's grads: -2.5% at 8 blocks with only the stored-acts side)
-            last = per_layer + grads_rest * (layers - 1) / layers
+            # with blocks 2.. 's grads: -2.5% at 8 blocks with only the stored-acts side).
+            # The later blocks' grads: the rank's sharded grads but the root unit's, which
+            # exist only after its reduce-scatter at the very end of backward (ZeRO-2/3,
+            # `_end_of_backward`; a frozen root under LoRA has none)
+            root_g = 0.0
+            if L.zero >= 2 and not plan.lora_rank:
+                root_g = min(grads_rest, bwd_terms.root_sharded_grads)
+            last = per_layer + (grads_rest - root_g) * (layers - 1) / layers
             stored = max(stored, last)
+        if last is not None and more and L.zero >= 3:
+            # the end of the last block's backward (block 0): its stored activations, the
+            # later blocks' grads, its own 16-bit grads, its gathered copy and the previous
+            # block's fp32 reduce-scatter input, no next block to prefetch. Dry-run,
+            # phi-3-mini-L2 dp8 z3 bf16 s2048: 2.449 GB = sharded states 0.635 + the root
+            # and block 0 gathered 0.621 + block 1's fp32 input 0.453 and sharded grads
+            # 0.057 + block 0's bf16 grads 0.227 + the head's 0.197 + block 0's activations
+            # (planned -0.9%; llama2-7b-L2 -0.5%)
+            end = last + (recompute if plan.ac == "full" else 0.0)
+            end_copies = gathered + wc * trained + 4.0 * trained
+            if end + end_copies > bwd + copies:
+                bwd, copies = end, end_copies
         bwd, copies, block_buffers = _early_block_backward(
             view,
             stored=stored + accumulated + recompute,
@@ -287,6 +317,28 @@ def zero_moments(view: RankView, block_stored: float) -> list[Moment]:
     if L.zero >= 3 and L.pp == 1 and layers:
         out.append(_zero_forward(view, rest=rest, accumulated=accumulated, gathered=gathered))
     return out
+
+
+def _zero3_block_copies(gathered: float, grads: float, rs_input: float, layers: int) -> float:
+    """The FSDP copies of a block's backward under ZeRO-3, at the end of its compute: its
+    gathered parameters and unsharded gradients (grads), the next block's gathered copy that
+    the explicit backward prefetch (parallel/fsdp.py `set_modules_to_backward_prefetch`)
+    issued when this block's backward started, and the previous block's reduce-scatter input
+    (rs_input), which FSDP2 keeps until the next unit's post-backward
+    (`FSDPParamGroup.post_backward` pops `comm_ctx.reduce_scatter_states` before its
+    reduce-scatter, torch 2.13 `_fsdp_param_group.py`; at most one kept by default).
+
+    Backward runs the blocks last to first: the first to run has no previous input held, the
+    last (block 0) no next block to prefetch. Both at once only in a middle block, so at two
+    blocks the larger of the ends (dry-run, phi-3-mini-L2 dp8 z3 bf16: block 0's peak holds
+    the root and block 0 gathered, block 1's fp32 input; +6.0% with both copies, -3.2% with
+    only the copies fixed and without `zero_moments`' end of block 0's backward). Ignores:
+    the reduce-scatter output shard (it becomes the sharded grads)."""
+    if layers >= 3:
+        return 2.0 * gathered + grads + rs_input
+    if layers == 2:
+        return gathered + grads + max(gathered, rs_input)
+    return gathered + grads
 
 
 def _zero_forward(
