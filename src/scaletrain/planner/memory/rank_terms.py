@@ -273,6 +273,7 @@ def rank_states(
         dense_blocks,
         plan.precision,
         plan.optimizer,
+        plan.beta1,
         plan.offload,
         convention,
         plan.lora,
@@ -293,6 +294,7 @@ def rank_states(
         expert_shards=expert_zero_shards(L),
         offload=offload_states(plan.offload),
         convention=convention,
+        beta1=plan.beta1,
     )
     sharded = (dense / zs + expert / expert_zero_shards(L)) if L.zero else dense + expert
     wc = plan.compute_bytes
