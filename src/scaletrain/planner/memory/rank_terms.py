@@ -44,7 +44,13 @@ from .lora import (
     lora_terms,
 )
 from .rank_moments import root_in_backward
-from .states import StageParams, fp8_linear_params, model_state_bytes, state_bytes_per_param
+from .states import (
+    OptimizerSpec,
+    StageParams,
+    fp8_linear_params,
+    model_state_bytes,
+    state_bytes_per_param,
+)
 
 if TYPE_CHECKING:  # step_time imports this module
     from ..time.step_time import ModelFlops
@@ -288,13 +294,12 @@ def rank_states(
     st = model_state_bytes(
         sp,
         precision=plan.precision,
-        optimizer=plan.optimizer,
+        optimizer=OptimizerSpec(plan.optimizer, plan.beta1),
         zero=L.zero,
         zero_shards=zs,
         expert_shards=expert_zero_shards(L),
         offload=offload_states(plan.offload),
         convention=convention,
-        beta1=plan.beta1,
     )
     sharded = (dense / zs + expert / expert_zero_shards(L)) if L.zero else dense + expert
     wc = plan.compute_bytes

@@ -21,6 +21,7 @@ __all__ = [
     "OPTIMIZER_BYTES",
     "ADAFACTOR_FIRST_MOMENT_BYTES",
     "optimizer_bytes",
+    "OptimizerSpec",
     "CONVENTIONS",
     "state_bytes_per_param",
     "model_state_bytes",
@@ -63,6 +64,15 @@ def optimizer_bytes(optimizer: str, beta1: float = 0.0) -> float:
     allocate m at beta1 = 0 too; SGD's momentum buffer is counted always)."""
     first = ADAFACTOR_FIRST_MOMENT_BYTES if optimizer == "adafactor" and beta1 > 0 else 0.0
     return OPTIMIZER_BYTES[optimizer] + first
+
+
+@dataclass(frozen=True, slots=True)
+class OptimizerSpec:
+    """What sizes an optimizer's states: `optim.name` (an `OPTIMIZER_BYTES` key) and
+    `optim.beta1` (Adafactor keeps a first moment only while it is > 0: `optimizer_bytes`)."""
+
+    name: str = "adamw"
+    beta1: float = 0.0
 
 
 CONVENTIONS = ("scaletrain", "moments_only", "master_and_moments", "megatron", "full_copies")
@@ -146,16 +156,15 @@ def model_state_bytes(
     params: StageParams,
     *,
     precision: str = "bf16",
-    optimizer: str = "adamw",
+    optimizer: OptimizerSpec = OptimizerSpec(),
     zero: int = 0,
     zero_shards: int = 1,
     expert_shards: int = 1,
     offload: str = "none",
     convention: str = "scaletrain",
-    beta1: float = 0.0,
 ) -> dict[str, float]:
     """Bytes of params/grads/optimizer states on one GPU, plus what offload moved to the host.
-    `beta1`: optim.beta1, read for Adafactor's optional first moment (`optimizer_bytes`).
+    `optimizer`: its name and beta1 (`optimizer_bytes`).
 
     params.dense: dense parameters this rank holds after TP/PP division; params.expert: its
     expert parameters after EP division, ZeRO-sharded over `expert_shards` (= zero_shards / ep)
@@ -175,7 +184,7 @@ def model_state_bytes(
     dry-run, benchmarks/results/planner_accuracy.md). The 16-bit copies in flight under
     'scaletrain' (params.experts_in_fsdp, params.uncast): `_in_flight`.
     """
-    pb, gb, ob = state_bytes_per_param(precision, optimizer, convention, beta1=beta1)
+    pb, gb, ob = state_bytes_per_param(precision, optimizer.name, convention, beta1=optimizer.beta1)
     num_params, expert_params = params.dense, params.expert
     d_dense, d_exp = max(1, zero_shards), max(1, expert_shards)
 

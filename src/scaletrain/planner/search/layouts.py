@@ -494,7 +494,6 @@ def search(
     compile: bool = False,
     efficiency: float | Calibration = 0.0,
     recipe: str = "scaletrain",
-    beta1: float = OptimConfig.beta1,
     **pins: Any,
 ) -> SearchResult:
     """Every legal layout of `num_gpus` GPUs that fits, ranked by the rule of thumb
@@ -508,12 +507,13 @@ def search(
     recipe also drops the layouts and AC modes its framework cannot run (`recipe_problems`).
     efficiency: the matmul rate, a fraction of peak (0: the default model), or the
     `Calibration` a run on this hardware measured (`time/calibration.py`).
-    beta1: optim.beta1 (with optimizer 'adafactor', > 0 plans its first moment).
     pins may also carry the job's LoRA, PlanInput's lora_rank / lora_targets / lora_base
-    (fixed, not searched; the layouts LoRA runs: `config.lora.lora_problems`).
+    (fixed, not searched; the layouts LoRA runs: `config.lora.lora_problems`), and its
+    optim.beta1 as `beta1` (PlanInput.beta1: Adafactor's first moment).
     """
     rec = recipe_named(recipe)
     lora = {k: pins.pop(k) for k in LORA_KEYS if k in pins}
+    beta1 = float(pins.pop("beta1", OptimConfig.beta1))
     for k in pins:
         if k not in PIN_KEYS:
             raise ConfigError(f"search.{k}", pins[k], f"pin one of {', '.join(PIN_KEYS)}")
