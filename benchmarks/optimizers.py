@@ -106,7 +106,8 @@ def main() -> None:
     md = (
         f"The default `scaletrain train` job (gpt-mini, fp32, CPU), {args.steps} steps per "
         f"optimizer from the same init on the same batches. Final loss = mean training loss of "
-        f"the last {TAIL} steps. Bound: within {BOUND:.0%} of AdamW's final loss. Adafactor is "
+        f"the last {TAIL} steps. Bound: within {BOUND:.0%} of AdamW's final loss, both ways (a "
+        "loss more than 2% under AdamW's is outside it too). Adafactor is "
         "scaletrain's (trainer/adafactor.py): beta1 = its first moment (0 = none), absolute "
         "step = optim.relative_step false (lr is the step size), relative = the paper's "
         "(lr caps a step relative to each parameter's RMS); every setting tried is a row. "
