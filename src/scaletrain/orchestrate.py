@@ -200,6 +200,7 @@ def auto_layout(job: JobConfig, world_size: int, hardware: HardwareSpec) -> JobC
         global_batch=job.batch.global_batch,
         precision=job.precision.dtype,
         optimizer=job.optim.name,
+        beta1=job.optim.beta1,
         top_k=1,
         micro_batch=job.batch.micro_batch,
         ac=job.memory.ac,

@@ -6,7 +6,8 @@ norm, plus the final full values of the parameters this rank holds. `reference` 
 training on one process: the numbers every mode must reproduce.
 
 A mode is (preset, layout, micro-batches): the micro-batches are gradient accumulation, or the
-pipeline's micro-batches when pp > 1.
+pipeline's micro-batches when pp > 1. A mode's opts may name another `OPTIMIZERS` entry (the
+reference then takes the same one).
 """
 
 from __future__ import annotations
@@ -32,10 +33,18 @@ from scaletrain.parallel import (
 )
 from scaletrain.parallel.context_parallel import cp_positions, cp_shard
 from scaletrain.parallel.pipeline import build_pipeline
+from scaletrain.trainer.adafactor import Adafactor
 
 from ..adam_tolerance import FLOAT64_RTOL, assert_float64_close, float64_default
 
 STEPS, LR, MAX_NORM = 5, 1e-3, 0.5
+OPTIMIZERS = {
+    "adamw": (torch.optim.AdamW, {"lr": LR}),
+    # the trainer's Adafactor with its first moment; lr caps a step relative to each
+    # parameter's RMS (so 50x AdamW's), weight decay on, to move every term of the update
+    "adafactor": (Adafactor, {"lr": 0.05, "beta1": 0.9, "weight_decay": 0.1}),
+}
+"""The optimizers a mode may name (`opts['optimizer']`, default AdamW): class and arguments."""
 GLOBAL_BATCH, SEQ_LEN = 4, 16
 # The presets, plus tiny-llama with 4 layers: 2 pipeline ranks x 2 virtual stages need >= 4.
 CONFIGS = {
@@ -156,8 +165,8 @@ def assert_matches_reference(got: dict, ref: dict, where: str) -> set[str]:
     return covered
 
 
-def reference(preset: str, shards: int = 1) -> dict:
-    """One process, the whole global batch per step, plain AdamW.
+def reference(preset: str, shards: int = 1, optimizer: str = "adamw") -> dict:
+    """One process, the whole global batch per step, plain AdamW (or `optimizer`: `OPTIMIZERS`).
 
     shards: the batch is cut into this many equal parts whose losses are averaged. The MoE
     load-balancing loss is a function of the tokens one forward sees, so an MoE reference must
@@ -170,14 +179,15 @@ def reference(preset: str, shards: int = 1) -> dict:
     torch.set_num_threads(1)
     try:
         with float64_default():
-            return _reference(preset, shards)
+            return _reference(preset, shards, optimizer)
     finally:
         torch.set_num_threads(threads)
 
 
-def _reference(preset: str, shards: int) -> dict:
+def _reference(preset: str, shards: int, optimizer: str) -> dict:
     model = build_model(CONFIGS[preset], device="cpu", seed=0)
-    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    cls, kw = OPTIMIZERS[optimizer]
+    opt = cls(model.parameters(), **kw)
     losses, norms = [], []
     for step in range(STEPS):
         x, y = batch(preset, step)
@@ -273,7 +283,8 @@ def _build(preset: str, dims: ParallelDims, micro: int, opts: dict):
 
 
 def _train(preset: str, layout: dict, micro: int, opts: dict | None = None) -> dict:
-    """opts: precision `dtype`, memory `ac` / `offload`, `loss_parallel` (default on).
+    """opts: precision `dtype`, memory `ac` / `offload`, `loss_parallel` (default on),
+    `optimizer` (an `OPTIMIZERS` name; default adamw).
 
     Precision fp32 (the default) runs in float64, like `reference`; a 16-bit `dtype` runs its
     mixed precision over fp32 master weights, as the trainer does."""
@@ -291,7 +302,8 @@ def _train_at_default_dtype(preset: str, layout: dict, micro: int, opts: dict) -
     dims.build_mesh("cpu")
     modules, pipeline = _build(preset, dims, micro, opts)
     params = [p for m in modules for p in m.parameters()]
-    opt = wrap_optimizer(torch.optim.AdamW, params, dims, lr=LR)
+    cls, kw = OPTIMIZERS[opts.get("optimizer", "adamw")]
+    opt = wrap_optimizer(cls, params, dims, **kw)
     dp_cp = dims.submesh("dp_cp")
     losses, norms, mem = [], [], {}
     for step in range(STEPS):

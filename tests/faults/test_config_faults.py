@@ -40,6 +40,10 @@ TOML_BAD = [
     ("optim", "weight_decay", "inf"),
     ("optim", "grad_clip", "nan"),
     ("optim", "beta1", "nan"),
+    ("optim", "beta1", "1.0"),  # Adafactor's first moment would never move
+    ("optim", "beta1", "-0.1"),
+    ("optim", "relative_step", '"yes"'),
+    ("optim", "relative_step", "1"),
     ("optim", "name", "1"),
     ("optim", "name", '"adamm"'),
     ("optim", "schedule", '"cosin"'),

@@ -51,7 +51,6 @@ def test_seed_model_states(case, n, conv, zero, d, p, g, o):
     s = model_state_bytes(
         StageParams(dense=n),
         precision="bf16",
-        optimizer="adamw",
         zero=zero,
         zero_shards=d,
         convention=conv,

@@ -23,11 +23,11 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _steps(
-    name: str, steps: int = 3, lr: float = 2e-3
+    name: str, steps: int = 3, lr: float = 2e-3, **optim_fields
 ) -> tuple[torch.nn.Module, torch.optim.Optimizer, list[float]]:
     """`steps` optimizer steps of tiny-llama on one fixed random batch (which it memorizes)."""
     model = build_model(resolve_model("tiny-llama"), device="cpu", seed=0)
-    optim = OptimConfig(name=name, lr=lr)
+    optim = OptimConfig(name=name, lr=lr, **optim_fields)
     opt = build_optimizer(model.parameters(), optim=optim, device_type="cpu")
     x = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))
     losses = []
@@ -60,21 +60,25 @@ def test_adamw8bit_keeps_uint8_moments_with_one_scale_per_256_values():
 
 def test_state_bytes_of_each_optimizer():
     """adamw: 8 B/param plus a step scalar per tensor; adamw8bit: 2 B + 8/256 B for quantized
-    tensors (fp32 for those under 4,096 values); adafactor: a row and a column per matrix."""
+    tensors (fp32 for those under 4,096 values); adafactor: a row and a column per matrix,
+    and with beta1 > 0 (the default) an fp32 first moment: 4 B/param more, exactly."""
     pytest.importorskip("torchao")
-    sizes = {}
-    for name in ("adamw", "adamw8bit", "adafactor"):
-        model, opt, _ = _steps(name, steps=1)
+    sizes, n = {}, 0
+    for name, beta1 in (("adamw", 0.9), ("adamw8bit", 0.9), ("adafactor", 0.0), ("adafactor", 0.9)):
+        model, opt, _ = _steps(name, steps=1, beta1=beta1)
         n = sum(p.numel() for p in model.parameters())
-        sizes[name] = state_bytes(opt) / n
-    assert 8.0 <= sizes["adamw"] < 8.1
-    assert 2.0 < sizes["adamw8bit"] < 4.0  # tiny-llama's norms keep fp32 moments
-    assert sizes["adafactor"] < 0.5
+        sizes[name, beta1] = state_bytes(opt)
+    assert 8.0 <= sizes["adamw", 0.9] / n < 8.1
+    assert 2.0 < sizes["adamw8bit", 0.9] / n < 4.0  # tiny-llama's norms keep fp32 moments
+    assert sizes["adafactor", 0.0] / n < 0.5
+    assert sizes["adafactor", 0.9] - sizes["adafactor", 0.0] == 4 * n
 
 
-def test_adafactor_lowers_the_loss():
-    # its lr is relative to each parameter's RMS: torch's default 1e-2
-    _, _, losses = _steps("adafactor", steps=6, lr=1e-2)
+@pytest.mark.parametrize(("relative", "lr", "beta1"), [(False, 2e-3, 0.9), (True, 1e-2, 0.0)])
+def test_adafactor_lowers_the_loss(relative, lr, beta1):
+    # the defaults (absolute step at AdamW's lr, first moment), and torch's algorithm: a
+    # relative step capped at its default lr 1e-2, no first moment
+    _, _, losses = _steps("adafactor", steps=6, lr=lr, relative_step=relative, beta1=beta1)
     assert losses[-1] < losses[0] - 0.1
 
 

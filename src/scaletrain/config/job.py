@@ -294,9 +294,9 @@ class BatchConfig:
 class OptimConfig:
     name: OptimizerName = "adamw"
     """'adamw'; 'adamw8bit' (AdamW with block-wise 8-bit moments, torchao's AdamW8bit: the
-    `lowbit` extra); 'adafactor' (factored second moment, no first moment: torch.optim.Adafactor,
-    whose `lr` caps a step RELATIVE to each parameter's RMS (Shazeer & Stern 2018), so it
-    wants a larger lr than AdamW, torch's default 1e-2); or 'sgd' (with momentum)."""
+    `lowbit` extra); 'adafactor' (Shazeer & Stern 2018: a factored second moment, a row and a
+    column per matrix, the update clipped to RMS 1, a first moment while `beta1` > 0; see
+    `relative_step`); or 'sgd' (with momentum)."""
     lr: float = 2e-3
     """Peak learning rate (the default suits the embedded small-GPT run; large models want
     ~3e-4 or lower)."""
@@ -306,10 +306,25 @@ class OptimConfig:
     schedule: LRSchedule = "cosine"
     """'cosine' (linear warmup then cosine decay), 'linear' or 'constant' (after warmup)."""
     beta1: float = 0.9
+    """First-moment decay: AdamW's and adamw8bit's beta1; with 'adafactor', the decay of its
+    optional first moment (an EMA of the clipped update, as T5X keeps it: one more fp32 state
+    per parameter, which the planner counts), 0 = none (torch.optim.Adafactor's algorithm).
+    0.9 for all three: Adafactor's final loss on the default job is 1.013x AdamW's with it,
+    1.058x without (benchmarks/results/optimizers.md)."""
     beta2: float = 0.95
+    """AdamW's and adamw8bit's second-moment decay (Adafactor's follows 1 - step^-0.8)."""
     eps: float = 1e-8
     weight_decay: float = 0.1
     momentum: float = 0.9
+    """SGD's momentum."""
+    relative_step: bool = False
+    """'adafactor' only: false makes `lr` (the schedule's) the step size, as AdamW's, so the
+    same lr suits both (Hugging Face's Adafactor with relative_step=False,
+    scale_parameter=False); true is the paper's relative step, max(1e-3, RMS(param)) x
+    min(lr, 1/sqrt(step)) (torch's Adafactor), where `lr` caps a step relative to each
+    parameter's RMS and wants ~50x AdamW's. False by measurement: on the default job 1.013x
+    AdamW's final loss at its lr, the relative step's best 1.040x (lr 0.1;
+    benchmarks/results/optimizers.md)."""
     grad_clip: float = 1.0
     """Global-norm clip threshold; 0 disables clipping."""
     lr_scaling: LRScaling = "none"

@@ -35,17 +35,18 @@ def option_problems(
     layout)."""
     L, out = layout, []
     offload = offload_states(offload)
-    if optimizer == "adafactor" and (L.zero >= 2 or L.tp > 1 or L.ep > 1):
-        # torch.optim.Adafactor (2.13) cannot step DTensor parameters: its factored row/column
-        # norms are updated in place on a partial placement, which DTensor refuses (both its
-        # single-tensor and foreach paths); plain parameters (DDP, ZeRO-1) step as usual
+    if optimizer == "adafactor" and (L.tp > 1 or L.ep > 1):
+        # trainer/adafactor.py steps DTensor shards (FSDP2's rows: parity-tested), but under
+        # TP/EP its row or column moments are shards that ZeRO-1's per-rank checkpoint
+        # (parallel.zero.zero1_local_state) does not wrap back as DTensors, and no trainer
+        # parity test covers them: refused until one does
         out.append(
             ConfigError(
                 "optim.name",
                 optimizer,
-                "torch's Adafactor cannot step the DTensor parameters of FSDP2 "
-                "(zero 2/3), TP or EP: use parallel.zero=0 or 1 (ZeRO-1 shards its states), or "
-                "optim.name=adamw8bit for small optimizer states under FSDP2",
+                "Adafactor runs with data parallelism (DDP, ZeRO-1, FSDP2 zero 2/3), not with "
+                "tensor or expert parallelism: use parallel.tp=1 and parallel.ep=1, or "
+                "optim.name=adamw8bit for small optimizer states with TP/EP",
             )
         )
     if precision == "fp8" and moe and expert_tp(L.tp, L.ep) > 1:

@@ -29,6 +29,7 @@ from .memory.states import (
     OPTIMIZER_BYTES,
     StageParams,
     model_state_bytes,
+    optimizer_bytes,
     stage_layer_counts,
     state_bytes_per_param,
 )
@@ -71,4 +72,5 @@ __all__ = [
     "TrainingCost",
     "CONVENTIONS",
     "OPTIMIZER_BYTES",
+    "optimizer_bytes",
 ]

@@ -15,6 +15,7 @@ from scaletrain.config import (
     JobConfig,
     Layout,
     ModelConfig,
+    OptimConfig,
     compute_bytes,
     grad_accum_steps,
 )
@@ -82,6 +83,10 @@ class PlanInput:
     lora_base: str = "auto"
     """`lora.base_dtype`: how the frozen projections are stored ('auto', 'bf16', 'int8',
     'nf4'; `memory.lora`)."""
+    beta1: float = OptimConfig.beta1
+    """`optim.beta1` (its default): with 'adafactor', > 0 keeps a first moment, one more fp32
+    state per parameter (`memory.states.optimizer_bytes`); the other optimizers' states do not
+    depend on it."""
 
     # Derived once per plan (the search reads them for every rank and moment); cached_property
     # stores in the instance dict, outside the frozen fields, equality and hash.
@@ -241,6 +246,7 @@ def plan_input_from_job(
         ac=job.memory.ac,
         offload=job.memory.offload,
         optimizer=job.optim.name,
+        beta1=job.optim.beta1,
         compile=job.train.compile,
         efficiency=job.hardware.efficiency,
         fp8_all_gather=(job.precision.dtype == "fp8" and job.precision.fp8_all_gather),

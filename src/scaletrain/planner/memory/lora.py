@@ -53,7 +53,7 @@ from scaletrain.config.lora import NF4_BLOCK, nf4_scaler_block, tp_shapes
 from ..types import PlanInput
 from .activations import attention_saved_bytes
 from .head import MicroBatchShape
-from .states import OPTIMIZER_BYTES, UNITS_IN_FLIGHT, StageParams
+from .states import UNITS_IN_FLIGHT, StageParams, optimizer_bytes
 
 __all__ = [
     "LoraTerms",
@@ -258,7 +258,7 @@ def lora_stage(
     parameter (embedding, norms, head) and the adapters fp32; sharded by FSDP2 over
     `zero_shards` at ZeRO-2/3 (parameters are sharded at rest from ZeRO-2 on: `states`).
     Gradients: fp32, the adapters only (ZeRO-2/3 sharded); optimizer states
-    `states.OPTIMIZER_BYTES` per adapter (ZeRO >= 1 sharded). In flight: ZeRO-3 gathers
+    `states.optimizer_bytes` per adapter (ZeRO >= 1 sharded). In flight: ZeRO-3 gathers
     `states.UNITS_IN_FLIGHT` units (`block_unit_bytes`, or the root unit in the compute dtype when
     larger) and holds one unit's unsharded adapter gradients; ZeRO-2 keeps every unit
     gathered; DDP / ZeRO-1 under autocast keeps a 16-bit cast of the adapters (autocast's
@@ -269,7 +269,7 @@ def lora_stage(
     parameters, gradients and states."""
     dense, block, zero = sp.dense, sp.block, plan.layout.zero
     wc = compute_bytes(plan.precision)
-    optimizer_bytes = OPTIMIZER_BYTES[plan.optimizer]
+    state_bytes = optimizer_bytes(plan.optimizer, plan.beta1)
     offload = offload_states(plan.offload)
     adapters = layers * lora.adapters
     frozen = layers * lora.frozen
@@ -277,7 +277,7 @@ def lora_stage(
     rest = PARAM_BYTES * other + layers * lora.stored + PARAM_BYTES * adapters
     d = max(1, zero_shards) if zero >= 2 else 1
     params, grads = rest / d, PARAM_BYTES * adapters / d
-    optim = optimizer_bytes * adapters / (max(1, zero_shards) if zero >= 1 else 1)
+    optim = state_bytes * adapters / (max(1, zero_shards) if zero >= 1 else 1)
     norms = block - lora.frozen  # a block's norm weights (and biases)
     unit = lora.gathered + wc * (norms + lora.adapters)
     root = wc * (dense - layers * block)

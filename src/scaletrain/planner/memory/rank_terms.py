@@ -44,7 +44,13 @@ from .lora import (
     lora_terms,
 )
 from .rank_moments import root_in_backward
-from .states import StageParams, fp8_linear_params, model_state_bytes, state_bytes_per_param
+from .states import (
+    OptimizerSpec,
+    StageParams,
+    fp8_linear_params,
+    model_state_bytes,
+    state_bytes_per_param,
+)
 
 if TYPE_CHECKING:  # step_time imports this module
     from ..time.step_time import ModelFlops
@@ -273,6 +279,7 @@ def rank_states(
         dense_blocks,
         plan.precision,
         plan.optimizer,
+        plan.beta1,
         plan.offload,
         convention,
         plan.lora,
@@ -287,7 +294,7 @@ def rank_states(
     st = model_state_bytes(
         sp,
         precision=plan.precision,
-        optimizer=plan.optimizer,
+        optimizer=OptimizerSpec(plan.optimizer, plan.beta1),
         zero=L.zero,
         zero_shards=zs,
         expert_shards=expert_zero_shards(L),

@@ -19,6 +19,9 @@ from scaletrain.config import (
 
 __all__ = [
     "OPTIMIZER_BYTES",
+    "ADAFACTOR_FIRST_MOMENT_BYTES",
+    "optimizer_bytes",
+    "OptimizerSpec",
     "CONVENTIONS",
     "state_bytes_per_param",
     "model_state_bytes",
@@ -39,12 +42,38 @@ OPTIMIZER_BYTES = {
 momentum. adamw8bit (torchao's AdamW8bit, Dettmers et al. 2022): one uint8 code per moment plus
 one fp32 absmax per block of 256 values per moment, 2 + 8/256; ignores that tensors (or FSDP
 shards) under 4,096 values keep fp32 moments (8 B: norms, biases; < 1% of a large model's
-parameters) and the 1 KiB code map per tensor. adafactor (torch.optim.Adafactor, Shazeer &
-Stern 2018): no first moment; an m x n matrix keeps a row and a column of fp32 second moments,
-4(m+n)/(mn) per parameter, taken at m = n = 1024 (0.0078 B): the table has no shapes, and the
-figure is < 0.01 B/param for any matrix of 1024 x 1024 or more; ignores that vectors (norms,
-biases) keep a full fp32 second moment (4 B each) and that small models' matrices have
-larger ratios (a 128 x 512 matrix: 0.039 B)."""
+parameters) and the 1 KiB code map per tensor. adafactor (Shazeer & Stern 2018, as
+torch.optim.Adafactor and scaletrain's `trainer/adafactor.py` keep it): its second moment only;
+an m x n matrix keeps a row and a column of fp32 second moments, 4(m+n)/(mn) per parameter,
+taken at m = n = 1024 (0.0078 B): the table has no shapes, and the figure is < 0.01 B/param for
+any matrix of 1024 x 1024 or more; ignores that vectors (norms, biases) keep a full fp32 second
+moment (4 B each) and that small models' matrices have larger ratios (a 128 x 512 matrix:
+0.039 B). Its optional first moment is `ADAFACTOR_FIRST_MOMENT_BYTES`; `optimizer_bytes` adds
+it."""
+
+ADAFACTOR_FIRST_MOMENT_BYTES = 4.0
+"""Adafactor's first moment (optim.beta1 > 0; Shazeer & Stern 2018 section 5, T5X's beta1): one
+value per parameter in the parameter's dtype, fp32 here (`trainer/adafactor.py`'s `exp_avg`,
+`torch.zeros_like(p)`)."""
+
+
+def optimizer_bytes(optimizer: str, beta1: float = 0.0) -> float:
+    """Optimizer-state bytes per parameter: `OPTIMIZER_BYTES[optimizer]`, plus
+    `ADAFACTOR_FIRST_MOMENT_BYTES` for 'adafactor' with beta1 > 0 (`optim.beta1`). The other
+    optimizers keep their first moment whatever beta1 (torch's AdamW and torchao's AdamW8bit
+    allocate m at beta1 = 0 too; SGD's momentum buffer is counted always)."""
+    first = ADAFACTOR_FIRST_MOMENT_BYTES if optimizer == "adafactor" and beta1 > 0 else 0.0
+    return OPTIMIZER_BYTES[optimizer] + first
+
+
+@dataclass(frozen=True, slots=True)
+class OptimizerSpec:
+    """What sizes an optimizer's states: `optim.name` (an `OPTIMIZER_BYTES` key) and
+    `optim.beta1` (Adafactor keeps a first moment only while it is > 0: `optimizer_bytes`)."""
+
+    name: str = "adamw"
+    beta1: float = 0.0
+
 
 CONVENTIONS = ("scaletrain", "moments_only", "master_and_moments", "megatron", "full_copies")
 """How model-state bytes are counted (the seeds disagree, docs/DESIGN.md §5):
@@ -100,10 +129,15 @@ class StageParams:
 
 
 def state_bytes_per_param(
-    precision: str, optimizer: str = "adamw", convention: str = "scaletrain"
+    precision: str,
+    optimizer: str = "adamw",
+    convention: str = "scaletrain",
+    *,
+    beta1: float = 0.0,
 ) -> tuple[float, float, float]:
-    """(param, grad, optimizer) bytes per parameter before any sharding (see CONVENTIONS)."""
-    opt = OPTIMIZER_BYTES[optimizer]
+    """(param, grad, optimizer) bytes per parameter before any sharding (see CONVENTIONS);
+    `beta1`: optim.beta1 (`optimizer_bytes`: Adafactor's first moment)."""
+    opt = optimizer_bytes(optimizer, beta1)
     if precision == "fp32" or convention == "scaletrain":
         return 4.0, 4.0, opt
     w = float(ELEM_BYTES[precision])
@@ -122,7 +156,7 @@ def model_state_bytes(
     params: StageParams,
     *,
     precision: str = "bf16",
-    optimizer: str = "adamw",
+    optimizer: OptimizerSpec = OptimizerSpec(),
     zero: int = 0,
     zero_shards: int = 1,
     expert_shards: int = 1,
@@ -130,6 +164,7 @@ def model_state_bytes(
     convention: str = "scaletrain",
 ) -> dict[str, float]:
     """Bytes of params/grads/optimizer states on one GPU, plus what offload moved to the host.
+    `optimizer`: its name and beta1 (`optimizer_bytes`).
 
     params.dense: dense parameters this rank holds after TP/PP division; params.expert: its
     expert parameters after EP division, ZeRO-sharded over `expert_shards` (= zero_shards / ep)
@@ -149,7 +184,7 @@ def model_state_bytes(
     dry-run, benchmarks/results/planner_accuracy.md). The 16-bit copies in flight under
     'scaletrain' (params.experts_in_fsdp, params.uncast): `_in_flight`.
     """
-    pb, gb, ob = state_bytes_per_param(precision, optimizer, convention)
+    pb, gb, ob = state_bytes_per_param(precision, optimizer.name, convention, beta1=optimizer.beta1)
     num_params, expert_params = params.dense, params.expert
     d_dense, d_exp = max(1, zero_shards), max(1, expert_shards)
 

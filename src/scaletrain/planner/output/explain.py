@@ -30,6 +30,9 @@ _OPTIMIZER_STATES = {
 }
 """What `OPTIMIZER_BYTES` counts for each optimizer, in the words of the explain line."""
 
+_FIRST_MOMENT = " + fp32 first moment 4 (beta1 {beta1:g})"
+"""Adafactor's first moment in the explain line (`states.optimizer_bytes`)."""
+
 
 def _parameters(est: Estimate) -> list[str]:
     """Header and section 1: the exact parameter count and the pipeline split."""
@@ -83,11 +86,13 @@ def _states_and_activations(est: Estimate) -> list[str]:
     if p.recipe != DEFAULT_RECIPE:
         out += _recipe_states(est)
     else:
-        pb, gbp, ob = state_bytes_per_param(p.precision, p.optimizer)
+        pb, gbp, ob = state_bytes_per_param(p.precision, p.optimizer, beta1=p.beta1)
+        states = _OPTIMIZER_STATES.get(p.optimizer, "its states")
+        if ob != state_bytes_per_param(p.precision, p.optimizer)[2]:
+            states += _FIRST_MOMENT.format(beta1=p.beta1)
         add(
             f"   bytes/param ({p.precision}, {p.optimizer}, scaletrain convention: fp32 master "
-            f"params {pb:g} + fp32 grads {gbp:g} + optimizer {ob:.4g} "
-            f"({_OPTIMIZER_STATES.get(p.optimizer, 'its states')}))"
+            f"params {pb:g} + fp32 grads {gbp:g} + optimizer {ob:.4g} ({states}))"
         )
     if p.lora_rank:
         out += _lora_lines(est)

@@ -35,7 +35,7 @@ from scaletrain.config import (
     offloads_activations,
 )
 
-from ..memory.states import OPTIMIZER_BYTES
+from ..memory.states import OPTIMIZER_BYTES, optimizer_bytes
 from ..time.pipeline import inflight_microbatches
 from ..types import MemoryBreakdown, PlanInput
 from .activations import naive_attention_backward_temp, recipe_head_bytes, recipe_layer_bytes
@@ -185,7 +185,7 @@ def recipe_states(plan: PlanInput, recipe: Recipe, P: float) -> RecipeStates:
     wb, mb, gb = (
         (4.0, 0.0, 4.0) if fp32 else (recipe.weight_bytes, recipe.master_bytes, recipe.grad_bytes)
     )
-    ob = OPTIMIZER_BYTES.get(plan.optimizer, 8.0)
+    ob = optimizer_bytes(plan.optimizer, plan.beta1) if plan.optimizer in OPTIMIZER_BYTES else 8.0
     z = L.zero
     weights = wb * P / (N if z >= 3 else 1)
     master = mb * P / (N if (z >= 3 or (z >= 1 and recipe.shards_master)) else 1)

@@ -29,6 +29,7 @@ from scaletrain.config import (
     Layout,
     LoraConfig,
     ModelConfig,
+    OptimConfig,
     batch_problems,
     grad_accum_steps,
     layout_problems,
@@ -219,6 +220,8 @@ class _Job:
     recipe: str = "scaletrain"
     lora: dict[str, Any] = field(default_factory=dict)
     """PlanInput's lora_* fields (empty: no LoRA)."""
+    beta1: float = OptimConfig.beta1
+    """optim.beta1 (PlanInput.beta1: Adafactor's optional first moment)."""
 
     def plan(self, layout: Layout, mb: int, ac: str, offload: str) -> PlanInput:
         return PlanInput(
@@ -237,6 +240,7 @@ class _Job:
             self.efficiency if isinstance(self.efficiency, float | int) else 0.0,
             recipe=self.recipe,
             calibration=self.efficiency if isinstance(self.efficiency, Calibration) else None,
+            beta1=self.beta1,
             **self.lora,
         )
 
@@ -504,10 +508,12 @@ def search(
     efficiency: the matmul rate, a fraction of peak (0: the default model), or the
     `Calibration` a run on this hardware measured (`time/calibration.py`).
     pins may also carry the job's LoRA, PlanInput's lora_rank / lora_targets / lora_base
-    (fixed, not searched; the layouts LoRA runs: `config.lora.lora_problems`).
+    (fixed, not searched; the layouts LoRA runs: `config.lora.lora_problems`), and its
+    optim.beta1 as `beta1` (PlanInput.beta1: Adafactor's first moment).
     """
     rec = recipe_named(recipe)
     lora = {k: pins.pop(k) for k in LORA_KEYS if k in pins}
+    beta1 = float(pins.pop("beta1", OptimConfig.beta1))
     for k in pins:
         if k not in PIN_KEYS:
             raise ConfigError(f"search.{k}", pins[k], f"pin one of {', '.join(PIN_KEYS)}")
@@ -525,6 +531,7 @@ def search(
         pins,
         recipe,
         lora,
+        beta1,
     )
     tally = _Tally(terms=ModelTerms(model))
     acs = [a for a in _pinned(pins, "ac", ["none", "selective", "full"]) if a in rec.ac_modes]

@@ -18,7 +18,12 @@ from scaletrain.config import (
 )
 
 from ..memory.rank_terms import ModelTerms, activation_terms
-from ..memory.states import fp8_linear_params, stage_layer_counts
+from ..memory.states import (
+    OPTIMIZER_BYTES,
+    fp8_linear_params,
+    optimizer_bytes,
+    stage_layer_counts,
+)
 from ..recipes.schema import DEFAULT_RECIPE, Recipe
 from ..recipes.stages import recipe_stages
 from ..types import PlanInput
@@ -49,6 +54,7 @@ __all__ = [
     "plan_efficiency",
     "comm_arguments",
     "OPTIMIZER_TRAFFIC",
+    "optimizer_traffic",
     "CPU_OPTIMIZER_BW",
     "ModelFlops",
     "model_flops",
@@ -60,8 +66,19 @@ OPTIMIZER_TRAFFIC = {"adamw": 28.0, "sgd": 20.0, "adamw8bit": 16.0, "adafactor":
 """Bytes read+written per (sharded) parameter by one optimizer step: AdamW reads param, grad, m,
 v (4 x 4) and writes param, m, v (3 x 4); SGD-momentum reads 3 and writes 2 fp32 tensors; 8-bit
 Adam reads/writes 1-byte moments; Adafactor reads param and grad and writes param (its row and
-column moments are negligible; ignores its temporary full-size update tensor). Memory-bandwidth
+column moments are negligible; ignores its temporary full-size update tensor), and with its
+first moment (optim.beta1 > 0) reads and writes m too (`optimizer_traffic`). Memory-bandwidth
 bound (arithmetic intensity < 1 FLOP/B)."""
+
+
+def optimizer_traffic(optimizer: str, beta1: float) -> float:
+    """`OPTIMIZER_TRAFFIC` of `optimizer` (AdamW's for an unknown name), plus a read and a write
+    of Adafactor's first moment when beta1 > 0 (`memory.states.optimizer_bytes`)."""
+    base = OPTIMIZER_TRAFFIC.get(optimizer, OPTIMIZER_TRAFFIC["adamw"])
+    if optimizer in OPTIMIZER_BYTES:  # the first moment's bytes, read and written
+        return base + 2 * (optimizer_bytes(optimizer, beta1) - OPTIMIZER_BYTES[optimizer])
+    return base
+
 
 CPU_OPTIMIZER_BW = 50e9
 """Host DRAM bandwidth a CPU optimizer step sees with offload (bytes/s; a 2-socket server)."""
@@ -557,7 +574,7 @@ def _optimizer_time(plan: PlanInput, stage_params: float) -> float:
     modelled)."""
     L = plan.layout
     local = stage_params / L.zero_shards if L.zero else stage_params
-    traffic = OPTIMIZER_TRAFFIC.get(plan.optimizer, 28.0) * local
+    traffic = optimizer_traffic(plan.optimizer, plan.beta1) * local
     if offload_states(plan.offload) != "none":
         return 8.0 * local / plan.hardware.host_to_device_bw + traffic / CPU_OPTIMIZER_BW
     cal = plan.calibration
