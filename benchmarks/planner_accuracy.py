@@ -31,6 +31,7 @@ from scaletrain.config import (  # noqa: E402
     JobConfig,
     MemoryConfig,
     ModelConfig,
+    OptimConfig,
     ParallelConfig,
     PrecisionConfig,
     fused_head_loss,
@@ -288,8 +289,16 @@ FINETUNE_CASES: list[Tune] = [
         "none",
         {"pp": 2, "grad_accum": 4},
     ),
+    # the optimizers' states: adamw8bit (block-wise 8-bit moments, torchao) and Adafactor
+    # (factored second moment; its first moment at the default beta1 0.9), full training under
+    # DDP (whole states on each rank) and ZeRO-3 (sharded)
+    ("llama-1024-L4", 2, 2, 0, "bf16", 2, 1024, 0, ATTN, "auto", "none", {"optim": "adamw8bit"}),
+    ("llama-1024-L4", 2, 2, 3, "bf16", 2, 1024, 0, ATTN, "auto", "none", {"optim": "adamw8bit"}),
+    ("llama-1024-L4", 2, 2, 0, "bf16", 2, 1024, 0, ATTN, "auto", "none", {"optim": "adafactor"}),
+    ("llama-1024-L4", 2, 2, 3, "bf16", 2, 1024, 0, ATTN, "auto", "none", {"optim": "adafactor"}),
 ]
-"""Fine-tuning levers (issue #36): LoRA, QLoRA (NF4, int8) and activation offload, in data,
+"""Fine-tuning levers (issue #36): LoRA, QLoRA (NF4, int8), activation offload and the 8-bit and
+factored optimizers, in data,
 tensor (with and without sp) and pipeline parallel layouts, measured on the rank the planner
 calls the worst (rank 0 but for the pipeline); the host bytes the dry-run sends to 'meta' are
 compared too (`host` column: the planner's host bytes per rank against the dry-run's)."""
@@ -357,7 +366,8 @@ def job_for(case: Case) -> tuple[JobConfig, int]:
 
 
 def _tune_parallel(case: Tune) -> dict[str, Any]:
-    """A fine-tuning case's tp / sp / pp / pp_schedule / grad_accum overrides (12th field)."""
+    """A fine-tuning case's tp / sp / pp / pp_schedule / grad_accum / optim overrides (12th
+    field; optim: `OptimConfig.name`)."""
     return dict(case[11]) if len(case) > 11 else {}
 
 
@@ -367,6 +377,7 @@ def job_for_tune(case: Tune) -> tuple[JobConfig, int]:
     name, world, dp, zero, dtype, mb, seq, rank, targets, base, offload = case[:11]
     par = _tune_parallel(case)
     accum = par.pop("grad_accum", 1)
+    optim = OptimConfig(name=par.pop("optim", "adamw"))
     job = JobConfig(
         model=_model_for(name, seq),
         parallel=ParallelConfig(dp=dp, zero=zero, layout="manual", **par),
@@ -375,6 +386,7 @@ def job_for_tune(case: Tune) -> tuple[JobConfig, int]:
         batch=BatchConfig(global_batch=mb * dp * accum, micro_batch=mb, seq_len=seq),
         hardware=HardwareConfig(gpu="h100-sxm", gpus=world),
         lora=LoraConfig(rank=rank, targets=targets, base_dtype=base if rank else "auto"),
+        optim=optim,
     )
     return job, world
 
@@ -389,7 +401,8 @@ def label_tune(case: Tune) -> str:
     if par.get("pp", 1) > 1:
         layout += f" pp{par['pp']} {par.get('pp_schedule', '1f1b')}"
     accum = f"x{par['grad_accum']}" if par.get("grad_accum", 1) > 1 else ""
-    return f"{name} w{world} dp{dp} z{zero}{layout} {dtype} b{mb}{accum} s{seq} {what}{off}"
+    opt = f" {par['optim']}" if "optim" in par else ""
+    return f"{name} w{world} dp{dp} z{zero}{layout} {dtype} b{mb}{accum} s{seq} {what}{off}{opt}"
 
 
 def measure_tune(case: Tune) -> dict[str, Any]:

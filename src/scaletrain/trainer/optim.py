@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, overload
 
 import torch
+from torch._guards import detect_fake_mode
 from torch.optim.adamw import adamw
 from torch.optim.optimizer import ParamsT
 
@@ -199,7 +200,8 @@ def _adamw8bit_class(*, eager: bool) -> type[torch.optim.Optimizer]:
     for DTensor parameters (FSDP2/TP), so DCP saves and reshards them like AdamW's.
     torchao compiles its per-parameter step with torch.compile; on CPU that costs about a
     minute of C++ compilation per parameter shape on our loaded hosts, so off CUDA it runs
-    eagerly (`torch.compiler.set_stance("force_eager")`): the same operations, unfused.
+    eagerly (`torch.compiler.set_stance("force_eager")`): the same operations, unfused. So
+    does the dry-run's step (fake tensors; the dry-run runs the model eagerly as well).
     """
     try:
         from torchao.optim import AdamW8bit
@@ -210,16 +212,31 @@ def _adamw8bit_class(*, eager: bool) -> type[torch.optim.Optimizer]:
             f"needs torchao ({e}): pip install 'scaletrain[lowbit]' (or pip install torchao), "
             "or use optim.name=adamw",
         ) from e
-    if not eager:
-        return AdamW8bit
+    _warm_quantization_maps()
 
     class EagerAdamW8bit(AdamW8bit):
         @torch.no_grad()
         def step(self, closure: Callable[[], float] | None = None) -> float | None:
-            with torch.compiler.set_stance("force_eager"):
-                return super().step(closure)
+            # under fake tensors (the dry-run, which runs the model eagerly too) torch.compile
+            # cannot trace: a non-infra dispatch mode is active
+            if eager or detect_fake_mode() is not None:
+                with torch.compiler.set_stance("force_eager"):
+                    return super().step(closure)
+            return super().step(closure)
 
     return EagerAdamW8bit
+
+
+def _warm_quantization_maps() -> None:
+    """Build torchao's two 256-entry dynamic maps now, on real tensors: they are made lazily at
+    the first step (`subclass_8bit.get_qmap_signed` / `_unsigned`, cached) through `.tolist()`,
+    which a step under fake tensors (the dry-run) cannot run: it has no data."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torchao.optim import subclass_8bit
+
+    with unset_fake_temporarily():
+        subclass_8bit.get_qmap_signed()
+        subclass_8bit.get_qmap_unsigned()
 
 
 def state_bytes(optimizer: torch.optim.Optimizer) -> int:
