@@ -17,18 +17,19 @@ from scaletrain.planner.memory.pipeline_ranks import schedule_moments
 def test_gpipe_first_backward_has_every_microbatch_and_no_grads():
     # 4 layers over 2 stages (+ embedding and head): 2 layers per rank; last rank = rank 1
     moments = schedule_moments("gpipe", 2, 4, 1, 1, 4)
+    flags = {x[:4] for x in moments}  # (stored layers, heads, grads exist, loss)
     # the first loss backward: all 4 micro-batches (2 layers each, and their head) stored,
     # no gradient allocated yet
-    assert (8, 4, False, True) in moments
+    assert (8, 4, False, True) in flags
     # the second: 3 stored next to the gradients
-    assert (6, 3, True, True) in moments
-    assert max(lay for lay, _, g, _ in moments if g) == 6
+    assert (6, 3, True, True) in flags
+    assert max(lay for lay, _, g, *_ in moments if g) == 6
 
 
 def test_one_f_one_b_last_rank_holds_one_microbatch():
     moments = schedule_moments("1f1b", 2, 4, 1, 1, 4)
     assert max(lay for lay, *_ in moments) == 2
-    assert max(hd for _, hd, _, _ in moments) == 1
+    assert max(hd for _, hd, *_ in moments) == 1
     # rank 0 holds p - rank = 2 micro-batches at its backward
     assert max(lay for lay, *_ in schedule_moments("1f1b", 2, 4, 1, 0, 4)) == 4
 
@@ -37,8 +38,8 @@ def test_zero_bubble_keeps_the_graph_until_w():
     """Last rank: F0 B0 F1 B1 W0 ...: at B1 micro-batch 0 waits for its W, so two are stored;
     gradients exist only after the first W."""
     moments = schedule_moments("zero-bubble", 2, 4, 1, 1, 4)
-    assert (4, 2, False, True) in moments
-    assert max(lay for lay, _, _, is_loss in moments if is_loss) == 4
+    assert (4, 2, False, True) in {x[:4] for x in moments}
+    assert max(x.stored_layers for x in moments if x.is_loss) == 4
     one_f_one_b = schedule_moments("1f1b", 2, 4, 1, 1, 4)
     assert max(lay for lay, *_ in moments) > max(lay for lay, *_ in one_f_one_b)
 
@@ -48,9 +49,66 @@ def test_interleaved_weights_chunks_by_their_own_layers():
     each); rank 1 holds stages 1 (2 layers) and 3 (the head only)."""
     moments = schedule_moments("interleaved", 2, 4, 2, 1, 4)
     # at the third loss backward: stage 1 holds micro-batches 2 and 3 (2 x 2 layers)
-    assert (4, 1, True, True) in moments
-    for lay, _, _, _ in moments:
+    assert (4, 1, True, True) in {x[:4] for x in moments}
+    for lay, *_ in moments:
         assert lay % 2 == 0  # only the 2-layer chunk stores block activations
+
+
+def test_later_microbatches_mark_the_deferred_cast_gradients():
+    """The end of a chunk's full backward of a micro-batch after the first that ran its
+    forward carries the chunk's layers (their autocast casts' gradients wait for it) and, on
+    stage 0, the embedding's backward; the first micro-batch's does not."""
+    # 1F1B, rank 0 of 2 on 4 layers (stage 0: layers 0-1 and the embedding): F0 F1 B0 F2 B1
+    # F3 B2 B3; after B1 micro-batch 2 is stored (2 layers), after B3 none; with one
+    # micro-batch nothing is marked
+    assert not any(
+        x.deferred_layers or x.first_stage for x in schedule_moments("1f1b", 2, 1, 1, 0, 4)
+    )
+    moments = schedule_moments("1f1b", 2, 4, 1, 0, 4)
+    marked = {(x.stored_layers, x.deferred_layers, x.first_stage) for x in moments if x.first_stage}
+    assert marked == {(2, 2, True)}  # the largest kept: B1 and B2 (2 stored), not B3 (0)
+    # the last rank: marked, not first stage
+    last = schedule_moments("1f1b", 2, 4, 1, 1, 4)
+    assert {x.deferred_layers for x in last if x.deferred_layers} == {2}
+    assert not any(x.first_stage for x in last)
+    # zero-bubble: torch's stage 0 runs its whole backward in W, marked; another stage's
+    # weight-only W is not
+    zb = schedule_moments("zero-bubble", 2, 4, 1, 0, 4)
+    assert any(x.first_stage and x.deferred_layers == 2 for x in zb)
+    assert not any(x.deferred_layers for x in schedule_moments("zero-bubble", 2, 4, 1, 1, 4))
+    # interleaved v2 on 4 layers: rank 0 holds stage 0 (no block) and stage 2 (2 layers)
+    il = schedule_moments("interleaved", 2, 4, 2, 0, 4)
+    assert {x.deferred_layers for x in il if x.first_stage} == {0}
+    assert {x.deferred_layers for x in il if x.deferred_layers} == {2}
+
+
+def test_pipelined_autocast_first_stage_peaks_at_a_later_embedding_backward():
+    """Issue #37's held-in layout, llama3-8b dp2 z1 pp4 1F1B, full AC, s2048, 8 micro-batches
+    (dry-run, rank 0: 31.43 GiB, 9% over the old plan): rank 0 peaks at a later micro-batch's
+    embedding backward, with the step's 16-bit casts of its 7 blocks and their gradients (the
+    casts' backward runs after the embedding's), every fp32 gradient, three other
+    micro-batches' 7 fp32 block inputs, the boundary tensors and the embedding's fp32
+    gradient temporary, summed term by term here."""
+    from scaletrain.planner.memory.rank import pipeline_rank_memory
+
+    model = resolve_model("llama3-8b")
+    layout = Layout(dp=2, zero=1, pp=4, pp_schedule="1f1b")
+    plan = PlanInput(
+        model, hardware_preset("h100-sxm"), 8, layout, 2048, 16, 1, precision="bf16", ac="full"
+    )
+    mem = pipeline_rank_memory(plan, 0)
+    assert mem.moment == "embedding backward on the first stage"
+    pc, blocks = model.param_counts(), 7
+    linears = blocks * (pc.attention_per_tp(1) + pc.mlp)
+    params = pc.embedding + linears + blocks * pc.norms
+    casts = 2.0 * linears
+    states = 4 * params + 4 * params + 8 * params / 2  # fp32 params, grads, ZeRO-1 AdamW
+    stored = 3 * blocks * 4 * 2048 * model.dim  # fp32 stream, one input per block
+    bufs = mem.buffer_terms
+    assert bufs["embedding_backward_temp"] == 4 * pc.embedding
+    expected = states + 2 * casts + stored + bufs["pp_p2p"] + bufs["rope_tables"]
+    expected += bufs["embedding_backward_temp"] + bufs["runtime_context"]
+    assert mem.total == pytest.approx(expected, rel=1e-12)
 
 
 def _boundary(zero: int, pp: int, virtual: int, rank: int, m: int = 4, schedule: str = "") -> float:

@@ -12,8 +12,8 @@
 - `rank_terms.py`: the terms above per layout, cached for one search (`ModelTerms`).
 - `moments.py`: the moments of a step at which a rank can peak, each a record of named terms;
   `rank_moments.py` builds them (the ZeRO-2/3 backward with its gathered block, the loss's and
-  the embedding's backward); `pipeline_ranks.py`: which pipeline ranks can be the worst and
-  their schedule's moments.
+  the embedding's backward, the autocast cast gradients a pipelined backward holds to its end);
+  `pipeline_ranks.py`: which pipeline ranks can be the worst and their schedule's moments.
 - `rank.py`: the worst rank of a plan, `estimate_memory(plan) -> MemoryBreakdown`.
 
 The framework recipes' memory (Megatron, DeepSpeed, torchtitan...) is `planner.recipes`.

@@ -206,7 +206,8 @@ class LossBackward:
 
 @dataclass(kw_only=True, slots=True)
 class EmbeddingBackward:
-    """The first stage's embedding backward, the last gradient computed (`_embedding_moment`)."""
+    """The first stage's embedding backward (`rank_moments.embedding_moment`): the last
+    gradient of an unpipelined backward, or a later micro-batch's on a ZeRO-0/1 pipeline."""
 
     name: ClassVar[str] = "embedding backward on the first stage"
     states: float
@@ -214,15 +215,22 @@ class EmbeddingBackward:
     held_logits: float
     embedding_temp: float
     runtime_context: float
+    stored_acts: float = 0.0
+    """The other micro-batches' stored activations (a pipeline's steady state)."""
+    cast_grads: float = 0.0
+    """The stage's autocast cast gradients waiting for the end of this backward."""
 
     @property
     def total(self) -> float:
+        # (the pipeline's terms last: 0.0 elsewhere, which leaves those sums bit-identical)
         return (
             self.states
             + self.other_grads
             + self.held_logits
             + self.embedding_temp
             + self.runtime_context
+            + self.stored_acts
+            + self.cast_grads
         )
 
 

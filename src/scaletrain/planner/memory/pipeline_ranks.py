@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from scaletrain.config import stage_layer_ranges
 
-from ..time.pipeline import inflight_per_rank, rank_order, stage_rank
+from ..time.pipeline import Action, inflight_per_rank, rank_order, stage_rank
 from ..time.pipeline_comms import boundary_tensors, walked_microbatches
 from ..types import PlanInput
 from .buffers import pp_boundary_bytes
@@ -33,6 +33,15 @@ class ScheduleMoment(NamedTuple):
     """Whether the rank's gradients have been allocated by then (its first backward / W)."""
     is_loss: bool
     """Whether this is a loss backward (the last stage's backward of a micro-batch)."""
+    deferred_layers: int = 0
+    """At the end of a chunk's full backward (B, or stage 0's W) of a micro-batch other than
+    the first that chunk ran forward: the chunk's layers, whose autocast weight casts that
+    first forward made (`rank_moments.cast_grads_per_block`: their gradients wait for the end
+    of this backward); 0 at every other moment. stored_layers / stored_heads then count the
+    other micro-batches' (this one's are freed)."""
+    first_stage: bool = False
+    """Whether this moment ends stage 0's full backward of a micro-batch after its first
+    (that backward ends with the token embedding's; stage 0 may hold no block)."""
 
 
 @functools.lru_cache(maxsize=8192)
@@ -112,6 +121,14 @@ def _walk_moments(
     chunk and a head-only one. GPipe: every forward precedes the first backward, whose moment
     has all m stored and no gradients; the second has m - 1 stored next to the gradients (the
     dry-run's peak, llama-1024-L4 pp2 gpipe).
+    A chunk's full backward of a micro-batch other than the first it ran forward is marked
+    in its moment after (`ScheduleMoment.deferred_layers`, `first_stage`): under autocast the
+    step's cast cache gives every later micro-batch the first one's weight casts, whose
+    backward nodes then run after the rest of this backward
+    (`rank_moments.cast_grads_per_block`). Full backwards are B and stage 0's W (torch's
+    stage 0 has no input gradient to compute: its I does nothing and its W runs the whole
+    backward; dry-run, llama-1024-L4 pp2 zero-bubble rank 0 peaks as 1F1B's, to the byte);
+    another stage's W is not marked (a weight-only pass: not measured).
     Dominated moments (same flags, no more layers and heads) are dropped."""
     n = p * v
     layers = [len(r) for r in stage_layer_ranges(num_layers, n)]
@@ -119,6 +136,7 @@ def _walk_moments(
     stored = [0, 0]  # the sums over `live`: layers, heads (kept as it changes, not re-summed)
     grads = False
     out: set[ScheduleMoment] = set()
+    first_forward: dict[int, int] = {}  # per stage, the micro-batch its casts were made in
 
     def now(is_loss: bool) -> ScheduleMoment:
         return ScheduleMoment(
@@ -137,6 +155,7 @@ def _walk_moments(
     for a in rank_order(schedule, p, m, v, rank):
         key = (a.stage, a.microbatch)
         if a.kind == "F":
+            first_forward.setdefault(a.stage, a.microbatch)
             free(key)
             held = (layers[a.stage], 1 if a.stage == n - 1 else 0)
             live[key] = held
@@ -147,18 +166,32 @@ def _walk_moments(
             if a.kind == "B":  # a full backward; an input-gradient pass (I) waits for its W
                 free(key)
                 grads = True
-                out.add(now(False))
+                out.add(_after_backward(now(False), a, first_forward, layers))
         else:  # W: the deferred weight gradients, then the micro-batch's graph is freed
             free(key)
             grads = True
-            out.add(now(False))
+            if a.stage == 0:  # torch defers stage 0's whole backward to its W: a full one
+                out.add(_after_backward(now(False), a, first_forward, layers))
+            else:
+                out.add(now(False))
     kept = []
-    best: dict[tuple[bool, bool], int] = {}  # per flags, the most heads of a larger moment
+    best: dict[tuple, int] = {}  # per flags, the most heads of a larger moment
     for x in sorted(out, key=lambda x: (-x[0], -x[1])):
         if x[1] > best.get(x[2:], -1):
             kept.append(x)
             best[x[2:]] = x[1]
     return tuple(sorted(kept))
+
+
+def _after_backward(
+    moment: ScheduleMoment, a: Action, first_forward: dict[int, int], layers: list[int]
+) -> ScheduleMoment:
+    """The moment after stage `a.stage`'s full backward of `a.microbatch`, marked with the
+    chunk's layers (`ScheduleMoment.deferred_layers`) when a micro-batch before it ran that
+    chunk's forward first."""
+    if first_forward[a.stage] == a.microbatch:
+        return moment
+    return moment._replace(deferred_layers=layers[a.stage], first_stage=a.stage == 0)
 
 
 def pipeline_buffers(

@@ -1,7 +1,8 @@
 """The named moments of one pipeline rank's memory (`moments.py`'s dataclasses), built from
 its cached terms: the ZeRO-2/3 backward moments (`zero_moments`), the last stage's loss
 backward (`loss_moment`), the first stage's embedding backward (`embedding_moment`), and the
-pieces they share (stored activations, the root unit through a ZeRO-3 backward).
+pieces they share (stored activations, the root unit through a ZeRO-3 backward, the autocast
+cast gradients a pipelined backward defers: `cast_grads_per_block`).
 `rank._rank_memory` takes the largest.
 """
 
@@ -36,6 +37,7 @@ if TYPE_CHECKING:  # rank_terms imports this module (root_in_backward)
 __all__ = [
     "RankView",
     "root_in_backward",
+    "cast_grads_per_block",
     "embedding_moment",
     "stored_activations",
     "zero_moments",
@@ -103,8 +105,109 @@ def root_in_backward(
     return wc * root, wc * head
 
 
+def cast_grads_per_block(view: RankView) -> float:
+    """Bytes of the autocast weight-cast gradients one block of this rank holds from its
+    backward to the end of the micro-batch's backward, in a pipelined ZeRO-0/1 step under
+    autocast (16-bit compute over fp32 parameters); 0 elsewhere.
+
+    Why they wait: the pipelined step runs its whole schedule inside one autocast context
+    (`trainer.step.forward_backward`), so autocast's cast cache hands every later micro-batch
+    the 16-bit weight casts the first forward made (`states._in_flight`: one set per step).
+    Those casts' backward nodes (ToCopyBackward0) carry that first forward's sequence numbers,
+    and torch's autograd engine runs the ready node with the highest sequence number first
+    (torch/csrc/autograd/engine.cpp, `CompareNodeTaskTime`): in a later micro-batch's backward
+    every cast's node waits until the rest of that backward has run, the first stage's
+    embedding backward included, holding the gradient of the cast, which has the cast's shape
+    and 16-bit dtype. So at the end of a chunk's backward every block's cast gradients exist
+    at once: `params.in_flight` / blocks per block. (Seen on real CPU tensors too: a second
+    micro-batch's backward under one autocast context accumulates the embedding's gradient
+    before any linear's.) The unpipelined step enters autocast per micro-batch, so each
+    forward makes fresh casts, whose nodes run in order: nothing waits (dry-run, a z1
+    llama-1024 x 12 blocks, 2 micro-batches: no rise through the second backward).
+    A split backward's last stage also casts its plain head Linear (`fused_head_loss` is off):
+    not a block's, left out of the per-block share.
+    Source: the dry-run of llama3-8b dp2 z1 pp4 1f1b, full AC, bf16, s2048: in every
+    steady-state backward each block adds 0.406 GiB (2 B x a block's 218M linear
+    parameters) until the backward ends, on ranks 0, 2 and 6 (-9.0% / -10.7% / -1.2% before
+    this term); llama-1024-L4 z0 pp2 rank 0 under 1F1B, GPipe, interleaved and zero-bubble
+    (-9.8% to -10.5% before, -0.2% to +0.5% with it).
+    Ignores: a split backward's weight-only pass (W of a stage but the first: not measured),
+    LoRA (frozen weights' casts have no gradient, the adapters' are small), the dense and MoE
+    blocks' different cast sizes (the rank's mean), the non-cached expert casts (made per
+    micro-batch: their nodes run in order).
+    """
+    plan, layers = view.plan, view.layers
+    L = plan.layout
+    if L.pp == 1 or L.zero >= 2 or plan.lora_rank or not layers:
+        return 0.0
+    casts = view.rank_states.states["params.in_flight"]
+    if view.last and not fused_head_loss(L):
+        # a split backward's last stage casts its plain head Linear (`states._in_flight`);
+        # the fused loss casts the head itself, for its forward and backward only
+        casts -= 2.0 * (view.counts.head or view.counts.embedding) / L.tp
+    return max(0.0, casts) / layers
+
+
 def embedding_moment(view: RankView) -> EmbeddingBackward:
-    """Memory of the first stage when the token embedding's gradient is computed.
+    """Memory of the first stage when the token embedding's gradient is computed: the
+    largest of the last micro-batch's (`_last_embedding_moment`) and, on a ZeRO-0/1
+    pipeline, a later micro-batch's in the steady state (`_steady_embedding_moment`)."""
+    last = _last_embedding_moment(view)
+    if view.plan.layout.zero >= 2 or view.plan.layout.pp == 1:
+        return last
+    steady = _steady_embedding_moment(view)
+    return steady if steady is not None and steady.total > last.total else last
+
+
+def _steady_embedding_moment(view: RankView) -> EmbeddingBackward | None:
+    """The first stage's embedding backward of a micro-batch after the first, ZeRO-0/1
+    pipelines (None with one micro-batch).
+
+    Unlike the last micro-batch of an unpipelined step (`_last_embedding_moment`), every
+    gradient exists by then (the embedding's own, accumulated since the first backward), the
+    weight casts are alive (autocast's cache holds them for the whole step), every block of
+    the stage holds its cast gradients (`cast_grads_per_block`: their backward runs after the
+    embedding's), and the other micro-batches in flight keep their stored activations (the
+    schedule's moment after this backward: `ScheduleMoment.deferred_layers`, first stage) and
+    the stage-boundary tensors their sends and receives hold (`pp_p2p`). The embedding's
+    gradient temporary (`memory.head.embedding_backward_bytes`) is added to the existing
+    gradient after it is complete. Source: the dry-run of llama3-8b dp2 z1 pp4 1f1b, full
+    AC, bf16, s2048, rank 0: 31.43 GiB = states with the gradients 22.92 + casts 2.84 + their
+    gradients 2.84 + three micro-batches' 7 block inputs 0.66 + boundary tensors 0.16 + the
+    embedding's fp32 gradient 1.96 (-9.0% with the last micro-batch's moment); llama-1024-L4
+    z0 pp2 interleaved v2 rank 0, whose stage 0 holds no block (the casts' gradients are
+    those of its other chunk, whose backward has ended): +0.5%; the same layout under 1F1B in
+    fp32 (no casts: the other terms alone), -0.2% (-0.2% in bf16).
+    Ignores: the stage output's gradient received for this micro-batch (one (tokens x h)
+    tensor, counted in `pp_p2p` only while its buffer is held)."""
+    acts = view.acts
+    bufs, st = view.buffer_terms, view.rank_states.states
+    cast = cast_grads_per_block(view)
+    stored, layers = -1.0, 0
+    for sm in view.schedule:
+        if sm.first_stage:
+            held = sm.stored_layers * acts.per_layer + sm.stored_heads * acts.head
+            if held > stored:
+                stored, layers = held, sm.deferred_layers
+    if stored < 0:
+        return None
+    states = view.rank_states.fixed
+    for name in ("ddp_buckets", "rope_tables", "pp_p2p"):
+        states += bufs.get(name, 0.0)
+    return EmbeddingBackward(
+        states=states,
+        other_grads=st["grads"] - st["grads.in_flight"],
+        held_logits=view.acts.held_logits if view.last else 0.0,
+        embedding_temp=view.rank_states.backward.embedding_temp,
+        runtime_context=view.runtime_context,
+        stored_acts=stored,
+        cast_grads=layers * cast,
+    )
+
+
+def _last_embedding_moment(view: RankView) -> EmbeddingBackward:
+    """Memory of the first stage when the token embedding's gradient of the step's last
+    micro-batch is computed (of its only one, unpipelined).
 
     It is the last gradient backward computes: every other gradient is complete, every
     activation is freed except the logits the loop still holds (last stage), and
@@ -167,7 +270,7 @@ def stored_activations(
     if plan.layout.pp > 1:
         acts = fwdbwd = -1.0
         most = 0
-        for lay, hd, g, _ in view.schedule:
+        for lay, hd, g, *_ in view.schedule:
             stored = lay * per_layer + hd * head_acts
             with_grads = stored + (grads if g else 0.0)
             if stored > acts:
@@ -176,7 +279,7 @@ def stored_activations(
                 fwdbwd = with_grads
             if lay > most:
                 most = lay
-        return acts + extra, most * per_layer, fwdbwd + extra
+        return acts + extra, most * per_layer, max(fwdbwd + extra, _deferred_casts(view, one_layer))
     first = in_flight * acts_terms.first_block_less if view.rank == 0 and layers else 0.0
     acts = in_flight * layers * per_layer - first + extra + (head_acts if view.last else 0.0)
     block_stored = in_flight * layers * per_layer - first
@@ -186,6 +289,57 @@ def stored_activations(
     # block's backward every gradient exists but the embedding tables' (`late_grads`,
     # `embedding_moment`'s)
     return acts, block_stored, max(acts + st["grads.in_flight"], grads - late_grads + one_layer)
+
+
+def _deferred_casts(view: RankView, one_layer: float) -> float:
+    """Activations and gradients of a pipeline rank at the end of a chunk's backward of a
+    micro-batch after the first, ZeRO-0/1 under autocast (0 elsewhere): the other
+    micro-batches' stored activations (`ScheduleMoment.deferred_layers`' moment) and every
+    gradient, with either the chunk's last block in backward (its own set `one_layer`: under
+    full AC the whole re-created set, its input in it; the MLP backward's first gradients,
+    w2's cast gradient among them, `mlp_backward_work_bytes`) beside the cast gradients of
+    the chunk's other blocks (`cast_grads_per_block`), or, once it is done, every block's.
+    Source: the dry-run of llama3-8b dp2 z1 pp4 1f1b, full AC, s2048: the middle rank 2 (9
+    blocks) peaks inside its last block's backward at 30.26 GiB, 0.648 GiB over the block's
+    start with 8 blocks' cast gradients held (-10.7% without them), the last rank 6 likewise
+    at 28.93 GiB with 6 (-1.2%: its loss backward comes before any cast gradient).
+    Ignores: the stage input's gradient at the end (one (tokens x h) tensor)."""
+    cast = cast_grads_per_block(view)
+    if not cast:
+        return 0.0
+    acts = view.acts
+    inside = one_layer + _block_backward_work(view)
+    best = 0.0
+    for sm in view.schedule:
+        if sm.deferred_layers:
+            others = sm.stored_layers * acts.per_layer + sm.stored_heads * acts.head
+            chunk = max(inside + (sm.deferred_layers - 1) * cast, sm.deferred_layers * cast)
+            best = max(best, others + chunk)
+    return best + view.rank_states.states["grads"] if best else 0.0
+
+
+def _block_backward_work(view: RankView) -> float:
+    """What a block's backward holds first beyond its stored set: the block output's
+    gradient, the MLP's first activation gradients and w2's weight gradient
+    (`mlp_backward_work_bytes`, compute-dtype gradients)."""
+    plan = view.plan
+    L = plan.layout
+    wc = plan.compute_bytes
+    # MoE experts run as grouped GEMMs (models/moe.py `expert_kernel`) unless fp8 (per-expert
+    # scales) or tensor-parallel experts (DTensor weights) keep the per-expert loop; a grouped
+    # backward holds no separate first weight gradient at this moment (the dry-run of
+    # mixtral-8x7b-L2 dp8 z3 ep8 selective bf16 dropped by exactly h*f*2 B = 117.4 MB when the
+    # experts moved from the loop to _grouped_mm)
+    grouped = plan.model.is_moe and plan.precision != "fp8" and expert_tp(L.tp, L.ep) == 1
+    return mlp_backward_work_bytes(
+        plan.model,
+        tokens=plan.seq_len / L.cp * plan.micro_batch,
+        tp=L.tp,
+        sp=L.sp,
+        e=wc,
+        # (a frozen w2 under LoRA has no weight gradient)
+        weight_bytes=0 if grouped or plan.lora_rank else wc,
+    )
 
 
 def zero_moments(view: RankView, block_stored: float) -> list[Moment]:
@@ -438,22 +592,7 @@ def _early_block_backward(
     plan, bufs, buffers = view.plan, view.buffer_terms, view.buffers
     gathered = view.rank_states.backward.unit_gathered
     L = plan.layout
-    e = wc = plan.compute_bytes
-    # MoE experts run as grouped GEMMs (models/moe.py `expert_kernel`) unless fp8 (per-expert
-    # scales) or tensor-parallel experts (DTensor weights) keep the per-expert loop; a grouped
-    # backward holds no separate first weight gradient at this moment (the dry-run of
-    # mixtral-8x7b-L2 dp8 z3 ep8 selective bf16 dropped by exactly h*f*2 B = 117.4 MB when the
-    # experts moved from the loop to _grouped_mm)
-    grouped = plan.model.is_moe and plan.precision != "fp8" and expert_tp(L.tp, L.ep) == 1
-    work = mlp_backward_work_bytes(
-        plan.model,
-        tokens=plan.seq_len / L.cp * plan.micro_batch,
-        tp=L.tp,
-        sp=L.sp,
-        e=e,
-        # (a frozen w2 under LoRA has no weight gradient)
-        weight_bytes=0 if grouped or plan.lora_rank else wc,
-    )
+    work = _block_backward_work(view)
     early = stored + work
     early_copies = gathered * (1 + more) if L.zero >= 3 else 0.0
     if last is not None and L.zero >= 3:
