@@ -284,3 +284,42 @@ def test_quantize_fast_paths_equal_the_plain_expressions(src):
     assert torch.equal(t, keep)
     t[3, 4] = float("nan")
     assert scaling.abs_max(t).isnan() and t.float().abs().amax().isnan()
+
+
+class _Sub(torch.Tensor):
+    """A tensor subclass: `scaling.abs_max` takes its non-CPU-fast path for it, on real values."""
+
+
+@pytest.mark.parametrize("src", [torch.float32, torch.bfloat16])
+def test_abs_max_off_the_cpu_fast_path_is_exact_and_allocates_only_scalars(src):
+    """CUDA and fake tensors take amin/amax: the same value as `t.float().abs().amax()` (NaN
+    too), and no op of it outputs more than one element (the old expression held an fp32 copy
+    of t and its |.|: 8 GiB on Llama-3-70B's gathered TP8+SP input)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    g = torch.Generator().manual_seed(2)
+    t = (torch.randn(64, 96, generator=g) * 5).to(src)
+    sub = t.as_subclass(_Sub)
+    assert torch.equal(scaling.abs_max(sub).as_subclass(torch.Tensor), t.float().abs().amax())
+    t[5, 6] = float("nan")
+    assert scaling.abs_max(t.as_subclass(_Sub)).isnan()
+
+    class Outputs(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.largest = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for o in out if isinstance(out, tuple) else (out,):
+                if isinstance(o, torch.Tensor):
+                    self.largest = max(self.largest, o.numel())
+            return out
+
+    with FakeTensorMode() as fake:
+        x = fake.from_tensor(torch.empty(4096, 1024, dtype=src))
+        with Outputs() as seen:
+            a = scaling.abs_max(x)
+    assert a.shape == () and a.dtype == torch.float32
+    assert seen.largest == 1
