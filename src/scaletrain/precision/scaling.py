@@ -85,7 +85,7 @@ def abs_max(t: torch.Tensor) -> torch.Tensor:
     - a real CPU tensor: `aminmax`, one read (about 1.3x `abs().amax()` on fp32 and 2.2x on
       bf16 here);
     - CUDA and fake tensors: `amin` and `amax`, two reads. `t.float().abs().amax()` held an fp32
-      copy and its |.| at once: 8 bytes per element of t (4 GiB for a 16 x 8,192-token x 8,192
+      copy and its |.| at once: 8 bytes per element of t (8 GiB for a 16 x 8,192-token x 8,192
       bf16 activation);
     - a DTensor: the plain expression (its sharding rules cover `abs` and `amax`).
     """
