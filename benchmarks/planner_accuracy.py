@@ -71,6 +71,13 @@ def _models() -> dict[str, ModelConfig]:
         "llama-1024-L6": model(
             "tiny-llama", 6, **{k: v for k, v in llama_s.items() if k != "name"}
         ),
+        # issue #35: Llama 3's 128,256-row head on zero-bubble's last stage
+        "llama-1024-L4-V128k": model(
+            "tiny-llama",
+            4,
+            **{k: v for k, v in llama_s.items() if k not in ("name", "vocab_size")},
+            vocab_size=128256,
+        ),
         "llama2-7b-L1": model("llama2-7b", 1),
         "llama3-8b-L1": model("llama3-8b", 1),
         "mixtral-8x7b-L2": model("mixtral-8x7b", 2),
@@ -244,12 +251,18 @@ EXTRA_CASES: list[Extra] = [
     ("llama-1024-L6", 3, 1, 1, 3, "1f1b", 1, 1, "bf16", 1, 1024, 6, "full", 1),
     ("llama-1024-L4", 2, 1, 0, 2, "zero-bubble", 1, 1, "bf16", 2, 256, 4, "none", 0),
     ("llama-1024-L4", 2, 1, 0, 2, "interleaved", 2, 1, "bf16", 2, 256, 4, "none", 0),
+    # issue #35: zero-bubble's last stage under a 128,256-row head, alone on its rank (pp4, as
+    # DeepSeek-V3's pp32 layout) and beside two blocks (pp2, as its pp16 one): past its
+    # input-gradient pass a micro-batch's head holds its logits' gradient, not its logits
+    # (memory.split_backward); planned +20.8% / +5.9% while they were kept until W
+    ("llama-1024-L4-V128k", 4, 1, 0, 4, "zero-bubble", 1, 1, "bf16", 1, 512, 8),
+    ("llama-1024-L4-V128k", 2, 1, 0, 2, "zero-bubble", 1, 1, "bf16", 1, 512, 4),
 ]
 """Pipeline-parallel (each schedule) and MoE / expert-parallel layouts, measured on the rank the
 planner reports as the worst (`measure_extra`). Calibrated (schedule_moments, pipeline receive
 buffers, MoE dispatch tensors) and counted in the summary with the main matrix."""
 
-QUICK_EXTRA = [EXTRA_CASES[i] for i in (1, 2, 3, 6, 7, 8, 10, 13, 14, 20, 21)]
+QUICK_EXTRA = [EXTRA_CASES[i] for i in (1, 2, 3, 6, 7, 8, 10, 13, 14, 20, 21, 24)]
 """The PP/MoE part of the fast subset (tests/planner/test_accuracy.py): GPipe (all m
 micro-batches stored at the first backward, m - 1 next to the gradients), interleaved v2
 (chunks weighted by their own layers, the communication buffers in flight), zero-bubble (graphs
@@ -260,7 +273,9 @@ backward next to the fp32 expert gradients of the later blocks), DualPipeV's V (
 on rank 0, torch's order), Qwen3-30B-A3B's widths under ZeRO-3 + ep8 (the root unit's
 reduce-scatter beside both 16-bit 151,936-row tables) and a ZeRO-1 pp3 pipeline under autocast
 with full AC, its first and middle ranks (a later micro-batch's backward holding every block's
-cast gradients, the first stage's embedding backward with them)."""
+cast gradients, the first stage's embedding backward with them), and zero-bubble's last stage
+with a 128,256-row head alone on its rank (heads past their I hold the logits' gradient only;
+the W's 16-bit and fp32 head gradients)."""
 
 
 # (model, world, dp, zero, dtype, micro_batch, seq, lora rank, lora targets, base, offload
@@ -778,7 +793,9 @@ def markdown(
             "Modelled: each schedule's backward moments (`memory.pipeline_ranks.schedule_moments`: "
             "activations stored per chunk, weighted by the chunk's own layers; gradients "
             "only after the rank's first backward, so GPipe peaks at its second "
-            "backward; zero-bubble keeps a micro-batch's graph until its W pass), "
+            "backward; zero-bubble keeps a micro-batch's graph until its W pass, with "
+            "the gradients its I recorded for W, and its head past I only the logits' "
+            "gradient: `memory.split_backward`), "
             "the stage-boundary tensors the trainer's sends and receives hold "
             "(`memory.buffers.pp_boundary_bytes`: the micro-batches in flight), "
             "per-chunk RoPE tables, the MoE dispatch tensors (int64 routing indices, "
@@ -787,7 +804,13 @@ def markdown(
             "weights saved per micro-batch), float8 experts (1-byte saved inputs, no "
             "weight casts). Zero-bubble was 5% under until the dry-run's module "
             "tracker stopped buffering gradients across its split I/W backward "
-            "(`dryrun.torch_compat.gradless_module_hooks`). Mixtral widths under ZeRO-3 + "
+            "(`dryrun.torch_compat.gradless_module_hooks`); its last stage was +21% "
+            "with a 128,256-row head alone on its rank (and DeepSeek-V3's zero-bubble "
+            "layouts +41% / +109%, results/deepseek_layouts.md) while every micro-batch's "
+            "head was counted with its logits until W, and its middle ranks 9-12% under "
+            "(llama-1024 with 8 blocks, pp4, ranks 1 and 2; -1.0% / -0.8% now) without the "
+            "gradients I records for W (issue #35). Mixtral widths "
+            "under ZeRO-3 + "
             "ep8 with selective AC (issue #16): the dry-run held 0.34 GB per block more "
             "until the MoE layer stopped keeping its checkpoint recompute's aux-loss graph "
             "(`models.moe`: mixtral-8x7b-L2 measured 9.27 GB, -4.3% planned), and the "

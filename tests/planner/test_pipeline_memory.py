@@ -14,10 +14,17 @@ from scaletrain.planner.memory.buffers import pp_boundary_bytes
 from scaletrain.planner.memory.pipeline_ranks import schedule_moments
 
 
+def _flags(moments) -> set[tuple[int, int, bool, bool]]:
+    """(stored layers, stored heads, grads exist, is loss) of each moment of a schedule
+    without a split backward, whose moments have nothing past an input-gradient pass."""
+    assert all(x[4:7] == (0, 0, False) for x in moments)
+    return {x[:4] for x in moments}
+
+
 def test_gpipe_first_backward_has_every_microbatch_and_no_grads():
     # 4 layers over 2 stages (+ embedding and head): 2 layers per rank; last rank = rank 1
     moments = schedule_moments("gpipe", 2, 4, 1, 1, 4)
-    flags = {x[:4] for x in moments}  # (stored layers, heads, grads exist, loss)
+    flags = _flags(moments)  # (stored layers, heads, grads exist, loss)
     # the first loss backward: all 4 micro-batches (2 layers each, and their head) stored,
     # no gradient allocated yet
     assert (8, 4, False, True) in flags
@@ -27,7 +34,7 @@ def test_gpipe_first_backward_has_every_microbatch_and_no_grads():
 
 
 def test_one_f_one_b_last_rank_holds_one_microbatch():
-    moments = schedule_moments("1f1b", 2, 4, 1, 1, 4)
+    moments = _flags(schedule_moments("1f1b", 2, 4, 1, 1, 4))
     assert max(lay for lay, *_ in moments) == 2
     assert max(hd for _, hd, *_ in moments) == 1
     # rank 0 holds p - rank = 2 micro-batches at its backward
@@ -35,10 +42,14 @@ def test_one_f_one_b_last_rank_holds_one_microbatch():
 
 
 def test_zero_bubble_keeps_the_graph_until_w():
-    """Last rank: F0 B0 F1 B1 W0 ...: at B1 micro-batch 0 waits for its W, so two are stored;
-    gradients exist only after the first W."""
+    """Last rank: F0 I0 F1 I1 W0 ...: at I1 micro-batch 0 waits for its W past its I (its 2
+    layers and its head counted apart: `memory.split_backward`), so two are stored; gradients
+    exist only after the first W, whose moment (before it frees micro-batch 0) has both past
+    their I."""
     moments = schedule_moments("zero-bubble", 2, 4, 1, 1, 4)
-    assert (4, 2, False, True) in {x[:4] for x in moments}
+    split = {x[:7] for x in moments}  # without the cast-gradient marks (ZeRO-0/1 autocast)
+    assert (4, 2, False, True, 2, 1, False) in split
+    assert (4, 2, False, False, 4, 2, True) in split
     assert max(x.stored_layers for x in moments if x.is_loss) == 4
     one_f_one_b = schedule_moments("1f1b", 2, 4, 1, 1, 4)
     assert max(lay for lay, *_ in moments) > max(lay for lay, *_ in one_f_one_b)
@@ -47,7 +58,7 @@ def test_zero_bubble_keeps_the_graph_until_w():
 def test_interleaved_weights_chunks_by_their_own_layers():
     """pp2 v2 over 4 layers: stages hold 1, 2, 1, 0 layers (embedding and head count as a unit
     each); rank 1 holds stages 1 (2 layers) and 3 (the head only)."""
-    moments = schedule_moments("interleaved", 2, 4, 2, 1, 4)
+    moments = _flags(schedule_moments("interleaved", 2, 4, 2, 1, 4))
     # at the third loss backward: stage 1 holds micro-batches 2 and 3 (2 x 2 layers)
     assert (4, 1, True, True) in {x[:4] for x in moments}
     for lay, *_ in moments:
@@ -233,6 +244,7 @@ MOMENTS = {
     "pipeline stage backward, FSDP units gathered",
     "end of backward, root unit's reduce-scatter",
     "loss backward on the last stage",
+    "head weight pass (W) on the last stage",
     "embedding backward on the first stage",
 }
 

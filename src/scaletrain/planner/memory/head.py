@@ -51,10 +51,16 @@ def head_activation_bytes(
     norm output is all-gathered for the vocabulary-parallel head), plus:
     - fused (the trainer's `model(x, targets=y)`, models/loss.py; a pipeline's last stage
       too): the per-token fp32 log-sum-exp 4*s_l*b; no logits are kept.
-    - not fused (a logits path: `model(x)` then cross-entropy; no training step uses it):
-      the logits path s_l*b*V/t*(2 + 4) in 16-bit (bf16 logits and the fp32 log-softmax
-      output; the fp32 upcast is consumed by log-softmax and freed: the dry-run measures 6 B,
-      not the 10 B of docs/DESIGN.md §5) or (4 + 4) in fp32.
+    - not fused (a logits path, `model(x)` then cross-entropy: the training step's last
+      stage under a split backward, zero-bubble and DualPipeV, `config.fused_head_loss`):
+      s_l*b*V*(2 + 4) in 16-bit (bf16 logits and the fp32 log-softmax output; the fp32 upcast
+      is consumed by log-softmax and freed: the dry-run measures 6 B, not the 10 B of
+      docs/DESIGN.md §5) or (4 + 4) in fp32, the whole vocabulary on every tp rank: pipeline
+      stages are parallelized without loss_parallel (`trainer.build`), so the head's
+      vocabulary-sharded output is all-gathered to plain (B, T, V) logits (dry-run, llama-1024
+      tp2+sp pp2 zero-bubble, last rank: 99.4 MB a micro-batch before I, these terms 100.4 MB;
+      -5.8% on the step with V/t). Until the micro-batch's input-gradient pass only: then
+      `split_backward.head_after_input_bytes`.
     The loss backward's own temporaries are `loss_backward_bytes`.
     """
     e = compute_bytes(mb.precision)
@@ -63,7 +69,7 @@ def head_activation_bytes(
     if fused:
         tail = 4.0 * tok
     else:
-        tail = (8.0 if e == 4 else 6.0) * tok * model.vocab_size / mb.tp
+        tail = (8.0 if e == 4 else 6.0) * tok * model.vocab_size
     return r * tok * model.dim / (mb.tp if mb.sp else 1) + e * tok * model.dim + tail
 
 

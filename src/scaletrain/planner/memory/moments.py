@@ -19,6 +19,7 @@ __all__ = [
     "ZeroEndOfBackward",
     "ZeroForward",
     "LossBackward",
+    "HeadWeightPass",
     "EmbeddingBackward",
     "Moment",
     "RankMemory",
@@ -205,6 +206,35 @@ class LossBackward:
 
 
 @dataclass(kw_only=True, slots=True)
+class HeadWeightPass:
+    """The last stage's weight pass (W) of a split backward (see `head_weight_moment`)."""
+
+    name: ClassVar[str] = "head weight pass (W) on the last stage"
+    states: float
+    buffers: float
+    fsdp: float
+    fp8_quantize: float
+    stored_acts: float
+    head_acts: float
+    grads: float
+    weight_grad_temp: float
+    """The head weight's gradient being made (`split_backward.head_weight_pass_bytes`)."""
+
+    @property
+    def total(self) -> float:
+        return (
+            self.states
+            + self.buffers
+            - self.fsdp
+            - self.fp8_quantize
+            + self.stored_acts
+            + self.head_acts
+            + self.grads
+            + self.weight_grad_temp
+        )
+
+
+@dataclass(kw_only=True, slots=True)
 class EmbeddingBackward:
     """The first stage's embedding backward (`rank_moments.embedding_moment`): the last
     gradient of an unpipelined backward, or a later micro-batch's on a ZeRO-0/1 pipeline."""
@@ -242,6 +272,7 @@ Moment = (
     | ZeroEndOfBackward
     | ZeroForward
     | LossBackward
+    | HeadWeightPass
     | EmbeddingBackward
 )
 

@@ -33,6 +33,15 @@ class ScheduleMoment(NamedTuple):
     """Whether the rank's gradients have been allocated by then (its first backward / W)."""
     is_loss: bool
     """Whether this is a loss backward (the last stage's backward of a micro-batch)."""
+    layers_after_input: int = 0
+    """Of `stored_layers`, those whose input-gradient pass (I) has run: each holds, until its
+    weight pass (W), the gradients I recorded for W too (`split_backward.block_recorded_bytes`)."""
+    heads_after_input: int = 0
+    """Of `stored_heads`, those whose I has run: they hold only what W reads
+    (`split_backward.head_after_input_bytes`)."""
+    head_weight: bool = False
+    """Whether this is the last stage's W of a micro-batch, before it frees the micro-batch:
+    the head weight's gradient is being made (`split_backward.head_weight_pass_bytes`)."""
     deferred_layers: int = 0
     """At the end of a chunk's full backward (B, or stage 0's W) of a micro-batch other than
     the first that chunk ran forward: the chunk's layers, whose autocast weight casts that
@@ -107,20 +116,25 @@ def _walk_moments(
     """The backward moments of pipeline rank `rank`, walking its action order
     (`pipeline.pipeline_order`, torch's order): (layers x micro-batches whose activations are
     stored, micro-batches of the last stage stored (head and loss graph), whether the step's
-    gradients exist yet, whether the moment is the last stage's loss backward).
+    gradients exist yet, whether the moment is the last stage's loss backward, how many of
+    those layers and heads are past their I, whether it is the last stage's W, and the
+    deferred cast gradients' marks: `ScheduleMoment`).
 
     A micro-batch's activations of a stage are stored from its forward until its backward
     frees them; after a split backward's input-gradient pass (I: zero-bubble, part of
-    DualPipeV's) until its weight pass (W): torch's input-gradient pass keeps the graph for W
-    (measured with the dry-run, llama-1024-L4 pp2 zero-bubble rank 1: a micro-batch holds as
-    much after I as before). Gradients are allocated by the rank's first full backward or W.
-    DualPipeV's V holds the last stage on rank 0, so its loss moments are rank 0's. Per
-    backward two moments: as it starts (its own activations still stored) and after it
-    (freed, gradients allocated). Interleaved chunks are weighted by their own layer counts
-    (`stage_layer_ranges`), not the average: with pp2 v2 on 4 layers rank 1 holds a 2-layer
-    chunk and a head-only one. GPipe: every forward precedes the first backward, whose moment
-    has all m stored and no gradients; the second has m - 1 stored next to the gradients (the
-    dry-run's peak, llama-1024-L4 pp2 gpipe).
+    DualPipeV's) until its weight pass (W), with what I recorded for W on top
+    (`memory.split_backward`: torch keeps the graph for W): the blocks past I are counted
+    apart (`layers_after_input`; not on the first stage, whose I does nothing), and so are the
+    heads (`heads_after_input`: I frees the loss's graph above the head's matmul). Gradients
+    are allocated by the rank's first full backward or W. DualPipeV's V holds the last stage
+    on rank 0, so its loss moments are rank 0's. Per backward two moments: as it starts (its
+    own activations still stored) and after it (freed, gradients allocated; after an I, its
+    micro-batch still stored with what it recorded); the last stage's W has a third, before
+    it frees its micro-batch (`head_weight`). Interleaved chunks are
+    weighted by their own layer counts (`stage_layer_ranges`), not the average: with pp2 v2
+    on 4 layers rank 1 holds a 2-layer chunk and a head-only one. GPipe: every forward
+    precedes the first backward, whose moment has all m stored and no gradients; the second
+    has m - 1 stored next to the gradients (the dry-run's peak, llama-1024-L4 pp2 gpipe).
     A chunk's full backward of a micro-batch other than the first it ran forward is marked
     in its moment after (`ScheduleMoment.deferred_layers`, `first_stage`): under autocast the
     step's cast cache gives every later micro-batch the first one's weight casts, whose
@@ -129,21 +143,27 @@ def _walk_moments(
     stage 0 has no input gradient to compute: its I does nothing and its W runs the whole
     backward; dry-run, llama-1024-L4 pp2 zero-bubble rank 0 peaks as 1F1B's, to the byte);
     another stage's W is not marked (a weight-only pass: not measured).
-    Dominated moments (same flags, no more layers and heads) are dropped."""
+    Dominated moments (same flags, no more of each count) are dropped."""
     n = p * v
     layers = [len(r) for r in stage_layer_ranges(num_layers, n)]
     live: dict[tuple[int, int], tuple[int, int]] = {}
-    stored = [0, 0]  # the sums over `live`: layers, heads (kept as it changes, not re-summed)
+    # the sums over `live` (kept as they change, not re-summed): layers, heads, and of them
+    # those past their I
+    stored = [0, 0, 0, 0]
+    past_input: set[tuple[int, int]] = set()  # (stage, micro-batch) whose I has run
     grads = False
     out: set[ScheduleMoment] = set()
     first_forward: dict[int, int] = {}  # per stage, the micro-batch its casts were made in
 
-    def now(is_loss: bool) -> ScheduleMoment:
+    def now(is_loss: bool, head_weight: bool = False) -> ScheduleMoment:
         return ScheduleMoment(
             stored_layers=stored[0],
             stored_heads=stored[1],
             grads_exist=grads,
             is_loss=is_loss,
+            layers_after_input=stored[2],
+            heads_after_input=stored[3],
+            head_weight=head_weight,
         )
 
     def free(key: tuple[int, int]) -> None:
@@ -151,6 +171,10 @@ def _walk_moments(
         if held is not None:
             stored[0] -= held[0]
             stored[1] -= held[1]
+            if key in past_input:
+                past_input.discard(key)
+                stored[2] -= held[0]
+                stored[3] -= held[1]
 
     for a in rank_order(schedule, p, m, v, rank):
         key = (a.stage, a.microbatch)
@@ -167,19 +191,54 @@ def _walk_moments(
                 free(key)
                 grads = True
                 out.add(_after_backward(now(False), a, first_forward, layers))
+            elif a.stage > 0 and key in live and key not in past_input:
+                # torch's first stage skips I and runs its whole backward at W; after I its
+                # micro-batch holds what it recorded too
+                past_input.add(key)
+                stored[2] += live[key][0]
+                stored[3] += live[key][1]
+                out.add(now(False))
         else:  # W: the deferred weight gradients, then the micro-batch's graph is freed
+            if a.stage == n - 1:
+                out.add(now(False, head_weight=True))
             free(key)
             grads = True
             if a.stage == 0:  # torch defers stage 0's whole backward to its W: a full one
                 out.add(_after_backward(now(False), a, first_forward, layers))
             else:
                 out.add(now(False))
+    return _undominated(out)
+
+
+def _undominated(moments: set[ScheduleMoment]) -> tuple[ScheduleMoment, ...]:
+    """The moments no other moment with the same flags dominates: one with at least as many
+    stored layers, layers past I, heads before their I and heads past it holds at least as
+    many bytes whatever each costs (a layer past I costs its stored bytes plus what I
+    recorded; every term is non-negative)."""
+    groups: dict[tuple[bool, bool, bool, int, bool], list[tuple[int, int, int, int]]] = {}
+    for x in moments:
+        heads_before = x.stored_heads - x.heads_after_input
+        key = (x.stored_layers, x.layers_after_input, heads_before, x.heads_after_input)
+        flags = (x.grads_exist, x.is_loss, x.head_weight, x.deferred_layers, x.first_stage)
+        groups.setdefault(flags, []).append(key)
     kept = []
-    best: dict[tuple, int] = {}  # per flags, the most heads of a larger moment
-    for x in sorted(out, key=lambda x: (-x[0], -x[1])):
-        if x[1] > best.get(x[2:], -1):
-            kept.append(x)
-            best[x[2:]] = x[1]
+    for (g, loss, hw, deferred, first), group in groups.items():
+        for c in group:
+            if any(o != c and all(a >= b for a, b in zip(o, c, strict=True)) for o in group):
+                continue
+            kept.append(
+                ScheduleMoment(
+                    stored_layers=c[0],
+                    stored_heads=c[2] + c[3],
+                    grads_exist=g,
+                    is_loss=loss,
+                    layers_after_input=c[1],
+                    heads_after_input=c[3],
+                    head_weight=hw,
+                    deferred_layers=deferred,
+                    first_stage=first,
+                )
+            )
     return tuple(sorted(kept))
 
 

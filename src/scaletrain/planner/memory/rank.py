@@ -28,6 +28,7 @@ from .pipeline_ranks import pipeline_buffers, rank_candidates, schedule_moments
 from .rank_moments import (
     RankView,
     embedding_moment,
+    head_weight_moment,
     loss_moment,
     moment_total,
     stored_activations,
@@ -124,7 +125,10 @@ def _rank_memory(
         mean = ((layers - dense) * acts_terms.per_layer + dense * acts_terms.dense_per_layer) / (
             layers
         )
-        acts_terms = replace(acts_terms, per_layer=mean)
+        # split backward: what their input-gradient pass records, likewise
+        a = acts_terms
+        recorded = (layers - dense) * a.recorded_per_layer + dense * a.dense_recorded_per_layer
+        acts_terms = replace(acts_terms, per_layer=mean, recorded_per_layer=recorded / layers)
     rs = rank_states(plan, terms, zs, rank == 0, last, layers, convention, dense)
     st, count, unit, sharded, fixed = rs.states, rs.params, rs.unit, rs.sharded, rs.fixed
     # fsdp: the FSDP collectives' buffers; quant: fp8's quantization temporary, which exists
@@ -171,6 +175,10 @@ def _rank_memory(
         loss_terms = loss.loss_temp + loss.head_grad
         bufs = dict(bufs, loss_backward_temp=loss.loss_temp, head_grad=loss.head_grad)
         cands.append(loss)
+        weight_pass = head_weight_moment(view)
+        if weight_pass is not None:  # a split backward's W on the last stage
+            bufs = dict(bufs, head_weight_pass_temp=weight_pass.weight_grad_temp)
+            cands.append(weight_pass)
     if rank == 0 and layers and states_offload == "none" and not plan.lora_rank:
         emb_tmp = rs.backward.embedding_temp
         cands.append(embedding_moment(view))

@@ -22,6 +22,7 @@ from .activations import mlp_backward_work_bytes
 from .head import MicroBatchShape, head_grad_bytes, loss_backward_bytes
 from .moments import (
     EmbeddingBackward,
+    HeadWeightPass,
     LossBackward,
     Moment,
     ZeroBlockBackward,
@@ -29,6 +30,7 @@ from .moments import (
     ZeroForward,
     ZeroStageBackward,
 )
+from .split_backward import head_weight_pass_bytes
 
 if TYPE_CHECKING:  # rank_terms imports this module (root_in_backward)
     from .pipeline_ranks import ScheduleMoment
@@ -42,6 +44,7 @@ __all__ = [
     "stored_activations",
     "zero_moments",
     "loss_moment",
+    "head_weight_moment",
     "moment_total",
 ]
 
@@ -180,13 +183,12 @@ def _steady_embedding_moment(view: RankView) -> EmbeddingBackward | None:
     fp32 (no casts: the other terms alone), -0.2% (-0.2% in bf16).
     Ignores: the stage output's gradient received for this micro-batch (one (tokens x h)
     tensor, counted in `pp_p2p` only while its buffer is held)."""
-    acts = view.acts
     bufs, st = view.buffer_terms, view.rank_states.states
     cast = cast_grads_per_block(view)
     stored, layers = -1.0, 0
     for sm in view.schedule:
         if sm.first_stage:
-            held = sm.stored_layers * acts.per_layer + sm.stored_heads * acts.head
+            held = _stored_at(view, sm)
             if held > stored:
                 stored, layers = held, sm.deferred_layers
     if stored < 0:
@@ -259,6 +261,7 @@ def stored_activations(
     plan, st, layers, m = view.plan, view.rank_states.states, view.layers, view.microbatches
     acts_terms = view.acts
     per_layer, recompute, head_acts = acts_terms.per_layer, acts_terms.recompute, acts_terms.head
+    after_input, recorded = acts_terms.head_after_input, acts_terms.recorded_per_layer
     one_layer = per_layer
     extra = 0.0
     if recompute and layers:
@@ -268,18 +271,22 @@ def stored_activations(
         extra = recompute
     grads = st["grads"]
     if plan.layout.pp > 1:
-        acts = fwdbwd = -1.0
-        most = 0
-        for lay, hd, g, *_ in view.schedule:
-            stored = lay * per_layer + hd * head_acts
+        acts = fwdbwd = most = -1.0
+        for x in view.schedule:
+            lay, hd, g = x.stored_layers, x.stored_heads, x.grads_exist
+            lay_past, hd_past = x.layers_after_input, x.heads_after_input
+            # past their input-gradient pass (split backward): a block holds what it
+            # recorded for W too, a head only what W reads
+            blocks = lay * per_layer + lay_past * recorded
+            stored = blocks + (hd - hd_past) * head_acts + hd_past * after_input
             with_grads = stored + (grads if g else 0.0)
             if stored > acts:
                 acts = stored
             if with_grads > fwdbwd:
                 fwdbwd = with_grads
-            if lay > most:
-                most = lay
-        return acts + extra, most * per_layer, max(fwdbwd + extra, _deferred_casts(view, one_layer))
+            if blocks > most:
+                most = blocks
+        return acts + extra, most, max(fwdbwd + extra, _deferred_casts(view, one_layer))
     first = in_flight * acts_terms.first_block_less if view.rank == 0 and layers else 0.0
     acts = in_flight * layers * per_layer - first + extra + (head_acts if view.last else 0.0)
     block_stored = in_flight * layers * per_layer - first
@@ -289,6 +296,15 @@ def stored_activations(
     # block's backward every gradient exists but the embedding tables' (`late_grads`,
     # `embedding_moment`'s)
     return acts, block_stored, max(acts + st["grads.in_flight"], grads - late_grads + one_layer)
+
+
+def _stored_at(view: RankView, sm: ScheduleMoment) -> float:
+    """The activations a pipeline moment holds: its stored blocks and heads, those past their
+    input-gradient pass (split backward) with what I recorded for W (blocks) or only what W
+    reads (heads: `split_backward`)."""
+    acts, past = view.acts, sm.heads_after_input
+    blocks = sm.stored_layers * acts.per_layer + sm.layers_after_input * acts.recorded_per_layer
+    return blocks + (sm.stored_heads - past) * acts.head + past * acts.head_after_input
 
 
 def _deferred_casts(view: RankView, one_layer: float) -> float:
@@ -307,12 +323,11 @@ def _deferred_casts(view: RankView, one_layer: float) -> float:
     cast = cast_grads_per_block(view)
     if not cast:
         return 0.0
-    acts = view.acts
     inside = one_layer + _block_backward_work(view)
     best = 0.0
     for sm in view.schedule:
         if sm.deferred_layers:
-            others = sm.stored_layers * acts.per_layer + sm.stored_heads * acts.head
+            others = _stored_at(view, sm)
             chunk = max(inside + (sm.deferred_layers - 1) * cast, sm.deferred_layers * cast)
             best = max(best, others + chunk)
     return best + view.rank_states.states["grads"] if best else 0.0
@@ -712,12 +727,15 @@ def loss_moment(view: RankView, stored: float) -> LossBackward:
     # exist: its total is summed in `LossBackward.total`'s order without building the record,
     # and the first largest is built (what max() over the records returns)
     best, best_total = None, -math.inf
+    after_input, recorded = view.acts.head_after_input, view.acts.recorded_per_layer
     for sm in view.schedule:
         if not sm.is_loss:
             continue
         grads = held if sm.grads_exist else 0.0
-        stored_acts = sm.stored_layers * per_layer
-        head_stored = sm.stored_heads * head_acts
+        # split backward: past their I, blocks hold what I recorded too, heads what W reads
+        stored_acts = sm.stored_layers * per_layer + sm.layers_after_input * recorded
+        past = sm.heads_after_input
+        head_stored = (sm.stored_heads - past) * head_acts + past * after_input
         t = resting + buffers - fsdp - quant + stored_acts + head_stored + grads + loss_tmp + head
         if t > best_total:
             best, best_total = (stored_acts, head_stored, grads), t
@@ -733,6 +751,60 @@ def loss_moment(view: RankView, stored: float) -> LossBackward:
         grads=best[2],
         loss_temp=loss_tmp,
         head_grad=head,
+    )
+
+
+def head_weight_moment(view: RankView) -> HeadWeightPass | None:
+    """The last stage's weight pass (W) of a split backward (zero-bubble, DualPipeV), before it
+    frees its micro-batch: every activation still stored (the heads past their I as
+    `split_backward.head_after_input_bytes`, this micro-batch's among them; the blocks past
+    their I with what they recorded), the gradients if they exist, and the head weight's
+    gradient being made (`split_backward.head_weight_pass_bytes`: 16-bit
+    and fp32 at once under autocast). States as in the loss backward (`_loss_resting`: FSDP2
+    keeps a pipeline stage's units gathered); FSDP and fp8 buffers left out, as there.
+    Each W of the schedule (`pipeline_ranks.schedule_moments`' head_weight moments); None
+    without one (no split backward, pp = 1). Ignores: the blocks' weight gradients made in the
+    same pass, one weight at a time (below the head's). Source: the dry-run, llama-1024 with a
+    128,000-row head, pp4 zero-bubble ZeRO-0 bf16: the last rank's W peaks at 3706.9 MB, its
+    loss backward at 3705.8 MB (the W's 16-bit and fp32 V x h gradients, 786 MB, against the
+    loss backward's two fp32 (tokens, V) buffers)."""
+    plan, buffers, fsdp, quant = view.plan, view.buffers, view.fsdp, view.fp8_quantize
+    L = plan.layout
+    if fused_head_loss(L):  # no split backward (pp = 1 included): no W
+        return None
+    per_layer, head_acts = view.acts.per_layer, view.acts.head
+    after_input, recorded = view.acts.head_after_input, view.acts.recorded_per_layer
+    best, best_total = None, -math.inf
+    resting, held = _loss_resting(view)
+    for sm in view.schedule:
+        if not sm.head_weight:
+            continue
+        grads = held if sm.grads_exist else 0.0
+        past = sm.heads_after_input
+        stored_acts = sm.stored_layers * per_layer + sm.layers_after_input * recorded
+        head_stored = (sm.stored_heads - past) * head_acts + past * after_input
+        t = stored_acts + head_stored + grads
+        if t > best_total:
+            best, best_total = (stored_acts, head_stored, grads), t
+    if best is None:
+        return None
+    temp = 0.0
+    if not plan.lora_rank:  # a frozen head has no weight gradient
+        # the head weight as the matmul reads it: FSDP2's 16-bit unsharded copy under
+        # ZeRO-2/3, else the fp32 parameter (through autocast's cast under 16-bit compute)
+        weight_bytes = plan.compute_bytes if L.zero >= 2 else 4
+        temp = head_weight_pass_bytes(
+            plan.model, tp=L.tp, precision=plan.precision, weight_bytes=weight_bytes
+        )
+    return HeadWeightPass(
+        states=resting,
+        buffers=buffers,
+        fsdp=fsdp,
+        fp8_quantize=quant,
+        stored_acts=best[0],
+        head_acts=best[1],
+        grads=best[2],
+        weight_grad_temp=temp,
     )
 
 

@@ -34,7 +34,6 @@ from .head import (
     MicroBatchShape,
     embedding_backward_bytes,
     head_activation_bytes,
-    held_logits_bytes,
 )
 from .lora import (
     LoraTerms,
@@ -44,6 +43,7 @@ from .lora import (
     lora_terms,
 )
 from .rank_moments import root_in_backward
+from .split_backward import block_recorded_bytes, head_after_input_bytes
 from .states import (
     OptimizerSpec,
     StageParams,
@@ -128,8 +128,19 @@ class ActivationTerms:
     `selective_recompute_bytes`, none 0; + naive attention's S x S gradients."""
     head: float
     """The head + loss activations (`head_activation_bytes`)."""
+    head_after_input: float = 0.0
+    """Split backward (zero-bubble, DualPipeV): what a micro-batch's head keeps after its
+    input-gradient pass until its weight pass (`split_backward.head_after_input_bytes`);
+    0 otherwise."""
+    recorded_per_layer: float = 0.0
+    """Split backward: what a block's input-gradient pass records for its weight pass, on top
+    of `per_layer` (`split_backward.block_recorded_bytes`; an MoE model's MoE block); 0
+    otherwise."""
+    dense_recorded_per_layer: float = 0.0
+    """The same for one of an MoE model's dense first blocks (DeepSeek); 0 when none."""
     held_logits: float
-    """Logits the training loop holds (`held_logits_bytes`; 0 with the fused loss)."""
+    """Logits the training loop holds after the loss backward: none, 0 (`held_logits_bytes`
+    with the fused loss; a split backward's schedule keeps no outputs)."""
     first_block_less: float = 0.0
     """What the first stage's first block keeps less than `per_layer` (LoRA: its first
     norm's input, which needs no gradient: `lora.first_block_saving`)."""
@@ -399,6 +410,8 @@ def activation_terms(plan: PlanInput, terms: ModelTerms, modern: bool) -> Activa
         residual_fp32,
         plan.lora,
         offloads_activations(plan.offload),
+        # the head (fused or logits) and a split backward's terms: the schedule's
+        fused_head_loss(L),
     )
     hit = terms.acts.get(key)
     if hit is not None:
@@ -433,9 +446,11 @@ def activation_terms(plan: PlanInput, terms: ModelTerms, modern: bool) -> Activa
             sp_tp = L.tp if L.sp else 1
             first_less = first_block_saving(model, tokens=s / L.cp * b, r=r, sp_tp=sp_tp)
     head = head_activation_bytes(model, shape, residual_fp32=residual_fp32, fused=fused)
-    held = held_logits_bytes(
-        model, seq_len=s, micro_batch=b, tp=L.tp, cp=L.cp, precision=p, fused=fused
-    )
+    # a split backward (`config.fused_head_loss`): what I keeps until W
+    split = _split_backward_terms(plan, shape, residual_fp32) if not fused else (0.0, 0.0, 0.0)
+    # the step holds no logits after its loss backward: the fused loss forms none, and a split
+    # backward's schedule keeps no outputs (`return_outputs=False`) and its I frees them
+    held = 0.0
     casts = _expert_casts(plan, terms)
     if casts:
         if plan.ac != "full":  # under full recompute only the block being recomputed has them
@@ -483,6 +498,9 @@ def activation_terms(plan: PlanInput, terms: ModelTerms, modern: bool) -> Activa
         per_layer=per_layer,
         recompute=recompute,
         head=head,
+        head_after_input=split[0],
+        recorded_per_layer=split[1],
+        dense_recorded_per_layer=split[2],
         held_logits=held,
         dense_per_layer=dense_per_layer,
         first_block_less=first_less,
@@ -491,6 +509,33 @@ def activation_terms(plan: PlanInput, terms: ModelTerms, modern: bool) -> Activa
     )
     terms.acts[key] = out
     return out
+
+
+def _split_backward_terms(
+    plan: PlanInput, shape: MicroBatchShape, residual_fp32: bool
+) -> tuple[float, float, float]:
+    """(a micro-batch's head past its I, a block's recorded gradients, a dense first block's)
+    under a split backward (`memory.split_backward`). Under LoRA the head and the final norm
+    are frozen: no weight path joins the head, so I frees its whole graph with the loss's."""
+    model, L = plan.model, plan.layout
+    head = 0.0
+    if not plan.lora_rank:
+        offloaded = offloads_activations(plan.offload)
+        head = head_after_input_bytes(
+            model, shape, residual_fp32=residual_fp32, offloaded=offloaded
+        )
+    recorded = partial(
+        block_recorded_bytes,
+        mb=shape,
+        residual_fp32=residual_fp32,
+        ep=L.ep,
+        lora_rank=plan.lora_rank,
+        lora_targets=plan.lora_targets,
+    )
+    dense = 0.0
+    if model.is_moe and model.num_dense_layers:  # DeepSeek's dense first blocks
+        dense = recorded(model.dense_layer_view())
+    return head, recorded(model), dense
 
 
 def _offloaded_host_terms(

@@ -6,7 +6,7 @@ the walk-through cannot drift from what `plan` predicts.
 
 from __future__ import annotations
 
-from scaletrain.config import GB, byte_unit, expert_split, fmt_bytes
+from scaletrain.config import GB, byte_unit, expert_split, fmt_bytes, fused_head_loss
 
 from ..memory.states import stage_layer_counts, state_bytes_per_param
 from ..recipes.registry import recipe_named
@@ -125,9 +125,11 @@ def _states_and_activations(est: Estimate) -> list[str]:
         f"   micro-batches in flight ({L.pp_schedule}, pipeline rank {stage}, the worst) = "
         f"{inflight:g} (exact for torch's order; time.pipeline.inflight_microbatches)"
     )
+    # a split backward (zero-bubble, DualPipeV): a micro-batch past its I holds what it recorded
+    recorded = "" if fused_head_loss(L) else "; + what each I records for its W"
     add(
-        f"   activations = in_flight x layers x per_layer (+ head/logits on the last rank) = "
-        f"{_mem(mem.activations)}"
+        f"   activations = in_flight x layers x per_layer (+ head/logits on the last rank"
+        f"{recorded}) = {_mem(mem.activations)}"
     )
     add("-- 4. buffers")
     for k, v in mem.buffer_terms.items():
