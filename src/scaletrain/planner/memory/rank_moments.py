@@ -261,7 +261,6 @@ def stored_activations(
     plan, st, layers, m = view.plan, view.rank_states.states, view.layers, view.microbatches
     acts_terms = view.acts
     per_layer, recompute, head_acts = acts_terms.per_layer, acts_terms.recompute, acts_terms.head
-    after_input, recorded = acts_terms.head_after_input, acts_terms.recorded_per_layer
     one_layer = per_layer
     extra = 0.0
     if recompute and layers:
@@ -273,13 +272,11 @@ def stored_activations(
     if plan.layout.pp > 1:
         acts = fwdbwd = most = -1.0
         for x in view.schedule:
-            lay, hd, g = x.stored_layers, x.stored_heads, x.grads_exist
-            lay_past, hd_past = x.layers_after_input, x.heads_after_input
             # past their input-gradient pass (split backward): a block holds what it
             # recorded for W too, a head only what W reads
-            blocks = lay * per_layer + lay_past * recorded
-            stored = blocks + (hd - hd_past) * head_acts + hd_past * after_input
-            with_grads = stored + (grads if g else 0.0)
+            blocks, heads = _stored_parts(view, x)
+            stored = blocks + heads
+            with_grads = stored + (grads if x.grads_exist else 0.0)
             if stored > acts:
                 acts = stored
             if with_grads > fwdbwd:
@@ -298,13 +295,19 @@ def stored_activations(
     return acts, block_stored, max(acts + st["grads.in_flight"], grads - late_grads + one_layer)
 
 
-def _stored_at(view: RankView, sm: ScheduleMoment) -> float:
-    """The activations a pipeline moment holds: its stored blocks and heads, those past their
+def _stored_parts(view: RankView, sm: ScheduleMoment) -> tuple[float, float]:
+    """(blocks, heads): the activations a pipeline moment holds, those past their
     input-gradient pass (split backward) with what I recorded for W (blocks) or only what W
     reads (heads: `split_backward`)."""
     acts, past = view.acts, sm.heads_after_input
     blocks = sm.stored_layers * acts.per_layer + sm.layers_after_input * acts.recorded_per_layer
-    return blocks + (sm.stored_heads - past) * acts.head + past * acts.head_after_input
+    return blocks, (sm.stored_heads - past) * acts.head + past * acts.head_after_input
+
+
+def _stored_at(view: RankView, sm: ScheduleMoment) -> float:
+    """`_stored_parts`' sum."""
+    blocks, heads = _stored_parts(view, sm)
+    return blocks + heads
 
 
 def _deferred_casts(view: RankView, one_layer: float) -> float:
@@ -687,7 +690,6 @@ def loss_moment(view: RankView, stored: float) -> LossBackward:
     activations (pp = 1)."""
     plan, buffers, fsdp, quant = view.plan, view.buffers, view.fsdp, view.fp8_quantize
     L = plan.layout
-    per_layer, head_acts = view.acts.per_layer, view.acts.head
     # the head weight the fused loss reads: FSDP2's 16-bit unsharded copy under ZeRO-2/3
     # with 16-bit compute, else the fp32 parameter
     weight_bytes = plan.compute_bytes if L.zero >= 2 else 4
@@ -727,15 +729,12 @@ def loss_moment(view: RankView, stored: float) -> LossBackward:
     # exist: its total is summed in `LossBackward.total`'s order without building the record,
     # and the first largest is built (what max() over the records returns)
     best, best_total = None, -math.inf
-    after_input, recorded = view.acts.head_after_input, view.acts.recorded_per_layer
     for sm in view.schedule:
         if not sm.is_loss:
             continue
         grads = held if sm.grads_exist else 0.0
         # split backward: past their I, blocks hold what I recorded too, heads what W reads
-        stored_acts = sm.stored_layers * per_layer + sm.layers_after_input * recorded
-        past = sm.heads_after_input
-        head_stored = (sm.stored_heads - past) * head_acts + past * after_input
+        stored_acts, head_stored = _stored_parts(view, sm)
         t = resting + buffers - fsdp - quant + stored_acts + head_stored + grads + loss_tmp + head
         if t > best_total:
             best, best_total = (stored_acts, head_stored, grads), t
@@ -772,17 +771,13 @@ def head_weight_moment(view: RankView) -> HeadWeightPass | None:
     L = plan.layout
     if fused_head_loss(L):  # no split backward (pp = 1 included): no W
         return None
-    per_layer, head_acts = view.acts.per_layer, view.acts.head
-    after_input, recorded = view.acts.head_after_input, view.acts.recorded_per_layer
     best, best_total = None, -math.inf
     resting, held = _loss_resting(view)
     for sm in view.schedule:
         if not sm.head_weight:
             continue
         grads = held if sm.grads_exist else 0.0
-        past = sm.heads_after_input
-        stored_acts = sm.stored_layers * per_layer + sm.layers_after_input * recorded
-        head_stored = (sm.stored_heads - past) * head_acts + past * after_input
+        stored_acts, head_stored = _stored_parts(view, sm)
         t = stored_acts + head_stored + grads
         if t > best_total:
             best, best_total = (stored_acts, head_stored, grads), t
