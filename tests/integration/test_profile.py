@@ -30,16 +30,27 @@ def _args(tmp_path, cache, *extra: str) -> list[str]:
 
 
 def _tiling_slack(step_s: float) -> float:
-    """How far the phases may miss the step: 5%, and never less than 2 ms — on a loaded 2-core
-    host the two clocks' edges of a ~20 ms step drift ~1 ms apart (a lost phase, e.g. the
-    optimizer step, is far larger)."""
-    return max(0.05 * step_s, 2e-3)
+    """How far the phases' wall time may miss the step timed around them: a fifth of it, and
+    never less than 2 ms. Only the Python between two phase ranges is in neither, and a thread
+    descheduled there on a loaded 2-core host stretches it (3.9 ms of a 48 ms step seen in CI).
+    What the bound guards is a lost phase that runs no op (a wait, a sleep); lost ops and double
+    counting are checked in the trace's own clock by `_assert_tiles`, where load cannot move
+    them."""
+    return max(0.2 * step_s, 2e-3)
+
+
+def _assert_tiles(phase_ops_s: dict[str, float], overlap_s: float) -> None:
+    # one clock, the trace's: no op of the step started outside every phase range (nothing
+    # lost) and no second counted by two ranges (nothing counted twice; sums of microsecond
+    # ranges, so the float error is far below a nanosecond)
+    assert "outside" not in phase_ops_s, phase_ops_s
+    assert abs(overlap_s) <= 1e-9, overlap_s
 
 
 def _assert_parts_add_up(r) -> None:
-    # the phase ranges in the trace (one clock) tile the step timed by perf_counter around it
-    # (another): nothing of the step is lost or counted twice
     assert r.step_s > 0
+    _assert_tiles(r.analysis.phase_op_s, r.analysis.phase_overlap_s)
+    # the phase ranges (the trace's clock) against the step timed by perf_counter around it
     assert abs(r.parts_s - r.step_s) <= _tiling_slack(r.step_s), (r.parts_s, r.step_s, r.phase_s)
     for phase, secs in r.phase_s.items():  # the hooks' own clock agrees with the trace
         # (to 3% of the step: a preempted thread between a timestamp and a range edge on a
@@ -126,6 +137,7 @@ def test_default_small_run_is_compute_bound_via_cli(tmp_path, cache, capsys):
     assert data["model"] == "gpt-mini" and data["verdict"]["kind"] == "compute-bound"
     parts = sum(data["phases_s"].values())
     assert abs(parts - data["step_s"]) <= _tiling_slack(data["step_s"])
+    _assert_tiles(data["phase_ops_s"], data["phase_overlap_s"])
     # measured and predicted MFU side by side, same (model-FLOPs) convention
     assert 0 < data["mfu"] < 1 and 0 < data["predicted"]["mfu"] < 1
     assert data["unprofiled_step_s"] > 0
@@ -143,6 +155,8 @@ def _rank_profile(args: list[str]) -> dict:
         "comm_exposed": r.analysis.comm_exposed_s,
         "comm_class": r.analysis.class_s.get("communication", 0.0),
         "parts": r.parts_s,
+        "phase_ops": r.analysis.phase_op_s,
+        "overlap": r.analysis.phase_overlap_s,
         "step": r.step_s,
         "kind": classify(r).kind,
         "world": r.world_size,
@@ -172,4 +186,5 @@ def test_gloo_run_reports_collective_time(tmp_path, cache):
         assert res["comm_class"] > 0 and res["comm_total"] > 0
         assert 0 < res["comm_exposed"] <= res["comm_total"] + 1e-9
         assert abs(res["parts"] - res["step"]) <= _tiling_slack(res["step"])
+        _assert_tiles(res["phase_ops"], res["overlap"])
         assert res["trace"].endswith(f"rank{rank}.pt.trace.json")

@@ -134,6 +134,7 @@ def _per_step(a: OpAnalysis, steps: int) -> OpAnalysis:
         for k in d:
             d[k] /= steps
     a.comm_total_s /= steps
+    a.phase_overlap_s /= steps
     a.comm_exposed_s /= steps
     a.p2p_exposed_s /= steps
     for op in a.ops:

@@ -264,7 +264,11 @@ class OpAnalysis:
     compute_class_s: dict[str, float] = field(default_factory=dict)
     """Self op time per class in forward/loss/backward/recompute (the model's own work)."""
     phase_op_s: dict[str, float] = field(default_factory=dict)
-    """Self op time per phase (what of a phase's wall time is spent inside ops)."""
+    """Self op time per phase (what of a phase's wall time is spent inside ops); ops that
+    started outside every phase range are under "outside" (work the phases lost)."""
+    phase_overlap_s: float = 0.0
+    """Seconds counted by two phase ranges at once (their durations' sum minus their union):
+    zero when the phases tile the step without double counting."""
     comm_op_s: dict[str, float] = field(default_factory=dict)
     """Wall seconds of the root collective ops by name (each op's span, summed; the
     calibration's per-collective factor reads them: measure/calibrate.py)."""
@@ -329,6 +333,7 @@ def _phase_ranges(events, res: OpAnalysis) -> list[tuple[float, float, str]]:
             phase_iv.append((e.time_range.start, e.time_range.end, phase))
             res.phase_s[phase] = res.phase_s.get(phase, 0.0) + e.time_range.elapsed_us() / 1e6
     phase_iv.sort()
+    res.phase_overlap_s = sum(res.phase_s.values()) - _union_s([(a, b) for a, b, _ in phase_iv])
     return phase_iv
 
 

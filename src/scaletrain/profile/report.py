@@ -194,6 +194,8 @@ def to_json(r: ProfileResult, v: Verdict) -> dict[str, Any]:
         "unprofiled_step_s": r.unprofiled_step_s,
         "phases_s": r.phase_s,
         "clock_phases_s": r.clock_s,
+        "phase_ops_s": a.phase_op_s,
+        "phase_overlap_s": a.phase_overlap_s,
         "op_classes_s": a.class_s,
         "compute_op_classes_s": a.compute_class_s,
         "comm_exposed_s": a.comm_exposed_s,
