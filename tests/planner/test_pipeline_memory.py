@@ -333,6 +333,33 @@ def test_explain_names_the_peak_moment(model, gpus, layout, seq, batch, offload,
     assert f"peak moment: {moment}" in explain(est)
 
 
+# (schedule, p, m, v) -> `boundary_tensors` of every rank, as the walk over Op records and
+# per-rank sets of seen actions counted them before it was rewritten on flags (main at
+# 806ebbe; equal on all 1,881 cases of p <= 16, every legal m up to 6 rounds, when rewritten)
+PINNED_BOUNDARY = {
+    ("zero-bubble", 8, 16, 1): (9, 13, 14, 15, 16, 17, 18, 3),
+    ("zero-bubble", 4, 8, 2): (16, 13, 14, 15),
+    ("interleaved", 8, 16, 2): (27, 26, 24, 22, 20, 18, 16, 16),
+    ("interleaved", 4, 10, 4): (31, 25, 23, 23),
+    ("interleaved", 3, 8, 2): (16, 12, 11),
+    ("dualpipev", 8, 16, 2): (20, 22, 23, 23, 23, 23, 23, 14),
+    ("dualpipev", 3, 8, 2): (10, 13, 7),
+    ("1f1b", 4, 4, 1): (5, 4, 3, 1),
+    ("gpipe", 4, 3, 1): (4, 4, 4, 3),
+}
+
+
+@pytest.mark.parametrize("key", list(PINNED_BOUNDARY), ids=str)
+def test_boundary_counts_are_the_previous_walks(key: tuple[str, int, int, int]) -> None:
+    """The lowering (torch's lock-step walk on flags), the sends' releases and the holding walk
+    count what they counted before they were made faster (issue 34's search time), on every
+    schedule, irregular rounds and both of DualPipeV's turns included."""
+    from scaletrain.planner.time.pipeline_comms import boundary_tensors
+
+    schedule, p, m, v = key
+    assert tuple(boundary_tensors(schedule, p, m, v, r) for r in range(p)) == PINNED_BOUNDARY[key]
+
+
 def _whole_walk(schedule: str, p: int, m: int, v: int) -> tuple[int, ...]:
     """`boundary_tensors` of every rank without its shortcut: the whole step walked."""
     from scaletrain.planner.time import pipeline_comms as pc

@@ -330,7 +330,7 @@ def _dualpipev(rank: int, p: int, m: int) -> list[tuple[Action, ...]]:
     return out
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=64)
 def rank_groups(schedule: str, p: int, m: int, v: int, rank: int) -> tuple[tuple[Action, ...], ...]:
     """`rank_order` as torch schedules it: one group per schedule action, two actions in a
     group for DualPipeV's overlapped F&B (torch runs them one after the other), else one."""
@@ -345,10 +345,13 @@ def pipeline_order(schedule: str, p: int, m: int, v: int = 1) -> dict[int, list[
     return {r: list(rank_order(schedule, p, m, v, r)) for r in range(p)}
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=128)
 def rank_order(schedule: str, p: int, m: int, v: int, rank: int) -> tuple[Action, ...]:
-    """The ordered actions of pipeline rank `rank` alone (cached: the planner's memory model
-    walks one rank's order per candidate layout, and search revisits the same ones)."""
+    """The ordered actions of pipeline rank `rank` alone (cached for the ranks of the last
+    schedules asked: a search walks them for the stored activations and the lowering, then
+    keeps only what it counted; a larger cache kept ~190k `Action`s alive in the 405B search,
+    and CPython's cyclic collector traverses every one of them at each full collection, ~1 s
+    of its cold CPU time)."""
     _check(schedule, p, m, v)
     if schedule == "dualpipev":
         return tuple(a for g in _dualpipev(rank, p, m) for a in g)

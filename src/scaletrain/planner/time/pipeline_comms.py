@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import functools
 import heapq
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
@@ -91,8 +90,9 @@ Group = tuple[Op, ...]
 """One action of torch's runtime: a single op, or DualPipeV's overlapped F&B pair."""
 
 
-def _stage_rank_fn(schedule: str, p: int) -> Callable[[int], int]:
-    return lambda s: stage_rank(schedule, p, s)
+def _stage_rank_fn(schedule: str, p: int, v: int) -> Callable[[int], int]:
+    """`pipeline.stage_rank` of the schedule's p * v stages, as a table lookup."""
+    return [stage_rank(schedule, p, s) for s in range(p * v)].__getitem__
 
 
 def _groups(schedule: str, p: int, m: int, v: int, rank: int) -> list[Group]:
@@ -108,23 +108,32 @@ def _groups(schedule: str, p: int, m: int, v: int, rank: int) -> list[Group]:
 
 def _next_stages(groups: Sequence[Group], count: int) -> list[list[int]]:
     """For every position i, the stages `_add_unshard_reshard` prefetches there: the first
-    `count` distinct stages computed from i on, a group's stages taken together."""
+    `count` distinct stages computed from i on, a group's stages taken together. Positions
+    with the same stages share one list (read only)."""
     out: list[list[int]] = [[] for _ in groups]
     ahead: list[tuple[int, int]] = []  # (stage, group index), distinct, in order of use
+    taken: list[int] = []
     for i in range(len(groups) - 1, -1, -1):
+        g = groups[i]
+        if count >= 2 and len(g) == 1 and ahead and g[0].stage == ahead[0][0]:
+            # the stage used next is used here again: the same stages are coming (the first
+            # entry's group is compared only once `count` stages are taken)
+            ahead[0] = (ahead[0][0], i)
+            out[i] = taken
+            continue
         mine: list[int] = []
-        for a in groups[i]:
+        for a in g:
             if a.stage not in mine:
                 mine.append(a.stage)
         ahead = [(s, i) for s in mine] + [x for x in ahead if x[0] not in mine]
         del ahead[count + 2 :]  # enough to cut at a group boundary
-        taken: list[int] = []
+        taken = []
         last_group = -1
-        for s, g in ahead:
-            if len(taken) >= count and g != last_group:
+        for s, gi in ahead:
+            if len(taken) >= count and gi != last_group:
                 break
             taken.append(s)
-            last_group = g
+            last_group = gi
         out[i] = taken
     return out
 
@@ -136,124 +145,103 @@ def _with_fsdp_and_reduce(groups: Sequence[Group], m: int, max_active: int = 3) 
     nxt = _next_stages(groups, max_active)
     active: set[int] = set()  # a set, as torch's: its iteration order decides RESHARD's order
     out: list[Group] = []
+    done: dict[int, int] = {}
+    previous: list[int] | None = None
     for i, g in enumerate(groups):
         coming = nxt[i]
-        fetch = [s for s in coming if s not in active]
-        for s in [s for s in active if s not in coming]:
-            active.remove(s)
-            out.append((Op(s, RESHARD),))
-        for s in fetch:
-            active.add(s)
-            out.append((Op(s, UNSHARD),))
+        if coming is not previous:  # (the same list: the same stages, nothing to change)
+            fetch = [s for s in coming if s not in active]
+            for s in [s for s in active if s not in coming]:
+                active.remove(s)
+                out.append((Op(s, RESHARD),))
+            for s in fetch:
+                active.add(s)
+                out.append((Op(s, UNSHARD),))
+            previous = coming
         out.append(g)
+        for a in g:
+            if a.kind == BACKWARD or a.kind == WEIGHT:
+                d = done[a.stage] = done.get(a.stage, 0) + 1
+                if d == m:
+                    out.append((Op(a.stage, REDUCE_GRAD),))
     for s in list(active):
         out.append((Op(s, RESHARD),))
-    done: dict[int, int] = {}
-    reduced: list[Group] = []
-    for g in out:
-        reduced.append(g)
-        for a in g:
-            if a.kind in (BACKWARD, WEIGHT):
-                done[a.stage] = done.get(a.stage, 0) + 1
-                if done[a.stage] == m:
-                    reduced.append((Op(a.stage, REDUCE_GRAD),))
-    return reduced
+    return out
 
 
-def _sends(a: Op, n: int, rank_of: Callable[[int], int]) -> tuple[Op, Op] | None:
-    """(send, matching receive) of a compute op that crosses ranks, else None."""
-    if a.kind == FORWARD and a.stage < n - 1 and rank_of(a.stage + 1) != rank_of(a.stage):
-        return Op(a.stage, SEND_F, a.microbatch), Op(a.stage + 1, RECV_F, a.microbatch)
-    if a.kind in _BACKWARDS and a.stage > 0 and rank_of(a.stage - 1) != rank_of(a.stage):
-        return Op(a.stage, SEND_B, a.microbatch), Op(a.stage - 1, RECV_B, a.microbatch)
-    return None
-
-
-def _needs(a: Op, n: int) -> tuple[tuple[int, str, int], ...]:
-    """What `_add_send_recv` waits for before placing `a` (any one of them): its input received
-    or computed on its rank; () when it needs nothing."""
-    k = a.microbatch
-    if a.kind == FORWARD and a.stage > 0:
-        return ((a.stage, RECV_F, k), (a.stage - 1, FORWARD, k))
-    if a.kind in _BACKWARDS and a.stage < n - 1:
-        return ((a.stage, RECV_B, k), (a.stage + 1, BACKWARD, k), (a.stage + 1, INPUT, k))
-    return ()
-
-
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=8)
 def lowered_order(schedule: str, p: int, m: int, v: int) -> dict[int, tuple[Group, ...]]:
     """Per rank, the actions torch's `_PipelineScheduleRuntime` runs for a multi-stage schedule
     (interleaved, zero-bubble, dualpipev): the compute order with UNSHARD / RESHARD /
     REDUCE_GRAD, and the sends and receives `_add_send_recv` places by walking every rank in
     lock step (one action per rank and round, in rank order; an action waits until its input
     was received or computed on its rank; a crossing action's send follows it on its rank and
-    the matching receive is appended to the receiver's actions at once)."""
+    the matching receive is appended to the receiver's actions at once).
+
+    An input is on its rank exactly when the action producing it has been placed (a local
+    producer is on the same rank; a remote one appends the receive as it is placed), so the
+    walk keeps one flag per (stage, micro-batch) and direction instead of each rank's set of
+    what it has seen: the same order, at a fraction of the cost (the planner lowers every
+    schedule its search meets, `boundary_tensors`)."""
+    return _lower(schedule, p, m, v)
+
+
+def _lower(schedule: str, p: int, m: int, v: int) -> dict[int, tuple[Group, ...]]:
+    """`lowered_order`, uncached."""
     if schedule in SINGLE_STAGE:
         raise ValueError(f"{schedule} is run by torch's single-stage loop, not lowered")
     n = p * v
-    rank_of = _stage_rank_fn(schedule, p)
-    todo: dict[int, deque[tuple[Group, list[tuple], list[tuple[Op, Op, int]]]]] = {}
-    for r in range(p):
-        items = []
-        for g in _with_fsdp_and_reduce(_groups(schedule, p, m, v, r), m):
-            needs = [alts for alts in (_needs(a, n) for a in g) if alts]
-            emits = [
-                (sr[0], sr[1], rank_of(sr[1].stage)) for sr in map(_sends_of(n, rank_of), g) if sr
-            ]
-            items.append((g, needs, emits))
-        todo[r] = deque(items)
-    out: dict[int, list[Group]] = {r: [] for r in range(p)}
-    seen: dict[int, set[tuple[int, str, int]]] = {r: set() for r in range(p)}
+    nm = n * m
+    owner = [stage_rank(schedule, p, s) for s in range(n)]
+    # done[s*m + k]: F of (stage s, micro-batch k) placed; done[nm + s*m + k]: its B or I
+    done = bytearray(2 * nm)
+    todo = [_with_fsdp_and_reduce(_groups(schedule, p, m, v, r), m) for r in range(p)]
+    out: list[list[Group]] = [[] for _ in range(p)]
+    head = [0] * p
     active = list(range(p))
     while active:
-        progress = False
+        progress = finished = False
         for r in active:
-            g, needs, emits = todo[r][0]
-            mine = seen[r]
-            if needs and not _all_met(needs, mine):
-                continue
-            out[r].append(g)
+            g = todo[r][head[r]]
             for a in g:
-                mine.add((a.stage, a.kind, a.microbatch))
-            for send, recv, to in emits:
-                out[r].append((send,))
-                mine.add((send.stage, send.kind, send.microbatch))
-                out[to].append((recv,))
-                seen[to].add((recv.stage, recv.kind, recv.microbatch))
-            todo[r].popleft()
-            progress = True
+                if not _ready(a, n, m, done):
+                    break
+            else:
+                mine = out[r]
+                mine.append(g)
+                for s, kind, k, _ in g:
+                    if kind == FORWARD:
+                        done[s * m + k] = 1
+                        if s < n - 1 and owner[s + 1] != r:
+                            mine.append((Op(s, SEND_F, k),))
+                            out[owner[s + 1]].append((Op(s + 1, RECV_F, k),))
+                    elif kind in _BACKWARDS:
+                        done[nm + s * m + k] = 1
+                        if s > 0 and owner[s - 1] != r:
+                            mine.append((Op(s, SEND_B, k),))
+                            out[owner[s - 1]].append((Op(s - 1, RECV_B, k),))
+                head[r] += 1
+                progress = True
+                finished = finished or head[r] == len(todo[r])
         if not progress:
             raise RuntimeError(f"{schedule} p={p} m={m} v={v}: no send/receive order exists")
-        active = [r for r in active if todo[r]]
-    return {r: tuple(gs) for r, gs in out.items()}
+        if finished:
+            active = [r for r in active if head[r] < len(todo[r])]
+    return {r: tuple(gs) for r, gs in enumerate(out)}
 
 
-def _all_met(needs: list[tuple], seen: set[tuple[int, str, int]]) -> bool:
-    for alts in needs:
-        for k in alts:
-            if k in seen:
-                break
-        else:
-            return False
+def _ready(a: Op, n: int, m: int, done: bytearray) -> bool:
+    """Whether `a`'s input is on its rank (`lowered_order`'s flags): a forward's once the
+    previous stage's forward was placed, a backward's once the next stage's backward was."""
+    s, kind, k, _ = a
+    if kind == FORWARD:
+        return s == 0 or done[(s - 1) * m + k] == 1
+    if kind in _BACKWARDS:
+        return s == n - 1 or done[(n + s + 1) * m + k] == 1
     return True
 
 
-def _sends_of(n: int, rank_of: Callable[[int], int]) -> Callable[[Op], tuple[Op, Op] | None]:
-    return lambda a: _sends(a, n, rank_of)
-
-
 # ---- when a send may be let go ----------------------------------------------------------------
-
-
-def _consumer(send: Op) -> tuple[int, str, int]:
-    """The receiving stage's compute that waits for `send`: (stage, 'F' or a backward, mb)."""
-    if send.kind == SEND_F:
-        return (send.stage + 1, FORWARD, send.microbatch)
-    return (send.stage - 1, "back", send.microbatch)
-
-
-def _key(a: Op) -> tuple[int, str, int]:
-    return (a.stage, "back" if a.kind in _BACKWARDS else a.kind, a.microbatch)
 
 
 def send_releases(
@@ -269,26 +257,47 @@ def send_releases(
     the send without blocking (gloo, NCCL alike: on one pair of ranks torch's p2p runs on one
     stream, in order). Sends that no later receipt proves complete are waited at the end of
     the step."""
-    where: dict[int, dict[tuple[int, str, int], int]] = {
-        q: {_key(a): i for i, a in enumerate(ops)} for q, ops in orders.items()
-    }
+    # per rank, the position of each compute that consumes a message (its stage's F, or its
+    # backward: 'back') and of each send
+    where: dict[int, dict[tuple[int, str, int], int]] = {}
+    for q, ops in orders.items():
+        at: dict[tuple[int, str, int], int] = {}
+        for i, a in enumerate(ops):
+            kind = a[1]
+            if kind in (FORWARD, SEND_F, SEND_B):
+                at[(a[0], kind, a[2])] = i
+            elif kind in _BACKWARDS:
+                at[(a[0], "back", a[2])] = i
+        where[q] = at
     out: dict[int, dict[int, list[Op]]] = {}
     for r, ops in orders.items():
         # per peer rank, the sends not yet let go, by their consumer's position on the peer
         pending: dict[int, list[tuple[int, int, Op]]] = {}
         mine: dict[int, list[Op]] = {}
         for i, a in enumerate(ops):
-            if a.kind in (SEND_F, SEND_B):
-                peer = rank_of(a.stage + 1 if a.kind == SEND_F else a.stage - 1)
-                heapq.heappush(pending.setdefault(peer, []), (where[peer][_consumer(a)], i, a))
+            s, kind, k = a[0], a[1], a[2]
+            if kind == SEND_F:
+                peer = rank_of(s + 1)
+                heapq.heappush(
+                    pending.setdefault(peer, []), (where[peer][(s + 1, FORWARD, k)], i, a)
+                )
                 continue
-            if a.kind == FORWARD and a.stage > 0 and rank_of(a.stage - 1) != r:
-                q, source = rank_of(a.stage - 1), (a.stage - 1, SEND_F, a.microbatch)
-            elif a.kind in _BACKWARDS and a.stage < n - 1 and rank_of(a.stage + 1) != r:
-                q, source = rank_of(a.stage + 1), (a.stage + 1, SEND_B, a.microbatch)
+            if kind == SEND_B:
+                peer = rank_of(s - 1)
+                heapq.heappush(
+                    pending.setdefault(peer, []), (where[peer][(s - 1, "back", k)], i, a)
+                )
+                continue
+            if kind == FORWARD and s > 0 and rank_of(s - 1) != r:
+                q, source = rank_of(s - 1), (s - 1, SEND_F, k)
+            elif kind in _BACKWARDS and s < n - 1 and rank_of(s + 1) != r:
+                q, source = rank_of(s + 1), (s + 1, SEND_B, k)
             else:
                 continue
-            sent_at, heap = where[q][source], pending.get(q, [])
+            heap = pending.get(q)
+            if not heap:
+                continue
+            sent_at = where[q][source]
             done = []
             while heap and heap[0][0] < sent_at:
                 done.append(heapq.heappop(heap)[1:])
@@ -351,8 +360,13 @@ def rank_events(schedule: str, p: int, m: int, v: int, rank: int) -> tuple[Op, .
 
 @functools.lru_cache(maxsize=8)
 def _multi_stage_events(schedule: str, p: int, m: int, v: int) -> dict[int, tuple[Op, ...]]:
-    orders = {r: [a for g in gs for a in g] for r, gs in lowered_order(schedule, p, m, v).items()}
-    events = with_releases(orders, _stage_rank_fn(schedule, p), p * v)
+    return _events(schedule, p, m, v)
+
+
+def _events(schedule: str, p: int, m: int, v: int) -> dict[int, tuple[Op, ...]]:
+    """`rank_events` of every rank of a multi-stage schedule, uncached."""
+    orders = {r: [a for g in gs for a in g] for r, gs in _lower(schedule, p, m, v).items()}
+    events = with_releases(orders, _stage_rank_fn(schedule, p, v), p * v)
     return {r: tuple(ev) for r, ev in events.items()}
 
 
@@ -425,84 +439,86 @@ def _most_held_single_stage(schedule: str, p: int, m: int, rank: int) -> int:
 
 @functools.lru_cache(maxsize=512)
 def _most_held_per_rank(schedule: str, p: int, m: int, v: int) -> tuple[int, ...]:
-    events = _multi_stage_events(schedule, p, m, v)
+    # (uncached: the search keeps only these counts, not the steps' ops, which the cyclic
+    # garbage collector would traverse at every full collection)
+    events = _events(schedule, p, m, v)
     return tuple(_most_held(events[r], schedule, p, v, r) for r in range(p))
 
 
+# who holds a boundary tensor (`_most_held`), one bit each
+_RECV, _ACT, _CACHE, _SEND = 1, 2, 4, 8
+_COUNTED = tuple(1 if h and not h & _ACT else 0 for h in range(16))
+"""Per set of holders: 1 if the tensor counts (held, and not as an activation)."""
+
+
 def _most_held(events: Sequence[Op], schedule: str, p: int, v: int, rank: int) -> int:
-    """The walk of `boundary_tensors` over one rank's events."""
+    """The walk of `boundary_tensors` over one rank's events (`Op`s, or tuples laid out as
+    they are: stage, kind, micro-batch[, detail])."""
     n = p * v
-    rank_of = _stage_rank_fn(schedule, p)
+    owner = [stage_rank(schedule, p, s) for s in range(n)]
     # a tensor is alive while it has a holder; the count excludes tensors an activation holds
-    holders: dict[tuple[str, int, int], set[str]] = {}
+    holders: dict[tuple[str, int, int], int] = {}
     peak = held = 0
 
-    def counted(h: set[str] | None) -> int:
-        return 1 if h and "act" not in h else 0
-
-    def hold(t: tuple[str, int, int], who: str) -> None:
+    def hold(t: tuple[str, int, int], who: int) -> None:
         nonlocal held
-        h = holders.setdefault(t, set())
-        before = counted(h)
-        h.add(who)
-        held += counted(h) - before
+        h = holders.get(t, 0)
+        holders[t] = h | who
+        held += _COUNTED[h | who] - _COUNTED[h]
 
-    def drop(t: tuple[str, int, int], who: str) -> None:
+    def drop(t: tuple[str, int, int], who: int) -> None:
         nonlocal held
         h = holders.get(t)
         if h is not None:
-            before = counted(h)
-            h.discard(who)
-            held += counted(h) - before
-            if not h:
+            left = h & ~who
+            held += _COUNTED[left] - _COUNTED[h]
+            if left:
+                holders[t] = left
+            else:
                 del holders[t]
 
     for a in events:
-        s, k = a.stage, a.microbatch
-        if a.kind == RECV_F:
-            hold(("in", s, k), "recv")
-        elif a.kind == RECV_B:
-            hold(("grad", s, k), "recv")
-        elif a.kind == FORWARD:
-            if s > 0 and rank_of(s - 1) == rank:  # the V's turn: the previous stage's output
-                hold(("out", s - 1, k), "act")
+        s, kind, k = a[0], a[1], a[2]
+        if kind == RECV_F:
+            hold(("in", s, k), _RECV)
+        elif kind == RECV_B:
+            hold(("grad", s, k), _RECV)
+        elif kind == FORWARD:
+            if s > 0 and owner[s - 1] == rank:  # the V's turn: the previous stage's output
+                hold(("out", s - 1, k), _ACT)
             else:
-                drop(("in", s, k), "recv")
+                drop(("in", s, k), _RECV)
             if s < n - 1:
-                hold(("out", s, k), "cache")
-        elif a.kind in _BACKWARDS:
-            if s < n - 1 and rank_of(s + 1) == rank:  # the V's turn back: a local gradient
-                drop(("igrad", s + 1, k), "cache")
-                hold(("grad", s, k), "recv")
+                hold(("out", s, k), _CACHE)
+        elif kind in _BACKWARDS:
+            if s < n - 1 and owner[s + 1] == rank:  # the V's turn back: a local gradient
+                drop(("igrad", s + 1, k), _CACHE)
+                hold(("grad", s, k), _RECV)
             if s > 0:
-                hold(("igrad", s, k), "cache")
-            if a.kind == BACKWARD:
-                _backward_done(s, k, n, rank, rank_of, drop)
-        elif a.kind == WEIGHT:
-            _backward_done(s, k, n, rank, rank_of, drop)
-        elif a.kind == SEND_F:
-            hold(("out", s, k), "send")
-        elif a.kind == SEND_B:
-            drop(("igrad", s, k), "cache")
-            hold(("igrad", s, k), "send")
-        elif a.kind == RELEASE:
-            drop(("out" if a.detail == SEND_F else "igrad", s, k), "send")
-        peak = max(peak, held)
+                hold(("igrad", s, k), _CACHE)
+            if kind == BACKWARD:
+                _backward_done(s, k, s > 0 and owner[s - 1] == rank, drop)
+        elif kind == WEIGHT:
+            _backward_done(s, k, s > 0 and owner[s - 1] == rank, drop)
+        elif kind == SEND_F:
+            hold(("out", s, k), _SEND)
+        elif kind == SEND_B:
+            drop(("igrad", s, k), _CACHE)
+            hold(("igrad", s, k), _SEND)
+        elif kind == RELEASE:
+            drop(("out" if a[3] == SEND_F else "igrad", s, k), _SEND)
+        if held > peak:
+            peak = held
     return peak
 
 
 def _backward_done(
-    s: int,
-    k: int,
-    n: int,
-    rank: int,
-    rank_of: Callable[[int], int],
-    drop: Callable[[tuple[str, int, int], str], None],
+    s: int, k: int, v_turn: bool, drop: Callable[[tuple[str, int, int], int], None]
 ) -> None:
     """What a micro-batch's backward of stage s lets go of (its W after a split backward):
-    its output, its received gradient, and, on the V's turn, the previous stage's output held
-    as this stage's input."""
-    drop(("out", s, k), "cache")
-    drop(("grad", s, k), "recv")
-    if s > 0 and rank_of(s - 1) == rank:
-        drop(("out", s - 1, k), "act")
+    its output, its received gradient, and, on the V's turn (the previous stage on the same
+    rank), the previous stage's output held as this stage's input."""
+    drop(("out", s, k), _CACHE)
+    drop(("grad", s, k), _RECV)
+    if v_turn:
+        drop(("out", s - 1, k), _ACT)
