@@ -234,3 +234,69 @@ def test_a_family_with_no_legal_layout_names_the_rule(monkeypatch) -> None:
     assert why.startswith("no legal layout: dp") and "tp" in why
     assert why.endswith(" tp2: parallel.tp = 2: a rule under test")
     assert res.best is not None and res.best.plan.layout.tp == 1
+
+
+def _search_plans() -> list:
+    """Plans of llama3-8b on 64 H100 across pipelines (every schedule), ZeRO, micro-batches,
+    AC and offload: fits and misses of GPU and host memory."""
+    from scaletrain.config import Layout
+    from scaletrain.planner.types import PlanInput
+
+    model, hw = resolve_model("llama3-8b"), hardware_preset("h100-sxm")
+    layouts = [Layout(dp=64, zero=z) for z in (0, 1, 3)] + [Layout(dp=8, tp=8, zero=1)]
+    for sched, v in (("1f1b", 1), ("gpipe", 1), ("zero-bubble", 1), ("interleaved", 2)):
+        for pp in (4, 8):
+            layouts.append(Layout(dp=64 // pp // 2, tp=2, pp=pp, pp_schedule=sched, pp_virtual=v))
+    variants = [(1, "none", "none"), (4, "selective", "none"), (2, "full", "params")]
+    plans = []
+    for layout in layouts:
+        for seq in (4096, 32768):
+            for mb, ac, offload in variants:
+                if offload == "params" and layout.zero != 3:
+                    offload = "optimizer"
+                plans.append(
+                    PlanInput(
+                        model=model,
+                        hardware=hw,
+                        num_gpus=64,
+                        layout=layout,
+                        seq_len=seq,
+                        global_batch=512,
+                        micro_batch=mb,
+                        ac=ac,
+                        offload=offload,
+                    )
+                )
+    return plans
+
+
+def test_the_miss_shortcut_stops_only_where_the_miss_is_settled() -> None:
+    """The search stops walking a plan's pipeline ranks once one misses by at least its
+    family's closest miss so far (`estimate.Shortcut.enough`): such a plan is a miss either
+    way and not a closer one, so the search keeps what it kept without the shortcut. The
+    shortcut changes nothing for a plan that fits, and where it stops, the bytes it reports
+    are a lower bound of the worst rank's that settle the miss."""
+    import math
+
+    from scaletrain.planner.estimate import Shortcut, reserved_and_step
+
+    stopped = misses = fits = 0
+    for plan in _search_plans():
+        full = reserved_and_step(plan)
+        cap = plan.hardware.memory_bytes
+        fits += math.isfinite(full[1])
+        for closest in (0.0, 2.0**30, 2.0**34):
+            shortcut = Shortcut(
+                enough=lambda r, c=closest, cap=cap: r > cap and max(0.0, r - cap) >= c
+            )
+            got = reserved_and_step(plan, shortcut=shortcut)
+            if math.isfinite(full[1]):
+                assert got == full, plan.layout
+                continue
+            misses += 1
+            assert got[1] == math.inf and got[0] <= full[0], plan.layout
+            if got != full:
+                stopped += 1
+                # not a closer miss: the search records none either way
+                assert max(0.0, full[0] - cap) >= max(0.0, got[0] - cap) >= closest
+    assert fits > 10 and stopped > 10 and misses > stopped

@@ -5,6 +5,9 @@ Pure arithmetic (no torch): the search calls it tens of thousands of times per s
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 from .memory.rank import breakdown, host_fits, worst_rank
 from .memory.rank_terms import ModelTerms, model_terms
 from .recipes.memory import recipe_worst_rank
@@ -19,7 +22,25 @@ from .types import Estimate, MemoryBreakdown, PlanInput, TimeBreakdown
 __all__ = [
     "estimate",
     "reserved_and_step",
+    "Shortcut",
+    "FULL",
 ]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Shortcut:
+    """What a search call of `reserved_and_step` may skip."""
+
+    memory_only: bool = False
+    """Skip the time model (a memory probe: the step is reported as 0)."""
+    enough: Callable[[float], bool] | None = None
+    """A miss this large settles it (`memory.rank.worst_rank`'s early stop): true only of
+    reserved bytes over the GPU's memory; then the step is inf and the bytes a lower bound
+    of the worst rank's."""
+
+
+FULL = Shortcut()
+"""Nothing skipped."""
 
 _NOTES = (
     "FLOPs: matmuls only, 2 FLOPs per multiply-add, causal attention halved; MFU uses model "
@@ -48,13 +69,13 @@ def reserved_and_step(
     causal: bool = True,
     gpus_per_node: int | None = None,
     zero_bubble: str = "h1",
-    memory_only: bool = False,
     terms: ModelTerms | None = None,
+    shortcut: Shortcut = FULL,
 ) -> tuple[float, float]:
     """The search's hot path: (worst-rank reserved bytes, step seconds); the step is inf when
-    the plan does not fit (its time model is skipped) and 0 with memory_only. Same arithmetic
-    as `estimate`, without building dataclasses. terms: the search's `ModelTerms` of the
-    plan's model."""
+    the plan does not fit (its time model is skipped) and 0 with `shortcut.memory_only`. Same
+    arithmetic as `estimate`, without building dataclasses. terms: the search's `ModelTerms`
+    of the plan's model. shortcut: what the search may skip (`Shortcut`)."""
     terms = model_terms(plan, terms)
     recipe: Recipe | None = None
     if plan.recipe != DEFAULT_RECIPE:
@@ -62,13 +83,15 @@ def reserved_and_step(
         mem, max_params = recipe_worst_rank(plan)
         reserved = mem.reserved
     else:
-        nums, max_params = worst_rank(plan, convention=convention, modern=modern, terms=terms)
+        nums, max_params = worst_rank(
+            plan, convention=convention, modern=modern, terms=terms, enough=shortcut.enough
+        )
         reserved = nums.reserved
         if not host_fits(plan, nums.host):  # the offloaded bytes exceed the node's RAM
             return reserved, float("inf")
     if reserved > plan.hardware.memory_bytes:
         return reserved, float("inf")
-    if memory_only:
+    if shortcut.memory_only:
         return reserved, 0.0
     step = step_time(
         plan,

@@ -16,6 +16,7 @@ worst. The set is exact, not sampled.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from scaletrain.config import offload_states, offloads_activations
@@ -255,9 +256,16 @@ def worst_rank(
     convention: str = "scaletrain",
     modern: bool = True,
     terms: ModelTerms | None = None,
+    enough: Callable[[float], bool] | None = None,
 ) -> tuple[RankMemory, float]:
     """The worst rank's numbers (by reserved bytes) and the largest parameter count of any
-    rank (what paces gradient synchronisation)."""
+    rank (what paces gradient synchronisation).
+
+    enough: the search's shortcut for a plan that cannot matter once it misses by so much:
+    the ranks are walked until one's reserved bytes make `enough` true, and that rank is
+    returned (its reserved bytes a lower bound of the worst's; the parameter count, of the
+    ranks walked). The search passes it only where a miss that large changes nothing
+    (`search.layouts._Tally.record`)."""
     L = plan.layout
     m = max(1, plan.grad_accum)
     terms = model_terms(plan, terms)
@@ -282,6 +290,8 @@ def worst_rank(
             worst = nums
         if nums.params > max_params:
             max_params = nums.params
+        if enough is not None and enough(nums.reserved):
+            break
     assert worst is not None
     return worst, max_params
 

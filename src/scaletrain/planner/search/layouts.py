@@ -40,7 +40,7 @@ from scaletrain.config import (
 from scaletrain.config.choices import PPSchedule
 from scaletrain.config.lora import lora_problems
 
-from ..estimate import reserved_and_step
+from ..estimate import FULL, Shortcut, reserved_and_step
 from ..memory.rank_terms import ModelTerms
 from ..recipes.memory import recipe_problems
 from ..recipes.registry import recipe_named
@@ -90,6 +90,9 @@ VIRTUAL_CHOICES = (2, 4)
 """Interleaved chunks per rank the search tries (v = 2 halves the bubble, 4 quarters it; more
 chunks add p2p traffic and in-flight memory). Pin --pp-virtual to explore another value."""
 
+
+_PROBE = Shortcut(memory_only=True)
+"""A memory probe (`_search_layout`): no time model."""
 
 SIMPLER_LAYOUT_MARGIN = 0.10
 """A more complex layout (`complexity`) is picked over a simpler one only when its planned step is
@@ -265,13 +268,23 @@ class _Tally:
     def record(self, plan: PlanInput, fam: str, candidate: bool) -> bool:
         """Evaluate `plan` (memory first; time only if it fits and is a candidate, not a
         probe); True if it fits."""
-        reserved, step = reserved_and_step(plan, memory_only=not candidate, terms=self.terms)
+        cap = plan.hardware.memory_bytes
+        shortcut = _PROBE if not candidate else FULL
+        if fam in self.miss:
+            # a miss by at least the family's closest changes nothing (below): its worst rank
+            # need not be found once one rank misses by that much
+            closest = self.miss[fam][0]
+            shortcut = Shortcut(
+                memory_only=not candidate,
+                enough=lambda r: r > cap and max(0.0, r - cap) >= closest,
+            )
+        reserved, step = reserved_and_step(plan, terms=self.terms, shortcut=shortcut)
         self.evaluated += 1
         if candidate:
             self.candidates[fam] = self.candidates.get(fam, 0) + 1
         if step == math.inf:
             # (a layout that fits the GPU missed the host's RAM: over 0, a closest miss)
-            over = max(0.0, reserved - plan.hardware.memory_bytes)
+            over = max(0.0, reserved - cap)
             if fam not in self.miss or over < self.miss[fam][0]:
                 self.miss[fam] = (over, plan)
             return False
