@@ -17,6 +17,8 @@ else).
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import math
 import time
 from collections.abc import Iterator
@@ -524,31 +526,59 @@ def search(
     (fixed, not searched; the layouts LoRA runs: `config.lora.lora_problems`), and its
     optim.beta1 as `beta1` (PlanInput.beta1: Adafactor's first moment).
     """
-    rec = recipe_named(recipe)
     lora = {k: pins.pop(k) for k in LORA_KEYS if k in pins}
     beta1 = float(pins.pop("beta1", OptimConfig.beta1))
-    for k in pins:
-        if k not in PIN_KEYS:
-            raise ConfigError(f"search.{k}", pins[k], f"pin one of {', '.join(PIN_KEYS)}")
+    with _collector_paused():
+        return _search(
+            _Job(
+                model,
+                hardware,
+                num_gpus,
+                seq_len,
+                global_batch,
+                precision,
+                optimizer,
+                compile,
+                efficiency,
+                pins,
+                recipe,
+                lora,
+                beta1,
+            ),
+            top_k,
+        )
+
+
+def _search(job: _Job, top_k: int) -> SearchResult:
+    """`search` of one job."""
     t0 = time.perf_counter()
-    job = _Job(
-        model,
-        hardware,
-        num_gpus,
-        seq_len,
-        global_batch,
-        precision,
-        optimizer,
-        compile,
-        efficiency,
-        pins,
-        recipe,
-        lora,
-        beta1,
-    )
+    rec = recipe_named(job.recipe)
+    for k in job.pins:
+        if k not in PIN_KEYS:
+            raise ConfigError(f"search.{k}", job.pins[k], f"pin one of {', '.join(PIN_KEYS)}")
+    pins, model = job.pins, job.model
     tally = _Tally(terms=ModelTerms(model))
     acs = [a for a in _pinned(pins, "ac", ["none", "selective", "full"]) if a in rec.ac_modes]
     if acs:
         for layout, mbs, offloads in _layouts(job):
             _search_layout(job, tally, layout, mbs, offloads, acs)
     return _result(tally, model, top_k, t0)
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """CPython's cyclic garbage collector paused while the search runs (then restored as it
+    was). The search allocates millions of short-lived objects that form no reference cycle
+    (plans, moments, the pipeline orders it walks) and fills caches holding hundreds of
+    thousands more; the collector ran ~2,000 generational passes per 405B search, each full
+    one traversing every object alive: 0.6 of its cold CPU-s and 0.1 of its warm ones
+    (llama3-405b / 16,384 H100, measured with gc.callbacks). Reference counting still frees
+    what the search drops; a cycle made meanwhile waits for the next collection. (`timeit`
+    pauses it the same way.)"""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
