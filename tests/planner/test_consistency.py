@@ -24,7 +24,7 @@ from scaletrain.planner import (
     flops_per_token,
 )
 from scaletrain.planner.estimate import reserved_and_step
-from scaletrain.planner.memory.rank import _rank_memory
+from scaletrain.planner.memory.rank import plan_facts, rank_memory
 from scaletrain.planner.memory.rank_terms import ModelTerms, activation_terms
 from scaletrain.planner.memory.states import stage_layer_counts
 from scaletrain.planner.time.pipeline import simulate
@@ -64,18 +64,10 @@ def _brute_force_worst(plan: PlanInput) -> tuple[float, int, float]:
     sim = simulate(L.pp_schedule, L.pp, m, L.pp_virtual, 1.0, 2.0)
     counts = stage_layer_counts(plan.model.num_layers, L.pp, L.pp_virtual)
     terms = ModelTerms(plan.model)
-    acts = activation_terms(plan, terms, True)
+    facts = plan_facts(plan, terms, activation_terms(plan, terms, True))
     worst = max(
         (
-            _rank_memory(
-                plan,
-                terms,
-                acts,
-                rank=r,
-                layers=counts[r],
-                in_flight=sim.peak_inflight[r],
-                convention="scaletrain",
-            )
+            rank_memory(facts, rank=r, layers=counts[r], in_flight=sim.peak_inflight[r])
             for r in range(L.pp)
         ),
         key=lambda nums: nums.reserved,

@@ -383,3 +383,17 @@ def test_adafactor_runs_with_data_parallelism_only():
         assert option_problems(layout, offload="none", optimizer="adamw8bit") == []
     for layout in (Layout(dp=2, zero=z) for z in (0, 1, 2, 3)):
         assert option_problems(layout, offload="none", optimizer="adafactor") == []
+
+
+def test_every_offload_mode_has_its_state_part() -> None:
+    """`offload_states` reads a table of the modes (the planner's search asks for every rank):
+    every mode of `choices.OffloadMode` has its row, the state part of its name."""
+    from typing import get_args
+
+    from scaletrain.config import offload_states, offloads_activations
+    from scaletrain.config.choices import OffloadMode
+
+    for mode in get_args(OffloadMode):
+        states = mode.removesuffix("+activations")
+        assert offload_states(mode) == ("none" if states == "activations" else states)
+        assert offloads_activations(mode) == mode.endswith("activations")

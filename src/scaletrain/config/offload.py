@@ -15,13 +15,23 @@ __all__ = ["StateOffload", "offload_states", "offloads_activations"]
 StateOffload = Literal["none", "optimizer", "params"]
 
 
+_STATES: dict[str, StateOffload] = {
+    "none": "none",
+    "optimizer": "optimizer",
+    "params": "params",
+    "activations": "none",
+    "optimizer+activations": "optimizer",
+    "params+activations": "params",
+}
+"""Every mode of `choices.OffloadMode` -> its state part (a table: the planner's search asks
+for every rank of every layout it evaluates)."""
+
+
 def offload_states(mode: str) -> StateOffload:
     """The model-state part of an offload mode: 'none', 'optimizer' or 'params'."""
-    states = mode.removesuffix("+activations")
-    if states == "activations":
-        return "none"
-    assert states in ("none", "optimizer", "params"), mode  # checked by choices.OffloadMode
-    return states  # type: ignore[return-value]  # narrowed by the assert
+    states = _STATES.get(mode)
+    assert states is not None, mode  # checked by choices.OffloadMode
+    return states
 
 
 def offloads_activations(mode: str) -> bool:

@@ -1,7 +1,7 @@
 """The moments of a rank's step at which its memory can peak, and a rank's result.
 
 Each moment is a dataclass of its named byte terms; its `total` adds them in the order the
-planner always has (outputs stay bit-identical). `rank._rank_memory` builds a rank's
+planner always has (outputs stay bit-identical). `rank.rank_memory` builds a rank's
 moments and keeps the largest; `RankMemory.moment` names it and `explain` prints it. What each
 term counts and its source are in `rank_moments.py` and `rank.py` where the moment is built.
 """

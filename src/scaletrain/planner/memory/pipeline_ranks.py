@@ -96,6 +96,7 @@ def rank_candidates(
     return (first, *middle, *last)
 
 
+@functools.lru_cache(maxsize=8192)
 def schedule_moments(
     schedule: str, p: int, m: int, v: int, rank: int, num_layers: int
 ) -> tuple[ScheduleMoment, ...]:

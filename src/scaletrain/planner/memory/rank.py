@@ -1,7 +1,7 @@
 """Memory of the worst pipeline rank of a plan: `estimate_memory(plan) -> MemoryBreakdown`.
 
 The search's hot path (`worst_rank`) returns plain numbers; the breakdown dataclass is built
-only for the layouts the planner reports. Both go through `_rank_memory`, so they agree: a
+only for the layouts the planner reports. Both go through `rank_memory`, so they agree: a
 rank's peak is the largest of its named moments (`ForwardBackward`, `OptimizerStep`, the
 ZeRO-2/3 moments, `LossBackward`, `EmbeddingBackward`), each a slotted dataclass of its byte
 terms built by keyword, and `RankMemory.moment` names the one that won. The moments are built in
@@ -17,7 +17,7 @@ worst. The set is exact, not sampled.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from scaletrain.config import offload_states, offloads_activations
 
@@ -52,6 +52,9 @@ __all__ = [
     "estimate_memory",
     "pipeline_rank_memory",
     "worst_rank",
+    "PlanFacts",
+    "plan_facts",
+    "rank_memory",
 ]
 
 
@@ -94,34 +97,73 @@ def _step_moment(
     )
 
 
-def _rank_memory(
+@dataclass(slots=True, kw_only=True)
+class PlanFacts:
+    """What every pipeline rank of one plan shares (`rank_memory` reads it), found once per
+    plan: the search evaluates two to three ranks of each of its ~30,000 plans. Not frozen,
+    as the moments (`moments.py`): built for every plan the search evaluates."""
+
+    plan: PlanInput
+    terms: ModelTerms
+    acts: ActivationTerms
+    """The plan's activation terms (`rank_terms.activation_terms`)."""
+    convention: str
+    """The model-state byte convention (`states.CONVENTIONS`)."""
+    zero_shards: int
+    microbatches: int
+    """Micro-batches per step (at least 1)."""
+    device: str
+    """'cpu' or 'gpu' (the runtime context and the optimizer's temporaries differ)."""
+    last_rank: int
+    """The pipeline rank holding the last stage (`time.pipeline.last_stage_rank`)."""
+    states_offload: str
+    """`config.offload_states` of the plan's offload."""
+    offloads_activations: bool
+    """`config.offloads_activations` of the plan's offload."""
+    dense_layers: int
+    """An MoE model's dense first blocks (0 without)."""
+
+
+def plan_facts(
     plan: PlanInput,
     terms: ModelTerms,
-    acts_terms: ActivationTerms,
-    *,
-    rank: int,
-    layers: int,
-    in_flight: float,
-    convention: str,
-) -> RankMemory:
+    acts: ActivationTerms,
+    convention: str = "scaletrain",
+) -> PlanFacts:
+    """The `PlanFacts` of `plan` (terms: its model's `ModelTerms`; acts: its activation
+    terms)."""
+    L, model = plan.layout, plan.model
+    return PlanFacts(
+        plan=plan,
+        terms=terms,
+        acts=acts,
+        convention=convention,
+        zero_shards=L.zero_shards,
+        microbatches=max(1, plan.grad_accum),
+        device="cpu" if plan.hardware.is_cpu else "gpu",
+        last_rank=last_stage_rank(L),
+        states_offload=offload_states(plan.offload),
+        offloads_activations=offloads_activations(plan.offload),
+        dense_layers=model.num_dense_layers if model.is_moe else 0,
+    )
+
+
+def rank_memory(facts: PlanFacts, *, rank: int, layers: int, in_flight: float) -> RankMemory:
     """Memory of pipeline rank `rank` holding `layers` blocks with `in_flight` micro-batches:
     the largest of its moments (calibrated against the dry-run, see
     benchmarks/results/planner_accuracy.md)."""
-    L, model = plan.layout, plan.model
-    zs, m = L.zero_shards, max(1, plan.grad_accum)
-    device = "cpu" if plan.hardware.is_cpu else "gpu"
-    last = rank == last_stage_rank(L)
+    plan, terms, acts_terms = facts.plan, facts.terms, facts.acts
+    L = plan.layout
+    zs, m, device = facts.zero_shards, facts.microbatches, facts.device
+    last = rank == facts.last_rank
     # an MoE model's dense first blocks on this rank (DeepSeek): their parameters, and
     # activations in the per-block mean of this rank's blocks
-    dense = dense_layers_on_rank(
-        model.num_layers,
-        model.num_dense_layers if model.is_moe else 0,
-        L.pp,
-        L.pp_virtual,
-        rank,
-        L.pp_schedule,
-    )
-    dense = min(dense, layers)
+    dense = 0
+    if facts.dense_layers:
+        dense = dense_layers_on_rank(
+            plan.model.num_layers, facts.dense_layers, L.pp, L.pp_virtual, rank, L.pp_schedule
+        )
+        dense = min(dense, layers)
     if dense:
         mean = ((layers - dense) * acts_terms.per_layer + dense * acts_terms.dense_per_layer) / (
             layers
@@ -130,7 +172,7 @@ def _rank_memory(
         a = acts_terms
         recorded = (layers - dense) * a.recorded_per_layer + dense * a.dense_recorded_per_layer
         acts_terms = replace(acts_terms, per_layer=mean, recorded_per_layer=recorded / layers)
-    rs = rank_states(plan, terms, zs, rank == 0, last, layers, convention, dense)
+    rs = rank_states(plan, terms, zs, rank == 0, last, layers, facts.convention, dense)
     st, count, unit, sharded, fixed = rs.states, rs.params, rs.unit, rs.sharded, rs.fixed
     # fsdp: the FSDP collectives' buffers; quant: fp8's quantization temporary, which exists
     # only inside a converted linear's forward/backward: not during the optimizer step, nor
@@ -158,10 +200,11 @@ def _rank_memory(
         runtime_context=ctx,
         acts=acts_terms,
         schedule=moments,
+        last=last,
     )
     late = _late_grads(plan, terms, st, count) if rank == 0 else 0.0
     acts, block_stored, fwdbwd = stored_activations(view, in_flight=in_flight, late_grads=late)
-    states_offload = offload_states(plan.offload)
+    states_offload = facts.states_offload
     step_tmp = 0.0 if states_offload != "none" or device != "cpu" else 4.0 * sharded
     step = _step_moment(st, fixed, buffers, fsdp, quant, step_tmp)
     cands: list[Moment]
@@ -187,7 +230,7 @@ def _rank_memory(
     peak = max(cands, key=moment_total)
     total = peak.total
     reserved = total + FRAGMENTATION * (total - ctx)
-    host_terms = _host_bytes(plan, rs, acts_terms, layers=layers, in_flight=in_flight, last=last)
+    host_terms = _host_bytes(facts, rs, acts_terms, layers=layers, in_flight=in_flight, last=last)
     return RankMemory(
         host=sum(v for _, v in host_terms),
         host_terms=host_terms,
@@ -219,7 +262,7 @@ def host_fits(plan: PlanInput, host_rank: float) -> bool:
 
 
 def _host_bytes(
-    plan: PlanInput,
+    facts: PlanFacts,
     rs: RankStates,
     acts: ActivationTerms,
     *,
@@ -238,13 +281,13 @@ def _host_bytes(
     (up to 2x per tensor on CUDA), the processes' own host memory (CUDA context, libraries,
     data loader), the page cache."""
     out: list[tuple[str, float]] = []
-    states = offload_states(plan.offload)
+    states = facts.states_offload
     offloaded = rs.states["offloaded"]
     if states == "optimizer":
         out += [("optimizer states", offloaded), ("optimizer step copies", 8.0 * rs.sharded)]
     elif states == "params":
         out.append(("parameters, gradients, optimizer states", offloaded))
-    if offloads_activations(plan.offload):
+    if facts.offloads_activations:
         saved = in_flight * (layers * acts.host_per_layer + rs.host_casts)
         out.append(("activations", saved + (acts.host_head if last else 0.0)))
     return tuple(out)
@@ -267,25 +310,19 @@ def worst_rank(
     ranks walked). The search passes it only where a miss that large changes nothing
     (`search.layouts._Tally.record`)."""
     L = plan.layout
-    m = max(1, plan.grad_accum)
     terms = model_terms(plan, terms)
-    acts_terms = activation_terms(plan, terms, modern)
+    facts = plan_facts(plan, terms, activation_terms(plan, terms, modern), convention)
     worst = None
     max_params = 0.0
-    model = plan.model
-    dense = model.num_dense_layers if model.is_moe else 0
     for rank, layers, in_flight in rank_candidates(
-        model.num_layers, L.pp, L.pp_virtual, L.pp_schedule, m, dense
+        plan.model.num_layers,
+        L.pp,
+        L.pp_virtual,
+        L.pp_schedule,
+        facts.microbatches,
+        facts.dense_layers,
     ):
-        nums = _rank_memory(
-            plan,
-            terms,
-            acts_terms,
-            rank=rank,
-            layers=layers,
-            in_flight=in_flight,
-            convention=convention,
-        )
+        nums = rank_memory(facts, rank=rank, layers=layers, in_flight=in_flight)
         if worst is None or nums.reserved > worst.reserved:
             worst = nums
         if nums.params > max_params:
@@ -345,16 +382,8 @@ def pipeline_rank_memory(
         1.0 if L.pp == 1 else inflight_per_rank(L.pp_schedule, L.pp, m, L.pp_virtual)[pp_rank]
     )
     terms = ModelTerms(plan.model)
-    nums = _rank_memory(
-        plan,
-        terms,
-        activation_terms(plan, terms, modern),
-        rank=pp_rank,
-        layers=layers,
-        in_flight=in_flight,
-        convention=convention,
-    )
-    return breakdown(plan, nums)
+    facts = plan_facts(plan, terms, activation_terms(plan, terms, modern), convention)
+    return breakdown(plan, rank_memory(facts, rank=pp_rank, layers=layers, in_flight=in_flight))
 
 
 def estimate_memory(

@@ -3,7 +3,7 @@ its cached terms: the ZeRO-2/3 backward moments (`zero_moments`), the last stage
 backward (`loss_moment`), the first stage's embedding backward (`embedding_moment`), and the
 pieces they share (stored activations, the root unit through a ZeRO-3 backward, the autocast
 cast gradients a pipelined backward defers: `cast_grads_per_block`).
-`rank._rank_memory` takes the largest.
+`rank.rank_memory` takes the largest.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 
 from scaletrain.config import ParamCounts, expert_tp, fused_head_loss
 
-from ..time.pipeline import last_stage_rank
 from ..types import PlanInput
 from .activations import mlp_backward_work_bytes
 from .head import MicroBatchShape, head_grad_bytes, loss_backward_bytes
@@ -51,7 +50,7 @@ __all__ = [
 
 @dataclass(kw_only=True, slots=True)
 class RankView:
-    """What the moments of one pipeline rank read, built once per rank by `rank._rank_memory`:
+    """What the moments of one pipeline rank read, built once per rank by `rank.rank_memory`:
     the plan, the rank's place in the pipeline, its states, buffers and activation terms."""
 
     plan: PlanInput
@@ -79,11 +78,9 @@ class RankView:
     """Activation bytes per micro-batch (`rank_terms.activation_terms`)."""
     schedule: tuple[ScheduleMoment, ...]
     """The pipeline schedule's backward moments of this rank (empty when pp = 1)."""
-
-    @property
-    def last(self) -> bool:
-        """Whether this rank holds the last stage (pp - 1; 0 under dualpipev's V)."""
-        return self.rank == last_stage_rank(self.plan.layout)
+    last: bool
+    """Whether this rank holds the last stage (`time.pipeline.last_stage_rank`: pp - 1, 0
+    under dualpipev's V)."""
 
 
 def root_in_backward(

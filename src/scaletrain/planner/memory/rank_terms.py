@@ -630,10 +630,11 @@ def rank_buffers(
         L.pp,
         L.cp,
         L.ep,
-        unit,
         zs,
         device,
-        count,
+        # `buffer_terms` reads the unit under ZeRO-2/3 (FSDP's buffers) and the parameter
+        # count only below (DDP's buckets): ranks with other blocks share the entry
+        unit if L.zero >= 2 else count,
         plan.lora,
     )
     hit = terms.bufs.get(key)

@@ -266,6 +266,8 @@ class _Tally:
     """family -> the first illegal layout of it and the rule that refused it"""
     terms: ModelTerms | None = None
     """The searched model's memory terms, shared by every layout (`rank_terms.ModelTerms`)."""
+    shortcuts: dict[tuple[float, float, bool], Shortcut] = field(default_factory=dict)
+    """`_settled`'s shortcuts."""
 
     def record(self, plan: PlanInput, fam: str, candidate: bool) -> bool:
         """Evaluate `plan` (memory first; time only if it fits and is a candidate, not a
@@ -275,11 +277,7 @@ class _Tally:
         if fam in self.miss:
             # a miss by at least the family's closest changes nothing (below): its worst rank
             # need not be found once one rank misses by that much
-            closest = self.miss[fam][0]
-            shortcut = Shortcut(
-                memory_only=not candidate,
-                enough=lambda r: r > cap and max(0.0, r - cap) >= closest,
-            )
+            shortcut = self._settled(self.miss[fam][0], cap, candidate)
         reserved, step = reserved_and_step(plan, terms=self.terms, shortcut=shortcut)
         self.evaluated += 1
         if candidate:
@@ -294,6 +292,18 @@ class _Tally:
             key = (float(f"{step:.9g}"), complexity(plan.layout, plan.offload), reserved)
             self.fits.append((*key, len(self.fits), plan))
         return True
+
+    def _settled(self, closest: float, cap: float, candidate: bool) -> Shortcut:
+        """The shortcut of a plan whose family's closest miss is `closest` bytes over `cap`
+        (one per value: a family's closest changes a few times a search)."""
+        key = (closest, cap, candidate)
+        shortcut = self.shortcuts.get(key)
+        if shortcut is None:
+            shortcut = self.shortcuts[key] = Shortcut(
+                memory_only=not candidate,
+                enough=lambda r: r > cap and max(0.0, r - cap) >= closest,
+            )
+        return shortcut
 
 
 def _family(layout: Layout, offload: str) -> str:

@@ -5,11 +5,13 @@ bubble and the optimizer step (`_optimizer_time`), combined by `step_time` into 
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 from scaletrain.config import (
     HardwareSpec,
+    ParamCounts,
     expert_split,
     expert_tp,
     offload_states,
@@ -196,16 +198,28 @@ def plan_efficiency(plan: PlanInput) -> float:
 _EFF: dict[tuple, float] = {}  # default_efficiency reads only these three facts
 
 
+@functools.lru_cache(maxsize=1024)
+def _most_layers_but(counts: tuple[int, ...], rank: int) -> int:
+    """The most layers of a pipeline rank but `rank` (0 with one rank): cached, as the search
+    asks per layout and pp reaches 64."""
+    return max((c for r, c in enumerate(counts) if r != rank), default=0)
+
+
 def comm_arguments(
-    plan: PlanInput, max_params: float, gpus_per_node: int | None = None
+    plan: PlanInput,
+    max_params: float,
+    gpus_per_node: int | None = None,
+    counts: ParamCounts | None = None,
 ) -> CommInputs:
     """The `comm_terms` inputs for `plan` whose busiest rank holds `max_params` parameters
     (after TP/PP/EP division): blocks of the fullest stage, tokens of one micro-batch per cp
-    rank, this rank's expert weights (EP-local, TP-sharded like max_params)."""
+    rank, this rank's expert weights (EP-local, TP-sharded like max_params). counts: the
+    model's `ParamCounts` where the caller has them (the search's `ModelTerms`)."""
     L, model = plan.layout, plan.model
     layers = max(stage_layer_counts(model.num_layers, L.pp, L.pp_virtual, L.pp_schedule))
     moe_layers = min(layers, model.num_moe_layers)  # (DeepSeek's dense first blocks: none)
-    experts = moe_layers * model.param_counts().mlp / expert_split(L)
+    mlp = (counts or model.param_counts()).mlp
+    experts = moe_layers * mlp / expert_split(L)
     # fp8 all-gather (precision/fp8_fsdp.py): the Float8Linears' weights travel as 1-byte E4M3
     fp8_gather = (
         fp8_linear_params(model, layers, L.tp)
@@ -349,7 +363,7 @@ def step_time(
         layer_s, core_s, head_s = block.layer_s, block.core_s, block.head_s
     tok_mb = float(plan.seq_len) * plan.micro_batch  # tokens of one micro-batch (one replica)
     split = L.tp * L.cp
-    middle = max((c for r, c in enumerate(counts) if r != head), default=0) * layer_s
+    middle = _most_layers_but(tuple(counts), head) * layer_s
     t_mb = max(middle, counts[head] * layer_s + head_s) * tok_mb / split
     compute_s = m * t_mb
     bubble_s = 0.0
@@ -359,7 +373,7 @@ def step_time(
             * compute_s
         )
     layers = max(counts)
-    comm = comm_terms(comm_arguments(plan, max_params, gpus_per_node))
+    comm = comm_terms(comm_arguments(plan, max_params, gpus_per_node, terms.counts))
     if offloads_activations(plan.offload):
         comm["activation_offload"] = _activation_offload(plan, terms, layers=max(counts), m=m)
     if cal is not None and cal.collective:  # measured / planned seconds by collective kind
