@@ -320,3 +320,38 @@ def test_the_search_pauses_the_garbage_collector_and_restores_it(enabled: bool) 
     finally:
         gc.callbacks.pop()
         (gc.enable if was else gc.disable)()
+
+
+def test_the_search_builds_the_plans_its_constructor_would() -> None:
+    """The search copies one job's PlanInput fields and replaces the layout, micro-batch, AC
+    and offload of each candidate instead of running the frozen dataclass's constructor: the
+    plans are the constructor's, field for field and in its instance dict (LoRA and a
+    calibration included)."""
+    from scaletrain.config import Layout
+    from scaletrain.planner.search.layouts import _Job
+    from scaletrain.planner.time.calibration import Calibration
+
+    model, hw = resolve_model("llama3-8b"), hardware_preset("h100-sxm")
+    lora = {"lora_rank": 16, "lora_targets": ("q", "v"), "lora_base": "nf4"}
+    cal = Calibration(
+        hardware="h100-sxm",
+        precision="bf16",
+        source="runs/cal",
+        clock="cuda",
+        split="profile",
+        measured_step_s=1.0,
+        gemm_tokens=4096.0,
+        matmul=0.6,
+    )
+    for efficiency, extra in ((0.5, {}), (cal, lora)):
+        job = _Job(
+            model, hw, 8, 4096, 64, "bf16", "adamw", False, efficiency, {}, "scaletrain", extra
+        )
+        for layout, mb, ac, offload in (
+            (Layout(dp=8, zero=3), 2, "full", "params"),
+            (Layout(dp=2, tp=2, pp=2, pp_schedule="zero-bubble"), 1, "none", "activations"),
+        ):
+            plan, built = job.plan(layout, mb, ac, offload), job.first_plan(layout, mb, ac, offload)
+            assert plan == built and vars(plan) == vars(built)
+            assert list(vars(plan)) == list(vars(built))  # (the same insertion order)
+            assert plan.grad_accum == built.grad_accum and plan.lora == built.lora

@@ -57,16 +57,20 @@ def axis_link(
     across nodes the multi-rail ring bandwidth of the module docstring."""
     gpn = gpus_per_node or hardware.gpus_per_node
     L = layout
-    stride, degree = {
-        "tp": (1, L.tp),
-        "cp": (L.tp, L.cp),
-        "ep": (L.tp, L.ep),
-        "dp": (L.tp * L.cp, L.dp),
-        "pp": (L.tp * L.cp * L.dp, L.pp),
-    }[axis]
-    if axis == "dp" and L.zero:
+    # (stride between the group's ranks, group size); the step model asks ~5 per plan
+    if axis == "tp":
+        stride, degree = 1, L.tp
+    elif axis in ("cp", "ep"):
+        stride, degree = L.tp, L.cp if axis == "cp" else L.ep
+    elif axis == "dp" and L.zero:
         # ZeRO shards over dp_shard x cp (the FSDP mesh folds cp in): stride tp.
         stride, degree = L.tp, L.dp * L.cp
+    elif axis == "dp":
+        stride, degree = L.tp * L.cp, L.dp
+    elif axis == "pp":
+        stride, degree = L.tp * L.cp * L.dp, L.pp
+    else:
+        raise KeyError(axis)
     inter = degree > 1 and stride * degree > gpn
     if inter:
         # multi-rail ring (module docstring): the group's ranks per node share its NICs' load
