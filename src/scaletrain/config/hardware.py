@@ -88,15 +88,20 @@ class HardwareSpec:
         (`trainer.precision.set_tf32`): `tf32` set on a GPU that has it
         (`hardware_rules.runs_tf32`); otherwise at the plain fp32 rate."""
         fast32 = ("tf32",) if self.tf32 and runs_tf32(self.arch) else ()
-        for key in {
-            "fp8": ("fp8", "bf16", "fp16", *fast32, "fp32"),
-            "bf16": ("bf16", "fp16", *fast32, "fp32"),
-            "fp16": ("fp16", "bf16", *fast32, "fp32"),
-            "fp32": (*fast32, "fp32"),
-        }.get(dtype, (dtype,)):
+        faster = _FASTER_PATHS.get(dtype)
+        for key in (dtype,) if faster is None else (*faster, *fast32, "fp32"):
             if key in self.peak_flops:
                 return self.peak_flops[key]
         raise KeyError(dtype)
+
+
+_FASTER_PATHS = {
+    "fp8": ("fp8", "bf16", "fp16"),
+    "bf16": ("bf16", "fp16"),
+    "fp16": ("fp16", "bf16"),
+    "fp32": (),
+}
+"""`HardwareSpec.flops`' fallbacks of a dtype before (tf32 and) fp32, in order."""
 
 
 def _tf(**kw: float) -> dict[str, float]:

@@ -188,6 +188,7 @@ def rank_memory(facts: PlanFacts, *, rank: int, layers: int, in_flight: float) -
         bufs, buffers = pipeline_buffers(plan, bufs, buffers, rank, m)
     view = RankView(
         plan=plan,
+        terms=terms,
         counts=terms.counts,
         rank=rank,
         layers=layers,
@@ -230,9 +231,15 @@ def rank_memory(facts: PlanFacts, *, rank: int, layers: int, in_flight: float) -
     peak = max(cands, key=moment_total)
     total = peak.total
     reserved = total + FRAGMENTATION * (total - ctx)
-    host_terms = _host_bytes(facts, rs, acts_terms, layers=layers, in_flight=in_flight, last=last)
+    host_terms: tuple[tuple[str, float], ...] = ()
+    host: float = 0  # (int 0, what the sum of no terms is: reports print it as before)
+    if states_offload != "none" or facts.offloads_activations:  # (else none: `_host_bytes`)
+        host_terms = _host_bytes(
+            facts, rs, acts_terms, layers=layers, in_flight=in_flight, last=last
+        )
+        host = sum(v for _, v in host_terms)
     return RankMemory(
-        host=sum(v for _, v in host_terms),
+        host=host,
         host_terms=host_terms,
         reserved=reserved,
         total=total,

@@ -33,7 +33,7 @@ from .split_backward import head_weight_pass_bytes
 
 if TYPE_CHECKING:  # rank_terms imports this module (root_in_backward)
     from .pipeline_ranks import ScheduleMoment
-    from .rank_terms import ActivationTerms, RankStates
+    from .rank_terms import ActivationTerms, ModelTerms, RankStates
 
 __all__ = [
     "RankView",
@@ -54,6 +54,8 @@ class RankView:
     the plan, the rank's place in the pipeline, its states, buffers and activation terms."""
 
     plan: PlanInput
+    terms: ModelTerms
+    """The model's cached terms (`rank_terms.ModelTerms`)."""
     counts: ParamCounts
     """The model's parameter counts (`ModelConfig.param_counts`)."""
     rank: int
@@ -336,7 +338,8 @@ def _deferred_casts(view: RankView, one_layer: float) -> float:
 def _block_backward_work(view: RankView) -> float:
     """What a block's backward holds first beyond its stored set: the block output's
     gradient, the MLP's first activation gradients and w2's weight gradient
-    (`mlp_backward_work_bytes`, compute-dtype gradients)."""
+    (`mlp_backward_work_bytes`, compute-dtype gradients), cached per search in
+    `view.terms.mlp_work`."""
     plan = view.plan
     L = plan.layout
     wc = plan.compute_bytes
@@ -346,15 +349,16 @@ def _block_backward_work(view: RankView) -> float:
     # mixtral-8x7b-L2 dp8 z3 ep8 selective bf16 dropped by exactly h*f*2 B = 117.4 MB when the
     # experts moved from the loop to _grouped_mm)
     grouped = plan.model.is_moe and plan.precision != "fp8" and expert_tp(L.tp, L.ep) == 1
-    return mlp_backward_work_bytes(
-        plan.model,
-        tokens=plan.seq_len / L.cp * plan.micro_batch,
-        tp=L.tp,
-        sp=L.sp,
-        e=wc,
-        # (a frozen w2 under LoRA has no weight gradient)
-        weight_bytes=0 if grouped or plan.lora_rank else wc,
-    )
+    tokens = plan.seq_len / L.cp * plan.micro_batch
+    # (a frozen w2 under LoRA has no weight gradient)
+    weight_bytes = 0 if grouped or plan.lora_rank else wc
+    key = (tokens, L.tp, L.sp, wc, weight_bytes)
+    work = view.terms.mlp_work.get(key)
+    if work is None:
+        work = view.terms.mlp_work[key] = mlp_backward_work_bytes(
+            plan.model, tokens=tokens, tp=L.tp, sp=L.sp, e=wc, weight_bytes=weight_bytes
+        )
+    return work
 
 
 def zero_moments(view: RankView, block_stored: float) -> list[Moment]:
@@ -691,22 +695,38 @@ def loss_moment(view: RankView, stored: float) -> LossBackward:
     # with 16-bit compute, else the fp32 parameter
     weight_bytes = plan.compute_bytes if L.zero >= 2 else 4
     fused = fused_head_loss(L)
-    shape = MicroBatchShape(
-        seq_len=plan.seq_len,
-        micro_batch=plan.micro_batch,
-        tp=L.tp,
-        sp=L.sp,
-        cp=L.cp,
-        precision=plan.precision,
+    key = (
+        plan.seq_len,
+        plan.micro_batch,
+        L.tp,
+        L.sp,
+        L.cp,
+        plan.precision,
+        fused,
+        weight_bytes,
+        plan.loss_chunk_tokens,
     )
-    loss_tmp = loss_backward_bytes(
-        plan.model,
-        shape,
-        fused=fused,
-        weight_bytes=weight_bytes,
-        chunk_tokens=plan.loss_chunk_tokens,
-    )
-    head = head_grad_bytes(plan.model, tp=L.tp, fused=fused, weight_bytes=weight_bytes)
+    cached = view.terms.loss.get(key)
+    if cached is None:
+        shape = MicroBatchShape(
+            seq_len=plan.seq_len,
+            micro_batch=plan.micro_batch,
+            tp=L.tp,
+            sp=L.sp,
+            cp=L.cp,
+            precision=plan.precision,
+        )
+        cached = view.terms.loss[key] = (
+            loss_backward_bytes(
+                plan.model,
+                shape,
+                fused=fused,
+                weight_bytes=weight_bytes,
+                chunk_tokens=plan.loss_chunk_tokens,
+            ),
+            head_grad_bytes(plan.model, tp=L.tp, fused=fused, weight_bytes=weight_bytes),
+        )
+    loss_tmp, head = cached
     if plan.lora_rank:
         head = 0.0  # a frozen head: the fused loss computes no weight gradient
     resting, held = _loss_resting(view)

@@ -170,11 +170,12 @@ class RankBuffers:
 class ModelTerms:
     """One model's memory terms, reused by every layout of a search: its parameter counts and,
     keyed by the layout fields each depends on, the rank states (`rank_states`), activation
-    terms (`activation_terms`), buffers (`rank_buffers`) and FLOPs per token
-    (`step_time.model_flops`). `search.layouts.search` builds one per
-    search; a caller that passes none gets a fresh one per call."""
+    terms (`activation_terms`), buffers (`rank_buffers`), FLOPs per token
+    (`step_time.model_flops`) and the loss and MLP backward temporaries of the moments.
+    `search.layouts.search` builds one per search; a caller that passes none gets a fresh one
+    per call."""
 
-    __slots__ = ("model", "counts", "states", "acts", "bufs", "flops")
+    __slots__ = ("model", "counts", "states", "acts", "bufs", "flops", "loss", "mlp_work")
 
     def __init__(self, model: ModelConfig) -> None:
         self.model = model
@@ -183,6 +184,12 @@ class ModelTerms:
         self.states: dict[tuple, RankStates] = {}
         self.acts: dict[tuple, ActivationTerms] = {}
         self.bufs: dict[tuple, RankBuffers] = {}
+        self.loss: dict[tuple, tuple[float, float]] = {}
+        """(loss backward temporaries, head gradient) of the last stage
+        (`rank_moments.loss_moment`), by micro-batch shape, fused loss and head bytes."""
+        self.mlp_work: dict[tuple, float] = {}
+        """`activations.mlp_backward_work_bytes` by tokens, tp, sp and bytes
+        (`rank_moments._early_block_backward`)."""
 
 
 def plan_lora_terms(plan: PlanInput) -> LoraTerms | None:
