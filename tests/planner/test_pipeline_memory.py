@@ -5,6 +5,8 @@ and tests/unit/test_dryrun_pipeline_buffers.py."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from scaletrain.config import Layout, hardware_preset, resolve_model
@@ -235,6 +237,44 @@ def test_worst_rank_of_a_model_with_dense_first_blocks(model, pp, virtual, sched
     )
     ranks = [pipeline_rank_memory(plan, r).reserved for r in range(pp)]
     assert estimate_memory(plan).reserved == pytest.approx(max(ranks), rel=1e-12)
+
+
+@pytest.mark.parametrize("schedule", ["dualpipev", "interleaved", "zero-bubble", "1f1b"])
+@pytest.mark.parametrize("model", ["llama-1024", "tiny-deepseek"])
+def test_worst_rank_is_the_largest_of_every_rank_over_a_grid(schedule, model):
+    """Brute force: the worst rank the planner reports (pruned by `rank_candidates`) is the
+    largest of every pipeline rank's memory, over pp, block counts, micro-batches and ZeRO
+    stages. Under dualpipev the pruning once compared ranks by their average micro-batches in
+    flight and kept a middle rank that stores 15 blocks at its peak over one that stores 16:
+    it missed the worst rank in 93 of 960 cases of a wider grid, and in 5 of the 24 dualpipev
+    cases here, by up to 2.4%."""
+    import dataclasses
+
+    from scaletrain.planner import estimate_memory, pipeline_rank_memory
+
+    base = resolve_model("tiny-deepseek" if model == "tiny-deepseek" else "tiny-llama")
+    if model == "llama-1024":
+        base = dataclasses.replace(
+            base, vocab_size=32000, dim=1024, num_heads=16, num_kv_heads=4, ffn_dim=2816
+        )
+    virtual = 1 if schedule == "1f1b" else 2
+    for layers, pp, zero, rounds in itertools.product((8, 17), (4, 8), (1, 3), (2, 3)):
+        if layers < pp * virtual:
+            continue
+        m = rounds * pp
+        plan = PlanInput(
+            model=dataclasses.replace(base, num_layers=layers, max_seq_len=1024),
+            hardware=hardware_preset("h100-sxm"),
+            num_gpus=2 * pp,
+            layout=Layout(dp=2, zero=zero, pp=pp, pp_schedule=schedule, pp_virtual=virtual),
+            seq_len=1024,
+            global_batch=2 * m,
+            micro_batch=1,
+            precision="bf16",
+        )
+        every = [pipeline_rank_memory(plan, r).reserved for r in range(pp)]
+        case = (layers, pp, zero, m)
+        assert estimate_memory(plan).reserved == pytest.approx(max(every), rel=1e-12), case
 
 
 MOMENTS = {
