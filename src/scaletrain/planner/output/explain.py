@@ -10,7 +10,7 @@ from scaletrain.config import GB, byte_unit, expert_split, fmt_bytes, fused_head
 
 from ..memory.states import stage_layer_counts, state_bytes_per_param
 from ..recipes.registry import recipe_named
-from ..recipes.schema import DEFAULT_RECIPE
+from ..recipes.schema import DEFAULT_RECIPE, Recipe
 from ..time.flops import (
     attention_core_flops_per_token,
     forward_flops_per_token,
@@ -303,6 +303,7 @@ def _recipe_time(est: Estimate) -> list[str]:
             f"{eager * hw.memory_bw / 1e6:.2f} MB per token per block over memory "
             f"bandwidth (efficiency.eager_elementwise_bytes)"
         )
+    bucket += _recipe_mechanisms(est, r)
     if r.time_model != "generation" or p.efficiency > 0 or hw.is_cpu:
         return [
             f"   [{r.name}] efficiency: time.step_time.default_efficiency "
@@ -319,6 +320,39 @@ def _recipe_time(est: Estimate) -> list[str]:
         f"{shape:.3f} ({tokens:,.0f} rows per rank){fp8}",
         bucket,
     ]
+
+
+def _recipe_mechanisms(est: Estimate, r: Recipe) -> str:
+    """Lines for the time terms a recipe's framework runs its own way (time/recipe_terms.py)
+    that apply to this plan, each with its source."""
+    p, L = est.plan, est.plan.layout
+    terms = est.time.comm_terms
+    out = ""
+    if r.tp_comm == "async_linears" and "tp" in terms and L.sp and not p.model.is_moe:
+        out += (
+            f"\n   [{r.name}] TP: async linears, column all-gathers under their GEMMs, row "
+            f"reduce-scatters exposed ({terms['tp']:.3g} s of collectives per step; "
+            f"time.recipe_terms.async_tp_terms; {r.sources.get('tp_comm', '')})"
+        )
+    if r.zero1_grad_sync == "allreduce_after_backward" and L.zero == 1 and "dp_allreduce" in terms:
+        out += (
+            f"\n   [{r.name}] ZeRO-1 gradients: one fp32 all-reduce after the backward, "
+            f"exposed ({terms['dp_allreduce']:.3g} s; {r.sources.get('zero1_grad_sync', '')})"
+        )
+    if r.grad_accum_pass_bytes:
+        out += (
+            f"\n   [{r.name}] fp32 accumulation pass: {r.grad_accum_pass_bytes:g} B per "
+            f"parameter per micro-batch over memory bandwidth "
+            f"({r.sources.get('grad_accum_pass_bytes', '')})"
+        )
+    if r.post_backward_pass_bytes or r.master_copy_bytes:
+        out += (
+            f"\n   [{r.name}] after the backward: {r.post_backward_pass_bytes:g} B per "
+            f"parameter (gradient clipping, zero_grad) + {r.master_copy_bytes:g} B per updated "
+            f"parameter (fp32 -> 16-bit copy), with the optimizer step "
+            f"(time.recipe_terms.post_backward_s)"
+        )
+    return out
 
 
 def _n(x: float) -> str:

@@ -304,6 +304,19 @@ KNOB_DEFAULTS: dict[str, tuple[Knob, ...]] = {
             "src/nanotron/optim/gradient_accumulator.py FP32GradientAccumulator "
             "(accumulate_grad_in_fp32: true in examples/config_tiny_llama.yaml)",
         ),
+        Knob(
+            "TP linears under sequence parallelism",
+            "async (tp_linear_async_communication true with tp_mode REDUCE_SCATTER)",
+            "examples/config_tiny_llama.yaml; scripts/scaling_benchmarks.py create_config sets "
+            "it for REDUCE_SCATTER (src/nanotron/config/parallelism_config.py "
+            "ParallelismArgs.__post_init__ defaults it to False)",
+        ),
+        Knob(
+            "gradient clipping",
+            "clip_grad 1.0 (a norm pass and an in-place scale of every fp32 gradient)",
+            "examples/config_tiny_llama.yaml optimizer.clip_grad (src/nanotron/config/config.py "
+            "OptimizerArgs.clip_grad has no default)",
+        ),
     ),
 }
 """Per recipe: the framework settings its terms assume at their defaults (informational)."""

@@ -265,7 +265,11 @@ def _recipe_buffers(plan: PlanInput, recipe: Recipe, P: float, bufs: dict[str, f
     tok = float(plan.seq_len) / L.cp * plan.micro_batch
     sp = L.sp or recipe.sp_with_tp
     if L.tp > 1 and sp:
-        bufs["tp_all_gather"] = e * tok * plan.model.dim
+        # async linears (Nanotron) keep two persistent gather buffers: MemoryBuffer
+        # 'allgather' (the column linears' inputs) and 'allgather2' (the row linears'
+        # output gradients in backward), each T x h (Recipe.tp_comm)
+        n_gather = 2 if recipe.tp_comm == "async_linears" else 1
+        bufs["tp_all_gather"] = n_gather * e * tok * plan.model.dim
     if L.pp > 1:
         bufs["pp_p2p"] = 2 * e * tok * plan.model.dim / (L.tp if sp else 1)
     if L.cp > 1:

@@ -331,7 +331,42 @@ RECIPES: dict[str, Recipe] = {
         sp_linear_saves_shard=True,
         loss_casts_logits=True,
         zero1_gather_flat_copies=True,
+        tp_comm="async_linears",
+        zero1_grad_sync="allreduce_after_backward",
+        grad_accum_pass_bytes=10.0,
+        post_backward_pass_bytes=16.0,
+        master_copy_bytes=6.0,
         sources={
+            "tp_comm": "scripts/scaling_benchmarks.py create_config: tp_mode REDUCE_SCATTER "
+            "with tp_linear_async_communication = True (the benchmark runs'); "
+            "src/nanotron/parallel/tensor_parallel/functional.py "
+            "_ColumnLinearAsyncCommunication (all-gather under the own shard's GEMM forward, "
+            "all-gather again under dgrad and reduce-scatter under wgrad backward) and "
+            "_RowLinearAsyncCommunication (synchronous differentiable_reduce_scatter_sum "
+            "forward, all-gather under the own shard's dgrad backward); nn.py "
+            "TensorParallelEmbedding (reduce-scatter forward) (time/recipe_terms.py); "
+            "parallel/utils.py MemoryBuffer keeps 'allgather' and 'allgather2' (the row "
+            "linears' backward) alive between uses",
+            "zero1_grad_sync": "src/nanotron/trainer.py _init_model: make_ddp = dp > 1 and not "
+            "(accumulate_grad_in_fp32 and zero_stage > 0); training_step: "
+            "sync_gradients_across_dp(reduce_scatter=False) after "
+            "pipeline_engine.train_batch_iter returns -> optim/gradient_accumulator.py "
+            "FP32GradientAccumulator.sync_gradients_across_dp: "
+            "dist.all_reduce(self._contiguous_fp32_grad_buffer) (one collective, nothing "
+            "left to overlap); ZeRO-0 keeps torch DDP's bucketed, overlapped all-reduce "
+            "(get_fp32_accum_hook)",
+            "grad_accum_pass_bytes": "src/nanotron/optim/gradient_accumulator.py "
+            "FP32GradientAccumulator.backward: loss.backward(), then _accumulate_grad per "
+            "parameter: fp32_grad.add_(half_param.grad) (read 2 + 4, write 4 bytes); "
+            "parallel/pipeline_parallel/engine.py PipelineEngine.backward calls it for "
+            "every micro-batch",
+            "post_backward_pass_bytes": "src/nanotron/optim/clip_grads.py clip_grad_norm "
+            "(examples/config_tiny_llama.yaml clip_grad 1.0): vector_norm of every fp32 "
+            "grad buffer (4) and mul_ in place (4 + 4); gradient_accumulator.py zero_grad: "
+            "_contiguous_fp32_grad_buffer.zero_() (4)",
+            "master_copy_bytes": "src/nanotron/optim/gradient_accumulator.py "
+            "FP32GradientAccumulator.step: half_param.copy_(fp32_param) for the parameters "
+            "this rank updates (read 4, write 2)",
             "zero1_gather_flat_copies": "src/nanotron/optim/zero.py ZeroDistributedOptimizer."
             "_all_gather_params -> src/nanotron/distributed.py all_gather_coalesced: "
             "torch._utils._flatten_dense_tensors of the input shards and of each dp rank's "
@@ -384,8 +419,9 @@ RECIPES: dict[str, Recipe] = {
             "optimizer": "src/nanotron/helpers.py init_optimizer_and_grad_accumulator: "
             "torch.optim.AdamW on the fp32 copies",
             "ddp_bucket": "FP32GradientAccumulator's fp32 buffers are reduced in place "
-            "(sync_gradients_across_dp; reduce-scatter under ZeRO-1): no copy of its own "
-            "(torch DDP's at ZeRO-0: ddp_reducer_copy_bytes)",
+            "(sync_gradients_across_dp: one all-reduce of the contiguous buffer under ZeRO-1, "
+            "trainer.py passes reduce_scatter=False): no copy of its own (torch DDP's at "
+            "ZeRO-0: ddp_reducer_copy_bytes)",
             "activations": "src/nanotron/models/llama.py LlamaDecoderLayer._core_forward and "
             "CausalSelfAttention.forward (training path): TritonRMSNorm, the (3, b, s, heads, d) "
             "contiguous qkv buffer q stays a view of, the contiguous (b, s, 2, kv_heads, d) kv "

@@ -10,12 +10,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-__all__ = ["Recipe", "DEFAULT_RECIPE", "PPSplit"]
+__all__ = ["Recipe", "DEFAULT_RECIPE", "PPSplit", "TPComm", "Zero1GradSync"]
 
 DEFAULT_RECIPE = "scaletrain"
 
 PPSplit = Literal["balanced", "even", "compute_cost"]
 """Pipeline layer-split rules (`Recipe.pp_split`, `recipes.stages`)."""
+TPComm = Literal["exposed", "async_linears"]
+"""How a recipe's TP linears communicate (`Recipe.tp_comm`)."""
+Zero1GradSync = Literal["reduce_scatter", "allreduce_after_backward"]
+"""How a recipe's ZeRO-1 synchronises gradients (`Recipe.zero1_grad_sync`)."""
 
 
 @dataclass(frozen=True)
@@ -164,6 +168,30 @@ class Recipe:
     one module ahead) and reduce-scatters the gradients from a fixed bucket every micro-batch,
     both on the step's critical path (time/zero3_fetch.py: DeepSpeed) instead of FSDP's
     per-block collectives overlapped with compute."""
+    tp_comm: TPComm = "exposed"
+    """Time model: how the tensor-parallel linears communicate under sequence parallelism.
+    'exposed': every TP collective on the critical path (comm._tp_term); 'async_linears':
+    Nanotron's REDUCE_SCATTER mode with tp_linear_async_communication, whose column linears
+    hide their all-gathers behind GEMMs and whose row linears reduce-scatter in the open
+    (time/recipe_terms.async_tp_terms); memory: the row linears' backward gathers their output
+    gradient into a second persistent buffer beside the column linears' (recipes.memory
+    _recipe_buffers: two e x T x h 'tp_all_gather' buffers)."""
+    zero1_grad_sync: Zero1GradSync = "reduce_scatter"
+    """Time model: how ZeRO-1 synchronises the gradients. 'reduce_scatter': bucketed during
+    the backward (time.recipe_terms.recipe_comm); 'allreduce_after_backward': one all-reduce of the
+    whole fp32 gradient buffer once the pipeline engine returns, nothing left to hide it
+    (Nanotron without DDP at zero_stage 1)."""
+    grad_accum_pass_bytes: float = 0.0
+    """Time model: bytes per parameter of the rank that a pass after every micro-batch's
+    backward moves, adding each 16-bit .grad into the fp32 accumulation buffer (read 2 + 4,
+    write 4: Nanotron's FP32GradientAccumulator.backward); on the critical path."""
+    post_backward_pass_bytes: float = 0.0
+    """Time model: bytes per parameter of the rank that the memory-bound passes between the
+    gradient sync and the next step move over every fp32 gradient (Nanotron: clip_grad_norm's
+    norms 4 and in-place scale 4 + 4, zero_grad 4), charged with the optimizer step."""
+    master_copy_bytes: float = 0.0
+    """Time model: bytes per parameter this rank updates of the fp32 master -> 16-bit weight
+    copy after the optimizer step (read 4, write 2: Nanotron's gradient_accumulator.step)."""
     sources: dict[str, str] = field(default_factory=dict, compare=False)
     """Field -> where the value comes from."""
 

@@ -11,5 +11,7 @@
 - `pipeline_comms.py`: where a pipeline step posts its receives and lets its sends go, and the
   stage-boundary tensors a rank holds for them (the memory model's `pp_p2p`).
 - `step_time.py`: compute + exposed communication + bubble + optimizer step = `StepTime`.
+- `recipe_terms.py`: what a framework recipe runs its own way (its data-parallel families,
+  Nanotron's async TP linears, ZeRO-1 all-reduce, accumulation and post-backward passes).
 - `cost.py`: training time, GPU-hours, money, energy and CO2 of a whole run.
 """

@@ -1,12 +1,12 @@
 """The step-time model of `estimate`: compute per block and per stage (`_block_seconds`),
-collectives and their overlap (`comm_arguments`, `_exposed`, `_recipe_comm`), the pipeline
+collectives and their overlap (`comm_arguments`, `_exposed`; a framework recipe's own families in
+recipe_terms.py), the pipeline
 bubble and the optimizer step (`_optimizer_time`), combined by `step_time` into a `StepTime`.
 """
 
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 
 from scaletrain.config import (
@@ -16,7 +16,6 @@ from scaletrain.config import (
     expert_tp,
     offload_states,
     offloads_activations,
-    precision_spec,
 )
 
 from ..memory.rank_terms import ModelTerms, activation_terms
@@ -30,7 +29,7 @@ from ..recipes.schema import DEFAULT_RECIPE, Recipe
 from ..recipes.stages import recipe_stages
 from ..types import PlanInput
 from .calibration import calibrated_block
-from .comm import CommInputs, allreduce_time, axis_link, comm_terms, gather_time
+from .comm import CommInputs, allreduce_time, axis_link, comm_terms
 from .efficiency import (
     COMM_OVERLAP,
     AttentionCore,
@@ -49,7 +48,7 @@ from .flops import (
     op_sac_recompute_flops_per_token,
 )
 from .pipeline import bubble_fraction, last_stage_rank
-from .zero3_fetch import zero3_module_fetch_terms
+from .recipe_terms import grad_accum_pass_s, post_backward_s, recipe_comm, recipe_exposed
 
 __all__ = [
     "default_efficiency",
@@ -365,7 +364,13 @@ def step_time(
     split = L.tp * L.cp
     middle = _most_layers_but(tuple(counts), head) * layer_s
     t_mb = max(middle, counts[head] * layer_s + head_s) * tok_mb / split
-    compute_s = m * t_mb
+    # a recipe's pass after every micro-batch's backward (recipe_terms.grad_accum_pass_s)
+    t_acc = (
+        grad_accum_pass_s(plan, recipe.grad_accum_pass_bytes, max_params)
+        if foreign and recipe is not None and recipe.grad_accum_pass_bytes and not hw.is_cpu
+        else 0.0
+    )
+    compute_s = m * (t_mb + t_acc)
     bubble_s = 0.0
     if L.pp > 1:
         bubble_s = (
@@ -379,9 +384,13 @@ def step_time(
     if cal is not None and cal.collective:  # measured / planned seconds by collective kind
         comm = {k: (b, t * cal.collective_factor(k)) for k, (b, t) in comm.items()}
     bucket = 25.0 * 2**20
+    override: dict[str, float] = {}
     if foreign and recipe is not None:
-        comm = _recipe_comm(comm, plan, recipe, max_params, gpus_per_node)
+        comm = recipe_comm(comm, plan, recipe, max_params, gpus_per_node)
         bucket = recipe.bucket_bytes(L.dp)
+        override = recipe_exposed(
+            comm, plan, recipe, rate=rate, layers=max(counts), gpus_per_node=gpus_per_node
+        )
     t_fwd = t_mb * lf / layer_hw  # forward share of the hardware FLOPs
     t_core = tok_mb * layers * core_s / split * m
     compute = _ComputeWindow(
@@ -391,8 +400,9 @@ def step_time(
         core_s=t_core,
         layers=layers,
     )
-    exposed = _exposed(
-        comm,
+    # families a recipe runs its own way are charged as it computed them (`recipe_exposed`)
+    exposed = sum(override.values()) + _exposed(
+        {k: v for k, v in comm.items() if k not in override},
         plan,
         compute,
         stage_params=max_params,
@@ -402,6 +412,14 @@ def step_time(
         overlap=COMM_OVERLAP.get(recipe.name, ()) if recipe is not None else (),
     )
     optimizer_s = _optimizer_time(plan, max_params)
+    if foreign and recipe is not None and not hw.is_cpu:
+        optimizer_s += post_backward_s(
+            plan,
+            params=max_params,
+            all_params_bytes=recipe.post_backward_pass_bytes,
+            updated_bytes=recipe.master_copy_bytes,
+            zero1_flat_copies=recipe.zero1_gather_flat_copies,
+        )
     overhead = cal.step_overhead_s if cal is not None else 0.0
     return StepTime(
         step_s=compute_s + bubble_s + exposed + optimizer_s + overhead,
@@ -528,56 +546,6 @@ def _exposed(
             out += max(t - m * t_fwd, min(t, bucket))
         else:  # zero_all_gather, tp, pp_p2p, ep_all_to_all: on the critical path
             out += t
-    return out
-
-
-def _recipe_comm(
-    terms: dict[str, tuple[float, float]],
-    plan: PlanInput,
-    recipe: Recipe,
-    stage_params: float,
-    gpus_per_node: int | None,
-) -> dict[str, tuple[float, float]]:
-    """The data-parallel families as `recipe`'s framework runs them (the others are
-    comm_terms' own). DDP / ZeRO-0: all-reduce of the gradient in its reduction dtype
-    (bucket_elem_bytes), one latency term per bucket, NCCL's tree latency at scale
-    (efficiency.allreduce_latency). ZeRO-1 with a sharded master (Megatron's distributed
-    optimizer, DeepSpeed stage 1, Nanotron ZeroDistributedOptimizer): reduce-scatter of the
-    gradients, then all-gather of the updated 16-bit weights (weight_bytes per parameter)
-    instead of scaletrain's all-reduce + fp32 broadcast. ZeRO-3 under a recipe that gathers per
-    module (Recipe.zero3_module_fetch, DeepSpeed): `zero3_fetch.zero3_module_fetch_terms` in
-    place of FSDP's families, charged in full by `_exposed`. Ignores: overlap of the param
-    all-gather with the next forward (Megatron --overlap-param-gather): counted exposed."""
-    L, hw = plan.layout, plan.hardware
-    if L.zero >= 3 and recipe.zero3_module_fetch and "fsdp_all_gather" in terms:
-        # DeepSpeed's per-module gathers and bucketed reduce-scatters, on the critical path
-        # (time/zero3_fetch.py) in place of FSDP's per-block, overlapped families
-        out = {
-            k: v for k, v in terms.items() if k not in ("fsdp_all_gather", "fsdp_reduce_scatter")
-        }
-        out.update(zero3_module_fetch_terms(plan, recipe, stage_params, gpus_per_node))
-        return out
-    if "dp_allreduce" not in terms:
-        return terms
-    out = dict(terms)
-    bw, lat, _ = axis_link(L, hw, "dp", gpus_per_node)
-    n = L.dp * L.cp
-    if L.zero:
-        n = max(1, n // max(1, L.dp_replicate))
-    # fp32 runs reduce and gather in fp32, their compute dtype; mixed runs in the recipe's dtypes
-    spec = precision_spec(plan.precision)
-    rb = recipe.bucket_elem_bytes if spec.mixed else float(spec.compute_bytes)
-    grads = stage_params * rb
-    buckets = max(1, math.ceil(grads / max(1.0, recipe.bucket_bytes(L.dp))))
-    if L.zero == 1 and recipe.shards_master and n > 1:
-        wb = recipe.weight_bytes if spec.mixed else float(spec.compute_bytes)
-        rs = (n - 1) / n * grads / bw + buckets * (n - 1) * lat
-        out["dp_allreduce"] = ((n - 1) / n * grads, rs)
-        params = stage_params * wb
-        out["zero_all_gather"] = ((n - 1) / n * params, gather_time(params, n, bw, lat))
-    elif n > 1:
-        secs = 2 * (n - 1) / n * grads / bw + buckets * allreduce_latency(n, lat)
-        out["dp_allreduce"] = (2 * (n - 1) / n * grads, secs)
     return out
 
 

@@ -1,0 +1,278 @@
+"""Time terms a framework recipe adds to the shared step-time model (step_time.step_time), each
+switched on by a `Recipe` field and read off the framework's source. Torch-free.
+
+- `recipe_comm`: the data-parallel families as the recipe's framework runs them (DDP buckets,
+  ZeRO-1's reduce-scatter or all-reduce + weight all-gather, DeepSpeed's ZeRO-3 fetches);
+- `recipe_exposed`: the exposed seconds of the families a framework runs its own way, which
+  step_time charges as given instead of step_time._exposed's rules;
+- `async_tp_terms` (Recipe.tp_comm 'async_linears'): tensor parallelism as Nanotron's
+  REDUCE_SCATTER-mode linears with tp_linear_async_communication run it, the all-gathers its
+  column linears hide behind their GEMMs and the reduce-scatters its row linears leave exposed.
+- `grad_accum_pass_s` (Recipe.grad_accum_pass_bytes): the fp32 gradient-accumulation pass after
+  every micro-batch's backward.
+- `post_backward_s` (Recipe.post_backward_pass_bytes, master_copy_bytes,
+  zero1_gather_flat_copies): the memory-bound passes between the gradient sync and the next step.
+
+Sources are Nanotron at c252843 (the commit of its v0.5 benchmarks, the Ultra-Scale Playbook's
+runs): src/nanotron/parallel/tensor_parallel/functional.py, optim/gradient_accumulator.py,
+optim/clip_grads.py, optim/zero.py, trainer.py.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from scaletrain.config import precision_spec
+
+from ..recipes.schema import Recipe
+from ..types import PlanInput
+from .comm import Link, allreduce_time, axis_link, gather_time
+from .efficiency import allreduce_latency
+from .zero3_fetch import zero3_module_fetch_terms
+
+__all__ = [
+    "AsyncTP",
+    "async_tp_terms",
+    "grad_accum_pass_s",
+    "post_backward_s",
+    "recipe_comm",
+    "recipe_exposed",
+]
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class AsyncTP:
+    """One step's tensor-parallel communication on the busiest rank (`async_tp_terms`)."""
+
+    bytes: float
+    """Bytes this rank's collectives move ((tp-1)/tp of each all-gathered or reduce-scattered
+    activation, 2(tp-1)/tp of the loss's all-reduced per-token values)."""
+    seconds: float
+    """Every collective's alpha-beta time, overlapped or not."""
+    exposed: float
+    """What no GEMM hides: the critical-path share of `seconds`."""
+
+
+def _linear_exposed(
+    g: float, *, fwd_shard: float, dgrad: float, wgrad: float, row: bool
+) -> tuple[float, float]:
+    """(forward, backward) exposed seconds of one async TP linear whose all-gather or
+    reduce-scatter takes g seconds (functional.py, c252843):
+    - column (_ColumnLinearAsyncCommunication): forward all-gathers its sequence-sharded input
+      while it multiplies the shard it holds (fwd_shard: 1/tp of the GEMM), exposed
+      max(0, g - fwd_shard); backward all-gathers the input again (tp_recompute_allgather)
+      under the input-gradient GEMM (dgrad) and reduce-scatters that gradient under the weight
+      gradient GEMM (wgrad): max(0, g - dgrad) + max(0, g - wgrad);
+    - row (_RowLinearAsyncCommunication): forward reduce-scatters its output after the GEMM
+      (differentiable_reduce_scatter_sum, synchronous): g; backward all-gathers the output
+      gradient while it multiplies the shard it holds (1/tp of dgrad): max(0, g - dgrad/tp)."""
+    if row:
+        return g, max(0.0, g - fwd_shard)
+    return max(0.0, g - fwd_shard), max(0.0, g - dgrad) + max(0.0, g - wgrad)
+
+
+def async_tp_terms(
+    plan: PlanInput,
+    *,
+    link: Link,
+    rate: float,
+    layers: int,
+    m: int,
+    recompute: bool,
+) -> AsyncTP:
+    """Tensor parallelism of one step under Nanotron's async REDUCE_SCATTER linears, dense
+    blocks (`_linear_exposed` per linear) on the busiest rank: `layers` blocks, `m`
+    micro-batches of T = seq x micro_batch tokens, GEMMs at `rate` FLOP/s, each all-gather or
+    reduce-scatter of the e x T x h activation over the tp link (comm.gather_time).
+
+    Per block: two column linears (qkv, N = q + 2 kv; gate_up, N = 2f gated else f) and two
+    row linears (o_proj, K = q; down_proj, K = f); a column GEMM's forward shard is
+    2 (T/tp) h (N/tp), its dgrad and wgrad 2 T h (N/tp) each; a row GEMM is 2 T h (K/tp), its
+    forward shard window is its dgrad's 1/tp. Under full recompute (recompute_layer) the
+    forward's collectives run again in backward. Embedding (TensorParallelEmbedding in
+    REDUCE_SCATTER mode: reduce-scatter forward, all-gather backward, both exposed) and head
+    (a column linear over V/tp, the vocab-parallel loss's three all-reduces of T fp32 values)
+    are counted on one rank at pp > 1 (the larger), both at pp = 1.
+    Ignores: the SMs the overlapped NCCL kernels take from the GEMMs, the GEMMs' split into
+    before/own/after shards (smaller M), MoE blocks (dense only; callers keep comm._tp_term
+    for MoE)."""
+    L, model = plan.layout, plan.model
+    tp = L.tp
+    bw, lat, _ = link
+    e = plan.compute_bytes
+    T = float(plan.seq_len) * plan.micro_batch / L.cp
+    h = model.dim
+    g = gather_time(e * T * h, tp, bw, lat)
+    moved_one = (tp - 1) / tp * e * T * h
+
+    def gemm(k: float, n: float) -> float:  # one T x k by k x n GEMM, per tp rank
+        return 2.0 * T * k * n / tp / rate
+
+    f_in = 2 * model.ffn_dim if model.gated_mlp else model.ffn_dim
+    fwd = bwd = 0.0
+    for n_out in (model.q_dim + 2 * model.kv_dim, f_in):  # column linears
+        full = gemm(h, n_out)
+        a, b = _linear_exposed(g, fwd_shard=full / tp, dgrad=full, wgrad=full, row=False)
+        fwd, bwd = fwd + a, bwd + b
+    for k_in in (model.q_dim, model.ffn_dim):  # row linears
+        full = gemm(k_in, h)
+        a, b = _linear_exposed(g, fwd_shard=full / tp, dgrad=full, wgrad=full, row=True)
+        fwd, bwd = fwd + a, bwd + b
+    rc = 1 if recompute else 0
+    per_block_exposed = fwd * (1 + rc) + bwd
+    per_block_colls = 10 + 4 * rc  # fwd 2 AG + 2 RS; bwd 2 AG (recompute) + 2 RS + 2 AG
+
+    head = gemm(h, model.vocab_size)
+    head_fwd, head_bwd = _linear_exposed(g, fwd_shard=head / tp, dgrad=head, wgrad=head, row=False)
+    loss_ar = 3 * allreduce_time(4.0 * T, tp, bw, lat)
+    loss_moved = 3 * 2 * (tp - 1) / tp * 4.0 * T
+    # (exposed, seconds, bytes) of each end of the model, per micro-batch
+    embedding = (2 * g, 2 * g, 2 * moved_one)
+    out_head = (head_fwd + head_bwd + loss_ar, 3 * g + loss_ar, 3 * moved_one + loss_moved)
+    if L.pp > 1:  # rank 0 holds the embedding, rank pp-1 the head
+        ends = max(embedding, out_head)
+    else:
+        ends = (embedding[0] + out_head[0], embedding[1] + out_head[1], embedding[2] + out_head[2])
+    exposed = m * (layers * per_block_exposed + ends[0])
+    seconds = m * (layers * per_block_colls * g + ends[1])
+    moved = m * (layers * per_block_colls * moved_one + ends[2])
+    return AsyncTP(bytes=moved, seconds=seconds, exposed=exposed)
+
+
+def grad_accum_pass_s(plan: PlanInput, bytes_per_param: float, params: float) -> float:
+    """Seconds per micro-batch of the pass that adds each parameter's 16-bit .grad into its
+    fp32 accumulation buffer once the backward has run (FP32GradientAccumulator.backward ->
+    _accumulate_grad: fp32_grad.add_(half_param.grad), then half_param.grad = None;
+    PipelineEngine.backward calls it every micro-batch, on every pipeline rank): bytes_per_param
+    x params over memory bandwidth, memory bound (1 add per 10 bytes). Ignores: the per-tensor
+    launch cost (one add per parameter tensor)."""
+    return bytes_per_param * params / plan.hardware.memory_bw
+
+
+def post_backward_s(
+    plan: PlanInput,
+    *,
+    params: float,
+    all_params_bytes: float,
+    updated_bytes: float,
+    zero1_flat_copies: bool,
+) -> float:
+    """Seconds of the memory-bound passes a step makes outside the backward and the optimizer
+    kernel (trainer.py DistributedTrainer.training_step, c252843), over memory bandwidth:
+    - `all_params_bytes` per parameter of the rank: clip_grad_norm (optim/clip_grads.py) reads
+      every fp32 gradient buffer for the norms (4) and scales it in place (4 + 4) — all of them
+      under ZeRO-1 ('In case of Zero1, we need to clip all fp32 grads') — and zero_grad zeroes
+      the contiguous fp32 buffer (4);
+    - `updated_bytes` per parameter this rank updates (its 1/dp shard under ZeRO-1): the fp32 ->
+      16-bit weight copy of gradient_accumulator.step (read 4, write 2);
+    - ZeRO-1's all-gather through flat buffers (optim/zero.py _all_gather_params ->
+      distributed.all_gather_coalesced): each gathered 16-bit weight unflattened and copied
+      back into its parameter (read 2, write 2 per parameter), when `zero1_flat_copies`.
+    Ignores: the norms' all-reduce over the model-parallel group (one fp32 scalar)."""
+    L = plan.layout
+    shard = params / L.zero_shards if L.zero else params
+    moved = all_params_bytes * params + updated_bytes * shard
+    if zero1_flat_copies and L.zero == 1 and L.dp > 1:
+        moved += 4.0 * params
+    return moved / plan.hardware.memory_bw
+
+
+def recipe_comm(
+    terms: dict[str, tuple[float, float]],
+    plan: PlanInput,
+    recipe: Recipe,
+    stage_params: float,
+    gpus_per_node: int | None,
+) -> dict[str, tuple[float, float]]:
+    """The data-parallel families as `recipe`'s framework runs them (the others are
+    comm_terms' own). DDP / ZeRO-0: all-reduce of the gradient in its reduction dtype
+    (bucket_elem_bytes), one latency term per bucket, NCCL's tree latency at scale
+    (efficiency.allreduce_latency). ZeRO-1 with a sharded master (Megatron's distributed
+    optimizer, DeepSpeed stage 1, Nanotron ZeroDistributedOptimizer): reduce-scatter of the
+    gradients, then all-gather of the updated 16-bit weights (weight_bytes per parameter)
+    instead of scaletrain's all-reduce + fp32 broadcast. ZeRO-3 under a recipe that gathers per
+    module (Recipe.zero3_module_fetch, DeepSpeed): `zero3_fetch.zero3_module_fetch_terms` in
+    place of FSDP's families, charged in full by step_time._exposed. ZeRO-1 under a recipe that
+    all-reduces after the backward (Recipe.zero1_grad_sync, Nanotron): one all-reduce of the
+    whole fp32 gradient buffer, 2(n-1)/n of it per rank, one latency term (NCCL's tree at
+    scale), in place of the bucketed reduce-scatter. Ignores: overlap of the param all-gather
+    with the next forward (Megatron --overlap-param-gather): counted exposed."""
+    L, hw = plan.layout, plan.hardware
+    if L.zero >= 3 and recipe.zero3_module_fetch and "fsdp_all_gather" in terms:
+        # DeepSpeed's per-module gathers and bucketed reduce-scatters, on the critical path
+        # (time/zero3_fetch.py) in place of FSDP's per-block, overlapped families
+        out = {
+            k: v for k, v in terms.items() if k not in ("fsdp_all_gather", "fsdp_reduce_scatter")
+        }
+        out.update(zero3_module_fetch_terms(plan, recipe, stage_params, gpus_per_node))
+        return out
+    if "dp_allreduce" not in terms:
+        return terms
+    out = dict(terms)
+    bw, lat, _ = axis_link(L, hw, "dp", gpus_per_node)
+    n = L.dp * L.cp
+    if L.zero:
+        n = max(1, n // max(1, L.dp_replicate))
+    # fp32 runs reduce and gather in fp32, their compute dtype; mixed runs in the recipe's dtypes
+    spec = precision_spec(plan.precision)
+    rb = recipe.bucket_elem_bytes if spec.mixed else float(spec.compute_bytes)
+    grads = stage_params * rb
+    buckets = max(1, math.ceil(grads / max(1.0, recipe.bucket_bytes(L.dp))))
+    if L.zero == 1 and recipe.shards_master and n > 1:
+        wb = recipe.weight_bytes if spec.mixed else float(spec.compute_bytes)
+        if recipe.zero1_grad_sync == "allreduce_after_backward":
+            # one all-reduce of the whole fp32 buffer (`recipe_exposed` leaves it exposed)
+            ar = 2 * (n - 1) / n * grads
+            out["dp_allreduce"] = (ar, ar / bw + allreduce_latency(n, lat))
+        else:
+            rs = (n - 1) / n * grads / bw + buckets * (n - 1) * lat
+            out["dp_allreduce"] = ((n - 1) / n * grads, rs)
+        params = stage_params * wb
+        out["zero_all_gather"] = ((n - 1) / n * params, gather_time(params, n, bw, lat))
+    elif n > 1:
+        secs = 2 * (n - 1) / n * grads / bw + buckets * allreduce_latency(n, lat)
+        out["dp_allreduce"] = (2 * (n - 1) / n * grads, secs)
+    return out
+
+
+def recipe_exposed(
+    comm: dict[str, tuple[float, float]],
+    plan: PlanInput,
+    recipe: Recipe,
+    *,
+    rate: float,
+    layers: int,
+    gpus_per_node: int | None,
+) -> dict[str, float]:
+    """Exposed seconds of the families a recipe's framework runs its own way (`step_time`
+    charges them as given, step_time._exposed the rest); `comm` is updated in place where the recipe
+    also changes what moves.
+    - tp under Recipe.tp_comm 'async_linears' with sequence parallelism, dense models:
+      `async_tp_terms` (Nanotron's async REDUCE_SCATTER linears) replaces
+      comm._tp_term's bytes and seconds, and its exposed share is charged;
+    - dp_allreduce under Recipe.zero1_grad_sync 'allreduce_after_backward' at ZeRO-1: all of
+      it (trainer.py DistributedTrainer.training_step calls sync_gradients_across_dp once
+      pipeline_engine.train_batch_iter has returned: no backward left to hide it)."""
+    L, model = plan.layout, plan.model
+    out: dict[str, float] = {}
+    if recipe.tp_comm == "async_linears" and "tp" in comm and L.sp and not model.is_moe:
+        cal = plan.calibration
+        factor = cal.collective_factor("tp") if cal is not None and cal.collective else 1.0
+        t = async_tp_terms(
+            plan,
+            link=axis_link(L, plan.hardware, "tp", gpus_per_node),
+            rate=rate,
+            layers=layers,
+            m=max(1, plan.grad_accum),
+            recompute=plan.ac == "full",
+        )
+        comm["tp"] = (t.bytes, t.seconds * factor)
+        out["tp"] = t.exposed * factor
+    if (
+        recipe.zero1_grad_sync == "allreduce_after_backward"
+        and L.zero == 1
+        and "dp_allreduce" in comm
+    ):
+        out["dp_allreduce"] = comm["dp_allreduce"][1]
+    return out

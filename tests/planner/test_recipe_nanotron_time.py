@@ -1,0 +1,196 @@
+"""Nanotron's step-time mechanisms read off its source (nanotron c252843, time/recipe_terms.py
+and recipe_exposed), each pinned on a small case against a hand computation: the
+async REDUCE_SCATTER linears' exposed collectives, ZeRO-1's gradient all-reduce after the
+backward, the fp32 accumulation pass per micro-batch, the post-backward passes, and the second
+persistent gather buffer of the row linears."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from scaletrain.config import Layout, ModelConfig, hardware_preset
+from scaletrain.planner.memory.rank_terms import model_terms
+from scaletrain.planner.recipes.memory import recipe_rank_memory, recipe_worst_rank
+from scaletrain.planner.recipes.registry import recipe_named
+from scaletrain.planner.recipes.schema import Recipe
+from scaletrain.planner.time.comm import allreduce_time, axis_link, gather_time
+from scaletrain.planner.time.efficiency import allreduce_latency
+from scaletrain.planner.time.recipe_terms import async_tp_terms
+from scaletrain.planner.time.step_time import StepTime, plan_efficiency, step_time
+from scaletrain.planner.types import PlanInput
+
+TINY = ModelConfig(
+    name="tiny-llama",
+    vocab_size=1024,
+    dim=256,
+    num_layers=4,
+    num_heads=4,
+    ffn_dim=512,
+    max_seq_len=512,
+    norm="rmsnorm",
+    activation="swiglu",
+    position="rope",
+    bias=False,
+)
+
+
+def _plan(layout: Layout, *, mb: int = 2, gb: int = 8, seq: int = 512) -> PlanInput:
+    return PlanInput(
+        TINY,
+        hardware_preset("h100-sxm"),
+        layout.world_size,
+        layout,
+        seq,
+        gb,
+        mb,
+        "bf16",
+        recipe="nanotron",
+    )
+
+
+def _step(plan: PlanInput, recipe: Recipe) -> StepTime:
+    _, max_params = recipe_worst_rank(plan)
+    return step_time(
+        plan,
+        max_params,
+        terms=model_terms(plan, None),
+        causal=True,
+        gpus_per_node=None,
+        zero_bubble="h1",
+        recipe=recipe,
+    )
+
+
+def _without(recipe: Recipe, **fields: Any) -> Recipe:
+    """`recipe` with some of its mechanisms switched off (a variant for comparison)."""
+    return dataclasses.replace(recipe, **fields)
+
+
+def test_async_linears_expose_what_no_gemm_hides_by_hand() -> None:
+    """tp 4, SP, T = 2 x 512 tokens, h 256, q = kv = 256, f 512 (gate_up 1024), V 1024, one
+    micro-batch, pp 1, at the GEMM rate that makes the qkv GEMM take 2g, so its forward shard
+    (G/tp = g/2) hides half its gather while its backward GEMMs hide all of theirs. One gather
+    g = gather_time(2 T h). Per block: the qkv
+    (N 768) and gate_up (N 1024) column linears expose max(0, g - G/tp) forward and
+    max(0, g - G) twice backward; o_proj (K 256) and down (K 512) expose g forward and
+    max(0, g - G/tp) backward (G = 2 T k n / tp / rate). Embedding 2g; head: its column
+    linear's windows over 2 T h V / tp plus the loss's three all-reduces of 4 T bytes."""
+    lay = Layout(dp=1, tp=4, sp=True)
+    p = _plan(lay, gb=2)
+    link = axis_link(lay, p.hardware, "tp", None)
+    T, h, tp = 1024.0, 256, 4
+    bw, lat, _ = link
+    g = gather_time(2 * T * h, tp, bw, lat)
+    rate = 2 * T * h * 768 / tp / (2 * g)
+    t = async_tp_terms(p, link=link, rate=rate, layers=4, m=1, recompute=False)
+
+    def gemm(k: float, n: float) -> float:
+        return 2 * T * k * n / tp / rate
+
+    assert max(0.0, g - gemm(h, 768) / tp) == pytest.approx(g / 2)  # half hidden
+    block = 0.0
+    for n in (768, 1024):
+        G = gemm(h, n)
+        block += max(0.0, g - G / tp) + 2 * max(0.0, g - G)
+    for k in (256, 512):
+        G = gemm(k, h)
+        block += g + max(0.0, g - G / tp)
+    H = gemm(h, 1024)
+    head = max(0.0, g - H / tp) + 2 * max(0.0, g - H) + 3 * allreduce_time(4 * T, tp, bw, lat)
+    assert t.exposed == pytest.approx(4 * block + 2 * g + head)
+    # ten half-collectives per block, two for the embedding, three for the head + the loss's
+    assert t.seconds == pytest.approx(
+        4 * 10 * g + 2 * g + 3 * g + 3 * allreduce_time(4 * T, tp, bw, lat)
+    )
+    assert t.bytes == pytest.approx((4 * 10 + 5) * 3 / 4 * 2 * T * h + 3 * 2 * 3 / 4 * 4 * T)
+    # a fast GEMM hides nothing: every collective is exposed but the loss's are all-reduces
+    fast = async_tp_terms(p, link=link, rate=1e30, layers=4, m=1, recompute=False)
+    assert fast.exposed == pytest.approx(fast.seconds)
+    # full recompute (recompute_layer) runs the forward's collectives again
+    rc = async_tp_terms(p, link=link, rate=rate, layers=4, m=1, recompute=True)
+    fwd = sum(max(0.0, g - gemm(h, n) / tp) for n in (768, 1024)) + 2 * g
+    assert rc.exposed == pytest.approx(t.exposed + 4 * fwd)
+
+
+def test_nanotron_charges_the_async_tp_exposure_and_other_recipes_keep_theirs() -> None:
+    """step_time under nanotron at tp 4 + SP: comm['tp'] carries async_tp_terms' bytes and
+    seconds and the exposed time is its exposed share (the only family at dp 1, pp 1); without
+    SP (ALL_REDUCE mode, no async linears) and under megatron the generic term stays."""
+    lay = Layout(dp=1, tp=4, sp=True)
+    p = _plan(lay, gb=4)
+    r = recipe_named("nanotron")
+    st = _step(p, r)
+    rate = p.hardware.flops("bf16") * plan_efficiency(p)
+    ref = async_tp_terms(
+        p, link=axis_link(lay, p.hardware, "tp", None), rate=rate, layers=4, m=2, recompute=False
+    )
+    assert st.comm["tp"] == pytest.approx((ref.bytes, ref.seconds))
+    assert st.exposed_s == pytest.approx(ref.exposed)
+    assert ref.exposed < ref.seconds
+    generic = _step(p, _without(r, tp_comm="exposed"))
+    assert generic.exposed_s == pytest.approx(generic.comm["tp"][1])
+    no_sp = _step(dataclasses.replace(p, layout=Layout(dp=1, tp=4)), r)
+    assert no_sp.exposed_s == pytest.approx(no_sp.comm["tp"][1])
+
+
+def test_zero1_all_reduces_the_fp32_buffer_after_the_backward() -> None:
+    """dp 8 ZeRO-1 (no DDP with accumulate_grad_in_fp32): one all-reduce of the 4 B gradient
+    of every parameter, 2(n-1)/n of it moved, one latency term, exposed whole; the 16-bit
+    weights' all-gather after the step stays exposed too. Under reduce_scatter the same rank
+    reduce-scatters half the bytes, overlapped with the backward."""
+    lay = Layout(dp=8, zero=1)
+    p = _plan(lay, gb=16)
+    r = recipe_named("nanotron")
+    _, P = recipe_worst_rank(p)
+    bw, lat, _ = axis_link(lay, p.hardware, "dp", None)
+    n = 8
+    st = _step(p, r)
+    moved = 2 * (n - 1) / n * 4 * P
+    assert st.comm["dp_allreduce"] == pytest.approx((moved, moved / bw + allreduce_latency(n, lat)))
+    gather = st.comm["zero_all_gather"][1]
+    assert st.exposed_s == pytest.approx(st.comm["dp_allreduce"][1] + gather)
+    rs = _step(p, _without(r, zero1_grad_sync="reduce_scatter"))
+    assert rs.comm["dp_allreduce"][0] == pytest.approx((n - 1) / n * 4 * P)
+    assert rs.exposed_s < st.exposed_s
+
+
+def test_fp32_accumulation_pass_after_every_micro_batch() -> None:
+    """FP32GradientAccumulator.backward adds each 16-bit grad into the fp32 buffer after the
+    backward: 10 B per parameter of the rank per micro-batch over the memory bandwidth, in the
+    compute (4 micro-batches here), at any dp."""
+    p = _plan(Layout(dp=1), gb=8)
+    r = recipe_named("nanotron")
+    _, P = recipe_worst_rank(p)
+    on, off = _step(p, r), _step(p, _without(r, grad_accum_pass_bytes=0.0))
+    assert on.compute_s - off.compute_s == pytest.approx(4 * 10 * P / p.hardware.memory_bw)
+
+
+def test_post_backward_passes_by_hand() -> None:
+    """clip_grad_norm over every fp32 grad (4 + 8) and zero_grad (4): 16 B per parameter of the
+    rank; the fp32 -> bf16 copy 6 B per updated parameter (1/dp under ZeRO-1); ZeRO-1's
+    all-gather copied back from its flat buffers 4 B per parameter; all with the optimizer."""
+    r = recipe_named("nanotron")
+    bare = _without(
+        r, post_backward_pass_bytes=0.0, master_copy_bytes=0.0, zero1_gather_flat_copies=False
+    )
+    for lay, extra in ((Layout(dp=4, zero=1), 16 + 6 / 4 + 4), (Layout(dp=4), 16 + 6)):
+        p = _plan(lay, gb=8)
+        _, P = recipe_worst_rank(p)
+        bw = p.hardware.memory_bw
+        diff = _step(p, r).optimizer_s - _step(p, bare).optimizer_s
+        assert diff == pytest.approx(extra * P / bw)
+
+
+def test_async_linears_keep_two_gather_buffers() -> None:
+    """MemoryBuffer 'allgather' (column inputs) and 'allgather2' (row output gradients): two
+    e x T x h buffers under nanotron's async linears, one under megatron's SP."""
+    lay = Layout(dp=1, tp=4, sp=True)
+    p = _plan(lay, gb=2)
+    T, h = 1024, 256
+    nano = recipe_rank_memory(p, recipe_named("nanotron"), 0)
+    assert nano.buffer_terms["tp_all_gather"] == pytest.approx(2 * 2 * T * h)
+    meg = recipe_rank_memory(dataclasses.replace(p, recipe="megatron"), recipe_named("megatron"), 0)
+    assert meg.buffer_terms["tp_all_gather"] == pytest.approx(2 * T * h)
