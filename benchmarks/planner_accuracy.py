@@ -509,8 +509,14 @@ def stage_flops_per_token(job: JobConfig, world: int, pipeline_rank: int) -> flo
     first block's skipped input gradients on the first stage only (a later stage's input is
     received and needs its gradient) and the frozen head's skipped weight gradient on the last
     only."""
+    from scaletrain.config import expert_tp
     from scaletrain.planner.memory.states import dense_layers_on_rank, stage_layer_counts
-    from scaletrain.planner.time.flops import counted_flops_per_token, lora_flops, matmul_params
+    from scaletrain.planner.time.flops import (
+        capacity_rows_forward_flops,
+        counted_flops_per_token,
+        lora_flops,
+        matmul_params,
+    )
     from scaletrain.planner.time.pipeline import last_stage_rank
 
     layout, m = job.layout(world), job.model
@@ -543,6 +549,11 @@ def stage_flops_per_token(job: JobConfig, world: int, pipeline_rank: int) -> flo
         fused_head=fused,
         lora=lf,
     )
+    if m.moe_capacity_factor:  # the experts' rows under an expert capacity (local tensors)
+        tokens = job.batch.micro_batch * job.batch.seq_len / layout.cp
+        passes = 4.0 if job.memory.ac == "full" else 3.0  # (full AC re-runs the experts)
+        rows = capacity_rows_forward_flops(m, tokens) / expert_tp(layout.tp, layout.ep)
+        per_token += passes * stage.num_moe_layers * rows
     if layout.pp > 1 and pipeline_rank != last_stage_rank(layout):
         per_token -= (4 * 2.0 / layout.tp if fused else 3 * 2.0) * matmul_params(m)[1]
         if lf is not None:  # (no head: nothing skipped there either)

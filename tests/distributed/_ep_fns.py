@@ -112,3 +112,88 @@ def _world_mesh():
     from torch.distributed.device_mesh import DeviceMesh
 
     return DeviceMesh.from_group(dist.group.WORLD, "cpu")
+
+
+CAPACITY_CASES = [(p, pad) for p in ("probs", "position") for pad in (False, True)]
+
+
+def _capacity_layer(policy, pad):
+    """A float64 MoE layer with an expert capacity (factor 0.75) whose router favours
+    expert 0, the same on every rank (seeded)."""
+    from scaletrain.models import MoE
+
+    torch.manual_seed(0)
+    moe = MoE(
+        16,
+        24,
+        4,
+        2,
+        activation="swiglu",
+        bias=True,
+        aux_loss_coef=0.0,
+        capacity_factor=0.75,
+        drop_policy=policy,
+        pad_to_capacity=pad,
+    ).double()
+    with torch.no_grad():
+        for p in moe.parameters():
+            p.normal_(0, 0.3)
+        moe.router.weight[0] += 1.0
+    return moe
+
+
+def _capacity_tokens(rank):
+    """(x, dy) of `rank`: rank 0's tokens overflow expert 0 more than rank 1's."""
+    g = torch.Generator().manual_seed(10 + rank)
+    x = torch.randn(2, 12, 16, generator=g, dtype=torch.float64) + (0.4 if rank == 0 else -0.2)
+    return x, torch.randn(2, 12, 16, generator=g, dtype=torch.float64)
+
+
+def ep_capacity():
+    """Per (policy, pad): an expert-parallel layer (ep = world) on this rank's tokens against
+    the single-device layer run on those tokens alone (the capacity is each source rank's own).
+    Returns {case: (max |y_ep - y|, max |dx_ep - dx|, max |router grad diff|, max |expert
+    grad diff| against the mean over ranks of the single-device expert gradients, assignments
+    dropped here, max |y_ep - the rows of one layer run on every rank's tokens together|)}."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    out = {}
+    for policy, pad in CAPACITY_CASES:
+        ep = apply_ep(_capacity_layer(policy, pad), dist.group.WORLD)
+        assert isinstance(ep.experts, ExpertParallelExperts)
+        x, dy = _capacity_tokens(rank)
+        x = x.requires_grad_()
+        y = ep(x)
+        y.backward(dy)
+        dropped = int(ep.last_tokens_per_expert.sum() - ep.last_kept_per_expert.sum())
+
+        alone = _capacity_layer(policy, pad)  # this rank's tokens alone
+        x_ref = x.detach().clone().requires_grad_()
+        y_ref = alone(x_ref)
+        y_ref.backward(dy)
+        every = _capacity_layer(policy, pad)  # every rank's tokens, one forward each
+        for r in range(size):
+            xr, dyr = _capacity_tokens(r)
+            every(xr).backward(dyr)
+        n = 4 // size
+        expert_err = max(
+            (
+                getattr(ep.experts, name).grad.to_local()
+                - getattr(every.experts, name).grad[rank * n : (rank + 1) * n] / size
+            )
+            .abs()
+            .max()
+            .item()
+            for name in ("w1", "w2", "w3", "b1", "b2", "b3")
+        )
+        together = _capacity_layer(policy, pad)  # one group of every rank's tokens
+        xs = torch.cat([_capacity_tokens(r)[0] for r in range(size)])
+        y_all = together(xs)[rank * 2 : (rank + 1) * 2]
+        out[(policy, pad)] = (
+            (y - y_ref).abs().max().item(),
+            (x.grad - x_ref.grad).abs().max().item(),
+            (ep.router.weight.grad - alone.router.weight.grad).abs().max().item(),
+            expert_err,
+            dropped,
+            (y.detach() - y_all.detach()).abs().max().item(),
+        )
+    return out

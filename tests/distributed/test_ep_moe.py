@@ -5,7 +5,18 @@ from scaletrain.config import resolve_model
 from scaletrain.models import build_model
 from scaletrain.parallel.launch import spawn
 
-from ._ep_fns import BATCH, LR, STEPS, _grads, batch, ep_experts_fp8, ep_train, train_step
+from ._ep_fns import (
+    BATCH,
+    CAPACITY_CASES,
+    LR,
+    STEPS,
+    _grads,
+    batch,
+    ep_capacity,
+    ep_experts_fp8,
+    ep_train,
+    train_step,
+)
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 EP = 2
@@ -81,3 +92,18 @@ def test_ep2_float8_experts_match_single_process(scaling):
         assert y_max > 0 and y_err <= 1e-6 * y_max, (scaling, y_err, y_max)
         assert set(grad_errs) == {"w1", "w2", "w3"}
         assert all(e <= bound for e in grad_errs.values()), (scaling, grad_errs)
+
+
+def test_ep2_token_dropping_caps_each_source_ranks_tokens():
+    """Expert capacity under ep2 (models/moe_dispatch.py), both policies, padded (static
+    splits, no count exchange) or not: each rank's output, input gradient and router gradient
+    equal the single-device layer's on that rank's tokens alone, and each expert shard's
+    gradient the mean over ranks of the single-device ones, in float64; tokens are dropped on
+    every rank, and one layer over both ranks' tokens together (a global capacity) differs."""
+    per_rank = spawn(ep_capacity, EP)
+    for rank, cases in enumerate(per_rank):
+        assert set(cases) == set(CAPACITY_CASES)
+        for case, (y_err, dx_err, router_err, expert_err, dropped, vs_global) in cases.items():
+            assert dropped > 0, (rank, case)
+            assert max(y_err, dx_err, router_err, expert_err) <= 1e-12, (rank, case, cases)
+            assert vs_global > 1e-3, (rank, case)

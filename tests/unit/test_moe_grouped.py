@@ -1,6 +1,7 @@
 """MoE experts as grouped GEMMs (issue #37 item 3): every kernel of `grouped_expert_mlp`
 against the per-expert loop (forward and backward), the kernel 'auto' picks, fake tensors,
-and an op count per forward that does not grow with the number of experts."""
+and an op count per forward that does not grow with the number of experts, with token
+dropping too."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from scaletrain.models import MoE
 from scaletrain.models.moe import ExpertWeights, expert_kernel, grouped_expert_mlp
+from scaletrain.models.moe_dispatch import Capacity
 
 
 def _weights(
@@ -158,14 +160,20 @@ class _CountOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _ops_per_step(num_experts: int, dtype: torch.dtype, kernel: str) -> int:
+def _ops_per_step(
+    num_experts: int, dtype: torch.dtype, kernel: str, capacity: Capacity | None = None
+) -> int:
     torch.manual_seed(0)
     moe = MoE(16, 24, num_experts, 2, activation="swiglu", bias=False, aux_loss_coef=0.01)
     moe = moe.to(dtype)
     moe.experts.kernel = kernel  # type: ignore[assignment]
+    moe.capacity = capacity
     x = torch.randn(4, 64, 16, dtype=dtype, requires_grad=True)  # 512 assignments: none empty
     with _CountOps() as counter:
         moe(x).float().square().mean().backward()
+    if capacity is not None:  # the capacity is in force: some expert overflowed and dropped
+        kept, routed = moe.last_kept_per_expert, moe.last_tokens_per_expert
+        assert kept is not None and routed is not None and int(kept.sum()) < int(routed.sum())
     return sum(counter.ops.values())
 
 
@@ -189,6 +197,20 @@ def test_op_count_does_not_grow_with_the_number_of_experts(dtype, kernel) -> Non
         )
         == kernel
     )
+
+
+@pytest.mark.parametrize("pad", [False, True], ids=["unpadded", "padded"])
+@pytest.mark.parametrize("policy", ["probs", "position"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
+def test_op_count_with_token_dropping_does_not_grow_with_the_number_of_experts(
+    dtype, policy, pad
+) -> None:
+    """With an expert capacity (models/moe_dispatch.py, factor 0.9: every expert count
+    drops some) the permutation is still done once: the same aten op count at 4, 16 and 64
+    experts, with the grouped GEMMs and with the padded bmm."""
+    capacity = Capacity(0.9, policy, pad)
+    counts = {e: _ops_per_step(e, dtype, "auto", capacity) for e in (4, 16, 64)}
+    assert len(set(counts.values())) == 1, counts
 
 
 @pytest.mark.parametrize("kernel", ["grouped_mm", "padded_bmm"])

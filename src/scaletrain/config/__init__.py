@@ -42,7 +42,14 @@ from .layout import (
 )
 from .loading import load_config, parse_overrides, split_overrides
 from .lora import LORA_TARGETS, LoraConfig
-from .model import MODEL_PRESETS, ModelConfig, ParamCounts, model_preset, resolve_model
+from .model import (
+    MODEL_PRESETS,
+    ModelConfig,
+    ParamCounts,
+    expert_capacity,
+    model_preset,
+    resolve_model,
+)
 from .offload import offload_states, offloads_activations
 from .precision import PRECISION_TABLE, PrecisionSpec, compute_bytes, precision_spec
 from .units import KiB, MiB, byte_unit, fmt_bytes
@@ -107,5 +114,6 @@ __all__ = [
     "ParamCounts",
     "model_from_hf_config",
     "model_preset",
+    "expert_capacity",
     "resolve_model",
 ]

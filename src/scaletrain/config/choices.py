@@ -41,6 +41,7 @@ __all__ = [
     "Attention",
     "HFModelType",
     "RouterScoring",
+    "MoEDropPolicy",
     "names",
     "literal_names",
     "check_choices",
@@ -91,6 +92,7 @@ HFModelType = Literal[
     "gemma3_text",
 ]
 RouterScoring = Literal["topk_softmax", "softmax", "sigmoid"]
+MoEDropPolicy = Literal["probs", "position"]
 
 
 def names(alias: Any) -> tuple[Any, ...]:

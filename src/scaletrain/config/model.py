@@ -20,6 +20,7 @@ from .choices import (
     Activation,
     Attention,
     HFModelType,
+    MoEDropPolicy,
     Norm,
     Position,
     RouterScoring,
@@ -28,7 +29,14 @@ from .choices import (
 from .deepseek import mla_attention_params, mla_replicated_params, validate_deepseek
 from .hub import hub_snapshot, is_hub_id
 
-__all__ = ["ModelConfig", "ParamCounts", "MODEL_PRESETS", "model_preset", "resolve_model"]
+__all__ = [
+    "ModelConfig",
+    "ParamCounts",
+    "MODEL_PRESETS",
+    "model_preset",
+    "resolve_model",
+    "expert_capacity",
+]
 
 
 @dataclass
@@ -79,6 +87,25 @@ class ModelConfig:
     sum to one (Mixtral; Qwen3-MoE's `norm_topk_prob = true`); False keeps their probabilities
     under the softmax over all experts (`norm_topk_prob = false`). 'topk_softmax' routing
     only: DeepSeek's 'softmax'/'sigmoid' routing has `router_norm_topk` instead."""
+    moe_capacity_factor: float = 0.0
+    """MoE token dropping (GShard, Lepikhin et al. 2020; Switch Transformer, Fedus et al. 2022
+    sec. 2.2; Megatron-Core's `moe_expert_capacity_factor`). 0, the default, drops nothing.
+    c > 0 lets each expert take at most C = ceil(c * N * k / E) of the N*k (token, expert)
+    assignments of the N tokens one MoE forward routes on one rank (`expert_capacity`; the
+    group is a rank's micro-batch, b x s / cp tokens); the rest are dropped by
+    `moe_drop_policy`: they add nothing to the layer's output (the token keeps its residual and
+    its other experts), the kept assignments keep their weights (not renormalized). Hugging
+    Face's Mixtral, Qwen3-MoE and DeepSeek configs have no capacity (they train dropless): an
+    import leaves 0, an export writes none (the weights run dropless there)."""
+    moe_drop_policy: MoEDropPolicy = "probs"
+    """Which assignments an over-capacity expert drops: 'probs' its lowest routing weights,
+    'position' its latest tokens (sequence position first, then the sequence's index in the
+    micro-batch, as Megatron-Core's (s, b) token order). Ties keep the earlier position."""
+    moe_pad_to_capacity: bool = False
+    """With a capacity: every expert runs exactly C rows (padding rows after its kept ones,
+    which add nothing), so every shape is static: the expert-parallel all-to-all splits need no
+    count exchange and no host sync (Megatron-Core's `moe_pad_expert_input_to_capacity`), and
+    the dry-run measures a real step's memory exactly. Costs the padding rows' compute."""
     attention: Attention = "sdpa"
     """Attention backend: 'sdpa' (flash / memory-efficient kernels) or 'naive' (S x S scores)."""
     init_std: float = 0.02
@@ -230,6 +257,7 @@ class ModelConfig:
                 self.experts_per_token,
                 f"use 1..num_experts={self.num_experts}",
             )
+        self._validate_capacity()
         require(
             math.isfinite(self.init_std) and self.init_std > 0,
             p + "init_std",
@@ -268,6 +296,28 @@ class ModelConfig:
         )
         validate_deepseek(self)
         self._validate_attention_extras()
+
+    def _validate_capacity(self) -> None:
+        """`moe_capacity_factor`, `moe_pad_to_capacity`: a factor >= 0 on an MoE model."""
+        p, c = "model.", self.moe_capacity_factor
+        require(
+            isinstance(c, int | float) and math.isfinite(c) and c >= 0,
+            p + "moe_capacity_factor",
+            c,
+            "use 0 (no token dropping) or a positive factor such as 1.25",
+        )
+        require(
+            not c or self.is_moe,
+            p + "moe_capacity_factor",
+            c,
+            "a dense model (num_experts=0) has no experts to cap: set it to 0",
+        )
+        require(
+            not self.moe_pad_to_capacity or c > 0,
+            p + "moe_pad_to_capacity",
+            self.moe_pad_to_capacity,
+            "padding needs a capacity: set model.moe_capacity_factor > 0 (e.g. 1.25), or false",
+        )
 
     def _validate_attention_extras(self) -> None:
         """The Gemma-style pieces: score scale, soft-caps, the local/global layer pattern,
@@ -370,6 +420,21 @@ class ModelConfig:
         """Blocks with an MoE layer: all but the first `num_dense_layers` (0 for dense)."""
         return self.num_layers - self.num_dense_layers if self.is_moe else 0
 
+    def expert_rows_per_token(self, tokens: float) -> float:
+        """The (token, expert) rows an MoE layer's experts run per routed token when one
+        forward routes `tokens` tokens (the permuted buffers' rows over the tokens): k without
+        a capacity (`experts_per_token` itself: a planner figure is then unchanged to the bit);
+        with `moe_capacity_factor`, E*C / tokens padded (`moe_pad_to_capacity`: C rows per
+        expert, kept or padding) and min(E*C, k*tokens) / tokens unpadded: the upper bound,
+        which a balanced router reaches (every expert min(N*k/E, C), the dry-run's dispatch).
+        C = `expert_capacity` of the tokens (rounded down to whole tokens)."""
+        k = self.experts_per_token
+        if not self.moe_capacity_factor or tokens <= 0:
+            return k
+        n = int(tokens)
+        rows = self.num_experts * expert_capacity(n, k, self.num_experts, self.moe_capacity_factor)
+        return (rows if self.moe_pad_to_capacity else min(rows, k * n)) / tokens
+
     def layer_is_moe(self, i: int) -> bool:
         """Whether block i has an MoE layer (DeepSeek: the first blocks stay dense)."""
         return self.is_moe and i >= self.num_dense_layers
@@ -390,6 +455,8 @@ class ModelConfig:
             router_norm_topk=False,
             router_scale=1.0,
             router_bias_rate=0.0,
+            moe_capacity_factor=0.0,
+            moe_pad_to_capacity=False,
         )
 
     @property
@@ -421,6 +488,24 @@ class ModelConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def expert_capacity(tokens: int, top_k: int, num_experts: int, factor: float) -> int:
+    """Rows an expert may take when `tokens` tokens are routed to their `top_k` of
+    `num_experts` experts with capacity factor `factor` (> 0): C = ceil(tokens * k / E * c)
+    (GShard, Lepikhin et al. 2020 sec. 2.2; Switch Transformer, Fedus et al. 2022 eq. 3; the
+    expression of Megatron-Core's moe_utils.get_capacity, floating-point order included, so a
+    factor gives the same C there and here), at most `tokens`: an expert gets each token at
+    most once, so a larger C drops nothing (Megatron-Core skips dropping there too) and would
+    only add padding rows. Pure Python: the model (models/moe_dispatch.py) and the planner
+    read the same C.
+
+    >>> expert_capacity(512, 2, 8, 1.0), expert_capacity(512, 2, 8, 1.25)
+    (128, 160)
+    >>> expert_capacity(10, 2, 2, 4.0)  # 20 > the 10 tokens
+    10
+    """
+    return min(tokens, math.ceil((tokens * top_k / num_experts) * factor))
 
 
 def _llama_ffn(dim: int, multiple_of: int = 256) -> int:

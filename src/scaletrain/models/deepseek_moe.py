@@ -42,8 +42,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..config.choices import MoEDropPolicy
 from ..numerics import upcast
-from .moe import GroupedExperts, MoE, _AuxLossGrad, _in_backward, balanced_counts, is_fake
+from .moe import GroupedExperts, MoE, _AuxLossGrad, _in_backward
 
 __all__ = ["DeepSeekMoE", "deepseek_route", "sequence_balance_loss"]
 
@@ -121,6 +122,9 @@ class DeepSeekMoE(MoE):
         norm_topk: bool,
         scale: float,
         bias_rate: float,
+        capacity_factor: float = 0.0,
+        drop_policy: MoEDropPolicy = "probs",
+        pad_to_capacity: bool = False,
     ) -> None:
         super().__init__(
             dim,
@@ -130,6 +134,9 @@ class DeepSeekMoE(MoE):
             activation=activation,
             bias=bias,
             aux_loss_coef=aux_loss_coef,
+            capacity_factor=capacity_factor,
+            drop_policy=drop_policy,
+            pad_to_capacity=pad_to_capacity,
         )
         self.scoring, self.groups, self.topk_groups = scoring, groups, topk_groups
         self.norm_topk, self.scale, self.bias_rate = norm_topk, scale, bias_rate
@@ -198,15 +205,7 @@ class DeepSeekMoE(MoE):
         if self.shared_experts is not None:
             shared = self.shared_experts(flat, [flat.shape[0]])  # (N, h)
         weights, top_idx, scores = self._route(flat)  # (N, k), (N, k), (N, E)
-        dispatch: torch.Tensor | list[int]
-        idx = top_idx.reshape(-1)  # (N*k,)
-        if is_fake(flat):  # no values: count with a fixed-size scatter, dispatch balanced
-            counts = torch.zeros(self.num_experts, dtype=torch.int64, device=idx.device)
-            counts = counts.scatter_add_(0, idx, torch.ones_like(idx))  # (E,)
-            dispatch = balanced_counts(idx.numel(), self.num_experts)
-        else:
-            counts = torch.bincount(idx, minlength=self.num_experts)  # (E,)
-            dispatch = counts
+        counts = self._count(top_idx)  # (E,) the router's choice, before any dropping
         aux = sequence_balance_loss(scores, top_idx, batch=b, sigmoid=self.scoring == "sigmoid")
         if not _in_backward():  # not an activation checkpoint's recompute (see MoE.forward)
             self.aux_loss = aux
@@ -214,13 +213,7 @@ class DeepSeekMoE(MoE):
             if torch.is_grad_enabled() and self.count_load:  # a training forward's load
                 load = counts.detach()  # (E,) int64: exact at any batch size
                 self.expert_load = load if self.expert_load is None else self.expert_load + load
-        order = torch.argsort(idx, stable=True)  # (N*k,) the pairs sorted by expert
-        token_of = order // self.top_k  # (N*k,) source token of each sorted slot
-        out_sorted = self.experts(flat[token_of], dispatch)  # (N*k, h)
-        out_sorted = out_sorted * weights.reshape(-1)[order].unsqueeze(-1).to(out_sorted.dtype)
-        out = flat.new_zeros(flat.shape, dtype=out_sorted.dtype).index_add_(
-            0, token_of, out_sorted
-        )  # (N, h)
+        out = self._experts_combine(flat, top_idx, weights, counts, batch=b)  # (N, h)
         if shared is not None:
             out = out + shared.to(out.dtype)
         out = out.view(b, t, h)

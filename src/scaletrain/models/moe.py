@@ -13,6 +13,12 @@ real step then matches when the router is balanced (what the load-balancing loss
 to); a skewed router makes the busiest expert's activations larger than measured. Real
 tensors always take the exact data-dependent path.
 
+The permutation (sort by expert, gather, weighted scatter-add back) is done once per forward
+(`models.moe_dispatch`), with an optional expert capacity (token dropping, padded or not:
+`config.ModelConfig.moe_capacity_factor`). With padding every shape is static, so the dry-run
+takes the real path (no balanced-router assumption); unpadded, under fake tensors each expert
+runs min(N·k/E, C) rows of the balanced router.
+
 The experts run as grouped GEMMs on the expert-sorted tokens (`grouped_expert_mlp`): one
 `torch._grouped_mm` per projection where torch 2.13 runs it on every backend and under fake
 tensors (bf16 with 16-byte-aligned rows), else one `torch.bmm` per projection over a padded
@@ -33,7 +39,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..config.choices import MoEDropPolicy
 from ..numerics import upcast
+from .moe_dispatch import Capacity, balanced_counts, combine, permute
 
 __all__ = [
     "EXPERT_WEIGHTS",
@@ -57,16 +65,6 @@ def is_fake(t: torch.Tensor) -> bool:
     from torch._subclasses.fake_tensor import is_fake as _is_fake
 
     return bool(_is_fake(t))
-
-
-def balanced_counts(assignments: int, num_experts: int) -> list[int]:
-    """Tokens per expert under a perfectly balanced router (fake-tensor dispatch only).
-
-    >>> balanced_counts(10, 4)  # 10 assignments over 4 experts
-    [3, 3, 2, 2]
-    """
-    base, rest = divmod(assignments, num_experts)
-    return [base + (1 if e < rest else 0) for e in range(num_experts)]
 
 
 def expert_mlp(
@@ -349,16 +347,26 @@ class MoE(nn.Module):
         bias: bool,
         aux_loss_coef: float,
         norm_topk: bool = True,
+        capacity_factor: float = 0.0,
+        drop_policy: MoEDropPolicy = "probs",
+        pad_to_capacity: bool = False,
     ) -> None:
         super().__init__()
         self.num_experts, self.top_k, self.aux_loss_coef = num_experts, top_k, aux_loss_coef
         self.norm_topk = norm_topk
+        self.capacity: Capacity | None = (
+            Capacity(capacity_factor, drop_policy, pad_to_capacity) if capacity_factor else None
+        )
+        """The expert capacity (`models.moe_dispatch`); None: no token is dropped."""
         self.router = nn.Linear(dim, num_experts, bias=False)
         self.experts = GroupedExperts(
             dim, hidden_dim, num_experts, activation=activation, bias=bias
         )
         self.aux_loss: torch.Tensor | None = None
         self.last_tokens_per_expert: torch.Tensor | None = None
+        """(E,) the router's assignments per expert in the last forward, before dropping."""
+        self.last_kept_per_expert: torch.Tensor | None = None
+        """(E,) the assignments each expert kept (ran) in the last forward."""
         self.aux_grad_scale: Callable[[], float] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -372,19 +380,9 @@ class MoE(nn.Module):
         else:
             weights = probs.gather(1, top_idx)  # (N, k), not renormalized
 
-        # Load balancing (Switch eq. 4, f over the N*k assignments; see class docstring).
-        dispatch: torch.Tensor | list[int]
-        if is_fake(flat):
-            # bincount's output size depends on the data, which fake tensors lack: count with
-            # a fixed-size scatter_add (the same counts), dispatch as if the router were
-            # balanced (module docstring)
-            idx = top_idx.reshape(-1)
-            counts = torch.zeros(self.num_experts, dtype=torch.int64, device=idx.device)
-            counts = counts.scatter_add_(0, idx, torch.ones_like(idx))  # (E,)
-            dispatch = balanced_counts(top_idx.numel(), self.num_experts)
-        else:
-            counts = torch.bincount(top_idx.reshape(-1), minlength=self.num_experts)  # (E,)
-            dispatch = counts
+        # Load balancing (Switch eq. 4, f over the N*k assignments; see class docstring),
+        # on the router's choice before any dropping (as Megatron-Core's aux loss)
+        counts = self._count(top_idx)  # (E,)
         frac = counts.to(logits.dtype) / top_idx.numel()
         probs_mean = (torch.softmax(logits, dim=-1) if probs is None else probs).mean(dim=0)
         aux = self.num_experts * (frac * probs_mean).sum()
@@ -396,22 +394,40 @@ class MoE(nn.Module):
             # the next forward, across the rest of backward and the optimizer step.
             self.aux_loss = aux
             self.last_tokens_per_expert = counts.detach()
-
-        # Sort the N*k (token, expert) pairs by expert so each expert sees a contiguous block.
-        flat_expert = top_idx.reshape(-1)  # (N*k,)
-        order = torch.argsort(flat_expert, stable=True)  # (N*k,)
-        token_of = order // self.top_k  # (N*k,) source token of each sorted slot
-        out_sorted = self.experts(flat[token_of], dispatch)  # (N*k, h)
-        out_sorted = out_sorted * weights.reshape(-1)[order].unsqueeze(-1).to(out_sorted.dtype)
-        # in the experts' output dtype (bf16 under autocast, like a dense FeedForward's;
-        # `flat` is the fp32 norm output there)
-        out = flat.new_zeros(flat.shape, dtype=out_sorted.dtype).index_add_(
-            0, token_of, out_sorted
-        )  # (N, h)
+        out = self._experts_combine(flat, top_idx, weights, counts, batch=b)  # (N, h)
         out = out.view(b, t, h)
         if self.aux_grad_scale is not None and torch.is_grad_enabled():
             out = _AuxLossGrad.apply(out, aux, self.aux_loss_coef * self.aux_grad_scale())
         return out
+
+    def _count(self, top_idx: torch.Tensor) -> torch.Tensor:
+        """(E,) int64 assignments per expert of `top_idx` (N, k). Under fake tensors
+        bincount's output size would depend on values they lack: a fixed-size scatter_add
+        counts the same."""
+        idx = top_idx.reshape(-1)
+        if is_fake(idx):
+            counts = torch.zeros(self.num_experts, dtype=torch.int64, device=idx.device)
+            return counts.scatter_add_(0, idx, torch.ones_like(idx))
+        return torch.bincount(idx, minlength=self.num_experts)
+
+    def _experts_combine(
+        self,
+        flat: torch.Tensor,
+        top_idx: torch.Tensor,
+        weights: torch.Tensor,
+        counts: torch.Tensor,
+        *,
+        batch: int,
+    ) -> torch.Tensor:
+        """(N, h): the experts on the expert-sorted rows of the assignments (`top_idx`,
+        `weights`: (N, k)), dropped past the capacity, weighted back into their tokens."""
+        perm = permute(
+            top_idx, weights, counts, batch=batch, capacity=self.capacity, fake=is_fake(flat)
+        )
+        if not _in_backward():
+            self.last_kept_per_expert = perm.kept.detach()
+        out_sorted = self.experts(flat[perm.token_of], perm.counts)  # (R, h)
+        return combine(out_sorted, perm, flat)
 
 
 def _in_backward() -> bool:

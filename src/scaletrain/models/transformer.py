@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -126,6 +127,7 @@ def _moe(cfg: ModelConfig) -> MoE:
             bias=cfg.bias,
             aux_loss_coef=cfg.moe_aux_loss_coef,
             norm_topk=cfg.moe_norm_topk,
+            **_capacity(cfg),
         )
     return DeepSeekMoE(
         cfg.dim,
@@ -142,7 +144,17 @@ def _moe(cfg: ModelConfig) -> MoE:
         norm_topk=cfg.router_norm_topk,
         scale=cfg.router_scale,
         bias_rate=cfg.router_bias_rate,
+        **_capacity(cfg),
     )
+
+
+def _capacity(cfg: ModelConfig) -> dict[str, Any]:
+    """The expert-capacity arguments of `MoE` / `DeepSeekMoE` (models/moe_dispatch.py)."""
+    return {
+        "capacity_factor": cfg.moe_capacity_factor,
+        "drop_policy": cfg.moe_drop_policy,
+        "pad_to_capacity": cfg.moe_pad_to_capacity,
+    }
 
 
 class TransformerBlock(nn.Module):

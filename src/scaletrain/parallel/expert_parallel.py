@@ -22,9 +22,15 @@ gradient by 1/ep; with ep < dp·cp the dp·cp/ep ranks holding the same shard (t
 "ep_replicate" mesh) average it (`data_parallel.sync_gradients`, set up by `parallelize`),
 which completes the mean over all dp·cp ranks.
 
-Under fake tensors (the dry-run) step 1 has no values to exchange: the splits are computed
-locally from the balanced-router assumption of `scaletrain.models.moe` (every rank sends
-N·k/E rows per expert), and the token all_to_alls run as usual on the fake process group.
+Step 1 is skipped where the counts are host ints every rank shares (a list, not a tensor):
+under fake tensors (the dry-run), which have no values to exchange, the balanced-router
+assumption of `scaletrain.models.moe` (every rank sends N·k/E rows per expert, or
+min(N·k/E, C) with an expert capacity), and with `model.moe_pad_to_capacity`, where every rank
+sends exactly C rows per expert (`models.moe_dispatch`): the splits are then computed locally,
+with no count all_to_all and no host sync. Both rest on every rank routing the same number of
+tokens per forward, which the trainer's equal micro-batches give. The capacity itself is each
+source rank's own: it caps the tokens that rank routes (Megatron-Core's per-rank capacity
+under its all-to-all dispatcher).
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from scaletrain.models.moe import (
     GroupedExperts,
     MoE,
     grouped_expert_mlp,
+    host_counts,
     is_fake,
 )
 
@@ -126,15 +133,16 @@ class ExpertParallelExperts(GroupedExperts):
 
         return self.weights().map(local)
 
-    def _balanced_splits(
-        self, counts: torch.Tensor | list[int]
+    def _static_splits(
+        self, counts: list[int]
     ) -> tuple[list[int], list[int], list[list[int]], list[list[int]], list[int]]:
-        """The count exchange answered locally for fake tensors (no values to exchange).
+        """The count exchange answered locally for host counts every rank shares.
 
-        `counts` are this rank's balanced per-expert counts (`models.moe.balanced_counts`);
-        every rank routes the same number of tokens, so under that assumption every source
-        sends this rank what this rank sends itself. Returns send / receive rows per rank,
-        block starts and sizes [source][local expert], and rows per local expert.
+        `counts` are this rank's per-expert rows: the balanced dispatch of fake tensors
+        (`models.moe_dispatch.balanced_counts`, capped at C with a capacity) or the padded
+        capacity's C per expert; every rank routes the same number of tokens, so every
+        source sends this rank what this rank sends itself. Returns send / receive rows per
+        rank, block starts and sizes [source][local expert], and rows per local expert.
         """
         ep, el = self.ep_size, self.num_experts
         counts = list(counts)
@@ -148,8 +156,10 @@ class ExpertParallelExperts(GroupedExperts):
         self, x_sorted: torch.Tensor, num_tokens_per_expert: torch.Tensor | list[int]
     ) -> torch.Tensor:
         ep, el = self.ep_size, self.num_experts
-        if is_fake(x_sorted):
-            send, recv, starts, sizes, per_expert = self._balanced_splits(num_tokens_per_expert)
+        if not torch.is_tensor(num_tokens_per_expert) or is_fake(x_sorted):
+            send, recv, starts, sizes, per_expert = self._static_splits(
+                host_counts(num_tokens_per_expert)
+            )
         else:
             counts = torch.as_tensor(num_tokens_per_expert, dtype=torch.int64).cpu()  # (E,)
             recv_counts = torch.empty_like(counts)

@@ -206,7 +206,7 @@ def _deepseek_moe_bytes(
     tok = s_l*b tokens routed by this rank (the whole sequence under SP, as `_moe_bytes`):
       dispatch and combine as `_moe_bytes`: 3 (+1 with ep > 1) x (8*k + e*k*h)*tok (int64
         top-k ids, sort order, source tokens; the dispatched inputs, the experts' output and
-        the weighted output);
+        the weighted output); with an expert capacity its R rows, as `_moe_bytes`;
       routed experts' intermediates n_f x e*k*f*tok/t_e, shared experts' n_f x e*n_s*f*tok/t_e
         (t_e = `config.layout.expert_tp`; n_f as the dense MLP's);
       the router, in fp32: its input upcast, 4*h*tok, where the stream is 16-bit (FSDP's
@@ -221,8 +221,13 @@ def _deepseek_moe_bytes(
     te = expert_tp(tp, ep)
     n_f = _mlp_intermediates(model, compile)
     copies = 3 + (1 if ep > 1 else 0)
-    per_tok = copies * (8.0 * k + e * k * h)
-    per_tok += n_f * e * (k + model.num_shared_experts) * f / te
+    if model.moe_capacity_factor:  # the permuted buffers' R rows, as `_moe_bytes`
+        kr = model.expert_rows_per_token(tok)
+        per_tok = _dispatch_index_bytes(model, tok, copies) / tok + copies * e * kr * h
+        per_tok += n_f * e * (kr + model.num_shared_experts) * f / te
+    else:
+        per_tok = copies * (8.0 * k + e * k * h)
+        per_tok += n_f * e * (k + model.num_shared_experts) * f / te
     per_tok += 4.0 * E + 4.0 * k + (e * k if e < 4 else 0.0)
     if model.router_norm_topk:
         per_tok += 8.0
@@ -386,22 +391,44 @@ def _moe_bytes(
     sequence). ep > 1 (parallel/expert_parallel.py) adds the int64 regrouping permutation
     8*k*s_l*b and the regrouped expert output index_copy saves, e*k*s_l*b*h. fp8 experts: n_in
     1-byte copies of the dispatched (N*k, h) input replace its e-byte one, and w2's input is 1
-    byte (the router stays 16-bit)."""
+    byte (the router stays 16-bit).
+    An expert capacity (`model.moe_capacity_factor`, models/moe_dispatch.py) sizes every
+    permuted buffer by its R rows instead of N*k: R/tok = `ModelConfig.expert_rows_per_token`
+    (E*C padded; min(E*C, N*k) unpadded, the balanced router's, which the dry-run
+    dispatches); the top-k ids stay (N, k); the other int64 indices are R long, one more
+    padded (the padding rows' output row: `_dispatch_index_bytes`)."""
     h, f = model.dim, model.ffn_dim
     n_f = _mlp_intermediates(model, compile)
     n_in = 2 if model.gated_mlp else 1
     k, E = model.experts_per_token, model.num_experts
+    kr = model.expert_rows_per_token(tok)  # permuted rows per token: k without a capacity
     te = expert_tp(tp, ep)  # f split over tp only with ep = 1
     copies = 3 + (1 if ep > 1 else 0)  # (N*k, h) copies; as many int64 (N*k,) indices
-    mlp = 4.0 * tok * (E + k) + copies * (8.0 * k * tok + e * k * tok * h)
+    if model.moe_capacity_factor:
+        mlp = 4.0 * tok * (E + k) + _dispatch_index_bytes(model, tok, copies)
+        mlp += copies * e * kr * tok * h
+    else:
+        mlp = 4.0 * tok * (E + k) + copies * (8.0 * k * tok + e * k * tok * h)
     if fp8:
         # float8 experts (precision/fp8.py Float8ExpertLinear): the dispatched input is
         # saved as n_in 1-byte copies (one per input linear) instead of one e-byte copy,
         # w2's input as 1 byte (as the dense MLP)
-        mlp += (n_in - e) * k * tok * h + ((n_f - 1) * e + 1) * k * tok * f / te
+        mlp += (n_in - e) * kr * tok * h + ((n_f - 1) * e + 1) * kr * tok * f / te
     else:
-        mlp += n_f * e * k * tok * f / te
+        mlp += n_f * e * kr * tok * f / te
     return mlp
+
+
+def _dispatch_index_bytes(model: ModelConfig, tok: float, copies: int) -> float:
+    """The int64 indices an MoE block with an expert capacity saves (models/moe_dispatch.py,
+    saved-tensor hooks on a 64-wide, 8-expert layer: equal to the byte): the router's top-k
+    ids 8*k*tok, and per permuted row (R = `expert_rows_per_token` x tok) the rows' source
+    assignment (the combine weights' gather) and source token (the dispatch gather and the
+    combine's index_add), 2 x 8*R, padded one more (the output row, a padding row's the spare
+    one); ep > 1 its regrouping permutation, 8*R (copies - 3)."""
+    k, kr = model.experts_per_token, model.expert_rows_per_token(tok)
+    per_row = copies - 1 + (1 if model.moe_pad_to_capacity else 0)
+    return 8.0 * k * tok + per_row * 8.0 * kr * tok
 
 
 def selective_layer_bytes(
@@ -421,7 +448,8 @@ def selective_layer_bytes(
     those, saved too: reduce-scatter e*s_l*b*h/t (SP) or all-reduce e*s_l*b*h; the MLP's
     input matmuls, n_in x e*s_l*b*f/t (n_in = 2 for SwiGLU's gate and up, 1 for GELU). MoE:
     the router's matmul e*s_l*b*E and the experts' matmuls for k*s_l*b routed tokens (n_in x
-    e*k*s_l*b*f/(t_e*ep) + e*k*s_l*b*h, t_e = `config.layout.expert_tp`); DeepSeekMoE's
+    e*k*s_l*b*f/(t_e*ep) + e*k*s_l*b*h, t_e = `config.layout.expert_tp`; with an expert
+    capacity R rows for k*s_l*b, `ModelConfig.expert_rows_per_token`); DeepSeekMoE's
     router in fp32 (4 bytes) and its shared experts' matmuls (n_in x e*s_l*b*n_s*f/t_e and
     their down projection e*s_l*b*h); the dense MLP terms are replaced.
     Ignores: RoPE tables (shared buffers), the fp8 scales (a few floats per tensor).
@@ -448,11 +476,11 @@ def selective_layer_bytes(
     reduced = 0.0 if tp == 1 else (e * tokens * h / tp if sp else e * tokens * h)
     out += 2 * (e * tokens * h + reduced)  # wo and w2 outputs, and their TP reductions
     if model.is_moe:
-        k = model.experts_per_token
+        kr = model.expert_rows_per_token(tokens)  # the permuted rows: k without a capacity
         deepseek = model.num_shared_experts or model.router_scoring != "topk_softmax"
         # the router's logits (DeepSeek's router runs in fp32)
         out += (4 if deepseek else e) * tokens * model.num_experts
-        out += n_in * e * k * tokens * f / (expert_tp(tp, ep) * ep) + e * (k - 1) * tokens * h
+        out += n_in * e * kr * tokens * f / (expert_tp(tp, ep) * ep) + e * (kr - 1) * tokens * h
         if model.num_shared_experts:  # their input matmuls and down projection
             fs = model.num_shared_experts * f
             out += n_in * e * tokens * fs / expert_tp(tp, ep) + e * tokens * h

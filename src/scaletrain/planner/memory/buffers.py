@@ -63,7 +63,8 @@ def buffer_terms(
     pp_p2p: send + receive activation buffers (2 x e*s*b*h, /t with SP); the per-rank planner
       replaces it with `pp_boundary_bytes` (what the rank's sends and receives hold at most).
     cp_ring: K/V blocks in flight in the ring (2 blocks x K and V).
-    ep_all_to_all: dispatch send + receive of k routed copies per token (2 x e*k*s*b*h).
+    ep_all_to_all: dispatch send + receive of k routed copies per token (2 x e*k*s*b*h); with
+      an expert capacity, of its R rows (k -> `ModelConfig.expert_rows_per_token`).
     fp8_quantize: fp8's quantization temporary at the peak, the fp32 scaled copy of the
       largest operand quantized, 4 x s*b*max(h, f)/t (dry-run, gpt-mini dp2 fp8 z0 / z3: the
       planner's total is 3% / 8% under without it; tiny-llama z3 3% under).
@@ -93,7 +94,7 @@ def buffer_terms(
     if L.cp > 1:
         out["cp_ring"] = 2 * 2 * e * tokens * model.kv_dim / L.tp
     if L.ep > 1:
-        out["ep_all_to_all"] = 2 * e * model.experts_per_token * tokens * hidden
+        out["ep_all_to_all"] = 2 * e * model.expert_rows_per_token(tokens) * tokens * hidden
     if precision == "fp8":
         out["fp8_quantize"] = 4.0 * tokens * max(hidden, model.ffn_dim) / L.tp
     out["runtime_context"] = 0.0 if device == "cpu" else RUNTIME_CONTEXT_BYTES

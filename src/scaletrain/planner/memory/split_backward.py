@@ -89,7 +89,8 @@ def block_recorded_bytes(
         te = expert_tp(t, ep)
         deepseek = model.num_shared_experts or model.router_scoring != "topk_softmax"
         mlp = float((4 if deepseek else e) * model.num_experts)
-        mlp += model.experts_per_token * e * (n_in * model.ffn_dim / te + h)
+        kr = model.expert_rows_per_token(tok)  # permuted rows per token (k: no capacity)
+        mlp += kr * e * (n_in * model.ffn_dim / te + h)
         if model.num_shared_experts:
             mlp += e * (n_in * model.num_shared_experts * model.ffn_dim / te + h)
     else:

@@ -116,7 +116,9 @@ class CommInputs:
     """s_l * b of one micro-batch (s_l = seq_len / cp)."""
     hidden: int
     kv_dim: int
-    experts_per_token: int
+    experts_per_token: float
+    """Rows each token sends to the experts: k, or with an expert capacity the permuted rows
+    per token (`ModelConfig.expert_rows_per_token`)."""
     micro_batches: int
     """m: micro-batches per step."""
     precision: str = "bf16"
@@ -334,7 +336,7 @@ def _tp_term(
     act: float,
     layers: int,
     moe_layers: int,
-    experts_per_token: int,
+    experts_per_token: float,
     m: int,
     recompute: bool,
 ) -> tuple[float, float]:

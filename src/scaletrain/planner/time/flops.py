@@ -34,6 +34,7 @@ __all__ = [
     "head_forward_flops_per_token",
     "FLASH_BACKWARD_FACTOR",
     "counted_flops_per_token",
+    "capacity_rows_forward_flops",
     "op_sac_recompute_flops_per_token",
     "layer_kinds",
     "layers_forward_flops_per_token",
@@ -306,6 +307,22 @@ def counted_flops_per_token(
         total += blocks * (lora.adapters_forward - lora.saved_per_block)
         total -= lora.first_block_saved + lora.head_saved / (tp if fused_head else 1)
     return total
+
+
+def capacity_rows_forward_flops(model: ModelConfig, tokens: float) -> float:
+    """Forward FLOPs per token one MoE block's routed experts run beyond the model's k rows
+    under an expert capacity (models/moe_dispatch.py), when one forward routes `tokens`
+    tokens: (R/tok - k) x 2 x n_mat x h x f, R/tok = `ModelConfig.expert_rows_per_token`
+    (E*C padded: the padding rows are computed; unpadded min(E*C, N*k): dropped rows are
+    not). 0 without a capacity. Not in the model FLOPs (`flops_per_token`, MFU's), which keep
+    the k routed rows as Megatron-LM's count does (training.py num_floating_point_operations
+    reads moe_router_topk); hardware FLOPs add it (forward, 2x in backward, and again under
+    full recompute, which re-runs an MoE block's experts: `counted_flops_per_token`)."""
+    if not model.is_moe or not model.moe_capacity_factor:
+        return 0.0
+    n_mat = 3 if model.gated_mlp else 2
+    extra = model.expert_rows_per_token(tokens) - model.experts_per_token
+    return 2.0 * extra * n_mat * model.dim * model.ffn_dim
 
 
 def op_sac_recompute_flops_per_token(model: ModelConfig) -> float:

@@ -41,6 +41,7 @@ from .efficiency import (
 )
 from .flops import (
     attention_core_flops_per_token,
+    capacity_rows_forward_flops,
     flops_per_token,
     head_forward_flops_per_token,
     layers_forward_flops_per_token,
@@ -234,7 +235,9 @@ def comm_arguments(
         tokens=float(plan.seq_len) * plan.micro_batch / L.cp,
         hidden=model.dim,
         kv_dim=model.kv_dim,
-        experts_per_token=model.experts_per_token,
+        experts_per_token=model.expert_rows_per_token(
+            float(plan.seq_len) * plan.micro_batch / L.cp
+        ),
         micro_batches=max(1, plan.grad_accum),
         precision=plan.precision,
         ac=plan.ac,
@@ -301,10 +304,22 @@ def _block_seconds(
         # the experts' matmuls (k routed copies of each token, n_mat x h x f each; forward,
         # backward 2x, + a forward under full recompute), charged tp / te times over
         n_mat = 3 if model.gated_mlp else 2
-        expert_f = 2.0 * model.experts_per_token * n_mat * model.dim * model.ffn_dim
+        kr = model.expert_rows_per_token(float(plan.seq_len) * plan.micro_batch / L.cp)
+        expert_f = 2.0 * kr * n_mat * model.dim * model.ffn_dim
         expert_s = expert_f * (4 if plan.ac == "full" else 3) / rate
         layer_s += expert_s * (L.tp / te - 1)
     return layer_s, core_s, layer_hw
+
+
+def _capacity_rows_flops(plan: PlanInput) -> float:
+    """The mean block's share of `flops.capacity_rows_forward_flops` (the rows an expert
+    capacity adds to, or drops from, one micro-batch's k routed rows per token): the dense
+    first blocks (DeepSeek) have none, so the mean block carries num_moe_layers / num_layers
+    of an MoE block's. The caller repeats it for the backward and a full recompute."""
+    model = plan.model
+    tokens = float(plan.seq_len) * plan.micro_batch / plan.layout.cp
+    per_block = capacity_rows_forward_flops(model, tokens)
+    return per_block * model.num_moe_layers / max(1, model.num_layers)
 
 
 def step_time(
@@ -350,6 +365,10 @@ def step_time(
     # the attention core (SDPA) and the 16-bit head run at the bf16 rate. Every other
     # precision runs all of its matmuls at one rate.
     slow = hw.flops("bf16") * eff16 if plan.precision == "fp8" else rate
+    fwd_hw = lf  # the mean block's forward hardware FLOPs
+    if model.is_moe and model.moe_capacity_factor:
+        rows = _capacity_rows_flops(plan)
+        fwd_hw, layer_hw = lf + rows, layer_hw + rows * (4 if plan.ac == "full" else 3)
     layer_s, core_s, layer_hw = _block_seconds(
         plan, recipe, rate=rate, slow=slow, lf=lf, layer_hw=layer_hw, core=core
     )
@@ -391,7 +410,7 @@ def step_time(
         override = recipe_exposed(
             comm, plan, recipe, rate=rate, layers=max(counts), gpus_per_node=gpus_per_node
         )
-    t_fwd = t_mb * lf / layer_hw  # forward share of the hardware FLOPs
+    t_fwd = t_mb * fwd_hw / layer_hw  # forward share of the hardware FLOPs
     t_core = tok_mb * layers * core_s / split * m
     compute = _ComputeWindow(
         microbatches=m,
