@@ -98,6 +98,20 @@ def _models() -> dict[str, ModelConfig]:
         "qwen3-8b-L2": model("qwen3-8b", 2),
         "phi-3-mini-L2": model("phi-3-mini", 2),
         "llama2-7b-L2": model("llama2-7b", 2),
+        # issue #37: torchtitan's Llama-3-70B 2D layout (TP8+SP fp8 full AC) at 4 of 80 blocks
+        # (a block's recompute sets the peak; 4 blocks give it a middle block's FSDP copies),
+        # and a small llama whose f/t ~ h puts the peak inside the same recompute
+        "llama3-70b-L4": model("llama3-70b", 4),
+        "llama-256-L2": model(
+            "tiny-llama",
+            2,
+            dim=256,
+            num_heads=8,
+            num_kv_heads=4,
+            ffn_dim=896,
+            vocab_size=256,
+            max_seq_len=512,
+        ),
     }
 
 
@@ -193,7 +207,18 @@ CASES: list[Case] = [
     # both); at 7B widths and at tiny widths
     ("llama2-7b-L2", 8, 8, 3, 1, 1, False, 1, "none", "bf16", 1, 2048, 1),
     ("tiny-llama", 8, 8, 3, 1, 1, False, 1, "none", "bf16", 1, 16, 1),
+    # issue #37: fp8 under TP with full AC: the quantized operands a column-parallel linear
+    # reads and a row-parallel one's gradient are whole (gathered under SP), and the
+    # recompute ends inside w2's forward (`memory.buffers.fp8_quantize_bytes`). torchtitan's
+    # Llama-3-70B 2D layout (dp32 ZeRO-3, TP8+SP, 16 x 8,192 tokens; was -14.9% at 80
+    # blocks) and small widths with and without SP (FP8_TP below)
+    ("llama3-70b-L4", 256, 32, 3, 1, 8, True, 1, "full", "fp8", 16, 8192, 1),
+    ("llama-256-L2", 8, 2, 3, 1, 4, True, 1, "full", "fp8", 4, 512, 1),
+    ("llama-256-L2", 8, 2, 3, 1, 4, False, 1, "full", "fp8", 4, 512, 1),
 ]
+
+FP8_TP = CASES[-2:]
+"""fp8 under TP with full AC at small widths (tests/planner/test_fp8_temporaries.py)."""
 
 QUICK = [CASES[i] for i in (0, 1, 2, 3, 4, 5, 6, 7, 8, 12, 18, 43, 44, 46, 47, 48, 52, 65)]
 """The fast subset (tests/planner/test_accuracy.py): every tiny-model layout (DDP, ZeRO-1/2/3,
