@@ -577,6 +577,19 @@ def stage_flops_per_token(job: JobConfig, world: int, pipeline_rank: int) -> flo
     return per_token
 
 
+def dryrun_plan(job: JobConfig, layout: Any) -> Any:
+    """The job's `PlanInput` as the dry-run runs it: everything eager. `train.compile` is off
+    in every case here (the planner's fp8 terms follow it), and torchao's AdamW8bit step,
+    which a GPU run compiles, is stepped eagerly by the dry-run (fake tensors cannot be
+    compiled: trainer/optim.py), so the plan counts its eager temporaries too
+    (`PlanInput.eager_optimizer_step`)."""
+    from scaletrain.planner.types import plan_input_from_job
+
+    plan = plan_input_from_job(job, layout)
+    assert not plan.compile, "the dry-run steps eagerly: compare with compile off"
+    return dataclasses.replace(plan, eager_optimizer_step=True)
+
+
 def measure_case(
     case: Case | Tune,
     *,
@@ -597,11 +610,10 @@ def measure_case(
     """
     from scaletrain.dryrun import dryrun
     from scaletrain.planner import estimate
-    from scaletrain.planner.types import plan_input_from_job
 
     job_, world = job or job_for(case)  # type: ignore[arg-type]  # a Case when no job given
     layout = job_.layout(world)
-    est = estimate(plan_input_from_job(job_, layout)).memory
+    est = estimate(dryrun_plan(job_, layout)).memory
     rank = int(est.rank) if worst else 0
     t0 = time.perf_counter()
     counted = dryrun(job_, world_size=world, rank=rank, count_flops=True).flops if flops else 0.0
@@ -655,11 +667,10 @@ def measure_extra(case: Extra) -> dict[str, Any]:
     planner's figure for that pipeline rank (`pipeline_rank_memory`)."""
     from scaletrain.dryrun import dryrun
     from scaletrain.planner import estimate, pipeline_rank_memory
-    from scaletrain.planner.types import plan_input_from_job
 
     job, world = job_for_extra(case)
     layout = job.layout(world)
-    plan = plan_input_from_job(job, layout)
+    plan = dryrun_plan(job, layout)
     est = pipeline_rank_memory(plan, case[13]) if len(case) > 13 else estimate(plan).memory
     rank = int(est.rank)
     t0 = time.perf_counter()
