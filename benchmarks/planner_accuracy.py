@@ -567,6 +567,7 @@ def stage_flops_per_token(job: JobConfig, world: int, pipeline_rank: int) -> flo
         cp=layout.cp,
         fused_head=fused,
         lora=lf,
+        fp8=job.precision.dtype == "fp8",
     )
     if layout.pp > 1 and pipeline_rank != last_stage_rank(layout):
         per_token -= (4 * 2.0 / layout.tp if fused else 3 * 2.0) * matmul_params(m)[1]
