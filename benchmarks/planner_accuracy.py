@@ -98,6 +98,20 @@ def _models() -> dict[str, ModelConfig]:
         "qwen3-8b-L2": model("qwen3-8b", 2),
         "phi-3-mini-L2": model("phi-3-mini", 2),
         "llama2-7b-L2": model("llama2-7b", 2),
+        # issue #37: torchtitan's Llama-3-70B 2D layout (TP8+SP fp8 full AC) at 4 of 80 blocks
+        # (a block's recompute sets the peak; 4 blocks give it a middle block's FSDP copies),
+        # and a small llama whose f/t ~ h puts the peak inside the same recompute
+        "llama3-70b-L4": model("llama3-70b", 4),
+        "llama-256-L2": model(
+            "tiny-llama",
+            2,
+            dim=256,
+            num_heads=8,
+            num_kv_heads=4,
+            ffn_dim=896,
+            vocab_size=256,
+            max_seq_len=512,
+        ),
     }
 
 
@@ -193,7 +207,18 @@ CASES: list[Case] = [
     # both); at 7B widths and at tiny widths
     ("llama2-7b-L2", 8, 8, 3, 1, 1, False, 1, "none", "bf16", 1, 2048, 1),
     ("tiny-llama", 8, 8, 3, 1, 1, False, 1, "none", "bf16", 1, 16, 1),
+    # issue #37: fp8 under TP with full AC: the quantized operands a column-parallel linear
+    # reads and a row-parallel one's gradient are whole (gathered under SP), and the
+    # recompute ends inside w2's forward (`memory.buffers.fp8_quantize_bytes`). torchtitan's
+    # Llama-3-70B 2D layout (dp32 ZeRO-3, TP8+SP, 16 x 8,192 tokens; was -14.9% at 80
+    # blocks) and small widths with and without SP (FP8_TP below)
+    ("llama3-70b-L4", 256, 32, 3, 1, 8, True, 1, "full", "fp8", 16, 8192, 1),
+    ("llama-256-L2", 8, 2, 3, 1, 4, True, 1, "full", "fp8", 4, 512, 1),
+    ("llama-256-L2", 8, 2, 3, 1, 4, False, 1, "full", "fp8", 4, 512, 1),
 ]
+
+FP8_TP = CASES[-2:]
+"""fp8 under TP with full AC at small widths (tests/planner/test_fp8_temporaries.py)."""
 
 QUICK = [CASES[i] for i in (0, 1, 2, 3, 4, 5, 6, 7, 8, 12, 18, 43, 44, 46, 47, 48, 52, 65)]
 """The fast subset (tests/planner/test_accuracy.py): every tiny-model layout (DDP, ZeRO-1/2/3,
@@ -548,6 +573,7 @@ def stage_flops_per_token(job: JobConfig, world: int, pipeline_rank: int) -> flo
         cp=layout.cp,
         fused_head=fused,
         lora=lf,
+        fp8=job.precision.dtype == "fp8",
     )
     if m.moe_capacity_factor:  # the experts' rows under an expert capacity (local tensors)
         tokens = job.batch.micro_batch * job.batch.seq_len / layout.cp
@@ -561,6 +587,19 @@ def stage_flops_per_token(job: JobConfig, world: int, pipeline_rank: int) -> flo
     if lf is not None and layout.pp > 1 and pipeline_rank != 0:  # (stage 0 holds block 0)
         per_token += lf.first_block_saved
     return per_token
+
+
+def dryrun_plan(job: JobConfig, layout: Any) -> Any:
+    """The job's `PlanInput` as the dry-run runs it: everything eager. `train.compile` is off
+    in every case here (the planner's fp8 terms follow it), and torchao's AdamW8bit step,
+    which a GPU run compiles, is stepped eagerly by the dry-run (fake tensors cannot be
+    compiled: trainer/optim.py), so the plan counts its eager temporaries too
+    (`PlanInput.eager_optimizer_step`)."""
+    from scaletrain.planner.types import plan_input_from_job
+
+    plan = plan_input_from_job(job, layout)
+    assert not plan.compile, "the dry-run steps eagerly: compare with compile off"
+    return dataclasses.replace(plan, eager_optimizer_step=True)
 
 
 def measure_case(
@@ -583,11 +622,10 @@ def measure_case(
     """
     from scaletrain.dryrun import dryrun
     from scaletrain.planner import estimate
-    from scaletrain.planner.types import plan_input_from_job
 
     job_, world = job or job_for(case)  # type: ignore[arg-type]  # a Case when no job given
     layout = job_.layout(world)
-    est = estimate(plan_input_from_job(job_, layout)).memory
+    est = estimate(dryrun_plan(job_, layout)).memory
     rank = int(est.rank) if worst else 0
     t0 = time.perf_counter()
     counted = dryrun(job_, world_size=world, rank=rank, count_flops=True).flops if flops else 0.0
@@ -641,11 +679,10 @@ def measure_extra(case: Extra) -> dict[str, Any]:
     planner's figure for that pipeline rank (`pipeline_rank_memory`)."""
     from scaletrain.dryrun import dryrun
     from scaletrain.planner import estimate, pipeline_rank_memory
-    from scaletrain.planner.types import plan_input_from_job
 
     job, world = job_for_extra(case)
     layout = job.layout(world)
-    plan = plan_input_from_job(job, layout)
+    plan = dryrun_plan(job, layout)
     est = pipeline_rank_memory(plan, case[13]) if len(case) > 13 else estimate(plan).memory
     rank = int(est.rank)
     t0 = time.perf_counter()

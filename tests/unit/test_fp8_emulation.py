@@ -323,3 +323,50 @@ def test_abs_max_off_the_cpu_fast_path_is_exact_and_allocates_only_scalars(src):
             a = scaling.abs_max(x)
     assert a.shape == () and a.dtype == torch.float32
     assert seen.largest == 1
+
+
+@pytest.mark.parametrize("src", [torch.float32, torch.bfloat16])
+def test_abs_max_of_a_dtensor_holds_no_fp32_copy(src):
+    """A DTensor (under TP the input of a column-parallel linear, gathered under SP, and a
+    row-parallel one's output gradient) takes `abs().amax()` in its own dtype: the value of
+    `t.float().abs().amax()`, replicated or sharded, and no op outputs an fp32 tensor of t's
+    size from a 16-bit t (the old expression held an fp32 copy and its |.|: 8 B per element,
+    8 GiB on Llama-3-70B's TP8+SP dry-run). One rank of the fake process group, on which
+    every collective is the identity: the values are the single-process ones."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Fp32Outputs(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.largest = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for o in out if isinstance(out, tuple) else (out,):
+                if isinstance(o, torch.Tensor) and o.dtype == torch.float32:
+                    self.largest = max(self.largest, o.numel())
+            return out
+
+    g = torch.Generator().manual_seed(3)
+    t = (torch.randn(64, 96, generator=g) * 5).to(src)
+    t[7, 8] = -100.0  # the largest |value| is a negative one
+    want = t.float().abs().amax()
+    dist.init_process_group("fake", rank=0, world_size=1, store=FakeStore())
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        for placement in (Replicate(), Shard(0), Shard(1)):
+            d = DTensor.from_local(t, mesh, [placement], run_check=False)
+            with Fp32Outputs() as seen:
+                got = scaling.abs_max(d)
+            assert got.dtype == torch.float32 and got.shape == ()
+            assert torch.equal(got.full_tensor(), want), placement
+            assert seen.largest == (t.numel() if src == torch.float32 else 1), placement
+        nan = t.clone()
+        nan[1, 2] = float("nan")
+        assert scaling.abs_max(DTensor.from_local(nan, mesh, [Shard(0)])).full_tensor().isnan()
+    finally:
+        dist.destroy_process_group()

@@ -53,7 +53,12 @@ computation as step 2; under the tracker the counter would keep alive what activ
 checkpointing frees) for one step of this rank (scaled from the micro-batches run to all of
 them): matmuls only, attention over the full T x T matrix, flash backward with its QK^T
 recomputation; DTensor (TP) matmuls are counted at their global shapes, so under tp > 1 the
-figure is the tensor-parallel group's. The step runs eagerly (`train.compile` is ignored).
+figure is the tensor-parallel group's. The step runs eagerly (`train.compile` is ignored):
+with compile on, the measurement is an eager stand-in for the compiled step, and says so in
+its notes. What differs is what inductor fuses: fp8's casts hold an fp32 quotient per operand
+here and none compiled, and a recomputed block's fp8 linears keep w2's output until the
+checkpoint's early stop; the planner counts either (`planner.memory.buffers.fp8_quantize_bytes`
+by `compile`), so hold a compiled plan against a dry-run only with `compile` off.
 
 Not supported (raise `ConfigError`): offload other than 'none'.
 """
@@ -384,12 +389,19 @@ def dryrun(
     if not 0 <= rank < world_size:
         raise ConfigError("rank", rank, f"choose a rank in [0, {world_size})")
     t0 = time.perf_counter()
+    compiled = job.train.compile
     job = dataclasses.replace(job, train=dataclasses.replace(job.train, compile=False))
     grad_accum = grad_accum_steps(job.batch.global_batch, job.batch.micro_batch, layout.dp)
     pp = layout.pp > 1
     # the schedule's peak in-flight activations need all of its micro-batches
     n_micro = grad_accum if pp else min(grad_accum, DRYRUN_MICROBATCHES)
     notes = [f"dry-run ran {n_micro} of {grad_accum} micro-batches per step"]
+    if compiled:
+        notes.append(
+            "train.compile is on: the step ran eagerly, a stand-in for the compiled one "
+            "(fp8's casts hold fp32 quotients here that a compiled step fuses away; compare "
+            "with a plan made with compile off)"
+        )
     spec = job.hardware.spec()
     capacity = 0.0 if spec.is_cpu else spec.memory_bytes
     hooks = _DryrunHooks(pipelined=pp)

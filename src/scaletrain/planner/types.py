@@ -110,6 +110,11 @@ class PlanInput:
     """`optim.beta1` (its default): with 'adafactor', > 0 keeps a first moment, one more fp32
     state per parameter (`memory.states.optimizer_bytes`); the other optimizers' states do not
     depend on it."""
+    eager_optimizer_step: bool | None = None
+    """'adamw8bit': whether torchao's per-parameter step runs eagerly (its fp32 temporaries,
+    `memory.states.eager_step_bytes`). None: the trainer's rule (trainer/optim.py
+    `_adamw8bit_class`: `torch.compile`d on a GPU, eager on a CPU); True: eager anyway, as
+    the dry-run steps it (fake tensors cannot be compiled), for planner-vs-dry-run checks."""
 
     # Derived once per plan (the search reads them for every rank and moment; `_derived`).
     @_derived

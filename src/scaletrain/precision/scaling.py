@@ -80,19 +80,23 @@ def _plain(t: torch.Tensor) -> bool:
 
 
 def abs_max(t: torch.Tensor) -> torch.Tensor:
-    """max |t| as a 0-dim fp32 tensor, with no temporary the size of t: max(-min, max) is the
-    same value exactly (negation and widening to fp32 are exact), NaN propagating.
+    """max |t| as a 0-dim fp32 tensor, with no fp32 temporary the size of t: the same value
+    as `t.float().abs().amax()` exactly (negation, |.| and widening to fp32 are exact), NaN
+    propagating. That expression held an fp32 copy of t and its |.| at once: 8 bytes per
+    element of t (8 GiB for a 16 x 8,192-token x 8,192 bf16 activation).
     - a real CPU tensor: `aminmax`, one read (about 1.3x `abs().amax()` on fp32 and 2.2x on
       bf16 here);
-    - CUDA and fake tensors: `amin` and `amax`, two reads. `t.float().abs().amax()` held an fp32
-      copy and its |.| at once: 8 bytes per element of t (8 GiB for a 16 x 8,192-token x 8,192
-      bf16 activation);
-    - a DTensor: the plain expression (its sharding rules cover `abs` and `amax`).
+    - CUDA and fake tensors: max(-amin, amax), two reads, scalars only;
+    - a DTensor: `abs().amax()` in t's own dtype, widened after (DTensor's sharding rules
+      cover both: a sharded t's amax is reduced over its mesh). One |t| in t's dtype (2 B per
+      element of bf16), below `cast_to_fp8`'s fp32 quotient (4 B): under TP+SP the gathered
+      (s*b, h) input of every column-parallel linear is a DTensor (dry-run of Llama-3-70B
+      TP8+SP fp8: the fp32 copy and |.| were an eager step's largest temporaries, 8 GiB).
     """
     if _plain(t):
         lo, hi = torch.aminmax(t)
     elif isinstance(t, DTensor):
-        return t.float().abs().amax()
+        return t.abs().amax().float()
     else:
         lo, hi = t.amin(), t.amax()
     return torch.maximum(lo.neg(), hi).float()

@@ -19,6 +19,8 @@ __all__ = [
     "pp_boundary_bytes",
     "RUNTIME_CONTEXT_BYTES",
     "FRAGMENTATION",
+    "FP8_CAST_BYTES",
+    "fp8_quantize_bytes",
 ]
 
 RUNTIME_CONTEXT_BYTES = 0.75e9
@@ -65,9 +67,7 @@ def buffer_terms(
     cp_ring: K/V blocks in flight in the ring (2 blocks x K and V).
     ep_all_to_all: dispatch send + receive of k routed copies per token (2 x e*k*s*b*h); with
       an expert capacity, of its R rows (k -> `ModelConfig.expert_rows_per_token`).
-    fp8_quantize: fp8's quantization temporary at the peak, the fp32 scaled copy of the
-      largest operand quantized, 4 x s*b*max(h, f)/t (dry-run, gpt-mini dp2 fp8 z0 / z3: the
-      planner's total is 3% / 8% under without it; tiny-llama z3 3% under).
+    fp8_quantize: fp8's quantization temporary at the peak (`fp8_quantize_bytes`).
     runtime_context: RUNTIME_CONTEXT_BYTES on a GPU, 0 on 'cpu'.
     unit_gather_bytes / unit_grad_params (LoRA, `lora.LoraStage`): the unit's bytes as
       gathered and its parameters with gradients, when they are not unit_params x e and
@@ -96,9 +96,72 @@ def buffer_terms(
     if L.ep > 1:
         out["ep_all_to_all"] = 2 * e * model.expert_rows_per_token(tokens) * tokens * hidden
     if precision == "fp8":
-        out["fp8_quantize"] = 4.0 * tokens * max(hidden, model.ffn_dim) / L.tp
+        out["fp8_quantize"] = fp8_quantize_bytes(plan)
     out["runtime_context"] = 0.0 if device == "cpu" else RUNTIME_CONTEXT_BYTES
     return out
+
+
+FP8_CAST_BYTES = {False: 5.0, True: 2.0}
+"""Bytes per element that quantizing one gradient to fp8 holds at once beyond the gradient,
+by `compile` (`fp8_quantize_bytes`): eager, the fp32 quotient and the fp8 result; compiled,
+the fp8 result and the transposed fp8 copy the weight-gradient GEMM reads."""
+
+
+def fp8_quantize_bytes(plan: PlanInput) -> float:
+    """fp8's temporaries inside a block's backward (bytes, one rank), beyond the saved set the
+    activation terms count (precision/fp8.py `_Fp8Matmul`, tensorwise; tok = s_l*b, t = tp).
+
+    The operands: in forward each linear's input, in backward its output gradient. Under tp
+    the column-parallel linears (q/k/v, w1/w3) read the whole (tok, h) input (all-gathered
+    under SP) and the row-parallel ones (wo, w2) get the whole (tok, h) output gradient
+    (all-gathered under SP for w2's backward); only w2's input p and w1/w3's gradients,
+    (tok, f/t), and wo's input, (tok, q/t), are split. The largest, (tok, W) with
+    W = max(h, q/t, f/t), is not /t: at Llama-3-70B widths with tp8, h is 2.3x f/t.
+
+    Eager (`compile` off: the dry-run, and a run with `train.compile = false`), the larger of
+    - the cast of the largest gradient, 5 x tok*W: `scaling.cast_to_fp8`'s fp32 quotient
+      (4 B) and its fp8 result (1 B), neither saved (an input's fp8 result is, and is counted
+      with the activations);
+    - under full AC, the end of the block's recompute in the MLP: its input X (e*tok*h,
+      gathered under SP; under bf16 X and p are saved tensors, under fp8 only their fp8
+      copies are), w2's 16-bit input p (e*tok*f/t: SwiGLU's product, GELU's output), and
+      either w2's input cast (its quotient, 4*tok*f/t) or w2's output (e*tok*h, the
+      row-parallel partial sum of the whole width: an autograd Function packs its saved
+      tensors after its forward, so checkpoint's early stop comes after w2's matmul, where
+      a plain matmul saves its inputs first and stops before it).
+    Measured (dry-run, Llama-3-70B TP8+SP fp8 full AC, dp32 ZeRO-3, 16 x 8,192 tokens, 2
+    blocks; GiB): the recompute's end, at w2's output, 18.47; w2's input cast 18.20; w2's
+    backward casting its 131,072 x 8,192 gradient 18.10 (13.10 before it, + 2 for |dy|, + 2
+    for the quotient replacing it, + 1 for the fp8); planned 18.31 (-0.9%). At small widths
+    (h 256, f/t 224, tp4) w2's input cast in the recompute is the peak, and the recompute's
+    end the larger term (planner_accuracy's llama-256-L2 rows). The term replaces
+    4 x tok*max(h, f)/t, the quotient of a split operand (calibrated at tp = 1 on gpt-mini
+    and tiny-llama dp2, where the operand is the same and only the gradient's 1-B fp8 is new:
+    planner_accuracy's tp-1 fp8 rows moved by 0.1% at most): 2.3x under at the 70B layout, whose
+    dry-run also held |dy| as an fp32 copy and its |.| (8 B per element) until
+    `scaling.abs_max` kept DTensors in their own dtype (-14.9% at 80 blocks before both).
+
+    Compiled (`compile` on: `torch.compile` per block, parallel/parallelize.py): inductor
+    fuses the amax and the division into kernels that read 16 bits and write fp8, so no fp32
+    copy exists: the gradient's fp8 and the transposed fp8 copy the weight gradient's GEMM
+    reads (`scaling.scaled_mm`'s contiguous copy; torchao casts the gradient once per GEMM
+    layout: float8_linear.py `matmul_with_hp_or_float8_args.backward`), 2 x tok*W. From the
+    code, not measured (no GPU run of a compiled fp8 step yet).
+
+    Ignores: tilewise scaling's padded fp32 tiles, MoE experts' per-expert token groups (the
+    dense widths are used), the weights' casts (h*f/t elements, small beside tok*h), the
+    16-bit |.| the amax reads (2 B, below the quotient).
+    """
+    L, model = plan.layout, plan.model
+    tok = plan.seq_len / L.cp * plan.micro_batch  # s_l * b of one micro-batch
+    h, f = model.dim, model.ffn_dim / L.tp
+    width = max(h, model.q_dim / L.tp, f)
+    cast = FP8_CAST_BYTES[plan.compile] * tok * width
+    if plan.compile or plan.ac != "full":
+        return cast
+    e = plan.compute_bytes
+    tail = e * tok * h + e * tok * f + max(4.0 * tok * f, e * tok * h)
+    return max(cast, tail)
 
 
 def pp_boundary_bytes(plan: PlanInput, *, rank: int) -> float:

@@ -44,7 +44,7 @@ from .rank_terms import (
     rank_buffers,
     rank_states,
 )
-from .states import dense_layers_on_rank, stage_layer_counts
+from .states import dense_layers_on_rank, eager_step_bytes, stage_layer_counts
 
 __all__ = [
     "host_fits",
@@ -207,6 +207,23 @@ def rank_memory(facts: PlanFacts, *, rank: int, layers: int, in_flight: float) -
     acts, block_stored, fwdbwd = stored_activations(view, in_flight=in_flight, late_grads=late)
     states_offload = facts.states_offload
     step_tmp = 0.0 if states_offload != "none" or device != "cpu" else 4.0 * sharded
+    if plan.optimizer == "adamw8bit" and not plan.lora_rank:
+        # torchao's per-parameter step: compiled on a GPU (no fp32 temporaries counted: not
+        # measured), eager on a CPU and in the dry-run (`eager_step_bytes`)
+        eager = plan.eager_optimizer_step
+        if eager is None:
+            eager = device == "cpu"
+        step_tmp = 0.0
+        if eager:
+            step_tmp = eager_step_bytes(
+                plan.model,
+                terms.counts,
+                L,
+                first=rank == 0,
+                last=last,
+                layers=layers,
+                zero_shards=zs,
+            )
     step = _step_moment(st, fixed, buffers, fsdp, quant, step_tmp)
     cands: list[Moment]
     if L.zero >= 2 and layers and unit > 0:

@@ -11,8 +11,11 @@ from dataclasses import dataclass
 
 from scaletrain.config import (
     PRECISION_TABLE,
+    Layout,
     ModelConfig,
+    ParamCounts,
     compute_bytes,
+    expert_tp,
     stage_ids,
     stage_layer_ranges,
 )
@@ -21,6 +24,8 @@ __all__ = [
     "OPTIMIZER_BYTES",
     "ADAFACTOR_FIRST_MOMENT_BYTES",
     "optimizer_bytes",
+    "ADAMW8BIT_EAGER_STEP_BYTES",
+    "eager_step_bytes",
     "OptimizerSpec",
     "CONVENTIONS",
     "state_bytes_per_param",
@@ -64,6 +69,59 @@ def optimizer_bytes(optimizer: str, beta1: float = 0.0) -> float:
     allocate m at beta1 = 0 too; SGD's momentum buffer is counted always)."""
     first = ADAFACTOR_FIRST_MOMENT_BYTES if optimizer == "adafactor" and beta1 > 0 else 0.0
     return OPTIMIZER_BYTES[optimizer] + first
+
+
+ADAMW8BIT_EAGER_STEP_BYTES = 24.0
+"""Bytes per value of the parameter being stepped that torchao's AdamW8bit step holds at once
+when it runs eagerly: `torchao/optim/adam.py` `single_param_adam` is a chain of whole-tensor
+fp32 ops (the decayed parameter, m and v dequantized and lerped, the squared gradient, the
+re-quantization of m and v, the denominator), compiled into fused kernels by `step()`'s
+`torch.compile(single_param_adam, fullgraph=True)` but run op by op eagerly. Measured: the
+dry-run of llama-1024-L4 dp2 ZeRO-0 adamw8bit peaks inside the step of the 32,000 x 1,024
+embedding with 786,432,000 B of temporaries, 24 B per value (benchmarks/results/
+planner_accuracy.md, `optimizer_step_temp`)."""
+
+
+def eager_step_bytes(
+    model: ModelConfig,
+    counts: ParamCounts,
+    layout: Layout,
+    *,
+    first: bool,
+    last: bool,
+    layers: int,
+    zero_shards: int,
+) -> float:
+    """The eager AdamW8bit step's temporaries on one rank: `ADAMW8BIT_EAGER_STEP_BYTES` x the
+    largest parameter it steps (the step runs parameter by parameter, so one parameter's
+    temporaries are alive at a time).
+
+    The candidates, as this rank holds them: the token embedding (first stage) and the head
+    (last stage), V*h/t (vocabulary-parallel under tp); a block's largest matrix, an MLP
+    projection h*f/t or the q/out projection h*q/t, and an MoE layer's stacked experts,
+    E/ep experts of h*f/t_e each (`config.expert_tp`). ZeRO-2/3 (FSDP2) steps each
+    parameter's dim-0 shard, /zero_shards; ZeRO-1 (ZeroRedundancyOptimizer) and DDP step
+    whole parameters. Ignores: tensors under 4,096 values (fp32 states, torch ops of their
+    own size), LoRA's adapters (callers pass no frozen base: the trained adapters are rank x
+    h, small).
+    """
+    t = layout.tp
+    biggest = 0.0
+    if first:
+        biggest = counts.embedding / t
+    if last:
+        biggest = max(biggest, (counts.head or (counts.embedding if layout.pp > 1 else 0)) / t)
+    if layers:
+        h = model.dim
+        biggest = max(biggest, h * model.q_dim / t)
+        if model.is_moe:
+            local_experts = model.num_experts / max(1, layout.ep)
+            biggest = max(biggest, local_experts * h * model.ffn_dim / expert_tp(t, layout.ep))
+        else:
+            biggest = max(biggest, h * model.ffn_dim / t)
+    if layout.zero >= 2:
+        biggest /= max(1, zero_shards)
+    return ADAMW8BIT_EAGER_STEP_BYTES * biggest
 
 
 @dataclass(frozen=True, slots=True)

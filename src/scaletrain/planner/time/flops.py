@@ -250,6 +250,7 @@ def counted_flops_per_token(
     fused_head: bool = True,
     ep: int = 1,
     lora: LoraFlops | None = None,
+    fp8: bool = False,
 ) -> float:
     """Training FLOPs per token of one rank as torch's `FlopCounterMode` counts them (the
     dry-run's figure, scaletrain's own kernels and parallel layouts).
@@ -275,6 +276,10 @@ def counted_flops_per_token(
     projection: torch's non-reentrant checkpoint stops recomputing once every saved tensor is
     back, and that output is saved by nothing; an MoE block's experts' output is saved by the
     combine's multiply, so all of it is recomputed: dry-run, tiny-deepseek dp2 ac=full).
+    fp8 (the block linears converted, precision/fp8.py): the down projection is recomputed
+    too: `_Fp8Matmul` is an autograd Function, whose saved tensors are packed after its
+    forward, so the early stop comes after its matmul (dry-run, llama3-70b-L4 and
+    llama-256-L2 tp4 fp8 full AC: -6.5% / -5.9% without it).
     Ignores, like the counter: elementwise ops, norms, the embedding, the optimizer.
     Source: measured with the dry-run's FlopCounterMode, 43 layouts
     (benchmarks/results/planner_accuracy.md, `flops` column).
@@ -296,7 +301,11 @@ def counted_flops_per_token(
     if recompute == "full":
         # a dense block's down projection is not recomputed (its output is saved by nothing);
         # an MoE block's experts all are (the combine's multiply saves their output)
-        down = sum(n * kind.dim * kind.ffn_dim for n, kind in layer_kinds(model) if not kind.is_moe)
+        down = 0.0
+        if not fp8:
+            down = sum(
+                n * kind.dim * kind.ffn_dim for n, kind in layer_kinds(model) if not kind.is_moe
+            )
         total += 2.0 * (weights - down) + attn
     elif recompute == "selective":
         total += attn if model.attention == "naive" else 0.0
