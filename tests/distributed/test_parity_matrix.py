@@ -63,6 +63,22 @@ MATRIX: dict[str, tuple[int, dict, int, tuple[str, ...]]] = {
     "pp2-moe": (2, _1F1B, 2, ("moe",)),
     "fsdp2xtp2": (4, dict(dp=2, zero=3, tp=2, sp=True), 2, DENSE),
     "pp2xfsdp2": (4, dict(dp=2, zero=3, **_1F1B), 2, ("llama4", "gpt2")),
+    # ZeRO-3 under a split backward: torch finds the weights' gradient paths through the
+    # stage's registered parameters, so its units stay gathered from UNSHARD to RESHARD
+    # (`config.fsdp_reshard_after_forward`); resharded after forward, the last stage got no
+    # weight gradient at all (v1), or its head and norm none (v2)
+    "pp2xfsdp2-zero-bubble": (
+        4,
+        dict(dp=2, zero=3, pp=2, pp_schedule="zero-bubble"),
+        2,
+        ("llama4",),
+    ),
+    "pp2v2xfsdp2-zero-bubble": (
+        4,
+        dict(dp=2, zero=3, pp=2, pp_schedule="zero-bubble", pp_virtual=2),
+        2,
+        ("llama4",),
+    ),
     # later stages receive T/tp of the sequence under SP: RoPE positions must still span T
     "pp2xtp2+sp": (4, dict(tp=2, sp=True, **_1F1B), 2, ("llama4",)),
     # tp forbids DDP, so the cp ranks (which hold the same weights) share FSDP shards
@@ -126,6 +142,7 @@ def test_matrix_covers_the_acceptance_list():
         "ep2",
         "fsdp2xtp2",
         "pp2xfsdp2",
+        "pp2xfsdp2-zero-bubble",
         "cp2xtp2",
     }
 

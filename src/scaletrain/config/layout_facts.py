@@ -18,6 +18,7 @@ __all__ = [
     "expert_tp",
     "expert_split",
     "expert_zero_shards",
+    "fsdp_reshard_after_forward",
     "grad_accum_steps",
     "split_backward",
     "stage_layer_ranges",
@@ -57,6 +58,28 @@ def split_backward(layout: Layout) -> bool:
     later weight-gradient pass (zero-bubble, DualPipeV: torch's `stage_backward_input` /
     `stage_backward_weight`)."""
     return layout.pp > 1 and layout.pp_schedule in ("zero-bubble", "dualpipev")
+
+
+def fsdp_reshard_after_forward(layout: Layout) -> bool:
+    """Whether FSDP2 frees a unit's gathered parameters after its forward (`fully_shard`'s
+    `reshard_after_forward`): under ZeRO-3, except on a split-backward pipeline (`split_backward`),
+    whose stages keep every unit gathered from torch's UNSHARD action to its RESHARD.
+
+    Why: torch 2.13's `stage_backward_input` (torch/distributed/pipelining/_backward.py) finds
+    the weights' gradient paths through the stage module's registered parameters at the
+    input-gradient pass, and FSDP2 registers the sharded DTensors there once a unit is
+    resharded (`FSDPParam.to_sharded`), while the graph holds the unsharded ones. A unit
+    resharded after its forward (an explicit `reshard_after_forward=True` reshards the root
+    too: only the default None keeps it gathered, `_fsdp_state._lazy_init`) is then missed,
+    and the weight pass computes no gradient for it: on gloo, pp2 x dp2 ZeRO-3 zero-bubble
+    left every parameter of the last stage without a gradient, and with 2 virtual stages the
+    last stage's norm and head. torch's multi-stage runtime brackets a stage's compute with
+    UNSHARD / RESHARD (`schedules._add_unshard_reshard`, up to 3 stages gathered at once);
+    with FSDP's own reshard after forward off, the units stay gathered between them, so I and
+    W find them. torchtitan turns it off under every pipeline (`reshard_after_forward = not
+    pp_enabled`). Trainer (`parallel.parallelize`) and planner (`planner.memory.states`)
+    share this rule."""
+    return layout.zero >= 3 and not split_backward(layout)
 
 
 def expert_tp(tp: int, ep: int) -> int:

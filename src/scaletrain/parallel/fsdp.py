@@ -16,8 +16,12 @@ fp32 Adam (Rajbhandari et al. 2020, "ZeRO", sec. 5; FSDP2 is per-parameter dim-0
 - HSDP: a 2-D mesh (dp_replicate, dp_shard x cp): sharded as above inside each replica group,
   gradients all-reduced across the groups.
 
-The root module (embeddings, final norm, head) is its own group; its parameters stay unsharded
-from forward to backward (FSDP2 never reshards the root after forward).
+The root module (embeddings, final norm, head) is its own group. With `reshard_after_forward`
+given explicitly (True), torch 2.13 reshards the root after its forward too: only the default
+(None) keeps the root gathered (`FSDPState._lazy_init`). On a split-backward pipeline (zero-bubble,
+DualPipeV) ZeRO-3 runs without reshard after forward (`config.fsdp_reshard_after_forward`: torch's
+weight pass finds the weights through the stage's registered parameters, which a reshard swaps
+for the sharded ones), so there it holds what ZeRO-2 holds.
 """
 
 from __future__ import annotations

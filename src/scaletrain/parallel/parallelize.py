@@ -8,7 +8,12 @@ whole parameters last). Each step is a no-op at degree 1. The trainer then calls
 
 from __future__ import annotations
 
-from scaletrain.config import MemoryConfig, PrecisionConfig, offload_states
+from scaletrain.config import (
+    MemoryConfig,
+    PrecisionConfig,
+    fsdp_reshard_after_forward,
+    offload_states,
+)
 from scaletrain.config.layout import ddp_reducer, option_problems
 from scaletrain.models.moe import MoE
 from scaletrain.models.quantized import is_quantized_storage
@@ -141,7 +146,9 @@ def _apply_data_parallel(
         apply_fsdp(
             model,
             dims.fsdp_mesh(),
-            reshard_after_forward=dims.zero == 3,
+            # ZeRO-3, but for a split-backward pipeline's stages (their units stay gathered
+            # from torch's UNSHARD to its RESHARD: `config.fsdp_reshard_after_forward`)
+            reshard_after_forward=fsdp_reshard_after_forward(dims.layout),
             mp=mp_policy(precision.dtype, precision.reduce_dtype),
             offload_params=offload,
             ignored_params=experts,
