@@ -10,8 +10,12 @@ Units: bytes; `GB` in docstrings means 1e9 bytes. Every function answers for ONE
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from scaletrain.config import ModelConfig, compute_bytes
+
+if TYPE_CHECKING:
+    from ..types import PlanInput
 
 __all__ = [
     "MicroBatchShape",
@@ -41,6 +45,19 @@ class MicroBatchShape:
     def tokens(self) -> float:
         """s_l * b: the tokens of one micro-batch on this rank."""
         return float(self.seq_len) / self.cp * self.micro_batch
+
+    @classmethod
+    def of(cls, plan: PlanInput) -> MicroBatchShape:
+        """A plan's micro-batch as each of its ranks holds it."""
+        L = plan.layout
+        return cls(
+            seq_len=plan.seq_len,
+            micro_batch=plan.micro_batch,
+            tp=L.tp,
+            sp=L.sp,
+            cp=L.cp,
+            precision=plan.precision,
+        )
 
 
 def head_activation_bytes(

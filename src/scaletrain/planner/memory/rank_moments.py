@@ -720,14 +720,7 @@ def loss_moment(view: RankView, stored: float) -> LossBackward:
     )
     cached = view.terms.loss.get(key)
     if cached is None:
-        shape = MicroBatchShape(
-            seq_len=plan.seq_len,
-            micro_batch=plan.micro_batch,
-            tp=L.tp,
-            sp=L.sp,
-            cp=L.cp,
-            precision=plan.precision,
-        )
+        shape = MicroBatchShape.of(plan)
         cached = view.terms.loss[key] = (
             loss_backward_bytes(
                 plan.model,

@@ -444,7 +444,7 @@ def activation_terms(plan: PlanInput, terms: ModelTerms, modern: bool) -> Activa
     # the fused head + loss (models/loss.py) runs on the last stage, pipelined or not (a
     # pipeline's last stage is given the targets: parallel/pipeline.py), but zero-bubble
     fused = fused_head_loss(L)
-    shape = MicroBatchShape(seq_len=s, micro_batch=b, tp=L.tp, sp=L.sp, cp=L.cp, precision=p)
+    shape = MicroBatchShape.of(plan)
     if lora is not None:
         r = 4 if residual_fp32 else compute_bytes(p)
         full = lora_layer_activation_bytes(model, lora, shape, r=r, autocast=residual_fp32)
@@ -595,14 +595,7 @@ def _naive_backward(plan: PlanInput, modern: bool, residual_fp32: bool) -> float
     if not modern or plan.model.attention != "naive":
         return 0.0
     L = plan.layout
-    shape = MicroBatchShape(
-        seq_len=plan.seq_len,
-        micro_batch=plan.micro_batch,
-        tp=L.tp,
-        sp=L.sp,
-        cp=L.cp,
-        precision=plan.precision,
-    )
+    shape = MicroBatchShape.of(plan)
     return naive_backward_net_bytes(
         plan.model,
         shape,
