@@ -134,11 +134,11 @@ def test_counted_flops_match_flop_counter_semantics():
     ) == pytest.approx(2.0 * head)
     # tp: block linears are the group's (global shapes), attention is the rank's heads, the
     # fused head runs on this rank's V/tp rows
-    assert counted_flops_per_token(GPT2, s, tp=4) == pytest.approx(
+    assert counted_flops_per_token(GPT2, s, layout=Layout(tp=4)) == pytest.approx(
         3 * blocks + 4 * 2.0 * head / 4 + (1 + FLASH_BACKWARD_FACTOR) * core / 4
     )
     # cp 2 zigzag ring: 3/4 of the full s x s work per rank
-    assert counted_flops_per_token(GPT2, s, cp=2, **plain) == pytest.approx(
+    assert counted_flops_per_token(GPT2, s, layout=Layout(cp=2), **plain) == pytest.approx(
         3 * lin + (1 + FLASH_BACKWARD_FACTOR) * core * 0.75
     )
     # full recompute: every block matmul but the down projection, plus the attention core

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scaletrain.config import ModelConfig, expert_tp
+from scaletrain.config import Layout, ModelConfig, expert_tp
 
 __all__ = [
     "flops_per_token",
@@ -245,15 +245,14 @@ def counted_flops_per_token(
     seq_len: int,
     *,
     recompute: str = "none",
-    tp: int = 1,
-    cp: int = 1,
+    layout: Layout | None = None,
     fused_head: bool = True,
-    ep: int = 1,
     lora: LoraFlops | None = None,
     fp8: bool = False,
 ) -> float:
     """Training FLOPs per token of one rank as torch's `FlopCounterMode` counts them (the
-    dry-run's figure, scaletrain's own kernels and parallel layouts).
+    dry-run's figure, scaletrain's own kernels and parallel layouts; `layout`'s tp, cp and
+    ep are what it reads, None: one rank).
 
     Weights: as `flops_per_token` (forward 2 x, backward 4 x the multiply-adds; head
     included), NOT divided by tp: DTensor's matmuls are counted at their global shapes, so
@@ -287,6 +286,7 @@ def counted_flops_per_token(
     gradients (and the first block's skipped input gradients, and the frozen head's weight
     gradient) taken off; recompute is not combined with it (counted as without LoRA).
     """
+    tp, cp, ep = (layout.tp, layout.cp, layout.ep) if layout is not None else (1, 1, 1)
     _, head = matmul_params(model)
     # SDPA multiplies MLA's values zero-padded to the q/k width (models/mla.py)
     padded = model.qk_head_dim if model.is_mla and model.attention != "naive" else 0
