@@ -54,3 +54,36 @@ def test_torch_schedules_cannot_step_under_fake_tensors():
                 train_step(run, batches)
     finally:
         dist.destroy_process_group()
+
+
+def _peak(tracker, model: torch.nn.Module) -> dict:
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    tracker.track_external(model, opt)
+    with tracker:
+        for _ in range(2):  # the second step holds the optimizer states
+            model(torch.randn(8, 32)).square().sum().backward()
+            opt.step()
+            opt.zero_grad()
+            tracker.reset_mod_stats()
+    return tracker.get_tracker_snapshot("peak")
+
+
+def test_global_peak_tracker_keeps_torchs_peak():
+    """The dry-run's trackers skip torch's per-module peak statistics (`_GlobalPeakOnly`): the
+    process-wide peak snapshot, the only one the dry-run reads, is torch's own to the byte, and
+    `FSDPMemTracker` still inherits the one method replaced."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from scaletrain.dryrun.torch_compat import frozen_aware_mem_tracker
+
+    assert FSDPMemTracker._update_peak_stats is MemTracker._update_peak_stats
+
+    def model() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(
+            torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 16)
+        )
+
+    ours, theirs = _peak(frozen_aware_mem_tracker(), model()), _peak(MemTracker(), model())
+    assert ours == theirs and sum(v["Total"] for v in ours.values()) > 0

@@ -87,6 +87,7 @@ from .timeline import Timeline
 from .torch_compat import (
     ActionSchedule,
     frozen_aware_mem_tracker,
+    fsdp_mem_tracker,
     gradless_module_hooks,
     pp_actions,
     pp_io_dtype,
@@ -264,13 +265,11 @@ def _schedule_cls(
 
 
 def _tracker(run: Run) -> Any:
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-
     if run.dims.zero >= 2 and run.dims.fsdp_enabled:
         # FSDPMemTracker takes one FSDP root; with several stages its walk over `modules()`
         # is pointed at all of them (the only use it makes of the root)
         roots = run.pipeline.stages if run.pipeline is not None else [run.model]
-        fsdp_tracker = FSDPMemTracker(roots[0], run.optimizer)
+        fsdp_tracker = fsdp_mem_tracker(roots[0], run.optimizer)
         fsdp_tracker._root_mod = run.model  # type: ignore[assignment]  # any module tree walks
         return fsdp_tracker
     tracker = frozen_aware_mem_tracker()  # MemTracker, frozen parameters (LoRA) allowed

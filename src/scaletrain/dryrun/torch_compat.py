@@ -12,11 +12,15 @@ goes away).
    unchanged.
 2. `gradless_module_hooks`: torch's `ModTracker` (inside `MemTracker` / `FSDPMemTracker`)
    keeps gradients alive that the trainer never holds (see its docstring).
+3. `frozen_aware_mem_tracker` / `fsdp_mem_tracker`: the trackers with the process-wide peak
+   only (`_GlobalPeakOnly`): torch's update of per-module peaks after every operator walks
+   every module seen so far, 25-40% of a dry-run's time, for statistics it never reads.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import weakref
 from collections.abc import Iterator
 from typing import Any, Literal
@@ -29,6 +33,7 @@ from scaletrain.config import JobConfig
 __all__ = [
     "ActionSchedule",
     "frozen_aware_mem_tracker",
+    "fsdp_mem_tracker",
     "gradless_module_hooks",
     "pp_actions",
     "pp_io_dtype",
@@ -390,6 +395,41 @@ class _NoHandle:
         return None
 
 
+class _GlobalPeakOnly:
+    """Mixed into torch's trackers: after each operator, update the process-wide peak only.
+
+    torch 2.13's `MemTracker._update_peak_stats` (inherited by `FSDPMemTracker`) first walks
+    the statistics of every module tracked so far to raise the local peaks of those still
+    active, then the tracker's own peak. The dry-run reads the tracker's peak snapshot
+    (`get_tracker_snapshot("peak")`) and its current one (the timeline), never a module's:
+    the walk was 25-40% of a dry-run's CPU time (a 4-layer pipeline stage at 16 micro-batches:
+    7.1 s -> 4.3 s, the same peak to the byte; llama3-8b's dry-run iterated 2.2 million weak
+    references for it). The second half below is torch's, unchanged."""
+
+    _curr_mem_snap: dict[Any, dict[str, int]]
+    _peak_mem: dict[Any, int]
+    _peak_mem_snap: dict[Any, dict[str, int]]
+
+    def _update_peak_stats(self, peak_state: Any) -> None:
+        from torch.distributed._tools.mem_tracker import _TOTAL_KEY
+
+        for dev, dev_snap in self._curr_mem_snap.items():
+            if self._peak_mem.get(dev, 0) < dev_snap[_TOTAL_KEY]:
+                self._peak_mem[dev] = dev_snap[_TOTAL_KEY]
+                self._peak_mem_snap[dev] = copy.deepcopy(dev_snap)
+
+
+def fsdp_mem_tracker(root: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Any:
+    """torch's `FSDPMemTracker` for `root`, keeping the process-wide peak only
+    (`_GlobalPeakOnly`)."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+    class _Tracker(_GlobalPeakOnly, FSDPMemTracker):
+        pass
+
+    return _Tracker(root, optimizer)
+
+
 def frozen_aware_mem_tracker() -> Any:
     """torch's `MemTracker` for models with frozen parameters (LoRA's base).
 
@@ -397,10 +437,11 @@ def frozen_aware_mem_tracker() -> Any:
     `register_hook` refuses a tensor that does not require a gradient. A frozen parameter never
     has a gradient to attribute, so it is entered in the tracker's own table of hooked
     parameters with handles that were never registered, and MemTracker skips it (it hooks a
-    parameter only when that table has no entry); everything else it does is unchanged."""
+    parameter only when that table has no entry); it keeps the process-wide peak only
+    (`_GlobalPeakOnly`); everything else it does is unchanged."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    class _Tracker(MemTracker):
+    class _Tracker(_GlobalPeakOnly, MemTracker):
         def _track_module_params_and_buffers(  # type: ignore[override]  # same signature
             self, module: torch.nn.Module, install_grad_hooks: bool = True
         ) -> tuple[int, int]:
