@@ -101,6 +101,26 @@ def _metric_losses(run_dir) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in rows if "loss" in r}
 
 
+RESHARD_JOB = [
+    "--batch.seq_len=32",
+    "--batch.global_batch=8",
+    "--batch.micro_batch=2",
+    "--data.num_tokens=60000",
+    "--optim.schedule=constant",  # the same lr at step 4 whether the run ends at 3 or 6
+    "--model.tie_embeddings=false",
+    "--train.log_every=1",
+]
+
+
+@pytest.fixture(scope="module")
+def straight_losses(tmp_path_factory) -> dict[int, float]:
+    """The uninterrupted single-process run both reshard directions continue (one CLI run)."""
+    tmp = tmp_path_factory.mktemp("straight")
+    p = scaletrain("train", *tiny_job(tmp, "straight", *RESHARD_JOB, "--train.steps=6"))
+    assert p.returncode == 0, p.stderr[-2000:]
+    return _metric_losses(tmp / "straight")
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.parametrize(
@@ -109,33 +129,24 @@ def _metric_losses(run_dir) -> dict[int, float]:
     ids=["tp1-to-tp2", "tp2-to-tp1"],
 )
 @pytest.mark.fault("layout_resume")
-def test_nproc_resume_under_another_tp_degree_continues_the_losses(tmp_path, before, after):
+def test_nproc_resume_under_another_tp_degree_continues_the_losses(
+    tmp_path, straight_losses, before, after
+):
     """A checkpoint saved under --nproc 2 at one TP degree resumes at the other (DCP reshards
     the saved tensors to the new placements): no refusal, and steps 4-6 match an uninterrupted
     single-process run. Tolerance 1e-5 absolute, as the in-process reshard test
     (tests/distributed/test_reshard_resume.py): fp32 losses near 5 whose layouts reduce in
     other orders (one ulp 5e-7) over 6 AdamW steps."""
-    job = [
-        "--batch.seq_len=32",
-        "--batch.global_batch=8",
-        "--batch.micro_batch=2",
-        "--data.num_tokens=60000",
-        "--optim.schedule=constant",  # the same lr at step 4 whether the run ends at 3 or 6
-        "--model.tie_embeddings=false",
-        "--train.log_every=1",
-    ]
-    straight = scaletrain("train", *tiny_job(tmp_path, "straight", *job, "--train.steps=6"))
-    assert straight.returncode == 0, straight.stderr[-2000:]
     first = scaletrain(
-        "train", *tiny_job(tmp_path, "run", *job, "--train.steps=3", before), "--nproc=2"
+        "train", *tiny_job(tmp_path, "run", *RESHARD_JOB, "--train.steps=3", before), "--nproc=2"
     )
     assert first.returncode == 0, first.stderr[-2000:]
     again = scaletrain(
-        "train", *tiny_job(tmp_path, "run", *job, "--train.steps=6", after), "--nproc=2"
+        "train", *tiny_job(tmp_path, "run", *RESHARD_JOB, "--train.steps=6", after), "--nproc=2"
     )
     assert again.returncode == 0 and no_traceback(again), again.stderr[-2000:]
     assert "resuming from" in again.stdout and "step_00000003" in again.stdout, again.stdout[-2000:]
-    want, got = _metric_losses(tmp_path / "straight"), _metric_losses(tmp_path / "run")
+    want, got = straight_losses, _metric_losses(tmp_path / "run")
     assert sorted(got) == [1, 2, 3, 4, 5, 6]
     for step in (4, 5, 6):
         assert got[step] == pytest.approx(want[step], abs=1e-5, rel=0), (step, got, want)
