@@ -181,7 +181,7 @@ def pp_boundary_bytes(plan: PlanInput, *, rank: int) -> float:
     with 16-bit precision, else fp32 (the fp32 embedding output keeps the residual sum in fp32
     under autocast). Source: torch 2.13 `stage.py` (what a stage keeps) and the dry-run, which
     drives the stages through the same events (tests/unit/test_dryrun_pipeline_buffers.py: the
-    same peak at 8 and 24 micro-batches, equal to this count).
+    same peak at 8 and 64 micro-batches under 1F1B, 8 and 24 under the others, equal to this count).
     Approximates: the count is the most over the whole step, added to every moment of the
     rank; at the rank's peak moment it may hold a few fewer (1F1B's last stage holds its one
     receive buffer before a forward, none during its loss backward). Ignores: NCCL's own
