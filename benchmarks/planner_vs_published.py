@@ -453,6 +453,27 @@ def summary_table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def split_table(rows: list[dict[str, Any]]) -> str:
+    """Markdown table: the framework recipe per framework, rows the model was tuned on and rows
+    added after it (`added_after`) apart, so that a fit to the corpus shows as a gap."""
+    lines = [
+        "| framework | rows tuned on: runs, memory median / max, step median / max, fit "
+        "| rows added after: runs, memory, step, fit |",
+        "|---|---|---|",
+    ]
+    for fw in sorted({r["framework"] for r in rows}):
+        cells = []
+        for added in (False, True):
+            part = [r for r in rows if r["framework"] == fw and bool(r.get("added_after")) == added]
+            if not part:
+                cells.append("-")
+                continue
+            t = _tool_summary(part, "recipe")
+            cells.append(f"{t['rows']}: {_medmax(t['memory'])}; {_medmax(t['step'])}; {_fit(t)}")
+        lines.append(f"| {fw} | {cells[0]} | {cells[1]} |")
+    return "\n".join(lines)
+
+
 def range_line(summary: dict[str, Any]) -> str:
     """The framework recipes' memory error with unstated-rank rows held against the per-rank
     range, overall and per framework, beside the worst-rank figure."""
@@ -573,6 +594,10 @@ def markdown(rows: list[dict[str, Any]], summary: dict[str, Any]) -> str:
         summary_table(summary),
         "",
         range_line(summary),
+        "",
+        "Framework recipes per framework, rows tuned on and rows added after the model:",
+        "",
+        split_table(rows),
         "",
     ]
     s = summary["scaletrain"]["all"]

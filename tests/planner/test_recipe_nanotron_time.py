@@ -149,7 +149,10 @@ def test_zero1_all_reduces_the_fp32_buffer_after_the_backward() -> None:
     n = 8
     st = _step(p, r)
     moved = 2 * (n - 1) / n * 4 * P
-    assert st.comm["dp_allreduce"] == pytest.approx((moved, moved / bw + allreduce_latency(n, lat)))
+    # one node: NCCL's ring, 2(n-1) intra-node hops (efficiency.allreduce_latency)
+    assert lat == p.hardware.intra_node_latency_s
+    assert allreduce_latency(n, lat, p.hardware.inter_node_latency_s, 8) == 2 * (n - 1) * lat
+    assert st.comm["dp_allreduce"] == pytest.approx((moved, moved / bw + 2 * (n - 1) * lat))
     gather = st.comm["zero_all_gather"][1]
     assert st.exposed_s == pytest.approx(st.comm["dp_allreduce"][1] + gather)
     rs = _step(p, _without(r, zero1_grad_sync="reduce_scatter"))

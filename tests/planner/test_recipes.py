@@ -437,9 +437,10 @@ def test_gemm_roofline_by_hand() -> None:
 
 
 def test_tree_latency_at_scale() -> None:
-    """Ring all-reduce latency 2(n-1)a below 16 ranks; NCCL's tree 2 ceil(log2 n) a above."""
-    assert allreduce_latency(8, 1.0) == 14.0
-    assert allreduce_latency(1024, 1.0) == 20.0
+    """NCCL's tuning.cc model: inside one node the ring's 2(n-1) intra-node hops; across 128
+    nodes of 8 the tree's 2((8-1) intra + log2(128) inter) beats the ring's 254 network hops."""
+    assert allreduce_latency(8, 1.0, 10.0, 8) == 14.0
+    assert allreduce_latency(1024, 1.0, 10.0, 8) == 2 * (7 * 1.0 + 7 * 10.0)
 
 
 def test_time_model_follows_the_recipe(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -69,6 +69,12 @@ class HardwareSpec:
     """Host RAM per node, bytes (what `memory.offload` fills: `hardware.host_memory_gib`
     overrides it); 0 = unknown (the planner shows the host term but cannot check it). Set
     where a reference system publishes it, cited per preset."""
+    mamf_bf16: float = 0.0
+    """Maximum achievable matmul FLOP/s in bf16 measured on this device (the best of a sweep of
+    large GEMM shapes, e.g. stas00/ml-engineering's mamf-finder.py), cited per preset; the
+    planner's default efficiency scales by its fraction of `peak_flops['bf16']` against the
+    H100's (`planner.time.efficiency.matmul_peak_factor`). 0 = not measured: the device plans
+    like the NVIDIA parts the default efficiency was read on."""
 
     @property
     def is_cpu(self) -> bool:
@@ -341,6 +347,13 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         usd_per_hour=2.5,
         host_to_device_bw=64 * GB,
         arch=amd_arch("gfx942"),
+        # bf16 MAMF 781.9 TFLOP/s (best shape 4096x10240x4864, ROCm 6.2): stas00/ml-engineering
+        # compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS comparison table"
+        # (60.1% of peak, against 80.1% for an H100 SXM in the same table, measured by the
+        # same tool: the reference of planner.time.efficiency.MAMF_REFERENCE). AMD explains
+        # the gap by clocks under sustained GEMM load below the boost clock the peak assumes
+        # (ROCm blogs "Understanding Peak, Max-Achievable & Delivered FLOPs", 2025).
+        mamf_bf16=781.9e12,
     ),
     # This project's 2-core AVX-512 host (AMD EPYC, 2.6 GHz): 2 cores x 2.6 GHz x 2 FMA pipes x
     # 16 fp32 lanes x 2 FLOP = 333 GFLOP/s nominal peak (a 2048^3 sgemm measures ~190 GFLOP/s,

@@ -67,6 +67,7 @@ FIGURES: dict[str, Figure] = {
     "power_w": Figure("power_w", 1.0, "W"),
     "usd_per_gpu_hour": Figure("usd_per_hour", 1.0, "USD/h"),
     "storage_gb_per_s": Figure("storage_bw", GB, "GB/s"),
+    "mamf_bf16_tflops": Figure("mamf_bf16", TFLOPS, "TFLOP/s"),
 }
 """TOML figure -> spec attribute. `arch` (a text, `hardware_rules.parse_arch`) is the other
 field a description gives."""

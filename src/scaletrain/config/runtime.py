@@ -206,6 +206,11 @@ class HardwareConfig:
     8-GPU H100 / H200 nodes; unknown, so unchecked, for the others)."""
     power_w: float = 0.0
     """Board power (TDP) of one accelerator, watts; 0 = the preset's."""
+    mamf_bf16_tflops: float = 0.0
+    """Maximum achievable bf16 matmul TFLOP/s measured on the device (the best large GEMM, e.g.
+    ml-engineering's mamf-finder.py); the default matmul efficiency keeps its share of peak
+    against an H100's (80.1%). 0 = the preset's (measured for MI300X only; otherwise the
+    device plans like the NVIDIA parts the default efficiency was read on)."""
     arch: str = ""
     """Architecture: 'sm90' (NVIDIA compute capability 9.0), 'gfx942' (AMD) or 'cpu'; it
     decides the precisions the device runs. Empty = the preset's."""

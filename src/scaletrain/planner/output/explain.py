@@ -279,8 +279,8 @@ def _recipe_time(est: Estimate) -> list[str]:
     bucket = (
         f"   [{r.name}] last gradient bucket exposed: "
         f"{fmt_bytes(r.bucket_bytes(L.dp), digits=0)} "
-        f"({r.sources.get('ddp_bucket', '')}); all-reduce latency: NCCL tree from 16 "
-        f"ranks (efficiency.allreduce_latency)"
+        f"({r.sources.get('ddp_bucket', '')}); all-reduce latency: NCCL's ring / tree model, "
+        f"nccl src/graph/tuning.cc (efficiency.allreduce_latency)"
     )
     from ..time.efficiency import COMM_OVERLAP, attention_kernel
 

@@ -22,8 +22,14 @@ In a ring every link carries the same (n-1)/n * M / channels, so with g of the g
 in each node, the g NICs of those ranks carry the ring's node-crossing hops side by side and
 the collective runs at min(intra_node_bw, g x inter_node_bw) per rank (bus bandwidth). g = 1
 (a group strided one rank per node, e.g. dp across nodes under tp = 8) gives the plain NIC
-figure. Ignores: NIC sharing between different axes' collectives running at the same time,
-switch oversubscription (a non-blocking fat tree is assumed), SHARP / NVLS reductions.
+figure. NCCL's own cost model agrees (nccl src/graph/tuning.cc, ncclTopoTuneModel): a ring's
+bus bandwidth is nChannels x the per-channel speed, the intra-node one up to 2 nodes and the
+network one beyond (`bw = nNodes <= 2 ? bwIntra : bwInter`), its channels spread over the NICs
+the group's GPUs reach; so a tp group spanning two nodes is not bound by one NIC (50 GB/s on
+the H100 preset) but by the node's NICs together. Ignores: NIC sharing between different axes'
+collectives running at the same time, switch oversubscription (a non-blocking fat tree is
+assumed), SHARP / NVLS reductions, NCCL's protocol factors (LL128 x0.92, the tree's x0.92 and
+its mid-size correction table).
 
 Families (`comm_terms`' keys): dp_allreduce, zero_all_gather, zero_reduce_scatter,
 fsdp_all_gather, fsdp_reduce_scatter, hsdp_allreduce (`_dp_terms`, `_zero_terms`, `_fsdp_terms`,
@@ -38,9 +44,12 @@ from dataclasses import dataclass
 
 from scaletrain.config import HardwareSpec, Layout, compute_bytes
 
+from .efficiency import allreduce_latency
+
 __all__ = [
     "CommInputs",
     "axis_link",
+    "dp_allreduce_latency",
     "allreduce_time",
     "gather_time",
     "p2p_time",
@@ -56,21 +65,7 @@ def axis_link(
     """(bandwidth B/s, latency s, crosses_nodes) for a parallel axis under the placement above;
     across nodes the multi-rail ring bandwidth of the module docstring."""
     gpn = gpus_per_node or hardware.gpus_per_node
-    L = layout
-    # (stride between the group's ranks, group size); the step model asks ~5 per plan
-    if axis == "tp":
-        stride, degree = 1, L.tp
-    elif axis in ("cp", "ep"):
-        stride, degree = L.tp, L.cp if axis == "cp" else L.ep
-    elif axis == "dp" and L.zero:
-        # ZeRO shards over dp_shard x cp (the FSDP mesh folds cp in): stride tp.
-        stride, degree = L.tp, L.dp * L.cp
-    elif axis == "dp":
-        stride, degree = L.tp * L.cp, L.dp
-    elif axis == "pp":
-        stride, degree = L.tp * L.cp * L.dp, L.pp
-    else:
-        raise KeyError(axis)
+    stride, degree = _axis_group(layout, axis)
     inter = degree > 1 and stride * degree > gpn
     if inter:
         # multi-rail ring (module docstring): the group's ranks per node share its NICs' load
@@ -78,6 +73,37 @@ def axis_link(
         bw = min(hardware.intra_node_bw, per_node * hardware.inter_node_bw)
         return bw, hardware.inter_node_latency_s, True
     return hardware.intra_node_bw, hardware.intra_node_latency_s, False
+
+
+def _axis_group(L: Layout, axis: str) -> tuple[int, int]:
+    """(stride between the group's ranks, group size) of a parallel axis under the placement of
+    the module docstring; the step model asks ~5 per plan."""
+    if axis == "tp":
+        return 1, L.tp
+    if axis in ("cp", "ep"):
+        return L.tp, L.cp if axis == "cp" else L.ep
+    if axis == "dp" and L.zero:
+        # ZeRO shards over dp_shard x cp (the FSDP mesh folds cp in): stride tp.
+        return L.tp, L.dp * L.cp
+    if axis == "dp":
+        return L.tp * L.cp, L.dp
+    if axis == "pp":
+        return L.tp * L.cp * L.dp, L.pp
+    raise KeyError(axis)
+
+
+def dp_allreduce_latency(
+    layout: Layout, hardware: HardwareSpec, gpus_per_node: int | None, n: int
+) -> float:
+    """The latency term of one all-reduce over n ranks of the dp axis (efficiency.
+    allreduce_latency, NCCL's ring / tree model): its ranks per node from the placement (the
+    dp group's stride), the preset's intra- and inter-node latencies."""
+    gpn = gpus_per_node or hardware.gpus_per_node
+    stride, _ = _axis_group(layout, "dp")
+    per_node = max(1, gpn // max(1, stride))
+    return allreduce_latency(
+        n, hardware.intra_node_latency_s, hardware.inter_node_latency_s, per_node
+    )
 
 
 def allreduce_time(nbytes: float, n: int, bw: float, lat: float) -> float:

@@ -8,9 +8,11 @@ What every recipe uses (step_time.step_time):
   (torch SDPA, flash-attn 2) at FLASH2_HOPPER_EFFICIENCY of peak on Hopper, a materialized
   core (Megatron-DeepSpeed) at the matmul rate on its full s x s block plus its softmax /
   dropout score traffic over memory bandwidth (NAIVE_SCORE_BYTES);
-- NCCL's tree latency for data-parallel all-reduces at scale (`allreduce_latency`, the
+- NCCL's ring / tree latency model for data-parallel all-reduces (`allreduce_latency`, the
   foreign recipes' buckets); comm.py holds the multi-rail ring bandwidth and the per-unit
   FSDP latency;
+- the device's measured achievable matmul rate against the calibration's reference
+  (`matmul_peak_factor`, applied by step_time.default_efficiency);
 - a recipe that runs its block's elementwise ops as eager kernels (torchtitan without
   torch.compile): their bytes over memory bandwidth (`eager_elementwise_bytes`).
 
@@ -46,7 +48,8 @@ __all__ = [
     "gemm_factor",
     "matmul_efficiency",
     "allreduce_latency",
-    "TREE_ALLREDUCE_MIN_RANKS",
+    "MAMF_REFERENCE",
+    "matmul_peak_factor",
     "FLASH2_HOPPER_EFFICIENCY",
     "NAIVE_SCORE_BYTES",
     "attention_kernel",
@@ -139,21 +142,54 @@ def matmul_efficiency(
     return base * FP8_EFFICIENCY * gemm_shape_factor(model, tokens, tp, "fp8", hardware), bf16
 
 
-TREE_ALLREDUCE_MIN_RANKS = 16
-"""NCCL switches small and mid-size all-reduces to its double binary tree as rank counts grow
-(NVIDIA blog 'Massively Scale Your Deep Learning Training with NCCL 2.4', 2019: trees give
-logarithmic latency where rings are linear); below about two nodes the ring is kept."""
-
-
-def allreduce_latency(n: int, alpha: float) -> float:
-    """Latency term of an all-reduce over n ranks: ring 2(n-1)alpha, double binary tree
-    2 log2(n) alpha (Sanders et al. 2009); NCCL picks the tree at scale."""
+def allreduce_latency(n: int, intra: float, inter: float, ranks_per_node: int) -> float:
+    """Latency term of one all-reduce over n ranks, `ranks_per_node` of them in each node (the
+    rest of the group in other nodes), as NCCL's cost model prices it (NVIDIA/nccl
+    src/graph/tuning.cc, ncclTopoTuneModel, at 5067397):
+    - ring: 2(n-1) steps, of which the 2(nodes-1) that leave a node pay the network latency
+      (`inter`) and the others the intra-node latency (`intra`): NCCL's
+      (nsteps - nInterSteps) x intraLat + nInterSteps x interLat;
+    - double binary tree: 2 ((ppn-1) intra + floor(log2 nodes) inter) (NCCL's tree term; on one
+      node it is a chain of ppn ranks);
+    the smaller is charged (NCCL picks the algorithm its model finds fastest; trees win from a
+    few nodes on, rings inside a node). The per-hop latencies are the preset's (NCCL's own
+    hwLatencies are its constants for NVLink/PCIe/network: the preset's stand in for them on
+    every device). Ignores: NCCL's base latency per collective (baseLat, 6.6-14 us by protocol),
+    the protocol choice (LL / LL128 / Simple), the ring's large-message latency plateau (x1.4
+    on sm80+ across nodes, ncclTopoGetAlgoTime), the tree's bandwidth correction for mid-size
+    messages (treeCorrectionFactor), NVLS / CollNet (SHARP) algorithms."""
     if n <= 1:
         return 0.0
-    ring = 2.0 * (n - 1) * alpha
-    if n < TREE_ALLREDUCE_MIN_RANKS:
-        return ring
-    return min(ring, 2.0 * math.ceil(math.log2(n)) * alpha)
+    ppn = max(1, min(n, ranks_per_node))
+    nodes = -(-n // ppn)
+    inter_steps = 2 * (nodes - 1)
+    ring = (2 * (n - 1) - inter_steps) * intra + inter_steps * inter
+    tree = 2.0 * ((ppn - 1) * intra + int(math.log2(nodes)) * inter)
+    return min(ring, tree)
+
+
+# ---- the achievable matmul rate of a device against the calibration's reference ------------
+
+MAMF_REFERENCE = 792.1e12 / 989e12
+"""The bf16 maximum achievable matmul FLOP/s (MAMF) of an H100 SXM over its datasheet peak:
+792.1 of 989 TFLOP/s = 80.1% (stas00/ml-engineering compute/accelerator/README.md, 'Maximum
+Achievable Matmul FLOPS comparison table', measured with its benchmarks/mamf-finder.py, CUDA
+12.1). The default efficiency (`step_time.default_efficiency`) was read off NVIDIA A100/H100
+runs, whose MAMF fractions sit at 80-86% in the same table: it stands for a device whose
+largest GEMMs reach this fraction of peak."""
+
+
+def matmul_peak_factor(hardware: HardwareSpec) -> float:
+    """The share of the reference's achievable matmul rate a device keeps, per unit of its own
+    peak: (its measured bf16 MAMF / its bf16 peak) / MAMF_REFERENCE, or 1 for a device with no
+    measured MAMF (`HardwareSpec.mamf_bf16` = 0: the reference class). Counts: the gap between
+    the datasheet peak (boost clock x units) and what the device's best GEMM library sustains
+    (clocks under load, kernel efficiency), measured the same way on every device. Ignores:
+    that the gap may differ for the smaller GEMMs of a real model, and by dtype (one bf16
+    figure scales every precision)."""
+    if hardware.mamf_bf16 <= 0 or "bf16" not in hardware.peak_flops:
+        return 1.0
+    return hardware.mamf_bf16 / hardware.peak_flops["bf16"] / MAMF_REFERENCE
 
 
 # ---- the attention core: which kernel runs it, at what fraction of peak ---------------------

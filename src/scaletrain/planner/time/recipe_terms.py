@@ -27,8 +27,7 @@ from scaletrain.config import precision_spec
 
 from ..recipes.schema import Recipe
 from ..types import PlanInput
-from .comm import Link, allreduce_time, axis_link, gather_time
-from .efficiency import allreduce_latency
+from .comm import Link, allreduce_time, axis_link, dp_allreduce_latency, gather_time
 from .zero3_fetch import zero3_module_fetch_terms
 
 __all__ = [
@@ -187,16 +186,16 @@ def recipe_comm(
 ) -> dict[str, tuple[float, float]]:
     """The data-parallel families as `recipe`'s framework runs them (the others are
     comm_terms' own). DDP / ZeRO-0: all-reduce of the gradient in its reduction dtype
-    (bucket_elem_bytes), one latency term per bucket, NCCL's tree latency at scale
-    (efficiency.allreduce_latency). ZeRO-1 with a sharded master (Megatron's distributed
+    (bucket_elem_bytes), one latency term per bucket, NCCL's ring / tree latency model
+    (comm.dp_allreduce_latency). ZeRO-1 with a sharded master (Megatron's distributed
     optimizer, DeepSpeed stage 1, Nanotron ZeroDistributedOptimizer): reduce-scatter of the
     gradients, then all-gather of the updated 16-bit weights (weight_bytes per parameter)
     instead of scaletrain's all-reduce + fp32 broadcast. ZeRO-3 under a recipe that gathers per
     module (Recipe.zero3_module_fetch, DeepSpeed): `zero3_fetch.zero3_module_fetch_terms` in
     place of FSDP's families, charged in full by step_time._exposed. ZeRO-1 under a recipe that
     all-reduces after the backward (Recipe.zero1_grad_sync, Nanotron): one all-reduce of the
-    whole fp32 gradient buffer, 2(n-1)/n of it per rank, one latency term (NCCL's tree at
-    scale), in place of the bucketed reduce-scatter. Ignores: overlap of the param all-gather
+    whole fp32 gradient buffer, 2(n-1)/n of it per rank, one latency term (NCCL's ring /
+    tree model), in place of the bucketed reduce-scatter. Ignores: overlap of the param all-gather
     with the next forward (Megatron --overlap-param-gather): counted exposed."""
     L, hw = plan.layout, plan.hardware
     if L.zero >= 3 and recipe.zero3_module_fetch and "fsdp_all_gather" in terms:
@@ -224,14 +223,16 @@ def recipe_comm(
         if recipe.zero1_grad_sync == "allreduce_after_backward":
             # one all-reduce of the whole fp32 buffer (`recipe_exposed` leaves it exposed)
             ar = 2 * (n - 1) / n * grads
-            out["dp_allreduce"] = (ar, ar / bw + allreduce_latency(n, lat))
+            out["dp_allreduce"] = (ar, ar / bw + dp_allreduce_latency(L, hw, gpus_per_node, n))
         else:
             rs = (n - 1) / n * grads / bw + buckets * (n - 1) * lat
             out["dp_allreduce"] = ((n - 1) / n * grads, rs)
         params = stage_params * wb
         out["zero_all_gather"] = ((n - 1) / n * params, gather_time(params, n, bw, lat))
     elif n > 1:
-        secs = 2 * (n - 1) / n * grads / bw + buckets * allreduce_latency(n, lat)
+        secs = 2 * (n - 1) / n * grads / bw + buckets * dp_allreduce_latency(
+            L, hw, gpus_per_node, n
+        )
         out["dp_allreduce"] = (2 * (n - 1) / n * grads, secs)
     return out
 

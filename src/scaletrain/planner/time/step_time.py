@@ -29,15 +29,15 @@ from ..recipes.schema import DEFAULT_RECIPE, Recipe
 from ..recipes.stages import recipe_stages
 from ..types import PlanInput
 from .calibration import calibrated_block
-from .comm import CommInputs, allreduce_time, axis_link, comm_terms
+from .comm import CommInputs, allreduce_time, axis_link, comm_terms, dp_allreduce_latency
 from .efficiency import (
     COMM_OVERLAP,
     AttentionCore,
-    allreduce_latency,
     attention_kernel,
     attention_seconds_per_token,
     eager_elementwise_bytes,
     matmul_efficiency,
+    matmul_peak_factor,
 )
 from .flops import (
     attention_core_flops_per_token,
@@ -93,11 +93,13 @@ def default_efficiency(precision: str, hidden: int, hardware: HardwareSpec) -> f
     """Achievable fraction of peak matmul FLOP/s: 0.55 for bf16/fp16 large matmuls (Megatron-LM
     and torchtitan report 40-55% MFU on A100/H100), 0.45 fp8 (casts and scaling overhead), 0.6 of
     the tf32 path in fp32, 0.35 on a CPU; scaled by (h/4096)^0.25 below h = 4096 (small GEMMs
-    and kernel launches dominate small models). A calibration knob, not a law."""
+    and kernel launches dominate small models). A calibration knob, not a law. On a GPU with a
+    measured achievable matmul rate (`HardwareSpec.mamf_bf16`) also scaled by its share of the
+    reference H100's (efficiency.matmul_peak_factor: an MI300X's best GEMMs reach 60% of its
+    peak, an H100's 80%, so the same software keeps 0.75 of the fraction)."""
     if hardware.is_cpu:
-        base = _CPU_EFFICIENCY
-    else:
-        base = _BASE_EFFICIENCY.get(precision, 0.5)
+        return _CPU_EFFICIENCY * min(1.0, (hidden / 4096) ** 0.25)
+    base = _BASE_EFFICIENCY.get(precision, 0.5) * matmul_peak_factor(hardware)
     return base * min(1.0, (hidden / 4096) ** 0.25)
 
 
@@ -188,14 +190,15 @@ def plan_efficiency(plan: PlanInput) -> float:
         return min(1.0, plan.efficiency)
     if plan.calibration is not None:
         return plan.calibration.matmul
-    key = (plan.precision, plan.model.dim, plan.hardware.is_cpu)
+    hw = plan.hardware
+    key = (plan.precision, plan.model.dim, hw.is_cpu, hw.mamf_bf16, hw.peak_flops.get("bf16"))
     eff = _EFF.get(key)
     if eff is None:
         eff = _EFF[key] = default_efficiency(plan.precision, plan.model.dim, plan.hardware)
     return eff
 
 
-_EFF: dict[tuple, float] = {}  # default_efficiency reads only these three facts
+_EFF: dict[tuple, float] = {}  # default_efficiency reads only these facts
 
 
 @functools.lru_cache(maxsize=1024)
@@ -518,7 +521,7 @@ def _exposed(
 ) -> float:
     """Communication seconds left on the critical path after overlap (rules in _NOTES).
     bucket_bytes: the last gradient bucket, reduced after the backward ends (exposed);
-    tree: its latency term is NCCL's tree at scale (efficiency.allreduce_latency);
+    tree: its latency term is NCCL's ring / tree model (comm.dp_allreduce_latency);
     overlap: families the recipe's framework overlaps (efficiency.COMM_OVERLAP): 'tp' and
     'pp_p2p' hide behind the step's compute, 'dp_param_gather' (the updated weights'
     all-gather) behind the next step's forwards except one chunk, like the gradient reduce."""
@@ -533,7 +536,7 @@ def _exposed(
         size = min(bucket_bytes, stage_params * 4)
         if tree:
             nn = max(n, 2)
-            bucket = 2 * (nn - 1) / nn * size / bw + allreduce_latency(nn, lat)
+            bucket = 2 * (nn - 1) / nn * size / bw + dp_allreduce_latency(L, hw, gpus_per_node, nn)
         else:
             bucket = allreduce_time(size, max(n, 2), bw, lat)
     for name, (_, t) in terms.items():
