@@ -196,6 +196,19 @@ class PrecisionConfig:
             "from their own amax)",
         )
         require(
+            self.fp8_backend != "torchao"
+            or (
+                self.fp8_scaling == "tensorwise"
+                and self.fp8_amax == "current"
+                and self.fp8_matmul != "emulated"
+            ),
+            "precision.fp8_backend",
+            self.fp8_backend,
+            "torchao's Float8Linear runs tensorwise scaling with current amax through "
+            "_scaled_mm: set fp8_scaling='tensorwise', fp8_amax='current' and fp8_matmul "
+            "other than 'emulated', or fp8_backend='auto' / 'scaletrain'",
+        )
+        require(
             not (self.fp8_all_gather and self.fp8_scaling == "tilewise"),
             "precision.fp8_all_gather",
             self.fp8_all_gather,
