@@ -215,10 +215,26 @@ CASES: list[Case] = [
     ("llama3-70b-L4", 256, 32, 3, 1, 8, True, 1, "full", "fp8", 16, 8192, 1),
     ("llama-256-L2", 8, 2, 3, 1, 4, True, 1, "full", "fp8", 4, 512, 1),
     ("llama-256-L2", 8, 2, 3, 1, 4, False, 1, "full", "fp8", 4, 512, 1),
+    # fp8 under TP elsewhere (memory.block_ends): without AC the last block's MLP forward ends
+    # with its unsaved 16-bit inputs alive beside w2's output and its reduction (SP: was
+    # -4.5%); without SP an RMSNorm's backward holds three fp32 (tokens x h) temporaries over
+    # the whole sequence (-15.0%; Llama-3-70B full AC at 4 blocks, in the recompute: -6.8%);
+    # autocast at dp1 (an fp32 stream: four, and x in fp32; -14.4% / SP -3.7%); selective AC
+    # at 70B widths (+2.8% at 4 blocks)
+    ("llama-256-L2", 8, 2, 3, 1, 4, True, 1, "none", "fp8", 4, 512, 1),
+    ("llama-256-L2", 8, 2, 3, 1, 4, False, 1, "none", "fp8", 4, 512, 1),
+    ("llama3-70b-L4", 256, 32, 3, 1, 8, False, 1, "full", "fp8", 16, 8192, 1),
+    ("llama-256-L2", 4, 1, 0, 1, 4, False, 1, "none", "fp8", 4, 512, 1),
+    ("llama-256-L2", 4, 1, 0, 1, 4, True, 1, "none", "fp8", 4, 512, 1),
+    ("llama3-70b-L4", 256, 32, 3, 1, 8, True, 1, "selective", "fp8", 16, 8192, 1),
 ]
 
-FP8_TP = CASES[-2:]
+FP8_TP = [c for c in CASES if c[0] == "llama-256-L2" and c[8] == "full"]
 """fp8 under TP with full AC at small widths (tests/planner/test_fp8_temporaries.py)."""
+
+FP8_BLOCK_ENDS = [c for c in CASES if c[0] == "llama-256-L2" and c[8] == "none"]
+"""fp8 under TP without AC at small widths, whose peaks are a block's ends (the MLP forward's,
+a norm's backward: tests/planner/test_block_ends.py)."""
 
 QUICK = [CASES[i] for i in (0, 1, 2, 3, 4, 5, 6, 7, 8, 12, 18, 43, 44, 46, 47, 48, 52, 65)]
 """The fast subset (tests/planner/test_accuracy.py): every tiny-model layout (DDP, ZeRO-1/2/3,
@@ -375,6 +391,17 @@ def _model_for(name: str, seq: int) -> ModelConfig:
     return dataclasses.replace(m, max_seq_len=seq) if seq > m.max_seq_len else m
 
 
+def _precision(dtype: str) -> PrecisionConfig:
+    """A case's precision; fp8 on our own Float8Linear (`precision.fp8_backend='scaletrain'`),
+    the backend the planner's fp8 terms model. A dry-run for a GPU target converts the Linears
+    as a GPU run would ('auto': torchao's Float8Linear where torchao is installed), whose
+    memory the planner does not model: at h 256, tp4+SP ZeRO-3 full AC, 4 x 512 tokens, the
+    planner is 9.7% under torchao's dry-run and 1.1% under ours."""
+    if dtype == "fp8":
+        return PrecisionConfig(dtype="fp8", fp8_backend="scaletrain")
+    return PrecisionConfig(dtype=dtype)
+
+
 def job_for_extra(case: Extra) -> tuple[JobConfig, int]:
     name, world, dp, zero, pp, sched, virtual, ep, dtype, mb, seq, accum = case[:12]
     ac = case[12] if len(case) > 12 else "none"
@@ -385,7 +412,7 @@ def job_for_extra(case: Extra) -> tuple[JobConfig, int]:
         parallel=ParallelConfig(
             dp=dp, zero=zero, pp=pp, pp_schedule=sched, pp_virtual=virtual, ep=ep, layout="manual"
         ),
-        precision=PrecisionConfig(dtype=dtype),
+        precision=_precision(dtype),
         memory=MemoryConfig(ac=ac),
         batch=BatchConfig(global_batch=mb * dp * accum, micro_batch=mb, seq_len=seq),
         hardware=HardwareConfig(gpu="h100-sxm", gpus=world),
@@ -413,7 +440,7 @@ def job_for(case: Case) -> tuple[JobConfig, int]:
         parallel=ParallelConfig(
             dp=dp, zero=zero, dp_replicate=rep, tp=tp, sp=sp, cp=cp, layout="manual"
         ),
-        precision=PrecisionConfig(dtype=dtype),
+        precision=_precision(dtype),
         memory=MemoryConfig(ac=ac),
         batch=BatchConfig(global_batch=mb * dp * accum, micro_batch=mb, seq_len=seq),
         hardware=HardwareConfig(gpu="h100-sxm", gpus=world),
@@ -437,7 +464,7 @@ def job_for_tune(case: Tune) -> tuple[JobConfig, int]:
     job = JobConfig(
         model=_model_for(name, seq),
         parallel=ParallelConfig(dp=dp, zero=zero, layout="manual", **par),
-        precision=PrecisionConfig(dtype=dtype),
+        precision=_precision(dtype),
         memory=MemoryConfig(offload=offload),
         batch=BatchConfig(global_batch=mb * dp * accum, micro_batch=mb, seq_len=seq),
         hardware=HardwareConfig(gpu="h100-sxm", gpus=world),
@@ -953,18 +980,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--finetune-only", action="store_true", help="only the fine-tuning (LoRA, offload) rows"
     )
+    ap.add_argument(
+        "--dtype", help="only the rows of this precision (e.g. fp8), main, PP/MoE and fine-tuning"
+    )
     args = ap.parse_args(argv)
     cases = QUICK if args.quick else CASES
     if args.limit:
         cases = cases[: args.limit]
     if args.finetune_only:
         cases = []
-    rows = _measure_all(cases, measure_case, label)
     skip_extra = args.quick or args.limit or args.no_extra or args.finetune_only
-    extra = _measure_all([] if skip_extra else EXTRA_CASES, measure_extra, label_extra)
-    tune = _measure_all(
-        [] if args.quick or args.limit else FINETUNE_CASES, measure_tune, label_tune
-    )
+    extras = [] if skip_extra else EXTRA_CASES
+    tunes = [] if args.quick or args.limit else FINETUNE_CASES
+    if args.dtype:  # (dtype: a main case's 10th field, a PP/MoE one's 9th, a tuning one's 5th)
+        cases = [c for c in cases if c[9] == args.dtype]
+        extras = [c for c in extras if c[8] == args.dtype]
+        tunes = [c for c in tunes if c[4] == args.dtype]
+    rows = _measure_all(cases, measure_case, label)
+    extra = _measure_all(extras, measure_extra, label_extra)
+    tune = _measure_all(tunes, measure_tune, label_tune)
     summary = summarize(rows + extra + tune)
     baseline = load_baseline(args.baseline) if args.baseline else None
     md = markdown(rows, summary, baseline, extra, tune)

@@ -168,6 +168,11 @@ ERRORS = [
     (["--precision.fp8_amax=delayed", "--precision.fp8_scaling=tilewise"], "precision.fp8_amax"),
     (["--precision.fp8_history_len=0"], "precision.fp8_history_len"),
     (["--precision.fp8_matmul=emulate"], "precision.fp8_matmul"),
+    (["--precision.fp8_backend=ao"], "precision.fp8_backend"),
+    (
+        ["--precision.fp8_backend=torchao", "--precision.fp8_scaling=tilewise"],
+        "precision.fp8_backend",
+    ),
     (
         ["--precision.fp8_all_gather=true", "--precision.fp8_scaling=tilewise"],
         "precision.fp8_all_gather",

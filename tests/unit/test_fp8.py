@@ -256,3 +256,24 @@ def test_apply_fp8_converts_experts_unless_skipped() -> None:
     names = apply_fp8(kept, skip=("output", "router", "experts"), backend="scaletrain")
     assert names and not any(n.endswith("experts") for n in names)
     assert all(m.linear is F.linear for m in kept.modules() if isinstance(m, GroupedExperts))
+
+
+def test_backend_follows_the_device_the_model_will_run_on() -> None:
+    """'auto' decides by the device type it is given (a dry-run's target), not this host's
+    CUDA: torchao's Float8Linear for 'cuda' where torchao is installed, ours for 'cpu', and
+    `precision.fp8_backend` pins ours whatever the device."""
+    pytest.importorskip("torchao.float8")
+    from scaletrain.precision import fp8_backend_of
+
+    def meta_model() -> nn.Module:
+        return build_model(resolve_model("tiny-llama"), device="meta")
+
+    gpu = meta_model()
+    assert apply_fp8(gpu, device_type="cuda") and fp8_backend_of(gpu) == "torchao"
+    cpu = meta_model()
+    assert apply_fp8(cpu, device_type="cpu") and fp8_backend_of(cpu) == "scaletrain"
+    pinned = meta_model()
+    ours = PrecisionConfig(dtype="fp8", fp8_backend="scaletrain")
+    assert maybe_apply_fp8(pinned, ours, device_type="cuda")
+    assert fp8_backend_of(pinned) == "scaletrain"
+    assert fp8_backend_of(meta_model()) == "none"

@@ -230,18 +230,38 @@ def test_planner_figures_do_not_depend_on_the_kernel():
 )
 def test_build_run_gives_the_layers_the_kernel_chosen_for_the_target(setting, device, kernel):
     """`build_run(fp8_device=...)` (the dry-run models its target's kernel): 'auto' resolved
-    for that device and handed to every Float8Linear, so fake CPU tensors do not re-decide."""
+    for that device and handed to every Float8Linear (ours: torchao's would take the Linears
+    on 'cuda'), so fake CPU tensors do not re-decide."""
     from scaletrain.trainer.build import build_run
 
     job = load_config(
         None,
-        ["--model.name=tiny-llama", "--precision.dtype=fp8", f"--precision.fp8_matmul={setting}"],
+        [
+            "--model.name=tiny-llama",
+            "--precision.dtype=fp8",
+            f"--precision.fp8_matmul={setting}",
+            "--precision.fp8_backend=scaletrain",
+        ],
     )
     run = build_run(job, data=False, fp8_device=device)
     assert run.fp8_matmul is not None and run.fp8_matmul.kernel == kernel
     assert run.job.precision.fp8_matmul == setting  # the job as configured
     states = [m.fp8_state for m in run.model.modules() if isinstance(m, Float8Linear)]
     assert states and all(s.matmul == kernel for s in states)
+
+
+@pytest.mark.parametrize(("device", "backend"), [("cuda", "torchao"), ("cpu", "scaletrain")])
+def test_build_run_converts_the_linears_as_the_target_would(device, backend):
+    """`build_run(fp8_device=...)` decides fp8's backend for the target device, as the matmul
+    kernel: a dry-run for GPUs on a CPU host runs torchao's Float8Linear, as a GPU run would
+    (it was decided by this host's CUDA)."""
+    pytest.importorskip("torchao.float8")
+    from scaletrain.precision import fp8_backend_of
+    from scaletrain.trainer.build import build_run
+
+    job = load_config(None, ["--model.name=tiny-llama", "--precision.dtype=fp8"])
+    run = build_run(job, data=False, fp8_device=device)
+    assert fp8_backend_of(run.model) == backend
 
 
 @pytest.mark.parametrize("dtype", [E4M3, E5M2])

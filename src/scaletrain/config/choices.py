@@ -21,6 +21,7 @@ __all__ = [
     "Fp8Scaling",
     "Fp8Amax",
     "Fp8Matmul",
+    "Fp8Backend",
     "GradCompression",
     "ACMode",
     "OffloadMode",
@@ -53,6 +54,7 @@ ReduceDtype = Literal["fp32", "bf16"]
 Fp8Scaling = Literal["tensorwise", "tilewise"]
 Fp8Amax = Literal["current", "delayed"]
 Fp8Matmul = Literal["auto", "scaled_mm", "emulated"]
+Fp8Backend = Literal["auto", "scaletrain", "torchao"]
 GradCompression = Literal["none", "powersgd"]
 # memory and layout
 ACMode = Literal["none", "selective", "full"]

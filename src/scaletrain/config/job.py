@@ -15,6 +15,7 @@ from ._errors import require
 from .choices import (
     ACMode,
     Fp8Amax,
+    Fp8Backend,
     Fp8Matmul,
     Fp8Scaling,
     GradCompression,
@@ -172,6 +173,11 @@ class PrecisionConfig:
     """fp8 GEMM kernel: 'auto' (torch._scaled_mm, but on a CPU the emulation where a probe,
     once per process, measures _scaled_mm over 2x slower), 'scaled_mm' or 'emulated' (the same
     fp8 operands and scales dequantized to fp32, fp32 matmul): `precision/fp8_matmul.py`."""
+    fp8_backend: Fp8Backend = "auto"
+    """Who converts the Linears: 'auto' (torchao's Float8Linear where the run's device is CUDA,
+    torchao is installed and the recipe is tensorwise / current / not emulated; else ours),
+    'scaletrain' (`precision/fp8.py`, the one the planner's fp8 terms model) or 'torchao'.
+    A dry-run decides for its target device, not its host (`precision.apply_fp8`)."""
     grad_compression: GradCompression = "none"
     """DDP gradient all-reduce compression: 'none' or 'powersgd' (low-rank, error feedback)."""
     powersgd_rank: int = 2
@@ -188,6 +194,19 @@ class PrecisionConfig:
             "delayed amax is per-tensor only: set "
             "precision.fp8_scaling='tensorwise', or fp8_amax='current' (tiles are scaled "
             "from their own amax)",
+        )
+        require(
+            self.fp8_backend != "torchao"
+            or (
+                self.fp8_scaling == "tensorwise"
+                and self.fp8_amax == "current"
+                and self.fp8_matmul != "emulated"
+            ),
+            "precision.fp8_backend",
+            self.fp8_backend,
+            "torchao's Float8Linear runs tensorwise scaling with current amax through "
+            "_scaled_mm: set fp8_scaling='tensorwise', fp8_amax='current' and fp8_matmul "
+            "other than 'emulated', or fp8_backend='auto' / 'scaletrain'",
         )
         require(
             not (self.fp8_all_gather and self.fp8_scaling == "tilewise"),

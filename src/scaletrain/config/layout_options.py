@@ -133,7 +133,7 @@ def ignored_options(job: JobConfig, layout: Layout) -> list[str]:
             "the tensor-parallel group's norm and dropout work)"
         )
     if p.dtype != "fp8":
-        for name in ("fp8_all_gather", "fp8_amax", "fp8_scaling", "fp8_matmul"):
+        for name in ("fp8_all_gather", "fp8_amax", "fp8_scaling", "fp8_matmul", "fp8_backend"):
             if getattr(p, name) != getattr(d, name):
                 notes.append(
                     f"precision.{name}={getattr(p, name)!r} does nothing with "

@@ -48,7 +48,13 @@ local computation is the same) and its gradient buckets are added as
 `buffer_terms['ddp_buckets']`.
 
 The optimizer is the one the target device would run (`--gpu` other than 'cpu': fused AdamW,
-no foreach temporaries). FLOPs are counted with `FlopCounterMode` on step 1 (the same
+no foreach temporaries), and so are fp8's Linears: `precision.fp8_backend='auto'` picks
+torchao's Float8Linear for a GPU target where torchao is installed, whatever the host has
+(torchao's casts and `_scaled_mm` run under fake tensors on a CPU); the notes name it. The
+planner's fp8 terms model our own Float8Linear (`precision.fp8_backend='scaletrain'`):
+torchao's saves and casts differ (planned 9.7% under its dry-run at h 256 tp4+SP ZeRO-3 fp8
+full AC, 1.1% under ours), so hold fp8 plans against dry-runs on ours. FLOPs are counted
+with `FlopCounterMode` on step 1 (the same
 computation as step 2; under the tracker the counter would keep alive what activation
 checkpointing frees) for one step of this rank (scaled from the micro-batches run to all of
 them): matmuls only, attention over the full T x T matrix, flash backward with its QK^T
@@ -373,6 +379,23 @@ def _step_memory(
     return memory
 
 
+def _fp8_note(run: Run, cpu_target: bool) -> str:
+    """Which backend converted the Linears, chosen for the target device as a run on it
+    would choose (`precision.apply_fp8`, through `build_run(fp8_device=...)`)."""
+    from scaletrain.precision import fp8_backend_of
+
+    roots = run.pipeline.stages if run.pipeline is not None else [run.model]
+    backend = next((b for b in map(fp8_backend_of, roots) if b != "none"), "none")
+    target = "a CPU" if cpu_target else "a GPU"
+    note = f"fp8 linears: {backend}'s Float8Linear, as on {target}"
+    if backend == "torchao":
+        note += (
+            " (the planner's fp8 terms model scaletrain's: set precision.fp8_backend="
+            "'scaletrain' to hold a plan against this dry-run)"
+        )
+    return note
+
+
 def dryrun(
     job: JobConfig, *, world_size: int, rank: int = 0, count_flops: bool = True
 ) -> Measurement:
@@ -407,6 +430,8 @@ def dryrun(
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     with _fake_world(rank, world_size):
         run = _build_fake_run(job, layout, rank, world_size, fake, hooks)
+        if job.precision.dtype == "fp8":
+            notes.append(_fp8_note(run, spec.is_cpu))
         with fake:
             peak, flops, timeline = _measured_steps(
                 run, hooks, n_micro=n_micro, grad_accum=grad_accum, count_flops=count_flops

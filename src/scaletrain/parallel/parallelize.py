@@ -67,6 +67,7 @@ def parallelize(
     compile: bool = False,
     loss_parallel: bool = True,
     ddp: bool = True,
+    fp8_device: str | None = None,
 ) -> Transformer:
     """Apply fp8 linears, TP/SP, CP, EP, AC, compile, then FSDP (ZeRO-2/3, HSDP) or DDP (ZeRO-0/1).
 
@@ -74,12 +75,13 @@ def parallelize(
     returns vocabulary-sharded DTensor logits: compute the loss and its backward inside
     `tensor_parallel.loss_context(dims.submesh("tp"))`. `ddp=False` leaves out the DDP wrapper
     where `uses_ddp` (the dry-run: DDP's reducer reads parameter storage to verify shapes across
-    ranks, which fake tensors do not have; the local computation is the same).
+    ranks, which fake tensors do not have; the local computation is the same). `fp8_device`:
+    the device type fp8's backend is chosen for (`precision.apply_fp8`'s `device_type`).
     """
     _check(dims, memory, precision, moe=any(isinstance(m, MoE) for m in model.modules()))
     model.loss_chunk_tokens = memory.loss_chunk_tokens  # the fused head + loss (models.loss)
     # fp8 linears first: Float8Linear is an nn.Linear, so the TP plans and FSDP apply unchanged
-    maybe_apply_fp8(model, precision)
+    maybe_apply_fp8(model, precision, device_type=fp8_device)
     _apply_model_parallel(model, dims, loss_parallel=loss_parallel)
     _apply_ac_and_compile(model, ac=memory.ac, compile=compile)
     _apply_data_parallel(model, dims, precision=precision, memory=memory, ddp=ddp)

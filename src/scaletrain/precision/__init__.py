@@ -5,6 +5,7 @@ from .fp8 import AMAXES, SCALINGS, Float8ExpertLinear, Float8Linear
 from .fp8_apply import (
     amax_histories,
     apply_fp8,
+    fp8_backend_of,
     fp8_eligible,
     maybe_apply_fp8,
     sync_amax_histories,
@@ -17,6 +18,7 @@ __all__ = [
     "apply_fp8",
     "maybe_apply_fp8",
     "fp8_eligible",
+    "fp8_backend_of",
     "amax_histories",
     "sync_amax_histories",
     "SCALINGS",

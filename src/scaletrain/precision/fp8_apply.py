@@ -16,7 +16,14 @@ from torch import nn
 from .fp8 import _DIM_MULTIPLE, Float8ExpertLinear, Float8Linear
 from .scaling import AmaxHistory
 
-__all__ = ["apply_fp8", "maybe_apply_fp8", "fp8_eligible", "amax_histories", "sync_amax_histories"]
+__all__ = [
+    "apply_fp8",
+    "maybe_apply_fp8",
+    "fp8_eligible",
+    "fp8_backend_of",
+    "amax_histories",
+    "sync_amax_histories",
+]
 
 
 def fp8_eligible(mod: nn.Module) -> bool:
@@ -34,14 +41,28 @@ def _skipped(fqn: str, skip: Sequence[str]) -> bool:
     return any(s in parts or fqn == s or fqn.endswith("." + s) for s in skip)
 
 
-def _use_torchao(model: nn.Module, backend: str, scaling: str, amax: str, matmul: str) -> bool:
+def _use_torchao(
+    model: nn.Module,
+    backend: str,
+    scaling: str,
+    amax: str,
+    matmul: str,
+    device_type: str | None = None,
+) -> bool:
+    """Whether the Linears go to torchao: the rule `apply_fp8` documents, for the device the
+    model will run on: `device_type` where given (the trainer's device, or the dry-run's
+    target, whose fake tensors are CPU tensors standing for a GPU's), else the parameters'
+    (a model built on meta: this host's CUDA)."""
     if backend == "scaletrain":
         return False
     available = importlib.util.find_spec("torchao") is not None
-    p = next(model.parameters(), None)
-    on_cuda = p is not None and (
-        p.device.type == "cuda" or (p.device.type == "meta" and torch.cuda.is_available())
-    )
+    if device_type is not None:
+        on_cuda = device_type == "cuda"
+    else:
+        p = next(model.parameters(), None)
+        on_cuda = p is not None and (
+            p.device.type == "cuda" or (p.device.type == "meta" and torch.cuda.is_available())
+        )
     # torchao has no tile/delayed recipe, and always runs `_scaled_mm`
     fits = scaling == "tensorwise" and amax == "current" and matmul != "emulated"
     if backend == "torchao" and not (available and on_cuda and fits):
@@ -62,6 +83,7 @@ def apply_fp8(
     history_len: int = 16,
     backend: str = "auto",
     matmul: str = "auto",
+    device_type: str | None = None,
 ) -> list[str]:
     """Convert eligible Linears and MoE experts of `model` in place; returns the converted
     module names.
@@ -71,7 +93,9 @@ def apply_fp8(
     else ours), 'scaletrain' or 'torchao' — for the Linears; experts always run
     `Float8ExpertLinear` (current amax whatever `amax` says, see the module docstring). Skip the
     experts with `skip=(..., "experts")`. `matmul`: the GEMM kernel of ours ('auto',
-    'scaled_mm' or 'emulated': `fp8_matmul.py`).
+    'scaled_mm' or 'emulated': `fp8_matmul.py`). `device_type`: the device type the model
+    will run on ('cuda', 'cpu'), which 'auto' decides by; None: its parameters' device (a
+    meta model's: whether this host has CUDA).
     """
     if backend not in ("auto", "scaletrain", "torchao"):
         raise ValueError(f"fp8 backend {backend!r}: use 'auto', 'scaletrain' or 'torchao'")
@@ -81,7 +105,7 @@ def apply_fp8(
         if fqn and fp8_eligible(mod) and not _skipped(fqn, skip)
     ]
     experts = _convert_experts(model, scaling, skip, matmul)
-    if _use_torchao(model, backend, scaling, amax, matmul):
+    if _use_torchao(model, backend, scaling, amax, matmul, device_type):
         from torchao.float8 import convert_to_float8_training
 
         names = {fqn for fqn, _ in targets}
@@ -119,18 +143,30 @@ def _convert_experts(model: nn.Module, scaling: str, skip: Sequence[str], matmul
 def maybe_apply_fp8(model: nn.Module, precision: Any, **kwargs: Any) -> list[str]:
     """`apply_fp8` with `precision.fp8_scaling` when `precision.dtype == 'fp8'`; else a no-op.
 
-    `precision` is a `scaletrain.config.PrecisionConfig` (`dtype` and the `fp8_*` fields).
+    `precision` is a `scaletrain.config.PrecisionConfig` (`dtype` and the `fp8_*` fields);
+    `kwargs` go to `apply_fp8` over them (`device_type`, or a `backend` in place of
+    `precision.fp8_backend`).
     """
     if precision.dtype != "fp8":
         return []
-    return apply_fp8(
-        model,
-        scaling=precision.fp8_scaling,
-        amax=precision.fp8_amax,
-        history_len=precision.fp8_history_len,
-        matmul=precision.fp8_matmul,
-        **kwargs,
-    )
+    options: dict[str, Any] = {
+        "scaling": precision.fp8_scaling,
+        "amax": precision.fp8_amax,
+        "history_len": precision.fp8_history_len,
+        "matmul": precision.fp8_matmul,
+        "backend": precision.fp8_backend,
+    }
+    return apply_fp8(model, **{**options, **kwargs})
+
+
+def fp8_backend_of(model: nn.Module) -> str:
+    """Which backend converted `model`'s Linears: 'torchao', 'scaletrain' or 'none'."""
+    for m in model.modules():
+        if type(m).__module__.startswith("torchao.float8"):
+            return "torchao"
+        if isinstance(m, Float8Linear):
+            return "scaletrain"
+    return "none"
 
 
 def amax_histories(model: nn.Module) -> list[AmaxHistory]:

@@ -217,6 +217,7 @@ def _build_pipeline(
     *,
     ddp: bool,
     schedule_cls: Any,
+    fp8_device: str,
 ) -> tuple[torch.nn.Module, PipelineRuntime]:
     """This rank's pipeline stages (parallelized on meta, not yet materialized) and runtime."""
     from scaletrain.parallel.pipeline import build_pipeline
@@ -230,6 +231,7 @@ def _build_pipeline(
             compile=job.train.compile,
             loss_parallel=False,
             ddp=ddp,
+            fp8_device=fp8_device,
         )
 
     runtime = build_pipeline(
@@ -282,13 +284,22 @@ def _build_parallel_model(
     *,
     ddp: bool,
     schedule_cls: Any,
+    fp8_device: str,
 ) -> tuple[torch.nn.Module, PipelineRuntime | None]:
     """The model built on meta and parallelized (not yet materialized): this rank's pipeline
     stages and runtime when pp > 1, else the whole model and None."""
     full = apply_lora(build_model(job.model, device="meta"), job.lora)  # rank 0: no-op
     if dims.layout.pp > 1:
         return _build_pipeline(
-            job, dims, full, scaler, device, grad_accum, ddp=ddp, schedule_cls=schedule_cls
+            job,
+            dims,
+            full,
+            scaler,
+            device,
+            grad_accum,
+            ddp=ddp,
+            schedule_cls=schedule_cls,
+            fp8_device=fp8_device,
         )
     model = parallelize(
         full,
@@ -297,6 +308,7 @@ def _build_parallel_model(
         memory=job.memory,
         compile=job.train.compile,
         ddp=ddp,
+        fp8_device=fp8_device,
     )
     return model, None
 
@@ -371,8 +383,9 @@ def build_run(
       `FakeTensorMode`); the model is built and parallelized on meta outside it;
     - `ddp=False`: no DDP wrapper (`parallelize(ddp=...)`);
     - `optimizer_device`: the device type the optimizer is chosen for (fused AdamW on GPUs);
-    - `fp8_device`: the device type `precision.fp8_matmul='auto'` is resolved for (the
-      dry-run models the target's kernel, not its host's);
+    - `fp8_device`: the device type fp8 is resolved for, `precision.fp8_matmul='auto'`'s
+      kernel and the Linears' backend (`precision.apply_fp8`: torchao on CUDA): the dry-run
+      models the target's, not its host's;
     - `schedule_cls`: the pipeline schedule class (`parallel.pipeline.build_pipeline`);
     - `activation_host`: where offloaded activations go (default the CPU; the dry-run's
       'meta' tells its fake host copies apart from device memory).
@@ -392,7 +405,8 @@ def build_run(
     torch.manual_seed(job.train.seed)
     bundle = _build_data_bundle(job, dims, env, grad_accum) if data else None
     scaler = LossScaler(job.precision)
-    fp8_matmul = _fp8_matmul(job, fp8_device or env.device.type)
+    fp8_target = fp8_device or env.device.type
+    fp8_matmul = _fp8_matmul(job, fp8_target)
     model, pipeline = _build_parallel_model(
         _with_fp8_kernel(job, fp8_matmul),
         dims,
@@ -401,6 +415,7 @@ def build_run(
         grad_accum,
         ddp=ddp,
         schedule_cls=schedule_cls,
+        fp8_device=fp8_target,
     )
     with materialize_in or contextlib.nullcontext():
         params, optimizer = _materialize_and_optimizer(

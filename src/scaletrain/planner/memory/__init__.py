@@ -9,6 +9,8 @@
   temporaries, the head weight's gradient, the embedding's backward.
 - `buffers.py`: communication and allocator buffers (DDP buckets, pipeline receive buffers),
   the runtime context and the allocator's fragmentation.
+- `block_ends.py`: a block's ends the stored set misses: an RMSNorm's backward (its fp32
+  temporaries) and, under fp8, the MLP forward's end (its unsaved 16-bit inputs).
 - `rank_terms.py`: the terms above per layout, cached for one search (`ModelTerms`).
 - `moments.py`: the moments of a step at which a rank can peak, each a record of named terms;
   `rank_moments.py` builds them (the ZeRO-2/3 backward with its gathered block, the loss's and

@@ -19,6 +19,7 @@ __all__ = [
     "selective_recompute_bytes",
     "naive_backward_net_bytes",
     "mlp_backward_work_bytes",
+    "mlp_saved_bytes",
     "attention_saved_bytes",
     "rope_table_bytes",
 ]
@@ -159,6 +160,33 @@ def _mlp_part(
     if model.is_moe:
         return _moe_bytes(model, tok=tok, tp=tp, ep=ep, e=e, fp8=fp8, compile=compile)
     return _mlp_bytes(model, tok=tok, tp=tp, e=e, fp8=fp8, compile=compile)
+
+
+def mlp_saved_bytes(
+    model: ModelConfig,
+    *,
+    tok: float,
+    tp: int,
+    ep: int,
+    e: int,
+    fp8: bool,
+    compile: bool,
+    residual_fp32: bool,
+) -> float:
+    """What one block's MLP saves without AC, its inputs with it (`layer_activation_bytes`'s
+    terms): the gathered 16-bit input e*s_l*b*h (autocast: one cast per input linear,
+    n_in x), or under fp8 each input linear's 1-byte copy, n_in*s_l*b*h (not /t), plus
+    `_mlp_part`. Ignores: the MLP norm's saved input (alive until the norm's own backward)."""
+    h = model.dim
+    n_in = 2 if model.gated_mlp else 1
+    if fp8:
+        inputs = n_in * tok * h
+    else:
+        inputs = (n_in if residual_fp32 else 1) * e * tok * h
+    mlp = _mlp_part(
+        model, tok=tok, tp=tp, ep=ep, e=e, fp8=fp8, compile=compile, residual_fp32=residual_fp32
+    )
+    return inputs + mlp
 
 
 def _mla_bytes(

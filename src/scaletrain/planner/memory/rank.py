@@ -24,7 +24,14 @@ from scaletrain.config import offload_states, offloads_activations
 from ..time.pipeline import inflight_per_rank, last_stage_rank
 from ..types import MemoryBreakdown, PlanInput
 from .buffers import FRAGMENTATION
-from .moments import ForwardBackward, Moment, OptimizerStep, RankMemory
+from .moments import (
+    ForwardBackward,
+    MlpForwardEnd,
+    Moment,
+    NormBackward,
+    OptimizerStep,
+    RankMemory,
+)
 from .pipeline_ranks import pipeline_buffers, rank_candidates, schedule_moments
 from .rank_moments import (
     RankView,
@@ -230,6 +237,31 @@ def rank_memory(facts: PlanFacts, *, rank: int, layers: int, in_flight: float) -
         cands = [*zero_moments(view, block_stored), step]
     else:  # states with the FSDP units in flight, every buffer, activations/grads
         cands = [ForwardBackward(states=fixed, buffers=buffers, acts_and_grads=fwdbwd), step]
+        if acts_terms.norm_backward and L.pp == 1 and layers:
+            # the final norm's (or, under AC, the last block's MLP norm's) backward: the
+            # blocks' stored set and the recompute, the norm's temporaries and gradients
+            # (`block_ends.norm_backward_bytes`), no linear's fp8 cast or SP gather alive
+            held = st["grads"] if m > 1 else st["grads.in_flight"]
+            norm_acts = acts - (acts_terms.head if last else 0.0) + acts_terms.norm_backward
+            cands.append(
+                NormBackward(
+                    states=fixed,
+                    buffers=buffers - quant - bufs.get("tp_all_gather", 0.0),
+                    acts_and_grads=norm_acts + held,
+                )
+            )
+        if acts_terms.mlp_forward_end and L.pp == 1 and layers:
+            # the last block's MLP forward at its end (fp8: `block_ends.mlp_forward_end_bytes`,
+            # x in it, which is SP's gathered buffer), the earlier micro-batches' gradients
+            sp_gather = bufs.get("tp_all_gather", 0.0)
+            end = max(quant, acts_terms.mlp_forward_end - sp_gather)
+            cands.append(
+                MlpForwardEnd(
+                    states=fixed,
+                    buffers=buffers - quant + end,
+                    acts_and_grads=block_stored + (st["grads"] if m > 1 else 0.0),
+                )
+            )
     loss_terms = emb_tmp = 0.0
     if last:
         extra = acts_terms.recompute if layers else 0.0

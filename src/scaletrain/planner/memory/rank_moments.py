@@ -545,11 +545,17 @@ def _zero_forward(
     first = 2.0 * root + 2.0 * gathered
     later = root + 3.0 * gathered if layers > 1 else 0.0
     stored = (layers - 1) * per_layer * (1.0 if plan.layout.pp == 1 else 0.0)
-    compute = root + (2.0 + more) * gathered + layers * per_layer + view.fp8_quantize
+    # inside a linear: fp8's cast, or the end of the MLP's forward (`block_ends.
+    # mlp_forward_end_bytes`, whose x is SP's gathered buffer, already in `buffers`)
+    inside = max(
+        view.fp8_quantize,
+        view.acts.mlp_forward_end - view.buffer_terms.get("tp_all_gather", 0.0),
+    )
+    compute = root + (2.0 + more) * gathered + layers * per_layer + inside
     if compute > max(first, later + stored):
         return ZeroForward(
             states=rest,
-            buffers=buffers + view.fp8_quantize,
+            buffers=buffers + inside,
             root_unit=root,
             unit_copies=(2.0 + more) * gathered,
             acts_and_grads=layers * per_layer + accumulated,
@@ -623,6 +629,11 @@ def _early_block_backward(
         sp_tp = L.tp if L.sp else 1
         fp8_side = grad_out / sp_tp + (grad_out if sp_tp > 1 else 0.0) + view.fp8_quantize
         work = max(work, fp8_side)
+        moved = view.fp8_quantize
+    if view.acts.norm_backward > work:
+        # a norm's backward (`block_ends.norm_backward_bytes`: the final norm's, or under
+        # AC the last block's MLP norm's), outside any linear: no fp8 cast alive then
+        work = view.acts.norm_backward
         moved = view.fp8_quantize
     early = stored + work
     early_copies = gathered * (1 + more) if L.zero >= 3 else 0.0

@@ -25,10 +25,12 @@ from scaletrain.config import (
 from ..types import PlanInput
 from .activations import (
     layer_activation_bytes,
+    mlp_saved_bytes,
     naive_backward_net_bytes,
     rope_table_bytes,
     selective_recompute_bytes,
 )
+from .block_ends import mlp_forward_end_bytes, norm_backward_bytes
 from .buffers import buffer_terms
 from .head import (
     MicroBatchShape,
@@ -149,6 +151,12 @@ class ActivationTerms:
     `per_layer` it would keep on the device; `per_layer` is then 0)."""
     host_head: float = 0.0
     """Activation offload: the head's share of it (the last stage)."""
+    norm_backward: float = 0.0
+    """What a norm's backward holds beyond the stored activations and the recompute
+    (`block_ends.norm_backward_bytes`; 0 for LayerNorm, LoRA and offloaded activations)."""
+    mlp_forward_end: float = 0.0
+    """What the last block's MLP forward holds at its end beyond the stored activations
+    (`block_ends.mlp_forward_end_bytes`: fp8 only; 0 for MoE, LoRA, offloaded activations)."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -494,6 +502,28 @@ def activation_terms(plan: PlanInput, terms: ModelTerms, modern: bool) -> Activa
             ep=L.ep,
             ac=plan.ac,
         )
+    norm_bwd = fwd_end = 0.0
+    if not plan.lora_rank and modern:
+        mlp_saved = mlp_saved_bytes(
+            model,
+            tok=shape.tokens,
+            tp=L.tp,
+            ep=L.ep,
+            e=compute_bytes(p),
+            fp8=p == "fp8",
+            compile=plan.compile,
+            residual_fp32=residual_fp32,
+        )
+        norm_bwd = norm_backward_bytes(
+            model,
+            shape,
+            residual_fp32=residual_fp32,
+            mlp_saved=mlp_saved,
+            recompute=recompute,
+            full_ac=plan.ac == "full",
+        )
+        if not model.is_moe:
+            fwd_end = mlp_forward_end_bytes(model, shape, residual_fp32=residual_fp32)
     host_layer = host_head = 0.0
     if offloads_activations(plan.offload):  # (the config allows it with ac none only)
         host_layer, host_head = _offloaded_host_terms(
@@ -501,6 +531,7 @@ def activation_terms(plan: PlanInput, terms: ModelTerms, modern: bool) -> Activa
         )
         per_layer, first_less, dense_per_layer = 0.0, 0.0, 0.0
         head, recompute = _offloaded_device_terms(plan, model, shape, fused, recompute)
+        norm_bwd = fwd_end = 0.0
     out = ActivationTerms(
         per_layer=per_layer,
         recompute=recompute,
@@ -513,6 +544,8 @@ def activation_terms(plan: PlanInput, terms: ModelTerms, modern: bool) -> Activa
         first_block_less=first_less,
         host_per_layer=host_layer,
         host_head=host_head,
+        norm_backward=norm_bwd,
+        mlp_forward_end=fwd_end,
     )
     terms.acts[key] = out
     return out
