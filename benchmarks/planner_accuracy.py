@@ -10,8 +10,9 @@ optimizer states at rest, on both sides), and the FLOPs of one step of the rank
 (predicted - measured) / measured; targets in TOLERANCE. Models keep their real widths but few
 layers so that each dry-run takes seconds on a CPU (the dry-run's cost grows with op count).
 
-Run: python benchmarks/planner_accuracy.py [--quick] [--limit N] [--baseline OLD.json]
-Writes results/planner_accuracy.{json,md}.
+Run: python benchmarks/planner_accuracy.py [--quick] [--limit N] [--only TEXT] [--name STEM]
+[--baseline OLD.json]. Writes results/planner_accuracy.{json,md} (--name: another stem, e.g.
+for an --only subset).
 """
 
 from __future__ import annotations
@@ -72,6 +73,17 @@ def _models() -> dict[str, ModelConfig]:
             "tiny-llama", 6, **{k: v for k, v in llama_s.items() if k != "name"}
         ),
         # issue #35: Llama 3's 128,256-row head on zero-bubble's last stage
+        # a narrower llama for fast tests (tests/planner/test_accuracy.py's ZeRO pipelines)
+        "llama-512-L4": model(
+            "tiny-llama",
+            4,
+            dim=512,
+            num_heads=4,
+            num_kv_heads=2,
+            ffn_dim=1408,
+            vocab_size=8192,
+            max_seq_len=4096,
+        ),
         "llama-1024-L4-V128k": model(
             "tiny-llama",
             4,
@@ -298,6 +310,20 @@ EXTRA_CASES: list[Extra] = [
     # (memory.split_backward); planned +20.8% / +5.9% while they were kept until W
     ("llama-1024-L4-V128k", 4, 1, 0, 4, "zero-bubble", 1, 1, "bf16", 1, 512, 8),
     ("llama-1024-L4-V128k", 2, 1, 0, 2, "zero-bubble", 1, 1, "bf16", 1, 512, 4),
+    # ZeRO-2/3 pipelines (pipeline_fsdp): torch's stage keeps FSDP2's units gathered and their
+    # gradients unsharded until REDUCE_GRAD, a split backward's W gradients in bf16 until the
+    # stage's next I. ZeRO-3 under zero-bubble was +148% on the last rank (it computed no
+    # gradient there until `config.fsdp_reshard_after_forward`); the first ranks were -5% to
+    # -13.5% (REDUCE_GRAD's reduce-scatter, the embedding backward beside the fp32 gradients,
+    # ZeRO-3's re-gather as 1F1B's backward starts), interleaved zero-bubble's last rank +7.6%
+    ("llama-1024-L4", 4, 2, 2, 2, "zero-bubble", 1, 1, "bf16", 2, 256, 4),
+    ("llama-1024-L4", 4, 2, 2, 2, "zero-bubble", 1, 1, "bf16", 2, 256, 4, "none", 0),
+    ("llama-1024-L4", 4, 2, 3, 2, "zero-bubble", 1, 1, "bf16", 2, 256, 4),
+    ("llama-1024-L4", 4, 2, 3, 2, "zero-bubble", 1, 1, "fp32", 2, 256, 4, "none", 0),
+    ("llama-1024-L4", 4, 2, 3, 2, "zero-bubble", 2, 1, "bf16", 2, 256, 4),
+    ("llama-1024-L4", 4, 2, 3, 2, "zero-bubble", 2, 1, "bf16", 2, 256, 4, "none", 0),
+    ("llama-1024-L4", 4, 2, 2, 2, "1f1b", 1, 1, "bf16", 2, 256, 4, "none", 0),
+    ("llama-1024-L4", 4, 2, 3, 2, "1f1b", 1, 1, "fp32", 2, 256, 4, "none", 0),
 ]
 """Pipeline-parallel (each schedule) and MoE / expert-parallel layouts, measured on the rank the
 planner reports as the worst (`measure_extra`). Calibrated (schedule_moments, pipeline receive
@@ -418,6 +444,11 @@ def job_for_extra(case: Extra) -> tuple[JobConfig, int]:
         hardware=HardwareConfig(gpu="h100-sxm", gpus=world),
     )
     return job, world
+
+
+def _rank_suffix(case: Extra) -> str:
+    """' prank N' for a case that names the pipeline rank it is measured on (14th field)."""
+    return f" prank{case[13]}" if len(case) > 13 else ""
 
 
 def label_extra(case: Extra) -> str:
@@ -895,7 +926,15 @@ def markdown(
             "embedding backward with them (`rank_moments.cast_grads_per_block`); the rows "
             "with a pipeline rank named are measured there, not on the planner's worst "
             "(llama3-8b dp2 z1 pp4 rank 0 was -9.0%, llama-1024 ranks 0 -9.8% to -10.5%, "
-            "a middle rank -7.3%).",
+            "a middle rank -7.3%). ZeRO-2/3 pipelines (`memory.pipeline_fsdp`): torch's stage "
+            "keeps FSDP2's units gathered and their gradients unsharded until the stage's "
+            "REDUCE_GRAD, fp32 once a post-backward folded them and bf16 while a split "
+            "backward's W waits for the stage's next I; the first rank peaks at REDUCE_GRAD's "
+            "embedding reduce-scatter or its embedding backward beside them. ZeRO-3 under "
+            "zero-bubble keeps its units gathered (`config.fsdp_reshard_after_forward`: "
+            "resharded after forward, torch's weight pass found no weight of the last stage, "
+            "which the planner counted at +148%); the first ranks were 5% to 13.5% under, "
+            "interleaved zero-bubble's last rank 7.6% over.",
             "",
             lines[-len(rows) - 2],
             lines[-len(rows) - 1],
@@ -978,6 +1017,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline", help="a previous results JSON to show as 'before'")
     ap.add_argument("--no-extra", action="store_true", help="skip the PP/MoE layouts")
     ap.add_argument(
+        "--only",
+        metavar="TEXT",
+        action="append",
+        help="only the cases of every table whose label contains TEXT (e.g. 'zero-bubble'); "
+        "repeat it for several",
+    )
+    ap.add_argument(
         "--finetune-only", action="store_true", help="only the fine-tuning (LoRA, offload) rows"
     )
     ap.add_argument(
@@ -996,6 +1042,14 @@ def main(argv: list[str] | None = None) -> int:
         cases = [c for c in cases if c[9] == args.dtype]
         extras = [c for c in extras if c[8] == args.dtype]
         tunes = [c for c in tunes if c[4] == args.dtype]
+    if args.only:  # (a pipeline rank named is in the label `measure_extra` writes)
+
+        def picked(name: str) -> bool:
+            return any(text in name for text in args.only)
+
+        cases = [c for c in cases if picked(label(c))]
+        extras = [c for c in extras if picked(label_extra(c) + _rank_suffix(c))]
+        tunes = [c for c in tunes if picked(label_tune(c))]
     rows = _measure_all(cases, measure_case, label)
     extra = _measure_all(extras, measure_extra, label_extra)
     tune = _measure_all(tunes, measure_tune, label_tune)

@@ -460,7 +460,8 @@ def test_boundary_walk_shortcut_equals_the_whole_step(schedule: str, v: int) -> 
 def test_schedule_moments_shortcut_equals_the_whole_step(schedule: str, v: int) -> None:
     """`schedule_moments` walks a few rounds past the warm-up; on the legal m up to 12 rounds of
     p = 2, 3, 5, 8 (every rank, two layer counts: even and uneven stages) its moments equal the
-    whole step's, and GPipe's are walked whole."""
+    whole step's, without FSDP2's state and with all of it (gradients and gathered units: a
+    state it carries less of is a projection of these), and GPipe's are walked whole."""
     from scaletrain.planner.memory.pipeline_ranks import _walk_moments
 
     whole = _walk_moments.__wrapped__  # uncached, walking the m it is given
@@ -469,8 +470,10 @@ def test_schedule_moments_shortcut_equals_the_whole_step(schedule: str, v: int) 
         for m in _legal_microbatches(schedule, p, irregular_every=7):
             for layers in (p * v, 2 * p * v + 3):
                 for r in range(p):
-                    short = schedule_moments(schedule, p, m, v, r, layers)
-                    assert short == whole(schedule, p, m, v, r, layers), (schedule, p, m, v, r)
-                    checked += 1
-    assert checked > 200
+                    for fsdp in ("off", "grads_and_units"):
+                        short = schedule_moments(schedule, p, m, v, r, layers, fsdp)
+                        expected = whole(schedule, p, m, v, r, layers, fsdp)
+                        assert short == expected, (schedule, p, m, v, r, fsdp)
+                        checked += 1
+    assert checked > 400
     assert schedule_moments("gpipe", 2, 64, 1, 0, 4)[-1].stored_layers == 64 * 2

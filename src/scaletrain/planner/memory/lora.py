@@ -260,9 +260,10 @@ def lora_stage(
     Gradients: fp32, the adapters only (ZeRO-2/3 sharded); optimizer states
     `states.optimizer_bytes` per adapter (ZeRO >= 1 sharded). In flight: ZeRO-3 gathers
     `states.UNITS_IN_FLIGHT` units (`block_unit_bytes`, or the root unit in the compute dtype when
-    larger) and holds one unit's unsharded adapter gradients; ZeRO-2 keeps every unit
-    gathered; DDP / ZeRO-1 under autocast keeps a 16-bit cast of the adapters (autocast's
-    cache: one per step). An 'auto' base's frozen projections are cast too, but per forward
+    larger) and holds one unit's unsharded adapter gradients; ZeRO-2 (and ZeRO-3 on a
+    split-backward pipeline, `StageParams.keep_gathered`) keeps every unit gathered; DDP /
+    ZeRO-1 under autocast keeps a 16-bit cast of the adapters (autocast's cache: one per
+    step). An 'auto' base's frozen projections are cast too, but per forward
     (no cache for a weight that needs no gradient): counted with the block's activations
     (`lora_layer_activation_bytes`); a quantized base's dequantized weight is a temporary.
     Offload: 'optimizer' moves the optimizer states, 'params' (ZeRO-3) the sharded
@@ -282,10 +283,10 @@ def lora_stage(
     unit = lora.gathered + wc * (norms + lora.adapters)
     root = wc * (dense - layers * block)
     in_params = in_grads = 0.0
-    if zero >= 3:
+    if zero >= 3 and not sp.keep_gathered:
         in_params = UNITS_IN_FLIGHT * max(unit, root)
         in_grads = wc * lora.adapters
-    elif zero == 2:
+    elif zero >= 2:  # (ZeRO-3 too on a split-backward pipeline: `StageParams.keep_gathered`)
         in_params = layers * unit + root
     elif wc < PARAM_BYTES:
         in_params = wc * adapters

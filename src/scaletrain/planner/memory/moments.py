@@ -19,6 +19,7 @@ __all__ = [
     "ZeroBlockBackward",
     "ZeroStageBackward",
     "ZeroEndOfBackward",
+    "ZeroPipelineReduce",
     "ZeroForward",
     "LossBackward",
     "HeadWeightPass",
@@ -143,15 +144,18 @@ class ZeroBlockBackward:
 @dataclass(kw_only=True, slots=True)
 class ZeroStageBackward:
     """A pipeline stage's backward under ZeRO-2/3: torch's stage keeps every unit gathered
-    and its gradients unsharded until the step's last backward (see `_zero_moments`)."""
+    and its gradients unsharded until the stage's REDUCE_GRAD (see `zero_moments`)."""
 
     name: ClassVar[str] = "pipeline stage backward, FSDP units gathered"
     states: float
     params_in_flight: float
     buffers: float
     fsdp: float
-    stage_unsharded: float
-    block_acts: float
+    stage_gathered: float
+    """Every unit of the rank gathered, in the compute dtype."""
+    grads: float
+    """The unsharded gradients held then (`pipeline_fsdp.FsdpRank.grad_bytes`)."""
+    stored_acts: float
     held_logits: float
 
     @property
@@ -161,9 +165,41 @@ class ZeroStageBackward:
             - self.params_in_flight
             + self.buffers
             - self.fsdp
-            + 2 * self.stage_unsharded
-            + self.block_acts
+            + self.stage_gathered
+            + self.grads
+            + self.stored_acts
             + self.held_logits
+        )
+
+
+@dataclass(kw_only=True, slots=True)
+class ZeroPipelineReduce:
+    """A stage's REDUCE_GRAD under ZeRO-2/3 pipelining: the reduce-scatter of its first FSDP
+    unit, the rank's other units still gathered with their unsharded gradients
+    (`pipeline_fsdp.pipeline_reduce_moment`)."""
+
+    name: ClassVar[str] = "a pipeline stage's gradient reduce-scatter (REDUCE_GRAD)"
+    states: float
+    """Sharded parameters and optimizer states, and the buffers but FSDP's."""
+    gathered: float
+    """The units still gathered (compute dtype)."""
+    grads: float
+    """Unsharded gradients still held, the reduced unit's among them."""
+    sharded_grads: float
+    """The sharded gradients of the stages and units reduced before."""
+    reduce_scatter: float
+    """The unit's fp32 reduce-scatter input and output."""
+    stored_acts: float
+
+    @property
+    def total(self) -> float:
+        return (
+            self.states
+            + self.gathered
+            + self.grads
+            + self.sharded_grads
+            + self.reduce_scatter
+            + self.stored_acts
         )
 
 
@@ -308,6 +344,7 @@ Moment = (
     | ZeroBlockBackward
     | ZeroStageBackward
     | ZeroEndOfBackward
+    | ZeroPipelineReduce
     | ZeroForward
     | LossBackward
     | HeadWeightPass

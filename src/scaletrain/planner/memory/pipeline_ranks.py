@@ -8,17 +8,35 @@ model), which it reads.
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
-from scaletrain.config import stage_layer_ranges
+from scaletrain.config import Layout, fsdp_reshard_after_forward, stage_layer_ranges
 
-from ..time.pipeline import Action, inflight_per_rank, rank_order, stage_rank
+from ..time.pipeline import (
+    Action,
+    inflight_per_rank,
+    microbatches_per_round,
+    rank_order,
+    stage_rank,
+)
 from ..time.pipeline_comms import boundary_tensors, walked_microbatches
 from ..types import PlanInput
 from .buffers import pp_boundary_bytes
 from .states import dense_layers_on_rank, stage_layer_counts
 
-__all__ = ["pipeline_buffers", "rank_candidates", "schedule_moments", "ScheduleMoment"]
+if TYPE_CHECKING:  # rank_terms imports rank_moments, which imports this module
+    from .rank_terms import ActivationTerms
+
+__all__ = [
+    "FsdpState",
+    "fsdp_state",
+    "pipeline_buffers",
+    "rank_candidates",
+    "schedule_moments",
+    "stored_at",
+    "stored_parts",
+    "ScheduleMoment",
+]
 
 
 class ScheduleMoment(NamedTuple):
@@ -51,6 +69,32 @@ class ScheduleMoment(NamedTuple):
     first_stage: bool = False
     """Whether this moment ends stage 0's full backward of a micro-batch after its first
     (that backward ends with the token embedding's; stage 0 may hold no block)."""
+    accumulated: int = 0
+    """ZeRO-2/3 (FSDP2 under torch's stage, gradient sync off until REDUCE_GRAD): the stages
+    (a bit per global stage id) whose unsharded gradients exist in the reduce dtype, folded
+    there by a unit's post-backward hook after the stage's gradients were first made."""
+    pending: int = 0
+    """ZeRO-2/3: the stages whose weight pass (W) left its compute-dtype gradients that no
+    input-gradient pass (I) of the stage has folded yet (`pipeline_fsdp.FsdpRank.grad_bytes`)."""
+    embedding_backward: bool = False
+    """Whether this moment ends stage 0's full backward, any micro-batch (its last op is the
+    token embedding's gradient: the ZeRO-2/3 pipeline's embedding moment)."""
+    gathered: int = 0
+    """ZeRO-3 resharding after forward (`config.fsdp_reshard_after_forward`): the stages whose
+    units a backward gathered and no forward has resharded since (reshard-after-backward is
+    off until REDUCE_GRAD); under ZeRO-2 every unit stays gathered, whatever this says."""
+    backward_stage: int = -1
+    """The stage with blocks whose full backward starts at this moment (B; stage 0's I, which
+    torch's W follows at once with stage 0's whole backward), 0 for any such stage when the
+    moments carry only FSDP2's gradients (`FsdpState`); -1 at every other moment (ZeRO-2/3:
+    the block backward's own tensors, and under ZeRO-3 resharding after forward the units it
+    gathers again: `pipeline_fsdp.stage_backward_moment`)."""
+    input_stage: int = -1
+    """Likewise for an input-gradient pass (a split backward's I, but stage 0's)."""
+    reduce_stage: int = -1
+    """The stage whose REDUCE_GRAD this moment is (torch's `perform_reduce_grad` after the
+    stage's last backward: its first FSDP unit's reduce-scatter); -1 at every other moment.
+    `accumulated` / `pending` then hold only the stages not reduced before it."""
 
 
 @functools.lru_cache(maxsize=8192)
@@ -118,9 +162,25 @@ def _walk_peaks(
     )
 
 
+FsdpState = Literal["off", "grads", "grads_and_units"]
+"""What FSDP2 state a rank's schedule moments carry (`schedule_moments`): none (ZeRO-0/1),
+the unsharded gradients (`ScheduleMoment.accumulated` / `pending`, the embedding-backward and
+REDUCE_GRAD and backward-start marks: ZeRO-2, and ZeRO-3 on a split-backward pipeline), or
+those and the gathered units (`gathered`: ZeRO-3 resharding after forward). Moments that differ
+only in state a rank does not read are one moment to it, so each rank walks no more than it
+needs (the search's cost)."""
+
+
+def fsdp_state(layout: Layout) -> FsdpState:
+    """The FSDP2 state `layout`'s schedule moments need (`FsdpState`)."""
+    if layout.pp == 1 or layout.zero < 2:
+        return "off"
+    return "grads_and_units" if fsdp_reshard_after_forward(layout) else "grads"
+
+
 @functools.lru_cache(maxsize=8192)
 def schedule_moments(
-    schedule: str, p: int, m: int, v: int, rank: int, num_layers: int
+    schedule: str, p: int, m: int, v: int, rank: int, num_layers: int, fsdp: FsdpState = "off"
 ) -> tuple[ScheduleMoment, ...]:
     """The backward moments of pipeline rank `rank` (`_walk_moments`), walked over
     `time.pipeline_comms.walked_microbatches` micro-batches: past the warm-up the rounds
@@ -128,14 +188,33 @@ def schedule_moments(
     activations grow with m, is walked whole). Equal to the whole walk on 30,120 cases (every
     schedule, p <= 16, every legal m up to 17 rounds, several layer counts, every rank) when
     written; tests/planner/test_pipeline_memory.py keeps a sample. It keeps the cost of a
-    cold search flat in m (the 405B search on 16,384 GPUs walks m up to 2,048)."""
-    return _walk_moments(schedule, p, walked_microbatches(schedule, p, m), v, rank, num_layers)
+    cold search flat in m (the 405B search on 16,384 GPUs walks m up to 2,048).
+    Zero-bubble with v > 1 is walked one round more: FSDP2's gradient state
+    (`ScheduleMoment.accumulated`) settles a round after what is stored there (a later
+    chunk's W-pending gradients are first folded by an I of the next round). Without it
+    324 zero-bubble v 2-4 cases of p <= 8 differed from the whole walk (no other schedule
+    did); with it none of 5,638 (the test's sample, every schedule) nor of 5,808 more
+    (zero-bubble v 2-4 and interleaved v2, p <= 16)."""
+    walked = walked_microbatches(schedule, p, m)
+    if schedule == "zero-bubble" and v > 1:
+        walked = min(m, walked + microbatches_per_round(p, m))
+    return _walk_moments(schedule, p, walked, v, rank, num_layers, fsdp)
 
 
 @functools.lru_cache(maxsize=8192)
 def _walk_moments(
-    schedule: str, p: int, m: int, v: int, rank: int, num_layers: int
+    schedule: str, p: int, m: int, v: int, rank: int, num_layers: int, fsdp: FsdpState = "off"
 ) -> tuple[ScheduleMoment, ...]:
+    """`_walk`'s moments with the FSDP2 state `fsdp` carries (`_kept_state`), less those
+    another dominates (`_undominated`)."""
+    walked = _walk(schedule, p, m, v, rank, num_layers)
+    return _undominated({_kept_state(x, fsdp) for x in walked})
+
+
+@functools.lru_cache(maxsize=4096)
+def _walk(
+    schedule: str, p: int, m: int, v: int, rank: int, num_layers: int
+) -> frozenset[ScheduleMoment]:
     """The backward moments of pipeline rank `rank`, walking its action order
     (`pipeline.pipeline_order`, torch's order): (layers x micro-batches whose activations are
     stored, micro-batches of the last stage stored (head and loss graph), whether the step's
@@ -166,7 +245,7 @@ def _walk_moments(
     stage 0 has no input gradient to compute: its I does nothing and its W runs the whole
     backward; dry-run, llama-1024-L4 pp2 zero-bubble rank 0 peaks as 1F1B's, to the byte);
     another stage's W is not marked (a weight-only pass: not measured).
-    Dominated moments (same flags, no more of each count) are dropped."""
+    Every moment, with all of FSDP2's state (`_walk_moments` keeps what a rank reads)."""
     n = p * v
     layers = [len(r) for r in stage_layer_ranges(num_layers, n)]
     live: dict[tuple[int, int], tuple[int, int]] = {}
@@ -178,6 +257,8 @@ def _walk_moments(
     out: set[ScheduleMoment] = set()
     first_forward: dict[int, int] = {}  # per stage, the micro-batch its casts were made in
 
+    units = _FsdpGrads()
+
     def now(is_loss: bool, head_weight: bool = False) -> ScheduleMoment:
         return ScheduleMoment(
             stored_layers=stored[0],
@@ -187,6 +268,9 @@ def _walk_moments(
             layers_after_input=stored[2],
             heads_after_input=stored[3],
             head_weight=head_weight,
+            accumulated=units.accumulated,
+            pending=units.pending,
+            gathered=units.gathered,
         )
 
     def free(key: tuple[int, int]) -> None:
@@ -200,19 +284,29 @@ def _walk_moments(
                 stored[3] -= held[1]
 
     for a in rank_order(schedule, p, m, v, rank):
-        key = (a.stage, a.microbatch)
+        key, bit = (a.stage, a.microbatch), 1 << a.stage
         if a.kind == "F":
             first_forward.setdefault(a.stage, a.microbatch)
             free(key)
+            units.gathered &= ~bit  # (ZeRO-3: each unit resharded after its forward)
             held = (layers[a.stage], 1 if a.stage == n - 1 else 0)
             live[key] = held
             stored[0] += held[0]
             stored[1] += held[1]
         elif a.kind in ("B", "I"):
-            out.add(now(a.stage == n - 1))
+            # a full backward starts: B, or stage 0's I, which torch's W follows at once and
+            # runs as stage 0's whole backward
+            start = now(a.stage == n - 1)
+            if not layers[a.stage]:  # (only a block's backward holds more as it starts)
+                out.add(start)
+            elif a.kind == "B" or a.stage == 0:
+                out.add(start._replace(backward_stage=a.stage))
+            else:
+                out.add(start._replace(input_stage=a.stage))
             if a.kind == "B":  # a full backward; an input-gradient pass (I) waits for its W
                 free(key)
                 grads = True
+                units.full_backward(bit)
                 out.add(_after_backward(now(False), a, first_forward, layers))
             elif a.stage > 0 and key in live and key not in past_input:
                 # torch's first stage skips I and runs its whole backward at W; after I its
@@ -220,6 +314,7 @@ def _walk_moments(
                 past_input.add(key)
                 stored[2] += live[key][0]
                 stored[3] += live[key][1]
+                units.input_pass(bit)
                 out.add(now(False))
         else:  # W: the deferred weight gradients, then the micro-batch's graph is freed
             if a.stage == n - 1:
@@ -227,27 +322,126 @@ def _walk_moments(
             free(key)
             grads = True
             if a.stage == 0:  # torch defers stage 0's whole backward to its W: a full one
+                units.full_backward(bit)
                 out.add(_after_backward(now(False), a, first_forward, layers))
             else:
+                units.weight_pass(bit)
                 out.add(now(False))
-    return _undominated(out)
+        if a.kind in ("B", "W") and units.backward_done(a.stage, m):
+            # torch's REDUCE_GRAD of the stage (`schedules._add_reduce_grad`: after its m-th
+            # B or W): its reduce-scatters, the stage's unsharded gradients gone after them
+            out.add(now(False)._replace(reduce_stage=a.stage))
+            units.reduced(bit)
+    return frozenset(out)
+
+
+def _kept_state(moment: ScheduleMoment, fsdp: FsdpState) -> ScheduleMoment:
+    """`moment` with the FSDP2 state `fsdp` does not carry cleared (`FsdpState`)."""
+    if fsdp == "grads_and_units":
+        return moment
+    cleared = moment._replace(gathered=0)
+    if fsdp == "grads":  # which stage starts its backward: only that one does (0)
+        bwd, inp = moment.backward_stage, moment.input_stage
+        return cleared._replace(backward_stage=min(bwd, 0), input_stage=min(inp, 0))
+    return cleared._replace(
+        accumulated=0,
+        pending=0,
+        embedding_backward=False,
+        backward_stage=-1,
+        input_stage=-1,
+        reduce_stage=-1,
+    )
+
+
+class _FsdpGrads:
+    """Which stages of a rank hold FSDP2's unsharded gradients, and in which dtype, through a
+    walk of its actions (`ScheduleMoment.accumulated` / `pending`), as torch 2.13 runs FSDP2
+    under a pipeline stage: every backward runs with gradient sync and reshard-after-backward
+    off (`PipelineStage.backward_maybe_with_nosync`) until the stage's REDUCE_GRAD.
+
+    A unit's post-backward hook (`FSDPParamGroup.post_backward`, fired by the autograd node
+    FSDP2 puts on the unit's forward inputs) folds the unit's compute-dtype gradient into an
+    unsharded one in the reduce dtype (`FSDPParam.to_accumulated_grad_if_needed` /
+    `accumulate_unsharded_grad_if_needed`). A full backward (B, or stage 0's W) fires it right
+    after the unit's gradients are made; a split backward's W (`stage_backward_weight`,
+    autograd.grad to the weights) does not reach that node, so W's gradients wait in the
+    compute dtype until the stage's next I passes the unit's inputs; the first stage's I does
+    nothing (torch runs its whole backward at W).
+
+    Under ZeRO-3 resharding after forward, `gathered` follows the units too: a forward
+    reshards them (`FSDPParamGroup.post_forward`), a backward gathers them and keeps them
+    (its pre-backward unshard, reshard-after-backward off)."""
+
+    __slots__ = ("accumulated", "pending", "gathered", "done")
+
+    def __init__(self) -> None:
+        self.accumulated = 0
+        self.pending = 0
+        self.gathered = 0
+        self.done: dict[int, int] = {}
+
+    def full_backward(self, bit: int) -> None:
+        self.accumulated |= bit
+        self.pending &= ~bit
+        self.gathered |= bit
+
+    def input_pass(self, bit: int) -> None:
+        self.gathered |= bit
+        if self.pending & bit:
+            self.full_backward(bit)
+
+    def weight_pass(self, bit: int) -> None:
+        self.pending |= bit
+        self.gathered |= bit
+
+    def backward_done(self, stage: int, m: int) -> bool:
+        """Count a B or W of `stage`: whether it was the stage's last (`_add_reduce_grad`)."""
+        self.done[stage] = self.done.get(stage, 0) + 1
+        return self.done[stage] == m
+
+    def reduced(self, bit: int) -> None:
+        """After the stage's REDUCE_GRAD its gradients are sharded (none left unsharded) and
+        its units resharded (the RESHARD after it)."""
+        self.accumulated &= ~bit
+        self.pending &= ~bit
+        self.gathered &= ~bit
 
 
 def _undominated(moments: set[ScheduleMoment]) -> tuple[ScheduleMoment, ...]:
     """The moments no other moment with the same flags dominates: one with at least as many
-    stored layers, layers past I, heads before their I and heads past it holds at least as
-    many bytes whatever each costs (a layer past I costs its stored bytes plus what I
-    recorded; every term is non-negative)."""
-    groups: dict[tuple[bool, bool, bool, int, bool], list[tuple[int, int, int, int]]] = {}
+    stored layers, layers past I, heads before their I and heads past it, and the stages of
+    `accumulated`, `pending` and `gathered` among its own, holds at least as many bytes
+    whatever each costs (a layer past I costs its stored bytes plus what I recorded; every
+    term, a stage's gradients and units among them, is non-negative)."""
+    groups: dict[tuple[bool, bool, bool, int, bool, bool, int, int, int], list[tuple[int, ...]]]
+    groups = {}
     for x in moments:
         heads_before = x.stored_heads - x.heads_after_input
-        key = (x.stored_layers, x.layers_after_input, heads_before, x.heads_after_input)
-        flags = (x.grads_exist, x.is_loss, x.head_weight, x.deferred_layers, x.first_stage)
+        key = (
+            x.stored_layers,
+            x.layers_after_input,
+            heads_before,
+            x.heads_after_input,
+            x.accumulated,
+            x.pending,
+            x.gathered,
+        )
+        flags = (
+            x.grads_exist,
+            x.is_loss,
+            x.head_weight,
+            x.deferred_layers,
+            x.first_stage,
+            x.embedding_backward,
+            x.backward_stage,
+            x.input_stage,
+            x.reduce_stage,
+        )
         groups.setdefault(flags, []).append(key)
     kept = []
-    for (g, loss, hw, deferred, first), group in groups.items():
+    for (g, loss, hw, deferred, first, emb, bwd, inp, reduce), group in groups.items():
         for c in group:
-            if any(o != c and all(a >= b for a, b in zip(o, c, strict=True)) for o in group):
+            if any(o != c and _covers(o, c) for o in group):
                 continue
             kept.append(
                 ScheduleMoment(
@@ -260,9 +454,38 @@ def _undominated(moments: set[ScheduleMoment]) -> tuple[ScheduleMoment, ...]:
                     head_weight=hw,
                     deferred_layers=deferred,
                     first_stage=first,
+                    accumulated=c[4],
+                    pending=c[5],
+                    gathered=c[6],
+                    embedding_backward=emb,
+                    backward_stage=bwd,
+                    input_stage=inp,
+                    reduce_stage=reduce,
                 )
             )
     return tuple(sorted(kept))
+
+
+def _covers(o: tuple[int, ...], c: tuple[int, ...]) -> bool:
+    """Whether moment key `o` holds at least what `c` holds: no fewer of each count, and the
+    stages of c's gradient and gathered masks among o's."""
+    counts = all(a >= b for a, b in zip(o[:4], c[:4], strict=True))
+    return counts and all(o[k] & c[k] == c[k] for k in (4, 5, 6))
+
+
+def stored_parts(acts: ActivationTerms, sm: ScheduleMoment) -> tuple[float, float]:
+    """(blocks, heads): the activations a pipeline moment holds, those past their
+    input-gradient pass (split backward) with what I recorded for W (blocks) or only what W
+    reads (heads: `split_backward`); `acts`: the rank's activation bytes per micro-batch."""
+    past = sm.heads_after_input
+    blocks = sm.stored_layers * acts.per_layer + sm.layers_after_input * acts.recorded_per_layer
+    return blocks, (sm.stored_heads - past) * acts.head + past * acts.head_after_input
+
+
+def stored_at(acts: ActivationTerms, sm: ScheduleMoment) -> float:
+    """`stored_parts`' sum."""
+    blocks, heads = stored_parts(acts, sm)
+    return blocks + heads
 
 
 def _after_backward(
@@ -270,7 +493,8 @@ def _after_backward(
 ) -> ScheduleMoment:
     """The moment after stage `a.stage`'s full backward of `a.microbatch`, marked with the
     chunk's layers (`ScheduleMoment.deferred_layers`) when a micro-batch before it ran that
-    chunk's forward first."""
+    chunk's forward first, and on stage 0 as an embedding backward (any micro-batch)."""
+    moment = moment._replace(embedding_backward=a.stage == 0)
     if first_forward[a.stage] == a.microbatch:
         return moment
     return moment._replace(deferred_layers=layers[a.stage], first_stage=a.stage == 0)

@@ -32,7 +32,13 @@ from .moments import (
     OptimizerStep,
     RankMemory,
 )
-from .pipeline_ranks import pipeline_buffers, rank_candidates, schedule_moments
+from .pipeline_ranks import (
+    fsdp_state,
+    pipeline_buffers,
+    rank_candidates,
+    schedule_moments,
+    stored_parts,
+)
 from .rank_moments import (
     RankView,
     embedding_moment,
@@ -47,6 +53,7 @@ from .rank_terms import (
     ModelTerms,
     RankStates,
     activation_terms,
+    fsdp_units,
     model_terms,
     rank_buffers,
     rank_states,
@@ -190,7 +197,7 @@ def rank_memory(facts: PlanFacts, *, rank: int, layers: int, in_flight: float) -
     moments: tuple = ()
     if L.pp > 1:
         moments = schedule_moments(
-            L.pp_schedule, L.pp, m, L.pp_virtual, rank, plan.model.num_layers
+            L.pp_schedule, L.pp, m, L.pp_virtual, rank, plan.model.num_layers, fsdp_state(L)
         )
         bufs, buffers = pipeline_buffers(plan, bufs, buffers, rank, m)
     view = RankView(
@@ -209,6 +216,8 @@ def rank_memory(facts: PlanFacts, *, rank: int, layers: int, in_flight: float) -
         acts=acts_terms,
         schedule=moments,
         last=last,
+        stored=tuple([stored_parts(acts_terms, sm) for sm in moments]),
+        fsdp_units=fsdp_units(plan, terms, rank=rank, layers=layers, states=rs),
     )
     late = _late_grads(plan, terms, st, count) if rank == 0 else 0.0
     acts, block_stored, fwdbwd = stored_activations(view, in_flight=in_flight, late_grads=late)
@@ -233,7 +242,9 @@ def rank_memory(facts: PlanFacts, *, rank: int, layers: int, in_flight: float) -
             )
     step = _step_moment(st, fixed, buffers, fsdp, quant, step_tmp)
     cands: list[Moment]
-    if L.zero >= 2 and layers and unit > 0:
+    if L.zero >= 2 and unit > 0 and (layers or view.fsdp_units is not None):
+        # (a pipeline rank of ends only, the embedding and / or the head, has the pipeline's
+        # ZeRO moments too: `rank_moments._pipeline_zero_moments`)
         cands = [*zero_moments(view, block_stored), step]
     else:  # states with the FSDP units in flight, every buffer, activations/grads
         cands = [ForwardBackward(states=fixed, buffers=buffers, acts_and_grads=fwdbwd), step]

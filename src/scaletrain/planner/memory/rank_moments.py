@@ -14,9 +14,16 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import TYPE_CHECKING
 
-from scaletrain.config import ParamCounts, expert_tp, fused_head_loss
+from scaletrain.config import (
+    ParamCounts,
+    expert_split,
+    expert_tp,
+    fsdp_reshard_after_forward,
+    fused_head_loss,
+)
 
 from ..types import PlanInput
+from . import pipeline_fsdp
 from .activations import mlp_backward_work_bytes
 from .head import MicroBatchShape, head_grad_bytes, loss_backward_bytes
 from .moments import (
@@ -27,12 +34,11 @@ from .moments import (
     ZeroBlockBackward,
     ZeroEndOfBackward,
     ZeroForward,
-    ZeroStageBackward,
 )
+from .pipeline_ranks import ScheduleMoment
 from .split_backward import head_weight_pass_bytes
 
 if TYPE_CHECKING:  # rank_terms imports this module (root_in_backward)
-    from .pipeline_ranks import ScheduleMoment
     from .rank_terms import ActivationTerms, ModelTerms, RankStates
 
 __all__ = [
@@ -83,6 +89,11 @@ class RankView:
     last: bool
     """Whether this rank holds the last stage (`time.pipeline.last_stage_rank`: pp - 1, 0
     under dualpipev's V)."""
+    stored: tuple[tuple[float, float], ...] = ()
+    """What each of `schedule`'s moments stores, (blocks, heads) (`pipeline_ranks.stored_parts`
+    of `acts`), computed once per rank."""
+    fsdp_units: pipeline_fsdp.FsdpRank | None = None
+    """ZeRO-2/3 on a pipeline: the rank's stages as FSDP2 holds them (`pipeline_fsdp`)."""
 
 
 def root_in_backward(
@@ -155,6 +166,9 @@ def embedding_moment(view: RankView) -> EmbeddingBackward:
     largest of the last micro-batch's (`_last_embedding_moment`) and, on a ZeRO-0/1
     pipeline, a later micro-batch's in the steady state (`_steady_embedding_moment`)."""
     last = _last_embedding_moment(view)
+    if view.fsdp_units is not None:
+        piped = pipeline_fsdp.pipeline_embedding_moment(view, view.fsdp_units)
+        return piped if piped is not None and piped.total > last.total else last
     if view.plan.layout.zero >= 2 or view.plan.layout.pp == 1:
         return last
     steady = _steady_embedding_moment(view)
@@ -185,9 +199,9 @@ def _steady_embedding_moment(view: RankView) -> EmbeddingBackward | None:
     bufs, st = view.buffer_terms, view.rank_states.states
     cast = cast_grads_per_block(view)
     stored, layers = -1.0, 0
-    for sm in view.schedule:
+    for sm, (blocks, heads) in zip(view.schedule, view.stored, strict=True):
         if sm.first_stage:
-            held = _stored_at(view, sm)
+            held = blocks + heads
             if held > stored:
                 stored, layers = held, sm.deferred_layers
     if stored < 0:
@@ -270,10 +284,9 @@ def stored_activations(
     grads = st["grads"]
     if plan.layout.pp > 1:
         acts = fwdbwd = most = -1.0
-        for x in view.schedule:
+        for x, (blocks, heads) in zip(view.schedule, view.stored, strict=True):
             # past their input-gradient pass (split backward): a block holds what it
-            # recorded for W too, a head only what W reads
-            blocks, heads = _stored_parts(view, x)
+            # recorded for W too, a head only what W reads (`pipeline_ranks.stored_parts`)
             stored = blocks + heads
             with_grads = stored + (grads if x.grads_exist else 0.0)
             if stored > acts:
@@ -294,21 +307,6 @@ def stored_activations(
     return acts, block_stored, max(acts + st["grads.in_flight"], grads - late_grads + one_layer)
 
 
-def _stored_parts(view: RankView, sm: ScheduleMoment) -> tuple[float, float]:
-    """(blocks, heads): the activations a pipeline moment holds, those past their
-    input-gradient pass (split backward) with what I recorded for W (blocks) or only what W
-    reads (heads: `split_backward`)."""
-    acts, past = view.acts, sm.heads_after_input
-    blocks = sm.stored_layers * acts.per_layer + sm.layers_after_input * acts.recorded_per_layer
-    return blocks, (sm.stored_heads - past) * acts.head + past * acts.head_after_input
-
-
-def _stored_at(view: RankView, sm: ScheduleMoment) -> float:
-    """`_stored_parts`' sum."""
-    blocks, heads = _stored_parts(view, sm)
-    return blocks + heads
-
-
 def _deferred_casts(view: RankView, one_layer: float) -> float:
     """Activations and gradients of a pipeline rank at the end of a chunk's backward of a
     micro-batch after the first, ZeRO-0/1 under autocast (0 elsewhere): the other
@@ -327,19 +325,19 @@ def _deferred_casts(view: RankView, one_layer: float) -> float:
         return 0.0
     inside = one_layer + _block_backward_work(view)
     best = 0.0
-    for sm in view.schedule:
+    for sm, (blocks, heads) in zip(view.schedule, view.stored, strict=True):
         if sm.deferred_layers:
-            others = _stored_at(view, sm)
+            others = blocks + heads
             chunk = max(inside + (sm.deferred_layers - 1) * cast, sm.deferred_layers * cast)
             best = max(best, others + chunk)
     return best + view.rank_states.states["grads"] if best else 0.0
 
 
-def _block_backward_work(view: RankView) -> float:
+def _block_backward_work(view: RankView, *, weight_grad: bool = True) -> float:
     """What a block's backward holds first beyond its stored set: the block output's
     gradient, the MLP's first activation gradients and w2's weight gradient
-    (`mlp_backward_work_bytes`, compute-dtype gradients), cached per search in
-    `view.terms.mlp_work`."""
+    (`mlp_backward_work_bytes`, compute-dtype gradients; without it, weight_grad=False: a
+    split backward's input-gradient pass), cached per search in `view.terms.mlp_work`."""
     plan = view.plan
     L = plan.layout
     wc = plan.compute_bytes
@@ -351,7 +349,7 @@ def _block_backward_work(view: RankView) -> float:
     grouped = plan.model.is_moe and plan.precision != "fp8" and expert_tp(L.tp, L.ep) == 1
     tokens = plan.seq_len / L.cp * plan.micro_batch
     # (a frozen w2 under LoRA has no weight gradient)
-    weight_bytes = 0 if grouped or plan.lora_rank else wc
+    weight_bytes = 0 if grouped or plan.lora_rank or not weight_grad else wc
     key = (tokens, L.tp, L.sp, wc, weight_bytes)
     work = view.terms.mlp_work.get(key)
     if work is None:
@@ -376,20 +374,18 @@ def zero_moments(view: RankView, block_stored: float) -> list[Moment]:
       with two blocks no block both prefetches and holds one, `_zero3_block_copies`, and the
       end of block 0's backward holds every later block's sharded grads).
       The head's activations are freed by then, except the logits the loop holds.
-    - pipelines: torch's pipeline stage turns FSDP2's gradient sync and reshard-after-backward
-      off until the step's last backward: every unit of the stage stays gathered and its
-      gradients accumulate unsharded, both in the compute dtype, next to the micro-batches'
-      activations. Source: measured with the dry-run, llama-1024-L4 dp2 z3 pp2 1f1b (-12%
-      without this).
     - the end of backward, the root unit's post-backward (`_end_of_backward`). The embedding's
       gradient is `embedding_moment`. block_stored: the blocks' stored activations
       (`stored_activations`).
+    - pipelines: `_pipeline_zero_moments` instead.
     """
     plan, layers, m = view.plan, view.layers, view.microbatches
-    st, count, fixed = view.rank_states.states, view.rank_states.params, view.rank_states.fixed
+    L = plan.layout
+    if L.pp > 1:
+        return _pipeline_zero_moments(view)
+    st, fixed = view.rank_states.states, view.rank_states.fixed
     buffers, fsdp, acts_terms = view.buffers, view.fsdp, view.acts
     bwd_terms = view.rank_states.backward
-    L = plan.layout
     per_layer, recompute = acts_terms.per_layer, acts_terms.recompute
     held_logits = acts_terms.held_logits
     root_live, head_held = bwd_terms.root_unit, bwd_terms.head_grad_held
@@ -397,28 +393,21 @@ def zero_moments(view: RankView, block_stored: float) -> list[Moment]:
     # its gathered form) and its parameters with gradients (all, or its adapters)
     gathered, trained = bwd_terms.unit_gathered, bwd_terms.unit_grads
     wc = plan.compute_bytes
-    rest = fixed - (st["params.in_flight"] if L.zero >= 3 else 0.0)
+    rest = fixed - (st["params.in_flight"] if fsdp_reshard_after_forward(L) else 0.0)
     grads_rest = st["grads"] - st["grads.in_flight"]
     more = 1.0 if layers > 1 else 0.0  # a next block to prefetch / a previous RS input
-    if L.zero >= 3:
+    if fsdp_reshard_after_forward(L):
         # a block's compute: its gathered copy and its 16-bit grads, with the next block
         # prefetched and the previous block's fp32 reduce-scatter input held, both only in a
-        # middle block (`_zero3_block_copies`). A pipeline stage keeps the sum with both for
-        # any number of blocks, not re-derived here: its gradient sync is off until the last
-        # micro-batch's backward, and the dry-run of deepseek-v2-lite-L4 dp2 z3 pp2 1f1b
-        # holds no reduce-scatter input at its peak, whose accumulated unsharded grads this
-        # sum stands in for (-1.7%; -3.5% with the two-block count)
-        if L.pp == 1:
-            compute = _zero3_block_copies(gathered, wc * trained, 4.0 * trained, layers)
-        else:
-            compute = gathered * (1 + more) + wc * trained + 4.0 * trained * more
+        # middle block (`_zero3_block_copies`)
+        compute = _zero3_block_copies(gathered, wc * trained, 4.0 * trained, layers)
         reduce = gathered * more + wc * trained + 4.0 * trained
     else:
         root_live = 0.0  # counted in `fixed` with every other gathered unit
         compute, reduce = wc * trained + 4.0 * trained * more, wc * trained + 4.0 * trained
     held = held_logits if view.last else 0.0
-    accumulated = grads_rest if (m > 1 or L.pp > 1) else 0.0
-    if m > 1 or L.pp > 1:
+    accumulated = grads_rest if m > 1 else 0.0
+    if m > 1:
         bwd = block_stored + grads_rest
     else:  # the last block to finish has every other block's grads and no activations
         bwd = max(block_stored - per_layer, grads_rest * (layers - 1) / layers)
@@ -429,7 +418,7 @@ def zero_moments(view: RankView, block_stored: float) -> list[Moment]:
     if layers:
         stored = block_stored
         last = None
-        if m == 1 and L.pp == 1:
+        if m == 1:
             # or the last block's backward next to every later block's gradient, where a
             # block's grads outweigh its activations (fp32 expert-parallel experts under
             # ZeRO-3: dry-run, mixtral-8x7b dp8 z3 ep8 selective, peak in block 1's backward
@@ -442,7 +431,7 @@ def zero_moments(view: RankView, block_stored: float) -> list[Moment]:
                 root_g = min(grads_rest, bwd_terms.root_sharded_grads)
             last = per_layer + (grads_rest - root_g) * (layers - 1) / layers
             stored = max(stored, last)
-        if last is not None and more and L.zero >= 3:
+        if last is not None and more and fsdp_reshard_after_forward(L):
             # the end of the last block's backward (block 0): its stored activations, the
             # later blocks' grads, its own 16-bit grads, its gathered copy and the previous
             # block's fp32 reduce-scatter input, no next block to prefetch. Dry-run,
@@ -472,23 +461,51 @@ def zero_moments(view: RankView, block_stored: float) -> list[Moment]:
             unit_copies=copies,
             acts_and_grads=bwd,
             held_logits=held,
-        )
+        ),
+        _end_of_backward(view, rest=rest, grads_rest=grads_rest, held=held),
     ]
-    if L.pp > 1:
-        out.append(
-            ZeroStageBackward(
-                states=fixed,
-                params_in_flight=st["params.in_flight"],
-                buffers=buffers,
-                fsdp=fsdp,
-                stage_unsharded=wc * count,
-                block_acts=block_stored,
-                held_logits=held,
-            )
-        )
-    out.append(_end_of_backward(view, rest=rest, grads_rest=grads_rest, held=held))
-    if L.zero >= 3 and L.pp == 1 and layers:
+    if fsdp_reshard_after_forward(L) and layers:
         out.append(_zero_forward(view, rest=rest, accumulated=accumulated, gathered=gathered))
+    return out
+
+
+def _outside_experts_grad_work(view: RankView) -> float:
+    """What an MoE block's full backward adds under ZeRO-2/3 with ep > 1, where FSDP2 leaves
+    the experts alone (fp32 parameters, cast by autocast for the grouped GEMMs): the fp32
+    gradients the casts' backward makes from the GEMMs' 16-bit weight gradients, every expert
+    weight stack's before any is accumulated into its .grad, 4 B x the block's local expert
+    parameters. Source: the dry-run's op log, qwen3-30b-a3b-L2 dp2 z3 pp2 1f1b ep2 bf16, last
+    rank: three 384 MiB fp32 stacks (64 experts x 768 x 2048) after the three 192 MiB bf16
+    ones, at its peak (-3.4% without them). Ignores: the accumulation's own temporary (one more
+    stack), a stage with more than one MoE block (one block's at a time), fp8 experts."""
+    plan = view.plan
+    L, model = plan.layout, plan.model
+    if not (model.is_moe and L.ep > 1 and L.zero >= 2) or plan.compute_bytes >= 4:
+        return 0.0
+    if plan.precision == "fp8" or plan.lora_rank or not view.layers:
+        return 0.0
+    return 4.0 * view.counts.mlp / expert_split(L)
+
+
+def _pipeline_zero_moments(view: RankView) -> list[Moment]:
+    """ZeRO-2/3's moments of a pipeline rank (`pipeline_fsdp`): torch's stage keeps the
+    units gathered and their gradients unsharded until the stage's REDUCE_GRAD, whose
+    reduce-scatters end its backward. The unpipelined block moment (a block's gradients
+    reduce-scattered as its backward ends, the next block prefetched) does not happen there:
+    it was 5.6% over at 512 wide (llama-512-L4 dp2 z2 pp2 zero-bubble fp32, last rank),
+    counting an fp32 reduce-scatter input no pipelined backward allocates."""
+    fr = view.fsdp_units
+    assert fr is not None  # (built for every ZeRO-2/3 pipeline rank)
+    full = _block_backward_work(view) if view.layers else 0.0
+    full += _outside_experts_grad_work(view)
+    # (input-gradient passes only under a split backward: zero-bubble, DualPipeV)
+    split = view.layers and not fused_head_loss(view.plan.layout)
+    inputs = _block_backward_work(view, weight_grad=False) if split else 0.0
+    work = pipeline_fsdp.BlockWork(full=full, input_pass=inputs)
+    out: list[Moment] = [pipeline_fsdp.stage_backward_moment(view, fr, work)]
+    reduce_grad = pipeline_fsdp.pipeline_reduce_moment(view, fr)
+    if reduce_grad is not None:
+        out.append(reduce_grad)
     return out
 
 
@@ -636,8 +653,8 @@ def _early_block_backward(
         work = view.acts.norm_backward
         moved = view.fp8_quantize
     early = stored + work
-    early_copies = gathered * (1 + more) if L.zero >= 3 else 0.0
-    if last is not None and L.zero >= 3:
+    early_copies = gathered * (1 + more) if fsdp_reshard_after_forward(L) else 0.0
+    if last is not None and fsdp_reshard_after_forward(L):
         # one gathered unit and its fp32 reduce-scatter input (the block's trained parameters)
         last_copies = gathered + 4.0 * view.rank_states.backward.unit_grads
         if last + work + last_copies > early + early_copies:
@@ -675,7 +692,7 @@ def _end_of_backward(
     L = plan.layout
     wc = plan.compute_bytes
     root_grad = end_held = root_grads = 0.0
-    if L.zero >= 3 and root_live:
+    if fsdp_reshard_after_forward(L) and root_live:
         root_grads = min(grads_rest, bwd.root_sharded_grads)
         embedding = wc * view.counts.embedding / L.tp if view.rank == 0 else 0.0
         if plan.lora_rank:  # a frozen root (embedding, head): no gradients, no reduce-scatter
@@ -762,19 +779,24 @@ def loss_moment(view: RankView, stored: float) -> LossBackward:
     # exist: its total is summed in `LossBackward.total`'s order without building the record,
     # and the first largest is built (what max() over the records returns)
     best, best_total = None, -math.inf
-    for sm in view.schedule:
+    fr = view.fsdp_units
+    states = resting
+    for sm, (stored_acts, head_stored) in zip(view.schedule, view.stored, strict=True):
         if not sm.is_loss:
             continue
-        grads = held if sm.grads_exist else 0.0
+        if fr is not None:  # FSDP2's units and unsharded gradients as the schedule left them
+            grads = fr.grad_bytes(sm)
+            states = resting + pipeline_fsdp.loss_gathered_bytes(view, fr, sm)
+        else:
+            grads = held if sm.grads_exist else 0.0
         # split backward: past their I, blocks hold what I recorded too, heads what W reads
-        stored_acts, head_stored = _stored_parts(view, sm)
-        t = resting + buffers - fsdp - quant + stored_acts + head_stored + grads + loss_tmp + head
+        t = states + buffers - fsdp - quant + stored_acts + head_stored + grads + loss_tmp + head
         if t > best_total:
-            best, best_total = (stored_acts, head_stored, grads), t
+            best, best_total = (stored_acts, head_stored, grads, states), t
     if best is None:
         raise ValueError("a pipeline schedule without a loss backward on its last stage")
     return LossBackward(
-        states=resting,
+        states=best[3],
         buffers=buffers,
         fsdp=fsdp,
         fp8_quantize=quant,
@@ -804,18 +826,6 @@ def head_weight_moment(view: RankView) -> HeadWeightPass | None:
     L = plan.layout
     if fused_head_loss(L):  # no split backward (pp = 1 included): no W
         return None
-    best, best_total = None, -math.inf
-    resting, held = _loss_resting(view)
-    for sm in view.schedule:
-        if not sm.head_weight:
-            continue
-        grads = held if sm.grads_exist else 0.0
-        stored_acts, head_stored = _stored_parts(view, sm)
-        t = stored_acts + head_stored + grads
-        if t > best_total:
-            best, best_total = (stored_acts, head_stored, grads), t
-    if best is None:
-        return None
     temp = 0.0
     if not plan.lora_rank:  # a frozen head has no weight gradient
         # the head weight as the matmul reads it: FSDP2's 16-bit unsharded copy under
@@ -824,15 +834,33 @@ def head_weight_moment(view: RankView) -> HeadWeightPass | None:
         temp = head_weight_pass_bytes(
             plan.model, tp=L.tp, precision=plan.precision, weight_bytes=weight_bytes
         )
+    best, best_total = None, -math.inf
+    resting, held = _loss_resting(view)
+    fr = view.fsdp_units
+    for sm, (stored_acts, head_stored) in zip(view.schedule, view.stored, strict=True):
+        if not sm.head_weight:
+            continue
+        extra, states = temp, resting
+        if fr is not None:  # W's gradients join the held ones (`weight_pass_grads`)
+            grads, on_top = pipeline_fsdp.weight_pass_grads(fr, sm)
+            extra = temp if on_top else 0.0
+            states = resting + fr.gathered_bytes(sm)
+        else:
+            grads = held if sm.grads_exist else 0.0
+        t = states + stored_acts + head_stored + grads + extra
+        if t > best_total:
+            best, best_total = (stored_acts, head_stored, grads, extra, states), t
+    if best is None:
+        return None
     return HeadWeightPass(
-        states=resting,
+        states=best[4],
         buffers=buffers,
         fsdp=fsdp,
         fp8_quantize=quant,
         stored_acts=best[0],
         head_acts=best[1],
         grads=best[2],
-        weight_grad_temp=temp,
+        weight_grad_temp=best[3],
     )
 
 
@@ -843,18 +871,14 @@ def _loss_resting(view: RankView) -> tuple[float, float]:
     root_live = view.rank_states.backward.root_unit
     gathered = view.rank_states.backward.unit_gathered  # the last block's all-gather output
     L = plan.layout
-    resting = fixed - (st["params.in_flight"] if L.zero >= 3 else 0.0)
+    resting = fixed - (st["params.in_flight"] if fsdp_reshard_after_forward(L) else 0.0)
     held = st["grads"] - st["grads.in_flight"] if (m > 1 or L.pp > 1) else 0.0
-    wc = plan.compute_bytes
     if L.pp > 1 and L.zero >= 2:
-        # the stage's units gathered and grads unsharded (see `zero_moments`)
-        resting = fixed - st["params.in_flight"] + wc * count
-        # FSDP2 accumulates the unsharded gradients of the micro-batches in its reduce dtype
-        # (fp32) while gradient sync is off (FSDPParam.to_accumulated_grad_if_needed); the
-        # dry-run's loss backward, llama-1024-L4 dp2 z3 pp2 1f1b rank 2, holds the head's as
-        # a (32000, 1024) fp32 tensor (-10% with the compute dtype)
+        # the units gathered and the unsharded gradients are each moment's
+        # (`pipeline_fsdp.loss_gathered_bytes`, `FsdpRank.grad_bytes`): the sharded states here
+        resting = fixed - st["params.in_flight"]
         held = 4.0 * count
-    if L.zero >= 3 and L.pp == 1:
+    if fsdp_reshard_after_forward(L) and L.pp == 1:
         # the fused loss reads the head inside the root unit's forward: FSDP2 does not
         # reshard the root after forward, so its unsharded copy is alive (dry-run,
         # gpt2-124m-L2 dp8 z3: -15% without it)

@@ -17,6 +17,7 @@ from scaletrain.config import (
     expert_split,
     expert_tp,
     expert_zero_shards,
+    fsdp_reshard_after_forward,
     fused_head_loss,
     offload_states,
     offloads_activations,
@@ -44,6 +45,7 @@ from .lora import (
     lora_stage,
     lora_terms,
 )
+from .pipeline_fsdp import FsdpRank, fsdp_rank
 from .rank_moments import root_in_backward
 from .split_backward import block_recorded_bytes, head_after_input_bytes
 from .states import (
@@ -68,6 +70,7 @@ __all__ = [
     "rank_states",
     "activation_terms",
     "rank_buffers",
+    "fsdp_units",
 ]
 
 
@@ -183,7 +186,7 @@ class ModelTerms:
     `search.layouts.search` builds one per search; a caller that passes none gets a fresh one
     per call."""
 
-    __slots__ = ("model", "counts", "states", "acts", "bufs", "flops", "loss", "mlp_work")
+    __slots__ = ("model", "counts", "states", "acts", "bufs", "flops", "loss", "mlp_work", "fsdp")
 
     def __init__(self, model: ModelConfig) -> None:
         self.model = model
@@ -198,6 +201,8 @@ class ModelTerms:
         self.mlp_work: dict[tuple, float] = {}
         """`activations.mlp_backward_work_bytes` by tokens, tp, sp and bytes
         (`rank_moments._early_block_backward`)."""
+        self.fsdp: dict[tuple, FsdpRank | None] = {}
+        """A ZeRO-2/3 pipeline rank's stages (`pipeline_fsdp.fsdp_rank`)."""
 
 
 def plan_lora_terms(plan: PlanInput) -> LoraTerms | None:
@@ -213,6 +218,33 @@ def plan_lora_terms(plan: PlanInput) -> LoraTerms | None:
         plan.precision,
         tp=plan.layout.tp,
     )
+
+
+def fsdp_units(
+    plan: PlanInput, terms: ModelTerms, *, rank: int, layers: int, states: RankStates
+) -> FsdpRank | None:
+    """`pipeline_fsdp.fsdp_rank` of a pipeline rank, cached in `terms` by what it reads."""
+    L = plan.layout
+    if L.pp == 1 or L.zero < 2:
+        return None
+    key = (
+        L.tp,
+        L.zero,
+        L.pp,
+        L.pp_virtual,
+        L.pp_schedule,
+        rank,
+        layers,
+        plan.precision,
+        bool(plan.lora_rank),
+        states.trainable,
+        states.backward.unit_gathered,
+    )
+    if key not in terms.fsdp:
+        terms.fsdp[key] = fsdp_rank(
+            plan, rank=rank, layers=layers, counts=terms.counts, states=states
+        )
+    return terms.fsdp[key]
 
 
 def model_terms(plan: PlanInput, terms: ModelTerms | None) -> ModelTerms:
@@ -277,6 +309,7 @@ def stage_params(
         largest=(pc.embedding / tp) if (first or last) else block,
         # q/k/v/o, the dense MLP or local experts of this stage's blocks
         fp8=fp8_linear_params(model, layers, tp, dense_blocks) + expert,
+        keep_gathered=L.zero >= 3 and not fsdp_reshard_after_forward(L),
     )
 
 
@@ -297,6 +330,7 @@ def rank_states(
         L.tp,
         L.ep,
         L.zero,
+        fsdp_reshard_after_forward(L),
         zs,
         L.pp > 1,
         first,

@@ -184,6 +184,9 @@ class StageParams:
     """The largest single parameter (ZeRO-1's whole-parameter partition, `model_state_bytes`)."""
     fp8: float = 0.0
     """Weights in float8-converted linears (`fp8_linear_params` + the local experts)."""
+    keep_gathered: bool = False
+    """ZeRO-3 whose units FSDP2 keeps gathered through the step, as ZeRO-2's: a
+    split-backward pipeline's stages (`config.fsdp_reshard_after_forward`)."""
 
 
 def state_bytes_per_param(
@@ -284,7 +287,8 @@ def _in_flight(params: StageParams, *, precision: str, zero: int) -> tuple[float
 
     ZeRO-2 is FSDP2 with reshard_after_forward=False (parallel/fsdp.py): the parameters are
     sharded at rest like ZeRO-3, and every unit's compute-dtype copy stays unsharded from its
-    forward to its backward (params.in_flight = all of them). Source: the dry-run
+    forward to its backward (params.in_flight = all of them); so is ZeRO-3 on a
+    split-backward pipeline (`params.keep_gathered`). Source: the dry-run
     (benchmarks/results/planner_accuracy.md).
     params.experts_in_fsdp=False: FSDP2 leaves the expert-parallel experts alone (ignored_params,
     parallel/parallelize.py), so ZeRO-2 keeps no gathered 16-bit copy of them (dry-run,
@@ -303,9 +307,10 @@ def _in_flight(params: StageParams, *, precision: str, zero: int) -> tuple[float
     # FSDP2 gathers and reduces units in the 16-bit compute dtype (bf16 under fp8 too:
     # parallel/fsdp.py's policy); fp32 runs gather fp32
     wc = compute_bytes(precision)
-    if zero == 2:
+    if zero == 2 or (zero >= 3 and params.keep_gathered):
         # FSDP2 without reshard after forward: every unit stays all-gathered (compute
-        # dtype) from its forward to its backward
+        # dtype) from its forward to its backward (ZeRO-3 too on a split-backward
+        # pipeline, `config.fsdp_reshard_after_forward`)
         in_params = wc * (num_params + (expert_params if params.experts_in_fsdp else 0.0))
     elif zero >= 3:
         # FSDP2 all-gathers compute-dtype copies of the current and prefetched unit and

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scaletrain.config import HardwareSpec, Layout, compute_bytes
+from scaletrain.config import HardwareSpec, Layout, compute_bytes, fsdp_reshard_after_forward
 
 from .efficiency import allreduce_latency
 
@@ -319,9 +319,11 @@ def _fsdp_terms(
     after backward off (`backward_maybe_with_nosync`) and reduce once in `perform_reduce_grad`
     (k_red = 1): zero 2 gathers once per step and reduce-scatters once; zero 3 still reshards
     after each forward, so every forward's successor (the next forward or the first backward
-    after it) re-gathers: m + 1 all-gathers per step per chunk, whatever the order."""
+    after it) re-gathers: m + 1 all-gathers per step per chunk, whatever the order; except on
+    a split-backward pipeline (zero-bubble, DualPipeV), whose ZeRO-3 units are not resharded
+    after forward (`config.fsdp_reshard_after_forward`): there it communicates as zero 2."""
     bw, lat = link
-    if L.zero == 2:
+    if L.zero == 2 or not fsdp_reshard_after_forward(L):
         return {
             "zero_reduce_scatter": (
                 k_red * (n - 1) / n * grads,
