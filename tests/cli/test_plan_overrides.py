@@ -6,6 +6,7 @@ no plan reads named in one note."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -214,3 +215,39 @@ def test_precedence_toml_then_hardware_file_then_command_line(tmp_path):
         [*MOE, "--config", str(toml), "--hardware", str(hw)], ["--hardware.efficiency=0.4"]
     )
     assert job.hardware.efficiency == 0.4
+
+
+def test_fields_plan_used_to_drop_are_planned(capsys):
+    """precision.fp8_all_gather, memory.loss_chunk_tokens (search: the candidates test above)
+    and parallel.dp_replicate reach the planner, from an override as from a TOML."""
+    fp8 = ["plan", "--model", "tiny-llama", "--gpu", "h100-sxm", "--gpus", "4"]
+    fp8 += ["--precision", "fp8", "--json"]
+    gather = ["--precision.fp8_all_gather=true"]
+    # E4M3 all-gathers move half the bf16 bytes: a shorter exposed communication
+    on = json.loads(_out(capsys, [*fp8, "--dp", "4", "--zero", "3", *gather]))
+    off = json.loads(_out(capsys, [*fp8, "--dp", "4", "--zero", "3"]))
+    assert on["time"]["comm_exposed_s"] < off["time"]["comm_exposed_s"]
+    # ... and the search keeps the trainer's rule: no fp8 all-gather under tensor parallelism
+    searched = json.loads(_out(capsys, [*fp8, "--top", "1000", *gather]))
+    assert searched and all(e["plan"]["tp"] == 1 for e in searched)
+    assert any(e["plan"]["tp"] > 1 for e in json.loads(_out(capsys, [*fp8, "--top", "1000"])))
+    # HSDP: ZeRO-3 over 2 of the 4 ranks holds more parameter and optimizer state per rank
+    base = ["plan", "--model", "tiny-llama", "--gpus", "4", "--json", "--parallel.zero=3"]
+    hsdp = json.loads(_out(capsys, [*base, "--parallel.dp_replicate=2"]))
+    fsdp = json.loads(_out(capsys, base))
+    assert hsdp["memory"]["optimizer"] == 2 * fsdp["memory"]["optimizer"]
+
+
+def test_an_exact_layout_keeps_the_trainers_option_rules(capsys):
+    """The pinned layout is held to `option_problems` as the search's candidates are: fp8
+    all-gathers with tensor parallelism, optimizer-only offload under FSDP."""
+    fp8 = ["plan", "--model", "tiny-llama", "--gpu", "h100-sxm", "--gpus", "4"]
+    err = _one_error_line(
+        capsys,
+        [*fp8, "--precision", "fp8", "--tp", "2", "--zero", "3", "--precision.fp8_all_gather=1"],
+    )
+    assert "error: precision.fp8_all_gather = True" in err
+    err = _one_error_line(
+        capsys, ["plan", *MOE, "--dp", "4", "--zero", "3", "--offload", "optimizer"]
+    )
+    assert "error: --offload = 'optimizer'" in err

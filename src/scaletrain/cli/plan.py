@@ -10,7 +10,14 @@ from scaletrain.cli import _plan_output as _output
 from scaletrain.cli._job import ResolvedJob, add_job_flags, resolve_from_flags, unplanned
 from scaletrain.cli._types import check_finite_output, finite_float, finite_json
 from scaletrain.cli._verdict import verdict_line
-from scaletrain.config import ConfigError, Layout, check_layout, fmt_bytes, split_overrides
+from scaletrain.config import (
+    ConfigError,
+    Layout,
+    check_layout,
+    fmt_bytes,
+    option_problems,
+    split_overrides,
+)
 from scaletrain.config.choices import PPSchedule, ZeroStage
 
 __all__ = ["add_arguments", "run", "DEGREE_FLAGS"]
@@ -332,6 +339,14 @@ def _evaluate(inp: dict[str, Any]) -> Any:
 
     ac, offload = filled.ac, inp["offload"] or "none"
     problems = recipe_problems(inp["recipe"], layout, ac=ac, offload=offload)
+    if inp["recipe"] == "scaletrain":  # the trainer's option rules, as the search applies them
+        problems += option_problems(
+            layout,
+            offload=offload,
+            optimizer=inp["optimizer"],
+            precision=inp["precision"],
+            fp8_all_gather=inp["fp8_all_gather"],
+        )
     if problems:
         first = problems[0]
         raise ConfigError(_named(inp, first.field), first.value, first.fix)
