@@ -7,7 +7,13 @@ import sys
 from typing import Any, cast
 
 from scaletrain.cli import _plan_output as _output
-from scaletrain.cli._job import ResolvedJob, add_job_flags, resolve_from_flags, unplanned
+from scaletrain.cli._job import (
+    ResolvedJob,
+    add_job_flags,
+    flag_for,
+    resolve_from_flags,
+    unplanned,
+)
 from scaletrain.cli._types import check_finite_output, finite_float, finite_json
 from scaletrain.cli._verdict import verdict_line
 from scaletrain.config import (
@@ -308,8 +314,11 @@ def _flag(field: str) -> str:
 
 def _named(inp: dict[str, Any], field: str) -> str:
     """How an error names `field`: as the user gave it, a `--section.key=value` override by its
-    field, anything else by its flag."""
-    return field if field in inp.get("overridden", ()) else _flag(field)
+    field, anything else by its flag; a job field no flag sets (`precision.fp8_all_gather`,
+    `model.num_heads`) by its field, which is how a TOML or an override sets it."""
+    if field in inp.get("overridden", ()) or ("." in field and flag_for(field) is None):
+        return field
+    return _flag(field)
 
 
 def _evaluate(inp: dict[str, Any]) -> Any:
