@@ -251,3 +251,24 @@ def test_an_exact_layout_keeps_the_trainers_option_rules(capsys):
         capsys, ["plan", *MOE, "--dp", "4", "--zero", "3", "--offload", "optimizer"]
     )
     assert "error: --offload = 'optimizer'" in err
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "--model.moe_capacity_factr=1.25",
+        "--model.moe_capacity_factor=lots",
+        "--model.moe_drop_policy=random",
+        "--precision.tf32=maybe",
+        "--optim.lr=-1",
+    ],
+)
+def test_a_bad_override_is_the_same_line_in_plan_dryrun_and_train(capsys, bad):
+    """The same parser and checks: the error after 'scaletrain VERB: error: ' is train's."""
+    job = ["--model.name=tiny-moe", bad]
+    lines = {
+        verb: _one_error_line(capsys, [verb, *job]).split(": error: ", 1)[1]
+        for verb in ("train", "plan", "explain", "dryrun")
+    }
+    assert len(set(lines.values())) == 1, lines
+    assert bad[2:].split("=")[0] in lines["train"]
