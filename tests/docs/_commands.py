@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scaletrain.cli import SUBCOMMANDS
-from scaletrain.cli._job import FLAGS
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = (
@@ -136,15 +135,6 @@ def doc_commands(root: Path = ROOT) -> list[DocCommand]:
     return out
 
 
-def _plan_flag(override: str) -> list[str]:
-    key, _, value = override[2:].partition("=")
-    section, _, name = key.partition(".")
-    for flag, target in FLAGS.items():
-        if target == (section, name):
-            return [f"--{flag.replace('_', '-')}", value]
-    raise ValueError(f"{override}: no `scaletrain plan` flag sets {key}; extend the docs test")
-
-
 def _torchrun(words: list[str]) -> Runnable:
     nproc = nnodes = 1
     i = 1
@@ -161,9 +151,7 @@ def _torchrun(words: list[str]) -> Runnable:
     config = [w for w in rest[2:] if not w.startswith("--")]
     argv = ["plan", "--gpus", str(nproc * nnodes), "--json"]
     argv += ["--config", config[0]] if config else []
-    for w in rest[2:]:
-        if w.startswith("--"):
-            argv += _plan_flag(w)
+    argv += [w for w in rest[2:] if w.startswith("--")]  # plan takes train's overrides
     return Runnable(argv, must_fit=True)
 
 

@@ -43,6 +43,8 @@ __all__ = [
     "resolve_from_flags",
     "flag_for",
     "flag_overrides",
+    "unplanned",
+    "PLANNED_BY_CLI",
 ]
 
 FLAGS: dict[str, tuple[str, str]] = {
@@ -83,9 +85,24 @@ _DEGREES = ("dp", "zero", "tp", "sp", "pp", "pp_schedule", "pp_virtual", "cp", "
 _DEFAULT_MICRO_BATCH = JobConfig().batch.micro_batch
 
 
+OVERRIDES_HELP = """\
+Any job config field can also be given as --section.key=value, parsed and
+checked as `scaletrain train` does (its --help lists the sections and fields),
+e.g. --model.moe_capacity_factor=1.25 --precision.tf32=false; an unknown field
+or a bad value is one error line naming the field. Precedence, lowest first:
+the job TOML (--config), the --hardware file, then the command line. A flag and
+an override set the same level, so one field given both ways (--tp 4 with
+--parallel.tp=2) is refused: give one. An override no plan reads (optim.lr,
+train.steps, ...) is taken and named in one note (dryrun: not in its planner
+column, though the dry-run runs it)."""
+
+
 def add_job_flags(parser: argparse.ArgumentParser) -> None:
-    """The flags shared by plan, explain and dryrun; unset ones take the job config's defaults."""
+    """The flags shared by plan, explain and dryrun; unset ones take the job config's defaults.
+    Their `--section.key=value` overrides are described in the epilog (`OVERRIDES_HELP`)."""
     d = JobConfig()
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = OVERRIDES_HELP
     a = parser.add_argument
     a("--config", metavar="F.toml", help="job TOML (flags override its values)")
     a(
@@ -195,6 +212,9 @@ class ResolvedJob:
     derived: list[Derived] = field(default_factory=list)
     given: dict[str, dict[str, Any]] = field(default_factory=dict)
     """What the TOML file and the flags/overrides set, by section."""
+    overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The command line's `--section.key=value` overrides alone (plan, explain, dryrun), as
+    text by section."""
 
     def is_given(self, section: str, key: str) -> bool:
         return key in self.given.get(section, {})
@@ -404,26 +424,82 @@ def flag_for(field: str) -> str | None:
     return None
 
 
-def resolve_from_flags(args: argparse.Namespace, *, search: bool = False) -> ResolvedJob:
+def resolve_from_flags(
+    args: argparse.Namespace, overrides: list[str] | None = None, *, search: bool = False
+) -> ResolvedJob:
     """`resolve_job` for plan/explain/dryrun: an error in a value given as a flag names the
-    flag, not the config field."""
+    flag, not the config field.
+
+    `overrides`: the `--section.key=value` arguments, parsed and checked exactly as `train`
+    parses them (`config.parse_overrides`, then `load_config`: an unknown field or a bad value
+    is one ConfigError naming the field). Precedence, lowest first: the job TOML (`--config`),
+    the `--hardware` file, then the command line, where a flag and an override are two
+    spellings of one level: a field given both ways (`--tp 4 --parallel.tp=2`) is refused in
+    one line (`_given_once`), whatever the values. The overrides are kept on
+    `ResolvedJob.overrides` (`unplanned` names those the planner does not read)."""
     given = flag_overrides(args)
+    typed: dict[str, dict[str, Any]] = parse_overrides(overrides or [])
+    _given_once(given, typed)
     path = getattr(args, "hardware", None)
     from_file = read_hardware_file(path) if path is not None else {}
+    merged = {s: {**typed.get(s, {}), **given.get(s, {})} for s in {*typed, *given}}
     if from_file:
-        given["hardware"] = {**from_file, **given.get("hardware", {})}
+        merged["hardware"] = {**from_file, **merged.get("hardware", {})}
     try:
-        return resolve_job(
-            getattr(args, "config", None), given, search=search, real_model_defaults=True
+        res = resolve_job(
+            getattr(args, "config", None), merged, search=search, real_model_defaults=True
         )
     except ConfigError as e:
         section, _, key = e.field.partition(".")
         flag = flag_for(e.field)
         if flag and key in given.get(section, {}) and key not in from_file:
             raise ConfigError(flag, e.value, e.fix) from None
-        if section == "hardware" and from_file:
+        overridden = key in typed.get(section, {})
+        if section == "hardware" and key in from_file and not overridden:
             raise ConfigError(e.field, e.value, f"{e.fix} (--hardware {path})") from None
         raise
+    res.overrides = typed
+    return res
+
+
+def _given_once(flags: dict[str, dict[str, Any]], typed: dict[str, dict[str, Any]]) -> None:
+    """Refuse a field set both by a flag and by a `--section.key=value` override: which one
+    was meant is a guess, so neither wins."""
+    for section, values in typed.items():
+        for key, value in values.items():
+            if key in flags.get(section, {}):
+                flag = flag_for(f"{section}.{key}")
+                raise ConfigError(
+                    f"{section}.{key}",
+                    value,
+                    f"given twice, as {flag} {flags[section][key]} and as "
+                    f"--{section}.{key}={value}: give one",
+                )
+
+
+PLANNED_BY_CLI: dict[str, frozenset[str]] = {
+    "data": frozenset({"tokenizer", "bpe_vocab_size"}),
+    "checkpoint": frozenset({"init_from"}),
+}
+"""Job fields that change a plan through `resolve_job` rather than the planner's input: the
+vocabulary derived from the BPE tokenizer (`_derive_vocab`) and a Hugging Face directory that
+names the model (`load_config`)."""
+
+
+def unplanned(overrides: dict[str, dict[str, Any]]) -> list[str]:
+    """The `section.key` of each override that no plan reads: neither the planner's input
+    (`planner.types.PLANNED_FIELDS`) nor the job resolution above (`PLANNED_BY_CLI`)."""
+    from scaletrain.planner.types import PLANNED_FIELDS
+
+    out = []
+    for section, values in overrides.items():
+        for key in values:
+            read = PLANNED_FIELDS.get(section, frozenset()) | PLANNED_BY_CLI.get(
+                section, frozenset()
+            )
+            if "*" not in read and key not in read:
+                out.append(f"{section}.{key}")
+    return out
 
 
 def _dp(job: JobConfig, world: int) -> int | None:

@@ -1,9 +1,9 @@
 """`scaletrain dryrun`: one rank's real training step under fake tensors, next to the planner.
 
-Same layout flags as `scaletrain plan` (or a TOML job file), plus `--rank`. Prints measured
-memory per category (one binary unit, `config.units`) beside the planner's prediction for the
-same layout, with relative errors; `--json` prints {"plan", "memory", "flops_per_step",
-"predicted", ...}.
+Same layout flags and `--section.key=value` overrides as `scaletrain plan` (or a TOML job
+file), plus `--rank`. Prints measured memory per category (one binary unit, `config.units`)
+beside the planner's prediction for the same layout, with relative errors; `--json` prints
+{"plan", "memory", "flops_per_step", "predicted", ...}.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import argparse
 import sys
 from typing import Any
 
-from scaletrain.cli._job import add_job_flags, resolve_from_flags
+from scaletrain.cli._job import add_job_flags, resolve_from_flags, unplanned
 from scaletrain.cli._types import finite_json
 from scaletrain.cli._verdict import verdict_line
-from scaletrain.config import ConfigError, JobConfig
+from scaletrain.config import ConfigError, JobConfig, split_overrides
 
 __all__ = ["add_arguments", "run", "job_from_args"]
 
@@ -26,9 +26,11 @@ def add_arguments(parser: argparse.ArgumentParser, name: str = "dryrun") -> None
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
-def job_from_args(args: argparse.Namespace) -> tuple[JobConfig, int]:
-    """The job and world size the flags describe (flags override --config)."""
-    res = resolve_from_flags(args)
+def job_from_args(
+    args: argparse.Namespace, overrides: list[str] | None = None
+) -> tuple[JobConfig, int]:
+    """The job and world size the flags and overrides describe (over --config)."""
+    res = resolve_from_flags(args, overrides)
     return res.job, res.world_size
 
 
@@ -44,13 +46,21 @@ def _pp_ep(plan: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace, extra: list[str] | None = None) -> int:
+    rest, overrides = split_overrides(extra or [])
+    if rest:
+        raise ConfigError("dryrun", " ".join(rest), "unknown arguments: see --help")
+    res = resolve_from_flags(args, overrides)
+    job, world = res.job, res.world_size
+    ignored = unplanned(res.overrides)  # the dry-run runs them; its planner column does not
+    unplanned_note = (
+        f"the planner's column does not model {', '.join(ignored)} (the dry-run ran with them)"
+        if ignored
+        else None
+    )
+    # torch loads only now: a bad flag or override is refused first, in one line
     from scaletrain.dryrun import dryrun
     from scaletrain.measure.verify import compare, format_table, predict, table_unit
 
-    if extra:
-        raise ConfigError("dryrun", " ".join(extra), "unknown arguments: see --help")
-    res = resolve_from_flags(args)
-    job, world = res.job, res.world_size
     if sys.stderr.isatty():
         # a large model's fake-tensor step takes minutes on a laptop CPU (llama3-8b: ~30 s on
         # 2 cores): say that work has started, on a terminal only (scripts parse stdout)
@@ -68,6 +78,8 @@ def run(args: argparse.Namespace, extra: list[str] | None = None) -> int:
         out["predicted"] = estimate.to_json() if estimate is not None else None
         out["comparison"] = comparison.to_json()
         out["derived"] = res.notes()
+        if unplanned_note:
+            out["unplanned"] = ignored
         print(finite_json(out, "dryrun", args))
         return 0
     plan = measurement.plan
@@ -86,7 +98,8 @@ def run(args: argparse.Namespace, extra: list[str] | None = None) -> int:
     for k, v in sorted(measurement.memory.detail.items()):
         print(f"  {k:<30} {v / size:8.3f} {unit}")
     print(f"FLOPs this rank per step: {measurement.flops:.4g}")
-    for note in [*measurement.notes, *res.notes()]:
+    notes = [*measurement.notes, *res.notes(), *([unplanned_note] if unplanned_note else [])]
+    for note in notes:
         print(f"note: {note}")
     print(
         verdict_line(

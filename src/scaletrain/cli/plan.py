@@ -7,10 +7,23 @@ import sys
 from typing import Any, cast
 
 from scaletrain.cli import _plan_output as _output
-from scaletrain.cli._job import ResolvedJob, add_job_flags, resolve_from_flags
+from scaletrain.cli._job import (
+    ResolvedJob,
+    add_job_flags,
+    flag_for,
+    resolve_from_flags,
+    unplanned,
+)
 from scaletrain.cli._types import check_finite_output, finite_float, finite_json
 from scaletrain.cli._verdict import verdict_line
-from scaletrain.config import ConfigError, Layout, check_layout, fmt_bytes
+from scaletrain.config import (
+    ConfigError,
+    Layout,
+    check_layout,
+    fmt_bytes,
+    option_problems,
+    split_overrides,
+)
 from scaletrain.config.choices import PPSchedule, ZeroStage
 
 __all__ = ["add_arguments", "run", "DEGREE_FLAGS"]
@@ -121,14 +134,16 @@ def _positive(args: argparse.Namespace, flag: str) -> None:
         raise ConfigError(f"--{flag}", v, "use a positive integer")
 
 
-def _resolve(args: argparse.Namespace, *, search: bool) -> ResolvedJob:
-    """The job the flags describe; an error in a value given as a flag names the flag."""
-    return resolve_from_flags(args, search=search)
+def _resolve(args: argparse.Namespace, overrides: list[str], *, search: bool) -> ResolvedJob:
+    """The job the flags and `--section.key=value` overrides describe; an error in a value
+    given as a flag names the flag, one given as an override its field."""
+    return resolve_from_flags(args, overrides, search=search)
 
 
-def _inputs(args: argparse.Namespace) -> dict[str, Any]:
-    """Merge --config (if any) with the flags (flags win); unset values as `scaletrain train`
-    would take or derive them (cli/_job.py)."""
+def _inputs(args: argparse.Namespace, overrides: list[str] | None = None) -> dict[str, Any]:
+    """Merge --config (if any) with the flags and overrides (they win; `resolve_from_flags`);
+    unset values as `scaletrain train` would take or derive them (cli/_job.py)."""
+    overrides = overrides or []
     for f in (
         "gpus",
         "gpus-per-node",
@@ -152,13 +167,15 @@ def _inputs(args: argparse.Namespace) -> dict[str, Any]:
 
     recipe_named(args.recipe)  # an unknown recipe: one line with did-you-mean, before any work
     pinned = {f: getattr(args, f) for f in DEGREE_FLAGS if getattr(args, f) is not None}
-    res = _resolve(args, search=True)
+    res = _resolve(args, overrides, search=True)
     p = res.job.parallel
-    # a config that names degrees runs exactly them (ParallelConfig.layout), so plan them
-    from_config = args.config is not None and (p.layout == "manual" or p.names_degrees)
+    # a config (a TOML, or [parallel] overrides: the same fields) that names degrees runs
+    # exactly them (ParallelConfig.layout), so plan them
+    configured = args.config is not None or "parallel" in res.overrides
+    from_config = configured and (p.layout == "manual" or p.names_degrees)
     exact = bool(pinned) or from_config or args.command == "explain"
     if exact:
-        res = _resolve(args, search=False)
+        res = _resolve(args, overrides, search=False)
     job = res.job
     if from_config:
         # the degrees as the config resolves them; the zero stage, sequence parallelism and
@@ -176,6 +193,7 @@ def _inputs(args: argparse.Namespace) -> dict[str, Any]:
             "pp_virtual": p.pp_virtual,
             "cp": p.cp,
             "ep": p.ep,
+            "dp_replicate": p.dp_replicate,
             **stated,
             **pinned,
         }
@@ -202,7 +220,12 @@ def _inputs(args: argparse.Namespace) -> dict[str, Any]:
         "ac_given": res.is_given("memory", "ac"),
         "offload": chosen("memory", "offload", job.memory.offload),
         "compile": job.train.compile,
+        # as `plan_input_from_job` maps them (fp8 all-gathers only under fp8)
+        "fp8_all_gather": job.precision.dtype == "fp8" and job.precision.fp8_all_gather,
+        "loss_chunk_tokens": job.memory.loss_chunk_tokens,
         "lora": job.lora,
+        "overridden": {f"{s}.{k}" for s, kv in res.overrides.items() for k in kv},
+        "unplanned": unplanned(res.overrides),
         "derived": res.notes(),
         "recipe": args.recipe,
         "efficiency": job.hardware.efficiency,
@@ -247,9 +270,9 @@ def _energy(job: Any) -> dict[str, float]:
 def _exact_layout(inp: dict[str, Any]) -> Layout:
     p, n = inp["pinned"], inp["gpus"]
     tp, pp, cp = p.get("tp") or 1, p.get("pp") or 1, p.get("cp") or 1
-    for flag, d in (("--tp", tp), ("--pp", pp), ("--cp", cp)):
+    for axis, d in (("tp", tp), ("pp", pp), ("cp", cp)):
         if n % d:
-            raise ConfigError(flag, d, f"must divide --gpus={n}")
+            raise ConfigError(_named(inp, f"parallel.{axis}"), d, f"must divide --gpus={n}")
     dp = p.get("dp")
     if dp is None:
         if n % (tp * pp * cp):
@@ -268,6 +291,7 @@ def _exact_layout(inp: dict[str, Any]) -> Layout:
         pp_virtual=virtual,
         cp=cp,
         ep=p.get("ep") or 1,
+        dp_replicate=p.get("dp_replicate") or 1,
     )
 
 
@@ -286,6 +310,15 @@ def _flag(field: str) -> str:
         "host_watts_per_node": "--host-watts",
         "storage_gb_per_s": "--storage-gb-per-s",
     }.get(key, f"--{key}")
+
+
+def _named(inp: dict[str, Any], field: str) -> str:
+    """How an error names `field`: as the user gave it, a `--section.key=value` override by its
+    field, anything else by its flag; a job field no flag sets (`precision.fp8_all_gather`,
+    `model.num_heads`) by its field, which is how a TOML or an override sets it."""
+    if field in inp.get("overridden", ()) or ("." in field and flag_for(field) is None):
+        return field
+    return _flag(field)
 
 
 def _evaluate(inp: dict[str, Any]) -> Any:
@@ -310,14 +343,22 @@ def _evaluate(inp: dict[str, Any]) -> Any:
             trainer_rules=inp["recipe"] == "scaletrain",
         )
     except ConfigError as e:
-        raise ConfigError(_flag(e.field), e.value, e.fix) from None
+        raise ConfigError(_named(inp, e.field), e.value, e.fix) from None
     from scaletrain.planner.recipes.memory import recipe_problems
 
     ac, offload = filled.ac, inp["offload"] or "none"
     problems = recipe_problems(inp["recipe"], layout, ac=ac, offload=offload)
+    if inp["recipe"] == "scaletrain":  # the trainer's option rules, as the search applies them
+        problems += option_problems(
+            layout,
+            offload=offload,
+            optimizer=inp["optimizer"],
+            precision=inp["precision"],
+            fp8_all_gather=inp["fp8_all_gather"],
+        )
     if problems:
         first = problems[0]
-        raise ConfigError(_flag(first.field), first.value, first.fix)
+        raise ConfigError(_named(inp, first.field), first.value, first.fix)
     plan = PlanInput(
         inp["model"],
         inp["hw"],
@@ -331,6 +372,8 @@ def _evaluate(inp: dict[str, Any]) -> Any:
         offload,
         compile=inp["compile"],
         efficiency=inp["efficiency"],
+        fp8_all_gather=inp["fp8_all_gather"],
+        loss_chunk_tokens=inp["loss_chunk_tokens"],
         recipe=inp["recipe"],
         optimizer=inp["optimizer"],
         beta1=inp["beta1"],
@@ -404,6 +447,8 @@ def _search(inp: dict[str, Any], top_k: int) -> Any:
         compile=inp["compile"],
         efficiency=inp["calibration"] or inp["efficiency"],
         recipe=inp["recipe"],
+        fp8_all_gather=inp["fp8_all_gather"],
+        loss_chunk_tokens=inp["loss_chunk_tokens"],
         **_lora_fields(inp["lora"]),
         **pins,
     )
@@ -492,16 +537,33 @@ def _nothing_fits(res: Any) -> None:
     )
 
 
+def unplanned_note(fields: list[str]) -> str | None:
+    """The one line that says which `--section.key=value` overrides no plan reads
+    (`cli._job.unplanned`): they are valid job fields, taken, but change nothing planned."""
+    if not fields:
+        return None
+    return (
+        f"note: not planned: {', '.join(fields)} (valid, but the planner's memory and time "
+        "model does not read them; `scaletrain train` and `dryrun` do)"
+    )
+
+
 def run(args: argparse.Namespace, extra: list[str]) -> int:
-    if extra:
-        raise ConfigError("argument", " ".join(extra), "remove it (see --help for the flags)")
+    rest, overrides = split_overrides(extra)
+    if rest:
+        raise ConfigError("argument", " ".join(rest), "remove it (see --help for the flags)")
     explain_mode = args.command == "explain"
     if args.sweep is not None and explain_mode:
         raise ConfigError(
             "--sweep", args.sweep, "sweeps are tabulated by plan: use scaletrain plan"
         )
-    inp = _inputs(args)
+    inp = _inputs(args, overrides)
+    note = unplanned_note(inp["unplanned"])
+    if note and args.json:  # the JSON on stdout stays one document
+        print(note, file=sys.stderr)
     lines: list[str] = [] if args.json else [f"note: {n}" for n in inp["derived"]]
+    if note and not args.json:
+        lines.append(note)
     if inp["hw"].notes and not args.json:
         lines.append(f"note: hardware {inp['hw'].notes}")
     if inp["calibration"] is not None and not args.json:

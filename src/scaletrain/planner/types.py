@@ -51,6 +51,7 @@ __all__ = [
     "TimeBreakdown",
     "Estimate",
     "plan_input_from_job",
+    "PLANNED_FIELDS",
     "layout_label",
 ]
 
@@ -254,6 +255,30 @@ class Estimate:
             "tokens_per_s": self.tokens_per_s,
             "mfu": self.mfu,
         }
+
+
+PLANNED_FIELDS: dict[str, frozenset[str]] = {
+    "model": frozenset({"*"}),
+    "hardware": frozenset({"*"}),
+    "parallel": frozenset(
+        {"dp", "zero", "dp_replicate", "tp", "sp", "pp", "pp_schedule", "pp_virtual", "cp", "ep"}
+        | {"layout"}
+    ),
+    "batch": frozenset({"global_batch", "micro_batch", "seq_len"}),
+    "precision": frozenset({"dtype", "tf32", "fp8_all_gather"}),
+    "memory": frozenset({"ac", "offload", "loss_chunk_tokens"}),
+    "optim": frozenset({"name", "beta1"}),
+    "train": frozenset({"compile"}),
+    "lora": frozenset({"rank", "targets", "base_dtype"}),
+}
+"""The job fields a plan reads, by section ("*": all of them), as `plan_input_from_job` maps
+them: the whole model (`ModelConfig`) and hardware (`HardwareConfig.spec`, the price and
+energy figures), the layout (`parallel.layout` says whether it is searched), the batch, the
+optimizer's state size, and what changes bytes or rates. The rest (learning rate, schedule,
+loss scaling, fp8 scaling recipe, gradient compression, data, checkpoints, guard, monitor,
+LoRA's alpha and dropout, ...) changes neither memory nor time in the planner's model;
+`plan` says so when one is given on its command line (`cli._job.unplanned`).
+tests/planner/test_planned_fields.py holds this set to what `plan_input_from_job` reads."""
 
 
 def plan_input_from_job(

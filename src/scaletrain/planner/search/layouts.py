@@ -229,6 +229,10 @@ class _Job:
     """PlanInput's lora_* fields (empty: no LoRA)."""
     beta1: float = OptimConfig.beta1
     """optim.beta1 (PlanInput.beta1: Adafactor's optional first moment)."""
+    fp8_all_gather: bool = False
+    """PlanInput.fp8_all_gather (precision.fp8_all_gather under fp8)."""
+    loss_chunk_tokens: int = 0
+    """PlanInput.loss_chunk_tokens (memory.loss_chunk_tokens; 0: the trainer's rule)."""
 
     def first_plan(self, layout: Layout, mb: int, ac: str, offload: str) -> PlanInput:
         """The `PlanInput` of one candidate, built by its constructor (see `plan`)."""
@@ -249,6 +253,8 @@ class _Job:
             recipe=self.recipe,
             calibration=self.efficiency if isinstance(self.efficiency, Calibration) else None,
             beta1=self.beta1,
+            fp8_all_gather=self.fp8_all_gather,
+            loss_chunk_tokens=self.loss_chunk_tokens,
             **self.lora,
         )
 
@@ -379,7 +385,13 @@ def _layouts(job: _Job) -> Iterator[tuple[Layout, list[int], list[str]]]:
                             o
                             for o in OFFLOAD_ORDER
                             if (offload_states(o) != "params" or zero == 3)
-                            and not option_problems(layout, offload=o, optimizer=job.optimizer)
+                            and not option_problems(
+                                layout,
+                                offload=o,
+                                optimizer=job.optimizer,
+                                precision=job.precision,
+                                fp8_all_gather=job.fp8_all_gather,
+                            )
                         ]
                         offloads = _pinned(pins, "offload", offloads)
                         if lmbs and offloads:
@@ -539,6 +551,8 @@ def search(
     compile: bool = False,
     efficiency: float | Calibration = 0.0,
     recipe: str = "scaletrain",
+    fp8_all_gather: bool = False,
+    loss_chunk_tokens: int = 0,
     **pins: Any,
 ) -> SearchResult:
     """Every legal layout of `num_gpus` GPUs that fits, ranked by the rule of thumb
@@ -555,6 +569,8 @@ def search(
     pins may also carry the job's LoRA, PlanInput's lora_rank / lora_targets / lora_base
     (fixed, not searched; the layouts LoRA runs: `config.lora.lora_problems`), and its
     optim.beta1 as `beta1` (PlanInput.beta1: Adafactor's first moment).
+    fp8_all_gather, loss_chunk_tokens: the job's (PlanInput's fields of those names), the same
+    for every candidate.
     """
     lora = {k: pins.pop(k) for k in LORA_KEYS if k in pins}
     beta1 = float(pins.pop("beta1", OptimConfig.beta1))
@@ -574,6 +590,8 @@ def search(
                 recipe,
                 lora,
                 beta1,
+                fp8_all_gather,
+                loss_chunk_tokens,
             ),
             top_k,
         )
