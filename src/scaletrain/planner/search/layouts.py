@@ -551,8 +551,6 @@ def search(
     compile: bool = False,
     efficiency: float | Calibration = 0.0,
     recipe: str = "scaletrain",
-    fp8_all_gather: bool = False,
-    loss_chunk_tokens: int = 0,
     **pins: Any,
 ) -> SearchResult:
     """Every legal layout of `num_gpus` GPUs that fits, ranked by the rule of thumb
@@ -568,12 +566,14 @@ def search(
     `Calibration` a run on this hardware measured (`time/calibration.py`).
     pins may also carry the job's LoRA, PlanInput's lora_rank / lora_targets / lora_base
     (fixed, not searched; the layouts LoRA runs: `config.lora.lora_problems`), and its
-    optim.beta1 as `beta1` (PlanInput.beta1: Adafactor's first moment).
-    fp8_all_gather, loss_chunk_tokens: the job's (PlanInput's fields of those names), the same
-    for every candidate.
+    optim.beta1 as `beta1` (PlanInput.beta1: Adafactor's first moment), and the job's
+    `fp8_all_gather` and `loss_chunk_tokens` (PlanInput's fields of those names), the same for
+    every candidate.
     """
     lora = {k: pins.pop(k) for k in LORA_KEYS if k in pins}
     beta1 = float(pins.pop("beta1", OptimConfig.beta1))
+    fp8_all_gather = bool(pins.pop("fp8_all_gather", False))
+    loss_chunk_tokens = int(pins.pop("loss_chunk_tokens", 0))
     with _collector_paused():
         return _search(
             _Job(
