@@ -288,6 +288,10 @@ def test_good_values_still_parse(args, field, value):
         ("--model.norm_eps=1e30", "model.norm_eps"),  # the loss never moves
         ("--model.norm_eps=4e-4", "model.norm_eps"),  # = init_std^2: the norm stops normalizing
         ("--model.moe_aux_loss_coef=-100", "model.moe_aux_loss_coef"),  # rewards imbalance
+        # init_std^2 overflowed in the norm_eps bound (a Hypothesis example: an OverflowError,
+        # not a ConfigError)
+        ("--model.init_std=1.3407807929942597e+154", "model.init_std"),
+        ("--model.init_std=2", "model.init_std"),
     ],
 )
 @pytest.mark.fault("arithmetic_bounds")

@@ -259,10 +259,11 @@ class ModelConfig:
             )
         self._validate_capacity()
         require(
-            math.isfinite(self.init_std) and self.init_std > 0,
+            math.isfinite(self.init_std) and 0 < self.init_std <= 1,
             p + "init_std",
             self.init_std,
-            "use a finite positive float such as 0.02",
+            "use a positive float up to 1 such as 0.02 (published models use 0.006-0.02; "
+            "above 1 a deep stack's activations overflow)",
         )
         # A norm divides by sqrt(mean(x^2) + eps). The first block's input is the embedding,
         # of mean square init_std^2 (4e-4 at 0.02); an eps at or above that replaces the
