@@ -453,7 +453,7 @@ def activation_terms(plan: PlanInput, terms: ModelTerms, modern: bool) -> Activa
         L.cp,
         L.ep,
         plan.ac,
-        plan.precision,
+        plan.saved_precision,
         plan.compile,
         modern,
         residual_fp32,
@@ -465,7 +465,8 @@ def activation_terms(plan: PlanInput, terms: ModelTerms, modern: bool) -> Activa
     hit = terms.acts.get(key)
     if hit is not None:
         return hit
-    s, b, p = plan.seq_len, plan.micro_batch, plan.precision
+    # the saved set's precision: a bf16 Linear's under torchao's fp8 (`PlanInput.saved_precision`)
+    s, b, p = plan.seq_len, plan.micro_batch, plan.saved_precision
     block_acts = partial(
         layer_activation_bytes,
         model,
