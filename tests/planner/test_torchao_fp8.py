@@ -112,3 +112,23 @@ def test_plan_on_h100_with_auto_plans_torchao(capsys):
     assert "fp8 linears planned: torchao's Float8Linear" in out
     assert main([*_EXPLAIN, "--gpu", "h100-sxm", "--precision.fp8_backend=scaletrain"]) == 0
     assert "fp8 linears planned: scaletrain's Float8Linear" in capsys.readouterr().out
+
+
+def test_torchao_fp8_all_gather_keeps_one_byte_weights_in_flight():
+    """torchao's fp8 all-gather hands the Linear a float8 weight (fsdp_utils.py
+    `fsdp_post_all_gather`): ZeRO-3's two gathered units hold their converted weights at 1 B,
+    not bf16's 2 (`PlanInput.gathers_fp8`); ours dequantizes to bf16, so it saves nothing."""
+    from scaletrain.planner.memory.states import fp8_linear_params
+
+    plain, ag = (c for c in planner_accuracy.FP8_TORCHAO if c[0] == "llama-256-L2" and c[5] == 1)
+    plans = []
+    for case in (plain, ag):
+        job, world = planner_accuracy.job_for(case)
+        plans.append(planner_accuracy.dryrun_plan(job, job.layout(world)))
+    assert not plans[0].gathers_fp8 and plans[1].gathers_fp8
+    ours = dataclasses.replace(plans[1], fp8_backend="scaletrain")
+    assert not ours.gathers_fp8
+    in_flight = [estimate(p).memory.detail["params.in_flight"] for p in (*plans, ours)]
+    block_fp8 = fp8_linear_params(plans[0].model, 1)
+    assert in_flight[0] - in_flight[1] == 2 * block_fp8  # two units, 1 B less each
+    assert in_flight[2] == in_flight[0]

@@ -150,6 +150,21 @@ class PlanInput:
         return self.precision
 
     @_derived
+    def gathers_fp8(self) -> bool:
+        """FSDP2 (ZeRO-2/3) gathers the fp8 Linears' weights as float8 and keeps them so:
+        torchao's fp8 all-gather (`precision.fp8_all_gather` on torchao's backend, torchao 0.18
+        float8/fsdp_utils.py `WeightWithDynamicFloat8CastTensor.fsdp_post_all_gather` returns a
+        `Float8TrainingTensor`, 1 B per weight, which the Linear uses uncast). Ours gathers
+        E4M3 but dequantizes to bf16 (`precision/fp8_fsdp.py`): no memory saved there."""
+        return (
+            self.fp8_all_gather
+            and self.precision == "fp8"
+            and self.fp8_backend == "torchao"
+            and self.recipe == "scaletrain"
+            and self.layout.zero >= 2
+        )
+
+    @_derived
     def lora(self) -> tuple[int, tuple[str, ...], str] | None:
         """(rank, targets, base dtype) with LoRA, else None (a cache key)."""
         return (self.lora_rank, self.lora_targets, self.lora_base) if self.lora_rank else None

@@ -20,6 +20,12 @@ and saved input x (M x K) casts G twice (once per GEMM layout, `cast_config_grad
   already computed (2 B x M x K): 10 M N + 2 M K;
 - casting x: G's two fp8 copies (2 B), the input gradient (2 B) and the cast (9 B):
   2 M N + 11 M K.
+Under ZeRO-2/3 with `precision.fp8_all_gather`, torchao's own fp8 all-gather
+(`Float8LinearConfig.enable_fsdp_float8_all_gather`, float8/fsdp_utils.py
+`WeightWithDynamicFloat8CastTensor`) gathers the converted weights as float8 and hands the
+Linear a `Float8TrainingTensor`: the unsharded weights are 1 B (`PlanInput.gathers_fp8`,
+`states._in_flight`, `rank_terms.rank_states`' unit bytes); the all-gather's input shard is
+still counted at 16 bits (`buffers.fsdp_all_gather`, 1/zero_shards of a unit: ignored).
 Measured (MemTracker on CPU tensors, torchao 0.18 / torch 2.13, one bf16 Float8Linear,
 M = 4096): (K, N) = (256, 1024): 10,816 B per token beyond G, against 10N + 2K = 10,752;
 (1024, 256): 11,840 against 2N + 11K = 11,776 (the 64 B: the weight's casts, N K / M).
