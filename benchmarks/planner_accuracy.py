@@ -127,8 +127,9 @@ def _models() -> dict[str, ModelConfig]:
     }
 
 
-# (model, world, dp, zero, dp_replicate, tp, sp, cp, ac, dtype, micro_batch, seq, grad_accum)
-Case = tuple[str, int, int, int, int, int, bool, int, str, str, int, int, int]
+# (model, world, dp, zero, dp_replicate, tp, sp, cp, ac, dtype, micro_batch, seq, grad_accum
+#  [, fp8 backend: 'torchao', or 'torchao-ag' with precision.fp8_all_gather; default ours])
+Case = tuple  # 13 fields, 14 with the fp8 backend
 
 CASES: list[Case] = [
     # tiny models: small-term dominated (bias, norms, DDP buckets)
@@ -239,12 +240,25 @@ CASES: list[Case] = [
     ("llama-256-L2", 4, 1, 0, 1, 4, False, 1, "none", "fp8", 4, 512, 1),
     ("llama-256-L2", 4, 1, 0, 1, 4, True, 1, "none", "fp8", 4, 512, 1),
     ("llama3-70b-L4", 256, 32, 3, 1, 8, True, 1, "selective", "fp8", 16, 8192, 1),
+    # torchao's Float8Linear (what 'auto' runs on a GPU): 16-bit saved inputs and eager casts
+    # through two fp32 copies (`planner.memory.torchao_fp8`); the 70B TP8+SP full-AC layout
+    # (-21.0% while the planner modelled ours), TP+SP with full AC at small widths (-9.7%),
+    # ZeRO-3 without TP (-12.8%) and with torchao's fp8 all-gather
+    ("llama3-70b-L4", 256, 32, 3, 1, 8, True, 1, "full", "fp8", 16, 8192, 1, "torchao"),
+    ("llama-256-L2", 8, 2, 3, 1, 4, True, 1, "full", "fp8", 4, 512, 1, "torchao"),
+    ("llama-256-L2", 2, 2, 3, 1, 1, False, 1, "none", "fp8", 4, 512, 1, "torchao"),
+    ("llama-256-L2", 2, 2, 3, 1, 1, False, 1, "none", "fp8", 4, 512, 1, "torchao-ag"),
 ]
 
-FP8_TP = [c for c in CASES if c[0] == "llama-256-L2" and c[8] == "full"]
+FP8_TP = [c for c in CASES if c[0] == "llama-256-L2" and c[8] == "full" and len(c) == 13]
 """fp8 under TP with full AC at small widths (tests/planner/test_fp8_temporaries.py)."""
 
-FP8_BLOCK_ENDS = [c for c in CASES if c[0] == "llama-256-L2" and c[8] == "none"]
+FP8_TORCHAO = [c for c in CASES if len(c) > 13]
+"""fp8 on torchao's Float8Linear (tests/planner/test_torchao_fp8.py)."""
+
+FP8_BLOCK_ENDS = [
+    c for c in CASES if c[0] == "llama-256-L2" and c[8] == "none" and c[9] == "fp8" and len(c) == 13
+]
 """fp8 under TP without AC at small widths, whose peaks are a block's ends (the MLP forward's,
 a norm's backward: tests/planner/test_block_ends.py)."""
 
@@ -417,14 +431,14 @@ def _model_for(name: str, seq: int) -> ModelConfig:
     return dataclasses.replace(m, max_seq_len=seq) if seq > m.max_seq_len else m
 
 
-def _precision(dtype: str) -> PrecisionConfig:
-    """A case's precision; fp8 on our own Float8Linear (`precision.fp8_backend='scaletrain'`),
-    the backend the planner's fp8 terms model. A dry-run for a GPU target converts the Linears
-    as a GPU run would ('auto': torchao's Float8Linear where torchao is installed), whose
-    memory the planner does not model: at h 256, tp4+SP ZeRO-3 full AC, 4 x 512 tokens, the
-    planner is 9.7% under torchao's dry-run and 1.1% under ours."""
+def _precision(dtype: str, fp8: str = "scaletrain") -> PrecisionConfig:
+    """A case's precision; fp8 on the backend its 14th field names, pinned (a dry-run for a
+    GPU target would pick torchao's where torchao is installed, 'auto'): our own
+    Float8Linear by default, 'torchao', or 'torchao-ag' (torchao's with
+    `precision.fp8_all_gather`)."""
     if dtype == "fp8":
-        return PrecisionConfig(dtype="fp8", fp8_backend="scaletrain")
+        backend, _, ag = fp8.partition("-")
+        return PrecisionConfig(dtype="fp8", fp8_backend=backend, fp8_all_gather=ag == "ag")
     return PrecisionConfig(dtype=dtype)
 
 
@@ -464,14 +478,14 @@ def label_extra(case: Extra) -> str:
 
 
 def job_for(case: Case) -> tuple[JobConfig, int]:
-    name, world, dp, zero, rep, tp, sp, cp, ac, dtype, mb, seq, accum = case
+    name, world, dp, zero, rep, tp, sp, cp, ac, dtype, mb, seq, accum = case[:13]
     m = _model_for(name, seq)
     job = JobConfig(
         model=m,
         parallel=ParallelConfig(
             dp=dp, zero=zero, dp_replicate=rep, tp=tp, sp=sp, cp=cp, layout="manual"
         ),
-        precision=_precision(dtype),
+        precision=_precision(dtype, *case[13:]),
         memory=MemoryConfig(ac=ac),
         batch=BatchConfig(global_batch=mb * dp * accum, micro_batch=mb, seq_len=seq),
         hardware=HardwareConfig(gpu="h100-sxm", gpus=world),
@@ -527,7 +541,9 @@ def measure_tune(case: Tune) -> dict[str, Any]:
 
 
 def label(case: Case) -> str:
-    name, world, dp, zero, rep, tp, sp, cp, ac, dtype, mb, seq, accum = case
+    name, world, dp, zero, rep, tp, sp, cp, ac, dtype, mb, seq, accum = case[:13]
+    if len(case) > 13:  # the fp8 backend: 'fp8 torchao', 'fp8 torchao-ag'
+        dtype += f" {case[13]}"
     par = f"dp{dp}" + (f"(r{rep})" if rep > 1 else "") + f" z{zero}"
     if tp > 1:
         par += f" tp{tp}" + ("+sp" if sp else "")

@@ -40,7 +40,7 @@ def _plan(*, tp: int, sp: bool, ac: str, compile: bool = False, model: str = "ll
     job = JobConfig(
         model=m,
         parallel=ParallelConfig(dp=32, zero=3, tp=tp, sp=sp, layout="manual"),
-        precision=PrecisionConfig(dtype="fp8"),
+        precision=PrecisionConfig(dtype="fp8", fp8_backend="scaletrain"),  # its formulas are ours
         memory=MemoryConfig(ac=ac),
         batch=BatchConfig(global_batch=16 * 32, micro_batch=16, seq_len=8192),
         hardware=HardwareConfig(gpu="h100-sxm", gpus=32 * tp),

@@ -277,3 +277,23 @@ def test_backend_follows_the_device_the_model_will_run_on() -> None:
     assert maybe_apply_fp8(pinned, ours, device_type="cuda")
     assert fp8_backend_of(pinned) == "scaletrain"
     assert fp8_backend_of(meta_model()) == "none"
+
+
+def test_torchao_linears_gather_in_float8_when_asked() -> None:
+    """`precision.fp8_all_gather` under ZeRO-2/3 on torchao's backend: its own recipe
+    (`Float8LinearConfig.enable_fsdp_float8_all_gather`, the weight wrapped in
+    `WeightWithDynamicFloat8CastTensor`, whose FSDP2 hooks gather E4M3); without it the
+    weights stay plain (FSDP2 gathers bf16). Ours are wrapped later, by `fp8_fsdp`."""
+    pytest.importorskip("torchao.float8")
+    from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
+
+    def wrapped(all_gather: bool) -> list[bool]:
+        model = build_model(resolve_model("tiny-llama"), device="meta")
+        names = apply_fp8(model, device_type="cuda", backend="torchao", all_gather=all_gather)
+        return [
+            isinstance(model.get_submodule(n).weight, WeightWithDynamicFloat8CastTensor)
+            for n in names
+        ]
+
+    assert wrapped(True) and all(wrapped(True))
+    assert not any(wrapped(False))

@@ -205,8 +205,10 @@ def test_fp8_matmul_field_parses_and_refuses_bad_values():
 
 
 def test_planner_figures_do_not_depend_on_the_kernel():
-    """The planner (torch-free) models fp8 as `_scaled_mm` runs it on a GPU: the kernel
-    setting reaches no plan input, so no planned figure changes."""
+    """The planner (torch-free) models our fp8 as `_scaled_mm` runs it on a GPU: on our
+    backend the kernel setting reaches no plan input, so no planned figure changes. It only
+    picks the backend: 'auto' never gives torchao an emulated run (`config.fp8_backend_for`),
+    so 'emulated' plans ours where the others may plan torchao's."""
     from scaletrain.planner import estimate
     from scaletrain.planner.types import plan_input_from_job
 
@@ -214,10 +216,14 @@ def test_planner_figures_do_not_depend_on_the_kernel():
     base += ["--batch.global_batch=64", "--batch.micro_batch=2", "--batch.seq_len=4096"]
     plans = []
     for kernel in ("auto", "scaled_mm", "emulated"):
-        job = load_config(None, [*base, f"--precision.fp8_matmul={kernel}"])
+        job = load_config(
+            None, [*base, f"--precision.fp8_matmul={kernel}", "--precision.fp8_backend=scaletrain"]
+        )
         layout = job.layout(8)
         plans.append(estimate(plan_input_from_job(job, layout)).to_json())
     assert plans[0] == plans[1] == plans[2]
+    emulated = load_config(None, [*base, "--precision.fp8_matmul=emulated"])
+    assert plan_input_from_job(emulated, emulated.layout(8)).fp8_backend == "scaletrain"
 
 
 @pytest.mark.parametrize(

@@ -222,6 +222,8 @@ def _inputs(args: argparse.Namespace, overrides: list[str] | None = None) -> dic
         "compile": job.train.compile,
         # as `plan_input_from_job` maps them (fp8 all-gathers only under fp8)
         "fp8_all_gather": job.precision.dtype == "fp8" and job.precision.fp8_all_gather,
+        # whose fp8 Linears a run on this hardware converts to (the trainer's rule)
+        "fp8_backend": job.precision.fp8_backend_on(job.hardware_spec().device_type),
         "loss_chunk_tokens": job.memory.loss_chunk_tokens,
         "lora": job.lora,
         "overridden": {f"{s}.{k}" for s, kv in res.overrides.items() for k in kv},
@@ -373,6 +375,7 @@ def _evaluate(inp: dict[str, Any]) -> Any:
         compile=inp["compile"],
         efficiency=inp["efficiency"],
         fp8_all_gather=inp["fp8_all_gather"],
+        fp8_backend=inp["fp8_backend"],
         loss_chunk_tokens=inp["loss_chunk_tokens"],
         recipe=inp["recipe"],
         optimizer=inp["optimizer"],
@@ -448,6 +451,7 @@ def _search(inp: dict[str, Any], top_k: int) -> Any:
         efficiency=inp["calibration"] or inp["efficiency"],
         recipe=inp["recipe"],
         fp8_all_gather=inp["fp8_all_gather"],
+        fp8_backend=inp["fp8_backend"],
         loss_chunk_tokens=inp["loss_chunk_tokens"],
         **_lora_fields(inp["lora"]),
         **pins,

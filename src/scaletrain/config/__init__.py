@@ -52,7 +52,14 @@ from .model import (
     resolve_model,
 )
 from .offload import offload_states, offloads_activations
-from .precision import PRECISION_TABLE, PrecisionSpec, compute_bytes, precision_spec
+from .precision import (
+    FP8_BACKENDS,
+    PRECISION_TABLE,
+    PrecisionSpec,
+    compute_bytes,
+    fp8_backend_for,
+    precision_spec,
+)
 from .units import KiB, MiB, byte_unit, fmt_bytes
 
 __all__ = [
@@ -77,6 +84,8 @@ __all__ = [
     "PrecisionSpec",
     "precision_spec",
     "compute_bytes",
+    "FP8_BACKENDS",
+    "fp8_backend_for",
     "BatchConfig",
     "LORA_TARGETS",
     "LoraConfig",

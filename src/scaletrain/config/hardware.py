@@ -82,6 +82,12 @@ class HardwareSpec:
         nominal time model, every precision runs."""
         return self.arch.vendor == "cpu"
 
+    @property
+    def device_type(self) -> str:
+        """The torch device type a run on this hardware uses: 'cpu', else 'cuda' (ROCm's
+        GPUs too). What the dry-run targets and fp8's backend is chosen for."""
+        return "cpu" if self.is_cpu else "cuda"
+
     def capacity_text(self) -> str:
         """The capacity as plan, explain, dryrun and verify print it: binary units
         (`config.units`), as CUDA and nvidia-smi speak ('79.10 GiB' on an H100 80GB)."""

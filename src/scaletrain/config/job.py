@@ -38,7 +38,7 @@ from .lora import LoraConfig, lora_problems
 from .model import ModelConfig, resolve_model
 from .monitor import MonitorConfig
 from .offload import offloads_activations
-from .precision import PRECISIONS
+from .precision import PRECISIONS, fp8_backend_for
 from .runtime import CheckpointConfig, GuardConfig, HardwareConfig, TrainConfig
 from .sources import pretrained_vocab_size
 
@@ -176,14 +176,26 @@ class PrecisionConfig:
     fp8_backend: Fp8Backend = "auto"
     """Who converts the Linears: 'auto' (torchao's Float8Linear where the run's device is CUDA,
     torchao is installed and the recipe is tensorwise / current / not emulated; else ours),
-    'scaletrain' (`precision/fp8.py`, the one the planner's fp8 terms model) or 'torchao'.
-    A dry-run decides for its target device, not its host (`precision.apply_fp8`)."""
+    'scaletrain' (`precision/fp8.py`) or 'torchao'. The rule is `config.fp8_backend_for`:
+    a dry-run decides for its target device, not its host (`precision.apply_fp8`), and the
+    planner plans the backend it picks (`PlanInput.fp8_backend`)."""
     grad_compression: GradCompression = "none"
     """DDP gradient all-reduce compression: 'none' or 'powersgd' (low-rank, error feedback)."""
     powersgd_rank: int = 2
     """PowerSGD matrix approximation rank."""
     powersgd_start_step: int = 10
     """Optimizer steps of plain all-reduce before PowerSGD starts (its warm-up)."""
+
+    def fp8_backend_on(self, device_type: str) -> str:
+        """Whose Float8Linear converts the Linears on `device_type` ('cuda', 'cpu'):
+        'scaletrain' or 'torchao' (`config.precision.fp8_backend_for`, the one rule)."""
+        return fp8_backend_for(
+            self.fp8_backend,
+            scaling=self.fp8_scaling,
+            amax=self.fp8_amax,
+            matmul=self.fp8_matmul,
+            device_type=device_type,
+        )
 
     def __post_init__(self) -> None:
         check_choices(self, "precision")  # dtype, reduce_dtype, fp8_*, grad_compression

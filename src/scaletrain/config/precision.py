@@ -11,6 +11,7 @@ charges per element of a weight in that precision (1 for fp8: the float8 GEMM in
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 
 from .choices import Precision, names
@@ -22,6 +23,9 @@ __all__ = [
     "REDUCE_DTYPES",
     "precision_spec",
     "compute_bytes",
+    "FP8_BACKENDS",
+    "torchao_installed",
+    "fp8_backend_for",
 ]
 
 
@@ -58,3 +62,27 @@ def precision_spec(name: str) -> PrecisionSpec:
 def compute_bytes(name: str) -> int:
     """Bytes per element of an activation (or any compute-dtype tensor) in precision `name`."""
     return PRECISION_TABLE[name].compute_bytes
+
+
+FP8_BACKENDS = ("scaletrain", "torchao")
+"""Who converts fp8's Linears, once `precision.fp8_backend='auto'` is resolved
+(`fp8_backend_for`): our `precision/fp8.py` Float8Linear or torchao's."""
+
+
+def torchao_installed() -> bool:
+    """Whether `torchao` can be imported here (its spec is found; nothing is imported)."""
+    return importlib.util.find_spec("torchao") is not None
+
+
+def fp8_backend_for(backend: str, *, scaling: str, amax: str, matmul: str, device_type: str) -> str:
+    """The fp8 backend a run on `device_type` ('cuda', 'cpu') uses: one rule for the trainer
+    (`precision.apply_fp8`), the dry-run (its target device) and the planner
+    (`planner.types.plan_input_from_job`, `plan`). 'scaletrain' and 'torchao' are taken as
+    given (the trainer refuses a 'torchao' it cannot run, `PrecisionConfig` a recipe torchao
+    has not); 'auto' is torchao where the device is CUDA, torchao is installed here and the
+    recipe is torchao's (tensorwise scaling, current amax, a real `_scaled_mm`), else ours.
+    Torch-free: the planner reads it."""
+    if backend != "auto":
+        return backend
+    fits = scaling == "tensorwise" and amax == "current" and matmul != "emulated"
+    return "torchao" if device_type == "cuda" and fits and torchao_installed() else "scaletrain"

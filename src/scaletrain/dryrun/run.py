@@ -50,10 +50,12 @@ local computation is the same) and its gradient buckets are added as
 The optimizer is the one the target device would run (`--gpu` other than 'cpu': fused AdamW,
 no foreach temporaries), and so are fp8's Linears: `precision.fp8_backend='auto'` picks
 torchao's Float8Linear for a GPU target where torchao is installed, whatever the host has
-(torchao's casts and `_scaled_mm` run under fake tensors on a CPU); the notes name it. The
-planner's fp8 terms model our own Float8Linear (`precision.fp8_backend='scaletrain'`):
-torchao's saves and casts differ (planned 9.7% under its dry-run at h 256 tp4+SP ZeRO-3 fp8
-full AC, 1.1% under ours), so hold fp8 plans against dry-runs on ours. FLOPs are counted
+(torchao's casts and `_scaled_mm` run under fake tensors on a CPU); the notes name it, and
+the planner plans the same backend (`PlanInput.fp8_backend`, `config.fp8_backend_for`:
+torchao's 16-bit saved inputs and eager casts, `planner.memory.torchao_fp8`). One difference
+from a GPU run: torchao's Float8Linear casts its input to the autocast dtype only under CUDA
+autocast (`torch.is_autocast_enabled()`), so under ZeRO-0/1 (autocast) the CPU dry-run
+skips those casts (planned 3.5% over at h 256, dp1 ZeRO-0 tp4). FLOPs are counted
 with `FlopCounterMode` on step 1 (the same
 computation as step 2; under the tracker the counter would keep alive what activation
 checkpointing frees) for one step of this rank (scaled from the micro-batches run to all of
@@ -299,7 +301,7 @@ def _build_fake_run(
     env = DistEnv(rank=rank, world_size=world_size, local_rank=0, device=torch.device("cpu"))
     # the optimizer the target device would run: fused AdamW on GPUs (no foreach
     # temporaries; torch has a fused CPU kernel too), foreach on CPU
-    target = "cpu" if job.hardware.spec().is_cpu else "cuda"
+    target = job.hardware.spec().device_type
     pp = layout.pp > 1
     return build_run(
         job,
@@ -388,11 +390,6 @@ def _fp8_note(run: Run, cpu_target: bool) -> str:
     backend = next((b for b in map(fp8_backend_of, roots) if b != "none"), "none")
     target = "a CPU" if cpu_target else "a GPU"
     note = f"fp8 linears: {backend}'s Float8Linear, as on {target}"
-    if backend == "torchao":
-        note += (
-            " (the planner's fp8 terms model scaletrain's: set precision.fp8_backend="
-            "'scaletrain' to hold a plan against this dry-run)"
-        )
     return note
 
 

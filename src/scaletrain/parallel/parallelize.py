@@ -81,7 +81,12 @@ def parallelize(
     _check(dims, memory, precision, moe=any(isinstance(m, MoE) for m in model.modules()))
     model.loss_chunk_tokens = memory.loss_chunk_tokens  # the fused head + loss (models.loss)
     # fp8 linears first: Float8Linear is an nn.Linear, so the TP plans and FSDP apply unchanged
-    maybe_apply_fp8(model, precision, device_type=fp8_device)
+    maybe_apply_fp8(
+        model,
+        precision,
+        device_type=fp8_device,
+        all_gather=precision.fp8_all_gather and uses_fsdp(dims, memory),
+    )
     _apply_model_parallel(model, dims, loss_parallel=loss_parallel)
     _apply_ac_and_compile(model, ac=memory.ac, compile=compile)
     _apply_data_parallel(model, dims, precision=precision, memory=memory, ddp=ddp)

@@ -17,6 +17,7 @@ from scaletrain.config import (
     ModelConfig,
     OptimConfig,
     compute_bytes,
+    fp8_backend_for,
     grad_accum_steps,
 )
 
@@ -79,6 +80,12 @@ class PlanInput:
     """Achievable fraction of peak matmul FLOP/s; 0 = the planner's documented default."""
     fp8_all_gather: bool = False
     """precision 'fp8' under ZeRO-2/3: the fp8 Linears' weights are all-gathered in E4M3."""
+    fp8_backend: str = "scaletrain"
+    """precision 'fp8': whose Float8Linear the run converts its Linears to, resolved for the
+    hardware's device (`config.fp8_backend_for`, the trainer's rule; `plan_input_from_job`
+    and `plan` resolve `precision.fp8_backend`): 'scaletrain' (`precision/fp8.py`: 1-byte
+    saved inputs) or 'torchao' (16-bit saved inputs, eager casts through fp32:
+    `memory.torchao_fp8`)."""
     recipe: str = "scaletrain"
     """Framework recipe (planner/recipes/registry.py): whose allocations and time model to plan."""
     loss_chunk_tokens: int = 0
@@ -128,6 +135,34 @@ class PlanInput:
         """Bytes per activation element of `precision` (the precision table's fact,
         `config.compute_bytes`)."""
         return compute_bytes(self.precision)
+
+    @_derived
+    def saved_precision(self) -> str:
+        """The precision whose saved set a block's Linears keep (the activation terms):
+        `precision`, but 'bf16' for torchao's fp8, whose Float8Linear saves its 16-bit input
+        and weight (torchao 0.18 float8/float8_linear.py
+        `matmul_with_hp_or_float8_args.forward`: `save_for_backward(input_hp, weight_hp_t)`),
+        as a plain bf16 Linear does. MoE models keep 'fp8': their experts run our
+        `Float8ExpertLinear` whatever the backend (`precision.apply_fp8`)."""
+        torchao = self.fp8_backend == "torchao" and self.recipe == "scaletrain"
+        if self.precision == "fp8" and torchao and not self.model.is_moe:
+            return "bf16"
+        return self.precision
+
+    @_derived
+    def gathers_fp8(self) -> bool:
+        """FSDP2 (ZeRO-2/3) gathers the fp8 Linears' weights as float8 and keeps them so:
+        torchao's fp8 all-gather (`precision.fp8_all_gather` on torchao's backend, torchao 0.18
+        float8/fsdp_utils.py `WeightWithDynamicFloat8CastTensor.fsdp_post_all_gather` returns a
+        `Float8TrainingTensor`, 1 B per weight, which the Linear uses uncast). Ours gathers
+        E4M3 but dequantizes to bf16 (`precision/fp8_fsdp.py`): no memory saved there."""
+        return (
+            self.fp8_all_gather
+            and self.precision == "fp8"
+            and self.fp8_backend == "torchao"
+            and self.recipe == "scaletrain"
+            and self.layout.zero >= 2
+        )
 
     @_derived
     def lora(self) -> tuple[int, tuple[str, ...], str] | None:
@@ -265,7 +300,9 @@ PLANNED_FIELDS: dict[str, frozenset[str]] = {
         | {"layout"}
     ),
     "batch": frozenset({"global_batch", "micro_batch", "seq_len"}),
-    "precision": frozenset({"dtype", "tf32", "fp8_all_gather"}),
+    "precision": frozenset(
+        {"dtype", "tf32", "fp8_all_gather", "fp8_backend", "fp8_scaling", "fp8_amax", "fp8_matmul"}
+    ),
     "memory": frozenset({"ac", "offload", "loss_chunk_tokens"}),
     "optim": frozenset({"name", "beta1"}),
     "train": frozenset({"compile"}),
@@ -274,10 +311,11 @@ PLANNED_FIELDS: dict[str, frozenset[str]] = {
 """The job fields a plan reads, by section ("*": all of them), as `plan_input_from_job` maps
 them: the whole model (`ModelConfig`) and hardware (`HardwareConfig.spec`, the price and
 energy figures), the layout (`parallel.layout` says whether it is searched), the batch, the
-optimizer's state size, and what changes bytes or rates. The rest (learning rate, schedule,
-loss scaling, fp8 scaling recipe, gradient compression, data, checkpoints, guard, monitor,
-LoRA's alpha and dropout, ...) changes neither memory nor time in the planner's model;
-`plan` says so when one is given on its command line (`cli._job.unplanned`).
+optimizer's state size, and what changes bytes or rates (the fp8 recipe fields pick fp8's
+backend: `config.fp8_backend_for`). The rest (learning rate, schedule, loss scaling, delayed
+scaling's history length, gradient compression, data, checkpoints, guard, monitor, LoRA's
+alpha and dropout, ...) changes neither memory nor time in the planner's model; `plan` says
+so when one is given on its command line (`cli._job.unplanned`).
 tests/planner/test_planned_fields.py holds this set to what `plan_input_from_job` reads."""
 
 
@@ -302,10 +340,27 @@ def plan_input_from_job(
         compile=job.train.compile,
         efficiency=job.hardware.efficiency,
         fp8_all_gather=(job.precision.dtype == "fp8" and job.precision.fp8_all_gather),
+        fp8_backend=_fp8_backend(job, hardware or job.hardware_spec()),
         loss_chunk_tokens=job.memory.loss_chunk_tokens,
         lora_rank=job.lora.rank,
         lora_targets=job.lora.target_names if job.lora.enabled else (),
         lora_base=job.lora.base_dtype if job.lora.enabled else "auto",
+    )
+
+
+def _fp8_backend(job: JobConfig, hardware: HardwareSpec) -> str:
+    """Whose Float8Linear a run of `job` on `hardware` converts its Linears to: the trainer's
+    rule (`config.fp8_backend_for`, as `PrecisionConfig.fp8_backend_on`), its fields read here
+    so that `PLANNED_FIELDS` sees them; 'scaletrain' off fp8 (unused)."""
+    p = job.precision
+    if p.dtype != "fp8":
+        return "scaletrain"
+    return fp8_backend_for(
+        p.fp8_backend,
+        scaling=p.fp8_scaling,
+        amax=p.fp8_amax,
+        matmul=p.fp8_matmul,
+        device_type=hardware.device_type,
     )
 
 

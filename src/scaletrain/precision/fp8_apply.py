@@ -5,13 +5,14 @@ histories of a converted model. What runs in float8 and what it costs: `fp8.py`.
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from scaletrain.config.precision import fp8_backend_for, torchao_installed
 
 from .fp8 import _DIM_MULTIPLE, Float8ExpertLinear, Float8Linear
 from .scaling import AmaxHistory
@@ -49,29 +50,30 @@ def _use_torchao(
     matmul: str,
     device_type: str | None = None,
 ) -> bool:
-    """Whether the Linears go to torchao: the rule `apply_fp8` documents, for the device the
-    model will run on: `device_type` where given (the trainer's device, or the dry-run's
-    target, whose fake tensors are CPU tensors standing for a GPU's), else the parameters'
-    (a model built on meta: this host's CUDA)."""
-    if backend == "scaletrain":
-        return False
-    available = importlib.util.find_spec("torchao") is not None
-    if device_type is not None:
-        on_cuda = device_type == "cuda"
-    else:
+    """Whether the Linears go to torchao: `config.fp8_backend_for` (the rule the planner and
+    the dry-run read too) for the device the model will run on: `device_type` where given
+    (the trainer's device, or the dry-run's target, whose fake tensors are CPU tensors
+    standing for a GPU's), else the parameters' (a model built on meta: this host's CUDA)."""
+    if device_type is None:
         p = next(model.parameters(), None)
         on_cuda = p is not None and (
             p.device.type == "cuda" or (p.device.type == "meta" and torch.cuda.is_available())
         )
+        device_type = "cuda" if on_cuda else "cpu"
+    chosen = fp8_backend_for(
+        backend, scaling=scaling, amax=amax, matmul=matmul, device_type=device_type
+    )
+    if chosen != "torchao":
+        return False
     # torchao has no tile/delayed recipe, and always runs `_scaled_mm`
     fits = scaling == "tensorwise" and amax == "current" and matmul != "emulated"
-    if backend == "torchao" and not (available and on_cuda and fits):
+    if not (torchao_installed() and device_type == "cuda" and fits):
         raise ValueError(
             "fp8 backend 'torchao' needs torchao installed, a CUDA model, "
             "scaling='tensorwise', amax='current' and matmul other than 'emulated'; "
             "use backend='auto'"
         )
-    return available and on_cuda and fits
+    return True
 
 
 def apply_fp8(
@@ -84,6 +86,7 @@ def apply_fp8(
     backend: str = "auto",
     matmul: str = "auto",
     device_type: str | None = None,
+    all_gather: bool = False,
 ) -> list[str]:
     """Convert eligible Linears and MoE experts of `model` in place; returns the converted
     module names.
@@ -95,7 +98,10 @@ def apply_fp8(
     experts with `skip=(..., "experts")`. `matmul`: the GEMM kernel of ours ('auto',
     'scaled_mm' or 'emulated': `fp8_matmul.py`). `device_type`: the device type the model
     will run on ('cuda', 'cpu'), which 'auto' decides by; None: its parameters' device (a
-    meta model's: whether this host has CUDA).
+    meta model's: whether this host has CUDA). `all_gather`: FSDP2 will gather the weights
+    in float8 (`precision.fp8_all_gather` under ZeRO-2/3): torchao's Linears get its own
+    recipe (`Float8LinearConfig.enable_fsdp_float8_all_gather`); ours are wrapped later, by
+    `fp8_fsdp.enable_fp8_all_gather`.
     """
     if backend not in ("auto", "scaletrain", "torchao"):
         raise ValueError(f"fp8 backend {backend!r}: use 'auto', 'scaletrain' or 'torchao'")
@@ -106,10 +112,14 @@ def apply_fp8(
     ]
     experts = _convert_experts(model, scaling, skip, matmul)
     if _use_torchao(model, backend, scaling, amax, matmul, device_type):
-        from torchao.float8 import convert_to_float8_training
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
         names = {fqn for fqn, _ in targets}
-        convert_to_float8_training(model, module_filter_fn=lambda _m, fqn: fqn in names)
+        convert_to_float8_training(
+            model,
+            config=Float8LinearConfig(enable_fsdp_float8_all_gather=all_gather),
+            module_filter_fn=lambda _m, fqn: fqn in names,
+        )
         return sorted(names | set(experts))
     for fqn, mod in targets:
         parent_name, _, leaf = fqn.rpartition(".")

@@ -13,6 +13,7 @@ from scaletrain.config import compute_bytes, ddp_reducer
 
 from ..time.pipeline_comms import boundary_tensors
 from ..types import PlanInput
+from .torchao_fp8 import torchao_cast_bytes
 
 __all__ = [
     "buffer_terms",
@@ -67,7 +68,8 @@ def buffer_terms(
     cp_ring: K/V blocks in flight in the ring (2 blocks x K and V).
     ep_all_to_all: dispatch send + receive of k routed copies per token (2 x e*k*s*b*h); with
       an expert capacity, of its R rows (k -> `ModelConfig.expert_rows_per_token`).
-    fp8_quantize: fp8's quantization temporary at the peak (`fp8_quantize_bytes`).
+    fp8_quantize: fp8's quantization temporary at the peak (`fp8_quantize_bytes`; torchao's
+      Linears: `torchao_fp8.torchao_cast_bytes`).
     runtime_context: RUNTIME_CONTEXT_BYTES on a GPU, 0 on 'cpu'.
     unit_gather_bytes / unit_grad_params (LoRA, `lora.LoraStage`): the unit's bytes as
       gathered and its parameters with gradients, when they are not unit_params x e and
@@ -96,7 +98,11 @@ def buffer_terms(
     if L.ep > 1:
         out["ep_all_to_all"] = 2 * e * model.expert_rows_per_token(tokens) * tokens * hidden
     if precision == "fp8":
-        out["fp8_quantize"] = fp8_quantize_bytes(plan)
+        out["fp8_quantize"] = (
+            torchao_cast_bytes(plan)
+            if plan.saved_precision != precision  # torchao's Linears (`PlanInput.saved_precision`)
+            else fp8_quantize_bytes(plan)
+        )
     out["runtime_context"] = 0.0 if device == "cpu" else RUNTIME_CONTEXT_BYTES
     return out
 

@@ -56,7 +56,7 @@ class MicroBatchShape:
             tp=L.tp,
             sp=L.sp,
             cp=L.cp,
-            precision=plan.precision,
+            precision=plan.saved_precision,  # bf16's saved set under torchao's fp8
         )
 
 

@@ -310,6 +310,9 @@ def stage_params(
         # q/k/v/o, the dense MLP or local experts of this stage's blocks
         fp8=fp8_linear_params(model, layers, tp, dense_blocks) + expert,
         keep_gathered=L.zero >= 3 and not fsdp_reshard_after_forward(L),
+        gathered_fp8=(
+            fp8_linear_params(model, 1, tp) if plan.gathers_fp8 and unit >= root else 0.0
+        ),
     )
 
 
@@ -343,6 +346,7 @@ def rank_states(
         plan.offload,
         convention,
         plan.lora,
+        plan.gathers_fp8,
     )
     hit = terms.states.get(key)
     if hit is not None:
@@ -365,6 +369,8 @@ def rank_states(
     wc = plan.compute_bytes
     trainable, blk = dense + expert, _block_params(plan, pc)
     unit_gathered, unit_grads = wc * blk, blk
+    if plan.gathers_fp8:  # torchao's fp8 all-gather: the block's converted weights at 1 B
+        unit_gathered -= (wc - 1.0) * fp8_linear_params(plan.model, 1, L.tp)
     lora = plan_lora_terms(plan)
     if lora is not None:
         ls = lora_stage(lora, plan, sp, layers=layers, zero_shards=zs)
@@ -453,7 +459,7 @@ def activation_terms(plan: PlanInput, terms: ModelTerms, modern: bool) -> Activa
         L.cp,
         L.ep,
         plan.ac,
-        plan.precision,
+        plan.saved_precision,
         plan.compile,
         modern,
         residual_fp32,
@@ -465,7 +471,8 @@ def activation_terms(plan: PlanInput, terms: ModelTerms, modern: bool) -> Activa
     hit = terms.acts.get(key)
     if hit is not None:
         return hit
-    s, b, p = plan.seq_len, plan.micro_batch, plan.precision
+    # the saved set's precision: a bf16 Linear's under torchao's fp8 (`PlanInput.saved_precision`)
+    s, b, p = plan.seq_len, plan.micro_batch, plan.saved_precision
     block_acts = partial(
         layer_activation_bytes,
         model,

@@ -187,6 +187,10 @@ class StageParams:
     keep_gathered: bool = False
     """ZeRO-3 whose units FSDP2 keeps gathered through the step, as ZeRO-2's: a
     split-backward pipeline's stages (`config.fsdp_reshard_after_forward`)."""
+    gathered_fp8: float = 0.0
+    """Under torchao's fp8 all-gather (`PlanInput.gathers_fp8`): the weights of `unit` that
+    FSDP2 gathers as float8, 1 B each instead of the compute dtype's (0 otherwise, or where
+    the largest unit is the root's: embedding and head are not converted)."""
 
 
 def state_bytes_per_param(
@@ -307,15 +311,18 @@ def _in_flight(params: StageParams, *, precision: str, zero: int) -> tuple[float
     # FSDP2 gathers and reduces units in the 16-bit compute dtype (bf16 under fp8 too:
     # parallel/fsdp.py's policy); fp32 runs gather fp32
     wc = compute_bytes(precision)
+    # torchao's fp8 all-gather: the converted weights are gathered and kept as float8, 1 B
+    less = (wc - 1.0) * (params.fp8 if params.gathered_fp8 else 0.0)
     if zero == 2 or (zero >= 3 and params.keep_gathered):
         # FSDP2 without reshard after forward: every unit stays all-gathered (compute
         # dtype) from its forward to its backward (ZeRO-3 too on a split-backward
         # pipeline, `config.fsdp_reshard_after_forward`)
         in_params = wc * (num_params + (expert_params if params.experts_in_fsdp else 0.0))
+        in_params -= less
     elif zero >= 3:
         # FSDP2 all-gathers compute-dtype copies of the current and prefetched unit and
         # holds one unit's unsharded grads before the reduce-scatter.
-        in_params = wc * unit_params * UNITS_IN_FLIGHT
+        in_params = (wc * unit_params - (wc - 1.0) * params.gathered_fp8) * UNITS_IN_FLIGHT
         in_grads = wc * unit_params
     elif precision != "fp32":
         # autocast keeps a 16-bit cast of every matmul weight from forward to backward

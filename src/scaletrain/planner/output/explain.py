@@ -71,6 +71,17 @@ def _parameters(est: Estimate) -> list[str]:
     return out
 
 
+_FP8_BACKEND_LINES = {
+    "torchao": "fp8 linears planned: torchao's Float8Linear (precision.fp8_backend resolved "
+    "for this device, config.fp8_backend_for): 16-bit inputs saved, eager casts through two "
+    "fp32 copies (memory.torchao_fp8)",
+    "scaletrain": "fp8 linears planned: scaletrain's Float8Linear (precision.fp8_backend "
+    "resolved for this device, config.fp8_backend_for): 1-byte inputs saved "
+    "(memory.buffers.fp8_quantize_bytes)",
+}
+"""`explain`'s line naming the fp8 backend a plan models (`PlanInput.fp8_backend`)."""
+
+
 def _states_and_activations(est: Estimate) -> list[str]:
     """Sections 2-4: model states, activations, buffers."""
     p, L, mem = est.plan, est.plan.layout, est.memory
@@ -117,6 +128,8 @@ def _states_and_activations(est: Estimate) -> list[str]:
         f"   per layer per micro-batch ({what}, ac={p.ac}, tp={L.tp}, sp={L.sp}, "
         f"cp={L.cp}) = {_mem(per_layer)}"
     )
+    if p.precision == "fp8" and p.recipe == DEFAULT_RECIPE:
+        add(f"   {_FP8_BACKEND_LINES.get(p.fp8_backend, p.fp8_backend)}")
     stage = int(mem.detail.get("pipeline_rank", 0))
     inflight = (
         inflight_microbatches(L.pp_schedule, L.pp, m, stage, L.pp_virtual) if L.pp > 1 else 1.0

@@ -233,6 +233,8 @@ class _Job:
     """PlanInput.fp8_all_gather (precision.fp8_all_gather under fp8)."""
     loss_chunk_tokens: int = 0
     """PlanInput.loss_chunk_tokens (memory.loss_chunk_tokens; 0: the trainer's rule)."""
+    fp8_backend: str = "scaletrain"
+    """PlanInput.fp8_backend (precision.fp8_backend resolved for the device)."""
 
     def first_plan(self, layout: Layout, mb: int, ac: str, offload: str) -> PlanInput:
         """The `PlanInput` of one candidate, built by its constructor (see `plan`)."""
@@ -254,6 +256,7 @@ class _Job:
             calibration=self.efficiency if isinstance(self.efficiency, Calibration) else None,
             beta1=self.beta1,
             fp8_all_gather=self.fp8_all_gather,
+            fp8_backend=self.fp8_backend,
             loss_chunk_tokens=self.loss_chunk_tokens,
             **self.lora,
         )
@@ -567,12 +570,13 @@ def search(
     pins may also carry the job's LoRA, PlanInput's lora_rank / lora_targets / lora_base
     (fixed, not searched; the layouts LoRA runs: `config.lora.lora_problems`), and its
     optim.beta1 as `beta1` (PlanInput.beta1: Adafactor's first moment), and the job's
-    `fp8_all_gather` and `loss_chunk_tokens` (PlanInput's fields of those names), the same for
-    every candidate.
+    `fp8_all_gather`, `fp8_backend` and `loss_chunk_tokens` (PlanInput's fields of those
+    names), the same for every candidate.
     """
     lora = {k: pins.pop(k) for k in LORA_KEYS if k in pins}
     beta1 = float(pins.pop("beta1", OptimConfig.beta1))
     fp8_all_gather = bool(pins.pop("fp8_all_gather", False))
+    fp8_backend = str(pins.pop("fp8_backend", "scaletrain"))
     loss_chunk_tokens = int(pins.pop("loss_chunk_tokens", 0))
     with _collector_paused():
         return _search(
@@ -592,6 +596,7 @@ def search(
                 beta1,
                 fp8_all_gather,
                 loss_chunk_tokens,
+                fp8_backend,
             ),
             top_k,
         )
