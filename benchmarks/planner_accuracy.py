@@ -114,6 +114,7 @@ def _models() -> dict[str, ModelConfig]:
         # (a block's recompute sets the peak; 4 blocks give it a middle block's FSDP copies),
         # and a small llama whose f/t ~ h puts the peak inside the same recompute
         "llama3-70b-L4": model("llama3-70b", 4),
+        "llama3-70b-L2": model("llama3-70b", 2),
         "llama-256-L2": model(
             "tiny-llama",
             2,
@@ -239,6 +240,10 @@ CASES: list[Case] = [
     ("llama-256-L2", 4, 1, 0, 1, 4, False, 1, "none", "fp8", 4, 512, 1),
     ("llama-256-L2", 4, 1, 0, 1, 4, True, 1, "none", "fp8", 4, 512, 1),
     ("llama3-70b-L4", 256, 32, 3, 1, 8, True, 1, "selective", "fp8", 16, 8192, 1),
+    # selective AC at 70B widths with 2 blocks (+4.2% fp8 / +5.0% bf16 while the recompute's
+    # popped wo/w2 outputs and their reduce-scatters were counted through the MLP backward)
+    ("llama3-70b-L2", 256, 32, 3, 1, 8, True, 1, "selective", "fp8", 16, 8192, 1),
+    ("llama3-70b-L2", 256, 32, 3, 1, 8, True, 1, "selective", "bf16", 16, 8192, 1),
 ]
 
 FP8_TP = [c for c in CASES if c[0] == "llama-256-L2" and c[8] == "full"]
