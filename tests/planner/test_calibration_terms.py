@@ -82,7 +82,9 @@ def test_gqa_saves_kv_heads_and_autocast_saves_casts():
 
 def test_selective_recompute_recreates_the_no_ac_set_less_what_was_kept():
     """Under selective AC a block's backward re-creates its no-AC set except the tensors the
-    policy kept; the kept wo/w2 outputs (and their TP reductions) are not in that set."""
+    policy kept; the kept wo/w2 outputs (and their TP reductions) are not in that set, and the
+    recompute pops wo's (and its reduction) from checkpoint's cache and frees them at the
+    residual add, while w2's stay cached (early stop before w2's matmul replays)."""
     m = resolve_model("tiny-llama")
     tok, h, e = 2 * 128, m.dim, 2
     kw = dict(seq_len=128, micro_batch=2, precision="bf16")
@@ -91,16 +93,16 @@ def test_selective_recompute_recreates_the_no_ac_set_less_what_was_kept():
         kept = layer_activation_bytes(m, **kw, tp=tp, sp=sp, ac="selective")
         reduced = 0 if tp == 1 else e * tok * h / (tp if sp else 1)
         got = selective_recompute_bytes(m, full=full, stored=kept, tokens=tok, tp=tp, sp=sp, e=e)
-        assert got == pytest.approx(full - kept + 2 * (e * tok * h + reduced))
+        assert got == pytest.approx(full - kept + (e * tok * h + reduced))
     # tiny-llama, tp 1, by hand: no-AC set 595,968 B (the norms: 2 x (2 x 256 x 64 + 4 x 256),
-    # models/norms.py), kept 380,928 B, outputs 2 x 32,768 B (the rise the dry-run measures
-    # inside the last block's backward, less ac=none's)
+    # models/norms.py), kept 380,928 B, w2's output 32,768 B still cached (wo's, freed by the
+    # recompute, was counted too until the 70B op trace showed the free: 280,576 B then)
     full = layer_activation_bytes(m, **kw, ac="none")
     kept = layer_activation_bytes(m, **kw, ac="selective")
     assert (full, kept) == (595968, 380928)
     assert (
         selective_recompute_bytes(m, full=full, stored=kept, tokens=tok, tp=1, sp=False, e=e)
-        == 280576
+        == 247808
     )
     # what a block's backward holds first: the output's gradient (2 x 256 x 64), the MLP's
     # two (tokens x f) gradients (2 x 2 x 256 x 176) and w2's unsharded gradient (2 x 64 x 176)
@@ -112,6 +114,24 @@ def test_selective_recompute_recreates_the_no_ac_set_less_what_was_kept():
         mlp_backward_work_bytes(m, tokens=tok, tp=2, sp=True, e=e, weight_bytes=2)
         == (32768 + 180224 + 22528) / 2
     )
+
+
+def test_mlp_backward_work_holds_the_gathered_gradient_under_sp_when_h_exceeds_f_over_t():
+    """Under SP, w2's backward reads the output gradient all-gathered over the tp ranks
+    (e*tok*h, whole) beside its input gradient (e*tok*f/t): at Llama-3-70B widths with tp8
+    (h 8,192 against f/t 3,584) that outweighs SwiGLU's two (tok x f/t) gradients, where the
+    dry-run peaks (w2's input-gradient matmul); without SP, or where f/t > h, the activation's
+    backward stays the term."""
+    m = resolve_model("llama3-70b")
+    tok, e, h, f, t = 16 * 8192, 2, m.dim, m.ffn_dim, 8
+    wgrad = 2 * h * f / t
+    fe = e * tok * f / t
+    got = mlp_backward_work_bytes(m, tokens=tok, tp=t, sp=True, e=e, weight_bytes=2)
+    assert got == pytest.approx(e * tok * h / t + e * tok * h + fe + wgrad)
+    assert got - (e * tok * h / t + 2 * fe + wgrad) == pytest.approx(e * tok * h - fe)
+    # without SP no gathered copy: SwiGLU's stage
+    plain = mlp_backward_work_bytes(m, tokens=tok, tp=t, sp=False, e=e, weight_bytes=2)
+    assert plain == pytest.approx(e * tok * h + 2 * fe + wgrad)
 
 
 def test_counted_flops_match_flop_counter_semantics():

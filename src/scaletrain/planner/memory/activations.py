@@ -521,46 +521,70 @@ def selective_recompute_bytes(
     model: ModelConfig, *, full: float, stored: float, tokens: float, tp: int, sp: bool, e: int
 ) -> float:
     """Bytes the recomputation re-creates while one block runs its backward under
-    `memory.ac="selective"`, on top of what the block keeps (`selective_layer_bytes`).
+    `memory.ac="selective"`, on top of what the block keeps (`selective_layer_bytes`), net of
+    what the recomputation frees.
 
     The checkpoint re-runs the block's forward from its saved tensors: every tensor the no-AC
     set saves (`full`, `layer_activation_bytes(ac="none")`) is alive again, except those the
     policy kept, which the recompute takes from its cache. The kept set (`stored`) holds two
     tensors the no-AC set does not: the outputs of the output projections wo and w2 (and, with
     tp > 1, their saved reductions), e*s_l*b*h + the reduction each, which no backward op
-    reads. So the re-created bytes are full - (stored - those outputs).
-    Ignores: the order in which backward frees them (all are alive when the MLP's backward
-    starts, where the dry-run peaks). Source: dry-run of tiny-llama dp4 z2 b2 s128: the
-    largest rise inside the last block's backward is 202,752 B with ac=none, 929,792 B with
-    full (+ the 727,040 B no-AC set) and 614,400 B with selective (+ 411,648 B = this term),
-    measured with the RMSNorm that saved its fp32 upcast (models/norms.py now saves x and
-    rstd: the no-AC set is 595,968 B, this term 280,576 B; planner_accuracy.md holds it).
+    reads. The recompute *pops* each cached output as it replays the op
+    (torch.utils.checkpoint `_CachedTorchDispatchMode`: `storage[func].pop(0)`), so wo's
+    output and its reduction are referenced by nothing once the residual add that reads them
+    has run, and are freed inside the recompute; w2's are not: checkpoint's early stop
+    (`set_checkpoint_early_stop`, on by default) ends the recompute when w2's matmul packs its
+    saved input, before the matmul (and its reduction) replay, so they stay cached until the
+    block's backward ends. So what the backward adds is full - (stored - both outputs) - wo's
+    output = full - stored + (e*s_l*b*h + its reduction).
+    Counts: the block's no-AC set less the kept overlap, less wo's freed output. Ignores: the
+    order in which backward frees the re-created tensors (all are alive when the MLP's
+    backward starts, where the bf16 dry-run peaks). Source: dry-run op trace (MemTracker's
+    running total per dispatched op) of Llama-3-70B TP8+SP bf16 selective, 2 blocks, dp32
+    ZeRO-3, 16 x 8,192 tokens: the recompute's residual add after attention frees 2,147 MB
+    (wo's (tokens x h) partial sum) + 268 MB (its reduce-scatter), and w2's backward then
+    runs with no free of that size (planned +5.0% while both were counted); tiny-llama dp4 z2
+    b2 s128: the largest rise inside the last block's backward (`mlp_backward_work_bytes`
+    on top of this term).
     """
     h = model.dim
     reduced = 0.0 if tp == 1 else (e * tokens * h / tp if sp else e * tokens * h)
-    return max(0.0, full - (stored - 2 * (e * tokens * h + reduced)))
+    return max(0.0, full - stored + (e * tokens * h + reduced))
 
 
 def mlp_backward_work_bytes(
     model: ModelConfig, *, tokens: float, tp: int, sp: bool, e: int, weight_bytes: int
 ) -> float:
     """What a block's backward holds first, on top of what is stored: the gradient of the
-    block's output, e*s_l*b*h (/t with SP), the MLP's first (tokens x f) activation
-    gradients, n x e*s_l*b*f/t, and its first weight gradient, weight_bytes*h*f/t
-    (unsharded). n: the gradient of w2's input, plus what the activation's backward
-    allocates (SwiGLU's mul: the gradients of silu(gate) and of up, 2; GELU: that of its
-    input, 1), minus w2's saved input, freed once w2's backward has run: 2 for SwiGLU, 1
-    for GELU (whose peak is w2's backward itself: its input gradient and weight gradient).
-    Source: dry-run of tiny-llama dp4 z2 b2 s128, ac=none: the largest rise inside the last
-    block's backward is 202,752 B = 2 x 2 x 256 x 176 + 2 x 64 x 176, over a start that holds
-    the block output's gradient (2 x 256 x 64); tiny dp2 z3 fp32 b1 s128 (GELU): the peak
-    is inside w2's backward with 4 x 128 x 256 + 4 x 64 x 256 on top of the output's
-    gradient (4 x 128 x 64). Ignores: MoE experts' (N*k, f) gradients (the dense f is used),
+    block's output, e*s_l*b*h (/t with SP), its first weight gradient, w2's
+    weight_bytes*h*f/t (unsharded), and the larger of the MLP backward's two stages:
+    - w2's backward (SP only): the output gradient all-gathered over the tp ranks, e*s_l*b*h
+      (the row-parallel w2 reads the whole (tokens x h) gradient: DTensor's Shard -> Partial
+      redistribution, a sequence all-gather, in backward), alive through both of w2's
+      matmuls, and the gradient of w2's input, e*s_l*b*f/t;
+    - the activation's backward: the (tokens x f) activation gradients, n x e*s_l*b*f/t, the
+      gathered gradient freed. n: the gradient of w2's input, plus what the activation's
+      backward allocates (SwiGLU's mul: the gradients of silu(gate) and of up, 2; GELU: that
+      of its input, 1), minus w2's saved input, freed once w2's backward has run: 2 for
+      SwiGLU, 1 for GELU (whose peak is w2's backward itself: its input gradient and weight
+      gradient).
+    Without SP the first stage is the second's less its activation gradients, so the second
+    is the term. Source: dry-run of tiny-llama dp4 z2 b2 s128, ac=none: the largest rise
+    inside the last block's backward is 202,752 B = 2 x 2 x 256 x 176 + 2 x 64 x 176, over a
+    start that holds the block output's gradient (2 x 256 x 64); tiny dp2 z3 fp32 b1 s128
+    (GELU): the peak is inside w2's backward with 4 x 128 x 256 + 4 x 64 x 256 on top of the
+    output's gradient (4 x 128 x 64); Llama-3-70B TP8+SP bf16 selective, 2 blocks (h = 8,192
+    against f/t = 3,584): the peak is w2's input-gradient matmul with the gathered 2,147 MB
+    gradient alive (op trace of the dry-run; tiny-llama tp2+sp, f/t > h, peaks in SwiGLU's
+    mul backward instead). Ignores: MoE experts' (N*k, f) gradients (the dense f is used),
     norms' fp32 gradient temporaries (transient).
     """
     f, h = model.ffn_dim, model.dim
     n = 2.0 if model.gated_mlp else 1.0
-    return e * tokens * h / (tp if sp else 1) + n * e * tokens * f / tp + weight_bytes * h * f / tp
+    fe = e * tokens * f / tp
+    w2_stage = e * tokens * h + fe if sp and tp > 1 else 0.0
+    stage = max(n * fe, w2_stage)
+    return e * tokens * h / (tp if sp else 1) + stage + weight_bytes * h * f / tp
 
 
 def rope_table_bytes(model: ModelConfig) -> float:

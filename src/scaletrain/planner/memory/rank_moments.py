@@ -646,6 +646,8 @@ def _early_block_backward(
         sp_tp = L.tp if L.sp else 1
         fp8_side = grad_out / sp_tp + (grad_out if sp_tp > 1 else 0.0) + view.fp8_quantize
         work = max(work, fp8_side)
+        if plan.ac == "selective" and not plan.model.is_moe:
+            work = max(work, _selective_fp8_recompute_side(view, grad_out, sp_tp))
         moved = view.fp8_quantize
     if view.acts.norm_backward > work:
         # a norm's backward (`block_ends.norm_backward_bytes`: the final norm's, or under
@@ -663,6 +665,32 @@ def _early_block_backward(
     if early + early_copies - sp_gather > bwd + copies:
         return early, early_copies, buffers - sp_gather
     return bwd, copies, buffers
+
+
+def _selective_fp8_recompute_side(view: RankView, grad_out: float, sp_tp: int) -> float:
+    """Under fp8 with `ac="selective"`, what a block's backward holds beyond the stored set and
+    the recompute (`activations.selective_recompute_bytes`) while the recompute casts the
+    MLP's input for its last input linear (w3; w1 under GELU), tok = s_l*b:
+    the block output's gradient e*tok*h/t and, under SP, its all-gathered copy e*tok*h (w2's
+    reduce-scatter ran backward before w2's matmul asked for the recompute); the MLP's 16-bit
+    input X, e*tok*h (gathered under SP), alive as the input the linears cast (the fp8 no-AC
+    set saves only their 1-byte copies); the cast's fp32 quotient 4*tok*h (its 1-byte result is
+    the linear's saved copy, already in the recompute); less w2's 1-byte input tok*f/t, which
+    the recompute has not re-created yet.
+    Source: dry-run op trace of Llama-3-70B TP8+SP fp8 selective, 2 blocks, dp32 ZeRO-3, 16 x
+    8,192 tokens: the peak is w3's input cast in the recompute (+4,295 MB quotient, +1,074 MB
+    fp8), the gathered gradient and the gathered MLP input alive, w2's input not yet cast; at
+    h = 8,192 against f/t = 3,584 it outweighs w2's gradient cast (`fp8_side`), which the
+    planner counted alone (+4.2% with wo's popped output, -3.8% without it).
+    Ignores: 537 MB of the recompute the trace holds there and the no-AC set does not
+    (2 x e*tok*h/t: each RMSNorm's 16-bit output before the SP all-gather; not traced to its
+    holder); MoE blocks (their MLP is the experts' dispatch)."""
+    plan = view.plan
+    tok = plan.seq_len / plan.layout.cp * plan.micro_batch
+    h, f = plan.model.dim, plan.model.ffn_dim
+    e = plan.compute_bytes
+    gathered_grad = grad_out if sp_tp > 1 else 0.0
+    return grad_out / sp_tp + gathered_grad + e * tok * h + 4.0 * tok * h - tok * f / plan.layout.tp
 
 
 def _end_of_backward(
@@ -765,7 +793,7 @@ def loss_moment(view: RankView, stored: float) -> LossBackward:
     resting, held = _loss_resting(view)
     if L.pp == 1:
         return LossBackward(
-            states=resting,
+            states=resting + _loss_forward_extra(view, head),
             buffers=buffers,
             fsdp=fsdp,
             fp8_quantize=quant,
@@ -862,6 +890,27 @@ def head_weight_moment(view: RankView) -> HeadWeightPass | None:
         grads=best[2],
         weight_grad_temp=best[3],
     )
+
+
+def _loss_forward_extra(view: RankView, head_grad: float) -> float:
+    """What the fused loss's *forward* holds beyond its backward (`loss_moment`, pp = 1), where
+    that is more: ZeRO-2 keeps the last block's all-gather output alive through the loss
+    forward. FSDP2 defers freeing a forward all-gather's result to the next all-gather
+    (`FSDPParamGroup.wait_for_unshard` saves it in `comm_ctx.all_gather_state`), and the root's
+    post-forward frees the last one (`FSDPState._post_forward`); the fused head + loss runs
+    inside the root's forward, so one block's gathered unit (compute dtype) is alive while its
+    logits are formed. ZeRO-3 holds the same bytes in its loss backward (the prefetched last
+    block, `_loss_resting`), ZeRO-2 none there. The loss's temporaries are taken as the
+    backward's (the same logits chunk in both passes); the head weight's gradient is not made
+    yet. Counts: the gathered unit less that gradient. Ignores: the last norm's output, alive
+    as the head's input in both passes. Source: dry-run op trace, tiny-llama dp4 z2 b2x2 s128
+    selective: peak at the last micro-batch's head matmul and fp32 cast with a 92,416 B block
+    all-gather output alive (-3.4% against the loss backward once the block backward stopped
+    counting wo's popped output)."""
+    L = view.plan.layout
+    if L.zero < 2 or fsdp_reshard_after_forward(L) or not view.layers:
+        return 0.0
+    return max(0.0, view.rank_states.backward.unit_gathered - head_grad)
 
 
 def _loss_resting(view: RankView) -> tuple[float, float]:

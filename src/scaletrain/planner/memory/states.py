@@ -264,8 +264,15 @@ def model_state_bytes(
         shard(ob, 1),
     )
     if zero == 1 and params.largest:
-        # ZeroRedundancyOptimizer partitions whole parameters greedily by size
-        optim = max(optim, ob * params.largest)
+        # ZeroRedundancyOptimizer partitions whole parameters greedily by size: the busiest
+        # rank's dense share is at least the largest parameter. The experts are partitioned
+        # apart, over the ep_replicate ranks only (parallel/zero.py `_LocalShardZero`: every
+        # rank steps its own expert shard of the parameters its replica owns), so their
+        # states come on top of that dense share, not under the same max (dry-run,
+        # deepseek-v3-w896 4 blocks dp2 z1 cp8 ep16 rank 0: Adam states 1,190.9 MB = the
+        # embedding's 926.4 + its experts' 264.5; planned 949.1 while the max took both)
+        dense_share = max(num_params / d_dense, params.largest)
+        optim = max(optim, ob * (dense_share + expert_params / d_exp))
     in_params = in_grads = 0.0
     if convention == "scaletrain":
         in_params, in_grads = _in_flight(params, precision=precision, zero=zero)
