@@ -23,6 +23,13 @@ process a fraction of a core, so the same code can measure 2-3x slower).
     python benchmarks/planner_search.py                       # this tree only
     python benchmarks/planner_search.py --baseline 109a6fb    # + CPU seconds beside it
     python benchmarks/planner_search.py --baseline REV --rounds N
+    python benchmarks/planner_search.py --cachegrind 109a6fb  # + instructions beside it
+
+Instructions (--cachegrind REV; needs valgrind): the 405B search's instructions executed, counted
+by cachegrind (Ir), which no load on the host moves. Each tree runs three processes under
+cachegrind (PYTHONHASHSEED=0), doing 0, 1 and 2 searches: cold = Ir(1) - Ir(0) (the first
+search, its caches empty, with the imports it triggers), warm = Ir(2) - Ir(1) (a second search
+in the same process). Each process takes minutes under valgrind.
 """
 
 from __future__ import annotations
@@ -105,6 +112,92 @@ def side_by_side(baseline: str, rounds: int) -> dict:
     return {"baseline": baseline, "runs": runs, "best": best, "ratio": ratio, "load_avg_1m": load}
 
 
+_CG_SEARCH = """
+import sys
+from scaletrain.config import hardware_preset, resolve_model
+try:  # planner/search/layouts.py since issue 34's topic packages; planner/search.py before
+    from scaletrain.planner.search.layouts import search
+except ModuleNotFoundError:
+    from scaletrain.planner.search import search
+model, hw = resolve_model("llama3-405b"), hardware_preset("h100-sxm")
+for _ in range(int(sys.argv[1])):
+    search(model, hw, 16384, seq_len=8192, global_batch=2048)
+"""
+"""A process running argv[1] 405B searches (`instructions`)."""
+
+
+def instructions(src: Path, searches: int) -> int:
+    """Instructions executed (cachegrind's Ir) by a fresh process with `src` on the path that
+    runs `searches` 405B searches (`_CG_SEARCH`)."""
+    env = {**os.environ, "PYTHONPATH": str(src), "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
+    with tempfile.TemporaryDirectory(prefix="planner-cg-") as tmp:
+        out = Path(tmp) / "cachegrind.out"
+        subprocess.run(
+            [
+                "valgrind",
+                "--tool=cachegrind",
+                "--cache-sim=no",
+                f"--cachegrind-out-file={out}",
+                sys.executable,
+                "-c",
+                _CG_SEARCH,
+                str(searches),
+            ],
+            env=env,
+            capture_output=True,
+            check=True,
+        )
+        for line in out.read_text().splitlines():
+            if line.startswith("summary:"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no cachegrind summary in {out}")
+
+
+def cachegrind_side_by_side(baseline: str) -> dict:
+    """The 405B search's instructions, cold and warm (`instructions`), of `baseline` and of
+    this checkout; the three processes of a tree run two at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with tempfile.TemporaryDirectory(prefix="planner-search-") as tmp:
+        trees = {baseline: export_tree(baseline, Path(tmp) / "baseline") / "src"}
+        trees["this tree"] = REPO / "src"
+        jobs = [(name, n) for name in trees for n in (0, 1, 2)]
+        with ThreadPoolExecutor(2) as pool:
+            counts = list(pool.map(lambda job: instructions(trees[job[0]], job[1]), jobs))
+    ir = {name: [c for (k, _), c in zip(jobs, counts, strict=True) if k == name] for name in trees}
+    out = {
+        name: {"start": c[0], "cold": c[1] - c[0], "warm": c[2] - c[1]} for name, c in ir.items()
+    }
+    ratio = {kind: out["this tree"][kind] / out[baseline][kind] for kind in ("cold", "warm")}
+    print(f"Instructions: {out} ratio {ratio}")
+    return {"baseline": baseline, "instructions": out, "ratio": ratio}
+
+
+def _cachegrind_table(cg: dict) -> list[str]:
+    """The markdown of `cachegrind_side_by_side`'s figures."""
+    base = cg["baseline"]
+    md = [
+        f"## llama3-405b / 16,384 H100: instructions beside {base}",
+        "",
+        "cachegrind's Ir (instructions executed, not moved by the host's load), PYTHONHASHSEED=0: "
+        "cold = a process with one search minus one with none, warm = two searches minus one. "
+        "Issue 34's target: no more than 10% over the baseline.",
+        "",
+        "| tree | start-up G | cold search G | warm search G |",
+        "|---|---|---|---|",
+    ]
+    for name, c in cg["instructions"].items():
+        md.append(
+            f"| {name} | {c['start'] / 1e9:.2f} | {c['cold'] / 1e9:.2f} | {c['warm'] / 1e9:.2f} |"
+        )
+    return md + [
+        "",
+        f"This tree / {base}: cold **{cg['ratio']['cold']:.3f}**, warm "
+        f"**{cg['ratio']['warm']:.3f}**.",
+        "",
+    ]
+
+
 def _cpu_table(cpu: dict, rounds: int) -> list[str]:
     """The markdown of `side_by_side`'s figures."""
     base = cpu["baseline"]
@@ -141,9 +234,15 @@ def main(argv: list[str] | None = None) -> None:
         default=3,
         help="runs per wall figure, the best kept (default 3: the machine is shared)",
     )
+    ap.add_argument(
+        "--cachegrind",
+        metavar="REV",
+        help=f"count the 405B search's instructions beside REV's (valgrind; e.g. {BASELINE})",
+    )
     args = ap.parse_args(argv)
     repeats = args.repeats
     cpu = side_by_side(args.baseline, args.rounds) if args.baseline else None
+    cg = cachegrind_side_by_side(args.cachegrind) if args.cachegrind else None
     hw = hardware_preset("h100-sxm")
     rows = []
     for name, gpus, seq, gb in CASES:
@@ -200,6 +299,8 @@ def main(argv: list[str] | None = None) -> None:
     ]
     if cpu is not None:
         md += _cpu_table(cpu, args.rounds)
+    if cg is not None:
+        md += _cachegrind_table(cg)
     md += [
         "Targets: >= 20,000 layouts/s; 405b/16,384 search < 2 s; CLI < 2 s.",
         "",
@@ -220,7 +321,13 @@ def main(argv: list[str] | None = None) -> None:
     ]
     write_results(
         "planner_search",
-        {"cases": rows, "cli_seconds": cli, "cpu_seconds": cpu, "repeats": repeats},
+        {
+            "cases": rows,
+            "cli_seconds": cli,
+            "cpu_seconds": cpu,
+            "instructions": cg,
+            "repeats": repeats,
+        },
         "\n".join(md),
     )
 

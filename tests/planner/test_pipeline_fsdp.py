@@ -151,3 +151,26 @@ def test_first_rank_peaks_at_the_embedding_reduce_scatter():
     total = mem.total - mem.buffer_terms["runtime_context"]
     assert total == pytest.approx(expected, rel=1e-9)
     assert total / MiB == pytest.approx(760.1, rel=0.01)
+
+
+@pytest.mark.parametrize(("zero", "schedule", "v"), [(2, "zero-bubble", 2), (3, "1f1b", 1)])
+def test_a_search_reuses_a_ranks_fsdp_walk_with_the_same_answer(zero, schedule, v):
+    """`pipeline_fsdp.fsdp_walk` keeps an FsdpRank's per-moment terms across the plans of one
+    search (one `ModelTerms`): the plans below, planned in that order with shared terms, give
+    the same worst rank, to the float, as each planned alone; the walks are kept by
+    micro-batches per step (a micro-batch size changes the activations, not the walk)."""
+    from scaletrain.planner.memory.rank import worst_rank
+    from scaletrain.planner.memory.rank_terms import ModelTerms
+
+    terms = ModelTerms(LLAMA)
+    for micro_batch, global_batch in [(2, 16), (1, 16), (2, 32), (1, 8), (2, 16)]:
+        plan = dataclasses.replace(
+            _plan(zero, schedule, v), micro_batch=micro_batch, global_batch=global_batch
+        )
+        shared, shared_params = worst_rank(plan, terms=terms)
+        alone, alone_params = worst_rank(plan, terms=ModelTerms(LLAMA))
+        assert shared == alone and shared_params == alone_params
+    ranks = [fr for fr in terms.fsdp.values() if fr is not None]
+    assert ranks and all(fr.walks for fr in ranks)
+    # global batch 16 at micro-batch 2 and 32 at 2 (or 16 at 1) walk 4 and 8 micro-batches
+    assert any(len(fr.walks) > 1 for fr in ranks)

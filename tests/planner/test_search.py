@@ -272,13 +272,15 @@ def _search_plans() -> list:
 
 def test_the_miss_shortcut_stops_only_where_the_miss_is_settled() -> None:
     """The search stops walking a plan's pipeline ranks once one misses by at least its
-    family's closest miss so far (`estimate.Shortcut.enough`): such a plan is a miss either
-    way and not a closer one, so the search keeps what it kept without the shortcut. The
-    shortcut changes nothing for a plan that fits, and where it stops, the bytes it reports
-    are a lower bound of the worst rank's that settle the miss."""
+    family's closest miss so far (`estimate.Shortcut.settle_at`, `miss_threshold`), and a
+    rank as soon as one of its moments does (`rank.rank_memory`): such a plan is a miss
+    either way and not a closer one, so the search keeps what it kept without the shortcut.
+    The shortcut changes nothing for a plan that fits, and where it stops, the bytes it
+    reports are a lower bound of the worst rank's that settle the miss."""
     import math
 
     from scaletrain.planner.estimate import Shortcut, reserved_and_step
+    from scaletrain.planner.search.layouts import miss_threshold
 
     stopped = misses = fits = 0
     for plan in _search_plans():
@@ -286,9 +288,7 @@ def test_the_miss_shortcut_stops_only_where_the_miss_is_settled() -> None:
         cap = plan.hardware.memory_bytes
         fits += math.isfinite(full[1])
         for closest in (0.0, 2.0**30, 2.0**34):
-            shortcut = Shortcut(
-                enough=lambda r, c=closest, cap=cap: r > cap and max(0.0, r - cap) >= c
-            )
+            shortcut = Shortcut(settle_at=miss_threshold(cap, closest))
             got = reserved_and_step(plan, shortcut=shortcut)
             if math.isfinite(full[1]):
                 assert got == full, plan.layout
@@ -300,6 +300,39 @@ def test_the_miss_shortcut_stops_only_where_the_miss_is_settled() -> None:
                 # not a closer miss: the search records none either way
                 assert max(0.0, full[0] - cap) >= max(0.0, got[0] - cap) >= closest
     assert fits > 10 and stopped > 10 and misses > stopped
+
+
+@pytest.mark.parametrize(
+    ("cap", "closest"),
+    [
+        (84932978278.0, 0.0),
+        (84932978278.0, 1e-5),  # below half a unit of cap: cap + closest rounds to cap
+        (84932978278.0, 2.0**30),
+        (25769803776.0, 3.3e9 + 0.1),
+        (1.0, 1e-300),
+    ],
+)
+def test_the_miss_threshold_is_the_least_float_the_search_rule_settles(
+    cap: float, closest: float
+) -> None:
+    """`miss_threshold` turns the search's rule for a settled miss (reserved r over `cap`
+    by at least the family's `closest`, as `_Tally.record` computes it in floats) into one
+    comparison: the rule holds at the threshold and on the floats above it, and not on the
+    float below."""
+    import math
+
+    from scaletrain.planner.search.layouts import miss_threshold
+
+    def settles(r: float) -> bool:
+        return r > cap and max(0.0, r - cap) >= closest
+
+    at = miss_threshold(cap, closest)
+    assert settles(at) and not settles(math.nextafter(at, -math.inf))
+    above = at
+    for _ in range(4):
+        above = math.nextafter(above, math.inf)
+        assert settles(above)
+    assert settles(at * 2) and not settles(cap)
 
 
 @pytest.mark.parametrize("enabled", [True, False])
@@ -326,7 +359,8 @@ def test_the_search_builds_the_plans_its_constructor_would() -> None:
     """The search copies one job's PlanInput fields and replaces the layout, micro-batch, AC
     and offload of each candidate instead of running the frozen dataclass's constructor: the
     plans are the constructor's, field for field and in its instance dict (LoRA and a
-    calibration included)."""
+    calibration included), with the derived values the search sets ahead equal to those the
+    constructor's plan derives."""
     from scaletrain.config import Layout
     from scaletrain.planner.search.layouts import _Job
     from scaletrain.planner.time.calibration import Calibration
@@ -352,6 +386,111 @@ def test_the_search_builds_the_plans_its_constructor_would() -> None:
             (Layout(dp=2, tp=2, pp=2, pp_schedule="zero-bubble"), 1, "none", "activations"),
         ):
             plan, built = job.plan(layout, mb, ac, offload), job.first_plan(layout, mb, ac, offload)
-            assert plan == built and vars(plan) == vars(built)
-            assert list(vars(plan)) == list(vars(built))  # (the same insertion order)
-            assert plan.grad_accum == built.grad_accum and plan.lora == built.lora
+            derived = {"grad_accum", "compute_bytes", "lora"}  # (set ahead by the search)
+            assert plan == built and set(vars(plan)) - set(vars(built)) == derived
+            assert {k: v for k, v in vars(plan).items() if k not in derived} == vars(built)
+            # (the fields in the same insertion order, then the derived values, as read)
+            assert list(vars(plan))[: len(vars(built))] == list(vars(built))
+            assert {k: vars(plan)[k] for k in derived} == {k: getattr(built, k) for k in derived}
+
+
+def test_the_step_floor_is_at_most_the_step() -> None:
+    """`step_time.step_floor` (compute, bubble, the activation offload's PCIe time, optimizer
+    and overhead, without the rest of the communication model) bounds the step from below
+    for plans of every schedule, ZeRO stage, AC and offload, a calibration's collective
+    factors and a framework recipe included, and is the step where nothing but activation
+    offload is communicated."""
+    import dataclasses
+    import math
+
+    from scaletrain.config import Layout
+    from scaletrain.planner.estimate import plan_step, reserved_and_step
+    from scaletrain.planner.memory.rank_terms import ModelTerms
+    from scaletrain.planner.time.calibration import Calibration
+    from scaletrain.planner.time.step_time import step_floor
+
+    cal = Calibration(
+        hardware="h100-sxm",
+        precision="bf16",
+        source="runs/cal",
+        clock="cuda",
+        split="profile",
+        measured_step_s=1.0,
+        gemm_tokens=4096.0,
+        matmul=0.6,
+        collective=(("dp_allreduce", 1.3), ("activation_offload", 0.7)),
+        step_overhead_s=0.01,
+    )
+    plans = _search_plans()
+    plans += [dataclasses.replace(p, offload="activations", ac="none") for p in plans[:24]]
+    plans += [dataclasses.replace(p, calibration=cal) for p in plans[::5]]
+    plans += [dataclasses.replace(p, recipe="megatron") for p in plans[::7] if p.layout.zero < 2]
+    # one GPU: no collective, so nothing is exposed and the floor is the step
+    tiny = dataclasses.replace(plans[0], model=resolve_model("tiny"), num_gpus=1)
+    plans.append(dataclasses.replace(tiny, layout=Layout(), seq_len=128, global_batch=8))
+    timed = exact = 0
+    for plan in plans:
+        reserved, step, max_params = reserved_and_step(plan)
+        if not math.isfinite(step):
+            continue
+        terms = ModelTerms(plan.model)
+        recipe = None
+        if plan.recipe != "scaletrain":
+            from scaletrain.planner.recipes.registry import recipe_named
+
+            recipe = recipe_named(plan.recipe)
+        floor = step_floor(
+            plan, max_params, terms=terms, causal=True, zero_bubble="h1", recipe=recipe
+        )
+        assert floor <= step == plan_step(plan, max_params, terms=terms), plan.layout
+        timed += 1
+        exact += floor == step
+    assert timed > 40 and exact >= 1
+
+
+def test_the_search_times_every_step_its_pick_reads() -> None:
+    """The search times its fits by a lower bound of the step and the full step model only
+    where the pick can read it (`_time_where_read`): the top layouts in the rule's order,
+    each family's first, the fastest and every layout within the margin of it are those of
+    the same fits all timed in full, and fits are left with their bound."""
+    from scaletrain.planner.estimate import plan_step
+    from scaletrain.planner.memory.rank_terms import ModelTerms
+    from scaletrain.planner.search.layouts import (
+        _family,
+        _Job,
+        _layouts,
+        _search_layout,
+        _Tally,
+        _time_where_read,
+    )
+
+    def read(fits: list, top_k: int) -> tuple:
+        ranked = rule_order(fits)
+        first: dict[str, object] = {}
+        for t in ranked:
+            first.setdefault(_family(t[4].layout, t[4].offload), t[4])
+        fastest = min(fits, key=lambda t: t[:4])
+        near = sorted(t[3] for t in fits if t[0] <= fastest[0] * (1 + SIMPLER_LAYOUT_MARGIN))
+        return [t[4] for t in ranked[:top_k]], first, fastest[4], near
+
+    model, hw = resolve_model("llama3-8b"), hardware_preset("h100-sxm")
+    job = _Job(model, hw, 16, 8192, 64, "bf16", "adamw", False, 0.0, {})
+    searched = _Tally(terms=ModelTerms(model))
+    for layout, mbs, offloads in _layouts(job):
+        _search_layout(job, searched, layout, mbs, offloads, ["none", "selective", "full"])
+    assert len(searched.floored) == len(searched.fits) > 500
+    full = [
+        (float(f"{plan_step(t[4], searched.floored[i], terms=searched.terms):.9g}"), *t[1:])
+        for i, t in enumerate(searched.fits)
+    ]
+    assert all(f[0] <= t[0] for f, t in zip(searched.fits, full, strict=True))
+    for top_k in (1, 5, 40):
+        tally = _Tally(
+            fits=list(searched.fits), floored=dict(searched.floored), terms=searched.terms
+        )
+        _time_where_read(tally, top_k)
+        assert read(tally.fits, top_k) == read(full, top_k)
+        assert [t for i, t in enumerate(tally.fits) if i not in tally.floored] == [
+            t for i, t in enumerate(full) if i not in tally.floored
+        ]
+        assert len(full) / 2 < len(tally.floored) < len(full) - top_k

@@ -5,7 +5,6 @@ Pure arithmetic (no torch): the search calls it tens of thousands of times per s
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from .memory.rank import breakdown, host_fits, worst_rank
@@ -15,6 +14,7 @@ from .recipes.registry import recipe_named
 from .recipes.schema import DEFAULT_RECIPE, Recipe
 from .time.step_time import (
     model_flops,
+    step_floor,
     step_time,
 )
 from .types import Estimate, MemoryBreakdown, PlanInput, TimeBreakdown
@@ -22,6 +22,7 @@ from .types import Estimate, MemoryBreakdown, PlanInput, TimeBreakdown
 __all__ = [
     "estimate",
     "reserved_and_step",
+    "plan_step",
     "Shortcut",
     "FULL",
 ]
@@ -33,10 +34,14 @@ class Shortcut:
 
     memory_only: bool = False
     """Skip the time model (a memory probe: the step is reported as 0)."""
-    enough: Callable[[float], bool] | None = None
-    """A miss this large settles it (`memory.rank.worst_rank`'s early stop): true only of
-    reserved bytes over the GPU's memory; then the step is inf and the bytes a lower bound
-    of the worst rank's."""
+    settle_at: float | None = None
+    """Reserved bytes, over the GPU's memory, from which a miss is settled
+    (`memory.rank.worst_rank`'s early stop): once a rank reaches them the step is inf and the
+    bytes a lower bound of the worst rank's (the search's `miss_threshold`)."""
+    floor: bool = False
+    """Time a plan that fits by `step_time.step_floor`, a lower bound of its step without the
+    communication model: the search times the step itself (`plan_step`) only where its pick
+    could read it."""
 
 
 FULL = Shortcut()
@@ -71,38 +76,76 @@ def reserved_and_step(
     zero_bubble: str = "h1",
     terms: ModelTerms | None = None,
     shortcut: Shortcut = FULL,
-) -> tuple[float, float]:
-    """The search's hot path: (worst-rank reserved bytes, step seconds); the step is inf when
-    the plan does not fit (its time model is skipped) and 0 with `shortcut.memory_only`. Same
-    arithmetic as `estimate`, without building dataclasses. terms: the search's `ModelTerms`
-    of the plan's model. shortcut: what the search may skip (`Shortcut`)."""
+) -> tuple[float, float, float]:
+    """The search's hot path: (worst-rank reserved bytes, step seconds, the largest parameter
+    count of a rank: what `plan_step` reads); the step is inf when the plan does not fit (its
+    time model is skipped), 0 with `shortcut.memory_only` and a lower bound with
+    `shortcut.floor`. Same arithmetic as `estimate`, without building dataclasses. terms: the
+    search's `ModelTerms` of the plan's model. shortcut: what the search may skip
+    (`Shortcut`)."""
     terms = model_terms(plan, terms)
-    recipe: Recipe | None = None
-    if plan.recipe != DEFAULT_RECIPE:
-        recipe = recipe_named(plan.recipe)
+    recipe = _recipe(plan)
+    if recipe is not None:
         mem, max_params = recipe_worst_rank(plan)
         reserved = mem.reserved
     else:
         nums, max_params = worst_rank(
-            plan, convention=convention, modern=modern, terms=terms, enough=shortcut.enough
+            plan,
+            convention=convention,
+            modern=modern,
+            terms=terms,
+            settle_at=shortcut.settle_at,
         )
         reserved = nums.reserved
         if not host_fits(plan, nums.host):  # the offloaded bytes exceed the node's RAM
-            return reserved, float("inf")
+            return reserved, float("inf"), max_params
     if reserved > plan.hardware.memory_bytes:
-        return reserved, float("inf")
+        return reserved, float("inf"), max_params
     if shortcut.memory_only:
-        return reserved, 0.0
-    step = step_time(
+        return reserved, 0.0, max_params
+    if shortcut.floor:
+        floor = step_floor(
+            plan, max_params, terms=terms, causal=causal, zero_bubble=zero_bubble, recipe=recipe
+        )
+        return reserved, floor, max_params
+    step = plan_step(
         plan,
         max_params,
         terms=terms,
         causal=causal,
         gpus_per_node=gpus_per_node,
         zero_bubble=zero_bubble,
-        recipe=recipe,
     )
-    return reserved, step.step_s
+    return reserved, step, max_params
+
+
+def plan_step(
+    plan: PlanInput,
+    max_params: float,
+    *,
+    terms: ModelTerms | None = None,
+    causal: bool = True,
+    gpus_per_node: int | None = None,
+    zero_bubble: str = "h1",
+) -> float:
+    """The step seconds `reserved_and_step` reports for a plan that fits, whose ranks hold at
+    most `max_params` parameters (`step_time.step_time` under the plan's recipe)."""
+    st = step_time(
+        plan,
+        max_params,
+        terms=model_terms(plan, terms),
+        causal=causal,
+        gpus_per_node=gpus_per_node,
+        zero_bubble=zero_bubble,
+        recipe=_recipe(plan),
+    )
+    return st.step_s
+
+
+def _recipe(plan: PlanInput) -> Recipe | None:
+    """The plan's framework recipe (`recipes.registry`), None for the default one (scaletrain's
+    own model)."""
+    return recipe_named(plan.recipe) if plan.recipe != DEFAULT_RECIPE else None
 
 
 def estimate(
@@ -124,10 +167,9 @@ def estimate(
     """
     L, hw = plan.layout, plan.hardware
     terms = model_terms(plan, terms)
-    recipe: Recipe | None = None
+    recipe = _recipe(plan)
     mem: MemoryBreakdown
-    if plan.recipe != DEFAULT_RECIPE:
-        recipe = recipe_named(plan.recipe)
+    if recipe is not None:
         mem, max_params = recipe_worst_rank(plan)
     else:
         nums, max_params = worst_rank(plan, convention=convention, modern=modern, terms=terms)

@@ -8,7 +8,7 @@ term counts and its source are in `rank_moments.py` and `rank.py` where the mome
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 __all__ = [
@@ -32,7 +32,8 @@ __all__ = [
 # The moments are built per rank on the search's hot path, so they are plain slotted dataclasses
 # built by keyword (never mutated after construction) but not frozen: frozen ones cost 30% of the
 # search's layouts/s (their __init__ sets each field through object.__setattr__; measured on
-# llama3-405b / 16,384 H100).
+# llama3-405b / 16,384 H100). Each sums its `total` once, as it is built: the rank's peak and the
+# search's miss shortcut read it up to three times (a property summed it each time).
 
 
 @dataclass(kw_only=True, slots=True)
@@ -45,9 +46,11 @@ class ForwardBackward:
     buffers: float
     acts_and_grads: float
 
-    @property
-    def total(self) -> float:
-        return self.states + self.buffers + self.acts_and_grads
+    total: float = field(init=False, repr=False, compare=False)
+    """The moment's bytes, its terms summed once when it is built (`__post_init__`)."""
+
+    def __post_init__(self) -> None:
+        self.total = self.states + self.buffers + self.acts_and_grads
 
 
 @dataclass(kw_only=True, slots=True)
@@ -99,9 +102,11 @@ class OptimizerStep:
     grads_in_flight: float
     step_temp: float
 
-    @property
-    def total(self) -> float:
-        return (
+    total: float = field(init=False, repr=False, compare=False)
+    """The moment's bytes, its terms summed once when it is built (`__post_init__`)."""
+
+    def __post_init__(self) -> None:
+        self.total = (
             self.states
             - self.params_in_flight
             + self.buffers
@@ -127,9 +132,11 @@ class ZeroBlockBackward:
     acts_and_grads: float
     held_logits: float
 
-    @property
-    def total(self) -> float:
-        return (
+    total: float = field(init=False, repr=False, compare=False)
+    """The moment's bytes, its terms summed once when it is built (`__post_init__`)."""
+
+    def __post_init__(self) -> None:
+        self.total = (
             self.states
             + self.buffers
             - self.fsdp
@@ -158,9 +165,11 @@ class ZeroStageBackward:
     stored_acts: float
     held_logits: float
 
-    @property
-    def total(self) -> float:
-        return (
+    total: float = field(init=False, repr=False, compare=False)
+    """The moment's bytes, its terms summed once when it is built (`__post_init__`)."""
+
+    def __post_init__(self) -> None:
+        self.total = (
             self.states
             - self.params_in_flight
             + self.buffers
@@ -191,9 +200,11 @@ class ZeroPipelineReduce:
     """The unit's fp32 reduce-scatter input and output."""
     stored_acts: float
 
-    @property
-    def total(self) -> float:
-        return (
+    total: float = field(init=False, repr=False, compare=False)
+    """The moment's bytes, its terms summed once when it is built (`__post_init__`)."""
+
+    def __post_init__(self) -> None:
+        self.total = (
             self.states
             + self.gathered
             + self.grads
@@ -217,10 +228,12 @@ class ZeroEndOfBackward:
     held_logits: float
     root_sharded_grads: float
 
-    @property
-    def total(self) -> float:
+    total: float = field(init=False, repr=False, compare=False)
+    """The moment's bytes, its terms summed once when it is built (`__post_init__`)."""
+
+    def __post_init__(self) -> None:
         # the ZeRO-3 root terms are added as one sum (all 0.0 without a root unit to wait on)
-        return (
+        self.total = (
             self.states
             + self.buffers
             - self.fsdp
@@ -241,9 +254,13 @@ class ZeroForward:
     unit_copies: float
     acts_and_grads: float
 
-    @property
-    def total(self) -> float:
-        return self.states + self.buffers + self.root_unit + self.unit_copies + self.acts_and_grads
+    total: float = field(init=False, repr=False, compare=False)
+    """The moment's bytes, its terms summed once when it is built (`__post_init__`)."""
+
+    def __post_init__(self) -> None:
+        self.total = (
+            self.states + self.buffers + self.root_unit + self.unit_copies + self.acts_and_grads
+        )
 
 
 @dataclass(kw_only=True, slots=True)
@@ -262,9 +279,11 @@ class LossBackward:
     head_grad: float
     """The head weight's gradient the fused loss returns (`head.head_grad_bytes`)."""
 
-    @property
-    def total(self) -> float:
-        return (
+    total: float = field(init=False, repr=False, compare=False)
+    """The moment's bytes, its terms summed once when it is built (`__post_init__`)."""
+
+    def __post_init__(self) -> None:
+        self.total = (
             self.states
             + self.buffers
             - self.fsdp
@@ -292,9 +311,11 @@ class HeadWeightPass:
     weight_grad_temp: float
     """The head weight's gradient being made (`split_backward.head_weight_pass_bytes`)."""
 
-    @property
-    def total(self) -> float:
-        return (
+    total: float = field(init=False, repr=False, compare=False)
+    """The moment's bytes, its terms summed once when it is built (`__post_init__`)."""
+
+    def __post_init__(self) -> None:
+        self.total = (
             self.states
             + self.buffers
             - self.fsdp
@@ -322,10 +343,12 @@ class EmbeddingBackward:
     cast_grads: float = 0.0
     """The stage's autocast cast gradients waiting for the end of this backward."""
 
-    @property
-    def total(self) -> float:
+    total: float = field(init=False, repr=False, compare=False)
+    """The moment's bytes, its terms summed once when it is built (`__post_init__`)."""
+
+    def __post_init__(self) -> None:
         # (the pipeline's terms last: 0.0 elsewhere, which leaves those sums bit-identical)
-        return (
+        self.total = (
             self.states
             + self.other_grads
             + self.held_logits
@@ -378,3 +401,7 @@ class RankMemory:
     """Host bytes this rank fills at its peak (`rank._host_bytes`)."""
     host_terms: tuple[tuple[str, float], ...] = ()
     """Those bytes by what they hold (optimizer states, parameters, activations)."""
+    settled: bool = False
+    """True where the search's miss shortcut settled the rank at its optimizer step
+    (`rank.rank_memory`'s `settle_at`): `reserved` and `total` are that moment's, a lower bound
+    of the rank's peak, and the activations and host bytes were not computed (0)."""

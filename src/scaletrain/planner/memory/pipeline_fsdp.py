@@ -29,7 +29,7 @@ Units: bytes; every function answers for one pipeline rank (`RankView`).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from scaletrain.config import fsdp_reshard_after_forward, stage_ids, stage_layer_ranges
@@ -48,7 +48,9 @@ __all__ = [
     "BlockWork",
     "FsdpRank",
     "FsdpStage",
+    "FsdpWalk",
     "fsdp_rank",
+    "fsdp_walk",
     "loss_gathered_bytes",
     "pipeline_embedding_moment",
     "pipeline_reduce_moment",
@@ -99,6 +101,8 @@ class FsdpRank:
     """The last stage's bit (0 when this rank does not hold it)."""
     all_gathered: float
     """Every unit of the rank gathered (the stages' `gathered` summed)."""
+    walks: dict[int, FsdpWalk] = field(default_factory=dict, repr=False, compare=False)
+    """This rank's `FsdpWalk` by micro-batches per step (`fsdp_walk`), kept once found."""
 
     def grad_bytes(self, sm: ScheduleMoment) -> float:
         """The unsharded gradients the rank holds at moment `sm`: per stage, its trained
@@ -205,6 +209,102 @@ def _stage_layers(
     return tuple((s, len(ranges[s])) for s in ids)
 
 
+@dataclass(kw_only=True, slots=True, frozen=True)
+class FsdpWalk:
+    """What FSDP2 holds at each moment of a rank's schedule walk that no activation term of a
+    plan enters (`fsdp_walk`): the moments' terms of `stage_backward_moment`,
+    `pipeline_reduce_moment` and `rank_moments.loss_moment`, by moment of `schedule`."""
+
+    schedule: tuple[ScheduleMoment, ...]
+    """The walk (`pipeline_ranks.schedule_moments`) these terms are of."""
+    grads: tuple[float, ...]
+    """`FsdpRank.grad_bytes` of each moment."""
+    gathered: tuple[float, ...]
+    """The units gathered at each moment: every unit without a reshard after forward, at a
+    loss backward `loss_gathered_bytes`, else `FsdpRank.gathered_bytes`."""
+    regather: tuple[float, ...]
+    """`_regather_bytes` of each moment."""
+    stage: tuple[tuple[int, int, float, float, float], ...]
+    """The moments `stage_backward_moment` compares (all but REDUCE_GRAD's), in order: (index
+    in `schedule`, 1 as a full backward starts, 2 as an input-gradient pass starts, else 0,
+    and the moment's `grads`, `gathered` and `regather`)."""
+    reduces: tuple[tuple[int, float, float, float, float], ...]
+    """Each REDUCE_GRAD unit's terms (`pipeline_reduce_moment`), in its order: (the moment's
+    index in `schedule`, the units still gathered, the unsharded gradients still held, the
+    trained parameters whose sharded gradients exist then, the unit's parameters)."""
+
+
+def fsdp_walk(view: RankView, fr: FsdpRank) -> FsdpWalk:
+    """`fr`'s `FsdpWalk` of `view.schedule`, kept in `fr.walks` by micro-batches per step: an
+    `FsdpRank` is cached per search by the layout and states it reads
+    (`rank_terms.fsdp_units`: tp, ZeRO stage, pipeline schedule, rank, blocks, trained and
+    gathered bytes), which with the micro-batches fix the walk (found again if `view.schedule`
+    is another walk). The 405B search builds a ZeRO-2/3 pipeline rank's moments some 35,000
+    times for a few thousand walks: per moment these terms were a quarter of its warm
+    instructions."""
+    hit = fr.walks.get(view.microbatches)
+    if hit is not None and hit.schedule is view.schedule:
+        return hit
+    pc, L = view.counts, view.plan.layout
+    walk = _walk_terms(
+        fr,
+        view.schedule,
+        root=fr.compute_bytes * (pc.final_norm + (pc.head or pc.embedding) / L.tp),
+        block=view.rank_states.backward.unit_gathered,
+        trained=view.rank_states.trainable,
+    )
+    fr.walks[view.microbatches] = walk
+    return walk
+
+
+@functools.lru_cache(maxsize=16384)
+def _walk_terms(
+    fr: FsdpRank,
+    schedule: tuple[ScheduleMoment, ...],
+    *,
+    root: float,
+    block: float,
+    trained: float,
+) -> FsdpWalk:
+    """`fsdp_walk`'s terms, of values only (kept across searches, whose `FsdpRank`s are each
+    search's own, `rank_terms.ModelTerms`): `fr`'s rank over `schedule`, its root unit's
+    gathered bytes (final norm and head, `loss_gathered_bytes`), a block's unit gathered
+    (block) and its trained parameters (trained)."""
+    every = None if fr.reshard_after_forward else fr.all_gathered
+    gathered = []
+    for sm in schedule:
+        if every is not None:
+            gathered.append(every)
+        elif sm.is_loss:
+            gathered.append(_loss_gathered(fr, sm, root=root, block=block))
+        else:
+            gathered.append(fr.gathered_bytes(sm))
+    grads = tuple([fr.grad_bytes(sm) for sm in schedule])
+    regather = tuple([_regather_bytes(fr, sm) for sm in schedule])
+    stage = tuple(
+        [
+            (
+                i,
+                1 if sm.backward_stage >= 0 else 2 if sm.input_stage >= 0 else 0,
+                grads[i],
+                gathered[i],
+                regather[i],
+            )
+            for i, sm in enumerate(schedule)
+            if sm.reduce_stage < 0
+        ]
+    )
+    walk = FsdpWalk(
+        schedule=schedule,
+        grads=grads,
+        gathered=tuple(gathered),
+        regather=regather,
+        stage=stage,
+        reduces=_reduce_units(fr, schedule, trained),
+    )
+    return walk
+
+
 def weight_pass_grads(fr: FsdpRank, sm: ScheduleMoment) -> tuple[float, bool]:
     """(gradients held, whether the head's weight gradient is a temporary on top) during the
     last stage's W (`sm` as the W starts). W's gradients of the stage (`weight.grad = dw`, or
@@ -230,14 +330,18 @@ def loss_gathered_bytes(view: RankView, fr: FsdpRank, sm: ScheduleMoment) -> flo
     in bf16 and 971.3 MiB in fp32 at its loss backward (+2.8% / +4.4% with every unit
     gathered). Ignores: the prefetched block's all-gather output beside its copy (the copy-out
     happens at that block's own backward)."""
+    pc, L = view.counts, view.plan.layout
+    root = fr.compute_bytes * (pc.final_norm + (pc.head or pc.embedding) / L.tp)
+    return _loss_gathered(fr, sm, root=root, block=view.rank_states.backward.unit_gathered)
+
+
+def _loss_gathered(fr: FsdpRank, sm: ScheduleMoment, *, root: float, block: float) -> float:
+    """`loss_gathered_bytes` from the root unit's gathered bytes (root) and a block's (block)."""
     gathered = fr.gathered_bytes(sm)
     if not fr.reshard_after_forward or not fr.last_bit or sm.gathered & fr.last_bit:
         return gathered
     last = next(st for st in fr.stages if st.bit == fr.last_bit)
-    pc, L = view.counts, view.plan.layout
-    root = fr.compute_bytes * (pc.final_norm + (pc.head or pc.embedding) / L.tp)
-    block = view.rank_states.backward.unit_gathered if last.next_unit else 0.0
-    return gathered + root + block
+    return gathered + root + (block if last.next_unit else 0.0)
 
 
 def _resting(view: RankView) -> float:
@@ -277,25 +381,20 @@ def stage_backward_moment(view: RankView, fr: FsdpRank, work: BlockWork) -> Zero
     post-backward folds them, one at a time under W)."""
     held = view.acts.held_logits if view.last else 0.0
     best, best_total = (0.0, 0.0, 0.0), -1.0
-    every = None if fr.reshard_after_forward else fr.all_gathered
-    for sm, (blocks, heads) in zip(view.schedule, view.stored, strict=True):
-        if sm.reduce_stage >= 0:
-            continue
-        acts, grads = blocks + heads, fr.grad_bytes(sm)
-        if every is not None:
-            gathered = every
-        elif sm.is_loss:  # the root and a block gathered again first (`loss_gathered_bytes`)
-            gathered = loss_gathered_bytes(view, fr, sm)
-        else:
-            gathered = fr.gathered_bytes(sm)
-        if sm.backward_stage >= 0:
+    # per moment: the gradients, the units gathered (at a loss backward the root and a block
+    # gathered again first, `loss_gathered_bytes`) and what a backward's start gathers again
+    stored = view.stored
+    full, input_pass = work.full, work.input_pass
+    for index, kind, grads, gathered, regather in (view.fsdp_walk or fsdp_walk(view, fr)).stage:
+        blocks, heads = stored[index]
+        acts = blocks + heads
+        if kind == 1:
             # a full backward starts: its root's gather again (ZeRO-3), then, once that is
             # copied out, its first block's backward
-            regather = _regather_bytes(fr, sm)
-            acts += work.full if work.full >= regather else 0.0
-            gathered += regather if regather > work.full else 0.0
-        elif sm.input_stage >= 0:
-            acts += work.input_pass
+            acts += full if full >= regather else 0.0
+            gathered += regather if regather > full else 0.0
+        elif kind == 2:  # an input-gradient pass starts
+            acts += input_pass
         if acts + grads + gathered > best_total:
             best, best_total = (gathered, grads, acts), acts + grads + gathered
     return ZeroStageBackward(
@@ -354,14 +453,44 @@ def pipeline_reduce_moment(view: RankView, fr: FsdpRank) -> ZeroPipelineReduce |
     with sharded gradients at the end of backward). Ignores: a third unit's reduce-scatter
     (blocks of one stage have one size: the first block's is the largest). None without a
     REDUCE_GRAD moment (no parameters to reduce)."""
-    wc = fr.compute_bytes
     rs_factor = REDUCE_BYTES * (1.0 + 1.0 / max(1, view.plan.layout.zero_shards))
     st = view.rank_states.states
     trained = view.rank_states.trainable
     sharded_per_param = (st["grads"] - st["grads.in_flight"]) / max(1.0, trained)
     best: tuple[float, float, float, float, float] | None = None
     best_total = -1.0
-    for sm, (blocks, heads) in zip(view.schedule, view.stored, strict=True):
+    stored = view.stored
+    for index, still, grads, params, unit in (view.fsdp_walk or fsdp_walk(view, fr)).reduces:
+        blocks, heads = stored[index]
+        terms = (still, grads, sharded_per_param * params, rs_factor * unit, blocks + heads)
+        total = terms[0] + terms[1] + terms[2] + terms[3] + terms[4]
+        if total > best_total:
+            best, best_total = terms, total
+    if best is None:
+        return None
+    return ZeroPipelineReduce(
+        states=_resting(view)
+        + view.buffers
+        - view.fsdp
+        + (view.acts.held_logits if view.last else 0.0),
+        gathered=best[0],
+        grads=best[1],
+        sharded_grads=best[2],
+        reduce_scatter=best[3],
+        stored_acts=best[4],
+    )
+
+
+def _reduce_units(
+    fr: FsdpRank, schedule: tuple[ScheduleMoment, ...], trained: float
+) -> tuple[tuple[int, float, float, float, float], ...]:
+    """`FsdpWalk.reduces`: per REDUCE_GRAD moment of `schedule` (`pipeline_reduce_moment`),
+    its first unit's and, after a root with parameters, its first block's terms: (moment
+    index, units still gathered, gradients still held, trained parameters whose sharded
+    gradients exist, the unit's parameters); a unit without parameters is skipped."""
+    wc = fr.compute_bytes
+    out = []
+    for index, sm in enumerate(schedule):
         if sm.reduce_stage < 0:
             continue
         s = fr.stages[0]
@@ -376,7 +505,6 @@ def pipeline_reduce_moment(view: RankView, fr: FsdpRank) -> ZeroPipelineReduce |
             if up & x.bit:
                 gathered += x.gathered
         grads = fr.grad_bytes(sm)
-        acts = blocks + heads
         # the unit's compute-dtype gradients, folded into the fp32 ones before the copy
         both = bool(sm.pending & sm.accumulated & s.bit) and wc < REDUCE_BYTES
         units = [(s.first_unit, 0.0, wc * s.first_unit if both else 0.0)]
@@ -387,29 +515,16 @@ def pipeline_reduce_moment(view: RankView, fr: FsdpRank) -> ZeroPipelineReduce |
             if not unit:
                 continue
             still = gathered - wc * (before + unit)
-            terms = (
-                still if still > 0.0 else 0.0,
-                grads - freed,
-                sharded_per_param * (trained - unreduced + before),
-                rs_factor * unit,
-                acts,
+            out.append(
+                (
+                    index,
+                    still if still > 0.0 else 0.0,
+                    grads - freed,
+                    trained - unreduced + before,
+                    unit,
+                )
             )
-            total = terms[0] + terms[1] + terms[2] + terms[3] + terms[4]
-            if total > best_total:
-                best, best_total = terms, total
-    if best is None:
-        return None
-    return ZeroPipelineReduce(
-        states=_resting(view)
-        + view.buffers
-        - view.fsdp
-        + (view.acts.held_logits if view.last else 0.0),
-        gathered=best[0],
-        grads=best[1],
-        sharded_grads=best[2],
-        reduce_scatter=best[3],
-        stored_acts=best[4],
-    )
+    return tuple(out)
 
 
 def pipeline_embedding_moment(view: RankView, fr: FsdpRank) -> EmbeddingBackward | None:
@@ -426,22 +541,30 @@ def pipeline_embedding_moment(view: RankView, fr: FsdpRank) -> EmbeddingBackward
     boundary and RoPE tensors (planned 5.2% under without this moment); bf16, v2 (stage 0
     holds the embedding alone): 783.8 MiB, with W1's bf16 block gradients of stage 2 pending.
     None without such a moment (no first stage on this rank)."""
-    best = None
     bufs = view.buffer_terms
     states = _resting(view)
     for name in ("rope_tables", "pp_p2p"):
         states += bufs.get(name, 0.0)
-    for sm, (blocks, heads) in zip(view.schedule, view.stored, strict=True):
+    held = view.acts.held_logits if view.last else 0.0
+    temp, ctx = view.rank_states.backward.embedding_temp, view.runtime_context
+    # each candidate's total summed in `EmbeddingBackward.total`'s order without building the
+    # record (its cast_grads are 0.0 here); the first largest is built
+    best, best_total = None, -1.0
+    walk = view.fsdp_walk or fsdp_walk(view, fr)
+    for sm, (blocks, heads), grads in zip(view.schedule, view.stored, walk.grads, strict=True):
         if not sm.embedding_backward:
             continue
-        cand = EmbeddingBackward(
-            states=states + fr.gathered_bytes(sm),
-            other_grads=fr.grad_bytes(sm),
-            held_logits=view.acts.held_logits if view.last else 0.0,
-            embedding_temp=view.rank_states.backward.embedding_temp,
-            runtime_context=view.runtime_context,
-            stored_acts=blocks + heads,
-        )
-        if best is None or cand.total > best.total:
-            best = cand
-    return best
+        parts = (states + fr.gathered_bytes(sm), grads, blocks + heads)
+        total = parts[0] + parts[1] + held + temp + ctx + parts[2] + 0.0
+        if best is None or total > best_total:
+            best, best_total = parts, total
+    if best is None:
+        return None
+    return EmbeddingBackward(
+        states=best[0],
+        other_grads=best[1],
+        held_logits=held,
+        embedding_temp=temp,
+        runtime_context=ctx,
+        stored_acts=best[2],
+    )

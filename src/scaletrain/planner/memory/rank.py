@@ -16,7 +16,6 @@ worst. The set is exact, not sampled.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from scaletrain.config import offload_states, offloads_activations
@@ -32,12 +31,14 @@ from .moments import (
     OptimizerStep,
     RankMemory,
 )
+from .pipeline_fsdp import BlockWork, fsdp_walk
 from .pipeline_ranks import (
+    FsdpState,
     fsdp_state,
     pipeline_buffers,
     rank_candidates,
     schedule_moments,
-    stored_parts,
+    schedule_stored,
 )
 from .rank_moments import (
     RankView,
@@ -45,6 +46,8 @@ from .rank_moments import (
     head_weight_moment,
     loss_moment,
     moment_total,
+    pipeline_block_work,
+    pipeline_stage_moment,
     stored_activations,
     zero_moments,
 )
@@ -68,7 +71,9 @@ __all__ = [
     "worst_rank",
     "PlanFacts",
     "plan_facts",
+    "plan_activations",
     "rank_memory",
+    "reserved_bytes",
 ]
 
 
@@ -88,29 +93,6 @@ def _late_grads(plan: PlanInput, terms: ModelTerms, st: dict[str, float], count:
     return st["grads"] * (pc.position + (0.0 if tied else pc.embedding / L.tp)) / count
 
 
-def _step_moment(
-    st: dict[str, float],
-    fixed: float,
-    buffers: float,
-    fsdp: float,
-    quant: float,
-    step_tmp: float,
-) -> OptimizerStep:
-    """The optimizer step's moment. step_tmp: torch's foreach AdamW/SGD allocate an fp32
-    intermediate per parameter during step(); on a GPU the trainer runs fused AdamW, which
-    allocates none (the dry-run measures none)."""
-    return OptimizerStep(
-        states=fixed,
-        params_in_flight=st["params.in_flight"],
-        buffers=buffers,
-        fsdp=fsdp,
-        fp8_quantize=quant,
-        grads=st["grads"],
-        grads_in_flight=st["grads.in_flight"],
-        step_temp=step_tmp,
-    )
-
-
 @dataclass(slots=True, kw_only=True)
 class PlanFacts:
     """What every pipeline rank of one plan shares (`rank_memory` reads it), found once per
@@ -119,8 +101,11 @@ class PlanFacts:
 
     plan: PlanInput
     terms: ModelTerms
-    acts: ActivationTerms
-    """The plan's activation terms (`rank_terms.activation_terms`)."""
+    acts: ActivationTerms | None
+    """The plan's activation terms (`rank_terms.activation_terms`); None until a rank needs
+    them (`plan_activations`: a miss settled at its optimizer step never does)."""
+    modern: bool = True
+    """The activation model `plan_activations` builds them with (`activation_terms`)."""
     convention: str
     """The model-state byte convention (`states.CONVENTIONS`)."""
     zero_shards: int
@@ -136,21 +121,28 @@ class PlanFacts:
     """`config.offloads_activations` of the plan's offload."""
     dense_layers: int
     """An MoE model's dense first blocks (0 without)."""
+    fsdp: FsdpState
+    """The FSDP2 state the plan's schedule moments carry (`pipeline_ranks.fsdp_state`)."""
+    block_work: BlockWork | None = None
+    """What a block's backward holds first on a ZeRO-2/3 pipeline rank with blocks
+    (`rank_moments.pipeline_block_work`: the plan's, whichever rank), found by the first."""
 
 
 def plan_facts(
     plan: PlanInput,
     terms: ModelTerms,
-    acts: ActivationTerms,
+    acts: ActivationTerms | None,
     convention: str = "scaletrain",
+    modern: bool = True,
 ) -> PlanFacts:
     """The `PlanFacts` of `plan` (terms: its model's `ModelTerms`; acts: its activation
-    terms)."""
+    terms, or None to build them when a rank first needs them, with `modern`)."""
     L, model = plan.layout, plan.model
     return PlanFacts(
         plan=plan,
         terms=terms,
         acts=acts,
+        modern=modern,
         convention=convention,
         zero_shards=L.zero_shards,
         microbatches=max(1, plan.grad_accum),
@@ -159,16 +151,41 @@ def plan_facts(
         states_offload=offload_states(plan.offload),
         offloads_activations=offloads_activations(plan.offload),
         dense_layers=model.num_dense_layers if model.is_moe else 0,
+        fsdp=fsdp_state(L),
     )
 
 
-def rank_memory(facts: PlanFacts, *, rank: int, layers: int, in_flight: float) -> RankMemory:
+def plan_activations(facts: PlanFacts) -> ActivationTerms:
+    """The plan's activation terms (`rank_terms.activation_terms`), built on first use and
+    kept in `facts`."""
+    if facts.acts is None:
+        facts.acts = activation_terms(facts.plan, facts.terms, facts.modern)
+    return facts.acts
+
+
+def rank_memory(
+    facts: PlanFacts,
+    *,
+    rank: int,
+    layers: int,
+    in_flight: float,
+    settle_at: float | None = None,
+) -> RankMemory:
     """Memory of pipeline rank `rank` holding `layers` blocks with `in_flight` micro-batches:
     the largest of its moments (calibrated against the dry-run, see
-    benchmarks/results/planner_accuracy.md)."""
-    plan, terms, acts_terms = facts.plan, facts.terms, facts.acts
+    benchmarks/results/planner_accuracy.md).
+
+    settle_at: the search's miss shortcut (`worst_rank`). Two moments are tested against it
+    first, as soon as they are built: the optimizer step's (model states and buffers: misses
+    where the states alone overflow the GPU) and, once the activations are known, the
+    forward/backward's (ZeRO-0/1) or a pipeline stage's backward (ZeRO-2/3:
+    `stage_backward_moment`); if one's reserved bytes reach `settle_at` the rank is returned
+    `settled` at it (`_settled_rank`), the others not built. Exact for the search's decision:
+    the peak is the largest moment, so the rank's reserved bytes are at least that moment's
+    (the same float, through the same increasing `reserved_bytes`), and reach `settle_at`
+    too. The 405B search settles about 16,500 of its 60,000 ranks so."""
+    plan, terms, m = facts.plan, facts.terms, facts.microbatches
     L = plan.layout
-    zs, m, device = facts.zero_shards, facts.microbatches, facts.device
     last = rank == facts.last_rank
     # an MoE model's dense first blocks on this rank (DeepSeek): their parameters, and
     # activations in the per-block mean of this rank's blocks
@@ -178,51 +195,25 @@ def rank_memory(facts: PlanFacts, *, rank: int, layers: int, in_flight: float) -
             plan.model.num_layers, facts.dense_layers, L.pp, L.pp_virtual, rank, L.pp_schedule
         )
         dense = min(dense, layers)
-    if dense:
-        mean = ((layers - dense) * acts_terms.per_layer + dense * acts_terms.dense_per_layer) / (
-            layers
-        )
-        # split backward: what their input-gradient pass records, likewise
-        a = acts_terms
-        recorded = (layers - dense) * a.recorded_per_layer + dense * a.dense_recorded_per_layer
-        acts_terms = replace(acts_terms, per_layer=mean, recorded_per_layer=recorded / layers)
+    zs, device = facts.zero_shards, facts.device
     rs = rank_states(plan, terms, zs, rank == 0, last, layers, facts.convention, dense)
-    st, count, unit, sharded, fixed = rs.states, rs.params, rs.unit, rs.sharded, rs.fixed
+    st, fixed = rs.states, rs.fixed
     # fsdp: the FSDP collectives' buffers; quant: fp8's quantization temporary, which exists
     # only inside a converted linear's forward/backward: not during the optimizer step, nor
     # the (16-bit) head's loss backward
-    rb = rank_buffers(plan, terms, zs, unit, device, rs.trainable, rs.backward)
-    bufs, buffers, ctx = rb.terms, rb.total, rb.runtime_context
-    fsdp, quant = rb.fsdp, rb.fp8_quantize
-    moments: tuple = ()
+    rb = rank_buffers(plan, terms, zs, rs.unit, device, rs.trainable, rs.backward)
+    bufs, buffers = rb.terms, rb.total
+    ctx, fsdp, quant = rb.runtime_context, rb.fsdp, rb.fp8_quantize
     if L.pp > 1:
-        moments = schedule_moments(
-            L.pp_schedule, L.pp, m, L.pp_virtual, rank, plan.model.num_layers, fsdp_state(L)
-        )
-        bufs, buffers = pipeline_buffers(plan, bufs, buffers, rank, m)
-    view = RankView(
-        plan=plan,
-        terms=terms,
-        counts=terms.counts,
-        rank=rank,
-        layers=layers,
-        microbatches=m,
-        rank_states=rs,
-        buffer_terms=bufs,
-        buffers=buffers,
-        fsdp=fsdp,
-        fp8_quantize=quant,
-        runtime_context=ctx,
-        acts=acts_terms,
-        schedule=moments,
-        last=last,
-        stored=tuple([stored_parts(acts_terms, sm) for sm in moments]),
-        fsdp_units=fsdp_units(plan, terms, rank=rank, layers=layers, states=rs),
-    )
-    late = _late_grads(plan, terms, st, count) if rank == 0 else 0.0
-    acts, block_stored, fwdbwd = stored_activations(view, in_flight=in_flight, late_grads=late)
+        key = (L.pp_schedule, L.pp_virtual, m, rank)
+        piped = rb.pipeline.get(key)
+        if piped is None:
+            piped = rb.pipeline[key] = pipeline_buffers(plan, bufs, buffers, rank, m)
+        bufs, buffers = piped
     states_offload = facts.states_offload
-    step_tmp = 0.0 if states_offload != "none" or device != "cpu" else 4.0 * sharded
+    # torch's foreach AdamW/SGD allocate an fp32 intermediate per parameter during step(); on
+    # a GPU the trainer runs fused AdamW, which allocates none (the dry-run measures none)
+    step_tmp = 0.0 if states_offload != "none" or device != "cpu" else 4.0 * rs.sharded
     if plan.optimizer == "adamw8bit" and not plan.lora_rank:
         # torchao's per-parameter step: compiled on a GPU (no fp32 temporaries counted: not
         # measured), eager on a CPU and in the dry-run (`eager_step_bytes`)
@@ -240,14 +231,90 @@ def rank_memory(facts: PlanFacts, *, rank: int, layers: int, in_flight: float) -
                 layers=layers,
                 zero_shards=zs,
             )
-    step = _step_moment(st, fixed, buffers, fsdp, quant, step_tmp)
+    step = OptimizerStep(
+        states=fixed,
+        params_in_flight=st["params.in_flight"],
+        buffers=buffers,
+        fsdp=fsdp,
+        fp8_quantize=quant,
+        grads=st["grads"],
+        grads_in_flight=st["grads.in_flight"],
+        step_temp=step_tmp,
+    )
+    if settle_at is not None and reserved_bytes(step.total, ctx) >= settle_at:
+        return _settled_rank(step, rs, ctx=ctx, rank=rank, in_flight=in_flight)
+    acts_terms = facts.acts or plan_activations(facts)
+    if dense:
+        mean = ((layers - dense) * acts_terms.per_layer + dense * acts_terms.dense_per_layer) / (
+            layers
+        )
+        # split backward: what their input-gradient pass records, likewise
+        a = acts_terms
+        recorded = (layers - dense) * a.recorded_per_layer + dense * a.dense_recorded_per_layer
+        acts_terms = replace(acts_terms, per_layer=mean, recorded_per_layer=recorded / layers)
+    moments: tuple = ()
+    if L.pp > 1:
+        moments = schedule_moments(
+            L.pp_schedule, L.pp, m, L.pp_virtual, rank, plan.model.num_layers, facts.fsdp
+        )
+    view = RankView(
+        plan=plan,
+        terms=terms,
+        counts=terms.counts,
+        rank=rank,
+        layers=layers,
+        microbatches=m,
+        rank_states=rs,
+        buffer_terms=bufs,
+        buffers=buffers,
+        fsdp=fsdp,
+        fp8_quantize=quant,
+        runtime_context=ctx,
+        acts=acts_terms,
+        schedule=moments,
+        last=last,
+        stored=schedule_stored(acts_terms, moments),
+        fsdp_units=(
+            fsdp_units(plan, terms, rank=rank, layers=layers, states=rs)
+            if facts.fsdp != "off"  # (ZeRO-2/3 on a pipeline: `fsdp_units`' own test)
+            else None
+        ),
+    )
+    if view.fsdp_units is not None:  # (found once per rank, read by each of its moments)
+        view.fsdp_walk = fsdp_walk(view, view.fsdp_units)
+    # (a pipeline rank of ends only, the embedding and / or the head, has the pipeline's ZeRO
+    # moments too: `rank_moments._pipeline_zero_moments`)
+    zero = L.zero >= 2 and rs.unit > 0 and (layers != 0 or view.fsdp_units is not None)
+    late = _late_grads(plan, terms, st, rs.params) if rank == 0 else 0.0
+    acts, block_stored, fwdbwd = stored_activations(
+        view, in_flight=in_flight, late_grads=late, acts_only=zero and L.pp > 1
+    )
+    # the moment tested against `settle_at` before the others are built: ZeRO-2/3's
+    # pipeline stage backward (`pipeline_stage_moment`; none when pp = 1), else the
+    # forward/backward
     cands: list[Moment]
-    if L.zero >= 2 and unit > 0 and (layers or view.fsdp_units is not None):
-        # (a pipeline rank of ends only, the embedding and / or the head, has the pipeline's
-        # ZeRO moments too: `rank_moments._pipeline_zero_moments`)
-        cands = [*zero_moments(view, block_stored), step]
-    else:  # states with the FSDP units in flight, every buffer, activations/grads
-        cands = [ForwardBackward(states=fixed, buffers=buffers, acts_and_grads=fwdbwd), step]
+    stage = None
+    if zero and L.pp > 1:
+        work = facts.block_work
+        if work is None or not layers:
+            work = pipeline_block_work(view)
+            if layers:
+                facts.block_work = work
+        stage = pipeline_stage_moment(view, work)
+    first: Moment | None = stage
+    if not zero:  # states with the FSDP units in flight, every buffer, activations/grads
+        first = ForwardBackward(states=fixed, buffers=buffers, acts_and_grads=fwdbwd)
+    if (
+        first is not None
+        and settle_at is not None
+        and reserved_bytes(first.total, ctx) >= settle_at
+    ):
+        return _settled_rank(first, rs, ctx=ctx, rank=rank, in_flight=in_flight)
+    if zero:
+        cands = [*zero_moments(view, block_stored, stage), step]
+    else:
+        assert first is not None
+        cands = [first, step]
         if acts_terms.norm_backward and L.pp == 1 and layers:
             # the final norm's (or, under AC, the last block's MLP norm's) backward: the
             # blocks' stored set and the recompute, the norm's temporaries and gradients
@@ -290,7 +357,7 @@ def rank_memory(facts: PlanFacts, *, rank: int, layers: int, in_flight: float) -
         bufs = dict(bufs, embedding_backward_temp=emb_tmp)
     peak = max(cands, key=moment_total)
     total = peak.total
-    reserved = total + FRAGMENTATION * (total - ctx)
+    reserved = reserved_bytes(total, ctx)
     host_terms: tuple[tuple[str, float], ...] = ()
     host: float = 0  # (int 0, what the sum of no terms is: reports print it as before)
     if states_offload != "none" or facts.offloads_activations:  # (else none: `_host_bytes`)
@@ -309,10 +376,41 @@ def rank_memory(facts: PlanFacts, *, rank: int, layers: int, in_flight: float) -
         activations=acts,
         per_layer=acts_terms.per_layer,
         step_temp=step_tmp,
-        params=count,
+        params=rs.params,
         rank=rank,
         in_flight=in_flight,
         moment=peak.name,
+    )
+
+
+def reserved_bytes(total: float, runtime_context: float) -> float:
+    """What the caching allocator is predicted to reserve for `total` allocated bytes:
+    total + FRAGMENTATION x (total - runtime context), the context being outside the
+    allocator (`buffers.FRAGMENTATION`). Increasing in `total`."""
+    return total + FRAGMENTATION * (total - runtime_context)
+
+
+def _settled_rank(
+    moment: Moment, rs: RankStates, *, ctx: float, rank: int, in_flight: float
+) -> RankMemory:
+    """A rank the search's miss shortcut settled at `moment` (`rank_memory`'s `settle_at`): its
+    total and reserved bytes are that moment's, a lower bound of the rank's peak; its states
+    and parameters the rank's; the other terms were not computed (0, empty)."""
+    total = moment.total
+    return RankMemory(
+        reserved=reserved_bytes(total, ctx),
+        total=total,
+        states=rs.states,
+        buffer_terms={},
+        buffers=0.0,
+        activations=0.0,
+        per_layer=0.0,
+        step_temp=0.0,
+        params=rs.params,
+        rank=rank,
+        in_flight=in_flight,
+        moment=moment.name,
+        settled=True,
     )
 
 
@@ -366,19 +464,20 @@ def worst_rank(
     convention: str = "scaletrain",
     modern: bool = True,
     terms: ModelTerms | None = None,
-    enough: Callable[[float], bool] | None = None,
+    settle_at: float | None = None,
 ) -> tuple[RankMemory, float]:
     """The worst rank's numbers (by reserved bytes) and the largest parameter count of any
     rank (what paces gradient synchronisation).
 
-    enough: the search's shortcut for a plan that cannot matter once it misses by so much:
-    the ranks are walked until one's reserved bytes make `enough` true, and that rank is
-    returned (its reserved bytes a lower bound of the worst's; the parameter count, of the
-    ranks walked). The search passes it only where a miss that large changes nothing
-    (`search.layouts._Tally.record`)."""
+    settle_at: the search's shortcut for a plan that cannot matter once it misses by so much
+    (reserved bytes over the GPU's memory): the ranks are walked until one's reserved bytes
+    reach it, and that rank is returned (its reserved bytes a lower bound of the worst's, and
+    of its own where a moment settled it, `rank_memory`; the parameter count, of the ranks
+    walked). The search passes it only where a miss that large changes nothing
+    (`search.layouts._Tally.record`, `miss_threshold`)."""
     L = plan.layout
     terms = model_terms(plan, terms)
-    facts = plan_facts(plan, terms, activation_terms(plan, terms, modern), convention)
+    facts = plan_facts(plan, terms, None, convention, modern)
     worst = None
     max_params = 0.0
     for rank, layers, in_flight in rank_candidates(
@@ -389,12 +488,14 @@ def worst_rank(
         facts.microbatches,
         facts.dense_layers,
     ):
-        nums = rank_memory(facts, rank=rank, layers=layers, in_flight=in_flight)
+        nums = rank_memory(
+            facts, rank=rank, layers=layers, in_flight=in_flight, settle_at=settle_at
+        )
         if worst is None or nums.reserved > worst.reserved:
             worst = nums
         if nums.params > max_params:
             max_params = nums.params
-        if enough is not None and enough(nums.reserved):
+        if settle_at is not None and nums.reserved >= settle_at:
             break
     assert worst is not None
     return worst, max_params

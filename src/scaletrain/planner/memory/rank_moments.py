@@ -9,7 +9,7 @@ cast gradients a pipelined backward defers: `cast_grads_per_block`).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import TYPE_CHECKING
@@ -34,6 +34,7 @@ from .moments import (
     ZeroBlockBackward,
     ZeroEndOfBackward,
     ZeroForward,
+    ZeroStageBackward,
 )
 from .pipeline_ranks import ScheduleMoment
 from .split_backward import head_weight_pass_bytes
@@ -48,6 +49,8 @@ __all__ = [
     "embedding_moment",
     "stored_activations",
     "zero_moments",
+    "pipeline_block_work",
+    "pipeline_stage_moment",
     "loss_moment",
     "head_weight_moment",
     "moment_total",
@@ -89,11 +92,14 @@ class RankView:
     last: bool
     """Whether this rank holds the last stage (`time.pipeline.last_stage_rank`: pp - 1, 0
     under dualpipev's V)."""
-    stored: tuple[tuple[float, float], ...] = ()
+    stored: Sequence[tuple[float, float]] = ()
     """What each of `schedule`'s moments stores, (blocks, heads) (`pipeline_ranks.stored_parts`
     of `acts`), computed once per rank."""
     fsdp_units: pipeline_fsdp.FsdpRank | None = None
     """ZeRO-2/3 on a pipeline: the rank's stages as FSDP2 holds them (`pipeline_fsdp`)."""
+    fsdp_walk: pipeline_fsdp.FsdpWalk | None = None
+    """And what they hold at each moment of `schedule` (`pipeline_fsdp.fsdp_walk`), set by
+    `rank.rank_memory` once the view is built."""
 
 
 def root_in_backward(
@@ -264,13 +270,15 @@ def _last_embedding_moment(view: RankView) -> EmbeddingBackward:
 
 
 def stored_activations(
-    view: RankView, *, in_flight: float, late_grads: float = 0.0
+    view: RankView, *, in_flight: float, late_grads: float = 0.0, acts_only: bool = False
 ) -> tuple[float, float, float]:
     """(largest stored activations, the blocks' part of them, activations + the gradients that
     exist by then) of a rank; pipelines walk the schedule's own moments
     (`pipeline_ranks.schedule_moments`: stored activations per chunk, whether the gradients
     exist yet). late_grads: gradients backward computes only after every block's (the first
-    stage's embedding tables), absent from a one-micro-batch block backward."""
+    stage's embedding tables), absent from a one-micro-batch block backward. acts_only: a
+    ZeRO-2/3 pipeline rank, whose moments read only the first (`pipeline_fsdp` counts the
+    gradients per moment): the other two are not found (0.0)."""
     plan, st, layers, m = view.plan, view.rank_states.states, view.layers, view.microbatches
     acts_terms = view.acts
     per_layer, recompute, head_acts = acts_terms.per_layer, acts_terms.recompute, acts_terms.head
@@ -282,6 +290,13 @@ def stored_activations(
         one_layer = recompute if plan.ac == "full" else per_layer + recompute
         extra = recompute
     grads = st["grads"]
+    if plan.layout.pp > 1 and acts_only:
+        acts = -1.0
+        for blocks, heads in view.stored:
+            stored = blocks + heads
+            if stored > acts:
+                acts = stored
+        return acts + extra, 0.0, 0.0
     if plan.layout.pp > 1:
         acts = fwdbwd = most = -1.0
         for x, (blocks, heads) in zip(view.schedule, view.stored, strict=True):
@@ -295,7 +310,9 @@ def stored_activations(
                 fwdbwd = with_grads
             if blocks > most:
                 most = blocks
-        return acts + extra, most, max(fwdbwd + extra, _deferred_casts(view, one_layer))
+        # (ZeRO-2/3 defer no cast gradients: `cast_grads_per_block` is 0, not asked)
+        deferred = _deferred_casts(view, one_layer) if plan.layout.zero < 2 else 0.0
+        return acts + extra, most, max(fwdbwd + extra, deferred)
     first = in_flight * acts_terms.first_block_less if view.rank == 0 and layers else 0.0
     acts = in_flight * layers * per_layer - first + extra + (head_acts if view.last else 0.0)
     block_stored = in_flight * layers * per_layer - first
@@ -359,7 +376,9 @@ def _block_backward_work(view: RankView, *, weight_grad: bool = True) -> float:
     return work
 
 
-def zero_moments(view: RankView, block_stored: float) -> list[Moment]:
+def zero_moments(
+    view: RankView, block_stored: float, stage: ZeroStageBackward | None = None
+) -> list[Moment]:
     """ZeRO-2/3's moments (FSDP2 as parallel/fsdp.py builds it; measured with the dry-run,
     llama2-7b-L1 dp8 z3: +12% and llama-1024-L4 dp4 z2 fp32: +6% before the block moment
     was modelled):
@@ -377,12 +396,13 @@ def zero_moments(view: RankView, block_stored: float) -> list[Moment]:
     - the end of backward, the root unit's post-backward (`_end_of_backward`). The embedding's
       gradient is `embedding_moment`. block_stored: the blocks' stored activations
       (`stored_activations`).
-    - pipelines: `_pipeline_zero_moments` instead.
+    - pipelines: `_pipeline_zero_moments` instead (stage: its stage backward, when
+      `rank.rank_memory` built it first, `pipeline_stage_moment`).
     """
     plan, layers, m = view.plan, view.layers, view.microbatches
     L = plan.layout
     if L.pp > 1:
-        return _pipeline_zero_moments(view)
+        return _pipeline_zero_moments(view, stage)
     st, fixed = view.rank_states.states, view.rank_states.fixed
     buffers, fsdp, acts_terms = view.buffers, view.fsdp, view.acts
     bwd_terms = view.rank_states.backward
@@ -487,22 +507,45 @@ def _outside_experts_grad_work(view: RankView) -> float:
     return 4.0 * view.counts.mlp / expert_split(L)
 
 
-def _pipeline_zero_moments(view: RankView) -> list[Moment]:
-    """ZeRO-2/3's moments of a pipeline rank (`pipeline_fsdp`): torch's stage keeps the
-    units gathered and their gradients unsharded until the stage's REDUCE_GRAD, whose
-    reduce-scatters end its backward. The unpipelined block moment (a block's gradients
-    reduce-scattered as its backward ends, the next block prefetched) does not happen there:
-    it was 5.6% over at 512 wide (llama-512-L4 dp2 z2 pp2 zero-bubble fp32, last rank),
-    counting an fp32 reduce-scatter input no pipelined backward allocates."""
-    fr = view.fsdp_units
-    assert fr is not None  # (built for every ZeRO-2/3 pipeline rank)
+def pipeline_block_work(view: RankView) -> pipeline_fsdp.BlockWork:
+    """What a block's backward holds first on a ZeRO-2/3 pipeline rank
+    (`pipeline_fsdp.BlockWork`): a full backward's (`_block_backward_work`, with the experts'
+    fp32 gradient casts outside FSDP2, `_outside_experts_grad_work`) and, under a split
+    backward (zero-bubble, DualPipeV), an input-gradient pass's; none on a rank without
+    blocks. The same on every rank of a plan that holds blocks (`rank.PlanFacts.block_work`)."""
     full = _block_backward_work(view) if view.layers else 0.0
     full += _outside_experts_grad_work(view)
     # (input-gradient passes only under a split backward: zero-bubble, DualPipeV)
     split = view.layers and not fused_head_loss(view.plan.layout)
     inputs = _block_backward_work(view, weight_grad=False) if split else 0.0
-    work = pipeline_fsdp.BlockWork(full=full, input_pass=inputs)
-    out: list[Moment] = [pipeline_fsdp.stage_backward_moment(view, fr, work)]
+    return pipeline_fsdp.BlockWork(full=full, input_pass=inputs)
+
+
+def pipeline_stage_moment(
+    view: RankView, work: pipeline_fsdp.BlockWork | None = None
+) -> ZeroStageBackward:
+    """A ZeRO-2/3 pipeline rank's stage backward (`pipeline_fsdp.stage_backward_moment`, the
+    first of `_pipeline_zero_moments`): built apart so that `rank.rank_memory` can test the
+    search's miss shortcut against it before the others are built. work: the plan's
+    `pipeline_block_work`, if already found."""
+    fr = view.fsdp_units
+    assert fr is not None  # (built for every ZeRO-2/3 pipeline rank)
+    if work is None:
+        work = pipeline_block_work(view)
+    return pipeline_fsdp.stage_backward_moment(view, fr, work)
+
+
+def _pipeline_zero_moments(view: RankView, stage: ZeroStageBackward | None) -> list[Moment]:
+    """ZeRO-2/3's moments of a pipeline rank (`pipeline_fsdp`): torch's stage keeps the
+    units gathered and their gradients unsharded until the stage's REDUCE_GRAD, whose
+    reduce-scatters end its backward. The unpipelined block moment (a block's gradients
+    reduce-scattered as its backward ends, the next block prefetched) does not happen there:
+    it was 5.6% over at 512 wide (llama-512-L4 dp2 z2 pp2 zero-bubble fp32, last rank),
+    counting an fp32 reduce-scatter input no pipelined backward allocates. stage: the stage
+    backward if already built (`pipeline_stage_moment`)."""
+    fr = view.fsdp_units
+    assert fr is not None  # (built for every ZeRO-2/3 pipeline rank)
+    out: list[Moment] = [stage if stage is not None else pipeline_stage_moment(view)]
     reduce_grad = pipeline_fsdp.pipeline_reduce_moment(view, fr)
     if reduce_grad is not None:
         out.append(reduce_grad)
@@ -808,13 +851,20 @@ def loss_moment(view: RankView, stored: float) -> LossBackward:
     # and the first largest is built (what max() over the records returns)
     best, best_total = None, -math.inf
     fr = view.fsdp_units
+    # FSDP2's units and unsharded gradients as the schedule left them (`FsdpWalk`: its
+    # `gathered` at a loss backward is `pipeline_fsdp.loss_gathered_bytes`)
+    walk = None
+    if fr is not None:
+        walk = view.fsdp_walk or pipeline_fsdp.fsdp_walk(view, fr)
     states = resting
-    for sm, (stored_acts, head_stored) in zip(view.schedule, view.stored, strict=True):
+    for i, (sm, (stored_acts, head_stored)) in enumerate(
+        zip(view.schedule, view.stored, strict=True)
+    ):
         if not sm.is_loss:
             continue
-        if fr is not None:  # FSDP2's units and unsharded gradients as the schedule left them
-            grads = fr.grad_bytes(sm)
-            states = resting + pipeline_fsdp.loss_gathered_bytes(view, fr, sm)
+        if walk is not None:
+            grads = walk.grads[i]
+            states = resting + walk.gathered[i]
         else:
             grads = held if sm.grads_exist else 0.0
         # split backward: past their I, blocks hold what I recorded too, heads what W reads

@@ -6,11 +6,12 @@ model states (`rank_states` -> `RankStates`), a block's activation terms (`activ
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING
 
 from scaletrain.config import (
+    HardwareSpec,
     ModelConfig,
     ParamCounts,
     compute_bytes,
@@ -57,7 +58,7 @@ from .states import (
 )
 
 if TYPE_CHECKING:  # step_time imports this module
-    from ..time.step_time import ModelFlops
+    from ..time.step_time import BlockTime, ModelFlops
 
 __all__ = [
     "ModelTerms",
@@ -176,6 +177,12 @@ class RankBuffers:
     """The FSDP collectives' buffers (the fsdp_* terms)."""
     fp8_quantize: float
     """fp8's quantization temporary (alive only inside a converted linear)."""
+    pipeline: dict[tuple[str, int, int, int], tuple[dict[str, float], float]] = field(
+        default_factory=dict
+    )
+    """A pipeline rank's (terms, total) with its own receive buffers and rotary tables
+    (`pipeline_ranks.pipeline_buffers`), by (schedule, virtual stages, micro-batches, pipeline
+    rank), kept once found: what else they read is in this record's cache key."""
 
 
 class ModelTerms:
@@ -184,9 +191,22 @@ class ModelTerms:
     terms (`activation_terms`), buffers (`rank_buffers`), FLOPs per token
     (`step_time.model_flops`) and the loss and MLP backward temporaries of the moments.
     `search.layouts.search` builds one per search; a caller that passes none gets a fresh one
-    per call."""
+    per call. Also the default time model's block seconds on one hardware
+    (`step_time._block_time`)."""
 
-    __slots__ = ("model", "counts", "states", "acts", "bufs", "flops", "loss", "mlp_work", "fsdp")
+    __slots__ = (
+        "model",
+        "counts",
+        "states",
+        "acts",
+        "bufs",
+        "flops",
+        "loss",
+        "mlp_work",
+        "fsdp",
+        "blocks",
+        "blocks_hardware",
+    )
 
     def __init__(self, model: ModelConfig) -> None:
         self.model = model
@@ -203,6 +223,12 @@ class ModelTerms:
         (`rank_moments._early_block_backward`)."""
         self.fsdp: dict[tuple, FsdpRank | None] = {}
         """A ZeRO-2/3 pipeline rank's stages (`pipeline_fsdp.fsdp_rank`)."""
+        self.blocks: dict[tuple, BlockTime] = {}
+        """A block's and the head's seconds per token under the default recipe on
+        `blocks_hardware` (`step_time._block_time`), by AC, tp, ep, sequence length, causal
+        halving, LoRA, precision and the plan's efficiency."""
+        self.blocks_hardware: HardwareSpec | None = None
+        """The hardware `blocks` holds the seconds of (another empties it)."""
 
 
 def plan_lora_terms(plan: PlanInput) -> LoraTerms | None:

@@ -7,16 +7,18 @@ before it is evaluated. The pick follows the seeds' rule of thumb (plain DP when
 ZeRO, then TP, PP only when needed): among the layouts within `SIMPLER_LAYOUT_MARGIN` of the
 fastest, the simplest (`complexity`) wins, and equal step times go to the simpler layout, then
 to the one reserving less memory. Memory first: each candidate's worst-rank memory is computed
-on the fast path (`estimate.reserved_and_step`, no dataclasses), its step time only if it
-fits, and full `Estimate` objects only for the layouts reported. Pruning: for a fixed layout,
-precision, AC and offload, activation memory grows with the micro-batch, so once a micro-batch
-size does not fit the larger ones are skipped (not counted as evaluated); offload is only tried
-where the same layout without it does not fit (offload adds host traffic and saves nothing
-else).
+on the fast path (`estimate.reserved_and_step`, no dataclasses), a lower bound of its step
+time only if it fits (`step_time.step_floor`), the step itself only where the pick can read it
+(`_time_where_read`), and full `Estimate` objects only for the layouts reported. Pruning: for
+a fixed layout, precision, AC and offload, activation memory grows with the micro-batch, so
+once a micro-batch size does not fit the larger ones are skipped (not counted as evaluated);
+offload is only tried where the same layout without it does not fit (offload adds host traffic
+and saves nothing else).
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import dataclasses
 import functools
@@ -44,7 +46,7 @@ from scaletrain.config import (
 from scaletrain.config.choices import PPSchedule
 from scaletrain.config.lora import lora_problems
 
-from ..estimate import FULL, Shortcut, reserved_and_step
+from ..estimate import Shortcut, plan_step, reserved_and_step
 from ..memory.rank_terms import ModelTerms
 from ..recipes.memory import recipe_problems
 from ..recipes.registry import recipe_named
@@ -88,6 +90,8 @@ OFFLOAD_ORDER = (
 """The offloads tried, plainest first (the search takes the first that fits): the
 optimizer's states, then the activations (PCIe traffic every micro-batch), then FSDP2's
 parameters. Activation offload only with ac = none (`config.MemoryConfig`)."""
+_STATE_PARTS = tuple((o, offload_states(o)) for o in OFFLOAD_ORDER)
+"""OFFLOAD_ORDER with each mode's model-state part (`config.offload_states`)."""
 LORA_KEYS = ("lora_rank", "lora_targets", "lora_base")
 """PlanInput's LoRA fields, passed to `search` with the pins (a job's, never searched)."""
 VIRTUAL_CHOICES = (2, 4)
@@ -97,6 +101,8 @@ chunks add p2p traffic and in-flight memory). Pin --pp-virtual to explore anothe
 
 _PROBE = Shortcut(memory_only=True)
 """A memory probe (`_search_layout`): no time model."""
+_CANDIDATE = Shortcut(floor=True)
+"""A candidate: timed by a lower bound of its step (`_Tally.floored`)."""
 
 SIMPLER_LAYOUT_MARGIN = 0.10
 """A more complex layout (`complexity`) is picked over a simpler one only when its planned step is
@@ -263,18 +269,27 @@ class _Job:
 
     @functools.cached_property
     def _plan_fields(self) -> dict[str, Any]:
-        """Every field of this job's plans (the four `plan` replaces from a default)."""
+        """Every field of this job's plans (the four `plan` replaces from a default), and the
+        derived values none of those four changes (PlanInput.compute_bytes, .lora)."""
         first = self.first_plan(Layout(), 1, "none", "none")
-        return {f.name: getattr(first, f.name) for f in dataclasses.fields(PlanInput)}
+        fields = {f.name: getattr(first, f.name) for f in dataclasses.fields(PlanInput)}
+        return {**fields, "compute_bytes": first.compute_bytes, "lora": first.lora}
 
     def plan(self, layout: Layout, mb: int, ac: str, offload: str) -> PlanInput:
         """`first_plan`, as a copy of the job's fields with these four replaced: a frozen
         dataclass's __init__ sets its 25 fields one object.__setattr__ at a time (3% of the
         405B search's bytecodes), and PlanInput has no __post_init__ to skip
-        (tests/planner/test_search.py holds the two equal)."""
+        (tests/planner/test_search.py holds the two equal). Its derived values (`_derived`,
+        read by every rank) are set with it: the job's, and its grad_accum by the same
+        function the descriptor would call."""
         plan = object.__new__(PlanInput)
         plan.__dict__.update(
-            self._plan_fields, layout=layout, micro_batch=mb, ac=ac, offload=offload
+            self._plan_fields,
+            layout=layout,
+            micro_batch=mb,
+            ac=ac,
+            offload=offload,
+            grad_accum=grad_accum_steps(self.global_batch, mb, layout.dp),
         )
         return plan
 
@@ -286,7 +301,11 @@ class _Tally:
     fits: list[tuple[float, Complexity, float, int, PlanInput]] = field(default_factory=list)
     """(step s to 9 significant digits, complexity, reserved bytes, order, plan): equal step
     times go to the simpler layout, then to the one that reserves less memory (more headroom,
-    same speed); `rule_order` ranks them."""
+    same speed); `rule_order` ranks them. Order is the index in this list. Until
+    `_time_where_read` runs, the fits in `floored` hold a lower bound of their step."""
+    floored: dict[int, float] = field(default_factory=dict)
+    """order -> the largest parameter count of a rank (what `estimate.plan_step` reads) of
+    the fits timed by `step_time.step_floor` so far."""
     miss: dict[str, tuple[float, PlanInput]] = field(default_factory=dict)
     candidates: dict[str, int] = field(default_factory=dict)
     evaluated: int = 0
@@ -296,18 +315,18 @@ class _Tally:
     terms: ModelTerms | None = None
     """The searched model's memory terms, shared by every layout (`rank_terms.ModelTerms`)."""
     shortcuts: dict[tuple[float, float, bool], Shortcut] = field(default_factory=dict)
-    """`_settled`'s shortcuts."""
+    """`_settled`'s shortcuts, by (closest miss, GPU memory, candidate)."""
 
     def record(self, plan: PlanInput, fam: str, candidate: bool) -> bool:
         """Evaluate `plan` (memory first; time only if it fits and is a candidate, not a
         probe); True if it fits."""
         cap = plan.hardware.memory_bytes
-        shortcut = _PROBE if not candidate else FULL
+        shortcut = _PROBE if not candidate else _CANDIDATE
         if fam in self.miss:
             # a miss by at least the family's closest changes nothing (below): its worst rank
             # need not be found once one rank misses by that much
             shortcut = self._settled(self.miss[fam][0], cap, candidate)
-        reserved, step = reserved_and_step(plan, terms=self.terms, shortcut=shortcut)
+        reserved, step, max_params = reserved_and_step(plan, terms=self.terms, shortcut=shortcut)
         self.evaluated += 1
         if candidate:
             self.candidates[fam] = self.candidates.get(fam, 0) + 1
@@ -317,8 +336,9 @@ class _Tally:
             if fam not in self.miss or over < self.miss[fam][0]:
                 self.miss[fam] = (over, plan)
             return False
-        if candidate:
+        if candidate:  # (timed by a lower bound: `_time_where_read`)
             key = (float(f"{step:.9g}"), complexity(plan.layout, plan.offload), reserved)
+            self.floored[len(self.fits)] = max_params
             self.fits.append((*key, len(self.fits), plan))
         return True
 
@@ -330,25 +350,47 @@ class _Tally:
         if shortcut is None:
             shortcut = self.shortcuts[key] = Shortcut(
                 memory_only=not candidate,
-                enough=lambda r: r > cap and max(0.0, r - cap) >= closest,
+                settle_at=miss_threshold(cap, closest),
+                floor=candidate,
             )
         return shortcut
 
 
+def miss_threshold(cap: float, closest: float) -> float:
+    """The least reserved bytes r (a float) with r > cap and max(0, r - cap) >= closest: a
+    plan of a family whose closest miss is `closest` bytes over `cap` that reaches r misses
+    by at least as much, which changes nothing (`_Tally.record` keeps a closer miss only).
+    One comparison per rank instead of that test (`Shortcut.settle_at`), and the same
+    answer: the test only turns true as r grows (r - cap rounds monotonically), so it holds
+    from its least float on, found by stepping from cap + closest to the neighbouring floats
+    (a step or two: the sum and the difference each round by at most half a unit)."""
+
+    def settles(r: float) -> bool:
+        return r > cap and max(0.0, r - cap) >= closest
+
+    r = cap + closest
+    while not settles(r):
+        r = math.nextafter(r, math.inf)
+    while settles(below := math.nextafter(r, -math.inf)):
+        r = below
+    return r
+
+
 def _family(layout: Layout, offload: str) -> str:
-    """family_of without building a PlanInput."""
+    """family_of without building a PlanInput: 'offload', else '3D' with two or more of TP,
+    PP, CP and EP, else the one it runs, else its ZeRO stage's."""
     if offload != "none":
         return "offload"
-    axes = [
-        n
-        for n, d in (("TP", layout.tp), ("PP", layout.pp), ("CP", layout.cp), ("EP", layout.ep))
-        if d > 1
-    ]
-    if len(axes) >= 2:
+    tp, pp, cp, ep = layout.tp > 1, layout.pp > 1, layout.cp > 1, layout.ep > 1
+    if tp + pp + cp + ep >= 2:
         return "3D"
-    if axes:
-        return axes[0]
-    return {0: "pure DP", 1: "ZeRO-1/2", 2: "ZeRO-1/2", 3: "ZeRO-3/FSDP"}[layout.zero]
+    if tp or pp or cp or ep:
+        return "TP" if tp else "PP" if pp else "CP" if cp else "EP"
+    return _ZERO_FAMILY[layout.zero]
+
+
+_ZERO_FAMILY = {0: "pure DP", 1: "ZeRO-1/2", 2: "ZeRO-1/2", 3: "ZeRO-3/FSDP"}
+"""A layout's family by ZeRO stage, when it runs no other axis (`_family`)."""
 
 
 def _layouts(job: _Job) -> Iterator[tuple[Layout, list[int], list[str]]]:
@@ -382,20 +424,26 @@ def _layouts(job: _Job) -> Iterator[tuple[Layout, list[int], list[str]]]:
                             cp=cp,
                             ep=ep,
                         )
-                        # what the trainer runs (`option_problems`); parameter offload is
+                        # what the trainer runs (`option_problems`, which reads an offload's
+                        # model-state part only: asked once per part); parameter offload is
                         # only tried with ZeRO-3 (ZeRO-2 keeps gathered weights on the GPU)
-                        offloads = [
-                            o
-                            for o in OFFLOAD_ORDER
-                            if (offload_states(o) != "params" or zero == 3)
-                            and not option_problems(
-                                layout,
-                                offload=o,
-                                optimizer=job.optimizer,
-                                precision=job.precision,
-                                fp8_all_gather=job.fp8_all_gather,
-                            )
-                        ]
+                        runs: dict[str, bool] = {}
+                        offloads = []
+                        for o, part in _STATE_PARTS:
+                            if part == "params" and zero != 3:
+                                continue
+                            ok = runs.get(part)
+                            if ok is None:
+                                problems = option_problems(
+                                    layout,
+                                    offload=part,
+                                    optimizer=job.optimizer,
+                                    precision=job.precision,
+                                    fp8_all_gather=job.fp8_all_gather,
+                                )
+                                ok = runs[part] = not problems
+                            if ok:
+                                offloads.append(o)
                         offloads = _pinned(pins, "offload", offloads)
                         if lmbs and offloads:
                             yield layout, lmbs, offloads
@@ -457,15 +505,21 @@ def _scan(
     """Evaluate the legal micro-batches of mbs[start:] at one AC level; returns the index of
     the first size that fits with no offload option (len(mbs) if all fit): larger ones need
     more memory still."""
+    plain = _family(layout, "none")
+    # (offload, its family): activation offload only with ac = none, as the trainer refuses
+    # it under AC (the checkpoint keeps the inputs on device)
+    tried = [
+        (off, plain if off == "none" else _family(layout, off))
+        for off in offloads
+        if ac == "none" or not offloads_activations(off)
+    ]
     for i in range(start, len(mbs)):
         if not legal(mbs[i]):
             continue
         tally.legal += 1
         fitted = False
-        for off in offloads:
-            if ac != "none" and offloads_activations(off):
-                continue  # the trainer refuses it (the checkpoint keeps the inputs on device)
-            if tally.record(job.plan(layout, mbs[i], ac, off), _family(layout, off), True):
+        for off, fam in tried:
+            if tally.record(job.plan(layout, mbs[i], ac, off), fam, True):
                 fitted = True
                 break  # offload only where the plainer option fails
         if not fitted:
@@ -500,6 +554,64 @@ def _search_layout(
             start = first_miss
 
 
+def _time_where_read(tally: _Tally, top_k: int) -> None:
+    """Time, by the full step model (`estimate.plan_step`), the fits whose step the pick can
+    read; the others keep the lower bound they were timed by (`step_time.step_floor`).
+
+    What `_result` reads of the fits: the fastest, the layouts within SIMPLER_LAYOUT_MARGIN of
+    it (`rule_order`), the top_k in the rule's order and each family's first in it. Walking
+    the floored fits by their floor, ascending (a floor is at most its step, also to 9
+    digits: rounding is monotonic):
+    1. until a floor exceeds the margin of the fastest step so far: then every fit it leaves
+       is slower than the margin of the true fastest, so the fastest and all within its
+       margin have their steps;
+    2. if fewer than top_k are within the margin, until a floor exceeds the step of the
+       (top_k - within)-th fastest of the others: the rest rank after it (the rule orders the
+       others by step first; an equal floor is timed, as it may tie);
+    3. per family with none within the margin, until a floor exceeds the family's fastest step.
+    The fits left floored then rank where they cannot be read: after every timed fit a pick
+    reads, as their floors exceed its step. A floor and its step are both finite for finite
+    hardware figures: the search counts the same fits. The 405B search on 16,384 GPUs times
+    about a third of its 9,400 fits so (the others are slower than the margin, mostly
+    activation offload, whose PCIe time the floor counts)."""
+    fits, floored = tally.fits, tally.floored
+    if not floored:
+        return
+
+    def time(i: int) -> float:
+        floor, cplx, reserved, order, plan = fits[i]
+        step = float(f"{plan_step(plan, floored.pop(i), terms=tally.terms):.9g}")
+        assert floor <= step, (floor, step, plan.layout)  # (`step_time.step_floor`)
+        fits[i] = (step, cplx, reserved, order, plan)
+        return step
+
+    waiting = sorted(floored, key=lambda i: fits[i][0])
+    fastest = min((t[0] for i, t in enumerate(fits) if i not in floored), default=math.inf)
+    for i in waiting:  # 1.
+        if fits[i][0] > fastest * (1 + SIMPLER_LAYOUT_MARGIN):
+            break
+        fastest = min(fastest, time(i))
+    limit = fastest * (1 + SIMPLER_LAYOUT_MARGIN)  # (`rule_order`'s)
+    timed = [t for i, t in enumerate(fits) if i not in floored]
+    within = {_family(t[4].layout, t[4].offload) for t in timed if t[0] <= limit}
+    others = sorted(t[0] for t in timed if t[0] > limit)
+    rest = top_k - sum(t[0] <= limit for t in timed)
+    waiting = [i for i in waiting if i in floored]
+    for i in waiting:  # 2.
+        if rest <= 0 or (len(others) >= rest and fits[i][0] > others[rest - 1]):
+            break
+        bisect.insort(others, time(i))
+    best: dict[str, float] = {}
+    for t in timed:
+        fam = _family(t[4].layout, t[4].offload)
+        best[fam] = min(best.get(fam, math.inf), t[0])
+    for i in [i for i in waiting if i in floored]:  # 3.
+        fam = _family(fits[i][4].layout, fits[i][4].offload)
+        if fam in within or fits[i][0] > best.get(fam, math.inf):
+            continue
+        best[fam] = min(best.get(fam, math.inf), time(i))
+
+
 def _result(tally: _Tally, model: ModelConfig, top_k: int, t0: float) -> SearchResult:
     """Build Estimates for the kept plans only: the top k, each family's best and closest miss."""
     from ..estimate import estimate
@@ -515,6 +627,7 @@ def _result(tally: _Tally, model: ModelConfig, top_k: int, t0: float) -> SearchR
         built.append((plan, estimate(plan, terms=tally.terms)))
         return built[-1][1]
 
+    _time_where_read(tally, top_k)
     ranked = rule_order(tally.fits)
     top = [est(plan) for *_, plan in ranked[:top_k]]
     fastest = min(tally.fits, key=lambda t: (not math.isfinite(t[0]), *t[:4]), default=None)

@@ -126,9 +126,11 @@ def p2p_time(nbytes: float, bw: float, lat: float) -> float:
     return nbytes / bw + lat
 
 
-@dataclass(kw_only=True, slots=True, frozen=True)
+@dataclass(kw_only=True, slots=True)
 class CommInputs:
-    """What `comm_terms` prices for one rank (`step_time.comm_arguments` builds it from a plan)."""
+    """What `comm_terms` prices for one rank (`step_time.comm_arguments` builds it from a plan).
+    Built per timed plan of a search: not frozen (a frozen dataclass's __init__ sets each
+    field through object.__setattr__), never mutated after construction."""
 
     layout: Layout
     hardware: HardwareSpec

@@ -237,9 +237,10 @@ def attention_kernel(recipe: str, recipe_attention: str, model_attention: str) -
     return "fused" if recipe in ("megatron", "nemo") else "flash2"
 
 
-@dataclass(kw_only=True, slots=True, frozen=True)
+@dataclass(kw_only=True, slots=True)
 class AttentionCore:
-    """One block's attention core as its kernel runs it (`attention_seconds_per_token`)."""
+    """One block's attention core as its kernel runs it (`attention_seconds_per_token`).
+    Built per timed plan: not frozen (see `comm.CommInputs`), never mutated."""
 
     kernel: str
     """`attention_kernel`'s answer: 'naive', 'flash2', 'fused', ..."""

@@ -62,6 +62,8 @@ __all__ = [
     "model_flops",
     "StepTime",
     "step_time",
+    "step_floor",
+    "BlockTime",
 ]
 
 OPTIMIZER_TRAFFIC = {"adamw": 28.0, "sgd": 20.0, "adamw8bit": 16.0, "adafactor": 12.0}
@@ -165,9 +167,10 @@ def model_flops(
     return hit
 
 
-@dataclass(kw_only=True, slots=True, frozen=True)
+@dataclass(kw_only=True, slots=True)
 class StepTime:
-    """One optimizer step's seconds (`step_time`)."""
+    """One optimizer step's seconds (`step_time`). Built per timed plan of a search: not
+    frozen (see `comm.CommInputs`), never mutated after construction."""
 
     step_s: float
     """compute + bubble + exposed communication + optimizer."""
@@ -325,44 +328,142 @@ def _capacity_rows_flops(plan: PlanInput) -> float:
     return per_block * model.num_moe_layers / max(1, model.num_layers)
 
 
-def step_time(
+@dataclass(kw_only=True, slots=True)
+class _ComputeSide:
+    """The compute side of one step (`_compute_side`): what `step_time` and `step_floor`
+    share. Not frozen, as `StepTime`."""
+
+    window: _ComputeWindow
+    """The busiest rank's compute that communication can hide behind."""
+    compute_s: float
+    """m x the slowest rank's seconds per micro-batch (and a recipe's pass after each)."""
+    bubble_s: float
+    efficiency: float
+    """The fraction of peak matmul FLOP/s used."""
+    rate: float
+    """The matmul FLOP/s the blocks run at (`BlockTime.rate`)."""
+
+
+def _compute_side(
     plan: PlanInput,
     max_params: float,
     *,
     terms: ModelTerms,
     causal: bool,
-    gpus_per_node: int | None,
     zero_bubble: str,
-    recipe: Recipe | None = None,
-) -> StepTime:
-    """The seconds of one step of `plan` whose busiest rank holds `max_params` parameters.
-
-    Compute: the slowest pipeline rank paces every micro-batch. Rank r does
+    recipe: Recipe | None,
+) -> _ComputeSide:
+    """Compute: the slowest pipeline rank paces every micro-batch. Rank r does
     counts[r] x block hardware FLOPs per token, the last stage's rank also the head (3 x
     forward; rank pp-1, rank 0 under dualpipev's V); the
     embedding lookup does no matmul. Summed over ranks this is the model's hardware FLOPs, so
     compute x gpus x rate >= model FLOPs per step and MFU <= efficiency (tested). Blocks split
     over tp x cp, except MoE experts kept whole per tp rank (ep > 1,
     `config.layout.expert_tp`): every tp rank runs them on the same (gathered) tokens, so their
-    FLOPs split over cp only."""
+    FLOPs split over cp only. A recipe's pass after every micro-batch's backward
+    (`recipe_terms.grad_accum_pass_s`, over the rank's `max_params`) adds to each micro-batch.
+    The pipeline bubble is a fraction of it (`pipeline.bubble_fraction`)."""
     L, model, hw = plan.layout, plan.model, plan.hardware
     m = max(1, plan.grad_accum)
+    counts = stage_layer_counts(model.num_layers, L.pp, L.pp_virtual, L.pp_schedule)
+    head = last_stage_rank(L)
+    if recipe is not None:
+        stages = recipe_stages(plan, recipe)
+        counts, head = stages.layers, stages.head_rank
+    bt = _block_time(plan, terms=terms, causal=causal, recipe=recipe)
+    layer_s, core_s, head_s = bt.layer_s, bt.core_s, bt.head_s
+    tok_mb = float(plan.seq_len) * plan.micro_batch  # tokens of one micro-batch (one replica)
+    split = L.tp * L.cp
+    middle = _most_layers_but(tuple(counts), head) * layer_s
+    t_mb = max(middle, counts[head] * layer_s + head_s) * tok_mb / split
+    # a recipe's pass after every micro-batch's backward (recipe_terms.grad_accum_pass_s)
+    foreign = recipe is not None and recipe.name != "scaletrain"
+    t_acc = (
+        grad_accum_pass_s(plan, recipe.grad_accum_pass_bytes, max_params)
+        if foreign and recipe is not None and recipe.grad_accum_pass_bytes and not hw.is_cpu
+        else 0.0
+    )
+    compute_s = m * (t_mb + t_acc)
+    bubble_s = 0.0
+    if L.pp > 1:
+        bubble_s = (
+            bubble_fraction(L.pp_schedule, L.pp, m, L.pp_virtual, zero_bubble=zero_bubble)
+            * compute_s
+        )
+    layers = max(counts)
+    t_fwd = t_mb * bt.fwd_hw / bt.layer_hw  # forward share of the hardware FLOPs
+    t_core = tok_mb * layers * core_s / split * m
+    window = _ComputeWindow(
+        microbatches=m,
+        forward_s=t_fwd,
+        backward_s=t_mb - t_fwd,
+        core_s=t_core,
+        layers=layers,
+    )
+    return _ComputeSide(
+        window=window,
+        compute_s=compute_s,
+        bubble_s=bubble_s,
+        efficiency=bt.efficiency,
+        rate=bt.rate,
+    )
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class BlockTime:
+    """One block's and the head's seconds per token of a plan (`_block_time`); kept per
+    search in `ModelTerms.blocks`, so frozen."""
+
+    layer_s: float
+    """A block's forward and backward (and recompute) seconds per token (`_block_seconds`)."""
+    core_s: float
+    """Its attention core's share."""
+    head_s: float
+    """The head's forward and backward seconds per token."""
+    fwd_hw: float
+    """The mean block's forward hardware FLOPs per token (`ModelFlops.block_forward`, and an
+    expert capacity's rows: `_capacity_rows_flops`)."""
+    layer_hw: float
+    """A block's hardware FLOPs per token (with recompute; a recipe's per-op SAC)."""
+    efficiency: float
+    """The fraction of peak matmul FLOP/s used (`plan_efficiency`)."""
+    rate: float
+    """The matmul FLOP/s: the hardware's peak in the plan's precision x `efficiency` (a
+    generation recipe's roofline efficiency)."""
+
+
+def _block_time(
+    plan: PlanInput, *, terms: ModelTerms, causal: bool, recipe: Recipe | None
+) -> BlockTime:
+    """The block's and the head's seconds per token at the plan's matmul rate (its
+    efficiency of the hardware's peak, `_block_seconds`), or as a calibration measured them.
+    Under the default recipe without a calibration they depend on the plan only through its
+    AC, tp, ep, sequence length, LoRA, precision and efficiency (and the hardware), and under
+    an expert capacity its micro-batch and cp too (the capacity's rows per token): kept in the
+    search's `ModelTerms.blocks` by those (the 405B search asks 12,700 times, for 13 values)."""
+    L, model, hw = plan.layout, plan.model, plan.hardware
+    cached = recipe is None and plan.calibration is None
+    if cached:
+        if terms.blocks_hardware is not hw:
+            terms.blocks.clear()
+            terms.blocks_hardware = hw
+        key: tuple = (plan.ac, L.tp, L.ep, plan.seq_len, causal, plan.lora)
+        key += (plan.precision, plan.efficiency)
+        if model.moe_capacity_factor:  # (`ModelConfig.expert_rows_per_token` of the tokens)
+            key += (plan.micro_batch, L.cp)
+        hit = terms.blocks.get(key)
+        if hit is not None:
+            return hit
     fl = model_flops(terms, plan.seq_len, causal, plan.ac, plan.lora, L.tp)
     lf, hf, core, layer_hw = fl.block_forward, fl.head_forward, fl.attention_core, fl.block_hardware
-    counts = stage_layer_counts(model.num_layers, L.pp, L.pp_virtual, L.pp_schedule)
     eff = plan_efficiency(plan)
     eff16 = eff
-    foreign = recipe is not None and recipe.name != "scaletrain"
     generation = recipe is not None and recipe.time_model == "generation"
     if generation and plan.efficiency <= 0 and not hw.is_cpu:
         # efficiency.py: generation x GEMM-shape roofline x fp8 factor
         eff, eff16 = matmul_efficiency(
             model, hw, plan.precision, float(plan.seq_len) * plan.micro_batch / L.cp, L.tp
         )
-    head = last_stage_rank(L)
-    if recipe is not None:
-        stages = recipe_stages(plan, recipe)
-        counts, head = stages.layers, stages.head_rank
     rate = hw.flops(plan.precision) * eff
     # fp8 (precision/fp8.py) runs float8 GEMMs in the converted linears and MoE experts only:
     # the attention core (SDPA) and the 16-bit head run at the bf16 rate. Every other
@@ -382,27 +483,44 @@ def step_time(
         core_hw = core * (4 if plan.ac != "none" else 3)
         block = calibrated_block(plan, linear_hw=layer_hw - core_hw, core_hw=core_hw, head_fwd=hf)
         layer_s, core_s, head_s = block.layer_s, block.core_s, block.head_s
-    tok_mb = float(plan.seq_len) * plan.micro_batch  # tokens of one micro-batch (one replica)
-    split = L.tp * L.cp
-    middle = _most_layers_but(tuple(counts), head) * layer_s
-    t_mb = max(middle, counts[head] * layer_s + head_s) * tok_mb / split
-    # a recipe's pass after every micro-batch's backward (recipe_terms.grad_accum_pass_s)
-    t_acc = (
-        grad_accum_pass_s(plan, recipe.grad_accum_pass_bytes, max_params)
-        if foreign and recipe is not None and recipe.grad_accum_pass_bytes and not hw.is_cpu
-        else 0.0
+    out = BlockTime(
+        layer_s=layer_s,
+        core_s=core_s,
+        head_s=head_s,
+        fwd_hw=fwd_hw,
+        layer_hw=layer_hw,
+        efficiency=eff,
+        rate=rate,
     )
-    compute_s = m * (t_mb + t_acc)
-    bubble_s = 0.0
-    if L.pp > 1:
-        bubble_s = (
-            bubble_fraction(L.pp_schedule, L.pp, m, L.pp_virtual, zero_bubble=zero_bubble)
-            * compute_s
-        )
-    layers = max(counts)
+    if cached:
+        terms.blocks[key] = out
+    return out
+
+
+def step_time(
+    plan: PlanInput,
+    max_params: float,
+    *,
+    terms: ModelTerms,
+    causal: bool,
+    gpus_per_node: int | None,
+    zero_bubble: str,
+    recipe: Recipe | None = None,
+) -> StepTime:
+    """The seconds of one step of `plan` whose busiest rank holds `max_params` parameters:
+    compute (`_compute_side`) + the pipeline bubble + the communication left exposed after
+    overlap (`comm.comm_terms`, `_exposed`; a recipe's own families as it computes them,
+    `recipe_terms.recipe_exposed`) + the optimizer step (`_optimizer_seconds`)."""
+    L = plan.layout
+    side = _compute_side(
+        plan, max_params, terms=terms, causal=causal, zero_bubble=zero_bubble, recipe=recipe
+    )
+    m, layers = side.window.microbatches, side.window.layers
+    foreign = recipe is not None and recipe.name != "scaletrain"
+    cal = plan.calibration
     comm = comm_terms(comm_arguments(plan, max_params, gpus_per_node, terms.counts))
     if offloads_activations(plan.offload):
-        comm["activation_offload"] = _activation_offload(plan, terms, layers=max(counts), m=m)
+        comm["activation_offload"] = _activation_offload(plan, terms, layers=layers, m=m)
     if cal is not None and cal.collective:  # measured / planned seconds by collective kind
         comm = {k: (b, t * cal.collective_factor(k)) for k, (b, t) in comm.items()}
     bucket = 25.0 * 2**20
@@ -411,38 +529,22 @@ def step_time(
         comm = recipe_comm(comm, plan, recipe, max_params, gpus_per_node)
         bucket = recipe.bucket_bytes(L.dp)
         override = recipe_exposed(
-            comm, plan, recipe, rate=rate, layers=max(counts), gpus_per_node=gpus_per_node
+            comm, plan, recipe, rate=side.rate, layers=layers, gpus_per_node=gpus_per_node
         )
-    t_fwd = t_mb * fwd_hw / layer_hw  # forward share of the hardware FLOPs
-    t_core = tok_mb * layers * core_s / split * m
-    compute = _ComputeWindow(
-        microbatches=m,
-        forward_s=t_fwd,
-        backward_s=t_mb - t_fwd,
-        core_s=t_core,
-        layers=layers,
-    )
     # families a recipe runs its own way are charged as it computed them (`recipe_exposed`)
     exposed = sum(override.values()) + _exposed(
         {k: v for k, v in comm.items() if k not in override},
         plan,
-        compute,
+        side.window,
         stage_params=max_params,
         gpus_per_node=gpus_per_node,
         bucket_bytes=bucket,
         tree=foreign,
         overlap=COMM_OVERLAP.get(recipe.name, ()) if recipe is not None else (),
     )
-    optimizer_s = _optimizer_time(plan, max_params)
-    if foreign and recipe is not None and not hw.is_cpu:
-        optimizer_s += post_backward_s(
-            plan,
-            params=max_params,
-            all_params_bytes=recipe.post_backward_pass_bytes,
-            updated_bytes=recipe.master_copy_bytes,
-            zero1_flat_copies=recipe.zero1_gather_flat_copies,
-        )
+    optimizer_s = _optimizer_seconds(plan, max_params, recipe)
     overhead = cal.step_overhead_s if cal is not None else 0.0
+    compute_s, bubble_s = side.compute_s, side.bubble_s
     return StepTime(
         step_s=compute_s + bubble_s + exposed + optimizer_s + overhead,
         compute_s=compute_s,
@@ -451,8 +553,59 @@ def step_time(
         optimizer_s=optimizer_s,
         overhead_s=overhead,
         comm=comm,
-        efficiency=eff,
+        efficiency=side.efficiency,
     )
+
+
+def _optimizer_seconds(plan: PlanInput, max_params: float, recipe: Recipe | None) -> float:
+    """The optimizer step's seconds (`_optimizer_time`), and a foreign recipe's passes after
+    the backward on a GPU (`recipe_terms.post_backward_s`): what `step_time` and `step_floor`
+    both add."""
+    optimizer_s = _optimizer_time(plan, max_params)
+    foreign = recipe is not None and recipe.name != "scaletrain"
+    if foreign and recipe is not None and not plan.hardware.is_cpu:
+        optimizer_s += post_backward_s(
+            plan,
+            params=max_params,
+            all_params_bytes=recipe.post_backward_pass_bytes,
+            updated_bytes=recipe.master_copy_bytes,
+            zero1_flat_copies=recipe.zero1_gather_flat_copies,
+        )
+    return optimizer_s
+
+
+def step_floor(
+    plan: PlanInput,
+    max_params: float,
+    *,
+    terms: ModelTerms,
+    causal: bool,
+    zero_bubble: str,
+    recipe: Recipe | None = None,
+) -> float:
+    """A lower bound of `step_time(...).step_s` without its communication model: the same sum
+    with the exposed communication replaced by its activation-offload share, which `_exposed`
+    charges whole (0 without activation offload). Why it is a lower bound, in floats too: every
+    family `_exposed` charges is a non-negative number of seconds (a max with 0, a min of two
+    non-negative times, or the time itself), so its running sum is at least each of its terms,
+    and a recipe's own families (`recipe_terms.recipe_exposed`: tp, dp_allreduce, never the
+    activation offload) add non-negative seconds in front of it; step_s adds compute, bubble,
+    exposed, optimizer and overhead in this same order, each rounded addition increasing in its
+    operands. The search times every layout that fits with it and the full model only where
+    the pick could read the step (`search.layouts`)."""
+    side = _compute_side(
+        plan, max_params, terms=terms, causal=causal, zero_bubble=zero_bubble, recipe=recipe
+    )
+    cal = plan.calibration
+    exposed = 0.0
+    if offloads_activations(plan.offload):
+        w = side.window
+        exposed = _activation_offload(plan, terms, layers=w.layers, m=w.microbatches)[1]
+        if cal is not None and cal.collective:  # as `step_time` scales it
+            exposed = exposed * cal.collective_factor("activation_offload")
+    optimizer_s = _optimizer_seconds(plan, max_params, recipe)
+    overhead = cal.step_overhead_s if cal is not None else 0.0
+    return side.compute_s + side.bubble_s + exposed + optimizer_s + overhead
 
 
 def _activation_offload(
@@ -492,9 +645,10 @@ def eager_elementwise_s(plan: PlanInput, recipe: Recipe | None) -> float:
     )
 
 
-@dataclass(kw_only=True, slots=True, frozen=True)
+@dataclass(kw_only=True, slots=True)
 class _ComputeWindow:
-    """The compute of the busiest pipeline rank that communication can hide behind (`_exposed`)."""
+    """The compute of the busiest pipeline rank that communication can hide behind (`_exposed`).
+    Not frozen, as `StepTime`."""
 
     microbatches: int
     """Micro-batches per step (m)."""
