@@ -75,6 +75,23 @@ class HardwareSpec:
     planner's default efficiency scales by its fraction of `peak_flops['bf16']` against the
     H100's (`planner.time.efficiency.matmul_peak_factor`). 0 = not measured: the device plans
     like the NVIDIA parts the default efficiency was read on."""
+    attention_bf16: float = 0.0
+    """FlashAttention (forward + backward, bf16, causal) FLOP/s measured on this device, cited
+    per preset: the ceiling of the flash attention core (`planner.time.efficiency.
+    attention_ceiling`). 0 = no measurement of this device: an sm90 part takes the H100's
+    published FlashAttention-2 figure (35% of peak), any other device the matmul rate; `explain`
+    says which."""
+    intra_node_bw_efficiency: float = 1.0
+    """Achieved share of `intra_node_bw` a collective's bus bandwidth reaches (the link figure
+    is the raw datasheet one), cited per preset; the planner's intra-node collectives run at
+    `intra_node_busbw`. 1 = no published achieved figure for this device: the raw link figure
+    (every NVIDIA preset today); `explain` says which."""
+
+    @property
+    def intra_node_busbw(self) -> float:
+        """Bus bandwidth an intra-node collective achieves per GPU, per direction, bytes/s: the
+        raw link figure x its published achieved share (`intra_node_bw_efficiency`)."""
+        return self.intra_node_bw * self.intra_node_bw_efficiency
 
     @property
     def is_cpu(self) -> bool:
@@ -360,6 +377,14 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         # the gap by clocks under sustained GEMM load below the boost clock the peak assumes
         # (ROCm blogs "Understanding Peak, Max-Achievable & Delivered FLOPs", 2025).
         mamf_bf16=781.9e12,
+        # xGMI: 64 GB/s raw per link, "approximately 48 GB/s per link" usable after CRC and
+        # protocol overhead, "about 75% of the theoretical peak" (AMD ROCm blogs, "Understanding
+        # RCCL Bandwidth and xGMI Performance on AMD Instinct MI300X", 2025-03-02, section
+        # 'Theoretical Performance Claims vs. Achievable', https://rocm.blogs.amd.com/
+        # software-tools-optimization/mi300x-rccl-xgmi/README.html): 48 / 64 = 0.75.
+        intra_node_bw_efficiency=0.75,
+        # attention_bf16: no published forward + backward FlashAttention figure for MI300X was
+        # found (AMD's and third-party posts give forward only); the matmul rate is kept.
     ),
     # This project's 2-core AVX-512 host (AMD EPYC, 2.6 GHz): 2 cores x 2.6 GHz x 2 FMA pipes x
     # 16 fp32 lanes x 2 FLOP = 333 GFLOP/s nominal peak (a 2048^3 sgemm measures ~190 GFLOP/s,
