@@ -66,16 +66,19 @@ def test_a_measured_attention_figure_wins_over_the_fallback() -> None:
 
 def test_intra_node_collectives_run_at_the_achieved_share() -> None:
     """MI300X: AMD's usable 48 of 64 GB/s per xGMI link (0.75) on the 448 GB/s raw figure;
-    the NVIDIA presets cite no achieved share and keep the raw link figure."""
+    NVLink parts their cited share; a part with none keeps the raw link figure."""
     assert MI300X.intra_node_bw_efficiency == 0.75
     bw, _, inter = axis_link(Layout(dp=8, zero=3), MI300X, "dp")
     assert not inter and bw == pytest.approx(448e9 * 0.75)
     # across nodes the multi-rail figure is capped by the achieved intra-node one
     bw16 = axis_link(Layout(dp=16, zero=3), MI300X, "dp")[0]
     assert bw16 == pytest.approx(min(336e9, 8 * MI300X.inter_node_bw))
-    h100 = hardware_preset("h100-sxm")
-    assert h100.intra_node_bw_efficiency == 1.0
-    assert axis_link(Layout(dp=8), h100, "dp")[0] == h100.intra_node_bw
+    # H100 / H200: the NCCL maintainer's 370 of 450 GB/s; H800 its own 160 of 200
+    for name, busbw in (("h100-sxm", 370e9), ("h200", 370e9), ("h800", 160e9)):
+        assert axis_link(Layout(dp=8), hardware_preset(name), "dp")[0] == pytest.approx(busbw)
+    a100 = hardware_preset("a100-80gb")  # no cited achieved share: the raw link
+    assert a100.intra_node_bw_efficiency == 1.0
+    assert axis_link(Layout(dp=8), a100, "dp")[0] == a100.intra_node_bw
 
 
 def test_achieved_share_slows_an_mi300x_plan_by_the_comm_only() -> None:
@@ -121,6 +124,7 @@ def test_explain_names_each_ceilings_source() -> None:
         assert line in text
     assert "own measured MAMF 781.9" in lines[0]
     assert "no published figure for this device" in lines[1]
-    assert "336 GB/s" in lines[2] and "own published achieved share" in lines[2]
+    assert "336 GB/s" in lines[2] and "published achieved share" in lines[2]
     h100_lines = kernel_ceilings(hardware_preset("h100-sxm"))
-    assert "no MAMF measured" in h100_lines[0] and "raw link figure" in h100_lines[2]
+    assert "no MAMF measured" in h100_lines[0] and "370 GB/s" in h100_lines[2]
+    assert "raw link figure" in kernel_ceilings(hardware_preset("a100-80gb"))[2]

@@ -85,7 +85,7 @@ class HardwareSpec:
     """Achieved share of `intra_node_bw` a collective's bus bandwidth reaches (the link figure
     is the raw datasheet one), cited per preset; the planner's intra-node collectives run at
     `intra_node_busbw`. 1 = no published achieved figure for this device: the raw link figure
-    (every NVIDIA preset today); `explain` says which."""
+    (V100, A100, B200, PCIe parts today); `explain` says which."""
 
     @property
     def intra_node_busbw(self) -> float:
@@ -221,6 +221,12 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         usd_per_hour=2.5,
         host_to_device_bw=64 * GB,
         arch=nvidia_arch((9, 0)),
+        # NVLink 4: 450 GB/s line rate per direction, "with the protocol overhead (~20%) NCCL
+        # can get an effective NVLink bandwidth of 370GB/s" (busBw of non-all-reduce
+        # collectives, or all-reduce with NCCL_ALGO=RING) on 8 H100: NCCL maintainer S. Jeaugey,
+        # https://github.com/NVIDIA/nccl-tests/issues/212 (2024-05-06). 370 / 450. NVLink SHARP
+        # all-reduce (busBw ~480) is not modelled.
+        intra_node_bw_efficiency=370 / 450,
         # host: 2 TB per 8-GPU node, MLCommons inference v3.1 system description of Dell's
         # XE9680 8 x H100 SXM 80GB ("host_memory_capacity": "2 TB"), github.com/mlcommons/
         # inference_results_v3.1 closed/Dell/systems/XE9680_H100_SXM_80GBx8_TRT.json
@@ -249,6 +255,8 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         usd_per_hour=2.5,
         host_to_device_bw=64 * GB,
         arch=nvidia_arch((9, 0)),
+        # NVLink 4 between H100s: the H100 SXM's NCCL figure (see h100-sxm), 370 / 450.
+        intra_node_bw_efficiency=370 / 450,
     ),
     # NVIDIA H800 SXM5: the H100 SXM5 for export markets, same SM, tensor cores and 80GB HBM3
     # (3.35 TB/s, 700 W; NVIDIA's H800 datasheet), NVLink cut to 400 GB/s total (200 per
@@ -267,6 +275,9 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         usd_per_hour=2.0,
         host_to_device_bw=64 * GB,
         arch=nvidia_arch((9, 0)),
+        # its own published figure: the DeepSeek-V3 report (arXiv:2412.19437 sec. 3.2.2) gives
+        # its H800 NVLink 160 GB/s (against IB's 50), of the 200 GB/s per direction: 160 / 200.
+        intra_node_bw_efficiency=160 / 200,
     ),
     # NVIDIA H100 PCIe datasheet: 51 TF fp32, 378 tf32, 756 bf16, 1513 fp8; 80GB HBM2e 2 TB/s,
     # 350 W; peers over PCIe Gen5 x16 (64 GB/s per direction).
@@ -298,6 +309,10 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         usd_per_hour=3.5,
         host_to_device_bw=64 * GB,
         arch=nvidia_arch((9, 0)),
+        # NVLink 4 and NVSwitch as on the H100 SXM: its NCCL figure (see h100-sxm), 370 / 450
+        # (an 8 x H200 all-reduce reaching 475 GB/s busBw uses NVLink SHARP,
+        # https://github.com/NVIDIA/nccl-tests/issues/272, not modelled).
+        intra_node_bw_efficiency=370 / 450,
         # host: 2 TB (32 x 64 GB DIMMs) per 8-GPU node, MLCommons inference v4.1 system
         # description of NVIDIA's H200-SXM-141GBx8 (DGX H200), github.com/mlcommons/
         # inference_results_v4.1 closed/NVIDIA/systems/H200-SXM-141GBx8_TRT_MaxQ.json

@@ -291,7 +291,7 @@ def kernel_ceilings(hardware: HardwareSpec) -> list[str]:
         f"intra-node collectives: {hardware.intra_node_busbw / 1e9:.0f} GB/s bus bandwidth = "
         f"link {hardware.intra_node_bw / 1e9:.0f} GB/s x {eff:.2f} "
         + (
-            f"({hardware.name}'s own published achieved share)"
+            "(a published achieved share: config/hardware.py cites it per preset)"
             if eff < 1
             else "(no published achieved share for this device: the raw link figure)"
         )
