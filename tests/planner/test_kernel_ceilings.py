@@ -76,9 +76,12 @@ def test_intra_node_collectives_run_at_the_achieved_share() -> None:
     # H100 / H200: the NCCL maintainer's 370 of 450 GB/s; H800 its own 160 of 200
     for name, busbw in (("h100-sxm", 370e9), ("h200", 370e9), ("h800", 160e9)):
         assert axis_link(Layout(dp=8), hardware_preset(name), "dp")[0] == pytest.approx(busbw)
-    a100 = hardware_preset("a100-80gb")  # no cited achieved share: the raw link
-    assert a100.intra_node_bw_efficiency == 1.0
-    assert axis_link(Layout(dp=8), a100, "dp")[0] == a100.intra_node_bw
+    # V100 / A100 / B200: NCCL's per-link model (20 of 25, 40.1 of 50 GB/s)
+    for name, busbw in (("v100-32gb", 120e9), ("a100-80gb", 240e9), ("b200", 900e9 * 40.1 / 50)):
+        assert axis_link(Layout(dp=8), hardware_preset(name), "dp")[0] == pytest.approx(busbw)
+    pcie = hardware_preset("h100-pcie")  # no cited achieved share: the raw link
+    assert pcie.intra_node_bw_efficiency == 1.0
+    assert axis_link(Layout(dp=8), pcie, "dp")[0] == pcie.intra_node_bw
 
 
 def test_achieved_share_slows_an_mi300x_plan_by_the_comm_only() -> None:
@@ -127,4 +130,4 @@ def test_explain_names_each_ceilings_source() -> None:
     assert "336 GB/s" in lines[2] and "published achieved share" in lines[2]
     h100_lines = kernel_ceilings(hardware_preset("h100-sxm"))
     assert "no MAMF measured" in h100_lines[0] and "370 GB/s" in h100_lines[2]
-    assert "raw link figure" in kernel_ceilings(hardware_preset("a100-80gb"))[2]
+    assert "raw link figure" in kernel_ceilings(hardware_preset("rtx4090"))[2]

@@ -85,7 +85,7 @@ class HardwareSpec:
     """Achieved share of `intra_node_bw` a collective's bus bandwidth reaches (the link figure
     is the raw datasheet one), cited per preset; the planner's intra-node collectives run at
     `intra_node_busbw`. 1 = no published achieved figure for this device: the raw link figure
-    (V100, A100, B200, PCIe parts today); `explain` says which."""
+    (PCIe and GeForce parts today); `explain` says which."""
 
     @property
     def intra_node_busbw(self) -> float:
@@ -154,6 +154,12 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         usd_per_hour=1.0,
         host_to_device_bw=16 * GB,
         arch=nvidia_arch((7, 0)),
+        # NCCL's own model of an NVLink's app-level bandwidth: 20.0 GB/s per link
+        # (NVIDIA/nccl src/graph/topo.h SM70_NVLINK_BW) of its 25 GB/s per direction; "roughly, the
+        # app-level bandwidth is 80% of the peak bandwidth" (NCCL maintainer S. Jeaugey,
+        # https://github.com/NVIDIA/nccl/issues/1054, 2023-11-06). No 8-GPU nccl-tests busBw
+        # from NVIDIA was found for this part.
+        intra_node_bw_efficiency=20.0 / 25,
     ),
     # The 16 GB V100 (SXM2 16GB; same datasheet otherwise). Memory (CUDA total): 15.75 GiB on a
     # "Tesla V100 16GB", https://github.com/XuyangBai/TransFusion/issues/49 (15.78 GiB on
@@ -169,6 +175,12 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         usd_per_hour=0.8,
         host_to_device_bw=16 * GB,
         arch=nvidia_arch((7, 0)),
+        # NCCL's own model of an NVLink's app-level bandwidth: 20.0 GB/s per link
+        # (NVIDIA/nccl src/graph/topo.h SM70_NVLINK_BW) of its 25 GB/s per direction; "roughly, the
+        # app-level bandwidth is 80% of the peak bandwidth" (NCCL maintainer S. Jeaugey,
+        # https://github.com/NVIDIA/nccl/issues/1054, 2023-11-06). No 8-GPU nccl-tests busBw
+        # from NVIDIA was found for this part.
+        intra_node_bw_efficiency=20.0 / 25,
     ),
     # NVIDIA A100 SXM4 datasheet: 19.5 TF fp32, 156 TF tf32, 312 TF bf16/fp16 dense,
     # 40GB HBM2 1555 GB/s | 80GB HBM2e 2039 GB/s, NVLink3 600 GB/s total, 400 W.
@@ -189,6 +201,12 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         400,
         usd_per_hour=1.5,
         arch=nvidia_arch((8, 0)),
+        # NCCL's own model of an NVLink's app-level bandwidth: 20.0 GB/s per link
+        # (NVIDIA/nccl src/graph/topo.h SM80_NVLINK_BW) of its 25 GB/s per direction; "roughly, the
+        # app-level bandwidth is 80% of the peak bandwidth" (NCCL maintainer S. Jeaugey,
+        # https://github.com/NVIDIA/nccl/issues/1054, 2023-11-06). No 8-GPU nccl-tests busBw
+        # from NVIDIA was found for this part.
+        intra_node_bw_efficiency=20.0 / 25,
     ),
     "a100-80gb": lambda: HardwareSpec(
         "a100-80gb",
@@ -200,6 +218,12 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         400,
         usd_per_hour=1.8,
         arch=nvidia_arch((8, 0)),
+        # NCCL's own model of an NVLink's app-level bandwidth: 20.0 GB/s per link
+        # (NVIDIA/nccl src/graph/topo.h SM80_NVLINK_BW) of its 25 GB/s per direction; "roughly, the
+        # app-level bandwidth is 80% of the peak bandwidth" (NCCL maintainer S. Jeaugey,
+        # https://github.com/NVIDIA/nccl/issues/1054, 2023-11-06). No 8-GPU nccl-tests busBw
+        # from NVIDIA was found for this part.
+        intra_node_bw_efficiency=20.0 / 25,
     ),
     # NVIDIA H100 SXM5 datasheet: 67 TF fp32, 494.7 tf32, 989.4 bf16/fp16, 1978.9 fp8 (dense),
     # 80GB HBM3 3.35 TB/s, NVLink4 900 GB/s total (450 per direction), 700 W.
@@ -225,7 +249,8 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         # can get an effective NVLink bandwidth of 370GB/s" (busBw of non-all-reduce
         # collectives, or all-reduce with NCCL_ALGO=RING) on 8 H100: NCCL maintainer S. Jeaugey,
         # https://github.com/NVIDIA/nccl-tests/issues/212 (2024-05-06). 370 / 450. NVLink SHARP
-        # all-reduce (busBw ~480) is not modelled.
+        # all-reduce (busBw ~480) is not modelled. NCCL's model agrees: 20.6 of 25 GB/s per
+        # link (src/graph/topo.h SM90_NVLINK_BW), 0.824.
         intra_node_bw_efficiency=370 / 450,
         # host: 2 TB per 8-GPU node, MLCommons inference v3.1 system description of Dell's
         # XE9680 8 x H100 SXM 80GB ("host_memory_capacity": "2 TB"), github.com/mlcommons/
@@ -335,6 +360,12 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         usd_per_hour=6.0,
         host_to_device_bw=64 * GB,
         arch=nvidia_arch((10, 0)),
+        # NCCL's own model of an NVLink's app-level bandwidth: 40.1 GB/s per link
+        # (NVIDIA/nccl src/graph/topo.h SM100_NVLINK_BW) of its 50 GB/s per direction; "roughly, the
+        # app-level bandwidth is 80% of the peak bandwidth" (NCCL maintainer S. Jeaugey,
+        # https://github.com/NVIDIA/nccl/issues/1054, 2023-11-06). No 8-GPU nccl-tests busBw
+        # from NVIDIA was found for this part.
+        intra_node_bw_efficiency=40.1 / 50,
     ),
     # GeForce RTX 3090 (Ampere GA102 whitepaper): 35.6 TF fp32, 71 TF fp16/bf16 tensor with fp32
     # accumulate; 24GB GDDR6X 936 GB/s; PCIe Gen4 x16 (32 GB/s per direction); 350 W.
