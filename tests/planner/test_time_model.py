@@ -31,15 +31,18 @@ def test_multi_rail_ring_bandwidth(layout: Layout, per_node: int) -> None:
 
 
 def test_multi_rail_capped_by_nvlink() -> None:
-    """Eight 50 GB/s NICs (400) stay below the H100's NVLink (450); with a 200 GB/s NIC the
-    ring is NVLink-bound."""
+    """Eight 50 GB/s NICs (400) stay below a raw 450 GB/s NVLink; with a 200 GB/s NIC the
+    ring is NVLink-bound, at the bus bandwidth NVLink achieves (the H100's 370 of 450 GB/s,
+    HardwareSpec.intra_node_busbw): 8 x 50 = 400 is then capped at 370."""
     h100 = hardware_preset("h100-sxm")
-    assert axis_link(Layout(dp=16), h100, "dp")[0] == pytest.approx(8 * h100.inter_node_bw)
+    raw = dataclasses.replace(h100, intra_node_bw_efficiency=1.0)
+    assert axis_link(Layout(dp=16), raw, "dp")[0] == pytest.approx(8 * h100.inter_node_bw)
+    assert axis_link(Layout(dp=16), h100, "dp")[0] == pytest.approx(370e9)
     fat = dataclasses.replace(h100, inter_node_bw=200e9)
-    assert axis_link(Layout(dp=16), fat, "dp")[0] == pytest.approx(fat.intra_node_bw)
+    assert axis_link(Layout(dp=16), fat, "dp")[0] == pytest.approx(fat.intra_node_busbw)
     # inside one node nothing changes
     assert axis_link(Layout(dp=8), h100, "dp")[:2] == (
-        h100.intra_node_bw,
+        h100.intra_node_busbw,
         h100.intra_node_latency_s,
     )
 

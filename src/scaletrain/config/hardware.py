@@ -75,6 +75,23 @@ class HardwareSpec:
     planner's default efficiency scales by its fraction of `peak_flops['bf16']` against the
     H100's (`planner.time.efficiency.matmul_peak_factor`). 0 = not measured: the device plans
     like the NVIDIA parts the default efficiency was read on."""
+    attention_bf16: float = 0.0
+    """FlashAttention (forward + backward, bf16, causal) FLOP/s measured on this device, cited
+    per preset: the ceiling of the flash attention core (`planner.time.efficiency.
+    attention_ceiling`). 0 = no measurement of this device: an sm90 part takes the H100's
+    published FlashAttention-2 figure (35% of peak), any other device the matmul rate; `explain`
+    says which."""
+    intra_node_bw_efficiency: float = 1.0
+    """Achieved share of `intra_node_bw` a collective's bus bandwidth reaches (the link figure
+    is the raw datasheet one), cited per preset; the planner's intra-node collectives run at
+    `intra_node_busbw`. 1 = no published achieved figure for this device: the raw link figure
+    (PCIe and GeForce parts today); `explain` says which."""
+
+    @property
+    def intra_node_busbw(self) -> float:
+        """Bus bandwidth an intra-node collective achieves per GPU, per direction, bytes/s: the
+        raw link figure x its published achieved share (`intra_node_bw_efficiency`)."""
+        return self.intra_node_bw * self.intra_node_bw_efficiency
 
     @property
     def is_cpu(self) -> bool:
@@ -137,6 +154,12 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         usd_per_hour=1.0,
         host_to_device_bw=16 * GB,
         arch=nvidia_arch((7, 0)),
+        # NCCL's own model of an NVLink's app-level bandwidth: 20.0 GB/s per link
+        # (NVIDIA/nccl src/graph/topo.h SM70_NVLINK_BW) of its 25 GB/s per direction; "roughly, the
+        # app-level bandwidth is 80% of the peak bandwidth" (NCCL maintainer S. Jeaugey,
+        # https://github.com/NVIDIA/nccl/issues/1054, 2023-11-06). No 8-GPU nccl-tests busBw
+        # from NVIDIA was found for this part.
+        intra_node_bw_efficiency=20.0 / 25,
     ),
     # The 16 GB V100 (SXM2 16GB; same datasheet otherwise). Memory (CUDA total): 15.75 GiB on a
     # "Tesla V100 16GB", https://github.com/XuyangBai/TransFusion/issues/49 (15.78 GiB on
@@ -152,6 +175,12 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         usd_per_hour=0.8,
         host_to_device_bw=16 * GB,
         arch=nvidia_arch((7, 0)),
+        # NCCL's own model of an NVLink's app-level bandwidth: 20.0 GB/s per link
+        # (NVIDIA/nccl src/graph/topo.h SM70_NVLINK_BW) of its 25 GB/s per direction; "roughly, the
+        # app-level bandwidth is 80% of the peak bandwidth" (NCCL maintainer S. Jeaugey,
+        # https://github.com/NVIDIA/nccl/issues/1054, 2023-11-06). No 8-GPU nccl-tests busBw
+        # from NVIDIA was found for this part.
+        intra_node_bw_efficiency=20.0 / 25,
     ),
     # NVIDIA A100 SXM4 datasheet: 19.5 TF fp32, 156 TF tf32, 312 TF bf16/fp16 dense,
     # 40GB HBM2 1555 GB/s | 80GB HBM2e 2039 GB/s, NVLink3 600 GB/s total, 400 W.
@@ -172,6 +201,12 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         400,
         usd_per_hour=1.5,
         arch=nvidia_arch((8, 0)),
+        # NCCL's own model of an NVLink's app-level bandwidth: 20.0 GB/s per link
+        # (NVIDIA/nccl src/graph/topo.h SM80_NVLINK_BW) of its 25 GB/s per direction; "roughly, the
+        # app-level bandwidth is 80% of the peak bandwidth" (NCCL maintainer S. Jeaugey,
+        # https://github.com/NVIDIA/nccl/issues/1054, 2023-11-06). No 8-GPU nccl-tests busBw
+        # from NVIDIA was found for this part.
+        intra_node_bw_efficiency=20.0 / 25,
     ),
     "a100-80gb": lambda: HardwareSpec(
         "a100-80gb",
@@ -183,6 +218,12 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         400,
         usd_per_hour=1.8,
         arch=nvidia_arch((8, 0)),
+        # NCCL's own model of an NVLink's app-level bandwidth: 20.0 GB/s per link
+        # (NVIDIA/nccl src/graph/topo.h SM80_NVLINK_BW) of its 25 GB/s per direction; "roughly, the
+        # app-level bandwidth is 80% of the peak bandwidth" (NCCL maintainer S. Jeaugey,
+        # https://github.com/NVIDIA/nccl/issues/1054, 2023-11-06). No 8-GPU nccl-tests busBw
+        # from NVIDIA was found for this part.
+        intra_node_bw_efficiency=20.0 / 25,
     ),
     # NVIDIA H100 SXM5 datasheet: 67 TF fp32, 494.7 tf32, 989.4 bf16/fp16, 1978.9 fp8 (dense),
     # 80GB HBM3 3.35 TB/s, NVLink4 900 GB/s total (450 per direction), 700 W.
@@ -204,6 +245,13 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         usd_per_hour=2.5,
         host_to_device_bw=64 * GB,
         arch=nvidia_arch((9, 0)),
+        # NVLink 4: 450 GB/s line rate per direction, "with the protocol overhead (~20%) NCCL
+        # can get an effective NVLink bandwidth of 370GB/s" (busBw of non-all-reduce
+        # collectives, or all-reduce with NCCL_ALGO=RING) on 8 H100: NCCL maintainer S. Jeaugey,
+        # https://github.com/NVIDIA/nccl-tests/issues/212 (2024-05-06). 370 / 450. NVLink SHARP
+        # all-reduce (busBw ~480) is not modelled. NCCL's model agrees: 20.6 of 25 GB/s per
+        # link (src/graph/topo.h SM90_NVLINK_BW), 0.824.
+        intra_node_bw_efficiency=370 / 450,
         # host: 2 TB per 8-GPU node, MLCommons inference v3.1 system description of Dell's
         # XE9680 8 x H100 SXM 80GB ("host_memory_capacity": "2 TB"), github.com/mlcommons/
         # inference_results_v3.1 closed/Dell/systems/XE9680_H100_SXM_80GBx8_TRT.json
@@ -232,6 +280,8 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         usd_per_hour=2.5,
         host_to_device_bw=64 * GB,
         arch=nvidia_arch((9, 0)),
+        # NVLink 4 between H100s: the H100 SXM's NCCL figure (see h100-sxm), 370 / 450.
+        intra_node_bw_efficiency=370 / 450,
     ),
     # NVIDIA H800 SXM5: the H100 SXM5 for export markets, same SM, tensor cores and 80GB HBM3
     # (3.35 TB/s, 700 W; NVIDIA's H800 datasheet), NVLink cut to 400 GB/s total (200 per
@@ -250,6 +300,9 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         usd_per_hour=2.0,
         host_to_device_bw=64 * GB,
         arch=nvidia_arch((9, 0)),
+        # its own published figure: the DeepSeek-V3 report (arXiv:2412.19437 sec. 3.2.2) gives
+        # its H800 NVLink 160 GB/s (against IB's 50), of the 200 GB/s per direction: 160 / 200.
+        intra_node_bw_efficiency=160 / 200,
     ),
     # NVIDIA H100 PCIe datasheet: 51 TF fp32, 378 tf32, 756 bf16, 1513 fp8; 80GB HBM2e 2 TB/s,
     # 350 W; peers over PCIe Gen5 x16 (64 GB/s per direction).
@@ -281,6 +334,10 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         usd_per_hour=3.5,
         host_to_device_bw=64 * GB,
         arch=nvidia_arch((9, 0)),
+        # NVLink 4 and NVSwitch as on the H100 SXM: its NCCL figure (see h100-sxm), 370 / 450
+        # (an 8 x H200 all-reduce reaching 475 GB/s busBw uses NVLink SHARP,
+        # https://github.com/NVIDIA/nccl-tests/issues/272, not modelled).
+        intra_node_bw_efficiency=370 / 450,
         # host: 2 TB (32 x 64 GB DIMMs) per 8-GPU node, MLCommons inference v4.1 system
         # description of NVIDIA's H200-SXM-141GBx8 (DGX H200), github.com/mlcommons/
         # inference_results_v4.1 closed/NVIDIA/systems/H200-SXM-141GBx8_TRT_MaxQ.json
@@ -303,6 +360,12 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         usd_per_hour=6.0,
         host_to_device_bw=64 * GB,
         arch=nvidia_arch((10, 0)),
+        # NCCL's own model of an NVLink's app-level bandwidth: 40.1 GB/s per link
+        # (NVIDIA/nccl src/graph/topo.h SM100_NVLINK_BW) of its 50 GB/s per direction; "roughly, the
+        # app-level bandwidth is 80% of the peak bandwidth" (NCCL maintainer S. Jeaugey,
+        # https://github.com/NVIDIA/nccl/issues/1054, 2023-11-06). No 8-GPU nccl-tests busBw
+        # from NVIDIA was found for this part.
+        intra_node_bw_efficiency=40.1 / 50,
     ),
     # GeForce RTX 3090 (Ampere GA102 whitepaper): 35.6 TF fp32, 71 TF fp16/bf16 tensor with fp32
     # accumulate; 24GB GDDR6X 936 GB/s; PCIe Gen4 x16 (32 GB/s per direction); 350 W.
@@ -360,6 +423,14 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         # the gap by clocks under sustained GEMM load below the boost clock the peak assumes
         # (ROCm blogs "Understanding Peak, Max-Achievable & Delivered FLOPs", 2025).
         mamf_bf16=781.9e12,
+        # xGMI: 64 GB/s raw per link, "approximately 48 GB/s per link" usable after CRC and
+        # protocol overhead, "about 75% of the theoretical peak" (AMD ROCm blogs, "Understanding
+        # RCCL Bandwidth and xGMI Performance on AMD Instinct MI300X", 2025-03-02, section
+        # 'Theoretical Performance Claims vs. Achievable', https://rocm.blogs.amd.com/
+        # software-tools-optimization/mi300x-rccl-xgmi/README.html): 48 / 64 = 0.75.
+        intra_node_bw_efficiency=0.75,
+        # attention_bf16: no published forward + backward FlashAttention figure for MI300X was
+        # found (AMD's and third-party posts give forward only); the matmul rate is kept.
     ),
     # This project's 2-core AVX-512 host (AMD EPYC, 2.6 GHz): 2 cores x 2.6 GHz x 2 FMA pipes x
     # 16 fp32 lanes x 2 FLOP = 333 GFLOP/s nominal peak (a 2048^3 sgemm measures ~190 GFLOP/s,

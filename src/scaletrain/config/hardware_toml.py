@@ -68,6 +68,8 @@ FIGURES: dict[str, Figure] = {
     "usd_per_gpu_hour": Figure("usd_per_hour", 1.0, "USD/h"),
     "storage_gb_per_s": Figure("storage_bw", GB, "GB/s"),
     "mamf_bf16_tflops": Figure("mamf_bf16", TFLOPS, "TFLOP/s"),
+    "attention_bf16_tflops": Figure("attention_bf16", TFLOPS, "TFLOP/s"),
+    "intra_node_bw_efficiency": Figure("intra_node_bw_efficiency", 1.0, "fraction"),
 }
 """TOML figure -> spec attribute. `arch` (a text, `hardware_rules.parse_arch`) is the other
 field a description gives."""
@@ -156,6 +158,12 @@ def describe_hardware(gpu: str, figures: Mapping[str, Any], arch: str = "") -> H
             )
             if FIGURES[name].integer and not values[name].is_integer():
                 raise ConfigError(f"hardware.{name}", value, "give a whole number")
+    if values.get("intra_node_bw_efficiency", 0.0) > 1:
+        raise ConfigError(
+            "hardware.intra_node_bw_efficiency",
+            figures["intra_node_bw_efficiency"],
+            "give the achieved share of intra_node_bw_gb_s, in (0, 1]",
+        )
     parsed = parse_arch(arch) if arch else None
     if arch and parsed is None:
         raise ConfigError(

@@ -211,6 +211,15 @@ class HardwareConfig:
     ml-engineering's mamf-finder.py); the default matmul efficiency keeps its share of peak
     against an H100's (80.1%). 0 = the preset's (measured for MI300X only; otherwise the
     device plans like the NVIDIA parts the default efficiency was read on)."""
+    attention_bf16_tflops: float = 0.0
+    """FlashAttention forward + backward bf16 TFLOP/s measured on the device (causal): the
+    ceiling of the flash attention core. 0 = the preset's (measured for none today: an sm90
+    part takes the H100's published FlashAttention-2 figure, 35% of peak; any other device
+    the matmul rate)."""
+    intra_node_bw_efficiency: float = 0.0
+    """Achieved share (0..1] of `intra_node_bw_gb_s` that an intra-node collective's bus
+    bandwidth reaches. 0 = the preset's (0.75 on MI300X from AMD's xGMI figure; 1, the raw
+    link figure, on the NVIDIA presets and a described device)."""
     arch: str = ""
     """Architecture: 'sm90' (NVIDIA compute capability 9.0), 'gfx942' (AMD) or 'cpu'; it
     decides the precisions the device runs. Empty = the preset's."""

@@ -298,8 +298,10 @@ def _recipe_time(est: Estimate) -> list[str]:
     from ..time.efficiency import COMM_OVERLAP, attention_kernel
 
     kernel = attention_kernel(r.name, r.attention, p.model.attention)
+    from ..time.efficiency import attention_ceiling
+
     why = {
-        "flash2": "35% of bf16 peak on Hopper: FlashAttention-3 paper",
+        "flash2": f"ceiling: {attention_ceiling(hw)[1]}",
         "fused": "Transformer Engine, at the matmul rate",
         "naive": "full s x s + score traffic: efficiency.NAIVE_SCORE_BYTES",
     }[kernel]
@@ -457,6 +459,11 @@ def _time_lines(
         f"(rank {slow}: {counts[slow]} blocks{' + head' if slow == len(counts) - 1 else ''}) "
         f"/ (tp*cp) / (peak x efficiency) = {t.compute_s:.3f} s"
     )
+    if not p.hardware.is_cpu:
+        from ..time.efficiency import kernel_ceilings
+
+        add(f"   kernel ceilings of {p.hardware.name} (own figure or another device's):")
+        out += [f"     {line}" for line in kernel_ceilings(p.hardware)]
     add("-- 6. communication (per step per rank: all time; exposed after overlap)")
     for k, v in t.comm_terms.items():
         add(f"   {k:<22} {v:.4f} s")

@@ -5,8 +5,10 @@ M bytes over n ranks moves 2(n-1)/n * M per rank in 2(n-1) steps; all-gather, re
 all-to-all move (n-1)/n * M in (n-1) steps (M = the full, unsharded size); a point-to-point send
 moves M in one step. time = steps * alpha + bytes / beta, beta = the per-GPU per-direction link
 bandwidth of the tier the axis spans. Ignores: tree/NVLS algorithms (lower latency at small n),
-congestion between axes sharing a NIC, SHARP in-network reduction, protocol efficiency (~80-90%
-of link bandwidth in practice: folded into the hardware preset's bandwidth if calibrated).
+congestion between axes sharing a NIC, SHARP in-network reduction. Intra-node links run at
+`HardwareSpec.intra_node_busbw`: the raw link figure x the device's published achieved share
+(0.75 on MI300X's xGMI; 1 on the NVIDIA presets, where no per-device figure is cited yet);
+the NIC figure is raw on every preset.
 
 Rank placement (Megatron-LM and torchtitan order): tp innermost, then cp, then dp (ep borrows
 dp*cp ranks with stride tp), pp outermost. An axis whose ranks lie in one node (stride x degree
@@ -70,9 +72,9 @@ def axis_link(
     if inter:
         # multi-rail ring (module docstring): the group's ranks per node share its NICs' load
         per_node = max(1, min(degree, gpn // max(1, stride)))
-        bw = min(hardware.intra_node_bw, per_node * hardware.inter_node_bw)
+        bw = min(hardware.intra_node_busbw, per_node * hardware.inter_node_bw)
         return bw, hardware.inter_node_latency_s, True
-    return hardware.intra_node_bw, hardware.intra_node_latency_s, False
+    return hardware.intra_node_busbw, hardware.intra_node_latency_s, False
 
 
 def _axis_group(L: Layout, axis: str) -> tuple[int, int]:
@@ -353,7 +355,7 @@ def _hsdp_term(
     every micro-batch (FSDP2 reduces each backward; once per step under pp > 1)."""
     # replica groups are the outer part of dp: inter-node once dp*cp*tp > a node.
     inter = L.tp * L.cp * L.dp > (gpus_per_node or hw.gpus_per_node)
-    bw2 = hw.inter_node_bw if inter else hw.intra_node_bw
+    bw2 = hw.inter_node_bw if inter else hw.intra_node_busbw
     lat2 = hw.inter_node_latency_s if inter else hw.intra_node_latency_s
     r = L.dp_replicate
     return (k_red * 2 * (r - 1) / r * shard, k_red * allreduce_time(shard, r, bw2, lat2))

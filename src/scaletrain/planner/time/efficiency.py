@@ -5,7 +5,8 @@ and the communication latency terms that matter at 1,000+ GPUs. Torch-free.
 What every recipe uses (step_time.step_time):
 - matmuls at `time.step_time.default_efficiency` (the calibrated fraction of peak);
 - the attention core as its kernel runs it (`attention_seconds_per_token`): FlashAttention-2
-  (torch SDPA, flash-attn 2) at FLASH2_HOPPER_EFFICIENCY of peak on Hopper, a materialized
+  (torch SDPA, flash-attn 2) at most at the device's attention ceiling (`attention_ceiling`:
+  its own measured figure, or FLASH2_HOPPER_EFFICIENCY of peak on Hopper), a materialized
   core (Megatron-DeepSpeed) at the matmul rate on its full s x s block plus its softmax /
   dropout score traffic over memory bandwidth (NAIVE_SCORE_BYTES);
 - NCCL's ring / tree latency model for data-parallel all-reduces (`allreduce_latency`, the
@@ -53,6 +54,8 @@ __all__ = [
     "FLASH2_HOPPER_EFFICIENCY",
     "NAIVE_SCORE_BYTES",
     "attention_kernel",
+    "attention_ceiling",
+    "kernel_ceilings",
     "AttentionCore",
     "attention_seconds_per_token",
     "COMM_OVERLAP",
@@ -237,6 +240,71 @@ def attention_kernel(recipe: str, recipe_attention: str, model_attention: str) -
     return "fused" if recipe in ("megatron", "nemo") else "flash2"
 
 
+def attention_ceiling(hardware: HardwareSpec) -> tuple[float, str]:
+    """(FLOP/s, where it comes from) of the flash attention core's ceiling on `hardware`
+    (0 = none: the core runs at the matmul rate):
+    - the device's own measured figure (`HardwareSpec.attention_bf16`, a preset's citation or
+      `[hardware] attention_bf16_tflops`);
+    - else on an sm90 (Hopper) part FLASH2_HOPPER_EFFICIENCY of its bf16 peak, the H100
+      figure of the FlashAttention-3 paper: its cause (FA2 uses neither wgmma nor TMA) holds on
+      every sm90 part, so an H200 / H800 / described sm90 device takes the H100's figure;
+    - else none: no published figure for the device, the attention keeps its matmul rate (an
+      A100's FA2 reaches 50-73% of peak, above it; an MI300X's has no published forward +
+      backward figure: it does NOT take the H100's, whose cause is Hopper's instructions).
+    Ignores: the figure's dependence on head dim, sequence length and masking."""
+    if hardware.attention_bf16 > 0:
+        return hardware.attention_bf16, f"{hardware.name}'s own measured figure"
+    cap = hardware.arch.capability
+    if cap is not None and cap[0] == 9 and "bf16" in hardware.peak_flops:
+        rate = hardware.flops("bf16") * FLASH2_HOPPER_EFFICIENCY
+        return rate, (
+            "the H100 SXM's published FlashAttention-2 figure, 35% of peak (FlashAttention-3 "
+            "paper), taken by every sm90 part"
+        )
+    return 0.0, "no published figure for this device: the matmul rate"
+
+
+def kernel_ceilings(hardware: HardwareSpec) -> list[str]:
+    """One line per per-device kernel ceiling the time model uses on `hardware`, with where
+    its figure comes from (the device's own measurement or another device's): what `explain`
+    prints."""
+    peak = hardware.peak_flops.get("bf16", 0.0)
+    if hardware.mamf_bf16 > 0 and peak > 0:
+        gemm = (
+            f"GEMM: {hardware.name}'s own measured MAMF {hardware.mamf_bf16 / 1e12:.1f} TFLOP/s "
+            f"({hardware.mamf_bf16 / peak:.0%} of peak) -> x{matmul_peak_factor(hardware):.2f} "
+            "of the default efficiency"
+        )
+    else:
+        gemm = (
+            "GEMM: no MAMF measured for this device: the H100's share of peak (80.1%, "
+            "efficiency.MAMF_REFERENCE; the default efficiency was read on A100 / H100 runs)"
+        )
+    rate, src = attention_ceiling(hardware)
+    attn = (
+        f"attention (flash): {rate / 1e12:.0f} TFLOP/s, {src}"
+        if rate > 0
+        else (f"attention (flash): {src}")
+    )
+    eff = hardware.intra_node_bw_efficiency
+    link = (
+        f"intra-node collectives: {hardware.intra_node_busbw / 1e9:.0f} GB/s bus bandwidth = "
+        f"link {hardware.intra_node_bw / 1e9:.0f} GB/s x {eff:.2f} "
+        + (
+            "(a published achieved share: config/hardware.py cites it per preset)"
+            if eff < 1
+            else "(no published achieved share for this device: the raw link figure)"
+        )
+    )
+    return [
+        gemm,
+        attn,
+        link,
+        "inter-node collectives: the raw NIC figure (no per-device achieved share)",
+        "memory-bound kernels: the datasheet HBM bandwidth (no per-device achieved share)",
+    ]
+
+
 @dataclass(kw_only=True, slots=True)
 class AttentionCore:
     """One block's attention core as its kernel runs it (`attention_seconds_per_token`).
@@ -268,8 +336,9 @@ def attention_seconds_per_token(
     bf16_rate: the 16-bit matmul rate (peak x matmul efficiency) the attention runs at;
     kernel_efficiency=False (a user-set efficiency) keeps that rate for flash kernels too.
     - flash kernels skip the masked half; their backward recomputes S = QK^T: 5 matmuls against
-      the forward's 2 (flops.FLASH_BACKWARD_FACTOR = 2.5). On Hopper FlashAttention-2 runs at
-      FLASH2_HOPPER_EFFICIENCY of peak (at most the matmul rate).
+      the forward's 2 (flops.FLASH_BACKWARD_FACTOR = 2.5). FlashAttention-2 runs at most at
+      the device's attention ceiling (`attention_ceiling`: its own measured figure, or on
+      Hopper FLASH2_HOPPER_EFFICIENCY of peak) and at most at the matmul rate.
     - naive cores compute the whole s x s block and mask it (2 x the halved count) with a
       backward of 4 matmuls (2 x forward), at the matmul rate, plus NAIVE_SCORE_BYTES per score
       element (a x s per token) over the memory bandwidth; dropout's share only when the
@@ -282,8 +351,10 @@ def attention_seconds_per_token(
     rc = 1.0 if core.recompute else 0.0
     if kernel != "naive":
         rate = bf16_rate
-        if kernel_efficiency and kernel == "flash2" and generation_of(hardware) in ("h100", "h200"):
-            rate = min(rate, hardware.flops("bf16") * FLASH2_HOPPER_EFFICIENCY)
+        if kernel_efficiency and kernel == "flash2":
+            ceiling, _ = attention_ceiling(hardware)
+            if ceiling > 0:
+                rate = min(rate, ceiling)
         return core_flops * (1.0 + FLASH_BACKWARD_FACTOR + rc) / rate
     fwd_b, bwd_b, drop_b = NAIVE_SCORE_BYTES["scaletrain" if recipe == "scaletrain" else "megatron"]
     if not core.dropout:

@@ -1,0 +1,133 @@
+"""Per-device kernel ceilings (planner/time/efficiency.py attention_ceiling, kernel_ceilings;
+HardwareSpec.intra_node_busbw): each device's own published figure where one is cited, another
+device's only where the cause carries over (sm90's FlashAttention-2), and `explain` says which."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from scaletrain.config import ConfigError, Layout, hardware_preset, load_config, resolve_model
+from scaletrain.planner import estimate
+from scaletrain.planner.output.explain import explain
+from scaletrain.planner.time.comm import axis_link
+from scaletrain.planner.time.efficiency import (
+    FLASH2_HOPPER_EFFICIENCY,
+    AttentionCore,
+    attention_ceiling,
+    attention_seconds_per_token,
+    kernel_ceilings,
+)
+from scaletrain.planner.time.flops import FLASH_BACKWARD_FACTOR
+from scaletrain.planner.types import PlanInput
+
+MI300X = hardware_preset("mi300x")
+CORE = AttentionCore(
+    kernel="flash2", core_flops=1e9, heads=32, seq_len=8192, recompute=False, dropout=False
+)
+
+
+def _flash_s(hw_spec: object, bf16_rate: float) -> float:
+    return attention_seconds_per_token(
+        CORE, recipe="torchtitan", bf16_rate=bf16_rate, hardware=hw_spec
+    )
+
+
+def test_mi300x_attention_does_not_take_the_h100_figure() -> None:
+    """No forward + backward FlashAttention figure is published for MI300X, and the H100's
+    35% comes from Hopper's instructions: the MI300X's flash core keeps its matmul rate, even
+    above 35% of its peak."""
+    rate, why = attention_ceiling(MI300X)
+    assert rate == 0.0 and "no published figure" in why
+    fast = 0.5 * MI300X.flops("bf16")  # above 35% of peak: not capped
+    assert _flash_s(MI300X, fast) == pytest.approx(1e9 * (1 + FLASH_BACKWARD_FACTOR) / fast)
+
+
+@pytest.mark.parametrize("name", ["h100-sxm", "h200", "h800", "h100-pcie"])
+def test_every_sm90_part_takes_the_h100_figure_and_says_so(name: str) -> None:
+    hw_spec = hardware_preset(name)
+    rate, why = attention_ceiling(hw_spec)
+    assert rate == pytest.approx(hw_spec.flops("bf16") * FLASH2_HOPPER_EFFICIENCY)
+    assert "H100 SXM's" in why
+
+
+def test_a_measured_attention_figure_wins_over_the_fallback() -> None:
+    """`attention_bf16` (a preset's citation or [hardware] attention_bf16_tflops) caps the
+    flash core on any device; a matmul rate below it is kept."""
+    for base in (MI300X, hardware_preset("h100-sxm")):
+        measured = dataclasses.replace(base, attention_bf16=300e12)
+        assert attention_ceiling(measured)[0] == 300e12
+        assert "own measured" in attention_ceiling(measured)[1]
+        want = 1e9 * (1 + FLASH_BACKWARD_FACTOR) / 300e12
+        assert _flash_s(measured, 600e12) == pytest.approx(want)
+        assert _flash_s(measured, 200e12) == pytest.approx(want * 300 / 200)
+
+
+def test_intra_node_collectives_run_at_the_achieved_share() -> None:
+    """MI300X: AMD's usable 48 of 64 GB/s per xGMI link (0.75) on the 448 GB/s raw figure;
+    NVLink parts their cited share; a part with none keeps the raw link figure."""
+    assert MI300X.intra_node_bw_efficiency == 0.75
+    bw, _, inter = axis_link(Layout(dp=8, zero=3), MI300X, "dp")
+    assert not inter and bw == pytest.approx(448e9 * 0.75)
+    # across nodes the multi-rail figure is capped by the achieved intra-node one
+    bw16 = axis_link(Layout(dp=16, zero=3), MI300X, "dp")[0]
+    assert bw16 == pytest.approx(min(336e9, 8 * MI300X.inter_node_bw))
+    # H100 / H200: the NCCL maintainer's 370 of 450 GB/s; H800 its own 160 of 200
+    for name, busbw in (("h100-sxm", 370e9), ("h200", 370e9), ("h800", 160e9)):
+        assert axis_link(Layout(dp=8), hardware_preset(name), "dp")[0] == pytest.approx(busbw)
+    # V100 / A100 / B200: NCCL's per-link model (20 of 25, 40.1 of 50 GB/s)
+    for name, busbw in (("v100-32gb", 120e9), ("a100-80gb", 240e9), ("b200", 900e9 * 40.1 / 50)):
+        assert axis_link(Layout(dp=8), hardware_preset(name), "dp")[0] == pytest.approx(busbw)
+    pcie = hardware_preset("h100-pcie")  # no cited achieved share: the raw link
+    assert pcie.intra_node_bw_efficiency == 1.0
+    assert axis_link(Layout(dp=8), pcie, "dp")[0] == pcie.intra_node_bw
+
+
+def test_achieved_share_slows_an_mi300x_plan_by_the_comm_only() -> None:
+    """The same ZeRO-3 plan with the raw xGMI figure: identical compute, less communication
+    time (every intra-node collective at 1 / 0.75 the bandwidth)."""
+    model = resolve_model("llama3-8b")
+
+    def plan(hw_spec: object) -> PlanInput:
+        return PlanInput(model, hw_spec, 8, Layout(dp=8, zero=3), 4096, 8, 1, "bf16")
+
+    raw = estimate(plan(dataclasses.replace(MI300X, intra_node_bw_efficiency=1.0)))
+    real = estimate(plan(MI300X))
+    assert real.time.compute_s == pytest.approx(raw.time.compute_s)
+    for k, v in raw.time.comm_terms.items():
+        assert real.time.comm_terms[k] == pytest.approx(v / 0.75, rel=0.05) or v == 0.0
+
+
+def test_toml_sets_each_ceiling_and_refuses_a_share_above_one() -> None:
+    job = load_config(
+        None,
+        [
+            "--hardware.gpu=h100-sxm",
+            "--hardware.attention_bf16_tflops=500",
+            "--hardware.intra_node_bw_efficiency=0.8",
+        ],
+    )
+    spec = job.hardware_spec()
+    assert spec.attention_bf16 == 500e12 and spec.intra_node_bw_efficiency == 0.8
+    assert spec.intra_node_busbw == pytest.approx(0.8 * 450e9)
+    with pytest.raises(ConfigError, match="intra_node_bw_efficiency"):
+        load_config(
+            None, ["--hardware.gpu=mi300x", "--hardware.intra_node_bw_efficiency=1.25"]
+        ).hardware_spec()
+
+
+def test_explain_names_each_ceilings_source() -> None:
+    model = resolve_model("llama3-8b")
+    est = estimate(PlanInput(model, MI300X, 8, Layout(dp=8, zero=3), 4096, 8, 1, "bf16"))
+    text = explain(est)
+    assert "kernel ceilings of mi300x" in text
+    lines = kernel_ceilings(MI300X)
+    for line in lines:
+        assert line in text
+    assert "own measured MAMF 781.9" in lines[0]
+    assert "no published figure for this device" in lines[1]
+    assert "336 GB/s" in lines[2] and "published achieved share" in lines[2]
+    h100_lines = kernel_ceilings(hardware_preset("h100-sxm"))
+    assert "no MAMF measured" in h100_lines[0] and "370 GB/s" in h100_lines[2]
+    assert "raw link figure" in kernel_ceilings(hardware_preset("rtx4090"))[2]
