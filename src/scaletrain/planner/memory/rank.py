@@ -16,6 +16,7 @@ worst. The set is exact, not sampled.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from scaletrain.config import offload_states, offloads_activations
@@ -31,14 +32,13 @@ from .moments import (
     OptimizerStep,
     RankMemory,
 )
-from .pipeline_fsdp import BlockWork, fsdp_walk
+from .pipeline_fsdp import BlockWork, FsdpRank, fsdp_walk
 from .pipeline_ranks import (
     FsdpState,
     fsdp_state,
     pipeline_buffers,
     rank_candidates,
-    schedule_moments,
-    schedule_stored,
+    walked_schedule,
 )
 from .rank_moments import (
     RankView,
@@ -54,6 +54,7 @@ from .rank_moments import (
 from .rank_terms import (
     ActivationTerms,
     ModelTerms,
+    RankBuffers,
     RankStates,
     activation_terms,
     fsdp_units,
@@ -94,6 +95,80 @@ def _late_grads(plan: PlanInput, terms: ModelTerms, st: dict[str, float], count:
 
 
 @dataclass(slots=True, kw_only=True)
+class RankShare:
+    """What one pipeline rank (by rank and blocks) of a layout holds whatever the plan's
+    micro-batch and AC (`LayoutFacts.ranks`): read by `rank_memory` for each of the layout's
+    plans, each found once per search."""
+
+    dense: int
+    """An MoE model's dense first blocks on the rank (`states.dense_layers_on_rank`)."""
+    states: RankStates
+    """`rank_terms.rank_states` of the rank."""
+    fsdp_units: FsdpRank | None
+    """`rank_terms.fsdp_units` of the rank (None but on a ZeRO-2/3 pipeline)."""
+    buffers: dict[float, RankBuffers]
+    """`rank_terms.rank_buffers` of the rank by tokens per micro-batch (of one cp rank)."""
+
+
+@dataclass(slots=True, kw_only=True)
+class LayoutFacts:
+    """What every plan of one layout shares whatever its micro-batch and AC
+    (`layout_facts`): the search evaluates about four plans of each layout it reaches (the
+    405B search: 30,089 plans of 7,780 layouts), each reading these per rank; built once per
+    search and kept in `ModelTerms.layouts`. Found per plan before, with the rank states'
+    and buffers' 17- and 13-field cache keys built per rank; now the 405B warm search builds
+    the first for 25,532 of its 55,671 ranks, the second for 49,982 (cProfile call counts)."""
+
+    zero_shards: int
+    device: str
+    """'cpu' or 'gpu' (the runtime context and the optimizer's temporaries differ)."""
+    last_rank: int
+    """The pipeline rank holding the last stage (`time.pipeline.last_stage_rank`)."""
+    states_offload: str
+    """`config.offload_states` of the plan's offload."""
+    offloads_activations: bool
+    """`config.offloads_activations` of the plan's offload."""
+    dense_layers: int
+    """An MoE model's dense first blocks (0 without)."""
+    fsdp: FsdpState
+    """The FSDP2 state the plan's schedule moments carry (`pipeline_ranks.fsdp_state`)."""
+    ranks: dict[tuple[int, int], RankShare]
+    """Each rank's `RankShare` by (rank, blocks held), found when a plan first reads it."""
+
+
+def layout_facts(plan: PlanInput, terms: ModelTerms, convention: str) -> LayoutFacts:
+    """The `LayoutFacts` of `plan`'s layout, kept in `terms` by the layout and every plan
+    field its ranks' states and buffers read (their caches' keys, `rank_states` and
+    `rank_buffers`, less the micro-batch's tokens, which `RankShare.buffers` is keyed by)."""
+    L, model = plan.layout, plan.model
+    device = "cpu" if plan.hardware.is_cpu else "gpu"
+    key = (
+        L,
+        plan.offload,
+        convention,
+        plan.precision,
+        plan.optimizer,
+        plan.beta1,
+        plan.lora,
+        plan.gathers_fp8,
+        device,
+    )
+    hit = terms.layouts.get(key)
+    if hit is None:
+        hit = terms.layouts[key] = LayoutFacts(
+            zero_shards=L.zero_shards,
+            device=device,
+            last_rank=last_stage_rank(L),
+            states_offload=offload_states(plan.offload),
+            offloads_activations=offloads_activations(plan.offload),
+            dense_layers=model.num_dense_layers if model.is_moe else 0,
+            fsdp=fsdp_state(L),
+            ranks={},
+        )
+    return hit
+
+
+@dataclass(slots=True, kw_only=True)
 class PlanFacts:
     """What every pipeline rank of one plan shares (`rank_memory` reads it), found once per
     plan: the search evaluates two to three ranks of each of its ~30,000 plans. Not frozen,
@@ -108,21 +183,10 @@ class PlanFacts:
     """The activation model `plan_activations` builds them with (`activation_terms`)."""
     convention: str
     """The model-state byte convention (`states.CONVENTIONS`)."""
-    zero_shards: int
+    shared: LayoutFacts
+    """What the plan shares with the other plans of its layout (`layout_facts`)."""
     microbatches: int
     """Micro-batches per step (at least 1)."""
-    device: str
-    """'cpu' or 'gpu' (the runtime context and the optimizer's temporaries differ)."""
-    last_rank: int
-    """The pipeline rank holding the last stage (`time.pipeline.last_stage_rank`)."""
-    states_offload: str
-    """`config.offload_states` of the plan's offload."""
-    offloads_activations: bool
-    """`config.offloads_activations` of the plan's offload."""
-    dense_layers: int
-    """An MoE model's dense first blocks (0 without)."""
-    fsdp: FsdpState
-    """The FSDP2 state the plan's schedule moments carry (`pipeline_ranks.fsdp_state`)."""
     block_work: BlockWork | None = None
     """What a block's backward holds first on a ZeRO-2/3 pipeline rank with blocks
     (`rank_moments.pipeline_block_work`: the plan's, whichever rank), found by the first."""
@@ -137,21 +201,14 @@ def plan_facts(
 ) -> PlanFacts:
     """The `PlanFacts` of `plan` (terms: its model's `ModelTerms`; acts: its activation
     terms, or None to build them when a rank first needs them, with `modern`)."""
-    L, model = plan.layout, plan.model
     return PlanFacts(
         plan=plan,
         terms=terms,
         acts=acts,
         modern=modern,
         convention=convention,
-        zero_shards=L.zero_shards,
+        shared=layout_facts(plan, terms, convention),
         microbatches=max(1, plan.grad_accum),
-        device="cpu" if plan.hardware.is_cpu else "gpu",
-        last_rank=last_stage_rank(L),
-        states_offload=offload_states(plan.offload),
-        offloads_activations=offloads_activations(plan.offload),
-        dense_layers=model.num_dense_layers if model.is_moe else 0,
-        fsdp=fsdp_state(L),
     )
 
 
@@ -185,23 +242,41 @@ def rank_memory(
     (the same float, through the same increasing `reserved_bytes`), and reach `settle_at`
     too. The 405B search settles about 16,500 of its 60,000 ranks so."""
     plan, terms, m = facts.plan, facts.terms, facts.microbatches
-    L = plan.layout
-    last = rank == facts.last_rank
-    # an MoE model's dense first blocks on this rank (DeepSeek): their parameters, and
-    # activations in the per-block mean of this rank's blocks
-    dense = 0
-    if facts.dense_layers:
-        dense = dense_layers_on_rank(
-            plan.model.num_layers, facts.dense_layers, L.pp, L.pp_virtual, rank, L.pp_schedule
+    L, shared = plan.layout, facts.shared
+    last = rank == shared.last_rank
+    zs, device = shared.zero_shards, shared.device
+    part = shared.ranks.get((rank, layers))
+    if part is None:
+        # an MoE model's dense first blocks on this rank (DeepSeek): their parameters, and
+        # activations in the per-block mean of this rank's blocks
+        dense = 0
+        if shared.dense_layers:
+            dense = dense_layers_on_rank(
+                plan.model.num_layers, shared.dense_layers, L.pp, L.pp_virtual, rank, L.pp_schedule
+            )
+            dense = min(dense, layers)
+        rs = rank_states(plan, terms, zs, rank == 0, last, layers, facts.convention, dense)
+        part = shared.ranks[(rank, layers)] = RankShare(
+            dense=dense,
+            states=rs,
+            fsdp_units=(
+                fsdp_units(plan, terms, rank=rank, layers=layers, states=rs)
+                if shared.fsdp != "off"  # (ZeRO-2/3 on a pipeline: `fsdp_units`' own test)
+                else None
+            ),
+            buffers={},
         )
-        dense = min(dense, layers)
-    zs, device = facts.zero_shards, facts.device
-    rs = rank_states(plan, terms, zs, rank == 0, last, layers, facts.convention, dense)
+    dense, rs = part.dense, part.states
     st, fixed = rs.states, rs.fixed
     # fsdp: the FSDP collectives' buffers; quant: fp8's quantization temporary, which exists
     # only inside a converted linear's forward/backward: not during the optimizer step, nor
     # the (16-bit) head's loss backward
-    rb = rank_buffers(plan, terms, zs, rs.unit, device, rs.trainable, rs.backward)
+    tokens = plan.seq_len / L.cp * plan.micro_batch
+    rb = part.buffers.get(tokens)
+    if rb is None:
+        rb = part.buffers[tokens] = rank_buffers(
+            plan, terms, zs, rs.unit, device, rs.trainable, rs.backward
+        )
     bufs, buffers = rb.terms, rb.total
     ctx, fsdp, quant = rb.runtime_context, rb.fsdp, rb.fp8_quantize
     if L.pp > 1:
@@ -210,7 +285,7 @@ def rank_memory(
         if piped is None:
             piped = rb.pipeline[key] = pipeline_buffers(plan, bufs, buffers, rank, m)
         bufs, buffers = piped
-    states_offload = facts.states_offload
+    states_offload = shared.states_offload
     # torch's foreach AdamW/SGD allocate an fp32 intermediate per parameter during step(); on
     # a GPU the trainer runs fused AdamW, which allocates none (the dry-run measures none)
     step_tmp = 0.0 if states_offload != "none" or device != "cpu" else 4.0 * rs.sharded
@@ -253,9 +328,22 @@ def rank_memory(
         recorded = (layers - dense) * a.recorded_per_layer + dense * a.dense_recorded_per_layer
         acts_terms = replace(acts_terms, per_layer=mean, recorded_per_layer=recorded / layers)
     moments: tuple = ()
+    stored: Sequence[tuple[float, float]] = ()
     if L.pp > 1:
-        moments = schedule_moments(
-            L.pp_schedule, L.pp, m, L.pp_virtual, rank, plan.model.num_layers, facts.fsdp
+        moments, stored = walked_schedule(
+            L.pp_schedule,
+            L.pp,
+            m,
+            L.pp_virtual,
+            rank,
+            plan.model.num_layers,
+            shared.fsdp,
+            (
+                acts_terms.per_layer,
+                acts_terms.recorded_per_layer,
+                acts_terms.head,
+                acts_terms.head_after_input,
+            ),
         )
     view = RankView(
         plan=plan,
@@ -273,12 +361,8 @@ def rank_memory(
         acts=acts_terms,
         schedule=moments,
         last=last,
-        stored=schedule_stored(acts_terms, moments),
-        fsdp_units=(
-            fsdp_units(plan, terms, rank=rank, layers=layers, states=rs)
-            if facts.fsdp != "off"  # (ZeRO-2/3 on a pipeline: `fsdp_units`' own test)
-            else None
-        ),
+        stored=stored,
+        fsdp_units=part.fsdp_units,
     )
     if view.fsdp_units is not None:  # (found once per rank, read by each of its moments)
         view.fsdp_walk = fsdp_walk(view, view.fsdp_units)
@@ -360,7 +444,7 @@ def rank_memory(
     reserved = reserved_bytes(total, ctx)
     host_terms: tuple[tuple[str, float], ...] = ()
     host: float = 0  # (int 0, what the sum of no terms is: reports print it as before)
-    if states_offload != "none" or facts.offloads_activations:  # (else none: `_host_bytes`)
+    if states_offload != "none" or shared.offloads_activations:  # (else none: `_host_bytes`)
         host_terms = _host_bytes(
             facts, rs, acts_terms, layers=layers, in_flight=in_flight, last=last
         )
@@ -446,13 +530,13 @@ def _host_bytes(
     (up to 2x per tensor on CUDA), the processes' own host memory (CUDA context, libraries,
     data loader), the page cache."""
     out: list[tuple[str, float]] = []
-    states = facts.states_offload
+    states = facts.shared.states_offload
     offloaded = rs.states["offloaded"]
     if states == "optimizer":
         out += [("optimizer states", offloaded), ("optimizer step copies", 8.0 * rs.sharded)]
     elif states == "params":
         out.append(("parameters, gradients, optimizer states", offloaded))
-    if facts.offloads_activations:
+    if facts.shared.offloads_activations:
         saved = in_flight * (layers * acts.host_per_layer + rs.host_casts)
         out.append(("activations", saved + (acts.host_head if last else 0.0)))
     return tuple(out)
@@ -486,7 +570,7 @@ def worst_rank(
         L.pp_virtual,
         L.pp_schedule,
         facts.microbatches,
-        facts.dense_layers,
+        facts.shared.dense_layers,
     ):
         nums = rank_memory(
             facts, rank=rank, layers=layers, in_flight=in_flight, settle_at=settle_at

@@ -57,8 +57,9 @@ from .states import (
     state_bytes_per_param,
 )
 
-if TYPE_CHECKING:  # step_time imports this module
+if TYPE_CHECKING:  # step_time and rank import this module
     from ..time.step_time import BlockTime, ModelFlops
+    from .rank import LayoutFacts
 
 __all__ = [
     "ModelTerms",
@@ -189,7 +190,8 @@ class ModelTerms:
     """One model's memory terms, reused by every layout of a search: its parameter counts and,
     keyed by the layout fields each depends on, the rank states (`rank_states`), activation
     terms (`activation_terms`), buffers (`rank_buffers`), FLOPs per token
-    (`step_time.model_flops`) and the loss and MLP backward temporaries of the moments.
+    (`step_time.model_flops`), the loss and MLP backward temporaries of the moments and what
+    the plans of one layout share (`rank.LayoutFacts`).
     `search.layouts.search` builds one per search; a caller that passes none gets a fresh one
     per call. Also the default time model's block seconds on one hardware
     (`step_time._block_time`)."""
@@ -206,6 +208,7 @@ class ModelTerms:
         "fsdp",
         "blocks",
         "blocks_hardware",
+        "layouts",
     )
 
     def __init__(self, model: ModelConfig) -> None:
@@ -229,6 +232,9 @@ class ModelTerms:
         halving, LoRA, precision and the plan's efficiency."""
         self.blocks_hardware: HardwareSpec | None = None
         """The hardware `blocks` holds the seconds of (another empties it)."""
+        self.layouts: dict[tuple, LayoutFacts] = {}
+        """What every plan of one layout shares whatever its micro-batch and AC
+        (`rank.layout_facts`), by the layout and the plan fields its ranks' states read."""
 
 
 def plan_lora_terms(plan: PlanInput) -> LoraTerms | None:
