@@ -581,7 +581,9 @@ def _time_where_read(tally: _Tally, top_k: int) -> None:
     def time(i: int) -> float:
         floor, cplx, reserved, order, plan = fits[i]
         step = float(f"{plan_step(plan, floored.pop(i), terms=tally.terms):.9g}")
-        assert floor <= step, (floor, step, plan.layout)  # (`step_time.step_floor`)
+        # (`step_time.step_floor`; a NaN of degenerate figures, e.g. a subnormal efficiency,
+        # passes on to the CLI's one-line refusal of non-finite results)
+        assert not floor > step, (floor, step, plan.layout)
         fits[i] = (step, cplx, reserved, order, plan)
         return step
 
