@@ -54,37 +54,23 @@ class ForwardBackward:
 
 
 @dataclass(kw_only=True, slots=True)
-class NormBackward:
+class NormBackward(ForwardBackward):
     """A norm's backward without ZeRO-2/3 units (pp = 1; `rank.rank_memory`): states, the
     buffers alive outside a linear (no fp8 cast, no SP gather in flight), the stored
     activations with the norm's temporaries and gradients (`norm_backward_bytes`) and the
     gradients that exist by then."""
 
     name: ClassVar[str] = "a norm's backward (fp32 temporaries)"
-    states: float
-    buffers: float
-    acts_and_grads: float
-
-    @property
-    def total(self) -> float:
-        return self.states + self.buffers + self.acts_and_grads
 
 
 @dataclass(kw_only=True, slots=True)
-class MlpForwardEnd:
+class MlpForwardEnd(ForwardBackward):
     """The end of the last block's MLP forward without ZeRO-2/3 units (pp = 1;
     `rank.rank_memory`): states, the buffers but fp8's backward cast, the blocks' stored
     activations and what the forward holds unsaved (`mlp_forward_end_bytes`), the gradients
     of earlier micro-batches."""
 
     name: ClassVar[str] = "the end of the last block's MLP forward (fp8)"
-    states: float
-    buffers: float
-    acts_and_grads: float
-
-    @property
-    def total(self) -> float:
-        return self.states + self.buffers + self.acts_and_grads
 
 
 @dataclass(kw_only=True, slots=True)
