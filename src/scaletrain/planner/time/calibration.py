@@ -24,9 +24,10 @@ the device it was measured on, the constants its run measured:
 - `step_overhead_s`: what the step spent outside all of the above (data wait, gradient clipping,
   bookkeeping), per step.
 - `ranks_per_host`: the ranks the run put on its host. Every rate above is a per-rank rate with
-  that many ranks sharing the host's cores, caches and memory bandwidth (on a CPU host two
-  one-thread ranks measured half a lone rank's rate each: benchmarks/results/calibration.md);
-  a plan with another count per host keeps the rates and says so (`host_sharing_note`).
+  that many ranks sharing the host's cores, caches and memory bandwidth (on this project's
+  2-vCPU test host two one-thread ranks ran at about 0.9 of a lone rank's rate each when the
+  host was quiet, about half at load 8-15: benchmarks/results/calibration.md); a plan with
+  another count per host keeps the rates and says so (`host_sharing_note`).
 A constant at 0 (or absent) was not measured and keeps its default, which `describe` names.
 Under a calibration the GPU kernel rules the defaults add (FlashAttention-2's Hopper rate,
 eager elementwise bytes) are not applied: the run measured the kernels it ran.
@@ -419,9 +420,8 @@ def host_sharing_note(cal: Calibration, ranks_per_host: int) -> str | None:
     """What a plan putting `ranks_per_host` ranks on each host should know of a calibration
     measured with another count (None when they agree or the file did not record it): its
     rates are per-rank rates under the run's sharing of the host, which nothing here can
-    carry to another count (two one-thread CPU ranks ran at half a lone rank's rate each on
-    this project's test host, whose 2 vCPUs share vector units; a host with free physical
-    cores would not halve), so they are used as measured."""
+    carry to another count (it depends on the host and on what else runs there: see the
+    module docstring), so they are used as measured."""
     if cal.ranks_per_host <= 0 or cal.ranks_per_host == ranks_per_host:
         return None
     return (
