@@ -190,6 +190,11 @@ def test_calibration_errors_and_summary():
         for e in (0.01, -0.03, 0.05)
     ]
     assert cal.summary(rows) == {"B": {"profile": 0.01, "step": 0.02, "default": -0.2}}
+    # a one-rank layout is judged by A's profile calibration, a two-rank one by D's
+    e = {"profile": 0.5, "profile_2rank": 0.05}
+    assert cal._verdict("E: two", 2, e) == "yes" and cal._verdict("B: one", 1, e) == "**no**"
+    assert cal._verdict("D: two", 2, e) == "calibrated on it"
+    assert cal._verdict("E: two", 2, {"profile": 0.0}) == "not judged"
 
 
 @pytest.mark.parametrize("name", SCRIPTS)

@@ -21,6 +21,7 @@ from scaletrain.planner.time.calibration import (
     describe_calibration,
     gemm_classes,
     head_class,
+    host_sharing_note,
     read_calibration,
 )
 from scaletrain.planner.time.efficiency import gemm_factor
@@ -45,6 +46,7 @@ CAL = Calibration(
     optimizer_bw=35e9,
     collective=(("all_reduce", 2.0),),
     step_overhead_s=0.003,
+    ranks_per_host=1,
 )
 
 
@@ -78,6 +80,8 @@ def test_the_file_round_trips(tmp_path: Path) -> None:
         (('clock = "cpu"', 'clock = "sun"'), "--calibration", "clock"),
         (("[calibration]", "[calibrations]"), "calibration.hardware", "required"),
         (("[calibration]", "[calibration"), "--calibration", "not a calibration TOML"),
+        (("ranks_per_host = 1", "ranks_per_host = 1.5"), "calibration.ranks_per_host", "whole"),
+        (("ranks_per_host = 1", "ranks_per_host = -1"), "calibration.ranks_per_host", ">= 0"),
     ],
 )
 def test_file_faults_are_one_line(
@@ -216,6 +220,28 @@ def test_plan_with_a_calibration(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert "  default: all_gather, reduce_scatter, all_to_all, send" in out.splitlines()
     rc, out, _ = _cli(["explain", "--dp", "1", "--calibration", path], capsys)
     assert rc == 0 and "calibrated overhead 0.003" in out and "calibrated: matmul" in out
+
+
+def test_another_count_of_ranks_per_host_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A calibration's rates are per-rank rates under its run's sharing of the host: a plan
+    with another count per host keeps them and says so (`host_sharing_note`), in the plan's
+    notes and in the estimate's; the same count, or a file that did not record it, says
+    nothing."""
+    assert host_sharing_note(CAL, 1) is None
+    assert host_sharing_note(dataclasses.replace(CAL, ranks_per_host=0), 4) is None
+    note = host_sharing_note(CAL, 2)
+    assert note is not None and "calibrated with 1 rank(s) per host" in note
+    assert "puts 2 on each" in note and "with 2 rank(s) per host" in note
+    path = str(_write(tmp_path, calibration_toml(CAL)))
+    rc, out, _ = _cli(["plan", "--gpus", "2", "--dp", "2", "--calibration", path], capsys)
+    assert rc == 0 and " ".join(f"note: {note}".split()) in " ".join(out.split())  # (wrapped)
+    rc, out, _ = _cli(["plan", "--gpus", "1", "--dp", "1", "--calibration", path], capsys)
+    assert rc == 0 and "rank(s) per host, this plan" not in out
+    two = PlanInput(MINI, CPU, 2, Layout(dp=2), 128, 16, 8, "fp32", calibration=CAL)
+    assert note in estimate(two).notes
+    assert "1 rank(s) per host" in describe_calibration(CAL)[0]
 
 
 @pytest.mark.parametrize(

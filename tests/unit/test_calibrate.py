@@ -20,7 +20,14 @@ from scaletrain.planner.types import MemoryBreakdown, plan_input_from_job
 PEAK = 333e9  # the cpu preset's fp32 peak
 
 
-def _run(tmp: Path, *, world: int = 1, threads: int = 1, overrides: list[str] = ()) -> Path:
+def _run(
+    tmp: Path,
+    *,
+    world: int = 1,
+    threads: int = 1,
+    overrides: list[str] = (),
+    local: int | None = None,
+) -> Path:
     job = load_config(None, ["--batch.micro_batch=" + str(16 // world), *overrides])
     (tmp / "config.json").write_text(json.dumps(job.to_dict()))
     mem = MemoryBreakdown(params=1.0, total=1.0)
@@ -30,9 +37,10 @@ def _run(tmp: Path, *, world: int = 1, threads: int = 1, overrides: list[str] = 
         for s, w, c in ((1, 2.0, 1.0), (2, 0.5, 0.2), (3, 0.5, 0.2))
     ]
     (tmp / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    (tmp / "run_info.json").write_text(
-        json.dumps({"device": "cpu", "threads": threads, "hardware": "cpu"})
-    )
+    info = {"device": "cpu", "threads": threads, "hardware": "cpu"}
+    if local is not None:
+        info["local_world_size"] = local
+    (tmp / "run_info.json").write_text(json.dumps(info))
     return tmp
 
 
@@ -78,6 +86,15 @@ def test_one_rate_on_the_cpu_clock_reproduces_the_step(tmp_path: Path) -> None:
     assert res.planned_s == pytest.approx(0.2, rel=1e-9)
     assert c.matmul_by_shape == () and c.attention == 0 and c.non_gemm_s == 0
     assert any("no RUN/profile/profile.json" in n for n in res.notes)
+
+
+def test_the_ranks_sharing_the_host_are_recorded(tmp_path: Path) -> None:
+    """run_info's local_world_size becomes the calibration's ranks_per_host (0 when a run
+    written before it was recorded)."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    assert calibrate_run(_run(tmp_path / "a", world=2, local=2)).calibration.ranks_per_host == 2
+    assert calibrate_run(_run(tmp_path / "b")).calibration.ranks_per_host == 0
 
 
 def test_two_threads_read_the_wall_clock(tmp_path: Path) -> None:

@@ -571,12 +571,15 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     if inp["hw"].notes and not args.json:
         lines.append(f"note: hardware {inp['hw'].notes}")
     if inp["calibration"] is not None and not args.json:
-        from scaletrain.planner.time.calibration import describe_calibration
+        from scaletrain.planner.time.calibration import describe_calibration, host_sharing_note
 
         lines += [
             f"note: {ln}" if k == 0 else ln
             for k, ln in enumerate(describe_calibration(inp["calibration"]))
         ]
+        sharing = host_sharing_note(inp["calibration"], min(inp["gpus"], inp["hw"].gpus_per_node))
+        if sharing is not None:
+            lines.append(f"note: {sharing}")
     if args.sweep is not None:
         for flag in ("plot", "preflight", "convention", "tokens"):
             if getattr(args, flag):

@@ -217,6 +217,7 @@ def calibrate_run(run_dir: str | Path) -> CalibrationResult:
         measured_step_s=step_s,
         gemm_tokens=float(plan.seq_len) * plan.micro_batch / layout.cp,
         matmul=1.0,
+        ranks_per_host=_ranks_per_host(info),
     )
     if prof is None:
         cal = _fit_rate(plan, base)
@@ -235,6 +236,13 @@ def calibrate_run(run_dir: str | Path) -> CalibrationResult:
             "peak FLOP/s allows (check hardware.peak_tflops)"
         )
     return CalibrationResult(cal, planned, default, notes)
+
+
+def _ranks_per_host(info: dict[str, Any]) -> int:
+    """The ranks the run put on its host (run_info's `local_world_size`; 0 when a run written
+    before it was recorded)."""
+    v = info.get("local_world_size")
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 0
 
 
 def _fit_rate(plan: Any, base: Calibration) -> Calibration:

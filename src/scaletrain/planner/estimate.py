@@ -203,9 +203,13 @@ def estimate(
     )
     notes = _notes(convention, st.efficiency, plan.precision, peak)
     if plan.calibration is not None and plan.efficiency <= 0:
-        from .time.calibration import describe_calibration
+        from .time.calibration import describe_calibration, host_sharing_note
 
         notes[1] = " ".join(describe_calibration(plan.calibration))
+        per_host = min(plan.layout.world_size, plan.hardware.gpus_per_node)
+        sharing = host_sharing_note(plan.calibration, per_host)
+        if sharing is not None:
+            notes.insert(2, sharing)
     if recipe is not None:
         notes[0] = (
             f"recipe={recipe.name!r} ({recipe.framework}): model states, activations, "

@@ -4,6 +4,7 @@ sample.txt, measurement.json)."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +59,9 @@ def write_run_files(run: Run, r: RunResult) -> None:
         "skipped_steps": r.skipped_steps,
         "rollbacks": r.rollbacks,
         "world_size": run.env.world_size,
+        # ranks this launch put on one host (torchrun's / --nproc's LOCAL_WORLD_SIZE): they
+        # share its cores and memory bandwidth, which a calibration's rates then include
+        "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
         "device": run.device.type,
         # intra-op threads of each rank: a one-thread CPU rank's CPU seconds are its device
         # time (measure/calibrate.py reads the step's CPU clock then)

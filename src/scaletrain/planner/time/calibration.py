@@ -23,6 +23,11 @@ the device it was measured on, the constants its run measured:
   family of that kind.
 - `step_overhead_s`: what the step spent outside all of the above (data wait, gradient clipping,
   bookkeeping), per step.
+- `ranks_per_host`: the ranks the run put on its host. Every rate above is a per-rank rate with
+  that many ranks sharing the host's cores, caches and memory bandwidth (on this project's
+  2-vCPU test host two one-thread ranks ran at about 0.9 of a lone rank's rate each when the
+  host was quiet, about half at load 8-15: benchmarks/results/calibration.md); a plan with
+  another count per host keeps the rates and says so (`host_sharing_note`).
 A constant at 0 (or absent) was not measured and keeps its default, which `describe` names.
 Under a calibration the GPU kernel rules the defaults add (FlashAttention-2's Hopper rate,
 eager elementwise bytes) are not applied: the run measured the kernels it ran.
@@ -55,6 +60,7 @@ __all__ = [
     "read_calibration",
     "calibration_toml",
     "describe_calibration",
+    "host_sharing_note",
     "check_calibration",
     "class_rate",
     "calibrated_block",
@@ -105,6 +111,8 @@ class Calibration:
     optimizer_bw: float = 0.0
     collective: tuple[tuple[str, float], ...] = ()
     step_overhead_s: float = 0.0
+    ranks_per_host: int = 0
+    """Ranks that shared the host in the run (0: not recorded, an older file)."""
 
     def shape_rate(self, key: str) -> float | None:
         return dict(self.matmul_by_shape).get(key)
@@ -238,6 +246,7 @@ _SCALARS = {
     "forward_share": float,
     "optimizer_bw_gb_s": float,
     "step_overhead_s": float,
+    "ranks_per_host": int,
 }
 _TABLES = ("matmul_by_shape", "collective")
 _REQUIRED = ("hardware", "precision", "clock", "split", "measured_step_s", "gemm_tokens", "matmul")
@@ -266,6 +275,7 @@ def calibration_toml(cal: Calibration) -> str:
         f"forward_share = {num(cal.forward_share)}   # of the non-GEMM time, in the forward",
         f"optimizer_bw_gb_s = {num(cal.optimizer_bw / 1e9)}   # optimizer step (0: memory_bw)",
         f"step_overhead_s = {num(cal.step_overhead_s)}   # per step, outside the above",
+        f"ranks_per_host = {cal.ranks_per_host}   # ranks sharing the host in the run (0: unknown)",
         "",
         "[calibration.matmul_by_shape]   # fraction of peak by GEMM shape class (weight dims)",
         *(f'"{k}" = {num(v)}' for k, v in cal.matmul_by_shape),
@@ -342,6 +352,10 @@ def _value(key: str, v: Any, typ: type, p: Path) -> Any:
         if not isinstance(v, str):
             raise ConfigError(f"calibration.{key}", v, f"a string ({p})")
         return v
+    if typ is int:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ConfigError(f"calibration.{key}", v, f"a whole number >= 0 ({p})")
+        return v
     if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
         raise ConfigError(f"calibration.{key}", v, f"a finite number >= 0 ({p})")
     return float(v)
@@ -393,9 +407,26 @@ def describe_calibration(cal: Calibration) -> list[str]:
             cal_.append(f"{k} x{measured[k]:.3g} of its alpha-beta time")
         else:
             dflt.append(k)
+    per_host = f", {cal.ranks_per_host} rank(s) per host" if cal.ranks_per_host else ""
     return [
         f"calibration {cal.source} ({cal.hardware}, {cal.precision}, {cal.clock} clock, "
-        f"step {cal.measured_step_s * 1e3:.4g} ms):",
+        f"step {cal.measured_step_s * 1e3:.4g} ms{per_host}):",
         "  calibrated: " + "; ".join(cal_),
         "  default: " + (", ".join(dflt) if dflt else "none"),
     ]
+
+
+def host_sharing_note(cal: Calibration, ranks_per_host: int) -> str | None:
+    """What a plan putting `ranks_per_host` ranks on each host should know of a calibration
+    measured with another count (None when they agree or the file did not record it): its
+    rates are per-rank rates under the run's sharing of the host, which nothing here can
+    carry to another count (it depends on the host and on what else runs there: see the
+    module docstring), so they are used as measured."""
+    if cal.ranks_per_host <= 0 or cal.ranks_per_host == ranks_per_host:
+        return None
+    return (
+        f"calibrated with {cal.ranks_per_host} rank(s) per host, this plan puts "
+        f"{ranks_per_host} on each: the rates are used as measured, so what the ranks share "
+        "on a host (cores, caches, memory bandwidth) is not re-measured; calibrate from a run "
+        f"with {ranks_per_host} rank(s) per host for this layout"
+    )
