@@ -1,8 +1,9 @@
 """Nanotron's step-time mechanisms read off its source (nanotron c252843, time/recipe_terms.py
 and recipe_exposed), each pinned on a small case against a hand computation: the
 async REDUCE_SCATTER linears' exposed collectives, ZeRO-1's gradient all-reduce after the
-backward, the fp32 accumulation pass per micro-batch, the post-backward passes, and the second
-persistent gather buffer of the row linears."""
+backward, the tied embedding's gradient all-reduce across pipeline stages, the fp32
+accumulation pass per micro-batch, the post-backward passes, and the second persistent gather
+buffer of the row linears."""
 
 from __future__ import annotations
 
@@ -158,6 +159,31 @@ def test_zero1_all_reduces_the_fp32_buffer_after_the_backward() -> None:
     rs = _step(p, _without(r, zero1_grad_sync="reduce_scatter"))
     assert rs.comm["dp_allreduce"][0] == pytest.approx((n - 1) / n * 4 * P)
     assert rs.exposed_s < st.exposed_s
+
+
+def test_tied_embedding_gradient_all_reduced_across_stages_after_the_backward() -> None:
+    """pp 2 across two nodes (tp 4 x dp 2 = one node per stage), TINY's embedding tied to its
+    head: sync_tied_weights_gradients sums the fp32 buffer of the vocab shard (V x h / tp
+    elements, 4 B) between the two stages after the backward, one 2-rank all-reduce over the pp
+    link (one rank per node: the NIC), exposed whole; untied, at pp 1, or under a recipe
+    without the mechanism, nothing."""
+    lay = Layout(dp=2, tp=4, sp=True, pp=2)
+    p = _plan(lay, gb=8)
+    r = recipe_named("nanotron")
+    st = _step(p, r)
+    bw, lat, inter = axis_link(lay, p.hardware, "pp", None)
+    assert inter and bw == p.hardware.inter_node_bw
+    nbytes = 4.0 * TINY.vocab_size * TINY.dim / 4
+    assert st.comm["pp_tied_allreduce"] == pytest.approx(
+        (nbytes, allreduce_time(nbytes, 2, bw, lat))
+    )
+    off = _step(p, _without(r, tied_grad_sync="none"))
+    assert "pp_tied_allreduce" not in off.comm
+    assert st.exposed_s - off.exposed_s == pytest.approx(st.comm["pp_tied_allreduce"][1])
+    untied = dataclasses.replace(p, model=dataclasses.replace(TINY, tie_embeddings=False))
+    assert "pp_tied_allreduce" not in _step(untied, r).comm
+    assert "pp_tied_allreduce" not in _step(_plan(Layout(dp=2, tp=4, sp=True), gb=8), r).comm
+    assert "pp_tied_allreduce" not in _step(p, recipe_named("megatron")).comm
 
 
 def test_fp32_accumulation_pass_after_every_micro_batch() -> None:

@@ -354,6 +354,12 @@ def _recipe_mechanisms(est: Estimate, r: Recipe) -> str:
             f"\n   [{r.name}] ZeRO-1 gradients: one fp32 all-reduce after the backward, "
             f"exposed ({terms['dp_allreduce']:.3g} s; {r.sources.get('zero1_grad_sync', '')})"
         )
+    if "pp_tied_allreduce" in terms:
+        out += (
+            f"\n   [{r.name}] tied embedding and head on pipeline stages 0 and {L.pp - 1}: one "
+            f"fp32 all-reduce of the tied gradient after the backward, exposed "
+            f"({terms['pp_tied_allreduce']:.3g} s; {r.sources.get('tied_grad_sync', '')})"
+        )
     if r.grad_accum_pass_bytes:
         out += (
             f"\n   [{r.name}] fp32 accumulation pass: {r.grad_accum_pass_bytes:g} B per "

@@ -333,6 +333,7 @@ RECIPES: dict[str, Recipe] = {
         zero1_gather_flat_copies=True,
         tp_comm="async_linears",
         zero1_grad_sync="allreduce_after_backward",
+        tied_grad_sync="allreduce_after_backward",
         grad_accum_pass_bytes=10.0,
         post_backward_pass_bytes=16.0,
         master_copy_bytes=6.0,
@@ -355,6 +356,16 @@ RECIPES: dict[str, Recipe] = {
             "dist.all_reduce(self._contiguous_fp32_grad_buffer) (one collective, nothing "
             "left to overlap); ZeRO-0 keeps torch DDP's bucketed, overlapped all-reduce "
             "(get_fp32_accum_hook)",
+            "tied_grad_sync": "src/nanotron/trainer.py (c252843) DistributedTrainer."
+            "training_step: sync_tied_weights_gradients(...) runs after sync_gradients_across_dp "
+            "and before clip_grad_norm, once pipeline_engine.train_batch_iter has returned ('TODO "
+            "@nouamane: Put this in hooks so we can overlap communication with gradient "
+            "computation on the last backward pass'); mark_tied_parameters ties "
+            "LlamaForTraining.get_embeddings_lm_head_tied_names (token embedding and lm_head "
+            "weight when tie_word_embeddings) across the pp ranks holding them, reduce_op SUM; "
+            "src/nanotron/parallel/tied_parameters.py sync_tied_weights_gradients: "
+            "dist.all_reduce_coalesced of grad_accumulator.get_grad_buffer(name) (the fp32 "
+            "buffer) over that group",
             "grad_accum_pass_bytes": "src/nanotron/optim/gradient_accumulator.py "
             "FP32GradientAccumulator.backward: loss.backward(), then _accumulate_grad per "
             "parameter: fp32_grad.add_(half_param.grad) (read 2 + 4, write 4 bytes); "

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-__all__ = ["Recipe", "DEFAULT_RECIPE", "PPSplit", "TPComm", "Zero1GradSync"]
+__all__ = ["Recipe", "DEFAULT_RECIPE", "PPSplit", "TPComm", "TiedGradSync", "Zero1GradSync"]
 
 DEFAULT_RECIPE = "scaletrain"
 
@@ -20,6 +20,9 @@ TPComm = Literal["exposed", "async_linears"]
 """How a recipe's TP linears communicate (`Recipe.tp_comm`)."""
 Zero1GradSync = Literal["reduce_scatter", "allreduce_after_backward"]
 """How a recipe's ZeRO-1 synchronises gradients (`Recipe.zero1_grad_sync`)."""
+TiedGradSync = Literal["none", "allreduce_after_backward"]
+"""How a recipe sums the gradients of an embedding and a head tied across pipeline stages
+(`Recipe.tied_grad_sync`)."""
 
 
 @dataclass(frozen=True)
@@ -181,6 +184,12 @@ class Recipe:
     the backward (time.recipe_terms.recipe_comm); 'allreduce_after_backward': one all-reduce of the
     whole fp32 gradient buffer once the pipeline engine returns, nothing left to hide it
     (Nanotron without DDP at zero_stage 1)."""
+    tied_grad_sync: TiedGradSync = "none"
+    """Time model: how the gradients of a tied embedding and head that sit on different
+    pipeline stages (pp > 1) are summed. 'none': not charged; 'allreduce_after_backward': one
+    all-reduce of the tied weight's gradient buffer (grad_bytes per element, its 1/tp vocab
+    shard) between the first and the last stage once the pipeline engine returns, nothing left
+    to hide it (time.recipe_terms.recipe_comm; Nanotron's sync_tied_weights_gradients)."""
     grad_accum_pass_bytes: float = 0.0
     """Time model: bytes per parameter of the rank that a pass after every micro-batch's
     backward moves, adding each 16-bit .grad into the fp32 accumulation buffer (read 2 + 4,

@@ -80,6 +80,7 @@ FAMILY_KIND = {
     "ep_all_to_all": "all_to_all",
     "pp_p2p": "send",
     "cp_ring": "send",
+    "pp_tied_allreduce": "all_reduce",
 }
 """The collective kind each `comm.comm_terms` family runs (TP under SP runs all-gather /
 reduce-scatter pairs of the all-reduce's bytes: priced as all-reduces, as comm.py does)."""

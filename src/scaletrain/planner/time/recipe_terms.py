@@ -2,7 +2,8 @@
 switched on by a `Recipe` field and read off the framework's source. Torch-free.
 
 - `recipe_comm`: the data-parallel families as the recipe's framework runs them (DDP buckets,
-  ZeRO-1's reduce-scatter or all-reduce + weight all-gather, DeepSpeed's ZeRO-3 fetches);
+  ZeRO-1's reduce-scatter or all-reduce + weight all-gather, DeepSpeed's ZeRO-3 fetches), and
+  Nanotron's all-reduce of a tied embedding's gradient across pipeline stages;
 - `recipe_exposed`: the exposed seconds of the families a framework runs its own way, which
   step_time charges as given instead of step_time._exposed's rules;
 - `async_tp_terms` (Recipe.tp_comm 'async_linears'): tensor parallelism as Nanotron's
@@ -15,7 +16,7 @@ switched on by a `Recipe` field and read off the framework's source. Torch-free.
 
 Sources are Nanotron at c252843 (the commit of its v0.5 benchmarks, the Ultra-Scale Playbook's
 runs): src/nanotron/parallel/tensor_parallel/functional.py, optim/gradient_accumulator.py,
-optim/clip_grads.py, optim/zero.py, trainer.py.
+optim/clip_grads.py, optim/zero.py, trainer.py, parallel/tied_parameters.py.
 """
 
 from __future__ import annotations
@@ -168,7 +169,12 @@ def post_backward_s(
     - ZeRO-1's all-gather through flat buffers (optim/zero.py _all_gather_params ->
       distributed.all_gather_coalesced): each gathered 16-bit weight unflattened and copied
       back into its parameter (read 2, write 2 per parameter), when `zero1_flat_copies`.
-    Ignores: the norms' all-reduce over the model-parallel group (one fp32 scalar)."""
+    Ignores: the norms' all-reduce over the model-parallel group (one fp32 scalar); the host
+    side of ZeRO-1's gather, which slices every parameter once per dp rank
+    (ZeroDistributedOptimizer._all_gather_params), flattens one list per dp rank and copies
+    every gathered slice back with its own copy_ (all_gather_coalesced's update_output): dp x
+    the rank's parameter tensors small ops one after another (about 22,000 at dp 128 for a
+    28-layer model), priced by no figure the planner holds."""
     L = plan.layout
     shard = params / L.zero_shards if L.zero else params
     moved = all_params_bytes * params + updated_bytes * shard
@@ -195,8 +201,10 @@ def recipe_comm(
     place of FSDP's families, charged in full by step_time._exposed. ZeRO-1 under a recipe that
     all-reduces after the backward (Recipe.zero1_grad_sync, Nanotron): one all-reduce of the
     whole fp32 gradient buffer, 2(n-1)/n of it per rank, one latency term (NCCL's ring /
-    tree model), in place of the bucketed reduce-scatter. Ignores: overlap of the param all-gather
-    with the next forward (Megatron --overlap-param-gather): counted exposed."""
+    tree model), in place of the bucketed reduce-scatter. A tied embedding and head on different
+    pipeline stages under Recipe.tied_grad_sync 'allreduce_after_backward' (Nanotron) add
+    `pp_tied_allreduce` (`_tied_grad_term`). Ignores: overlap of the param all-gather with the
+    next forward (Megatron --overlap-param-gather): counted exposed."""
     L, hw = plan.layout, plan.hardware
     if L.zero >= 3 and recipe.zero3_module_fetch and "fsdp_all_gather" in terms:
         # DeepSpeed's per-module gathers and bucketed reduce-scatters, on the critical path
@@ -206,9 +214,10 @@ def recipe_comm(
         }
         out.update(zero3_module_fetch_terms(plan, recipe, stage_params, gpus_per_node))
         return out
+    tied = _tied_grad_term(plan, recipe, gpus_per_node)
     if "dp_allreduce" not in terms:
-        return terms
-    out = dict(terms)
+        return {**terms, **tied}
+    out = {**terms, **tied}
     bw, lat, _ = axis_link(L, hw, "dp", gpus_per_node)
     n = L.dp * L.cp
     if L.zero:
@@ -235,6 +244,30 @@ def recipe_comm(
         )
         out["dp_allreduce"] = (2 * (n - 1) / n * grads, secs)
     return out
+
+
+def _tied_grad_term(
+    plan: PlanInput, recipe: Recipe, gpus_per_node: int | None
+) -> dict[str, tuple[float, float]]:
+    """{'pp_tied_allreduce': (bytes, seconds)} when `recipe` sums the gradient of an embedding
+    tied to the head across pipeline stages after the backward (Recipe.tied_grad_sync
+    'allreduce_after_backward', Nanotron: trainer.py DistributedTrainer.training_step ->
+    parallel/tied_parameters.py sync_tied_weights_gradients, an all-reduce over the first and
+    the last stage's ranks of the same tp and dp coordinates), else {}. Counts: one ring
+    all-reduce (comm.allreduce_time) of the tied weight's vocab shard, vocab x dim / tp elements
+    at Recipe.grad_bytes (the fp32 accumulation buffer), over the pp axis's link (the two stages
+    sit pp - 1 stages apart: a node apart unless the whole pipeline fits in one node);
+    step_time._exposed charges it whole (nothing runs beside it). Ignores: the norm weights the
+    same call sums over tp under sequence parallelism (reduce_op SUM on the tp-replicated
+    parameters: 2 x dim per block, microseconds), an untied model or pp = 1 (no group)."""
+    L, model = plan.layout, plan.model
+    if recipe.tied_grad_sync != "allreduce_after_backward" or L.pp < 2 or not model.tie_embeddings:
+        return {}
+    spec = precision_spec(plan.precision)
+    gb = recipe.grad_bytes if spec.mixed else float(spec.compute_bytes)
+    nbytes = gb * model.vocab_size * model.dim / L.tp
+    bw, lat, _ = axis_link(L, plan.hardware, "pp", gpus_per_node)
+    return {"pp_tied_allreduce": (nbytes, allreduce_time(nbytes, 2, bw, lat))}
 
 
 def recipe_exposed(
