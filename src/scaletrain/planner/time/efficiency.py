@@ -160,7 +160,8 @@ def allreduce_latency(n: int, intra: float, inter: float, ranks_per_node: int) -
     every device). Ignores: NCCL's base latency per collective (baseLat, 6.6-14 us by protocol),
     the protocol choice (LL / LL128 / Simple), the ring's large-message latency plateau (x1.4
     on sm80+ across nodes, ncclTopoGetAlgoTime), the tree's bandwidth correction for mid-size
-    messages (treeCorrectionFactor), NVLS / CollNet (SHARP) algorithms."""
+    messages (treeCorrectionFactor), CollNet (SHARP) and NVLS-tree across nodes (NVLS inside
+    a node: comm.allreduce_seconds)."""
     if n <= 1:
         return 0.0
     ppn = max(1, min(n, ranks_per_node))
@@ -296,6 +297,12 @@ def kernel_ceilings(hardware: HardwareSpec) -> list[str]:
             else "(no published achieved share for this device: the raw link figure)"
         )
     )
+    if hardware.nvls_allreduce_busbw > 0:
+        link += (
+            f"; all-reduces inside a node with NVLink SHARP (NCCL's NVLS): "
+            f"{hardware.nvls_allreduce_busbw / 1e9:.0f} GB/s bus bandwidth where faster "
+            "(time.comm.allreduce_seconds; config/hardware.py cites it)"
+        )
     return [
         gemm,
         attn,

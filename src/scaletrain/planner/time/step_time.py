@@ -29,7 +29,14 @@ from ..recipes.schema import DEFAULT_RECIPE, Recipe
 from ..recipes.stages import recipe_stages
 from ..types import PlanInput
 from .calibration import calibrated_block
-from .comm import CommInputs, allreduce_time, axis_link, comm_terms, dp_allreduce_latency
+from .comm import (
+    CommInputs,
+    allreduce_seconds,
+    allreduce_time,
+    axis_link,
+    comm_terms,
+    dp_allreduce_latency,
+)
 from .efficiency import (
     COMM_OVERLAP,
     AttentionCore,
@@ -685,14 +692,18 @@ def _exposed(
     out = 0.0
     bucket = 0.0
     if "dp_allreduce" in terms or "zero_reduce_scatter" in terms or "hsdp_allreduce" in terms:
-        bw, lat, _ = axis_link(L, hw, "dp", gpus_per_node)
+        link = axis_link(L, hw, "dp", gpus_per_node)
+        bw, lat, _ = link
         n = L.dp * L.cp if L.zero else L.dp
         size = min(bucket_bytes, stage_params * 4)
+        nn = max(n, 2)
         if tree:
-            nn = max(n, 2)
-            bucket = 2 * (nn - 1) / nn * size / bw + dp_allreduce_latency(L, hw, gpus_per_node, nn)
+            ring = 2 * (nn - 1) / nn * size / bw + dp_allreduce_latency(L, hw, gpus_per_node, nn)
         else:
-            bucket = allreduce_time(size, max(n, 2), bw, lat)
+            ring = allreduce_time(size, nn, bw, lat)
+        # an all-reduce (zero 0) may run as NVLink SHARP inside a node; ZeRO's last bucket is a
+        # reduce-scatter, priced as the ring's all-reduce here as before
+        bucket = allreduce_seconds(size, nn, link, hw, ring=ring) if not L.zero else ring
     for name, (_, t) in terms.items():
         if name in ("dp_allreduce", "hsdp_allreduce"):
             out += max(t - t_bwd, min(t, bucket))
