@@ -70,6 +70,7 @@ __all__ = [
     "StepTime",
     "step_time",
     "step_floor",
+    "run_overlap",
     "BlockTime",
 ]
 
@@ -547,7 +548,7 @@ def step_time(
         gpus_per_node=gpus_per_node,
         bucket_bytes=bucket,
         tree=foreign,
-        overlap=COMM_OVERLAP.get(recipe.name, ()) if recipe is not None else (),
+        overlap=run_overlap(plan, recipe),
     )
     optimizer_s = _optimizer_seconds(plan, max_params, recipe)
     overhead = cal.step_overhead_s if cal is not None else 0.0
@@ -562,6 +563,18 @@ def step_time(
         comm=comm,
         efficiency=side.efficiency,
     )
+
+
+def run_overlap(plan: PlanInput, recipe: Recipe | None) -> tuple[str, ...]:
+    """The communication families a plan's run overlaps with compute (`_exposed`): its
+    framework recipe's defaults (efficiency.COMM_OVERLAP) and those the run states
+    (`PlanInput.comm_overlap`, foreign recipes only: scaletrain's trainer overlaps its own)."""
+    if recipe is None:
+        return ()
+    own = COMM_OVERLAP.get(recipe.name, ())
+    if recipe.name == DEFAULT_RECIPE:
+        return own
+    return own + tuple(f for f in plan.comm_overlap if f not in own)
 
 
 def _optimizer_seconds(plan: PlanInput, max_params: float, recipe: Recipe | None) -> float:
