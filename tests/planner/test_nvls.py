@@ -87,3 +87,34 @@ def test_the_figure_is_described_in_toml(tmp_path: Path) -> None:
     p.write_text('[hardware]\ngpu = "a100-80gb"\nnvls_allreduce_busbw_gb_s = 400\n')
     spec = load_config(None, {"hardware": read_hardware_file(str(p))}).hardware_spec()
     assert spec.nvls_allreduce_busbw == 400 * GB
+
+
+def test_explain_says_when_a_recipe_turns_nvls_off() -> None:
+    from scaletrain.planner import estimate
+    from scaletrain.planner.output.explain import explain
+    from scaletrain.planner.types import PlanInput
+
+    model = ModelConfig(dim=2048, num_layers=4, num_heads=16, vocab_size=32000)
+    p = PlanInput(model, H100, 8, Layout(dp=8, zero=1), 2048, 8, 1, "bf16", recipe="nemo")
+    assert "NVLink SHARP off" in explain(estimate(p))
+    p = dataclasses.replace(p, recipe="megatron")
+    assert "NVLink SHARP off" not in explain(estimate(p))
+
+
+def test_nemo_runs_turn_nvls_off_megatron_keeps_nccls_default() -> None:
+    """NeMo's performance scripts export NCCL_NVLS_ENABLE=0 (Recipe.nccl_nvls False): an
+    in-node DDP all-reduce under the nemo recipe is a ring, under megatron NVLS."""
+    from scaletrain.planner import estimate
+    from scaletrain.planner.recipes.registry import recipe_named
+    from scaletrain.planner.types import PlanInput
+
+    assert recipe_named("megatron").nccl_nvls and not recipe_named("nemo").nccl_nvls
+    model = ModelConfig(dim=2048, num_layers=4, num_heads=16, vocab_size=32000)
+
+    def dp_allreduce(recipe: str, hw=H100) -> float:
+        p = PlanInput(model, hw, 8, Layout(dp=8, zero=0), 2048, 8, 1, "bf16", recipe=recipe)
+        return estimate(p).time.comm_terms["dp_allreduce"]
+
+    no_nvls = dataclasses.replace(H100, nvls_allreduce_busbw=0.0)
+    assert dp_allreduce("megatron") < dp_allreduce("megatron", no_nvls)
+    assert dp_allreduce("nemo") == pytest.approx(dp_allreduce("megatron", no_nvls))

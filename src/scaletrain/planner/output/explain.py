@@ -309,6 +309,11 @@ def _recipe_time(est: Estimate) -> list[str]:
         f"\n   [{r.name}] attention core: {kernel} ({why}); overlapped: "
         f"{', '.join(COMM_OVERLAP.get(r.name, ())) or 'gradient reduce only'}"
     )
+    if not r.nccl_nvls and hw.nvls_allreduce_busbw > 0:
+        bucket += (
+            f"\n   [{r.name}] NVLink SHARP off: every all-reduce a ring "
+            f"({r.sources.get('nccl_nvls', '')})"
+        )
     stated = [f for f in p.comm_overlap if f not in COMM_OVERLAP.get(r.name, ())]
     if stated and r.name != "scaletrain":
         bucket += f"; and as the run states: {', '.join(stated)} ({STATED_OVERLAPS[stated[0]]})"

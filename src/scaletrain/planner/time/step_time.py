@@ -6,6 +6,7 @@ bubble and the optimizer step (`_optimizer_time`), combined by `step_time` into 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -520,6 +521,11 @@ def step_time(
     overlap (`comm.comm_terms`, `_exposed`; a recipe's own families as it computes them,
     `recipe_terms.recipe_exposed`) + the optimizer step (`_optimizer_seconds`)."""
     L = plan.layout
+    if recipe is not None and not recipe.nccl_nvls and plan.hardware.nvls_allreduce_busbw > 0:
+        # the framework's runs turn NCCL's NVLink SHARP off (Recipe.nccl_nvls): rings only
+        plan = dataclasses.replace(
+            plan, hardware=dataclasses.replace(plan.hardware, nvls_allreduce_busbw=0.0)
+        )
     side = _compute_side(
         plan, max_params, terms=terms, causal=causal, zero_bubble=zero_bubble, recipe=recipe
     )
