@@ -4,9 +4,11 @@ comm_overlap`, a published row's `layout.comm_overlap`; `time.step_time.run_over
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
+from scaletrain.cli import main
 from scaletrain.planner import estimate
 from scaletrain.planner.output.explain import explain
 from scaletrain.planner.recipes.published import load_runs, plan_input
@@ -54,3 +56,48 @@ def test_stated_tp_overlap_hides_the_tp_collectives(row) -> None:
 def test_explain_names_the_stated_overlap(row) -> None:
     text = explain(estimate(plan_input(row, "megatron")))
     assert "as the run states: tp" in text
+
+
+def test_cli_comm_overlap_plans_the_row_as_the_corpus_states_it(row, capsys) -> None:
+    """`plan --recipe megatron --comm-overlap tp` on the row's layout gives the corpus's
+    prediction; without it the TP collectives are exposed again."""
+    argv = [
+        "plan",
+        "--model",
+        "llama3-405b",
+        "--gpu",
+        "h100-sxm",
+        "--gpus",
+        "1024",
+        "--seq-len",
+        "8192",
+        "--global-batch",
+        "512",
+        "--micro-batch",
+        "1",
+        "--dp",
+        "8",
+        "--tp",
+        "8",
+        "--pp",
+        "8",
+        "--pp-schedule",
+        "interleaved",
+        "--pp-virtual",
+        "8",
+        "--cp",
+        "2",
+        "--precision",
+        "fp8",
+        "--recipe",
+        "megatron",
+        "--json",
+    ]
+
+    assert main([*argv, "--comm-overlap", "tp"]) == 0
+    on = json.loads(capsys.readouterr().out)
+    assert main(argv) == 0
+    off = json.loads(capsys.readouterr().out)
+    want = estimate(plan_input(row, "megatron")).time.step_s
+    assert on["time"]["step_s"] == pytest.approx(want, rel=1e-6)
+    assert off["time"]["step_s"] > on["time"]["step_s"] + 1.0
