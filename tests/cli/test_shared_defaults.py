@@ -34,6 +34,7 @@ def test_plan_and_dryrun_share_the_job_flags() -> None:
         "--preflight",
         "--verify",
         "--recipe",  # what a framework allocates: a planning question
+        "--comm-overlap",  # what a framework's run overlaps (with --recipe)
         # price and energy inputs ([hardware]): they change no run
         "--usd-per-gpu-hour",
         "--efficiency",

@@ -16,6 +16,7 @@ FLAGS = [
     "--ac",
     "--calibration",
     "--ckpt-every",
+    "--comm-overlap",
     "--compile",
     "--config",
     "--convention",

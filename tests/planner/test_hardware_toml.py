@@ -34,6 +34,7 @@ memory_gib = 79.10
 memory_bw_gb_s = 3350
 intra_node_bw_gb_s = 450
 intra_node_bw_efficiency = 0.8222222222222222
+nvls_allreduce_busbw_gb_s = 480
 inter_node_bw_gb_s = 50
 intra_node_latency_us = 5
 inter_node_latency_us = 10

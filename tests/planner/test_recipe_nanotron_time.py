@@ -17,7 +17,7 @@ from scaletrain.planner.memory.rank_terms import model_terms
 from scaletrain.planner.recipes.memory import recipe_rank_memory, recipe_worst_rank
 from scaletrain.planner.recipes.registry import recipe_named
 from scaletrain.planner.recipes.schema import Recipe
-from scaletrain.planner.time.comm import allreduce_time, axis_link, gather_time
+from scaletrain.planner.time.comm import NVLS_LATENCY_S, allreduce_time, axis_link, gather_time
 from scaletrain.planner.time.efficiency import allreduce_latency
 from scaletrain.planner.time.recipe_terms import async_tp_terms
 from scaletrain.planner.time.step_time import StepTime, plan_efficiency, step_time
@@ -139,7 +139,8 @@ def test_nanotron_charges_the_async_tp_exposure_and_other_recipes_keep_theirs() 
 
 def test_zero1_all_reduces_the_fp32_buffer_after_the_backward() -> None:
     """dp 8 ZeRO-1 (no DDP with accumulate_grad_in_fp32): one all-reduce of the 4 B gradient
-    of every parameter, 2(n-1)/n of it moved, one latency term, exposed whole; the 16-bit
+    of every parameter, 2(n-1)/n of it moved (NVLink SHARP on the H100's node, else one ring
+    latency term), exposed whole; the 16-bit
     weights' all-gather after the step stays exposed too. Under reduce_scatter the same rank
     reduce-scatters half the bytes, overlapped with the backward."""
     lay = Layout(dp=8, zero=1)
@@ -153,7 +154,11 @@ def test_zero1_all_reduces_the_fp32_buffer_after_the_backward() -> None:
     # one node: NCCL's ring, 2(n-1) intra-node hops (efficiency.allreduce_latency)
     assert lat == p.hardware.intra_node_latency_s
     assert allreduce_latency(n, lat, p.hardware.inter_node_latency_s, 8) == 2 * (n - 1) * lat
-    assert st.comm["dp_allreduce"] == pytest.approx((moved, moved / bw + 2 * (n - 1) * lat))
+    ring = moved / bw + 2 * (n - 1) * lat
+    # inside one node of an NVSwitch-3 device NCCL may take NVLink SHARP (comm.allreduce_seconds)
+    nvls = moved / p.hardware.nvls_allreduce_busbw + NVLS_LATENCY_S
+    assert p.hardware.nvls_allreduce_busbw > 0 and nvls < ring
+    assert st.comm["dp_allreduce"] == pytest.approx((moved, nvls))
     gather = st.comm["zero_all_gather"][1]
     assert st.exposed_s == pytest.approx(st.comm["dp_allreduce"][1] + gather)
     rs = _step(p, _without(r, zero1_grad_sync="reduce_scatter"))

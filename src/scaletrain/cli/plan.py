@@ -49,6 +49,13 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         "(printed; `explain` cites each source)",
     )
     a(
+        "--comm-overlap",
+        metavar="LIST",
+        help="with --recipe and a pinned layout: communication the run overlaps beyond its "
+        "framework's defaults, comma-separated: tp (Transformer Engine userbuffers: Megatron "
+        "--tp-comm-overlap, NeMo tp_comm_overlap), pp_p2p, dp_param_gather",
+    )
+    a(
         "--preflight",
         "--verify",
         dest="preflight",
@@ -203,6 +210,7 @@ def _inputs(args: argparse.Namespace, overrides: list[str] | None = None) -> dic
         return value if exact or res.is_given(section, key) else None
 
     calibration = _calibration(args, job)
+    comm_overlap = _comm_overlap(args, exact=exact)
     return {
         "calibration": calibration,
         "model": job.model,
@@ -230,9 +238,43 @@ def _inputs(args: argparse.Namespace, overrides: list[str] | None = None) -> dic
         "unplanned": unplanned(res.overrides),
         "derived": res.notes(),
         "recipe": args.recipe,
+        "comm_overlap": comm_overlap,
         "efficiency": job.hardware.efficiency,
         "energy": _energy(job),
     }
+
+
+def _comm_overlap(args: argparse.Namespace, *, exact: bool) -> tuple[str, ...]:
+    """--comm-overlap LIST: the families (time.efficiency.STATED_OVERLAPS) a framework run
+    overlaps beyond its recipe's defaults (PlanInput.comm_overlap); a foreign recipe and a
+    pinned layout only (the search plans the framework's defaults)."""
+    text = getattr(args, "comm_overlap", None)
+    if text is None:
+        return ()
+    from scaletrain.config.strict import did_you_mean
+    from scaletrain.planner.time.efficiency import STATED_OVERLAPS
+
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    known = ", ".join(STATED_OVERLAPS)
+    if not names:
+        raise ConfigError("--comm-overlap", text, f"name one or more of {known}")
+    for n in names:
+        if n not in STATED_OVERLAPS:
+            raise ConfigError(
+                "--comm-overlap", n, f"unknown{did_you_mean(n, STATED_OVERLAPS)}: {known}"
+            )
+    if args.recipe == "scaletrain":
+        raise ConfigError(
+            "--comm-overlap",
+            text,
+            "it describes a framework's run: add --recipe megatron / nemo / ... (scaletrain's "
+            "own trainer overlaps what its recipe says)",
+        )
+    if not exact:
+        raise ConfigError(
+            "--comm-overlap", text, "pin the layout (--dp/--tp/--pp/...) to plan it with overlap"
+        )
+    return tuple(dict.fromkeys(names))
 
 
 def _calibration(args: argparse.Namespace, job: Any) -> Any:
@@ -382,6 +424,7 @@ def _evaluate(inp: dict[str, Any]) -> Any:
         beta1=inp["beta1"],
         assumed=filled.lines,
         calibration=inp["calibration"],
+        comm_overlap=inp.get("comm_overlap", ()),
         **_lora_fields(inp["lora"]),
     )
     return estimate(plan)

@@ -87,6 +87,16 @@ class HardwareSpec:
     `intra_node_busbw`. 1 = no published achieved figure for this device: the raw link figure
     (PCIe and GeForce parts today); `explain` says which."""
 
+    nvls_allreduce_busbw: float = 0.0
+    """Bus bandwidth (all-reduce convention: 2(n-1)/n x bytes / seconds) an all-reduce inside
+    one node reaches with NVLink SHARP, bytes/s: NCCL's NVLS algorithm, where the NVSwitch
+    (third generation on, HGX H100 / H200) reduces and multicasts in the switch and each GPU
+    sends its data once (`planner.time.comm.allreduce_seconds`). NCCL turns it on by itself
+    where the device reports multicast support (NVIDIA/nccl src/transport/nvls.cc
+    ncclNvlsInit: NCCL_NVLS_ENABLE defaults to 2, auto). Cited per preset; 0 = no NVLink SHARP
+    figure for this device (no NVSwitch-3, or none published): its all-reduces run as rings at
+    `intra_node_busbw`. Reduce-scatters and all-gathers keep `intra_node_busbw`."""
+
     @property
     def intra_node_busbw(self) -> float:
         """Bus bandwidth an intra-node collective achieves per GPU, per direction, bytes/s: the
@@ -248,10 +258,12 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         # NVLink 4: 450 GB/s line rate per direction, "with the protocol overhead (~20%) NCCL
         # can get an effective NVLink bandwidth of 370GB/s" (busBw of non-all-reduce
         # collectives, or all-reduce with NCCL_ALGO=RING) on 8 H100: NCCL maintainer S. Jeaugey,
-        # https://github.com/NVIDIA/nccl-tests/issues/212 (2024-05-06). 370 / 450. NVLink SHARP
-        # all-reduce (busBw ~480) is not modelled. NCCL's model agrees: 20.6 of 25 GB/s per
-        # link (src/graph/topo.h SM90_NVLINK_BW), 0.824.
+        # https://github.com/NVIDIA/nccl-tests/issues/212 (2024-05-06). 370 / 450. NCCL's model
+        # agrees: 20.6 of 25 GB/s per link (src/graph/topo.h SM90_NVLINK_BW), 0.824.
         intra_node_bw_efficiency=370 / 450,
+        # NVLink SHARP: "allreduce uses NVLink SHARP by default ... On 8 GPUs, you should reach
+        # a peak busBw of ~480GB/s (algbw ~275GB/s)" (same comment, nccl-tests issue #212).
+        nvls_allreduce_busbw=480 * GB,
         # host: 2 TB per 8-GPU node, MLCommons inference v3.1 system description of Dell's
         # XE9680 8 x H100 SXM 80GB ("host_memory_capacity": "2 TB"), github.com/mlcommons/
         # inference_results_v3.1 closed/Dell/systems/XE9680_H100_SXM_80GBx8_TRT.json
@@ -334,10 +346,11 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         usd_per_hour=3.5,
         host_to_device_bw=64 * GB,
         arch=nvidia_arch((9, 0)),
-        # NVLink 4 and NVSwitch as on the H100 SXM: its NCCL figure (see h100-sxm), 370 / 450
-        # (an 8 x H200 all-reduce reaching 475 GB/s busBw uses NVLink SHARP,
-        # https://github.com/NVIDIA/nccl-tests/issues/272, not modelled).
+        # NVLink 4 and NVSwitch as on the H100 SXM: its NCCL figure (see h100-sxm), 370 / 450.
         intra_node_bw_efficiency=370 / 450,
+        # NVLink SHARP: its own measurement, all_reduce_perf on 8 x H200 (NCCL 2.20.3) peaks at
+        # 475 GB/s busBw, https://github.com/NVIDIA/nccl-tests/issues/272 (2024-11-27).
+        nvls_allreduce_busbw=475 * GB,
         # host: 2 TB (32 x 64 GB DIMMs) per 8-GPU node, MLCommons inference v4.1 system
         # description of NVIDIA's H200-SXM-141GBx8 (DGX H200), github.com/mlcommons/
         # inference_results_v4.1 closed/NVIDIA/systems/H200-SXM-141GBx8_TRT_MaxQ.json

@@ -70,6 +70,7 @@ FIGURES: dict[str, Figure] = {
     "mamf_bf16_tflops": Figure("mamf_bf16", TFLOPS, "TFLOP/s"),
     "attention_bf16_tflops": Figure("attention_bf16", TFLOPS, "TFLOP/s"),
     "intra_node_bw_efficiency": Figure("intra_node_bw_efficiency", 1.0, "fraction"),
+    "nvls_allreduce_busbw_gb_s": Figure("nvls_allreduce_busbw", GB, "GB/s"),
 }
 """TOML figure -> spec attribute. `arch` (a text, `hardware_rules.parse_arch`) is the other
 field a description gives."""

@@ -220,6 +220,11 @@ class HardwareConfig:
     """Achieved share (0..1] of `intra_node_bw_gb_s` that an intra-node collective's bus
     bandwidth reaches. 0 = the preset's (0.75 on MI300X from AMD's xGMI figure; 1, the raw
     link figure, on the NVIDIA presets and a described device)."""
+    nvls_allreduce_busbw_gb_s: float = 0.0
+    """Bus bandwidth an all-reduce inside one node reaches with NVLink SHARP (NCCL's NVLS
+    algorithm, NVSwitch-3 systems), GB/s. 0 = the preset's (480 on the H100 SXM, 475 on the
+    H200, from published nccl-tests figures; none elsewhere: rings at the intra-node bus
+    bandwidth)."""
     arch: str = ""
     """Architecture: 'sm90' (NVIDIA compute capability 9.0), 'gfx942' (AMD) or 'cpu'; it
     decides the precisions the device runs. Empty = the preset's."""

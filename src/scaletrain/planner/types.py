@@ -104,6 +104,12 @@ class PlanInput:
     assumed: tuple[str, ...] = ()
     """The framework defaults the recipe filled in for fields the user did not give, one line
     each with its source (`recipes.defaults.apply_defaults`); `explain` prints them."""
+    comm_overlap: tuple[str, ...] = ()
+    """Foreign recipes: communication families the run states it overlaps with compute on top
+    of its framework's defaults (`time.efficiency.COMM_OVERLAP`), from
+    `time.efficiency.STATED_OVERLAPS` (a published run's configuration, e.g. Transformer
+    Engine's userbuffers TP overlap, Megatron --tp-comm-overlap / NeMo
+    ub_tp_comm_overlap: 'tp'); () = the framework's defaults only."""
     calibration: Calibration | None = None
     """Efficiency constants a run on this device measured (`time.calibration`; `plan
     --calibration`); None: the defaults."""

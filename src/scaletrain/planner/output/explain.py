@@ -295,7 +295,7 @@ def _recipe_time(est: Estimate) -> list[str]:
         f"({r.sources.get('ddp_bucket', '')}); all-reduce latency: NCCL's ring / tree model, "
         f"nccl src/graph/tuning.cc (efficiency.allreduce_latency)"
     )
-    from ..time.efficiency import COMM_OVERLAP, attention_kernel
+    from ..time.efficiency import COMM_OVERLAP, STATED_OVERLAPS, attention_kernel
 
     kernel = attention_kernel(r.name, r.attention, p.model.attention)
     from ..time.efficiency import attention_ceiling
@@ -309,6 +309,14 @@ def _recipe_time(est: Estimate) -> list[str]:
         f"\n   [{r.name}] attention core: {kernel} ({why}); overlapped: "
         f"{', '.join(COMM_OVERLAP.get(r.name, ())) or 'gradient reduce only'}"
     )
+    if not r.nccl_nvls and hw.nvls_allreduce_busbw > 0:
+        bucket += (
+            f"\n   [{r.name}] NVLink SHARP off: every all-reduce a ring "
+            f"({r.sources.get('nccl_nvls', '')})"
+        )
+    stated = [f for f in p.comm_overlap if f not in COMM_OVERLAP.get(r.name, ())]
+    if stated and r.name != "scaletrain":
+        bucket += f"; and as the run states: {', '.join(stated)} ({STATED_OVERLAPS[stated[0]]})"
     from ..time.step_time import eager_elementwise_s
 
     eager = eager_elementwise_s(p, r)

@@ -244,6 +244,13 @@ KNOB_DEFAULTS: dict[str, tuple[Knob, ...]] = {
             "fp8 primary weights under fp8 (--fp8-param-gather)",
             f"{_MEGATRON_SCRIPTS} DTYPE_ARGS --fp8-param-gather",
         ),
+        Knob(
+            "TP communication overlap",
+            "off: TP collectives on the critical path (a run that turns it on states "
+            "comm_overlap = ['tp'])",
+            "megatron/training/arguments.py _add_training_args: --tp-comm-overlap "
+            "store_true; no example script passes it",
+        ),
     ),
     "nemo": (
         Knob(

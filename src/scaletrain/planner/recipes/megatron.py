@@ -113,6 +113,9 @@ MEGATRON = Recipe(
         "the model asks for the unfused core",
         "fragmentation": ALLOCATOR_SOURCE,
         "cuda_context_bytes": RUNTIME_CONTEXT_SOURCE,
+        "nccl_nvls": "NCCL's default (NCCL_NVLS_ENABLE = 2, auto: nccl src/transport/nvls.cc "
+        "ncclNvlsInit); Megatron-LM sets no NCCL_NVLS_ENABLE in its training scripts (its "
+        "NCCL user-buffer allocator, megatron/core/nccl_allocator.py init, sets it to 1)",
     },
 )
 
@@ -121,6 +124,7 @@ NEMO = replace(
     MEGATRON,
     name="nemo",
     framework="NeMo (Megatron-Core, NeMo's performance configs)",
+    nccl_nvls=False,
     sources={
         **MEGATRON.sources,
         "*": "NeMo trains Megatron-Core's GPTModel with its DistributedDataParallel and "
@@ -134,6 +138,9 @@ NEMO = replace(
         "NeMo docs features/optimizations/communication_overlap.rst",
         "attention": "NeMo's GPT / Llama configs run Transformer Engine "
         "DotProductAttention (fused / flash by NVTE_FUSED_ATTN)",
+        "nccl_nvls": "NVIDIA/NeMo scripts/performance/executors.py slurm_executor "
+        "PERF_ENV_VARS: NCCL_NVLS_ENABLE '0' ('Disable NVLink SHARP to save memory'; "
+        "also scripts/llm/pretraining.py), at 7cc8bbb",
     },
 )
 """NeMo: Megatron-Core's model states, activations and buffers (megatron's memory terms,

@@ -32,7 +32,7 @@ from scaletrain.config import (
     option_problems,
 )
 from scaletrain.config.choices import ACMode, Precision, literal_names
-from scaletrain.config.strict import coerce, scalar_type
+from scaletrain.config.strict import coerce, did_you_mean, scalar_type
 
 from ..types import PlanInput
 from .defaults import Assumed, apply_defaults
@@ -107,6 +107,10 @@ class RunLayout:
     fused_norm: bool = False
     """The run's RMSNorm was a fused kernel saving its 16-bit input and rstd (torchtitan's
     norm_type 'fused_rmsnorm')."""
+    comm_overlap: tuple[str, ...] = ()
+    """Communication the run states it overlaps beyond its framework's defaults
+    (`PlanInput.comm_overlap`, names from `time.efficiency.STATED_OVERLAPS`); the framework
+    recipe charges it so, the default recipe (scaletrain's trainer) does not."""
     given: frozenset[str] = frozenset()
     """The keys the row's `layout` table states; a framework recipe fills the others it knows
     with its framework's defaults (`recipes.defaults`)."""
@@ -243,6 +247,23 @@ _HINTS = {**typing.get_type_hints(Layout), **typing.get_type_hints(RunLayout)}
 """The declared type of each key of a row's flat `layout` table."""
 
 
+def _overlaps(field: str, v: Any) -> tuple[str, ...]:
+    """A row's `comm_overlap`: a list of STATED_OVERLAPS names, each once."""
+    from ..time.efficiency import STATED_OVERLAPS
+
+    names = ", ".join(STATED_OVERLAPS)
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise ConfigError(field, v, f"give a list of family names: {names}")
+    for x in v:
+        if x not in STATED_OVERLAPS:
+            raise ConfigError(
+                field, x, f"unknown family{did_you_mean(x, STATED_OVERLAPS)}: {names}"
+            )
+    if len(set(v)) != len(v):
+        raise ConfigError(field, v, "name each family once")
+    return tuple(v)
+
+
 def _layout(where: str, raw: dict[str, Any]) -> RunLayout:
     """The flat `layout` table: Layout's fields and RunLayout's others, each value parsed as
     its declared type (`strict.coerce`: a Literal field only takes its alias's names); every
@@ -251,6 +272,9 @@ def _layout(where: str, raw: dict[str, Any]) -> RunLayout:
     _unknown(w, raw, (*_LAYOUT_FIELDS, *_BATCH_FIELDS))
     kw: dict[str, Any] = {}
     for k, v in raw.items():
+        if k == "comm_overlap":
+            kw[k] = _overlaps(f"{w}.{k}", v)
+            continue
         kw[k] = coerce(f"{w}.{k}", v, _HINTS[k])
         if scalar_type(_HINTS[k]) is int and literal_names(_HINTS[k]) is None and kw[k] < 1:
             raise _fail(w, k, v, "use an integer >= 1")
@@ -440,6 +464,7 @@ def plan_input(run: PublishedRun, recipe: str = "scaletrain") -> PlanInput:
         recipe=recipe,
         runtime_context_bytes=ctx,
         assumed=lay.lines,
+        comm_overlap=L.comm_overlap if recipe != "scaletrain" else (),
     )
 
 

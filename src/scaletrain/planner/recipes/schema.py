@@ -201,6 +201,11 @@ class Recipe:
     master_copy_bytes: float = 0.0
     """Time model: bytes per parameter this rank updates of the fp32 master -> 16-bit weight
     copy after the optimizer step (read 4, write 2: Nanotron's gradient_accumulator.step)."""
+    nccl_nvls: bool = True
+    """Time model: the framework's runs leave NCCL's NVLink SHARP on (NCCL_NVLS_ENABLE's
+    default, auto), so an all-reduce inside an NVSwitch-3 node may run as NVLS
+    (time.comm.allreduce_seconds); False: its launch scripts set NCCL_NVLS_ENABLE=0 and every
+    all-reduce is a ring."""
     sources: dict[str, str] = field(default_factory=dict, compare=False)
     """Field -> where the value comes from."""
 

@@ -4,8 +4,10 @@ Cost model (Thakur et al. 2005; Chan et al. 2007; NCCL's ring algorithms): a rin
 M bytes over n ranks moves 2(n-1)/n * M per rank in 2(n-1) steps; all-gather, reduce-scatter and
 all-to-all move (n-1)/n * M in (n-1) steps (M = the full, unsharded size); a point-to-point send
 moves M in one step. time = steps * alpha + bytes / beta, beta = the per-GPU per-direction link
-bandwidth of the tier the axis spans. Ignores: tree/NVLS algorithms (lower latency at small n),
-congestion between axes sharing a NIC, SHARP in-network reduction. Intra-node links run at
+bandwidth of the tier the axis spans. Ignores: tree algorithms inside a node, congestion between
+axes sharing a NIC, SHARP in-network reduction across nodes (CollNet, NVLS-tree). An all-reduce
+inside one node of a device with NVLink SHARP takes NCCL's NVLS algorithm where it is faster
+(`allreduce_seconds`). Intra-node links run at
 `HardwareSpec.intra_node_busbw`: the raw link figure x the device's published achieved share
 (0.75 on MI300X's xGMI; 1 on the NVIDIA presets, where no per-device figure is cited yet);
 the NIC figure is raw on every preset.
@@ -30,8 +32,8 @@ network one beyond (`bw = nNodes <= 2 ? bwIntra : bwInter`), its channels spread
 the group's GPUs reach; so a tp group spanning two nodes is not bound by one NIC (50 GB/s on
 the H100 preset) but by the node's NICs together. Ignores: NIC sharing between different axes'
 collectives running at the same time, switch oversubscription (a non-blocking fat tree is
-assumed), SHARP / NVLS reductions, NCCL's protocol factors (LL128 x0.92, the tree's x0.92 and
-its mid-size correction table).
+assumed), SHARP / NVLS-tree reductions across nodes, NCCL's protocol factors (LL128 x0.92, the
+tree's x0.92 and its mid-size correction table).
 
 Families (`comm_terms`' keys): dp_allreduce, zero_all_gather, zero_reduce_scatter,
 fsdp_all_gather, fsdp_reduce_scatter, hsdp_allreduce (`_dp_terms`, `_zero_terms`, `_fsdp_terms`,
@@ -53,6 +55,8 @@ __all__ = [
     "axis_link",
     "dp_allreduce_latency",
     "allreduce_time",
+    "allreduce_seconds",
+    "NVLS_LATENCY_S",
     "gather_time",
     "p2p_time",
     "comm_volumes",
@@ -113,6 +117,39 @@ def allreduce_time(nbytes: float, n: int, bw: float, lat: float) -> float:
     if n <= 1:
         return 0.0
     return 2 * (n - 1) / n * nbytes / bw + 2 * (n - 1) * lat
+
+
+NVLS_LATENCY_S = 25e-6
+"""The latency NCCL's cost model charges one NVLS (NVLink SHARP) collective inside a node: its
+hwLatencies[NVLINK][NVLS][SIMPLE] = 25 us, base latency 0, once per collective rather than per
+ring step (NVIDIA/nccl src/graph/tuning.cc, ncclTunerConstantsDefaults and ncclTopoTuneModel,
+at 5067397)."""
+
+
+def allreduce_seconds(
+    nbytes: float, n: int, link: Link, hardware: HardwareSpec, *, ring: float | None = None
+) -> float:
+    """One all-reduce of M = `nbytes` over n ranks on `link`: the ring's time
+    (`allreduce_time`, or `ring` where the caller priced it otherwise), or, for a group inside
+    one node (`link` does not cross nodes) of a device with NVLink SHARP
+    (`HardwareSpec.nvls_allreduce_busbw` > 0), the smaller of that and NVLS's
+    2(n-1)/n x M / nvls_busbw + NVLS_LATENCY_S: NCCL picks the algorithm its model finds
+    fastest (tuning.cc ncclTopoTuneModel, then ncclTopoGetAlgoTime per call), and NVLS is on by
+    default where the device supports multicast (src/transport/nvls.cc, NCCL_NVLS_ENABLE = 2).
+    The bus bandwidth is the measured 8-GPU figure for every group size: NCCL's model keeps an
+    NVLS all-reduce's bus bandwidth independent of n (its per-channel bandwidth x2 for the
+    all-reduce, then the ring's n / 2(n-1) to algorithm bandwidth). Counts: all-reduces only;
+    reduce-scatters and all-gathers stay rings at the link's bandwidth (the NVLS figure is an
+    all-reduce's; NCCL's model takes (ppn-1)/ppn of the NVLS channel bandwidth for them, with
+    no published gain over the ring). Ignores: NVLS-tree across nodes (a group that crosses
+    nodes keeps the ring / tree model), the bandwidth's dependence on message size below a
+    few hundred MB, the SMs NVLS's kernels use."""
+    bw, lat, inter = link
+    t = allreduce_time(nbytes, n, bw, lat) if ring is None else ring
+    nvls = hardware.nvls_allreduce_busbw
+    if n <= 1 or inter or nvls <= 0:
+        return t
+    return min(t, 2 * (n - 1) / n * nbytes / nvls + NVLS_LATENCY_S)
 
 
 def gather_time(nbytes: float, n: int, bw: float, lat: float) -> float:
@@ -185,16 +222,7 @@ def comm_terms(inputs: CommInputs) -> dict[str, tuple[float, float]]:
         out.update(_dp_terms(inputs, param_bytes=inputs.param_comm_bytes or e))
     act = e * tokens * hidden
     if L.tp > 1:
-        out["tp"] = _tp_term(
-            L,
-            axis_link(L, hw, "tp", gpus_per_node),
-            act=act,
-            layers=layers,
-            moe_layers=moe_layers,
-            experts_per_token=experts_per_token,
-            m=m,
-            recompute=recompute,
-        )
+        out["tp"] = _tp_term(inputs, axis_link(L, hw, "tp", gpus_per_node), act=act)
     if L.pp > 1:
         out["pp_p2p"] = _pp_term(L, axis_link(L, hw, "pp", gpus_per_node), act=act, m=m)
     if L.cp > 1:
@@ -234,7 +262,8 @@ def _dp_terms(inputs: CommInputs, *, param_bytes: int) -> dict[str, tuple[float,
     m, layers = inputs.micro_batches, inputs.layers
     stage_params, expert_params = inputs.stage_params, inputs.expert_params
     reduce_bytes, fp8_gather_params = inputs.reduce_bytes, inputs.fp8_gather_params
-    bw, lat, _ = axis_link(L, hw, "dp", gpus_per_node)
+    dp_link = axis_link(L, hw, "dp", gpus_per_node)
+    bw, lat, _ = dp_link
     n = L.dp * L.cp
     if L.zero:
         n = max(1, n // max(1, L.dp_replicate))
@@ -247,7 +276,8 @@ def _dp_terms(inputs: CommInputs, *, param_bytes: int) -> dict[str, tuple[float,
         out.update(
             _zero_terms(
                 L.zero,
-                (bw, lat),
+                dp_link,
+                hw,
                 n=n,
                 n_exp=n_exp,
                 dense=stage_params - ep_experts,
@@ -258,7 +288,7 @@ def _dp_terms(inputs: CommInputs, *, param_bytes: int) -> dict[str, tuple[float,
     elif exp_grads and n_exp > 1:
         out["dp_allreduce"] = (
             2 * (n_exp - 1) / n_exp * exp_grads,
-            allreduce_time(exp_grads, n_exp, bw, lat),
+            allreduce_seconds(exp_grads, n_exp, dp_link, hw),
         )
     fsdp_params = stage_params - ep_experts  # what FSDP2 gathers and reduces
     grads = fsdp_params * reduce_bytes
@@ -279,7 +309,8 @@ def _dp_terms(inputs: CommInputs, *, param_bytes: int) -> dict[str, tuple[float,
 
 def _zero_terms(
     zero: int,
-    link: tuple[float, float],
+    link: Link,
+    hw: HardwareSpec,
     *,
     n: int,
     n_exp: int,
@@ -290,13 +321,16 @@ def _zero_terms(
     """dp_allreduce (zero 0 and 1): one all-reduce of the grads (reduce_bytes/param) per step
     over the dp*cp ranks that replicate them (no_sync during accumulation);
     zero_all_gather (zero 1): ZeroRedundancyOptimizer broadcasts each updated fp32 partition
-    once per step ((n-1)/n of the fp32 params per rank)."""
-    bw, lat = link
+    once per step ((n-1)/n of the fp32 params per rank). All-reduces as `allreduce_seconds`
+    prices them on `link`."""
+    bw, lat, _ = link
     out: dict[str, tuple[float, float]] = {}
     exp_grads = ep_experts * reduce_bytes
     dense_grads = dense * reduce_bytes
     moved = 2 * (n - 1) / n * dense_grads + 2 * (n_exp - 1) / n_exp * exp_grads
-    secs = allreduce_time(dense_grads, n, bw, lat) + allreduce_time(exp_grads, n_exp, bw, lat)
+    secs = allreduce_seconds(dense_grads, n, link, hw) + allreduce_seconds(
+        exp_grads, n_exp, link, hw
+    )
     if moved:
         out["dp_allreduce"] = (moved, secs)
     if zero == 1:
@@ -358,20 +392,11 @@ def _hsdp_term(
     bw2 = hw.inter_node_bw if inter else hw.intra_node_busbw
     lat2 = hw.inter_node_latency_s if inter else hw.intra_node_latency_s
     r = L.dp_replicate
-    return (k_red * 2 * (r - 1) / r * shard, k_red * allreduce_time(shard, r, bw2, lat2))
+    secs = allreduce_seconds(shard, r, (bw2, lat2, inter), hw)
+    return (k_red * 2 * (r - 1) / r * shard, k_red * secs)
 
 
-def _tp_term(
-    L: Layout,
-    link: Link,
-    *,
-    act: float,
-    layers: int,
-    moe_layers: int,
-    experts_per_token: float,
-    m: int,
-    recompute: bool,
-) -> tuple[float, float]:
+def _tp_term(inputs: CommInputs, link: Link, *, act: float) -> tuple[float, float]:
     """tp: Megatron TP, 2 all-reduces forward + 2 backward per block and micro-batch of e*s*b*h
     (`act`; +2 under full recompute), plus the vocab-parallel embedding's forward all-reduce
     and the head input's backward all-reduce (2 per micro-batch); with SP the same bytes as
@@ -380,17 +405,25 @@ def _tp_term(
     split over tp (ep = 1) all-reduce their (N*k, h) output forward and their input's gradient
     backward, 2 (+1) all-reduces of k*e*s*b*h (Megatron-Core's expert TP reduces there too);
     with SP the MoE input is all-gathered forward (+1 under recompute) and the output's
-    gradient all-gathered backward (e*s*b*h each), whether or not the experts are split."""
+    gradient all-gathered backward (e*s*b*h each), whether or not the experts are split.
+    Without SP the all-reduces run as `allreduce_seconds` prices them (NVLink SHARP inside a
+    node where the device has it); with SP they are all-gather + reduce-scatter pairs, rings at
+    the link's bandwidth. `act`: e*s*b*h of one micro-batch; the blocks, micro-batches,
+    recompute and experts per token are `inputs`'."""
+    L, hw, m = inputs.layout, inputs.hardware, inputs.micro_batches
+    layers, moe_layers = inputs.layers, inputs.moe_layers
+    experts_per_token = inputs.experts_per_token
     bw, lat, _ = link
-    rc = 1 if recompute else 0
+    rc = 1 if inputs.ac == "full" else 0
     # all-reduces of act: dense blocks 4 (+2), MoE blocks' attention 2 (+1), embedding/head 2
     k = ((4 + 2 * rc) * (layers - moe_layers) + (2 + rc) * moe_layers + 2) * m
-    moved, secs = k * 2 * (L.tp - 1) / L.tp * act, k * allreduce_time(act, L.tp, bw, lat)
+    one = allreduce_time(act, L.tp, bw, lat) if L.sp else allreduce_seconds(act, L.tp, link, hw)
+    moved, secs = k * 2 * (L.tp - 1) / L.tp * act, k * one
     if moe_layers and L.ep == 1:  # experts split over tp: their output and input gradient
         routed = experts_per_token * act
         k_e = (2 + rc) * moe_layers * m
         moved += k_e * 2 * (L.tp - 1) / L.tp * routed
-        secs += k_e * allreduce_time(routed, L.tp, bw, lat)
+        secs += k_e * allreduce_seconds(routed, L.tp, link, hw)
     if moe_layers and L.sp:  # the MoE input gathered forward, its output's grad backward
         k_g = (2 + rc) * moe_layers * m
         moved += k_g * (L.tp - 1) / L.tp * act

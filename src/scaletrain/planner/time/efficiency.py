@@ -59,6 +59,7 @@ __all__ = [
     "AttentionCore",
     "attention_seconds_per_token",
     "COMM_OVERLAP",
+    "STATED_OVERLAPS",
     "eager_elementwise_bytes",
 ]
 
@@ -160,7 +161,8 @@ def allreduce_latency(n: int, intra: float, inter: float, ranks_per_node: int) -
     every device). Ignores: NCCL's base latency per collective (baseLat, 6.6-14 us by protocol),
     the protocol choice (LL / LL128 / Simple), the ring's large-message latency plateau (x1.4
     on sm80+ across nodes, ncclTopoGetAlgoTime), the tree's bandwidth correction for mid-size
-    messages (treeCorrectionFactor), NVLS / CollNet (SHARP) algorithms."""
+    messages (treeCorrectionFactor), CollNet (SHARP) and NVLS-tree across nodes (NVLS inside
+    a node: comm.allreduce_seconds)."""
     if n <= 1:
         return 0.0
     ppn = max(1, min(n, ranks_per_node))
@@ -296,6 +298,12 @@ def kernel_ceilings(hardware: HardwareSpec) -> list[str]:
             else "(no published achieved share for this device: the raw link figure)"
         )
     )
+    if hardware.nvls_allreduce_busbw > 0:
+        link += (
+            f"; all-reduces inside a node with NVLink SHARP (NCCL's NVLS): "
+            f"{hardware.nvls_allreduce_busbw / 1e9:.0f} GB/s bus bandwidth where faster "
+            "(time.comm.allreduce_seconds; config/hardware.py cites it)"
+        )
     return [
         gemm,
         attn,
@@ -384,6 +392,18 @@ COMM_OVERLAP: dict[str, tuple[str, ...]] = {
 """Communication families a recipe's framework overlaps with compute, by recipe name (a recipe
 of that name picks them up; 'pp_p2p_interleaved': pipeline sends only under the interleaved
 schedule). Ignores: the SM share the overlapped kernels take from the GEMMs (a few %)."""
+
+STATED_OVERLAPS: dict[str, str] = {
+    "tp": "tensor-parallel collectives hidden behind the GEMMs they feed (Transformer Engine "
+    "userbuffers: Megatron-LM --tp-comm-overlap, store_true, off by default; NeMo "
+    "MegatronCommOverlapCallback tp_comm_overlap with a tp_overlap_configs.userbuffers config)",
+    "pp_p2p": "pipeline sends beside compute under any schedule (Megatron-LM overlap_p2p_comm)",
+    "dp_param_gather": "the distributed optimizer's weight all-gather behind the next step's "
+    "forwards (Megatron-LM --overlap-param-gather)",
+}
+"""Families a run may state it overlaps beyond its recipe's COMM_OVERLAP (`PlanInput.
+comm_overlap`; a published row's `layout.comm_overlap`): each is charged as step_time._exposed
+charges that family when a framework overlaps it by default."""
 
 
 # ---- eager elementwise kernels (torchtitan without torch.compile) ---------------------------

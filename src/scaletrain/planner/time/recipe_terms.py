@@ -28,7 +28,14 @@ from scaletrain.config import precision_spec
 
 from ..recipes.schema import Recipe
 from ..types import PlanInput
-from .comm import Link, allreduce_time, axis_link, dp_allreduce_latency, gather_time
+from .comm import (
+    Link,
+    allreduce_seconds,
+    allreduce_time,
+    axis_link,
+    dp_allreduce_latency,
+    gather_time,
+)
 from .zero3_fetch import zero3_module_fetch_terms
 
 __all__ = [
@@ -218,7 +225,8 @@ def recipe_comm(
     if "dp_allreduce" not in terms:
         return {**terms, **tied}
     out = {**terms, **tied}
-    bw, lat, _ = axis_link(L, hw, "dp", gpus_per_node)
+    link = axis_link(L, hw, "dp", gpus_per_node)
+    bw, lat, _ = link
     n = L.dp * L.cp
     if L.zero:
         n = max(1, n // max(1, L.dp_replicate))
@@ -232,16 +240,20 @@ def recipe_comm(
         if recipe.zero1_grad_sync == "allreduce_after_backward":
             # one all-reduce of the whole fp32 buffer (`recipe_exposed` leaves it exposed)
             ar = 2 * (n - 1) / n * grads
-            out["dp_allreduce"] = (ar, ar / bw + dp_allreduce_latency(L, hw, gpus_per_node, n))
+            ring = ar / bw + dp_allreduce_latency(L, hw, gpus_per_node, n)
+            out["dp_allreduce"] = (ar, allreduce_seconds(grads, n, link, hw, ring=ring))
         else:
             rs = (n - 1) / n * grads / bw + buckets * (n - 1) * lat
             out["dp_allreduce"] = ((n - 1) / n * grads, rs)
         params = stage_params * wb
         out["zero_all_gather"] = ((n - 1) / n * params, gather_time(params, n, bw, lat))
     elif n > 1:
-        secs = 2 * (n - 1) / n * grads / bw + buckets * dp_allreduce_latency(
+        ring = 2 * (n - 1) / n * grads / bw + buckets * dp_allreduce_latency(
             L, hw, gpus_per_node, n
         )
+        # NVLink SHARP inside a node (comm.allreduce_seconds), bucket by bucket
+        per = grads / buckets
+        secs = buckets * allreduce_seconds(per, n, link, hw, ring=ring / buckets)
         out["dp_allreduce"] = (2 * (n - 1) / n * grads, secs)
     return out
 

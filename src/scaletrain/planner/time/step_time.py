@@ -6,6 +6,7 @@ bubble and the optimizer step (`_optimizer_time`), combined by `step_time` into 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -29,7 +30,14 @@ from ..recipes.schema import DEFAULT_RECIPE, Recipe
 from ..recipes.stages import recipe_stages
 from ..types import PlanInput
 from .calibration import calibrated_block
-from .comm import CommInputs, allreduce_time, axis_link, comm_terms, dp_allreduce_latency
+from .comm import (
+    CommInputs,
+    allreduce_seconds,
+    allreduce_time,
+    axis_link,
+    comm_terms,
+    dp_allreduce_latency,
+)
 from .efficiency import (
     COMM_OVERLAP,
     AttentionCore,
@@ -63,6 +71,7 @@ __all__ = [
     "StepTime",
     "step_time",
     "step_floor",
+    "run_overlap",
     "BlockTime",
 ]
 
@@ -512,6 +521,11 @@ def step_time(
     overlap (`comm.comm_terms`, `_exposed`; a recipe's own families as it computes them,
     `recipe_terms.recipe_exposed`) + the optimizer step (`_optimizer_seconds`)."""
     L = plan.layout
+    if recipe is not None and not recipe.nccl_nvls and plan.hardware.nvls_allreduce_busbw > 0:
+        # the framework's runs turn NCCL's NVLink SHARP off (Recipe.nccl_nvls): rings only
+        plan = dataclasses.replace(
+            plan, hardware=dataclasses.replace(plan.hardware, nvls_allreduce_busbw=0.0)
+        )
     side = _compute_side(
         plan, max_params, terms=terms, causal=causal, zero_bubble=zero_bubble, recipe=recipe
     )
@@ -540,7 +554,7 @@ def step_time(
         gpus_per_node=gpus_per_node,
         bucket_bytes=bucket,
         tree=foreign,
-        overlap=COMM_OVERLAP.get(recipe.name, ()) if recipe is not None else (),
+        overlap=run_overlap(plan, recipe),
     )
     optimizer_s = _optimizer_seconds(plan, max_params, recipe)
     overhead = cal.step_overhead_s if cal is not None else 0.0
@@ -555,6 +569,18 @@ def step_time(
         comm=comm,
         efficiency=side.efficiency,
     )
+
+
+def run_overlap(plan: PlanInput, recipe: Recipe | None) -> tuple[str, ...]:
+    """The communication families a plan's run overlaps with compute (`_exposed`): its
+    framework recipe's defaults (efficiency.COMM_OVERLAP) and those the run states
+    (`PlanInput.comm_overlap`, foreign recipes only: scaletrain's trainer overlaps its own)."""
+    if recipe is None:
+        return ()
+    own = COMM_OVERLAP.get(recipe.name, ())
+    if recipe.name == DEFAULT_RECIPE:
+        return own
+    return own + tuple(f for f in plan.comm_overlap if f not in own)
 
 
 def _optimizer_seconds(plan: PlanInput, max_params: float, recipe: Recipe | None) -> float:
@@ -685,14 +711,18 @@ def _exposed(
     out = 0.0
     bucket = 0.0
     if "dp_allreduce" in terms or "zero_reduce_scatter" in terms or "hsdp_allreduce" in terms:
-        bw, lat, _ = axis_link(L, hw, "dp", gpus_per_node)
+        link = axis_link(L, hw, "dp", gpus_per_node)
+        bw, lat, _ = link
         n = L.dp * L.cp if L.zero else L.dp
         size = min(bucket_bytes, stage_params * 4)
+        nn = max(n, 2)
         if tree:
-            nn = max(n, 2)
-            bucket = 2 * (nn - 1) / nn * size / bw + dp_allreduce_latency(L, hw, gpus_per_node, nn)
+            ring = 2 * (nn - 1) / nn * size / bw + dp_allreduce_latency(L, hw, gpus_per_node, nn)
         else:
-            bucket = allreduce_time(size, max(n, 2), bw, lat)
+            ring = allreduce_time(size, nn, bw, lat)
+        # an all-reduce (zero 0) may run as NVLink SHARP inside a node; ZeRO's last bucket is a
+        # reduce-scatter, priced as the ring's all-reduce here as before
+        bucket = allreduce_seconds(size, nn, link, hw, ring=ring) if not L.zero else ring
     for name, (_, t) in terms.items():
         if name in ("dp_allreduce", "hsdp_allreduce"):
             out += max(t - t_bwd, min(t, bucket))
