@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-__all__ = ["Recipe", "DEFAULT_RECIPE", "PPSplit", "TPComm", "Zero1GradSync"]
+__all__ = ["Recipe", "DEFAULT_RECIPE", "CPRing", "PPSplit", "TPComm", "Zero1GradSync"]
 
 DEFAULT_RECIPE = "scaletrain"
 
@@ -20,6 +20,8 @@ TPComm = Literal["exposed", "async_linears"]
 """How a recipe's TP linears communicate (`Recipe.tp_comm`)."""
 Zero1GradSync = Literal["reduce_scatter", "allreduce_after_backward"]
 """How a recipe's ZeRO-1 synchronises gradients (`Recipe.zero1_grad_sync`)."""
+CPRing = Literal["p2p", "torch_allgather"]
+"""How a recipe's ring attention exchanges K/V (`Recipe.cp_ring`)."""
 
 
 @dataclass(frozen=True)
@@ -181,6 +183,15 @@ class Recipe:
     the backward (time.recipe_terms.recipe_comm); 'allreduce_after_backward': one all-reduce of the
     whole fp32 gradient buffer once the pipeline engine returns, nothing left to hide it
     (Nanotron without DDP at zero_stage 1)."""
+    cp_ring: CPRing = "p2p"
+    """Time model: how ring attention runs under context parallelism. 'p2p': cp-1 K/V block
+    sends each way, hidden behind the attention core (comm._cp_term); 'torch_allgather':
+    torch's _templated_ring_attention with the all-gather rotater (time/cp_ring.py): one K/V
+    all-gather per forward hidden behind the first sub-SDPA only, fp32 dK/dV sends, and the
+    fp32 merges of the sub-steps' outputs as elementwise passes."""
+    cp_kv_repeated: bool = False
+    """The model repeats its K/V heads to the query heads before SDPA (GQA expanded), so the
+    ring moves and accumulates query-head K/V (time/cp_ring.py)."""
     grad_accum_pass_bytes: float = 0.0
     """Time model: bytes per parameter of the rank that a pass after every micro-batch's
     backward moves, adding each 16-bit .grad into the fp32 accumulation buffer (read 2 + 4,
