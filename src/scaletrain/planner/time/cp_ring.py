@@ -29,8 +29,9 @@ The busiest rank is the last CP rank: with the load balancer every one of its su
 the first takes the whole local query against half the K/V (`i <= rank`), so its merges run on
 the whole output and its dK/dV updates go through `_partial_update` (an in-place add on half,
 then torch.cat of the halves).
-The merge and accumulation passes are counted as the file reads at 0123248a (the Dec 2024 file
-itself was not read).
+The merge and accumulation passes are counted as the file reads at 0123248a; a version nearer
+Dec 2024 (with `_RotateMethod.PRE_ALL_GATHER`, pytorch PR #144986, Jan 2025) has the same
+options, rotaters, `_SDPAMerger` and backward loop (the Dec 2024 file itself was not read).
 Ignores: torch.compile fusing the merge ops (the ring runs under DTensor's dispatch; counted as
 eager kernels), the merge's per-token LSE tensors (1/d of the output), the SDPA kernels'
 own rate on the half-size sub-steps (the attention core's rate, efficiency.py), NCCL kernels
