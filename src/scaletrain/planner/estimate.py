@@ -62,7 +62,8 @@ _NOTES = (
     "torch's orders); bubble = time.pipeline.bubble_fraction (zero-bubble = ZB-H1, torch's order).",
     "overlap: DP/ZeRO grad reduction hides behind the last backward except one 25 MB bucket; "
     "FSDP gathers hide behind compute; TP, PP p2p and EP all-to-all are exposed; CP ring hides "
-    "behind the attention core.",
+    "behind the attention core (torch's all-gather ring, Recipe.cp_ring 'torch_allgather': "
+    "behind its first sub-SDPA only, time/cp_ring.py).",
 )
 
 

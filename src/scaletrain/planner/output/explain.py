@@ -368,6 +368,14 @@ def _recipe_mechanisms(est: Estimate, r: Recipe) -> str:
             f"fp32 all-reduce of the tied gradient after the backward, exposed "
             f"({terms['pp_tied_allreduce']:.3g} s; {r.sources.get('tied_grad_sync', '')})"
         )
+    if r.cp_ring == "torch_allgather" and "cp_ring" in terms and L.cp > 1:
+        heads = "query heads (K/V repeated)" if r.cp_kv_repeated else "K/V heads"
+        out += (
+            f"\n   [{r.name}] CP: torch ring attention, K/V of the {heads} all-gathered once "
+            f"per forward behind the first sub-SDPA only, fp32 dK/dV sent each sub-step, fp32 "
+            f"merges over memory bandwidth ({terms['cp_ring']:.3g} s of collectives per step; "
+            f"time.cp_ring; {r.sources.get('cp_ring', '')}; {r.sources.get('cp_kv_repeated', '')})"
+        )
     if r.grad_accum_pass_bytes:
         out += (
             f"\n   [{r.name}] fp32 accumulation pass: {r.grad_accum_pass_bytes:g} B per "

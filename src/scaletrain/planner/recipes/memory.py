@@ -272,7 +272,13 @@ def _recipe_buffers(plan: PlanInput, recipe: Recipe, P: float, bufs: dict[str, f
         bufs["tp_all_gather"] = n_gather * e * tok * plan.model.dim
     if L.pp > 1:
         bufs["pp_p2p"] = 2 * e * tok * plan.model.dim / (L.tp if sp else 1)
-    if L.cp > 1:
+    if L.cp > 1 and recipe.cp_ring == "torch_allgather":
+        # torch's all-gather rotater (time/cp_ring.py): the K and V of all cp ranks gathered
+        # into one buffer that lives through every sub-SDPA of the block (_AllGatherRotater
+        # ._aggregated_buffer), with the query's heads when the model repeats them before SDPA
+        kv_dim = plan.model.q_dim if recipe.cp_kv_repeated else plan.model.kv_dim
+        bufs["cp_ring"] = L.cp * 2 * e * tok * kv_dim / L.tp
+    elif L.cp > 1:
         bufs["cp_ring"] = 2 * 2 * e * tok * plan.model.kv_dim / L.tp
     ctx = (
         0.0

@@ -231,7 +231,15 @@ RECIPES: dict[str, Recipe] = {
         pp_fsdp_unsharded=True,
         loss_compiles=True,
         eager_elementwise=True,
+        cp_ring="torch_allgather",
+        cp_kv_repeated=True,
         sources={
+            "cp_ring": "torch/distributed/tensor/experimental/_attention.py "
+            "_templated_ring_attention(_backward), _AllGatherRotater, _SDPAMerger "
+            "(convert_to_f32, enable_load_balance True); torchtitan config_manager.py at "
+            "9dec370: --experimental.context_parallel_rotate_method default 'allgather'",
+            "cp_kv_repeated": "torchtitan/models/llama/model.py at 9dec370 Attention.forward: "
+            "repeat_kv(xk / xv, n_rep) before F.scaled_dot_product_attention",
             "eager_elementwise": "torchtitan/models/llama3/model.py: RMSNorm._norm on "
             "x.float(), apply_rotary_emb via view_as_complex, "
             "F.silu(w1(x)) * w3(x), residual adds, each a separate "

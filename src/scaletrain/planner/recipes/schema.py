@@ -10,7 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-__all__ = ["Recipe", "DEFAULT_RECIPE", "PPSplit", "TPComm", "TiedGradSync", "Zero1GradSync"]
+__all__ = [
+    "Recipe",
+    "DEFAULT_RECIPE",
+    "CPRing",
+    "PPSplit",
+    "TPComm",
+    "TiedGradSync",
+    "Zero1GradSync",
+]
 
 DEFAULT_RECIPE = "scaletrain"
 
@@ -23,6 +31,8 @@ Zero1GradSync = Literal["reduce_scatter", "allreduce_after_backward"]
 TiedGradSync = Literal["none", "allreduce_after_backward"]
 """How a recipe sums the gradients of an embedding and a head tied across pipeline stages
 (`Recipe.tied_grad_sync`)."""
+CPRing = Literal["p2p", "torch_allgather"]
+"""How a recipe's ring attention exchanges K/V (`Recipe.cp_ring`)."""
 
 
 @dataclass(frozen=True)
@@ -190,6 +200,15 @@ class Recipe:
     all-reduce of the tied weight's gradient buffer (grad_bytes per element, its 1/tp vocab
     shard) between the first and the last stage once the pipeline engine returns, nothing left
     to hide it (time.recipe_terms.recipe_comm; Nanotron's sync_tied_weights_gradients)."""
+    cp_ring: CPRing = "p2p"
+    """Time model: how ring attention runs under context parallelism. 'p2p': cp-1 K/V block
+    sends each way, hidden behind the attention core (comm._cp_term); 'torch_allgather':
+    torch's _templated_ring_attention with the all-gather rotater (time/cp_ring.py): one K/V
+    all-gather per forward hidden behind the first sub-SDPA only, fp32 dK/dV sends, and the
+    fp32 merges of the sub-steps' outputs as elementwise passes."""
+    cp_kv_repeated: bool = False
+    """The model repeats its K/V heads to the query heads before SDPA (GQA expanded), so the
+    ring moves and accumulates query-head K/V (time/cp_ring.py)."""
     grad_accum_pass_bytes: float = 0.0
     """Time model: bytes per parameter of the rank that a pass after every micro-batch's
     backward moves, adding each 16-bit .grad into the fp32 accumulation buffer (read 2 + 4,

@@ -453,7 +453,8 @@ def _cp_term(
     """cp_ring: ring attention of `kv` bytes (this tp rank's K and V) per block and
     micro-batch: forward cp-1 K/V block sends; backward cp-1 K/V sends plus the dK/dV
     accumulators travelling a full turn (cp sends) home: 3cp-2 in all (+cp-1 forward sends
-    under full recompute)."""
+    under full recompute). A recipe whose framework runs torch's all-gather ring
+    (Recipe.cp_ring 'torch_allgather': torchtitan) replaces it (time/cp_ring.py)."""
     bw, lat, _ = link
     k = (3 * L.cp - 2 + (L.cp - 1 if recompute else 0)) * layers * m
     return k * kv, k * p2p_time(kv, bw, lat)

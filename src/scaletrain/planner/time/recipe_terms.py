@@ -36,6 +36,7 @@ from .comm import (
     dp_allreduce_latency,
     gather_time,
 )
+from .cp_ring import torch_ring_terms
 from .zero3_fetch import zero3_module_fetch_terms
 
 __all__ = [
@@ -290,6 +291,8 @@ def recipe_exposed(
     rate: float,
     layers: int,
     gpus_per_node: int | None,
+    core_s_layer: float = 0.0,
+    stretch: float = 1.0,
 ) -> dict[str, float]:
     """Exposed seconds of the families a recipe's framework runs its own way (`step_time`
     charges them as given, step_time._exposed the rest); `comm` is updated in place where the recipe
@@ -299,9 +302,27 @@ def recipe_exposed(
       comm._tp_term's bytes and seconds, and its exposed share is charged;
     - dp_allreduce under Recipe.zero1_grad_sync 'allreduce_after_backward' at ZeRO-1: all of
       it (trainer.py DistributedTrainer.training_step calls sync_gradients_across_dp once
-      pipeline_engine.train_batch_iter has returned: no backward left to hide it)."""
+      pipeline_engine.train_batch_iter has returned: no backward left to hide it);
+    - cp_ring under Recipe.cp_ring 'torch_allgather': `cp_ring.torch_ring_terms` replaces
+      comm._cp_term's bytes and seconds; its waits (the K/V all-gather past the first
+      sub-SDPA, the dK/dV sends past one sub-SDPA backward, the last send) sit inside each
+      micro-batch's stage time, so a pipeline's schedule repeats them `stretch` = 1 + the
+      bubble fraction times per micro-batch (`core_s_layer`: the attention core's seconds per
+      block and micro-batch)."""
     L, model = plan.layout, plan.model
     out: dict[str, float] = {}
+    if recipe.cp_ring == "torch_allgather" and "cp_ring" in comm and L.cp > 1:
+        cal = plan.calibration
+        factor = cal.collective_factor("cp_ring") if cal is not None and cal.collective else 1.0
+        ring = torch_ring_terms(
+            plan,
+            recipe,
+            link=axis_link(L, plan.hardware, "cp", gpus_per_node),
+            core_s_layer=core_s_layer,
+            layers=layers,
+        )
+        comm["cp_ring"] = (ring.bytes, ring.seconds * factor)
+        out["cp_ring"] = ring.wait_per_mb * max(1, plan.grad_accum) * stretch * factor
     if recipe.tp_comm == "async_linears" and "tp" in comm and L.sp and not model.is_moe:
         cal = plan.calibration
         factor = cal.collective_factor("tp") if cal is not None and cal.collective else 1.0

@@ -38,6 +38,7 @@ from .comm import (
     comm_terms,
     dp_allreduce_latency,
 )
+from .cp_ring import torch_ring_passes_s
 from .efficiency import (
     COMM_OVERLAP,
     AttentionCore,
@@ -370,7 +371,9 @@ def _compute_side(
     over tp x cp, except MoE experts kept whole per tp rank (ep > 1,
     `config.layout.expert_tp`): every tp rank runs them on the same (gathered) tokens, so their
     FLOPs split over cp only. A recipe's pass after every micro-batch's backward
-    (`recipe_terms.grad_accum_pass_s`, over the rank's `max_params`) adds to each micro-batch.
+    (`recipe_terms.grad_accum_pass_s`, over the rank's `max_params`) adds to each micro-batch,
+    and so do the elementwise passes of torch's ring attention under CP
+    (`cp_ring.torch_ring_passes_s`, Recipe.cp_ring 'torch_allgather').
     The pipeline bubble is a fraction of it (`pipeline.bubble_fraction`)."""
     L, model, hw = plan.layout, plan.model, plan.hardware
     m = max(1, plan.grad_accum)
@@ -392,7 +395,13 @@ def _compute_side(
         if foreign and recipe is not None and recipe.grad_accum_pass_bytes and not hw.is_cpu
         else 0.0
     )
-    compute_s = m * (t_mb + t_acc)
+    # torch's ring attention's fp32 merges and copies (cp_ring.torch_ring_passes_s)
+    t_ring = (
+        torch_ring_passes_s(plan, recipe, layers=max(counts))
+        if foreign and recipe is not None and recipe.cp_ring == "torch_allgather" and not hw.is_cpu
+        else 0.0
+    )
+    compute_s = m * (t_mb + t_acc + t_ring)
     bubble_s = 0.0
     if L.pp > 1:
         bubble_s = (
@@ -542,8 +551,16 @@ def step_time(
     if foreign and recipe is not None:
         comm = recipe_comm(comm, plan, recipe, max_params, gpus_per_node)
         bucket = recipe.bucket_bytes(L.dp)
+        w = side.window
         override = recipe_exposed(
-            comm, plan, recipe, rate=side.rate, layers=layers, gpus_per_node=gpus_per_node
+            comm,
+            plan,
+            recipe,
+            rate=side.rate,
+            layers=layers,
+            gpus_per_node=gpus_per_node,
+            core_s_layer=w.core_s / max(1, layers * m),
+            stretch=1.0 + (side.bubble_s / side.compute_s if side.compute_s > 0 else 0.0),
         )
     # families a recipe runs its own way are charged as it computed them (`recipe_exposed`)
     exposed = sum(override.values()) + _exposed(

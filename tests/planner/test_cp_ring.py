@@ -1,0 +1,89 @@
+"""torch's ring attention under context parallelism (planner/time/cp_ring.py): the byte count of
+its elementwise passes, the waits of its all-gather rotater, and torchtitan's CP plans."""
+
+from __future__ import annotations
+
+import pytest
+
+from scaletrain.planner.recipes.registry import recipe_named
+from scaletrain.planner.time.comm import gather_time, p2p_time
+from scaletrain.planner.time.cp_ring import (
+    MERGE_BYTES,
+    torch_ring_pass_bytes,
+    torch_ring_passes_s,
+    torch_ring_terms,
+)
+
+
+def test_pass_bytes_by_hand() -> None:
+    # cp = 2, bf16, one element of Q and of each of K and V
+    fwd, bwd = torch_ring_pass_bytes(2, 2, q_elems=1.0, kv_elems=1.0)
+    # K, V contiguous + cat (4e each); two fp32 casts (e + 4), one merge, the final cast (4 + e)
+    assert fwd == pytest.approx(2 * 8 + 2 * 6 + MERGE_BYTES + 6)
+    # zeros (4 x 3), K/V copies (16), dQ adds (2 x 10) + cast (6), dK and dV: the first add
+    # (10), one half add (5) + cat (8), two fp32 cats (16), the cast (6)
+    assert bwd == pytest.approx(12 + 16 + 20 + 6 + 2 * (10 + 5 + 8 + 16 + 6))
+    assert torch_ring_pass_bytes(1, 2, q_elems=1.0, kv_elems=1.0) == (0.0, 0.0)
+    # the merges grow with the ring: cp - 1 of them per forward
+    f4, _ = torch_ring_pass_bytes(4, 2, q_elems=1.0, kv_elems=0.0)
+    f8, _ = torch_ring_pass_bytes(8, 2, q_elems=1.0, kv_elems=0.0)
+    assert f8 - f4 == pytest.approx(4 * (6 + MERGE_BYTES))
+
+
+def _plan(name: str):
+    """The planner's input for the published corpus row `name` under its framework recipe."""
+    from scaletrain.planner.recipes.published import load_runs, plan_input, recipe_of
+
+    (run,) = [r for r in load_runs() if r.name == name]
+    return plan_input(run, recipe_of(run))
+
+
+def test_torchtitan_ring_moves_query_head_kv() -> None:
+    """torchtitan repeats K/V to the query heads before SDPA: the all-gather and the fp32 dK/dV
+    sends carry n_heads / n_kv_heads times what a GQA ring would."""
+    tt = recipe_named("torchtitan")
+    plan = _plan("tt-h100-l31-8b-fsdp1-cp8-256k")
+    link = (370e9, 0.0, False)
+    ring = torch_ring_terms(plan, tt, link=link, core_s_layer=1.0, layers=32)
+    e_kv = 32768 * plan.model.q_dim  # tokens per rank x query heads x head dim
+    kv, dkv = 2 * 2 * e_kv, 2 * 4 * e_kv
+    # full AC: the forward all-gather twice, the backward's once; cp fp32 sends
+    assert ring.bytes == pytest.approx(32 * (3 * 7 * kv + 8 * dkv))
+    # a slow sub-SDPA hides every collective but the last dK/dV send
+    assert ring.wait_per_mb == pytest.approx(32 * p2p_time(dkv, 370e9, 0.0))
+    # a fast one leaves the all-gather exposed past the first sub-SDPA (forward, recompute,
+    # backward) and every dK/dV send past one sub-SDPA backward
+    fast = torch_ring_terms(plan, tt, link=link, core_s_layer=1e-6, layers=1)
+    t_ag, t_dkv = gather_time(8 * kv, 8, 370e9, 0.0), p2p_time(dkv, 370e9, 0.0)
+    sub_f = 1e-6 / 4.5 / 8
+    sub_b = 2.5 * sub_f
+    want = 2 * (t_ag - sub_f) + (t_ag - sub_b) + 7 * (t_dkv - sub_b) + t_dkv
+    assert fast.wait_per_mb == pytest.approx(want)
+
+
+def test_no_ring_without_cp() -> None:
+    tt = recipe_named("torchtitan")
+    plan = _plan("tt-h100-l31-8b-fsdp8-cp1-32k")
+    assert torch_ring_passes_s(plan, tt, layers=32) == 0.0
+    ring = torch_ring_terms(plan, tt, link=(1e9, 0.0, False), core_s_layer=1.0, layers=32)
+    assert ring.bytes == ring.seconds == ring.wait_per_mb == 0.0
+
+
+def test_torchtitan_cp_slower_than_the_p2p_ring(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The 405B 4D row under torchtitan's recipe, with and without torch's ring: the
+    all-gather across nodes (cp ranks 8 apart under tp 8) and the merges add time and bytes;
+    at cp = 1 the two recipes agree."""
+    import dataclasses
+
+    from scaletrain.planner import estimate
+    from scaletrain.planner.recipes import registry
+
+    cp8 = _plan("tt-h100-l31-405b-4d-cp8-256k")
+    cp1 = _plan("tt-h100-l31-405b-4d-cp1-32k")
+    with_ring, one_ring = estimate(cp8).time, estimate(cp1).time
+    p2p = dataclasses.replace(registry.RECIPES["torchtitan"], cp_ring="p2p", cp_kv_repeated=False)
+    monkeypatch.setitem(registry.RECIPES, "torchtitan", p2p)
+    without, one = estimate(cp8).time, estimate(cp1).time
+    assert with_ring.step_s > without.step_s
+    assert with_ring.comm_terms["cp_ring"] > without.comm_terms["cp_ring"]
+    assert one_ring.step_s == pytest.approx(one.step_s)
