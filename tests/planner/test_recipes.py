@@ -14,7 +14,11 @@ from scaletrain.cli import main
 from scaletrain.config import Layout, ModelConfig, hardware_preset, model_preset
 from scaletrain.planner.estimate import estimate, reserved_and_step
 from scaletrain.planner.recipes.activations import recipe_head_bytes, recipe_layer_bytes
-from scaletrain.planner.recipes.memory import recipe_problems, recipe_rank_memory
+from scaletrain.planner.recipes.memory import (
+    bf16_optimizer_runs,
+    recipe_problems,
+    recipe_rank_memory,
+)
 from scaletrain.planner.recipes.registry import RECIPES
 from scaletrain.planner.time.efficiency import allreduce_latency, gemm_shape_factor
 from scaletrain.planner.types import PlanInput
@@ -532,10 +536,49 @@ def test_deepspeed_pipe_engine_holds_two_logits_buffers() -> None:
 
 
 def test_deepspeed_ipg_buffer_at_dp1() -> None:
-    """The ZeRO-1 optimizer reduces through its 5e8-element bf16 ipg buffer at dp = 1 too
-    (stage_1_and_2.py reduce_gradients allocates it under the pipeline engine)."""
-    mem = recipe_rank_memory(_plan("deepspeed", Layout(dp=1, zero=1)), RECIPES["deepspeed"], 0)
+    """The ZeRO-1 optimizer reduces through its 5e8-element 16-bit ipg buffer at dp = 1 too
+    (stage_1_and_2.py reduce_gradients allocates it under the pipeline engine); fp16, since
+    bf16 at ZeRO-1 runs BF16_Optimizer instead (next test)."""
+    plan = dataclasses.replace(_plan("deepspeed", Layout(dp=1, zero=1)), precision="fp16")
+    mem = recipe_rank_memory(plan, RECIPES["deepspeed"], 0)
     assert mem.buffer_terms["reduce_bucket"] == 5e8 * 2
+
+
+def test_deepspeed_bf16_optimizer_keeps_an_unsharded_fp32_grad_buffer(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """bf16 at ZeRO-1 runs DeepSpeed's BF16_Optimizer (bf16_optimizer.py): over 4 ranks, bf16
+    weights 2 + bf16 .grad 2 + the fp32 accumulation buffer 4, both unsharded, + (fp32 master
+    4 + Adam 8) / 4; no ZeRO ipg bucket; at the reduce, the all-reduce's bf16 cast of the
+    buffer (2) instead of ZeRO's fp32 partition copy (4 / 4). fp16 at ZeRO-1 keeps
+    DeepSpeedZeroOptimizer's terms; explain cites the source on the gradients line."""
+    P = _params(SMALL)
+    ds = RECIPES["deepspeed"]
+    plan = _plan("deepspeed", Layout(dp=4, zero=1))
+    assert bf16_optimizer_runs(plan, ds)
+    mem = recipe_rank_memory(plan, ds, 0)
+    assert mem.params == 2 * P
+    assert mem.grads == (2 + 4) * P
+    assert mem.detail["grads.fp32_accumulation"] == 4 * P
+    assert mem.optimizer == 12 * P / 4
+    assert "reduce_bucket" not in mem.buffer_terms
+    assert mem.detail["optimizer_step.temp"] == 2 * P
+    fp16 = recipe_rank_memory(dataclasses.replace(plan, precision="fp16"), ds, 0)
+    assert fp16.grads == 2 * P and fp16.detail["grads.fp32_accumulation"] == 0
+    assert fp16.buffer_terms["reduce_bucket"] == 5e8 * 2
+    assert fp16.detail["optimizer_step.temp"] == 4 * P / 4
+    for other in (
+        dataclasses.replace(plan, layout=Layout(dp=4, zero=2)),
+        dataclasses.replace(plan, offload="optimizer"),
+        dataclasses.replace(plan, recipe="megatron"),
+    ):
+        assert not bf16_optimizer_runs(other, RECIPES[other.recipe])
+    args = ["explain", "--recipe", "deepspeed", "--model", "llama3-8b", "--gpus", "8"]
+    assert main([*args, "--gpu", "h100-sxm", "--zero", "1", "--global-batch", "8"]) == 0
+    out = capsys.readouterr().out
+    at = out.index("[deepspeed] gradients")
+    assert "fp32 accumulation buffer" in out[at : out.index("\n", at)]
+    assert "deepspeed/runtime/bf16_optimizer.py BF16_Optimizer" in out[at:]
 
 
 @pytest.mark.parametrize("ac", ["none", "selective", "full"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 from scaletrain.config import GB, byte_unit, expert_split, fmt_bytes, fused_head_loss
 
 from ..memory.states import stage_layer_counts, state_bytes_per_param
+from ..recipes.memory import bf16_optimizer_runs
 from ..recipes.registry import recipe_named
 from ..recipes.schema import DEFAULT_RECIPE, Recipe
 from ..time.flops import (
@@ -236,22 +237,34 @@ def _recipe_states(est: Estimate) -> list[str]:
     fp32 = p.precision == "fp32"
     wb, mb, gb = (4.0, 0.0, 4.0) if fp32 else (r.weight_bytes, r.master_bytes, r.grad_bytes)
     out = [f"   recipe {r.name!r} ({r.framework}); every term below is this recipe's:"]
-    rows = (
-        ("weights", f"{wb:g} B/param", "weight_bytes"),
-        ("fp32 master", f"{mb:g} B/param (sharded by ZeRO-1: {r.shards_master})", "master_bytes"),
+    grads = (
         (
+            "gradients",
+            f"{gb:g} B/param bf16 .grad + 4 B/param fp32 accumulation buffer, both unsharded "
+            "(BF16_Optimizer: bf16 at ZeRO-1)",
+            "bf16_optimizer",
+        )
+        if bf16_optimizer_runs(p, r)
+        else (
             "gradients",
             f"{gb:g} B/param (full buffer under ZeRO-1: {r.grad_buffer_full_under_zero1})",
             "grad_bytes",
-        ),
+        )
+    )
+    rows = (
+        ("weights", f"{wb:g} B/param", "weight_bytes"),
+        ("fp32 master", f"{mb:g} B/param (sharded by ZeRO-1: {r.shards_master})", "master_bytes"),
+        grads,
         ("optimizer", f"{p.optimizer} moments", "optimizer"),
         ("activations", f"{r.activations}, selective={r.selective}", "activations"),
         ("attention", f"{r.attention} (s x s scores kept: {r.attention == 'naive'})", "attention"),
         ("loss/logits", r.loss, "loss"),
         (
             "grad buckets",
-            f"{r.ddp_bucket}, {fmt_bytes(r.bucket_bytes(p.layout.dp), digits=0)}",
-            "ddp_bucket",
+            "none: BF16_Optimizer all-reduces its fp32 buffer cast to bf16, 2 B/param at the reduce"
+            if bf16_optimizer_runs(p, r)
+            else f"{r.ddp_bucket}, {fmt_bytes(r.bucket_bytes(p.layout.dp), digits=0)}",
+            "bf16_optimizer" if bf16_optimizer_runs(p, r) else "ddp_bucket",
         ),
         (
             "allocator",

@@ -19,6 +19,29 @@ Peak model (every rank that can be the worst is evaluated; the worst by reserved
   end of a micro-batch's backward (recipes whose 16-bit .grad lives until then, Nanotron) =
     states + buffers + that .grad + the other in-flight micro-batches' activations;
   total = max(all) + CUDA context; reserved = total + fragmentation x (total - context).
+DeepSpeed's BF16_Optimizer (`bf16_optimizer_runs`: Recipe.bf16_optimizer, bf16 at ZeRO-1):
+  gradients = the bf16 .grad of every parameter + an unsharded fp32 accumulation buffer
+    (4 B x the rank's parameters, on every dp rank); the step's temporaries = the gradient
+    all-reduce's bf16 cast of that buffer (2 B x params) instead of ZeRO's fp32 partition copy;
+    no ZeRO ipg bucket. Read at microsoft/DeepSpeed 15293139f (2022-02-28, an ancestor of
+    ab61edb02, the olruwase/bf16-updates commit BigScience's chronicles-prequel.md names; the
+    branch was merged as 56c522386, #1801) and at the default branch today (38327e07f):
+    deepspeed/runtime/bf16_optimizer.py BF16_Optimizer.__init__
+    (fp32_groups_gradients_flat = torch.zeros_like(bf16_groups_flat[i], dtype=float32) for the
+    whole flat group; fp32_groups_gradient_flat_partition, the dp partition Adam steps on, is a
+    narrow() of it; fp32_groups_flat_partition, the fp32 master, is the partition only) and
+    update_hp_grads (hp_grad.add_(lp.grad.to(float32)); clear_lp_grads=False keeps lp.grad);
+    runtime/pipe/engine.py _exec_backward_pass (clear_lp_grads() before, update_hp_grads(
+    clear_lp_grads=False) after each backward) and _exec_reduce_grads -> _bf16_reduce_grads ->
+    runtime/engine.py buffered_allreduce_fallback(get_grads_for_reduction(), 5e8) ->
+    allreduce_no_retain -> allreduce_bucket: tensor.to(communication_data_type), bf16 under
+    bf16 (engine.py communication_data_type), for the whole flat group (one tensor over 5e8
+    elements is its own bucket). BigScience's tr11 README ('Deepspeed config': ZERO_STAGE=0,
+    'BF16_Optimizer implements its own ZeRO Stage 1'; 'It doesn't shard the static fp32
+    buffer it reuses, which consumes 4 bytes * params of additional memory') and
+    chronicles-prequel.md 'Rebalancing layers' say the same. Not counted: update_hp_grads'
+    fp32 cast of one parameter's .grad at a time (4 B x the largest parameter, at the end of
+    each backward, while the other in-flight micro-batches keep their activations).
 Ignores: gradients filling during the first micro-batch's backward (the whole gradient buffer
 is counted from the start: Megatron and Nanotron allocate it up front), NCCL's internal
 buffers beyond the context term, per-op temporaries inside a layer (< 1 layer's activations).
@@ -44,6 +67,7 @@ from .schema import Recipe
 from .stages import recipe_stage_layers, recipe_stages
 
 __all__ = [
+    "bf16_optimizer_runs",
     "recipe_problems",
     "recipe_rank_memory",
     "recipe_worst_rank",
@@ -144,6 +168,26 @@ class RecipeStates:
     optimizer: float
     offloaded: float
     """Bytes moved to the CPU by offload."""
+    fp32_grad_accum: float = 0.0
+    """Of `grads`: BF16_Optimizer's unsharded fp32 accumulation buffer (`bf16_optimizer_runs`)."""
+
+
+def bf16_optimizer_runs(plan: PlanInput, recipe: Recipe) -> bool:
+    """Whether `plan` runs under DeepSpeed's BF16_Optimizer (Recipe.bf16_optimizer; the module
+    docstring for its terms): bf16 at ZeRO-1 without optimizer offload. DeepSpeed picks it
+    for bf16 when its own ZeRO is off (Megatron-DeepSpeed's --bf16 with ZeRO stage 0 in the
+    config, as BigScience ran it: the optimizer shards itself over dp, i.e. ZeRO-1) and, today,
+    for bf16 at ZeRO stage 1 with an fp32 grad_accum_dtype and no offload (runtime/engine.py
+    _do_optimizer_sanity_check, at 38327e07f). Not counted: a plan at ZeRO-0 (DeepSpeed
+    would still shard the master and Adam states over dp under BF16_Optimizer) and today's
+    bf16 ZeRO-1 with the default grad_accum_dtype (bf16, DeepSpeedZeroOptimizer instead):
+    the planner's layout has no gradient-accumulation dtype and takes BF16_Optimizer."""
+    return (
+        recipe.bf16_optimizer
+        and plan.precision == "bf16"
+        and plan.layout.zero == 1
+        and offload_states(plan.offload) == "none"
+    )
 
 
 def recipe_rank_params(plan: PlanInput, first: bool, last: bool, layers: int) -> RecipeRankParams:
@@ -190,6 +234,10 @@ def recipe_states(plan: PlanInput, recipe: Recipe, P: float) -> RecipeStates:
     weights = wb * P / (N if z >= 3 else 1)
     master = mb * P / (N if (z >= 3 or (z >= 1 and recipe.shards_master)) else 1)
     grads = gb * P / (N if (z >= 2 or (z == 1 and not recipe.grad_buffer_full_under_zero1)) else 1)
+    # BF16_Optimizer: the unsharded fp32 accumulation buffer beside the bf16 .grad (module
+    # docstring; bf16_optimizer.py BF16_Optimizer.__init__ fp32_groups_gradients_flat)
+    fp32_accum = 4.0 * P if bf16_optimizer_runs(plan, recipe) else 0.0
+    grads += fp32_accum
     optim = ob * P / (N if z >= 1 else 1)
     offloaded = 0.0
     offload = offload_states(plan.offload)
@@ -199,7 +247,12 @@ def recipe_states(plan: PlanInput, recipe: Recipe, P: float) -> RecipeStates:
         offloaded = weights + master + grads + optim
         weights = master = grads = optim = 0.0
     return RecipeStates(
-        weights=weights, master=master, grads=grads, optimizer=optim, offloaded=offloaded
+        weights=weights,
+        master=master,
+        grads=grads,
+        optimizer=optim,
+        offloaded=offloaded,
+        fp32_grad_accum=fp32_accum,
     )
 
 
@@ -257,7 +310,7 @@ def _recipe_buffers(plan: PlanInput, recipe: Recipe, P: float, bufs: dict[str, f
     elif L.dp > 1 and z == 0 and recipe.ddp_reducer_copy_bytes:
         # torch DDP's bucket copy beside the framework's own fp32 buffer (Nanotron)
         bufs["ddp_buckets"] = recipe.ddp_reducer_copy_bytes * P
-    elif recipe.ddp_bucket == "ipg" and z >= 1:
+    elif recipe.ddp_bucket == "ipg" and z >= 1 and not bf16_optimizer_runs(plan, recipe):
         # the ZeRO optimizer reduces through its ipg buffer at any dp, dp = 1 included
         # (DeepSpeed stage_1_and_2.py reduce_gradients: 'with PP we must create ipg buffer')
         bufs["reduce_bucket"] = recipe.bucket_count * recipe.bucket_bytes(L.dp)
@@ -334,6 +387,11 @@ def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBrea
     rs = bufs.get("fsdp_reduce_scatter", 0.0)
     fwdbwd = states + in_params + in_grads + buffers - rs + acts + max(recompute + rs, loss_tmp)
     step_tmp = 4.0 * P / (N if z >= 1 else 1) if recipe.step_grad_fp32_copy and not fp32 else 0.0
+    if held.fp32_grad_accum:
+        # BF16_Optimizer: the fp32 partition the step reads is a view of the accumulation
+        # buffer (no copy); the all-reduce before it casts the whole flat buffer to bf16
+        # (engine.py allreduce_bucket; module docstring)
+        step_tmp = 2.0 * P
     if recipe.zero1_gather_flat_copies and z == 1 and N > 1:
         # the ZeRO-1 parameter all-gather through flattened copies (Recipe.zero1_gather_flat
         # _copies): the rank's updated shard and one flat buffer per dp rank, P weights in all
@@ -361,6 +419,7 @@ def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBrea
         detail={
             "params.in_flight": in_params,
             "grads.in_flight": in_grads,
+            "grads.fp32_accumulation": held.fp32_grad_accum,
             "optimizer.master": master,
             "offloaded.cpu": offloaded,
             "activations.per_layer": per_layer,

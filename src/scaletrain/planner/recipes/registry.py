@@ -121,7 +121,21 @@ RECIPES: dict[str, Recipe] = {
         time_model=FOREIGN_TIME_MODEL,
         pipe_output_buffers=2,
         zero3_module_fetch=True,
+        bf16_optimizer=True,
         sources={
+            "bf16_optimizer": "deepspeed/runtime/bf16_optimizer.py BF16_Optimizer (read at "
+            "15293139f, 2022-02-28, an ancestor of the olruwase/bf16-updates commit ab61edb02 "
+            "BigScience's chronicles-prequel.md names, and at 38327e07f): "
+            "__init__ allocates fp32_groups_gradients_flat = zeros_like(bf16_groups_flat, "
+            "float32) for the whole flat group on every dp rank (the step's fp32 partition is a "
+            "narrow() of it; the fp32 master and Adam states are the dp partition); "
+            "update_hp_grads(clear_lp_grads=False) from pipe/engine.py _exec_backward_pass keeps "
+            "every bf16 .grad until the next backward; engine.py allreduce_bucket casts the flat "
+            "fp32 buffer to communication_data_type (bf16) to all-reduce it; BigScience "
+            "train/tr11-176B-ml/README.md 'Deepspeed config' (ZERO_STAGE=0: 'BF16_Optimizer "
+            "implements its own ZeRO Stage 1'; 'doesn't shard the static fp32 buffer ... 4 "
+            "bytes * params of additional memory'); engine.py _do_optimizer_sanity_check: "
+            "BFLOAT16 for bf16 at ZeRO-1 with fp32 grad_accum_dtype (recipes.memory)",
             "zero3_module_fetch": "deepspeed/runtime/zero/partitioned_param_coordinator.py "
             "fetch_sub_module (one all_gather_coalesced per leaf module, prefetch capped by "
             "stage3_prefetch_bucket_size 5e7), stage3.py __reduce_and_partition_ipg_grads "

@@ -176,6 +176,13 @@ class Recipe:
     """ZeRO-1's all-gather of the updated weights after the step goes through flattened copies:
     the rank's shard (P/N weights) and one flat buffer per dp rank (P weights in all) are
     allocated beside the model states, then copied back into the parameters."""
+    bf16_optimizer: bool = False
+    """Under bf16 at ZeRO-1 (no optimizer offload) the framework runs DeepSpeed's
+    BF16_Optimizer (recipes.memory.bf16_optimizer_runs): beside the bf16 .grad of every
+    parameter, kept from one backward to the next, it accumulates into an unsharded fp32
+    gradient buffer (4 B per parameter of the rank) whose dp partition the step reads in place
+    (no step-time fp32 copy, no ZeRO ipg bucket); the gradient all-reduce casts the flat fp32
+    buffer to the bf16 communication dtype (2 B per parameter while it reduces)."""
     zero3_module_fetch: bool = False
     """ZeRO-3 gathers each leaf module's parameters with a collective of its own (prefetching
     one module ahead) and reduce-scatters the gradients from a fixed bucket every micro-batch,
