@@ -18,7 +18,10 @@ Peak model (every rank that can be the worst is evaluated; the worst by reserved
   step peak = states + the step's temporaries + buffers;
   end of a micro-batch's backward (recipes whose 16-bit .grad lives until then, Nanotron) =
     states + buffers + that .grad + the other in-flight micro-batches' activations;
-  total = max(all) + CUDA context; reserved = total + fragmentation x (total - context).
+  total = max(all) + CUDA context; reserved = total + fragmentation x (total - context);
+  DeepSpeed 0.4's ZeRO-1 (Recipe.zero1_flat_buffers) adds its reduction phase (states + the
+    bucket copies) to the max and the new segments its post-backward copies cost to the
+    reservation (recipes.zero1_flats).
 Ignores: gradients filling during the first micro-batch's backward (the whole gradient buffer
 is counted from the start: Megatron and Nanotron allocate it up front), NCCL's internal
 buffers beyond the context term, per-op temporaries inside a layer (< 1 layer's activations).
@@ -42,6 +45,7 @@ from .activations import naive_attention_backward_temp, recipe_head_bytes, recip
 from .registry import recipe_named
 from .schema import Recipe
 from .stages import recipe_stage_layers, recipe_stages
+from .zero1_flats import zero1_flats
 
 __all__ = [
     "recipe_problems",
@@ -257,9 +261,11 @@ def _recipe_buffers(plan: PlanInput, recipe: Recipe, P: float, bufs: dict[str, f
     elif L.dp > 1 and z == 0 and recipe.ddp_reducer_copy_bytes:
         # torch DDP's bucket copy beside the framework's own fp32 buffer (Nanotron)
         bufs["ddp_buckets"] = recipe.ddp_reducer_copy_bytes * P
-    elif recipe.ddp_bucket == "ipg" and z >= 1:
+    elif recipe.ddp_bucket == "ipg" and z >= 1 and not (recipe.zero1_flat_buffers and z == 1):
         # the ZeRO optimizer reduces through its ipg buffer at any dp, dp = 1 included
-        # (DeepSpeed stage_1_and_2.py reduce_gradients: 'with PP we must create ipg buffer')
+        # (DeepSpeed stage_1_and_2.py reduce_gradients: 'with PP we must create ipg buffer');
+        # DeepSpeed 0.4's stage 1 has none: its bucket copies come after the backward
+        # (recipes.zero1_flats)
         bufs["reduce_bucket"] = recipe.bucket_count * recipe.bucket_bytes(L.dp)
     e = plan.compute_bytes
     tok = float(plan.seq_len) / L.cp * plan.micro_batch
@@ -339,6 +345,16 @@ def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBrea
     end_bwd = states + buffers - rs + grads_end + max(0.0, inflight - 1) * layers * per_layer
     total = max(fwdbwd, step, end_bwd if grads_end else 0.0)
     reserved = total + recipe.fragmentation * (total - ctx)
+    flats = zero1_flats(plan, recipe, P, last) if recipe.zero1_flat_buffers and z == 1 else None
+    if flats is not None:
+        # DeepSpeed 0.4's ZeRO-1 after the backward (recipes.zero1_flats): the reduction's
+        # bucket copies beside the states and the pipeline's output buffers; the copies that
+        # no freed activation block holds are new segments on top of the forward/backward's
+        # reservation
+        reduction = states + buffers - rs + head_stored + sum(flats.reduce_flats)
+        base_reserved = reserved
+        total = max(total, reduction)
+        reserved = max(total + recipe.fragmentation * (total - ctx), base_reserved + flats.segments)
     cap = plan.hardware.memory_bytes
     return MemoryBreakdown(
         params=weights + in_params,
@@ -363,6 +379,9 @@ def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBrea
             "optimizer_step.temp": step_tmp,
             "grads.param_dtype_at_backward_end": grads_end,
             "allocator_reserve": reserved - total,
+            "zero1.reduce_flats": sum(flats.reduce_flats) if flats else 0.0,
+            "zero1.gather_flats": sum(flats.gather_flats) if flats else 0.0,
+            "zero1.new_segments": flats.segments if flats else 0.0,
             "params.count": P,
             "pipeline_rank": rank,
         },

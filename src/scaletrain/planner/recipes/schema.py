@@ -163,6 +163,13 @@ class Recipe:
     """ZeRO-1's all-gather of the updated weights after the step goes through flattened copies:
     the rank's shard (P/N weights) and one flat buffer per dp rank (P weights in all) are
     allocated beside the model states, then copied back into the parameters."""
+    zero1_flat_buffers: bool = False
+    """ZeRO-1 of DeepSpeed 0.4 (stage2.py at stage 1, contiguous gradients forced off) under a
+    torch whose list all-gather flattens its outputs: no reduction buffer during the backward;
+    after it, every gradient bucket is flattened into a new 16-bit tensor and the step's
+    all-gather of the updated weights goes through a flat dp x shard copy per shard, the copies
+    of one phase alive together; what the activations freed cannot hold becomes new
+    caching-allocator segments that stay reserved (recipes.zero1_flats)."""
     zero3_module_fetch: bool = False
     """ZeRO-3 gathers each leaf module's parameters with a collective of its own (prefetching
     one module ahead) and reduce-scatters the gradients from a fixed bucket every micro-batch,
