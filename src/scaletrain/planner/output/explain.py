@@ -148,8 +148,10 @@ def _states_and_activations(est: Estimate) -> list[str]:
     add("-- 4. buffers")
     for k, v in mem.buffer_terms.items():
         add(f"   {k:<22} {_mem(v)}")
+    segments = mem.detail.get("zero1.new_segments", 0.0)
+    plus = " + post-backward segments" if segments else ""
     add(
-        f"   total allocated peak {_mem(mem.total)}; reserved (+fragmentation) "
+        f"   total allocated peak {_mem(mem.total)}; reserved (+fragmentation{plus}) "
         f"{_mem(mem.reserved)} vs capacity {fmt_bytes(mem.capacity, digits=2)} -> "
         f"{'fits' if mem.fits else 'DOES NOT FIT'}"
     )
@@ -275,6 +277,15 @@ def _recipe_states(est: Estimate) -> list[str]:
     )
     for name, value, key in rows:
         out.append(f"   [{r.name}] {name:<13} {value} -- {src.get(key, 'see recipes.py')}")
+    d = est.memory.detail
+    if r.zero1_flat_buffers and d.get("zero1.reduce_flats"):
+        out.append(
+            f"   [{r.name}] after bwd     bucket copies "
+            f"{fmt_bytes(d['zero1.reduce_flats'], digits=2)}, step all-gather copies "
+            f"{fmt_bytes(d['zero1.gather_flats'], digits=2)}; new allocator segments "
+            f"{fmt_bytes(d['zero1.new_segments'], digits=2)} (in reserved; "
+            f"recipes.zero1_flats) -- {src.get('zero1_flat_buffers', '')}"
+        )
     return out + _recipe_defaults(est)
 
 

@@ -328,6 +328,25 @@ KNOB_DEFAULTS: dict[str, tuple[Knob, ...]] = {
 }
 """Per recipe: the framework settings its terms assume at their defaults (informational)."""
 
+# DeepSpeed 0.4 (registry RECIPES["deepspeed-0.4"]): the same defaults, and the two settings
+# its post-backward copies rest on (recipes.zero1_flats)
+LAYOUT_DEFAULTS["deepspeed-0.4"] = LAYOUT_DEFAULTS["deepspeed"]
+KNOB_DEFAULTS["deepspeed-0.4"] = (
+    *KNOB_DEFAULTS["deepspeed"],
+    Knob(
+        "overlap_comm / contiguous_gradients at stage 1",
+        "off (forced)",
+        "DeepSpeed big-science branch c7f3bc51c deepspeed/runtime/engine.py "
+        "_configure_zero_optimizer",
+    ),
+    Knob(
+        "dp all-gather of the updated partition",
+        "dist.all_gather into a list of dp views (torch c10d flattens the outputs)",
+        "big-science branch deepspeed/runtime/zero/stage2.py step; torch "
+        "torch/lib/c10d/ProcessGroupNCCL.cpp allgather",
+    ),
+)
+
 
 @dataclass(frozen=True)
 class Assumed:

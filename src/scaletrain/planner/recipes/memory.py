@@ -18,7 +18,10 @@ Peak model (every rank that can be the worst is evaluated; the worst by reserved
   step peak = states + the step's temporaries + buffers;
   end of a micro-batch's backward (recipes whose 16-bit .grad lives until then, Nanotron) =
     states + buffers + that .grad + the other in-flight micro-batches' activations;
-  total = max(all) + CUDA context; reserved = total + fragmentation x (total - context).
+  total = max(all) + CUDA context; reserved = total + fragmentation x (total - context);
+  DeepSpeed 0.4's ZeRO-1 (Recipe.zero1_flat_buffers) adds its reduction phase (states + the
+    bucket copies) to the max and the new segments its post-backward copies cost to the
+    reservation (recipes.zero1_flats).
 DeepSpeed's BF16_Optimizer (`bf16_optimizer_runs`: Recipe.bf16_optimizer, bf16 at ZeRO-1):
   gradients = the bf16 .grad of every parameter + an unsharded fp32 accumulation buffer
     (4 B x the rank's parameters, on every dp rank); the step's temporaries = the gradient
@@ -65,6 +68,7 @@ from .activations import naive_attention_backward_temp, recipe_head_bytes, recip
 from .registry import recipe_named
 from .schema import Recipe
 from .stages import recipe_stage_layers, recipe_stages
+from .zero1_flats import zero1_flats
 
 __all__ = [
     "bf16_optimizer_runs",
@@ -310,9 +314,16 @@ def _recipe_buffers(plan: PlanInput, recipe: Recipe, P: float, bufs: dict[str, f
     elif L.dp > 1 and z == 0 and recipe.ddp_reducer_copy_bytes:
         # torch DDP's bucket copy beside the framework's own fp32 buffer (Nanotron)
         bufs["ddp_buckets"] = recipe.ddp_reducer_copy_bytes * P
-    elif recipe.ddp_bucket == "ipg" and z >= 1 and not bf16_optimizer_runs(plan, recipe):
+    elif (
+        recipe.ddp_bucket == "ipg"
+        and z >= 1
+        and not bf16_optimizer_runs(plan, recipe)
+        and not (recipe.zero1_flat_buffers and z == 1)
+    ):
         # the ZeRO optimizer reduces through its ipg buffer at any dp, dp = 1 included
-        # (DeepSpeed stage_1_and_2.py reduce_gradients: 'with PP we must create ipg buffer')
+        # (DeepSpeed stage_1_and_2.py reduce_gradients: 'with PP we must create ipg buffer');
+        # DeepSpeed 0.4's stage 1 has none: its bucket copies come after the backward
+        # (recipes.zero1_flats)
         bufs["reduce_bucket"] = recipe.bucket_count * recipe.bucket_bytes(L.dp)
     e = plan.compute_bytes
     tok = float(plan.seq_len) / L.cp * plan.micro_batch
@@ -403,6 +414,16 @@ def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBrea
     end_bwd = states + buffers - rs + grads_end + max(0.0, inflight - 1) * layers * per_layer
     total = max(fwdbwd, step, end_bwd if grads_end else 0.0)
     reserved = total + recipe.fragmentation * (total - ctx)
+    flats = zero1_flats(plan, recipe, P, last) if recipe.zero1_flat_buffers and z == 1 else None
+    if flats is not None:
+        # DeepSpeed 0.4's ZeRO-1 after the backward (recipes.zero1_flats): the reduction's
+        # bucket copies beside the states and the pipeline's output buffers; the copies that
+        # no freed activation block holds are new segments on top of the forward/backward's
+        # reservation
+        reduction = states + buffers - rs + head_stored + sum(flats.reduce_flats)
+        base_reserved = reserved
+        total = max(total, reduction)
+        reserved = max(total + recipe.fragmentation * (total - ctx), base_reserved + flats.segments)
     cap = plan.hardware.memory_bytes
     return MemoryBreakdown(
         params=weights + in_params,
@@ -428,6 +449,9 @@ def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBrea
             "optimizer_step.temp": step_tmp,
             "grads.param_dtype_at_backward_end": grads_end,
             "allocator_reserve": reserved - total,
+            "zero1.reduce_flats": sum(flats.reduce_flats) if flats else 0.0,
+            "zero1.gather_flats": sum(flats.gather_flats) if flats else 0.0,
+            "zero1.new_segments": flats.segments if flats else 0.0,
             "params.count": P,
             "pipeline_rank": rank,
         },

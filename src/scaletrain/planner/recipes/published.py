@@ -36,6 +36,7 @@ from scaletrain.config.strict import coerce, did_you_mean, scalar_type
 
 from ..types import PlanInput
 from .defaults import Assumed, apply_defaults
+from .registry import RECIPES
 
 __all__ = [
     "PublishedRun",
@@ -87,6 +88,7 @@ _RUN_KEYS = {
     "measured",
     "assumed",
     "added_after",
+    "recipe",
 }
 
 
@@ -156,6 +158,9 @@ class PublishedRun:
     """The planner revision (commit) before which the row was added: its figures are reported
     apart from the rows the planner was tuned on (benchmarks/planner_vs_published.py); empty
     for the rows the planner's model was built against."""
+    recipe: str = ""
+    """The recipe of the framework version the run used when it is not its framework's
+    current one (`FRAMEWORK_RECIPE`), e.g. 'deepspeed-0.4'; empty: the framework's."""
 
     def hardware(self) -> HardwareSpec:
         hw = hardware_preset(self.gpu)
@@ -371,6 +376,9 @@ def _run(i: int, raw: Any, origin: str, seen: set[str]) -> PublishedRun:
     added_after = raw.get("added_after", "")
     if not isinstance(added_after, str) or (added_after == "" and "added_after" in raw):
         raise _fail(where, "added_after", added_after, "give the planner commit, e.g. c1f5b3a")
+    recipe = raw.get("recipe", "")
+    if recipe:
+        _choice(where, "recipe", recipe, tuple(RECIPES))
     return PublishedRun(
         name=raw["name"],
         framework=raw["framework"],
@@ -385,6 +393,7 @@ def _run(i: int, raw: Any, origin: str, seen: set[str]) -> PublishedRun:
         assumed=assumed,
         cuda_context_mib=ctx_mib,
         added_after=added_after,
+        recipe=recipe,
     )
 
 
@@ -427,7 +436,8 @@ keeps the default."""
 
 
 def recipe_of(run: PublishedRun) -> str:
-    return FRAMEWORK_RECIPE.get(run.framework, "scaletrain")
+    """The row's own recipe (the framework version it ran) or its framework's."""
+    return run.recipe or FRAMEWORK_RECIPE.get(run.framework, "scaletrain")
 
 
 def run_layout(run: PublishedRun, recipe: str = "scaletrain") -> Assumed:

@@ -10,6 +10,8 @@ repository, or a documentation page). `memory.py` turns a recipe into memory ter
 `time/efficiency.py` is the time model the foreign recipes use. This module is the registry of
 recipes (Megatron-LM's and NeMo's are defined in `megatron.py`); the `Recipe` dataclass
 (its fields and what each means) and the constants the recipes share are `schema.py`.
+`deepspeed-0.4` is DeepSpeed as it was in 2021 (the big-science branch, 0.4.2, under torch 1.x):
+today's `deepspeed` but for ZeRO-1's post-backward copies (`zero1_flats.py`).
 
 Torch-free. Sources were read at these public repositories: NVIDIA/Megatron-LM (megatron/core,
 megatron/training), microsoft/DeepSpeed (deepspeed/runtime), pytorch/torchtitan (torchtitan/,
@@ -17,6 +19,8 @@ docs/), huggingface/nanotron (src/nanotron).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from scaletrain.config import ConfigError
 from scaletrain.config.strict import did_you_mean
@@ -472,6 +476,32 @@ RECIPES: dict[str, Recipe] = {
 
 
 RECIPES["nemo"] = NEMO
+
+_DS = RECIPES["deepspeed"]
+_DS04 = "microsoft/DeepSpeed big-science branch c7f3bc51c (version.txt 0.4.2)"
+RECIPES["deepspeed-0.4"] = dataclasses.replace(
+    _DS,
+    name="deepspeed-0.4",
+    framework="DeepSpeed 0.4 (ZeRO-1 of 2021: big-science branch, torch 1.x c10d)",
+    zero1_flat_buffers=True,
+    # BF16_Optimizer arrived in 2022 (bf16_optimizer.py first at 15293139f, 2022-02-28): the
+    # 0.4.2 branch ran bf16 through ZeRO's own optimizer
+    bf16_optimizer=False,
+    sources={
+        **{k: v for k, v in _DS.sources.items() if k != "bf16_optimizer"},
+        "ddp_bucket": f"{_DS04} engine.py _configure_zero_optimizer: contiguous_gradients "
+        "forced off at stage 1, so no ipg buffer in the backward; zero/stage2.py "
+        "allreduce_bucket flattens each <= reduce_bucket_size (5e8) bucket after it "
+        "(recipes.zero1_flats)",
+        "zero1_flat_buffers": f"{_DS04} pipe/engine.py _exec_reduce_grads -> zero/stage2.py "
+        "reduce_gradients ... allreduce_bucket (self.flatten per bucket) and step() "
+        "(dist.all_gather into a list of dp views, num_shards = max(1, partition x dp // "
+        "allgather_bucket_size)); torch/lib/c10d/ProcessGroupNCCL.cpp collective "
+        "(recordStream of the input) and allgather (flatten_for_scatter_gather -> newLikeFlat); "
+        "c10/cuda/CUDACachingAllocator.cpp header (best fit, else cudaMalloc; a recorded "
+        "block is not reused before its stream's work completes; segments never merged)",
+    },
+)
 
 
 def recipe_named(name: str, field_name: str = "--recipe") -> Recipe:

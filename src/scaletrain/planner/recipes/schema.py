@@ -183,6 +183,13 @@ class Recipe:
     gradient buffer (4 B per parameter of the rank) whose dp partition the step reads in place
     (no step-time fp32 copy, no ZeRO ipg bucket); the gradient all-reduce casts the flat fp32
     buffer to the bf16 communication dtype (2 B per parameter while it reduces)."""
+    zero1_flat_buffers: bool = False
+    """ZeRO-1 of DeepSpeed 0.4 (stage2.py at stage 1, contiguous gradients forced off) under a
+    torch whose list all-gather flattens its outputs: no reduction buffer during the backward;
+    after it, every gradient bucket is flattened into a new 16-bit tensor and the step's
+    all-gather of the updated weights goes through a flat dp x shard copy per shard, the copies
+    of one phase alive together; what the activations freed cannot hold becomes new
+    caching-allocator segments that stay reserved (recipes.zero1_flats)."""
     zero3_module_fetch: bool = False
     """ZeRO-3 gathers each leaf module's parameters with a collective of its own (prefetching
     one module ahead) and reduce-scatters the gradients from a fixed bucket every micro-batch,
