@@ -145,6 +145,9 @@ def _peer_terms(run: PublishedRun) -> tuple[dict[str, Any] | None, str]:
         expansion_ratio=m.ffn_dim / m.dim,
     )
     bf16 = hw.flops("bf16") / 1e12
+    # its 16-bit path stands for the row's compute precision: an fp8 row's peak is the fp8 one,
+    # so the planner's fp8 GEMM rate passed below (above the bf16 peak on an H200) is accepted
+    peak = hw.flops(R.precision) / 1e12
     gpu = GPUConfig(
         name=hw.name,
         # llm-analysis reads this 'GB' as GiB (memory_left = mem_per_GPU_in_GB * 1024**3)
@@ -152,7 +155,7 @@ def _peer_terms(run: PublishedRun) -> tuple[dict[str, Any] | None, str]:
         hbm_bandwidth_in_GB_per_sec=hw.memory_bw / 1e9,
         intra_node_bandwidth_in_GB_per_sec=hw.intra_node_bw / 1e9,
         intra_node_min_message_latency=hw.intra_node_latency_s,
-        peak_fp16_TFLOPS=bf16,
+        peak_fp16_TFLOPS=peak,
         peak_i8_TFLOPS=2 * bf16,
         peak_i4_TFLOPS=4 * bf16,
         inter_node_bandwidth_in_GB_per_sec=hw.inter_node_bw / 1e9,

@@ -475,6 +475,51 @@ def _input_lines(est: Estimate) -> list[str]:
     ]
 
 
+_FP8_CAST_SOURCES = {
+    "torchao_fused": "torchao's roofline, testing/training/roofline_utils.py "
+    "get_tensor_memory_traffic_ovhd_s, tensorwise, one fused cast kernel per tensor",
+    "torchao_eager": "torchao float8_linear.py matmul_with_hp_or_float8_args, eager casts "
+    "through fp32, each tensor cast once per GEMM layout",
+    "scaletrain": "precision/scaling.py abs_max + cast_to_fp8, eager, through fp32",
+    "transformer_engine": "Transformer Engine module/linear.py, one cast-transpose kernel per "
+    "tensor, delayed scaling; weights cached per step",
+}
+
+
+def _fp8_lines(est: Estimate) -> list[str]:
+    """fp8's GEMM rate and casts (time/fp8_casts.py) as `step_time` charges them."""
+    from ..recipes.registry import recipe_named
+    from ..time.fp8_casts import fp8_cast_bytes_per_token, fp8_cast_kernels, fp8_gemm_share
+    from ..time.step_time import fp8_weight_cast_s
+
+    p = est.plan
+    r = None if p.recipe == DEFAULT_RECIPE else recipe_named(p.recipe)
+    out = [
+        f"   fp8 GEMMs: {fp8_gemm_share(p.hardware):.3f} of the bf16 efficiency against the fp8 "
+        "peak (fp8 / bf16 MAMF shares, stas00/ml-engineering MAMF tables; "
+        "time.fp8_casts.fp8_gemm_share); attention core and head at the bf16 rate"
+    ]
+    kind = fp8_cast_kernels(p, r)
+    if not kind or p.efficiency > 0:
+        return [
+            *out,
+            "   fp8 casts: not charged (no fp8 path read for this recipe, or a set efficiency)",
+        ]
+    layers = max(
+        stage_layer_counts(
+            p.model.num_layers, p.layout.pp, p.layout.pp_virtual, p.layout.pp_schedule
+        )
+    )
+    per_tok = fp8_cast_bytes_per_token(p, r)
+    w_s = fp8_weight_cast_s(p, r, layers=layers)
+    return [
+        *out,
+        f"   fp8 casts ({kind}: {_FP8_CAST_SOURCES[kind]}): {per_tok / 1e3:,.0f} kB per token "
+        f"per block (AC recompute included) + weights {w_s * 1e3:.1f} ms per micro-batch, over "
+        "memory bandwidth (time.fp8_casts.CAST_BYTES)",
+    ]
+
+
 def _time_lines(
     est: Estimate, tokens: float | None, energy: dict[str, float] | None = None
 ) -> list[str]:
@@ -510,6 +555,8 @@ def _time_lines(
 
         add(f"   kernel ceilings of {p.hardware.name} (own figure or another device's):")
         out += [f"     {line}" for line in kernel_ceilings(p.hardware)]
+    if p.precision == "fp8" and not p.hardware.is_cpu:
+        out += _fp8_lines(est)
     add("-- 6. communication (per step per rank: all time; exposed after overlap)")
     for k, v in t.comm_terms.items():
         add(f"   {k:<22} {v:.4f} s")

@@ -57,6 +57,7 @@ from .flops import (
     lora_flops,
     op_sac_recompute_flops_per_token,
 )
+from .fp8_casts import fp8_cast_bytes_per_token, fp8_gemm_share, fp8_weight_cast_bytes
 from .pipeline import bubble_fraction, last_stage_rank
 from .recipe_terms import grad_accum_pass_s, post_backward_s, recipe_comm, recipe_exposed
 
@@ -74,6 +75,8 @@ __all__ = [
     "step_floor",
     "run_overlap",
     "BlockTime",
+    "fp8_cast_s",
+    "fp8_weight_cast_s",
 ]
 
 OPTIMIZER_TRAFFIC = {"adamw": 28.0, "sgd": 20.0, "adamw8bit": 16.0, "adafactor": 12.0}
@@ -97,21 +100,28 @@ def optimizer_traffic(optimizer: str, beta1: float) -> float:
 CPU_OPTIMIZER_BW = 50e9
 """Host DRAM bandwidth a CPU optimizer step sees with offload (bytes/s; a 2-socket server)."""
 
-_BASE_EFFICIENCY = {"fp32": 0.6, "bf16": 0.55, "fp16": 0.55, "fp8": 0.45}
+_BASE_EFFICIENCY = {"fp32": 0.6, "bf16": 0.55, "fp16": 0.55}
 _CPU_EFFICIENCY = 0.35
 
 
 def default_efficiency(precision: str, hidden: int, hardware: HardwareSpec) -> float:
     """Achievable fraction of peak matmul FLOP/s: 0.55 for bf16/fp16 large matmuls (Megatron-LM
-    and torchtitan report 40-55% MFU on A100/H100), 0.45 fp8 (casts and scaling overhead), 0.6 of
-    the tf32 path in fp32, 0.35 on a CPU; scaled by (h/4096)^0.25 below h = 4096 (small GEMMs
-    and kernel launches dominate small models). A calibration knob, not a law. On a GPU with a
-    measured achievable matmul rate (`HardwareSpec.mamf_bf16`) also scaled by its share of the
-    reference H100's (efficiency.matmul_peak_factor: an MI300X's best GEMMs reach 60% of its
-    peak, an H100's 80%, so the same software keeps 0.75 of the fraction)."""
+    and torchtitan report 40-55% MFU on A100/H100), 0.6 of the tf32 path in fp32, 0.35 on a
+    CPU; fp8 GEMMs keep the share of bf16's that their measured MAMF keeps of the fp8 peak
+    (fp8_casts.fp8_gemm_share: H100 0.88, H200 0.91, B200 0.98; ml-engineering's MAMF tables),
+    their casts charged apart (fp8_casts, `fp8_cast_s`); scaled by (h/4096)^0.25 below
+    h = 4096 (small GEMMs and kernel launches dominate small models). A calibration knob, not
+    a law. On a GPU with a measured achievable matmul rate (`HardwareSpec.mamf_bf16`) also
+    scaled by its share of the reference H100's (efficiency.matmul_peak_factor: an MI300X's
+    best GEMMs reach 60% of its peak, an H100's 80%, so the same software keeps 0.75 of the
+    fraction)."""
     if hardware.is_cpu:
         return _CPU_EFFICIENCY * min(1.0, (hidden / 4096) ** 0.25)
-    base = _BASE_EFFICIENCY.get(precision, 0.5) * matmul_peak_factor(hardware)
+    if precision == "fp8":
+        base = _BASE_EFFICIENCY["bf16"] * fp8_gemm_share(hardware)
+    else:
+        base = _BASE_EFFICIENCY.get(precision, 0.5)
+    base *= matmul_peak_factor(hardware)
     return base * min(1.0, (hidden / 4096) ** 0.25)
 
 
@@ -315,6 +325,7 @@ def _block_seconds(
     )
     layer_s = (layer_hw - core_hw) / rate + core_s  # seconds per token per block
     layer_s += eager_elementwise_s(plan, recipe)
+    layer_s += fp8_cast_s(plan, recipe)
     te = expert_tp(L.tp, L.ep)
     if model.is_moe and te < L.tp:
         # the experts' matmuls (k routed copies of each token, n_mat x h x f each; forward,
@@ -401,7 +412,9 @@ def _compute_side(
         if foreign and recipe is not None and recipe.cp_ring == "torch_allgather" and not hw.is_cpu
         else 0.0
     )
-    compute_s = m * (t_mb + t_acc + t_ring)
+    # the fp8 Linears' weight casts, once per micro-batch (fp8_casts.fp8_weight_cast_bytes)
+    t_w8 = fp8_weight_cast_s(plan, recipe, layers=max(counts))
+    compute_s = m * (t_mb + t_acc + t_ring + t_w8)
     bubble_s = 0.0
     if L.pp > 1:
         bubble_s = (
@@ -467,6 +480,8 @@ def _block_time(
             terms.blocks_hardware = hw
         key: tuple = (plan.ac, L.tp, L.ep, plan.seq_len, causal, plan.lora)
         key += (plan.precision, plan.efficiency)
+        if plan.precision == "fp8":  # the casts' kernels (fp8_casts.fp8_cast_kernels)
+            key += (plan.compile, plan.fp8_backend)
         if model.moe_capacity_factor:  # (`ModelConfig.expert_rows_per_token` of the tokens)
             key += (plan.micro_batch, L.cp)
         hit = terms.blocks.get(key)
@@ -686,6 +701,26 @@ def eager_elementwise_s(plan: PlanInput, recipe: Recipe | None) -> float:
         eager_elementwise_bytes(model, fused_norm=plan.fused_norm, recompute=plan.ac != "none")
         / hw.memory_bw
     )
+
+
+def fp8_cast_s(plan: PlanInput, recipe: Recipe | None) -> float:
+    """Seconds per token per block of the fp8 Linears' casts (fp8_casts.fp8_cast_bytes_per_token
+    over the memory bandwidth: memory-bound kernels); 0 with a user-set efficiency (which
+    stands for the whole block), on a CPU and where no cast is charged."""
+    if plan.efficiency > 0:
+        return 0.0
+    return fp8_cast_bytes_per_token(plan, recipe) / plan.hardware.memory_bw
+
+
+def fp8_weight_cast_s(plan: PlanInput, recipe: Recipe | None, *, layers: int) -> float:
+    """Seconds of one micro-batch's fp8 weight casts on a rank of `layers` blocks (its
+    converted Linears' parameters per tp rank, memory.states.fp8_linear_params; dense blocks,
+    MoE models not charged, `fp8_casts`); 0 as `fp8_cast_s`, and under a calibration (its
+    measured block rates hold the casts)."""
+    if plan.efficiency > 0 or plan.calibration is not None or plan.model.is_moe:
+        return 0.0
+    params = fp8_linear_params(plan.model, layers, plan.layout.tp)
+    return fp8_weight_cast_bytes(plan, recipe, params) / plan.hardware.memory_bw
 
 
 @dataclass(kw_only=True, slots=True)
