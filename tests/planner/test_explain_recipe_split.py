@@ -44,3 +44,26 @@ def test_default_recipe_keeps_scaletrain_split(row) -> None:
     rank, blocks, _ = _slowest(text)
     assert blocks == counts[rank]
     assert "config.stage_layer_ranges" in text
+
+
+def test_comm_counts_the_blocks_of_the_recipes_fullest_stage() -> None:
+    """Megatron's 1T of SC21 Table 1 (128 layers, pp 64): Megatron builds 2 layers per stage
+    (get_num_layers_to_build), scaletrain's own split 3 on some ranks (embedding and head
+    counted as layers). The TP all-reduces the step charges are the recipe's stage's."""
+    from scaletrain.planner.recipes.registry import recipe_named
+    from scaletrain.planner.time.step_time import comm_arguments
+
+    run = next(r for r in load_runs() if r.name == "megatron-a100-sc21-gpt-1t-tp8-pp64-dp6")
+    p = plan_input(run, "megatron")
+    assert max(stage_layer_counts(128, 64, 1, "1f1b")) == 3
+    assert comm_arguments(p, 1e9, 8, None, recipe_named("megatron")).layers == 2
+    assert comm_arguments(p, 1e9, 8, None, None).layers == 3
+
+
+def test_a_rows_stated_attention_kernel_is_the_frameworks_only() -> None:
+    """SC21 rows state Megatron-LM 2021's materialized core (model.attention 'naive'): the
+    framework recipe plans it, scaletrain's own recipe its default SDPA."""
+    run = next(r for r in load_runs() if r.name.startswith("megatron-a100-sc21-gpt-1.7b"))
+    assert run.model.attention == "naive"
+    assert plan_input(run, "megatron").model.attention == "naive"
+    assert plan_input(run, "scaletrain").model.attention == "sdpa"

@@ -71,6 +71,7 @@ _MODEL_KEYS = {
     "position": "position",
     "tie": "tie_embeddings",
     "bias": "bias",
+    "attention": "attention",
 }
 _EXPLICIT_NEEDS = ("layers", "hidden", "heads", "vocab")
 _RUN_KEYS = {
@@ -448,8 +449,13 @@ def plan_input(run: PublishedRun, recipe: str = "scaletrain") -> PlanInput:
     L = run.layout
     lay = run_layout(run, recipe)
     ctx = None if run.cuda_context_mib is None else run.cuda_context_mib * 2**20
+    # a row's stated attention kernel (model.attention 'naive': the framework's materialized
+    # core) is the framework's; scaletrain's own recipe plans its default kernel (SDPA)
+    model = (
+        run.model if recipe != "scaletrain" else dataclasses.replace(run.model, attention="sdpa")
+    )
     return PlanInput(
-        model=run.model,
+        model=model,
         hardware=run.hardware(),
         num_gpus=run.num_gpus,
         layout=lay.layout,

@@ -226,13 +226,20 @@ def comm_arguments(
     max_params: float,
     gpus_per_node: int | None = None,
     counts: ParamCounts | None = None,
+    recipe: Recipe | None = None,
 ) -> CommInputs:
     """The `comm_terms` inputs for `plan` whose busiest rank holds `max_params` parameters
     (after TP/PP/EP division): blocks of the fullest stage, tokens of one micro-batch per cp
     rank, this rank's expert weights (EP-local, TP-sharded like max_params). counts: the
-    model's `ParamCounts` where the caller has them (the search's `ModelTerms`)."""
+    model's `ParamCounts` where the caller has them (the search's `ModelTerms`). recipe: a
+    framework recipe's pipeline split (`recipes.stages.recipe_stages`, the one its compute
+    uses: Megatron's even L / (pp x v) per stage) gives the fullest stage's blocks, else
+    scaletrain's (`stage_layer_counts`, embedding and head counted as a layer each)."""
     L, model = plan.layout, plan.model
-    layers = max(stage_layer_counts(model.num_layers, L.pp, L.pp_virtual, L.pp_schedule))
+    if recipe is not None:
+        layers = max(recipe_stages(plan, recipe).layers)
+    else:
+        layers = max(stage_layer_counts(model.num_layers, L.pp, L.pp_virtual, L.pp_schedule))
     moe_layers = min(layers, model.num_moe_layers)  # (DeepSeek's dense first blocks: none)
     mlp = (counts or model.param_counts()).mlp
     experts = moe_layers * mlp / expert_split(L)
@@ -541,7 +548,7 @@ def step_time(
     m, layers = side.window.microbatches, side.window.layers
     foreign = recipe is not None and recipe.name != "scaletrain"
     cal = plan.calibration
-    comm = comm_terms(comm_arguments(plan, max_params, gpus_per_node, terms.counts))
+    comm = comm_terms(comm_arguments(plan, max_params, gpus_per_node, terms.counts, recipe))
     if offloads_activations(plan.offload):
         comm["activation_offload"] = _activation_offload(plan, terms, layers=layers, m=m)
     if cal is not None and cal.collective:  # measured / planned seconds by collective kind
