@@ -67,3 +67,24 @@ def test_a_rows_stated_attention_kernel_is_the_frameworks_only() -> None:
     assert run.model.attention == "naive"
     assert plan_input(run, "megatron").model.attention == "naive"
     assert plan_input(run, "scaletrain").model.attention == "sdpa"
+
+
+def test_megatron_2021_pipeline_sends_scatter_gather_and_block() -> None:
+    """SC21 rows state Megatron-LM 2021's p2p (`PlanInput.pp_scatter_gather`): each tp rank
+    sends 1/tp of the boundary tensor plus a tp all-gather on receipt, and the interleaved
+    schedule does not hide the sends; scaletrain's own recipe ignores the statement."""
+    import dataclasses
+
+    from scaletrain.planner.recipes.registry import recipe_named
+    from scaletrain.planner.time.step_time import run_overlap
+
+    run = next(r for r in load_runs() if r.name.startswith("megatron-a100-sc21-gpt-530b"))
+    assert run.layout.pp_scatter_gather
+    p = plan_input(run, "megatron")
+    assert p.pp_scatter_gather and not plan_input(run, "scaletrain").pp_scatter_gather
+    off = dataclasses.replace(p, pp_scatter_gather=False)
+    mega = recipe_named("megatron")
+    assert "pp_p2p_interleaved" in run_overlap(off, mega)
+    assert "pp_p2p_interleaved" not in run_overlap(p, mega)
+    full, sg = (estimate(x).time.comm_terms["pp_p2p"] for x in (off, p))
+    assert sg < full / 4  # 1/8 of the bytes over the network, plus an NVLink all-gather

@@ -110,6 +110,14 @@ class PlanInput:
     `time.efficiency.STATED_OVERLAPS` (a published run's configuration, e.g. Transformer
     Engine's userbuffers TP overlap, Megatron --tp-comm-overlap / NeMo
     ub_tp_comm_overlap: 'tp'); () = the framework's defaults only."""
+    pp_scatter_gather: bool = False
+    """Foreign recipes: the run's pipeline sends are Megatron-LM's 2021-2023 scatter/gather
+    (megatron/p2p_communication.py _communicate, --scatter-gather-tensors-in-pipeline on by
+    default from 72e4230 (2021-02) until the move into megatron/core, 39b83c7 (2023-01)):
+    without SP each tp rank sends 1/tp of the boundary tensor and the receivers all-gather it
+    over the tp group; the sends are blocking (batch_isend_irecv, then wait and
+    torch.cuda.synchronize), so the interleaved schedule does not overlap them (that came
+    with overlap_p2p_comm, f9283c5, 2023-05). A published row's `layout.pp_scatter_gather`."""
     calibration: Calibration | None = None
     """Efficiency constants a run on this device measured (`time.calibration`; `plan
     --calibration`); None: the defaults."""

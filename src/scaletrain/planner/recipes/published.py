@@ -112,6 +112,10 @@ class RunLayout:
     """Communication the run states it overlaps beyond its framework's defaults
     (`PlanInput.comm_overlap`, names from `time.efficiency.STATED_OVERLAPS`); the framework
     recipe charges it so, the default recipe (scaletrain's trainer) does not."""
+    pp_scatter_gather: bool = False
+    """The run's tree sends pipeline tensors as Megatron-LM's 2021-2023 blocking scatter/gather
+    (`PlanInput.pp_scatter_gather`); the framework recipe charges it so, the default recipe
+    does not."""
     given: frozenset[str] = frozenset()
     """The keys the row's `layout` table states; a framework recipe fills the others it knows
     with its framework's defaults (`recipes.defaults`)."""
@@ -471,6 +475,7 @@ def plan_input(run: PublishedRun, recipe: str = "scaletrain") -> PlanInput:
         runtime_context_bytes=ctx,
         assumed=lay.lines,
         comm_overlap=L.comm_overlap if recipe != "scaletrain" else (),
+        pp_scatter_gather=L.pp_scatter_gather and recipe != "scaletrain",
     )
 
 

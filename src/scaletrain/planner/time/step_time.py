@@ -267,6 +267,7 @@ def comm_arguments(
         expert_params=experts,
         fp8_gather_params=fp8_gather,
         gpus_per_node=gpus_per_node,
+        pp_scatter_gather=plan.pp_scatter_gather and recipe is not None,
     )
 
 
@@ -598,12 +599,16 @@ def step_time(
 def run_overlap(plan: PlanInput, recipe: Recipe | None) -> tuple[str, ...]:
     """The communication families a plan's run overlaps with compute (`_exposed`): its
     framework recipe's defaults (efficiency.COMM_OVERLAP) and those the run states
-    (`PlanInput.comm_overlap`, foreign recipes only: scaletrain's trainer overlaps its own)."""
+    (`PlanInput.comm_overlap`, foreign recipes only: scaletrain's trainer overlaps its own).
+    A run whose pipeline sends are Megatron-LM 2021's blocking scatter/gather
+    (`PlanInput.pp_scatter_gather`) does not overlap them under the interleaved schedule."""
     if recipe is None:
         return ()
     own = COMM_OVERLAP.get(recipe.name, ())
     if recipe.name == DEFAULT_RECIPE:
         return own
+    if plan.pp_scatter_gather:
+        own = tuple(f for f in own if f != "pp_p2p_interleaved")
     return own + tuple(f for f in plan.comm_overlap if f not in own)
 
 
