@@ -88,3 +88,23 @@ def test_megatron_2021_pipeline_sends_scatter_gather_and_block() -> None:
     assert "pp_p2p_interleaved" not in run_overlap(p, mega)
     full, sg = (estimate(x).time.comm_terms["pp_p2p"] for x in (off, p))
     assert sg < full / 4  # 1/8 of the bytes over the network, plus an NVLink all-gather
+
+
+def test_deferred_head_wgrad_leaves_the_last_ranks_steady_state(row) -> None:
+    """The 70B row states NeMo's defer_embedding_wgrad_compute with wgrad_deferral_limit 22
+    (`PlanInput.head_wgrad_deferred`): 22 of its 64 micro-batches run 2 of the head's 3 GEMMs
+    on the last rank, the deferred weight gradients run in its flush idle. The step shrinks
+    by at most those 22 weight gradients; scaletrain's own recipe ignores the statement."""
+    import dataclasses
+
+    from scaletrain.planner.time.step_time import plan_efficiency
+
+    p = plan_input(row, "megatron")
+    assert p.head_wgrad_deferred == 22 and plan_input(row, "scaletrain").head_wgrad_deferred == 0
+    off = dataclasses.replace(p, head_wgrad_deferred=0)
+    on_t, off_t = estimate(p).time, estimate(off).time
+    hf = 2 * p.model.dim * p.model.vocab_size  # head forward FLOPs per token
+    tokens = p.seq_len * p.micro_batch / p.layout.tp
+    # the head runs at the 16-bit peak x the plan's efficiency (step_time._block_time's `slow`)
+    wgrad_s = hf * tokens / (p.hardware.flops("bf16") * plan_efficiency(p))
+    assert 0 < off_t.step_s - on_t.step_s <= 22 * wgrad_s * 1.01

@@ -118,6 +118,13 @@ class PlanInput:
     over the tp group; the sends are blocking (batch_isend_irecv, then wait and
     torch.cuda.synchronize), so the interleaved schedule does not overlap them (that came
     with overlap_p2p_comm, f9283c5, 2023-05). A published row's `layout.pp_scatter_gather`."""
+    head_wgrad_deferred: int = 0
+    """Foreign recipes, pp > 1: micro-batches whose output layer's weight-gradient GEMM the run
+    defers to the pipeline flush (Megatron-Core ModelParallelConfig.
+    defer_embedding_wgrad_compute with wgrad_deferral_limit: tensor_parallel/layers.py buffers
+    the head's grad_output while fewer than the limit are held, pipeline_parallel/schedules.py
+    finish_embedding_wgrad_compute runs them after the schedule); 0 = none. A published row's
+    `layout.head_wgrad_deferred` (the limit, or m where the limit is 0 = all)."""
     calibration: Calibration | None = None
     """Efficiency constants a run on this device measured (`time.calibration`; `plan
     --calibration`); None: the defaults."""

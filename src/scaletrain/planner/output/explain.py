@@ -494,6 +494,14 @@ def _time_lines(
         f"(rank {slow}: {counts[slow]} blocks{' + head' if slow == head else ''}) "
         f"/ (tp*cp) / (peak x efficiency) = {t.compute_s:.3f} s"
     )
+    foreign = p.recipe != DEFAULT_RECIPE
+    if foreign and L.pp > 1 and p.head_wgrad_deferred:
+        add(
+            f"   head weight gradients of {min(m, p.head_wgrad_deferred)} of {m} micro-batches "
+            "deferred to the pipeline flush (Megatron-Core defer_embedding_wgrad_compute, "
+            "PlanInput.head_wgrad_deferred): off the head rank's steady state, run in its "
+            "flush idle (the backward share of its bubble), any excess added"
+        )
     if not p.hardware.is_cpu:
         from ..time.efficiency import kernel_ceilings
 
@@ -502,6 +510,11 @@ def _time_lines(
     add("-- 6. communication (per step per rank: all time; exposed after overlap)")
     for k, v in t.comm_terms.items():
         add(f"   {k:<22} {v:.4f} s")
+    if foreign and L.pp > 1 and p.pp_scatter_gather:
+        add(
+            "   pp_p2p as Megatron-LM 2021-2023 sends it (PlanInput.pp_scatter_gather): 1/tp of "
+            "the tensor per tp rank + a tp all-gather on receipt, blocking (not overlapped)"
+        )
     add(f"   exposed communication = {t.comm_exposed_s:.4f} s")
     add("-- 7. pipeline bubble")
     if L.pp > 1:

@@ -116,6 +116,9 @@ class RunLayout:
     """The run's tree sends pipeline tensors as Megatron-LM's 2021-2023 blocking scatter/gather
     (`PlanInput.pp_scatter_gather`); the framework recipe charges it so, the default recipe
     does not."""
+    head_wgrad_deferred: int = 0
+    """Micro-batches whose head weight-gradient GEMM the run defers to the pipeline flush
+    (`PlanInput.head_wgrad_deferred`); the framework recipe only."""
     given: frozenset[str] = frozenset()
     """The keys the row's `layout` table states; a framework recipe fills the others it knows
     with its framework's defaults (`recipes.defaults`)."""
@@ -476,6 +479,7 @@ def plan_input(run: PublishedRun, recipe: str = "scaletrain") -> PlanInput:
         assumed=lay.lines,
         comm_overlap=L.comm_overlap if recipe != "scaletrain" else (),
         pp_scatter_gather=L.pp_scatter_gather and recipe != "scaletrain",
+        head_wgrad_deferred=L.head_wgrad_deferred if recipe != "scaletrain" else 0,
     )
 
 

@@ -410,12 +410,25 @@ def _compute_side(
         else 0.0
     )
     compute_s = m * (t_mb + t_acc + t_ring)
+    # the head's weight-gradient GEMMs a run defers to the pipeline flush
+    # (PlanInput.head_wgrad_deferred): those micro-batches' head rank does 2 of the head's 3
+    # GEMMs; the deferred ones run after its last backward, hidden in its flush idle
+    d = min(m, plan.head_wgrad_deferred) if foreign and L.pp > 1 else 0
+    wgrad_s = head_s / 3 * tok_mb / split  # one micro-batch's head weight gradient
+    if d:
+        light = max(middle, counts[head] * layer_s + head_s * 2 / 3) * tok_mb / split
+        compute_s -= d * (t_mb - light)
     bubble_s = 0.0
     if L.pp > 1:
         bubble_s = (
             bubble_fraction(L.pp_schedule, L.pp, m, L.pp_virtual, zero_bubble=zero_bubble)
             * compute_s
         )
+    if d:
+        # the last rank idles through the flush for the other ranks' remaining backwards:
+        # the backward share of its bubble (1F1B: (p-1) backward slots after its last one)
+        flush = bubble_s * (1.0 - bt.fwd_hw / bt.layer_hw)
+        compute_s += max(0.0, d * wgrad_s - flush)
     layers = max(counts)
     t_fwd = t_mb * bt.fwd_hw / bt.layer_hw  # forward share of the hardware FLOPs
     t_core = tok_mb * layers * core_s / split * m
