@@ -116,3 +116,14 @@ def test_a_measured_device_computes_at_the_scaled_rate() -> None:
     unmeasured = dataclasses.replace(plan, hardware=dataclasses.replace(mi, mamf_bf16=0.0))
     got, ref = estimate(plan).time.compute_s, estimate(unmeasured).time.compute_s
     assert got == pytest.approx(ref / matmul_peak_factor(mi), rel=1e-9)
+
+
+def test_a100_takes_its_measured_mamf_share() -> None:
+    """Both A100 SXM presets carry ml-engineering's measured bf16 MAMF (271.2 of 312 TFLOP/s,
+    86.9%): their large GEMMs reach 1.085x the reference H100's share of peak."""
+    for name in ("a100-40gb", "a100-80gb"):
+        hw = hardware_preset(name)
+        assert hw.mamf_bf16 == 271.2e12
+        factor = (271.2 / 312) / MAMF_REFERENCE
+        assert matmul_peak_factor(hw) == pytest.approx(factor, rel=1e-12)
+        assert factor == pytest.approx(1.085, abs=1e-3)

@@ -98,6 +98,8 @@ def test_cli_comm_overlap_plans_the_row_as_the_corpus_states_it(row, capsys) -> 
     on = json.loads(capsys.readouterr().out)
     assert main(argv) == 0
     off = json.loads(capsys.readouterr().out)
-    want = estimate(plan_input(row, "megatron")).time.step_s
+    # the row also states NeMo's deferred head weight gradients, which the CLI has no flag for
+    stated = dataclasses.replace(plan_input(row, "megatron"), head_wgrad_deferred=0)
+    want = estimate(stated).time.step_s
     assert on["time"]["step_s"] == pytest.approx(want, rel=1e-6)
     assert off["time"]["step_s"] > on["time"]["step_s"] + 1.0

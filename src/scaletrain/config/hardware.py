@@ -217,6 +217,11 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         # https://github.com/NVIDIA/nccl/issues/1054, 2023-11-06). No 8-GPU nccl-tests busBw
         # from NVIDIA was found for this part.
         intra_node_bw_efficiency=20.0 / 25,
+        # bf16 MAMF 271.2 TFLOP/s, 86.9% of peak (best shape 1024x10240x5120, torch 2.6.0+cu126):
+        # stas00/ml-engineering compute/accelerator/README.md at 744d01e, 'Maximum Achievable
+        # Matmul FLOPS comparison table' row 'NVIDIA A100 SXM' (the same table's H100 SXM:
+        # 80.3%); the row names no memory size: both A100 SXM parts have the same SMs and clocks.
+        mamf_bf16=271.2e12,
     ),
     "a100-80gb": lambda: HardwareSpec(
         "a100-80gb",
@@ -234,6 +239,11 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         # https://github.com/NVIDIA/nccl/issues/1054, 2023-11-06). No 8-GPU nccl-tests busBw
         # from NVIDIA was found for this part.
         intra_node_bw_efficiency=20.0 / 25,
+        # bf16 MAMF 271.2 TFLOP/s, 86.9% of peak (best shape 1024x10240x5120, torch 2.6.0+cu126):
+        # stas00/ml-engineering compute/accelerator/README.md at 744d01e, 'Maximum Achievable
+        # Matmul FLOPS comparison table' row 'NVIDIA A100 SXM' (the same table's H100 SXM:
+        # 80.3%); the row names no memory size: both A100 SXM parts have the same SMs and clocks.
+        mamf_bf16=271.2e12,
     ),
     # NVIDIA H100 SXM5 datasheet: 67 TF fp32, 494.7 tf32, 989.4 bf16/fp16, 1978.9 fp8 (dense),
     # 80GB HBM3 3.35 TB/s, NVLink4 900 GB/s total (450 per direction), 700 W.

@@ -110,6 +110,21 @@ class PlanInput:
     `time.efficiency.STATED_OVERLAPS` (a published run's configuration, e.g. Transformer
     Engine's userbuffers TP overlap, Megatron --tp-comm-overlap / NeMo
     ub_tp_comm_overlap: 'tp'); () = the framework's defaults only."""
+    pp_scatter_gather: bool = False
+    """Foreign recipes: the run's pipeline sends are Megatron-LM's 2021-2023 scatter/gather
+    (megatron/p2p_communication.py _communicate, --scatter-gather-tensors-in-pipeline on by
+    default from 72e4230 (2021-02) until the move into megatron/core, 39b83c7 (2023-01)):
+    without SP each tp rank sends 1/tp of the boundary tensor and the receivers all-gather it
+    over the tp group; the sends are blocking (batch_isend_irecv, then wait and
+    torch.cuda.synchronize), so the interleaved schedule does not overlap them (that came
+    with overlap_p2p_comm, f9283c5, 2023-05). A published row's `layout.pp_scatter_gather`."""
+    head_wgrad_deferred: int = 0
+    """Foreign recipes, pp > 1: micro-batches whose output layer's weight-gradient GEMM the run
+    defers to the pipeline flush (Megatron-Core ModelParallelConfig.
+    defer_embedding_wgrad_compute with wgrad_deferral_limit: tensor_parallel/layers.py buffers
+    the head's grad_output while fewer than the limit are held, pipeline_parallel/schedules.py
+    finish_embedding_wgrad_compute runs them after the schedule); 0 = none. A published row's
+    `layout.head_wgrad_deferred` (the limit, or m where the limit is 0 = all)."""
     calibration: Calibration | None = None
     """Efficiency constants a run on this device measured (`time.calibration`; `plan
     --calibration`); None: the defaults."""

@@ -12,13 +12,14 @@ from ..memory.states import stage_layer_counts, state_bytes_per_param
 from ..recipes.memory import bf16_optimizer_runs
 from ..recipes.registry import recipe_named
 from ..recipes.schema import DEFAULT_RECIPE, Recipe
+from ..recipes.stages import RecipeStages, recipe_stages
 from ..time.flops import (
     attention_core_flops_per_token,
     forward_flops_per_token,
     head_forward_flops_per_token,
     layer_forward_flops_per_token,
 )
-from ..time.pipeline import bubble_fraction, inflight_microbatches
+from ..time.pipeline import bubble_fraction, inflight_microbatches, last_stage_rank
 from ..types import Estimate
 
 __all__ = ["explain"]
@@ -33,6 +34,17 @@ _OPTIMIZER_STATES = {
 
 _FIRST_MOMENT = " + fp32 first moment 4 (beta1 {beta1:g})"
 """Adafactor's first moment in the explain line (`states.optimizer_bytes`)."""
+
+
+def _pipeline_split(est: Estimate) -> RecipeStages:
+    """The layers per pipeline rank and the head's rank that the estimate's memory and time
+    used: a foreign recipe's split (`recipes.stages.recipe_stages`, e.g. Megatron's even
+    L / (pp x v) per stage), else scaletrain's (`memory.states.stage_layer_counts`)."""
+    p, L, m_ = est.plan, est.plan.layout, est.plan.model
+    if p.recipe != DEFAULT_RECIPE:
+        return recipe_stages(p, recipe_named(p.recipe))
+    counts = stage_layer_counts(m_.num_layers, L.pp, L.pp_virtual, L.pp_schedule)
+    return RecipeStages(layers=counts, head_rank=last_stage_rank(L))
 
 
 def _parameters(est: Estimate) -> list[str]:
@@ -62,7 +74,7 @@ def _parameters(est: Estimate) -> list[str]:
         f"   x {pc.num_layers} layers = {pc.num_layers * pc.per_layer:,}; head {pc.head:,}; "
         f"final norm {pc.final_norm:,}; total {pc.total:,}"
     )
-    counts = stage_layer_counts(m_.num_layers, L.pp, L.pp_virtual, L.pp_schedule)
+    counts = _pipeline_split(est).layers
     held = mem.detail.get("params.count", 0.0)
     add(
         f"   pipeline split (layers per rank) = {counts}; worst-memory rank {mem.rank} holds "
@@ -528,7 +540,8 @@ def _time_lines(
     m = max(1, p.grad_accum)
     out: list[str] = []
     add = out.append
-    counts = stage_layer_counts(m_.num_layers, L.pp, L.pp_virtual, L.pp_schedule)
+    split = _pipeline_split(est)  # the split the compute time used (a recipe's own)
+    counts, head = split.layers, split.head_rank
     add("-- 5. compute")
     if p.recipe != DEFAULT_RECIPE:
         out += _recipe_time(est)
@@ -540,16 +553,24 @@ def _time_lines(
         f"   training FLOPs/token = 3 x forward = {est.flops_per_token:,.0f} "
         f"(matmuls only, causal attention halved; recompute excluded from MFU)"
     )
-    # hardware FLOPs per token of each rank: its blocks (with recompute), the head on the last
+    # hardware FLOPs per token of each rank: its blocks (with recompute), the head on its rank
     extra = {"full": lf, "selective": attention_core_flops_per_token(m_, p.seq_len)}
     block = 3 * lf + extra.get(p.ac, 0.0)
-    per_rank = [c * block for c in counts[:-1]] + [counts[-1] * block + 3 * hf]
+    per_rank = [c * block + (3 * hf if r == head else 0.0) for r, c in enumerate(counts)]
     slow = max(range(len(counts)), key=per_rank.__getitem__)
     add(
         f"   compute time/step = m x tokens/micro-batch x FLOPs of the slowest pipeline rank "
-        f"(rank {slow}: {counts[slow]} blocks{' + head' if slow == len(counts) - 1 else ''}) "
+        f"(rank {slow}: {counts[slow]} blocks{' + head' if slow == head else ''}) "
         f"/ (tp*cp) / (peak x efficiency) = {t.compute_s:.3f} s"
     )
+    foreign = p.recipe != DEFAULT_RECIPE
+    if foreign and L.pp > 1 and p.head_wgrad_deferred:
+        add(
+            f"   head weight gradients of {min(m, p.head_wgrad_deferred)} of {m} micro-batches "
+            "deferred to the pipeline flush (Megatron-Core defer_embedding_wgrad_compute, "
+            "PlanInput.head_wgrad_deferred): off the head rank's steady state, run in its "
+            "flush idle (the backward share of its bubble), any excess added"
+        )
     if not p.hardware.is_cpu:
         from ..time.efficiency import kernel_ceilings
 
@@ -560,6 +581,11 @@ def _time_lines(
     add("-- 6. communication (per step per rank: all time; exposed after overlap)")
     for k, v in t.comm_terms.items():
         add(f"   {k:<22} {v:.4f} s")
+    if foreign and L.pp > 1 and p.pp_scatter_gather:
+        add(
+            "   pp_p2p as Megatron-LM 2021-2023 sends it (PlanInput.pp_scatter_gather): 1/tp of "
+            "the tensor per tp rank + a tp all-gather on receipt, blocking (not overlapped)"
+        )
     add(f"   exposed communication = {t.comm_exposed_s:.4f} s")
     add("-- 7. pipeline bubble")
     if L.pp > 1:
@@ -591,6 +617,14 @@ def _time_lines(
         out += _cost_lines(est, tokens, energy or {})
     add("-- notes")
     for n in est.notes:
+        if n.startswith("pipeline split:") and p.recipe != DEFAULT_RECIPE:
+            r = recipe_named(p.recipe)
+            src = r.sources.get("pp_split", "recipes/stages.py recipe_stages")
+            n = (
+                f"pipeline split: recipe {r.name!r}, pp_split {r.pp_split!r} "
+                f"(recipes.stages.recipe_stages; {src}); head on rank {head}; the slowest "
+                "rank paces compute."
+            )
         add(f"   * {n}")
     return out
 

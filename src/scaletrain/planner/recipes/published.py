@@ -72,6 +72,7 @@ _MODEL_KEYS = {
     "position": "position",
     "tie": "tie_embeddings",
     "bias": "bias",
+    "attention": "attention",
 }
 _EXPLICIT_NEEDS = ("layers", "hidden", "heads", "vocab")
 _RUN_KEYS = {
@@ -113,6 +114,13 @@ class RunLayout:
     """Communication the run states it overlaps beyond its framework's defaults
     (`PlanInput.comm_overlap`, names from `time.efficiency.STATED_OVERLAPS`); the framework
     recipe charges it so, the default recipe (scaletrain's trainer) does not."""
+    pp_scatter_gather: bool = False
+    """The run's tree sends pipeline tensors as Megatron-LM's 2021-2023 blocking scatter/gather
+    (`PlanInput.pp_scatter_gather`); the framework recipe charges it so, the default recipe
+    does not."""
+    head_wgrad_deferred: int = 0
+    """Micro-batches whose head weight-gradient GEMM the run defers to the pipeline flush
+    (`PlanInput.head_wgrad_deferred`); the framework recipe only."""
     given: frozenset[str] = frozenset()
     """The keys the row's `layout` table states; a framework recipe fills the others it knows
     with its framework's defaults (`recipes.defaults`)."""
@@ -458,8 +466,13 @@ def plan_input(run: PublishedRun, recipe: str = "scaletrain") -> PlanInput:
     L = run.layout
     lay = run_layout(run, recipe)
     ctx = None if run.cuda_context_mib is None else run.cuda_context_mib * 2**20
+    # a row's stated attention kernel (model.attention 'naive': the framework's materialized
+    # core) is the framework's; scaletrain's own recipe plans its default kernel (SDPA)
+    model = (
+        run.model if recipe != "scaletrain" else dataclasses.replace(run.model, attention="sdpa")
+    )
     return PlanInput(
-        model=run.model,
+        model=model,
         hardware=run.hardware(),
         num_gpus=run.num_gpus,
         layout=lay.layout,
@@ -475,6 +488,8 @@ def plan_input(run: PublishedRun, recipe: str = "scaletrain") -> PlanInput:
         runtime_context_bytes=ctx,
         assumed=lay.lines,
         comm_overlap=L.comm_overlap if recipe != "scaletrain" else (),
+        pp_scatter_gather=L.pp_scatter_gather and recipe != "scaletrain",
+        head_wgrad_deferred=L.head_wgrad_deferred if recipe != "scaletrain" else 0,
     )
 
 

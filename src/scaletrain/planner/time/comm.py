@@ -202,6 +202,8 @@ class CommInputs:
     (`precision.fp8_all_gather`; measured: exactly half the bf16 bytes, its scale is one
     all-reduced scalar per weight, ignored) instead of the compute dtype."""
     gpus_per_node: int | None = None
+    pp_scatter_gather: bool = False
+    """`PlanInput.pp_scatter_gather`: pipeline sends of 1/tp of the tensor, all-gathered over tp."""
 
 
 def comm_terms(inputs: CommInputs) -> dict[str, tuple[float, float]]:
@@ -224,7 +226,10 @@ def comm_terms(inputs: CommInputs) -> dict[str, tuple[float, float]]:
     if L.tp > 1:
         out["tp"] = _tp_term(inputs, axis_link(L, hw, "tp", gpus_per_node), act=act)
     if L.pp > 1:
-        out["pp_p2p"] = _pp_term(L, axis_link(L, hw, "pp", gpus_per_node), act=act, m=m)
+        tp_link = axis_link(L, hw, "tp", gpus_per_node) if inputs.pp_scatter_gather else None
+        out["pp_p2p"] = _pp_term(
+            L, axis_link(L, hw, "pp", gpus_per_node), act=act, m=m, scatter_gather=tp_link
+        )
     if L.cp > 1:
         kv = 2 * e * tokens * inputs.kv_dim / L.tp
         out["cp_ring"] = _cp_term(
@@ -431,19 +436,29 @@ def _tp_term(inputs: CommInputs, link: Link, *, act: float) -> tuple[float, floa
     return moved, secs
 
 
-def _pp_term(L: Layout, link: Link, *, act: float, m: int) -> tuple[float, float]:
+def _pp_term(
+    L: Layout, link: Link, *, act: float, m: int, scatter_gather: Link | None = None
+) -> tuple[float, float]:
     """pp_p2p: one activation send forward and one gradient send backward per micro-batch and
     chunk (x v interleaved), on the worst rank: the first stage sends no gradient and the last
     no activation, so at pp = 2 every rank sends m*(2v-1) messages (a middle stage exists from
     pp = 3: 2mv). dualpipev's V passes its turn on rank pp-1 without a message and holds both
     ends on rank 0: 2m per rank at pp = 2, 2mv on a middle rank from pp = 3. Under SP the
-    message is the tp-sharded activation."""
+    message is the tp-sharded activation. scatter_gather (the tp group's link; Megatron-LM's
+    2021-2023 p2p, `PlanInput.pp_scatter_gather`): without SP each tp rank sends 1/tp of the
+    tensor (megatron/mpu split_tensor_into_1d_equal_chunks) and the receiver all-gathers it
+    over the tp group (gather_split_1d_tensor) before use, one ring all-gather per message
+    (SC21, Narayanan et al. 2021, section 4.1)."""
     bw, lat, _ = link
-    msg = act / (L.tp if L.sp else 1)
+    sg = scatter_gather is not None and not L.sp and L.tp > 1
+    msg = act / (L.tp if L.sp or sg else 1)
     if L.pp_schedule == "dualpipev":
         k = m * (2 if L.pp == 2 else 2 * L.pp_virtual)
     else:
         k = m * (2 * L.pp_virtual - (1 if L.pp == 2 else 0))
+    if sg and scatter_gather is not None:
+        tp_bw, tp_lat, _ = scatter_gather
+        return k * msg, k * (p2p_time(msg, bw, lat) + gather_time(act, L.tp, tp_bw, tp_lat))
     return k * msg, k * p2p_time(msg, bw, lat)
 
 

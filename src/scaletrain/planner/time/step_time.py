@@ -236,13 +236,20 @@ def comm_arguments(
     max_params: float,
     gpus_per_node: int | None = None,
     counts: ParamCounts | None = None,
+    recipe: Recipe | None = None,
 ) -> CommInputs:
     """The `comm_terms` inputs for `plan` whose busiest rank holds `max_params` parameters
     (after TP/PP/EP division): blocks of the fullest stage, tokens of one micro-batch per cp
     rank, this rank's expert weights (EP-local, TP-sharded like max_params). counts: the
-    model's `ParamCounts` where the caller has them (the search's `ModelTerms`)."""
+    model's `ParamCounts` where the caller has them (the search's `ModelTerms`). recipe: a
+    framework recipe's pipeline split (`recipes.stages.recipe_stages`, the one its compute
+    uses: Megatron's even L / (pp x v) per stage) gives the fullest stage's blocks, else
+    scaletrain's (`stage_layer_counts`, embedding and head counted as a layer each)."""
     L, model = plan.layout, plan.model
-    layers = max(stage_layer_counts(model.num_layers, L.pp, L.pp_virtual, L.pp_schedule))
+    if recipe is not None:
+        layers = max(recipe_stages(plan, recipe).layers)
+    else:
+        layers = max(stage_layer_counts(model.num_layers, L.pp, L.pp_virtual, L.pp_schedule))
     moe_layers = min(layers, model.num_moe_layers)  # (DeepSeek's dense first blocks: none)
     mlp = (counts or model.param_counts()).mlp
     experts = moe_layers * mlp / expert_split(L)
@@ -270,6 +277,7 @@ def comm_arguments(
         expert_params=experts,
         fp8_gather_params=fp8_gather,
         gpus_per_node=gpus_per_node,
+        pp_scatter_gather=plan.pp_scatter_gather and recipe is not None,
     )
 
 
@@ -415,12 +423,25 @@ def _compute_side(
     # the fp8 Linears' weight casts, once per micro-batch (fp8_casts.fp8_weight_cast_bytes)
     t_w8 = fp8_weight_cast_s(plan, recipe, layers=max(counts))
     compute_s = m * (t_mb + t_acc + t_ring + t_w8)
+    # the head's weight-gradient GEMMs a run defers to the pipeline flush
+    # (PlanInput.head_wgrad_deferred): those micro-batches' head rank does 2 of the head's 3
+    # GEMMs; the deferred ones run after its last backward, hidden in its flush idle
+    d = min(m, plan.head_wgrad_deferred) if foreign and L.pp > 1 else 0
+    wgrad_s = head_s / 3 * tok_mb / split  # one micro-batch's head weight gradient
+    if d:
+        light = max(middle, counts[head] * layer_s + head_s * 2 / 3) * tok_mb / split
+        compute_s -= d * (t_mb - light)
     bubble_s = 0.0
     if L.pp > 1:
         bubble_s = (
             bubble_fraction(L.pp_schedule, L.pp, m, L.pp_virtual, zero_bubble=zero_bubble)
             * compute_s
         )
+    if d:
+        # the last rank idles through the flush for the other ranks' remaining backwards:
+        # the backward share of its bubble (1F1B: (p-1) backward slots after its last one)
+        flush = bubble_s * (1.0 - bt.fwd_hw / bt.layer_hw)
+        compute_s += max(0.0, d * wgrad_s - flush)
     layers = max(counts)
     t_fwd = t_mb * bt.fwd_hw / bt.layer_hw  # forward share of the hardware FLOPs
     t_core = tok_mb * layers * core_s / split * m
@@ -556,7 +577,7 @@ def step_time(
     m, layers = side.window.microbatches, side.window.layers
     foreign = recipe is not None and recipe.name != "scaletrain"
     cal = plan.calibration
-    comm = comm_terms(comm_arguments(plan, max_params, gpus_per_node, terms.counts))
+    comm = comm_terms(comm_arguments(plan, max_params, gpus_per_node, terms.counts, recipe))
     if offloads_activations(plan.offload):
         comm["activation_offload"] = _activation_offload(plan, terms, layers=layers, m=m)
     if cal is not None and cal.collective:  # measured / planned seconds by collective kind
@@ -606,12 +627,16 @@ def step_time(
 def run_overlap(plan: PlanInput, recipe: Recipe | None) -> tuple[str, ...]:
     """The communication families a plan's run overlaps with compute (`_exposed`): its
     framework recipe's defaults (efficiency.COMM_OVERLAP) and those the run states
-    (`PlanInput.comm_overlap`, foreign recipes only: scaletrain's trainer overlaps its own)."""
+    (`PlanInput.comm_overlap`, foreign recipes only: scaletrain's trainer overlaps its own).
+    A run whose pipeline sends are Megatron-LM 2021's blocking scatter/gather
+    (`PlanInput.pp_scatter_gather`) does not overlap them under the interleaved schedule."""
     if recipe is None:
         return ()
     own = COMM_OVERLAP.get(recipe.name, ())
     if recipe.name == DEFAULT_RECIPE:
         return own
+    if plan.pp_scatter_gather:
+        own = tuple(f for f in own if f != "pp_p2p_interleaved")
     return own + tuple(f for f in plan.comm_overlap if f not in own)
 
 
