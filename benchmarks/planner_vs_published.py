@@ -315,6 +315,8 @@ def evaluate(
             "layout": run.layout.layout.label(),
             "source": run.source,
             "added_after": run.added_after,
+            "tuned_after": run.tuned_after,
+            "held_out": run.held_out,
             "measured": {
                 "memory_gib": m.memory_gib,
                 "memory_kind": m.memory_kind,
@@ -389,8 +391,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     'common' = the rows both tools predict (neither refused nor n/a)."""
     frameworks = sorted({r["framework"] for r in rows})
     common = [r for r in rows if all("err_memory" in r[t] for t in TOOLS)]
-    tuned = [r for r in rows if not r.get("added_after")]
-    added = [r for r in rows if r.get("added_after")]
+    tuned = [r for r in rows if not r.get("held_out")]
+    added = [r for r in rows if r.get("held_out")]
     return {
         tool: {
             "all": _tool_summary(rows, tool),
@@ -443,8 +445,8 @@ def summary_table(summary: dict[str, Any]) -> str:
         label = {
             "all": "**overall**",
             "common": "*rows all predict*",
-            "tuned": "*rows the model was tuned on*",
-            "added": "*rows added after the model (added_after)*",
+            "tuned": "*rows the model was tuned on (with tuned_after rows)*",
+            "added": "*rows held out (added_after, no tuned_after)*",
         }.get(k, k)
         lines.append(
             f"| {label} | {s['rows']} "
@@ -458,16 +460,17 @@ def summary_table(summary: dict[str, Any]) -> str:
 
 def split_table(rows: list[dict[str, Any]]) -> str:
     """Markdown table: the framework recipe per framework, rows the model was tuned on and rows
-    added after it (`added_after`) apart, so that a fit to the corpus shows as a gap."""
+    held out (added after it, `added_after`, and not read by a change since, no
+    `tuned_after`) apart, so that a fit to the corpus shows as a gap."""
     lines = [
         "| framework | rows tuned on: runs, memory median / max, step median / max, fit "
-        "| rows added after: runs, memory, step, fit |",
+        "| rows held out: runs, memory, step, fit |",
         "|---|---|---|",
     ]
     for fw in sorted({r["framework"] for r in rows}):
         cells = []
         for added in (False, True):
-            part = [r for r in rows if r["framework"] == fw and bool(r.get("added_after")) == added]
+            part = [r for r in rows if r["framework"] == fw and bool(r.get("held_out")) == added]
             if not part:
                 cells.append("-")
                 continue
@@ -598,7 +601,8 @@ def markdown(rows: list[dict[str, Any]], summary: dict[str, Any]) -> str:
         "",
         range_line(summary),
         "",
-        "Framework recipes per framework, rows tuned on and rows added after the model:",
+        "Framework recipes per framework, rows tuned on and rows held out (added after the "
+        "model, no tuned_after):",
         "",
         split_table(rows),
         "",

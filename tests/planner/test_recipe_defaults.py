@@ -211,7 +211,12 @@ def test_corpus_keys_added_after_and_pipeline_rank_are_checked() -> None:
     with pytest.raises(ConfigError, match="pipeline_rank"):
         parse_runs({"runs": [bad]})
     (ok,) = parse_runs({"runs": [{**row, "added_after": "c1f5b3a"}]})
-    assert ok.added_after == "c1f5b3a"
+    assert ok.added_after == "c1f5b3a" and ok.held_out
+    # a row a later change read is no longer held out
+    with pytest.raises(ConfigError, match="tuned_after"):
+        parse_runs({"runs": [{**row, "added_after": "c1f5b3a", "tuned_after": 5}]})
+    (tuned,) = parse_runs({"runs": [{**row, "added_after": "c1f5b3a", "tuned_after": "bb07f57"}]})
+    assert tuned.tuned_after == "bb07f57" and not tuned.held_out
 
 
 def _nanotron_flops(L: int, h: int, a: int, f: int, v: int, s: int) -> float:
@@ -250,4 +255,4 @@ def test_benchmark_reports_added_rows_apart() -> None:
     assert (s["tuned"]["rows"], s["added"]["rows"]) == (1, 1)
     assert s["tuned"]["step"]["n"] + s["added"]["step"]["n"] == s["all"]["step"]["n"]
     table = bench.summary_table(bench.summarize(bench.evaluate(runs, peer=False)))
-    assert "*rows added after the model (added_after)*" in table
+    assert "*rows held out (added_after, no tuned_after)*" in table

@@ -89,6 +89,7 @@ _RUN_KEYS = {
     "measured",
     "assumed",
     "added_after",
+    "tuned_after",
     "recipe",
 }
 
@@ -166,6 +167,10 @@ class PublishedRun:
     """The planner revision (commit) before which the row was added: its figures are reported
     apart from the rows the planner was tuned on (benchmarks/planner_vs_published.py); empty
     for the rows the planner's model was built against."""
+    tuned_after: str = ""
+    """The planner revision (commit) of a change made while reading this row's miss: from
+    then on the row is one the model was tuned on, reported with those rows even when it
+    was added after the model (`held_out`)."""
     recipe: str = ""
     """The recipe of the framework version the run used when it is not its framework's
     current one (`FRAMEWORK_RECIPE`), e.g. 'deepspeed-0.4'; empty: the framework's."""
@@ -175,6 +180,12 @@ class PublishedRun:
         if self.gpu_memory_gb is not None:
             hw = dataclasses.replace(hw, memory_bytes=self.gpu_memory_gb * GB)
         return hw
+
+    @property
+    def held_out(self) -> bool:
+        """Added after the model and not tuned on since: the rows whose figures say how the
+        planner does on runs it has not seen."""
+        return bool(self.added_after) and not self.tuned_after
 
     def measured_step_s(self) -> float | None:
         """Seconds per optimizer step: stated, or global tokens / (tokens/s/GPU x GPUs)."""
@@ -384,6 +395,9 @@ def _run(i: int, raw: Any, origin: str, seen: set[str]) -> PublishedRun:
     added_after = raw.get("added_after", "")
     if not isinstance(added_after, str) or (added_after == "" and "added_after" in raw):
         raise _fail(where, "added_after", added_after, "give the planner commit, e.g. c1f5b3a")
+    tuned_after = raw.get("tuned_after", "")
+    if not isinstance(tuned_after, str) or (tuned_after == "" and "tuned_after" in raw):
+        raise _fail(where, "tuned_after", tuned_after, "give the planner commit, e.g. bb07f57")
     recipe = raw.get("recipe", "")
     if recipe:
         _choice(where, "recipe", recipe, tuple(RECIPES))
@@ -401,6 +415,7 @@ def _run(i: int, raw: Any, origin: str, seen: set[str]) -> PublishedRun:
         assumed=assumed,
         cuda_context_mib=ctx_mib,
         added_after=added_after,
+        tuned_after=tuned_after,
         recipe=recipe,
     )
 
