@@ -24,7 +24,7 @@ parallelism, interleaved pipelines, tensor parallelism beyond one node) are n/a.
 Every scaletrain prediction goes through `predict(run, recipe)`: once with the default recipe
 (what scaletrain's own trainer allocates) and once with the row's framework recipe
 (`planner.recipes.published.FRAMEWORK_RECIPE`: torchtitan, deepspeed for DeepSpeed and GPT-NeoX,
-megatron for Megatron-LM and NeMo; llm-foundry keeps the default), the column a user planning
+megatron for Megatron-LM and NeMo, nanotron, llm-foundry), the column a user planning
 that framework's run gets with `plan --recipe`.
 
 Run: python benchmarks/planner_vs_published.py [--no-peer] [--framework NAME] [--corpus PATH]

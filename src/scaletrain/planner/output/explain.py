@@ -360,7 +360,8 @@ def _recipe_time(est: Estimate) -> list[str]:
         bucket += (
             f"\n   [{r.name}] eager elementwise kernels (no compile): "
             f"{eager * hw.memory_bw / 1e6:.2f} MB per token per block over memory "
-            f"bandwidth (efficiency.eager_elementwise_bytes)"
+            f"bandwidth (efficiency."
+            f"{'mpt_' if r.eager_block == 'mpt' else ''}eager_elementwise_bytes)"
         )
     bucket += _recipe_mechanisms(est, r)
     if r.time_model != "generation" or p.efficiency > 0 or hw.is_cpu:
@@ -424,6 +425,12 @@ def _recipe_mechanisms(est: Estimate, r: Recipe) -> str:
             f"parameter (gradient clipping, zero_grad) + {r.master_copy_bytes:g} B per updated "
             f"parameter (fp32 -> 16-bit copy), with the optimizer step "
             f"(time.recipe_terms.post_backward_s)"
+        )
+    if r.optimizer_pass_bytes:
+        out += (
+            f"\n   [{r.name}] optimizer and clipping beyond a fused AdamW: "
+            f"{r.optimizer_pass_bytes:g} B per updated parameter over memory bandwidth, with the "
+            f"optimizer step ({r.sources.get('optimizer_pass_bytes', '')})"
         )
     return out
 

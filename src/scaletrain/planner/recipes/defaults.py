@@ -75,6 +75,8 @@ def _schedule(layout: Layout) -> str:
 
 
 _MEGATRON_SCRIPTS = "NVIDIA/Megatron-LM examples/llama/train_llama3_8b_h100_fp8.sh"
+_COMPOSER_FSDP = "mosaicml/composer composer/utils/parallelism.py FSDPConfig"
+_FOUNDRY_YAMLS = "mosaicml/llm-foundry scripts/train/yamls/pretrain/mpt-*.yaml (at 061f2c7)"
 _NEMO_RECIPES = "NVIDIA/NeMo nemo/collections/llm/recipes"
 
 LAYOUT_DEFAULTS: dict[str, tuple[RecipeDefault, ...]] = {
@@ -222,6 +224,23 @@ LAYOUT_DEFAULTS: dict[str, tuple[RecipeDefault, ...]] = {
             "pp_engine = AllForwardAllBackwardPipelineEngine() ('conservative defaults')",
         ),
     ),
+    "llm-foundry": (
+        RecipeDefault(
+            "zero",
+            _const(3),
+            "fsdp_config.sharding_strategy FULL_SHARD",
+            f"{_COMPOSER_FSDP}.sharding_strategy = 'FULL_SHARD'; {_FOUNDRY_YAMLS} fsdp_config "
+            "sharding_strategy: FULL_SHARD",
+        ),
+        RecipeDefault(
+            "ac",
+            _const("full"),
+            "fsdp_config.activation_checkpointing true (whole MPTBlocks)",
+            f"{_FOUNDRY_YAMLS} fsdp_config activation_checkpointing: true (Composer's own "
+            f"default is off: {_COMPOSER_FSDP}.activation_checkpointing = False); "
+            "llmfoundry/models/mpt/modeling_mpt.py activation_checkpointing_fn",
+        ),
+    ),
 }
 """Per recipe: the default of each plan field its framework fills in (DEFAULTED_FIELDS)."""
 
@@ -323,6 +342,38 @@ KNOB_DEFAULTS: dict[str, tuple[Knob, ...]] = {
             "clip_grad 1.0 (a norm pass and an in-place scale of every fp32 gradient)",
             "examples/config_tiny_llama.yaml optimizer.clip_grad (src/nanotron/config/config.py "
             "OptimizerArgs.clip_grad has no default)",
+        ),
+    ),
+    "llm-foundry": (
+        Knob(
+            "FSDP mixed precision",
+            "DEFAULT: bf16 parameters and buffers, fp32 gradient reduce-scatter (PURE: bf16 "
+            "reduce too)",
+            f"{_COMPOSER_FSDP}.mixed_precision = 'DEFAULT'; composer/distributed/"
+            "mosaic_parallelism.py get_mixed_precision",
+        ),
+        Knob(
+            "FSDP prefetch",
+            "backward_prefetch BACKWARD_POST (limit 1), forward_prefetch off, limit_all_gathers on",
+            f"{_COMPOSER_FSDP}.backward_prefetch / backward_prefetch_limit / forward_prefetch "
+            "/ limit_all_gathers",
+        ),
+        Knob(
+            "attention kernel",
+            "Triton flash attention (attn_impl 'triton')",
+            "llm-foundry scripts/train/benchmarking/submit_benchmarks.py --attn_impl default "
+            "'triton'; llmfoundry/models/mpt/configuration_mpt.py attn_config_defaults",
+        ),
+        Knob(
+            "norm / compile",
+            "low_precision_layernorm, eager (no torch.compile)",
+            "llm-foundry scripts/train/benchmarking/submit_benchmarks.py mod_parameters: norm_type "
+            "'low_precision_layernorm', compile_config None unless --torch_compile (False)",
+        ),
+        Knob(
+            "loss",
+            "flash-attn fused cross-entropy (loss_fn 'fused_crossentropy')",
+            "llmfoundry/models/mpt/modeling_mpt.py ComposerMPTCausalLM.__init__",
         ),
     ),
 }

@@ -104,11 +104,19 @@ def recipe_problems(
             L.zero,
             f"{fw} runs ZeRO stages {', '.join(map(str, r.zero_stages))}{why('zero_stages')}",
         )
-    if L.pp > 1 and L.pp_schedule not in r.pp_schedules:
+    if L.pp > 1 and not r.pp_schedules:
+        refuse(
+            "parallel.pp", L.pp, f"{fw} has no pipeline parallelism{why('pp_schedules')}: set pp=1"
+        )
+    elif L.pp > 1 and L.pp_schedule not in r.pp_schedules:
         refuse(
             "parallel.pp_schedule",
             L.pp_schedule,
             f"{fw} has the schedules {', '.join(r.pp_schedules)}{why('pp_schedules')}",
+        )
+    if L.tp > 1 and not r.tp_available:
+        refuse(
+            "parallel.tp", L.tp, f"{fw} has no tensor parallelism{why('pp_schedules')}: set tp=1"
         )
     if L.pp > 1 and L.zero not in r.pp_with_zero:
         refuse(

@@ -451,11 +451,12 @@ FRAMEWORK_RECIPE = {
     "megatron-lm": "megatron",
     "nemo": "nemo",
     "nanotron": "nanotron",
+    "llm-foundry": "llm-foundry",
 }
 """The planner recipe (planner/recipes/registry.py) of the framework a row ran: GPT-NeoX runs on
 DeepSpeed, NeMo on Megatron-Core (recipe 'nemo': megatron's memory, NeMo's overlapped
-communication); llm-foundry (Composer + FSDP) has no recipe of its own and
-keeps the default."""
+communication); llm-foundry runs its own recipe (Composer's FSDP1 and the MPT block's eager
+elementwise kernels, registry.py)."""
 
 
 def recipe_of(run: PublishedRun) -> str:

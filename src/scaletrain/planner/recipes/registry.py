@@ -15,7 +15,8 @@ today's `deepspeed` but for ZeRO-1's post-backward copies (`zero1_flats.py`).
 
 Torch-free. Sources were read at these public repositories: NVIDIA/Megatron-LM (megatron/core,
 megatron/training), microsoft/DeepSpeed (deepspeed/runtime), pytorch/torchtitan (torchtitan/,
-docs/), huggingface/nanotron (src/nanotron).
+docs/), huggingface/nanotron (src/nanotron), mosaicml/llm-foundry (llmfoundry/, scripts/train/) and
+mosaicml/composer (composer/utils/parallelism.py, composer/distributed/).
 """
 
 from __future__ import annotations
@@ -473,6 +474,106 @@ RECIPES: dict[str, Recipe] = {
         },
     ),
 }
+
+
+_FOUNDRY = "mosaicml/llm-foundry at 061f2c7 (the MPT benchmark README's commit)"
+_COMPOSER = "mosaicml/composer composer/utils/parallelism.py FSDPConfig"
+RECIPES["llm-foundry"] = Recipe(
+    name="llm-foundry",
+    framework="llm-foundry (Composer, FSDP1)",
+    weight_bytes=4,
+    master_bytes=0,
+    grad_bytes=4,
+    grad_buffer_full_under_zero1=False,
+    shards_master=False,
+    step_grad_fp32_copy=False,
+    autocast_weight_copy=True,
+    zero_stages=(0, 2, 3),
+    ddp_bucket="copy",
+    bucket_elements=25 * 2**20 / 4,
+    bucket_elem_bytes=4,
+    bucket_count=1,
+    fsdp_prefetch_units=1,
+    fsdp_prefetch_params=0,
+    loss="vocab_parallel_fp32",
+    activations="sdpa_bf16",
+    selective="scaletrain",
+    ac_modes=("none", "full"),
+    full_ac_saves="layer_input",
+    sp_with_tp=False,
+    attention="model",
+    dropout_masks=False,
+    pp_split="balanced",
+    pp_schedules=(),
+    cp=False,
+    ddp_with_model_parallel=False,
+    pp_with_zero=(),
+    fragmentation=FRAGMENTATION,
+    cuda_context_bytes=RUNTIME_CONTEXT_BYTES,
+    time_model=FOREIGN_TIME_MODEL,
+    eager_elementwise=True,
+    eager_block="mpt",
+    optimizer_pass_bytes=64.0,
+    tp_available=False,
+    sources={
+        "optimizer_pass_bytes": "mosaicml/composer composer/optim/decoupled_weight_decay.py "
+        "(at 18f2d3c33, 2023-10-05, and today) DecoupledAdamW.adamw, the optimizer of "
+        "llm-foundry's MPT yamls (optimizer.name decoupled_adamw, weight_decay 0.0; "
+        "llmfoundry/utils/builders.py build_optimizer): a loop over the parameters, each op a "
+        "kernel of its own over fp32 tensors: exp_avg.mul_ (8) .add_(grad) (12), "
+        "exp_avg_sq.mul_ (8) .addcmul_(grad, grad) (12), sqrt (8), / sqrt(bc2) (8), .add_(eps) "
+        "(8), param.addcdiv_ (16) = 80 B against a fused AdamW's 28: 52 more; the yamls' "
+        "algorithms.gradient_clipping (clipping_type norm) -> composer/algorithms/"
+        "gradient_clipping/gradient_clipping.py apply_gradient_clipping -> FSDP1 "
+        "clip_grad_norm_ on the gradient shard: its norm (4) and the in-place scale (4 + 4) = "
+        "12. 64 B per parameter of the rank's shard",
+        "eager_elementwise": f"{_FOUNDRY} llmfoundry/models/layers/blocks.py MPTBlock.forward "
+        "(LPLayerNorm x 2, residual adds), ffn.py MPTMLP (nn.GELU), attention.py "
+        "(qkv.split), flash_attn_triton.py _flash_attn_backward (fp32 dq_accum copied into "
+        "dq): separate eager kernels; scripts/train/benchmarking/submit_benchmarks.py "
+        "mod_parameters: compile_config None unless --torch_compile (default False), "
+        "norm_type 'low_precision_layernorm' (time/efficiency.py MPT_EAGER_FWD)",
+        "weight_bytes": f"{_COMPOSER}.mixed_precision = 'DEFAULT' -> composer/distributed/"
+        "mosaic_parallelism.py get_mixed_precision: MixedPrecision(param_dtype=bf16, "
+        "reduce_dtype=fp32, buffer_dtype=bf16) over torch FSDP1's fp32 FlatParameter shards "
+        "(PURE: reduce_dtype bf16 too)",
+        "grad_bytes": "torch FSDP1 keeps the sharded gradient in the parameter dtype (fp32)",
+        "master_bytes": "no separate master copy: the FSDP1 shards are fp32 and cast to bf16 "
+        "at all-gather (MixedPrecision.param_dtype)",
+        "optimizer": "composer/optim/decoupled_weight_decay.py DecoupledAdamW: fp32 exp_avg "
+        "and exp_avg_sq per parameter shard (llm-foundry yamls optimizer.name "
+        "decoupled_adamw)",
+        "ddp_bucket": "without sharding (NO_SHARD or no fsdp_config) torch's DDP with its "
+        "default bucket_cap_mb=25 copy buckets (torch/nn/parallel/distributed.py)",
+        "zero_stages": f"{_COMPOSER}.sharding_strategy: FULL_SHARD (3, the default), "
+        "SHARD_GRAD_OP (2), NO_SHARD (0)",
+        "fsdp_prefetch_units": f"{_COMPOSER}: backward_prefetch 'BACKWARD_POST', "
+        "backward_prefetch_limit 1, forward_prefetch False, limit_all_gathers True",
+        "loss": f"{_FOUNDRY} llmfoundry/models/mpt/modeling_mpt.py ComposerMPTCausalLM: "
+        "loss_fn 'fused_crossentropy' (flash_attn.losses.cross_entropy.CrossEntropyLoss) "
+        "saves the 16-bit logits and an fp32 lse per token; counted as the fp32 softmax "
+        "(2 B per logit more than it keeps)",
+        "activations": f"{_FOUNDRY} blocks.py MPTBlock: LayerNorm, GELU MLP, Triton flash "
+        "attention (attn_impl 'triton', submit_benchmarks.py --attn_impl default), 16-bit "
+        "stream under FSDP's bf16 parameters",
+        "ac_modes": f"{_FOUNDRY} modeling_mpt.py activation_checkpointing_fn: whole "
+        "MPTBlocks (fsdp_config.activation_checkpointing), no selective mode",
+        "selective": f"{_FOUNDRY} no selective mode: fsdp_config.activation_checkpointing "
+        "checkpoints whole MPTBlocks (modeling_mpt.py activation_checkpointing_fn)",
+        "full_ac_saves": "torch/distributed/algorithms/_checkpoint/checkpoint_wrapper.py "
+        "checkpoint_wrapper around each MPTBlock (Composer trainer/dist_strategy.py "
+        "prepare_fsdp_module, NO_REENTRANT per the yamls' activation_checkpointing_reentrant: "
+        "false): the block's input kept",
+        "cp": "no context parallelism in llm-foundry at this commit (Composer's FSDP over "
+        "data-parallel ranks only)",
+        "pp_schedules": "llm-foundry has no pipeline, tensor or context parallelism at this "
+        "commit (Composer's FSDP over data parallel ranks only)",
+        "attention": f"{_FOUNDRY} layers/attention.py triton_flash_attn_fn "
+        "(flash_attn_triton.py: no s x s scores kept); the time model's 'flash2' kernel",
+        "fragmentation": ALLOCATOR_SOURCE,
+        "cuda_context_bytes": RUNTIME_CONTEXT_SOURCE,
+    },
+)
 
 
 RECIPES["nemo"] = NEMO

@@ -14,6 +14,7 @@ __all__ = [
     "Recipe",
     "DEFAULT_RECIPE",
     "CPRing",
+    "EagerBlock",
     "PPSplit",
     "TPComm",
     "TiedGradSync",
@@ -31,6 +32,8 @@ Zero1GradSync = Literal["reduce_scatter", "allreduce_after_backward"]
 TiedGradSync = Literal["none", "allreduce_after_backward"]
 """How a recipe sums the gradients of an embedding and a head tied across pipeline stages
 (`Recipe.tied_grad_sync`)."""
+EagerBlock = Literal["llama", "mpt"]
+"""Which block's eager elementwise kernels a recipe counts (`Recipe.eager_block`)."""
 CPRing = Literal["p2p", "torch_allgather"]
 """How a recipe's ring attention exchanges K/V (`Recipe.cp_ring`)."""
 
@@ -149,6 +152,11 @@ class Recipe:
     separate eager kernels unless compiled, charged over memory bandwidth
     (efficiency.eager_elementwise_bytes); False where fused kernels run them (Transformer
     Engine, flash-attn's fused ops) or the planner's calibrated efficiency stands for them."""
+    eager_block: EagerBlock = "llama"
+    """Which block's eager elementwise kernels `eager_elementwise` counts: 'llama' (an RMSNorm
+    SwiGLU RoPE block, efficiency.eager_elementwise_bytes, dense RMSNorm models only) or 'mpt'
+    (llm-foundry's MPT block: LayerNorm, GELU MLP, split QKV, Triton flash attention's fp32 dq
+    accumulation, efficiency.mpt_eager_elementwise_bytes, dense LayerNorm GELU models only)."""
     ddp_reducer_copy_bytes: float = 0.0
     """Bytes per parameter of torch DDP's own bucket copy of the gradients (in the parameter
     dtype), kept beside the framework's accumulation buffer when the framework wraps the model
@@ -234,6 +242,15 @@ class Recipe:
     master_copy_bytes: float = 0.0
     """Time model: bytes per parameter this rank updates of the fp32 master -> 16-bit weight
     copy after the optimizer step (read 4, write 2: Nanotron's gradient_accumulator.step)."""
+    optimizer_pass_bytes: float = 0.0
+    """Time model: bytes per parameter this rank updates that the framework's optimizer step and
+    gradient clipping move beyond a fused AdamW's read of param, grad, m, v and write of param,
+    m, v (time.step_time.OPTIMIZER_TRAFFIC, 28 B), charged with the optimizer step over memory
+    bandwidth (llm-foundry: Composer's DecoupledAdamW, one eager op at a time per parameter,
+    and FSDP1's clip_grad_norm_ over the gradient shard)."""
+    tp_available: bool = True
+    """Tensor parallelism available (llm-foundry's MPT of 2023 has none: a tp > 1 layout is
+    refused, recipes.memory.recipe_problems)."""
     nccl_nvls: bool = True
     """Time model: the framework's runs leave NCCL's NVLink SHARP on (NCCL_NVLS_ENABLE's
     default, auto), so an all-reduce inside an NVSwitch-3 node may run as NVLS

@@ -61,6 +61,9 @@ __all__ = [
     "COMM_OVERLAP",
     "STATED_OVERLAPS",
     "eager_elementwise_bytes",
+    "MPT_EAGER_FWD",
+    "MPT_EAGER_BWD",
+    "mpt_eager_elementwise_bytes",
 ]
 
 GENERATION_EFFICIENCY: dict[str, float] = {
@@ -205,7 +208,9 @@ FLASH2_HOPPER_EFFICIENCY = 0.35
 utilization on H100 GPUs" (FA2 is written for Ampere's mma.sync and uses neither Hopper's
 wgmma nor TMA). torch's SDPA flash backend is FlashAttention-2 (torch docs,
 torch.nn.functional.scaled_dot_product_attention), so torch-native frameworks (scaletrain,
-torchtitan) and flash-attn 2 users (Nanotron, llm-foundry) run it. On A100, FA2 reaches
+torchtitan) and flash-attn 2 users (Nanotron) run it; llm-foundry's MPT benchmarks ran its
+Triton flash attention (attn_impl 'triton'), for which no H100 figure was found: it takes this
+one. On A100, FA2 reaches
 50-73% of peak forward and up to 63% backward (Dao 2023, arXiv 2307.08691, abstract and §4.1),
 no lower than the planner's matmul efficiency: there the attention keeps the matmul rate."""
 
@@ -441,3 +446,42 @@ def eager_elementwise_bytes(model: ModelConfig, *, fused_norm: bool, recompute: 
         EAGER_REST_TOTAL[0] * h + EAGER_REST_TOTAL[1] * kv + EAGER_REST_TOTAL[2] * f + norm_tot * h
     )
     return tot + (fwd if recompute else 0.0)
+
+
+# ---- eager elementwise kernels of llm-foundry's MPT block ------------------------------------
+
+MPT_EAGER_FWD = (20.0, 4.0)
+MPT_EAGER_BWD = (50.0, 6.0)
+"""Bytes per token an MPT block (llm-foundry, 16-bit stream under amp_bf16 with FSDP's bf16
+parameters) moves in its non-matmul, non-attention kernels, as (per h element, per ffn
+element), forward and backward. Counted from the source, one kernel per op, e = 2 B
+(mosaicml/llm-foundry at 061f2c7, the benchmark README's commit):
+- forward (llmfoundry/models/layers/blocks.py MPTBlock.forward): norm_1 and norm_2 are
+  LPLayerNorm (norm.py; submit_benchmarks.py mod_parameters sets norm_type
+  'low_precision_layernorm'): F.layer_norm on the 16-bit input, read x and write y, 2 x 4h;
+  the two residual adds x + b, read 2 x 2h and write 2h, 2 x 6h; MPTMLP's nn.GELU
+  (ffn.py, approximate='none') reads and writes f elements, 4f. resid_pdrop 0.0
+  (configuration_mpt.py) makes both nn.Dropout calls return their input. 20h + 4f.
+- backward: GELU backward reads dy and x and writes dx, 6f; each F.layer_norm backward reads
+  dy and x and writes dx (6h) and its weight/bias gradient kernel reads dy and x again (4h),
+  2 x 10h; each residual branch's dx is added to the skip path's gradient, read 4h and write
+  2h, 2 x 6h; attention.py splits the Wqkv output with qkv.split, whose backward concatenates
+  dq, dk, dv into one (b, s, 3h) gradient, read 6h and write 6h, 12h; the Triton flash
+  attention backward (layers/flash_attn_triton.py _flash_attn_backward) accumulates dq in an
+  fp32 buffer (dq_accum) and copies it into dq, read 4h and write 2h, 6h. 50h + 6f.
+Ignores: the per-token fp32 mean / rstd of the norms, the embedding and the final norm, the
+loss (flash-attn's fused cross-entropy, one kernel each way over the 16-bit logits), and the
+gradient-clipping and optimizer passes. Each kernel is memory bound (about 1 FLOP per byte), so
+it costs bytes / memory bandwidth: per FLOP it costs an H100 (3.35 TB/s for 989 TFLOP/s bf16)
+about 1.9 times what it costs an A100 (2.04 TB/s for 312 TFLOP/s)."""
+
+
+def mpt_eager_elementwise_bytes(model: ModelConfig, *, recompute: bool) -> float:
+    """Bytes per token per block of an MPT block's eager elementwise kernels (MPT_EAGER_*),
+    forward + backward, plus the forward again when the block is recomputed (llm-foundry's
+    activation checkpointing wraps whole MPTBlocks: modeling_mpt.py
+    activation_checkpointing_fn)."""
+    h, f = model.dim, model.ffn_dim
+    fwd = MPT_EAGER_FWD[0] * h + MPT_EAGER_FWD[1] * f
+    bwd = MPT_EAGER_BWD[0] * h + MPT_EAGER_BWD[1] * f
+    return fwd * (2.0 if recompute else 1.0) + bwd

@@ -173,7 +173,8 @@ def post_backward_s(
       under ZeRO-1 ('In case of Zero1, we need to clip all fp32 grads') — and zero_grad zeroes
       the contiguous fp32 buffer (4);
     - `updated_bytes` per parameter this rank updates (its 1/dp shard under ZeRO-1): the fp32 ->
-      16-bit weight copy of gradient_accumulator.step (read 4, write 2);
+      16-bit weight copy of gradient_accumulator.step (read 4, write 2); for llm-foundry the
+      unfused optimizer and the sharded gradient clipping (Recipe.optimizer_pass_bytes);
     - ZeRO-1's all-gather through flat buffers (optim/zero.py _all_gather_params ->
       distributed.all_gather_coalesced): each gathered 16-bit weight unflattened and copied
       back into its parameter (read 2, write 2 per parameter), when `zero1_flat_copies`.

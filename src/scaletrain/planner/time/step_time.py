@@ -47,6 +47,7 @@ from .efficiency import (
     eager_elementwise_bytes,
     matmul_efficiency,
     matmul_peak_factor,
+    mpt_eager_elementwise_bytes,
 )
 from .flops import (
     attention_core_flops_per_token,
@@ -651,7 +652,7 @@ def _optimizer_seconds(plan: PlanInput, max_params: float, recipe: Recipe | None
             plan,
             params=max_params,
             all_params_bytes=recipe.post_backward_pass_bytes,
-            updated_bytes=recipe.master_copy_bytes,
+            updated_bytes=recipe.master_copy_bytes + recipe.optimizer_pass_bytes,
             zero1_flat_copies=recipe.zero1_gather_flat_copies,
         )
     return optimizer_s
@@ -710,7 +711,8 @@ def eager_elementwise_s(plan: PlanInput, recipe: Recipe | None) -> float:
     residual adds: efficiency.eager_elementwise_bytes over the memory bandwidth); 0 for a
     recipe that fuses them (Recipe.eager_elementwise False), under torch.compile, with a
     user-set efficiency (which stands for the whole block), on CPU, and for models other than
-    the dense RMSNorm Llama block the bytes were counted on."""
+    the block the bytes were counted on (Recipe.eager_block: the dense RMSNorm Llama block, or
+    llm-foundry's dense LayerNorm GELU MPT block, efficiency.mpt_eager_elementwise_bytes)."""
     model, hw = plan.model, plan.hardware
     if (
         recipe is None
@@ -718,9 +720,15 @@ def eager_elementwise_s(plan: PlanInput, recipe: Recipe | None) -> float:
         or plan.compile
         or plan.efficiency > 0
         or hw.is_cpu
-        or model.norm != "rmsnorm"
         or model.is_moe
     ):
+        return 0.0
+    if recipe.eager_block == "mpt":
+        # llm-foundry's MPT block: LayerNorm and a GELU MLP (efficiency.MPT_EAGER_FWD)
+        if model.norm != "layernorm" or model.gated_mlp:
+            return 0.0
+        return mpt_eager_elementwise_bytes(model, recompute=plan.ac == "full") / hw.memory_bw
+    if model.norm != "rmsnorm":
         return 0.0
     return (
         eager_elementwise_bytes(model, fused_norm=plan.fused_norm, recompute=plan.ac != "none")
