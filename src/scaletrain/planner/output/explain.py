@@ -381,6 +381,16 @@ def _recipe_mechanisms(est: Estimate, r: Recipe) -> str:
             f"reduce-scatters exposed ({terms['tp']:.3g} s of collectives per step; "
             f"time.recipe_terms.async_tp_terms; {r.sources.get('tp_comm', '')})"
         )
+    if r.tp_comm == "exposed" and "tp" in terms and not L.sp and r.sources.get("tp_comm"):
+        from ..time.comm import axis_link
+
+        bw, _, inter = axis_link(L, p.hardware, "tp")
+        where = "across nodes" if inter else "inside a node"
+        out += (
+            f"\n   [{r.name}] TP: every all-reduce exposed, {where} at {bw / 1e9:.0f} GB/s bus "
+            f"bandwidth ({terms['tp']:.3g} s of collectives per step; comm._tp_term; "
+            f"{r.sources['tp_comm']})"
+        )
     if r.zero1_grad_sync == "allreduce_after_backward" and L.zero == 1 and "dp_allreduce" in terms:
         out += (
             f"\n   [{r.name}] ZeRO-1 gradients: one fp32 all-reduce after the backward, "
