@@ -533,9 +533,17 @@ def _time_lines(
             "interleaved": "(p-1)/(v*m)",
             "zero-bubble": "(p-1)/(3*v*m) (ZB-H1: torch's zero-bubble order)",
         }
+        full = bf * t.compute_s
+        share = t.bubble_s / full if full > 0 and L.pp_schedule in ("1f1b", "gpipe") else 1.0
+        unequal = (
+            f" x {share:.3f}: unequal stages (the head's heavier), the other stages' fill and "
+            "drain only (time.step_time._fill_drain_share)"
+            if share < 1 - 1e-9
+            else ""
+        )
         add(
             f"   bubble fraction ({L.pp_schedule}) = {form.get(L.pp_schedule, '')} = {bf:.4f} "
-            f"of compute -> {t.bubble_s:.3f} s"
+            f"of compute{unequal} -> {t.bubble_s:.3f} s"
         )
     else:
         add("   pp = 1: no bubble")
