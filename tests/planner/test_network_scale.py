@@ -127,3 +127,21 @@ def test_a100_takes_its_measured_mamf_share() -> None:
         factor = (271.2 / 312) / MAMF_REFERENCE
         assert matmul_peak_factor(hw) == pytest.approx(factor, rel=1e-12)
         assert factor == pytest.approx(1.085, abs=1e-3)
+
+
+def test_point_to_point_node_gives_a_small_group_its_peers_links_only() -> None:
+    """A 4-GPU node wired pairwise (2 x 25 GB/s per pair, 6 links per GPU): a pair reaches
+    its own 2 links, 3 GPUs 4 links, the whole node all 6; a switched node (no pair figure)
+    gives every group the full figure; the achieved share applies either way."""
+    hw = dataclasses.replace(hardware_preset("v100-32gb"), gpus_per_node=4, intra_node_pair_bw=50e9)
+    eff = hw.intra_node_bw_efficiency
+    assert math.isclose(hw.intra_node_group_busbw(2), 50e9 * eff)
+    assert math.isclose(hw.intra_node_group_busbw(3), 100e9 * eff)
+    assert hw.intra_node_group_busbw(4) == hw.intra_node_busbw
+    switched = dataclasses.replace(hw, intra_node_pair_bw=0.0)
+    assert switched.intra_node_group_busbw(2) == switched.intra_node_busbw
+    tp2 = Layout(dp=2, tp=2)
+    assert math.isclose(axis_link(tp2, hw, "tp")[0], 50e9 * eff)
+    assert axis_link(tp2, switched, "tp")[0] == switched.intra_node_busbw
+    # the node size passed in (plan's gpus_per_node) decides what "the whole node" is
+    assert axis_link(Layout(dp=1, tp=4), hw, "tp", gpus_per_node=8)[0] == 150e9 * eff

@@ -3,8 +3,11 @@ orders against torch's own: tests/unit/test_pipeline_orders_torch.py)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
+from scaletrain.config import Layout
 from scaletrain.planner.time.pipeline import (
     bubble_fraction,
     inflight_microbatches,
@@ -144,3 +147,26 @@ def test_bad_inputs_raise() -> None:
         bubble_fraction("1f1b", 4, 8, v=2)
     with pytest.raises(ValueError):
         inflight_microbatches("1f1b", 4, 8, stage=4)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+@pytest.mark.parametrize("p, m", [(2, 8), (4, 16), (8, 32)])
+def test_fill_and_drain_with_a_heavier_last_stage_match_the_simulator(schedule, p, m) -> None:
+    """With the head on the last stage, the step is m x t_last + the other stages' times (their
+    forwards fill, their backwards drain), not (m + p - 1) x t_last: the planner's bubble share
+    (step_time._fill_drain_share) gives the simulator's makespan; 1 for equal stages."""
+    from scaletrain.planner.time.step_time import _fill_drain_share
+
+    layers, head_f, head_b = 24 // p, 1.75, 3.5
+    tf = [float(layers)] * p
+    tb = [3.0 * layers] * p
+    tf[-1] += head_f
+    tb[-1] += head_b
+    counts = [layers] * p
+    plan = SimpleNamespace(layout=Layout(pp=p, pp_schedule=schedule))
+    # per-layer time 4 (1 forward + 3 backward with recompute), the head 1.75 + 3.5
+    share = _fill_drain_share(plan, counts, p - 1, 4.0, head_f + head_b)
+    t_max = tf[-1] + tb[-1]
+    closed = m * t_max + bubble_fraction(schedule, p, m) * m * t_max * share
+    assert simulate(schedule, p, m, 1, tf, tb).makespan == pytest.approx(closed)
+    assert _fill_drain_share(plan, counts, p - 1, 4.0, 0.0) == 1.0

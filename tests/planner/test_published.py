@@ -129,6 +129,8 @@ def _bad(raw: dict[str, Any], edit) -> str:
         (lambda r: r["layout"].__setitem__("comm_overlap", ["tensor"]), "layout.comm_overlap"),
         (lambda r: r["layout"].__setitem__("comm_overlap", "tp"), "layout.comm_overlap"),
         (lambda r: r["layout"].__setitem__("comm_overlap", ["tp", "tp"]), "layout.comm_overlap"),
+        (lambda r: r.__setitem__("hardware", {"nvlink_links": 2}), "hardware"),
+        (lambda r: r.__setitem__("hardware", {"gpus_per_node": -4}), "hardware"),
         (lambda r: r["measured"].__setitem__("mfu", 42.0), "measured.mfu"),
         (lambda r: r["measured"].pop("memory_kind"), "measured.memory_kind"),
         (lambda r: r.__setitem__("measured", {}), "measured"),
@@ -346,3 +348,30 @@ def test_rank_range_for_rows_of_unstated_rank(runs) -> None:
     assert bench._range_err((8.0, 12.0), 10.0) == 0.0
     assert math.isclose(bench._range_err((8.0, 12.0), 16.0), -0.25)
     assert math.isclose(bench._range_err((8.0, 12.0), 4.0), 1.0)
+
+
+def test_row_hardware_table_describes_the_runs_nodes(runs) -> None:
+    """BigScience's 1B3 rows ran on 2 Jean Zay nodes of 4 V100s, every pair joined by 2
+    NVLink2 links: the row's hardware table gives the preset those figures, so a tp = 2 pair
+    all-reduces over its 2 links (40 GB/s at NCCL's 20 of 25 GB/s per link), dp = 8 crosses
+    the 2 nodes, and every other figure stays the preset's."""
+    from scaletrain.planner.time.comm import axis_link
+
+    run = next(r for r in runs if r.name == "ds-v100-32g-1b3-tp2-pp1-dp4-mb1")
+    hw = run.hardware()
+    assert hw.gpus_per_node == 4 and hw.intra_node_pair_bw == 50e9
+    assert replace(hw, gpus_per_node=8, intra_node_pair_bw=0.0) == hardware_preset("v100-32gb")
+    p = plan_input(run)
+    bw, _, inter = axis_link(p.layout, p.hardware, "tp")
+    assert not inter and math.isclose(bw, 2 * 20e9)
+    dp8 = next(r for r in runs if r.name == "ds-v100-32g-1b3-tp1-pp1-dp8-mb1")
+    q = plan_input(dp8)
+    assert axis_link(q.layout, q.hardware, "dp")[2]
+    # explain names the TP term's bandwidth, its source and the node's wiring
+    from scaletrain.planner import estimate
+    from scaletrain.planner.output.explain import explain
+
+    text = explain(estimate(plan_input(run, "deepspeed-0.4")))
+    assert "TP: every all-reduce exposed, inside a node at 40 GB/s" in text
+    assert "megatron/mpu/mappings.py _reduce" in text
+    assert "40 GB/s for a pair" in text

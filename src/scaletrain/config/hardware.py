@@ -96,12 +96,33 @@ class HardwareSpec:
     ncclNvlsInit: NCCL_NVLS_ENABLE defaults to 2, auto). Cited per preset; 0 = no NVLink SHARP
     figure for this device (no NVSwitch-3, or none published): its all-reduces run as rings at
     `intra_node_busbw`. Reduce-scatters and all-gathers keep `intra_node_busbw`."""
+    intra_node_pair_bw: float = 0.0
+    """Per-direction bandwidth between one pair of GPUs of a node wired point to point, with no
+    switch between them (a fully connected NVLink mesh: every pair joined by the same number of
+    links), bytes/s, raw. A group of g of the node's GPUs then reaches only the links to its
+    own g - 1 peers: min(`intra_node_bw`, (g - 1) x this) x `intra_node_bw_efficiency`
+    (`intra_node_group_busbw`); NCCL's rings hop GPU to GPU over direct links and do not route
+    through a GPU outside the group (on sm70, NVLink2 has no forwarding). 0 = switched
+    (NVSwitch, or one link figure for the whole node): every intra-node group reaches
+    `intra_node_busbw`. Set per system, not per chip: a 4-GPU V100 SXM2 node has 2 NVLink2
+    links (2 x 25 GB/s) between every pair of its GPUs (6 links per GPU, 3 peers), an 8-GPU
+    DGX-1 a hybrid cube mesh this figure does not describe."""
 
     @property
     def intra_node_busbw(self) -> float:
         """Bus bandwidth an intra-node collective achieves per GPU, per direction, bytes/s: the
         raw link figure x its published achieved share (`intra_node_bw_efficiency`)."""
         return self.intra_node_bw * self.intra_node_bw_efficiency
+
+    def intra_node_group_busbw(self, group: int) -> float:
+        """Bus bandwidth per GPU, per direction, of a collective among `group` GPUs of one node:
+        `intra_node_busbw`, or on a point-to-point mesh (`intra_node_pair_bw` > 0) a group
+        smaller than the node its peers' links only, min(intra_node_bw, (group - 1) x
+        intra_node_pair_bw) x intra_node_bw_efficiency."""
+        if self.intra_node_pair_bw <= 0 or group < 2 or group >= self.gpus_per_node:
+            return self.intra_node_busbw
+        links = min(self.intra_node_bw, (group - 1) * self.intra_node_pair_bw)
+        return links * self.intra_node_bw_efficiency
 
     @property
     def is_cpu(self) -> bool:

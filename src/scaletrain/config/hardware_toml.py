@@ -71,6 +71,7 @@ FIGURES: dict[str, Figure] = {
     "attention_bf16_tflops": Figure("attention_bf16", TFLOPS, "TFLOP/s"),
     "intra_node_bw_efficiency": Figure("intra_node_bw_efficiency", 1.0, "fraction"),
     "nvls_allreduce_busbw_gb_s": Figure("nvls_allreduce_busbw", GB, "GB/s"),
+    "intra_node_pair_bw_gb_s": Figure("intra_node_pair_bw", GB, "GB/s"),
 }
 """TOML figure -> spec attribute. `arch` (a text, `hardware_rules.parse_arch`) is the other
 field a description gives."""

@@ -225,6 +225,11 @@ class HardwareConfig:
     algorithm, NVSwitch-3 systems), GB/s. 0 = the preset's (480 on the H100 SXM, 475 on the
     H200, from published nccl-tests figures; none elsewhere: rings at the intra-node bus
     bandwidth)."""
+    intra_node_pair_bw_gb_s: float = 0.0
+    """Per-direction bandwidth between one pair of a node's GPUs wired point to point (a fully
+    connected NVLink mesh without NVSwitch, e.g. 50 on a 4-GPU V100 SXM2 node: 2 NVLink2 links
+    per pair), GB/s: a collective among fewer than all the node's GPUs reaches only its peers'
+    links. 0 = the preset's (none: switched, every intra-node group at the full figure)."""
     arch: str = ""
     """Architecture: 'sm90' (NVIDIA compute capability 9.0), 'gfx942' (AMD) or 'cpu'; it
     decides the precisions the device runs. Empty = the preset's."""

@@ -394,6 +394,16 @@ def _recipe_mechanisms(est: Estimate, r: Recipe) -> str:
             f"reduce-scatters exposed ({terms['tp']:.3g} s of collectives per step; "
             f"time.recipe_terms.async_tp_terms; {r.sources.get('tp_comm', '')})"
         )
+    if r.tp_comm == "exposed" and "tp" in terms and not L.sp and r.sources.get("tp_comm"):
+        from ..time.comm import axis_link
+
+        bw, _, inter = axis_link(L, p.hardware, "tp")
+        where = "across nodes" if inter else "inside a node"
+        out += (
+            f"\n   [{r.name}] TP: every all-reduce exposed, {where} at {bw / 1e9:.0f} GB/s bus "
+            f"bandwidth ({terms['tp']:.3g} s of collectives per step; comm._tp_term; "
+            f"{r.sources['tp_comm']})"
+        )
     if r.zero1_grad_sync == "allreduce_after_backward" and L.zero == 1 and "dp_allreduce" in terms:
         out += (
             f"\n   [{r.name}] ZeRO-1 gradients: one fp32 all-reduce after the backward, "
@@ -603,9 +613,17 @@ def _time_lines(
             "interleaved": "(p-1)/(v*m)",
             "zero-bubble": "(p-1)/(3*v*m) (ZB-H1: torch's zero-bubble order)",
         }
+        full = bf * t.compute_s
+        share = t.bubble_s / full if full > 0 and L.pp_schedule in ("1f1b", "gpipe") else 1.0
+        unequal = (
+            f" x {share:.3f}: unequal stages (the head's heavier), the other stages' fill and "
+            "drain only (time.step_time._fill_drain_share)"
+            if share < 1 - 1e-9
+            else ""
+        )
         add(
             f"   bubble fraction ({L.pp_schedule}) = {form.get(L.pp_schedule, '')} = {bf:.4f} "
-            f"of compute -> {t.bubble_s:.3f} s"
+            f"of compute{unequal} -> {t.bubble_s:.3f} s"
         )
     else:
         add("   pp = 1: no bubble")

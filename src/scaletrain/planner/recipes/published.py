@@ -32,6 +32,7 @@ from scaletrain.config import (
     option_problems,
 )
 from scaletrain.config.choices import ACMode, Precision, literal_names
+from scaletrain.config.hardware_toml import describe_hardware
 from scaletrain.config.strict import coerce, did_you_mean, scalar_type
 
 from ..types import PlanInput
@@ -82,6 +83,7 @@ _RUN_KEYS = {
     "gpu",
     "gpu_memory_gb",
     "cuda_context_mib",
+    "hardware",
     "num_gpus",
     "seq_len",
     "model",
@@ -174,9 +176,16 @@ class PublishedRun:
     recipe: str = ""
     """The recipe of the framework version the run used when it is not its framework's
     current one (`FRAMEWORK_RECIPE`), e.g. 'deepspeed-0.4'; empty: the framework's."""
+    node: tuple[tuple[str, float], ...] = ()
+    """The row's `hardware` table: `[hardware]` figures (config.hardware_toml.FIGURES, in their
+    TOML units) of the system the run used where the source states it differs from the
+    preset's (gpus_per_node of the cluster's nodes, their NVLink wiring), applied to the
+    preset by `config.hardware_toml.describe_hardware`; empty: the preset as it is."""
 
     def hardware(self) -> HardwareSpec:
-        hw = hardware_preset(self.gpu)
+        hw = (
+            describe_hardware(self.gpu, dict(self.node)) if self.node else hardware_preset(self.gpu)
+        )
         if self.gpu_memory_gb is not None:
             hw = dataclasses.replace(hw, memory_bytes=self.gpu_memory_gb * GB)
         return hw
@@ -378,6 +387,11 @@ def _run(i: int, raw: Any, origin: str, seen: set[str]) -> PublishedRun:
     ctx_mib = raw.get("cuda_context_mib")
     if ctx_mib is not None:
         ctx_mib = _num(where, "cuda_context_mib", ctx_mib)
+    node = _table(where, raw, "hardware")
+    try:
+        describe_hardware(raw["gpu"], node)
+    except ConfigError as e:
+        raise _fail(where, "hardware", node, str(e)) from None
     model = _model(where, _table(where, raw, "model"), seq_len, raw["name"])
     layout = _layout(where, _table(where, raw, "layout"))
     world = layout.layout.world_size
@@ -417,6 +431,7 @@ def _run(i: int, raw: Any, origin: str, seen: set[str]) -> PublishedRun:
         added_after=added_after,
         tuned_after=tuned_after,
         recipe=recipe,
+        node=tuple(sorted(node.items())),
     )
 
 

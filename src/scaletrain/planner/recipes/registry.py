@@ -594,6 +594,14 @@ RECIPES["deepspeed-0.4"] = dataclasses.replace(
         "forced off at stage 1, so no ipg buffer in the backward; zero/stage2.py "
         "allreduce_bucket flattens each <= reduce_bucket_size (5e8) bucket after it "
         "(recipes.zero1_flats)",
+        "tp_comm": "bigscience-workshop/Megatron-DeepSpeed megatron/mpu/mappings.py _reduce: a "
+        "blocking torch.distributed.all_reduce over the tp group, forward in "
+        "_ReduceFromModelParallelRegion (row-parallel outputs), backward in "
+        "_CopyToModelParallelRegion (column-parallel inputs); no sequence parallelism, no async "
+        "linears in the 2021 code, so every one is exposed (comm._tp_term). Placement: "
+        f"{_DS04} pipe/topology.py PipeModelDataParallelTopology axes ['pipe', 'data', "
+        "'model'], tp innermost, so a tp group is adjacent GPUs of one node, at the links "
+        "between them (HardwareSpec.intra_node_group_busbw)",
         "zero1_flat_buffers": f"{_DS04} pipe/engine.py _exec_reduce_grads -> zero/stage2.py "
         "reduce_gradients ... allreduce_bucket (self.flatten per bucket) and step() "
         "(dist.all_gather into a list of dp views, num_shards = max(1, partition x dp // "

@@ -10,7 +10,11 @@ inside one node of a device with NVLink SHARP takes NCCL's NVLS algorithm where 
 (`allreduce_seconds`). Intra-node links run at
 `HardwareSpec.intra_node_busbw`: the raw link figure x the device's published achieved share
 (0.75 on MI300X's xGMI; 1 on the NVIDIA presets, where no per-device figure is cited yet);
-the NIC figure is raw on every preset.
+the NIC figure is raw on every preset. On a node whose GPUs are wired point to point with no
+switch (`HardwareSpec.intra_node_pair_bw`: a 4-GPU V100 SXM2 node, 2 NVLink2 links per pair)
+a group of g < gpus_per_node of its GPUs reaches only the links to its g - 1 peers
+(`HardwareSpec.intra_node_group_busbw`): a tp = 2 pair there all-reduces over 2 of a GPU's 6
+links.
 
 Rank placement (Megatron-LM and torchtitan order): tp innermost, then cp, then dp (ep borrows
 dp*cp ranks with stride tp), pp outermost. An axis whose ranks lie in one node (stride x degree
@@ -44,6 +48,7 @@ benchmarks/comm_volume.py (tiny models on gloo).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from scaletrain.config import HardwareSpec, Layout, compute_bytes, fsdp_reshard_after_forward
@@ -71,14 +76,17 @@ def axis_link(
     """(bandwidth B/s, latency s, crosses_nodes) for a parallel axis under the placement above;
     across nodes the multi-rail ring bandwidth of the module docstring."""
     gpn = gpus_per_node or hardware.gpus_per_node
+    if gpn != hardware.gpus_per_node:
+        hardware = dataclasses.replace(hardware, gpus_per_node=gpn)
     stride, degree = _axis_group(layout, axis)
     inter = degree > 1 and stride * degree > gpn
     if inter:
         # multi-rail ring (module docstring): the group's ranks per node share its NICs' load
         per_node = max(1, min(degree, gpn // max(1, stride)))
-        bw = min(hardware.intra_node_busbw, per_node * hardware.inter_node_bw)
+        bw = min(hardware.intra_node_group_busbw(per_node), per_node * hardware.inter_node_bw)
         return bw, hardware.inter_node_latency_s, True
-    return hardware.intra_node_busbw, hardware.intra_node_latency_s, False
+    # on a point-to-point mesh a group smaller than the node has its peers' links only
+    return hardware.intra_node_group_busbw(degree), hardware.intra_node_latency_s, False
 
 
 def _axis_group(L: Layout, axis: str) -> tuple[int, int]:

@@ -309,6 +309,14 @@ def kernel_ceilings(hardware: HardwareSpec) -> list[str]:
             f"{hardware.nvls_allreduce_busbw / 1e9:.0f} GB/s bus bandwidth where faster "
             "(time.comm.allreduce_seconds; config/hardware.py cites it)"
         )
+    if hardware.intra_node_pair_bw > 0:
+        pair = hardware.intra_node_group_busbw(2)
+        link += (
+            f"; GPUs wired point to point ({hardware.intra_node_pair_bw / 1e9:.0f} GB/s per "
+            f"pair, no switch): a group of g < {hardware.gpus_per_node} GPUs reaches its g - 1 "
+            f"peers' links only, {pair / 1e9:.0f} GB/s for a pair (HardwareSpec."
+            "intra_node_group_busbw, time.comm.axis_link)"
+        )
     return [
         gemm,
         attn,

@@ -394,7 +394,8 @@ def _compute_side(
     (`recipe_terms.grad_accum_pass_s`, over the rank's `max_params`) adds to each micro-batch,
     and so do the elementwise passes of torch's ring attention under CP
     (`cp_ring.torch_ring_passes_s`, Recipe.cp_ring 'torch_allgather').
-    The pipeline bubble is a fraction of it (`pipeline.bubble_fraction`)."""
+    The pipeline bubble is a fraction of it (`pipeline.bubble_fraction`), for GPipe and 1F1B
+    with unequal stages the other stages' fill and drain (`_fill_drain_share`)."""
     L, model, hw = plan.layout, plan.model, plan.hardware
     m = max(1, plan.grad_accum)
     counts = stage_layer_counts(model.num_layers, L.pp, L.pp_virtual, L.pp_schedule)
@@ -437,6 +438,7 @@ def _compute_side(
         bubble_s = (
             bubble_fraction(L.pp_schedule, L.pp, m, L.pp_virtual, zero_bubble=zero_bubble)
             * compute_s
+            * _fill_drain_share(plan, counts, head, layer_s, head_s)
         )
     if d:
         # the last rank idles through the flush for the other ranks' remaining backwards:
@@ -460,6 +462,29 @@ def _compute_side(
         efficiency=bt.efficiency,
         rate=bt.rate,
     )
+
+
+def _fill_drain_share(
+    plan: PlanInput, counts: tuple[int, ...] | list[int], head: int, layer_s: float, head_s: float
+) -> float:
+    """GPipe's and 1F1B's (v = 1) fill and drain with unequal stages, as a share of the
+    uniform-stage bubble (p - 1) x t_max: the slowest stage paces the m micro-batches, and the
+    pipeline fills through the forwards and drains through the backwards of the other p - 1
+    stages, each at its own time, so the step is m x t_max + sum of the others' t (not
+    (m + p - 1) x t_max). 1 when every stage takes the same time; below 1 where one stage is
+    heavier (the last one holding the head). Checked against an event simulation of DeepSpeed's
+    TrainSchedule (deepspeed/runtime/pipe/schedule.py, blocking send / recv between adjacent
+    stages) and of 1F1B: exact when the slowest stage is the last. Ignores: a slowest stage in
+    the middle (its upstream stages then also wait on it in the drain), per-stage passes that
+    are not per layer (recipe_terms.grad_accum_pass_s)."""
+    L = plan.layout
+    if L.pp_schedule not in ("1f1b", "gpipe") or L.pp_virtual != 1 or L.pp < 2:
+        return 1.0
+    stage = [n * layer_s + (head_s if r == head else 0.0) for r, n in enumerate(counts)]
+    t_max = max(stage)
+    if t_max <= 0:
+        return 1.0
+    return (sum(stage) - t_max) / ((len(stage) - 1) * t_max)
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
