@@ -98,6 +98,7 @@ RECIPES: dict[str, Recipe] = {
         grad_bytes=2,
         grad_buffer_full_under_zero1=True,
         shards_master=True,
+        zero_step_check_copies=True,
         step_grad_fp32_copy=True,
         autocast_weight_copy=False,
         zero_stages=(0, 1, 2, 3),
@@ -179,6 +180,12 @@ RECIPES: dict[str, Recipe] = {
             "18 x P / N",
             "step_grad_fp32_copy": "stage_1_and_2.py step(): single_grad_partition is the "
             "rank's gradient converted to the fp32 master dtype",
+            "zero_step_check_copies": "stage_1_and_2.py step(): check_overflow -> "
+            "has_overflow_partitioned_grads_serial -> _has_inf_or_nan (x.float() of each "
+            "gradient slice of the partition) and get_grad_norm_direct (g.data.double() of "
+            "each slice), one slice at a time; read at 2151c787a (2022-02-18, 0.6.0, master "
+            "on 2022-02-25), c7f3bc51c (big-science, 0.4.2, stage2.py) and 38327e07f "
+            "(recipes.zero1_flats.step_check_copies)",
             "ddp_bucket": "deepspeed/runtime/zero/config.py DeepSpeedZeroConfig: "
             "reduce_bucket_size default 5e8 elements, allgather_bucket_size "
             "5e8; stage_1_and_2.py ipg_buffer in the param dtype (contiguous"
