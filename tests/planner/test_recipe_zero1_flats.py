@@ -81,7 +81,9 @@ def test_bigscience_rows_name_the_recipe_of_their_deepspeed() -> None:
     runs = load_runs()
     ds = [r for r in runs if r.name.startswith("ds-v100-")]
     assert len(ds) == 27 and all(recipe_of(r) == "deepspeed-0.4" for r in ds)
-    others = [r for r in runs if r.framework == "deepspeed" and r not in ds]
+    bs = [r for r in runs if r.name.startswith("ds-a100-bloom-prequel-02-25-")]
+    assert len(bs) == 23 and all(recipe_of(r) == "deepspeed-bigscience-2022" for r in bs)
+    others = [r for r in runs if r.framework == "deepspeed" and r not in ds + bs]
     assert others and all(recipe_of(r) == "deepspeed" for r in others)
 
 
@@ -142,17 +144,24 @@ def test_step_checks_only_on_the_zero_optimizer_path() -> None:
 
 
 def test_bigscience_02_25_row_checks_its_embedding_slice() -> None:
-    """BLOOM's 02-25 topology search, dp 4 tp 8 pp 12 (fp16, ZeRO-1): rank 0's largest slice
-    is the word embedding 250880 x 14336 / 8 (inside its 2.3e9 / 4 partition): 4 + 8 B of it are
-    new segments (a freed activation block is far smaller), and the partition's 16-bit flat and
-    fp32 copy fit the cached blocks."""
+    """BLOOM's 02-25 topology search, dp 4 tp 8 pp 12 (fp16, ZeRO-1), under its
+    Megatron-DeepSpeed's halved weight-decay group: rank 0's weight matrices are the embedding
+    and 6 layers x (QKV 3h^2, dense h^2, h-to-4h 4h^2, 4h-to-h 4h^2) / 8, 25 in all; the first
+    group holds the embedding and the next 11 (emb + 4 h^2), a quarter of which is the largest
+    slice (under the embedding's 250880 x 14336 / 8). Its 4 + 8 B copies are new segments (a
+    freed activation block is far smaller); the partition's flat and fp32 copy fit them. Under
+    one weight group ('deepspeed') the slice is the whole embedding."""
     run = next(
         r
         for r in load_runs()
         if r.name == "ds-a100-bloom-prequel-02-25-h14336-l72-a64-dp4-tp8-pp12-mb4-gbs2048"
     )
-    p = plan_input(run, "deepspeed")
-    m = recipe_rank_memory(p, RECIPES["deepspeed"], 0)
-    emb = 250880 * 14336 / 8
-    assert m.detail["zero_step.check_copies"] == pytest.approx(12 * emb)
-    assert m.detail["zero_step.new_segments"] == pytest.approx(12 * emb)
+    h, emb = 14336, 250880 * 14336 / 8
+    piece = (emb + 4 * h * h) / 4
+    assert piece < emb
+    bs = recipe_rank_memory(plan_input(run, recipe_of(run)), RECIPES[recipe_of(run)], 0)
+    assert recipe_of(run) == "deepspeed-bigscience-2022"
+    assert bs.detail["zero_step.check_copies"] == pytest.approx(12 * piece)
+    assert bs.detail["zero_step.new_segments"] == pytest.approx(12 * piece)
+    ds = recipe_rank_memory(plan_input(run, "deepspeed"), RECIPES["deepspeed"], 0)
+    assert ds.detail["zero_step.check_copies"] == pytest.approx(12 * emb)

@@ -240,6 +240,33 @@ def _rank_largest_param(plan: PlanInput, rp: RecipeRankParams, first: bool, laye
     return max(layer, emb, rp.head)
 
 
+def _largest_slice(
+    plan: PlanInput, recipe: Recipe, rp: RecipeRankParams, first: bool, layers: int
+) -> tuple[float, float]:
+    """(the parameter with the largest dp slice on a pipeline rank, the parameters of its ZeRO
+    group). One weight group per rank (the rank's parameters) unless Recipe.wd_group_halved:
+    then the rank's weight matrices in module order (the word embedding first on the first
+    rank; each layer's QKV, attention output, MLP input and output projections; the tied head
+    last) are cut in two groups at count // 2 (bigscience-workshop/Megatron-DeepSpeed
+    megatron/optimizer/__init__.py _get_params_for_weight_decay_optimization, 541b967f), and a
+    parameter's slice is at most its group's dp partition."""
+    largest = _rank_largest_param(plan, rp, first, layers)
+    if not recipe.wd_group_halved:
+        return largest, rp.params
+    m, t = plan.model, plan.layout.tp
+    f_in = 2 * m.ffn_dim if m.gated_mlp else m.ffn_dim
+    layer = [m.dim * (m.dim + 2 * m.kv_dim), m.q_dim * m.dim, m.dim * f_in, m.ffn_dim * m.dim]
+    emb = [m.param_counts().embedding / t] if first else []
+    seq = emb + [x / t for x in layer] * layers + ([rp.head] if rp.head else [])
+    if not seq:
+        return largest, rp.params
+    half = len(seq) // 2
+    groups = (sum(seq[:half]), sum(seq[half:]))
+    n = plan.layout.zero_shards
+    best = max(range(len(seq)), key=lambda i: min(seq[i], groups[i >= half] / n))
+    return seq[best], groups[best >= half]
+
+
 def recipe_states(plan: PlanInput, recipe: Recipe, P: float) -> RecipeStates:
     """The model states of a rank holding `P` parameters under `recipe`, sharded by its ZeRO
     stage (optimizer offload moves the optimizer and master copy to the CPU)."""
@@ -432,7 +459,7 @@ def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBrea
     ):
         # the step's fp32 and fp64 copies of its largest gradient slice, one at a time
         # (recipes.zero1_flats.step_check_copies)
-        checks = step_check_copies(plan, _rank_largest_param(plan, rp, first, layers), P)
+        checks = step_check_copies(plan, *_largest_slice(plan, recipe, rp, first, layers))
     # the slice checks come before the step's flat and fp32 copy, one at a time
     step = states + max([step_tmp, *checks]) + buffers - rs
     # the end of a micro-batch's backward (Recipe.param_grads_until_backward_end): the 16-bit

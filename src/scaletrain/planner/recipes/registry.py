@@ -12,6 +12,8 @@ recipes (Megatron-LM's and NeMo's are defined in `megatron.py`); the `Recipe` da
 (its fields and what each means) and the constants the recipes share are `schema.py`.
 `deepspeed-0.4` is DeepSpeed as it was in 2021 (the big-science branch, 0.4.2, under torch 1.x):
 today's `deepspeed` but for ZeRO-1's post-backward copies (`zero1_flats.py`).
+`deepspeed-bigscience-2022` is `deepspeed` under BigScience's Megatron-DeepSpeed of February
+2022, whose weight-decay group was split in two (Recipe.wd_group_halved).
 
 Torch-free. Sources were read at these public repositories: NVIDIA/Megatron-LM (megatron/core,
 megatron/training), microsoft/DeepSpeed (deepspeed/runtime), pytorch/torchtitan (torchtitan/,
@@ -507,6 +509,24 @@ RECIPES["deepspeed-0.4"] = dataclasses.replace(
         "(recordStream of the input) and allgather (flatten_for_scatter_gather -> newLikeFlat); "
         "c10/cuda/CUDACachingAllocator.cpp header (best fit, else cudaMalloc; a recorded "
         "block is not reused before its stream's work completes; segments never merged)",
+    },
+)
+
+
+_BS22 = "bigscience-workshop/Megatron-DeepSpeed"
+RECIPES["deepspeed-bigscience-2022"] = dataclasses.replace(
+    _DS,
+    name="deepspeed-bigscience-2022",
+    framework="DeepSpeed 0.6 (master of 2022-02) under BigScience's Megatron-DeepSpeed of 2022-02",
+    wd_group_halved=True,
+    sources={
+        **_DS.sources,
+        "wd_group_halved": f"{_BS22} megatron/optimizer/__init__.py "
+        "_get_params_for_weight_decay_optimization: the weight-decay params list split at "
+        "param_count // 2 into two groups ('temp hack to workaround the crash in apex "
+        "FusedAdam's multi_tensor_applier', 541b967f, 2022-02-17; at ae6277f5, the branch on "
+        "2022-02-25); microsoft/DeepSpeed 2151c787a zero/stage_1_and_2.py partitions each "
+        "param group over dp (recipes.zero1_flats.step_check_copies)",
     },
 )
 

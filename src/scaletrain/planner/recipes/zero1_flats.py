@@ -100,7 +100,9 @@ def largest_freed_tensor(plan: PlanInput, recipe: Recipe, head: bool) -> float:
     return max(sizes)
 
 
-def step_check_copies(plan: PlanInput, largest_param: float, params: float) -> tuple[float, ...]:
+def step_check_copies(
+    plan: PlanInput, largest_param: float, group_params: float
+) -> tuple[float, ...]:
     """The ZeRO-1/2 step's copies of its largest gradient slice (bytes, in order), one slice at
     a time (Recipe.zero_step_check_copies): `has_overflow_partitioned_grads_serial` ->
     `_has_inf_or_nan` casts each slice of the rank's dp partition to fp32 (x.float(): 4 B per
@@ -112,10 +114,12 @@ def step_check_copies(plan: PlanInput, largest_param: float, params: float) -> t
     deepspeed/runtime/zero/stage_1_and_2.py (stage2.py) `step` check the slices so.
     BF16_Optimizer's norm (runtime/utils.py get_global_norm_of_tensors on the fp32 partition)
     copies nothing. The largest slice is the rank's largest parameter, at most the partition
-    (`params` / dp shards): the embedding on the first and the head's rank (Megatron puts the
-    word embedding first in the weight-decay group, so dp rank 0's partition starts with it).
+    of its ZeRO group (`group_params` / dp shards; the rank's parameters unless the framework
+    splits its groups, Recipe.wd_group_halved): the embedding on the first and the head's rank
+    (Megatron puts the word embedding first in the weight-decay group, so dp rank 0's
+    partition starts with it).
     Ignores: the bool masks of today's check (1 B per element, freed before the norm)."""
-    piece = min(largest_param, params / plan.layout.zero_shards)
+    piece = min(largest_param, group_params / plan.layout.zero_shards)
     cast = () if plan.precision == "fp32" else (4.0 * piece,)
     return (*cast, 8.0 * piece)
 
@@ -128,7 +132,9 @@ def step_segments(
     copy is free before the step): the slice copies `checks` one at a time
     (`step_check_copies`), then the partition's 16-bit flat and its fp32 copy, alive together
     (stage_1_and_2.py `step`: flatten(averaged_gradients).to(fp32)); replayed best-fit against
-    the backward's largest freed tensor (module docstring)."""
+    the backward's largest freed tensor (module docstring). Ignores: that the step flattens
+    group by group (one flat per ZeRO group, its fp32 copy kept): the rank's whole partition is
+    taken as one flat, an over-count of the 16-bit flat when a framework splits its groups."""
     wb = 4.0 if plan.precision == "fp32" else recipe.weight_bytes
     part = params / plan.layout.zero_shards
     big = largest_freed_tensor(plan, recipe, head)
