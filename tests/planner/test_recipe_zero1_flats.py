@@ -1,6 +1,7 @@
 """DeepSpeed 0.4's ZeRO-1 after the backward (planner/recipes/zero1_flats.py, the
 'deepspeed-0.4' recipe): the bucket and all-gather copies by hand, the best-fit replay's new
-segments, the reservation they add, and the BigScience rows that name the recipe."""
+segments, the reservation they add, and the BigScience rows that name the recipe; the ZeRO-1/2
+step's slice checks (fp32 and fp64 copies of the largest gradient slice) of both recipes."""
 
 from __future__ import annotations
 
@@ -10,9 +11,14 @@ import pytest
 
 from scaletrain.config import ConfigError, Layout
 from scaletrain.planner.recipes.memory import recipe_rank_memory
-from scaletrain.planner.recipes.published import load_runs, parse_runs, recipe_of
+from scaletrain.planner.recipes.published import load_runs, parse_runs, plan_input, recipe_of
 from scaletrain.planner.recipes.registry import RECIPES
-from scaletrain.planner.recipes.zero1_flats import largest_freed_tensor, zero1_flats
+from scaletrain.planner.recipes.zero1_flats import (
+    largest_freed_tensor,
+    step_check_copies,
+    step_segments,
+    zero1_flats,
+)
 
 from .test_recipes import SMALL, _plan
 
@@ -75,7 +81,9 @@ def test_bigscience_rows_name_the_recipe_of_their_deepspeed() -> None:
     runs = load_runs()
     ds = [r for r in runs if r.name.startswith("ds-v100-")]
     assert len(ds) == 27 and all(recipe_of(r) == "deepspeed-0.4" for r in ds)
-    others = [r for r in runs if r.framework == "deepspeed" and r not in ds]
+    bs = [r for r in runs if r.name.startswith("ds-a100-bloom-prequel-02-25-")]
+    assert len(bs) == 23 and all(recipe_of(r) == "deepspeed-bigscience-2022" for r in bs)
+    others = [r for r in runs if r.framework == "deepspeed" and r not in ds + bs]
     assert others and all(recipe_of(r) == "deepspeed" for r in others)
 
 
@@ -94,3 +102,66 @@ def test_unknown_row_recipe_is_refused() -> None:
     }
     with pytest.raises(ConfigError, match="recipe"):
         parse_runs({"runs": [row]})
+
+
+def test_step_check_copies_by_hand() -> None:
+    """The largest slice is the largest parameter, at most the dp partition: 1e6 of 8e6
+    params over dp 4 (partition 2e6) -> fp32 4e6 B then fp64 8e6 B; a 1e7 parameter is cut to
+    the 2e6 partition; under fp32 the overflow check's cast copies nothing."""
+    p = dataclasses.replace(_plan("deepspeed", Layout(dp=4, zero=1)), precision="fp16")
+    assert step_check_copies(p, 1e6, 8e6) == (4e6, 8e6)
+    assert step_check_copies(p, 1e7, 8e6) == (8e6, 1.6e7)
+    p32 = dataclasses.replace(p, precision="fp32")
+    assert step_check_copies(p32, 1e6, 8e6) == (8e6,)
+
+
+def test_step_segments_by_hand() -> None:
+    """SMALL's freed tensors are kilobytes: the fp32 check copy (4e6 B) is a new segment, the
+    fp64 one (8e6 B) does not fit it and is another; the partition's 16-bit flat (2 B x 2e6)
+    and fp32 copy (8e6 B) then take those two cached blocks: 1.2e7 B in all."""
+    p = dataclasses.replace(_plan("deepspeed", Layout(dp=4, zero=1)), precision="fp16")
+    ds = RECIPES["deepspeed"]
+    assert largest_freed_tensor(p, ds, head=False) < 1e6
+    assert step_segments(p, ds, 8e6, False, (4e6, 8e6)) == pytest.approx(1.2e7)
+
+
+def test_step_checks_only_on_the_zero_optimizer_path() -> None:
+    """fp16 at ZeRO-1 and 2 runs DeepSpeedZeroOptimizer (slice checks counted); bf16 at ZeRO-1
+    runs BF16_Optimizer (its norm reads the fp32 partition: no copy), ZeRO-0 and 3 other
+    optimizers: none counted."""
+    ds = RECIPES["deepspeed"]
+    for z, prec, counted in (
+        (1, "fp16", True),
+        (2, "fp16", True),
+        (2, "bf16", True),
+        (1, "bf16", False),
+        (0, "fp16", False),
+        (3, "fp16", False),
+    ):
+        p = dataclasses.replace(_plan("deepspeed", Layout(dp=4, zero=z)), precision=prec)
+        m = recipe_rank_memory(p, ds, 0)
+        assert (m.detail["zero_step.check_copies"] > 0) is counted, (z, prec)
+
+
+def test_bigscience_02_25_row_checks_its_embedding_slice() -> None:
+    """BLOOM's 02-25 topology search, dp 4 tp 8 pp 12 (fp16, ZeRO-1), under its
+    Megatron-DeepSpeed's halved weight-decay group: rank 0's weight matrices are the embedding
+    and 6 layers x (QKV 3h^2, dense h^2, h-to-4h 4h^2, 4h-to-h 4h^2) / 8, 25 in all; the first
+    group holds the embedding and the next 11 (emb + 4 h^2), a quarter of which is the largest
+    slice (under the embedding's 250880 x 14336 / 8). Its 4 + 8 B copies are new segments (a
+    freed activation block is far smaller); the partition's flat and fp32 copy fit them. Under
+    one weight group ('deepspeed') the slice is the whole embedding."""
+    run = next(
+        r
+        for r in load_runs()
+        if r.name == "ds-a100-bloom-prequel-02-25-h14336-l72-a64-dp4-tp8-pp12-mb4-gbs2048"
+    )
+    h, emb = 14336, 250880 * 14336 / 8
+    piece = (emb + 4 * h * h) / 4
+    assert piece < emb
+    bs = recipe_rank_memory(plan_input(run, recipe_of(run)), RECIPES[recipe_of(run)], 0)
+    assert recipe_of(run) == "deepspeed-bigscience-2022"
+    assert bs.detail["zero_step.check_copies"] == pytest.approx(12 * piece)
+    assert bs.detail["zero_step.new_segments"] == pytest.approx(12 * piece)
+    ds = recipe_rank_memory(plan_input(run, "deepspeed"), RECIPES["deepspeed"], 0)
+    assert ds.detail["zero_step.check_copies"] == pytest.approx(12 * emb)

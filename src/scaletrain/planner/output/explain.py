@@ -160,7 +160,9 @@ def _states_and_activations(est: Estimate) -> list[str]:
     add("-- 4. buffers")
     for k, v in mem.buffer_terms.items():
         add(f"   {k:<22} {_mem(v)}")
-    segments = mem.detail.get("zero1.new_segments", 0.0)
+    segments = mem.detail.get("zero1.new_segments", 0.0) + mem.detail.get(
+        "zero_step.new_segments", 0.0
+    )
     plus = " + post-backward segments" if segments else ""
     add(
         f"   total allocated peak {_mem(mem.total)}; reserved (+fragmentation{plus}) "
@@ -297,6 +299,18 @@ def _recipe_states(est: Estimate) -> list[str]:
             f"{fmt_bytes(d['zero1.gather_flats'], digits=2)}; new allocator segments "
             f"{fmt_bytes(d['zero1.new_segments'], digits=2)} (in reserved; "
             f"recipes.zero1_flats) -- {src.get('zero1_flat_buffers', '')}"
+        )
+    if r.zero_step_check_copies and d.get("zero_step.check_copies"):
+        seg = d.get("zero_step.new_segments", 0.0)
+        where = (
+            "in the post-backward segments above"
+            if r.zero1_flat_buffers and d.get("zero1.reduce_flats")
+            else f"new allocator segments {fmt_bytes(seg, digits=2)} (in reserved)"
+        )
+        out.append(
+            f"   [{r.name}] step checks   fp32 + fp64 copies of the largest gradient slice "
+            f"{fmt_bytes(d['zero_step.check_copies'], digits=2)}, one at a time; {where} "
+            f"-- {src.get('zero_step_check_copies', '')}"
         )
     return out + _recipe_defaults(est)
 

@@ -399,6 +399,20 @@ KNOB_DEFAULTS["deepspeed-0.4"] = (
 )
 
 
+# BigScience's Megatron-DeepSpeed of 2022-02 (registry RECIPES["deepspeed-bigscience-2022"]):
+# DeepSpeed's defaults, and the parameter groups its ZeRO partitions
+LAYOUT_DEFAULTS["deepspeed-bigscience-2022"] = LAYOUT_DEFAULTS["deepspeed"]
+KNOB_DEFAULTS["deepspeed-bigscience-2022"] = (
+    *KNOB_DEFAULTS["deepspeed"],
+    Knob(
+        "optimizer parameter groups",
+        "the weight-decay group split in two by count, the no-weight-decay group",
+        "bigscience-workshop/Megatron-DeepSpeed megatron/optimizer/__init__.py "
+        "_get_params_for_weight_decay_optimization (541b967f)",
+    ),
+)
+
+
 @dataclass(frozen=True)
 class Assumed:
     """What `apply_defaults` returns: the layout and AC mode with the defaults filled in, and

@@ -22,6 +22,11 @@ Peak model (every rank that can be the worst is evaluated; the worst by reserved
   DeepSpeed 0.4's ZeRO-1 (Recipe.zero1_flat_buffers) adds its reduction phase (states + the
     bucket copies) to the max and the new segments its post-backward copies cost to the
     reservation (recipes.zero1_flats).
+  DeepSpeed's ZeRO-1/2 optimizer step (Recipe.zero_step_check_copies; not BF16_Optimizer, not
+    ZeRO-3, no optimizer offload) copies its largest gradient slice to fp32 (overflow check)
+    and fp64 (norm), one slice at a time, then flattens the partition and casts it to fp32:
+    what no block the backward freed can hold is new segments on top of the forward/backward's
+    reservation (recipes.zero1_flats.step_check_copies, step_segments).
 DeepSpeed's BF16_Optimizer (`bf16_optimizer_runs`: Recipe.bf16_optimizer, bf16 at ZeRO-1):
   gradients = the bf16 .grad of every parameter + an unsharded fp32 accumulation buffer
     (4 B x the rank's parameters, on every dp rank); the step's temporaries = the gradient
@@ -68,7 +73,7 @@ from .activations import naive_attention_backward_temp, recipe_head_bytes, recip
 from .registry import recipe_named
 from .schema import Recipe
 from .stages import recipe_stage_layers, recipe_stages
-from .zero1_flats import zero1_flats
+from .zero1_flats import step_check_copies, step_segments, zero1_flats
 
 __all__ = [
     "bf16_optimizer_runs",
@@ -230,6 +235,44 @@ def _largest_module(plan: PlanInput) -> float:
     m, t = plan.model, plan.layout.tp
     f_in = 2 * m.ffn_dim if m.gated_mlp else m.ffn_dim
     return max(m.dim * (m.dim + 2 * m.kv_dim), m.dim * f_in, m.vocab_size * m.dim) / t
+
+
+def _rank_largest_param(plan: PlanInput, rp: RecipeRankParams, first: bool, layers: int) -> float:
+    """The largest single parameter of a pipeline rank per tp rank: a layer's fused QKV or MLP
+    input projection (`_largest_module` without the vocabulary), the word embedding on the
+    first rank, the head (or the tied embedding's copy) on the head's rank."""
+    m, t = plan.model, plan.layout.tp
+    f_in = 2 * m.ffn_dim if m.gated_mlp else m.ffn_dim
+    layer = max(m.dim * (m.dim + 2 * m.kv_dim), m.dim * f_in) / t if layers else 0.0
+    emb = m.param_counts().embedding / t if first else 0.0
+    return max(layer, emb, rp.head)
+
+
+def _largest_slice(
+    plan: PlanInput, recipe: Recipe, rp: RecipeRankParams, first: bool, layers: int
+) -> tuple[float, float]:
+    """(the parameter with the largest dp slice on a pipeline rank, the parameters of its ZeRO
+    group). One weight group per rank (the rank's parameters) unless Recipe.wd_group_halved:
+    then the rank's weight matrices in module order (the word embedding first on the first
+    rank; each layer's QKV, attention output, MLP input and output projections; the tied head
+    last) are cut in two groups at count // 2 (bigscience-workshop/Megatron-DeepSpeed
+    megatron/optimizer/__init__.py _get_params_for_weight_decay_optimization, 541b967f), and a
+    parameter's slice is at most its group's dp partition."""
+    largest = _rank_largest_param(plan, rp, first, layers)
+    if not recipe.wd_group_halved:
+        return largest, rp.params
+    m, t = plan.model, plan.layout.tp
+    f_in = 2 * m.ffn_dim if m.gated_mlp else m.ffn_dim
+    layer = [m.dim * (m.dim + 2 * m.kv_dim), m.q_dim * m.dim, m.dim * f_in, m.ffn_dim * m.dim]
+    emb = [m.param_counts().embedding / t] if first else []
+    seq = emb + [x / t for x in layer] * layers + ([rp.head] if rp.head else [])
+    if not seq:
+        return largest, rp.params
+    half = len(seq) // 2
+    groups = (sum(seq[:half]), sum(seq[half:]))
+    n = plan.layout.zero_shards
+    best = max(range(len(seq)), key=lambda i: min(seq[i], groups[i >= half] / n))
+    return seq[best], groups[best >= half]
 
 
 def recipe_states(plan: PlanInput, recipe: Recipe, P: float) -> RecipeStates:
@@ -415,14 +458,34 @@ def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBrea
         # the ZeRO-1 parameter all-gather through flattened copies (Recipe.zero1_gather_flat
         # _copies): the rank's updated shard and one flat buffer per dp rank, P weights in all
         step_tmp += (weights / P if P else 0.0) * P * (1.0 + 1.0 / N)
-    step = states + step_tmp + buffers - rs
+    checks: tuple[float, ...] = ()
+    if (
+        recipe.zero_step_check_copies
+        and z in (1, 2)
+        and not bf16_optimizer_runs(plan, recipe)
+        and not offloaded
+    ):
+        # the step's fp32 and fp64 copies of its largest gradient slice, one at a time
+        # (recipes.zero1_flats.step_check_copies)
+        checks = step_check_copies(plan, *_largest_slice(plan, recipe, rp, first, layers))
+    # the slice checks come before the step's flat and fp32 copy, one at a time
+    step = states + max([step_tmp, *checks]) + buffers - rs
     # the end of a micro-batch's backward (Recipe.param_grads_until_backward_end): the 16-bit
     # .grad of every parameter of the rank, the other in-flight micro-batches' activations
     grads_end = e * P if recipe.param_grads_until_backward_end and not fp32 else 0.0
     end_bwd = states + buffers - rs + grads_end + max(0.0, inflight - 1) * layers * per_layer
     total = max(fwdbwd, step, end_bwd if grads_end else 0.0)
     reserved = total + recipe.fragmentation * (total - ctx)
-    flats = zero1_flats(plan, recipe, P, last) if recipe.zero1_flat_buffers and z == 1 else None
+    flats = (
+        zero1_flats(plan, recipe, P, last, checks) if recipe.zero1_flat_buffers and z == 1 else None
+    )
+    step_segs = 0.0
+    if checks and flats is None:
+        # copies no block the backward freed can hold are new segments on top of the
+        # forward/backward's reservation (recipes.zero1_flats.step_segments)
+        step_segs = step_segments(plan, recipe, P, last, checks)
+        fb_reserved = fwdbwd + recipe.fragmentation * (fwdbwd - ctx)
+        reserved = max(reserved, fb_reserved + step_segs)
     if flats is not None:
         # DeepSpeed 0.4's ZeRO-1 after the backward (recipes.zero1_flats): the reduction's
         # bucket copies beside the states and the pipeline's output buffers; the copies that
@@ -460,6 +523,8 @@ def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBrea
             "zero1.reduce_flats": sum(flats.reduce_flats) if flats else 0.0,
             "zero1.gather_flats": sum(flats.gather_flats) if flats else 0.0,
             "zero1.new_segments": flats.segments if flats else 0.0,
+            "zero_step.check_copies": sum(checks),
+            "zero_step.new_segments": step_segs,
             "params.count": P,
             "pipeline_rank": rank,
         },

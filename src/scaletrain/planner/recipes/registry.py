@@ -12,6 +12,8 @@ recipes (Megatron-LM's and NeMo's are defined in `megatron.py`); the `Recipe` da
 (its fields and what each means) and the constants the recipes share are `schema.py`.
 `deepspeed-0.4` is DeepSpeed as it was in 2021 (the big-science branch, 0.4.2, under torch 1.x):
 today's `deepspeed` but for ZeRO-1's post-backward copies (`zero1_flats.py`).
+`deepspeed-bigscience-2022` is `deepspeed` under BigScience's Megatron-DeepSpeed of February
+2022, whose weight-decay group was split in two (Recipe.wd_group_halved).
 
 Torch-free. Sources were read at these public repositories: NVIDIA/Megatron-LM (megatron/core,
 megatron/training), microsoft/DeepSpeed (deepspeed/runtime), pytorch/torchtitan (torchtitan/,
@@ -99,6 +101,7 @@ RECIPES: dict[str, Recipe] = {
         grad_bytes=2,
         grad_buffer_full_under_zero1=True,
         shards_master=True,
+        zero_step_check_copies=True,
         step_grad_fp32_copy=True,
         autocast_weight_copy=False,
         zero_stages=(0, 1, 2, 3),
@@ -180,6 +183,12 @@ RECIPES: dict[str, Recipe] = {
             "18 x P / N",
             "step_grad_fp32_copy": "stage_1_and_2.py step(): single_grad_partition is the "
             "rank's gradient converted to the fp32 master dtype",
+            "zero_step_check_copies": "stage_1_and_2.py step(): check_overflow -> "
+            "has_overflow_partitioned_grads_serial -> _has_inf_or_nan (x.float() of each "
+            "gradient slice of the partition) and get_grad_norm_direct (g.data.double() of "
+            "each slice), one slice at a time; read at 2151c787a (2022-02-18, 0.6.0, master "
+            "on 2022-02-25), c7f3bc51c (big-science, 0.4.2, stage2.py) and 38327e07f "
+            "(recipes.zero1_flats.step_check_copies)",
             "ddp_bucket": "deepspeed/runtime/zero/config.py DeepSpeedZeroConfig: "
             "reduce_bucket_size default 5e8 elements, allgather_bucket_size "
             "5e8; stage_1_and_2.py ipg_buffer in the param dtype (contiguous"
@@ -609,6 +618,24 @@ RECIPES["deepspeed-0.4"] = dataclasses.replace(
         "(recordStream of the input) and allgather (flatten_for_scatter_gather -> newLikeFlat); "
         "c10/cuda/CUDACachingAllocator.cpp header (best fit, else cudaMalloc; a recorded "
         "block is not reused before its stream's work completes; segments never merged)",
+    },
+)
+
+
+_BS22 = "bigscience-workshop/Megatron-DeepSpeed"
+RECIPES["deepspeed-bigscience-2022"] = dataclasses.replace(
+    _DS,
+    name="deepspeed-bigscience-2022",
+    framework="DeepSpeed 0.6 (master of 2022-02) under BigScience's Megatron-DeepSpeed of 2022-02",
+    wd_group_halved=True,
+    sources={
+        **_DS.sources,
+        "wd_group_halved": f"{_BS22} megatron/optimizer/__init__.py "
+        "_get_params_for_weight_decay_optimization: the weight-decay params list split at "
+        "param_count // 2 into two groups ('temp hack to workaround the crash in apex "
+        "FusedAdam's multi_tensor_applier', 541b967f, 2022-02-17; at ae6277f5, the branch on "
+        "2022-02-25); microsoft/DeepSpeed 2151c787a zero/stage_1_and_2.py partitions each "
+        "param group over dp (recipes.zero1_flats.step_check_copies)",
     },
 )
 

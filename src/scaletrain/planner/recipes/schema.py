@@ -198,6 +198,17 @@ class Recipe:
     all-gather of the updated weights goes through a flat dp x shard copy per shard, the copies
     of one phase alive together; what the activations freed cannot hold becomes new
     caching-allocator segments that stay reserved (recipes.zero1_flats)."""
+    zero_step_check_copies: bool = False
+    """The ZeRO-1/2 optimizer's step (not BF16_Optimizer, not ZeRO-3) checks each gradient
+    slice of the rank's dp partition one at a time: an fp32 copy for the overflow check, then
+    an fp64 copy for the gradient norm. The largest slice (the largest parameter, at most the
+    partition) sets their size; a copy larger than every block the backward freed is a new
+    caching-allocator segment that stays reserved (recipes.zero1_flats.step_check_copies)."""
+    wd_group_halved: bool = False
+    """The optimizer's weight-decay parameter group is split in two by parameter count
+    (BigScience's Megatron-DeepSpeed of 2022, an apex FusedAdam workaround): ZeRO partitions
+    each group over dp, so a parameter's slice is at most its group's partition - the first
+    rank's word embedding heads the first half of the rank's weight matrices."""
     zero3_module_fetch: bool = False
     """ZeRO-3 gathers each leaf module's parameters with a collective of its own (prefetching
     one module ahead) and reduce-scatters the gradients from a fixed bucket every micro-batch,
