@@ -31,6 +31,7 @@ GENERATION = {
     "h100-pcie": "Hopper",
     "h200": "Hopper (H200)",
     "mi300x": "CDNA3 (AMD)",
+    "b200": "Blackwell",
 }
 """GPU generations; H200 counted apart from H100 only for its memory (same Hopper SMs)."""
 
