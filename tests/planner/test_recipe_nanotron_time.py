@@ -191,6 +191,29 @@ def test_tied_embedding_gradient_all_reduced_across_stages_after_the_backward() 
     assert "pp_tied_allreduce" not in _step(p, recipe_named("megatron")).comm
 
 
+def test_single_hardware_queue_leaves_the_ddp_all_reduce_exposed() -> None:
+    """CUDA_DEVICE_MAX_CONNECTIONS=1 (Recipe.single_hw_queue): at ZeRO-0 the DDP buckets'
+    all-reduce runs on the critical path whole (the backward kernels queued behind it wait),
+    with the same bytes and seconds; without the field the backward hides it but the last
+    bucket; ZeRO-1 (already after the backward) and dp 1 are unchanged. A model whose fp32
+    gradient spans several 25 MiB buckets (TINY's fits in the last one, exposed anyway)."""
+    r = recipe_named("nanotron")
+    assert r.single_hw_queue
+    free = _without(r, single_hw_queue=False)
+    big = dataclasses.replace(TINY, dim=1024, num_layers=8, ffn_dim=4096, vocab_size=32000)
+    p = dataclasses.replace(_plan(Layout(dp=4, tp=2, sp=True), gb=8), model=big)
+    on, off = _step(p, r), _step(p, free)
+    assert on.comm["dp_allreduce"] == pytest.approx(off.comm["dp_allreduce"])
+    t = on.comm["dp_allreduce"][1]
+    assert off.exposed_s < on.exposed_s
+    assert on.exposed_s - off.exposed_s <= t
+    assert on.exposed_s >= t
+    z1 = dataclasses.replace(_plan(Layout(dp=4, tp=2, sp=True, zero=1), gb=8), model=big)
+    assert _step(z1, r).exposed_s == pytest.approx(_step(z1, free).exposed_s)
+    one = _plan(Layout(dp=1, tp=2, sp=True), gb=8)
+    assert _step(one, r).exposed_s == pytest.approx(_step(one, free).exposed_s)
+
+
 def test_fp32_accumulation_pass_after_every_micro_batch() -> None:
     """FP32GradientAccumulator.backward adds each 16-bit grad into the fp32 buffer after the
     backward: 10 B per parameter of the rank per micro-batch over the memory bandwidth, in the

@@ -359,6 +359,7 @@ RECIPES: dict[str, Recipe] = {
         loss_casts_logits=True,
         zero1_gather_flat_copies=True,
         tp_comm="async_linears",
+        single_hw_queue=True,
         zero1_grad_sync="allreduce_after_backward",
         tied_grad_sync="allreduce_after_backward",
         grad_accum_pass_bytes=10.0,
@@ -375,6 +376,16 @@ RECIPES: dict[str, Recipe] = {
             "TensorParallelEmbedding (reduce-scatter forward) (time/recipe_terms.py); "
             "parallel/utils.py MemoryBuffer keeps 'allgather' and 'allgather2' (the row "
             "linears' backward) alive between uses",
+            "single_hw_queue": "run_multinode.sh (branch nouamane/bench2, 67c5ebb6, the "
+            "benchmark launcher c252843's scripts/scaling_benchmarks.py drives): export "
+            "CUDA_DEVICE_MAX_CONNECTIONS=1 (functional.py _ColumnLinearAsyncCommunication is "
+            "decorated @assert_cuda_max_connections_set_to_1); its base config "
+            "(examples/config_tiny_llama_bench.yaml there) zero_stage 0 -> trainer.py DDP with "
+            "optim/gradient_accumulator.py get_fp32_accum_hook, whose per-bucket "
+            "dist.all_reduce_coalesced(async_op=True) then waits in the one hardware queue "
+            "(NVIDIA/Megatron-LM issue #1468: --overlap-grad-reduce overlaps nothing at "
+            "CUDA_DEVICE_MAX_CONNECTIONS=1, traces at TP 1 DP 64; alibaba/Megatron-LLaMA "
+            "issues #26, #43; NVIDIA/apex PR #1544)",
             "zero1_grad_sync": "src/nanotron/trainer.py _init_model: make_ddp = dp > 1 and not "
             "(accumulate_grad_in_fp32 and zero_stage > 0); training_step: "
             "sync_gradients_across_dp(reduce_scatter=False) after "

@@ -222,6 +222,19 @@ class Recipe:
     all-reduce of the tied weight's gradient buffer (grad_bytes per element, its 1/tp vocab
     shard) between the first and the last stage once the pipeline engine returns, nothing left
     to hide it (time.recipe_terms.recipe_comm; Nanotron's sync_tied_weights_gradients)."""
+    single_hw_queue: bool = False
+    """Time model: the framework's launcher sets CUDA_DEVICE_MAX_CONNECTIONS=1 (one hardware
+    work queue per device, kernels start in launch order whatever their stream: what its
+    tensor-parallel linears rely on to start a collective before the GEMM it hides behind), so
+    a data-parallel gradient reduction launched during the backward holds back the backward
+    kernels queued after it instead of running beside them: the ZeRO-0 / DDP all-reduce is
+    charged whole (time.recipe_terms.recipe_exposed). Sources: NVIDIA/Megatron-LM issue #1468
+    (2025-03-11: traces of an 8B model at TP 1, DP 64, --overlap-grad-reduce overlapping
+    nothing with the variable at 1 and overlapping once it is unset); alibaba/Megatron-LLaMA
+    issues #26 and #43 (2023: with the variable at 1, kernels on other streams wait for the
+    DP communication to finish; the DP reduce-scatter needs it > 1 to overlap the backward);
+    NVIDIA/apex PR #1544 (2022: poor overlap of backward compute and gradient reduce-scatters
+    under CUDA_DEVICE_MAX_CONNECTIONS=1)."""
     cp_ring: CPRing = "p2p"
     """Time model: how ring attention runs under context parallelism. 'p2p': cp-1 K/V block
     sends each way, hidden behind the attention core (comm._cp_term); 'torch_allgather':
