@@ -234,7 +234,10 @@ class Recipe:
     issues #26 and #43 (2023: with the variable at 1, kernels on other streams wait for the
     DP communication to finish; the DP reduce-scatter needs it > 1 to overlap the backward);
     NVIDIA/apex PR #1544 (2022: poor overlap of backward compute and gradient reduce-scatters
-    under CUDA_DEVICE_MAX_CONNECTIONS=1)."""
+    under CUDA_DEVICE_MAX_CONNECTIONS=1); verl-project/verl PR #6976 (2026: FSDP2's prefetch
+    and compute serial at 1, traces with the variable at 1 and unset). Ignores: the part of a
+    reduction that does run beside compute (NVIDIA/Megatron-LM issue #636 sees some overlap
+    and some blocking at 1)."""
     cp_ring: CPRing = "p2p"
     """Time model: how ring attention runs under context parallelism. 'p2p': cp-1 K/V block
     sends each way, hidden behind the attention core (comm._cp_term); 'torch_allgather':
