@@ -225,6 +225,21 @@ def test_fp32_accumulation_pass_after_every_micro_batch() -> None:
     assert on.compute_s - off.compute_s == pytest.approx(4 * 10 * P / p.hardware.memory_bw)
 
 
+def test_ddp_hook_adds_the_sync_micro_batch_grads_once_more() -> None:
+    """ZeRO-0, dp 2: get_fp32_accum_hook adds the 16-bit grads into the fp32 buffer and
+    _accumulate_grad adds them again after the backward (never an accumulation sync step):
+    one extra 10 B per parameter pass per step; none at dp 1 or ZeRO-1."""
+    r = recipe_named("nanotron")
+    off = _without(r, ddp_hook_accumulates=False)
+    p = _plan(Layout(dp=2), gb=8)
+    _, P = recipe_worst_rank(p)
+    diff = _step(p, r).compute_s - _step(p, off).compute_s
+    assert diff == pytest.approx(10 * P / p.hardware.memory_bw)
+    for lay in (Layout(dp=1), Layout(dp=2, zero=1)):
+        q = _plan(lay, gb=8)
+        assert _step(q, r).compute_s == pytest.approx(_step(q, off).compute_s)
+
+
 def test_post_backward_passes_by_hand() -> None:
     """clip_grad_norm over every fp32 grad (4 + 8) and zero_grad (4): 16 B per parameter of the
     rank; the fp32 -> bf16 copy 6 B per updated parameter (1/dp under ZeRO-1); ZeRO-1's

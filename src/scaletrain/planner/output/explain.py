@@ -436,6 +436,12 @@ def _recipe_mechanisms(est: Estimate, r: Recipe) -> str:
             f"parameter per micro-batch over memory bandwidth "
             f"({r.sources.get('grad_accum_pass_bytes', '')})"
         )
+        if r.ddp_hook_accumulates and L.zero == 0 and L.dp > 1:
+            out += (
+                f"\n   [{r.name}] ZeRO-0 DDP hook: the sync micro-batch's grads added to the "
+                f"fp32 buffer once more, one more pass per step "
+                f"({r.sources.get('ddp_hook_accumulates', '')})"
+            )
     if r.post_backward_pass_bytes or r.master_copy_bytes:
         out += (
             f"\n   [{r.name}] after the backward: {r.post_backward_pass_bytes:g} B per "

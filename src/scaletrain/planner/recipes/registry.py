@@ -363,6 +363,7 @@ RECIPES: dict[str, Recipe] = {
         zero1_grad_sync="allreduce_after_backward",
         tied_grad_sync="allreduce_after_backward",
         grad_accum_pass_bytes=10.0,
+        ddp_hook_accumulates=True,
         post_backward_pass_bytes=16.0,
         master_copy_bytes=6.0,
         sources={
@@ -409,6 +410,11 @@ RECIPES: dict[str, Recipe] = {
             "parameter: fp32_grad.add_(half_param.grad) (read 2 + 4, write 4 bytes); "
             "parallel/pipeline_parallel/engine.py PipelineEngine.backward calls it for "
             "every micro-batch",
+            "ddp_hook_accumulates": "src/nanotron/optim/gradient_accumulator.py "
+            "get_fp32_accum_hook: fp32_grad_buffer.add_(grad) for each parameter of the bucket "
+            "before its all-reduce; FP32GradientAccumulator._accumulate_grad adds "
+            "half_param.grad again while _is_accumulation_sync_step is False (__init__ sets "
+            "it False, no_sync restores the old value): two adds at ZeRO-0's sync micro-batch",
             "post_backward_pass_bytes": "src/nanotron/optim/clip_grads.py clip_grad_norm "
             "(examples/config_tiny_llama.yaml clip_grad 1.0): vector_norm of every fp32 "
             "grad buffer (4) and mul_ in place (4 + 4); gradient_accumulator.py zero_grad: "

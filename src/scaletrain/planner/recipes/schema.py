@@ -251,6 +251,14 @@ class Recipe:
     """Time model: bytes per parameter of the rank that a pass after every micro-batch's
     backward moves, adding each 16-bit .grad into the fp32 accumulation buffer (read 2 + 4,
     write 4: Nanotron's FP32GradientAccumulator.backward); on the critical path."""
+    ddp_hook_accumulates: bool = False
+    """Time model: at ZeRO-0 with dp > 1 the DDP communication hook adds each bucket's 16-bit
+    gradients into the fp32 buffer during the last micro-batch's backward and the pass after
+    that backward (grad_accum_pass_bytes) adds them again: one more such pass per step
+    (Nanotron c252843 optim/gradient_accumulator.py: get_fp32_accum_hook's
+    fp32_grad_buffer.add_(grad) per parameter, and _accumulate_grad's fp32_grad.add_ runs
+    whenever _is_accumulation_sync_step is False, which __init__ sets and no_sync restores:
+    it is never True)."""
     post_backward_pass_bytes: float = 0.0
     """Time model: bytes per parameter of the rank that the memory-bound passes between the
     gradient sync and the next step move over every fp32 gradient (Nanotron: clip_grad_norm's
