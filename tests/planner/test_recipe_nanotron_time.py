@@ -191,6 +191,29 @@ def test_tied_embedding_gradient_all_reduced_across_stages_after_the_backward() 
     assert "pp_tied_allreduce" not in _step(p, recipe_named("megatron")).comm
 
 
+def test_single_hardware_queue_leaves_the_ddp_all_reduce_exposed() -> None:
+    """CUDA_DEVICE_MAX_CONNECTIONS=1 (Recipe.single_hw_queue): at ZeRO-0 the DDP buckets'
+    all-reduce runs on the critical path whole (the backward kernels queued behind it wait),
+    with the same bytes and seconds; without the field the backward hides it but the last
+    bucket; ZeRO-1 (already after the backward) and dp 1 are unchanged. A model whose fp32
+    gradient spans several 25 MiB buckets (TINY's fits in the last one, exposed anyway)."""
+    r = recipe_named("nanotron")
+    assert r.single_hw_queue
+    free = _without(r, single_hw_queue=False)
+    big = dataclasses.replace(TINY, dim=1024, num_layers=8, ffn_dim=4096, vocab_size=32000)
+    p = dataclasses.replace(_plan(Layout(dp=4, tp=2, sp=True), gb=8), model=big)
+    on, off = _step(p, r), _step(p, free)
+    assert on.comm["dp_allreduce"] == pytest.approx(off.comm["dp_allreduce"])
+    t = on.comm["dp_allreduce"][1]
+    assert off.exposed_s < on.exposed_s
+    assert on.exposed_s - off.exposed_s <= t
+    assert on.exposed_s >= t
+    z1 = dataclasses.replace(_plan(Layout(dp=4, tp=2, sp=True, zero=1), gb=8), model=big)
+    assert _step(z1, r).exposed_s == pytest.approx(_step(z1, free).exposed_s)
+    one = _plan(Layout(dp=1, tp=2, sp=True), gb=8)
+    assert _step(one, r).exposed_s == pytest.approx(_step(one, free).exposed_s)
+
+
 def test_fp32_accumulation_pass_after_every_micro_batch() -> None:
     """FP32GradientAccumulator.backward adds each 16-bit grad into the fp32 buffer after the
     backward: 10 B per parameter of the rank per micro-batch over the memory bandwidth, in the
@@ -200,6 +223,21 @@ def test_fp32_accumulation_pass_after_every_micro_batch() -> None:
     _, P = recipe_worst_rank(p)
     on, off = _step(p, r), _step(p, _without(r, grad_accum_pass_bytes=0.0))
     assert on.compute_s - off.compute_s == pytest.approx(4 * 10 * P / p.hardware.memory_bw)
+
+
+def test_ddp_hook_adds_the_sync_micro_batch_grads_once_more() -> None:
+    """ZeRO-0, dp 2: get_fp32_accum_hook adds the 16-bit grads into the fp32 buffer and
+    _accumulate_grad adds them again after the backward (never an accumulation sync step):
+    one extra 10 B per parameter pass per step; none at dp 1 or ZeRO-1."""
+    r = recipe_named("nanotron")
+    off = _without(r, ddp_hook_accumulates=False)
+    p = _plan(Layout(dp=2), gb=8)
+    _, P = recipe_worst_rank(p)
+    diff = _step(p, r).compute_s - _step(p, off).compute_s
+    assert diff == pytest.approx(10 * P / p.hardware.memory_bw)
+    for lay in (Layout(dp=1), Layout(dp=2, zero=1)):
+        q = _plan(lay, gb=8)
+        assert _step(q, r).compute_s == pytest.approx(_step(q, off).compute_s)
 
 
 def test_post_backward_passes_by_hand() -> None:

@@ -423,6 +423,13 @@ def _recipe_mechanisms(est: Estimate, r: Recipe) -> str:
             f"\n   [{r.name}] ZeRO-1 gradients: one fp32 all-reduce after the backward, "
             f"exposed ({terms['dp_allreduce']:.3g} s; {r.sources.get('zero1_grad_sync', '')})"
         )
+    if r.single_hw_queue and L.zero == 0 and L.dp > 1 and "dp_allreduce" in terms:
+        out += (
+            f"\n   [{r.name}] CUDA_DEVICE_MAX_CONNECTIONS=1: the DDP gradient all-reduce "
+            f"launched during the backward holds back the kernels queued behind it, exposed "
+            f"({terms['dp_allreduce']:.3g} s; time.recipe_terms.recipe_exposed; "
+            f"{r.sources.get('single_hw_queue', '')})"
+        )
     if "pp_tied_allreduce" in terms:
         out += (
             f"\n   [{r.name}] tied embedding and head on pipeline stages 0 and {L.pp - 1}: one "
@@ -443,6 +450,12 @@ def _recipe_mechanisms(est: Estimate, r: Recipe) -> str:
             f"parameter per micro-batch over memory bandwidth "
             f"({r.sources.get('grad_accum_pass_bytes', '')})"
         )
+        if r.ddp_hook_accumulates and L.zero == 0 and L.dp > 1:
+            out += (
+                f"\n   [{r.name}] ZeRO-0 DDP hook: the sync micro-batch's grads added to the "
+                f"fp32 buffer once more, one more pass per step "
+                f"({r.sources.get('ddp_hook_accumulates', '')})"
+            )
     if r.post_backward_pass_bytes or r.master_copy_bytes:
         out += (
             f"\n   [{r.name}] after the backward: {r.post_backward_pass_bytes:g} B per "

@@ -368,9 +368,11 @@ RECIPES: dict[str, Recipe] = {
         loss_casts_logits=True,
         zero1_gather_flat_copies=True,
         tp_comm="async_linears",
+        single_hw_queue=True,
         zero1_grad_sync="allreduce_after_backward",
         tied_grad_sync="allreduce_after_backward",
         grad_accum_pass_bytes=10.0,
+        ddp_hook_accumulates=True,
         post_backward_pass_bytes=16.0,
         master_copy_bytes=6.0,
         sources={
@@ -384,6 +386,16 @@ RECIPES: dict[str, Recipe] = {
             "TensorParallelEmbedding (reduce-scatter forward) (time/recipe_terms.py); "
             "parallel/utils.py MemoryBuffer keeps 'allgather' and 'allgather2' (the row "
             "linears' backward) alive between uses",
+            "single_hw_queue": "run_multinode.sh (branch nouamane/bench2, 67c5ebb6, the "
+            "benchmark launcher c252843's scripts/scaling_benchmarks.py drives): export "
+            "CUDA_DEVICE_MAX_CONNECTIONS=1 (functional.py _ColumnLinearAsyncCommunication is "
+            "decorated @assert_cuda_max_connections_set_to_1); its base config "
+            "(examples/config_tiny_llama_bench.yaml there) zero_stage 0 -> trainer.py DDP with "
+            "optim/gradient_accumulator.py get_fp32_accum_hook, whose per-bucket "
+            "dist.all_reduce_coalesced(async_op=True) then waits in the one hardware queue "
+            "(NVIDIA/Megatron-LM issue #1468: --overlap-grad-reduce overlaps nothing at "
+            "CUDA_DEVICE_MAX_CONNECTIONS=1, traces at TP 1 DP 64; alibaba/Megatron-LLaMA "
+            "issues #26, #43; NVIDIA/apex PR #1544)",
             "zero1_grad_sync": "src/nanotron/trainer.py _init_model: make_ddp = dp > 1 and not "
             "(accumulate_grad_in_fp32 and zero_stage > 0); training_step: "
             "sync_gradients_across_dp(reduce_scatter=False) after "
@@ -407,6 +419,11 @@ RECIPES: dict[str, Recipe] = {
             "parameter: fp32_grad.add_(half_param.grad) (read 2 + 4, write 4 bytes); "
             "parallel/pipeline_parallel/engine.py PipelineEngine.backward calls it for "
             "every micro-batch",
+            "ddp_hook_accumulates": "src/nanotron/optim/gradient_accumulator.py "
+            "get_fp32_accum_hook: fp32_grad_buffer.add_(grad) for each parameter of the bucket "
+            "before its all-reduce; FP32GradientAccumulator._accumulate_grad adds "
+            "half_param.grad again while _is_accumulation_sync_step is False (__init__ sets "
+            "it False, no_sync restores the old value): two adds at ZeRO-0's sync micro-batch",
             "post_backward_pass_bytes": "src/nanotron/optim/clip_grads.py clip_grad_norm "
             "(examples/config_tiny_llama.yaml clip_grad 1.0): vector_norm of every fp32 "
             "grad buffer (4) and mul_ in place (4 + 4); gradient_accumulator.py zero_grad: "

@@ -233,6 +233,22 @@ class Recipe:
     all-reduce of the tied weight's gradient buffer (grad_bytes per element, its 1/tp vocab
     shard) between the first and the last stage once the pipeline engine returns, nothing left
     to hide it (time.recipe_terms.recipe_comm; Nanotron's sync_tied_weights_gradients)."""
+    single_hw_queue: bool = False
+    """Time model: the framework's launcher sets CUDA_DEVICE_MAX_CONNECTIONS=1 (one hardware
+    work queue per device, kernels start in launch order whatever their stream: what its
+    tensor-parallel linears rely on to start a collective before the GEMM it hides behind), so
+    a data-parallel gradient reduction launched during the backward holds back the backward
+    kernels queued after it instead of running beside them: the ZeRO-0 / DDP all-reduce is
+    charged whole (time.recipe_terms.recipe_exposed). Sources: NVIDIA/Megatron-LM issue #1468
+    (2025-03-11: traces of an 8B model at TP 1, DP 64, --overlap-grad-reduce overlapping
+    nothing with the variable at 1 and overlapping once it is unset); alibaba/Megatron-LLaMA
+    issues #26 and #43 (2023: with the variable at 1, kernels on other streams wait for the
+    DP communication to finish; the DP reduce-scatter needs it > 1 to overlap the backward);
+    NVIDIA/apex PR #1544 (2022: poor overlap of backward compute and gradient reduce-scatters
+    under CUDA_DEVICE_MAX_CONNECTIONS=1); verl-project/verl PR #6976 (2026: FSDP2's prefetch
+    and compute serial at 1, traces with the variable at 1 and unset). Ignores: the part of a
+    reduction that does run beside compute (NVIDIA/Megatron-LM issue #636 sees some overlap
+    and some blocking at 1)."""
     cp_ring: CPRing = "p2p"
     """Time model: how ring attention runs under context parallelism. 'p2p': cp-1 K/V block
     sends each way, hidden behind the attention core (comm._cp_term); 'torch_allgather':
@@ -246,6 +262,14 @@ class Recipe:
     """Time model: bytes per parameter of the rank that a pass after every micro-batch's
     backward moves, adding each 16-bit .grad into the fp32 accumulation buffer (read 2 + 4,
     write 4: Nanotron's FP32GradientAccumulator.backward); on the critical path."""
+    ddp_hook_accumulates: bool = False
+    """Time model: at ZeRO-0 with dp > 1 the DDP communication hook adds each bucket's 16-bit
+    gradients into the fp32 buffer during the last micro-batch's backward and the pass after
+    that backward (grad_accum_pass_bytes) adds them again: one more such pass per step
+    (Nanotron c252843 optim/gradient_accumulator.py: get_fp32_accum_hook's
+    fp32_grad_buffer.add_(grad) per parameter, and _accumulate_grad's fp32_grad.add_ runs
+    whenever _is_accumulation_sync_step is False, which __init__ sets and no_sync restores:
+    it is never True)."""
     post_backward_pass_bytes: float = 0.0
     """Time model: bytes per parameter of the rank that the memory-bound passes between the
     gradient sync and the next step move over every fp32 gradient (Nanotron: clip_grad_norm's

@@ -304,6 +304,15 @@ def recipe_exposed(
     - dp_allreduce under Recipe.zero1_grad_sync 'allreduce_after_backward' at ZeRO-1: all of
       it (trainer.py DistributedTrainer.training_step calls sync_gradients_across_dp once
       pipeline_engine.train_batch_iter has returned: no backward left to hide it);
+    - dp_allreduce at ZeRO-0 under Recipe.single_hw_queue (CUDA_DEVICE_MAX_CONNECTIONS=1 in
+      the framework's launcher): all of it. The DDP buckets' all-reduces are launched during
+      the backward (Nanotron: optim/gradient_accumulator.py get_fp32_accum_hook ->
+      dist.all_reduce_coalesced of the bucket's fp32 buffers, async_op=True), but with one
+      hardware queue the backward kernels queued behind a bucket's collective wait for it
+      (Recipe.single_hw_queue's sources: NVIDIA/Megatron-LM issue #1468's traces, DP 64,
+      nothing overlapped with the variable at 1); the bucketed bytes and latency stay
+      recipe_comm's. Ignores: the share of a collective that does start beside compute (the
+      traces show none);
     - cp_ring under Recipe.cp_ring 'torch_allgather': `cp_ring.torch_ring_terms` replaces
       comm._cp_term's bytes and seconds; its waits (the K/V all-gather past the first
       sub-SDPA, the dK/dV sends past one sub-SDPA backward, the last send) sit inside each
@@ -342,5 +351,7 @@ def recipe_exposed(
         and L.zero == 1
         and "dp_allreduce" in comm
     ):
+        out["dp_allreduce"] = comm["dp_allreduce"][1]
+    if recipe.single_hw_queue and L.zero == 0 and L.dp > 1 and "dp_allreduce" in comm:
         out["dp_allreduce"] = comm["dp_allreduce"][1]
     return out

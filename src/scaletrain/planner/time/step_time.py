@@ -392,7 +392,8 @@ def _compute_side(
     `config.layout.expert_tp`): every tp rank runs them on the same (gathered) tokens, so their
     FLOPs split over cp only. A recipe's pass after every micro-batch's backward
     (`recipe_terms.grad_accum_pass_s`, over the rank's `max_params`) adds to each micro-batch,
-    and so do the elementwise passes of torch's ring attention under CP
+    once more per step at ZeRO-0 with dp > 1 under Recipe.ddp_hook_accumulates (the DDP
+    hook's own add), and so do the elementwise passes of torch's ring attention under CP
     (`cp_ring.torch_ring_passes_s`, Recipe.cp_ring 'torch_allgather').
     The pipeline bubble is a fraction of it (`pipeline.bubble_fraction`), for GPipe and 1F1B
     with unequal stages the other stages' fill and drain (`_fill_drain_share`)."""
@@ -425,6 +426,9 @@ def _compute_side(
     # the fp8 Linears' weight casts, once per micro-batch (fp8_casts.fp8_weight_cast_bytes)
     t_w8 = fp8_weight_cast_s(plan, recipe, layers=max(counts))
     compute_s = m * (t_mb + t_acc + t_ring + t_w8)
+    # the DDP hook's own fp32 add at the sync micro-batch (Recipe.ddp_hook_accumulates)
+    if t_acc and recipe is not None and recipe.ddp_hook_accumulates and L.zero == 0 and L.dp > 1:
+        compute_s += t_acc
     # the head's weight-gradient GEMMs a run defers to the pipeline flush
     # (PlanInput.head_wgrad_deferred): those micro-batches' head rank does 2 of the head's 3
     # GEMMs; the deferred ones run after its last backward, hidden in its flush idle
