@@ -661,11 +661,21 @@ def test_torchtitan_pipeline_stage_buffers() -> None:
     unit = 2 * T * h / 2
     plan = _plan("torchtitan", Layout(dp=1, tp=2, pp=4), gb=4, mb=1)
     got = [
-        recipe_rank_memory(plan, RECIPES["torchtitan"], k).buffer_terms["pp_p2p"]
-        for k in range(4)
+        recipe_rank_memory(plan, RECIPES["torchtitan"], k).buffer_terms["pp_p2p"] for k in range(4)
     ]
     # rank 0: grads 4 + outputs 4; rank 1: recv 4 - 3 + grads 4 + outputs 3; rank 2: 2 + 4 + 2;
     # last: recv 4 - 1, nothing sent
     assert got == [8 * unit, 8 * unit, 8 * unit, 3 * unit]
     # other recipes keep a pair of one micro-batch (DeepSpeed's pipeline engine)
     assert RECIPES["deepspeed"].pp_stage_buffers == "pair"
+
+
+def test_torchtitan_final_rmsnorm_keeps_fp32_upcast() -> None:
+    """torchtitan's final norm is its eager RMSNorm (only the blocks are compiled): it keeps
+    the fp32 upcast and the 16-bit output instead of the 16-bit input, 4 B x T x h / t more
+    than a fused norm (PlanInput.fused_norm) on the last stage."""
+    m = model_preset("llama2-7b")
+    plan = _plan("torchtitan", Layout(dp=1, tp=2), model=m, seq=64, gb=2, mb=2)
+    eager = recipe_head_bytes(plan, RECIPES["torchtitan"])[0]
+    fused = recipe_head_bytes(dataclasses.replace(plan, fused_norm=True), RECIPES["torchtitan"])[0]
+    assert eager - fused == 4 * 64 * 2 * m.dim / 2

@@ -158,7 +158,8 @@ def recipe_layer_bytes(plan: PlanInput, recipe: Recipe, ac: str | None = None) -
 def recipe_head_bytes(plan: PlanInput, recipe: Recipe) -> tuple[float, float]:
     """(stored, loss-backward temporaries) of the last stage per micro-batch, T = s*b/cp tokens,
     V_l = V/tp vocabulary rows on this rank:
-    stored: the final norm's input e*T*h (/t with SP) and the head's input e*T*h, plus
+    stored: the final norm's input e*T*h (/t with SP; an eager fp32-upcast RMSNorm keeps its
+      fp32 upcast and 16-bit output instead, 4*T*h more) and the head's input e*T*h, plus
       'vocab_parallel_fp32': the fp32 logits the loss softmaxes in place and saves, 4*T*V_l;
       'materialized_fp32': log-softmax's fp32 output 4*T*V_l (the 16-bit logits and their
         fp32 upcast are freed before backward);
@@ -184,6 +185,17 @@ def recipe_head_bytes(plan: PlanInput, recipe: Recipe) -> tuple[float, float]:
     # the head's saved input: its sequence shard under Recipe.sp_linear_saves_shard
     head_in = e * tok * m.dim / (tsp if recipe.sp_linear_saves_shard else 1)
     stored = e * tok * m.dim / tsp + head_in + 4.0 * tok * v_l
+    if (
+        recipe.activations == "sdpa_bf16"
+        and m.norm == "rmsnorm"
+        and not (plan.fused_norm or recipe.fused_rmsnorm)
+    ):
+        # the final norm is the blocks' eager RMSNorm (torchtitan/models/norms.py at 9dec370
+        # RMSNorm.forward: self._norm(x.float()).type_as(x) * self.weight; apply_compile
+        # compiles the blocks only): pow and mul save the fp32 upcast, the weight's mul the
+        # 16-bit output, not the 16-bit input counted above: 4 B more per element (the
+        # per-layer model's rmsnorm_upcast, recipe_layer_bytes)
+        stored += 4.0 * tok * m.dim / tsp
     temp = (2.0 if e == 2 else 0.0) * tok * v_l
     if recipe.loss == "materialized_fp32":
         temp = 8.0 * tok * v_l
