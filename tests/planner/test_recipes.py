@@ -615,14 +615,17 @@ def test_naive_attention_backward_temporaries(ac: str) -> None:
     assert flash.total < mem.total
 
 
-def test_torchtitan_loss_parallel_forward_transient() -> None:
+def test_torchtitan_loss_parallel_transients() -> None:
     """With tp = 2 torchtitan runs loss_parallel: DTensor's log-softmax holds its fp32 input,
     x - max and exp(x - max) beside the bf16 logits, 2 + 4 + 4 B per logit (V/2 per rank)
-    beyond the saved fp32 output, above the backward's 8 B; tp = 1 keeps the backward's."""
+    beyond the saved fp32 output; its fused nll_loss + log-softmax backward holds zeros_like,
+    exp and their sum, 12 B beyond the saved output, the larger (torch's
+    tensor/parallel/loss.py _nll_loss_and_log_softmax_backward); tp = 1 keeps the plain
+    backward's 8 B."""
     T, V, h = 32, SMALL.vocab_size, SMALL.dim
     stored, temp = recipe_head_bytes(_plan("torchtitan", Layout(dp=1, tp=2)), RECIPES["torchtitan"])
     assert stored == 2 * T * h / 2 + 2 * T * h + 4 * T * V / 2  # SP: the norm input is /t
-    assert temp == 10 * T * V / 2
+    assert temp == 12 * T * V / 2
     assert (
         recipe_head_bytes(_plan("torchtitan", Layout(dp=1)), RECIPES["torchtitan"])[1] == 8 * T * V
     )
@@ -646,3 +649,33 @@ def test_fused_rmsnorm_keeps_no_fp32_copy() -> None:
     assert recipe_layer_bytes(gpt, RECIPES["torchtitan"]) == recipe_layer_bytes(
         dataclasses.replace(gpt, fused_norm=True), RECIPES["torchtitan"]
     )
+
+
+def test_torchtitan_pipeline_stage_buffers() -> None:
+    """torch.distributed.pipelining's stages (torchtitan): an activation receive buffer per
+    micro-batch on every rank but the first (the in-flight ones are the first block's saved
+    inputs, counted with the activations), a gradient receive buffer per micro-batch on every
+    rank but the last, and the in-flight micro-batches' outputs in fwd_cache; one unit =
+    e x T x h / t (SP). 1F1B, pp = 4, m = 4: in flight 4, 3, 2, 1."""
+    T, h = 32, SMALL.dim
+    unit = 2 * T * h / 2
+    plan = _plan("torchtitan", Layout(dp=1, tp=2, pp=4), gb=4, mb=1)
+    got = [
+        recipe_rank_memory(plan, RECIPES["torchtitan"], k).buffer_terms["pp_p2p"] for k in range(4)
+    ]
+    # rank 0: grads 4 + outputs 4; rank 1: recv 4 - 3 + grads 4 + outputs 3; rank 2: 2 + 4 + 2;
+    # last: recv 4 - 1, nothing sent
+    assert got == [8 * unit, 8 * unit, 8 * unit, 3 * unit]
+    # other recipes keep a pair of one micro-batch (DeepSpeed's pipeline engine)
+    assert RECIPES["deepspeed"].pp_stage_buffers == "pair"
+
+
+def test_torchtitan_final_rmsnorm_keeps_fp32_upcast() -> None:
+    """torchtitan's final norm is its eager RMSNorm (only the blocks are compiled): it keeps
+    the fp32 upcast and the 16-bit output instead of the 16-bit input, 4 B x T x h / t more
+    than a fused norm (PlanInput.fused_norm) on the last stage."""
+    m = model_preset("llama2-7b")
+    plan = _plan("torchtitan", Layout(dp=1, tp=2), model=m, seq=64, gb=2, mb=2)
+    eager = recipe_head_bytes(plan, RECIPES["torchtitan"])[0]
+    fused = recipe_head_bytes(dataclasses.replace(plan, fused_norm=True), RECIPES["torchtitan"])[0]
+    assert eager - fused == 4 * 64 * 2 * m.dim / 2

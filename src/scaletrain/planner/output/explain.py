@@ -267,7 +267,7 @@ def _recipe_states(est: Estimate) -> list[str]:
             "grad_bytes",
         )
     )
-    rows = (
+    rows: tuple[tuple[str, str, str], ...] = (
         ("weights", f"{wb:g} B/param", "weight_bytes"),
         ("fp32 master", f"{mb:g} B/param (sharded by ZeRO-1: {r.shards_master})", "master_bytes"),
         grads,
@@ -289,6 +289,15 @@ def _recipe_states(est: Estimate) -> list[str]:
             "fragmentation",
         ),
     )
+    if p.layout.pp > 1:
+        p2p = fmt_bytes(est.memory.buffer_terms.get("pp_p2p", 0.0), digits=2)
+        rows += (
+            (
+                "pp buffers",
+                f"{r.pp_stage_buffers} ({p2p} on the planned rank)",
+                "pp_stage_buffers",
+            ),
+        )
     for name, value, key in rows:
         out.append(f"   [{r.name}] {name:<13} {value} -- {src.get(key, 'see recipes.py')}")
     d = est.memory.detail

@@ -158,7 +158,8 @@ def recipe_layer_bytes(plan: PlanInput, recipe: Recipe, ac: str | None = None) -
 def recipe_head_bytes(plan: PlanInput, recipe: Recipe) -> tuple[float, float]:
     """(stored, loss-backward temporaries) of the last stage per micro-batch, T = s*b/cp tokens,
     V_l = V/tp vocabulary rows on this rank:
-    stored: the final norm's input e*T*h (/t with SP) and the head's input e*T*h, plus
+    stored: the final norm's input e*T*h (/t with SP; an eager fp32-upcast RMSNorm keeps its
+      fp32 upcast and 16-bit output instead, 4*T*h more) and the head's input e*T*h, plus
       'vocab_parallel_fp32': the fp32 logits the loss softmaxes in place and saves, 4*T*V_l;
       'materialized_fp32': log-softmax's fp32 output 4*T*V_l (the 16-bit logits and their
         fp32 upcast are freed before backward);
@@ -169,7 +170,9 @@ def recipe_head_bytes(plan: PlanInput, recipe: Recipe) -> tuple[float, float]:
         8*T*V_l, alive together with the saved output.
     Under tensor parallelism a 'materialized_fp32' loss with sp_with_tp is torchtitan's
     loss_parallel: its forward holds (e + 12)*T*V_l at once, (e + 8)*T*V_l beyond the saved
-    output, which replaces the backward's 8*T*V_l as the loss transient when larger.
+    output, and its fused nll_loss + log-softmax backward 16*T*V_l at once, 12*T*V_l beyond
+    the saved output (torch/distributed/tensor/parallel/loss.py _log_softmax and
+    _nll_loss_and_log_softmax_backward); the larger replaces the backward's 8*T*V_l.
     A compiled 'materialized_fp32' loss (recipe.loss_compiles under compile, or
     plan.compile_loss) keeps the 16-bit logits 2*T*V_l (and 8 B of per-token fp32 statistics)
     instead of the fp32 log-softmax, and its backward writes the 16-bit gradient 2*T*V_l from
@@ -182,6 +185,17 @@ def recipe_head_bytes(plan: PlanInput, recipe: Recipe) -> tuple[float, float]:
     # the head's saved input: its sequence shard under Recipe.sp_linear_saves_shard
     head_in = e * tok * m.dim / (tsp if recipe.sp_linear_saves_shard else 1)
     stored = e * tok * m.dim / tsp + head_in + 4.0 * tok * v_l
+    if (
+        recipe.activations == "sdpa_bf16"
+        and m.norm == "rmsnorm"
+        and not (plan.fused_norm or recipe.fused_rmsnorm)
+    ):
+        # the final norm is the blocks' eager RMSNorm (torchtitan/models/norms.py at 9dec370
+        # RMSNorm.forward: self._norm(x.float()).type_as(x) * self.weight; apply_compile
+        # compiles the blocks only): pow and mul save the fp32 upcast, the weight's mul the
+        # 16-bit output, not the 16-bit input counted above: 4 B more per element (the
+        # per-layer model's rmsnorm_upcast, recipe_layer_bytes)
+        stored += 4.0 * tok * m.dim / tsp
     temp = (2.0 if e == 2 else 0.0) * tok * v_l
     if recipe.loss == "materialized_fp32":
         temp = 8.0 * tok * v_l
@@ -198,8 +212,15 @@ def recipe_head_bytes(plan: PlanInput, recipe: Recipe) -> tuple[float, float]:
             # (torch/distributed/tensor/parallel/loss.py _log_softmax) holds its fp32 input,
             # x - max and exp(x - max) together, beside the 16-bit logits the train step still
             # references: e + 4 + 4 + 4 B per logit at the loss forward, i.e. 10 B beyond the
-            # saved output when e = 2, more than the backward's 8
-            temp = max(temp, (e + 8.0) * tok * v_l)
+            # saved output when e = 2. Its backward is not nll_loss's and log_softmax's: the
+            # same file's _nll_loss_and_log_softmax_backward (the nll_loss_backward handler;
+            # _log_softmax_backward_handler computes nothing) builds grad_input =
+            # zeros_like(x) from the saved fp32 output x, then torch.exp(x) and their sum, all
+            # fp32 and alive together at the add (then the sum and its product with
+            # grad_output, grad_input still referenced): 12 B per logit beyond the saved
+            # output. The 16-bit logits are gone by then (train.py: 'del pred' before
+            # backward), and the fp32 -> bf16 cast's backward (6 B) comes after.
+            temp = max(temp, (e + 8.0) * tok * v_l, 12.0 * tok * v_l)
     if recipe.loss_casts_logits and recipe.loss == "vocab_parallel_fp32":
         # Nanotron: a separate block casts the 16-bit logits to fp32 and the vocab-parallel
         # loss subtracts the max out of place into the tensor it softmaxes and saves, so at the

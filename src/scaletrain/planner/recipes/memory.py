@@ -406,6 +406,41 @@ def _recipe_buffers(plan: PlanInput, recipe: Recipe, P: float, bufs: dict[str, f
     return ctx
 
 
+def torch_stage_buffers(
+    plan: PlanInput, recipe: Recipe, first: bool, last: bool, inflight: float
+) -> float:
+    """Stage-boundary bytes a pipeline rank holds under torch.distributed.pipelining
+    (Recipe.pp_stage_buffers 'torch_per_microbatch'), `inflight` micro-batches in flight (in
+    units of one micro-batch through all v = pp_virtual chunks of the rank). One unit is one
+    micro-batch's residual stream, e x s_l x b x h (/t with SP: the block output is the
+    sequence shard). Counts, per chunk of the rank:
+      - the activation receive buffers: torch/distributed/pipelining/stage.py
+        PipelineStage._prepare_forward_infra allocates one per micro-batch for every stage
+        but the first (`for chunk_id in range(num_microbatches)` ... `_make_tensor_from_meta`,
+        kept in args_recv_info for the whole run). An in-flight micro-batch's buffer is the
+        chunk's first block's saved input, already counted by the activations, so m - inflight
+        per chunk here;
+      - the gradient receive buffers: _PipelineStageBase._prepare_backward_infra builds
+        grad_recv_info for every micro-batch (`_create_grad_recv_info` ->
+        `_make_tensor_from_meta`) on every stage but the last: m per chunk;
+      - the stage outputs: forward_one_chunk keeps each micro-batch's output in fwd_cache until
+        backward_one_chunk pops it: inflight per chunk that sends (the last stage's output is
+        the loss head's, counted with the head).
+    Read in copies of torch's stage.py of the 2.4 to 2.9 era (the loops are the same in each;
+    torchtitan 9dec370's torch 1963fc8 lies inside it, not read itself). Approximates: the
+    interleaved chunks' in-flight share is spread evenly over the rank's chunks. Ignores: the
+    gradient sends' input gradients (transient), NCCL's staging."""
+    L = plan.layout
+    m = float(max(1, plan.grad_accum))
+    v = float(L.pp_virtual)
+    unit = plan.compute_bytes * float(plan.seq_len) / L.cp * plan.micro_batch * plan.model.dim
+    unit /= L.tp if (L.sp or recipe.sp_with_tp) else 1
+    receivers = v - (1.0 if first else 0.0)
+    senders = v - (1.0 if last else 0.0)
+    per_chunk = inflight  # in-flight micro-batches of each chunk (chunk-activations / v)
+    return unit * (receivers * max(0.0, m - per_chunk) + senders * (m + per_chunk))
+
+
 def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBreakdown:
     """Memory of pipeline rank `rank` under `recipe` (see the module docstring)."""
     L = plan.layout
@@ -427,6 +462,8 @@ def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBrea
     tok = float(plan.seq_len) / L.cp * plan.micro_batch
     per_layer = recipe_layer_bytes(plan, recipe)
     inflight = 1.0 if pp == 1 else inflight_microbatches(L.pp_schedule, pp, m, rank, L.pp_virtual)
+    if pp > 1 and recipe.pp_stage_buffers == "torch_per_microbatch":
+        bufs["pp_p2p"] = torch_stage_buffers(plan, recipe, first, last, inflight)
     acts = inflight * layers * per_layer
     recompute = recipe_layer_bytes(plan, recipe, "none") if plan.ac == "full" and layers else 0.0
     if layers:

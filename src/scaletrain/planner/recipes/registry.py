@@ -261,7 +261,14 @@ RECIPES: dict[str, Recipe] = {
         eager_elementwise=True,
         cp_ring="torch_allgather",
         cp_kv_repeated=True,
+        pp_stage_buffers="torch_per_microbatch",
         sources={
+            "pp_stage_buffers": "torch/distributed/pipelining/stage.py (torchtitan builds "
+            "PipelineStage, torchtitan/parallelisms/pipeline_llama.py at 9dec370): "
+            "PipelineStage._prepare_forward_infra and _PipelineStageBase."
+            "_prepare_backward_infra allocate an activation and a gradient receive "
+            "buffer per micro-batch; forward_one_chunk keeps each output in fwd_cache "
+            "until its backward",
             "cp_ring": "torch/distributed/tensor/experimental/_attention.py "
             "_templated_ring_attention(_backward), _AllGatherRotater, _SDPAMerger "
             "(convert_to_f32, enable_load_balance True); torchtitan config_manager.py at "
@@ -302,7 +309,10 @@ RECIPES: dict[str, Recipe] = {
             "(apply_fsdp)",
             "loss": "torchtitan/components/loss.py cross_entropy_loss: "
             "F.cross_entropy(pred.flatten(0, 1).float(), labels); train.py deletes "
-            "pred before backward",
+            "pred before backward; under TP, loss_parallel's vocab-parallel ops "
+            "(torch/distributed/tensor/parallel/loss.py _log_softmax: e + 12 B per "
+            "local logit at the forward; _nll_loss_and_log_softmax_backward: zeros_like, "
+            "exp and their sum beside the saved fp32 output, 16 B at the backward)",
             "activations": "torchtitan/models/llama3/model.py: SDPA attention, RMSNorm on "
             "x.float(), SwiGLU; bf16 stream under FSDP2 mixed precision",
             "selective": "parallelize.py _apply_ac_to_transformer_block (op SAC): saves "

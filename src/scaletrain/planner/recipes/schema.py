@@ -36,6 +36,9 @@ EagerBlock = Literal["llama", "mpt"]
 """Which block's eager elementwise kernels a recipe counts (`Recipe.eager_block`)."""
 CPRing = Literal["p2p", "torch_allgather"]
 """How a recipe's ring attention exchanges K/V (`Recipe.cp_ring`)."""
+PPStageBuffers = Literal["pair", "torch_per_microbatch"]
+"""What a recipe's pipeline stages hold for their sends and receives
+(`Recipe.pp_stage_buffers`)."""
 
 
 @dataclass(frozen=True)
@@ -255,6 +258,13 @@ class Recipe:
     torch's _templated_ring_attention with the all-gather rotater (time/cp_ring.py): one K/V
     all-gather per forward hidden behind the first sub-SDPA only, fp32 dK/dV sends, and the
     fp32 merges of the sub-steps' outputs as elementwise passes."""
+    pp_stage_buffers: PPStageBuffers = "pair"
+    """Memory: the pipeline's stage-boundary tensors (pp > 1). 'pair': one send and one
+    receive buffer of one micro-batch's residual stream (e x s_l x b x h, /t with SP).
+    'torch_per_microbatch': torch.distributed.pipelining's stages (recipes.memory
+    .torch_stage_buffers): a persistent receive buffer per micro-batch for the activations
+    (ranks after the first) and for the gradients (ranks before the last), and each in-flight
+    micro-batch's stage output kept for its backward."""
     cp_kv_repeated: bool = False
     """The model repeats its K/V heads to the query heads before SDPA (GQA expanded), so the
     ring moves and accumulates query-head K/V (time/cp_ring.py)."""
