@@ -385,20 +385,10 @@ def test_the_search_builds_the_plans_its_constructor_would() -> None:
     constructor's plan derives."""
     from scaletrain.config import Layout
     from scaletrain.planner.search.layouts import _Job
-    from scaletrain.planner.time.calibration import Calibration
 
     model, hw = resolve_model("llama3-8b"), hardware_preset("h100-sxm")
     lora = {"lora_rank": 16, "lora_targets": ("q", "v"), "lora_base": "nf4"}
-    cal = Calibration(
-        hardware="h100-sxm",
-        precision="bf16",
-        source="runs/cal",
-        clock="cuda",
-        split="profile",
-        measured_step_s=1.0,
-        gemm_tokens=4096.0,
-        matmul=0.6,
-    )
+    cal = _h100_calibration()
     for efficiency, extra in ((0.5, {}), (cal, lora)):
         job = _Job(
             model, hw, 8, 4096, 64, "bf16", "adamw", False, efficiency, {}, "scaletrain", extra
@@ -428,20 +418,10 @@ def test_the_step_floor_is_at_most_the_step() -> None:
     from scaletrain.config import Layout
     from scaletrain.planner.estimate import plan_step, reserved_and_step
     from scaletrain.planner.memory.rank_terms import ModelTerms
-    from scaletrain.planner.time.calibration import Calibration
     from scaletrain.planner.time.step_time import step_floor
 
-    cal = Calibration(
-        hardware="h100-sxm",
-        precision="bf16",
-        source="runs/cal",
-        clock="cuda",
-        split="profile",
-        measured_step_s=1.0,
-        gemm_tokens=4096.0,
-        matmul=0.6,
-        collective=(("dp_allreduce", 1.3), ("activation_offload", 0.7)),
-        step_overhead_s=0.01,
+    cal = _h100_calibration(
+        collective=(("dp_allreduce", 1.3), ("activation_offload", 0.7)), step_overhead_s=0.01
     )
     plans = _search_plans()
     plans += [dataclasses.replace(p, offload="activations", ac="none") for p in plans[:24]]
@@ -516,3 +496,20 @@ def test_the_search_times_every_step_its_pick_reads() -> None:
             t for i, t in enumerate(full) if i not in tally.floored
         ]
         assert len(full) / 2 < len(tally.floored) < len(full) - top_k
+
+
+def _h100_calibration(**kw: Any) -> Any:
+    """A profile calibration of an H100 bf16 run (the two tests above plan with it)."""
+    from scaletrain.planner.time.calibration import Calibration
+
+    return Calibration(
+        hardware="h100-sxm",
+        precision="bf16",
+        source="runs/cal",
+        clock="cuda",
+        split="profile",
+        measured_step_s=1.0,
+        gemm_tokens=4096.0,
+        matmul=0.6,
+        **kw,
+    )
