@@ -373,3 +373,48 @@ def test_output_fits_the_terminal_width(argv, columns, capsys, monkeypatch) -> N
     assert "fits" in out or "FIT" in out
     if argv[0] == "plan" and "--dp" not in argv:
         assert "best:" in out and "why the other strategy families lost" in out
+
+
+_FP8_8B = ["--model", "llama3-8b", "--gpus", "8", "--gpu", "h100-sxm", "--seq-len", "8192"]
+_FP8_8B += ["--dp", "8", "--zero", "3"]
+
+
+def test_fp8_without_compile_names_its_eager_casts(capsys: pytest.CaptureFixture[str]) -> None:
+    """fp8 whose casts run as eager kernels gets one line with the three throughputs, each the
+    planner's own for the same layout (bf16, fp8 eager, fp8 compiled); in this Llama 3 8B
+    layout the eager casts make fp8 slower than bf16, compiled it is faster."""
+    from dataclasses import replace
+
+    from scaletrain.planner.output.report import fp8_eager_note
+
+    assert main(["plan", *_FP8_8B, "--precision", "fp8"]) == 0
+    out = capsys.readouterr().out
+    lines = [ln for ln in out.splitlines() if "fp8 without compile" in ln]
+    assert len(lines) == 1 and "slower than bf16's" in lines[0]
+    from scaletrain.config import Layout, hardware_preset, resolve_model
+    from scaletrain.planner import PlanInput, estimate
+
+    plan = PlanInput(
+        model=resolve_model("llama3-8b"),
+        hardware=hardware_preset("h100-sxm"),
+        num_gpus=8,
+        layout=Layout(dp=8, zero=3),
+        seq_len=8192,
+        global_batch=8,
+        micro_batch=1,
+        precision="fp8",
+    )
+    est = estimate(plan)
+    bf16 = estimate(replace(plan, precision="bf16")).tokens_per_s
+    fused = estimate(replace(plan, compile=True)).tokens_per_s
+    assert est.tokens_per_s < bf16 < fused
+    note = fp8_eager_note(est)
+    assert note is not None and f"{fused:,.0f} tokens/s" in note and f"{bf16:,.0f}" in note
+
+
+@pytest.mark.parametrize("extra", [["--precision", "fp8", "--compile"], ["--precision", "bf16"]])
+def test_no_fp8_note_when_compiled_or_not_fp8(
+    extra: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["plan", *_FP8_8B, *extra]) == 0
+    assert "fp8 without compile" not in capsys.readouterr().out

@@ -646,6 +646,12 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         estimates = _one_layout(args, inp, lines, explain_mode=explain_mode)
     else:
         estimates = _searched(args, inp, lines)
+    if estimates and not args.json:
+        from scaletrain.planner.output.report import fp8_eager_note
+
+        fp8_note = fp8_eager_note(estimates[0])
+        if fp8_note is not None:
+            lines.append(fp8_note)
     if args.tokens and estimates and not args.json and not explain_mode:
         lines.append(_output.cost_line(estimates[0], args.tokens, inp["energy"]))
     if args.convention is not None and estimates and not args.json:

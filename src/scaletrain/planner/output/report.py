@@ -12,6 +12,7 @@ from ..search.result import SearchResult
 from ..types import Estimate, MemoryBreakdown, layout_label
 
 __all__ = [
+    "fp8_eager_note",
     "estimate_rows",
     "memory_unit",
     "render_estimates",
@@ -192,3 +193,34 @@ def render_search(result: SearchResult) -> str:
 def to_json(estimates: list[Estimate]) -> list[dict[str, Any]]:
     """docs/DESIGN.md §4 objects, best first."""
     return [e.to_json() for e in estimates]
+
+
+def fp8_eager_note(est: Estimate) -> str | None:
+    """The line that warns a plan in fp8 without torch.compile whose fp8 casts run as eager
+    kernels (time/fp8_casts.py: torchao's Float8Linear or scaletrain's own chain, one aten
+    kernel per amax / scale / clamp / cast) that it may be slower than bf16: the same plan is
+    timed again in bf16 and with compile on, and the three throughputs are printed. None for
+    any other plan (another precision, compile on, a foreign recipe whose fp8 path is Transformer
+    Engine's or unread, a user-set efficiency, a CPU)."""
+    from dataclasses import replace
+
+    from ..estimate import estimate
+    from ..recipes.registry import recipe_named
+    from ..recipes.schema import DEFAULT_RECIPE
+    from ..time.fp8_casts import fp8_cast_kernels
+
+    plan = est.plan
+    if plan.precision != "fp8" or plan.compile or plan.efficiency > 0:
+        return None
+    recipe = recipe_named(plan.recipe) if plan.recipe != DEFAULT_RECIPE else None
+    if fp8_cast_kernels(plan, recipe) not in ("torchao_eager", "scaletrain"):
+        return None
+    bf16 = estimate(replace(plan, precision="bf16")).tokens_per_s
+    fused = estimate(replace(plan, compile=True)).tokens_per_s
+    ours = est.tokens_per_s
+    verdict = "slower than" if ours < bf16 else "faster than"
+    return (
+        f"note: fp8 without compile runs its casts as eager kernels: {ours:,.0f} tokens/s, "
+        f"{verdict} bf16's {bf16:,.0f} on the same layout; with compile on (--compile, "
+        f"training.compile = true) they fuse: {fused:,.0f} tokens/s (time/fp8_casts.py)"
+    )
