@@ -473,8 +473,31 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         # 'Theoretical Performance Claims vs. Achievable', https://rocm.blogs.amd.com/
         # software-tools-optimization/mi300x-rccl-xgmi/README.html): 48 / 64 = 0.75.
         intra_node_bw_efficiency=0.75,
-        # attention_bf16: no published forward + backward FlashAttention figure for MI300X was
-        # found (AMD's and third-party posts give forward only); the matmul rate is kept.
+        # the same blog, 'What is xGMI?': each GPU "is connected to its seven peer GPUs via xGMI
+        # links, forming a fully connected mesh", one 64 GB/s link per pair (no switch): a group
+        # of g < 8 GPUs reaches its g - 1 peers' links only (a pair: 64 x 0.75 = 48 GB/s, the
+        # blog's usable figure per link). RCCL's own topology says the same: on a 4 x MI300X
+        # node it logs "maxBw 48.0 totalBw 144.0" (3 links x 48; ncclTopoXGMISpeed in
+        # rccl/src/graph/topo.h, 48 GB/s for gfx94x, "after protocol and error correction
+        # overheads", AMD's G. Lee in ROCm/rccl issue #1210, 2024-07-02); ROCm/rccl PR #1270
+        # (README): "When using less than 8 GPUs, one can only achieve a fraction of the
+        # potential bandwidth on the system".
+        intra_node_pair_bw=64 * GB,
+        # FlashAttention-2 forward + backward, 231.6 TFLOP/s (17.7% of peak): ROCm/flash-attention
+        # (the CK backend of flash-attn 2) issue #142 (2025-05-18, ROCm 6.3.2, "AMD Instinct
+        # MI300X"), its benchmarks/benchmark_flash_attention.py at headdim 128, seqlen 16384,
+        # batch 1 / 2 / 4 / 8: "Flash2 ... fwd + bwd: 223.08 / 230.54 / 231.57 / 228.36 TFLOPs/s"
+        # (forward 310-356, backward 194-207); the best is kept, a ceiling. The script counts
+        # fwd + bwd as 3.5 x the forward's 4 b s^2 h d FLOPs, the planner's 1 +
+        # flops.FLASH_BACKWARD_FACTOR. Its rows are causal=False and its 16-bit dtype the
+        # script's (fp16 and bf16 share the 1307.4 TF peak); no causal fwd + bwd row was found.
+        # torch SDPA on ROCm runs AOTriton's kernel, not CK's: its backward measured 9.6-19.9
+        # TFLOP/s on MI300X in 2024 (pytorch/pytorch issue #135431); no later fwd + bwd figure
+        # for it was found, so this flash-attn figure stands for both.
+        attention_bf16=231.57e12,
+        # memory_bw: the datasheet figure. An achieved ~81% of it (BabelStream) is attributed to
+        # arXiv 2510.27583 (Ambati et al. 2025) by summaries read here (arxivlens,
+        # emergentmind), not the paper itself; and no preset holds an achieved HBM share.
     ),
     # This project's 2-core AVX-512 host (AMD EPYC, 2.6 GHz): 2 cores x 2.6 GHz x 2 FMA pipes x
     # 16 fp32 lanes x 2 FLOP = 333 GFLOP/s nominal peak (a 2048^3 sgemm measures ~190 GFLOP/s,

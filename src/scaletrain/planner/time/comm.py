@@ -9,9 +9,10 @@ axes sharing a NIC, SHARP in-network reduction across nodes (CollNet, NVLS-tree)
 inside one node of a device with NVLink SHARP takes NCCL's NVLS algorithm where it is faster
 (`allreduce_seconds`). Intra-node links run at
 `HardwareSpec.intra_node_busbw`: the raw link figure x the device's published achieved share
-(0.75 on MI300X's xGMI; 1 on the NVIDIA presets, where no per-device figure is cited yet);
-the NIC figure is raw on every preset. On a node whose GPUs are wired point to point with no
-switch (`HardwareSpec.intra_node_pair_bw`: a 4-GPU V100 SXM2 node, 2 NVLink2 links per pair)
+(config/hardware.py cites it per preset: 0.75 on MI300X's xGMI, 370 / 450 on an H100's
+NVLink); the NIC figure is raw on every preset. On a node whose GPUs are wired point to point
+with no switch (`HardwareSpec.intra_node_pair_bw`: a 4-GPU V100 SXM2 node, 2 NVLink2 links per
+pair; an MI300X node's xGMI mesh, one link per pair)
 a group of g < gpus_per_node of its GPUs reaches only the links to its g - 1 peers
 (`HardwareSpec.intra_node_group_busbw`): a tp = 2 pair there all-reduces over 2 of a GPU's 6
 links.

@@ -256,8 +256,9 @@ def attention_ceiling(hardware: HardwareSpec) -> tuple[float, str]:
       figure of the FlashAttention-3 paper: its cause (FA2 uses neither wgmma nor TMA) holds on
       every sm90 part, so an H200 / H800 / described sm90 device takes the H100's figure;
     - else none: no published figure for the device, the attention keeps its matmul rate (an
-      A100's FA2 reaches 50-73% of peak, above it; an MI300X's has no published forward +
-      backward figure: it does NOT take the H100's, whose cause is Hopper's instructions).
+      A100's FA2 reaches 50-73% of peak, above it). A non-sm90 part never takes the H100's
+      figure, whose cause is Hopper's instructions: the MI300X holds its own (config/
+      hardware.py, flash-attn's CK backend, 17.7% of its peak).
     Ignores: the figure's dependence on head dim, sequence length and masking."""
     if hardware.attention_bf16 > 0:
         return hardware.attention_bf16, f"{hardware.name}'s own measured figure"
