@@ -19,7 +19,7 @@ from scaletrain.planner.time.fp8_casts import (
     fp8_gemm_share,
     fp8_weight_cast_bytes,
 )
-from scaletrain.planner.time.step_time import default_efficiency, fp8_cast_s
+from scaletrain.planner.time.step_time import default_efficiency, fp8_cast_s, plan_efficiency
 from scaletrain.planner.types import PlanInput
 
 H100 = hardware_preset("h100-sxm")
@@ -53,6 +53,19 @@ def test_fp8_gemm_share_is_the_measured_mamf_ratio() -> None:
     )
     assert fp8_gemm_share(hardware_preset("a100-80gb")) == 1.0
     assert default_efficiency("fp8", 8192, H100) == pytest.approx(0.55 * fp8_gemm_share(H100))
+
+
+def test_plan_efficiency_keeps_each_generations_fp8_share() -> None:
+    """An H200 has the H100's bf16 peak and MAMF but its own fp8 share: an fp8 plan on one
+    must not take the other's cached efficiency, in either order (the corpus once priced
+    NeMo's H100 fp8 rows at the H200's share when an H200 row came first)."""
+    h200 = hardware_preset("h200")
+    for first, second in ((h200, H100), (H100, h200)):
+        plan_efficiency(_plan(hardware=first))
+        assert plan_efficiency(_plan(hardware=second)) == pytest.approx(
+            default_efficiency("fp8", LLAMA.dim, second)
+        )
+    assert plan_efficiency(_plan(hardware=h200)) > plan_efficiency(_plan())
 
 
 def test_kernel_family_by_recipe_backend_and_compile() -> None:

@@ -215,7 +215,17 @@ def plan_efficiency(plan: PlanInput) -> float:
     if plan.calibration is not None:
         return plan.calibration.matmul
     hw = plan.hardware
-    key = (plan.precision, plan.model.dim, hw.is_cpu, hw.mamf_bf16, hw.peak_flops.get("bf16"))
+    # an fp8 plan's share depends on the device's generation (fp8_gemm_share: H100 0.88, H200
+    # 0.91), which the other facts do not tell apart (an H200 has H100's peak and MAMF)
+    fp8_share = fp8_gemm_share(hw) if plan.precision == "fp8" else 0.0
+    key = (
+        plan.precision,
+        plan.model.dim,
+        hw.is_cpu,
+        hw.mamf_bf16,
+        hw.peak_flops.get("bf16"),
+        fp8_share,
+    )
     eff = _EFF.get(key)
     if eff is None:
         eff = _EFF[key] = default_efficiency(plan.precision, plan.model.dim, plan.hardware)
