@@ -2,8 +2,8 @@
 and recipe_exposed), each pinned on a small case against a hand computation: the
 async REDUCE_SCATTER linears' exposed collectives, ZeRO-1's gradient all-reduce after the
 backward, the tied embedding's gradient all-reduce across pipeline stages, the fp32
-accumulation pass per micro-batch, the post-backward passes, and the second persistent gather
-buffer of the row linears."""
+accumulation pass per micro-batch, the post-backward passes, ZeRO-1's gather assembled and
+copied back on the host, and the second persistent gather buffer of the row linears."""
 
 from __future__ import annotations
 
@@ -17,9 +17,10 @@ from scaletrain.planner.memory.rank_terms import model_terms
 from scaletrain.planner.recipes.memory import recipe_rank_memory, recipe_worst_rank
 from scaletrain.planner.recipes.registry import recipe_named
 from scaletrain.planner.recipes.schema import Recipe
+from scaletrain.planner.recipes.stages import recipe_stage_layers
 from scaletrain.planner.time.comm import NVLS_LATENCY_S, allreduce_time, axis_link, gather_time
 from scaletrain.planner.time.efficiency import allreduce_latency
-from scaletrain.planner.time.recipe_terms import async_tp_terms
+from scaletrain.planner.time.recipe_terms import COPY_CALL_S, VIEW_CALL_S, async_tp_terms
 from scaletrain.planner.time.step_time import StepTime, plan_efficiency, step_time
 from scaletrain.planner.types import PlanInput
 
@@ -244,7 +245,8 @@ def test_post_backward_passes_by_hand() -> None:
     """clip_grad_norm over every fp32 grad (4 + 8) and zero_grad (4): 16 B per parameter of the
     rank; the fp32 -> bf16 copy 6 B per updated parameter (1/dp under ZeRO-1); ZeRO-1's
     all-gather copied back from its flat buffers 4 B per parameter; all with the optimizer."""
-    r = recipe_named("nanotron")
+    # the gather's host time (test_zero1_gather_host_copies_by_hand) off on both sides
+    r = _without(recipe_named("nanotron"), zero1_gather_host_copies=False)
     bare = _without(
         r, post_backward_pass_bytes=0.0, master_copy_bytes=0.0, zero1_gather_flat_copies=False
     )
@@ -266,3 +268,35 @@ def test_async_linears_keep_two_gather_buffers() -> None:
     assert nano.buffer_terms["tp_all_gather"] == pytest.approx(2 * 2 * T * h)
     meg = recipe_rank_memory(dataclasses.replace(p, recipe="megatron"), recipe_named("megatron"), 0)
     assert meg.buffer_terms["tp_all_gather"] == pytest.approx(2 * T * h)
+
+
+def test_zero1_gather_host_copies_by_hand() -> None:
+    """_all_gather_params slices every parameter per dp rank and update_output copies each
+    slice back: dp x tensors (view + copy_) host calls, charged beyond the GPU work queued
+    after the backward (the fp32 all-reduce, the gather, the optimizer), inside optimizer_s."""
+    r = recipe_named("nanotron")
+    bare = _without(r, zero1_gather_host_copies=False)
+    tensors = 6 * TINY.num_layers + 2  # tied: embedding + final norm
+    for dp in (4, 64):
+        p = _plan(Layout(dp=dp, zero=1), mb=1, gb=dp)
+        ref = _step(p, bare)
+        hidden = ref.comm["dp_allreduce"][1] + ref.comm["zero_all_gather"][1] + ref.optimizer_s
+        host = dp * tensors * (VIEW_CALL_S + COPY_CALL_S)
+        got = _step(p, r).optimizer_s - ref.optimizer_s
+        assert got == pytest.approx(max(0.0, host - hidden))
+    assert got > 0  # at dp 64 the host's 64 x 26 pairs outlast the tiny model's tail
+    # ZeRO-0 (no sharded gather), dp 1 and pp > 1's larger end (norm + lm_head)
+    for lay in (Layout(dp=64), Layout(dp=1)):
+        q = _plan(lay, mb=1, gb=lay.dp)
+        assert _step(q, r).optimizer_s == pytest.approx(_step(q, bare).optimizer_s)
+    q = _plan(Layout(dp=64, zero=1, pp=2), mb=1, gb=128)
+    ref = _step(q, bare)
+    hidden = sum(
+        ref.comm[k][1]
+        for k in ("dp_allreduce", "pp_tied_allreduce", "zero_all_gather")
+        if k in ref.comm
+    )
+    layers = max(recipe_stage_layers(q, r))  # nanotron's compute-cost split: 3 + 1
+    host = 64 * (6 * layers + 2) * (VIEW_CALL_S + COPY_CALL_S)
+    got = _step(q, r).optimizer_s - ref.optimizer_s
+    assert got == pytest.approx(max(0.0, host - hidden - ref.optimizer_s))

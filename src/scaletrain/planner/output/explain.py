@@ -472,6 +472,12 @@ def _recipe_mechanisms(est: Estimate, r: Recipe) -> str:
             f"parameter (fp32 -> 16-bit copy), with the optimizer step "
             f"(time.recipe_terms.post_backward_s)"
         )
+    if r.zero1_gather_host_copies and L.zero == 1 and L.dp > 1:
+        out += (
+            f"\n   [{r.name}] ZeRO-1 gather on the host: dp x parameter tensors slices and "
+            f"copy_ calls, beyond the GPU work queued after the backward, with the optimizer "
+            f"step (time.recipe_terms.zero1_gather_host_s)"
+        )
     if r.optimizer_pass_bytes:
         out += (
             f"\n   [{r.name}] optimizer and clipping beyond a fused AdamW: "

@@ -377,6 +377,7 @@ RECIPES: dict[str, Recipe] = {
         sp_linear_saves_shard=True,
         loss_casts_logits=True,
         zero1_gather_flat_copies=True,
+        zero1_gather_host_copies=True,
         tp_comm="async_linears",
         single_hw_queue=True,
         zero1_grad_sync="allreduce_after_backward",
@@ -445,6 +446,12 @@ RECIPES: dict[str, Recipe] = {
             "_all_gather_params -> src/nanotron/distributed.py all_gather_coalesced: "
             "torch._utils._flatten_dense_tensors of the input shards and of each dp rank's "
             "output list, dist.all_gather into them, then copy_ back into the parameters",
+            "zero1_gather_host_copies": "src/nanotron/optim/zero.py ZeroDistributedOptimizer."
+            "_all_gather_params builds output_tensor_lists with one tensor[slice(...)] per "
+            "(parameter, dp rank) in a Python comprehension; src/nanotron/distributed.py "
+            "all_gather_coalesced then runs update_output: for every dp rank's gathered buffer, "
+            "original_buffer.copy_(gathered_buffer) per parameter, one Python call and one "
+            "kernel launch each (time/recipe_terms.py zero1_gather_host_s)",
             "loss_casts_logits": "src/nanotron/models/llama.py LlamaModel.cast_to_fp32 (a "
             "PipelineBlock running x.float()) feeds Loss.forward -> parallel/tensor_parallel/"
             "functional.py _ShardedCrossEntropy.forward: sharded_logits - logits_max is a new "

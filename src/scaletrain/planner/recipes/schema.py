@@ -187,6 +187,11 @@ class Recipe:
     """ZeRO-1's all-gather of the updated weights after the step goes through flattened copies:
     the rank's shard (P/N weights) and one flat buffer per dp rank (P weights in all) are
     allocated beside the model states, then copied back into the parameters."""
+    zero1_gather_host_copies: bool = False
+    """ZeRO-1's all-gather of the updated weights is assembled on the host one (dp rank,
+    parameter tensor) pair at a time: a Python slice of each parameter per dp rank before the
+    collective and a copy_ back into it per dp rank after (time.recipe_terms.
+    zero1_gather_host_s), dp x the rank's parameter tensors small ops a step."""
     bf16_optimizer: bool = False
     """Under bf16 at ZeRO-1 (no optimizer offload) the framework runs DeepSpeed's
     BF16_Optimizer (recipes.memory.bf16_optimizer_runs): beside the bf16 .grad of every

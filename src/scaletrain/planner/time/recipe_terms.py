@@ -13,6 +13,9 @@ switched on by a `Recipe` field and read off the framework's source. Torch-free.
   every micro-batch's backward.
 - `post_backward_s` (Recipe.post_backward_pass_bytes, master_copy_bytes,
   zero1_gather_flat_copies): the memory-bound passes between the gradient sync and the next step.
+- `zero1_gather_host_s` (Recipe.zero1_gather_host_copies): the host time of ZeRO-1's weight
+  all-gather, assembled and copied back one (dp rank, parameter tensor) pair at a time, beyond
+  the GPU work queued after the backward.
 
 Sources are Nanotron at c252843 (the commit of its v0.5 benchmarks, the Ultra-Scale Playbook's
 runs): src/nanotron/parallel/tensor_parallel/functional.py, optim/gradient_accumulator.py,
@@ -46,7 +49,25 @@ __all__ = [
     "post_backward_s",
     "recipe_comm",
     "recipe_exposed",
+    "stage_param_tensors",
+    "zero1_gather_host_s",
+    "COPY_CALL_S",
+    "VIEW_CALL_S",
 ]
+
+COPY_CALL_S = 10e-6
+"""Host seconds of one eager `Tensor.copy_` between small CUDA tensors, issued from Python:
+the dispatcher and the kernel launch, fully exposed when the GPU has nothing queued.
+pytorch/pytorch issue #37048 ('copy_ slowness', 2020-04-22): 100,000 calls of
+torch.addmm(a, b, c) on 100 x 100 CUDA tensors take 2.578 s with the copy_ and
+torch.addmm(a, b, c, out=a) 1.502 s without (10.8 us per call; the out=out pair 8.6 us);
+ngimel there: 'The difference per call is ~10 us which can be explained by fully exposed
+overheads and cuda launch latency'. Her ~10 us is taken."""
+
+VIEW_CALL_S = 2e-6
+"""Host seconds of one simple eager tensor op that launches no kernel (a slice view):
+pytorch/pytorch issue #41383 (2020-07-14), ngimel: 'benchmarking x*x with
+requires_grad=False is approx 2 us. Approx half of it is python parsing overhead'."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -179,17 +200,52 @@ def post_backward_s(
       distributed.all_gather_coalesced): each gathered 16-bit weight unflattened and copied
       back into its parameter (read 2, write 2 per parameter), when `zero1_flat_copies`.
     Ignores: the norms' all-reduce over the model-parallel group (one fp32 scalar); the host
-    side of ZeRO-1's gather, which slices every parameter once per dp rank
-    (ZeroDistributedOptimizer._all_gather_params), flattens one list per dp rank and copies
-    every gathered slice back with its own copy_ (all_gather_coalesced's update_output): dp x
-    the rank's parameter tensors small ops one after another (about 22,000 at dp 128 for a
-    28-layer model), priced by no figure the planner holds."""
+    side of ZeRO-1's gather, which slices every parameter once per dp rank and copies every
+    gathered slice back with its own copy_ (`zero1_gather_host_s`, charged by step_time)."""
     L = plan.layout
     shard = params / L.zero_shards if L.zero else params
     moved = all_params_bytes * params + updated_bytes * shard
     if zero1_flat_copies and L.zero == 1 and L.dp > 1:
         moved += 4.0 * params
     return moved / plan.hardware.memory_bw
+
+
+def stage_param_tensors(plan: PlanInput, layers: int) -> int:
+    """Parameter tensors of a rank holding `layers` decoder blocks of a dense Nanotron Llama
+    (src/nanotron/models/llama.py, c252843): per block input_layernorm, qkv_proj (fused
+    q, k, v), o_proj, post_attention_layernorm, gate_up_proj (fused), down_proj, all without
+    bias: 6; at pp = 1 the embedding, the final norm and the lm_head (one tensor less when
+    tied, the optimizer getting get_named_params_with_correct_tied); at pp > 1 the larger end,
+    the last stage's final norm and lm_head (2). Ignores: MoE experts (dense blocks only)."""
+    ends = (3 - (1 if plan.model.tie_embeddings else 0)) if plan.layout.pp == 1 else 2
+    return 6 * layers + ends
+
+
+def zero1_gather_host_s(plan: PlanInput, recipe: Recipe, *, tensors: int, hidden_s: float) -> float:
+    """Host seconds of ZeRO-1's weight all-gather that the GPU does not hide, under
+    Recipe.zero1_gather_host_copies (Nanotron c252843): ZeroDistributedOptimizer.step ->
+    _all_gather_params slices every parameter once per dp rank in a Python comprehension
+    (output_tensor_lists: `tensor[slice(...)]` per (parameter, dp rank)), and
+    distributed.all_gather_coalesced's update_output copies every gathered slice back with its
+    own `original_buffer.copy_(gathered_buffer)`, per dp rank and parameter: n x `tensors`
+    views (VIEW_CALL_S) and n x `tensors` copies (COPY_CALL_S), n the ZeRO group (dp x cp).
+    The GPU runs the work the host launched after the backward (`hidden_s`: the gradient
+    all-reduce, the tied sync, the optimizer and its passes, the gather itself) while the host
+    builds the lists and launches the copies, so max(0, host - hidden_s) is charged.
+    Counts: the host ops that grow with dp x tensors. Ignores: the host's lead over the GPU
+    when the backward ends (hides more), the tail's other host work (clip_grad_norm's two
+    launches and FP32GradientAccumulator.step's copy per parameter, the C++ flatten and
+    unflatten of each dp rank's list: exposes more), empty slices' cheaper copies, and any
+    difference between the runs' host CPU and the issue's. 0 unless the recipe says so, at
+    ZeRO-1 with n > 1."""
+    L = plan.layout
+    n = L.dp * L.cp
+    if L.zero:
+        n = max(1, n // max(1, L.dp_replicate))
+    if not recipe.zero1_gather_host_copies or L.zero != 1 or n <= 1 or plan.hardware.is_cpu:
+        return 0.0
+    host = n * tensors * (VIEW_CALL_S + COPY_CALL_S)
+    return max(0.0, host - hidden_s)
 
 
 def recipe_comm(

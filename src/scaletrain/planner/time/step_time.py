@@ -60,7 +60,14 @@ from .flops import (
 )
 from .fp8_casts import fp8_cast_bytes_per_token, fp8_gemm_share, fp8_weight_cast_bytes
 from .pipeline import bubble_fraction, last_stage_rank
-from .recipe_terms import grad_accum_pass_s, post_backward_s, recipe_comm, recipe_exposed
+from .recipe_terms import (
+    grad_accum_pass_s,
+    post_backward_s,
+    recipe_comm,
+    recipe_exposed,
+    stage_param_tensors,
+    zero1_gather_host_s,
+)
 
 __all__ = [
     "default_efficiency",
@@ -604,7 +611,9 @@ def step_time(
     """The seconds of one step of `plan` whose busiest rank holds `max_params` parameters:
     compute (`_compute_side`) + the pipeline bubble + the communication left exposed after
     overlap (`comm.comm_terms`, `_exposed`; a recipe's own families as it computes them,
-    `recipe_terms.recipe_exposed`) + the optimizer step (`_optimizer_seconds`)."""
+    `recipe_terms.recipe_exposed`) + the optimizer step (`_optimizer_seconds`, and under
+    Recipe.zero1_gather_host_copies the host time of its ZeRO-1 gather that the GPU's
+    post-backward work does not hide, `recipe_terms.zero1_gather_host_s`)."""
     L = plan.layout
     if recipe is not None and not recipe.nccl_nvls and plan.hardware.nvls_allreduce_busbw > 0:
         # the framework's runs turn NCCL's NVLink SHARP off (Recipe.nccl_nvls): rings only
@@ -650,6 +659,14 @@ def step_time(
         overlap=run_overlap(plan, recipe),
     )
     optimizer_s = _optimizer_seconds(plan, max_params, recipe)
+    if foreign and recipe is not None and recipe.zero1_gather_host_copies:
+        # ZeRO-1's gather built and copied back on the host, inside the optimizer's step,
+        # beyond the GPU work queued after the backward (recipe_terms.zero1_gather_host_s)
+        tail = ("dp_allreduce", "pp_tied_allreduce", "zero_all_gather")
+        hidden = sum(comm[k][1] for k in tail if k in comm) + optimizer_s
+        optimizer_s += zero1_gather_host_s(
+            plan, recipe, tensors=stage_param_tensors(plan, layers), hidden_s=hidden
+        )
     overhead = cal.step_overhead_s if cal is not None else 0.0
     compute_s, bubble_s = side.compute_s, side.bubble_s
     return StepTime(
