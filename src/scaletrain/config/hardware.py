@@ -410,6 +410,10 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         # https://github.com/NVIDIA/nccl/issues/1054, 2023-11-06). No 8-GPU nccl-tests busBw
         # from NVIDIA was found for this part.
         intra_node_bw_efficiency=40.1 / 50,
+        # bf16 MAMF 1745.0 TFLOP/s, 77.6% of peak (best shape 1792x16128x3072, torch
+        # 2.7.1+cu128): stas00/ml-engineering compute/accelerator/README.md, 'Maximum Achievable
+        # Matmul FLOPS comparison table' row 'NVIDIA B200 SXM' (the same table's H100 SXM: 80.3%).
+        mamf_bf16=1745.0e12,
     ),
     # GeForce RTX 3090 (Ampere GA102 whitepaper): 35.6 TF fp32, 71 TF fp16/bf16 tensor with fp32
     # accumulate; 24GB GDDR6X 936 GB/s; PCIe Gen4 x16 (32 GB/s per direction); 350 W.
