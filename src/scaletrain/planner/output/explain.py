@@ -439,11 +439,20 @@ def _recipe_mechanisms(est: Estimate, r: Recipe) -> str:
             f"({terms['dp_allreduce']:.3g} s; time.recipe_terms.recipe_exposed; "
             f"{r.sources.get('single_hw_queue', '')})"
         )
+    bf16_opt = bf16_optimizer_runs(p, r)
+    if bf16_opt and "dp_allreduce" in terms:
+        out += (
+            f"\n   [{r.name}] BF16_Optimizer gradients: one bf16 all-reduce of the whole fp32 "
+            f"buffer after the last backward, then the bf16 weights' all-gather, both exposed "
+            f"({terms['dp_allreduce']:.3g} s + {terms.get('zero_all_gather', 0.0):.3g} s; "
+            f"time.recipe_terms._BF16_OPTIMIZER_COMM)"
+        )
     if "pp_tied_allreduce" in terms:
+        why = "time.recipe_terms._BF16_OPTIMIZER_COMM" if bf16_opt else ""
         out += (
             f"\n   [{r.name}] tied embedding and head on pipeline stages 0 and {L.pp - 1}: one "
             f"fp32 all-reduce of the tied gradient after the backward, exposed "
-            f"({terms['pp_tied_allreduce']:.3g} s; {r.sources.get('tied_grad_sync', '')})"
+            f"({terms['pp_tied_allreduce']:.3g} s; {r.sources.get('tied_grad_sync', '') or why})"
         )
     if r.cp_ring == "torch_allgather" and "cp_ring" in terms and L.cp > 1:
         heads = "query heads (K/V repeated)" if r.cp_kv_repeated else "K/V heads"

@@ -2,8 +2,9 @@
 switched on by a `Recipe` field and read off the framework's source. Torch-free.
 
 - `recipe_comm`: the data-parallel families as the recipe's framework runs them (DDP buckets,
-  ZeRO-1's reduce-scatter or all-reduce + weight all-gather, DeepSpeed's ZeRO-3 fetches), and
-  Nanotron's all-reduce of a tied embedding's gradient across pipeline stages;
+  ZeRO-1's reduce-scatter or all-reduce + weight all-gather, DeepSpeed's ZeRO-3 fetches and
+  BF16_Optimizer's all-reduce, `_BF16_OPTIMIZER_COMM`), and the all-reduce of a tied
+  embedding's gradient across pipeline stages (Nanotron, DeepSpeed's BF16_Optimizer);
 - `recipe_exposed`: the exposed seconds of the families a framework runs its own way, which
   step_time charges as given instead of step_time._exposed's rules;
 - `async_tp_terms` (Recipe.tp_comm 'async_linears'): tensor parallelism as Nanotron's
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 
 from scaletrain.config import precision_spec
 
+from ..recipes.memory import bf16_optimizer_runs
 from ..recipes.schema import Recipe
 from ..types import PlanInput
 from .comm import (
@@ -68,6 +70,33 @@ VIEW_CALL_S = 2e-6
 """Host seconds of one simple eager tensor op that launches no kernel (a slice view):
 pytorch/pytorch issue #41383 (2020-07-14), ngimel: 'benchmarking x*x with
 requires_grad=False is approx 2 us. Approx half of it is python parsing overhead'."""
+
+
+_BF16_OPTIMIZER_COMM = (
+    "DeepSpeed's BF16_Optimizer, read at microsoft/DeepSpeed ab61edb02 (2022-03-09, the "
+    "olruwase/bf16-updates commit BigScience's chronicles-prequel.md names) and at 38327e07f "
+    "(2025-02-21): the gradient sync is runtime/engine.py buffered_allreduce_fallback over "
+    "BF16_Optimizer.get_grads_for_reduction, the whole fp32 flat gradient buffer of each param "
+    "group (fp32_groups_gradients_flat; non_expert_gradients at 38327e07f), "
+    "allreduce_no_retain -> allreduce_bucket: cast to communication_data_type (bf16 when bf16 "
+    "is on and the config sets none) and one dist.all_reduce over the data-parallel group, "
+    "not a reduce-scatter; it runs once per step after the last micro-batch's backward "
+    "(pipe/engine.py _exec_reduce_grads -> _bf16_reduce_grads at the schedule's ReduceGrads, "
+    "pipe/schedule.py TrainSchedule: ReduceTiedGrads, ReduceGrads, OptimizerStep after the last "
+    "step; without a pipeline engine.py allreduce_gradients at the accumulation boundary, "
+    "after loss.backward()), so no backward is left to hide it. pipe/engine.py "
+    "_exec_reduce_tied_grads all-reduces the tied weights' weight._hp_grad (fp32, no cast) "
+    "over each tied group (the first and last stage). BF16_Optimizer.step: the global norm of "
+    "the fp32 gradients (get_global_norm_of_tensors: one fp32 scalar all-reduced over the "
+    "model-parallel group), clip_tensors_by_global_norm in place, the optimizer on the fp32 "
+    "partition, then update_lp_params copies it into the bf16 partition and "
+    "all_gather_dp_groups all-gathers the bf16 weights over dp, inside step()."
+)
+"""Where `recipe_comm` / `recipe_exposed` take BF16_Optimizer's communication from. Ignored:
+the norm's scalar all-reduce (latency only), the clip's and the casts' memory passes over the
+fp32 buffer (read 4 + write 2 B per element for the cast, the reverse after, 12 B for the
+clip: tens of ms at 3.7e9 parameters on 2 TB/s), the all-reduce's split per param group (one
+latency term charged)."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -266,8 +295,10 @@ def recipe_comm(
     place of FSDP's families, charged in full by step_time._exposed. ZeRO-1 under a recipe that
     all-reduces after the backward (Recipe.zero1_grad_sync, Nanotron): one all-reduce of the
     whole fp32 gradient buffer, 2(n-1)/n of it per rank, one latency term (NCCL's ring /
-    tree model), in place of the bucketed reduce-scatter. A tied embedding and head on different
-    pipeline stages under Recipe.tied_grad_sync 'allreduce_after_backward' (Nanotron) add
+    tree model), in place of the bucketed reduce-scatter; the same under DeepSpeed's
+    BF16_Optimizer (`bf16_optimizer_runs`), whose all-reduce sends the buffer in bf16
+    (`_BF16_OPTIMIZER_COMM`). A tied embedding and head on different pipeline stages under
+    Recipe.tied_grad_sync 'allreduce_after_backward' (Nanotron) or BF16_Optimizer add
     `pp_tied_allreduce` (`_tied_grad_term`). Ignores: overlap of the param all-gather with the
     next forward (Megatron --overlap-param-gather): counted exposed."""
     L, hw = plan.layout, plan.hardware
@@ -279,7 +310,8 @@ def recipe_comm(
         }
         out.update(zero3_module_fetch_terms(plan, recipe, stage_params, gpus_per_node))
         return out
-    tied = _tied_grad_term(plan, recipe, gpus_per_node)
+    bf16_opt = bf16_optimizer_runs(plan, recipe)
+    tied = _tied_grad_term(plan, recipe, gpus_per_node, bf16_opt=bf16_opt)
     if "dp_allreduce" not in terms:
         return {**terms, **tied}
     out = {**terms, **tied}
@@ -291,12 +323,14 @@ def recipe_comm(
     # fp32 runs reduce and gather in fp32, their compute dtype; mixed runs in the recipe's dtypes
     spec = precision_spec(plan.precision)
     rb = recipe.bucket_elem_bytes if spec.mixed else float(spec.compute_bytes)
+    if bf16_opt:  # communication_data_type: the bf16 compute dtype (_BF16_OPTIMIZER_COMM)
+        rb = float(spec.compute_bytes)
     grads = stage_params * rb
     buckets = max(1, math.ceil(grads / max(1.0, recipe.bucket_bytes(L.dp))))
     if L.zero == 1 and recipe.shards_master and n > 1:
         wb = recipe.weight_bytes if spec.mixed else float(spec.compute_bytes)
-        if recipe.zero1_grad_sync == "allreduce_after_backward":
-            # one all-reduce of the whole fp32 buffer (`recipe_exposed` leaves it exposed)
+        if recipe.zero1_grad_sync == "allreduce_after_backward" or bf16_opt:
+            # one all-reduce of the whole buffer (`recipe_exposed` leaves it exposed)
             ar = 2 * (n - 1) / n * grads
             ring = ar / bw + dp_allreduce_latency(L, hw, gpus_per_node, n)
             out["dp_allreduce"] = (ar, allreduce_seconds(grads, n, link, hw, ring=ring))
@@ -317,24 +351,29 @@ def recipe_comm(
 
 
 def _tied_grad_term(
-    plan: PlanInput, recipe: Recipe, gpus_per_node: int | None
+    plan: PlanInput, recipe: Recipe, gpus_per_node: int | None, *, bf16_opt: bool = False
 ) -> dict[str, tuple[float, float]]:
     """{'pp_tied_allreduce': (bytes, seconds)} when `recipe` sums the gradient of an embedding
     tied to the head across pipeline stages after the backward (Recipe.tied_grad_sync
     'allreduce_after_backward', Nanotron: trainer.py DistributedTrainer.training_step ->
     parallel/tied_parameters.py sync_tied_weights_gradients, an all-reduce over the first and
-    the last stage's ranks of the same tp and dp coordinates), else {}. Counts: one ring
-    all-reduce (comm.allreduce_time) of the tied weight's vocab shard, vocab x dim / tp elements
-    at Recipe.grad_bytes (the fp32 accumulation buffer), over the pp axis's link (the two stages
-    sit pp - 1 stages apart: a node apart unless the whole pipeline fits in one node);
+    the last stage's ranks of the same tp and dp coordinates; or DeepSpeed's BF16_Optimizer,
+    `bf16_opt`: `_BF16_OPTIMIZER_COMM`), else {}. Counts: one ring all-reduce
+    (comm.allreduce_time) of the tied weight's vocab shard, vocab x dim / tp elements at
+    Recipe.grad_bytes (Nanotron's fp32 accumulation buffer) or 4 B under BF16_Optimizer (its
+    fp32 _hp_grad, all-reduced as it is, no cast), over the pp axis's link (the two stages sit
+    pp - 1 stages apart: a node apart unless the whole pipeline fits in one node);
     step_time._exposed charges it whole (nothing runs beside it). Ignores: the norm weights the
     same call sums over tp under sequence parallelism (reduce_op SUM on the tp-replicated
     parameters: 2 x dim per block, microseconds), an untied model or pp = 1 (no group)."""
     L, model = plan.layout, plan.model
-    if recipe.tied_grad_sync != "allreduce_after_backward" or L.pp < 2 or not model.tie_embeddings:
+    syncs = recipe.tied_grad_sync == "allreduce_after_backward" or bf16_opt
+    if not syncs or L.pp < 2 or not model.tie_embeddings:
         return {}
     spec = precision_spec(plan.precision)
     gb = recipe.grad_bytes if spec.mixed else float(spec.compute_bytes)
+    if bf16_opt:
+        gb = 4.0  # the fp32 _hp_grad (_BF16_OPTIMIZER_COMM)
     nbytes = gb * model.vocab_size * model.dim / L.tp
     bw, lat, _ = axis_link(L, plan.hardware, "pp", gpus_per_node)
     return {"pp_tied_allreduce": (nbytes, allreduce_time(nbytes, 2, bw, lat))}
@@ -369,6 +408,9 @@ def recipe_exposed(
       nothing overlapped with the variable at 1); the bucketed bytes and latency stay
       recipe_comm's. Ignores: the share of a collective that does start beside compute (the
       traces show none);
+    - dp_allreduce and zero_all_gather under DeepSpeed's BF16_Optimizer (`bf16_optimizer_runs`):
+      all of both (`_BF16_OPTIMIZER_COMM`: the all-reduce after the last micro-batch's backward,
+      the bf16 weights' all-gather inside the optimizer step, nothing queued beside either);
     - cp_ring under Recipe.cp_ring 'torch_allgather': `cp_ring.torch_ring_terms` replaces
       comm._cp_term's bytes and seconds; its waits (the K/V all-gather past the first
       sub-SDPA, the dK/dV sends past one sub-SDPA backward, the last send) sit inside each
@@ -408,6 +450,10 @@ def recipe_exposed(
         and "dp_allreduce" in comm
     ):
         out["dp_allreduce"] = comm["dp_allreduce"][1]
+    if bf16_optimizer_runs(plan, recipe):  # after the last backward: _BF16_OPTIMIZER_COMM
+        for family in ("dp_allreduce", "zero_all_gather"):
+            if family in comm:
+                out[family] = comm[family][1]
     if recipe.single_hw_queue and L.zero == 0 and L.dp > 1 and "dp_allreduce" in comm:
         out["dp_allreduce"] = comm["dp_allreduce"][1]
     return out
