@@ -420,10 +420,14 @@ def test_eager_elementwise_bytes_recounted(fused_norm: bool) -> None:
 def test_torchtitan_eager_pays_its_elementwise_kernels() -> None:
     """torchtitan without compile: each block adds eager_elementwise_bytes per token over the
     memory bandwidth (Llama 3.1 8B: 1.92 MB per token per block, plus a forward's 0.62 MB
-    under selective AC); compiled, nothing; other recipes, nothing."""
+    under selective AC); compiled, the fused kernels' compiled_elementwise_bytes (0.61 MB);
+    other recipes, nothing."""
     from scaletrain.config import model_preset
     from scaletrain.planner import PlanInput, estimate
-    from scaletrain.planner.time.efficiency import eager_elementwise_bytes
+    from scaletrain.planner.time.efficiency import (
+        compiled_elementwise_bytes,
+        eager_elementwise_bytes,
+    )
 
     m, hw = model_preset("llama3-8b"), hardware_preset("h100-sxm")
 
@@ -446,6 +450,7 @@ def test_torchtitan_eager_pays_its_elementwise_kernels() -> None:
 
     per_tok = eager_elementwise_bytes(m, fused_norm=False, recompute=True)
     assert per_tok == pytest.approx(2.54e6, rel=0.01)
+    per_tok -= compiled_elementwise_bytes(m, recompute=True)
     want = per_tok * m.num_layers * 8192 * 2 / hw.memory_bw  # 2 micro-batch rows per rank
     assert step("torchtitan", False) - step("torchtitan", True) == pytest.approx(want, rel=0.02)
     assert step("megatron", False) == step("megatron", True)
@@ -476,7 +481,10 @@ def test_explain_shows_torchtitan_eager_kernels(capsys: pytest.CaptureFixture[st
         "selective",
     ]
     assert main(args) == 0
-    line = "[torchtitan] eager elementwise kernels (no compile): 2.54 MB per token per block"
+    line = "[torchtitan] eager elementwise kernels: 2.54 MB per token per block"
     assert any(ln.strip().startswith(line) for ln in capsys.readouterr().out.splitlines())
     assert main(args + ["--compile"]) == 0
-    assert "eager elementwise" not in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "eager elementwise" not in out
+    line = "[torchtitan] compiled (fused) elementwise kernels: 0.61 MB per token per block"
+    assert any(ln.strip().startswith(line) for ln in out.splitlines())

@@ -380,11 +380,15 @@ def _recipe_time(est: Estimate) -> list[str]:
 
     eager = eager_elementwise_s(p, r)
     if eager > 0:
+        kind, fn = ("eager", "eager_elementwise_bytes")
+        if p.compile:
+            kind, fn = ("compiled (fused)", "compiled_elementwise_bytes")
+        elif r.eager_block == "mpt":
+            fn = "mpt_eager_elementwise_bytes"
         bucket += (
-            f"\n   [{r.name}] eager elementwise kernels (no compile): "
+            f"\n   [{r.name}] {kind} elementwise kernels: "
             f"{eager * hw.memory_bw / 1e6:.2f} MB per token per block over memory "
-            f"bandwidth (efficiency."
-            f"{'mpt_' if r.eager_block == 'mpt' else ''}eager_elementwise_bytes)"
+            f"bandwidth (efficiency.{fn})"
         )
     bucket += _recipe_mechanisms(est, r)
     if r.time_model != "generation" or p.efficiency > 0 or hw.is_cpu:

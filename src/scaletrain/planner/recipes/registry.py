@@ -259,6 +259,7 @@ RECIPES: dict[str, Recipe] = {
         pp_fsdp_unsharded=True,
         loss_compiles=True,
         eager_elementwise=True,
+        fsdp2_copies=True,
         cp_ring="torch_allgather",
         cp_kv_repeated=True,
         pp_stage_buffers="torch_per_microbatch",
@@ -280,7 +281,14 @@ RECIPES: dict[str, Recipe] = {
             "F.silu(w1(x)) * w3(x), residual adds, each a separate "
             "kernel without training.compile; "
             "benchmarks/llama3_h100_202412_torchtitan.md Table 1: "
-            "compile alone 5,762 -> 6,667 TPS/GPU",
+            "compile alone 5,762 -> 6,667 TPS/GPU; under compile the fused kernels' "
+            "traffic (parallelize_llama.py apply_compile at 9dec370: per-block "
+            "torch.compile; efficiency.compiled_elementwise_bytes)",
+            "fsdp2_copies": "torchtitan parallelize_llama.py apply_fsdp at 9dec370: "
+            "fully_shard per block and the root; torch 2.13 _fully_shard/"
+            "_fsdp_collectives.py foreach_all_gather_copy_out (split_with_sizes_copy on "
+            "the current stream) and foreach_reduce (chunk_cat copy-in before the "
+            "reduce-scatter stream)",
             "pp_fsdp_unsharded": "torchtitan parallelize apply_fsdp: 'For PP, do not reshard "
             "after forward to avoid per-microbatch all-gathers' "
             "(reshard_after_forward = not pp_enabled; at 9dec370 "

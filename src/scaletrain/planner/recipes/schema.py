@@ -155,6 +155,12 @@ class Recipe:
     separate eager kernels unless compiled, charged over memory bandwidth
     (efficiency.eager_elementwise_bytes); False where fused kernels run them (Transformer
     Engine, flash-attn's fused ops) or the planner's calibrated efficiency stands for them."""
+    fsdp2_copies: bool = False
+    """Time model: ZeRO-2/3 run as torch's FSDP2 (`fully_shard`), whose all-gather copy-out and
+    reduce-scatter copy-in run on the compute stream, charged over memory bandwidth
+    (time.fsdp_copies.fsdp2_copy_bytes). scaletrain's own trainer runs FSDP2 too
+    (parallel/fsdp.py), but its recipe leaves this off as it leaves `eager_elementwise` off: its
+    calibrated efficiency (time.step_time.default_efficiency) stands for its kernels."""
     eager_block: EagerBlock = "llama"
     """Which block's eager elementwise kernels `eager_elementwise` counts: 'llama' (an RMSNorm
     SwiGLU RoPE block, efficiency.eager_elementwise_bytes, dense RMSNorm models only) or 'mpt'

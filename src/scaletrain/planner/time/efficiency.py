@@ -15,7 +15,8 @@ What every recipe uses (step_time.step_time):
 - the device's measured achievable matmul rate against the calibration's reference
   (`matmul_peak_factor`, applied by step_time.default_efficiency);
 - a recipe that runs its block's elementwise ops as eager kernels (torchtitan without
-  torch.compile): their bytes over memory bandwidth (`eager_elementwise_bytes`).
+  torch.compile): their bytes over memory bandwidth (`eager_elementwise_bytes`); under
+  torch.compile the bytes Inductor's fused kernels still move (`compiled_elementwise_bytes`).
 
 The 'generation' time model (recipes.schema.Recipe.time_model, selectable, no recipe uses it: see
 recipes.schema.FOREIGN_TIME_MODEL for the measurement) replaces the matmul efficiency with
@@ -64,6 +65,11 @@ __all__ = [
     "MPT_EAGER_FWD",
     "MPT_EAGER_BWD",
     "mpt_eager_elementwise_bytes",
+    "COMPILED_FWD",
+    "COMPILED_BWD",
+    "COMPILED_RECOMPUTE",
+    "COMPILED_V_REPEAT",
+    "compiled_elementwise_bytes",
 ]
 
 GENERATION_EFFICIENCY: dict[str, float] = {
@@ -440,8 +446,8 @@ or a view, at 4 shapes (h 512/1024, kv 128/256, f 1024/2048, 2,048 tokens): the 
 linear in h, kv and f with these coefficients (the per-token constants under 0.1%; Llama 3.1
 8B: 1.92 MB per token per block unfused, 0.92 MB with fused norms). Each op is memory bound
 (about 1 FLOP per byte, far below every GPU's ridge), so it costs bytes / memory bandwidth.
-torch.compile (Inductor) fuses these chains: not charged under compile (the fused kernels'
-own traffic, a fraction of this, is ignored)."""
+torch.compile (Inductor) fuses these chains: under compile the fused kernels' own traffic is
+charged instead (COMPILED_*, `compiled_elementwise_bytes`)."""
 
 
 def eager_elementwise_bytes(model: ModelConfig, *, fused_norm: bool, recompute: bool) -> float:
@@ -455,6 +461,71 @@ def eager_elementwise_bytes(model: ModelConfig, *, fused_norm: bool, recompute: 
         EAGER_REST_TOTAL[0] * h + EAGER_REST_TOTAL[1] * kv + EAGER_REST_TOTAL[2] * f + norm_tot * h
     )
     return tot + (fwd if recompute else 0.0)
+
+
+# ---- the fused kernels of a compiled torchtitan Llama block ---------------------------------
+
+COMPILED_FWD = (26.0, 4.0, 6.0)
+COMPILED_BWD = (38.0, 4.0, 10.0)
+COMPILED_RECOMPUTE = (20.0, 4.0, 2.0)
+COMPILED_V_REPEAT = (2.0, 2.0, 0.0)
+"""Bytes per token per block, as (per h, per kv, per f element), that Inductor's fused kernels
+still move in a torchtitan Llama block compiled per block (torchtitan parallelize_llama.py
+`apply_compile` at 9dec370: torch.compile(transformer_block, fullgraph=True), after AC and
+before FSDP), 16-bit activations (e = 2 B: 2 per element read, 2 per element written).
+Kernel boundaries: a fused kernel cannot fuse through a matmul (aten.mm, cuBLAS) or SDPA (the
+flash kernel), so each fused region between them reads from HBM every matmul / SDPA output it
+consumes and writes every matmul / SDPA input it produces; counted as a lower bound, one read
+of each input and one write of each output per region (per-token reductions in registers).
+Regions, from torchtitan/models/llama/model.py at 9dec370 (TransformerBlock.forward,
+Attention.forward, apply_rotary_emb, repeat_kv, FeedForward.forward; models/norms.py RMSNorm:
+_norm(x.float()).type_as(x) * weight, the fp32 upcast kept in registers):
+- forward: attention_norm, read x write xn (4h); RoPE on q and k with repeat_kv of k and v
+  (SDPA gets n_heads keys and values: the expand + reshape copy), read q (2h), k, v (2kv + 2kv)
+  and write q, k, v at n_heads (6h): 8h + 4kv; the residual add and ffn_norm, read x and wo's
+  output, write h1 and hn (8h); SiLU x gate, read w1's and w3's outputs, write the product
+  (6f); the block's residual add, read h1 and w2's output, write out (6h). 26h + 4kv + 6f.
+- backward: SiLU x gate backward, read dg, w1 and w3 outputs, write both gradients (10f);
+  each RMSNorm backward fused with its residual gradient, read the matmul gradients that sum
+  into dy (2 after the MLP, 3 after q/k/v), the norm's input and the residual gradient, write
+  dx (ffn_norm 10h, attention_norm 12h), and the weight gradient, a reduction over tokens
+  (another loop, its own kernel), read dy and the input (2 x 4h); the RoPE backward with
+  repeat_kv's sum over the repeated heads, read dq, dk, dv at n_heads (6h), write them at
+  q / kv width (2h + 4kv). 38h + 4kv + 10f.
+- recompute: under torchtitan's op-level SAC (`_save_list`: mm outputs but every second one,
+  SDPA) and full AC, the partitioner recomputes every elementwise op in the backward graph
+  (torch/_functorch/partitioners.py must_recompute: PREFER_RECOMPUTE and MUST_RECOMPUTE):
+  attention_norm again (4h: wk's recompute and the q/k/v weight gradients read xn), RoPE /
+  repeat_kv again (SDPA backward reads q, k, v: 8h + 4kv), the residual add and ffn_norm again
+  (h1, hn: 8h), and the SiLU x gate product for w2's weight gradient, fused into the SiLU
+  backward kernel that reads the same inputs (its write only: 2f). 20h + 4kv + 2f. Without
+  AC the forward's writes are saved instead (the lower bound: the partitioner saves no more).
+- COMPILED_V_REPEAT: with as many kv heads as query heads (kv = h) repeat_kv returns v itself
+  (no copy): its read and write (2h + 2kv) are not made, in each of forward, recompute and
+  backward (the sum of dv).
+Ignores: the RoPE table (a per-position read, 8 B per head-dim pair), the norms' fp32 rstd
+(a scalar per token), the norm weights, kernels Inductor might split further than this (a
+looped reduction reading its row twice at large h, a dy sum materialized for two
+consumers: the lower bound assumes not), the fp8 casts of the matmul inputs (charged apart:
+fp8_casts, torchao's `fuse_with_prev False` roofline, so the regions still write 16-bit
+outputs), the embedding, final norm and loss. Llama 3.1 8B under SAC: 614,400 B per token per
+block, against 2.54 MB eager (`eager_elementwise_bytes`, with its recompute). Each kernel is
+memory bound (a few FLOPs per byte): bytes / memory bandwidth."""
+
+
+def compiled_elementwise_bytes(model: ModelConfig, *, recompute: bool) -> float:
+    """Bytes per token per block of the fused elementwise kernels of a compiled torchtitan
+    Llama block (COMPILED_*), forward + backward, plus the recomputed regions under AC
+    (selective per-op or full: both recompute every elementwise op in the backward graph).
+    Source: torchtitan/models/llama/model.py and parallelisms/parallelize_llama.py (_save_list,
+    apply_compile) at 9dec370; torch/_functorch/partitioners.py must_recompute."""
+    h, kv, f = model.dim, model.kv_dim, model.ffn_dim
+    passes = 3.0 if recompute else 2.0  # forward, backward, and the recompute
+    parts = [COMPILED_FWD, COMPILED_BWD] + ([COMPILED_RECOMPUTE] if recompute else [])
+    total = sum(c[0] * h + c[1] * kv + c[2] * f for c in parts)
+    if kv >= h:  # no GQA: repeat_kv(v) is v itself
+        total -= passes * (COMPILED_V_REPEAT[0] * h + COMPILED_V_REPEAT[1] * kv)
+    return total
 
 
 # ---- eager elementwise kernels of llm-foundry's MPT block ------------------------------------

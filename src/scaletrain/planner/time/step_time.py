@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from scaletrain.config import (
     HardwareSpec,
     ParamCounts,
+    compute_bytes,
     expert_split,
     expert_tp,
     offload_states,
@@ -44,6 +45,7 @@ from .efficiency import (
     AttentionCore,
     attention_kernel,
     attention_seconds_per_token,
+    compiled_elementwise_bytes,
     eager_elementwise_bytes,
     matmul_efficiency,
     matmul_peak_factor,
@@ -59,6 +61,7 @@ from .flops import (
     op_sac_recompute_flops_per_token,
 )
 from .fp8_casts import fp8_cast_bytes_per_token, fp8_gemm_share, fp8_weight_cast_bytes
+from .fsdp_copies import fsdp2_copy_bytes
 from .pipeline import bubble_fraction, last_stage_rank
 from .recipe_terms import (
     grad_accum_pass_s,
@@ -85,6 +88,7 @@ __all__ = [
     "BlockTime",
     "fp8_cast_s",
     "fp8_weight_cast_s",
+    "fsdp2_copy_s",
 ]
 
 OPTIMIZER_TRAFFIC = {"adamw": 28.0, "sgd": 20.0, "adamw8bit": 16.0, "adafactor": 12.0}
@@ -443,6 +447,8 @@ def _compute_side(
     # the fp8 Linears' weight casts, once per micro-batch (fp8_casts.fp8_weight_cast_bytes)
     t_w8 = fp8_weight_cast_s(plan, recipe, layers=max(counts))
     compute_s = m * (t_mb + t_acc + t_ring + t_w8)
+    # FSDP2's all-gather copy-outs and reduce-scatter copy-ins (fsdp_copies, Recipe.fsdp2_copies)
+    compute_s += fsdp2_copy_s(plan, recipe, max_params, terms=terms)
     # the DDP hook's own fp32 add at the sync micro-batch (Recipe.ddp_hook_accumulates)
     if t_acc and recipe is not None and recipe.ddp_hook_accumulates and L.zero == 0 and L.dp > 1:
         compute_s += t_acc
@@ -763,17 +769,18 @@ def _activation_offload(
 
 
 def eager_elementwise_s(plan: PlanInput, recipe: Recipe | None) -> float:
-    """Seconds per token per block of a recipe's eager elementwise kernels (RoPE, SiLU, norms,
-    residual adds: efficiency.eager_elementwise_bytes over the memory bandwidth); 0 for a
-    recipe that fuses them (Recipe.eager_elementwise False), under torch.compile, with a
-    user-set efficiency (which stands for the whole block), on CPU, and for models other than
-    the block the bytes were counted on (Recipe.eager_block: the dense RMSNorm Llama block, or
-    llm-foundry's dense LayerNorm GELU MPT block, efficiency.mpt_eager_elementwise_bytes)."""
+    """Seconds per token per block of a recipe's elementwise kernels (RoPE, SiLU, norms,
+    residual adds) over memory bandwidth: eager, efficiency.eager_elementwise_bytes; under
+    torch.compile the fused kernels Inductor makes of them (torchtitan's per-block compile,
+    efficiency.compiled_elementwise_bytes: Llama blocks only). 0 for a recipe that fuses them
+    (Recipe.eager_elementwise False), with a user-set efficiency (which stands for the whole
+    block), on CPU, and for models other than the block the bytes were counted on
+    (Recipe.eager_block: the dense RMSNorm Llama block, or llm-foundry's dense LayerNorm GELU
+    MPT block, efficiency.mpt_eager_elementwise_bytes, not counted under compile)."""
     model, hw = plan.model, plan.hardware
     if (
         recipe is None
         or not recipe.eager_elementwise
-        or plan.compile
         or plan.efficiency > 0
         or hw.is_cpu
         or model.is_moe
@@ -781,15 +788,35 @@ def eager_elementwise_s(plan: PlanInput, recipe: Recipe | None) -> float:
         return 0.0
     if recipe.eager_block == "mpt":
         # llm-foundry's MPT block: LayerNorm and a GELU MLP (efficiency.MPT_EAGER_FWD)
-        if model.norm != "layernorm" or model.gated_mlp:
+        if model.norm != "layernorm" or model.gated_mlp or plan.compile:
             return 0.0
         return mpt_eager_elementwise_bytes(model, recompute=plan.ac == "full") / hw.memory_bw
     if model.norm != "rmsnorm":
         return 0.0
+    if plan.compile:
+        return compiled_elementwise_bytes(model, recompute=plan.ac != "none") / hw.memory_bw
     return (
         eager_elementwise_bytes(model, fused_norm=plan.fused_norm, recompute=plan.ac != "none")
         / hw.memory_bw
     )
+
+
+def fsdp2_copy_s(
+    plan: PlanInput, recipe: Recipe | None, max_params: float, *, terms: ModelTerms
+) -> float:
+    """Seconds per step of FSDP2's copies on the compute stream (fsdp_copies.fsdp2_copy_bytes
+    over memory bandwidth) for a recipe that runs ZeRO-2/3 as torch's `fully_shard`
+    (Recipe.fsdp2_copies); 0 for other recipes, below ZeRO-2, with a user-set efficiency and
+    on CPU."""
+    L, hw = plan.layout, plan.hardware
+    if recipe is None or not recipe.fsdp2_copies or L.zero < 2 or plan.efficiency > 0:
+        return 0.0
+    if hw.is_cpu:
+        return 0.0
+    inputs = comm_arguments(plan, max_params, None, terms.counts, recipe)
+    e = inputs.param_comm_bytes or compute_bytes(plan.precision)
+    moved = fsdp2_copy_bytes(inputs, param_bytes=e, pp_unsharded=recipe.pp_fsdp_unsharded)
+    return moved / hw.memory_bw
 
 
 def fp8_cast_s(plan: PlanInput, recipe: Recipe | None) -> float:
