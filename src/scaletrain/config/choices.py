@@ -24,6 +24,7 @@ __all__ = [
     "Fp8Backend",
     "GradCompression",
     "ACMode",
+    "MoeDispatcher",
     "OffloadMode",
     "LoraBaseDtype",
     "ZeroStage",
@@ -58,6 +59,12 @@ Fp8Backend = Literal["auto", "scaletrain", "torchao"]
 GradCompression = Literal["none", "powersgd"]
 # memory and layout
 ACMode = Literal["none", "selective", "full"]
+
+MoeDispatcher = Literal["unstated", "alltoall", "flex"]
+"""A Megatron-Core run's MoE token dispatcher (--moe-token-dispatcher-type): 'alltoall'
+(NCCL all-to-all with a global permute and, past one local expert, chunk sorts by local
+expert), 'flex' (DeepEP / HybridEP: the permute fused into the communication kernel),
+'unstated' (neither charged beyond what both run; planner/time/moe_traffic.py)."""
 OffloadMode = Literal[
     "none", "optimizer", "params", "activations", "optimizer+activations", "params+activations"
 ]

@@ -125,6 +125,11 @@ class PlanInput:
     the head's grad_output while fewer than the limit are held, pipeline_parallel/schedules.py
     finish_embedding_wgrad_compute runs them after the schedule); 0 = none. A published row's
     `layout.head_wgrad_deferred` (the limit, or m where the limit is 0 = all)."""
+    moe_dispatcher: str = "unstated"
+    """Foreign recipes (Megatron-Core's): the run's MoE token dispatcher, a
+    `config.choices.MoeDispatcher` name; 'alltoall' adds its chunk sorts by local expert and
+    its fp8 padding copies to the routed rows' traffic (time/moe_traffic.py). A published
+    row's `layout.moe_dispatcher`."""
     calibration: Calibration | None = None
     """Efficiency constants a run on this device measured (`time.calibration`; `plan
     --calibration`); None: the defaults."""

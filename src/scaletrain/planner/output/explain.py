@@ -390,6 +390,15 @@ def _recipe_time(est: Estimate) -> list[str]:
             f"{eager * hw.memory_bw / 1e6:.2f} MB per token per block over memory "
             f"bandwidth (efficiency.{fn})"
         )
+    from ..time.moe_traffic import moe_row_seconds_per_token
+
+    moe_rows = moe_row_seconds_per_token(p, r)
+    if moe_rows > 0:
+        bucket += (
+            f"\n   [{r.name}] MoE routed rows (permute / unpermute, weighted SwiGLU, fp8 "
+            f"grouped casts): {moe_rows * hw.memory_bw / 1e3:,.0f} kB per token per MoE block "
+            "over memory bandwidth (time.moe_traffic); kernel launch gaps not modelled"
+        )
     bucket += _recipe_mechanisms(est, r)
     if r.time_model != "generation" or p.efficiency > 0 or hw.is_cpu:
         return [

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 
+from scaletrain.config import expert_tp
+
 from ..memory.activations import layer_activation_bytes
 from ..types import PlanInput
 from .schema import Recipe
 
-__all__ = ["recipe_layer_bytes", "recipe_head_bytes"]
+__all__ = ["recipe_layer_bytes", "recipe_head_bytes", "megatron_moe_applies"]
 
 
 def _korthikanti(plan: PlanInput, recipe: Recipe, ac: str) -> float:
@@ -115,12 +117,85 @@ def _nanotron_layer(plan: PlanInput, recipe: Recipe, ac: str) -> float:
     return tok * (norms + inputs + attn + mlp)
 
 
+def megatron_moe_applies(plan: PlanInput, recipe: Recipe) -> bool:
+    """Whether `_megatron_moe_layer` counts this plan's layer: a Megatron-Core recipe
+    (recipe.activations 'korthikanti') on a dropless top-k-softmax MoE without shared experts
+    or MLA (Qwen3-MoE, Mixtral); DeepSeek-style layers keep the general MoE model."""
+    m = plan.model
+    return (
+        recipe.activations == "korthikanti"
+        and m.is_moe
+        and not m.is_mla
+        and not m.num_shared_experts
+        and not m.num_dense_layers
+        and m.router_scoring == "topk_softmax"
+        and not m.moe_capacity_factor
+    )
+
+
+def _megatron_moe_layer(plan: PlanInput, recipe: Recipe, ac: str) -> float:
+    """One Megatron-Core MoE transformer layer's saved bytes per micro-batch (Transformer Engine
+    layers, the alltoall / flex dispatcher with moe_permute_fusion, TEGroupedMLP with
+    moe_grouped_gemm and the fused weighted SwiGLU), per saved tensor, T = s*b/cp tokens of
+    this rank, e = element bytes, g = 1 byte under fp8 (`Recipe.te_fp8_gemm_inputs`) else e:
+      attention: the QKV LayerNormLinear's input e*h + fp32 rstd 4 and its GEMM input g*h (the
+        norm's output); Qwen3's q / k RMSNorms (model.qk_norm) their inputs e*(q + kv) + an
+        fp32 rstd per head 4*(a + a_kv); the fused attention's q, k, v and output
+        e*(2q + 2kv) + its fp32 softmax statistics 4a; the output projection's GEMM input
+        g*q (TE's fp8 Linear: the fp8 copy; in 16 bits the output tensor itself, counted);
+      MoE: the pre-MLP RMSNorm's input e*h + 4; the router's gating linear input e*h
+        (megatron/core/transformer/moe/moe_utils.py RouterGatingLinearFunction saves inp,
+        weight); under moe_router_fusion Transformer Engine's fused top-k and aux-loss
+        score functions each save an fp32 (T, E) intermediate and the top-k its bool routing
+        map, 9E (TransformerEngine transformer_engine/pytorch/router.py
+        FusedTopkScoreFunction, FusedComputeScoresForMoEAuxLoss; csrc/extensions/router.cpp:
+        kFloat); the fused permute saves only its int32 row_id_map (T, 2E + 1), 4*(2E + 1),
+        which the unpermute reuses (transformer_engine/pytorch/permutation.py
+        _moe_permute_mask_map_setup_context / _moe_unpermute_mask_map_setup_context without
+        merging probs: the probs are applied inside the experts), the chunk sorts an int32
+        map per row each, 2 x 4k; the k routed rows per token run by this rank (balanced
+        routing: the Megatron-Bridge performance configs set moe_router_force_load_balancing),
+        per row: fc1's GEMM input g*h (GroupedLinear keeps the column-wise fp8 copy only,
+        module/grouped_linear.py `update_usage(rowwise_usage=False, columnwise_usage=True)`),
+        the weighted SwiGLU's input e*2f/t_e and its fp32 prob 4 (megatron/core/fusions/
+        fused_bias_swiglu.py WeightedSwiGLUFunction saves input, weights), fc2's GEMM input
+        g*f/t_e; t_e = `config.layout.expert_tp` (the rows gathered over it, f split by it).
+      SP divides the sequence terms by t (the MoE's input is the sequence shard); full
+      recompute keeps the layer input e*h (/t with SP), as `_korthikanti`.
+    Counts the per-token tensors the backward reads. Ignores: fp8 scale tensors (MXFP8: 1/32
+    of a GEMM input), the fp8 padding split sizes, the a2a split metadata, RoPE's freqs (a
+    buffer), the residual adds (save nothing); the dispatcher's receive buffers and the
+    expert outputs live only inside the layer's forward (not saved)."""
+    m, L = plan.model, plan.layout
+    e = plan.compute_bytes
+    g = 1 if plan.precision == "fp8" and recipe.te_fp8_gemm_inputs else e
+    h, a, q, kv, f = m.dim, m.num_heads, m.q_dim, m.kv_dim, m.ffn_dim
+    E, k = m.num_experts, m.experts_per_token
+    tok = float(plan.seq_len) / L.cp * plan.micro_batch
+    sp = L.sp or recipe.sp_with_tp
+    tsp = L.tp if sp else 1
+    if ac == "full":
+        return e * tok * h / tsp
+    te = expert_tp(L.tp, L.ep)
+    kv_heads = m.num_kv_heads or a
+    rep = (e * h + 4.0) + g * h + (e * h + 4.0)  # QKV norm + its GEMM input; pre-MLP norm
+    split = float(e * (2 * q + 2 * kv) + 4 * a + g * q)
+    if m.qk_norm:
+        split += e * (q + kv) + 4.0 * (a + kv_heads)
+    router = e * h + 9.0 * E + 4.0 * (2 * E + 1) + 2 * 4.0 * k
+    rows = k * te  # routed rows per token of this rank's sequence shard
+    experts = rows * (g * h + (2 * e * f + g * f) / te + 4.0)
+    return tok * ((rep + router + experts) / tsp + split / L.tp)
+
+
 def recipe_layer_bytes(plan: PlanInput, recipe: Recipe, ac: str | None = None) -> float:
     """Stored activation bytes of one layer per micro-batch under `recipe` (ac = plan.ac)."""
     ac = plan.ac if ac is None else ac
     L = plan.layout
     if recipe.activations == "korthikanti" and not plan.model.is_moe:
         return _korthikanti(plan, recipe, ac)
+    if megatron_moe_applies(plan, recipe):
+        return _megatron_moe_layer(plan, recipe, ac)
     if recipe.activations == "nanotron" and not plan.model.is_moe:
         return _nanotron_layer(plan, recipe, ac)
     if ac == "selective" and recipe.selective == "torchtitan_op" and not plan.model.is_moe:

@@ -31,7 +31,7 @@ from scaletrain.config import (
     model_preset,
     option_problems,
 )
-from scaletrain.config.choices import ACMode, Precision, literal_names
+from scaletrain.config.choices import ACMode, MoeDispatcher, Precision, literal_names
 from scaletrain.config.hardware_toml import describe_hardware
 from scaletrain.config.strict import coerce, did_you_mean, scalar_type
 
@@ -124,6 +124,9 @@ class RunLayout:
     head_wgrad_deferred: int = 0
     """Micro-batches whose head weight-gradient GEMM the run defers to the pipeline flush
     (`PlanInput.head_wgrad_deferred`); the framework recipe only."""
+    moe_dispatcher: MoeDispatcher = "unstated"
+    """A Megatron-Core run's MoE token dispatcher (`PlanInput.moe_dispatcher`); the framework
+    recipe only."""
     given: frozenset[str] = frozenset()
     """The keys the row's `layout` table states; a framework recipe fills the others it knows
     with its framework's defaults (`recipes.defaults`)."""
@@ -521,6 +524,7 @@ def plan_input(run: PublishedRun, recipe: str = "scaletrain") -> PlanInput:
         comm_overlap=L.comm_overlap if recipe != "scaletrain" else (),
         pp_scatter_gather=L.pp_scatter_gather and recipe != "scaletrain",
         head_wgrad_deferred=L.head_wgrad_deferred if recipe != "scaletrain" else 0,
+        moe_dispatcher=L.moe_dispatcher if recipe != "scaletrain" else "unstated",
     )
 
 

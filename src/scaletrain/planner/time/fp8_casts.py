@@ -54,8 +54,9 @@ result of max(abs(tensor))"): their input casts again without the amax read.
 
 Counts the dense block's Linears: q, k, v, o and the MLP (separate q/k/v and gate/up modules,
 each casting its own input, for torchtitan and scaletrain; fused QKV and fc1 for Transformer
-Engine). Ignores: the output head and the router (bf16 in every recipe), MoE models (not
-charged: their experts' grouped casts are not modelled), MLA's projections (dense q/k/v dims
+Engine). MoE models: under a Megatron-Core recipe (Transformer Engine) the attention's
+Linears here and the experts' grouped casts in time/moe_traffic.py; otherwise not charged.
+Ignores: the output head and the router (bf16 in every recipe), MLA's projections (dense q/k/v dims
 are counted), the fp8 all-gather's own cast of the weight shard
 (1/dp of the weight, before the gather), the scale computations (a few scalars), replicated
 (non-sequence-parallel) inputs cast on every tp rank, kernel launch gaps, torchao's roofline
@@ -182,10 +183,16 @@ def fp8_cast_bytes_per_token(plan: PlanInput, recipe: Recipe | None) -> float:
     recomputes), for the block's whole width (the caller divides by tp x cp as it does the
     block's FLOPs); 0 where `fp8_cast_kernels` charges none."""
     kind = fp8_cast_kernels(plan, recipe)
-    if not kind or plan.model.is_moe:
+    if not kind:
         return 0.0
-    b = CAST_BYTES[kind]
     model = plan.model
+    if model.is_moe:
+        if kind != "transformer_engine" or recipe is None or not _megatron_moe(plan, recipe):
+            return 0.0
+        # a Megatron-Core MoE layer: the attention's Linears here, the experts' grouped casts
+        # in time/moe_traffic.py
+        return _te_attention_cast_bytes(plan)
+    b = CAST_BYTES[kind]
     h, q, kv, f = model.dim, model.q_dim, model.kv_dim, model.ffn_dim
     n_in = 2 if model.gated_mlp else 1
     if kind == "transformer_engine":
@@ -208,6 +215,29 @@ def fp8_cast_bytes_per_token(plan: PlanInput, recipe: Recipe | None) -> float:
         # wk, wo and the MLP's second matmul recompute their forward, amax saved
         second = h if model.gated_mlp else f
         total += (b.activation - b.amax) * (h + q + second)
+    return total
+
+
+def _megatron_moe(plan: PlanInput, recipe: Recipe) -> bool:
+    """recipes.activations.megatron_moe_applies (imported here: the recipes import this
+    package's neighbours)."""
+    from ..recipes.activations import megatron_moe_applies
+
+    return megatron_moe_applies(plan, recipe)
+
+
+def _te_attention_cast_bytes(plan: PlanInput) -> float:
+    """The Transformer Engine casts of an MoE layer's attention Linears per token: the fused
+    QKV LayerNormLinear's input out of the norm (`normed_input`), the output projection's input
+    q wide (`activation`), and both GEMMs' output gradients, q + 2kv and h (`gradient`); the
+    forward's casts again under full AC. The router (16-bit) is not cast."""
+    b = CAST_BYTES["transformer_engine"]
+    m = plan.model
+    h, q, kv = m.dim, m.q_dim, m.kv_dim
+    forward = b.normed_input * h + b.activation * q
+    total = forward + b.gradient * (q + 2 * kv + h)
+    if plan.ac == "full":
+        total += forward
     return total
 
 

@@ -62,6 +62,7 @@ from .flops import (
 )
 from .fp8_casts import fp8_cast_bytes_per_token, fp8_gemm_share, fp8_weight_cast_bytes
 from .fsdp_copies import fsdp2_copy_bytes
+from .moe_traffic import moe_row_seconds_per_token
 from .pipeline import bubble_fraction, last_stage_rank
 from .recipe_terms import (
     grad_accum_pass_s,
@@ -315,8 +316,9 @@ def _block_seconds(
 ) -> tuple[float, float, float]:
     """(seconds per token of one block, of its attention core, the block's hardware FLOPs per
     token) for `_time`: the matmuls at `rate` (`slow`: the bf16 rate fp8 runs the core at), the
-    attention core as its kernel runs it, the eager elementwise kernels, and MoE experts kept
-    whole per tp rank charged tp / expert_tp times over."""
+    attention core as its kernel runs it, the eager elementwise kernels, a Megatron-Core MoE
+    layer's routed-row traffic (moe_traffic.py), and MoE experts kept whole per tp rank charged
+    tp / expert_tp times over."""
     L, model, hw = plan.layout, plan.model, plan.hardware
     core_hw = core * (4 if plan.ac != "none" else 3)  # selective / full recompute it once
     core_recompute = plan.ac != "none"
@@ -356,6 +358,8 @@ def _block_seconds(
     layer_s = (layer_hw - core_hw) / rate + core_s  # seconds per token per block
     layer_s += eager_elementwise_s(plan, recipe)
     layer_s += fp8_cast_s(plan, recipe)
+    # a Megatron-Core MoE layer's permute / SwiGLU / fp8-cast traffic on its routed rows
+    layer_s += moe_row_seconds_per_token(plan, recipe)
     te = expert_tp(L.tp, L.ep)
     if model.is_moe and te < L.tp:
         # the experts' matmuls (k routed copies of each token, n_mat x h x f each; forward,
