@@ -13,13 +13,14 @@ import pytest
 
 from scaletrain.cli import main
 from scaletrain.config import Layout, ModelConfig, hardware_preset
-from scaletrain.planner.memory.rank_terms import model_terms
 from scaletrain.planner.recipes.memory import bf16_optimizer_runs, recipe_worst_rank
 from scaletrain.planner.recipes.published import load_runs
 from scaletrain.planner.recipes.registry import recipe_named
 from scaletrain.planner.time.comm import allreduce_time, axis_link, dp_allreduce_latency
-from scaletrain.planner.time.step_time import StepTime, step_time
+from scaletrain.planner.time.step_time import StepTime
 from scaletrain.planner.types import PlanInput
+
+from ._recipe_step import recipe_step
 
 TINY = ModelConfig(
     name="tiny-gpt",
@@ -48,16 +49,7 @@ def _plan(layout: Layout, *, precision: str = "bf16", gb: int = 32) -> PlanInput
 
 
 def _step(plan: PlanInput) -> StepTime:
-    _, max_params = recipe_worst_rank(plan)
-    return step_time(
-        plan,
-        max_params,
-        terms=model_terms(plan, None),
-        causal=True,
-        gpus_per_node=None,
-        zero_bubble="h1",
-        recipe=recipe_named("deepspeed"),
-    )
+    return recipe_step(plan, recipe_named("deepspeed"))
 
 
 def test_bf16_optimizer_all_reduces_the_whole_buffer_in_bf16_after_the_backward() -> None:

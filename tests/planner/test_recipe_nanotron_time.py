@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 
 from scaletrain.config import Layout, ModelConfig, hardware_preset
-from scaletrain.planner.memory.rank_terms import model_terms
 from scaletrain.planner.recipes.memory import recipe_rank_memory, recipe_worst_rank
 from scaletrain.planner.recipes.registry import recipe_named
 from scaletrain.planner.recipes.schema import Recipe
@@ -21,8 +20,10 @@ from scaletrain.planner.recipes.stages import recipe_stage_layers
 from scaletrain.planner.time.comm import NVLS_LATENCY_S, allreduce_time, axis_link, gather_time
 from scaletrain.planner.time.efficiency import allreduce_latency
 from scaletrain.planner.time.recipe_terms import COPY_CALL_S, VIEW_CALL_S, async_tp_terms
-from scaletrain.planner.time.step_time import StepTime, plan_efficiency, step_time
+from scaletrain.planner.time.step_time import plan_efficiency
 from scaletrain.planner.types import PlanInput
+
+from ._recipe_step import recipe_step
 
 TINY = ModelConfig(
     name="tiny-llama",
@@ -50,19 +51,6 @@ def _plan(layout: Layout, *, mb: int = 2, gb: int = 8, seq: int = 512) -> PlanIn
         mb,
         "bf16",
         recipe="nanotron",
-    )
-
-
-def _step(plan: PlanInput, recipe: Recipe) -> StepTime:
-    _, max_params = recipe_worst_rank(plan)
-    return step_time(
-        plan,
-        max_params,
-        terms=model_terms(plan, None),
-        causal=True,
-        gpus_per_node=None,
-        zero_bubble="h1",
-        recipe=recipe,
     )
 
 
@@ -124,7 +112,7 @@ def test_nanotron_charges_the_async_tp_exposure_and_other_recipes_keep_theirs() 
     lay = Layout(dp=1, tp=4, sp=True)
     p = _plan(lay, gb=4)
     r = recipe_named("nanotron")
-    st = _step(p, r)
+    st = recipe_step(p, r)
     rate = p.hardware.flops("bf16") * plan_efficiency(p)
     ref = async_tp_terms(
         p, link=axis_link(lay, p.hardware, "tp", None), rate=rate, layers=4, m=2, recompute=False
@@ -132,9 +120,9 @@ def test_nanotron_charges_the_async_tp_exposure_and_other_recipes_keep_theirs() 
     assert st.comm["tp"] == pytest.approx((ref.bytes, ref.seconds))
     assert st.exposed_s == pytest.approx(ref.exposed)
     assert ref.exposed < ref.seconds
-    generic = _step(p, _without(r, tp_comm="exposed"))
+    generic = recipe_step(p, _without(r, tp_comm="exposed"))
     assert generic.exposed_s == pytest.approx(generic.comm["tp"][1])
-    no_sp = _step(dataclasses.replace(p, layout=Layout(dp=1, tp=4)), r)
+    no_sp = recipe_step(dataclasses.replace(p, layout=Layout(dp=1, tp=4)), r)
     assert no_sp.exposed_s == pytest.approx(no_sp.comm["tp"][1])
 
 
@@ -150,7 +138,7 @@ def test_zero1_all_reduces_the_fp32_buffer_after_the_backward() -> None:
     _, P = recipe_worst_rank(p)
     bw, lat, _ = axis_link(lay, p.hardware, "dp", None)
     n = 8
-    st = _step(p, r)
+    st = recipe_step(p, r)
     moved = 2 * (n - 1) / n * 4 * P
     # one node: NCCL's ring, 2(n-1) intra-node hops (efficiency.allreduce_latency)
     assert lat == p.hardware.intra_node_latency_s
@@ -162,7 +150,7 @@ def test_zero1_all_reduces_the_fp32_buffer_after_the_backward() -> None:
     assert st.comm["dp_allreduce"] == pytest.approx((moved, nvls))
     gather = st.comm["zero_all_gather"][1]
     assert st.exposed_s == pytest.approx(st.comm["dp_allreduce"][1] + gather)
-    rs = _step(p, _without(r, zero1_grad_sync="reduce_scatter"))
+    rs = recipe_step(p, _without(r, zero1_grad_sync="reduce_scatter"))
     assert rs.comm["dp_allreduce"][0] == pytest.approx((n - 1) / n * 4 * P)
     assert rs.exposed_s < st.exposed_s
 
@@ -176,20 +164,20 @@ def test_tied_embedding_gradient_all_reduced_across_stages_after_the_backward() 
     lay = Layout(dp=2, tp=4, sp=True, pp=2)
     p = _plan(lay, gb=8)
     r = recipe_named("nanotron")
-    st = _step(p, r)
+    st = recipe_step(p, r)
     bw, lat, inter = axis_link(lay, p.hardware, "pp", None)
     assert inter and bw == p.hardware.inter_node_bw
     nbytes = 4.0 * TINY.vocab_size * TINY.dim / 4
     assert st.comm["pp_tied_allreduce"] == pytest.approx(
         (nbytes, allreduce_time(nbytes, 2, bw, lat))
     )
-    off = _step(p, _without(r, tied_grad_sync="none"))
+    off = recipe_step(p, _without(r, tied_grad_sync="none"))
     assert "pp_tied_allreduce" not in off.comm
     assert st.exposed_s - off.exposed_s == pytest.approx(st.comm["pp_tied_allreduce"][1])
     untied = dataclasses.replace(p, model=dataclasses.replace(TINY, tie_embeddings=False))
-    assert "pp_tied_allreduce" not in _step(untied, r).comm
-    assert "pp_tied_allreduce" not in _step(_plan(Layout(dp=2, tp=4, sp=True), gb=8), r).comm
-    assert "pp_tied_allreduce" not in _step(p, recipe_named("megatron")).comm
+    assert "pp_tied_allreduce" not in recipe_step(untied, r).comm
+    assert "pp_tied_allreduce" not in recipe_step(_plan(Layout(dp=2, tp=4, sp=True), gb=8), r).comm
+    assert "pp_tied_allreduce" not in recipe_step(p, recipe_named("megatron")).comm
 
 
 def test_single_hardware_queue_leaves_the_ddp_all_reduce_exposed() -> None:
@@ -203,16 +191,16 @@ def test_single_hardware_queue_leaves_the_ddp_all_reduce_exposed() -> None:
     free = _without(r, single_hw_queue=False)
     big = dataclasses.replace(TINY, dim=1024, num_layers=8, ffn_dim=4096, vocab_size=32000)
     p = dataclasses.replace(_plan(Layout(dp=4, tp=2, sp=True), gb=8), model=big)
-    on, off = _step(p, r), _step(p, free)
+    on, off = recipe_step(p, r), recipe_step(p, free)
     assert on.comm["dp_allreduce"] == pytest.approx(off.comm["dp_allreduce"])
     t = on.comm["dp_allreduce"][1]
     assert off.exposed_s < on.exposed_s
     assert on.exposed_s - off.exposed_s <= t
     assert on.exposed_s >= t
     z1 = dataclasses.replace(_plan(Layout(dp=4, tp=2, sp=True, zero=1), gb=8), model=big)
-    assert _step(z1, r).exposed_s == pytest.approx(_step(z1, free).exposed_s)
+    assert recipe_step(z1, r).exposed_s == pytest.approx(recipe_step(z1, free).exposed_s)
     one = _plan(Layout(dp=1, tp=2, sp=True), gb=8)
-    assert _step(one, r).exposed_s == pytest.approx(_step(one, free).exposed_s)
+    assert recipe_step(one, r).exposed_s == pytest.approx(recipe_step(one, free).exposed_s)
 
 
 def test_fp32_accumulation_pass_after_every_micro_batch() -> None:
@@ -222,7 +210,7 @@ def test_fp32_accumulation_pass_after_every_micro_batch() -> None:
     p = _plan(Layout(dp=1), gb=8)
     r = recipe_named("nanotron")
     _, P = recipe_worst_rank(p)
-    on, off = _step(p, r), _step(p, _without(r, grad_accum_pass_bytes=0.0))
+    on, off = recipe_step(p, r), recipe_step(p, _without(r, grad_accum_pass_bytes=0.0))
     assert on.compute_s - off.compute_s == pytest.approx(4 * 10 * P / p.hardware.memory_bw)
 
 
@@ -234,11 +222,11 @@ def test_ddp_hook_adds_the_sync_micro_batch_grads_once_more() -> None:
     off = _without(r, ddp_hook_accumulates=False)
     p = _plan(Layout(dp=2), gb=8)
     _, P = recipe_worst_rank(p)
-    diff = _step(p, r).compute_s - _step(p, off).compute_s
+    diff = recipe_step(p, r).compute_s - recipe_step(p, off).compute_s
     assert diff == pytest.approx(10 * P / p.hardware.memory_bw)
     for lay in (Layout(dp=1), Layout(dp=2, zero=1)):
         q = _plan(lay, gb=8)
-        assert _step(q, r).compute_s == pytest.approx(_step(q, off).compute_s)
+        assert recipe_step(q, r).compute_s == pytest.approx(recipe_step(q, off).compute_s)
 
 
 def test_post_backward_passes_by_hand() -> None:
@@ -254,7 +242,7 @@ def test_post_backward_passes_by_hand() -> None:
         p = _plan(lay, gb=8)
         _, P = recipe_worst_rank(p)
         bw = p.hardware.memory_bw
-        diff = _step(p, r).optimizer_s - _step(p, bare).optimizer_s
+        diff = recipe_step(p, r).optimizer_s - recipe_step(p, bare).optimizer_s
         assert diff == pytest.approx(extra * P / bw)
 
 
@@ -279,18 +267,18 @@ def test_zero1_gather_host_copies_by_hand() -> None:
     tensors = 6 * TINY.num_layers + 2  # tied: embedding + final norm
     for dp in (4, 64):
         p = _plan(Layout(dp=dp, zero=1), mb=1, gb=dp)
-        ref = _step(p, bare)
+        ref = recipe_step(p, bare)
         hidden = ref.comm["dp_allreduce"][1] + ref.comm["zero_all_gather"][1] + ref.optimizer_s
         host = dp * tensors * (VIEW_CALL_S + COPY_CALL_S)
-        got = _step(p, r).optimizer_s - ref.optimizer_s
+        got = recipe_step(p, r).optimizer_s - ref.optimizer_s
         assert got == pytest.approx(max(0.0, host - hidden))
     assert got > 0  # at dp 64 the host's 64 x 26 pairs outlast the tiny model's tail
     # ZeRO-0 (no sharded gather), dp 1 and pp > 1's larger end (norm + lm_head)
     for lay in (Layout(dp=64), Layout(dp=1)):
         q = _plan(lay, mb=1, gb=lay.dp)
-        assert _step(q, r).optimizer_s == pytest.approx(_step(q, bare).optimizer_s)
+        assert recipe_step(q, r).optimizer_s == pytest.approx(recipe_step(q, bare).optimizer_s)
     q = _plan(Layout(dp=64, zero=1, pp=2), mb=1, gb=128)
-    ref = _step(q, bare)
+    ref = recipe_step(q, bare)
     hidden = sum(
         ref.comm[k][1]
         for k in ("dp_allreduce", "pp_tied_allreduce", "zero_all_gather")
@@ -298,5 +286,5 @@ def test_zero1_gather_host_copies_by_hand() -> None:
     )
     layers = max(recipe_stage_layers(q, r))  # nanotron's compute-cost split: 3 + 1
     host = 64 * (6 * layers + 2) * (VIEW_CALL_S + COPY_CALL_S)
-    got = _step(q, r).optimizer_s - ref.optimizer_s
+    got = recipe_step(q, r).optimizer_s - ref.optimizer_s
     assert got == pytest.approx(max(0.0, host - hidden - ref.optimizer_s))
