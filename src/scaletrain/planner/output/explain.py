@@ -385,6 +385,8 @@ def _recipe_time(est: Estimate) -> list[str]:
             kind, fn = ("compiled (fused)", "compiled_elementwise_bytes")
         elif r.eager_block == "mpt":
             fn = "mpt_eager_elementwise_bytes"
+        elif r.eager_block == "mcore":
+            kind, fn = ("fused (Transformer Engine)", "mcore_elementwise_bytes")
         bucket += (
             f"\n   [{r.name}] {kind} elementwise kernels: "
             f"{eager * hw.memory_bw / 1e6:.2f} MB per token per block over memory "

@@ -32,7 +32,7 @@ Zero1GradSync = Literal["reduce_scatter", "allreduce_after_backward"]
 TiedGradSync = Literal["none", "allreduce_after_backward"]
 """How a recipe sums the gradients of an embedding and a head tied across pipeline stages
 (`Recipe.tied_grad_sync`)."""
-EagerBlock = Literal["llama", "mpt"]
+EagerBlock = Literal["llama", "mpt", "mcore"]
 """Which block's eager elementwise kernels a recipe counts (`Recipe.eager_block`)."""
 CPRing = Literal["p2p", "torch_allgather"]
 """How a recipe's ring attention exchanges K/V (`Recipe.cp_ring`)."""
@@ -153,8 +153,9 @@ class Recipe:
     eager_elementwise: bool = False
     """Time model: the framework runs its block's elementwise ops (norms, RoPE, SiLU, adds) as
     separate eager kernels unless compiled, charged over memory bandwidth
-    (efficiency.eager_elementwise_bytes); False where fused kernels run them (Transformer
-    Engine, flash-attn's fused ops) or the planner's calibrated efficiency stands for them."""
+    (efficiency.eager_elementwise_bytes); False where the planner's calibrated efficiency
+    stands for them. Megatron-Core's fused kernels (Transformer Engine) set it with
+    `eager_block` 'mcore': their own traffic is charged instead."""
     fsdp2_copies: bool = False
     """Time model: ZeRO-2/3 run as torch's FSDP2 (`fully_shard`), whose all-gather copy-out and
     reduce-scatter copy-in run on the compute stream, charged over memory bandwidth
@@ -165,7 +166,10 @@ class Recipe:
     """Which block's eager elementwise kernels `eager_elementwise` counts: 'llama' (an RMSNorm
     SwiGLU RoPE block, efficiency.eager_elementwise_bytes, dense RMSNorm models only) or 'mpt'
     (llm-foundry's MPT block: LayerNorm, GELU MLP, split QKV, Triton flash attention's fp32 dq
-    accumulation, efficiency.mpt_eager_elementwise_bytes, dense LayerNorm GELU models only)."""
+    accumulation, efficiency.mpt_eager_elementwise_bytes, dense LayerNorm GELU models only) or
+    'mcore' (Megatron-Core's decoder layer on Transformer Engine: not eager, the fused norm,
+    bias-dropout-add, activation and RoPE kernels it runs, efficiency.mcore_elementwise_bytes,
+    any dense block)."""
     ddp_reducer_copy_bytes: float = 0.0
     """Bytes per parameter of torch DDP's own bucket copy of the gradients (in the parameter
     dtype), kept beside the framework's accumulation buffer when the framework wraps the model

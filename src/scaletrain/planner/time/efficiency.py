@@ -16,7 +16,9 @@ What every recipe uses (step_time.step_time):
   (`matmul_peak_factor`, applied by step_time.default_efficiency);
 - a recipe that runs its block's elementwise ops as eager kernels (torchtitan without
   torch.compile): their bytes over memory bandwidth (`eager_elementwise_bytes`); under
-  torch.compile the bytes Inductor's fused kernels still move (`compiled_elementwise_bytes`).
+  torch.compile the bytes Inductor's fused kernels still move (`compiled_elementwise_bytes`);
+  Megatron-Core's decoder layer on Transformer Engine (megatron, nemo): the bytes its fused
+  norm, bias-dropout-add, activation and RoPE kernels move (`mcore_elementwise_bytes`).
 
 The 'generation' time model (recipes.schema.Recipe.time_model, selectable, no recipe uses it: see
 recipes.schema.FOREIGN_TIME_MODEL for the measurement) replaces the matmul efficiency with
@@ -66,6 +68,8 @@ __all__ = [
     "MPT_EAGER_BWD",
     "mpt_eager_elementwise_bytes",
     "COMPILED_FWD",
+    "MCORE_NORM",
+    "mcore_elementwise_bytes",
     "COMPILED_BWD",
     "COMPILED_RECOMPUTE",
     "COMPILED_V_REPEAT",
@@ -565,3 +569,134 @@ def mpt_eager_elementwise_bytes(model: ModelConfig, *, recompute: bool) -> float
     fwd = MPT_EAGER_FWD[0] * h + MPT_EAGER_FWD[1] * f
     bwd = MPT_EAGER_BWD[0] * h + MPT_EAGER_BWD[1] * f
     return fwd * (2.0 if recompute else 1.0) + bwd
+
+
+# ---- the fused kernels of a Megatron-Core block on Transformer Engine ------------------------
+
+MCORE_NORM = (4.0, 12.0)
+MCORE_RESIDUAL = (6.0, 0.0)
+MCORE_DROPOUT = (1.0, 5.0)
+MCORE_BIAS_GRAD = (0.0, 2.0)
+MCORE_ROPE = (4.0, 4.0)
+MCORE_Q_COPY = (4.0, 0.0)
+MCORE_V_COPY = (4.0, 0.0)
+MCORE_QKV_CAT = (0.0, 4.0)
+MCORE_GATED_ACT = (6.0, 10.0)
+MCORE_ACT = (4.0, 6.0)
+MCORE_FP8_NORM_OUT = 1.0
+"""Bytes per token per block, as (forward, backward) per element, that the non-GEMM,
+non-attention kernels of a Megatron-Core decoder layer built with Transformer Engine's spec
+move (megatron/core/models/gpt/gpt_layer_specs.py: TELayerNormColumnParallelLinear for QKV and
+fc1, TERowParallelLinear for proj and fc2, TEDotProductAttention), 16-bit activations (e = 2 B).
+Read at NVIDIA/Megatron-LM d98e8a6 and NVIDIA/TransformerEngine d0067d0; the fusion flags are
+Megatron-LM's defaults (megatron/training/arguments.py --no-bias-swiglu-fusion,
+--no-bias-gelu-fusion, --no-bias-dropout-fusion, --no-rope-fusion are store_false) and NeMo's
+(nemo/collections/llm/gpt/model/llama.py LlamaConfig / Llama3Config: bias_activation_fusion,
+bias_dropout_fusion, apply_rope_fusion True, hidden_dropout 0.0; the 2024 NeMo-Framework-
+Launcher configs of the NeMo H100 rows, launcher_scripts/conf/training/llama/llama3_8b.yaml:
+mcore_gpt, apply_rope_fusion and bias_activation_fusion true, hidden_dropout 0.0,
+bias_dropout_add_fusion false, whose unfused path, fused_bias_dropout.py
+bias_dropout_add_unfused, is with dropout 0 one eager add moving the same bytes; gpt3/
+175b_fp8_performance.yaml: hidden_dropout 0.1, bias_dropout_add_fusion True). Per element of
+the width named:
+- MCORE_NORM (per h, each of the two norms): the norm runs inside the next GEMM's module
+  (transformer_engine/pytorch/module/layernorm_linear.py _LayerNormLinear.forward:
+  apply_normalization reads the input and writes ln_out, which it saves for the wgrad GEMM
+  with the input, mu and rsigma): read 2, write 2. Backward (_LayerNormLinear.backward:
+  tex.rmsnorm_bwd / tex.layernorm_bwd) reads the dgrad GEMM's output and the saved input and
+  writes dx (6; gamma's gradient from per-block partial sums), and autograd sums dx into the
+  residual stream's gradient (the layer input feeds the norm and the bias-dropout-add's
+  residual: read 2 + 2, write 2): 12.
+- MCORE_FP8_NORM_OUT (per h, each norm): under fp8 the norm writes its output quantized
+  (`with_quantized_norm`: 1 B, not 2); the fp8 transpose of that output is charged in
+  fp8_casts.CAST_BYTES['transformer_engine'].normed_input, not here.
+- MCORE_RESIDUAL (per h, each of the two bias-dropout-adds): megatron/core/fusions/
+  fused_bias_dropout.py bias_dropout_add_fused_train (`jit_fuser`: torch.compile from torch
+  2.2, megatron/core/jit.py) reads the branch output and the residual and writes the sum, one
+  kernel (the bias broadcast is a per-channel read): 6. Its backward hands the output gradient
+  to both inputs (no kernel).
+- MCORE_DROPOUT (per h, each bias-dropout-add, hidden dropout > 0: the GPT-family recipes,
+  Recipe.dropout_masks): the 1-byte mask written (1); backward reads the gradient and the mask
+  and writes the branch's gradient (5).
+- MCORE_BIAS_GRAD (per h for each bias-dropout-add, per f for a GELU MLP's fc1, when the
+  linears have biases): the bias gradient is a reduction over tokens reading the 16-bit
+  gradient once (2).
+- MCORE_ROPE (per q and per kv element): megatron/core/models/common/embeddings/rope_utils.py
+  apply_rotary_pos_emb with apply_rope_fusion calls TE's FusedRoPEFunc
+  (transformer_engine/pytorch/attention/rope.py: tex.fused_rope_forward reads t, writes a new
+  tensor; tex.fused_rope_backward reads the gradient, writes a new one): 4 each way.
+- MCORE_Q_COPY (per q element, GQA only): megatron/core/transformer/attention.py
+  SelfAttention.get_query_key_value_tensors splits the fused QKV output per query group
+  (SplitAlongDim: views) and `query.reshape(s, b, -1, d)` cannot view a group's heads merged
+  across groups when a group holds more than one query head (the group stride is (q/g + 2)
+  heads): a copy, 4. Its backward is a view.
+- MCORE_V_COPY (per kv element, RoPE models): q and k come out of the RoPE kernel as new
+  tensors while v stays a strided slice of the QKV output; TE's get_qkv_layout
+  (transformer_engine/pytorch/attention/dot_product_attention/utils.py) finds k's and v's
+  strides unequal ('not_supported') and makes q, k, v contiguous: v is copied, 4.
+- MCORE_QKV_CAT (per q + 2 kv elements, RoPE models): the backward of SplitAlongDim
+  (transformer_engine/pytorch/utils.py SplitAlongDim.backward) concatenates dq, dk, dv into the
+  fused QKV gradient unless they already sit at their offsets of one buffer, which the RoPE
+  backward's new tensors do not: torch.cat, read 2, write 2. Without RoPE (GPT) q, k, v reach
+  the attention as the packed 'sbh3d' layout and come back as views of one gradient: neither
+  copy is made.
+- MCORE_GATED_ACT (per f): megatron/core/fusions/fused_bias_swiglu.py BiasSwiGLUFunction:
+  bias_swiglu reads the 2f-wide fc1 output and writes f (6); swiglu_back reads the gradient
+  (f) and the saved input (2f) and writes the 2f-wide gradient (10).
+- MCORE_ACT (per f): fused_bias_gelu.py GeLUFunction: bias_gelu reads y (the bias is a
+  per-channel read) and writes the output (4); bias_gelu_back reads g and y and writes the
+  gradient (6), which autograd also reduces into the bias gradient (MCORE_BIAS_GRAD).
+Recompute: full AC (megatron/core/transformer/transformer_block.py _checkpointed_forward)
+runs the forward again: the forward's bytes again. Selective AC ('core_attn') recomputes the
+attention core only: nothing here.
+Ignores: the RoPE frequency table and norm weights (per channel or per position), a gated
+MLP's fc1 bias gradient (BiasSwiGLUFunction's bias path, not read: Llama-style blocks have no
+biases), mu and
+rsigma (a scalar per token), the norm's gamma-gradient finalisation (per channel), the fp8
+casts of GEMM inputs and output gradients (fp8_casts), the sequence-parallel all-gather and
+reduce-scatter of the norm input and proj / fc2 output (communication terms), context
+parallelism's K/V exchange buffers, the embedding, final norm and loss, and any TE kernel
+fusing more than these (e.g. TE's fused QKV RoPE, `FusedQKVRoPEFunc`, newer than the
+published runs): a lower bound, one read per input and one write per output per kernel.
+Not the block it counts: NeMo 2's GPTConfig175B (nemo/collections/llm/gpt/model/base.py:
+use_transformer_engine_full_layer_spec, hidden_dropout 0.0) runs TE's own TransformerLayer,
+whose LayerNormMLP fuses the GELU with its fp8 cast; NeMo's Nemotron runs an unfused squared
+ReLU (nemo/collections/llm/gpt/model/nemotron.py); both are charged as this block.
+Llama 3 8B under fp8: 58h + 20kv + 16f = 487,424 B per token per block; Llama 2 7B (MHA)
+74h + 16f = 479,232 B. Each kernel is memory bound (a few FLOPs per byte): bytes / memory
+bandwidth."""
+
+
+def mcore_elementwise_bytes(
+    model: ModelConfig, *, fp8_norm_out: bool, dropout: bool, recompute: bool
+) -> float:
+    """Bytes per token per block of a Megatron-Core / Transformer Engine decoder layer's fused
+    non-GEMM, non-attention kernels (MCORE_*), forward + backward, plus the forward again
+    under full AC (`recompute`). fp8_norm_out: the norms write their output in fp8
+    (Transformer Engine's fp8 LayerNormLinear); dropout: hidden dropout is on (1-byte masks).
+    Source: megatron/core/transformer (transformer_layer.py, attention.py, mlp.py),
+    megatron/core/fusions (fused_bias_dropout.py, fused_bias_swiglu.py, fused_bias_gelu.py),
+    TransformerEngine module/layernorm_linear.py, attention/rope.py, utils.py SplitAlongDim."""
+    h, q, kv, f = model.dim, model.q_dim, model.kv_dim, model.ffn_dim
+    parts: list[tuple[tuple[float, float], float]] = [
+        (MCORE_NORM, 2.0 * h),
+        (MCORE_RESIDUAL, 2.0 * h),
+        (MCORE_GATED_ACT if model.gated_mlp else MCORE_ACT, float(f)),
+    ]
+    if dropout:
+        parts.append((MCORE_DROPOUT, 2.0 * h))
+    if model.bias:
+        parts.append((MCORE_BIAS_GRAD, 2.0 * h + (0.0 if model.gated_mlp else f)))
+    if model.position == "rope":
+        parts += [
+            (MCORE_ROPE, float(q + kv)),
+            (MCORE_V_COPY, float(kv)),
+            (MCORE_QKV_CAT, float(q + 2 * kv)),
+        ]
+        if kv < q:
+            parts.append((MCORE_Q_COPY, float(q)))
+    fwd = sum(c[0] * n for c, n in parts)
+    bwd = sum(c[1] * n for c, n in parts)
+    if fp8_norm_out:
+        fwd -= MCORE_FP8_NORM_OUT * 2.0 * h
+    return bwd + fwd * (2.0 if recompute else 1.0)

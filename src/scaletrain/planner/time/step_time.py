@@ -49,6 +49,7 @@ from .efficiency import (
     eager_elementwise_bytes,
     matmul_efficiency,
     matmul_peak_factor,
+    mcore_elementwise_bytes,
     mpt_eager_elementwise_bytes,
 )
 from .flops import (
@@ -60,7 +61,12 @@ from .flops import (
     lora_flops,
     op_sac_recompute_flops_per_token,
 )
-from .fp8_casts import fp8_cast_bytes_per_token, fp8_gemm_share, fp8_weight_cast_bytes
+from .fp8_casts import (
+    fp8_cast_bytes_per_token,
+    fp8_cast_kernels,
+    fp8_gemm_share,
+    fp8_weight_cast_bytes,
+)
 from .fsdp_copies import fsdp2_copy_bytes
 from .moe_traffic import moe_row_seconds_per_token
 from .pipeline import bubble_fraction, last_stage_rank
@@ -780,7 +786,9 @@ def eager_elementwise_s(plan: PlanInput, recipe: Recipe | None) -> float:
     (Recipe.eager_elementwise False), with a user-set efficiency (which stands for the whole
     block), on CPU, and for models other than the block the bytes were counted on
     (Recipe.eager_block: the dense RMSNorm Llama block, or llm-foundry's dense LayerNorm GELU
-    MPT block, efficiency.mpt_eager_elementwise_bytes, not counted under compile)."""
+    MPT block, efficiency.mpt_eager_elementwise_bytes, not counted under compile); for
+    Megatron-Core on Transformer Engine (eager_block 'mcore') the fused kernels its layer runs
+    (efficiency.mcore_elementwise_bytes, dense models)."""
     model, hw = plan.model, plan.hardware
     if (
         recipe is None
@@ -790,6 +798,15 @@ def eager_elementwise_s(plan: PlanInput, recipe: Recipe | None) -> float:
         or model.is_moe
     ):
         return 0.0
+    if recipe.eager_block == "mcore":
+        # Megatron-Core's Transformer Engine layer: its fused kernels (efficiency.MCORE_*),
+        # the norms writing fp8 under TE's fp8, dropout masks where the recipe keeps them
+        fp8_out = fp8_cast_kernels(plan, recipe) == "transformer_engine"
+        dropout = recipe.dropout_masks and model.norm == "layernorm"
+        moved = mcore_elementwise_bytes(
+            model, fp8_norm_out=fp8_out, dropout=dropout, recompute=plan.ac == "full"
+        )
+        return moved / hw.memory_bw
     if recipe.eager_block == "mpt":
         # llm-foundry's MPT block: LayerNorm and a GELU MLP (efficiency.MPT_EAGER_FWD)
         if model.norm != "layernorm" or model.gated_mlp or plan.compile:
