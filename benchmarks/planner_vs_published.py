@@ -18,7 +18,8 @@ its Python API on the same model, card and layout (`predict_llm_analysis`), give
 figures of scaletrain's hardware preset and the planner's default efficiency of the row's
 precision peak so that both tools start from the same assumptions (it has no fp8 training
 mode: fp8 rows run its 16-bit dtype at the fp8 rate); layouts it cannot express (context
-parallelism, interleaved pipelines, tensor parallelism beyond one node) are n/a. It is optional
+parallelism, interleaved pipelines, tensor parallelism beyond one node) and LoRA / QLoRA rows (a
+frozen base with adapters: it plans every parameter trained) are n/a. It is optional
 (see pyproject's `bench` extra): without it the peer columns are n/a.
 
 Every scaletrain prediction goes through `predict(run, recipe)`: once with the default recipe
@@ -130,6 +131,8 @@ def _peer_terms(run: PublishedRun) -> tuple[dict[str, Any] | None, str]:
     hw = run.hardware()
     if L.tp > hw.gpus_per_node:
         return None, "tensor parallelism beyond one node"
+    if run.lora is not None:
+        return None, "no LoRA (it trains every parameter)"
     from llm_analysis.logger import logger as peer_logger
 
     peer_logger.setLevel(logging.ERROR)  # its per-call warnings (efficiency, batch size)

@@ -31,6 +31,7 @@ GENERATION = {
     "h100-pcie": "Hopper",
     "h200": "Hopper (H200)",
     "mi300x": "CDNA3 (AMD)",
+    "rtx4090": "Ada",
     "b200": "Blackwell",
 }
 """GPU generations; H200 counted apart from H100 only for its memory (same Hopper SMs)."""
@@ -138,6 +139,18 @@ def _bad(raw: dict[str, Any], edit) -> str:
         (lambda r: r["model"].__setitem__("layer", 3), "model.layer"),
         (lambda r: r["model"].__setitem__("tie", "yes"), "model.tie"),
         (lambda r: r.__setitem__("model", {"preset": "llama9-1t"}), "model.preset"),
+        (lambda r: r.__setitem__("lora", {"rank": 0, "targets": ["wq"]}), "lora.rank"),
+        (lambda r: r.__setitem__("lora", {"rank": 8}), "lora.targets"),
+        (lambda r: r.__setitem__("lora", {"rank": 8, "targets": "wq,wv"}), "lora.targets"),
+        (lambda r: r.__setitem__("lora", {"rank": 8, "targets": ["q_proj"]}), "lora.targets"),
+        (
+            lambda r: r.__setitem__("lora", {"rank": 8, "targets": ["wq"], "base_dtype": "nf8"}),
+            "lora.base_dtype",
+        ),
+        (
+            lambda r: r.__setitem__("lora", {"rank": 8, "targets": ["wq"], "alpha": 16}),
+            "lora.alpha",
+        ),
         (
             lambda r: r.__setitem__("model", {"layers": 2, "hidden": 100, "heads": 3, "vocab": 10}),
             "model.num_heads",
@@ -150,6 +163,25 @@ def test_bad_rows_give_one_line_naming_row_and_field(raw, edit, field) -> None:
     assert "\n" not in msg
     assert msg.startswith(f"corpus.toml runs[3] ({name}).{field}"), msg
     assert "invalid" in msg
+
+
+def test_lora_row_plans_adapters_over_a_frozen_base(runs, raw) -> None:
+    q = next(r for r in runs if r.name == "tune-4090-l31-8b-qlora-r8-all")
+    p = plan_input(q)
+    assert (p.lora_rank, p.lora_base) == (8, "nf4")
+    assert p.lora_targets == ("wq", "wk", "wv", "wo", "w1", "w2", "w3")
+    # the same row trained in full holds every weight's gradient and AdamW states
+    full = replace(q, lora=None)
+    assert plan_input(full).lora_rank == 0
+    assert estimate(p).memory.reserved < estimate(plan_input(full)).memory.reserved / 3
+    # rows without a `lora` table train every parameter
+    assert all(plan_input(r).lora_rank == 0 for r in runs if r.lora is None)
+    # a model LoRA cannot adapt (GPT-2's fused qkv) is refused on load, naming the row's lora
+    data = copy.deepcopy(raw)
+    i = next(i for i, r in enumerate(data["runs"]) if r["model"].get("preset") == "gpt2-350m")
+    data["runs"][i]["lora"] = {"rank": 8, "targets": ["wq", "wv"]}
+    with pytest.raises(ConfigError, match=rf"runs\[{i}\] \(.*\)\.lora\.rank = 8 is invalid"):
+        parse_runs(data, "corpus.toml")
 
 
 def test_duplicate_names_and_bad_toml(raw, tmp_path) -> None:

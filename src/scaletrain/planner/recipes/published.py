@@ -25,6 +25,7 @@ from scaletrain.config import (
     ConfigError,
     HardwareSpec,
     Layout,
+    LoraConfig,
     ModelConfig,
     hardware_preset,
     layout_problems,
@@ -33,6 +34,7 @@ from scaletrain.config import (
 )
 from scaletrain.config.choices import ACMode, MoeDispatcher, Precision, literal_names
 from scaletrain.config.hardware_toml import describe_hardware
+from scaletrain.config.lora import lora_problems
 from scaletrain.config.strict import coerce, did_you_mean, scalar_type
 
 from ..types import PlanInput
@@ -93,7 +95,9 @@ _RUN_KEYS = {
     "added_after",
     "tuned_after",
     "recipe",
+    "lora",
 }
+_LORA_KEYS = ("rank", "targets", "base_dtype")
 
 
 @dataclass(frozen=True)
@@ -184,6 +188,10 @@ class PublishedRun:
     TOML units) of the system the run used where the source states it differs from the
     preset's (gpus_per_node of the cluster's nodes, their NVLink wiring), applied to the
     preset by `config.hardware_toml.describe_hardware`; empty: the preset as it is."""
+    lora: LoraConfig | None = None
+    """The row's `lora` table: the run trained adapters of this rank on these projections over
+    a frozen base stored as `base_dtype` (`PlanInput.lora_rank` / `lora_targets` /
+    `lora_base`, as `plan --lora-rank` sets them); None: every parameter trained."""
 
     def hardware(self) -> HardwareSpec:
         hw = (
@@ -349,6 +357,32 @@ def _measured(where: str, raw: dict[str, Any]) -> Measured:
     return Measured(**kw)
 
 
+def _lora(where: str, raw: dict[str, Any], model: ModelConfig, run: RunLayout) -> LoraConfig:
+    """The row's `lora` table: rank, targets (a list of `config.lora.LORA_TARGETS` names) and
+    optionally base_dtype (`LoraConfig`'s default 'auto' without it), checked as the trainer's
+    `[lora]` section is (`LoraConfig`, then `lora_problems` for the row's model and layout)."""
+    w = where + ".lora"
+    _unknown(w, raw, _LORA_KEYS)
+    for k in ("rank", "targets"):
+        if k not in raw:
+            raise _fail(w, k, None, "state the adapters' rank and the projections they target")
+    rank = _int(w, "rank", raw["rank"])
+    targets = raw["targets"]
+    if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
+        raise _fail(w, "targets", targets, 'give a list of projections, e.g. ["wq", "wv"]')
+    try:
+        cfg = LoraConfig(
+            rank=rank, targets=",".join(targets), base_dtype=raw.get("base_dtype", "auto")
+        )
+        problems = lora_problems(cfg, model, run.layout, run.precision)
+    except ConfigError as e:
+        raise _fail(w, e.field.removeprefix("lora."), e.value, e.fix) from None
+    if problems:
+        first = problems[0]
+        raise _fail(w, first.field.removeprefix("lora."), first.value, first.fix)
+    return cfg
+
+
 def _run(i: int, raw: Any, origin: str, seen: set[str]) -> PublishedRun:
     name = raw.get("name") if isinstance(raw, dict) else None
     where = f"{origin} runs[{i}]" + (f" ({name})" if isinstance(name, str) else "")
@@ -406,6 +440,7 @@ def _run(i: int, raw: Any, origin: str, seen: set[str]) -> PublishedRun:
             f"the degrees must multiply to num_gpus={num_gpus}",
         )
     measured = _measured(where, _table(where, raw, "measured"))
+    lora = _lora(where, _table(where, raw, "lora"), model, layout) if "lora" in raw else None
     assumed = raw.get("assumed", "")
     if not isinstance(assumed, str):
         raise _fail(where, "assumed", assumed, "use a string")
@@ -435,6 +470,7 @@ def _run(i: int, raw: Any, origin: str, seen: set[str]) -> PublishedRun:
         tuned_after=tuned_after,
         recipe=recipe,
         node=tuple(sorted(node.items())),
+        lora=lora,
     )
 
 
@@ -495,8 +531,8 @@ def run_layout(run: PublishedRun, recipe: str = "scaletrain") -> Assumed:
 def plan_input(run: PublishedRun, recipe: str = "scaletrain") -> PlanInput:
     """The planner's input for `run` under `recipe`: its model, card, layout (with the
     recipe's defaults for what the row does not state, `run_layout`), batch, AC and precision
-    (AdamW, no offload, the planner's default efficiency), and the CUDA context the source
-    measured, if it did."""
+    (AdamW, no offload, the planner's default efficiency), its LoRA adapters if it trained
+    some, and the CUDA context the source measured, if it did."""
     L = run.layout
     lay = run_layout(run, recipe)
     ctx = None if run.cuda_context_mib is None else run.cuda_context_mib * 2**20
@@ -525,6 +561,9 @@ def plan_input(run: PublishedRun, recipe: str = "scaletrain") -> PlanInput:
         pp_scatter_gather=L.pp_scatter_gather and recipe != "scaletrain",
         head_wgrad_deferred=L.head_wgrad_deferred if recipe != "scaletrain" else 0,
         moe_dispatcher=L.moe_dispatcher if recipe != "scaletrain" else "unstated",
+        lora_rank=0 if run.lora is None else run.lora.rank,
+        lora_targets=() if run.lora is None else run.lora.target_names,
+        lora_base="auto" if run.lora is None else run.lora.base_dtype,
     )
 
 
