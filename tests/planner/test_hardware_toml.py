@@ -118,6 +118,11 @@ def test_every_preset_round_trips_through_its_figures(name: str) -> None:
     for f in dataclasses.fields(preset):
         if f.name in ("name", "notes"):
             continue
+        if f.name == "fused_attention_bf16":
+            # a preset-only measured table (the B200's cuDNN rates by sequence length), no
+            # TOML figure yet: a described copy has none, its fused core at the matmul rate
+            assert described.fused_attention_bf16 == ()
+            continue
         got, want = getattr(described, f.name), getattr(preset, f.name)
         if isinstance(want, dict):
             assert got.keys() == want.keys() and all(

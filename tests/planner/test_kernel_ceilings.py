@@ -5,6 +5,7 @@ device's only where the cause carries over (sm90's FlashAttention-2), and `expla
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 
@@ -17,6 +18,7 @@ from scaletrain.planner.time.efficiency import (
     AttentionCore,
     attention_ceiling,
     attention_seconds_per_token,
+    fused_attention_rates,
     kernel_ceilings,
 )
 from scaletrain.planner.time.flops import FLASH_BACKWARD_FACTOR
@@ -153,3 +155,66 @@ def test_explain_names_each_ceilings_source() -> None:
     h100_lines = kernel_ceilings(hardware_preset("h100-sxm"))
     assert "no MAMF measured" in h100_lines[0] and "370 GB/s" in h100_lines[2]
     assert "raw link figure" in kernel_ceilings(hardware_preset("rtx4090"))[2]
+
+
+B200 = hardware_preset("b200")
+FUSED = dataclasses.replace(CORE, kernel="fused")
+
+
+def _fused_s(hw_spec: object, bf16_rate: float, core: AttentionCore = FUSED) -> float:
+    return attention_seconds_per_token(core, recipe="nemo", bf16_rate=bf16_rate, hardware=hw_spec)
+
+
+def test_b200_fused_attention_runs_at_its_measured_cudnn_rates() -> None:
+    """B200: cuDNN 9.13's own forward / backward figures (NVIDIA/cudnn-frontend
+    sdpa_bf16_benchmark_results_NVIDIA_B200.csv, 'pyt_cudnn'), 1171.278 / 942.509 TFLOP/s at
+    8192, below the matmul rate: forward and backward each run at theirs."""
+    fwd, bwd = fused_attention_rates(B200, 8192)
+    assert (fwd, bwd) == (1171.278e12, 942.509e12)
+    fast = 0.6 * B200.flops("bf16")  # above both
+    want = 1e9 * (1.0 / fwd + FLASH_BACKWARD_FACTOR / bwd)
+    assert _fused_s(B200, fast) == pytest.approx(want)
+    # a forward recompute runs at the forward's rate
+    rc = dataclasses.replace(FUSED, recompute=True)
+    assert _fused_s(B200, fast, rc) == pytest.approx(want + 1e9 / fwd)
+    # a matmul rate below both is kept
+    slow = 500e12
+    assert _fused_s(B200, slow) == pytest.approx(1e9 * (1 + FLASH_BACKWARD_FACTOR) / slow)
+    # a user-set efficiency keeps the matmul rate
+    plain = attention_seconds_per_token(
+        FUSED, recipe="nemo", bf16_rate=fast, hardware=B200, kernel_efficiency=False
+    )
+    assert plain == pytest.approx(1e9 * (1 + FLASH_BACKWARD_FACTOR) / fast)
+
+
+def test_b200_fused_table_reads_in_log_length_and_holds_its_ends() -> None:
+    f4, b4 = fused_attention_rates(B200, 4096)
+    f8, b8 = fused_attention_rates(B200, 8192)
+    w = math.log2(6144) - 12
+    f6, b6 = fused_attention_rates(B200, 6144)
+    assert f6 == pytest.approx(f4 + w * (f8 - f4)) and b6 == pytest.approx(b4 + w * (b8 - b4))
+    assert fused_attention_rates(B200, 128) == fused_attention_rates(B200, 512)
+    assert fused_attention_rates(B200, 1 << 20) == fused_attention_rates(B200, 131072)
+    # a context-parallel call's chunk (kernel_seq_len) picks the row, not the full length
+    chunk = dataclasses.replace(FUSED, seq_len=65536, kernel_seq_len=8192)
+    fast = 0.6 * B200.flops("bf16")
+    assert _fused_s(B200, fast, chunk) == pytest.approx(_fused_s(B200, fast))
+
+
+def test_fused_attention_without_a_table_keeps_the_matmul_rate() -> None:
+    """H100 (cuDNN runs above its matmul rate: no published shortfall) and every part without
+    a cited table: the fused core at the matmul rate; the B200's flash2 core too (no FA2
+    figure set for it)."""
+    for name in ("h100-sxm", "mi300x", "a100-80gb"):
+        hw_spec = hardware_preset(name)
+        assert fused_attention_rates(hw_spec, 8192) == (0.0, 0.0)
+        fast = 0.5 * hw_spec.flops("bf16")
+        assert _fused_s(hw_spec, fast) == pytest.approx(1e9 * (1 + FLASH_BACKWARD_FACTOR) / fast)
+    fast = 0.5 * B200.flops("bf16")
+    assert _flash_s(B200, fast) == pytest.approx(1e9 * (1 + FLASH_BACKWARD_FACTOR) / fast)
+
+
+def test_explain_names_the_b200_cudnn_table() -> None:
+    line = kernel_ceilings(B200)[1]
+    assert "cuDNN fused" in line and "1171 / 943 TFLOP/s" in line and "b200's own" in line
+    assert "cuDNN" not in kernel_ceilings(hardware_preset("h100-sxm"))[1]

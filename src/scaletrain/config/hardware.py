@@ -81,6 +81,14 @@ class HardwareSpec:
     attention_ceiling`). 0 = no measurement of this device: an sm90 part takes the H100's
     published FlashAttention-2 figure (35% of peak), any other device the matmul rate; `explain`
     says which."""
+    fused_attention_bf16: tuple[tuple[int, float, float], ...] = ()
+    """cuDNN fused attention (Transformer Engine's FusedAttention, which Megatron-Core and NeMo
+    run; torch SDPA's cuDNN backend) measured on this device, bf16, causal, head dim 128:
+    ((sequence length, forward FLOP/s, backward FLOP/s), ...), ascending in sequence length,
+    FLOPs counted causal-halved, the backward as 2.5 x the forward (flops.
+    FLASH_BACKWARD_FACTOR). Cited per preset: the ceiling of the 'fused' attention core
+    (`planner.time.efficiency.fused_attention_rates`). Empty = no published figure for this
+    device: its fused core keeps the matmul rate (Hopper: cuDNN runs above it)."""
     intra_node_bw_efficiency: float = 1.0
     """Achieved share of `intra_node_bw` a collective's bus bandwidth reaches (the link figure
     is the raw datasheet one), cited per preset; the planner's intra-node collectives run at
@@ -414,6 +422,29 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         # 2.7.1+cu128): stas00/ml-engineering compute/accelerator/README.md, 'Maximum Achievable
         # Matmul FLOPS comparison table' row 'NVIDIA B200 SXM' (the same table's H100 SXM: 80.3%).
         mamf_bf16=1745.0e12,
+        # cuDNN 9.13 SDPA (torch 2.9.0a0 nv25.09, CUDA 13.0, torch SDPA's cuDNN backend) on a
+        # B200, bf16, causal, batch 1, 128 query / 8 KV heads, head dim 128: NVIDIA's own
+        # benchmark, NVIDIA/cudnn-frontend benchmark/sdpa_benchmark_training/artifacts/
+        # sdpa_bf16_benchmark_results_NVIDIA_B200.csv (rows 'pyt_cudnn', columns
+        # fwd_tflops_per_sec, bwd_tflops_per_sec; sample_b200_bf16_run.txt gives the versions).
+        # Its fwd TFLOP/s x time is 4 b h s^2 d / 2 (causal-halved) and its bwd 2.5x that, the
+        # planner's count. Below the bf16 matmul rate at every length (8192: 1171 / 943 TFLOP/s
+        # against MAMF 1745): Blackwell doubled the tensor cores but not the exp units or the
+        # shared-memory bandwidth attention also needs (FlashAttention-4 paper, arXiv:2603.05451,
+        # abstract). The same file's flash-attn 2.7.4 reaches 400 / 318 at 8192 (torch SDPA's
+        # flash backend 373 / 299): not set as `attention_bf16`, which backend torch SDPA picks
+        # on sm100 not being established here.
+        fused_attention_bf16=(
+            (512, 83.991e12, 134.164e12),
+            (1024, 254.501e12, 308.529e12),
+            (2048, 478.921e12, 371.486e12),
+            (4096, 855.678e12, 701.265e12),
+            (8192, 1171.278e12, 942.509e12),
+            (16384, 1332.415e12, 1074.776e12),
+            (32768, 1419.000e12, 1108.688e12),
+            (65536, 1382.330e12, 1073.059e12),
+            (131072, 1355.418e12, 1047.843e12),
+        ),
     ),
     # GeForce RTX 3090 (Ampere GA102 whitepaper): 35.6 TF fp32, 71 TF fp16/bf16 tensor with fp32
     # accumulate; 24GB GDDR6X 936 GB/s; PCIe Gen4 x16 (32 GB/s per direction); 350 W.

@@ -6,7 +6,9 @@ What every recipe uses (step_time.step_time):
 - matmuls at `time.step_time.default_efficiency` (the calibrated fraction of peak);
 - the attention core as its kernel runs it (`attention_seconds_per_token`): FlashAttention-2
   (torch SDPA, flash-attn 2) at most at the device's attention ceiling (`attention_ceiling`:
-  its own measured figure, or FLASH2_HOPPER_EFFICIENCY of peak on Hopper), a materialized
+  its own measured figure, or FLASH2_HOPPER_EFFICIENCY of peak on Hopper), cuDNN fused
+  attention (Megatron-Core, NeMo) at the device's measured cuDNN table where it has one
+  (`fused_attention_rates`), a materialized
   core (Megatron-DeepSpeed) at the matmul rate on its full s x s block plus its softmax /
   dropout score traffic over memory bandwidth (NAIVE_SCORE_BYTES);
 - NCCL's ring / tree latency model for data-parallel all-reduces (`allreduce_latency`, the
@@ -58,6 +60,7 @@ __all__ = [
     "NAIVE_SCORE_BYTES",
     "attention_kernel",
     "attention_ceiling",
+    "fused_attention_rates",
     "kernel_ceilings",
     "AttentionCore",
     "attention_seconds_per_token",
@@ -250,7 +253,8 @@ def attention_kernel(recipe: str, recipe_attention: str, model_attention: str) -
     Megatron-DeepSpeed's default core attention, recipe.attention == 'naive', or a model
     configured naive), 'fused' (Megatron-Core's Transformer Engine DotProductAttention, which
     NeMo runs too; cuDNN fused attention on Hopper: no published shortfall against the matmul
-    rate, kept at it) or
+    rate, kept at it; on a device with a measured cuDNN table, the B200, at that table's rates:
+    `fused_attention_rates`) or
     'flash2' (torch SDPA's flash backend / flash-attn 2: every other recipe)."""
     if recipe_attention == "naive" or model_attention == "naive":
         return "naive"
@@ -282,6 +286,27 @@ def attention_ceiling(hardware: HardwareSpec) -> tuple[float, str]:
     return 0.0, "no published figure for this device: the matmul rate"
 
 
+def fused_attention_rates(hardware: HardwareSpec, seq_len: int) -> tuple[float, float]:
+    """(forward, backward) FLOP/s ceiling of the cuDNN fused attention core on `hardware` at
+    `seq_len` (one kernel call's sequence length): the device's measured table
+    (`HardwareSpec.fused_attention_bf16`, cited per preset) read linearly in log2(seq_len)
+    between its points, the end points held outside them; (0, 0) = no table (the matmul rate).
+    Ignores: the batch x heads a call runs (the table's: one sequence, 128 query heads; fewer
+    heads fill fewer SMs at short lengths), head dims other than 128, the cuDNN version."""
+    table = hardware.fused_attention_bf16
+    if not table:
+        return 0.0, 0.0
+    x = math.log2(max(1, seq_len))
+    if x <= math.log2(table[0][0]):
+        return table[0][1], table[0][2]
+    for (s0, f0, b0), (s1, f1, b1) in zip(table, table[1:]):
+        x0, x1 = math.log2(s0), math.log2(s1)
+        if x <= x1:
+            w = (x - x0) / (x1 - x0)
+            return f0 + w * (f1 - f0), b0 + w * (b1 - b0)
+    return table[-1][1], table[-1][2]
+
+
 def kernel_ceilings(hardware: HardwareSpec) -> list[str]:
     """One line per per-device kernel ceiling the time model uses on `hardware`, with where
     its figure comes from (the device's own measurement or another device's): what `explain`
@@ -304,6 +329,13 @@ def kernel_ceilings(hardware: HardwareSpec) -> list[str]:
         if rate > 0
         else (f"attention (flash): {src}")
     )
+    if hardware.fused_attention_bf16:
+        f8k, b8k = fused_attention_rates(hardware, 8192)
+        attn += (
+            f"; attention (cuDNN fused, Megatron / NeMo): {hardware.name}'s own measured "
+            f"table by sequence length ({f8k / 1e12:.0f} / {b8k / 1e12:.0f} TFLOP/s forward / "
+            "backward at 8192; config/hardware.py cites it)"
+        )
     eff = hardware.intra_node_bw_efficiency
     link = (
         f"intra-node collectives: {hardware.intra_node_busbw / 1e9:.0f} GB/s bus bandwidth = "
@@ -352,6 +384,10 @@ class AttentionCore:
     """A forward recompute in backward (activation checkpointing)."""
     dropout: bool
     """The recipe keeps attention dropout (its share of the naive core's score bytes)."""
+    kernel_seq_len: int = 0
+    """The sequence length one kernel call sees (seq_len / cp: a context-parallel ring runs
+    each rank's chunk against one chunk of keys per step); 0 = seq_len. Read only by the
+    fused core's measured table (`fused_attention_rates`)."""
 
 
 def attention_seconds_per_token(
@@ -370,7 +406,10 @@ def attention_seconds_per_token(
     - flash kernels skip the masked half; their backward recomputes S = QK^T: 5 matmuls against
       the forward's 2 (flops.FLASH_BACKWARD_FACTOR = 2.5). FlashAttention-2 runs at most at
       the device's attention ceiling (`attention_ceiling`: its own measured figure, or on
-      Hopper FLASH2_HOPPER_EFFICIENCY of peak) and at most at the matmul rate.
+      Hopper FLASH2_HOPPER_EFFICIENCY of peak) and at most at the matmul rate. cuDNN fused
+      attention ('fused') runs its forward and backward at the device's measured cuDNN rates
+      for the call's sequence length where the preset has them (`fused_attention_rates`: the
+      B200's), at most at the matmul rate; else at the matmul rate.
     - naive cores compute the whole s x s block and mask it (2 x the halved count) with a
       backward of 4 matmuls (2 x forward), at the matmul rate, plus NAIVE_SCORE_BYTES per score
       element (a x s per token) over the memory bandwidth; dropout's share only when the
@@ -381,6 +420,12 @@ def attention_seconds_per_token(
 
     kernel, core_flops = core.kernel, core.core_flops
     rc = 1.0 if core.recompute else 0.0
+    if kernel == "fused" and kernel_efficiency and hardware.fused_attention_bf16:
+        # the forward (and its recompute) and the backward at the device's measured cuDNN
+        # rates for this call's length, each at most the matmul rate
+        fwd, bwd = fused_attention_rates(hardware, core.kernel_seq_len or core.seq_len)
+        fwd, bwd = min(fwd, bf16_rate), min(bwd, bf16_rate)
+        return core_flops * ((1.0 + rc) / fwd + FLASH_BACKWARD_FACTOR / bwd)
     if kernel != "naive":
         rate = bf16_rate
         if kernel_efficiency and kernel == "flash2":

@@ -352,6 +352,7 @@ def _block_seconds(
                 seq_len=plan.seq_len,
                 recompute=core_recompute,
                 dropout=dropout,
+                kernel_seq_len=max(1, plan.seq_len // L.cp),
             ),
             recipe=rname,
             bf16_rate=slow,
