@@ -39,8 +39,10 @@ def test_ctas_are_read_for_the_nvswitch_sm90_node_only() -> None:
 def test_share_is_ctas_over_the_sm_count() -> None:
     assert nccl_sm_share(H100) == pytest.approx(24 / 132)
     assert nccl_sm_share(H100, nvls=True) == pytest.approx(16 / 132)
-    # a device the SM table does not name: unknown, no charge
-    assert nccl_sm_share(dataclasses.replace(H100, name="my-h100")) == 0.0
+    # a device whose SM count is not stated: no charge
+    assert nccl_sm_share(dataclasses.replace(H100, sm_count=0)) == 0.0
+    # described under another name, same figures: same share
+    assert nccl_sm_share(dataclasses.replace(H100, name="my-h100")) == pytest.approx(24 / 132)
 
 
 def test_charges_the_overlapped_seconds_only() -> None:

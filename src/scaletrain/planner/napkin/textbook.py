@@ -203,9 +203,6 @@ SM_COUNTS: dict[str, int] = {
     "a100-80gb": 108,
     "h100-sxm": 132,  # NVIDIA H100 whitepaper: SXM5 132 SMs (seed 004 quotes 132)
     "h100-pcie": 114,  # NVIDIA H100 whitepaper: PCIe 114 SMs
-    # Meta's 96GB HBM2e H100 (config/hardware.py h100-hbm2e-500w) is an SXM H100 (torchtitan's
-    # hardware note); its SM count is not published: the SXM5's 132 is assumed
-    "h100-hbm2e-500w": 132,
     "h200": 132,  # H200 SXM: the H100 SXM5 die
     "b200": 148,  # NVIDIA Blackwell B200: 148 SMs (2 dies x 74)
     "rtx3090": 82,  # GA102 whitepaper: RTX 3090 82 SMs

@@ -51,8 +51,6 @@ from __future__ import annotations
 
 from scaletrain.config import GB, HardwareSpec, Layout
 
-from ..napkin.textbook import SM_COUNTS
-
 __all__ = [
     "NCCL_RING_CTAS_SM90",
     "NCCL_NVLS_CTAS_SM90",
@@ -97,9 +95,9 @@ def nccl_ctas(hardware: HardwareSpec, *, nvls: bool = False) -> int:
 
 
 def nccl_sm_share(hardware: HardwareSpec, *, nvls: bool = False) -> float:
-    """The share of `hardware`'s SMs one NCCL collective holds: `nccl_ctas` / its SM count
-    (napkin.textbook.SM_COUNTS); 0 where either is unknown."""
-    sms = SM_COUNTS.get(hardware.name, 0)
+    """The share of `hardware`'s SMs one NCCL collective holds: `nccl_ctas` /
+    `HardwareSpec.sm_count`; 0 where either is unknown."""
+    sms = hardware.sm_count
     ctas = nccl_ctas(hardware, nvls=nvls)
     return min(1.0, ctas / sms) if sms > 0 and ctas > 0 else 0.0
 
