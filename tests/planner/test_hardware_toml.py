@@ -43,6 +43,7 @@ host_to_device_bw_gb_s = 64
 power_w = 700
 usd_per_gpu_hour = 2.5
 host_memory_gib = 2048
+sm_count = 132
 """
 
 

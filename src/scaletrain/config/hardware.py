@@ -104,6 +104,10 @@ class HardwareSpec:
     ncclNvlsInit: NCCL_NVLS_ENABLE defaults to 2, auto). Cited per preset; 0 = no NVLink SHARP
     figure for this device (no NVSwitch-3, or none published): its all-reduces run as rings at
     `intra_node_busbw`. Reduce-scatters and all-gathers keep `intra_node_busbw`."""
+    sm_count: int = 0
+    """Streaming multiprocessors (AMD: compute units) of one GPU, cited per preset: the share of
+    them an overlapped NCCL collective's CTAs hold (`planner.time.overlap_sm`). 0 = not
+    stated: no such charge."""
     intra_node_pair_bw: float = 0.0
     """Per-direction bandwidth between one pair of GPUs of a node wired point to point, with no
     switch between them (a fully connected NVLink mesh: every pair joined by the same number of
@@ -199,6 +203,8 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         # https://github.com/NVIDIA/nccl/issues/1054, 2023-11-06). No 8-GPU nccl-tests busBw
         # from NVIDIA was found for this part.
         intra_node_bw_efficiency=20.0 / 25,
+        # SMs: 80 (NVIDIA Tesla V100 whitepaper)
+        sm_count=80,
     ),
     # The 16 GB V100 (SXM2 16GB; same datasheet otherwise). Memory (CUDA total): 15.75 GiB on a
     # "Tesla V100 16GB", https://github.com/XuyangBai/TransFusion/issues/49 (15.78 GiB on
@@ -220,6 +226,8 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         # https://github.com/NVIDIA/nccl/issues/1054, 2023-11-06). No 8-GPU nccl-tests busBw
         # from NVIDIA was found for this part.
         intra_node_bw_efficiency=20.0 / 25,
+        # SMs: 80 (NVIDIA Tesla V100 whitepaper)
+        sm_count=80,
     ),
     # NVIDIA A100 SXM4 datasheet: 19.5 TF fp32, 156 TF tf32, 312 TF bf16/fp16 dense,
     # 40GB HBM2 1555 GB/s | 80GB HBM2e 2039 GB/s, NVLink3 600 GB/s total, 400 W.
@@ -251,6 +259,8 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         # Matmul FLOPS comparison table' row 'NVIDIA A100 SXM' (the same table's H100 SXM:
         # 80.3%); the row names no memory size: both A100 SXM parts have the same SMs and clocks.
         mamf_bf16=271.2e12,
+        # SMs: 108 (NVIDIA A100 whitepaper)
+        sm_count=108,
     ),
     "a100-80gb": lambda: HardwareSpec(
         "a100-80gb",
@@ -273,6 +283,8 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         # Matmul FLOPS comparison table' row 'NVIDIA A100 SXM' (the same table's H100 SXM:
         # 80.3%); the row names no memory size: both A100 SXM parts have the same SMs and clocks.
         mamf_bf16=271.2e12,
+        # SMs: 108 (NVIDIA A100 whitepaper)
+        sm_count=108,
     ),
     # NVIDIA H100 SXM5 datasheet: 67 TF fp32, 494.7 tf32, 989.4 bf16/fp16, 1978.9 fp8 (dense),
     # 80GB HBM3 3.35 TB/s, NVLink4 900 GB/s total (450 per direction), 700 W.
@@ -307,6 +319,8 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         # XE9680 8 x H100 SXM 80GB ("host_memory_capacity": "2 TB"), github.com/mlcommons/
         # inference_results_v3.1 closed/Dell/systems/XE9680_H100_SXM_80GBx8_TRT.json
         host_memory_bytes=2048 * GiB,
+        # SMs: 132 (NVIDIA H100 whitepaper, SXM5)
+        sm_count=132,
     ),
     # Meta's Grand Teton H100 (torchtitan benchmarks/llama3_h100_202412_torchtitan.md, Hardware):
     # SXM H100 with 96GB HBM2e at 2.4 TB/s, run at its default 500 W limit, NVLink within the
@@ -333,6 +347,8 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         arch=nvidia_arch((9, 0)),
         # NVLink 4 between H100s: the H100 SXM's NCCL figure (see h100-sxm), 370 / 450.
         intra_node_bw_efficiency=370 / 450,
+        # SMs: not published for this SXM H100; the SXM5's 132 is assumed
+        sm_count=132,
     ),
     # NVIDIA H800 SXM5: the H100 SXM5 for export markets, same SM, tensor cores and 80GB HBM3
     # (3.35 TB/s, 700 W; NVIDIA's H800 datasheet), NVLink cut to 400 GB/s total (200 per
@@ -354,6 +370,8 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         # its own published figure: the DeepSeek-V3 report (arXiv:2412.19437 sec. 3.2.2) gives
         # its H800 NVLink 160 GB/s (against IB's 50), of the 200 GB/s per direction: 160 / 200.
         intra_node_bw_efficiency=160 / 200,
+        # SMs: the H100 SXM5's 132 (same SM count, see above)
+        sm_count=132,
     ),
     # NVIDIA H100 PCIe datasheet: 51 TF fp32, 378 tf32, 756 bf16, 1513 fp8; 80GB HBM2e 2 TB/s,
     # 350 W; peers over PCIe Gen5 x16 (64 GB/s per direction).
@@ -369,6 +387,8 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         usd_per_hour=2.0,
         host_to_device_bw=64 * GB,
         arch=nvidia_arch((9, 0)),
+        # SMs: 114 (NVIDIA H100 whitepaper, PCIe)
+        sm_count=114,
     ),
     # NVIDIA H200 SXM datasheet: H100 compute; 141GB HBM3e at 4.8 TB/s, NVLink 900 GB/s, 700 W.
     # Memory: no CUDA total for the H200 was found. Estimate: nvidia-smi's 143,771 MiB
@@ -394,6 +414,8 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         # description of NVIDIA's H200-SXM-141GBx8 (DGX H200), github.com/mlcommons/
         # inference_results_v4.1 closed/NVIDIA/systems/H200-SXM-141GBx8_TRT_MaxQ.json
         host_memory_bytes=2048 * GiB,
+        # SMs: the H100 SXM5 die's 132
+        sm_count=132,
     ),
     # NVIDIA HGX B200 datasheet (per GPU, dense): 2.25 PF bf16/fp16, 4.5 PF fp8, 1.1 PF tf32,
     # 75 TF fp32; 180GB HBM3e 7.7 TB/s; NVLink5 1.8 TB/s total (900 per direction); 1000 W.
@@ -445,6 +467,8 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
             (65536, 1382.330e12, 1073.059e12),
             (131072, 1355.418e12, 1047.843e12),
         ),
+        # SMs: 148 (NVIDIA Blackwell B200, 2 dies x 74)
+        sm_count=148,
     ),
     # GeForce RTX 3090 (Ampere GA102 whitepaper): 35.6 TF fp32, 71 TF fp16/bf16 tensor with fp32
     # accumulate; 24GB GDDR6X 936 GB/s; PCIe Gen4 x16 (32 GB/s per direction); 350 W.
@@ -461,6 +485,8 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         usd_per_hour=0.3,
         host_to_device_bw=32 * GB,
         arch=nvidia_arch((8, 6)),
+        # SMs: 82 (GA102 whitepaper)
+        sm_count=82,
     ),
     # GeForce RTX 4090 (Ada whitepaper): 82.6 TF fp32, 165.2 TF fp16/bf16 and 330.3 TF fp8 tensor
     # with fp32 accumulate; 24GB GDDR6X 1008 GB/s; PCIe Gen4 x16; 450 W.
@@ -478,6 +504,8 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         usd_per_hour=0.5,
         host_to_device_bw=32 * GB,
         arch=nvidia_arch((8, 9)),
+        # SMs: 128 (Ada whitepaper)
+        sm_count=128,
     ),
     # AMD Instinct MI300X datasheet: 163.4 TF fp32 matrix, 1307.4 TF bf16/fp16 dense, 2614.9 fp8;
     # 192GB HBM3 5.3 TB/s; 7 Infinity Fabric links x 64 GB/s per direction = 448 GB/s; 750 W.
@@ -533,6 +561,8 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         # memory_bw: the datasheet figure. An achieved ~81% of it (BabelStream) is attributed to
         # arXiv 2510.27583 (Ambati et al. 2025) by summaries read here (arxivlens,
         # emergentmind), not the paper itself; and no preset holds an achieved HBM share.
+        # compute units: 304 (AMD Instinct MI300X datasheet)
+        sm_count=304,
     ),
     # This project's 2-core AVX-512 host (AMD EPYC, 2.6 GHz): 2 cores x 2.6 GHz x 2 FMA pipes x
     # 16 fp32 lanes x 2 FLOP = 333 GFLOP/s nominal peak (a 2048^3 sgemm measures ~190 GFLOP/s,

@@ -72,6 +72,7 @@ FIGURES: dict[str, Figure] = {
     "intra_node_bw_efficiency": Figure("intra_node_bw_efficiency", 1.0, "fraction"),
     "nvls_allreduce_busbw_gb_s": Figure("nvls_allreduce_busbw", GB, "GB/s"),
     "intra_node_pair_bw_gb_s": Figure("intra_node_pair_bw", GB, "GB/s"),
+    "sm_count": Figure("sm_count", 1.0, "SMs", integer=True),
 }
 """TOML figure -> spec attribute. `arch` (a text, `hardware_rules.parse_arch`) is the other
 field a description gives."""

@@ -230,6 +230,10 @@ class HardwareConfig:
     connected NVLink mesh without NVSwitch, e.g. 50 on a 4-GPU V100 SXM2 node: 2 NVLink2 links
     per pair), GB/s: a collective among fewer than all the node's GPUs reaches only its peers'
     links. 0 = the preset's (none: switched, every intra-node group at the full figure)."""
+    sm_count: int = 0
+    """Streaming multiprocessors (AMD: compute units) of one GPU: the share of them an
+    overlapped NCCL collective holds beside the GEMMs. 0 = the preset's (its whitepaper's
+    count; not stated for a described device: no such charge)."""
     arch: str = ""
     """Architecture: 'sm90' (NVIDIA compute capability 9.0), 'gfx942' (AMD) or 'cpu'; it
     decides the precisions the device runs. Empty = the preset's."""

@@ -201,6 +201,7 @@ def estimate(
         overhead_s=st.overhead_s,
         comm_total_s=sum(comm_s.values()),
         comm_terms=comm_s,
+        overlap_sm_s=st.overlap_sm_s,
     )
     notes = _notes(convention, st.efficiency, plan.precision, peak)
     if plan.calibration is not None and plan.efficiency <= 0:

@@ -258,6 +258,8 @@ class TimeBreakdown:
     """A calibration's per-step time outside the other terms (data wait, clipping, ...)."""
     comm_total_s: float = 0.0
     """All communication time, overlapped or not."""
+    overlap_sm_s: float = 0.0
+    """Compute lost to the SMs the overlapped NCCL collectives hold (time.overlap_sm)."""
     comm_terms: dict[str, float] = field(default_factory=dict)
     """Seconds per collective family per step (e.g. 'dp_allreduce', 'tp_allgather')."""
 

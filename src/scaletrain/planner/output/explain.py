@@ -670,6 +670,11 @@ def _time_lines(
             "the tensor per tp rank + a tp all-gather on receipt, blocking (not overlapped)"
         )
     add(f"   exposed communication = {t.comm_exposed_s:.4f} s")
+    if t.overlap_sm_s:
+        add(
+            f"   overlapped NCCL kernels' SMs taken from the compute = {t.overlap_sm_s:.4f} s "
+            "(overlapped seconds x CTAs / SMs; time.overlap_sm)"
+        )
     add("-- 7. pipeline bubble")
     if L.pp > 1:
         bf = bubble_fraction(L.pp_schedule, L.pp, m, L.pp_virtual)
@@ -695,9 +700,10 @@ def _time_lines(
         add("   pp = 1: no bubble")
     add("-- 8. step")
     over = f" + calibrated overhead {t.overhead_s:.3f}" if t.overhead_s else ""
+    sm = f" + NCCL SMs {t.overlap_sm_s:.3f}" if t.overlap_sm_s else ""
     add(
         f"   step = compute {t.compute_s:.3f} + bubble {t.bubble_s:.3f} + exposed comm "
-        f"{t.comm_exposed_s:.3f} + optimizer {t.optimizer_s:.3f}{over} = {t.step_s:.3f} s"
+        f"{t.comm_exposed_s:.3f}{sm} + optimizer {t.optimizer_s:.3f}{over} = {t.step_s:.3f} s"
     )
     add(
         f"   tokens/s (whole job) = {est.tokens_per_s:,.0f}; MFU = FLOPs/token x tokens/s / "

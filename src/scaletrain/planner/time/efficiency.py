@@ -460,7 +460,8 @@ COMM_OVERLAP: dict[str, tuple[str, ...]] = {
 }
 """Communication families a recipe's framework overlaps with compute, by recipe name (a recipe
 of that name picks them up; 'pp_p2p_interleaved': pipeline sends only under the interleaved
-schedule). Ignores: the SM share the overlapped kernels take from the GEMMs (a few %)."""
+schedule). The SMs the overlapped NCCL collectives hold are charged on the compute by
+overlap_sm.overlap_sm_seconds; Transformer Engine's userbuffers ('tp') are not."""
 
 STATED_OVERLAPS: dict[str, str] = {
     "tp": "tensor-parallel collectives hidden behind the GEMMs they feed (Transformer Engine "

@@ -69,6 +69,7 @@ from .fp8_casts import (
 )
 from .fsdp_copies import fsdp2_copy_bytes
 from .moe_traffic import moe_row_seconds_per_token
+from .overlap_sm import node_local_families, overlap_sm_seconds
 from .pipeline import bubble_fraction, last_stage_rank
 from .recipe_terms import (
     grad_accum_pass_s,
@@ -96,6 +97,7 @@ __all__ = [
     "fp8_cast_s",
     "fp8_weight_cast_s",
     "fsdp2_copy_s",
+    "exposed_by_family",
 ]
 
 OPTIMIZER_TRAFFIC = {"adamw": 28.0, "sgd": 20.0, "adamw8bit": 16.0, "adafactor": 12.0}
@@ -212,7 +214,7 @@ class StepTime:
     frozen (see `comm.CommInputs`), never mutated after construction."""
 
     step_s: float
-    """compute + bubble + exposed communication + optimizer."""
+    """compute + bubble + exposed communication + overlap_sm_s + optimizer + overhead."""
     compute_s: float
     bubble_s: float
     exposed_s: float
@@ -224,6 +226,9 @@ class StepTime:
     """(bytes moved, seconds) per collective family (`comm.comm_terms`, a recipe's variant)."""
     efficiency: float
     """The fraction of peak matmul FLOP/s used."""
+    overlap_sm_s: float = 0.0
+    """Compute lost to the SMs of the NCCL collectives overlapped with it
+    (`overlap_sm.overlap_sm_seconds`); in step_s."""
 
 
 def plan_efficiency(plan: PlanInput) -> float:
@@ -627,9 +632,10 @@ def step_time(
 ) -> StepTime:
     """The seconds of one step of `plan` whose busiest rank holds `max_params` parameters:
     compute (`_compute_side`) + the pipeline bubble + the communication left exposed after
-    overlap (`comm.comm_terms`, `_exposed`; a recipe's own families as it computes them,
-    `recipe_terms.recipe_exposed`) + the optimizer step (`_optimizer_seconds`, and under
-    Recipe.zero1_gather_host_copies the host time of its ZeRO-1 gather that the GPU's
+    overlap (`comm.comm_terms`, `exposed_by_family`; a recipe's own families as it computes
+    them, `recipe_terms.recipe_exposed`) + the compute the overlapped NCCL collectives' SMs take
+    from the GEMMs (`overlap_sm.overlap_sm_seconds`) + the optimizer step (`_optimizer_seconds`,
+    and under Recipe.zero1_gather_host_copies the host time of its ZeRO-1 gather that the GPU's
     post-backward work does not hide, `recipe_terms.zero1_gather_host_s`)."""
     L = plan.layout
     if recipe is not None and not recipe.nccl_nvls and plan.hardware.nvls_allreduce_busbw > 0:
@@ -665,8 +671,9 @@ def step_time(
             stretch=1.0 + (side.bubble_s / side.compute_s if side.compute_s > 0 else 0.0),
         )
     # families a recipe runs its own way are charged as it computed them (`recipe_exposed`)
-    exposed = sum(override.values()) + _exposed(
-        {k: v for k, v in comm.items() if k not in override},
+    own = {k: v for k, v in comm.items() if k not in override}
+    by_family = exposed_by_family(
+        own,
         plan,
         side.window,
         stage_params=max_params,
@@ -674,6 +681,15 @@ def step_time(
         bucket_bytes=bucket,
         tree=foreign,
         overlap=run_overlap(plan, recipe),
+    )
+    exposed = sum(override.values()) + sum(by_family.values())
+    # the SMs the overlapped NCCL collectives hold beside the GEMMs (overlap_sm.py)
+    overlap_sm_s = overlap_sm_seconds(
+        own,
+        by_family,
+        plan.hardware,
+        families=node_local_families(L, gpus_per_node or plan.hardware.gpus_per_node),
+        nvls_allreduce=plan.hardware.nvls_allreduce_busbw > 0,
     )
     optimizer_s = _optimizer_seconds(plan, max_params, recipe)
     if foreign and recipe is not None and recipe.zero1_gather_host_copies:
@@ -687,7 +703,7 @@ def step_time(
     overhead = cal.step_overhead_s if cal is not None else 0.0
     compute_s, bubble_s = side.compute_s, side.bubble_s
     return StepTime(
-        step_s=compute_s + bubble_s + exposed + optimizer_s + overhead,
+        step_s=compute_s + bubble_s + exposed + overlap_sm_s + optimizer_s + overhead,
         compute_s=compute_s,
         bubble_s=bubble_s,
         exposed_s=exposed,
@@ -695,6 +711,7 @@ def step_time(
         overhead_s=overhead,
         comm=comm,
         efficiency=side.efficiency,
+        overlap_sm_s=overlap_sm_s,
     )
 
 
@@ -747,9 +764,10 @@ def step_floor(
     non-negative times, or the time itself), so its running sum is at least each of its terms,
     and a recipe's own families (`recipe_terms.recipe_exposed`: tp, dp_allreduce, never the
     activation offload) add non-negative seconds in front of it; step_s adds compute, bubble,
-    exposed, optimizer and overhead in this same order, each rounded addition increasing in its
-    operands. The search times every layout that fits with it and the full model only where
-    the pick could read the step (`search.layouts`)."""
+    exposed, the overlapped collectives' SM seconds (`overlap_sm.overlap_sm_seconds`, a sum of
+    non-negative products, left out here), optimizer and overhead in this same order, each
+    rounded addition increasing in its operands. The search times every layout that fits with
+    it and the full model only where the pick could read the step (`search.layouts`)."""
     side = _compute_side(
         plan, max_params, terms=terms, causal=causal, zero_bubble=zero_bubble, recipe=recipe
     )
@@ -889,7 +907,35 @@ def _exposed(
     tree: bool = False,
     overlap: tuple[str, ...] = (),
 ) -> float:
-    """Communication seconds left on the critical path after overlap (rules in _NOTES).
+    """Communication seconds left on the critical path after overlap: the sum of
+    `exposed_by_family` (same arguments)."""
+    return sum(
+        exposed_by_family(
+            terms,
+            plan,
+            compute,
+            stage_params=stage_params,
+            gpus_per_node=gpus_per_node,
+            bucket_bytes=bucket_bytes,
+            tree=tree,
+            overlap=overlap,
+        ).values()
+    )
+
+
+def exposed_by_family(
+    terms: dict[str, tuple[float, float]],
+    plan: PlanInput,
+    compute: _ComputeWindow,
+    *,
+    stage_params: float,
+    gpus_per_node: int | None,
+    bucket_bytes: float = 25 * 2**20,
+    tree: bool = False,
+    overlap: tuple[str, ...] = (),
+) -> dict[str, float]:
+    """Communication seconds left on the critical path after overlap, per family of `terms`
+    (FSDP's reduce-scatter is charged with the backward all-gather, under 'fsdp_all_gather').
     bucket_bytes: the last gradient bucket, reduced after the backward ends (exposed);
     tree: its latency term is NCCL's ring / tree model (comm.dp_allreduce_latency);
     overlap: families the recipe's framework overlaps (efficiency.COMM_OVERLAP): 'tp' and
@@ -898,7 +944,7 @@ def _exposed(
     L, hw = plan.layout, plan.hardware
     m, layers = compute.microbatches, compute.layers
     t_fwd, t_bwd, t_core = compute.forward_s, compute.backward_s, compute.core_s
-    out = 0.0
+    out: dict[str, float] = {}
     bucket = 0.0
     if "dp_allreduce" in terms or "zero_reduce_scatter" in terms or "hsdp_allreduce" in terms:
         link = axis_link(L, hw, "dp", gpus_per_node)
@@ -915,19 +961,20 @@ def _exposed(
         bucket = allreduce_seconds(size, nn, link, hw, ring=ring) if not L.zero else ring
     for name, (_, t) in terms.items():
         if name in ("dp_allreduce", "hsdp_allreduce"):
-            out += max(t - t_bwd, min(t, bucket))
+            out[name] = max(t - t_bwd, min(t, bucket))
         elif name == "zero_reduce_scatter":
             window = t_bwd if L.zero == 1 else m * t_bwd
-            out += max(t - window, min(t, bucket))
+            out[name] = max(t - window, min(t, bucket))
         elif name == "fsdp_all_gather":
             per = t / (2 * m)
             first = per / (layers + 1)  # the first unit's gather has nothing to hide behind
-            out += m * max(0.0, per - t_fwd) + first
-            out += m * max(0.0, per + terms["fsdp_reduce_scatter"][1] / m - t_bwd)
+            fwd = m * max(0.0, per - t_fwd) + first
+            bwd = m * max(0.0, per + terms["fsdp_reduce_scatter"][1] / m - t_bwd)
+            out[name] = fwd + bwd
         elif name == "fsdp_reduce_scatter":
             continue  # charged with the backward all-gather above
         elif name == "cp_ring":
-            out += max(0.0, t - t_core)
+            out[name] = max(0.0, t - t_core)
         elif (
             name in ("tp", "pp_p2p")
             and name in overlap
@@ -937,11 +984,11 @@ def _exposed(
                 and L.pp_schedule == "interleaved"
             )
         ):
-            out += max(0.0, t - m * (t_fwd + t_bwd))
+            out[name] = max(0.0, t - m * (t_fwd + t_bwd))
         elif name == "zero_all_gather" and L.zero == 1 and "dp_param_gather" in overlap:
-            out += max(t - m * t_fwd, min(t, bucket))
+            out[name] = max(t - m * t_fwd, min(t, bucket))
         else:  # zero_all_gather, tp, pp_p2p, ep_all_to_all: on the critical path
-            out += t
+            out[name] = t
     return out
 
 
