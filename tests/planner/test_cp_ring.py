@@ -28,6 +28,15 @@ def test_pass_bytes_by_hand() -> None:
     f4, _ = torch_ring_pass_bytes(4, 2, q_elems=1.0, kv_elems=0.0)
     f8, _ = torch_ring_pass_bytes(8, 2, q_elems=1.0, kv_elems=0.0)
     assert f8 - f4 == pytest.approx(4 * (6 + MERGE_BYTES))
+    # so do the K/V concatenations: the loop builds the exchange buffer at every sub-step but
+    # the last (torch.cat of K and V, read + write e each), forward and backward alike
+    kf4, kb4 = torch_ring_pass_bytes(4, 2, q_elems=0.0, kv_elems=1.0)
+    kf8, kb8 = torch_ring_pass_bytes(8, 2, q_elems=0.0, kv_elems=1.0)
+    assert kf8 - kf4 == pytest.approx(2 * 4 * 2 * 2)
+    assert kf4 == pytest.approx(2 * (2 + 2 * 3) * 2)
+    # backward: the copies, plus per dK / dV the first add, cp - 1 half adds + cats, cp fp32
+    # cats and the cast
+    assert kb8 - kb4 == pytest.approx(2 * 4 * 2 * 2 + 2 * 4 * (10 / 2 + 8 + 8))
 
 
 def _plan(name: str):

@@ -65,6 +65,32 @@ def test_every_sm90_part_takes_the_h100_figure_and_says_so(name: str) -> None:
     assert "H100 SXM's" in why
 
 
+@pytest.mark.parametrize("name", ["h100-sxm", "h200", "h100-hbm2e-500w"])
+def test_every_sm90_part_takes_the_h100_backward_figure(name: str) -> None:
+    """The flash core's backward on an sm90 part: the H100's published FA2 backward share
+    of peak, below its forward's."""
+    from scaletrain.planner.time.efficiency import (
+        FLASH2_HOPPER_BACKWARD_EFFICIENCY,
+        attention_backward_ceiling,
+    )
+
+    hw_spec = hardware_preset(name)
+    bwd = attention_backward_ceiling(hw_spec)
+    assert bwd == pytest.approx(hw_spec.flops("bf16") * FLASH2_HOPPER_BACKWARD_EFFICIENCY)
+    assert bwd < attention_ceiling(hw_spec)[0]
+
+
+def test_backward_ceiling_none_or_the_devices_own() -> None:
+    """No backward ceiling where the device has no published figure (A100: the matmul rate);
+    a device's own single measured figure caps both passes."""
+    from scaletrain.planner.time.efficiency import attention_backward_ceiling
+
+    assert attention_backward_ceiling(hardware_preset("a100-80gb")) == 0.0
+    assert attention_backward_ceiling(MI300X) == attention_ceiling(MI300X)[0]
+    own = dataclasses.replace(hardware_preset("h100-sxm"), attention_bf16=300e12)
+    assert attention_backward_ceiling(own) == 300e12
+
+
 def test_a_measured_attention_figure_wins_over_the_fallback() -> None:
     """`attention_bf16` (a preset's citation or [hardware] attention_bf16_tflops) caps the
     flash core on any device; a matmul rate below it is kept."""

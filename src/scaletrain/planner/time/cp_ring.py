@@ -70,19 +70,24 @@ def torch_ring_pass_bytes(
     rank in its elementwise passes (module docstring), for `q_elems` output / query elements
     and `kv_elems` elements of each of K and V, e-byte activations.
     Forward: key/value .contiguous() (the (b, h, s, d) transposes: read + write e each) and the
-    torch.cat of both for the exchange (read + write e each): 4e per element of K and of V;
+    torch.cat of both for the exchange (read + write e each) at every sub-step but the last
+    (`if i < (size - 1)`: the all-gather rotater sends once, but the loop builds the
+    concatenated buffer each time, at 0123248a as in torch 2.13's
+    _context_parallel/_attention.py): (2 + 2(cp - 1))e = 2cp e per element of K and of V;
     per sub-step out.to(float32) (e + 4), every merge after the first
     MERGE_BYTES, the final cast to e (4 + e).
-    Backward: the three fp32 zeros_like (4 each), the same K/V copies (4e per K and V element);
+    Backward: the three fp32 zeros_like (4 each), the same K/V copies (2cp e per K and V
+    element: `if i != size - 1` builds the buffer at every sub-step but the last);
     per sub-step dQ += (read 4 + e, write 4), dK and dV: the first sub-step an add (8 + e), the
     others `_partial_update` on half (8 + e) / 2 then the torch.cat of the halves (8), and the
     fp32 torch.cat of dK and dV for the send (8 each); the final casts of dQ, dK, dV to e
     (4 + e each)."""
     if cp <= 1:
         return 0.0, 0.0
-    fwd = 2 * kv_elems * 4 * e + q_elems * (cp * (e + 4) + (cp - 1) * MERGE_BYTES + (4 + e))
+    kv_copies = 2 * kv_elems * 2 * cp * e  # .contiguous() + cp - 1 torch.cat, K and V
+    fwd = kv_copies + q_elems * (cp * (e + 4) + (cp - 1) * MERGE_BYTES + (4 + e))
     acc = 8 + e
-    bwd = 4 * (q_elems + 2 * kv_elems) + 2 * kv_elems * 4 * e
+    bwd = 4 * (q_elems + 2 * kv_elems) + kv_copies
     bwd += q_elems * (cp * acc + (4 + e))
     bwd += 2 * kv_elems * (acc + (cp - 1) * (acc / 2 + 8) + cp * 8 + (4 + e))
     return fwd, bwd

@@ -61,6 +61,8 @@ __all__ = [
     "attention_kernel",
     "attention_ceiling",
     "fused_attention_rates",
+    "attention_backward_ceiling",
+    "FLASH2_HOPPER_BACKWARD_EFFICIENCY",
     "kernel_ceilings",
     "AttentionCore",
     "attention_seconds_per_token",
@@ -225,7 +227,23 @@ torchtitan) and flash-attn 2 users (Nanotron) run it; llm-foundry's MPT benchmar
 Triton flash attention (attn_impl 'triton'), for which no H100 figure was found: it takes this
 one. On A100, FA2 reaches
 50-73% of peak forward and up to 63% backward (Dao 2023, arXiv 2307.08691, abstract and §4.1),
-no lower than the planner's matmul efficiency: there the attention keeps the matmul rate."""
+no lower than the planner's matmul efficiency: there the attention keeps the matmul rate.
+The forward's rate: the FA2 bars of the same paper's two forward-pass figures at head dim 128
+on an H100 80GB SXM5 (989.4 TFLOP/s bf16 peak) plateau at 335 and 370 TFLOP/s (34% and 37%)
+from 8k tokens on (a transcription of the charts' bar labels); the backward's is
+FLASH2_HOPPER_BACKWARD_EFFICIENCY."""
+
+FLASH2_HOPPER_BACKWARD_EFFICIENCY = 322.0 / 989.4
+"""Fraction of the bf16 peak FlashAttention-2's backward reaches on H100/H200: the
+FlashAttention-3 paper (Shah et al. 2024, arXiv 2407.08608, sec. 4.1), its figure "Attention
+backward speed, head dim 128 (H100 80GB SXM5)": FA2 at 214, 260, 291, 310, 318, 322 TFLOP/s
+for 512 ... 16k tokens (16k tokens per batch, 2048 hidden; the figure's FLOP count is the
+forward's x 2.5, as flops.FLASH_BACKWARD_FACTOR), over the H100 SXM5's 989.4 TFLOP/s bf16
+dense peak: the 16k plateau, 32.5%, below the forward's FLASH2_HOPPER_EFFICIENCY. The
+numbers were read from a transcription of the chart's bar labels (two transcriptions agree on
+the FA2 bars), not from a table in the paper's text, and the transcription does not state the
+figure's mask (causal or not). Ignores: sequence lengths below the plateau (the planner's
+flash core takes one rate), head dims other than 128, the 500 W power cap of some H100s."""
 
 NAIVE_SCORE_BYTES: dict[str, tuple[float, float, float]] = {
     # Megatron(-DeepSpeed) CoreAttention, 16-bit scores: forward the fused scale + causal mask +
@@ -281,9 +299,23 @@ def attention_ceiling(hardware: HardwareSpec) -> tuple[float, str]:
         rate = hardware.flops("bf16") * FLASH2_HOPPER_EFFICIENCY
         return rate, (
             "the H100 SXM's published FlashAttention-2 figure, 35% of peak (FlashAttention-3 "
-            "paper), taken by every sm90 part"
+            "paper; its backward 32.5%), taken by every sm90 part"
         )
     return 0.0, "no published figure for this device: the matmul rate"
+
+
+def attention_backward_ceiling(hardware: HardwareSpec) -> float:
+    """FLOP/s ceiling of the flash attention core's backward on `hardware` (0 = none: the
+    matmul rate): the device's own measured figure where it has one (`HardwareSpec.
+    attention_bf16`, one figure for both passes), else on an sm90 part
+    FLASH2_HOPPER_BACKWARD_EFFICIENCY of its bf16 peak (the H100's published FA2 backward,
+    taken by every sm90 part as `attention_ceiling` takes its forward), else none."""
+    if hardware.attention_bf16 > 0:
+        return hardware.attention_bf16
+    cap = hardware.arch.capability
+    if cap is not None and cap[0] == 9 and "bf16" in hardware.peak_flops:
+        return hardware.flops("bf16") * FLASH2_HOPPER_BACKWARD_EFFICIENCY
+    return 0.0
 
 
 def fused_attention_rates(hardware: HardwareSpec, seq_len: int) -> tuple[float, float]:
@@ -324,8 +356,11 @@ def kernel_ceilings(hardware: HardwareSpec) -> list[str]:
             "efficiency.MAMF_REFERENCE; the default efficiency was read on A100 / H100 runs)"
         )
     rate, src = attention_ceiling(hardware)
+    bwd = attention_backward_ceiling(hardware)
     attn = (
-        f"attention (flash): {rate / 1e12:.0f} TFLOP/s, {src}"
+        f"attention (flash): {rate / 1e12:.0f} TFLOP/s"
+        + (f" forward, {bwd / 1e12:.0f} backward" if 0 < bwd != rate else "")
+        + f", {src}"
         if rate > 0
         else (f"attention (flash): {src}")
     )
@@ -404,9 +439,11 @@ def attention_seconds_per_token(
     bf16_rate: the 16-bit matmul rate (peak x matmul efficiency) the attention runs at;
     kernel_efficiency=False (a user-set efficiency) keeps that rate for flash kernels too.
     - flash kernels skip the masked half; their backward recomputes S = QK^T: 5 matmuls against
-      the forward's 2 (flops.FLASH_BACKWARD_FACTOR = 2.5). FlashAttention-2 runs at most at
-      the device's attention ceiling (`attention_ceiling`: its own measured figure, or on
-      Hopper FLASH2_HOPPER_EFFICIENCY of peak) and at most at the matmul rate. cuDNN fused
+      the forward's 2 (flops.FLASH_BACKWARD_FACTOR = 2.5). FlashAttention-2 runs its forward
+      at most at the device's attention ceiling (`attention_ceiling`: its own measured figure,
+      or on Hopper FLASH2_HOPPER_EFFICIENCY of peak), its backward at most at
+      `attention_backward_ceiling` (on Hopper FLASH2_HOPPER_BACKWARD_EFFICIENCY), each at most
+      at the matmul rate. cuDNN fused
       attention ('fused') runs its forward and backward at the device's measured cuDNN rates
       for the call's sequence length where the preset has them (`fused_attention_rates`: the
       B200's), at most at the matmul rate; else at the matmul rate.
@@ -420,19 +457,19 @@ def attention_seconds_per_token(
 
     kernel, core_flops = core.kernel, core.core_flops
     rc = 1.0 if core.recompute else 0.0
-    if kernel == "fused" and kernel_efficiency and hardware.fused_attention_bf16:
-        # the forward (and its recompute) and the backward at the device's measured cuDNN
-        # rates for this call's length, each at most the matmul rate
-        fwd, bwd = fused_attention_rates(hardware, core.kernel_seq_len or core.seq_len)
+    if kernel != "naive":
+        # the forward (and its recompute) and the backward, each at its own rate, each at
+        # most the matmul rate
+        fwd = bwd = bf16_rate
+        if kernel == "fused" and kernel_efficiency and hardware.fused_attention_bf16:
+            # the device's measured cuDNN rates for this call's length
+            fwd, bwd = fused_attention_rates(hardware, core.kernel_seq_len or core.seq_len)
+        elif kernel == "flash2" and kernel_efficiency:
+            ceiling, _ = attention_ceiling(hardware)
+            fwd = ceiling if ceiling > 0 else fwd
+            bwd = attention_backward_ceiling(hardware) or bwd
         fwd, bwd = min(fwd, bf16_rate), min(bwd, bf16_rate)
         return core_flops * ((1.0 + rc) / fwd + FLASH_BACKWARD_FACTOR / bwd)
-    if kernel != "naive":
-        rate = bf16_rate
-        if kernel_efficiency and kernel == "flash2":
-            ceiling, _ = attention_ceiling(hardware)
-            if ceiling > 0:
-                rate = min(rate, ceiling)
-        return core_flops * (1.0 + FLASH_BACKWARD_FACTOR + rc) / rate
     fwd_b, bwd_b, drop_b = NAIVE_SCORE_BYTES["scaletrain" if recipe == "scaletrain" else "megatron"]
     if not core.dropout:
         fwd_b, bwd_b = fwd_b - drop_b, bwd_b - drop_b
