@@ -166,3 +166,22 @@ def test_a_run_with_the_unchunked_loss_upcasts_the_whole_logits() -> None:
     c = estimate(replace(p, compile=True)).memory
     assert c.activations - m.activations == 8 * T
     assert c.buffer_terms["loss_backward_temp"] == (4 + 2) * T * V
+
+
+@pytest.mark.parametrize("ac", ["none", "full"])
+def test_gradients_set_to_none_meet_the_activations_only_at_the_backward_end(ac: str) -> None:
+    p = replace(_plan((), "auto", ac=ac), lora_rank=0)
+    none = estimate(replace(p, ac="none")).memory
+    m = estimate(p).memory
+    ctx = m.buffer_terms["runtime_context"]
+    loss = m.buffer_terms["loss_backward_temp"]
+    per_layer = m.detail["activations.per_layer"]
+    # under full AC one block's ac-none set while it recomputes
+    recompute = 0.0 if ac == "none" else none.detail["activations.per_layer"]
+    start = m.params + m.optimizer + m.activations + max(recompute, loss)
+    end = m.params + m.optimizer + m.grads + per_layer + recompute
+    assert m.total == ctx + max(start, end)
+    # the start holds no gradient, the end every one
+    assert end - per_layer - recompute == m.params + m.optimizer + m.grads
+    # a framework that allocates its gradients up front (every other recipe) adds them all
+    assert not any(r.grads_set_to_none for n, r in RECIPES.items() if n != "torchtune")

@@ -502,6 +502,18 @@ def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBrea
     # backward), a block's recompute and its fp32 reduce-scatter input (FSDP)
     rs = bufs.get("fsdp_reduce_scatter", 0.0)
     fwdbwd = states + in_params + in_grads + buffers - rs + acts + max(recompute + rs, loss_tmp)
+    if recipe.grads_set_to_none and pp == 1 and m == 1:
+        # gradients freed after every step (Recipe.grads_set_to_none): the backward's start
+        # holds every activation and the loss temporaries but no gradient; its end every
+        # gradient and the first block's activations (the block recomputing, its
+        # reduce-scatter input); the memory in between moves linearly from one to the other
+        # block by block, so the larger end is the peak
+        base = states - grads + in_params + in_grads + buffers - rs
+        first_block = per_layer if layers else 0.0
+        fwdbwd = max(
+            base + acts + max(recompute + rs, loss_tmp),
+            base + grads + first_block + recompute + rs,
+        )
     step_tmp = 4.0 * P / (N if z >= 1 else 1) if recipe.step_grad_fp32_copy and not fp32 else 0.0
     if held.fp32_grad_accum:
         # BF16_Optimizer: the fp32 partition the step reads is a view of the accumulation

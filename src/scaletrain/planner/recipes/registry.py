@@ -669,6 +669,7 @@ RECIPES["torchtune"] = Recipe(
     optimizer_state_bytes=2,
     lora=True,
     sdpa_kv_expanded=True,
+    grads_set_to_none=True,
     sources={
         "weight_bytes": f"{_TUNE} recipes/lora_finetune_single_device.py, "
         "lora_finetune_distributed.py, full_finetune_single_device.py: self._dtype = "
@@ -687,6 +688,10 @@ RECIPES["torchtune"] = Recipe(
         "F.scaled_dot_product_attention (flash / memory-efficient kernels, no s x s scores)",
         "selective": f"{_TUNE} the recipes call set_activation_checkpointing on whole layers "
         "only: no selective mode (ac_modes)",
+        "grads_set_to_none": f"{_TUNE} recipes/full_finetune_single_device.py, "
+        "lora_finetune_single_device.py, lora_finetune_distributed.py train(): "
+        "self._optimizer.zero_grad(set_to_none=True) after every optimizer step (and "
+        "zero_grad() before the loop, set_to_none by default in torch 2.x)",
         "optimizer_state_bytes": "torch.optim.AdamW (the configs' optimizer, fused True) keeps "
         "exp_avg and exp_avg_sq zeros_like the bf16 parameter: 2 + 2 B",
         "lora": f"{_TUNE} torchtune/modules/peft/lora.py LoRALinear: the base weight frozen in "

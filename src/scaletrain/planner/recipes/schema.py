@@ -331,6 +331,14 @@ class Recipe:
     """Memory: the model expands K and V to the query heads before SDPA (GQA repeated), so the
     attention core saves K and V at the query heads (recipes.activations.recipe_layer_bytes,
     recipes.lora)."""
+    grads_set_to_none: bool = False
+    """The optimizer's zero_grad(set_to_none=True) after each step frees every gradient: none
+    is alive during the forward, and the backward allocates each block's as it goes while it
+    frees the activations of the blocks it has passed (without gradient accumulation). The
+    forward/backward peak is then the larger of its start (activations, loss temporaries, no
+    gradient) and its end (every gradient, the first block's activations), against the
+    whole-buffer count of a framework that allocates its gradients up front
+    (recipes.memory.recipe_rank_memory)."""
     loss_chunks: int = 0
     """'chunked_fp32' loss: the number of chunks the head's output is split into along the
     sequence, each upcast to fp32 on its own (torchtune's CEWithChunkedOutputLoss:
