@@ -95,6 +95,11 @@ class PlanInput:
     """Foreign recipes: whether the framework compiled its loss with the model (None: the
     recipe's rule, `Recipe.loss_compiles` under `compile`); a run of a framework version
     that did not (torchtitan before 2025) says False."""
+    chunked_loss: bool | None = None
+    """Foreign recipes with a chunked loss (`Recipe.loss` 'chunked_fp32', torchtune's
+    CEWithChunkedOutputLoss): False when the run used the unchunked loss instead (torchtune's
+    TransformerDecoder upcasts the whole logits, `self.output(h).float()`, for torch's
+    CrossEntropyLoss); None: the recipe's own loss."""
     fused_norm: bool = False
     """Foreign recipes: the run's RMSNorm is a fused kernel that saves its 16-bit input and an
     fp32 rstd per token (torchtitan's 'fused_rmsnorm'), not an fp32 upcast of its input."""

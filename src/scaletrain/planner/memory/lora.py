@@ -101,20 +101,24 @@ def gathered_bytes_per_value(base_dtype: str, rows: int, cols: int, precision: s
     return 0.5 + (blocks + PARAM_BYTES * blocks / nf4_scaler_block(n)) / n
 
 
-def dequantize_work_bytes(base_dtype: str, rows: int, cols: int, precision: str) -> float:
+def dequantize_work_bytes(
+    base_dtype: str, rows: int, cols: int, precision: str, nf4_dtype_bytes: float = PARAM_BYTES
+) -> float:
     """The temporaries of dequantizing one frozen (rows x cols) projection for its matmul.
 
     'nf4': torchao's `NF4Tensor.get_original_weight` (eager): the two halves' codes as int64
     (8 B per value), their code values, the scaled values and the stacked result in the
-    tensor's fp32 (3 x 4 B), alive together until it returns; then the cast to the compute
-    dtype (none in fp32). 'int8': the codes cast to the compute dtype and the product with the
-    scales (2 x wc). 'bf16': its cast to the compute dtype (none in bf16). 'auto': nothing (the
-    weight is used as it is, or cast by autocast: the in-flight casts). Source: the code named;
-    held against the dry-run in benchmarks/results/planner_accuracy.md."""
+    tensor's dtype (3 x `nf4_dtype_bytes`: fp32, 4, for the trainer's NF4 tensors, quantized
+    from fp32 parameters; 2 for one quantized from a bf16 weight, torchtune's), alive together
+    until it returns; then the cast to the compute dtype (none in fp32). 'int8': the codes cast
+    to the compute dtype and the product with the scales (2 x wc). 'bf16': its cast to the
+    compute dtype (none in bf16). 'auto': nothing (the weight is used as it is, or cast by
+    autocast: the in-flight casts). Source: the code named; held against the dry-run in
+    benchmarks/results/planner_accuracy.md."""
     n = float(rows) * cols
     wc = compute_bytes(precision)
     if base_dtype == "nf4":
-        return (8.0 + 3 * PARAM_BYTES) * n
+        return (8.0 + 3 * nf4_dtype_bytes) * n
     if base_dtype == "int8":
         return 2.0 * wc * n
     if base_dtype == "bf16":

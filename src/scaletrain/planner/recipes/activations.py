@@ -203,6 +203,10 @@ def recipe_layer_bytes(plan: PlanInput, recipe: Recipe, ac: str | None = None) -
     # SDPA Llama with a 16-bit residual stream (the modern model of
     # memory.activations.layer_activation_bytes; MoE models under every foreign recipe too)
     model = plan.model
+    if recipe.sdpa_kv_expanded:
+        # K and V expanded to the query heads before SDPA (Recipe.sdpa_kv_expanded): the core
+        # saves them at the query heads
+        model = dataclasses.replace(model, num_kv_heads=model.num_heads)
     if recipe.attention == "naive" and model.attention != "naive":
         model = dataclasses.replace(model, attention="naive")
     sp = L.sp or recipe.sp_with_tp
@@ -251,7 +255,12 @@ def recipe_head_bytes(plan: PlanInput, recipe: Recipe) -> tuple[float, float]:
     A compiled 'materialized_fp32' loss (recipe.loss_compiles under compile, or
     plan.compile_loss) keeps the 16-bit logits 2*T*V_l (and 8 B of per-token fp32 statistics)
     instead of the fp32 log-softmax, and its backward writes the 16-bit gradient 2*T*V_l from
-    one fused kernel (saved tensors measured with torch 2.13, Recipe.sources['loss_compiles'])."""
+    one fused kernel (saved tensors measured with torch 2.13, Recipe.sources['loss_compiles']).
+    'chunked_fp32' (torchtune): the same saved fp32 log-softmax, with temporaries of one chunk
+    of the k = Recipe.loss_chunks (and the 16-bit chunks at the loss forward); a run stating
+    the unchunked loss (PlanInput.chunked_loss False) is 'materialized_fp32' over logits the
+    model already upcast. Under a recipe's LoRA (Recipe.lora) a frozen head saves no input and
+    the frozen final norm only its fp32 upcast and rstd."""
     m, L = plan.model, plan.layout
     e = plan.compute_bytes
     tok = float(plan.seq_len) / L.cp * plan.micro_batch
@@ -272,14 +281,26 @@ def recipe_head_bytes(plan: PlanInput, recipe: Recipe) -> tuple[float, float]:
         # per-layer model's rmsnorm_upcast, recipe_layer_bytes)
         stored += 4.0 * tok * m.dim / tsp
     temp = (2.0 if e == 2 else 0.0) * tok * v_l
-    if recipe.loss == "materialized_fp32":
+    loss = recipe.loss
+    if loss == "chunked_fp32" and plan.chunked_loss is False:
+        # the run's unchunked loss (PlanInput.chunked_loss): torchtune's TransformerDecoder
+        # .forward upcasts the whole logits (self.output(h).float()) for torch's
+        # CrossEntropyLoss, i.e. F.cross_entropy(logits.float())
+        loss = "materialized_fp32"
+    if loss == "materialized_fp32":
         temp = 8.0 * tok * v_l
         compiled = (
             plan.compile and recipe.loss_compiles
             if plan.compile_loss is None
             else plan.compile_loss
         )
-        if compiled:
+        if compiled and loss != recipe.loss:
+            # torchtune's compiled loss over logits the model already upcast: the graph
+            # saves its fp32 input and per-token statistics, its backward writes the fp32
+            # gradient, cast back to 16 bits beside it (ToCopyBackward of the .float())
+            stored += 8.0 * tok
+            temp = (4.0 + e) * tok * v_l
+        elif compiled:
             stored += (e - 4.0) * tok * v_l + 8.0 * tok
             temp = e * tok * v_l
         elif L.tp > 1 and recipe.sp_with_tp:
@@ -296,6 +317,35 @@ def recipe_head_bytes(plan: PlanInput, recipe: Recipe) -> tuple[float, float]:
             # output. The 16-bit logits are gone by then (train.py: 'del pred' before
             # backward), and the fp32 -> bf16 cast's backward (6 B) comes after.
             temp = max(temp, (e + 8.0) * tok * v_l, 12.0 * tok * v_l)
+    elif loss == "chunked_fp32":
+        # torchtune's CEWithChunkedOutputLoss (torchtune/modules/loss/ce_chunked_output_loss.py
+        # forward / compute_cross_entropy; TransformerDecoder.chunked_output): the head writes
+        # k 16-bit chunks of the logits along the sequence, each is upcast and
+        # cross-entropied on its own, every chunk's fp32 log-softmax saved for backward (the
+        # 4*T*V_l above); the 16-bit chunks stay referenced until the recipe's `del logits`
+        # after the loss, beside one chunk's fp32 upcast (the forward's e*T*V_l + 4*T*V_l/k);
+        # the backward runs chunk by chunk: nll_loss's and log-softmax's fp32 gradients and
+        # their 16-bit cast of one chunk, (8 + e)*T*V_l/k. Compiled (training.compile_loss
+        # compiles compute_cross_entropy, the upcast and the loss of one chunk): each chunk's
+        # graph saves its 16-bit input and per-token fp32 statistics (the measured
+        # 'loss_compiles' model above) and its backward writes one chunk's 16-bit gradient.
+        k = max(1, recipe.loss_chunks)
+        compiled = (
+            plan.compile and recipe.loss_compiles
+            if plan.compile_loss is None
+            else plan.compile_loss
+        )
+        if compiled:
+            stored += (e - 4.0) * tok * v_l + 8.0 * tok
+            temp = e * tok * v_l / k
+        else:
+            temp = max(e * tok * v_l + 4.0 * tok * v_l / k, (8.0 + e) * tok * v_l / k)
+    if recipe.lora and plan.lora is not None:
+        # a frozen head (no adapter on the output projection) saves no input, and a frozen
+        # final norm scale no normalized output: of the final norm only its fp32 upcast (the
+        # 4*T*h above) and the per-token rstd stay (torchtune/modules/rms_norm.py
+        # RMSNorm.forward; recipes.lora)
+        stored -= e * tok * m.dim / tsp + head_in - 4.0 * tok
     if recipe.loss_casts_logits and recipe.loss == "vocab_parallel_fp32":
         # Nanotron: a separate block casts the 16-bit logits to fp32 and the vocab-parallel
         # loss subtracts the max out of place into the tensor it softmaxes and saves, so at the

@@ -76,6 +76,7 @@ def _schedule(layout: Layout) -> str:
 
 _MEGATRON_SCRIPTS = "NVIDIA/Megatron-LM examples/llama/train_llama3_8b_h100_fp8.sh"
 _COMPOSER_FSDP = "mosaicml/composer composer/utils/parallelism.py FSDPConfig"
+_TUNE_AT = "pytorch/torchtune at 30b8519e86d2"
 _FOUNDRY_YAMLS = "mosaicml/llm-foundry scripts/train/yamls/pretrain/mpt-*.yaml (at 061f2c7)"
 _NEMO_RECIPES = "NVIDIA/NeMo nemo/collections/llm/recipes"
 
@@ -241,6 +242,26 @@ LAYOUT_DEFAULTS: dict[str, tuple[RecipeDefault, ...]] = {
             "llmfoundry/models/mpt/modeling_mpt.py activation_checkpointing_fn",
         ),
     ),
+    "torchtune": (
+        RecipeDefault(
+            "zero",
+            lambda L: 3 if L.dp > 1 else 0,
+            "fsdp_reshard_after_forward True (FSDP2 full shard) on more than one GPU; the "
+            "single-device recipe on one",
+            f"{_TUNE_AT} recipes/lora_finetune_distributed.py and full_finetune_distributed.py: "
+            "training.shard_model(reshard_after_forward=cfg.get('fsdp_reshard_after_forward', "
+            "True)); recipes/*_single_device.py shard nothing",
+        ),
+        RecipeDefault(
+            "ac",
+            _const("full"),
+            "enable_activation_checkpointing True (every TransformerSelfAttentionLayer)",
+            f"{_TUNE_AT} recipes/configs/llama3_1/8B_lora_single_device.yaml, "
+            "8B_qlora_single_device.yaml, 70B_lora.yaml, 405B_qlora.yaml: "
+            "enable_activation_checkpointing: True (torchtune/training/activations.py "
+            "set_activation_checkpointing)",
+        ),
+    ),
 }
 """Per recipe: the default of each plan field its framework fills in (DEFAULTED_FIELDS)."""
 
@@ -374,6 +395,37 @@ KNOB_DEFAULTS: dict[str, tuple[Knob, ...]] = {
             "loss",
             "flash-attn fused cross-entropy (loss_fn 'fused_crossentropy')",
             "llmfoundry/models/mpt/modeling_mpt.py ComposerMPTCausalLM.__init__",
+        ),
+    ),
+    "torchtune": (
+        Knob(
+            "dtype",
+            "bf16 parameters, gradients and AdamW states; no fp32 master, no autocast",
+            f"{_TUNE_AT} recipes/configs/llama3_1/*.yaml dtype: bf16; recipes/"
+            "lora_finetune_single_device.py training.get_dtype / training.set_default_dtype",
+        ),
+        Knob(
+            "loss",
+            "CEWithChunkedOutputLoss, 8 chunks, each upcast to fp32 on its own",
+            f"{_TUNE_AT} torchtune/modules/loss/ce_chunked_output_loss.py "
+            "CEWithChunkedOutputLoss (num_output_chunks 8); the 8B and 70B LoRA configs' loss",
+        ),
+        Knob(
+            "optimizer",
+            "torch.optim.AdamW (fused), optimizer_in_bwd off",
+            f"{_TUNE_AT} recipes/configs/llama3_1/8B_lora_single_device.yaml optimizer "
+            "(the LoRA recipes have no optimizer_in_bwd)",
+        ),
+        Knob(
+            "activation offloading",
+            "off (enable_activation_offloading False)",
+            f"{_TUNE_AT} recipes/configs/llama3_1/8B_lora_single_device.yaml "
+            "enable_activation_offloading: False",
+        ),
+        Knob(
+            "LoRA dropout",
+            "0.0 (nn.Identity before lora_a)",
+            f"{_TUNE_AT} torchtune/modules/peft/lora.py LoRALinear.__init__ (dropout 0.0)",
         ),
     ),
 }

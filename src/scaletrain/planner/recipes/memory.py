@@ -50,6 +50,8 @@ DeepSpeed's BF16_Optimizer (`bf16_optimizer_runs`: Recipe.bf16_optimizer, bf16 a
     chronicles-prequel.md 'Rebalancing layers' say the same. Not counted: update_hp_grads'
     fp32 cast of one parameter's .grad at a time (4 B x the largest parameter, at the end of
     each backward, while the other in-flight micro-batches keep their activations).
+LoRA / QLoRA (Recipe.lora, a plan with adapters, one pipeline stage): the states, FSDP2 units in
+flight, activations and dequantization temporaries are recipes.lora's; the head and loss as above.
 Ignores: gradients filling during the first micro-batch's backward (the whole gradient buffer
 is counted from the start: Megatron and Nanotron allocate it up front), NCCL's internal
 buffers beyond the context term, per-op temporaries inside a layer (< 1 layer's activations).
@@ -66,10 +68,11 @@ from scaletrain.config import (
     offloads_activations,
 )
 
-from ..memory.states import OPTIMIZER_BYTES, optimizer_bytes
+from ..memory.states import OPTIMIZER_BYTES
 from ..time.pipeline import inflight_microbatches
 from ..types import MemoryBreakdown, PlanInput
 from .activations import naive_attention_backward_temp, recipe_head_bytes, recipe_layer_bytes
+from .lora import recipe_lora, recipe_optimizer_bytes
 from .registry import recipe_named
 from .schema import Recipe
 from .stages import recipe_stage_layers, recipe_stages
@@ -284,7 +287,7 @@ def recipe_states(plan: PlanInput, recipe: Recipe, P: float) -> RecipeStates:
     wb, mb, gb = (
         (4.0, 0.0, 4.0) if fp32 else (recipe.weight_bytes, recipe.master_bytes, recipe.grad_bytes)
     )
-    ob = optimizer_bytes(plan.optimizer, plan.beta1) if plan.optimizer in OPTIMIZER_BYTES else 8.0
+    ob = recipe_optimizer_bytes(plan, recipe) if plan.optimizer in OPTIMIZER_BYTES else 8.0
     z = L.zero
     weights = wb * P / (N if z >= 3 else 1)
     master = mb * P / (N if (z >= 3 or (z >= 1 and recipe.shards_master)) else 1)
@@ -469,6 +472,20 @@ def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBrea
     if layers:
         recompute += naive_attention_backward_temp(plan, recipe)
     head_stored = loss_tmp = 0.0
+    lora = recipe.lora and plan.lora is not None and pp == 1
+    if lora:
+        # a frozen base with adapters (Recipe.lora, recipes.lora): its states, units in flight,
+        # saved activations and dequantization temporaries replace the full-training ones
+        lo = recipe_lora(plan, recipe, P, root)
+        weights, grads, optim = lo.weights, lo.grads, lo.optimizer
+        in_params, in_grads = lo.in_params, lo.in_grads
+        bufs.pop("fsdp_reduce_scatter", None)
+        if lo.reduce_scatter:
+            bufs["fsdp_reduce_scatter"] = lo.reduce_scatter
+        if lo.dequantize:
+            bufs["lora_dequantize"] = lo.dequantize
+        acts, recompute, per_layer = lo.activations, lo.recompute, lo.activations / layers
+        P = lo.adapters
     if last:
         head_stored, loss_tmp = recipe_head_bytes(plan, recipe)
         # the pipeline engine's 2 output buffers (Recipe.sources['pipe_output_buffers']): under
@@ -485,6 +502,18 @@ def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBrea
     # backward), a block's recompute and its fp32 reduce-scatter input (FSDP)
     rs = bufs.get("fsdp_reduce_scatter", 0.0)
     fwdbwd = states + in_params + in_grads + buffers - rs + acts + max(recompute + rs, loss_tmp)
+    if recipe.grads_set_to_none and pp == 1 and m == 1:
+        # gradients freed after every step (Recipe.grads_set_to_none): the backward's start
+        # holds every activation and the loss temporaries but no gradient; its end every
+        # gradient and the first block's activations (the block recomputing, its
+        # reduce-scatter input); the memory in between moves linearly from one to the other
+        # block by block, so the larger end is the peak
+        base = states - grads + in_params + in_grads + buffers - rs
+        first_block = per_layer if layers else 0.0
+        fwdbwd = max(
+            base + acts + max(recompute + rs, loss_tmp),
+            base + grads + first_block + recompute + rs,
+        )
     step_tmp = 4.0 * P / (N if z >= 1 else 1) if recipe.step_grad_fp32_copy and not fp32 else 0.0
     if held.fp32_grad_accum:
         # BF16_Optimizer: the fp32 partition the step reads is a view of the accumulation

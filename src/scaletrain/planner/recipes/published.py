@@ -114,6 +114,9 @@ class RunLayout:
     compile: bool = False
     compile_loss: bool | None = None
     """The framework compiled its loss with the model (None: the recipe's rule)."""
+    chunked_loss: bool | None = None
+    """False: the run used its framework's unchunked loss where the recipe's is chunked
+    (`PlanInput.chunked_loss`; None: the recipe's)."""
     fused_norm: bool = False
     """The run's RMSNorm was a fused kernel saving its 16-bit input and rstd (torchtitan's
     norm_type 'fused_rmsnorm')."""
@@ -506,6 +509,7 @@ FRAMEWORK_RECIPE = {
     "nemo": "nemo",
     "nanotron": "nanotron",
     "llm-foundry": "llm-foundry",
+    "torchtune": "torchtune",
 }
 """The planner recipe (planner/recipes/registry.py) of the framework a row ran: GPT-NeoX runs on
 DeepSpeed, NeMo on Megatron-Core (recipe 'nemo': megatron's memory, NeMo's overlapped
@@ -553,6 +557,7 @@ def plan_input(run: PublishedRun, recipe: str = "scaletrain") -> PlanInput:
         ac=lay.ac,
         compile=L.compile,
         compile_loss=L.compile_loss,
+        chunked_loss=L.chunked_loss,
         fused_norm=L.fused_norm,
         recipe=recipe,
         runtime_context_bytes=ctx,

@@ -627,6 +627,121 @@ RECIPES["llm-foundry"] = Recipe(
 )
 
 
+_TUNE = "pytorch/torchtune at 30b8519e86d2 (the README's memory table's commit)"
+RECIPES["torchtune"] = Recipe(
+    name="torchtune",
+    framework="torchtune (single device / FSDP2)",
+    weight_bytes=2,
+    master_bytes=0,
+    grad_bytes=2,
+    grad_buffer_full_under_zero1=False,
+    shards_master=False,
+    step_grad_fp32_copy=False,
+    autocast_weight_copy=False,
+    zero_stages=(0, 2, 3),
+    ddp_bucket="view",
+    bucket_elements=25 * 2**20 / 2,
+    bucket_elem_bytes=2,
+    bucket_count=1,
+    fsdp_prefetch_units=1,
+    fsdp_prefetch_params=0,
+    loss="chunked_fp32",
+    loss_chunks=8,
+    loss_compiles=True,
+    activations="sdpa_bf16",
+    selective="scaletrain",
+    ac_modes=("none", "full"),
+    full_ac_saves="layer_input",
+    sp_with_tp=False,
+    attention="model",
+    dropout_masks=False,
+    pp_split="balanced",
+    pp_schedules=(),
+    cp=False,
+    ddp_with_model_parallel=False,
+    pp_with_zero=(),
+    fragmentation=FRAGMENTATION,
+    cuda_context_bytes=RUNTIME_CONTEXT_BYTES,
+    time_model=FOREIGN_TIME_MODEL,
+    eager_elementwise=True,
+    fsdp2_copies=True,
+    tp_available=False,
+    optimizer_state_bytes=2,
+    lora=True,
+    sdpa_kv_expanded=True,
+    grads_set_to_none=True,
+    sources={
+        "weight_bytes": f"{_TUNE} recipes/lora_finetune_single_device.py, "
+        "lora_finetune_distributed.py, full_finetune_single_device.py: self._dtype = "
+        "training.get_dtype(cfg.dtype) and the model built under training.set_default_dtype("
+        "self._dtype) (dtype: bf16 in every config the corpus cites); the recipes' docstring: "
+        "'When dtype=bf16, all activations, gradients and optimizer states are in bfloat16'; "
+        "no fp32 master copy, no autocast",
+        "master_bytes": f"{_TUNE}: none, the bf16 parameters are what the optimizer updates",
+        "grad_bytes": "the parameters' own .grad, in their dtype (bf16)",
+        "optimizer": f"{_TUNE} recipes/configs/llama3_1/*.yaml optimizer "
+        "torch.optim.AdamW (fused True) over the trainable (bf16) parameters "
+        "(_setup_optimizer: config.instantiate(cfg_optimizer, model.parameters()))",
+        "ddp_bucket": "torchtune runs no DDP (single device, or FSDP2 in the distributed "
+        "recipes): no gradient bucket; the field is unused at dp 1",
+        "attention": f"{_TUNE} torchtune/modules/attention_utils.py _sdpa_or_flex_attention: "
+        "F.scaled_dot_product_attention (flash / memory-efficient kernels, no s x s scores)",
+        "selective": f"{_TUNE} the recipes call set_activation_checkpointing on whole layers "
+        "only: no selective mode (ac_modes)",
+        "grads_set_to_none": f"{_TUNE} recipes/full_finetune_single_device.py, "
+        "lora_finetune_single_device.py, lora_finetune_distributed.py train(): "
+        "self._optimizer.zero_grad(set_to_none=True) after every optimizer step (and "
+        "zero_grad() before the loop, set_to_none by default in torch 2.x)",
+        "optimizer_state_bytes": "torch.optim.AdamW (the configs' optimizer, fused True) keeps "
+        "exp_avg and exp_avg_sq zeros_like the bf16 parameter: 2 + 2 B",
+        "lora": f"{_TUNE} torchtune/modules/peft/lora.py LoRALinear: the base weight frozen in "
+        "the model dtype, or to_nf4(weight) (torchao NF4Tensor) under quantize_base; "
+        "forward: linear_nf4(x, weight) / F.linear(x, weight) (a frozen weight saves no input) "
+        "plus lora_b(lora_a(x)), A and B nn.Linear in the model dtype with the only gradients "
+        "(set_trainable_params(model, get_adapter_params(model))); torchao "
+        "torchao/dtypes/nf4tensor.py (pytorch/ao 0598012) LinearNF4.forward saves the NF4 "
+        "weight and calls weight.to(input.dtype) -> get_original_weight per call, forward and "
+        "backward (recipes.lora)",
+        "zero_stages": f"{_TUNE} recipes/*_distributed.py: training.shard_model (fully_shard on "
+        "every layers.i, then the root; fsdp_reshard_after_forward True = ZeRO-3, False = "
+        "ZeRO-2); the *_single_device recipes: ZeRO-0 at dp 1 (torchtune runs no DDP)",
+        "fsdp_prefetch_units": "torch FSDP2 fully_shard's default implicit prefetch: the next "
+        "layer's all-gather issued while one computes; the root not resharded after forward",
+        "loss": f"{_TUNE} recipes/configs/llama3_1/8B_lora_single_device.yaml, "
+        "8B_qlora_single_device.yaml, 70B_lora.yaml: loss "
+        "torchtune.modules.loss.CEWithChunkedOutputLoss (405B_qlora.yaml: torch.nn."
+        "CrossEntropyLoss, not modelled: every torchtune plan takes the chunked loss); "
+        "torchtune/modules/loss/ce_chunked_output_loss.py compute_cross_entropy: "
+        "F.cross_entropy(logits.float(), ...) per chunk; the recipes `del logits` after the loss",
+        "loss_chunks": "CEWithChunkedOutputLoss.__init__ num_output_chunks = 8 (the configs "
+        "leave it); TransformerDecoder.set_num_output_chunks",
+        "loss_compiles": f"{_TUNE} torchtune/training/_compile.py compile_loss: under compile "
+        "the chunked loss's compute_cross_entropy (upcast + cross-entropy of one chunk) is "
+        "compiled",
+        "activations": f"{_TUNE} torchtune/modules/transformer.py TransformerSelfAttentionLayer "
+        "(bf16 stream, no autocast), torchtune/modules/rms_norm.py RMSNorm.forward on "
+        "x.float() (the fp32 upcast saved), SDPA (torchtune/modules/attention_utils.py "
+        "_sdpa_or_flex_attention)",
+        "sdpa_kv_expanded": f"{_TUNE} torchtune/modules/attention.py MultiHeadAttention."
+        "forward: k and v expanded to num_heads and reshaped (a copy) before the attention call",
+        "ac_modes": f"{_TUNE} torchtune/training/activations.py set_activation_checkpointing "
+        "(torch checkpoint_wrapper, CheckpointImpl.NO_REENTRANT) on every "
+        "TransformerSelfAttentionLayer when enable_activation_checkpointing; no selective mode "
+        "in the recipes",
+        "full_ac_saves": "checkpoint_wrapper keeps the wrapped layer's input",
+        "eager_elementwise": f"{_TUNE} RMSNorm, RoPE, SiLU and the residual adds are eager "
+        "kernels unless compile (training.compile_model compiles each layer)",
+        "fsdp2_copies": "torch FSDP2 fully_shard (training.shard_model)",
+        "tp_available": f"{_TUNE} recipes/lora_finetune_distributed.py and "
+        "full_finetune_distributed.py shard with FSDP only (no tensor parallel plan)",
+        "pp_schedules": "no pipeline parallelism in torchtune's recipes",
+        "cp": "no context parallelism in torchtune's recipes at this commit",
+        "fragmentation": ALLOCATOR_SOURCE,
+        "cuda_context_bytes": RUNTIME_CONTEXT_SOURCE,
+    },
+)
+
+
 RECIPES["nemo"] = NEMO
 
 _DS = RECIPES["deepspeed"]

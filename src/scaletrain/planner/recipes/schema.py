@@ -84,8 +84,10 @@ class Recipe:
     units (FSDP2)."""
     loss: str
     """'fused' (chunked, scaletrain), 'vocab_parallel_fp32' (Megatron-style: fp32 softmax
-    saved in place, V/tp) or 'materialized_fp32' (16-bit logits, fp32 upcast, log-softmax
-    saved: F.cross_entropy(logits.float()))."""
+    saved in place, V/tp), 'materialized_fp32' (16-bit logits, fp32 upcast, log-softmax
+    saved: F.cross_entropy(logits.float())) or 'chunked_fp32' (the 16-bit logits in
+    `loss_chunks` sequence chunks, each upcast and log-softmaxed on its own, every chunk's
+    fp32 log-softmax saved: torchtune's CEWithChunkedOutputLoss)."""
     activations: str
     """Per-layer activation model: 'scaletrain' (our modules:
     memory.activations.layer_activation_bytes),
@@ -316,6 +318,31 @@ class Recipe:
     default, auto), so an all-reduce inside an NVSwitch-3 node may run as NVLS
     (time.comm.allreduce_seconds); False: its launch scripts set NCCL_NVLS_ENABLE=0 and every
     all-reduce is a ring."""
+    optimizer_state_bytes: float = 0.0
+    """Bytes per element of the optimizer's state tensors (AdamW's m and v, SGD's momentum);
+    0: fp32, as `memory.states.OPTIMIZER_BYTES` counts them. torchtune: 2 (torch's AdamW
+    allocates its states zeros_like the parameter, and torchtune's parameters are bf16)."""
+    lora: bool = False
+    """The recipe plans LoRA / QLoRA runs (`PlanInput.lora`): the frozen base stored as
+    `lora_base`, the other frozen parameters and the adapters at `weight_bytes`, gradients and
+    optimizer states for the adapters only (recipes.lora); False: a LoRA plan is planned as
+    full training."""
+    sdpa_kv_expanded: bool = False
+    """Memory: the model expands K and V to the query heads before SDPA (GQA repeated), so the
+    attention core saves K and V at the query heads (recipes.activations.recipe_layer_bytes,
+    recipes.lora)."""
+    grads_set_to_none: bool = False
+    """The optimizer's zero_grad(set_to_none=True) after each step frees every gradient: none
+    is alive during the forward, and the backward allocates each block's as it goes while it
+    frees the activations of the blocks it has passed (without gradient accumulation). The
+    forward/backward peak is then the larger of its start (activations, loss temporaries, no
+    gradient) and its end (every gradient, the first block's activations), against the
+    whole-buffer count of a framework that allocates its gradients up front
+    (recipes.memory.recipe_rank_memory)."""
+    loss_chunks: int = 0
+    """'chunked_fp32' loss: the number of chunks the head's output is split into along the
+    sequence, each upcast to fp32 on its own (torchtune's CEWithChunkedOutputLoss:
+    num_output_chunks 8)."""
     sources: dict[str, str] = field(default_factory=dict, compare=False)
     """Field -> where the value comes from."""
 
