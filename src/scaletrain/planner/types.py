@@ -95,6 +95,10 @@ class PlanInput:
     """Foreign recipes: whether the framework compiled its loss with the model (None: the
     recipe's rule, `Recipe.loss_compiles` under `compile`); a run of a framework version
     that did not (torchtitan before 2025) says False."""
+    fsdp_ends: str = "unstated"
+    """Foreign recipes under FSDP2: how the run wraps the embedding, final norm and head, a
+    `config.choices.FsdpEnds` name ('root', 'own_units'; 'unstated': the recipe's rule,
+    'root'). A published row's `layout.fsdp_ends`."""
     fused_norm: bool = False
     """Foreign recipes: the run's RMSNorm is a fused kernel that saves its 16-bit input and an
     fp32 rstd per token (torchtitan's 'fused_rmsnorm'), not an fp32 upcast of its input."""
