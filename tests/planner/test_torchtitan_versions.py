@@ -1,8 +1,8 @@
-"""FSDP2 end units under the torchtitan recipe (`PlanInput.fsdp_ends`,
+"""torchtitan version terms of the torchtitan recipe: FSDP2 end units (`PlanInput.fsdp_ends`,
 recipes/memory.py `fsdp_end_units`): torchtitan before 83e6941 keeps the root unit (embedding,
 final norm, head) gathered through the backward; from it the embedding is its own unit,
 resharded after forward, and the final norm + head one unit reduce-scattered among the stored
-activations."""
+activations; and the op-SAC save list missing the run's SDPA kernel (`PlanInput.sdpa_saved`)."""
 
 from __future__ import annotations
 
@@ -104,3 +104,42 @@ measured = { memory_gib = 40.0, memory_kind = "reserved" }
     p.write_text(row % "split")
     with pytest.raises(ConfigError, match="fsdp_ends"):
         load_runs(p)
+
+
+def test_unsaved_sdpa_drops_its_output_from_every_layer() -> None:
+    """`sdpa_saved` False (torchtitan's cuDNN attention on compute capability >= 10.0, absent
+    from the op-SAC save list until b39377f): each layer stores neither SDPA's bf16 output nor
+    its fp32 log-sum-exp."""
+    base = _plan()
+    saved = recipe_rank_memory(base, TT, 0)
+    same = recipe_rank_memory(dataclasses.replace(base, sdpa_saved=True), TT, 0)
+    cut = recipe_rank_memory(dataclasses.replace(base, sdpa_saved=False), TT, 0)
+    m = base.model
+    per_layer = 8192 * (2.0 * m.dim + 4.0 * m.num_heads)
+    assert same.total == saved.total
+    assert saved.detail["activations.per_layer"] - cut.detail[
+        "activations.per_layer"
+    ] == pytest.approx(per_layer)
+    assert saved.activations - cut.activations == pytest.approx(m.num_layers * per_layer)
+    # full AC and no AC do not read it
+    full = dataclasses.replace(base, ac="full")
+    assert (
+        recipe_rank_memory(dataclasses.replace(full, sdpa_saved=False), TT, 0).total
+        == recipe_rank_memory(full, TT, 0).total
+    )
+
+
+def test_corpus_rows_state_the_torchtitan_version_terms() -> None:
+    """The tao rows carry their torchtitan commit's terms to the framework recipe only."""
+    from scaletrain.planner.recipes.published import load_runs, plan_input
+
+    runs = {r.name: r for r in load_runs() if r.name.startswith("tao-")}
+    b200 = runs["tao-b200pl-l3-8b-fsdp8-bf16"]
+    p = plan_input(b200, "torchtitan")
+    assert p.fsdp_ends == "own_units" and p.sdpa_saved is False
+    q = plan_input(b200, "scaletrain")
+    assert q.fsdp_ends == "unstated" and q.sdpa_saved is None
+    mi = plan_input(runs["tao-mi300x-l3-8b-fsdp8-bf16"], "torchtitan")
+    assert mi.fsdp_ends == "own_units" and mi.sdpa_saved is None
+    h100 = plan_input(runs["tao-h100-l3-8b-fsdp8-bf16"], "torchtitan")
+    assert h100.fsdp_ends == "root" and h100.compile_loss is False
