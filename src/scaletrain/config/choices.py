@@ -25,6 +25,7 @@ __all__ = [
     "GradCompression",
     "ACMode",
     "MoeDispatcher",
+    "FsdpEnds",
     "OffloadMode",
     "LoraBaseDtype",
     "ZeroStage",
@@ -65,6 +66,13 @@ MoeDispatcher = Literal["unstated", "alltoall", "flex"]
 (NCCL all-to-all with a global permute and, past one local expert, chunk sorts by local
 expert), 'flex' (DeepEP / HybridEP: the permute fused into the communication kernel),
 'unstated' (neither charged beyond what both run; planner/time/moe_traffic.py)."""
+FsdpEnds = Literal["unstated", "root", "own_units"]
+"""How an FSDP2 run wraps the model's ends (a published row's `layout.fsdp_ends`):
+'root' (the root unit holds the embedding, final norm and head and stays unsharded from its
+forward to the end of backward: torchtitan before 83e6941, 2025-07-28), 'own_units' (the
+embedding is its own unit, resharded after forward; the final norm and head one unit not
+resharded; the root holds none: torchtitan from 83e6941), 'unstated' (the recipe's rule,
+'root'). planner/recipes/memory.py `_recipe_in_flight`."""
 OffloadMode = Literal[
     "none", "optimizer", "params", "activations", "optimizer+activations", "params+activations"
 ]

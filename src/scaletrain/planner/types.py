@@ -100,6 +100,15 @@ class PlanInput:
     CEWithChunkedOutputLoss): False when the run used the unchunked loss instead (torchtune's
     TransformerDecoder upcasts the whole logits, `self.output(h).float()`, for torch's
     CrossEntropyLoss); None: the recipe's own loss."""
+    fsdp_ends: str = "unstated"
+    """Foreign recipes under FSDP2: how the run wraps the embedding, final norm and head, a
+    `config.choices.FsdpEnds` name ('root', 'own_units'; 'unstated': the recipe's rule,
+    'root'). A published row's `layout.fsdp_ends`."""
+    sdpa_saved: bool | None = None
+    """Foreign recipes with torchtitan's op-level selective AC: whether its save list holds the
+    SDPA kernel the run dispatches to (None: the recipe's rule, saved). A published row's
+    `layout.sdpa_saved`: torchtitan from 3b85aa3 (2025-05-14) to b39377f (2025-12-01) on
+    compute capability >= 10.0 puts cuDNN attention first, which the save list lacks: False."""
     fused_norm: bool = False
     """Foreign recipes: the run's RMSNorm is a fused kernel that saves its 16-bit input and an
     fp32 rstd per token (torchtitan's 'fused_rmsnorm'), not an fp32 upcast of its input."""

@@ -71,12 +71,21 @@ def _torchtitan_op_sac(plan: PlanInput) -> float:
     with SP), the outputs of the 1st, 3rd, 5th and 7th matmul of a Llama block (wq h/t, wv
     kv/t, w1 f/t, w2: this rank's partial sum h, or h when tp = 1), SDPA's output e*h/t and
     fp32 log-sum-exp 4a/t, and with tp > 1 the two reduce-scatter outputs e*h/t (saved ops).
-    The 2nd, 4th and 6th matmuls (wk, wo, w3) and every pointwise op are recomputed."""
+    The 2nd, 4th and 6th matmuls (wk, wo, w3) and every pointwise op are recomputed.
+    plan.sdpa_saved False: the run's SDPA kernel is not in the save list, so its output and
+    log-sum-exp are recomputed too (torchtitan/models/attention.py ScaledDotProductAttention
+    ._init_backend puts SDPBackend.CUDNN_ATTENTION first when has_cuda_capability(10, 0),
+    from 3b85aa3, 2025-05-14; torchtitan/models/llama3/infra/parallelize.py _save_list at
+    6fc499f lists aten._scaled_dot_product_flash_attention and _efficient_attention only;
+    b39377f, 2025-12-01, added _scaled_dot_product_cudnn_attention 'to avoid recomputing
+    attention during backward'). Ignores: the recomputed output alive during one layer's
+    backward (one layer's e*h/t, inside the recompute transient)."""
     m, L = plan.model, plan.layout
     e = plan.compute_bytes
     h, a, f, kv, t = m.dim, m.num_heads, m.ffn_dim, m.kv_dim, L.tp
     tok = float(plan.seq_len) / L.cp * plan.micro_batch
-    per = e * (h / t + h / t + kv / t + h / t + f / t + h) + 4.0 * a / t
+    sdpa = e * h / t + 4.0 * a / t if plan.sdpa_saved is not False else 0.0
+    per = e * (h / t + h / t + kv / t + f / t + h) + sdpa
     if t > 1:
         per += 2 * e * h / t
     return tok * per

@@ -67,6 +67,7 @@ from scaletrain.config import (
     offload_states,
     offloads_activations,
 )
+from scaletrain.config.choices import FsdpEnds, literal_names
 
 from ..memory.states import OPTIMIZER_BYTES
 from ..time.pipeline import inflight_microbatches
@@ -314,11 +315,49 @@ def recipe_states(plan: PlanInput, recipe: Recipe, P: float) -> RecipeStates:
     )
 
 
+def fsdp_end_units(plan: PlanInput, rp: RecipeRankParams, last: bool) -> tuple[float, float]:
+    """(parameters of the rank's end units an FSDP2 rank holds gathered at its backward's
+    peak, parameters of an end unit reduce-scattered while every block's activations are
+    stored) under ZeRO-3 with pp = 1 (`PlanInput.fsdp_ends`, `config.choices.FsdpEnds`).
+    'root' / 'unstated': the root unit (embedding, final norm, head: `rp.root`) is not
+    resharded after forward (FSDP2 leaves the root unsharded after its forward) and is
+    reduce-scattered at the end of backward, after the blocks' activations are freed
+    (torchtitan torchtitan/parallelisms/parallelize_llama.py apply_fsdp at 9dec370 and
+    torchtitan/models/llama3/parallelize_llama.py apply_fsdp at 5de055e (2025-05, version
+    0.0.2): fully_shard per block, then fully_shard(model)): (root, 0).
+    'own_units': torchtitan from 83e6941 (2025-07-28, 'Improve reshard_after_forward logic';
+    torchtitan/models/llama3/infra/parallelize.py apply_fsdp at 2c8b594 and 6fc499f):
+    fully_shard(model.tok_embeddings) with the blocks' reshard_after_forward (True without
+    PP), so the embedding is freed after its forward and gathered again only for block 0's
+    backward, when the stored activations are gone; fully_shard([model.norm, model.output])
+    with reshard_after_forward only under the 'always' policy, so the final norm and head
+    stay gathered into the backward and their unit's post-backward reduce-scatters the head's
+    gradient (fp32 copy-in, as a block's) right after the head's backward, every block's
+    activations still stored; the root module holds no parameters: (final norm + head on the
+    head's rank, the same). Ignores: a tied head (its weight is the embedding unit's; kept
+    as 'root')."""
+    if plan.fsdp_ends not in (literal_names(FsdpEnds) or ()):
+        raise ConfigError("fsdp_ends", plan.fsdp_ends, f"use one of {literal_names(FsdpEnds)}")
+    L = plan.layout
+    fsdp2 = L.pp == 1 and L.zero >= 3 and L.zero_shards > 1
+    if plan.fsdp_ends != "own_units" or not fsdp2 or not plan.model.param_counts().head:
+        return rp.root, 0.0
+    tail = plan.model.param_counts().final_norm + rp.head if last else 0.0
+    return tail, tail
+
+
 def _recipe_in_flight(
-    plan: PlanInput, recipe: Recipe, P: float, block: float, root: float, head: float
+    plan: PlanInput,
+    recipe: Recipe,
+    P: float,
+    block: float,
+    root: float,
+    head: float,
+    held_root: float | None = None,
 ) -> tuple[float, float, dict[str, float]]:
     """(gathered parameters, unsharded gradients, the FSDP reduce-scatter buffer) in flight
-    during a rank's backward under `recipe`."""
+    during a rank's backward under `recipe`; `held_root`: the end units' parameters an FSDP2
+    rank holds gathered at that peak (`fsdp_end_units`; None: the root, `root`)."""
     pp, z, N = plan.layout.pp, plan.layout.zero, plan.layout.zero_shards
     fp32 = plan.precision == "fp32"
     wc = plan.compute_bytes
@@ -347,7 +386,8 @@ def _recipe_in_flight(
             # FSDP2: current + prefetched unit; the root (embedding, final norm, head) is not
             # resharded after forward and its unsharded 16-bit head gradient waits for the
             # root's reduce-scatter at the end of backward; fp32 reduce-scatter input
-            in_params = wc * (block * (1 + recipe.fsdp_prefetch_units) + root)
+            ends = root if held_root is None else held_root
+            in_params = wc * (block * (1 + recipe.fsdp_prefetch_units) + ends)
             in_grads = wc * max(block, head)
             bufs["fsdp_reduce_scatter"] = 4.0 * block
     elif z == 2 and N > 1 and recipe.name == "torchtitan":
@@ -459,7 +499,8 @@ def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBrea
     held = recipe_states(plan, recipe, P)
     weights, master, grads, optim = held.weights, held.master, held.grads, held.optimizer
     offloaded = held.offloaded
-    in_params, in_grads, bufs = _recipe_in_flight(plan, recipe, P, block, root, head)
+    held_root, tail_rs = fsdp_end_units(plan, rp, last)
+    in_params, in_grads, bufs = _recipe_in_flight(plan, recipe, P, block, root, head, held_root)
     ctx = _recipe_buffers(plan, recipe, P, bufs)
     e = plan.compute_bytes
     tok = float(plan.seq_len) / L.cp * plan.micro_batch
@@ -501,7 +542,12 @@ def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBrea
     # transients that never coexist: the loss backward (last stage, before any block's
     # backward), a block's recompute and its fp32 reduce-scatter input (FSDP)
     rs = bufs.get("fsdp_reduce_scatter", 0.0)
-    fwdbwd = states + in_params + in_grads + buffers - rs + acts + max(recompute + rs, loss_tmp)
+    # an end unit reduce-scattered among the stored activations (fsdp_end_units
+    # 'own_units'): its fp32 copy-in as a block's, after the loss backward's temporaries
+    tail = 4.0 * tail_rs if rs and not recipe.fsdp_prefetch_params else 0.0
+    fwdbwd = (
+        states + in_params + in_grads + buffers - rs + acts + max(recompute + rs, loss_tmp, tail)
+    )
     if recipe.grads_set_to_none and pp == 1 and m == 1:
         # gradients freed after every step (Recipe.grads_set_to_none): the backward's start
         # holds every activation and the loss temporaries but no gradient; its end every
@@ -511,7 +557,7 @@ def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBrea
         base = states - grads + in_params + in_grads + buffers - rs
         first_block = per_layer if layers else 0.0
         fwdbwd = max(
-            base + acts + max(recompute + rs, loss_tmp),
+            base + acts + max(recompute + rs, loss_tmp, tail),
             base + grads + first_block + recompute + rs,
         )
     step_tmp = 4.0 * P / (N if z >= 1 else 1) if recipe.step_grad_fp32_copy and not fp32 else 0.0

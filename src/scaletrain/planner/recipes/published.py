@@ -32,7 +32,7 @@ from scaletrain.config import (
     model_preset,
     option_problems,
 )
-from scaletrain.config.choices import ACMode, MoeDispatcher, Precision, literal_names
+from scaletrain.config.choices import ACMode, FsdpEnds, MoeDispatcher, Precision, literal_names
 from scaletrain.config.hardware_toml import describe_hardware
 from scaletrain.config.lora import lora_problems
 from scaletrain.config.strict import coerce, did_you_mean, scalar_type
@@ -134,6 +134,12 @@ class RunLayout:
     moe_dispatcher: MoeDispatcher = "unstated"
     """A Megatron-Core run's MoE token dispatcher (`PlanInput.moe_dispatcher`); the framework
     recipe only."""
+    sdpa_saved: bool | None = None
+    """torchtitan's op-level SAC saves the run's SDPA kernel output (`PlanInput.sdpa_saved`;
+    None: the recipe's rule, saved); the framework recipe only."""
+    fsdp_ends: FsdpEnds = "unstated"
+    """How the FSDP2 run wraps the embedding, final norm and head (`PlanInput.fsdp_ends`,
+    `config.choices.FsdpEnds`); the framework recipe only."""
     given: frozenset[str] = frozenset()
     """The keys the row's `layout` table states; a framework recipe fills the others it knows
     with its framework's defaults (`recipes.defaults`)."""
@@ -566,6 +572,8 @@ def plan_input(run: PublishedRun, recipe: str = "scaletrain") -> PlanInput:
         pp_scatter_gather=L.pp_scatter_gather and recipe != "scaletrain",
         head_wgrad_deferred=L.head_wgrad_deferred if recipe != "scaletrain" else 0,
         moe_dispatcher=L.moe_dispatcher if recipe != "scaletrain" else "unstated",
+        fsdp_ends=L.fsdp_ends if recipe != "scaletrain" else "unstated",
+        sdpa_saved=L.sdpa_saved if recipe != "scaletrain" else None,
         lora_rank=0 if run.lora is None else run.lora.rank,
         lora_targets=() if run.lora is None else run.lora.target_names,
         lora_base="auto" if run.lora is None else run.lora.base_dtype,

@@ -300,8 +300,8 @@ RECIPES: dict[str, Recipe] = {
             "to_accumulated_grad_if_needed: the unsharded gradient is "
             "upcast to reduce_dtype (fp32) and accumulated",
             "loss_compiles": "torchtitan/components/loss.py build_cross_entropy_loss: "
-            "torch.compile(loss_fn) when training.compile (e7c0cae, June "
-            "2025; later compile.components 'loss'); train.py at 9dec370 "
+            "torch.compile(loss_fn) when training.compile (from bbb1b61, "
+            "2025-04-02; later compile.components 'loss'); train.py at 9dec370 "
             "(Dec 2024) left it uncompiled ('compiling loss function causes "
             "CUDA errors'). Saved tensors measured with torch 2.13: eager "
             "keeps the fp32 log-softmax (4 B/logit), compiled keeps the bf16 "
@@ -314,7 +314,9 @@ RECIPES: dict[str, Recipe] = {
             "apply_ddp for pure data parallel; no ZeRO-1",
             "fsdp_prefetch_units": "FSDP2 implicit prefetch of the next unit; the last "
             "block and the root are not resharded after forward "
-            "(apply_fsdp)",
+            "(apply_fsdp before 83e6941, 2025-07-28; from it the embedding and the "
+            "final norm + head are their own units: PlanInput.fsdp_ends 'own_units', "
+            "recipes/memory.py fsdp_end_units)",
             "loss": "torchtitan/components/loss.py cross_entropy_loss: "
             "F.cross_entropy(pred.flatten(0, 1).float(), labels); train.py deletes "
             "pred before backward; under TP, loss_parallel's vocab-parallel ops "
