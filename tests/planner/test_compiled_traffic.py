@@ -1,4 +1,4 @@
-"""The HBM traffic a compiled torchtitan block still moves (efficiency.compiled_elementwise_bytes)
+"""The HBM traffic a compiled torchtitan block still moves (elementwise.compiled_elementwise_bytes)
 and FSDP2's copies on the compute stream (time.fsdp_copies.fsdp2_copy_bytes), each against a
 recount written out here tensor by tensor."""
 
@@ -10,7 +10,7 @@ import pytest
 
 from scaletrain.config import Layout, ModelConfig, hardware_preset, model_preset
 from scaletrain.planner.time.comm import CommInputs
-from scaletrain.planner.time.efficiency import compiled_elementwise_bytes
+from scaletrain.planner.time.elementwise import compiled_elementwise_bytes
 from scaletrain.planner.time.fsdp_copies import fsdp2_copy_bytes
 
 E = 2  # bytes of a 16-bit activation

@@ -255,7 +255,7 @@ def test_fp8_runs_only_the_converted_matmuls_at_the_fp8_rate():
     the efficiencies), and by less the larger the attention core's share (longer sequences).
     The casts (time/fp8_casts.py, memory bound) are taken off first: they are pinned apart
     (tests/planner/test_fp8_casts.py)."""
-    from scaletrain.planner.time.step_time import fp8_cast_s, fp8_weight_cast_s
+    from scaletrain.planner.time.fp8_casts import fp8_cast_s, fp8_weight_cast_s
 
     model = resolve_model("llama3-8b")
 

@@ -76,7 +76,7 @@ def test_megatron_2021_pipeline_sends_scatter_gather_and_block() -> None:
     import dataclasses
 
     from scaletrain.planner.recipes.registry import recipe_named
-    from scaletrain.planner.time.step_time import run_overlap
+    from scaletrain.planner.time.exposure import run_overlap
 
     run = next(r for r in load_runs() if r.name.startswith("megatron-a100-sc21-gpt-530b"))
     assert run.layout.pp_scatter_gather

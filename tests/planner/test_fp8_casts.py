@@ -16,10 +16,11 @@ from scaletrain.planner.time.fp8_casts import (
     CAST_BYTES,
     fp8_cast_bytes_per_token,
     fp8_cast_kernels,
+    fp8_cast_s,
     fp8_gemm_share,
     fp8_weight_cast_bytes,
 )
-from scaletrain.planner.time.step_time import default_efficiency, fp8_cast_s, plan_efficiency
+from scaletrain.planner.time.step_time import default_efficiency, plan_efficiency
 from scaletrain.planner.types import PlanInput
 
 H100 = hardware_preset("h100-sxm")

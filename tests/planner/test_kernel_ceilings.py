@@ -12,8 +12,7 @@ import pytest
 from scaletrain.config import ConfigError, Layout, hardware_preset, load_config, resolve_model
 from scaletrain.planner import estimate
 from scaletrain.planner.output.explain import explain
-from scaletrain.planner.time.comm import axis_link
-from scaletrain.planner.time.efficiency import (
+from scaletrain.planner.time.attention_core import (
     FLASH2_HOPPER_EFFICIENCY,
     AttentionCore,
     attention_ceiling,
@@ -21,6 +20,7 @@ from scaletrain.planner.time.efficiency import (
     fused_attention_rates,
     kernel_ceilings,
 )
+from scaletrain.planner.time.comm import axis_link
 from scaletrain.planner.time.flops import FLASH_BACKWARD_FACTOR
 from scaletrain.planner.types import PlanInput
 
@@ -69,7 +69,7 @@ def test_every_sm90_part_takes_the_h100_figure_and_says_so(name: str) -> None:
 def test_every_sm90_part_takes_the_h100_backward_figure(name: str) -> None:
     """The flash core's backward on an sm90 part: the H100's published FA2 backward share
     of peak, below its forward's."""
-    from scaletrain.planner.time.efficiency import (
+    from scaletrain.planner.time.attention_core import (
         FLASH2_HOPPER_BACKWARD_EFFICIENCY,
         attention_backward_ceiling,
     )
@@ -83,7 +83,7 @@ def test_every_sm90_part_takes_the_h100_backward_figure(name: str) -> None:
 def test_backward_ceiling_none_or_the_devices_own() -> None:
     """No backward ceiling where the device has no published figure (A100: the matmul rate);
     a device's own single measured figure caps both passes."""
-    from scaletrain.planner.time.efficiency import attention_backward_ceiling
+    from scaletrain.planner.time.attention_core import attention_backward_ceiling
 
     assert attention_backward_ceiling(hardware_preset("a100-80gb")) == 0.0
     assert attention_backward_ceiling(MI300X) == attention_ceiling(MI300X)[0]

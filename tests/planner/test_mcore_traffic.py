@@ -1,5 +1,5 @@
 """The HBM traffic of a Megatron-Core decoder layer's fused non-GEMM kernels on Transformer
-Engine (efficiency.mcore_elementwise_bytes), against a recount written out here kernel by
+Engine (elementwise.mcore_elementwise_bytes), against a recount written out here kernel by
 kernel, and its charge in the megatron / nemo recipes' block time."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from scaletrain.config import ModelConfig
 from scaletrain.planner.recipes.registry import RECIPES
-from scaletrain.planner.time.efficiency import mcore_elementwise_bytes
+from scaletrain.planner.time.elementwise import mcore_elementwise_bytes
 
 E = 2  # bytes of a 16-bit activation
 
@@ -144,7 +144,7 @@ def test_megatron_and_nemo_charge_the_fused_kernels() -> None:
     the block time (fp8 norms under TE's fp8, dropout masks for a LayerNorm GPT block, the
     forward again under full AC); MoE blocks and a user-set efficiency are not charged."""
     from scaletrain.config import Layout, hardware_preset
-    from scaletrain.planner.time.step_time import eager_elementwise_s
+    from scaletrain.planner.time.elementwise import eager_elementwise_s
     from scaletrain.planner.types import PlanInput
 
     hw = hardware_preset("h100-sxm")

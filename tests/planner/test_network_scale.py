@@ -97,7 +97,7 @@ def test_a_measured_device_computes_at_the_scaled_rate() -> None:
     1/factor of the time it takes with none: matmuls and the attention core both run at the
     bf16 rate. (Described as an sm80 part with no attention figure of its own so the attention
     keeps the matmul rate: a measured figure (the MI300X preset's) or an sm90 part's H100
-    ceiling caps it, which the factor does not move: efficiency.attention_seconds_per_token.)"""
+    ceiling caps it, which the factor does not move: attention_core.attention_seconds_per_token.)"""
     mi = dataclasses.replace(
         hardware_preset("mi300x"), name="described", arch=nvidia_arch((8, 0)), attention_bf16=0.0
     )

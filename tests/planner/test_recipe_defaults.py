@@ -189,14 +189,14 @@ def test_nanotron_16_bit_grads_live_to_the_end_of_each_backward() -> None:
 
 def test_megatron_overlaps_interleaved_sends_and_the_param_gather() -> None:
     """Megatron-LM's documented configuration: --overlap-param-gather (example scripts) and
-    p2p overlap under the interleaved schedule only (arguments.py): step_time._exposed hides
+    p2p overlap under the interleaved schedule only (arguments.py): exposure._exposed hides
     the pipeline sends behind compute for 'pp_p2p_interleaved' only when interleaved."""
     from scaletrain.planner.time.efficiency import COMM_OVERLAP
-    from scaletrain.planner.time.step_time import _ComputeWindow, _exposed
+    from scaletrain.planner.time.exposure import ComputeWindow, _exposed
 
     overlap = COMM_OVERLAP["megatron"]
     assert overlap == ("pp_p2p_interleaved", "dp_param_gather")
-    window = _ComputeWindow(microbatches=4, forward_s=1.0, backward_s=2.0, core_s=0.0, layers=4)
+    window = ComputeWindow(microbatches=4, forward_s=1.0, backward_s=2.0, core_s=0.0, layers=4)
     terms = {"pp_p2p": (1e9, 0.5)}
 
     def exposed(sched: str, v: int, ov: tuple[str, ...]) -> float:

@@ -12,8 +12,7 @@ from scaletrain.planner.recipes.defaults import apply_defaults
 from scaletrain.planner.recipes.memory import recipe_problems
 from scaletrain.planner.recipes.published import FRAMEWORK_RECIPE, load_runs, plan_input
 from scaletrain.planner.recipes.registry import RECIPES
-from scaletrain.planner.time.efficiency import mpt_eager_elementwise_bytes
-from scaletrain.planner.time.step_time import eager_elementwise_s
+from scaletrain.planner.time.elementwise import eager_elementwise_s, mpt_eager_elementwise_bytes
 from scaletrain.planner.types import PlanInput
 
 

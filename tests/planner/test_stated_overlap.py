@@ -1,5 +1,5 @@
 """Communication a run states it overlaps beyond its framework's defaults (`PlanInput.
-comm_overlap`, a published row's `layout.comm_overlap`; `time.step_time.run_overlap`)."""
+comm_overlap`, a published row's `layout.comm_overlap`; `time.exposure.run_overlap`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from scaletrain.planner.output.explain import explain
 from scaletrain.planner.recipes.published import load_runs, plan_input
 from scaletrain.planner.recipes.registry import recipe_named
 from scaletrain.planner.time.efficiency import COMM_OVERLAP, STATED_OVERLAPS
-from scaletrain.planner.time.step_time import run_overlap
+from scaletrain.planner.time.exposure import run_overlap
 
 ROW = "megatron-h100-llama3-405b-1024g-tp8-pp8-cp2-vp8-fp8"
 

@@ -57,7 +57,7 @@ def _attn(
     bf16_rate: float = 5e14,
     kernel_efficiency: bool = True,
 ) -> float:
-    from scaletrain.planner.time.efficiency import AttentionCore, attention_seconds_per_token
+    from scaletrain.planner.time.attention_core import AttentionCore, attention_seconds_per_token
 
     core = AttentionCore(
         kernel=kernel,
@@ -80,7 +80,7 @@ def test_flash2_runs_at_fa3_papers_rates_on_hopper() -> None:
     """FlashAttention-2 on H100: its forward at 35% of the bf16 peak (FlashAttention-3 paper's
     abstract), its backward at the paper's backward figure (322 of 989.4 TFLOP/s); the
     backward does 2.5x the forward's matmuls; a recompute adds one forward."""
-    from scaletrain.planner.time.efficiency import (
+    from scaletrain.planner.time.attention_core import (
         FLASH2_HOPPER_BACKWARD_EFFICIENCY,
         FLASH2_HOPPER_EFFICIENCY,
     )
@@ -395,13 +395,13 @@ def _eager_block_bytes(
 
 @pytest.mark.parametrize("fused_norm", [False, True])
 def test_eager_elementwise_bytes_recounted(fused_norm: bool) -> None:
-    """efficiency.eager_elementwise_bytes against a recount of the eager block's kernels at a
+    """elementwise.eager_elementwise_bytes against a recount of the eager block's kernels at a
     shape other than the four it was read at (h 768, 12 heads, 4 kv heads, f 2048, 2,048
     tokens); the counts are linear in h, kv, f up to terms that shrink with the batch (the
     RoPE table read by each complex multiply, the norm weights' gradients): 0.3% here, so the
     check holds to 0.5%."""
     from scaletrain.config import ModelConfig
-    from scaletrain.planner.time.efficiency import eager_elementwise_bytes
+    from scaletrain.planner.time.elementwise import eager_elementwise_bytes
 
     m = ModelConfig(
         dim=768,
@@ -429,7 +429,7 @@ def test_torchtitan_eager_pays_its_elementwise_kernels() -> None:
     other recipes, nothing."""
     from scaletrain.config import model_preset
     from scaletrain.planner import PlanInput, estimate
-    from scaletrain.planner.time.efficiency import (
+    from scaletrain.planner.time.elementwise import (
         compiled_elementwise_bytes,
         eager_elementwise_bytes,
     )

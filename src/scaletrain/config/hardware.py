@@ -87,7 +87,7 @@ class HardwareSpec:
     ((sequence length, forward FLOP/s, backward FLOP/s), ...), ascending in sequence length,
     FLOPs counted causal-halved, the backward as 2.5 x the forward (flops.
     FLASH_BACKWARD_FACTOR). Cited per preset: the ceiling of the 'fused' attention core
-    (`planner.time.efficiency.fused_attention_rates`). Empty = no published figure for this
+    (`planner.time.attention_core.fused_attention_rates`). Empty = no published figure for this
     device: its fused core keeps the matmul rate (Hopper: cuDNN runs above it)."""
     intra_node_bw_efficiency: float = 1.0
     """Achieved share of `intra_node_bw` a collective's bus bandwidth reaches (the link figure

@@ -16,7 +16,7 @@ Where things are (each subpackage's docstring says more):
 
 For example, the ZeRO-3 / FSDP all-gather: its bytes held are `memory/states.py`
 (`params.in_flight`) and `memory/rank_moments.py` (the gathered block in backward), its time is
-`time/comm.py` (`fsdp_all_gather`) and its overlap with compute `time/step_time.py`.
+`time/comm.py` (`fsdp_all_gather`) and its overlap with compute `time/exposure.py`.
 """
 
 from .estimate import estimate

@@ -354,15 +354,16 @@ def _recipe_time(est: Estimate) -> list[str]:
         f"({r.sources.get('ddp_bucket', '')}); all-reduce latency: NCCL's ring / tree model, "
         f"nccl src/graph/tuning.cc (efficiency.allreduce_latency)"
     )
-    from ..time.efficiency import COMM_OVERLAP, STATED_OVERLAPS, attention_kernel
+    from ..time.attention_core import attention_kernel
+    from ..time.efficiency import COMM_OVERLAP, STATED_OVERLAPS
 
     kernel = attention_kernel(r.name, r.attention, p.model.attention)
-    from ..time.efficiency import attention_ceiling
+    from ..time.attention_core import attention_ceiling
 
     why = {
         "flash2": f"ceiling: {attention_ceiling(hw)[1]}",
         "fused": "Transformer Engine, at the matmul rate",
-        "naive": "full s x s + score traffic: efficiency.NAIVE_SCORE_BYTES",
+        "naive": "full s x s + score traffic: attention_core.NAIVE_SCORE_BYTES",
     }[kernel]
     bucket += (
         f"\n   [{r.name}] attention core: {kernel} ({why}); overlapped: "
@@ -376,7 +377,7 @@ def _recipe_time(est: Estimate) -> list[str]:
     stated = [f for f in p.comm_overlap if f not in COMM_OVERLAP.get(r.name, ())]
     if stated and r.name != "scaletrain":
         bucket += f"; and as the run states: {', '.join(stated)} ({STATED_OVERLAPS[stated[0]]})"
-    from ..time.step_time import eager_elementwise_s
+    from ..time.elementwise import eager_elementwise_s
 
     eager = eager_elementwise_s(p, r)
     if eager > 0:
@@ -390,7 +391,7 @@ def _recipe_time(est: Estimate) -> list[str]:
         bucket += (
             f"\n   [{r.name}] {kind} elementwise kernels: "
             f"{eager * hw.memory_bw / 1e6:.2f} MB per token per block over memory "
-            f"bandwidth (efficiency.{fn})"
+            f"bandwidth (elementwise.{fn})"
         )
     from ..time.moe_traffic import moe_row_seconds_per_token
 
@@ -584,8 +585,12 @@ _FP8_CAST_SOURCES = {
 def _fp8_lines(est: Estimate) -> list[str]:
     """fp8's GEMM rate and casts (time/fp8_casts.py) as `step_time` charges them."""
     from ..recipes.registry import recipe_named
-    from ..time.fp8_casts import fp8_cast_bytes_per_token, fp8_cast_kernels, fp8_gemm_share
-    from ..time.step_time import fp8_weight_cast_s
+    from ..time.fp8_casts import (
+        fp8_cast_bytes_per_token,
+        fp8_cast_kernels,
+        fp8_gemm_share,
+        fp8_weight_cast_s,
+    )
 
     p = est.plan
     r = None if p.recipe == DEFAULT_RECIPE else recipe_named(p.recipe)
@@ -655,7 +660,7 @@ def _time_lines(
             "flush idle (the backward share of its bubble), any excess added"
         )
     if not p.hardware.is_cpu:
-        from ..time.efficiency import kernel_ceilings
+        from ..time.attention_core import kernel_ceilings
 
         add(f"   kernel ceilings of {p.hardware.name} (own figure or another device's):")
         out += [f"     {line}" for line in kernel_ceilings(p.hardware)]

@@ -55,7 +55,7 @@ MEGATRON = Recipe(
         "fused_bias_dropout.py, fused_bias_swiglu.py, fused_bias_gelu.py, models/common/"
         "embeddings/rope_utils.py at d98e8a6; TransformerEngine module/layernorm_linear.py, "
         "attention/rope.py, utils.py SplitAlongDim at d0067d0: the fused kernels' own "
-        "traffic over memory bandwidth (efficiency.mcore_elementwise_bytes)",
+        "traffic over memory bandwidth (elementwise.mcore_elementwise_bytes)",
         "te_fp8_gemm_inputs": "megatron/core/extensions/transformer_engine.py: TE "
         "LayerNormLinear / Linear / fused LayerNormMLP layers; TransformerEngine v1.8 "
         "transformer_engine/pytorch/module/layernorm_linear.py (ln_out_dtype uint8 under "

@@ -283,7 +283,7 @@ RECIPES: dict[str, Recipe] = {
             "benchmarks/llama3_h100_202412_torchtitan.md Table 1: "
             "compile alone 5,762 -> 6,667 TPS/GPU; under compile the fused kernels' "
             "traffic (parallelize_llama.py apply_compile at 9dec370: per-block "
-            "torch.compile; efficiency.compiled_elementwise_bytes)",
+            "torch.compile; elementwise.compiled_elementwise_bytes)",
             "fsdp2_copies": "torchtitan parallelize_llama.py apply_fsdp at 9dec370: "
             "fully_shard per block and the root; torch 2.13 _fully_shard/"
             "_fsdp_collectives.py foreach_all_gather_copy_out (split_with_sizes_copy on "
@@ -585,7 +585,7 @@ RECIPES["llm-foundry"] = Recipe(
         "(qkv.split), flash_attn_triton.py _flash_attn_backward (fp32 dq_accum copied into "
         "dq): separate eager kernels; scripts/train/benchmarking/submit_benchmarks.py "
         "mod_parameters: compile_config None unless --torch_compile (default False), "
-        "norm_type 'low_precision_layernorm' (time/efficiency.py MPT_EAGER_FWD)",
+        "norm_type 'low_precision_layernorm' (time/elementwise.py MPT_EAGER_FWD)",
         "weight_bytes": f"{_COMPOSER}.mixed_precision = 'DEFAULT' -> composer/distributed/"
         "mosaic_parallelism.py get_mixed_precision: MixedPrecision(param_dtype=bf16, "
         "reduce_dtype=fp32, buffer_dtype=bf16) over torch FSDP1's fp32 FlatParameter shards "

@@ -155,7 +155,7 @@ class Recipe:
     eager_elementwise: bool = False
     """Time model: the framework runs its block's elementwise ops (norms, RoPE, SiLU, adds) as
     separate eager kernels unless compiled, charged over memory bandwidth
-    (efficiency.eager_elementwise_bytes); False where the planner's calibrated efficiency
+    (elementwise.eager_elementwise_bytes); False where the planner's calibrated efficiency
     stands for them. Megatron-Core's fused kernels (Transformer Engine) set it with
     `eager_block` 'mcore': their own traffic is charged instead."""
     fsdp2_copies: bool = False
@@ -166,11 +166,11 @@ class Recipe:
     calibrated efficiency (time.step_time.default_efficiency) stands for its kernels."""
     eager_block: EagerBlock = "llama"
     """Which block's eager elementwise kernels `eager_elementwise` counts: 'llama' (an RMSNorm
-    SwiGLU RoPE block, efficiency.eager_elementwise_bytes, dense RMSNorm models only) or 'mpt'
+    SwiGLU RoPE block, elementwise.eager_elementwise_bytes, dense RMSNorm models only) or 'mpt'
     (llm-foundry's MPT block: LayerNorm, GELU MLP, split QKV, Triton flash attention's fp32 dq
-    accumulation, efficiency.mpt_eager_elementwise_bytes, dense LayerNorm GELU models only) or
+    accumulation, elementwise.mpt_eager_elementwise_bytes, dense LayerNorm GELU models only) or
     'mcore' (Megatron-Core's decoder layer on Transformer Engine: not eager, the fused norm,
-    bias-dropout-add, activation and RoPE kernels it runs, efficiency.mcore_elementwise_bytes,
+    bias-dropout-add, activation and RoPE kernels it runs, elementwise.mcore_elementwise_bytes,
     any dense block)."""
     ddp_reducer_copy_bytes: float = 0.0
     """Bytes per parameter of torch DDP's own bucket copy of the gradients (in the parameter
@@ -383,7 +383,7 @@ torchtitan 17% -> 16%. So the double count is real: re-deriving each constant as
 efficiency needs its source run's bubble, exposed communication and attention share removed in
 the planner's own FLOP count, which these sources do not state; until then they stay
 selectable as 'generation'. The attention core's kernel terms
-(efficiency.attention_seconds_per_token) apply under either."""
+(attention_core.attention_seconds_per_token) apply under either."""
 
 ALLOCATOR_SOURCE = (
     "PyTorch's caching allocator (c10/cuda/CUDACachingAllocator.cpp) is the same "

@@ -34,7 +34,7 @@ Dec 2024 (with `_RotateMethod.PRE_ALL_GATHER`, pytorch PR #144986, Jan 2025) has
 options, rotaters, `_SDPAMerger` and backward loop (the Dec 2024 file itself was not read).
 Ignores: torch.compile fusing the merge ops (the ring runs under DTensor's dispatch; counted as
 eager kernels), the merge's per-token LSE tensors (1/d of the output), the SDPA kernels'
-own rate on the half-size sub-steps (the attention core's rate, efficiency.py), NCCL kernels
+own rate on the half-size sub-steps (the attention core's rate, attention_core.py), NCCL kernels
 taking SMs or memory bandwidth from the sub-SDPAs they overlap.
 """
 
@@ -126,7 +126,7 @@ def torch_ring_terms(
     """Ring attention of `plan` under torch's all-gather rotater (module docstring) on a rank
     with `layers` blocks whose attention core takes `core_s_layer` seconds per block and
     micro-batch (forward 1, backward FLASH_BACKWARD_FACTOR, + a forward when recomputed: the
-    split of efficiency.attention_seconds_per_token). Per block and micro-batch:
+    split of attention_core.attention_seconds_per_token). Per block and micro-batch:
     each forward (and its recompute) waits max(0, all-gather - first sub-SDPA), the backward
     max(0, all-gather - first sub-SDPA backward) + (cp-1) x max(0, dK/dV send - one sub-SDPA
     backward) + the last dK/dV send whole."""

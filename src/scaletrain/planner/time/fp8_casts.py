@@ -12,7 +12,8 @@ Matmul FLOPS comparison table', BF16 and FP8 (float8_e4m3fn) tables; mamf-finder
 So fp8 GEMMs keep (fp8 share / bf16 share) of the bf16 matmul efficiency against the fp8 peak
 (`step_time.default_efficiency`). A device without a measured fp8 figure takes the H100's.
 
-The casts (`fp8_cast_bytes_per_token`, `fp8_weight_cast_bytes`): each converted Linear's input
+The casts (`fp8_cast_bytes_per_token`, `fp8_weight_cast_bytes`; in seconds `fp8_cast_s`,
+`fp8_weight_cast_s`): each converted Linear's input
 (M x K), output gradient (M x N) and weight (K x N) are cast to float8 with a per-tensor scale
 from their amax, in kernels that move bytes and do almost no arithmetic (far below every GPU's
 ridge point): bytes / memory bandwidth. By the kernels that run them (`fp8_cast_kernels`):
@@ -71,6 +72,7 @@ from typing import TYPE_CHECKING
 
 from scaletrain.config import HardwareSpec
 
+from ..memory.states import fp8_linear_params
 from .efficiency import generation_of
 
 if TYPE_CHECKING:
@@ -85,6 +87,8 @@ __all__ = [
     "fp8_cast_kernels",
     "fp8_cast_bytes_per_token",
     "fp8_weight_cast_bytes",
+    "fp8_cast_s",
+    "fp8_weight_cast_s",
 ]
 
 FP8_MAMF_SHARE: dict[str, float] = {
@@ -257,3 +261,23 @@ def fp8_weight_cast_bytes(plan: PlanInput, recipe: Recipe | None, linear_params:
     b = CAST_BYTES[kind]
     per = b.weight + (b.weight_forward if plan.ac == "full" else 0.0)
     return per * linear_params
+
+
+def fp8_cast_s(plan: PlanInput, recipe: Recipe | None) -> float:
+    """Seconds per token per block of the fp8 Linears' casts (fp8_cast_bytes_per_token
+    over the memory bandwidth: memory-bound kernels); 0 with a user-set efficiency (which
+    stands for the whole block), on a CPU and where no cast is charged."""
+    if plan.efficiency > 0:
+        return 0.0
+    return fp8_cast_bytes_per_token(plan, recipe) / plan.hardware.memory_bw
+
+
+def fp8_weight_cast_s(plan: PlanInput, recipe: Recipe | None, *, layers: int) -> float:
+    """Seconds of one micro-batch's fp8 weight casts on a rank of `layers` blocks (its
+    converted Linears' parameters per tp rank, memory.states.fp8_linear_params; dense blocks,
+    MoE models not charged, `fp8_casts`); 0 as `fp8_cast_s`, and under a calibration (its
+    measured block rates hold the casts)."""
+    if plan.efficiency > 0 or plan.calibration is not None or plan.model.is_moe:
+        return 0.0
+    params = fp8_linear_params(plan.model, layers, plan.layout.tp)
+    return fp8_weight_cast_bytes(plan, recipe, params) / plan.hardware.memory_bw

@@ -33,7 +33,7 @@ Facts read (NVIDIA/nccl at 5067397, the newest snapshot):
   2024-09-05/06).
 
 Counts (`overlap_sm_seconds`): the overlapped seconds of each NCCL family (its time less what
-`step_time._exposed` leaves exposed) x its CTAs / the GPU's SMs: the compute those SMs would
+`exposure._exposed` leaves exposed) x its CTAs / the GPU's SMs: the compute those SMs would
 have done in that time, added to the step. Every recipe: the SMs are NCCL's whatever framework
 launches it (Megatron-LM's CUDA_DEVICE_MAX_CONNECTIONS=1 orders kernel launches, it does not
 change the CTAs).
@@ -132,7 +132,7 @@ def overlap_sm_seconds(
     docstring): sum over `families` (of `SM_FAMILIES`; `node_local_families` for a plan) in
     `comm` ((bytes, seconds) per family) of (seconds - `exposed` seconds of that family,
     floored at 0) x `nccl_sm_share`. `exposed` may charge a pair of families under one key
-    (step_time.exposed_by_family charges FSDP's reduce-scatter with the backward all-gather):
+    (exposure.exposed_by_family charges FSDP's reduce-scatter with the backward all-gather):
     the two are summed before the exposed part is taken off.
     nvls_allreduce: the all-reduces run as NVLink SHARP (16 CTAs on sm90)."""
     ring = nccl_sm_share(hardware)

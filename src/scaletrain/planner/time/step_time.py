@@ -1,6 +1,6 @@
 """The step-time model of `estimate`: compute per block and per stage (`_block_seconds`),
-collectives and their overlap (`comm_arguments`, `_exposed`; a framework recipe's own families in
-recipe_terms.py), the pipeline
+collectives and their overlap (`comm_arguments`, `exposure._exposed`; a framework recipe's own
+families in recipe_terms.py), the pipeline
 bubble and the optimizer step (`_optimizer_time`), combined by `step_time` into a `StepTime`.
 """
 
@@ -30,28 +30,13 @@ from ..memory.states import (
 from ..recipes.schema import DEFAULT_RECIPE, Recipe
 from ..recipes.stages import recipe_stages
 from ..types import PlanInput
+from .attention_core import AttentionCore, attention_kernel, attention_seconds_per_token
 from .calibration import calibrated_block
-from .comm import (
-    CommInputs,
-    allreduce_seconds,
-    allreduce_time,
-    axis_link,
-    comm_terms,
-    dp_allreduce_latency,
-)
+from .comm import CommInputs, comm_terms
 from .cp_ring import torch_ring_passes_s
-from .efficiency import (
-    COMM_OVERLAP,
-    AttentionCore,
-    attention_kernel,
-    attention_seconds_per_token,
-    compiled_elementwise_bytes,
-    eager_elementwise_bytes,
-    matmul_efficiency,
-    matmul_peak_factor,
-    mcore_elementwise_bytes,
-    mpt_eager_elementwise_bytes,
-)
+from .efficiency import matmul_efficiency, matmul_peak_factor
+from .elementwise import eager_elementwise_s
+from .exposure import ComputeWindow, exposed_by_family, run_overlap
 from .flops import (
     attention_core_flops_per_token,
     capacity_rows_forward_flops,
@@ -61,12 +46,7 @@ from .flops import (
     lora_flops,
     op_sac_recompute_flops_per_token,
 )
-from .fp8_casts import (
-    fp8_cast_bytes_per_token,
-    fp8_cast_kernels,
-    fp8_gemm_share,
-    fp8_weight_cast_bytes,
-)
+from .fp8_casts import fp8_cast_s, fp8_gemm_share, fp8_weight_cast_s
 from .fsdp_copies import fsdp2_copy_bytes
 from .moe_traffic import moe_row_seconds_per_token
 from .overlap_sm import node_local_families, overlap_sm_seconds
@@ -92,12 +72,8 @@ __all__ = [
     "StepTime",
     "step_time",
     "step_floor",
-    "run_overlap",
     "BlockTime",
-    "fp8_cast_s",
-    "fp8_weight_cast_s",
     "fsdp2_copy_s",
-    "exposed_by_family",
 ]
 
 OPTIMIZER_TRAFFIC = {"adamw": 28.0, "sgd": 20.0, "adamw8bit": 16.0, "adafactor": 12.0}
@@ -342,7 +318,7 @@ def _block_seconds(
         # torchtitan's per-op SAC: every second matmul recomputed, SDPA saved (flops.py)
         layer_hw = 3 * lf + op_sac_recompute_flops_per_token(model)
         core_hw, core_recompute = 3 * core, False
-    # the attention core as its kernel runs it (efficiency.attention_seconds_per_token)
+    # the attention core as its kernel runs it (attention_core.attention_seconds_per_token)
     rname = recipe.name if recipe is not None else DEFAULT_RECIPE
     kernel = attention_kernel(
         rname, recipe.attention if recipe is not None else "model", model.attention
@@ -400,7 +376,7 @@ class _ComputeSide:
     """The compute side of one step (`_compute_side`): what `step_time` and `step_floor`
     share. Not frozen, as `StepTime`."""
 
-    window: _ComputeWindow
+    window: ComputeWindow
     """The busiest rank's compute that communication can hide behind."""
     compute_s: float
     """m x the slowest rank's seconds per micro-batch (and a recipe's pass after each)."""
@@ -491,7 +467,7 @@ def _compute_side(
     layers = max(counts)
     t_fwd = t_mb * bt.fwd_hw / bt.layer_hw  # forward share of the hardware FLOPs
     t_core = tok_mb * layers * core_s / split * m
-    window = _ComputeWindow(
+    window = ComputeWindow(
         microbatches=m,
         forward_s=t_fwd,
         backward_s=t_mb - t_fwd,
@@ -632,7 +608,7 @@ def step_time(
 ) -> StepTime:
     """The seconds of one step of `plan` whose busiest rank holds `max_params` parameters:
     compute (`_compute_side`) + the pipeline bubble + the communication left exposed after
-    overlap (`comm.comm_terms`, `exposed_by_family`; a recipe's own families as it computes
+    overlap (`comm.comm_terms`, `exposure.exposed_by_family`; a recipe's own families as it computes
     them, `recipe_terms.recipe_exposed`) + the compute the overlapped NCCL collectives' SMs take
     from the GEMMs (`overlap_sm.overlap_sm_seconds`) + the optimizer step (`_optimizer_seconds`,
     and under Recipe.zero1_gather_host_copies the host time of its ZeRO-1 gather that the GPU's
@@ -715,22 +691,6 @@ def step_time(
     )
 
 
-def run_overlap(plan: PlanInput, recipe: Recipe | None) -> tuple[str, ...]:
-    """The communication families a plan's run overlaps with compute (`_exposed`): its
-    framework recipe's defaults (efficiency.COMM_OVERLAP) and those the run states
-    (`PlanInput.comm_overlap`, foreign recipes only: scaletrain's trainer overlaps its own).
-    A run whose pipeline sends are Megatron-LM 2021's blocking scatter/gather
-    (`PlanInput.pp_scatter_gather`) does not overlap them under the interleaved schedule."""
-    if recipe is None:
-        return ()
-    own = COMM_OVERLAP.get(recipe.name, ())
-    if recipe.name == DEFAULT_RECIPE:
-        return own
-    if plan.pp_scatter_gather:
-        own = tuple(f for f in own if f != "pp_p2p_interleaved")
-    return own + tuple(f for f in plan.comm_overlap if f not in own)
-
-
 def _optimizer_seconds(plan: PlanInput, max_params: float, recipe: Recipe | None) -> float:
     """The optimizer step's seconds (`_optimizer_time`), and a foreign recipe's passes after
     the backward on a GPU (`recipe_terms.post_backward_s`): what `step_time` and `step_floor`
@@ -758,12 +718,13 @@ def step_floor(
     recipe: Recipe | None = None,
 ) -> float:
     """A lower bound of `step_time(...).step_s` without its communication model: the same sum
-    with the exposed communication replaced by its activation-offload share, which `_exposed`
-    charges whole (0 without activation offload). Why it is a lower bound, in floats too: every
-    family `_exposed` charges is a non-negative number of seconds (a max with 0, a min of two
-    non-negative times, or the time itself), so its running sum is at least each of its terms,
-    and a recipe's own families (`recipe_terms.recipe_exposed`: tp, dp_allreduce, never the
-    activation offload) add non-negative seconds in front of it; step_s adds compute, bubble,
+    with the exposed communication replaced by its activation-offload share, which
+    `exposure._exposed` charges whole (0 without activation offload). Why it is a lower bound, in
+    floats too: every family `exposure._exposed` charges is a non-negative number of seconds (a
+    max with 0, a min of two non-negative times, or the time itself), so its running sum is at
+    least each of its terms, and a recipe's own families (`recipe_terms.recipe_exposed`: tp,
+    dp_allreduce, never the activation offload) add non-negative seconds in front of it; step_s
+    adds compute, bubble,
     exposed, the overlapped collectives' SM seconds (`overlap_sm.overlap_sm_seconds`, a sum of
     non-negative products, left out here), optimizer and overhead in this same order, each
     rounded addition increasing in its operands. The search times every layout that fits with
@@ -797,50 +758,6 @@ def _activation_offload(
     return moved, moved / plan.hardware.host_to_device_bw
 
 
-def eager_elementwise_s(plan: PlanInput, recipe: Recipe | None) -> float:
-    """Seconds per token per block of a recipe's elementwise kernels (RoPE, SiLU, norms,
-    residual adds) over memory bandwidth: eager, efficiency.eager_elementwise_bytes; under
-    torch.compile the fused kernels Inductor makes of them (torchtitan's per-block compile,
-    efficiency.compiled_elementwise_bytes: Llama blocks only). 0 for a recipe that fuses them
-    (Recipe.eager_elementwise False), with a user-set efficiency (which stands for the whole
-    block), on CPU, and for models other than the block the bytes were counted on
-    (Recipe.eager_block: the dense RMSNorm Llama block, or llm-foundry's dense LayerNorm GELU
-    MPT block, efficiency.mpt_eager_elementwise_bytes, not counted under compile); for
-    Megatron-Core on Transformer Engine (eager_block 'mcore') the fused kernels its layer runs
-    (efficiency.mcore_elementwise_bytes, dense models)."""
-    model, hw = plan.model, plan.hardware
-    if (
-        recipe is None
-        or not recipe.eager_elementwise
-        or plan.efficiency > 0
-        or hw.is_cpu
-        or model.is_moe
-    ):
-        return 0.0
-    if recipe.eager_block == "mcore":
-        # Megatron-Core's Transformer Engine layer: its fused kernels (efficiency.MCORE_*),
-        # the norms writing fp8 under TE's fp8, dropout masks where the recipe keeps them
-        fp8_out = fp8_cast_kernels(plan, recipe) == "transformer_engine"
-        dropout = recipe.dropout_masks and model.norm == "layernorm"
-        moved = mcore_elementwise_bytes(
-            model, fp8_norm_out=fp8_out, dropout=dropout, recompute=plan.ac == "full"
-        )
-        return moved / hw.memory_bw
-    if recipe.eager_block == "mpt":
-        # llm-foundry's MPT block: LayerNorm and a GELU MLP (efficiency.MPT_EAGER_FWD)
-        if model.norm != "layernorm" or model.gated_mlp or plan.compile:
-            return 0.0
-        return mpt_eager_elementwise_bytes(model, recompute=plan.ac == "full") / hw.memory_bw
-    if model.norm != "rmsnorm":
-        return 0.0
-    if plan.compile:
-        return compiled_elementwise_bytes(model, recompute=plan.ac != "none") / hw.memory_bw
-    return (
-        eager_elementwise_bytes(model, fused_norm=plan.fused_norm, recompute=plan.ac != "none")
-        / hw.memory_bw
-    )
-
-
 def fsdp2_copy_s(
     plan: PlanInput, recipe: Recipe | None, max_params: float, *, terms: ModelTerms
 ) -> float:
@@ -857,139 +774,6 @@ def fsdp2_copy_s(
     e = inputs.param_comm_bytes or compute_bytes(plan.precision)
     moved = fsdp2_copy_bytes(inputs, param_bytes=e, pp_unsharded=recipe.pp_fsdp_unsharded)
     return moved / hw.memory_bw
-
-
-def fp8_cast_s(plan: PlanInput, recipe: Recipe | None) -> float:
-    """Seconds per token per block of the fp8 Linears' casts (fp8_casts.fp8_cast_bytes_per_token
-    over the memory bandwidth: memory-bound kernels); 0 with a user-set efficiency (which
-    stands for the whole block), on a CPU and where no cast is charged."""
-    if plan.efficiency > 0:
-        return 0.0
-    return fp8_cast_bytes_per_token(plan, recipe) / plan.hardware.memory_bw
-
-
-def fp8_weight_cast_s(plan: PlanInput, recipe: Recipe | None, *, layers: int) -> float:
-    """Seconds of one micro-batch's fp8 weight casts on a rank of `layers` blocks (its
-    converted Linears' parameters per tp rank, memory.states.fp8_linear_params; dense blocks,
-    MoE models not charged, `fp8_casts`); 0 as `fp8_cast_s`, and under a calibration (its
-    measured block rates hold the casts)."""
-    if plan.efficiency > 0 or plan.calibration is not None or plan.model.is_moe:
-        return 0.0
-    params = fp8_linear_params(plan.model, layers, plan.layout.tp)
-    return fp8_weight_cast_bytes(plan, recipe, params) / plan.hardware.memory_bw
-
-
-@dataclass(kw_only=True, slots=True)
-class _ComputeWindow:
-    """The compute of the busiest pipeline rank that communication can hide behind (`_exposed`).
-    Not frozen, as `StepTime`."""
-
-    microbatches: int
-    """Micro-batches per step (m)."""
-    forward_s: float
-    """One micro-batch's forward seconds."""
-    backward_s: float
-    """One micro-batch's backward seconds (with any recompute)."""
-    core_s: float
-    """The step's attention-core seconds (what the CP ring overlaps)."""
-    layers: int
-    """Blocks of the busiest rank (one FSDP unit each, + the root unit)."""
-
-
-def _exposed(
-    terms: dict[str, tuple[float, float]],
-    plan: PlanInput,
-    compute: _ComputeWindow,
-    *,
-    stage_params: float,
-    gpus_per_node: int | None,
-    bucket_bytes: float = 25 * 2**20,
-    tree: bool = False,
-    overlap: tuple[str, ...] = (),
-) -> float:
-    """Communication seconds left on the critical path after overlap: the sum of
-    `exposed_by_family` (same arguments)."""
-    return sum(
-        exposed_by_family(
-            terms,
-            plan,
-            compute,
-            stage_params=stage_params,
-            gpus_per_node=gpus_per_node,
-            bucket_bytes=bucket_bytes,
-            tree=tree,
-            overlap=overlap,
-        ).values()
-    )
-
-
-def exposed_by_family(
-    terms: dict[str, tuple[float, float]],
-    plan: PlanInput,
-    compute: _ComputeWindow,
-    *,
-    stage_params: float,
-    gpus_per_node: int | None,
-    bucket_bytes: float = 25 * 2**20,
-    tree: bool = False,
-    overlap: tuple[str, ...] = (),
-) -> dict[str, float]:
-    """Communication seconds left on the critical path after overlap, per family of `terms`
-    (FSDP's reduce-scatter is charged with the backward all-gather, under 'fsdp_all_gather').
-    bucket_bytes: the last gradient bucket, reduced after the backward ends (exposed);
-    tree: its latency term is NCCL's ring / tree model (comm.dp_allreduce_latency);
-    overlap: families the recipe's framework overlaps (efficiency.COMM_OVERLAP): 'tp' and
-    'pp_p2p' hide behind the step's compute, 'dp_param_gather' (the updated weights'
-    all-gather) behind the next step's forwards except one chunk, like the gradient reduce."""
-    L, hw = plan.layout, plan.hardware
-    m, layers = compute.microbatches, compute.layers
-    t_fwd, t_bwd, t_core = compute.forward_s, compute.backward_s, compute.core_s
-    out: dict[str, float] = {}
-    bucket = 0.0
-    if "dp_allreduce" in terms or "zero_reduce_scatter" in terms or "hsdp_allreduce" in terms:
-        link = axis_link(L, hw, "dp", gpus_per_node)
-        bw, lat, _ = link
-        n = L.dp * L.cp if L.zero else L.dp
-        size = min(bucket_bytes, stage_params * 4)
-        nn = max(n, 2)
-        if tree:
-            ring = 2 * (nn - 1) / nn * size / bw + dp_allreduce_latency(L, hw, gpus_per_node, nn)
-        else:
-            ring = allreduce_time(size, nn, bw, lat)
-        # an all-reduce (zero 0) may run as NVLink SHARP inside a node; ZeRO's last bucket is a
-        # reduce-scatter, priced as the ring's all-reduce here as before
-        bucket = allreduce_seconds(size, nn, link, hw, ring=ring) if not L.zero else ring
-    for name, (_, t) in terms.items():
-        if name in ("dp_allreduce", "hsdp_allreduce"):
-            out[name] = max(t - t_bwd, min(t, bucket))
-        elif name == "zero_reduce_scatter":
-            window = t_bwd if L.zero == 1 else m * t_bwd
-            out[name] = max(t - window, min(t, bucket))
-        elif name == "fsdp_all_gather":
-            per = t / (2 * m)
-            first = per / (layers + 1)  # the first unit's gather has nothing to hide behind
-            fwd = m * max(0.0, per - t_fwd) + first
-            bwd = m * max(0.0, per + terms["fsdp_reduce_scatter"][1] / m - t_bwd)
-            out[name] = fwd + bwd
-        elif name == "fsdp_reduce_scatter":
-            continue  # charged with the backward all-gather above
-        elif name == "cp_ring":
-            out[name] = max(0.0, t - t_core)
-        elif (
-            name in ("tp", "pp_p2p")
-            and name in overlap
-            or (
-                name == "pp_p2p"
-                and "pp_p2p_interleaved" in overlap
-                and L.pp_schedule == "interleaved"
-            )
-        ):
-            out[name] = max(0.0, t - m * (t_fwd + t_bwd))
-        elif name == "zero_all_gather" and L.zero == 1 and "dp_param_gather" in overlap:
-            out[name] = max(t - m * t_fwd, min(t, bucket))
-        else:  # zero_all_gather, tp, pp_p2p, ep_all_to_all: on the critical path
-            out[name] = t
-    return out
 
 
 def _optimizer_time(plan: PlanInput, stage_params: float) -> float:

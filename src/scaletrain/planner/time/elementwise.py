@@ -1,0 +1,353 @@
+"""The elementwise (memory-bound) kernels of a block: the bytes per token its non-matmul,
+non-attention kernels move, by the framework that runs them, and their seconds over memory
+bandwidth (`eager_elementwise_s`). Torch-free.
+
+What a recipe uses (step_time.step_time): a recipe that runs its block's elementwise ops as eager
+kernels (torchtitan without torch.compile): their bytes over memory bandwidth
+(`eager_elementwise_bytes`); under torch.compile the bytes Inductor's fused kernels still move
+(`compiled_elementwise_bytes`); llm-foundry's MPT block (`mpt_eager_elementwise_bytes`);
+Megatron-Core's decoder layer on Transformer Engine (megatron, nemo): the bytes its fused
+norm, bias-dropout-add, activation and RoPE kernels move (`mcore_elementwise_bytes`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from scaletrain.config import ModelConfig
+
+from .fp8_casts import fp8_cast_kernels
+
+if TYPE_CHECKING:
+    from ..recipes.schema import Recipe
+    from ..types import PlanInput
+
+__all__ = [
+    "eager_elementwise_bytes",
+    "COMPILED_FWD",
+    "COMPILED_BWD",
+    "COMPILED_RECOMPUTE",
+    "COMPILED_V_REPEAT",
+    "compiled_elementwise_bytes",
+    "MPT_EAGER_FWD",
+    "MPT_EAGER_BWD",
+    "mpt_eager_elementwise_bytes",
+    "MCORE_NORM",
+    "mcore_elementwise_bytes",
+    "eager_elementwise_s",
+]
+
+# ---- eager elementwise kernels (torchtitan without torch.compile) ---------------------------
+
+EAGER_BYTES_PER_TOKEN: dict[str, tuple[float, float]] = {
+    # bytes per h element: (forward, forward + backward)
+    "norms": (72.0, 264.0),  # two unfused RMSNorms on x.float() (fp32 pow/mean/rsqrt/mul)
+    "fused_norms": (8.0, 20.0),  # two fused RMSNorm kernels: read x, write y; bwd x, dy -> dx
+}
+EAGER_REST_FWD = (40.25, 20.0, 10.0)
+EAGER_REST_TOTAL = (95.5, 44.0, 28.0)
+"""Bytes an eager torchtitan Llama block moves per token in its non-matmul, non-attention aten
+kernels (bf16, under FSDP2 mixed precision): RoPE (view_as_complex on q.float() / k.float(), a
+complex multiply, .type_as), SiLU and the gate product, the residual adds, their backward, plus
+the two RMSNorms (torchtitan/models/llama3/model.py RMSNorm._norm on x.float(); the
+fused_rmsnorm option of the April 2024 configs runs one Triton kernel each way instead).
+Measured, not assumed: every aten op of such a block (written after torchtitan's model.py)
+dispatched under fake tensors, bytes = inputs + outputs of each op that is not a matmul, SDPA
+or a view, at 4 shapes (h 512/1024, kv 128/256, f 1024/2048, 2,048 tokens): the counts are
+linear in h, kv and f with these coefficients (the per-token constants under 0.1%; Llama 3.1
+8B: 1.92 MB per token per block unfused, 0.92 MB with fused norms). Each op is memory bound
+(about 1 FLOP per byte, far below every GPU's ridge), so it costs bytes / memory bandwidth.
+torch.compile (Inductor) fuses these chains: under compile the fused kernels' own traffic is
+charged instead (COMPILED_*, `compiled_elementwise_bytes`)."""
+
+
+def eager_elementwise_bytes(model: ModelConfig, *, fused_norm: bool, recompute: bool) -> float:
+    """Bytes per token per block of the eager elementwise kernels (EAGER_REST_*, norms), forward
+    + backward, plus one more forward when the block's elementwise ops are recomputed (full AC;
+    torchtitan's op-level SAC saves matmul and SDPA outputs only, so it recomputes them too)."""
+    h, kv, f = model.dim, model.kv_dim, model.ffn_dim
+    norm_fwd, norm_tot = EAGER_BYTES_PER_TOKEN["fused_norms" if fused_norm else "norms"]
+    fwd = EAGER_REST_FWD[0] * h + EAGER_REST_FWD[1] * kv + EAGER_REST_FWD[2] * f + norm_fwd * h
+    tot = (
+        EAGER_REST_TOTAL[0] * h + EAGER_REST_TOTAL[1] * kv + EAGER_REST_TOTAL[2] * f + norm_tot * h
+    )
+    return tot + (fwd if recompute else 0.0)
+
+
+# ---- the fused kernels of a compiled torchtitan Llama block ---------------------------------
+
+COMPILED_FWD = (26.0, 4.0, 6.0)
+COMPILED_BWD = (38.0, 4.0, 10.0)
+COMPILED_RECOMPUTE = (20.0, 4.0, 2.0)
+COMPILED_V_REPEAT = (2.0, 2.0, 0.0)
+"""Bytes per token per block, as (per h, per kv, per f element), that Inductor's fused kernels
+still move in a torchtitan Llama block compiled per block (torchtitan parallelize_llama.py
+`apply_compile` at 9dec370: torch.compile(transformer_block, fullgraph=True), after AC and
+before FSDP), 16-bit activations (e = 2 B: 2 per element read, 2 per element written).
+Kernel boundaries: a fused kernel cannot fuse through a matmul (aten.mm, cuBLAS) or SDPA (the
+flash kernel), so each fused region between them reads from HBM every matmul / SDPA output it
+consumes and writes every matmul / SDPA input it produces; counted as a lower bound, one read
+of each input and one write of each output per region (per-token reductions in registers).
+Regions, from torchtitan/models/llama/model.py at 9dec370 (TransformerBlock.forward,
+Attention.forward, apply_rotary_emb, repeat_kv, FeedForward.forward; models/norms.py RMSNorm:
+_norm(x.float()).type_as(x) * weight, the fp32 upcast kept in registers):
+- forward: attention_norm, read x write xn (4h); RoPE on q and k with repeat_kv of k and v
+  (SDPA gets n_heads keys and values: the expand + reshape copy), read q (2h), k, v (2kv + 2kv)
+  and write q, k, v at n_heads (6h): 8h + 4kv; the residual add and ffn_norm, read x and wo's
+  output, write h1 and hn (8h); SiLU x gate, read w1's and w3's outputs, write the product
+  (6f); the block's residual add, read h1 and w2's output, write out (6h). 26h + 4kv + 6f.
+- backward: SiLU x gate backward, read dg, w1 and w3 outputs, write both gradients (10f);
+  each RMSNorm backward fused with its residual gradient, read the matmul gradients that sum
+  into dy (2 after the MLP, 3 after q/k/v), the norm's input and the residual gradient, write
+  dx (ffn_norm 10h, attention_norm 12h), and the weight gradient, a reduction over tokens
+  (another loop, its own kernel), read dy and the input (2 x 4h); the RoPE backward with
+  repeat_kv's sum over the repeated heads, read dq, dk, dv at n_heads (6h), write them at
+  q / kv width (2h + 4kv). 38h + 4kv + 10f.
+- recompute: under torchtitan's op-level SAC (`_save_list`: mm outputs but every second one,
+  SDPA) and full AC, the partitioner recomputes every elementwise op in the backward graph
+  (torch/_functorch/partitioners.py must_recompute: PREFER_RECOMPUTE and MUST_RECOMPUTE):
+  attention_norm again (4h: wk's recompute and the q/k/v weight gradients read xn), RoPE /
+  repeat_kv again (SDPA backward reads q, k, v: 8h + 4kv), the residual add and ffn_norm again
+  (h1, hn: 8h), and the SiLU x gate product for w2's weight gradient, fused into the SiLU
+  backward kernel that reads the same inputs (its write only: 2f). 20h + 4kv + 2f. Without
+  AC the forward's writes are saved instead (the lower bound: the partitioner saves no more).
+- COMPILED_V_REPEAT: with as many kv heads as query heads (kv = h) repeat_kv returns v itself
+  (no copy): its read and write (2h + 2kv) are not made, in each of forward, recompute and
+  backward (the sum of dv).
+Ignores: the RoPE table (a per-position read, 8 B per head-dim pair), the norms' fp32 rstd
+(a scalar per token), the norm weights, kernels Inductor might split further than this (a
+looped reduction reading its row twice at large h, a dy sum materialized for two
+consumers: the lower bound assumes not), the fp8 casts of the matmul inputs (charged apart:
+fp8_casts, torchao's `fuse_with_prev False` roofline, so the regions still write 16-bit
+outputs), the embedding, final norm and loss. Llama 3.1 8B under SAC: 614,400 B per token per
+block, against 2.54 MB eager (`eager_elementwise_bytes`, with its recompute). Each kernel is
+memory bound (a few FLOPs per byte): bytes / memory bandwidth."""
+
+
+def compiled_elementwise_bytes(model: ModelConfig, *, recompute: bool) -> float:
+    """Bytes per token per block of the fused elementwise kernels of a compiled torchtitan
+    Llama block (COMPILED_*), forward + backward, plus the recomputed regions under AC
+    (selective per-op or full: both recompute every elementwise op in the backward graph).
+    Source: torchtitan/models/llama/model.py and parallelisms/parallelize_llama.py (_save_list,
+    apply_compile) at 9dec370; torch/_functorch/partitioners.py must_recompute."""
+    h, kv, f = model.dim, model.kv_dim, model.ffn_dim
+    passes = 3.0 if recompute else 2.0  # forward, backward, and the recompute
+    parts = [COMPILED_FWD, COMPILED_BWD] + ([COMPILED_RECOMPUTE] if recompute else [])
+    total = sum(c[0] * h + c[1] * kv + c[2] * f for c in parts)
+    if kv >= h:  # no GQA: repeat_kv(v) is v itself
+        total -= passes * (COMPILED_V_REPEAT[0] * h + COMPILED_V_REPEAT[1] * kv)
+    return total
+
+
+# ---- eager elementwise kernels of llm-foundry's MPT block ------------------------------------
+
+MPT_EAGER_FWD = (20.0, 4.0)
+MPT_EAGER_BWD = (50.0, 6.0)
+"""Bytes per token an MPT block (llm-foundry, 16-bit stream under amp_bf16 with FSDP's bf16
+parameters) moves in its non-matmul, non-attention kernels, as (per h element, per ffn
+element), forward and backward. Counted from the source, one kernel per op, e = 2 B
+(mosaicml/llm-foundry at 061f2c7, the benchmark README's commit):
+- forward (llmfoundry/models/layers/blocks.py MPTBlock.forward): norm_1 and norm_2 are
+  LPLayerNorm (norm.py; submit_benchmarks.py mod_parameters sets norm_type
+  'low_precision_layernorm'): F.layer_norm on the 16-bit input, read x and write y, 2 x 4h;
+  the two residual adds x + b, read 2 x 2h and write 2h, 2 x 6h; MPTMLP's nn.GELU
+  (ffn.py, approximate='none') reads and writes f elements, 4f. resid_pdrop 0.0
+  (configuration_mpt.py) makes both nn.Dropout calls return their input. 20h + 4f.
+- backward: GELU backward reads dy and x and writes dx, 6f; each F.layer_norm backward reads
+  dy and x and writes dx (6h) and its weight/bias gradient kernel reads dy and x again (4h),
+  2 x 10h; each residual branch's dx is added to the skip path's gradient, read 4h and write
+  2h, 2 x 6h; attention.py splits the Wqkv output with qkv.split, whose backward concatenates
+  dq, dk, dv into one (b, s, 3h) gradient, read 6h and write 6h, 12h; the Triton flash
+  attention backward (layers/flash_attn_triton.py _flash_attn_backward) accumulates dq in an
+  fp32 buffer (dq_accum) and copies it into dq, read 4h and write 2h, 6h. 50h + 6f.
+Ignores: the per-token fp32 mean / rstd of the norms, the embedding and the final norm, the
+loss (flash-attn's fused cross-entropy, one kernel each way over the 16-bit logits), and the
+gradient-clipping and optimizer passes. Each kernel is memory bound (about 1 FLOP per byte), so
+it costs bytes / memory bandwidth: per FLOP it costs an H100 (3.35 TB/s for 989 TFLOP/s bf16)
+about 1.9 times what it costs an A100 (2.04 TB/s for 312 TFLOP/s)."""
+
+
+def mpt_eager_elementwise_bytes(model: ModelConfig, *, recompute: bool) -> float:
+    """Bytes per token per block of an MPT block's eager elementwise kernels (MPT_EAGER_*),
+    forward + backward, plus the forward again when the block is recomputed (llm-foundry's
+    activation checkpointing wraps whole MPTBlocks: modeling_mpt.py
+    activation_checkpointing_fn)."""
+    h, f = model.dim, model.ffn_dim
+    fwd = MPT_EAGER_FWD[0] * h + MPT_EAGER_FWD[1] * f
+    bwd = MPT_EAGER_BWD[0] * h + MPT_EAGER_BWD[1] * f
+    return fwd * (2.0 if recompute else 1.0) + bwd
+
+
+# ---- the fused kernels of a Megatron-Core block on Transformer Engine ------------------------
+
+MCORE_NORM = (4.0, 12.0)
+MCORE_RESIDUAL = (6.0, 0.0)
+MCORE_DROPOUT = (1.0, 5.0)
+MCORE_BIAS_GRAD = (0.0, 2.0)
+MCORE_ROPE = (4.0, 4.0)
+MCORE_Q_COPY = (4.0, 0.0)
+MCORE_V_COPY = (4.0, 0.0)
+MCORE_QKV_CAT = (0.0, 4.0)
+MCORE_GATED_ACT = (6.0, 10.0)
+MCORE_ACT = (4.0, 6.0)
+MCORE_FP8_NORM_OUT = 1.0
+"""Bytes per token per block, as (forward, backward) per element, that the non-GEMM,
+non-attention kernels of a Megatron-Core decoder layer built with Transformer Engine's spec
+move (megatron/core/models/gpt/gpt_layer_specs.py: TELayerNormColumnParallelLinear for QKV and
+fc1, TERowParallelLinear for proj and fc2, TEDotProductAttention), 16-bit activations (e = 2 B).
+Read at NVIDIA/Megatron-LM d98e8a6 and NVIDIA/TransformerEngine d0067d0; the fusion flags are
+Megatron-LM's defaults (megatron/training/arguments.py --no-bias-swiglu-fusion,
+--no-bias-gelu-fusion, --no-bias-dropout-fusion, --no-rope-fusion are store_false) and NeMo's
+(nemo/collections/llm/gpt/model/llama.py LlamaConfig / Llama3Config: bias_activation_fusion,
+bias_dropout_fusion, apply_rope_fusion True, hidden_dropout 0.0; the 2024 NeMo-Framework-
+Launcher configs of the NeMo H100 rows, launcher_scripts/conf/training/llama/llama3_8b.yaml:
+mcore_gpt, apply_rope_fusion and bias_activation_fusion true, hidden_dropout 0.0,
+bias_dropout_add_fusion false, whose unfused path, fused_bias_dropout.py
+bias_dropout_add_unfused, is with dropout 0 one eager add moving the same bytes; gpt3/
+175b_fp8_performance.yaml: hidden_dropout 0.1, bias_dropout_add_fusion True). Per element of
+the width named:
+- MCORE_NORM (per h, each of the two norms): the norm runs inside the next GEMM's module
+  (transformer_engine/pytorch/module/layernorm_linear.py _LayerNormLinear.forward:
+  apply_normalization reads the input and writes ln_out, which it saves for the wgrad GEMM
+  with the input, mu and rsigma): read 2, write 2. Backward (_LayerNormLinear.backward:
+  tex.rmsnorm_bwd / tex.layernorm_bwd) reads the dgrad GEMM's output and the saved input and
+  writes dx (6; gamma's gradient from per-block partial sums), and autograd sums dx into the
+  residual stream's gradient (the layer input feeds the norm and the bias-dropout-add's
+  residual: read 2 + 2, write 2): 12.
+- MCORE_FP8_NORM_OUT (per h, each norm): under fp8 the norm writes its output quantized
+  (`with_quantized_norm`: 1 B, not 2); the fp8 transpose of that output is charged in
+  fp8_casts.CAST_BYTES['transformer_engine'].normed_input, not here.
+- MCORE_RESIDUAL (per h, each of the two bias-dropout-adds): megatron/core/fusions/
+  fused_bias_dropout.py bias_dropout_add_fused_train (`jit_fuser`: torch.compile from torch
+  2.2, megatron/core/jit.py) reads the branch output and the residual and writes the sum, one
+  kernel (the bias broadcast is a per-channel read): 6. Its backward hands the output gradient
+  to both inputs (no kernel).
+- MCORE_DROPOUT (per h, each bias-dropout-add, hidden dropout > 0: the GPT-family recipes,
+  Recipe.dropout_masks): the 1-byte mask written (1); backward reads the gradient and the mask
+  and writes the branch's gradient (5).
+- MCORE_BIAS_GRAD (per h for each bias-dropout-add, per f for a GELU MLP's fc1, when the
+  linears have biases): the bias gradient is a reduction over tokens reading the 16-bit
+  gradient once (2).
+- MCORE_ROPE (per q and per kv element): megatron/core/models/common/embeddings/rope_utils.py
+  apply_rotary_pos_emb with apply_rope_fusion calls TE's FusedRoPEFunc
+  (transformer_engine/pytorch/attention/rope.py: tex.fused_rope_forward reads t, writes a new
+  tensor; tex.fused_rope_backward reads the gradient, writes a new one): 4 each way.
+- MCORE_Q_COPY (per q element, GQA only): megatron/core/transformer/attention.py
+  SelfAttention.get_query_key_value_tensors splits the fused QKV output per query group
+  (SplitAlongDim: views) and `query.reshape(s, b, -1, d)` cannot view a group's heads merged
+  across groups when a group holds more than one query head (the group stride is (q/g + 2)
+  heads): a copy, 4. Its backward is a view.
+- MCORE_V_COPY (per kv element, RoPE models): q and k come out of the RoPE kernel as new
+  tensors while v stays a strided slice of the QKV output; TE's get_qkv_layout
+  (transformer_engine/pytorch/attention/dot_product_attention/utils.py) finds k's and v's
+  strides unequal ('not_supported') and makes q, k, v contiguous: v is copied, 4.
+- MCORE_QKV_CAT (per q + 2 kv elements, RoPE models): the backward of SplitAlongDim
+  (transformer_engine/pytorch/utils.py SplitAlongDim.backward) concatenates dq, dk, dv into the
+  fused QKV gradient unless they already sit at their offsets of one buffer, which the RoPE
+  backward's new tensors do not: torch.cat, read 2, write 2. Without RoPE (GPT) q, k, v reach
+  the attention as the packed 'sbh3d' layout and come back as views of one gradient: neither
+  copy is made.
+- MCORE_GATED_ACT (per f): megatron/core/fusions/fused_bias_swiglu.py BiasSwiGLUFunction:
+  bias_swiglu reads the 2f-wide fc1 output and writes f (6); swiglu_back reads the gradient
+  (f) and the saved input (2f) and writes the 2f-wide gradient (10).
+- MCORE_ACT (per f): fused_bias_gelu.py GeLUFunction: bias_gelu reads y (the bias is a
+  per-channel read) and writes the output (4); bias_gelu_back reads g and y and writes the
+  gradient (6), which autograd also reduces into the bias gradient (MCORE_BIAS_GRAD).
+Recompute: full AC (megatron/core/transformer/transformer_block.py _checkpointed_forward)
+runs the forward again: the forward's bytes again. Selective AC ('core_attn') recomputes the
+attention core only: nothing here.
+Ignores: the RoPE frequency table and norm weights (per channel or per position), a gated
+MLP's fc1 bias gradient (BiasSwiGLUFunction's bias path, not read: Llama-style blocks have no
+biases), mu and
+rsigma (a scalar per token), the norm's gamma-gradient finalisation (per channel), the fp8
+casts of GEMM inputs and output gradients (fp8_casts), the sequence-parallel all-gather and
+reduce-scatter of the norm input and proj / fc2 output (communication terms), context
+parallelism's K/V exchange buffers, the embedding, final norm and loss, and any TE kernel
+fusing more than these (e.g. TE's fused QKV RoPE, `FusedQKVRoPEFunc`, newer than the
+published runs): a lower bound, one read per input and one write per output per kernel.
+Not the block it counts: NeMo 2's GPTConfig175B (nemo/collections/llm/gpt/model/base.py:
+use_transformer_engine_full_layer_spec, hidden_dropout 0.0) runs TE's own TransformerLayer,
+whose LayerNormMLP fuses the GELU with its fp8 cast; NeMo's Nemotron runs an unfused squared
+ReLU (nemo/collections/llm/gpt/model/nemotron.py); both are charged as this block.
+Llama 3 8B under fp8: 58h + 20kv + 16f = 487,424 B per token per block; Llama 2 7B (MHA)
+74h + 16f = 479,232 B. Each kernel is memory bound (a few FLOPs per byte): bytes / memory
+bandwidth."""
+
+
+def mcore_elementwise_bytes(
+    model: ModelConfig, *, fp8_norm_out: bool, dropout: bool, recompute: bool
+) -> float:
+    """Bytes per token per block of a Megatron-Core / Transformer Engine decoder layer's fused
+    non-GEMM, non-attention kernels (MCORE_*), forward + backward, plus the forward again
+    under full AC (`recompute`). fp8_norm_out: the norms write their output in fp8
+    (Transformer Engine's fp8 LayerNormLinear); dropout: hidden dropout is on (1-byte masks).
+    Source: megatron/core/transformer (transformer_layer.py, attention.py, mlp.py),
+    megatron/core/fusions (fused_bias_dropout.py, fused_bias_swiglu.py, fused_bias_gelu.py),
+    TransformerEngine module/layernorm_linear.py, attention/rope.py, utils.py SplitAlongDim."""
+    h, q, kv, f = model.dim, model.q_dim, model.kv_dim, model.ffn_dim
+    parts: list[tuple[tuple[float, float], float]] = [
+        (MCORE_NORM, 2.0 * h),
+        (MCORE_RESIDUAL, 2.0 * h),
+        (MCORE_GATED_ACT if model.gated_mlp else MCORE_ACT, float(f)),
+    ]
+    if dropout:
+        parts.append((MCORE_DROPOUT, 2.0 * h))
+    if model.bias:
+        parts.append((MCORE_BIAS_GRAD, 2.0 * h + (0.0 if model.gated_mlp else f)))
+    if model.position == "rope":
+        parts += [
+            (MCORE_ROPE, float(q + kv)),
+            (MCORE_V_COPY, float(kv)),
+            (MCORE_QKV_CAT, float(q + 2 * kv)),
+        ]
+        if kv < q:
+            parts.append((MCORE_Q_COPY, float(q)))
+    fwd = sum(c[0] * n for c, n in parts)
+    bwd = sum(c[1] * n for c, n in parts)
+    if fp8_norm_out:
+        fwd -= MCORE_FP8_NORM_OUT * 2.0 * h
+    return bwd + fwd * (2.0 if recompute else 1.0)
+
+
+def eager_elementwise_s(plan: PlanInput, recipe: Recipe | None) -> float:
+    """Seconds per token per block of a recipe's elementwise kernels (RoPE, SiLU, norms,
+    residual adds) over memory bandwidth: eager, eager_elementwise_bytes; under
+    torch.compile the fused kernels Inductor makes of them (torchtitan's per-block compile,
+    compiled_elementwise_bytes: Llama blocks only). 0 for a recipe that fuses them
+    (Recipe.eager_elementwise False), with a user-set efficiency (which stands for the whole
+    block), on CPU, and for models other than the block the bytes were counted on
+    (Recipe.eager_block: the dense RMSNorm Llama block, or llm-foundry's dense LayerNorm GELU
+    MPT block, mpt_eager_elementwise_bytes, not counted under compile); for
+    Megatron-Core on Transformer Engine (eager_block 'mcore') the fused kernels its layer runs
+    (mcore_elementwise_bytes, dense models)."""
+    model, hw = plan.model, plan.hardware
+    if (
+        recipe is None
+        or not recipe.eager_elementwise
+        or plan.efficiency > 0
+        or hw.is_cpu
+        or model.is_moe
+    ):
+        return 0.0
+    if recipe.eager_block == "mcore":
+        # Megatron-Core's Transformer Engine layer: its fused kernels (MCORE_*),
+        # the norms writing fp8 under TE's fp8, dropout masks where the recipe keeps them
+        fp8_out = fp8_cast_kernels(plan, recipe) == "transformer_engine"
+        dropout = recipe.dropout_masks and model.norm == "layernorm"
+        moved = mcore_elementwise_bytes(
+            model, fp8_norm_out=fp8_out, dropout=dropout, recompute=plan.ac == "full"
+        )
+        return moved / hw.memory_bw
+    if recipe.eager_block == "mpt":
+        # llm-foundry's MPT block: LayerNorm and a GELU MLP (MPT_EAGER_FWD)
+        if model.norm != "layernorm" or model.gated_mlp or plan.compile:
+            return 0.0
+        return mpt_eager_elementwise_bytes(model, recompute=plan.ac == "full") / hw.memory_bw
+    if model.norm != "rmsnorm":
+        return 0.0
+    if plan.compile:
+        return compiled_elementwise_bytes(model, recompute=plan.ac != "none") / hw.memory_bw
+    return (
+        eager_elementwise_bytes(model, fused_norm=plan.fused_norm, recompute=plan.ac != "none")
+        / hw.memory_bw
+    )

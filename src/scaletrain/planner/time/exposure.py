@@ -1,0 +1,145 @@
+"""Which communication of a step stays on the critical path: the families a run overlaps with
+compute (`run_overlap`), the compute of the busiest pipeline rank they can hide behind
+(`ComputeWindow`), and the seconds each family leaves exposed after overlap
+(`exposed_by_family`, summed by `_exposed`), which step_time.step_time adds to the step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..recipes.schema import DEFAULT_RECIPE, Recipe
+from ..types import PlanInput
+from .comm import allreduce_seconds, allreduce_time, axis_link, dp_allreduce_latency
+from .efficiency import COMM_OVERLAP
+
+__all__ = ["run_overlap", "ComputeWindow", "exposed_by_family"]
+
+
+def run_overlap(plan: PlanInput, recipe: Recipe | None) -> tuple[str, ...]:
+    """The communication families a plan's run overlaps with compute (`_exposed`): its
+    framework recipe's defaults (efficiency.COMM_OVERLAP) and those the run states
+    (`PlanInput.comm_overlap`, foreign recipes only: scaletrain's trainer overlaps its own).
+    A run whose pipeline sends are Megatron-LM 2021's blocking scatter/gather
+    (`PlanInput.pp_scatter_gather`) does not overlap them under the interleaved schedule."""
+    if recipe is None:
+        return ()
+    own = COMM_OVERLAP.get(recipe.name, ())
+    if recipe.name == DEFAULT_RECIPE:
+        return own
+    if plan.pp_scatter_gather:
+        own = tuple(f for f in own if f != "pp_p2p_interleaved")
+    return own + tuple(f for f in plan.comm_overlap if f not in own)
+
+
+@dataclass(kw_only=True, slots=True)
+class ComputeWindow:
+    """The compute of the busiest pipeline rank that communication can hide behind (`_exposed`).
+    Not frozen, as `step_time.StepTime`."""
+
+    microbatches: int
+    """Micro-batches per step (m)."""
+    forward_s: float
+    """One micro-batch's forward seconds."""
+    backward_s: float
+    """One micro-batch's backward seconds (with any recompute)."""
+    core_s: float
+    """The step's attention-core seconds (what the CP ring overlaps)."""
+    layers: int
+    """Blocks of the busiest rank (one FSDP unit each, + the root unit)."""
+
+
+def _exposed(
+    terms: dict[str, tuple[float, float]],
+    plan: PlanInput,
+    compute: ComputeWindow,
+    *,
+    stage_params: float,
+    gpus_per_node: int | None,
+    bucket_bytes: float = 25 * 2**20,
+    tree: bool = False,
+    overlap: tuple[str, ...] = (),
+) -> float:
+    """Communication seconds left on the critical path after overlap: the sum of
+    `exposed_by_family` (same arguments)."""
+    return sum(
+        exposed_by_family(
+            terms,
+            plan,
+            compute,
+            stage_params=stage_params,
+            gpus_per_node=gpus_per_node,
+            bucket_bytes=bucket_bytes,
+            tree=tree,
+            overlap=overlap,
+        ).values()
+    )
+
+
+def exposed_by_family(
+    terms: dict[str, tuple[float, float]],
+    plan: PlanInput,
+    compute: ComputeWindow,
+    *,
+    stage_params: float,
+    gpus_per_node: int | None,
+    bucket_bytes: float = 25 * 2**20,
+    tree: bool = False,
+    overlap: tuple[str, ...] = (),
+) -> dict[str, float]:
+    """Communication seconds left on the critical path after overlap, per family of `terms`
+    (FSDP's reduce-scatter is charged with the backward all-gather, under 'fsdp_all_gather').
+    bucket_bytes: the last gradient bucket, reduced after the backward ends (exposed);
+    tree: its latency term is NCCL's ring / tree model (comm.dp_allreduce_latency);
+    overlap: families the recipe's framework overlaps (efficiency.COMM_OVERLAP): 'tp' and
+    'pp_p2p' hide behind the step's compute, 'dp_param_gather' (the updated weights'
+    all-gather) behind the next step's forwards except one chunk, like the gradient reduce."""
+    L, hw = plan.layout, plan.hardware
+    m, layers = compute.microbatches, compute.layers
+    t_fwd, t_bwd, t_core = compute.forward_s, compute.backward_s, compute.core_s
+    out: dict[str, float] = {}
+    bucket = 0.0
+    if "dp_allreduce" in terms or "zero_reduce_scatter" in terms or "hsdp_allreduce" in terms:
+        link = axis_link(L, hw, "dp", gpus_per_node)
+        bw, lat, _ = link
+        n = L.dp * L.cp if L.zero else L.dp
+        size = min(bucket_bytes, stage_params * 4)
+        nn = max(n, 2)
+        if tree:
+            ring = 2 * (nn - 1) / nn * size / bw + dp_allreduce_latency(L, hw, gpus_per_node, nn)
+        else:
+            ring = allreduce_time(size, nn, bw, lat)
+        # an all-reduce (zero 0) may run as NVLink SHARP inside a node; ZeRO's last bucket is a
+        # reduce-scatter, priced as the ring's all-reduce here as before
+        bucket = allreduce_seconds(size, nn, link, hw, ring=ring) if not L.zero else ring
+    for name, (_, t) in terms.items():
+        if name in ("dp_allreduce", "hsdp_allreduce"):
+            out[name] = max(t - t_bwd, min(t, bucket))
+        elif name == "zero_reduce_scatter":
+            window = t_bwd if L.zero == 1 else m * t_bwd
+            out[name] = max(t - window, min(t, bucket))
+        elif name == "fsdp_all_gather":
+            per = t / (2 * m)
+            first = per / (layers + 1)  # the first unit's gather has nothing to hide behind
+            fwd = m * max(0.0, per - t_fwd) + first
+            bwd = m * max(0.0, per + terms["fsdp_reduce_scatter"][1] / m - t_bwd)
+            out[name] = fwd + bwd
+        elif name == "fsdp_reduce_scatter":
+            continue  # charged with the backward all-gather above
+        elif name == "cp_ring":
+            out[name] = max(0.0, t - t_core)
+        elif (
+            name in ("tp", "pp_p2p")
+            and name in overlap
+            or (
+                name == "pp_p2p"
+                and "pp_p2p_interleaved" in overlap
+                and L.pp_schedule == "interleaved"
+            )
+        ):
+            out[name] = max(0.0, t - m * (t_fwd + t_bwd))
+        elif name == "zero_all_gather" and L.zero == 1 and "dp_param_gather" in overlap:
+            out[name] = max(t - m * t_fwd, min(t, bucket))
+        else:  # zero_all_gather, tp, pp_p2p, ep_all_to_all: on the critical path
+            out[name] = t
+    return out
