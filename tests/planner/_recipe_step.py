@@ -1,8 +1,10 @@
-"""One plan's `StepTime` under a framework recipe, as `estimate` times it (the worst rank's
-parameters, the recipe's terms): shared by the recipe time tests."""
+"""Helpers shared by the planner's recipe and kernel-traffic tests: one plan's `StepTime` under a
+framework recipe, as `estimate` times it (the worst rank's parameters, the recipe's terms), and
+one Llama block of given widths."""
 
 from __future__ import annotations
 
+from scaletrain.config import ModelConfig
 from scaletrain.planner.memory.rank_terms import model_terms
 from scaletrain.planner.recipes.memory import recipe_worst_rank
 from scaletrain.planner.recipes.schema import Recipe
@@ -20,4 +22,20 @@ def recipe_step(plan: PlanInput, recipe: Recipe) -> StepTime:
         gpus_per_node=None,
         zero_bubble="h1",
         recipe=recipe,
+    )
+
+
+def one_llama_block(h: int, heads: int, kv_heads: int, f: int) -> ModelConfig:
+    """One RMSNorm / SwiGLU / RoPE block (no bias) of the given widths: the block the
+    elementwise-traffic tests recount by hand."""
+    return ModelConfig(
+        dim=h,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        ffn_dim=f,
+        num_layers=1,
+        norm="rmsnorm",
+        activation="swiglu",
+        position="rope",
+        bias=False,
     )

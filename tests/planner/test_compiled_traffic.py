@@ -8,10 +8,12 @@ import dataclasses
 
 import pytest
 
-from scaletrain.config import Layout, ModelConfig, hardware_preset, model_preset
+from scaletrain.config import Layout, hardware_preset, model_preset
 from scaletrain.planner.time.comm import CommInputs
 from scaletrain.planner.time.elementwise import compiled_elementwise_bytes
 from scaletrain.planner.time.fsdp_copies import fsdp2_copy_bytes
+
+from ._recipe_step import one_llama_block
 
 E = 2  # bytes of a 16-bit activation
 
@@ -55,19 +57,6 @@ def _recount(h: int, kv: int, f: int, recompute: bool) -> float:
     return E * sum(sum(r) + sum(w) for p in phases for r, w in regions[p])
 
 
-def _model(h: int, heads: int, kv_heads: int, f: int) -> ModelConfig:
-    return ModelConfig(
-        dim=h,
-        num_heads=heads,
-        num_kv_heads=kv_heads,
-        ffn_dim=f,
-        num_layers=1,
-        norm="rmsnorm",
-        activation="swiglu",
-        position="rope",
-    )
-
-
 @pytest.mark.parametrize("recompute", [False, True])
 @pytest.mark.parametrize("shape", [(4096, 32, 8, 14336), (768, 12, 4, 2048), (5120, 40, 40, 13824)])
 def test_compiled_elementwise_bytes_recounted(
@@ -75,7 +64,7 @@ def test_compiled_elementwise_bytes_recounted(
 ) -> None:
     """COMPILED_* against the region-by-region recount above, GQA (Llama 3.1 8B, a small GQA
     block) and MHA (Llama 2 13B: no copy of v)."""
-    m = _model(*shape)
+    m = one_llama_block(*shape)
     want = _recount(m.dim, m.kv_dim, m.ffn_dim, recompute)
     assert compiled_elementwise_bytes(m, recompute=recompute) == pytest.approx(want, rel=1e-12)
 

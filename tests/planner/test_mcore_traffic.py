@@ -12,6 +12,8 @@ from scaletrain.config import ModelConfig
 from scaletrain.planner.recipes.registry import RECIPES
 from scaletrain.planner.time.elementwise import mcore_elementwise_bytes
 
+from ._recipe_step import one_llama_block
+
 E = 2  # bytes of a 16-bit activation
 
 
@@ -76,20 +78,6 @@ def _recount(m: ModelConfig, *, fp8: bool, dropout: bool, recompute: bool) -> fl
     return bwd + fwd * (2 if recompute else 1)
 
 
-def _llama(h: int, heads: int, kv_heads: int, f: int) -> ModelConfig:
-    return ModelConfig(
-        dim=h,
-        num_heads=heads,
-        num_kv_heads=kv_heads,
-        ffn_dim=f,
-        num_layers=1,
-        norm="rmsnorm",
-        activation="swiglu",
-        position="rope",
-        bias=False,
-    )
-
-
 def _gpt(h: int, heads: int) -> ModelConfig:
     return ModelConfig(
         dim=h,
@@ -109,9 +97,9 @@ def _gpt(h: int, heads: int) -> ModelConfig:
 @pytest.mark.parametrize(
     "m",
     [
-        _llama(4096, 32, 8, 14336),  # Llama 3 8B (GQA)
-        _llama(4096, 32, 32, 11008),  # Llama 2 7B (MHA: no query copy)
-        _llama(768, 12, 4, 2048),
+        one_llama_block(4096, 32, 8, 14336),  # Llama 3 8B (GQA)
+        one_llama_block(4096, 32, 32, 11008),  # Llama 2 7B (MHA: no query copy)
+        one_llama_block(768, 12, 4, 2048),
     ],
 )
 def test_mcore_llama_bytes_recounted(m: ModelConfig, fp8: bool, recompute: bool) -> None:
@@ -132,10 +120,10 @@ def test_mcore_gpt_bytes_recounted(dropout: bool, recompute: bool) -> None:
 def test_mcore_bytes_worked_figures() -> None:
     """The docstring's figures: Llama 3 8B under fp8 58h + 20kv + 16f, Llama 2 7B 74h + 16f."""
     assert mcore_elementwise_bytes(
-        _llama(4096, 32, 8, 14336), fp8_norm_out=True, dropout=False, recompute=False
+        one_llama_block(4096, 32, 8, 14336), fp8_norm_out=True, dropout=False, recompute=False
     ) == (58 * 4096 + 20 * 1024 + 16 * 14336)
     assert mcore_elementwise_bytes(
-        _llama(4096, 32, 32, 11008), fp8_norm_out=True, dropout=False, recompute=False
+        one_llama_block(4096, 32, 32, 11008), fp8_norm_out=True, dropout=False, recompute=False
     ) == (74 * 4096 + 16 * 11008)
 
 
@@ -148,7 +136,7 @@ def test_megatron_and_nemo_charge_the_fused_kernels() -> None:
     from scaletrain.planner.types import PlanInput
 
     hw = hardware_preset("h100-sxm")
-    llama = _llama(4096, 32, 8, 14336)
+    llama = one_llama_block(4096, 32, 8, 14336)
     p = PlanInput(llama, hw, 8, Layout(dp=8, zero=1), 4096, 1, 8, "bf16", recipe="megatron")
     for name in ("megatron", "nemo"):
         r = RECIPES[name]
