@@ -190,7 +190,7 @@ COMM_OVERLAP: dict[str, tuple[str, ...]] = {
     # reduce-scatter), overlap_p2p_comm: True (interleaved pipeline sends beside compute),
     # optim.overlap_grad_sync / overlap_param_sync: true ("exposes only one DP communication
     # chunk", NeMo docs features/optimizations/communication_overlap.rst). The gradient
-    # reduce-scatter's overlap is every recipe's default already (exposure._exposed).
+    # reduce-scatter's overlap is every recipe's default already (exposure.exposed_by_family).
     "nemo": ("tp", "pp_p2p", "dp_param_gather"),
     # Megatron-LM's documented training configuration (recipes/defaults.py): the example
     # scripts (examples/llama/train_llama3_8b_h100_fp8.sh DDP_ARGS) pass --overlap-grad-reduce
@@ -214,5 +214,5 @@ STATED_OVERLAPS: dict[str, str] = {
     "forwards (Megatron-LM --overlap-param-gather)",
 }
 """Families a run may state it overlaps beyond its recipe's COMM_OVERLAP (`PlanInput.
-comm_overlap`; a published row's `layout.comm_overlap`): each is charged as exposure._exposed
-charges that family when a framework overlaps it by default."""
+comm_overlap`; a published row's `layout.comm_overlap`): each is charged as
+exposure.exposed_by_family charges that family when a framework overlaps it by default."""

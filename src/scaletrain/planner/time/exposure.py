@@ -1,7 +1,7 @@
 """Which communication of a step stays on the critical path: the families a run overlaps with
 compute (`run_overlap`), the compute of the busiest pipeline rank they can hide behind
 (`ComputeWindow`), and the seconds each family leaves exposed after overlap
-(`exposed_by_family`, summed by `_exposed`), which step_time.step_time adds to the step.
+(`exposed_by_family`, summed), which step_time.step_time adds to the step.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ __all__ = ["run_overlap", "ComputeWindow", "exposed_by_family"]
 
 
 def run_overlap(plan: PlanInput, recipe: Recipe | None) -> tuple[str, ...]:
-    """The communication families a plan's run overlaps with compute (`_exposed`): its
+    """The communication families a plan's run overlaps with compute (`exposed_by_family`): its
     framework recipe's defaults (efficiency.COMM_OVERLAP) and those the run states
     (`PlanInput.comm_overlap`, foreign recipes only: scaletrain's trainer overlaps its own).
     A run whose pipeline sends are Megatron-LM 2021's blocking scatter/gather
@@ -34,8 +34,8 @@ def run_overlap(plan: PlanInput, recipe: Recipe | None) -> tuple[str, ...]:
 
 @dataclass(kw_only=True, slots=True)
 class ComputeWindow:
-    """The compute of the busiest pipeline rank that communication can hide behind (`_exposed`).
-    Not frozen, as `step_time.StepTime`."""
+    """The compute of the busiest pipeline rank that communication can hide behind
+    (`exposed_by_family`). Not frozen, as `step_time.StepTime`."""
 
     microbatches: int
     """Micro-batches per step (m)."""
@@ -47,33 +47,6 @@ class ComputeWindow:
     """The step's attention-core seconds (what the CP ring overlaps)."""
     layers: int
     """Blocks of the busiest rank (one FSDP unit each, + the root unit)."""
-
-
-def _exposed(
-    terms: dict[str, tuple[float, float]],
-    plan: PlanInput,
-    compute: ComputeWindow,
-    *,
-    stage_params: float,
-    gpus_per_node: int | None,
-    bucket_bytes: float = 25 * 2**20,
-    tree: bool = False,
-    overlap: tuple[str, ...] = (),
-) -> float:
-    """Communication seconds left on the critical path after overlap: the sum of
-    `exposed_by_family` (same arguments)."""
-    return sum(
-        exposed_by_family(
-            terms,
-            plan,
-            compute,
-            stage_params=stage_params,
-            gpus_per_node=gpus_per_node,
-            bucket_bytes=bucket_bytes,
-            tree=tree,
-            overlap=overlap,
-        ).values()
-    )
 
 
 def exposed_by_family(

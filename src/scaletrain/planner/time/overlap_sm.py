@@ -33,7 +33,7 @@ Facts read (NVIDIA/nccl at 5067397, the newest snapshot):
   2024-09-05/06).
 
 Counts (`overlap_sm_seconds`): the overlapped seconds of each NCCL family (its time less what
-`exposure._exposed` leaves exposed) x its CTAs / the GPU's SMs: the compute those SMs would
+`exposure.exposed_by_family` leaves exposed) x its CTAs / the GPU's SMs: the compute those SMs would
 have done in that time, added to the step. Every recipe: the SMs are NCCL's whatever framework
 launches it (Megatron-LM's CUDA_DEVICE_MAX_CONNECTIONS=1 orders kernel launches, it does not
 change the CTAs).

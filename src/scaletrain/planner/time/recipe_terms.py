@@ -6,7 +6,7 @@ switched on by a `Recipe` field and read off the framework's source. Torch-free.
   BF16_Optimizer's all-reduce, `_BF16_OPTIMIZER_COMM`), and the all-reduce of a tied
   embedding's gradient across pipeline stages (Nanotron, DeepSpeed's BF16_Optimizer);
 - `recipe_exposed`: the exposed seconds of the families a framework runs its own way, which
-  step_time charges as given instead of exposure._exposed's rules;
+  step_time charges as given instead of exposure.exposed_by_family's rules;
 - `async_tp_terms` (Recipe.tp_comm 'async_linears'): tensor parallelism as Nanotron's
   REDUCE_SCATTER-mode linears with tp_linear_async_communication run it, the all-gathers its
   column linears hide behind their GEMMs and the reduce-scatters its row linears leave exposed.
@@ -292,15 +292,15 @@ def recipe_comm(
     gradients, then all-gather of the updated 16-bit weights (weight_bytes per parameter)
     instead of scaletrain's all-reduce + fp32 broadcast. ZeRO-3 under a recipe that gathers per
     module (Recipe.zero3_module_fetch, DeepSpeed): `zero3_fetch.zero3_module_fetch_terms` in
-    place of FSDP's families, charged in full by exposure._exposed. ZeRO-1 under a recipe that
-    all-reduces after the backward (Recipe.zero1_grad_sync, Nanotron): one all-reduce of the
-    whole fp32 gradient buffer, 2(n-1)/n of it per rank, one latency term (NCCL's ring /
-    tree model), in place of the bucketed reduce-scatter; the same under DeepSpeed's
+    place of FSDP's families, charged in full by exposure.exposed_by_family. ZeRO-1 under a
+    recipe that all-reduces after the backward (Recipe.zero1_grad_sync, Nanotron): one
+    all-reduce of the whole fp32 gradient buffer, 2(n-1)/n of it per rank, one latency term (NCCL's
+    ring / tree model), in place of the bucketed reduce-scatter; the same under DeepSpeed's
     BF16_Optimizer (`bf16_optimizer_runs`), whose all-reduce sends the buffer in bf16
     (`_BF16_OPTIMIZER_COMM`). A tied embedding and head on different pipeline stages under
     Recipe.tied_grad_sync 'allreduce_after_backward' (Nanotron) or BF16_Optimizer add
-    `pp_tied_allreduce` (`_tied_grad_term`). Ignores: overlap of the param all-gather with the
-    next forward (Megatron --overlap-param-gather): counted exposed."""
+    `pp_tied_allreduce` (`_tied_grad_term`). Ignores: overlap of the param all-gather with the next
+    forward (Megatron --overlap-param-gather): counted exposed."""
     L, hw = plan.layout, plan.hardware
     if L.zero >= 3 and recipe.zero3_module_fetch and "fsdp_all_gather" in terms:
         # DeepSpeed's per-module gathers and bucketed reduce-scatters, on the critical path
@@ -363,9 +363,10 @@ def _tied_grad_term(
     Recipe.grad_bytes (Nanotron's fp32 accumulation buffer) or 4 B under BF16_Optimizer (its
     fp32 _hp_grad, all-reduced as it is, no cast), over the pp axis's link (the two stages sit
     pp - 1 stages apart: a node apart unless the whole pipeline fits in one node);
-    exposure._exposed charges it whole (nothing runs beside it). Ignores: the norm weights the
-    same call sums over tp under sequence parallelism (reduce_op SUM on the tp-replicated
-    parameters: 2 x dim per block, microseconds), an untied model or pp = 1 (no group)."""
+    exposure.exposed_by_family charges it whole (nothing runs beside it). Ignores: the norm
+    weights the same call sums over tp under sequence parallelism (reduce_op SUM on the
+    tp-replicated parameters: 2 x dim per block, microseconds), an untied model or pp = 1 (no
+    group)."""
     L, model = plan.layout, plan.model
     syncs = recipe.tied_grad_sync == "allreduce_after_backward" or bf16_opt
     if not syncs or L.pp < 2 or not model.tie_embeddings:
@@ -391,8 +392,8 @@ def recipe_exposed(
     stretch: float = 1.0,
 ) -> dict[str, float]:
     """Exposed seconds of the families a recipe's framework runs its own way (`step_time`
-    charges them as given, exposure._exposed the rest); `comm` is updated in place where the recipe
-    also changes what moves.
+    charges them as given, exposure.exposed_by_family the rest); `comm` is updated in place
+    where the recipe also changes what moves.
     - tp under Recipe.tp_comm 'async_linears' with sequence parallelism, dense models:
       `async_tp_terms` (Nanotron's async REDUCE_SCATTER linears) replaces
       comm._tp_term's bytes and seconds, and its exposed share is charged;

@@ -1,6 +1,6 @@
 """The step-time model of `estimate`: compute per block and per stage (`_block_seconds`),
-collectives and their overlap (`comm_arguments`, `exposure._exposed`; a framework recipe's own
-families in recipe_terms.py), the pipeline
+collectives and their overlap (`comm_arguments`, `exposure.exposed_by_family`; a framework
+recipe's own families in recipe_terms.py), the pipeline
 bubble and the optimizer step (`_optimizer_time`), combined by `step_time` into a `StepTime`.
 """
 
@@ -719,16 +719,16 @@ def step_floor(
 ) -> float:
     """A lower bound of `step_time(...).step_s` without its communication model: the same sum
     with the exposed communication replaced by its activation-offload share, which
-    `exposure._exposed` charges whole (0 without activation offload). Why it is a lower bound, in
-    floats too: every family `exposure._exposed` charges is a non-negative number of seconds (a
-    max with 0, a min of two non-negative times, or the time itself), so its running sum is at
-    least each of its terms, and a recipe's own families (`recipe_terms.recipe_exposed`: tp,
-    dp_allreduce, never the activation offload) add non-negative seconds in front of it; step_s
-    adds compute, bubble,
-    exposed, the overlapped collectives' SM seconds (`overlap_sm.overlap_sm_seconds`, a sum of
-    non-negative products, left out here), optimizer and overhead in this same order, each
-    rounded addition increasing in its operands. The search times every layout that fits with
-    it and the full model only where the pick could read the step (`search.layouts`)."""
+    `exposure.exposed_by_family` charges whole (0 without activation offload). Why it is a
+    lower bound, in floats too: every family `exposure.exposed_by_family` charges is a
+    non-negative number of seconds (a max with 0, a min of two non-negative times, or the time
+    itself), so its running sum is at least each of its terms, and a recipe's own families
+    (`recipe_terms.recipe_exposed`: tp, dp_allreduce, never the activation offload) add non-negative
+    seconds in front of it; step_s adds compute, bubble, exposed, the overlapped collectives' SM
+    seconds (`overlap_sm.overlap_sm_seconds`, a sum of non-negative products, left out here),
+    optimizer and overhead in this same order, each rounded addition increasing in its operands. The
+    search times every layout that fits with it and the full model only where the pick could read
+    the step (`search.layouts`)."""
     side = _compute_side(
         plan, max_params, terms=terms, causal=causal, zero_bubble=zero_bubble, recipe=recipe
     )

@@ -28,7 +28,7 @@ per wrapped block, which `comm._fsdp_terms` prices:
   one per nn.Linear, slower than FSDP), and the DeepCompile benchmark of Llama-3-70B on 32
   H100 (DeepSpeedExamples benchmarks/deepcompile, the corpus rows ds-h100-llama3-70b-*): step
   time grows with the tokens at the compute rate from an intercept of the whole step's gather
-  and reduce-scatter time, so `exposure._exposed` charges these two families in full.
+  and reduce-scatter time, so `exposure.exposed_by_family` charges these two families in full.
 
 Counts: ring bandwidth terms ((n-1)/n x bytes / bw) of the 16-bit parameters twice and of the
 gradients once per micro-batch, and one (n-1) x alpha latency per collective: per partitioned
