@@ -689,7 +689,11 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(rows)
     md = markdown(rows, summary)
     print(summary_table(summary))
-    missing = "" if args.no_peer or _peer_installed() else "llm-analysis is not installed"
+    missing = (
+        "llm-analysis skipped (--no-peer)"
+        if args.no_peer
+        else ("" if _peer_installed() else "llm-analysis is not installed")
+    )
     if args.framework or args.corpus:
         missing = missing or "a subset or another corpus"
     write_results("planner_vs_published", {"summary": summary, "rows": rows}, md, missing=missing)
