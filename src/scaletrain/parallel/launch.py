@@ -98,7 +98,11 @@ def _worker(
     torch.set_num_threads(threads)
     out = Path(out_dir) / f"rank{rank}.pt"
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        # the group meets in a file of this spawn's own directory, not on MASTER_PORT: a port
+        # found free by the parent can be taken before rank 0 binds it (another process's
+        # ephemeral port, or a peer's connect retry that lands on its own source port)
+        store = dist.FileStore(str(Path(out_dir) / "store"), world_size)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
         result = fn(*args)
         torch.save({"ok": True, "result": result}, out)
     except BaseException as e:  # report every failure to the parent, then re-raise
