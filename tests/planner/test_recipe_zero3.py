@@ -59,7 +59,10 @@ def test_deepspeed_zero3_charges_its_gathers_and_reduce_scatters_in_full() -> No
     assert terms["zero3_param_gather"] == pytest.approx(gather)
     assert terms["zero3_grad_reduce_scatter"] == pytest.approx(reduce)
     assert t.comm_exposed_s == pytest.approx(gather + reduce)
-    assert t.step_s == pytest.approx(t.compute_s + gather + reduce + t.optimizer_s)
+    # + what ZeRO-3's hooks' host time adds beyond the device's (zero3_fetch.zero3_hook_host_s;
+    # 2 x 2048 tokens per GPU with full AC: host-bound; test_zero3_host_floor.py)
+    device = t.compute_s + gather + reduce + t.optimizer_s
+    assert t.step_s == pytest.approx(device + t.host_bound_s)
 
 
 def test_other_recipes_and_stages_keep_their_families() -> None:

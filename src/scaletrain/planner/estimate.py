@@ -202,6 +202,7 @@ def estimate(
         comm_total_s=sum(comm_s.values()),
         comm_terms=comm_s,
         overlap_sm_s=st.overlap_sm_s,
+        host_bound_s=st.host_bound_s,
     )
     notes = _notes(convention, st.efficiency, plan.precision, peak)
     if plan.calibration is not None and plan.efficiency <= 0:

@@ -274,6 +274,9 @@ class TimeBreakdown:
     """All communication time, overlapped or not."""
     overlap_sm_s: float = 0.0
     """Compute lost to the SMs the overlapped NCCL collectives hold (time.overlap_sm)."""
+    host_bound_s: float = 0.0
+    """What the host's issue time adds beyond the device-side terms (ZeRO-3's module hooks,
+    time.zero3_fetch.zero3_hook_host_s); in step_s."""
     comm_terms: dict[str, float] = field(default_factory=dict)
     """Seconds per collective family per step (e.g. 'dp_allreduce', 'tp_allgather')."""
 

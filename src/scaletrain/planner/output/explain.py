@@ -706,9 +706,16 @@ def _time_lines(
     add("-- 8. step")
     over = f" + calibrated overhead {t.overhead_s:.3f}" if t.overhead_s else ""
     sm = f" + NCCL SMs {t.overlap_sm_s:.3f}" if t.overlap_sm_s else ""
+    host = (
+        f" + host-bound {t.host_bound_s:.3f} (ZeRO-3's module hooks issue the step slower "
+        "than the device runs it: time.zero3_fetch.zero3_hook_host_s)"
+        if t.host_bound_s
+        else ""
+    )
     add(
         f"   step = compute {t.compute_s:.3f} + bubble {t.bubble_s:.3f} + exposed comm "
-        f"{t.comm_exposed_s:.3f}{sm} + optimizer {t.optimizer_s:.3f}{over} = {t.step_s:.3f} s"
+        f"{t.comm_exposed_s:.3f}{sm} + optimizer {t.optimizer_s:.3f}{over}{host} = "
+        f"{t.step_s:.3f} s"
     )
     add(
         f"   tokens/s (whole job) = {est.tokens_per_s:,.0f}; MFU = FLOPs/token x tokens/s / "

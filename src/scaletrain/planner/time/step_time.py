@@ -59,6 +59,7 @@ from .recipe_terms import (
     stage_param_tensors,
     zero1_gather_host_s,
 )
+from .zero3_fetch import zero3_hook_host_s
 
 __all__ = [
     "default_efficiency",
@@ -205,6 +206,9 @@ class StepTime:
     overlap_sm_s: float = 0.0
     """Compute lost to the SMs of the NCCL collectives overlapped with it
     (`overlap_sm.overlap_sm_seconds`); in step_s."""
+    host_bound_s: float = 0.0
+    """What the host's issue time adds beyond the device-side terms (ZeRO-3's module hooks,
+    `zero3_fetch.zero3_hook_host_s`, when they exceed them); in step_s."""
 
 
 def plan_efficiency(plan: PlanInput) -> float:
@@ -678,8 +682,20 @@ def step_time(
         )
     overhead = cal.step_overhead_s if cal is not None else 0.0
     compute_s, bubble_s = side.compute_s, side.bubble_s
+    device_s = compute_s + bubble_s + exposed + overlap_sm_s + optimizer_s + overhead
+    host_bound_s = 0.0
+    if (
+        foreign
+        and recipe is not None
+        and recipe.zero3_module_fetch
+        and L.zero == 3
+        and not plan.hardware.is_cpu
+    ):
+        # ZeRO-3's per-module hooks issue the step from the host: a floor under it
+        # (zero3_fetch.zero3_hook_host_s)
+        host_bound_s = max(0.0, zero3_hook_host_s(plan) - device_s)
     return StepTime(
-        step_s=compute_s + bubble_s + exposed + overlap_sm_s + optimizer_s + overhead,
+        step_s=device_s + host_bound_s,
         compute_s=compute_s,
         bubble_s=bubble_s,
         exposed_s=exposed,
@@ -688,6 +704,7 @@ def step_time(
         comm=comm,
         efficiency=side.efficiency,
         overlap_sm_s=overlap_sm_s,
+        host_bound_s=host_bound_s,
     )
 
 

@@ -34,7 +34,8 @@ Counts: ring bandwidth terms ((n-1)/n x bytes / bw) of the 16-bit parameters twi
 gradients once per micro-batch, and one (n-1) x alpha latency per collective: per partitioned
 module for the gathers, per reduce bucket for the reduce-scatters. Ignores: the copy of each
 gathered flat buffer into the parameter (AllGatherCoalescedHandle.wait's torch.cat) and the
-hooks' CPU time, hpZ / qwZ / qgZ (ZeRO++) and offload.
+hooks' CPU time (charged apart as a floor under the step, `zero3_hook_host_s`), hpZ / qwZ /
+qgZ (ZeRO++) and offload.
 """
 
 from __future__ import annotations
@@ -47,11 +48,57 @@ from ..recipes.schema import Recipe
 from ..types import PlanInput
 from .comm import axis_link
 
-__all__ = ["partitioned_modules", "zero3_module_fetch_terms", "PERSISTENCE_THRESHOLD"]
+__all__ = [
+    "partitioned_modules",
+    "zero3_module_fetch_terms",
+    "zero3_hook_host_s",
+    "PERSISTENCE_THRESHOLD",
+    "HOOK_HOST_S_PER_VISIT",
+]
 
 PERSISTENCE_THRESHOLD = 1e5
 """`stage3_param_persistence_threshold`'s default (deepspeed/runtime/zero/config.py): parameters
 with fewer elements stay whole on every rank and are never gathered."""
+
+
+HOOK_HOST_S_PER_VISIT = 0.1042 / (2 * 51)
+"""Host seconds ZeRO-3's runtime spends per partitioned module per pass (forward, backward or
+recompute), from a published run that isolates it: DeepSpeedExamples training/bf16_master_weight
+README.md (read at 516082c65853d48b50850a05782267f36bcdc170), '1-GPU Results', 'Baseline (fp32
+master)': 0.1042 s per step of train.py's 254M SimpleTransformerModel (12 blocks, hidden 1024,
+batch 4 x seq 512, ZeRO-3, bf16, one H100). On one GPU nothing crosses a link and the step's
+device work is about a tenth of that (6 x 254M x 2048 tokens = 3.1 TFLOP, a few ms at H100
+rates), so the step is the host's: DeepSpeed's hooks on every module (runtime/zero/
+parameter_offload.py DeepSpeedZeRoOffload._register_hooks_recursively: pre/post forward hooks
+and the backward hooks on module outputs; partitioned_param_coordinator.py
+PartitionedParameterCoordinator.fetch_sub_module / release_sub_module: trace bookkeeping,
+all_gather_coalesced launch, prefetch decisions, per call) and the per-parameter gradient hooks
+(stage3.py reduce_independent_p_g_buckets_and_remove_grads). Divided by that model's 2 x 51
+partitioned-module visits (`partitioned_modules`: 12 x 4 linears + token and position tables +
+head; forward and backward), it also carries the parameterless modules' hooks (GELU, the
+containers: 8 hooked modules per block of that model against 4 partitioned) and the ZeRO-3
+optimizer step's host work, in that model's proportion. The calibration row is in the corpus as
+ds-h100-simple-254m-zero3-1g (tuned on). A 2025 x86 host under DeepSpeed of 2025; older hosts and
+DeepSpeed versions (the 2021-22 V100 rows) are charged the same."""
+
+
+def zero3_hook_host_s(plan: PlanInput) -> float:
+    """Host seconds per step of ZeRO-3's module hooks (`HOOK_HOST_S_PER_VISIT` per partitioned
+    module per pass): the forward and the backward visit every partitioned module once per
+    micro-batch, full activation checkpointing's recompute visits the blocks' modules once more
+    (its forward hooks fetch again). The step cannot be shorter: the device runs no kernel before
+    the host issues it. `step_time` takes this as a floor under the device-side step (max, not
+    sum: the hooks do not synchronize the device, so the host runs ahead while the device is the
+    slower; runs with thousands of tokens per GPU stay device-bound and unchanged). Counts
+    partitioned modules (`partitioned_modules`) at the default persistence threshold; ignores
+    which hooked modules an implementation adds beyond those (folded into the constant in the
+    calibration model's proportion) and the host CPU's speed."""
+    model = plan.model
+    m = max(1, plan.grad_accum)
+    blocks = partitioned_modules(model, model.num_layers, embedding=False, head=False)
+    ends = partitioned_modules(model, model.num_layers, embedding=True, head=True) - blocks
+    block_passes = 3 if plan.ac == "full" else 2
+    return m * (block_passes * blocks + 2 * ends) * HOOK_HOST_S_PER_VISIT
 
 
 def partitioned_modules(model: ModelConfig, layers: int, *, embedding: bool, head: bool) -> int:
