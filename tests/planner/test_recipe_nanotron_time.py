@@ -19,7 +19,12 @@ from scaletrain.planner.recipes.schema import Recipe
 from scaletrain.planner.recipes.stages import recipe_stage_layers
 from scaletrain.planner.time.comm import NVLS_LATENCY_S, allreduce_time, axis_link, gather_time
 from scaletrain.planner.time.efficiency import allreduce_latency
-from scaletrain.planner.time.recipe_terms import COPY_CALL_S, VIEW_CALL_S, async_tp_terms
+from scaletrain.planner.time.recipe_terms import (
+    COPY_CALL_S,
+    CXX_OP_S,
+    VIEW_CALL_S,
+    async_tp_terms,
+)
 from scaletrain.planner.time.step_time import plan_efficiency
 from scaletrain.planner.types import PlanInput
 
@@ -258,10 +263,24 @@ def test_async_linears_keep_two_gather_buffers() -> None:
     assert meg.buffer_terms["tp_all_gather"] == pytest.approx(2 * T * h)
 
 
+def _gather_host(n: int, tensors: int) -> float:
+    """ZeRO-1's gather on the host by hand (recipe_terms.zero1_gather_host_s): Python slices of
+    the n output lists and the input list, a copy_ back per (dp rank, tensor), ATen's flatten
+    (one view per tensor of each of the n + 1 lists, one cat each) and unflatten (narrow + view
+    per tensor of each of the n gathered buffers)."""
+    return (
+        (n + 1) * tensors * VIEW_CALL_S
+        + n * tensors * COPY_CALL_S
+        + (n + 1 + 2 * n) * tensors * CXX_OP_S
+        + (n + 1) * COPY_CALL_S
+    )
+
+
 def test_zero1_gather_host_copies_by_hand() -> None:
-    """_all_gather_params slices every parameter per dp rank and update_output copies each
-    slice back: dp x tensors (view + copy_) host calls, charged beyond the GPU work queued
-    after the backward (the fp32 all-reduce, the gather, the optimizer), inside optimizer_s."""
+    """_all_gather_params slices every parameter per dp rank, all_gather_coalesced flattens
+    and unflattens every dp rank's list and update_output copies each slice back, charged
+    beyond the GPU work queued after the backward (the fp32 all-reduce, the gather, the
+    optimizer), inside optimizer_s."""
     r = recipe_named("nanotron")
     bare = _without(r, zero1_gather_host_copies=False)
     tensors = 6 * TINY.num_layers + 2  # tied: embedding + final norm
@@ -269,7 +288,7 @@ def test_zero1_gather_host_copies_by_hand() -> None:
         p = _plan(Layout(dp=dp, zero=1), mb=1, gb=dp)
         ref = recipe_step(p, bare)
         hidden = ref.comm["dp_allreduce"][1] + ref.comm["zero_all_gather"][1] + ref.optimizer_s
-        host = dp * tensors * (VIEW_CALL_S + COPY_CALL_S)
+        host = _gather_host(dp, tensors)
         got = recipe_step(p, r).optimizer_s - ref.optimizer_s
         assert got == pytest.approx(max(0.0, host - hidden))
     assert got > 0  # at dp 64 the host's 64 x 26 pairs outlast the tiny model's tail
@@ -285,6 +304,23 @@ def test_zero1_gather_host_copies_by_hand() -> None:
         if k in ref.comm
     )
     layers = max(recipe_stage_layers(q, r))  # nanotron's compute-cost split: 3 + 1
-    host = 64 * (6 * layers + 2) * (VIEW_CALL_S + COPY_CALL_S)
+    host = _gather_host(64, 6 * layers + 2)
     got = recipe_step(q, r).optimizer_s - ref.optimizer_s
     assert got == pytest.approx(max(0.0, host - hidden - ref.optimizer_s))
+
+
+def test_zero1_gather_counts_aten_flatten_and_unflatten() -> None:
+    """ATen's flatten_dense_tensors makes one view per tensor of each list (n outputs + the
+    input) and unflatten_dense_tensors a narrow and a view per tensor of each gathered buffer:
+    3n + 1 C++ ops per parameter tensor beyond the Python slices and copies, each the C++ half
+    of a simple eager op (issue #41383)."""
+    half_view = VIEW_CALL_S / 2
+    assert half_view == pytest.approx(CXX_OP_S)
+    n, tensors = 128, 50
+    python_only = n * tensors * (VIEW_CALL_S + COPY_CALL_S)
+    extra = _gather_host(n, tensors) - python_only
+    assert extra == pytest.approx(
+        tensors * VIEW_CALL_S + (3 * n + 1) * tensors * CXX_OP_S + (n + 1) * COPY_CALL_S
+    )
+    # at dp 128 the flatten and unflatten views are a quarter of the host's time
+    assert 0.2 < extra / _gather_host(n, tensors) < 0.25

@@ -499,9 +499,9 @@ def _recipe_mechanisms(est: Estimate, r: Recipe) -> str:
         )
     if r.zero1_gather_host_copies and L.zero == 1 and L.dp > 1:
         out += (
-            f"\n   [{r.name}] ZeRO-1 gather on the host: dp x parameter tensors slices and "
-            f"copy_ calls, beyond the GPU work queued after the backward, with the optimizer "
-            f"step (time.recipe_terms.zero1_gather_host_s)"
+            f"\n   [{r.name}] ZeRO-1 gather on the host: dp x parameter tensors slices, "
+            f"flatten / unflatten views and copy_ calls, beyond the GPU work queued after the "
+            f"backward, with the optimizer step (time.recipe_terms.zero1_gather_host_s)"
         )
     if r.optimizer_pass_bytes:
         out += (

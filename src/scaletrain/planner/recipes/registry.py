@@ -459,9 +459,11 @@ RECIPES: dict[str, Recipe] = {
             "zero1_gather_host_copies": "src/nanotron/optim/zero.py ZeroDistributedOptimizer."
             "_all_gather_params builds output_tensor_lists with one tensor[slice(...)] per "
             "(parameter, dp rank) in a Python comprehension; src/nanotron/distributed.py "
-            "all_gather_coalesced then runs update_output: for every dp rank's gathered buffer, "
-            "original_buffer.copy_(gathered_buffer) per parameter, one Python call and one "
-            "kernel launch each (time/recipe_terms.py zero1_gather_host_s)",
+            "all_gather_coalesced flattens each dp rank's list (torch._utils."
+            "_flatten_dense_tensors: a view per tensor, one cat) and then runs update_output: "
+            "for every dp rank's gathered buffer, _unflatten_dense_tensors (a narrow and a view "
+            "per tensor) and original_buffer.copy_(gathered_buffer) per parameter, one Python "
+            "call and one kernel launch each (time/recipe_terms.py zero1_gather_host_s)",
             "loss_casts_logits": "src/nanotron/models/llama.py LlamaModel.cast_to_fp32 (a "
             "PipelineBlock running x.float()) feeds Loss.forward -> parallel/tensor_parallel/"
             "functional.py _ShardedCrossEntropy.forward: sharded_logits - logits_max is a new "

@@ -202,7 +202,8 @@ class Recipe:
     zero1_gather_host_copies: bool = False
     """ZeRO-1's all-gather of the updated weights is assembled on the host one (dp rank,
     parameter tensor) pair at a time: a Python slice of each parameter per dp rank before the
-    collective and a copy_ back into it per dp rank after (time.recipe_terms.
+    collective, each dp rank's list flattened and its gathered buffer unflattened (a view per
+    tensor in ATen) and a copy_ back into it per dp rank after (time.recipe_terms.
     zero1_gather_host_s), dp x the rank's parameter tensors small ops a step."""
     bf16_optimizer: bool = False
     """Under bf16 at ZeRO-1 (no optimizer offload) the framework runs DeepSpeed's

@@ -54,6 +54,7 @@ __all__ = [
     "stage_param_tensors",
     "zero1_gather_host_s",
     "COPY_CALL_S",
+    "CXX_OP_S",
     "VIEW_CALL_S",
 ]
 
@@ -70,6 +71,12 @@ VIEW_CALL_S = 2e-6
 """Host seconds of one simple eager tensor op that launches no kernel (a slice view):
 pytorch/pytorch issue #41383 (2020-07-14), ngimel: 'benchmarking x*x with
 requires_grad=False is approx 2 us. Approx half of it is python parsing overhead'."""
+
+CXX_OP_S = VIEW_CALL_S / 2
+"""Host seconds of one tensor op issued from C++ (no Python frame to parse): the half of
+VIEW_CALL_S that ngimel's 'approx half of it is python parsing overhead' (pytorch/pytorch
+issue #41383) leaves to the dispatcher and the op itself. Charged for the views ATen's
+flatten_dense_tensors / unflatten_dense_tensors make per tensor (`zero1_gather_host_s`)."""
 
 
 _BF16_OPTIMIZER_COMM = (
@@ -252,29 +259,43 @@ def stage_param_tensors(plan: PlanInput, layers: int) -> int:
 
 def zero1_gather_host_s(plan: PlanInput, recipe: Recipe, *, tensors: int, hidden_s: float) -> float:
     """Host seconds of ZeRO-1's weight all-gather that the GPU does not hide, under
-    Recipe.zero1_gather_host_copies (Nanotron c252843): ZeroDistributedOptimizer.step ->
-    _all_gather_params slices every parameter once per dp rank in a Python comprehension
-    (output_tensor_lists: `tensor[slice(...)]` per (parameter, dp rank)), and
-    distributed.all_gather_coalesced's update_output copies every gathered slice back with its
-    own `original_buffer.copy_(gathered_buffer)`, per dp rank and parameter: n x `tensors`
-    views (VIEW_CALL_S) and n x `tensors` copies (COPY_CALL_S), n the ZeRO group (dp x cp).
+    Recipe.zero1_gather_host_copies (Nanotron c252843), n the ZeRO group (dp x cp), T =
+    `tensors` the rank's parameter tensors:
+    - optim/zero.py ZeroDistributedOptimizer._all_gather_params builds output_tensor_lists with
+      one `tensor[slice(...)]` per (parameter, dp rank) and input_tensor_list with one per
+      parameter, in Python comprehensions: (n + 1) x T views (VIEW_CALL_S);
+    - src/nanotron/distributed.py all_gather_coalesced flattens the input list and each dp
+      rank's output list with torch._utils._flatten_dense_tensors (torch._C._nn.
+      flatten_dense_tensors: ATen's flatten_dense_tensors, `t.contiguous().view({-1})` per
+      tensor, then one at::cat): (n + 1) x T views from C++ (CXX_OP_S) and n + 1 cat calls
+      (COPY_CALL_S: a Python call and a kernel launch each);
+    - its update_output unflattens every dp rank's gathered buffer
+      (torch._utils._unflatten_dense_tensors -> ATen's unflatten_dense_tensors,
+      `flat.narrow(0, offset, numel).view(tensor.sizes())` per tensor: 2 n x T views from C++,
+      CXX_OP_S) and copies each slice back with its own `original_buffer.copy_(gathered_buffer)`:
+      n x T copies (COPY_CALL_S).
+    ATen's flatten / unflatten read at pytorch/pytorch torch/csrc/utils/tensor_flatten.h
+    (115c8d5) and aten/src/ATen/native/TensorShape.cpp (at::native, same per-tensor ops).
     The GPU runs the work the host launched after the backward (`hidden_s`: the gradient
     all-reduce, the tied sync, the optimizer and its passes, the gather itself) while the host
     builds the lists and launches the copies, so max(0, host - hidden_s) is charged.
     Counts: the host ops that grow with dp x tensors. Ignores: the host's lead over the GPU
     when the backward ends (hides more), the tail's other host work (clip_grad_norm's two
-    launches and FP32GradientAccumulator.step's copy per parameter, the C++ flatten and
-    unflatten of each dp rank's list: exposes more), empty slices' cheaper copies, and any
-    difference between the runs' host CPU and the issue's. 0 unless the recipe says so, at
-    ZeRO-1 with n > 1."""
+    launches per parameter and FP32GradientAccumulator.step's copy per parameter, the Python
+    loops' own iteration, all_gather_coalesced's device and dtype asserts on each of the n x T
+    outputs: expose more), empty slices' cheaper copies, and any difference between the runs'
+    host CPU and the issues'. 0 unless the recipe says so, at ZeRO-1 with n > 1."""
     L = plan.layout
     n = L.dp * L.cp
     if L.zero:
         n = max(1, n // max(1, L.dp_replicate))
     if not recipe.zero1_gather_host_copies or L.zero != 1 or n <= 1 or plan.hardware.is_cpu:
         return 0.0
-    host = n * tensors * (VIEW_CALL_S + COPY_CALL_S)
-    return max(0.0, host - hidden_s)
+    py_views = (n + 1) * tensors * VIEW_CALL_S  # the output lists' and the input's slices
+    copies = n * tensors * COPY_CALL_S  # update_output's copy_ per (dp rank, tensor)
+    cxx_views = ((n + 1) * tensors + 2 * n * tensors) * CXX_OP_S  # flatten + unflatten views
+    cats = (n + 1) * COPY_CALL_S  # one at::cat per flattened list
+    return max(0.0, py_views + copies + cxx_views + cats - hidden_s)
 
 
 def recipe_comm(
