@@ -358,10 +358,11 @@ def _recipe_time(est: Estimate) -> list[str]:
     from ..time.efficiency import COMM_OVERLAP, STATED_OVERLAPS
 
     kernel = attention_kernel(r.name, r.attention, p.model.attention)
-    from ..time.attention_core import attention_ceiling
+    from ..time.attention_core import attention_ceiling, triton_flash1_rates
 
     why = {
         "flash2": f"ceiling: {attention_ceiling(hw)[1]}",
+        "triton_flash1": f"ceiling: {triton_flash1_rates(hw)[2]}",
         "fused": "Transformer Engine, at the matmul rate",
         "naive": "full s x s + score traffic: attention_core.NAIVE_SCORE_BYTES",
     }[kernel]

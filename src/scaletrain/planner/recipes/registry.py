@@ -624,7 +624,8 @@ RECIPES["llm-foundry"] = Recipe(
         "pp_schedules": "llm-foundry has no pipeline, tensor or context parallelism at this "
         "commit (Composer's FSDP over data parallel ranks only)",
         "attention": f"{_FOUNDRY} layers/attention.py triton_flash_attn_fn "
-        "(flash_attn_triton.py: no s x s scores kept); the time model's 'flash2' kernel",
+        "(flash_attn_triton.py: no s x s scores kept); the time model's 'triton_flash1' kernel "
+        "(time/attention_core.py triton_flash1_rates: FlashAttention-1's published rate)",
         "fragmentation": ALLOCATOR_SOURCE,
         "cuda_context_bytes": RUNTIME_CONTEXT_SOURCE,
     },

@@ -5,7 +5,8 @@ What every recipe uses (step_time.step_time): the attention core as its kernel r
 (`attention_seconds_per_token`): FlashAttention-2 (torch SDPA, flash-attn 2) at most at the
 device's attention ceiling (`attention_ceiling`: its own measured figure, or
 FLASH2_HOPPER_EFFICIENCY of peak on Hopper), cuDNN fused attention (Megatron-Core, NeMo) at the
-device's measured cuDNN table where it has one (`fused_attention_rates`), a materialized
+device's measured cuDNN table where it has one (`fused_attention_rates`), llm-foundry's Triton
+flash attention at FlashAttention-1's published rate (`triton_flash1_rates`), a materialized
 core (Megatron-DeepSpeed) at the matmul rate on its full s x s block plus its softmax /
 dropout score traffic over memory bandwidth (NAIVE_SCORE_BYTES).
 """
@@ -27,6 +28,9 @@ __all__ = [
     "fused_attention_rates",
     "attention_backward_ceiling",
     "FLASH2_HOPPER_BACKWARD_EFFICIENCY",
+    "FLASH1_AMPERE_EFFICIENCY",
+    "FLASH2_OVER_FLASH1",
+    "triton_flash1_rates",
     "kernel_ceilings",
     "AttentionCore",
     "attention_seconds_per_token",
@@ -38,9 +42,9 @@ FLASH2_HOPPER_EFFICIENCY = 0.35
 utilization on H100 GPUs" (FA2 is written for Ampere's mma.sync and uses neither Hopper's
 wgmma nor TMA). torch's SDPA flash backend is FlashAttention-2 (torch docs,
 torch.nn.functional.scaled_dot_product_attention), so torch-native frameworks (scaletrain,
-torchtitan) and flash-attn 2 users (Nanotron) run it; llm-foundry's MPT benchmarks ran its
-Triton flash attention (attn_impl 'triton'), for which no H100 figure was found: it takes this
-one. On A100, FA2 reaches
+torchtitan) and flash-attn 2 users (Nanotron) run it; llm-foundry's MPT benchmarks ran their
+Triton flash attention (attn_impl 'triton'), a FlashAttention-1-class kernel
+(`triton_flash1_rates`). On A100, FA2 reaches
 50-73% of peak forward and up to 63% backward (Dao 2023, arXiv 2307.08691, abstract and §4.1),
 no lower than the planner's matmul efficiency: there the attention keeps the matmul rate.
 The forward's rate: the FA2 bars of the same paper's two forward-pass figures at head dim 128
@@ -81,6 +85,66 @@ memory bound (about 1 FLOP per byte, far below every GPU's ridge point), so they
 memory bandwidth on top of the core's matmuls."""
 
 
+FLASH1_AMPERE_EFFICIENCY = 124.0 / 312.0
+"""Fraction of the bf16 peak FlashAttention-1 reaches on an A100 (sm80): "up to 124 TFLOPs/s on
+A100 GPU", the top of its "25-40% of the theoretical maximum FLOPs/s" (Tri Dao's FlashAttention-2
+release post, 2023-07-17, read through a mirror of its blog/2023-07-17-flash2 page; the
+FlashAttention-2 paper's abstract, arXiv 2307.08691, gives the same 25-40%), over the A100's
+312 TFLOP/s dense bf16 peak: 39.7%. The kernel it stands for is llm-foundry's Triton flash
+attention (`triton_flash1_rates`), whose own header (mosaicml/llm-foundry at 061f2c7, the MPT
+benchmark README's commit, llmfoundry/models/layers/flash_attn_triton.py, copied from
+HazyResearch/flash-attention eff9fe6 flash_attn/flash_attn_triton.py onto triton_pre_mlir) says:
+its forward is generally faster and its backward generally slower than the CUDA FlashAttention
+(1), forward + backward "slightly slower"; tested only on A100. So the figure is an upper bound
+on that kernel's rate. One figure for both passes: the source does not split them."""
+
+FLASH2_OVER_FLASH1 = 230.0 / 124.0
+"""FlashAttention-2's speed over FlashAttention-1's on the same A100: the release post's two
+maxima, "up to 230 TFLOPs/s" against "up to 124 TFLOPs/s" (1.85; the paper's abstract: "around
+2x speedup compared to FlashAttention"). Used to carry a device's FA2 figure to the
+FlashAttention-1-class Triton kernel where no FA1 figure was published for the device (H100):
+an assumption that the two keep their A100 ratio there (neither FA1 nor this kernel has a
+published H100 figure that was found; FA2 itself uses none of Hopper's new instructions, see
+FLASH2_HOPPER_EFFICIENCY)."""
+
+
+def triton_flash1_rates(hardware: HardwareSpec) -> tuple[float, float, str]:
+    """(forward FLOP/s, backward FLOP/s, where from) of llm-foundry's Triton flash attention
+    (`attention_kernel` 'triton_flash1'; 0 = no figure, the matmul rate), taken as rates of the
+    FLOPs the planner counts (causal half, backward 2.5 x forward: flops.FLASH_BACKWARD_FACTOR,
+    the convention of flash-attn's benchmarks/benchmark_flash_attention.py `flops`; the post
+    does not state its figure's mask or pass):
+    - an sm80 part (A100): FLASH1_AMPERE_EFFICIENCY of its bf16 peak, both passes;
+    - a part with an FA2 figure (`attention_ceiling` / `attention_backward_ceiling`: Hopper's
+      FLASH2_HOPPER_*, a device's own `attention_bf16`): that figure / FLASH2_OVER_FLASH1;
+    - else none.
+    Ignores: head dims other than 64 / 128 (the kernel's tested ones), sequence length (the
+    published figures are maxima), the Triton compiler version (triton_pre_mlir)."""
+    cap = hardware.arch.capability
+    if cap is not None and tuple(cap) == (8, 0) and "bf16" in hardware.peak_flops:
+        rate = hardware.flops("bf16") * FLASH1_AMPERE_EFFICIENCY
+        return (
+            rate,
+            rate,
+            (
+                "FlashAttention-1's published A100 figure, up to 124 TFLOP/s (FlashAttention-2 "
+                "release post), an upper bound for the Triton kernel"
+            ),
+        )
+    fwd, _ = attention_ceiling(hardware)
+    bwd = attention_backward_ceiling(hardware)
+    if fwd > 0:
+        return (
+            fwd / FLASH2_OVER_FLASH1,
+            (bwd or fwd) / FLASH2_OVER_FLASH1,
+            (
+                "this device's FlashAttention-2 figure / 1.85 (FA2 over FA1 on A100, "
+                "FlashAttention-2 release post)"
+            ),
+        )
+    return 0.0, 0.0, "no published figure for this device: the matmul rate"
+
+
 def attention_kernel(recipe: str, recipe_attention: str, model_attention: str) -> str:
     """The kernel family that runs the attention core: 'naive' (materialized s x s scores:
     Megatron-DeepSpeed's default core attention, recipe.attention == 'naive', or a model
@@ -88,9 +152,15 @@ def attention_kernel(recipe: str, recipe_attention: str, model_attention: str) -
     NeMo runs too; cuDNN fused attention on Hopper: no published shortfall against the matmul
     rate, kept at it; on a device with a measured cuDNN table, the B200, at that table's rates:
     `fused_attention_rates`) or
-    'flash2' (torch SDPA's flash backend / flash-attn 2: every other recipe)."""
+    'triton_flash1' (llm-foundry: the MPT benchmarks' attn_impl 'triton', scripts/train/
+    benchmarking/submit_benchmarks.py --attn_impl default at 061f2c7, layers/attention.py
+    triton_flash_attn_fn over flash_attn_triton.py, a FlashAttention-1-class kernel:
+    `triton_flash1_rates`) or 'flash2' (torch SDPA's flash backend / flash-attn 2: every other
+    recipe)."""
     if recipe_attention == "naive" or model_attention == "naive":
         return "naive"
+    if recipe == "llm-foundry":
+        return "triton_flash1"
     return "fused" if recipe in ("megatron", "nemo") else "flash2"
 
 
@@ -258,7 +328,8 @@ def attention_seconds_per_token(
       at most at the device's attention ceiling (`attention_ceiling`: its own measured figure,
       or on Hopper FLASH2_HOPPER_EFFICIENCY of peak), its backward at most at
       `attention_backward_ceiling` (on Hopper FLASH2_HOPPER_BACKWARD_EFFICIENCY), each at most
-      at the matmul rate. cuDNN fused
+      at the matmul rate; llm-foundry's Triton kernel ('triton_flash1') at
+      `triton_flash1_rates`, at most at the matmul rate. cuDNN fused
       attention ('fused') runs its forward and backward at the device's measured cuDNN rates
       for the call's sequence length where the preset has them (`fused_attention_rates`: the
       B200's), at most at the matmul rate; else at the matmul rate.
@@ -283,6 +354,10 @@ def attention_seconds_per_token(
             ceiling, _ = attention_ceiling(hardware)
             fwd = ceiling if ceiling > 0 else fwd
             bwd = attention_backward_ceiling(hardware) or bwd
+        elif kernel == "triton_flash1" and kernel_efficiency:
+            # llm-foundry's Triton kernel at FlashAttention-1's published rate
+            f1, b1, _ = triton_flash1_rates(hardware)
+            fwd, bwd = f1 or fwd, b1 or bwd
         fwd, bwd = min(fwd, bf16_rate), min(bwd, bf16_rate)
         return core_flops * ((1.0 + rc) / fwd + FLASH_BACKWARD_FACTOR / bwd)
     fwd_b, bwd_b, drop_b = NAIVE_SCORE_BYTES["scaletrain" if recipe == "scaletrain" else "megatron"]
