@@ -96,3 +96,19 @@ def test_ep_strided_by_tp_counts_its_ranks_per_node():
     nvlink = 3 / 8 * ROUTED / H100.intra_node_group_busbw(4)
     one = max(nic, nvlink) + 7 * H100.inter_node_latency_s
     assert _a2a_seconds(L) == pytest.approx(4 * one)
+
+
+def test_explain_names_the_nic_share():
+    from scaletrain.planner import estimate
+    from scaletrain.planner.output.explain import explain
+    from scaletrain.planner.recipes.published import load_runs, plan_input, recipe_of
+
+    runs = {r.name: r for r in load_runs()}
+    flex = runs["bridge-h100-qwen3-30b-a3b-16g-ep16-fp8"]
+    text = explain(estimate(plan_input(flex, recipe_of(flex))))
+    assert "ep_all_to_all spans 2 nodes (8 ranks each)" in text
+    assert "a token crosses once per destination node" in text
+    nccl = explain(estimate(plan_input(flex)))  # the default recipe: torch's all_to_all
+    assert "8/16 of the routed bytes on each rank's NIC" in nccl
+    inside = runs["nemo2502-b200-mixtral-8x7b-64g"]
+    assert "ep_all_to_all spans" not in explain(estimate(plan_input(inside, recipe_of(inside))))
