@@ -260,6 +260,7 @@ def comm_terms(inputs: CommInputs) -> dict[str, tuple[float, float]]:
     if L.ep > 1 and moe_layers:
         routed = e * experts_per_token * tokens * hidden
         gpn = gpus_per_node or hw.gpus_per_node
+        hw_n = hw if gpn == hw.gpus_per_node else dataclasses.replace(hw, gpus_per_node=gpn)
         stride, _ = _axis_group(L, "ep")
         out["ep_all_to_all"] = _ep_term(
             L,
@@ -269,7 +270,7 @@ def comm_terms(inputs: CommInputs) -> dict[str, tuple[float, float]]:
             m=m,
             recompute=recompute,
             cross=_EpCross(
-                hardware=hw,
+                hardware=hw_n,
                 ranks_per_node=max(1, min(L.ep, gpn // max(1, stride))),
                 token_bytes=e * tokens * hidden,
                 num_experts=inputs.num_experts,
