@@ -528,9 +528,10 @@ def expected_remote_nodes(num_experts: int, top_k: int, nodes: int, node_cap: in
     """Expected number of other nodes holding at least one of a token's k experts when the
     router picks k of E experts uniformly without replacement and each of the `nodes` nodes
     holds E / nodes of them: (nodes - 1) x (1 - C(E - E/nodes, k) / C(E, k)). Uniform routing
-    is what a balanced router gives on average, and exactly what Megatron-Core's
-    moe_router_force_load_balancing draws (random logits: megatron/core/transformer/moe/
-    router.py). A group-limited router (`node_cap` = router_topk_groups > 0) reaches at most
+    is what a balanced router gives on average, and what Megatron-Core's
+    moe_router_force_load_balancing draws (megatron/core/transformer/moe/router.py
+    TopKRouter.forward: the gating logits replaced by apply_random_logits before top-k, 'for
+    benchmark'). A group-limited router (`node_cap` = router_topk_groups > 0) reaches at most
     node_cap nodes, the own one possibly among them: the expectation is capped at it (its
     groups assumed to be the nodes). Ignores: a learned router's skew towards some nodes."""
     if nodes <= 1:
