@@ -55,8 +55,11 @@ def test_expected_remote_nodes():
     # never more than the other nodes, nor than k
     assert expected_remote_nodes(256, 8, 32) <= 8
     assert expected_remote_nodes(256, 8, 4) <= 3
-    # a node-limited router caps it
+    # a group-limited router whose groups are not the nodes: capped at its groups
     assert expected_remote_nodes(256, 8, 8, node_cap=4) == pytest.approx(4.0)
+    # DeepSeek-V3's node-limited routing (8 groups = 8 nodes, 4 per token): its own node is
+    # among the 4 with 4/8, so 4 x 7/8 remote
+    assert expected_remote_nodes(256, 8, 8, node_cap=4, groups=8) == pytest.approx(3.5)
 
 
 def test_within_a_node_the_ring_formula_holds():

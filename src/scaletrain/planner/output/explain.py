@@ -632,8 +632,14 @@ def _ep_cross_node_lines(est: Estimate) -> list[str]:
     g = max(1, min(L.ep, p.hardware.gpus_per_node // max(1, L.tp)))
     nodes = L.ep // g
     if p.moe_dispatcher == "flex":
-        cap = m_.router_topk_groups if m_.router_groups > 1 else 0
-        r = expected_remote_nodes(m_.num_experts, m_.experts_per_token, nodes, cap)
+        grouped = m_.router_groups > 1
+        r = expected_remote_nodes(
+            m_.num_experts,
+            m_.experts_per_token,
+            nodes,
+            m_.router_topk_groups if grouped else 0,
+            m_.router_groups if grouped else 0,
+        )
         what = (
             f"flex (DeepEP / HybridEP): a token crosses once per destination node, "
             f"{r:.2f} remote nodes per token expected (uniform routing over {nodes} nodes)"

@@ -203,8 +203,10 @@ class CommInputs:
     top_k: int = 0
     """k, the experts a token is routed to (`ModelConfig.experts_per_token`)."""
     topk_node_cap: int = 0
-    """A group-limited router's `router_topk_groups` (0: no limit): the nodes a token's experts
-    may come from when its groups are the EP nodes (DeepSeek-V3's node-limited routing)."""
+    """A group-limited router's `router_topk_groups` (0: no limit): the groups a token's experts
+    may come from (DeepSeek-V3's node-limited routing)."""
+    router_groups: int = 0
+    """That router's `router_groups` (0: no groups)."""
     moe_dispatcher: str = "unstated"
     """`PlanInput.moe_dispatcher`: 'flex' (DeepEP / HybridEP) dispatches across nodes once per
     destination node (`_ep_term`); any other, NCCL's point-to-point all-to-all."""
@@ -276,6 +278,7 @@ def comm_terms(inputs: CommInputs) -> dict[str, tuple[float, float]]:
                 num_experts=inputs.num_experts,
                 top_k=inputs.top_k,
                 node_cap=inputs.topk_node_cap,
+                groups=inputs.router_groups,
                 per_node=inputs.moe_dispatcher == "flex",
             ),
         )
@@ -521,27 +524,35 @@ class _EpCross:
     num_experts: int
     top_k: int
     node_cap: int
+    groups: int
     per_node: bool
 
 
-def expected_remote_nodes(num_experts: int, top_k: int, nodes: int, node_cap: int = 0) -> float:
+def expected_remote_nodes(
+    num_experts: int, top_k: int, nodes: int, node_cap: int = 0, groups: int = 0
+) -> float:
     """Expected number of other nodes holding at least one of a token's k experts when the
     router picks k of E experts uniformly without replacement and each of the `nodes` nodes
     holds E / nodes of them: (nodes - 1) x (1 - C(E - E/nodes, k) / C(E, k)). Uniform routing
     is what a balanced router gives on average, and what Megatron-Core's
     moe_router_force_load_balancing draws (megatron/core/transformer/moe/router.py
     TopKRouter.forward: the gating logits replaced by apply_random_logits before top-k, 'for
-    benchmark'). A group-limited router (`node_cap` = router_topk_groups > 0) reaches at most
-    node_cap nodes, the own one possibly among them: the expectation is capped at it (its
-    groups assumed to be the nodes). Ignores: a learned router's skew towards some nodes."""
+    benchmark'). A group-limited router (`node_cap` = router_topk_groups M > 0 of `groups` G)
+    takes its experts from M groups only: when the groups are the nodes (G = nodes, DeepSeek-V3's
+    node-limited routing, E / G experts per node) and every chosen group gets one of the k
+    experts (k >= M), the token reaches M nodes, its own among them with M / G: M (G - 1) / G
+    remote; otherwise the uniform figure capped at M. Ignores: a learned router's skew."""
     if nodes <= 1:
         return 0.0
+    if node_cap > 0 and groups == nodes and top_k >= node_cap:
+        return node_cap * (nodes - 1) / nodes
     if num_experts <= 0 or top_k <= 0 or num_experts % nodes:
-        return float(min(max(top_k, 1), nodes - 1))
-    per = num_experts // nodes
-    k = min(top_k, num_experts)
-    miss = math.comb(num_experts - per, k) / math.comb(num_experts, k)
-    hit = (nodes - 1) * (1.0 - miss)
+        hit = float(min(max(top_k, 1), nodes - 1))
+    else:
+        per = num_experts // nodes
+        k = min(top_k, num_experts)
+        miss = math.comb(num_experts - per, k) / math.comb(num_experts, k)
+        hit = (nodes - 1) * (1.0 - miss)
     return min(hit, float(node_cap)) if node_cap > 0 else hit
 
 
@@ -590,7 +601,7 @@ def _ep_term(
     if cross.per_node:
         nodes = L.ep // g
         nic_bytes = cross.token_bytes * expected_remote_nodes(
-            cross.num_experts, cross.top_k, nodes, cross.node_cap
+            cross.num_experts, cross.top_k, nodes, cross.node_cap, cross.groups
         )
         local_bytes = (g - 1) / g * routed
     else:
