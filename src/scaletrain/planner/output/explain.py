@@ -621,6 +621,38 @@ def _fp8_lines(est: Estimate) -> list[str]:
     ]
 
 
+def _ep_cross_node_lines(est: Estimate) -> list[str]:
+    """`explain`'s line for an EP all-to-all whose group spans nodes (time.comm._ep_term):
+    which bytes cross a NIC; none inside one node."""
+    from ..time.comm import axis_link, expected_remote_nodes
+
+    p, L, m_ = est.plan, est.plan.layout, est.plan.model
+    _, _, crosses = axis_link(L, p.hardware, "ep")
+    if not crosses:
+        return []
+    g = max(1, min(L.ep, p.hardware.gpus_per_node // max(1, L.tp)))
+    nodes = L.ep // g
+    if p.moe_dispatcher == "flex":
+        grouped = m_.router_groups > 1
+        r = expected_remote_nodes(
+            m_.num_experts,
+            m_.experts_per_token,
+            nodes,
+            m_.router_topk_groups if grouped else 0,
+            m_.router_groups if grouped else 0,
+        )
+        what = (
+            f"flex (DeepEP / HybridEP): a token crosses once per destination node, "
+            f"{r:.2f} remote nodes per token expected (uniform routing over {nodes} nodes)"
+        )
+    else:
+        what = f"NCCL's per-peer sends: {L.ep - g}/{L.ep} of the routed bytes on each rank's NIC"
+    return [
+        f"   ep_all_to_all spans {nodes} nodes ({g} ranks each): the slower of the NIC and "
+        f"NVLink shares, {what} (time.comm._ep_term)"
+    ]
+
+
 def _time_lines(
     est: Estimate, tokens: float | None, energy: dict[str, float] | None = None
 ) -> list[str]:
@@ -670,6 +702,8 @@ def _time_lines(
     add("-- 6. communication (per step per rank: all time; exposed after overlap)")
     for k, v in t.comm_terms.items():
         add(f"   {k:<22} {v:.4f} s")
+    if "ep_all_to_all" in t.comm_terms:
+        out += _ep_cross_node_lines(est)
     if foreign and L.pp > 1 and p.pp_scatter_gather:
         add(
             "   pp_p2p as Megatron-LM 2021-2023 sends it (PlanInput.pp_scatter_gather): 1/tp of "

@@ -38,7 +38,8 @@ the group's GPUs reach; so a tp group spanning two nodes is not bound by one NIC
 the H100 preset) but by the node's NICs together. Ignores: NIC sharing between different axes'
 collectives running at the same time, switch oversubscription (a non-blocking fat tree is
 assumed), SHARP / NVLS-tree reductions across nodes, NCCL's protocol factors (LL128 x0.92, the
-tree's x0.92 and its mid-size correction table).
+tree's x0.92 and its mid-size correction table). An all-to-all is no ring: across nodes
+every byte for a peer on another node crosses a NIC (`_ep_term`, the EP all-to-all).
 
 Families (`comm_terms`' keys): dp_allreduce, zero_all_gather, zero_reduce_scatter,
 fsdp_all_gather, fsdp_reduce_scatter, hsdp_allreduce (`_dp_terms`, `_zero_terms`, `_fsdp_terms`,
@@ -50,6 +51,7 @@ benchmarks/comm_volume.py (tiny models on gloo).
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from scaletrain.config import HardwareSpec, Layout, compute_bytes, fsdp_reshard_after_forward
@@ -68,6 +70,7 @@ __all__ = [
     "comm_volumes",
     "comm_time",
     "comm_terms",
+    "expected_remote_nodes",
 ]
 
 
@@ -195,6 +198,18 @@ class CommInputs:
     experts_per_token: float
     """Rows each token sends to the experts: k, or with an expert capacity the permuted rows
     per token (`ModelConfig.expert_rows_per_token`)."""
+    num_experts: int = 0
+    """E, the routed experts of an MoE block (0: unknown; `_ep_term`'s per-node dispatch)."""
+    top_k: int = 0
+    """k, the experts a token is routed to (`ModelConfig.experts_per_token`)."""
+    topk_node_cap: int = 0
+    """A group-limited router's `router_topk_groups` (0: no limit): the groups a token's experts
+    may come from (DeepSeek-V3's node-limited routing)."""
+    router_groups: int = 0
+    """That router's `router_groups` (0: no groups)."""
+    moe_dispatcher: str = "unstated"
+    """`PlanInput.moe_dispatcher`: 'flex' (DeepEP / HybridEP) dispatches across nodes once per
+    destination node (`_ep_term`); any other, NCCL's point-to-point all-to-all."""
     micro_batches: int
     """m: micro-batches per step."""
     precision: str = "bf16"
@@ -246,6 +261,9 @@ def comm_terms(inputs: CommInputs) -> dict[str, tuple[float, float]]:
         )
     if L.ep > 1 and moe_layers:
         routed = e * experts_per_token * tokens * hidden
+        gpn = gpus_per_node or hw.gpus_per_node
+        hw_n = hw if gpn == hw.gpus_per_node else dataclasses.replace(hw, gpus_per_node=gpn)
+        stride, _ = _axis_group(L, "ep")
         out["ep_all_to_all"] = _ep_term(
             L,
             axis_link(L, hw, "ep", gpus_per_node),
@@ -253,6 +271,16 @@ def comm_terms(inputs: CommInputs) -> dict[str, tuple[float, float]]:
             moe_layers=moe_layers,
             m=m,
             recompute=recompute,
+            cross=_EpCross(
+                hardware=hw_n,
+                ranks_per_node=max(1, min(L.ep, gpn // max(1, stride))),
+                token_bytes=e * tokens * hidden,
+                num_experts=inputs.num_experts,
+                top_k=inputs.top_k,
+                node_cap=inputs.topk_node_cap,
+                groups=inputs.router_groups,
+                per_node=inputs.moe_dispatcher == "flex",
+            ),
         )
     return out
 
@@ -484,14 +512,103 @@ def _cp_term(
     return k * kv, k * p2p_time(kv, bw, lat)
 
 
+@dataclass(frozen=True, slots=True)
+class _EpCross:
+    """What `_ep_term` needs when the EP group spans nodes: the group's ranks per node (g),
+    one token's hidden-state bytes, the router's E, k and node cap, and whether the
+    dispatcher sends a token once per destination node (`CommInputs.moe_dispatcher` 'flex')."""
+
+    hardware: HardwareSpec
+    ranks_per_node: int
+    token_bytes: float
+    num_experts: int
+    top_k: int
+    node_cap: int
+    groups: int
+    per_node: bool
+
+
+def expected_remote_nodes(
+    num_experts: int, top_k: int, nodes: int, node_cap: int = 0, groups: int = 0
+) -> float:
+    """Expected number of other nodes holding at least one of a token's k experts when the
+    router picks k of E experts uniformly without replacement and each of the `nodes` nodes
+    holds E / nodes of them: (nodes - 1) x (1 - C(E - E/nodes, k) / C(E, k)). Uniform routing
+    is what a balanced router gives on average, and what Megatron-Core's
+    moe_router_force_load_balancing draws (megatron/core/transformer/moe/router.py
+    TopKRouter.forward: the gating logits replaced by apply_random_logits before top-k, 'for
+    benchmark'). A group-limited router (`node_cap` = router_topk_groups M > 0 of `groups` G)
+    takes its experts from M groups only: when the groups are the nodes (G = nodes, DeepSeek-V3's
+    node-limited routing, E / G experts per node) and every chosen group gets one of the k
+    experts (k >= M), the token reaches M nodes, its own among them with M / G: M (G - 1) / G
+    remote; otherwise the uniform figure capped at M. Ignores: a learned router's skew."""
+    if nodes <= 1:
+        return 0.0
+    if node_cap > 0 and groups == nodes and top_k >= node_cap:
+        return node_cap * (nodes - 1) / nodes
+    if num_experts <= 0 or top_k <= 0 or num_experts % nodes:
+        hit = float(min(max(top_k, 1), nodes - 1))
+    else:
+        per = num_experts // nodes
+        k = min(top_k, num_experts)
+        miss = math.comb(num_experts - per, k) / math.comb(num_experts, k)
+        hit = (nodes - 1) * (1.0 - miss)
+    return min(hit, float(node_cap)) if node_cap > 0 else hit
+
+
 def _ep_term(
-    L: Layout, link: Link, *, routed: float, moe_layers: int, m: int, recompute: bool
+    L: Layout,
+    link: Link,
+    *,
+    routed: float,
+    moe_layers: int,
+    m: int,
+    recompute: bool,
+    cross: _EpCross | None = None,
 ) -> tuple[float, float]:
     """ep_all_to_all: dispatch + combine, forward and backward, per MoE block and micro-batch
-    (+2 under full recompute) of `routed` = e*k*s*b*h bytes."""
-    bw, lat, _ = link
+    (+2 under full recompute) of `routed` = e*k*s*b*h bytes (the bytes moved: (ep-1)/ep of it).
+
+    Inside one node: the ring's (ep-1)/ep x routed over the group's NVLink bus bandwidth.
+
+    Across nodes (`cross`, the group's g = ranks_per_node ranks in each of ep/g nodes) an
+    all-to-all is not a ring: every byte for a peer on another node leaves through a NIC, one
+    per GPU on the presets, and the node-local bytes travel NVLink at the same time; the time
+    is the slower of the two, + (ep-1) latencies:
+    - NCCL (Megatron-Core's 'alltoall' dispatcher, torch's all_to_all_single; any dispatcher
+      but 'flex'): the all-to-all is a group of ncclSend / ncclRecv, one pair per peer (NCCL
+      user guide, usage/p2p.html, 'All-to-all'), so each rank sends (ep-g)/ep x routed over
+      its NIC (`HardwareSpec.inter_node_bw`) and (g-1)/ep x routed over NVLink;
+    - 'flex' (DeepEP / HybridEP, hierarchical): a token crosses to each destination node once,
+      carrying a bit mask of the GPUs there that take it, and is fanned out over that node's
+      NVLink (deepseek-ai/DeepEP csrc/kernels/internode.cu: SourceMeta's
+      is_token_in_nvl_rank_bits per RDMA token, get_dispatch_layout's
+      num_tokens_per_rdma_rank; read in the fork ZJLi2013/DeepEP; NVIDIA's HybridEP, the
+      'hybridep' backend, states the same RDMA-across / NVLink-within hierarchy:
+      DeepEP hybrid-ep docs, 'Hierarchical Communication Design'): NIC bytes = one token's
+      bytes x `expected_remote_nodes` per routed token, NVLink (g-1)/g x routed (the copies
+      whose GPU differs from the one the token lands on). Combine mirrors dispatch.
+    Ignores: NCCL PXN's extra NVLink hop before the NIC, NIC sharing with other axes'
+    collectives, congestion and adaptive-routing effects, HybridEP's SM share (its kernels run
+    on some SMs while the GEMMs wait: moe_a2a_overlap is off in the rows that state it)."""
+    bw, lat, crosses = link
     k = (4 + (2 if recompute else 0)) * moe_layers * m
-    return k * (L.ep - 1) / L.ep * routed, k * gather_time(routed, L.ep, bw, lat)
+    moved = k * (L.ep - 1) / L.ep * routed
+    if not crosses or cross is None or cross.ranks_per_node >= L.ep:
+        return moved, k * gather_time(routed, L.ep, bw, lat)
+    hw, g = cross.hardware, cross.ranks_per_node
+    nvlink = hw.intra_node_group_busbw(g)
+    if cross.per_node:
+        nodes = L.ep // g
+        nic_bytes = cross.token_bytes * expected_remote_nodes(
+            cross.num_experts, cross.top_k, nodes, cross.node_cap, cross.groups
+        )
+        local_bytes = (g - 1) / g * routed
+    else:
+        nic_bytes = (L.ep - g) / L.ep * routed
+        local_bytes = (g - 1) / L.ep * routed
+    one = max(nic_bytes / hw.inter_node_bw, local_bytes / nvlink if g > 1 else 0.0)
+    return moved, k * (one + (L.ep - 1) * lat)
 
 
 def comm_volumes(inputs: CommInputs) -> dict[str, float]:

@@ -285,6 +285,11 @@ def comm_arguments(
         experts_per_token=model.expert_rows_per_token(
             float(plan.seq_len) * plan.micro_batch / L.cp
         ),
+        num_experts=model.num_experts,
+        top_k=model.experts_per_token,
+        topk_node_cap=model.router_topk_groups if model.router_groups > 1 else 0,
+        router_groups=model.router_groups if model.router_groups > 1 else 0,
+        moe_dispatcher=plan.moe_dispatcher,
         micro_batches=max(1, plan.grad_accum),
         precision=plan.precision,
         ac=plan.ac,
