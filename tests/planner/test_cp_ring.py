@@ -108,16 +108,14 @@ def test_ring_passes_shrink_beside_longer_chunks() -> None:
     import dataclasses
 
     from scaletrain.planner import estimate
-    from scaletrain.planner.memory.rank_terms import ModelTerms
-    from scaletrain.planner.time.step_time import _block_time
+    from scaletrain.planner.time.step_time import attention_core_step_s
 
     tt = recipe_named("torchtitan")
     plan = _plan("tt-h100-l31-8b-fsdp1-cp8-256k")
     half = dataclasses.replace(plan, seq_len=plan.seq_len // 2)
 
     def core_s(p) -> float:  # the sub-SDPAs' seconds per step on one rank (32 blocks)
-        bt = _block_time(p, terms=ModelTerms(p.model), causal=True, recipe=tt)
-        return bt.core_s * p.seq_len * 32 / p.layout.cp
+        return attention_core_step_s(p, tt, layers=32)
 
     long_pass = torch_ring_passes_s(plan, tt, layers=32)
     short_pass = torch_ring_passes_s(half, tt, layers=32)
@@ -140,3 +138,27 @@ def test_explain_splits_the_cp_ring() -> None:
     assert "CP ring on the busiest rank" not in explain(
         estimate(_plan("tt-h100-l31-8b-fsdp8-cp1-32k"))
     )
+
+
+def test_attention_core_step_s_is_the_window_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`attention_core_step_s` is the compute window's attention core: the seconds the
+    estimate's compute holds for the busiest rank's sub-SDPAs."""
+    from scaletrain.planner import estimate
+    from scaletrain.planner.recipes.stages import recipe_stages
+    from scaletrain.planner.time import step_time as st
+
+    tt = recipe_named("torchtitan")
+    seen: list[float] = []
+    real = st._compute_side
+
+    def spy(*a, **k):  # type: ignore[no-untyped-def]
+        side = real(*a, **k)
+        seen.append(side.window.core_s)
+        return side
+
+    monkeypatch.setattr(st, "_compute_side", spy)
+    for name in ("tt-h100-l31-8b-fsdp2-cp4-128k", "tt-h100-l31-405b-4d-cp4-128k"):
+        plan = _plan(name)
+        estimate(plan)
+        layers = max(recipe_stages(plan, tt).layers)
+        assert st.attention_core_step_s(plan, tt, layers=layers) == pytest.approx(seen[-1])

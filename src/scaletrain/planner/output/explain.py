@@ -471,16 +471,13 @@ def _recipe_mechanisms(est: Estimate, r: Recipe) -> str:
             f"({terms['pp_tied_allreduce']:.3g} s; {r.sources.get('tied_grad_sync', '') or why})"
         )
     if r.cp_ring == "torch_allgather" and "cp_ring" in terms and L.cp > 1:
-        from ..memory.rank_terms import ModelTerms
         from ..time.cp_ring import torch_ring_passes_s
-        from ..time.step_time import _block_time
+        from ..time.step_time import attention_core_step_s
 
         heads = "query heads (K/V repeated)" if r.cp_kv_repeated else "K/V heads"
         layers = max(recipe_stages(p, r).layers)
-        m = max(1, p.grad_accum)
-        passes = torch_ring_passes_s(p, r, layers=layers) * m
-        bt = _block_time(p, terms=ModelTerms(p.model), causal=True, recipe=r)
-        core = bt.core_s * float(p.seq_len) * p.micro_batch * layers / (L.tp * L.cp) * m
+        passes = torch_ring_passes_s(p, r, layers=layers) * max(1, p.grad_accum)
+        core = attention_core_step_s(p, r, layers=layers)
         out += (
             f"\n   [{r.name}] CP: torch ring attention, K/V of the {heads} all-gathered once "
             f"per forward behind the first sub-SDPA only, fp32 dK/dV sent each sub-step, fp32 "
