@@ -96,3 +96,69 @@ def test_torchtitan_cp_slower_than_the_p2p_ring(monkeypatch: pytest.MonkeyPatch)
     assert with_ring.step_s > without.step_s
     assert with_ring.comm_terms["cp_ring"] > without.comm_terms["cp_ring"]
     assert one_ring.step_s == pytest.approx(one.step_s)
+
+
+def test_ring_passes_shrink_beside_longer_chunks() -> None:
+    """The ring's own elementwise work is linear in the chunk (merges and copies of the rank's
+    output, K and V: tokens x hidden per sub-step) while each sub-SDPA is quadratic in it:
+    doubling the tokens per rank at the same cp doubles the passes and quadruples the
+    attention core, so their ratio halves. At torchtitan's 32k-token chunks (Llama 3 8B,
+    256k on cp 8) the passes and every ring collective together, all of them counted as
+    exposed, stay near a tenth of the sub-SDPAs' seconds."""
+    import dataclasses
+
+    from scaletrain.planner import estimate
+    from scaletrain.planner.time.step_time import attention_core_step_s
+
+    tt = recipe_named("torchtitan")
+    plan = _plan("tt-h100-l31-8b-fsdp1-cp8-256k")
+    half = dataclasses.replace(plan, seq_len=plan.seq_len // 2)
+
+    def core_s(p) -> float:  # the sub-SDPAs' seconds per step on one rank (32 blocks)
+        return attention_core_step_s(p, tt, layers=32)
+
+    long_pass = torch_ring_passes_s(plan, tt, layers=32)
+    short_pass = torch_ring_passes_s(half, tt, layers=32)
+    assert long_pass == pytest.approx(2 * short_pass)
+    assert core_s(plan) == pytest.approx(4 * core_s(half))
+    ring_s = estimate(plan).time.comm_terms["cp_ring"]
+    assert (long_pass + ring_s) / core_s(plan) < 0.15
+
+
+def test_explain_splits_the_cp_ring() -> None:
+    """`explain` prints the busiest rank's ring per step: its sub-SDPAs' seconds, the
+    elementwise passes and the collectives; nothing of it at cp = 1."""
+    from scaletrain.planner import estimate
+    from scaletrain.planner.output.explain import explain
+
+    text = explain(estimate(_plan("tt-h100-l31-8b-fsdp1-cp8-256k")))
+    (line,) = [x for x in text.splitlines() if "CP ring on the busiest rank" in x]
+    assert "8 sub-SDPAs per block" in line
+    assert "elementwise passes" in line and "collectives" in line
+    assert "CP ring on the busiest rank" not in explain(
+        estimate(_plan("tt-h100-l31-8b-fsdp8-cp1-32k"))
+    )
+
+
+def test_attention_core_step_s_is_the_window_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`attention_core_step_s` is the compute window's attention core: the seconds the
+    estimate's compute holds for the busiest rank's sub-SDPAs."""
+    from scaletrain.planner import estimate
+    from scaletrain.planner.recipes.stages import recipe_stages
+    from scaletrain.planner.time import step_time as st
+
+    tt = recipe_named("torchtitan")
+    seen: list[float] = []
+    real = st._compute_side
+
+    def spy(*a, **k):  # type: ignore[no-untyped-def]
+        side = real(*a, **k)
+        seen.append(side.window.core_s)
+        return side
+
+    monkeypatch.setattr(st, "_compute_side", spy)
+    for name in ("tt-h100-l31-8b-fsdp2-cp4-128k", "tt-h100-l31-405b-4d-cp4-128k"):
+        plan = _plan(name)
+        estimate(plan)
+        layers = max(recipe_stages(plan, tt).layers)
+        assert st.attention_core_step_s(plan, tt, layers=layers) == pytest.approx(seen[-1])

@@ -472,12 +472,23 @@ def _recipe_mechanisms(est: Estimate, r: Recipe) -> str:
             f"({terms['pp_tied_allreduce']:.3g} s; {r.sources.get('tied_grad_sync', '') or why})"
         )
     if r.cp_ring == "torch_allgather" and "cp_ring" in terms and L.cp > 1:
+        from ..time.cp_ring import torch_ring_passes_s
+        from ..time.step_time import attention_core_step_s
+
         heads = "query heads (K/V repeated)" if r.cp_kv_repeated else "K/V heads"
+        layers = max(recipe_stages(p, r).layers)
+        passes = torch_ring_passes_s(p, r, layers=layers) * max(1, p.grad_accum)
+        core = attention_core_step_s(p, r, layers=layers)
         out += (
             f"\n   [{r.name}] CP: torch ring attention, K/V of the {heads} all-gathered once "
             f"per forward behind the first sub-SDPA only, fp32 dK/dV sent each sub-step, fp32 "
             f"merges over memory bandwidth ({terms['cp_ring']:.3g} s of collectives per step; "
             f"time.cp_ring; {r.sources.get('cp_ring', '')}; {r.sources.get('cp_kv_repeated', '')})"
+            f"\n   [{r.name}] CP ring on the busiest rank per step: {L.cp} sub-SDPAs per block, "
+            f"{core:.3g} s at the attention core's rate (in compute), elementwise passes "
+            f"{passes:.3g} s "
+            f"(merges, K/V and dK/dV copies: cp_ring.torch_ring_passes_s), collectives "
+            f"{terms['cp_ring']:.3g} s of which the part no sub-SDPA hides is exposed"
         )
     if r.grad_accum_pass_bytes:
         out += (

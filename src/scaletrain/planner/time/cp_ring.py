@@ -32,10 +32,18 @@ then torch.cat of the halves).
 The merge and accumulation passes are counted as the file reads at 0123248a; a version nearer
 Dec 2024 (with `_RotateMethod.PRE_ALL_GATHER`, pytorch PR #144986, Jan 2025) has the same
 options, rotaters, `_SDPAMerger` and backward loop (the Dec 2024 file itself was not read).
-Ignores: torch.compile fusing the merge ops (the ring runs under DTensor's dispatch; counted as
-eager kernels), the merge's per-token LSE tensors (1/d of the output), the SDPA kernels'
-own rate on the half-size sub-steps (the attention core's rate, attention_core.py), NCCL kernels
-taking SMs or memory bandwidth from the sub-SDPAs they overlap.
+Ignores: torch.compile fusing the merge ops: torchtitan compiles every TransformerBlock with
+fullgraph=True, CP runs included (torchtitan 9dec370 torchtitan/parallelisms/parallelize_llama.py
+`apply_compile`, called whatever the cp degree), so the ring is traced into the block's graph (a
+graph break would raise); what Inductor fuses there was not read, and the passes are counted as
+eager kernels, an upper bound on their traffic. Also ignored: the merge's per-token LSE tensors
+(1/d of the output), the SDPA kernels' own rate on the half-size, non-causal sub-steps (the
+attention core's one rate, attention_core.py; the FlashAttention-3 paper's two FA2 forward
+figures at head dim 128 plateau at 335 and 370 TFLOP/s, and if, as the bars' shapes suggest,
+the transcriptions read naming neither mask, 370 is the unmasked one, the unmasked sub-steps
+would run faster, not slower), NCCL kernels taking SMs or memory bandwidth from the sub-SDPAs
+they overlap (inside a node the all-gather's 24 ring CTAs of 132 SMs, overlap_sm.py, over its
+overlapped seconds: a few tenths of a percent of a step with 32k-token chunks).
 """
 
 from __future__ import annotations

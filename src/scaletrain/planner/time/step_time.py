@@ -20,7 +20,7 @@ from scaletrain.config import (
     offloads_activations,
 )
 
-from ..memory.rank_terms import ModelTerms, activation_terms
+from ..memory.rank_terms import ModelTerms, activation_terms, model_terms
 from ..memory.states import (
     OPTIMIZER_BYTES,
     fp8_linear_params,
@@ -75,6 +75,7 @@ __all__ = [
     "step_floor",
     "BlockTime",
     "fsdp2_copy_s",
+    "attention_core_step_s",
 ]
 
 OPTIMIZER_TRAFFIC = {"adamw": 28.0, "sgd": 20.0, "adamw8bit": 16.0, "adafactor": 12.0}
@@ -603,6 +604,20 @@ def _block_time(
     if cached:
         terms.blocks[key] = out
     return out
+
+
+def attention_core_step_s(
+    plan: PlanInput, recipe: Recipe | None, *, layers: int, terms: ModelTerms | None = None
+) -> float:
+    """Seconds per step of the attention core (forward, backward and any recompute, as its
+    kernel runs it: `_block_seconds`) on a rank holding `layers` blocks: the part of
+    `_compute_side`'s compute that `ComputeWindow.core_s` holds, causal attention. Under CP
+    these are the ring's sub-SDPAs (time/cp_ring.py); `explain` prints them beside the ring's
+    own passes and collectives."""
+    bt = _block_time(plan, terms=model_terms(plan, terms), causal=True, recipe=recipe)
+    L = plan.layout
+    tokens = float(plan.seq_len) * plan.micro_batch * max(1, plan.grad_accum)
+    return bt.core_s * tokens * layers / (L.tp * L.cp)
 
 
 def step_time(
