@@ -176,6 +176,8 @@ class RecipeRankParams:
     """What is not a block: embedding + positions and/or final norm + head."""
     head: float
     """The head alone (the embedding when tied and pp = 1)."""
+    expert: float = 0.0
+    """Of `params`: the routed experts the rank holds after EP (and TP) division."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -217,8 +219,8 @@ def recipe_rank_params(plan: PlanInput, first: bool, last: bool, layers: int) ->
     pc = m.param_counts()
     dense_mlp = 0 if m.is_moe else pc.mlp
     block = (pc.attention + dense_mlp) / L.tp + pc.norms + pc.router
-    if m.is_moe:
-        block += pc.mlp / (L.tp * L.ep)
+    expert = pc.mlp / (L.tp * L.ep) if m.is_moe else 0.0
+    block += expert
     params = layers * block
     root = head = 0.0
     if first:
@@ -229,7 +231,9 @@ def recipe_rank_params(plan: PlanInput, first: bool, last: bool, layers: int) ->
         if not pc.head and L.pp == 1:
             head = pc.embedding / L.tp  # tied: the embedding is the head
     params += root
-    return RecipeRankParams(params=params, block=block, root=root, head=head)
+    return RecipeRankParams(
+        params=params, block=block, root=root, head=head, expert=layers * expert
+    )
 
 
 def _largest_module(plan: PlanInput) -> float:
@@ -279,11 +283,34 @@ def _largest_slice(
     return seq[best], groups[best >= half]
 
 
-def recipe_states(plan: PlanInput, recipe: Recipe, P: float) -> RecipeStates:
-    """The model states of a rank holding `P` parameters under `recipe`, sharded by its ZeRO
-    stage (optimizer offload moves the optimizer and master copy to the CPU)."""
+def expert_state_shards(plan: PlanInput) -> int:
+    """Ranks a recipe's ZeRO / FSDP shards the routed experts' states over: the dp*cp/ep ranks
+    that hold the same experts (at least 1), not all zero_shards ranks, since EP already split
+    the experts ep ways inside the shard group. torchtitan: apply_fsdp
+    (torchtitan/models/llama4/infra/parallelize.py, which qwen3's parallelize_qwen3 reuses;
+    read at pytorch/torchtitan 022f885) calls fully_shard(transformer_block.moe.experts) on the
+    'dp_shard_mod_ep' mesh of dp_shard * cp / ep ranks (torchtitan/distributed/parallel_dims.py
+    ParallelDims._build_mesh_with_ep), the rest of the block on the whole dp_shard * cp mesh;
+    NeMo AutoModel does the same (nemo_automodel/components/moe/parallelizer.py at 36044ad:
+    fully_shard(moe_module.experts, mesh=ep_shard_mesh), the experts left out of FSDP when
+    that mesh has one rank). Counts: each rank's E/ep experts sharded over that group, for
+    recipes with Recipe.experts_shard_over_ep_group (the others keep every ZeRO rank).
+    Ignores: EP that borrows tp ranks (dp_shard * cp * tp / ep under ETP 1) and the Shard(1)
+    placement used when the group outnumbers the local experts (same bytes)."""
     L = plan.layout
-    N = L.zero_shards
+    return max(1, L.zero_shards // max(1, L.ep))
+
+
+def recipe_states(plan: PlanInput, recipe: Recipe, P: float, expert: float = 0.0) -> RecipeStates:
+    """The model states of a rank holding `P` parameters under `recipe`, sharded by its ZeRO
+    stage (optimizer offload moves the optimizer and master copy to the CPU). `expert`: the
+    part of `P` that is routed experts, whose sharded states divide over `expert_state_shards`
+    ranks instead of zero_shards."""
+    L = plan.layout
+    N: float = L.zero_shards
+    if expert and L.zero and L.ep > 1 and recipe.experts_shard_over_ep_group:
+        # one effective shard count: the dense part over N, the experts over N / ep
+        N = P / ((P - expert) / N + expert / expert_state_shards(plan))
     fp32 = plan.precision == "fp32"
     wb, mb, gb = (
         (4.0, 0.0, 4.0) if fp32 else (recipe.weight_bytes, recipe.master_bytes, recipe.grad_bytes)
@@ -496,7 +523,7 @@ def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBrea
     P, block, root, head = rp.params, rp.block, rp.root, rp.head
     N, z = L.zero_shards, L.zero
     fp32 = plan.precision == "fp32"
-    held = recipe_states(plan, recipe, P)
+    held = recipe_states(plan, recipe, P, rp.expert)
     weights, master, grads, optim = held.weights, held.master, held.grads, held.optimizer
     offloaded = held.offloaded
     held_root, tail_rs = fsdp_end_units(plan, rp, last)

@@ -257,6 +257,7 @@ RECIPES: dict[str, Recipe] = {
         cuda_context_bytes=RUNTIME_CONTEXT_BYTES,
         time_model=FOREIGN_TIME_MODEL,
         pp_fsdp_unsharded=True,
+        experts_shard_over_ep_group=True,
         loss_compiles=True,
         eager_elementwise=True,
         fsdp2_copies=True,
@@ -289,6 +290,13 @@ RECIPES: dict[str, Recipe] = {
             "_fsdp_collectives.py foreach_all_gather_copy_out (split_with_sizes_copy on "
             "the current stream) and foreach_reduce (chunk_cat copy-in before the "
             "reduce-scatter stream)",
+            "experts_shard_over_ep_group": "torchtitan "
+            "torchtitan/models/llama4/infra/parallelize.py apply_fsdp (qwen3 and deepseek_v3 "
+            "reuse it; read at 022f885): fully_shard(transformer_block.moe.experts) on "
+            "dp_mod_ep_mesh, the 'dp_shard_mod_ep' mesh of dp_shard * cp / ep ranks "
+            "(torchtitan/distributed/parallel_dims.py ParallelDims._build_mesh_with_ep), after "
+            "ExpertParallel split the experts ep ways (distributed/expert_parallel.py "
+            "_partition_fn: Shard(0))",
             "pp_fsdp_unsharded": "torchtitan parallelize apply_fsdp: 'For PP, do not reshard "
             "after forward to avoid per-microbatch all-gathers' "
             "(reshard_after_forward = not pp_enabled; at 9dec370 "
