@@ -149,3 +149,13 @@ def test_casts_add_their_bytes_over_bandwidth_to_the_step() -> None:
     assert delta == pytest.approx(casts, rel=1e-9)
     assert casts == pytest.approx(0.10, rel=0.05)  # Llama 3 8B, 16,384 tokens, 3.35 TB/s
     assert fp8_cast_s(dataclasses.replace(plan, efficiency=0.5), tt) == 0.0
+
+
+def test_b200_fp8_to_bf16_gemm_rate_is_the_measured_mamf_ratio() -> None:
+    """On a B200 a large fp8 GEMM runs at the measured fp8 / bf16 MAMF ratio of the bf16 one
+    (ml-engineering's MAMF tables: 3432.5 / 1745.0 TFLOP/s, 1.97x), not at the 2x peak ratio:
+    the planner's rate (efficiency x peak) keeps what the measurement says."""
+    b200 = hardware_preset("b200")
+    fp8 = default_efficiency("fp8", 8192, b200) * b200.peak_flops["fp8"]
+    bf16 = default_efficiency("bf16", 8192, b200) * b200.peak_flops["bf16"]
+    assert fp8 / bf16 == pytest.approx(3432.5 / 1745.0)

@@ -8,7 +8,12 @@ Matmul FLOPS comparison table', BF16 and FP8 (float8_e4m3fn) tables; mamf-finder
 100 iterations of the best shape):
 - H100 SXM: bf16 794.5 of 989 TFLOP/s (80.3%), fp8 1402.6 of 1979 (70.9%), torch 2.7.0+cu126;
 - H200 SXM: fp8 1453.4 of 1979 (73.4%); bf16 "H200 is the same" as H100 (80.3%);
-- B200 SXM: bf16 1745.0 of 2250 (77.6%), fp8 3432.5 of 4500 (76.3%).
+- B200 SXM: bf16 1745.0 of 2250 (77.6%), fp8 3432.5 of 4500 (76.3%), torch 2.7.1+cu128.
+(Figures as read at stas00/ml-engineering 744d01e, 2026-08-22.) A second source agrees on the
+B200: OpenXLA's measured GEMM table (ROCm/xla 333a694 xla/service/gpu/model/
+matmul_interpolator_data.h, key 'sm_100_B200') peaks at batch 4 x 4096^3 with bf16 1670.5 and
+float8_e4m3fn 3279.7 TFLOP/s, 74.2% and 72.9% of peak: a share of 0.98, as above. Not used as a
+rate: the same table's 'sm_90' float8 entries (up to 2592.8) exceed the H100's dense fp8 peak.
 So fp8 GEMMs keep (fp8 share / bf16 share) of the bf16 matmul efficiency against the fp8 peak
 (`step_time.default_efficiency`). A device without a measured fp8 figure takes the H100's.
 
