@@ -76,3 +76,37 @@ def test_other_recipes_keep_every_zero_rank() -> None:
     assert recipe_states(plan, recipe, rp.params, rp.expert) == recipe_states(
         plan, recipe, rp.params
     )
+
+
+@pytest.mark.parametrize("name", ["megatron", "nemo"])
+def test_megatron_distributed_optimizer_shards_experts_over_expert_dp(name: str) -> None:
+    """Megatron-Core's distributed optimizer (zero 1) shards the expert params' fp32 main
+    copy and Adam moments over the expert data-parallel group of dp * cp / ep ranks
+    (optimizer/__init__.py get_megatron_optimizer: intra_expt_dp_group), the dense ones over
+    dp * cp; the 16-bit weights and the fp32 grad buffer stay whole on every rank."""
+    recipe = RECIPES[name]
+    assert recipe.experts_shard_over_ep_group
+    plan = _plan(name, Layout(dp=16, zero=1, ep=8), model=MOE, seq=256, gb=16, gpu="b200")
+    assert expert_state_shards(plan) == 2
+    rp = recipe_rank_params(plan, True, True, MOE.num_layers)
+    dense = rp.params - rp.expert
+    held = recipe_states(plan, recipe, rp.params, rp.expert)
+    assert held.weights == pytest.approx(recipe.weight_bytes * rp.params)
+    assert held.grads == pytest.approx(recipe.grad_bytes * rp.params)
+    assert held.master == pytest.approx(recipe.master_bytes * (dense / 16 + rp.expert / 2))
+    assert held.optimizer == pytest.approx(8.0 * (dense / 16 + rp.expert / 2))
+
+
+def test_megatron_expert_states_fall_as_one_over_dp() -> None:
+    """Once dp >= ep, a rank's distributed-optimizer state is 1/(dp*tp) of the model's for the
+    experts too (E/ep experts over dp/ep ranks), so doubling dp halves it."""
+    opt = [
+        recipe_rank_memory(
+            _plan("megatron", Layout(dp=dp, zero=1, ep=8), model=MOE, seq=256, gb=dp, gpu="b200"),
+            RECIPES["megatron"],
+            0,
+        ).optimizer
+        for dp in (8, 16, 32)
+    ]
+    assert opt[0] / opt[1] == pytest.approx(2.0)
+    assert opt[1] / opt[2] == pytest.approx(2.0)

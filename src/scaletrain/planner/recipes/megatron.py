@@ -21,6 +21,7 @@ MEGATRON = Recipe(
     grad_bytes=4,
     grad_buffer_full_under_zero1=True,
     shards_master=True,
+    experts_shard_over_ep_group=True,
     step_grad_fp32_copy=False,
     autocast_weight_copy=False,
     zero_stages=(0, 1, 3),
@@ -79,6 +80,18 @@ MEGATRON = Recipe(
         "(megatron/training/theoretical_memory_usage.py "
         "compute_weight_and_optimizer_memory; "
         "docs distrib_optimizer.md table)",
+        "experts_shard_over_ep_group": "megatron/core/optimizer/__init__.py "
+        "get_megatron_optimizer (at d98e8a6): the expert-parallel params "
+        "(_get_param_groups_and_buffers, filter_fn is_expert_parallel, buffer_name "
+        "'expert_parallel_buffers') get their own distributed optimizer over "
+        "intra_expt_dp_group, the dense ones over intra_dp_cp_group; "
+        "distributed/distributed_data_parallel.py DistributedDataParallel.__init__ puts "
+        "the expert buffers on intra_expt_dp_group; parallel_state.py "
+        "initialize_model_parallel: expert_data_parallel_size = world_size // "
+        "(expert_tensor_parallel_size * expert_model_parallel_size * pp), "
+        "expert_tensor_parallel_size defaulting to tp, i.e. dp * cp / ep ranks; "
+        "Megatron-FSDP (zero 3) likewise: distributed/fsdp/mcore_fsdp_adapter.py "
+        "_init_dist_index builds the experts' mesh on get_expert_data_parallel_group()",
         "shards_master": "distrib_optimizer.py DistributedOptimizer: fp32 main params and "
         "Adam states of this rank's shard only",
         "zero_stages": "0 = DDP, 1 = --use-distributed-optimizer, 3 = Megatron-FSDP / "

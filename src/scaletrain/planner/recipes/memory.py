@@ -293,10 +293,19 @@ def expert_state_shards(plan: PlanInput) -> int:
     ParallelDims._build_mesh_with_ep), the rest of the block on the whole dp_shard * cp mesh;
     NeMo AutoModel does the same (nemo_automodel/components/moe/parallelizer.py at 36044ad:
     fully_shard(moe_module.experts, mesh=ep_shard_mesh), the experts left out of FSDP when
-    that mesh has one rank). Counts: each rank's E/ep experts sharded over that group, for
-    recipes with Recipe.experts_shard_over_ep_group (the others keep every ZeRO rank).
-    Ignores: EP that borrows tp ranks (dp_shard * cp * tp / ep under ETP 1) and the Shard(1)
-    placement used when the group outnumbers the local experts (same bytes)."""
+    that mesh has one rank). Megatron-Core (and NeMo / Megatron-Bridge on it) does the same
+    with its distributed optimizer (read at NVIDIA/Megatron-LM d98e8a6):
+    megatron/core/optimizer/__init__.py get_megatron_optimizer builds the expert-parallel
+    params' optimizer (_get_param_groups_and_buffers on 'expert_parallel_buffers') over
+    intra_expt_dp_group, the dense params' over intra_dp_cp_group, and
+    megatron/core/parallel_state.py initialize_model_parallel sizes the expert data-parallel
+    group world_size // (expert_tp * ep * pp) = dp * cp / ep with expert_tp defaulting to tp
+    (as recipe_rank_params splits the experts). Counts: each rank's E/ep experts sharded over
+    that group, for recipes with Recipe.experts_shard_over_ep_group (the others keep every
+    ZeRO rank). Ignores: EP that borrows tp ranks (dp_shard * cp * tp / ep under ETP 1, whose
+    per-rank state bytes are the same), Megatron's partial distributed optimizer instances
+    (num_distributed_optimizer_instances > 1) and the Shard(1) placement used when the group
+    outnumbers the local experts (same bytes)."""
     L = plan.layout
     return max(1, L.zero_shards // max(1, L.ep))
 

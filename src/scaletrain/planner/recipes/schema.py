@@ -138,7 +138,8 @@ class Recipe:
     reduce dtype across micro-batches, reduce-scattering them once after the last one."""
     experts_shard_over_ep_group: bool = False
     """Under ZeRO with ep > 1 the routed experts' states are sharded over the dp*cp/ep ranks
-    holding the same experts (`memory.expert_state_shards`), not over every ZeRO rank."""
+    holding the same experts (`memory.expert_state_shards`), not over every ZeRO rank
+    (torchtitan's expert FSDP mesh; Megatron-Core's expert data-parallel group)."""
     loss_compiles: bool = False
     """With `compile` the framework compiles its loss too: Inductor saves the 16-bit logits
     and per-token fp32 statistics instead of the fp32 log-softmax and writes the 16-bit
