@@ -1,10 +1,10 @@
 """Helpers shared by the planner's recipe and kernel-traffic tests: one plan's `StepTime` under a
-framework recipe, as `estimate` times it (the worst rank's parameters, the recipe's terms), and
-one Llama block of given widths."""
+framework recipe, as `estimate` times it (the worst rank's parameters, the recipe's terms), a
+bf16 plan under a named recipe, and one Llama block of given widths."""
 
 from __future__ import annotations
 
-from scaletrain.config import ModelConfig
+from scaletrain.config import Layout, ModelConfig, hardware_preset
 from scaletrain.planner.memory.rank_terms import model_terms
 from scaletrain.planner.recipes.memory import recipe_worst_rank
 from scaletrain.planner.recipes.schema import Recipe
@@ -21,6 +21,32 @@ def recipe_step(plan: PlanInput, recipe: Recipe) -> StepTime:
         causal=True,
         gpus_per_node=None,
         zero_bubble="h1",
+        recipe=recipe,
+    )
+
+
+def recipe_plan(
+    recipe: str,
+    layout: Layout,
+    model: ModelConfig,
+    *,
+    seq: int,
+    gb: int,
+    mb: int,
+    ac: str = "none",
+    gpu: str = "a100-80gb",
+) -> PlanInput:
+    """A bf16 plan of `model` on `layout` (one GPU per rank) under the recipe named."""
+    return PlanInput(
+        model,
+        hardware_preset(gpu),
+        layout.world_size,
+        layout,
+        seq,
+        gb,
+        mb,
+        "bf16",
+        ac,
         recipe=recipe,
     )
 

@@ -23,6 +23,8 @@ from scaletrain.planner.recipes.registry import RECIPES
 from scaletrain.planner.time.efficiency import allreduce_latency, gemm_shape_factor
 from scaletrain.planner.types import PlanInput
 
+from ._recipe_step import recipe_plan
+
 GiB = 2**30
 
 # a small GPT-2-style model: h=64, a=4, f=4h, GELU, LayerNorm, V=128, 2 layers, tied embedding
@@ -49,18 +51,7 @@ def _plan(
     mb: int = 1,
     gpu: str = "a100-80gb",
 ) -> PlanInput:
-    return PlanInput(
-        model,
-        hardware_preset(gpu),
-        layout.world_size,
-        layout,
-        seq,
-        gb,
-        mb,
-        "bf16",
-        ac,
-        recipe=recipe,
-    )
+    return recipe_plan(recipe, layout, model, seq=seq, gb=gb, mb=mb, ac=ac, gpu=gpu)
 
 
 def _params(m: ModelConfig) -> int:

@@ -9,7 +9,7 @@ from typing import Literal
 
 import pytest
 
-from scaletrain.config import Layout, ModelConfig, hardware_preset, model_preset
+from scaletrain.config import Layout, ModelConfig, model_preset
 from scaletrain.planner.estimate import estimate
 from scaletrain.planner.time.zero3_fetch import (
     HOOK_HOST_S_PER_VISIT,
@@ -17,6 +17,8 @@ from scaletrain.planner.time.zero3_fetch import (
     zero3_hook_host_s,
 )
 from scaletrain.planner.types import PlanInput
+
+from ._recipe_step import recipe_plan
 
 
 def _small() -> ModelConfig:
@@ -45,18 +47,7 @@ def _plan(
     recipe: str = "deepspeed",
     gpu: str = "h100-sxm",
 ) -> PlanInput:
-    return PlanInput(
-        model,
-        hardware_preset(gpu),
-        layout.world_size,
-        layout,
-        seq,
-        gb,
-        mbs,
-        "bf16",
-        ac,
-        recipe=recipe,
-    )
+    return recipe_plan(recipe, layout, model, seq=seq, gb=gb, mb=mbs, ac=ac, gpu=gpu)
 
 
 def test_constant_is_the_source_runs_step_over_its_visits() -> None:
