@@ -9,12 +9,13 @@ import dataclasses
 
 import pytest
 
-from scaletrain.config import Layout, ModelConfig, hardware_preset
+from scaletrain.config import Layout, ModelConfig
 from scaletrain.planner.recipes.activations import recipe_head_bytes, recipe_layer_bytes
 from scaletrain.planner.recipes.memory import recipe_rank_memory
 from scaletrain.planner.recipes.registry import recipe_named
 from scaletrain.planner.recipes.stages import compute_cost_stages, recipe_stages
-from scaletrain.planner.types import PlanInput
+
+from ._recipe_step import recipe_plan
 
 # scripts/scaling_benchmarks.py model_configs '1B' of Nanotron's benchmark: 16 layers,
 # h 2048, 32 heads (MHA), ffn 8192, vocab 131072, tied
@@ -36,17 +37,7 @@ NANO_1B = ModelConfig(
 
 
 def _plan(model: ModelConfig, layout: Layout, *, mb: int = 1, gb: int = 64, seq: int = 4096):
-    return PlanInput(
-        model,
-        hardware_preset("h100-sxm"),
-        layout.world_size,
-        layout,
-        seq,
-        gb,
-        mb,
-        "bf16",
-        recipe="nanotron",
-    )
+    return recipe_plan("nanotron", layout, model, seq=seq, gb=gb, mb=mb, gpu="h100-sxm")
 
 
 def test_compute_cost_split_of_nanotrons_1b_benchmark_model() -> None:

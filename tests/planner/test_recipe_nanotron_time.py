@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from scaletrain.config import Layout, ModelConfig, hardware_preset
+from scaletrain.config import Layout, ModelConfig
 from scaletrain.planner.recipes.memory import recipe_rank_memory, recipe_worst_rank
 from scaletrain.planner.recipes.registry import recipe_named
 from scaletrain.planner.recipes.schema import Recipe
@@ -28,7 +28,7 @@ from scaletrain.planner.time.recipe_terms import (
 from scaletrain.planner.time.step_time import plan_efficiency
 from scaletrain.planner.types import PlanInput
 
-from ._recipe_step import recipe_step
+from ._recipe_step import recipe_plan, recipe_step
 
 TINY = ModelConfig(
     name="tiny-llama",
@@ -46,17 +46,7 @@ TINY = ModelConfig(
 
 
 def _plan(layout: Layout, *, mb: int = 2, gb: int = 8, seq: int = 512) -> PlanInput:
-    return PlanInput(
-        TINY,
-        hardware_preset("h100-sxm"),
-        layout.world_size,
-        layout,
-        seq,
-        gb,
-        mb,
-        "bf16",
-        recipe="nanotron",
-    )
+    return recipe_plan("nanotron", layout, TINY, seq=seq, gb=gb, mb=mb, gpu="h100-sxm")
 
 
 def _without(recipe: Recipe, **fields: Any) -> Recipe:
