@@ -825,6 +825,42 @@ RECIPES["automodel"] = dataclasses.replace(
         "(or TE Linear) in the base weight's dtype (bf16), the only trained parameters; "
         "LinearLoRA.forward: the base linear plus lora_B(lora_A(dropout(x))) scaled: "
         "torchtune's LoRA terms (recipes.lora) over a bf16 base",
+        "selective": f"{_AM} nemo_automodel/components/distributed/activation_checkpointing.py "
+        "(the selective policy: mm / linear / grouped_mm alternate PREFER_RECOMPUTE and "
+        "MUST_SAVE, every other one saved, 'Following TorchTitan'; SDPA outputs in "
+        "_SELECTIVE_AC_MUST_SAVE_OPS): torchtitan's op-level SAC",
+        "ac_modes": f"{_AM} components/distributed/config.py FSDP2Config."
+        "activation_checkpointing: False, True / 'full' or 'selective'",
+        "full_ac_saves": f"{_AM} components/distributed/activation_checkpointing.py: torch's "
+        "checkpoint_wrapper (CheckpointImpl.NO_REENTRANT) around each decoder block (its input "
+        "kept)",
+        "ddp_bucket": f"{_AM} components/distributed/config.py DDPConfig: bucket_cap_mb None "
+        "(torch's 25 MiB), gradient_as_bucket_view False (a copy of every gradient in the "
+        "buckets); components/distributed/ddp.py builds torch DistributedDataParallel",
+        "activations": f"{_AM}: Hugging Face / AutoModel decoder blocks with SDPA (or TE) "
+        "attention, bf16 stream (FSDP2Config.mp_policy output_dtype bf16, no autocast). "
+        "Ignores: the fused kernels a run's backend selects (TE RMSNorm / linear / attention in "
+        "the MoE benchmark configs, Liger's RMSNorm / SwiGLU / RoPE patched into Hugging Face "
+        "models by _transformers/kernel_patches.py _patch_liger_kernel when use_liger_kernel "
+        "(default True)): counted as the eager block, an over-count",
+        "cp": f"{_AM} components/distributed/context_parallel/utils.py: torch's context "
+        "parallel dispatcher (_enable_context_parallel_dispatcher_impl over the cp mesh, ring "
+        "attention over SDPA; examples/llm_benchmark/llama3_3/"
+        "custom_llama3_1_70b_pretrain_benchmark_8nodes.yaml: attn_implementation sdpa "
+        "'required for cp>1'); the rotate method is torchtitan's assumption (not read)",
+        "pp_schedules": f"{_AM} components/distributed/pipelining/config.py PipelineConfig."
+        "pp_schedule: 1f1b (default), gpipe, interleaved_1f1b, looped_bfs, dfs, v_schedule, "
+        "zero_bubble (torch.distributed.pipelining schedules)",
+        "pp_fsdp_unsharded": f"{_AM} components/distributed/config.py FSDP2Config."
+        "reshard_after_forward None: 'pipeline-parallel layers do not reshard after forward'; "
+        "components/moe/fsdp_mixin.py patched_backward_maybe_with_nosync: sync and resharding "
+        "off for every backward but the last before the optimizer step. Ignores: the same "
+        "deferral without PP (fsdp_mixin.py prepare_for_grad_accumulation when the backend's "
+        "enable_fsdp_optimizations; components/distributed/utils.py get_sync_ctx under "
+        "defer_fsdp_grad_sync True), not modelled",
+        "experts_shard_over_ep_group": f"{_AM} nemo_automodel/components/moe/parallelizer.py "
+        "apply_fsdp: the experts fully_shard on ep_shard_mesh (the data-parallel ranks holding "
+        "the same experts), the rest of the block on the whole FSDP mesh",
         "grads_set_to_none": f"{_AM} nemo_automodel/recipes/llm/train_ft.py (training step): "
         "opt.zero_grad() after each step, set_to_none True by torch's default",
     },
