@@ -45,7 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         metavar="NAME",
         help="plan what this framework allocates: scaletrain (default), megatron, deepspeed, "
         "torchtitan, nanotron, nemo (megatron's memory, NeMo's overlapped communication), "
-        "llm-foundry, torchtune (bf16 states, LoRA / QLoRA), and framework versions "
+        "llm-foundry, torchtune (bf16 states, LoRA / QLoRA), automodel (NeMo AutoModel: "
+        "FSDP2 over bf16 parameters and Adam states, LoRA), and framework versions "
         "deepspeed-0.4 (DeepSpeed 0.4's ZeRO-1 of 2021 with torch 1.x) and "
         "deepspeed-bigscience-2022 (BigScience's 2022 fork); an "
         "unset --zero, --sp, --pp-schedule or --ac takes that framework's documented default "

@@ -77,6 +77,7 @@ def _schedule(layout: Layout) -> str:
 _MEGATRON_SCRIPTS = "NVIDIA/Megatron-LM examples/llama/train_llama3_8b_h100_fp8.sh"
 _COMPOSER_FSDP = "mosaicml/composer composer/utils/parallelism.py FSDPConfig"
 _TUNE_AT = "pytorch/torchtune at 30b8519e86d2"
+_AM_AT = "NVIDIA-NeMo/Automodel at 36044ad"
 _FOUNDRY_YAMLS = "mosaicml/llm-foundry scripts/train/yamls/pretrain/mpt-*.yaml (at 061f2c7)"
 _NEMO_RECIPES = "NVIDIA/NeMo nemo/collections/llm/recipes"
 
@@ -262,6 +263,38 @@ LAYOUT_DEFAULTS: dict[str, tuple[RecipeDefault, ...]] = {
             "set_activation_checkpointing)",
         ),
     ),
+    "automodel": (
+        RecipeDefault(
+            "zero",
+            _const(3),
+            "strategy fsdp2 over the leftover ranks (dp_size none), every decoder block "
+            "resharded after forward",
+            f"{_AM_AT} nemo_automodel/components/distributed/config.py FSDP2Config."
+            "reshard_after_forward None (AutoModel's heuristic: non-pipeline layers reshard "
+            "after forward, pipeline layers do not)",
+        ),
+        RecipeDefault(
+            "sp",
+            _const(False),
+            "sequence_parallel False",
+            f"{_AM_AT} nemo_automodel/components/distributed/config.py FSDP2Config."
+            "sequence_parallel = False",
+        ),
+        RecipeDefault(
+            "ac",
+            _const("none"),
+            "activation_checkpointing False",
+            f"{_AM_AT} nemo_automodel/components/distributed/config.py FSDP2Config."
+            "activation_checkpointing = False (True / 'full': every decoder block wrapped)",
+        ),
+        RecipeDefault(
+            "pp_schedule",
+            _const("1f1b"),
+            "pipeline pp_schedule '1f1b'",
+            f"{_AM_AT} nemo_automodel/components/distributed/pipelining/config.py "
+            "PipelineConfig.pp_schedule = '1f1b'",
+        ),
+    ),
 }
 """Per recipe: the default of each plan field its framework fills in (DEFAULTED_FIELDS)."""
 
@@ -426,6 +459,27 @@ KNOB_DEFAULTS: dict[str, tuple[Knob, ...]] = {
             "LoRA dropout",
             "0.0 (nn.Identity before lora_a)",
             f"{_TUNE_AT} torchtune/modules/peft/lora.py LoRALinear.__init__ (dropout 0.0)",
+        ),
+    ),
+    "automodel": (
+        Knob(
+            "dtype",
+            "bf16 resident parameters and gradients (model.torch_dtype 'auto'), FSDP2 "
+            "MixedPrecisionPolicy(param_dtype bf16, reduce_dtype fp32, output_dtype bf16); torch "
+            "Adam / AdamW states in the parameter dtype (bf16)",
+            f"{_AM_AT} nemo_automodel/_transformers/auto_model.py from_config (torch_dtype "
+            "'auto' -> bf16); components/distributed/config.py FSDP2Config.mp_policy; "
+            "docs/guides/mixed-precision-training.mdx",
+        ),
+        Knob(
+            "loss",
+            "MaskedCrossEntropy over the whole logits, fp32_upcast True",
+            f"{_AM_AT} nemo_automodel/components/loss/masked_ce.py MaskedCrossEntropy.__init__",
+        ),
+        Knob(
+            "compile",
+            "per decoder layer only when enable_compile (the loss eager)",
+            f"{_AM_AT} nemo_automodel/components/distributed/config.py FSDP2Config.enable_compile",
         ),
     ),
 }

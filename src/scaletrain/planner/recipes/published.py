@@ -516,6 +516,7 @@ FRAMEWORK_RECIPE = {
     "nanotron": "nanotron",
     "llm-foundry": "llm-foundry",
     "torchtune": "torchtune",
+    "automodel": "automodel",
 }
 """The planner recipe (planner/recipes/registry.py) of the framework a row ran: GPT-NeoX runs on
 DeepSpeed, NeMo on Megatron-Core (recipe 'nemo': megatron's memory, NeMo's overlapped

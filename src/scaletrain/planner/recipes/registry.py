@@ -14,11 +14,15 @@ recipes (Megatron-LM's and NeMo's are defined in `megatron.py`); the `Recipe` da
 today's `deepspeed` but for ZeRO-1's post-backward copies (`zero1_flats.py`).
 `deepspeed-bigscience-2022` is `deepspeed` under BigScience's Megatron-DeepSpeed of February
 2022, whose weight-decay group was split in two (Recipe.wd_group_halved).
+`automodel` is NeMo AutoModel: torchtitan's FSDP2 / pipelining / expert-sharding terms with bf16
+resident parameters, gradients and torch Adam states, its eager MaskedCrossEntropy and
+torchtune's LoRA terms (its PEFT path freezes a bf16 base the same way).
 
 Torch-free. Sources were read at these public repositories: NVIDIA/Megatron-LM (megatron/core,
 megatron/training), microsoft/DeepSpeed (deepspeed/runtime), pytorch/torchtitan (torchtitan/,
 docs/), huggingface/nanotron (src/nanotron), mosaicml/llm-foundry (llmfoundry/, scripts/train/) and
-mosaicml/composer (composer/utils/parallelism.py, composer/distributed/).
+mosaicml/composer (composer/utils/parallelism.py, composer/distributed/), NVIDIA-NeMo/Automodel
+(nemo_automodel/, examples/llm_benchmark/, docs/guides/).
 """
 
 from __future__ import annotations
@@ -751,6 +755,114 @@ RECIPES["torchtune"] = Recipe(
         "cp": "no context parallelism in torchtune's recipes at this commit",
         "fragmentation": ALLOCATOR_SOURCE,
         "cuda_context_bytes": RUNTIME_CONTEXT_SOURCE,
+    },
+)
+
+
+_AM = "NVIDIA-NeMo/Automodel at 36044ad (the performance summary's commit)"
+_TT = RECIPES["torchtitan"]
+RECIPES["automodel"] = dataclasses.replace(
+    _TT,
+    name="automodel",
+    framework="NeMo AutoModel (FSDP2, bf16 resident parameters)",
+    weight_bytes=2,
+    master_bytes=0,
+    grad_bytes=2,
+    autocast_weight_copy=False,
+    optimizer_state_bytes=2,
+    loss_compiles=False,
+    lora=True,
+    grads_set_to_none=True,
+    sources={
+        **{
+            k: v
+            for k, v in _TT.sources.items()
+            if k not in ("weight_bytes", "master_bytes", "grad_bytes", "optimizer", "loss_compiles")
+        },
+        "autocast_weight_copy": f"{_AM} components/distributed/config.py FSDP2Config."
+        "autocast_dtype = None (no torch.autocast around the forward) and the parameters are "
+        "bf16 already: no 16-bit cast of a weight is saved",
+        "framework": f"{_AM}: Hugging Face or AutoModel-native models sharded with torch FSDP2 "
+        "per decoder block (nemo_automodel/components/distributed/parallelizer.py, "
+        "components/moe/parallelizer.py apply_fsdp), torch DTensor TP / CP / EP and "
+        "torch.distributed.pipelining: the torchtitan recipe's FSDP2, pipeline-stage, "
+        "expert-sharding and ring-attention terms, with AutoModel's dtypes below",
+        "weight_bytes": f"{_AM} nemo_automodel/_transformers/auto_model.py "
+        "NeMoAutoModelForCausalLM.from_config: torch_dtype 'auto' -> torch.bfloat16; "
+        "from_pretrained: torch_dtype 'auto' keeps the checkpoint's dtype "
+        "(_transformers/model_init.py _restore_loaded_model_dtype; bf16 for the Llama / Qwen "
+        "checkpoints); docs/guides/mixed-precision-training.mdx 'Risky Pattern': leaving "
+        "model.torch_dtype unset or 'auto' resolves the resident parameter to bf16. The "
+        "resident FSDP2 shard is bf16 (2 B); FSDP2Config.mp_policy's param_dtype bf16 casts "
+        "nothing (components/distributed/config.py FSDP2Config: MixedPrecisionPolicy("
+        "param_dtype=bf16, reduce_dtype=fp32, output_dtype=bf16))",
+        "master_bytes": f"{_AM} docs/guides/mixed-precision-training.mdx: torch.optim keeps no "
+        "separate master copy (the resident parameter is what it updates); TE FusedAdam "
+        "master_weights is opt-in and no benchmark config the corpus cites sets it",
+        "grad_bytes": f"{_AM} docs/guides/mixed-precision-training.mdx: with bf16 resident "
+        "parameters the gradients are bf16 (reduce_dtype fp32 is the reduce-scatter's dtype "
+        "only; the sharded gradient takes the parameter's dtype)",
+        "optimizer": f"{_AM} examples/llm_benchmark/qwen/qwen3_moe_30b_te_deepep.yaml and "
+        "deepseek/deepseek_v3_te_deepep.yaml: torch.optim.Adam; llama3_1/"
+        "llama3_1_8b_peft_benchmark.yaml, qwen/qwen2_5_7b_peft_benchmark.yaml: torch.optim.AdamW",
+        "optimizer_state_bytes": f"{_AM} docs/guides/mixed-precision-training.mdx (Storage "
+        "Dtype vs. Compute Dtype): 'For torch.optim, the optimizer reads param.data, so the "
+        "EMA buffers (exp_avg, exp_avg_sq for AdamW) end up in this dtype': 2 + 2 B over bf16 "
+        "parameters. Ignores: TE FusedAdam's fp32 exp_avg / exp_avg_sq (the same page: 'TE "
+        "FusedAdam keeps fp32 state regardless'; llama3_3/"
+        "custom_llama3_1_70b_pretrain_benchmark_8nodes.yaml runs it: its states are "
+        "under-counted by 4 B/param)",
+        "loss": f"{_AM} nemo_automodel/components/loss/masked_ce.py MaskedCrossEntropy.forward: "
+        "logits.view(-1, V), logits.float() when fp32_upcast (default True), "
+        "F.cross_entropy(logits, labels) over the whole micro-batch (no chunking, no fused "
+        "linear cross-entropy in the benchmark configs). Ignores: fp32_upcast false (the MoE "
+        "benchmark configs), where the log-softmax is saved in bf16: 2 B/logit over-counted",
+        "loss_compiles": f"{_AM} components/distributed/config.py FSDP2Config.enable_compile: "
+        "'per-layer torch.compile to transformer decoder layers ... Skips whole-model "
+        "compile': the loss stays eager",
+        "lora": f"{_AM} nemo_automodel/components/_peft/lora.py LinearLoRA._init_adapter: the "
+        "base weight frozen (requires_grad False) in its own dtype, lora_A / lora_B nn.Linear "
+        "(or TE Linear) in the base weight's dtype (bf16), the only trained parameters; "
+        "LinearLoRA.forward: the base linear plus lora_B(lora_A(dropout(x))) scaled: "
+        "torchtune's LoRA terms (recipes.lora) over a bf16 base",
+        "selective": f"{_AM} nemo_automodel/components/distributed/activation_checkpointing.py "
+        "(the selective policy: mm / linear / grouped_mm alternate PREFER_RECOMPUTE and "
+        "MUST_SAVE, every other one saved, 'Following TorchTitan'; SDPA outputs in "
+        "_SELECTIVE_AC_MUST_SAVE_OPS): torchtitan's op-level SAC",
+        "ac_modes": f"{_AM} components/distributed/config.py FSDP2Config."
+        "activation_checkpointing: False, True / 'full' or 'selective'",
+        "full_ac_saves": f"{_AM} components/distributed/activation_checkpointing.py: torch's "
+        "checkpoint_wrapper (CheckpointImpl.NO_REENTRANT) around each decoder block (its input "
+        "kept)",
+        "ddp_bucket": f"{_AM} components/distributed/config.py DDPConfig: bucket_cap_mb None "
+        "(torch's 25 MiB), gradient_as_bucket_view False (a copy of every gradient in the "
+        "buckets); components/distributed/ddp.py builds torch DistributedDataParallel",
+        "activations": f"{_AM}: Hugging Face / AutoModel decoder blocks with SDPA (or TE) "
+        "attention, bf16 stream (FSDP2Config.mp_policy output_dtype bf16, no autocast). "
+        "Ignores: the fused kernels a run's backend selects (TE RMSNorm / linear / attention in "
+        "the MoE benchmark configs, Liger's RMSNorm / SwiGLU / RoPE patched into Hugging Face "
+        "models by _transformers/kernel_patches.py _patch_liger_kernel when use_liger_kernel "
+        "(default True)): counted as the eager block, an over-count",
+        "cp": f"{_AM} components/distributed/context_parallel/utils.py: torch's context "
+        "parallel dispatcher (_enable_context_parallel_dispatcher_impl over the cp mesh, ring "
+        "attention over SDPA; examples/llm_benchmark/llama3_3/"
+        "custom_llama3_1_70b_pretrain_benchmark_8nodes.yaml: attn_implementation sdpa "
+        "'required for cp>1'); the rotate method is torchtitan's assumption (not read)",
+        "pp_schedules": f"{_AM} components/distributed/pipelining/config.py PipelineConfig."
+        "pp_schedule: 1f1b (default), gpipe, interleaved_1f1b, looped_bfs, dfs, v_schedule, "
+        "zero_bubble (torch.distributed.pipelining schedules)",
+        "pp_fsdp_unsharded": f"{_AM} components/distributed/config.py FSDP2Config."
+        "reshard_after_forward None: 'pipeline-parallel layers do not reshard after forward'; "
+        "components/moe/fsdp_mixin.py patched_backward_maybe_with_nosync: sync and resharding "
+        "off for every backward but the last before the optimizer step. Ignores: the same "
+        "deferral without PP (fsdp_mixin.py prepare_for_grad_accumulation when the backend's "
+        "enable_fsdp_optimizations; components/distributed/utils.py get_sync_ctx under "
+        "defer_fsdp_grad_sync True), not modelled",
+        "experts_shard_over_ep_group": f"{_AM} nemo_automodel/components/moe/parallelizer.py "
+        "apply_fsdp: the experts fully_shard on ep_shard_mesh (the data-parallel ranks holding "
+        "the same experts), the rest of the block on the whole FSDP mesh",
+        "grads_set_to_none": f"{_AM} nemo_automodel/recipes/llm/train_ft.py (training step): "
+        "opt.zero_grad() after each step, set_to_none True by torch's default",
     },
 )
 
