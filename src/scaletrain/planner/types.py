@@ -22,6 +22,7 @@ from scaletrain.config import (
 )
 
 from .time.calibration import Calibration
+from .time.pipeline import schedule_microbatches
 
 _T = TypeVar("_T")
 
@@ -139,6 +140,13 @@ class PlanInput:
     the head's grad_output while fewer than the limit are held, pipeline_parallel/schedules.py
     finish_embedding_wgrad_compute runs them after the schedule); 0 = none. A published row's
     `layout.head_wgrad_deferred` (the limit, or m where the limit is 0 = all)."""
+    pp_schedule_microbatches: int = 0
+    """Foreign recipes, pp > 1: micro-batches per pipeline schedule call, the step's m being
+    m / this calls accumulated (`time.pipeline.schedule_microbatches`: NeMo AutoModel runs one
+    torch.distributed.pipelining schedule per local batch); 0 = one call over all of the step's
+    micro-batches. Sizes the torch stages' per-micro-batch buffers and the in-flight count
+    (`recipes.memory`) and the bubble, paid once per call (`time.step_time._compute_side`).
+    A published row's `layout.pp_schedule_microbatches`."""
     moe_dispatcher: str = "unstated"
     """Foreign recipes (Megatron-Core's): the run's MoE token dispatcher, a
     `config.choices.MoeDispatcher` name; 'alltoall' adds its chunk sorts by local expert and
@@ -169,6 +177,15 @@ class PlanInput:
     def grad_accum(self) -> int:
         """Micro-batches per optimizer step (`config.grad_accum_steps`)."""
         return grad_accum_steps(self.global_batch, self.micro_batch, self.layout.dp)
+
+    @_derived
+    def pp_call_microbatches(self) -> int:
+        """Micro-batches per pipeline schedule call (`time.pipeline.schedule_microbatches` of
+        `pp_schedule_microbatches`; `grad_accum` when 0 or pp = 1)."""
+        m = max(1, self.grad_accum)
+        if self.layout.pp == 1:
+            return m
+        return schedule_microbatches(m, self.pp_schedule_microbatches, self.layout.pp)
 
     @_derived
     def compute_bytes(self) -> int:

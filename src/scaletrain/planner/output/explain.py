@@ -98,7 +98,6 @@ _FP8_BACKEND_LINES = {
 def _states_and_activations(est: Estimate) -> list[str]:
     """Sections 2-4: model states, activations, buffers."""
     p, L, mem = est.plan, est.plan.layout, est.memory
-    m = max(1, p.grad_accum)
     out: list[str] = []
     add = out.append
     unit = byte_unit(mem.reserved)  # sections 2-4 in one unit, the largest figure's
@@ -145,7 +144,9 @@ def _states_and_activations(est: Estimate) -> list[str]:
         add(f"   {_FP8_BACKEND_LINES.get(p.fp8_backend, p.fp8_backend)}")
     stage = int(mem.detail.get("pipeline_rank", 0))
     inflight = (
-        inflight_microbatches(L.pp_schedule, L.pp, m, stage, L.pp_virtual) if L.pp > 1 else 1.0
+        inflight_microbatches(L.pp_schedule, L.pp, p.pp_call_microbatches, stage, L.pp_virtual)
+        if L.pp > 1
+        else 1.0
     )
     add(
         f"   micro-batches in flight ({L.pp_schedule}, pipeline rank {stage}, the worst) = "

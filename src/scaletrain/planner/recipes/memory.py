@@ -505,12 +505,16 @@ def torch_stage_buffers(
       - the stage outputs: forward_one_chunk keeps each micro-batch's output in fwd_cache until
         backward_one_chunk pops it: inflight per chunk that sends (the last stage's output is
         the loss head's, counted with the head).
+    m is the micro-batches of one schedule call (`PlanInput.pp_call_microbatches`): the stage
+    sizes these for its schedule's n_microbatches (schedules.py `_initialize_stage`), which a
+    run calling the schedule once per local batch (NeMo AutoModel,
+    `time.pipeline.schedule_microbatches`) sets below the step's micro-batches.
     Read in copies of torch's stage.py of the 2.4 to 2.9 era (the loops are the same in each;
     torchtitan 9dec370's torch 1963fc8 lies inside it, not read itself). Approximates: the
     interleaved chunks' in-flight share is spread evenly over the rank's chunks. Ignores: the
     gradient sends' input gradients (transient), NCCL's staging."""
     L = plan.layout
-    m = float(max(1, plan.grad_accum))
+    m = float(plan.pp_call_microbatches)  # the schedule call's micro-batches (n_microbatches)
     v = float(L.pp_virtual)
     unit = plan.compute_bytes * float(plan.seq_len) / L.cp * plan.micro_batch * plan.model.dim
     unit /= L.tp if (L.sp or recipe.sp_with_tp) else 1
@@ -541,7 +545,9 @@ def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBrea
     e = plan.compute_bytes
     tok = float(plan.seq_len) / L.cp * plan.micro_batch
     per_layer = recipe_layer_bytes(plan, recipe)
-    inflight = 1.0 if pp == 1 else inflight_microbatches(L.pp_schedule, pp, m, rank, L.pp_virtual)
+    # in flight within one schedule call (PlanInput.pp_call_microbatches): each call drains
+    mc = plan.pp_call_microbatches
+    inflight = 1.0 if pp == 1 else inflight_microbatches(L.pp_schedule, pp, mc, rank, L.pp_virtual)
     if pp > 1 and recipe.pp_stage_buffers == "torch_per_microbatch":
         bufs["pp_p2p"] = torch_stage_buffers(plan, recipe, first, last, inflight)
     acts = inflight * layers * per_layer

@@ -27,6 +27,7 @@ from scaletrain.config import (
     Layout,
     LoraConfig,
     ModelConfig,
+    grad_accum_steps,
     hardware_preset,
     layout_problems,
     model_preset,
@@ -37,6 +38,7 @@ from scaletrain.config.hardware_toml import describe_hardware
 from scaletrain.config.lora import lora_problems
 from scaletrain.config.strict import coerce, did_you_mean, scalar_type
 
+from ..time.pipeline import schedule_microbatches
 from ..types import PlanInput
 from .defaults import Assumed, apply_defaults
 from .registry import RECIPES
@@ -137,6 +139,10 @@ class RunLayout:
     sdpa_saved: bool | None = None
     """torchtitan's op-level SAC saves the run's SDPA kernel output (`PlanInput.sdpa_saved`;
     None: the recipe's rule, saved); the framework recipe only."""
+    pp_schedule_microbatches: int = 0
+    """Micro-batches per pipeline schedule call, the step running several calls
+    (`PlanInput.pp_schedule_microbatches`; 0 = one call over all of them); the framework
+    recipe only."""
     fsdp_ends: FsdpEnds = "unstated"
     """How the FSDP2 run wraps the embedding, final norm and head (`PlanInput.fsdp_ends`,
     `config.choices.FsdpEnds`); the framework recipe only."""
@@ -335,6 +341,12 @@ def _layout(where: str, raw: dict[str, Any]) -> RunLayout:
         if k not in raw:
             raise _fail(w, k, None, "state the batch (sequences per micro-batch / per step)")
     layout = Layout(**{k: kw.pop(k) for k in _LAYOUT_FIELDS if k in kw})
+    if "pp_schedule_microbatches" in kw:
+        m = grad_accum_steps(kw["global_batch"], kw["micro_batch"], layout.dp)
+        try:
+            schedule_microbatches(m, kw["pp_schedule_microbatches"], layout.pp)
+        except ConfigError as e:
+            raise _fail(w, e.field, e.value, e.fix) from None
     return RunLayout(layout=layout, given=frozenset(raw), **kw)
 
 
@@ -574,6 +586,7 @@ def plan_input(run: PublishedRun, recipe: str = "scaletrain") -> PlanInput:
         head_wgrad_deferred=L.head_wgrad_deferred if recipe != "scaletrain" else 0,
         moe_dispatcher=L.moe_dispatcher if recipe != "scaletrain" else "unstated",
         fsdp_ends=L.fsdp_ends if recipe != "scaletrain" else "unstated",
+        pp_schedule_microbatches=L.pp_schedule_microbatches if recipe != "scaletrain" else 0,
         sdpa_saved=L.sdpa_saved if recipe != "scaletrain" else None,
         lora_rank=0 if run.lora is None else run.lora.rank,
         lora_targets=() if run.lora is None else run.lora.target_names,

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from scaletrain.config import PP_SCHEDULES, Layout
+from scaletrain.config import PP_SCHEDULES, ConfigError, Layout
 
 __all__ = [
     "bubble_fraction",
@@ -44,6 +44,7 @@ __all__ = [
     "PipelineTimeline",
     "simulate",
     "microbatches_per_round",
+    "schedule_microbatches",
 ]
 
 FORWARD, BACKWARD, INPUT, WEIGHT = "F", "B", "I", "W"
@@ -117,6 +118,32 @@ def bubble_fraction(schedule: str, p: int, m: int, v: int = 1, *, zero_bubble: s
     if zero_bubble == "h1":
         return (p - 1) / (3 * v * m)
     raise ValueError(f"zero_bubble={zero_bubble!r}: use 'h1' or 'h2'")
+
+
+def schedule_microbatches(m: int, per_call: int, p: int) -> int:
+    """Micro-batches one pipeline schedule call runs, of the step's m: `per_call` (a run's
+    `pp_schedule_microbatches`), or m where it is 0 (one call per optimizer step, as
+    scaletrain's trainer and Megatron-Core run it).
+
+    torch.distributed.pipelining runs `n_microbatches` per `step()` call
+    (torch/distributed/pipelining/schedules.py: `PipelineScheduleSingle.step` splits its
+    whole-batch input into `self._n_microbatches` chunks and `_initialize_stage` sizes the
+    stage's per-micro-batch receive buffers for that many; the schedule fills and drains within
+    the call). NeMo AutoModel builds its schedule with n_microbatches = local_batch_size /
+    pp_microbatch_size and calls it once per local batch, accumulating the step's local batches
+    (NVIDIA-NeMo/Automodel 36044ad, nemo_automodel/recipes/llm/train_ft.py: pp_batch_size =
+    step_scheduler.local_batch_size, `for i, batch in enumerate(batches)` ->
+    `_forward_backward_step` -> `schedule.step`; components/distributed/pipelining/
+    functional.py: n_microbatches = local_batch_size // microbatch_size). So a step of m
+    micro-batches is m / per_call calls, each paying its own fill and drain. Raises ConfigError
+    unless 0, or 1 <= per_call <= m dividing m and >= p (Automodel asserts
+    pp_batch_size // pp_microbatch_size >= pp_size)."""
+    if per_call == 0:
+        return m
+    fix = f"give micro-batches per schedule call dividing the step's {m}, at least pp = {p}"
+    if per_call < 0 or per_call > m or m % per_call or per_call < p:
+        raise ConfigError("pp_schedule_microbatches", per_call, fix)
+    return per_call
 
 
 def microbatches_per_round(p: int, m: int) -> int:

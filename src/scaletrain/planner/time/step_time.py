@@ -419,7 +419,10 @@ def _compute_side(
     hook's own add), and so do the elementwise passes of torch's ring attention under CP
     (`cp_ring.torch_ring_passes_s`, Recipe.cp_ring 'torch_allgather').
     The pipeline bubble is a fraction of it (`pipeline.bubble_fraction`), for GPipe and 1F1B
-    with unequal stages the other stages' fill and drain (`_fill_drain_share`)."""
+    with unequal stages the other stages' fill and drain (`_fill_drain_share`); the fraction
+    is one schedule call's (`PlanInput.pp_call_microbatches`, `pipeline.schedule_microbatches`:
+    a run that calls torch's schedule once per local batch fills and drains once per call).
+    Ignores: a call's drain overlapping the next call's fill (torch's step returns first)."""
     L, model, hw = plan.layout, plan.model, plan.hardware
     m = max(1, plan.grad_accum)
     counts = stage_layer_counts(model.num_layers, L.pp, L.pp_virtual, L.pp_schedule)
@@ -464,8 +467,11 @@ def _compute_side(
         compute_s -= d * (t_mb - light)
     bubble_s = 0.0
     if L.pp > 1:
+        # the fraction of one schedule call of mc micro-batches (PlanInput.pp_call_microbatches)
+        # over the step's m: each of the m / mc calls fills and drains once
+        mc = plan.pp_call_microbatches
         bubble_s = (
-            bubble_fraction(L.pp_schedule, L.pp, m, L.pp_virtual, zero_bubble=zero_bubble)
+            bubble_fraction(L.pp_schedule, L.pp, mc, L.pp_virtual, zero_bubble=zero_bubble)
             * compute_s
             * _fill_drain_share(plan, counts, head, layer_s, head_s)
         )
