@@ -31,6 +31,7 @@ GENERATION = {
     "h100-pcie": "Hopper",
     "h200": "Hopper (H200)",
     "mi300x": "CDNA3 (AMD)",
+    "rtx3090": "Ampere",
     "rtx4090": "Ada",
     "b200": "Blackwell",
 }
