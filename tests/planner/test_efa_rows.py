@@ -65,3 +65,16 @@ def test_efa_slows_axes_that_cross_nodes_only(nanotron_rows) -> None:
     # across nodes the step only grows
     c = replace(q, hardware=hardware_preset("h100-sxm"))
     assert estimate(q).time.step_s > estimate(c).time.step_s
+
+
+def test_shipped_p5_description_is_the_rows_hardware(nanotron_rows) -> None:
+    """configs/h100-p5-efa.toml plans a p5 node as the Nanotron rows do."""
+    from pathlib import Path
+
+    from scaletrain.config import load_config
+    from scaletrain.config.loading import read_hardware_file
+
+    root = Path(__file__).resolve().parents[2]
+    hw = read_hardware_file(root / "configs" / "h100-p5-efa.toml")
+    spec = load_config(None, {"hardware": hw}).hardware_spec()
+    assert spec == nanotron_rows[0].hardware()
