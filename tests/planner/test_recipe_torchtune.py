@@ -10,7 +10,11 @@ import pytest
 
 from scaletrain.config import Layout, hardware_preset, model_preset
 from scaletrain.planner import estimate
-from scaletrain.planner.memory.lora import lora_terms
+from scaletrain.planner.memory.lora import (
+    compiled_dequantize_bytes,
+    dequantize_work_bytes,
+    lora_terms,
+)
 from scaletrain.planner.recipes.defaults import apply_defaults
 from scaletrain.planner.recipes.memory import recipe_problems
 from scaletrain.planner.recipes.published import FRAMEWORK_RECIPE, load_runs, plan_input, recipe_of
@@ -77,12 +81,33 @@ def test_full_ac_keeps_the_block_inputs_and_recomputes_one_block() -> None:
     m = estimate(p).memory
     head = 4 * T * V + 4 * T * H + 4 * T
     assert m.activations == 2 * 2 * T * H + head
-    # while one block recomputes, its whole ac-none set (the first block's included), which
+    # while one block recomputes, its whole ac-none set (the first block's included); the
+    # head's saved tensors were freed by the head's backward before it, and what is left
     # outweighs the loss forward's temporaries (the peak without recompute)
     block = (none.activations - head + (4 * H + 4) * T) / 2
     loss = none.buffer_terms["loss_backward_temp"]
-    assert block > loss
-    assert m.total - m.activations == none.total - none.activations - loss + block
+    assert block - head > loss
+    assert m.total - m.activations == none.total - none.activations - loss + block - head
+
+
+def test_the_head_is_freed_before_a_block_recomputes() -> None:
+    # the peak under full AC is the larger of the loss backward (every block's input, the
+    # head's saved tensors, the loss temporaries) and a block's recompute after the head's
+    # backward freed what it saved (every block's input, the recomputed block's set)
+    p = _plan(("wq", "wv"), "bf16", ac="full")
+    m = estimate(p).memory
+    head = 4 * T * V + 4 * T * H + 4 * T
+    inputs = 2 * 2 * T * H
+    none = estimate(_plan(("wq", "wv"), "bf16")).memory
+    block = (none.activations - head + (4 * H + 4) * T) / 2
+    loss = m.buffer_terms["loss_backward_temp"]
+    assert m.activations == inputs + head
+    # dp 1: no unit in flight; no gradient yet (set to none after every step: they come
+    # block by block, and the backward's end, with every one of them, is lower here)
+    states, other = m.params + m.optimizer, m.buffers - loss
+    assert m.total == states + other + max(inputs + head + loss, inputs + block)
+    assert inputs + block > inputs + head + loss  # here the recompute is the peak ...
+    assert m.total < states + other + inputs + head + block  # ... without the head beside it
 
 
 def test_qlora_nf4_base_and_its_bf16_dequantization() -> None:
@@ -97,6 +122,25 @@ def test_qlora_nf4_base_and_its_bf16_dequantization() -> None:
     # torchao's get_original_weight on a bf16 NF4 tensor: int64 codes (8 B) and three bf16
     # tensors per value of the largest projection (176 x 64)
     assert m.buffer_terms["lora_dequantize"] == (8 + 3 * 2) * F * H
+    # compiled (training.compile_model compiles each layer), Inductor fuses the dequantization
+    # into one kernel whose only output is the bf16 weight the matmul reads, and the backward
+    # recomputes it from the NF4 codes: 2 B per value of the largest projection
+    c = estimate(replace(p, compile=True)).memory
+    assert c.buffer_terms["lora_dequantize"] == 2 * F * H
+    assert c.params == m.params and c.activations <= m.activations
+
+
+def test_compiled_dequantization_is_the_compute_dtype_weight() -> None:
+    assert compiled_dequantize_bytes("nf4", 176, 64, "bf16") == 2 * 176 * 64
+    assert compiled_dequantize_bytes("int8", 176, 64, "bf16") == 2 * 176 * 64
+    assert compiled_dequantize_bytes("nf4", 176, 64, "fp32") == 4 * 176 * 64
+    assert compiled_dequantize_bytes("bf16", 176, 64, "bf16") == 0.0
+    assert compiled_dequantize_bytes("bf16", 176, 64, "fp32") == 4 * 176 * 64
+    assert compiled_dequantize_bytes("auto", 176, 64, "bf16") == 0.0
+    # the eager temporaries it replaces: int64 codes and three bf16 tensors per value
+    assert dequantize_work_bytes("nf4", 176, 64, "bf16", 2.0) == 7 * compiled_dequantize_bytes(
+        "nf4", 176, 64, "bf16"
+    )
 
 
 def test_full_training_is_bf16_with_bf16_adamw_states() -> None:
@@ -181,7 +225,9 @@ def test_gradients_set_to_none_meet_the_activations_only_at_the_backward_end(ac:
     per_layer = m.detail["activations.per_layer"]
     # under full AC one block's ac-none set while it recomputes
     recompute = 0.0 if ac == "none" else none.detail["activations.per_layer"]
-    start = m.params + m.optimizer + m.activations + max(recompute, loss)
+    # the head's saved tensors are freed by its backward, before any block recomputes
+    head = m.detail["activations.head"]
+    start = m.params + m.optimizer + m.activations + max(recompute - head, loss)
     end = m.params + m.optimizer + m.grads + per_layer + recompute
     assert m.total == ctx + max(start, end)
     # the start holds no gradient, the end every one

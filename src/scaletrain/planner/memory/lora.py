@@ -61,6 +61,7 @@ __all__ = [
     "stored_bytes_per_value",
     "gathered_bytes_per_value",
     "dequantize_work_bytes",
+    "compiled_dequantize_bytes",
     "lora_layer_activation_bytes",
     "first_block_saving",
 ]
@@ -123,6 +124,29 @@ def dequantize_work_bytes(
         return 2.0 * wc * n
     if base_dtype == "bf16":
         return 0.0 if wc == 2 else wc * n
+    return 0.0
+
+
+def compiled_dequantize_bytes(base_dtype: str, rows: int, cols: int, precision: str) -> float:
+    """The temporaries of dequantizing one frozen (rows x cols) projection inside a block that
+    torch.compile compiled: the weight in the compute dtype, wc per value, for 'nf4' and
+    'int8' (and 'bf16' cast to a wider compute dtype); nothing for a base already in it.
+
+    Counts: Inductor lowers the dequantization's ops (the shifts and masks of the packed codes,
+    their int64 casts, the code-book lookup, the products with the scales, the stack and the
+    cast: torchao/dtypes/nf4tensor.py NF4Tensor.get_original_weight, pytorch/ao 0598012;
+    NF4Tensor is traced by torch.compile from torch 2.3, test/dtypes/test_nf4.py
+    test_smoketest_linear_compile) into one fused kernel that writes only its output, which the
+    matmul (an extern cuBLAS call) reads; and the backward does not keep that output from the
+    forward: AOTAutograd's min-cut partitioner (torch/_functorch/partitioners.py
+    min_cut_rematerialization_partition, pytorch/pytorch 00c07b93: pointwise ops, _to_copy,
+    index and gather are recomputable; a graph input such as the NF4 codes is saved at its own
+    size) saves the packed codes and recomputes the dequantization in the backward graph.
+    Ignores: Inductor holding two projections' weights at once (w1 and w3 read the same
+    input; the scheduler may run both dequantizations before either matmul)."""
+    wc = compute_bytes(precision)
+    if base_dtype in ("nf4", "int8") or (base_dtype == "bf16" and wc != 2):
+        return float(wc) * rows * cols
     return 0.0
 
 

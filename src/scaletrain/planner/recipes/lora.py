@@ -26,10 +26,13 @@ recipe is the dtype of everything and what the framework's modules save:
   recomputed, its whole set;
 - a quantized base's dequantization temporaries (`memory.lora.dequantize_work_bytes` with the
   NF4 tensor's own dtype, the recipe's `weight_bytes`: torchao's NF4Tensor.get_original_weight
-  computes in the dtype the weight was quantized from), one projection at a time.
+  computes in the dtype the weight was quantized from), one projection at a time Under
+  compile (torchtune's training.compile_model compiles every TransformerSelfAttentionLayer,
+  recipes/lora_finetune_*.py _setup_model; AutoModel compiles each decoder layer) Inductor
+  fuses the dequantization and the partitioner recomputes it in the backward: one
+  projection's weight in the compute dtype (`memory.lora.compiled_dequantize_bytes`).
 Ignores: pipeline and tensor parallelism (a LoRA recipe runs neither: recipe_problems), the
-adapters' dropout (0 in the configs), torch.compile's effect on the dequantization (counted
-eager).
+adapters' dropout (0 in the configs).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from scaletrain.config.lora import tp_shapes
 
 from ..memory.head import MicroBatchShape
 from ..memory.lora import (
+    compiled_dequantize_bytes,
     dequantize_work_bytes,
     first_block_saving,
     lora_layer_activation_bytes,
@@ -127,8 +131,12 @@ def recipe_lora(plan: PlanInput, recipe: Recipe, params: float, root: float) -> 
         recompute = 0.0
     work = 0.0
     if not plain:
+        # eager: torchao's get_original_weight's temporaries; under compile (the recipe's
+        # framework compiles the blocks that hold the projections) the fused kernel's output
         work = max(
-            dequantize_work_bytes(base, *sh.weight, plan.precision, wb)
+            compiled_dequantize_bytes(base, *sh.weight, plan.precision)
+            if plan.compile
+            else dequantize_work_bytes(base, *sh.weight, plan.precision, wb)
             for sh in tp_shapes(m, rank, 1).values()
         )
     return RecipeLora(

@@ -554,7 +554,7 @@ def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBrea
     recompute = recipe_layer_bytes(plan, recipe, "none") if plan.ac == "full" and layers else 0.0
     if layers:
         recompute += naive_attention_backward_temp(plan, recipe)
-    head_stored = loss_tmp = 0.0
+    head_stored = loss_tmp = head_freed = 0.0
     lora = recipe.lora and plan.lora is not None and pp == 1
     if lora:
         # a frozen base with adapters (Recipe.lora, recipes.lora): its states, units in flight,
@@ -571,6 +571,13 @@ def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBrea
         P = lo.adapters
     if last:
         head_stored, loss_tmp = recipe_head_bytes(plan, recipe)
+        # what the head and loss saved for backward (the final norm's and the head's inputs,
+        # the logits the loss keeps) is freed by their backward, which autograd runs before
+        # any block's: a block's recompute never meets it. Not under a pipeline engine that
+        # keeps the stage's output (Recipe.pipe_output_buffers): the logits the loss saves are
+        # that buffer's tensor, alive until the stage's backward ends (ignores the final
+        # norm's and the head's inputs, e*T*h each, freed there all the same)
+        head_freed = 0.0 if recipe.pipe_output_buffers else head_stored
         # the pipeline engine's 2 output buffers (Recipe.sources['pipe_output_buffers']): under
         # Megatron-DeepSpeed's fp16 GPTModelPipe they hold fp32 logits (its last spec is
         # float16_to_fp32), the current one being the tensor the vocab-parallel loss softmaxes
@@ -582,14 +589,14 @@ def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBrea
     states = weights + master + grads + optim
     buffers = sum(bufs.values())
     # transients that never coexist: the loss backward (last stage, before any block's
-    # backward), a block's recompute and its fp32 reduce-scatter input (FSDP)
+    # backward, with the head's saved tensors), a block's recompute and its fp32
+    # reduce-scatter input (FSDP, after the head's saved tensors are freed)
     rs = bufs.get("fsdp_reduce_scatter", 0.0)
     # an end unit reduce-scattered among the stored activations (fsdp_end_units
     # 'own_units'): its fp32 copy-in as a block's, after the loss backward's temporaries
     tail = 4.0 * tail_rs if rs and not recipe.fsdp_prefetch_params else 0.0
-    fwdbwd = (
-        states + in_params + in_grads + buffers - rs + acts + max(recompute + rs, loss_tmp, tail)
-    )
+    peak_acts = acts + max(recompute + rs - head_freed, loss_tmp, tail)
+    fwdbwd = states + in_params + in_grads + buffers - rs + peak_acts
     if recipe.grads_set_to_none and pp == 1 and m == 1:
         # gradients freed after every step (Recipe.grads_set_to_none): the backward's start
         # holds every activation and the loss temporaries but no gradient; its end every
@@ -598,10 +605,7 @@ def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBrea
         # block by block, so the larger end is the peak
         base = states - grads + in_params + in_grads + buffers - rs
         first_block = per_layer if layers else 0.0
-        fwdbwd = max(
-            base + acts + max(recompute + rs, loss_tmp, tail),
-            base + grads + first_block + recompute + rs,
-        )
+        fwdbwd = max(base + peak_acts, base + grads + first_block + recompute + rs)
     step_tmp = 4.0 * P / (N if z >= 1 else 1) if recipe.step_grad_fp32_copy and not fp32 else 0.0
     if held.fp32_grad_accum:
         # BF16_Optimizer: the fp32 partition the step reads is a view of the accumulation

@@ -718,7 +718,9 @@ RECIPES["torchtune"] = Recipe(
         "(set_trainable_params(model, get_adapter_params(model))); torchao "
         "torchao/dtypes/nf4tensor.py (pytorch/ao 0598012) LinearNF4.forward saves the NF4 "
         "weight and calls weight.to(input.dtype) -> get_original_weight per call, forward and "
-        "backward (recipes.lora)",
+        "backward (recipes.lora); under compile (training.compile_model compiles every "
+        "TransformerSelfAttentionLayer, recipes/lora_finetune_*.py _setup_model) Inductor fuses "
+        "that dequantization into the weight it writes (memory.lora.compiled_dequantize_bytes)",
         "zero_stages": f"{_TUNE} recipes/*_distributed.py: training.shard_model (fully_shard on "
         "every layers.i, then the root; fsdp_reshard_after_forward True = ZeRO-3, False = "
         "ZeRO-2); the *_single_device recipes: ZeRO-0 at dp 1 (torchtune runs no DDP)",
