@@ -362,7 +362,12 @@ bandwidth."""
 
 
 def mcore_elementwise_bytes(
-    model: ModelConfig, *, fp8_norm_out: bool, dropout: bool, recompute: bool
+    model: ModelConfig,
+    *,
+    fp8_norm_out: bool,
+    dropout: bool,
+    recompute: bool,
+    moe_layer: bool = False,
 ) -> float:
     """Bytes per token per block of a Megatron-Core / Transformer Engine decoder layer's fused
     non-GEMM, non-attention kernels (MCORE_*), forward + backward, plus the forward again
@@ -370,13 +375,21 @@ def mcore_elementwise_bytes(
     (Transformer Engine's fp8 LayerNormLinear); dropout: hidden dropout is on (1-byte masks).
     Source: megatron/core/transformer (transformer_layer.py, attention.py, mlp.py),
     megatron/core/fusions (fused_bias_dropout.py, fused_bias_swiglu.py, fused_bias_gelu.py),
-    TransformerEngine module/layernorm_linear.py, attention/rope.py, utils.py SplitAlongDim."""
+    TransformerEngine module/layernorm_linear.py, attention/rope.py, utils.py SplitAlongDim.
+    moe_layer: a Megatron-Core MoE layer (megatron/core/models/gpt/gpt_layer_specs.py
+    get_gpt_layer_with_transformer_engine_submodules, read at 00611e6: linear_qkv a
+    LayerNormLinear, pre_mlp_layernorm a standalone TENorm when num_experts, the MoE layer as
+    the mlp): its attention side, both norms and both bias-dropout-adds as above, without the
+    MLP's activation (the routed rows' weighted SwiGLU is moe_traffic's), and only the input
+    norm writes fp8 (the pre-MLP norm's output feeds the router GEMM and the dispatcher in 16
+    bits). The q / k TENorms of a qk_layernorm model are not counted (as for dense blocks)."""
     h, q, kv, f = model.dim, model.q_dim, model.kv_dim, model.ffn_dim
     parts: list[tuple[tuple[float, float], float]] = [
         (MCORE_NORM, 2.0 * h),
         (MCORE_RESIDUAL, 2.0 * h),
-        (MCORE_GATED_ACT if model.gated_mlp else MCORE_ACT, float(f)),
     ]
+    if not moe_layer:
+        parts.append((MCORE_GATED_ACT if model.gated_mlp else MCORE_ACT, float(f)))
     if dropout:
         parts.append((MCORE_DROPOUT, 2.0 * h))
     if model.bias:
@@ -392,7 +405,7 @@ def mcore_elementwise_bytes(
     fwd = sum(c[0] * n for c, n in parts)
     bwd = sum(c[1] * n for c, n in parts)
     if fp8_norm_out:
-        fwd -= MCORE_FP8_NORM_OUT * 2.0 * h
+        fwd -= MCORE_FP8_NORM_OUT * (1.0 if moe_layer else 2.0) * h
     return bwd + fwd * (2.0 if recompute else 1.0)
 
 
@@ -407,10 +420,13 @@ def eager_elementwise_s(plan: PlanInput, recipe: Recipe | None) -> float:
     MPT block, mpt_eager_elementwise_bytes, not counted under compile); for
     Megatron-Core on Transformer Engine (eager_block 'mcore') the fused kernels its layer runs
     (mcore_elementwise_bytes, dense models). MoE models: torchtitan's MoE block when it runs
-    eager (Recipe.moe_block 'torchtitan', `_torchtitan_moe_s`), 0 otherwise."""
+    eager (Recipe.moe_block 'torchtitan', `_torchtitan_moe_s`); a Megatron-Core MoE layer's
+    non-expert kernels (`_mcore_moe_s`); 0 otherwise."""
     model, hw = plan.model, plan.hardware
     if recipe is None or not recipe.eager_elementwise or plan.efficiency > 0 or hw.is_cpu:
         return 0.0
+    if model.is_moe and recipe.eager_block == "mcore":
+        return _mcore_moe_s(plan, recipe)
     if model.is_moe:
         return _torchtitan_moe_s(plan, recipe)
     if recipe.eager_block == "mcore":
@@ -460,3 +476,26 @@ def _torchtitan_moe_s(plan: PlanInput, recipe: Recipe) -> float:
             model.dense_layer_view(), fused_norm=True, recompute=recompute
         )
     return moved / model.num_layers / hw.memory_bw
+
+
+def _mcore_moe_s(plan: PlanInput, recipe: Recipe) -> float:
+    """Seconds per token per block of a Megatron-Core MoE layer's attention-side, norm and
+    residual kernels (mcore_elementwise_bytes with `moe_layer`) over memory bandwidth, for the
+    layers time.moe_traffic counts the routed rows of (recipes.activations
+    megatron_moe_applies: dropless top-k softmax, no shared experts, no dense layers, no MLA);
+    0 for other MoE layers (not counted)."""
+    from ..recipes.activations import megatron_moe_applies
+
+    model = plan.model
+    if not megatron_moe_applies(plan, recipe):
+        return 0.0
+    fp8_out = fp8_cast_kernels(plan, recipe) == "transformer_engine"
+    dropout = recipe.dropout_masks and model.norm == "layernorm"
+    moved = mcore_elementwise_bytes(
+        model,
+        fp8_norm_out=fp8_out,
+        dropout=dropout,
+        recompute=plan.ac == "full",
+        moe_layer=True,
+    )
+    return moved / plan.hardware.memory_bw

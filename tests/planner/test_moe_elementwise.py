@@ -1,6 +1,8 @@
-"""torchtitan's MoE block run eager (time.elementwise.torchtitan_moe_elementwise_bytes): a hand
-count of the kernels its docstring names for Qwen3-30B-A3B (h 2048, q 4096, kv 512, k 8 routed
-rows of f 768, qk_norm), and when the planner charges them (torchtitan_moe_block_eager)."""
+"""The elementwise kernels of MoE blocks (time.elementwise): torchtitan's MoE block run eager
+(torchtitan_moe_elementwise_bytes) and a Megatron-Core MoE layer's non-expert kernels
+(mcore_elementwise_bytes with moe_layer), each against a hand count of the kernels their
+docstrings name for Qwen3-30B-A3B (h 2048, q 4096, kv 512, k 8 routed rows of f 768, qk_norm),
+and when the planner charges them (torchtitan_moe_block_eager)."""
 
 from __future__ import annotations
 
@@ -70,3 +72,22 @@ def test_not_charged() -> None:
     # AutoModel's own MoE block (it inherits the torchtitan recipe's other terms)
     assert RECIPES["automodel"].moe_block == "none"
     assert eager_elementwise_s(_plan("automodel"), RECIPES["automodel"]) == 0.0
+
+
+def _mcore_moe_hand(fp8: bool) -> float:
+    """A Megatron-Core MoE layer's non-expert kernels, per token: two norms, two
+    bias-dropout-adds, RoPE on q and k, the v and GQA q copies, the QKV-gradient cat; fp8: the
+    input norm writes 1 B."""
+    h, q, kv = 2048, 4096, 512
+    fwd = 4 * 2 * h + 6 * 2 * h + 4 * (q + kv) + 4 * kv + 4 * q - (h if fp8 else 0)
+    bwd = 12 * 2 * h + 4 * (q + kv) + 4 * (q + 2 * kv)
+    return bwd + fwd
+
+
+@pytest.mark.parametrize("precision,fp8", [("fp8", True), ("bf16", False)])
+def test_mcore_moe_layer_non_expert_kernels(precision: str, fp8: bool) -> None:
+    hw = hardware_preset("b200")
+    L = Layout(dp=8, ep=8, zero=1)
+    p = PlanInput(QWEN, hw, 8, L, 4096, 64, 1, precision, "none", recipe="nemo")
+    want = _mcore_moe_hand(fp8) / hw.memory_bw
+    assert eager_elementwise_s(p, RECIPES["nemo"]) == pytest.approx(want, rel=1e-12)
