@@ -384,7 +384,11 @@ def _recipe_time(est: Estimate) -> list[str]:
     eager = eager_elementwise_s(p, r)
     if eager > 0:
         kind, fn = ("eager", "eager_elementwise_bytes")
-        if p.compile:
+        if p.model.is_moe and r.eager_block == "mcore":
+            kind, fn = ("fused (Transformer Engine), MoE layer", "mcore_elementwise_bytes")
+        elif p.model.is_moe:
+            kind, fn = ("eager MoE block", "torchtitan_moe_elementwise_bytes")
+        elif p.compile:
             kind, fn = ("compiled (fused)", "compiled_elementwise_bytes")
         elif r.eager_block == "mpt":
             fn = "mpt_eager_elementwise_bytes"

@@ -264,6 +264,7 @@ RECIPES: dict[str, Recipe] = {
         experts_shard_over_ep_group=True,
         loss_compiles=True,
         eager_elementwise=True,
+        moe_block="torchtitan",
         fsdp2_copies=True,
         cp_ring="torch_allgather",
         cp_kv_repeated=True,
@@ -289,6 +290,14 @@ RECIPES: dict[str, Recipe] = {
             "compile alone 5,762 -> 6,667 TPS/GPU; under compile the fused kernels' "
             "traffic (parallelize_llama.py apply_compile at 9dec370: per-block "
             "torch.compile; elementwise.compiled_elementwise_bytes)",
+            "moe_block": "torchtitan at 022f885: models/moe/moe.py MoE.forward (torch.gather "
+            "of the routed rows, out.scatter_add of the expert outputs), _run_experts_grouped_mm "
+            "(F.silu, the gate product), distributed/deepep/utils.py permute / unpermute "
+            "(index_select, zeros + scatter_add_), models/qwen3/model/model.py (nn.RMSNorm "
+            "attention_norm, ffn_norm, q_norm, k_norm); eager under AC + compile: "
+            "models/llama4/infra/parallelize.py apply_compile (fullgraph=False for MoE blocks) "
+            "and pytorch PR #193143 (a graph break inside a checkpointed function makes Dynamo "
+            "skip the frame)",
             "fsdp2_copies": "torchtitan parallelize_llama.py apply_fsdp at 9dec370: "
             "fully_shard per block and the root; torch 2.13 _fully_shard/"
             "_fsdp_collectives.py foreach_all_gather_copy_out (split_with_sizes_copy on "
@@ -773,14 +782,27 @@ RECIPES["automodel"] = dataclasses.replace(
     autocast_weight_copy=False,
     optimizer_state_bytes=2,
     loss_compiles=False,
+    moe_block="none",
     lora=True,
     grads_set_to_none=True,
     sources={
         **{
             k: v
             for k, v in _TT.sources.items()
-            if k not in ("weight_bytes", "master_bytes", "grad_bytes", "optimizer", "loss_compiles")
+            if k
+            not in (
+                "weight_bytes",
+                "master_bytes",
+                "grad_bytes",
+                "optimizer",
+                "loss_compiles",
+                "moe_block",
+            )
         },
+        "moe_block": "NVIDIA-NeMo/Automodel nemo_automodel/components/moe/layers.py (read at "
+        "01883b4): its own GroupedExperts / GroupedExpertsDeepEP (the latter on Megatron-Core's "
+        "MoEFlexTokenDispatcher and weighted_bias_swiglu_impl), not torchtitan's MoE block: "
+        "its kernels are not counted",
         "autocast_weight_copy": f"{_AM} components/distributed/config.py FSDP2Config."
         "autocast_dtype = None (no torch.autocast around the forward) and the parameters are "
         "bf16 already: no 16-bit cast of a weight is saved",

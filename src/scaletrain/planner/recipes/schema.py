@@ -34,6 +34,8 @@ TiedGradSync = Literal["none", "allreduce_after_backward"]
 (`Recipe.tied_grad_sync`)."""
 EagerBlock = Literal["llama", "mpt", "mcore"]
 """Which block's eager elementwise kernels a recipe counts (`Recipe.eager_block`)."""
+MoEBlock = Literal["none", "torchtitan"]
+"""Whose MoE block's elementwise and routed-row kernels a recipe counts (`Recipe.moe_block`)."""
 CPRing = Literal["p2p", "torch_allgather"]
 """How a recipe's ring attention exchanges K/V (`Recipe.cp_ring`)."""
 PPStageBuffers = Literal["pair", "torch_per_microbatch"]
@@ -176,6 +178,12 @@ class Recipe:
     'mcore' (Megatron-Core's decoder layer on Transformer Engine: not eager, the fused norm,
     bias-dropout-add, activation and RoPE kernels it runs, elementwise.mcore_elementwise_bytes,
     any dense block)."""
+    moe_block: MoEBlock = "none"
+    """Time model, MoE models: 'torchtitan' charges torchtitan's MoE block's memory-bound
+    kernels (norms, RoPE, SiLU x gate on the routed rows, the routed rows' gather and
+    scatter-add) over memory bandwidth when the block runs eager
+    (elementwise.torchtitan_moe_block_eager, torchtitan_moe_elementwise_bytes); 'none' charges
+    none for an MoE block outside Megatron-Core's (time.moe_traffic)."""
     ddp_reducer_copy_bytes: float = 0.0
     """Bytes per parameter of torch DDP's own bucket copy of the gradients (in the parameter
     dtype), kept beside the framework's accumulation buffer when the framework wraps the model

@@ -34,6 +34,11 @@ __all__ = [
     "mpt_eager_elementwise_bytes",
     "MCORE_NORM",
     "mcore_elementwise_bytes",
+    "TT_MOE_NORM",
+    "TT_MOE_ROUTE_FWD",
+    "TT_MOE_ROUTE_TOTAL",
+    "torchtitan_moe_elementwise_bytes",
+    "torchtitan_moe_block_eager",
     "eager_elementwise_s",
 ]
 
@@ -137,6 +142,88 @@ def compiled_elementwise_bytes(model: ModelConfig, *, recompute: bool) -> float:
     if kv >= h:  # no GQA: repeat_kv(v) is v itself
         total -= passes * (COMPILED_V_REPEAT[0] * h + COMPILED_V_REPEAT[1] * kv)
     return total
+
+
+# ---- torchtitan's MoE block, run eagerly --------------------------------------------------
+
+TT_MOE_NORM = (4.0, 10.0)
+"""Bytes per normalized element of one nn.RMSNorm of torchtitan's Qwen3 block (torchtitan/
+models/qwen3/model/model.py at 022f885: attention_norm and ffn_norm on h, q_norm and k_norm on
+each head of q and k) as one fused kernel each way (aten::_fused_rms_norm, pytorch PR #153666):
+forward reads and writes 2 B (4), forward + backward 10 (the backward reads dy and x, writes dx:
+6). The same per element as EAGER_BYTES_PER_TOKEN['fused_norms']."""
+
+TT_MOE_ROUTE_FWD = (6.0, 4.0)
+TT_MOE_ROUTE_TOTAL = (12.0, 8.0)
+"""Bytes per token, as (per k*h routed-row element, per h element), forward and forward +
+backward, of the two copies torchtitan's MoE makes of the routed rows, 16-bit (e = 2), counted
+as the lower bound (each tensor read once and written once per kernel, atomics resolved in L2):
+- the gather of each token's k rows in expert order (torchtitan/models/moe/moe.py MoE.forward:
+  torch.gather(x, 0, token_indices_experts_sorted); on the DeepEP path torchtitan/distributed/
+  deepep/utils.py permute: tokens.index_select(0, sorted_indices)): forward reads and writes
+  the k rows, 4kh; backward scatters the k row gradients into a zeroed (T, h): zeros 2h, read
+  2kh, write 2h;
+- the combine of the k expert outputs back into the token (MoE.forward: out.scatter_add(0,
+  index, routed_output) on zeros_like(x); deepep/utils.py unpermute: torch.zeros then
+  scatter_add_, whose note says it 'takes up to 30% of training time'): forward zeros 2h,
+  reads the k rows 2kh, writes 2h; backward gathers the k row gradients, read and write 4kh.
+Forward 6kh + 4h, with the backward 12kh + 8h."""
+
+
+def torchtitan_moe_block_eager(plan: PlanInput) -> bool:
+    """Whether torchtitan runs an MoE block's ops as eager kernels: always without
+    training.compile; with it, when the block is also activation-checkpointed (full or
+    selective). torchtitan compiles each block after wrapping it for AC (models/qwen3/infra/
+    parallelize.py parallelize_qwen3: apply_ac, then apply_compile), and MoE blocks with
+    fullgraph=False because they graph-break (models/llama4/infra/parallelize.py apply_compile
+    at 022f885: 'TODO: remove when torch.compile supports fullgraph=True for MoE'; the
+    token-count .tolist() of the all-to-all splits, DeepEP's FusedDispatch building its
+    per-expert counts from a host list). A graph break inside a checkpointed function makes
+    Dynamo skip the whole frame, the block and the checkpointed function both running eager
+    (pytorch PR #193143, 2026-08, still open: 'turn compile(ac(f)) with a graph break in f
+    into ac(compile(f))'). Without AC the block's compiled regions are not counted here."""
+    return not plan.compile or plan.ac != "none"
+
+
+def torchtitan_moe_elementwise_bytes(model: ModelConfig, *, recompute: bool) -> float:
+    """Bytes per token per MoE block of torchtitan's eager MoE block (torchtitan/models/qwen3/
+    model/model.py and models/moe/moe.py at 022f885), forward + backward, plus one more
+    forward under AC (`recompute`):
+    - the attention side and the residual adds: EAGER_REST_* per h and kv (RoPE, the adds;
+      measured on the Llama block) with no f term;
+    - the norms: attention_norm and ffn_norm on h, and under `qk_norm` q_norm and k_norm on q
+      and kv, each a fused nn.RMSNorm (TT_MOE_NORM);
+    - SiLU and the gate product on each of the token's k routed rows and its shared experts'
+      rows, f wide (models/moe/moe.py _run_experts_grouped_mm: F.silu of the first grouped
+      mm, times the second, separate kernels): EAGER_REST_* per f, k + shared rows;
+    - the routed rows' gather and combine (TT_MOE_ROUTE_*).
+    Ignores: the router (a (T, E) softmax and top-k; E << k*h), the standard path's fp32 score
+    multiply of the routed output (MoE.forward with score_before_experts False; the DeepEP
+    path skips it), its EP padding copies (indices_padding_wrapper / generate_permute_indices),
+    DeepEP's received-token count (about ep*(1 - (1 - 1/ep)^k) rows per token rather than one
+    in the combine's zeros and writes), q wider than h in EAGER_REST's per-h RoPE counts (Qwen3
+    30B-A3B: q = 2h), the embedding, final norm and loss. Each kernel is memory bound."""
+    h, kv, f = model.dim, model.kv_dim, model.ffn_dim
+    rows = model.experts_per_token + model.num_shared_experts
+    k = model.experts_per_token
+    normed = 2.0 * h + ((model.q_dim + kv) if model.qk_norm else 0.0)
+    fwd = (
+        EAGER_REST_FWD[0] * h
+        + EAGER_REST_FWD[1] * kv
+        + TT_MOE_NORM[0] * normed
+        + EAGER_REST_FWD[2] * rows * f
+        + TT_MOE_ROUTE_FWD[0] * k * h
+        + TT_MOE_ROUTE_FWD[1] * h
+    )
+    tot = (
+        EAGER_REST_TOTAL[0] * h
+        + EAGER_REST_TOTAL[1] * kv
+        + TT_MOE_NORM[1] * normed
+        + EAGER_REST_TOTAL[2] * rows * f
+        + TT_MOE_ROUTE_TOTAL[0] * k * h
+        + TT_MOE_ROUTE_TOTAL[1] * h
+    )
+    return tot + (fwd if recompute else 0.0)
 
 
 # ---- eager elementwise kernels of llm-foundry's MPT block ------------------------------------
@@ -275,7 +362,12 @@ bandwidth."""
 
 
 def mcore_elementwise_bytes(
-    model: ModelConfig, *, fp8_norm_out: bool, dropout: bool, recompute: bool
+    model: ModelConfig,
+    *,
+    fp8_norm_out: bool,
+    dropout: bool,
+    recompute: bool,
+    moe_layer: bool = False,
 ) -> float:
     """Bytes per token per block of a Megatron-Core / Transformer Engine decoder layer's fused
     non-GEMM, non-attention kernels (MCORE_*), forward + backward, plus the forward again
@@ -283,13 +375,21 @@ def mcore_elementwise_bytes(
     (Transformer Engine's fp8 LayerNormLinear); dropout: hidden dropout is on (1-byte masks).
     Source: megatron/core/transformer (transformer_layer.py, attention.py, mlp.py),
     megatron/core/fusions (fused_bias_dropout.py, fused_bias_swiglu.py, fused_bias_gelu.py),
-    TransformerEngine module/layernorm_linear.py, attention/rope.py, utils.py SplitAlongDim."""
+    TransformerEngine module/layernorm_linear.py, attention/rope.py, utils.py SplitAlongDim.
+    moe_layer: a Megatron-Core MoE layer (megatron/core/models/gpt/gpt_layer_specs.py
+    get_gpt_layer_with_transformer_engine_submodules, read at 00611e6: linear_qkv a
+    LayerNormLinear, pre_mlp_layernorm a standalone TENorm when num_experts, the MoE layer as
+    the mlp): its attention side, both norms and both bias-dropout-adds as above, without the
+    MLP's activation (the routed rows' weighted SwiGLU is moe_traffic's), and only the input
+    norm writes fp8 (the pre-MLP norm's output feeds the router GEMM and the dispatcher in 16
+    bits). The q / k TENorms of a qk_layernorm model are not counted (as for dense blocks)."""
     h, q, kv, f = model.dim, model.q_dim, model.kv_dim, model.ffn_dim
     parts: list[tuple[tuple[float, float], float]] = [
         (MCORE_NORM, 2.0 * h),
         (MCORE_RESIDUAL, 2.0 * h),
-        (MCORE_GATED_ACT if model.gated_mlp else MCORE_ACT, float(f)),
     ]
+    if not moe_layer:
+        parts.append((MCORE_GATED_ACT if model.gated_mlp else MCORE_ACT, float(f)))
     if dropout:
         parts.append((MCORE_DROPOUT, 2.0 * h))
     if model.bias:
@@ -305,7 +405,7 @@ def mcore_elementwise_bytes(
     fwd = sum(c[0] * n for c, n in parts)
     bwd = sum(c[1] * n for c, n in parts)
     if fp8_norm_out:
-        fwd -= MCORE_FP8_NORM_OUT * 2.0 * h
+        fwd -= MCORE_FP8_NORM_OUT * (1.0 if moe_layer else 2.0) * h
     return bwd + fwd * (2.0 if recompute else 1.0)
 
 
@@ -319,16 +419,16 @@ def eager_elementwise_s(plan: PlanInput, recipe: Recipe | None) -> float:
     (Recipe.eager_block: the dense RMSNorm Llama block, or llm-foundry's dense LayerNorm GELU
     MPT block, mpt_eager_elementwise_bytes, not counted under compile); for
     Megatron-Core on Transformer Engine (eager_block 'mcore') the fused kernels its layer runs
-    (mcore_elementwise_bytes, dense models)."""
+    (mcore_elementwise_bytes, dense models). MoE models: torchtitan's MoE block when it runs
+    eager (Recipe.moe_block 'torchtitan', `_torchtitan_moe_s`); a Megatron-Core MoE layer's
+    non-expert kernels (`_mcore_moe_s`); 0 otherwise."""
     model, hw = plan.model, plan.hardware
-    if (
-        recipe is None
-        or not recipe.eager_elementwise
-        or plan.efficiency > 0
-        or hw.is_cpu
-        or model.is_moe
-    ):
+    if recipe is None or not recipe.eager_elementwise or plan.efficiency > 0 or hw.is_cpu:
         return 0.0
+    if model.is_moe and recipe.eager_block == "mcore":
+        return _mcore_moe_s(plan, recipe)
+    if model.is_moe:
+        return _torchtitan_moe_s(plan, recipe)
     if recipe.eager_block == "mcore":
         # Megatron-Core's Transformer Engine layer: its fused kernels (MCORE_*),
         # the norms writing fp8 under TE's fp8, dropout masks where the recipe keeps them
@@ -351,3 +451,51 @@ def eager_elementwise_s(plan: PlanInput, recipe: Recipe | None) -> float:
         eager_elementwise_bytes(model, fused_norm=plan.fused_norm, recompute=plan.ac != "none")
         / hw.memory_bw
     )
+
+
+def _torchtitan_moe_s(plan: PlanInput, recipe: Recipe) -> float:
+    """Seconds per token per block (the mean over the model's blocks) of torchtitan's eager MoE
+    model: its MoE blocks' torchtitan_moe_elementwise_bytes and its dense first blocks' fused-
+    norm Llama count (eager_elementwise_bytes), over memory bandwidth; 0 for a recipe without
+    torchtitan's MoE block, a block torchtitan compiles (torchtitan_moe_block_eager), MLA or a
+    non-RMSNorm model (not counted)."""
+    model, hw = plan.model, plan.hardware
+    if (
+        recipe.moe_block != "torchtitan"
+        or not torchtitan_moe_block_eager(plan)
+        or model.is_mla
+        or model.norm != "rmsnorm"
+    ):
+        return 0.0
+    recompute = plan.ac != "none"
+    dense = model.num_dense_layers
+    moe = model.num_layers - dense
+    moved = moe * torchtitan_moe_elementwise_bytes(model, recompute=recompute)
+    if dense:
+        moved += dense * eager_elementwise_bytes(
+            model.dense_layer_view(), fused_norm=True, recompute=recompute
+        )
+    return moved / model.num_layers / hw.memory_bw
+
+
+def _mcore_moe_s(plan: PlanInput, recipe: Recipe) -> float:
+    """Seconds per token per block of a Megatron-Core MoE layer's attention-side, norm and
+    residual kernels (mcore_elementwise_bytes with `moe_layer`) over memory bandwidth, for the
+    layers time.moe_traffic counts the routed rows of (recipes.activations
+    megatron_moe_applies: dropless top-k softmax, no shared experts, no dense layers, no MLA);
+    0 for other MoE layers (not counted)."""
+    from ..recipes.activations import megatron_moe_applies
+
+    model = plan.model
+    if not megatron_moe_applies(plan, recipe):
+        return 0.0
+    fp8_out = fp8_cast_kernels(plan, recipe) == "transformer_engine"
+    dropout = recipe.dropout_masks and model.norm == "layernorm"
+    moved = mcore_elementwise_bytes(
+        model,
+        fp8_norm_out=fp8_out,
+        dropout=dropout,
+        recompute=plan.ac == "full",
+        moe_layer=True,
+    )
+    return moved / plan.hardware.memory_bw
