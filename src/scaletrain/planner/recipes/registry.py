@@ -791,12 +791,24 @@ RECIPES["automodel"] = dataclasses.replace(
     loss_compiles=False,
     lora=True,
     grads_set_to_none=True,
+    optimizer_pass_bytes=0.0,
     sources={
         **{
             k: v
             for k, v in _TT.sources.items()
-            if k not in ("weight_bytes", "master_bytes", "grad_bytes", "optimizer", "loss_compiles")
+            if k
+            not in (
+                "weight_bytes",
+                "master_bytes",
+                "grad_bytes",
+                "optimizer",
+                "loss_compiles",
+                "optimizer_pass_bytes",
+            )
         },
+        "optimizer_pass_bytes": f"{_AM}: not charged; torchtitan's clip pass (12 B per "
+        "parameter over fp32 sharded gradients, its train.py clip_grad_norm_) does not carry "
+        "over: AutoModel's gradients are bf16 (grad_bytes) and its clipping is not read here",
         "autocast_weight_copy": f"{_AM} components/distributed/config.py FSDP2Config."
         "autocast_dtype = None (no torch.autocast around the forward) and the parameters are "
         "bf16 already: no 16-bit cast of a weight is saved",
