@@ -77,12 +77,13 @@ def test_mamf_factor_is_one_for_the_reference_class() -> None:
 
 
 def test_mi300x_keeps_its_mamf_share_of_the_default_efficiency() -> None:
-    """MI300X: 781.9 of 1307.4 TFLOP/s bf16 measured against the H100's 792.1 of 989
-    (ml-engineering's MAMF table): 0.747 of the default efficiency, in every precision."""
+    """MI300X: 668.4 of 1307.4 TFLOP/s bf16 measured against the H100's 794.5 of 989
+    (ml-engineering's MAMF table, its 'v2' measurement for both): 0.636 of the default
+    efficiency, in every precision."""
     mi = hardware_preset("mi300x")
-    factor = (781.9e12 / mi.peak_flops["bf16"]) / (792.1 / 989)
+    factor = (668.4e12 / mi.peak_flops["bf16"]) / (794.5 / 989)
     assert matmul_peak_factor(mi) == pytest.approx(factor, rel=1e-12)
-    assert 0.74 < factor < 0.76
+    assert 0.63 < factor < 0.64
     assert default_efficiency("bf16", 8192, mi) == pytest.approx(0.55 * factor, rel=1e-12)
     # fp8: bf16's 0.55 x the fp8 / bf16 MAMF share (MI300X's fp8 MAMF is blank in the
     # table: the H100's, time.fp8_casts.fp8_gemm_share)
@@ -122,13 +123,13 @@ def test_a_measured_device_computes_at_the_scaled_rate() -> None:
 
 def test_a100_takes_its_measured_mamf_share() -> None:
     """Both A100 SXM presets carry ml-engineering's measured bf16 MAMF (271.2 of 312 TFLOP/s,
-    86.9%): their large GEMMs reach 1.085x the reference H100's share of peak."""
+    86.9%): their large GEMMs reach 1.082x the reference H100's share of peak."""
     for name in ("a100-40gb", "a100-80gb"):
         hw = hardware_preset(name)
         assert hw.mamf_bf16 == 271.2e12
         factor = (271.2 / 312) / MAMF_REFERENCE
         assert matmul_peak_factor(hw) == pytest.approx(factor, rel=1e-12)
-        assert factor == pytest.approx(1.085, abs=1e-3)
+        assert factor == pytest.approx(1.082, abs=1e-3)
 
 
 def test_point_to_point_node_gives_a_small_group_its_peers_links_only() -> None:

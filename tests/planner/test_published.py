@@ -134,6 +134,8 @@ def _bad(raw: dict[str, Any], edit) -> str:
         (lambda r: r["layout"].__setitem__("comm_overlap", ["tp", "tp"]), "layout.comm_overlap"),
         (lambda r: r.__setitem__("hardware", {"nvlink_links": 2}), "hardware"),
         (lambda r: r.__setitem__("hardware", {"gpus_per_node": -4}), "hardware"),
+        (lambda r: r.__setitem__("step_not_comparable", ""), "step_not_comparable"),
+        (lambda r: r.__setitem__("step_not_comparable", True), "step_not_comparable"),
         (lambda r: r["measured"].__setitem__("mfu", 42.0), "measured.mfu"),
         (lambda r: r["measured"].pop("memory_kind"), "measured.memory_kind"),
         (lambda r: r.__setitem__("measured", {}), "measured"),
@@ -409,3 +411,42 @@ def test_row_hardware_table_describes_the_runs_nodes(runs) -> None:
     assert "TP: every all-reduce exposed, inside a node at 40 GB/s" in text
     assert "megatron/mpu/mappings.py _reduce" in text
     assert "40 GB/s for a pair" in text
+
+
+def test_step_not_comparable_drops_the_step_but_keeps_memory_and_fit(runs, raw) -> None:
+    """A row whose source says its cards ran power-capped (torchao's B200 table: '8xB200 GPUs
+    limited to 750W', torchao d8bb51f) has no measured step to hold against the planner: no
+    step error, while its memory and fit are still compared; the same row without the field
+    gives its tokens/s back as a step."""
+    bench = pytest.importorskip("planner_vs_published")
+    capped = [r for r in runs if r.name.startswith("tao-b200pl-")]
+    assert len(capped) == 3
+    for r in capped:
+        assert "750" in r.step_not_comparable and r.measured.tokens_per_s_per_gpu
+        assert r.measured_step_s() is None
+        assert r.hardware().power_w == 750.0
+        assert replace(r.hardware(), power_w=1000.0) == hardware_preset("b200")
+        errs = bench._errors(bench.predict(r, "torchtitan"), r)
+        assert errs["err_step"] is None and errs["err_memory"] is not None
+        assert errs["fit_correct"] is True
+        back = replace(r, step_not_comparable="")
+        want = 8 * 8192 / (r.measured.tokens_per_s_per_gpu * 8)
+        assert back.measured_step_s() == pytest.approx(want, rel=1e-12)
+    # every other row keeps its step
+    assert all(not r.step_not_comparable for r in runs if not r.name.startswith("tao-b200pl-"))
+    # the field round-trips through the loader
+    data = copy.deepcopy(raw)
+    data["runs"][3]["step_not_comparable"] = "the cards ran at an unstated clock cap"
+    row = parse_runs(data, "corpus.toml")[3]
+    assert row.measured_step_s() is None and row.step_not_comparable.startswith("the cards")
+
+
+def test_torchao_h100_rows_plan_on_metas_500w_h100(runs) -> None:
+    """torchao's H100 float8 table ran on Meta's H100 variant (torchao roofline_utils.py at
+    890e0ac8: 2.4 TB/s, 'custom to Meta's H100 variant'): the 96GB HBM2e 500 W preset, as
+    torchtitan's own H100 benchmark rows."""
+    rows = [r for r in runs if r.name.startswith("tao-h100-")]
+    assert len(rows) == 3
+    for r in rows:
+        assert r.gpu == "h100-hbm2e-500w"
+        assert r.hardware().memory_bw == 2400e9

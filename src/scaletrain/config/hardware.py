@@ -523,13 +523,19 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         usd_per_hour=2.5,
         host_to_device_bw=64 * GB,
         arch=amd_arch("gfx942"),
-        # bf16 MAMF 781.9 TFLOP/s (best shape 4096x10240x4864, ROCm 6.2): stas00/ml-engineering
-        # compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS comparison table"
-        # (60.1% of peak, against 80.1% for an H100 SXM in the same table, measured by the
-        # same tool: the reference of planner.time.efficiency.MAMF_REFERENCE). AMD explains
-        # the gap by clocks under sustained GEMM load below the boost clock the peak assumes
-        # (ROCm blogs "Understanding Peak, Max-Achievable & Delivered FLOPs", 2025).
-        mamf_bf16=781.9e12,
+        # bf16 MAMF 668.4 TFLOP/s (best shape 10240x15360x8192, torch 2.5.1+rocm6.3.42131,
+        # PYTORCH_TUNABLEOP_ENABLED=1): stas00/ml-engineering compute/accelerator/README.md,
+        # "Maximum Achievable Matmul FLOPS comparison table", BF16 (51.4% of its 1300 TF
+        # theory; the table's H100 SXM: 80.3%, measured by the same tool: the reference of
+        # planner.time.efficiency.MAMF_REFERENCE). Read at 744d01e (2026-08-22); the figure
+        # entered at faa7ddf (2025-01-06). That is the table's "v2" measurement (mean of 100
+        # iterations with the cache reset between them); its older "v1" table (MI300X 781.9,
+        # ROCm 6.2, 60.1%) "didn't reset the cache during the benchmark and in theory should
+        # have given higher scores", and was removed at e695968 (2025-09-02) once v2 covered
+        # its rows. AMD explains the gap to peak by clocks under sustained GEMM load below the
+        # boost clock the peak assumes (ROCm blogs "Understanding Peak, Max-Achievable &
+        # Delivered FLOPs", 2025).
+        mamf_bf16=668.4e12,
         # xGMI: 64 GB/s raw per link, "approximately 48 GB/s per link" usable after CRC and
         # protocol overhead, "about 75% of the theoretical peak" (AMD ROCm blogs, "Understanding
         # RCCL Bandwidth and xGMI Performance on AMD Instinct MI300X", 2025-03-02, section

@@ -209,7 +209,7 @@ class HardwareConfig:
     mamf_bf16_tflops: float = 0.0
     """Maximum achievable bf16 matmul TFLOP/s measured on the device (the best large GEMM, e.g.
     ml-engineering's mamf-finder.py); the default matmul efficiency keeps its share of peak
-    against an H100's (80.1%). 0 = the preset's (measured for MI300X only; otherwise the
+    against an H100's (80.3%). 0 = the preset's (measured for A100, B200 and MI300X; otherwise the
     device plans like the NVIDIA parts the default efficiency was read on)."""
     attention_bf16_tflops: float = 0.0
     """FlashAttention forward + backward bf16 TFLOP/s measured on the device (causal): the

@@ -96,6 +96,7 @@ _RUN_KEYS = {
     "assumed",
     "added_after",
     "tuned_after",
+    "step_not_comparable",
     "recipe",
     "lora",
 }
@@ -195,6 +196,12 @@ class PublishedRun:
     """The planner revision (commit) of a change made while reading this row's miss: from
     then on the row is one the model was tuned on, reported with those rows even when it
     was added after the model (`held_out`)."""
+    step_not_comparable: str = ""
+    """Why the row's measured step time cannot be held against the planner's, when the source
+    itself says the run's cards ran outside anything a preset or `hardware` figure describes
+    (e.g. a power cap below the preset's board power, whose clocks no published measurement
+    gives); empty: comparable. Non-empty: `measured_step_s` is None (no step error is reported
+    for the row), while its memory and fit are still compared."""
     recipe: str = ""
     """The recipe of the framework version the run used when it is not its framework's
     current one (`FRAMEWORK_RECIPE`), e.g. 'deepspeed-0.4'; empty: the framework's."""
@@ -223,7 +230,10 @@ class PublishedRun:
         return bool(self.added_after) and not self.tuned_after
 
     def measured_step_s(self) -> float | None:
-        """Seconds per optimizer step: stated, or global tokens / (tokens/s/GPU x GPUs)."""
+        """Seconds per optimizer step: stated, or global tokens / (tokens/s/GPU x GPUs); None
+        when not stated or not comparable (`step_not_comparable`)."""
+        if self.step_not_comparable:
+            return None
         m = self.measured
         if m.step_s is not None:
             return m.step_s
@@ -471,6 +481,16 @@ def _run(i: int, raw: Any, origin: str, seen: set[str]) -> PublishedRun:
     tuned_after = raw.get("tuned_after", "")
     if not isinstance(tuned_after, str) or (tuned_after == "" and "tuned_after" in raw):
         raise _fail(where, "tuned_after", tuned_after, "give the planner commit, e.g. bb07f57")
+    not_comparable = raw.get("step_not_comparable", "")
+    if not isinstance(not_comparable, str) or (
+        not_comparable.strip() == "" and "step_not_comparable" in raw
+    ):
+        raise _fail(
+            where,
+            "step_not_comparable",
+            not_comparable,
+            "say why the step time cannot be compared, or leave the field out",
+        )
     recipe = raw.get("recipe", "")
     if recipe:
         _choice(where, "recipe", recipe, tuple(RECIPES))
@@ -489,6 +509,7 @@ def _run(i: int, raw: Any, origin: str, seen: set[str]) -> PublishedRun:
         cuda_context_mib=ctx_mib,
         added_after=added_after,
         tuned_after=tuned_after,
+        step_not_comparable=not_comparable,
         recipe=recipe,
         node=tuple(sorted(node.items())),
         lora=lora,

@@ -266,6 +266,8 @@ RECIPES: dict[str, Recipe] = {
         eager_elementwise=True,
         moe_block="torchtitan",
         fsdp2_copies=True,
+        fsdp2_ends_exposed=True,
+        optimizer_pass_bytes=12.0,
         cp_ring="torch_allgather",
         cp_kv_repeated=True,
         pp_stage_buffers="torch_per_microbatch",
@@ -298,6 +300,18 @@ RECIPES: dict[str, Recipe] = {
             "models/llama4/infra/parallelize.py apply_compile (fullgraph=False for MoE blocks) "
             "and pytorch PR #193143 (a graph break inside a checkpointed function makes Dynamo "
             "skip the frame)",
+            "optimizer_pass_bytes": "torchtitan train.py at 54ef422 clips every step "
+            "(dist_utils.clip_grad_norm_, foreach=True; training.max_norm 1.0 in "
+            "train_configs/llama3_8b.toml): torchtitan/distributed/utils.py clip_grad_norm_ "
+            "-> torch.nn.utils.get_total_norm (reads each sharded fp32 gradient: 4) and "
+            "clip_grads_with_norm_ (scales it in place: 4 + 4) = 12 B per parameter the rank "
+            "updates; the norm's DTensor full_tensor() all-reduce is one scalar (ignored)",
+            "fsdp2_ends_exposed": "torch/distributed/fsdp/_fully_shard/_fsdp_state.py "
+            "(pytorch/pytorch 1fd469d): FSDPState._pre_forward gathers a unit when it runs "
+            "(nothing before the first); _root_post_backward_final_callback runs the "
+            "post-backward (reduce-scatter) of the units whose inputs need no gradient (the "
+            "root / embedding unit) and makes the current stream wait on the last "
+            "reduce-scatter's event; units: torchtitan apply_fsdp (layout.fsdp_ends)",
             "fsdp2_copies": "torchtitan parallelize_llama.py apply_fsdp at 9dec370: "
             "fully_shard per block and the root; torch 2.13 _fully_shard/"
             "_fsdp_collectives.py foreach_all_gather_copy_out (split_with_sizes_copy on "
@@ -691,6 +705,7 @@ RECIPES["torchtune"] = Recipe(
     time_model=FOREIGN_TIME_MODEL,
     eager_elementwise=True,
     fsdp2_copies=True,
+    fsdp2_ends_exposed=True,
     tp_available=False,
     optimizer_state_bytes=2,
     lora=True,
@@ -760,6 +775,9 @@ RECIPES["torchtune"] = Recipe(
         "eager_elementwise": f"{_TUNE} RMSNorm, RoPE, SiLU and the residual adds are eager "
         "kernels unless compile (training.compile_model compiles each layer)",
         "fsdp2_copies": "torch FSDP2 fully_shard (training.shard_model)",
+        "fsdp2_ends_exposed": "torch FSDP2 fully_shard (training.shard_model: each layer, "
+        "then the root model, the 'root' ends): torch/distributed/fsdp/_fully_shard/"
+        "_fsdp_state.py _root_post_backward_final_callback (pytorch/pytorch 1fd469d)",
         "tp_available": f"{_TUNE} recipes/lora_finetune_distributed.py and "
         "full_finetune_distributed.py shard with FSDP only (no tensor parallel plan)",
         "pp_schedules": "no pipeline parallelism in torchtune's recipes",
@@ -785,6 +803,7 @@ RECIPES["automodel"] = dataclasses.replace(
     moe_block="none",
     lora=True,
     grads_set_to_none=True,
+    optimizer_pass_bytes=0.0,
     sources={
         **{
             k: v
@@ -797,12 +816,16 @@ RECIPES["automodel"] = dataclasses.replace(
                 "optimizer",
                 "loss_compiles",
                 "moe_block",
+                "optimizer_pass_bytes",
             )
         },
         "moe_block": "NVIDIA-NeMo/Automodel nemo_automodel/components/moe/layers.py (read at "
         "01883b4): its own GroupedExperts / GroupedExpertsDeepEP (the latter on Megatron-Core's "
         "MoEFlexTokenDispatcher and weighted_bias_swiglu_impl), not torchtitan's MoE block: "
         "its kernels are not counted",
+        "optimizer_pass_bytes": f"{_AM}: not charged; torchtitan's clip pass (12 B per "
+        "parameter over fp32 sharded gradients, its train.py clip_grad_norm_) does not carry "
+        "over: AutoModel's gradients are bf16 (grad_bytes) and its clipping is not read here",
         "autocast_weight_copy": f"{_AM} components/distributed/config.py FSDP2Config."
         "autocast_dtype = None (no torch.autocast around the forward) and the parameters are "
         "bf16 already: no 16-bit cast of a weight is saved",

@@ -170,6 +170,12 @@ class Recipe:
     (time.fsdp_copies.fsdp2_copy_bytes). scaletrain's own trainer runs FSDP2 too
     (parallel/fsdp.py), but its recipe leaves this off as it leaves `eager_elementwise` off: its
     calibrated efficiency (time.step_time.default_efficiency) stands for its kernels."""
+    fsdp2_ends_exposed: bool = False
+    """Time model: ZeRO-3 runs as torch's FSDP2, whose first all-gathers of a forward (the
+    first unit's and block 0's) and last reduce-scatters of a backward (block 0's and the
+    root / embedding unit's, which the root's final callback waits for) hide behind no
+    compute (time.exposure.fsdp2_end_exposure); False: one average unit's gather, as the
+    shared rule charges it."""
     eager_block: EagerBlock = "llama"
     """Which block's eager elementwise kernels `eager_elementwise` counts: 'llama' (an RMSNorm
     SwiGLU RoPE block, elementwise.eager_elementwise_bytes, dense RMSNorm models only) or 'mpt'

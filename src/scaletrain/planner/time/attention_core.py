@@ -237,7 +237,7 @@ def kernel_ceilings(hardware: HardwareSpec) -> list[str]:
         )
     else:
         gemm = (
-            "GEMM: no MAMF measured for this device: the H100's share of peak (80.1%, "
+            "GEMM: no MAMF measured for this device: the H100's share of peak (80.3%, "
             "efficiency.MAMF_REFERENCE; the default efficiency was read on A100 / H100 runs)"
         )
     rate, src = attention_ceiling(hardware)

@@ -161,13 +161,16 @@ def allreduce_latency(n: int, intra: float, inter: float, ranks_per_node: int) -
 
 # ---- the achievable matmul rate of a device against the calibration's reference ------------
 
-MAMF_REFERENCE = 792.1e12 / 989e12
+MAMF_REFERENCE = 794.5e12 / 989e12
 """The bf16 maximum achievable matmul FLOP/s (MAMF) of an H100 SXM over its datasheet peak:
-792.1 of 989 TFLOP/s = 80.1% (stas00/ml-engineering compute/accelerator/README.md, 'Maximum
-Achievable Matmul FLOPS comparison table', measured with its benchmarks/mamf-finder.py, CUDA
-12.1). The default efficiency (`step_time.default_efficiency`) was read off NVIDIA A100/H100
-runs, whose MAMF fractions sit at 80-86% in the same table: it stands for a device whose
-largest GEMMs reach this fraction of peak."""
+794.5 of 989 TFLOP/s = 80.3% (stas00/ml-engineering compute/accelerator/README.md, 'Maximum
+Achievable Matmul FLOPS comparison table', BF16, torch 2.7.0+cu126, measured with its
+benchmarks/mamf-finder.py; read at 744d01e). The same table's current ("v2": mean of 100
+iterations, cache reset) measurement as every preset's `mamf_bf16` (A100, B200, MI300X); its
+removed "v1" table read the H100 at 792.1 (80.1%). The default efficiency
+(`step_time.default_efficiency`) was read off NVIDIA A100/H100 runs, whose MAMF fractions sit
+at 80-87% in the same table: it stands for a device whose largest GEMMs reach this fraction
+of peak."""
 
 
 def matmul_peak_factor(hardware: HardwareSpec) -> float:

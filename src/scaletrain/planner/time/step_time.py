@@ -36,7 +36,7 @@ from .comm import CommInputs, comm_terms
 from .cp_ring import torch_ring_passes_s
 from .efficiency import matmul_efficiency, matmul_peak_factor
 from .elementwise import eager_elementwise_s
-from .exposure import ComputeWindow, exposed_by_family, run_overlap
+from .exposure import ComputeWindow, exposed_by_family, fsdp2_end_exposure, run_overlap
 from .flops import (
     attention_core_flops_per_token,
     capacity_rows_forward_flops,
@@ -655,7 +655,8 @@ def step_time(
     m, layers = side.window.microbatches, side.window.layers
     foreign = recipe is not None and recipe.name != "scaletrain"
     cal = plan.calibration
-    comm = comm_terms(comm_arguments(plan, max_params, gpus_per_node, terms.counts, recipe))
+    comm_inputs = comm_arguments(plan, max_params, gpus_per_node, terms.counts, recipe)
+    comm = comm_terms(comm_inputs)
     if offloads_activations(plan.offload):
         comm["activation_offload"] = _activation_offload(plan, terms, layers=layers, m=m)
     if cal is not None and cal.collective:  # measured / planned seconds by collective kind
@@ -678,10 +679,13 @@ def step_time(
         )
     # families a recipe runs its own way are charged as it computed them (`recipe_exposed`)
     own = {k: v for k, v in comm.items() if k not in override}
+    window = dataclasses.replace(
+        side.window, fsdp_ends=fsdp2_end_exposure(plan, recipe, comm_inputs, own)
+    )
     by_family = exposed_by_family(
         own,
         plan,
-        side.window,
+        window,
         stage_params=max_params,
         gpus_per_node=gpus_per_node,
         bucket_bytes=bucket,
