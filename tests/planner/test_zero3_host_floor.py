@@ -12,7 +12,9 @@ import pytest
 from scaletrain.config import Layout, ModelConfig, model_preset
 from scaletrain.planner.estimate import estimate
 from scaletrain.planner.time.zero3_fetch import (
+    GATHER_ISSUE_HOST_S,
     HOOK_HOST_S_PER_VISIT,
+    partition_world_size,
     partitioned_modules,
     zero3_hook_host_s,
 )
@@ -103,3 +105,31 @@ def test_only_deepspeed_zero3_gets_the_floor(
 ) -> None:
     p = _plan(_small(), Layout(dp=4, zero=zero), seq=512, mbs=1, gb=4, recipe=recipe, gpu=gpu)
     assert estimate(p).time.host_bound_s == 0.0
+
+
+def test_gather_issue_constant_is_the_source_runs_four_gpu_step_less_its_one_gpu_step() -> None:
+    """The 254M model at the same batch per GPU: 0.1189 s on 4 H100, 0.1042 s on one; the
+    difference over the 4-rank run's 2 x 51 gathers; the 4-rank plan's floor is its step."""
+    assert pytest.approx((0.1189 - 0.1042) / 102) == GATHER_ISSUE_HOST_S
+    p = _plan(_small(), Layout(dp=4, zero=3), seq=512, mbs=4, gb=16)
+    assert partition_world_size(p) == 4
+    assert zero3_hook_host_s(p) == pytest.approx(0.1189)
+
+
+def test_one_rank_issues_no_gather_and_every_gather_repeats_per_micro_batch() -> None:
+    """dp = 1 (partition_parameters.py _no_gather_coalesced) adds nothing; over n > 1 ranks
+    each micro-batch adds two gathers per partitioned module, with or without recompute."""
+    m = _small()
+    one = _plan(m, Layout(dp=1, zero=3), seq=512, mbs=4, gb=4)
+    assert zero3_hook_host_s(one) == pytest.approx(102 * HOOK_HOST_S_PER_VISIT)
+    four = _plan(m, Layout(dp=4, zero=3), seq=512, mbs=1, gb=4)
+    assert zero3_hook_host_s(four) - zero3_hook_host_s(one) == pytest.approx(
+        102 * GATHER_ISSUE_HOST_S
+    )
+    ac = dataclasses.replace(four, ac="full")
+    blocks = partitioned_modules(m, 12, embedding=False, head=False)
+    assert zero3_hook_host_s(ac) - zero3_hook_host_s(four) == pytest.approx(
+        blocks * HOOK_HOST_S_PER_VISIT
+    )
+    gas2 = _plan(m, Layout(dp=4, zero=3), seq=512, mbs=1, gb=8)
+    assert zero3_hook_host_s(gas2) == pytest.approx(2 * zero3_hook_host_s(four))

@@ -8,10 +8,13 @@ per wrapped block, which `comm._fsdp_terms` prices:
   parameters, then one more for the prefetch, which stops once it holds
   `stage3_prefetch_bucket_size` elements (5e7 by default, zero/config.py): a Llama-3-70B MLP
   matrix alone is 235M, so the prefetch is the next module and each module is its own
-  collective. Parameters below `stage3_param_persistence_threshold` (1e5 elements: the norms'
-  weights, the biases' own tensors ride with their module) are never partitioned. Two gathers
-  per module per micro-batch: the forward's, and the backward's (the module is released after
-  its forward; under activation checkpointing the recompute gathers it and
+  collective. Parameters of at most `stage3_param_persistence_threshold` elements (1e5) are
+  never partitioned, each tensor judged on its own (runtime/zero/parameter_offload.py
+  DeepSpeedZeRoOffload.mark_persistent_parameters: `param.ds_numel <= param_threshold`): the
+  norms' weights and every bias up to 1e5 elements stay whole on every rank (a few MB for a
+  dense model: h to 4h elements per tensor), so a biased Linear gathers its weight alone.
+  Two gathers per module per micro-batch: the forward's, and the backward's (the module is
+  released after its forward; under activation checkpointing the recompute gathers it and
   `stage3_max_reuse_distance` keeps it for its backward);
 - the gradients are reduce-scattered every micro-batch in the engine's communication dtype
   (`runtime/engine.py` DeepSpeedEngine.communication_data_type: bf16 when bf16 is enabled, fp16
@@ -33,9 +36,11 @@ per wrapped block, which `comm._fsdp_terms` prices:
 Counts: ring bandwidth terms ((n-1)/n x bytes / bw) of the 16-bit parameters twice and of the
 gradients once per micro-batch, and one (n-1) x alpha latency per collective: per partitioned
 module for the gathers, per reduce bucket for the reduce-scatters. Ignores: the copy of each
-gathered flat buffer into the parameter (AllGatherCoalescedHandle.wait's torch.cat) and the
-hooks' CPU time (charged apart as a floor under the step, `zero3_hook_host_s`), hpZ / qwZ /
-qgZ (ZeRO++) and offload.
+gathered flat buffer into the parameter (AllGatherCoalescedHandle.wait's torch.cat, taken only
+by a module with more than one partitioned tensor) and the hooks' CPU time (charged apart as a
+floor under the step, `zero3_hook_host_s`, with the host cost of issuing each gather when the
+parameters are partitioned over more than one rank, `GATHER_ISSUE_HOST_S`), hpZ / qwZ / qgZ
+(ZeRO++) and offload.
 """
 
 from __future__ import annotations
@@ -54,6 +59,8 @@ __all__ = [
     "zero3_hook_host_s",
     "PERSISTENCE_THRESHOLD",
     "HOOK_HOST_S_PER_VISIT",
+    "GATHER_ISSUE_HOST_S",
+    "partition_world_size",
 ]
 
 PERSISTENCE_THRESHOLD = 1e5
@@ -82,6 +89,38 @@ ds-h100-simple-254m-zero3-1g (tuned on). A 2025 x86 host under DeepSpeed of 2025
 DeepSpeed versions (the 2021-22 V100 rows) are charged the same."""
 
 
+GATHER_ISSUE_HOST_S = (0.1189 - 0.1042) / (2 * 51)
+"""Host seconds ZeRO-3's runtime adds per parameter gather when the parameters are partitioned
+over more than one rank: issuing the collective that a one-rank run never issues.
+runtime/zero/partition_parameters.py (deepspeedai/DeepSpeed, read at edaa7221, 2026-08-22)
+Init._convert_to_deepspeed_param's all_gather_coalesced returns `_no_gather_coalesced(params)`
+(a status flip per parameter, no buffer, no collective) when every parameter's partition world
+size is 1; over n > 1 ranks each gather sorts the module's parameters by process group,
+allocates the flat output buffer, launches the NCCL all-gather through torch.distributed and
+returns a handle, whose wait() in PartitionedParameterCoordinator.fetch_sub_module is followed
+by a fetch event recorded and polled (partitioned_param_coordinator.py). The one-GPU
+calibration of `HOOK_HOST_S_PER_VISIT` therefore holds none of it. Figure: the same source as
+that constant, DeepSpeedExamples training/bf16_master_weight/README.md (read at
+516082c65853d48b50850a05782267f36bcdc170), 'Baseline (fp32 master)' rows of the 254M
+SimpleTransformerModel at the same batch per GPU (4 x 512, no activation checkpointing): 0.1189
+s per step on 4 H100 against 0.1042 s on one. Both runs are host-bound (the device's terms are
+a tenth of the step, `zero3_hook_host_s`), so the 14.7 ms between them is the 4-rank run's host
+work, over its 2 x 51 gathers (`partitioned_modules`: the forward's and the backward's). It
+also carries, in that run's proportion, the other host work that grows with the rank count (the
+reduce-scatter's interleave of every gradient into world-size chunks, runtime/comm/
+coalesced_collectives.py reduce_scatter_coalesced) and the 4-rank run's device-side
+collective time when it stalls the host (the fetch events' synchronize). Calibration rows:
+ds-h100-simple-254m-zero3-dp4 and -1g (tuned on). Charged per gather, at any n > 1 (a larger n
+slices more chunks per gradient: not modelled)."""
+
+
+def partition_world_size(plan: PlanInput) -> int:
+    """Ranks ZeRO-3 partitions each parameter over: the data-parallel shard group (dp x cp over
+    the replicas of hybrid sharding), as the gathers of `zero3_module_fetch_terms` span."""
+    L = plan.layout
+    return max(1, (L.dp * L.cp) // max(1, L.dp_replicate))
+
+
 def zero3_hook_host_s(plan: PlanInput) -> float:
     """Host seconds per step of ZeRO-3's module hooks (`HOOK_HOST_S_PER_VISIT` per partitioned
     module per pass): the forward and the backward visit every partitioned module once per
@@ -92,13 +131,20 @@ def zero3_hook_host_s(plan: PlanInput) -> float:
     slower; runs with thousands of tokens per GPU stay device-bound and unchanged). Counts
     partitioned modules (`partitioned_modules`) at the default persistence threshold; ignores
     which hooked modules an implementation adds beyond those (folded into the constant in the
-    calibration model's proportion) and the host CPU's speed."""
+    calibration model's proportion) and the host CPU's speed. Over more than one rank
+    (`partition_world_size`) each of the two gathers per partitioned module per micro-batch
+    (the forward's and the backward's or recompute's, as `zero3_module_fetch_terms` counts)
+    adds `GATHER_ISSUE_HOST_S`: the collective a one-rank run skips."""
     model = plan.model
     m = max(1, plan.grad_accum)
     blocks = partitioned_modules(model, model.num_layers, embedding=False, head=False)
-    ends = partitioned_modules(model, model.num_layers, embedding=True, head=True) - blocks
+    modules = partitioned_modules(model, model.num_layers, embedding=True, head=True)
+    ends = modules - blocks
     block_passes = 3 if plan.ac == "full" else 2
-    return m * (block_passes * blocks + 2 * ends) * HOOK_HOST_S_PER_VISIT
+    hooks = m * (block_passes * blocks + 2 * ends) * HOOK_HOST_S_PER_VISIT
+    if partition_world_size(plan) <= 1:
+        return hooks
+    return hooks + 2 * m * modules * GATHER_ISSUE_HOST_S
 
 
 def partitioned_modules(model: ModelConfig, layers: int, *, embedding: bool, head: bool) -> int:
@@ -130,7 +176,7 @@ def zero3_module_fetch_terms(
     L, hw, model = plan.layout, plan.hardware, plan.model
     m = max(1, plan.grad_accum)
     bw, lat, _ = axis_link(L, hw, "dp", gpus_per_node)
-    n = max(1, (L.dp * L.cp) // max(1, L.dp_replicate))
+    n = partition_world_size(plan)
     if n <= 1:
         return {}
     spec = precision_spec(plan.precision)
