@@ -25,6 +25,8 @@ __all__ = [
     "GradCompression",
     "ACMode",
     "MoeDispatcher",
+    "DistOptimizer",
+    "SyncDtype",
     "FsdpEnds",
     "OffloadMode",
     "LoraBaseDtype",
@@ -73,6 +75,17 @@ forward to the end of backward: torchtitan before 83e6941, 2025-07-28), 'own_uni
 embedding is its own unit, resharded after forward; the final norm and head one unit not
 resharded; the root holds none: torchtitan from 83e6941), 'unstated' (the recipe's rule,
 'root'). planner/recipes/memory.py `_recipe_in_flight`."""
+DistOptimizer = Literal["unstated", "mcore_distributed_optim", "apex_distributed_fused_adam"]
+"""A NeMo 1.x (NeMo-Framework-Launcher, containers up to 24.x) run's optimizer, its YAML's
+`optim.name` (a published row's `layout.dist_optimizer`): 'mcore_distributed_optim'
+(Megatron-Core's DistributedOptimizer), 'apex_distributed_fused_adam' (`distributed_fused_adam`:
+NeMo's MegatronDistributedFusedAdam over Apex's DistributedFusedAdam), 'unstated' (the
+recipe's: Megatron-Core's). planner/recipes/dist_optim.py."""
+SyncDtype = Literal["unstated", "fp32", "bf16"]
+"""The dtype a NeMo run states for its gradient buffer and reduction (a NeMo 1.x YAML's
+`optim.grad_sync_dtype`, NeMo 2.x / Megatron-Core's grad_reduce_in_fp32 False = 'bf16') or a
+NeMo 1.x YAML's `optim.dtype` (Apex DistributedFusedAdam's optimizer state) ('unstated': the
+framework's default, fp32). planner/recipes/dist_optim.py."""
 OffloadMode = Literal[
     "none", "optimizer", "params", "activations", "optimizer+activations", "params+activations"
 ]

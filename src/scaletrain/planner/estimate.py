@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 from .memory.rank import breakdown, host_fits, worst_rank
 from .memory.rank_terms import ModelTerms, model_terms
+from .recipes.dist_optim import plan_recipe
 from .recipes.memory import recipe_worst_rank
-from .recipes.registry import recipe_named
-from .recipes.schema import DEFAULT_RECIPE, Recipe
+from .recipes.schema import Recipe
 from .time.step_time import (
     model_flops,
     step_floor,
@@ -146,7 +146,7 @@ def plan_step(
 def _recipe(plan: PlanInput) -> Recipe | None:
     """The plan's framework recipe (`recipes.registry`), None for the default one (scaletrain's
     own model)."""
-    return recipe_named(plan.recipe) if plan.recipe != DEFAULT_RECIPE else None
+    return plan_recipe(plan)
 
 
 def estimate(

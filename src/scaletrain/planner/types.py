@@ -152,6 +152,24 @@ class PlanInput:
     `config.choices.MoeDispatcher` name; 'alltoall' adds its chunk sorts by local expert and
     its fp8 padding copies to the routed rows' traffic (time/moe_traffic.py). A published
     row's `layout.moe_dispatcher`."""
+    dist_optimizer: str = "unstated"
+    """Foreign recipes (NeMo's): the run's optimizer as its NeMo 1.x YAML names it, a
+    `config.choices.DistOptimizer` name ('apex_distributed_fused_adam': Apex's
+    DistributedFusedAdam, whose gradient buffer, master shard and state dtypes differ from
+    Megatron-Core's DistributedOptimizer; 'unstated': the recipe's). A published row's
+    `layout.dist_optimizer` (planner/recipes/dist_optim.py)."""
+    grad_sync_dtype: str = "unstated"
+    """Foreign recipes (Megatron-Core's): the run's gradient buffer / reduction dtype
+    (`config.choices.SyncDtype`; NeMo's optim.grad_sync_dtype; 'unstated': fp32). A published
+    row's `layout.grad_sync_dtype`."""
+    optimizer_dtype: str = "unstated"
+    """Foreign recipes (NeMo's, Apex DistributedFusedAdam): the optimizer state dtype
+    (`config.choices.SyncDtype`; NeMo's optim.dtype; 'unstated': fp32). A published row's
+    `layout.optimizer_dtype`."""
+    fp8_params: bool | None = None
+    """Foreign recipes (NeMo's, Apex DistributedFusedAdam): the run's YAML `fp8_params`, which
+    makes the optimizer store its master shard (store_params) whatever the precision; None: on
+    under fp8 precision, off otherwise. A published row's `layout.fp8_params`."""
     calibration: Calibration | None = None
     """Efficiency constants a run on this device measured (`time.calibration`; `plan
     --calibration`); None: the defaults."""

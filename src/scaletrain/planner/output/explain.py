@@ -9,6 +9,7 @@ from __future__ import annotations
 from scaletrain.config import GB, byte_unit, expert_split, fmt_bytes, fused_head_loss
 
 from ..memory.states import stage_layer_counts, state_bytes_per_param
+from ..recipes.dist_optim import stated_optimizer
 from ..recipes.memory import bf16_optimizer_runs
 from ..recipes.registry import recipe_named
 from ..recipes.schema import DEFAULT_RECIPE, Recipe
@@ -249,7 +250,7 @@ def _recipe_states(est: Estimate) -> list[str]:
     """Section 2 under a foreign recipe: each term with the recipe and the source it comes
     from (recipes.schema.Recipe.sources)."""
     p = est.plan
-    r = recipe_named(p.recipe)
+    r = stated_optimizer(p, recipe_named(p.recipe))
     src = r.sources
     fp32 = p.precision == "fp32"
     wb, mb, gb = (4.0, 0.0, 4.0) if fp32 else (r.weight_bytes, r.master_bytes, r.grad_bytes)
@@ -299,6 +300,17 @@ def _recipe_states(est: Estimate) -> list[str]:
                 "pp_stage_buffers",
             ),
         )
+    if r.grad_shard_step_bytes:
+        rows += (
+            (
+                "grad shard",
+                f"{r.grad_shard_step_bytes:g} B/param / dp x cp, from the gradient sync "
+                "through the step",
+                "grad_shard_step_bytes",
+            ),
+        )
+    if r.fp32_embedding_grads:
+        rows += (("embedding", "fp32 gradients on the first stage", "fp32_embedding_grads"),)
     for name, value, key in rows:
         out.append(f"   [{r.name}] {name:<13} {value} -- {src.get(key, 'see recipes.py')}")
     d = est.memory.detail
@@ -348,7 +360,7 @@ def _recipe_time(est: Estimate) -> list[str]:
     from ..time.efficiency import GENERATION_EFFICIENCY, gemm_shape_factor, generation_of
 
     p, L, hw = est.plan, est.plan.layout, est.plan.hardware
-    r = recipe_named(p.recipe)
+    r = stated_optimizer(p, recipe_named(p.recipe))
     bucket = (
         f"   [{r.name}] last gradient bucket exposed: "
         f"{fmt_bytes(r.bucket_bytes(L.dp), digits=0)} "

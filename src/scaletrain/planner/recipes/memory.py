@@ -73,6 +73,7 @@ from ..memory.states import OPTIMIZER_BYTES
 from ..time.pipeline import inflight_microbatches
 from ..types import MemoryBreakdown, PlanInput
 from .activations import naive_attention_backward_temp, recipe_head_bytes, recipe_layer_bytes
+from .dist_optim import stated_optimizer
 from .lora import recipe_lora, recipe_optimizer_bytes
 from .registry import recipe_named
 from .schema import Recipe
@@ -539,6 +540,12 @@ def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBrea
     held = recipe_states(plan, recipe, P, rp.expert)
     weights, master, grads, optim = held.weights, held.master, held.grads, held.optimizer
     offloaded = held.offloaded
+    emb_fp32 = 0.0
+    if recipe.fp32_embedding_grads and first and not fp32:
+        # the embedding's gradient buckets are fp32 whatever the others' (recipes.dist_optim)
+        pc = plan.model.param_counts()
+        emb_fp32 = max(0.0, 4.0 - recipe.grad_bytes) * (pc.embedding / L.tp + pc.position)
+        grads += emb_fp32
     held_root, tail_rs = fsdp_end_units(plan, rp, last)
     in_params, in_grads, bufs = _recipe_in_flight(plan, recipe, P, block, root, head, held_root)
     ctx = _recipe_buffers(plan, recipe, P, bufs)
@@ -612,6 +619,10 @@ def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBrea
         # buffer (no copy); the all-reduce before it casts the whole flat buffer to bf16
         # (engine.py allreduce_bucket; module docstring)
         step_tmp = 2.0 * P
+    if recipe.grad_shard_step_bytes and z >= 1:
+        # the reduce-scattered gradient shard kept apart from the buffer through the step
+        # (Recipe.grad_shard_step_bytes, recipes.dist_optim)
+        step_tmp += recipe.grad_shard_step_bytes * P / N
     if recipe.zero1_gather_flat_copies and z == 1 and N > 1:
         # the ZeRO-1 parameter all-gather through flattened copies (Recipe.zero1_gather_flat
         # _copies): the rank's updated shard and one flat buffer per dp rank, P weights in all
@@ -670,6 +681,7 @@ def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBrea
             "params.in_flight": in_params,
             "grads.in_flight": in_grads,
             "grads.fp32_accumulation": held.fp32_grad_accum,
+            "grads.fp32_embedding": emb_fp32,
             "optimizer.master": master,
             "offloaded.cpu": offloaded,
             "activations.per_layer": per_layer,
@@ -692,7 +704,7 @@ def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBrea
 def recipe_worst_rank(plan: PlanInput) -> tuple[MemoryBreakdown, float]:
     """The worst pipeline rank's memory under `plan.recipe` (by reserved bytes) and the largest
     parameter count of any rank (what paces gradient synchronisation)."""
-    recipe = recipe_named(plan.recipe)
+    recipe = stated_optimizer(plan, recipe_named(plan.recipe))
     worst: MemoryBreakdown | None = None
     max_params = 0.0
     for rank in range(plan.layout.pp):

@@ -33,7 +33,15 @@ from scaletrain.config import (
     model_preset,
     option_problems,
 )
-from scaletrain.config.choices import ACMode, FsdpEnds, MoeDispatcher, Precision, literal_names
+from scaletrain.config.choices import (
+    ACMode,
+    DistOptimizer,
+    FsdpEnds,
+    MoeDispatcher,
+    Precision,
+    SyncDtype,
+    literal_names,
+)
 from scaletrain.config.hardware_toml import describe_hardware
 from scaletrain.config.lora import lora_problems
 from scaletrain.config.strict import coerce, did_you_mean, scalar_type
@@ -147,6 +155,18 @@ class RunLayout:
     fsdp_ends: FsdpEnds = "unstated"
     """How the FSDP2 run wraps the embedding, final norm and head (`PlanInput.fsdp_ends`,
     `config.choices.FsdpEnds`); the framework recipe only."""
+    dist_optimizer: DistOptimizer = "unstated"
+    """A NeMo 1.x run's optimizer as its YAML names it (`PlanInput.dist_optimizer`,
+    `recipes.dist_optim`); the framework recipe only."""
+    grad_sync_dtype: SyncDtype = "unstated"
+    """A NeMo 1.x run's `optim.grad_sync_dtype` (`PlanInput.grad_sync_dtype`); the framework
+    recipe only."""
+    optimizer_dtype: SyncDtype = "unstated"
+    """A NeMo 1.x run's `optim.dtype`, Apex DistributedFusedAdam's state dtype
+    (`PlanInput.optimizer_dtype`); the framework recipe only."""
+    fp8_params: bool | None = None
+    """A NeMo 1.x run's `fp8_params` (`PlanInput.fp8_params`; None: on under fp8 precision);
+    the framework recipe only."""
     given: frozenset[str] = frozenset()
     """The keys the row's `layout` table states; a framework recipe fills the others it knows
     with its framework's defaults (`recipes.defaults`)."""
@@ -609,6 +629,10 @@ def plan_input(run: PublishedRun, recipe: str = "scaletrain") -> PlanInput:
         fsdp_ends=L.fsdp_ends if recipe != "scaletrain" else "unstated",
         pp_schedule_microbatches=L.pp_schedule_microbatches if recipe != "scaletrain" else 0,
         sdpa_saved=L.sdpa_saved if recipe != "scaletrain" else None,
+        dist_optimizer=L.dist_optimizer if recipe != "scaletrain" else "unstated",
+        grad_sync_dtype=L.grad_sync_dtype if recipe != "scaletrain" else "unstated",
+        optimizer_dtype=L.optimizer_dtype if recipe != "scaletrain" else "unstated",
+        fp8_params=L.fp8_params if recipe != "scaletrain" else None,
         lora_rank=0 if run.lora is None else run.lora.rank,
         lora_targets=() if run.lora is None else run.lora.target_names,
         lora_base="auto" if run.lora is None else run.lora.base_dtype,

@@ -362,6 +362,15 @@ class Recipe:
     """'chunked_fp32' loss: the number of chunks the head's output is split into along the
     sequence, each upcast to fp32 on its own (torchtune's CEWithChunkedOutputLoss:
     num_output_chunks 8)."""
+    grad_shard_step_bytes: float = 0.0
+    """Bytes per sharded parameter of the reduce-scattered gradient shard the optimizer keeps
+    apart from the full gradient buffer, alive from the last micro-batch's gradient sync through
+    the step (Apex DistributedFusedAdam's grads_shard in grad_sync_dtype: recipes.dist_optim);
+    0: the shard is a view of the buffer (Megatron-Core)."""
+    fp32_embedding_grads: bool = False
+    """The first pipeline stage's word (and position) embedding keeps an fp32 gradient buffer
+    whatever the other parameters' gradient dtype (NeMo's MegatronGPTModel with Apex
+    DistributedFusedAdam, with_fp32_embedding_grads: recipes.dist_optim)."""
     sources: dict[str, str] = field(default_factory=dict, compare=False)
     """Field -> where the value comes from."""
 
