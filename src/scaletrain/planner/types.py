@@ -100,7 +100,9 @@ class PlanInput:
     """Foreign recipes with a chunked loss (`Recipe.loss` 'chunked_fp32', torchtune's
     CEWithChunkedOutputLoss): False when the run used the unchunked loss instead (torchtune's
     TransformerDecoder upcasts the whole logits, `self.output(h).float()`, for torch's
-    CrossEntropyLoss); None: the recipe's own loss."""
+    CrossEntropyLoss); True over a recipe with an optional chunked head + loss
+    (`Recipe.chunked_loss_tokens`, torchtitan's ChunkedLossWrapper; chunk length
+    `loss_chunk_tokens` if > 0); None: the recipe's own loss."""
     fsdp_ends: str = "unstated"
     """Foreign recipes under FSDP2: how the run wraps the embedding, final norm and head, a
     `config.choices.FsdpEnds` name ('root', 'own_units'; 'unstated': the recipe's rule,

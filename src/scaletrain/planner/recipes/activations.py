@@ -268,8 +268,11 @@ def recipe_head_bytes(plan: PlanInput, recipe: Recipe) -> tuple[float, float]:
     'chunked_fp32' (torchtune): the same saved fp32 log-softmax, with temporaries of one chunk
     of the k = Recipe.loss_chunks (and the 16-bit chunks at the loss forward); a run stating
     the unchunked loss (PlanInput.chunked_loss False) is 'materialized_fp32' over logits the
-    model already upcast. Under a recipe's LoRA (Recipe.lora) a frozen head saves no input and
-    the frozen final norm only its fp32 upcast and rstd."""
+    model already upcast. A run stating a chunked loss (PlanInput.chunked_loss True) over a
+    recipe with one (Recipe.chunked_loss_tokens, torchtitan's ChunkedLossWrapper) stores only
+    the final norm's tensors: its head and loss run forward and backward inside the loss call
+    (temporaries: `_chunked_wrapper_temp`). Under a recipe's LoRA (Recipe.lora) a frozen
+    head saves no input and the frozen final norm only its fp32 upcast and rstd."""
     m, L = plan.model, plan.layout
     e = plan.compute_bytes
     tok = float(plan.seq_len) / L.cp * plan.micro_batch
@@ -289,8 +292,10 @@ def recipe_head_bytes(plan: PlanInput, recipe: Recipe) -> tuple[float, float]:
         # 16-bit output, not the 16-bit input counted above: 4 B more per element (the
         # per-layer model's rmsnorm_upcast, recipe_layer_bytes)
         stored += 4.0 * tok * m.dim / tsp
-    temp = (2.0 if e == 2 else 0.0) * tok * v_l
     loss = recipe.loss
+    if plan.chunked_loss and recipe.chunked_loss_tokens > 0 and loss == "materialized_fp32":
+        return stored - head_in - 4.0 * tok * v_l, _chunked_wrapper_temp(plan, recipe)
+    temp = (2.0 if e == 2 else 0.0) * tok * v_l
     if loss == "chunked_fp32" and plan.chunked_loss is False:
         # the run's unchunked loss (PlanInput.chunked_loss): torchtune's TransformerDecoder
         # .forward upcasts the whole logits (self.output(h).float()) for torch's
@@ -362,6 +367,50 @@ def recipe_head_bytes(plan: PlanInput, recipe: Recipe) -> tuple[float, float]:
         # (e + 4) B per logit beyond the saved 4 B (Recipe.sources['loss_casts_logits'])
         temp = max(temp, (e + 4.0) * tok * v_l)
     return stored, temp
+
+
+def _chunked_wrapper_temp(plan: PlanInput, recipe: Recipe) -> float:
+    """Bytes torchtitan's chunked head + loss holds at the loss call beyond the stored
+    activations (ChunkedLossWrapper.__call__, torchtitan/components/loss.py at 94609ad), with
+    T = s*b/cp tokens of this rank, h the model width, V_l = V/tp and c = min(T, chunk)
+    tokens per chunk (Recipe.chunked_loss_tokens, PlanInput.loss_chunk_tokens if > 0).
+
+    Counts:
+    - the hidden states the chunks are views of, e*T*h: the final norm all-gathers the TP
+      sequence shard back to replicated hidden states before the head
+      (torchtitan/models/common/decoder_sharding.py pre_lm_head_norm_config), so h is not
+      divided by tp even with SP; they are freed after the call (trainer.py
+      _forward_backward_body: `del pred` before loss.backward());
+    - the fp32 GradAccumulator of their gradient, 4*T*h (zeros_like(hidden, dtype=float32)),
+      alive through the loop and at its end beside the 16-bit cast that
+      _DecoderOutputGradientBackProp saves for the decoder's backward, e*T*h;
+    - one chunk at a time: the chunk's loss runs forward and backward inside the loop
+      (chunk_loss.backward()), its 16-bit logits e*c*V_l still referenced by the loop variable.
+      Eager under TP (_LossParallelCrossEntropy): the backward's zeros_like, exp and their sum
+      beside the saved fp32 log-probs, 16 B per logit (the forward's upcast, shifted logits
+      and exp are 12); without TP, F.cross_entropy(pred.float()): the saved fp32 log-softmax
+      and the nll_loss / log-softmax fp32 gradients, 12 B. Compiled (the loss, not the head,
+      under compile.components 'loss': BaseLoss._maybe_compile): the measured compiled-loss
+      model (Recipe.sources['loss_compiles']), the 16-bit logits and their 16-bit gradient
+      plus 8 B per token.
+    Ignores the chunk's hidden-state gradient (e*c*h) and the head's unsharded gradient that
+    FSDP accumulates across chunks (set_requires_gradient_sync(False) until the last chunk):
+    the parameter terms count the head unit."""
+    m, L = plan.model, plan.layout
+    e = plan.compute_bytes
+    tok = float(plan.seq_len) / L.cp * plan.micro_batch
+    v_l = m.vocab_size / L.tp
+    c = min(tok, float(plan.loss_chunk_tokens or recipe.chunked_loss_tokens))
+    compiled = (
+        plan.compile and recipe.loss_compiles if plan.compile_loss is None else plan.compile_loss
+    )
+    if compiled:
+        chunk = 2.0 * e * c * v_l + 8.0 * c
+    else:
+        per_logit = 16.0 if L.tp > 1 and recipe.sp_with_tp else 12.0
+        chunk = (e + per_logit) * c * v_l
+    hidden = tok * m.dim
+    return (e + 4.0) * hidden + max(chunk, e * hidden)
 
 
 def naive_attention_backward_temp(plan: PlanInput, recipe: Recipe) -> float:

@@ -369,6 +369,14 @@ KNOB_DEFAULTS: dict[str, tuple[Knob, ...]] = {
             "torch/nn/parallel/distributed.py DistributedDataParallel bucket_cap_mb=25 "
             "(torchtitan apply_ddp passes none)",
         ),
+        Knob(
+            "loss",
+            "cross-entropy over the whole logits; chunked (ChunkedLossWrapper, 8192 tokens a "
+            "chunk) only where the run states chunked_loss",
+            "torchtitan/components/loss.py cross_entropy_loss (F.cross_entropy(pred.float())); "
+            "at 94609ad ChunkedLossWrapper.Config.chunk_len = 8192, picked per model in "
+            "config_registry.py (Trainer.Config.loss defaults to BaseLoss.Config)",
+        ),
     ),
     "nanotron": (
         Knob(

@@ -126,8 +126,9 @@ class RunLayout:
     compile_loss: bool | None = None
     """The framework compiled its loss with the model (None: the recipe's rule)."""
     chunked_loss: bool | None = None
-    """False: the run used its framework's unchunked loss where the recipe's is chunked
-    (`PlanInput.chunked_loss`; None: the recipe's)."""
+    """False: the run used its framework's unchunked loss where the recipe's is chunked;
+    True: the run turned on its framework's optional chunked loss (torchtitan's
+    ChunkedLossWrapper) (`PlanInput.chunked_loss`; None: the recipe's)."""
     fused_norm: bool = False
     """The run's RMSNorm was a fused kernel saving its 16-bit input and rstd (torchtitan's
     norm_type 'fused_rmsnorm')."""

@@ -263,6 +263,7 @@ RECIPES: dict[str, Recipe] = {
         pp_fsdp_unsharded=True,
         experts_shard_over_ep_group=True,
         loss_compiles=True,
+        chunked_loss_tokens=8192,
         eager_elementwise=True,
         moe_block="torchtitan",
         fsdp2_copies=True,
@@ -341,6 +342,13 @@ RECIPES: dict[str, Recipe] = {
             "CUDA errors'). Saved tensors measured with torch 2.13: eager "
             "keeps the fp32 log-softmax (4 B/logit), compiled keeps the bf16 "
             "input (2 B/logit) and two fp32 values per token",
+            "chunked_loss_tokens": "torchtitan/components/loss.py at 94609ad "
+            "ChunkedLossWrapper.Config.chunk_len = 8192 ('Maximum number of tokens in each "
+            "loss chunk'; docs/chunked_loss.md: 'The default is 8,192 tokens'). Not the "
+            "framework-wide loss: Trainer.Config.loss defaults to BaseLoss.Config and each "
+            "model's config_registry.py picks it (qwen3_14b: ChunkedLossWrapper.Config at "
+            "b5bcd76, 2026-08); older torchtitan computed the whole logits "
+            "(cross_entropy_loss), so a run states chunked_loss",
             "weight_bytes": "torchtitan/models/llama3/infra/parallelize.py apply_fsdp: "
             "fp32 sharded parameters, MixedPrecisionPolicy(param_dtype="
             "bf16, reduce_dtype=fp32) (docs/fsdp.md)",
@@ -801,6 +809,7 @@ RECIPES["automodel"] = dataclasses.replace(
     optimizer_state_bytes=2,
     loss_compiles=False,
     moe_block="none",
+    chunked_loss_tokens=0,
     lora=True,
     grads_set_to_none=True,
     optimizer_pass_bytes=0.0,
@@ -817,6 +826,7 @@ RECIPES["automodel"] = dataclasses.replace(
                 "loss_compiles",
                 "moe_block",
                 "optimizer_pass_bytes",
+                "chunked_loss_tokens",
             )
         },
         "moe_block": "NVIDIA-NeMo/Automodel nemo_automodel/components/moe/layers.py (read at "
@@ -826,6 +836,10 @@ RECIPES["automodel"] = dataclasses.replace(
         "optimizer_pass_bytes": f"{_AM}: not charged; torchtitan's clip pass (12 B per "
         "parameter over fp32 sharded gradients, its train.py clip_grad_norm_) does not carry "
         "over: AutoModel's gradients are bf16 (grad_bytes) and its clipping is not read here",
+        "chunked_loss_tokens": "NVIDIA-NeMo/Automodel nemo_automodel/components/loss/"
+        "chunked_ce.py ChunkedCrossEntropy.forward (read at 0122d60): chunks logits the model "
+        "already computed whole ([batch, seq, vocab]), not torchtitan's head + loss "
+        "ChunkedLossWrapper, so the torchtitan term does not apply (0; not modelled)",
         "autocast_weight_copy": f"{_AM} components/distributed/config.py FSDP2Config."
         "autocast_dtype = None (no torch.autocast around the forward) and the parameters are "
         "bf16 already: no 16-bit cast of a weight is saved",

@@ -146,6 +146,13 @@ class Recipe:
     """With `compile` the framework compiles its loss too: Inductor saves the 16-bit logits
     and per-token fp32 statistics instead of the fp32 log-softmax and writes the 16-bit
     gradient from one fused kernel (PlanInput.compile_loss overrides)."""
+    chunked_loss_tokens: int = 0
+    """Tokens per chunk of the framework's optional chunked head + loss, which a run turns on
+    (`PlanInput.chunked_loss` True; `PlanInput.loss_chunk_tokens` > 0 overrides the length),
+    over a 'materialized_fp32' loss: torchtitan's ChunkedLossWrapper, whose head and loss run
+    forward and backward one chunk at a time inside the loss call and hand the decoder an fp32
+    accumulated gradient of the hidden states (`activations.recipe_head_bytes`). 0: the
+    framework has none."""
     pipe_output_buffers: int = 0
     """The pipeline engine keeps the last stage's forward output (the 16-bit logits) of this
     many micro-batches in its buffers through backward (DeepSpeed: 2), at any pp."""
