@@ -655,7 +655,12 @@ RECIPES["llm-foundry"] = Recipe(
         "attention (attn_impl 'triton', submit_benchmarks.py --attn_impl default), 16-bit "
         "stream under FSDP's bf16 parameters",
         "ac_modes": f"{_FOUNDRY} modeling_mpt.py activation_checkpointing_fn: whole "
-        "MPTBlocks (fsdp_config.activation_checkpointing), no selective mode",
+        "MPTBlocks (fsdp_config.activation_checkpointing), no selective mode; the recompute "
+        "replays the whole block, the MLP's down projection included: the benchmarks ran "
+        "torch 2.0.1 (scripts/train/benchmarking/sweep.sh IMAGE mosaicml/pytorch:"
+        "2.0.1_cu118) or, the older bf16 / PURE rows, 1.13.1 (submit_benchmarks.py --image "
+        "default), before torch's non-reentrant checkpoint stopped early by default "
+        "(pytorch/pytorch PR 96866, 2023-03, torch 2.1)",
         "selective": f"{_FOUNDRY} no selective mode: fsdp_config.activation_checkpointing "
         "checkpoints whole MPTBlocks (modeling_mpt.py activation_checkpointing_fn)",
         "full_ac_saves": "torch/distributed/algorithms/_checkpoint/checkpoint_wrapper.py "
