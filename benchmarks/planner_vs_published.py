@@ -6,7 +6,8 @@ predicts the peak memory of one GPU, the step time and whether the run fits. Com
 
 - memory: against the published peak, the planner's `reserved` for rows that publish the
   allocator's reservation (torchtitan's max_reserved) or do not say what they read (BigScience's
-  GB per GPU), and `total` (allocated) for rows that publish an allocated peak; llm-analysis
+  GB per GPU), and `total` less the runtime context (which torch's allocator does not count) for
+  rows that publish an allocated peak (`published_peak_bytes`); llm-analysis
   has one number (weights + gradients + optimizer + activations per GPU);
 - step time: seconds per optimizer step, the row's own or global tokens / (tokens/s/GPU x GPUs);
 - fit / OOM: predicted fits vs the row's `oom` (a run that published a throughput ran).
@@ -53,6 +54,7 @@ from scaletrain.planner.recipes.published import (  # noqa: E402
     PublishedRun,
     load_runs,
     plan_input,
+    published_peak_bytes,
     recipe_of,
     refusals,
 )
@@ -82,7 +84,7 @@ def predict(run: PublishedRun, recipe: str = "scaletrain") -> Prediction:
             if recipe == "scaletrain"
             else recipe_rank_memory(p, recipe_named(recipe), k)
         )
-    mem = mem_b.total if run.measured.memory_kind == "allocated" else mem_b.reserved
+    mem = published_peak_bytes(mem_b, run.measured.memory_kind)
     return mem / GiB, e.time.step_s, e.memory.fits
 
 

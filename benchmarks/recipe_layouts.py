@@ -53,6 +53,7 @@ from scaletrain.planner.recipes.published import (  # noqa: E402
     PublishedRun,
     load_runs,
     plan_input,
+    published_peak_bytes,
     recipe_of,
     refusals,
 )
@@ -280,7 +281,7 @@ def _corpus_row(run: PublishedRun, recipe: str) -> dict[str, Any] | None:
     p = plan_input(run, recipe)
     e = estimate(p)
     m = run.measured
-    mem = e.memory.total if m.memory_kind == "allocated" else e.memory.reserved
+    mem = published_peak_bytes(e.memory, m.memory_kind)
     step = run.measured_step_s()
     return {
         "err_mem": mem / GiB / m.memory_gib - 1 if m.memory_gib else None,

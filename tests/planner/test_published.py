@@ -450,3 +450,19 @@ def test_torchao_h100_rows_plan_on_metas_500w_h100(runs) -> None:
     for r in rows:
         assert r.gpu == "h100-hbm2e-500w"
         assert r.hardware().memory_bw == 2400e9
+
+
+def test_allocated_rows_compare_without_the_runtime_context(runs) -> None:
+    """torch's max_memory_allocated() does not see the CUDA context, cuBLAS workspaces or NCCL
+    buffers: a row publishing an allocated peak is compared with `total` less the context
+    term, a reserved or unstated one with `reserved` (context in)."""
+    from scaletrain.planner.recipes.published import published_peak_bytes
+
+    run = next(r for r in runs if r.measured.memory_kind == "allocated")
+    mem = estimate(plan_input(run, "scaletrain")).memory
+    ctx = mem.buffer_terms["runtime_context"]
+    assert ctx > 0
+    assert published_peak_bytes(mem, "allocated") == mem.total - ctx
+    assert published_peak_bytes(mem, "reserved") == mem.reserved
+    assert published_peak_bytes(mem, "unknown") == mem.reserved
+    assert mem.reserved > mem.total > published_peak_bytes(mem, "allocated")

@@ -47,7 +47,7 @@ from scaletrain.config.lora import lora_problems
 from scaletrain.config.strict import coerce, did_you_mean, scalar_type
 
 from ..time.pipeline import schedule_microbatches
-from ..types import PlanInput
+from ..types import MemoryBreakdown, PlanInput
 from .defaults import Assumed, apply_defaults
 from .registry import RECIPES
 
@@ -64,6 +64,7 @@ __all__ = [
     "refusals",
     "FRAMEWORK_RECIPE",
     "recipe_of",
+    "published_peak_bytes",
 ]
 
 CORPUS = "data/published_runs.toml"
@@ -576,6 +577,19 @@ FRAMEWORK_RECIPE = {
 DeepSpeed, NeMo on Megatron-Core (recipe 'nemo': megatron's memory, NeMo's overlapped
 communication); llm-foundry runs its own recipe (Composer's FSDP1 and the MPT block's eager
 elementwise kernels, registry.py)."""
+
+
+def published_peak_bytes(memory: MemoryBreakdown, kind: str) -> float:
+    """The planned bytes of the kind a row publishes. 'allocated': torch's
+    max_memory_allocated(), which the caching allocator counts, so the runtime context
+    (CUDA context, cuBLAS workspaces, NCCL buffers: `buffer_terms['runtime_context']`, kept
+    in `total` so that `fits` is honest) is taken out, as memory.buffers.RUNTIME_CONTEXT_BYTES
+    prescribes. 'reserved' and 'unknown': the planner's `reserved`, context included (what
+    nvidia-smi and an OOM see). Ignores: that torch's max_memory_reserved() (torchtitan's logged
+    figure) also leaves the context out; those rows are compared with it in."""
+    if kind == "allocated":
+        return memory.total - memory.buffer_terms.get("runtime_context", 0.0)
+    return memory.reserved
 
 
 def recipe_of(run: PublishedRun) -> str:
