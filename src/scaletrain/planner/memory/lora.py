@@ -44,8 +44,9 @@ LitGPT's QLoRA, Lightning Fabric's BitsandbytesPrecision) store and run the base
 (`bnb_stored_bytes_per_value`, `bnb_saved_input_bytes`, `bnb_dequantize_work_bytes`):
 - at rest: bitsandbytes' own NF4 layout, an fp32 absmax per 64 values without double
   quantization (Fabric's 'nf4'), 0.5625 B per value;
-- bitsandbytes 0.42.0 bitsandbytes/autograd/_functions.py MatMul4Bit.forward keeps its input
-  for backward (`ctx.tensors = (A, B)` whenever an input needs a gradient), although its
+- bitsandbytes 0.42.0 (0.41.0 alike) bitsandbytes/autograd/_functions.py MatMul4Bit.forward
+  keeps its input for backward (`ctx.tensors = (A, B)` whenever an input needs a gradient),
+  although its
   backward reads only the quantized weight (grad_A = grad_output @ dequantize_4bit(B)^T; no
   weight gradient); so every quantized projection's input is held until its backward: per
   block the attention input, the attention output as the output projection reads it, the MLP
