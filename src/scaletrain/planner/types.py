@@ -182,6 +182,11 @@ class PlanInput:
     lora_base: str = "auto"
     """`lora.base_dtype`: how the frozen projections are stored ('auto', 'bf16', 'int8',
     'nf4'; `memory.lora`)."""
+    lora_quantizer: str = "native"
+    """Whose quantized linear runs an 'nf4' base (`memory.lora.LORA_QUANTIZERS`): 'native'
+    (the trainer's, torchao's NF4Tensor) or 'bitsandbytes' / 'bitsandbytes-dq' (bitsandbytes'
+    Linear4bit as LitGPT's QLoRA runs it under Fabric's 'nf4' / 'nf4-dq': `memory.lora`). A
+    published row's `lora.quantizer`."""
     beta1: float = OptimConfig.beta1
     """`optim.beta1` (its default): with 'adafactor', > 0 keeps a first moment, one more fp32
     state per parameter (`memory.states.optimizer_bytes`); the other optimizers' states do not

@@ -39,8 +39,34 @@ partial sum of the same width); the attention core and the MLP's hidden activati
 rank's heads / columns (/ tp); the norms' inputs are the residual stream's sequence slice
 under sp (/ tp), whole without.
 
+bitsandbytes' 4-bit layers (`PlanInput.lora_quantizer` 'bitsandbytes' / 'bitsandbytes-dq':
+LitGPT's QLoRA, Lightning Fabric's BitsandbytesPrecision) store and run the base otherwise
+(`bnb_stored_bytes_per_value`, `bnb_saved_input_bytes`, `bnb_dequantize_work_bytes`):
+- at rest: bitsandbytes' own NF4 layout, an fp32 absmax per 64 values without double
+  quantization (Fabric's 'nf4'), 0.5625 B per value;
+- bitsandbytes 0.42.0 (0.41.0 alike) bitsandbytes/autograd/_functions.py MatMul4Bit.forward
+  keeps its input for backward (`ctx.tensors = (A, B)` whenever an input needs a gradient),
+  although its
+  backward reads only the quantized weight (grad_A = grad_output @ dequantize_4bit(B)^T; no
+  weight gradient); so every quantized projection's input is held until its backward: per
+  block the attention input, the attention output as the output projection reads it, the MLP
+  input and the MLP product (w2's input), e x tokens x (3h + f). Counted in full on top of
+  `lora_layer_activation_bytes`: LitGPT's adapters read `lora_dropout(x)` (litgpt/lora.py
+  LoRALinear.forward, LoRAQKVLinear.forward; lora_dropout 0.05 in every config_hub/finetune
+  yaml), a tensor of their own, so the adapters share none of these inputs;
+- the dequantization: `F.dequantize_4bit(B, quant_state)` returns the weight in the dtype it
+  was quantized from, fp16 (lightning/fabric/plugins/precision/bitsandbytes.py
+  _Linear4bit.quantize casts it with `.to(dtype=torch.half)` before `quantize_4bit`), then
+  `.to(A.dtype)` copies it to the compute dtype: 2 + wc bytes per value (2 in fp16), in
+  forward and again in backward, one projection at a time; the largest quantized projection
+  includes an untied LM head (Fabric's `module_init_context` replaces every torch.nn.Linear built
+  under `init_module`, litgpt's `lm_head` included), whose backward runs first, with every
+  block's saved set alive.
+
 Ignores: the adapters' own dropout masks (dropout 0 by default), the int8 scales' and NF4
-metadata's share of FSDP2's padding.
+metadata's share of FSDP2's padding; under 'bitsandbytes', the head's input kept by its
+MatMul4Bit (e x tokens x h, once), the head's and the embedding's storage (planned as the
+recipe stores them), and what an adapter with dropout 0 would share with MatMul4Bit's input.
 """
 
 from __future__ import annotations
@@ -64,7 +90,33 @@ __all__ = [
     "compiled_dequantize_bytes",
     "lora_layer_activation_bytes",
     "first_block_saving",
+    "LORA_QUANTIZERS",
+    "bnb_saved_input_bytes",
+    "bnb_dequantize_work_bytes",
+    "bnb_stored_bytes_per_value",
 ]
+
+LORA_QUANTIZERS = ("native", "bitsandbytes", "bitsandbytes-dq")
+"""Whose quantized linear runs an 'nf4' base (`PlanInput.lora_quantizer`): 'native', the
+trainer's (`models.quantized`) and torchao's NF4Tensor as counted above; 'bitsandbytes' and
+'bitsandbytes-dq', bitsandbytes' Linear4bit / MatMul4Bit as Fabric's BitsandbytesPrecision
+'nf4' and 'nf4-dq' build it (module docstring; `bnb_stored_bytes_per_value`)."""
+
+
+def bnb_stored_bytes_per_value(rows: int, cols: int, double_quant: bool) -> float:
+    """Bytes per value of a (rows x cols) weight in bitsandbytes' NF4 (blocksize 64,
+    Params4bit's default): 4-bit codes, 0.5 B, and one absmax per 64 values, fp32 without
+    double quantization (Fabric's _NF4Linear: compress_statistics=False), else an int8 absmax
+    per 64 plus an fp32 factor per 256 absmaxes and the fp32 mean subtracted from them
+    (_NF4DQLinear: compress_statistics=True). Source: bitsandbytes 0.42.0
+    bitsandbytes/functional.py quantize_4bit (absmax float32 per block; `quantize_blockwise(
+    absmax, blocksize=256)` with `offset = absmax.mean()` when compress_statistics)."""
+    n = float(rows) * cols
+    blocks = n / NF4_BLOCK
+    if not double_quant:
+        return 0.5 + PARAM_BYTES * blocks / n
+    return 0.5 + (blocks + PARAM_BYTES * blocks / 256 + PARAM_BYTES) / n
+
 
 PARAM_BYTES = 4.0
 """The trainer's parameters are fp32 (adapters, embedding, norms, head, an 'auto' base)."""
@@ -148,6 +200,32 @@ def compiled_dequantize_bytes(base_dtype: str, rows: int, cols: int, precision: 
     if base_dtype in ("nf4", "int8") or (base_dtype == "bf16" and wc != 2):
         return float(wc) * rows * cols
     return 0.0
+
+
+def bnb_saved_input_bytes(model: ModelConfig, tokens: float, precision: str) -> float:
+    """What bitsandbytes' MatMul4Bit keeps per block beyond the adapters' saved set: the
+    inputs of the block's four quantized matmuls (the fused q/k/v and the MLP's w1 / w3 share
+    one input each), e x tokens x (3h + f), e the compute dtype's bytes. Source:
+    bitsandbytes 0.42.0 bitsandbytes/autograd/_functions.py MatMul4Bit.forward
+    (`ctx.tensors = (A, B)`); module docstring for what it ignores. One device: LitGPT refuses
+    a quantized base on more than one (litgpt/finetune/lora.py setup)."""
+    e = compute_bytes(precision)
+    return e * tokens * (3.0 * model.dim + model.ffn_dim)
+
+
+def bnb_dequantize_work_bytes(model: ModelConfig, precision: str) -> float:
+    """bitsandbytes' dequantization temporaries for the largest quantized projection, the
+    seven block projections and an untied LM head (vocab x h): its fp16 dequantized copy and that
+    copy cast to the compute dtype, (2 + wc) bytes per value, wc = 0 in fp16 (no cast). Source:
+    bitsandbytes 0.42.0 MatMul4Bit.forward / .backward (`F.dequantize_4bit(B, state).to(...)`)
+    and Fabric's _Linear4bit.quantize (quantizes an fp16 copy); module docstring."""
+    wc = compute_bytes(precision)
+    cast = 0.0 if precision == "fp16" else float(wc)
+    head = [] if model.tie_embeddings else [float(model.vocab_size) * model.dim]
+    largest = max(
+        [float(r) * c for r, c in (sh.weight for sh in tp_shapes(model, 1, 1).values())] + head
+    )
+    return (2.0 + cast) * largest
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,6 +6,7 @@ model states (`rank_states` -> `RankStates`), a block's activation terms (`activ
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING
@@ -23,6 +24,7 @@ from scaletrain.config import (
     offload_states,
     offloads_activations,
 )
+from scaletrain.config.lora import tp_shapes
 
 from ..types import PlanInput
 from .activations import (
@@ -41,6 +43,9 @@ from .head import (
 )
 from .lora import (
     LoraTerms,
+    bnb_dequantize_work_bytes,
+    bnb_saved_input_bytes,
+    bnb_stored_bytes_per_value,
     first_block_saving,
     lora_layer_activation_bytes,
     lora_stage,
@@ -242,7 +247,7 @@ def plan_lora_terms(plan: PlanInput) -> LoraTerms | None:
     without LoRA."""
     if not plan.lora_rank:
         return None
-    return lora_terms(
+    terms = lora_terms(
         plan.model,
         plan.lora_rank,
         plan.lora_targets,
@@ -250,6 +255,21 @@ def plan_lora_terms(plan: PlanInput) -> LoraTerms | None:
         plan.precision,
         tp=plan.layout.tp,
     )
+    if _bnb(plan):  # bitsandbytes' NF4 layout at rest (memory.lora)
+        dq = plan.lora_quantizer == "bitsandbytes-dq"
+        stored = sum(
+            r * c * bnb_stored_bytes_per_value(r, c, dq)
+            for r, c in (
+                sh.weight for sh in tp_shapes(plan.model, plan.lora_rank, plan.layout.tp).values()
+            )
+        )
+        terms = dataclasses.replace(terms, stored=stored)
+    return terms
+
+
+def _bnb(plan: PlanInput) -> bool:
+    """Whether bitsandbytes' 4-bit layers run the plan's base (`memory.lora`)."""
+    return plan.lora_base == "nf4" and plan.lora_quantizer.startswith("bitsandbytes")
 
 
 def fsdp_units(
@@ -496,6 +516,7 @@ def activation_terms(plan: PlanInput, terms: ModelTerms, modern: bool) -> Activa
         modern,
         residual_fp32,
         plan.lora,
+        plan.lora_quantizer,
         offloads_activations(plan.offload),
         # the head (fused or logits) and a split backward's terms: the schedule's
         fused_head_loss(L),
@@ -529,6 +550,9 @@ def activation_terms(plan: PlanInput, terms: ModelTerms, modern: bool) -> Activa
     if lora is not None:
         r = 4 if residual_fp32 else compute_bytes(p)
         full = lora_layer_activation_bytes(model, lora, shape, r=r, autocast=residual_fp32)
+        if _bnb(plan):
+            # bitsandbytes' MatMul4Bit keeps each quantized matmul's input (memory.lora)
+            full += bnb_saved_input_bytes(model, shape.tokens, p)
         if plan.ac == "none":
             per_layer = full
             sp_tp = L.tp if L.sp else 1
@@ -742,6 +766,7 @@ def rank_buffers(
         # count only below (DDP's buckets): ranks with other blocks share the entry
         unit if L.zero >= 2 else count,
         plan.lora,
+        plan.lora_quantizer,
     )
     hit = terms.bufs.get(key)
     if hit is not None:
@@ -758,6 +783,9 @@ def rank_buffers(
     )
     if lora is not None and lora.dequantize:
         bufs["lora_dequantize"] = lora.dequantize
+        if _bnb(plan):
+            # bitsandbytes' fp16 dequantized copy and its cast, the head included (memory.lora)
+            bufs["lora_dequantize"] = bnb_dequantize_work_bytes(model, plan.precision)
     if model.position == "rope":
         bufs["rope_tables"] = rope_table_bytes(model)
     fsdp = sum(v for k, v in bufs.items() if k.startswith("fsdp_"))

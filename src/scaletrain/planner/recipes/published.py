@@ -46,6 +46,7 @@ from scaletrain.config.hardware_toml import describe_hardware
 from scaletrain.config.lora import lora_problems
 from scaletrain.config.strict import coerce, did_you_mean, scalar_type
 
+from ..memory.lora import LORA_QUANTIZERS
 from ..time.pipeline import schedule_microbatches
 from ..types import MemoryBreakdown, PlanInput
 from .defaults import Assumed, apply_defaults
@@ -109,7 +110,7 @@ _RUN_KEYS = {
     "recipe",
     "lora",
 }
-_LORA_KEYS = ("rank", "targets", "base_dtype")
+_LORA_KEYS = ("rank", "targets", "base_dtype", "quantizer")
 
 
 @dataclass(frozen=True)
@@ -236,6 +237,9 @@ class PublishedRun:
     """The row's `lora` table: the run trained adapters of this rank on these projections over
     a frozen base stored as `base_dtype` (`PlanInput.lora_rank` / `lora_targets` /
     `lora_base`, as `plan --lora-rank` sets them); None: every parameter trained."""
+    lora_quantizer: str = "native"
+    """The row's `lora.quantizer`: whose quantized linear ran its 'nf4' base
+    (`memory.lora.LORA_QUANTIZERS`, `PlanInput.lora_quantizer`); 'native' without it."""
 
     def hardware(self) -> HardwareSpec:
         hw = (
@@ -436,6 +440,18 @@ def _lora(where: str, raw: dict[str, Any], model: ModelConfig, run: RunLayout) -
     return cfg
 
 
+def _lora_quantizer(where: str, raw: Any) -> str:
+    """The row's `lora.quantizer` ('native' without it), one of `LORA_QUANTIZERS`, and only
+    over an 'nf4' base (the only base bitsandbytes' 4-bit layers store)."""
+    if not isinstance(raw, dict) or "quantizer" not in raw:
+        return "native"
+    q = raw["quantizer"]
+    _choice(where + ".lora", "quantizer", q, LORA_QUANTIZERS)
+    if q != "native" and raw.get("base_dtype") != "nf4":
+        raise _fail(where + ".lora", "quantizer", q, 'set base_dtype = "nf4" or drop the quantizer')
+    return str(q)
+
+
 def _run(i: int, raw: Any, origin: str, seen: set[str]) -> PublishedRun:
     name = raw.get("name") if isinstance(raw, dict) else None
     where = f"{origin} runs[{i}]" + (f" ({name})" if isinstance(name, str) else "")
@@ -494,6 +510,7 @@ def _run(i: int, raw: Any, origin: str, seen: set[str]) -> PublishedRun:
         )
     measured = _measured(where, _table(where, raw, "measured"))
     lora = _lora(where, _table(where, raw, "lora"), model, layout) if "lora" in raw else None
+    quantizer = _lora_quantizer(where, raw.get("lora"))
     assumed = raw.get("assumed", "")
     if not isinstance(assumed, str):
         raise _fail(where, "assumed", assumed, "use a string")
@@ -535,6 +552,7 @@ def _run(i: int, raw: Any, origin: str, seen: set[str]) -> PublishedRun:
         recipe=recipe,
         node=tuple(sorted(node.items())),
         lora=lora,
+        lora_quantizer=quantizer,
     )
 
 
@@ -651,6 +669,7 @@ def plan_input(run: PublishedRun, recipe: str = "scaletrain") -> PlanInput:
         lora_rank=0 if run.lora is None else run.lora.rank,
         lora_targets=() if run.lora is None else run.lora.target_names,
         lora_base="auto" if run.lora is None else run.lora.base_dtype,
+        lora_quantizer=run.lora_quantizer,
     )
 
 
