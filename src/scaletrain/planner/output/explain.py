@@ -365,7 +365,8 @@ def _recipe_time(est: Estimate) -> list[str]:
         "flash2": f"ceiling: {attention_ceiling(hw)[1]}",
         "triton_flash1": f"ceiling: {triton_flash1_rates(hw)[2]}",
         "fused": "Transformer Engine, at the matmul rate",
-        "naive": "full s x s + score traffic: attention_core.NAIVE_SCORE_BYTES",
+        "naive": "full s x s + score traffic: attention_core.NAIVE_SCORE_BYTES"
+        f"['{'scaletrain' if r.name == 'scaletrain' else r.naive_scores}']",
     }[kernel]
     bucket += (
         f"\n   [{r.name}] attention core: {kernel} ({why}); overlapped: "
@@ -388,6 +389,8 @@ def _recipe_time(est: Estimate) -> list[str]:
             kind, fn = ("compiled (fused)", "compiled_elementwise_bytes")
         elif r.eager_block == "mpt":
             fn = "mpt_eager_elementwise_bytes"
+        elif r.eager_block == "hf_gpt2":
+            fn = "hf_gpt2_eager_elementwise_bytes"
         elif r.eager_block == "mcore":
             kind, fn = ("fused (Transformer Engine)", "mcore_elementwise_bytes")
         bucket += (

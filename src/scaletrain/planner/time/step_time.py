@@ -343,6 +343,9 @@ def _block_seconds(
                 seq_len=plan.seq_len,
                 recompute=core_recompute,
                 dropout=dropout,
+                scores=recipe.naive_scores
+                if recipe is not None and rname != DEFAULT_RECIPE
+                else "",
                 kernel_seq_len=max(1, plan.seq_len // L.cp),
             ),
             recipe=rname,
