@@ -85,7 +85,7 @@ def test_bigscience_rows_name_the_recipe_of_their_deepspeed() -> None:
     bs = [r for r in runs if r.name.startswith("ds-a100-bloom-prequel-02-25-")]
     assert len(bs) == 23 and all(recipe_of(r) == "deepspeed-bigscience-2022" for r in bs)
     hf = [r for r in runs if r.name.startswith("ds-v100-hf-")]
-    assert len(hf) == 7 and all(recipe_of(r) == "deepspeed-hf" for r in hf)
+    assert len(hf) == 11 and all(recipe_of(r) == "deepspeed-hf" for r in hf)
     others = [r for r in runs if r.framework == "deepspeed" and r not in ds + bs + hf]
     assert others and all(recipe_of(r) == "deepspeed" for r in others)
 
