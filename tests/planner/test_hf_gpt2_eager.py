@@ -18,7 +18,9 @@ from scaletrain.planner.time.attention_core import (
     attention_seconds_per_token,
 )
 from scaletrain.planner.time.elementwise import (
+    HF_GPT2_LOSS_BYTES,
     eager_elementwise_s,
+    eager_loss_s,
     hf_gpt2_eager_elementwise_bytes,
 )
 from scaletrain.planner.types import PlanInput
@@ -141,3 +143,20 @@ def test_deepspeed_hf_moves_time_not_memory() -> None:
     assert hf.memory.total == pytest.approx(ds.memory.total)
     assert hf.time.step_s > ds.time.step_s
     assert recipe_named("deepspeed-hf").name == "deepspeed-hf"
+
+
+def test_hf_loss_bytes_match_the_recount() -> None:
+    """GPT2LMHeadModel's loss per logit: the shift's contiguous copy and log_softmax forward;
+    nll_loss's zero-filled gradient, log_softmax's backward and the slice's zero-filled
+    gradient with the copy in, backward."""
+    fwd = (E + E) + (E + E)
+    bwd = E + (E + E + E) + (E + E + E)
+    assert fwd + bwd == HF_GPT2_LOSS_BYTES
+
+
+def test_deepspeed_hf_charges_the_loss_on_the_head() -> None:
+    p = _plan("deepspeed-hf")
+    want = HF_GPT2_LOSS_BYTES * p.model.vocab_size / p.hardware.memory_bw
+    assert eager_loss_s(p, RECIPES["deepspeed-hf"]) == pytest.approx(want)
+    assert eager_loss_s(p, RECIPES["deepspeed"]) == 0.0
+    assert eager_loss_s(dataclasses.replace(p, efficiency=0.5), RECIPES["deepspeed-hf"]) == 0.0

@@ -398,6 +398,14 @@ def _recipe_time(est: Estimate) -> list[str]:
             f"{eager * hw.memory_bw / 1e6:.2f} MB per token per block over memory "
             f"bandwidth (elementwise.{fn})"
         )
+    from ..time.elementwise import eager_loss_s
+
+    loss_s = eager_loss_s(p, r)
+    if loss_s > 0:
+        bucket += (
+            f"\n   [{r.name}] eager loss over 16-bit logits: {loss_s * hw.memory_bw / 1e6:.2f} MB "
+            "per token on the head's rank (elementwise.HF_GPT2_LOSS_BYTES)"
+        )
     from ..time.moe_traffic import moe_row_seconds_per_token
 
     moe_rows = moe_row_seconds_per_token(p, r)

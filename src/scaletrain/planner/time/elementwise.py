@@ -37,6 +37,8 @@ __all__ = [
     "HF_GPT2_EAGER_FWD",
     "HF_GPT2_EAGER_BWD",
     "hf_gpt2_eager_elementwise_bytes",
+    "HF_GPT2_LOSS_BYTES",
+    "eager_loss_s",
     "eager_elementwise_s",
 ]
 
@@ -363,6 +365,38 @@ def hf_gpt2_eager_elementwise_bytes(model: ModelConfig, *, recompute: bool) -> f
     fwd = HF_GPT2_EAGER_FWD[0] * h + HF_GPT2_EAGER_FWD[1] * f
     bwd = HF_GPT2_EAGER_BWD[0] * h + HF_GPT2_EAGER_BWD[1] * f
     return fwd * (2.0 if recompute else 1.0) + bwd
+
+
+HF_GPT2_LOSS_BYTES = 22.0
+"""Bytes per logit (per token per vocabulary entry) the loss of a Hugging Face
+GPT2LMHeadModel moves outside the head's GEMM, 16-bit logits (e = 2 B: the fp16 engine's
+halved module, so the loss runs on fp16 logits). transformers models/gpt2/modeling_gpt2.py
+GPT2LMHeadModel.forward (read at 0010f602): `shift_logits = lm_logits[..., :-1, :]
+.contiguous()` then `CrossEntropyLoss()(shift_logits.view(-1, V), ...)`. Forward: the
+contiguous copy (read e, write e) and log_softmax (read e, write e): 4e; nll_loss reads one
+logit per token. Backward: nll_loss's gradient, a zero-filled (b s, V) tensor with one entry
+per token set (write e), log_softmax's backward (read the gradient and the output, write:
+3e), and the slice's backward, a zero-filled full-size gradient with the slice copied in
+(write e, read e, write e): 7e. 11e = 22 B per logit. Memory bound: bytes / memory bandwidth.
+Ignores: the last position's logits the shift drops (1 / s of them), the labels' copy."""
+
+
+def eager_loss_s(plan: PlanInput, recipe: Recipe | None) -> float:
+    """Seconds per token of a recipe's eager loss kernels over the logits (HF_GPT2_LOSS_BYTES
+    x vocab over memory bandwidth) for a recipe running Hugging Face's GPT-2
+    (Recipe.eager_block 'hf_gpt2'); 0 for other recipes, with a user-set efficiency, on CPU,
+    and under torch.compile."""
+    hw = plan.hardware
+    if (
+        recipe is None
+        or not recipe.eager_elementwise
+        or recipe.eager_block != "hf_gpt2"
+        or plan.efficiency > 0
+        or hw.is_cpu
+        or plan.compile
+    ):
+        return 0.0
+    return HF_GPT2_LOSS_BYTES * plan.model.vocab_size / hw.memory_bw
 
 
 def eager_elementwise_s(plan: PlanInput, recipe: Recipe | None) -> float:
