@@ -84,7 +84,9 @@ def test_bigscience_rows_name_the_recipe_of_their_deepspeed() -> None:
     assert len(ds) == 27 and all(recipe_of(r) == "deepspeed-0.4" for r in ds)
     bs = [r for r in runs if r.name.startswith("ds-a100-bloom-prequel-02-25-")]
     assert len(bs) == 23 and all(recipe_of(r) == "deepspeed-bigscience-2022" for r in bs)
-    others = [r for r in runs if r.framework == "deepspeed" and r not in ds + bs]
+    hf = [r for r in runs if r.name.startswith("ds-v100-hf-")]
+    assert len(hf) == 11 and all(recipe_of(r) == "deepspeed-hf" for r in hf)
+    others = [r for r in runs if r.framework == "deepspeed" and r not in ds + bs + hf]
     assert others and all(recipe_of(r) == "deepspeed" for r in others)
 
 

@@ -48,7 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         "llm-foundry, torchtune (bf16 states, LoRA / QLoRA), automodel (NeMo AutoModel: "
         "FSDP2 over bf16 parameters and Adam states, LoRA), and framework versions "
         "deepspeed-0.4 (DeepSpeed 0.4's ZeRO-1 of 2021 with torch 1.x) and "
-        "deepspeed-bigscience-2022 (BigScience's 2022 fork); an "
+        "deepspeed-bigscience-2022 (BigScience's 2022 fork), and deepspeed-hf (DeepSpeed around "
+        "a Hugging Face GPT-2: its eager kernels); an "
         "unset --zero, --sp, --pp-schedule or --ac takes that framework's documented default "
         "(printed; `explain` cites each source)",
     )

@@ -377,7 +377,8 @@ def _recipe_time(est: Estimate) -> list[str]:
         "flash2": f"ceiling: {attention_ceiling(hw)[1]}",
         "triton_flash1": f"ceiling: {triton_flash1_rates(hw)[2]}",
         "fused": "Transformer Engine, at the matmul rate",
-        "naive": "full s x s + score traffic: attention_core.NAIVE_SCORE_BYTES",
+        "naive": "full s x s + score traffic: attention_core.NAIVE_SCORE_BYTES"
+        f"['{'scaletrain' if r.name == 'scaletrain' else r.naive_scores}']",
     }[kernel]
     bucket += (
         f"\n   [{r.name}] attention core: {kernel} ({why}); overlapped: "
@@ -404,12 +405,22 @@ def _recipe_time(est: Estimate) -> list[str]:
             kind, fn = ("compiled (fused)", "compiled_elementwise_bytes")
         elif r.eager_block == "mpt":
             fn = "mpt_eager_elementwise_bytes"
+        elif r.eager_block == "hf_gpt2":
+            fn = "hf_gpt2_eager_elementwise_bytes"
         elif r.eager_block == "mcore":
             kind, fn = ("fused (Transformer Engine)", "mcore_elementwise_bytes")
         bucket += (
             f"\n   [{r.name}] {kind} elementwise kernels: "
             f"{eager * hw.memory_bw / 1e6:.2f} MB per token per block over memory "
             f"bandwidth (elementwise.{fn})"
+        )
+    from ..time.elementwise import eager_loss_s
+
+    loss_s = eager_loss_s(p, r)
+    if loss_s > 0:
+        bucket += (
+            f"\n   [{r.name}] eager loss over 16-bit logits: {loss_s * hw.memory_bw / 1e6:.2f} MB "
+            "per token on the head's rank (elementwise.HF_GPT2_LOSS_BYTES)"
         )
     from ..time.moe_traffic import moe_row_seconds_per_token
 

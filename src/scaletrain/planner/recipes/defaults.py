@@ -513,6 +513,10 @@ KNOB_DEFAULTS["deepspeed-0.4"] = (
 )
 
 
+# DeepSpeed around a Hugging Face model (registry RECIPES["deepspeed-hf"]): DeepSpeed's defaults
+LAYOUT_DEFAULTS["deepspeed-hf"] = LAYOUT_DEFAULTS["deepspeed"]
+KNOB_DEFAULTS["deepspeed-hf"] = KNOB_DEFAULTS["deepspeed"]
+
 # BigScience's Megatron-DeepSpeed of 2022-02 (registry RECIPES["deepspeed-bigscience-2022"]):
 # DeepSpeed's defaults, and the parameter groups its ZeRO partitions
 LAYOUT_DEFAULTS["deepspeed-bigscience-2022"] = LAYOUT_DEFAULTS["deepspeed"]

@@ -14,6 +14,8 @@ recipes (Megatron-LM's and NeMo's are defined in `megatron.py`); the `Recipe` da
 today's `deepspeed` but for ZeRO-1's post-backward copies (`zero1_flats.py`).
 `deepspeed-bigscience-2022` is `deepspeed` under BigScience's Megatron-DeepSpeed of February
 2022, whose weight-decay group was split in two (Recipe.wd_group_halved).
+`deepspeed-hf` is `deepspeed` around a Hugging Face transformers GPT-2 (the Trainer's
+DeepSpeed integration): its eager block's elementwise kernels and unfused score kernels.
 `automodel` is NeMo AutoModel: torchtitan's FSDP2 / pipelining / expert-sharding terms with bf16
 resident parameters, gradients and torch Adam states, its eager MaskedCrossEntropy and
 torchtune's LoRA terms (its PEFT path freezes a bf16 base the same way).
@@ -969,6 +971,27 @@ RECIPES["deepspeed-0.4"] = dataclasses.replace(
     },
 )
 
+
+_HF = "huggingface/transformers (read at 0010f602)"
+RECIPES["deepspeed-hf"] = dataclasses.replace(
+    _DS,
+    name="deepspeed-hf",
+    framework="DeepSpeed around a Hugging Face transformers GPT-2 (eager modeling_gpt2)",
+    eager_elementwise=True,
+    eager_block="hf_gpt2",
+    naive_scores="hf_gpt2",
+    sources={
+        **_DS.sources,
+        "eager_elementwise": f"{_HF} src/transformers/models/gpt2/modeling_gpt2.py GPT2Block / "
+        "GPT2Attention / GPT2MLP and pytorch_utils.py Conv1D (torch.addmm with the bias): every "
+        "op an eager kernel, DeepSpeed's fp16 engine halving the module (engine.py "
+        "_configure_distributed_model: module.half()); torch 1.x Blas.cpp addmm_out_cuda_impl "
+        "copies the bias into the output before the GEMM (time/elementwise.py HF_GPT2_EAGER_FWD)",
+        "naive_scores": f"{_HF} modeling_gpt2.py GPT2Attention._attn: scale division, torch.where "
+        "causal mask, padding-mask add, nn.functional.softmax, attn_dropout as separate kernels "
+        "(time/attention_core.py NAIVE_SCORE_BYTES['hf_gpt2'])",
+    },
+)
 
 _BS22 = "bigscience-workshop/Megatron-DeepSpeed"
 RECIPES["deepspeed-bigscience-2022"] = dataclasses.replace(

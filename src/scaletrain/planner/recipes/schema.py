@@ -32,7 +32,7 @@ Zero1GradSync = Literal["reduce_scatter", "allreduce_after_backward"]
 TiedGradSync = Literal["none", "allreduce_after_backward"]
 """How a recipe sums the gradients of an embedding and a head tied across pipeline stages
 (`Recipe.tied_grad_sync`)."""
-EagerBlock = Literal["llama", "mpt", "mcore"]
+EagerBlock = Literal["llama", "mpt", "mcore", "hf_gpt2"]
 """Which block's eager elementwise kernels a recipe counts (`Recipe.eager_block`)."""
 MoEBlock = Literal["none", "torchtitan"]
 """Whose MoE block's elementwise and routed-row kernels a recipe counts (`Recipe.moe_block`)."""
@@ -190,13 +190,20 @@ class Recipe:
     accumulation, elementwise.mpt_eager_elementwise_bytes, dense LayerNorm GELU models only) or
     'mcore' (Megatron-Core's decoder layer on Transformer Engine: not eager, the fused norm,
     bias-dropout-add, activation and RoPE kernels it runs, elementwise.mcore_elementwise_bytes,
-    any dense block)."""
+    any dense block) or 'hf_gpt2' (Hugging Face transformers' eager GPT2Block: Conv1D addmm
+    bias copies, head split / merge copies, tanh-GELU as eight kernels, dropouts,
+    elementwise.hf_gpt2_eager_elementwise_bytes, dense LayerNorm GELU models only)."""
     moe_block: MoEBlock = "none"
     """Time model, MoE models: 'torchtitan' charges torchtitan's MoE block's memory-bound
     kernels (norms, RoPE, SiLU x gate on the routed rows, the routed rows' gather and
     scatter-add) over memory bandwidth when the block runs eager
     (elementwise.torchtitan_moe_block_eager, torchtitan_moe_elementwise_bytes); 'none' charges
     none for an MoE block outside Megatron-Core's (time.moe_traffic)."""
+    naive_scores: str = "megatron"
+    """Which kernels a naive (materialized) attention core runs on its s x s scores, the key
+    of time.attention_core.NAIVE_SCORE_BYTES: 'megatron' (Megatron's fused scale-mask-softmax)
+    or 'hf_gpt2' (Hugging Face GPT2Attention._attn: scale, causal where, mask add, softmax and
+    dropout as separate kernels). scaletrain's own recipe always counts its own core."""
     ddp_reducer_copy_bytes: float = 0.0
     """Bytes per parameter of torch DDP's own bucket copy of the gradients (in the parameter
     dtype), kept beside the framework's accumulation buffer when the framework wraps the model

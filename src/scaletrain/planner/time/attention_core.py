@@ -78,6 +78,15 @@ NAIVE_SCORE_BYTES: dict[str, tuple[float, float, float]] = {
     # 33 B; backward the same ops' gradients: to (e + 4), softmax (4 + 4 + 4), masked_fill
     # (4 + 1 + 4), float (4 + e), scale (2e) = 37 B; no dropout.
     "scaletrain": (33.0, 37.0, 0.0),
+    # Hugging Face transformers GPT2Attention._attn (models/gpt2/modeling_gpt2.py, read at
+    # 0010f602), every op its own eager kernel on 16-bit scores (DeepSpeed's fp16 engine halves
+    # the module): forward the scale division (2e), torch.where with the causal-mask slice of
+    # the bool `bias` buffer (e + 1 + e), the additive padding mask run_clm's collator passes
+    # (2e; the (b, 1, 1, s) mask itself is negligible), softmax (2e), attn_dropout (2e + 1) =
+    # 22 B; backward dropout (reads the gradient and the mask, writes the gradient: 2e + 1),
+    # softmax backward (3e), where backward (e + 1 + e), the division's (2e) = 20 B; the mask
+    # add passes its gradient on (no kernel). Dropout's share 2e + 1 each way.
+    "hf_gpt2": (22.0, 20.0, 5.0),
 }
 """Bytes moved per element of the (b, a, s, s) score tensor by the elementwise kernels of a
 naive (materialized) attention core, forward and backward (16-bit scores). These kernels are
@@ -304,6 +313,9 @@ class AttentionCore:
     """A forward recompute in backward (activation checkpointing)."""
     dropout: bool
     """The recipe keeps attention dropout (its share of the naive core's score bytes)."""
+    scores: str = ""
+    """The NAIVE_SCORE_BYTES key of a naive core's score kernels (Recipe.naive_scores); empty:
+    scaletrain's own core under its recipe, Megatron's fused softmax under the others."""
     kernel_seq_len: int = 0
     """The sequence length one kernel call sees (seq_len / cp: a context-parallel ring runs
     each rank's chunk against one chunk of keys per step); 0 = seq_len. Read only by the
@@ -360,7 +372,8 @@ def attention_seconds_per_token(
             fwd, bwd = f1 or fwd, b1 or bwd
         fwd, bwd = min(fwd, bf16_rate), min(bwd, bf16_rate)
         return core_flops * ((1.0 + rc) / fwd + FLASH_BACKWARD_FACTOR / bwd)
-    fwd_b, bwd_b, drop_b = NAIVE_SCORE_BYTES["scaletrain" if recipe == "scaletrain" else "megatron"]
+    key = core.scores or ("scaletrain" if recipe == "scaletrain" else "megatron")
+    fwd_b, bwd_b, drop_b = NAIVE_SCORE_BYTES[key]
     if not core.dropout:
         fwd_b, bwd_b = fwd_b - drop_b, bwd_b - drop_b
     score_bytes = (fwd_b * (1.0 + rc) + bwd_b) * core.heads * core.seq_len

@@ -39,6 +39,11 @@ __all__ = [
     "TT_MOE_ROUTE_TOTAL",
     "torchtitan_moe_elementwise_bytes",
     "torchtitan_moe_block_eager",
+    "HF_GPT2_EAGER_FWD",
+    "HF_GPT2_EAGER_BWD",
+    "hf_gpt2_eager_elementwise_bytes",
+    "HF_GPT2_LOSS_BYTES",
+    "eager_loss_s",
     "eager_elementwise_s",
 ]
 
@@ -409,6 +414,91 @@ def mcore_elementwise_bytes(
     return bwd + fwd * (2.0 if recompute else 1.0)
 
 
+# ---- eager elementwise kernels of Hugging Face transformers' GPT-2 block ----------------------
+
+HF_GPT2_EAGER_FWD = (66.0, 40.0)
+HF_GPT2_EAGER_BWD = (80.0, 58.0)
+"""Bytes per token a Hugging Face transformers GPT2Block moves in its non-matmul kernels
+outside the attention scores (those are attention_core.NAIVE_SCORE_BYTES['hf_gpt2']), as
+(per h element, per ffn element), forward and backward, every op an eager kernel on 16-bit
+tensors (e = 2 B: DeepSpeed's fp16 engine halves the module; no autocast casts). Counted from
+the source, one read per input and one write per output per kernel: transformers
+models/gpt2/modeling_gpt2.py (read at 0010f602: GPT2Block.forward, GPT2Attention.forward /
+_split_heads / _merge_heads, GPT2MLP.forward), pytorch_utils.py Conv1D.forward
+(`torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight)`), activations.py
+NewGELUActivation (`gelu_new`, GPT-2's activation_function), under torch 1.x (2021):
+aten/src/ATen/native/cuda/Blas.cpp addmm_out_cuda_impl copies the expanded bias into the
+result (`at::native::copy_(result, self_)`) and runs the GEMM with beta 1 (no cublasLt bias
+epilogue before torch 1.13), and at::native::matmul flattens 4-d operands with
+`expand(...).reshape(...)`, a copy for the permuted head views.
+- forward: ln_1, ln_2 (F.layer_norm, one kernel each: read 2, write 2 per h) 8h; the four
+  Conv1D bias copies and the GEMMs' reads of them (write 2 + read 2 per output element:
+  c_attn 3h, attn c_proj h, c_fc f, mlp c_proj h) 20h + 4f; q, k^T and v reshaped for bmm
+  out of the (b, s, 3h) c_attn output (three copies, read 2 write 2) 12h; _merge_heads'
+  permute().contiguous() 4h; resid_dropout and the MLP's dropout (p = 0.1: read 2, write 2
+  and a 1-byte mask) 10h; the two residual adds (read 4, write 2) 12h; gelu_new as eight
+  kernels, pow, two scalar muls, add, tanh, scalar add, the 0.5 x mul and the product (reads
+  20, writes 16 per f element) 36f. 66h + 40f.
+- backward: the two dropouts (read the gradient and the mask, write: 5) 10h; the residual
+  stream's gradient summed at each block input of the two LayerNorm branches (read 4, write
+  2) 12h; two native layer_norm backwards (dx: read dy and x, write dx, 6; the weight and
+  bias gradients: read dy and x, 4) 20h; the four bias gradients (a sum over tokens reading
+  the gradient once) 10h + 2f; the attention output gradient made contiguous for the bmm
+  backward 4h; q, k, v gradients reshaped back to (b, s, h) through the permuted views (three
+  copies) 12h and SplitBackward's concatenation into the c_attn gradient (read 6, write 6)
+  12h; gelu_new's autograd graph: the product's two gradients (12), the 0.5 scale (4), tanh
+  backward (6), the two scalar scales (8), pow's backward (torch's pow_backward, grad x
+  (3 x x.pow(2)): 4 + 4 + 6 = 14) and the two adds summing x's three gradient paths (12) 56f
+  (the 1.0 + t and x + a adds pass their gradient on: no kernel). 80h + 58f.
+Recompute (HF gradient_checkpointing: torch.utils.checkpoint per block): the forward again.
+Ignores: the embedding and positional adds, the final ln_f, the LM head and loss, per-token
+mean / rstd, the autograd engine's gradient zero-fills, the `attention_mask` scalar ops.
+GPT-2 medium (h 1024, f 4096): 146h + 98f = 550,912 B per token per block. Each kernel is
+memory bound (about 1 FLOP per byte): bytes / memory bandwidth."""
+
+
+def hf_gpt2_eager_elementwise_bytes(model: ModelConfig, *, recompute: bool) -> float:
+    """Bytes per token per block of a Hugging Face GPT2Block's eager elementwise kernels
+    (HF_GPT2_EAGER_*), forward + backward, plus the forward again when the block is recomputed
+    (transformers' gradient_checkpointing wraps whole GPT2Blocks)."""
+    h, f = model.dim, model.ffn_dim
+    fwd = HF_GPT2_EAGER_FWD[0] * h + HF_GPT2_EAGER_FWD[1] * f
+    bwd = HF_GPT2_EAGER_BWD[0] * h + HF_GPT2_EAGER_BWD[1] * f
+    return fwd * (2.0 if recompute else 1.0) + bwd
+
+
+HF_GPT2_LOSS_BYTES = 22.0
+"""Bytes per logit (per token per vocabulary entry) the loss of a Hugging Face
+GPT2LMHeadModel moves outside the head's GEMM, 16-bit logits (e = 2 B: the fp16 engine's
+halved module, so the loss runs on fp16 logits). transformers models/gpt2/modeling_gpt2.py
+GPT2LMHeadModel.forward (read at 0010f602): `shift_logits = lm_logits[..., :-1, :]
+.contiguous()` then `CrossEntropyLoss()(shift_logits.view(-1, V), ...)`. Forward: the
+contiguous copy (read e, write e) and log_softmax (read e, write e): 4e; nll_loss reads one
+logit per token. Backward: nll_loss's gradient, a zero-filled (b s, V) tensor with one entry
+per token set (write e), log_softmax's backward (read the gradient and the output, write:
+3e), and the slice's backward, a zero-filled full-size gradient with the slice copied in
+(write e, read e, write e): 7e. 11e = 22 B per logit. Memory bound: bytes / memory bandwidth.
+Ignores: the last position's logits the shift drops (1 / s of them), the labels' copy."""
+
+
+def eager_loss_s(plan: PlanInput, recipe: Recipe | None) -> float:
+    """Seconds per token of a recipe's eager loss kernels over the logits (HF_GPT2_LOSS_BYTES
+    x vocab over memory bandwidth) for a recipe running Hugging Face's GPT-2
+    (Recipe.eager_block 'hf_gpt2'); 0 for other recipes, with a user-set efficiency, on CPU,
+    and under torch.compile."""
+    hw = plan.hardware
+    if (
+        recipe is None
+        or not recipe.eager_elementwise
+        or recipe.eager_block != "hf_gpt2"
+        or plan.efficiency > 0
+        or hw.is_cpu
+        or plan.compile
+    ):
+        return 0.0
+    return HF_GPT2_LOSS_BYTES * plan.model.vocab_size / hw.memory_bw
+
+
 def eager_elementwise_s(plan: PlanInput, recipe: Recipe | None) -> float:
     """Seconds per token per block of a recipe's elementwise kernels (RoPE, SiLU, norms,
     residual adds) over memory bandwidth: eager, eager_elementwise_bytes; under
@@ -438,6 +528,11 @@ def eager_elementwise_s(plan: PlanInput, recipe: Recipe | None) -> float:
             model, fp8_norm_out=fp8_out, dropout=dropout, recompute=plan.ac == "full"
         )
         return moved / hw.memory_bw
+    if recipe.eager_block == "hf_gpt2":
+        # Hugging Face's eager GPT2Block: LayerNorm and a GELU MLP (HF_GPT2_EAGER_FWD)
+        if model.norm != "layernorm" or model.gated_mlp or plan.compile:
+            return 0.0
+        return hf_gpt2_eager_elementwise_bytes(model, recompute=plan.ac == "full") / hw.memory_bw
     if recipe.eager_block == "mpt":
         # llm-foundry's MPT block: LayerNorm and a GELU MLP (MPT_EAGER_FWD)
         if model.norm != "layernorm" or model.gated_mlp or plan.compile:

@@ -35,7 +35,7 @@ from .calibration import calibrated_block
 from .comm import CommInputs, comm_terms
 from .cp_ring import torch_ring_passes_s
 from .efficiency import matmul_efficiency, matmul_peak_factor
-from .elementwise import eager_elementwise_s
+from .elementwise import eager_elementwise_s, eager_loss_s
 from .exposure import ComputeWindow, exposed_by_family, fsdp2_end_exposure, run_overlap
 from .flops import (
     attention_core_flops_per_token,
@@ -343,6 +343,9 @@ def _block_seconds(
                 seq_len=plan.seq_len,
                 recompute=core_recompute,
                 dropout=dropout,
+                scores=recipe.naive_scores
+                if recipe is not None and rname != DEFAULT_RECIPE
+                else "",
                 kernel_seq_len=max(1, plan.seq_len // L.cp),
             ),
             recipe=rname,
@@ -592,6 +595,8 @@ def _block_time(
         plan, recipe, rate=rate, slow=slow, lf=lf, layer_hw=layer_hw, core=core
     )
     head_s = 3 * hf / slow
+    # a recipe's eager loss over 16-bit logits (elementwise.eager_loss_s: Hugging Face GPT-2)
+    head_s += eager_loss_s(plan, recipe)
     cal = plan.calibration
     if cal is not None and plan.efficiency <= 0:
         # the rates this device measured (time/calibration.py) replace the default model's
