@@ -113,7 +113,23 @@ def default_efficiency(precision: str, hidden: int, hardware: HardwareSpec) -> f
     a law. On a GPU with a measured achievable matmul rate (`HardwareSpec.mamf_bf16`) also
     scaled by its share of the reference H100's (efficiency.matmul_peak_factor: an MI300X's
     best GEMMs reach 60% of its peak, an H100's 80%, so the same software keeps 0.75 of the
-    fraction)."""
+    fraction).
+
+    Recipes that also charge their elementwise kernels apart (Recipe.eager_elementwise:
+    torchtitan, automodel, torchtune, llm-foundry, megatron, nemo) keep this fraction rather
+    than the device's measured MAMF share (A100 86.9%, H100 80.3%: efficiency.MAMF_REFERENCE
+    and the presets' mamf_bf16). Measured on the published corpus (benchmarks/
+    planner_vs_published.py, recipe column, 2026-11-29, branch gemm): GEMMs at the MAMF share
+    of peak wherever the elementwise term is charged made every such framework's rows too fast
+    (signed medians: torchtitan H100 -8% -> -26%, NeMo H100 -3% -> -31%, Megatron-LM A100 +2%
+    -> -25%, llm-foundry A100 80GB +20% -> -18%, torchtune A100 +23% -> -18%; step median
+    |error| 8.5% -> 20.7% over 263 rows; 19.5% with the share scaled by (h/4096)^0.25, 20.7%
+    by the roofline, efficiency.gemm_shape_factor), while the elementwise term is 1-6% of
+    those rows' predicted steps (13% on torchtitan's B200 rows, 19% on automodel's). So
+    this fraction stands for more than the elementwise kernels (candidates, neither priced
+    apart by any recipe nor measured here: model-shaped GEMMs below the best shape's rate,
+    clocks sustained under load below MAMF's boost bursts, kernel launch gaps); what it may
+    count twice is at most that few-% elementwise share, which the corpus does not isolate."""
     if hardware.is_cpu:
         return _CPU_EFFICIENCY * min(1.0, (hidden / 4096) ** 0.25)
     if precision == "fp8":
