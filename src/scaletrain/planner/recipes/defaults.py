@@ -76,6 +76,7 @@ def _schedule(layout: Layout) -> str:
 
 _MEGATRON_SCRIPTS = "NVIDIA/Megatron-LM examples/llama/train_llama3_8b_h100_fp8.sh"
 _COMPOSER_FSDP = "mosaicml/composer composer/utils/parallelism.py FSDPConfig"
+_FMS_AT = "foundation-model-stack/fms-fsdp at 2fdced7"
 _TUNE_AT = "pytorch/torchtune at 30b8519e86d2"
 _AM_AT = "NVIDIA-NeMo/Automodel at 36044ad"
 _FOUNDRY_YAMLS = "mosaicml/llm-foundry scripts/train/yamls/pretrain/mpt-*.yaml (at 061f2c7)"
@@ -241,6 +242,22 @@ LAYOUT_DEFAULTS: dict[str, tuple[RecipeDefault, ...]] = {
             f"{_FOUNDRY_YAMLS} fsdp_config activation_checkpointing: true (Composer's own "
             f"default is off: {_COMPOSER_FSDP}.activation_checkpointing = False); "
             "llmfoundry/models/mpt/modeling_mpt.py activation_checkpointing_fn",
+        ),
+    ),
+    "fms-fsdp": (
+        RecipeDefault(
+            "zero",
+            _const(3),
+            "sharding_strategy hsdp (HYBRID_SHARD: ZeRO-3 in the node, replicas across)",
+            f"{_FMS_AT} fms_fsdp/config/training.py train_config.sharding_strategy = 'hsdp'; "
+            "fms_fsdp/utils/train_utils.py get_policies",
+        ),
+        RecipeDefault(
+            "ac",
+            _const("none"),
+            "fsdp_activation_checkpointing False",
+            f"{_FMS_AT} fms_fsdp/config/training.py train_config.fsdp_activation_checkpointing "
+            "= False (selective_checkpointing 1: every block when on)",
         ),
     ),
     "torchtune": (
@@ -436,6 +453,38 @@ KNOB_DEFAULTS: dict[str, tuple[Knob, ...]] = {
             "loss",
             "flash-attn fused cross-entropy (loss_fn 'fused_crossentropy')",
             "llmfoundry/models/mpt/modeling_mpt.py ComposerMPTCausalLM.__init__",
+        ),
+    ),
+    "fms-fsdp": (
+        Knob(
+            "FSDP mixed precision",
+            "bfSixteen: bf16 parameters, buffers and gradient reduce-scatter over fp32 shards",
+            f"{_FMS_AT} fms_fsdp/policies/mixed_precision.py bfSixteen; "
+            "fms_fsdp/utils/train_utils.py get_policies (mixed_precision True)",
+        ),
+        Knob(
+            "FSDP prefetch",
+            "torch FSDP1 defaults: backward_prefetch BACKWARD_PRE, no forward prefetch; "
+            "limit_all_gathers on",
+            f"{_FMS_AT} main_training.py FSDP(..., limit_all_gathers=True); torch/distributed/"
+            "fsdp/fully_sharded_data_parallel.py FullyShardedDataParallel.__init__ defaults",
+        ),
+        Knob(
+            "HSDP shard group",
+            "8 GPUs (one node), replicas across nodes",
+            f"{_FMS_AT} main_training.py FSDP(sharding_strategy=HYBRID_SHARD) without a process "
+            "group: torch/distributed/fsdp/_init_utils.py _init_intra_node_process_group",
+        ),
+        Knob(
+            "compile",
+            "off (eager elementwise kernels)",
+            f"{_FMS_AT} fms_fsdp/config/training.py use_torch_compile = False",
+        ),
+        Knob(
+            "optimizer",
+            "torch.optim.AdamW (default foreach), clip_grad_norm_ 1.0",
+            f"{_FMS_AT} main_training.py optim.AdamW; fms_fsdp/utils/train_utils.py train "
+            "calls the FSDP module's clip_grad_norm_ with grad_clip_thresh",
         ),
     ),
     "torchtune": (

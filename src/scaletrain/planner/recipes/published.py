@@ -590,11 +590,13 @@ FRAMEWORK_RECIPE = {
     "llm-foundry": "llm-foundry",
     "torchtune": "torchtune",
     "automodel": "automodel",
+    "fms-fsdp": "fms-fsdp",
 }
 """The planner recipe (planner/recipes/registry.py) of the framework a row ran: GPT-NeoX runs on
 DeepSpeed, NeMo on Megatron-Core (recipe 'nemo': megatron's memory, NeMo's overlapped
 communication); llm-foundry runs its own recipe (Composer's FSDP1 and the MPT block's eager
-elementwise kernels, registry.py)."""
+elementwise kernels, registry.py); fms-fsdp its own (torch FSDP1 under IBM's fms-fsdp, the eager
+Llama block's elementwise kernels)."""
 
 
 def published_peak_bytes(memory: MemoryBreakdown, kind: str) -> float:

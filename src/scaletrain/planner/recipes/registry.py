@@ -682,6 +682,92 @@ RECIPES["llm-foundry"] = Recipe(
 )
 
 
+_FMS = "foundation-model-stack/fms-fsdp at 2fdced7 (the PyTorch FSDP blog's run scripts)"
+RECIPES["fms-fsdp"] = Recipe(
+    name="fms-fsdp",
+    framework="fms-fsdp (IBM, torch FSDP1)",
+    weight_bytes=4,
+    master_bytes=0,
+    grad_bytes=4,
+    grad_buffer_full_under_zero1=False,
+    shards_master=False,
+    step_grad_fp32_copy=False,
+    autocast_weight_copy=True,
+    zero_stages=(3,),
+    ddp_bucket="copy",
+    bucket_elements=25 * 2**20 / 4,
+    bucket_elem_bytes=4,
+    bucket_count=1,
+    fsdp_prefetch_units=1,
+    fsdp_prefetch_params=0,
+    loss="materialized_fp32",
+    activations="sdpa_bf16",
+    selective="scaletrain",
+    ac_modes=("none", "full"),
+    full_ac_saves="layer_input",
+    sp_with_tp=False,
+    attention="model",
+    dropout_masks=False,
+    pp_split="balanced",
+    pp_schedules=(),
+    cp=False,
+    ddp_with_model_parallel=False,
+    pp_with_zero=(),
+    fragmentation=FRAGMENTATION,
+    cuda_context_bytes=RUNTIME_CONTEXT_BYTES,
+    time_model=FOREIGN_TIME_MODEL,
+    eager_elementwise=True,
+    eager_block="llama",
+    tp_available=False,
+    fsdp_reduce_bytes=2,
+    sources={
+        "fsdp_reduce_bytes": f"{_FMS} fms_fsdp/policies/mixed_precision.py bfSixteen "
+        "reduce_dtype torch.bfloat16: torch FSDP1 _runtime_utils.py _reduce_grad "
+        "reduce-scatters (and under HYBRID_SHARD all-reduces across replicas) the bf16 "
+        "gradient",
+        "eager_elementwise": f"{_FMS} fms_fsdp/config/training.py use_torch_compile False "
+        "(and scripts/7b.sh, 34b.sh, 70b.sh --use_torch_compile=False; main_training.py "
+        "refuses compile with activation checkpointing): the fms LLaMA block's RMSNorm "
+        "(foundation-model-stack fms/modules/layernorm.py LayerNormParameterized.forward: "
+        "pow, mean, rsqrt, mul as separate eager ops), RoPE, SwiGLU and residual adds run "
+        "as eager kernels, counted as the eager RMSNorm Llama block "
+        "(time/elementwise.py eager_elementwise_bytes)",
+        "weight_bytes": f"{_FMS} main_training.py builds LLaMA in fp32 and wraps it in torch "
+        "FSDP1 with fms_fsdp/policies/mixed_precision.py bfSixteen (param_dtype, reduce_dtype "
+        "and buffer_dtype bf16): fp32 FlatParameter shards, cast to bf16 for the all-gather",
+        "grad_bytes": "torch FSDP1 keeps the sharded gradient in the parameter dtype (fp32)",
+        "master_bytes": "no separate master copy: the FSDP1 shards are fp32",
+        "optimizer": f"{_FMS} main_training.py optim.AdamW(model.parameters(), betas (0.9, "
+        "0.95), weight_decay 0.1): fp32 exp_avg and exp_avg_sq per parameter shard",
+        "ddp_bucket": f"{_FMS} main_training.py wraps every run in FSDP (no DDP path); the "
+        "field is unused",
+        "zero_stages": f"{_FMS} fms_fsdp/utils/train_utils.py get_policies: "
+        "sharding_strategy 'fsdp' -> FULL_SHARD, 'hsdp' -> HYBRID_SHARD (ZeRO-3 within the "
+        "shard group), anything else FULL_SHARD",
+        "fsdp_prefetch_units": f"{_FMS} main_training.py FSDP(..., limit_all_gathers=True) "
+        "without backward_prefetch / forward_prefetch: torch FSDP1's defaults BACKWARD_PRE and "
+        "no forward prefetch, one unit ahead",
+        "loss": f"{_FMS} fms_fsdp/utils/train_utils.py train: torch.nn.CrossEntropyLoss on "
+        "the model's 16-bit logits, counted as the materialized fp32 softmax (an over-count "
+        "of its 16-bit log-softmax)",
+        "activations": f"{_FMS} the fms LLaMA block with SDPA attention (the blog: 'SDPA "
+        "FlashAttention v2'), 16-bit residual stream under FSDP1's bf16 parameters",
+        "ac_modes": f"{_FMS} fms_fsdp/policies/ac_handler.py apply_fsdp_checkpointing: whole "
+        "LLaMABlocks, every selective_checkpointing-th one (1: every block = full); no "
+        "per-op mode",
+        "selective": f"{_FMS} no per-op selective mode (ac_handler.py checkpoints whole "
+        "blocks; a period above 1 is not expressible here)",
+        "full_ac_saves": f"{_FMS} ac_handler.py checkpoint_wrapper(CheckpointImpl."
+        "NO_REENTRANT) around each LLaMABlock: the block's input kept",
+        "cp": f"{_FMS}: data parallelism (FSDP / HSDP) only",
+        "pp_schedules": f"{_FMS}: no pipeline, tensor or context parallelism",
+        "attention": "the row's model attention (SDPA flash by default): the blog's 'SDPA "
+        "FlashAttention v2' (pytorch.github.io _posts/2024-03-13-maximizing-training.md)",
+        "fragmentation": ALLOCATOR_SOURCE,
+        "cuda_context_bytes": RUNTIME_CONTEXT_SOURCE,
+    },
+)
+
 _TUNE = "pytorch/torchtune at 30b8519e86d2 (the README's memory table's commit)"
 RECIPES["torchtune"] = Recipe(
     name="torchtune",

@@ -351,6 +351,14 @@ class Recipe:
     default, auto), so an all-reduce inside an NVSwitch-3 node may run as NVLS
     (time.comm.allreduce_seconds); False: its launch scripts set NCCL_NVLS_ENABLE=0 and every
     all-reduce is a ring."""
+    fsdp_reduce_bytes: int = 4
+    """Bytes per gradient element FSDP's reduce-scatter (and HSDP's replica all-reduce) sends:
+    the reduce dtype of the framework's mixed-precision policy. 4: fp32 (torchtitan's and
+    scaletrain's reduce_dtype, Composer's DEFAULT); 2 where the policy reduces in bf16
+    (fms-fsdp's bfSixteen, torch FSDP1 MixedPrecision(reduce_dtype=bf16): `_reduce_grad` in
+    torch/distributed/fsdp/_runtime_utils.py reduce-scatters the flat gradient, and all-reduces
+    the shard across replicas, in that dtype). Read by step_time.comm_arguments
+    (`CommInputs.reduce_bytes`) for ZeRO-2/3 plans only."""
     optimizer_state_bytes: float = 0.0
     """Bytes per element of the optimizer's state tensors (AdamW's m and v, SGD's momentum);
     0: fp32, as `memory.states.OPTIMIZER_BYTES` counts them. torchtune: 2 (torch's AdamW

@@ -103,6 +103,15 @@ def _axis_group(L: Layout, axis: str) -> tuple[int, int]:
     if axis == "dp" and L.zero:
         # ZeRO shards over dp_shard x cp (the FSDP mesh folds cp in): stride tp.
         return L.tp, L.dp * L.cp
+    if axis == "dp_shard":
+        # HSDP's shard group: the inner dp*cp / dp_replicate ranks of the dp group, contiguous
+        # at stride tp; the replica groups are its outer part (`_hsdp_term`). torch FSDP1's
+        # HYBRID_SHARD without a process group shards over `dist.new_subgroups(devices per
+        # node)`, consecutive ranks (torch/distributed/fsdp/_init_utils.py
+        # _init_intra_node_process_group); a 2-D device mesh ('replicate', 'shard') keeps the
+        # shard dim innermost as well (the mesh (pp, dp_replicate, dp_shard, cp, tp) of
+        # config.layout, torchtitan's order); overlap_sm.node_local_families reads it so too.
+        return L.tp, L.dp_shard * L.cp
     if axis == "dp":
         return L.tp * L.cp, L.dp
     if axis == "pp":
@@ -309,6 +318,10 @@ def _dp_terms(inputs: CommInputs, *, param_bytes: int) -> dict[str, tuple[float,
     n = L.dp * L.cp
     if L.zero:
         n = max(1, n // max(1, L.dp_replicate))
+    if L.zero >= 2 and L.dp_replicate > 1:
+        # HSDP gathers and reduce-scatters within its shard group only (`_axis_group`
+        # 'dp_shard'): inside one node when the group fits there, not over the whole dp group
+        bw, lat, _ = axis_link(L, hw, "dp_shard", gpus_per_node)
     k_red = 1 if L.pp > 1 else m
     ep_experts = expert_params if L.ep > 1 else 0.0
     n_exp = max(1, L.dp * L.cp // L.ep)

@@ -314,6 +314,8 @@ def comm_arguments(
         fp8_gather_params=fp8_gather,
         gpus_per_node=gpus_per_node,
         pp_scatter_gather=plan.pp_scatter_gather and recipe is not None,
+        # the framework's FSDP reduce dtype (Recipe.fsdp_reduce_bytes), sharded plans only
+        reduce_bytes=recipe.fsdp_reduce_bytes if recipe is not None and L.zero >= 2 else 4,
     )
 
 
