@@ -24,11 +24,15 @@ GB = 1e9
 
 
 def test_presets_with_nvswitch3_carry_a_measured_figure() -> None:
-    """The H100 SXM's 480 GB/s (nccl-tests issue 212) and the H200's 475 (issue 272), above
-    their 370 GB/s ring figure; parts without a cited NVLS figure keep 0 (rings)."""
+    """The H100 SXM's 480 GB/s (nccl-tests issue 212), the H200's 475 (issue 272) and the
+    B200's 830 (nccl issue 1807), above their ring figures (370, 720); parts without a cited
+    NVLS figure keep 0 (rings)."""
     assert H100.nvls_allreduce_busbw == 480 * GB
     assert hardware_preset("h200").nvls_allreduce_busbw == 475 * GB
-    for name in ("a100-80gb", "h100-pcie", "h800", "b200", "mi300x"):
+    b200 = hardware_preset("b200")
+    assert b200.nvls_allreduce_busbw == 830 * GB
+    assert b200.nvls_allreduce_busbw > b200.intra_node_busbw
+    for name in ("a100-80gb", "h100-pcie", "h800", "mi300x"):
         assert hardware_preset(name).nvls_allreduce_busbw == 0.0, name
     assert H100.nvls_allreduce_busbw > H100.intra_node_busbw
 

@@ -440,6 +440,12 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         # https://github.com/NVIDIA/nccl/issues/1054, 2023-11-06). No 8-GPU nccl-tests busBw
         # from NVIDIA was found for this part.
         intra_node_bw_efficiency=40.1 / 50,
+        # NVLink SHARP: 8 x B200 in one machine reach "830+" GB/s all_reduce_perf busBw (NCCL
+        # 2.27.1; its user's figure, above the 720 of NCCL's per-link model), https://github.com/
+        # NVIDIA/nccl/issues/1807 (2025-08-13); the lower bound is taken. The same NVLink 5 /
+        # NVSwitch on 8 x B300 (NCCL 2.30.4): busBw 695 GB/s with NVLS off, 845 with it on,
+        # https://github.com/NVIDIA/nccl/issues/2140 (2026-04-28): the ring figure above agrees.
+        nvls_allreduce_busbw=830 * GB,
         # bf16 MAMF 1745.0 TFLOP/s, 77.6% of peak (best shape 1792x16128x3072, torch
         # 2.7.1+cu128): stas00/ml-engineering compute/accelerator/README.md, 'Maximum Achievable
         # Matmul FLOPS comparison table' row 'NVIDIA B200 SXM' (the same table's H100 SXM: 80.3%).
