@@ -75,6 +75,12 @@ class HardwareSpec:
     planner's default efficiency scales by its fraction of `peak_flops['bf16']` against the
     H100's (`planner.time.efficiency.matmul_peak_factor`). 0 = not measured: the device plans
     like the NVIDIA parts the default efficiency was read on."""
+    fp8_mamf_share: float = 0.0
+    """(achievable fp8 matmul FLOP/s / `peak_flops['fp8']`) / (achievable bf16 matmul FLOP/s /
+    `peak_flops['bf16']`), both rates read from one measurement (one tool, one library
+    version), cited per preset: the fraction of the bf16 matmul efficiency its float8 GEMMs
+    keep against the fp8 peak (`planner.time.fp8_casts.fp8_gemm_share`). 0 = not measured on
+    this device: its GPU generation's figure (the H100's for a part of no known generation)."""
     attention_bf16: float = 0.0
     """FlashAttention (forward + backward, bf16, causal) FLOP/s measured on this device, cited
     per preset: the ceiling of the flash attention core (`planner.time.efficiency.
@@ -542,21 +548,37 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
         # boost clock the peak assumes (ROCm blogs "Understanding Peak, Max-Achievable &
         # Delivered FLOPs", 2025).
         mamf_bf16=668.4e12,
+        # fp8 against bf16: AMD's own max-achievable FLOPs (MAF) table measures both with
+        # hipblaslt-bench on one hipBLASLt build (ROCm/hipBLASLt db8e93b, "a target for the ROCm
+        # 6.5 GA"), cold caches, trig-float data: MI300X bf16 708 TFLOPs (1207 MHz median),
+        # fp8 (f8_fnuz) 1273 TFLOPs (1230 MHz) (AMD ROCm blogs, "Measuring Max-Achievable FLOPs
+        # - Part 2", 2025-02-28, Table 1; ROCm/rocm-blogs blogs/software-tools-optimization/
+        # measuring-max-achievable-flops-part2/README.md). (1273 / 2614.9) / (708 / 1307.4) =
+        # 0.899, the H100's 0.882 (ml-engineering's MAMF tables, whose MI300X fp8 row is
+        # blank): float8 GEMMs keep about the same share of their doubled peak on both parts.
+        fp8_mamf_share=(1273.0 / 2614.9) / (708.0 / 1307.4),
         # xGMI: 64 GB/s raw per link, "approximately 48 GB/s per link" usable after CRC and
         # protocol overhead, "about 75% of the theoretical peak" (AMD ROCm blogs, "Understanding
         # RCCL Bandwidth and xGMI Performance on AMD Instinct MI300X", 2025-03-02, section
         # 'Theoretical Performance Claims vs. Achievable', https://rocm.blogs.amd.com/
-        # software-tools-optimization/mi300x-rccl-xgmi/README.html): 48 / 64 = 0.75.
-        intra_node_bw_efficiency=0.75,
+        # software-tools-optimization/mi300x-rccl-xgmi/README.html). The same blog measures
+        # what a collective reaches (its 'Why Does RCCL Bandwidth shuffle between 310-330 GB/s'):
+        # the slowest of a GPU's 7 links paces it (TransferBench all-to-all, 45.1-47.2 GB/s per
+        # link), and rccl-tests all_reduce_perf on 8 x MI300X (RCCL 2.22.3, ROCm 6.3) reaches a
+        # bus bandwidth of 318.98 GB/s at 16 GiB (out-of-place; 305.6 at 256 MiB, 273.7 at 64
+        # MiB): 318.98 / 448 = 0.712, the achieved bus bandwidth the H100 presets take the same
+        # way (nccl-tests all_reduce busbw, 370 of 450). The planner's ring model with it and
+        # the 5 us hop latency prices that run's 16 MiB-16 GiB all-reduces within +9% / -0.2%.
+        intra_node_bw_efficiency=318.98 / 448,
         # the same blog, 'What is xGMI?': each GPU "is connected to its seven peer GPUs via xGMI
         # links, forming a fully connected mesh", one 64 GB/s link per pair (no switch): a group
-        # of g < 8 GPUs reaches its g - 1 peers' links only (a pair: 64 x 0.75 = 48 GB/s, the
-        # blog's usable figure per link). RCCL's own topology says the same: on a 4 x MI300X
-        # node it logs "maxBw 48.0 totalBw 144.0" (3 links x 48; ncclTopoXGMISpeed in
-        # rccl/src/graph/topo.h, 48 GB/s for gfx94x, "after protocol and error correction
-        # overheads", AMD's G. Lee in ROCm/rccl issue #1210, 2024-07-02); ROCm/rccl PR #1270
-        # (README): "When using less than 8 GPUs, one can only achieve a fraction of the
-        # potential bandwidth on the system".
+        # of g < 8 GPUs reaches its g - 1 peers' links only (a pair: 64 x 0.712 = 45.6 GB/s,
+        # within the blog's TransferBench 45.1-47.2 GB/s per link). RCCL's own topology says
+        # the same: on a 4 x MI300X node it logs "maxBw 48.0 totalBw 144.0" (3 links x 48;
+        # ncclTopoXGMISpeed in rccl/src/graph/topo.h, 48 GB/s for gfx94x, "after protocol and
+        # error correction overheads", AMD's G. Lee in ROCm/rccl issue #1210, 2024-07-02);
+        # ROCm/rccl PR #1270 (README): "When using less than 8 GPUs, one can only achieve a
+        # fraction of the potential bandwidth on the system".
         intra_node_pair_bw=64 * GB,
         # FlashAttention-2 forward + backward, 231.6 TFLOP/s (17.7% of peak): ROCm/flash-attention
         # (the CK backend of flash-attn 2) issue #142 (2025-05-18, ROCm 6.3.2, "AMD Instinct

@@ -68,6 +68,7 @@ FIGURES: dict[str, Figure] = {
     "usd_per_gpu_hour": Figure("usd_per_hour", 1.0, "USD/h"),
     "storage_gb_per_s": Figure("storage_bw", GB, "GB/s"),
     "mamf_bf16_tflops": Figure("mamf_bf16", TFLOPS, "TFLOP/s"),
+    "fp8_mamf_share": Figure("fp8_mamf_share", 1.0, "fraction"),
     "attention_bf16_tflops": Figure("attention_bf16", TFLOPS, "TFLOP/s"),
     "intra_node_bw_efficiency": Figure("intra_node_bw_efficiency", 1.0, "fraction"),
     "nvls_allreduce_busbw_gb_s": Figure("nvls_allreduce_busbw", GB, "GB/s"),

@@ -211,6 +211,11 @@ class HardwareConfig:
     ml-engineering's mamf-finder.py); the default matmul efficiency keeps its share of peak
     against an H100's (80.3%). 0 = the preset's (measured for A100, B200 and MI300X; otherwise the
     device plans like the NVIDIA parts the default efficiency was read on)."""
+    fp8_mamf_share: float = 0.0
+    """(achievable fp8 matmul rate / fp8 peak) / (achievable bf16 matmul rate / bf16 peak), both
+    from one measurement (one tool and library): the share of the bf16 matmul efficiency float8
+    GEMMs keep. 0 = the preset's (0.899 on MI300X from AMD's hipBLASLt MAF table; otherwise its
+    GPU generation's from ml-engineering's MAMF tables, the H100's 0.882 for any other part)."""
     attention_bf16_tflops: float = 0.0
     """FlashAttention forward + backward bf16 TFLOP/s measured on the device (causal): the
     ceiling of the flash attention core. 0 = the preset's (measured for none today: an sm90
@@ -218,7 +223,7 @@ class HardwareConfig:
     the matmul rate)."""
     intra_node_bw_efficiency: float = 0.0
     """Achieved share (0..1] of `intra_node_bw_gb_s` that an intra-node collective's bus
-    bandwidth reaches. 0 = the preset's (0.75 on MI300X from AMD's xGMI figure; 1, the raw
+    bandwidth reaches. 0 = the preset's (0.712 on MI300X from AMD's rccl-tests figure; 1, the raw
     link figure, on the NVIDIA presets and a described device)."""
     nvls_allreduce_busbw_gb_s: float = 0.0
     """Bus bandwidth an all-reduce inside one node reaches with NVLink SHARP (NCCL's NVLS

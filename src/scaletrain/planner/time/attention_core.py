@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from scaletrain.config import HardwareSpec
 
 from .efficiency import matmul_peak_factor
+from .fp8_casts import fp8_gemm_share
 
 __all__ = [
     "FLASH2_HOPPER_EFFICIENCY",
@@ -248,6 +249,17 @@ def kernel_ceilings(hardware: HardwareSpec) -> list[str]:
         gemm = (
             "GEMM: no MAMF measured for this device: the H100's share of peak (80.3%, "
             "efficiency.MAMF_REFERENCE; the default efficiency was read on A100 / H100 runs)"
+        )
+    if "fp8" in hardware.peak_flops:
+        own = hardware.fp8_mamf_share > 0
+        gemm += (
+            f"; fp8 GEMMs keep {fp8_gemm_share(hardware):.3f} of it against the fp8 peak ("
+            + (
+                f"{hardware.name}'s own fp8 / bf16 measurement"
+                if own
+                else "its generation's MAMF tables, fp8_casts.FP8_MAMF_SHARE"
+            )
+            + ")"
         )
     rate, src = attention_ceiling(hardware)
     bwd = attention_backward_ceiling(hardware)

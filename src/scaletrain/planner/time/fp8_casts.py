@@ -15,7 +15,9 @@ matmul_interpolator_data.h, key 'sm_100_B200') peaks at batch 4 x 4096^3 with bf
 float8_e4m3fn 3279.7 TFLOP/s, 74.2% and 72.9% of peak: a share of 0.98, as above. Not used as a
 rate: the same table's 'sm_90' float8 entries (up to 2592.8) exceed the H100's dense fp8 peak.
 So fp8 GEMMs keep (fp8 share / bf16 share) of the bf16 matmul efficiency against the fp8 peak
-(`step_time.default_efficiency`). A device without a measured fp8 figure takes the H100's.
+(`step_time.default_efficiency`). A device whose preset or description states its own share
+(`HardwareSpec.fp8_mamf_share`, both rates from one measurement: the MI300X's 0.899 from AMD's
+hipBLASLt MAF table, config/hardware.py) keeps it; any other takes the H100's.
 
 The casts (`fp8_cast_bytes_per_token`, `fp8_weight_cast_bytes`; in seconds `fp8_cast_s`,
 `fp8_weight_cast_s`): each converted Linear's input
@@ -107,10 +109,13 @@ generation (stas00/ml-engineering MAMF tables, module docstring)."""
 
 
 def fp8_gemm_share(hardware: HardwareSpec) -> float:
-    """`FP8_MAMF_SHARE` of the device's generation; the H100's for a device without a
-    measured fp8 figure; 1 for a device with no fp8 peak (its 'fp8' runs the bf16 path)."""
+    """The device's own measured share (`HardwareSpec.fp8_mamf_share`: the MI300X's from AMD's
+    hipBLASLt MAF table, 0.899), else `FP8_MAMF_SHARE` of its generation; the H100's for a
+    device with neither; 1 for a device with no fp8 peak (its 'fp8' runs the bf16 path)."""
     if "fp8" not in hardware.peak_flops:
         return 1.0
+    if hardware.fp8_mamf_share > 0:
+        return hardware.fp8_mamf_share
     return FP8_MAMF_SHARE.get(generation_of(hardware), FP8_MAMF_SHARE["h100"])
 
 
