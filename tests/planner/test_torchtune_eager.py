@@ -83,12 +83,17 @@ def test_eager_torchtune_block_and_loss_are_charged() -> None:
     )
 
 
-def test_compile_leaves_the_unchunked_upcast_only() -> None:
+def test_what_compile_leaves_of_the_loss() -> None:
     p = _plan(ROW + "-compile")
     r = RECIPES["torchtune"]
     assert p.compile and p.chunked_loss is False
     assert tune_rope_bytes(p) == 0.0
-    assert eager_loss_s(p, r) == TUNE_LOSS_UPCAST_BYTES * p.model.vocab_size / p.hardware.memory_bw
+    # full_finetune_single_device drops compile_loss's compiled module: the loss stays eager
+    per_logit = p.model.vocab_size / p.hardware.memory_bw
+    assert eager_loss_s(p, r) == TUNE_LOSS_BYTES * per_logit
+    # lora_finetune_single_device keeps it: the model's upcast only
+    lora = replace(p, lora_rank=8, lora_targets=("q", "v"))
+    assert eager_loss_s(lora, r) == TUNE_LOSS_UPCAST_BYTES * per_logit
     chunked = _plan(ROW + "-compile-chunkce")
     assert eager_loss_s(chunked, r) == 0.0
     # the compile pair: compile saves more than the fused block bytes alone

@@ -521,10 +521,15 @@ _log_softmax, nll_loss_forward; nll_loss_backward, _log_softmax_backward_data, _
 nll_loss reads one logit per token (not counted). Memory bound: bytes / memory bandwidth."""
 
 TUNE_LOSS_UPCAST_BYTES = 12.0
-"""Bytes per logit of torchtune's loss left eager under compile with the unchunked loss: the
-model's `.float()` of the logits (outside the compiled layers, training.compile_model) and its
-backward, 6 + 6. training/_compile.py compile_loss compiles the whole loss module (or, for the
-chunked loss, compute_cross_entropy with its upcast): its fused kernels are not counted, as no
+"""Bytes per logit of torchtune's loss left eager under compile with the unchunked loss when
+the recipe keeps the compiled loss: the model's `.float()` of the logits (outside the compiled
+layers, training.compile_model) and its backward, 6 + 6. training/_compile.py compile_loss
+compiles, for the chunked loss, compute_cross_entropy with its upcast in place (the loss
+object's attribute), and for any other loss returns a new torch.compile(loss) module; at
+1814feb (and torchtune's main of 2026-04) only recipes/lora_finetune_single_device.py assigns
+that return (`self._loss_fn = training.compile_loss(...)`): full_finetune_single_device.py,
+full_finetune_distributed.py and lora_finetune_distributed.py call it and drop it, so their
+unchunked loss stays eager (TUNE_LOSS_BYTES). The compiled kernels are not counted, as no
 recipe's compiled loss is."""
 
 
@@ -544,13 +549,17 @@ def eager_loss_s(plan: PlanInput, recipe: Recipe | None) -> float:
     """Seconds per token of a recipe's eager loss kernels over the logits (bytes per logit x
     vocab over memory bandwidth): Hugging Face's GPT-2 (Recipe.eager_block 'hf_gpt2',
     HF_GPT2_LOSS_BYTES, 0 under compile); torchtune (eager_block 'torchtune': TUNE_LOSS_BYTES
-    eager, under compile TUNE_LOSS_UPCAST_BYTES with the unchunked loss, PlanInput.chunked_loss
-    False, else 0); 0 for other recipes, with a user-set efficiency and on CPU."""
+    eager, and under compile with the unchunked loss, PlanInput.chunked_loss False, except
+    LoRA on one GPU, TUNE_LOSS_UPCAST_BYTES; 0 for its compiled chunked loss); 0 for other
+    recipes, with a user-set efficiency and on CPU."""
     hw = plan.hardware
     if recipe is None or not recipe.eager_elementwise or plan.efficiency > 0 or hw.is_cpu:
         return 0.0
     if recipe.eager_block == "torchtune":
-        if not plan.compile:
+        # compile_loss's compiled module is kept by lora_finetune_single_device only
+        # (TUNE_LOSS_UPCAST_BYTES): the unchunked loss of the other recipes stays eager
+        lora_single = plan.lora_rank > 0 and plan.num_gpus == 1
+        if not plan.compile or (plan.chunked_loss is False and not lora_single):
             per_logit = TUNE_LOSS_BYTES
         elif plan.chunked_loss is False:
             per_logit = TUNE_LOSS_UPCAST_BYTES
