@@ -407,6 +407,8 @@ def _recipe_time(est: Estimate) -> list[str]:
             fn = "mpt_eager_elementwise_bytes"
         elif r.eager_block == "hf_gpt2":
             fn = "hf_gpt2_eager_elementwise_bytes"
+        elif r.eager_block == "torchtune":
+            fn = "eager_elementwise_bytes + tune_rope_bytes"
         elif r.eager_block == "mcore":
             kind, fn = ("fused (Transformer Engine)", "mcore_elementwise_bytes")
         bucket += (
@@ -420,7 +422,9 @@ def _recipe_time(est: Estimate) -> list[str]:
     if loss_s > 0:
         bucket += (
             f"\n   [{r.name}] eager loss over 16-bit logits: {loss_s * hw.memory_bw / 1e6:.2f} MB "
-            "per token on the head's rank (elementwise.HF_GPT2_LOSS_BYTES)"
+            "per token on the head's rank (elementwise."
+            + ("TUNE_LOSS_BYTES" if r.eager_block == "torchtune" else "HF_GPT2_LOSS_BYTES")
+            + ")"
         )
     from ..time.moe_traffic import moe_row_seconds_per_token
 

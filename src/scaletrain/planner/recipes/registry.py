@@ -805,6 +805,7 @@ RECIPES["torchtune"] = Recipe(
     cuda_context_bytes=RUNTIME_CONTEXT_BYTES,
     time_model=FOREIGN_TIME_MODEL,
     eager_elementwise=True,
+    eager_block="torchtune",
     fsdp2_copies=True,
     fsdp2_ends_exposed=True,
     tp_available=False,
@@ -875,6 +876,11 @@ RECIPES["torchtune"] = Recipe(
         "full_ac_saves": "checkpoint_wrapper keeps the wrapped layer's input",
         "eager_elementwise": f"{_TUNE} RMSNorm, RoPE, SiLU and the residual adds are eager "
         "kernels unless compile (training.compile_model compiles each layer)",
+        "eager_block": f"{_TUNE} torchtune/models/llama3_1/_position_embeddings.py "
+        "Llama3ScaledRoPE.forward (x.float(), torch.stack of the rotated halves, .type_as) and "
+        "modules/transformer.py TransformerDecoder.forward (self.output(h).float()) / "
+        "modules/loss/ce_chunked_output_loss.py compute_cross_entropy "
+        "(F.cross_entropy(logits.float(), ...)); read at 1814feb",
         "fsdp2_copies": "torch FSDP2 fully_shard (training.shard_model)",
         "fsdp2_ends_exposed": "torch FSDP2 fully_shard (training.shard_model: each layer, "
         "then the root model, the 'root' ends): torch/distributed/fsdp/_fully_shard/"

@@ -32,7 +32,7 @@ Zero1GradSync = Literal["reduce_scatter", "allreduce_after_backward"]
 TiedGradSync = Literal["none", "allreduce_after_backward"]
 """How a recipe sums the gradients of an embedding and a head tied across pipeline stages
 (`Recipe.tied_grad_sync`)."""
-EagerBlock = Literal["llama", "mpt", "mcore", "hf_gpt2"]
+EagerBlock = Literal["llama", "torchtune", "mpt", "mcore", "hf_gpt2"]
 """Which block's eager elementwise kernels a recipe counts (`Recipe.eager_block`)."""
 MoEBlock = Literal["none", "torchtitan"]
 """Whose MoE block's elementwise and routed-row kernels a recipe counts (`Recipe.moe_block`)."""
@@ -185,7 +185,9 @@ class Recipe:
     shared rule charges it."""
     eager_block: EagerBlock = "llama"
     """Which block's eager elementwise kernels `eager_elementwise` counts: 'llama' (an RMSNorm
-    SwiGLU RoPE block, elementwise.eager_elementwise_bytes, dense RMSNorm models only) or 'mpt'
+    SwiGLU RoPE block, elementwise.eager_elementwise_bytes, dense RMSNorm models only) or
+    'torchtune' (that block with torchtune's stack-based fp32 RoPE, elementwise.TUNE_ROPE_EXTRA,
+    and its eager fp32 cross-entropy over the logits, elementwise.TUNE_LOSS_BYTES) or 'mpt'
     (llm-foundry's MPT block: LayerNorm, GELU MLP, split QKV, Triton flash attention's fp32 dq
     accumulation, elementwise.mpt_eager_elementwise_bytes, dense LayerNorm GELU models only) or
     'mcore' (Megatron-Core's decoder layer on Transformer Engine: not eager, the fused norm,

@@ -43,6 +43,10 @@ __all__ = [
     "HF_GPT2_EAGER_BWD",
     "hf_gpt2_eager_elementwise_bytes",
     "HF_GPT2_LOSS_BYTES",
+    "TUNE_ROPE_EXTRA",
+    "TUNE_LOSS_BYTES",
+    "TUNE_LOSS_UPCAST_BYTES",
+    "tune_rope_bytes",
     "eager_loss_s",
     "eager_elementwise_s",
 ]
@@ -481,20 +485,88 @@ per token set (write e), log_softmax's backward (read the gradient and the outpu
 Ignores: the last position's logits the shift drops (1 / s of them), the labels' copy."""
 
 
+# ---- torchtune's eager RoPE and loss -------------------------------------------------------
+
+TUNE_ROPE_EXTRA = (28.0, 72.0)
+"""Bytes per rotated element (per q and per k element: q_dim + kv_dim per token), forward and
+backward, that torchtune's eager RoPE moves beyond the complex-multiply RoPE counted in
+EAGER_REST_* (torchtitan's apply_rotary_emb: 20 per element each way, the two casts and the
+complex product). torchtune/models/llama3_1/_position_embeddings.py Llama3ScaledRoPE.forward
+(read at 1814feb, the README optimization table's commit; modules/position_embeddings.py
+RotaryPositionalEmbeddings has the same body): x.float().reshape(..., -1, 2), then
+torch.stack of the two rotated halves, each the difference or sum of two products of a
+strided half of the fp32 copy with the cache, flattened and .type_as(x), all on fp32:
+forward the upcast 6, four products 4 each, the subtraction and the addition 6 each, the
+stack 8, the downcast 6: 48 (9 kernels). Backward (14 kernels): the downcast's 6, the
+subtraction's negated gradient 4, four products 4 each, a select_backward per indexing of
+the fp32 copy (a full-size fp32 gradient with one half written: 6 each, 24), the three adds
+summing those four (12 each, 36), the upcast's 6: 92. Less torchtitan's 20 and 20: 28 and
+72. Checked by dispatch: the function (written after that source) and torchtitan's, run
+under a TorchDispatchMode at (1, 256, 8, 128) bf16 (torch 2.13), bytes = inputs + outputs of
+each non-view op: torchtune 49 and 93, torchtitan 20.5 and 22.5 per element (the difference
+is the per-position cache, ignored as in EAGER_REST). Under torch.compile (torchtune's
+training.compile_model compiles each TransformerSelfAttentionLayer) Inductor fuses it with
+the rest of the block: COMPILED_* stands for it. Memory bound: bytes / memory bandwidth."""
+
+TUNE_LOSS_BYTES = 36.0
+"""Bytes per logit (per token per vocabulary entry) torchtune's eager loss moves outside the
+head's GEMM: the 16-bit logits upcast to fp32 (TransformerDecoder.forward `self.output(h)
+.float()` for the unchunked loss, or CEWithChunkedOutputLoss.compute_cross_entropy
+`F.cross_entropy(logits.float(), ...)` per chunk, torchtune/modules/transformer.py and
+modules/loss/ce_chunked_output_loss.py at 1814feb): forward the upcast (read 2, write 4) and
+log_softmax (read 4, write 4), 14; backward nll_loss's zero-filled gradient (write 4),
+log_softmax's backward (read 4 + 4, write 4) and the upcast's backward (read 4, write 2), 22.
+Ops as dispatched by F.cross_entropy(x.float(), labels) under a TorchDispatchMode (_to_copy,
+_log_softmax, nll_loss_forward; nll_loss_backward, _log_softmax_backward_data, _to_copy);
+nll_loss reads one logit per token (not counted). Memory bound: bytes / memory bandwidth."""
+
+TUNE_LOSS_UPCAST_BYTES = 12.0
+"""Bytes per logit of torchtune's loss left eager under compile with the unchunked loss when
+the recipe keeps the compiled loss: the model's `.float()` of the logits (outside the compiled
+layers, training.compile_model) and its backward, 6 + 6. training/_compile.py compile_loss
+compiles, for the chunked loss, compute_cross_entropy with its upcast in place (the loss
+object's attribute), and for any other loss returns a new torch.compile(loss) module; at
+1814feb (and torchtune's main of 2026-04) only recipes/lora_finetune_single_device.py assigns
+that return (`self._loss_fn = training.compile_loss(...)`): full_finetune_single_device.py,
+full_finetune_distributed.py and lora_finetune_distributed.py call it and drop it, so their
+unchunked loss stays eager (TUNE_LOSS_BYTES). The compiled kernels are not counted, as no
+recipe's compiled loss is."""
+
+
+def tune_rope_bytes(plan: PlanInput) -> float:
+    """Bytes per token per block that torchtune's eager RoPE moves beyond EAGER_REST's
+    (TUNE_ROPE_EXTRA over q_dim + kv_dim elements, the forward again under AC); 0 under
+    compile and for a model without RoPE."""
+    model = plan.model
+    if plan.compile or model.position != "rope":
+        return 0.0
+    fwd, bwd = TUNE_ROPE_EXTRA
+    passes = fwd * (2.0 if plan.ac != "none" else 1.0) + bwd
+    return passes * (model.q_dim + model.kv_dim)
+
+
 def eager_loss_s(plan: PlanInput, recipe: Recipe | None) -> float:
-    """Seconds per token of a recipe's eager loss kernels over the logits (HF_GPT2_LOSS_BYTES
-    x vocab over memory bandwidth) for a recipe running Hugging Face's GPT-2
-    (Recipe.eager_block 'hf_gpt2'); 0 for other recipes, with a user-set efficiency, on CPU,
-    and under torch.compile."""
+    """Seconds per token of a recipe's eager loss kernels over the logits (bytes per logit x
+    vocab over memory bandwidth): Hugging Face's GPT-2 (Recipe.eager_block 'hf_gpt2',
+    HF_GPT2_LOSS_BYTES, 0 under compile); torchtune (eager_block 'torchtune': TUNE_LOSS_BYTES
+    eager, and under compile with the unchunked loss, PlanInput.chunked_loss False, except
+    LoRA on one GPU, TUNE_LOSS_UPCAST_BYTES; 0 for its compiled chunked loss); 0 for other
+    recipes, with a user-set efficiency and on CPU."""
     hw = plan.hardware
-    if (
-        recipe is None
-        or not recipe.eager_elementwise
-        or recipe.eager_block != "hf_gpt2"
-        or plan.efficiency > 0
-        or hw.is_cpu
-        or plan.compile
-    ):
+    if recipe is None or not recipe.eager_elementwise or plan.efficiency > 0 or hw.is_cpu:
+        return 0.0
+    if recipe.eager_block == "torchtune":
+        # compile_loss's compiled module is kept by lora_finetune_single_device only
+        # (TUNE_LOSS_UPCAST_BYTES): the unchunked loss of the other recipes stays eager
+        lora_single = plan.lora_rank > 0 and plan.num_gpus == 1
+        if not plan.compile or (plan.chunked_loss is False and not lora_single):
+            per_logit = TUNE_LOSS_BYTES
+        elif plan.chunked_loss is False:
+            per_logit = TUNE_LOSS_UPCAST_BYTES
+        else:
+            return 0.0
+        return per_logit * plan.model.vocab_size / hw.memory_bw
+    if recipe.eager_block != "hf_gpt2" or plan.compile:
         return 0.0
     return HF_GPT2_LOSS_BYTES * plan.model.vocab_size / hw.memory_bw
 
@@ -542,10 +614,10 @@ def eager_elementwise_s(plan: PlanInput, recipe: Recipe | None) -> float:
         return 0.0
     if plan.compile:
         return compiled_elementwise_bytes(model, recompute=plan.ac != "none") / hw.memory_bw
-    return (
-        eager_elementwise_bytes(model, fused_norm=plan.fused_norm, recompute=plan.ac != "none")
-        / hw.memory_bw
-    )
+    moved = eager_elementwise_bytes(model, fused_norm=plan.fused_norm, recompute=plan.ac != "none")
+    if recipe.eager_block == "torchtune":  # its stack-based fp32 RoPE (TUNE_ROPE_EXTRA)
+        moved += tune_rope_bytes(plan)
+    return moved / hw.memory_bw
 
 
 def _torchtitan_moe_s(plan: PlanInput, recipe: Recipe) -> float:
