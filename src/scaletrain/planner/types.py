@@ -112,6 +112,12 @@ class PlanInput:
     SDPA kernel the run dispatches to (None: the recipe's rule, saved). A published row's
     `layout.sdpa_saved`: torchtitan from 3b85aa3 (2025-05-14) to b39377f (2025-12-01) on
     compute capability >= 10.0 puts cuDNN attention first, which the save list lacks: False."""
+    ac_early_stop: bool | None = None
+    """Foreign recipes under ac 'full': whether the run's checkpoint stops its recompute once
+    every saved tensor is back (time/ac_early_stop.py; None: the recipe's
+    `Recipe.ac_early_stop`). A published row's `layout.ac_early_stop`: torchtitan from
+    25413d224 (PR #1580, 2025-08-29) passes its `ActivationCheckpoint.early_stop`, default
+    False, where it left torch's default (on) before: false."""
     fused_norm: bool = False
     """Foreign recipes: the run's RMSNorm is a fused kernel that saves its 16-bit input and an
     fp32 rstd per token (torchtitan's 'fused_rmsnorm'), not an fp32 upcast of its input."""

@@ -51,6 +51,9 @@ MEGATRON = Recipe(
     eager_elementwise=True,
     eager_block="mcore",
     sources={
+        "ac_early_stop": "megatron/core/tensor_parallel/random.py CheckpointFunction, a "
+        "torch.autograd.Function adapted from torch's reentrant checkpoint "
+        "(transformer_block.py _checkpointed_forward): the whole layer replayed",
         "eager_block": "megatron/core/models/gpt/gpt_layer_specs.py (Transformer Engine "
         "spec), transformer/transformer_layer.py, attention.py, mlp.py, fusions/"
         "fused_bias_dropout.py, fused_bias_swiglu.py, fused_bias_gelu.py, models/common/"

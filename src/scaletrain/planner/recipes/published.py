@@ -151,6 +151,9 @@ class RunLayout:
     sdpa_saved: bool | None = None
     """torchtitan's op-level SAC saves the run's SDPA kernel output (`PlanInput.sdpa_saved`;
     None: the recipe's rule, saved); the framework recipe only."""
+    ac_early_stop: bool | None = None
+    """Whether the run's full-AC checkpoint stops its recompute early (`PlanInput.ac_early_stop`;
+    None: the recipe's `Recipe.ac_early_stop`); the framework recipe only."""
     pp_schedule_microbatches: int = 0
     """Micro-batches per pipeline schedule call, the step running several calls
     (`PlanInput.pp_schedule_microbatches`; 0 = one call over all of them); the framework
@@ -664,6 +667,7 @@ def plan_input(run: PublishedRun, recipe: str = "scaletrain") -> PlanInput:
         fsdp_ends=L.fsdp_ends if recipe != "scaletrain" else "unstated",
         pp_schedule_microbatches=L.pp_schedule_microbatches if recipe != "scaletrain" else 0,
         sdpa_saved=L.sdpa_saved if recipe != "scaletrain" else None,
+        ac_early_stop=L.ac_early_stop if recipe != "scaletrain" else None,
         dist_optimizer=L.dist_optimizer if recipe != "scaletrain" else "unstated",
         grad_sync_dtype=L.grad_sync_dtype if recipe != "scaletrain" else "unstated",
         optimizer_dtype=L.optimizer_dtype if recipe != "scaletrain" else "unstated",

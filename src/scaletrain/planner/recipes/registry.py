@@ -45,8 +45,17 @@ from .schema import (
 
 __all__ = [
     "RECIPES",
+    "TORCH_EARLY_STOP",
     "recipe_named",
 ]
+
+
+TORCH_EARLY_STOP = (
+    "torch/utils/checkpoint.py _enable_checkpoint_early_stop = True (the non-reentrant "
+    "checkpoint stops its recompute once every saved tensor is back; the default since "
+    "pytorch/pytorch PR 96866, 2023-03-15, torch 2.1)"
+)
+"""The torch default every non-reentrant checkpoint without an early-stop setting runs."""
 
 
 RECIPES: dict[str, Recipe] = {
@@ -72,6 +81,7 @@ RECIPES: dict[str, Recipe] = {
         selective="scaletrain",
         ac_modes=("none", "selective", "full"),
         full_ac_saves="layer_input",
+        ac_early_stop=True,
         sp_with_tp=False,
         attention="model",
         dropout_masks=False,
@@ -84,6 +94,9 @@ RECIPES: dict[str, Recipe] = {
         cuda_context_bytes=RUNTIME_CONTEXT_BYTES,
         time_model="scaletrain",
         sources={
+            "ac_early_stop": "parallel/ac.py wraps each block in torch's non-reentrant "
+            "checkpoint (use_reentrant=False): " + TORCH_EARLY_STOP + "; measured by the "
+            "dry-run's FLOP counter (planner time/flops.py counted_flops_per_token)",
             "*": "scaletrain's own trainer: planner/memory/ (rank.py and its moments), kept exact "
             "against the fake-tensor dry-run (benchmarks/results/planner_accuracy.md)",
             "weight_bytes": "fp32 parameters, 16-bit casts under autocast / FSDP2 "
@@ -137,6 +150,9 @@ RECIPES: dict[str, Recipe] = {
         zero3_module_fetch=True,
         bf16_optimizer=True,
         sources={
+            "ac_early_stop": "deepspeed/runtime/activation_checkpointing/checkpointing.py "
+            "CheckpointFunction, a torch.autograd.Function: the reentrant checkpoint, the "
+            "whole layer replayed",
             "bf16_optimizer": "deepspeed/runtime/bf16_optimizer.py BF16_Optimizer (read at "
             "15293139f, 2022-02-28, an ancestor of the olruwase/bf16-updates commit ab61edb02 "
             "BigScience's chronicles-prequel.md names, and at 38327e07f): "
@@ -251,6 +267,7 @@ RECIPES: dict[str, Recipe] = {
         selective="torchtitan_op",
         ac_modes=("none", "selective", "full"),
         full_ac_saves="layer_input",
+        ac_early_stop=True,
         sp_with_tp=True,
         attention="model",
         dropout_masks=False,
@@ -275,6 +292,13 @@ RECIPES: dict[str, Recipe] = {
         cp_kv_repeated=True,
         pp_stage_buffers="torch_per_microbatch",
         sources={
+            "ac_early_stop": "torchtitan/parallelisms/parallelize_llama.py (041336434, "
+            "2024-04-24) and torchtitan/distributed/activation_checkpoint.py "
+            "_apply_ac_to_transformer_block mode 'full': ptd_checkpoint_wrapper(module, "
+            "preserve_rng_state=False), torch's NO_REENTRANT checkpoint with no early-stop "
+            "setting, so torch's default: " + TORCH_EARLY_STOP + "; from 25413d224 (PR #1580, "
+            "2025-08-29) it passes ActivationCheckpoint.early_stop, default False (a row's "
+            "layout.ac_early_stop = false)",
             "pp_stage_buffers": "torch/distributed/pipelining/stage.py (torchtitan builds "
             "PipelineStage, torchtitan/parallelisms/pipeline_llama.py at 9dec370): "
             "PipelineStage._prepare_forward_infra and _PipelineStageBase."
@@ -442,6 +466,9 @@ RECIPES: dict[str, Recipe] = {
         post_backward_pass_bytes=16.0,
         master_copy_bytes=6.0,
         sources={
+            "ac_early_stop": "nanotron's decoder layers' _checkpointed_forward (recompute_layer): "
+            "torch.utils.checkpoint.CheckpointFunction.apply (the reentrant checkpoint: the "
+            "forward under no_grad, the whole layer replayed)",
             "tp_comm": "scripts/scaling_benchmarks.py create_config: tp_mode REDUCE_SCATTER "
             "with tp_linear_async_communication = True (the benchmark runs'); "
             "src/nanotron/parallel/tensor_parallel/functional.py "
@@ -616,6 +643,9 @@ RECIPES["llm-foundry"] = Recipe(
     optimizer_pass_bytes=64.0,
     tp_available=False,
     sources={
+        "ac_early_stop": f"{_FOUNDRY} the benchmarks ran torch 2.0.1 or 1.13.1 (ac_modes), "
+        "before torch's non-reentrant checkpoint stopped early by default (pytorch/pytorch "
+        "PR 96866, torch 2.1): the whole MPTBlock is replayed",
         "optimizer_pass_bytes": "mosaicml/composer composer/optim/decoupled_weight_decay.py "
         "(at 18f2d3c33, 2023-10-05, and today) DecoupledAdamW.adamw, the optimizer of "
         "llm-foundry's MPT yamls (optimizer.name decoupled_adamw, weight_decay 0.0; "
@@ -793,6 +823,7 @@ RECIPES["torchtune"] = Recipe(
     selective="scaletrain",
     ac_modes=("none", "full"),
     full_ac_saves="layer_input",
+    ac_early_stop=True,
     sp_with_tp=False,
     attention="model",
     dropout_masks=False,
@@ -814,6 +845,9 @@ RECIPES["torchtune"] = Recipe(
     sdpa_kv_expanded=True,
     grads_set_to_none=True,
     sources={
+        "ac_early_stop": f"{_TUNE} torchtune/training/activations.py "
+        "set_activation_checkpointing: torch's apply_activation_checkpointing (its default "
+        f"checkpoint_wrapper, NO_REENTRANT), no early-stop setting: {TORCH_EARLY_STOP}",
         "weight_bytes": f"{_TUNE} recipes/lora_finetune_single_device.py, "
         "lora_finetune_distributed.py, full_finetune_single_device.py: self._dtype = "
         "training.get_dtype(cfg.dtype) and the model built under training.set_default_dtype("
@@ -928,6 +962,9 @@ RECIPES["automodel"] = dataclasses.replace(
                 "chunked_loss_tokens",
             )
         },
+        "ac_early_stop": f"{_AM} components/distributed/activation_checkpointing.py: torch's "
+        "checkpoint_wrapper (CheckpointImpl.NO_REENTRANT), no early_stop passed: "
+        f"{TORCH_EARLY_STOP}",
         "moe_block": "NVIDIA-NeMo/Automodel nemo_automodel/components/moe/layers.py (read at "
         "01883b4): its own GroupedExperts / GroupedExpertsDeepEP (the latter on Megatron-Core's "
         "MoEFlexTokenDispatcher and weighted_bias_swiglu_impl), not torchtitan's MoE block: "

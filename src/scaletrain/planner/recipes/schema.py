@@ -370,6 +370,13 @@ class Recipe:
     `lora_base`, the other frozen parameters and the adapters at `weight_bytes`, gradients and
     optimizer states for the adapters only (recipes.lora); False: a LoRA plan is planned as
     full training."""
+    ac_early_stop: bool = False
+    """Time model, ac 'full': the framework's checkpoint stops its recompute once every tensor
+    the backward saved is back (torch's non-reentrant checkpoint with its default early stop),
+    so a dense block's MLP down projection, its TP reduction and the final residual add are not
+    recomputed (time/ac_early_stop.py); False: the whole block is replayed (a reentrant
+    checkpoint: torch's CheckpointFunction, Megatron's, DeepSpeed's; or a torch before 2.1; or
+    a framework that turns the early stop off). A row's `layout.ac_early_stop` overrides it."""
     sdpa_kv_expanded: bool = False
     """Memory: the model expands K and V to the query heads before SDPA (GQA repeated), so the
     attention core saves K and V at the query heads (recipes.activations.recipe_layer_bytes,

@@ -182,14 +182,22 @@ class CalibratedBlock:
 
 
 def calibrated_block(
-    plan: PlanInput, *, linear_hw: float, core_hw: float, head_fwd: float
+    plan: PlanInput,
+    *,
+    linear_hw: float,
+    core_hw: float,
+    head_fwd: float,
+    skipped_fwd: float = 0.0,
 ) -> CalibratedBlock:
     """One block of `plan` at its calibration's rates: each GEMM class's hardware FLOPs (the
     block's `linear_hw` FLOPs per token shared out in `gemm_classes`' proportions, so recompute
     counts as the default model counts it) at `class_rate`, the core's `core_hw` at the
     attention rate (the FLOP-weighted matmul rate when not measured), the non-GEMM seconds x
     the width (+ its forward share again under full AC); the head's 3 forward GEMMs at its
-    class's rate. Rows of a GEMM: one micro-batch's tokens per rank (s x b / cp)."""
+    class's rate. Rows of a GEMM: one micro-batch's tokens per rank (s x b / cp).
+    skipped_fwd: the down-projection FLOPs per token a recompute that stops early does not
+    run (time/ac_early_stop.py `early_stop_skipped_forward_flops`, already in `linear_hw`),
+    taken off at the dense MLP's class rate."""
     cal, model, hardware, precision = plan.calibration, plan.model, plan.hardware, plan.precision
     assert cal is not None
     tokens, tp = float(plan.seq_len) * plan.micro_batch / plan.layout.cp, plan.layout.tp
@@ -201,6 +209,11 @@ def calibrated_block(
     for key, fl in classes:
         rate = peak * class_rate(cal, key, tokens=tokens, precision=precision, hardware=hardware)
         layer_s += linear_hw * fl / fwd / rate
+    if skipped_fwd:
+        dense = model.dense_layer_view() if model.is_moe else model
+        key = _key(dense.dim, dense.ffn_dim / tp)
+        rate = peak * class_rate(cal, key, tokens=tokens, precision=precision, hardware=hardware)
+        layer_s -= skipped_fwd / rate
     core_s = core_hw / (slow * (cal.attention or cal.matmul))
     recompute = cal.forward_share if plan.ac == "full" else 0.0
     non_gemm = cal.non_gemm_s * model.dim * (1.0 + recompute)

@@ -223,6 +223,9 @@ class CommInputs:
     """m: micro-batches per step."""
     precision: str = "bf16"
     ac: str = "none"
+    ac_early_stop: bool = False
+    """The full-AC recompute stops before each dense block's MLP down projection, so its TP
+    reduction is not recomputed (time/ac_early_stop.py `early_stop_applies`)."""
     reduce_bytes: int = 4
     """Bytes per gradient element reduced (fp32)."""
     param_comm_bytes: int = 0
@@ -453,7 +456,9 @@ def _hsdp_term(
 
 def _tp_term(inputs: CommInputs, link: Link, *, act: float) -> tuple[float, float]:
     """tp: Megatron TP, 2 all-reduces forward + 2 backward per block and micro-batch of e*s*b*h
-    (`act`; +2 under full recompute), plus the vocab-parallel embedding's forward all-reduce
+    (`act`; +2 under full recompute, +1.5 (SP: the down projection's reduce-scatter skipped)
+    or +1 (its all-reduce skipped) when the recompute stops early, `CommInputs.ac_early_stop`),
+    plus the vocab-parallel embedding's forward all-reduce
     and the head input's backward all-reduce (2 per micro-batch); with SP the same bytes as
     all-gather + reduce-scatter pairs (Korthikanti et al. 2022). An MoE block
     (parallel/tensor_parallel.py) keeps the attention's 2 (+1) and replaces the MLP's: experts
@@ -471,7 +476,8 @@ def _tp_term(inputs: CommInputs, link: Link, *, act: float) -> tuple[float, floa
     bw, lat, _ = link
     rc = 1 if inputs.ac == "full" else 0
     # all-reduces of act: dense blocks 4 (+2), MoE blocks' attention 2 (+1), embedding/head 2
-    k = ((4 + 2 * rc) * (layers - moe_layers) + (2 + rc) * moe_layers + 2) * m
+    skipped = (0.5 if L.sp else 1.0) if inputs.ac_early_stop else 0.0
+    k = ((4 + 2 * rc - skipped) * (layers - moe_layers) + (2 + rc) * moe_layers + 2) * m
     one = allreduce_time(act, L.tp, bw, lat) if L.sp else allreduce_seconds(act, L.tp, link, hw)
     moved, secs = k * 2 * (L.tp - 1) / L.tp * act, k * one
     if moe_layers and L.ep == 1:  # experts split over tp: their output and input gradient

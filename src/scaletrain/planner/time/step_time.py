@@ -30,6 +30,7 @@ from ..memory.states import (
 from ..recipes.schema import DEFAULT_RECIPE, Recipe
 from ..recipes.stages import recipe_stages
 from ..types import PlanInput
+from .ac_early_stop import early_stop_applies, early_stop_skipped_forward_flops
 from .attention_core import AttentionCore, attention_kernel, attention_seconds_per_token
 from .calibration import calibrated_block
 from .comm import CommInputs, comm_terms
@@ -310,6 +311,7 @@ def comm_arguments(
         micro_batches=max(1, plan.grad_accum),
         precision=plan.precision,
         ac=plan.ac,
+        ac_early_stop=early_stop_applies(plan, recipe),
         expert_params=experts,
         fp8_gather_params=fp8_gather,
         gpus_per_node=gpus_per_node,
@@ -346,6 +348,8 @@ def _block_seconds(
         # torchtitan's per-op SAC: every second matmul recomputed, SDPA saved (flops.py)
         layer_hw = 3 * lf + op_sac_recompute_flops_per_token(model)
         core_hw, core_recompute = 3 * core, False
+    # a full recompute that stops early skips the dense blocks' down projection
+    layer_hw -= early_stop_skipped_forward_flops(plan, recipe)
     # the attention core as its kernel runs it (attention_core.attention_seconds_per_token)
     rname = recipe.name if recipe is not None else DEFAULT_RECIPE
     kernel = attention_kernel(
@@ -619,7 +623,14 @@ def _block_time(
     if cal is not None and plan.efficiency <= 0:
         # the rates this device measured (time/calibration.py) replace the default model's
         core_hw = core * (4 if plan.ac != "none" else 3)
-        block = calibrated_block(plan, linear_hw=layer_hw - core_hw, core_hw=core_hw, head_fwd=hf)
+        skipped = early_stop_skipped_forward_flops(plan, recipe)
+        block = calibrated_block(
+            plan,
+            linear_hw=layer_hw + skipped - core_hw,
+            core_hw=core_hw,
+            head_fwd=hf,
+            skipped_fwd=skipped,
+        )
         layer_s, core_s, head_s = block.layer_s, block.core_s, block.head_s
     out = BlockTime(
         layer_s=layer_s,
