@@ -366,8 +366,9 @@ class Recipe:
     lora: bool = False
     """The recipe plans LoRA / QLoRA runs (`PlanInput.lora`): the frozen base stored as
     `lora_base`, the other frozen parameters and the adapters at `weight_bytes`, gradients and
-    optimizer states for the adapters only (recipes.lora); False: a LoRA plan is planned as
-    full training."""
+    optimizer states for the adapters only (recipes.lora); False: the recipe's framework has no
+    adapter model here, and a LoRA plan is refused (recipes.memory.recipe_problems), never
+    planned as full training."""
     sdpa_kv_expanded: bool = False
     """Memory: the model expands K and V to the query heads before SDPA (GQA repeated), so the
     attention core saves K and V at the query heads (recipes.activations.recipe_layer_bytes,
