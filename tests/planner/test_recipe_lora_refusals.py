@@ -6,11 +6,13 @@ ZeRO-3, fp32 master, Adam states and gradients for the adapters only."""
 from __future__ import annotations
 
 import dataclasses
+from typing import cast
 
 import pytest
 
 from scaletrain.cli import main
 from scaletrain.config import ConfigError, Layout, hardware_preset, model_preset
+from scaletrain.config.choices import ZeroStage
 from scaletrain.planner import estimate
 from scaletrain.planner.recipes.memory import lora_refusals, recipe_problems
 from scaletrain.planner.recipes.published import load_runs, plan_input, refusals
@@ -56,7 +58,7 @@ def test_the_lora_recipes() -> None:
 
 @pytest.mark.parametrize("name", NO_LORA)
 def test_a_recipe_without_adapters_refuses_a_lora_plan(name: str) -> None:
-    layout = Layout(dp=2, zero=max(RECIPES[name].zero_stages))
+    layout = Layout(dp=2, zero=cast(ZeroStage, max(RECIPES[name].zero_stages)))
     (problem,) = [p for p in recipe_problems(name, layout, lora=8) if p.field == "lora.rank"]
     assert problem.value == 8 and "lora.rank 0" in problem.fix and "--recipe" in problem.fix
     assert "\n" not in str(problem)
@@ -110,7 +112,7 @@ def test_deepspeed_zero3_lora_states_hand_counted() -> None:
 
 @pytest.mark.parametrize("zero", [0, 1, 2])
 def test_deepspeed_lora_below_zero3_keeps_the_base_whole(zero: int) -> None:
-    m = estimate(_plan("deepspeed", Layout(dp=2, zero=zero))).memory
+    m = estimate(_plan("deepspeed", Layout(dp=2, zero=cast(ZeroStage, zero)))).memory
     assert m.params == 2 * (BASE + ADAPTERS)
     assert m.detail["optimizer.master"] == 4 * ADAPTERS / (2 if zero else 1)
 
