@@ -367,7 +367,7 @@ def _named(inp: dict[str, Any], field: str) -> str:
     `model.num_heads`) by its field, which is how a TOML or an override sets it."""
     if field in inp.get("overridden", ()) or ("." in field and flag_for(field) is None):
         return field
-    return _flag(field)
+    return flag_for(field) or _flag(field)  # the job flag that sets it (--lora-rank)
 
 
 def _evaluate(inp: dict[str, Any]) -> Any:
@@ -396,7 +396,13 @@ def _evaluate(inp: dict[str, Any]) -> Any:
     from scaletrain.planner.recipes.memory import recipe_problems
 
     ac, offload = filled.ac, inp["offload"] or "none"
-    problems = recipe_problems(inp["recipe"], layout, ac=ac, offload=offload)
+    problems = recipe_problems(
+        inp["recipe"],
+        layout,
+        ac=ac,
+        offload=offload,
+        lora=inp["lora"].rank if inp["lora"].enabled else 0,
+    )
     if inp["recipe"] == "scaletrain":  # the trainer's option rules, as the search applies them
         problems += option_problems(
             layout,
@@ -698,8 +704,14 @@ def _why_no_recipe_layout(inp: dict[str, Any]) -> None:
     r = recipe_named(inp["recipe"])
     probe = Layout(dp=inp["gpus"], zero=cast(ZeroStage, max(r.zero_stages)))
     for problem in recipe_problems(
-        r, probe, ac=inp["ac"] or "none", offload=inp["offload"] or "none"
+        r,
+        probe,
+        ac=inp["ac"] or "none",
+        offload=inp["offload"] or "none",
+        lora=inp["lora"].rank if inp["lora"].enabled else 0,
     ):
+        if problem.field.startswith("lora."):  # no layout helps: the recipe has no adapters
+            raise ConfigError(_named(inp, problem.field), problem.value, problem.fix)
         if problem.field.startswith("memory."):
             stages = (
                 f" ({r.framework} runs ZeRO stages {', '.join(map(str, r.zero_stages))})"

@@ -10,13 +10,20 @@ recipe is the dtype of everything and what the framework's modules save:
   FSDP2 group at ZeRO-3 (torchtune's `training.shard_model`: fully_shard on every decoder layer,
   then on the root);
 - gradients: the adapters only, at `grad_bytes` (/ shards from ZeRO-2);
+- a master copy (`Recipe.master_bytes`, DeepSpeed's fp32 partitions): the adapters only,
+  sharded as the recipe shards its master (ZeRO-3, or ZeRO-1 with `Recipe.shards_master`);
 - optimizer states: the adapters only, `memory.states.optimizer_bytes` scaled to
   `Recipe.optimizer_state_bytes` when the recipe keeps them in the parameter dtype (/ shards
   from ZeRO-1);
 - in flight at ZeRO-3: (1 + `fsdp_prefetch_units`) layer units as gathered (the frozen
   projections in their gathered form, norms and adapters at `weight_bytes`) and the root
   (embedding, final norm, head: FSDP2 does not reshard the root after forward), one unit's
-  unsharded adapter gradients and their reduce-scatter input;
+  unsharded adapter gradients and their reduce-scatter input; under DeepSpeed's per-module
+  fetch (`Recipe.fsdp_prefetch_params`: stage3.py fetch_sub_module) instead the largest module
+  as gathered (a frozen projection in its gathered form, or the embedding at `weight_bytes`)
+  and the prefetch bucket of `fsdp_prefetch_params` values at the block's mean gathered bytes
+  per value, and one block's adapter gradients (DeepSpeed reduces through its ipg bucket,
+  `recipes.memory._recipe_buffers`: no reduce-scatter copy-in here);
 - activations per block (ac none): `memory.lora.lora_layer_activation_bytes` with the residual
   stream's RMSNorm saving its fp32 upcast (r = 4: torchtune/modules/rms_norm.py RMSNorm.forward
   normalises x.float(); a frozen scale saves no normalized output), no autocast (the model runs
@@ -31,8 +38,14 @@ recipe is the dtype of everything and what the framework's modules save:
   recipes/lora_finetune_*.py _setup_model; AutoModel compiles each decoder layer) Inductor
   fuses the dequantization and the partitioner recomputes it in the backward: one
   projection's weight in the compute dtype (`memory.lora.compiled_dequantize_bytes`).
-Ignores: pipeline and tensor parallelism (a LoRA recipe runs neither: recipe_problems), the
-adapters' dropout (0 in the configs).
+DeepSpeed (PEFT under the HF Trainer, Recipe.sources['lora']): the same terms with the frozen
+base partitioned by zero.Init at ZeRO-3, bf16 under bf16 (an 'auto' base is `weight_bytes`),
+and the adapters' fp32 master partition (`Recipe.master_bytes`).
+Ignores: pipeline and tensor parallelism (a LoRA recipe runs neither: recipes.memory
+.lora_refusals), the adapters' dropout (0 in torchtune's configs; PEFT's lora_dropout, 0.1 in
+its DeepSpeed examples, keeps a dropped copy of each adapter's input and its mask: not
+counted), bitsandbytes' own NF4 layout and dequantization under a framework recipe (an 'nf4'
+base is counted as torchao's NF4Tensor whatever `PlanInput.lora_quantizer` says).
 """
 
 from __future__ import annotations
@@ -47,6 +60,7 @@ from ..memory.lora import (
     compiled_dequantize_bytes,
     dequantize_work_bytes,
     first_block_saving,
+    gathered_bytes_per_value,
     lora_layer_activation_bytes,
     lora_terms,
 )
@@ -75,6 +89,8 @@ class RecipeLora:
     """One rank's LoRA terms under a recipe (bytes; `recipe_lora`)."""
 
     weights: float
+    master: float
+    """The adapters' master copy (`Recipe.master_bytes`; 0 for a recipe without one)."""
     grads: float
     optimizer: float
     in_params: float
@@ -111,9 +127,25 @@ def recipe_lora(plan: PlanInput, recipe: Recipe, params: float, root: float) -> 
     N, z = L.zero_shards, L.zero
     weights = (wb * other + layers * stored + wb * adapters) / (N if z >= 3 else 1)
     grads = gb * adapters / (N if z >= 2 else 1)
+    mb_master = 0.0 if fp32 else recipe.master_bytes
+    master = mb_master * adapters / (N if z >= 3 or (z >= 1 and recipe.shards_master) else 1)
     optim = recipe_optimizer_bytes(plan, recipe) * adapters / (N if z >= 1 else 1)
     in_params = in_grads = rs = 0.0
-    if z >= 3 and N > 1:
+    if z >= 3 and N > 1 and recipe.fsdp_prefetch_params:
+        # DeepSpeed ZeRO-3: one module gathered at a time plus the prefetch bucket (module
+        # docstring); the gathered base is what zero.Init partitioned (the frozen weights in
+        # their stored form), the embedding in the parameter dtype
+        big = max(
+            max(
+                float(r) * c * gathered_bytes_per_value(base, r, c, plan.precision)
+                for r, c in (sh.weight for sh in tp_shapes(m, rank, 1).values())
+            ),
+            wb * m.param_counts().embedding,
+        )
+        per_value = base_bytes if plain else lt.gathered / lt.frozen
+        in_params = big + per_value * recipe.fsdp_prefetch_params
+        in_grads = gb * lt.adapters
+    elif z >= 3 and N > 1:
         norms = (params - root) / layers - lt.frozen if layers else 0.0
         unit = gathered + wb * (norms + lt.adapters)
         in_params = unit * (1 + recipe.fsdp_prefetch_units) + wb * root
@@ -141,6 +173,7 @@ def recipe_lora(plan: PlanInput, recipe: Recipe, params: float, root: float) -> 
         )
     return RecipeLora(
         weights=weights,
+        master=master,
         grads=grads,
         optimizer=optim,
         in_params=in_params,

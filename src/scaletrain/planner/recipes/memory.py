@@ -75,13 +75,14 @@ from ..types import MemoryBreakdown, PlanInput
 from .activations import naive_attention_backward_temp, recipe_head_bytes, recipe_layer_bytes
 from .dist_optim import stated_optimizer
 from .lora import recipe_lora, recipe_optimizer_bytes
-from .registry import recipe_named
+from .registry import RECIPES, recipe_named
 from .schema import Recipe
 from .stages import recipe_stage_layers, recipe_stages
 from .zero1_flats import step_check_copies, step_segments, zero1_flats
 
 __all__ = [
     "bf16_optimizer_runs",
+    "lora_refusals",
     "recipe_problems",
     "recipe_rank_memory",
     "recipe_worst_rank",
@@ -90,15 +91,22 @@ __all__ = [
 
 
 def recipe_problems(
-    recipe: Recipe | str, layout: Layout, *, ac: str = "none", offload: str = "none"
+    recipe: Recipe | str,
+    layout: Layout,
+    *,
+    ac: str = "none",
+    offload: str = "none",
+    lora: int = 0,
 ) -> list[ConfigError]:
     """What `recipe`'s framework cannot run, each with the reason (empty: it runs the layout).
     Composed on top of `config.layout_problems` (the rules of the model and the batch): a
-    foreign recipe refuses only what its framework cannot do (sources in `Recipe.sources`)."""
+    foreign recipe refuses only what its framework cannot do (sources in `Recipe.sources`).
+    `lora`: the rank of the plan's adapters over a frozen base (`PlanInput.lora_rank`; 0: none);
+    a recipe without `Recipe.lora` refuses them rather than plan every parameter as trained."""
     r = recipe_named(recipe) if isinstance(recipe, str) else recipe
     if r.name == "scaletrain":
         return []  # scaletrain's own rules are config.layout_problems / option_problems
-    L, out = layout, []
+    L, out = layout, lora_refusals(r, layout, lora)
     fw = r.framework
 
     def why(key: str) -> str:
@@ -163,6 +171,39 @@ def recipe_problems(
             "memory.offload", offload, "parameter offload shards parameters: set parallel.zero=3"
         )
     return out
+
+
+def lora_refusals(recipe: Recipe, layout: Layout, lora: int) -> list[ConfigError]:
+    """Why `recipe` cannot plan adapters of rank `lora` (0: none) on `layout`: a recipe
+    without `Recipe.lora` plans full training only; a LoRA recipe's terms (recipes.lora) are
+    one pipeline stage without tensor parallelism (torchtune and PEFT under the HF Trainer
+    run neither; AutoModel's LoRA path is planned the same)."""
+    r, L = recipe, layout
+    if not lora or r.name == "scaletrain":
+        return []
+    if not r.lora:
+        fix = (
+            f"the {r.name} recipe plans full training only ({r.framework}: no LoRA model "
+            f"here); use --recipe {_or(_lora_recipes())} for adapters, or set "
+            "lora.rank 0 to plan full training"
+        )
+        return [ConfigError("lora.rank", lora, fix)]
+    out = []
+    for axis, degree in (("tp", L.tp), ("pp", L.pp)):
+        if degree > 1:
+            fix = f"the {r.name} recipe plans LoRA without {axis} (recipes.lora): set {axis}=1"
+            out.append(ConfigError(f"parallel.{axis}", degree, fix))
+    return out
+
+
+def _or(names: list[str]) -> str:
+    """'a, b or c'."""
+    return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else "".join(names)
+
+
+def _lora_recipes() -> list[str]:
+    """The recipes that plan a LoRA run (`Recipe.lora`), scaletrain's own first."""
+    return ["scaletrain"] + [n for n, r in RECIPES.items() if r.lora]
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -562,12 +603,16 @@ def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBrea
     if layers:
         recompute += naive_attention_backward_temp(plan, recipe)
     head_stored = loss_tmp = head_freed = 0.0
-    lora = recipe.lora and plan.lora is not None and pp == 1
+    fp32_accum = held.fp32_grad_accum
+    lora = recipe.lora and plan.lora is not None  # pp 1, tp 1: lora_refusals
     if lora:
         # a frozen base with adapters (Recipe.lora, recipes.lora): its states, units in flight,
         # saved activations and dequantization temporaries replace the full-training ones
         lo = recipe_lora(plan, recipe, P, root)
-        weights, grads, optim = lo.weights, lo.grads, lo.optimizer
+        weights, master, optim = lo.weights, lo.master, lo.optimizer
+        # BF16_Optimizer's fp32 accumulation buffer holds what the optimizer trains: the adapters
+        fp32_accum = 4.0 * lo.adapters if held.fp32_grad_accum else 0.0
+        grads = lo.grads + fp32_accum
         in_params, in_grads = lo.in_params, lo.in_grads
         bufs.pop("fsdp_reduce_scatter", None)
         if lo.reduce_scatter:
@@ -630,6 +675,7 @@ def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBrea
     checks: tuple[float, ...] = ()
     if (
         recipe.zero_step_check_copies
+        and not lora  # an adapter's gradient slice is rank x width: its copies are negligible
         and z in (1, 2)
         and not bf16_optimizer_runs(plan, recipe)
         and not offloaded
@@ -680,7 +726,7 @@ def recipe_rank_memory(plan: PlanInput, recipe: Recipe, rank: int) -> MemoryBrea
         detail={
             "params.in_flight": in_params,
             "grads.in_flight": in_grads,
-            "grads.fp32_accumulation": held.fp32_grad_accum,
+            "grads.fp32_accumulation": fp32_accum,
             "grads.fp32_embedding": emb_fp32,
             "optimizer.master": master,
             "offloaded.cpu": offloaded,
@@ -705,6 +751,9 @@ def recipe_worst_rank(plan: PlanInput) -> tuple[MemoryBreakdown, float]:
     """The worst pipeline rank's memory under `plan.recipe` (by reserved bytes) and the largest
     parameter count of any rank (what paces gradient synchronisation)."""
     recipe = stated_optimizer(plan, recipe_named(plan.recipe))
+    refused = lora_refusals(recipe, plan.layout, plan.lora_rank if plan.lora else 0)
+    if refused:  # never plan stated adapters as full training
+        raise refused[0]
     worst: MemoryBreakdown | None = None
     max_params = 0.0
     for rank in range(plan.layout.pp):

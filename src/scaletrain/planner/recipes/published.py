@@ -698,5 +698,7 @@ def refusals(run: PublishedRun, recipe: str = "scaletrain") -> list[str]:
     )
     if own:
         problems += option_problems(lay.layout, offload="none", precision=L.precision)
-    problems += recipe_problems(recipe, lay.layout, ac=lay.ac)
+    problems += recipe_problems(
+        recipe, lay.layout, ac=lay.ac, lora=0 if run.lora is None else run.lora.rank
+    )
     return [str(p) for p in problems]

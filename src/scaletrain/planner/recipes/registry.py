@@ -149,10 +149,28 @@ RECIPES: dict[str, Recipe] = {
         pipe_output_buffers=2,
         zero3_module_fetch=True,
         bf16_optimizer=True,
+        lora=True,
         sources={
             "ac_early_stop": "deepspeed/runtime/activation_checkpointing/checkpointing.py "
             "CheckpointFunction, a torch.autograd.Function: the reentrant checkpoint, the "
             "whole layer replayed",
+            "lora": "Hugging Face PEFT over DeepSpeed (peft docs/source/accelerate/deepspeed.md at "
+            "09802c1b, the ZeRO-3 LoRA and QLoRA sections: accelerate's DeepSpeed plugin, "
+            "zero3_init_flag true, mixed_precision bf16, the HF Trainer via TRL's SFTTrainer): "
+            "deepspeed.zero.Init partitions every parameter, frozen or not, so the frozen base "
+            "is sharded at ZeRO-3 like a trained one, and under bf16 in bf16 whatever the "
+            "checkpoint's dtype (partition_parameters.py zero_wrapper_for_fp_tensor_constructor "
+            "casts every floating tensor zero.Init builds to its dtype; engine.py "
+            "_configure_distributed_model calls module.bfloat16() when bf16 is enabled): "
+            "lora_base 'auto' is weight_bytes; "
+            "transformers trainer.py "
+            "Trainer.create_optimizer hands the optimizer only parameters with requires_grad "
+            "(PEFT freezes the base), and deepspeed/runtime/zero/stage3.py "
+            "DeepSpeedZeroOptimizer_Stage3._get_trainable_parameter_groups keeps only "
+            "requires_grad ones, so the fp32 master partitions, Adam states and gradient "
+            "partitions exist for the adapters only; QLoRA: bitsandbytes 4-bit weights with "
+            "bnb_4bit_quant_storage bfloat16 (8 codes per bf16 storage element, the page's "
+            "'32/4 = 8') so zero.Init can partition them as bf16 tensors (recipes.lora)",
             "bf16_optimizer": "deepspeed/runtime/bf16_optimizer.py BF16_Optimizer (read at "
             "15293139f, 2022-02-28, an ancestor of the olruwase/bf16-updates commit ab61edb02 "
             "BigScience's chronicles-prequel.md names, and at 38327e07f): "
@@ -1076,6 +1094,9 @@ RECIPES["deepspeed-0.4"] = dataclasses.replace(
     # BF16_Optimizer arrived in 2022 (bf16_optimizer.py first at 15293139f, 2022-02-28): the
     # 0.4.2 branch ran bf16 through ZeRO's own optimizer
     bf16_optimizer=False,
+    # no adapters: PEFT (2023) postdates this branch, and its Megatron-DeepSpeed trains every
+    # parameter
+    lora=False,
     sources={
         **{k: v for k, v in _DS.sources.items() if k != "bf16_optimizer"},
         "ddp_bucket": f"{_DS04} engine.py _configure_zero_optimizer: contiguous_gradients "
@@ -1109,6 +1130,8 @@ RECIPES["deepspeed-hf"] = dataclasses.replace(
     eager_elementwise=True,
     eager_block="hf_gpt2",
     naive_scores="hf_gpt2",
+    # the adapters are planned on a Llama block (recipes.lora), not on GPT-2's Conv1D block
+    lora=False,
     sources={
         **_DS.sources,
         "eager_elementwise": f"{_HF} src/transformers/models/gpt2/modeling_gpt2.py GPT2Block / "
@@ -1128,6 +1151,7 @@ RECIPES["deepspeed-bigscience-2022"] = dataclasses.replace(
     name="deepspeed-bigscience-2022",
     framework="DeepSpeed 0.6 (master of 2022-02) under BigScience's Megatron-DeepSpeed of 2022-02",
     wd_group_halved=True,
+    lora=False,  # BigScience's Megatron-DeepSpeed trains every parameter
     sources={
         **_DS.sources,
         "wd_group_halved": f"{_BS22} megatron/optimizer/__init__.py "

@@ -368,8 +368,9 @@ class Recipe:
     lora: bool = False
     """The recipe plans LoRA / QLoRA runs (`PlanInput.lora`): the frozen base stored as
     `lora_base`, the other frozen parameters and the adapters at `weight_bytes`, gradients and
-    optimizer states for the adapters only (recipes.lora); False: a LoRA plan is planned as
-    full training."""
+    optimizer states for the adapters only (recipes.lora); False: the recipe's framework has no
+    adapter model here, and a LoRA plan is refused (recipes.memory.recipe_problems), never
+    planned as full training."""
     ac_early_stop: bool = False
     """Time model, ac 'full': the framework's checkpoint stops its recompute once every tensor
     the backward saved is back (torch's non-reentrant checkpoint with its default early stop),

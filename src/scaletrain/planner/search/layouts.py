@@ -471,7 +471,9 @@ class _Legal:
                     seq_len=job.seq_len,
                     trainer_rules=own,
                 )
-                problems += recipe_problems(job.recipe, self.layout)
+                problems += recipe_problems(
+                    job.recipe, self.layout, lora=job.lora["lora_rank"] if job.lora else 0
+                )
                 if job.lora:  # what LoRA runs (tp, pp, ep; NF4's block rules)
                     lora = LoraConfig(
                         rank=job.lora["lora_rank"],
