@@ -193,6 +193,13 @@ class PlanInput:
     (the trainer's, torchao's NF4Tensor) or 'bitsandbytes' / 'bitsandbytes-dq' (bitsandbytes'
     Linear4bit as LitGPT's QLoRA runs it under Fabric's 'nf4' / 'nf4-dq': `memory.lora`). A
     published row's `lora.quantizer`."""
+    lora_dropout: float = 0.0
+    """The adapters' dropout probability (PEFT's `lora_dropout`, torchtune's and LitGPT's
+    `lora_dropout`): > 0 keeps a dropped copy of each adapter's input and its mask
+    (`memory.lora.lora_dropout_bytes`); 0: none. A published row's `lora.dropout`."""
+    lora_fused_qkv: bool = False
+    """q, k and v adapters share one dropout and one A (LitGPT's LoRAQKVLinear): one dropped
+    copy for them (`memory.lora.lora_dropout_bytes`). A published row's `lora.fused_qkv`."""
     beta1: float = OptimConfig.beta1
     """`optim.beta1` (its default): with 'adafactor', > 0 keeps a first moment, one more fp32
     state per parameter (`memory.states.optimizer_bytes`); the other optimizers' states do not

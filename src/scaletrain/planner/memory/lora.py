@@ -63,7 +63,19 @@ LitGPT's QLoRA, Lightning Fabric's BitsandbytesPrecision) store and run the base
   under `init_module`, litgpt's `lm_head` included), whose backward runs first, with every
   block's saved set alive.
 
-Ignores: the adapters' own dropout masks (dropout 0 by default), the int8 scales' and NF4
+Adapter dropout (`lora_dropout_bytes`, `PlanInput.lora_dropout` p > 0): each adapter reads
+dropout(x), not x. Counted per dropout module, each adapted Linear having its own (PEFT
+src/peft/tuners/lora/layer.py LoraLayer.update_layer, huggingface/peft 00336949: an
+nn.Dropout per adapter when lora_dropout > 0, else nn.Identity; torchtune
+torchtune/modules/peft/lora.py LoRALinear.__init__ / forward, pytorch/torchtune 031d89b8:
+`lora_a(self.dropout(x))`; LitGPT litgpt/lora.py LoRALinear.forward, Lightning-AI/litgpt
+01e39f50: `self.lora_dropout(x) @ lora_A^T`, whose LoRAQKVLinear has one dropout and one A for
+the fused q/k/v: `PlanInput.lora_fused_qkv`): A's matmul saves the dropped copy (e bytes per
+value, a tensor of its own, so adapters on one input share nothing) and dropout keeps its
+mask (torch tools/autograd/derivatives.yaml native_dropout: the backward reads only result1,
+the mask; a bool tensor, 1 byte per value).
+
+Ignores: the int8 scales' and NF4
 metadata's share of FSDP2's padding; under 'bitsandbytes', the head's input kept by its
 MatMul4Bit (e x tokens x h, once), the head's and the embedding's storage (planned as the
 recipe stores them), and what an adapter with dropout 0 would share with MatMul4Bit's input.
@@ -89,6 +101,7 @@ __all__ = [
     "dequantize_work_bytes",
     "compiled_dequantize_bytes",
     "lora_layer_activation_bytes",
+    "lora_dropout_bytes",
     "first_block_saving",
     "LORA_QUANTIZERS",
     "bnb_saved_input_bytes",
@@ -285,7 +298,14 @@ def lora_terms(
 
 
 def lora_layer_activation_bytes(
-    model: ModelConfig, lora: LoraTerms, mb: MicroBatchShape, *, r: int, autocast: bool
+    model: ModelConfig,
+    lora: LoraTerms,
+    mb: MicroBatchShape,
+    *,
+    r: int,
+    autocast: bool,
+    dropout: float = 0.0,
+    fused_qkv: bool = False,
 ) -> float:
     """Bytes one block with a frozen base and adapters keeps for backward (ac none) on one
     rank, per micro-batch `mb` of s_l x b tokens (s_l = seq_len / cp); e = activation bytes
@@ -311,6 +331,8 @@ def lora_layer_activation_bytes(
     Source: the trainer's `models.lora.LoRALinear.forward` under
     `parallel.tensor_parallel_lora`'s placements, held against the dry-run's per-block
     growth (tp2 and tp2+sp rows of benchmarks/results/planner_accuracy.md).
+    - with adapter dropout `dropout` > 0, `lora_dropout_bytes` (`fused_qkv`: one dropout
+      for q/k/v, LitGPT's LoRAQKVLinear).
     Ignores: naive attention's S x S set."""
     h, f, t = model.dim, model.ffn_dim, mb.tp
     assert t == lora.tp, (t, lora.tp)
@@ -326,7 +348,60 @@ def lora_layer_activation_bytes(
     mlp = (n_f + (1 if "w2" in targets else 0)) * e * tokens * f / t
     adapters = len(targets) * e * tokens * lora.rank
     casts = e * lora.frozen if autocast and lora.base_dtype == "auto" else 0.0
-    return norms + qkv + mlp_in + attn + mlp + adapters + casts
+    drop = lora_dropout_bytes(model, lora, mb, autocast=autocast, p=dropout, fused_qkv=fused_qkv)
+    return norms + qkv + mlp_in + attn + mlp + adapters + casts + drop
+
+
+def lora_dropout_bytes(
+    model: ModelConfig,
+    lora: LoraTerms,
+    mb: MicroBatchShape,
+    *,
+    autocast: bool,
+    p: float,
+    fused_qkv: bool = False,
+) -> float:
+    """What adapter dropout with probability `p` adds to one block's saved set (ac none) on one
+    rank, beyond `lora_layer_activation_bytes`'s count without it; 0 when p == 0 (the
+    adapters read x itself). Per dropout module (module docstring): its dropped copy, saved by
+    its A, e per value, and its bool mask, 1 per value, on the input it reads:
+    - q/k/v: k modules on the block's input (whole on every tp rank), k = the adapted ones
+      among wq, wk, wv, or 1 with `fused_qkv` (LitGPT's LoRAQKVLinear); less what is counted
+      without dropout (one shared input, or one autocast copy per adapted projection);
+    - w1/w3 alike on the MLP input (no fused form in the frameworks cited);
+    - wo: the attention output (this rank's heads, h/t): a dropped copy and a mask on top of
+      what SDPA saves;
+    - w2: the SwiGLU product (f/t) is then saved only as its dropped copy (already counted with
+      w2's adapter: `lora_layer_activation_bytes`), so the mask alone.
+    Ignores: dropout's p itself (a mask is kept whatever p > 0 is); the fp32 dropped copy under
+    autocast before each A casts it (released once cast: the cast saves nothing); that a fused
+    A under autocast casts its input once where `lora_layer_activation_bytes` counts a cast
+    per adapted q, k, v (dropout or not: not this term's to correct)."""
+    if p <= 0.0:
+        return 0.0
+    h, f, t = model.dim, model.ffn_dim, mb.tp
+    e, tokens = compute_bytes(mb.precision), mb.tokens
+    targets = set(lora.targets)
+    mask = 1.0
+
+    def group(n: int, fused: bool) -> float:
+        # the dropout modules on an input of h per token that n adapted projections read: n,
+        # or one for a fused A, whose copies `lora_layer_activation_bytes` counts as
+        # one shared input, or one autocast cast per projection (a fused A: one cast)
+        if not n:
+            return 0.0
+        k = 1 if fused else n
+        counted = (k if autocast else 1) * e
+        return (k * (e + mask) - counted) * tokens * h
+
+    n_qkv = len(targets & {"wq", "wk", "wv"})
+    n_in = len(targets & {"w1", "w3"})
+    extra = group(n_qkv, fused_qkv) + group(n_in, False)
+    if "wo" in targets:
+        extra += (e + mask) * tokens * h / t
+    if "w2" in targets:
+        extra += mask * tokens * f / t
+    return extra
 
 
 def first_block_saving(model: ModelConfig, *, tokens: float, r: int, sp_tp: int = 1) -> float:

@@ -517,6 +517,8 @@ def activation_terms(plan: PlanInput, terms: ModelTerms, modern: bool) -> Activa
         residual_fp32,
         plan.lora,
         plan.lora_quantizer,
+        plan.lora_dropout,
+        plan.lora_fused_qkv,
         offloads_activations(plan.offload),
         # the head (fused or logits) and a split backward's terms: the schedule's
         fused_head_loss(L),
@@ -549,7 +551,15 @@ def activation_terms(plan: PlanInput, terms: ModelTerms, modern: bool) -> Activa
     shape = MicroBatchShape.of(plan)
     if lora is not None:
         r = 4 if residual_fp32 else compute_bytes(p)
-        full = lora_layer_activation_bytes(model, lora, shape, r=r, autocast=residual_fp32)
+        full = lora_layer_activation_bytes(
+            model,
+            lora,
+            shape,
+            r=r,
+            autocast=residual_fp32,
+            dropout=plan.lora_dropout,
+            fused_qkv=plan.lora_fused_qkv,
+        )
         if _bnb(plan):
             # bitsandbytes' MatMul4Bit keeps each quantized matmul's input (memory.lora)
             full += bnb_saved_input_bytes(model, shape.tokens, p)

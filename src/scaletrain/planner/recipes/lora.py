@@ -41,10 +41,11 @@ recipe is the dtype of everything and what the framework's modules save:
 DeepSpeed (PEFT under the HF Trainer, Recipe.sources['lora']): the same terms with the frozen
 base partitioned by zero.Init at ZeRO-3, bf16 under bf16 (an 'auto' base is `weight_bytes`),
 and the adapters' fp32 master partition (`Recipe.master_bytes`).
+With adapter dropout (`PlanInput.lora_dropout` > 0) the block's saved set, and the recomputed
+block's under ac 'full', also hold each dropout module's dropped copy and mask
+(`memory.lora.lora_dropout_bytes`).
 Ignores: pipeline and tensor parallelism (a LoRA recipe runs neither: recipes.memory
-.lora_refusals), the adapters' dropout (0 in torchtune's configs; PEFT's lora_dropout, 0.1 in
-its DeepSpeed examples, keeps a dropped copy of each adapter's input and its mask: not
-counted), bitsandbytes' own NF4 layout and dequantization under a framework recipe (an 'nf4'
+.lora_refusals), bitsandbytes' own NF4 layout and dequantization under a framework recipe (an 'nf4'
 base is counted as torchao's NF4Tensor whatever `PlanInput.lora_quantizer` says).
 """
 
@@ -153,7 +154,15 @@ def recipe_lora(plan: PlanInput, recipe: Recipe, params: float, root: float) -> 
         rs = gb * lt.adapters  # the reduce-scatter input, in the parameter dtype
     mb = MicroBatchShape.of(plan)
     am = dataclasses.replace(m, num_kv_heads=m.num_heads) if recipe.sdpa_kv_expanded else m
-    none_layer = lora_layer_activation_bytes(am, lt, mb, r=NORM_UPCAST_BYTES, autocast=False)
+    none_layer = lora_layer_activation_bytes(
+        am,
+        lt,
+        mb,
+        r=NORM_UPCAST_BYTES,
+        autocast=False,
+        dropout=plan.lora_dropout,
+        fused_qkv=plan.lora_fused_qkv,
+    )
     e = plan.compute_bytes
     if plan.ac == "full":
         acts = layers * e * mb.tokens * m.dim

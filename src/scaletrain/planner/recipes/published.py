@@ -110,7 +110,7 @@ _RUN_KEYS = {
     "recipe",
     "lora",
 }
-_LORA_KEYS = ("rank", "targets", "base_dtype", "quantizer")
+_LORA_KEYS = ("rank", "targets", "base_dtype", "quantizer", "dropout", "fused_qkv")
 
 
 @dataclass(frozen=True)
@@ -243,6 +243,12 @@ class PublishedRun:
     lora_quantizer: str = "native"
     """The row's `lora.quantizer`: whose quantized linear ran its 'nf4' base
     (`memory.lora.LORA_QUANTIZERS`, `PlanInput.lora_quantizer`); 'native' without it."""
+    lora_dropout: float = 0.0
+    """The row's `lora.dropout`: the adapters' dropout probability (`PlanInput.lora_dropout`);
+    0 without it."""
+    lora_fused_qkv: bool = False
+    """The row's `lora.fused_qkv`: one dropout for the q/k/v adapters (`PlanInput
+    .lora_fused_qkv`, LitGPT's LoRAQKVLinear); False without it."""
 
     def hardware(self) -> HardwareSpec:
         hw = (
@@ -455,6 +461,21 @@ def _lora_quantizer(where: str, raw: Any) -> str:
     return str(q)
 
 
+def _lora_dropout(where: str, raw: Any) -> tuple[float, bool]:
+    """The row's `lora.dropout` (a probability in [0, 1), 0 without it) and `lora.fused_qkv`
+    (a bool, False without it)."""
+    if not isinstance(raw, dict):
+        return 0.0, False
+    w = where + ".lora"
+    p = raw.get("dropout", 0.0)
+    if isinstance(p, bool) or not isinstance(p, int | float) or not 0.0 <= p < 1.0:
+        raise _fail(w, "dropout", p, "use a probability in [0, 1), e.g. 0.05; 0 for none")
+    fused = raw.get("fused_qkv", False)
+    if not isinstance(fused, bool):
+        raise _fail(w, "fused_qkv", fused, "use true or false")
+    return float(p), fused
+
+
 def _run(i: int, raw: Any, origin: str, seen: set[str]) -> PublishedRun:
     name = raw.get("name") if isinstance(raw, dict) else None
     where = f"{origin} runs[{i}]" + (f" ({name})" if isinstance(name, str) else "")
@@ -514,6 +535,7 @@ def _run(i: int, raw: Any, origin: str, seen: set[str]) -> PublishedRun:
     measured = _measured(where, _table(where, raw, "measured"))
     lora = _lora(where, _table(where, raw, "lora"), model, layout) if "lora" in raw else None
     quantizer = _lora_quantizer(where, raw.get("lora"))
+    dropout, fused_qkv = _lora_dropout(where, raw.get("lora"))
     assumed = raw.get("assumed", "")
     if not isinstance(assumed, str):
         raise _fail(where, "assumed", assumed, "use a string")
@@ -556,6 +578,8 @@ def _run(i: int, raw: Any, origin: str, seen: set[str]) -> PublishedRun:
         node=tuple(sorted(node.items())),
         lora=lora,
         lora_quantizer=quantizer,
+        lora_dropout=dropout,
+        lora_fused_qkv=fused_qkv,
     )
 
 
@@ -676,6 +700,8 @@ def plan_input(run: PublishedRun, recipe: str = "scaletrain") -> PlanInput:
         lora_targets=() if run.lora is None else run.lora.target_names,
         lora_base="auto" if run.lora is None else run.lora.base_dtype,
         lora_quantizer=run.lora_quantizer,
+        lora_dropout=run.lora_dropout,
+        lora_fused_qkv=run.lora_fused_qkv,
     )
 
 
