@@ -44,12 +44,20 @@ def _plan(
 
 def test_which_frameworks_stop_early() -> None:
     """Non-reentrant checkpoint_wrapper with torch's default: scaletrain, torchtitan (before
-    its PR #1580), torchtune, AutoModel. Reentrant replays (Megatron, NeMo, DeepSpeed,
+    its PR #1580), torchtune, AutoModel, fms-fsdp. Reentrant replays (Megatron, NeMo, DeepSpeed,
     Nanotron) and llm-foundry's torch 2.0.1 / 1.13.1: the whole block. Each says where."""
-    stops = {"scaletrain", "torchtitan", "torchtune", "automodel"}
+    stops = {"scaletrain", "torchtitan", "torchtune", "automodel", "fms-fsdp"}
     for name, recipe in RECIPES.items():
         assert recipe.ac_early_stop == (name in stops), name
-    for name in ("scaletrain", "torchtitan", "torchtune", "automodel", "megatron", "deepspeed"):
+    for name in (
+        "scaletrain",
+        "torchtitan",
+        "torchtune",
+        "automodel",
+        "megatron",
+        "deepspeed",
+        "fms-fsdp",
+    ):
         assert "ac_early_stop" in RECIPES[name].sources, name
     for name in ("nanotron", "llm-foundry"):
         assert "ac_early_stop" in RECIPES[name].sources, name

@@ -207,6 +207,11 @@ def test_a_described_cpu_plans_like_the_cpu_preset() -> None:
             ">= 0",
         ),
         (["--hardware.gpu=h100x"], "hardware.gpu", "did you mean 'h100-sxm'"),
+        (
+            ["--hardware.gpu=b200", "--hardware.fp8_mamf_share=1.5"],
+            "hardware.fp8_mamf_share",
+            "(0, 1.25]",
+        ),
         (["--hardware.gpu=my-gpu", "--hardware.memory_gib=80"], "hardware.peak_tflops", "power_w"),
     ],
 )

@@ -70,10 +70,12 @@ def test_a_recipe_without_adapters_refuses_a_lora_plan(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", ["deepspeed", "torchtune", "automodel"])
-def test_a_lora_recipe_refuses_tp_and_pp(name: str) -> None:
+def test_a_lora_recipe_refuses_tp_pp_and_cp(name: str) -> None:
     assert not lora_refusals(RECIPES[name], Layout(dp=2, zero=3), 8)
     fields = [p.field for p in lora_refusals(RECIPES[name], Layout(dp=2, tp=2, pp=2), 8)]
     assert fields == ["parallel.tp", "parallel.pp"]
+    fields = [p.field for p in lora_refusals(RECIPES[name], Layout(dp=1, cp=2), 8)]
+    assert fields == ["parallel.cp"]
 
 
 @pytest.mark.parametrize(

@@ -168,6 +168,13 @@ def describe_hardware(gpu: str, figures: Mapping[str, Any], arch: str = "") -> H
             figures["intra_node_bw_efficiency"],
             "give the achieved share of intra_node_bw_gb_s, in (0, 1]",
         )
+    if values.get("fp8_mamf_share", 0.0) > 1.25:
+        raise ConfigError(
+            "hardware.fp8_mamf_share",
+            figures["fp8_mamf_share"],
+            "give the fp8 GEMM's share of its peak over bf16's share of its own, in (0, 1.25] "
+            "(measured: H100 0.88, MI300X 0.90)",
+        )
     parsed = parse_arch(arch) if arch else None
     if arch and parsed is None:
         raise ConfigError(

@@ -176,8 +176,8 @@ def recipe_problems(
 def lora_refusals(recipe: Recipe, layout: Layout, lora: int) -> list[ConfigError]:
     """Why `recipe` cannot plan adapters of rank `lora` (0: none) on `layout`: a recipe
     without `Recipe.lora` plans full training only; a LoRA recipe's terms (recipes.lora) are
-    one pipeline stage without tensor parallelism (torchtune and PEFT under the HF Trainer
-    run neither; AutoModel's LoRA path is planned the same)."""
+    one pipeline stage without tensor or context parallelism (torchtune and PEFT under the HF
+    Trainer run none of them; AutoModel's LoRA path is planned the same)."""
     r, L = recipe, layout
     if not lora or r.name == "scaletrain":
         return []
@@ -189,7 +189,7 @@ def lora_refusals(recipe: Recipe, layout: Layout, lora: int) -> list[ConfigError
         )
         return [ConfigError("lora.rank", lora, fix)]
     out = []
-    for axis, degree in (("tp", L.tp), ("pp", L.pp)):
+    for axis, degree in (("tp", L.tp), ("pp", L.pp), ("cp", L.cp)):
         if degree > 1:
             fix = f"the {r.name} recipe plans LoRA without {axis} (recipes.lora): set {axis}=1"
             out.append(ConfigError(f"parallel.{axis}", degree, fix))

@@ -768,7 +768,12 @@ RECIPES["fms-fsdp"] = Recipe(
     eager_block="llama",
     tp_available=False,
     fsdp_reduce_bytes=2,
+    ac_early_stop=True,
     sources={
+        "ac_early_stop": f"{_FMS} fms_fsdp/policies/ac_handler.py wraps the checkpointed "
+        "blocks with partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT): "
+        "torch's non-reentrant checkpoint, which stops its recompute early by default from "
+        "torch 2.1 (the blog's runs used 2024 nightlies; time/ac_early_stop.py)",
         "fsdp_reduce_bytes": f"{_FMS} fms_fsdp/policies/mixed_precision.py bfSixteen "
         "reduce_dtype torch.bfloat16: torch FSDP1 _runtime_utils.py _reduce_grad "
         "reduce-scatters (and under HYBRID_SHARD all-reduces across replicas) the bf16 "

@@ -167,10 +167,12 @@ def exposed_by_family(
             rs = terms["fsdp_reduce_scatter"][1] / m
             if fsdp_ends is None:
                 first = per / (layers + 1)  # the first unit's gather has nothing to hide behind
-                fwd = m * max(0.0, per - t_fwd) + first
+                fwd = m * max(0.0, per - t_fwd, first)
                 bwd = m * max(0.0, per + rs - t_bwd)
             else:
-                fwd = m * (max(0.0, per - t_fwd) + fsdp_ends[0])
+                # the end gathers are part of `per`: a pass exposes the larger of its deficit
+                # and its unhidden ends (first + max(rest, compute) - compute), never their sum
+                fwd = m * max(0.0, per - t_fwd, fsdp_ends[0])
                 bwd = m * max(0.0, per + rs - t_bwd, fsdp_ends[1])
             out[name] = fwd + bwd
         elif name == "fsdp_reduce_scatter":
